@@ -1,0 +1,148 @@
+"""One exception hierarchy for everything ptestore raises on purpose.
+
+Every error is a :class:`PteStoreError`. Categories subclass the matching builtin
+where one exists, so callers can catch either (``except FileExistsError`` catches
+:class:`AlreadyExists`, ``except ValueError`` catches :class:`FormatError`).
+
+Messages name the file (or URL), the field, the value and the limit, so a log line is
+enough to understand what went wrong without a debugger.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AlreadyExists",
+    "BackendError",
+    "ConfigurationError",
+    "FormatError",
+    "InvalidReplacement",
+    "NotSupported",
+    "ObjectNotFound",
+    "PreconditionFailed",
+    "PteStoreError",
+    "PublishUncertain",
+    "StorageError",
+    "WriterStateError",
+]
+
+
+class PteStoreError(Exception):
+    """Base class of every error ptestore raises deliberately."""
+
+
+class FormatError(PteStoreError, ValueError):
+    """A .pte or .ptd container is malformed, truncated or hostile.
+
+    Attributes
+    ----------
+    source:
+        The file or URL the bytes came from (``"<bytes>"`` when unknown).
+    field:
+        The header or FlatBuffer field that is wrong, e.g. ``"Program.segments[3].offset"``.
+    value:
+        The offending value.
+    limit:
+        What the value must satisfy, in words (e.g. ``"<= 6048 (file size)"``).
+    """
+
+    def __init__(
+        self,
+        source: str,
+        field: str,
+        value: object,
+        limit: str,
+        detail: str | None = None,
+    ) -> None:
+        self.source = source
+        self.field = field
+        self.value = value
+        self.limit = limit
+        self.detail = detail
+        msg = f"{source}: {field} = {value!r}: must be {limit}"
+        if detail:
+            msg += f" ({detail})"
+        super().__init__(msg)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.source, self.field, self.value, self.limit, self.detail))
+
+
+class ConfigurationError(PteStoreError, ValueError):
+    """Bad arguments: an unknown URL scheme, an unknown backend, a bad option."""
+
+
+class StorageError(PteStoreError, OSError):
+    """Reading or writing storage failed (after any retries)."""
+
+
+class ObjectNotFound(StorageError, FileNotFoundError):
+    """The object or file to read does not exist."""
+
+
+class AlreadyExists(StorageError, FileExistsError):
+    """``publish(mode="create")`` found an object already at the destination."""
+
+
+class PreconditionFailed(StorageError):
+    """A conditional operation was refused by the storage (e.g. HTTP 412)."""
+
+
+class PublishUncertain(StorageError):
+    """Publishing may or may not have taken effect (e.g. a lost response that could
+    not be reconciled). The destination holds either the old or the new object."""
+
+
+class WriterStateError(PteStoreError, RuntimeError):
+    """A writer was used outside its life cycle (write after publish, second publish,
+    use after discard)."""
+
+
+class NotSupported(PteStoreError, NotImplementedError):
+    """Raised by :meth:`BackendInterface.initialize_backend_data` to mean
+    "leave this backend's data as it is"."""
+
+
+class BackendError(PteStoreError):
+    """A backend failed or misbehaved during specialization.
+
+    Attributes name the backend, and where known the method and named-data key.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        backend: str | None = None,
+        method: str | None = None,
+        key: str | None = None,
+    ) -> None:
+        self.backend = backend
+        self.method = method
+        self.key = key
+        where = []
+        if backend is not None:
+            where.append(f"backend {backend!r}")
+        if method is not None:
+            where.append(f"method {method!r}")
+        if key is not None:
+            where.append(f"key {key!r}")
+        prefix = ", ".join(where)
+        super().__init__(f"{prefix}: {message}" if prefix else message)
+        self.message = message
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (
+            _rebuild_backend_error,
+            (type(self), self.message, self.backend, self.method, self.key),
+        )
+
+
+def _rebuild_backend_error(
+    cls: type[BackendError], message: str, backend: str | None, method: str | None, key: str | None
+) -> BackendError:
+    return cls(message, backend=backend, method=method, key=key)
+
+
+class InvalidReplacement(BackendError, ValueError):
+    """A backend submitted a replacement that breaks the rules (unknown key, key written
+    twice, bad alignment, inconsistent aliases)."""
