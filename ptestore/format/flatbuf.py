@@ -1,0 +1,278 @@
+"""A bounds-checked view over FlatBuffer tables.
+
+The ``flatbuffers`` Python runtime has no verifier: it happily follows negative or
+out-of-range offsets (``struct.unpack_from`` reads from the end for negative positions
+and raises a bare ``struct.error`` past the end). This module validates every offset,
+vtable and vector *before* handing a position to ``flatbuffers.table.Table``, and turns
+every violation into a :class:`~ptestore.errors.FormatError` that names the source, the
+field path, the value and the limit.
+
+It also enforces a work budget, so a hostile buffer whose tables all alias one huge
+vector cannot make a parse take quadratic time or materialize more bytes than the
+buffer holds many times over.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from flatbuffers import number_types as N
+from flatbuffers.table import Table
+
+from ..errors import FormatError
+
+__all__ = ["FlatView", "TableView", "Vector"]
+
+_U8 = struct.Struct("<B")
+_U16 = struct.Struct("<H")
+_U32 = struct.Struct("<I")
+_I32 = struct.Struct("<i")
+_U64 = struct.Struct("<Q")
+
+
+class FlatView:
+    """A FlatBuffer in ``buf[0:limit]`` plus the source name used in errors."""
+
+    def __init__(self, buf: bytes | bytearray | memoryview, source: str, *, limit: int) -> None:
+        self.buf = buf
+        self.source = source
+        self.limit = limit
+        # Work budget: element visits and bytes materialized, proportional to the input.
+        self._visits_left = 4096 + 2 * limit
+        self._bytes_left = 4096 + 2 * limit
+
+    # -- raw reads -----------------------------------------------------------------
+    def _need(self, pos: int, size: int, field: str) -> None:
+        if pos < 0 or pos + size > self.limit:
+            raise FormatError(
+                self.source,
+                field,
+                pos,
+                f"a position with {size} readable bytes inside the FlatBuffer [0, {self.limit})",
+            )
+
+    def u8(self, pos: int, field: str) -> int:
+        self._need(pos, 1, field)
+        return int(_U8.unpack_from(self.buf, pos)[0])
+
+    def u16(self, pos: int, field: str) -> int:
+        self._need(pos, 2, field)
+        return int(_U16.unpack_from(self.buf, pos)[0])
+
+    def u32(self, pos: int, field: str) -> int:
+        self._need(pos, 4, field)
+        return int(_U32.unpack_from(self.buf, pos)[0])
+
+    def i32(self, pos: int, field: str) -> int:
+        self._need(pos, 4, field)
+        return int(_I32.unpack_from(self.buf, pos)[0])
+
+    def u64(self, pos: int, field: str) -> int:
+        self._need(pos, 8, field)
+        return int(_U64.unpack_from(self.buf, pos)[0])
+
+    def spend(self, visits: int, nbytes: int, field: str) -> None:
+        """Charge the work budget; raise if a hostile buffer exhausts it."""
+        self._visits_left -= visits
+        self._bytes_left -= nbytes
+        if self._visits_left < 0 or self._bytes_left < 0:
+            raise FormatError(
+                self.source,
+                field,
+                "aliased data",
+                f"at most {2 * self.limit} element reads / bytes for a {self.limit}-byte "
+                "FlatBuffer",
+                "tables or vectors are shared so often that reading them would take unbounded work",
+            )
+
+    # -- tables --------------------------------------------------------------------
+    def root(self, field: str) -> TableView:
+        off = self.u32(0, f"{field} root offset")
+        return self.table_at(off, field)
+
+    def table_at(self, pos: int, field: str) -> TableView:
+        """Validate the table at ``pos`` (its soffset, vtable and object size)."""
+        if pos < 8 or pos + 4 > self.limit:
+            raise FormatError(
+                self.source, f"{field} (table position)", pos, f"in [8, {self.limit - 4}]"
+            )
+        if pos % 4:
+            raise FormatError(
+                self.source, f"{field} (table position)", pos, "a multiple of 4 (table alignment)"
+            )
+        soff = self.i32(pos, f"{field} (vtable offset)")
+        vt = pos - soff
+        if vt < 0 or vt + 4 > self.limit or vt % 2:
+            raise FormatError(
+                self.source,
+                f"{field} (vtable position)",
+                vt,
+                f"an even position in [0, {self.limit - 4}]",
+            )
+        vt_size = self.u16(vt, f"{field} (vtable size)")
+        if vt_size < 4 or vt_size % 2 or vt + vt_size > self.limit:
+            raise FormatError(
+                self.source,
+                f"{field} (vtable size)",
+                vt_size,
+                f"an even number >= 4 with the vtable ending by {self.limit}",
+            )
+        obj_size = self.u16(vt + 2, f"{field} (table size)")
+        if obj_size < 4 or pos + obj_size > self.limit:
+            raise FormatError(
+                self.source,
+                f"{field} (table size)",
+                obj_size,
+                f">= 4 and the table [{pos}, {pos}+size) inside the FlatBuffer [0, {self.limit})",
+            )
+        self.spend(1, 0, field)
+        return TableView(self, pos, vt, vt_size, obj_size, field)
+
+
+@dataclass(frozen=True)
+class Vector:
+    """A validated vector: ``length`` elements of ``elem_size`` bytes from ``start``."""
+
+    view: FlatView
+    start: int  # position of the first element (after the length prefix)
+    length: int
+    elem_size: int
+    field: str
+
+    def elem_pos(self, i: int) -> int:
+        return self.start + i * self.elem_size
+
+    def table(self, i: int) -> TableView:
+        """Element ``i`` of a vector of tables (each element a uoffset)."""
+        pos = self.elem_pos(i)
+        field = f"{self.field}[{i}]"
+        rel = self.view.u32(pos, field)
+        return self.view.table_at(pos + rel, field)
+
+    def string(self, i: int) -> str:
+        pos = self.elem_pos(i)
+        field = f"{self.field}[{i}]"
+        rel = self.view.u32(pos, field)
+        return _read_string(self.view, pos + rel, field)
+
+    def u64s(self) -> list[int]:
+        self.view.spend(self.length, 8 * self.length, self.field)
+        return [self.view.u64(self.elem_pos(i), self.field) for i in range(self.length)]
+
+    def i32s(self) -> list[int]:
+        self.view.spend(self.length, 4 * self.length, self.field)
+        return [self.view.i32(self.elem_pos(i), self.field) for i in range(self.length)]
+
+    def u8s(self) -> bytes:
+        self.view.spend(1, self.length, self.field)
+        return bytes(self.view.buf[self.start : self.start + self.length])
+
+
+def _read_string(view: FlatView, pos: int, field: str) -> str:
+    n = view.u32(pos, f"{field} (string length)")
+    if pos + 4 + n + 1 > view.limit:
+        raise FormatError(
+            view.source,
+            f"{field} (string length)",
+            n,
+            f"<= {max(0, view.limit - pos - 5)} (the string and its NUL must end inside the "
+            f"FlatBuffer [0, {view.limit}))",
+        )
+    view.spend(1, n, field)
+    raw = bytes(view.buf[pos + 4 : pos + 4 + n])
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise FormatError(
+            view.source, field, raw[:32], "valid UTF-8", f"invalid byte at {exc.start}"
+        ) from None
+
+
+class TableView:
+    """A validated table; field ids follow the schema's declaration order."""
+
+    def __init__(
+        self, view: FlatView, pos: int, vtable: int, vt_size: int, obj_size: int, field: str
+    ) -> None:
+        self.view = view
+        self.pos = pos
+        self.vtable = vtable
+        self.vt_size = vt_size
+        self.obj_size = obj_size
+        self.field = field
+        # The flatbuffers runtime does the lookups once we have checked the bounds.
+        self._tab = Table(view.buf, pos)
+
+    def field_pos(self, fid: int, name: str, size: int) -> int | None:
+        """Absolute position of field ``fid`` if physically present, else None."""
+        slot = 4 + 2 * fid
+        if slot + 2 > self.vt_size:
+            return None
+        voff = int(self._tab.Offset(slot))
+        if voff == 0:
+            return None
+        if voff < 4 or voff + size > self.obj_size:
+            raise FormatError(
+                self.view.source,
+                f"{self.field}.{name} (field offset)",
+                voff,
+                f"in [4, {self.obj_size - size}] (inside its {self.obj_size}-byte table)",
+            )
+        return self.pos + voff
+
+    def present(self, fid: int, name: str, size: int) -> bool:
+        return self.field_pos(fid, name, size) is not None
+
+    def scalar(self, fid: int, name: str, kind: str, default: int = 0) -> int:
+        size = {"u8": 1, "i8": 1, "u32": 4, "i32": 4, "u64": 8}[kind]
+        pos = self.field_pos(fid, name, size)
+        if pos is None:
+            return default
+        flags = {
+            "u8": N.Uint8Flags,
+            "i8": N.Int8Flags,
+            "u32": N.Uint32Flags,
+            "i32": N.Int32Flags,
+            "u64": N.Uint64Flags,
+        }[kind]
+        return int(self._tab.Get(flags, pos))
+
+    def table(self, fid: int, name: str) -> TableView | None:
+        pos = self.field_pos(fid, name, 4)
+        if pos is None:
+            return None
+        rel = self.view.u32(pos, f"{self.field}.{name}")
+        return self.view.table_at(pos + rel, f"{self.field}.{name}")
+
+    def string(self, fid: int, name: str) -> str | None:
+        pos = self.field_pos(fid, name, 4)
+        if pos is None:
+            return None
+        rel = self.view.u32(pos, f"{self.field}.{name}")
+        return _read_string(self.view, pos + rel, f"{self.field}.{name}")
+
+    def vector(self, fid: int, name: str, elem_size: int) -> Vector | None:
+        """A vector field; returns None when absent. Validates the whole extent."""
+        field = f"{self.field}.{name}"
+        pos = self.field_pos(fid, name, 4)
+        if pos is None:
+            return None
+        rel = self.view.u32(pos, field)
+        vpos = pos + rel
+        n = self.view.u32(vpos, f"{field} (vector length)")
+        start = vpos + 4
+        if start + n * elem_size > self.view.limit:
+            raise FormatError(
+                self.view.source,
+                f"{field} (vector length)",
+                n,
+                f"<= {max(0, (self.view.limit - start) // elem_size)} "
+                f"({elem_size}-byte elements from {start} must end inside the "
+                f"FlatBuffer [0, {self.view.limit}))",
+            )
+        self.view.spend(1, 0, field)
+        return Vector(self.view, start, n, elem_size, field)
+
+    def slot_pos_of_vector_elem(self, vec: Vector, i: int) -> int:
+        return vec.elem_pos(i)

@@ -1,0 +1,158 @@
+"""The container model: what ptestore knows about a parsed .pte or .ptd.
+
+Everything here is immutable and carries the byte positions the patch engine needs
+(where each ``DataSegment`` table lives, whether its ``offset`` / ``size`` fields are
+physically present, and where the vector slot that points at the table is).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+__all__ = [
+    "MAX_INFERRED_ALIGNMENT",
+    "CompileSpec",
+    "Container",
+    "Delegate",
+    "NamedDataEntry",
+    "PtdHeader",
+    "PteHeader",
+    "Segment",
+    "SubsegmentOffsets",
+    "TensorLayout",
+    "inferred_alignment",
+]
+
+#: The largest alignment ever inferred from an offset. Alignment is not recorded in the
+#: file; it is recovered as the largest power of two dividing a segment's absolute
+#: offset, capped here so that a segment at, say, 1 GiB does not demand 1 GiB padding.
+MAX_INFERRED_ALIGNMENT = 1 << 16
+
+
+def inferred_alignment(absolute_offset: int) -> int:
+    """Largest power of two dividing ``absolute_offset`` (capped), 1 for odd offsets."""
+    if absolute_offset <= 0:
+        return MAX_INFERRED_ALIGNMENT
+    return min(absolute_offset & -absolute_offset, MAX_INFERRED_ALIGNMENT)
+
+
+@dataclass(frozen=True)
+class PteHeader:
+    """The .pte extended header (``eh00``) spliced in after the FlatBuffer identifier."""
+
+    length: int
+    program_size: int
+    segment_base_offset: int
+    #: None when the header predates the field (length < 32, before ExecuTorch 1.0).
+    segment_data_size: int | None
+
+
+@dataclass(frozen=True)
+class PtdHeader:
+    """The .ptd FlatTensor header (``FH01``)."""
+
+    length: int
+    flatbuffer_offset: int
+    flatbuffer_size: int
+    segment_base_offset: int
+    segment_data_size: int
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One ``DataSegment`` and where its fields live in the FlatBuffer."""
+
+    index: int
+    #: Offset relative to ``segment_base_offset``.
+    offset: int
+    size: int
+    #: Position of the ``DataSegment`` table.
+    table_pos: int
+    #: Position of the vector slot (a uoffset) that points at the table.
+    slot_pos: int
+    #: Positions of the physically present fields; None when the field is absent
+    #: (FlatBuffers omit fields equal to their default, 0).
+    offset_pos: int | None
+    size_pos: int | None
+
+    @property
+    def offset_present(self) -> bool:
+        return self.offset_pos is not None
+
+    @property
+    def size_present(self) -> bool:
+        return self.size_pos is not None
+
+
+@dataclass(frozen=True)
+class TensorLayout:
+    scalar_type: int
+    sizes: tuple[int, ...]
+    dim_order: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class NamedDataEntry:
+    key: str
+    segment_index: int
+    tensor_layout: TensorLayout | None = None
+
+
+@dataclass(frozen=True)
+class CompileSpec:
+    key: str
+    value: bytes
+
+
+@dataclass(frozen=True)
+class Delegate:
+    """One ``BackendDelegate`` of one method."""
+
+    method: str
+    #: Position of this delegate in its method's ``delegates`` vector.
+    position: int
+    id: str
+    location: Literal["inline", "segment"]
+    #: Index into ``Program.segments`` (segment) or ``backend_delegate_data`` (inline).
+    index: int
+    compile_specs: tuple[CompileSpec, ...]
+
+
+@dataclass(frozen=True)
+class SubsegmentOffsets:
+    segment_index: int
+    offsets: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Container:
+    """A parsed .pte (``kind == "pte"``) or .ptd (``kind == "ptd"``)."""
+
+    kind: Literal["pte", "ptd"]
+    source: str
+    file_size: int
+    header: PteHeader | PtdHeader | None
+    #: Bytes ``[0, metadata_size)`` hold the FlatBuffer (headers included).
+    metadata_size: int
+    #: Absolute offset that segment offsets are relative to (0 when there is none).
+    segment_base_offset: int
+    segments: tuple[Segment, ...]
+    named_data: tuple[NamedDataEntry, ...]
+    # .pte only
+    methods: tuple[str, ...] = ()
+    delegates: tuple[Delegate, ...] = ()
+    constant_segment: SubsegmentOffsets | None = None
+    mutable_data_segments: tuple[SubsegmentOffsets, ...] = ()
+    inline_delegate_data_sizes: tuple[int, ...] = ()
+    #: Position of the ``segments`` vector's element slots (for the patch engine).
+    root_pos: int = 0
+    #: Non-fatal oddities worth showing a user (e.g. segments past segment_data_size).
+    warnings: tuple[str, ...] = field(default=())
+
+    def segment_end(self) -> int:
+        """Relative end of the furthest segment."""
+        return max((s.offset + s.size for s in self.segments), default=0)
+
+    def absolute(self, seg: Segment) -> int:
+        return self.segment_base_offset + seg.offset

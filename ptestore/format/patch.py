@@ -1,0 +1,179 @@
+"""The patch engine: new segment offsets/sizes and header sizes, every other byte unchanged.
+
+Given a parsed container, its metadata bytes and a new ``(offset, size)`` for every
+segment, :func:`patch_metadata` produces the new metadata region:
+
+- a ``DataSegment`` field that is physically present is overwritten in place (the
+  vtable is never touched: vtables are shared between tables);
+- a field that is absent because it held the default 0 (the empty constant segment
+  and the first delegate blob both sit at offset 0 in real XNNPACK files) cannot be
+  written in place. That table is re-emitted after the end of the FlatBuffer with both
+  fields present, and the vector slot that pointed at the old table is redirected to
+  the new one (FlatBuffer offsets point forward, so this is valid). The old table stays
+  where it was, unreferenced; the FlatBuffer grows by 24 bytes per redirected table
+  plus one shared 8-byte vtable and alignment padding;
+- the header sizes (.pte ``program_size``, ``segment_base_offset``,
+  ``segment_data_size``; .ptd ``flatbuffer_size``, ``segment_base_offset``,
+  ``segment_data_size``) are rewritten in place.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..errors import FormatError
+from .model import Container, PtdHeader, PteHeader
+
+__all__ = ["PatchResult", "align_up", "patch_metadata"]
+
+_U32 = struct.Struct("<I")
+_I32 = struct.Struct("<i")
+_U16 = struct.Struct("<H")
+_U64 = struct.Struct("<Q")
+
+# A re-emitted DataSegment: [soffset i32][pad 4][offset u64][size u64].
+_TABLE_SIZE = 24
+_VTABLE = _U16.pack(8) + _U16.pack(_TABLE_SIZE) + _U16.pack(8) + _U16.pack(16)
+
+
+def align_up(value: int, alignment: int) -> int:
+    if alignment <= 1:
+        return value
+    return (value + alignment - 1) // alignment * alignment
+
+
+@dataclass(frozen=True)
+class PatchResult:
+    """The new metadata region and the header values written into it."""
+
+    metadata: bytearray
+    #: Absolute offset where segment data must start (relative offsets count from here).
+    segment_base_offset: int
+    segment_data_size: int
+    #: Indexes of segments whose tables were re-emitted (absent fields).
+    redirected: tuple[int, ...]
+
+    @property
+    def file_size(self) -> int:
+        """Size of the complete new file (no trailing padding)."""
+        if self.segment_data_size == 0:
+            return max(len(self.metadata), self.segment_base_offset)
+        return self.segment_base_offset + self.segment_data_size
+
+
+def patch_metadata(
+    container: Container,
+    metadata: bytes | bytearray | memoryview,
+    placements: Sequence[tuple[int, int]],
+    *,
+    base_alignment: int = 128,
+) -> PatchResult:
+    """Return new metadata where segment ``i`` is at relative ``placements[i] =
+    (offset, size)``.
+
+    ``base_alignment`` is the alignment of the new ``segment_base_offset``; it must be at
+    least the largest alignment any segment needs, because segment offsets are relative
+    to the base.
+    """
+    src = container.source
+    if len(placements) != len(container.segments):
+        raise ValueError(
+            f"{src}: {len(placements)} placements for {len(container.segments)} segments"
+        )
+    if base_alignment < 1 or base_alignment & (base_alignment - 1):
+        raise ValueError(f"base_alignment must be a power of two, got {base_alignment}")
+    if len(metadata) < container.metadata_size:
+        raise FormatError(src, "metadata", len(metadata), f">= {container.metadata_size} bytes")
+    out = bytearray(metadata[: container.metadata_size])
+
+    redirect: list[tuple[int, int, int]] = []  # (segment index, offset, size)
+    for seg, (new_off, new_size) in zip(container.segments, placements, strict=True):
+        if new_off < 0 or new_size < 0 or new_off >= 1 << 64 or new_size >= 1 << 64:
+            raise ValueError(f"{src}: segment {seg.index}: bad placement ({new_off}, {new_size})")
+        needs_table = (new_off != seg.offset and seg.offset_pos is None) or (
+            new_size != seg.size and seg.size_pos is None
+        )
+        if needs_table:
+            redirect.append((seg.index, new_off, new_size))
+            continue
+        if seg.offset_pos is not None:
+            _U64.pack_into(out, seg.offset_pos, new_off)
+        if seg.size_pos is not None:
+            _U64.pack_into(out, seg.size_pos, new_size)
+
+    if redirect:
+        # One shared vtable, then the re-emitted tables, all 8-aligned so the u64
+        # fields are naturally aligned relative to the buffer start.
+        out.extend(b"\0" * (align_up(len(out), 8) - len(out)))
+        vt_pos = len(out)
+        out.extend(_VTABLE)
+        for index, new_off, new_size in redirect:
+            seg = container.segments[index]
+            table_pos = len(out)
+            out.extend(_I32.pack(table_pos - vt_pos) + b"\0" * 4)
+            out.extend(_U64.pack(new_off) + _U64.pack(new_size))
+            rel = table_pos - seg.slot_pos
+            if rel <= 0 or rel >= 1 << 32:
+                raise FormatError(src, f"segments[{index}] slot", seg.slot_pos, f"< {table_pos}")
+            _U32.pack_into(out, seg.slot_pos, rel)
+
+    data_size = max((off + size for off, size in placements), default=0)
+    header = container.header
+    if isinstance(header, PteHeader) or (header is None and container.kind == "pte"):
+        return _finish_pte(
+            container, out, data_size, base_alignment, tuple(i for i, _, _ in redirect)
+        )
+    assert isinstance(header, PtdHeader)
+    return _finish_ptd(
+        container, header, out, data_size, base_alignment, tuple(i for i, _, _ in redirect)
+    )
+
+
+def _finish_pte(
+    container: Container,
+    out: bytearray,
+    data_size: int,
+    base_alignment: int,
+    redirected: tuple[int, ...],
+) -> PatchResult:
+    header = container.header
+    program_size = len(out)
+    if header is None:
+        if data_size or redirected or program_size != container.metadata_size:
+            raise FormatError(
+                container.source,
+                "extended header",
+                None,
+                "present to place non-empty segments",
+                "the program has no extended header (all its segments are empty); "
+                "ptestore does not add one",
+            )
+        return PatchResult(out, 0, 0, ())
+    assert isinstance(header, PteHeader)
+    if data_size == 0 and header.segment_base_offset == 0:
+        base = 0
+    else:
+        base = align_up(program_size, base_alignment)
+    _U64.pack_into(out, 16, program_size)
+    _U64.pack_into(out, 24, base)
+    if header.length >= 32:
+        _U64.pack_into(out, 32, data_size)
+    return PatchResult(out, base, data_size, redirected)
+
+
+def _finish_ptd(
+    container: Container,
+    header: PtdHeader,
+    out: bytearray,
+    data_size: int,
+    base_alignment: int,
+    redirected: tuple[int, ...],
+) -> PatchResult:
+    fb_size = len(out) - header.flatbuffer_offset
+    base = align_up(len(out), base_alignment)
+    _U64.pack_into(out, 24, fb_size)
+    _U64.pack_into(out, 32, base)
+    _U64.pack_into(out, 40, data_size)
+    return PatchResult(out, base, data_size, redirected)
