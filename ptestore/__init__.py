@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+from .coordinator import (
+    Event,
+    SpecializationReport,
+    initialize_and_save_backend_data,
+    specialize,
+)
 from .errors import (
     AlreadyExists,
     BackendError,
@@ -17,6 +23,7 @@ from .errors import (
     WriterStateError,
 )
 from .loaders import DataLoader, open_loader
+from .writers import DataWriter, open_writer
 
 __version__ = "0.1.0"
 
@@ -25,6 +32,8 @@ __all__ = [
     "BackendError",
     "ConfigurationError",
     "DataLoader",
+    "DataWriter",
+    "Event",
     "FormatError",
     "InvalidReplacement",
     "NotSupported",
@@ -32,8 +41,12 @@ __all__ = [
     "PreconditionFailed",
     "PteStoreError",
     "PublishUncertain",
+    "SpecializationReport",
     "StorageError",
     "WriterStateError",
     "__version__",
+    "initialize_and_save_backend_data",
     "open_loader",
+    "open_writer",
+    "specialize",
 ]

@@ -1,0 +1,176 @@
+"""The backend API: what a backend implementation sees and how it submits replacements.
+
+A backend is called once per model, with a :class:`BackendDataInitContext` that hands
+out its delegate inputs one at a time and the model-wide named data map, and a
+:class:`BackendDataWriter` that takes replacement bytes for *existing* keys and for the
+current delegate's processed blob. Nothing a backend does touches storage: the
+coordinator validates every replacement as it arrives, lays out the new container and
+publishes it only when every backend has finished.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from ..errors import NotSupported
+from ..format.model import CompileSpec, Delegate, TensorLayout
+
+if TYPE_CHECKING:
+    from ..coordinator import _BackendSession
+
+__all__ = [
+    "BackendData",
+    "BackendDataInitContext",
+    "BackendDataWriter",
+    "BackendInterface",
+    "DelegateInput",
+    "NamedDataMap",
+]
+
+Buffer = bytes | bytearray | memoryview
+
+
+@dataclass(frozen=True)
+class BackendData:
+    """Replacement bytes submitted by a backend.
+
+    ``alignment`` (a power of two) asks for the data to start at an offset aligned to
+    it; the final alignment is the larger of this and the original segment's alignment,
+    which is never weakened. ``layout`` must be None or equal to the key's existing
+    tensor layout: only segment offsets and sizes change in the metadata.
+    """
+
+    data: Buffer
+    alignment: int | None = None
+    layout: TensorLayout | None = None
+
+
+@dataclass(frozen=True)
+class DelegateInput:
+    """One unique delegate blob of a backend (a blob shared by several delegates is
+    handed out once, listing every delegate that uses it)."""
+
+    backend_id: str
+    #: The method of the first delegate using this blob.
+    method: str
+    processed: Buffer
+    compile_specs: tuple[CompileSpec, ...]
+    #: Every delegate (across methods) that shares this blob.
+    delegates: tuple[Delegate, ...] = field(default=())
+
+    @property
+    def methods(self) -> tuple[str, ...]:
+        seen: dict[str, None] = {}
+        for d in self.delegates:
+            seen.setdefault(d.method)
+        return tuple(seen)
+
+    def compile_spec(self, key: str) -> bytes | None:
+        """The value of compile spec ``key``, or None."""
+        for spec in self.compile_specs:
+            if spec.key == key:
+                return spec.value
+        return None
+
+
+class NamedDataMap(Protocol):
+    """The model-wide, read-only named data map (.ptd entries win over .pte ones, as
+    in the runtime's merged map)."""
+
+    def keys(self) -> list[str]: ...
+
+    def get_data(self, key: str) -> Buffer: ...
+
+    def get_tensor_layout(self, key: str) -> TensorLayout | None: ...
+
+    def __contains__(self, key: object) -> bool: ...
+
+    def __len__(self) -> int: ...
+
+
+class BackendDataInitContext:
+    """What one backend sees during :meth:`BackendInterface.initialize_backend_data`."""
+
+    def __init__(self, session: _BackendSession) -> None:
+        self._session = session
+
+    @property
+    def backend_id(self) -> str:
+        """The ``BackendDelegate.id`` being initialized."""
+        return self._session.backend_id
+
+    def next_backend_data(self) -> DelegateInput | None:
+        """The next unique delegate input of this backend, or None at the end.
+
+        Inputs are loaded lazily, one at a time; the previous input's memory may be
+        reclaimed when the next one is requested.
+        """
+        return self._session.next_input()
+
+    def __iter__(self) -> Iterator[DelegateInput]:
+        while True:
+            item = self.next_backend_data()
+            if item is None:
+                return
+            yield item
+
+    def get_named_data_map(self) -> NamedDataMap:
+        """The merged named data map of the model (.pte + .ptd)."""
+        return self._session.named_data_map
+
+
+class BackendDataWriter:
+    """Where a backend submits replacements. Validated as they arrive."""
+
+    def __init__(self, session: _BackendSession) -> None:
+        self._session = session
+
+    def write_named_data(
+        self,
+        key: str | Mapping[str, BackendData] | Iterable[tuple[str, BackendData]],
+        data: BackendData | None = None,
+    ) -> None:
+        """Replace the value of an existing key (or of several at once).
+
+        No new, removed or renamed keys; each key may be written once. Keys that share
+        a segment must all be written, with identical bytes.
+        """
+        if isinstance(key, str):
+            if data is None:
+                raise TypeError("write_named_data(key, data): data is required")
+            self._session.replace_named(key, data)
+            return
+        if data is not None:
+            raise TypeError("write_named_data(items): pass a mapping or pairs, not data")
+        items = key.items() if isinstance(key, Mapping) else key
+        for k, d in items:
+            self._session.replace_named(k, d)
+
+    def write_processed_data(self, data: BackendData) -> None:
+        """Replace the processed blob of the current delegate input (the one last
+        returned by ``next_backend_data``)."""
+        self._session.replace_processed(data)
+
+
+class BackendInterface(abc.ABC):  # noqa: B024 - a default method is the point
+    """Base class of backend implementations.
+
+    ``name`` is the ``BackendDelegate.id`` the implementation serves (for example
+    ``"XnnpackBackend"``), or ``"*"`` for a generic backend that serves every id that
+    has no dedicated implementation.
+    """
+
+    name: str = "*"
+
+    def initialize_backend_data(
+        self, context: BackendDataInitContext, output: BackendDataWriter
+    ) -> None:
+        """Walk ``context`` and submit replacements to ``output``.
+
+        The default raises :class:`~ptestore.errors.NotSupported`, which means "leave
+        this backend's data as it is".
+        """
+        raise NotSupported(f"backend {self.name!r} does not initialize backend data")
