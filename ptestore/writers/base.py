@@ -1,57 +1,284 @@
-"""The DataWriter contract: staged writes at any offset, then one atomic publish."""
+"""The DataWriter contract: staged writes at any offset, then one atomic publish.
+
+Implementers subclass :class:`DataWriter` and provide four primitives, ``_write``,
+``_publish``, an optional faster ``_copy_from``, and a *staging* object registered with
+:meth:`DataWriter._track_staging` whose ``cleanup()`` removes everything staged. The base
+class owns the life cycle, argument checking, locking and the discard-on-destroy
+finalizer, so every writer enforces the contract identically.
+"""
 
 from __future__ import annotations
 
 import abc
-from typing import Literal
+import enum
+import logging
+import os
+import threading
+import warnings
+import weakref
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
 
+from ..errors import ConfigurationError, WriterStateError
 from ..loaders import DataLoader
 
-__all__ = ["DataWriter", "PublishMode"]
+__all__ = ["DataWriter", "PublishMode", "PublishResult", "Staging", "WriterState"]
+
+log = logging.getLogger("ptestore.writers")
 
 PublishMode = Literal["overwrite", "create"]
+_MODES = ("overwrite", "create")
+
+
+class WriterState(enum.Enum):
+    """Life cycle of a :class:`DataWriter`: ``OPEN`` then one terminal state."""
+
+    OPEN = "open"
+    PUBLISHED = "published"
+    DISCARDED = "discarded"
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    """What :meth:`DataWriter.publish` made visible."""
+
+    #: The destination path or URL.
+    url: str
+    #: Size of the published object in bytes.
+    size: int
+    #: Entity tag reported by the storage, if any (S3: the object's ETag).
+    etag: str | None = None
+    #: Version id reported by the storage, if any (S3 versioned buckets).
+    version_id: str | None = None
+    #: End-to-end checksum verified after publishing, as ``"<algorithm>:<value>"``
+    #: (S3: ``"crc32:<base64>"``), or ``None`` when the writer does not check one.
+    checksum: str | None = None
+
+
+class Staging(Protocol):
+    """What a writer stages (temp file, buffers, a multipart upload).
+
+    ``cleanup()`` removes all of it. It must be idempotent, must not refer back to the
+    writer (it runs from a :func:`weakref.finalize` callback) and may raise
+    :class:`~ptestore.errors.StorageError` when removal fails.
+    """
+
+    def cleanup(self) -> None: ...
+
+
+def _finalize(staging: Staging, url: str, dirty: list[bool], pid: int) -> None:
+    """Discard-on-destroy: runs on garbage collection or at interpreter exit."""
+    if os.getpid() != pid:  # a forked child must not discard its parent's staging
+        return
+    try:
+        staging.cleanup()
+    except Exception as exc:  # never raise from a finalizer
+        log.warning("%s: discarding an abandoned writer failed: %s", url, exc)
+    if dirty[0]:
+        warnings.warn(
+            f"{url}: writer was destroyed without publish() or discard(); "
+            "its staged data was discarded",
+            ResourceWarning,
+            stacklevel=2,
+        )
+
+
+def _as_view(data: bytes | bytearray | memoryview, url: str) -> memoryview:
+    try:
+        view = memoryview(data)
+    except TypeError:
+        raise ConfigurationError(
+            f"{url}: write() needs a bytes-like object, got {type(data).__name__}"
+        ) from None
+    if not view.c_contiguous:
+        raise ConfigurationError(f"{url}: write() needs a contiguous buffer")
+    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
+
+
+def _check_offset(url: str, what: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigurationError(f"{url}: {what} must be a non-negative int, got {value!r}")
+    return value
 
 
 class DataWriter(abc.ABC):
     """A transactional output object.
 
-    Life cycle: OPEN -> PUBLISHED or DISCARDED (both terminal).
+    Life cycle: ``OPEN`` -> ``PUBLISHED`` or ``DISCARDED`` (both terminal).
 
     - :meth:`write` copies bytes into the unpublished output at any offset, in any
       order; overlapping writes are allowed (the later one wins); gaps read as zeros.
-      The published object is ``[0, max end)``.
+      The published object is ``[0, max end)``; a zero-length write changes nothing.
     - :meth:`copy_from` is equivalent to ``write(loader.load(src_offset, size),
       dst_offset)`` but may avoid moving the bytes through Python.
     - :meth:`publish` makes the output visible atomically; ``mode="create"`` refuses to
-      replace an existing object (:class:`~ptestore.errors.AlreadyExists`).
+      replace an existing object (:class:`~ptestore.errors.AlreadyExists`). One publish
+      per writer.
     - :meth:`discard` is idempotent and removes everything staged. Leaving a ``with``
       block without publishing, garbage collection and interpreter exit discard;
       nothing ever publishes implicitly.
+
+    Any failure of ``write``, ``copy_from`` or ``publish`` other than a
+    :class:`~ptestore.errors.ConfigurationError` (a bad argument, detected before
+    anything changed) discards the writer before the error propagates. Calls are
+    thread-safe: they are serialized by a per-writer lock.
     """
 
     #: The destination path or URL, used in messages.
     url: str
 
-    @abc.abstractmethod
-    def write(self, data: bytes | bytearray | memoryview, offset: int) -> None: ...
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._lock = threading.RLock()
+        self._state = WriterState.OPEN
+        self._why_closed = ""
+        self._size = 0
+        self._dirty = [False]
+        self._staging: Staging | None = None
+        self._finalizer: weakref.finalize[Any, Any] | None = None
 
-    def copy_from(self, loader: DataLoader, src_offset: int, size: int, dst_offset: int) -> None:
-        """Copy ``size`` bytes of ``loader`` at ``src_offset`` to ``dst_offset``."""
+    # -- for implementers -------------------------------------------------------------
+
+    def _track_staging(self, staging: Staging) -> None:
+        """Register what must be removed on discard, destruction or interpreter exit."""
+        self._staging = staging
+        self._finalizer = weakref.finalize(
+            self, _finalize, staging, self.url, self._dirty, os.getpid()
+        )
+
+    @abc.abstractmethod
+    def _write(self, data: memoryview, offset: int) -> None:
+        """Store ``data`` at ``offset`` (arguments already checked, lock held)."""
+
+    def _copy_from(self, loader: DataLoader, src_offset: int, size: int, dst_offset: int) -> None:
+        """Default copy: through Python in 8 MiB chunks. Override for a faster path."""
         chunk = 8 << 20
         done = 0
         while done < size:
             n = min(chunk, size - done)
-            self.write(loader.load(src_offset + done, n), dst_offset + done)
+            data = loader.load(src_offset + done, n)
+            self._write(_as_view(data, self.url), dst_offset + done)
             done += n
 
     @abc.abstractmethod
-    def publish(self, mode: PublishMode = "overwrite") -> None: ...
+    def _publish(self, mode: PublishMode, size: int) -> PublishResult:
+        """Make ``[0, size)`` visible and release the staging (lock held)."""
 
-    @abc.abstractmethod
-    def discard(self) -> None: ...
+    # -- the contract -----------------------------------------------------------------
+
+    @property
+    def state(self) -> WriterState:
+        """Current life-cycle state."""
+        return self._state
+
+    @property
+    def size(self) -> int:
+        """Size the object would have if published now: the maximum end written."""
+        return self._size
+
+    def _check_open(self, action: str) -> None:
+        if self._state is WriterState.PUBLISHED:
+            raise WriterStateError(f"{self.url}: cannot {action}: the writer was already published")
+        if self._state is WriterState.DISCARDED:
+            raise WriterStateError(
+                f"{self.url}: cannot {action}: the writer was discarded ({self._why_closed})"
+            )
+
+    def _abandon(self, why: str) -> None:
+        """Discard after a failure, without masking the error being raised."""
+        self._state = WriterState.DISCARDED
+        self._why_closed = why
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        if self._staging is not None:
+            try:
+                self._staging.cleanup()
+            except Exception as exc:
+                log.warning("%s: discarding after a failure also failed: %s", self.url, exc)
+
+    def write(self, data: bytes | bytearray | memoryview, offset: int) -> None:
+        """Copy ``data`` into the unpublished output at ``offset``."""
+        view = _as_view(data, self.url)
+        _check_offset(self.url, "offset", offset)
+        with self._lock:
+            self._check_open("write")
+            if view.nbytes == 0:
+                return
+            self._dirty[0] = True
+            try:
+                self._write(view, offset)
+            except ConfigurationError:
+                raise
+            except BaseException as exc:
+                self._abandon(f"a write failed: {exc}")
+                raise
+            self._size = max(self._size, offset + view.nbytes)
+
+    def copy_from(self, loader: DataLoader, src_offset: int, size: int, dst_offset: int) -> None:
+        """Copy ``size`` bytes of ``loader`` at ``src_offset`` to ``dst_offset``."""
+        _check_offset(self.url, "src_offset", src_offset)
+        _check_offset(self.url, "size", size)
+        _check_offset(self.url, "dst_offset", dst_offset)
+        total = loader.size()
+        if src_offset + size > total:
+            raise ConfigurationError(
+                f"{self.url}: copy_from({loader.name}): range [{src_offset}, "
+                f"{src_offset + size}) is outside the source (size {total})"
+            )
+        with self._lock:
+            self._check_open("copy_from")
+            if size == 0:
+                return
+            self._dirty[0] = True
+            try:
+                self._copy_from(loader, src_offset, size, dst_offset)
+            except ConfigurationError:
+                raise
+            except BaseException as exc:
+                self._abandon(f"a copy failed: {exc}")
+                raise
+            self._size = max(self._size, dst_offset + size)
+
+    def publish(self, mode: PublishMode = "overwrite") -> PublishResult:
+        """Make the output visible atomically (see the class docstring)."""
+        if mode not in _MODES:
+            raise ConfigurationError(
+                f"{self.url}: publish mode must be 'overwrite' or 'create', got {mode!r}"
+            )
+        with self._lock:
+            self._check_open("publish")
+            try:
+                result = self._publish(mode, self._size)
+            except BaseException as exc:
+                self._abandon(f"publish failed: {exc}")
+                raise
+            self._state = WriterState.PUBLISHED
+            if self._finalizer is not None:
+                self._finalizer.detach()
+            return result
+
+    def discard(self) -> None:
+        """Remove everything staged. Idempotent; a no-op after publish."""
+        with self._lock:
+            if self._state is not WriterState.OPEN:
+                return
+            self._state = WriterState.DISCARDED
+            self._why_closed = "discard() was called"
+            if self._finalizer is not None:
+                self._finalizer.detach()
+            if self._staging is not None:
+                self._staging.cleanup()
 
     def __enter__(self) -> DataWriter:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.discard()
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            self.discard()
+            return
+        with self._lock:
+            if self._state is WriterState.OPEN:
+                self._abandon("an exception left the with block")
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.url} {self._state.value} size={self._size}>"

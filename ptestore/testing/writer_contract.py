@@ -1,0 +1,391 @@
+"""The DataWriter contract as a reusable pytest mixin (needs ``pytest`` and ``hypothesis``).
+
+Usage, for any writer::
+
+    class TestMyWriter(WriterContract):
+        def new_dest(self) -> str: ...            # a fresh, unused destination URL
+        def make_writer(self, dest: str) -> DataWriter: ...
+        def get(self, dest: str) -> bytes | None: ...   # backdoor read, None if absent
+        def put(self, dest: str, data: bytes) -> None: ...  # backdoor write
+        def leftovers(self, dest: str) -> list[str]: ...  # staging artefacts left behind
+
+The backdoor hooks must not use ptestore's writers or loaders, so that the writer's own
+behaviour is what is tested. Capabilities a writer lacks are class attributes
+(``atomic_overwrite``, ``exclusive_create``); the tests that need them are skipped.
+Subclasses can set up per-test state (servers, buckets) in autouse fixtures: pytest
+makes a new instance for every test.
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+import threading
+import warnings
+from typing import ClassVar
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ..errors import AlreadyExists, ConfigurationError, WriterStateError
+from ..loaders import BytesLoader
+from ..writers.base import DataWriter, PublishResult, WriterState
+
+__all__ = ["WriterContract"]
+
+MiB = 1 << 20
+
+
+def _pattern(size: int, seed: int) -> bytes:
+    return random.Random(seed).randbytes(size)
+
+
+class WriterContract:
+    """Contract tests every :class:`~ptestore.writers.DataWriter` must pass."""
+
+    #: Publishing over an existing object is atomic (readers see old or new).
+    atomic_overwrite: ClassVar[bool] = True
+    #: ``publish(mode="create")`` is a true no-clobber between concurrent publishers.
+    exclusive_create: ClassVar[bool] = True
+    #: Size of the "large output" test (several parts for chunked writers).
+    large_size: ClassVar[int] = 3 * MiB + 12345
+    #: Examples of the random write-sequence model test.
+    model_examples: ClassVar[int] = 25
+    #: Concurrent publishers in the race tests.
+    racers: ClassVar[int] = 6
+
+    # -- hooks ------------------------------------------------------------------------
+
+    def new_dest(self) -> str:
+        raise NotImplementedError
+
+    def make_writer(self, dest: str) -> DataWriter:
+        raise NotImplementedError
+
+    def get(self, dest: str) -> bytes | None:
+        raise NotImplementedError
+
+    def put(self, dest: str, data: bytes) -> None:
+        raise NotImplementedError
+
+    def leftovers(self, dest: str) -> list[str]:
+        raise NotImplementedError
+
+    @pytest.fixture
+    def dest(self) -> str:
+        return self.new_dest()
+
+    # -- writing ----------------------------------------------------------------------
+
+    def test_invisible_until_publish(self, dest: str) -> None:
+        w = self.make_writer(dest)
+        w.write(b"hello world", 0)
+        assert self.get(dest) is None
+        result = w.publish()
+        assert isinstance(result, PublishResult)
+        assert result.size == 11
+        assert self.get(dest) == b"hello world"
+        assert w.state is WriterState.PUBLISHED
+        assert self.leftovers(dest) == []
+
+    def test_out_of_order_writes(self, dest: str) -> None:
+        data = _pattern(100_000, 1)
+        chunks = [(o, data[o : o + 7_000]) for o in range(0, len(data), 7_000)]
+        random.Random(2).shuffle(chunks)
+        with self.make_writer(dest) as w:
+            for off, chunk in chunks:
+                w.write(chunk, off)
+            assert w.size == len(data)
+            w.publish()
+        assert self.get(dest) == data
+
+    def test_overlapping_writes_later_wins(self, dest: str) -> None:
+        with self.make_writer(dest) as w:
+            w.write(b"a" * 100, 0)
+            w.write(b"b" * 50, 25)
+            w.write(memoryview(b"c" * 10), 90)
+            w.write(bytearray(b"d" * 5), 20)
+            w.publish()
+        assert self.get(dest) == b"a" * 20 + b"d" * 5 + b"b" * 50 + b"a" * 15 + b"c" * 10
+
+    def test_gaps_read_as_zeros(self, dest: str) -> None:
+        with self.make_writer(dest) as w:
+            w.write(b"xy", 10)
+            w.write(b"z", 100)
+            w.publish()
+        assert self.get(dest) == bytes(10) + b"xy" + bytes(88) + b"z"
+
+    def test_empty_output(self, dest: str) -> None:
+        w = self.make_writer(dest)
+        assert w.publish().size == 0
+        assert self.get(dest) == b""
+
+    def test_zero_length_write_does_not_extend(self, dest: str) -> None:
+        with self.make_writer(dest) as w:
+            w.write(b"ab", 0)
+            w.write(b"", 1000)
+            assert w.size == 2
+            w.publish()
+        assert self.get(dest) == b"ab"
+
+    def test_caller_buffer_is_copied(self, dest: str) -> None:
+        buf = bytearray(b"original")
+        with self.make_writer(dest) as w:
+            w.write(buf, 0)
+            buf[:] = b"mutated!"
+            w.publish()
+        assert self.get(dest) == b"original"
+
+    def test_large_output(self, dest: str) -> None:
+        data = _pattern(self.large_size, 3)
+        step = 256 * 1024 + 11
+        offsets = list(range(0, len(data), step))
+        random.Random(4).shuffle(offsets)
+        with self.make_writer(dest) as w:
+            for off in offsets:
+                w.write(data[off : off + step], off)
+            w.publish()
+        assert self.get(dest) == data
+        assert self.leftovers(dest) == []
+
+    def test_copy_from(self, dest: str) -> None:
+        src = _pattern(50_000, 5)
+        loader = BytesLoader(src, name="<src>")
+        with self.make_writer(dest) as w:
+            w.copy_from(loader, 1000, 20_000, 0)
+            w.write(b"!" * 10, 5)
+            w.copy_from(loader, 0, 100, 30_000)
+            w.publish()
+        assert self.get(dest) == (
+            src[1000:1005] + b"!" * 10 + src[1015:21000] + bytes(10_000) + src[:100]
+        )
+
+    def test_copy_from_out_of_range(self, dest: str) -> None:
+        loader = BytesLoader(b"0123456789", name="<src>")
+        with self.make_writer(dest) as w:
+            with pytest.raises(ConfigurationError, match=r"range \[5, 15\) is outside the source"):
+                w.copy_from(loader, 5, 10, 0)
+            assert w.state is WriterState.OPEN  # a bad argument does not discard
+            w.copy_from(loader, 5, 5, 0)
+            w.publish()
+        assert self.get(dest) == b"56789"
+
+    def test_random_writes_match_model(self) -> None:
+        ops = st.lists(
+            st.tuples(st.integers(0, 40_000), st.binary(min_size=0, max_size=3_000)),
+            max_size=12,
+        )
+
+        @settings(
+            max_examples=self.model_examples,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+            database=None,
+        )
+        @given(ops)
+        def check(writes: list[tuple[int, bytes]]) -> None:
+            dest = self.new_dest()
+            model = bytearray()
+            with self.make_writer(dest) as w:
+                for off, data in writes:
+                    if data:
+                        end = off + len(data)
+                        if end > len(model):
+                            model.extend(bytes(end - len(model)))
+                        model[off:end] = data
+                    w.write(data, off)
+                w.publish()
+            assert self.get(dest) == bytes(model)
+
+        check()
+
+    # -- publish modes ----------------------------------------------------------------
+
+    def test_overwrite_replaces_existing(self, dest: str) -> None:
+        self.put(dest, b"old content that is longer")
+        with self.make_writer(dest) as w:
+            w.write(b"new", 0)
+            assert self.get(dest) == b"old content that is longer"
+            w.publish("overwrite")
+        assert self.get(dest) == b"new"
+
+    def test_create_when_absent(self, dest: str) -> None:
+        with self.make_writer(dest) as w:
+            w.write(b"first", 0)
+            w.publish(mode="create")
+        assert self.get(dest) == b"first"
+
+    def test_create_refuses_existing(self, dest: str) -> None:
+        self.put(dest, b"keep me")
+        w = self.make_writer(dest)
+        w.write(b"intruder", 0)
+        with pytest.raises(AlreadyExists, match=r"already exists; publish\(mode='create'\)"):
+            w.publish(mode="create")
+        assert self.get(dest) == b"keep me"
+        assert w.state is WriterState.DISCARDED
+        assert self.leftovers(dest) == []
+        with pytest.raises(WriterStateError, match=r"was discarded \(publish failed: "):
+            w.write(b"x", 0)
+
+    def test_create_refuses_existing_empty(self, dest: str) -> None:
+        self.put(dest, b"keep me")
+        w = self.make_writer(dest)
+        with pytest.raises(AlreadyExists):
+            w.publish(mode="create")
+        assert self.get(dest) == b"keep me"
+
+    def test_bad_mode(self, dest: str) -> None:
+        with self.make_writer(dest) as w:
+            with pytest.raises(
+                ConfigurationError, match=r"publish mode must be 'overwrite' or 'create', got 'x'"
+            ):
+                w.publish("x")  # type: ignore[arg-type]
+            assert w.state is WriterState.OPEN
+
+    def test_bad_arguments(self, dest: str) -> None:
+        with self.make_writer(dest) as w:
+            with pytest.raises(ConfigurationError, match="offset must be a non-negative int"):
+                w.write(b"x", -1)
+            with pytest.raises(ConfigurationError, match="needs a bytes-like object, got str"):
+                w.write("text", 0)  # type: ignore[arg-type]
+            with pytest.raises(ConfigurationError, match="src_offset must be a non-negative"):
+                w.copy_from(BytesLoader(b"abc"), -2, 1, 0)
+            assert w.state is WriterState.OPEN
+
+    # -- life cycle -------------------------------------------------------------------
+
+    def test_write_after_publish_raises(self, dest: str) -> None:
+        w = self.make_writer(dest)
+        w.write(b"done", 0)
+        w.publish()
+        msg = "the writer was already published"
+        with pytest.raises(WriterStateError, match=f"cannot write: {msg}"):
+            w.write(b"more", 4)
+        with pytest.raises(WriterStateError, match=f"cannot copy_from: {msg}"):
+            w.copy_from(BytesLoader(b"abc"), 0, 3, 0)
+        with pytest.raises(WriterStateError, match=f"cannot publish: {msg}"):
+            w.publish()
+        w.discard()  # a no-op after publish
+        assert self.get(dest) == b"done"
+
+    def test_discard(self, dest: str) -> None:
+        w = self.make_writer(dest)
+        w.write(_pattern(200_000, 6), 0)
+        w.discard()
+        w.discard()  # idempotent
+        assert w.state is WriterState.DISCARDED
+        assert self.get(dest) is None
+        assert self.leftovers(dest) == []
+        with pytest.raises(WriterStateError, match=r"was discarded \(discard\(\) was called\)"):
+            w.write(b"x", 0)
+        with pytest.raises(WriterStateError, match="cannot publish"):
+            w.publish()
+
+    def test_discard_keeps_existing(self, dest: str) -> None:
+        self.put(dest, b"previous")
+        w = self.make_writer(dest)
+        w.write(b"replacement", 0)
+        w.discard()
+        assert self.get(dest) == b"previous"
+
+    def test_with_block_without_publish_discards(self, dest: str) -> None:
+        with self.make_writer(dest) as w:
+            w.write(b"unpublished", 0)
+        assert w.state is WriterState.DISCARDED
+        assert self.get(dest) is None
+        assert self.leftovers(dest) == []
+
+    def test_exception_in_with_block_discards(self, dest: str) -> None:
+        w = self.make_writer(dest)
+
+        def fail() -> None:
+            with w:
+                w.write(b"unpublished", 0)
+                raise KeyError("boom")
+
+        with pytest.raises(KeyError):
+            fail()
+        assert w.state is WriterState.DISCARDED
+        assert self.get(dest) is None
+        assert self.leftovers(dest) == []
+
+    def test_garbage_collection_discards(self, dest: str) -> None:
+        def abandon() -> None:
+            w = self.make_writer(dest)
+            w.write(b"forgotten", 0)
+
+        with pytest.warns(ResourceWarning, match="destroyed without publish"):
+            abandon()
+        gc.collect()
+        assert self.get(dest) is None
+        assert self.leftovers(dest) == []
+
+    def test_unused_writer_collects_silently(self, dest: str) -> None:
+        w = self.make_writer(dest)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            del w
+            gc.collect()
+        assert self.leftovers(dest) == []
+
+    # -- concurrency ------------------------------------------------------------------
+
+    def _race(self, dest: str, mode: str, payloads: list[bytes]) -> list[object]:
+        writers = [self.make_writer(dest) for _ in payloads]
+        for w, data in zip(writers, payloads, strict=True):
+            w.write(data, 0)
+        barrier = threading.Barrier(len(writers))
+        results: list[object] = [None] * len(writers)
+
+        def run(i: int) -> None:
+            barrier.wait()
+            try:
+                results[i] = writers[i].publish(mode)  # type: ignore[arg-type]
+            except Exception as exc:
+                results[i] = exc
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(writers))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return results
+
+    def test_concurrent_create_has_one_winner(self, dest: str) -> None:
+        if not self.exclusive_create:
+            pytest.skip("this writer's create mode is not exclusive between publishers")
+        payloads = [bytes([65 + i]) * (1000 + i) for i in range(self.racers)]
+        results = self._race(dest, "create", payloads)
+        winners = [i for i, r in enumerate(results) if isinstance(r, PublishResult)]
+        losers = [r for r in results if not isinstance(r, PublishResult)]
+        assert len(winners) == 1, results
+        assert all(isinstance(r, AlreadyExists) for r in losers), losers
+        assert self.get(dest) == payloads[winners[0]]
+        assert self.leftovers(dest) == []
+
+    def test_concurrent_overwrite_is_old_or_new(self, dest: str) -> None:
+        if not self.atomic_overwrite:
+            pytest.skip("this writer's overwrite is not atomic")
+        old = b"0" * 5000
+        self.put(dest, old)
+        payloads = [bytes([65 + i]) * (3000 + 700 * i) for i in range(self.racers)]
+        valid = {old, *payloads}
+        seen: list[bytes | None] = []
+        stop = threading.Event()
+
+        def read() -> None:
+            while not stop.is_set():
+                seen.append(self.get(dest))
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        try:
+            results = self._race(dest, "overwrite", payloads)
+        finally:
+            stop.set()
+            reader.join()
+        assert all(isinstance(r, PublishResult) for r in results), results
+        assert self.get(dest) in payloads
+        assert all(s in valid for s in seen), "a reader saw a partial or mixed object"
+        assert self.leftovers(dest) == []

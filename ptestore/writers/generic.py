@@ -1,0 +1,122 @@
+"""Any other fsspec filesystem: stage locally, upload once at publish.
+
+This writer exists so that every fsspec URL works; its guarantees are only those of the
+filesystem's ``put_file``:
+
+- **Atomic**: only if ``put_file`` is (a single-request upload to an object store such
+  as GCS or Azure Blob is; FTP, SFTP, WebDAV, SMB and local-like filesystems are not, and
+  a reader may see a partial object while the upload runs).
+- **Durable**: whatever the filesystem promises once ``put_file`` returns.
+- **Isolated**: yes until publish; nothing is sent before it.
+- **No-clobber**: ``put_file(..., mode="create")``: native on some filesystems, an
+  ``exists()`` check followed by the upload on others (a race between publishers can
+  then let both "win").
+- **Cleanup**: discard, garbage collection and interpreter exit remove the local staging
+  file (``ptestore-generic-*.tmp`` in the system temp dir or ``spool_dir``). A crash can
+  leave that file behind, and a crash *during* a non-atomic upload a partial object.
+
+Prefer :class:`~ptestore.writers.LocalFileWriter`, :class:`~ptestore.writers.MemoryWriter`
+or :class:`~ptestore.writers.S3Writer` where they apply.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import tempfile
+from typing import Any
+
+import fsspec
+
+from ..errors import AlreadyExists, ConfigurationError, StorageError
+from ..loaders import call_with_retries
+from .base import DataWriter, PublishMode, PublishResult
+from .local import _LocalStaging, _strerror
+
+__all__ = ["FsspecWriter"]
+
+
+class FsspecWriter(DataWriter):
+    """Writer for fsspec protocols without a dedicated writer (see the module docstring).
+
+    Parameters
+    ----------
+    url:
+        Any fsspec URL (chained URLs such as ``dir::file:///tmp/x`` included).
+    fs:
+        An already-built filesystem to use instead of resolving ``url``.
+    spool_dir:
+        Where to put the local staging file (default: the system temp dir).
+    storage_options:
+        Passed to the filesystem constructor.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        fs: Any = None,
+        spool_dir: str | None = None,
+        **storage_options: Any,
+    ) -> None:
+        super().__init__(url)
+        if fs is None:
+            try:
+                fs, path = fsspec.core.url_to_fs(url, **storage_options)
+            except (ImportError, ValueError, TypeError) as exc:
+                raise ConfigurationError(f"{url}: cannot open the filesystem: {exc}") from exc
+        else:
+            if storage_options:
+                raise ConfigurationError(
+                    f"{url}: storage options {sorted(storage_options)} are ignored when fs= "
+                    "is given"
+                )
+            path = fs._strip_protocol(url)
+        self.fs = fs
+        self.path: str = path
+        try:
+            fd, tmp = tempfile.mkstemp(prefix="ptestore-generic-", suffix=".tmp", dir=spool_dir)
+        except OSError as exc:
+            raise StorageError(
+                f"{url}: cannot create a local staging file: {_strerror(exc)}"
+            ) from exc
+        self._st = _LocalStaging(tmp, fd)
+        self._track_staging(self._st)
+
+    def _write(self, data: memoryview, offset: int) -> None:
+        fd = self._st.fd
+        assert fd is not None
+        done, n = 0, data.nbytes
+        while done < n:
+            try:
+                done += os.pwrite(fd, data[done:], offset + done)
+            except OSError as exc:
+                raise StorageError(
+                    f"{self.url}: staging write of {n} bytes at offset {offset} to "
+                    f"{self._st.path} failed: {_strerror(exc)}"
+                ) from exc
+
+    def _publish(self, mode: PublishMode, size: int) -> PublishResult:
+        fs, path, tmp = self.fs, self.path, self._st.path
+        has_mode = "mode" in inspect.signature(fs.put_file).parameters
+        try:
+            if mode == "create" and fs.exists(path):
+                raise AlreadyExists(
+                    f"{self.url}: already exists; publish(mode='create') never replaces an "
+                    "existing object"
+                )
+            if has_mode:
+                call_with_retries(lambda: fs.put_file(tmp, path, mode=mode))
+            else:  # pragma: no cover - old fsspec
+                call_with_retries(lambda: fs.put_file(tmp, path))
+        except AlreadyExists:
+            raise
+        except FileExistsError as exc:
+            raise AlreadyExists(
+                f"{self.url}: already exists; publish(mode='create') never replaces an "
+                "existing object"
+            ) from exc
+        except Exception as exc:
+            raise StorageError(f"{self.url}: upload at publish failed: {exc}") from exc
+        self._st.cleanup()
+        return PublishResult(url=self.url, size=size)

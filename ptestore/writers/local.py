@@ -1,0 +1,289 @@
+"""Local files: a hidden staging file beside the destination, published by rename or link.
+
+Guarantees (POSIX filesystems such as ext4, XFS, btrfs, f2fs, APFS):
+
+- **Atomic**: readers see the previous file or the complete new one (``rename(2)`` and
+  ``link(2)`` within one directory). Readers that opened the old file keep reading the
+  old bytes, so publishing onto the file being read (replace-the-source) is safe.
+- **Durable** (``durable=True``, the default): the staging file is fsynced
+  (``F_FULLFSYNC`` on macOS) before the rename and the directory after it. Any fsync
+  error is fatal: the staging is discarded and fsync is never retried.
+- **Isolated**: the staging file is created with ``O_EXCL`` and mode ``0o600`` in the
+  destination's own directory and is never visible under the destination name.
+- **No-clobber**: ``publish(mode="create")`` uses ``link(2)``, which fails with
+  ``EEXIST`` if the destination exists, between processes and hosts sharing the
+  filesystem, without a check-then-write window.
+- **Cleanup**: discard, garbage collection and interpreter exit unlink the staging file.
+  After a crash (SIGKILL, power loss) a stale ``.<name>.ptestore-<hex>.tmp`` may remain;
+  ``ptestore gc DIR`` removes those (never a file a live writer still holds: writers
+  keep an exclusive ``flock`` on their staging file).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import re
+import secrets
+import stat
+import sys
+import threading
+
+from ..errors import AlreadyExists, ConfigurationError, ObjectNotFound, StorageError
+from ..loaders import DataLoader, LocalFileLoader
+from .base import DataWriter, PublishMode, PublishResult
+
+__all__ = ["TEMP_NAME_RE", "LocalFileWriter", "staging_name"]
+
+#: Matches the names of ptestore's own staging files (and nothing a user would create).
+TEMP_NAME_RE = re.compile(r"^\.(?P<name>.*)\.ptestore-(?P<token>[0-9a-f]{16})\.tmp$", re.DOTALL)
+
+_MAX_PREFIX = 200  # keep staging names under NAME_MAX (255) for long destination names
+_FALLBACK_ERRNOS = frozenset(
+    {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.EBADF, errno.EPERM}
+)
+_NO_LINK_ERRNOS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EXDEV})
+_umask_lock = threading.Lock()
+
+
+def staging_name(dest_name: str) -> str:
+    """A fresh hidden staging name for a destination file name."""
+    return f".{dest_name[:_MAX_PREFIX]}.ptestore-{secrets.token_hex(8)}.tmp"
+
+
+def _current_umask() -> int:
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    with _umask_lock:  # os.umask can only be read by setting it
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return mask
+
+
+def _full_fsync(fd: int) -> None:
+    if sys.platform == "darwin" and hasattr(fcntl, "F_FULLFSYNC"):
+        fcntl.fcntl(fd, fcntl.F_FULLFSYNC)
+    else:
+        os.fsync(fd)
+
+
+def _strerror(exc: OSError) -> str:
+    return exc.strerror or str(exc)
+
+
+class _LocalStaging:
+    """The staging file: its descriptor and name. Knows nothing of the writer."""
+
+    def __init__(self, path: str, fd: int) -> None:
+        self.path = path
+        self.fd: int | None = fd
+        self.renamed = False
+
+    def close_fd(self) -> None:
+        if self.fd is not None:
+            fd, self.fd = self.fd, None
+            os.close(fd)
+
+    def cleanup(self) -> None:
+        try:
+            if not self.renamed:
+                try:
+                    os.unlink(self.path)
+                except FileNotFoundError:
+                    pass
+                except OSError as exc:
+                    raise StorageError(
+                        f"{self.path}: cannot remove staging file: {_strerror(exc)}"
+                    ) from exc
+        finally:
+            self.renamed = True
+            self.close_fd()
+
+
+class LocalFileWriter(DataWriter):
+    """Writer for a local file (plain paths and ``file://`` URLs).
+
+    Parameters
+    ----------
+    path:
+        The destination file. Its directory must exist unless ``auto_mkdir`` is true.
+    durable:
+        fsync the file before and the directory after publishing (default true).
+    auto_mkdir:
+        Create missing parent directories first (fsspec's option of the same name).
+    """
+
+    def __init__(
+        self, path: str | os.PathLike[str], *, durable: bool = True, auto_mkdir: bool = False
+    ) -> None:
+        self.path = os.path.abspath(os.fspath(path))
+        super().__init__(self.path)
+        self.durable = durable
+        self.directory, name = os.path.split(self.path)
+        if not name or os.path.isdir(self.path):
+            raise ConfigurationError(f"{self.path}: is a directory, not a file name")
+        if auto_mkdir:
+            try:
+                os.makedirs(self.directory, exist_ok=True)
+            except OSError as exc:
+                raise StorageError(
+                    f"{self.path}: cannot create directory {self.directory}: {_strerror(exc)}"
+                ) from exc
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+        while True:
+            tmp = os.path.join(self.directory, staging_name(name))
+            try:
+                fd = os.open(tmp, flags, 0o600)
+                break
+            except FileExistsError:  # pragma: no cover - 64 random bits collided
+                continue
+            except FileNotFoundError as exc:
+                raise ObjectNotFound(
+                    f"{self.path}: destination directory {self.directory} does not exist"
+                ) from exc
+            except OSError as exc:
+                raise StorageError(
+                    f"{self.path}: cannot create a staging file in {self.directory}: "
+                    f"{_strerror(exc)}"
+                ) from exc
+        # Mark the staging file as live for `ptestore gc` (released when fd closes or on crash).
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        self._st = _LocalStaging(tmp, fd)
+        self._track_staging(self._st)
+
+    @property
+    def staging_path(self) -> str:
+        """Path of the hidden staging file (for tests and diagnostics)."""
+        return self._st.path
+
+    def _fd(self) -> int:
+        fd = self._st.fd
+        if fd is None:  # pragma: no cover - guarded by the state machine
+            raise StorageError(f"{self.path}: staging file is closed")
+        return fd
+
+    def _write(self, data: memoryview, offset: int) -> None:
+        fd = self._fd()
+        done, n = 0, data.nbytes
+        while done < n:
+            try:
+                done += os.pwrite(fd, data[done:], offset + done)
+            except OSError as exc:
+                raise StorageError(
+                    f"{self.path}: write of {n} bytes at offset {offset} failed: "
+                    f"{_strerror(exc)} (staging file {self._st.path} discarded)"
+                ) from exc
+
+    def _copy_from(self, loader: DataLoader, src_offset: int, size: int, dst_offset: int) -> None:
+        if not isinstance(loader, LocalFileLoader) or not hasattr(os, "copy_file_range"):
+            super()._copy_from(loader, src_offset, size, dst_offset)
+            return
+        src_fd, dst_fd = loader.fileno(), self._fd()
+        done = 0
+        while done < size:
+            try:
+                n = os.copy_file_range(
+                    src_fd, dst_fd, size - done, src_offset + done, dst_offset + done
+                )
+            except OSError as exc:
+                if exc.errno in _FALLBACK_ERRNOS:  # not supported here: copy through Python
+                    super()._copy_from(loader, src_offset + done, size - done, dst_offset + done)
+                    return
+                raise StorageError(
+                    f"{self.path}: copying {size} bytes from {loader.name} at offset "
+                    f"{src_offset} to offset {dst_offset} failed: {_strerror(exc)} "
+                    f"(staging file {self._st.path} discarded)"
+                ) from exc
+            if n == 0:
+                raise StorageError(
+                    f"{self.path}: source {loader.name} shrank while copying: wanted {size} "
+                    f"bytes at offset {src_offset}, got {done}"
+                )
+            done += n
+
+    def _publish(self, mode: PublishMode, size: int) -> PublishResult:
+        fd = self._fd()
+        tmp = self._st.path
+        actual = os.fstat(fd).st_size
+        if actual != size:  # pragma: no cover - would be a bug in this module
+            raise StorageError(f"{self.path}: staging file has {actual} bytes, expected {size}")
+        if self.durable:
+            try:
+                _full_fsync(fd)
+            except OSError as exc:
+                raise StorageError(
+                    f"{self.path}: fsync of the staging file failed: {_strerror(exc)}; nothing "
+                    "was published (fsync is never retried)"
+                ) from exc
+        try:
+            perm = stat.S_IMODE(os.stat(self.path).st_mode)
+        except FileNotFoundError:
+            perm = 0o666 & ~_current_umask()
+        except OSError as exc:
+            raise StorageError(f"{self.path}: cannot stat destination: {_strerror(exc)}") from exc
+        try:
+            os.fchmod(fd, perm)
+        except OSError as exc:
+            raise StorageError(
+                f"{self.path}: cannot set mode {perm:o} on the staging file: {_strerror(exc)}"
+            ) from exc
+        if mode == "overwrite":
+            try:
+                os.replace(tmp, self.path)
+            except OSError as exc:
+                raise StorageError(
+                    f"{self.path}: cannot rename staging file {tmp} over it: {_strerror(exc)}"
+                ) from exc
+        else:
+            try:
+                os.link(tmp, self.path)
+            except FileExistsError as exc:
+                raise AlreadyExists(
+                    f"{self.path}: already exists; publish(mode='create') never replaces an "
+                    "existing file"
+                ) from exc
+            except OSError as exc:
+                if exc.errno in _NO_LINK_ERRNOS:
+                    raise StorageError(
+                        f"{self.path}: the filesystem does not support hard links, which "
+                        f"publish(mode='create') needs: {_strerror(exc)}"
+                    ) from exc
+                raise StorageError(
+                    f"{self.path}: cannot link staging file {tmp} to it: {_strerror(exc)}"
+                ) from exc
+            try:
+                os.unlink(tmp)
+            except OSError:  # the published file is fine; gc removes the extra name
+                pass
+        self._st.renamed = True
+        self._st.close_fd()
+        if self.durable:
+            self._fsync_directory()
+        return PublishResult(url=self.path, size=size)
+
+    def _fsync_directory(self) -> None:
+        if not hasattr(os, "O_DIRECTORY"):  # pragma: no cover - Windows
+            return
+        try:
+            dfd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError as exc:
+            raise StorageError(
+                f"{self.path}: published, but cannot open directory {self.directory} to fsync "
+                f"it: {_strerror(exc)}; the new file may not survive a crash"
+            ) from exc
+        try:
+            os.fsync(dfd)
+        except OSError as exc:
+            if exc.errno not in (errno.EINVAL, errno.ENOTSUP):  # fs without directory fsync
+                raise StorageError(
+                    f"{self.path}: published, but fsync of directory {self.directory} failed: "
+                    f"{_strerror(exc)}; the new file may not survive a crash (not retried)"
+                ) from exc
+        finally:
+            os.close(dfd)

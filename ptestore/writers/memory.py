@@ -1,0 +1,88 @@
+"""In memory, over fsspec's ``memory://`` filesystem: a faithful, fast fake.
+
+Guarantees (within one process, which is the whole world of ``memory://``):
+
+- **Atomic**: staging is a private ``bytearray``; publish installs one complete
+  ``MemoryFile`` into ``MemoryFileSystem.store`` with a single assignment. Readers that
+  opened the previous object keep it.
+- **Durable**: no (memory).
+- **Isolated**: nothing is visible under the destination before publish; the live store
+  is never opened for writing.
+- **No-clobber**: ``mode="create"`` checks and installs under a module-level lock shared
+  by every :class:`MemoryWriter`, so concurrent ptestore publishers see exactly one
+  winner. (Other code writing the store directly does not take that lock.)
+- **Cleanup**: discard and garbage collection drop the buffer.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Any
+
+from fsspec.implementations.memory import MemoryFile, MemoryFileSystem
+
+from ..errors import AlreadyExists, StorageError
+from .base import DataWriter, PublishMode, PublishResult
+
+__all__ = ["MemoryWriter"]
+
+#: Serializes every MemoryWriter publish (check + install) in this process.
+_PUBLISH_LOCK = threading.Lock()
+_VERSIONS = itertools.count(1)
+
+
+class _MemoryStaging:
+    def __init__(self) -> None:
+        self.buf = bytearray()
+
+    def cleanup(self) -> None:
+        self.buf = bytearray()
+
+
+class MemoryWriter(DataWriter):
+    """Writer for ``memory://`` URLs.
+
+    Parameters
+    ----------
+    url:
+        ``memory://path`` (or a bare path inside the memory filesystem).
+    fs:
+        The :class:`~fsspec.implementations.memory.MemoryFileSystem` to publish into
+        (default: fsspec's shared instance; all instances share one class-level store).
+    """
+
+    def __init__(self, url: str, *, fs: MemoryFileSystem | None = None, **storage_options: Any):
+        self.fs: MemoryFileSystem = fs if fs is not None else MemoryFileSystem(**storage_options)
+        self.path: str = self.fs._strip_protocol(url)
+        super().__init__(url if "://" in url else f"memory://{self.path.lstrip('/')}")
+        self._st = _MemoryStaging()
+        self._track_staging(self._st)
+
+    def _write(self, data: memoryview, offset: int) -> None:
+        buf = self._st.buf
+        end = offset + data.nbytes
+        if end > len(buf):
+            buf.extend(bytes(end - len(buf)))
+        buf[offset:end] = data
+
+    def _publish(self, mode: PublishMode, size: int) -> PublishResult:
+        fs, path = self.fs, self.path
+        obj = MemoryFile(fs, path, bytes(self._st.buf))
+        version = next(_VERSIONS)
+        with _PUBLISH_LOCK:
+            if path in fs.pseudo_dirs or any(k.startswith(path + "/") for k in fs.store):
+                raise StorageError(f"{self.url}: is a directory, not an object")
+            parent = path
+            while len(parent) > 1:
+                parent = fs._parent(parent)
+                if parent in fs.store:
+                    raise StorageError(f"{self.url}: parent {parent} is an object, not a directory")
+            if mode == "create" and path in fs.store:
+                raise AlreadyExists(
+                    f"{self.url}: already exists; publish(mode='create') never replaces an "
+                    "existing object"
+                )
+            fs.store[path] = obj  # the one step that makes the object visible
+        self._st.cleanup()
+        return PublishResult(url=self.url, size=size, etag=str(version))

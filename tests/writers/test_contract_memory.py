@@ -1,0 +1,33 @@
+"""The writer contract on MemoryWriter (fsspec memory://)."""
+
+from __future__ import annotations
+
+import uuid
+
+from fsspec.implementations.memory import MemoryFileSystem
+
+from ptestore.testing.writer_contract import WriterContract
+from ptestore.writers import DataWriter, MemoryWriter, open_writer
+
+
+class TestMemoryContract(WriterContract):
+    large_size = 3 * (1 << 20) + 12345
+
+    def new_dest(self) -> str:
+        return f"memory://contract/{uuid.uuid4().hex}/model.pte"
+
+    def make_writer(self, dest: str) -> DataWriter:
+        w = open_writer(dest)
+        assert isinstance(w, MemoryWriter)
+        return w
+
+    def get(self, dest: str) -> bytes | None:
+        path = MemoryFileSystem._strip_protocol(dest)
+        obj = MemoryFileSystem.store.get(path)
+        return None if obj is None else bytes(obj.getvalue())
+
+    def put(self, dest: str, data: bytes) -> None:
+        MemoryFileSystem().pipe_file(MemoryFileSystem._strip_protocol(dest), data)
+
+    def leftovers(self, dest: str) -> list[str]:
+        return []  # staging is a private buffer: nothing can be left in the store
