@@ -15,6 +15,7 @@ __all__ = [
     "BackendError",
     "ConfigurationError",
     "FormatError",
+    "IntegrityError",
     "InvalidReplacement",
     "NotSupported",
     "ObjectNotFound",
@@ -146,3 +147,10 @@ def _rebuild_backend_error(
 class InvalidReplacement(BackendError, ValueError):
     """A backend submitted a replacement that breaks the rules (unknown key, key written
     twice, bad alignment, inconsistent aliases)."""
+
+
+class IntegrityError(StorageError):
+    """The stored object does not match what was written (size or checksum differs).
+
+    Raised after publishing, when the end-to-end check finds the storage holds other
+    bytes than the writer sent."""

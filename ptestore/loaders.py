@@ -23,7 +23,8 @@ from tenacity import (
     Retrying,
     retry_if_exception,
     stop_after_attempt,
-    wait_exponential_jitter,
+    wait_exponential,
+    wait_random,
 )
 
 from .errors import ConfigurationError, ObjectNotFound, StorageError
@@ -66,8 +67,7 @@ class DataLoader(Protocol):
 def _check_range(name: str, offset: int, size: int, total: int) -> None:
     if offset < 0 or size < 0 or offset + size > total:
         raise StorageError(
-            f"{name}: read of {size} bytes at offset {offset} is outside the object "
-            f"(size {total})"
+            f"{name}: read of {size} bytes at offset {offset} is outside the object (size {total})"
         )
 
 
@@ -195,10 +195,54 @@ _TRANSIENT_WORDS = (
 )
 
 
+#: S3/botocore error codes worth retrying (the service asks the client to try again).
+TRANSIENT_S3_CODES = frozenset(
+    {
+        "InternalError",
+        "ServiceUnavailable",
+        "SlowDown",
+        "RequestTimeout",
+        "RequestTimeoutException",
+        "Throttling",
+        "ThrottlingException",
+        "ThrottledException",
+        "RequestThrottled",
+        "RequestThrottledException",
+        "RequestLimitExceeded",
+        "TooManyRequestsException",
+        "BandwidthLimitExceeded",
+        "EC2ThrottledException",
+        "PriorRequestNotComplete",
+    }
+)
+
+
+def _client_error_info(exc: BaseException) -> tuple[str | None, int | None] | None:
+    """``(code, http status)`` of a botocore ``ClientError``-like exception, else None."""
+    response = getattr(exc, "response", None)
+    if not isinstance(response, dict):
+        return None
+    error = response.get("Error") or {}
+    meta = response.get("ResponseMetadata") or {}
+    code = error.get("Code") if isinstance(error, dict) else None
+    status = meta.get("HTTPStatusCode") if isinstance(meta, dict) else None
+    return (str(code) if code is not None else None, status if isinstance(status, int) else None)
+
+
 def is_transient(exc: BaseException) -> bool:
-    """True for failures worth retrying: timeouts, resets, 5xx and throttling."""
+    """True for failures worth retrying: timeouts, resets, 5xx and throttling.
+
+    Never true for missing objects, permission problems, failed preconditions or any
+    other 4xx answer (except 408 request timeout and 429 too many requests).
+    """
     if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, StorageError)):
         return False
+    info = _client_error_info(exc)
+    if info is not None:
+        code, status = info
+        if code in TRANSIENT_S3_CODES:
+            return True
+        return status is not None and (status >= 500 or status in (408, 429))
     if isinstance(exc, (ConnectionError, TimeoutError)):
         return True
     for cls in type(exc).__mro__:
@@ -219,13 +263,18 @@ def call_with_retries(
     attempts: int = 5,
     initial: float = 0.1,
     maximum: float = 5.0,
+    before_sleep: Callable[[Any], None] | None = None,
 ) -> T:
-    """Run ``fn`` and retry only transient failures, with jittered exponential backoff."""
+    """Run ``fn`` and retry only transient failures, with jittered exponential backoff.
+
+    ``before_sleep`` (a tenacity hook) is called before each retry.
+    """
     retrying = Retrying(
         retry=retry_if_exception(is_transient),
         stop=stop_after_attempt(attempts),
-        wait=wait_exponential_jitter(initial=initial, max=maximum),
+        wait=wait_exponential(multiplier=initial, max=maximum) + wait_random(0, initial),
         reraise=True,
+        before_sleep=before_sleep,
     )
     return retrying(fn)
 
@@ -333,9 +382,7 @@ def open_loader(url: str | os.PathLike[str], **storage_options: Any) -> DataLoad
     except (ImportError, ValueError) as exc:
         raise ConfigurationError(f"{url}: cannot read protocol {protocol!r}: {exc}") from exc
     fs = fs_cls(**storage_options)
-    if protocol == "s3":
-        fs_path = path
-    elif protocol == "memory":
+    if protocol == "s3" or protocol == "memory":
         fs_path = path
     else:
         fs_path = fs._strip_protocol(os.fspath(url))

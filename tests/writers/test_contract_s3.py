@@ -1,0 +1,64 @@
+"""The writer contract on S3Writer against moto's real HTTP server."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+
+from ptestore.testing.moto import MotoS3
+from ptestore.testing.writer_contract import WriterContract
+from ptestore.writers import DataWriter, open_writer
+from ptestore.writers.s3 import S3Writer
+
+pytestmark = pytest.mark.s3
+
+PART = 256 * 1024  # small parts (moto's minimum is lowered in conftest) -> many parts
+
+
+class TestS3Contract(WriterContract):
+    model_examples = 10
+    racers = 4
+    options: dict[str, Any] = {"part_size": PART, "max_concurrency": 3}  # noqa: RUF012
+
+    @pytest.fixture(autouse=True)
+    def _bucket(self, moto_s3: MotoS3, s3_bucket: str, s3_client: Any) -> None:
+        self.moto = moto_s3
+        self.bucket = s3_bucket
+        self.client = s3_client
+
+    def new_dest(self) -> str:
+        return f"s3://{self.bucket}/models/{uuid.uuid4().hex}.pte"
+
+    def make_writer(self, dest: str) -> DataWriter:
+        w = open_writer(dest, **self.moto.storage_options, **self.options)
+        assert isinstance(w, S3Writer)
+        return w
+
+    def _key(self, dest: str) -> str:
+        return dest.split("/", 3)[3]
+
+    def get(self, dest: str) -> bytes | None:
+        try:
+            body: bytes = self.client.get_object(Bucket=self.bucket, Key=self._key(dest))[
+                "Body"
+            ].read()
+        except self.client.exceptions.NoSuchKey:
+            return None
+        return body
+
+    def put(self, dest: str, data: bytes) -> None:
+        self.client.put_object(Bucket=self.bucket, Key=self._key(dest), Body=data)
+
+    def leftovers(self, dest: str) -> list[str]:
+        uploads = self.client.list_multipart_uploads(Bucket=self.bucket, Prefix=self._key(dest))
+        return [u["UploadId"] for u in uploads.get("Uploads", [])]
+
+
+class TestS3SinglePartContract(TestS3Contract):
+    """Default 8 MiB parts: most outputs go up as one conditional PutObject."""
+
+    model_examples = 5
+    large_size = (8 << 20) + 4321
+    options: dict[str, Any] = {}  # noqa: RUF012
