@@ -1,0 +1,160 @@
+"""The committed fixtures are what they claim to be, according to ExecuTorch itself.
+
+- the stored facts equal what ExecuTorch's own reader (support.et_reference) reads now;
+- the original files run in the real runtime (one child process for everything) and give
+  exactly the stored runtime outputs, and the eager outputs within the fixture tolerance;
+- the "doubled weight" expectation holds: doubling those bytes in a copy gives exactly the
+  stored doubled runtime outputs (and those match eager-with-doubled-weight).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from support.fixtures import Fixture, all_fixtures, doubled_fixtures, runnable_fixtures
+
+pytestmark = pytest.mark.interop
+
+pytest.importorskip("executorch")
+
+from support.et_reference import (  # noqa: E402
+    reference_facts,
+    reference_program_extras,
+    reference_segment_field_presence,
+)
+from support.et_runtime import Job, Result, run_programs  # noqa: E402
+
+ALL = all_fixtures()
+RUNNABLE = runnable_fixtures()
+DOUBLED = doubled_fixtures()
+
+
+def _ids(fs: list[Fixture]) -> list[str]:
+    return [f.name for f in fs]
+
+
+def _doubled_file(f: Fixture) -> tuple[bytes, bytes | None]:
+    """(pte bytes, ptd bytes) with the doubled weight applied, located via the reference."""
+    assert f.doubled is not None
+    d = f.doubled
+    target = f.pte_path if d.file == "pte" else f.ptd_path
+    assert target is not None
+    data = target.read_bytes()
+    facts = reference_facts(data, d.file)  # type: ignore[arg-type]
+    base = facts["header"]["segment_base_offset"] if facts["header"] else 0
+    seg = facts["segments"][d.segment_index]
+    start = base + seg["offset"]
+    new = data[:start] + d.apply(data[start : start + seg["size"]]) + data[start + seg["size"] :]
+    pte = new if d.file == "pte" else (f.pte_path.read_bytes() if f.pte_path else b"")
+    ptd = new if d.file == "ptd" else (f.ptd_path.read_bytes() if f.ptd_path else None)
+    return pte, ptd
+
+
+@pytest.fixture(scope="module")
+def runtime_results() -> dict[tuple[str, str, str], Result]:
+    """Every job for this module, run in one batch: (fixture, method, variant) -> Result."""
+    jobs: list[Job] = []
+    keys: list[tuple[str, str, str]] = []
+    for f in RUNNABLE:
+        assert f.pte_path is not None
+        for m in f.methods:
+            for mode in ("path", "bytes"):
+                jobs.append(
+                    Job(f.pte_path, m, f.inputs[m], ptd=f.ptd_path, load_mode=mode, label=f.name)
+                )
+                keys.append((f.name, m, mode))
+    for f in DOUBLED:
+        pte, ptd = _doubled_file(f)
+        for m in f.methods:
+            jobs.append(Job(pte, m, f.inputs[m], ptd=ptd, load_mode="bytes", label=f.name))
+            keys.append((f.name, m, "doubled"))
+    results = run_programs(jobs)
+    return dict(zip(keys, results, strict=True))
+
+
+@pytest.mark.parametrize("f", ALL, ids=_ids(ALL))
+def test_facts_match_reference(f: Fixture) -> None:
+    if f.pte_path is not None:
+        assert reference_facts(f.pte_path, "pte") == f.facts["pte"]
+        assert (
+            reference_segment_field_presence(f.pte_path, "pte") == (f.segment_field_presence["pte"])
+        )
+        assert reference_program_extras(f.pte_path) == f.extras
+        assert f.facts["pte"]["file_size"] == f.pte_path.stat().st_size
+    if f.ptd_path is not None:
+        assert reference_facts(f.ptd_path, "ptd") == f.facts["ptd"]
+        assert (
+            reference_segment_field_presence(f.ptd_path, "ptd") == (f.segment_field_presence["ptd"])
+        )
+        assert f.facts["ptd"]["file_size"] == f.ptd_path.stat().st_size
+
+
+@pytest.mark.parametrize("f", ALL, ids=_ids(ALL))
+def test_files_small(f: Fixture) -> None:
+    for p in (f.pte_path, f.ptd_path):
+        if p is not None:
+            assert p.stat().st_size < (1 << 20), p
+
+
+def _assert_same(got: list[np.ndarray], want: list[np.ndarray], what: str) -> None:
+    assert len(got) == len(want), what
+    for a, b in zip(got, want, strict=True):
+        assert a.dtype == b.dtype, what
+        assert a.shape == b.shape, what
+        assert np.array_equal(a, b), f"{what}: max diff {np.max(np.abs(a - b))}"
+
+
+def _assert_close(got: list[np.ndarray], want: list[np.ndarray], f: Fixture, what: str) -> None:
+    assert len(got) == len(want), what
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a, b, atol=f.atol, rtol=f.rtol, err_msg=what)
+
+
+@pytest.mark.parametrize("f", RUNNABLE, ids=_ids(RUNNABLE))
+def test_runs_in_real_runtime(
+    f: Fixture, runtime_results: dict[tuple[str, str, str], Result]
+) -> None:
+    for m in f.methods:
+        for mode in ("path", "bytes"):
+            r = runtime_results[(f.name, m, mode)]
+            assert r.ok, r.describe()
+            assert r.outputs is not None
+            assert r.method_names == sorted(f.methods)
+            _assert_same(r.outputs, f.outputs_runtime[m], f"{f.name}/{m}/{mode} vs stored runtime")
+            _assert_close(r.outputs, f.outputs_eager[m], f, f"{f.name}/{m}/{mode} vs eager")
+
+
+@pytest.mark.parametrize("f", DOUBLED, ids=_ids(DOUBLED))
+def test_doubled_expectation(
+    f: Fixture, runtime_results: dict[tuple[str, str, str], Result]
+) -> None:
+    d = f.doubled
+    assert d is not None
+    facts: dict[str, Any] = f.facts[d.file]
+    on_seg = sorted(
+        nd["key"] for nd in facts["named_data"] if nd["segment_index"] == d.segment_index
+    )
+    assert on_seg == sorted(d.keys_on_segment)
+    if d.key is not None:
+        assert d.key in on_seg
+        assert d.offset_in_segment == 0
+        assert d.nbytes == facts["segments"][d.segment_index]["size"]
+    for m in f.methods:
+        r = runtime_results[(f.name, m, "doubled")]
+        assert r.ok, r.describe()
+        assert r.outputs is not None
+        _assert_same(r.outputs, d.outputs_runtime[m], f"{f.name}/{m} doubled vs stored runtime")
+        _assert_close(r.outputs, d.outputs_eager[m], f, f"{f.name}/{m} doubled vs eager")
+        assert not all(
+            np.array_equal(a, b) for a, b in zip(r.outputs, f.outputs_runtime[m], strict=True)
+        ), "doubling the weight must change the outputs"
+
+
+def test_manifest_lists_existing_files() -> None:
+    for f in ALL:
+        for p in (f.pte_path, f.ptd_path):
+            if p is not None:
+                assert Path(p).is_file(), p
