@@ -1,0 +1,321 @@
+"""Every malformed-input path raises FormatError with a message naming file, field,
+value and limit. Messages are pinned here."""
+
+from __future__ import annotations
+
+import re
+import struct
+from collections.abc import Callable
+
+import flatbuffers
+import pytest
+from support.fixtures import get_fixture
+
+from ptestore.errors import FormatError, PteStoreError
+from ptestore.format import parse
+from ptestore.format.flatbuf import FlatView
+from ptestore.format.parse import metadata_size
+
+MLP = get_fixture("mlp_xnnpack").pte_path
+PTD = get_fixture("mlp_portable_ext").ptd_path
+assert MLP is not None
+assert PTD is not None
+
+
+def pte() -> bytearray:
+    return bytearray(MLP.read_bytes())
+
+
+def ptd() -> bytearray:
+    return bytearray(PTD.read_bytes())
+
+
+def u32(buf: bytearray, pos: int, value: int) -> bytearray:
+    struct.pack_into("<I", buf, pos, value)
+    return buf
+
+
+def u64(buf: bytearray, pos: int, value: int) -> bytearray:
+    struct.pack_into("<Q", buf, pos, value)
+    return buf
+
+
+def raises(data: bytes | bytearray, pattern: str) -> FormatError:
+    with pytest.raises(FormatError) as info:
+        parse(bytes(data), len(data), "model.pte")
+    msg = str(info.value)
+    assert re.fullmatch(pattern, msg), msg
+    assert isinstance(info.value, PteStoreError)
+    assert isinstance(info.value, ValueError)
+    return info.value
+
+
+def _program() -> tuple[bytearray, FlatView]:
+    data = pte()
+    view = FlatView(data, "x", limit=metadata_size(data[:64], len(data), "x"))
+    return data, view
+
+
+def method_name_pos() -> int:
+    data, view = _program()
+    root = view.root("Program")
+    plans = root.vector(1, "execution_plan", 4)
+    assert plans is not None
+    plan = plans.table(0)
+    pos = plan.field_pos(0, "name", 4)
+    assert pos is not None
+    return pos + struct.unpack_from("<I", data, pos)[0]
+
+
+def segments_vector_pos() -> int:
+    data, view = _program()
+    root = view.root("Program")
+    pos = root.field_pos(4, "segments", 4)
+    assert pos is not None
+    return pos + struct.unpack_from("<I", data, pos)[0]
+
+
+def delegate_ref_fields() -> tuple[int | None, int | None]:
+    _data, view = _program()
+    root = view.root("Program")
+    plans = root.vector(1, "execution_plan", 4)
+    assert plans is not None
+    delegates = plans.table(0).vector(7, "delegates", 4)
+    assert delegates is not None
+    ref = delegates.table(0).table(1, "processed")
+    assert ref is not None
+    return ref.field_pos(0, "location", 1), ref.field_pos(1, "index", 4)
+
+
+def named_data_index_pos() -> int:
+    _data, view = _program()
+    root = view.root("Program")
+    vec = root.vector(7, "named_data", 4)
+    assert vec is not None
+    pos = vec.table(0).field_pos(1, "segment_index", 4)
+    assert pos is not None
+    return pos
+
+
+CASES: list[tuple[str, Callable[[], bytes | bytearray], str]] = [
+    ("short file", lambda: pte()[:4], r"model\.pte: file size = 4: must be >= 8 bytes .*"),
+    (
+        "bad identifier",
+        lambda: pte()[:4] + b"XXXX" + pte()[8:],
+        r"model\.pte: file identifier \(bytes 4\.\.8\) = b'XXXX': must be b'ET12' \(\.pte "
+        r"Program\) or b'FT01' \(\.ptd FlatTensor\)",
+    ),
+    (
+        "header too short",
+        lambda: u32(pte(), 12, 16),
+        r"model\.pte: extended header length = 16: must be >= 24 bytes",
+    ),
+    (
+        "header longer than file",
+        lambda: u32(pte(), 12, 1 << 31),
+        r"model\.pte: extended header length = 2147483648: must be <= 6040 \(the header must "
+        r"fit inside the 6048-byte file\)",
+    ),
+    (
+        "program_size past end",
+        lambda: u64(pte(), 16, 1 << 40),
+        r"model\.pte: extended header program_size = 1099511627776: must be in \[40, 6048\] "
+        r"\(after the header and inside the file\)",
+    ),
+    (
+        "base inside program",
+        lambda: u64(pte(), 24, 100),
+        r"model\.pte: extended header segment_base_offset = 100: must be 0 or in \[1448, 6048\] "
+        r"\(after the program, inside the file\)",
+    ),
+    (
+        "data size past end",
+        lambda: u64(pte(), 32, 4513),
+        r"model\.pte: extended header segment_data_size = 4513: must be <= 4512 "
+        r"\(segment_base_offset 1536 \+ size must not pass the end of the 6048-byte file\)",
+    ),
+    (
+        "truncated by one byte",
+        lambda: pte()[:-1],
+        r"model\.pte: extended header segment_data_size = 4512: must be <= 4511 .*",
+    ),
+    (
+        "root offset out of range",
+        lambda: u32(pte(), 0, 1 << 30),
+        r"model\.pte: Program \(table position\) = 1073741824: must be in \[8, 1444\]",
+    ),
+    (
+        "root offset misaligned",
+        lambda: u32(pte(), 0, 61),
+        r"model\.pte: Program \(table position\) = 61: must be a multiple of 4 .*",
+    ),
+    (
+        "vtable outside",
+        lambda: struct.pack_into("<i", (b := pte()), 60, -(1 << 20)) or b,
+        r"model\.pte: Program \(vtable position\) = 1048636: must be an even position in "
+        r"\[0, 1444\]",
+    ),
+    (
+        "segments vector length",
+        lambda: u32(pte(), segments_vector_pos(), 0x10000000),
+        r"model\.pte: Program\.segments \(vector length\) = 268435456: must be <= \d+ "
+        r"\(4-byte elements from \d+ must end inside the FlatBuffer \[0, 1448\)\)",
+    ),
+    (
+        "method name length",
+        lambda: u32(pte(), method_name_pos(), 0xFFFFFFF0),
+        r"model\.pte: Program\.execution_plan\[0\]\.name \(string length\) = 4294967280: "
+        r"must be <= \d+ \(the string and its NUL must end inside the FlatBuffer \[0, 1448\)\)",
+    ),
+    (
+        "method name not utf-8",
+        lambda: (
+            (b := pte()).__setitem__(slice(method_name_pos() + 4, method_name_pos() + 5), b"\xff")
+            or b
+        ),
+        r"model\.pte: Program\.execution_plan\[0\]\.name = b'\\xfforward': must be valid "
+        r"UTF-8 \(invalid byte at 0\)",
+    ),
+    (
+        "segment past end of file",
+        lambda: u64(pte(), 528, 5000),
+        r"model\.pte: Program\.segments\[4\]\.offset \+ size = 6024: must be <= 4512 "
+        r"\(segment_base_offset 1536 \+ offset \+ size must not pass the end of the 6048-byte "
+        r"file\)",
+    ),
+    (
+        "named data index out of range",
+        lambda: u32(pte(), named_data_index_pos(), 99),
+        r"model\.pte: Program\.named_data\[0\]\.segment_index = 99: must be < 6 \(the number "
+        r"of segments\), for key '[0-9a-f]{64}'",
+    ),
+    (
+        "delegate segment index out of range",
+        lambda: u32(pte(), delegate_ref_fields()[1] or 0, 42),
+        r"model\.pte: Program\.execution_plan\[0\]\.delegates\[0\]\.processed\.index = 42: "
+        r"must be < 6 \(the number of segments\) for a SEGMENT delegate of method 'forward'",
+    ),
+    (
+        "delegate location invalid",
+        lambda: (b := pte()).__setitem__(delegate_ref_fields()[0] or 0, 7) or b,
+        r"model\.pte: Program\.execution_plan\[0\]\.delegates\[0\]\.processed\.location = 7: "
+        r"must be 0 \(INLINE\) or 1 \(SEGMENT\)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "make", "pattern"), CASES, ids=[c[0] for c in CASES])
+def test_pte_error_messages(name: str, make: Callable[[], bytearray], pattern: str) -> None:
+    raises(make(), pattern)
+
+
+PTD_CASES: list[tuple[str, Callable[[], bytes | bytearray], str]] = [
+    (
+        "bad magic",
+        lambda: ptd()[:8] + b"XXXX" + ptd()[12:],
+        r"model\.pte: FlatTensor header magic \(bytes 8\.\.12\) = b'XXXX': must be b'FH01'",
+    ),
+    (
+        "short header",
+        lambda: u32(ptd(), 12, 32),
+        r"model\.pte: FlatTensor header length = 32: must be >= 40 bytes",
+    ),
+    (
+        "flatbuffer offset",
+        lambda: u64(ptd(), 16, 1 << 50),
+        r"model\.pte: FlatTensor header flatbuffer_offset = 1125899906842624: must be in "
+        r"\[48, 3744\] .*",
+    ),
+    (
+        "flatbuffer size",
+        lambda: u64(ptd(), 24, 1 << 20),
+        r"model\.pte: FlatTensor header flatbuffer_size = 1048576: must be <= 3696 .*",
+    ),
+    (
+        "base before metadata end",
+        lambda: u64(ptd(), 32, 64),
+        r"model\.pte: FlatTensor header segment_base_offset = 64: must be in \[512, 3744\] .*",
+    ),
+    (
+        "data past end",
+        lambda: u64(ptd(), 40, 4000),
+        r"model\.pte: FlatTensor header segment_data_size = 4000: must be <= 3232 .*",
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "make", "pattern"), PTD_CASES, ids=[c[0] for c in PTD_CASES])
+def test_ptd_error_messages(name: str, make: Callable[[], bytearray], pattern: str) -> None:
+    raises(make(), pattern)
+
+
+def test_truncated_metadata_buffer_is_a_format_error() -> None:
+    from ptestore.format import parse_pte
+
+    data = bytes(pte())
+    with pytest.raises(FormatError, match=r"program_size = 1448: must be <= 1000 \(bytes "):
+        parse_pte(data[:1000], len(data), "model.pte")
+
+
+def _aliasing_bomb(n: int) -> bytes:
+    """A headerless Program whose n plans all share one plan whose n delegates all share
+    one delegate: n*n delegates from a few kilobytes."""
+    b = flatbuffers.Builder(0)
+    bid = b.CreateString("XnnpackBackend")
+    b.StartObject(2)  # BackendDelegateDataReference
+    b.PrependUint8Slot(0, 1, 0)
+    ref = b.EndObject()
+    b.StartObject(3)  # BackendDelegate
+    b.PrependUOffsetTRelativeSlot(0, bid, 0)
+    b.PrependUOffsetTRelativeSlot(1, ref, 0)
+    delegate = b.EndObject()
+    b.StartVector(4, n, 4)
+    for _ in range(n):
+        b.PrependUOffsetTRelative(delegate)
+    delegates = b.EndVector()
+    name = b.CreateString("forward")
+    b.StartObject(8)  # ExecutionPlan
+    b.PrependUOffsetTRelativeSlot(0, name, 0)
+    b.PrependUOffsetTRelativeSlot(7, delegates, 0)
+    plan = b.EndObject()
+    b.StartVector(4, n, 4)
+    for _ in range(n):
+        b.PrependUOffsetTRelative(plan)
+    plans = b.EndVector()
+    b.StartObject(2)  # DataSegment (empty: offset and size absent)
+    segment = b.EndObject()
+    b.StartVector(4, 1, 4)
+    b.PrependUOffsetTRelative(segment)
+    segments = b.EndVector()
+    b.StartObject(8)  # Program
+    b.PrependUOffsetTRelativeSlot(1, plans, 0)
+    b.PrependUOffsetTRelativeSlot(4, segments, 0)
+    root = b.EndObject()
+    b.Finish(root, file_identifier=b"ET12")
+    return bytes(b.Output())
+
+
+def test_aliasing_bomb_is_refused_quickly() -> None:
+    data = _aliasing_bomb(3000)
+    assert len(data) < 64 * 1024
+    with pytest.raises(FormatError, match=r"aliased data.*unbounded work"):
+        parse(data, len(data), "bomb.pte")
+
+
+def test_small_aliasing_is_fine() -> None:
+    # Legitimate sharing within the budget still parses (it is valid FlatBuffer).
+    data = _aliasing_bomb(3)
+    c = parse(data, len(data), "ok.pte")
+    assert c.methods == ("forward",) * 3
+    assert len(c.delegates) == 9
+
+
+def test_headerless_program_with_segment_bytes_is_refused() -> None:
+    from ptestore.format.parse import parse_pte
+
+    # A well-formed file whose header we drop: segments claim bytes but there is no base.
+    data = pte()
+    data[8:12] = b"zz00"
+    with pytest.raises(FormatError) as info:
+        parse_pte(bytes(data), len(data), "model.pte")
+    assert "model.pte" in str(info.value)
