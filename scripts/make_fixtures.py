@@ -368,6 +368,10 @@ def auto_features(rec: dict[str, Any]) -> list[str]:
             feats.add("constant_segment" if size > 0 else "empty_constant_segment")
             if size > 0 and ids:
                 feats.add("partially_delegated")
+        if extras["constant_buffer_count"] > 0:
+            feats.add("deprecated_constant_buffer")
+        if not pte["segments"]:
+            feats.add("no_segments")
         if extras["mutable_data_segments"]:
             feats.add("mutable_data_segment")
         if pte["named_data"]:
@@ -907,15 +911,15 @@ def build_all(out_dir: Path, only: set[str] | None = None) -> None:
                 "ptd_size": len(export.ptd) if export.ptd is not None else None,
             }
         )
+    if only is None:
+        manifest_entries += build_thirdparty(out_dir)
     manifest_path = out_dir / "manifest.json"
-    existing: list[dict[str, Any]] = []
-    if manifest_path.exists():
+    kept: list[dict[str, Any]] = []
+    if only is not None and manifest_path.exists():
+        # --only: keep the entries that were not rebuilt
+        names = {e["name"] for e in manifest_entries}
         existing = json.loads(manifest_path.read_text()).get("fixtures", [])
-    names = {e["name"] for e in manifest_entries}
-    # keep entries we did not rebuild (thirdparty fixtures, or others when --only was used)
-    kept = [
-        e for e in existing if e["name"] not in names and (only is not None or e.get("thirdparty"))
-    ]
+        kept = [e for e in existing if e["name"] not in names]
     manifest = {
         "generator": "scripts/make_fixtures.py",
         "versions": {"torch": torch.__version__, "executorch": version("executorch")},
@@ -923,6 +927,135 @@ def build_all(out_dir: Path, only: set[str] | None = None) -> None:
     }
     manifest_path.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     print(f"wrote {len(manifest_entries)} fixtures to {out_dir}", file=sys.stderr)
+
+
+# --------------------------------------------------------------------------- third party
+
+
+@dataclass
+class ThirdParty:
+    name: str
+    file: str  # relative to the fixtures directory
+    upstream: str
+    description: str
+    inputs: dict[str, tuple[torch.Tensor, ...]]
+    runnable: bool  # False: the pip runtime refuses it; the exact error is recorded
+
+
+UPSTREAM = "pytorch/executorch@cff6f4dd32e630945b7188512c1f2b4f102b05ad"
+
+THIRDPARTY: list[ThirdParty] = [
+    ThirdParty(
+        "tp_et_arduino_add",
+        "thirdparty/et_arduino_add.pte",
+        "examples/arduino/examples/AddModel/model.pte",
+        "ExecuTorch's Arduino AddModel example (portable, one 4-byte constant segment)",
+        {"forward": (randn(300, 3),)},
+        True,
+    ),
+    ThirdParty(
+        "tp_et_apple_add",
+        "thirdparty/et_apple_add.pte",
+        "extension/apple/ExecuTorch/__tests__/resources/add.pte",
+        "ExecuTorch's Apple test resource add.pte (2025-02): no extended header, one empty "
+        "segment with both fields absent",
+        {"forward": (randn(301, 1), randn(302, 1))},
+        True,
+    ),
+    ThirdParty(
+        "tp_et_arduino_kws_cortex_m",
+        "thirdparty/et_arduino_kws_cortex_m.pte",
+        "examples/arduino/examples/KeywordSpotting/model.pte",
+        "ExecuTorch's Arduino int8 keyword-spotting model for Cortex-M: 39 KB constant segment "
+        "with 256-aligned tensors; its cortex_m kernels are not in the pip runtime",
+        {"forward": (randn(303, 1, 1, 49, 10),)},
+        False,
+    ),
+    ThirdParty(
+        "tp_et_module_linear_constant_buffer",
+        "thirdparty/et_module_linear_constant_buffer.pte",
+        "test/models/deprecated/ModuleLinear-no-constant-segment.pte",
+        "ExecuTorch's deprecated-format test model (2024-09): weights in Program.constant_buffer, "
+        "no segments, no header; the pip runtime is built without the constant_buffer path",
+        {"forward": (randn(304, 3),)},
+        False,
+    ),
+]
+
+
+def build_thirdparty(out_dir: Path) -> list[dict[str, Any]]:
+    jobs: list[Job] = []
+    owners: list[tuple[int, str]] = []
+    for i, tp in enumerate(THIRDPARTY):
+        src = DEFAULT_OUT / tp.file
+        dst = out_dir / tp.file
+        if src.resolve() != dst.resolve():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            dst.write_bytes(src.read_bytes())
+        for m, ins in tp.inputs.items():
+            jobs.append(Job(dst, m, [t.numpy() for t in ins], label=tp.name))
+            owners.append((i, m))
+    results = run_programs(jobs)
+    entries: list[dict[str, Any]] = []
+    for i, tp in enumerate(THIRDPARTY):
+        path = out_dir / tp.file
+        data = path.read_bytes()
+        if len(data) >= MAX_FIXTURE_BYTES:
+            raise RuntimeError(f"{tp.file} is too big for a fixture")
+        rec: dict[str, Any] = {
+            "facts": {"pte": reference_facts(data, "pte")},
+            "segment_field_presence": {"pte": reference_segment_field_presence(data, "pte")},
+            "extras": reference_program_extras(data),
+            "doubled": None,
+        }
+        outputs: dict[str, list[np.ndarray]] = {}
+        errors: dict[str, str] = {}
+        for (owner, m), res in zip(owners, results, strict=True):
+            if owner != i:
+                continue
+            if res.crashed:
+                raise RuntimeError(f"{tp.name}: runtime crashed: {res.describe()}")
+            if res.ok and res.outputs is not None:
+                outputs[m] = res.outputs
+            else:
+                errors[m] = res.error or ""
+        if tp.runnable != (not errors):
+            raise RuntimeError(f"{tp.name}: expected runnable={tp.runnable}, errors {errors}")
+        features = sorted(set(auto_features(rec)) | {"thirdparty"})
+        doc = {
+            "name": tp.name,
+            "description": tp.description,
+            "upstream": f"{UPSTREAM}:{tp.upstream}",
+            "features": features,
+            "thirdparty": True,
+            "pte": tp.file,
+            "ptd": None,
+            "methods": rec["facts"]["pte"]["methods"],
+            "inputs": encode_per_method({m: list(ins) for m, ins in tp.inputs.items()}),
+            "outputs_eager": {},
+            "outputs_runtime": encode_per_method(outputs),
+            "runtime_errors": errors,
+            "tolerance": {"atol": 0.0, "rtol": 0.0},
+            "facts": rec["facts"],
+            "segment_field_presence": rec["segment_field_presence"],
+            "extras": rec["extras"],
+            "doubled": None,
+        }
+        (out_dir / f"{tp.name}.json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+        entries.append(
+            {
+                "name": tp.name,
+                "description": tp.description,
+                "features": features,
+                "thirdparty": True,
+                "json": f"{tp.name}.json",
+                "pte": tp.file,
+                "ptd": None,
+                "pte_size": len(data),
+                "ptd_size": None,
+            }
+        )
+    return entries
 
 
 def build_large(out_dir: Path, width: int, depth: int) -> None:

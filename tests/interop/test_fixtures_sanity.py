@@ -14,7 +14,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from support.fixtures import Fixture, all_fixtures, doubled_fixtures, runnable_fixtures
+from support.fixtures import (
+    Fixture,
+    all_fixtures,
+    doubled_fixtures,
+    refused_fixtures,
+    runnable_fixtures,
+)
 
 pytestmark = pytest.mark.interop
 
@@ -30,6 +36,7 @@ from support.et_runtime import Job, Result, run_programs  # noqa: E402
 ALL = all_fixtures()
 RUNNABLE = runnable_fixtures()
 DOUBLED = doubled_fixtures()
+REFUSED = refused_fixtures()
 
 
 def _ids(fs: list[Fixture]) -> list[str]:
@@ -66,6 +73,11 @@ def runtime_results() -> dict[tuple[str, str, str], Result]:
                     Job(f.pte_path, m, f.inputs[m], ptd=f.ptd_path, load_mode=mode, label=f.name)
                 )
                 keys.append((f.name, m, mode))
+    for f in REFUSED:
+        assert f.pte_path is not None
+        for m in f.runtime_errors:
+            jobs.append(Job(f.pte_path, m, f.inputs[m], ptd=f.ptd_path, label=f.name))
+            keys.append((f.name, m, "refused"))
     for f in DOUBLED:
         pte, ptd = _doubled_file(f)
         for m in f.methods:
@@ -124,7 +136,20 @@ def test_runs_in_real_runtime(
             assert r.outputs is not None
             assert r.method_names == sorted(f.methods)
             _assert_same(r.outputs, f.outputs_runtime[m], f"{f.name}/{m}/{mode} vs stored runtime")
-            _assert_close(r.outputs, f.outputs_eager[m], f, f"{f.name}/{m}/{mode} vs eager")
+            if m in f.outputs_eager:
+                _assert_close(r.outputs, f.outputs_eager[m], f, f"{f.name}/{m}/{mode} vs eager")
+        if not f.thirdparty:
+            assert m in f.outputs_eager
+
+
+@pytest.mark.parametrize("f", REFUSED, ids=_ids(REFUSED))
+def test_refused_cleanly(f: Fixture, runtime_results: dict[tuple[str, str, str], Result]) -> None:
+    """Third-party files the pip runtime cannot run fail the same clean way (no crash)."""
+    for m, error in f.runtime_errors.items():
+        r = runtime_results[(f.name, m, "refused")]
+        assert not r.crashed, r.describe()
+        assert not r.ok
+        assert r.error == error
 
 
 @pytest.mark.parametrize("f", DOUBLED, ids=_ids(DOUBLED))

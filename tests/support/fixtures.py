@@ -87,6 +87,8 @@ class Fixture:
     segment_field_presence: dict[str, list[dict[str, Any]]]
     extras: dict[str, Any]  # reference_program_extras of the .pte (constant segment, ...)
     doubled: Doubled | None
+    # method -> error string for files the runtime refuses (thirdparty only), e.g. missing kernels
+    runtime_errors: dict[str, str] = field(default_factory=dict)
     raw: dict[str, Any] = field(repr=False, default_factory=dict)
 
     @property
@@ -161,6 +163,7 @@ def get_fixture(name: str) -> Fixture:
         segment_field_presence=raw["segment_field_presence"],
         extras=raw.get("extras", {}),
         doubled=doubled,
+        runtime_errors=dict(raw.get("runtime_errors", {})),
         raw=raw,
     )
 
@@ -174,8 +177,13 @@ def fixtures_with(feature: str) -> list[Fixture]:
 
 
 def runnable_fixtures() -> list[Fixture]:
-    """Fixtures with stored inputs and runtime outputs (all own fixtures)."""
+    """Fixtures with stored inputs and runtime outputs (all own fixtures, some thirdparty)."""
     return [f for f in all_fixtures() if f.runnable]
+
+
+def refused_fixtures() -> list[Fixture]:
+    """Fixtures the pip runtime refuses cleanly (stored ``runtime_errors``)."""
+    return [f for f in all_fixtures() if f.runtime_errors]
 
 
 def doubled_fixtures() -> list[Fixture]:
