@@ -292,6 +292,7 @@ class _BackendSession:
         self._pos = 0
         self.current: tuple[str, list[Delegate]] | None = None
         self.last_key: str | None = None
+        self.last_method: str | None = None
         self.pending: dict[tuple[str, int], list[_Replacement]] = {}
         self.keys: dict[str, None] = {}
         self.blobs: set[int] = set()
@@ -305,7 +306,8 @@ class _BackendSession:
 
     @property
     def method(self) -> str | None:
-        return None if self.current is None else self.current[1][0].method
+        """The method of the current (or, after the last one, the last) input."""
+        return self.last_method
 
     def next_input(self) -> DelegateInput | None:
         if self._pos >= len(self._inputs):
@@ -321,6 +323,7 @@ class _BackendSession:
         else:
             processed = self._inline_data(index)
         first = delegates[0]
+        self.last_method = first.method
         self.report.inputs_seen += 1
         self.report.bytes_in += len(processed)
         self.run.emit(
@@ -698,7 +701,9 @@ def initialize_and_save_backend_data(
                 f.container, f.parsed.metadata, placements, base_alignment=max(16, base_alignment)
             )
             layouts.append((placements, base_alignment, patched))
-        total = sum(p.segment_data_size + len(p.metadata) for _, _, p in layouts)
+        total = sum(
+            len(p.metadata) + sum(size for _, size in placements) for placements, _, p in layouts
+        )
         progress = [0]
         file_reports = [
             _write_file(run, f, progress, total, lay) for f, lay in zip(files, layouts, strict=True)

@@ -212,12 +212,15 @@ class TableView:
         voff = int(self._tab.Offset(slot))
         if voff == 0:
             return None
-        if voff < 4 or voff + size > self.obj_size:
+        # Like the C++ verifier, require the field inside the buffer, not inside the
+        # table's declared object size: real files exist whose u64 fields end past it.
+        if voff < 4 or self.pos + voff + size > self.view.limit:
             raise FormatError(
                 self.view.source,
                 f"{self.field}.{name} (field offset)",
                 voff,
-                f"in [4, {self.obj_size - size}] (inside its {self.obj_size}-byte table)",
+                f">= 4 with the {size}-byte field inside the FlatBuffer [0, {self.view.limit}) "
+                f"(table at {self.pos})",
             )
         return self.pos + voff
 

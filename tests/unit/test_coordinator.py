@@ -1,0 +1,513 @@
+"""The coordinator's semantics on real fixtures, without the runtime.
+
+Every failure path pins its message and checks that nothing was published: the
+destination keeps its previous content and the source is untouched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from support.fixtures import get_fixture
+
+import ptestore
+from ptestore.backends import (
+    BackendData,
+    BackendDataInitContext,
+    BackendDataWriter,
+    BackendInterface,
+    NotSupported,
+)
+from ptestore.coordinator import Event, plan_layout
+from ptestore.errors import (
+    AlreadyExists,
+    BackendError,
+    ConfigurationError,
+    InvalidReplacement,
+    StorageError,
+)
+from ptestore.format import parse
+from ptestore.format.model import TensorLayout, inferred_alignment
+
+MLP = get_fixture("mlp_xnnpack")
+assert MLP.pte_path is not None
+MLP_KEYS = [e["key"] for e in MLP.facts["pte"]["named_data"]]
+
+
+class Backend(BackendInterface):
+    """A configurable test backend."""
+
+    def __init__(self, name: str = "XnnpackBackend", action: Any = None) -> None:
+        self.name = name
+        self.action = action
+        self.calls = 0
+        self.inputs: list[Any] = []
+
+    def initialize_backend_data(
+        self, context: BackendDataInitContext, output: BackendDataWriter
+    ) -> None:
+        self.calls += 1
+        for item in context:
+            self.inputs.append(item)
+        if self.action is not None:
+            self.action(context, output)
+
+
+def seg_bytes(data: bytes, index: int) -> bytes:
+    c = parse(data, len(data), "x")
+    s = c.segments[index]
+    return data[c.segment_base_offset + s.offset :][: s.size]
+
+
+@pytest.fixture
+def src(tmp_path: Path) -> Path:
+    assert MLP.pte_path is not None
+    p = tmp_path / "model.pte"
+    p.write_bytes(MLP.pte_path.read_bytes())
+    return p
+
+
+@pytest.fixture
+def dst(tmp_path: Path) -> Path:
+    p = tmp_path / "out.pte"
+    p.write_bytes(b"previous content")
+    return p
+
+
+def assert_untouched(src: Path, dst: Path) -> None:
+    assert MLP.pte_path is not None
+    assert src.read_bytes() == MLP.pte_path.read_bytes()
+    assert dst.read_bytes() == b"previous content"
+    leftovers = [p for p in os.listdir(dst.parent) if p not in {"model.pte", "out.pte"}]
+    assert leftovers == []
+
+
+def run_failing(src: Path, dst: Path, backend: BackendInterface, pattern: str) -> BackendError:
+    with pytest.raises(BackendError) as info:
+        ptestore.specialize(src, dst, backends=[backend])
+    assert re.fullmatch(pattern, str(info.value)), str(info.value)
+    assert_untouched(src, dst)
+    return info.value
+
+
+# ------------------------------------------------------------------ happy paths
+def test_passthrough_of_an_exporter_file_is_byte_identical(src: Path, dst: Path) -> None:
+    report = ptestore.specialize(src, dst, backends=["passthrough"])
+    assert dst.read_bytes() == src.read_bytes()
+    (b,) = report.backends
+    assert (b.backend_id, b.status, b.inputs_seen, b.keys_replaced) == (
+        "XnnpackBackend",
+        "specialized",
+        1,
+        [],
+    )
+    (f,) = report.files
+    assert (f.size_before, f.size_after, f.segments_moved, f.redirected_tables) == (
+        6048,
+        6048,
+        0,
+        0,
+    )
+
+
+def test_each_backend_id_called_once_and_unknown_ids_kept(src: Path, dst: Path) -> None:
+    other = Backend("SomeOtherBackend")
+    xnn = Backend("XnnpackBackend")
+    report = ptestore.specialize(src, dst, backends=[other, xnn])
+    assert (xnn.calls, other.calls) == (1, 0)
+    assert len(xnn.inputs) == 1
+    assert xnn.inputs[0].method == "forward"
+    assert report.backends[0].status == "specialized"
+    report = ptestore.specialize(src, dst, backends=[other])
+    assert report.backends[0].status == "no_implementation"
+    assert dst.read_bytes() == src.read_bytes()
+
+
+def test_not_supported_keeps_data_even_after_writes(src: Path, dst: Path) -> None:
+    def action(ctx: Any, out: Any) -> None:
+        out.write_named_data(MLP_KEYS[0], BackendData(b"\0" * 16))
+        raise NotSupported("not on this device")
+
+    report = ptestore.specialize(src, dst, backends=[Backend(action=action)])
+    assert report.backends[0].status == "not_supported"
+    assert report.backends[0].keys_replaced == []
+    assert dst.read_bytes() == src.read_bytes()
+
+
+def test_default_backend_raises_not_supported(src: Path, dst: Path) -> None:
+    class Plain(BackendInterface):
+        name = "XnnpackBackend"
+
+    report = ptestore.specialize(src, dst, backends=[Plain()])
+    assert report.backends[0].status == "not_supported"
+
+
+def test_shared_blob_is_visited_once_with_every_delegate(tmp_path: Path) -> None:
+    fx = get_fixture("shared_blob_xnnpack")
+    assert fx.pte_path is not None
+    backend = Backend()
+    ptestore.specialize(fx.pte_path, tmp_path / "o.pte", backends=[backend])
+    delegates = fx.facts["pte"]["delegates"]
+    blobs = {(d["location"], d["index"]) for d in delegates}
+    assert len(backend.inputs) == len(blobs) < len(delegates)
+    assert sum(len(i.delegates) for i in backend.inputs) == len(delegates)
+    assert any(len(i.methods) > 1 for i in backend.inputs)
+
+
+def test_named_data_map_merges_ptd_over_pte(tmp_path: Path) -> None:
+    fx = get_fixture("mlp_xnnpack_ext")
+    assert fx.pte_path is not None and fx.ptd_path is not None
+    seen: dict[str, Any] = {}
+
+    def action(ctx: Any, out: Any) -> None:
+        m = ctx.get_named_data_map()
+        seen["keys"] = sorted(m.keys())
+        seen["data"] = {k: hashlib.sha256(m.get_data(k)).hexdigest() for k in m}
+
+    ptestore.specialize(
+        fx.pte_path,
+        tmp_path / "o.pte",
+        ptd=(fx.ptd_path, tmp_path / "o.ptd"),
+        backends=[Backend(action=action)],
+    )
+    ptd_keys = sorted(e["key"] for e in fx.facts["ptd"]["named_data"])
+    assert seen["keys"] == sorted(set(ptd_keys) | {e["key"] for e in fx.facts["pte"]["named_data"]})
+    # XNNPACK keys are the SHA-256 of their portable bytes.
+    assert all(seen["data"][k] == k for k in ptd_keys)
+
+
+def test_smaller_replacement_shrinks_the_file_and_keeps_order(src: Path, dst: Path) -> None:
+    key = MLP_KEYS[0]  # fc1.weight, 2048 bytes in segment 2
+
+    def action(ctx: Any, out: Any) -> None:
+        out.write_named_data(key, BackendData(b"\x11" * 100))
+
+    report = ptestore.specialize(src, dst, backends=[Backend(action=action)])
+    new = dst.read_bytes()
+    c0 = parse(src.read_bytes(), src.stat().st_size, "src")
+    c1 = parse(new, len(new), "dst")
+    assert len(new) < src.stat().st_size
+    assert report.files[0].size_after == len(new)
+    assert seg_bytes(new, 2) == b"\x11" * 100
+    offsets = [s.offset for s in c1.segments]
+    assert offsets == sorted(offsets)
+    for s0, s1 in zip(c0.segments, c1.segments, strict=True):
+        a0 = inferred_alignment(c0.segment_base_offset + s0.offset)
+        assert (c1.segment_base_offset + s1.offset) % a0 == 0  # never weakened
+        if s0.index != 2:
+            assert seg_bytes(new, s0.index) == seg_bytes(src.read_bytes(), s0.index)
+    # No orphan bytes: the file ends with the last segment.
+    assert len(new) == c1.segment_base_offset + c1.segment_end()
+
+
+def test_requested_alignment_is_honoured(src: Path, dst: Path) -> None:
+    def action(ctx: Any, out: Any) -> None:
+        out.write_named_data(MLP_KEYS[3], BackendData(b"\x22" * 40, alignment=8192))
+
+    ptestore.specialize(src, dst, backends=[Backend(action=action)])
+    new = dst.read_bytes()
+    c = parse(new, len(new), "dst")
+    s = c.segments[5]
+    assert (c.segment_base_offset + s.offset) % 8192 == 0
+    assert seg_bytes(new, 5) == b"\x22" * 40
+
+
+def test_processed_blob_replacement(src: Path, dst: Path) -> None:
+    def action(ctx: Any, out: Any) -> None:
+        pass
+
+    class Blob(BackendInterface):
+        name = "XnnpackBackend"
+
+        def initialize_backend_data(self, context: Any, output: Any) -> None:
+            item = context.next_backend_data()
+            assert bytes(item.processed[4:8]) == b"XH00"
+            output.write_processed_data(BackendData(bytes(item.processed) + b"tail"))
+            assert context.next_backend_data() is None
+
+    report = ptestore.specialize(src, dst, backends=[Blob()])
+    assert report.backends[0].blobs_replaced == 1
+    assert seg_bytes(dst.read_bytes(), 1) == seg_bytes(src.read_bytes(), 1) + b"tail"
+
+
+def test_events_and_report(src: Path, dst: Path) -> None:
+    events: list[Event] = []
+
+    def action(ctx: Any, out: Any) -> None:
+        out.write_named_data(MLP_KEYS[1], BackendData(b"\x01" * 128))
+
+    report = ptestore.specialize(
+        src, dst, backends=[Backend(action=action)], event_tracer=events.append
+    )
+    kinds = [e.kind for e in events]
+    assert kinds[0] == "parsed"
+    assert kinds.index("backend_start") < kinds.index("input") < kinds.index("replacement")
+    assert kinds.index("replacement") < kinds.index("backend_end") < kinds.index("write")
+    assert kinds[-1] == "publish"
+    writes = [e for e in events if e.kind == "write"]
+    assert writes[-1].done == writes[-1].total == sum(e.nbytes for e in writes)
+    d = report.to_dict()
+    assert d["backends"][0]["keys_replaced"] == [MLP_KEYS[1]]
+    assert d["backends"][0]["bytes_out"] == 128
+    assert d["backends"][0]["bytes_in"] == 1184  # the delegate blob
+    assert d["files"][0]["bytes_replaced"] == 128
+
+
+def test_create_mode_refuses_existing_destination(src: Path, dst: Path) -> None:
+    with pytest.raises(AlreadyExists):
+        ptestore.specialize(src, dst, backends=["passthrough"], mode="create")
+    assert_untouched(src, dst)
+
+
+def test_in_place_replacement(src: Path) -> None:
+    def action(ctx: Any, out: Any) -> None:
+        out.write_named_data(MLP_KEYS[3], BackendData(b"\x05" * 32))
+
+    ptestore.specialize(src, src, backends=[Backend(action=action)])
+    assert seg_bytes(src.read_bytes(), 5) == b"\x05" * 32
+
+
+def test_in_place_pair_is_refused(tmp_path: Path) -> None:
+    fx = get_fixture("mlp_xnnpack_ext")
+    assert fx.pte_path is not None and fx.ptd_path is not None
+    with pytest.raises(ConfigurationError, match=r"in-place specialization of a \.pte/\.ptd pair"):
+        ptestore.specialize(
+            fx.pte_path, tmp_path / "o.pte", ptd=(fx.ptd_path, fx.ptd_path), backends=[]
+        )
+
+
+# ------------------------------------------------------------------ failure paths
+def test_unknown_key(src: Path, dst: Path) -> None:
+    run_failing(
+        src,
+        dst,
+        Backend(action=lambda c, o: o.write_named_data("nope", BackendData(b"x"))),
+        r"backend 'XnnpackBackend', method 'forward', key 'nope': unknown key: backends may only "
+        r"replace existing keys \(4 keys in the model\); no new keys",
+    )
+
+
+def test_key_written_twice(src: Path, dst: Path) -> None:
+    def action(ctx: Any, out: Any) -> None:
+        out.write_named_data({MLP_KEYS[0]: BackendData(b"a")})
+        out.write_named_data(MLP_KEYS[0], BackendData(b"b"))
+
+    err = run_failing(
+        src,
+        dst,
+        Backend(action=action),
+        rf"backend 'XnnpackBackend', method 'forward', key '{MLP_KEYS[0]}': key written twice "
+        r"\(first by backend 'XnnpackBackend'\)",
+    )
+    assert isinstance(err, InvalidReplacement)
+    assert err.key == MLP_KEYS[0]
+
+
+@pytest.mark.parametrize("alignment", [3, 0, -8, 1 << 21])
+def test_bad_alignment(src: Path, dst: Path, alignment: int) -> None:
+    run_failing(
+        src,
+        dst,
+        Backend(
+            action=lambda c, o: o.write_named_data(
+                MLP_KEYS[0], BackendData(b"x", alignment=alignment)
+            )
+        ),
+        rf".*key '{MLP_KEYS[0]}': write_named_data: alignment {alignment} must be a power of two "
+        r"in \[1, 1048576\]",
+    )
+
+
+def test_data_must_be_bytes_like(src: Path, dst: Path) -> None:
+    run_failing(
+        src,
+        dst,
+        Backend(action=lambda c, o: o.write_named_data(MLP_KEYS[0], BackendData("text"))),  # type: ignore[arg-type]
+        r".*write_named_data: BackendData.data must be bytes-like, got str",
+    )
+
+
+def test_processed_without_current_input(src: Path, dst: Path) -> None:
+    class Early(BackendInterface):
+        name = "XnnpackBackend"
+
+        def initialize_backend_data(self, context: Any, output: Any) -> None:
+            output.write_processed_data(BackendData(b"x"))
+
+    run_failing(
+        src,
+        dst,
+        Early(),
+        r"backend 'XnnpackBackend': write_processed_data called with no current delegate input "
+        r"\(call next_backend_data first\)",
+    )
+
+
+def test_backend_exception_names_backend_method_and_key(src: Path, dst: Path) -> None:
+    class Boom(BackendInterface):
+        name = "XnnpackBackend"
+
+        def initialize_backend_data(self, context: Any, output: Any) -> None:
+            context.next_backend_data()
+            context.get_named_data_map().get_data(MLP_KEYS[2])
+            raise RuntimeError("compiler crashed")
+
+    err = run_failing(
+        src,
+        dst,
+        Boom(),
+        rf"backend 'XnnpackBackend', method 'forward', key '{MLP_KEYS[2]}': "
+        r"initialize_backend_data failed: RuntimeError: compiler crashed",
+    )
+    assert (err.backend, err.method, err.key) == ("XnnpackBackend", "forward", MLP_KEYS[2])
+    assert isinstance(err.__cause__, RuntimeError)
+
+
+def test_keyboard_interrupt_discards(src: Path, dst: Path) -> None:
+    def action(ctx: Any, out: Any) -> None:
+        out.write_named_data(MLP_KEYS[0], BackendData(b"x"))
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        ptestore.specialize(src, dst, backends=[Backend(action=action)])
+    assert_untouched(src, dst)
+
+
+def test_inconsistent_aliases_are_refused(tmp_path: Path) -> None:
+    fx = get_fixture("scale_alias_xnnpack")
+    assert fx.pte_path is not None
+    named = fx.facts["pte"]["named_data"]
+    shared = [e["key"] for e in named if e["segment_index"] == 3]
+    assert len(shared) == 2
+    dst = tmp_path / "o.pte"
+    dst.write_bytes(b"previous content")
+
+    one = Backend(action=lambda c, o: o.write_named_data(shared[0], BackendData(b"\1" * 8)))
+    with pytest.raises(InvalidReplacement) as info:
+        ptestore.specialize(fx.pte_path, dst, backends=[one])
+    assert re.fullmatch(
+        rf"backend 'XnnpackBackend', key '{shared[0]}': segment 3 of .*scale_alias_xnnpack\.pte "
+        rf"is shared by key '{shared[0]}', key '{shared[1]}'; key '{shared[1]}' not replaced: "
+        r"replace every alias with identical bytes",
+        str(info.value),
+    ), str(info.value)
+    assert dst.read_bytes() == b"previous content"
+
+    def different(ctx: Any, out: Any) -> None:
+        out.write_named_data({shared[0]: BackendData(b"\1" * 8), shared[1]: BackendData(b"\2" * 8)})
+
+    with pytest.raises(InvalidReplacement, match="replaced with different bytes"):
+        ptestore.specialize(fx.pte_path, dst, backends=[Backend(action=different)])
+    assert dst.read_bytes() == b"previous content"
+
+    def same(ctx: Any, out: Any) -> None:
+        out.write_named_data({k: BackendData(b"\3" * 8) for k in shared})
+
+    ptestore.specialize(fx.pte_path, dst, backends=[Backend(action=same)])
+    assert seg_bytes(dst.read_bytes(), 3) == b"\3" * 8
+
+
+def test_tensor_layout_cannot_change(tmp_path: Path) -> None:
+    fx = get_fixture("mlp_xnnpack_ext")
+    assert fx.pte_path is not None and fx.ptd_path is not None
+    key = fx.facts["ptd"]["named_data"][0]["key"]
+    dst = tmp_path / "o.pte"
+    bad = TensorLayout(6, (1, 2), (0, 1))
+
+    with pytest.raises(InvalidReplacement, match=r"tensor layout .* differs from the key's layout"):
+        ptestore.specialize(
+            fx.pte_path,
+            dst,
+            ptd=(fx.ptd_path, tmp_path / "o.ptd"),
+            backends=[
+                Backend(action=lambda c, o: o.write_named_data(key, BackendData(b"x", layout=bad)))
+            ],
+        )
+    assert not dst.exists()
+    assert not (tmp_path / "o.ptd").exists()
+
+
+class FailingWriter:
+    """A real writer whose storage fails after some bytes (a full disk)."""
+
+    def __init__(self, inner: Any, fail_after: int) -> None:
+        self.inner = inner
+        self.url = inner.url
+        self.left = fail_after
+
+    def write(self, data: Any, offset: int) -> None:
+        self.left -= len(data)
+        if self.left < 0:
+            raise StorageError(f"{self.url}: No space left on device")
+        self.inner.write(data, offset)
+
+    def copy_from(self, loader: Any, src_offset: int, size: int, dst_offset: int) -> None:
+        self.write(loader.load(src_offset, size), dst_offset)
+
+    def publish(self, mode: str = "overwrite") -> Any:
+        return self.inner.publish(mode)
+
+    def discard(self) -> None:
+        self.inner.discard()
+
+
+def test_storage_failure_discards(src: Path, dst: Path) -> None:
+    with ptestore.open_loader(src) as loader:
+        writer = FailingWriter(ptestore.open_writer(dst), 3000)
+        with pytest.raises(StorageError, match="No space left on device"):
+            ptestore.initialize_and_save_backend_data(loader, writer, backends=["passthrough"])
+    assert_untouched(src, dst)
+
+
+def test_memory_destination_untouched_on_failure() -> None:
+    import fsspec
+
+    assert MLP.pte_path is not None
+    fs = fsspec.filesystem("memory")
+    fs.pipe("/coord-test/in.pte", MLP.pte_path.read_bytes())
+    fs.pipe("/coord-test/out.pte", b"old")
+    with pytest.raises(BackendError):
+        ptestore.specialize(
+            "memory://coord-test/in.pte",
+            "memory://coord-test/out.pte",
+            backends=[Backend(action=lambda c, o: o.write_named_data("x", BackendData(b"")))],
+        )
+    assert fs.cat_file("/coord-test/out.pte") == b"old"
+    ptestore.specialize(
+        "memory://coord-test/in.pte", "memory://coord-test/out.pte", backends=["passthrough"]
+    )
+    assert fs.cat_file("/coord-test/out.pte") == MLP.pte_path.read_bytes()
+
+
+def test_plan_layout_never_weakens_alignment() -> None:
+    fx = get_fixture("mlp_xnnpack_align4096")
+    assert fx.pte_path is not None
+    data = fx.pte_path.read_bytes()
+    c = parse(data, len(data), "x")
+    placements, base_alignment = plan_layout(c, {2: (10, 1)})
+    assert base_alignment >= 4096
+    for s, (off, _) in zip(c.segments, placements, strict=True):
+        if s.size:
+            assert off % 4096 == 0
+
+
+def test_doubled_weight_bytes_without_runtime(src: Path, dst: Path) -> None:
+    fx = MLP
+    assert fx.doubled is not None and fx.doubled.key is not None
+    key = fx.doubled.key
+
+    def action(ctx: Any, out: Any) -> None:
+        value = bytes(ctx.get_named_data_map().get_data(key))
+        out.write_named_data(key, BackendData(fx.doubled.doubled_value(value)))  # type: ignore[union-attr]
+
+    ptestore.specialize(src, dst, backends=[Backend(action=action)])
+    index = next(e["segment_index"] for e in fx.facts["pte"]["named_data"] if e["key"] == key)
+    before = np.frombuffer(seg_bytes(src.read_bytes(), index), dtype=np.float32)
+    after = np.frombuffer(seg_bytes(dst.read_bytes(), index), dtype=np.float32)
+    np.testing.assert_array_equal(after, before * 2)
