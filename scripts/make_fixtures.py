@@ -64,7 +64,8 @@ class MLP(nn.Module):
         self.fc2 = nn.Linear(32, 8)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.relu(self.fc1(x)))
+        out: torch.Tensor = self.fc2(self.relu(self.fc1(x)))
+        return out
 
 
 class ConvNet(nn.Module):
@@ -76,7 +77,8 @@ class ConvNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.relu(self.conv2(torch.relu(self.conv1(x))))
-        return self.fc(y.mean(dim=(2, 3)))
+        out: torch.Tensor = self.fc(y.mean(dim=(2, 3)))
+        return out
 
 
 class EmbedLinear(nn.Module):
@@ -90,7 +92,8 @@ class EmbedLinear(nn.Module):
         self.fc = nn.Linear(5, 4)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.emb1(idx) + self.emb2(idx))
+        out: torch.Tensor = self.fc(self.emb1(idx) + self.emb2(idx))
+        return out
 
 
 class TiedMLP(nn.Module):
@@ -104,7 +107,8 @@ class TiedMLP(nn.Module):
             self.b.weight.copy_(self.a.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.b(torch.relu(self.a(x)))
+        out: torch.Tensor = self.b(torch.relu(self.a(x)))
+        return out
 
 
 class Shared(nn.Module):
@@ -119,7 +123,8 @@ class SharedForward(nn.Module):
         self.shared = shared
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.shared.lin(x)
+        out: torch.Tensor = self.shared.lin(x)
+        return out
 
 
 class SharedRelu(nn.Module):
@@ -140,8 +145,10 @@ class Stateful(nn.Module):
         self.scale = nn.Parameter(torch.randn(8))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.state.add_(x)
-        return self.state * self.scale
+        state = self.state
+        assert isinstance(state, torch.Tensor)
+        state.add_(x)
+        return state * self.scale
 
 
 class LargeMLP(nn.Module):
@@ -150,7 +157,8 @@ class LargeMLP(nn.Module):
         self.layers = nn.Sequential(*[nn.Linear(width, width) for _ in range(depth)])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.layers(x)
+        out: torch.Tensor = self.layers(x)
+        return out
 
 
 # --------------------------------------------------------------------------- helpers
@@ -857,13 +865,17 @@ def build_all(out_dir: Path, only: set[str] | None = None) -> None:
         for m, outs in orig.items():
             ref = [t.numpy() for t in rec["outputs_eager"][m]]
             for a, b in zip(outs, ref, strict=True):
-                np.testing.assert_allclose(a, b, **tol, err_msg=f"{spec.name}/{m} vs eager")
+                np.testing.assert_allclose(
+                    a, b, atol=spec.atol, rtol=spec.rtol, err_msg=f"{spec.name}/{m} vs eager"
+                )
         if rec["doubled"] is not None:
             dbl = {m: runtime_out[(idx, m, "doubled")] for m in spec.methods}
             for m, outs in dbl.items():
                 ref = [t.numpy() for t in rec["doubled"]["outputs_eager"][m]]
                 for a, b in zip(outs, ref, strict=True):
-                    np.testing.assert_allclose(a, b, **tol, err_msg=f"{spec.name}/{m} doubled")
+                    np.testing.assert_allclose(
+                        a, b, atol=spec.atol, rtol=spec.rtol, err_msg=f"{spec.name}/{m} doubled"
+                    )
                 # doubling must change something, or the expectation proves nothing
                 if all(np.array_equal(a, b) for a, b in zip(outs, orig[m], strict=True)):
                     raise AssertionError(f"{spec.name}/{m}: doubling changed nothing")

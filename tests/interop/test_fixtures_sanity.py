@@ -183,3 +183,27 @@ def test_manifest_lists_existing_files() -> None:
         for p in (f.pte_path, f.ptd_path):
             if p is not None:
                 assert Path(p).is_file(), p
+
+
+@pytest.mark.slow
+def test_runner_attributes_a_crash_to_its_job() -> None:
+    """An XNNPACK program with external weights loaded without its .ptd is a SIGSEGV in
+    1.4.1; the runner reports exactly that job as crashed and runs the rest in a new child."""
+    ext = next(f for f in ALL if f.name == "mlp_xnnpack_ext")
+    ok = next(f for f in ALL if f.name == "mlp_xnnpack")
+    assert ext.pte_path is not None
+    assert ok.pte_path is not None
+    results = run_programs(
+        [
+            Job(ok.pte_path, "forward", ok.inputs["forward"], label="ok-before"),
+            Job(ext.pte_path, "forward", ext.inputs["forward"], label="no-ptd"),
+            Job(ext.pte_path, "forward", ext.inputs["forward"], ptd=ext.ptd_path, label="ok"),
+        ]
+    )
+    assert [r.label for r in results] == ["ok-before", "no-ptd", "ok"]
+    assert results[0].ok
+    assert results[1].crashed
+    assert not results[1].ok
+    assert results[2].ok
+    assert results[2].outputs is not None
+    _assert_same(results[2].outputs, ext.outputs_runtime["forward"], "after a crash")
