@@ -45,7 +45,7 @@ class MotoS3:
             aws_access_key_id="testing",
             aws_secret_access_key="testing",
             region_name="us-east-1",
-            config=Config(retries={"max_attempts": 1, "mode": "standard"}),
+            config=Config(retries={"total_max_attempts": 1, "mode": "standard"}),
         )
 
     def new_bucket(self) -> str:

@@ -28,7 +28,7 @@ but the last to be at least 5 MiB.
 
 Retries: one layer, tenacity with jittered exponential backoff, for 5xx, SlowDown,
 throttling, timeouts and connection resets; botocore's own retries are off
-(``max_attempts=1``) unless ``config_kwargs`` says otherwise. Other 4xx answers
+(``total_max_attempts=1``) unless ``config_kwargs`` says otherwise. Other 4xx answers
 (AccessDenied, NoSuchBucket, PreconditionFailed) are never retried.
 """
 
@@ -257,7 +257,7 @@ class S3Config:
                 f"{self.url}: S3 needs boto3: install ptestore[s3] ({exc})"
             ) from exc
         conf: dict[str, Any] = {
-            "retries": {"max_attempts": 1, "mode": "standard"},
+            "retries": {"total_max_attempts": 1, "mode": "standard"},
             "max_pool_connections": max_pool_connections,
         }
         conf.update(self.config_kwargs)
@@ -345,10 +345,11 @@ class _S3Staging:
                 )
             except Exception as exc:
                 if _error_code(exc) != "NoSuchUpload":
+                    detail = str(map_client_error(exc, where, "AbortMultipartUpload"))
                     raise StorageError(
-                        f"{where}: cannot abort multipart upload {upload_id} "
-                        f"({map_client_error(exc, where, 'AbortMultipartUpload')}); it stays "
-                        "pending until `ptestore gc` or a lifecycle rule removes it"
+                        f"{where}: cannot abort multipart upload {upload_id}: "
+                        f"{detail.removeprefix(where + ': ')}; it stays pending until "
+                        "`ptestore gc` or a lifecycle rule removes it"
                     ) from exc
             try:
                 parts = call_s3(
@@ -622,6 +623,18 @@ class S3Writer(DataWriter):
         part.buf = bytearray(self.part_size)
         part.buf[:length] = data
         part.ranges = [(0, length)]
+
+    def wait_uploads(self) -> None:
+        """Block until every part upload in flight has finished; raise the first failure
+        (which discards the writer, as any failure does)."""
+        with self._lock:
+            self._check_open("wait for uploads")
+            try:
+                cf.wait(self._inflight)
+                self._reap()
+            except BaseException as exc:
+                self._abandon(f"a part upload failed: {exc}")
+                raise
 
     # -- primitives -----------------------------------------------------------------------
 

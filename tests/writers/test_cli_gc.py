@@ -1,0 +1,82 @@
+"""``ptestore gc`` through add_gc_parser/run_gc (independent of the main CLI wiring)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ptestore.cli.gc import add_gc_parser
+from ptestore.testing.moto import MotoS3
+from ptestore.writers import LocalFileWriter, open_writer
+
+
+def run(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="ptestore")
+    add_gc_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+def crashed_writer(path: Path) -> LocalFileWriter:
+    w = LocalFileWriter(path)
+    w.write(b"partial", 0)
+    assert w._finalizer is not None
+    w._finalizer.detach()
+    w._st.close_fd()
+    return w
+
+
+def test_local_gc_text(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    w = crashed_writer(tmp_path / "m.pte")
+    assert run(["gc", str(tmp_path), "--older-than", "0", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "would remove" in out
+    assert w.staging_path in out
+    assert "would remove 1 of 1 leftover(s); 0 failed" in out
+    assert run(["gc", str(tmp_path), "--older-than", "0"]) == 0
+    assert "removed 1 of 1 leftover(s); 0 failed" in capsys.readouterr().out
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_local_gc_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    crashed_writer(tmp_path / "m.pte")
+    assert run(["gc", str(tmp_path), "--json"]) == 0  # default: one day old only
+    report = json.loads(capsys.readouterr().out)
+    assert report["removed"] == 0
+    assert report["entries"][0]["action"] == "skipped: younger than 86400s"
+    assert run(["gc", f"file://{tmp_path}", "--json", "--older-than", "0"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["removed"] == 1
+    assert report["entries"][0]["kind"] == "staging-file"
+    assert report["entries"][0]["size"] == 7
+
+
+def test_gc_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["gc", "memory://x"]) == 2
+    assert "ptestore gc: error: memory://x: gc supports local paths and s3:// prefixes" in (
+        capsys.readouterr().err
+    )
+    with pytest.raises(SystemExit):
+        run(["gc", str(tmp_path), "--older-than", "-5"])
+    assert "expected a number of seconds >= 0, got '-5'" in capsys.readouterr().err
+
+
+@pytest.mark.s3
+def test_s3_gc(
+    moto_s3: MotoS3, s3_bucket: str, s3_client: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    w = open_writer(f"s3://{s3_bucket}/p/m.pte", **moto_s3.storage_options, part_size=1024)
+    w.write(bytes(4096), 0)
+    w.wait_uploads()  # type: ignore[attr-defined]
+    w._finalizer.detach()  # type: ignore[attr-defined]
+    opts = [f"-o{k}={json.dumps(v)}" for k, v in moto_s3.storage_options.items()]
+    assert run(["gc", f"s3://{s3_bucket}/p/", "--older-than", "0", "--json", *opts]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [e["action"] for e in report["entries"]] == ["removed"]
+    assert s3_client.list_multipart_uploads(Bucket=s3_bucket).get("Uploads", []) == []
+    assert run(["gc", f"s3://{s3_bucket}/p/", "-o", "bogus=1"]) == 2
+    assert "unknown S3 storage options ['bogus']" in capsys.readouterr().err

@@ -1,0 +1,322 @@
+"""LocalFileWriter specifics: staging, modes, failing syscalls, replace-the-source, gc."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ptestore.errors import ConfigurationError, ObjectNotFound, StorageError
+from ptestore.loaders import LocalFileLoader
+from ptestore.writers import LocalFileWriter, WriterState, open_writer
+from ptestore.writers.gc import collect_local, collect_stale
+from ptestore.writers.local import TEMP_NAME_RE
+
+
+def staging_files(d: Path) -> list[str]:
+    return sorted(n for n in os.listdir(d) if TEMP_NAME_RE.match(n))
+
+
+def test_staging_is_hidden_private_and_beside_the_destination(tmp_path: Path) -> None:
+    w = LocalFileWriter(tmp_path / "model.pte")
+    assert os.path.dirname(w.staging_path) == str(tmp_path)
+    name = os.path.basename(w.staging_path)
+    assert name.startswith(".model.pte.ptestore-")
+    assert TEMP_NAME_RE.match(name)
+    assert stat.S_IMODE(os.stat(w.staging_path).st_mode) == 0o600
+    w.discard()
+    assert staging_files(tmp_path) == []
+
+
+def test_new_file_gets_default_mode(tmp_path: Path) -> None:
+    old = os.umask(0o027)
+    try:
+        w = LocalFileWriter(tmp_path / "m.pte")
+        w.write(b"x", 0)
+        w.publish()
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(tmp_path / "m.pte").st_mode) == 0o640
+
+
+def test_replacement_keeps_the_existing_mode(tmp_path: Path) -> None:
+    dest = tmp_path / "m.pte"
+    dest.write_bytes(b"old")
+    os.chmod(dest, 0o604)
+    w = LocalFileWriter(dest)
+    w.write(b"new", 0)
+    w.publish()
+    assert stat.S_IMODE(os.stat(dest).st_mode) == 0o604
+    assert dest.read_bytes() == b"new"
+
+
+def test_missing_directory(tmp_path: Path) -> None:
+    with pytest.raises(
+        ObjectNotFound, match=r"m.pte: destination directory .*/nope does not exist"
+    ):
+        LocalFileWriter(tmp_path / "nope" / "m.pte")
+    w = LocalFileWriter(tmp_path / "a" / "b" / "m.pte", auto_mkdir=True)
+    w.write(b"x", 0)
+    w.publish()
+    assert (tmp_path / "a" / "b" / "m.pte").read_bytes() == b"x"
+
+
+def test_destination_is_a_directory(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match=r"is a directory, not a file name"):
+        LocalFileWriter(tmp_path)
+
+
+def test_unknown_option(tmp_path: Path) -> None:
+    with pytest.raises(
+        ConfigurationError,
+        match=r"options \['endpoint_url'\] do not apply to local files "
+        r"\(accepted: \['auto_mkdir', 'durable'\]\)",
+    ):
+        open_writer(tmp_path / "m.pte", endpoint_url="http://x")
+
+
+@pytest.mark.parametrize(
+    ("err", "text"), [(errno.ENOSPC, "No space left on device"), (errno.EIO, "Input/output error")]
+)
+def test_write_failure_midway_discards(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, err: int, text: str
+) -> None:
+    dest = tmp_path / "m.pte"
+    dest.write_bytes(b"previous")
+    real = os.pwrite
+    calls = [0]
+
+    def failing(fd: int, data: Any, offset: int) -> int:
+        calls[0] += 1
+        if calls[0] == 3:
+            raise OSError(err, os.strerror(err))
+        return real(fd, data, offset)
+
+    w = LocalFileWriter(dest)
+    monkeypatch.setattr(os, "pwrite", failing)
+    w.write(b"a" * 100, 0)
+    w.write(b"b" * 100, 100)
+    with pytest.raises(
+        StorageError,
+        match=rf"m.pte: write of 100 bytes at offset 200 failed: {text} "
+        r"\(staging file .*\.tmp discarded\)",
+    ):
+        w.write(b"c" * 100, 200)
+    assert w.state is WriterState.DISCARDED
+    assert staging_files(tmp_path) == []
+    assert dest.read_bytes() == b"previous"
+
+
+def test_copy_from_uses_copy_file_range_and_handles_enospc(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = tmp_path / "src.bin"
+    src.write_bytes(os.urandom(100_000))
+    loader = LocalFileLoader(src)
+    real = os.copy_file_range
+    seen: list[int] = []
+
+    def spy(*args: Any) -> int:
+        seen.append(args[2])
+        return real(*args)
+
+    monkeypatch.setattr(os, "copy_file_range", spy)
+    w = LocalFileWriter(tmp_path / "out.bin")
+    w.copy_from(loader, 10, 50_000, 0)
+    w.publish()
+    assert seen
+    assert (tmp_path / "out.bin").read_bytes() == src.read_bytes()[10:50_010]
+
+    def enospc(*args: Any) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "copy_file_range", enospc)
+    w = LocalFileWriter(tmp_path / "out2.bin")
+    with pytest.raises(
+        StorageError,
+        match=r"out2.bin: copying 5 bytes from .*src.bin at offset 0 to offset 0 failed: "
+        r"No space left on device",
+    ):
+        w.copy_from(loader, 0, 5, 0)
+    assert staging_files(tmp_path) == []
+
+
+@pytest.mark.parametrize("err", [errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP])
+def test_copy_from_falls_back_when_unsupported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, err: int
+) -> None:
+    src = tmp_path / "src.bin"
+    src.write_bytes(os.urandom(30_000))
+
+    def unsupported(*args: Any) -> int:
+        raise OSError(err, os.strerror(err))
+
+    monkeypatch.setattr(os, "copy_file_range", unsupported)
+    with LocalFileWriter(tmp_path / "out.bin") as w:
+        w.copy_from(LocalFileLoader(src), 0, 30_000, 7)
+        w.publish()
+    assert (tmp_path / "out.bin").read_bytes() == bytes(7) + src.read_bytes()
+
+
+def test_fsync_failure_is_fatal_and_not_retried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dest = tmp_path / "m.pte"
+    dest.write_bytes(b"previous")
+    calls = [0]
+
+    def failing(fd: int) -> None:
+        calls[0] += 1
+        raise OSError(errno.EIO, "Input/output error")
+
+    w = LocalFileWriter(dest)
+    w.write(b"new", 0)
+    monkeypatch.setattr(os, "fsync", failing)
+    with pytest.raises(
+        StorageError,
+        match=r"m.pte: fsync of the staging file failed: Input/output error; nothing was "
+        r"published \(fsync is never retried\)",
+    ):
+        w.publish()
+    assert calls[0] == 1
+    assert dest.read_bytes() == b"previous"
+    assert staging_files(tmp_path) == []
+
+
+def test_directory_fsync_failure_is_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = os.fsync
+
+    def failing(fd: int) -> None:
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError(errno.EIO, "Input/output error")
+        real(fd)
+
+    w = LocalFileWriter(tmp_path / "m.pte")
+    w.write(b"new", 0)
+    monkeypatch.setattr(os, "fsync", failing)
+    with pytest.raises(
+        StorageError,
+        match=r"m.pte: published, but fsync of directory .* failed: Input/output error; the "
+        r"new file may not survive a crash \(not retried\)",
+    ):
+        w.publish()
+    assert (tmp_path / "m.pte").read_bytes() == b"new"
+    assert staging_files(tmp_path) == []
+
+
+def test_not_durable_skips_fsync(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def forbidden(fd: int) -> None:
+        raise AssertionError("fsync called")
+
+    w = LocalFileWriter(tmp_path / "m.pte", durable=False)
+    w.write(b"x", 0)
+    monkeypatch.setattr(os, "fsync", forbidden)
+    w.publish()
+
+
+def test_create_without_hard_links(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_links(src: Any, dst: Any) -> None:
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    w = LocalFileWriter(tmp_path / "m.pte")
+    w.write(b"x", 0)
+    monkeypatch.setattr(os, "link", no_links)
+    with pytest.raises(
+        StorageError,
+        match=r"the filesystem does not support hard links, which publish\(mode='create'\) "
+        r"needs: Operation not permitted",
+    ):
+        w.publish("create")
+    assert staging_files(tmp_path) == []
+    assert not (tmp_path / "m.pte").exists()
+
+
+def test_replacing_the_source_while_it_is_read(tmp_path: Path) -> None:
+    dest = tmp_path / "model.pte"
+    old = os.urandom(200_000)
+    dest.write_bytes(old)
+    loader = LocalFileLoader(dest)
+    with open_writer(dest) as w:
+        w.copy_from(loader, 0, 100_000, 0)
+        w.write(b"HEADER", 0)
+        w.copy_from(loader, 150_000, 50_000, 100_000)
+        w.publish()
+        # the reader still sees the old inode, completely
+        assert loader.load(0, 200_000) == old
+    assert dest.read_bytes() == b"HEADER" + old[6:100_000] + old[150_000:]
+    loader.close()
+
+
+def test_gc_removes_only_stale_unlocked_staging_files(tmp_path: Path) -> None:
+    live = LocalFileWriter(tmp_path / "live.pte")
+    crashed = LocalFileWriter(tmp_path / "crashed.pte")
+    crashed.write(b"partial", 0)
+    assert crashed._finalizer is not None
+    crashed._finalizer.detach()  # simulate SIGKILL: no cleanup, lock released
+    crashed._st.close_fd()
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    other = LocalFileWriter(sub / "x.pte")
+    assert other._finalizer is not None
+    other._finalizer.detach()
+    other._st.close_fd()
+    lookalike = tmp_path / ".notes.ptestore-zzzz.tmp"  # not our pattern
+    lookalike.write_bytes(b"keep")
+    (tmp_path / "user.tmp").write_bytes(b"keep")
+
+    assert [e.action for e in collect_local(tmp_path, older_than=1e9)] == [
+        "skipped: younger than 1e+09s"
+    ] * 3
+    dry = collect_stale(str(tmp_path), older_than=0, dry_run=True)
+    assert sorted(e.action for e in dry) == [
+        "skipped: in use by a live writer",
+        "would remove",
+        "would remove",
+    ]
+    only = collect_local(tmp_path / "crashed.pte", older_than=0)
+    assert [(os.path.basename(e.location), e.action) for e in only] == [
+        (os.path.basename(crashed.staging_path), "removed")
+    ]
+    rest = collect_local(tmp_path, older_than=0)
+    assert sorted(e.action for e in rest) == ["removed", "skipped: in use by a live writer"]
+    assert staging_files(tmp_path) == [os.path.basename(live.staging_path)]
+    assert staging_files(sub) == []
+    assert lookalike.exists()
+    assert (tmp_path / "user.tmp").exists()
+    live.write(b"still fine", 0)
+    live.publish()
+    assert (tmp_path / "live.pte").read_bytes() == b"still fine"
+
+
+def test_gc_bad_targets(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match=r"older_than must be >= 0 seconds, got -1"):
+        collect_stale(tmp_path, older_than=-1)
+    with pytest.raises(
+        ConfigurationError,
+        match=r"gc supports local paths and s3:// prefixes, "
+        r"not memory://",
+    ):
+        collect_stale("memory://x")
+    with pytest.raises(ConfigurationError, match=r"no such directory or file"):
+        collect_stale(tmp_path / "missing" / "x.pte")
+
+
+def test_interpreter_exit_removes_staging(tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        f"""
+        from ptestore.writers import open_writer
+        w = open_writer({str(tmp_path / "m.pte")!r})
+        w.write(b"never published", 0)
+        """
+    )
+    subprocess.run([sys.executable, "-W", "ignore", "-c", script], check=True, timeout=60)
+    assert os.listdir(tmp_path) == []

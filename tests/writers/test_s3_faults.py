@@ -1,0 +1,266 @@
+"""S3 faults: every call site fails in turn; runs end in success or a clean failure."""
+
+from __future__ import annotations
+
+import random
+import uuid
+from typing import Any
+
+import pytest
+
+from ptestore.errors import (
+    AlreadyExists,
+    ObjectNotFound,
+    PreconditionFailed,
+    PublishUncertain,
+    StorageError,
+)
+from ptestore.testing.moto import MotoS3
+from ptestore.writers import S3Writer, WriterState, open_writer
+from ptestore.writers.gc import collect_s3
+
+from .s3_faults import Fault, error_response, sequence
+
+pytestmark = pytest.mark.s3
+
+PART = 64 * 1024
+FAST = {"retry_initial": 0.001, "retry_max": 0.01}
+TRANSIENT = ["500", "503", "reset"]
+
+
+def data_of(size: int) -> bytes:
+    return random.Random(size).randbytes(size)
+
+
+class Env:
+    def __init__(self, moto: MotoS3, bucket: str, client: Any) -> None:
+        self.moto, self.bucket, self.client = moto, bucket, client
+        self.key = f"m/{uuid.uuid4().hex}.pte"
+        self.url = f"s3://{bucket}/{self.key}"
+
+    def writer(self, **kw: Any) -> S3Writer:
+        opts: dict[str, Any] = {**self.moto.storage_options, "part_size": PART, **FAST, **kw}
+        w = open_writer(self.url, **opts)
+        assert isinstance(w, S3Writer)
+        return w
+
+    def get(self) -> bytes | None:
+        try:
+            body: bytes = self.client.get_object(Bucket=self.bucket, Key=self.key)["Body"].read()
+        except self.client.exceptions.NoSuchKey:
+            return None
+        return body
+
+    def uploads(self) -> list[str]:
+        resp = self.client.list_multipart_uploads(Bucket=self.bucket, Prefix=self.key)
+        return [u["UploadId"] for u in resp.get("Uploads", [])]
+
+
+@pytest.fixture
+def env(moto_s3: MotoS3, s3_bucket: str, s3_client: Any) -> Env:
+    return Env(moto_s3, s3_bucket, s3_client)
+
+
+def _write_and_publish(w: S3Writer, data: bytes) -> None:
+    w.write(data, 0)  # Create/UploadPart faults surface here, Complete ones at publish
+    w.publish()
+
+
+MULTIPART_OPS = ["CreateMultipartUpload", "UploadPart", "CompleteMultipartUpload", "HeadObject"]
+SINGLE_OPS = ["PutObject", "HeadObject"]
+
+
+@pytest.mark.parametrize("kind", TRANSIENT)
+@pytest.mark.parametrize("op", MULTIPART_OPS)
+def test_multipart_transient_fault_is_retried(env: Env, op: str, kind: str) -> None:
+    data = data_of(3 * PART + 100)
+    w = env.writer()
+    fault = Fault(op, kind).install(w.client)
+    w.write(data[PART:], PART)
+    w.write(data[:PART], 0)
+    result = w.publish("create")
+    assert fault.injected == 1
+    assert fault.calls >= 2
+    assert env.get() == data
+    assert result.checksum is not None
+    assert env.uploads() == []
+
+
+@pytest.mark.parametrize("kind", TRANSIENT)
+@pytest.mark.parametrize("op", SINGLE_OPS)
+def test_single_put_transient_fault_is_retried(env: Env, op: str, kind: str) -> None:
+    w = env.writer()
+    fault = Fault(op, kind).install(w.client)
+    w.write(b"small", 0)
+    w.publish("create")
+    assert fault.injected == 1
+    assert env.get() == b"small"
+
+
+@pytest.mark.parametrize("kind", TRANSIENT)
+@pytest.mark.parametrize("op", ["AbortMultipartUpload", "ListParts"])
+def test_discard_transient_fault_is_retried(env: Env, op: str, kind: str) -> None:
+    w = env.writer()
+    fault = Fault(op, kind).install(w.client)
+    w.write(data_of(2 * PART), 0)
+    assert env.uploads() != []
+    w.discard()
+    assert fault.injected == 1
+    assert env.uploads() == []
+    assert env.get() is None
+
+
+@pytest.mark.parametrize("op", ["CreateMultipartUpload", "UploadPart", "CompleteMultipartUpload"])
+def test_multipart_persistent_fault_fails_cleanly(env: Env, op: str) -> None:
+    w = env.writer(retry_attempts=3)
+    fault = Fault(op, "503", times=-1).install(w.client)
+    with pytest.raises(StorageError, match=rf"{env.url}: {op}.* failed: SlowDown \(HTTP 503\)"):
+        _write_and_publish(w, data_of(2 * PART))
+    assert fault.injected >= 3  # retry_attempts (per part for UploadPart)
+    assert fault.injected % 3 == 0
+    assert w.state is WriterState.DISCARDED
+    assert env.get() is None
+    assert env.uploads() == []
+
+
+def test_put_persistent_fault_fails_cleanly(env: Env) -> None:
+    w = env.writer(retry_attempts=2)
+    Fault("PutObject", "reset", times=-1).install(w.client)
+    w.write(b"abc", 0)
+    with pytest.raises(StorageError, match=r"PutObject failed: .*Connection was closed"):
+        w.publish()
+    assert env.get() is None
+
+
+def test_verify_head_failing_does_not_fail_a_done_publish(env: Env) -> None:
+    w = env.writer(retry_attempts=2)
+    Fault("HeadObject", "500", times=-1).install(w.client)
+    w.write(b"abc", 0)
+    result = w.publish()
+    assert result.checksum is None  # could not verify, but it is published
+    assert env.get() == b"abc"
+
+
+def test_abort_failing_leaves_upload_for_gc(env: Env) -> None:
+    w = env.writer(retry_attempts=2)
+    Fault("AbortMultipartUpload", "503", times=-1).install(w.client)
+    w.write(data_of(2 * PART), 0)
+    with pytest.raises(
+        StorageError,
+        match=r"cannot abort multipart upload \S+: AbortMultipartUpload failed: SlowDown "
+        r"\(HTTP 503\): injected 503; it stays pending until `ptestore gc`",
+    ):
+        w.discard()
+    assert len(env.uploads()) == 1
+    entries = collect_s3(f"s3://{env.bucket}/m/", older_than=0, **env.moto.storage_options)
+    assert [e.action for e in entries] == ["removed"]
+    assert env.uploads() == []
+
+
+@pytest.mark.parametrize(
+    ("kind", "error", "message"),
+    [
+        ("403", StorageError, r"UploadPart 1 failed: AccessDenied \(HTTP 403\): injected 403"),
+        ("404-bucket", ObjectNotFound, r"UploadPart 1 failed: NoSuchBucket \(HTTP 404\)"),
+    ],
+)
+def test_permanent_errors_are_not_retried(env: Env, kind: str, error: type, message: str) -> None:
+    w = env.writer()
+    fault = Fault("UploadPart", kind, times=-1).install(w.client)
+    w.write(data_of(PART), 0)  # one complete part: uploaded in the background
+    with pytest.raises(error, match=message):
+        w.publish()
+    assert fault.calls == 1
+    assert env.uploads() == []
+    assert env.get() is None
+
+
+def test_missing_bucket(moto_s3: MotoS3) -> None:
+    w = open_writer(f"s3://no-such-bucket-{uuid.uuid4().hex[:8]}/k", **moto_s3.storage_options)
+    w.write(b"x", 0)
+    with pytest.raises(ObjectNotFound, match=r"PutObject failed: NoSuchBucket \(HTTP 404\)"):
+        w.publish()
+
+
+def test_complete_200_with_error_body_is_retried(env: Env) -> None:
+    w = env.writer()
+    fault = Fault("CompleteMultipartUpload", "200-error").install(w.client)
+    data = data_of(2 * PART + 5)
+    w.write(data, 0)
+    w.publish()
+    assert fault.injected == 1
+    assert env.get() == data
+
+
+def test_complete_200_with_error_body_persistent(env: Env) -> None:
+    w = env.writer(retry_attempts=2)
+    Fault("CompleteMultipartUpload", "200-error", times=-1).install(w.client)
+    w.write(data_of(2 * PART), 0)
+    with pytest.raises(StorageError, match=r"CompleteMultipartUpload failed: InternalError"):
+        w.publish()
+    assert env.get() is None
+    assert env.uploads() == []
+
+
+@pytest.mark.parametrize("mode", ["overwrite", "create"])
+def test_lost_complete_response_is_reconciled(env: Env, mode: str) -> None:
+    """Complete succeeds server-side, the answer is lost, the retry meets 412 (AWS with
+    If-None-Match) or NoSuchUpload (MinIO): HEAD finds our token, so it is a success."""
+    w = env.writer()
+    lost = Fault("CompleteMultipartUpload", "lost")
+    retry_kind = "412" if mode == "create" else "404-upload"
+    w.client.meta.events.register(
+        "before-send.s3.CompleteMultipartUpload",
+        sequence(lost, lambda req: error_response(req.url, retry_kind)),
+    )
+    data = data_of(2 * PART + 1)
+    w.write(data, 0)
+    result = w.publish(mode)  # type: ignore[arg-type]
+    assert lost.injected == 1
+    assert result.size == len(data)
+    assert env.get() == data
+    assert env.uploads() == []
+
+
+def test_lost_put_response_in_create_mode_is_reconciled(env: Env) -> None:
+    w = env.writer()
+    lost = Fault("PutObject", "lost")
+    w.client.meta.events.register(
+        "before-send.s3.PutObject", sequence(lost, lambda req: error_response(req.url, "412"))
+    )
+    w.write(b"tiny", 0)
+    w.publish("create")
+    assert env.get() == b"tiny"
+
+
+def test_complete_no_such_upload_for_someone_elses_object_is_uncertain(env: Env) -> None:
+    w = env.writer()
+    w.client.meta.events.register(
+        "before-send.s3.CompleteMultipartUpload",
+        sequence(
+            lambda req: error_response(req.url, "500"),
+            lambda req: error_response(req.url, "404-upload"),
+        ),
+    )
+    env.client.put_object(Bucket=env.bucket, Key=env.key, Body=b"other writer")
+    w.write(data_of(2 * PART), 0)
+    with pytest.raises(PublishUncertain, match=r"upload is gone \(NoSuchUpload\) .* token"):
+        w.publish()
+    assert env.get() == b"other writer"
+    assert env.uploads() == []
+
+
+@pytest.mark.parametrize("exists", [True, False])
+def test_conditional_request_conflict(env: Env, exists: bool) -> None:
+    w = env.writer()
+    Fault("CompleteMultipartUpload", "409").install(w.client)
+    if exists:
+        env.client.put_object(Bucket=env.bucket, Key=env.key, Body=b"winner")
+    w.write(data_of(2 * PART), 0)
+    if exists:
+        with pytest.raises(AlreadyExists, match="already exists"):
+            w.publish("create")
+    else:
+        with pytest.raises(PreconditionFailed, match=r"ConditionalRequestConflict \(HTTP 409\)"):
+            w.publish("create")
+    assert env.uploads() == []

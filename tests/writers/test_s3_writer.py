@@ -1,0 +1,319 @@
+"""S3Writer specifics: the part grid, spool rewrites, options, metadata, integrity, gc."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import random
+import subprocess
+import sys
+import textwrap
+import uuid
+import zlib
+from typing import Any
+
+import pytest
+from botocore.awsrequest import AWSResponse
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ptestore.errors import ConfigurationError, IntegrityError
+from ptestore.loaders import open_loader
+from ptestore.testing.moto import MotoS3
+from ptestore.writers import S3Writer, WriterState, open_writer
+from ptestore.writers.gc import collect_s3, collect_stale
+from ptestore.writers.s3 import MARKER_PART_NUMBER, crc32_combine, is_marker_part, marker_bytes
+
+from .s3_faults import _Raw
+
+pytestmark = pytest.mark.s3
+
+PART = 64 * 1024
+
+
+@pytest.fixture
+def url(s3_bucket: str) -> str:
+    return f"s3://{s3_bucket}/models/{uuid.uuid4().hex}.pte"
+
+
+def key_of(url: str) -> str:
+    return url.split("/", 3)[3]
+
+
+def writer(moto: MotoS3, url: str, **kw: Any) -> S3Writer:
+    w = open_writer(url, **moto.storage_options, **{"part_size": PART, **kw})
+    assert isinstance(w, S3Writer)
+    return w
+
+
+def uploaded_parts(client: Any, bucket: str, w: S3Writer) -> list[int]:
+    assert w.upload_id is not None
+    resp = client.list_parts(Bucket=bucket, Key=w.key, UploadId=w.upload_id)
+    return sorted(p["PartNumber"] for p in resp.get("Parts", []))
+
+
+@given(st.binary(max_size=300), st.binary(max_size=300))
+@settings(max_examples=200, deadline=None)
+def test_crc32_combine_matches_zlib(a: bytes, b: bytes) -> None:
+    assert crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)
+
+
+def test_crc32_combine_large_lengths() -> None:
+    a, b = random.randbytes(1000), bytes(5 << 20)
+    assert crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)
+
+
+def test_complete_parts_upload_before_publish_and_first_part_waits(
+    moto_s3: MotoS3, s3_bucket: str, s3_client: Any, url: str
+) -> None:
+    data = random.randbytes(5 * PART + 77)
+    w = writer(moto_s3, url, max_concurrency=2)
+    w.write(data[PART:], PART)  # parts 2..6 (6 is partial: the object's size is unknown)
+    w.write(data[100:PART], 100)  # part 1 still has a hole: it waits
+    w.wait_uploads()
+    assert uploaded_parts(s3_client, s3_bucket, w) == [2, 3, 4, 5, MARKER_PART_NUMBER]
+    assert sum(p.buf is not None for p in w._parts.values()) == 2  # only partial parts
+    w.write(data[:100], 0)  # part 1 complete now: uploaded at once
+    w.wait_uploads()
+    assert uploaded_parts(s3_client, s3_bucket, w) == [1, 2, 3, 4, 5, MARKER_PART_NUMBER]
+    result = w.publish()
+    body = s3_client.get_object(Bucket=s3_bucket, Key=key_of(url))["Body"].read()
+    assert body == data
+    assert (
+        result.checksum == "crc32:" + base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()
+    )
+
+
+def test_memory_stays_bounded_for_sequential_writes(moto_s3: MotoS3, url: str) -> None:
+    w = writer(moto_s3, url, max_concurrency=2)
+    chunk = random.randbytes(PART // 4 + 3)
+    off = 0
+    peak = 0
+    for _ in range(60):
+        w.write(chunk, off)
+        off += len(chunk)
+        peak = max(peak, sum(p.buf is not None for p in w._parts.values()) + len(w._inflight))
+    assert peak <= 1 + 2  # one partial part + max_concurrency in flight
+    w.publish()
+
+
+def test_rewriting_an_uploaded_part_reuploads_it(
+    moto_s3: MotoS3, s3_bucket: str, s3_client: Any, url: str
+) -> None:
+    data = bytearray(random.randbytes(3 * PART))
+    w = writer(moto_s3, url)
+    calls: list[str] = []
+    w.client.meta.events.register(
+        "before-send.s3.UploadPart", lambda request, **_: calls.append(request.url) and None
+    )
+    w.write(data, 0)
+    w.write(b"PATCH", PART + 10)  # part 2 was uploaded: reload from the spool
+    data[PART + 10 : PART + 15] = b"PATCH"
+    w.publish()
+    assert s3_client.get_object(Bucket=s3_bucket, Key=key_of(url))["Body"].read() == data
+    part2 = [c for c in calls if "partNumber=2&" in c or c.endswith("partNumber=2")]
+    assert len(part2) == 2
+
+
+def test_rewrite_without_spool_is_refused(moto_s3: MotoS3, url: str) -> None:
+    w = writer(moto_s3, url, spool=False)
+    w.write(bytes(2 * PART), 0)
+    with pytest.raises(
+        ConfigurationError,
+        match=r"part 1 \(bytes 0\.\.65536\) was already uploaded and cannot be rewritten "
+        r"with spool=False",
+    ):
+        w.write(b"x", 5)
+    assert w.state is WriterState.OPEN
+    w.write(b"tail", 2 * PART)
+    assert w.publish().size == 2 * PART + 4
+    w.discard()
+
+
+def test_metadata_and_additional_kwargs(
+    moto_s3: MotoS3, s3_bucket: str, s3_client: Any, url: str
+) -> None:
+    for size in (10, 3 * PART):  # PutObject and multipart
+        w = writer(
+            moto_s3,
+            url,
+            metadata={"device": "pixel-9", "model": "llama"},
+            s3_additional_kwargs={"ContentType": "application/x-pte"},
+        )
+        w.write(bytes(size), 0)
+        w.publish()
+        head = s3_client.head_object(Bucket=s3_bucket, Key=key_of(url))
+        assert head["Metadata"] == {
+            "device": "pixel-9",
+            "model": "llama",
+            "ptestore-writer": w.token,
+        }
+        assert head["ContentType"] == "application/x-pte"
+
+
+def test_objects_are_readable_through_s3fs_with_the_same_options(moto_s3: MotoS3, url: str) -> None:
+    data = random.randbytes(2 * PART + 3)
+    w = writer(moto_s3, url)
+    w.write(data, 0)
+    w.publish()
+    loader = open_loader(url, **moto_s3.storage_options)
+    assert loader.size() == len(data)
+    assert loader.load(PART - 2, 10) == data[PART - 2 : PART + 8]
+
+
+def test_credentials_from_the_environment(
+    moto_s3: MotoS3, url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "env-key")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "env-secret")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", moto_s3.endpoint_url)
+    w = open_writer(url)
+    creds = w.client._request_signer._credentials  # type: ignore[attr-defined]
+    assert creds.access_key == "env-key"
+    w.write(b"env", 0)
+    w.publish()
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"bogus": 1}, r"unknown S3 storage options \['bogus'\]"),
+        ({"session": object()}, r"the 'session' option \(an aiobotocore session\) is not"),
+        ({"part_size": 0}, r"part_size must be an int in \[1, 5368709120\], got 0"),
+        ({"max_concurrency": 0}, r"max_concurrency must be an int >= 1, got 0"),
+        ({"metadata": {"ptestore-writer": "x"}}, r"metadata key 'ptestore-writer' is reserved"),
+        ({"metadata": {"a": 1}}, r"metadata keys and values must be str: 'a'"),
+    ],
+)
+def test_bad_options(moto_s3: MotoS3, url: str, options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        open_writer(url, **{**moto_s3.storage_options, **options})
+
+
+def test_s3fs_only_options_are_accepted(moto_s3: MotoS3, url: str) -> None:
+    opts = dict(moto_s3.storage_options)
+    opts["username"] = opts.pop("key")
+    opts["password"] = opts.pop("secret")
+    w = open_writer(url, **opts, default_block_size=5 << 20, use_listings_cache=False)
+    w.write(b"ok", 0)
+    w.publish()
+
+
+@pytest.mark.parametrize("bad", ["s3://bucket-only", "s3://bucket/dir/", "s3:///key"])
+def test_bad_urls(moto_s3: MotoS3, bad: str) -> None:
+    with pytest.raises(ConfigurationError, match=r"expected s3://bucket/key"):
+        open_writer(bad, **moto_s3.storage_options)
+
+
+def test_write_beyond_largest_object(moto_s3: MotoS3, url: str) -> None:
+    w = writer(moto_s3, url, part_size=16)
+    with pytest.raises(
+        ConfigurationError,
+        match=r"write ending at byte 159985 exceeds the largest object this writer can "
+        r"publish, part_size \* 9999 = 159984 bytes; use a larger part_size",
+    ):
+        w.write(b"x", 159984)
+    assert w.state is WriterState.OPEN
+    w.discard()
+
+
+def _fake_head(w: S3Writer, *, size: int, crc: str) -> None:
+    def hook(request: Any, **_: Any) -> AWSResponse:
+        headers = {
+            "Content-Length": str(size),
+            "x-amz-meta-ptestore-writer": w.token,
+            "x-amz-checksum-crc32": crc,
+            "ETag": '"abc"',
+        }
+        return AWSResponse(request.url, 200, headers, _Raw(b""))
+
+    w.client.meta.events.register("before-send.s3.HeadObject", hook)
+
+
+def test_integrity_check_detects_a_wrong_checksum(moto_s3: MotoS3, url: str) -> None:
+    w = writer(moto_s3, url)
+    w.write(b"abc", 0)
+    _fake_head(w, size=3, crc="AAAAAA==")
+    with pytest.raises(
+        IntegrityError, match=r"published object has CRC32 AAAAAA==, but the bytes written have"
+    ):
+        w.publish()
+
+
+def test_integrity_check_detects_a_wrong_size(moto_s3: MotoS3, url: str) -> None:
+    w = writer(moto_s3, url)
+    w.write(bytes(3 * PART), 0)
+    _fake_head(w, size=5, crc="AAAAAA==")
+    with pytest.raises(IntegrityError, match=r"published object has 5 bytes, but 196608 were"):
+        w.publish()
+
+
+def test_gc_aborts_only_ptestore_uploads(moto_s3: MotoS3, s3_bucket: str, s3_client: Any) -> None:
+    prefix = f"gc-{uuid.uuid4().hex[:6]}/"
+    ours = writer(moto_s3, f"s3://{s3_bucket}/{prefix}ours.pte")
+    ours.write(bytes(2 * PART), 0)
+    ours.wait_uploads()
+    assert ours._finalizer is not None
+    ours._finalizer.detach()  # simulate a crash: nobody aborts it
+    foreign = s3_client.create_multipart_upload(Bucket=s3_bucket, Key=f"{prefix}foreign.bin")
+    s3_client.upload_part(
+        Bucket=s3_bucket,
+        Key=f"{prefix}foreign.bin",
+        UploadId=foreign["UploadId"],
+        PartNumber=MARKER_PART_NUMBER,
+        Body=b"not a ptestore marker",
+    )
+    other_prefix = s3_client.create_multipart_upload(Bucket=s3_bucket, Key="elsewhere.bin")
+    target = f"s3://{s3_bucket}/{prefix}"
+
+    dry = collect_stale(target, older_than=0, dry_run=True, **moto_s3.storage_options)
+    assert [(e.location.split("?")[0], e.action) for e in dry] == [
+        (f"{target}ours.pte", "would remove")
+    ]
+    young = collect_s3(target, older_than=1e12, **moto_s3.storage_options)
+    assert [e.action for e in young] == ["skipped: younger than 1e+12s"] * 2
+
+    done = collect_s3(target, older_than=0, **moto_s3.storage_options)
+    assert [e.action for e in done] == ["removed"]
+    assert done[0].kind == "multipart-upload"
+    assert done[0].size is not None and done[0].size > 2 * PART
+    left = s3_client.list_multipart_uploads(Bucket=s3_bucket).get("Uploads", [])
+    assert {u["UploadId"] for u in left} >= {foreign["UploadId"], other_prefix["UploadId"]}
+    assert ours.upload_id not in {u["UploadId"] for u in left}
+
+
+def test_marker_recognition() -> None:
+    body = marker_bytes("a/b.pte")
+    md5 = hashlib.md5(body).hexdigest()
+    assert is_marker_part("a/b.pte", {"PartNumber": MARKER_PART_NUMBER, "ETag": f'"{md5}"'})
+    assert not is_marker_part("a/c.pte", {"PartNumber": MARKER_PART_NUMBER, "ETag": f'"{md5}"'})
+    assert not is_marker_part("a/b.pte", {"PartNumber": 3, "ETag": f'"{md5}"'})
+
+
+def test_interpreter_exit_aborts_the_upload(
+    moto_s3: MotoS3, s3_bucket: str, s3_client: Any
+) -> None:
+    key = f"exit/{uuid.uuid4().hex}.pte"
+    script = textwrap.dedent(
+        f"""
+        from ptestore.writers import open_writer
+        w = open_writer("s3://{s3_bucket}/{key}", part_size={PART},
+                        **{moto_s3.storage_options!r})
+        w.write(bytes({3 * PART}), 0)
+        w.wait_uploads()
+        print(w.upload_id, flush=True)
+        # exit without publish or discard: the module-level writer is finalized at exit
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert out.stdout.strip()
+    uploads = s3_client.list_multipart_uploads(Bucket=s3_bucket, Prefix=key).get("Uploads", [])
+    assert uploads == []
+    assert "Contents" not in s3_client.list_objects_v2(Bucket=s3_bucket, Prefix=key)
