@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import threading
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar, runtime_checkable
@@ -114,6 +115,10 @@ class LocalFileLoader:
         except OSError as exc:
             raise StorageError(f"{self.path}: cannot open for reading: {exc.strerror}") from exc
         st = os.fstat(self._fd)
+        if stat.S_ISDIR(st.st_mode):
+            os.close(self._fd)
+            self._fd = None
+            raise StorageError(f"{self.path}: is a directory, not a file")
         self._size = st.st_size
         self._lock = threading.Lock()
 

@@ -1,0 +1,194 @@
+"""DataLoaders: local, memory, S3 (moto) and other fsspec protocols; ranged reads; retries."""
+
+from __future__ import annotations
+
+import errno
+import re
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import fsspec
+import pytest
+from fsspec.implementations.memory import MemoryFileSystem
+from support.fixtures import get_fixture
+
+from ptestore import open_loader
+from ptestore.errors import ConfigurationError, ObjectNotFound, StorageError
+from ptestore.format import read_container
+from ptestore.loaders import BytesLoader, FsspecLoader, LocalFileLoader, is_transient
+from ptestore.testing.moto import MotoS3, moto_s3_server
+
+MLP = get_fixture("mlp_xnnpack")
+assert MLP.pte_path is not None
+DATA = MLP.pte_path.read_bytes()
+
+
+def test_local_loader(tmp_path: Path) -> None:
+    p = tmp_path / "m.pte"
+    p.write_bytes(DATA)
+    for url in (str(p), f"file://{p}"):
+        with open_loader(url) as loader:
+            assert isinstance(loader, LocalFileLoader)
+            assert loader.size() == len(DATA)
+            assert loader.load(100, 50) == DATA[100:150]
+            assert loader.load(len(DATA), 0) == b""
+
+
+def test_local_errors(tmp_path: Path) -> None:
+    with pytest.raises(ObjectNotFound, match=re.escape(f"{tmp_path}/nope.pte: no such file")):
+        open_loader(tmp_path / "nope.pte")
+    with pytest.raises(StorageError, match="is a directory, not a file"):
+        open_loader(tmp_path)
+    p = tmp_path / "m.pte"
+    p.write_bytes(DATA)
+    with open_loader(p) as loader:
+        with pytest.raises(
+            StorageError,
+            match=re.escape(
+                f"{p}: read of 10 bytes at offset 6040 is outside the object (size 6048)"
+            ),
+        ):
+            loader.load(6040, 10)
+        with pytest.raises(StorageError, match="outside the object"):
+            loader.load(-1, 1)
+    with pytest.raises(ConfigurationError, match="do not apply to local files"):
+        open_loader(p, anon=True)
+
+
+def test_local_file_shrinking_while_reading(tmp_path: Path) -> None:
+    p = tmp_path / "m.pte"
+    p.write_bytes(DATA)
+    with open_loader(p) as loader:
+        p.write_bytes(DATA[:100])  # truncated in place by someone else
+        with pytest.raises(StorageError, match="file shrank while reading"):
+            loader.load(0, 1000)
+
+
+def test_bytes_loader_is_zero_copy() -> None:
+    buf = bytearray(DATA)
+    loader = BytesLoader(buf)
+    view = loader.load(8, 4)
+    assert bytes(view) == b"eh00"
+    buf[8] = ord("X")
+    assert bytes(view) == b"Xh00"
+
+
+def test_memory_loader() -> None:
+    fs = fsspec.filesystem("memory")
+    path = f"/loader-{uuid.uuid4().hex[:8]}/m.pte"
+    fs.pipe(path, DATA)
+    with open_loader(f"memory://{path}") as loader:
+        assert isinstance(loader, FsspecLoader)
+        assert loader.size() == len(DATA)
+        assert loader.load(0, 8) == DATA[:8]
+        assert read_container(loader).container.methods == ("forward",)
+    with pytest.raises(ObjectNotFound, match=r"memory://.*/missing.pte: no such object"):
+        open_loader(f"memory://{path}-missing".replace("m.pte-missing", "missing.pte"))
+
+
+def test_unknown_protocol() -> None:
+    with pytest.raises(ConfigurationError, match=r"nosuchproto://x: cannot read protocol"):
+        open_loader("nosuchproto://x")
+
+
+class FlakyMemoryFS(MemoryFileSystem):
+    """The real memory filesystem with injected faults on ranged reads."""
+
+    protocol = "flakymem"
+    failures: ClassVar[list[BaseException]] = []
+    calls = 0
+
+    def cat_file(
+        self, path: str, start: int | None = None, end: int | None = None, **kw: Any
+    ) -> Any:
+        type(self).calls += 1
+        if self.failures:
+            raise self.failures.pop(0)
+        return super().cat_file(path, start=start, end=end, **kw)
+
+
+@pytest.fixture
+def flaky() -> Iterator[FsspecLoader]:
+    fs = FlakyMemoryFS(skip_instance_cache=True)
+    path = f"/flaky-{uuid.uuid4().hex[:8]}/m.pte"
+    fs.pipe(path, DATA)
+    FlakyMemoryFS.calls = 0
+    yield FsspecLoader(fs, path, f"flakymem://{path}", retry_attempts=4)
+    FlakyMemoryFS.failures = []
+
+
+def test_transient_errors_are_retried(flaky: FsspecLoader) -> None:
+    FlakyMemoryFS.failures = [
+        ConnectionResetError(errno.ECONNRESET, "Connection reset by peer"),
+        OSError("SlowDown: Please reduce your request rate (503)"),
+        TimeoutError("read timed out"),
+    ]
+    assert flaky.load(0, 8) == DATA[:8]
+    assert FlakyMemoryFS.calls == 4
+
+
+def test_permanent_errors_are_not_retried(flaky: FsspecLoader) -> None:
+    FlakyMemoryFS.failures = [PermissionError(errno.EACCES, "Access Denied")]
+    with pytest.raises(StorageError, match=r"flakymem://.*: read of 8 bytes at offset 0 failed: "):
+        flaky.load(0, 8)
+    assert FlakyMemoryFS.calls == 1
+
+
+def test_retries_are_bounded(flaky: FsspecLoader) -> None:
+    FlakyMemoryFS.failures = [ConnectionResetError("reset")] * 10
+    with pytest.raises(StorageError, match="failed: reset"):
+        flaky.load(0, 8)
+    assert FlakyMemoryFS.calls == 4
+
+
+@pytest.mark.parametrize(
+    ("exc", "transient"),
+    [
+        (ConnectionResetError(), True),
+        (TimeoutError(), True),
+        (OSError(errno.ETIMEDOUT, "timed out"), True),
+        (OSError("An error occurred (SlowDown) when calling GetObject"), True),
+        (OSError("InternalError (500)"), True),
+        (FileNotFoundError("nope"), False),
+        (PermissionError("AccessDenied"), False),
+        (ValueError("bad range"), False),
+        (StorageError("ours"), False),
+    ],
+)
+def test_is_transient(exc: BaseException, transient: bool) -> None:
+    assert is_transient(exc) is transient
+
+
+@pytest.fixture(scope="module")
+def moto() -> Iterator[MotoS3]:
+    pytest.importorskip("moto.server")
+    with moto_s3_server(min_part_size=None) as server:
+        yield server
+
+
+@pytest.mark.s3
+def test_s3_loader_reads_ranges_only(moto: MotoS3) -> None:
+    bucket = moto.new_bucket()
+    client = moto.client()
+    big = DATA + b"\0" * (8 << 20)  # a model followed by 8 MiB nobody should read
+    client.put_object(Bucket=bucket, Key="m.pte", Body=big)
+    ranges: list[str] = []
+
+    loader = open_loader(f"s3://{bucket}/m.pte", **moto.storage_options)
+    assert isinstance(loader, FsspecLoader)
+    s3 = loader.fs.s3 if hasattr(loader.fs, "s3") else None
+    if s3 is not None:
+        s3.meta.events.register(
+            "provide-client-params.s3.GetObject",
+            lambda params, **kw: ranges.append(params.get("Range", "whole")),
+        )
+    assert loader.size() == len(big)
+    parsed = read_container(loader)
+    assert parsed.container.methods == ("forward",)
+    assert parsed.bytes_read < 2000
+    if s3 is not None:
+        assert ranges and all(r.startswith("bytes=") for r in ranges)
+    with pytest.raises(ObjectNotFound, match=rf"s3://{bucket}/missing.pte: no such object"):
+        open_loader(f"s3://{bucket}/missing.pte", **moto.storage_options)
