@@ -111,3 +111,30 @@ def test_patched_fixtures_run_identically(tmp_path: Path) -> None:
         ):
             failures.append(f"{job.label}: outputs differ")
     assert not failures, "\n".join(failures)
+
+
+def test_pre_1_0_header_patched_file_runs(tmp_path: Path) -> None:
+    """A 24-byte (pre-1.0) header, synthesized from a real file, moved and patched: the
+    runtime reads no segment_data_size from it and still runs it identically."""
+    import struct
+
+    from support.fixtures import get_fixture
+
+    fx = get_fixture("mlp_xnnpack")
+    assert fx.pte_path is not None
+    old = bytearray(fx.pte_path.read_bytes())
+    struct.pack_into("<I", old, 12, 24)
+    old[32:40] = b"\0" * 8
+    src = tmp_path / "old.pte"
+    src.write_bytes(bytes(old))
+    moved, _, _ = patched_file(src, "moved")
+    assert moved[32:40] == b"\0" * 8
+    dst = tmp_path / "old-moved.pte"
+    dst.write_bytes(moved)
+    jobs = [
+        Job(pte=p, method="forward", inputs=fx.inputs["forward"], label=p.name) for p in (src, dst)
+    ]
+    for result in run_programs(jobs):
+        assert result.outputs is not None, result.error
+        for a, b in zip(fx.outputs_runtime["forward"], result.outputs, strict=True):
+            assert np.array_equal(a, b)
