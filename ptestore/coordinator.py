@@ -28,7 +28,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -45,7 +45,6 @@ from .errors import (
     ConfigurationError,
     InvalidReplacement,
     NotSupported,
-    PteStoreError,
     StorageError,
 )
 from .format.model import Container, Delegate, TensorLayout, inferred_alignment
@@ -233,7 +232,7 @@ class _MergedNamedDataMap:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def __iter__(self) -> Iterable[str]:
+    def __iter__(self) -> Iterator[str]:
         return iter(self._entries)
 
     def where(self, key: str) -> tuple[_File, int, TensorLayout | None]:
@@ -457,6 +456,9 @@ class _SessionNamedMap:
 
     def keys(self) -> list[str]:
         return self._map.keys()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._map.keys())
 
     def __contains__(self, key: object) -> bool:
         return key in self._map
@@ -735,15 +737,8 @@ def _run_backend(run: _Run, impl: BackendInterface, bid: str, report: BackendRep
         impl.initialize_backend_data(BackendDataInitContext(session), BackendDataWriter(session))
     except NotSupported:
         report.status = "not_supported"
-    except PteStoreError as exc:
-        if isinstance(exc, BackendError):
-            raise
-        raise BackendError(
-            f"initialize_backend_data failed: {type(exc).__name__}: {exc}",
-            backend=bid,
-            method=session.method,
-            key=session.last_key,
-        ) from exc
+    except BackendError:
+        raise
     except Exception as exc:
         raise BackendError(
             f"initialize_backend_data failed: {type(exc).__name__}: {exc}",

@@ -76,15 +76,7 @@ def describe(c: Container) -> dict[str, Any]:
         item: dict[str, Any] = {"key": e.key, "segment_index": e.segment_index}
         if c.kind == "ptd":
             lt = e.tensor_layout
-            item["tensor_layout"] = (
-                None
-                if lt is None
-                else {
-                    "scalar_type": lt.scalar_type,
-                    "sizes": list(lt.sizes),
-                    "dim_order": list(lt.dim_order),
-                }
-            )
+            item["tensor_layout"] = None if lt is None else lt.to_json()
         named.append(item)
     return {
         "format": c.kind,

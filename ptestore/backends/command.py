@@ -129,15 +129,7 @@ class CommandBackend(BackendInterface):
                 "PTESTORE_METHODS": "",
                 "PTESTORE_KEY": key,
                 "PTESTORE_COMPILE_SPECS": "{}",
-                "PTESTORE_TENSOR_LAYOUT": json.dumps(
-                    None
-                    if layout is None
-                    else {
-                        "scalar_type": layout.scalar_type,
-                        "sizes": list(layout.sizes),
-                        "dim_order": list(layout.dim_order),
-                    }
-                ),
+                "PTESTORE_TENSOR_LAYOUT": json.dumps(None if layout is None else layout.to_json()),
                 "PTESTORE_SIZE": str(len(data)),
             }
             out = self._run(data, env, f"key {key!r}", key=key)

@@ -91,6 +91,13 @@ class TensorLayout:
     sizes: tuple[int, ...]
     dim_order: tuple[int, ...]
 
+    def to_json(self) -> dict[str, object]:
+        return {
+            "scalar_type": self.scalar_type,
+            "sizes": list(self.sizes),
+            "dim_order": list(self.dim_order),
+        }
+
 
 @dataclass(frozen=True)
 class NamedDataEntry:

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from support.fixtures import Fixture, all_fixtures
 
+from ptestore.errors import FormatError
 from ptestore.format import parse, patch_metadata, read_container
 from ptestore.format.model import Container
 from ptestore.inspect import describe
@@ -101,9 +102,12 @@ def rebuild(data: bytes, c: Container, placements: list[tuple[int, int]]) -> byt
 @pytest.mark.parametrize(("fx", "role"), FILES)
 def test_patch_moves_every_segment_and_changes_nothing_else(fx: Fixture, role: str) -> None:
     data, c = load(fx, role)
-    if c.header is None:
-        pytest.skip("no extended header: nothing can move")
     placements = _moved_placements(c, 128)
+    if c.header is None:
+        # Without an extended header there is no segment base: refusing is the contract.
+        with pytest.raises(FormatError, match=r"extended header = None: must be present"):
+            patch_metadata(c, data, placements, base_alignment=4096)
+        return
     result = patch_metadata(c, data, placements, base_alignment=4096)
     new = rebuild(data, c, placements)
     c2 = parse(new, len(new), "patched")

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import flatbuffers
 import pytest
+from support import synth
 from support.fixtures import get_fixture
 
 from ptestore.errors import FormatError, PteStoreError
@@ -261,38 +262,12 @@ def _aliasing_bomb(n: int) -> bytes:
     """A headerless Program whose n plans all share one plan whose n delegates all share
     one delegate: n*n delegates from a few kilobytes."""
     b = flatbuffers.Builder(0)
-    bid = b.CreateString("XnnpackBackend")
-    b.StartObject(2)  # BackendDelegateDataReference
-    b.PrependUint8Slot(0, 1, 0)
-    ref = b.EndObject()
-    b.StartObject(3)  # BackendDelegate
-    b.PrependUOffsetTRelativeSlot(0, bid, 0)
-    b.PrependUOffsetTRelativeSlot(1, ref, 0)
-    delegate = b.EndObject()
-    b.StartVector(4, n, 4)
-    for _ in range(n):
-        b.PrependUOffsetTRelative(delegate)
-    delegates = b.EndVector()
-    name = b.CreateString("forward")
-    b.StartObject(8)  # ExecutionPlan
-    b.PrependUOffsetTRelativeSlot(0, name, 0)
-    b.PrependUOffsetTRelativeSlot(7, delegates, 0)
-    plan = b.EndObject()
-    b.StartVector(4, n, 4)
-    for _ in range(n):
-        b.PrependUOffsetTRelative(plan)
-    plans = b.EndVector()
+    d = synth.delegate(b, "XnnpackBackend", segment=True)
+    p = synth.plan(b, "forward", synth.offsets_vector(b, [d] * n))
+    plans = synth.offsets_vector(b, [p] * n)
     b.StartObject(2)  # DataSegment (empty: offset and size absent)
     segment = b.EndObject()
-    b.StartVector(4, 1, 4)
-    b.PrependUOffsetTRelative(segment)
-    segments = b.EndVector()
-    b.StartObject(8)  # Program
-    b.PrependUOffsetTRelativeSlot(1, plans, 0)
-    b.PrependUOffsetTRelativeSlot(4, segments, 0)
-    root = b.EndObject()
-    b.Finish(root, file_identifier=b"ET12")
-    return bytes(b.Output())
+    return synth.finish_program(b, plans, segments=synth.offsets_vector(b, [segment]))
 
 
 def test_aliasing_bomb_is_refused_quickly() -> None:

@@ -8,6 +8,7 @@ import struct
 
 import flatbuffers
 import pytest
+from support import synth
 from support.fixtures import get_fixture
 
 from ptestore.format import parse, patch_metadata
@@ -54,48 +55,20 @@ def test_longer_header_is_accepted() -> None:
 
 def _program_with_specs_and_inline_blob() -> bytes:
     b = flatbuffers.Builder(0)
-    # compile spec values and an inline delegate blob
     value = b.CreateByteVector(b"\x01\x02\xff")
     key = b.CreateString("weights_format")
     b.StartObject(2)  # CompileSpec
     b.PrependUOffsetTRelativeSlot(0, key, 0)
     b.PrependUOffsetTRelativeSlot(1, value, 0)
     spec = b.EndObject()
-    b.StartVector(4, 1, 4)
-    b.PrependUOffsetTRelative(spec)
-    specs = b.EndVector()
-    bid = b.CreateString("VendorNpuBackend")
-    b.StartObject(2)  # BackendDelegateDataReference: INLINE (absent), index 0 (absent)
-    ref = b.EndObject()
-    b.StartObject(3)  # BackendDelegate
-    b.PrependUOffsetTRelativeSlot(0, bid, 0)
-    b.PrependUOffsetTRelativeSlot(1, ref, 0)
-    b.PrependUOffsetTRelativeSlot(2, specs, 0)
-    delegate = b.EndObject()
-    b.StartVector(4, 1, 4)
-    b.PrependUOffsetTRelative(delegate)
-    delegates = b.EndVector()
-    name = b.CreateString("forward")
-    b.StartObject(8)  # ExecutionPlan
-    b.PrependUOffsetTRelativeSlot(0, name, 0)
-    b.PrependUOffsetTRelativeSlot(7, delegates, 0)
-    plan = b.EndObject()
-    b.StartVector(4, 1, 4)
-    b.PrependUOffsetTRelative(plan)
-    plans = b.EndVector()
+    specs = synth.offsets_vector(b, [spec])
+    d = synth.delegate(b, "VendorNpuBackend", segment=False, specs=specs)
+    plans = synth.offsets_vector(b, [synth.plan(b, "forward", synth.offsets_vector(b, [d]))])
     blob = b.CreateByteVector(b"inline-blob")
     b.StartObject(1)  # BackendDelegateInlineData
     b.PrependUOffsetTRelativeSlot(0, blob, 0)
     inline = b.EndObject()
-    b.StartVector(4, 1, 4)
-    b.PrependUOffsetTRelative(inline)
-    inlines = b.EndVector()
-    b.StartObject(8)  # Program
-    b.PrependUOffsetTRelativeSlot(1, plans, 0)
-    b.PrependUOffsetTRelativeSlot(3, inlines, 0)
-    root = b.EndObject()
-    b.Finish(root, file_identifier=b"ET12")
-    return bytes(b.Output())
+    return synth.finish_program(b, plans, inline=synth.offsets_vector(b, [inline]))
 
 
 def test_compile_specs_and_inline_delegates() -> None:
