@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from ._io import pwrite_all
 from .backends.api import (
     BackendData,
     BackendDataInitContext,
@@ -155,15 +156,12 @@ class _Spool:
         view = memoryview(data).cast("B")
         with self._lock:
             offset = self._size
-            fd = self._file.fileno()
-            done = 0
-            while done < view.nbytes:
-                try:
-                    done += os.pwrite(fd, view[done:], offset + done)
-                except OSError as exc:
-                    raise StorageError(
-                        f"cannot spool {view.nbytes} replacement bytes: {exc.strerror or exc}"
-                    ) from exc
+            try:
+                pwrite_all(self._file.fileno(), view, offset)
+            except OSError as exc:
+                raise StorageError(
+                    f"cannot spool {view.nbytes} replacement bytes: {exc.strerror or exc}"
+                ) from exc
             self._size += view.nbytes
             return offset
 

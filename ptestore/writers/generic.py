@@ -22,12 +22,12 @@ or :class:`~ptestore.writers.S3Writer` where they apply.
 from __future__ import annotations
 
 import inspect
-import os
 import tempfile
 from typing import Any
 
 import fsspec
 
+from .._io import pwrite_all
 from ..errors import AlreadyExists, ConfigurationError, StorageError
 from ..loaders import call_with_retries
 from .base import DataWriter, PublishMode, PublishResult
@@ -86,15 +86,13 @@ class FsspecWriter(DataWriter):
     def _write(self, data: memoryview, offset: int) -> None:
         fd = self._st.fd
         assert fd is not None
-        done, n = 0, data.nbytes
-        while done < n:
-            try:
-                done += os.pwrite(fd, data[done:], offset + done)
-            except OSError as exc:
-                raise StorageError(
-                    f"{self.url}: staging write of {n} bytes at offset {offset} to "
-                    f"{self._st.path} failed: {_strerror(exc)}"
-                ) from exc
+        try:
+            pwrite_all(fd, data, offset)
+        except OSError as exc:
+            raise StorageError(
+                f"{self.url}: staging write of {data.nbytes} bytes at offset {offset} to "
+                f"{self._st.path} failed: {_strerror(exc)}"
+            ) from exc
 
     def _publish(self, mode: PublishMode, size: int) -> PublishResult:
         fs, path, tmp = self.fs, self.path, self._st.path

@@ -30,6 +30,7 @@ import stat
 import sys
 import threading
 
+from .._io import pwrite_all
 from ..errors import AlreadyExists, ConfigurationError, ObjectNotFound, StorageError
 from ..loaders import DataLoader, LocalFileLoader
 from .base import DataWriter, PublishMode, PublishResult
@@ -169,16 +170,13 @@ class LocalFileWriter(DataWriter):
         return fd
 
     def _write(self, data: memoryview, offset: int) -> None:
-        fd = self._fd()
-        done, n = 0, data.nbytes
-        while done < n:
-            try:
-                done += os.pwrite(fd, data[done:], offset + done)
-            except OSError as exc:
-                raise StorageError(
-                    f"{self.path}: write of {n} bytes at offset {offset} failed: "
-                    f"{_strerror(exc)} (staging file {self._st.path} discarded)"
-                ) from exc
+        try:
+            pwrite_all(self._fd(), data, offset)
+        except OSError as exc:
+            raise StorageError(
+                f"{self.path}: write of {data.nbytes} bytes at offset {offset} failed: "
+                f"{_strerror(exc)} (staging file {self._st.path} discarded)"
+            ) from exc
 
     def _copy_from(self, loader: DataLoader, src_offset: int, size: int, dst_offset: int) -> None:
         if not isinstance(loader, LocalFileLoader) or not hasattr(os, "copy_file_range"):
