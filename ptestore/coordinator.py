@@ -49,7 +49,7 @@ from .errors import (
     StorageError,
 )
 from .format.model import Container, Delegate, TensorLayout, inferred_alignment
-from .format.patch import PatchResult, align_up, patch_metadata
+from .format.patch import PatchResult, align_up, metadata_growth_bound, patch_metadata
 from .format.reader import ParsedFile, read_container
 from .loaders import DataLoader
 
@@ -59,7 +59,9 @@ __all__ = [
     "Event",
     "FileReport",
     "SpecializationReport",
+    "choose_base",
     "initialize_and_save_backend_data",
+    "layout_file",
     "plan_layout",
     "specialize",
 ]
@@ -475,36 +477,75 @@ class _SessionNamedMap:
 
 
 # ----------------------------------------------------------------------------- layout
+def choose_base(container: Container, metadata_size: int | None = None) -> int:
+    """Where segment data starts in the rewritten file.
+
+    The original ``segment_base_offset`` when the new metadata (``metadata_size``,
+    default the original's) fits before it, so an unchanged file keeps its layout and
+    rewriting is idempotent; else the end of the metadata grown by the patch engine's
+    worst case, aligned up to the original base's own alignment.
+    """
+    original = container.segment_base_offset
+    if container.header is None:
+        return 0
+    size = container.metadata_size if metadata_size is None else metadata_size
+    if original and size <= original:
+        return original
+    alignment = max(16, inferred_alignment(original)) if original else 128
+    return align_up(size + metadata_growth_bound(container), alignment)
+
+
+def layout_file(
+    container: Container,
+    metadata: bytes | bytearray | memoryview,
+    new_sizes: dict[int, tuple[int, int]],
+) -> tuple[list[tuple[int, int]], PatchResult]:
+    """Plan the new layout and patch the metadata for it.
+
+    Tries the original base first; if the patched metadata no longer fits before it
+    (redirected tables grew it), moves the base past the worst case and lays out again.
+    """
+    base = choose_base(container)
+    placements = plan_layout(container, new_sizes, base)
+    patched = patch_metadata(container, metadata, placements, segment_base_offset=None)
+    if container.header is None or len(patched.metadata) <= base:
+        return placements, patch_metadata(container, metadata, placements, segment_base_offset=base)
+    base = choose_base(container, len(patched.metadata))
+    placements = plan_layout(container, new_sizes, base)
+    return placements, patch_metadata(container, metadata, placements, segment_base_offset=base)
+
+
 def plan_layout(
-    container: Container, new_sizes: dict[int, tuple[int, int]]
-) -> tuple[list[tuple[int, int]], int]:
-    """Place every segment again.
+    container: Container,
+    new_sizes: dict[int, tuple[int, int]],
+    segment_base_offset: int | None = None,
+) -> list[tuple[int, int]]:
+    """Place every segment again, after the new base (default :func:`choose_base`).
 
     ``new_sizes`` maps a segment index to ``(size, requested_alignment)`` for replaced
-    segments. Returns the ``(relative offset, size)`` of every segment (by index) and
-    the alignment the segment base must have.
+    segments. Returns the ``(offset relative to the new base, size)`` of every segment,
+    by index.
 
-    Segments keep their physical order; each starts at an offset aligned to the larger
-    of its original alignment (the largest power of two dividing its original absolute
-    offset, capped) and the requested one; nothing but padding lies between them.
+    Segments keep their physical order; each starts at an *absolute* offset aligned to
+    the larger of its original alignment (the largest power of two dividing its
+    original absolute offset, capped) and the requested one; nothing but padding lies
+    between them. An unchanged file keeps every segment where it was.
     """
-    base = container.segment_base_offset
+    base = choose_base(container) if segment_base_offset is None else segment_base_offset
+    if container.header is None:
+        # No extended header: no segment data can exist; keep every offset as it is.
+        return [(s.offset, new_sizes.get(s.index, (s.size, 1))[0]) for s in container.segments]
+    old_base = container.segment_base_offset
     order = sorted(container.segments, key=lambda s: (s.offset, s.index))
     placements: list[tuple[int, int]] = [(0, 0)] * len(container.segments)
-    base_alignment = 1
-    cursor = 0
+    cursor = base
     for seg in order:
         size, requested = new_sizes.get(seg.index, (seg.size, 1))
-        original = inferred_alignment(base + seg.offset) if base else 1
-        alignment = max(original, requested)
-        offset = align_up(cursor, alignment)
-        placements[seg.index] = (offset, size)
-        cursor = offset + size
-        base_alignment = max(base_alignment, alignment)
-    if container.header is None and not any(size for _, size in placements):
-        # No extended header (all segments empty): keep every offset as it is.
-        placements = [(s.offset, s.size) for s in container.segments]
-    return placements, base_alignment
+        original = inferred_alignment(old_base + seg.offset) if old_base else 1
+        absolute = align_up(cursor, max(original, requested))
+        placements[seg.index] = (absolute - base, size)
+        cursor = absolute + size
+    return placements
 
 
 # ----------------------------------------------------------------------------- main
@@ -592,10 +633,10 @@ def _write_file(
     f: _File,
     progress: list[int],
     total: int,
-    layout: tuple[list[tuple[int, int]], int, PatchResult],
+    layout: tuple[list[tuple[int, int]], PatchResult],
 ) -> FileReport:
     c = f.container
-    placements, _, patched = layout
+    placements, patched = layout
     base = patched.segment_base_offset
     copied = replaced_bytes = moved = replaced_count = 0
 
@@ -696,13 +737,9 @@ def initialize_and_save_backend_data(
                 for (role, index), reps in run.replacements.items()
                 if role == f.role
             }
-            placements, base_alignment = plan_layout(f.container, new_sizes)
-            patched = patch_metadata(
-                f.container, f.parsed.metadata, placements, base_alignment=max(16, base_alignment)
-            )
-            layouts.append((placements, base_alignment, patched))
+            layouts.append(layout_file(f.container, f.parsed.metadata, new_sizes))
         total = sum(
-            len(p.metadata) + sum(size for _, size in placements) for placements, _, p in layouts
+            len(p.metadata) + sum(size for _, size in placements) for placements, p in layouts
         )
         progress = [0]
         file_reports = [

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from ..errors import FormatError
 from .model import Container, PtdHeader, PteHeader
 
-__all__ = ["PatchResult", "align_up", "patch_metadata"]
+__all__ = ["PatchResult", "align_up", "metadata_growth_bound", "patch_metadata"]
 
 _U32 = struct.Struct("<I")
 _I32 = struct.Struct("<i")
@@ -69,13 +69,14 @@ def patch_metadata(
     placements: Sequence[tuple[int, int]],
     *,
     base_alignment: int = 128,
+    segment_base_offset: int | None = None,
 ) -> PatchResult:
     """Return new metadata where segment ``i`` is at relative ``placements[i] =
     (offset, size)``.
 
-    ``base_alignment`` is the alignment of the new ``segment_base_offset``; it must be at
-    least the largest alignment any segment needs, because segment offsets are relative
-    to the base.
+    The new ``segment_base_offset`` is the one given (it must not be inside the new
+    metadata; :func:`metadata_growth_bound` says how much the metadata can grow), or else
+    the end of the new metadata aligned up to ``base_alignment``.
     """
     src = container.source
     if len(placements) != len(container.segments):
@@ -121,21 +122,33 @@ def patch_metadata(
 
     data_size = max((off + size for off, size in placements), default=0)
     header = container.header
-    if isinstance(header, PteHeader) or (header is None and container.kind == "pte"):
-        return _finish_pte(
-            container, out, data_size, base_alignment, tuple(i for i, _, _ in redirect)
+    moved = tuple(i for i, _, _ in redirect)
+    if segment_base_offset is None:
+        base = align_up(len(out), base_alignment)
+    elif segment_base_offset < len(out) and header is not None:
+        raise ValueError(
+            f"{src}: segment_base_offset {segment_base_offset} is inside the new "
+            f"{len(out)}-byte metadata"
         )
+    else:
+        base = segment_base_offset
+    if isinstance(header, PteHeader) or (header is None and container.kind == "pte"):
+        return _finish_pte(container, out, data_size, base, moved)
     assert isinstance(header, PtdHeader)
-    return _finish_ptd(
-        container, header, out, data_size, base_alignment, tuple(i for i, _, _ in redirect)
-    )
+    return _finish_ptd(container, header, out, data_size, base, moved)
+
+
+def metadata_growth_bound(container: Container) -> int:
+    """The most bytes :func:`patch_metadata` can add to the metadata (every segment
+    table re-emitted, plus alignment padding and the shared vtable)."""
+    return 8 + len(_VTABLE) + _TABLE_SIZE * len(container.segments)
 
 
 def _finish_pte(
     container: Container,
     out: bytearray,
     data_size: int,
-    base_alignment: int,
+    base: int,
     redirected: tuple[int, ...],
 ) -> PatchResult:
     header = container.header
@@ -154,8 +167,6 @@ def _finish_pte(
     assert isinstance(header, PteHeader)
     if data_size == 0 and header.segment_base_offset == 0:
         base = 0
-    else:
-        base = align_up(program_size, base_alignment)
     _U64.pack_into(out, 16, program_size)
     _U64.pack_into(out, 24, base)
     if header.length >= 32:
@@ -168,11 +179,10 @@ def _finish_ptd(
     header: PtdHeader,
     out: bytearray,
     data_size: int,
-    base_alignment: int,
+    base: int,
     redirected: tuple[int, ...],
 ) -> PatchResult:
     fb_size = len(out) - header.flatbuffer_offset
-    base = align_up(len(out), base_alignment)
     _U64.pack_into(out, 24, fb_size)
     _U64.pack_into(out, 32, base)
     _U64.pack_into(out, 40, data_size)

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from support.fixtures import get_fixture
+from support.fixtures import all_fixtures, get_fixture
 
 import ptestore
 from ptestore.backends import (
@@ -24,7 +24,7 @@ from ptestore.backends import (
     BackendInterface,
     NotSupported,
 )
-from ptestore.coordinator import Event, plan_layout
+from ptestore.coordinator import Event, choose_base, plan_layout
 from ptestore.errors import (
     AlreadyExists,
     BackendError,
@@ -490,11 +490,14 @@ def test_plan_layout_never_weakens_alignment() -> None:
     assert fx.pte_path is not None
     data = fx.pte_path.read_bytes()
     c = parse(data, len(data), "x")
-    placements, base_alignment = plan_layout(c, {2: (10, 1)})
-    assert base_alignment >= 4096
+    base = choose_base(c)
+    assert base % 4096 == 0
+    placements = plan_layout(c, {2: (10, 1)}, base)
     for s, (off, _) in zip(c.segments, placements, strict=True):
         if s.size:
-            assert off % 4096 == 0
+            assert (base + off) % 4096 == 0
+    # Unchanged, the layout is the original one.
+    assert plan_layout(c, {}) == [(s.offset, s.size) for s in c.segments]
 
 
 def test_doubled_weight_bytes_without_runtime(src: Path, dst: Path) -> None:
@@ -511,3 +514,29 @@ def test_doubled_weight_bytes_without_runtime(src: Path, dst: Path) -> None:
     before = np.frombuffer(seg_bytes(src.read_bytes(), index), dtype=np.float32)
     after = np.frombuffer(seg_bytes(dst.read_bytes(), index), dtype=np.float32)
     np.testing.assert_array_equal(after, before * 2)
+
+
+@pytest.mark.parametrize(
+    "fx", [f for f in all_fixtures() if f.pte_path is not None], ids=lambda f: f.name
+)
+def test_passthrough_is_identity_on_exporter_files_and_idempotent(fx: Any, tmp_path: Path) -> None:
+    assert fx.pte_path is not None
+    ptd = (fx.ptd_path, tmp_path / "a.ptd") if fx.ptd_path else None
+    ptestore.specialize(fx.pte_path, tmp_path / "a.pte", ptd=ptd, backends=["passthrough"])
+    first = (tmp_path / "a.pte").read_bytes()
+    if not fx.thirdparty:
+        assert first == fx.pte_path.read_bytes()
+        if fx.ptd_path is not None:
+            assert (tmp_path / "a.ptd").read_bytes() == fx.ptd_path.read_bytes()
+    ptd2 = (tmp_path / "a.ptd", tmp_path / "b.ptd") if fx.ptd_path else None
+    ptestore.specialize(tmp_path / "a.pte", tmp_path / "b.pte", ptd=ptd2, backends=["passthrough"])
+    assert (tmp_path / "b.pte").read_bytes() == first
+
+
+def test_rewrite_after_growth_is_a_fixed_point(src: Path, tmp_path: Path) -> None:
+    def action(ctx: Any, out: Any) -> None:
+        out.write_named_data(MLP_KEYS[0], BackendData(b"\x07" * 5000, alignment=64))
+
+    ptestore.specialize(src, tmp_path / "grown.pte", backends=[Backend(action=action)])
+    ptestore.specialize(tmp_path / "grown.pte", tmp_path / "again.pte", backends=["passthrough"])
+    assert (tmp_path / "again.pte").read_bytes() == (tmp_path / "grown.pte").read_bytes()
