@@ -42,10 +42,13 @@ from .backends.api import (
 )
 from .backends.registry import BackendLike, load_backend
 from .errors import (
+    AlreadyExists,
     BackendError,
     ConfigurationError,
     InvalidReplacement,
     NotSupported,
+    ObjectNotFound,
+    PartialPublish,
     StorageError,
 )
 from .format.model import Container, Delegate, TensorLayout, inferred_alignment
@@ -139,6 +142,8 @@ class SpecializationReport:
     backends: list[BackendReport]
     files: list[FileReport]
     seconds: float
+    #: Backends given explicitly whose id does not occur in the program (a typo?).
+    unused_backends: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -149,7 +154,13 @@ class _Spool:
     """Append-only temporary file holding replacement bytes until layout is known."""
 
     def __init__(self, directory: str | None) -> None:
-        self._file = tempfile.TemporaryFile(prefix="ptestore-spool-", dir=directory)
+        try:
+            self._file = tempfile.TemporaryFile(prefix="ptestore-spool-", dir=directory)
+        except OSError as exc:
+            where = directory or tempfile.gettempdir()
+            raise StorageError(
+                f"cannot create the replacement spool in {where}: {exc.strerror or exc}"
+            ) from exc
         self._size = 0
         self.name = f"<replacement spool {self._file.name}>"
         self._lock = threading.Lock()
@@ -273,6 +284,9 @@ class _Run:
         self.replacements: dict[tuple[str, int], list[_Replacement]] = {}
         self.written_keys: dict[str, str] = {}  # key -> backend
         self.replaced_blobs: dict[int, str] = {}  # pte segment -> backend
+
+    def replaced_keys(self) -> frozenset[str]:
+        return frozenset(self.written_keys)
 
     def emit(self, event: Event) -> None:
         if self.tracer is not None:
@@ -551,7 +565,7 @@ def plan_layout(
 # ----------------------------------------------------------------------------- main
 def _resolve_backends(
     backends: Iterable[BackendLike] | None, ids: list[str]
-) -> dict[str, BackendInterface]:
+) -> tuple[dict[str, BackendInterface], list[str]]:
     from .backends.registry import registered_backends
 
     chosen: dict[str, BackendInterface] = {}
@@ -561,7 +575,7 @@ def _resolve_backends(
         for bid in ids:
             if bid in registry:
                 chosen[bid] = load_backend(bid)
-        return chosen
+        return chosen, []
     for spec in backends:
         impl = load_backend(spec)
         name = getattr(impl, "name", "*")
@@ -580,10 +594,11 @@ def _resolve_backends(
             )
         else:
             chosen[name] = impl
+    unused = sorted(name for name in chosen if name not in ids)
     if wildcard is not None:
         for bid in ids:
             chosen.setdefault(bid, wildcard)
-    return chosen
+    return chosen, unused
 
 
 def _check_aliases(run: _Run) -> None:
@@ -619,13 +634,25 @@ def _check_aliases(run: _Run) -> None:
             problem = (
                 f"{', '.join(missing)} not replaced" if missing else "replaced with different bytes"
             )
-            first_key = next((u[5:-1] for u in users if u.startswith("key ")), None)
+            key_users = [u for u in (missing or users) if u.startswith("key ")]
+            first_key = key_users[0][5:-1] if key_users else None
             raise InvalidReplacement(
                 f"segment {index} of {c.source} is shared by {', '.join(users)}; "
                 f"{problem}: replace every alias with identical bytes",
                 backend=", ".join(backends),
                 key=first_key,
             )
+
+
+_ZEROS = bytes(1 << 20)
+
+
+def _write_zeros(writer: Any, offset: int, size: int) -> None:
+    done = 0
+    while done < size:
+        n = min(len(_ZEROS), size - done)
+        writer.write(memoryview(_ZEROS)[:n], offset + done)
+        done += n
 
 
 def _write_file(
@@ -643,6 +670,20 @@ def _write_file(
     def note(n: int) -> None:
         progress[0] += n
         run.emit(Event("write", nbytes=n, done=progress[0], total=total, url=f.writer.url))
+
+    # Padding is written as zeros too, so every byte of the output is written exactly
+    # once (a writer that uploads fixed parts can then ship each part as soon as it is
+    # complete, instead of holding parts with unwritten gaps until publish).
+    spans = sorted(
+        [(0, len(patched.metadata))]
+        + [(base + off, base + off + size) for off, size in placements if size]
+    )
+    cursor = 0
+    for start, end in [*spans, (patched.file_size, patched.file_size)]:
+        if start > cursor:
+            _write_zeros(f.writer, cursor, start - cursor)
+            note(start - cursor)
+        cursor = max(cursor, end)
 
     for seg in c.segments:
         new_off, size = placements[seg.index]
@@ -718,7 +759,7 @@ def initialize_and_save_backend_data(
         run.emit(Event("parsed", url=pte_loader.name))
 
         ids = list(dict.fromkeys(d.id for d in files[0].container.delegates))
-        impls = _resolve_backends(backends, ids)
+        impls, unused = _resolve_backends(backends, ids)
         reports: list[BackendReport] = []
         for bid in ids:
             impl = impls.get(bid)
@@ -738,20 +779,36 @@ def initialize_and_save_backend_data(
                 if role == f.role
             }
             layouts.append(layout_file(f.container, f.parsed.metadata, new_sizes))
-        total = sum(
-            len(p.metadata) + sum(size for _, size in placements) for placements, p in layouts
-        )
+        total = sum(p.file_size for _, p in layouts)
         progress = [0]
         file_reports = [
             _write_file(run, f, progress, total, lay) for f, lay in zip(files, layouts, strict=True)
         ]
+        # A source replaced while we read it would mix two versions: check first.
+        for f in files:
+            check = getattr(f.loader, "check_unchanged", None)
+            if check is not None:
+                check()
         # The .ptd first: a crash between the two publishes leaves the old .pte, which
         # a rerun from the original sources replaces (see docs/concepts.md).
+        published: list[str] = []
         for f in reversed(files):
             t0 = time.perf_counter()
-            f.writer.publish(mode)
+            try:
+                f.writer.publish(mode)
+            except Exception as exc:
+                if published:
+                    raise PartialPublish(
+                        f"{', '.join(published)} was published, but publishing "
+                        f"{f.writer.url} failed: {exc}; rerun from the original sources",
+                        published=tuple(published),
+                    ) from exc
+                raise
+            published.append(f.writer.url)
             run.emit(Event("publish", url=f.writer.url, seconds=time.perf_counter() - t0))
-        return SpecializationReport(reports, file_reports, time.perf_counter() - started)
+        return SpecializationReport(
+            reports, file_reports, time.perf_counter() - started, unused_backends=unused
+        )
     except BaseException:
         for w in writers:
             try:
@@ -842,12 +899,27 @@ def specialize(
                     "the two files cannot be published in one atomic step; write the pair "
                     "to new names"
                 )
+    if mode == "create":
+        # Fail before any work (and before a .ptd is published) when a destination
+        # exists; the writers' no-clobber publish still guards against races.
+        for _, d in pairs:
+            try:
+                probe = open_loader(d, **opts(d, dst_opts))
+            except ObjectNotFound:
+                continue
+            probe.close()
+            raise AlreadyExists(f"{d}: already exists (create mode refuses to replace it)")
     loaders: list[DataLoader] = []
     writers: list[Any] = []
     try:
         for s, d in pairs:
             loaders.append(open_loader(s, **opts(s, src_opts)))
-            writers.append(open_writer(d, **opts(d, dst_opts)))
+            writer_opts = opts(d, dst_opts)
+            if split_url(d)[0] == "s3":
+                # Every byte is written exactly once: no part is ever rewritten, so the
+                # S3 writer needs no local spool of uploaded parts.
+                writer_opts.setdefault("spool", False)
+            writers.append(open_writer(d, **writer_opts))
         return initialize_and_save_backend_data(
             loaders[0],
             writers[0],

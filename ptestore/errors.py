@@ -20,6 +20,7 @@ __all__ = [
     "NotSupported",
     "ObjectNotFound",
     "PreconditionFailed",
+    "PartialPublish",
     "PteStoreError",
     "PublishUncertain",
     "StorageError",
@@ -154,3 +155,19 @@ class IntegrityError(StorageError):
 
     Raised after publishing, when the end-to-end check finds the storage holds other
     bytes than the writer sent."""
+
+
+class PartialPublish(StorageError):
+    """Of a .pte/.ptd pair, one file was published and the other was not (see
+    docs/concepts.md: rerun from the original sources)."""
+
+    def __init__(self, message: str, *, published: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.published = published
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_partial, (str(self), self.published))
+
+
+def _rebuild_partial(message: str, published: tuple[str, ...]) -> PartialPublish:
+    return PartialPublish(message, published=published)

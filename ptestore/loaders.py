@@ -120,6 +120,7 @@ class LocalFileLoader:
             self._fd = None
             raise StorageError(f"{self.path}: is a directory, not a file")
         self._size = st.st_size
+        self._stamp = (st.st_size, st.st_mtime_ns)
         self._lock = threading.Lock()
 
     def fileno(self) -> int:
@@ -129,6 +130,16 @@ class LocalFileLoader:
 
     def size(self) -> int:
         return self._size
+
+    def check_unchanged(self) -> None:
+        """Raise if the file was modified in place since it was opened (a file renamed
+        over the path does not matter: reads go to the opened one)."""
+        st = os.fstat(self.fileno())
+        if (st.st_size, st.st_mtime_ns) != self._stamp:
+            raise StorageError(
+                f"{self.name}: modified while being read (size {self._stamp[0]} -> "
+                f"{st.st_size}); its content may be a mix of two versions"
+            )
 
     def load(self, offset: int, size: int) -> bytes:
         _check_range(self.name, offset, size, self._size)
@@ -315,6 +326,24 @@ class FsspecLoader:
 
     def size(self) -> int:
         return self._size
+
+    def check_unchanged(self) -> None:
+        """Raise if the object's size or entity tag changed since it was opened."""
+        try:
+            info = call_with_retries(lambda: self.fs.info(self.path), attempts=self._attempts)
+        except FileNotFoundError as exc:
+            raise ObjectNotFound(f"{self.name}: object disappeared while reading") from exc
+        except StorageError:
+            raise
+        except Exception as exc:
+            raise StorageError(f"{self.name}: cannot stat object: {exc}") from exc
+        etag = info.get("ETag") or info.get("etag")
+        if int(info["size"]) != self._size or (self.etag is not None and etag != self.etag):
+            raise StorageError(
+                f"{self.name}: replaced while being read (size {self._size} -> "
+                f"{info['size']}, etag {self.etag} -> {etag}); its content may be a mix of "
+                "two versions"
+            )
 
     def load(self, offset: int, size: int) -> bytes:
         _check_range(self.name, offset, size, self._size)

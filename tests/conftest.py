@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Generator
+from typing import Any
 
 import pytest
 
@@ -24,6 +25,21 @@ def pytest_runtest_makereport(
         report.outcome = "failed"
         report.longrepr = f"interop test skipped while PTESTORE_REQUIRE_INTEROP=1: {reason}"
     return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Generator[None, Any, Any]:
+    """A module of the interop suite skipped at import time is a failure too."""
+    report = yield
+    if REQUIRE_INTEROP and report.skipped and _is_interop_path(str(collector.path)):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = f"interop module skipped while PTESTORE_REQUIRE_INTEROP=1: {reason}"
+    return report
+
+
+def _is_interop_path(path: str) -> bool:
+    return f"{os.sep}interop{os.sep}" in path or os.path.basename(path).startswith("test_interop")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

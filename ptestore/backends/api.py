@@ -123,6 +123,12 @@ class BackendDataInitContext:
         """The merged named data map of the model (.pte + .ptd)."""
         return self._session.named_data_map
 
+    @property
+    def replaced_keys(self) -> frozenset[str]:
+        """Keys already replaced by backends that ran earlier in this run (a key may be
+        written once per run)."""
+        return self._session.run.replaced_keys()
+
 
 class BackendDataWriter:
     """Where a backend submits replacements. Validated as they arrive."""

@@ -62,7 +62,9 @@ class CommandBackend(BackendInterface):
     def __repr__(self) -> str:
         return f"CommandBackend({shlex.join(self.argv)!r}, name={self.name!r})"
 
-    def _run(self, data: bytes, env: dict[str, str], what: str, **where: str | None) -> bytes:
+    def _run(
+        self, data: bytes, env: dict[str, str], what: str, backend: str, **where: str | None
+    ) -> bytes:
         full_env = dict(os.environ)
         full_env.update(env)
         try:
@@ -76,12 +78,12 @@ class CommandBackend(BackendInterface):
             )
         except FileNotFoundError:
             raise BackendError(
-                f"command {self.argv[0]!r} not found", backend=self.name, **where
+                f"command {self.argv[0]!r} not found", backend=backend, **where
             ) from None
         except subprocess.TimeoutExpired:
             raise BackendError(
                 f"command {shlex.join(self.argv)!r} timed out after {self.timeout} s on {what}",
-                backend=self.name,
+                backend=backend,
                 **where,
             ) from None
         if proc.returncode != 0:
@@ -89,7 +91,7 @@ class CommandBackend(BackendInterface):
             raise BackendError(
                 f"command {shlex.join(self.argv)!r} exited with status {proc.returncode} "
                 f"on {what}" + (f": {err}" if err else ""),
-                backend=self.name,
+                backend=backend,
                 **where,
             )
         return proc.stdout
@@ -113,13 +115,16 @@ class CommandBackend(BackendInterface):
                 "PTESTORE_TENSOR_LAYOUT": "null",
                 "PTESTORE_SIZE": str(len(item.processed)),
             }
-            out = self._run(bytes(item.processed), env, "a delegate blob", method=item.method)
+            out = self._run(bytes(item.processed), env, "a delegate blob", bid, method=item.method)
             if out:
                 output.write_processed_data(BackendData(out, alignment=self.alignment))
         if not self.named_data:
             return
         named = context.get_named_data_map()
+        done = context.replaced_keys  # a generic backend serving several ids: once per key
         for key in list(named.keys()):
+            if key in done:
+                continue
             layout = named.get_tensor_layout(key)
             data = bytes(named.get_data(key))
             env = {
@@ -132,6 +137,6 @@ class CommandBackend(BackendInterface):
                 "PTESTORE_TENSOR_LAYOUT": json.dumps(None if layout is None else layout.to_json()),
                 "PTESTORE_SIZE": str(len(data)),
             }
-            out = self._run(data, env, f"key {key!r}", key=key)
+            out = self._run(data, env, f"key {key!r}", bid, key=key)
             if out:
                 output.write_named_data(key, BackendData(out, alignment=self.alignment))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 
@@ -109,8 +110,23 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # Like `python -m`, let `--backend package.module:attr` find modules in the current
+    # directory when run through the console script.
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         return int(args.func(args))
     except KeyboardInterrupt:
         print("ptestore: interrupted; nothing was published", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # Output piped into `head` and the like: not an error of ours.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK
+    except PteStoreError as exc:
+        print(f"ptestore {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    except OSError as exc:
+        print(f"ptestore {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_FAILURE

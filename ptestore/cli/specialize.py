@@ -13,6 +13,7 @@ from ..errors import (
     ConfigurationError,
     FormatError,
     ObjectNotFound,
+    PartialPublish,
     PteStoreError,
 )
 
@@ -129,13 +130,24 @@ def run_specialize(args: argparse.Namespace) -> int:
             bar.close()
         print(f"ptestore specialize: error: {exc}", file=sys.stderr)
         return 2
-    except (BackendError, PteStoreError) as exc:
+    except PartialPublish as exc:
+        if bar is not None:
+            bar.close()
+        print(f"ptestore specialize: failed after a partial publish: {exc}", file=sys.stderr)
+        return 1
+    except (BackendError, PteStoreError, OSError) as exc:
         if bar is not None:
             bar.close()
         print(f"ptestore specialize: failed, nothing published: {exc}", file=sys.stderr)
         return 1
     if bar is not None:
         bar.close()
+    for name in report.unused_backends:
+        print(
+            f"ptestore specialize: warning: no delegate in {args.src} has backend id {name!r}; "
+            "that backend was not used",
+            file=sys.stderr,
+        )
     if args.json:
         json.dump(report.to_dict(), sys.stdout, indent=2)
         sys.stdout.write("\n")

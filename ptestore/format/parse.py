@@ -329,6 +329,13 @@ def _check_segments(
                 s.size,
                 "0 (a file without an extended header has no segment data)",
             )
+        if has_header and base == 0 and s.size:
+            raise FormatError(
+                source,
+                f"{name}.size",
+                s.size,
+                "0 when segment_base_offset is 0 (the header places no segment data)",
+            )
         if base + s.offset + s.size > file_size:
             raise FormatError(
                 source,

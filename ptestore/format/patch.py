@@ -23,7 +23,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..errors import FormatError
+from ..errors import ConfigurationError, FormatError
 from .model import Container, PtdHeader, PteHeader
 
 __all__ = ["PatchResult", "align_up", "metadata_growth_bound", "patch_metadata"]
@@ -80,11 +80,11 @@ def patch_metadata(
     """
     src = container.source
     if len(placements) != len(container.segments):
-        raise ValueError(
+        raise ConfigurationError(
             f"{src}: {len(placements)} placements for {len(container.segments)} segments"
         )
     if base_alignment < 1 or base_alignment & (base_alignment - 1):
-        raise ValueError(f"base_alignment must be a power of two, got {base_alignment}")
+        raise ConfigurationError(f"base_alignment must be a power of two, got {base_alignment}")
     if len(metadata) < container.metadata_size:
         raise FormatError(src, "metadata", len(metadata), f">= {container.metadata_size} bytes")
     out = bytearray(metadata[: container.metadata_size])
@@ -92,7 +92,9 @@ def patch_metadata(
     redirect: list[tuple[int, int, int]] = []  # (segment index, offset, size)
     for seg, (new_off, new_size) in zip(container.segments, placements, strict=True):
         if new_off < 0 or new_size < 0 or new_off >= 1 << 64 or new_size >= 1 << 64:
-            raise ValueError(f"{src}: segment {seg.index}: bad placement ({new_off}, {new_size})")
+            raise ConfigurationError(
+                f"{src}: segment {seg.index}: bad placement ({new_off}, {new_size})"
+            )
         needs_table = (new_off != seg.offset and seg.offset_pos is None) or (
             new_size != seg.size and seg.size_pos is None
         )
@@ -126,7 +128,7 @@ def patch_metadata(
     if segment_base_offset is None:
         base = align_up(len(out), base_alignment)
     elif segment_base_offset < len(out) and header is not None:
-        raise ValueError(
+        raise ConfigurationError(
             f"{src}: segment_base_offset {segment_base_offset} is inside the new "
             f"{len(out)}-byte metadata"
         )

@@ -74,14 +74,17 @@ def test_patched_fixtures_run_identically(tmp_path: Path) -> None:
                     for s, (off, _) in zip(c.segments, placements, strict=True)
                 )
             ptd = None
+            ptd_placements: list[tuple[int, int]] = []
             if fx.ptd_path is not None:
-                ptd, _, _ = patched_file(fx.ptd_path, variant)
+                ptd, _, ptd_placements = patched_file(fx.ptd_path, variant)
             pte_path = tmp_path / f"{fx.name}-{variant}.pte"
             pte_path.write_bytes(pte)
             ptd_path = None
             if ptd is not None:
                 ptd_path = tmp_path / f"{fx.name}-{variant}.ptd"
                 ptd_path.write_bytes(ptd)
+                ptd_facts = reference_facts(ptd_path, "ptd")
+                assert [(s["offset"], s["size"]) for s in ptd_facts["segments"]] == ptd_placements
             # The structure ExecuTorch's own reader sees is the one we meant.
             facts = reference_facts(pte_path, "pte")
             assert [(s["offset"], s["size"]) for s in facts["segments"]] == placements

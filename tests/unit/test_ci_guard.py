@@ -50,6 +50,20 @@ def test_skipped_interop_is_a_skip_otherwise(tmp_path: Path) -> None:
     assert "1 skipped" in result.stdout
 
 
+def test_module_level_skip_of_interop_fails_when_required(tmp_path: Path) -> None:
+    interop = tmp_path / "interop"
+    interop.mkdir()
+    (interop / "test_y.py").write_text(
+        "import pytest\n"
+        "pytest.importorskip('no_such_runtime_module')\n"
+        "@pytest.mark.interop\n"
+        "def test_runtime():\n    pass\n"
+    )
+    result = run(tmp_path, "@pytest.mark.interop\ndef test_other():\n    pass\n", require=True)
+    assert result.returncode != 0, result.stdout
+    assert "interop module skipped while PTESTORE_REQUIRE_INTEROP=1" in result.stdout
+
+
 def test_no_interop_collected_is_an_error(tmp_path: Path) -> None:
     result = run(tmp_path, "def test_plain():\n    pass\n", require=True)
     assert result.returncode != 0

@@ -185,6 +185,12 @@ CASES: list[tuple[str, Callable[[], bytes | bytearray], str]] = [
         r"file\)",
     ),
     (
+        "segments without a base",
+        lambda: u64(pte(), 24, 0),
+        r"model\.pte: Program\.segments\[1\]\.size = 1184: must be 0 when segment_base_offset "
+        r"is 0 \(the header places no segment data\)",
+    ),
+    (
         "named data index out of range",
         lambda: u32(pte(), named_data_index_pos(), 99),
         r"model\.pte: Program\.named_data\[0\]\.segment_index = 99: must be < 6 \(the number "

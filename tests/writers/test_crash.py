@@ -27,6 +27,7 @@ from ptestore.writers.gc import collect_local, collect_s3
 from ptestore.writers.local import TEMP_NAME_RE
 
 RUNS = 60
+CHILD_DEADLINE = 120.0
 SIZE = 8 << 20
 CHUNK = 256 * 1024
 
@@ -72,6 +73,18 @@ def fork_and_kill(target: Callable[[], None], delay: float) -> tuple[int, float]
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    else:
+        # Not killed on purpose: never wait forever for a child that hangs (a lock
+        # inherited through fork, say); kill it after a generous deadline and fail.
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return status, time.monotonic() - start
+            if time.monotonic() - start > CHILD_DEADLINE:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                raise AssertionError(f"child {pid} did not finish in {CHILD_DEADLINE} s")
+            time.sleep(0.01)
     _, status = os.waitpid(pid, 0)
     return status, time.monotonic() - start
 
