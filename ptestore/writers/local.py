@@ -154,7 +154,12 @@ class LocalFileWriter(DataWriter):
                     f"{_strerror(exc)}"
                 ) from exc
         # Mark the staging file as live for `ptestore gc` (released when fd closes or on crash).
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        # Filesystems without flock (some NFS mounts: ENOLCK) only lose that marker; gc
+        # then relies on the file's age alone.
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            pass
         self._st = _LocalStaging(tmp, fd)
         self._track_staging(self._st)
 
