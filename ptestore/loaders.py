@@ -310,14 +310,7 @@ class FsspecLoader:
         self.path = path
         self.name = url
         self._attempts = retry_attempts
-        try:
-            info = call_with_retries(lambda: fs.info(path), attempts=retry_attempts)
-        except FileNotFoundError as exc:
-            raise ObjectNotFound(f"{url}: no such object") from exc
-        except StorageError:
-            raise
-        except Exception as exc:
-            raise StorageError(f"{url}: cannot stat object: {exc}") from exc
+        info = self._info("no such object")
         if info.get("type") == "directory":
             raise StorageError(f"{url}: is a directory, not an object")
         self._size = int(info["size"])
@@ -327,16 +320,22 @@ class FsspecLoader:
     def size(self) -> int:
         return self._size
 
-    def check_unchanged(self) -> None:
-        """Raise if the object's size or entity tag changed since it was opened."""
+    def _info(self, missing: str) -> dict[str, Any]:
         try:
-            info = call_with_retries(lambda: self.fs.info(self.path), attempts=self._attempts)
+            info: dict[str, Any] = call_with_retries(
+                lambda: self.fs.info(self.path), attempts=self._attempts
+            )
         except FileNotFoundError as exc:
-            raise ObjectNotFound(f"{self.name}: object disappeared while reading") from exc
+            raise ObjectNotFound(f"{self.name}: {missing}") from exc
         except StorageError:
             raise
         except Exception as exc:
             raise StorageError(f"{self.name}: cannot stat object: {exc}") from exc
+        return info
+
+    def check_unchanged(self) -> None:
+        """Raise if the object's size or entity tag changed since it was opened."""
+        info = self._info("object disappeared while reading")
         etag = info.get("ETag") or info.get("etag")
         if int(info["size"]) != self._size or (self.etag is not None and etag != self.etag):
             raise StorageError(
