@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["pwrite_all"]
+__all__ = ["pread_all", "pwrite_all"]
 
 
 def pwrite_all(fd: int, data: memoryview, offset: int) -> None:
@@ -13,3 +13,17 @@ def pwrite_all(fd: int, data: memoryview, offset: int) -> None:
     done, n = 0, data.nbytes
     while done < n:
         done += os.pwrite(fd, data[done:], offset + done)
+
+
+def pread_all(fd: int, size: int, offset: int) -> bytes:
+    """Read ``size`` bytes at ``offset`` (``os.pread`` may read less); shorter only at
+    end of file. Raises ``OSError`` as the system reports it."""
+    chunks: list[bytes] = []
+    done = 0
+    while done < size:
+        chunk = os.pread(fd, min(size - done, 1 << 30), offset + done)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        done += len(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from ._io import pwrite_all
+from ._io import pread_all, pwrite_all
 from .backends.api import (
     BackendData,
     BackendDataInitContext,
@@ -185,13 +185,10 @@ class _Spool:
     def load(self, offset: int, size: int) -> bytes:
         if offset < 0 or size < 0 or offset + size > self._size:
             raise StorageError(f"{self.name}: read of {size} bytes at {offset} out of range")
-        out = bytearray()
-        while len(out) < size:
-            chunk = os.pread(self._file.fileno(), size - len(out), offset + len(out))
-            if not chunk:
-                raise StorageError(f"{self.name}: short read")
-            out += chunk
-        return bytes(out)
+        out = pread_all(self._file.fileno(), size, offset)
+        if len(out) != size:
+            raise StorageError(f"{self.name}: short read")
+        return out
 
     def fileno(self) -> int:
         return self._file.fileno()
@@ -232,7 +229,6 @@ class _MergedNamedDataMap:
         for f in sorted(files, key=lambda f: 0 if f.role == "ptd" else 1):
             for e in f.container.named_data:
                 self._entries.setdefault(e.key, (f, e.segment_index, e.tensor_layout))
-        self.bytes_read = 0
 
     def keys(self) -> list[str]:
         return list(self._entries)
@@ -254,9 +250,7 @@ class _MergedNamedDataMap:
             raise KeyError(key)
         f, index, _ = self._entries[key]
         seg = f.container.segments[index]
-        data = f.loader.load(f.container.segment_base_offset + seg.offset, seg.size)
-        self.bytes_read += seg.size
-        return data
+        return f.loader.load(f.container.segment_base_offset + seg.offset, seg.size)
 
     def get_tensor_layout(self, key: str) -> TensorLayout | None:
         if key not in self._entries:
@@ -317,11 +311,6 @@ class _BackendSession:
                 groups.setdefault((d.location, d.index), []).append(d)
         return list(groups.items())
 
-    @property
-    def method(self) -> str | None:
-        """The method of the current (or, after the last one, the last) input."""
-        return self.last_method
-
     def next_input(self) -> DelegateInput | None:
         if self._pos >= len(self._inputs):
             self.current = None
@@ -334,7 +323,8 @@ class _BackendSession:
             seg = c.segments[index]
             processed = self.run.pte.loader.load(c.segment_base_offset + seg.offset, seg.size)
         else:
-            processed = self._inline_data(index)
+            pos, size = c.inline_delegate_data[index]
+            processed = self.run.pte.parsed.metadata[pos : pos + size]
         first = delegates[0]
         self.last_method = first.method
         self.report.inputs_seen += 1
@@ -350,21 +340,11 @@ class _BackendSession:
             delegates=tuple(delegates),
         )
 
-    def _inline_data(self, index: int) -> bytes:
-        from .format.flatbuf import FlatView
-
-        meta = self.run.pte.parsed.metadata
-        c = self.run.pte.container
-        view = FlatView(meta, c.source, limit=c.metadata_size)
-        root = view.root("Program")
-        vec = root.vector(3, "backend_delegate_data", 4)
-        assert vec is not None
-        data = vec.table(index).vector(0, "data", 1)
-        return data.u8s() if data is not None else b""
-
     # -- validation -------------------------------------------------------------
     def _error(self, message: str, key: str | None = None) -> InvalidReplacement:
-        return InvalidReplacement(message, backend=self.backend_id, method=self.method, key=key)
+        return InvalidReplacement(
+            message, backend=self.backend_id, method=self.last_method, key=key
+        )
 
     def _check_data(self, data: object, what: str, key: str | None) -> tuple[memoryview, int]:
         if not isinstance(data, BackendData):
@@ -614,17 +594,14 @@ def _check_aliases(run: _Run) -> None:
             if where is not None and where[0].role != role:
                 continue  # shadowed by the .ptd: not what the runtime reads
             users.append(f"key {e.key!r}")
-        if role == "pte":
-            seen: set[str] = set()
-            for d in c.delegates:
-                if d.location == "segment" and d.index == index:
-                    label = f"delegate {d.method}[{d.position}]"
-                    if label not in seen:
-                        seen.add(label)
-                        users.append(label)
+        delegate_users = [
+            f"delegate {d.method}[{d.position}]"
+            for d in c.delegates
+            if role == "pte" and d.location == "segment" and d.index == index
+        ]
+        users += delegate_users
         replaced = {r.user for r in reps}
         # A shared delegate blob is one input: its replacement covers every delegate.
-        delegate_users = [u for u in users if u.startswith("delegate ")]
         if any(u.startswith("delegate ") for u in replaced):
             replaced.update(delegate_users)
         missing = [u for u in users if u not in replaced]
@@ -644,14 +621,12 @@ def _check_aliases(run: _Run) -> None:
             )
 
 
-_ZEROS = bytes(1 << 20)
-
-
 def _write_zeros(writer: Any, offset: int, size: int) -> None:
+    zeros = memoryview(bytes(min(size, 1 << 20)))
     done = 0
     while done < size:
-        n = min(len(_ZEROS), size - done)
-        writer.write(memoryview(_ZEROS)[:n], offset + done)
+        n = min(zeros.nbytes, size - done)
+        writer.write(zeros[:n], offset + done)
         done += n
 
 
@@ -835,7 +810,7 @@ def _run_backend(run: _Run, impl: BackendInterface, bid: str, report: BackendRep
         raise BackendError(
             f"initialize_backend_data failed: {type(exc).__name__}: {exc}",
             backend=bid,
-            method=session.method,
+            method=session.last_method,
             key=session.last_key,
         ) from exc
     else:

@@ -28,6 +28,7 @@ from tenacity import (
     wait_random,
 )
 
+from ._io import pread_all
 from .errors import ConfigurationError, ObjectNotFound, StorageError
 
 __all__ = [
@@ -143,25 +144,19 @@ class LocalFileLoader:
 
     def load(self, offset: int, size: int) -> bytes:
         _check_range(self.name, offset, size, self._size)
-        fd = self.fileno()
-        chunks: list[bytes] = []
-        done = 0
-        while done < size:
-            try:
-                chunk = os.pread(fd, min(size - done, 1 << 30), offset + done)
-            except OSError as exc:
-                raise StorageError(
-                    f"{self.name}: read of {size} bytes at offset {offset} failed: "
-                    f"{exc.strerror or exc}"
-                ) from exc
-            if not chunk:
-                raise StorageError(
-                    f"{self.name}: file shrank while reading: wanted {size} bytes at offset "
-                    f"{offset}, got {done}"
-                )
-            chunks.append(chunk)
-            done += len(chunk)
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        try:
+            data = pread_all(self.fileno(), size, offset)
+        except OSError as exc:
+            raise StorageError(
+                f"{self.name}: read of {size} bytes at offset {offset} failed: "
+                f"{exc.strerror or exc}"
+            ) from exc
+        if len(data) != size:
+            raise StorageError(
+                f"{self.name}: file shrank while reading: wanted {size} bytes at offset "
+                f"{offset}, got {len(data)}"
+            )
+        return data
 
     def close(self) -> None:
         with self._lock:

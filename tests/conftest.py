@@ -7,10 +7,12 @@ With ``PTESTORE_REQUIRE_INTEROP=1`` (set by ``scripts/test.sh``, hence by CI) a 
 from __future__ import annotations
 
 import os
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 import pytest
+
+from ptestore.testing.moto import MotoS3, moto_s3_server
 
 REQUIRE_INTEROP = os.environ.get("PTESTORE_REQUIRE_INTEROP", "") not in ("", "0")
 
@@ -40,6 +42,16 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Generator[None, A
 
 def _is_interop_path(path: str) -> bool:
     return f"{os.sep}interop{os.sep}" in path or os.path.basename(path).startswith("test_interop")
+
+
+@pytest.fixture(scope="session")
+def moto_s3() -> Iterator[MotoS3]:
+    """One real moto S3 server (HTTP on 127.0.0.1, a free port) for the whole run.
+
+    moto is part of the [test] extra: if it is missing this errors, never skips.
+    """
+    with moto_s3_server(min_part_size=1) as server:
+        yield server
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -92,18 +92,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_storage_options(p)
     p.set_defaults(func=_cmd_inspect)
 
-    try:
-        from .specialize import add_specialize_parser
-    except ImportError:  # pragma: no cover - during bootstrap
-        pass
-    else:
-        add_specialize_parser(sub)
-    try:
-        from .gc import add_gc_parser
-    except ImportError:  # pragma: no cover - during bootstrap
-        pass
-    else:
-        add_gc_parser(sub)
+    from .gc import add_gc_parser
+    from .specialize import add_specialize_parser
+
+    add_specialize_parser(sub)
+    add_gc_parser(sub)
     return parser
 
 

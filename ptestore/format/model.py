@@ -151,7 +151,8 @@ class Container:
     delegates: tuple[Delegate, ...] = ()
     constant_segment: SubsegmentOffsets | None = None
     mutable_data_segments: tuple[SubsegmentOffsets, ...] = ()
-    inline_delegate_data_sizes: tuple[int, ...] = ()
+    #: ``(position, size)`` in the metadata of each ``backend_delegate_data`` blob.
+    inline_delegate_data: tuple[tuple[int, int], ...] = ()
     #: Position of the ``segments`` vector's element slots (for the patch engine).
     root_pos: int = 0
     #: Non-fatal oddities worth showing a user (e.g. segments past segment_data_size).

@@ -371,12 +371,12 @@ def parse_pte(meta: bytes | bytearray | memoryview, file_size: int, source: str)
     n_seg = len(segments)
 
     inline_vec = root.vector(_PROGRAM_BACKEND_DELEGATE_DATA, "backend_delegate_data", 4)
-    inline_sizes: list[int] = []
+    inline_spans: list[tuple[int, int]] = []
     if inline_vec is not None:
         for i in range(inline_vec.length):
             t = inline_vec.table(i)
             dv = t.vector(_INLINE_DATA, "data", 1)
-            inline_sizes.append(dv.length if dv else 0)
+            inline_spans.append((dv.start, dv.length) if dv else (0, 0))
 
     methods: list[str] = []
     delegates: list[Delegate] = []
@@ -392,7 +392,7 @@ def parse_pte(meta: bytes | bytearray | memoryview, file_size: int, source: str)
             if dvec is None:
                 continue
             for d in range(dvec.length):
-                delegates.append(_delegate(view, dvec, d, name, n_seg, len(inline_sizes)))
+                delegates.append(_delegate(view, dvec, d, name, n_seg, len(inline_spans)))
 
     named = _named_data(view, root, _PROGRAM_NAMED_DATA, n_seg, with_layout=False)
 
@@ -419,7 +419,7 @@ def parse_pte(meta: bytes | bytearray | memoryview, file_size: int, source: str)
         delegates=tuple(delegates),
         constant_segment=const,
         mutable_data_segments=tuple(mutable),
-        inline_delegate_data_sizes=tuple(inline_sizes),
+        inline_delegate_data=tuple(inline_spans),
         root_pos=root.pos,
         warnings=tuple(warnings),
     )

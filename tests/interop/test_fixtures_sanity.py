@@ -14,6 +14,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from support.et_reference import (
+    reference_facts,
+    reference_program_extras,
+    reference_segment_field_presence,
+)
+from support.et_runtime import Job, Result, run_programs
 from support.fixtures import (
     Fixture,
     all_fixtures,
@@ -24,14 +30,6 @@ from support.fixtures import (
 
 pytestmark = pytest.mark.interop
 
-pytest.importorskip("executorch")
-
-from support.et_reference import (  # noqa: E402
-    reference_facts,
-    reference_program_extras,
-    reference_segment_field_presence,
-)
-from support.et_runtime import Job, Result, run_programs  # noqa: E402
 
 ALL = all_fixtures()
 RUNNABLE = runnable_fixtures()

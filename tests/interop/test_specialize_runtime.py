@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ from support.fixtures import Fixture, doubled_fixtures, runnable_fixtures
 
 import ptestore
 from ptestore.backends import BackendData, BackendInterface
-from ptestore.testing.moto import MotoS3, moto_s3_server
+from ptestore.testing.moto import MotoS3
 
 pytestmark = pytest.mark.interop
 
@@ -168,15 +167,8 @@ def test_size_changing_replacement_structure(fx: Fixture, tmp_path: Path) -> Non
     assert after["file_size"] == hdr["segment_base_offset"] + hdr["segment_data_size"]
 
 
-@pytest.fixture(scope="module")
-def moto() -> Iterator[MotoS3]:
-    pytest.importorskip("moto.server")
-    with moto_s3_server(min_part_size=1) as server:
-        yield server
-
-
 @pytest.mark.parametrize("where", ["memory", "s3"])
-def test_specialize_through_remote_storage(where: str, tmp_path: Path, moto: MotoS3) -> None:
+def test_specialize_through_remote_storage(where: str, tmp_path: Path, moto_s3: MotoS3) -> None:
     fixtures = keyed_doubled()[:3]
     fixtures.append(next(f for f in runnable_fixtures() if f.ptd_path is not None))
     if where == "memory":
@@ -184,9 +176,9 @@ def test_specialize_through_remote_storage(where: str, tmp_path: Path, moto: Mot
         root = f"memory://ptestore-interop-{uuid.uuid4().hex[:8]}"
         options: dict[str, Any] = {}
     else:
-        options = moto.storage_options
+        options = moto_s3.storage_options
         fs = fsspec.filesystem("s3", **options)
-        root = f"s3://{moto.new_bucket()}"
+        root = f"s3://{moto_s3.new_bucket()}"
     jobs: list[Job] = []
     want: list[list[np.ndarray]] = []
     for fx in fixtures:
@@ -222,6 +214,6 @@ def test_specialize_through_remote_storage(where: str, tmp_path: Path, moto: Mot
             assert fs.cat_file(src) == fs.cat_file(fresh)
     if where == "s3":
         bucket = root[len("s3://") :]
-        assert not moto.client().list_multipart_uploads(Bucket=bucket).get("Uploads")
+        assert not moto_s3.client().list_multipart_uploads(Bucket=bucket).get("Uploads")
     failures = _check(run_programs(jobs), want)
     assert not failures, "\n".join(failures)

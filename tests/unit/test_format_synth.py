@@ -75,7 +75,8 @@ def test_compile_specs_and_inline_delegates() -> None:
     data = _program_with_specs_and_inline_blob()
     c = parse(data, len(data), "npu.pte")
     assert c.header is None
-    assert c.inline_delegate_data_sizes == (len(b"inline-blob"),)
+    ((pos, size),) = c.inline_delegate_data
+    assert data[pos : pos + size] == b"inline-blob"
     (d,) = describe(c)["delegates"]
     assert d == {
         "method": "forward",

@@ -18,7 +18,7 @@ from ptestore import open_loader
 from ptestore.errors import ConfigurationError, ObjectNotFound, StorageError
 from ptestore.format import read_container
 from ptestore.loaders import BytesLoader, FsspecLoader, LocalFileLoader, is_transient
-from ptestore.testing.moto import MotoS3, moto_s3_server
+from ptestore.testing.moto import MotoS3
 
 MLP = get_fixture("mlp_xnnpack")
 assert MLP.pte_path is not None
@@ -161,22 +161,15 @@ def test_is_transient(exc: BaseException, transient: bool) -> None:
     assert is_transient(exc) is transient
 
 
-@pytest.fixture(scope="module")
-def moto() -> Iterator[MotoS3]:
-    pytest.importorskip("moto.server")
-    with moto_s3_server(min_part_size=None) as server:
-        yield server
-
-
 @pytest.mark.s3
-def test_s3_loader_reads_ranges_only(moto: MotoS3) -> None:
-    bucket = moto.new_bucket()
-    client = moto.client()
+def test_s3_loader_reads_ranges_only(moto_s3: MotoS3) -> None:
+    bucket = moto_s3.new_bucket()
+    client = moto_s3.client()
     big = DATA + b"\0" * (8 << 20)  # a model followed by 8 MiB nobody should read
     client.put_object(Bucket=bucket, Key="m.pte", Body=big)
     ranges: list[str] = []
 
-    loader = open_loader(f"s3://{bucket}/m.pte", **moto.storage_options)
+    loader = open_loader(f"s3://{bucket}/m.pte", **moto_s3.storage_options)
     assert isinstance(loader, FsspecLoader)
     s3 = loader.fs.s3 if hasattr(loader.fs, "s3") else None
     if s3 is not None:
@@ -191,4 +184,4 @@ def test_s3_loader_reads_ranges_only(moto: MotoS3) -> None:
     if s3 is not None:
         assert ranges and all(r.startswith("bytes=") for r in ranges)
     with pytest.raises(ObjectNotFound, match=rf"s3://{bucket}/missing.pte: no such object"):
-        open_loader(f"s3://{bucket}/missing.pte", **moto.storage_options)
+        open_loader(f"s3://{bucket}/missing.pte", **moto_s3.storage_options)

@@ -2,20 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from ptestore.testing.moto import MotoS3, moto_s3_server
-
-
-@pytest.fixture(scope="session")
-def moto_s3() -> Iterator[MotoS3]:
-    pytest.importorskip("moto.server")
-    pytest.importorskip("boto3")
-    with moto_s3_server(min_part_size=1) as server:
-        yield server
+from ptestore.testing.moto import MotoS3
 
 
 @pytest.fixture
