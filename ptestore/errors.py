@@ -21,6 +21,7 @@ __all__ = [
     "ObjectNotFound",
     "PreconditionFailed",
     "PartialPublish",
+    "PermissionDenied",
     "PteStoreError",
     "PublishUncertain",
     "StorageError",
@@ -79,6 +80,12 @@ class StorageError(PteStoreError, OSError):
 
 class ObjectNotFound(StorageError, FileNotFoundError):
     """The object or file to read does not exist."""
+
+
+class PermissionDenied(StorageError, PermissionError):
+    """The storage refused the credentials or the access (HTTP 401/403, EACCES/EPERM).
+
+    Not transient: retrying with the same credentials gives the same answer."""
 
 
 class AlreadyExists(StorageError, FileExistsError):
