@@ -13,19 +13,17 @@ from __future__ import annotations
 import abc
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from ..errors import NotSupported
 from ..format.model import CompileSpec, Delegate, TensorLayout
-
-if TYPE_CHECKING:
-    from ..coordinator import _BackendSession
 
 __all__ = [
     "BackendData",
     "BackendDataInitContext",
     "BackendDataWriter",
     "BackendInterface",
+    "BackendSession",
     "DelegateInput",
     "NamedDataMap",
 ]
@@ -93,10 +91,32 @@ class NamedDataMap(Protocol):
     def __len__(self) -> int: ...
 
 
+class BackendSession(Protocol):
+    """What the context and writer a backend gets need from the run that calls it.
+
+    The coordinator implements it; the backend API depends on nothing else.
+    """
+
+    @property
+    def backend_id(self) -> str: ...
+
+    @property
+    def named_data_map(self) -> NamedDataMap: ...
+
+    @property
+    def replaced_keys(self) -> frozenset[str]: ...
+
+    def next_input(self) -> DelegateInput | None: ...
+
+    def replace_named(self, key: object, data: BackendData) -> None: ...
+
+    def replace_processed(self, data: BackendData) -> None: ...
+
+
 class BackendDataInitContext:
     """What one backend sees during :meth:`BackendInterface.initialize_backend_data`."""
 
-    def __init__(self, session: _BackendSession) -> None:
+    def __init__(self, session: BackendSession) -> None:
         self._session = session
 
     @property
@@ -127,13 +147,13 @@ class BackendDataInitContext:
     def replaced_keys(self) -> frozenset[str]:
         """Keys already replaced by backends that ran earlier in this run (a key may be
         written once per run)."""
-        return self._session.run.replaced_keys()
+        return self._session.replaced_keys
 
 
 class BackendDataWriter:
     """Where a backend submits replacements. Validated as they arrive."""
 
-    def __init__(self, session: _BackendSession) -> None:
+    def __init__(self, session: BackendSession) -> None:
         self._session = session
 
     def write_named_data(

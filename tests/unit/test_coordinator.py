@@ -24,7 +24,7 @@ from ptestore.backends import (
     BackendInterface,
     NotSupported,
 )
-from ptestore.coordinator import Event, choose_base, plan_layout
+from ptestore.coordinator import Event
 from ptestore.errors import (
     AlreadyExists,
     BackendError,
@@ -33,6 +33,7 @@ from ptestore.errors import (
     StorageError,
 )
 from ptestore.format import parse
+from ptestore.format.layout import choose_base, plan_layout
 from ptestore.format.model import TensorLayout, inferred_alignment
 
 MLP = get_fixture("mlp_xnnpack")

@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.fixtures import all_fixtures
 
-from ptestore.coordinator import layout_file
 from ptestore.errors import FormatError
 from ptestore.format import parse, patch_metadata
+from ptestore.format.layout import layout_file
 from ptestore.inspect import describe, render_table
 
 EXAMPLES = int(os.environ.get("PTESTORE_FUZZ_EXAMPLES", "10000"))

@@ -1,0 +1,33 @@
+"""The specialization coordinator: run each backend once, lay out, patch, publish.
+
+One module per step of the pipeline (:mod:`.pipeline` reads as the list):
+
+- :mod:`.report`: progress events and the report a run returns;
+- :mod:`.spool`: the temporary file holding replacement bytes;
+- :mod:`.named`: the files of a run and the merged named data map;
+- :mod:`.session`: one backend's session, validating replacements as they arrive;
+- :mod:`.selection`: which implementation serves which backend id;
+- :mod:`.aliases`: shared segments replaced consistently;
+- :mod:`ptestore.format.layout`: where every segment goes (pure arithmetic);
+- :mod:`.output`: write every byte once, publish in order;
+- :mod:`.pipeline`: :func:`initialize_and_save_backend_data`, the steps in order;
+- :mod:`.frontend`: :func:`specialize`, the URL front end.
+"""
+
+from __future__ import annotations
+
+from .frontend import specialize
+from .pipeline import initialize_and_save_backend_data
+from .report import BackendReport, Event, EventTracer, FileReport, SpecializationReport
+from .session import MAX_REQUESTED_ALIGNMENT
+
+__all__ = [
+    "MAX_REQUESTED_ALIGNMENT",
+    "BackendReport",
+    "Event",
+    "EventTracer",
+    "FileReport",
+    "SpecializationReport",
+    "initialize_and_save_backend_data",
+    "specialize",
+]

@@ -1,0 +1,173 @@
+"""The one-time step: read, run backends, check, lay out, write, publish."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from ..backends.api import BackendDataInitContext, BackendDataWriter, BackendInterface
+from ..backends.registry import BackendLike
+from ..errors import BackendError, ConfigurationError, NotSupported
+from ..format.layout import Placement, layout_file
+from ..format.patch import PatchResult
+from ..format.reader import read_container
+from ..loaders import DataLoader
+from ..writers.base import DataWriter, PublishMode
+from .aliases import check_aliases
+from .named import SourceFile
+from .output import publish_in_order, write_file
+from .report import BackendReport, Event, EventTracer, FileReport, SpecializationReport
+from .selection import resolve_backends
+from .session import Run, Session
+from .spool import Spool
+
+__all__ = ["initialize_and_save_backend_data"]
+
+
+def initialize_and_save_backend_data(
+    pte_loader: DataLoader,
+    pte_writer: DataWriter,
+    *,
+    ptd_loader: DataLoader | None = None,
+    ptd_writer: DataWriter | None = None,
+    backends: Iterable[BackendLike] | None = None,
+    event_tracer: EventTracer | None = None,
+    mode: PublishMode = "overwrite",
+    spool_dir: str | None = None,
+) -> SpecializationReport:
+    """Specialize a model once and publish the result through the given writers.
+
+    1. **read** the .pte (and .ptd) metadata through their loaders (ranged reads only);
+    2. **run backends**: every backend id of the program that has an implementation is
+       called exactly once; replacements are validated as they arrive and spooled;
+    3. **check** that every shared segment was replaced consistently;
+    4. **lay out** each file again (:mod:`ptestore.format.layout`);
+    5. **write** every byte once at its final location;
+    6. check that the sources did not change, then **publish** the .ptd, then the .pte.
+
+    ``backends`` lists implementations (instances, classes or SPEC strings, see
+    :mod:`ptestore.backends.registry`); None uses every registered backend whose name
+    is a backend id in the program. ``mode`` is ``"overwrite"`` or ``"create"`` (refuse
+    to replace an existing destination). Returns a :class:`SpecializationReport`.
+
+    On any failure every writer is discarded and the exception propagates: backend
+    failures as :class:`~ptestore.errors.BackendError` naming the backend, method and
+    key; storage failures as :class:`~ptestore.errors.StorageError`; a second publish
+    failing after the first took effect as :class:`~ptestore.errors.PartialPublish`.
+    """
+    if (ptd_loader is None) != (ptd_writer is None):
+        raise ConfigurationError("ptd_loader and ptd_writer must be given together")
+    if mode not in ("overwrite", "create"):
+        raise ConfigurationError(f"mode must be 'overwrite' or 'create', got {mode!r}")
+    writers = [w for w in (pte_writer, ptd_writer) if w is not None]
+    started = time.perf_counter()
+    spool: Spool | None = None
+    try:
+        files = _read(pte_loader, pte_writer, ptd_loader, ptd_writer)
+        spool = Spool(spool_dir)
+        run = Run(files, spool, event_tracer)
+        run.emit(Event("parsed", url=pte_loader.name))
+        backend_reports, unused = _run_backends(run, backends)
+        check_aliases(run)
+        layouts = [_lay_out(run, f) for f in files]
+        file_reports = _write(run, layouts)
+        # A source replaced while we read it would mix two versions: check first.
+        for f in files:
+            check = getattr(f.loader, "check_unchanged", None)  # TODO(merge): protocol
+            if check is not None:
+                check()
+        publish_in_order(run, files, mode)
+        return SpecializationReport(
+            backend_reports, file_reports, time.perf_counter() - started, unused_backends=unused
+        )
+    except BaseException:
+        for w in writers:
+            try:
+                w.discard()
+            except Exception:  # the original error matters more
+                pass
+        raise
+    finally:
+        if spool is not None:
+            spool.close()
+
+
+def _read(
+    pte_loader: DataLoader,
+    pte_writer: DataWriter,
+    ptd_loader: DataLoader | None,
+    ptd_writer: DataWriter | None,
+) -> list[SourceFile]:
+    files = [SourceFile("pte", pte_loader, pte_writer, read_container(pte_loader))]
+    if files[0].container.kind != "pte":
+        raise ConfigurationError(f"{pte_loader.name}: expected a .pte, found a .ptd")
+    if ptd_loader is not None and ptd_writer is not None:
+        files.append(SourceFile("ptd", ptd_loader, ptd_writer, read_container(ptd_loader)))
+        if files[1].container.kind != "ptd":
+            raise ConfigurationError(f"{ptd_loader.name}: expected a .ptd, found a .pte")
+    return files
+
+
+def _run_backends(
+    run: Run, backends: Iterable[BackendLike] | None
+) -> tuple[list[BackendReport], list[str]]:
+    ids = list(dict.fromkeys(d.id for d in run.pte.container.delegates))
+    impls, unused = resolve_backends(backends, ids)
+    reports: list[BackendReport] = []
+    for bid in ids:
+        impl = impls.get(bid)
+        report = BackendReport(bid, None if impl is None else repr(impl), "no_implementation")
+        reports.append(report)
+        if impl is not None:
+            _run_backend(run, impl, bid, report)
+    return reports, unused
+
+
+def _run_backend(run: Run, impl: BackendInterface, bid: str, report: BackendReport) -> None:
+    session = Session(run, bid, report)
+    run.emit(Event("backend_start", backend=bid))
+    t0 = time.perf_counter()
+    try:
+        impl.initialize_backend_data(BackendDataInitContext(session), BackendDataWriter(session))
+    except NotSupported:
+        report.status = "not_supported"
+    except BackendError:
+        raise
+    except Exception as exc:
+        raise BackendError(
+            f"initialize_backend_data failed: {type(exc).__name__}: {exc}",
+            backend=bid,
+            method=session.last_method,
+            key=session.last_key,
+        ) from exc
+    else:
+        session.commit()
+        report.status = "specialized"
+    finally:
+        report.seconds = time.perf_counter() - t0
+    run.emit(Event("backend_end", backend=bid, seconds=report.seconds, status=report.status))
+
+
+def _lay_out(run: Run, f: SourceFile) -> tuple[list[Placement], PatchResult]:
+    new_sizes = {
+        index: (reps[0].size, max(r.alignment for r in reps))
+        for (role, index), reps in run.replacements.items()
+        if role == f.role
+    }
+    return layout_file(f.container, f.parsed.metadata, new_sizes)
+
+
+def _write(
+    run: Run, layouts: list[tuple[list[Placement], PatchResult]]
+) -> list[FileReport]:
+    total = sum(patched.file_size for _, patched in layouts)
+    done = 0
+
+    def note(url: str, nbytes: int) -> None:
+        nonlocal done
+        done += nbytes
+        run.emit(Event("write", nbytes=nbytes, done=done, total=total, url=url))
+
+    return [
+        write_file(run, f, layout, note) for f, layout in zip(run.files, layouts, strict=True)
+    ]

@@ -1,0 +1,271 @@
+"""One backend's session: its delegate inputs, and every replacement validated as it
+arrives (existing key, written once, power-of-two alignment, unchanged tensor layout).
+
+Replacements are spooled immediately and become part of the run only when the
+backend's call returns normally (:meth:`Session.commit`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from ..backends.api import BackendData, DelegateInput, NamedDataMap
+from ..errors import InvalidReplacement
+from ..format.model import Delegate, TensorLayout
+from .named import MergedNamedDataMap, SourceFile
+from .report import BackendReport, Event, EventTracer
+from .spool import Buffer, Spool
+
+__all__ = ["MAX_REQUESTED_ALIGNMENT", "Replacement", "Run", "Session", "SegmentKey"]
+
+#: The largest alignment a backend may ask for.
+MAX_REQUESTED_ALIGNMENT = 1 << 20
+
+#: ``(role, segment index)``: one segment of one file of the run.
+SegmentKey = tuple[str, int]
+
+
+@dataclass
+class Replacement:
+    """New bytes for one user of a segment, held in the spool."""
+
+    spool_offset: int
+    size: int
+    alignment: int
+    digest: str
+    backend: str
+    user: str  # "key 'abc'" or "delegate forward[0]"
+
+
+class Run:
+    """State shared by all backends of one specialization run."""
+
+    def __init__(
+        self, files: list[SourceFile], spool: Spool, tracer: EventTracer | None
+    ) -> None:
+        self.files = files
+        self.pte = files[0]
+        self.spool = spool
+        self.tracer = tracer
+        self.named = MergedNamedDataMap(files)
+        #: segment -> replacements (one per user that replaced it)
+        self.replacements: dict[SegmentKey, list[Replacement]] = {}
+        self.written_keys: dict[str, str] = {}  # key -> backend
+        self.replaced_blobs: dict[int, str] = {}  # pte segment -> backend
+
+    def file(self, role: str) -> SourceFile:
+        return next(f for f in self.files if f.role == role)
+
+    def replaced_keys(self) -> frozenset[str]:
+        return frozenset(self.written_keys)
+
+    def emit(self, event: Event) -> None:
+        if self.tracer is not None:
+            self.tracer(event)
+
+
+def _as_bytes_view(data: object) -> memoryview | None:
+    try:
+        return memoryview(data).cast("B")  # type: ignore[arg-type]
+    except TypeError:
+        return None
+
+
+class Session:
+    """One backend id's view of the run (the ``BackendSession`` of the backend API)."""
+
+    def __init__(self, run: Run, backend_id: str, report: BackendReport) -> None:
+        self.run = run
+        self._backend_id = backend_id
+        self.report = report
+        self._named = SessionNamedMap(self)
+        self._inputs = self._unique_inputs()
+        self._pos = 0
+        self.current: tuple[str, list[Delegate]] | None = None
+        self.last_key: str | None = None
+        self.last_method: str | None = None
+        self.pending: dict[SegmentKey, list[Replacement]] = {}
+        self.keys: dict[str, None] = {}
+        self.blobs: set[int] = set()
+
+    # -- BackendSession protocol -------------------------------------------------
+    @property
+    def backend_id(self) -> str:
+        return self._backend_id
+
+    @property
+    def named_data_map(self) -> NamedDataMap:
+        return self._named
+
+    @property
+    def replaced_keys(self) -> frozenset[str]:
+        return self.run.replaced_keys()
+
+    def _unique_inputs(self) -> list[tuple[tuple[str, int], list[Delegate]]]:
+        groups: dict[tuple[str, int], list[Delegate]] = {}
+        for d in self.run.pte.container.delegates:
+            if d.id == self.backend_id:
+                groups.setdefault((d.location, d.index), []).append(d)
+        return list(groups.items())
+
+    def next_input(self) -> DelegateInput | None:
+        if self._pos >= len(self._inputs):
+            self.current = None
+            return None
+        (location, index), delegates = self._inputs[self._pos]
+        self._pos += 1
+        self.current = (location, delegates)
+        pte = self.run.pte
+        c = pte.container
+        if location == "segment":
+            seg = c.segments[index]
+            processed = pte.loader.load(c.absolute(seg), seg.size)
+        else:
+            pos, size = c.inline_delegate_data[index]
+            processed = pte.parsed.metadata[pos : pos + size]
+        first = delegates[0]
+        self.last_method = first.method
+        self.report.inputs_seen += 1
+        self.report.bytes_in += len(processed)
+        self.run.emit(
+            Event("input", backend=self.backend_id, method=first.method, nbytes=len(processed))
+        )
+        return DelegateInput(
+            backend_id=self.backend_id,
+            method=first.method,
+            processed=processed,
+            compile_specs=first.compile_specs,
+            delegates=tuple(delegates),
+        )
+
+    # -- validation --------------------------------------------------------------
+    def _error(self, message: str, key: str | None = None) -> InvalidReplacement:
+        return InvalidReplacement(
+            message, backend=self.backend_id, method=self.last_method, key=key
+        )
+
+    def _check_data(self, data: object, what: str, key: str | None) -> tuple[memoryview, int]:
+        if not isinstance(data, BackendData):
+            raise self._error(
+                f"{what}: expected BackendData(data, alignment=None, layout=None), "
+                f"got {type(data).__name__}",
+                key,
+            )
+        view = _as_bytes_view(data.data)
+        if view is None:
+            raise self._error(
+                f"{what}: BackendData.data must be bytes-like, got {type(data.data).__name__}",
+                key,
+            )
+        alignment = 1 if data.alignment is None else data.alignment
+        if (
+            not isinstance(alignment, int)
+            or alignment < 1
+            or alignment & (alignment - 1)
+            or alignment > MAX_REQUESTED_ALIGNMENT
+        ):
+            raise self._error(
+                f"{what}: alignment {data.alignment!r} must be a power of two in "
+                f"[1, {MAX_REQUESTED_ALIGNMENT}]",
+                key,
+            )
+        return view, alignment
+
+    def _spool(self, view: memoryview, alignment: int, user: str) -> Replacement:
+        offset = self.run.spool.add(view)
+        digest = hashlib.sha256(view).hexdigest()
+        self.report.bytes_out += view.nbytes
+        return Replacement(offset, view.nbytes, alignment, digest, self.backend_id, user)
+
+    def replace_named(self, key: object, data: BackendData) -> None:
+        if not isinstance(key, str):
+            raise self._error(f"named data keys are strings, got {type(key).__name__}")
+        self.last_key = key
+        if key not in self.run.named:
+            raise self._error(
+                f"unknown key: backends may only replace existing keys "
+                f"({len(self.run.named)} keys in the model); no new keys",
+                key,
+            )
+        first = self.run.written_keys.get(key) or (self.backend_id if key in self.keys else None)
+        if first is not None:
+            raise self._error(f"key written twice (first by backend {first!r})", key)
+        view, alignment = self._check_data(data, "write_named_data", key)
+        f, index, layout = self.run.named.where(key)
+        if data.layout is not None and data.layout != layout:
+            raise self._error(
+                f"tensor layout {data.layout} differs from the key's layout {layout}: "
+                "layouts cannot change (only segment offsets and sizes do)",
+                key,
+            )
+        rep = self._spool(view, alignment, f"key {key!r}")
+        self.pending.setdefault((f.role, index), []).append(rep)
+        self.keys[key] = None
+        self.run.emit(Event("replacement", backend=self.backend_id, key=key, nbytes=view.nbytes))
+
+    def replace_processed(self, data: BackendData) -> None:
+        if self.current is None:
+            raise self._error(
+                "write_processed_data called with no current delegate input "
+                "(call next_backend_data first)"
+            )
+        location, delegates = self.current
+        d = delegates[0]
+        where = f"delegate {d.method}[{d.position}]"
+        if location != "segment":
+            raise self._error(
+                f"{where} keeps its processed data inline in the FlatBuffer, which cannot be "
+                "replaced without rewriting the program; export with "
+                "extract_delegate_segments=True"
+            )
+        if d.index in self.blobs or d.index in self.run.replaced_blobs:
+            raise self._error(f"processed data of {where} written twice")
+        view, alignment = self._check_data(data, "write_processed_data", None)
+        rep = self._spool(view, alignment, where)
+        self.pending.setdefault(("pte", d.index), []).append(rep)
+        self.blobs.add(d.index)
+        self.run.emit(
+            Event("replacement", backend=self.backend_id, method=d.method, nbytes=view.nbytes)
+        )
+
+    def commit(self) -> None:
+        """Make this backend's replacements part of the run (its call returned)."""
+        for k, reps in self.pending.items():
+            self.run.replacements.setdefault(k, []).extend(reps)
+        for key in self.keys:
+            self.run.written_keys[key] = self.backend_id
+        for blob in self.blobs:
+            self.run.replaced_blobs[blob] = self.backend_id
+        self.report.keys_replaced = list(self.keys)
+        self.report.blobs_replaced = len(self.blobs)
+
+
+class SessionNamedMap:
+    """The merged map as one backend sees it (counts the bytes it reads)."""
+
+    def __init__(self, session: Session) -> None:
+        self._session = session
+        self._map = session.run.named
+
+    def keys(self) -> list[str]:
+        return self._map.keys()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._map.keys())
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._map
+
+    def __len__(self) -> int:
+        return len(self._map)
+
+    def get_data(self, key: str) -> Buffer:
+        self._session.last_key = key
+        data = self._map.get_data(key)
+        self._session.report.bytes_in += len(data)
+        return data
+
+    def get_tensor_layout(self, key: str) -> TensorLayout | None:
+        return self._map.get_tensor_layout(key)
