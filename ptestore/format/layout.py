@@ -47,10 +47,17 @@ def choose_base(container: Container, metadata_size: int | None = None) -> int:
     return align_up(size + metadata_growth_bound(container), alignment)
 
 
+def _congruent_up(cursor: int, target: int, modulus: int) -> int:
+    """The smallest value >= ``cursor`` that is congruent to ``target`` mod ``modulus``."""
+    return cursor + (target - cursor) % modulus
+
+
 def plan_layout(
     container: Container,
     new_sizes: NewSizes,
     segment_base_offset: int | None = None,
+    *,
+    block_size: int | None = None,
 ) -> list[Placement]:
     """Place every segment again, after the new base (default :func:`choose_base`).
 
@@ -62,8 +69,16 @@ def plan_layout(
     the larger of its original alignment (the largest power of two dividing its
     original absolute offset, capped) and the requested one; nothing but padding lies
     between them. An unchanged file keeps every segment where it was.
+
+    ``block_size`` (a power of two, the destination file system's clone granularity)
+    keeps every *unchanged* segment congruent to its source offset modulo the block
+    size, so that its whole blocks can be shared with the source (reflink) instead of
+    copied. That costs at most ``block_size - 1`` bytes of padding per segment placed
+    after a change, and nothing where nothing moved.
     """
     base = choose_base(container) if segment_base_offset is None else segment_base_offset
+    if block_size is not None and (block_size < 1 or block_size & (block_size - 1)):
+        raise ValueError(f"block_size {block_size} must be a power of two")
     if container.header is None:
         # No extended header: no segment data can exist; keep every offset as it is.
         return [(s.offset, new_sizes.get(s.index, (s.size, 1))[0]) for s in container.segments]
@@ -73,8 +88,15 @@ def plan_layout(
     cursor = base
     for seg in order:
         size, requested = new_sizes.get(seg.index, (seg.size, 1))
-        original = inferred_alignment(container.absolute(seg)) if has_base else 1
-        absolute = align_up(cursor, max(original, requested))
+        old_abs = container.absolute(seg)
+        original = inferred_alignment(old_abs) if has_base else 1
+        alignment = max(original, requested)
+        absolute = align_up(cursor, alignment)
+        if block_size is not None and seg.index not in new_sizes and alignment < block_size:
+            # Congruent to the source mod the block size, hence aligned as well (the
+            # block size is a multiple of the alignment). An alignment of a block or
+            # more already keeps the offset congruent (both are 0 mod the block size).
+            absolute = _congruent_up(cursor, old_abs, block_size)
         placements[seg.index] = (absolute - base, size)
         cursor = absolute + size
     return placements
@@ -84,17 +106,20 @@ def layout_file(
     container: Container,
     metadata: bytes | bytearray | memoryview,
     new_sizes: NewSizes,
+    *,
+    block_size: int | None = None,
 ) -> tuple[list[Placement], PatchResult]:
-    """Plan the new layout and patch the metadata for it.
+    """Plan the new layout and patch the metadata for it (``block_size``: see
+    :func:`plan_layout`).
 
     Tries the original base first; if the patched metadata no longer fits before it
     (redirected tables grew it), moves the base past the worst case and lays out again.
     """
     base = choose_base(container)
-    placements = plan_layout(container, new_sizes, base)
+    placements = plan_layout(container, new_sizes, base, block_size=block_size)
     patched = patch_metadata(container, metadata, placements, segment_base_offset=None)
     if container.header is None or len(patched.metadata) <= base:
         return placements, patch_metadata(container, metadata, placements, segment_base_offset=base)
     base = choose_base(container, len(patched.metadata))
-    placements = plan_layout(container, new_sizes, base)
+    placements = plan_layout(container, new_sizes, base, block_size=block_size)
     return placements, patch_metadata(container, metadata, placements, segment_base_offset=base)
