@@ -122,7 +122,7 @@ class FlatView:
                 f">= 4 and the table [{pos}, {pos}+size) inside the FlatBuffer [0, {self.limit})",
             )
         self.spend(1, 0, field)
-        return TableView(self, pos, vt, vt_size, obj_size, field)
+        return TableView(self, pos, vt, vt_size, field)
 
 
 @dataclass(frozen=True)
@@ -144,12 +144,6 @@ class Vector:
         field = f"{self.field}[{i}]"
         rel = self.view.u32(pos, field)
         return self.view.table_at(pos + rel, field)
-
-    def string(self, i: int) -> str:
-        pos = self.elem_pos(i)
-        field = f"{self.field}[{i}]"
-        rel = self.view.u32(pos, field)
-        return _read_string(self.view, pos + rel, field)
 
     def u64s(self) -> list[int]:
         self.view.spend(self.length, 8 * self.length, self.field)
@@ -187,14 +181,11 @@ def _read_string(view: FlatView, pos: int, field: str) -> str:
 class TableView:
     """A validated table; field ids follow the schema's declaration order."""
 
-    def __init__(
-        self, view: FlatView, pos: int, vtable: int, vt_size: int, obj_size: int, field: str
-    ) -> None:
+    def __init__(self, view: FlatView, pos: int, vtable: int, vt_size: int, field: str) -> None:
         self.view = view
         self.pos = pos
         self.vtable = vtable
         self.vt_size = vt_size
-        self.obj_size = obj_size
         self.field = field
 
     def field_pos(self, fid: int, name: str, size: int) -> int | None:

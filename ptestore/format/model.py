@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .header import PtdHeader, PteHeader
+from .header import Kind, PtdHeader, PteHeader
 
 __all__ = [
     "MAX_INFERRED_ALIGNMENT",
@@ -114,7 +114,7 @@ class SubsegmentOffsets:
 class Container:
     """A parsed .pte (``kind == "pte"``) or .ptd (``kind == "ptd"``)."""
 
-    kind: Literal["pte", "ptd"]
+    kind: Kind
     source: str
     file_size: int
     header: PteHeader | PtdHeader | None

@@ -11,28 +11,27 @@ Every offset is validated before it is trusted; every malformed input raises
 
 from __future__ import annotations
 
-from typing import Literal
+from dataclasses import replace
 
 from ..errors import FormatError
-from .flatbuf import FlatView, TableView, Vector
+from .flatbuf import FlatView
 from .header import (
     HEAD_BYTES,
     PTD_FILE_IDENTIFIER,
     PTE_FILE_IDENTIFIER,
     Buffer,
     FileHead,
-    PtdHeader,
-    PteHeader,
+    Kind,
     detect_kind,
 )
-from .model import (
-    CompileSpec,
-    Container,
-    Delegate,
-    NamedDataEntry,
-    Segment,
-    SubsegmentOffsets,
-    TensorLayout,
+from .model import Container, Segment
+from .tables import (
+    read_constant_segment,
+    read_inline_data,
+    read_methods,
+    read_mutable_data_segments,
+    read_named_data,
+    read_segments,
 )
 
 __all__ = [
@@ -44,37 +43,6 @@ __all__ = [
     "parse_ptd",
     "parse_pte",
 ]
-
-# Field ids (declaration order) of schema/program.fbs.
-_PROGRAM_EXECUTION_PLAN = 1
-_PROGRAM_BACKEND_DELEGATE_DATA = 3
-_PROGRAM_SEGMENTS = 4
-_PROGRAM_CONSTANT_SEGMENT = 5
-_PROGRAM_MUTABLE_DATA_SEGMENTS = 6
-_PROGRAM_NAMED_DATA = 7
-_PLAN_NAME = 0
-_PLAN_DELEGATES = 7
-_DELEGATE_ID = 0
-_DELEGATE_PROCESSED = 1
-_DELEGATE_COMPILE_SPECS = 2
-_REF_LOCATION = 0
-_REF_INDEX = 1
-_SEGMENT_OFFSET = 0
-_SEGMENT_SIZE = 1
-_SUBSEG_INDEX = 0
-_SUBSEG_OFFSETS = 1
-_NAMED_KEY = 0
-_NAMED_SEGMENT_INDEX = 1
-_NAMED_TENSOR_LAYOUT = 2
-_SPEC_KEY = 0
-_SPEC_VALUE = 1
-_INLINE_DATA = 0
-# flat_tensor.fbs
-_FT_SEGMENTS = 1
-_FT_NAMED_DATA = 2
-_LAYOUT_SCALAR_TYPE = 0
-_LAYOUT_SIZES = 1
-_LAYOUT_DIM_ORDER = 2
 
 
 def metadata_size(head: Buffer, file_size: int, source: str) -> int:
@@ -89,22 +57,19 @@ def parse(meta: Buffer, file_size: int, source: str) -> Container:
 
 def parse_pte(meta: Buffer, file_size: int, source: str) -> Container:
     """Parse a .pte from its metadata bytes ``[0, program_size)`` (more is fine)."""
-    head = FileHead.from_bytes(meta, file_size, source)
-    if head.kind != "pte":
-        raise FormatError(
-            source, "file identifier (bytes 4..8)", bytes(meta[4:8]), repr(PTE_FILE_IDENTIFIER)
-        )
-    return parse_metadata(meta, head)
+    return _parse_as("pte", meta, file_size, source)
 
 
 def parse_ptd(meta: Buffer, file_size: int, source: str) -> Container:
     """Parse a .ptd from its metadata bytes ``[0, flatbuffer_offset + flatbuffer_size)``."""
-    head = FileHead.from_bytes(meta, file_size, source)
-    if head.kind != "ptd":
-        raise FormatError(
-            source, "file identifier (bytes 4..8)", bytes(meta[4:8]), repr(PTD_FILE_IDENTIFIER)
-        )
-    return parse_metadata(meta, head)
+    return _parse_as("ptd", meta, file_size, source)
+
+
+def _parse_as(kind: Kind, meta: Buffer, file_size: int, source: str) -> Container:
+    if detect_kind(meta, file_size, source) != kind:
+        ident = PTE_FILE_IDENTIFIER if kind == "pte" else PTD_FILE_IDENTIFIER
+        raise FormatError(source, "file identifier (bytes 4..8)", bytes(meta[4:8]), repr(ident))
+    return parse(meta, file_size, source)
 
 
 def parse_metadata(meta: Buffer, head: FileHead) -> Container:
@@ -123,72 +88,43 @@ def parse_metadata(meta: Buffer, head: FileHead) -> Container:
             "the buffer handed to the parser is truncated",
         )
     view = FlatView(meta, head.source, limit=head.metadata_size)
-    if isinstance(head.header, PtdHeader):
-        return _parse_flat_tensor(view, head, head.header)
-    return _parse_program(view, head, head.header)
-
-
-def _segments(root: TableView, fid: int) -> tuple[Segment, ...]:
-    vec = root.vector(fid, "segments", 4)
-    if vec is None:
-        return ()
-    out = []
-    for i in range(vec.length):
-        t = vec.table(i)
-        out.append(
-            Segment(
-                index=i,
-                offset=t.scalar(_SEGMENT_OFFSET, "offset", "u64"),
-                size=t.scalar(_SEGMENT_SIZE, "size", "u64"),
-                slot_pos=vec.elem_pos(i),
-                offset_pos=t.field_pos(_SEGMENT_OFFSET, "offset", 8),
-                size_pos=t.field_pos(_SEGMENT_SIZE, "size", 8),
-            )
-        )
-    return tuple(out)
-
-
-def _named_data(
-    root: TableView, fid: int, n_segments: int, with_layout: bool
-) -> tuple[NamedDataEntry, ...]:
-    vec = root.vector(fid, "named_data", 4)
-    if vec is None:
-        return ()
-    source = root.view.source
-    out = []
-    for i in range(vec.length):
-        t = vec.table(i)
-        key = t.string(_NAMED_KEY, "key")
-        if key is None:
-            raise FormatError(source, f"{t.field}.key", None, "present (a string)")
-        idx = t.scalar(_NAMED_SEGMENT_INDEX, "segment_index", "u32")
-        if idx >= n_segments:
-            raise FormatError(
-                source,
-                f"{t.field}.segment_index",
-                idx,
-                f"< {n_segments} (the number of segments), for key {key!r}",
-            )
-        layout = None
-        if with_layout:
-            lt = t.table(_NAMED_TENSOR_LAYOUT, "tensor_layout")
-            if lt is not None:
-                sizes = lt.vector(_LAYOUT_SIZES, "sizes", 4)
-                dims = lt.vector(_LAYOUT_DIM_ORDER, "dim_order", 1)
-                layout = TensorLayout(
-                    scalar_type=lt.scalar(_LAYOUT_SCALAR_TYPE, "scalar_type", "i8"),
-                    sizes=tuple(sizes.i32s()) if sizes else (),
-                    dim_order=tuple(dims.u8s()) if dims else (),
-                )
-        out.append(NamedDataEntry(key, idx, layout))
-    return tuple(out)
+    table = "Program" if head.kind == "pte" else "FlatTensor"
+    root = view.root(table)
+    header = head.header
+    base = 0 if header is None else header.segment_base_offset
+    segments = read_segments(root, head.kind)
+    container = Container(
+        kind=head.kind,
+        source=head.source,
+        file_size=head.file_size,
+        header=header,
+        metadata_size=head.metadata_size,
+        segment_base_offset=base,
+        segments=segments,
+        named_data=read_named_data(root, head.kind, len(segments)),
+        warnings=_check_segments(head, segments, base, table),
+    )
+    if head.kind == "ptd":
+        return container
+    inline = read_inline_data(root)
+    methods, delegates = read_methods(root, len(segments), len(inline))
+    return replace(
+        container,
+        methods=methods,
+        delegates=delegates,
+        constant_segment=read_constant_segment(root, segments),
+        mutable_data_segments=read_mutable_data_segments(root, segments),
+        inline_delegate_data=inline,
+    )
 
 
 def _check_segments(
-    head: FileHead, segments: tuple[Segment, ...], base: int, data_size: int | None, table: str
-) -> list[str]:
+    head: FileHead, segments: tuple[Segment, ...], base: int, table: str
+) -> tuple[str, ...]:
+    """Every segment inside the file; warnings for segments past segment_data_size."""
     source, file_size = head.source, head.file_size
     has_header = head.header is not None
+    data_size = None if head.header is None else head.header.segment_data_size
     warnings: list[str] = []
     for s in segments:
         name = f"{table}.segments[{s.index}]"
@@ -218,150 +154,4 @@ def _check_segments(
             warnings.append(
                 f"segment {s.index} ends at {s.offset + s.size}, past segment_data_size {data_size}"
             )
-    return warnings
-
-
-def _parse_program(view: FlatView, head: FileHead, header: PteHeader | None) -> Container:
-    root = view.root("Program")
-    base = 0 if header is None else header.segment_base_offset
-    data_size = None if header is None else header.segment_data_size
-    segments = _segments(root, _PROGRAM_SEGMENTS)
-    warnings = _check_segments(head, segments, base, data_size, "Program")
-    n_seg = len(segments)
-
-    inline_vec = root.vector(_PROGRAM_BACKEND_DELEGATE_DATA, "backend_delegate_data", 4)
-    inline_spans: list[tuple[int, int]] = []
-    if inline_vec is not None:
-        for i in range(inline_vec.length):
-            dv = inline_vec.table(i).vector(_INLINE_DATA, "data", 1)
-            inline_spans.append((dv.start, dv.length) if dv else (0, 0))
-
-    methods: list[str] = []
-    delegates: list[Delegate] = []
-    plans = root.vector(_PROGRAM_EXECUTION_PLAN, "execution_plan", 4)
-    if plans is not None:
-        for p in range(plans.length):
-            plan = plans.table(p)
-            name = plan.string(_PLAN_NAME, "name")
-            if name is None:
-                raise FormatError(view.source, f"{plan.field}.name", None, "present (a string)")
-            methods.append(name)
-            dvec = plan.vector(_PLAN_DELEGATES, "delegates", 4)
-            if dvec is None:
-                continue
-            for d in range(dvec.length):
-                delegates.append(_delegate(dvec, d, name, n_seg, len(inline_spans)))
-
-    named = _named_data(root, _PROGRAM_NAMED_DATA, n_seg, with_layout=False)
-    const = None
-    ct = root.table(_PROGRAM_CONSTANT_SEGMENT, "constant_segment")
-    if ct is not None:
-        const = _subsegments(ct, segments)
-    mutable: list[SubsegmentOffsets] = []
-    mvec = root.vector(_PROGRAM_MUTABLE_DATA_SEGMENTS, "mutable_data_segments", 4)
-    if mvec is not None:
-        for i in range(mvec.length):
-            mutable.append(_subsegments(mvec.table(i), segments))
-
-    return Container(
-        kind="pte",
-        source=view.source,
-        file_size=head.file_size,
-        header=header,
-        metadata_size=head.metadata_size,
-        segment_base_offset=base,
-        segments=segments,
-        named_data=named,
-        methods=tuple(methods),
-        delegates=tuple(delegates),
-        constant_segment=const,
-        mutable_data_segments=tuple(mutable),
-        inline_delegate_data=tuple(inline_spans),
-        warnings=tuple(warnings),
-    )
-
-
-def _delegate(dvec: Vector, d: int, method: str, n_seg: int, n_inline: int) -> Delegate:
-    source = dvec.view.source
-    t = dvec.table(d)
-    bid = t.string(_DELEGATE_ID, "id")
-    if bid is None:
-        raise FormatError(source, f"{t.field}.id", None, "present (a backend id string)")
-    ref = t.table(_DELEGATE_PROCESSED, "processed")
-    if ref is None:
-        raise FormatError(source, f"{t.field}.processed", None, "present")
-    loc = ref.scalar(_REF_LOCATION, "location", "u8")
-    index = ref.scalar(_REF_INDEX, "index", "u32")
-    location: Literal["inline", "segment"]
-    if loc == 0:
-        location = "inline"
-        if index >= n_inline:
-            raise FormatError(
-                source,
-                f"{ref.field}.index",
-                index,
-                f"< {n_inline} (entries in Program.backend_delegate_data) for an INLINE "
-                f"delegate of method {method!r}",
-            )
-    elif loc == 1:
-        location = "segment"
-        if index >= n_seg:
-            raise FormatError(
-                source,
-                f"{ref.field}.index",
-                index,
-                f"< {n_seg} (the number of segments) for a SEGMENT delegate of method {method!r}",
-            )
-    else:
-        raise FormatError(source, f"{ref.field}.location", loc, "0 (INLINE) or 1 (SEGMENT)")
-    specs: list[CompileSpec] = []
-    svec = t.vector(_DELEGATE_COMPILE_SPECS, "compile_specs", 4)
-    if svec is not None:
-        for s in range(svec.length):
-            st = svec.table(s)
-            key = st.string(_SPEC_KEY, "key") or ""
-            vv = st.vector(_SPEC_VALUE, "value", 1)
-            specs.append(CompileSpec(key, vv.u8s() if vv else b""))
-    return Delegate(method, d, bid, location, index, tuple(specs))
-
-
-def _subsegments(t: TableView, segments: tuple[Segment, ...]) -> SubsegmentOffsets:
-    idx = t.scalar(_SUBSEG_INDEX, "segment_index", "u32")
-    ovec = t.vector(_SUBSEG_OFFSETS, "offsets", 8)
-    offsets = tuple(ovec.u64s()) if ovec else ()
-    if len(offsets) > 1 or idx:
-        if idx >= len(segments):
-            raise FormatError(
-                t.view.source,
-                f"{t.field}.segment_index",
-                idx,
-                f"< {len(segments)} (the number of segments)",
-            )
-        seg_size = segments[idx].size
-        for j, off in enumerate(offsets):
-            if off > seg_size:
-                raise FormatError(
-                    t.view.source,
-                    f"{t.field}.offsets[{j}]",
-                    off,
-                    f"<= {seg_size} (the size of segment {idx})",
-                )
-    return SubsegmentOffsets(idx, offsets)
-
-
-def _parse_flat_tensor(view: FlatView, head: FileHead, header: PtdHeader) -> Container:
-    root = view.root("FlatTensor")
-    segments = _segments(root, _FT_SEGMENTS)
-    base = header.segment_base_offset
-    warnings = _check_segments(head, segments, base, header.segment_data_size, "FlatTensor")
-    return Container(
-        kind="ptd",
-        source=view.source,
-        file_size=head.file_size,
-        header=header,
-        metadata_size=head.metadata_size,
-        segment_base_offset=base,
-        segments=segments,
-        named_data=_named_data(root, _FT_NAMED_DATA, len(segments), with_layout=True),
-        warnings=tuple(warnings),
-    )
+    return tuple(warnings)
