@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from ..backends.api import BackendData, DelegateInput, NamedDataMap
 from ..errors import InvalidReplacement
+from ..format.header import is_power_of_two
 from ..format.model import Delegate, TensorLayout
 from .named import MergedNamedDataMap, SourceFile
 from .report import BackendReport, Event, EventTracer
@@ -162,8 +163,7 @@ class Session:
         alignment = 1 if data.alignment is None else data.alignment
         if (
             not isinstance(alignment, int)
-            or alignment < 1
-            or alignment & (alignment - 1)
+            or not is_power_of_two(alignment)
             or alignment > MAX_REQUESTED_ALIGNMENT
         ):
             raise self._error(

@@ -2,33 +2,48 @@
 
 Parsing is pure (no I/O) and paranoid: every offset is validated before use and every
 malformed input raises :class:`~ptestore.errors.FormatError`.
+
+Modules: :mod:`.header` (header layouts, constants, alignment helpers), :mod:`.flatbuf`
+(bounds-checked FlatBuffer reads), :mod:`.parse` (metadata -> :class:`Container`),
+:mod:`.model` (the container model), :mod:`.patch` (new segment placements -> new
+metadata), :mod:`.reader` (ranged reads through a loader).
 """
 
 from __future__ import annotations
 
+from .header import (
+    HEAD_BYTES,
+    SEGMENT_BASE_ALIGNMENT,
+    FileHead,
+    PtdHeader,
+    PteHeader,
+    align_up,
+    detect_kind,
+    is_power_of_two,
+)
 from .model import (
     MAX_INFERRED_ALIGNMENT,
     CompileSpec,
     Container,
     Delegate,
     NamedDataEntry,
-    PtdHeader,
-    PteHeader,
     Segment,
     SubsegmentOffsets,
     TensorLayout,
     inferred_alignment,
 )
-from .parse import HEAD_BYTES, detect_kind, metadata_size, parse, parse_ptd, parse_pte
-from .patch import PatchResult, align_up, patch_metadata
+from .parse import metadata_size, parse, parse_metadata, parse_ptd, parse_pte
+from .patch import PatchResult, metadata_growth_bound, patch_metadata
 from .reader import ParsedFile, read_container
 
 __all__ = [
     "HEAD_BYTES",
     "MAX_INFERRED_ALIGNMENT",
+    "SEGMENT_BASE_ALIGNMENT",
     "CompileSpec",
     "Container",
     "Delegate",
+    "FileHead",
     "NamedDataEntry",
     "ParsedFile",
     "PatchResult",
@@ -40,8 +55,11 @@ __all__ = [
     "align_up",
     "detect_kind",
     "inferred_alignment",
+    "is_power_of_two",
+    "metadata_growth_bound",
     "metadata_size",
     "parse",
+    "parse_metadata",
     "parse_ptd",
     "parse_pte",
     "patch_metadata",

@@ -2,10 +2,11 @@
 
 The ``flatbuffers`` Python runtime has no verifier: it happily follows negative or
 out-of-range offsets (``struct.unpack_from`` reads from the end for negative positions
-and raises a bare ``struct.error`` past the end). This module validates every offset,
-vtable and vector *before* handing a position to ``flatbuffers.table.Table``, and turns
-every violation into a :class:`~ptestore.errors.FormatError` that names the source, the
-field path, the value and the limit.
+and raises a bare ``struct.error`` past the end). This module reads tables itself
+(vtable slot ``4 + 2 * field id``, every scalar little-endian), checks every offset,
+vtable and vector *before* reading at it, and turns every violation into a
+:class:`~ptestore.errors.FormatError` that names the source, the field path, the value
+and the limit.
 
 It also enforces a work budget, so a hostile buffer whose tables all alias one huge
 vector cannot make a parse take quadratic time or materialize more bytes than the
@@ -17,24 +18,26 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from flatbuffers import number_types as N
-from flatbuffers.table import Table
-
 from ..errors import FormatError
+from .header import I32, U8, U16, U32, U64, Buffer
 
 __all__ = ["FlatView", "TableView", "Vector"]
 
-_U8 = struct.Struct("<B")
-_U16 = struct.Struct("<H")
-_U32 = struct.Struct("<I")
-_I32 = struct.Struct("<i")
-_U64 = struct.Struct("<Q")
+#: Scalar kinds a table field can be read as.
+_SCALARS: dict[str, struct.Struct] = {
+    "u8": U8,
+    "i8": struct.Struct("<b"),
+    "u16": U16,
+    "u32": U32,
+    "i32": I32,
+    "u64": U64,
+}
 
 
 class FlatView:
     """A FlatBuffer in ``buf[0:limit]`` plus the source name used in errors."""
 
-    def __init__(self, buf: bytes | bytearray | memoryview, source: str, *, limit: int) -> None:
+    def __init__(self, buf: Buffer, source: str, *, limit: int) -> None:
         self.buf = buf
         self.source = source
         self.limit = limit
@@ -52,25 +55,17 @@ class FlatView:
                 f"a position with {size} readable bytes inside the FlatBuffer [0, {self.limit})",
             )
 
-    def u8(self, pos: int, field: str) -> int:
-        self._need(pos, 1, field)
-        return int(_U8.unpack_from(self.buf, pos)[0])
+    def read(self, kind: str, pos: int, field: str) -> int:
+        """The little-endian scalar ``kind`` (``"u8"``, ``"u32"``, ...) at ``pos``."""
+        fmt = _SCALARS[kind]
+        self._need(pos, fmt.size, field)
+        return int(fmt.unpack_from(self.buf, pos)[0])
 
     def u16(self, pos: int, field: str) -> int:
-        self._need(pos, 2, field)
-        return int(_U16.unpack_from(self.buf, pos)[0])
+        return self.read("u16", pos, field)
 
     def u32(self, pos: int, field: str) -> int:
-        self._need(pos, 4, field)
-        return int(_U32.unpack_from(self.buf, pos)[0])
-
-    def i32(self, pos: int, field: str) -> int:
-        self._need(pos, 4, field)
-        return int(_I32.unpack_from(self.buf, pos)[0])
-
-    def u64(self, pos: int, field: str) -> int:
-        self._need(pos, 8, field)
-        return int(_U64.unpack_from(self.buf, pos)[0])
+        return self.read("u32", pos, field)
 
     def spend(self, visits: int, nbytes: int, field: str) -> None:
         """Charge the work budget; raise if a hostile buffer exhausts it."""
@@ -101,7 +96,7 @@ class FlatView:
             raise FormatError(
                 self.source, f"{field} (table position)", pos, "a multiple of 4 (table alignment)"
             )
-        soff = self.i32(pos, f"{field} (vtable offset)")
+        soff = self.read("i32", pos, f"{field} (vtable offset)")
         vt = pos - soff
         if vt < 0 or vt + 4 > self.limit or vt % 2:
             raise FormatError(
@@ -127,7 +122,7 @@ class FlatView:
                 f">= 4 and the table [{pos}, {pos}+size) inside the FlatBuffer [0, {self.limit})",
             )
         self.spend(1, 0, field)
-        return TableView(self, pos, vt, vt_size, obj_size, field)
+        return TableView(self, pos, vt, vt_size, field)
 
 
 @dataclass(frozen=True)
@@ -150,19 +145,13 @@ class Vector:
         rel = self.view.u32(pos, field)
         return self.view.table_at(pos + rel, field)
 
-    def string(self, i: int) -> str:
-        pos = self.elem_pos(i)
-        field = f"{self.field}[{i}]"
-        rel = self.view.u32(pos, field)
-        return _read_string(self.view, pos + rel, field)
-
     def u64s(self) -> list[int]:
         self.view.spend(self.length, 8 * self.length, self.field)
-        return [self.view.u64(self.elem_pos(i), self.field) for i in range(self.length)]
+        return [self.view.read("u64", self.elem_pos(i), self.field) for i in range(self.length)]
 
     def i32s(self) -> list[int]:
         self.view.spend(self.length, 4 * self.length, self.field)
-        return [self.view.i32(self.elem_pos(i), self.field) for i in range(self.length)]
+        return [self.view.read("i32", self.elem_pos(i), self.field) for i in range(self.length)]
 
     def u8s(self) -> bytes:
         self.view.spend(1, self.length, self.field)
@@ -192,24 +181,19 @@ def _read_string(view: FlatView, pos: int, field: str) -> str:
 class TableView:
     """A validated table; field ids follow the schema's declaration order."""
 
-    def __init__(
-        self, view: FlatView, pos: int, vtable: int, vt_size: int, obj_size: int, field: str
-    ) -> None:
+    def __init__(self, view: FlatView, pos: int, vtable: int, vt_size: int, field: str) -> None:
         self.view = view
         self.pos = pos
         self.vtable = vtable
         self.vt_size = vt_size
-        self.obj_size = obj_size
         self.field = field
-        # The flatbuffers runtime does the lookups once we have checked the bounds.
-        self._tab = Table(view.buf, pos)
 
     def field_pos(self, fid: int, name: str, size: int) -> int | None:
         """Absolute position of field ``fid`` if physically present, else None."""
         slot = 4 + 2 * fid
         if slot + 2 > self.vt_size:
             return None
-        voff = int(self._tab.Offset(slot))
+        voff = self.view.u16(self.vtable + slot, f"{self.field}.{name} (vtable entry)")
         if voff == 0:
             return None
         # Like the C++ verifier, require the field inside the buffer, not inside the
@@ -224,22 +208,12 @@ class TableView:
             )
         return self.pos + voff
 
-    def present(self, fid: int, name: str, size: int) -> bool:
-        return self.field_pos(fid, name, size) is not None
-
     def scalar(self, fid: int, name: str, kind: str, default: int = 0) -> int:
-        size = {"u8": 1, "i8": 1, "u32": 4, "i32": 4, "u64": 8}[kind]
-        pos = self.field_pos(fid, name, size)
+        """Field ``fid`` as scalar ``kind``; ``default`` when it is absent."""
+        pos = self.field_pos(fid, name, _SCALARS[kind].size)
         if pos is None:
             return default
-        flags = {
-            "u8": N.Uint8Flags,
-            "i8": N.Int8Flags,
-            "u32": N.Uint32Flags,
-            "i32": N.Int32Flags,
-            "u64": N.Uint64Flags,
-        }[kind]
-        return int(self._tab.Get(flags, pos))
+        return self.view.read(kind, pos, f"{self.field}.{name}")
 
     def table(self, fid: int, name: str) -> TableView | None:
         pos = self.field_pos(fid, name, 4)
@@ -276,6 +250,3 @@ class TableView:
             )
         self.view.spend(1, 0, field)
         return Vector(self.view, start, n, elem_size, field)
-
-    def slot_pos_of_vector_elem(self, vec: Vector, i: int) -> int:
-        return vec.elem_pos(i)

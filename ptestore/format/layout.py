@@ -9,8 +9,9 @@ unchanged file keeps every segment where it was and rewriting is idempotent.
 
 from __future__ import annotations
 
+from .header import SEGMENT_BASE_ALIGNMENT, align_up, is_power_of_two
 from .model import Container, inferred_alignment
-from .patch import PatchResult, align_up, metadata_growth_bound, patch_metadata
+from .patch import PatchResult, metadata_growth_bound, patch_metadata
 
 __all__ = ["NewSizes", "Placement", "choose_base", "layout_file", "plan_layout"]
 
@@ -19,8 +20,6 @@ Placement = tuple[int, int]
 #: Segment index -> ``(new size, requested alignment)`` of a replaced segment.
 NewSizes = dict[int, tuple[int, int]]
 
-#: Base alignment when the original file has no segment base to inherit one from.
-_DEFAULT_BASE_ALIGNMENT = 128
 #: The smallest alignment a moved base keeps.
 _MIN_BASE_ALIGNMENT = 16
 
@@ -42,7 +41,7 @@ def choose_base(container: Container, metadata_size: int | None = None) -> int:
     alignment = (
         max(_MIN_BASE_ALIGNMENT, inferred_alignment(original))
         if original
-        else _DEFAULT_BASE_ALIGNMENT
+        else SEGMENT_BASE_ALIGNMENT
     )
     return align_up(size + metadata_growth_bound(container), alignment)
 
@@ -77,7 +76,7 @@ def plan_layout(
     after a change, and nothing where nothing moved.
     """
     base = choose_base(container) if segment_base_offset is None else segment_base_offset
-    if block_size is not None and (block_size < 1 or block_size & (block_size - 1)):
+    if block_size is not None and not is_power_of_two(block_size):
         raise ValueError(f"block_size {block_size} must be a power of two")
     if container.header is None:
         # No extended header: no segment data can exist; keep every offset as it is.

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from .header import Kind, PtdHeader, PteHeader
+
 __all__ = [
     "MAX_INFERRED_ALIGNMENT",
     "CompileSpec",
@@ -38,28 +40,6 @@ def inferred_alignment(absolute_offset: int) -> int:
 
 
 @dataclass(frozen=True)
-class PteHeader:
-    """The .pte extended header (``eh00``) spliced in after the FlatBuffer identifier."""
-
-    length: int
-    program_size: int
-    segment_base_offset: int
-    #: None when the header predates the field (length < 32, before ExecuTorch 1.0).
-    segment_data_size: int | None
-
-
-@dataclass(frozen=True)
-class PtdHeader:
-    """The .ptd FlatTensor header (``FH01``)."""
-
-    length: int
-    flatbuffer_offset: int
-    flatbuffer_size: int
-    segment_base_offset: int
-    segment_data_size: int
-
-
-@dataclass(frozen=True)
 class Segment:
     """One ``DataSegment`` and where its fields live in the FlatBuffer."""
 
@@ -67,8 +47,6 @@ class Segment:
     #: Offset relative to ``segment_base_offset``.
     offset: int
     size: int
-    #: Position of the ``DataSegment`` table.
-    table_pos: int
     #: Position of the vector slot (a uoffset) that points at the table.
     slot_pos: int
     #: Positions of the physically present fields; None when the field is absent
@@ -136,7 +114,7 @@ class SubsegmentOffsets:
 class Container:
     """A parsed .pte (``kind == "pte"``) or .ptd (``kind == "ptd"``)."""
 
-    kind: Literal["pte", "ptd"]
+    kind: Kind
     source: str
     file_size: int
     header: PteHeader | PtdHeader | None
@@ -153,8 +131,6 @@ class Container:
     mutable_data_segments: tuple[SubsegmentOffsets, ...] = ()
     #: ``(position, size)`` in the metadata of each ``backend_delegate_data`` blob.
     inline_delegate_data: tuple[tuple[int, int], ...] = ()
-    #: Position of the ``segments`` vector's element slots (for the patch engine).
-    root_pos: int = 0
     #: Non-fatal oddities worth showing a user (e.g. segments past segment_data_size).
     warnings: tuple[str, ...] = field(default=())
 
@@ -163,4 +139,5 @@ class Container:
         return max((s.offset + s.size for s in self.segments), default=0)
 
     def absolute(self, seg: Segment) -> int:
+        """Absolute file offset of ``seg``'s data."""
         return self.segment_base_offset + seg.offset

@@ -19,29 +19,30 @@ segment, :func:`patch_metadata` produces the new metadata region:
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import ConfigurationError, FormatError
-from .model import Container, PtdHeader, PteHeader
+from .header import (
+    HEADER_OFFSET,
+    I32,
+    SEGMENT_BASE_ALIGNMENT,
+    U16,
+    U32,
+    U64,
+    Buffer,
+    PtdHeader,
+    PteHeader,
+    align_up,
+    is_power_of_two,
+)
+from .model import Container
 
 __all__ = ["PatchResult", "align_up", "metadata_growth_bound", "patch_metadata"]
 
-_U32 = struct.Struct("<I")
-_I32 = struct.Struct("<i")
-_U16 = struct.Struct("<H")
-_U64 = struct.Struct("<Q")
-
 # A re-emitted DataSegment: [soffset i32][pad 4][offset u64][size u64].
 _TABLE_SIZE = 24
-_VTABLE = _U16.pack(8) + _U16.pack(_TABLE_SIZE) + _U16.pack(8) + _U16.pack(16)
-
-
-def align_up(value: int, alignment: int) -> int:
-    if alignment <= 1:
-        return value
-    return (value + alignment - 1) // alignment * alignment
+_VTABLE = U16.pack(8) + U16.pack(_TABLE_SIZE) + U16.pack(8) + U16.pack(16)
 
 
 @dataclass(frozen=True)
@@ -65,10 +66,10 @@ class PatchResult:
 
 def patch_metadata(
     container: Container,
-    metadata: bytes | bytearray | memoryview,
+    metadata: Buffer,
     placements: Sequence[tuple[int, int]],
     *,
-    base_alignment: int = 128,
+    base_alignment: int = SEGMENT_BASE_ALIGNMENT,
     segment_base_offset: int | None = None,
 ) -> PatchResult:
     """Return new metadata where segment ``i`` is at relative ``placements[i] =
@@ -83,7 +84,7 @@ def patch_metadata(
         raise ConfigurationError(
             f"{src}: {len(placements)} placements for {len(container.segments)} segments"
         )
-    if base_alignment < 1 or base_alignment & (base_alignment - 1):
+    if not is_power_of_two(base_alignment):
         raise ConfigurationError(f"base_alignment must be a power of two, got {base_alignment}")
     if len(metadata) < container.metadata_size:
         raise FormatError(src, "metadata", len(metadata), f">= {container.metadata_size} bytes")
@@ -102,9 +103,9 @@ def patch_metadata(
             redirect.append((seg.index, new_off, new_size))
             continue
         if seg.offset_pos is not None:
-            _U64.pack_into(out, seg.offset_pos, new_off)
+            U64.pack_into(out, seg.offset_pos, new_off)
         if seg.size_pos is not None:
-            _U64.pack_into(out, seg.size_pos, new_size)
+            U64.pack_into(out, seg.size_pos, new_size)
 
     if redirect:
         # One shared vtable, then the re-emitted tables, all 8-aligned so the u64
@@ -115,12 +116,12 @@ def patch_metadata(
         for index, new_off, new_size in redirect:
             seg = container.segments[index]
             table_pos = len(out)
-            out.extend(_I32.pack(table_pos - vt_pos) + b"\0" * 4)
-            out.extend(_U64.pack(new_off) + _U64.pack(new_size))
+            out.extend(I32.pack(table_pos - vt_pos) + b"\0" * 4)
+            out.extend(U64.pack(new_off) + U64.pack(new_size))
             rel = table_pos - seg.slot_pos
             if rel <= 0 or rel >= 1 << 32:
                 raise FormatError(src, f"segments[{index}] slot", seg.slot_pos, f"< {table_pos}")
-            _U32.pack_into(out, seg.slot_pos, rel)
+            U32.pack_into(out, seg.slot_pos, rel)
 
     data_size = max((off + size for off, size in placements), default=0)
     header = container.header
@@ -134,10 +135,9 @@ def patch_metadata(
         )
     else:
         base = segment_base_offset
-    if isinstance(header, PteHeader) or (header is None and container.kind == "pte"):
-        return _finish_pte(container, out, data_size, base, moved)
-    assert isinstance(header, PtdHeader)
-    return _finish_ptd(container, header, out, data_size, base, moved)
+    if isinstance(header, PtdHeader):
+        return _finish_ptd(header, out, data_size, base, moved)
+    return _finish_pte(container, header, out, data_size, base, moved)
 
 
 def metadata_growth_bound(container: Container) -> int:
@@ -146,14 +146,19 @@ def metadata_growth_bound(container: Container) -> int:
     return 8 + len(_VTABLE) + _TABLE_SIZE * len(container.segments)
 
 
+def _write_header(out: bytearray, header: PteHeader | PtdHeader) -> None:
+    encoded = header.to_bytes()
+    out[HEADER_OFFSET : HEADER_OFFSET + len(encoded)] = encoded
+
+
 def _finish_pte(
     container: Container,
+    header: PteHeader | None,
     out: bytearray,
     data_size: int,
     base: int,
     redirected: tuple[int, ...],
 ) -> PatchResult:
-    header = container.header
     program_size = len(out)
     if header is None:
         if data_size or redirected or program_size != container.metadata_size:
@@ -166,26 +171,30 @@ def _finish_pte(
                 "ptestore does not add one",
             )
         return PatchResult(out, 0, 0, ())
-    assert isinstance(header, PteHeader)
     if data_size == 0 and header.segment_base_offset == 0:
         base = 0
-    _U64.pack_into(out, 16, program_size)
-    _U64.pack_into(out, 24, base)
-    if header.length >= 32:
-        _U64.pack_into(out, 32, data_size)
+    new = replace(
+        header,
+        program_size=program_size,
+        segment_base_offset=base,
+        segment_data_size=None if header.segment_data_size is None else data_size,
+    )
+    _write_header(out, new)
     return PatchResult(out, base, data_size, redirected)
 
 
 def _finish_ptd(
-    container: Container,
     header: PtdHeader,
     out: bytearray,
     data_size: int,
     base: int,
     redirected: tuple[int, ...],
 ) -> PatchResult:
-    fb_size = len(out) - header.flatbuffer_offset
-    _U64.pack_into(out, 24, fb_size)
-    _U64.pack_into(out, 32, base)
-    _U64.pack_into(out, 40, data_size)
+    new = replace(
+        header,
+        flatbuffer_size=len(out) - header.flatbuffer_offset,
+        segment_base_offset=base,
+        segment_data_size=data_size,
+    )
+    _write_header(out, new)
     return PatchResult(out, base, data_size, redirected)

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..loaders import DataLoader
+from .header import HEAD_BYTES, FileHead
 from .model import Container
-from .parse import HEAD_BYTES, detect_kind, metadata_size, parse_ptd, parse_pte
+from .parse import parse_metadata
 
 __all__ = ["ParsedFile", "read_container"]
 
@@ -24,18 +25,16 @@ class ParsedFile:
 def read_container(loader: DataLoader) -> ParsedFile:
     """Parse the .pte or .ptd behind ``loader``, reading only its metadata region.
 
-    Two ranged reads at most: the first 64 bytes (headers), then the FlatBuffer.
-    Segment data is never read.
+    Two ranged reads at most: the first 64 bytes (headers, decoded once), then the
+    FlatBuffer. Segment data is never read.
     """
     size = loader.size()
-    head = bytes(loader.load(0, min(HEAD_BYTES, size)))
-    kind = detect_kind(head, size, loader.name)
-    msize = metadata_size(head, size, loader.name)
-    read = len(head)
-    if msize <= len(head):
-        meta = head[:msize]
+    head_bytes = bytes(loader.load(0, min(HEAD_BYTES, size)))
+    head = FileHead.from_bytes(head_bytes, size, loader.name)
+    read = len(head_bytes)
+    if head.metadata_size <= len(head_bytes):
+        meta = head_bytes[: head.metadata_size]
     else:
-        meta = bytes(loader.load(0, msize))
-        read += msize
-    parser = parse_pte if kind == "pte" else parse_ptd
-    return ParsedFile(parser(meta, size, loader.name), meta, read)
+        meta = bytes(loader.load(0, head.metadata_size))
+        read += head.metadata_size
+    return ParsedFile(parse_metadata(meta, head), meta, read)

@@ -6,16 +6,18 @@ from __future__ import annotations
 import re
 import struct
 from collections.abc import Callable
+from pathlib import Path
 
 import flatbuffers
 import pytest
 from support import synth
 from support.fixtures import get_fixture
 
+from ptestore.cli import main
 from ptestore.errors import FormatError, PteStoreError
-from ptestore.format import parse
+from ptestore.format import metadata_size, parse, read_container
 from ptestore.format.flatbuf import FlatView
-from ptestore.format.parse import metadata_size
+from ptestore.loaders import BytesLoader
 
 MLP = get_fixture("mlp_xnnpack").pte_path
 PTD = get_fixture("mlp_portable_ext").ptd_path
@@ -136,6 +138,25 @@ CASES: list[tuple[str, Callable[[], bytes | bytearray], str]] = [
         r"\(segment_base_offset 1536 \+ size must not pass the end of the 6048-byte file\)",
     ),
     (
+        "program_size near 2**64",
+        lambda: u64(pte(), 16, (1 << 64) - 1),
+        r"model\.pte: extended header program_size = 18446744073709551615: must be in "
+        r"\[40, 6048\] \(after the header and inside the file\)",
+    ),
+    (
+        "base near 2**64",
+        lambda: u64(pte(), 24, (1 << 64) - 128),
+        r"model\.pte: extended header segment_base_offset = 18446744073709551488: must be 0 "
+        r"or in \[1448, 6048\] \(after the program, inside the file\)",
+    ),
+    (
+        "data size near 2**64",
+        lambda: u64(pte(), 32, (1 << 64) - 1),
+        r"model\.pte: extended header segment_data_size = 18446744073709551615: must be "
+        r"<= 4512 \(segment_base_offset 1536 \+ size must not pass the end of the 6048-byte "
+        r"file\)",
+    ),
+    (
         "truncated by one byte",
         lambda: pte()[:-1],
         r"model\.pte: extended header segment_data_size = 4512: must be <= 4511 .*",
@@ -244,6 +265,18 @@ PTD_CASES: list[tuple[str, Callable[[], bytes | bytearray], str]] = [
         r"model\.pte: FlatTensor header segment_base_offset = 64: must be in \[512, 3744\] .*",
     ),
     (
+        "flatbuffer size near 2**64",
+        lambda: u64(ptd(), 24, (1 << 64) - 1),
+        r"model\.pte: FlatTensor header flatbuffer_size = 18446744073709551615: must be "
+        r"<= 3696 \(flatbuffer_offset 48 \+ size must fit in the 3744-byte file\)",
+    ),
+    (
+        "base near 2**64",
+        lambda: u64(ptd(), 32, (1 << 64) - 1),
+        r"model\.pte: FlatTensor header segment_base_offset = 18446744073709551615: must be "
+        r"in \[512, 3744\] \(after the FlatBuffer, inside the file\)",
+    ),
+    (
         "data past end",
         lambda: u64(ptd(), 40, 4000),
         r"model\.pte: FlatTensor header segment_data_size = 4000: must be <= 3232 .*",
@@ -260,8 +293,12 @@ def test_truncated_metadata_buffer_is_a_format_error() -> None:
     from ptestore.format import parse_pte
 
     data = bytes(pte())
-    with pytest.raises(FormatError, match=r"program_size = 1448: must be <= 1000 \(bytes "):
+    with pytest.raises(FormatError) as info:
         parse_pte(data[:1000], len(data), "model.pte")
+    assert str(info.value) == (
+        "model.pte: program_size = 1448: must be <= 1000 (bytes available) "
+        "(the buffer handed to the parser is truncated)"
+    )
 
 
 def _aliasing_bomb(n: int) -> bytes:
@@ -300,3 +337,105 @@ def test_headerless_program_with_segment_bytes_is_refused() -> None:
     with pytest.raises(FormatError) as info:
         parse_pte(bytes(data), len(data), "model.pte")
     assert "model.pte" in str(info.value)
+
+
+# Short inputs with hostile header fields. Before the header module, each of these
+# escaped as a bare ValueError ("parse needs the first 64 bytes, got 49") or named the
+# wrong field; now each is a FormatError naming file, field, value and limit.
+
+
+def _loader(data: bytes | bytearray) -> Callable[[], object]:
+    return lambda: read_container(BytesLoader(bytes(data), "model.pte"))
+
+
+def _cut(data: bytes | bytearray, n: int) -> Callable[[], object]:
+    return lambda: parse(bytes(data[:n]), len(data), "model.pte")
+
+
+SHORT: list[tuple[str, Callable[[], Callable[[], object]], str]] = [
+    (
+        "pte program_size under 64, read through a loader",
+        lambda: _loader(u64(pte(), 16, 49)),
+        "model.pte: Program (table position) = 60: must be in [8, 45]",
+    ),
+    (
+        "pte program_size just past the header, read through a loader",
+        lambda: _loader(u64(pte(), 16, 40)),
+        "model.pte: Program (table position) = 60: must be in [8, 36]",
+    ),
+    (
+        "ptd metadata under 64, read through a loader",
+        lambda: _loader(u64(ptd(), 24, 8)),
+        "model.pte: FlatTensor (table position) = 68: must be in [8, 52]",
+    ),
+    (
+        "buffer holds the header but not the program",
+        lambda: _cut(pte(), 49),
+        "model.pte: program_size = 1448: must be <= 49 (bytes available) "
+        "(the buffer handed to the parser is truncated)",
+    ),
+    (
+        "buffer cut inside the extended header",
+        lambda: _cut(pte(), 20),
+        "model.pte: header bytes = 20: must be >= 40 (the first bytes of the 6048-byte file, "
+        "to read the extended header fields) (the buffer handed to the parser is truncated)",
+    ),
+    (
+        "buffer cut inside the extended header magic",
+        lambda: lambda: metadata_size(bytes(pte()[:10]), 6048, "model.pte"),
+        "model.pte: header bytes = 10: must be >= 12 (the first bytes of the 6048-byte file, "
+        "to read the extended header magic) (the buffer handed to the parser is truncated)",
+    ),
+    (
+        "buffer cut inside the identifier",
+        lambda: _cut(pte(), 4),
+        "model.pte: header bytes = 4: must be >= 8 (the first bytes of the 6048-byte file, "
+        "to read the file identifier) (the buffer handed to the parser is truncated)",
+    ),
+    (
+        "buffer cut inside the FlatTensor header",
+        lambda: _cut(ptd(), 30),
+        "model.pte: header bytes = 30: must be >= 48 (the first bytes of the 3744-byte file, "
+        "to read the FlatTensor header fields) (the buffer handed to the parser is truncated)",
+    ),
+    (
+        "14-byte pte: extended header magic without a length",
+        lambda: _cut(pte()[:14], 14),
+        "model.pte: file size = 14: must be >= 16 bytes (the extended header length ends at 16)",
+    ),
+    (
+        "14-byte ptd: FlatTensor header magic without a length",
+        lambda: _cut(ptd()[:14], 14),
+        "model.pte: file size = 14: must be >= 16 bytes (the FlatTensor header length ends at 16)",
+    ),
+    (
+        "10-byte ptd: FlatTensor header magic cut short",
+        lambda: _cut(ptd()[:10], 10),
+        "model.pte: FlatTensor header magic (bytes 8..12) = b'FH': must be b'FH01'",
+    ),
+    (
+        "40-byte ptd: header longer than the file",
+        lambda: _cut(ptd()[:40], 40),
+        "model.pte: FlatTensor header length = 40: must be <= 32 (the header must fit inside "
+        "the 40-byte file)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "make", "message"), SHORT, ids=[c[0] for c in SHORT])
+def test_short_input_error_messages(
+    name: str, make: Callable[[], Callable[[], object]], message: str
+) -> None:
+    run = make()
+    with pytest.raises(FormatError) as info:
+        run()
+    assert str(info.value) == message
+
+
+def test_inspect_short_program_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "short.pte"
+    bad.write_bytes(u64(pte(), 16, 49))
+    assert main(["inspect", str(bad)]) == 2
+    assert capsys.readouterr().err == (
+        f"ptestore inspect: error: {bad}: Program (table position) = 60: must be in [8, 45]\n"
+    )

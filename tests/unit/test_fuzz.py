@@ -1,24 +1,32 @@
-"""Property test: mutated real fixtures raise only FormatError, never anything else.
+"""Property tests: hostile inputs raise only FormatError, never anything else.
 
-Bit flips, byte and word overwrites with hostile values (concentrated in the metadata,
-where they matter), and truncations. Whatever parses must also describe, render, lay out
-and patch without any other exception. ``PTESTORE_FUZZ_EXAMPLES`` sets the number of
-cases (10,000 by default, as CI runs it).
+1. Mutated real fixtures: bit flips, byte and word overwrites with hostile values
+   (concentrated in the metadata, where they matter), and truncations.
+2. Short files (0..200 bytes) built field by field: real or wrong identifiers and
+   magics (also cut short), header lengths and sizes near 0, near the file size and near
+   2**64, offsets past the end. Each is parsed whole, through a loader (the way
+   ``ptestore inspect`` reads, header first), and from a buffer cut shorter than the file.
+
+Whatever parses must also describe, render, lay out and patch without any other
+exception. ``PTESTORE_FUZZ_EXAMPLES`` sets the number of mutation cases (10,000 by
+default, as CI runs it); the short-file test runs a fifth of that.
 """
 
 from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Callable
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.fixtures import all_fixtures
 
 from ptestore.errors import FormatError
-from ptestore.format import parse, patch_metadata
+from ptestore.format import Container, parse, patch_metadata, read_container
 from ptestore.format.layout import layout_file
 from ptestore.inspect import describe, render_table
+from ptestore.loaders import BytesLoader
 
 EXAMPLES = int(os.environ.get("PTESTORE_FUZZ_EXAMPLES", "10000"))
 
@@ -68,19 +76,36 @@ def mutated(draw: st.DrawFn) -> bytes:
     return bytes(data)
 
 
-@settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-@given(mutated())
-def test_mutations_raise_only_format_errors(data: bytes) -> None:
-    try:
-        c = parse(data, len(data), "fuzz.pte")
-    except FormatError as exc:
-        assert str(exc).startswith("fuzz.pte: ")
-        return
+NEAR_2_64 = [(1 << 64) - 1, (1 << 64) - 8, (1 << 64) - 64, 1 << 63, (1 << 63) - 1]
+MAGICS = [b"ET12", b"FT01", b"eh00", b"FH01", b"ET1", b"FH", b"e", b"", b"XXXX", b"\0\0\0\0"]
+
+
+@st.composite
+def short_file(draw: st.DrawFn) -> bytes:
+    """0..200 bytes: root offset, identifier, header magic, length and u64 fields,
+    each drawn from hostile values (or random), then cut to a drawn length."""
+    n = draw(st.integers(0, 200))
+
+    def u32() -> bytes:
+        near = [0, 1, 8, 16, 23, 24, 31, 32, 39, 40, 48, n - 8, n - 4, n, n + 1, 0xFFFFFFFF]
+        value = draw(st.one_of(st.sampled_from(near), st.integers(0, 0xFFFFFFFF)))
+        return struct.pack("<I", value & 0xFFFFFFFF)
+
+    def u64() -> bytes:
+        near = [0, 1, 8, 39, 40, 47, 48, 56, 63, 64, 128, n - 1, n, n + 1, *NEAR_2_64]
+        values = st.one_of(st.sampled_from(near), st.integers(0, 2 * n + 8))
+        value = draw(st.one_of(values, st.integers(0, (1 << 64) - 1)))
+        return struct.pack("<Q", value % (1 << 64))
+
+    def magic() -> bytes:
+        return draw(st.one_of(st.sampled_from(MAGICS), st.binary(min_size=4, max_size=4)))
+
+    data = u32() + magic() + magic() + u32() + u64() + u64() + u64() + u64()
+    data += draw(st.one_of(st.just(b"\0" * 200), st.binary(min_size=200, max_size=200)))
+    return data[:n]
+
+
+def _exercise(c: Container, data: bytes) -> None:
     describe(c)
     render_table(c)
     try:
@@ -90,3 +115,42 @@ def test_mutations_raise_only_format_errors(data: bytes) -> None:
             patch_metadata(c, data, moved, base_alignment=128)
     except FormatError:
         pass
+
+
+def _outcome(read: Callable[[], Container]) -> Container | str:
+    """The container ``read`` returns, or the message of the FormatError it raises."""
+    try:
+        return read()
+    except FormatError as exc:
+        assert str(exc).startswith("fuzz.pte: ")
+        return str(exc)
+
+
+def _only_format_errors(data: bytes, cut: int) -> None:
+    """Parse ``data`` whole, through a loader (same outcome), and from ``data[:cut]``."""
+    whole = _outcome(lambda: parse(data, len(data), "fuzz.pte"))
+    loaded = _outcome(lambda: read_container(BytesLoader(data, "fuzz.pte")).container)
+    assert loaded == whole
+    _outcome(lambda: parse(data[:cut], len(data), "fuzz.pte"))
+    if isinstance(whole, Container):
+        _exercise(whole, data)
+
+
+FUZZ_SETTINGS = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+
+@FUZZ_SETTINGS
+@given(mutated(), st.integers(0, 4096))
+def test_mutations_raise_only_format_errors(data: bytes, cut: int) -> None:
+    _only_format_errors(data, cut)
+
+
+@settings(FUZZ_SETTINGS, max_examples=max(100, EXAMPLES // 5))
+@given(short_file(), st.integers(0, 200))
+def test_short_hostile_files_raise_only_format_errors(data: bytes, cut: int) -> None:
+    _only_format_errors(data, cut)

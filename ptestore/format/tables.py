@@ -1,0 +1,237 @@
+"""Decoders for the schema tables ptestore reads, one function per root field.
+
+Field ids follow the declaration order of ExecuTorch's schema/program.fbs (``Program``)
+and extension/flat_tensor/serialize/flat_tensor.fbs (``FlatTensor``); none of these
+tables has a union. Every read goes through :mod:`.flatbuf`, which checks positions
+first; indices into other tables are checked here.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from ..errors import FormatError
+from .flatbuf import TableView, Vector
+from .header import Kind
+from .model import CompileSpec, Delegate, NamedDataEntry, Segment, SubsegmentOffsets, TensorLayout
+
+__all__ = [
+    "read_constant_segment",
+    "read_inline_data",
+    "read_methods",
+    "read_mutable_data_segments",
+    "read_named_data",
+    "read_segments",
+]
+
+# Field ids (declaration order) of schema/program.fbs.
+_PROGRAM_EXECUTION_PLAN = 1
+_PROGRAM_BACKEND_DELEGATE_DATA = 3
+_PROGRAM_SEGMENTS = 4
+_PROGRAM_CONSTANT_SEGMENT = 5
+_PROGRAM_MUTABLE_DATA_SEGMENTS = 6
+_PROGRAM_NAMED_DATA = 7
+_PLAN_NAME = 0
+_PLAN_DELEGATES = 7
+_DELEGATE_ID = 0
+_DELEGATE_PROCESSED = 1
+_DELEGATE_COMPILE_SPECS = 2
+_REF_LOCATION = 0
+_REF_INDEX = 1
+_SEGMENT_OFFSET = 0
+_SEGMENT_SIZE = 1
+_SUBSEG_INDEX = 0
+_SUBSEG_OFFSETS = 1
+_NAMED_KEY = 0
+_NAMED_SEGMENT_INDEX = 1
+_NAMED_TENSOR_LAYOUT = 2
+_SPEC_KEY = 0
+_SPEC_VALUE = 1
+_INLINE_DATA = 0
+# flat_tensor.fbs
+_FT_SEGMENTS = 1
+_FT_NAMED_DATA = 2
+_LAYOUT_SCALAR_TYPE = 0
+_LAYOUT_SIZES = 1
+_LAYOUT_DIM_ORDER = 2
+
+
+def read_segments(root: TableView, kind: Kind) -> tuple[Segment, ...]:
+    """``Program.segments`` / ``FlatTensor.segments``, with the positions of the fields
+    that are physically present (the patch engine writes there)."""
+    vec = root.vector(_PROGRAM_SEGMENTS if kind == "pte" else _FT_SEGMENTS, "segments", 4)
+    if vec is None:
+        return ()
+    out = []
+    for i in range(vec.length):
+        t = vec.table(i)
+        out.append(
+            Segment(
+                index=i,
+                offset=t.scalar(_SEGMENT_OFFSET, "offset", "u64"),
+                size=t.scalar(_SEGMENT_SIZE, "size", "u64"),
+                slot_pos=vec.elem_pos(i),
+                offset_pos=t.field_pos(_SEGMENT_OFFSET, "offset", 8),
+                size_pos=t.field_pos(_SEGMENT_SIZE, "size", 8),
+            )
+        )
+    return tuple(out)
+
+
+def read_named_data(root: TableView, kind: Kind, n_segments: int) -> tuple[NamedDataEntry, ...]:
+    """``Program.named_data`` / ``FlatTensor.named_data``: key -> segment index (and, in a
+    .ptd, the tensor layout)."""
+    fid = _PROGRAM_NAMED_DATA if kind == "pte" else _FT_NAMED_DATA
+    vec = root.vector(fid, "named_data", 4)
+    if vec is None:
+        return ()
+    source = root.view.source
+    out = []
+    for i in range(vec.length):
+        t = vec.table(i)
+        key = t.string(_NAMED_KEY, "key")
+        if key is None:
+            raise FormatError(source, f"{t.field}.key", None, "present (a string)")
+        idx = t.scalar(_NAMED_SEGMENT_INDEX, "segment_index", "u32")
+        if idx >= n_segments:
+            raise FormatError(
+                source,
+                f"{t.field}.segment_index",
+                idx,
+                f"< {n_segments} (the number of segments), for key {key!r}",
+            )
+        layout = None
+        if kind == "ptd":
+            lt = t.table(_NAMED_TENSOR_LAYOUT, "tensor_layout")
+            if lt is not None:
+                sizes = lt.vector(_LAYOUT_SIZES, "sizes", 4)
+                dims = lt.vector(_LAYOUT_DIM_ORDER, "dim_order", 1)
+                layout = TensorLayout(
+                    scalar_type=lt.scalar(_LAYOUT_SCALAR_TYPE, "scalar_type", "i8"),
+                    sizes=tuple(sizes.i32s()) if sizes else (),
+                    dim_order=tuple(dims.u8s()) if dims else (),
+                )
+        out.append(NamedDataEntry(key, idx, layout))
+    return tuple(out)
+
+
+def read_inline_data(root: TableView) -> tuple[tuple[int, int], ...]:
+    """``(position, size)`` of each ``Program.backend_delegate_data`` blob."""
+    vec = root.vector(_PROGRAM_BACKEND_DELEGATE_DATA, "backend_delegate_data", 4)
+    if vec is None:
+        return ()
+    spans = []
+    for i in range(vec.length):
+        dv = vec.table(i).vector(_INLINE_DATA, "data", 1)
+        spans.append((dv.start, dv.length) if dv else (0, 0))
+    return tuple(spans)
+
+
+def read_methods(
+    root: TableView, n_segments: int, n_inline: int
+) -> tuple[tuple[str, ...], tuple[Delegate, ...]]:
+    """Method names (``ExecutionPlan.name``) and every method's delegates."""
+    methods: list[str] = []
+    delegates: list[Delegate] = []
+    plans = root.vector(_PROGRAM_EXECUTION_PLAN, "execution_plan", 4)
+    if plans is None:
+        return (), ()
+    for p in range(plans.length):
+        plan = plans.table(p)
+        name = plan.string(_PLAN_NAME, "name")
+        if name is None:
+            raise FormatError(root.view.source, f"{plan.field}.name", None, "present (a string)")
+        methods.append(name)
+        dvec = plan.vector(_PLAN_DELEGATES, "delegates", 4)
+        if dvec is None:
+            continue
+        for d in range(dvec.length):
+            delegates.append(_delegate(dvec, d, name, n_segments, n_inline))
+    return tuple(methods), tuple(delegates)
+
+
+def _delegate(dvec: Vector, d: int, method: str, n_seg: int, n_inline: int) -> Delegate:
+    """One ``BackendDelegate``; its processed-data index is checked against its target."""
+    source = dvec.view.source
+    t = dvec.table(d)
+    bid = t.string(_DELEGATE_ID, "id")
+    if bid is None:
+        raise FormatError(source, f"{t.field}.id", None, "present (a backend id string)")
+    ref = t.table(_DELEGATE_PROCESSED, "processed")
+    if ref is None:
+        raise FormatError(source, f"{t.field}.processed", None, "present")
+    loc = ref.scalar(_REF_LOCATION, "location", "u8")
+    index = ref.scalar(_REF_INDEX, "index", "u32")
+    location: Literal["inline", "segment"]
+    if loc == 0:
+        location = "inline"
+        if index >= n_inline:
+            raise FormatError(
+                source,
+                f"{ref.field}.index",
+                index,
+                f"< {n_inline} (entries in Program.backend_delegate_data) for an INLINE "
+                f"delegate of method {method!r}",
+            )
+    elif loc == 1:
+        location = "segment"
+        if index >= n_seg:
+            raise FormatError(
+                source,
+                f"{ref.field}.index",
+                index,
+                f"< {n_seg} (the number of segments) for a SEGMENT delegate of method {method!r}",
+            )
+    else:
+        raise FormatError(source, f"{ref.field}.location", loc, "0 (INLINE) or 1 (SEGMENT)")
+    specs: list[CompileSpec] = []
+    svec = t.vector(_DELEGATE_COMPILE_SPECS, "compile_specs", 4)
+    if svec is not None:
+        for s in range(svec.length):
+            st = svec.table(s)
+            key = st.string(_SPEC_KEY, "key") or ""
+            vv = st.vector(_SPEC_VALUE, "value", 1)
+            specs.append(CompileSpec(key, vv.u8s() if vv else b""))
+    return Delegate(method, d, bid, location, index, tuple(specs))
+
+
+def read_constant_segment(
+    root: TableView, segments: tuple[Segment, ...]
+) -> SubsegmentOffsets | None:
+    """``Program.constant_segment``, None when absent."""
+    t = root.table(_PROGRAM_CONSTANT_SEGMENT, "constant_segment")
+    return None if t is None else _subsegment_offsets(t, segments)
+
+
+def read_mutable_data_segments(
+    root: TableView, segments: tuple[Segment, ...]
+) -> tuple[SubsegmentOffsets, ...]:
+    """``Program.mutable_data_segments``."""
+    vec = root.vector(_PROGRAM_MUTABLE_DATA_SEGMENTS, "mutable_data_segments", 4)
+    if vec is None:
+        return ()
+    return tuple(_subsegment_offsets(vec.table(i), segments) for i in range(vec.length))
+
+
+def _subsegment_offsets(t: TableView, segments: tuple[Segment, ...]) -> SubsegmentOffsets:
+    idx = t.scalar(_SUBSEG_INDEX, "segment_index", "u32")
+    ovec = t.vector(_SUBSEG_OFFSETS, "offsets", 8)
+    offsets = tuple(ovec.u64s()) if ovec else ()
+    if len(offsets) > 1 or idx:
+        if idx >= len(segments):
+            raise FormatError(
+                t.view.source,
+                f"{t.field}.segment_index",
+                idx,
+                f"< {len(segments)} (the number of segments)",
+            )
+        seg_size = segments[idx].size
+        for j, off in enumerate(offsets):
+            if off > seg_size:
+                raise FormatError(
+                    t.view.source,
+                    f"{t.field}.offsets[{j}]",
+                    off,
+                    f"<= {seg_size} (the size of segment {idx})",
+                )
+    return SubsegmentOffsets(idx, offsets)
