@@ -84,11 +84,11 @@ def initialize_and_save_backend_data(
     if mode not in ("overwrite", "create"):
         raise ConfigurationError(f"mode must be 'overwrite' or 'create', got {mode!r}")
     writers = [w for w in (pte_writer, ptd_writer) if w is not None]
-    if ptd_loader is not None and ptd_writer is not None:
-        check_pair_targets(pte_loader.name, pte_writer, ptd_loader.name, ptd_writer)
     started = time.perf_counter()
     spool: Spool | None = None
     try:
+        if ptd_loader is not None and ptd_writer is not None:
+            check_pair_targets(pte_loader.name, pte_writer, ptd_loader.name, ptd_writer)
         files = _read(pte_loader, pte_writer, ptd_loader, ptd_writer)
         spool = Spool(spool_dir)
         run = Run(files, spool, event_tracer)
