@@ -13,6 +13,18 @@ A backend SPEC (the CLI's ``--backend`` value, or a string in ``backends=[...]``
 
 Examples: ``passthrough``, ``mypkg.xnn:XnnpackPacker``,
 ``command@XnnpackBackend=python3 pack.py --level 2``.
+
+With no backends given, a run uses every installed backend (registration or entry
+point) whose ``name`` attribute is a backend id of the program, whatever the
+registration or entry point is called; a generic backend (``name == "*"``) is used by
+default only for an id equal to its registration name. :func:`installed_backends`
+lists them with what each serves.
+
+Backend code is user code: an import, a factory or a constructor that fails with
+anything but ``ImportError``/``TypeError`` (``SystemExit`` included; only
+``KeyboardInterrupt`` passes through) raises :class:`~ptestore.errors.BackendError`
+naming the spec; a module that cannot be imported raises
+:class:`~ptestore.errors.ConfigurationError`.
 """
 
 from __future__ import annotations
@@ -147,10 +159,12 @@ def backend_label(spec: BackendLike) -> str:
 
 
 def _served(obj: object) -> str:
-    """The id a registered object serves: its ``name`` when that is a concrete id."""
-    name = getattr(obj, "name", None) if isinstance(obj, (type, BackendInterface)) else None
-    if name is None and not isinstance(obj, (type, BackendInterface)):
-        name = getattr(obj, "name", None)  # a factory may say what it makes
+    """The id a registered object serves: its ``name`` when that is a concrete id
+    (a class attribute for a class; a factory may carry one too), else ``"*"``."""
+    try:
+        name = getattr(obj, "name", None)
+    except Exception:  # a hostile property: treat as generic
+        name = None
     return name if isinstance(name, str) and name and name != "*" else "*"
 
 
