@@ -82,8 +82,8 @@ def resolve_backends(backends: Iterable[BackendLike] | None, ids: list[str]) -> 
         if not isinstance(name, str) or not name:
             raise ConfigurationError(f"backend {label!r} has no usable name: {name!r}")
         sel.given.append((label, name))
-        if isinstance(impl, PassthroughBackend):
-            sel.passthrough_requested = True
+        if isinstance(impl, PassthroughBackend) and (name == "*" or name in ids):
+            sel.passthrough_requested = True  # not when it serves no id (a typo?)
         if name == "*":
             if wildcard is not None:
                 raise ConfigurationError(

@@ -328,6 +328,22 @@ def test_async_def_is_refused_without_a_never_awaited_warning(src: Path, dst: Pa
     assert [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)] == []
 
 
+def test_async_generator_is_refused(src: Path, dst: Path) -> None:
+    class AsyncGen(BackendInterface):
+        name = "XnnpackBackend"
+
+        async def initialize_backend_data(self, context: Any, output: Any) -> Any:  # type: ignore[override]
+            yield
+
+    fails(
+        src,
+        dst,
+        [AsyncGen()],
+        r"backend 'XnnpackBackend': initialize_backend_data returned an async generator, so "
+        r"its body never ran: it must do its work during the call and return None",
+    )
+
+
 def dead(what: str) -> str:
     return (
         f"backend 'XnnpackBackend': {what} used after initialize_backend_data returned; the "
@@ -562,6 +578,13 @@ def test_passthrough_named_explicitly_is_a_deliberate_copy(tmp_path: Path) -> No
     report = ptestore.specialize(PORTABLE.pte_path, dst)
     assert report.unchanged_reason == (
         "the program has no delegates, so no backend has anything to do"
+    )
+    # passthrough for an id the program does not have is a typo, not a request.
+    assert MLP.pte_path is not None
+    report = ptestore.specialize(MLP.pte_path, dst, backends=["passthrough@XnnpackBackendd"])
+    assert report.unchanged_reason == (
+        "the backends given serve no backend id of the program: passthrough@XnnpackBackendd "
+        "(serves 'XnnpackBackendd')"
     )
 
 
