@@ -282,7 +282,7 @@ def test_command_spec_with_unbalanced_quotes() -> None:
     with pytest.raises(ConfigurationError) as info:
         load_backend("command@XnnpackBackend=python3 'pack.py --level 2")
     assert str(info.value) == (
-        "the command backend cannot parse its command line \"python3 'pack.py --level 2\": "
+        'the command backend cannot parse its command line "python3 \'pack.py --level 2": '
         "No closing quotation (close every quote; quote or escape arguments that contain "
         "spaces)"
     )
@@ -434,9 +434,10 @@ def test_default_selection_by_the_backends_name(plugins: Plugins, src: Path, dst
     assert (b.backend_id, b.implementation, b.status) == ("XnnpackBackend", "bf16", "specialized")
     assert report.specialized
     assert segment(dst.read_bytes(), KEY_SEGMENT[KEYS[3]]) == b"\x07" * 32
-    assert InstalledBackend(
-        "bf16", "XnnpackBackend", f"{mod}:Bf16Round", "entry point", "1.0"
-    ) in installed_backends()
+    assert (
+        InstalledBackend("bf16", "XnnpackBackend", f"{mod}:Bf16Round", "entry point", "1.0")
+        in installed_backends()
+    )
 
 
 def test_generic_backend_installed_under_an_id_serves_it(
@@ -501,8 +502,10 @@ def test_nothing_installed_for_the_program(src: Path, dst: Path) -> None:
         f"program. Backend ids in the program: XnnpackBackend. Installed backends: "
         f"{installed_text()}. {hint}"
     )
-    assert "passthrough (ptestore.backends.passthrough:PassthroughBackend, serves any id it " \
+    assert (
+        "passthrough (ptestore.backends.passthrough:PassthroughBackend, serves any id it "
         "is named for)" in message
+    )
     assert (report.specialized, report.hint) == (False, hint)
     assert nothing_specialized_message(report) == message
     assert report.to_dict()["specialized"] is False
@@ -624,3 +627,39 @@ def test_report_names_specs_and_records_publish_results(src: Path, tmp_path: Pat
     )
     report = ptestore.specialize(src, tmp_path / "o.pte", backends=[Backend])
     assert report.backends[0].implementation == LABEL
+
+
+def test_cli_does_not_exit_0_on_a_backend_sys_exit(
+    plugins: Plugins, src: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``specialize ... && deploy`` must not go on: a ``sys.exit(0)`` at import or in
+    the call is a failure with a message."""
+    from ptestore.cli import main
+
+    at_import = plugins.module("import sys\nsys.exit(0)\n")
+    in_call = plugins.module(
+        """
+        import sys
+        from ptestore.backends import BackendInterface
+
+        class Quits(BackendInterface):
+            name = "XnnpackBackend"
+
+            def initialize_backend_data(self, context, output):
+                sys.exit(0)
+        """
+    )
+    out = tmp_path / "o.pte"
+    for spec, text in (
+        (
+            f"{at_import}:X",
+            f"backend '{at_import}:X': importing module '{at_import}' failed: SystemExit: 0",
+        ),
+        (
+            f"{in_call}:Quits",
+            "backend 'XnnpackBackend': initialize_backend_data failed: SystemExit: 0",
+        ),
+    ):
+        assert main(["specialize", str(src), str(out), "--backend", spec, "--quiet"]) == 1
+        assert text in capsys.readouterr().err
+        assert not out.exists()

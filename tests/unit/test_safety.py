@@ -36,9 +36,7 @@ from ptestore.writers import open_writer
 
 EXT = get_fixture("mlp_xnnpack_ext")
 assert EXT.pte_path is not None and EXT.ptd_path is not None
-PAIR_RULE = (
-    "every destination must differ from both sources and from the other destination"
-)
+PAIR_RULE = "every destination must differ from both sources and from the other destination"
 
 
 @pytest.fixture
