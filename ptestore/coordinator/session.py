@@ -257,8 +257,14 @@ class Session:
                 "replaced without rewriting the program; export with "
                 "extract_delegate_segments=True"
             )
-        if d.index in self.blobs or d.index in self.run.replaced_blobs:
+        if d.index in self.blobs:
             raise self._error(f"processed data of {where} written twice")
+        if d.index in self.run.replaced_blobs:
+            raise self._error(
+                f"processed data of {where} is shared with delegates of backend "
+                f"{self.run.replaced_blobs[d.index]!r}, which already replaced it: a blob "
+                "used by delegates of different backends cannot be replaced"
+            )
         view, alignment = self._check_data(data, "write_processed_data", None)
         rep = self._spool(view, alignment, where)
         self.pending.setdefault(("pte", d.index), []).append(rep)

@@ -459,6 +459,23 @@ def test_blob_shared_by_two_backends_is_refused(tmp_path: Path) -> None:
     )
 
 
+def test_blob_shared_by_two_backends_that_both_replace_it(tmp_path: Path) -> None:
+    data = build_pte(
+        [CONST, BLOB, WEIGHT],
+        named=[("w", 2)],
+        delegates=[Deleg("A", 1), Deleg("B", 1)],
+        constant=(0, [0, 8]),
+    )
+    refused_kinds(
+        tmp_path,
+        data,
+        [Writes("A", blob=b"for A"), Writes("B", blob=b"for B")],
+        r"backend 'B', method 'forward': processed data of delegate forward\[1\] is shared "
+        r"with delegates of backend 'A', which already replaced it: a blob used by delegates "
+        r"of different backends cannot be replaced",
+    )
+
+
 def test_blob_shared_with_different_compile_specs_is_refused(tmp_path: Path) -> None:
     data = build_pte(
         [CONST, BLOB, WEIGHT],
