@@ -17,6 +17,7 @@ __all__ = [
     "FormatError",
     "IntegrityError",
     "InvalidReplacement",
+    "NothingSpecialized",
     "NotSupported",
     "ObjectNotFound",
     "PreconditionFailed",
@@ -26,6 +27,7 @@ __all__ = [
     "PublishUncertain",
     "StorageError",
     "WriterStateError",
+    "describe_exception",
 ]
 
 
@@ -72,6 +74,47 @@ class FormatError(PteStoreError, ValueError):
 
 class ConfigurationError(PteStoreError, ValueError):
     """Bad arguments: an unknown URL scheme, an unknown backend, a bad option."""
+
+
+class NothingSpecialized(ConfigurationError):
+    """A run with ``strict=True`` found nothing to specialize: no backend id of the
+    program has an implementation, every backend declined, or the backends given serve
+    no id of the program. Nothing was published.
+
+    Attributes
+    ----------
+    backend_ids:
+        The ``BackendDelegate.id`` values of the program.
+    installed:
+        The installed backends, as ``"name (spec)"`` strings.
+    hint:
+        What to do about it, when something specific is known (e.g. pass ``--ptd``).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        backend_ids: tuple[str, ...] = (),
+        installed: tuple[str, ...] = (),
+        hint: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.backend_ids = backend_ids
+        self.installed = installed
+        self.hint = hint
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (
+            _rebuild_nothing,
+            (str(self), self.backend_ids, self.installed, self.hint),
+        )
+
+
+def _rebuild_nothing(
+    message: str, backend_ids: tuple[str, ...], installed: tuple[str, ...], hint: str | None
+) -> NothingSpecialized:
+    return NothingSpecialized(message, backend_ids=backend_ids, installed=installed, hint=hint)
 
 
 class StorageError(PteStoreError, OSError):
@@ -178,3 +221,16 @@ class PartialPublish(StorageError):
 
 def _rebuild_partial(message: str, published: tuple[str, ...]) -> PartialPublish:
     return PartialPublish(message, published=published)
+
+
+def describe_exception(exc: BaseException) -> str:
+    """``"TypeName: message"`` for any exception, even one whose ``__str__`` raises or
+    returns something other than a string (backend code is user code)."""
+    name = type(exc).__name__
+    try:
+        text = str(exc)
+    except BaseException as inner:  # a hostile __str__ must not escape
+        if isinstance(inner, KeyboardInterrupt):
+            raise
+        return f"{name} (its message could not be read: {type(inner).__name__})"
+    return f"{name}: {text}" if text else name

@@ -19,6 +19,8 @@ from .api import (
 )
 from .registry import (
     ENTRY_POINT_GROUP,
+    InstalledBackend,
+    installed_backends,
     load_backend,
     register_backend,
     registered_backends,
@@ -32,8 +34,10 @@ __all__ = [
     "BackendDataWriter",
     "BackendInterface",
     "DelegateInput",
+    "InstalledBackend",
     "NamedDataMap",
     "NotSupported",
+    "installed_backends",
     "load_backend",
     "register_backend",
     "registered_backends",

@@ -53,7 +53,21 @@ class CommandBackend(BackendInterface):
                 "the command backend needs a program: use command=PROGRAM ARGS "
                 "(e.g. --backend 'command@XnnpackBackend=python3 pack.py')"
             )
-        self.argv = shlex.split(command) if isinstance(command, str) else list(command)
+        if isinstance(command, str):
+            try:
+                self.argv = shlex.split(command)
+            except ValueError as exc:  # "No closing quotation", "No escaped character"
+                raise ConfigurationError(
+                    f"the command backend cannot parse its command line {command!r}: {exc} "
+                    "(close every quote; quote or escape arguments that contain spaces)"
+                ) from None
+        else:
+            self.argv = list(command)
+        if not self.argv:
+            raise ConfigurationError(
+                f"the command backend needs a program, got {command!r}: use command=PROGRAM "
+                "ARGS (e.g. --backend 'command@XnnpackBackend=python3 pack.py')"
+            )
         self.named_data = named_data
         self.processed = processed
         self.alignment = alignment

@@ -13,27 +13,46 @@ A backend SPEC (the CLI's ``--backend`` value, or a string in ``backends=[...]``
 
 Examples: ``passthrough``, ``mypkg.xnn:XnnpackPacker``,
 ``command@XnnpackBackend=python3 pack.py --level 2``.
+
+With no backends given, a run uses every installed backend (registration or entry
+point) whose ``name`` attribute is a backend id of the program, whatever the
+registration or entry point is called; a generic backend (``name == "*"``) is used by
+default only for an id equal to its registration name. :func:`installed_backends`
+lists them with what each serves.
+
+Backend code is user code: an import, a factory or a constructor that fails with
+anything but ``ImportError``/``TypeError`` (``SystemExit`` included; only
+``KeyboardInterrupt`` passes through) raises :class:`~ptestore.errors.BackendError`
+naming the spec; a module that cannot be imported raises
+:class:`~ptestore.errors.ConfigurationError`.
 """
 
 from __future__ import annotations
 
 import copy
 import importlib
+import inspect
 import threading
 from collections.abc import Callable
-from importlib.metadata import entry_points
+from dataclasses import dataclass
+from importlib.metadata import EntryPoint, entry_points
 from types import MappingProxyType
-from typing import Any, Union
+from typing import Union
 
-from ..errors import ConfigurationError
+from ..errors import BackendError, ConfigurationError, describe_exception
 from .api import BackendInterface
 
 __all__ = [
     "ENTRY_POINT_GROUP",
     "BackendLike",
+    "InstalledBackend",
+    "backend_label",
+    "installed_backends",
     "load_backend",
+    "object_label",
     "register_backend",
     "registered_backends",
+    "serving",
     "unregister_backend",
 ]
 
@@ -44,6 +63,39 @@ BackendLike = Union[str, BackendInterface, type[BackendInterface]]  # noqa: UP00
 
 _lock = threading.Lock()
 _registry: dict[str, object] = {}
+
+
+@dataclass(frozen=True)
+class InstalledBackend:
+    """One installed backend: a :func:`register_backend` registration or an entry point
+    of the group ``ptestore.backends``."""
+
+    #: The registered or entry-point name (what ``--backend`` / ``backends=[...]`` take).
+    name: str
+    #: The ``BackendDelegate.id`` it serves (its ``name`` attribute), or ``"*"`` for a
+    #: generic backend, which is used by default only for an id equal to :attr:`name`.
+    serves: str
+    #: Where it comes from: ``package.module:attr``.
+    spec: str
+    #: ``"registered"`` or ``"entry point"``.
+    origin: str
+    #: The version of the distribution providing the entry point, if known.
+    version: str | None = None
+    #: Why it could not be loaded (None when it loaded).
+    error: str | None = None
+
+    def serves_id(self, backend_id: str) -> bool:
+        """Whether the default selection uses it for ``backend_id``."""
+        if self.error is not None:
+            return False
+        return self.serves == backend_id or (self.serves == "*" and self.name == backend_id)
+
+    def describe(self) -> str:
+        """``"name (spec, serves ID)"`` for messages."""
+        if self.error is not None:
+            return f"{self.name} ({self.spec}, cannot be loaded: {self.error})"
+        serves = "any id it is named for" if self.serves == "*" else repr(self.serves)
+        return f"{self.name} ({self.spec}, serves {serves})"
 
 
 def register_backend(
@@ -76,7 +128,7 @@ def unregister_backend(name: str) -> None:
         _registry.pop(name, None)
 
 
-def _entry_points() -> dict[str, Any]:
+def _entry_points() -> dict[str, EntryPoint]:
     return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
@@ -89,6 +141,72 @@ def registered_backends() -> MappingProxyType[str, object]:
     return MappingProxyType(merged)
 
 
+def object_label(obj: object) -> str:
+    """``package.module:QualName`` of a class or function, or of an instance's class;
+    never a ``repr`` (which may show an address, or raise)."""
+    target = obj if isinstance(obj, type) or inspect.isroutine(obj) else type(obj)
+    module = getattr(target, "__module__", None) or "?"
+    qualname = getattr(target, "__qualname__", None) or getattr(target, "__name__", "?")
+    return f"{module}:{qualname}"
+
+
+def backend_label(spec: BackendLike) -> str:
+    """How reports and messages name a backend: the SPEC string as given, or
+    ``package.module:QualName`` for a class or an instance."""
+    if isinstance(spec, str):
+        return spec.strip()
+    return object_label(spec)
+
+
+def _served(obj: object) -> str:
+    """The id a registered object serves: its ``name`` when that is a concrete id
+    (a class attribute for a class; a factory may carry one too), else ``"*"``."""
+    try:
+        name = getattr(obj, "name", None)
+    except Exception:  # a hostile property: treat as generic
+        name = None
+    return name if isinstance(name, str) and name and name != "*" else "*"
+
+
+def installed_backends() -> list[InstalledBackend]:
+    """Every installed backend, registrations first, then entry points (an entry point
+    shadowed by a registration of the same name is left out). Entry points are loaded
+    to learn what they serve; one that cannot be loaded is listed with its error."""
+    with _lock:
+        registered = dict(_registry)
+    out = [
+        InstalledBackend(name, _served(obj), object_label(obj), "registered")
+        for name, obj in sorted(registered.items())
+    ]
+    for name, ep in sorted(_entry_points().items()):
+        if name in registered:
+            continue
+        version = getattr(ep.dist, "version", None) if ep.dist is not None else None
+        try:
+            obj = _load_entry_point(ep, name)
+        except (ConfigurationError, BackendError) as exc:
+            out.append(InstalledBackend(name, "*", ep.value, "entry point", version, str(exc)))
+            continue
+        out.append(InstalledBackend(name, _served(obj), ep.value, "entry point", version))
+    return out
+
+
+def _guarded(what: str, spec: str, action: Callable[[], object]) -> object:
+    """Run user code (an import, a factory): ``ImportError`` becomes a
+    :class:`ConfigurationError`, any other exception (``SystemExit`` included, but not
+    ``KeyboardInterrupt``) a :class:`BackendError`."""
+    try:
+        return action()
+    except (ConfigurationError, BackendError, KeyboardInterrupt):
+        raise
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"backend {spec!r}: {what} failed: {describe_exception(exc)}"
+        ) from exc
+    except BaseException as exc:  # backend code is user code
+        raise BackendError(f"{what} failed: {describe_exception(exc)}", backend=spec) from exc
+
+
 def _import_path(ref: str, spec: str) -> object:
     module_name, _, attr = ref.partition(":")
     if not module_name or not attr:
@@ -97,6 +215,12 @@ def _import_path(ref: str, spec: str) -> object:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigurationError(f"backend {spec!r}: cannot import {module_name!r}: {exc}") from exc
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # a module's import-time code is user code
+        raise BackendError(
+            f"importing module {module_name!r} failed: {describe_exception(exc)}", backend=spec
+        ) from exc
     obj: object = module
     for part in attr.split("."):
         try:
@@ -105,7 +229,30 @@ def _import_path(ref: str, spec: str) -> object:
             raise ConfigurationError(
                 f"backend {spec!r}: module {module_name!r} has no attribute {attr!r}"
             ) from None
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # a module __getattr__ is user code
+            raise BackendError(
+                f"reading {attr!r} of module {module_name!r} failed: {describe_exception(exc)}",
+                backend=spec,
+            ) from exc
     return obj
+
+
+def _load_entry_point(ep: EntryPoint, spec: str) -> object:
+    try:
+        return ep.load()
+    except (ImportError, AttributeError) as exc:
+        raise ConfigurationError(
+            f"backend {spec!r}: entry point {ep.value!r} failed to load: "
+            f"{describe_exception(exc)}"
+        ) from exc
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # a module's import-time code is user code
+        raise BackendError(
+            f"entry point {ep.value!r} failed to load: {describe_exception(exc)}", backend=spec
+        ) from exc
 
 
 def _resolve(ref: str, spec: str) -> object:
@@ -116,12 +263,7 @@ def _resolve(ref: str, spec: str) -> object:
             return _registry[ref]
     eps = _entry_points()
     if ref in eps:
-        try:
-            return eps[ref].load()
-        except Exception as exc:
-            raise ConfigurationError(
-                f"backend {spec!r}: entry point {eps[ref].value!r} failed to load: {exc}"
-            ) from exc
+        return _load_entry_point(eps[ref], spec)
     known = sorted(set(eps) | set(_registry))
     raise ConfigurationError(
         f"backend {spec!r}: unknown name {ref!r}; known: {', '.join(known) or 'none'} "
@@ -130,23 +272,28 @@ def _resolve(ref: str, spec: str) -> object:
 
 
 def _instantiate(obj: object, argument: str | None, spec: str) -> BackendInterface:
+    label = object_label(obj)
     if isinstance(obj, BackendInterface):
         if argument is not None:
             raise ConfigurationError(
-                f"backend {spec!r}: {obj!r} is an instance and takes no =ARGUMENT"
+                f"backend {spec!r}: {label} is an instance and takes no =ARGUMENT"
             )
         return obj
     if not callable(obj):
-        raise ConfigurationError(f"backend {spec!r}: {obj!r} is not a backend or factory")
-    try:
-        made = obj() if argument is None else obj(argument)
-    except ConfigurationError:
-        raise
-    except TypeError as exc:
-        raise ConfigurationError(f"backend {spec!r}: cannot construct {obj!r}: {exc}") from exc
+        raise ConfigurationError(f"backend {spec!r}: {label} is not a backend or factory")
+
+    def make() -> object:
+        try:
+            return obj() if argument is None else obj(argument)
+        except TypeError as exc:
+            raise ConfigurationError(
+                f"backend {spec!r}: cannot construct {label}: {describe_exception(exc)}"
+            ) from exc
+
+    made = _guarded(f"constructing {label}", spec, make)
     if not isinstance(made, BackendInterface):
         raise ConfigurationError(
-            f"backend {spec!r}: {obj!r} returned {type(made).__name__}, not a BackendInterface"
+            f"backend {spec!r}: {label} returned {type(made).__name__}, not a BackendInterface"
         )
     return made
 
@@ -156,7 +303,7 @@ def load_backend(spec: BackendLike) -> BackendInterface:
     if isinstance(spec, BackendInterface):
         return spec
     if isinstance(spec, type):
-        return _instantiate(spec, None, spec.__name__)
+        return _instantiate(spec, None, object_label(spec))
     if not isinstance(spec, str) or not spec.strip():
         raise ConfigurationError(f"backend spec must be a non-empty string, got {spec!r}")
     text = spec.strip()
@@ -167,6 +314,19 @@ def load_backend(spec: BackendLike) -> BackendInterface:
         raise ConfigurationError(f"backend {spec!r}: empty backend id after '@'")
     backend = _instantiate(_resolve(ref, text), argument if eq else None, text)
     if at:
-        backend = copy.copy(backend)  # never rename a shared, registered instance
-        backend.name = backend_id.strip()
+        return serving(backend, backend_id.strip(), text)
     return backend
+
+
+def serving(backend: BackendInterface, backend_id: str, spec: str) -> BackendInterface:
+    """A copy of ``backend`` that serves ``backend_id`` (a shared, registered instance
+    is never renamed)."""
+
+    def rename() -> BackendInterface:
+        renamed = copy.copy(backend)
+        renamed.name = backend_id
+        return renamed
+
+    made = _guarded(f"making {object_label(backend)} serve {backend_id!r}", spec, rename)
+    assert isinstance(made, BackendInterface)
+    return made

@@ -18,7 +18,14 @@ from __future__ import annotations
 
 from .frontend import specialize
 from .pipeline import initialize_and_save_backend_data
-from .report import BackendReport, Event, EventTracer, FileReport, SpecializationReport
+from .report import (
+    BackendReport,
+    Event,
+    EventTracer,
+    FileReport,
+    SpecializationReport,
+    nothing_specialized_message,
+)
 from .session import MAX_REQUESTED_ALIGNMENT
 
 __all__ = [
@@ -29,5 +36,6 @@ __all__ = [
     "FileReport",
     "SpecializationReport",
     "initialize_and_save_backend_data",
+    "nothing_specialized_message",
     "specialize",
 ]

@@ -7,23 +7,17 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..backends.registry import BackendLike
-from ..errors import AlreadyExists, ConfigurationError, ObjectNotFound
+from ..errors import AlreadyExists, ObjectNotFound
 from ..loaders import DataLoader, open_loader, split_url
 from ..writers import open_writer
 from ..writers.base import DataWriter, PublishMode
 from .pipeline import initialize_and_save_backend_data
 from .report import EventTracer, SpecializationReport
+from .targets import check_targets
 
 __all__ = ["specialize"]
 
 PathOrUrl = str | os.PathLike[str]
-
-
-def _same_target(a: str, b: str) -> bool:
-    pa, pb = split_url(a), split_url(b)
-    if pa[0] == pb[0] == "file":
-        return os.path.realpath(pa[1]) == os.path.realpath(pb[1])
-    return pa == pb
 
 
 def _options_for(url: str, options: dict[str, Any]) -> dict[str, Any]:
@@ -43,6 +37,7 @@ def specialize(
     src_storage_options: dict[str, Any] | None = None,
     dst_storage_options: dict[str, Any] | None = None,
     spool_dir: str | None = None,
+    strict: bool = False,
 ) -> SpecializationReport:
     """Specialize the model at ``src_url`` and publish it at ``dst_url``.
 
@@ -50,12 +45,14 @@ def specialize(
     ``dst_url`` may equal ``src_url``: the original is then replaced atomically.
     ``ptd=(src_ptd_url, dst_ptd_url)`` rewrites the model's external weights too (the
     two files cannot be replaced in place together: a crash between the two publishes
-    would leave a mismatched pair, so in-place is refused for pairs).
+    would leave a mismatched pair, so in-place is refused for pairs, and so is any
+    destination that is the other file's source or the other destination: paths are
+    compared with symlinks resolved, URLs normalized, all before any work).
     ``storage_options`` apply to every remote URL; ``src_``/``dst_storage_options``
     override them for the sources or the destinations.
 
     See :func:`~ptestore.coordinator.pipeline.initialize_and_save_backend_data` for
-    ``backends``, ``mode``, what is returned and what is raised.
+    ``backends``, ``mode``, ``strict``, what is returned and what is raised.
     """
     src, dst = os.fspath(src_url), os.fspath(dst_url)
     common = dict(storage_options or {})
@@ -65,13 +62,9 @@ def specialize(
     pairs = [(src, dst)]
     if ptd is not None:
         pairs.append((os.fspath(ptd[0]), os.fspath(ptd[1])))
-        for s, d in pairs:
-            if _same_target(s, d):
-                raise ConfigurationError(
-                    f"in-place specialization of a .pte/.ptd pair is refused ({s} -> {d}): "
-                    "the two files cannot be published in one atomic step; write the pair "
-                    "to new names"
-                )
+    # Before any work, and before the create-mode probes: no destination may be a
+    # source or the other destination.
+    check_targets(pairs[0], pairs[1] if ptd is not None else None)
     if mode == "create":
         # Fail before any work (and before a .ptd is published) when a destination
         # exists; the writers' no-clobber publish still guards against races.
@@ -100,6 +93,7 @@ def specialize(
             event_tracer=event_tracer,
             mode=mode,
             spool_dir=spool_dir,
+            strict=strict,
         )
     finally:
         for w in writers:

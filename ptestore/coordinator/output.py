@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from ..errors import PartialPublish
 from ..format.layout import Placement
 from ..format.patch import PatchResult
-from ..writers.base import DataWriter, PublishMode
+from ..writers.base import DataWriter, PublishMode, PublishResult
 from .named import SourceFile
 from .report import Event, FileReport
 from .session import Run
@@ -89,18 +89,22 @@ def write_file(
     )
 
 
-def publish_in_order(run: Run, files: Sequence[SourceFile], mode: PublishMode) -> None:
-    """Publish the .ptd (if any) first, then the .pte.
+def publish_in_order(
+    run: Run, files: Sequence[SourceFile], mode: PublishMode, reports: Sequence[FileReport]
+) -> None:
+    """Publish the .ptd (if any) first, then the .pte, recording in each file's report
+    what its publish returned (size, ETag, version id, checksum).
 
     A crash between the two publishes leaves the old .pte, which a rerun from the
     original sources replaces (see docs/concepts.md); a failure of the second publish
     after the first took effect raises :class:`PartialPublish`.
     """
     published: list[str] = []
+    by_role = {r.role: r for r in reports}
     for f in sorted(files, key=lambda f: 0 if f.role == "ptd" else 1):
         t0 = time.perf_counter()
         try:
-            f.writer.publish(mode)
+            result = f.writer.publish(mode)
         except Exception as exc:
             if published:
                 raise PartialPublish(
@@ -110,4 +114,10 @@ def publish_in_order(run: Run, files: Sequence[SourceFile], mode: PublishMode) -
                 ) from exc
             raise
         published.append(f.writer.url)
+        report = by_role.get(f.role)
+        if report is not None and isinstance(result, PublishResult):
+            report.published_size = result.size
+            report.etag = result.etag
+            report.version_id = result.version_id
+            report.checksum = result.checksum
         run.emit(Event("publish", url=f.writer.url, seconds=time.perf_counter() - t0))

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import inspect
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from ..backends.api import BackendDataInitContext, BackendDataWriter, BackendInterface
-from ..backends.registry import BackendLike
-from ..errors import BackendError, ConfigurationError, NotSupported
+from ..backends.registry import BackendLike, installed_backends
+from ..errors import (
+    BackendError,
+    ConfigurationError,
+    NothingSpecialized,
+    NotSupported,
+    describe_exception,
+)
 from ..format.layout import Placement, layout_file
 from ..format.patch import PatchResult
 from ..format.reader import read_container
@@ -16,10 +23,18 @@ from ..writers.base import DataWriter, PublishMode
 from .aliases import check_aliases
 from .named import SourceFile
 from .output import publish_in_order, write_file
-from .report import BackendReport, Event, EventTracer, FileReport, SpecializationReport
-from .selection import resolve_backends
+from .report import (
+    BackendReport,
+    Event,
+    EventTracer,
+    FileReport,
+    SpecializationReport,
+    nothing_specialized_message,
+)
+from .selection import resolve_backends, why_unchanged
 from .session import Run, Session
 from .spool import Spool
+from .targets import check_pair_targets
 
 __all__ = ["initialize_and_save_backend_data"]
 
@@ -34,6 +49,7 @@ def initialize_and_save_backend_data(
     event_tracer: EventTracer | None = None,
     mode: PublishMode = "overwrite",
     spool_dir: str | None = None,
+    strict: bool = False,
 ) -> SpecializationReport:
     """Specialize a model once and publish the result through the given writers.
 
@@ -46,14 +62,22 @@ def initialize_and_save_backend_data(
     6. check that the sources did not change, then **publish** the .ptd, then the .pte.
 
     ``backends`` lists implementations (instances, classes or SPEC strings, see
-    :mod:`ptestore.backends.registry`); None uses every registered backend whose name
-    is a backend id in the program. ``mode`` is ``"overwrite"`` or ``"create"`` (refuse
-    to replace an existing destination). Returns a :class:`SpecializationReport`.
+    :mod:`ptestore.backends.registry`); None uses every installed backend (registered
+    or entry point) whose ``name`` is a backend id in the program, whatever its
+    registration is called. ``mode`` is ``"overwrite"`` or ``"create"`` (refuse to
+    replace an existing destination). Returns a :class:`SpecializationReport`; when no
+    backend specialized anything, ``report.specialized`` is False and
+    ``report.unchanged_reason``/``report.hint`` say why, and with ``strict=True`` the
+    run raises :class:`~ptestore.errors.NothingSpecialized` instead, before writing
+    or publishing anything (naming ``passthrough`` explicitly asks for a copy and
+    counts as done).
 
     On any failure every writer is discarded and the exception propagates: backend
     failures as :class:`~ptestore.errors.BackendError` naming the backend, method and
     key; storage failures as :class:`~ptestore.errors.StorageError`; a second publish
-    failing after the first took effect as :class:`~ptestore.errors.PartialPublish`.
+    failing after the first took effect as :class:`~ptestore.errors.PartialPublish`;
+    writers that are one destination, or a writer onto the other file's source, as
+    :class:`~ptestore.errors.ConfigurationError`.
     """
     if (ptd_loader is None) != (ptd_writer is None):
         raise ConfigurationError("ptd_loader and ptd_writer must be given together")
@@ -63,11 +87,20 @@ def initialize_and_save_backend_data(
     started = time.perf_counter()
     spool: Spool | None = None
     try:
+        if ptd_loader is not None and ptd_writer is not None:
+            check_pair_targets(pte_loader.name, pte_writer, ptd_loader.name, ptd_writer)
         files = _read(pte_loader, pte_writer, ptd_loader, ptd_writer)
         spool = Spool(spool_dir)
         run = Run(files, spool, event_tracer)
         run.emit(Event("parsed", url=pte_loader.name))
-        backend_reports, unused = _run_backends(run, backends)
+        summary = _run_backends(run, backends)
+        if strict and not summary.specialized:
+            raise NothingSpecialized(
+                nothing_specialized_message(summary) or "nothing was specialized",
+                backend_ids=tuple(b.backend_id for b in summary.backends),
+                installed=tuple(summary.installed_backends),
+                hint=summary.hint,
+            )
         check_aliases(run)
         layouts = [_lay_out(run, f) for f in files]
         file_reports = _write(run, layouts)
@@ -76,10 +109,10 @@ def initialize_and_save_backend_data(
             check = getattr(f.loader, "check_unchanged", None)  # TODO(merge): protocol
             if check is not None:
                 check()
-        publish_in_order(run, files, mode)
-        return SpecializationReport(
-            backend_reports, file_reports, time.perf_counter() - started, unused_backends=unused
-        )
+        publish_in_order(run, files, mode, file_reports)
+        summary.files = file_reports
+        summary.seconds = time.perf_counter() - started
+        return summary
     except BaseException:
         for w in writers:
             try:
@@ -108,19 +141,29 @@ def _read(
     return files
 
 
-def _run_backends(
-    run: Run, backends: Iterable[BackendLike] | None
-) -> tuple[list[BackendReport], list[str]]:
-    ids = list(dict.fromkeys(d.id for d in run.pte.container.delegates))
-    impls, unused = resolve_backends(backends, ids)
+def _run_backends(run: Run, backends: Iterable[BackendLike] | None) -> SpecializationReport:
+    """Run every backend; the report so far (no files yet), with why nothing was
+    specialized if nothing was."""
+    c = run.pte.container
+    ids = list(dict.fromkeys(d.id for d in c.delegates))
+    sel = resolve_backends(backends, ids)
     reports: list[BackendReport] = []
     for bid in ids:
-        impl = impls.get(bid)
-        report = BackendReport(bid, None if impl is None else repr(impl), "no_implementation")
+        impl = sel.impls.get(bid)
+        report = BackendReport(bid, sel.labels.get(bid), "no_implementation")
         reports.append(report)
         if impl is not None:
             _run_backend(run, impl, bid, report)
-    return reports, unused
+    reason, hint = why_unchanged(
+        sel, reports, has_ptd=len(run.files) > 1, pte_has_named_data=bool(c.named_data)
+    )
+    summary = SpecializationReport(
+        reports, [], 0.0, unused_backends=sel.unused, source=run.pte.loader.name
+    )
+    if reason is not None:
+        summary.unchanged_reason, summary.hint = reason, hint
+        summary.installed_backends = [i.describe() for i in installed_backends()]
+    return summary
 
 
 def _run_backend(run: Run, impl: BackendInterface, bid: str, report: BackendReport) -> None:
@@ -128,14 +171,23 @@ def _run_backend(run: Run, impl: BackendInterface, bid: str, report: BackendRepo
     run.emit(Event("backend_start", backend=bid))
     t0 = time.perf_counter()
     try:
-        impl.initialize_backend_data(BackendDataInitContext(session), BackendDataWriter(session))
+        try:
+            # Typed to return None, but a generator function or an async def returns
+            # an object whose body never ran: look at what really came back.
+            call: Callable[..., object] = impl.initialize_backend_data
+            result = call(BackendDataInitContext(session), BackendDataWriter(session))
+        finally:
+            session.close()  # the context and writer are valid only during the call
+        _check_returned(result, bid)
     except NotSupported:
         report.status = "not_supported"
-    except BackendError:
+    except (BackendError, KeyboardInterrupt):
         raise
-    except Exception as exc:
+    except BaseException as exc:  # backend code is user code
+        # SystemExit, GeneratorExit or a custom BaseException from a backend must not
+        # end the program silently: it is a backend failure like any other.
         raise BackendError(
-            f"initialize_backend_data failed: {type(exc).__name__}: {exc}",
+            f"initialize_backend_data failed: {describe_exception(exc)}",
             backend=bid,
             method=session.last_method,
             key=session.last_key,
@@ -146,6 +198,27 @@ def _run_backend(run: Run, impl: BackendInterface, bid: str, report: BackendRepo
     finally:
         report.seconds = time.perf_counter() - t0
     run.emit(Event("backend_end", backend=bid, seconds=report.seconds, status=report.status))
+
+
+def _check_returned(result: object, bid: str) -> None:
+    """``initialize_backend_data`` does its work during the call: a generator, coroutine
+    or other awaitable returned instead means its body never ran."""
+    kind = None
+    if inspect.isgenerator(result):
+        kind = "a generator (is initialize_backend_data a generator function?)"
+    elif inspect.isasyncgen(result):
+        kind = "an async generator"
+    elif inspect.isawaitable(result):
+        kind = "a coroutine or awaitable (is initialize_backend_data an async def?)"
+    if kind is None:
+        return
+    if inspect.isgenerator(result) or inspect.iscoroutine(result):
+        result.close()  # no "never awaited" warning; the body still never ran
+    raise BackendError(
+        f"initialize_backend_data returned {kind}, so its body never ran: it must do its "
+        "work during the call and return None",
+        backend=bid,
+    )
 
 
 def _lay_out(run: Run, f: SourceFile) -> tuple[list[Placement], PatchResult]:

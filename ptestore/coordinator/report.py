@@ -6,7 +6,14 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["BackendReport", "Event", "EventTracer", "FileReport", "SpecializationReport"]
+__all__ = [
+    "BackendReport",
+    "Event",
+    "EventTracer",
+    "FileReport",
+    "SpecializationReport",
+    "nothing_specialized_message",
+]
 
 
 @dataclass(frozen=True)
@@ -39,6 +46,8 @@ class BackendReport:
     """What one backend id did."""
 
     backend_id: str
+    #: The implementation's spec: the SPEC string given, the installed backend's
+    #: registered or entry-point name, or ``package.module:Class`` for an object.
     implementation: str | None
     #: ``"specialized"``, ``"not_supported"`` (the backend declined) or
     #: ``"no_implementation"`` (nothing registered for this id).
@@ -66,6 +75,12 @@ class FileReport:
     redirected_tables: int
     bytes_copied: int
     bytes_replaced: int
+    #: What the publish returned (None until published, or when the storage reports
+    #: no such value): the published size, ETag, version id and verified checksum.
+    published_size: int | None = None
+    etag: str | None = None
+    version_id: str | None = None
+    checksum: str | None = None
 
 
 @dataclass
@@ -77,6 +92,41 @@ class SpecializationReport:
     seconds: float
     #: Backends given explicitly whose id does not occur in the program (a typo?).
     unused_backends: list[str] = field(default_factory=list)
+    #: The source .pte.
+    source: str = ""
+    #: Why nothing was specialized (None when something was, or when ``passthrough``
+    #: was named explicitly: an unchanged copy is then what was asked for).
+    unchanged_reason: str | None = None
+    #: What to do about it, when something specific is known.
+    hint: str | None = None
+    #: The installed backends as ``"name (spec, serves ID)"``; filled in only when
+    #: nothing was specialized.
+    installed_backends: list[str] = field(default_factory=list)
+
+    @property
+    def specialized(self) -> bool:
+        """Whether the run did what was asked (see :attr:`unchanged_reason`)."""
+        return self.unchanged_reason is None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out["specialized"] = self.specialized
+        return out
+
+
+def nothing_specialized_message(report: SpecializationReport) -> str | None:
+    """The message for a run that specialized nothing (None if it did): why, the
+    backend ids in the program, the installed backends and the hint. The text of
+    :class:`~ptestore.errors.NothingSpecialized` under ``strict=True``."""
+    if report.unchanged_reason is None:
+        return None
+    ids = ", ".join(b.backend_id for b in report.backends) or "none"
+    installed = "; ".join(report.installed_backends) or "none"
+    where = f" in {report.source}" if report.source else ""
+    msg = (
+        f"nothing was specialized{where}: {report.unchanged_reason}. "
+        f"Backend ids in the program: {ids}. Installed backends: {installed}."
+    )
+    if report.hint:
+        msg += f" {report.hint}"
+    return msg

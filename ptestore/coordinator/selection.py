@@ -3,52 +3,158 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 from ..backends.api import BackendInterface
-from ..backends.registry import BackendLike, load_backend, registered_backends
+from ..backends.passthrough import PassthroughBackend
+from ..backends.registry import (
+    BackendLike,
+    backend_label,
+    installed_backends,
+    load_backend,
+    serving,
+)
 from ..errors import ConfigurationError
+from .report import BackendReport
 
-__all__ = ["resolve_backends"]
+__all__ = ["Selection", "resolve_backends", "why_unchanged"]
 
 
-def resolve_backends(
-    backends: Iterable[BackendLike] | None, ids: list[str]
-) -> tuple[dict[str, BackendInterface], list[str]]:
+@dataclass
+class Selection:
+    """The outcome of backend selection for one program."""
+
+    #: backend id -> implementation
+    impls: dict[str, BackendInterface] = field(default_factory=dict)
+    #: backend id -> how the report names the implementation (its spec)
+    labels: dict[str, str] = field(default_factory=dict)
+    #: Names given explicitly that no id of the program matches (a typo?).
+    unused: list[str] = field(default_factory=list)
+    #: Whether ``backends`` was given (False: the default selection).
+    explicit: bool = False
+    #: ``passthrough`` was named explicitly: an unchanged copy is what was asked for.
+    passthrough_requested: bool = False
+    #: Every backend given explicitly, as ``(label, id it serves or "*")``.
+    given: list[tuple[str, str]] = field(default_factory=list)
+
+
+def _default(ids: list[str]) -> Selection:
+    """Every installed backend whose ``name`` is a backend id of the program, whatever
+    its entry point or registration is called; a generic backend (``name == "*"``)
+    serves the id it is registered under."""
+    sel = Selection()
+    for info in installed_backends():
+        if info.error is not None:
+            # It may be the one that serves this program: never skip it silently.
+            load_backend(info.name)  # raises the load error itself
+        for bid in ids:
+            if not info.serves_id(bid):
+                continue
+            if bid in sel.labels:
+                raise ConfigurationError(
+                    f"backend id {bid!r} is served by two installed backends, "
+                    f"{sel.labels[bid]!r} and {info.name!r}; choose one with "
+                    "backends=[...] (CLI: --backend)"
+                )
+            impl = load_backend(info.name)
+            if impl.name != bid:  # a generic backend registered under the id
+                impl = serving(impl, bid, info.name)
+            sel.impls[bid] = impl
+            sel.labels[bid] = info.name
+    return sel
+
+
+def resolve_backends(backends: Iterable[BackendLike] | None, ids: list[str]) -> Selection:
     """Map backend ids of the program to implementations.
 
-    ``backends=None`` takes every registered backend whose name is an id of the
+    ``backends=None`` takes every installed backend whose ``name`` is an id of the
     program. Otherwise each given implementation serves its ``name``, and one generic
-    (``name == "*"``) implementation serves every id left. Returns the mapping and the
-    names given explicitly that no id of the program matches.
+    (``name == "*"``) implementation serves every id left.
     """
-    chosen: dict[str, BackendInterface] = {}
-    wildcard: BackendInterface | None = None
     if backends is None:
-        registry = registered_backends()
-        for bid in ids:
-            if bid in registry:
-                chosen[bid] = load_backend(bid)
-        return chosen, []
+        return _default(ids)
+    sel = Selection(explicit=True)
+    wildcard: tuple[BackendInterface, str] | None = None
     for spec in backends:
         impl = load_backend(spec)
+        label = backend_label(spec)
         name = getattr(impl, "name", "*")
         if not isinstance(name, str) or not name:
-            raise ConfigurationError(f"backend {impl!r} has no usable name: {name!r}")
+            raise ConfigurationError(f"backend {label!r} has no usable name: {name!r}")
+        sel.given.append((label, name))
+        if isinstance(impl, PassthroughBackend) and (name == "*" or name in ids):
+            sel.passthrough_requested = True  # not when it serves no id (a typo?)
         if name == "*":
             if wildcard is not None:
                 raise ConfigurationError(
-                    f"two generic backends given ({wildcard!r} and {impl!r}); "
+                    f"two generic backends given ({wildcard[1]!r} and {label!r}); "
                     "use NAME@BACKEND_ID to choose which id each serves"
                 )
-            wildcard = impl
-        elif name in chosen:
+            wildcard = (impl, label)
+        elif name in sel.impls:
             raise ConfigurationError(
-                f"two implementations given for backend id {name!r}: {chosen[name]!r} and {impl!r}"
+                f"two implementations given for backend id {name!r}: "
+                f"{sel.labels[name]!r} and {label!r}"
             )
         else:
-            chosen[name] = impl
-    unused = sorted(name for name in chosen if name not in ids)
+            sel.impls[name] = impl
+            sel.labels[name] = label
+    sel.unused = sorted(name for name in sel.impls if name not in ids)
     if wildcard is not None:
         for bid in ids:
-            chosen.setdefault(bid, wildcard)
-    return chosen, unused
+            if bid not in sel.impls:
+                sel.impls[bid] = wildcard[0]
+                sel.labels[bid] = wildcard[1]
+    return sel
+
+
+def why_unchanged(
+    sel: Selection,
+    reports: list[BackendReport],
+    *,
+    has_ptd: bool,
+    pte_has_named_data: bool,
+) -> tuple[str | None, str | None]:
+    """``(reason, hint)`` when no backend specialized anything, ``(None, None)`` when
+    one did or when ``passthrough`` was named explicitly (a deliberate copy)."""
+    if sel.passthrough_requested or any(r.status == "specialized" for r in reports):
+        return None, None
+    hints: list[str] = []
+    if not reports:
+        reason = "the program has no delegates, so no backend has anything to do"
+    elif all(r.status == "no_implementation" for r in reports):
+        if sel.explicit:
+            given = ", ".join(
+                f"{label} (serves {'any id' if serves == '*' else repr(serves)})"
+                for label, serves in sel.given
+            )
+            reason = f"the backends given serve no backend id of the program: {given or 'none'}"
+            hints.append("Use SPEC@BACKEND_ID to make a backend serve a given id.")
+        else:
+            reason = "no installed backend serves a backend id of the program"
+            hints.append(
+                "Install or register a backend whose name is one of these ids, or name "
+                "one explicitly (backends=[...]; CLI: --backend)."
+            )
+    else:
+        parts = [
+            f"{r.backend_id!r}: "
+            + (
+                "no implementation"
+                if r.status == "no_implementation"
+                else f"{r.implementation} declined (NotSupported)"
+            )
+            for r in reports
+        ]
+        lead = (
+            "every backend declined"
+            if all(r.status == "not_supported" for r in reports)
+            else "no backend specialized anything"
+        )
+        reason = f"{lead} ({'; '.join(parts)})"
+    if reports and not has_ptd and not pte_has_named_data:
+        hints.append(
+            "The .pte holds no named data of its own: if this program keeps its weights "
+            "in a .ptd, pass it (CLI: --ptd SRC_PTD DST_PTD; Python: ptd=(src, dst))."
+        )
+    return reason, " ".join(hints) or None

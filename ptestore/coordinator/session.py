@@ -8,11 +8,12 @@ backend's call returns normally (:meth:`Session.commit`).
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ..backends.api import BackendData, DelegateInput, NamedDataMap
-from ..errors import InvalidReplacement
+from ..errors import InvalidReplacement, WriterStateError
 from ..format.header import is_power_of_two
 from ..format.model import Delegate, TensorLayout
 from .named import MergedNamedDataMap, SourceFile
@@ -90,28 +91,54 @@ class Session:
         self.pending: dict[SegmentKey, list[Replacement]] = {}
         self.keys: dict[str, None] = {}
         self.blobs: set[int] = set()
+        # Held by every use, so that close() waits for a use in progress (a backend's
+        # thread still running) and nothing is accepted after it.
+        self._lock = threading.RLock()
+        self._closed = False
+
+    def close(self) -> None:
+        """End of the backend's call: every later use of its context, writer or named
+        data map raises :class:`WriterStateError`."""
+        with self._lock:
+            self._closed = True
+
+    def check_open(self, what: str) -> None:
+        if self._closed:
+            raise WriterStateError(
+                f"backend {self._backend_id!r}: {what} used after initialize_backend_data "
+                "returned; the context, writer and named data map a backend gets are "
+                "valid only during that call"
+            )
 
     # -- BackendSession protocol -------------------------------------------------
     @property
     def backend_id(self) -> str:
+        self.check_open("context.backend_id")
         return self._backend_id
 
     @property
     def named_data_map(self) -> NamedDataMap:
+        self.check_open("get_named_data_map")
         return self._named
 
     @property
     def replaced_keys(self) -> frozenset[str]:
+        self.check_open("context.replaced_keys")
         return self.run.replaced_keys()
 
     def _unique_inputs(self) -> list[tuple[tuple[str, int], list[Delegate]]]:
         groups: dict[tuple[str, int], list[Delegate]] = {}
         for d in self.run.pte.container.delegates:
-            if d.id == self.backend_id:
+            if d.id == self._backend_id:
                 groups.setdefault((d.location, d.index), []).append(d)
         return list(groups.items())
 
     def next_input(self) -> DelegateInput | None:
+        with self._lock:
+            self.check_open("next_backend_data")
+            return self._next_input()
+
+    def _next_input(self) -> DelegateInput | None:
         if self._pos >= len(self._inputs):
             self.current = None
             return None
@@ -131,10 +158,10 @@ class Session:
         self.report.inputs_seen += 1
         self.report.bytes_in += len(processed)
         self.run.emit(
-            Event("input", backend=self.backend_id, method=first.method, nbytes=len(processed))
+            Event("input", backend=self._backend_id, method=first.method, nbytes=len(processed))
         )
         return DelegateInput(
-            backend_id=self.backend_id,
+            backend_id=self._backend_id,
             method=first.method,
             processed=processed,
             compile_specs=first.compile_specs,
@@ -144,7 +171,7 @@ class Session:
     # -- validation --------------------------------------------------------------
     def _error(self, message: str, key: str | None = None) -> InvalidReplacement:
         return InvalidReplacement(
-            message, backend=self.backend_id, method=self.last_method, key=key
+            message, backend=self._backend_id, method=self.last_method, key=key
         )
 
     def _check_data(self, data: object, what: str, key: str | None) -> tuple[memoryview, int]:
@@ -177,9 +204,14 @@ class Session:
         offset = self.run.spool.add(view)
         digest = hashlib.sha256(view).hexdigest()
         self.report.bytes_out += view.nbytes
-        return Replacement(offset, view.nbytes, alignment, digest, self.backend_id, user)
+        return Replacement(offset, view.nbytes, alignment, digest, self._backend_id, user)
 
     def replace_named(self, key: object, data: BackendData) -> None:
+        with self._lock:
+            self.check_open("write_named_data")
+            self._replace_named(key, data)
+
+    def _replace_named(self, key: object, data: BackendData) -> None:
         if not isinstance(key, str):
             raise self._error(f"named data keys are strings, got {type(key).__name__}")
         self.last_key = key
@@ -189,7 +221,7 @@ class Session:
                 f"({len(self.run.named)} keys in the model); no new keys",
                 key,
             )
-        first = self.run.written_keys.get(key) or (self.backend_id if key in self.keys else None)
+        first = self.run.written_keys.get(key) or (self._backend_id if key in self.keys else None)
         if first is not None:
             raise self._error(f"key written twice (first by backend {first!r})", key)
         view, alignment = self._check_data(data, "write_named_data", key)
@@ -203,9 +235,14 @@ class Session:
         rep = self._spool(view, alignment, f"key {key!r}")
         self.pending.setdefault((f.role, index), []).append(rep)
         self.keys[key] = None
-        self.run.emit(Event("replacement", backend=self.backend_id, key=key, nbytes=view.nbytes))
+        self.run.emit(Event("replacement", backend=self._backend_id, key=key, nbytes=view.nbytes))
 
     def replace_processed(self, data: BackendData) -> None:
+        with self._lock:
+            self.check_open("write_processed_data")
+            self._replace_processed(data)
+
+    def _replace_processed(self, data: BackendData) -> None:
         if self.current is None:
             raise self._error(
                 "write_processed_data called with no current delegate input "
@@ -220,14 +257,20 @@ class Session:
                 "replaced without rewriting the program; export with "
                 "extract_delegate_segments=True"
             )
-        if d.index in self.blobs or d.index in self.run.replaced_blobs:
+        if d.index in self.blobs:
             raise self._error(f"processed data of {where} written twice")
+        if d.index in self.run.replaced_blobs:
+            raise self._error(
+                f"processed data of {where} is shared with delegates of backend "
+                f"{self.run.replaced_blobs[d.index]!r}, which already replaced it: a blob "
+                "used by delegates of different backends cannot be replaced"
+            )
         view, alignment = self._check_data(data, "write_processed_data", None)
         rep = self._spool(view, alignment, where)
         self.pending.setdefault(("pte", d.index), []).append(rep)
         self.blobs.add(d.index)
         self.run.emit(
-            Event("replacement", backend=self.backend_id, method=d.method, nbytes=view.nbytes)
+            Event("replacement", backend=self._backend_id, method=d.method, nbytes=view.nbytes)
         )
 
     def commit(self) -> None:
@@ -235,9 +278,9 @@ class Session:
         for k, reps in self.pending.items():
             self.run.replacements.setdefault(k, []).extend(reps)
         for key in self.keys:
-            self.run.written_keys[key] = self.backend_id
+            self.run.written_keys[key] = self._backend_id
         for blob in self.blobs:
-            self.run.replaced_blobs[blob] = self.backend_id
+            self.run.replaced_blobs[blob] = self._backend_id
         self.report.keys_replaced = list(self.keys)
         self.report.blobs_replaced = len(self.blobs)
 
@@ -250,22 +293,28 @@ class SessionNamedMap:
         self._map = session.run.named
 
     def keys(self) -> list[str]:
+        self._session.check_open("named_data_map.keys")
         return self._map.keys()
 
     def __iter__(self) -> Iterator[str]:
+        self._session.check_open("iterating the named data map")
         return iter(self._map.keys())
 
     def __contains__(self, key: object) -> bool:
+        self._session.check_open("'in' on the named data map")
         return key in self._map
 
     def __len__(self) -> int:
+        self._session.check_open("len() of the named data map")
         return len(self._map)
 
     def get_data(self, key: str) -> Buffer:
+        self._session.check_open("named_data_map.get_data")
         self._session.last_key = key
         data = self._map.get_data(key)
         self._session.report.bytes_in += len(data)
         return data
 
     def get_tensor_layout(self, key: str) -> TensorLayout | None:
+        self._session.check_open("named_data_map.get_tensor_layout")
         return self._map.get_tensor_layout(key)

@@ -1,0 +1,99 @@
+"""Destination collisions: no destination may be a source or the other destination.
+
+Checked before any work. Local paths are compared after resolving symlinks (and, when
+both exist, as one inode, so hard links count too); URLs after normalizing the scheme
+(``s3a`` is ``s3``, ``file://`` is a local path) and repeated or trailing slashes.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+
+from ..errors import ConfigurationError
+from ..loaders import split_url
+from ..writers.base import DataWriter
+
+__all__ = ["check_pair_targets", "check_targets", "same_target", "target_identity"]
+
+_SLASHES = re.compile(r"/{2,}")
+
+
+def target_identity(url: str) -> tuple[str, str]:
+    """``(protocol, normalized path)``: equal for two spellings of one object."""
+    protocol, path = split_url(url)
+    if protocol == "file":
+        return "file", os.path.realpath(path)
+    if protocol == "memory":
+        return "memory", posixpath.normpath(_SLASHES.sub("/", path))
+    if protocol != "s3":  # other fsspec URLs: split_url keeps the whole URL
+        path = path.partition("://")[2]
+    return protocol, _SLASHES.sub("/", path).strip("/")
+
+
+def same_target(a: str, b: str) -> bool:
+    """Whether URLs or paths ``a`` and ``b`` name the same stored object."""
+    ia, ib = target_identity(a), target_identity(b)
+    if ia == ib:
+        return True
+    if ia[0] == ib[0] == "file":
+        try:
+            return os.path.samefile(ia[1], ib[1])
+        except OSError:
+            return False
+    return False
+
+
+_IN_PLACE = (
+    "in-place specialization of a .pte/.ptd pair is refused ({s} -> {d}): the two files "
+    "cannot be published in one atomic step; write the pair to new names"
+)
+
+
+def check_targets(pte: tuple[str, str], ptd: tuple[str, str] | None) -> None:
+    """Refuse a .pte/.ptd pair where a destination is a source or the other destination
+    (``pte`` and ``ptd`` are ``(source, destination)``). A single .pte may be
+    specialized in place."""
+    if ptd is None:
+        return
+    (src, dst), (src_ptd, dst_ptd) = pte, ptd
+    for s, d in (pte, ptd):
+        if _named(s) and same_target(s, d):
+            raise ConfigurationError(_IN_PLACE.format(s=s, d=d))
+    pairs = [
+        ("the destination .pte", dst, "the source .ptd", src_ptd, "would replace the .ptd"),
+        ("the destination .ptd", dst_ptd, "the source .pte", src, "would replace the .pte"),
+        (
+            "the destination .ptd",
+            dst_ptd,
+            "the destination .pte",
+            dst,
+            "the .pte would be published over the new .ptd",
+        ),
+        ("the source .ptd", src_ptd, "the source .pte", src, "a .pte is not its own .ptd"),
+    ]
+    for what_a, a, what_b, b, why in pairs:
+        if _named(a) and _named(b) and same_target(a, b):
+            shown = a if a == b else f"{a} ({b})"
+            raise ConfigurationError(
+                f"{what_a} and {what_b} are the same file, {shown}: {why}; every "
+                "destination must differ from both sources and from the other destination"
+            )
+
+
+def _named(name: str) -> bool:
+    """Loaders without a location are named ``<...>`` (e.g. ``<bytes>``)."""
+    return not name.startswith("<")
+
+
+def check_pair_targets(
+    pte_source: str, pte_writer: DataWriter, ptd_source: str, ptd_writer: DataWriter
+) -> None:
+    """:func:`check_targets` for loaders and writers given directly."""
+    if pte_writer is ptd_writer:
+        raise ConfigurationError(
+            f"pte_writer and ptd_writer are one writer ({pte_writer.url}): the .pte "
+            "would be published over the new .ptd; give each file its own writer"
+        )
+    check_targets((pte_source, pte_writer.url), (ptd_source, ptd_writer.url))
