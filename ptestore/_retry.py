@@ -222,50 +222,59 @@ def _is_type(exc: BaseException, qualified_names: frozenset[str]) -> bool:
     return any(f"{c.__module__}.{c.__qualname__}" in qualified_names for c in type(exc).__mro__)
 
 
+#: ptestore's own errors are final: their class is their category.
+_OURS: tuple[tuple[type[BaseException], Category], ...] = (
+    (ObjectNotFound, Category.NOT_FOUND),
+    (PermissionDenied, Category.PERMISSION),
+    (PreconditionFailed, Category.PRECONDITION),
+    (AlreadyExists, Category.ALREADY_EXISTS),
+    (StorageError, Category.PERMANENT),  # already final (after any retries)
+)
+#: The service's verdict: its error code first ...
+_BY_CODE: tuple[tuple[frozenset[str], Category], ...] = (
+    (TRANSIENT_CODES, Category.TRANSIENT),
+    (NOT_FOUND_CODES, Category.NOT_FOUND),
+    (PERMISSION_CODES, Category.PERMISSION),
+    (PRECONDITION_CODES, Category.PRECONDITION),
+)
+#: ... then the HTTP status (any other 5xx is transient too).
+_BY_STATUS: tuple[tuple[frozenset[int], Category], ...] = (
+    (TRANSIENT_STATUSES, Category.TRANSIENT),
+    (frozenset({404}), Category.NOT_FOUND),
+    (frozenset({401, 403}), Category.PERMISSION),
+    (frozenset({412}), Category.PRECONDITION),
+)
+#: Builtin exception types that name their category.
+_BY_TYPE: tuple[tuple[type[BaseException], Category], ...] = (
+    (FileNotFoundError, Category.NOT_FOUND),
+    (PermissionError, Category.PERMISSION),
+    (FileExistsError, Category.ALREADY_EXISTS),
+)
+
+
 def _classify_ours(exc: BaseException) -> Category | None:
-    if isinstance(exc, ObjectNotFound):
-        return Category.NOT_FOUND
-    if isinstance(exc, PermissionDenied):
-        return Category.PERMISSION
-    if isinstance(exc, PreconditionFailed):
-        return Category.PRECONDITION
-    if isinstance(exc, AlreadyExists):
-        return Category.ALREADY_EXISTS
-    if isinstance(exc, StorageError):  # ours, already final (after any retries)
-        return Category.PERMANENT
-    return None
+    return next((cat for cls, cat in _OURS if isinstance(exc, cls)), None)
 
 
 def _classify_answer(info: ErrorInfo) -> Category:
     """The service's verdict: its error code first, then the HTTP status."""
-    code, status = info.code, info.status
-    if code in TRANSIENT_CODES:
-        return Category.TRANSIENT
-    if code in NOT_FOUND_CODES:
-        return Category.NOT_FOUND
-    if code in PERMISSION_CODES:
-        return Category.PERMISSION
-    if code in PRECONDITION_CODES:
-        return Category.PRECONDITION
-    if status in TRANSIENT_STATUSES or (status is not None and status >= 500):
-        return Category.TRANSIENT
-    if status == 404:
-        return Category.NOT_FOUND
-    if status in (401, 403):
-        return Category.PERMISSION
-    if status == 412:
-        return Category.PRECONDITION
-    return Category.PERMANENT
+    for codes, category in _BY_CODE:
+        if info.code in codes:
+            return category
+    status = info.status
+    if status is None:
+        return Category.PERMANENT
+    for statuses, category in _BY_STATUS:
+        if status in statuses:
+            return category
+    return Category.TRANSIENT if status >= 500 else Category.PERMANENT
 
 
 def _classify_local(exc: BaseException) -> Category | None:
     """The category an exception's type or errno shows, or None when they do not say."""
-    if isinstance(exc, FileNotFoundError):
-        return Category.NOT_FOUND
-    if isinstance(exc, PermissionError):
-        return Category.PERMISSION
-    if isinstance(exc, FileExistsError):
-        return Category.ALREADY_EXISTS
+    by_type = next((cat for cls, cat in _BY_TYPE if isinstance(exc, cls)), None)
+    if by_type is not None:
+        return by_type
     if isinstance(exc, ssl.SSLError) or _is_type(exc, _TLS_ERRORS):
         return Category.PERMANENT  # a bad certificate stays bad
     if isinstance(exc, _transient_types()):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import stat
 import threading
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import fsspec
 
@@ -63,6 +63,22 @@ class DataLoader(Protocol):
         ...
 
 
+L = TypeVar("L", bound="_Closing")
+
+
+class _Closing:
+    """``with loader:`` closes it."""
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self: L) -> L:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def _check_range(name: str, offset: int, size: int, total: int) -> None:
     if offset < 0 or size < 0 or offset + size > total:
         raise StorageError(
@@ -70,7 +86,7 @@ def _check_range(name: str, offset: int, size: int, total: int) -> None:
         )
 
 
-class BytesLoader:
+class BytesLoader(_Closing):
     """A loader over bytes already in memory (zero-copy slices)."""
 
     def __init__(self, data: bytes | bytearray | memoryview, name: str = "<bytes>") -> None:
@@ -87,17 +103,8 @@ class BytesLoader:
     def check_unchanged(self) -> None:
         """Nothing to check: the caller owns the buffer."""
 
-    def close(self) -> None:
-        pass
 
-    def __enter__(self) -> BytesLoader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class LocalFileLoader:
+class LocalFileLoader(_Closing):
     """Positional reads (``os.pread``) from a local file.
 
     The file descriptor is opened once; ``load`` is safe from several threads.
@@ -164,12 +171,6 @@ class LocalFileLoader:
                 os.close(self._fd)
                 self._fd = None
 
-    def __enter__(self) -> LocalFileLoader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def __del__(self) -> None:
         try:
             self.close()
@@ -177,7 +178,7 @@ class LocalFileLoader:
             pass
 
 
-class FsspecLoader:
+class FsspecLoader(_Closing):
     """Ranged reads through any fsspec filesystem (``memory://``, ``s3://``, ...)."""
 
     def __init__(
@@ -246,15 +247,6 @@ class FsspecLoader:
                 f"got {len(data)} (object changed while reading?)"
             )
         return data
-
-    def close(self) -> None:
-        pass
-
-    def __enter__(self) -> FsspecLoader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def split_url(url: str | os.PathLike[str]) -> tuple[str, str]:
