@@ -218,6 +218,12 @@ _TLS_ERRORS = frozenset(
 )
 
 
+#: botocore's "no usable credentials" errors (raised before any request is sent).
+_CREDENTIAL_ERRORS = frozenset(
+    {"botocore.exceptions.NoCredentialsError", "botocore.exceptions.PartialCredentialsError"}
+)
+
+
 def _is_type(exc: BaseException, qualified_names: frozenset[str]) -> bool:
     return any(f"{c.__module__}.{c.__qualname__}" in qualified_names for c in type(exc).__mro__)
 
@@ -275,6 +281,8 @@ def _classify_local(exc: BaseException) -> Category | None:
     by_type = next((cat for cls, cat in _BY_TYPE if isinstance(exc, cls)), None)
     if by_type is not None:
         return by_type
+    if _is_type(exc, _CREDENTIAL_ERRORS):
+        return Category.PERMISSION
     if isinstance(exc, ssl.SSLError) or _is_type(exc, _TLS_ERRORS):
         return Category.PERMANENT  # a bad certificate stays bad
     if isinstance(exc, _transient_types()):

@@ -5,9 +5,14 @@
 ranged read: parsing the metadata of a multi-GB object reads only its first bytes.
 
 Local files are read with ``os.pread`` (thread-safe, no shared file position). Remote
-reads retry transient failures (connection resets, timeouts, 5xx/SlowDown) with
-exponential backoff through tenacity; permanent failures (missing object, access
-denied) are raised at once as :class:`~ptestore.errors.StorageError` subclasses.
+reads retry transient failures under :class:`ptestore._retry.RetryPolicy` (options
+``retry_attempts``, ``retry_initial``, ``retry_max``); permanent failures are raised at
+once, mapped by :func:`ptestore._retry.to_storage_error` (missing object ->
+:class:`~ptestore.errors.ObjectNotFound`, 401/403/EACCES ->
+:class:`~ptestore.errors.PermissionDenied`, ...).
+
+Every loader implements :meth:`DataLoader.check_unchanged`, which the pipeline calls
+before publishing anything derived from the source.
 """
 
 from __future__ import annotations

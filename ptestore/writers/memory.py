@@ -67,9 +67,15 @@ class MemoryWriter(DataWriter):
     def _write(self, data: memoryview, offset: int) -> None:
         buf = self._st.buf
         end = offset + data.nbytes
-        if end > len(buf):
-            buf.extend(bytes(end - len(buf)))
-        buf[offset:end] = data
+        try:
+            if end > len(buf):
+                buf.extend(bytes(end - len(buf)))
+            buf[offset:end] = data
+        except MemoryError:
+            raise StorageError(
+                f"{self.url}: cannot hold {end} bytes in memory (write of {data.nbytes} bytes "
+                f"at offset {offset})"
+            ) from None
 
     def _publish(self, mode: PublishMode, size: int) -> PublishResult:
         fs, path = self.fs, self.path

@@ -7,7 +7,12 @@ import logging
 import ssl
 
 import pytest
-from botocore.exceptions import ClientError, ConnectionClosedError, EndpointConnectionError
+from botocore.exceptions import (
+    ClientError,
+    ConnectionClosedError,
+    EndpointConnectionError,
+    NoCredentialsError,
+)
 
 from ptestore._retry import (
     DEFAULT_RETRY,
@@ -68,6 +73,7 @@ def client_error(code: str, status: int, message: str = "") -> ClientError:
         (ConnectionClosedError(endpoint_url="http://x"), Category.TRANSIENT),
         (EndpointConnectionError(endpoint_url="http://x"), Category.TRANSIENT),
         (ssl.SSLCertVerificationError("certificate verify failed"), Category.PERMANENT),
+        (NoCredentialsError(), Category.PERMISSION),
         (FileNotFoundError(), Category.NOT_FOUND),
         (PermissionError(), Category.PERMISSION),
         (FileExistsError(), Category.ALREADY_EXISTS),

@@ -222,7 +222,7 @@ class S3Writer(DataWriter):
             Key=self.key,
             UploadId=upload_id,
             PartNumber=index + 1,
-            Body=bytes(data),
+            Body=data,
             ChecksumCRC32=b64crc(crc),
             **self.conn.extras,
         )
