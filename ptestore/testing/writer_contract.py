@@ -83,7 +83,12 @@ class WriterContract:
 
     def test_declares_its_guarantees(self, dest: str) -> None:
         promised = self.guarantees(dest)
-        assert promised.isolated  # every DataWriter stages privately until publish
+        assert promised.isolated, "a DataWriter stages privately until publish"
+        w = self.make_writer(dest)
+        w.write(b"checked", 0)
+        result = w.publish()
+        # a writer that promises verification reports the checksum it verified
+        assert (result.checksum is not None) is promised.verified, result
 
     # -- writing ----------------------------------------------------------------------
 
