@@ -10,11 +10,9 @@ Usage, for any writer::
         def leftovers(self, dest: str) -> list[str]: ...  # staging artefacts left behind
 
 The backdoor hooks must not use ptestore's writers or loaders, so that the writer's own
-behaviour is what is tested. What a writer promises is read from the writer itself
-(its :class:`~ptestore.writers.WriterGuarantees`, ``type(w).guarantees``): the race
-tests run only for promised atomic publishes and exclusive creates.
-Subclasses can set up per-test state (servers, buckets) in autouse fixtures: pytest
-makes a new instance for every test.
+behaviour is what is tested. The race tests run only for what the writer promises
+(``type(w).guarantees``, a :class:`~ptestore.writers.WriterGuarantees`). Per-test state
+(servers, buckets) goes in autouse fixtures: pytest makes a new instance per test.
 """
 
 from __future__ import annotations
@@ -77,9 +75,8 @@ class WriterContract:
         """What the writer under test promises (read from the writer, then discarded)."""
         w = self.make_writer(dest)
         w.discard()
-        promised = type(w).guarantees
-        assert isinstance(promised, WriterGuarantees), type(w)
-        return promised
+        assert isinstance(type(w).guarantees, WriterGuarantees), type(w)
+        return type(w).guarantees
 
     def test_declares_its_guarantees(self, dest: str) -> None:
         promised = self.guarantees(dest)
@@ -267,8 +264,7 @@ class WriterContract:
                 w.write(b"x", 2**63)
             with pytest.raises(ConfigurationError, match=r"copy_from of 3 bytes at offset"):
                 w.copy_from(BytesLoader(b"abc"), 0, 3, 2**63 - 2)
-            assert w.state is WriterState.OPEN
-            w.write(b"ok", 0)
+            w.write(b"ok", 0)  # still open
             w.publish()
         assert self.get(dest) == b"ok"
 

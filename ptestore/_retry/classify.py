@@ -1,19 +1,7 @@
-"""One classification of storage failures, one retry policy, one mapping to ptestore errors.
+"""Classification of storage failures and their mapping to :mod:`ptestore.errors`.
 
-Every loader and writer asks this module three questions about a failure:
-
-- :func:`classify`: which :class:`Category` is it? Decided by the error *code* and
-  HTTP *status* of a botocore ``ClientError`` (or anything carrying the same
-  ``response`` dict), by the ``errno`` of an ``OSError`` and by the exception *type*
-  (connection and timeout errors of the standard library, botocore, urllib3 and
-  aiohttp). Never by the text of a message: ``OSError("short read: wanted 5000
-  bytes")`` is not a server error because it contains "500".
-- :class:`RetryPolicy`: retry the :attr:`Category.TRANSIENT` ones, with jittered
-  exponential backoff (tenacity), logging each retry on ``ptestore.retry``.
-- :func:`to_storage_error`: the :mod:`ptestore.errors` exception to raise (missing ->
-  :class:`~ptestore.errors.ObjectNotFound`, 401/403/EACCES ->
-  :class:`~ptestore.errors.PermissionDenied`, 412 ->
-  :class:`~ptestore.errors.PreconditionFailed`, ...).
+Decided by the error code and HTTP status of a botocore ``ClientError`` (anywhere in
+the cause chain), by exception type and by ``errno``; never by the text of a message.
 """
 
 from __future__ import annotations
@@ -22,24 +10,11 @@ import enum
 import errno
 import functools
 import http.client
-import logging
 import ssl
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
 
-from tenacity import (
-    RetryCallState,
-    Retrying,
-    retry_if_exception,
-    stop_after_attempt,
-    wait_exponential,
-    wait_random,
-)
-
-from .errors import (
+from ..errors import (
     AlreadyExists,
-    ConfigurationError,
     ObjectNotFound,
     PermissionDenied,
     PreconditionFailed,
@@ -47,26 +22,21 @@ from .errors import (
 )
 
 __all__ = [
-    "DEFAULT_RETRY",
     "NOT_FOUND_CODES",
     "PERMISSION_CODES",
     "PRECONDITION_CODES",
-    "RETRY_OPTIONS",
     "TRANSIENT_CODES",
     "TRANSIENT_ERRNOS",
     "TRANSIENT_STATUSES",
     "Category",
     "ErrorInfo",
-    "RetryPolicy",
     "classify",
     "error_code",
     "error_info",
+    "find_error_info",
     "is_transient",
     "to_storage_error",
 ]
-
-log = logging.getLogger("ptestore.retry")
-T = TypeVar("T")
 
 #: Error codes of S3 (and botocore) that ask the client to try again later.
 TRANSIENT_CODES = frozenset(
@@ -335,7 +305,8 @@ def is_transient(exc: BaseException) -> bool:
     return classify(exc) is Category.TRANSIENT
 
 
-def _info_in_chain(exc: BaseException) -> ErrorInfo | None:
+def find_error_info(exc: BaseException) -> ErrorInfo | None:
+    """The :class:`ErrorInfo` of the first exception of ``exc``'s cause chain with one."""
     for e in _chain(exc):
         info = error_info(e)
         if info is not None:
@@ -345,7 +316,7 @@ def _info_in_chain(exc: BaseException) -> ErrorInfo | None:
 
 def error_code(exc: BaseException) -> str | None:
     """The service's error code (``"NoSuchUpload"``...) found in ``exc``'s cause chain."""
-    info = _info_in_chain(exc)
+    info = find_error_info(exc)
     return info.code if info is not None else None
 
 
@@ -357,7 +328,7 @@ def to_storage_error(exc: BaseException, where: str, action: str) -> StorageErro
     """
     if isinstance(exc, StorageError):
         return exc
-    info = _info_in_chain(exc)
+    info = find_error_info(exc)
     if info is not None:
         detail = info.describe()
     elif isinstance(exc, OSError) and exc.strerror:
@@ -375,92 +346,3 @@ def to_storage_error(exc: BaseException, where: str, action: str) -> StorageErro
     if category is Category.ALREADY_EXISTS:
         return AlreadyExists(text)
     return StorageError(text)
-
-
-#: Storage options that configure :class:`RetryPolicy` (accepted by every remote
-#: loader and writer).
-RETRY_OPTIONS = ("retry_attempts", "retry_initial", "retry_max")
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Retry transient failures (:func:`is_transient`) with jittered exponential backoff.
-
-    Retried: 5xx answers, 408/429, throttling codes (``SlowDown``, ``Throttling``...),
-    connection resets and timeouts. Never retried: missing objects, permission
-    problems, failed preconditions, other 4xx answers, anything of ptestore's own.
-    """
-
-    #: Attempts in total, the first one included.
-    attempts: int = 6
-    #: Seconds before the first retry (doubling each time, plus up to this much jitter).
-    initial: float = 0.1
-    #: Upper bound of one wait, in seconds.
-    maximum: float = 5.0
-
-    def __post_init__(self) -> None:
-        _check_number("retry_attempts", self.attempts, int, 1)
-        _check_number("retry_initial", self.initial, float, 0)
-        _check_number("retry_max", self.maximum, float, 0)
-
-    @classmethod
-    def from_options(cls, url: str, options: dict[str, Any]) -> RetryPolicy:
-        """Take ``retry_attempts``/``retry_initial``/``retry_max`` out of ``options``."""
-        given = {name: options.pop(name) for name in RETRY_OPTIONS if name in options}
-        try:
-            return cls(
-                attempts=given.get("retry_attempts", cls.attempts),
-                initial=given.get("retry_initial", cls.initial),
-                maximum=given.get("retry_max", cls.maximum),
-            )
-        except ConfigurationError as exc:
-            raise ConfigurationError(f"{url}: {exc}") from None
-
-    def call(
-        self,
-        fn: Callable[[], T],
-        *,
-        what: str = "storage call",
-        on_retry: Callable[[], None] | None = None,
-    ) -> T:
-        """Run ``fn``; retry transient failures; re-raise the last failure as it is.
-
-        ``what`` names the call in the retry log; ``on_retry`` runs before each retry.
-        """
-
-        def before_sleep(state: RetryCallState) -> None:
-            exc = state.outcome.exception() if state.outcome is not None else None
-            info = _info_in_chain(exc) if exc is not None else None
-            reason = info.describe() if info is not None else f"{type(exc).__name__}: {exc}"
-            wait = state.next_action.sleep if state.next_action is not None else 0.0
-            log.warning(
-                "%s: attempt %d of %d failed (%s); retrying in %.2fs",
-                what,
-                state.attempt_number,
-                self.attempts,
-                reason,
-                wait,
-            )
-            if on_retry is not None:
-                on_retry()
-
-        retrying = Retrying(
-            retry=retry_if_exception(is_transient),
-            stop=stop_after_attempt(self.attempts),
-            wait=wait_exponential(multiplier=self.initial, max=self.maximum)
-            + wait_random(0, self.initial),
-            reraise=True,
-            before_sleep=before_sleep,
-        )
-        return retrying(fn)
-
-
-def _check_number(name: str, value: object, kind: type, minimum: float) -> None:
-    ok = isinstance(value, (int, float) if kind is float else int) and not isinstance(value, bool)
-    if not ok or value < minimum:  # type: ignore[operator]
-        what = "an int" if kind is int else "a number"
-        raise ConfigurationError(f"{name} = {value!r}: must be {what} >= {minimum:g}")
-
-
-#: The policy used when no retry option is given.
-DEFAULT_RETRY = RetryPolicy()
