@@ -5,30 +5,28 @@
 ranged read: parsing the metadata of a multi-GB object reads only its first bytes.
 
 Local files are read with ``os.pread`` (thread-safe, no shared file position). Remote
-reads retry transient failures (connection resets, timeouts, 5xx/SlowDown) with
-exponential backoff through tenacity; permanent failures (missing object, access
-denied) are raised at once as :class:`~ptestore.errors.StorageError` subclasses.
+reads retry transient failures under :class:`ptestore._retry.RetryPolicy` (options
+``retry_attempts``, ``retry_initial``, ``retry_max``); permanent failures are raised at
+once, mapped by :func:`ptestore._retry.to_storage_error` (missing object ->
+:class:`~ptestore.errors.ObjectNotFound`, 401/403/EACCES ->
+:class:`~ptestore.errors.PermissionDenied`, ...).
+
+Every loader implements :meth:`DataLoader.check_unchanged`, which the pipeline calls
+before publishing anything derived from the source.
 """
 
 from __future__ import annotations
 
-import errno
 import os
 import stat
 import threading
-from collections.abc import Callable
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import fsspec
-from tenacity import (
-    Retrying,
-    retry_if_exception,
-    stop_after_attempt,
-    wait_exponential,
-    wait_random,
-)
 
 from ._io import pread_all
+from ._options import check_options, fsspec_options
+from ._retry import DEFAULT_RETRY, RETRY_OPTIONS, Category, RetryPolicy, classify, to_storage_error
 from .errors import ConfigurationError, ObjectNotFound, StorageError
 
 __all__ = [
@@ -39,8 +37,6 @@ __all__ = [
     "open_loader",
     "split_url",
 ]
-
-T = TypeVar("T")
 
 
 @runtime_checkable
@@ -61,9 +57,31 @@ class DataLoader(Protocol):
         """
         ...
 
+    def check_unchanged(self) -> None:
+        """Raise :class:`~ptestore.errors.StorageError` if the object was modified or
+        replaced since the loader was opened (its bytes may then be a mix of two
+        versions). Called before publishing anything derived from it."""
+        ...
+
     def close(self) -> None:
         """Release any resources; idempotent."""
         ...
+
+
+L = TypeVar("L", bound="_Closing")
+
+
+class _Closing:
+    """``with loader:`` closes it."""
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self: L) -> L:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _check_range(name: str, offset: int, size: int, total: int) -> None:
@@ -73,7 +91,7 @@ def _check_range(name: str, offset: int, size: int, total: int) -> None:
         )
 
 
-class BytesLoader:
+class BytesLoader(_Closing):
     """A loader over bytes already in memory (zero-copy slices)."""
 
     def __init__(self, data: bytes | bytearray | memoryview, name: str = "<bytes>") -> None:
@@ -87,17 +105,11 @@ class BytesLoader:
         _check_range(self.name, offset, size, self._view.nbytes)
         return self._view[offset : offset + size]
 
-    def close(self) -> None:
-        pass
-
-    def __enter__(self) -> BytesLoader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def check_unchanged(self) -> None:
+        """Nothing to check: the caller owns the buffer."""
 
 
-class LocalFileLoader:
+class LocalFileLoader(_Closing):
     """Positional reads (``os.pread``) from a local file.
 
     The file descriptor is opened once; ``load`` is safe from several threads.
@@ -108,7 +120,7 @@ class LocalFileLoader:
         self.path = os.fspath(path)
         self.name = self.path
         try:
-            self._fd: int | None = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            self._fd: int | None = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError as exc:
             raise ObjectNotFound(f"{self.path}: no such file") from exc
         except IsADirectoryError as exc:
@@ -164,12 +176,6 @@ class LocalFileLoader:
                 os.close(self._fd)
                 self._fd = None
 
-    def __enter__(self) -> LocalFileLoader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def __del__(self) -> None:
         try:
             self.close()
@@ -177,120 +183,7 @@ class LocalFileLoader:
             pass
 
 
-_TRANSIENT_NAMES = frozenset(
-    {
-        "ConnectionClosedError",
-        "EndpointConnectionError",
-        "ReadTimeoutError",
-        "ConnectTimeoutError",
-        "ClientPayloadError",
-        "ServerDisconnectedError",
-        "ClientOSError",
-        "ClientConnectionError",
-        "IncompleteRead",
-        "ProtocolError",
-        "ResponseStreamingError",
-    }
-)
-_TRANSIENT_WORDS = (
-    "SlowDown",
-    "Throttl",
-    "ServiceUnavailable",
-    "InternalError",
-    "RequestTimeout",
-    "503",
-    "500",
-    "502",
-    "504",
-    "Connection reset",
-)
-
-
-#: S3/botocore error codes worth retrying (the service asks the client to try again).
-TRANSIENT_S3_CODES = frozenset(
-    {
-        "InternalError",
-        "ServiceUnavailable",
-        "SlowDown",
-        "RequestTimeout",
-        "RequestTimeoutException",
-        "Throttling",
-        "ThrottlingException",
-        "ThrottledException",
-        "RequestThrottled",
-        "RequestThrottledException",
-        "RequestLimitExceeded",
-        "TooManyRequestsException",
-        "BandwidthLimitExceeded",
-        "EC2ThrottledException",
-        "PriorRequestNotComplete",
-    }
-)
-
-
-def _client_error_info(exc: BaseException) -> tuple[str | None, int | None] | None:
-    """``(code, http status)`` of a botocore ``ClientError``-like exception, else None."""
-    response = getattr(exc, "response", None)
-    if not isinstance(response, dict):
-        return None
-    error = response.get("Error") or {}
-    meta = response.get("ResponseMetadata") or {}
-    code = error.get("Code") if isinstance(error, dict) else None
-    status = meta.get("HTTPStatusCode") if isinstance(meta, dict) else None
-    return (str(code) if code is not None else None, status if isinstance(status, int) else None)
-
-
-def is_transient(exc: BaseException) -> bool:
-    """True for failures worth retrying: timeouts, resets, 5xx and throttling.
-
-    Never true for missing objects, permission problems, failed preconditions or any
-    other 4xx answer (except 408 request timeout and 429 too many requests).
-    """
-    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, StorageError)):
-        return False
-    info = _client_error_info(exc)
-    if info is not None:
-        code, status = info
-        if code in TRANSIENT_S3_CODES:
-            return True
-        return status is not None and (status >= 500 or status in (408, 429))
-    if isinstance(exc, (ConnectionError, TimeoutError)):
-        return True
-    for cls in type(exc).__mro__:
-        if cls.__name__ in _TRANSIENT_NAMES:
-            return True
-    if isinstance(exc, OSError) and exc.errno in (errno.ETIMEDOUT, errno.ECONNRESET, errno.EPIPE):
-        return True
-    text = str(exc)
-    if isinstance(exc, OSError) and any(w in text for w in _TRANSIENT_WORDS):
-        return True
-    cause = exc.__cause__ or exc.__context__
-    return cause is not None and cause is not exc and is_transient(cause)
-
-
-def call_with_retries(
-    fn: Callable[[], T],
-    *,
-    attempts: int = 5,
-    initial: float = 0.1,
-    maximum: float = 5.0,
-    before_sleep: Callable[[Any], None] | None = None,
-) -> T:
-    """Run ``fn`` and retry only transient failures, with jittered exponential backoff.
-
-    ``before_sleep`` (a tenacity hook) is called before each retry.
-    """
-    retrying = Retrying(
-        retry=retry_if_exception(is_transient),
-        stop=stop_after_attempt(attempts),
-        wait=wait_exponential(multiplier=initial, max=maximum) + wait_random(0, initial),
-        reraise=True,
-        before_sleep=before_sleep,
-    )
-    return retrying(fn)
-
-
-class FsspecLoader:
+class FsspecLoader(_Closing):
     """Ranged reads through any fsspec filesystem (``memory://``, ``s3://``, ...)."""
 
     def __init__(
@@ -299,12 +192,12 @@ class FsspecLoader:
         path: str,
         url: str,
         *,
-        retry_attempts: int = 5,
+        retry: RetryPolicy = DEFAULT_RETRY,
     ) -> None:
         self.fs = fs
         self.path = path
         self.name = url
-        self._attempts = retry_attempts
+        self._retry = retry
         info = self._info("no such object")
         if info.get("type") == "directory":
             raise StorageError(f"{url}: is a directory, not an object")
@@ -317,15 +210,13 @@ class FsspecLoader:
 
     def _info(self, missing: str) -> dict[str, Any]:
         try:
-            info: dict[str, Any] = call_with_retries(
-                lambda: self.fs.info(self.path), attempts=self._attempts
+            info: dict[str, Any] = self._retry.call(
+                lambda: self.fs.info(self.path), what=f"{self.name}: stat"
             )
-        except FileNotFoundError as exc:
-            raise ObjectNotFound(f"{self.name}: {missing}") from exc
-        except StorageError:
-            raise
         except Exception as exc:
-            raise StorageError(f"{self.name}: cannot stat object: {exc}") from exc
+            if classify(exc) is Category.NOT_FOUND:
+                raise ObjectNotFound(f"{self.name}: {missing}") from exc
+            raise to_storage_error(exc, self.name, "stat") from exc
         return info
 
     def check_unchanged(self) -> None:
@@ -348,31 +239,19 @@ class FsspecLoader:
             data = self.fs.cat_file(self.path, start=offset, end=offset + size)
             return bytes(data) if not isinstance(data, bytes) else data
 
+        what = f"read of {size} bytes at offset {offset}"
         try:
-            data = call_with_retries(read, attempts=self._attempts)
-        except FileNotFoundError as exc:
-            raise ObjectNotFound(f"{self.name}: object disappeared while reading") from exc
-        except StorageError:
-            raise
+            data = self._retry.call(read, what=f"{self.name}: {what}")
         except Exception as exc:
-            raise StorageError(
-                f"{self.name}: read of {size} bytes at offset {offset} failed: {exc}"
-            ) from exc
+            if classify(exc) is Category.NOT_FOUND:
+                raise ObjectNotFound(f"{self.name}: object disappeared while reading") from exc
+            raise to_storage_error(exc, self.name, what) from exc
         if len(data) != size:
             raise StorageError(
                 f"{self.name}: short read: wanted {size} bytes at offset {offset}, "
                 f"got {len(data)} (object changed while reading?)"
             )
         return data
-
-    def close(self) -> None:
-        pass
-
-    def __enter__(self) -> FsspecLoader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def split_url(url: str | os.PathLike[str]) -> tuple[str, str]:
@@ -395,23 +274,31 @@ def open_loader(url: str | os.PathLike[str], **storage_options: Any) -> DataLoad
     """Open a read-only :class:`DataLoader` for ``url``.
 
     ``url`` is a local path, ``file://``, ``memory://``, ``s3://`` or any fsspec URL.
-    ``storage_options`` are passed to the fsspec filesystem (for S3, s3fs options such
-    as ``endpoint_url``, ``key``, ``secret``, ``client_kwargs``).
+    ``storage_options`` are the fsspec filesystem's (for S3, s3fs options such as
+    ``endpoint_url``, ``key``, ``secret``, ``client_kwargs``, ``profile``) plus
+    ``retry_attempts``, ``retry_initial`` and ``retry_max``. Options that do not apply
+    raise :class:`~ptestore.errors.ConfigurationError` listing the accepted ones.
     """
     protocol, path = split_url(url)
+    text = os.fspath(url)
     if protocol == "file":
-        if storage_options:
-            raise ConfigurationError(
-                f"{url}: storage options {sorted(storage_options)} do not apply to local files"
-            )
+        check_options(text, storage_options, (), "local files")
         return LocalFileLoader(path)
     try:
         fs_cls = fsspec.get_filesystem_class(protocol)
     except (ImportError, ValueError) as exc:
         raise ConfigurationError(f"{url}: cannot read protocol {protocol!r}: {exc}") from exc
-    fs = fs_cls(**storage_options)
+    check_options(
+        text, storage_options, fsspec_options(fs_cls) | set(RETRY_OPTIONS), f"{protocol}://"
+    )
+    options = dict(storage_options)
+    retry = RetryPolicy.from_options(text, options)
+    try:
+        fs = fs_cls(**options)
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError(f"{url}: bad storage options: {exc}") from exc
     if protocol == "s3" or protocol == "memory":
         fs_path = path
     else:
         fs_path = fs._strip_protocol(os.fspath(url))
-    return FsspecLoader(fs, fs_path, os.fspath(url))
+    return FsspecLoader(fs, fs_path, text, retry=retry)

@@ -2,7 +2,9 @@
 
 ``S3_UPLOAD_PART_MIN_SIZE`` (moto's 5 MiB minimum part size) is read when the server
 handles requests in this process; set it before starting the server to test multipart
-uploads with small parts.
+uploads with small parts. :class:`~ptestore.writers.S3Writer` itself refuses parts under
+S3's 5 MiB; :func:`small_s3_parts` lowers that floor for a test whose payloads are too
+small to span several 5 MiB parts (test-only: real S3 rejects such uploads at Complete).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["MotoS3", "moto_s3_server"]
+__all__ = ["MotoS3", "moto_s3_server", "small_s3_parts"]
 
 
 @dataclass(frozen=True)
@@ -83,3 +85,18 @@ def moto_s3_server(min_part_size: int | None = 1) -> Iterator[MotoS3]:
         yield MotoS3(f"http://{host}:{port}")
     finally:
         server.stop()
+
+
+@contextmanager
+def small_s3_parts(minimum: int = 1) -> Iterator[None]:
+    """Test-only: let :class:`~ptestore.writers.S3Writer` take parts from ``minimum``
+    bytes (S3's floor is 5 MiB) while the block runs; against moto started with a
+    lowered ``min_part_size`` only."""
+    from ..writers.s3 import config
+
+    saved = config.MIN_PART_SIZE
+    config.MIN_PART_SIZE = minimum
+    try:
+        yield
+    finally:
+        config.MIN_PART_SIZE = saved

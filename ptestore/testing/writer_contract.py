@@ -10,10 +10,9 @@ Usage, for any writer::
         def leftovers(self, dest: str) -> list[str]: ...  # staging artefacts left behind
 
 The backdoor hooks must not use ptestore's writers or loaders, so that the writer's own
-behaviour is what is tested. Capabilities a writer lacks are class attributes
-(``atomic_overwrite``, ``exclusive_create``); the tests that need them are skipped.
-Subclasses can set up per-test state (servers, buckets) in autouse fixtures: pytest
-makes a new instance for every test.
+behaviour is what is tested. The race tests run only for what the writer promises
+(``type(w).guarantees``, a :class:`~ptestore.writers.WriterGuarantees`). Per-test state
+(servers, buckets) goes in autouse fixtures: pytest makes a new instance per test.
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ from hypothesis import strategies as st
 
 from ..errors import AlreadyExists, ConfigurationError, WriterStateError
 from ..loaders import BytesLoader
-from ..writers.base import DataWriter, PublishResult, WriterState
+from ..writers.base import DataWriter, PublishResult, WriterGuarantees, WriterState
 
 __all__ = ["WriterContract"]
 
@@ -44,10 +43,6 @@ def _pattern(size: int, seed: int) -> bytes:
 class WriterContract:
     """Contract tests every :class:`~ptestore.writers.DataWriter` must pass."""
 
-    #: Publishing over an existing object is atomic (readers see old or new).
-    atomic_overwrite: ClassVar[bool] = True
-    #: ``publish(mode="create")`` is a true no-clobber between concurrent publishers.
-    exclusive_create: ClassVar[bool] = True
     #: Size of the "large output" test (several parts for chunked writers).
     large_size: ClassVar[int] = 3 * MiB + 12345
     #: Examples of the random write-sequence model test.
@@ -75,6 +70,22 @@ class WriterContract:
     @pytest.fixture
     def dest(self) -> str:
         return self.new_dest()
+
+    def guarantees(self, dest: str) -> WriterGuarantees:
+        """What the writer under test promises (read from the writer, then discarded)."""
+        w = self.make_writer(dest)
+        w.discard()
+        assert isinstance(type(w).guarantees, WriterGuarantees), type(w)
+        return type(w).guarantees
+
+    def test_declares_its_guarantees(self, dest: str) -> None:
+        promised = self.guarantees(dest)
+        assert promised.isolated, "a DataWriter stages privately until publish"
+        w = self.make_writer(dest)
+        w.write(b"checked", 0)
+        result = w.publish()
+        # a writer that promises verification reports the checksum it verified
+        assert (result.checksum is not None) is promised.verified, result
 
     # -- writing ----------------------------------------------------------------------
 
@@ -243,6 +254,20 @@ class WriterContract:
                 w.publish("x")  # type: ignore[arg-type]
             assert w.state is WriterState.OPEN
 
+    def test_huge_offset_is_refused_and_keeps_the_writer(self, dest: str) -> None:
+        with self.make_writer(dest) as w:
+            with pytest.raises(
+                ConfigurationError,
+                match=r"write of 1 bytes at offset 9223372036854775808 ends at byte "
+                r"9223372036854775809, beyond the largest object size 9223372036854775807",
+            ):
+                w.write(b"x", 2**63)
+            with pytest.raises(ConfigurationError, match=r"copy_from of 3 bytes at offset"):
+                w.copy_from(BytesLoader(b"abc"), 0, 3, 2**63 - 2)
+            w.write(b"ok", 0)  # still open
+            w.publish()
+        assert self.get(dest) == b"ok"
+
     def test_bad_arguments(self, dest: str) -> None:
         with self.make_writer(dest) as w:
             with pytest.raises(ConfigurationError, match="offset must be a non-negative int"):
@@ -353,7 +378,7 @@ class WriterContract:
         return results
 
     def test_concurrent_create_has_one_winner(self, dest: str) -> None:
-        if not self.exclusive_create:
+        if not self.guarantees(dest).exclusive_create:
             pytest.skip("this writer's create mode is not exclusive between publishers")
         payloads = [bytes([65 + i]) * (1000 + i) for i in range(self.racers)]
         results = self._race(dest, "create", payloads)
@@ -365,7 +390,7 @@ class WriterContract:
         assert self.leftovers(dest) == []
 
     def test_concurrent_overwrite_is_old_or_new(self, dest: str) -> None:
-        if not self.atomic_overwrite:
+        if not self.guarantees(dest).atomic_publish:
             pytest.skip("this writer's overwrite is not atomic")
         old = b"0" * 5000
         self.put(dest, old)

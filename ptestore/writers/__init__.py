@@ -17,9 +17,9 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigurationError
+from .._options import check_options
 from ..loaders import split_url
-from .base import DataWriter, PublishMode, PublishResult, WriterState
+from .base import DataWriter, PublishMode, PublishResult, WriterGuarantees, WriterState
 from .gc import GcEntry, collect_local, collect_s3, collect_stale
 from .generic import FsspecWriter
 from .local import LocalFileWriter
@@ -37,6 +37,7 @@ __all__ = [
     "PublishMode",
     "PublishResult",
     "S3Writer",
+    "WriterGuarantees",
     "WriterState",
     "collect_local",
     "collect_s3",
@@ -44,11 +45,9 @@ __all__ = [
     "open_writer",
 ]
 
-_LOCAL_OPTIONS = frozenset({"durable", "auto_mkdir"})
-
 
 def __getattr__(name: str) -> Any:
-    if name == "S3Writer":  # imported lazily: boto3 is an optional dependency
+    if name == "S3Writer":  # imported lazily: s3fs is an optional dependency
         from .s3 import S3Writer
 
         return S3Writer
@@ -60,22 +59,21 @@ def open_writer(url: str | os.PathLike[str], **storage_options: Any) -> DataWrit
 
     ``storage_options`` follow fsspec/s3fs conventions (``endpoint_url``, ``key``,
     ``secret``, ``client_kwargs``, ...) plus writer options documented on each class
-    (``durable``, ``part_size``, ``metadata``, ...). Options a writer would ignore raise
-    :class:`~ptestore.errors.ConfigurationError`.
+    (``durable``, ``part_size``, ``metadata``, ``retry_attempts``, ...). Options that do
+    not apply to the writer, and values of the wrong type, raise
+    :class:`~ptestore.errors.ConfigurationError` before anything is opened.
     """
     protocol, path = split_url(url)
+    cls: type[DataWriter]
     if protocol == "file":
-        unknown = set(storage_options) - _LOCAL_OPTIONS
-        if unknown:
-            raise ConfigurationError(
-                f"{path}: options {sorted(unknown)} do not apply to local files "
-                f"(accepted: {sorted(_LOCAL_OPTIONS)})"
-            )
-        return LocalFileWriter(path, **storage_options)
-    if protocol == "memory":
-        return MemoryWriter(os.fspath(url), **storage_options)
-    if protocol == "s3":
+        cls, target, applies_to = LocalFileWriter, path, "local files"
+    elif protocol == "memory":
+        cls, target, applies_to = MemoryWriter, os.fspath(url), "memory://"
+    elif protocol == "s3":
         from .s3 import S3Writer
 
-        return S3Writer(os.fspath(url), **storage_options)
-    return FsspecWriter(os.fspath(url), **storage_options)
+        cls, target, applies_to = S3Writer, os.fspath(url), "s3://"
+    else:
+        cls, target, applies_to = FsspecWriter, os.fspath(url), f"{protocol}:// (FsspecWriter)"
+    check_options(target, storage_options, cls.accepted_options(target), applies_to)
+    return cls(target, **storage_options)

@@ -17,17 +17,49 @@ import threading
 import warnings
 import weakref
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 from ..errors import ConfigurationError, WriterStateError
 from ..loaders import DataLoader
 
-__all__ = ["DataWriter", "PublishMode", "PublishResult", "Staging", "WriterState"]
+__all__ = [
+    "MAX_OBJECT_SIZE",
+    "DataWriter",
+    "PublishMode",
+    "PublishResult",
+    "Staging",
+    "WriterGuarantees",
+    "WriterState",
+]
 
 log = logging.getLogger("ptestore.writers")
 
 PublishMode = Literal["overwrite", "create"]
 _MODES = ("overwrite", "create")
+#: No output may end beyond this byte (the largest file offset POSIX can express).
+MAX_OBJECT_SIZE = (1 << 63) - 1
+
+
+@dataclass(frozen=True)
+class WriterGuarantees:
+    """What a writer class promises, as data (docs/storage.md states the same table).
+
+    The contract suite (:mod:`ptestore.testing.writer_contract`) reads these from the
+    writer and runs the race tests only for what is promised.
+    """
+
+    #: Readers see the previous object or the complete new one, never a prefix or mix.
+    atomic_publish: bool
+    #: ``publish(mode="create")`` never replaces an object, even between concurrent
+    #: publishers (enforced by the storage, not by a check-then-write).
+    exclusive_create: bool
+    #: Once ``publish`` returns, the object survives a crash or power loss (with the
+    #: writer's default options).
+    durable: bool
+    #: Nothing is visible under the destination before ``publish``.
+    isolated: bool = True
+    #: After publishing, the stored object's size and checksum are checked.
+    verified: bool = False
 
 
 class WriterState(enum.Enum):
@@ -101,6 +133,14 @@ def _check_offset(url: str, what: str, value: object) -> int:
     return value
 
 
+def _check_end(url: str, what: str, offset: int, size: int) -> None:
+    if size and offset + size > MAX_OBJECT_SIZE:
+        raise ConfigurationError(
+            f"{url}: {what} of {size} bytes at offset {offset} ends at byte {offset + size}, "
+            f"beyond the largest object size {MAX_OBJECT_SIZE} (2**63 - 1)"
+        )
+
+
 class DataWriter(abc.ABC):
     """A transactional output object.
 
@@ -126,6 +166,16 @@ class DataWriter(abc.ABC):
 
     #: The destination path or URL, used in messages.
     url: str
+    #: What this writer class promises (see :class:`WriterGuarantees`).
+    guarantees: ClassVar[WriterGuarantees]
+    #: Storage options the constructor takes (``open_writer`` refuses all others).
+    options: ClassVar[frozenset[str]] = frozenset()
+
+    @classmethod
+    def accepted_options(cls, url: str) -> frozenset[str]:
+        """Storage options that apply to this writer for ``url`` (default:
+        :attr:`options`; writers over an arbitrary fsspec filesystem add its own)."""
+        return cls.options
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -200,6 +250,7 @@ class DataWriter(abc.ABC):
         """Copy ``data`` into the unpublished output at ``offset``."""
         view = _as_view(data, self.url)
         _check_offset(self.url, "offset", offset)
+        _check_end(self.url, "write", offset, view.nbytes)
         with self._lock:
             self._check_open("write")
             if view.nbytes == 0:
@@ -219,6 +270,7 @@ class DataWriter(abc.ABC):
         _check_offset(self.url, "src_offset", src_offset)
         _check_offset(self.url, "size", size)
         _check_offset(self.url, "dst_offset", dst_offset)
+        _check_end(self.url, "copy_from", dst_offset, size)
         total = loader.size()
         if src_offset + size > total:
             raise ConfigurationError(

@@ -24,12 +24,15 @@ import stat
 import time
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
-from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from .._options import check_options
 from ..errors import ConfigurationError
 from ..loaders import split_url
 from .local import TEMP_NAME_RE
+
+if TYPE_CHECKING:
+    from .s3.config import S3Connection
 
 __all__ = ["DEFAULT_OLDER_THAN", "GcEntry", "collect_local", "collect_s3", "collect_stale"]
 
@@ -58,7 +61,7 @@ class GcEntry:
 
 def _try_remove_local(path: str, dry_run: bool) -> str:
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return "skipped: already gone"
     except OSError as exc:
@@ -134,13 +137,9 @@ def collect_s3(
     **storage_options: Any,
 ) -> list[GcEntry]:
     """Abort ptestore's stale multipart uploads under ``s3://bucket/prefix``."""
-    from .s3 import (
-        MARKER_PART_NUMBER,
-        S3Config,
-        call_s3,
-        is_marker_part,
-        map_client_error,
-    )
+    from .._retry import error_code, to_storage_error
+    from .s3.config import S3Connection, connection_options
+    from .s3.marker import MARKER_PART_NUMBER, is_marker_part
 
     protocol, rest = split_url(url)
     if protocol != "s3":
@@ -148,8 +147,8 @@ def collect_s3(
     bucket, _, prefix = rest.partition("/")
     if not bucket:
         raise ConfigurationError(f"{url}: no bucket name")
-    cfg = S3Config.from_options(url, storage_options)
-    client = cfg.make_client()
+    check_options(url, storage_options, connection_options(), "gc of s3://")
+    conn = S3Connection(url, storage_options)
     now = datetime.now(timezone.utc)
     found: list[GcEntry] = []
     key_marker: str | None = None
@@ -160,9 +159,9 @@ def collect_s3(
             kwargs["KeyMarker"] = key_marker
             kwargs["UploadIdMarker"] = upload_marker or ""
         try:
-            page: dict[str, Any] = call_s3(cfg, partial(client.list_multipart_uploads, **kwargs))
+            page = conn.request("ListMultipartUploads", "list_multipart_uploads", **kwargs)
         except Exception as exc:
-            raise map_client_error(exc, f"s3://{bucket}/{prefix}", "ListMultipartUploads") from exc
+            raise to_storage_error(exc, f"s3://{bucket}/{prefix}", "ListMultipartUploads") from exc
         for up in page.get("Uploads", []):
             key, upload_id = up["Key"], up["UploadId"]
             where = f"s3://{bucket}/{key}?uploadId={upload_id}"
@@ -174,7 +173,7 @@ def collect_s3(
                 found.append(GcEntry(where, "multipart-upload", age, action))
                 continue
             try:
-                parts = _list_all_parts(cfg, client, bucket, key, upload_id)
+                parts = _list_all_parts(conn, bucket, key, upload_id)
             except Exception as exc:
                 action = f"skipped: cannot list parts: {exc}"
                 found.append(GcEntry(where, "multipart-upload", age, action))
@@ -187,16 +186,17 @@ def collect_s3(
                 found.append(GcEntry(where, "multipart-upload", age, "would remove", size))
                 continue
             try:
-                call_s3(
-                    cfg,
-                    partial(
-                        client.abort_multipart_upload, Bucket=bucket, Key=key, UploadId=upload_id
-                    ),
+                conn.request(
+                    "AbortMultipartUpload",
+                    "abort_multipart_upload",
+                    Bucket=bucket,
+                    Key=key,
+                    UploadId=upload_id,
                 )
                 action = "removed"
             except Exception as exc:
-                err = getattr(exc, "response", {}).get("Error", {}).get("Code")
-                action = "skipped: already gone" if err == "NoSuchUpload" else f"failed: {exc}"
+                gone = error_code(exc) == "NoSuchUpload"
+                action = "skipped: already gone" if gone else f"failed: {exc}"
             found.append(GcEntry(where, "multipart-upload", age, action, size))
         if not page.get("IsTruncated"):
             break
@@ -208,17 +208,15 @@ def collect_s3(
 
 
 def _list_all_parts(
-    cfg: Any, client: Any, bucket: str, key: str, upload_id: str
+    conn: S3Connection, bucket: str, key: str, upload_id: str
 ) -> list[dict[str, Any]]:
-    from .s3 import call_s3
-
     parts: list[dict[str, Any]] = []
     marker = 0
     while True:
         kw: dict[str, Any] = {"Bucket": bucket, "Key": key, "UploadId": upload_id}
         if marker:
             kw["PartNumberMarker"] = marker
-        page: dict[str, Any] = call_s3(cfg, partial(client.list_parts, **kw))
+        page = conn.request("ListParts", "list_parts", **kw)
         parts.extend(page.get("Parts", []))
         nxt = int(page.get("NextPartNumberMarker") or 0)
         if not page.get("IsTruncated") or nxt <= marker:

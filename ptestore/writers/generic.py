@@ -23,15 +23,17 @@ from __future__ import annotations
 
 import inspect
 import tempfile
-from typing import Any
+from typing import Any, ClassVar
 
 import fsspec
 
 from .._io import pwrite_all
+from .._options import fsspec_options
+from .._retry import RETRY_OPTIONS, Category, RetryPolicy, classify, to_storage_error
 from ..errors import AlreadyExists, ConfigurationError, StorageError
-from ..loaders import call_with_retries
-from .base import DataWriter, PublishMode, PublishResult
-from .local import _LocalStaging, _strerror
+from ..loaders import split_url
+from ._staging import FileStaging, strerror
+from .base import DataWriter, PublishMode, PublishResult, WriterGuarantees
 
 __all__ = ["FsspecWriter"]
 
@@ -47,9 +49,30 @@ class FsspecWriter(DataWriter):
         An already-built filesystem to use instead of resolving ``url``.
     spool_dir:
         Where to put the local staging file (default: the system temp dir).
+    retry_attempts, retry_initial, retry_max:
+        The :class:`~ptestore._retry.RetryPolicy` of the upload at publish.
     storage_options:
         Passed to the filesystem constructor.
     """
+
+    guarantees: ClassVar[WriterGuarantees] = WriterGuarantees(
+        atomic_publish=False, exclusive_create=False, durable=False
+    )
+    options: ClassVar[frozenset[str]] = frozenset({"fs", "spool_dir", *RETRY_OPTIONS})
+
+    @classmethod
+    def accepted_options(cls, url: str) -> frozenset[str]:
+        """:attr:`options` plus those of the URL's fsspec filesystem (and, for chained
+        URLs such as ``simplecache::s3://...``, per-protocol option dicts)."""
+        names = set(cls.options)
+        for link in url.split("::"):
+            protocol = split_url(link)[0] if "://" in link else link
+            names.add(protocol)
+            try:
+                names |= fsspec_options(fsspec.get_filesystem_class(protocol))
+            except (ImportError, ValueError):
+                continue  # reported when the filesystem is opened
+        return frozenset(names)
 
     def __init__(
         self,
@@ -60,6 +83,9 @@ class FsspecWriter(DataWriter):
         **storage_options: Any,
     ) -> None:
         super().__init__(url)
+        options = dict(storage_options)
+        self.retry = RetryPolicy.from_options(url, options)
+        storage_options = options
         if fs is None:
             try:
                 fs, path = fsspec.core.url_to_fs(url, **storage_options)
@@ -78,43 +104,37 @@ class FsspecWriter(DataWriter):
             fd, tmp = tempfile.mkstemp(prefix="ptestore-generic-", suffix=".tmp", dir=spool_dir)
         except OSError as exc:
             raise StorageError(
-                f"{url}: cannot create a local staging file: {_strerror(exc)}"
+                f"{url}: cannot create a local staging file: {strerror(exc)}"
             ) from exc
-        self._st = _LocalStaging(tmp, fd)
+        self._st = FileStaging(tmp, fd)
         self._track_staging(self._st)
 
     def _write(self, data: memoryview, offset: int) -> None:
-        fd = self._st.fd
-        assert fd is not None
         try:
-            pwrite_all(fd, data, offset)
+            pwrite_all(self._st.fileno(), data, offset)
         except OSError as exc:
             raise StorageError(
                 f"{self.url}: staging write of {data.nbytes} bytes at offset {offset} to "
-                f"{self._st.path} failed: {_strerror(exc)}"
+                f"{self._st.path} failed: {strerror(exc)}"
             ) from exc
 
     def _publish(self, mode: PublishMode, size: int) -> PublishResult:
         fs, path, tmp = self.fs, self.path, self._st.path
-        has_mode = "mode" in inspect.signature(fs.put_file).parameters
+        exists = (
+            f"{self.url}: already exists; publish(mode='create') never replaces an existing object"
+        )
+        kwargs = {"mode": mode} if "mode" in inspect.signature(fs.put_file).parameters else {}
         try:
             if mode == "create" and fs.exists(path):
-                raise AlreadyExists(
-                    f"{self.url}: already exists; publish(mode='create') never replaces an "
-                    "existing object"
-                )
-            if has_mode:
-                call_with_retries(lambda: fs.put_file(tmp, path, mode=mode))
-            else:  # pragma: no cover - old fsspec
-                call_with_retries(lambda: fs.put_file(tmp, path))
+                raise AlreadyExists(exists)
+            self.retry.call(
+                lambda: fs.put_file(tmp, path, **kwargs), what=f"{self.url}: upload at publish"
+            )
         except AlreadyExists:
             raise
-        except FileExistsError as exc:
-            raise AlreadyExists(
-                f"{self.url}: already exists; publish(mode='create') never replaces an "
-                "existing object"
-            ) from exc
         except Exception as exc:
-            raise StorageError(f"{self.url}: upload at publish failed: {exc}") from exc
+            if classify(exc) is Category.ALREADY_EXISTS:
+                raise AlreadyExists(exists) from exc
+            raise to_storage_error(exc, self.url, "upload at publish") from exc
         self._st.cleanup()
         return PublishResult(url=self.url, size=size)

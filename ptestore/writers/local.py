@@ -29,11 +29,13 @@ import secrets
 import stat
 import sys
 import threading
+from typing import ClassVar
 
 from .._io import pwrite_all
 from ..errors import AlreadyExists, ConfigurationError, ObjectNotFound, StorageError
 from ..loaders import DataLoader, LocalFileLoader
-from .base import DataWriter, PublishMode, PublishResult
+from ._staging import FileStaging, strerror
+from .base import DataWriter, PublishMode, PublishResult, WriterGuarantees
 
 __all__ = ["TEMP_NAME_RE", "LocalFileWriter", "staging_name"]
 
@@ -74,39 +76,6 @@ def _full_fsync(fd: int) -> None:
         os.fsync(fd)
 
 
-def _strerror(exc: OSError) -> str:
-    return exc.strerror or str(exc)
-
-
-class _LocalStaging:
-    """The staging file: its descriptor and name. Knows nothing of the writer."""
-
-    def __init__(self, path: str, fd: int) -> None:
-        self.path = path
-        self.fd: int | None = fd
-        self.renamed = False
-
-    def close_fd(self) -> None:
-        if self.fd is not None:
-            fd, self.fd = self.fd, None
-            os.close(fd)
-
-    def cleanup(self) -> None:
-        try:
-            if not self.renamed:
-                try:
-                    os.unlink(self.path)
-                except FileNotFoundError:
-                    pass
-                except OSError as exc:
-                    raise StorageError(
-                        f"{self.path}: cannot remove staging file: {_strerror(exc)}"
-                    ) from exc
-        finally:
-            self.renamed = True
-            self.close_fd()
-
-
 class LocalFileWriter(DataWriter):
     """Writer for a local file (plain paths and ``file://`` URLs).
 
@@ -119,6 +88,11 @@ class LocalFileWriter(DataWriter):
     auto_mkdir:
         Create missing parent directories first (fsspec's option of the same name).
     """
+
+    guarantees: ClassVar[WriterGuarantees] = WriterGuarantees(
+        atomic_publish=True, exclusive_create=True, durable=True
+    )
+    options: ClassVar[frozenset[str]] = frozenset({"durable", "auto_mkdir"})
 
     def __init__(
         self, path: str | os.PathLike[str], *, durable: bool = True, auto_mkdir: bool = False
@@ -134,9 +108,9 @@ class LocalFileWriter(DataWriter):
                 os.makedirs(self.directory, exist_ok=True)
             except OSError as exc:
                 raise StorageError(
-                    f"{self.path}: cannot create directory {self.directory}: {_strerror(exc)}"
+                    f"{self.path}: cannot create directory {self.directory}: {strerror(exc)}"
                 ) from exc
-        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
         while True:
             tmp = os.path.join(self.directory, staging_name(name))
             try:
@@ -151,7 +125,7 @@ class LocalFileWriter(DataWriter):
             except OSError as exc:
                 raise StorageError(
                     f"{self.path}: cannot create a staging file in {self.directory}: "
-                    f"{_strerror(exc)}"
+                    f"{strerror(exc)}"
                 ) from exc
         # Mark the staging file as live for `ptestore gc` (released when fd closes or on crash).
         # Filesystems without flock (some NFS mounts: ENOLCK) only lose that marker; gc
@@ -160,7 +134,7 @@ class LocalFileWriter(DataWriter):
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             pass
-        self._st = _LocalStaging(tmp, fd)
+        self._st = FileStaging(tmp, fd)
         self._track_staging(self._st)
 
     @property
@@ -169,10 +143,7 @@ class LocalFileWriter(DataWriter):
         return self._st.path
 
     def _fd(self) -> int:
-        fd = self._st.fd
-        if fd is None:  # pragma: no cover - guarded by the state machine
-            raise StorageError(f"{self.path}: staging file is closed")
-        return fd
+        return self._st.fileno()
 
     def _write(self, data: memoryview, offset: int) -> None:
         try:
@@ -180,7 +151,7 @@ class LocalFileWriter(DataWriter):
         except OSError as exc:
             raise StorageError(
                 f"{self.path}: write of {data.nbytes} bytes at offset {offset} failed: "
-                f"{_strerror(exc)} (staging file {self._st.path} discarded)"
+                f"{strerror(exc)} (staging file {self._st.path} discarded)"
             ) from exc
 
     def _copy_from(self, loader: DataLoader, src_offset: int, size: int, dst_offset: int) -> None:
@@ -200,7 +171,7 @@ class LocalFileWriter(DataWriter):
                     return
                 raise StorageError(
                     f"{self.path}: copying {size} bytes from {loader.name} at offset "
-                    f"{src_offset} to offset {dst_offset} failed: {_strerror(exc)} "
+                    f"{src_offset} to offset {dst_offset} failed: {strerror(exc)} "
                     f"(staging file {self._st.path} discarded)"
                 ) from exc
             if n == 0:
@@ -221,7 +192,7 @@ class LocalFileWriter(DataWriter):
                 _full_fsync(fd)
             except OSError as exc:
                 raise StorageError(
-                    f"{self.path}: fsync of the staging file failed: {_strerror(exc)}; nothing "
+                    f"{self.path}: fsync of the staging file failed: {strerror(exc)}; nothing "
                     "was published (fsync is never retried)"
                 ) from exc
         try:
@@ -229,19 +200,19 @@ class LocalFileWriter(DataWriter):
         except FileNotFoundError:
             perm = 0o666 & ~_current_umask()
         except OSError as exc:
-            raise StorageError(f"{self.path}: cannot stat destination: {_strerror(exc)}") from exc
+            raise StorageError(f"{self.path}: cannot stat destination: {strerror(exc)}") from exc
         try:
             os.fchmod(fd, perm)
         except OSError as exc:
             raise StorageError(
-                f"{self.path}: cannot set mode {perm:o} on the staging file: {_strerror(exc)}"
+                f"{self.path}: cannot set mode {perm:o} on the staging file: {strerror(exc)}"
             ) from exc
         if mode == "overwrite":
             try:
                 os.replace(tmp, self.path)
             except OSError as exc:
                 raise StorageError(
-                    f"{self.path}: cannot rename staging file {tmp} over it: {_strerror(exc)}"
+                    f"{self.path}: cannot rename staging file {tmp} over it: {strerror(exc)}"
                 ) from exc
         else:
             try:
@@ -255,30 +226,27 @@ class LocalFileWriter(DataWriter):
                 if exc.errno in _NO_LINK_ERRNOS:
                     raise StorageError(
                         f"{self.path}: the filesystem does not support hard links, which "
-                        f"publish(mode='create') needs: {_strerror(exc)}"
+                        f"publish(mode='create') needs: {strerror(exc)}"
                     ) from exc
                 raise StorageError(
-                    f"{self.path}: cannot link staging file {tmp} to it: {_strerror(exc)}"
+                    f"{self.path}: cannot link staging file {tmp} to it: {strerror(exc)}"
                 ) from exc
             try:
                 os.unlink(tmp)
             except OSError:  # the published file is fine; gc removes the extra name
                 pass
-        self._st.renamed = True
-        self._st.close_fd()
+        self._st.mark_published()
         if self.durable:
             self._fsync_directory()
         return PublishResult(url=self.path, size=size)
 
     def _fsync_directory(self) -> None:
-        if not hasattr(os, "O_DIRECTORY"):  # pragma: no cover - Windows
-            return
         try:
             dfd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
         except OSError as exc:
             raise StorageError(
                 f"{self.path}: published, but cannot open directory {self.directory} to fsync "
-                f"it: {_strerror(exc)}; the new file may not survive a crash"
+                f"it: {strerror(exc)}; the new file may not survive a crash"
             ) from exc
         try:
             os.fsync(dfd)
@@ -286,7 +254,7 @@ class LocalFileWriter(DataWriter):
             if exc.errno not in (errno.EINVAL, errno.ENOTSUP):  # fs without directory fsync
                 raise StorageError(
                     f"{self.path}: published, but fsync of directory {self.directory} failed: "
-                    f"{_strerror(exc)}; the new file may not survive a crash (not retried)"
+                    f"{strerror(exc)}; the new file may not survive a crash (not retried)"
                 ) from exc
         finally:
             os.close(dfd)

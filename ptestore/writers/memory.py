@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import itertools
 import threading
-from typing import Any
+from typing import ClassVar
 
 from fsspec.implementations.memory import MemoryFile, MemoryFileSystem
 
 from ..errors import AlreadyExists, StorageError
-from .base import DataWriter, PublishMode, PublishResult
+from .base import DataWriter, PublishMode, PublishResult, WriterGuarantees
 
 __all__ = ["MemoryWriter"]
 
@@ -52,8 +52,13 @@ class MemoryWriter(DataWriter):
         (default: fsspec's shared instance; all instances share one class-level store).
     """
 
-    def __init__(self, url: str, *, fs: MemoryFileSystem | None = None, **storage_options: Any):
-        self.fs: MemoryFileSystem = fs if fs is not None else MemoryFileSystem(**storage_options)
+    guarantees: ClassVar[WriterGuarantees] = WriterGuarantees(
+        atomic_publish=True, exclusive_create=True, durable=False
+    )
+    options: ClassVar[frozenset[str]] = frozenset({"fs"})
+
+    def __init__(self, url: str, *, fs: MemoryFileSystem | None = None) -> None:
+        self.fs: MemoryFileSystem = fs if fs is not None else MemoryFileSystem()
         self.path: str = self.fs._strip_protocol(url)
         super().__init__(url if "://" in url else f"memory://{self.path.lstrip('/')}")
         self._st = _MemoryStaging()
@@ -62,9 +67,15 @@ class MemoryWriter(DataWriter):
     def _write(self, data: memoryview, offset: int) -> None:
         buf = self._st.buf
         end = offset + data.nbytes
-        if end > len(buf):
-            buf.extend(bytes(end - len(buf)))
-        buf[offset:end] = data
+        try:
+            if end > len(buf):
+                buf.extend(bytes(end - len(buf)))
+            buf[offset:end] = data
+        except MemoryError:
+            raise StorageError(
+                f"{self.url}: cannot hold {end} bytes in memory (write of {data.nbytes} bytes "
+                f"at offset {offset})"
+            ) from None
 
     def _publish(self, mode: PublishMode, size: int) -> PublishResult:
         fs, path = self.fs, self.path

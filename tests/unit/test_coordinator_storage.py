@@ -16,7 +16,7 @@ from ptestore.cli import main
 from ptestore.errors import AlreadyExists, BackendError, PartialPublish, StorageError
 from ptestore.format import parse
 from ptestore.loaders import open_loader
-from ptestore.testing.moto import MotoS3
+from ptestore.testing.moto import MotoS3, small_s3_parts
 from ptestore.writers import open_writer
 
 MLP = get_fixture("mlp_xnnpack")
@@ -72,7 +72,7 @@ class HeldParts:
 
     def write(self, data: Any, offset: int) -> None:
         if offset == 0:
-            parts = self.inner._parts.items()
+            parts = self.inner.parts.items()
             self.held_before_metadata = sorted(i for i, p in parts if p.buf is not None)
         self.inner.write(data, offset)
 
@@ -98,11 +98,11 @@ def test_s3_parts_with_alignment_gaps_are_not_held(moto_s3: MotoS3, name: str) -
     part = 512
     data = fx.pte_path.read_bytes()
     meta_size = parse(data, len(data), "m").metadata_size
-    writer = HeldParts(
-        open_writer(
+    with small_s3_parts():  # the fixtures are far smaller than S3's 5 MiB parts
+        inner = open_writer(
             f"s3://{bucket}/out.pte", part_size=part, max_concurrency=1, **moto_s3.storage_options
         )
-    )
+    writer = HeldParts(inner)
     with open_loader(fx.pte_path) as loader:
         ptestore.initialize_and_save_backend_data(loader, writer, backends=["passthrough"])
     nparts = math.ceil(len(data) / part)

@@ -15,9 +15,10 @@ from fsspec.implementations.memory import MemoryFileSystem
 from support.fixtures import get_fixture
 
 from ptestore import open_loader
-from ptestore.errors import ConfigurationError, ObjectNotFound, StorageError
+from ptestore._retry import RetryPolicy, is_transient
+from ptestore.errors import ConfigurationError, ObjectNotFound, PermissionDenied, StorageError
 from ptestore.format import read_container
-from ptestore.loaders import BytesLoader, FsspecLoader, LocalFileLoader, is_transient
+from ptestore.loaders import BytesLoader, DataLoader, FsspecLoader, LocalFileLoader
 from ptestore.testing.moto import MotoS3
 
 MLP = get_fixture("mlp_xnnpack")
@@ -93,6 +94,65 @@ def test_unknown_protocol() -> None:
         open_loader("nosuchproto://x")
 
 
+def _client_error(code: str, status: int) -> BaseException:
+    from botocore.exceptions import ClientError
+
+    return ClientError(
+        {
+            "Error": {"Code": code, "Message": f"injected {code}"},
+            "ResponseMetadata": {"HTTPStatusCode": status},
+        },
+        "GetObject",
+    )
+
+
+def test_every_loader_is_a_data_loader(tmp_path: Path) -> None:
+    p = tmp_path / "m.pte"
+    p.write_bytes(DATA)
+    fs = fsspec.filesystem("memory")
+    fs.pipe("/proto/m.pte", DATA)
+    loaders = [BytesLoader(DATA), open_loader(p), open_loader("memory://proto/m.pte")]
+    for loader in loaders:
+        assert isinstance(loader, DataLoader)
+        assert loader.name
+        loader.check_unchanged()  # nothing changed
+        loader.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "options", "message"),
+    [
+        (
+            "memory://x/m.pte",
+            {"bogus": 1},
+            r"memory://x/m.pte: options \['bogus'\] do not apply to "
+            r"memory:// \(accepted: \[.*'retry_attempts'.*\]\)",
+        ),
+        (
+            "memory://x/m.pte",
+            {"retry_attempts": "x"},
+            r"option retry_attempts = 'x': must be an int",
+        ),
+        ("memory://x/m.pte", {"retry_attempts": 0}, r"retry_attempts = 0: must be an int >= 1"),
+        (
+            "s3://b/m.pte",
+            {"client_kwargs": [1]},
+            r"s3://b/m.pte: option client_kwargs = \[1\]: "
+            r"must be a dict \(botocore client arguments\)",
+        ),
+        (
+            "s3://b/m.pte",
+            {"endpoint": "http://x"},
+            r"options \['endpoint'\] do not apply to s3:// "
+            r"\(accepted: \[.*'anon', .*'client_kwargs', .*'endpoint_url', .*'profile'",
+        ),
+    ],
+)
+def test_options_are_checked_up_front(url: str, options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        open_loader(url, **options)
+
+
 class FlakyMemoryFS(MemoryFileSystem):
     """The real memory filesystem with injected faults on ranged reads."""
 
@@ -115,14 +175,15 @@ def flaky() -> Iterator[FsspecLoader]:
     path = f"/flaky-{uuid.uuid4().hex[:8]}/m.pte"
     fs.pipe(path, DATA)
     FlakyMemoryFS.calls = 0
-    yield FsspecLoader(fs, path, f"flakymem://{path}", retry_attempts=4)
+    retry = RetryPolicy(attempts=4, initial=0.001, maximum=0.01)
+    yield FsspecLoader(fs, path, f"flakymem://{path}", retry=retry)
     FlakyMemoryFS.failures = []
 
 
 def test_transient_errors_are_retried(flaky: FsspecLoader) -> None:
     FlakyMemoryFS.failures = [
         ConnectionResetError(errno.ECONNRESET, "Connection reset by peer"),
-        OSError("SlowDown: Please reduce your request rate (503)"),
+        _client_error("SlowDown", 503),
         TimeoutError("read timed out"),
     ]
     assert flaky.load(0, 8) == DATA[:8]
@@ -131,9 +192,36 @@ def test_transient_errors_are_retried(flaky: FsspecLoader) -> None:
 
 def test_permanent_errors_are_not_retried(flaky: FsspecLoader) -> None:
     FlakyMemoryFS.failures = [PermissionError(errno.EACCES, "Access Denied")]
-    with pytest.raises(StorageError, match=r"flakymem://.*: read of 8 bytes at offset 0 failed: "):
+    with pytest.raises(
+        PermissionDenied, match=r"flakymem://.*: read of 8 bytes at offset 0 failed: Access Denied$"
+    ):
         flaky.load(0, 8)
     assert FlakyMemoryFS.calls == 1
+
+
+def test_a_message_containing_500_is_not_retried(flaky: FsspecLoader) -> None:
+    """The old classifier matched message text: "5000" contains "500"."""
+    FlakyMemoryFS.failures = [OSError("short read: wanted 5000 bytes")]
+    with pytest.raises(
+        StorageError,
+        match=r"flakymem://.*: read of 8 bytes at offset 0 failed: short read: wanted 5000 bytes",
+    ):
+        flaky.load(0, 8)
+    assert FlakyMemoryFS.calls == 1
+
+
+def test_s3fs_style_errors_are_classified_by_their_cause(flaky: FsspecLoader) -> None:
+    """s3fs raises OSError/PermissionError from the botocore ClientError."""
+    denied = PermissionError(errno.EACCES, "Forbidden")
+    denied.__cause__ = _client_error("AccessDenied", 403)
+    busy = OSError(errno.EIO, "Please reduce your request rate.")
+    busy.__cause__ = _client_error("SlowDown", 503)
+    FlakyMemoryFS.failures = [busy, denied]
+    with pytest.raises(
+        PermissionDenied, match=r"failed: AccessDenied \(HTTP 403\): injected AccessDenied$"
+    ):
+        flaky.load(0, 8)
+    assert FlakyMemoryFS.calls == 2
 
 
 def test_retries_are_bounded(flaky: FsspecLoader) -> None:
@@ -149,8 +237,19 @@ def test_retries_are_bounded(flaky: FsspecLoader) -> None:
         (ConnectionResetError(), True),
         (TimeoutError(), True),
         (OSError(errno.ETIMEDOUT, "timed out"), True),
-        (OSError("An error occurred (SlowDown) when calling GetObject"), True),
-        (OSError("InternalError (500)"), True),
+        (OSError(errno.EAGAIN, "try again"), True),
+        (_client_error("SlowDown", 503), True),
+        (_client_error("Whatever", 502), True),
+        (_client_error("RequestTimeout", 400), True),
+        (_client_error("TooManyRequests", 429), True),
+        (_client_error("AccessDenied", 403), False),
+        (_client_error("NoSuchKey", 404), False),
+        (_client_error("PreconditionFailed", 412), False),
+        # never by message text
+        (OSError("short read: wanted 5000 bytes"), False),
+        (OSError("An error occurred (SlowDown) when calling GetObject"), False),
+        (OSError("InternalError (500)"), False),
+        (OSError(errno.EIO, "Connection reset"), False),
         (FileNotFoundError("nope"), False),
         (PermissionError("AccessDenied"), False),
         (ValueError("bad range"), False),

@@ -1,9 +1,11 @@
 """Fault injection for S3 tests through botocore ``before-send`` hooks.
 
 A hook registered on ``before-send.s3.<Operation>`` sees every attempt of that call;
-returning an ``AWSResponse`` skips the network, raising a transport error looks like a
-dropped connection. moto never produces SlowDown, 200-with-error or lost responses, so
-these are how those paths are exercised against its real server.
+returning a response skips the network, raising a transport error looks like a
+dropped connection. The writer's client is s3fs's (aiobotocore), so responses are
+``AioAWSResponse`` objects whose body is read asynchronously. moto never produces
+SlowDown, 200-with-error or lost responses, so these are how those paths are exercised
+against its real server.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import urllib3
-from botocore.awsrequest import AWSResponse
+from aiobotocore.awsrequest import AioAWSResponse
 from botocore.exceptions import ConnectionClosedError, ReadTimeoutError
 
 MARKER = 10000
@@ -33,18 +35,23 @@ class _Raw:
     def __init__(self, body: bytes) -> None:
         self.body = body
 
-    def stream(self, **_kwargs: Any) -> Any:
-        return iter([self.body])
+    async def read(self) -> bytes:
+        return self.body
 
 
-def error_response(url: str, kind: str) -> AWSResponse:
+def fake_response(url: str, status: int, headers: dict[str, str], body: bytes) -> AioAWSResponse:
+    """A response as the server would have sent it (the request never leaves)."""
+    return AioAWSResponse(url, status, headers, _Raw(body))
+
+
+def error_response(url: str, kind: str) -> AioAWSResponse:
     status, code = ERRORS[kind]
     body = (
         '<?xml version="1.0" encoding="UTF-8"?>\n'
         f"<Error><Code>{code}</Code><Message>injected {kind}</Message>"
         "<RequestId>test</RequestId></Error>"
     ).encode()
-    return AWSResponse(url, status, {"Content-Type": "application/xml"}, _Raw(body))
+    return fake_response(url, status, {"Content-Type": "application/xml"}, body)
 
 
 class Fault:
@@ -65,7 +72,7 @@ class Fault:
         self.injected = 0
         self._http = urllib3.PoolManager()
 
-    def __call__(self, request: Any, **_kwargs: Any) -> AWSResponse | None:
+    def __call__(self, request: Any, **_kwargs: Any) -> AioAWSResponse | None:
         if f"partNumber={MARKER}" in request.url and not self.marker_too:
             return None  # leave ptestore's gc marker part alone unless asked
         self.calls += 1
@@ -91,11 +98,11 @@ class Fault:
         return self
 
 
-def sequence(*handlers: Callable[[Any], AWSResponse | None]) -> Callable[..., Any]:
+def sequence(*handlers: Callable[[Any], AioAWSResponse | None]) -> Callable[..., Any]:
     """A hook applying ``handlers`` to successive attempts, then passing through."""
     queue = list(handlers)
 
-    def hook(request: Any, **_kwargs: Any) -> AWSResponse | None:
+    def hook(request: Any, **_kwargs: Any) -> AioAWSResponse | None:
         if not queue:
             return None
         return queue.pop(0)(request)

@@ -69,8 +69,8 @@ def test_gc_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
 def test_s3_gc(
     moto_s3: MotoS3, s3_bucket: str, s3_client: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    w = open_writer(f"s3://{s3_bucket}/p/m.pte", **moto_s3.storage_options, part_size=1024)
-    w.write(bytes(4096), 0)
+    w = open_writer(f"s3://{s3_bucket}/p/m.pte", **moto_s3.storage_options)
+    w.write(bytes(9 << 20), 0)  # one complete 8 MiB part uploads
     w.wait_uploads()  # type: ignore[attr-defined]
     w._finalizer.detach()  # type: ignore[attr-defined]
     opts = [f"-o{k}={json.dumps(v)}" for k, v in moto_s3.storage_options.items()]
@@ -79,4 +79,4 @@ def test_s3_gc(
     assert [e["action"] for e in report["entries"]] == ["removed"]
     assert s3_client.list_multipart_uploads(Bucket=s3_bucket).get("Uploads", []) == []
     assert run(["gc", f"s3://{s3_bucket}/p/", "-o", "bogus=1"]) == 2
-    assert "unknown S3 storage options ['bogus']" in capsys.readouterr().err
+    assert "options ['bogus'] do not apply to gc of s3://" in capsys.readouterr().err

@@ -1,7 +1,8 @@
 """The writer contract on FsspecWriter, over fsspec's ``dir://`` wrapping local files.
 
 The generic writer's overwrite and create are only as atomic/exclusive as the
-filesystem's ``put_file`` (a plain copy here), so the race tests are skipped.
+filesystem's ``put_file`` (a plain copy here): its guarantees say so and the contract
+skips the race tests.
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ from ptestore.writers import DataWriter, FsspecWriter, open_writer
 
 
 class TestGenericContract(WriterContract):
-    atomic_overwrite = False
-    exclusive_create = False
     model_examples = 10
 
     @pytest.fixture(autouse=True)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
+from ptestore.errors import StorageError
 from ptestore.testing.writer_contract import WriterContract
-from ptestore.writers import DataWriter, MemoryWriter, open_writer
+from ptestore.writers import DataWriter, MemoryWriter, WriterState, open_writer
 
 
 class TestMemoryContract(WriterContract):
@@ -31,3 +33,14 @@ class TestMemoryContract(WriterContract):
 
     def leftovers(self, dest: str) -> list[str]:
         return []  # staging is a private buffer: nothing can be left in the store
+
+
+def test_a_write_too_large_for_memory_is_a_storage_error() -> None:
+    w = open_writer("memory://contract/huge.pte")
+    with pytest.raises(
+        StorageError,
+        match=r"memory://contract/huge.pte: cannot hold 1099511627777 bytes in memory "
+        r"\(write of 1 bytes at offset 1099511627776\)",
+    ):
+        w.write(b"x", 1 << 40)
+    assert w.state is WriterState.DISCARDED

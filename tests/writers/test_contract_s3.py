@@ -10,15 +10,16 @@ import pytest
 from ptestore.testing.moto import MotoS3
 from ptestore.testing.writer_contract import WriterContract
 from ptestore.writers import DataWriter, open_writer
-from ptestore.writers.s3 import S3Writer
+from ptestore.writers.s3 import MIN_PART_SIZE, S3Writer
 
 pytestmark = pytest.mark.s3
 
-PART = 256 * 1024  # small parts (moto's minimum is lowered in conftest) -> many parts
+PART = MIN_PART_SIZE  # S3's smallest part; the large-output test spans 4 parts
 
 
 class TestS3Contract(WriterContract):
     model_examples = 10
+    large_size = 3 * PART + 12345
     racers = 4
     options: dict[str, Any] = {"part_size": PART, "max_concurrency": 3}  # noqa: RUF012
 
@@ -60,5 +61,5 @@ class TestS3SinglePartContract(TestS3Contract):
     """Default 8 MiB parts: most outputs go up as one conditional PutObject."""
 
     model_examples = 5
-    large_size = (8 << 20) + 4321
+    large_size = (16 << 20) + 4321
     options: dict[str, Any] = {}  # noqa: RUF012

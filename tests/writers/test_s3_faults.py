@@ -11,6 +11,7 @@ import pytest
 from ptestore.errors import (
     AlreadyExists,
     ObjectNotFound,
+    PermissionDenied,
     PreconditionFailed,
     PublishUncertain,
     StorageError,
@@ -18,13 +19,15 @@ from ptestore.errors import (
 from ptestore.testing.moto import MotoS3
 from ptestore.writers import S3Writer, WriterState, open_writer
 from ptestore.writers.gc import collect_s3
+from ptestore.writers.s3 import MIN_PART_SIZE
 
 from .s3_faults import Fault, error_response, sequence
 
 pytestmark = pytest.mark.s3
 
-PART = 64 * 1024
-FAST = {"retry_initial": 0.001, "retry_max": 0.01}
+PART = MIN_PART_SIZE  # S3's smallest part; multipart payloads span >= 3 parts
+# Fast retries; a client of its own (s3fs shares clients): injected faults stay local.
+FAST = {"retry_initial": 0.001, "retry_max": 0.01, "skip_instance_cache": True}
 TRANSIENT = ["500", "503", "reset"]
 
 
@@ -102,7 +105,7 @@ def test_single_put_transient_fault_is_retried(env: Env, op: str, kind: str) -> 
 def test_discard_transient_fault_is_retried(env: Env, op: str, kind: str) -> None:
     w = env.writer()
     fault = Fault(op, kind).install(w.client)
-    w.write(data_of(2 * PART), 0)
+    w.write(data_of(3 * PART), 0)
     assert env.uploads() != []
     w.discard()
     assert fault.injected == 1
@@ -115,7 +118,7 @@ def test_multipart_persistent_fault_fails_cleanly(env: Env, op: str) -> None:
     w = env.writer(retry_attempts=3)
     fault = Fault(op, "503", times=-1).install(w.client)
     with pytest.raises(StorageError, match=rf"{env.url}: {op}.* failed: SlowDown \(HTTP 503\)"):
-        _write_and_publish(w, data_of(2 * PART))
+        _write_and_publish(w, data_of(3 * PART))
     assert fault.injected >= 3  # retry_attempts (per part for UploadPart)
     assert fault.injected % 3 == 0
     assert w.state is WriterState.DISCARDED
@@ -144,7 +147,7 @@ def test_verify_head_failing_does_not_fail_a_done_publish(env: Env) -> None:
 def test_abort_failing_leaves_upload_for_gc(env: Env) -> None:
     w = env.writer(retry_attempts=2)
     Fault("AbortMultipartUpload", "503", times=-1).install(w.client)
-    w.write(data_of(2 * PART), 0)
+    w.write(data_of(3 * PART), 0)
     with pytest.raises(
         StorageError,
         match=r"cannot abort multipart upload \S+: AbortMultipartUpload failed: SlowDown "
@@ -160,7 +163,7 @@ def test_abort_failing_leaves_upload_for_gc(env: Env) -> None:
 @pytest.mark.parametrize(
     ("kind", "error", "message"),
     [
-        ("403", StorageError, r"UploadPart 1 failed: AccessDenied \(HTTP 403\): injected 403"),
+        ("403", PermissionDenied, r"UploadPart 1 failed: AccessDenied \(HTTP 403\): injected 403"),
         ("404-bucket", ObjectNotFound, r"UploadPart 1 failed: NoSuchBucket \(HTTP 404\)"),
     ],
 )
@@ -185,7 +188,7 @@ def test_missing_bucket(moto_s3: MotoS3) -> None:
 def test_complete_200_with_error_body_is_retried(env: Env) -> None:
     w = env.writer()
     fault = Fault("CompleteMultipartUpload", "200-error").install(w.client)
-    data = data_of(2 * PART + 5)
+    data = data_of(3 * PART + 5)
     w.write(data, 0)
     w.publish()
     assert fault.injected == 1
@@ -195,7 +198,7 @@ def test_complete_200_with_error_body_is_retried(env: Env) -> None:
 def test_complete_200_with_error_body_persistent(env: Env) -> None:
     w = env.writer(retry_attempts=2)
     Fault("CompleteMultipartUpload", "200-error", times=-1).install(w.client)
-    w.write(data_of(2 * PART), 0)
+    w.write(data_of(3 * PART), 0)
     with pytest.raises(StorageError, match=r"CompleteMultipartUpload failed: InternalError"):
         w.publish()
     assert env.get() is None
@@ -213,7 +216,7 @@ def test_lost_complete_response_is_reconciled(env: Env, mode: str) -> None:
         "before-send.s3.CompleteMultipartUpload",
         sequence(lost, lambda req: error_response(req.url, retry_kind)),
     )
-    data = data_of(2 * PART + 1)
+    data = data_of(3 * PART + 1)
     w.write(data, 0)
     result = w.publish(mode)  # type: ignore[arg-type]
     assert lost.injected == 1
@@ -243,7 +246,7 @@ def test_complete_no_such_upload_for_someone_elses_object_is_uncertain(env: Env)
         ),
     )
     env.client.put_object(Bucket=env.bucket, Key=env.key, Body=b"other writer")
-    w.write(data_of(2 * PART), 0)
+    w.write(data_of(3 * PART), 0)
     with pytest.raises(PublishUncertain, match=r"upload is gone \(NoSuchUpload\) .* token"):
         w.publish()
     assert env.get() == b"other writer"
@@ -256,7 +259,7 @@ def test_conditional_request_conflict(env: Env, exists: bool) -> None:
     Fault("CompleteMultipartUpload", "409").install(w.client)
     if exists:
         env.client.put_object(Bucket=env.bucket, Key=env.key, Body=b"winner")
-    w.write(data_of(2 * PART), 0)
+    w.write(data_of(3 * PART), 0)
     if exists:
         with pytest.raises(AlreadyExists, match="already exists"):
             w.publish("create")

@@ -13,7 +13,6 @@ import zlib
 from typing import Any
 
 import pytest
-from botocore.awsrequest import AWSResponse
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -22,13 +21,20 @@ from ptestore.loaders import open_loader
 from ptestore.testing.moto import MotoS3
 from ptestore.writers import S3Writer, WriterState, open_writer
 from ptestore.writers.gc import collect_s3, collect_stale
-from ptestore.writers.s3 import MARKER_PART_NUMBER, crc32_combine, is_marker_part, marker_bytes
+from ptestore.writers.s3 import (
+    MARKER_PART_NUMBER,
+    MIN_PART_SIZE,
+    PartState,
+    crc32_combine,
+    is_marker_part,
+    marker_bytes,
+)
 
-from .s3_faults import _Raw
+from .s3_faults import fake_response
 
 pytestmark = pytest.mark.s3
 
-PART = 64 * 1024
+PART = MIN_PART_SIZE  # S3's smallest part: multipart tests write >= 3 parts
 
 
 @pytest.fixture
@@ -41,7 +47,9 @@ def key_of(url: str) -> str:
 
 
 def writer(moto: MotoS3, url: str, **kw: Any) -> S3Writer:
-    w = open_writer(url, **moto.storage_options, **{"part_size": PART, **kw})
+    # A client of its own (s3fs shares clients between equal options): hooks stay local.
+    opts = {"part_size": PART, "skip_instance_cache": True, **kw}
+    w = open_writer(url, **moto.storage_options, **opts)
     assert isinstance(w, S3Writer)
     return w
 
@@ -72,7 +80,8 @@ def test_complete_parts_upload_before_publish_and_first_part_waits(
     w.write(data[100:PART], 100)  # part 1 still has a hole: it waits
     w.wait_uploads()
     assert uploaded_parts(s3_client, s3_bucket, w) == [2, 3, 4, 5, MARKER_PART_NUMBER]
-    assert sum(p.buf is not None for p in w._parts.values()) == 2  # only partial parts
+    buffered = sorted(i for i, p in w.parts.items() if p.state is PartState.BUFFERED)
+    assert buffered == [0, 5]  # only the partial parts
     w.write(data[:100], 0)  # part 1 complete now: uploaded at once
     w.wait_uploads()
     assert uploaded_parts(s3_client, s3_bucket, w) == [1, 2, 3, 4, 5, MARKER_PART_NUMBER]
@@ -89,10 +98,11 @@ def test_memory_stays_bounded_for_sequential_writes(moto_s3: MotoS3, url: str) -
     chunk = random.randbytes(PART // 4 + 3)
     off = 0
     peak = 0
-    for _ in range(60):
+    for _ in range(18):
         w.write(chunk, off)
         off += len(chunk)
-        peak = max(peak, sum(p.buf is not None for p in w._parts.values()) + len(w._inflight))
+        buffered = sum(p.state is PartState.BUFFERED for p in w.parts.values())
+        peak = max(peak, buffered + w.in_flight)
     assert peak <= 1 + 2  # one partial part + max_concurrency in flight
     w.publish()
 
@@ -101,7 +111,7 @@ def test_rewriting_an_uploaded_part_reuploads_it(
     moto_s3: MotoS3, s3_bucket: str, s3_client: Any, url: str
 ) -> None:
     data = bytearray(random.randbytes(3 * PART))
-    w = writer(moto_s3, url)
+    w = writer(moto_s3, url, spool=True)
     calls: list[str] = []
     w.client.meta.events.register(
         "before-send.s3.UploadPart", lambda request, **_: calls.append(request.url) and None
@@ -116,12 +126,12 @@ def test_rewriting_an_uploaded_part_reuploads_it(
 
 
 def test_rewrite_without_spool_is_refused(moto_s3: MotoS3, url: str) -> None:
-    w = writer(moto_s3, url, spool=False)
+    w = writer(moto_s3, url)  # spool=False is the default: no local disk used
     w.write(bytes(2 * PART), 0)
     with pytest.raises(
         ConfigurationError,
-        match=r"part 1 \(bytes 0\.\.65536\) was already uploaded and cannot be rewritten "
-        r"with spool=False",
+        match=r"part 1 \(bytes 0\.\.5242880\) was already uploaded and cannot be rewritten "
+        r"with spool=False \(open the writer with spool=True to rewrite uploaded parts\)",
     ):
         w.write(b"x", 5)
     assert w.state is WriterState.OPEN
@@ -178,10 +188,26 @@ def test_credentials_from_the_environment(
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"bogus": 1}, r"unknown S3 storage options \['bogus'\]"),
-        ({"session": object()}, r"the 'session' option \(an aiobotocore session\) is not"),
-        ({"part_size": 0}, r"part_size must be an int in \[1, 5368709120\], got 0"),
-        ({"max_concurrency": 0}, r"max_concurrency must be an int >= 1, got 0"),
+        (
+            {"bogus": 1},
+            r"options \['bogus'\] do not apply to s3:// \(accepted: \[.*'anon', .*"
+            r"'client_kwargs', .*'endpoint_url', .*'part_size', .*'profile', .*"
+            r"'retry_attempts', .*'spool'",
+        ),
+        ({"session": object()}, r"cannot create an S3 client: "),
+        (
+            {"part_size": 0},
+            r"option part_size = 0: must be between 5242880 \(5 MiB, S3's smallest part\) "
+            r"and 5368709120 \(5 GiB, S3's largest part\)",
+        ),
+        ({"part_size": (5 << 20) - 1}, r"part_size = 5242879: must be between 5242880"),
+        ({"part_size": (5 << 30) + 1}, r"part_size = 5368709121: must be between"),
+        ({"part_size": "8M"}, r"option part_size = '8M': must be an int \(bytes\)"),
+        ({"max_concurrency": 0}, r"option max_concurrency = 0: must be an int >= 1"),
+        ({"client_kwargs": [1]}, r"option client_kwargs = \[1\]: must be a dict"),
+        ({"retry_attempts": "x"}, r"option retry_attempts = 'x': must be an int"),
+        ({"retry_initial": -1}, r"retry_initial = -1: must be a number >= 0"),
+        ({"anon": "yes"}, r"option anon = 'yes': must be a bool"),
         ({"metadata": {"ptestore-writer": "x"}}, r"metadata key 'ptestore-writer' is reserved"),
         ({"metadata": {"a": 1}}, r"metadata keys and values must be str: 'a'"),
     ],
@@ -207,26 +233,30 @@ def test_bad_urls(moto_s3: MotoS3, bad: str) -> None:
 
 
 def test_write_beyond_largest_object(moto_s3: MotoS3, url: str) -> None:
-    w = writer(moto_s3, url, part_size=16)
+    """At most 9,999 data parts (+ the gc marker): refused at the write, before any
+    upload, and the writer stays usable."""
+    w = writer(moto_s3, url)
     with pytest.raises(
         ConfigurationError,
-        match=r"write ending at byte 159985 exceeds the largest object this writer can "
-        r"publish, part_size \* 9999 = 159984 bytes; use a larger part_size",
+        match=r"write ending at byte 52423557121 exceeds the largest object this writer can "
+        r"publish, part_size \* 9999 = 52423557120 bytes; use a larger part_size",
     ):
-        w.write(b"x", 159984)
+        w.write(b"x", 52423557120)
     assert w.state is WriterState.OPEN
-    w.discard()
+    assert w.upload_id is None
+    w.write(b"x", 0)
+    assert w.publish().size == 1
 
 
 def _fake_head(w: S3Writer, *, size: int, crc: str) -> None:
-    def hook(request: Any, **_: Any) -> AWSResponse:
+    def hook(request: Any, **_: Any) -> Any:
         headers = {
             "Content-Length": str(size),
             "x-amz-meta-ptestore-writer": w.token,
             "x-amz-checksum-crc32": crc,
             "ETag": '"abc"',
         }
-        return AWSResponse(request.url, 200, headers, _Raw(b""))
+        return fake_response(request.url, 200, headers, b"")
 
     w.client.meta.events.register("before-send.s3.HeadObject", hook)
 
@@ -245,7 +275,7 @@ def test_integrity_check_detects_a_wrong_size(moto_s3: MotoS3, url: str) -> None
     w = writer(moto_s3, url)
     w.write(bytes(3 * PART), 0)
     _fake_head(w, size=5, crc="AAAAAA==")
-    with pytest.raises(IntegrityError, match=r"published object has 5 bytes, but 196608 were"):
+    with pytest.raises(IntegrityError, match=r"published object has 5 bytes, but 15728640 were"):
         w.publish()
 
 

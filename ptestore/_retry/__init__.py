@@ -1,0 +1,46 @@
+"""One classification of storage failures, one retry policy, one mapping to ptestore errors.
+
+Every loader and writer asks this module three questions about a failure:
+
+- :func:`classify`: which :class:`Category` is it? Decided by the error *code* and
+  HTTP *status* of a botocore ``ClientError`` (or anything carrying the same
+  ``response`` dict), by the ``errno`` of an ``OSError`` and by the exception *type*
+  (connection and timeout errors of the standard library, botocore, urllib3 and
+  aiohttp). Never by the text of a message: ``OSError("short read: wanted 5000
+  bytes")`` is not a server error because it contains "500".
+- :class:`RetryPolicy`: retry the :attr:`Category.TRANSIENT` ones, with jittered
+  exponential backoff (tenacity), logging each retry on ``ptestore.retry``.
+- :func:`to_storage_error`: the :mod:`ptestore.errors` exception to raise (missing ->
+  :class:`~ptestore.errors.ObjectNotFound`, 401/403/EACCES ->
+  :class:`~ptestore.errors.PermissionDenied`, 412 ->
+  :class:`~ptestore.errors.PreconditionFailed`, ...).
+
+Modules: :mod:`.classify` (the code, status, type and errno tables, :func:`classify`,
+:func:`to_storage_error`) and :mod:`.policy` (:class:`RetryPolicy`).
+"""
+
+from __future__ import annotations
+
+from .classify import (
+    Category,
+    ErrorInfo,
+    classify,
+    error_code,
+    error_info,
+    is_transient,
+    to_storage_error,
+)
+from .policy import DEFAULT_RETRY, RETRY_OPTIONS, RetryPolicy
+
+__all__ = [
+    "DEFAULT_RETRY",
+    "RETRY_OPTIONS",
+    "Category",
+    "ErrorInfo",
+    "RetryPolicy",
+    "classify",
+    "error_code",
+    "error_info",
+    "is_transient",
+    "to_storage_error",
+]

@@ -1,0 +1,348 @@
+"""Classification of storage failures and their mapping to :mod:`ptestore.errors`.
+
+Decided by the error code and HTTP status of a botocore ``ClientError`` (anywhere in
+the cause chain), by exception type and by ``errno``; never by the text of a message.
+"""
+
+from __future__ import annotations
+
+import enum
+import errno
+import functools
+import http.client
+import ssl
+from dataclasses import dataclass
+
+from ..errors import (
+    AlreadyExists,
+    ObjectNotFound,
+    PermissionDenied,
+    PreconditionFailed,
+    StorageError,
+)
+
+__all__ = [
+    "NOT_FOUND_CODES",
+    "PERMISSION_CODES",
+    "PRECONDITION_CODES",
+    "TRANSIENT_CODES",
+    "TRANSIENT_ERRNOS",
+    "TRANSIENT_STATUSES",
+    "Category",
+    "ErrorInfo",
+    "classify",
+    "error_code",
+    "error_info",
+    "find_error_info",
+    "is_transient",
+    "to_storage_error",
+]
+
+#: Error codes of S3 (and botocore) that ask the client to try again later.
+TRANSIENT_CODES = frozenset(
+    {
+        "InternalError",
+        "ServiceUnavailable",
+        "SlowDown",
+        "RequestTimeout",
+        "RequestTimeoutException",
+        "Throttling",
+        "ThrottlingException",
+        "ThrottledException",
+        "RequestThrottled",
+        "RequestThrottledException",
+        "RequestLimitExceeded",
+        "TooManyRequestsException",
+        "BandwidthLimitExceeded",
+        "EC2ThrottledException",
+        "PriorRequestNotComplete",
+    }
+)
+#: HTTP statuses worth retrying: request timeout, too many requests, server errors.
+TRANSIENT_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+#: The object, its bucket or its version does not exist (HEAD answers a bare "404").
+NOT_FOUND_CODES = frozenset({"NoSuchKey", "NoSuchBucket", "NoSuchVersion", "NotFound", "404"})
+#: The storage refused the credentials or the access.
+PERMISSION_CODES = frozenset(
+    {
+        "AccessDenied",
+        "AllAccessDisabled",
+        "AccountProblem",
+        "ExpiredToken",
+        "InvalidAccessKeyId",
+        "InvalidToken",
+        "SignatureDoesNotMatch",
+        "Unauthorized",
+        "401",
+        "403",
+    }
+)
+#: A condition of the request (If-None-Match, If-Match) did not hold.
+PRECONDITION_CODES = frozenset({"PreconditionFailed", "ConditionalRequestConflict", "412"})
+#: errno values of transport failures worth retrying.
+TRANSIENT_ERRNOS = frozenset(
+    {
+        errno.EAGAIN,
+        errno.ETIMEDOUT,
+        errno.ECONNRESET,
+        errno.ECONNABORTED,
+        errno.ECONNREFUSED,
+        errno.EPIPE,
+        errno.EHOSTUNREACH,
+        errno.ENETUNREACH,
+        errno.ENETDOWN,
+        errno.ENETRESET,
+    }
+)
+_PERMISSION_ERRNOS = frozenset({errno.EACCES, errno.EPERM})
+
+
+class Category(enum.Enum):
+    """What a failure means for the caller."""
+
+    #: Worth retrying: the same request may succeed later.
+    TRANSIENT = "transient"
+    #: The object (or its bucket/directory) does not exist.
+    NOT_FOUND = "not found"
+    #: Wrong credentials or no access.
+    PERMISSION = "permission"
+    #: A conditional request was refused (412, or 409 ConditionalRequestConflict).
+    PRECONDITION = "precondition"
+    #: Something exists where ``create`` wanted nothing.
+    ALREADY_EXISTS = "already exists"
+    #: Any other failure: not retried.
+    PERMANENT = "permanent"
+
+
+@dataclass(frozen=True)
+class ErrorInfo:
+    """Code, HTTP status and service message of a botocore ``ClientError``."""
+
+    code: str | None
+    status: int | None
+    message: str | None
+
+    def describe(self) -> str:
+        """``"SlowDown (HTTP 503): Please reduce..."``, the parts that are known."""
+        text = self.code or "error"
+        if self.status is not None:
+            text += f" (HTTP {self.status})"
+        if self.message:
+            text += f": {self.message}"
+        return text
+
+
+def error_info(exc: BaseException) -> ErrorInfo | None:
+    """The :class:`ErrorInfo` of an exception carrying a botocore ``response`` dict."""
+    response = getattr(exc, "response", None)
+    if not isinstance(response, dict):
+        return None
+    error = response.get("Error")
+    meta = response.get("ResponseMetadata")
+    code = error.get("Code") if isinstance(error, dict) else None
+    message = error.get("Message") if isinstance(error, dict) else None
+    status = meta.get("HTTPStatusCode") if isinstance(meta, dict) else None
+    return ErrorInfo(
+        str(code) if code is not None else None,
+        status if isinstance(status, int) and not isinstance(status, bool) else None,
+        str(message) if message else None,
+    )
+
+
+@functools.cache
+def _transient_types() -> tuple[type[BaseException], ...]:
+    """Connection and timeout exception types of the transports storage goes through."""
+    types: list[type[BaseException]] = [
+        ConnectionError,  # resets, aborts, refusals, broken pipes
+        TimeoutError,  # socket.timeout, asyncio.TimeoutError
+        http.client.IncompleteRead,
+        http.client.RemoteDisconnected,
+    ]
+    try:
+        from botocore import exceptions as be
+
+        # HTTPClientError covers ConnectionClosedError, ReadTimeoutError and
+        # ResponseStreamingError; ConnectionError covers EndpointConnectionError and
+        # ConnectTimeoutError.
+        types += [be.HTTPClientError, be.ConnectionError]
+    except ImportError:  # pragma: no cover - depends on the environment
+        pass
+    try:
+        from urllib3 import exceptions as ue
+
+        types += [ue.ProtocolError, ue.TimeoutError]
+    except ImportError:  # pragma: no cover - depends on the environment
+        pass
+    try:
+        import aiohttp
+
+        types += [aiohttp.ClientConnectionError, aiohttp.ClientPayloadError]
+    except ImportError:  # pragma: no cover - depends on the environment
+        pass
+    return tuple(types)
+
+
+#: TLS failures of botocore and aiohttp (subclasses of their connection errors).
+_TLS_ERRORS = frozenset(
+    {"botocore.exceptions.SSLError", "aiohttp.client_exceptions.ClientSSLError"}
+)
+
+
+#: botocore's "no usable credentials" errors (raised before any request is sent).
+_CREDENTIAL_ERRORS = frozenset(
+    {"botocore.exceptions.NoCredentialsError", "botocore.exceptions.PartialCredentialsError"}
+)
+
+
+def _is_type(exc: BaseException, qualified_names: frozenset[str]) -> bool:
+    return any(f"{c.__module__}.{c.__qualname__}" in qualified_names for c in type(exc).__mro__)
+
+
+#: ptestore's own errors are final: their class is their category.
+_OURS: tuple[tuple[type[BaseException], Category], ...] = (
+    (ObjectNotFound, Category.NOT_FOUND),
+    (PermissionDenied, Category.PERMISSION),
+    (PreconditionFailed, Category.PRECONDITION),
+    (AlreadyExists, Category.ALREADY_EXISTS),
+    (StorageError, Category.PERMANENT),  # already final (after any retries)
+)
+#: The service's verdict: its error code first ...
+_BY_CODE: tuple[tuple[frozenset[str], Category], ...] = (
+    (TRANSIENT_CODES, Category.TRANSIENT),
+    (NOT_FOUND_CODES, Category.NOT_FOUND),
+    (PERMISSION_CODES, Category.PERMISSION),
+    (PRECONDITION_CODES, Category.PRECONDITION),
+)
+#: ... then the HTTP status (any other 5xx is transient too).
+_BY_STATUS: tuple[tuple[frozenset[int], Category], ...] = (
+    (TRANSIENT_STATUSES, Category.TRANSIENT),
+    (frozenset({404}), Category.NOT_FOUND),
+    (frozenset({401, 403}), Category.PERMISSION),
+    (frozenset({412}), Category.PRECONDITION),
+)
+#: Builtin exception types that name their category.
+_BY_TYPE: tuple[tuple[type[BaseException], Category], ...] = (
+    (FileNotFoundError, Category.NOT_FOUND),
+    (PermissionError, Category.PERMISSION),
+    (FileExistsError, Category.ALREADY_EXISTS),
+)
+
+
+def _classify_ours(exc: BaseException) -> Category | None:
+    return next((cat for cls, cat in _OURS if isinstance(exc, cls)), None)
+
+
+def _classify_answer(info: ErrorInfo) -> Category:
+    """The service's verdict: its error code first, then the HTTP status."""
+    for codes, category in _BY_CODE:
+        if info.code in codes:
+            return category
+    status = info.status
+    if status is None:
+        return Category.PERMANENT
+    for statuses, category in _BY_STATUS:
+        if status in statuses:
+            return category
+    return Category.TRANSIENT if status >= 500 else Category.PERMANENT
+
+
+def _classify_local(exc: BaseException) -> Category | None:
+    """The category an exception's type or errno shows, or None when they do not say."""
+    by_type = next((cat for cls, cat in _BY_TYPE if isinstance(exc, cls)), None)
+    if by_type is not None:
+        return by_type
+    if _is_type(exc, _CREDENTIAL_ERRORS):
+        return Category.PERMISSION
+    if isinstance(exc, ssl.SSLError) or _is_type(exc, _TLS_ERRORS):
+        return Category.PERMANENT  # a bad certificate stays bad
+    if isinstance(exc, _transient_types()):
+        return Category.TRANSIENT
+    if isinstance(exc, OSError) and exc.errno is not None:
+        if exc.errno in TRANSIENT_ERRNOS:
+            return Category.TRANSIENT
+        if exc.errno in _PERMISSION_ERRNOS:
+            return Category.PERMISSION
+        if exc.errno == errno.ENOENT:
+            return Category.NOT_FOUND
+    return None
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and its causes (``__cause__``, else ``__context__``), without cycles."""
+    out: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and all(current is not e for e in out):
+        out.append(current)
+        current = current.__cause__ or current.__context__
+    return out
+
+
+def classify(exc: BaseException) -> Category:
+    """The :class:`Category` of a failure.
+
+    ptestore's own errors are final. Otherwise the service's answer decides when the
+    cause chain holds one (s3fs raises ``OSError(EIO)`` or ``PermissionError`` *from*
+    the botocore ``ClientError``), else the first exception of the chain whose type or
+    errno says; :attr:`Category.PERMANENT` when nothing does.
+    """
+    ours = _classify_ours(exc)
+    if ours is not None:
+        return ours
+    chain = _chain(exc)
+    for e in chain:
+        info = error_info(e)
+        if info is not None:
+            return _classify_answer(info)
+    for e in chain:
+        category = _classify_local(e)
+        if category is not None:
+            return category
+    return Category.PERMANENT
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True when retrying the same request may succeed (:attr:`Category.TRANSIENT`)."""
+    return classify(exc) is Category.TRANSIENT
+
+
+def find_error_info(exc: BaseException) -> ErrorInfo | None:
+    """The :class:`ErrorInfo` of the first exception of ``exc``'s cause chain with one."""
+    for e in _chain(exc):
+        info = error_info(e)
+        if info is not None:
+            return info
+    return None
+
+
+def error_code(exc: BaseException) -> str | None:
+    """The service's error code (``"NoSuchUpload"``...) found in ``exc``'s cause chain."""
+    info = find_error_info(exc)
+    return info.code if info is not None else None
+
+
+def to_storage_error(exc: BaseException, where: str, action: str) -> StorageError:
+    """The :mod:`ptestore.errors` exception for ``exc``, raised while ``action`` ran on
+    ``where``: ``"<where>: <action> failed: <code> (HTTP <status>): <message>"``.
+
+    A :class:`~ptestore.errors.StorageError` is returned unchanged.
+    """
+    if isinstance(exc, StorageError):
+        return exc
+    info = find_error_info(exc)
+    if info is not None:
+        detail = info.describe()
+    elif isinstance(exc, OSError) and exc.strerror:
+        detail = exc.strerror
+    else:
+        detail = str(exc) or type(exc).__name__
+    text = f"{where}: {action} failed: {detail}"
+    category = classify(exc)
+    if category is Category.NOT_FOUND:
+        return ObjectNotFound(text)
+    if category is Category.PERMISSION:
+        return PermissionDenied(text)
+    if category is Category.PRECONDITION:
+        return PreconditionFailed(text)
+    if category is Category.ALREADY_EXISTS:
+        return AlreadyExists(text)
+    return StorageError(text)

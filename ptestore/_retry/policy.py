@@ -1,0 +1,113 @@
+"""The one retry policy of ptestore's storage calls (tenacity)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential,
+    wait_random,
+)
+
+from ..errors import ConfigurationError
+from .classify import find_error_info, is_transient
+
+__all__ = ["DEFAULT_RETRY", "RETRY_OPTIONS", "RetryPolicy"]
+
+log = logging.getLogger("ptestore.retry")
+T = TypeVar("T")
+
+#: Storage options that configure :class:`RetryPolicy` (accepted by every remote
+#: loader and writer).
+RETRY_OPTIONS = ("retry_attempts", "retry_initial", "retry_max")
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Retry transient failures (:func:`is_transient`) with jittered exponential backoff.
+
+    Retried: 5xx answers, 408/429, throttling codes (``SlowDown``, ``Throttling``...),
+    connection resets and timeouts. Never retried: missing objects, permission
+    problems, failed preconditions, other 4xx answers, anything of ptestore's own.
+    """
+
+    #: Attempts in total, the first one included.
+    attempts: int = 6
+    #: Seconds before the first retry (doubling each time, plus up to this much jitter).
+    initial: float = 0.1
+    #: Upper bound of one wait, in seconds.
+    maximum: float = 5.0
+
+    def __post_init__(self) -> None:
+        _check_number("retry_attempts", self.attempts, int, 1)
+        _check_number("retry_initial", self.initial, float, 0)
+        _check_number("retry_max", self.maximum, float, 0)
+
+    @classmethod
+    def from_options(cls, url: str, options: dict[str, Any]) -> RetryPolicy:
+        """Take ``retry_attempts``/``retry_initial``/``retry_max`` out of ``options``."""
+        given = {name: options.pop(name) for name in RETRY_OPTIONS if name in options}
+        try:
+            return cls(
+                attempts=given.get("retry_attempts", cls.attempts),
+                initial=given.get("retry_initial", cls.initial),
+                maximum=given.get("retry_max", cls.maximum),
+            )
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"{url}: {exc}") from None
+
+    def call(
+        self,
+        fn: Callable[[], T],
+        *,
+        what: str = "storage call",
+        on_retry: Callable[[], None] | None = None,
+    ) -> T:
+        """Run ``fn``; retry transient failures; re-raise the last failure as it is.
+
+        ``what`` names the call in the retry log; ``on_retry`` runs before each retry.
+        """
+
+        def before_sleep(state: RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome is not None else None
+            info = find_error_info(exc) if exc is not None else None
+            reason = info.describe() if info is not None else f"{type(exc).__name__}: {exc}"
+            wait = state.next_action.sleep if state.next_action is not None else 0.0
+            log.warning(
+                "%s: attempt %d of %d failed (%s); retrying in %.2fs",
+                what,
+                state.attempt_number,
+                self.attempts,
+                reason,
+                wait,
+            )
+            if on_retry is not None:
+                on_retry()
+
+        retrying = Retrying(
+            retry=retry_if_exception(is_transient),
+            stop=stop_after_attempt(self.attempts),
+            wait=wait_exponential(multiplier=self.initial, max=self.maximum)
+            + wait_random(0, self.initial),
+            reraise=True,
+            before_sleep=before_sleep,
+        )
+        return retrying(fn)
+
+
+def _check_number(name: str, value: object, kind: type, minimum: float) -> None:
+    ok = isinstance(value, (int, float) if kind is float else int) and not isinstance(value, bool)
+    if not ok or value < minimum:  # type: ignore[operator]
+        what = "an int" if kind is int else "a number"
+        raise ConfigurationError(f"{name} = {value!r}: must be {what} >= {minimum:g}")
+
+
+#: The policy used when no retry option is given.
+DEFAULT_RETRY = RetryPolicy()

@@ -1,0 +1,58 @@
+"""A staging file (descriptor and path) shared by the local and the generic writer."""
+
+from __future__ import annotations
+
+import os
+
+from ..errors import StorageError
+
+__all__ = ["FileStaging", "strerror"]
+
+
+def strerror(exc: OSError) -> str:
+    """The system's text for an ``OSError`` (its ``strerror``, else its ``str``)."""
+    return exc.strerror or str(exc)
+
+
+class FileStaging:
+    """A staging file: its descriptor and name. Knows nothing of the writer.
+
+    ``cleanup()`` unlinks the file unless it was :meth:`mark_published` (renamed or
+    linked into place) and closes the descriptor; it is idempotent.
+    """
+
+    def __init__(self, path: str, fd: int) -> None:
+        self.path = path
+        self.fd: int | None = fd
+        self.published = False
+
+    def fileno(self) -> int:
+        """The open descriptor (raises once closed)."""
+        if self.fd is None:
+            raise StorageError(f"{self.path}: staging file is closed")
+        return self.fd
+
+    def close_fd(self) -> None:
+        if self.fd is not None:
+            fd, self.fd = self.fd, None
+            os.close(fd)
+
+    def mark_published(self) -> None:
+        """The file now lives under the destination name: never unlink it."""
+        self.published = True
+        self.close_fd()
+
+    def cleanup(self) -> None:
+        try:
+            if not self.published:
+                try:
+                    os.unlink(self.path)
+                except FileNotFoundError:
+                    pass
+                except OSError as exc:
+                    raise StorageError(
+                        f"{self.path}: cannot remove staging file: {strerror(exc)}"
+                    ) from exc
+        finally:
+            self.published = True
+            self.close_fd()

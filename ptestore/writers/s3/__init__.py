@@ -1,0 +1,53 @@
+"""S3: a multipart upload on a fixed part grid, completed atomically at publish.
+
+Guarantees (AWS S3 and compatibles that implement conditional writes):
+
+- **Atomic**: the object does not exist until ``CompleteMultipartUpload`` (or the single
+  ``PutObject`` used for outputs of at most one part) succeeds; readers see the old or
+  the complete new object.
+- **Durable**: once publish returns, as durable as S3 makes it.
+- **Isolated**: pending parts are invisible to readers and listings.
+- **No-clobber**: ``mode="create"`` sends ``If-None-Match: *`` on Complete/PutObject, so
+  the service refuses to replace an existing object, between any number of clients.
+- **Integrity**: every part carries its CRC32; Complete asserts the full-object CRC32
+  (``ChecksumType=FULL_OBJECT``) and ``MpuObjectSize``; after publishing, a ``HEAD``
+  with ``ChecksumMode=ENABLED`` checks size, checksum and this writer's token.
+- **Cleanup**: discard, garbage collection and interpreter exit abort the upload. A
+  crash leaves it pending (billed, invisible): add a lifecycle rule
+  ``AbortIncompleteMultipartUpload`` and/or run ``ptestore gc s3://bucket/prefix``,
+  which aborts only uploads carrying ptestore's marker part.
+
+Modules: :mod:`.config` (the s3fs connection, limits), :mod:`.checksum` (CRC-32
+arithmetic), :mod:`.marker` (the gc marker), :mod:`.parts` (the part grid and its
+states), :mod:`.staging` (the pending upload and its abort), :mod:`.publish`
+(publish, reconcile, verify), :mod:`.writer` (:class:`S3Writer`).
+
+Retries: one layer, :class:`ptestore._retry.RetryPolicy`; botocore's own retries are off
+(``total_max_attempts=1``) unless ``config_kwargs`` sets ``retries``.
+"""
+
+from __future__ import annotations
+
+from .checksum import crc32_combine
+from .config import DEFAULT_PART_SIZE, MAX_PART_SIZE, MIN_PART_SIZE, S3Connection
+from .marker import MARKER_PART_NUMBER, MAX_DATA_PARTS, is_marker_part, marker_bytes
+from .parts import Part, PartState, UploadedPart
+from .publish import TOKEN_METADATA_KEY
+from .writer import S3Writer
+
+__all__ = [
+    "DEFAULT_PART_SIZE",
+    "MARKER_PART_NUMBER",
+    "MAX_DATA_PARTS",
+    "MAX_PART_SIZE",
+    "MIN_PART_SIZE",
+    "TOKEN_METADATA_KEY",
+    "Part",
+    "PartState",
+    "S3Connection",
+    "S3Writer",
+    "UploadedPart",
+    "crc32_combine",
+    "is_marker_part",
+    "marker_bytes",
+]

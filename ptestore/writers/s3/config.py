@@ -1,0 +1,119 @@
+"""S3 connection: the s3fs filesystem, its botocore client, the retry policy, limits.
+
+The client comes from s3fs itself (``S3FileSystem(**storage_options)``), so options,
+credentials, endpoints, profiles, config files, fsspec's ``s3`` configuration and
+``AWS_*``/``FSSPEC_S3_*`` environment variables resolve exactly as for every fsspec user
+and for ptestore's own S3 loader. ptestore adds two defaults: botocore's retries off
+(``RetryPolicy`` is the one retry layer) unless ``config_kwargs`` sets ``retries``, and
+a connection pool large enough for ``max_concurrency`` uploads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from ..._options import fsspec_options
+from ..._retry import RETRY_OPTIONS, RetryPolicy
+from ...errors import ConfigurationError
+from .marker import MAX_DATA_PARTS
+
+__all__ = [
+    "DEFAULT_PART_SIZE",
+    "MAX_PART_SIZE",
+    "MIN_PART_SIZE",
+    "S3Connection",
+    "check_part_size",
+    "connection_options",
+    "largest_object",
+]
+
+T = TypeVar("T")
+
+#: S3's smallest part (every part but the last), 5 MiB.
+MIN_PART_SIZE = 5 << 20
+#: S3's largest part, 5 GiB.
+MAX_PART_SIZE = 5 << 30
+DEFAULT_PART_SIZE = 8 << 20
+_SSE_C_KEYS = ("SSECustomerAlgorithm", "SSECustomerKey", "SSECustomerKeyMD5")
+
+
+def check_part_size(url: str, part_size: object, minimum: int = MIN_PART_SIZE) -> int:
+    """``part_size`` if S3 accepts it (``minimum`` <= part_size <= 5 GiB), else
+    :class:`~ptestore.errors.ConfigurationError` naming the value and the limit."""
+    if isinstance(part_size, bool) or not isinstance(part_size, int):
+        raise ConfigurationError(f"{url}: option part_size = {part_size!r}: must be an int (bytes)")
+    if not minimum <= part_size <= MAX_PART_SIZE:
+        raise ConfigurationError(
+            f"{url}: option part_size = {part_size}: must be between {minimum} (5 MiB, S3's "
+            f"smallest part) and {MAX_PART_SIZE} (5 GiB, S3's largest part)"
+        )
+    return part_size
+
+
+def largest_object(part_size: int) -> int:
+    """The largest object a writer with ``part_size`` can publish (9,999 data parts)."""
+    return part_size * MAX_DATA_PARTS
+
+
+def connection_options() -> frozenset[str]:
+    """Every storage option of s3fs's ``S3FileSystem`` plus the retry options."""
+    try:
+        from s3fs import S3FileSystem
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ConfigurationError(f"S3 needs s3fs: install ptestore[s3] ({exc})") from exc
+    return fsspec_options(S3FileSystem) | set(RETRY_OPTIONS)
+
+
+class S3Connection:
+    """One s3fs filesystem and its client; every S3 call goes through :meth:`call`.
+
+    ``client`` is s3fs's (aiobotocore) client; :meth:`call` runs a request on s3fs's
+    event loop and waits for it, retrying transient failures with ``retry``.
+    """
+
+    def __init__(self, url: str, options: dict[str, Any], *, pool_size: int = 10) -> None:
+        try:
+            import fsspec.asyn
+            from s3fs import S3FileSystem
+        except ImportError as exc:  # pragma: no cover - depends on the environment
+            raise ConfigurationError(f"{url}: S3 needs s3fs: install ptestore[s3] ({exc})") from exc
+        options = dict(options)
+        self.url = url
+        self.retry = RetryPolicy.from_options(url, options)
+        config = dict(options.pop("config_kwargs", None) or {})
+        config.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})
+        config.setdefault("max_pool_connections", pool_size)
+        try:
+            self.fs = S3FileSystem(config_kwargs=config, **options)
+            self.client: Any = self.fs.s3  # connects: credentials and endpoint resolved
+        except Exception as exc:
+            raise ConfigurationError(f"{url}: cannot create an S3 client: {exc}") from exc
+        self._sync = fsspec.asyn.sync
+        additional = dict(self.fs.s3_additional_kwargs)
+        #: Parameters every request on the object needs (requester pays, SSE-C keys).
+        self.extras: dict[str, Any] = {k: additional[k] for k in _SSE_C_KEYS if k in additional}
+        if self.fs.requester_pays:
+            self.extras["RequestPayer"] = "requester"
+        #: Parameters of the requests that create the object (``s3_additional_kwargs``).
+        self.create_extras: dict[str, Any] = {**additional, **self.extras}
+
+    def invoke(self, operation: str, **params: Any) -> dict[str, Any]:
+        """One attempt of ``client.<operation>(**params)``, synchronously."""
+        method = getattr(self.client, operation)
+        result: dict[str, Any] = self._sync(self.fs.loop, method, **params)
+        return result
+
+    def call(
+        self,
+        what: str,
+        fn: Callable[[], T],
+        *,
+        on_retry: Callable[[], None] | None = None,
+    ) -> T:
+        """Run ``fn`` (which calls :meth:`invoke`) under the retry policy."""
+        return self.retry.call(fn, what=f"{self.url}: {what}", on_retry=on_retry)
+
+    def request(self, what: str, operation: str, **params: Any) -> dict[str, Any]:
+        """``client.<operation>(**params)`` with retries; ``what`` names it in logs."""
+        return self.call(what, lambda: self.invoke(operation, **params))

@@ -1,0 +1,204 @@
+"""Publishing an S3 object: the conditional PutObject or CompleteMultipartUpload, the
+reconciliation of lost answers, and the verifying HEAD.
+
+- ``mode="create"`` sends ``If-None-Match: *``: the service refuses to replace.
+- A 200 answer carrying an ``<Error>`` is the error it is (retried when transient).
+- A retried call meeting ``PreconditionFailed`` or ``NoSuchUpload`` (the first attempt
+  succeeded, its answer was lost) is reconciled with a ``HEAD`` looking for this
+  writer's token (``x-amz-meta-ptestore-writer``).
+- Afterwards a ``HEAD`` with ``ChecksumMode=ENABLED`` checks size, CRC-32 and token.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from typing import Any
+
+from ..._retry import Category, classify, error_code, to_storage_error
+from ...errors import AlreadyExists, IntegrityError, PublishUncertain, StorageError
+from ..base import PublishMode, PublishResult
+from .checksum import b64crc
+from .config import S3Connection
+
+__all__ = ["TOKEN_METADATA_KEY", "S3Publisher"]
+
+log = logging.getLogger("ptestore.writers.s3")
+
+#: User-metadata key (``x-amz-meta-ptestore-writer``) holding the writer's token.
+TOKEN_METADATA_KEY = "ptestore-writer"
+_RECONCILABLE = ("PreconditionFailed", "NoSuchUpload", "ConditionalRequestConflict")
+
+
+class S3Publisher:
+    """Makes one object visible and checks it (one per writer)."""
+
+    def __init__(
+        self,
+        url: str,
+        conn: S3Connection,
+        bucket: str,
+        key: str,
+        *,
+        metadata: dict[str, str],
+        token: str,
+        verify: bool,
+    ) -> None:
+        self.url = url
+        self.conn = conn
+        self.bucket = bucket
+        self.key = key
+        self.where = f"s3://{bucket}/{key}"
+        self.metadata = metadata
+        self.token = token
+        self.verify = verify
+
+    def put(self, mode: PublishMode, body: bytes) -> tuple[dict[str, Any], int]:
+        """Publish a small output with one PutObject; ``(answer, CRC-32)``."""
+        size, crc = len(body), zlib.crc32(body)
+        extra: dict[str, Any] = dict(self.conn.create_extras)
+        if mode == "create":
+            extra["IfNoneMatch"] = "*"
+        retried = [False]
+
+        def put() -> dict[str, Any]:
+            return self.conn.invoke(
+                "put_object",
+                Bucket=self.bucket,
+                Key=self.key,
+                Body=body,
+                Metadata=self.metadata,
+                ChecksumCRC32=b64crc(crc),
+                **extra,
+            )
+
+        try:
+            resp = self.conn.call("PutObject", put, on_retry=lambda: retried.__setitem__(0, True))
+        except Exception as exc:
+            resp = self._reconcile(exc, "PutObject", mode, size, retried[0])
+        return resp, crc
+
+    def complete(
+        self, mode: PublishMode, upload_id: str, size: int, parts: list[dict[str, Any]], crc: int
+    ) -> dict[str, Any]:
+        """Complete the multipart upload: ascending parts, full-object CRC-32, size."""
+        extra: dict[str, Any] = dict(self.conn.extras)
+        if mode == "create":
+            extra["IfNoneMatch"] = "*"
+        retried = [False]
+
+        def complete() -> dict[str, Any]:
+            resp = self.conn.invoke(
+                "complete_multipart_upload",
+                Bucket=self.bucket,
+                Key=self.key,
+                UploadId=upload_id,
+                MultipartUpload={"Parts": parts},
+                ChecksumType="FULL_OBJECT",
+                ChecksumCRC32=b64crc(crc),
+                MpuObjectSize=size,
+                **extra,
+            )
+            if not resp.get("ETag"):  # a 200 whose body was an error botocore did not catch
+                raise StorageError(f"{self.where}: CompleteMultipartUpload returned no ETag")
+            return resp
+
+        op = "CompleteMultipartUpload"
+        try:
+            resp = self.conn.call(op, complete, on_retry=lambda: retried.__setitem__(0, True))
+        except Exception as exc:
+            resp = self._reconcile(exc, op, mode, size, retried[0])
+        return resp
+
+    def head(self) -> dict[str, Any] | None:
+        """``HEAD`` of the object with its checksum, or None if it does not exist."""
+        try:
+            return self.conn.request(
+                "HeadObject",
+                "head_object",
+                Bucket=self.bucket,
+                Key=self.key,
+                ChecksumMode="ENABLED",
+                **self.conn.extras,
+            )
+        except Exception as exc:
+            if classify(exc) is Category.NOT_FOUND:
+                return None
+            raise
+
+    def _ours(self, head: dict[str, Any] | None, size: int) -> bool:
+        return (
+            head is not None
+            and head.get("Metadata", {}).get(TOKEN_METADATA_KEY) == self.token
+            and int(head.get("ContentLength", -1)) == size
+        )
+
+    def _reconcile(
+        self, exc: BaseException, operation: str, mode: PublishMode, size: int, retried: bool
+    ) -> dict[str, Any]:
+        """A publish call failed: find out whether our object is there anyway."""
+        code = error_code(exc)
+        where = self.where
+        if code not in _RECONCILABLE:
+            raise to_storage_error(exc, where, operation) from exc
+        try:
+            head = self.head()
+        except Exception as head_exc:
+            raise PublishUncertain(
+                f"{where}: {operation} answered {code} and the follow-up HEAD failed "
+                f"({head_exc}); the destination holds the old object or this writer's"
+            ) from exc
+        if self._ours(head, size):
+            log.info("%s: %s answered %s, but our object is in place", where, operation, code)
+            assert head is not None
+            return head
+        if (
+            code in ("PreconditionFailed", "ConditionalRequestConflict")
+            and mode == "create"
+            and (head is not None or code == "PreconditionFailed")
+        ):
+            raise AlreadyExists(
+                f"{where}: already exists; publish(mode='create') never replaces an existing object"
+            ) from exc
+        if code == "NoSuchUpload":
+            raise PublishUncertain(
+                f"{where}: the multipart upload is gone (NoSuchUpload) and the object does not "
+                "carry this writer's token: either it completed and another writer replaced it "
+                "since, or the upload was aborted (by gc or a lifecycle rule)"
+                + (" after a retried Complete" if retried else "")
+            ) from exc
+        raise to_storage_error(exc, where, operation) from exc
+
+    def verify_published(self, resp: dict[str, Any], size: int, crc: int) -> PublishResult:
+        """The :class:`PublishResult`, after checking the stored object (``verify``)."""
+        url, where = self.url, self.where
+        etag = resp.get("ETag")
+        version = resp.get("VersionId")
+        if not self.verify:
+            return PublishResult(url, size, etag, version, None)
+        try:
+            head = self.head()
+        except Exception as exc:
+            log.warning("%s: published, but the integrity check could not run: %s", where, exc)
+            return PublishResult(url, size, etag, version, None)
+        if head is None or head.get("Metadata", {}).get(TOKEN_METADATA_KEY) != self.token:
+            log.warning("%s: published, but replaced or deleted by someone else since", where)
+            return PublishResult(url, size, etag, version, None)
+        actual_size = int(head.get("ContentLength", -1))
+        if actual_size != size:
+            raise IntegrityError(
+                f"{where}: published object has {actual_size} bytes, but {size} were written"
+            )
+        stored = head.get("ChecksumCRC32")
+        if stored is not None and "-" not in str(stored) and stored != b64crc(crc):
+            raise IntegrityError(
+                f"{where}: published object has CRC32 {stored}, but the bytes written have "
+                f"{b64crc(crc)}"
+            )
+        return PublishResult(
+            url,
+            size,
+            head.get("ETag", etag),
+            head.get("VersionId", version),
+            f"crc32:{b64crc(crc)}",
+        )

@@ -1,0 +1,77 @@
+"""What an S3 writer has staged: the pending multipart upload, the upload pool and the
+local spool file. ``cleanup()`` aborts the upload; it knows nothing of the writer (it
+runs from the writer's finalizer)."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import threading
+
+from ..._retry import Category, classify, error_code, to_storage_error
+from ...errors import StorageError
+from .config import S3Connection
+
+__all__ = ["S3Staging"]
+
+#: Abort rounds: parts still arriving when Abort ran may survive it.
+_ABORT_ROUNDS = 3
+
+
+class S3Staging:
+    """The pending upload (``upload_id``), the part pool and the spool descriptor."""
+
+    def __init__(self, conn: S3Connection, bucket: str, key: str) -> None:
+        self.conn = conn
+        self.bucket = bucket
+        self.key = key
+        self.upload_id: str | None = None
+        self.pool: cf.ThreadPoolExecutor | None = None
+        self.spool_fd: int | None = None
+        self._lock = threading.Lock()
+
+    def completed(self) -> None:
+        """The upload became the object: nothing left to abort."""
+        self.upload_id = None
+
+    def cleanup(self) -> None:
+        with self._lock:
+            pool, self.pool = self.pool, None
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
+            if self.spool_fd is not None:
+                fd, self.spool_fd = self.spool_fd, None
+                os.close(fd)
+            upload_id, self.upload_id = self.upload_id, None
+        if upload_id is not None:
+            self.abort(upload_id)
+
+    def abort(self, upload_id: str) -> None:
+        where = f"s3://{self.bucket}/{self.key}"
+        params = {"Bucket": self.bucket, "Key": self.key, "UploadId": upload_id}
+        params.update(self.conn.extras)
+        for _ in range(_ABORT_ROUNDS):
+            try:
+                self.conn.request("AbortMultipartUpload", "abort_multipart_upload", **params)
+            except Exception as exc:
+                if not _no_such_upload(exc):
+                    detail = str(to_storage_error(exc, where, "AbortMultipartUpload"))
+                    raise StorageError(
+                        f"{where}: cannot abort multipart upload {upload_id}: "
+                        f"{detail.removeprefix(where + ': ')}; it stays pending until "
+                        "`ptestore gc` or a lifecycle rule removes it"
+                    ) from exc
+            try:
+                parts = self.conn.request("ListParts", "list_parts", **params)
+            except Exception as exc:
+                if _no_such_upload(exc) or classify(exc) is not Category.TRANSIENT:
+                    return
+                raise StorageError(
+                    f"{where}: cannot confirm that upload {upload_id} was aborted: {exc}"
+                ) from exc
+            if not parts.get("Parts"):
+                return
+
+
+def _no_such_upload(exc: BaseException) -> bool:
+    return error_code(exc) == "NoSuchUpload"
