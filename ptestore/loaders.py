@@ -34,6 +34,7 @@ __all__ = [
     "DataLoader",
     "FsspecLoader",
     "LocalFileLoader",
+    "loader_options",
     "open_loader",
     "split_url",
 ]
@@ -270,6 +271,22 @@ def split_url(url: str | os.PathLike[str]) -> tuple[str, str]:
     return protocol, text
 
 
+def _fs_class(url: str | os.PathLike[str], protocol: str) -> type:
+    try:
+        cls: type = fsspec.get_filesystem_class(protocol)
+    except (ImportError, ValueError) as exc:
+        raise ConfigurationError(f"{url}: cannot read protocol {protocol!r}: {exc}") from exc
+    return cls
+
+
+def loader_options(url: str | os.PathLike[str]) -> frozenset[str]:
+    """The storage options :func:`open_loader` accepts for ``url``."""
+    protocol, _ = split_url(url)
+    if protocol == "file":
+        return frozenset()
+    return fsspec_options(_fs_class(url, protocol)) | set(RETRY_OPTIONS)
+
+
 def open_loader(url: str | os.PathLike[str], **storage_options: Any) -> DataLoader:
     """Open a read-only :class:`DataLoader` for ``url``.
 
@@ -284,13 +301,8 @@ def open_loader(url: str | os.PathLike[str], **storage_options: Any) -> DataLoad
     if protocol == "file":
         check_options(text, storage_options, (), "local files")
         return LocalFileLoader(path)
-    try:
-        fs_cls = fsspec.get_filesystem_class(protocol)
-    except (ImportError, ValueError) as exc:
-        raise ConfigurationError(f"{url}: cannot read protocol {protocol!r}: {exc}") from exc
-    check_options(
-        text, storage_options, fsspec_options(fs_cls) | set(RETRY_OPTIONS), f"{protocol}://"
-    )
+    fs_cls = _fs_class(url, protocol)
+    check_options(text, storage_options, loader_options(url), f"{protocol}://")
     options = dict(storage_options)
     retry = RetryPolicy.from_options(text, options)
     try:

@@ -7,9 +7,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..backends.registry import BackendLike
-from ..errors import AlreadyExists, ObjectNotFound
-from ..loaders import DataLoader, open_loader, split_url
-from ..writers import open_writer
+from ..errors import AlreadyExists, ConfigurationError, ObjectNotFound
+from ..loaders import DataLoader, loader_options, open_loader, split_url
+from ..writers import open_writer, writer_options
 from ..writers.base import DataWriter, PublishMode
 from .pipeline import initialize_and_save_backend_data
 from .report import EventTracer, SpecializationReport
@@ -20,9 +20,49 @@ __all__ = ["specialize"]
 PathOrUrl = str | os.PathLike[str]
 
 
-def _options_for(url: str, options: dict[str, Any]) -> dict[str, Any]:
-    """Storage options apply to remote URLs only; local paths take none."""
-    return {} if split_url(url)[0] == "file" else dict(options)
+class _Options:
+    """Storage options for each side of a run.
+
+    ``common`` options go to every remote URL that accepts them (a writer-only option
+    such as ``part_size`` reaches writers, not loaders); an option that neither side
+    of any URL accepts is refused. ``src``/``dst`` options go to their side as given
+    and are checked there. Local paths take no options.
+    """
+
+    def __init__(
+        self,
+        common: dict[str, Any] | None,
+        src: dict[str, Any] | None,
+        dst: dict[str, Any] | None,
+    ) -> None:
+        self.common = dict(common or {})
+        self.src = dict(src or {})
+        self.dst = dict(dst or {})
+
+    def check(self, pairs: list[tuple[str, str]]) -> None:
+        remote = [u for pair in pairs for u in pair if split_url(u)[0] != "file"]
+        if not self.common or not remote:
+            return
+        accepted: set[str] = set()
+        for s, d in pairs:
+            accepted |= loader_options(s) | loader_options(d) | writer_options(d)
+        unknown = sorted(set(self.common) - accepted)
+        if unknown:
+            raise ConfigurationError(
+                f"storage options {unknown} apply to none of {', '.join(remote)} "
+                f"(accepted: {sorted(accepted)})"
+            )
+
+    def _pick(self, url: str, accepted: frozenset[str], own: dict[str, Any]) -> dict[str, Any]:
+        if split_url(url)[0] == "file":
+            return {}
+        return {**{k: v for k, v in self.common.items() if k in accepted}, **own}
+
+    def loader(self, url: str, side: str) -> dict[str, Any]:
+        return self._pick(url, loader_options(url), self.src if side == "src" else self.dst)
+
+    def writer(self, url: str) -> dict[str, Any]:
+        return self._pick(url, writer_options(url), self.dst)
 
 
 def specialize(
@@ -48,16 +88,15 @@ def specialize(
     would leave a mismatched pair, so in-place is refused for pairs, and so is any
     destination that is the other file's source or the other destination: paths are
     compared with symlinks resolved, URLs normalized, all before any work).
-    ``storage_options`` apply to every remote URL; ``src_``/``dst_storage_options``
-    override them for the sources or the destinations.
+    ``storage_options`` apply to every remote URL that accepts them (writer options
+    such as ``part_size`` to the destinations only); ``src_``/``dst_storage_options``
+    apply to the sources or the destinations and override them.
 
     See :func:`~ptestore.coordinator.pipeline.initialize_and_save_backend_data` for
     ``backends``, ``mode``, ``strict``, what is returned and what is raised.
     """
     src, dst = os.fspath(src_url), os.fspath(dst_url)
-    common = dict(storage_options or {})
-    src_opts = {**common, **(src_storage_options or {})}
-    dst_opts = {**common, **(dst_storage_options or {})}
+    options = _Options(storage_options, src_storage_options, dst_storage_options)
 
     pairs = [(src, dst)]
     if ptd is not None:
@@ -65,12 +104,13 @@ def specialize(
     # Before any work, and before the create-mode probes: no destination may be a
     # source or the other destination.
     check_targets(pairs[0], pairs[1] if ptd is not None else None)
+    options.check(pairs)
     if mode == "create":
         # Fail before any work (and before a .ptd is published) when a destination
         # exists; the writers' no-clobber publish still guards against races.
         for _, d in pairs:
             try:
-                probe = open_loader(d, **_options_for(d, dst_opts))
+                probe = open_loader(d, **options.loader(d, "dst"))
             except ObjectNotFound:
                 continue
             probe.close()
@@ -79,11 +119,8 @@ def specialize(
     writers: list[DataWriter] = []
     try:
         for s, d in pairs:
-            loaders.append(open_loader(s, **_options_for(s, src_opts)))
-            writer_opts = _options_for(d, dst_opts)
-            if split_url(d)[0] == "s3":  # TODO(merge): the S3 writer's own default
-                writer_opts.setdefault("spool", False)
-            writers.append(open_writer(d, **writer_opts))
+            loaders.append(open_loader(s, **options.loader(s, "src")))
+            writers.append(open_writer(d, **options.writer(d)))
         return initialize_and_save_backend_data(
             loaders[0],
             writers[0],

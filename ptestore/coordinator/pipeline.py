@@ -106,9 +106,7 @@ def initialize_and_save_backend_data(
         file_reports = _write(run, layouts)
         # A source replaced while we read it would mix two versions: check first.
         for f in files:
-            check = getattr(f.loader, "check_unchanged", None)  # TODO(merge): protocol
-            if check is not None:
-                check()
+            f.loader.check_unchanged()
         publish_in_order(run, files, mode, file_reports)
         summary.files = file_reports
         summary.seconds = time.perf_counter() - started

@@ -43,6 +43,7 @@ __all__ = [
     "collect_s3",
     "collect_stale",
     "open_writer",
+    "writer_options",
 ]
 
 
@@ -54,6 +55,25 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def _writer_class(url: str | os.PathLike[str]) -> tuple[type[DataWriter], str, str]:
+    protocol, path = split_url(url)
+    if protocol == "file":
+        return LocalFileWriter, path, "local files"
+    if protocol == "memory":
+        return MemoryWriter, os.fspath(url), "memory://"
+    if protocol == "s3":
+        from .s3 import S3Writer
+
+        return S3Writer, os.fspath(url), "s3://"
+    return FsspecWriter, os.fspath(url), f"{protocol}:// (FsspecWriter)"
+
+
+def writer_options(url: str | os.PathLike[str]) -> frozenset[str]:
+    """The storage options :func:`open_writer` accepts for ``url``."""
+    cls, target, _ = _writer_class(url)
+    return cls.accepted_options(target)
+
+
 def open_writer(url: str | os.PathLike[str], **storage_options: Any) -> DataWriter:
     """Open a transactional writer for ``url`` (see the module docstring for dispatch).
 
@@ -63,17 +83,6 @@ def open_writer(url: str | os.PathLike[str], **storage_options: Any) -> DataWrit
     not apply to the writer, and values of the wrong type, raise
     :class:`~ptestore.errors.ConfigurationError` before anything is opened.
     """
-    protocol, path = split_url(url)
-    cls: type[DataWriter]
-    if protocol == "file":
-        cls, target, applies_to = LocalFileWriter, path, "local files"
-    elif protocol == "memory":
-        cls, target, applies_to = MemoryWriter, os.fspath(url), "memory://"
-    elif protocol == "s3":
-        from .s3 import S3Writer
-
-        cls, target, applies_to = S3Writer, os.fspath(url), "s3://"
-    else:
-        cls, target, applies_to = FsspecWriter, os.fspath(url), f"{protocol}:// (FsspecWriter)"
+    cls, target, applies_to = _writer_class(url)
     check_options(target, storage_options, cls.accepted_options(target), applies_to)
     return cls(target, **storage_options)

@@ -241,3 +241,40 @@ def test_cli_storage_errors_exit_1(tmp_path: Path, capsys: pytest.CaptureFixture
     args = ["specialize", str(MLP.pte_path), str(tmp_path / "o.pte"), "--backend", "passthrough"]
     assert main([*args, "--spool-dir", str(tmp_path / "missing")]) == 1
     assert "cannot create the replacement spool in" in capsys.readouterr().err
+
+
+@pytest.mark.s3
+def test_common_writer_options_reach_writers_only(moto_s3: MotoS3) -> None:
+    """``part_size`` in the shared options is a writer option: the S3 source loader
+    must not get it (it would refuse it), the S3 writer must."""
+    bucket = moto_s3.new_bucket()
+    client = moto_s3.client()
+    assert MLP.pte_path is not None
+    client.put_object(Bucket=bucket, Key="in.pte", Body=MLP.pte_path.read_bytes())
+    report = ptestore.specialize(
+        f"s3://{bucket}/in.pte",
+        f"s3://{bucket}/out.pte",
+        backends=["passthrough"],
+        storage_options={**moto_s3.storage_options, "part_size": 5 << 20},
+    )
+    assert report.files[0].size_after == len(MLP.pte_path.read_bytes())
+    body = client.get_object(Bucket=bucket, Key="out.pte")["Body"].read()
+    assert body == MLP.pte_path.read_bytes()
+
+
+def test_common_options_that_apply_nowhere_are_refused() -> None:
+    fs = fsspec.filesystem("memory")
+    assert MLP.pte_path is not None
+    fs.pipe("/opts/in.pte", MLP.pte_path.read_bytes())
+    with pytest.raises(ptestore.ConfigurationError) as info:
+        ptestore.specialize(
+            "memory://opts/in.pte",
+            "memory://opts/out.pte",
+            backends=["passthrough"],
+            storage_options={"bogus": 1},
+        )
+    assert str(info.value).startswith(
+        "storage options ['bogus'] apply to none of memory://opts/in.pte, memory://opts/out.pte "
+        "(accepted: ["
+    )
+    assert not fs.exists("/opts/out.pte")
