@@ -16,6 +16,8 @@ from .api import (
     BackendInterface,
     DelegateInput,
     NamedDataMap,
+    QuantParams,
+    TensorInfo,
 )
 from .registry import (
     ENTRY_POINT_GROUP,
@@ -34,6 +36,8 @@ __all__ = [
     "DelegateInput",
     "NamedDataMap",
     "NotSupported",
+    "QuantParams",
+    "TensorInfo",
     "load_backend",
     "register_backend",
     "registered_backends",
