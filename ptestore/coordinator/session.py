@@ -219,10 +219,10 @@ class Session:
         old = self.run.named.stored_size(key)
         if size != old and not allowed:
             raise self._error(
-                f"replacement is {size} bytes but the value is {self.run.named.describe(key)}: "
-                f"a named-data value keeps its size ({old} -> {size} refused); pass "
-                "BackendData(..., allow_size_change=True) if the change is deliberate "
-                "(packed or compiled data your runtime reads in its own format)",
+                f"size change refused: the value is {self.run.named.describe(key)}, the "
+                f"replacement {size} bytes; pass BackendData(..., allow_size_change=True) "
+                "if the change is deliberate (packed or compiled data your runtime reads in "
+                "its own format)",
                 key,
             )
 
