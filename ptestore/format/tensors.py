@@ -27,6 +27,9 @@ __all__ = [
     "XNNPACK_BACKEND_ID",
     "TensorIndex",
     "describe_tensors",
+    "layout_tensors",
+    "named_data_json",
+    "tensor_index_of",
     "program_external_tensors",
     "xnnpack_tensors",
 ]
@@ -169,10 +172,46 @@ def describe_tensors(
     described = xnnpack_tensors(pte, pte_loader)
     described += program_external_tensors(pte)
     for parsed in (ptd, pte):
-        if parsed is None:
-            continue
-        for e in parsed.container.named_data:
-            if e.tensor_layout is not None:
-                where = f"{parsed.container.source} named_data {e.key!r}"
-                described.append((e.key, info_from_layout(e.tensor_layout, where)))
+        if parsed is not None:
+            described += layout_tensors(parsed)
     return TensorIndex(described)
+
+
+def layout_tensors(parsed: ParsedFile) -> list[tuple[str, TensorInfo]]:
+    """``(key, info)`` for every named-data entry that carries a tensor layout (.ptd)."""
+    src = parsed.container.source
+    return [
+        (e.key, info_from_layout(e.tensor_layout, f"{src} named_data {e.key!r}"))
+        for e in parsed.container.named_data
+        if e.tensor_layout is not None
+    ]
+
+
+def tensor_index_of(parsed: ParsedFile, loader: DataLoader) -> TensorIndex:
+    """The tensor index of one file on its own: a .pte's XNNPACK graphs and EXTERNAL
+    tensors, or a .ptd's layouts."""
+    if parsed.container.kind == "pte":
+        return describe_tensors(parsed, loader)
+    return TensorIndex(layout_tensors(parsed))
+
+
+def named_data_json(
+    parsed: ParsedFile, loader: DataLoader, index: TensorIndex | None = None
+) -> list[dict[str, object]]:
+    """``named_data`` rows for ``inspect --json``: key, segment index, size in bytes and
+    ``tensor_info`` (``TensorInfo.to_json()`` or None). Reads only the XNNPACK graphs."""
+    c = parsed.container
+    if index is None:
+        index = tensor_index_of(parsed, loader)
+    rows: list[dict[str, object]] = []
+    for e in c.named_data:
+        info = index.get(e.key)
+        rows.append(
+            {
+                "key": e.key,
+                "segment_index": e.segment_index,
+                "size": c.segments[e.segment_index].size,
+                "tensor_info": None if info is None else info.to_json(),
+            }
+        )
+    return rows

@@ -34,7 +34,7 @@ from ptestore.coordinator.named import MergedNamedDataMap, SourceFile
 from ptestore.errors import FormatError, InvalidReplacement
 from ptestore.format.reader import read_container
 from ptestore.format.tensorinfo import array_view
-from ptestore.format.tensors import TensorIndex, describe_tensors
+from ptestore.format.tensors import TensorIndex, describe_tensors, named_data_json
 from ptestore.format.xnnpack import parse_xnn_header, parse_xnngraph, xnngraph_span
 from ptestore.loaders import BytesLoader, LocalFileLoader
 
@@ -603,3 +603,30 @@ def test_hostile_blob_surfaces_as_format_error_from_get_tensor_info() -> None:
         "bad.pte (XnnpackBackend blob of forward[0], segment 1): XNNHeader.flatbuffer_size = "
     )
     assert "tensor info unavailable: bad.pte" in m.describe(m.keys()[0])
+
+
+# -- what inspect --json shows -----------------------------------------------------------
+
+
+def test_named_data_json_for_inspect() -> None:
+    fx = get_fixture("quant_xnnpack")
+    assert fx.pte_path is not None
+    loader = LocalFileLoader(fx.pte_path)
+    rows = named_data_json(read_container(loader), loader)
+    assert [r["key"] for r in rows] == [e["key"] for e in fx.facts["pte"]["named_data"]]
+    sizes = {s["index"]: s["size"] for s in fx.facts["pte"]["segments"]}
+    assert all(r["size"] == sizes[r["segment_index"]] for r in rows)  # type: ignore[index]
+    assert rows[0]["tensor_info"]["dtype"] == "qint8_per_channel"  # type: ignore[index]
+    json.dumps(rows)
+    ext = get_fixture("mlp_portable_ext")
+    assert ext.ptd_path is not None
+    ptd = LocalFileLoader(ext.ptd_path)
+    rows = named_data_json(read_container(ptd), ptd)
+    first = rows[0]["tensor_info"]
+    assert first["source"] == "ptd" and first["shape"] == [32, 16]  # type: ignore[index]
+    assert first["where"].endswith("named_data 'fc1.weight'")  # type: ignore[index]
+    # A .ptd without layouts (XNNPACK external weights) on its own: sizes, no info.
+    x = get_fixture("mlp_xnnpack_ext")
+    assert x.ptd_path is not None
+    xl = LocalFileLoader(x.ptd_path)
+    assert all(r["tensor_info"] is None for r in named_data_json(read_container(xl), xl))
