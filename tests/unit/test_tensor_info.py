@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import ast
 import json
+import os
+import re
 import struct
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -630,3 +633,36 @@ def test_named_data_json_for_inspect() -> None:
     assert x.ptd_path is not None
     xl = LocalFileLoader(x.ptd_path)
     assert all(r["tensor_info"] is None for r in named_data_json(read_container(xl), xl))
+
+
+# -- docs/backends.md's worked example, run as written ------------------------------------
+
+
+def _doc_blocks() -> list[str]:
+    text = (REPO / "docs" / "backends.md").read_text()
+    section = text[text.index("## A worked example") : text.index("## Naming and registering")]
+    return re.findall(r"```(?:python)?\n(.*?)```", section, flags=re.S)
+
+
+def test_worked_example_runs_as_written(tmp_path: Path) -> None:
+    (tmp_path / "examples").symlink_to(REPO / "examples")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    shell = next(b for b in _doc_blocks() if b.startswith("python -m ptestore specialize"))
+    script = shell.replace("python ", f"{sys.executable} ")
+    done = subprocess.run(
+        ["bash", "-euc", script], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert "[bf16] round 9eed8098f924a1e1efe5 (float32 [32, 16])" in done.stderr
+    out = merged_from(tmp_path / "mlp_bf16.pte")
+    src = merged_from(REPO / "examples" / "mlp_xnnpack.pte")
+    for key in out:
+        a, b = out.get_array(key), src.get_array(key)
+        assert a.shape == b.shape and not np.array_equal(a, b)
+        assert (a.view(np.uint32) & 0xFFFF == 0).all()
+    code = next(b for b in _doc_blocks() if b.startswith("import ptestore"))
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert sorted(ast.literal_eval(done.stdout)) == sorted(src.keys())
