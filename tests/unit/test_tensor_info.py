@@ -42,6 +42,8 @@ from ptestore.format.xnnpack import parse_xnn_header, parse_xnngraph, xnngraph_s
 from ptestore.loaders import BytesLoader, LocalFileLoader
 
 REPO = Path(__file__).resolve().parents[2]
+#: A thirtieth of the main fuzz test's budget (PTESTORE_FUZZ_EXAMPLES, 10,000 in CI).
+FUZZ_EXAMPLES = max(50, int(os.environ.get("PTESTORE_FUZZ_EXAMPLES", "10000")) // 30)
 
 
 def merged(name: str) -> MergedNamedDataMap:
@@ -571,7 +573,7 @@ def test_named_constant_with_an_offset_is_refused() -> None:
 GRAPHS = [_graph(n) for n in ("mlp_xnnpack", "quant_xnnpack", "scale_alias_xnnpack")]
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.sampled_from(GRAPHS),
     st.lists(st.tuples(st.integers(0, 1 << 16), st.integers(0, 255)), min_size=1, max_size=6),
@@ -666,3 +668,30 @@ def test_worked_example_runs_as_written(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert sorted(ast.literal_eval(done.stdout)) == sorted(src.keys())
+
+
+XNN_FILES = [
+    get_fixture(n).pte_path.read_bytes()  # type: ignore[union-attr]
+    for n in ("mlp_xnnpack", "quant_xnnpack", "scale_alias_xnnpack", "mlp_portable_ext")
+]
+
+
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.sampled_from(XNN_FILES),
+    st.lists(st.tuples(st.floats(0, 1), st.integers(0, 255)), min_size=1, max_size=8),
+)
+def test_mutated_models_describe_or_raise_format_error(
+    data: bytes, edits: list[tuple[float, int]]
+) -> None:
+    buf = bytearray(data)
+    for where, val in edits:
+        buf[min(len(buf) - 1, int(where * len(buf)))] = val
+    loader = BytesLoader(bytes(buf), name="fuzz.pte")
+    try:
+        index = describe_tensors(read_container(loader), loader)
+    except FormatError:
+        return
+    for key, info in index.items():
+        assert isinstance(key, str) and info.nbytes >= 0
+        json.dumps(info.to_json())
