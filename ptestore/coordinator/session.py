@@ -292,6 +292,7 @@ class SessionNamedMap:
         return self._map.get_tensor_layout(key)
 
     def get_tensor_info(self, key: str) -> TensorInfo | None:
+        self._session.last_key = key
         return self._map.get_tensor_info(key)
 
     def get_array(self, key: str) -> np.ndarray:

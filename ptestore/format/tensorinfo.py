@@ -69,6 +69,13 @@ DTYPES: dict[str, DtypeSpec] = {
     "float8_e4m3fn": _F(8, "uint8"),
     "float8_e5m2fnuz": _F(8, "uint8"),
     "float8_e4m3fnuz": _F(8, "uint8"),
+    "complex32": _F(32, None),
+    "complex64": _F(64, "complex64"),
+    "complex128": _F(128, "complex128"),
+    "bits1x8": _F(8, "uint8"),
+    "bits2x4": _F(8, "uint8"),
+    "bits4x2": _F(8, "uint8"),
+    "bits8": _F(8, "uint8"),
     "qint8": _F(8, "int8"),
     "quint8": _F(8, "uint8"),
     "qint32": _F(32, "int32"),
@@ -97,6 +104,9 @@ SCALAR_TYPE_NAMES: dict[int, str] = {
     5: "float16",
     6: "float32",
     7: "float64",
+    8: "complex32",
+    9: "complex64",
+    10: "complex128",
     11: "bool",
     12: "qint8",
     13: "quint8",
@@ -104,6 +114,10 @@ SCALAR_TYPE_NAMES: dict[int, str] = {
     15: "bfloat16",
     16: "quint4x2",
     17: "quint2x4",
+    18: "bits1x8",
+    19: "bits2x4",
+    20: "bits4x2",
+    21: "bits8",
     22: "bits16",
     23: "float8_e5m2",
     24: "float8_e4m3fn",
@@ -240,7 +254,10 @@ def scalar_type_info(
     source: TensorSource,
     where: str,
 ) -> TensorInfo:
-    """A TensorInfo from an ExecuTorch scalar type, sizes and dim order."""
+    """A TensorInfo from an ExecuTorch scalar type, sizes and dim order.
+
+    A scalar type code ptestore does not know is named ``scalar_type_<code>`` and has
+    ``nbytes`` 0 (its element size is unknown)."""
     dtype = SCALAR_TYPE_NAMES.get(scalar_type, f"scalar_type_{scalar_type}")
     order = None if dim_order == tuple(range(len(dim_order))) or not dim_order else dim_order
     return TensorInfo(
@@ -261,13 +278,14 @@ def info_from_layout(layout: TensorLayout, where: str) -> TensorInfo:
 def array_view(data: object, info: TensorInfo | None, key: str, source: str) -> np.ndarray:
     """A zero-copy, read-only numpy view of ``data`` as ``info`` describes it.
 
-    No info: the whole value as ``uint8``. A value shorter than ``info.nbytes`` raises
+    No info (or a dtype of unknown element size): the whole value as ``uint8``. A value
+    shorter than ``info.nbytes`` raises
     :class:`FormatError`; trailing bytes past ``info.nbytes`` are not part of the array.
     """
     import numpy as np
 
     raw = memoryview(data).cast("B")  # type: ignore[arg-type]
-    if info is None:
+    if info is None or (info.dtype not in DTYPES and info.nbytes == 0):
         arr = np.frombuffer(raw, dtype=np.uint8)
     else:
         if raw.nbytes < info.nbytes:

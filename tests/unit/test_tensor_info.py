@@ -36,7 +36,7 @@ from ptestore.backends import (
 from ptestore.coordinator.named import MergedNamedDataMap, SourceFile
 from ptestore.errors import FormatError, InvalidReplacement
 from ptestore.format.reader import read_container
-from ptestore.format.tensorinfo import array_view
+from ptestore.format.tensorinfo import array_view, scalar_type_info
 from ptestore.format.tensors import TensorIndex, describe_tensors, named_data_json
 from ptestore.format.xnnpack import parse_xnn_header, parse_xnngraph, xnngraph_span
 from ptestore.loaders import BytesLoader, LocalFileLoader
@@ -295,9 +295,13 @@ def test_array_view_rules() -> None:
     assert str(err.value) == (
         "f.ptd: named data 'k' (size) = 6: must be >= 8 bytes (float32 [2], described by ptd x)"
     )
-    # A dtype with no known element size: raw bytes.
-    odd = array_view(raw, TensorInfo("scalar_type_99", (6,), 24, "program"), "k", "f")
+    # A scalar type ptestore does not know: nbytes 0, and the array is all the bytes.
+    odd_info = scalar_type_info(99, (6,), (0,), "program", "forward values[0]")
+    assert (odd_info.dtype, odd_info.nbytes) == ("scalar_type_99", 0)
+    odd = array_view(raw, odd_info, "k", "f")
     assert odd.dtype == np.uint8 and odd.shape == (24,)
+    c64 = array_view(raw[:16], scalar_type_info(9, (2,), (0,), "ptd", ""), "k", "f")
+    assert c64.dtype == np.complex64 and c64.shape == (2,)
 
 
 def _module_level_numpy_imports(tree: ast.Module) -> list[int]:
