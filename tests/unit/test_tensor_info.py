@@ -699,3 +699,32 @@ def test_mutated_models_describe_or_raise_format_error(
     for key, info in index.items():
         assert isinstance(key, str) and info.nbytes >= 0
         json.dumps(info.to_json())
+
+
+def test_command_backend_gets_tensor_info_and_may_change_sizes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ptestore.backends.command import CommandBackend
+
+    script = tmp_path / "pack.py"
+    script.write_text(
+        "import json, os, sys\n"
+        "info = json.loads(os.environ['PTESTORE_TENSOR_INFO'])\n"
+        "data = sys.stdin.buffer.read()\n"
+        "log = open(os.environ['LOG'], 'a')\n"
+        "print(os.environ['PTESTORE_KIND'], info and info['dtype'], info and info['shape'],"
+        " file=log)\n"
+        "sys.stdout.buffer.write(data + b'pad' if info else b'')\n"
+    )
+    log = tmp_path / "log.txt"
+    backend = CommandBackend([sys.executable, str(script)], processed=False)
+    backend.name = "XnnpackBackend"
+    fx = get_fixture("quant_xnnpack")
+    assert fx.pte_path is not None
+    monkeypatch.setenv("LOG", str(log))
+    report = ptestore.specialize(fx.pte_path, tmp_path / "out.pte", backends=[backend])
+    lines = log.read_text().splitlines()
+    assert "named_data qint8_per_channel [32, 16]" in lines
+    assert len(lines) == 8 and len(report.backends[0].keys_replaced) == 8
+    out = merged_from(tmp_path / "out.pte")
+    assert all(out.stored_size(k) == out.get_tensor_info(k).nbytes + 3 for k in out)  # type: ignore[union-attr]
