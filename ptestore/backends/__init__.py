@@ -16,6 +16,8 @@ from .api import (
     BackendInterface,
     DelegateInput,
     NamedDataMap,
+    QuantParams,
+    TensorInfo,
 )
 from .registry import (
     ENTRY_POINT_GROUP,
@@ -37,6 +39,8 @@ __all__ = [
     "InstalledBackend",
     "NamedDataMap",
     "NotSupported",
+    "QuantParams",
+    "TensorInfo",
     "installed_backends",
     "load_backend",
     "register_backend",

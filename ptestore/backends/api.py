@@ -13,10 +13,14 @@ from __future__ import annotations
 import abc
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ..errors import NotSupported
 from ..format.model import CompileSpec, Delegate, TensorLayout
+from ..format.tensorinfo import QuantParams, TensorInfo
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = [
     "BackendData",
@@ -26,6 +30,8 @@ __all__ = [
     "BackendSession",
     "DelegateInput",
     "NamedDataMap",
+    "QuantParams",
+    "TensorInfo",
 ]
 
 Buffer = bytes | bytearray | memoryview
@@ -39,11 +45,16 @@ class BackendData:
     it; the final alignment is the larger of this and the original segment's alignment,
     which is never weakened. ``layout`` must be None or equal to the key's existing
     tensor layout: only segment offsets and sizes change in the metadata.
+
+    A named-data value keeps its byte size unless ``allow_size_change=True`` says the
+    change is deliberate (packed or compiled data that the backend's runtime side reads
+    in its own format). Processed delegate blobs may change size freely.
     """
 
     data: Buffer
     alignment: int | None = None
     layout: TensorLayout | None = None
+    allow_size_change: bool = False
 
 
 @dataclass(frozen=True)
@@ -83,6 +94,21 @@ class NamedDataMap(Protocol):
     def get_data(self, key: str) -> Buffer: ...
 
     def get_tensor_layout(self, key: str) -> TensorLayout | None: ...
+
+    def get_tensor_info(self, key: str) -> TensorInfo | None:
+        """dtype, shape, byte size and quantization of ``key`` from the model's own
+        descriptions (XNNPACK graphs, EXTERNAL program tensors, .ptd layouts); None when
+        nothing in the files describes it. KeyError for a key not in the map."""
+        ...
+
+    def get_array(self, key: str) -> np.ndarray:
+        """The value as a zero-copy, read-only numpy array of ``info.array_dtype`` and
+        ``info.array_shape`` (flat ``uint8`` when there is no info)."""
+        ...
+
+    def get_shared_keys(self, key: str) -> tuple[str, ...]:
+        """Other keys stored in the same segment (replace them together, identically)."""
+        ...
 
     def __contains__(self, key: object) -> bool: ...
 

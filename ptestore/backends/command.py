@@ -11,11 +11,13 @@ model, the program runs once with the bytes on stdin and these environment varia
 ``PTESTORE_KEY``             the named data key (``named_data`` only)
 ``PTESTORE_COMPILE_SPECS``   JSON object ``{key: hex value}`` of the delegate's specs
 ``PTESTORE_TENSOR_LAYOUT``   JSON layout of the key, or ``null``
+``PTESTORE_TENSOR_INFO``     JSON ``TensorInfo.to_json()`` of the key, or ``null``
 ``PTESTORE_SIZE``            number of input bytes
 ===========================  =============================================================
 
 What it writes to stdout replaces the input. Empty stdout means "keep the input as it
-is". A non-zero exit status fails the whole run cleanly (nothing is published) with
+is"; a replacement may have any size (the program's output is its own format). A
+non-zero exit status fails the whole run cleanly (nothing is published) with
 the end of the program's stderr in the error. Every replacement asks for the
 constructor's ``alignment`` (default: none beyond the original segment's).
 """
@@ -127,6 +129,7 @@ class CommandBackend(BackendInterface):
                     {s.key: s.value.hex() for s in item.compile_specs}
                 ),
                 "PTESTORE_TENSOR_LAYOUT": "null",
+                "PTESTORE_TENSOR_INFO": "null",
                 "PTESTORE_SIZE": str(len(item.processed)),
             }
             out = self._run(bytes(item.processed), env, "a delegate blob", bid, method=item.method)
@@ -140,6 +143,7 @@ class CommandBackend(BackendInterface):
             if key in done:
                 continue
             layout = named.get_tensor_layout(key)
+            info = named.get_tensor_info(key)
             data = bytes(named.get_data(key))
             env = {
                 "PTESTORE_KIND": "named_data",
@@ -149,8 +153,12 @@ class CommandBackend(BackendInterface):
                 "PTESTORE_KEY": key,
                 "PTESTORE_COMPILE_SPECS": "{}",
                 "PTESTORE_TENSOR_LAYOUT": json.dumps(None if layout is None else layout.to_json()),
+                "PTESTORE_TENSOR_INFO": json.dumps(None if info is None else info.to_json()),
                 "PTESTORE_SIZE": str(len(data)),
             }
             out = self._run(data, env, f"key {key!r}", bid, key=key)
             if out:
-                output.write_named_data(key, BackendData(out, alignment=self.alignment))
+                # The program's output is its own format: its size is its business.
+                output.write_named_data(
+                    key, BackendData(out, alignment=self.alignment, allow_size_change=True)
+                )

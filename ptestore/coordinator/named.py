@@ -4,13 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
+from ..errors import FormatError
 from ..format.model import Container, TensorLayout
 from ..format.reader import ParsedFile
+from ..format.tensorinfo import TensorInfo, array_view
+from ..format.tensors import TensorIndex, describe_tensors
 from ..loaders import DataLoader
 from ..writers.base import DataWriter
 from .spool import Buffer
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["MergedNamedDataMap", "SourceFile"]
 
@@ -33,6 +39,8 @@ class MergedNamedDataMap:
     """The model-wide named data map; .ptd entries win, as in the runtime."""
 
     def __init__(self, files: Sequence[SourceFile]) -> None:
+        self._files = list(files)
+        self._index: TensorIndex | None = None
         self._entries: dict[str, tuple[SourceFile, int, TensorLayout | None]] = {}
         # The runtime merges (first = .ptd, second = .pte) and the .ptd wins.
         for f in sorted(files, key=lambda f: 0 if f.role == "ptd" else 1):
@@ -66,3 +74,47 @@ class MergedNamedDataMap:
         if key not in self._entries:
             raise KeyError(key)
         return self._entries[key][2]
+
+    # -- tensor info ---------------------------------------------------------------
+    def tensor_index(self) -> TensorIndex:
+        """Every description of every key, read once (on first use) for the whole run."""
+        if self._index is None:
+            pte = next(f for f in self._files if f.role == "pte")
+            ptd = next((f for f in self._files if f.role == "ptd"), None)
+            self._index = describe_tensors(pte.parsed, pte.loader, ptd.parsed if ptd else None)
+        return self._index
+
+    def get_tensor_info(self, key: str) -> TensorInfo | None:
+        """dtype, shape, byte size and quantization of ``key``; None when nothing in the
+        files describes it."""
+        if key not in self._entries:
+            raise KeyError(key)
+        return self.tensor_index().get(key)
+
+    def get_array(self, key: str) -> np.ndarray:
+        """The value of ``key`` as a zero-copy, read-only numpy array (see ``TensorInfo``)."""
+        f, _, _ = self.where(key)
+        return array_view(self.get_data(key), self.get_tensor_info(key), key, f.container.source)
+
+    def get_shared_keys(self, key: str) -> tuple[str, ...]:
+        """The other keys whose value is the same stored segment as ``key``'s (they can
+        only be replaced together, with identical bytes)."""
+        f, index, _ = self.where(key)
+        return tuple(
+            k for k, (g, i, _) in self._entries.items() if k != key and g is f and i == index
+        )
+
+    def stored_size(self, key: str) -> int:
+        f, index, _ = self.where(key)
+        return f.container.segments[index].size
+
+    def describe(self, key: str) -> str:
+        """``'float32 [32, 16], 2048 bytes'`` for error messages; never raises."""
+        size = self.stored_size(key)
+        try:
+            info = self.get_tensor_info(key)
+        except FormatError as exc:
+            return f"{size} bytes; tensor info unavailable: {exc}"
+        if info is None:
+            return f"{size} bytes; no dtype or shape is recorded for this key"
+        return f"{info.dtype} {list(info.shape)}, {size} bytes (from {info.source} {info.where})"

@@ -11,14 +11,19 @@ import hashlib
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..backends.api import BackendData, DelegateInput, NamedDataMap
 from ..errors import InvalidReplacement, WriterStateError
 from ..format.header import is_power_of_two
 from ..format.model import Delegate, TensorLayout
+from ..format.tensorinfo import TensorInfo, array_view
 from .named import MergedNamedDataMap, SourceFile
 from .report import BackendReport, Event, EventTracer
 from .spool import Buffer, Spool
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["MAX_REQUESTED_ALIGNMENT", "Replacement", "Run", "Session", "SegmentKey"]
 
@@ -232,10 +237,26 @@ class Session:
                 "layouts cannot change (only segment offsets and sizes do)",
                 key,
             )
+        self._check_size(key, view.nbytes, data.allow_size_change)
         rep = self._spool(view, alignment, f"key {key!r}")
         self.pending.setdefault((f.role, index), []).append(rep)
         self.keys[key] = None
         self.run.emit(Event("replacement", backend=self._backend_id, key=key, nbytes=view.nbytes))
+
+    def _check_size(self, key: str, size: int, allowed: object) -> None:
+        if not isinstance(allowed, bool):
+            raise self._error(
+                f"BackendData.allow_size_change must be True or False, got {allowed!r}", key
+            )
+        old = self.run.named.stored_size(key)
+        if size != old and not allowed:
+            raise self._error(
+                f"size change refused: the value is {self.run.named.describe(key)}, the "
+                f"replacement {size} bytes; pass BackendData(..., allow_size_change=True) "
+                "if the change is deliberate (packed or compiled data your runtime reads in "
+                "its own format)",
+                key,
+            )
 
     def replace_processed(self, data: BackendData) -> None:
         with self._lock:
@@ -318,3 +339,16 @@ class SessionNamedMap:
     def get_tensor_layout(self, key: str) -> TensorLayout | None:
         self._session.check_open("named_data_map.get_tensor_layout")
         return self._map.get_tensor_layout(key)
+
+    def get_tensor_info(self, key: str) -> TensorInfo | None:
+        self._session.last_key = key
+        return self._map.get_tensor_info(key)
+
+    def get_array(self, key: str) -> np.ndarray:
+        self._session.last_key = key
+        f, _, _ = self._map.where(key)
+        data = self.get_data(key)
+        return array_view(data, self._map.get_tensor_info(key), key, f.container.source)
+
+    def get_shared_keys(self, key: str) -> tuple[str, ...]:
+        return self._map.get_shared_keys(key)

@@ -60,7 +60,9 @@ class GrowKey(BackendInterface):
     def initialize_backend_data(self, context: Any, output: Any) -> None:
         value = bytes(context.get_named_data_map().get_data(self.key))
         self.replacement = bytes(reversed(value)) + bytes(range(self.extra))
-        output.write_named_data(self.key, BackendData(self.replacement, alignment=64))
+        output.write_named_data(
+            self.key, BackendData(self.replacement, alignment=64, allow_size_change=True)
+        )
 
 
 def keyed_doubled() -> list[Fixture]:

@@ -132,7 +132,7 @@ def test_each_backend_id_called_once_and_unknown_ids_kept(src: Path, dst: Path) 
 
 def test_not_supported_keeps_data_even_after_writes(src: Path, dst: Path) -> None:
     def action(ctx: Any, out: Any) -> None:
-        out.write_named_data(MLP_KEYS[0], BackendData(b"\0" * 16))
+        out.write_named_data(MLP_KEYS[0], BackendData(b"\0" * 16, allow_size_change=True))
         raise NotSupported("not on this device")
 
     report = ptestore.specialize(src, dst, backends=[Backend(action=action)])
@@ -187,7 +187,7 @@ def test_smaller_replacement_shrinks_the_file_and_keeps_order(src: Path, dst: Pa
     key = MLP_KEYS[0]  # fc1.weight, 2048 bytes in segment 2
 
     def action(ctx: Any, out: Any) -> None:
-        out.write_named_data(key, BackendData(b"\x11" * 100))
+        out.write_named_data(key, BackendData(b"\x11" * 100, allow_size_change=True))
 
     report = ptestore.specialize(src, dst, backends=[Backend(action=action)])
     new = dst.read_bytes()
@@ -209,7 +209,9 @@ def test_smaller_replacement_shrinks_the_file_and_keeps_order(src: Path, dst: Pa
 
 def test_requested_alignment_is_honoured(src: Path, dst: Path) -> None:
     def action(ctx: Any, out: Any) -> None:
-        out.write_named_data(MLP_KEYS[3], BackendData(b"\x22" * 40, alignment=8192))
+        out.write_named_data(
+            MLP_KEYS[3], BackendData(b"\x22" * 40, alignment=8192, allow_size_change=True)
+        )
 
     ptestore.specialize(src, dst, backends=[Backend(action=action)])
     new = dst.read_bytes()
@@ -241,7 +243,7 @@ def test_events_and_report(src: Path, dst: Path) -> None:
     events: list[Event] = []
 
     def action(ctx: Any, out: Any) -> None:
-        out.write_named_data(MLP_KEYS[1], BackendData(b"\x01" * 128))
+        out.write_named_data(MLP_KEYS[1], BackendData(b"\x01" * 128, allow_size_change=True))
 
     report = ptestore.specialize(
         src, dst, backends=[Backend(action=action)], event_tracer=events.append
@@ -268,7 +270,7 @@ def test_create_mode_refuses_existing_destination(src: Path, dst: Path) -> None:
 
 def test_in_place_replacement(src: Path) -> None:
     def action(ctx: Any, out: Any) -> None:
-        out.write_named_data(MLP_KEYS[3], BackendData(b"\x05" * 32))
+        out.write_named_data(MLP_KEYS[3], BackendData(b"\x05" * 32, allow_size_change=True))
 
     ptestore.specialize(src, src, backends=[Backend(action=action)])
     assert seg_bytes(src.read_bytes(), 5) == b"\x05" * 32
@@ -296,8 +298,8 @@ def test_unknown_key(src: Path, dst: Path) -> None:
 
 def test_key_written_twice(src: Path, dst: Path) -> None:
     def action(ctx: Any, out: Any) -> None:
-        out.write_named_data({MLP_KEYS[0]: BackendData(b"a")})
-        out.write_named_data(MLP_KEYS[0], BackendData(b"b"))
+        out.write_named_data({MLP_KEYS[0]: BackendData(b"a", allow_size_change=True)})
+        out.write_named_data(MLP_KEYS[0], BackendData(b"b", allow_size_change=True))
 
     err = run_failing(
         src,
@@ -317,7 +319,7 @@ def test_bad_alignment(src: Path, dst: Path, alignment: int) -> None:
         dst,
         Backend(
             action=lambda c, o: o.write_named_data(
-                MLP_KEYS[0], BackendData(b"x", alignment=alignment)
+                MLP_KEYS[0], BackendData(b"x", alignment=alignment, allow_size_change=True)
             )
         ),
         rf".*key '{MLP_KEYS[0]}': write_named_data: alignment {alignment} must be a power of two "
@@ -372,7 +374,7 @@ def test_backend_exception_names_backend_method_and_key(src: Path, dst: Path) ->
 
 def test_keyboard_interrupt_discards(src: Path, dst: Path) -> None:
     def action(ctx: Any, out: Any) -> None:
-        out.write_named_data(MLP_KEYS[0], BackendData(b"x"))
+        out.write_named_data(MLP_KEYS[0], BackendData(b"x", allow_size_change=True))
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
@@ -389,7 +391,11 @@ def test_inconsistent_aliases_are_refused(tmp_path: Path) -> None:
     dst = tmp_path / "o.pte"
     dst.write_bytes(b"previous content")
 
-    one = Backend(action=lambda c, o: o.write_named_data(shared[0], BackendData(b"\1" * 8)))
+    one = Backend(
+        action=lambda c, o: o.write_named_data(
+            shared[0], BackendData(b"\1" * 8, allow_size_change=True)
+        )
+    )
     with pytest.raises(InvalidReplacement) as info:
         ptestore.specialize(fx.pte_path, dst, backends=[one])
     assert re.fullmatch(
@@ -401,14 +407,19 @@ def test_inconsistent_aliases_are_refused(tmp_path: Path) -> None:
     assert dst.read_bytes() == b"previous content"
 
     def different(ctx: Any, out: Any) -> None:
-        out.write_named_data({shared[0]: BackendData(b"\1" * 8), shared[1]: BackendData(b"\2" * 8)})
+        out.write_named_data(
+            {
+                shared[0]: BackendData(b"\1" * 8, allow_size_change=True),
+                shared[1]: BackendData(b"\2" * 8, allow_size_change=True),
+            }
+        )
 
     with pytest.raises(InvalidReplacement, match="replaced with different bytes"):
         ptestore.specialize(fx.pte_path, dst, backends=[Backend(action=different)])
     assert dst.read_bytes() == b"previous content"
 
     def same(ctx: Any, out: Any) -> None:
-        out.write_named_data({k: BackendData(b"\3" * 8) for k in shared})
+        out.write_named_data({k: BackendData(b"\3" * 8, allow_size_change=True) for k in shared})
 
     ptestore.specialize(fx.pte_path, dst, backends=[Backend(action=same)])
     assert seg_bytes(dst.read_bytes(), 3) == b"\3" * 8
@@ -536,7 +547,9 @@ def test_passthrough_is_identity_on_exporter_files_and_idempotent(fx: Any, tmp_p
 
 def test_rewrite_after_growth_is_a_fixed_point(src: Path, tmp_path: Path) -> None:
     def action(ctx: Any, out: Any) -> None:
-        out.write_named_data(MLP_KEYS[0], BackendData(b"\x07" * 5000, alignment=64))
+        out.write_named_data(
+            MLP_KEYS[0], BackendData(b"\x07" * 5000, alignment=64, allow_size_change=True)
+        )
 
     ptestore.specialize(src, tmp_path / "grown.pte", backends=[Backend(action=action)])
     ptestore.specialize(tmp_path / "grown.pte", tmp_path / "again.pte", backends=["passthrough"])

@@ -213,7 +213,7 @@ def test_output_with_only_empty_segments_is_valid(tmp_path: Path) -> None:
         def initialize_backend_data(self, context: Any, output: Any) -> None:
             context.next_backend_data()
             output.write_processed_data(BackendData(b""))
-            output.write_named_data({k: BackendData(b"") for k in MLP_KEYS})
+            output.write_named_data({k: BackendData(b"", allow_size_change=True) for k in MLP_KEYS})
 
     report = ptestore.specialize(MLP.pte_path, tmp_path / "o.pte", backends=[Empty()])
     data = (tmp_path / "o.pte").read_bytes()

@@ -1,0 +1,217 @@
+"""Tensor info for every named-data key a model describes.
+
+:func:`describe_tensors` gathers, once, every description of a named-data key:
+
+1. the XNNPACK delegate graphs (``source="xnnpack"``; only their FlatBuffer is read),
+2. the program's EXTERNAL tensor values (``source="program"``; key = fully qualified name),
+3. the .ptd tensor layouts (``source="ptd"``).
+
+The first description found in that order is the key's :class:`TensorInfo`; different
+descriptions of the same key are kept in its ``other_uses``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping
+
+from ..errors import FormatError
+from ..loaders import DataLoader
+from .flatbuf import FlatView, TableView
+from .model import Container
+from .reader import ParsedFile
+from .tensorinfo import TensorInfo, info_from_layout, scalar_type_info
+from .xnnpack import XNN_HEADER_LENGTH, parse_xnngraph, xnngraph_span
+
+__all__ = [
+    "XNNPACK_BACKEND_ID",
+    "TensorIndex",
+    "describe_tensors",
+    "layout_tensors",
+    "named_data_json",
+    "tensor_index_of",
+    "program_external_tensors",
+    "xnnpack_tensors",
+]
+
+XNNPACK_BACKEND_ID = "XnnpackBackend"
+
+# schema/program.fbs field ids
+_PROGRAM_EXECUTION_PLAN = 1
+_PLAN_NAME, _PLAN_VALUES = 0, 2
+_EVALUE_TYPE, _EVALUE_VAL = 0, 1
+_KERNEL_TYPE_TENSOR = 5
+_T_SCALAR_TYPE, _T_SIZES, _T_DIM_ORDER, _T_EXTRA = 0, 2, 3, 9
+_EXTRA_FQN, _EXTRA_LOCATION = 1, 2
+_LOCATION_EXTERNAL = 1
+
+
+def _tensor_values(view: FlatView, root: TableView) -> Iterator[tuple[str, int, TableView]]:
+    plans = root.vector(_PROGRAM_EXECUTION_PLAN, "execution_plan", 4)
+    if plans is None:
+        return
+    for p in range(plans.length):
+        plan = plans.table(p)
+        name = plan.string(_PLAN_NAME, "name") or f"execution_plan[{p}]"
+        values = plan.vector(_PLAN_VALUES, "values", 4)
+        if values is None:
+            continue
+        for i in range(values.length):
+            ev = values.table(i)
+            if ev.scalar(_EVALUE_TYPE, "val_type", "u8") != _KERNEL_TYPE_TENSOR:
+                continue
+            t = ev.table(_EVALUE_VAL, "val")
+            if t is not None:
+                yield name, i, t
+
+
+def program_external_tensors(parsed: ParsedFile) -> list[tuple[str, TensorInfo]]:
+    """``(key, info)`` for every EXTERNAL tensor value of a .pte's execution plans."""
+    c = parsed.container
+    view = FlatView(parsed.metadata, c.source, limit=c.metadata_size)
+    root = view.root("Program")
+    out: list[tuple[str, TensorInfo]] = []
+    for method, i, t in _tensor_values(view, root):
+        extra = t.table(_T_EXTRA, "extra_tensor_info")
+        if extra is None:
+            continue
+        if extra.scalar(_EXTRA_LOCATION, "location", "u8") != _LOCATION_EXTERNAL:
+            continue
+        fqn = extra.string(_EXTRA_FQN, "fully_qualified_name")
+        if not fqn:
+            raise FormatError(
+                c.source,
+                f"{extra.field}.fully_qualified_name",
+                fqn,
+                "a non-empty string (the key of an EXTERNAL tensor)",
+            )
+        sizes = t.vector(_T_SIZES, "sizes", 4)
+        order = t.vector(_T_DIM_ORDER, "dim_order", 1)
+        out.append(
+            (
+                fqn,
+                scalar_type_info(
+                    t.scalar(_T_SCALAR_TYPE, "scalar_type", "i8"),
+                    tuple(sizes.i32s()) if sizes else (),
+                    tuple(order.u8s()) if order else (),
+                    "program",
+                    f"{method} values[{i}]",
+                ),
+            )
+        )
+    return out
+
+
+def _blob_source(c: Container, method: str, position: int, where: str) -> str:
+    return f"{c.source} ({XNNPACK_BACKEND_ID} blob of {method}[{position}], {where})"
+
+
+def xnnpack_tensors(parsed: ParsedFile, loader: DataLoader) -> list[tuple[str, TensorInfo]]:
+    """``(key, info)`` for every named constant of every XNNPACK delegate blob of a .pte.
+
+    Each unique blob is read once, and only its header and XNNGraph FlatBuffer.
+    """
+    c = parsed.container
+    out: list[tuple[str, TensorInfo]] = []
+    seen: set[tuple[str, int]] = set()
+    for d in c.delegates:
+        if d.id != XNNPACK_BACKEND_ID or (d.location, d.index) in seen:
+            continue
+        seen.add((d.location, d.index))
+        if d.location == "segment":
+            seg = c.segments[d.index]
+            start, size = c.absolute(seg), seg.size
+            src = _blob_source(c, d.method, d.position, f"segment {d.index}")
+            head = bytes(loader.load(start, min(size, XNN_HEADER_LENGTH)))
+            off, fb_size = xnngraph_span(head, size, src)
+            graph = loader.load(start + off, fb_size)
+        else:
+            pos, size = c.inline_delegate_data[d.index]
+            src = _blob_source(c, d.method, d.position, f"inline data {d.index}")
+            blob = memoryview(parsed.metadata)[pos : pos + size]
+            off, fb_size = xnngraph_span(blob[:XNN_HEADER_LENGTH], size, src)
+            graph = blob[off : off + fb_size]
+        where = f"{d.method}[{d.position}]"
+        out += [(k.key, k.info) for k in parse_xnngraph(graph, src, where)]
+    return out
+
+
+class TensorIndex(Mapping[str, TensorInfo]):
+    """Key -> TensorInfo for every key some description names (also keys that are
+    missing from the files, e.g. an EXTERNAL tensor whose .ptd was not given)."""
+
+    def __init__(self, described: list[tuple[str, TensorInfo]]) -> None:
+        found: dict[str, list[TensorInfo]] = {}
+        for key, info in described:
+            infos = found.setdefault(key, [])
+            if not any(info.same_description(o) for o in infos):
+                infos.append(info)
+        self._infos = {
+            key: (
+                infos[0]
+                if len(infos) == 1
+                else dataclasses.replace(infos[0], other_uses=tuple(infos[1:]))
+            )
+            for key, infos in found.items()
+        }
+
+    def __getitem__(self, key: str) -> TensorInfo:
+        return self._infos[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._infos)
+
+    def __len__(self) -> int:
+        return len(self._infos)
+
+
+def describe_tensors(
+    pte: ParsedFile, pte_loader: DataLoader, ptd: ParsedFile | None = None
+) -> TensorIndex:
+    """Every description of every named-data key of a model (.pte + optional .ptd)."""
+    described = xnnpack_tensors(pte, pte_loader)
+    described += program_external_tensors(pte)
+    for parsed in (ptd, pte):
+        if parsed is not None:
+            described += layout_tensors(parsed)
+    return TensorIndex(described)
+
+
+def layout_tensors(parsed: ParsedFile) -> list[tuple[str, TensorInfo]]:
+    """``(key, info)`` for every named-data entry that carries a tensor layout (.ptd)."""
+    src = parsed.container.source
+    return [
+        (e.key, info_from_layout(e.tensor_layout, f"{src} named_data {e.key!r}"))
+        for e in parsed.container.named_data
+        if e.tensor_layout is not None
+    ]
+
+
+def tensor_index_of(parsed: ParsedFile, loader: DataLoader) -> TensorIndex:
+    """The tensor index of one file on its own: a .pte's XNNPACK graphs and EXTERNAL
+    tensors, or a .ptd's layouts."""
+    if parsed.container.kind == "pte":
+        return describe_tensors(parsed, loader)
+    return TensorIndex(layout_tensors(parsed))
+
+
+def named_data_json(
+    parsed: ParsedFile, loader: DataLoader, index: TensorIndex | None = None
+) -> list[dict[str, object]]:
+    """``named_data`` rows for ``inspect --json``: key, segment index, size in bytes and
+    ``tensor_info`` (``TensorInfo.to_json()`` or None). Reads only the XNNPACK graphs."""
+    c = parsed.container
+    if index is None:
+        index = tensor_index_of(parsed, loader)
+    rows: list[dict[str, object]] = []
+    for e in c.named_data:
+        info = index.get(e.key)
+        rows.append(
+            {
+                "key": e.key,
+                "segment_index": e.segment_index,
+                "size": c.segments[e.segment_index].size,
+                "tensor_info": None if info is None else info.to_json(),
+            }
+        )
+    return rows

@@ -1,0 +1,319 @@
+"""The XNNPACK delegate blob: its ``XH00`` header and the XNNGraph tensor values.
+
+Layout (backends/xnnpack/serialization/xnnpack_graph_serialize.py, runtime XNNHeader.cpp):
+4 zero bytes, magic ``XH00``, u16 header length (30), u32 flatbuffer offset, u32
+flatbuffer size, u32 constant data offset, u64 constant data size. Without the magic the
+whole blob is the FlatBuffer. The XNNGraph (schema.fbs, identifier ``XN01``/``XN00``)
+lists ``xvalues``; a constant tensor has ``constant_buffer_idx`` into ``constant_data``,
+whose entry names the named-data key (offset UINT64_MAX) and the byte size.
+
+Read with the same bounds-checked :class:`~ptestore.format.flatbuf.FlatView` as the
+container; every violation is a :class:`~ptestore.errors.FormatError`.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from ..errors import FormatError
+from .flatbuf import FlatView, TableView
+from .tensorinfo import QuantParams, TensorInfo
+
+__all__ = [
+    "XNN_DATATYPES",
+    "XNN_HEADER_LENGTH",
+    "XNN_HEADER_MAGIC",
+    "XnnConstant",
+    "XnnHeader",
+    "parse_xnn_header",
+    "parse_xnngraph",
+    "xnngraph_span",
+]
+
+XNN_HEADER_MAGIC = b"XH00"
+XNN_HEADER_LENGTH = 30
+XNN_IDENTIFIERS = (b"XN01", b"XN00")
+_UINT64_MAX = (1 << 64) - 1
+
+#: XNNDatatype -> dtype name.
+XNN_DATATYPES: dict[int, str] = {
+    0: "invalid",
+    1: "float32",
+    2: "float16",
+    3: "qint8_per_tensor",
+    4: "quint8_per_tensor",
+    5: "qint32_per_tensor",
+    6: "qint8_per_channel",
+    7: "qint32_per_channel",
+    8: "qint4_per_channel",
+    9: "qint8_dynamic",
+    10: "qint4_blockwise",
+    11: "qint8_packed",
+    12: "int32",
+    13: "float32_packed",
+    14: "bfloat16",
+}
+
+# Field ids (declaration order; a union takes two: type, then value).
+_G_XVALUES = 2
+_G_CONSTANT_DATA = 8
+_CD_OFFSET, _CD_SIZE, _CD_NAMED_KEY = 0, 1, 2
+_XV_TYPE, _XV_VALUE = 0, 1
+_XV_TENSOR, _XV_QUANTIZED = 1, 2
+_TV_DATATYPE, _TV_NUM_DIMS, _TV_DIMS, _TV_CONSTANT_BUFFER_IDX = 0, 1, 2, 3
+_QTV_TENSOR, _QTV_PARAMS_TYPE, _QTV_PARAMS = 0, 1, 2
+_Q_PER_CHANNEL, _Q_PER_TENSOR, _Q_PER_TOKEN, _Q_GROUP = 1, 2, 3, 4
+# PerChannelQuant: scale 0, channel_dim 1, scale_buffer_idx 2, num_scales 3
+# PerChannelGroupQuant: scale 0, channel_dim 1, group_size 2, scale_bf16 3 (deprecated),
+#   scale_buffer_idx 4, num_scales 5
+# PerTensorQuant: scale 0 (float), zero_point 1
+_F32 = struct.Struct("<f")
+_I16 = struct.Struct("<h")
+
+
+@dataclass(frozen=True)
+class XnnHeader:
+    flatbuffer_offset: int
+    flatbuffer_size: int
+    constant_data_offset: int
+    constant_data_size: int
+
+
+def parse_xnn_header(
+    head: bytes | bytearray | memoryview, blob_size: int, source: str
+) -> XnnHeader | None:
+    """The ``XH00`` header from the first bytes of a blob; None when the blob has none."""
+    if len(head) < 8 or bytes(head[4:8]) != XNN_HEADER_MAGIC:
+        return None
+    if blob_size < XNN_HEADER_LENGTH or len(head) < XNN_HEADER_LENGTH:
+        raise FormatError(
+            source, "XNNHeader (blob size)", blob_size, f">= {XNN_HEADER_LENGTH} bytes"
+        )
+    length, fb_off, fb_size, cd_off, cd_size = struct.unpack_from("<HIIIQ", head, 8)
+    if length < XNN_HEADER_LENGTH:
+        raise FormatError(source, "XNNHeader.length", length, f">= {XNN_HEADER_LENGTH}")
+    if fb_size < 8 or fb_off + fb_size > blob_size:
+        raise FormatError(
+            source,
+            "XNNHeader.flatbuffer_size",
+            fb_size,
+            f">= 8 with flatbuffer_offset {fb_off} + size inside the {blob_size}-byte blob",
+        )
+    if fb_off < length:
+        raise FormatError(
+            source, "XNNHeader.flatbuffer_offset", fb_off, f">= the header length {length}"
+        )
+    if cd_off < fb_off + fb_size or cd_off + cd_size > blob_size:
+        raise FormatError(
+            source,
+            "XNNHeader.constant_data_offset",
+            cd_off,
+            f"after the FlatBuffer (>= {fb_off + fb_size}) with the {cd_size}-byte constant "
+            f"data inside the {blob_size}-byte blob",
+        )
+    return XnnHeader(fb_off, fb_size, cd_off, cd_size)
+
+
+def xnngraph_span(
+    head: bytes | bytearray | memoryview, blob_size: int, source: str
+) -> tuple[int, int]:
+    """``(offset, size)`` of the XNNGraph FlatBuffer inside a blob of ``blob_size`` bytes."""
+    hdr = parse_xnn_header(head, blob_size, source)
+    if hdr is None:
+        return 0, blob_size
+    return hdr.flatbuffer_offset, hdr.flatbuffer_size
+
+
+@dataclass(frozen=True)
+class XnnConstant:
+    """A named constant of an XNNPACK graph and what the graph says it holds."""
+
+    key: str
+    info: TensorInfo
+
+
+def _i16(t: TableView, fid: int, name: str) -> int:
+    pos = t.field_pos(fid, name, 2)
+    if pos is None:
+        return 0
+    return int(_I16.unpack_from(t.view.buf, pos)[0])
+
+
+def _f32(t: TableView, fid: int, name: str) -> float:
+    pos = t.field_pos(fid, name, 4)
+    if pos is None:
+        return 0.0
+    return float(_F32.unpack_from(t.view.buf, pos)[0])
+
+
+def _f32s(t: TableView, fid: int, name: str) -> tuple[float, ...]:
+    vec = t.vector(fid, name, 4)
+    if vec is None:
+        return ()
+    t.view.spend(vec.length, 4 * vec.length, vec.field)
+    return tuple(float(v) for v in struct.unpack_from(f"<{vec.length}f", t.view.buf, vec.start))
+
+
+def _u32s(t: TableView, fid: int, name: str) -> tuple[int, ...]:
+    vec = t.vector(fid, name, 4)
+    if vec is None:
+        return ()
+    return tuple(v & 0xFFFFFFFF for v in vec.i32s())
+
+
+def _constant_data(view: FlatView, root: TableView) -> list[tuple[str, int] | None]:
+    """Per constant_data entry: (named key, size), or None for in-blob / empty entries."""
+    vec = root.vector(_G_CONSTANT_DATA, "constant_data", 4)
+    if vec is None:
+        return []
+    out: list[tuple[str, int] | None] = []
+    for i in range(vec.length):
+        t = vec.table(i)
+        key = t.string(_CD_NAMED_KEY, "named_key") or ""
+        offset = t.scalar(_CD_OFFSET, "offset", "u64")
+        size = t.scalar(_CD_SIZE, "size", "u64")
+        if key and offset != _UINT64_MAX:
+            raise FormatError(
+                view.source,
+                f"{t.field}.offset",
+                offset,
+                f"UINT64_MAX for an entry with a named_key ({key!r})",
+            )
+        out.append((key, size) if key else None)
+    return out
+
+
+def _named(
+    constants: list[tuple[str, int] | None], idx: int, field: str, source: str
+) -> tuple[str, int] | None:
+    if idx == 0:
+        return None
+    if idx >= len(constants):
+        raise FormatError(
+            source, field, idx, f"< {len(constants)} (entries in XNNGraph.constant_data)"
+        )
+    return constants[idx]
+
+
+def parse_xnngraph(
+    buf: bytes | bytearray | memoryview, source: str, where: str = ""
+) -> list[XnnConstant]:
+    """The named constants of the XNNGraph FlatBuffer ``buf`` (and of their scales), in
+    ``xvalues`` order. ``where`` prefixes each description's location."""
+    view = FlatView(buf, source, limit=len(buf))
+    if len(buf) < 8 or bytes(buf[4:8]) not in XNN_IDENTIFIERS:
+        raise FormatError(
+            source, "XNNGraph file identifier (bytes 4..8)", bytes(buf[4:8]), "b'XN01' or b'XN00'"
+        )
+    root = view.root("XNNGraph")
+    constants = _constant_data(view, root)
+    xvalues = root.vector(_G_XVALUES, "xvalues", 4)
+    out: list[XnnConstant] = []
+    if xvalues is None:
+        return out
+    prefix = f"{where} " if where else ""
+    for i in range(xvalues.length):
+        xv = xvalues.table(i)
+        kind = xv.scalar(_XV_TYPE, "xvalue_union_type", "u8")
+        value = xv.table(_XV_VALUE, "xvalue_union")
+        if value is None or kind not in (_XV_TENSOR, _XV_QUANTIZED):
+            continue
+        quant: TableView | None = None
+        qkind = 0
+        tensor: TableView | None = value
+        if kind == _XV_QUANTIZED:
+            tensor = value.table(_QTV_TENSOR, "tensor_value")
+            qkind = value.scalar(_QTV_PARAMS_TYPE, "quant_params_type", "u8")
+            quant = value.table(_QTV_PARAMS, "quant_params")
+        if tensor is None:
+            raise FormatError(source, f"{value.field}.tensor_value", None, "present")
+        idx = tensor.scalar(_TV_CONSTANT_BUFFER_IDX, "constant_buffer_idx", "u32")
+        entry = _named(constants, idx, f"{tensor.field}.constant_buffer_idx", source)
+        if entry is None:
+            continue
+        key, size = entry
+        dtype_code = _i16(tensor, _TV_DATATYPE, "datatype")
+        dims = _u32s(tensor, _TV_DIMS, "dims")
+        num_dims = tensor.scalar(_TV_NUM_DIMS, "num_dims", "u32")
+        if num_dims != len(dims):
+            raise FormatError(
+                source, f"{tensor.field}.num_dims", num_dims, f"{len(dims)} (the length of dims)"
+            )
+        here = f"{prefix}xvalues[{i}]"
+        params, scale = _quant(quant, qkind, constants, source, key, here)
+        out.append(
+            XnnConstant(
+                key,
+                TensorInfo(
+                    dtype=XNN_DATATYPES.get(dtype_code, f"xnn_datatype_{dtype_code}"),
+                    shape=dims,
+                    nbytes=size,
+                    source="xnnpack",
+                    where=here,
+                    quantization=params,
+                ),
+            )
+        )
+        if scale is not None:
+            out.append(scale)
+    return out
+
+
+def _quant(
+    q: TableView | None,
+    qkind: int,
+    constants: list[tuple[str, int] | None],
+    source: str,
+    key: str,
+    where: str,
+) -> tuple[QuantParams | None, XnnConstant | None]:
+    if q is None:
+        return None, None
+    if qkind == _Q_PER_TENSOR:
+        return (
+            QuantParams(
+                "per_tensor",
+                scale=(_f32(q, 0, "scale"),),
+                zero_point=(q.scalar(1, "zero_point", "i32"),),
+            ),
+            None,
+        )
+    if qkind == _Q_PER_TOKEN:
+        return QuantParams("per_token_dynamic"), None
+    if qkind not in (_Q_PER_CHANNEL, _Q_GROUP):
+        return None, None
+    group = qkind == _Q_GROUP
+    axis = q.scalar(1, "channel_dim", "i32")
+    group_size = q.scalar(2, "group_size", "i32") if group else None
+    buf_fid, num_fid = (4, 5) if group else (2, 3)
+    idx = q.scalar(buf_fid, "scale_buffer_idx", "u32")
+    num = q.scalar(num_fid, "num_scales", "u32")
+    entry = _named(constants, idx, f"{q.field}.scale_buffer_idx", source)
+    scale_dtype = "bfloat16" if group else "float32"
+    scale_info: XnnConstant | None = None
+    if entry is not None:
+        skey, ssize = entry
+        scale_info = XnnConstant(
+            skey,
+            TensorInfo(
+                dtype=scale_dtype,
+                shape=(num,),
+                nbytes=ssize,
+                source="xnnpack",
+                where=f"{where} quant_params",
+                role="scale",
+                scales_for=key,
+            ),
+        )
+    params = QuantParams(
+        "per_channel_group" if group else "per_channel",
+        scale=_f32s(q, 0, "scale"),
+        zero_point=(),
+        channel_axis=axis,
+        group_size=group_size,
+        scale_key=None if entry is None else entry[0],
+        num_scales=num,
+        scale_dtype=scale_dtype,
+    )
+    return params, scale_info
