@@ -18,7 +18,7 @@ from support.fixtures import all_fixtures
 from ptestore.coordinator import layout_file
 from ptestore.errors import FormatError
 from ptestore.format import parse, patch_metadata
-from ptestore.inspect import describe, render_table
+from ptestore.inspection import describe, render_table
 
 EXAMPLES = int(os.environ.get("PTESTORE_FUZZ_EXAMPLES", "10000"))
 
