@@ -126,6 +126,7 @@ def guarded(command: str, *, publishes: bool = False) -> Callable[[Command], Com
                     # stdout at /dev/null so that the interpreter's final flush is quiet.
                     devnull = os.open(os.devnull, os.O_WRONLY)
                     os.dup2(devnull, sys.stdout.fileno())
+                    os.close(devnull)
                 else:
                     print(error_message(command, exc, publishes=publishes), file=sys.stderr)
                 return code
