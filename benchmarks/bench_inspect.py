@@ -19,7 +19,7 @@ import sys
 import time
 
 from ptestore.format.reader import read_container
-from ptestore.inspect import describe
+from ptestore.inspection import describe
 from ptestore.loaders import LocalFileLoader
 
 

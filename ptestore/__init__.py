@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError as _NotInstalled
+from importlib.metadata import version as _installed_version
+
 from .coordinator import (
     Event,
     SpecializationReport,
@@ -13,10 +16,13 @@ from .errors import (
     BackendError,
     ConfigurationError,
     FormatError,
+    IntegrityError,
     InvalidReplacement,
     NothingSpecialized,
     NotSupported,
     ObjectNotFound,
+    PartialPublish,
+    PermissionDenied,
     PreconditionFailed,
     PteStoreError,
     PublishUncertain,
@@ -26,7 +32,10 @@ from .errors import (
 from .loaders import DataLoader, open_loader
 from .writers import DataWriter, open_writer
 
-__version__ = "0.1.0"
+try:
+    __version__ = _installed_version("ptestore")
+except _NotInstalled:  # run from a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "AlreadyExists",
@@ -36,10 +45,13 @@ __all__ = [
     "DataWriter",
     "Event",
     "FormatError",
+    "IntegrityError",
     "InvalidReplacement",
     "NothingSpecialized",
     "NotSupported",
     "ObjectNotFound",
+    "PartialPublish",
+    "PermissionDenied",
     "PreconditionFailed",
     "PteStoreError",
     "PublishUncertain",

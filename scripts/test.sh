@@ -6,11 +6,27 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON="${PYTHON:-python3}"
+# The [interop] extra's torch pin, e.g. torch==2.13.0 (pyproject.toml is its one home).
+TORCH_PIN="$(grep -o '"torch==[^"]*"' pyproject.toml | tr -d '"')"
+if [ -z "$TORCH_PIN" ]; then
+    echo "scripts/test.sh: no \"torch==VERSION\" pin found in pyproject.toml" >&2
+    exit 1
+fi
 if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
-# torch==2.13.0 (CPU) and executorch==1.4.1 come with the [interop] extra.
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[s3,interop,test]'
+pip_install() {
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check "$@"
+}
+# torch first, on its own: resolved together with the extras, torch==2.13.0 can pick the
+# registry's CUDA build, which pulls ~4 GB of nvidia-* and triton wheels. Alone it takes
+# the CPU build; the extras then find it installed and keep it.
+pip_install "$TORCH_PIN"
+# executorch==1.4.1 comes with the [interop] extra, moto and the pinned linters with [test].
+pip_install -e '.[s3,interop,test]'
+
+echo "== CPU-only torch, no nvidia-* packages"
+.venv/bin/python scripts/check_cpu_only.py
 
 echo "== ruff"
 .venv/bin/ruff check ptestore tests scripts benchmarks examples

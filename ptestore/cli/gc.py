@@ -2,7 +2,8 @@
 
 Local: stale ``.<name>.ptestore-<hex>.tmp`` staging files that no live writer holds.
 S3: stale multipart uploads that carry ptestore's marker part. Nothing else is touched.
-Exit status: 0 when everything found was handled, 1 if a removal failed, 2 on bad input.
+Exit status: 0 when everything found was handled, 1 if a removal failed, 2 on bad input
+(see :mod:`ptestore.cli.exits`).
 """
 
 from __future__ import annotations
@@ -12,20 +13,11 @@ import json
 import sys
 from typing import Any
 
-from ..errors import ConfigurationError, PteStoreError
 from ..writers.gc import DEFAULT_OLDER_THAN, GcEntry, collect_stale
+from .exits import EXIT_FAILURE, EXIT_OK, guarded
+from .options import add_storage_options, human_bytes, storage_options
 
 __all__ = ["add_gc_parser", "run_gc"]
-
-
-def _storage_option(text: str) -> tuple[str, object]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    try:
-        return key, json.loads(value)
-    except ValueError:
-        return key, value
 
 
 def _seconds(text: str) -> float:
@@ -57,43 +49,20 @@ def add_gc_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--dry-run", action="store_true", help="report, remove nothing")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument(
-        "--storage-option",
-        "-o",
-        metavar="KEY=VALUE",
-        action="append",
-        type=_storage_option,
-        default=[],
-        help="s3fs-style storage option (VALUE parsed as JSON if it can be); repeatable",
-    )
+    add_storage_options(p)
     p.set_defaults(func=run_gc)
     return p
 
 
-def _human(n: int | None) -> str:
-    if n is None:
-        return "-"
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"  # pragma: no cover
-
-
+@guarded("gc")
 def run_gc(args: argparse.Namespace) -> int:
     """Run ``ptestore gc`` with parsed arguments; returns the exit status."""
-    options = dict(getattr(args, "storage_option", []) or [])
-    try:
-        entries = collect_stale(
-            args.target, older_than=args.older_than, dry_run=args.dry_run, **options
-        )
-    except ConfigurationError as exc:
-        print(f"ptestore gc: error: {exc}", file=sys.stderr)
-        return 2
-    except PteStoreError as exc:
-        print(f"ptestore gc: error: {exc}", file=sys.stderr)
-        return 1
+    entries = collect_stale(
+        args.target,
+        older_than=args.older_than,
+        dry_run=args.dry_run,
+        **storage_options(args),
+    )
     failed = [e for e in entries if e.action.startswith("failed")]
     done = [e for e in entries if e.action in ("removed", "would remove")]
     if args.json:
@@ -112,9 +81,10 @@ def run_gc(args: argparse.Namespace) -> int:
         _print_table(entries)
         verb = "would remove" if args.dry_run else "removed"
         print(f"{verb} {len(done)} of {len(entries)} leftover(s); {len(failed)} failed")
-    return 1 if failed else 0
+    return EXIT_FAILURE if failed else EXIT_OK
 
 
 def _print_table(entries: list[GcEntry]) -> None:
     for e in entries:
-        print(f"{e.action:<34} {e.kind:<17} {e.age:>10.0f}s {_human(e.size):>10}  {e.location}")
+        size = "-" if e.size is None else human_bytes(e.size)
+        print(f"{e.action:<34} {e.kind:<17} {e.age:>10.0f}s {size:>10}  {e.location}")

@@ -6,30 +6,27 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..errors import (
-    BackendError,
-    ConfigurationError,
-    FormatError,
-    ObjectNotFound,
-    PartialPublish,
-    PteStoreError,
-)
+from .exits import EXIT_OK, guarded
+from .options import add_storage_options, human_bytes, storage_options
+
+if TYPE_CHECKING:
+    from .. import SpecializationReport
 
 __all__ = ["add_specialize_parser", "format_summary", "run_specialize"]
 
 
-def add_specialize_parser(sub: Any) -> None:
-    from . import _add_storage_options
-
-    p = sub.add_parser(
+def add_specialize_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``specialize`` sub-command to an ``argparse`` sub-parsers object."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
         "specialize",
         help="run backends once and publish the specialized model atomically",
         description="Hand every backend found in SRC to its implementation once, lay the "
         "container out again with the replacements, and publish it atomically at DST. "
         "DST may equal SRC to replace the original. Exit status: 0 success, 1 backend or "
-        "storage failure, 2 bad input.",
+        "storage failure, 2 bad input (malformed or missing source, bad arguments, existing "
+        "DST with --create, access refused).",
     )
     p.add_argument("src", metavar="SRC", help="source .pte (path or URL)")
     p.add_argument("dst", metavar="DST", help="destination .pte (path or URL; may equal SRC)")
@@ -60,32 +57,26 @@ def add_specialize_parser(sub: Any) -> None:
         metavar="DIR",
         help="where replacement bytes wait until layout (default: the system temp dir)",
     )
-    _add_storage_options(p)
+    add_storage_options(p)
     p.set_defaults(func=run_specialize)
+    return p
 
 
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"  # pragma: no cover
-
-
-def format_summary(report: Any) -> str:
+def format_summary(report: SpecializationReport) -> str:
+    """The summary printed on stdout after a successful run."""
     lines = []
     for f in report.files:
         lines.append(
-            f"{f.role}: {f.source} -> {f.destination}: {_human(f.size_before)} -> "
-            f"{_human(f.size_after)}; {f.segments_replaced}/{f.segments} segments replaced, "
+            f"{f.role}: {f.source} -> {f.destination}: {human_bytes(f.size_before)} -> "
+            f"{human_bytes(f.size_after)}; {f.segments_replaced}/{f.segments} segments replaced, "
             f"{f.segments_moved} moved, {f.redirected_tables} tables redirected"
         )
     for b in report.backends:
         if b.status == "specialized":
             lines.append(
                 f"backend {b.backend_id}: {b.inputs_seen} inputs, {len(b.keys_replaced)} keys "
-                f"and {b.blobs_replaced} blobs replaced, {_human(b.bytes_in)} in, "
-                f"{_human(b.bytes_out)} out, {b.seconds:.3f} s"
+                f"and {b.blobs_replaced} blobs replaced, {human_bytes(b.bytes_in)} in, "
+                f"{human_bytes(b.bytes_out)} out, {b.seconds:.3f} s"
             )
         elif b.status == "not_supported":
             lines.append(f"backend {b.backend_id}: declined (data kept as is)")
@@ -95,8 +86,10 @@ def format_summary(report: Any) -> str:
     return "\n".join(lines)
 
 
+@guarded("specialize", publishes=True)
 def run_specialize(args: argparse.Namespace) -> int:
-    from ..coordinator import Event, specialize
+    """Run ``ptestore specialize`` with parsed arguments; returns the exit status."""
+    from .. import Event, specialize
 
     show_progress = not args.quiet and not args.json and sys.stderr.isatty()
     bar: Any = None
@@ -122,26 +115,12 @@ def run_specialize(args: argparse.Namespace) -> int:
             backends=args.backend,
             mode="create" if args.create else "overwrite",
             event_tracer=tracer,
-            storage_options=dict(args.storage_option),
+            storage_options=storage_options(args),
             spool_dir=args.spool_dir,
         )
-    except (FormatError, ConfigurationError, ObjectNotFound) as exc:
+    finally:
         if bar is not None:
             bar.close()
-        print(f"ptestore specialize: error: {exc}", file=sys.stderr)
-        return 2
-    except PartialPublish as exc:
-        if bar is not None:
-            bar.close()
-        print(f"ptestore specialize: failed after a partial publish: {exc}", file=sys.stderr)
-        return 1
-    except (BackendError, PteStoreError, OSError) as exc:
-        if bar is not None:
-            bar.close()
-        print(f"ptestore specialize: failed, nothing published: {exc}", file=sys.stderr)
-        return 1
-    if bar is not None:
-        bar.close()
     for name in report.unused_backends:
         print(
             f"ptestore specialize: warning: no delegate in {args.src} has backend id {name!r}; "
@@ -153,4 +132,4 @@ def run_specialize(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     elif not args.quiet:
         print(format_summary(report))
-    return 0
+    return EXIT_OK

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
+import importlib.metadata
 import json
+import os
 import re
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -12,6 +16,8 @@ from typing import Any
 import pytest
 from support.fixtures import all_fixtures, get_fixture
 
+import ptestore
+from ptestore import errors
 from ptestore.backends import (
     BackendInterface,
     load_backend,
@@ -22,9 +28,17 @@ from ptestore.backends import (
 from ptestore.backends.command import CommandBackend
 from ptestore.backends.passthrough import PassthroughBackend
 from ptestore.cli import main
+from ptestore.cli.exits import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    guarded,
+)
+from ptestore.cli.options import human_bytes, parse_storage_option
 from ptestore.errors import BackendError, ConfigurationError
 from ptestore.format import parse
-from ptestore.inspect import describe
+from ptestore.inspection import describe
 
 MLP = get_fixture("mlp_xnnpack")
 assert MLP.pte_path is not None
@@ -224,9 +238,11 @@ def test_specialize_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     report = json.loads(capsys.readouterr().out)
     assert report["backends"][0]["status"] == "specialized"
     assert dst.read_bytes() == MLP.pte_path.read_bytes()
-    # --create over an existing file: storage refusal, exit 1, nothing changed.
-    assert main(["specialize", str(MLP.pte_path), str(dst), "--create", "--quiet"]) == 1
-    assert "already exists" in capsys.readouterr().err.lower()
+    # --create over an existing file: bad input (rerunning cannot help), exit 2, unchanged.
+    assert main(["specialize", str(MLP.pte_path), str(dst), "--create", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"ptestore specialize: error: {dst}"), err
+    assert "already exists" in err.lower()
     # Summary on stdout by default.
     assert main(["specialize", str(MLP.pte_path), str(dst), "--backend", "passthrough"]) == 0
     assert "backend XnnpackBackend: 1 inputs" in capsys.readouterr().out
@@ -237,3 +253,252 @@ def test_specialize_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert main(["specialize", str(MLP.pte_path), str(dst), "--backend", "command=false"]) == 1
     assert "nothing published" in capsys.readouterr().err
     assert dst.read_bytes() == MLP.pte_path.read_bytes()
+
+
+# ------------------------------------------------------------------ exit codes, one mapping
+def _raising(exc: BaseException) -> Any:
+    def run(args: argparse.Namespace) -> int:
+        raise exc
+
+    return run
+
+
+MAPPINGS: list[tuple[BaseException, bool, int, str]] = [
+    # (error, publishes, exit code, the line on stderr)
+    (
+        errors.FormatError("m.pte", "header.length", 3, ">= 24"),
+        True,
+        EXIT_BAD_INPUT,
+        "ptestore x: error: m.pte: header.length = 3: must be >= 24",
+    ),
+    (
+        errors.ConfigurationError("bad option"),
+        True,
+        EXIT_BAD_INPUT,
+        "ptestore x: error: bad option",
+    ),
+    (
+        errors.ObjectNotFound("m.pte: no such file"),
+        True,
+        EXIT_BAD_INPUT,
+        "ptestore x: error: m.pte: no such file",
+    ),
+    (
+        errors.AlreadyExists("o.pte: already exists"),
+        True,
+        EXIT_BAD_INPUT,
+        "ptestore x: error: o.pte: already exists",
+    ),
+    (
+        errors.PermissionDenied("s3://b/k: AccessDenied (403)"),
+        True,
+        EXIT_BAD_INPUT,
+        "ptestore x: error: s3://b/k: AccessDenied (403)",
+    ),
+    (
+        errors.StorageError("s3://b/k: timed out"),
+        True,
+        EXIT_FAILURE,
+        "ptestore x: failed, nothing published: s3://b/k: timed out",
+    ),
+    (
+        errors.StorageError("s3://b/k: timed out"),
+        False,
+        EXIT_FAILURE,
+        "ptestore x: error: s3://b/k: timed out",
+    ),
+    (
+        BackendError("exited with status 3", backend="XnnpackBackend"),
+        True,
+        EXIT_FAILURE,
+        "ptestore x: failed, nothing published: backend 'XnnpackBackend': exited with status 3",
+    ),
+    (
+        errors.InvalidReplacement("unknown key 'w'"),
+        True,
+        EXIT_FAILURE,
+        "ptestore x: failed, nothing published: unknown key 'w'",
+    ),
+    (
+        errors.PartialPublish("o.pte published, o.ptd not"),
+        True,
+        EXIT_FAILURE,
+        "ptestore x: failed after a partial publish: o.pte published, o.ptd not",
+    ),
+    (
+        errors.PublishUncertain("lost response"),
+        True,
+        EXIT_FAILURE,
+        "ptestore x: failed, the publish may or may not have taken effect: lost response",
+    ),
+    (
+        errors.IntegrityError("s3://b/k: 5 bytes, 6 written"),
+        True,
+        EXIT_FAILURE,
+        "ptestore x: failed after publishing: s3://b/k: 5 bytes, 6 written",
+    ),
+    (
+        OSError(28, "No space left on device"),
+        False,
+        EXIT_FAILURE,
+        "ptestore x: error: [Errno 28] No space left on device",
+    ),
+    (KeyboardInterrupt(), True, EXIT_INTERRUPTED, "ptestore x: interrupted; nothing was published"),
+    (KeyboardInterrupt(), False, EXIT_INTERRUPTED, "ptestore x: interrupted"),
+]
+
+
+@pytest.mark.parametrize(
+    ("exc", "publishes", "code", "message"),
+    MAPPINGS,
+    ids=[f"{type(m[0]).__name__}-{'publishes' if m[1] else 'reads'}" for m in MAPPINGS],
+)
+def test_exit_code_mapping(
+    exc: BaseException,
+    publishes: bool,
+    code: int,
+    message: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    run = guarded("x", publishes=publishes)(_raising(exc))
+    assert run(argparse.Namespace()) == code
+    captured = capsys.readouterr()
+    assert captured.err == message + "\n"
+    assert captured.out == ""
+
+
+def test_exit_codes_are_the_documented_numbers() -> None:
+    assert (EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_INTERRUPTED) == (0, 1, 2, 130)
+
+
+def test_errors_not_ours_propagate() -> None:
+    run = guarded("x")(_raising(ValueError("a bug")))
+    with pytest.raises(ValueError, match="a bug"):
+        run(argparse.Namespace())
+
+
+def test_broken_pipe_exits_0_and_silences_stdout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "stdout"
+    with out.open("w") as f:
+        monkeypatch.setattr(sys, "stdout", f)
+        fd = os.dup(f.fileno())  # restore the descriptor guarded() points at /dev/null
+        try:
+            assert (
+                guarded("x")(_raising(BrokenPipeError(32, "Broken pipe")))(argparse.Namespace())
+                == EXIT_OK
+            )
+            os.write(f.fileno(), b"lost")
+        finally:
+            os.dup2(fd, f.fileno())
+            os.close(fd)
+    assert out.read_bytes() == b""
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["specialize", "a.pte"],
+            "ptestore specialize: error: the following arguments are required: DST",
+        ),
+        (
+            ["inspect", "m.pte", "-o", "novalue"],
+            "ptestore inspect: error: argument "
+            "--storage-option/-o: expected KEY=VALUE, got 'novalue'",
+        ),
+        (
+            ["gc", ".", "--older-than", "soon"],
+            "ptestore gc: error: argument --older-than: expected a number of seconds, got 'soon'",
+        ),
+        (["frobnicate"], "ptestore: error: argument COMMAND: invalid choice: 'frobnicate'"),
+    ],
+)
+def test_usage_errors_exit_2(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert err.startswith("usage: ptestore"), err
+    assert message in err, err
+
+
+def test_storage_option_values_parse_as_json_when_they_can() -> None:
+    assert parse_storage_option("anon=true") == ("anon", True)
+    assert parse_storage_option("endpoint_url=http://h:9000") == ("endpoint_url", "http://h:9000")
+    assert parse_storage_option("a=b=c") == ("a", "b=c")
+    with pytest.raises(argparse.ArgumentTypeError, match="expected KEY=VALUE, got '=x'"):
+        parse_storage_option("=x")
+
+
+def test_human_bytes() -> None:
+    assert [human_bytes(n) for n in (0, 1023, 1536, 5 * 2**20, 3 * 2**40)] == [
+        "0 B",
+        "1023 B",
+        "1.5 KiB",
+        "5.0 MiB",
+        "3072.0 GiB",
+    ]
+
+
+def test_inspect_missing_and_refused_sources_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "missing.pte"
+    assert main(["inspect", str(missing)]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert err.startswith(f"ptestore inspect: error: {missing}"), err
+    assert main(["inspect", "nosuchscheme://x/m.pte"]) == EXIT_BAD_INPUT
+    assert capsys.readouterr().err.startswith("ptestore inspect: error: ")
+
+
+# ------------------------------------------------------------------ public surface
+def test_every_error_is_importable_from_the_root() -> None:
+    classes = {n for n in errors.__all__ if isinstance(getattr(errors, n), type)}
+    assert classes <= set(ptestore.__all__), classes - set(ptestore.__all__)
+    defined = {
+        name
+        for name, value in vars(errors).items()
+        if isinstance(value, type) and issubclass(value, errors.PteStoreError)
+    }
+    assert defined == classes
+    for name in ptestore.__all__:
+        assert getattr(ptestore, name) is not None, name
+    for name in classes:
+        assert getattr(ptestore, name) is getattr(errors, name), name
+
+
+def test_version_comes_from_the_package_metadata(capsys: pytest.CaptureFixture[str]) -> None:
+    try:
+        installed = importlib.metadata.version("ptestore")
+    except importlib.metadata.PackageNotFoundError:
+        installed = "0+unknown"
+    assert ptestore.__version__ == installed
+    pyproject = (Path(ptestore.__file__).parent.parent / "pyproject.toml").read_text()
+    declared = re.search(r'^version = "([^"]+)"$', pyproject, re.M)
+    assert declared is not None
+    if installed != "0+unknown":
+        assert installed == declared.group(1)
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == EXIT_OK
+    assert capsys.readouterr().out == f"ptestore {ptestore.__version__}\n"
+
+
+def test_import_stays_light() -> None:
+    heavy = ("tqdm", "s3fs", "boto3", "botocore", "aiobotocore", "torch", "executorch")
+    code = (
+        "import sys, ptestore, ptestore.cli, ptestore.inspection\n"
+        f"print(ptestore.__file__); print([m for m in {heavy!r} if m in sys.modules])"
+    )
+    root = Path(ptestore.__file__).parent.parent
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=root, check=True
+    )
+    where, loaded = result.stdout.splitlines()
+    assert where == ptestore.__file__
+    assert loaded == "[]"

@@ -1,5 +1,6 @@
-"""The CI guard in tests/conftest.py: with PTESTORE_REQUIRE_INTEROP=1 a skipped interop
-test fails the run, and a run that collects no interop test is an error."""
+"""The CI guards: tests/conftest.py (with PTESTORE_REQUIRE_INTEROP=1 a skipped interop
+test fails the run, and a run that collects no interop test is an error) and
+scripts/check_cpu_only.py (scripts/test.sh fails on a CUDA torch or GPU packages)."""
 
 from __future__ import annotations
 
@@ -68,3 +69,59 @@ def test_no_interop_collected_is_an_error(tmp_path: Path) -> None:
     result = run(tmp_path, "def test_plain():\n    pass\n", require=True)
     assert result.returncode != 0
     assert "no interop test was collected" in result.stdout + result.stderr
+
+
+# ------------------------------------------------------------------ scripts/check_cpu_only.py
+CHECK_CPU_ONLY = CONFTEST.parent.parent / "scripts" / "check_cpu_only.py"
+
+
+def run_cpu_check(
+    tmp_path: Path, torch_version: str, cuda: str | None, dists: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
+    """Run the check with a stand-in ``torch`` module and fake installed distributions
+    first on ``sys.path``."""
+    site = tmp_path / "site"
+    (site / "torch").mkdir(parents=True)
+    (site / "torch" / "__init__.py").write_text(
+        "import types\n"
+        f"__version__ = {torch_version!r}\n"
+        f"version = types.SimpleNamespace(cuda={cuda!r})\n"
+    )
+    for name in dists:
+        info = site / f"{name.replace('-', '_')}-12.4.5.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 12.4.5\n")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(site)
+    return subprocess.run(
+        [sys.executable, str(CHECK_CPU_ONLY)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+
+
+def test_cpu_only_environment_passes(tmp_path: Path) -> None:
+    result = run_cpu_check(tmp_path, "2.13.0+cpu", None)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "torch 2.13.0+cpu, CPU only, no nvidia-*/triton packages\n"
+
+
+def test_cuda_torch_fails(tmp_path: Path) -> None:
+    result = run_cpu_check(tmp_path, "2.13.0", "12.8")
+    assert result.returncode == 1
+    assert "torch 2.13.0 is a CUDA build (CUDA 12.8)" in result.stderr
+    assert "Remove .venv and rerun scripts/test.sh" in result.stderr
+
+
+def test_cu_local_version_fails_even_without_cuda_runtime(tmp_path: Path) -> None:
+    result = run_cpu_check(tmp_path, "2.13.0+cu128", None)
+    assert result.returncode == 1
+    assert "torch 2.13.0+cu128 is a CUDA build (CUDA None)" in result.stderr
+
+
+def test_nvidia_and_triton_packages_fail(tmp_path: Path) -> None:
+    result = run_cpu_check(tmp_path, "2.13.0+cpu", None, ("nvidia-cublas-cu12", "triton"))
+    assert result.returncode == 1
+    assert "GPU packages installed: nvidia-cublas-cu12, triton" in result.stderr

@@ -11,7 +11,7 @@ from support.fixtures import Fixture, all_fixtures
 from ptestore.errors import FormatError
 from ptestore.format import parse, patch_metadata, read_container
 from ptestore.format.model import Container
-from ptestore.inspect import describe
+from ptestore.inspection import describe
 from ptestore.loaders import BytesLoader
 
 REFERENCE_KEYS = ("format", "file_size", "header", "methods", "segments", "named_data", "delegates")

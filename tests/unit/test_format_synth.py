@@ -12,7 +12,7 @@ from support import synth
 from support.fixtures import get_fixture
 
 from ptestore.format import parse, patch_metadata
-from ptestore.inspect import describe
+from ptestore.inspection import describe
 
 MLP = get_fixture("mlp_xnnpack")
 assert MLP.pte_path is not None

@@ -25,7 +25,7 @@ from support.fixtures import all_fixtures
 from ptestore.errors import FormatError
 from ptestore.format import Container, parse, patch_metadata, read_container
 from ptestore.format.layout import layout_file
-from ptestore.inspect import describe, render_table
+from ptestore.inspection import describe, render_table
 from ptestore.loaders import BytesLoader
 
 EXAMPLES = int(os.environ.get("PTESTORE_FUZZ_EXAMPLES", "10000"))
