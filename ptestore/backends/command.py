@@ -12,6 +12,9 @@ model, the program runs once with the bytes on stdin and these environment varia
 ``PTESTORE_COMPILE_SPECS``   JSON object ``{key: hex value}`` of the delegate's specs
 ``PTESTORE_TENSOR_LAYOUT``   JSON layout of the key, or ``null``
 ``PTESTORE_SIZE``            number of input bytes
+``PTESTORE_DEVICE``          the device profile's name (empty when the run names none)
+``PTESTORE_DEVICE_OPTIONS``  JSON object of the device profile's options (``{}`` if none)
+``PTESTORE_DEVICE_DIGEST``   the digest of those options (empty if no device)
 ===========================  =============================================================
 
 What it writes to stdout replaces the input. Empty stdout means "keep the input as it
@@ -100,6 +103,16 @@ class CommandBackend(BackendInterface):
         self, context: BackendDataInitContext, output: BackendDataWriter
     ) -> None:
         bid = context.backend_id
+        device = context.device
+        device_env = (
+            device.environment()
+            if device is not None
+            else {
+                "PTESTORE_DEVICE": "",
+                "PTESTORE_DEVICE_OPTIONS": "{}",
+                "PTESTORE_DEVICE_DIGEST": "",
+            }
+        )
         for item in context:
             if not self.processed:
                 continue
@@ -114,6 +127,7 @@ class CommandBackend(BackendInterface):
                 ),
                 "PTESTORE_TENSOR_LAYOUT": "null",
                 "PTESTORE_SIZE": str(len(item.processed)),
+                **device_env,
             }
             out = self._run(bytes(item.processed), env, "a delegate blob", bid, method=item.method)
             if out:
@@ -136,6 +150,7 @@ class CommandBackend(BackendInterface):
                 "PTESTORE_COMPILE_SPECS": "{}",
                 "PTESTORE_TENSOR_LAYOUT": json.dumps(None if layout is None else layout.to_json()),
                 "PTESTORE_SIZE": str(len(data)),
+                **device_env,
             }
             out = self._run(data, env, f"key {key!r}", bid, key=key)
             if out:

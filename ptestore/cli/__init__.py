@@ -97,6 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_specialize_parser(sub)
     add_gc_parser(sub)
+    from . import fleet, verify  # TODO(merge): re-wire into the refactored CLI
+
+    verify.add_parser(sub)
+    fleet.add_parser(sub)
     return parser
 
 

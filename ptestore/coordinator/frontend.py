@@ -6,9 +6,11 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
+from ..backends.compat import DeviceProfile
 from ..backends.registry import BackendLike
 from ..errors import AlreadyExists, ConfigurationError, ObjectNotFound
 from ..loaders import DataLoader, open_loader, split_url
+from ..provenance.stamp import ProvenanceRequest
 from ..writers import open_writer
 from ..writers.base import DataWriter, PublishMode
 from .pipeline import initialize_and_save_backend_data
@@ -43,6 +45,8 @@ def specialize(
     src_storage_options: dict[str, Any] | None = None,
     dst_storage_options: dict[str, Any] | None = None,
     spool_dir: str | None = None,
+    device: DeviceProfile | None = None,
+    provenance: ProvenanceRequest | bool | None = None,
 ) -> SpecializationReport:
     """Specialize the model at ``src_url`` and publish it at ``dst_url``.
 
@@ -55,7 +59,8 @@ def specialize(
     override them for the sources or the destinations.
 
     See :func:`~ptestore.coordinator.pipeline.initialize_and_save_backend_data` for
-    ``backends``, ``mode``, what is returned and what is raised.
+    ``backends``, ``mode``, ``device``, ``provenance``, what is returned and what is
+    raised.
     """
     src, dst = os.fspath(src_url), os.fspath(dst_url)
     common = dict(storage_options or {})
@@ -100,6 +105,8 @@ def specialize(
             event_tracer=event_tracer,
             mode=mode,
             spool_dir=spool_dir,
+            device=device,
+            provenance=provenance,
         )
     finally:
         for w in writers:

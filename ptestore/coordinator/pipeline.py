@@ -6,12 +6,15 @@ import time
 from collections.abc import Iterable
 
 from ..backends.api import BackendDataInitContext, BackendDataWriter, BackendInterface
+from ..backends.compat import DeviceProfile
 from ..backends.registry import BackendLike
 from ..errors import BackendError, ConfigurationError, NotSupported
 from ..format.layout import Placement, layout_file
 from ..format.patch import PatchResult
 from ..format.reader import read_container
 from ..loaders import DataLoader
+from ..provenance.stamp import ProvenanceRequest, Stamper, attach_object_metadata, object_metadata
+from ..provenance.trailer import without_trailer
 from ..writers.base import DataWriter, PublishMode
 from .aliases import check_aliases
 from .named import SourceFile
@@ -34,6 +37,8 @@ def initialize_and_save_backend_data(
     event_tracer: EventTracer | None = None,
     mode: PublishMode = "overwrite",
     spool_dir: str | None = None,
+    device: DeviceProfile | None = None,
+    provenance: ProvenanceRequest | bool | None = None,
 ) -> SpecializationReport:
     """Specialize a model once and publish the result through the given writers.
 
@@ -54,6 +59,11 @@ def initialize_and_save_backend_data(
     failures as :class:`~ptestore.errors.BackendError` naming the backend, method and
     key; storage failures as :class:`~ptestore.errors.StorageError`; a second publish
     failing after the first took effect as :class:`~ptestore.errors.PartialPublish`.
+
+    ``device`` is handed to every backend as ``context.device``. With ``provenance``
+    (True or a :class:`~ptestore.provenance.ProvenanceRequest`) each output ends with a
+    provenance trailer (see :mod:`ptestore.provenance`); a source's own trailer is
+    never copied, so re-specializing an artifact replaces its trailer.
     """
     if (ptd_loader is None) != (ptd_writer is None):
         raise ConfigurationError("ptd_loader and ptd_writer must be given together")
@@ -62,15 +72,30 @@ def initialize_and_save_backend_data(
     writers = [w for w in (pte_writer, ptd_writer) if w is not None]
     started = time.perf_counter()
     spool: Spool | None = None
+    stamper: Stamper | None = None
     try:
+        if provenance:
+            request = provenance if isinstance(provenance, ProvenanceRequest) else None
+            stamper = Stamper(request or ProvenanceRequest(), backends, device)
+            backends = stamper.backends
+            sources = [("pte", pte_loader)] + ([("ptd", ptd_loader)] if ptd_loader else [])
+            stamper.describe_sources(sources)
         files = _read(pte_loader, pte_writer, ptd_loader, ptd_writer)
         spool = Spool(spool_dir)
         run = Run(files, spool, event_tracer)
         run.emit(Event("parsed", url=pte_loader.name))
-        backend_reports, unused = _run_backends(run, backends)
+        backend_reports, unused = _run_backends(run, backends, device, stamper)
         check_aliases(run)
         layouts = [_lay_out(run, f) for f in files]
+        if stamper is not None:
+            for f in files:
+                attach_object_metadata(f.writer, object_metadata(stamper.key(), device))
         file_reports = _write(run, layouts)
+        if stamper is not None:
+            ends = [patched.file_size for _, patched in layouts]
+            stamper.write_trailers(
+                [(f.role, f.writer, end) for f, end in zip(files, ends, strict=True)]
+            )
         # A source replaced while we read it would mix two versions: check first.
         for f in files:
             check = getattr(f.loader, "check_unchanged", None)  # TODO(merge): protocol
@@ -98,10 +123,13 @@ def _read(
     ptd_loader: DataLoader | None,
     ptd_writer: DataWriter | None,
 ) -> list[SourceFile]:
+    # A trailer a source may end with is not part of its container: hide it.
+    pte_loader = without_trailer(pte_loader)
     files = [SourceFile("pte", pte_loader, pte_writer, read_container(pte_loader))]
     if files[0].container.kind != "pte":
         raise ConfigurationError(f"{pte_loader.name}: expected a .pte, found a .ptd")
     if ptd_loader is not None and ptd_writer is not None:
+        ptd_loader = without_trailer(ptd_loader)
         files.append(SourceFile("ptd", ptd_loader, ptd_writer, read_container(ptd_loader)))
         if files[1].container.kind != "ptd":
             raise ConfigurationError(f"{ptd_loader.name}: expected a .ptd, found a .pte")
@@ -109,7 +137,10 @@ def _read(
 
 
 def _run_backends(
-    run: Run, backends: Iterable[BackendLike] | None
+    run: Run,
+    backends: Iterable[BackendLike] | None,
+    device: DeviceProfile | None,
+    stamper: Stamper | None,
 ) -> tuple[list[BackendReport], list[str]]:
     ids = list(dict.fromkeys(d.id for d in run.pte.container.delegates))
     impls, unused = resolve_backends(backends, ids)
@@ -119,16 +150,24 @@ def _run_backends(
         report = BackendReport(bid, None if impl is None else repr(impl), "no_implementation")
         reports.append(report)
         if impl is not None:
-            _run_backend(run, impl, bid, report)
+            _run_backend(run, impl, bid, report, device, stamper)
     return reports, unused
 
 
-def _run_backend(run: Run, impl: BackendInterface, bid: str, report: BackendReport) -> None:
+def _run_backend(
+    run: Run,
+    impl: BackendInterface,
+    bid: str,
+    report: BackendReport,
+    device: DeviceProfile | None,
+    stamper: Stamper | None,
+) -> None:
     session = Session(run, bid, report)
     run.emit(Event("backend_start", backend=bid))
     t0 = time.perf_counter()
+    context = BackendDataInitContext(session, device)
     try:
-        impl.initialize_backend_data(BackendDataInitContext(session), BackendDataWriter(session))
+        impl.initialize_backend_data(context, BackendDataWriter(session))
     except NotSupported:
         report.status = "not_supported"
     except BackendError:
@@ -145,6 +184,8 @@ def _run_backend(run: Run, impl: BackendInterface, bid: str, report: BackendRepo
         report.status = "specialized"
     finally:
         report.seconds = time.perf_counter() - t0
+    if stamper is not None:
+        stamper.note(bid, impl, context)
     run.emit(Event("backend_end", backend=bid, seconds=report.seconds, status=report.status))
 
 
