@@ -42,13 +42,13 @@ def _field(where: str, key: str) -> str:
     return f"provenance {where}.{key}" if where else f"provenance {key}"
 
 
-def _get(
-    d: dict[str, Any], key: str, kind: type | tuple[type, ...], source: str, where: str
-) -> Any:
+_KIND_WORDS = {int: "an integer", str: "a string", list: "a list", dict: "an object"}
+
+
+def _get(d: dict[str, Any], key: str, kind: type, source: str, where: str) -> Any:
     value = d.get(key)
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
-        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-        raise FormatError(source, _field(where, key), value, f"a {names}")
+        raise FormatError(source, _field(where, key), value, _KIND_WORDS.get(kind, kind.__name__))
     return value
 
 

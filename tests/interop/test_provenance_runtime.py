@@ -103,7 +103,7 @@ def test_trailer_loads_and_runs_unchanged_on_every_fixture(tmp_path: Path) -> No
     results = run_programs(jobs)
     failures = []
     refusals: dict[tuple[str, str], set[str]] = {}
-    for result, (fx, method, label, runs) in zip(results, expected, strict=True):
+    for result, (fx, method, _label, runs) in zip(results, expected, strict=True):
         if runs:
             want = fx.outputs_runtime[method]
             got = result.outputs
