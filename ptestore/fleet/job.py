@@ -50,6 +50,9 @@ WRITER_ONLY_OPTIONS = frozenset(
         "verify",
         "durable",
         "auto_mkdir",
+        "retry_attempts",
+        "retry_initial",
+        "retry_max",
     }
 )
 

@@ -204,7 +204,7 @@ def _run(task: PairTask, counter: list[int]) -> tuple[str, str]:
                 writers[0],
                 ptd_loader=loaders[1] if len(loaders) > 1 else None,
                 ptd_writer=writers[1] if len(writers) > 1 else None,
-                backends=impls,
+                backends=list(task.backends),  # recorded as the job's SPECs
                 mode=mode,
                 device=task.device,
                 provenance=ProvenanceRequest(sources=dict(task.sources)),
