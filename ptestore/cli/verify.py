@@ -54,7 +54,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..verify import VerifyReport, verify
+    from ..verification import VerifyReport, verify
 
     try:
         source, backends, device, options = _inputs(args)

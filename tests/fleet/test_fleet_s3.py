@@ -16,7 +16,7 @@ from ptestore.cli import main
 from ptestore.fleet import load_job, plan_job, run_job
 from ptestore.provenance import read_provenance, replace_trailer
 from ptestore.testing.moto import MotoS3
-from ptestore.verify import verify
+from ptestore.verification import verify
 
 from .fleetkit import DEVICES, MODELS, statuses, upload_models, uploads, write_job
 

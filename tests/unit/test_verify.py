@@ -12,7 +12,7 @@ from support.fixtures import get_fixture
 import ptestore
 from ptestore.backends.compat import Compatibility, DeviceProfile
 from ptestore.cli import main
-from ptestore.verify import verify
+from ptestore import verify
 
 MLP = get_fixture("mlp_xnnpack")
 CONV = get_fixture("conv_xnnpack")
