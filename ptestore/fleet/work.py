@@ -112,7 +112,7 @@ def _loader_options(url: str, options: dict[str, Any]) -> dict[str, Any]:
 
 def _writer_options(url: str, options: dict[str, Any]) -> dict[str, Any]:
     if split_url(url)[0] == "file":
-        return {}
+        return {"auto_mkdir": True}  # {device}/ directories appear as needed
     opts = dict(options)
     if split_url(url)[0] == "s3":
         opts.setdefault("spool", False)  # every byte is written once

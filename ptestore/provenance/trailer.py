@@ -49,7 +49,7 @@ FOOTER_SIZE = 64
 #: A trailer's JSON may not exceed this (it is metadata, not data).
 MAX_PAYLOAD_SIZE = 1 << 20
 #: Bytes read from the end at once: most trailers fit, so one ranged read is enough.
-_TAIL_READ = 8192
+_TAIL_READ = 4096
 
 _FOOTER = struct.Struct("<QQ32sII8s")
 assert _FOOTER.size == FOOTER_SIZE

@@ -42,10 +42,8 @@ def test_dask_cluster_matches_the_pool_even_when_a_worker_dies(
     bucket = moto_s3.new_bucket()
     upload_models(moto_s3, bucket)
     endpoint = moto_s3.endpoint_url
-    pool_job = load_job(write_job(tmp_path / "pool.toml", moto_s3, bucket, endpoint,
-                                  prefix="pool"))
-    dask_job = load_job(write_job(tmp_path / "dask.toml", moto_s3, bucket, endpoint,
-                                  prefix="dask"))
+    pool_job = load_job(write_job(tmp_path / "pool.toml", moto_s3, bucket, endpoint, prefix="pool"))
+    dask_job = load_job(write_job(tmp_path / "dask.toml", moto_s3, bucket, endpoint, prefix="dask"))
     reference = run_job(pool_job, workers=2)
     assert set(statuses(reference).values()) == {"done"}
 

@@ -10,9 +10,9 @@ import pytest
 from support.fixtures import get_fixture
 
 import ptestore
+from ptestore import verify
 from ptestore.backends.compat import Compatibility, DeviceProfile
 from ptestore.cli import main
-from ptestore import verify
 
 MLP = get_fixture("mlp_xnnpack")
 CONV = get_fixture("conv_xnnpack")
