@@ -3,6 +3,7 @@ destination, and decide run or skip (and why)."""
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +14,9 @@ from .job import Job, Pair
 from .work import PairTask, check_destination, open_counted
 
 __all__ = ["Plan", "PlannedPair", "backend_versions", "plan_job"]
+
+#: Destinations checked at once while planning.
+_CHECK_THREADS = 16
 
 
 @dataclass
@@ -91,14 +95,13 @@ def plan_job(job: Job) -> Plan:
         except PteStoreError as exc:
             described[model.name] = str(exc)
         read[model.name] = counter[0]
-    out: list[PlannedPair] = []
     per_model = {m.name: sum(1 for p in job.pairs() if p.model.name == m.name) for m in job.models}
-    for pair in job.pairs():
+
+    def decide(pair: Pair) -> PlannedPair:
         share = read[pair.model.name] // max(1, per_model[pair.model.name])
         entry = described[pair.model.name]
         if isinstance(entry, str):
-            out.append(PlannedPair(pair, "fail", f"cannot read the source: {entry}", None, share))
-            continue
+            return PlannedPair(pair, "fail", f"cannot read the source: {entry}", None, share)
         infos = entry
         key = ProvenanceKey(
             infos["pte"].sha256,
@@ -124,9 +127,11 @@ def plan_job(job: Job) -> Plan:
             current, reason = check_destination(urls, job.storage_options, key, counter)
         except PteStoreError as exc:
             current, reason = False, f"cannot read the destination: {exc}"
-        out.append(
-            PlannedPair(pair, "skip" if current else "run", reason, task, share + counter[0])
-        )
+        return PlannedPair(pair, "skip" if current else "run", reason, task, share + counter[0])
+
+    # Destination checks are small ranged reads: overlap their latency.
+    with cf.ThreadPoolExecutor(max_workers=_CHECK_THREADS) as pool:
+        out = list(pool.map(decide, job.pairs()))
     return Plan(job, out)
 
 
