@@ -34,7 +34,18 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib  # type: ignore[import-not-found,unused-ignore]
 
-__all__ = ["Job", "JobError", "Model", "Pair", "load_job", "parse_job"]
+__all__ = [
+    "WRITER_ONLY_OPTIONS",
+    "Job",
+    "JobError",
+    "Model",
+    "Pair",
+    "load_job",
+    "loader_options",
+    "parse_job",
+    "ptd_beside",
+    "writer_options",
+]
 
 _TOP_KEYS = {"destination", "backends", "storage_options", "models", "devices"}
 _MODEL_KEYS = {"name", "source", "ptd"}
@@ -110,15 +121,31 @@ class Job:
 
     def loader_options(self, url: str) -> dict[str, Any]:
         """Storage options for reading ``url`` (none for local paths)."""
-        if split_url(url)[0] == "file":
-            return {}
-        return {k: v for k, v in self.storage_options.items() if k not in WRITER_ONLY_OPTIONS}
+        return loader_options(url, self.storage_options)
 
     def writer_options(self, url: str) -> dict[str, Any]:
-        """Storage options for writing ``url`` (none for local paths)."""
-        if split_url(url)[0] == "file":
-            return {}
-        return dict(self.storage_options)
+        """Storage options for writing ``url``."""
+        return writer_options(url, self.storage_options)
+
+
+def loader_options(url: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The job's storage ``options`` that apply to reading ``url``: none for local
+    paths, and never the writer-only ones."""
+    if split_url(url)[0] == "file":
+        return {}
+    return {k: v for k, v in options.items() if k not in WRITER_ONLY_OPTIONS}
+
+
+def writer_options(url: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The job's storage ``options`` for writing ``url`` (local destinations get their
+    ``{device}`` directories made as needed; S3 outputs are written once, unspooled)."""
+    protocol = split_url(url)[0]
+    if protocol == "file":
+        return {"auto_mkdir": True}
+    opts = dict(options)
+    if protocol == "s3":
+        opts.setdefault("spool", False)
+    return opts
 
 
 def ptd_beside(destination: str) -> str:

@@ -18,7 +18,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigurationError
@@ -40,7 +40,6 @@ class FleetResult:
     pairs: list[PairResult]
     seconds: float = 0.0
     engine: str = "inline"
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def count(self, status: str) -> int:
         return sum(1 for p in self.pairs if p.status == status)
@@ -117,9 +116,16 @@ def run_job(
     workers: int | None = None,
     scheduler: str | None = None,
     progress: Progress | None = None,
+    connect_timeout: float = 30.0,
 ) -> FleetResult:
     """Plan ``job`` and run every pair that is not current (see :func:`run_plan`)."""
-    return run_plan(plan_job(job), workers=workers, scheduler=scheduler, progress=progress)
+    return run_plan(
+        plan_job(job),
+        workers=workers,
+        scheduler=scheduler,
+        progress=progress,
+        connect_timeout=connect_timeout,
+    )
 
 
 def run_plan(
@@ -128,9 +134,10 @@ def run_plan(
     workers: int | None = None,
     scheduler: str | None = None,
     progress: Progress | None = None,
+    connect_timeout: float = 30.0,
 ) -> FleetResult:
     """Run the pairs of ``plan`` marked ``run``; ``progress`` is called once per pair
-    (skipped ones first)."""
+    (skipped ones first). ``connect_timeout`` bounds the wait for a Dask scheduler."""
     if workers is not None and workers < 1:
         raise ConfigurationError(f"--workers must be >= 1, got {workers}")
     scheduler = scheduler or os.environ.get(SCHEDULER_ENV) or None
@@ -155,7 +162,7 @@ def run_plan(
 
     if scheduler:
         engine = f"dask {scheduler}"
-        _run_dask(todo, scheduler, done)
+        _run_dask(todo, scheduler, done, connect_timeout)
     else:
         n = workers or min(len(todo), os.cpu_count() or 1) or 1
         engine = "inline" if n == 1 else f"{n} processes"
@@ -190,6 +197,7 @@ def _run_dask(
     todo: list[tuple[int, PlannedPair, PairTask]],
     scheduler: str,
     done: Callable[[int, PlannedPair, PairResult], None],
+    connect_timeout: float,
 ) -> None:
     try:
         from distributed import Client, as_completed
@@ -199,10 +207,11 @@ def _run_dask(
             f"ptestore[fleet] ({exc})"
         ) from exc
     try:
-        client = Client(scheduler, timeout=30)  # type: ignore[no-untyped-call]
+        client = Client(scheduler, timeout=connect_timeout)  # type: ignore[no-untyped-call]
     except OSError as exc:
         raise ConfigurationError(
-            f"--scheduler {scheduler}: cannot reach the Dask scheduler: {exc}"
+            f"--scheduler {scheduler}: cannot reach the Dask scheduler within "
+            f"{connect_timeout:g} s: {exc}"
         ) from exc
     run_id = uuid.uuid4().hex[:8]
     try:

@@ -20,11 +20,11 @@ from typing import Any
 from ..backends.compat import DeviceProfile
 from ..backends.registry import load_backend
 from ..errors import AlreadyExists, FormatError, ObjectNotFound, PteStoreError
-from ..loaders import DataLoader, open_loader, split_url
+from ..loaders import DataLoader, open_loader
 from ..provenance import ProvenanceKey, ProvenanceRequest, SourceInfo, read_provenance
 from ..writers import open_writer
 from ..writers.base import PublishMode
-from .job import WRITER_ONLY_OPTIONS
+from .job import loader_options, writer_options
 
 __all__ = [
     "CountingLoader",
@@ -104,25 +104,10 @@ class CountingLoader:
         return getattr(self.inner, name)
 
 
-def _loader_options(url: str, options: dict[str, Any]) -> dict[str, Any]:
-    if split_url(url)[0] == "file":
-        return {}
-    return {k: v for k, v in options.items() if k not in WRITER_ONLY_OPTIONS}
-
-
-def _writer_options(url: str, options: dict[str, Any]) -> dict[str, Any]:
-    if split_url(url)[0] == "file":
-        return {"auto_mkdir": True}  # {device}/ directories appear as needed
-    opts = dict(options)
-    if split_url(url)[0] == "s3":
-        opts.setdefault("spool", False)  # every byte is written once
-    return opts
-
-
 def open_counted(url: str, options: dict[str, Any], counter: list[int]) -> DataLoader:
     """A loader for ``url`` (with the options that apply to reading) that adds the bytes
     it reads to ``counter[0]``."""
-    return CountingLoader(open_loader(url, **_loader_options(url, options)), counter)
+    return CountingLoader(open_loader(url, **loader_options(url, options)), counter)
 
 
 def check_destination(
@@ -188,14 +173,14 @@ def _run(task: PairTask, counter: list[int]) -> tuple[str, str]:
     try:
         loaders.append(open_counted(task.source, task.storage_options, counter))
         writers.append(
-            open_writer(task.destination, **_writer_options(task.destination, task.storage_options))
+            open_writer(task.destination, **writer_options(task.destination, task.storage_options))
         )
         if task.ptd is not None and task.ptd_destination is not None:
             loaders.append(open_counted(task.ptd, task.storage_options, counter))
             writers.append(
                 open_writer(
                     task.ptd_destination,
-                    **_writer_options(task.ptd_destination, task.storage_options),
+                    **writer_options(task.ptd_destination, task.storage_options),
                 )
             )
         try:

@@ -14,7 +14,7 @@ from support.fixtures import get_fixture
 import ptestore
 from ptestore.backends import BackendInterface, register_backend, unregister_backend
 from ptestore.cli import main
-from ptestore.fleet import load_job, plan_job, run_pair
+from ptestore.fleet import load_job, plan_job, run_job, run_pair
 
 MLP = get_fixture("mlp_xnnpack")
 EXT = get_fixture("mlp_xnnpack_ext")
@@ -148,3 +148,16 @@ def test_worker_version_skew_fails_the_pair(tmp_path: Path) -> None:
         f"[('{SPEC}', '0.9')]; install the same versions everywhere"
     )
     assert not Path(task.destination).exists()
+
+
+def test_unreachable_scheduler_is_a_configuration_error(tmp_path: Path) -> None:
+    from ptestore.errors import ConfigurationError
+
+    job = load_job(_job(tmp_path))
+    with pytest.raises(ConfigurationError) as info:
+        run_job(job, scheduler="tcp://127.0.0.1:1", connect_timeout=1)
+    assert str(info.value).startswith(
+        "--scheduler tcp://127.0.0.1:1: cannot reach the Dask scheduler within 1 s: "
+    )
+    with pytest.raises(ConfigurationError, match="--workers must be >= 1, got 0"):
+        run_job(job, workers=0)
