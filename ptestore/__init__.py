@@ -30,6 +30,7 @@ from .errors import (
     WriterStateError,
 )
 from .loaders import DataLoader, open_loader
+from .verification import VerifyReport, verify
 from .writers import DataWriter, open_writer
 
 try:
@@ -57,10 +58,12 @@ __all__ = [
     "PublishUncertain",
     "SpecializationReport",
     "StorageError",
+    "VerifyReport",
     "WriterStateError",
     "__version__",
     "initialize_and_save_backend_data",
     "open_loader",
     "open_writer",
     "specialize",
+    "verify",
 ]

@@ -1,6 +1,7 @@
-"""The ``ptestore`` command line: ``inspect``, ``specialize`` and ``gc``.
+"""The ``ptestore`` command line: ``inspect``, ``specialize``, ``verify``, ``fleet``, ``gc``.
 
-One module per sub-command (:mod:`.inspect`, :mod:`.specialize`, :mod:`.gc`), each with an
+One module per sub-command (:mod:`.inspect`, :mod:`.specialize`, :mod:`.verify`,
+:mod:`.fleet`, :mod:`.gc`), each with an
 ``add_*_parser`` and a ``run_*``; exit statuses and the mapping of errors onto them live in
 :mod:`.exits`, option helpers shared by the sub-commands in :mod:`.options`. A new
 sub-command is a new module wired into :func:`build_parser`.
@@ -14,9 +15,11 @@ import sys
 from collections.abc import Sequence
 
 from .exits import Parser
+from .fleet import add_fleet_parser
 from .gc import add_gc_parser
 from .inspect import add_inspect_parser
 from .specialize import add_specialize_parser
+from .verify import add_verify_parser
 
 __all__ = ["build_parser", "main"]
 
@@ -35,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_inspect_parser(sub)
     add_specialize_parser(sub)
     add_gc_parser(sub)
+    add_verify_parser(sub)
+    add_fleet_parser(sub)
     return parser
 
 

@@ -6,9 +6,11 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
+from ..backends.compat import DeviceProfile
 from ..backends.registry import BackendLike
 from ..errors import AlreadyExists, ConfigurationError, ObjectNotFound
 from ..loaders import DataLoader, loader_options, open_loader, split_url
+from ..provenance.stamp import ProvenanceRequest
 from ..writers import open_writer, writer_options
 from ..writers.base import DataWriter, PublishMode
 from .pipeline import initialize_and_save_backend_data
@@ -78,6 +80,8 @@ def specialize(
     dst_storage_options: dict[str, Any] | None = None,
     spool_dir: str | None = None,
     strict: bool = False,
+    device: DeviceProfile | None = None,
+    provenance: ProvenanceRequest | bool | None = None,
 ) -> SpecializationReport:
     """Specialize the model at ``src_url`` and publish it at ``dst_url``.
 
@@ -93,7 +97,8 @@ def specialize(
     apply to the sources or the destinations and override them.
 
     See :func:`~ptestore.coordinator.pipeline.initialize_and_save_backend_data` for
-    ``backends``, ``mode``, ``strict``, what is returned and what is raised.
+    ``backends``, ``mode``, ``strict``, ``device``, ``provenance``, what is returned
+    and what is raised.
     """
     src, dst = os.fspath(src_url), os.fspath(dst_url)
     options = _Options(storage_options, src_storage_options, dst_storage_options)
@@ -131,6 +136,8 @@ def specialize(
             mode=mode,
             spool_dir=spool_dir,
             strict=strict,
+            device=device,
+            provenance=provenance,
         )
     finally:
         for w in writers:
