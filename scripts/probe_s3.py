@@ -187,7 +187,6 @@ class Probe:
             )
         )
         if out == "ok" and "CopySourceRange" in kw:
-            parts = [{"PartNumber": 1, "ETag": "x"}]
             listed = self.c.list_parts(Bucket=self.b, Key=dst, UploadId=up)["Parts"]
             parts = [{"PartNumber": 1, "ETag": listed[0]["ETag"]}]
             self.complete(dst, up, parts)
@@ -312,7 +311,7 @@ class Probe:
 
     def complete_descending(self) -> str:
         k = self.key()
-        up, parts = self.mpu(k, [b"a" * PART, b"b" * 10])
+        up, parts = self.mpu(k, [b"a" * PART, b"b" * PART])
         return attempt(lambda: self.complete(k, up, parts[::-1]))
 
     def small_part(self) -> str:
