@@ -260,9 +260,7 @@ class Probe:
     def full_object_checksum(self, *, right: bool) -> str:
         k = self.key()
         data = [b"a" * PART, b"b" * 10]
-        up, parts = self.mpu(
-            k, data, ChecksumAlgorithm="CRC32", ChecksumType="FULL_OBJECT"
-        )
+        up, parts = self.mpu(k, data, ChecksumAlgorithm="CRC32", ChecksumType="FULL_OBJECT")
         crc = crc32_b64(b"".join(data) if right else b"wrong")
         out = attempt(
             lambda: self.complete(k, up, parts, ChecksumCRC32=crc, ChecksumType="FULL_OBJECT")

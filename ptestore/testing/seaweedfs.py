@@ -19,8 +19,8 @@ import json
 import os
 import shutil
 import signal
-import stat
 import socket
+import stat
 import subprocess
 import sys
 import tempfile

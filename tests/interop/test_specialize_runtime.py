@@ -167,8 +167,15 @@ def test_size_changing_replacement_structure(fx: Fixture, tmp_path: Path) -> Non
     assert after["file_size"] == hdr["segment_base_offset"] + hdr["segment_data_size"]
 
 
-@pytest.mark.parametrize("where", ["memory", "s3"])
-def test_specialize_through_remote_storage(where: str, tmp_path: Path, s3_server: S3TestServer) -> None:
+@pytest.mark.parametrize(
+    ("where", "s3_server"),  # memory once (the moto server it is given stays unused)
+    [("memory", "moto"), ("s3", "moto"), ("s3", "seaweedfs")],
+    indirect=["s3_server"],
+    ids=["memory", "s3-moto", "s3-seaweedfs"],
+)
+def test_specialize_through_remote_storage(
+    where: str, tmp_path: Path, s3_server: S3TestServer
+) -> None:
     fixtures = keyed_doubled()[:3]
     fixtures.append(next(f for f in runnable_fixtures() if f.ptd_path is not None))
     if where == "memory":

@@ -77,8 +77,8 @@ def test_multipart_transient_fault_is_retried(env: Env, op: str, kind: str) -> N
     data = data_of(3 * env.part + 100)
     w = env.writer()
     fault = Fault(op, kind).install(w.client)
-    w.write(data[env.part:], env.part)
-    w.write(data[:env.part], 0)
+    w.write(data[env.part :], env.part)
+    w.write(data[: env.part], 0)
     result = w.publish("create")
     assert fault.injected == 1
     assert fault.calls >= 2

@@ -340,9 +340,13 @@ def test_bytes_corrupted_after_their_checksum_are_never_published(
     w = _writer(srv, f"s3://{srv.bucket}/{k}")
     w.client.meta.events.register(f"before-parameter-build.s3.{operation}", _corrupt_body)
     size = 2 * srv.part + 7 if operation == "UploadPart" else 1000
-    with pytest.raises(StorageError, match=rf"{operation}( 1)? failed: BadDigest \(HTTP 400\)"):
+
+    def write_and_publish() -> None:
         w.write(random.randbytes(size), 0)  # a part's upload may fail already here
         w.publish()
+
+    with pytest.raises(StorageError, match=rf"{operation}( 1)? failed: BadDigest \(HTTP 400\)"):
+        write_and_publish()
     assert w.state is WriterState.DISCARDED
     assert srv.get(k) is None
     assert srv.uploads(k) == []

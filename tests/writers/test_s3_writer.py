@@ -202,7 +202,9 @@ def test_credentials_from_the_environment(
         ({"metadata": {"a": 1}}, r"metadata keys and values must be str: 'a'"),
     ],
 )
-def test_bad_options(s3_server: S3TestServer, url: str, options: dict[str, Any], message: str) -> None:
+def test_bad_options(
+    s3_server: S3TestServer, url: str, options: dict[str, Any], message: str
+) -> None:
     with pytest.raises(ConfigurationError, match=message):
         open_writer(url, **{**s3_server.storage_options, **options})
 
