@@ -53,6 +53,7 @@ def attempt(fn: Callable[[], Any]) -> str:
 class Probe:
     def __init__(self, server: S3TestServer, rounds: int) -> None:
         self.c = server.client()
+        self.endpoint = server.endpoint_url
         self.b = server.new_bucket()
         self.rounds = rounds
         self.n = 0
@@ -374,6 +375,22 @@ class Probe:
         meta = self.c.head_object(Bucket=self.b, Key=k)["Metadata"]
         return f"Initiated: {'yes' if initiated else 'no'}; metadata after Complete: {meta}"
 
+    def missing_bucket(self) -> str:
+        missing = f"no-such-bucket-{self.n}-{id(self)}"
+        return attempt(lambda: self.c.put_object(Bucket=missing, Key="k", Body=b"x"))
+
+    def wrong_credentials(self) -> str:
+        import boto3
+
+        bad = boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id="not-a-key",
+            aws_secret_access_key="not-a-secret",
+            region_name="us-east-1",
+        )
+        return attempt(lambda: bad.put_object(Bucket=self.b, Key=self.key(), Body=b"x"))
+
     # -- reads and ETags ----------------------------------------------------------------
 
     def ranged_get(self) -> str:
@@ -432,6 +449,8 @@ PROBES: list[tuple[str, str]] = [
     ("mpu_object_size_wrong", "Complete with a wrong MpuObjectSize"),
     ("list_uploads", "ListMultipartUploads with Prefix, MaxUploads"),
     ("initiated_and_metadata", "upload Initiated time; metadata of a multipart object"),
+    ("missing_bucket", "PutObject into a missing bucket"),
+    ("wrong_credentials", "PutObject with unknown credentials"),
     ("ranged_get", "ranged GET"),
     ("etags", "ETag of PutObject / multipart object"),
 ]
