@@ -377,9 +377,11 @@ def test_upload_aborted_by_someone_else_fails_with_no_such_upload(srv: Server) -
     k = srv.key()
     w = _writer(srv, f"s3://{srv.bucket}/{k}")
     calls: list[str] = []
-    w.client.meta.events.register(
-        "before-send.s3.UploadPart", lambda request, **_: calls.append(request.url) and None
-    )
+
+    def count(request: Any, **_: Any) -> None:
+        calls.append(request.url)
+
+    w.client.meta.events.register("before-send.s3.UploadPart", count)
     w.write(random.randbytes(srv.part), 0)
     w.wait_uploads()
     assert w.upload_id is not None
