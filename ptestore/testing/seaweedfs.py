@@ -208,8 +208,9 @@ def seaweedfs_s3_server(
 ) -> Iterator[SeaweedS3]:
     """Run ``weed mini`` on 127.0.0.1 for the duration of the ``with`` block.
 
-    Data, configuration, logs and sockets live in a new directory under ``base_dir``
-    (default: the system temp dir), removed on exit. Raises
+    Data, configuration, logs and local sockets live in a new directory under
+    ``base_dir`` (default: the system temp dir), removed on exit with the gRPC sockets
+    ``weed`` puts at fixed paths in /tmp. Raises
     :class:`~ptestore.errors.ConfigurationError` if ``weed`` is missing and
     :class:`~ptestore.errors.StorageError` (with the server's log tail) if it exits or
     is not ready within ``startup_timeout`` seconds. A server that exits at once (a
