@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install everything (into ./.venv) and run the whole test suite: lint, types, unit,
-# writer contract/fault/crash tests (moto's S3 server is started by the tests on
+# writer contract/fault/crash tests (moto's S3 server and SeaweedFS are started by the tests on
 # 127.0.0.1), and the real-runtime interop suite, which may not be skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."

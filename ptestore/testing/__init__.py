@@ -1,4 +1,5 @@
-"""Test kit shipped with ptestore: the writer contract suite and an S3 test server.
+"""Test kit shipped with ptestore: the writer contract suite and two S3 test servers
+(moto, SeaweedFS).
 
 Third-party writers run the contract by subclassing
 :class:`ptestore.testing.writer_contract.WriterContract` (a pytest mixin).
@@ -6,4 +7,4 @@ Third-party writers run the contract by subclassing
 
 from __future__ import annotations
 
-__all__ = ["writer_contract"]
+__all__ = ["moto", "s3server", "seaweedfs", "writer_contract"]

@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 __all__ = ["MotoS3", "moto_s3_server", "small_s3_parts"]
 
@@ -24,7 +24,11 @@ __all__ = ["MotoS3", "moto_s3_server", "small_s3_parts"]
 class MotoS3:
     """A running moto server and the storage options that reach it."""
 
+    name: ClassVar[str] = "moto"
+
     endpoint_url: str
+    #: The smallest non-last multipart part the server accepts (AWS S3: 5 MiB).
+    min_part_size: int = 5 << 20
 
     @property
     def storage_options(self) -> dict[str, Any]:
@@ -82,7 +86,7 @@ def moto_s3_server(min_part_size: int | None = 1) -> Iterator[MotoS3]:
     server.start()
     try:
         host, port = server.get_host_and_port()
-        yield MotoS3(f"http://{host}:{port}")
+        yield MotoS3(f"http://{host}:{port}", min_part_size or (5 << 20))
     finally:
         server.stop()
 

@@ -7,7 +7,7 @@
 - a replacement of a different size with alignment 64 yields a file whose structure
   ExecuTorch's own reader confirms (new sizes and offsets, replaced bytes in place, all
   other segments byte-identical);
-- the same through ``memory://`` and through ``s3://`` on moto's server.
+- the same through ``memory://`` and through ``s3://`` on moto and on SeaweedFS.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from support.fixtures import Fixture, doubled_fixtures, runnable_fixtures
 
 import ptestore
 from ptestore.backends import BackendData, BackendInterface
-from ptestore.testing.moto import MotoS3
+from ptestore.testing.s3server import S3TestServer
 
 pytestmark = pytest.mark.interop
 
@@ -169,8 +169,15 @@ def test_size_changing_replacement_structure(fx: Fixture, tmp_path: Path) -> Non
     assert after["file_size"] == hdr["segment_base_offset"] + hdr["segment_data_size"]
 
 
-@pytest.mark.parametrize("where", ["memory", "s3"])
-def test_specialize_through_remote_storage(where: str, tmp_path: Path, moto_s3: MotoS3) -> None:
+@pytest.mark.parametrize(
+    ("where", "s3_server"),  # memory once (the moto server it is given stays unused)
+    [("memory", "moto"), ("s3", "moto"), ("s3", "seaweedfs")],
+    indirect=["s3_server"],
+    ids=["memory", "s3-moto", "s3-seaweedfs"],
+)
+def test_specialize_through_remote_storage(
+    where: str, tmp_path: Path, s3_server: S3TestServer
+) -> None:
     fixtures = keyed_doubled()[:3]
     fixtures.append(next(f for f in runnable_fixtures() if f.ptd_path is not None))
     if where == "memory":
@@ -178,9 +185,9 @@ def test_specialize_through_remote_storage(where: str, tmp_path: Path, moto_s3: 
         root = f"memory://ptestore-interop-{uuid.uuid4().hex[:8]}"
         options: dict[str, Any] = {}
     else:
-        options = moto_s3.storage_options
+        options = s3_server.storage_options
         fs = fsspec.filesystem("s3", **options)
-        root = f"s3://{moto_s3.new_bucket()}"
+        root = f"s3://{s3_server.new_bucket()}"
     jobs: list[Job] = []
     want: list[list[np.ndarray]] = []
     for fx in fixtures:
@@ -216,6 +223,6 @@ def test_specialize_through_remote_storage(where: str, tmp_path: Path, moto_s3: 
             assert fs.cat_file(src) == fs.cat_file(fresh)
     if where == "s3":
         bucket = root[len("s3://") :]
-        assert not moto_s3.client().list_multipart_uploads(Bucket=bucket).get("Uploads")
+        assert not s3_server.client().list_multipart_uploads(Bucket=bucket).get("Uploads")
     failures = _check(run_programs(jobs), want)
     assert not failures, "\n".join(failures)

@@ -1,4 +1,4 @@
-"""The coordinator against real storage: S3 on moto's server, pairs, changing sources."""
+"""The coordinator against real storage: S3 (moto, SeaweedFS), pairs, changing sources."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from ptestore.cli import main
 from ptestore.errors import AlreadyExists, BackendError, PartialPublish, StorageError
 from ptestore.format import parse
 from ptestore.loaders import open_loader
-from ptestore.testing.moto import MotoS3, small_s3_parts
+from ptestore.testing.moto import small_s3_parts
+from ptestore.testing.s3server import S3TestServer
 from ptestore.writers import open_writer
 
 MLP = get_fixture("mlp_xnnpack")
@@ -41,9 +42,9 @@ class Raising(BackendInterface):
 
 @pytest.mark.s3
 @pytest.mark.parametrize("what", ["raise", "unknown-key"])
-def test_failures_leave_nothing_on_s3(moto_s3: MotoS3, what: str) -> None:
-    bucket = moto_s3.new_bucket()
-    client = moto_s3.client()
+def test_failures_leave_nothing_on_s3(s3_server: S3TestServer, what: str) -> None:
+    bucket = s3_server.new_bucket()
+    client = s3_server.client()
     assert MLP.pte_path is not None
     client.put_object(Bucket=bucket, Key="in.pte", Body=MLP.pte_path.read_bytes())
     client.put_object(Bucket=bucket, Key="out.pte", Body=b"previous")
@@ -52,7 +53,7 @@ def test_failures_leave_nothing_on_s3(moto_s3: MotoS3, what: str) -> None:
             f"s3://{bucket}/in.pte",
             f"s3://{bucket}/out.pte",
             backends=[Raising(what)],
-            storage_options=moto_s3.storage_options,
+            storage_options=s3_server.storage_options,
         )
     assert client.get_object(Bucket=bucket, Key="out.pte")["Body"].read() == b"previous"
     assert client.get_object(Bucket=bucket, Key="in.pte")["Body"].read() == (
@@ -88,19 +89,19 @@ class HeldParts:
 
 @pytest.mark.s3
 @pytest.mark.parametrize("name", ["mlp_xnnpack_align4096", "conv_xnnpack", "mlp_xnnpack"])
-def test_s3_parts_with_alignment_gaps_are_not_held(moto_s3: MotoS3, name: str) -> None:
+def test_s3_parts_with_alignment_gaps_are_not_held(s3_server: S3TestServer, name: str) -> None:
     """Padding is written as zeros, so parts holding gaps upload as soon as they are
     complete: before the metadata (written last) arrives, only the parts overlapping
     the metadata and the final, short part are still in memory."""
     fx = get_fixture(name)
     assert fx.pte_path is not None
-    bucket = moto_s3.new_bucket()
-    part = 512
+    bucket = s3_server.new_bucket()
+    part = max(512, s3_server.min_part_size)  # real S3: 5 MiB, so one part here
     data = fx.pte_path.read_bytes()
     meta_size = parse(data, len(data), "m").metadata_size
     with small_s3_parts():  # the fixtures are far smaller than S3's 5 MiB parts
         inner = open_writer(
-            f"s3://{bucket}/out.pte", part_size=part, max_concurrency=1, **moto_s3.storage_options
+            f"s3://{bucket}/out.pte", part_size=part, max_concurrency=1, **s3_server.storage_options
         )
     writer = HeldParts(inner)
     with open_loader(fx.pte_path) as loader:
@@ -109,7 +110,7 @@ def test_s3_parts_with_alignment_gaps_are_not_held(moto_s3: MotoS3, name: str) -
     allowed = set(range(math.ceil(meta_size / part) + 1)) | {nparts - 1}
     assert writer.held_before_metadata is not None
     assert set(writer.held_before_metadata) <= allowed
-    body = moto_s3.client().get_object(Bucket=bucket, Key="out.pte")["Body"].read()
+    body = s3_server.client().get_object(Bucket=bucket, Key="out.pte")["Body"].read()
     assert body == data
 
 
@@ -244,18 +245,18 @@ def test_cli_storage_errors_exit_1(tmp_path: Path, capsys: pytest.CaptureFixture
 
 
 @pytest.mark.s3
-def test_common_writer_options_reach_writers_only(moto_s3: MotoS3) -> None:
+def test_common_writer_options_reach_writers_only(s3_server: S3TestServer) -> None:
     """``part_size`` in the shared options is a writer option: the S3 source loader
     must not get it (it would refuse it), the S3 writer must."""
-    bucket = moto_s3.new_bucket()
-    client = moto_s3.client()
+    bucket = s3_server.new_bucket()
+    client = s3_server.client()
     assert MLP.pte_path is not None
     client.put_object(Bucket=bucket, Key="in.pte", Body=MLP.pte_path.read_bytes())
     report = ptestore.specialize(
         f"s3://{bucket}/in.pte",
         f"s3://{bucket}/out.pte",
         backends=["passthrough"],
-        storage_options={**moto_s3.storage_options, "part_size": 5 << 20},
+        storage_options={**s3_server.storage_options, "part_size": 5 << 20},
     )
     assert report.files[0].size_after == len(MLP.pte_path.read_bytes())
     body = client.get_object(Bucket=bucket, Key="out.pte")["Body"].read()

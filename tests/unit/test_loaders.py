@@ -1,4 +1,4 @@
-"""DataLoaders: local, memory, S3 (moto) and other fsspec protocols; ranged reads; retries."""
+"""DataLoaders: local, memory, S3 (moto, SeaweedFS), other fsspec protocols; ranges; retries."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from ptestore._retry import RetryPolicy, is_transient
 from ptestore.errors import ConfigurationError, ObjectNotFound, PermissionDenied, StorageError
 from ptestore.format import read_container
 from ptestore.loaders import BytesLoader, DataLoader, FsspecLoader, LocalFileLoader
-from ptestore.testing.moto import MotoS3
+from ptestore.testing.s3server import S3TestServer
 
 MLP = get_fixture("mlp_xnnpack")
 assert MLP.pte_path is not None
@@ -261,14 +261,14 @@ def test_is_transient(exc: BaseException, transient: bool) -> None:
 
 
 @pytest.mark.s3
-def test_s3_loader_reads_ranges_only(moto_s3: MotoS3) -> None:
-    bucket = moto_s3.new_bucket()
-    client = moto_s3.client()
+def test_s3_loader_reads_ranges_only(s3_server: S3TestServer) -> None:
+    bucket = s3_server.new_bucket()
+    client = s3_server.client()
     big = DATA + b"\0" * (8 << 20)  # a model followed by 8 MiB nobody should read
     client.put_object(Bucket=bucket, Key="m.pte", Body=big)
     ranges: list[str] = []
 
-    loader = open_loader(f"s3://{bucket}/m.pte", **moto_s3.storage_options)
+    loader = open_loader(f"s3://{bucket}/m.pte", **s3_server.storage_options)
     assert isinstance(loader, FsspecLoader)
     s3 = loader.fs.s3 if hasattr(loader.fs, "s3") else None
     if s3 is not None:
@@ -283,4 +283,4 @@ def test_s3_loader_reads_ranges_only(moto_s3: MotoS3) -> None:
     if s3 is not None:
         assert ranges and all(r.startswith("bytes=") for r in ranges)
     with pytest.raises(ObjectNotFound, match=rf"s3://{bucket}/missing.pte: no such object"):
-        open_loader(f"s3://{bucket}/missing.pte", **moto_s3.storage_options)
+        open_loader(f"s3://{bucket}/missing.pte", **s3_server.storage_options)

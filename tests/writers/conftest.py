@@ -1,4 +1,4 @@
-"""Fixtures for the writer tests: one moto S3 server per session, a bucket per test."""
+"""Fixtures for the writer tests: a bucket per test on the `s3_server` under test."""
 
 from __future__ import annotations
 
@@ -6,17 +6,17 @@ from typing import Any
 
 import pytest
 
-from ptestore.testing.moto import MotoS3
+from ptestore.testing.s3server import S3TestServer
 
 
 @pytest.fixture
-def s3_bucket(moto_s3: MotoS3) -> str:
-    return moto_s3.new_bucket()
+def s3_bucket(s3_server: S3TestServer) -> str:
+    return s3_server.new_bucket()
 
 
 @pytest.fixture
-def s3_client(moto_s3: MotoS3) -> Any:
-    return moto_s3.client()
+def s3_client(s3_server: S3TestServer) -> Any:
+    return s3_server.client()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from ptestore.cli.gc import add_gc_parser
-from ptestore.testing.moto import MotoS3
+from ptestore.testing.s3server import S3TestServer
 from ptestore.writers import LocalFileWriter, open_writer
 
 
@@ -67,13 +67,13 @@ def test_gc_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
 
 @pytest.mark.s3
 def test_s3_gc(
-    moto_s3: MotoS3, s3_bucket: str, s3_client: Any, capsys: pytest.CaptureFixture[str]
+    s3_server: S3TestServer, s3_bucket: str, s3_client: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    w = open_writer(f"s3://{s3_bucket}/p/m.pte", **moto_s3.storage_options)
-    w.write(bytes(9 << 20), 0)  # one complete 8 MiB part uploads
+    w = open_writer(f"s3://{s3_bucket}/p/m.pte", **s3_server.storage_options)
+    w.write(bytes(6 << 20), 0)  # one complete 5 MiB part uploads
     w.wait_uploads()  # type: ignore[attr-defined]
     w._finalizer.detach()  # type: ignore[attr-defined]
-    opts = [f"-o{k}={json.dumps(v)}" for k, v in moto_s3.storage_options.items()]
+    opts = [f"-o{k}={json.dumps(v)}" for k, v in s3_server.storage_options.items()]
     assert run(["gc", f"s3://{s3_bucket}/p/", "--older-than", "0", "--json", *opts]) == 0
     report = json.loads(capsys.readouterr().out)
     assert [e["action"] for e in report["entries"]] == ["removed"]

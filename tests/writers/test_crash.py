@@ -21,7 +21,7 @@ import pytest
 
 from ptestore.errors import AlreadyExists
 from ptestore.loaders import LocalFileLoader
-from ptestore.testing.moto import MotoS3
+from ptestore.testing.s3server import S3TestServer
 from ptestore.writers import open_writer
 from ptestore.writers.gc import collect_local, collect_s3
 from ptestore.writers.local import TEMP_NAME_RE
@@ -168,7 +168,7 @@ def test_local_create_between_processes_has_one_winner(tmp_path: Path) -> None:
 @pytest.mark.s3
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_s3_publish_survives_sigkill(
-    tmp_path: Path, moto_s3: MotoS3, s3_bucket: str, s3_client: Any
+    tmp_path: Path, s3_server: S3TestServer, s3_bucket: str, s3_client: Any
 ) -> None:
     size = 11 << 20  # three 5 MiB parts (S3's smallest), the last one short
     src = tmp_path / "source.pte"
@@ -178,7 +178,7 @@ def test_s3_publish_survives_sigkill(
     old = b"OLD" * 1000
     key = "crash/model.pte"
     url = f"s3://{s3_bucket}/{key}"
-    options = {**moto_s3.storage_options, "part_size": MIN_PART_SIZE, "max_concurrency": 2}
+    options = {**s3_server.storage_options, "part_size": MIN_PART_SIZE, "max_concurrency": 2}
     options["spool"] = True  # "NEW!" rewrites part 1 after its upload
 
     def get() -> bytes:
@@ -194,7 +194,7 @@ def test_s3_publish_survives_sigkill(
         s3_client.put_object(Bucket=s3_bucket, Key=key, Body=old)
         fork_and_kill(lambda: child_write(str(src), url, options), rng.uniform(0, took * 1.3))
         assert get() in (old, new), f"run {run}: object is neither old nor new"
-        collect_s3(f"s3://{s3_bucket}/crash/", older_than=0, **moto_s3.storage_options)
+        collect_s3(f"s3://{s3_bucket}/crash/", older_than=0, **s3_server.storage_options)
         for up in s3_client.list_multipart_uploads(Bucket=s3_bucket).get("Uploads", []):
             # Killed in the one round trip between CreateMultipartUpload and the marker
             # part: an empty upload (nothing stored, nothing billed) that gc cannot prove

@@ -16,7 +16,7 @@ from ptestore.errors import (
     PublishUncertain,
     StorageError,
 )
-from ptestore.testing.moto import MotoS3
+from ptestore.testing.s3server import S3TestServer
 from ptestore.writers import S3Writer, WriterState, open_writer
 from ptestore.writers.gc import collect_s3
 from ptestore.writers.s3 import MIN_PART_SIZE
@@ -36,13 +36,14 @@ def data_of(size: int) -> bytes:
 
 
 class Env:
-    def __init__(self, moto: MotoS3, bucket: str, client: Any) -> None:
-        self.moto, self.bucket, self.client = moto, bucket, client
+    def __init__(self, server: S3TestServer, bucket: str, client: Any) -> None:
+        self.server, self.bucket, self.client = server, bucket, client
+        self.part = max(PART, server.min_part_size)
         self.key = f"m/{uuid.uuid4().hex}.pte"
         self.url = f"s3://{bucket}/{self.key}"
 
     def writer(self, **kw: Any) -> S3Writer:
-        opts: dict[str, Any] = {**self.moto.storage_options, "part_size": PART, **FAST, **kw}
+        opts: dict[str, Any] = {**self.server.storage_options, "part_size": self.part, **FAST, **kw}
         w = open_writer(self.url, **opts)
         assert isinstance(w, S3Writer)
         return w
@@ -60,8 +61,8 @@ class Env:
 
 
 @pytest.fixture
-def env(moto_s3: MotoS3, s3_bucket: str, s3_client: Any) -> Env:
-    return Env(moto_s3, s3_bucket, s3_client)
+def env(s3_server: S3TestServer, s3_bucket: str, s3_client: Any) -> Env:
+    return Env(s3_server, s3_bucket, s3_client)
 
 
 def _write_and_publish(w: S3Writer, data: bytes) -> None:
@@ -76,11 +77,11 @@ SINGLE_OPS = ["PutObject", "HeadObject"]
 @pytest.mark.parametrize("kind", TRANSIENT)
 @pytest.mark.parametrize("op", MULTIPART_OPS)
 def test_multipart_transient_fault_is_retried(env: Env, op: str, kind: str) -> None:
-    data = data_of(3 * PART + 100)
+    data = data_of(3 * env.part + 100)
     w = env.writer()
     fault = Fault(op, kind).install(w.client)
-    w.write(data[PART:], PART)
-    w.write(data[:PART], 0)
+    w.write(data[env.part :], env.part)
+    w.write(data[: env.part], 0)
     result = w.publish("create")
     assert fault.injected == 1
     assert fault.calls >= 2
@@ -105,7 +106,7 @@ def test_single_put_transient_fault_is_retried(env: Env, op: str, kind: str) -> 
 def test_discard_transient_fault_is_retried(env: Env, op: str, kind: str) -> None:
     w = env.writer()
     fault = Fault(op, kind).install(w.client)
-    w.write(data_of(3 * PART), 0)
+    w.write(data_of(3 * env.part), 0)
     assert env.uploads() != []
     w.discard()
     assert fault.injected == 1
@@ -118,7 +119,7 @@ def test_multipart_persistent_fault_fails_cleanly(env: Env, op: str) -> None:
     w = env.writer(retry_attempts=3)
     fault = Fault(op, "503", times=-1).install(w.client)
     with pytest.raises(StorageError, match=rf"{env.url}: {op}.* failed: SlowDown \(HTTP 503\)"):
-        _write_and_publish(w, data_of(3 * PART))
+        _write_and_publish(w, data_of(3 * env.part))
     assert fault.injected >= 3  # retry_attempts (per part for UploadPart)
     assert fault.injected % 3 == 0
     assert w.state is WriterState.DISCARDED
@@ -147,7 +148,7 @@ def test_verify_head_failing_does_not_fail_a_done_publish(env: Env) -> None:
 def test_abort_failing_leaves_upload_for_gc(env: Env) -> None:
     w = env.writer(retry_attempts=2)
     Fault("AbortMultipartUpload", "503", times=-1).install(w.client)
-    w.write(data_of(3 * PART), 0)
+    w.write(data_of(3 * env.part), 0)
     with pytest.raises(
         StorageError,
         match=r"cannot abort multipart upload \S+: AbortMultipartUpload failed: SlowDown "
@@ -155,7 +156,7 @@ def test_abort_failing_leaves_upload_for_gc(env: Env) -> None:
     ):
         w.discard()
     assert len(env.uploads()) == 1
-    entries = collect_s3(f"s3://{env.bucket}/m/", older_than=0, **env.moto.storage_options)
+    entries = collect_s3(f"s3://{env.bucket}/m/", older_than=0, **env.server.storage_options)
     assert [e.action for e in entries] == ["removed"]
     assert env.uploads() == []
 
@@ -170,7 +171,7 @@ def test_abort_failing_leaves_upload_for_gc(env: Env) -> None:
 def test_permanent_errors_are_not_retried(env: Env, kind: str, error: type, message: str) -> None:
     w = env.writer()
     fault = Fault("UploadPart", kind, times=-1).install(w.client)
-    w.write(data_of(PART), 0)  # one complete part: uploaded in the background
+    w.write(data_of(env.part), 0)  # one complete part: uploaded in the background
     with pytest.raises(error, match=message):
         w.publish()
     assert fault.calls == 1
@@ -178,8 +179,8 @@ def test_permanent_errors_are_not_retried(env: Env, kind: str, error: type, mess
     assert env.get() is None
 
 
-def test_missing_bucket(moto_s3: MotoS3) -> None:
-    w = open_writer(f"s3://no-such-bucket-{uuid.uuid4().hex[:8]}/k", **moto_s3.storage_options)
+def test_missing_bucket(s3_server: S3TestServer) -> None:
+    w = open_writer(f"s3://no-such-bucket-{uuid.uuid4().hex[:8]}/k", **s3_server.storage_options)
     w.write(b"x", 0)
     with pytest.raises(ObjectNotFound, match=r"PutObject failed: NoSuchBucket \(HTTP 404\)"):
         w.publish()
@@ -188,7 +189,7 @@ def test_missing_bucket(moto_s3: MotoS3) -> None:
 def test_complete_200_with_error_body_is_retried(env: Env) -> None:
     w = env.writer()
     fault = Fault("CompleteMultipartUpload", "200-error").install(w.client)
-    data = data_of(3 * PART + 5)
+    data = data_of(3 * env.part + 5)
     w.write(data, 0)
     w.publish()
     assert fault.injected == 1
@@ -198,7 +199,7 @@ def test_complete_200_with_error_body_is_retried(env: Env) -> None:
 def test_complete_200_with_error_body_persistent(env: Env) -> None:
     w = env.writer(retry_attempts=2)
     Fault("CompleteMultipartUpload", "200-error", times=-1).install(w.client)
-    w.write(data_of(3 * PART), 0)
+    w.write(data_of(3 * env.part), 0)
     with pytest.raises(StorageError, match=r"CompleteMultipartUpload failed: InternalError"):
         w.publish()
     assert env.get() is None
@@ -216,7 +217,7 @@ def test_lost_complete_response_is_reconciled(env: Env, mode: str) -> None:
         "before-send.s3.CompleteMultipartUpload",
         sequence(lost, lambda req: error_response(req.url, retry_kind)),
     )
-    data = data_of(3 * PART + 1)
+    data = data_of(3 * env.part + 1)
     w.write(data, 0)
     result = w.publish(mode)  # type: ignore[arg-type]
     assert lost.injected == 1
@@ -246,7 +247,7 @@ def test_complete_no_such_upload_for_someone_elses_object_is_uncertain(env: Env)
         ),
     )
     env.client.put_object(Bucket=env.bucket, Key=env.key, Body=b"other writer")
-    w.write(data_of(3 * PART), 0)
+    w.write(data_of(3 * env.part), 0)
     with pytest.raises(PublishUncertain, match=r"upload is gone \(NoSuchUpload\) .* token"):
         w.publish()
     assert env.get() == b"other writer"
@@ -259,7 +260,7 @@ def test_conditional_request_conflict(env: Env, exists: bool) -> None:
     Fault("CompleteMultipartUpload", "409").install(w.client)
     if exists:
         env.client.put_object(Bucket=env.bucket, Key=env.key, Body=b"winner")
-    w.write(data_of(3 * PART), 0)
+    w.write(data_of(3 * env.part), 0)
     if exists:
         with pytest.raises(AlreadyExists, match="already exists"):
             w.publish("create")

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from ptestore.errors import ConfigurationError, IntegrityError
 from ptestore.loaders import open_loader
-from ptestore.testing.moto import MotoS3
+from ptestore.testing.s3server import S3TestServer
 from ptestore.writers import S3Writer, WriterState, open_writer
 from ptestore.writers.gc import collect_s3, collect_stale
 from ptestore.writers.s3 import (
@@ -37,6 +37,16 @@ pytestmark = pytest.mark.s3
 PART = MIN_PART_SIZE  # S3's smallest part: multipart tests write >= 3 parts
 
 
+def part_of(server: S3TestServer) -> int:
+    """The part size for ``server``: PART, or its minimum (real S3: 5 MiB) if larger."""
+    return max(PART, server.min_part_size)
+
+
+@pytest.fixture
+def part(s3_server: S3TestServer) -> int:
+    return part_of(s3_server)
+
+
 @pytest.fixture
 def url(s3_bucket: str) -> str:
     return f"s3://{s3_bucket}/models/{uuid.uuid4().hex}.pte"
@@ -46,10 +56,10 @@ def key_of(url: str) -> str:
     return url.split("/", 3)[3]
 
 
-def writer(moto: MotoS3, url: str, **kw: Any) -> S3Writer:
+def writer(server: S3TestServer, url: str, **kw: Any) -> S3Writer:
     # A client of its own (s3fs shares clients between equal options): hooks stay local.
-    opts = {"part_size": PART, "skip_instance_cache": True, **kw}
-    w = open_writer(url, **moto.storage_options, **opts)
+    opts = {"part_size": part_of(server), "skip_instance_cache": True, **kw}
+    w = open_writer(url, **server.storage_options, **opts)
     assert isinstance(w, S3Writer)
     return w
 
@@ -72,12 +82,12 @@ def test_crc32_combine_large_lengths() -> None:
 
 
 def test_complete_parts_upload_before_publish_and_first_part_waits(
-    moto_s3: MotoS3, s3_bucket: str, s3_client: Any, url: str
+    s3_server: S3TestServer, s3_bucket: str, s3_client: Any, url: str, part: int
 ) -> None:
-    data = random.randbytes(5 * PART + 77)
-    w = writer(moto_s3, url, max_concurrency=2)
-    w.write(data[PART:], PART)  # parts 2..6 (6 is partial: the object's size is unknown)
-    w.write(data[100:PART], 100)  # part 1 still has a hole: it waits
+    data = random.randbytes(5 * part + 77)
+    w = writer(s3_server, url, max_concurrency=2)
+    w.write(data[part:], part)  # parts 2..6 (6 is partial: the object's size is unknown)
+    w.write(data[100:part], 100)  # part 1 still has a hole: it waits
     w.wait_uploads()
     assert uploaded_parts(s3_client, s3_bucket, w) == [2, 3, 4, 5, MARKER_PART_NUMBER]
     buffered = sorted(i for i, p in w.parts.items() if p.state is PartState.BUFFERED)
@@ -93,9 +103,11 @@ def test_complete_parts_upload_before_publish_and_first_part_waits(
     )
 
 
-def test_memory_stays_bounded_for_sequential_writes(moto_s3: MotoS3, url: str) -> None:
-    w = writer(moto_s3, url, max_concurrency=2)
-    chunk = random.randbytes(PART // 4 + 3)
+def test_memory_stays_bounded_for_sequential_writes(
+    s3_server: S3TestServer, url: str, part: int
+) -> None:
+    w = writer(s3_server, url, max_concurrency=2)
+    chunk = random.randbytes(part // 4 + 3)
     off = 0
     peak = 0
     for _ in range(18):
@@ -108,44 +120,44 @@ def test_memory_stays_bounded_for_sequential_writes(moto_s3: MotoS3, url: str) -
 
 
 def test_rewriting_an_uploaded_part_reuploads_it(
-    moto_s3: MotoS3, s3_bucket: str, s3_client: Any, url: str
+    s3_server: S3TestServer, s3_bucket: str, s3_client: Any, url: str, part: int
 ) -> None:
-    data = bytearray(random.randbytes(3 * PART))
-    w = writer(moto_s3, url, spool=True)
+    data = bytearray(random.randbytes(3 * part))
+    w = writer(s3_server, url, spool=True)
     calls: list[str] = []
     w.client.meta.events.register(
         "before-send.s3.UploadPart", lambda request, **_: calls.append(request.url) and None
     )
     w.write(data, 0)
-    w.write(b"PATCH", PART + 10)  # part 2 was uploaded: reload from the spool
-    data[PART + 10 : PART + 15] = b"PATCH"
+    w.write(b"PATCH", part + 10)  # part 2 was uploaded: reload from the spool
+    data[part + 10 : part + 15] = b"PATCH"
     w.publish()
     assert s3_client.get_object(Bucket=s3_bucket, Key=key_of(url))["Body"].read() == data
     part2 = [c for c in calls if "partNumber=2&" in c or c.endswith("partNumber=2")]
     assert len(part2) == 2
 
 
-def test_rewrite_without_spool_is_refused(moto_s3: MotoS3, url: str) -> None:
-    w = writer(moto_s3, url)  # spool=False is the default: no local disk used
-    w.write(bytes(2 * PART), 0)
+def test_rewrite_without_spool_is_refused(s3_server: S3TestServer, url: str, part: int) -> None:
+    w = writer(s3_server, url)  # spool=False is the default: no local disk used
+    w.write(bytes(2 * part), 0)
     with pytest.raises(
         ConfigurationError,
-        match=r"part 1 \(bytes 0\.\.5242880\) was already uploaded and cannot be rewritten "
+        match=rf"part 1 \(bytes 0\.\.{part}\) was already uploaded and cannot be rewritten "
         r"with spool=False \(open the writer with spool=True to rewrite uploaded parts\)",
     ):
         w.write(b"x", 5)
     assert w.state is WriterState.OPEN
-    w.write(b"tail", 2 * PART)
-    assert w.publish().size == 2 * PART + 4
+    w.write(b"tail", 2 * part)
+    assert w.publish().size == 2 * part + 4
     w.discard()
 
 
 def test_metadata_and_additional_kwargs(
-    moto_s3: MotoS3, s3_bucket: str, s3_client: Any, url: str
+    s3_server: S3TestServer, s3_bucket: str, s3_client: Any, url: str, part: int
 ) -> None:
-    for size in (10, 3 * PART):  # PutObject and multipart
+    for size in (10, 3 * part):  # PutObject and multipart
         w = writer(
-            moto_s3,
+            s3_server,
             url,
             metadata={"device": "pixel-9", "model": "llama"},
             s3_additional_kwargs={"ContentType": "application/x-pte"},
@@ -161,26 +173,30 @@ def test_metadata_and_additional_kwargs(
         assert head["ContentType"] == "application/x-pte"
 
 
-def test_objects_are_readable_through_s3fs_with_the_same_options(moto_s3: MotoS3, url: str) -> None:
-    data = random.randbytes(2 * PART + 3)
-    w = writer(moto_s3, url)
+def test_objects_are_readable_through_s3fs_with_the_same_options(
+    s3_server: S3TestServer, url: str, part: int
+) -> None:
+    data = random.randbytes(2 * part + 3)
+    w = writer(s3_server, url)
     w.write(data, 0)
     w.publish()
-    loader = open_loader(url, **moto_s3.storage_options)
+    loader = open_loader(url, **s3_server.storage_options)
     assert loader.size() == len(data)
-    assert loader.load(PART - 2, 10) == data[PART - 2 : PART + 8]
+    assert loader.load(part - 2, 10) == data[part - 2 : part + 8]
 
 
 def test_credentials_from_the_environment(
-    moto_s3: MotoS3, url: str, monkeypatch: pytest.MonkeyPatch
+    s3_server: S3TestServer, url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "env-key")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "env-secret")
+    # A real server checks credentials (moto takes any): use the server's, from the env.
+    options = s3_server.storage_options
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", options["key"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", options["secret"])
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", moto_s3.endpoint_url)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_server.endpoint_url)
     w = open_writer(url)
     creds = w.client._request_signer._credentials  # type: ignore[attr-defined]
-    assert creds.access_key == "env-key"
+    assert creds.access_key == options["key"]
     w.write(b"env", 0)
     w.publish()
 
@@ -212,13 +228,15 @@ def test_credentials_from_the_environment(
         ({"metadata": {"a": 1}}, r"metadata keys and values must be str: 'a'"),
     ],
 )
-def test_bad_options(moto_s3: MotoS3, url: str, options: dict[str, Any], message: str) -> None:
+def test_bad_options(
+    s3_server: S3TestServer, url: str, options: dict[str, Any], message: str
+) -> None:
     with pytest.raises(ConfigurationError, match=message):
-        open_writer(url, **{**moto_s3.storage_options, **options})
+        open_writer(url, **{**s3_server.storage_options, **options})
 
 
-def test_s3fs_only_options_are_accepted(moto_s3: MotoS3, url: str) -> None:
-    opts = dict(moto_s3.storage_options)
+def test_s3fs_only_options_are_accepted(s3_server: S3TestServer, url: str) -> None:
+    opts = dict(s3_server.storage_options)
     opts["username"] = opts.pop("key")
     opts["password"] = opts.pop("secret")
     w = open_writer(url, **opts, default_block_size=5 << 20, use_listings_cache=False)
@@ -227,15 +245,15 @@ def test_s3fs_only_options_are_accepted(moto_s3: MotoS3, url: str) -> None:
 
 
 @pytest.mark.parametrize("bad", ["s3://bucket-only", "s3://bucket/dir/", "s3:///key"])
-def test_bad_urls(moto_s3: MotoS3, bad: str) -> None:
+def test_bad_urls(s3_server: S3TestServer, bad: str) -> None:
     with pytest.raises(ConfigurationError, match=r"expected s3://bucket/key"):
-        open_writer(bad, **moto_s3.storage_options)
+        open_writer(bad, **s3_server.storage_options)
 
 
-def test_write_beyond_largest_object(moto_s3: MotoS3, url: str) -> None:
+def test_write_beyond_largest_object(s3_server: S3TestServer, url: str) -> None:
     """At most 9,999 data parts (+ the gc marker): refused at the write, before any
     upload, and the writer stays usable."""
-    w = writer(moto_s3, url)
+    w = writer(s3_server, url)
     with pytest.raises(
         ConfigurationError,
         match=r"write ending at byte 52423557121 exceeds the largest object this writer can "
@@ -261,8 +279,8 @@ def _fake_head(w: S3Writer, *, size: int, crc: str) -> None:
     w.client.meta.events.register("before-send.s3.HeadObject", hook)
 
 
-def test_integrity_check_detects_a_wrong_checksum(moto_s3: MotoS3, url: str) -> None:
-    w = writer(moto_s3, url)
+def test_integrity_check_detects_a_wrong_checksum(s3_server: S3TestServer, url: str) -> None:
+    w = writer(s3_server, url)
     w.write(b"abc", 0)
     _fake_head(w, size=3, crc="AAAAAA==")
     with pytest.raises(
@@ -271,18 +289,20 @@ def test_integrity_check_detects_a_wrong_checksum(moto_s3: MotoS3, url: str) -> 
         w.publish()
 
 
-def test_integrity_check_detects_a_wrong_size(moto_s3: MotoS3, url: str) -> None:
-    w = writer(moto_s3, url)
-    w.write(bytes(3 * PART), 0)
+def test_integrity_check_detects_a_wrong_size(s3_server: S3TestServer, url: str, part: int) -> None:
+    w = writer(s3_server, url)
+    w.write(bytes(3 * part), 0)
     _fake_head(w, size=5, crc="AAAAAA==")
-    with pytest.raises(IntegrityError, match=r"published object has 5 bytes, but 15728640 were"):
+    with pytest.raises(IntegrityError, match=rf"published object has 5 bytes, but {3 * part} were"):
         w.publish()
 
 
-def test_gc_aborts_only_ptestore_uploads(moto_s3: MotoS3, s3_bucket: str, s3_client: Any) -> None:
+def test_gc_aborts_only_ptestore_uploads(
+    s3_server: S3TestServer, s3_bucket: str, s3_client: Any, part: int
+) -> None:
     prefix = f"gc-{uuid.uuid4().hex[:6]}/"
-    ours = writer(moto_s3, f"s3://{s3_bucket}/{prefix}ours.pte")
-    ours.write(bytes(2 * PART), 0)
+    ours = writer(s3_server, f"s3://{s3_bucket}/{prefix}ours.pte")
+    ours.write(bytes(2 * part), 0)
     ours.wait_uploads()
     assert ours._finalizer is not None
     ours._finalizer.detach()  # simulate a crash: nobody aborts it
@@ -297,17 +317,17 @@ def test_gc_aborts_only_ptestore_uploads(moto_s3: MotoS3, s3_bucket: str, s3_cli
     other_prefix = s3_client.create_multipart_upload(Bucket=s3_bucket, Key="elsewhere.bin")
     target = f"s3://{s3_bucket}/{prefix}"
 
-    dry = collect_stale(target, older_than=0, dry_run=True, **moto_s3.storage_options)
+    dry = collect_stale(target, older_than=0, dry_run=True, **s3_server.storage_options)
     assert [(e.location.split("?")[0], e.action) for e in dry] == [
         (f"{target}ours.pte", "would remove")
     ]
-    young = collect_s3(target, older_than=1e12, **moto_s3.storage_options)
+    young = collect_s3(target, older_than=1e12, **s3_server.storage_options)
     assert [e.action for e in young] == ["skipped: younger than 1e+12s"] * 2
 
-    done = collect_s3(target, older_than=0, **moto_s3.storage_options)
+    done = collect_s3(target, older_than=0, **s3_server.storage_options)
     assert [e.action for e in done] == ["removed"]
     assert done[0].kind == "multipart-upload"
-    assert done[0].size is not None and done[0].size > 2 * PART
+    assert done[0].size is not None and done[0].size > 2 * part
     left = s3_client.list_multipart_uploads(Bucket=s3_bucket).get("Uploads", [])
     assert {u["UploadId"] for u in left} >= {foreign["UploadId"], other_prefix["UploadId"]}
     assert ours.upload_id not in {u["UploadId"] for u in left}
@@ -322,15 +342,15 @@ def test_marker_recognition() -> None:
 
 
 def test_interpreter_exit_aborts_the_upload(
-    moto_s3: MotoS3, s3_bucket: str, s3_client: Any
+    s3_server: S3TestServer, s3_bucket: str, s3_client: Any, part: int
 ) -> None:
     key = f"exit/{uuid.uuid4().hex}.pte"
     script = textwrap.dedent(
         f"""
         from ptestore.writers import open_writer
-        w = open_writer("s3://{s3_bucket}/{key}", part_size={PART},
-                        **{moto_s3.storage_options!r})
-        w.write(bytes({3 * PART}), 0)
+        w = open_writer("s3://{s3_bucket}/{key}", part_size={part},
+                        **{s3_server.storage_options!r})
+        w.write(bytes({3 * part}), 0)
         w.wait_uploads()
         print(w.upload_id, flush=True)
         # exit without publish or discard: the module-level writer is finalized at exit
