@@ -70,7 +70,7 @@ def test_s3_gc(
     s3_server: S3TestServer, s3_bucket: str, s3_client: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     w = open_writer(f"s3://{s3_bucket}/p/m.pte", **s3_server.storage_options)
-    w.write(bytes(6 << 20), 0)  # one complete 5 MiB part uploads
+    w.write(bytes(9 << 20), 0)  # one complete 8 MiB part uploads
     w.wait_uploads()  # type: ignore[attr-defined]
     w._finalizer.detach()  # type: ignore[attr-defined]
     opts = [f"-o{k}={json.dumps(v)}" for k, v in s3_server.storage_options.items()]
