@@ -81,13 +81,13 @@ def _extents(container: Container, new_sizes: NewSizes, has_base: bool) -> list[
         if seg.index in new_sizes:
             out.append(_Extent(old_abs, old_abs, max(original, new_sizes[seg.index][1]), [seg]))
             continue
-        if seg.size == 0:  # placed on its own: it has no bytes to share
-            out.append(_Extent(old_abs, old_abs, original, [seg]))
-            continue
         if merging is not None and old_abs < merging.end:
             merging.end = max(merging.end, old_abs + seg.size)
             merging.alignment = max(merging.alignment, original)
             merging.members.append(seg)
+            continue
+        if seg.size == 0:  # on its own: it has no bytes to share
+            out.append(_Extent(old_abs, old_abs, original, [seg]))
             continue
         merging = _Extent(old_abs, old_abs + seg.size, original, [seg])
         out.append(merging)
