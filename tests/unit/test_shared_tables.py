@@ -371,6 +371,49 @@ def test_delegates_on_one_table_are_one_input(tmp_path: Path) -> None:
     assert entry_bytes(out, 1) == entry_bytes(out, 2) == b"forward" * 100
 
 
+def _repoint(data: bytes, vec: Any, entry: int, at: int) -> bytes:
+    """``vec[entry]`` pointing at the table of ``vec[at]``."""
+    out = bytearray(data)
+    slot, target = vec.elem_pos(entry), vec.table(at).pos
+    assert target > slot
+    struct.pack_into("<I", out, slot, target - slot)
+    return bytes(out)
+
+
+def test_named_data_entries_on_one_table_are_one_key(tmp_path: Path) -> None:
+    src = MLP.pte_path.read_bytes()  # type: ignore[union-attr]
+    _, root = _root(src)
+    data = _repoint(src, root.vector(_NAMED["pte"], "named_data", 4), 1, 0)
+    (k0, i0), (k1, i1) = raw_named(data)[:2]
+    assert (k0, i0) == (k1, i1)
+    p = files(tmp_path, data)
+    run(p, Writes(named={k0: BackendData(b"\5" * 100)}))
+    out = p["dst"].read_bytes()
+    assert key_bytes(out)[k0] == b"\5" * 100
+    assert [i for _, i in raw_named(out)][:2] == [i0, i0]
+
+
+def test_delegates_on_one_delegate_table_are_one_input(tmp_path: Path) -> None:
+    """forward_relu's delegates vector pointed at forward's BackendDelegate table."""
+    src = TWO.pte_path.read_bytes()  # type: ignore[union-attr]
+    _, root = _root(src)
+    plans = root.vector(1, "execution_plan", 4)
+    assert plans is not None
+    first, second = (plans.table(i).vector(7, "delegates", 4) for i in range(2))
+    assert first is not None and second is not None
+    out = bytearray(src)
+    slot, target = second.elem_pos(0), first.table(0).pos
+    assert target > slot
+    struct.pack_into("<I", out, slot, target - slot)
+    p = files(tmp_path, bytes(out))
+    backend = Writes(processed=lambda item: BackendData(b"\6" * 300))
+    run(p, backend)
+    assert [[d.method for d in i.delegates] for i in backend.inputs] == [
+        ["forward", "forward_relu"]
+    ]
+    assert entry_bytes(p["dst"].read_bytes(), 1) == b"\6" * 300
+
+
 # ----------------------------------------------------------------- growth
 def test_passthrough_of_20000_entries_on_a_few_tables_does_not_grow(tmp_path: Path) -> None:
     src = MLP.pte_path.read_bytes()  # type: ignore[union-attr]
