@@ -11,6 +11,10 @@ and the limit.
 It also enforces a work budget, so a hostile buffer whose tables all alias one huge
 vector cannot make a parse take quadratic time or materialize more bytes than the
 buffer holds many times over.
+
+Every byte range read is recorded in :attr:`FlatView.read_spans` (except reads made with
+``track=False``: the fields the patch engine rewrites), so the parser can check that
+the patch engine never writes into bytes that something else was read from.
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ class FlatView:
         # Work budget: element visits and bytes materialized, proportional to the input.
         self._visits_left = 4096 + 2 * limit
         self._bytes_left = 4096 + 2 * limit
+        #: ``(position, size)`` of every tracked read.
+        self.read_spans: set[tuple[int, int]] = set()
 
     # -- raw reads -----------------------------------------------------------------
     def _need(self, pos: int, size: int, field: str) -> None:
@@ -55,10 +61,13 @@ class FlatView:
                 f"a position with {size} readable bytes inside the FlatBuffer [0, {self.limit})",
             )
 
-    def read(self, kind: str, pos: int, field: str) -> int:
-        """The little-endian scalar ``kind`` (``"u8"``, ``"u32"``, ...) at ``pos``."""
+    def read(self, kind: str, pos: int, field: str, *, track: bool = True) -> int:
+        """The little-endian scalar ``kind`` (``"u8"``, ``"u32"``, ...) at ``pos``
+        (recorded in :attr:`read_spans` unless ``track`` is false)."""
         fmt = _SCALARS[kind]
         self._need(pos, fmt.size, field)
+        if track:
+            self.read_spans.add((pos, fmt.size))
         return int(fmt.unpack_from(self.buf, pos)[0])
 
     def u16(self, pos: int, field: str) -> int:
@@ -138,11 +147,12 @@ class Vector:
     def elem_pos(self, i: int) -> int:
         return self.start + i * self.elem_size
 
-    def table(self, i: int) -> TableView:
-        """Element ``i`` of a vector of tables (each element a uoffset)."""
+    def table(self, i: int, *, track: bool = True) -> TableView:
+        """Element ``i`` of a vector of tables (each element a uoffset; its read is
+        recorded unless ``track`` is false)."""
         pos = self.elem_pos(i)
         field = f"{self.field}[{i}]"
-        rel = self.view.u32(pos, field)
+        rel = self.view.read("u32", pos, field, track=track)
         return self.view.table_at(pos + rel, field)
 
     def u64s(self) -> list[int]:
@@ -155,6 +165,8 @@ class Vector:
 
     def u8s(self) -> bytes:
         self.view.spend(1, self.length, self.field)
+        if self.length:
+            self.view.read_spans.add((self.start, self.length))
         return bytes(self.view.buf[self.start : self.start + self.length])
 
 
@@ -169,6 +181,7 @@ def _read_string(view: FlatView, pos: int, field: str) -> str:
             f"FlatBuffer [0, {view.limit}))",
         )
     view.spend(1, n, field)
+    view.read_spans.add((pos + 4, n + 1))
     raw = bytes(view.buf[pos + 4 : pos + 4 + n])
     try:
         return raw.decode("utf-8")
@@ -208,12 +221,14 @@ class TableView:
             )
         return self.pos + voff
 
-    def scalar(self, fid: int, name: str, kind: str, default: int = 0) -> int:
+    def scalar(
+        self, fid: int, name: str, kind: str, default: int = 0, *, track: bool = True
+    ) -> int:
         """Field ``fid`` as scalar ``kind``; ``default`` when it is absent."""
         pos = self.field_pos(fid, name, _SCALARS[kind].size)
         if pos is None:
             return default
-        return self.view.read(kind, pos, f"{self.field}.{name}")
+        return self.view.read(kind, pos, f"{self.field}.{name}", track=track)
 
     def table(self, fid: int, name: str) -> TableView | None:
         pos = self.field_pos(fid, name, 4)

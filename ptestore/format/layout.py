@@ -5,12 +5,21 @@ metadata fits before it), then segments are placed in their physical order at
 absolute offsets aligned to the larger of their original (inferred) alignment and the
 alignment a backend asked for. Nothing but alignment padding lies between them, so an
 unchanged file keeps every segment where it was and rewriting is idempotent.
+
+Every source byte is placed once. Segments are physical (entries sharing a table are
+one segment, see :mod:`.model`), and unchanged segments whose source bytes overlap (two
+tables describing the same bytes, or bytes in common) form one *extent*: the union of
+their bytes is placed once and each keeps its position inside it. So the segment data
+of the output is at most the input's distinct segment bytes, the replacements, and
+alignment padding.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from .header import SEGMENT_BASE_ALIGNMENT, align_up, is_power_of_two
-from .model import Container, inferred_alignment
+from .model import Container, Segment, inferred_alignment
 from .patch import PatchResult, metadata_growth_bound, patch_metadata
 
 __all__ = ["NewSizes", "Placement", "choose_base", "layout_file", "plan_layout"]
@@ -51,6 +60,40 @@ def _congruent_up(cursor: int, target: int, modulus: int) -> int:
     return cursor + (target - cursor) % modulus
 
 
+@dataclass
+class _Extent:
+    """Segments placed together: one replaced or empty segment, or unchanged segments
+    whose source bytes overlap (placed as their union, each at its offset inside it)."""
+
+    start: int  # absolute source offset of the first byte
+    end: int
+    alignment: int  # the largest alignment a member needs
+    members: list[Segment] = field(default_factory=list)
+
+
+def _extents(container: Container, new_sizes: NewSizes, has_base: bool) -> list[_Extent]:
+    """The segments grouped into extents, in physical order."""
+    out: list[_Extent] = []
+    merging: _Extent | None = None  # the open extent of unchanged, non-empty segments
+    for seg in sorted(container.segments, key=lambda s: (s.offset, s.index)):
+        old_abs = container.absolute(seg)
+        original = inferred_alignment(old_abs) if has_base else 1
+        if seg.index in new_sizes:
+            out.append(_Extent(old_abs, old_abs, max(original, new_sizes[seg.index][1]), [seg]))
+            continue
+        if merging is not None and old_abs < merging.end:
+            merging.end = max(merging.end, old_abs + seg.size)
+            merging.alignment = max(merging.alignment, original)
+            merging.members.append(seg)
+            continue
+        if seg.size == 0:  # on its own: it has no bytes to share
+            out.append(_Extent(old_abs, old_abs, original, [seg]))
+            continue
+        merging = _Extent(old_abs, old_abs + seg.size, original, [seg])
+        out.append(merging)
+    return out
+
+
 def plan_layout(
     container: Container,
     new_sizes: NewSizes,
@@ -67,7 +110,10 @@ def plan_layout(
     Segments keep their physical order; each starts at an *absolute* offset aligned to
     the larger of its original alignment (the largest power of two dividing its
     original absolute offset, capped) and the requested one; nothing but padding lies
-    between them. An unchanged file keeps every segment where it was.
+    between them. An unchanged file keeps every segment where it was. Unchanged
+    segments whose source bytes overlap are placed as one extent (their union, once),
+    which starts congruent to its source offset modulo the largest alignment of its
+    members, so that every member stays aligned.
 
     ``block_size`` (a power of two, the destination file system's clone granularity)
     keeps every *unchanged* segment congruent to its source offset modulo the block
@@ -81,23 +127,26 @@ def plan_layout(
     if container.header is None:
         # No extended header: no segment data can exist; keep every offset as it is.
         return [(s.offset, new_sizes.get(s.index, (s.size, 1))[0]) for s in container.segments]
-    has_base = container.segment_base_offset > 0
-    order = sorted(container.segments, key=lambda s: (s.offset, s.index))
     placements: list[Placement] = [(0, 0)] * len(container.segments)
     cursor = base
-    for seg in order:
-        size, requested = new_sizes.get(seg.index, (seg.size, 1))
-        old_abs = container.absolute(seg)
-        original = inferred_alignment(old_abs) if has_base else 1
-        alignment = max(original, requested)
-        absolute = align_up(cursor, alignment)
-        if block_size is not None and seg.index not in new_sizes and alignment < block_size:
-            # Congruent to the source mod the block size, hence aligned as well (the
-            # block size is a multiple of the alignment). An alignment of a block or
-            # more already keeps the offset congruent (both are 0 mod the block size).
-            absolute = _congruent_up(cursor, old_abs, block_size)
-        placements[seg.index] = (absolute - base, size)
-        cursor = absolute + size
+    for ext in _extents(container, new_sizes, container.segment_base_offset > 0):
+        first = ext.members[0]
+        if first.index in new_sizes:
+            size = new_sizes[first.index][0]
+            absolute = align_up(cursor, ext.alignment)
+            placements[first.index] = (absolute - base, size)
+            cursor = absolute + size
+            continue
+        # Congruent to the source modulo the extent's alignment (hence every member is
+        # aligned: each member's alignment divides it), or modulo the block size.
+        modulus = ext.alignment
+        if block_size is not None and modulus < block_size:
+            modulus = block_size
+        absolute = _congruent_up(cursor, ext.start, modulus)
+        for seg in ext.members:
+            inside = container.absolute(seg) - ext.start
+            placements[seg.index] = (absolute + inside - base, seg.size)
+        cursor = absolute + ext.end - ext.start
     return placements
 
 

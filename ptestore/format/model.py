@@ -2,7 +2,13 @@
 
 Everything here is immutable and carries the byte positions the patch engine needs
 (where each ``DataSegment`` table lives, whether its ``offset`` / ``size`` fields are
-physically present, and where the vector slot that points at the table is).
+physically present, and where the vector slots that point at the table are).
+
+Segments are *physical*: entries of ``Program.segments`` / ``FlatTensor.segments`` that
+point at one ``DataSegment`` table (FlatBuffers allow a table to be referenced many
+times) are one :class:`Segment`, numbered by the first entry that references it. Every
+segment index in the model (named data, delegates, constant and mutable data) is such a
+physical index; for a file without shared tables it equals the vector index.
 """
 
 from __future__ import annotations
@@ -41,18 +47,28 @@ def inferred_alignment(absolute_offset: int) -> int:
 
 @dataclass(frozen=True)
 class Segment:
-    """One ``DataSegment`` and where its fields live in the FlatBuffer."""
+    """One ``DataSegment`` table and where its fields live in the FlatBuffer."""
 
+    #: Physical index: the position of this table among the distinct tables of the
+    #: segments vector, in the order of their first reference.
     index: int
     #: Offset relative to ``segment_base_offset``.
     offset: int
     size: int
-    #: Position of the vector slot (a uoffset) that points at the table.
-    slot_pos: int
     #: Positions of the physically present fields; None when the field is absent
     #: (FlatBuffers omit fields equal to their default, 0).
     offset_pos: int | None
     size_pos: int | None
+    #: Indices in the segments vector whose slots point at this table (ascending; more
+    #: than one when the table is shared).
+    entries: tuple[int, ...]
+    #: Position of each of those vector slots (a uoffset), in the same order.
+    slot_positions: tuple[int, ...]
+
+    @property
+    def shared(self) -> bool:
+        """True when several entries of the segments vector point at this table."""
+        return len(self.entries) > 1
 
     @property
     def offset_present(self) -> bool:
@@ -122,6 +138,7 @@ class Container:
     metadata_size: int
     #: Absolute offset that segment offsets are relative to (0 when there is none).
     segment_base_offset: int
+    #: The physical segments (see the module docstring), by index.
     segments: tuple[Segment, ...]
     named_data: tuple[NamedDataEntry, ...]
     # .pte only
@@ -133,6 +150,11 @@ class Container:
     inline_delegate_data: tuple[tuple[int, int], ...] = ()
     #: Non-fatal oddities worth showing a user (e.g. segments past segment_data_size).
     warnings: tuple[str, ...] = field(default=())
+
+    @property
+    def segment_entries(self) -> int:
+        """Length of the segments vector (entries sharing a table counted each)."""
+        return sum(len(s.entries) for s in self.segments)
 
     def segment_end(self) -> int:
         """Relative end of the furthest segment."""

@@ -7,16 +7,26 @@ it how many bytes hold the FlatBuffer, and hands those to :func:`parse_metadata`
 
 Every offset is validated before it is trusted; every malformed input raises
 :class:`~ptestore.errors.FormatError` naming the source, field, value and limit.
+
+Entries of the segments vector that point at one ``DataSegment`` table become one
+physical segment (:mod:`.tables`). The bytes the patch engine writes (the header
+fields, each segment table's present fields, the vector slots it redirects) must not
+overlap each other nor any byte the parse read: otherwise patching one value would
+change another (two tables sharing a field, a field inside a vtable or a string), and
+the file is refused.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import replace
+from itertools import pairwise
 
 from ..errors import FormatError
 from .flatbuf import FlatView
 from .header import (
     HEAD_BYTES,
+    HEADER_OFFSET,
     PTD_FILE_IDENTIFIER,
     PTE_FILE_IDENTIFIER,
     Buffer,
@@ -92,7 +102,7 @@ def parse_metadata(meta: Buffer, head: FileHead) -> Container:
     root = view.root(table)
     header = head.header
     base = 0 if header is None else header.segment_base_offset
-    segments = read_segments(root, head.kind)
+    segments, seg_of = read_segments(root, head.kind)
     container = Container(
         kind=head.kind,
         source=head.source,
@@ -101,21 +111,76 @@ def parse_metadata(meta: Buffer, head: FileHead) -> Container:
         metadata_size=head.metadata_size,
         segment_base_offset=base,
         segments=segments,
-        named_data=read_named_data(root, head.kind, len(segments)),
+        named_data=read_named_data(root, head.kind, seg_of),
         warnings=_check_segments(head, segments, base, table),
     )
-    if head.kind == "ptd":
-        return container
-    inline = read_inline_data(root)
-    methods, delegates = read_methods(root, len(segments), len(inline))
-    return replace(
-        container,
-        methods=methods,
-        delegates=delegates,
-        constant_segment=read_constant_segment(root, segments),
-        mutable_data_segments=read_mutable_data_segments(root, segments),
-        inline_delegate_data=inline,
-    )
+    if head.kind == "pte":
+        inline = read_inline_data(root)
+        methods, delegates = read_methods(root, seg_of, len(inline))
+        container = replace(
+            container,
+            methods=methods,
+            delegates=delegates,
+            constant_segment=read_constant_segment(root, segments, seg_of),
+            mutable_data_segments=read_mutable_data_segments(root, segments, seg_of),
+            inline_delegate_data=inline,
+        )
+    _check_write_targets(head, view, segments, table)
+    return container
+
+
+def _check_write_targets(
+    head: FileHead, view: FlatView, segments: tuple[Segment, ...], table: str
+) -> None:
+    """The bytes the patch engine may write overlap neither each other nor a byte read."""
+    writes: list[tuple[int, int, str]] = []
+    if head.header is not None:
+        size = len(head.header.to_bytes())
+        writes.append((HEADER_OFFSET, size, f"the {head.header.NAME} fields"))
+    for s in segments:
+        name = f"{table}.segments[{s.entries[0]}]"
+        if s.offset_pos is not None:
+            writes.append((s.offset_pos, 8, f"{name}.offset"))
+        if s.size_pos is not None:
+            writes.append((s.size_pos, 8, f"{name}.size"))
+        for entry, slot in zip(s.entries, s.slot_positions, strict=True):
+            writes.append((slot, 4, f"{table}.segments[{entry}] (vector slot)"))
+    writes.sort()
+    for (pos0, size0, what0), (pos1, _, what1) in pairwise(writes):
+        if pos1 < pos0 + size0:
+            raise FormatError(
+                head.source,
+                f"{what1} (position)",
+                pos1,
+                f">= {pos0 + size0} (past {what0} at [{pos0}, {pos0 + size0}))",
+                "two values the patch engine writes share bytes",
+            )
+    starts, ends = _merged(view.read_spans)
+    for pos, size, what in writes:
+        # The last read span starting before the write's end is the one reaching furthest.
+        i = bisect_left(starts, pos + size) - 1
+        if i >= 0 and ends[i] > pos:
+            raise FormatError(
+                head.source,
+                f"{what} (position)",
+                pos,
+                f"outside every other FlatBuffer structure (bytes [{starts[i]}, {ends[i]}) are "
+                "read as something else)",
+                "patching this value would change another field, vtable, vector or string",
+            )
+
+
+def _merged(spans: set[tuple[int, int]]) -> tuple[list[int], list[int]]:
+    """Sorted, disjoint ``[start, end)`` intervals covering ``spans``."""
+    starts: list[int] = []
+    ends: list[int] = []
+    for pos, size in sorted(spans):
+        if starts and pos <= ends[-1]:
+            ends[-1] = max(ends[-1], pos + size)
+        else:
+            starts.append(pos)
+            ends.append(pos + size)
+    return starts, ends
 
 
 def _check_segments(
@@ -127,7 +192,7 @@ def _check_segments(
     data_size = None if head.header is None else head.header.segment_data_size
     warnings: list[str] = []
     for s in segments:
-        name = f"{table}.segments[{s.index}]"
+        name = f"{table}.segments[{s.entries[0]}]"
         if not has_header and s.size:
             raise FormatError(
                 source,

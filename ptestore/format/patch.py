@@ -1,17 +1,20 @@
 """The patch engine: new segment offsets/sizes and header sizes, every other byte unchanged.
 
 Given a parsed container, its metadata bytes and a new ``(offset, size)`` for every
-segment, :func:`patch_metadata` produces the new metadata region:
+physical segment, :func:`patch_metadata` produces the new metadata region. A
+``DataSegment`` table that several entries of the segments vector point at is one
+physical segment (:mod:`.model`): its fields are written once, with one value, so
+every entry keeps reading the same bytes.
 
 - a ``DataSegment`` field that is physically present is overwritten in place (the
   vtable is never touched: vtables are shared between tables);
 - a field that is absent because it held the default 0 (the empty constant segment
   and the first delegate blob both sit at offset 0 in real XNNPACK files) cannot be
   written in place. That table is re-emitted after the end of the FlatBuffer with both
-  fields present, and the vector slot that pointed at the old table is redirected to
-  the new one (FlatBuffer offsets point forward, so this is valid). The old table stays
-  where it was, unreferenced; the FlatBuffer grows by 24 bytes per redirected table
-  plus one shared 8-byte vtable and alignment padding;
+  fields present, and every vector slot that pointed at the old table is redirected to
+  the one new table (FlatBuffer offsets point forward, so this is valid). The old table
+  stays where it was, unreferenced; the FlatBuffer grows by 24 bytes per redirected
+  table plus one shared 8-byte vtable and alignment padding;
 - the header sizes (.pte ``program_size``, ``segment_base_offset``,
   ``segment_data_size``; .ptd ``flatbuffer_size``, ``segment_base_offset``,
   ``segment_data_size``) are rewritten in place.
@@ -53,7 +56,7 @@ class PatchResult:
     #: Absolute offset where segment data must start (relative offsets count from here).
     segment_base_offset: int
     segment_data_size: int
-    #: Indexes of segments whose tables were re-emitted (absent fields).
+    #: Indexes of the (physical) segments whose tables were re-emitted (absent fields).
     redirected: tuple[int, ...]
 
     @property
@@ -72,8 +75,8 @@ def patch_metadata(
     base_alignment: int = SEGMENT_BASE_ALIGNMENT,
     segment_base_offset: int | None = None,
 ) -> PatchResult:
-    """Return new metadata where segment ``i`` is at relative ``placements[i] =
-    (offset, size)``.
+    """Return new metadata where (physical) segment ``i`` is at relative
+    ``placements[i] = (offset, size)``.
 
     The new ``segment_base_offset`` is the one given (it must not be inside the new
     metadata; :func:`metadata_growth_bound` says how much the metadata can grow), or else
@@ -118,10 +121,13 @@ def patch_metadata(
             table_pos = len(out)
             out.extend(I32.pack(table_pos - vt_pos) + b"\0" * 4)
             out.extend(U64.pack(new_off) + U64.pack(new_size))
-            rel = table_pos - seg.slot_pos
-            if rel <= 0 or rel >= 1 << 32:
-                raise FormatError(src, f"segments[{index}] slot", seg.slot_pos, f"< {table_pos}")
-            U32.pack_into(out, seg.slot_pos, rel)
+            for entry, slot in zip(seg.entries, seg.slot_positions, strict=True):
+                rel = table_pos - slot
+                if rel <= 0 or rel >= 1 << 32:
+                    raise FormatError(
+                        src, f"segments[{entry}] (vector slot)", slot, f"< {table_pos}"
+                    )
+                U32.pack_into(out, slot, rel)
 
     data_size = max((off + size for off, size in placements), default=0)
     header = container.header

@@ -4,6 +4,10 @@ Field ids follow the declaration order of ExecuTorch's schema/program.fbs (``Pro
 and extension/flat_tensor/serialize/flat_tensor.fbs (``FlatTensor``); none of these
 tables has a union. Every read goes through :mod:`.flatbuf`, which checks positions
 first; indices into other tables are checked here.
+
+Indices into the segments vector are checked against its length and then mapped to
+physical segment indices (:class:`~ptestore.format.model.Segment`): entries that point
+at one ``DataSegment`` table are one segment.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from .header import Kind
 from .model import CompileSpec, Delegate, NamedDataEntry, Segment, SubsegmentOffsets, TensorLayout
 
 __all__ = [
+    "SegmentMap",
     "read_constant_segment",
     "read_inline_data",
     "read_methods",
@@ -56,31 +61,52 @@ _LAYOUT_SIZES = 1
 _LAYOUT_DIM_ORDER = 2
 
 
-def read_segments(root: TableView, kind: Kind) -> tuple[Segment, ...]:
-    """``Program.segments`` / ``FlatTensor.segments``, with the positions of the fields
-    that are physically present (the patch engine writes there)."""
+#: Vector index -> physical segment index, for every entry of the segments vector.
+SegmentMap = tuple[int, ...]
+
+
+def read_segments(root: TableView, kind: Kind) -> tuple[tuple[Segment, ...], SegmentMap]:
+    """``Program.segments`` / ``FlatTensor.segments`` as physical segments (one per
+    distinct table, with the positions of its present fields and of every slot that
+    points at it: the patch engine writes there), and the vector index -> segment map.
+
+    The fields and slots are read untracked (see :mod:`.flatbuf`): they are what the
+    patch engine rewrites."""
     vec = root.vector(_PROGRAM_SEGMENTS if kind == "pte" else _FT_SEGMENTS, "segments", 4)
     if vec is None:
-        return ()
-    out = []
+        return (), ()
+    by_table: dict[int, int] = {}  # table position -> physical index
+    first: list[TableView] = []
+    entries: list[list[int]] = []
+    seg_of: list[int] = []
     for i in range(vec.length):
-        t = vec.table(i)
+        t = vec.table(i, track=False)
+        index = by_table.setdefault(t.pos, len(first))
+        if index == len(first):
+            first.append(t)
+            entries.append([])
+        entries[index].append(i)
+        seg_of.append(index)
+    out = []
+    for index, t in enumerate(first):
         out.append(
             Segment(
-                index=i,
-                offset=t.scalar(_SEGMENT_OFFSET, "offset", "u64"),
-                size=t.scalar(_SEGMENT_SIZE, "size", "u64"),
-                slot_pos=vec.elem_pos(i),
+                index=index,
+                offset=t.scalar(_SEGMENT_OFFSET, "offset", "u64", track=False),
+                size=t.scalar(_SEGMENT_SIZE, "size", "u64", track=False),
                 offset_pos=t.field_pos(_SEGMENT_OFFSET, "offset", 8),
                 size_pos=t.field_pos(_SEGMENT_SIZE, "size", 8),
+                entries=tuple(entries[index]),
+                slot_positions=tuple(vec.elem_pos(i) for i in entries[index]),
             )
         )
-    return tuple(out)
+    return tuple(out), tuple(seg_of)
 
 
-def read_named_data(root: TableView, kind: Kind, n_segments: int) -> tuple[NamedDataEntry, ...]:
+def read_named_data(root: TableView, kind: Kind, seg_of: SegmentMap) -> tuple[NamedDataEntry, ...]:
     """``Program.named_data`` / ``FlatTensor.named_data``: key -> segment index (and, in a
     .ptd, the tensor layout)."""
+    n_segments = len(seg_of)
     fid = _PROGRAM_NAMED_DATA if kind == "pte" else _FT_NAMED_DATA
     vec = root.vector(fid, "named_data", 4)
     if vec is None:
@@ -111,7 +137,7 @@ def read_named_data(root: TableView, kind: Kind, n_segments: int) -> tuple[Named
                     sizes=tuple(sizes.i32s()) if sizes else (),
                     dim_order=tuple(dims.u8s()) if dims else (),
                 )
-        out.append(NamedDataEntry(key, idx, layout))
+        out.append(NamedDataEntry(key, seg_of[idx], layout))
     return tuple(out)
 
 
@@ -128,7 +154,7 @@ def read_inline_data(root: TableView) -> tuple[tuple[int, int], ...]:
 
 
 def read_methods(
-    root: TableView, n_segments: int, n_inline: int
+    root: TableView, seg_of: SegmentMap, n_inline: int
 ) -> tuple[tuple[str, ...], tuple[Delegate, ...]]:
     """Method names (``ExecutionPlan.name``) and every method's delegates."""
     methods: list[str] = []
@@ -146,11 +172,11 @@ def read_methods(
         if dvec is None:
             continue
         for d in range(dvec.length):
-            delegates.append(_delegate(dvec, d, name, n_segments, n_inline))
+            delegates.append(_delegate(dvec, d, name, seg_of, n_inline))
     return tuple(methods), tuple(delegates)
 
 
-def _delegate(dvec: Vector, d: int, method: str, n_seg: int, n_inline: int) -> Delegate:
+def _delegate(dvec: Vector, d: int, method: str, seg_of: SegmentMap, n_inline: int) -> Delegate:
     """One ``BackendDelegate``; its processed-data index is checked against its target."""
     source = dvec.view.source
     t = dvec.table(d)
@@ -175,13 +201,15 @@ def _delegate(dvec: Vector, d: int, method: str, n_seg: int, n_inline: int) -> D
             )
     elif loc == 1:
         location = "segment"
-        if index >= n_seg:
+        if index >= len(seg_of):
             raise FormatError(
                 source,
                 f"{ref.field}.index",
                 index,
-                f"< {n_seg} (the number of segments) for a SEGMENT delegate of method {method!r}",
+                f"< {len(seg_of)} (the number of segments) for a SEGMENT delegate of "
+                f"method {method!r}",
             )
+        index = seg_of[index]
     else:
         raise FormatError(source, f"{ref.field}.location", loc, "0 (INLINE) or 1 (SEGMENT)")
     specs: list[CompileSpec] = []
@@ -196,35 +224,38 @@ def _delegate(dvec: Vector, d: int, method: str, n_seg: int, n_inline: int) -> D
 
 
 def read_constant_segment(
-    root: TableView, segments: tuple[Segment, ...]
+    root: TableView, segments: tuple[Segment, ...], seg_of: SegmentMap
 ) -> SubsegmentOffsets | None:
     """``Program.constant_segment``, None when absent."""
     t = root.table(_PROGRAM_CONSTANT_SEGMENT, "constant_segment")
-    return None if t is None else _subsegment_offsets(t, segments)
+    return None if t is None else _subsegment_offsets(t, segments, seg_of)
 
 
 def read_mutable_data_segments(
-    root: TableView, segments: tuple[Segment, ...]
+    root: TableView, segments: tuple[Segment, ...], seg_of: SegmentMap
 ) -> tuple[SubsegmentOffsets, ...]:
     """``Program.mutable_data_segments``."""
     vec = root.vector(_PROGRAM_MUTABLE_DATA_SEGMENTS, "mutable_data_segments", 4)
     if vec is None:
         return ()
-    return tuple(_subsegment_offsets(vec.table(i), segments) for i in range(vec.length))
+    return tuple(_subsegment_offsets(vec.table(i), segments, seg_of) for i in range(vec.length))
 
 
-def _subsegment_offsets(t: TableView, segments: tuple[Segment, ...]) -> SubsegmentOffsets:
+def _subsegment_offsets(
+    t: TableView, segments: tuple[Segment, ...], seg_of: SegmentMap
+) -> SubsegmentOffsets:
     idx = t.scalar(_SUBSEG_INDEX, "segment_index", "u32")
     ovec = t.vector(_SUBSEG_OFFSETS, "offsets", 8)
     offsets = tuple(ovec.u64s()) if ovec else ()
     if len(offsets) > 1 or idx:
-        if idx >= len(segments):
+        if idx >= len(seg_of):
             raise FormatError(
                 t.view.source,
                 f"{t.field}.segment_index",
                 idx,
-                f"< {len(segments)} (the number of segments)",
+                f"< {len(seg_of)} (the number of segments)",
             )
+        idx = seg_of[idx]
         seg_size = segments[idx].size
         for j, off in enumerate(offsets):
             if off > seg_size:

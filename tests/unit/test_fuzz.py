@@ -8,7 +8,13 @@
    ``ptestore inspect`` reads, header first), and from a buffer cut shorter than the file.
 
 Whatever parses must also describe, render, lay out and patch without any other
-exception. ``PTESTORE_FUZZ_EXAMPLES`` sets the number of mutation cases (10,000 by
+exception.
+
+3. Shared segment tables: entries of a real segments vector re-pointed at other
+   entries' tables are patched consistently (every entry of one table reads one
+   placement) and never make a layout larger than the input.
+
+``PTESTORE_FUZZ_EXAMPLES`` sets the number of mutation cases (10,000 by
 default, as CI runs it); the short-file test runs a fifth of that.
 """
 
@@ -24,6 +30,7 @@ from support.fixtures import all_fixtures
 
 from ptestore.errors import FormatError
 from ptestore.format import Container, parse, patch_metadata, read_container
+from ptestore.format.flatbuf import FlatView
 from ptestore.format.layout import layout_file
 from ptestore.inspection import describe, render_table
 from ptestore.loaders import BytesLoader
@@ -154,3 +161,60 @@ def test_mutations_raise_only_format_errors(data: bytes, cut: int) -> None:
 @given(short_file(), st.integers(0, 200))
 def test_short_hostile_files_raise_only_format_errors(data: bytes, cut: int) -> None:
     _only_format_errors(data, cut)
+
+
+# ------------------------------------------------------- shared segment tables
+def _entries(data: bytes, c: Container) -> list[tuple[int, int]]:
+    """``(offset, size)`` of every entry of the segments vector, read raw."""
+    view = FlatView(data, "raw", limit=c.metadata_size)
+    root = view.root("Program" if c.kind == "pte" else "FlatTensor")
+    vec = root.vector(4 if c.kind == "pte" else 1, "segments", 4)
+    if vec is None:
+        return []
+    out = []
+    for i in range(vec.length):
+        t = vec.table(i)
+        out.append((t.scalar(0, "offset", "u64"), t.scalar(1, "size", "u64")))
+    return out
+
+
+SHAREABLE = [d for d in FILES if len(parse(d, len(d), "x").segments) > 1]
+
+
+@settings(max_examples=max(50, EXAMPLES // 50), deadline=None, database=None)
+@given(st.sampled_from(SHAREABLE), st.data())
+def test_shared_segment_tables_are_patched_consistently(data: bytes, draw: st.DataObject) -> None:
+    """Random entries of a real segments vector re-pointed at other entries' tables:
+    the file parses (or raises FormatError), and after moving every segment each entry
+    reads its physical segment's placement, the same for every entry of one table."""
+    c0 = parse(data, len(data), "fuzz.pte")
+    out = bytearray(data)
+    for s in c0.segments:
+        slot = s.slot_positions[0]
+        target = draw.draw(st.sampled_from(c0.segments))
+        t_slot = target.slot_positions[0]
+        table = t_slot + struct.unpack_from("<I", data, t_slot)[0]
+        if draw.draw(st.booleans()) and table > slot:
+            struct.pack_into("<I", out, slot, table - slot)
+    hostile = bytes(out)
+    try:
+        c = parse(hostile, len(hostile), "fuzz.pte")
+    except FormatError as exc:
+        assert str(exc).startswith("fuzz.pte: ")
+        return
+    _exercise(c, hostile)
+    if c.header is None:
+        return
+    placements, patched = layout_file(c, hostile, {})
+    assert patched.file_size <= len(hostile)  # never more than the input's bytes
+    moved = [
+        (off + 64 * (1 + s.index), size)
+        for s, (off, size) in zip(c.segments, placements, strict=True)
+    ]
+    result = patch_metadata(c, hostile, moved, base_alignment=128)
+    new = bytes(result.metadata) + bytes(max(0, result.file_size - len(result.metadata)))
+    c2 = parse(new, len(new), "patched")
+    entries = _entries(new, c2)
+    for s in c.segments:
+        for e in s.entries:
+            assert entries[e] == moved[s.index]
