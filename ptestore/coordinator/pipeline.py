@@ -15,14 +15,13 @@ from ..errors import (
     NotSupported,
     describe_exception,
 )
-from ..format.layout import Placement, layout_file
-from ..format.patch import PatchResult
+from ..format.layout import layout_file
 from ..format.reader import read_container
 from ..loaders import DataLoader
 from ..writers.base import DataWriter, PublishMode
 from .aliases import check_aliases
 from .named import SourceFile
-from .output import publish_in_order, write_file
+from .output import FileLayout, is_identity, publish_in_order, unchanged_report, write_file
 from .report import (
     BackendReport,
     Event,
@@ -34,7 +33,7 @@ from .report import (
 from .selection import resolve_backends, why_unchanged
 from .session import Run, Session
 from .spool import Spool
-from .targets import check_pair_targets
+from .targets import check_pair_targets, same_target
 
 __all__ = ["initialize_and_save_backend_data"]
 
@@ -103,7 +102,7 @@ def initialize_and_save_backend_data(
             )
         check_aliases(run)
         layouts = [_lay_out(run, f) for f in files]
-        file_reports = _write(run, layouts)
+        file_reports = _write(run, layouts, mode)
         # A source replaced while we read it would mix two versions: check first.
         for f in files:
             f.loader.check_unchanged()
@@ -219,19 +218,41 @@ def _check_returned(result: object, bid: str) -> None:
     )
 
 
-def _lay_out(run: Run, f: SourceFile) -> tuple[list[Placement], PatchResult]:
+def _lay_out(run: Run, f: SourceFile) -> FileLayout:
+    """The new layout of ``f``; unchanged segments kept congruent to the source modulo
+    the writer's clone block size when it can clone from the source."""
     new_sizes = {
         index: (reps[0].size, max(r.alignment for r in reps))
         for (role, index), reps in run.replacements.items()
         if role == f.role
     }
-    return layout_file(f.container, f.parsed.metadata, new_sizes)
+    # Writers wrapped or duck-typed without the method cannot clone.
+    probe = getattr(f.writer, "clone_block_size", None)
+    block: int | None = probe(f.loader) if callable(probe) else None
+    placements, patched = layout_file(f.container, f.parsed.metadata, new_sizes, block_size=block)
+    padding = 0
+    if block is not None and new_sizes:
+        compact = layout_file(f.container, f.parsed.metadata, new_sizes)[1]
+        padding = max(0, patched.file_size - compact.file_size)
+    return FileLayout(placements, patched, block, padding)
 
 
-def _write(
-    run: Run, layouts: list[tuple[list[Placement], PatchResult]]
-) -> list[FileReport]:
-    total = sum(patched.file_size for _, patched in layouts)
+def _unchanged(run: Run, f: SourceFile, layout: FileLayout, mode: PublishMode) -> bool:
+    """Nothing to do, nothing written: no replacement in ``f``, the same layout, and
+    the destination is the source (``mode="create"`` still refuses it at publish)."""
+    return (
+        mode == "overwrite"
+        and not any(role == f.role for role, _ in run.replacements)
+        and same_target(f.loader.name, f.writer.url)
+        and is_identity(f, layout)
+    )
+
+
+def _write(run: Run, layouts: list[FileLayout], mode: PublishMode) -> list[FileReport]:
+    unchanged = [_unchanged(run, f, lay, mode) for f, lay in zip(run.files, layouts, strict=True)]
+    total = sum(
+        lay.patched.file_size for lay, same in zip(layouts, unchanged, strict=True) if not same
+    )
     done = 0
 
     def note(url: str, nbytes: int) -> None:
@@ -240,5 +261,6 @@ def _write(
         run.emit(Event("write", nbytes=nbytes, done=done, total=total, url=url))
 
     return [
-        write_file(run, f, layout, note) for f, layout in zip(run.files, layouts, strict=True)
+        unchanged_report(f) if same else write_file(run, f, lay, note)
+        for f, lay, same in zip(run.files, layouts, unchanged, strict=True)
     ]
