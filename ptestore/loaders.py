@@ -17,6 +17,7 @@ before publishing anything derived from the source.
 
 from __future__ import annotations
 
+import mmap
 import os
 import stat
 import threading
@@ -114,6 +115,7 @@ class LocalFileLoader(_Closing):
     """Positional reads (``os.pread``) from a local file.
 
     The file descriptor is opened once; ``load`` is safe from several threads.
+    :meth:`view` returns zero-copy, read-only views of a mapping of the file.
     ``path`` and ``fileno()`` let local writers copy ranges in the kernel.
     """
 
@@ -136,6 +138,8 @@ class LocalFileLoader(_Closing):
         self._size = st.st_size
         self._stamp = (st.st_size, st.st_mtime_ns)
         self._lock = threading.Lock()
+        self._mm: mmap.mmap | None = None
+        self._no_map = False
 
     def fileno(self) -> int:
         if self._fd is None:
@@ -171,8 +175,46 @@ class LocalFileLoader(_Closing):
             )
         return data
 
+    def view(self, offset: int, size: int) -> memoryview | bytes:
+        """Zero-copy, read-only view of ``size`` bytes at ``offset`` (an ``mmap`` of the
+        file), for reads that need not own their bytes (named data handed to backends).
+
+        The mapping stays valid while any view is alive, even after :meth:`close`.
+        Falls back to :meth:`load` where the file cannot be mapped. A view of a file
+        that someone truncates in place while it is read faults (``SIGBUS``), as with
+        any mapped file (the ExecuTorch runtime's mmap loader included); replacing the
+        file by rename, as ptestore's writers do, is safe.
+        """
+        _check_range(self.name, offset, size, self._size)
+        mapped = self._map() if size else None
+        if mapped is None:
+            return self.load(offset, size)
+        now = os.fstat(self.fileno()).st_size
+        if now < offset + size:
+            raise StorageError(
+                f"{self.name}: file shrank while reading: wanted {size} bytes at offset "
+                f"{offset}, the file now has {now} bytes"
+            )
+        return memoryview(mapped)[offset : offset + size]
+
+    def _map(self) -> mmap.mmap | None:
+        with self._lock:
+            if self._mm is None and not self._no_map:
+                try:
+                    self._mm = mmap.mmap(self.fileno(), self._size, access=mmap.ACCESS_READ)
+                except (OSError, ValueError, OverflowError):
+                    self._no_map = True  # a pipe, /proc file, empty file: copy instead
+            return self._mm
+
     def close(self) -> None:
         with self._lock:
+            if self._mm is not None:
+                mapped, self._mm = self._mm, None
+                try:
+                    mapped.close()
+                except BufferError:
+                    # Views are still alive: the mapping is released with the last one.
+                    pass
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None

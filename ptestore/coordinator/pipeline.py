@@ -19,6 +19,7 @@ from ..format.layout import layout_file
 from ..format.reader import read_container
 from ..loaders import DataLoader
 from ..writers.base import DataWriter, PublishMode
+from ..writers.local import LocalFileWriter
 from .aliases import check_aliases
 from .named import SourceFile
 from .output import FileLayout, is_identity, publish_in_order, unchanged_report, write_file
@@ -89,7 +90,7 @@ def initialize_and_save_backend_data(
         if ptd_loader is not None and ptd_writer is not None:
             check_pair_targets(pte_loader.name, pte_writer, ptd_loader.name, ptd_writer)
         files = _read(pte_loader, pte_writer, ptd_loader, ptd_writer)
-        spool = Spool(spool_dir)
+        spool = Spool(spool_dir if spool_dir is not None else _spool_home(pte_writer))
         run = Run(files, spool, event_tracer)
         run.emit(Event("parsed", url=pte_loader.name))
         summary = _run_backends(run, backends)
@@ -120,6 +121,12 @@ def initialize_and_save_backend_data(
     finally:
         if spool is not None:
             spool.close()
+
+
+def _spool_home(writer: DataWriter) -> str | None:
+    """Where the spool goes by default: the local destination's directory (its file
+    system, so replacements reach the output in the kernel), else the temp dir."""
+    return writer.directory if isinstance(writer, LocalFileWriter) else None
 
 
 def _read(
