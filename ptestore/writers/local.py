@@ -187,15 +187,23 @@ class LocalFileWriter(DataWriter):
             # between them are shared with the source.
             head = min(size, -dst_offset % block)
             middle = (size - head) // block * block
-            if middle and clone_range(
-                loader.fileno(), src_offset + head, middle, self._fd(), dst_offset + head
-            ):
+            if middle and self._clone(loader, src_offset + head, middle, dst_offset + head):
                 self._kernel_copy(loader, src_offset, head, dst_offset)
                 tail = head + middle
                 self._kernel_copy(loader, src_offset + tail, size - tail, dst_offset + tail)
                 self.bytes_cloned += middle
                 return
         self._kernel_copy(loader, src_offset, size, dst_offset)
+
+    def _clone(self, loader: HasFileno, src_offset: int, size: int, dst_offset: int) -> bool:
+        try:
+            return clone_range(loader.fileno(), src_offset, size, self._fd(), dst_offset)
+        except OSError as exc:
+            raise StorageError(
+                f"{self.path}: cloning {size} bytes from {loader.name} at offset {src_offset} "
+                f"to offset {dst_offset} failed: {strerror(exc)} (staging file "
+                f"{self._st.path} discarded)"
+            ) from exc
 
     def _kernel_copy(self, loader: HasFileno, src_offset: int, size: int, dst_offset: int) -> None:
         """``copy_file_range`` (which may itself share extents), else through Python."""
