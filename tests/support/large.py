@@ -27,7 +27,7 @@ class Inflate(BackendInterface):
     def initialize_backend_data(self, context: Any, output: Any) -> None:
         named = context.get_named_data_map()
         rng = np.random.default_rng(0)
-        for key in named.keys():
+        for key in named:
             value = rng.integers(0, 255, self.nbytes, dtype=np.uint8)
             output.write_named_data(key, BackendData(value, allow_size_change=True))
 

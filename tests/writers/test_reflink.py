@@ -58,7 +58,9 @@ def _segments(path: Path) -> list[tuple[int, bytes]]:
 
 def _key_segment(path: Path, key: str) -> int:
     with LocalFileLoader(path) as loader:
-        return next(e.segment_index for e in read_container(loader).container.named_data if e.key == key)
+        return next(
+            e.segment_index for e in read_container(loader).container.named_data if e.key == key
+        )
 
 
 def _settled_free(xfs: XfsMount) -> int:
@@ -85,7 +87,9 @@ def test_passthrough_shares_nearly_every_extent(xfs: XfsMount) -> None:
     src = _big(xfs.path)
     dst = xfs.path / "pass.pte"
     reports: list[ptestore.SpecializationReport] = []
-    used = _used_by(xfs, lambda: reports.append(ptestore.specialize(src, dst, backends=["passthrough"])))
+    used = _used_by(
+        xfs, lambda: reports.append(ptestore.specialize(src, dst, backends=["passthrough"]))
+    )
     f = reports[0].files[0]
     size = src.stat().st_size
     assert dst.read_bytes() == src.read_bytes()
@@ -144,16 +148,15 @@ def test_writer_clones_congruent_ranges_and_copies_others(xfs: XfsMount) -> None
     data = os.urandom(MIB)
     src = xfs.path / "raw.bin"
     src.write_bytes(data)
-    with LocalFileLoader(src) as loader:
-        with LocalFileWriter(xfs.path / "raw-out.bin") as w:
-            assert w.clone_block_size(loader) == BLOCK
-            w.copy_from(loader, 100, 500_000, 100 + 2 * BLOCK)  # congruent
-            assert w.bytes_cloned == (100 + 500_000) // BLOCK * BLOCK - BLOCK
-            w.copy_from(loader, 0, 10_000, 600_001)  # not congruent: copied
-            assert w.bytes_cloned == (100 + 500_000) // BLOCK * BLOCK - BLOCK
-            w.copy_from(BytesLoader(data), 0, 3, 0)  # no descriptor: no clone
-            assert w.clone_block_size(BytesLoader(data)) is None
-            w.publish()
+    with LocalFileLoader(src) as loader, LocalFileWriter(xfs.path / "raw-out.bin") as w:
+        assert w.clone_block_size(loader) == BLOCK
+        w.copy_from(loader, 100, 500_000, 100 + 2 * BLOCK)  # congruent
+        assert w.bytes_cloned == (100 + 500_000) // BLOCK * BLOCK - BLOCK
+        w.copy_from(loader, 0, 10_000, 600_001)  # not congruent: copied
+        assert w.bytes_cloned == (100 + 500_000) // BLOCK * BLOCK - BLOCK
+        w.copy_from(BytesLoader(data), 0, 3, 0)  # no descriptor: no clone
+        assert w.clone_block_size(BytesLoader(data)) is None
+        w.publish()
     out = (xfs.path / "raw-out.bin").read_bytes()
     assert out[:3] == data[:3]
     assert out[100 + 2 * BLOCK : 100 + 2 * BLOCK + 500_000] == data[100 : 100 + 500_000]
