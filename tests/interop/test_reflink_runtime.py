@@ -11,7 +11,6 @@ sit block-congruent to its source offset with its bytes intact (ExecuTorch's own
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 from typing import Any
 
 import numpy as np
