@@ -138,7 +138,6 @@ class LocalFileLoader(_Closing):
         self._size = st.st_size
         self._stamp = (st.st_size, st.st_mtime_ns)
         self._lock = threading.Lock()
-        self._mm: mmap.mmap | None = None
         self._no_map = False
 
     def fileno(self) -> int:
@@ -176,18 +175,19 @@ class LocalFileLoader(_Closing):
         return data
 
     def view(self, offset: int, size: int) -> memoryview | bytes:
-        """Zero-copy, read-only view of ``size`` bytes at ``offset`` (an ``mmap`` of the
-        file), for reads that need not own their bytes (named data handed to backends).
+        """Zero-copy, read-only view of ``size`` bytes at ``offset``, for reads that
+        need not own their bytes (named data and delegate blobs handed to backends).
 
-        The mapping stays valid while any view is alive, even after :meth:`close`.
-        Falls back to :meth:`load` where the file cannot be mapped. A view of a file
-        that someone truncates in place while it is read faults (``SIGBUS``), as with
-        any mapped file (the ExecuTorch runtime's mmap loader included); replacing the
-        file by rename, as ptestore's writers do, is safe.
+        Each view maps only its own range (``mmap``), and the mapping is released when
+        the last reference to the view goes, so pages a backend has finished with leave
+        the process, and closing the loader never invalidates a view. Falls back to
+        :meth:`load` where the file cannot be mapped. A view of a file someone truncates
+        in place while it is read faults (``SIGBUS``), as with any mapped file (the
+        ExecuTorch runtime's mmap loader included); replacing the file by rename, as
+        ptestore's writers do, is safe.
         """
         _check_range(self.name, offset, size, self._size)
-        mapped = self._map() if size else None
-        if mapped is None:
+        if size == 0 or self._no_map:
             return self.load(offset, size)
         now = os.fstat(self.fileno()).st_size
         if now < offset + size:
@@ -195,26 +195,18 @@ class LocalFileLoader(_Closing):
                 f"{self.name}: file shrank while reading: wanted {size} bytes at offset "
                 f"{offset}, the file now has {now} bytes"
             )
-        return memoryview(mapped)[offset : offset + size]
-
-    def _map(self) -> mmap.mmap | None:
-        with self._lock:
-            if self._mm is None and not self._no_map:
-                try:
-                    self._mm = mmap.mmap(self.fileno(), self._size, access=mmap.ACCESS_READ)
-                except (OSError, ValueError, OverflowError):
-                    self._no_map = True  # a pipe, /proc file, empty file: copy instead
-            return self._mm
+        start = offset - offset % mmap.ALLOCATIONGRANULARITY
+        try:
+            mapped = mmap.mmap(
+                self.fileno(), offset + size - start, access=mmap.ACCESS_READ, offset=start
+            )
+        except (OSError, ValueError, OverflowError):
+            self._no_map = True  # a file system or file that cannot be mapped: copy
+            return self.load(offset, size)
+        return memoryview(mapped)[offset - start : offset - start + size]
 
     def close(self) -> None:
         with self._lock:
-            if self._mm is not None:
-                mapped, self._mm = self._mm, None
-                try:
-                    mapped.close()
-                except BufferError:
-                    # Views are still alive: the mapping is released with the last one.
-                    pass
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
