@@ -75,11 +75,17 @@ def _human(n: float) -> str:
 def format_summary(report: Any) -> str:
     lines = []
     for f in report.files:
-        lines.append(
+        if getattr(f, "status", "written") == "unchanged":
+            lines.append(f"{f.role}: {f.source}: unchanged (nothing replaced, nothing written)")
+            continue
+        line = (
             f"{f.role}: {f.source} -> {f.destination}: {_human(f.size_before)} -> "
             f"{_human(f.size_after)}; {f.segments_replaced}/{f.segments} segments replaced, "
             f"{f.segments_moved} moved, {f.redirected_tables} tables redirected"
         )
+        if getattr(f, "bytes_cloned", 0):
+            line += f", {_human(f.bytes_cloned)} shared with the source (reflink)"
+        lines.append(line)
     for b in report.backends:
         if b.status == "specialized":
             lines.append(
