@@ -20,6 +20,7 @@ from support.large import ReplaceKey, inflate
 from support.xfs import XfsMount, shared_bytes, xfs_reflink_mount
 
 import ptestore
+from ptestore.cli.specialize import format_summary
 from ptestore.errors import AlreadyExists, StorageError
 from ptestore.format.reader import read_container
 from ptestore.loaders import BytesLoader, LocalFileLoader
@@ -94,6 +95,7 @@ def test_passthrough_shares_nearly_every_extent(xfs: XfsMount) -> None:
     size = src.stat().st_size
     assert dst.read_bytes() == src.read_bytes()
     assert f.status == "written" and f.clone_block_size == BLOCK and f.clone_padding == 0
+    assert "MiB shared with the source (reflink)" in format_summary(reports[0])
     # One clone of the whole file but the metadata and the partial first block.
     assert f.bytes_cloned >= size - 2 * BLOCK - 16384
     assert shared_bytes(dst) >= size - 64 * 1024
@@ -223,6 +225,9 @@ def test_nothing_replaced_in_place_writes_nothing(tmp_path: Path) -> None:
     after = src.stat()
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big.pte"]  # no staging left
+    assert format_summary(report).splitlines()[0] == (
+        f"pte: {src}: unchanged (nothing replaced, nothing written)"
+    )
     # Something replaced in place: written and published as before.
     key = _keys(src)[0]
     f = ptestore.specialize(src, src, backends=[ReplaceKey(KEY_BACKEND, key)]).files[0]
