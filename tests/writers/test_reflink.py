@@ -238,3 +238,36 @@ def test_nothing_replaced_in_place_with_create_still_refuses(tmp_path: Path) -> 
     src = _big(tmp_path)
     with pytest.raises(AlreadyExists, match="already exists"):
         ptestore.specialize(src, src, backends=["passthrough"], mode="create")
+
+
+class _Recording(LocalFileWriter):
+    """Records every copy_from (source offset, size, destination offset)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.copies: list[tuple[int, int, int]] = []
+
+    def _copy_from(self, loader: object, src_offset: int, size: int, dst_offset: int) -> None:
+        self.copies.append((src_offset, size, dst_offset))
+        super()._copy_from(loader, src_offset, size, dst_offset)  # type: ignore[arg-type]
+
+
+def test_passthrough_is_one_copy_of_the_segment_data(tmp_path: Path) -> None:
+    """Unchanged segments as far apart as in the source are one copy_from (padding
+    between them included); a replaced one splits the run."""
+    from ptestore.coordinator.pipeline import initialize_and_save_backend_data
+
+    src = _big(tmp_path)
+    with LocalFileLoader(src) as loader:
+        c = read_container(loader).container
+        first = min(c.absolute(s) for s in c.segments if s.size)
+        w = _Recording(tmp_path / "out.pte")
+        initialize_and_save_backend_data(loader, w, backends=["passthrough"])
+        assert w.copies == [(first, src.stat().st_size - first, first)]
+        key = _keys(src)[1]
+        index = _key_segment(src, key)
+        w = _Recording(tmp_path / "out2.pte")
+        initialize_and_save_backend_data(loader, w, backends=[ReplaceKey(KEY_BACKEND, key)])
+    assert len(w.copies) == 3  # before the replaced segment, the replacement, after it
+    assert w.copies[1][1] == c.segments[index].size
+    assert (tmp_path / "out.pte").read_bytes() == src.read_bytes()
