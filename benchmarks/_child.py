@@ -3,9 +3,10 @@
     python benchmarks/_child.py MODE SRC DST
 
 MODE is ``idle`` (import ptestore and numpy, nothing else), ``passthrough``, ``one``
-(one 16 MiB weight doubled), ``tenpct`` (the first weights doubled until >= 10% of the
-file's bytes are replaced) or ``et`` (ExecuTorch's own Python round trip:
-``deserialize_pte_binary`` then ``serialize_pte_binary``, written and fsynced). Prints one
+(the first weight in the file, 16 MiB in every benchmark program, doubled), ``tenpct``
+(the weights in file order doubled until >= 10% of the file's bytes are replaced) or
+``et`` (ExecuTorch's own Python round trip: ``deserialize_pte_binary`` then
+``serialize_pte_binary``, written and fsynced). Prints one
 JSON line: the seconds spent inside the process on the work (interpreter start-up and
 imports excluded) and, for ptestore, the file report.
 """
@@ -40,15 +41,17 @@ def _doubling(keys: list[str]) -> Any:
 
 
 def _weights(src: str) -> list[tuple[str, int]]:
-    """Named keys of weight-sized segments, largest first, in file order."""
+    """Named keys of weights (segments of 1 MiB or more), in file order."""
     from ptestore.format.reader import read_container
     from ptestore.loaders import LocalFileLoader
 
     with LocalFileLoader(src) as loader:
         c = read_container(loader).container
-        sized = [(e.key, c.segments[e.segment_index].size) for e in c.named_data]
-    big = max(size for _, size in sized)
-    return [(k, s) for k, s in sized if s == big]
+        sized = [
+            (c.absolute(c.segments[e.segment_index]), e.key, c.segments[e.segment_index].size)
+            for e in c.named_data
+        ]
+    return [(k, s) for _, k, s in sorted(sized) if s >= 1 << 20]
 
 
 def main() -> None:

@@ -9,11 +9,13 @@ real ExecuTorch exporter: each weight is a dim*dim*4-byte named-data segment
 extra; the exporter's peak memory is ~4-5x the model.
 
 The second form synthesizes a larger program from a real export without the exporter
-(which cannot make 4 GiB in reasonable memory): ptestore rewrites REAL.pte with every
-weight-sized named value grown ``--factor`` times, its original bytes first, then zeros
-(``allow_size_change=True``). Metadata, keys, delegates and the XNNPACK graph stay the
-export's own; the XNNPACK runtime reads the first dim*dim*4 bytes of each value, so the
-grown program still runs and gives the original's outputs.
+(whose peak memory would be ~14 GiB for 4 GiB): ptestore rewrites REAL.pte keeping the
+first ``--keep`` weight-sized named values as they are and growing every later one
+``--factor`` times, its original bytes first, then zeros (``allow_size_change=True``).
+Metadata, keys, delegates and the XNNPACK graph stay the export's own; the XNNPACK
+runtime reads the first dim*dim*4 bytes of each value, so the grown program still runs
+and gives the original's outputs. ``--keep 16 --factor 5`` on the 1 GiB export (64 x 16
+MiB) gives 16 x 16 MiB + 48 x 80 MiB = 4 GiB, with 16 MiB weights left to replace.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def export(out: str, layers: int, dim: int) -> None:
     os.replace(tmp, out)
 
 
-def grow(out: str, real: str, factor: int) -> None:
+def grow(out: str, real: str, factor: int, keep: int) -> None:
     import numpy as np
 
     import ptestore
@@ -58,9 +60,9 @@ def grow(out: str, real: str, factor: int) -> None:
             named = context.get_named_data_map()
             sizes = {k: len(named.get_data(k)) for k in named}
             big = max(sizes.values())
-            for key, size in sizes.items():
-                if size != big:
-                    continue
+            weights = [k for k, size in sizes.items() if size == big]
+            for key in weights[keep:]:
+                size = sizes[key]
                 value = np.zeros(size * factor, dtype=np.uint8)
                 value[:size] = np.frombuffer(named.get_data(key), dtype=np.uint8)
                 output.write_named_data(key, BackendData(value, allow_size_change=True))
@@ -76,11 +78,12 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--dim", type=int, default=4096)
     ap.add_argument("--grow-from", metavar="REAL.pte")
-    ap.add_argument("--factor", type=int, default=4)
+    ap.add_argument("--factor", type=int, default=5)
+    ap.add_argument("--keep", type=int, default=16)
     args = ap.parse_args()
     t0 = time.perf_counter()
     if args.grow_from:
-        grow(args.out, args.grow_from, args.factor)
+        grow(args.out, args.grow_from, args.factor, args.keep)
     else:
         export(args.out, args.layers, args.dim)
     print(
