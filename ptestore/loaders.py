@@ -17,6 +17,7 @@ before publishing anything derived from the source.
 
 from __future__ import annotations
 
+import mmap
 import os
 import stat
 import threading
@@ -114,6 +115,7 @@ class LocalFileLoader(_Closing):
     """Positional reads (``os.pread``) from a local file.
 
     The file descriptor is opened once; ``load`` is safe from several threads.
+    :meth:`view` returns zero-copy, read-only views of a mapping of the file.
     ``path`` and ``fileno()`` let local writers copy ranges in the kernel.
     """
 
@@ -136,6 +138,7 @@ class LocalFileLoader(_Closing):
         self._size = st.st_size
         self._stamp = (st.st_size, st.st_mtime_ns)
         self._lock = threading.Lock()
+        self._no_map = False
 
     def fileno(self) -> int:
         if self._fd is None:
@@ -170,6 +173,37 @@ class LocalFileLoader(_Closing):
                 f"{offset}, got {len(data)}"
             )
         return data
+
+    def view(self, offset: int, size: int) -> memoryview | bytes:
+        """Zero-copy, read-only view of ``size`` bytes at ``offset``, for reads that
+        need not own their bytes (named data and delegate blobs handed to backends).
+
+        Each view maps only its own range (``mmap``), and the mapping is released when
+        the last reference to the view goes, so pages a backend has finished with leave
+        the process, and closing the loader never invalidates a view. Falls back to
+        :meth:`load` where the file cannot be mapped. A view of a file someone truncates
+        in place while it is read faults (``SIGBUS``), as with any mapped file (the
+        ExecuTorch runtime's mmap loader included); replacing the file by rename, as
+        ptestore's writers do, is safe.
+        """
+        _check_range(self.name, offset, size, self._size)
+        if size == 0 or self._no_map:
+            return self.load(offset, size)
+        now = os.fstat(self.fileno()).st_size
+        if now < offset + size:
+            raise StorageError(
+                f"{self.name}: file shrank while reading: wanted {size} bytes at offset "
+                f"{offset}, the file now has {now} bytes"
+            )
+        start = offset - offset % mmap.ALLOCATIONGRANULARITY
+        try:
+            mapped = mmap.mmap(
+                self.fileno(), offset + size - start, access=mmap.ACCESS_READ, offset=start
+            )
+        except (OSError, ValueError, OverflowError):
+            self._no_map = True  # a file system or file that cannot be mapped: copy
+            return self.load(offset, size)
+        return memoryview(mapped)[offset - start : offset - start + size]
 
     def close(self) -> None:
         with self._lock:

@@ -84,11 +84,17 @@ def format_summary(report: SpecializationReport) -> str:
     """The summary printed on stdout after a successful run."""
     lines = []
     for f in report.files:
-        lines.append(
+        if f.status == "unchanged":
+            lines.append(f"{f.role}: {f.source}: unchanged (nothing replaced, nothing written)")
+            continue
+        line = (
             f"{f.role}: {f.source} -> {f.destination}: {human_bytes(f.size_before)} -> "
             f"{human_bytes(f.size_after)}; {f.segments_replaced}/{f.segments} segments replaced, "
             f"{f.segments_moved} moved, {f.redirected_tables} tables redirected"
         )
+        if f.bytes_cloned:
+            line += f", {human_bytes(f.bytes_cloned)} shared with the source (reflink)"
+        lines.append(line)
     for b in report.backends:
         if b.status == "specialized":
             lines.append(

@@ -11,14 +11,22 @@ from ..format.model import Container, TensorLayout
 from ..format.reader import ParsedFile
 from ..format.tensorinfo import TensorInfo, array_view
 from ..format.tensors import TensorIndex, describe_tensors
-from ..loaders import DataLoader
+from ..loaders import DataLoader, LocalFileLoader
 from ..writers.base import DataWriter
 from .spool import Buffer
 
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["MergedNamedDataMap", "SourceFile"]
+__all__ = ["MergedNamedDataMap", "SourceFile", "read_view"]
+
+
+def read_view(loader: DataLoader, offset: int, size: int) -> Buffer:
+    """Bytes a backend reads: a zero-copy, read-only view of a local file's mapping,
+    else what the loader returns."""
+    if isinstance(loader, LocalFileLoader):
+        return loader.view(offset, size)
+    return loader.load(offset, size)
 
 
 @dataclass
@@ -68,7 +76,7 @@ class MergedNamedDataMap:
             raise KeyError(key)
         f, index, _ = self._entries[key]
         seg = f.container.segments[index]
-        return f.loader.load(f.container.absolute(seg), seg.size)
+        return read_view(f.loader, f.container.absolute(seg), seg.size)
 
     def get_tensor_layout(self, key: str) -> TensorLayout | None:
         if key not in self._entries:

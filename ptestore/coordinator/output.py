@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from ..errors import PartialPublish
 from ..format.layout import Placement
 from ..format.patch import PatchResult
+from ..loaders import DataLoader
 from ..writers.base import DataWriter, PublishMode, PublishResult
 from .named import SourceFile
 from .report import Event, FileReport
 from .session import Run
 
-__all__ = ["publish_in_order", "write_file"]
+__all__ = ["FileLayout", "is_identity", "publish_in_order", "unchanged_report", "write_file"]
 
 _ZEROS_CHUNK = 1 << 20
 
@@ -27,28 +29,89 @@ def _write_zeros(writer: DataWriter, offset: int, size: int) -> None:
         done += n
 
 
+@dataclass(frozen=True)
+class FileLayout:
+    """Where everything of one output goes (see :func:`ptestore.format.layout.layout_file`)."""
+
+    placements: list[Placement]
+    patched: PatchResult
+    #: The writer's clone granularity the layout kept unchanged segments congruent to.
+    clone_block_size: int | None = None
+    #: Bytes the congruence added to the file.
+    clone_padding: int = 0
+
+
+def is_identity(f: SourceFile, layout: FileLayout) -> bool:
+    """Whether ``layout`` reproduces ``f``'s source exactly: same metadata, every
+    segment where it was, same size."""
+    c, patched = f.container, layout.patched
+    return (
+        patched.segment_base_offset == c.segment_base_offset
+        and patched.file_size == c.file_size
+        and all(layout.placements[s.index] == (s.offset, s.size) for s in c.segments)
+        and bytes(patched.metadata) == bytes(f.parsed.metadata)
+    )
+
+
+@dataclass
+class _Copy:
+    """``size`` bytes of ``source`` at ``src`` go to ``dst``."""
+
+    dst: int
+    size: int
+    src: int
+    source: DataLoader
+
+
+def _copies(run: Run, f: SourceFile, layout: FileLayout) -> list[_Copy]:
+    """Every copy into the output, in destination order. Unchanged segments that lie
+    as far apart in the output as in the source are one copy (the source's bytes
+    between them included), so a passthrough is one copy (a clone where the writer
+    can) of nearly the whole file."""
+    c, base = f.container, layout.patched.segment_base_offset
+    out: list[_Copy] = []
+    merging = False  # whether out[-1] is a run of unchanged segments
+    order = sorted(c.segments, key=lambda s: (layout.placements[s.index][0], s.index))
+    for seg in order:
+        new_off, size = layout.placements[seg.index]
+        dst = base + new_off
+        reps = run.replacements.get((f.role, seg.index))
+        if reps:
+            merging = False
+            if size:
+                out.append(_Copy(dst, size, reps[0].spool_offset, run.spool))
+            continue
+        if size == 0:
+            continue
+        src = c.absolute(seg)
+        last = out[-1] if merging else None
+        if last is not None and 0 <= src - (last.src + last.size) == dst - (last.dst + last.size):
+            last.size = src + size - last.src
+        else:
+            out.append(_Copy(dst, size, src, f.loader))
+            merging = True
+    return out
+
+
 def write_file(
     run: Run,
     f: SourceFile,
-    layout: tuple[list[Placement], PatchResult],
+    layout: FileLayout,
     note: Callable[[str, int], None],
 ) -> FileReport:
     """Write ``f``'s new container through its writer; ``note(url, nbytes)`` is called
     as bytes are written. Unchanged segments are copied from the source, replaced ones
     from the spool, padding is zeros, and the patched metadata goes last."""
     c = f.container
-    placements, patched = layout
-    base = patched.segment_base_offset
+    placements, patched = layout.placements, layout.patched
     url = f.writer.url
     copied = replaced_bytes = moved = replaced_count = 0
+    copies = _copies(run, f, layout)
 
     # Padding is written as zeros too, so every byte of the output is written exactly
     # once (a writer that uploads fixed parts can then ship each part as soon as it is
     # complete, instead of holding parts with unwritten gaps until publish).
-    spans = sorted(
-        [(0, len(patched.metadata))]
-        + [(base + off, base + off + size) for off, size in placements if size]
-    )
+    spans = sorted([(0, len(patched.metadata))] + [(x.dst, x.dst + x.size) for x in copies])
     cursor = 0
     for start, end in [*spans, (patched.file_size, patched.file_size)]:
         if start > cursor:
@@ -60,18 +123,15 @@ def write_file(
         new_off, size = placements[seg.index]
         if new_off != seg.offset or size != seg.size:
             moved += 1
-        if size == 0:
-            continue
-        reps = run.replacements.get((f.role, seg.index))
-        if reps:
-            rep = reps[0]
-            f.writer.copy_from(run.spool, rep.spool_offset, rep.size, base + new_off)
-            replaced_bytes += rep.size
-            replaced_count += 1
+        if run.replacements.get((f.role, seg.index)):
+            replaced_bytes += size
+            replaced_count += 1 if size else 0
         else:
-            f.writer.copy_from(f.loader, c.absolute(seg), size, base + new_off)
             copied += size
-        note(url, size)
+    cloned_before: int = getattr(f.writer, "bytes_cloned", 0)
+    for x in copies:
+        f.writer.copy_from(x.source, x.src, x.size, x.dst)
+        note(url, x.size)
     f.writer.write(patched.metadata, 0)
     note(url, len(patched.metadata))
     return FileReport(
@@ -86,6 +146,28 @@ def write_file(
         redirected_tables=len(patched.redirected),
         bytes_copied=copied,
         bytes_replaced=replaced_bytes,
+        clone_block_size=layout.clone_block_size,
+        bytes_cloned=getattr(f.writer, "bytes_cloned", 0) - cloned_before,
+        clone_padding=layout.clone_padding,
+    )
+
+
+def unchanged_report(f: SourceFile) -> FileReport:
+    """The report of a file left as it is (nothing replaced, destination = source)."""
+    c = f.container
+    return FileReport(
+        role=f.role,
+        source=f.loader.name,
+        destination=f.writer.url,
+        size_before=c.file_size,
+        size_after=c.file_size,
+        segments=len(c.segments),
+        segments_replaced=0,
+        segments_moved=0,
+        redirected_tables=0,
+        bytes_copied=0,
+        bytes_replaced=0,
+        status="unchanged",
     )
 
 
@@ -95,6 +177,9 @@ def publish_in_order(
     """Publish the .ptd (if any) first, then the .pte, recording in each file's report
     what its publish returned (size, ETag, version id, checksum).
 
+    A file whose report says ``"unchanged"`` is not published: its writer is
+    discarded and the source stays as it was.
+
     A crash between the two publishes leaves the old .pte, which a rerun from the
     original sources replaces (see docs/concepts.md); a failure of the second publish
     after the first took effect raises :class:`PartialPublish`.
@@ -102,6 +187,10 @@ def publish_in_order(
     published: list[str] = []
     by_role = {r.role: r for r in reports}
     for f in sorted(files, key=lambda f: 0 if f.role == "ptd" else 1):
+        report = by_role.get(f.role)
+        if report is not None and report.status == "unchanged":
+            f.writer.discard()  # the source stays as it is: nothing to publish
+            continue
         t0 = time.perf_counter()
         try:
             result = f.writer.publish(mode)
@@ -114,7 +203,6 @@ def publish_in_order(
                 ) from exc
             raise
         published.append(f.writer.url)
-        report = by_role.get(f.role)
         if report is not None and isinstance(result, PublishResult):
             report.published_size = result.size
             report.etag = result.etag

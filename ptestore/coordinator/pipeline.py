@@ -16,16 +16,16 @@ from ..errors import (
     NotSupported,
     describe_exception,
 )
-from ..format.layout import Placement, layout_file
-from ..format.patch import PatchResult
+from ..format.layout import layout_file
 from ..format.reader import read_container
 from ..loaders import DataLoader
 from ..provenance.stamp import ProvenanceRequest, Stamper, attach_object_metadata, object_metadata
 from ..provenance.trailer import without_trailer
 from ..writers.base import DataWriter, PublishMode
+from ..writers.local import LocalFileWriter
 from .aliases import check_aliases
 from .named import SourceFile
-from .output import publish_in_order, write_file
+from .output import FileLayout, is_identity, publish_in_order, unchanged_report, write_file
 from .report import (
     BackendReport,
     Event,
@@ -37,7 +37,7 @@ from .report import (
 from .selection import resolve_backends, why_unchanged
 from .session import Run, Session
 from .spool import Spool
-from .targets import check_pair_targets
+from .targets import check_pair_targets, same_target
 
 __all__ = ["initialize_and_save_backend_data"]
 
@@ -107,7 +107,7 @@ def initialize_and_save_backend_data(
             sources = [("pte", pte_loader)] + ([("ptd", ptd_loader)] if ptd_loader else [])
             stamper.describe_sources(sources)
         files = _read(pte_loader, pte_writer, ptd_loader, ptd_writer)
-        spool = Spool(spool_dir)
+        spool = Spool(spool_dir if spool_dir is not None else _spool_home(pte_writer))
         run = Run(files, spool, event_tracer)
         run.emit(Event("parsed", url=pte_loader.name))
         summary = _run_backends(run, backends, device, stamper)
@@ -123,9 +123,10 @@ def initialize_and_save_backend_data(
         if stamper is not None:
             for f in files:
                 attach_object_metadata(f.writer, object_metadata(stamper.key(), device))
-        file_reports = _write(run, layouts)
+        # A provenance trailer changes every output: nothing is "unchanged" then.
+        file_reports = _write(run, layouts, mode, stamped=stamper is not None)
         if stamper is not None:
-            ends = [patched.file_size for _, patched in layouts]
+            ends = [lay.patched.file_size for lay in layouts]
             stamper.write_trailers(
                 [(f.role, f.writer, end) for f, end in zip(files, ends, strict=True)]
             )
@@ -146,6 +147,12 @@ def initialize_and_save_backend_data(
     finally:
         if spool is not None:
             spool.close()
+
+
+def _spool_home(writer: DataWriter) -> str | None:
+    """Where the spool goes by default: the local destination's directory (its file
+    system, so replacements reach the output in the kernel), else the temp dir."""
+    return writer.directory if isinstance(writer, LocalFileWriter) else None
 
 
 def _read(
@@ -273,19 +280,46 @@ def _check_returned(result: object, bid: str) -> None:
     )
 
 
-def _lay_out(run: Run, f: SourceFile) -> tuple[list[Placement], PatchResult]:
+def _lay_out(run: Run, f: SourceFile) -> FileLayout:
+    """The new layout of ``f``; unchanged segments kept congruent to the source modulo
+    the writer's clone block size when it can clone from the source."""
     new_sizes = {
         index: (reps[0].size, max(r.alignment for r in reps))
         for (role, index), reps in run.replacements.items()
         if role == f.role
     }
-    return layout_file(f.container, f.parsed.metadata, new_sizes)
+    # Writers wrapped or duck-typed without the method cannot clone.
+    probe = getattr(f.writer, "clone_block_size", None)
+    block: int | None = probe(f.loader) if callable(probe) else None
+    placements, patched = layout_file(f.container, f.parsed.metadata, new_sizes, block_size=block)
+    padding = 0
+    if block is not None and new_sizes:
+        compact = layout_file(f.container, f.parsed.metadata, new_sizes)[1]
+        padding = max(0, patched.file_size - compact.file_size)
+    return FileLayout(placements, patched, block, padding)
+
+
+def _unchanged(run: Run, f: SourceFile, layout: FileLayout, mode: PublishMode) -> bool:
+    """Nothing to do, nothing written: no replacement in ``f``, the same layout, and
+    the destination is the source (``mode="create"`` still refuses it at publish)."""
+    return (
+        mode == "overwrite"
+        and not any(role == f.role for role, _ in run.replacements)
+        and same_target(f.loader.name, f.writer.url)
+        and is_identity(f, layout)
+    )
 
 
 def _write(
-    run: Run, layouts: list[tuple[list[Placement], PatchResult]]
+    run: Run, layouts: list[FileLayout], mode: PublishMode, *, stamped: bool
 ) -> list[FileReport]:
-    total = sum(patched.file_size for _, patched in layouts)
+    unchanged = [
+        not stamped and _unchanged(run, f, lay, mode)
+        for f, lay in zip(run.files, layouts, strict=True)
+    ]
+    total = sum(
+        lay.patched.file_size for lay, same in zip(layouts, unchanged, strict=True) if not same
+    )
     done = 0
 
     def note(url: str, nbytes: int) -> None:
@@ -294,5 +328,6 @@ def _write(
         run.emit(Event("write", nbytes=nbytes, done=done, total=total, url=url))
 
     return [
-        write_file(run, f, layout, note) for f, layout in zip(run.files, layouts, strict=True)
+        unchanged_report(f) if same else write_file(run, f, lay, note)
+        for f, lay, same in zip(run.files, layouts, unchanged, strict=True)
     ]

@@ -75,6 +75,19 @@ class FileReport:
     redirected_tables: int
     bytes_copied: int
     bytes_replaced: int
+    #: ``"written"``, or ``"unchanged"`` when nothing in the file was replaced, its
+    #: layout stayed the same and the destination is the source: nothing was written
+    #: or published.
+    status: str = "written"
+    #: The destination's clone granularity (copy-on-write block size) the layout kept
+    #: unchanged segments congruent to, or None when the writer cannot clone from the
+    #: source.
+    clone_block_size: int | None = None
+    #: Bytes the writer shared with the source instead of copying (reflink).
+    bytes_cloned: int = 0
+    #: Extra padding the clone-congruent layout added to the file (0 when nothing
+    #: moved or no clone block size applies).
+    clone_padding: int = 0
     #: What the publish returned (None until published, or when the storage reports
     #: no such value): the published size, ETag, version id and verified checksum.
     published_size: int | None = None

@@ -18,7 +18,7 @@ from ..errors import InvalidReplacement, WriterStateError
 from ..format.header import is_power_of_two
 from ..format.model import Delegate, TensorLayout
 from ..format.tensorinfo import TensorInfo, array_view
-from .named import MergedNamedDataMap, SourceFile
+from .named import MergedNamedDataMap, SourceFile, read_view
 from .report import BackendReport, Event, EventTracer
 from .spool import Buffer, Spool
 
@@ -154,7 +154,7 @@ class Session:
         c = pte.container
         if location == "segment":
             seg = c.segments[index]
-            processed = pte.loader.load(c.absolute(seg), seg.size)
+            processed = read_view(pte.loader, c.absolute(seg), seg.size)
         else:
             pos, size = c.inline_delegate_data[index]
             processed = pte.parsed.metadata[pos : pos + size]

@@ -210,6 +210,19 @@ class DataWriter(abc.ABC):
             self._write(_as_view(data, self.url), dst_offset + done)
             done += n
 
+    #: Bytes that :meth:`copy_from` shared with its source (copy-on-write clones)
+    #: instead of copying; writers that clone keep it up to date.
+    bytes_cloned: int = 0
+
+    def clone_block_size(self, loader: DataLoader) -> int | None:
+        """The block size in which :meth:`copy_from` from ``loader`` can share extents
+        instead of copying (copy-on-write clones), or None when it cannot.
+
+        A range is shared only where source and destination offsets agree modulo this
+        size; the coordinator then keeps unchanged segments congruent to their source
+        offsets. Default: None (no clones). Override in writers that clone."""
+        return None
+
     @abc.abstractmethod
     def _publish(self, mode: PublishMode, size: int) -> PublishResult:
         """Make ``[0, size)`` visible and release the staging (lock held)."""

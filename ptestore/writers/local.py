@@ -33,7 +33,8 @@ from typing import ClassVar
 
 from .._io import pwrite_all
 from ..errors import AlreadyExists, ConfigurationError, ObjectNotFound, StorageError
-from ..loaders import DataLoader, LocalFileLoader
+from ..loaders import DataLoader
+from ._clone import HasFileno, clone_range, probe_clone_block_size
 from ._staging import FileStaging, strerror
 from .base import DataWriter, PublishMode, PublishResult, WriterGuarantees
 
@@ -154,10 +155,58 @@ class LocalFileWriter(DataWriter):
                 f"{strerror(exc)} (staging file {self._st.path} discarded)"
             ) from exc
 
+    #: source device -> clone block size (None: no clones), probed on first use
+    _clone_probes: dict[int, int | None] | None = None
+
+    def clone_block_size(self, loader: DataLoader) -> int | None:
+        """The file system's block size when ``loader`` is a local file (or another
+        descriptor-backed source) on this writer's file system and that file system
+        shares extents (XFS with reflink, btrfs, bcachefs); else None. Probed once per
+        source device."""
+        if not isinstance(loader, HasFileno):
+            return None
+        try:
+            src_fd = loader.fileno()
+            dev = os.fstat(src_fd).st_dev
+        except (OSError, StorageError):
+            return None
+        probed = self._clone_probes
+        if probed is None:
+            probed = self._clone_probes = {}
+        if dev not in probed:
+            probed[dev] = probe_clone_block_size(self.directory, src_fd, self._fd())
+        return probed[dev]
+
     def _copy_from(self, loader: DataLoader, src_offset: int, size: int, dst_offset: int) -> None:
-        if not isinstance(loader, LocalFileLoader) or not hasattr(os, "copy_file_range"):
+        if not isinstance(loader, HasFileno) or not hasattr(os, "copy_file_range"):
             super()._copy_from(loader, src_offset, size, dst_offset)
             return
+        block = self.clone_block_size(loader)
+        if block is not None and (src_offset - dst_offset) % block == 0:
+            # Congruent: the partial block at each end is copied, the whole blocks
+            # between them are shared with the source.
+            head = min(size, -dst_offset % block)
+            middle = (size - head) // block * block
+            if middle and self._clone(loader, src_offset + head, middle, dst_offset + head):
+                self._kernel_copy(loader, src_offset, head, dst_offset)
+                tail = head + middle
+                self._kernel_copy(loader, src_offset + tail, size - tail, dst_offset + tail)
+                self.bytes_cloned += middle
+                return
+        self._kernel_copy(loader, src_offset, size, dst_offset)
+
+    def _clone(self, loader: HasFileno, src_offset: int, size: int, dst_offset: int) -> bool:
+        try:
+            return clone_range(loader.fileno(), src_offset, size, self._fd(), dst_offset)
+        except OSError as exc:
+            raise StorageError(
+                f"{self.path}: cloning {size} bytes from {loader.name} at offset {src_offset} "
+                f"to offset {dst_offset} failed: {strerror(exc)} (staging file "
+                f"{self._st.path} discarded)"
+            ) from exc
+
+    def _kernel_copy(self, loader: HasFileno, src_offset: int, size: int, dst_offset: int) -> None:
+        """``copy_file_range`` (which may itself share extents), else through Python."""
         src_fd, dst_fd = loader.fileno(), self._fd()
         done = 0
         while done < size:
@@ -166,7 +215,8 @@ class LocalFileWriter(DataWriter):
                     src_fd, dst_fd, size - done, src_offset + done, dst_offset + done
                 )
             except OSError as exc:
-                if exc.errno in _FALLBACK_ERRNOS:  # not supported here: copy through Python
+                if exc.errno in _FALLBACK_ERRNOS and isinstance(loader, DataLoader):
+                    # not supported here: copy through Python
                     super()._copy_from(loader, src_offset + done, size - done, dst_offset + done)
                     return
                 raise StorageError(

@@ -1,0 +1,58 @@
+"""Larger programs for copy-on-write tests, made from a real export by ptestore itself.
+
+``inflate(src, dst, nbytes)`` replaces every named-data value of a real XNNPACK .pte with
+``nbytes`` of seeded random bytes (``allow_size_change=True``): the result has the
+export's real metadata, delegates and keys, and segments big enough for whole-block
+clones (the runtime cannot run it: the weights are noise).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+import ptestore
+from ptestore.backends import BackendData, BackendInterface
+
+
+class Inflate(BackendInterface):
+    """Replaces every key with ``nbytes`` random bytes."""
+
+    def __init__(self, backend_id: str, nbytes: int) -> None:
+        self.name = backend_id
+        self.nbytes = nbytes
+
+    def initialize_backend_data(self, context: Any, output: Any) -> None:
+        named = context.get_named_data_map()
+        rng = np.random.default_rng(0)
+        for key in named:
+            value = rng.integers(0, 255, self.nbytes, dtype=np.uint8)
+            output.write_named_data(key, BackendData(value, allow_size_change=True))
+
+
+class ReplaceKey(BackendInterface):
+    """Replaces one key with its bytes reversed plus ``extra`` bytes (a growth when
+    ``extra`` > 0); ``alignment`` is the alignment asked for."""
+
+    def __init__(self, backend_id: str, key: str, extra: int = 0, alignment: int = 1) -> None:
+        self.name = backend_id
+        self.key = key
+        self.extra = extra
+        self.alignment = alignment
+        self.replacement = b""
+
+    def initialize_backend_data(self, context: Any, output: Any) -> None:
+        value = bytes(context.get_named_data_map().get_data(self.key))
+        self.replacement = value[::-1] + bytes(i % 251 for i in range(self.extra))
+        data = BackendData(
+            self.replacement, alignment=self.alignment, allow_size_change=self.extra != 0
+        )
+        output.write_named_data(self.key, data)
+
+
+def inflate(src: str | os.PathLike[str], dst: str | os.PathLike[str], nbytes: int) -> None:
+    """Write ``src`` (a real XNNPACK .pte) with every key's value ``nbytes`` long."""
+    report = ptestore.specialize(src, dst, backends=[Inflate("XnnpackBackend", nbytes)])
+    assert report.specialized, report
