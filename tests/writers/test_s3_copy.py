@@ -294,6 +294,23 @@ def test_small_outputs_read_their_source_ranges(server: Server, bucket: str) -> 
     assert read(server, w.url) == data[100:899] + b"x"
 
 
+def test_holes_stay_zeros(server: Server, bucket: str) -> None:
+    """A part referenced with a hole (never written: zeros) is not a copy of the source."""
+    data = source_bytes()
+    src = open_loader(put_source(server, bucket, data), **server.s3.storage_options)
+    w = new_writer(server, bucket)
+    traffic = Traffic().attach(w.client.meta.events)
+    w.copy_from(src, 0, P, 0)
+    w.copy_from(src, P, 1000, P)
+    w.copy_from(src, P + 2000, P, P + 2000)  # [P + 1000, P + 2000) never written
+    w.publish()
+    out = bytearray(data[: 2 * P + 2000])
+    out[P + 1000 : P + 2000] = bytes(1000)
+    assert read(server, w.url) == bytes(out)
+    assert part_numbers(traffic, "UploadPartCopy") == [1, 3]
+    assert part_numbers(traffic, "UploadPart") == [2, MARKER_PART_NUMBER]
+
+
 def test_degraded_checksum_is_logged(
     server: Server, bucket: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -92,7 +92,7 @@ class PartContent:
     def one_run(self) -> tuple[S3Source, int] | None:
         """``(source, delta)`` when every reference is one contiguous range of one
         source (the part is that range, except for the written bytes), else None."""
-        if not self.refs:
+        if not self.refs or self.covered() < self.length:  # holes are zeros: not a copy
             return None
         first = self.refs[0]
         for r in self.refs[1:]:
@@ -102,6 +102,10 @@ class PartContent:
         if src_start < 0 or src_start + self.length > first.source.size:
             return None
         return first.source, first.delta
+
+    def covered(self) -> int:
+        """Bytes written or referenced (the rest are zeros)."""
+        return self.written_bytes() + sum(r.end - r.start for r in self.refs)
 
     def written_bytes(self) -> int:
         return sum(e - s for s, e in self.written)

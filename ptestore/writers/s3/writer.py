@@ -1,10 +1,14 @@
 """S3Writer: a multipart upload on a fixed part grid, completed atomically at publish.
 
-A part is uploaded (in a bounded thread pool, ``max_concurrency`` in flight) as soon
+A part is stored (in a bounded thread pool, ``max_concurrency`` in flight) as soon
 as every byte of it has been written, in any order; only partially written parts are
-buffered in memory. Parts never written are uploaded as zeros at publish. Outputs of
+held in memory. Parts never written are uploaded as zeros at publish. Outputs of
 at most one part go up as a single PutObject. Rewriting a part that is already
 uploaded needs ``spool=True`` (uploaded parts kept in an unlinked local temp file).
+
+``copy_from`` a loader of an S3 object on the same endpoint with the same credentials
+(:meth:`S3Writer.copy_source`) reads nothing: it records the range, and parts that are
+one source range are copied by the service (:mod:`.transfer`).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import os
 import tempfile
 import uuid
 import zlib
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from ..._retry import RETRY_OPTIONS, to_storage_error
@@ -293,29 +298,34 @@ class S3Writer(DataWriter):
                     "writer with spool=True to rewrite uploaded parts)"
                 )
 
-    def _write(self, data: memoryview, offset: int) -> None:
+    def _each_part(self, offset: int, end: int, fill: Callable[[Part, int, int], None]) -> None:
+        """``fill(part, rel, n)`` for each part piece of ``[offset, end)``, then store the
+        parts it completed (a rewritten part waits: ``_held``)."""
         psize = self.part_size
-        self._check_write(offset, offset + data.nbytes)
+        self._check_write(offset, end)
         self._reap()
-        pos, n = 0, data.nbytes
-        while pos < n:
-            idx, rel = divmod(offset + pos, psize)
-            m = min(psize - rel, n - pos)
+        pos = offset
+        while pos < end:
+            idx, rel = divmod(pos, psize)
+            n = min(psize - rel, end - pos)
             part = self._parts.setdefault(idx, Part(idx))
             rewrite = part.in_storage
             if rewrite:
                 self._reload(part)
-            part.write(rel, data[pos : pos + m], psize)
-            self._filled(part, rewrite)
-            pos += m
+            fill(part, rel, n)
+            if rewrite or part.index in self._held:
+                self._held[part.index] = None
+            elif part.covered() == psize:
+                self._submit(part, psize)
+            pos += n
         self._bound_held()
 
-    def _filled(self, part: Part, rewrite: bool) -> None:
-        """After a write or a reference: store the part if it is complete."""
-        if rewrite or part.index in self._held:
-            self._held[part.index] = None
-        elif part.covered() == self.part_size:
-            self._submit(part, self.part_size)
+    def _write(self, data: memoryview, offset: int) -> None:
+        def fill(part: Part, rel: int, n: int) -> None:
+            pos = part.index * self.part_size + rel - offset
+            part.write(rel, data[pos : pos + n], self.part_size)
+
+        self._each_part(offset, offset + data.nbytes, fill)
 
     def _bound_held(self) -> None:
         while len(self._held) > self.max_concurrency:  # bound re-dirtied parts in memory
@@ -336,22 +346,12 @@ class S3Writer(DataWriter):
         if source is None:
             super()._copy_from(loader, src_offset, size, dst_offset)
             return
-        psize = self.part_size
-        end = dst_offset + size
-        self._check_write(dst_offset, end)
-        self._reap()
-        pos = dst_offset
-        while pos < end:
-            idx, rel = divmod(pos, psize)
-            m = min(psize - rel, end - pos)
-            part = self._parts.setdefault(idx, Part(idx))
-            rewrite = part.in_storage
-            if rewrite:
-                self._reload(part)
-            part.reference(Ref(rel, rel + m, source, src_offset + pos - dst_offset))
-            self._filled(part, rewrite)
-            pos += m
-        self._bound_held()
+
+        def fill(part: Part, rel: int, n: int) -> None:
+            pos = part.index * self.part_size + rel
+            part.reference(Ref(rel, rel + n, source, src_offset + pos - dst_offset))
+
+        self._each_part(dst_offset, dst_offset + size, fill)
 
     @property
     def checksum_degraded(self) -> bool:
