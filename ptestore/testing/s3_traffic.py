@@ -9,7 +9,9 @@
   (a ranged GET's body, an XML answer; a HEAD has no body).
 
 Bodies are counted, not HTTP headers: each request and answer adds a few hundred bytes
-of headers (see ``calls``).
+of headers (see ``calls``). *Data* is the object bytes themselves (``UploadPart`` and
+``PutObject`` bodies sent, ``GetObject`` bodies received); the rest is XML (requests such
+as ``CompleteMultipartUpload``, answers such as ``CopyPartResult``).
 
 Used by the server-side copy tests and ``benchmarks/bench_s3_copy.py``.
 """
@@ -20,7 +22,12 @@ import threading
 from collections import Counter
 from typing import Any
 
-__all__ = ["Traffic"]
+__all__ = ["DATA_RECEIVED", "DATA_SENT", "Traffic"]
+
+#: Operations whose request bodies are object bytes.
+DATA_SENT = ("UploadPart", "PutObject")
+#: Operations whose answer bodies are object bytes.
+DATA_RECEIVED = ("GetObject",)
 
 
 def _length(headers: Any, body: object) -> int:
@@ -91,6 +98,8 @@ class Traffic:
             return {
                 "bytes_sent": sum(self.sent.values()),
                 "bytes_received": sum(self.received.values()),
+                "data_sent": sum(self.sent[op] for op in DATA_SENT),
+                "data_received": sum(self.received[op] for op in DATA_RECEIVED),
                 "calls": {op: self.calls[op] for op in ops},
                 "sent": {op: self.sent[op] for op in ops},
                 "received": {op: self.received[op] for op in ops},

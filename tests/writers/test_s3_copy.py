@@ -311,6 +311,22 @@ def test_holes_stay_zeros(server: Server, bucket: str) -> None:
     assert part_numbers(traffic, "UploadPart") == [2, MARKER_PART_NUMBER]
 
 
+def test_sources_of_at_most_5_mib_are_read(server: Server, bucket: str) -> None:
+    """S3 copies ranges only from sources larger than 5 MB: a last part that is a whole
+    small object is read and uploaded."""
+    small = random.randbytes(1000)
+    src = open_loader(put_source(server, bucket, small), **server.s3.storage_options)
+    w = new_writer(server, bucket)
+    traffic = Traffic().attach(w.client.meta.events)
+    head = random.randbytes(P)
+    w.write(head, 0)
+    w.copy_from(src, 0, 1000, P)
+    w.publish()
+    assert read(server, w.url) == head + small
+    assert not traffic.params.get("UploadPartCopy")
+    assert part_numbers(traffic, "UploadPart") == [1, 2, MARKER_PART_NUMBER]
+
+
 def test_degraded_checksum_is_logged(
     server: Server, bucket: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -1,6 +1,7 @@
 """Storing one complete part: an upload of its bytes, or a copy by the service.
 
-A part whose bytes are all one contiguous range of one source object is copied by S3
+A part whose bytes are all one contiguous range of one source object larger than 5 MiB
+(S3 copies ranges only from such sources) is copied by S3
 (``UploadPartCopy`` with ``CopySourceRange``), pinned to the version read at the start:
 ``CopySourceIfMatch`` is the source's ETag (and ``CopySource`` carries its ``VersionId``
 in a versioned bucket), so a source replaced during the run fails the run with
@@ -29,6 +30,7 @@ from typing import Any
 from ..._retry import to_storage_error
 from ..._s3source import S3Source
 from ...errors import IntegrityError, PreconditionFailed, StorageError
+from . import config
 from .checksum import b64crc
 from .config import S3Connection
 from .parts import PartContent, Ref, UploadedPart
@@ -74,7 +76,8 @@ class PartTransfer:
     def store(self, upload_id: str, content: PartContent, spool_fd: int | None) -> UploadedPart:
         """Copy the part server-side if it is one source range, else upload it."""
         run = content.one_run()
-        if run is not None:
+        # S3 copies a range only from a source larger than 5 MB (AWS: InvalidRequest).
+        if run is not None and run[0].size > config.MIN_PART_SIZE:
             source, delta = run
             if not content.written or self._written_match(content, source, delta):
                 return self.copy(upload_id, content.index, source, delta, content.length)
