@@ -173,11 +173,16 @@ def test_output_is_identical_to_the_streaming_path(server: Server, bucket: str) 
     assert copies and not no_copies
 
 
-def test_other_credentials_or_endpoint_stream(server: Server, bucket: str) -> None:
+@pytest.mark.parametrize("other", ["key", "endpoint"])
+def test_other_credentials_or_endpoint_stream(server: Server, bucket: str, other: str) -> None:
     data = source_bytes()
     src_url = put_source(server, bucket, data)
-    other = {**server.s3.storage_options, "key": "someone-else"}
-    src = open_loader(src_url, **other)  # moto accepts any key: readable, but not ours
+    options = dict(server.s3.storage_options)
+    if other == "key":
+        options["key"] = "someone-else"  # moto accepts any key: readable, but not ours
+    else:  # the same server under another name: not provably the same service
+        options["endpoint_url"] = options["endpoint_url"].replace("127.0.0.1", "localhost")
+    src = open_loader(src_url, **options)
     w = new_writer(server, bucket)
     assert w.copy_source(src) is None
     traffic = Traffic().attach(w.client.meta.events)
