@@ -28,6 +28,7 @@ import fsspec
 from ._io import pread_all
 from ._options import check_options, fsspec_options
 from ._retry import DEFAULT_RETRY, RETRY_OPTIONS, Category, RetryPolicy, classify, to_storage_error
+from ._s3source import S3Source, s3_source_of
 from .errors import ConfigurationError, ObjectNotFound, StorageError
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "DataLoader",
     "FsspecLoader",
     "LocalFileLoader",
+    "S3Source",
     "loader_options",
     "open_loader",
     "split_url",
@@ -239,6 +241,8 @@ class FsspecLoader(_Closing):
         self._size = int(info["size"])
         #: Entity tag / version of the object when the storage reports one.
         self.etag: str | None = info.get("ETag") or info.get("etag")
+        #: Version id of the object read (S3 versioned buckets), else None.
+        self.version_id: str | None = info.get("VersionId") or None
 
     def size(self) -> int:
         return self._size
@@ -264,6 +268,12 @@ class FsspecLoader(_Closing):
                 f"{info['size']}, etag {self.etag} -> {etag}); its content may be a mix of "
                 "two versions"
             )
+
+    def s3_source(self) -> S3Source | None:
+        """The S3 object this loader reads (bucket, key, the version and ETag read when it
+        was opened, its endpoint and credential identity), or None when the filesystem is
+        not s3fs: what lets an S3 writer on the same service copy ranges server-side."""
+        return s3_source_of(self.fs, self.path, self.etag, self.version_id, self._size)
 
     def load(self, offset: int, size: int) -> bytes:
         _check_range(self.name, offset, size, self._size)

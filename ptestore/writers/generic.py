@@ -15,6 +15,16 @@ filesystem's ``put_file``:
   file (``ptestore-generic-*.tmp`` in the system temp dir or ``spool_dir``). A crash can
   leave that file behind, and a crash *during* a non-atomic upload a partial object.
 
+Copies on the store: ranges copied from a loader on the *same* filesystem (equal fsspec
+instances) are not read at once. If at publish the output turns out to be that whole
+source object unchanged (every byte referenced at its own offset, or written with the
+source's own bytes: at most :data:`VERIFY_LIMIT` of them, compared), the filesystem
+copies it itself with ``fs.copy`` (server-side on object stores whose fsspec
+implementation has one, e.g. GCS rewrite, Azure copy; in the kernel for local files);
+the source is checked unchanged (size, ETag) just before and after. Otherwise, or when
+the filesystem cannot copy (``NotImplementedError``), the referenced ranges are read into
+the staging file, the source is checked unchanged, and the file is uploaded as usual.
+
 Prefer :class:`~ptestore.writers.LocalFileWriter`, :class:`~ptestore.writers.MemoryWriter`
 or :class:`~ptestore.writers.S3Writer` where they apply.
 """
@@ -27,15 +37,31 @@ from typing import Any, ClassVar
 
 import fsspec
 
-from .._io import pwrite_all
+from .._io import pread_all, pwrite_all
 from .._options import fsspec_options
 from .._retry import RETRY_OPTIONS, Category, RetryPolicy, classify, to_storage_error
 from ..errors import AlreadyExists, ConfigurationError, StorageError
-from ..loaders import split_url
+from ..loaders import DataLoader, FsspecLoader, split_url
 from ._staging import FileStaging, strerror
 from .base import DataWriter, PublishMode, PublishResult, WriterGuarantees
 
-__all__ = ["FsspecWriter"]
+__all__ = ["VERIFY_LIMIT", "FsspecWriter"]
+
+#: Written bytes compared with the source before a whole-object ``fs.copy``.
+VERIFY_LIMIT = 1 << 20
+_CHUNK = 8 << 20
+
+
+def _cut(ranges: list[tuple[int, int, int]], start: int, end: int) -> list[tuple[int, int, int]]:
+    """``(dst_start, dst_end, src_start)`` ranges with ``[start, end)`` removed."""
+    out: list[tuple[int, int, int]] = []
+    for s, e, src in ranges:
+        if s < start:
+            out.append((s, min(e, start), src))
+        if e > end:
+            b = max(s, end)
+            out.append((b, e, src + b - s))
+    return out
 
 
 class FsspecWriter(DataWriter):
@@ -108,8 +134,31 @@ class FsspecWriter(DataWriter):
             ) from exc
         self._st = FileStaging(tmp, fd)
         self._track_staging(self._st)
+        #: The loader on this filesystem whose ranges are referenced, not yet read.
+        self._src: FsspecLoader | None = None
+        self._refs: list[tuple[int, int, int]] = []
+        #: True once published by the filesystem's own copy of the whole source.
+        self.copied_whole = False
+
+    def _same_fs(self, loader: DataLoader) -> FsspecLoader | None:
+        if not isinstance(loader, FsspecLoader) or loader.fs != self.fs:
+            return None
+        if self._src is not None and self._src is not loader:
+            return None
+        return loader
+
+    def _copy_from(self, loader: DataLoader, src_offset: int, size: int, dst_offset: int) -> None:
+        same = self._same_fs(loader)
+        if same is None:
+            super()._copy_from(loader, src_offset, size, dst_offset)
+            return
+        self._src = same
+        end = dst_offset + size
+        self._refs = [*_cut(self._refs, dst_offset, end), (dst_offset, end, src_offset)]
 
     def _write(self, data: memoryview, offset: int) -> None:
+        if self._refs:
+            self._refs = _cut(self._refs, offset, offset + data.nbytes)
         try:
             pwrite_all(self._st.fileno(), data, offset)
         except OSError as exc:
@@ -118,13 +167,74 @@ class FsspecWriter(DataWriter):
                 f"{self._st.path} failed: {strerror(exc)}"
             ) from exc
 
+    def _is_whole_source(self, src: FsspecLoader, size: int) -> bool:
+        """Every byte of the output is the source's at the same offset."""
+        if src.size() != size or any(s != d for d, _, s in self._refs):
+            return False
+        other: list[tuple[int, int]] = []
+        pos = 0
+        for d, e, _ in sorted(self._refs):
+            if d > pos:
+                other.append((pos, d))
+            pos = max(pos, e)
+        if pos < size:
+            other.append((pos, size))
+        if sum(e - s for s, e in other) > VERIFY_LIMIT:
+            return False
+        fd = self._st.fileno()
+        return all(
+            pread_all(fd, e - s, s).ljust(e - s, b"\0") == bytes(src.load(s, e - s))
+            for s, e in other
+        )
+
+    def _materialize(self, src: FsspecLoader) -> None:
+        """Read the referenced ranges into the staging file."""
+        fd = self._st.fileno()
+        for d, e, s in self._refs:
+            for off in range(0, e - d, _CHUNK):
+                n = min(_CHUNK, e - d - off)
+                data = memoryview(src.load(s + off, n)).cast("B")
+                try:
+                    pwrite_all(fd, data, d + off)
+                except OSError as exc:
+                    raise StorageError(
+                        f"{self.url}: staging write of {n} bytes at offset {d + off} to "
+                        f"{self._st.path} failed: {strerror(exc)}"
+                    ) from exc
+        self._refs = []
+        src.check_unchanged()
+
+    def _copy_whole(self, src: FsspecLoader, mode: PublishMode) -> bool:
+        """``fs.copy`` of the source; False if the filesystem cannot copy."""
+        fs, path = self.fs, self.path
+        src.check_unchanged()
+        if mode == "create" and fs.exists(path):
+            raise AlreadyExists(
+                f"{self.url}: already exists; publish(mode='create') never replaces an "
+                "existing object"
+            )
+        try:
+            self.retry.call(lambda: fs.copy(src.path, path), what=f"{self.url}: copy of {src.name}")
+        except NotImplementedError:
+            return False
+        src.check_unchanged()
+        return True
+
     def _publish(self, mode: PublishMode, size: int) -> PublishResult:
         fs, path, tmp = self.fs, self.path, self._st.path
         exists = (
             f"{self.url}: already exists; publish(mode='create') never replaces an existing object"
         )
         kwargs = {"mode": mode} if "mode" in inspect.signature(fs.put_file).parameters else {}
+        src = self._src
         try:
+            whole = src is not None and self._is_whole_source(src, size)
+            if whole and src is not None and self._copy_whole(src, mode):
+                self.copied_whole = True
+                self._st.cleanup()
+                return PublishResult(url=self.url, size=size)
+            if src is not None:
+                self._materialize(src)
             if mode == "create" and fs.exists(path):
                 raise AlreadyExists(exists)
             self.retry.call(

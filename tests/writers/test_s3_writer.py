@@ -90,8 +90,9 @@ def test_complete_parts_upload_before_publish_and_first_part_waits(
     w.write(data[100:part], 100)  # part 1 still has a hole: it waits
     w.wait_uploads()
     assert uploaded_parts(s3_client, s3_bucket, w) == [2, 3, 4, 5, MARKER_PART_NUMBER]
-    buffered = sorted(i for i, p in w.parts.items() if p.state is PartState.BUFFERED)
-    assert buffered == [0, 5]  # only the partial parts
+    held = sorted(i for i, p in w.parts.items() if p.held)
+    assert held == [0, 5]  # only the partial parts
+    assert w.parts[5].state is PartState.SPARSE  # 77 bytes: no part-sized buffer
     w.write(data[:100], 0)  # part 1 complete now: uploaded at once
     w.wait_uploads()
     assert uploaded_parts(s3_client, s3_bucket, w) == [1, 2, 3, 4, 5, MARKER_PART_NUMBER]

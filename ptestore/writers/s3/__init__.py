@@ -12,6 +12,12 @@ Guarantees (AWS S3 and compatibles that implement conditional writes):
 - **Integrity**: every part carries its CRC32; Complete asserts the full-object CRC32
   (``ChecksumType=FULL_OBJECT``) and ``MpuObjectSize``; after publishing, a ``HEAD``
   with ``ChecksumMode=ENABLED`` checks size, checksum and this writer's token.
+- **Server-side copies**: ``copy_from`` a loader of an S3 object on the same endpoint
+  with the same credentials records the range instead of reading it; each part that is
+  one contiguous source range is copied by the service (``UploadPartCopy``) pinned with
+  ``CopySourceIfMatch`` (the ETag read at the start) and the ``VersionId``; parts that
+  mix sources or straddle written bytes read the unchanged bytes with pinned ranged GETs.
+  A source replaced mid-run fails the run (:class:`~ptestore.errors.PreconditionFailed`).
 - **Cleanup**: discard, garbage collection and interpreter exit abort the upload. A
   crash leaves it pending (billed, invisible): add a lifecycle rule
   ``AbortIncompleteMultipartUpload`` and/or run ``ptestore gc s3://bucket/prefix``,
@@ -20,7 +26,8 @@ Guarantees (AWS S3 and compatibles that implement conditional writes):
 Modules: :mod:`.config` (the s3fs connection, limits), :mod:`.checksum` (CRC-32
 arithmetic), :mod:`.marker` (the gc marker), :mod:`.parts` (the part grid and its
 states), :mod:`.staging` (the pending upload and its abort), :mod:`.publish`
-(publish, reconcile, verify), :mod:`.writer` (:class:`S3Writer`).
+(publish, reconcile, verify), :mod:`.transfer` (storing a part: upload or server-side
+copy), :mod:`.writer` (:class:`S3Writer`).
 
 Retries: one layer, :class:`ptestore._retry.RetryPolicy`; botocore's own retries are off
 (``total_max_attempts=1``) unless ``config_kwargs`` sets ``retries``.
@@ -31,7 +38,7 @@ from __future__ import annotations
 from .checksum import crc32_combine
 from .config import DEFAULT_PART_SIZE, MAX_PART_SIZE, MIN_PART_SIZE, S3Connection
 from .marker import MARKER_PART_NUMBER, MAX_DATA_PARTS, is_marker_part, marker_bytes
-from .parts import Part, PartState, UploadedPart
+from .parts import Part, PartContent, PartState, Ref, UploadedPart
 from .publish import TOKEN_METADATA_KEY
 from .writer import S3Writer
 
@@ -43,7 +50,9 @@ __all__ = [
     "MIN_PART_SIZE",
     "TOKEN_METADATA_KEY",
     "Part",
+    "PartContent",
     "PartState",
+    "Ref",
     "S3Connection",
     "S3Writer",
     "UploadedPart",

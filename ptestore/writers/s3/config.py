@@ -104,6 +104,21 @@ class S3Connection:
         result: dict[str, Any] = self._sync(self.fs.loop, method, **params)
         return result
 
+    def invoke_read(self, operation: str, **params: Any) -> tuple[dict[str, Any], bytes]:
+        """One attempt of ``client.<operation>(**params)`` whose answer has a streaming
+        ``Body`` (``get_object``): the answer and the body, read on s3fs's loop."""
+        method = getattr(self.client, operation)
+
+        async def run() -> tuple[dict[str, Any], bytes]:
+            resp: dict[str, Any] = await method(**params)
+            body = resp.pop("Body")
+            async with body:
+                data: bytes = await body.read()
+            return resp, data
+
+        result: tuple[dict[str, Any], bytes] = self._sync(self.fs.loop, run)
+        return result
+
     def call(
         self,
         what: str,

@@ -79,12 +79,20 @@ class S3Publisher:
         return resp, crc
 
     def complete(
-        self, mode: PublishMode, upload_id: str, size: int, parts: list[dict[str, Any]], crc: int
+        self,
+        mode: PublishMode,
+        upload_id: str,
+        size: int,
+        parts: list[dict[str, Any]],
+        crc: int | None,
     ) -> dict[str, Any]:
-        """Complete the multipart upload: ascending parts, full-object CRC-32, size."""
+        """Complete the multipart upload: ascending parts, full-object CRC-32 (when every
+        part's is known), size."""
         extra: dict[str, Any] = dict(self.conn.extras)
         if mode == "create":
             extra["IfNoneMatch"] = "*"
+        if crc is not None:
+            extra["ChecksumCRC32"] = b64crc(crc)
         retried = [False]
 
         def complete() -> dict[str, Any]:
@@ -95,7 +103,6 @@ class S3Publisher:
                 UploadId=upload_id,
                 MultipartUpload={"Parts": parts},
                 ChecksumType="FULL_OBJECT",
-                ChecksumCRC32=b64crc(crc),
                 MpuObjectSize=size,
                 **extra,
             )
@@ -169,8 +176,9 @@ class S3Publisher:
             ) from exc
         raise to_storage_error(exc, where, operation) from exc
 
-    def verify_published(self, resp: dict[str, Any], size: int, crc: int) -> PublishResult:
-        """The :class:`PublishResult`, after checking the stored object (``verify``)."""
+    def verify_published(self, resp: dict[str, Any], size: int, crc: int | None) -> PublishResult:
+        """The :class:`PublishResult`, after checking the stored object (``verify``);
+        with ``crc`` None (unknown) only its size and token, and no checksum reported."""
         url, where = self.url, self.where
         etag = resp.get("ETag")
         version = resp.get("VersionId")
@@ -188,6 +196,10 @@ class S3Publisher:
         if actual_size != size:
             raise IntegrityError(
                 f"{where}: published object has {actual_size} bytes, but {size} were written"
+            )
+        if crc is None:
+            return PublishResult(
+                url, size, head.get("ETag", etag), head.get("VersionId", version), None
             )
         stored = head.get("ChecksumCRC32")
         if stored is not None and "-" not in str(stored) and stored != b64crc(crc):

@@ -1,32 +1,42 @@
 """S3Writer: a multipart upload on a fixed part grid, completed atomically at publish.
 
-A part is uploaded (in a bounded thread pool, ``max_concurrency`` in flight) as soon
+A part is stored (in a bounded thread pool, ``max_concurrency`` in flight) as soon
 as every byte of it has been written, in any order; only partially written parts are
-buffered in memory. Parts never written are uploaded as zeros at publish. Outputs of
+held in memory. Parts never written are uploaded as zeros at publish. Outputs of
 at most one part go up as a single PutObject. Rewriting a part that is already
 uploaded needs ``spool=True`` (uploaded parts kept in an unlinked local temp file).
+
+``copy_from`` a loader of an S3 object on the same endpoint with the same credentials
+(:meth:`S3Writer.copy_source`) reads nothing: it records the range, and parts that are
+one source range are copied by the service (:mod:`.transfer`).
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import logging
 import os
 import tempfile
 import uuid
 import zlib
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from ..._retry import RETRY_OPTIONS, to_storage_error
+from ..._s3source import S3Source, matching_source, s3_identity
 from ...errors import ConfigurationError, StorageError
-from ...loaders import split_url
+from ...loaders import DataLoader, split_url
 from ..base import DataWriter, PublishMode, PublishResult, WriterGuarantees
 from . import config
 from .checksum import b64crc, crc32_combine
 from .config import DEFAULT_PART_SIZE, S3Connection, check_part_size, largest_object
 from .marker import MARKER_PART_NUMBER, MAX_DATA_PARTS, marker_bytes
-from .parts import Part, PartState, UploadedPart
+from .parts import Part, PartContent, Ref, UploadedPart
 from .publish import TOKEN_METADATA_KEY, S3Publisher
 from .staging import S3Staging
+from .transfer import PartTransfer
+
+log = logging.getLogger("ptestore.writers.s3")
 
 __all__ = ["S3Writer"]
 
@@ -128,6 +138,8 @@ class S3Writer(DataWriter):
         self._held: dict[int, None] = {}  # re-dirtied complete parts awaiting upload (ordered)
         self._st = S3Staging(self.conn, bucket, key)
         self._track_staging(self._st)
+        self._transfer = PartTransfer(self.conn, bucket, key, self.part_size)
+        self._identity: str | None = None
 
     @property
     def upload_id(self) -> str | None:
@@ -205,29 +217,6 @@ class S3Writer(DataWriter):
             self._st.spool_fd = fd
         return self._st.spool_fd
 
-    def _upload_task(
-        self, upload_id: str, index: int, data: bytearray, spool_fd: int | None
-    ) -> UploadedPart:
-        length = len(data)
-        crc = zlib.crc32(data)
-        if spool_fd is not None:
-            view = memoryview(data)
-            done = 0
-            while done < length:
-                done += os.pwrite(spool_fd, view[done:], index * self.part_size + done)
-        resp = self._request(
-            f"UploadPart {index + 1}",
-            "upload_part",
-            Bucket=self.bucket,
-            Key=self.key,
-            UploadId=upload_id,
-            PartNumber=index + 1,
-            Body=data,
-            ChecksumCRC32=b64crc(crc),
-            **self.conn.extras,
-        )
-        return UploadedPart(str(resp["ETag"]), crc, length)
-
     def _reap(self, futures: set[cf.Future[UploadedPart]] | None = None) -> None:
         """Record finished uploads; raise the first failure."""
         done = {f for f in (futures if futures is not None else self._inflight) if f.done()}
@@ -245,7 +234,8 @@ class S3Writer(DataWriter):
         if error is not None:
             raise error
 
-    def _submit(self, part: Part, data: bytearray) -> None:
+    def _submit(self, part: Part, length: int) -> None:
+        """Store the first ``length`` bytes of a complete part (upload or copy)."""
         upload_id = self._ensure_upload()
         pool = self._ensure_pool()
         spool_fd = self._ensure_spool()
@@ -253,7 +243,8 @@ class S3Writer(DataWriter):
             cf.wait(self._inflight, return_when=cf.FIRST_COMPLETED)
             self._reap()
         self._held.pop(part.index, None)
-        fut = pool.submit(self._upload_task, upload_id, part.index, data, spool_fd)
+        content: PartContent = part.content(length)
+        fut = pool.submit(self._transfer.store, upload_id, content, spool_fd)
         part.start_upload(fut)
         self._inflight.add(fut)
 
@@ -263,6 +254,9 @@ class S3Writer(DataWriter):
             cf.wait([part.future])
             self._reap({part.future})
         assert part.uploaded is not None and self._st.spool_fd is not None
+        if part.uploaded.copied is not None:  # copied by the service: not in the spool
+            part.rereference(part.uploaded.copied)
+            return
         length = part.uploaded.length
         data = os.pread(self._st.spool_fd, length, part.index * self.part_size)
         if len(data) != length:  # pragma: no cover - the spool is ours alone
@@ -304,62 +298,113 @@ class S3Writer(DataWriter):
                     "writer with spool=True to rewrite uploaded parts)"
                 )
 
-    def _write(self, data: memoryview, offset: int) -> None:
+    def _each_part(self, offset: int, end: int, fill: Callable[[Part, int, int], None]) -> None:
+        """``fill(part, rel, n)`` for each part piece of ``[offset, end)``, then store the
+        parts it completed (a rewritten part waits: ``_held``)."""
         psize = self.part_size
-        self._check_write(offset, offset + data.nbytes)
+        self._check_write(offset, end)
         self._reap()
-        pos, n = 0, data.nbytes
-        while pos < n:
-            idx, rel = divmod(offset + pos, psize)
-            m = min(psize - rel, n - pos)
+        pos = offset
+        while pos < end:
+            idx, rel = divmod(pos, psize)
+            n = min(psize - rel, end - pos)
             part = self._parts.setdefault(idx, Part(idx))
             rewrite = part.in_storage
             if rewrite:
                 self._reload(part)
-            buf = part.buffer(psize)
-            buf[rel : rel + m] = data[pos : pos + m]
-            part.add_range(rel, rel + m)
+            fill(part, rel, n)
             if rewrite or part.index in self._held:
                 self._held[part.index] = None
             elif part.covered() == psize:
-                self._submit(part, buf)
-            pos += m
+                self._submit(part, psize)
+            pos += n
+        self._bound_held()
+
+    def _write(self, data: memoryview, offset: int) -> None:
+        def fill(part: Part, rel: int, n: int) -> None:
+            pos = part.index * self.part_size + rel - offset
+            part.write(rel, data[pos : pos + n], self.part_size)
+
+        self._each_part(offset, offset + data.nbytes, fill)
+
+    def _bound_held(self) -> None:
         while len(self._held) > self.max_concurrency:  # bound re-dirtied parts in memory
-            p = self._parts[next(iter(self._held))]
-            self._submit(p, p.buffer(psize))
+            self._submit(self._parts[next(iter(self._held))], self.part_size)
+
+    # -- server-side copies ---------------------------------------------------------------
+
+    def copy_source(self, loader: DataLoader) -> S3Source | None:
+        """The object ``copy_from(loader, ...)`` lets the service copy, or None when the
+        bytes must travel through the client: the loader is not an S3 object, or not on
+        this writer's endpoint with the same credentials (see :mod:`ptestore._s3source`)."""
+        if self._identity is None:
+            self._identity = s3_identity(self.conn.fs)
+        return matching_source(loader, self._identity)
+
+    def _copy_from(self, loader: DataLoader, src_offset: int, size: int, dst_offset: int) -> None:
+        source = self.copy_source(loader)
+        if source is None:
+            super()._copy_from(loader, src_offset, size, dst_offset)
+            return
+
+        def fill(part: Part, rel: int, n: int) -> None:
+            pos = part.index * self.part_size + rel
+            part.reference(Ref(rel, rel + n, source, src_offset + pos - dst_offset))
+
+        self._each_part(dst_offset, dst_offset + size, fill)
+
+    @property
+    def checksum_degraded(self) -> bool:
+        """True when a part copied by the service came back without its CRC-32 (moto,
+        some S3-compatible servers): the object is then published without the
+        full-object CRC-32, and the check after publishing covers its size and this
+        writer's token only (``PublishResult.checksum`` is None)."""
+        return any(p.uploaded is not None and p.uploaded.crc is None for p in self._parts.values())
 
     def _publish(self, mode: PublishMode, size: int) -> PublishResult:
         self._reap()
         psize = self.part_size
         nparts = (size + psize - 1) // psize
         if self._st.upload_id is None and nparts <= 1:
-            part = self._parts.get(0)
-            buf = part.buf if part is not None and part.state is PartState.BUFFERED else None
-            body = bytes(buf[:size]) if buf is not None else bytes(size)
-            resp, crc = self._publisher.put(mode, body)
-            self._st.cleanup()
-            return self._publisher.verify_published(resp, size, crc)
+            return self._publish_small(mode, size)
         for idx in range(nparts):
-            length = min(psize, size - idx * psize)
             part = self._parts.setdefault(idx, Part(idx))
-            if part.state is PartState.BUFFERED:
-                buf = part.buffer(psize)
-                del buf[length:]
-                self._submit(part, buf)
-            elif part.state is PartState.EMPTY:
-                self._submit(part, bytearray(length))
+            if not part.in_storage:  # held, or never written: zeros
+                self._submit(part, min(psize, size - idx * psize))
         cf.wait(self._inflight)
         self._reap()
         parts: list[dict[str, Any]] = []
-        crc = 0
+        total: int | None = 0
         for idx in range(nparts):
             up = self._parts[idx].uploaded
             assert up is not None
-            parts.append({"PartNumber": idx + 1, "ETag": up.etag, "ChecksumCRC32": b64crc(up.crc)})
-            crc = crc32_combine(crc, up.crc, up.length) if idx else up.crc
+            entry: dict[str, Any] = {"PartNumber": idx + 1, "ETag": up.etag}
+            if up.crc is not None:
+                entry["ChecksumCRC32"] = b64crc(up.crc)
+            parts.append(entry)
+            if total is not None and up.crc is not None:
+                total = crc32_combine(total, up.crc, up.length) if idx else up.crc
+            else:
+                total = None
+        if total is None:
+            log.warning(
+                "%s: the service returned no CRC-32 for parts it copied; publishing without "
+                "the full-object CRC-32 (size and writer token are still checked)",
+                self._where(),
+            )
         upload_id = self._st.upload_id
         assert upload_id is not None
-        resp = self._publisher.complete(mode, upload_id, size, parts, crc)
+        resp = self._publisher.complete(mode, upload_id, size, parts, total)
         self._st.completed()
+        self._st.cleanup()
+        return self._publisher.verify_published(resp, size, total)
+
+    def _publish_small(self, mode: PublishMode, size: int) -> PublishResult:
+        """An output of at most one part: one PutObject (referenced bytes read first)."""
+        part = self._parts.setdefault(0, Part(0))
+        body = bytes(size)
+        if part.held:
+            body = bytes(self._transfer.materialize(part.content(size)))
+        resp, crc = self._publisher.put(mode, body)
         self._st.cleanup()
         return self._publisher.verify_published(resp, size, crc)

@@ -1,0 +1,129 @@
+"""FsspecWriter: an unchanged whole object on the same filesystem is copied by the
+filesystem (``fs.copy``); anything else is read and uploaded."""
+
+from __future__ import annotations
+
+import random
+import uuid
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import pytest
+from support.fixtures import get_fixture
+
+import ptestore
+from ptestore.errors import AlreadyExists, StorageError
+from ptestore.loaders import BytesLoader, FsspecLoader
+from ptestore.writers import FsspecWriter
+
+N = 50_000
+GAP = (1000, 1100)  # zeros in the source, written as zeros (like padding)
+
+
+class Spy:
+    def __init__(self, fs: Any, monkeypatch: pytest.MonkeyPatch, fail: bool = False) -> None:
+        self.calls: list[tuple[str, str]] = []
+        original = fs.copy
+
+        def copy(path1: str, path2: str, **kw: Any) -> Any:
+            self.calls.append((path1, path2))
+            if fail:
+                raise NotImplementedError("no copy here")
+            return original(path1, path2, **kw)
+
+        monkeypatch.setattr(fs, "copy", copy)
+
+
+@pytest.fixture
+def fs() -> Any:
+    return fsspec.filesystem("memory")
+
+
+@pytest.fixture
+def root() -> str:
+    return f"/gen-{uuid.uuid4().hex}"
+
+
+def source(fs: Any, root: str) -> tuple[bytes, FsspecLoader]:
+    data = bytearray(random.randbytes(N))
+    data[GAP[0] : GAP[1]] = bytes(GAP[1] - GAP[0])
+    fs.pipe(f"{root}/src.pte", bytes(data))
+    return bytes(data), FsspecLoader(fs, f"{root}/src.pte", f"memory://{root}/src.pte")
+
+
+def like_the_coordinator(w: FsspecWriter, loader: Any, meta: bytes) -> None:
+    w.write(bytes(GAP[1] - GAP[0]), GAP[0])
+    w.copy_from(loader, 200, GAP[0] - 200, 200)
+    w.copy_from(loader, GAP[1], N - GAP[1], GAP[1])
+    w.write(meta, 0)
+
+
+def test_unchanged_whole_object_is_copied_by_the_filesystem(
+    fs: Any, root: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data, loader = source(fs, root)
+    spy = Spy(fs, monkeypatch)
+    w = FsspecWriter(f"memory://{root}/dst.pte", fs=fs)
+    like_the_coordinator(w, loader, data[:200])  # the metadata is the source's own
+    result = w.publish()
+    assert w.copied_whole and spy.calls == [(f"{root}/src.pte", f"{root}/dst.pte")]
+    assert fs.cat_file(f"{root}/dst.pte") == data
+    assert result.size == N
+
+
+@pytest.mark.parametrize("why", ["changed-bytes", "other-loader", "no-fs-copy"])
+def test_everything_else_is_read_and_uploaded(
+    fs: Any, root: str, monkeypatch: pytest.MonkeyPatch, why: str
+) -> None:
+    data, loader = source(fs, root)
+    spy = Spy(fs, monkeypatch, fail=why == "no-fs-copy")
+    w = FsspecWriter(f"memory://{root}/dst.pte", fs=fs)
+    meta = random.randbytes(200) if why == "changed-bytes" else data[:200]
+    src: Any = BytesLoader(data) if why == "other-loader" else loader
+    like_the_coordinator(w, src, meta)
+    w.publish()
+    assert not w.copied_whole
+    assert fs.cat_file(f"{root}/dst.pte") == meta + data[200:]
+    assert len(spy.calls) == (1 if why == "no-fs-copy" else 0)
+
+
+def test_source_replaced_before_publish_is_refused(fs: Any, root: str) -> None:
+    data, loader = source(fs, root)
+    w = FsspecWriter(f"memory://{root}/dst.pte", fs=fs)
+    like_the_coordinator(w, loader, random.randbytes(200))
+    fs.pipe(f"{root}/src.pte", data + b"more")
+    with pytest.raises(StorageError, match=r"src.pte: replaced while being read \(size 50000"):
+        w.publish()
+    assert not fs.exists(f"{root}/dst.pte")
+
+
+def test_create_mode_refuses_an_existing_destination(fs: Any, root: str) -> None:
+    data, loader = source(fs, root)
+    fs.pipe(f"{root}/dst.pte", b"previous")
+    w = FsspecWriter(f"memory://{root}/dst.pte", fs=fs)
+    like_the_coordinator(w, loader, data[:200])
+    message = (
+        f"memory://{root}/dst.pte: already exists; publish(mode='create') never replaces an "
+        "existing object"
+    )
+    with pytest.raises(AlreadyExists) as info:
+        w.publish("create")
+    assert str(info.value) == message
+    assert fs.cat_file(f"{root}/dst.pte") == b"previous"
+
+
+def test_passthrough_through_the_coordinator(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fx = get_fixture("mlp_xnnpack")
+    assert fx.pte_path is not None
+    (tmp_path / "in.pte").write_bytes(fx.pte_path.read_bytes())
+    options = {"path": str(tmp_path), "target_protocol": "file"}
+    dirfs = fsspec.filesystem("dir", **options)
+    spy = Spy(dirfs, monkeypatch)
+    ptestore.specialize(
+        "dir://in.pte", "dir://out.pte", backends=["passthrough"], storage_options=options
+    )
+    assert spy.calls == [("in.pte", "out.pte")]
+    assert (tmp_path / "out.pte").read_bytes() == fx.pte_path.read_bytes()
