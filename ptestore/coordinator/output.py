@@ -128,7 +128,7 @@ def write_file(
             replaced_count += 1 if size else 0
         else:
             copied += size
-    cloned_before: int = getattr(f.writer, "bytes_cloned", 0)
+    cloned_before = f.writer.bytes_cloned
     for x in copies:
         f.writer.copy_from(x.source, x.src, x.size, x.dst)
         note(url, x.size)
@@ -147,7 +147,7 @@ def write_file(
         bytes_copied=copied,
         bytes_replaced=replaced_bytes,
         clone_block_size=layout.clone_block_size,
-        bytes_cloned=getattr(f.writer, "bytes_cloned", 0) - cloned_before,
+        bytes_cloned=f.writer.bytes_cloned - cloned_before,
         clone_padding=layout.clone_padding,
     )
 

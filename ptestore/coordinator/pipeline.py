@@ -19,7 +19,7 @@ from ..errors import (
 from ..format.layout import layout_file
 from ..format.reader import read_container
 from ..loaders import DataLoader
-from ..provenance.stamp import ProvenanceRequest, Stamper, attach_object_metadata, object_metadata
+from ..provenance.stamp import ProvenanceRequest, Stamper, object_metadata
 from ..provenance.trailer import without_trailer
 from ..writers.base import DataWriter, PublishMode
 from ..writers.local import LocalFileWriter
@@ -122,7 +122,7 @@ def initialize_and_save_backend_data(
         layouts = [_lay_out(run, f) for f in files]
         if stamper is not None:
             for f in files:
-                attach_object_metadata(f.writer, object_metadata(stamper.key(), device))
+                f.writer.add_object_metadata(object_metadata(stamper.key(), device))
         # A provenance trailer changes every output: nothing is "unchanged" then.
         file_reports = _write(run, layouts, mode, stamped=stamper is not None)
         if stamper is not None:
@@ -288,9 +288,7 @@ def _lay_out(run: Run, f: SourceFile) -> FileLayout:
         for (role, index), reps in run.replacements.items()
         if role == f.role
     }
-    # Writers wrapped or duck-typed without the method cannot clone.
-    probe = getattr(f.writer, "clone_block_size", None)
-    block: int | None = probe(f.loader) if callable(probe) else None
+    block = f.writer.clone_block_size(f.loader)
     placements, patched = layout_file(f.container, f.parsed.metadata, new_sizes, block_size=block)
     padding = 0
     if block is not None and new_sizes:

@@ -25,7 +25,6 @@ from .record import (
 from .stamp import (
     ProvenanceRequest,
     Stamper,
-    attach_object_metadata,
     describe_source,
     object_metadata,
     spec_text,
@@ -42,7 +41,6 @@ __all__ = [
     "SourceInfo",
     "Stamper",
     "Trailer",
-    "attach_object_metadata",
     "describe_source",
     "encode_trailer",
     "object_metadata",

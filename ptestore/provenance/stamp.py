@@ -32,7 +32,6 @@ from .trailer import encode_trailer
 __all__ = [
     "METADATA_PREFIX",
     "ProvenanceRequest",
-    "attach_object_metadata",
     "Stamper",
     "describe_source",
     "object_metadata",
@@ -190,16 +189,6 @@ class Stamper:
             writer.write(data, content_size)
             total += len(data)
         return total
-
-
-def attach_object_metadata(writer: DataWriter, metadata: dict[str, str]) -> bool:
-    """Add ``metadata`` to a writer that stores user metadata with the object (the S3
-    writer's ``metadata`` mapping, sent when the upload starts); False if it has none."""
-    target = getattr(writer, "metadata", None)
-    if not isinstance(target, dict):
-        return False
-    target.update(metadata)
-    return True
 
 
 def object_metadata(key: ProvenanceKey, device: DeviceProfile | None) -> dict[str, str]:

@@ -16,6 +16,7 @@ import os
 import threading
 import warnings
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol
 
@@ -213,6 +214,12 @@ class DataWriter(abc.ABC):
     #: Bytes that :meth:`copy_from` shared with its source (copy-on-write clones)
     #: instead of copying; writers that clone keep it up to date.
     bytes_cloned: int = 0
+
+    def add_object_metadata(self, metadata: Mapping[str, str]) -> bool:
+        """Store ``metadata`` (str to str) with the published object, where the storage
+        keeps user metadata beside an object (S3's ``x-amz-meta-*``). Returns False when
+        it has nowhere to keep it (the default). Call before the first write."""
+        return False
 
     def clone_block_size(self, loader: DataLoader) -> int | None:
         """The block size in which :meth:`copy_from` from ``loader`` can share extents

@@ -468,6 +468,9 @@ class FailingWriter:
     def discard(self) -> None:
         self.inner.discard()
 
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)  # the rest of the DataWriter interface
+
 
 def test_storage_failure_discards(src: Path, dst: Path) -> None:
     with ptestore.open_loader(src) as loader:

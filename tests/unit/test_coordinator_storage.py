@@ -86,6 +86,9 @@ class HeldParts:
     def discard(self) -> None:
         self.inner.discard()
 
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)  # the rest of the DataWriter interface
+
 
 @pytest.mark.s3
 @pytest.mark.parametrize("name", ["mlp_xnnpack_align4096", "conv_xnnpack", "mlp_xnnpack"])
@@ -151,6 +154,9 @@ def test_partial_publish_is_reported(tmp_path: Path, capsys: pytest.CaptureFixtu
 
         def discard(self) -> None:
             self.inner.discard()
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)  # the rest of the DataWriter interface
 
     a, b = open_loader(EXT.pte_path), open_loader(EXT.ptd_path)
     with pytest.raises(PartialPublish) as info:

@@ -19,12 +19,12 @@ import os
 import tempfile
 import uuid
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from ..._retry import RETRY_OPTIONS, to_storage_error
 from ..._s3source import S3Source, matching_source, s3_identity
-from ...errors import ConfigurationError, StorageError
+from ...errors import ConfigurationError, StorageError, WriterStateError
 from ...loaders import DataLoader, split_url
 from ..base import DataWriter, PublishMode, PublishResult, WriterGuarantees
 from . import config
@@ -113,12 +113,7 @@ class S3Writer(DataWriter):
             raise ConfigurationError(
                 f"{url}: option max_concurrency = {max_concurrency!r}: must be an int >= 1"
             )
-        meta = dict(metadata or {})
-        for k, v in meta.items():
-            if not isinstance(k, str) or not isinstance(v, str):
-                raise ConfigurationError(f"{url}: metadata keys and values must be str: {k!r}")
-        if TOKEN_METADATA_KEY in {k.lower() for k in meta}:
-            raise ConfigurationError(f"{url}: metadata key {TOKEN_METADATA_KEY!r} is reserved")
+        meta = _checked_metadata(url, metadata or {})
         self.bucket, self.key = bucket, key
         self.max_concurrency = max_concurrency
         self.spool = spool
@@ -166,6 +161,14 @@ class S3Writer(DataWriter):
             return self.conn.request(what, operation, **params)
         except Exception as exc:
             raise to_storage_error(exc, self._where(), what) from exc
+
+    def add_object_metadata(self, metadata: Mapping[str, str]) -> bool:
+        # docstring inherited
+        self._check_open("add object metadata")
+        if self._st.upload_id is not None or self.size:
+            raise WriterStateError(f"{self.url}: object metadata must be added before writing")
+        self.metadata.update(_checked_metadata(self.url, metadata))
+        return True
 
     def _ensure_upload(self) -> str:
         if self._st.upload_id is not None:
@@ -408,3 +411,13 @@ class S3Writer(DataWriter):
         resp, crc = self._publisher.put(mode, body)
         self._st.cleanup()
         return self._publisher.verify_published(resp, size, crc)
+
+
+def _checked_metadata(url: str, metadata: Mapping[str, str]) -> dict[str, str]:
+    meta = dict(metadata)
+    for k, v in meta.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise ConfigurationError(f"{url}: metadata keys and values must be str: {k!r}")
+    if TOKEN_METADATA_KEY in {k.lower() for k in meta}:
+        raise ConfigurationError(f"{url}: metadata key {TOKEN_METADATA_KEY!r} is reserved")
+    return meta
