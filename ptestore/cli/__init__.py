@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from .backends import add_backends_parser
 from .gc import add_gc_parser
 from .inspect import add_inspect_parser
-from .parser import Parser
+from .parser import Parser, VersionAction
 from .specialize import add_specialize_parser
 
 __all__ = ["build_parser", "main"]
@@ -37,15 +37,13 @@ Run `ptestore COMMAND --help` for the options of each command."""
 
 def build_parser() -> Parser:
     """The ``ptestore`` argument parser with every sub-command."""
-    from .. import __version__
-
     parser = Parser(
         prog="ptestore",
         description="Specialize ExecuTorch .pte/.ptd models once per device and publish them "
         "atomically to local files, memory or object storage.",
         epilog=_EPILOG,
     )
-    parser.add_argument("--version", action="version", version=f"ptestore {__version__}")
+    parser.add_argument("--version", action=VersionAction)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_inspect_parser(sub)
     add_specialize_parser(sub)

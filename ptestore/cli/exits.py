@@ -211,9 +211,16 @@ def guarded(command: str, *, publishes: bool = False) -> Callable[[Command], Com
                 if isinstance(exc, BrokenPipeError):
                     _silence_stdout()
                     return code
-                if getattr(args, "debug", False):
+                debug = bool(getattr(args, "debug", False))
+                if debug:
                     traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
                 print(error_message(command, exc, publishes=publishes), file=sys.stderr)
+                if not debug and exc.__cause__ is not None:
+                    print(
+                        f"ptestore {command}: (--debug prints the full traceback, "
+                        f"{type(exc.__cause__).__name__} included)",
+                        file=sys.stderr,
+                    )
                 if getattr(args, "json", False):
                     obj = error_json(command, exc, code, publishes=publishes)
                     json.dump(obj, sys.stdout, indent=2)

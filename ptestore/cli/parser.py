@@ -15,7 +15,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from typing import Any, NoReturn
 
-__all__ = ["EXIT_USAGE", "Parser", "add_common_flags", "nearest"]
+__all__ = ["EXIT_USAGE", "Parser", "VersionAction", "add_common_flags", "nearest"]
 
 #: The exit status of a usage error (the same number as ``EXIT_BAD_INPUT``).
 EXIT_USAGE = 2
@@ -44,6 +44,28 @@ def add_common_flags(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="debug logs, and on failure the full traceback, with the backend's own",
     )
+
+
+class VersionAction(argparse.Action):
+    """``--version``: print ``ptestore VERSION`` and exit 0. The version is read from the
+    package metadata only when asked (``importlib.metadata`` costs start-up time)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        kwargs.setdefault("help", "show the version and exit")
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        from .. import __version__
+
+        sys.stdout.write(f"ptestore {__version__}\n")
+        sys.stdout.flush()
+        parser.exit()
 
 
 class Parser(argparse.ArgumentParser):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import logging
 import time
 from collections.abc import Callable, Iterable
 
@@ -37,6 +38,8 @@ from .spool import Spool
 from .targets import check_pair_targets
 
 __all__ = ["initialize_and_save_backend_data"]
+
+log = logging.getLogger("ptestore.coordinator")
 
 
 def initialize_and_save_backend_data(
@@ -90,6 +93,7 @@ def initialize_and_save_backend_data(
         if ptd_loader is not None and ptd_writer is not None:
             check_pair_targets(pte_loader.name, pte_writer, ptd_loader.name, ptd_writer)
         files = _read(pte_loader, pte_writer, ptd_loader, ptd_writer)
+        log.info("read metadata in %.3f s", time.perf_counter() - started)
         spool = Spool(spool_dir)
         run = Run(files, spool, event_tracer)
         run.emit(Event("parsed", url=pte_loader.name))
@@ -103,11 +107,34 @@ def initialize_and_save_backend_data(
             )
         check_aliases(run)
         layouts = [_lay_out(run, f) for f in files]
+        for f, (placements, patched) in zip(files, layouts, strict=True):
+            moved = sum(
+                1
+                for seg, p in zip(f.container.segments, placements, strict=True)
+                if (seg.offset, seg.size) != tuple(p)
+            )
+            log.info(
+                "%s: layout: segment base %d (was %d), %d of %d segments moved, %d bytes",
+                f.writer.url,
+                patched.segment_base_offset,
+                f.container.segment_base_offset,
+                moved,
+                len(placements),
+                patched.file_size,
+            )
+        t_write = time.perf_counter()
         file_reports = _write(run, layouts)
+        log.info(
+            "wrote %d bytes in %.3f s",
+            sum(r.size_after for r in file_reports),
+            time.perf_counter() - t_write,
+        )
         # A source replaced while we read it would mix two versions: check first.
         for f in files:
             f.loader.check_unchanged()
+        t_publish = time.perf_counter()
         publish_in_order(run, files, mode, file_reports)
+        log.info("published in %.3f s", time.perf_counter() - t_publish)
         summary.files = file_reports
         summary.seconds = time.perf_counter() - started
         return summary
@@ -144,6 +171,7 @@ def _run_backends(run: Run, backends: Iterable[BackendLike] | None) -> Specializ
     specialized if nothing was."""
     c = run.pte.container
     ids = list(dict.fromkeys(d.id for d in c.delegates))
+    log.debug("backend ids in %s: %s", run.pte.loader.name, ids)
     sel = resolve_backends(backends, ids)
     reports: list[BackendReport] = []
     for bid in ids:
@@ -159,6 +187,7 @@ def _run_backends(run: Run, backends: Iterable[BackendLike] | None) -> Specializ
         reports, [], 0.0, unused_backends=sel.unused, source=run.pte.loader.name
     )
     if reason is not None:
+        log.info("nothing specialized: %s", reason)
         summary.unchanged_reason, summary.hint = reason, hint
         summary.installed_backends = [i.describe() for i in installed_backends()]
     return summary
@@ -195,6 +224,16 @@ def _run_backend(run: Run, impl: BackendInterface, bid: str, report: BackendRepo
         report.status = "specialized"
     finally:
         report.seconds = time.perf_counter() - t0
+    log.info(
+        "backend %s (%s): %s in %.3f s, %d inputs, %d keys and %d blobs replaced",
+        bid,
+        report.implementation,
+        report.status,
+        report.seconds,
+        report.inputs_seen,
+        len(report.keys_replaced),
+        report.blobs_replaced,
+    )
     run.emit(Event("backend_end", backend=bid, seconds=report.seconds, status=report.status))
 
 
@@ -228,9 +267,7 @@ def _lay_out(run: Run, f: SourceFile) -> tuple[list[Placement], PatchResult]:
     return layout_file(f.container, f.parsed.metadata, new_sizes)
 
 
-def _write(
-    run: Run, layouts: list[tuple[list[Placement], PatchResult]]
-) -> list[FileReport]:
+def _write(run: Run, layouts: list[tuple[list[Placement], PatchResult]]) -> list[FileReport]:
     total = sum(patched.file_size for _, patched in layouts)
     done = 0
 
@@ -239,6 +276,4 @@ def _write(
         done += nbytes
         run.emit(Event("write", nbytes=nbytes, done=done, total=total, url=url))
 
-    return [
-        write_file(run, f, layout, note) for f, layout in zip(run.files, layouts, strict=True)
-    ]
+    return [write_file(run, f, layout, note) for f, layout in zip(run.files, layouts, strict=True)]
