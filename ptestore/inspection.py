@@ -101,9 +101,7 @@ def read_description(
     return parsed.container, rows
 
 
-def describe(
-    url: str | os.PathLike[str] | Container, **storage_options: Any
-) -> dict[str, Any]:
+def describe(url: str | os.PathLike[str] | Container, **storage_options: Any) -> dict[str, Any]:
     """What ``ptestore inspect --json URL`` prints, as a dict.
 
     Args:

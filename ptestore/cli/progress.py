@@ -1,7 +1,8 @@
 """Progress of a ``ptestore specialize`` run on stderr, from the run's events.
 
-One bar per phase, all counting bytes in binary units (KiB, MiB, GiB: ``unit_scale``
-with ``unit_divisor=1024``, as the summary's :func:`~ptestore.cli.options.human_bytes`):
+One bar per phase, all counting bytes in binary units: the counts are written by the
+summary's own :func:`~ptestore.cli.options.human_bytes` (KiB, MiB, GiB), and tqdm's own
+scaling, where it shows, uses ``unit_divisor=1024``:
 
 - each backend: the delegate inputs handed to it and the keys and blobs it replaces, as
   they happen (the slow part for a real compiler);
@@ -19,6 +20,8 @@ from __future__ import annotations
 import os
 import sys
 from typing import TYPE_CHECKING, Any, TextIO
+
+from .options import human_bytes
 
 if TYPE_CHECKING:
     from ..coordinator import Event
@@ -48,12 +51,17 @@ class Progress:
         self._bar: Any = None
         self._phase: str | None = None
         self._publishing = False
+        self._done = 0
+        self._label = ""
+        self._desc = ""
 
     def _open(self, phase: str, desc: str, total: int | None) -> Any:
         if self._phase != phase:
             self._close_bar()
             from tqdm import tqdm
 
+            counts = "{desc} [{elapsed}]"
+            bar = "{desc} {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}]"
             self._bar = tqdm(
                 total=total,
                 desc=desc,
@@ -63,9 +71,18 @@ class Progress:
                 file=self.stream,
                 leave=True,
                 dynamic_ncols=True,
+                bar_format=counts if total is None else bar,
             )
-            self._phase = phase
+            self._phase, self._done, self._label, self._desc = phase, 0, "", desc
         return self._bar
+
+    def _advance(self, bar: Any, nbytes: int, refresh: bool = False) -> None:
+        self._done += nbytes
+        total = "" if bar.total is None else f"/{human_bytes(bar.total)}"
+        label = f", {self._label}" if self._label else ""
+        counts = f"{self._desc}: {human_bytes(self._done)}{total}{label}"
+        bar.set_description_str(counts, refresh=refresh)
+        bar.update(nbytes)
 
     def _close_bar(self) -> None:
         if self._bar is not None:
@@ -82,17 +99,18 @@ class Progress:
             self._open(f"backend:{event.backend}", f"backend {event.backend}", None)
         elif kind in ("input", "replacement"):
             bar = self._open(f"backend:{event.backend}", f"backend {event.backend}", None)
-            what = "in" if kind == "input" else "out"
+            what = "input" if kind == "input" else "replaced"
             label = event.key if event.key is not None else f"{event.method} blob"
-            bar.set_postfix_str(f"{what}: {label}"[:48], refresh=False)
-            bar.update(event.nbytes)
+            self._label = f"{what} {label}"[:48]
+            self._advance(bar, event.nbytes)
         elif kind == "backend_end":
             bar = self._open(f"backend:{event.backend}", f"backend {event.backend}", None)
-            bar.set_postfix_str(f"{event.status} in {event.seconds:.2f} s", refresh=True)
+            self._label = f"{event.status} in {event.seconds:.2f} s"
+            self._advance(bar, 0, refresh=True)
             self._close_bar()
         elif kind == "write":
             bar = self._open("write", "writing", event.total)
-            bar.update(event.nbytes)
+            self._advance(bar, event.nbytes)
             if event.total and event.done >= event.total and not self._publishing:
                 self._publishing = True
                 self._say("publishing...")

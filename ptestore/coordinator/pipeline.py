@@ -64,23 +64,40 @@ def initialize_and_save_backend_data(
     5. **write** every byte once at its final location;
     6. check that the sources did not change, then **publish** the .ptd, then the .pte.
 
-    ``backends`` lists implementations (instances, classes or SPEC strings, see
-    :mod:`ptestore.backends.registry`); None uses every installed backend (registered
-    or entry point) whose ``name`` is a backend id in the program, whatever its
-    registration is called. ``mode`` is ``"overwrite"`` or ``"create"`` (refuse to
-    replace an existing destination). Returns a :class:`SpecializationReport`; when no
-    backend specialized anything, ``report.specialized`` is False and
-    ``report.unchanged_reason``/``report.hint`` say why, and with ``strict=True`` the
-    run raises :class:`~ptestore.errors.NothingSpecialized` instead, before writing
-    or publishing anything (naming ``passthrough`` explicitly asks for a copy and
-    counts as done).
+    Args:
+        pte_loader: reads the source ``.pte`` (:func:`~ptestore.open_loader`).
+        pte_writer: publishes the new ``.pte`` (:func:`~ptestore.open_writer`).
+        ptd_loader: reads the source ``.ptd``; given together with ``ptd_writer``.
+        ptd_writer: publishes the new ``.ptd``.
+        backends: implementations (instances, classes or SPEC strings, see
+            :mod:`ptestore.backends.registry`); None uses every installed backend
+            (registered or entry point) whose ``name`` is a backend id in the program,
+            whatever its registration is called.
+        event_tracer: called with an :class:`Event` per step.
+        mode: ``"overwrite"`` or ``"create"`` (refuse to replace an existing
+            destination).
+        spool_dir: where replacement bytes wait until layout.
+        strict: raise :class:`~ptestore.errors.NothingSpecialized` instead of
+            publishing an unchanged copy when nothing was specialized (naming
+            ``passthrough`` explicitly asks for a copy and counts as done).
 
-    On any failure every writer is discarded and the exception propagates: backend
-    failures as :class:`~ptestore.errors.BackendError` naming the backend, method and
-    key; storage failures as :class:`~ptestore.errors.StorageError`; a second publish
-    failing after the first took effect as :class:`~ptestore.errors.PartialPublish`;
-    writers that are one destination, or a writer onto the other file's source, as
-    :class:`~ptestore.errors.ConfigurationError`.
+    Returns:
+        A :class:`SpecializationReport`; when no backend specialized anything,
+        ``report.specialized`` is False and ``report.unchanged_reason``/``report.hint``
+        say why.
+
+    Raises:
+        NothingSpecialized: with ``strict=True``, before writing or publishing anything.
+        BackendError: a backend failed, naming the backend, method and key (its own
+            exception is the ``__cause__``); ``InvalidReplacement`` for a replacement
+            that breaks the rules.
+        StorageError: storage failures after retries; ``PartialPublish`` when the
+            second publish fails after the first took effect.
+        ConfigurationError: bad arguments, writers that are one destination, or a
+            writer onto the other file's source.
+        FormatError: a malformed source.
+
+    On any failure every writer is discarded and the exception propagates.
     """
     if (ptd_loader is None) != (ptd_writer is None):
         raise ConfigurationError("ptd_loader and ptd_writer must be given together")
