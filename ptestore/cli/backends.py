@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import asdict
 from typing import Any
 
 from .exits import EXIT_FAILURE, EXIT_OK, guarded
@@ -47,7 +46,8 @@ def run_backends(args: argparse.Namespace) -> int:
 
     found = installed_backends()
     if args.json:
-        json.dump([asdict(b) for b in found], sys.stdout, indent=2)
+        fields = ("name", "serves", "spec", "origin", "version", "error")
+        json.dump([{f: getattr(b, f) for f in fields} for b in found], sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         rows = [

@@ -19,12 +19,10 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import logging
 import os
 import sys
-import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import (
     AlreadyExists,
@@ -39,6 +37,9 @@ from ..errors import (
     PublishUncertain,
 )
 from .parser import Parser
+
+if TYPE_CHECKING:
+    import logging
 
 __all__ = [
     "BAD_INPUT_ERRORS",
@@ -176,6 +177,8 @@ def configure_logging(args: argparse.Namespace) -> logging.Handler | None:
     debug = bool(getattr(args, "debug", False))
     if not verbose and not debug:
         return None
+    import logging  # here: ``ptestore --help`` does not pay for it
+
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(name)s: %(levelname)s: %(message)s"))
     logger = logging.getLogger("ptestore")
@@ -213,6 +216,8 @@ def guarded(command: str, *, publishes: bool = False) -> Callable[[Command], Com
                     return code
                 debug = bool(getattr(args, "debug", False))
                 if debug:
+                    import traceback
+
                     traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
                 print(error_message(command, exc, publishes=publishes), file=sys.stderr)
                 if not debug and exc.__cause__ is not None:
@@ -229,6 +234,8 @@ def guarded(command: str, *, publishes: bool = False) -> Callable[[Command], Com
                 return code
             finally:
                 if handler is not None:
+                    import logging
+
                     logger = logging.getLogger("ptestore")
                     logger.removeHandler(handler)
                     logger.setLevel(logging.NOTSET)
