@@ -4,14 +4,17 @@
 
 Runs each command ``--runs`` times in a fresh interpreter (the same one as this script,
 from the current directory, so the tree's ``ptestore`` is the one imported) and reports
-the minimum and median wall time, and the minimum over a bare ``python -c pass``: the
-cost ptestore adds. Minimums, because other load on the machine only ever adds time.
+the minimum and median wall time and the minimum CPU time (user + sys of the child),
+each also over a bare ``python -c pass``: the cost ptestore adds. Minimums, because
+other load on the machine only ever adds time; CPU time is the steadier figure on a
+loaded machine.
 Also prints the modules ``--help`` loads that the CLI promises not to.
 """
 
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
 import subprocess
 import sys
@@ -31,25 +34,37 @@ COMMANDS = {
 HEAVY = ("fsspec", "numpy", "tenacity", "s3fs", "tqdm", "importlib.metadata")
 
 
-def timed(argv: list[str]) -> float:
-    t0 = time.perf_counter()
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def timed(argv: list[str]) -> tuple[float, float]:
+    """(wall, CPU) seconds of one run."""
+    c0, t0 = _cpu(), time.perf_counter()
     subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, _cpu() - c0
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--runs", type=int, default=10)
     args = ap.parse_args()
-    results: dict[str, list[float]] = {name: [] for name in COMMANDS}
+    wall: dict[str, list[float]] = {name: [] for name in COMMANDS}
+    cpu: dict[str, list[float]] = {name: [] for name in COMMANDS}
     for _ in range(args.runs):  # interleaved, so that load spikes hit every command
         for name, argv in COMMANDS.items():
-            results[name].append(timed(argv))
-    bare = min(results["python -c pass"])
-    print(f"{'command':<52} {'min':>8} {'median':>8} {'min - bare':>11}")
-    for name, times in results.items():
-        lo, med = min(times) * 1e3, statistics.median(times) * 1e3
-        print(f"{name:<52} {lo:7.1f}ms {med:7.1f}ms {lo - bare * 1e3:9.1f}ms")
+            w, c = timed(argv)
+            wall[name].append(w * 1e3)
+            cpu[name].append(c * 1e3)
+    bare_w, bare_c = min(wall["python -c pass"]), min(cpu["python -c pass"])
+    print(
+        f"{'command':<50} {'wall min':>9} {'median':>8} {'- bare':>8} "
+        f"{'CPU min':>8} {'- bare':>8}   (ms, {args.runs} runs)"
+    )
+    for name in COMMANDS:
+        lo, med, c = min(wall[name]), statistics.median(wall[name]), min(cpu[name])
+        print(f"{name:<50} {lo:9.1f} {med:8.1f} {lo - bare_w:8.1f} {c:8.1f} {c - bare_c:8.1f}")
     probe = (
         "import sys\nfrom ptestore.cli import main\ntry:\n    main(['--help'])\n"
         "except SystemExit:\n    pass\n"
