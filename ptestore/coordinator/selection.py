@@ -110,7 +110,7 @@ def resolve_backends(backends: Iterable[BackendLike] | None, ids: list[str]) -> 
             sel.labels[name] = label
     sel.unused = sorted(name for name in sel.impls if name not in ids)
     for name in sel.unused:
-        log.warning(
+        log.info(
             "backend %s serves %r, which is no backend id of the program", sel.labels[name], name
         )
     if wildcard is not None:
