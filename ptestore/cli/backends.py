@@ -31,7 +31,6 @@ def add_backends_parser(subparsers: Any) -> argparse.ArgumentParser:
         "of the group ptestore.backends), the version of its distribution and, for one "
         "that cannot be loaded, why.",
         epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--json", action="store_true", help="print one JSON array")
     add_common_flags(p)

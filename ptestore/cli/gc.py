@@ -42,6 +42,7 @@ examples:
 
 DURATION is a number with an optional unit: s (the default), m, h, d or w
 (90s, 30m, 12h, 7d, 1.5h).
+
 Exit status: 0 when everything found was handled, 1 if a removal failed, 2 bad input
 (a path that does not exist, a target that is neither local nor s3://, a bad duration,
 refused access)."""
@@ -91,7 +92,6 @@ def add_gc_parser(subparsers: Any) -> argparse.ArgumentParser:
         "(stale hidden staging files no live writer holds) or an s3://bucket/prefix (stale "
         "multipart uploads carrying ptestore's marker). Nothing else is ever touched.",
         epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("target", metavar="PATH_OR_S3_PREFIX", help="directory, file or s3://b/prefix")
     p.add_argument(

@@ -32,7 +32,6 @@ def add_inspect_parser(subparsers: Any) -> argparse.ArgumentParser:
         "data (size, dtype and shape of each key) and wasted bytes of a .pte or .ptd. "
         "Reads only the metadata.",
         epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "url", metavar="URL", help="local path or fsspec URL (file://, memory://, s3://)"

@@ -12,10 +12,18 @@ import argparse
 import difflib
 import re
 import sys
+import textwrap
 from collections.abc import Iterable, Sequence
 from typing import Any, NoReturn
 
-__all__ = ["EXIT_USAGE", "Parser", "VersionAction", "add_common_flags", "nearest"]
+__all__ = [
+    "EXIT_USAGE",
+    "HelpFormatter",
+    "Parser",
+    "VersionAction",
+    "add_common_flags",
+    "nearest",
+]
 
 #: The exit status of a usage error (the same number as ``EXIT_BAD_INPUT``).
 EXIT_USAGE = 2
@@ -44,6 +52,26 @@ def add_common_flags(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="debug logs, and on failure the full traceback, with the backend's own",
     )
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Wraps descriptions and epilogs paragraph by paragraph, but keeps a paragraph whose
+    lines are indented or whose first line ends with ``:`` (``examples:`` and the
+    commands under it) as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        out = []
+        for para in text.split("\n\n"):
+            lines = para.splitlines()
+            if lines and (lines[0].endswith(":") or any(ln.startswith(" ") for ln in lines)):
+                out.append("\n".join(indent + ln for ln in lines))
+            else:
+                out.append(
+                    textwrap.fill(
+                        " ".join(lines), width, initial_indent=indent, subsequent_indent=indent
+                    )
+                )
+        return "\n\n".join(out)
 
 
 class VersionAction(argparse.Action):
@@ -78,7 +106,7 @@ class Parser(argparse.ArgumentParser):
     flags of the sub-command it was given to."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        kwargs.setdefault("formatter_class", HelpFormatter)
         #: Every option string added to this parser (``--help`` included).
         self.flags: list[str] = []
         super().__init__(*args, **kwargs)

@@ -42,7 +42,6 @@ def add_specialize_parser(subparsers: Any) -> argparse.ArgumentParser:
         "DST may equal SRC to replace the original. A run that specializes nothing fails "
         "(exit 2, saying why) unless --allow-unchanged is given or passthrough is named.",
         epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("src", metavar="SRC", help="source .pte (path or URL)")
     p.add_argument("dst", metavar="DST", help="destination .pte (path or URL; may equal SRC)")
