@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     )
     from .inspection import describe
     from .loaders import DataLoader, open_loader
+    from .verification import VerifyReport, verify
     from .writers import DataWriter, open_writer
 
     __version__: str
@@ -63,6 +64,7 @@ __all__ = [
     "PublishUncertain",
     "SpecializationReport",
     "StorageError",
+    "VerifyReport",
     "WriterStateError",
     "__version__",
     "describe",
@@ -70,6 +72,7 @@ __all__ = [
     "open_loader",
     "open_writer",
     "specialize",
+    "verify",
 ]
 
 #: Public names imported on first use, and the module each comes from.
@@ -83,6 +86,8 @@ _LAZY = {
     "open_loader": ".loaders",
     "DataWriter": ".writers",
     "open_writer": ".writers",
+    "VerifyReport": ".verification",
+    "verify": ".verification",
 }
 
 

@@ -6,6 +6,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON="${PYTHON:-python3}"
+# System tools the tests use: mkfs.xfs (xfsprogs) for the copy-on-write tests on a
+# loop-mounted XFS. As root (CI) they are installed and those tests are required; as
+# another user they are skipped when missing.
+if [ "$(id -u)" = 0 ]; then
+    if ! command -v mkfs.xfs >/dev/null 2>&1; then
+        echo "== apt-get install xfsprogs"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq xfsprogs >/dev/null
+    fi
+    export PTESTORE_REQUIRE_REFLINK=1
+fi
 # The [interop] extra's torch pin, e.g. torch==2.13.0 (pyproject.toml is its one home).
 TORCH_PIN="$(grep -o '"torch==[^"]*"' pyproject.toml | tr -d '"')"
 if [ -z "$TORCH_PIN" ]; then

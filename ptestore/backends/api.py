@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 from ..errors import NotSupported
 from ..format.model import CompileSpec, Delegate, TensorLayout
 from ..format.tensorinfo import QuantParams, TensorInfo
+from .compat import Compatibility, DeviceProfile, distribution_version
 
 if TYPE_CHECKING:
     import numpy as np
@@ -28,7 +29,9 @@ __all__ = [
     "BackendDataWriter",
     "BackendInterface",
     "BackendSession",
+    "Compatibility",
     "DelegateInput",
+    "DeviceProfile",
     "NamedDataMap",
     "QuantParams",
     "TensorInfo",
@@ -142,13 +145,20 @@ class BackendSession(Protocol):
 class BackendDataInitContext:
     """What one backend sees during :meth:`BackendInterface.initialize_backend_data`."""
 
-    def __init__(self, session: BackendSession) -> None:
+    def __init__(self, session: BackendSession, device: DeviceProfile | None = None) -> None:
         self._session = session
+        self._device = device
 
     @property
     def backend_id(self) -> str:
         """The ``BackendDelegate.id`` being initialized."""
         return self._session.backend_id
+
+    @property
+    def device(self) -> DeviceProfile | None:
+        """The device profile this run specializes for (None when the caller named
+        none): its ``name`` and ``options`` mapping."""
+        return self._device
 
     def next_backend_data(self) -> DelegateInput | None:
         """The next unique delegate input of this backend, or None at the end.
@@ -218,6 +228,33 @@ class BackendInterface(abc.ABC):  # noqa: B024 - a default method is the point
     """
 
     name: str = "*"
+
+    @property
+    def version(self) -> str:
+        """The implementation's version, recorded in provenance: a changed version makes
+        artifacts it made stale. Default: the version of the installed distribution
+        that provides the class. Override it (a class attribute or an assignment).
+        """
+        explicit = self.__dict__.get("_ptestore_version")
+        return explicit if isinstance(explicit, str) else distribution_version(type(self))
+
+    @version.setter
+    def version(self, value: str) -> None:
+        self.__dict__["_ptestore_version"] = str(value)
+
+    def compatibility_info(self, context: BackendDataInitContext) -> str:
+        """An opaque string stamped into the provenance of what this backend made for
+        ``context`` (compiler and SDK versions, hardware architecture, flags), read back
+        by :meth:`check_compatibility` without loading the model. Called after
+        :meth:`initialize_backend_data` with the same context. Default: empty."""
+        return ""
+
+    def check_compatibility(self, info: str, device: DeviceProfile | None) -> Compatibility:
+        """Rate an artifact whose provenance holds ``info`` (from
+        :meth:`compatibility_info`) for ``device``, without loading the model.
+        Default: ``OPTIMAL`` (no opinion; a changed :attr:`version` still makes the
+        artifact stale)."""
+        return Compatibility.OPTIMAL
 
     def initialize_backend_data(
         self, context: BackendDataInitContext, output: BackendDataWriter

@@ -13,6 +13,9 @@ model, the program runs once with the bytes on stdin and these environment varia
 ``PTESTORE_TENSOR_LAYOUT``   JSON layout of the key, or ``null``
 ``PTESTORE_TENSOR_INFO``     JSON ``TensorInfo.to_json()`` of the key, or ``null``
 ``PTESTORE_SIZE``            number of input bytes
+``PTESTORE_DEVICE``          the device profile's name (empty when the run names none)
+``PTESTORE_DEVICE_OPTIONS``  JSON object of the device profile's options (``{}`` if none)
+``PTESTORE_DEVICE_DIGEST``   the digest of those options (empty if no device)
 ===========================  =============================================================
 
 What it writes to stdout replaces the input. Empty stdout means "keep the input as it
@@ -116,6 +119,16 @@ class CommandBackend(BackendInterface):
         self, context: BackendDataInitContext, output: BackendDataWriter
     ) -> None:
         bid = context.backend_id
+        device = context.device
+        device_env = (
+            device.environment()
+            if device is not None
+            else {
+                "PTESTORE_DEVICE": "",
+                "PTESTORE_DEVICE_OPTIONS": "{}",
+                "PTESTORE_DEVICE_DIGEST": "",
+            }
+        )
         for item in context:
             if not self.processed:
                 continue
@@ -131,6 +144,7 @@ class CommandBackend(BackendInterface):
                 "PTESTORE_TENSOR_LAYOUT": "null",
                 "PTESTORE_TENSOR_INFO": "null",
                 "PTESTORE_SIZE": str(len(item.processed)),
+                **device_env,
             }
             out = self._run(bytes(item.processed), env, "a delegate blob", bid, method=item.method)
             if out:
@@ -155,6 +169,7 @@ class CommandBackend(BackendInterface):
                 "PTESTORE_TENSOR_LAYOUT": json.dumps(None if layout is None else layout.to_json()),
                 "PTESTORE_TENSOR_INFO": json.dumps(None if info is None else info.to_json()),
                 "PTESTORE_SIZE": str(len(data)),
+                **device_env,
             }
             out = self._run(data, env, f"key {key!r}", bid, key=key)
             if out:

@@ -1,10 +1,12 @@
-"""The ``ptestore`` command line: ``inspect``, ``specialize``, ``gc`` and ``backends``.
+"""The ``ptestore`` command line: ``inspect``, ``specialize``, ``verify``, ``fleet``,
+``gc`` and ``backends``.
 
-One module per sub-command (:mod:`.inspect`, :mod:`.specialize`, :mod:`.gc`,
-:mod:`.backends`), each with an ``add_*_parser`` and a ``run_*``; exit statuses and the
-mapping of errors onto them live in :mod:`.exits`, the parser class (usage errors exit
-2, typos get a suggestion) in :mod:`.parser`, option helpers shared by the sub-commands
-in :mod:`.options`. A new sub-command is a new module wired into :func:`build_parser`.
+One module per sub-command (:mod:`.inspect`, :mod:`.specialize`, :mod:`.verify`,
+:mod:`.fleet`, :mod:`.gc`, :mod:`.backends`), each with an ``add_*_parser`` and a
+``run_*``; exit statuses and the mapping of errors onto them live in :mod:`.exits`, the
+parser class (usage errors exit 2, typos get a suggestion) in :mod:`.parser`, option
+helpers shared by the sub-commands in :mod:`.options`. A new sub-command is a new module
+wired into :func:`build_parser`.
 
 Nothing heavy is imported here: ``ptestore --help`` loads neither fsspec nor numpy,
 tenacity, s3fs or tqdm; each ``run_*`` imports what it needs.
@@ -18,10 +20,12 @@ import sys
 from collections.abc import Sequence
 
 from .backends import add_backends_parser
+from .fleet import add_fleet_parser
 from .gc import add_gc_parser
 from .inspect import add_inspect_parser
 from .parser import Parser, VersionAction
 from .specialize import add_specialize_parser
+from .verify import add_verify_parser
 
 __all__ = ["build_parser", "main"]
 
@@ -48,6 +52,8 @@ def build_parser() -> Parser:
     add_inspect_parser(sub)
     add_specialize_parser(sub)
     add_gc_parser(sub)
+    add_verify_parser(sub)
+    add_fleet_parser(sub)
     add_backends_parser(sub)
     parser.commands.update(sub.choices)
     return parser

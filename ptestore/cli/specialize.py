@@ -8,6 +8,7 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
+from ..errors import ConfigurationError
 from .exits import EXIT_OK, guarded
 from .options import add_storage_options, human_bytes, side_storage_options, storage_options
 from .parser import add_common_flags
@@ -82,6 +83,23 @@ def add_specialize_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="DIR",
         help="where replacement bytes wait until layout (default: the system temp dir)",
     )
+    p.add_argument(
+        "--device",
+        metavar="NAME",
+        help="the device profile to specialize for (handed to backends; implies --provenance)",
+    )
+    p.add_argument(
+        "--device-option",
+        metavar="K=V",
+        action="append",
+        default=[],
+        help="an option of the device profile (VALUE parsed as JSON if it can be); repeatable",
+    )
+    p.add_argument(
+        "--provenance",
+        action="store_true",
+        help="end the output with a provenance trailer (see docs/fleet.md)",
+    )
     add_storage_options(p, sides=True)
     add_common_flags(p)
     p.set_defaults(func=run_specialize)
@@ -138,6 +156,12 @@ def run_specialize(args: argparse.Namespace) -> int:
     quiet = args.quiet or args.json
     progress = None if not progress_wanted(disabled=quiet or args.no_progress) else Progress()
     try:
+        from ..backends.compat import DeviceProfile, parse_device_options
+
+        options = parse_device_options(args.device_option)
+        if options and not args.device:
+            raise ConfigurationError("--device-option needs --device NAME")
+        device = DeviceProfile(args.device, options) if args.device else None
         report = specialize(
             args.src,
             args.dst,
@@ -150,6 +174,8 @@ def run_specialize(args: argparse.Namespace) -> int:
             dst_storage_options=side_storage_options(args, "dst"),
             spool_dir=args.spool_dir,
             strict=not args.allow_unchanged,
+            device=device,
+            provenance=bool(args.provenance or device is not None),
         )
     except NothingSpecialized as exc:
         raise NothingSpecialized(

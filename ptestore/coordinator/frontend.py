@@ -6,9 +6,11 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
+from ..backends.compat import DeviceProfile
 from ..backends.registry import BackendLike
 from ..errors import AlreadyExists, ConfigurationError, ObjectNotFound
 from ..loaders import DataLoader, loader_options, open_loader, split_url
+from ..provenance.stamp import ProvenanceRequest
 from ..writers import open_writer, writer_options
 from ..writers.base import DataWriter, PublishMode
 from .pipeline import initialize_and_save_backend_data
@@ -78,6 +80,8 @@ def specialize(
     dst_storage_options: dict[str, Any] | None = None,
     spool_dir: str | None = None,
     strict: bool = False,
+    device: DeviceProfile | None = None,
+    provenance: ProvenanceRequest | bool | None = None,
 ) -> SpecializationReport:
     """Specialize the model at ``src_url`` and publish it at ``dst_url``.
 
@@ -111,6 +115,12 @@ def specialize(
             the system temporary directory).
         strict: raise :class:`~ptestore.errors.NothingSpecialized` when nothing was
             specialized, before anything is written (the CLI's default).
+        device: the device profile (``DeviceProfile``) handed to every backend as
+            ``context.device`` (CLI: ``--device``).
+        provenance: True or a :class:`~ptestore.provenance.ProvenanceRequest`: each
+            output ends with a provenance trailer (see :mod:`ptestore.provenance`); a
+            source's own trailer is never copied, so re-specializing an artifact
+            replaces its trailer.
 
     Returns:
         A :class:`~ptestore.coordinator.report.SpecializationReport`: one entry per
@@ -172,6 +182,8 @@ def specialize(
             mode=mode,
             spool_dir=spool_dir,
             strict=strict,
+            device=device,
+            provenance=provenance,
         )
     finally:
         for w in writers:

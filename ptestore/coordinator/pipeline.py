@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from ..backends.api import BackendDataInitContext, BackendDataWriter, BackendInterface
+from ..backends.compat import DeviceProfile
 from ..backends.registry import BackendLike, installed_backends
 from ..errors import (
     BackendError,
@@ -20,6 +21,8 @@ from ..format.layout import Placement, layout_file
 from ..format.patch import PatchResult
 from ..format.reader import read_container
 from ..loaders import DataLoader
+from ..provenance.stamp import ProvenanceRequest, Stamper, attach_object_metadata, object_metadata
+from ..provenance.trailer import without_trailer
 from ..writers.base import DataWriter, PublishMode
 from .aliases import check_aliases
 from .named import SourceFile
@@ -53,6 +56,8 @@ def initialize_and_save_backend_data(
     mode: PublishMode = "overwrite",
     spool_dir: str | None = None,
     strict: bool = False,
+    device: DeviceProfile | None = None,
+    provenance: ProvenanceRequest | bool | None = None,
 ) -> SpecializationReport:
     """Specialize a model once and publish the result through the given writers.
 
@@ -80,6 +85,12 @@ def initialize_and_save_backend_data(
         strict: raise :class:`~ptestore.errors.NothingSpecialized` instead of
             publishing an unchanged copy when nothing was specialized (naming
             ``passthrough`` explicitly asks for a copy and counts as done).
+        device: the device profile (``DeviceProfile``) handed to every backend as
+            ``context.device`` (CLI: ``--device``).
+        provenance: True or a :class:`~ptestore.provenance.ProvenanceRequest`: each
+            output ends with a provenance trailer (see :mod:`ptestore.provenance`); a
+            source's own trailer is never copied, so re-specializing an artifact
+            replaces its trailer.
 
     Returns:
         A :class:`SpecializationReport`; when no backend specialized anything,
@@ -106,15 +117,22 @@ def initialize_and_save_backend_data(
     writers = [w for w in (pte_writer, ptd_writer) if w is not None]
     started = time.perf_counter()
     spool: Spool | None = None
+    stamper: Stamper | None = None
     try:
         if ptd_loader is not None and ptd_writer is not None:
             check_pair_targets(pte_loader.name, pte_writer, ptd_loader.name, ptd_writer)
+        if provenance:
+            request = provenance if isinstance(provenance, ProvenanceRequest) else None
+            stamper = Stamper(request or ProvenanceRequest(), backends, device)
+            backends = stamper.backends
+            sources = [("pte", pte_loader)] + ([("ptd", ptd_loader)] if ptd_loader else [])
+            stamper.describe_sources(sources)
         files = _read(pte_loader, pte_writer, ptd_loader, ptd_writer)
         log.info("read metadata in %.3f s", time.perf_counter() - started)
         spool = Spool(spool_dir)
         run = Run(files, spool, event_tracer)
         run.emit(Event("parsed", url=pte_loader.name))
-        summary = _run_backends(run, backends)
+        summary = _run_backends(run, backends, device, stamper)
         if strict and not summary.specialized:
             raise NothingSpecialized(
                 nothing_specialized_message(summary) or "nothing was specialized",
@@ -139,6 +157,9 @@ def initialize_and_save_backend_data(
                 len(placements),
                 patched.file_size,
             )
+        if stamper is not None:
+            for f in files:
+                attach_object_metadata(f.writer, object_metadata(stamper.key(), device))
         t_write = time.perf_counter()
         file_reports = _write(run, layouts)
         log.info(
@@ -146,6 +167,11 @@ def initialize_and_save_backend_data(
             sum(r.size_after for r in file_reports),
             time.perf_counter() - t_write,
         )
+        if stamper is not None:
+            ends = [patched.file_size for _, patched in layouts]
+            stamper.write_trailers(
+                [(f.role, f.writer, end) for f, end in zip(files, ends, strict=True)]
+            )
         # A source replaced while we read it would mix two versions: check first.
         for f in files:
             f.loader.check_unchanged()
@@ -173,17 +199,25 @@ def _read(
     ptd_loader: DataLoader | None,
     ptd_writer: DataWriter | None,
 ) -> list[SourceFile]:
+    # A trailer a source may end with is not part of its container: hide it.
+    pte_loader = without_trailer(pte_loader)
     files = [SourceFile("pte", pte_loader, pte_writer, read_container(pte_loader))]
     if files[0].container.kind != "pte":
         raise ConfigurationError(f"{pte_loader.name}: expected a .pte, found a .ptd")
     if ptd_loader is not None and ptd_writer is not None:
+        ptd_loader = without_trailer(ptd_loader)
         files.append(SourceFile("ptd", ptd_loader, ptd_writer, read_container(ptd_loader)))
         if files[1].container.kind != "ptd":
             raise ConfigurationError(f"{ptd_loader.name}: expected a .ptd, found a .pte")
     return files
 
 
-def _run_backends(run: Run, backends: Iterable[BackendLike] | None) -> SpecializationReport:
+def _run_backends(
+    run: Run,
+    backends: Iterable[BackendLike] | None,
+    device: DeviceProfile | None,
+    stamper: Stamper | None,
+) -> SpecializationReport:
     """Run every backend; the report so far (no files yet), with why nothing was
     specialized if nothing was."""
     c = run.pte.container
@@ -196,7 +230,7 @@ def _run_backends(run: Run, backends: Iterable[BackendLike] | None) -> Specializ
         report = BackendReport(bid, sel.labels.get(bid), "no_implementation")
         reports.append(report)
         if impl is not None:
-            _run_backend(run, impl, bid, report)
+            _run_backend(run, impl, bid, report, device, stamper)
     reason, hint = why_unchanged(
         sel, reports, has_ptd=len(run.files) > 1, pte_has_named_data=bool(c.named_data)
     )
@@ -210,16 +244,29 @@ def _run_backends(run: Run, backends: Iterable[BackendLike] | None) -> Specializ
     return summary
 
 
-def _run_backend(run: Run, impl: BackendInterface, bid: str, report: BackendReport) -> None:
+def _run_backend(
+    run: Run,
+    impl: BackendInterface,
+    bid: str,
+    report: BackendReport,
+    device: DeviceProfile | None,
+    stamper: Stamper | None,
+) -> None:
     session = Session(run, bid, report)
     run.emit(Event("backend_start", backend=bid))
     t0 = time.perf_counter()
+    context = BackendDataInitContext(session, device)
     try:
         try:
             # Typed to return None, but a generator function or an async def returns
             # an object whose body never ran: look at what really came back.
             call: Callable[..., object] = impl.initialize_backend_data
-            result = call(BackendDataInitContext(session), BackendDataWriter(session))
+            try:
+                result = call(context, BackendDataWriter(session))
+            except NotSupported:
+                _note(stamper, bid, impl, context)
+                raise
+            _note(stamper, bid, impl, context)
         finally:
             session.close()  # the context and writer are valid only during the call
         _check_returned(result, bid)
@@ -252,6 +299,14 @@ def _run_backend(run: Run, impl: BackendInterface, bid: str, report: BackendRepo
         report.blobs_replaced,
     )
     run.emit(Event("backend_end", backend=bid, seconds=report.seconds, status=report.status))
+
+
+def _note(
+    stamper: Stamper | None, bid: str, impl: BackendInterface, context: BackendDataInitContext
+) -> None:
+    """Stamp the backend into the provenance while its context is still valid."""
+    if stamper is not None:
+        stamper.note(bid, impl, context)
 
 
 def _check_returned(result: object, bid: str) -> None:

@@ -143,10 +143,18 @@ def test_debug_prints_the_backends_own_traceback(
 
 def test_every_subcommand_takes_verbose_and_debug() -> None:
     parser = build_parser()
-    for command in ("inspect", "specialize", "gc", "backends"):
-        args = {"inspect": ["m.pte"], "specialize": ["a", "b"], "gc": ["."], "backends": []}
-        ns = parser.parse_args([command, *args[command], "-v", "--debug"])
-        assert (ns.verbose, ns.debug) == (1, True), command
+    for argv in (
+        ["inspect", "m.pte"],
+        ["specialize", "a", "b"],
+        ["gc", "."],
+        ["backends"],
+        ["verify", "a.pte"],
+        ["fleet", "run", "job.toml"],
+        ["fleet", "plan", "job.toml"],
+    ):
+        ns = parser.parse_args([*argv, "-v", "--debug"])
+        assert (ns.verbose, ns.debug) == (1, True), argv
+    assert set(parser.commands) == {"inspect", "specialize", "gc", "backends", "verify", "fleet"}
 
 
 def test_verbose_logs_decisions_and_timings(
@@ -484,7 +492,14 @@ def test_backends_exits_1_when_one_cannot_be_loaded(
 
 @pytest.mark.parametrize(
     "function",
-    ["specialize", "initialize_and_save_backend_data", "describe", "open_loader", "open_writer"],
+    [
+        "specialize",
+        "initialize_and_save_backend_data",
+        "describe",
+        "open_loader",
+        "open_writer",
+        "verify",
+    ],
 )
 def test_public_functions_document_arguments_returns_and_raises(function: str) -> None:
     doc = getattr(ptestore, function).__doc__ or ""
@@ -493,7 +508,7 @@ def test_public_functions_document_arguments_returns_and_raises(function: str) -
 
 
 def test_every_help_has_examples(capsys: pytest.CaptureFixture[str]) -> None:
-    for argv in ([], ["inspect"], ["specialize"], ["gc"], ["backends"]):
+    for argv in ([], ["inspect"], ["specialize"], ["gc"], ["backends"], ["verify"], ["fleet"]):
         with pytest.raises(SystemExit) as info:
             main([*argv, "--help"])
         assert info.value.code == EXIT_OK
@@ -550,7 +565,8 @@ def test_help_loads_no_storage_numpy_or_progress_library() -> None:
         """
         import sys
         from ptestore.cli import main
-        for argv in ([], ["inspect"], ["specialize"], ["gc"], ["backends"]):
+        for argv in ([], ["inspect"], ["specialize"], ["gc"], ["backends"], ["verify"],
+                     ["fleet"], ["fleet", "run"]):
             try:
                 main([*argv, "--help"])
             except SystemExit:

@@ -1,0 +1,144 @@
+"""Device profiles, backend versions and compatibility ratings (as ONNX Runtime's
+compile API rates a compiled model for an execution-provider device).
+
+- :class:`DeviceProfile`: the device a run specializes for: a name and an options
+  mapping (SoC, compiler flags, whatever a job says), handed to backends as
+  ``BackendDataInitContext.device``; its :meth:`~DeviceProfile.digest` goes into an
+  artifact's provenance.
+- :class:`Compatibility`: how well an artifact fits a device, as rated by
+  ``BackendInterface.check_compatibility(info, device)`` from the compatibility string
+  the backend stamped with ``compatibility_info(context)`` when it made the artifact.
+- :func:`distribution_version`: the version of the installed distribution that
+  provides a class (the default ``BackendInterface.version``).
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import metadata
+from typing import Any
+
+from ..errors import ConfigurationError
+
+__all__ = [
+    "Compatibility",
+    "DeviceProfile",
+    "canonical_json",
+    "distribution_version",
+    "parse_device_options",
+]
+
+#: Version reported for a class no installed distribution provides.
+UNKNOWN_VERSION = "unknown"
+
+
+class Compatibility(enum.Enum):
+    """A backend's rating of an existing artifact for a device."""
+
+    #: The artifact is the best this backend can make for the device.
+    OPTIMAL = "optimal"
+    #: It runs, but specializing again (newer compiler, other flags) would be better.
+    PREFER_RESPECIALIZATION = "prefer_respecialization"
+    #: It does not run on the device (or the backend cannot tell that it does).
+    UNSUPPORTED = "unsupported"
+
+
+def canonical_json(value: object) -> str:
+    """JSON with sorted keys and no spaces: the same value always gives the same text."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+@dataclass(frozen=True, eq=True)
+class DeviceProfile:
+    """A device type to specialize for: ``name`` and free-form ``options``.
+
+    Options are JSON values (strings, numbers, booleans, lists, tables); they are
+    copied, so a profile never changes after it is made.
+    """
+
+    name: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise ConfigurationError(f"device name must be a non-empty string, got {self.name!r}")
+        if not isinstance(self.options, Mapping):
+            raise ConfigurationError(
+                f"device {self.name!r}: options must be a mapping, got "
+                f"{type(self.options).__name__}"
+            )
+        try:
+            text = canonical_json(dict(self.options))
+        except (TypeError, ValueError) as exc:
+            raise ConfigurationError(
+                f"device {self.name!r}: options must be JSON values: {exc}"
+            ) from exc
+        object.__setattr__(self, "options", json.loads(text))
+
+    def __hash__(self) -> int:
+        return hash((self.name, canonical_json(dict(self.options))))
+
+    def digest(self) -> str:
+        """``sha256:<hex>`` of the canonical JSON of the options (not of the name)."""
+        text = canonical_json(dict(self.options)).encode()
+        return "sha256:" + hashlib.sha256(text).hexdigest()
+
+    def environment(self) -> dict[str, str]:
+        """The profile as environment variables (what the ``command`` backend passes):
+        ``PTESTORE_DEVICE``, ``PTESTORE_DEVICE_OPTIONS`` (JSON) and
+        ``PTESTORE_DEVICE_DIGEST``."""
+        return {
+            "PTESTORE_DEVICE": self.name,
+            "PTESTORE_DEVICE_OPTIONS": canonical_json(dict(self.options)),
+            "PTESTORE_DEVICE_DIGEST": self.digest(),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "options": dict(self.options), "digest": self.digest()}
+
+
+def parse_device_options(pairs: list[str], where: str = "--device-option") -> dict[str, Any]:
+    """``["soc=sm8650", "threads=4"]`` -> ``{"soc": "sm8650", "threads": 4}`` (a value is
+    parsed as JSON when it is valid JSON, else kept as a string)."""
+    options: dict[str, Any] = {}
+    for text in pairs:
+        key, sep, value = text.partition("=")
+        if not sep or not key.strip():
+            raise ConfigurationError(f"{where}: expected KEY=VALUE, got {text!r}")
+        try:
+            parsed: Any = json.loads(value)
+        except ValueError:
+            parsed = value
+        options[key.strip()] = parsed
+    return options
+
+
+@lru_cache(maxsize=256)
+def _module_distribution_version(module: str) -> str:
+    top = module.partition(".")[0]
+    if top in ("__main__", "builtins"):
+        return UNKNOWN_VERSION
+    names = metadata.packages_distributions().get(top, [])
+    for name in names:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    if top == "ptestore":  # run from a source tree that is not installed
+        mod = sys.modules.get("ptestore")
+        version = getattr(mod, "__version__", None)
+        if isinstance(version, str):
+            return version
+    return UNKNOWN_VERSION
+
+
+def distribution_version(cls: type) -> str:
+    """The version of the installed distribution providing ``cls``'s module, or
+    ``"unknown"``."""
+    return _module_distribution_version(cls.__module__)

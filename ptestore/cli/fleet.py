@@ -1,0 +1,119 @@
+"""``ptestore fleet run JOBFILE [--workers N] [--scheduler ADDRESS] [--json] [--quiet]``
+and ``ptestore fleet plan JOBFILE [--json]``.
+
+Exit status of ``run``: 0 when every pair is done or skipped, 1 when any failed, 2 for
+a bad job file (the message names the line and key) or an unreachable scheduler.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from .exits import EXIT_OK, guarded
+from .parser import add_common_flags
+from .progress import progress_wanted
+
+__all__ = ["add_fleet_parser", "run_fleet"]
+
+_EPILOG = """\
+examples:
+  ptestore fleet plan job.toml
+  ptestore fleet run job.toml --workers 4
+  ptestore fleet run job.toml --scheduler tcp://scheduler:8786 --json"""
+
+
+def add_fleet_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``ptestore fleet run`` and ``ptestore fleet plan`` to ``subparsers``."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "fleet",
+        help="specialize every (model, device) pair of a job file",
+        description="Run or plan a fleet job (a TOML file listing models, device profiles, "
+        "backends and a destination template). See docs/fleet.md.",
+        epilog=_EPILOG,
+    )
+    sub = p.add_subparsers(dest="fleet_command", required=True, metavar="ACTION")
+    r = sub.add_parser(
+        "run",
+        help="run every pair that is not current",
+        description="Specialize every (model, device) pair whose destination does not "
+        "already hold an artifact with matching provenance. Exit status: 0 all done or "
+        "skipped, 1 a pair failed, 2 bad job file.",
+    )
+    r.add_argument("job", metavar="JOBFILE", help="the job file (TOML)")
+    r.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="local worker processes (default: the CPU count; 1 runs inline)",
+    )
+    r.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        default=None,
+        help="run on a Dask distributed scheduler (tcp://host:port; default: "
+        "$PTESTORE_DASK_SCHEDULER)",
+    )
+    r.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    r.add_argument("--quiet", "-q", action="store_true", help="no progress bar or summary")
+    r.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar (also: TQDM_DISABLE=1, or stderr not a terminal)",
+    )
+    add_common_flags(r)
+    r.set_defaults(func=run_fleet)
+    pl = sub.add_parser(
+        "plan",
+        help="list what a run would do, without doing it",
+        description="For every pair: run or skip, and why. Reads each source once and "
+        "each destination's trailer; writes nothing.",
+    )
+    pl.add_argument("job", metavar="JOBFILE", help="the job file (TOML)")
+    pl.add_argument("--json", action="store_true", help="print the plan as JSON")
+    add_common_flags(pl)
+    pl.set_defaults(func=run_fleet)
+    return p
+
+
+@guarded("fleet", publishes=True)
+def run_fleet(args: argparse.Namespace) -> int:
+    """Run ``ptestore fleet run|plan``: exit 0 every pair done or skipped, 1 a pair
+    failed, 2 a bad job file or an unreachable scheduler."""
+    from ..fleet import load_job, plan_job, run_plan
+
+    job = load_job(args.job)
+    plan = plan_job(job)
+    if args.fleet_command == "plan":
+        if args.json:
+            json.dump({"pairs": [p.to_dict() for p in plan.pairs]}, sys.stdout, indent=2)
+            sys.stdout.write("\n")
+        else:
+            print(plan.render())
+        return EXIT_OK
+    show = progress_wanted(disabled=args.quiet or args.json or args.no_progress)
+    bar: Any = None
+    if show:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(plan.pairs), unit="pair", desc="pairs", file=sys.stderr)
+
+    def progress(result: Any) -> None:
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix_str(f"{result.model}/{result.device} {result.status}")
+
+    try:
+        result = run_plan(plan, workers=args.workers, scheduler=args.scheduler, progress=progress)
+    finally:
+        if bar is not None:
+            bar.close()
+    if args.json:
+        json.dump(result.to_json(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    elif not args.quiet:
+        print(result.summary())
+    return result.exit_code

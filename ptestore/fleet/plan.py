@@ -1,0 +1,143 @@
+"""What a fleet run would do: describe each model's sources once, look at each pair's
+destination, and decide run or skip (and why)."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+from dataclasses import dataclass
+from typing import Any
+
+from ..backends.registry import load_backend
+from ..errors import ConfigurationError, PteStoreError
+from ..provenance import ProvenanceKey, SourceInfo, describe_source
+from .job import Job, Pair
+from .work import PairTask, check_destination, open_counted
+
+__all__ = ["Plan", "PlannedPair", "backend_versions", "plan_job"]
+
+#: Destinations checked at once while planning.
+_CHECK_THREADS = 16
+
+
+@dataclass
+class PlannedPair:
+    """One pair and what a run would do with it: ``action`` is ``"run"``, ``"skip"``
+    or ``"fail"`` (its sources cannot be read)."""
+
+    pair: Pair
+    action: str
+    reason: str
+    task: PairTask | None
+    #: Bytes the planner read for this pair (its share of the sources, the trailer).
+    bytes: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.pair.model.name,
+            "device": self.pair.device.name,
+            "destination": self.pair.destination,
+            "action": self.action,
+            "reason": self.reason,
+        }
+
+
+@dataclass
+class Plan:
+    job: Job
+    pairs: list[PlannedPair]
+
+    def count(self, action: str) -> int:
+        return sum(1 for p in self.pairs if p.action == action)
+
+    def render(self) -> str:
+        width = max([len(p.pair.model.name) for p in self.pairs] + [5])
+        dwidth = max([len(p.pair.device.name) for p in self.pairs] + [6])
+        lines = [f"{'model':<{width}}  {'device':<{dwidth}}  action  reason"]
+        for p in self.pairs:
+            lines.append(
+                f"{p.pair.model.name:<{width}}  {p.pair.device.name:<{dwidth}}  "
+                f"{p.action:<6}  {p.reason}"
+            )
+        lines.append(
+            f"{len(self.pairs)} pairs: {self.count('run')} to run, {self.count('skip')} to skip"
+            + (f", {self.count('fail')} failing" if self.count("fail") else "")
+        )
+        return "\n".join(lines)
+
+
+def backend_versions(specs: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """``(spec, version)`` of each backend, as the provenance records them."""
+    out = []
+    for spec in specs:
+        impl = load_backend(spec)
+        out.append((spec.strip(), str(impl.version)))
+    return tuple(out)
+
+
+def plan_job(job: Job) -> Plan:
+    """Decide, for every pair, whether a run does it (never writes anything).
+
+    Raises :class:`~ptestore.errors.ConfigurationError` when a backend cannot be
+    loaded; a model whose source cannot be read makes its pairs ``"fail"``."""
+    try:
+        versions = backend_versions(job.backends)
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"{job.path}: backends: {exc}") from exc
+    described: dict[str, dict[str, SourceInfo] | str] = {}
+    read: dict[str, int] = {}
+    for model in job.models:
+        counter = [0]
+        try:
+            infos = {"pte": _describe(model.source, job, counter)}
+            if model.ptd is not None:
+                infos["ptd"] = _describe(model.ptd, job, counter)
+            described[model.name] = infos
+        except PteStoreError as exc:
+            described[model.name] = str(exc)
+        read[model.name] = counter[0]
+    per_model = {m.name: sum(1 for p in job.pairs() if p.model.name == m.name) for m in job.models}
+
+    def decide(pair: Pair) -> PlannedPair:
+        share = read[pair.model.name] // max(1, per_model[pair.model.name])
+        entry = described[pair.model.name]
+        if isinstance(entry, str):
+            return PlannedPair(pair, "fail", f"cannot read the source: {entry}", None, share)
+        infos = entry
+        key = ProvenanceKey(
+            infos["pte"].sha256,
+            infos["ptd"].sha256 if "ptd" in infos else None,
+            versions,
+            (pair.device.name, pair.device.digest()),
+        )
+        task = PairTask(
+            model=pair.model.name,
+            device=pair.device,
+            source=pair.model.source,
+            ptd=pair.model.ptd,
+            destination=pair.destination,
+            ptd_destination=pair.ptd_destination,
+            backends=job.backends,
+            storage_options=dict(job.storage_options),
+            sources=infos,
+            key=key,
+        )
+        counter = [0]
+        urls = [pair.destination] + ([pair.ptd_destination] if pair.ptd_destination else [])
+        try:
+            current, reason = check_destination(urls, job.storage_options, key, counter)
+        except PteStoreError as exc:
+            current, reason = False, f"cannot read the destination: {exc}"
+        return PlannedPair(pair, "skip" if current else "run", reason, task, share + counter[0])
+
+    # Destination checks are small ranged reads: overlap their latency.
+    with cf.ThreadPoolExecutor(max_workers=_CHECK_THREADS) as pool:
+        out = list(pool.map(decide, job.pairs()))
+    return Plan(job, out)
+
+
+def _describe(url: str, job: Job, counter: list[int]) -> SourceInfo:
+    loader = open_counted(url, job.storage_options, counter)
+    try:
+        return describe_source(loader, url)
+    finally:
+        loader.close()

@@ -1,0 +1,230 @@
+"""Running a planned job: inline, on a local process pool, or on Dask distributed.
+
+Each pair that must run is one call of :func:`~ptestore.fleet.work.run_pair`:
+
+- ``workers=1``: in this process, one after the other;
+- ``workers=N``: a :class:`concurrent.futures.ProcessPoolExecutor` (spawned processes);
+- ``scheduler="tcp://host:port"`` (or ``PTESTORE_DASK_SCHEDULER``): one Dask task per
+  pair on that cluster. Dask reschedules the tasks of a worker that dies (up to the
+  scheduler's ``distributed.scheduler.allowed-failures``); a pair that still cannot run
+  is reported failed. ``dask[distributed]`` is imported only here (``ptestore[fleet]``).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import multiprocessing
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ConfigurationError
+from .job import Job
+from .plan import Plan, PlannedPair, plan_job
+from .work import PairResult, PairTask, run_pair
+
+__all__ = ["SCHEDULER_ENV", "FleetResult", "run_job", "run_plan"]
+
+SCHEDULER_ENV = "PTESTORE_DASK_SCHEDULER"
+
+Progress = Callable[[PairResult], None]
+
+
+@dataclass
+class FleetResult:
+    """Every pair's result, in job order, and the totals."""
+
+    pairs: list[PairResult]
+    seconds: float = 0.0
+    engine: str = "inline"
+
+    def count(self, status: str) -> int:
+        return sum(1 for p in self.pairs if p.status == status)
+
+    @property
+    def bytes(self) -> int:
+        return sum(p.bytes for p in self.pairs)
+
+    @property
+    def exit_code(self) -> int:
+        """0 when every pair is done or skipped, 1 when any failed."""
+        return 1 if self.count("failed") else 0
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``fleet run --json`` object."""
+        return {
+            "done": self.count("done"),
+            "skipped": self.count("skipped"),
+            "failed": self.count("failed"),
+            "pairs": [p.to_dict() for p in self.pairs],
+        }
+
+    def summary(self) -> str:
+        """The summary table (and one line per failed pair)."""
+        rows = [
+            ("done", str(self.count("done"))),
+            ("skipped", str(self.count("skipped"))),
+            ("failed", str(self.count("failed"))),
+            ("bytes through the client", _human(self.bytes)),
+            ("time", f"{self.seconds:.2f} s ({self.engine})"),
+        ]
+        width = max(len(k) for k, _ in rows)
+        lines = [f"{k:<{width}}  {v}" for k, v in rows]
+        for p in self.pairs:
+            if p.status == "failed":
+                lines.append(f"failed: {p.model} on {p.device} -> {p.destination}: {p.error}")
+        return "\n".join(lines)
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"  # pragma: no cover
+
+
+def _skipped(p: PlannedPair) -> PairResult:
+    return PairResult(
+        p.pair.model.name,
+        p.pair.device.name,
+        p.pair.destination,
+        "skipped",
+        bytes=p.bytes,
+        reason=p.reason,
+    )
+
+
+def _failed(p: PlannedPair, error: str) -> PairResult:
+    return PairResult(
+        p.pair.model.name,
+        p.pair.device.name,
+        p.pair.destination,
+        "failed",
+        error=error,
+        bytes=p.bytes,
+        reason=p.reason,
+    )
+
+
+def run_job(
+    job: Job,
+    *,
+    workers: int | None = None,
+    scheduler: str | None = None,
+    progress: Progress | None = None,
+    connect_timeout: float = 30.0,
+) -> FleetResult:
+    """Plan ``job`` and run every pair that is not current (see :func:`run_plan`)."""
+    return run_plan(
+        plan_job(job),
+        workers=workers,
+        scheduler=scheduler,
+        progress=progress,
+        connect_timeout=connect_timeout,
+    )
+
+
+def run_plan(
+    plan: Plan,
+    *,
+    workers: int | None = None,
+    scheduler: str | None = None,
+    progress: Progress | None = None,
+    connect_timeout: float = 30.0,
+) -> FleetResult:
+    """Run the pairs of ``plan`` marked ``run``; ``progress`` is called once per pair
+    (skipped ones first). ``connect_timeout`` bounds the wait for a Dask scheduler."""
+    if workers is not None and workers < 1:
+        raise ConfigurationError(f"--workers must be >= 1, got {workers}")
+    scheduler = scheduler or os.environ.get(SCHEDULER_ENV) or None
+    started = time.perf_counter()
+    results: dict[int, PairResult] = {}
+    todo: list[tuple[int, PlannedPair, PairTask]] = []
+    for i, p in enumerate(plan.pairs):
+        if p.action == "skip":
+            results[i] = _skipped(p)
+        elif p.action == "fail" or p.task is None:
+            results[i] = _failed(p, p.reason)
+        else:
+            todo.append((i, p, p.task))
+        if i in results and progress is not None:
+            progress(results[i])
+
+    def done(i: int, p: PlannedPair, r: PairResult) -> None:
+        r.bytes += p.bytes
+        results[i] = r
+        if progress is not None:
+            progress(r)
+
+    if scheduler:
+        engine = f"dask {scheduler}"
+        _run_dask(todo, scheduler, done, connect_timeout)
+    else:
+        n = workers or min(len(todo), os.cpu_count() or 1) or 1
+        engine = "inline" if n == 1 else f"{n} processes"
+        if n == 1:
+            for i, p, task in todo:
+                done(i, p, run_pair(task))
+        else:
+            _run_pool(todo, n, done)
+    return FleetResult(
+        [results[i] for i in range(len(plan.pairs))], time.perf_counter() - started, engine
+    )
+
+
+def _run_pool(
+    todo: Iterable[tuple[int, PlannedPair, PairTask]],
+    workers: int,
+    done: Callable[[int, PlannedPair, PairResult], None],
+) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        futures = {pool.submit(run_pair, task): (i, p) for i, p, task in todo}
+        for fut in cf.as_completed(futures):
+            i, p = futures[fut]
+            try:
+                r = fut.result()
+            except Exception as exc:  # a worker process died (BrokenProcessPool)
+                r = _failed(p, f"worker process failed: {type(exc).__name__}: {exc}")
+            done(i, p, r)
+
+
+def _run_dask(
+    todo: list[tuple[int, PlannedPair, PairTask]],
+    scheduler: str,
+    done: Callable[[int, PlannedPair, PairResult], None],
+    connect_timeout: float,
+) -> None:
+    try:
+        from distributed import Client, as_completed
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"--scheduler {scheduler}: Dask distributed is not installed: install "
+            f"ptestore[fleet] ({exc})"
+        ) from exc
+    try:
+        client = Client(scheduler, timeout=connect_timeout)  # type: ignore[no-untyped-call]
+    except OSError as exc:
+        raise ConfigurationError(
+            f"--scheduler {scheduler}: cannot reach the Dask scheduler within "
+            f"{connect_timeout:g} s: {exc}"
+        ) from exc
+    run_id = uuid.uuid4().hex[:8]
+    try:
+        futures = {}
+        for i, p, task in todo:
+            key = f"ptestore-pair-{run_id}-{i}-{task.model}-{task.device.name}"
+            futures[client.submit(run_pair, task, key=key, pure=False)] = (i, p)
+        for fut in as_completed(list(futures)):  # type: ignore[no-untyped-call]
+            i, p = futures[fut]
+            try:
+                r = fut.result()
+            except Exception as exc:  # KilledWorker after too many worker losses, ...
+                r = _failed(p, f"Dask task failed: {type(exc).__name__}: {exc}")
+            done(i, p, r)
+    finally:
+        client.close()  # type: ignore[no-untyped-call]

@@ -1,0 +1,216 @@
+"""One (model, device) pair: check its destination, specialize, publish, verify.
+
+:func:`run_pair` is the unit of work of every runner (inline, process pool, Dask): a
+module-level function of one picklable :class:`PairTask`, returning a
+:class:`PairResult` and never raising, so one pair's failure stops no other.
+
+Publishing is create-or-verify: a pair whose destination is empty publishes with
+``mode="create"`` (no-clobber); when another worker won the race, the artifact it
+published is accepted only if its provenance key is the one this pair wants. After
+every publish the destination's trailer is read back and checked the same way, so two
+workers racing on one pair never leave a wrong artifact unreported.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..backends.compat import DeviceProfile
+from ..backends.registry import load_backend
+from ..errors import AlreadyExists, FormatError, ObjectNotFound, PteStoreError
+from ..loaders import DataLoader, open_loader
+from ..provenance import ProvenanceKey, ProvenanceRequest, SourceInfo, read_provenance
+from ..writers import open_writer
+from ..writers.base import PublishMode
+from .job import loader_options, writer_options
+
+__all__ = [
+    "CountingLoader",
+    "PairResult",
+    "PairTask",
+    "check_destination",
+    "open_counted",
+    "run_pair",
+]
+
+
+@dataclass(frozen=True)
+class PairTask:
+    """Everything a worker needs for one pair (picklable)."""
+
+    model: str
+    device: DeviceProfile
+    source: str
+    ptd: str | None
+    destination: str
+    ptd_destination: str | None
+    backends: tuple[str, ...]
+    storage_options: dict[str, Any]
+    #: The sources as the planner described them (digests computed once per model).
+    sources: dict[str, SourceInfo]
+    #: The provenance key a current artifact has.
+    key: ProvenanceKey
+
+
+@dataclass
+class PairResult:
+    """How one pair ended: ``status`` is ``"done"``, ``"skipped"`` or ``"failed"``."""
+
+    model: str
+    device: str
+    destination: str
+    status: str
+    error: str | None = None
+    seconds: float = 0.0
+    #: Bytes read and written through this client for the pair.
+    bytes: int = 0
+    #: Why it ran or was skipped (not part of the ``--json`` output).
+    reason: str = field(default="", compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "device": self.device,
+            "destination": self.destination,
+            "status": self.status,
+            "error": self.error,
+            "seconds": round(self.seconds, 6),
+            "bytes": self.bytes,
+        }
+
+
+class CountingLoader:
+    """Counts the bytes read through another loader."""
+
+    def __init__(self, inner: DataLoader, counter: list[int]) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self._counter = counter
+
+    def size(self) -> int:
+        return self.inner.size()
+
+    def load(self, offset: int, size: int) -> bytes | bytearray | memoryview:
+        data = self.inner.load(offset, size)
+        self._counter[0] += size
+        return data
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def open_counted(url: str, options: dict[str, Any], counter: list[int]) -> DataLoader:
+    """A loader for ``url`` (with the options that apply to reading) that adds the bytes
+    it reads to ``counter[0]``."""
+    return CountingLoader(open_loader(url, **loader_options(url, options)), counter)
+
+
+def check_destination(
+    urls: list[str], options: dict[str, Any], want: ProvenanceKey, counter: list[int]
+) -> tuple[bool, str]:
+    """``(current, reason)`` for the artifact at ``urls`` (the .pte, then a .ptd)."""
+    for url in urls:
+        try:
+            loader = open_counted(url, options, counter)
+        except ObjectNotFound:
+            return False, f"no artifact at {url}"
+        try:
+            prov = read_provenance(loader)
+        except FormatError as exc:
+            return False, f"damaged provenance trailer: {exc}"
+        finally:
+            loader.close()
+        if prov is None:
+            return False, f"{url} has no provenance trailer"
+        diff = prov.key().mismatches(want)
+        if diff:
+            return False, f"stale: {'; '.join(diff)}"
+    return True, "current: provenance matches"
+
+
+def run_pair(task: PairTask) -> PairResult:
+    """Do one pair; every failure is reported in the result, never raised."""
+    t0 = time.perf_counter()
+    counter = [0]
+    result = PairResult(task.model, task.device.name, task.destination, "failed")
+    try:
+        result.status, result.reason = _run(task, counter)
+    except Exception as exc:
+        result.status = "failed"
+        result.error = (
+            f"{type(exc).__name__}: {exc}" if not isinstance(exc, PteStoreError) else (str(exc))
+        )
+    result.seconds = time.perf_counter() - t0
+    result.bytes = counter[0]
+    return result
+
+
+def _run(task: PairTask, counter: list[int]) -> tuple[str, str]:
+    from ..coordinator import initialize_and_save_backend_data
+
+    urls = [task.destination] + ([task.ptd_destination] if task.ptd_destination else [])
+    current, reason = check_destination(urls, task.storage_options, task.key, counter)
+    if current:
+        return "skipped", reason  # e.g. a retry after the first attempt had published
+    impls = [load_backend(spec) for spec in task.backends]
+    versions = tuple(
+        (spec.strip(), str(i.version)) for spec, i in zip(task.backends, impls, strict=True)
+    )
+    if versions != task.key.backends:
+        raise PteStoreError(
+            f"backend versions on this worker {list(versions)} differ from the planner's "
+            f"{list(task.key.backends)}; install the same versions everywhere"
+        )
+    exists = not reason.startswith("no artifact")
+    mode: PublishMode = "overwrite" if exists or task.ptd is not None else "create"
+    loaders: list[DataLoader] = []
+    writers: list[Any] = []
+    try:
+        loaders.append(open_counted(task.source, task.storage_options, counter))
+        writers.append(
+            open_writer(task.destination, **writer_options(task.destination, task.storage_options))
+        )
+        if task.ptd is not None and task.ptd_destination is not None:
+            loaders.append(open_counted(task.ptd, task.storage_options, counter))
+            writers.append(
+                open_writer(
+                    task.ptd_destination,
+                    **writer_options(task.ptd_destination, task.storage_options),
+                )
+            )
+        try:
+            report = initialize_and_save_backend_data(
+                loaders[0],
+                writers[0],
+                ptd_loader=loaders[1] if len(loaders) > 1 else None,
+                ptd_writer=writers[1] if len(writers) > 1 else None,
+                backends=list(task.backends),  # recorded as the job's SPECs
+                mode=mode,
+                device=task.device,
+                provenance=ProvenanceRequest(sources=dict(task.sources)),
+            )
+            counter[0] += sum(f.size_after for f in report.files)
+            outcome = "published"
+        except AlreadyExists:
+            outcome = "raced"  # another worker published first: verify what it left
+    finally:
+        for w in writers:
+            try:
+                w.discard()
+            except Exception:
+                pass
+        for loader in loaders:
+            loader.close()
+    current, reason = check_destination(urls, task.storage_options, task.key, counter)
+    if not current:
+        raise PteStoreError(
+            f"{task.destination}: after {'publishing' if outcome == 'published' else 'a race'}, "
+            f"the destination is not current ({reason}); another run with other inputs "
+            "may have replaced it"
+        )
+    return "done", "published" if outcome == "published" else "published by another worker"

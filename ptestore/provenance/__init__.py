@@ -1,0 +1,95 @@
+"""Provenance: what every specialized artifact records about how it was made.
+
+- :mod:`.trailer`: the binary trailer after the last segment (read, write, hide);
+- :mod:`.record`: the typed record and the key that decides whether it is current;
+- :mod:`.stamp`: making it during a run (sources, backends, device, S3 metadata).
+
+:func:`read_provenance` reads the record of an artifact; :func:`provenance_json` is
+what ``ptestore inspect --json`` shows under ``provenance``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import FormatError
+from ..loaders import DataLoader
+from .record import (
+    BackendStamp,
+    DeviceStamp,
+    Provenance,
+    ProvenanceKey,
+    RequestedBackend,
+    SourceInfo,
+)
+from .stamp import (
+    ProvenanceRequest,
+    Stamper,
+    attach_object_metadata,
+    describe_source,
+    object_metadata,
+    spec_text,
+)
+from .trailer import Trailer, encode_trailer, read_trailer, without_trailer
+
+__all__ = [
+    "BackendStamp",
+    "DeviceStamp",
+    "Provenance",
+    "ProvenanceKey",
+    "ProvenanceRequest",
+    "RequestedBackend",
+    "SourceInfo",
+    "Stamper",
+    "Trailer",
+    "attach_object_metadata",
+    "describe_source",
+    "encode_trailer",
+    "object_metadata",
+    "provenance_json",
+    "read_provenance",
+    "read_trailer",
+    "replace_trailer",
+    "spec_text",
+    "without_trailer",
+]
+
+
+def read_provenance(loader: DataLoader) -> Provenance | None:
+    """The provenance record of the object behind ``loader``; None if it has no trailer.
+
+    Raises :class:`~ptestore.errors.FormatError` for a damaged trailer or record."""
+    trailer = read_trailer(loader)
+    if trailer is None:
+        return None
+    return Provenance.from_dict(trailer.record(), loader.name)
+
+
+def provenance_json(loader: DataLoader) -> dict[str, Any] | None:
+    """What ``inspect --json`` shows under ``"provenance"``: the record plus the trailer's
+    placement and checksum, ``None`` when there is no trailer, or ``{"error": ...}`` for a
+    damaged one."""
+    try:
+        trailer = read_trailer(loader)
+        if trailer is None:
+            return None
+        record = Provenance.from_dict(trailer.record(), loader.name).to_dict()
+    except FormatError as exc:
+        return {"error": str(exc)}
+    record["trailer"] = {
+        "offset": trailer.content_size,
+        "size": trailer.size,
+        "sha256": "sha256:" + trailer.sha256,
+    }
+    return record
+
+
+def replace_trailer(data: bytes | bytearray | memoryview, payload: dict[str, Any]) -> bytes:
+    """``data`` (a whole file) with its trailer, if any, replaced by one for ``payload``
+    (in memory; for tests and small tools)."""
+    from ..loaders import BytesLoader
+
+    loader = BytesLoader(data)
+    trailer = read_trailer(loader)
+    end = len(memoryview(data)) if trailer is None else trailer.content_size
+    return bytes(memoryview(data)[:end]) + encode_trailer(payload, end)

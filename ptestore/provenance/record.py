@@ -1,0 +1,264 @@
+"""What a provenance trailer says, as typed values: :class:`Provenance` and its parts.
+
+The JSON payload (``format = "ptestore.provenance"``, ``version = 1``)::
+
+    {"format": "ptestore.provenance", "version": 1, "role": "pte",
+     "source": {"url", "size", "sha256", "etag", "version_id"},
+     "ptd_source": {...} | null,
+     "requested": [{"spec", "version"}],          # the backends asked for, in order
+     "backends": [{"id", "spec", "version", "compatibility"}],   # per backend id run
+     "device": {"name", "digest"} | null,
+     "ptestore_version": "0.1.0", "created": "2026-12-01T08:00:00Z"}
+
+:meth:`Provenance.key` is what decides whether an artifact is current: the source
+digests, the requested backend specs and versions, and the device name and digest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ..backends.compat import canonical_json
+from ..errors import FormatError
+
+__all__ = [
+    "FORMAT",
+    "FORMAT_VERSION",
+    "BackendStamp",
+    "DeviceStamp",
+    "Provenance",
+    "ProvenanceKey",
+    "RequestedBackend",
+    "SourceInfo",
+]
+
+FORMAT = "ptestore.provenance"
+FORMAT_VERSION = 1
+
+
+def _field(where: str, key: str) -> str:
+    return f"provenance {where}.{key}" if where else f"provenance {key}"
+
+
+_KIND_WORDS = {int: "an integer", str: "a string", list: "a list", dict: "an object"}
+
+
+def _get(d: dict[str, Any], key: str, kind: type, source: str, where: str) -> Any:
+    value = d.get(key)
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
+        raise FormatError(source, _field(where, key), value, _KIND_WORDS.get(kind, kind.__name__))
+    return value
+
+
+def _opt_str(d: dict[str, Any], key: str, source: str, where: str) -> str | None:
+    value = d.get(key)
+    if value is not None and not isinstance(value, str):
+        raise FormatError(source, _field(where, key), value, "a string or null")
+    return value
+
+
+@dataclass(frozen=True)
+class SourceInfo:
+    """The object a file was made from: URL, size, SHA-256 and, where the store has
+    them, entity tag and version id."""
+
+    url: str
+    size: int
+    sha256: str
+    etag: str | None = None
+    version_id: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "size": self.size,
+            "sha256": self.sha256,
+            "etag": self.etag,
+            "version_id": self.version_id,
+        }
+
+    @classmethod
+    def from_dict(cls, d: object, source: str, where: str) -> SourceInfo:
+        if not isinstance(d, dict):
+            raise FormatError(source, f"provenance {where}", d, "an object")
+        return cls(
+            url=_get(d, "url", str, source, where),
+            size=_get(d, "size", int, source, where),
+            sha256=_get(d, "sha256", str, source, where),
+            etag=_opt_str(d, "etag", source, where),
+            version_id=_opt_str(d, "version_id", source, where),
+        )
+
+
+@dataclass(frozen=True)
+class RequestedBackend:
+    """A backend the run was asked to use: its SPEC and the implementation's version."""
+
+    spec: str
+    version: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"spec": self.spec, "version": self.version}
+
+
+@dataclass(frozen=True)
+class BackendStamp:
+    """One backend id of the program and what served it."""
+
+    id: str
+    spec: str
+    version: str
+    #: The implementation's ``compatibility_info(context)`` ("" when it gives none).
+    compatibility: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "spec": self.spec,
+            "version": self.version,
+            "compatibility": self.compatibility,
+        }
+
+
+@dataclass(frozen=True)
+class DeviceStamp:
+    """The device profile: its name and the digest of its options."""
+
+    name: str
+    digest: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "digest": self.digest}
+
+
+@dataclass(frozen=True)
+class ProvenanceKey:
+    """The fields that make an artifact current (see :meth:`Provenance.key`)."""
+
+    source_sha256: str
+    ptd_sha256: str | None
+    backends: tuple[tuple[str, str], ...]
+    device: tuple[str, str] | None
+
+    def digest(self) -> str:
+        """``sha256:<hex>`` of the canonical JSON of the key."""
+        text = canonical_json(
+            [
+                self.source_sha256,
+                self.ptd_sha256,
+                [list(b) for b in self.backends],
+                list(self.device) if self.device else None,
+            ]
+        )
+        return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+    def mismatches(self, want: ProvenanceKey) -> list[str]:
+        """Human-readable differences, ``[]`` when the keys match (``self`` is what the
+        artifact records, ``want`` what it should)."""
+        out: list[str] = []
+        if self.source_sha256 != want.source_sha256:
+            out.append(f"source.sha256 is {self.source_sha256}, expected {want.source_sha256}")
+        if self.ptd_sha256 != want.ptd_sha256:
+            out.append(f"ptd_source.sha256 is {self.ptd_sha256}, expected {want.ptd_sha256}")
+        if self.backends != want.backends:
+            have = ", ".join(f"{s} {v}" for s, v in self.backends) or "none"
+            exp = ", ".join(f"{s} {v}" for s, v in want.backends) or "none"
+            out.append(f"backends are [{have}], expected [{exp}]")
+        if self.device != want.device:
+            out.append(f"device is {_dev(self.device)}, expected {_dev(want.device)}")
+        return out
+
+
+def _dev(d: tuple[str, str] | None) -> str:
+    return "none" if d is None else f"{d[0]} ({d[1]})"
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Everything a trailer records about the file it ends."""
+
+    role: Literal["pte", "ptd"]
+    source: SourceInfo
+    ptd_source: SourceInfo | None
+    requested: tuple[RequestedBackend, ...]
+    backends: tuple[BackendStamp, ...]
+    device: DeviceStamp | None
+    ptestore_version: str
+    created: str
+
+    def key(self) -> ProvenanceKey:
+        return ProvenanceKey(
+            self.source.sha256,
+            None if self.ptd_source is None else self.ptd_source.sha256,
+            tuple((b.spec, b.version) for b in self.requested),
+            None if self.device is None else (self.device.name, self.device.digest),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "role": self.role,
+            "source": self.source.to_dict(),
+            "ptd_source": None if self.ptd_source is None else self.ptd_source.to_dict(),
+            "requested": [b.to_dict() for b in self.requested],
+            "backends": [b.to_dict() for b in self.backends],
+            "device": None if self.device is None else self.device.to_dict(),
+            "ptestore_version": self.ptestore_version,
+            "created": self.created,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], source: str) -> Provenance:
+        """Parse and check a payload; :class:`FormatError` names the bad field."""
+        if d.get("format") != FORMAT:
+            raise FormatError(source, "provenance format", d.get("format"), repr(FORMAT))
+        if d.get("version") != FORMAT_VERSION:
+            raise FormatError(source, "provenance version", d.get("version"), str(FORMAT_VERSION))
+        role = d.get("role")
+        if role not in ("pte", "ptd"):
+            raise FormatError(source, "provenance role", role, "'pte' or 'ptd'")
+        ptd = d.get("ptd_source")
+        requested = []
+        for i, b in enumerate(_get(d, "requested", list, source, "")):
+            w = f"requested[{i}]"
+            if not isinstance(b, dict):
+                raise FormatError(source, f"provenance {w}", b, "an object")
+            requested.append(
+                RequestedBackend(
+                    _get(b, "spec", str, source, w), _get(b, "version", str, source, w)
+                )
+            )
+        stamps = []
+        for i, b in enumerate(_get(d, "backends", list, source, "")):
+            w = f"backends[{i}]"
+            if not isinstance(b, dict):
+                raise FormatError(source, f"provenance {w}", b, "an object")
+            stamps.append(
+                BackendStamp(
+                    _get(b, "id", str, source, w),
+                    _get(b, "spec", str, source, w),
+                    _get(b, "version", str, source, w),
+                    _get(b, "compatibility", str, source, w),
+                )
+            )
+        dev = d.get("device")
+        device = None
+        if dev is not None:
+            if not isinstance(dev, dict):
+                raise FormatError(source, "provenance device", dev, "an object or null")
+            device = DeviceStamp(
+                _get(dev, "name", str, source, "device"), _get(dev, "digest", str, source, "device")
+            )
+        return cls(
+            role=role,
+            source=SourceInfo.from_dict(d.get("source"), source, "source"),
+            ptd_source=None if ptd is None else SourceInfo.from_dict(ptd, source, "ptd_source"),
+            requested=tuple(requested),
+            backends=tuple(stamps),
+            device=device,
+            ptestore_version=_get(d, "ptestore_version", str, source, ""),
+            created=_get(d, "created", str, source, ""),
+        )

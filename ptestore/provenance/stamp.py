@@ -1,0 +1,216 @@
+"""Making provenance during a run: describe the sources, remember which backend served
+which id (and its compatibility string), write a trailer after each output's last
+segment, and the S3 object metadata that mirrors the key.
+
+The pipeline uses one :class:`Stamper` per run; nothing here imports the coordinator.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ..backends.api import BackendDataInitContext, BackendInterface
+from ..backends.compat import DeviceProfile
+from ..backends.registry import BackendLike, load_backend
+from ..errors import BackendError, StorageError
+from ..loaders import DataLoader
+from ..writers.base import DataWriter
+from .record import (
+    BackendStamp,
+    DeviceStamp,
+    Provenance,
+    ProvenanceKey,
+    RequestedBackend,
+    SourceInfo,
+)
+from .trailer import encode_trailer
+
+__all__ = [
+    "METADATA_PREFIX",
+    "ProvenanceRequest",
+    "attach_object_metadata",
+    "Stamper",
+    "describe_source",
+    "object_metadata",
+    "spec_text",
+]
+
+_CHUNK = 8 << 20
+#: Prefix of the S3 user-metadata keys (``x-amz-meta-ptestore-*``).
+METADATA_PREFIX = "ptestore-"
+
+
+def describe_source(loader: DataLoader, url: str | None = None) -> SourceInfo:
+    """Size and SHA-256 of the whole object (one streaming read), with its entity tag
+    and version id when the loader knows them."""
+    h = hashlib.sha256()
+    size = loader.size()
+    offset = 0
+    while offset < size:
+        n = min(_CHUNK, size - offset)
+        h.update(loader.load(offset, n))
+        offset += n
+    etag = getattr(loader, "etag", None)
+    version = getattr(loader, "version_id", None)
+    return SourceInfo(
+        url=url or loader.name,
+        size=size,
+        sha256="sha256:" + h.hexdigest(),
+        etag=etag if isinstance(etag, str) else None,
+        version_id=version if isinstance(version, str) else None,
+    )
+
+
+def spec_text(backend: BackendLike) -> str:
+    """How a backend given as a SPEC, a class or an instance is recorded."""
+    if isinstance(backend, str):
+        return backend.strip()
+    cls = backend if isinstance(backend, type) else type(backend)
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def _ptestore_version() -> str:
+    from .. import __version__
+
+    return __version__
+
+
+@dataclass
+class ProvenanceRequest:
+    """Ask a run for provenance. ``sources`` may carry already-known descriptions of the
+    .pte (``"pte"``) and .ptd (``"ptd"``) sources: they are trusted when the loader
+    reports the same size and entity tag, else the source is hashed again."""
+
+    sources: dict[str, SourceInfo] = field(default_factory=dict)
+    #: Fixed creation time (ISO 8601, UTC) instead of now.
+    created: str | None = None
+
+
+class Stamper:
+    """Collects what the provenance of one run needs, then writes the trailers."""
+
+    def __init__(
+        self,
+        request: ProvenanceRequest,
+        backends: Iterable[BackendLike] | None,
+        device: DeviceProfile | None,
+    ) -> None:
+        self.request = request
+        self.device = device
+        self.requested: list[tuple[str, BackendInterface]] = []
+        self._given = backends is not None
+        if backends is not None:
+            for b in backends:
+                self.requested.append((spec_text(b), load_backend(b)))
+        self.stamps: list[BackendStamp] = []
+        self.sources: dict[str, SourceInfo] = {}
+
+    @property
+    def backends(self) -> list[BackendInterface] | None:
+        """The loaded implementations, to run instead of the specs (so each spec is
+        instantiated once); None when the run uses the registry."""
+        return [i for _, i in self.requested] if self._given else None
+
+    def describe_sources(self, loaders: Sequence[tuple[str, DataLoader]]) -> None:
+        """Describe each ``(role, loader)`` source (before anything else reads it)."""
+        for role, loader in loaders:
+            known = self.request.sources.get(role)
+            etag = getattr(loader, "etag", None)
+            if (
+                known is not None
+                and known.size == loader.size()
+                and known.etag is not None
+                and known.etag == etag
+            ):
+                self.sources[role] = known
+                continue
+            info = describe_source(loader)
+            if known is not None and known.sha256 != info.sha256:
+                raise StorageError(
+                    f"{loader.name}: source changed since it was described: sha256 "
+                    f"{info.sha256}, expected {known.sha256}"
+                )
+            self.sources[role] = info
+
+    def spec_of(self, impl: BackendInterface) -> str:
+        for spec, inst in self.requested:
+            if inst is impl:
+                return spec
+        return spec_text(impl) if impl.name == "*" else impl.name
+
+    def note(
+        self, backend_id: str, impl: BackendInterface, context: BackendDataInitContext
+    ) -> None:
+        """Record that ``impl`` served ``backend_id`` and its compatibility string."""
+        try:
+            info = impl.compatibility_info(context)
+            version = impl.version
+        except Exception as exc:
+            raise BackendError(
+                f"compatibility_info failed: {type(exc).__name__}: {exc}", backend=backend_id
+            ) from exc
+        if not isinstance(info, str):
+            raise BackendError(
+                f"compatibility_info returned {type(info).__name__}, not str", backend=backend_id
+            )
+        self.stamps.append(BackendStamp(backend_id, self.spec_of(impl), str(version), info))
+
+    def key(self) -> ProvenanceKey:
+        return self.provenance("pte").key()
+
+    def provenance(self, role: Literal["pte", "ptd"]) -> Provenance:
+        created = self.request.created or _dt.datetime.now(_dt.timezone.utc).strftime(
+            "%Y-%m-%dT%H:%M:%SZ"
+        )
+        return Provenance(
+            role=role,
+            source=self.sources["pte"],
+            ptd_source=self.sources.get("ptd"),
+            requested=tuple(RequestedBackend(s, str(i.version)) for s, i in self.requested),
+            backends=tuple(self.stamps),
+            device=None
+            if self.device is None
+            else DeviceStamp(self.device.name, self.device.digest()),
+            ptestore_version=_ptestore_version(),
+            created=created,
+        )
+
+    def write_trailers(
+        self, outputs: Sequence[tuple[Literal["pte", "ptd"], DataWriter, int]]
+    ) -> int:
+        """Write a trailer after each ``(role, writer, content_size)`` output; returns
+        the bytes written."""
+        total = 0
+        for role, writer, content_size in outputs:
+            data = encode_trailer(self.provenance(role).to_dict(), content_size)
+            writer.write(data, content_size)
+            total += len(data)
+        return total
+
+
+def attach_object_metadata(writer: DataWriter, metadata: dict[str, str]) -> bool:
+    """Add ``metadata`` to a writer that stores user metadata with the object (the S3
+    writer's ``metadata`` mapping, sent when the upload starts); False if it has none."""
+    target = getattr(writer, "metadata", None)
+    if not isinstance(target, dict):
+        return False
+    target.update(metadata)
+    return True
+
+
+def object_metadata(key: ProvenanceKey, device: DeviceProfile | None) -> dict[str, str]:
+    """S3 user metadata mirroring the provenance key (``x-amz-meta-ptestore-*``), so a
+    ``HEAD`` can tell a current artifact from a stale one."""
+    meta = {
+        f"{METADATA_PREFIX}provenance": "1",
+        f"{METADATA_PREFIX}key": key.digest(),
+        f"{METADATA_PREFIX}source-sha256": key.source_sha256,
+    }
+    if device is not None:
+        meta[f"{METADATA_PREFIX}device"] = device.name
+        meta[f"{METADATA_PREFIX}device-digest"] = device.digest()
+    return meta

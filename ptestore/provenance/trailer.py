@@ -1,0 +1,206 @@
+"""The provenance trailer: a small, self-describing, checksummed block after the last
+segment of a .pte or .ptd, outside ``segment_data_size`` and ``program_size``, where
+the ExecuTorch runtime never looks.
+
+Layout (all integers little-endian)::
+
+    [content_size bytes]  the container, exactly as laid out (nothing changed)
+    [payload]             UTF-8 canonical JSON (sorted keys, no spaces)
+    [footer, 64 bytes]
+        [0, 8)    u64 content_size   where the trailer starts (end of the container)
+        [8, 16)   u64 payload_size
+        [16, 48)  SHA-256 of the payload
+        [48, 52)  u32 format version (1)
+        [52, 56)  u32 footer size (64)
+        [56, 64)  magic b"PTSTPROV"
+
+A reader looks at the last 64 bytes: no magic means no trailer; a magic with any
+inconsistent field (sizes that do not add up to the file size, a wrong checksum,
+unparsable JSON) is a corrupt trailer and raises :class:`~ptestore.errors.FormatError`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import FormatError, StorageError
+from ..loaders import DataLoader
+
+__all__ = [
+    "FOOTER_SIZE",
+    "MAGIC",
+    "MAX_PAYLOAD_SIZE",
+    "TRAILER_VERSION",
+    "ContentView",
+    "Trailer",
+    "decode_footer",
+    "encode_trailer",
+    "read_trailer",
+    "without_trailer",
+]
+
+MAGIC = b"PTSTPROV"
+TRAILER_VERSION = 1
+FOOTER_SIZE = 64
+#: A trailer's JSON may not exceed this (it is metadata, not data).
+MAX_PAYLOAD_SIZE = 1 << 20
+#: Bytes read from the end at once: most trailers fit, so one ranged read is enough.
+_TAIL_READ = 4096
+
+_FOOTER = struct.Struct("<QQ32sII8s")
+assert _FOOTER.size == FOOTER_SIZE
+
+
+@dataclass(frozen=True)
+class Trailer:
+    """A trailer read from a file."""
+
+    #: Offset where the trailer starts: the size of the container without it.
+    content_size: int
+    payload: bytes
+    sha256: str
+
+    @property
+    def size(self) -> int:
+        """Bytes the trailer occupies (payload + footer)."""
+        return len(self.payload) + FOOTER_SIZE
+
+    def record(self) -> dict[str, Any]:
+        """The payload as a JSON object (checked when the trailer was read)."""
+        value: dict[str, Any] = json.loads(self.payload)
+        return value
+
+
+def encode_trailer(payload: dict[str, Any], content_size: int) -> bytes:
+    """The trailer bytes for ``payload`` placed after ``content_size`` bytes."""
+    if content_size < 0:
+        raise ValueError(f"content_size must be >= 0, got {content_size}")
+    body = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    if len(body) > MAX_PAYLOAD_SIZE:
+        raise ValueError(
+            f"provenance payload is {len(body)} bytes; the limit is {MAX_PAYLOAD_SIZE}"
+        )
+    footer = _FOOTER.pack(
+        content_size,
+        len(body),
+        hashlib.sha256(body).digest(),
+        TRAILER_VERSION,
+        FOOTER_SIZE,
+        MAGIC,
+    )
+    return body + footer
+
+
+def decode_footer(
+    footer: bytes | bytearray | memoryview, file_size: int, source: str
+) -> tuple[int, int, bytes] | None:
+    """``(content_size, payload_size, sha256)`` of a footer (the last 64 bytes of a
+    ``file_size``-byte file), None when it carries no magic."""
+    if len(footer) != FOOTER_SIZE:
+        raise ValueError(f"{source}: a footer is {FOOTER_SIZE} bytes, got {len(footer)}")
+    content_size, payload_size, digest, version, size, magic = _FOOTER.unpack(bytes(footer))
+    if magic != MAGIC:
+        return None
+    where = f"provenance trailer at the end of the {file_size}-byte file"
+    if version != TRAILER_VERSION:
+        raise FormatError(
+            source, "provenance trailer version", version, f"{TRAILER_VERSION}", where
+        )
+    if size != FOOTER_SIZE:
+        raise FormatError(source, "provenance trailer footer size", size, f"{FOOTER_SIZE}", where)
+    if payload_size > MAX_PAYLOAD_SIZE:
+        raise FormatError(
+            source, "provenance trailer payload_size", payload_size, f"<= {MAX_PAYLOAD_SIZE}", where
+        )
+    if content_size + payload_size + FOOTER_SIZE != file_size:
+        raise FormatError(
+            source,
+            "provenance trailer content_size",
+            content_size,
+            f"{file_size - payload_size - FOOTER_SIZE} (file size {file_size} - payload "
+            f"{payload_size} - footer {FOOTER_SIZE})",
+            where,
+        )
+    return content_size, payload_size, bytes(digest)
+
+
+def read_trailer(loader: DataLoader) -> Trailer | None:
+    """The provenance trailer of the object behind ``loader``, or None if it has none.
+
+    Raises :class:`~ptestore.errors.FormatError` for a damaged trailer (the checksum,
+    the sizes or the JSON)."""
+    size = loader.size()
+    if size < FOOTER_SIZE:
+        return None
+    tail_size = min(size, _TAIL_READ)
+    tail = bytes(loader.load(size - tail_size, tail_size))
+    decoded = decode_footer(tail[-FOOTER_SIZE:], size, loader.name)
+    if decoded is None:
+        return None
+    content_size, payload_size, digest = decoded
+    if payload_size + FOOTER_SIZE <= tail_size:
+        payload = tail[tail_size - FOOTER_SIZE - payload_size : tail_size - FOOTER_SIZE]
+    else:
+        payload = bytes(loader.load(content_size, payload_size))
+    actual = hashlib.sha256(payload).digest()
+    if actual != digest:
+        raise FormatError(
+            loader.name,
+            "provenance trailer checksum",
+            actual.hex(),
+            f"the SHA-256 recorded in the footer ({digest.hex()})",
+            "the trailer was damaged",
+        )
+    try:
+        value = json.loads(payload)
+    except ValueError as exc:
+        raise FormatError(
+            loader.name, "provenance trailer payload", payload[:60], "a JSON object", str(exc)
+        ) from None
+    if not isinstance(value, dict):
+        raise FormatError(
+            loader.name, "provenance trailer payload", type(value).__name__, "a JSON object"
+        )
+    return Trailer(content_size, payload, digest.hex())
+
+
+class ContentView:
+    """A loader showing only the first ``content_size`` bytes of another one (the
+    container without its trailer). Everything else is forwarded."""
+
+    def __init__(self, inner: DataLoader, content_size: int) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self._size = content_size
+
+    def size(self) -> int:
+        return self._size
+
+    def load(self, offset: int, size: int) -> bytes | bytearray | memoryview:
+        if offset < 0 or size < 0 or offset + size > self._size:
+            raise StorageError(
+                f"{self.name}: read of {size} bytes at offset {offset} is outside the "
+                f"container (size {self._size}, without its provenance trailer)"
+            )
+        return self.inner.load(offset, size)
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def __getattr__(self, name: str) -> Any:
+        # check_unchanged, fileno, path, etag, fs: the object is the same one.
+        return getattr(self.inner, name)
+
+
+def without_trailer(loader: DataLoader) -> DataLoader:
+    """``loader`` itself when its object has no trailer, else a :class:`ContentView`
+    that hides the trailer (so a re-specialized artifact gets a new trailer instead of
+    two)."""
+    trailer = read_trailer(loader)
+    if trailer is None:
+        return loader
+    return ContentView(loader, trailer.content_size)

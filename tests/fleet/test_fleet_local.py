@@ -1,0 +1,163 @@
+"""Fleet runs on local files (inline runner): exit codes, per-pair failure isolation,
+the summary, create-or-verify when another worker publishes first, version skew."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.fixtures import get_fixture
+
+import ptestore
+from ptestore.backends import BackendInterface, register_backend, unregister_backend
+from ptestore.cli import main
+from ptestore.fleet import load_job, plan_job, run_job, run_pair
+
+MLP = get_fixture("mlp_xnnpack")
+EXT = get_fixture("mlp_xnnpack_ext")
+SPEC = "support.fleet_backend:Scaler=1.0"
+
+
+def _job(tmp: Path, *, backends: str = f'"{SPEC}"', extra_model: str = "") -> Path:
+    assert MLP.pte_path is not None and EXT.pte_path is not None
+    job = tmp / "job.toml"
+    job.write_text(
+        f'destination = "{tmp}/out/{{device}}/{{model}}.pte"\nbackends = [{backends}]\n'
+        f'[[models]]\nname = "mlp"\nsource = "{MLP.pte_path}"\n'
+        f'[[models]]\nname = "ext"\nsource = "{EXT.pte_path}"\nptd = "{EXT.ptd_path}"\n'
+        f"{extra_model}"
+        '[devices.a]\nsoc = "x"\nscale = 2.0\n[devices.b]\nsoc = "y"\n'
+    )
+    return job
+
+
+def test_run_skip_summary_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    job = _job(tmp_path)
+    assert main(["fleet", "plan", str(job)]) == 0
+    out = capsys.readouterr().out
+    assert "4 pairs: 4 to run, 0 to skip" in out and "no artifact at" in out
+    assert main(["fleet", "run", str(job), "--workers", "1"]) == 0
+    summary = capsys.readouterr().out.splitlines()
+    assert summary[:3] == [
+        "done                      4",
+        "skipped                   0",
+        "failed                    0",
+    ]
+    assert summary[3].startswith("bytes through the client  ") and summary[4].startswith("time")
+    assert (tmp_path / "out" / "a" / "ext.ptd").exists()
+    assert main(["fleet", "run", str(job), "--workers", "1", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert (shown["done"], shown["skipped"], shown["failed"]) == (0, 4, 0)
+    assert main(["fleet", "run", str(job), "--quiet"]) == 0
+    assert capsys.readouterr().out == ""
+    # The .ptd beside the .pte is part of the pair: lose it and the pair runs again.
+    (tmp_path / "out" / "b" / "ext.ptd").unlink()
+    plan = plan_job(load_job(job))
+    assert [(p.pair.model.name, p.pair.device.name, p.action) for p in plan.pairs] == [
+        ("mlp", "a", "skip"),
+        ("mlp", "b", "skip"),
+        ("ext", "a", "skip"),
+        ("ext", "b", "run"),
+    ]
+    assert plan.pairs[3].reason == f"no artifact at {tmp_path}/out/b/ext.ptd"
+
+
+def test_a_failing_pair_does_not_stop_the_others(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job = _job(tmp_path, extra_model=f'[[models]]\nname = "gone"\nsource = "{tmp_path}/no.pte"\n')
+    assert main(["fleet", "run", str(job), "--workers", "1", "--json"]) == 1
+    shown = json.loads(capsys.readouterr().out)
+    assert (shown["done"], shown["skipped"], shown["failed"]) == (4, 0, 2)
+    failed = [p for p in shown["pairs"] if p["status"] == "failed"]
+    assert [p["model"] for p in failed] == ["gone", "gone"]
+    assert failed[0]["error"] == f"cannot read the source: {tmp_path}/no.pte: no such file"
+    assert main(["fleet", "run", str(job), "--workers", "1"]) == 1
+    assert f"failed: gone on a -> {tmp_path}/out/a/gone.pte: cannot read" in (
+        capsys.readouterr().out
+    )
+
+
+class Racer(BackendInterface):
+    """While "compiling", another worker publishes this pair's destination (with the
+    backend SPEC ``Racer.spec``)."""
+
+    name = "XnnpackBackend"
+    version = "1"
+    target: str = ""
+    spec: str = "racing"
+    device: Any = None
+
+    def initialize_backend_data(self, context: Any, output: Any) -> None:
+        for _ in context:
+            pass
+        target, Racer.target = Racer.target, ""  # the racer itself does not race
+        if target:
+            assert MLP.pte_path is not None
+            ptestore.specialize(
+                MLP.pte_path, target, backends=[Racer.spec], device=Racer.device, provenance=True
+            )
+
+
+class Quiet(Racer):
+    pass
+
+
+@pytest.fixture
+def racer() -> Any:
+    register_backend(Quiet, name="other")
+    register_backend(Racer, name="racing")
+    yield
+    unregister_backend("other")
+    unregister_backend("racing")
+
+
+@pytest.mark.parametrize("spec", ["racing", "other"])
+def test_create_or_verify_when_another_worker_publishes_first(
+    tmp_path: Path, racer: Any, spec: str
+) -> None:
+    job = load_job(_job(tmp_path, backends='"racing"'))
+    planned = plan_job(job).pairs[0]
+    assert planned.task is not None and planned.action == "run"
+    Racer.target, Racer.spec, Racer.device = planned.pair.destination, spec, planned.pair.device
+    result = run_pair(planned.task)
+    assert Racer.target == ""  # the race happened
+    if spec == "racing":  # the other worker left exactly what this pair wants
+        assert (result.status, result.error) == ("done", None)
+        assert result.reason == "published by another worker"
+    else:  # it left an artifact made with another backend: reported, never accepted
+        assert result.status == "failed" and result.error is not None
+        assert result.error.startswith(
+            f"{planned.pair.destination}: after a race, the destination is not current "
+            "(stale: backends are [other 1], expected [racing 1])"
+        )
+
+
+def test_worker_version_skew_fails_the_pair(tmp_path: Path) -> None:
+    job = load_job(_job(tmp_path))
+    task = plan_job(job).pairs[0].task
+    assert task is not None
+    skewed = dataclasses.replace(task, key=dataclasses.replace(task.key, backends=((SPEC, "0.9"),)))
+    result = run_pair(skewed)
+    assert result.status == "failed"
+    assert result.error == (
+        f"backend versions on this worker [('{SPEC}', '1.0')] differ from the planner's "
+        f"[('{SPEC}', '0.9')]; install the same versions everywhere"
+    )
+    assert not Path(task.destination).exists()
+
+
+def test_unreachable_scheduler_is_a_configuration_error(tmp_path: Path) -> None:
+    from ptestore.errors import ConfigurationError
+
+    job = load_job(_job(tmp_path))
+    with pytest.raises(ConfigurationError) as info:
+        run_job(job, scheduler="tcp://127.0.0.1:1", connect_timeout=1)
+    assert str(info.value).startswith(
+        "--scheduler tcp://127.0.0.1:1: cannot reach the Dask scheduler within 1 s: "
+    )
+    with pytest.raises(ConfigurationError, match="--workers must be >= 1, got 0"):
+        run_job(job, workers=0)

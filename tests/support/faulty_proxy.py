@@ -1,0 +1,107 @@
+"""An HTTP reverse proxy in front of moto's S3 server that injects transient faults.
+
+Every client reaches it by URL, so faults reach worker processes (a process pool, Dask
+workers) that in-process botocore hooks (tests/writers/s3_faults.py) cannot. Each
+request gets a sequence number; request ``n`` fails when ``n % every == 0``, with an
+S3 ``503 SlowDown`` or ``500 InternalError`` error (alternately); everything else is
+forwarded unchanged. ``enabled`` turns injection on and off.
+"""
+
+from __future__ import annotations
+
+import http.client
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
+
+_HOP = {"connection", "keep-alive", "transfer-encoding", "expect", "proxy-connection", "te"}
+
+
+@dataclass
+class FaultState:
+    every: int
+    enabled: bool = True
+    requests: int = 0
+    injected: int = 0
+    by_method: dict[str, int] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def should_fail(self, method: str) -> int:
+        with self.lock:
+            self.requests += 1
+            if not self.enabled or self.requests % self.every:
+                return 0
+            self.injected += 1
+            self.by_method[method] = self.by_method.get(method, 0) + 1
+            return 503 if self.injected % 2 else 500
+
+
+def _handler(target: str, state: FaultState) -> type[BaseHTTPRequestHandler]:
+    host = urlsplit(target).netloc
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def _forward(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else b""
+            status = state.should_fail(self.command)
+            if status:
+                code = "SlowDown" if status == 503 else "InternalError"
+                payload = (
+                    f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code>'
+                    f"<Message>injected by the test proxy</Message></Error>"
+                ).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/xml")
+                self.send_header(
+                    "Content-Length", str(0 if self.command == "HEAD" else len(payload))
+                )
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(payload)
+                return
+            conn = http.client.HTTPConnection(host, timeout=60)
+            try:
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
+                conn.request(self.command, self.path, body=body or None, headers=headers)
+                resp = conn.getresponse()
+                data = resp.read()
+                self.send_response(resp.status, resp.reason)
+                for k, v in resp.getheaders():
+                    if k.lower() not in _HOP and k.lower() != "content-length":
+                        self.send_header(k, v)
+                if self.command == "HEAD":
+                    self.send_header("Content-Length", resp.getheader("Content-Length") or "0")
+                else:
+                    self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+            finally:
+                conn.close()
+
+        do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward
+
+    return Handler
+
+
+@contextmanager
+def faulty_proxy(target: str, every: int) -> Iterator[tuple[str, FaultState]]:
+    """Run the proxy on 127.0.0.1 (a free port); yields ``(endpoint_url, state)``."""
+    state = FaultState(every)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(target, state))
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", state
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -1,0 +1,162 @@
+"""``ptestore.verify`` and ``ptestore verify``: current, stale (naming the field),
+invalid (bad input or a corrupt artifact)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from support.fixtures import get_fixture
+
+import ptestore
+from ptestore import verify
+from ptestore.backends.compat import Compatibility, DeviceProfile
+from ptestore.cli import main
+
+MLP = get_fixture("mlp_xnnpack")
+CONV = get_fixture("conv_xnnpack")
+DEVICE = DeviceProfile("pixel9", {"soc": "sm8650", "scale": 2.0})
+SPEC = "support.fleet_backend:Scaler=1.0"
+
+
+@pytest.fixture
+def artifact(tmp_path: Path) -> Path:
+    assert MLP.pte_path is not None
+    out = tmp_path / "pixel9" / "mlp.pte"
+    out.parent.mkdir()
+    ptestore.specialize(MLP.pte_path, out, backends=[SPEC], device=DEVICE, provenance=True)
+    return out
+
+
+def test_current(artifact: Path) -> None:
+    report = verify(artifact, source=MLP.pte_path, backends=[SPEC], device=DEVICE)
+    assert report.status == "current" and report.exit_code == 0 and report.ok
+    assert report.findings == []
+    assert report.compatibility == {"XnnpackBackend": Compatibility.OPTIMAL}
+    assert report.message() == f"{artifact}: current"
+    assert verify(artifact).exit_code == 0  # integrity only
+
+
+def test_wrong_source(artifact: Path) -> None:
+    report = verify(artifact, source=CONV.pte_path)
+    assert report.exit_code == 1 and report.status == "stale"
+    assert [f.field for f in report.findings] == ["source.sha256"]
+    assert f"not from {CONV.pte_path} ({CONV.pte_path.stat().st_size} bytes, sha256:" in (  # type: ignore[union-attr]
+        report.findings[0].message
+    )
+
+
+def test_backend_upgrade_is_stale(artifact: Path) -> None:
+    report = verify(artifact, backends=["support.fleet_backend:Scaler=1.1"], device=DEVICE)
+    assert report.exit_code == 1
+    assert [f.field for f in report.findings] == ["backends.spec"]
+    # The same spec at a new installed version: the version and the rating both say so.
+    from support.fleet_backend import Scaler
+
+    upgraded = Scaler("2.0")
+    report = verify(artifact, backends=[upgraded], device=DEVICE)
+    assert [f.field for f in report.findings] == ["backends.spec"]  # spec text differs too
+    record = report.provenance
+    assert record is not None and record.requested[0].version == "1.0"
+
+
+def test_installed_version_change_names_version_and_compatibility(
+    artifact: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from support import fleet_backend
+
+    original = fleet_backend.Scaler.__init__
+
+    def newer(self: fleet_backend.Scaler, version: str = "1.0") -> None:
+        original(self, "1.1" if version == "1.0" else version)
+
+    monkeypatch.setattr(fleet_backend.Scaler, "__init__", newer)
+    report = verify(artifact, backends=[SPEC], device=DEVICE)
+    assert report.exit_code == 1
+    assert [f.field for f in report.findings] == ["backends.version", "backends.compatibility"]
+    assert report.findings[0].message == (
+        f"{SPEC} made it at version 1.0; the installed version is 1.1"
+    )
+    assert report.compatibility == {"XnnpackBackend": Compatibility.PREFER_RESPECIALIZATION}
+    assert "rates the XnnpackBackend data prefer_respecialization for 'pixel9'" in (
+        report.findings[1].message
+    )
+
+
+def test_other_soc_is_unsupported(artifact: Path) -> None:
+    other = DeviceProfile("pixel9", {"soc": "tensor-g4", "scale": 2.0})
+    report = verify(artifact, backends=[SPEC], device=other)
+    assert report.compatibility == {"XnnpackBackend": Compatibility.UNSUPPORTED}
+    assert [f.field for f in report.findings] == ["backends.compatibility", "device.digest"]
+    assert "(the profile's options changed)" in report.findings[1].message
+
+
+def test_device_name(artifact: Path) -> None:
+    report = verify(artifact, device="galaxy")
+    assert [f.field for f in report.findings] == ["device.name"]
+    assert report.findings[0].message == "made for 'pixel9', expected 'galaxy'"
+    assert verify(artifact, device="pixel9").exit_code == 0
+
+
+def test_invalid_inputs(artifact: Path, tmp_path: Path) -> None:
+    missing = verify(tmp_path / "nope.pte")
+    assert missing.exit_code == 2 and missing.status == "invalid"
+    assert missing.error == f"{tmp_path / 'nope.pte'}: no such file"
+    assert MLP.pte_path is not None
+    plain = verify(MLP.pte_path)
+    assert plain.exit_code == 2
+    assert plain.error is not None and "provenance trailer = None: must be present" in plain.error
+    damaged = tmp_path / "damaged.pte"
+    data = bytearray(artifact.read_bytes())
+    data[-80] ^= 1
+    damaged.write_bytes(bytes(data))
+    report = verify(damaged)
+    assert report.exit_code == 2 and "provenance trailer checksum" in str(report.error)
+    broken = tmp_path / "broken.pte"
+    data = bytearray(artifact.read_bytes())
+    data[4:8] = b"XXXX"  # the container itself
+    broken.write_bytes(bytes(data))
+    report = verify(broken)
+    assert report.exit_code == 2 and "file identifier" in str(report.error)
+    assert verify(artifact, backends=["no_such_backend"]).exit_code == 2
+
+
+def test_cli_exit_codes_and_json(
+    artifact: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    assert MLP.pte_path is not None and CONV.pte_path is not None
+    assert main(["verify", str(artifact), "--source", str(MLP.pte_path)]) == 0
+    assert capsys.readouterr().out.strip() == f"{artifact}: current"
+    assert main(["verify", str(artifact), "--source", str(CONV.pte_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"{artifact}: stale: source.sha256: the artifact was made from")
+    assert main(["verify", str(tmp_path / "none.pte"), "--json"]) == 2
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["status"] == "invalid" and shown["exit_code"] == 2
+    # Without a device profile (only --job gives its options) this backend cannot
+    # confirm the SoC, and says so.
+    assert main(["verify", str(artifact), "--backend", SPEC, "--json"]) == 1
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["compatibility"] == {"XnnpackBackend": "unsupported"}
+    assert [f["field"] for f in shown["findings"]] == ["backends.compatibility"]
+    assert shown["provenance"]["device"]["name"] == "pixel9"
+
+
+def test_cli_with_a_job(artifact: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert MLP.pte_path is not None and CONV.pte_path is not None
+    job = tmp_path / "job.toml"
+    dest = str(tmp_path / "{device}" / "{model}.pte")
+    text = (
+        f'destination = "{dest}"\nbackends = ["{SPEC}"]\n'
+        f'[[models]]\nname = "mlp"\nsource = "{MLP.pte_path}"\n'
+        '[devices.pixel9]\nsoc = "sm8650"\nscale = 2.0\n'
+    )
+    job.write_text(text)
+    assert main(["verify", str(artifact), "--job", str(job)]) == 0
+    assert main(["verify", str(artifact), "--job", str(job), "--device", "pixel9"]) == 0
+    job.write_text(text.replace("scale = 2.0", "scale = 3.0"))
+    assert main(["verify", str(artifact), "--job", str(job)]) == 1
+    assert "stale: device.digest" in capsys.readouterr().err
+    assert main(["verify", str(artifact), "--job", str(job), "--device", "nope"]) == 2
+    assert "no device 'nope' (devices: pixel9)" in capsys.readouterr().err
