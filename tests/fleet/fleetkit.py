@@ -50,7 +50,6 @@ def write_job(
         f'endpoint_url = "{opts["endpoint_url"]}"',
         f'key = "{opts["key"]}"',
         f'secret = "{opts["secret"]}"',
-        "part_size = 4096",  # several parts per output: real multipart uploads
         "retry_initial = 0.001",
         "retry_max = 0.02",
         "[storage_options.client_kwargs]",
