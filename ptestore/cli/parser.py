@@ -103,14 +103,16 @@ class Parser(argparse.ArgumentParser):
     Sub-parsers made through ``add_subparsers`` are of the same class; the flags each
     parser defines are recorded as they are added (:attr:`flags`), and the sub-command
     parsers in :attr:`commands`, so an unrecognized argument is matched against the
-    flags of the sub-command it was given to."""
+    flags of the sub-command it was given to (and of its own sub-commands, as for
+    ``fleet run``)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", HelpFormatter)
         #: Every option string added to this parser (``--help`` included).
         self.flags: list[str] = []
+        self._subparsers_actions: list[Any] = []
         super().__init__(*args, **kwargs)
-        #: Sub-command name -> its parser (filled by ``build_parser``).
+        #: Sub-command name -> its parser (every ``add_subparsers`` of this parser).
         self.commands: dict[str, argparse.ArgumentParser] = {}
 
     def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
@@ -118,14 +120,34 @@ class Parser(argparse.ArgumentParser):
         self.flags.extend(action.option_strings)
         return action
 
+    def add_subparsers(self, **kwargs: Any) -> Any:
+        action = super().add_subparsers(**kwargs)
+        self._subparsers_actions.append(action)
+        return action
+
+    def all_flags(self) -> list[str]:
+        """:attr:`flags` and those of every sub-command, recursively."""
+        out = list(self.flags)
+        for action in self._subparsers_actions:
+            for sub in action.choices.values():
+                out += sub.all_flags() if isinstance(sub, Parser) else []
+        return out
+
+    def _command_parsers(self) -> dict[str, argparse.ArgumentParser]:
+        found = dict(self.commands)
+        for action in self._subparsers_actions:
+            found.update(action.choices)
+        return found
+
     def parse_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> argparse.Namespace:
         ns, extras = self.parse_known_args(args, namespace)
         if extras:
             command = getattr(ns, "command", None)
-            target = self.commands.get(command, self) if isinstance(command, str) else self
-            flags = target.flags if isinstance(target, Parser) else self.flags
+            commands = self._command_parsers()
+            target = commands.get(command, self) if isinstance(command, str) else self
+            flags = target.all_flags() if isinstance(target, Parser) else self.flags
             message = "unrecognized arguments: " + " ".join(extras)
             for extra in extras:
                 if extra.startswith("-"):
@@ -139,7 +161,7 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         m = _INVALID_CHOICE.search(message)
         if m is not None and "did you mean" not in message:
-            choices = list(self.commands) or re.findall(r"'([^']*)'", message[m.end() :])
+            choices = list(self._command_parsers()) or re.findall(r"'([^']*)'", message[m.end() :])
             guess = nearest(m["given"], choices)
             if guess is not None:
                 message += f" (did you mean {guess!r}?)"

@@ -529,6 +529,11 @@ def test_every_help_has_examples(capsys: pytest.CaptureFixture[str]) -> None:
             "ptestore inspect: error: unrecognized arguments: --jsno (did you mean --json?)",
         ),
         (["inspcet", "m.pte"], "(did you mean 'inspect'?)"),
+        (
+            ["fleet", "run", "job.toml", "--worker", "2", "--jsn"],
+            "ptestore fleet: error: unrecognized arguments: --jsn (did you mean --json?)",
+        ),
+        (["fleet", "rnu", "job.toml"], "(did you mean 'run'?)"),
     ],
 )
 def test_typos_get_the_nearest_suggestion(
