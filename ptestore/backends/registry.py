@@ -244,7 +244,8 @@ def _load_entry_point(ep: EntryPoint, spec: str) -> object:
         return ep.load()
     except (ImportError, AttributeError) as exc:
         raise ConfigurationError(
-            f"backend {spec!r}: entry point {ep.value!r} failed to load: {describe_exception(exc)}"
+            f"backend {spec!r}: entry point {ep.value!r} failed to load: "
+            f"{describe_exception(exc)}"
         ) from exc
     except KeyboardInterrupt:
         raise

@@ -49,7 +49,9 @@ class Replacement:
 class Run:
     """State shared by all backends of one specialization run."""
 
-    def __init__(self, files: list[SourceFile], spool: Spool, tracer: EventTracer | None) -> None:
+    def __init__(
+        self, files: list[SourceFile], spool: Spool, tracer: EventTracer | None
+    ) -> None:
         self.files = files
         self.pte = files[0]
         self.spool = spool
