@@ -1,12 +1,25 @@
-"""Describe a parsed container as JSON-ready data or a readable table."""
+"""Describe a .pte or .ptd as JSON-ready data (:func:`describe`, what ``ptestore inspect
+--json`` prints) or a readable table (:func:`render_table`)."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from typing import Any
 
 from .format.model import Container, PtdHeader, PteHeader, inferred_alignment
 
-__all__ = ["describe", "render_table", "segment_users", "waste"]
+__all__ = [
+    "describe",
+    "describe_container",
+    "read_description",
+    "render_table",
+    "segment_users",
+    "waste",
+]
+
+#: A ``named_data`` row of :func:`describe`: key, segment_index, size, tensor_info.
+NamedRow = dict[str, Any]
 
 
 def _header_json(c: Container) -> dict[str, Any] | None:
@@ -69,15 +82,78 @@ def waste(c: Container) -> dict[str, int]:
     }
 
 
-def describe(c: Container) -> dict[str, Any]:
-    """The ``ptestore inspect --json`` object."""
-    named: list[dict[str, Any]] = []
-    for e in c.named_data:
-        item: dict[str, Any] = {"key": e.key, "segment_index": e.segment_index}
+def read_description(
+    url: str | os.PathLike[str], **storage_options: Any
+) -> tuple[Container, list[NamedRow]]:
+    """Read the metadata of the file at ``url`` (and the XNNPACK graphs its tensor info
+    comes from): the parsed container and its ``named_data`` rows with ``size`` and
+    ``tensor_info``. Raises as :func:`describe` does."""
+    from .format.reader import read_container
+    from .format.tensors import named_data_json
+    from .loaders import open_loader
+
+    loader = open_loader(url, **storage_options)
+    try:
+        parsed = read_container(loader)
+        rows = named_data_json(parsed, loader)
+    finally:
+        loader.close()
+    return parsed.container, rows
+
+
+def describe(url: str | os.PathLike[str] | Container, **storage_options: Any) -> dict[str, Any]:
+    """What ``ptestore inspect --json URL`` prints, as a dict.
+
+    Args:
+        url: a local path or fsspec URL (``file://``, ``memory://``, ``s3://``, ...) of
+            a ``.pte`` or ``.ptd``; or an already parsed
+            :class:`~ptestore.format.model.Container`, described from its metadata
+            alone (``tensor_info`` is then None: see :func:`describe_container`).
+        **storage_options: as for :func:`~ptestore.open_loader` (for S3,
+            ``endpoint_url``, ``key``, ``secret``, ``profile``, ...).
+
+    Returns:
+        The fields documented in docs/cli.md (``format``, ``file_size``, ``header``,
+        ``methods``, ``segments``, ``named_data`` with ``size`` and ``tensor_info`` per
+        key, ``delegates``, ``waste``, ``warnings``, ...). Only metadata is read: the
+        header, the FlatBuffer and, for tensor info, XNNPACK delegate graphs.
+
+    Raises:
+        FormatError: the file is malformed, truncated or hostile.
+        ObjectNotFound: nothing at ``url``.
+        ConfigurationError: an unknown URL scheme or a storage option that does not
+            apply (the message lists the accepted ones).
+        PermissionDenied: access refused.
+        StorageError: other I/O failures, after retries.
+    """
+    if isinstance(url, Container):
+        if storage_options:
+            raise TypeError("describe(container) takes no storage options")
+        return describe_container(url)
+    container, rows = read_description(url, **storage_options)
+    return describe_container(container, rows)
+
+
+def describe_container(c: Container, named: Sequence[NamedRow] | None = None) -> dict[str, Any]:
+    """The :func:`describe` object of a parsed container. ``named``: its ``named_data``
+    rows from :func:`ptestore.format.tensors.named_data_json` (size and tensor info);
+    without them each row has key, segment index and size, and ``tensor_info`` None."""
+    rows: list[dict[str, Any]] = []
+    for i, e in enumerate(c.named_data):
+        item: dict[str, Any] = (
+            dict(named[i])
+            if named is not None
+            else {
+                "key": e.key,
+                "segment_index": e.segment_index,
+                "size": c.segments[e.segment_index].size,
+                "tensor_info": None,
+            }
+        )
         if c.kind == "ptd":
             lt = e.tensor_layout
             item["tensor_layout"] = None if lt is None else lt.to_json()
-        named.append(item)
+        rows.append(item)
     return {
         "format": c.kind,
         "source": c.source,
@@ -97,7 +173,7 @@ def describe(c: Container) -> dict[str, Any]:
             }
             for s in c.segments
         ],
-        "named_data": named,
+        "named_data": rows,
         "delegates": [
             {
                 "method": d.method,
@@ -146,8 +222,17 @@ def _short(text: str, width: int = 72) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-def render_table(c: Container) -> str:
-    """A readable multi-section report of a container."""
+def _dtype_shape(row: NamedRow | None) -> str:
+    info = None if row is None else row.get("tensor_info")
+    if not isinstance(info, dict):
+        return "-"
+    shape = "x".join(str(d) for d in info.get("shape", [])) or "scalar"
+    return f"{info.get('dtype')} [{shape}]"
+
+
+def render_table(c: Container, named: Sequence[NamedRow] | None = None) -> str:
+    """A readable multi-section report of a container; ``named`` as for
+    :func:`describe_container` adds a dtype/shape column to the named data."""
     out: list[str] = []
     kind = ".pte (ExecuTorch Program)" if c.kind == "pte" else ".ptd (FlatTensor data)"
     out.append(f"{c.source}: {kind}, {c.file_size} bytes")
@@ -204,14 +289,16 @@ def render_table(c: Container) -> str:
     out.append(f"named data ({len(c.named_data)}):")
     if c.named_data:
         rows = []
-        for e in c.named_data:
+        for i, e in enumerate(c.named_data):
             size = c.segments[e.segment_index].size
             row = [_short(e.key, 66), str(e.segment_index), str(size)]
+            row.append(_dtype_shape(None if named is None else named[i]))
             if c.kind == "ptd":
                 lt = e.tensor_layout
                 row.append("-" if lt is None else f"type {lt.scalar_type} sizes {list(lt.sizes)}")
             rows.append(row)
-        heads = ["key", "segment", "size"] + (["layout"] if c.kind == "ptd" else [])
+        heads = ["key", "segment", "size", "dtype [shape]"]
+        heads += ["layout"] if c.kind == "ptd" else []
         out.extend("  " + line for line in _table(heads, rows))
     w = waste(c)
     out.append("")

@@ -334,11 +334,24 @@ def loader_options(url: str | os.PathLike[str]) -> frozenset[str]:
 def open_loader(url: str | os.PathLike[str], **storage_options: Any) -> DataLoader:
     """Open a read-only :class:`DataLoader` for ``url``.
 
-    ``url`` is a local path, ``file://``, ``memory://``, ``s3://`` or any fsspec URL.
-    ``storage_options`` are the fsspec filesystem's (for S3, s3fs options such as
-    ``endpoint_url``, ``key``, ``secret``, ``client_kwargs``, ``profile``) plus
-    ``retry_attempts``, ``retry_initial`` and ``retry_max``. Options that do not apply
-    raise :class:`~ptestore.errors.ConfigurationError` listing the accepted ones.
+    Args:
+        url: a local path, ``file://``, ``memory://``, ``s3://`` or any fsspec URL.
+        **storage_options: the fsspec filesystem's options (for S3, s3fs options such
+            as ``endpoint_url``, ``key``, ``secret``, ``client_kwargs``, ``profile``)
+            plus ``retry_attempts``, ``retry_initial`` and ``retry_max``. Local files
+            take none.
+
+    Returns:
+        A :class:`DataLoader` (ranged reads, ``size``, ``check_unchanged``); close it
+        when done.
+
+    Raises:
+        ConfigurationError: an unknown protocol, or options that do not apply (the
+            message lists the accepted ones) or have the wrong type.
+        ObjectNotFound: nothing at ``url`` (local files; remote objects may report it
+            on the first read).
+        PermissionDenied: access refused.
+        StorageError: other I/O failures, after retries.
     """
     protocol, path = split_url(url)
     text = os.fspath(url)

@@ -106,11 +106,29 @@ def verify(
     device: DeviceProfile | str | None = None,
     storage_options: dict[str, Any] | None = None,
 ) -> VerifyReport:
-    """Check the artifact at ``url`` (see the module docstring); never raises for a
-    stale, corrupt or missing artifact: the report says so.
+    """Check the artifact at ``url`` (see the module docstring).
 
-    ``device`` is a :class:`DeviceProfile` (name and options digest are compared) or a
-    name (only the name is)."""
+    Args:
+        url: the artifact (``.pte`` or ``.ptd``; a local path or fsspec URL).
+        source: the source it should have been made from (its digest is compared).
+        backends: the backends it should have been made with, in order (SPECs, classes
+            or instances; names and versions are compared, and each is asked whether
+            the artifact is optimal).
+        device: a :class:`DeviceProfile` (name and options digest are compared) or a
+            name (only the name is).
+        storage_options: as for :func:`~ptestore.open_loader`, for ``url`` and
+            ``source``.
+
+    Returns:
+        A :class:`VerifyReport`: ``status`` ``"current"``, ``"stale"`` (each finding
+        names its field) or ``"invalid"`` (corrupt, missing or bad input, with
+        ``error``), and ``exit_code`` 0, 1 or 2 to match.
+
+    Raises:
+        Nothing for a stale, corrupt or missing artifact or bad input (the report says
+        so); storage failures other than a missing object (``StorageError``,
+        ``PermissionDenied``) propagate.
+    """
     target = os.fspath(url)
     report = VerifyReport(target)
     opts = dict(storage_options or {})

@@ -1,10 +1,15 @@
-"""The ``ptestore`` command line: ``inspect``, ``specialize``, ``verify``, ``fleet``, ``gc``.
+"""The ``ptestore`` command line: ``inspect``, ``specialize``, ``verify``, ``fleet``,
+``gc`` and ``backends``.
 
 One module per sub-command (:mod:`.inspect`, :mod:`.specialize`, :mod:`.verify`,
-:mod:`.fleet`, :mod:`.gc`), each with an
-``add_*_parser`` and a ``run_*``; exit statuses and the mapping of errors onto them live in
-:mod:`.exits`, option helpers shared by the sub-commands in :mod:`.options`. A new
-sub-command is a new module wired into :func:`build_parser`.
+:mod:`.fleet`, :mod:`.gc`, :mod:`.backends`), each with an ``add_*_parser`` and a
+``run_*``; exit statuses and the mapping of errors onto them live in :mod:`.exits`, the
+parser class (usage errors exit 2, typos get a suggestion) in :mod:`.parser`, option
+helpers shared by the sub-commands in :mod:`.options`. A new sub-command is a new module
+wired into :func:`build_parser`.
+
+Nothing heavy is imported here: ``ptestore --help`` loads neither fsspec nor numpy,
+tenacity, s3fs or tqdm; each ``run_*`` imports what it needs.
 """
 
 from __future__ import annotations
@@ -14,32 +19,43 @@ import os
 import sys
 from collections.abc import Sequence
 
-from .exits import Parser
+from .backends import add_backends_parser
 from .fleet import add_fleet_parser
 from .gc import add_gc_parser
 from .inspect import add_inspect_parser
+from .parser import Parser, VersionAction
 from .specialize import add_specialize_parser
 from .verify import add_verify_parser
 
 __all__ = ["build_parser", "main"]
 
+_EPILOG = """\
+examples:
+  ptestore inspect model.pte
+  ptestore specialize model.pte model.device.pte --backend my_pkg.backend:MyBackend
+  ptestore backends
+  ptestore gc /models --older-than 7d --dry-run
 
-def build_parser() -> argparse.ArgumentParser:
+Run `ptestore COMMAND --help` for the options of each command."""
+
+
+def build_parser() -> Parser:
     """The ``ptestore`` argument parser with every sub-command."""
-    from .. import __version__
-
     parser = Parser(
         prog="ptestore",
         description="Specialize ExecuTorch .pte/.ptd models once per device and publish them "
         "atomically to local files, memory or object storage.",
+        epilog=_EPILOG,
     )
-    parser.add_argument("--version", action="version", version=f"ptestore {__version__}")
+    parser.add_argument("--version", action=VersionAction)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_inspect_parser(sub)
     add_specialize_parser(sub)
     add_gc_parser(sub)
     add_verify_parser(sub)
     add_fleet_parser(sub)
+    add_backends_parser(sub)
+    parser.commands.update(sub.choices)
     return parser
 
 
@@ -48,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Usage errors, ``--help`` and ``--version`` exit through ``SystemExit`` as with any
     ``argparse`` program."""
-    args = build_parser().parse_args(argv)
+    args: argparse.Namespace = build_parser().parse_args(argv)
     # Like `python -m`, let `--backend package.module:attr` find modules in the current
     # directory when run through the console script.
     if "" not in sys.path and os.getcwd() not in sys.path:

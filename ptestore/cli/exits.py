@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import os
 import sys
 from collections.abc import Callable
-from typing import NoReturn
+from typing import TYPE_CHECKING, Any
 
 from ..errors import (
     AlreadyExists,
+    BackendError,
     ConfigurationError,
     FormatError,
     IntegrityError,
@@ -34,6 +36,10 @@ from ..errors import (
     PteStoreError,
     PublishUncertain,
 )
+from .parser import Parser
+
+if TYPE_CHECKING:
+    import logging
 
 __all__ = [
     "BAD_INPUT_ERRORS",
@@ -43,6 +49,8 @@ __all__ = [
     "EXIT_OK",
     "Command",
     "Parser",
+    "configure_logging",
+    "error_json",
     "error_message",
     "exit_code",
     "guarded",
@@ -63,16 +71,6 @@ BAD_INPUT_ERRORS: tuple[type[PteStoreError], ...] = (
 )
 
 Command = Callable[[argparse.Namespace], int]
-
-
-class Parser(argparse.ArgumentParser):
-    """``argparse`` parser whose usage errors exit with :data:`EXIT_BAD_INPUT`.
-
-    Sub-parsers made through ``add_subparsers`` are of the same class."""
-
-    def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message}\n")
 
 
 def exit_code(exc: BaseException) -> int | None:
@@ -109,27 +107,138 @@ def error_message(command: str, exc: BaseException, *, publishes: bool = False) 
     return f"{prog}: failed, nothing published: {exc}"
 
 
+def _publish_state(exc: BaseException) -> str:
+    if isinstance(exc, PartialPublish):
+        return "partial"
+    if isinstance(exc, PublishUncertain):
+        return "uncertain"
+    if isinstance(exc, IntegrityError):
+        return "published"
+    return "nothing"
+
+
+#: Attributes of ptestore errors copied into the JSON error object when set.
+_ERROR_FIELDS = (
+    "backend",
+    "method",
+    "key",
+    "source",
+    "field",
+    "limit",
+    "backend_ids",
+    "installed",
+    "hint",
+    "published",
+)
+
+
+def error_json(
+    command: str, exc: BaseException, code: int, *, publishes: bool = False
+) -> dict[str, Any]:
+    """The object ``--json`` prints on stdout when ``ptestore COMMAND`` fails:
+    ``{"error": {"type", "message", "exit_code", "command", ...}}`` plus the error's own
+    attributes (``backend``/``method``/``key`` of a :class:`BackendError`,
+    ``source``/``field``/``value``/``limit`` of a :class:`FormatError`, ...), the
+    chained cause (``cause``: ``"Type: message"``) and, for commands that publish,
+    ``published``: ``"nothing"``, ``"partial"``, ``"uncertain"`` or ``"published"``."""
+    err: dict[str, Any] = {
+        "type": type(exc).__name__,
+        "message": str(exc) or type(exc).__name__,
+        "exit_code": code,
+        "command": command,
+    }
+    if isinstance(exc, BackendError):
+        err["message"] = exc.message
+    for name in _ERROR_FIELDS:
+        value = getattr(exc, name, None)
+        if value is None or value == ():
+            continue
+        if name == "published" and isinstance(value, tuple):
+            err["published_files"] = list(value)
+            continue
+        err[name] = list(value) if isinstance(value, tuple) else value
+    if isinstance(exc, FormatError):
+        err["value"] = repr(exc.value)
+    cause = exc.__cause__
+    if cause is None and not exc.__suppress_context__:
+        cause = exc.__context__
+    if cause is not None:
+        err["cause"] = f"{type(cause).__name__}: {cause}"
+    if publishes:
+        err["published"] = _publish_state(exc)
+    return {"error": err}
+
+
+def configure_logging(args: argparse.Namespace) -> logging.Handler | None:
+    """Send the ``ptestore.*`` loggers to stderr at the level ``-v`` (INFO), ``-vv`` or
+    ``--debug`` (DEBUG) ask for; the handler to remove afterwards, or None when neither
+    was given (warnings then reach stderr through :mod:`logging`'s last resort)."""
+    verbose = int(getattr(args, "verbose", 0) or 0)
+    debug = bool(getattr(args, "debug", False))
+    if not verbose and not debug:
+        return None
+    import logging  # here: ``ptestore --help`` does not pay for it
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(name)s: %(levelname)s: %(message)s"))
+    logger = logging.getLogger("ptestore")
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG if debug or verbose > 1 else logging.INFO)
+    return handler
+
+
+def _silence_stdout() -> None:
+    # Output piped into `head` and the like: not an error of ours. Point stdout at
+    # /dev/null so that the interpreter's final flush is quiet.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
 def guarded(command: str, *, publishes: bool = False) -> Callable[[Command], Command]:
-    """Decorate a sub-command's ``run`` function: errors become a message on stderr and
-    the exit status of :func:`exit_code`; anything else propagates."""
+    """Decorate a sub-command's ``run`` function: errors become a message on stderr (and
+    with ``--json`` an :func:`error_json` object on stdout) and the exit status of
+    :func:`exit_code`; anything else propagates. ``-v``/``--debug`` turn on the
+    ``ptestore.*`` logs for the run; ``--debug`` also prints the full traceback of a
+    mapped error, chained causes (the backend's own exception) included."""
 
     def wrap(run: Command) -> Command:
         @functools.wraps(run)
         def guarded_run(args: argparse.Namespace) -> int:
+            handler = configure_logging(args)
             try:
                 return run(args)
             except (KeyboardInterrupt, PteStoreError, OSError) as exc:
                 code = exit_code(exc)
                 assert code is not None  # every type caught here is mapped
                 if isinstance(exc, BrokenPipeError):
-                    # Output piped into `head` and the like: not an error of ours. Point
-                    # stdout at /dev/null so that the interpreter's final flush is quiet.
-                    devnull = os.open(os.devnull, os.O_WRONLY)
-                    os.dup2(devnull, sys.stdout.fileno())
-                    os.close(devnull)
-                else:
-                    print(error_message(command, exc, publishes=publishes), file=sys.stderr)
+                    _silence_stdout()
+                    return code
+                debug = bool(getattr(args, "debug", False))
+                if debug:
+                    import traceback
+
+                    traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+                print(error_message(command, exc, publishes=publishes), file=sys.stderr)
+                if not debug and exc.__cause__ is not None:
+                    print(
+                        f"ptestore {command}: (--debug prints the full traceback, "
+                        f"{type(exc.__cause__).__name__} included)",
+                        file=sys.stderr,
+                    )
+                if getattr(args, "json", False):
+                    obj = error_json(command, exc, code, publishes=publishes)
+                    json.dump(obj, sys.stdout, indent=2)
+                    sys.stdout.write("\n")
+                    sys.stdout.flush()
                 return code
+            finally:
+                if handler is not None:
+                    import logging
+
+                    logger = logging.getLogger("ptestore")
+                    logger.removeHandler(handler)
+                    logger.setLevel(logging.NOTSET)
 
         return guarded_run
 

@@ -13,8 +13,16 @@ import sys
 from typing import Any
 
 from .exits import EXIT_OK, guarded
+from .parser import add_common_flags
+from .progress import progress_wanted
 
 __all__ = ["add_fleet_parser", "run_fleet"]
+
+_EPILOG = """\
+examples:
+  ptestore fleet plan job.toml
+  ptestore fleet run job.toml --workers 4
+  ptestore fleet run job.toml --scheduler tcp://scheduler:8786 --json"""
 
 
 def add_fleet_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -24,6 +32,7 @@ def add_fleet_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="specialize every (model, device) pair of a job file",
         description="Run or plan a fleet job (a TOML file listing models, device profiles, "
         "backends and a destination template). See docs/fleet.md.",
+        epilog=_EPILOG,
     )
     sub = p.add_subparsers(dest="fleet_command", required=True, metavar="ACTION")
     r = sub.add_parser(
@@ -50,6 +59,12 @@ def add_fleet_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     r.add_argument("--json", action="store_true", help="print the result as one JSON object")
     r.add_argument("--quiet", "-q", action="store_true", help="no progress bar or summary")
+    r.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar (also: TQDM_DISABLE=1, or stderr not a terminal)",
+    )
+    add_common_flags(r)
     r.set_defaults(func=run_fleet)
     pl = sub.add_parser(
         "plan",
@@ -59,6 +74,7 @@ def add_fleet_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     pl.add_argument("job", metavar="JOBFILE", help="the job file (TOML)")
     pl.add_argument("--json", action="store_true", help="print the plan as JSON")
+    add_common_flags(pl)
     pl.set_defaults(func=run_fleet)
     return p
 
@@ -78,18 +94,12 @@ def run_fleet(args: argparse.Namespace) -> int:
         else:
             print(plan.render())
         return EXIT_OK
-    show = not args.quiet and not args.json
+    show = progress_wanted(disabled=args.quiet or args.json or args.no_progress)
     bar: Any = None
     if show:
         from tqdm import tqdm
 
-        bar = tqdm(
-            total=len(plan.pairs),
-            unit="pair",
-            desc="pairs",
-            file=sys.stderr,
-            disable=not sys.stderr.isatty(),
-        )
+        bar = tqdm(total=len(plan.pairs), unit="pair", desc="pairs", file=sys.stderr)
 
     def progress(result: Any) -> None:
         if bar is not None:

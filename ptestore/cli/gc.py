@@ -3,31 +3,84 @@
 Local: stale ``.<name>.ptestore-<hex>.tmp`` staging files that no live writer holds.
 S3: stale multipart uploads that carry ptestore's marker part. Nothing else is touched.
 Exit status: 0 when everything found was handled, 1 if a removal failed, 2 on bad input
-(see :mod:`ptestore.cli.exits`).
+(a path that does not exist, a bad duration; see :mod:`ptestore.cli.exits`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
+import re
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..writers.gc import DEFAULT_OLDER_THAN, GcEntry, collect_stale
 from .exits import EXIT_FAILURE, EXIT_OK, guarded
 from .options import add_storage_options, human_bytes, storage_options
+from .parser import add_common_flags
 
-__all__ = ["add_gc_parser", "run_gc"]
+if TYPE_CHECKING:
+    from ..writers.gc import GcEntry
+
+__all__ = ["DEFAULT_OLDER_THAN", "add_gc_parser", "human_duration", "parse_duration", "run_gc"]
+
+#: The default of ``--older-than`` (one day); equal to ``ptestore.writers.gc``'s, kept
+#: here so that ``ptestore --help`` does not import the storage layer.
+DEFAULT_OLDER_THAN = 86400.0
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+_DURATION = re.compile(
+    r"\s*(?P<number>[+-]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*(?P<unit>[a-z]*)\s*"
+)
+
+_EPILOG = """\
+examples:
+  ptestore gc /models --dry-run
+  ptestore gc /models/model.pte --older-than 30m
+  ptestore gc s3://bucket/models/ --older-than 7d --json
+
+DURATION is a number with an optional unit: s (the default), m, h, d or w
+(90s, 30m, 12h, 7d, 1.5h).
+
+Exit status: 0 when everything found was handled, 1 if a removal failed, 2 bad input
+(a path that does not exist, a target that is neither local nor s3://, a bad duration,
+refused access)."""
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+def parse_duration(text: str) -> float:
+    """``"90s"``, ``"30m"``, ``"12h"``, ``"7d"``, ``"2w"`` or a plain number of seconds
+    -> seconds. Raises ``argparse.ArgumentTypeError`` for anything else, a negative or a
+    non-finite value."""
+    m = _DURATION.fullmatch(text.lower())
+    if m is None or m["unit"] not in ("", *_UNITS):
+        raise argparse.ArgumentTypeError(
+            f"expected a duration such as 90s, 30m, 12h or 7d (a number with an optional "
+            f"unit s, m, h, d or w), got {text!r}"
+        )
+    value = float(m["number"]) * _UNITS[m["unit"] or "s"]
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite duration, got {text!r}")
     if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a duration >= 0, got {text!r}")
     return value
+
+
+def human_duration(seconds: float) -> str:
+    """``45`` -> ``"45s"``, ``750`` -> ``"12m 30s"``, ``93600`` -> ``"1d 2h"``: the
+    largest unit and the next one (left out when zero), rounded down."""
+    s = max(0, int(seconds)) if math.isfinite(seconds) else 0
+    units = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
+    for i, (unit, size) in enumerate(units):
+        if s >= size or unit == "s":
+            text = f"{s // size}{unit}"
+            if i + 1 < len(units):
+                sub, sub_size = units[i + 1]
+                rest = (s % size) // sub_size
+                if rest:
+                    text += f" {rest}{sub}"
+            return text
+    raise AssertionError("unreachable")
 
 
 def add_gc_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -38,18 +91,21 @@ def add_gc_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="Remove leftovers of crashed ptestore writers under a local directory "
         "(stale hidden staging files no live writer holds) or an s3://bucket/prefix (stale "
         "multipart uploads carrying ptestore's marker). Nothing else is ever touched.",
+        epilog=_EPILOG,
     )
     p.add_argument("target", metavar="PATH_OR_S3_PREFIX", help="directory, file or s3://b/prefix")
     p.add_argument(
         "--older-than",
-        type=_seconds,
+        type=parse_duration,
         default=DEFAULT_OLDER_THAN,
-        metavar="SECONDS",
-        help=f"only leftovers at least this old (default {DEFAULT_OLDER_THAN:g}, one day)",
+        metavar="DURATION",
+        help="only leftovers at least this old: 90s, 30m, 12h, 7d, or seconds "
+        f"(default {human_duration(DEFAULT_OLDER_THAN)})",
     )
     p.add_argument("--dry-run", action="store_true", help="report, remove nothing")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_storage_options(p)
+    add_common_flags(p)
     p.set_defaults(func=run_gc)
     return p
 
@@ -57,12 +113,21 @@ def add_gc_parser(subparsers: Any) -> argparse.ArgumentParser:
 @guarded("gc")
 def run_gc(args: argparse.Namespace) -> int:
     """Run ``ptestore gc`` with parsed arguments; returns the exit status."""
+    from ..errors import ObjectNotFound
+    from ..loaders import split_url
+    from ..writers.gc import collect_stale
+
     entries = collect_stale(
         args.target,
         older_than=args.older_than,
         dry_run=args.dry_run,
         **storage_options(args),
     )
+    protocol, path = split_url(args.target)
+    if protocol == "file" and not entries and not os.path.lexists(path):
+        # Staging files of a destination that was never published are found beside
+        # it; with none of those either, the path is a typo.
+        raise ObjectNotFound(f"{path}: no such file or directory")
     failed = [e for e in entries if e.action.startswith("failed")]
     done = [e for e in entries if e.action in ("removed", "would remove")]
     if args.json:
@@ -70,7 +135,7 @@ def run_gc(args: argparse.Namespace) -> int:
             "target": str(args.target),
             "dry_run": bool(args.dry_run),
             "older_than": args.older_than,
-            "entries": [e.as_dict() for e in entries],
+            "entries": [{**e.as_dict(), "age_human": human_duration(e.age)} for e in entries],
             "removed": 0 if args.dry_run else len(done),
             "would_remove": len(done) if args.dry_run else 0,
             "failed": len(failed),
@@ -80,11 +145,14 @@ def run_gc(args: argparse.Namespace) -> int:
     else:
         _print_table(entries)
         verb = "would remove" if args.dry_run else "removed"
-        print(f"{verb} {len(done)} of {len(entries)} leftover(s); {len(failed)} failed")
+        print(
+            f"{verb} {len(done)} of {len(entries)} leftover(s) older than "
+            f"{human_duration(args.older_than)}; {len(failed)} failed"
+        )
     return EXIT_FAILURE if failed else EXIT_OK
 
 
 def _print_table(entries: list[GcEntry]) -> None:
     for e in entries:
         size = "-" if e.size is None else human_bytes(e.size)
-        print(f"{e.action:<34} {e.kind:<17} {e.age:>10.0f}s {size:>10}  {e.location}")
+        print(f"{e.action:<34} {e.kind:<17} {human_duration(e.age):>8} {size:>10}  {e.location}")

@@ -9,8 +9,18 @@ from typing import Any
 
 from .exits import EXIT_OK, guarded
 from .options import add_storage_options, storage_options
+from .parser import add_common_flags
 
 __all__ = ["add_inspect_parser", "run_inspect"]
+
+_EPILOG = """\
+examples:
+  ptestore inspect model.pte
+  ptestore inspect --json model.ptd | jq '.named_data[] | {key, size, dtype: .tensor_info.dtype}'
+  ptestore inspect s3://bucket/models/model.pte -o endpoint_url=http://127.0.0.1:9000
+
+Exit status: 0 success, 1 storage failure, 2 malformed or missing file, refused access
+or bad arguments."""
 
 
 def add_inspect_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -19,13 +29,16 @@ def add_inspect_parser(subparsers: Any) -> argparse.ArgumentParser:
         "inspect",
         help="show the structure of a .pte or .ptd",
         description="Show header, methods, delegates (with compile specs), segments, named "
-        "data and wasted bytes of a .pte or .ptd. Reads only the metadata.",
+        "data (size, dtype and shape of each key) and wasted bytes of a .pte or .ptd. "
+        "Reads only the metadata.",
+        epilog=_EPILOG,
     )
     p.add_argument(
         "url", metavar="URL", help="local path or fsspec URL (file://, memory://, s3://)"
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_storage_options(p)
+    add_common_flags(p)
     p.set_defaults(func=run_inspect)
     return p
 
@@ -33,18 +46,12 @@ def add_inspect_parser(subparsers: Any) -> argparse.ArgumentParser:
 @guarded("inspect")
 def run_inspect(args: argparse.Namespace) -> int:
     """Run ``ptestore inspect`` with parsed arguments; returns the exit status."""
-    from ..format.reader import read_container
-    from ..inspection import describe, render_table
-    from ..loaders import open_loader
+    from ..inspection import describe_container, read_description, render_table
 
-    loader = open_loader(args.url, **storage_options(args))
-    try:
-        container = read_container(loader).container
-    finally:
-        loader.close()
+    container, named = read_description(args.url, **storage_options(args))
     if args.json:
-        json.dump(describe(container), sys.stdout, indent=2)
+        json.dump(describe_container(container, named), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        print(render_table(container))
+        print(render_table(container, named))
     return EXIT_OK

@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 
-__all__ = ["add_storage_options", "human_bytes", "parse_storage_option", "storage_options"]
+__all__ = [
+    "add_storage_options",
+    "human_bytes",
+    "parse_storage_option",
+    "side_storage_options",
+    "storage_options",
+]
 
 
 def parse_storage_option(text: str) -> tuple[str, object]:
@@ -22,8 +28,9 @@ def parse_storage_option(text: str) -> tuple[str, object]:
     return key, parsed
 
 
-def add_storage_options(parser: argparse.ArgumentParser) -> None:
-    """Add the repeatable ``--storage-option/-o KEY=VALUE`` option."""
+def add_storage_options(parser: argparse.ArgumentParser, *, sides: bool = False) -> None:
+    """Add the repeatable ``--storage-option/-o KEY=VALUE`` option, and with ``sides``
+    ``--src-option``/``--dst-option`` for the sources or the destinations only."""
     parser.add_argument(
         "--storage-option",
         "-o",
@@ -32,8 +39,20 @@ def add_storage_options(parser: argparse.ArgumentParser) -> None:
         type=parse_storage_option,
         default=[],
         help="fsspec/s3fs storage option for remote URLs (VALUE parsed as JSON if it can be); "
-        "repeatable",
+        "repeatable" + ("; reaches every source and destination that accepts it" if sides else ""),
     )
+    if not sides:
+        return
+    for side, what in (("src", "sources (SRC, SRC_PTD)"), ("dst", "destinations (DST, DST_PTD)")):
+        parser.add_argument(
+            f"--{side}-option",
+            metavar="KEY=VALUE",
+            dest=f"{side}_option",
+            action="append",
+            type=parse_storage_option,
+            default=[],
+            help=f"storage option for the {what} only, overriding -o; repeatable",
+        )
 
 
 def storage_options(args: argparse.Namespace) -> dict[str, object]:
@@ -42,8 +61,14 @@ def storage_options(args: argparse.Namespace) -> dict[str, object]:
     return dict(pairs)
 
 
+def side_storage_options(args: argparse.Namespace, side: str) -> dict[str, object]:
+    """The options given with ``--src-option`` (``side="src"``) or ``--dst-option``."""
+    pairs: list[tuple[str, object]] = getattr(args, f"{side}_option", None) or []
+    return dict(pairs)
+
+
 def human_bytes(n: float) -> str:
-    """``1536`` -> ``"1.5 KiB"``."""
+    """``1536`` -> ``"1.5 KiB"`` (binary units, as the progress bars)."""
     for unit in ("B", "KiB", "MiB"):
         if abs(n) < 1024:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

@@ -1,5 +1,5 @@
 """``ptestore specialize SRC DST [--backend SPEC]... [--ptd SRC_PTD DST_PTD] [--create]
-[--json] [--quiet]``."""
+[--allow-unchanged] [--json] [--quiet] [--no-progress]``."""
 
 from __future__ import annotations
 
@@ -10,12 +10,27 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigurationError
 from .exits import EXIT_OK, guarded
-from .options import add_storage_options, human_bytes, storage_options
+from .options import add_storage_options, human_bytes, side_storage_options, storage_options
+from .parser import add_common_flags
+from .progress import Progress, progress_wanted
 
 if TYPE_CHECKING:
-    from .. import SpecializationReport
+    from ..coordinator import FileReport, SpecializationReport
 
 __all__ = ["add_specialize_parser", "format_summary", "run_specialize"]
+
+_EPILOG = """\
+examples:
+  ptestore specialize model.pte model.device.pte
+  ptestore specialize model.pte out.pte --backend my_pkg.backend:MyBackend@XnnpackBackend
+  ptestore specialize model.pte out.pte --ptd model.ptd out.ptd --backend my-npu
+  ptestore specialize model.pte s3://bucket/out.pte --dst-option endpoint_url=http://h:9000
+  ptestore specialize model.pte copy.pte --backend passthrough
+
+Exit status: 0 success; 1 backend or storage failure (the message says what was
+published); 2 bad input: malformed or missing source, unknown backend, bad arguments or
+options, an existing DST with --create, refused access, or nothing specialized (no
+backend serves an id of the program, every backend declined) without --allow-unchanged."""
 
 
 def add_specialize_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -25,9 +40,9 @@ def add_specialize_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="run backends once and publish the specialized model atomically",
         description="Hand every backend found in SRC to its implementation once, lay the "
         "container out again with the replacements, and publish it atomically at DST. "
-        "DST may equal SRC to replace the original. Exit status: 0 success, 1 backend or "
-        "storage failure, 2 bad input (malformed or missing source, bad arguments, existing "
-        "DST with --create, access refused).",
+        "DST may equal SRC to replace the original. A run that specializes nothing fails "
+        "(exit 2, saying why) unless --allow-unchanged is given or passthrough is named.",
+        epilog=_EPILOG,
     )
     p.add_argument("src", metavar="SRC", help="source .pte (path or URL)")
     p.add_argument("dst", metavar="DST", help="destination .pte (path or URL; may equal SRC)")
@@ -38,7 +53,7 @@ def add_specialize_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=None,
         help="backend implementation: a registered name, package.module:attr, optionally "
         "REF@BACKEND_ID and =ARGUMENT (repeatable; default: every registered backend "
-        "whose name is a backend id in the program)",
+        "whose name is a backend id in the program; see `ptestore backends`)",
     )
     p.add_argument(
         "--ptd",
@@ -51,8 +66,18 @@ def add_specialize_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="refuse to replace an existing destination (no-clobber publish)",
     )
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument(
+        "--allow-unchanged",
+        action="store_true",
+        help="publish an unchanged copy when nothing was specialized instead of failing",
+    )
+    p.add_argument("--json", action="store_true", help="print the report (or the error) as JSON")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar or summary")
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bars (also: TQDM_DISABLE=1, or stderr not a terminal)",
+    )
     p.add_argument(
         "--spool-dir",
         metavar="DIR",
@@ -75,9 +100,23 @@ def add_specialize_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="end the output with a provenance trailer (see docs/fleet.md)",
     )
-    add_storage_options(p)
+    add_storage_options(p, sides=True)
+    add_common_flags(p)
     p.set_defaults(func=run_specialize)
     return p
+
+
+def _published(f: FileReport) -> str:
+    parts = []
+    if f.published_size is not None:
+        parts.append(human_bytes(f.published_size))
+    if f.etag is not None:
+        parts.append(f"etag {f.etag}")
+    if f.version_id is not None:
+        parts.append(f"version {f.version_id}")
+    if f.checksum is not None:
+        parts.append(f"checksum {f.checksum}")
+    return ", ".join(parts) or "nothing reported by the storage"
 
 
 def format_summary(report: SpecializationReport) -> str:
@@ -95,17 +134,21 @@ def format_summary(report: SpecializationReport) -> str:
         if f.bytes_cloned:
             line += f", {human_bytes(f.bytes_cloned)} shared with the source (reflink)"
         lines.append(line)
+        lines.append(f"  published: {_published(f)}")
     for b in report.backends:
+        impl = f" ({b.implementation})" if b.implementation else ""
         if b.status == "specialized":
             lines.append(
-                f"backend {b.backend_id}: {b.inputs_seen} inputs, {len(b.keys_replaced)} keys "
-                f"and {b.blobs_replaced} blobs replaced, {human_bytes(b.bytes_in)} in, "
+                f"backend {b.backend_id}{impl}: {b.inputs_seen} inputs, {len(b.keys_replaced)} "
+                f"keys and {b.blobs_replaced} blobs replaced, {human_bytes(b.bytes_in)} in, "
                 f"{human_bytes(b.bytes_out)} out, {b.seconds:.3f} s"
             )
         elif b.status == "not_supported":
-            lines.append(f"backend {b.backend_id}: declined (data kept as is)")
+            lines.append(f"backend {b.backend_id}{impl}: declined (data kept as is)")
         else:
             lines.append(f"backend {b.backend_id}: no implementation (data kept as is)")
+    if not report.specialized:
+        lines.append(f"unchanged: {report.unchanged_reason}")
     lines.append(f"published in {report.seconds:.3f} s")
     return "\n".join(lines)
 
@@ -113,24 +156,11 @@ def format_summary(report: SpecializationReport) -> str:
 @guarded("specialize", publishes=True)
 def run_specialize(args: argparse.Namespace) -> int:
     """Run ``ptestore specialize`` with parsed arguments; returns the exit status."""
-    from .. import Event, specialize
+    from ..coordinator import nothing_specialized_message, specialize
+    from ..errors import NothingSpecialized
 
-    show_progress = not args.quiet and not args.json and sys.stderr.isatty()
-    bar: Any = None
-
-    def tracer(event: Event) -> None:
-        nonlocal bar
-        if event.kind == "write" and show_progress:
-            if bar is None:
-                from tqdm import tqdm
-
-                bar = tqdm(
-                    total=event.total, unit="B", unit_scale=True, desc="writing", file=sys.stderr
-                )
-            bar.update(event.nbytes)
-        elif event.kind == "backend_start" and show_progress:
-            print(f"backend {event.backend}: initializing", file=sys.stderr)
-
+    quiet = args.quiet or args.json
+    progress = None if not progress_wanted(disabled=quiet or args.no_progress) else Progress()
     try:
         from ..backends.compat import DeviceProfile, parse_device_options
 
@@ -144,21 +174,34 @@ def run_specialize(args: argparse.Namespace) -> int:
             ptd=tuple(args.ptd) if args.ptd else None,
             backends=args.backend,
             mode="create" if args.create else "overwrite",
-            event_tracer=tracer,
+            event_tracer=progress,
             storage_options=storage_options(args),
+            src_storage_options=side_storage_options(args, "src"),
+            dst_storage_options=side_storage_options(args, "dst"),
             spool_dir=args.spool_dir,
+            strict=not args.allow_unchanged,
             device=device,
             provenance=bool(args.provenance or device is not None),
         )
+    except NothingSpecialized as exc:
+        raise NothingSpecialized(
+            f"{exc} Nothing was published; --allow-unchanged publishes an unchanged copy.",
+            backend_ids=exc.backend_ids,
+            installed=exc.installed,
+            hint=exc.hint,
+        ) from None
     finally:
-        if bar is not None:
-            bar.close()
+        if progress is not None:
+            progress.close()
     for name in report.unused_backends:
         print(
             f"ptestore specialize: warning: no delegate in {args.src} has backend id {name!r}; "
             "that backend was not used",
             file=sys.stderr,
         )
+    message = nothing_specialized_message(report)
+    if message is not None:  # only with --allow-unchanged: strict runs raise instead
+        print(f"ptestore specialize: warning: {message}", file=sys.stderr)
     if args.json:
         json.dump(report.to_dict(), sys.stdout, indent=2)
         sys.stdout.write("\n")

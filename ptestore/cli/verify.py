@@ -15,8 +15,15 @@ from typing import Any
 from ..errors import ConfigurationError
 from .exits import guarded
 from .options import add_storage_options, storage_options
+from .parser import add_common_flags
 
 __all__ = ["add_verify_parser", "run_verify"]
+
+_EPILOG = """\
+examples:
+  ptestore verify out.pte
+  ptestore verify out.pte --source model.pte --backend my_pkg.backend:MyBackend
+  ptestore verify s3://bucket/dev-a/model.pte --job job.toml --json"""
 
 
 def add_verify_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -28,6 +35,7 @@ def add_verify_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--source, that the artifact was made from exactly it; given --backend, that the "
         "backends and their versions match and rate it optimal; given --device, that it "
         "was made for that profile. Exit status: 0 current, 1 stale, 2 bad input or corrupt.",
+        epilog=_EPILOG,
     )
     p.add_argument("url", metavar="URL", help="the artifact (.pte or .ptd; path or URL)")
     p.add_argument("--source", metavar="SRC", help="the source it should have been made from")
@@ -51,6 +59,7 @@ def add_verify_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     add_storage_options(p)
+    add_common_flags(p)
     p.set_defaults(func=run_verify)
     return p
 

@@ -57,7 +57,7 @@ class _Options:
 
     def _pick(self, url: str, accepted: frozenset[str], own: dict[str, Any]) -> dict[str, Any]:
         if split_url(url)[0] == "file":
-            return {}
+            return dict(own)  # local files take none: open_loader/open_writer refuse these
         return {**{k: v for k, v in self.common.items() if k in accepted}, **own}
 
     def loader(self, url: str, side: str) -> dict[str, Any]:
@@ -85,20 +85,66 @@ def specialize(
 ) -> SpecializationReport:
     """Specialize the model at ``src_url`` and publish it at ``dst_url``.
 
-    URLs are local paths or fsspec URLs (``file://``, ``memory://``, ``s3://``, ...).
-    ``dst_url`` may equal ``src_url``: the original is then replaced atomically.
-    ``ptd=(src_ptd_url, dst_ptd_url)`` rewrites the model's external weights too (the
-    two files cannot be replaced in place together: a crash between the two publishes
-    would leave a mismatched pair, so in-place is refused for pairs, and so is any
-    destination that is the other file's source or the other destination: paths are
-    compared with symlinks resolved, URLs normalized, all before any work).
-    ``storage_options`` apply to every remote URL that accepts them (writer options
-    such as ``part_size`` to the destinations only); ``src_``/``dst_storage_options``
-    apply to the sources or the destinations and override them.
+    Args:
+        src_url: the source ``.pte``: a local path or fsspec URL (``file://``,
+            ``memory://``, ``s3://``, ...).
+        dst_url: where to publish the result, atomically. It may equal ``src_url``: the
+            original is then replaced.
+        ptd: ``(src_ptd_url, dst_ptd_url)`` rewrites the model's external weights too.
+            In-place is refused for pairs (a crash between the two publishes would
+            leave a mismatched pair), and so is any destination that is the other
+            file's source or the other destination (paths compared with symlinks
+            resolved, URLs normalized), all before any work.
+        backends: the implementations to run, each an instance, a class or a SPEC
+            string ``REF[@BACKEND_ID][=ARGUMENT]`` where REF is a registered or
+            entry-point name (``ptestore backends`` lists them) or
+            ``package.module:attr``. ``None``: every installed backend whose ``name``
+            is a backend id of the program.
+        mode: ``"overwrite"`` replaces an existing destination; ``"create"`` refuses
+            to (checked before any work, and again by the no-clobber publish).
+        event_tracer: called with an :class:`~ptestore.coordinator.report.Event` per
+            step (backend inputs and replacements, bytes written, publish).
+        storage_options: options for every remote URL that accepts them (writer
+            options such as ``part_size`` reach the destinations only); an option no
+            URL accepts is refused.
+        src_storage_options: options for the sources only (override
+            ``storage_options``).
+        dst_storage_options: options for the destinations only (override
+            ``storage_options``).
+        spool_dir: where replacement bytes wait until the layout is known (default:
+            the system temporary directory).
+        strict: raise :class:`~ptestore.errors.NothingSpecialized` when nothing was
+            specialized, before anything is written (the CLI's default).
+        device: the device profile (``DeviceProfile``) handed to every backend as
+            ``context.device`` (CLI: ``--device``).
+        provenance: True or a :class:`~ptestore.provenance.ProvenanceRequest`: each
+            output ends with a provenance trailer (see :mod:`ptestore.provenance`); a
+            source's own trailer is never copied, so re-specializing an artifact
+            replaces its trailer.
 
-    See :func:`~ptestore.coordinator.pipeline.initialize_and_save_backend_data` for
-    ``backends``, ``mode``, ``strict``, ``device``, ``provenance``, what is returned
-    and what is raised.
+    Returns:
+        A :class:`~ptestore.coordinator.report.SpecializationReport`: one entry per
+        backend id (status, implementation spec, keys replaced, bytes, seconds), one
+        per file (sizes, segments replaced and moved, and what the publish returned:
+        size, ETag, version id, checksum), and when nothing was specialized
+        ``specialized == False`` with ``unchanged_reason`` and ``hint``.
+
+    Raises:
+        NothingSpecialized: with ``strict=True``, when no backend specialized anything.
+        ConfigurationError: bad arguments: an unknown backend or URL scheme, an option
+            that applies to no URL, colliding destinations.
+        FormatError: a malformed source.
+        ObjectNotFound: a missing source.
+        AlreadyExists: ``mode="create"`` and a destination exists.
+        PermissionDenied: credentials or access refused.
+        BackendError: a backend failed or broke the rules (``InvalidReplacement``),
+            naming the backend, method and key; its own exception is the ``__cause__``.
+        StorageError: I/O failed after retries; ``PublishUncertain`` when a publish may
+            or may not have taken effect, ``IntegrityError`` when the stored object does
+            not match, ``PartialPublish`` when the ``.ptd`` was published and the
+            ``.pte`` was not.
+
+    Nothing is published unless the whole run succeeds (``PartialPublish`` aside).
     """
     src, dst = os.fspath(src_url), os.fspath(dst_url)
     options = _Options(storage_options, src_storage_options, dst_storage_options)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import logging
 import time
 from collections.abc import Callable, Iterable
 
@@ -41,6 +42,8 @@ from .targets import check_pair_targets, same_target
 
 __all__ = ["initialize_and_save_backend_data"]
 
+log = logging.getLogger("ptestore.coordinator")
+
 
 def initialize_and_save_backend_data(
     pte_loader: DataLoader,
@@ -66,28 +69,46 @@ def initialize_and_save_backend_data(
     5. **write** every byte once at its final location;
     6. check that the sources did not change, then **publish** the .ptd, then the .pte.
 
-    ``backends`` lists implementations (instances, classes or SPEC strings, see
-    :mod:`ptestore.backends.registry`); None uses every installed backend (registered
-    or entry point) whose ``name`` is a backend id in the program, whatever its
-    registration is called. ``mode`` is ``"overwrite"`` or ``"create"`` (refuse to
-    replace an existing destination). Returns a :class:`SpecializationReport`; when no
-    backend specialized anything, ``report.specialized`` is False and
-    ``report.unchanged_reason``/``report.hint`` say why, and with ``strict=True`` the
-    run raises :class:`~ptestore.errors.NothingSpecialized` instead, before writing
-    or publishing anything (naming ``passthrough`` explicitly asks for a copy and
-    counts as done).
+    Args:
+        pte_loader: reads the source ``.pte`` (:func:`~ptestore.open_loader`).
+        pte_writer: publishes the new ``.pte`` (:func:`~ptestore.open_writer`).
+        ptd_loader: reads the source ``.ptd``; given together with ``ptd_writer``.
+        ptd_writer: publishes the new ``.ptd``.
+        backends: implementations (instances, classes or SPEC strings, see
+            :mod:`ptestore.backends.registry`); None uses every installed backend
+            (registered or entry point) whose ``name`` is a backend id in the program,
+            whatever its registration is called.
+        event_tracer: called with an :class:`Event` per step.
+        mode: ``"overwrite"`` or ``"create"`` (refuse to replace an existing
+            destination).
+        spool_dir: where replacement bytes wait until layout.
+        strict: raise :class:`~ptestore.errors.NothingSpecialized` instead of
+            publishing an unchanged copy when nothing was specialized (naming
+            ``passthrough`` explicitly asks for a copy and counts as done).
+        device: the device profile (``DeviceProfile``) handed to every backend as
+            ``context.device`` (CLI: ``--device``).
+        provenance: True or a :class:`~ptestore.provenance.ProvenanceRequest`: each
+            output ends with a provenance trailer (see :mod:`ptestore.provenance`); a
+            source's own trailer is never copied, so re-specializing an artifact
+            replaces its trailer.
 
-    On any failure every writer is discarded and the exception propagates: backend
-    failures as :class:`~ptestore.errors.BackendError` naming the backend, method and
-    key; storage failures as :class:`~ptestore.errors.StorageError`; a second publish
-    failing after the first took effect as :class:`~ptestore.errors.PartialPublish`;
-    writers that are one destination, or a writer onto the other file's source, as
-    :class:`~ptestore.errors.ConfigurationError`.
+    Returns:
+        A :class:`SpecializationReport`; when no backend specialized anything,
+        ``report.specialized`` is False and ``report.unchanged_reason``/``report.hint``
+        say why.
 
-    ``device`` is handed to every backend as ``context.device``. With ``provenance``
-    (True or a :class:`~ptestore.provenance.ProvenanceRequest`) each output ends with a
-    provenance trailer (see :mod:`ptestore.provenance`); a source's own trailer is
-    never copied, so re-specializing an artifact replaces its trailer.
+    Raises:
+        NothingSpecialized: with ``strict=True``, before writing or publishing anything.
+        BackendError: a backend failed, naming the backend, method and key (its own
+            exception is the ``__cause__``); ``InvalidReplacement`` for a replacement
+            that breaks the rules.
+        StorageError: storage failures after retries; ``PartialPublish`` when the
+            second publish fails after the first took effect.
+        ConfigurationError: bad arguments, writers that are one destination, or a
+            writer onto the other file's source.
+        FormatError: a malformed source.
+
+    On any failure every writer is discarded and the exception propagates.
     """
     if (ptd_loader is None) != (ptd_writer is None):
         raise ConfigurationError("ptd_loader and ptd_writer must be given together")
@@ -107,6 +128,7 @@ def initialize_and_save_backend_data(
             sources = [("pte", pte_loader)] + ([("ptd", ptd_loader)] if ptd_loader else [])
             stamper.describe_sources(sources)
         files = _read(pte_loader, pte_writer, ptd_loader, ptd_writer)
+        log.info("read metadata in %.3f s", time.perf_counter() - started)
         spool = Spool(spool_dir if spool_dir is not None else _spool_home(pte_writer))
         run = Run(files, spool, event_tracer)
         run.emit(Event("parsed", url=pte_loader.name))
@@ -120,11 +142,33 @@ def initialize_and_save_backend_data(
             )
         check_aliases(run)
         layouts = [_lay_out(run, f) for f in files]
+        for f, lay in zip(files, layouts, strict=True):
+            placements, patched = lay.placements, lay.patched
+            moved = sum(
+                1
+                for seg, p in zip(f.container.segments, placements, strict=True)
+                if (seg.offset, seg.size) != tuple(p)
+            )
+            log.info(
+                "%s: layout: segment base %d (was %d), %d of %d segments moved, %d bytes",
+                f.writer.url,
+                patched.segment_base_offset,
+                f.container.segment_base_offset,
+                moved,
+                len(placements),
+                patched.file_size,
+            )
         if stamper is not None:
             for f in files:
                 f.writer.add_object_metadata(object_metadata(stamper.key(), device))
         # A provenance trailer changes every output: nothing is "unchanged" then.
+        t_write = time.perf_counter()
         file_reports = _write(run, layouts, mode, stamped=stamper is not None)
+        log.info(
+            "wrote %d bytes in %.3f s",
+            sum(r.size_after for r in file_reports),
+            time.perf_counter() - t_write,
+        )
         if stamper is not None:
             ends = [lay.patched.file_size for lay in layouts]
             stamper.write_trailers(
@@ -133,7 +177,9 @@ def initialize_and_save_backend_data(
         # A source replaced while we read it would mix two versions: check first.
         for f in files:
             f.loader.check_unchanged()
+        t_publish = time.perf_counter()
         publish_in_order(run, files, mode, file_reports)
+        log.info("published in %.3f s", time.perf_counter() - t_publish)
         summary.files = file_reports
         summary.seconds = time.perf_counter() - started
         return summary
@@ -184,6 +230,7 @@ def _run_backends(
     specialized if nothing was."""
     c = run.pte.container
     ids = list(dict.fromkeys(d.id for d in c.delegates))
+    log.debug("backend ids in %s: %s", run.pte.loader.name, ids)
     sel = resolve_backends(backends, ids)
     reports: list[BackendReport] = []
     for bid in ids:
@@ -199,6 +246,7 @@ def _run_backends(
         reports, [], 0.0, unused_backends=sel.unused, source=run.pte.loader.name
     )
     if reason is not None:
+        log.info("nothing specialized: %s", reason)
         summary.unchanged_reason, summary.hint = reason, hint
         summary.installed_backends = [i.describe() for i in installed_backends()]
     return summary
@@ -248,6 +296,16 @@ def _run_backend(
         report.status = "specialized"
     finally:
         report.seconds = time.perf_counter() - t0
+    log.info(
+        "backend %s (%s): %s in %.3f s, %d inputs, %d keys and %d blobs replaced",
+        bid,
+        report.implementation,
+        report.status,
+        report.seconds,
+        report.inputs_seen,
+        len(report.keys_replaced),
+        report.blobs_replaced,
+    )
     run.emit(Event("backend_end", backend=bid, seconds=report.seconds, status=report.status))
 
 

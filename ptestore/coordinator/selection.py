@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -18,6 +19,8 @@ from ..errors import ConfigurationError
 from .report import BackendReport
 
 __all__ = ["Selection", "resolve_backends", "why_unchanged"]
+
+log = logging.getLogger("ptestore.selection")
 
 
 @dataclass
@@ -61,6 +64,12 @@ def _default(ids: list[str]) -> Selection:
                 impl = serving(impl, bid, info.name)
             sel.impls[bid] = impl
             sel.labels[bid] = info.name
+            log.info(
+                "backend id %r: installed backend %s (default selection)", bid, info.describe()
+            )
+    for bid in ids:
+        if bid not in sel.impls:
+            log.info("backend id %r: no installed backend serves it", bid)
     return sel
 
 
@@ -100,11 +109,17 @@ def resolve_backends(backends: Iterable[BackendLike] | None, ids: list[str]) -> 
             sel.impls[name] = impl
             sel.labels[name] = label
     sel.unused = sorted(name for name in sel.impls if name not in ids)
+    for name in sel.unused:
+        log.info(
+            "backend %s serves %r, which is no backend id of the program", sel.labels[name], name
+        )
     if wildcard is not None:
         for bid in ids:
             if bid not in sel.impls:
                 sel.impls[bid] = wildcard[0]
                 sel.labels[bid] = wildcard[1]
+    for bid in ids:
+        log.info("backend id %r: %s", bid, sel.labels.get(bid, "no implementation given"))
     return sel
 
 

@@ -77,11 +77,22 @@ def writer_options(url: str | os.PathLike[str]) -> frozenset[str]:
 def open_writer(url: str | os.PathLike[str], **storage_options: Any) -> DataWriter:
     """Open a transactional writer for ``url`` (see the module docstring for dispatch).
 
-    ``storage_options`` follow fsspec/s3fs conventions (``endpoint_url``, ``key``,
-    ``secret``, ``client_kwargs``, ...) plus writer options documented on each class
-    (``durable``, ``part_size``, ``metadata``, ``retry_attempts``, ...). Options that do
-    not apply to the writer, and values of the wrong type, raise
-    :class:`~ptestore.errors.ConfigurationError` before anything is opened.
+    Args:
+        url: a local path, ``file://``, ``memory://``, ``s3://`` or any fsspec URL.
+        **storage_options: fsspec/s3fs options (``endpoint_url``, ``key``, ``secret``,
+            ``client_kwargs``, ...) plus the writer options documented on each class
+            (``durable``, ``part_size``, ``metadata``, ``retry_attempts``, ...).
+
+    Returns:
+        A :class:`DataWriter`: nothing is visible at ``url`` until ``publish(mode)``
+        succeeds; ``discard()`` drops what was staged.
+
+    Raises:
+        ConfigurationError: an unknown protocol, options that do not apply to the writer
+            (the message lists the accepted ones) or values of the wrong type, all
+            before anything is opened.
+        PermissionDenied: access refused.
+        StorageError: the staging area cannot be created.
     """
     cls, target, applies_to = _writer_class(url)
     check_options(target, storage_options, cls.accepted_options(target), applies_to)

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import logging
 import os
 import stat
 import time
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
+from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any
 
 from .._options import check_options
@@ -35,6 +37,12 @@ if TYPE_CHECKING:
     from .s3.config import S3Connection
 
 __all__ = ["DEFAULT_OLDER_THAN", "GcEntry", "collect_local", "collect_s3", "collect_stale"]
+
+log = logging.getLogger("ptestore.gc")
+
+#: Beyond this many seconds between the client's clock and a response's ``Date``
+#: header, ages of S3 uploads are measured against the server's clock.
+CLOCK_SKEW_TOLERANCE = 5.0
 
 #: Default minimum age (seconds) of a leftover before gc touches it: one day.
 DEFAULT_OLDER_THAN = 86400.0
@@ -162,6 +170,7 @@ def collect_s3(
             page = conn.request("ListMultipartUploads", "list_multipart_uploads", **kwargs)
         except Exception as exc:
             raise to_storage_error(exc, f"s3://{bucket}/{prefix}", "ListMultipartUploads") from exc
+        now = _server_now(page, now)
         for up in page.get("Uploads", []):
             key, upload_id = up["Key"], up["UploadId"]
             where = f"s3://{bucket}/{key}?uploadId={upload_id}"
@@ -205,6 +214,24 @@ def collect_s3(
         if not key_marker:
             break
     return found
+
+
+def _server_now(page: dict[str, Any], client_now: datetime) -> datetime:
+    """The server's clock from a response's ``Date`` header when it disagrees with the
+    client's by more than :data:`CLOCK_SKEW_TOLERANCE` (upload ages are differences of
+    server times), else the client's."""
+    headers = page.get("ResponseMetadata", {}).get("HTTPHeaders", {})
+    try:
+        server_now = parsedate_to_datetime(str(headers["date"]))
+    except (KeyError, TypeError, ValueError, IndexError):
+        return client_now
+    if server_now.tzinfo is None:
+        server_now = server_now.replace(tzinfo=timezone.utc)
+    skew = (server_now - client_now).total_seconds()
+    if abs(skew) <= CLOCK_SKEW_TOLERANCE:
+        return client_now
+    log.info("the server's clock differs from ours by %+.0f s: ages use the server's", skew)
+    return server_now
 
 
 def _list_all_parts(

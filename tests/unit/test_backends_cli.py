@@ -205,10 +205,16 @@ def test_inspect_json(fx: Any, capsys: pytest.CaptureFixture[str]) -> None:
             continue
         assert main(["inspect", "--json", str(path)]) == 0
         out = json.loads(capsys.readouterr().out)
+        assert out == json.loads(json.dumps(ptestore.describe(path)))
         data = path.read_bytes()
-        assert out == json.loads(json.dumps(describe(parse(data, len(data), str(path)))))
-        for k in ("format", "file_size", "header", "methods", "named_data", "delegates"):
+        bare = describe(parse(data, len(data), str(path)))  # metadata alone: no tensor info
+        assert [{**r, "tensor_info": None} for r in out["named_data"]] == bare["named_data"]
+        for k in ("format", "file_size", "header", "methods", "delegates"):
             assert out[k] == fx.facts[role][k]
+        keep = ("key", "segment_index", "tensor_layout")
+        assert [{k: r[k] for k in keep if k in r} for r in out["named_data"]] == (
+            fx.facts[role]["named_data"]
+        )
 
 
 def test_inspect_table(capsys: pytest.CaptureFixture[str]) -> None:
@@ -245,7 +251,7 @@ def test_specialize_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert "already exists" in err.lower()
     # Summary on stdout by default.
     assert main(["specialize", str(MLP.pte_path), str(dst), "--backend", "passthrough"]) == 0
-    assert "backend XnnpackBackend: 1 inputs" in capsys.readouterr().out
+    assert "backend XnnpackBackend (passthrough): 1 inputs" in capsys.readouterr().out
     # Bad input: exit 2.
     assert main(["specialize", str(tmp_path / "nope.pte"), str(dst)]) == 2
     assert main(["specialize", str(MLP.pte_path), str(dst), "--backend", "nosuch"]) == 2
@@ -411,7 +417,8 @@ def test_broken_pipe_exits_0_and_silences_stdout(
         ),
         (
             ["gc", ".", "--older-than", "soon"],
-            "ptestore gc: error: argument --older-than: expected a number of seconds, got 'soon'",
+            "ptestore gc: error: argument --older-than: expected a duration such as 90s, 30m, "
+            "12h or 7d (a number with an optional unit s, m, h, d or w), got 'soon'",
         ),
         (["frobnicate"], "ptestore: error: argument COMMAND: invalid choice: 'frobnicate'"),
     ],

@@ -237,7 +237,14 @@ def test_cli_names_the_real_backend_id_and_warns_about_unused(
     assert main(["specialize", str(MLP.pte_path), str(dst), "--backend", "command=false"]) == 1
     assert "backend 'XnnpackBackend', method 'forward': command 'false'" in capsys.readouterr().err
     spec = "passthrough@XNNPACKBackend"
-    assert main(["specialize", str(MLP.pte_path), str(dst), "--backend", spec, "--quiet"]) == 0
+    # A typo'd id serves nothing: nothing specialized, exit 2 (issue 8, item 4) ...
+    assert main(["specialize", str(MLP.pte_path), str(dst), "--backend", spec, "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "the backends given serve no backend id of the program: " in err
+    assert "passthrough@XNNPACKBackend (serves 'XNNPACKBackend')" in err
+    # ... unless an unchanged copy is accepted; the typo is still reported.
+    args = ["--backend", spec, "--quiet", "--allow-unchanged"]
+    assert main(["specialize", str(MLP.pte_path), str(dst), *args]) == 0
     err = capsys.readouterr().err
     assert "no delegate in" in err
     assert "'XNNPACKBackend'" in err

@@ -32,6 +32,8 @@ def project(d: dict[str, Any]) -> dict[str, Any]:
     """ptestore's inspect JSON restricted to the fields the reference reader knows."""
     out = {k: d[k] for k in REFERENCE_KEYS}
     out["segments"] = [{k: s[k] for k in ("index", "offset", "size")} for s in d["segments"]]
+    known = ("key", "segment_index", "tensor_layout")  # not size, tensor_info
+    out["named_data"] = [{k: r[k] for k in known if k in r} for r in d["named_data"]]
     return out
 
 

@@ -36,9 +36,9 @@ def test_local_gc_text(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     out = capsys.readouterr().out
     assert "would remove" in out
     assert w.staging_path in out
-    assert "would remove 1 of 1 leftover(s); 0 failed" in out
+    assert "would remove 1 of 1 leftover(s) older than 0s; 0 failed" in out
     assert run(["gc", str(tmp_path), "--older-than", "0"]) == 0
-    assert "removed 1 of 1 leftover(s); 0 failed" in capsys.readouterr().out
+    assert "removed 1 of 1 leftover(s) older than 0s; 0 failed" in capsys.readouterr().out
     assert list(tmp_path.iterdir()) == []
 
 
@@ -62,7 +62,7 @@ def test_gc_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     )
     with pytest.raises(SystemExit):
         run(["gc", str(tmp_path), "--older-than", "-5"])
-    assert "expected a number of seconds >= 0, got '-5'" in capsys.readouterr().err
+    assert "expected a duration >= 0, got '-5'" in capsys.readouterr().err
 
 
 @pytest.mark.s3

@@ -1,0 +1,122 @@
+"""Progress of a ``ptestore specialize`` run on stderr, from the run's events.
+
+One bar per phase, all counting bytes in binary units: the counts are written by the
+summary's own :func:`~ptestore.cli.options.human_bytes` (KiB, MiB, GiB), and tqdm's own
+scaling, where it shows, uses ``unit_divisor=1024``:
+
+- each backend: the delegate inputs handed to it and the keys and blobs it replaces, as
+  they happen (the slow part for a real compiler);
+- writing: the bytes of every output file;
+- publishing: a line when the last byte is written (an S3 completion can take seconds)
+  and one per published file.
+
+Progress is shown only on a terminal, never with ``--no-progress``, ``--quiet`` or
+``--json``, and never when ``TQDM_DISABLE`` is set to anything but ``0``/``false``/empty.
+tqdm is imported only when a bar is drawn.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import TYPE_CHECKING, Any, TextIO
+
+from .options import human_bytes
+
+if TYPE_CHECKING:
+    from ..coordinator import Event
+
+__all__ = ["Progress", "progress_wanted"]
+
+
+def progress_wanted(*, disabled: bool, stream: TextIO | None = None) -> bool:
+    """Whether to draw progress: not ``disabled`` (a flag), ``TQDM_DISABLE`` unset or
+    false, and ``stream`` (default stderr) a terminal."""
+    if disabled:
+        return False
+    if os.environ.get("TQDM_DISABLE", "").strip().lower() not in ("", "0", "false", "no"):
+        return False
+    stream = sys.stderr if stream is None else stream
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+class Progress:
+    """An ``event_tracer`` that draws bars on ``stream``; :meth:`close` when done."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self.stream = sys.stderr if stream is None else stream
+        self._bar: Any = None
+        self._phase: str | None = None
+        self._publishing = False
+        self._done = 0
+        self._label = ""
+        self._desc = ""
+
+    def _open(self, phase: str, desc: str, total: int | None) -> Any:
+        if self._phase != phase:
+            self._close_bar()
+            from tqdm import tqdm
+
+            counts = "{desc} [{elapsed}]"
+            bar = "{desc} {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}]"
+            self._bar = tqdm(
+                total=total,
+                desc=desc,
+                unit="B",
+                unit_scale=True,
+                unit_divisor=1024,
+                file=self.stream,
+                leave=True,
+                dynamic_ncols=True,
+                bar_format=counts if total is None else bar,
+            )
+            self._phase, self._done, self._label, self._desc = phase, 0, "", desc
+        return self._bar
+
+    def _advance(self, bar: Any, nbytes: int, refresh: bool = False) -> None:
+        self._done += nbytes
+        total = "" if bar.total is None else f"/{human_bytes(bar.total)}"
+        label = f", {self._label}" if self._label else ""
+        counts = f"{self._desc}: {human_bytes(self._done)}{total}{label}"
+        bar.set_description_str(counts, refresh=refresh)
+        bar.update(nbytes)
+
+    def _close_bar(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        self._bar, self._phase = None, None
+
+    def _say(self, text: str) -> None:
+        self._close_bar()
+        print(text, file=self.stream, flush=True)
+
+    def __call__(self, event: Event) -> None:
+        kind = event.kind
+        if kind == "backend_start":
+            self._open(f"backend:{event.backend}", f"backend {event.backend}", None)
+        elif kind in ("input", "replacement"):
+            bar = self._open(f"backend:{event.backend}", f"backend {event.backend}", None)
+            what = "input" if kind == "input" else "replaced"
+            label = event.key if event.key is not None else f"{event.method} blob"
+            self._label = f"{what} {label}"[:48]
+            self._advance(bar, event.nbytes)
+        elif kind == "backend_end":
+            bar = self._open(f"backend:{event.backend}", f"backend {event.backend}", None)
+            self._label = f"{event.status} in {event.seconds:.2f} s"
+            self._advance(bar, 0, refresh=True)
+            self._close_bar()
+        elif kind == "write":
+            bar = self._open("write", "writing", event.total)
+            self._advance(bar, event.nbytes)
+            if event.total and event.done >= event.total and not self._publishing:
+                self._publishing = True
+                self._say("publishing...")
+        elif kind == "publish":
+            self._say(f"published {event.url} ({event.seconds:.2f} s)")
+
+    def close(self) -> None:
+        """Close the bar in progress, if any."""
+        self._close_bar()

@@ -1,0 +1,606 @@
+"""Issue 8, items 4-10: the CLI says what happened, and why, with the right exit status."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import subprocess
+import sys
+import textwrap
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.fixtures import get_fixture
+
+import ptestore
+from ptestore.backends import BackendInterface, NotSupported
+from ptestore.cli import build_parser, main
+from ptestore.cli.exits import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK
+from ptestore.cli.gc import DEFAULT_OLDER_THAN, human_duration, parse_duration
+from ptestore.cli.options import human_bytes
+from ptestore.cli.progress import Progress, progress_wanted
+from ptestore.testing.moto import MotoS3
+
+MLP = get_fixture("mlp_xnnpack")
+EXT = get_fixture("mlp_xnnpack_ext")
+QUANT = get_fixture("quant_xnnpack")
+assert MLP.pte_path is not None and EXT.pte_path is not None and EXT.ptd_path is not None
+assert QUANT.pte_path is not None
+SRC = str(MLP.pte_path)
+
+
+class Declines(BackendInterface):
+    name = "XnnpackBackend"
+
+    def initialize_backend_data(self, context: Any, writer: Any) -> None:
+        raise NotSupported("not this one")
+
+
+class Divides(BackendInterface):
+    name = "XnnpackBackend"
+
+    def initialize_backend_data(self, context: Any, writer: Any) -> None:
+        def deep_inside_the_backend() -> None:
+            raise ZeroDivisionError("the backend's own error")
+
+        deep_inside_the_backend()
+
+
+HERE = f"{__name__}"
+
+
+# ------------------------------------------------------------------ 4: no silent no-op
+def test_nothing_registered_for_the_program_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dst = tmp_path / "o.pte"
+    assert main(["specialize", SRC, str(dst), "--quiet"]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"ptestore specialize: error: nothing was specialized in {SRC}: no installed backend "
+        "serves a backend id of the program. Backend ids in the program: XnnpackBackend. "
+        "Installed backends: "
+    ), err
+    assert "passthrough (ptestore.backends.passthrough:PassthroughBackend" in err
+    assert "Nothing was published; --allow-unchanged publishes an unchanged copy." in err
+    assert not dst.exists()
+
+
+def test_a_backend_for_no_id_of_the_program_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dst = tmp_path / "o.pte"
+    argv = ["specialize", SRC, str(dst), "--backend", "passthrough@NpuBackend"]
+    assert main(argv) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert (
+        "the backends given serve no backend id of the program: passthrough@NpuBackend "
+        "(serves 'NpuBackend')" in err
+    )
+    assert "Use SPEC@BACKEND_ID to make a backend serve a given id." in err
+    assert not dst.exists()
+
+
+def test_external_weights_without_their_ptd_hint_at_ptd(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dst = tmp_path / "o.pte"
+    argv = ["specialize", str(EXT.pte_path), str(dst), "--backend", f"{HERE}:Declines"]
+    assert main(argv) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert f"every backend declined ('XnnpackBackend': {HERE}:Declines declined" in err
+    assert "pass it (CLI: --ptd SRC_PTD DST_PTD; Python: ptd=(src, dst))" in err
+
+
+def test_allow_unchanged_publishes_the_copy_with_a_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dst = tmp_path / "o.pte"
+    assert main(["specialize", SRC, str(dst), "--allow-unchanged"]) == EXIT_OK
+    captured = capsys.readouterr()
+    assert captured.err.startswith(
+        f"ptestore specialize: warning: nothing was specialized in {SRC}: "
+    )
+    assert "unchanged: no installed backend serves a backend id of the program" in captured.out
+    assert dst.read_bytes() == MLP.pte_path.read_bytes()  # type: ignore[union-attr]
+
+
+def test_passthrough_named_explicitly_is_a_deliberate_copy(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dst = tmp_path / "o.pte"
+    assert main(["specialize", SRC, str(dst), "--backend", "passthrough", "--json"]) == EXIT_OK
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    report = json.loads(captured.out)
+    assert report["specialized"] is True
+    assert report["unchanged_reason"] is None
+
+
+# ------------------------------------------------------------------ 5: tracebacks, logs
+def test_debug_prints_the_backends_own_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["specialize", SRC, str(tmp_path / "o.pte"), "--backend", f"{HERE}:Divides"]
+    assert main(argv) == EXIT_FAILURE
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.splitlines() == [
+        "ptestore specialize: failed, nothing published: backend 'XnnpackBackend': "
+        "initialize_backend_data failed: ZeroDivisionError: the backend's own error",
+        "ptestore specialize: (--debug prints the full traceback, ZeroDivisionError included)",
+    ]
+    assert main([*argv, "--debug"]) == EXIT_FAILURE
+    err = capsys.readouterr().err
+    assert "in deep_inside_the_backend" in err
+    assert "ZeroDivisionError: the backend's own error" in err
+    assert "The above exception was the direct cause of the following exception" in err
+    assert err.rstrip().endswith("ZeroDivisionError: the backend's own error")
+
+
+def test_every_subcommand_takes_verbose_and_debug() -> None:
+    parser = build_parser()
+    for argv in (
+        ["inspect", "m.pte"],
+        ["specialize", "a", "b"],
+        ["gc", "."],
+        ["backends"],
+        ["verify", "a.pte"],
+        ["fleet", "run", "job.toml"],
+        ["fleet", "plan", "job.toml"],
+    ):
+        ns = parser.parse_args([*argv, "-v", "--debug"])
+        assert (ns.verbose, ns.debug) == (1, True), argv
+    assert set(parser.commands) == {"inspect", "specialize", "gc", "backends", "verify", "fleet"}
+
+
+def test_verbose_logs_decisions_and_timings(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dst = tmp_path / "o.pte"
+    assert main(["specialize", SRC, str(dst), "--backend", "passthrough", "-q", "-v"]) == 0
+    err = capsys.readouterr().err
+    assert "ptestore.selection: INFO: backend id 'XnnpackBackend': passthrough" in err
+    assert (
+        f"ptestore.coordinator: INFO: {dst}: layout: segment base 1536 (was 1536), "
+        "0 of 6 segments moved, 6048 bytes"
+    ) in err
+    assert "ptestore.coordinator: INFO: published in " in err
+    assert "DEBUG" not in err
+    # The handler is removed after the run: nothing leaks into the next one.
+    assert logging.getLogger("ptestore").handlers == []
+    assert main(["specialize", SRC, str(dst), "--backend", "passthrough", "-q", "-vv"]) == 0
+    assert "ptestore.coordinator: DEBUG: backend ids in " in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ 6: storage options
+def test_inspect_s3_with_a_misspelt_option_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("s3fs")
+    assert main(["inspect", "s3://bucket/m.pte", "-o", "endpoint=http://127.0.0.1:1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "ptestore inspect: error: s3://bucket/m.pte: options ['endpoint'] do not apply to "
+        "s3:// (accepted: ["
+    ), err
+    assert "'endpoint_url'" in err and "'retry_attempts'" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["inspect", SRC, "-o", "anon=true"],
+            f"ptestore inspect: error: {SRC}: options ['anon'] do not apply to local files",
+        ),
+        (
+            [
+                "specialize",
+                SRC,
+                "memory://clix/o.pte",
+                "--backend",
+                "passthrough",
+                "--src-option",
+                "anon=true",
+            ],
+            f"ptestore specialize: error: {SRC}: options ['anon'] do not apply to local files",
+        ),
+        (
+            [
+                "specialize",
+                SRC,
+                "memory://clix/o.pte",
+                "--backend",
+                "passthrough",
+                "--dst-option",
+                "bogus=1",
+            ],
+            "ptestore specialize: error: memory://clix/o.pte: options ['bogus'] do not apply",
+        ),
+        (
+            ["gc", "s3://bucket/p/", "-o", "bogus=1"],
+            "ptestore gc: error: s3://bucket/p/: options ['bogus'] do not apply to gc of s3://",
+        ),
+    ],
+    ids=["inspect-local", "specialize-src", "specialize-dst", "gc-s3"],
+)
+def test_every_subcommand_checks_options_the_same_way(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if argv[0] == "gc":
+        pytest.importorskip("s3fs")
+    assert main(argv) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert err.startswith(message), err
+
+
+@pytest.mark.s3
+def test_dst_options_reach_the_destination_only(
+    moto_s3: MotoS3, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bucket = moto_s3.new_bucket()
+    opts = [f"--dst-option={k}={json.dumps(v)}" for k, v in moto_s3.storage_options.items()]
+    dst = f"s3://{bucket}/o.pte"
+    # A local source refuses every option: they must not reach it.
+    assert main(["specialize", SRC, dst, "--backend", "passthrough", *opts]) == EXIT_OK
+    out = capsys.readouterr().out
+    # The summary shows what the publish returned (issue 8, item 7).
+    head = moto_s3.client().head_object(Bucket=bucket, Key="o.pte")
+    assert f"  published: 5.9 KiB, etag {head['ETag']}" in out
+    described = ptestore.describe(dst, **moto_s3.storage_options)
+    assert described["file_size"] == 6048
+
+
+# ------------------------------------------------------------------ 7: reports
+def test_json_failure_prints_an_error_object(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["specialize", SRC, str(tmp_path / "o.pte"), "--backend", f"{HERE}:Divides", "--json"]
+    assert main(argv) == EXIT_FAILURE
+    error = json.loads(capsys.readouterr().out)
+    assert error == {
+        "error": {
+            "type": "BackendError",
+            "message": "initialize_backend_data failed: ZeroDivisionError: the backend's own error",
+            "exit_code": 1,
+            "command": "specialize",
+            "backend": "XnnpackBackend",
+            "cause": "ZeroDivisionError: the backend's own error",
+            "published": "nothing",
+        }
+    }
+    assert main(["specialize", SRC, str(tmp_path / "o.pte"), "--json"]) == EXIT_BAD_INPUT
+    error = json.loads(capsys.readouterr().out)["error"]
+    assert error["type"] == "NothingSpecialized"
+    assert error["backend_ids"] == ["XnnpackBackend"]
+    assert "passthrough" in " ".join(error["installed"])
+    bad = tmp_path / "bad.pte"
+    bad.write_bytes(b"\0\0\0\0NOPE" + b"\0" * 100)
+    assert main(["inspect", str(bad), "--json"]) == EXIT_BAD_INPUT
+    error = json.loads(capsys.readouterr().out)["error"]
+    assert (error["type"], error["source"], error["field"]) == (
+        "FormatError",
+        str(bad),
+        "file identifier (bytes 4..8)",
+    )
+    assert "published" not in error  # inspect publishes nothing
+
+
+def test_report_names_backends_by_spec_and_shows_the_publish(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dst = tmp_path / "o.pte"
+    spec = "ptestore.backends.passthrough:PassthroughBackend"
+    assert main(["specialize", SRC, str(dst), "--backend", spec]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert f"backend XnnpackBackend ({spec}): 1 inputs" in out
+    assert "  published: 5.9 KiB" in out
+    assert " at 0x" not in out
+    assert main(["specialize", SRC, str(dst), "--backend", spec, "--json"]) == EXIT_OK
+    report = json.loads(capsys.readouterr().out)
+    assert report["backends"][0]["implementation"] == spec
+    assert report["files"][0]["published_size"] == 6048
+
+
+def test_inspect_json_named_data_has_size_and_tensor_info(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["inspect", "--json", str(QUANT.pte_path)]) == EXIT_OK
+    rows = json.loads(capsys.readouterr().out)["named_data"]
+    assert [r["size"] for r in rows] == [512, 128, 128, 128, 256, 32, 32, 32]
+    assert [r["tensor_info"]["dtype"] for r in rows][:3] == [
+        "qint8_per_channel",
+        "float32",
+        "qint32_per_channel",
+    ]
+    assert rows[0]["tensor_info"]["shape"] == [32, 16]
+    assert main(["inspect", str(QUANT.pte_path)]) == EXIT_OK
+    table = capsys.readouterr().out
+    assert "dtype [shape]" in table
+    assert "qint8_per_channel [32x16]" in table
+
+
+# ------------------------------------------------------------------ 8: progress
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_covers_backends_writing_and_publish_in_binary_units(tmp_path: Path) -> None:
+    stream = _Terminal()
+    progress = Progress(stream)
+    try:
+        ptestore.specialize(
+            SRC, tmp_path / "o.pte", backends=["passthrough"], event_tracer=progress
+        )
+    finally:
+        progress.close()
+    text = stream.getvalue()
+    assert "backend XnnpackBackend" in text
+    assert "specialized in" in text
+    assert "writing" in text
+    assert "writing: 5.9 KiB/5.9 KiB 100%|" in text  # the summary's units
+    assert "1.2 KiB, specialized in " in text  # the input handed to the backend
+    assert "6.0k" not in text  # no decimal units
+    assert "publishing..." in text
+    assert f"published {tmp_path / 'o.pte'}" in text
+    assert human_bytes(6048) == "5.9 KiB"
+
+
+def test_progress_only_on_a_terminal_and_when_wanted(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TQDM_DISABLE", raising=False)
+    assert progress_wanted(disabled=False, stream=_Terminal())
+    assert not progress_wanted(disabled=True, stream=_Terminal())  # --no-progress, -q, --json
+    assert not progress_wanted(disabled=False, stream=io.StringIO())  # not a terminal
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    assert not progress_wanted(disabled=False, stream=_Terminal())
+    monkeypatch.setenv("TQDM_DISABLE", "0")
+    assert progress_wanted(disabled=False, stream=_Terminal())
+    ns = build_parser().parse_args(["specialize", "a", "b", "--no-progress"])
+    assert ns.no_progress is True
+
+
+# ------------------------------------------------------------------ 9: gc
+def test_gc_of_a_missing_path_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "no-such-dir"
+    assert main(["gc", str(missing)]) == EXIT_BAD_INPUT
+    assert capsys.readouterr().err == f"ptestore gc: error: {missing}: no such file or directory\n"
+
+
+def test_gc_durations() -> None:
+    assert [parse_duration(t) for t in ("90s", "30m", "12h", "7d", "1w", "1.5h", "10", "0")] == [
+        90.0,
+        1800.0,
+        43200.0,
+        604800.0,
+        604800.0,
+        5400.0,
+        10.0,
+        0.0,
+    ]
+    assert DEFAULT_OLDER_THAN == ptestore.writers.gc.DEFAULT_OLDER_THAN  # type: ignore[attr-defined]
+    assert [human_duration(s) for s in (0, 45, 750, 3600, 93600, 8 * 86400 + 5)] == [
+        "0s",
+        "45s",
+        "12m 30s",
+        "1h",
+        "1d 2h",
+        "8d",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("soon", "expected a duration such as 90s, 30m, 12h or 7d"),
+        ("5x", "expected a duration such as 90s, 30m, 12h or 7d"),
+        ("=-1m", "expected a duration >= 0, got '-1m'"),
+        ("nan", "expected a duration such as 90s, 30m, 12h or 7d"),
+        ("inf", "expected a duration such as 90s, 30m, 12h or 7d"),
+        ("1e999", "expected a finite duration, got '1e999'"),
+    ],
+)
+def test_gc_bad_durations_exit_2(
+    text: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["gc", ".", f"--older-than={text.lstrip('=')}"])
+    assert info.value.code == EXIT_BAD_INPUT
+    assert f"ptestore gc: error: argument --older-than: {message}" in capsys.readouterr().err
+
+
+def test_gc_prints_human_ages(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import os
+
+    staging = tmp_path / ".m.pte.ptestore-0123456789abcdef.tmp"
+    staging.write_bytes(b"x")
+    old = staging.stat().st_mtime - 2 * 86400 - 3 * 3600 - 30
+    os.utime(staging, (old, old))
+    assert main(["gc", str(tmp_path), "--older-than", "1d", "--dry-run"]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "   2d 3h" in out, out
+    assert out.endswith("would remove 1 of 1 leftover(s) older than 1d; 0 failed\n")
+
+
+@pytest.mark.s3
+def test_gc_s3_ages_follow_the_servers_clock(
+    moto_s3: MotoS3, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ptestore.writers import gc as gc_module
+    from ptestore.writers import open_writer
+
+    bucket = moto_s3.new_bucket()
+    w = open_writer(f"s3://{bucket}/p/m.pte", **moto_s3.storage_options)
+    w.write(bytes(9 << 20), 0)  # one complete 8 MiB part uploads
+    w.wait_uploads()  # type: ignore[attr-defined]
+    real = datetime
+
+    class ClientClockTenDaysAhead(datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> Any:
+            return real.now(tz) + timedelta(days=10)
+
+    (upload,) = moto_s3.client().list_multipart_uploads(Bucket=bucket)["Uploads"]
+    initiated = upload["Initiated"]  # moto reports a fixed date in 2010
+    monkeypatch.setattr(gc_module, "datetime", ClientClockTenDaysAhead)
+    opts = [f"-o{k}={json.dumps(v)}" for k, v in moto_s3.storage_options.items()]
+    try:
+        argv = ["gc", f"s3://{bucket}/p/", "--json", "--dry-run", *opts]
+        assert main(argv) == EXIT_OK
+        (entry,) = json.loads(capsys.readouterr().out)["entries"]
+        by_server = (real.now(timezone.utc) - initiated).total_seconds()
+        # By the client's clock the upload would be ten days older than by the server's.
+        assert abs(entry["age"] - by_server) < 60, (entry["age"], by_server)
+        assert entry["action"] == "would remove"
+    finally:
+        w.discard()
+
+
+# ------------------------------------------------------------------ 10: discoverability
+def test_describe_returns_what_inspect_json_prints(capsys: pytest.CaptureFixture[str]) -> None:
+    for path in (MLP.pte_path, EXT.pte_path, EXT.ptd_path):
+        assert main(["inspect", "--json", str(path)]) == EXIT_OK
+        assert json.loads(capsys.readouterr().out) == json.loads(
+            json.dumps(ptestore.describe(path))  # type: ignore[arg-type]
+        )
+
+
+def test_backends_lists_the_installed_backends(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["backends", "--json"]) == EXIT_OK
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["passthrough"]["spec"] == "ptestore.backends.passthrough:PassthroughBackend"
+    assert rows["passthrough"]["serves"] == "*"
+    assert set(rows["passthrough"]) == {"name", "serves", "spec", "origin", "version", "error"}
+    assert main(["backends"]) == EXIT_OK
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["name", "serves", "spec", "origin", "version", "status"]
+    assert any(line.startswith("passthrough ") and line.endswith("ok") for line in lines)
+
+
+def test_backends_exits_1_when_one_cannot_be_loaded(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ptestore.backends import InstalledBackend
+
+    broken = InstalledBackend("npu", "*", "npu_pkg:Backend", "entry point", "1.0", "No module")
+    monkeypatch.setattr("ptestore.backends.installed_backends", lambda: [broken])
+    assert main(["backends"]) == EXIT_FAILURE
+    assert "npu_pkg:Backend  entry point  1.0      No module" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "function",
+    [
+        "specialize",
+        "initialize_and_save_backend_data",
+        "describe",
+        "open_loader",
+        "open_writer",
+        "verify",
+    ],
+)
+def test_public_functions_document_arguments_returns_and_raises(function: str) -> None:
+    doc = getattr(ptestore, function).__doc__ or ""
+    for section in ("Args:", "Returns:", "Raises:"):
+        assert section in doc, (function, section)
+
+
+def test_every_help_has_examples(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in ([], ["inspect"], ["specialize"], ["gc"], ["backends"], ["verify"], ["fleet"]):
+        with pytest.raises(SystemExit) as info:
+            main([*argv, "--help"])
+        assert info.value.code == EXIT_OK
+        out = capsys.readouterr().out
+        assert "examples:\n  ptestore " in out, argv
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["specialize", "a", "b", "--alow-unchanged"],
+            "ptestore specialize: error: unrecognized arguments: --alow-unchanged "
+            "(did you mean --allow-unchanged?)",
+        ),
+        (
+            ["inspect", "m.pte", "--jsno"],
+            "ptestore inspect: error: unrecognized arguments: --jsno (did you mean --json?)",
+        ),
+        (["inspcet", "m.pte"], "(did you mean 'inspect'?)"),
+        (
+            ["fleet", "run", "job.toml", "--worker", "2", "--jsn"],
+            "ptestore fleet: error: unrecognized arguments: --jsn (did you mean --json?)",
+        ),
+        (["fleet", "rnu", "job.toml"], "(did you mean 'run'?)"),
+    ],
+)
+def test_typos_get_the_nearest_suggestion(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == EXIT_BAD_INPUT
+    assert message in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ issue 9: start-up
+def _run(code: str) -> list[str]:
+    root = Path(ptestore.__file__).parent.parent
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        check=True,
+    )
+    return result.stdout.splitlines()
+
+
+def test_import_ptestore_loads_only_the_errors() -> None:
+    (loaded,) = _run(
+        "import sys, ptestore\nprint(sorted(m for m in sys.modules if m.startswith('ptestore')))"
+    )
+    assert loaded == "['ptestore', 'ptestore.errors']"
+
+
+def test_help_loads_no_storage_numpy_or_progress_library() -> None:
+    lines = _run(
+        """
+        import sys
+        from ptestore.cli import main
+        for argv in ([], ["inspect"], ["specialize"], ["gc"], ["backends"], ["verify"],
+                     ["fleet"], ["fleet", "run"]):
+            try:
+                main([*argv, "--help"])
+            except SystemExit:
+                pass
+        heavy = ("fsspec", "numpy", "tenacity", "s3fs", "tqdm", "importlib.metadata")
+        print([m for m in heavy if m in sys.modules])
+        """
+    )
+    assert lines[-1] == "[]"
+
+
+def test_every_public_name_resolves_lazily() -> None:
+    lines = _run(
+        """
+        import ptestore
+        names = [n for n in ptestore.__all__ if getattr(ptestore, n, None) is None]
+        print(names)
+        print(sorted(set(ptestore.__all__) - set(dir(ptestore))))
+        from ptestore import specialize, describe, DataWriter
+        print(specialize is ptestore.specialize, describe.__module__, DataWriter.__name__)
+        try:
+            ptestore.nope
+        except AttributeError as exc:
+            print(exc)
+        """
+    )
+    assert lines == [
+        "[]",
+        "[]",
+        "True ptestore.inspection DataWriter",
+        "module 'ptestore' has no attribute 'nope'",
+    ]
