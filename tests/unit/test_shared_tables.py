@@ -284,7 +284,12 @@ def _two_keys(tmp_path: Path) -> tuple[dict[str, Path], str, str]:
 def test_two_keys_on_one_table_with_different_bytes_are_refused(tmp_path: Path) -> None:
     p, k2, k3 = _two_keys(tmp_path)
     before = p["src"].read_bytes()
-    backend = Writes(named={k2: BackendData(b"\1" * 64), k3: BackendData(b"\2" * 64)})
+    backend = Writes(
+        named={
+            k2: BackendData(b"\1" * 64, allow_size_change=True),
+            k3: BackendData(b"\2" * 64, allow_size_change=True),
+        }
+    )
     with pytest.raises(InvalidReplacement) as info:
         run(p, backend)
     assert re.fullmatch(
@@ -300,7 +305,7 @@ def test_two_keys_on_one_table_with_different_bytes_are_refused(tmp_path: Path) 
 def test_one_key_of_a_shared_table_alone_is_refused(tmp_path: Path) -> None:
     p, k2, k3 = _two_keys(tmp_path)
     with pytest.raises(InvalidReplacement, match=rf"key '{k3}' not replaced: replace every"):
-        run(p, Writes(named={k2: BackendData(b"\1" * 64)}))
+        run(p, Writes(named={k2: BackendData(b"\1" * 64, allow_size_change=True)}))
     assert p["dst"].read_bytes() == b"previous content"
 
 
@@ -310,7 +315,15 @@ def test_two_keys_on_one_table_with_identical_bytes_publish_them_for_both(
     p, k2, k3 = _two_keys(tmp_path)
     before = key_bytes(p["src"].read_bytes())
     new = bytes(range(256)) * 12
-    report = run(p, Writes(named={k2: BackendData(new, alignment=64), k3: BackendData(new)}))
+    report = run(
+        p,
+        Writes(
+            named={
+                k2: BackendData(new, alignment=64, allow_size_change=True),
+                k3: BackendData(new, allow_size_change=True),
+            }
+        ),
+    )
     out = p["dst"].read_bytes()
     got = key_bytes(out)
     assert got[k2] == got[k3] == new
@@ -332,7 +345,8 @@ def test_ptd_keys_on_one_table_with_an_absent_offset_redirect_together(tmp_path:
     (k0, _), (k1, _) = raw_named(ptd)[:2]
     p = files(tmp_path, EXT.pte_path.read_bytes(), ptd)  # type: ignore[union-attr]
     new = b"\7" * 3000
-    data = {k0: BackendData(new, alignment=1 << 16), k1: BackendData(new, alignment=1 << 16)}
+    grow = {"alignment": 1 << 16, "allow_size_change": True}
+    data = {k0: BackendData(new, **grow), k1: BackendData(new, **grow)}
     report = run(p, Writes(named=data))
     out = p["dst_ptd"].read_bytes()
     entries = raw_entries(out)
@@ -352,7 +366,15 @@ def test_ptd_keys_on_one_table_with_different_bytes_are_refused(tmp_path: Path) 
     (k0, _), (k1, _) = raw_named(ptd)[:2]
     p = files(tmp_path, EXT.pte_path.read_bytes(), ptd)  # type: ignore[union-attr]
     with pytest.raises(InvalidReplacement, match=r"segment 0 of .*in\.ptd is shared by"):
-        run(p, Writes(named={k0: BackendData(b"\1" * 8), k1: BackendData(b"\2" * 8)}))
+        run(
+            p,
+            Writes(
+                named={
+                    k0: BackendData(b"\1" * 8, allow_size_change=True),
+                    k1: BackendData(b"\2" * 8, allow_size_change=True),
+                }
+            ),
+        )
     assert p["dst_ptd"].read_bytes() == b"previous ptd"
     assert p["dst"].read_bytes() == b"previous content"
 
@@ -387,7 +409,7 @@ def test_named_data_entries_on_one_table_are_one_key(tmp_path: Path) -> None:
     (k0, i0), (k1, i1) = raw_named(data)[:2]
     assert (k0, i0) == (k1, i1)
     p = files(tmp_path, data)
-    run(p, Writes(named={k0: BackendData(b"\5" * 100)}))
+    run(p, Writes(named={k0: BackendData(b"\5" * 100, allow_size_change=True)}))
     out = p["dst"].read_bytes()
     assert key_bytes(out)[k0] == b"\5" * 100
     assert [i for _, i in raw_named(out)][:2] == [i0, i0]
