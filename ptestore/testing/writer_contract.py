@@ -10,7 +10,9 @@ Usage, for any writer::
         def leftovers(self, dest: str) -> list[str]: ...  # staging artefacts left behind
 
 The backdoor hooks must not use ptestore's writers or loaders, so that the writer's own
-behaviour is what is tested. The race tests run only for what the writer promises
+behaviour is what is tested. ``leftovers`` must see what a live writer has staged (its
+staging file, its multipart upload, its buffer): the discard tests assert that it was
+there before they assert that it is gone. The race tests run only for what the writer promises
 (``type(w).guarantees``, a :class:`~ptestore.writers.WriterGuarantees`). Per-test state
 (servers, buckets) goes in autouse fixtures: pytest makes a new instance per test.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 import gc
 import random
 import threading
+import time
 import warnings
 from typing import ClassVar
 
@@ -49,6 +52,17 @@ class WriterContract:
     model_examples: ClassVar[int] = 25
     #: Concurrent publishers in the race tests.
     racers: ClassVar[int] = 6
+    #: Size of the discarded output and of the large create refused over an existing
+    #: object: big enough that the writer stages it in storage (for S3: several parts,
+    #: so that a multipart upload exists and discard must abort it).
+    staged_size: ClassVar[int] = 200_000
+    #: Largest offset of the random write-sequence model test.
+    model_span: ClassVar[int] = 40_000
+    #: The model test aims writes at multiples of this (chunked writers: the part size,
+    #: with ``model_span`` a few parts, so that writes straddle part boundaries).
+    model_boundary: ClassVar[int] = 10_000
+    #: Largest single write of the model test.
+    model_write: ClassVar[int] = 3_000
 
     # -- hooks ------------------------------------------------------------------------
 
@@ -183,8 +197,17 @@ class WriterContract:
         assert self.get(dest) == b"56789"
 
     def test_random_writes_match_model(self) -> None:
+        span, most, step = self.model_span, self.model_write, self.model_boundary
+        # Half the offsets sit within one write of a multiple of model_boundary.
+        boundary = st.builds(
+            lambda k, d: max(0, k * step + d),
+            st.integers(0, span // step),
+            st.integers(-most, most),
+        )
         ops = st.lists(
-            st.tuples(st.integers(0, 40_000), st.binary(min_size=0, max_size=3_000)),
+            st.tuples(
+                st.one_of(st.integers(0, span), boundary), st.binary(min_size=0, max_size=most)
+            ),
             max_size=12,
         )
 
@@ -238,6 +261,18 @@ class WriterContract:
         assert self.leftovers(dest) == []
         with pytest.raises(WriterStateError, match=r"was discarded \(publish failed: "):
             w.write(b"x", 0)
+
+    def test_create_refuses_existing_large(self, dest: str) -> None:
+        """Create over an existing object with an output the writer stages in storage
+        (S3: a multipart upload, refused at CompleteMultipartUpload)."""
+        self.put(dest, b"keep me")
+        w = self.make_writer(dest)
+        w.write(_pattern(self.staged_size, 8), 0)
+        assert self.leftovers(dest) != [], "leftovers() must see what a live writer has staged"
+        with pytest.raises(AlreadyExists, match=r"already exists; publish\(mode='create'\)"):
+            w.publish(mode="create")
+        assert self.get(dest) == b"keep me"
+        assert self.leftovers(dest) == []
 
     def test_create_refuses_existing_empty(self, dest: str) -> None:
         self.put(dest, b"keep me")
@@ -296,7 +331,9 @@ class WriterContract:
 
     def test_discard(self, dest: str) -> None:
         w = self.make_writer(dest)
-        w.write(_pattern(200_000, 6), 0)
+        w.write(_pattern(self.staged_size, 6), 0)
+        staged = self.leftovers(dest)
+        assert staged != [], "leftovers() must see what a live writer has staged"
         w.discard()
         w.discard()  # idempotent
         assert w.state is WriterState.DISCARDED
@@ -316,7 +353,8 @@ class WriterContract:
 
     def test_with_block_without_publish_discards(self, dest: str) -> None:
         with self.make_writer(dest) as w:
-            w.write(b"unpublished", 0)
+            w.write(_pattern(self.staged_size, 9), 0)
+            assert self.leftovers(dest) != []
         assert w.state is WriterState.DISCARDED
         assert self.get(dest) is None
         assert self.leftovers(dest) == []
@@ -326,7 +364,8 @@ class WriterContract:
 
         def fail() -> None:
             with w:
-                w.write(b"unpublished", 0)
+                w.write(_pattern(self.staged_size, 10), 0)
+                assert self.leftovers(dest) != []
                 raise KeyError("boom")
 
         with pytest.raises(KeyError):
@@ -338,11 +377,26 @@ class WriterContract:
     def test_garbage_collection_discards(self, dest: str) -> None:
         def abandon() -> None:
             w = self.make_writer(dest)
-            w.write(b"forgotten", 0)
+            w.write(_pattern(self.staged_size, 11), 0)
+            assert self.leftovers(dest) != []
 
-        with pytest.warns(ResourceWarning, match="destroyed without publish"):
+        def warned(seen: list[warnings.WarningMessage]) -> bool:
+            return any(
+                issubclass(m.category, ResourceWarning)
+                and "destroyed without publish" in str(m.message)
+                for m in seen
+            )
+
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
             abandon()
-        gc.collect()
+            # Uploads still in flight keep the writer alive until they finish; the last
+            # one then runs the finalizer in its thread.
+            deadline = time.monotonic() + 30
+            while not warned(seen) and time.monotonic() < deadline:
+                gc.collect()
+                time.sleep(0.02)
+        assert warned(seen), [str(m.message) for m in seen]
         assert self.get(dest) is None
         assert self.leftovers(dest) == []
 
@@ -355,6 +409,46 @@ class WriterContract:
         assert self.leftovers(dest) == []
 
     # -- concurrency ------------------------------------------------------------------
+
+    @pytest.mark.parametrize("large", [False, True], ids=["small", "staged"])
+    def test_create_race_forced_interleaving(self, dest: str, large: bool) -> None:
+        """Writer A makes every check it makes, then pauses (its ``commit_hook``) while
+        writer B publishes completely; A's commit must then refuse. A create made of a
+        check followed by a plain write or rename fails this every time."""
+        if not self.guarantees(dest).exclusive_create:
+            pytest.skip("this writer's create mode is not exclusive between publishers")
+        size = self.staged_size if large else 1000
+        a, b = self.make_writer(dest), self.make_writer(dest)
+        a.write(_pattern(size, 12), 0)
+        payload_b = _pattern(size, 13)
+        b.write(payload_b, 0)
+        paused: list[DataWriter] = []
+
+        def let_b_win(w: DataWriter) -> None:
+            paused.append(w)
+            assert self.get(dest) is None
+            b.publish("create")
+
+        a.commit_hook = let_b_win
+        with pytest.raises(AlreadyExists, match=r"already exists; publish\(mode='create'\)"):
+            a.publish("create")
+        assert paused == [a], "the writer never reached its commit step"
+        assert b.state is WriterState.PUBLISHED
+        assert a.state is WriterState.DISCARDED
+        assert self.get(dest) == payload_b
+        assert self.leftovers(dest) == []
+
+    def test_overwrite_forced_interleaving_last_commit_wins(self, dest: str) -> None:
+        """Overwrite paused at its commit step while another overwrite completes: the
+        paused one commits afterwards and its output is what remains, whole."""
+        a, b = self.make_writer(dest), self.make_writer(dest)
+        payload_a, payload_b = _pattern(self.staged_size, 14), _pattern(2000, 15)
+        a.write(payload_a, 0)
+        b.write(payload_b, 0)
+        a.commit_hook = lambda w: (b.publish("overwrite"), None)[1]
+        a.publish("overwrite")
+        assert self.get(dest) == payload_a
+        assert self.leftovers(dest) == []
 
     def _race(self, dest: str, mode: str, payloads: list[bytes]) -> list[object]:
         writers = [self.make_writer(dest) for _ in payloads]

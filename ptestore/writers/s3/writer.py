@@ -187,7 +187,7 @@ class S3Writer(DataWriter):
     def _ensure_pool(self) -> cf.ThreadPoolExecutor:
         if self._st.pool is None:
             self._st.pool = cf.ThreadPoolExecutor(
-                max_workers=self.max_concurrency, thread_name_prefix="ptestore-s3"
+                max_workers=self.max_concurrency, thread_name_prefix=self._st.thread_prefix
             )
         return self._st.pool
 
@@ -336,6 +336,7 @@ class S3Writer(DataWriter):
             part = self._parts.get(0)
             buf = part.buf if part is not None and part.state is PartState.BUFFERED else None
             body = bytes(buf[:size]) if buf is not None else bytes(size)
+            self._commit_point()
             resp, crc = self._publisher.put(mode, body)
             self._st.cleanup()
             return self._publisher.verify_published(resp, size, crc)
@@ -359,6 +360,7 @@ class S3Writer(DataWriter):
             crc = crc32_combine(crc, up.crc, up.length) if idx else up.crc
         upload_id = self._st.upload_id
         assert upload_id is not None
+        self._commit_point()
         resp = self._publisher.complete(mode, upload_id, size, parts, crc)
         self._st.completed()
         self._st.cleanup()
