@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from typing import Any
 
@@ -33,8 +34,10 @@ def _seconds(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {text!r}")
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(
+            f"expected a finite number of seconds >= 0, got {text!r}"
+        )
     return value
 
 
@@ -106,7 +109,7 @@ def run_gc(args: argparse.Namespace) -> int:
             "would_remove": len(done) if args.dry_run else 0,
             "failed": len(failed),
         }
-        json.dump(report, sys.stdout, indent=2)
+        json.dump(report, sys.stdout, indent=2, allow_nan=False)
         sys.stdout.write("\n")
     else:
         _print_table(entries)
