@@ -35,9 +35,7 @@ def _seconds(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
     if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(
-            f"expected a finite number of seconds >= 0, got {text!r}"
-        )
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds >= 0, got {text!r}")
     return value
 
 
