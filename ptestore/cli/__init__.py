@@ -109,8 +109,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.path.insert(0, os.getcwd())
     try:
         return int(args.func(args))
-    except KeyboardInterrupt:
-        print("ptestore: interrupted; nothing was published", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        # The coordinator says what was published before the interrupt (its message);
+        # a run interrupted after `specialize` returned has published everything.
+        if exc.args:
+            detail = f" {exc.args[0]}"
+        elif getattr(args, "published", None):
+            detail = f" after {args.published} was published"
+        else:
+            detail = "; nothing was published"
+        print(f"ptestore: interrupted{detail}", file=sys.stderr)
         return 130
     except BrokenPipeError:
         # Output piped into `head` and the like: not an error of ours.

@@ -15,6 +15,7 @@ from ..errors import (
     ObjectNotFound,
     PartialPublish,
     PteStoreError,
+    PublishUncertain,
 )
 
 __all__ = ["add_specialize_parser", "format_summary", "run_specialize"]
@@ -135,11 +136,19 @@ def run_specialize(args: argparse.Namespace) -> int:
             bar.close()
         print(f"ptestore specialize: failed after a partial publish: {exc}", file=sys.stderr)
         return 1
+    except PublishUncertain as exc:
+        if bar is not None:
+            bar.close()
+        print(f"ptestore specialize: publish uncertain: {exc}", file=sys.stderr)
+        return 1
     except (BackendError, PteStoreError, OSError) as exc:
         if bar is not None:
             bar.close()
         print(f"ptestore specialize: failed, nothing published: {exc}", file=sys.stderr)
         return 1
+    args.published = " and ".join(
+        f.destination for f in sorted(report.files, key=lambda f: f.role != "ptd")
+    ) or str(args.dst)
     if bar is not None:
         bar.close()
     for name in report.unused_backends:
