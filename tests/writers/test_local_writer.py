@@ -298,7 +298,8 @@ def test_gc_removes_only_stale_unlocked_staging_files(tmp_path: Path) -> None:
 
 
 def test_gc_bad_targets(tmp_path: Path) -> None:
-    with pytest.raises(ConfigurationError, match=r"older_than must be a finite number of seconds >= 0, got -1"):
+    msg = r"older_than must be a finite number of seconds >= 0, got -1"
+    with pytest.raises(ConfigurationError, match=msg):
         collect_stale(tmp_path, older_than=-1)
     with pytest.raises(
         ConfigurationError,
