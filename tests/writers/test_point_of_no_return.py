@@ -231,3 +231,35 @@ def test_forked_child_never_aborts_the_parents_upload(
     assert [u["UploadId"] for u in uploads] == [upload_id]
     w.publish()
     assert s3_client.get_object(Bucket=s3_bucket, Key="m.pte")["Body"].read() == data
+
+
+# -- the finalizer (mutation testing found these unpinned) ---------------------------------
+
+
+def test_finalizer_warns_and_logs_a_failing_cleanup(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import gc
+    import warnings
+
+    w = LocalFileWriter(tmp_path / "m.pte")
+    w.write(b"forgotten", 0)
+    url, staging = w.url, w.staging_path
+
+    def unlink(path: Any, *args: Any, **kwargs: Any) -> None:
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(os, "unlink", unlink)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        del w
+        gc.collect()
+    assert [str(m.message) for m in seen if m.category is ResourceWarning] == [
+        f"{url}: writer was destroyed without publish() or discard(); its staged data was discarded"
+    ]
+    assert [r.getMessage() for r in caplog.records if r.name == "ptestore.writers"] == [
+        f"{url}: discarding an abandoned writer failed: {staging}: cannot remove staging "
+        "file: Permission denied"
+    ]
+    monkeypatch.undo()
+    os.unlink(staging)
