@@ -191,3 +191,45 @@ def test_memory_refuses_a_directory_and_an_object_parent() -> None:
     with pytest.raises(StorageError) as info:
         w.publish()
     assert str(info.value) == "memory://p/m.pte: parent /p is an object, not a directory"
+
+
+@pytest.mark.parametrize("end", ["publish", "discard"])
+def test_no_warning_at_garbage_collection_after_publish_or_discard(
+    tmp_path: Path, end: str
+) -> None:
+    w = LocalFileWriter(tmp_path / "m.pte")
+    w.write(b"x", 0)
+    getattr(w, end)()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        del w
+        gc.collect()
+
+
+def test_an_uncertain_publish_closes_the_writer_with_its_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ptestore.errors import PublishUncertain, WriterStateError
+
+    dest = tmp_path / "m.pte"
+    w = LocalFileWriter(dest)
+    w.write(b"new", 0)
+    real = os.replace
+
+    def replace(src: Any, dst: Any) -> None:
+        real(src, dst)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(PublishUncertain) as info:
+        w.publish()
+    assert str(info.value) == (
+        f"{dest}: publishing was interrupted after its commit step began (KeyboardInterrupt): "
+        "the destination holds either its previous content or the complete new output; "
+        "check it before relying on either"
+    )
+    with pytest.raises(WriterStateError) as state:
+        w.write(b"x", 0)
+    assert str(state.value) == (
+        f"{dest}: cannot write: the writer was discarded (publish uncertain: KeyboardInterrupt)"
+    )
