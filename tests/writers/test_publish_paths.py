@@ -81,6 +81,8 @@ def test_local_create_message(tmp_path: Path) -> None:
             OSError(errno.EIO, "Input/output error"),
             "cannot rename staging file {tmp} over it: ",
         ),
+        # an OSError without errno/strerror: its text
+        ("replace", OSError("no errno here"), "cannot rename staging file {tmp} over it: "),
     ],
 )
 def test_local_publish_failures_name_the_step(
@@ -104,7 +106,8 @@ def test_local_publish_failures_name_the_step(
         monkeypatch.setattr(os, name, failing(exc))
     with pytest.raises(StorageError) as info:
         w.publish("create" if name == "link" else "overwrite")
-    assert str(info.value) == f"{dest}: " + message.format(mode=mode, tmp=tmp) + str(exc.strerror)
+    detail = exc.strerror or str(exc)
+    assert str(info.value) == f"{dest}: " + message.format(mode=mode, tmp=tmp) + detail
     monkeypatch.undo()
     assert w.state is WriterState.DISCARDED
     assert not dest.exists()
@@ -158,7 +161,7 @@ def test_memory_publish_result_and_object() -> None:
     second.write(b"d", 0)
     assert int(second.publish().etag or 0) > int(result.etag)
     obj = MemoryFileSystem.store["/paths/result/m.pte"]
-    assert obj.fs is not None
+    assert obj.fs is not None and obj.path == "/paths/result/m.pte"
     assert MemoryFileSystem().cat_file("/paths/result/m.pte") == b"d"
 
 
