@@ -17,6 +17,7 @@ before publishing anything derived from the source.
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import stat
@@ -113,6 +114,30 @@ class BytesLoader(_Closing):
         """Nothing to check: the caller owns the buffer."""
 
 
+def _kind(mode: int) -> str:
+    for test, what in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return what
+    return f"not a regular file (mode {stat.filemode(mode)})"
+
+
+def _kind_of(path: str) -> str:
+    try:
+        return _kind(os.stat(path).st_mode)
+    except OSError:
+        return "not a regular file"
+
+
+def _not_regular(path: str, what: str) -> ConfigurationError:
+    return ConfigurationError(f"{path}: is {what}, not a regular file; refusing to read it")
+
+
 class LocalFileLoader(_Closing):
     """Positional reads (``os.pread``) from a local file.
 
@@ -124,19 +149,27 @@ class LocalFileLoader(_Closing):
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
         self.name = self.path
+        # O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below).
         try:
-            self._fd: int | None = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            self._fd: int | None = os.open(
+                self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
+            )
         except FileNotFoundError as exc:
             raise ObjectNotFound(f"{self.path}: no such file") from exc
         except IsADirectoryError as exc:
-            raise StorageError(f"{self.path}: is a directory, not a file") from exc
+            raise _not_regular(self.path, "a directory") from exc
         except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise _not_regular(self.path, "a symbolic link loop") from exc
+            if exc.errno == errno.ENXIO:  # a socket (or a FIFO/device without a peer)
+                raise _not_regular(self.path, _kind_of(self.path)) from exc
             raise StorageError(f"{self.path}: cannot open for reading: {exc.strerror}") from exc
         st = os.fstat(self._fd)
-        if stat.S_ISDIR(st.st_mode):
+        if not stat.S_ISREG(st.st_mode):
             os.close(self._fd)
             self._fd = None
-            raise StorageError(f"{self.path}: is a directory, not a file")
+            raise _not_regular(self.path, _kind(st.st_mode))
+        os.set_blocking(self._fd, True)
         self._size = st.st_size
         self._stamp = (st.st_size, st.st_mtime_ns)
         self._lock = threading.Lock()

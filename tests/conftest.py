@@ -1,7 +1,9 @@
 """Suite-wide configuration.
 
-With ``PTESTORE_REQUIRE_INTEROP=1`` (set by ``scripts/test.sh``, hence by CI) a skipped
-``interop`` test is a failure: the real-runtime suite must never pass by skipping.
+With ``PTESTORE_REQUIRE_INTEROP=1`` (set by ``scripts/test.sh``, hence by CI) the
+real-runtime suite must never pass without running: a skipped or xfailed ``interop``
+test is a failure, an interop test marked ``xfail`` is refused at collection, and so is
+a selection (``-m``, ``-k``) that deselects interop tests or a run that collects none.
 
 S3 tests take the ``s3_server`` fixture, parametrized over :data:`S3_SERVERS`: each runs
 once on moto (a mock) and once on SeaweedFS (a real S3 server), with ids ``[moto]`` and
@@ -33,10 +35,19 @@ def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
-    if REQUIRE_INTEROP and report.skipped and item.get_closest_marker("interop") is not None:
-        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+    if (
+        REQUIRE_INTEROP
+        and item.get_closest_marker("interop") is not None
+        and (report.skipped or hasattr(report, "wasxfail"))
+    ):
+        what = "xfailed" if hasattr(report, "wasxfail") else "skipped"
+        reason = getattr(report, "wasxfail", "") or (
+            report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        )
+        if hasattr(report, "wasxfail"):
+            del report.wasxfail  # else pytest still counts it as an expected failure
         report.outcome = "failed"
-        report.longrepr = f"interop test skipped while PTESTORE_REQUIRE_INTEROP=1: {reason}"
+        report.longrepr = f"interop test {what} while PTESTORE_REQUIRE_INTEROP=1: {reason}"
     return report
 
 
@@ -95,9 +106,35 @@ def s3_server(request: pytest.FixtureRequest) -> Iterator[S3TestServer]:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     _apply_s3_xfails(items)
-    if REQUIRE_INTEROP and not any(i.get_closest_marker("interop") for i in items):
-        if config.getoption("-k") or config.getoption("-m"):
-            return
+    if not REQUIRE_INTEROP:
+        return
+    xfail = [i.nodeid for i in items if i.get_closest_marker("interop") and _xfail(i)]
+    if xfail:
+        raise pytest.UsageError(
+            "PTESTORE_REQUIRE_INTEROP=1 but interop tests are marked xfail (an expected "
+            f"failure of the real runtime would pass silently): {', '.join(xfail[:5])}"
+        )
+
+
+def _xfail(item: pytest.Item) -> bool:
+    return item.get_closest_marker("xfail") is not None
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    """A selection (``-m "not interop"``, ``-k``) must not drop the interop suite."""
+    if not REQUIRE_INTEROP:
+        return
+    dropped = [i.nodeid for i in items if i.get_closest_marker("interop")]
+    if dropped:
+        raise pytest.UsageError(
+            f"PTESTORE_REQUIRE_INTEROP=1 but the selection (-m/-k) deselected {len(dropped)} "
+            f"interop test(s), e.g. {dropped[0]}; run without the selection or unset "
+            "PTESTORE_REQUIRE_INTEROP"
+        )
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if REQUIRE_INTEROP and not any(i.get_closest_marker("interop") for i in session.items):
         raise pytest.UsageError("PTESTORE_REQUIRE_INTEROP=1 but no interop test was collected")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -104,6 +105,8 @@ class RetryPolicy:
 
 def _check_number(name: str, value: object, kind: type, minimum: float) -> None:
     ok = isinstance(value, (int, float) if kind is float else int) and not isinstance(value, bool)
+    if ok and not math.isfinite(value):  # type: ignore[arg-type]
+        raise ConfigurationError(f"{name} = {value!r}: must be a finite number")
     if not ok or value < minimum:  # type: ignore[operator]
         what = "an int" if kind is int else "a number"
         raise ConfigurationError(f"{name} = {value!r}: must be {what} >= {minimum:g}")

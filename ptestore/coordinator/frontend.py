@@ -12,7 +12,7 @@ from ..errors import AlreadyExists, ConfigurationError, ObjectNotFound
 from ..loaders import DataLoader, loader_options, open_loader, split_url
 from ..provenance.stamp import ProvenanceRequest
 from ..writers import open_writer, writer_options
-from ..writers.base import DataWriter, PublishMode
+from ..writers.base import DataWriter, PublishMode, WriterState
 from .pipeline import initialize_and_save_backend_data
 from .report import EventTracer, SpecializationReport
 from .targets import check_targets
@@ -168,6 +168,42 @@ def specialize(
             raise AlreadyExists(f"{d}: already exists (create mode refuses to replace it)")
     loaders: list[DataLoader] = []
     writers: list[DataWriter] = []
+    try:
+        return _run(
+            pairs,
+            options,
+            loaders,
+            writers,
+            backends,
+            event_tracer,
+            mode,
+            spool_dir,
+            strict,
+            device,
+            provenance,
+        )
+    except KeyboardInterrupt as exc:
+        # Ctrl-C after a publish took effect must not read as "nothing was published".
+        done = [w.url for w in writers if w.state is WriterState.PUBLISHED]
+        if done and not exc.args:
+            raise KeyboardInterrupt(f"after {' and '.join(done)} was published") from exc
+        raise
+
+
+def _run(
+    pairs: list[tuple[str, str]],
+    options: _Options,
+    loaders: list[DataLoader],
+    writers: list[DataWriter],
+    backends: Iterable[BackendLike] | None,
+    event_tracer: EventTracer | None,
+    mode: PublishMode,
+    spool_dir: str | None,
+    strict: bool,
+    device: DeviceProfile | None,
+    provenance: ProvenanceRequest | bool | None,
+) -> SpecializationReport:
+    ptd = pairs[1] if len(pairs) > 1 else None
     try:
         for s, d in pairs:
             loaders.append(open_loader(s, **options.loader(s, "src")))

@@ -194,7 +194,7 @@ def publish_in_order(
         t0 = time.perf_counter()
         try:
             result = f.writer.publish(mode)
-        except Exception as exc:
+        except BaseException as exc:  # an interrupt too: the first file is published
             if published:
                 raise PartialPublish(
                     f"{', '.join(published)} was published, but publishing "

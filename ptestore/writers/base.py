@@ -16,11 +16,17 @@ import os
 import threading
 import warnings
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol
 
-from ..errors import ConfigurationError, WriterStateError
+from ..errors import (
+    ConfigurationError,
+    PteStoreError,
+    PublishUncertain,
+    WriterStateError,
+    describe_exception,
+)
 from ..loaders import DataLoader
 
 __all__ = [
@@ -99,9 +105,27 @@ class Staging(Protocol):
     def cleanup(self) -> None: ...
 
 
-def _finalize(staging: Staging, url: str, dirty: list[bool], pid: int) -> None:
+class _OwnedStaging:
+    """A staging that only the process which created it may clean up.
+
+    A child forked by a backend (``os.fork``, ``multiprocessing`` with ``fork``) inherits
+    the writer; whatever path it leaves by (``discard``, a ``with`` block, the
+    coordinator's cleanup, the finalizer at exit), it must not remove its parent's
+    staging file or abort its parent's multipart upload.
+    """
+
+    def __init__(self, staging: Staging) -> None:
+        self.staging = staging
+        self.pid = os.getpid()
+
+    def cleanup(self) -> None:
+        if os.getpid() == self.pid:
+            self.staging.cleanup()
+
+
+def _finalize(staging: _OwnedStaging, url: str, dirty: list[bool]) -> None:
     """Discard-on-destroy: runs on garbage collection or at interpreter exit."""
-    if os.getpid() != pid:  # a forked child must not discard its parent's staging
+    if os.getpid() != staging.pid:  # a forked child must not discard its parent's staging
         return
     try:
         staging.cleanup()
@@ -185,17 +209,33 @@ class DataWriter(abc.ABC):
         self._why_closed = ""
         self._size = 0
         self._dirty = [False]
-        self._staging: Staging | None = None
+        self._staging: _OwnedStaging | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
+        self._committing = False
+        #: Test hook: called with the writer right before its commit step (the rename or
+        #: link, the store assignment, the PutObject or CompleteMultipartUpload), after
+        #: every check the writer makes. Race tests pause one writer here to force an
+        #: interleaving (see docs/testing.md).
+        self.commit_hook: Callable[[DataWriter], None] | None = None
 
     # -- for implementers -------------------------------------------------------------
 
     def _track_staging(self, staging: Staging) -> None:
         """Register what must be removed on discard, destruction or interpreter exit."""
-        self._staging = staging
-        self._finalizer = weakref.finalize(
-            self, _finalize, staging, self.url, self._dirty, os.getpid()
-        )
+        self._staging = _OwnedStaging(staging)
+        self._finalizer = weakref.finalize(self, _finalize, self._staging, self.url, self._dirty)
+
+    def _commit_point(self) -> None:
+        """Call right before the step that may make the output visible.
+
+        From here on, a failure the writer did not classify itself (an interrupt such as
+        ``KeyboardInterrupt``, an unexpected exception) may come after the output became
+        visible: :meth:`publish` raises :class:`~ptestore.errors.PublishUncertain` for it,
+        never an error that says nothing was published.
+        """
+        if self.commit_hook is not None:
+            self.commit_hook(self)
+        self._committing = True
 
     @abc.abstractmethod
     def _write(self, data: memoryview, offset: int) -> None:
@@ -322,6 +362,14 @@ class DataWriter(abc.ABC):
             try:
                 result = self._publish(mode, self._size)
             except BaseException as exc:
+                if self._committing and not isinstance(exc, PteStoreError):
+                    self._abandon(f"publish uncertain: {describe_exception(exc)}")
+                    raise PublishUncertain(
+                        f"{self.url}: publishing was interrupted after its commit step began "
+                        f"({describe_exception(exc)}): the destination holds either its "
+                        "previous content or the complete new output; check it before "
+                        "relying on either"
+                    ) from exc
                 self._abandon(f"publish failed: {exc}")
                 raise
             self._state = WriterState.PUBLISHED

@@ -20,6 +20,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import logging
+import math
 import os
 import stat
 import time
@@ -67,6 +68,18 @@ class GcEntry:
         return asdict(self)
 
 
+def _check_older_than(older_than: object) -> None:
+    if (
+        isinstance(older_than, bool)
+        or not isinstance(older_than, (int, float))
+        or not math.isfinite(older_than)
+        or older_than < 0
+    ):
+        raise ConfigurationError(
+            f"older_than must be a finite number of seconds >= 0, got {older_than!r}"
+        )
+
+
 def _try_remove_local(path: str, dry_run: bool) -> str:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -105,6 +118,7 @@ def collect_local(
     ``path`` is a directory (searched recursively, symlinks not followed) or a
     destination file (only its own staging files are considered).
     """
+    _check_older_than(older_than)
     root = os.path.abspath(os.fspath(path))
     only_name: str | None = None
     if os.path.isdir(root):
@@ -149,6 +163,7 @@ def collect_s3(
     from .s3.config import S3Connection, connection_options
     from .s3.marker import MARKER_PART_NUMBER, is_marker_part
 
+    _check_older_than(older_than)
     protocol, rest = split_url(url)
     if protocol != "s3":
         raise ConfigurationError(f"{url}: not an s3:// URL")
@@ -177,13 +192,13 @@ def collect_s3(
             initiated = up.get("Initiated")
             age = (now - initiated).total_seconds() if initiated is not None else 0.0
             age = max(0.0, age)
-            if age < older_than:
-                action = f"skipped: younger than {older_than:g}s"
-                found.append(GcEntry(where, "multipart-upload", age, action))
-                continue
+            # Ownership first: another tool's upload is never touched nor reported,
+            # whatever its age.
             try:
                 parts = _list_all_parts(conn, bucket, key, upload_id)
             except Exception as exc:
+                if error_code(exc) == "NoSuchUpload":
+                    continue  # completed or aborted since the listing: nothing to report
                 action = f"skipped: cannot list parts: {exc}"
                 found.append(GcEntry(where, "multipart-upload", age, action))
                 continue
@@ -191,6 +206,10 @@ def collect_s3(
             if not marker or not is_marker_part(key, marker[0]):
                 continue  # not ours: never touched, not even reported
             size = sum(int(p.get("Size", 0)) for p in parts)
+            if age < older_than:
+                action = f"skipped: younger than {older_than:g}s"
+                found.append(GcEntry(where, "multipart-upload", age, action, size))
+                continue
             if dry_run:
                 found.append(GcEntry(where, "multipart-upload", age, "would remove", size))
                 continue
@@ -259,8 +278,7 @@ def collect_stale(
     **storage_options: Any,
 ) -> list[GcEntry]:
     """Dispatch on ``target``: a local path/``file://`` URL or an ``s3://bucket/prefix``."""
-    if older_than < 0:
-        raise ConfigurationError(f"older_than must be >= 0 seconds, got {older_than:g}")
+    _check_older_than(older_than)
     protocol, path = split_url(target)
     if protocol == "file":
         if storage_options:

@@ -237,6 +237,7 @@ class FsspecWriter(DataWriter):
                 self._materialize(src)
             if mode == "create" and fs.exists(path):
                 raise AlreadyExists(exists)
+            self._commit_point()
             self.retry.call(
                 lambda: fs.put_file(tmp, path, **kwargs), what=f"{self.url}: upload at publish"
             )

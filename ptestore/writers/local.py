@@ -32,7 +32,13 @@ import threading
 from typing import ClassVar
 
 from .._io import pwrite_all
-from ..errors import AlreadyExists, ConfigurationError, ObjectNotFound, StorageError
+from ..errors import (
+    AlreadyExists,
+    ConfigurationError,
+    ObjectNotFound,
+    PublishUncertain,
+    StorageError,
+)
 from ..loaders import DataLoader
 from ._clone import HasFileno, clone_range, probe_clone_block_size
 from ._staging import FileStaging, strerror
@@ -257,6 +263,7 @@ class LocalFileWriter(DataWriter):
             raise StorageError(
                 f"{self.path}: cannot set mode {perm:o} on the staging file: {strerror(exc)}"
             ) from exc
+        self._commit_point()
         if mode == "overwrite":
             try:
                 os.replace(tmp, self.path)
@@ -294,17 +301,18 @@ class LocalFileWriter(DataWriter):
         try:
             dfd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
         except OSError as exc:
-            raise StorageError(
+            raise PublishUncertain(
                 f"{self.path}: published, but cannot open directory {self.directory} to fsync "
-                f"it: {strerror(exc)}; the new file may not survive a crash"
+                f"it: {strerror(exc)}; the new file is in place but may not survive a crash"
             ) from exc
         try:
             os.fsync(dfd)
         except OSError as exc:
             if exc.errno not in (errno.EINVAL, errno.ENOTSUP):  # fs without directory fsync
-                raise StorageError(
+                raise PublishUncertain(
                     f"{self.path}: published, but fsync of directory {self.directory} failed: "
-                    f"{strerror(exc)}; the new file may not survive a crash (not retried)"
+                    f"{strerror(exc)}; the new file is in place but may not survive a crash "
+                    "(not retried)"
                 ) from exc
         finally:
             os.close(dfd)

@@ -64,6 +64,11 @@ class MemoryWriter(DataWriter):
         self._st = _MemoryStaging()
         self._track_staging(self._st)
 
+    @property
+    def staged_size(self) -> int:
+        """Bytes held in the private staging buffer (for tests and diagnostics)."""
+        return len(self._st.buf)
+
     def _write(self, data: memoryview, offset: int) -> None:
         buf = self._st.buf
         end = offset + data.nbytes
@@ -81,6 +86,7 @@ class MemoryWriter(DataWriter):
         fs, path = self.fs, self.path
         obj = MemoryFile(fs, path, bytes(self._st.buf))
         version = next(_VERSIONS)
+        self._commit_point()  # outside the lock: a paused writer must not block the others
         with _PUBLISH_LOCK:
             if path in fs.pseudo_dirs or any(k.startswith(path + "/") for k in fs.store):
                 raise StorageError(f"{self.url}: is a directory, not an object")

@@ -1,6 +1,7 @@
-"""The CI guards: tests/conftest.py (with PTESTORE_REQUIRE_INTEROP=1 a skipped interop
-test fails the run, and a run that collects no interop test is an error) and
-scripts/check_cpu_only.py (scripts/test.sh fails on a CUDA torch or GPU packages)."""
+"""The CI guards: tests/conftest.py (with PTESTORE_REQUIRE_INTEROP=1 a skipped or
+xfailed interop test fails the run, and so does a selection that deselects interop tests
+or a run that collects none) and scripts/check_cpu_only.py (scripts/test.sh fails on a
+CUDA torch or GPU packages)."""
 
 from __future__ import annotations
 
@@ -13,14 +14,14 @@ from pathlib import Path
 CONFTEST = Path(__file__).resolve().parent.parent / "conftest.py"
 
 
-def run(tmp_path: Path, body: str, require: bool) -> subprocess.CompletedProcess[str]:
+def run(tmp_path: Path, body: str, require: bool, *args: str) -> subprocess.CompletedProcess[str]:
     shutil.copy(CONFTEST, tmp_path / "conftest.py")
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    interop: real runtime\n")
     (tmp_path / "test_x.py").write_text("import pytest\n" + body)
     env = dict(os.environ)
     env["PTESTORE_REQUIRE_INTEROP"] = "1" if require else "0"
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path), *args],
         capture_output=True,
         text=True,
         cwd=tmp_path,
@@ -69,6 +70,83 @@ def test_no_interop_collected_is_an_error(tmp_path: Path) -> None:
     result = run(tmp_path, "def test_plain():\n    pass\n", require=True)
     assert result.returncode != 0
     assert "no interop test was collected" in result.stdout + result.stderr
+
+
+XFAIL_MARKED = """
+@pytest.mark.interop
+@pytest.mark.xfail(reason="runtime crashes on this model")
+def test_runtime():
+    assert False
+
+def test_plain():
+    pass
+"""
+
+XFAIL_CALLED = """
+@pytest.mark.interop
+def test_runtime():
+    pytest.xfail("runtime crashes on this model")
+
+def test_plain():
+    pass
+"""
+
+
+def test_xfail_marked_interop_fails_when_required(tmp_path: Path) -> None:
+    result = run(tmp_path, XFAIL_MARKED, require=True)
+    assert result.returncode != 0, result.stdout
+    assert (
+        "PTESTORE_REQUIRE_INTEROP=1 but interop tests are marked xfail (an expected failure "
+        "of the real runtime would pass silently): test_x.py::test_runtime"
+    ) in result.stdout + result.stderr
+
+
+def test_xfail_called_in_interop_fails_when_required(tmp_path: Path) -> None:
+    result = run(tmp_path, XFAIL_CALLED, require=True)
+    assert result.returncode == 1, result.stdout
+    assert (
+        "interop test xfailed while PTESTORE_REQUIRE_INTEROP=1: runtime crashes on this model"
+    ) in result.stdout
+    assert "1 failed, 1 passed" in result.stdout
+
+
+def test_xfail_is_an_xfail_otherwise(tmp_path: Path) -> None:
+    for body in (XFAIL_MARKED, XFAIL_CALLED):
+        result = run(tmp_path, body, require=False)
+        assert result.returncode == 0, result.stdout
+        assert "1 passed, 1 xfailed" in result.stdout
+
+
+PLAIN_AND_INTEROP = """
+@pytest.mark.interop
+def test_runtime():
+    pass
+
+def test_plain():
+    pass
+"""
+
+
+def test_selection_deselecting_interop_fails_when_required(tmp_path: Path) -> None:
+    for selection in (["-m", "not interop"], ["-k", "not runtime"]):
+        result = run(tmp_path, PLAIN_AND_INTEROP, True, *selection)
+        assert result.returncode != 0, (selection, result.stdout)
+        assert (
+            "PTESTORE_REQUIRE_INTEROP=1 but the selection (-m/-k) deselected 1 interop "
+            "test(s), e.g. test_x.py::test_runtime"
+        ) in result.stdout + result.stderr, selection
+
+
+def test_selection_keeping_interop_passes_when_required(tmp_path: Path) -> None:
+    result = run(tmp_path, PLAIN_AND_INTEROP, True, "-k", "runtime or plain")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 passed" in result.stdout
+
+
+def test_selection_is_free_otherwise(tmp_path: Path) -> None:
+    result = run(tmp_path, PLAIN_AND_INTEROP, False, "-m", "not interop")
+    assert result.returncode == 0, result.stdout
+    assert "1 passed, 1 deselected" in result.stdout
 
 
 # ------------------------------------------------------------------ scripts/check_cpu_only.py

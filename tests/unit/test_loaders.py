@@ -40,7 +40,7 @@ def test_local_loader(tmp_path: Path) -> None:
 def test_local_errors(tmp_path: Path) -> None:
     with pytest.raises(ObjectNotFound, match=re.escape(f"{tmp_path}/nope.pte: no such file")):
         open_loader(tmp_path / "nope.pte")
-    with pytest.raises(StorageError, match="is a directory, not a file"):
+    with pytest.raises(ConfigurationError, match="is a directory, not a regular file"):
         open_loader(tmp_path)
     p = tmp_path / "m.pte"
     p.write_bytes(DATA)

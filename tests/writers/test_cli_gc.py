@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -80,3 +81,82 @@ def test_s3_gc(
     assert s3_client.list_multipart_uploads(Bucket=s3_bucket).get("Uploads", []) == []
     assert run(["gc", f"s3://{s3_bucket}/p/", "-o", "bogus=1"]) == 2
     assert "options ['bogus'] do not apply to gc of s3://" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "1e999", "soon"])
+def test_gc_older_than_must_be_a_finite_number(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        run(["gc", str(tmp_path), "--older-than", value, "--json"])
+    assert info.value.code == 2
+    err = capsys.readouterr()
+    assert err.out == ""  # never a report with NaN or Infinity in it
+    if value == "soon":
+        assert "expected a number of seconds, got 'soon'" in err.err
+    else:
+        assert f"expected a finite number of seconds >= 0, got '{value}'" in err.err
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -1.0, "1", True])
+def test_collect_functions_refuse_bad_older_than(tmp_path: Path, value: object) -> None:
+    from ptestore.errors import ConfigurationError
+    from ptestore.writers.gc import collect_local, collect_s3, collect_stale
+
+    msg = rf"older_than must be a finite number of seconds >= 0, got {value!r}"
+    for fn, target in [
+        (collect_stale, str(tmp_path)),
+        (collect_local, str(tmp_path)),
+        (collect_s3, "s3://bucket/p/"),
+    ]:
+        with pytest.raises(ConfigurationError, match=msg.replace("(", r"\(")):
+            fn(target, older_than=value)  # type: ignore[operator]
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ("client_kwargs=[1]", r"option client_kwargs = \[1\]: must be a dict"),
+        ("retry_attempts=x", r"retry_attempts = 'x': must be an int"),
+        ("retry_initial=NaN", r"retry_initial = nan: must be a finite number"),
+        ("retry_max=Infinity", r"retry_max = inf: must be a finite number"),
+    ],
+)
+def test_gc_storage_option_values_are_configuration_errors(
+    s3_server: S3TestServer,
+    s3_bucket: str,
+    capsys: pytest.CaptureFixture[str],
+    option: str,
+    message: str,
+) -> None:
+    opts = [f"-o{k}={json.dumps(v)}" for k, v in s3_server.storage_options.items()]
+    assert run(["gc", f"s3://{s3_bucket}/p/", *opts, "-o", option]) == 2
+    err = capsys.readouterr().err
+    assert re.search(rf"ptestore gc: error: s3://{s3_bucket}/p/: .*{message}", err), err
+
+
+@pytest.mark.s3
+def test_gc_never_reports_other_tools_uploads_whatever_their_age(
+    s3_server: S3TestServer, s3_bucket: str, s3_client: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ownership is checked before age: a young upload of another tool is not even
+    reported as 'younger than'; ptestore's own young upload is. (moto dates every
+    upload 2010-11-10, so "young" here means younger than a huge --older-than.)"""
+    other = s3_client.create_multipart_upload(Bucket=s3_bucket, Key="p/other.bin")["UploadId"]
+    s3_client.upload_part(
+        Bucket=s3_bucket, Key="p/other.bin", UploadId=other, PartNumber=1, Body=b"x" * 100
+    )
+    w = open_writer(f"s3://{s3_bucket}/p/m.pte", **s3_server.storage_options)
+    w.write(bytes(9 << 20), 0)
+    w.wait_uploads()  # type: ignore[attr-defined]
+    opts = [f"-o{k}={json.dumps(v)}" for k, v in s3_server.storage_options.items()]
+    assert run(["gc", f"s3://{s3_bucket}/p/", "--json", "--older-than", "1e12", *opts]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [(e["location"].split("?")[0], e["action"]) for e in report["entries"]] == [
+        (f"s3://{s3_bucket}/p/m.pte", "skipped: younger than 1e+12s")
+    ]
+    assert report["entries"][0]["size"] > 8 << 20  # the marker and one 8 MiB part
+    w.discard()
+    uploads = s3_client.list_multipart_uploads(Bucket=s3_bucket).get("Uploads", [])
+    assert [u["UploadId"] for u in uploads] == [other]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+import weakref
 
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
@@ -15,12 +16,18 @@ from ptestore.writers import DataWriter, MemoryWriter, WriterState, open_writer
 class TestMemoryContract(WriterContract):
     large_size = 3 * (1 << 20) + 12345
 
+    @pytest.fixture(autouse=True)
+    def _made(self) -> None:
+        # weak: the garbage-collection test must be able to drop its writer
+        self.made: weakref.WeakSet[MemoryWriter] = weakref.WeakSet()
+
     def new_dest(self) -> str:
         return f"memory://contract/{uuid.uuid4().hex}/model.pte"
 
     def make_writer(self, dest: str) -> DataWriter:
         w = open_writer(dest)
         assert isinstance(w, MemoryWriter)
+        self.made.add(w)
         return w
 
     def get(self, dest: str) -> bytes | None:
@@ -32,7 +39,13 @@ class TestMemoryContract(WriterContract):
         MemoryFileSystem().pipe_file(MemoryFileSystem._strip_protocol(dest), data)
 
     def leftovers(self, dest: str) -> list[str]:
-        return []  # staging is a private buffer: nothing can be left in the store
+        """The staging buffers of this test's writers for ``dest`` that still hold bytes
+        (the store itself never sees staging)."""
+        return [
+            f"{w.url}: {w.staged_size} staged bytes"
+            for w in self.made
+            if w.url == dest and w.staged_size
+        ]
 
 
 def test_a_write_too_large_for_memory_is_a_storage_error() -> None:

@@ -20,6 +20,9 @@ PART = MIN_PART_SIZE  # S3's smallest part; the large-output test spans 4 parts
 class TestS3Contract(WriterContract):
     model_examples = 10
     large_size = 3 * PART + 12345
+    staged_size = 3 * PART + 1  # four parts: a multipart upload that discard must abort
+    model_span = 3 * PART
+    model_boundary = PART
     racers = 4
     options: dict[str, Any] = {"part_size": PART, "max_concurrency": 3}  # noqa: RUF012
 
@@ -69,4 +72,7 @@ class TestS3SinglePartContract(TestS3Contract):
 
     model_examples = 5
     large_size = (16 << 20) + 4321
+    staged_size = (16 << 20) + 1  # three 8 MiB parts
+    model_span = 2 * (8 << 20)
+    model_boundary = 8 << 20
     options: dict[str, Any] = {}  # noqa: RUF012

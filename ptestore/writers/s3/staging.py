@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import os
+import secrets
 import threading
 
 from ..._retry import Category, classify, error_code, to_storage_error
@@ -28,6 +29,8 @@ class S3Staging:
         self.upload_id: str | None = None
         self.pool: cf.ThreadPoolExecutor | None = None
         self.spool_fd: int | None = None
+        #: Name prefix of this writer's upload threads.
+        self.thread_prefix = f"ptestore-s3-{secrets.token_hex(4)}"
         self._lock = threading.Lock()
 
     def completed(self) -> None:
@@ -38,7 +41,11 @@ class S3Staging:
         with self._lock:
             pool, self.pool = self.pool, None
             if pool is not None:
-                pool.shutdown(wait=True, cancel_futures=True)
+                # The last reference to an abandoned writer may be dropped by one of its
+                # own upload threads, which then runs this finalizer: it cannot wait for
+                # itself (parts still landing after Abort are handled by the rounds below).
+                own = threading.current_thread().name.startswith(self.thread_prefix)
+                pool.shutdown(wait=not own, cancel_futures=True)
             if self.spool_fd is not None:
                 fd, self.spool_fd = self.spool_fd, None
                 os.close(fd)

@@ -202,7 +202,7 @@ class S3Writer(DataWriter):
     def _ensure_pool(self) -> cf.ThreadPoolExecutor:
         if self._st.pool is None:
             self._st.pool = cf.ThreadPoolExecutor(
-                max_workers=self.max_concurrency, thread_name_prefix="ptestore-s3"
+                max_workers=self.max_concurrency, thread_name_prefix=self._st.thread_prefix
             )
         return self._st.pool
 
@@ -397,6 +397,7 @@ class S3Writer(DataWriter):
             )
         upload_id = self._st.upload_id
         assert upload_id is not None
+        self._commit_point()
         resp = self._publisher.complete(mode, upload_id, size, parts, total)
         self._st.completed()
         self._st.cleanup()
@@ -408,6 +409,7 @@ class S3Writer(DataWriter):
         body = bytes(size)
         if part.held:
             body = bytes(self._transfer.materialize(part.content(size)))
+        self._commit_point()
         resp, crc = self._publisher.put(mode, body)
         self._st.cleanup()
         return self._publisher.verify_published(resp, size, crc)

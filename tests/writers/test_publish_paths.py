@@ -1,0 +1,241 @@
+"""The error paths and results of publish/discard/create, pinned (mutation testing found
+them unpinned: docs/testing.md)."""
+
+from __future__ import annotations
+
+import errno
+import gc
+import logging
+import os
+import stat
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fsspec.implementations.memory import MemoryFileSystem
+
+from ptestore.errors import AlreadyExists, StorageError
+from ptestore.writers import LocalFileWriter, MemoryWriter, WriterState, open_writer
+
+
+def _current_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def failing(exc: OSError) -> Any:
+    def fail(*args: Any, **kwargs: Any) -> None:
+        raise exc
+
+    return fail
+
+
+def test_local_publish_result_and_new_file_mode(tmp_path: Path) -> None:
+    dest = tmp_path / "m.pte"
+    w = LocalFileWriter(dest)
+    w.write(b"abc", 0)
+    result = w.publish()
+    assert (result.url, result.size, result.etag, result.checksum) == (str(dest), 3, None, None)
+    assert stat.S_IMODE(dest.stat().st_mode) == 0o666 & ~_current_umask()
+
+
+def test_local_publish_keeps_an_existing_mode(tmp_path: Path) -> None:
+    dest = tmp_path / "m.pte"
+    dest.write_bytes(b"old")
+    dest.chmod(0o640)
+    w = LocalFileWriter(dest)
+    w.write(b"new", 0)
+    w.publish()
+    assert stat.S_IMODE(dest.stat().st_mode) == 0o640
+
+
+def test_local_create_message(tmp_path: Path) -> None:
+    dest = tmp_path / "m.pte"
+    dest.write_bytes(b"keep")
+    w = LocalFileWriter(dest)
+    with pytest.raises(AlreadyExists) as info:
+        w.publish("create")
+    assert str(info.value) == (
+        f"{dest}: already exists; publish(mode='create') never replaces an existing file"
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "exc", "message"),
+    [
+        ("stat", OSError(errno.EACCES, "Permission denied"), "cannot stat destination: "),
+        (
+            "fchmod",
+            OSError(errno.EPERM, "Operation not permitted"),
+            "cannot set mode {mode:o} on the staging file: ",
+        ),
+        (
+            "link",
+            OSError(errno.EIO, "Input/output error"),
+            "cannot link staging file {tmp} to it: ",
+        ),
+        (
+            "replace",
+            OSError(errno.EIO, "Input/output error"),
+            "cannot rename staging file {tmp} over it: ",
+        ),
+        # an OSError without errno/strerror: its text
+        ("replace", OSError("no errno here"), "cannot rename staging file {tmp} over it: "),
+    ],
+)
+def test_local_publish_failures_name_the_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, exc: OSError, message: str
+) -> None:
+    dest = tmp_path / "m.pte"
+    w = LocalFileWriter(dest)
+    w.write(b"abc", 0)
+    tmp = w.staging_path
+    mode = 0o666 & ~_current_umask()
+    if name == "stat":
+        real = os.stat
+
+        def stat_(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+            if os.fspath(path) == str(dest):
+                raise exc
+            return real(path, *args, **kwargs)
+
+        monkeypatch.setattr(os, "stat", stat_)
+    else:
+        monkeypatch.setattr(os, name, failing(exc))
+    with pytest.raises(StorageError) as info:
+        w.publish("create" if name == "link" else "overwrite")
+    detail = exc.strerror or str(exc)
+    assert str(info.value) == f"{dest}: " + message.format(mode=mode, tmp=tmp) + detail
+    monkeypatch.undo()
+    assert w.state is WriterState.DISCARDED
+    assert not dest.exists()
+    assert not os.path.exists(tmp)
+
+
+def test_a_failed_publish_does_not_warn_at_garbage_collection(tmp_path: Path) -> None:
+    dest = tmp_path / "m.pte"
+    dest.write_bytes(b"keep")
+    w = LocalFileWriter(dest)
+    w.write(b"x", 0)
+    with pytest.raises(AlreadyExists):
+        w.publish("create")
+    # recorded, not raised: an exception in a finalizer would only be printed
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        del w
+        gc.collect()
+    assert [str(m.message) for m in seen] == []
+
+
+def test_a_failing_cleanup_after_a_failure_is_logged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    dest = tmp_path / "m.pte"
+    dest.write_bytes(b"keep")
+    w = LocalFileWriter(dest)
+    w.write(b"x", 0)
+    tmp = w.staging_path
+    monkeypatch.setattr(os, "unlink", failing(OSError(errno.EACCES, "Permission denied")))
+    with caplog.at_level(logging.WARNING, "ptestore.writers"), pytest.raises(AlreadyExists):
+        w.publish("create")
+    monkeypatch.undo()
+    assert [r.getMessage() for r in caplog.records if r.name == "ptestore.writers"] == [
+        f"{dest}: discarding after a failure also failed: {tmp}: cannot remove staging file: "
+        "Permission denied"
+    ]
+    os.unlink(tmp)
+
+
+# -- memory ---------------------------------------------------------------------------
+
+
+def test_memory_publish_result_and_object() -> None:
+    url = "memory://paths/result/m.pte"
+    w = open_writer(url)
+    assert isinstance(w, MemoryWriter)
+    w.write(b"abc", 0)
+    result = w.publish()
+    assert result.url == url and result.size == 3
+    assert result.etag is not None and int(result.etag) > 0
+    second = open_writer(url)
+    second.write(b"d", 0)
+    assert int(second.publish().etag or 0) > int(result.etag)
+    obj = MemoryFileSystem.store["/paths/result/m.pte"]
+    assert obj.fs is not None and obj.path == "/paths/result/m.pte"
+    assert MemoryFileSystem().cat_file("/paths/result/m.pte") == b"d"
+
+
+def test_memory_create_message() -> None:
+    MemoryFileSystem().pipe_file("/paths/create/m.pte", b"keep")
+    w = open_writer("memory://paths/create/m.pte")
+    with pytest.raises(AlreadyExists) as info:
+        w.publish("create")
+    assert str(info.value) == (
+        "memory://paths/create/m.pte: already exists; publish(mode='create') never replaces "
+        "an existing object"
+    )
+
+
+def test_memory_refuses_a_directory_and_an_object_parent() -> None:
+    fs = MemoryFileSystem()
+    fs.pipe_file("/paths/dir/m.pte/inside", b"x")
+    w = open_writer("memory://paths/dir/m.pte")
+    with pytest.raises(StorageError) as info:
+        w.publish()
+    assert str(info.value) == "memory://paths/dir/m.pte: is a directory, not an object"
+    MemoryFileSystem.store["/paths/raw/m.pte/inside"] = MemoryFileSystem.store[
+        "/paths/dir/m.pte/inside"
+    ]  # an object stored without its pseudo directories
+    w = open_writer("memory://paths/raw/m.pte")
+    with pytest.raises(StorageError, match=r"raw/m.pte: is a directory, not an object"):
+        w.publish()
+    fs.pipe_file("/p", b"x")  # a one-letter object as the parent
+    w = open_writer("memory://p/m.pte")
+    with pytest.raises(StorageError) as info:
+        w.publish()
+    assert str(info.value) == "memory://p/m.pte: parent /p is an object, not a directory"
+
+
+@pytest.mark.parametrize("end", ["publish", "discard"])
+def test_no_warning_at_garbage_collection_after_publish_or_discard(
+    tmp_path: Path, end: str
+) -> None:
+    w = LocalFileWriter(tmp_path / "m.pte")
+    w.write(b"x", 0)
+    getattr(w, end)()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        del w
+        gc.collect()
+    assert [str(m.message) for m in seen] == []
+
+
+def test_an_uncertain_publish_closes_the_writer_with_its_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ptestore.errors import PublishUncertain, WriterStateError
+
+    dest = tmp_path / "m.pte"
+    w = LocalFileWriter(dest)
+    w.write(b"new", 0)
+    real = os.replace
+
+    def replace(src: Any, dst: Any) -> None:
+        real(src, dst)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(PublishUncertain) as info:
+        w.publish()
+    assert str(info.value) == (
+        f"{dest}: publishing was interrupted after its commit step began (KeyboardInterrupt): "
+        "the destination holds either its previous content or the complete new output; "
+        "check it before relying on either"
+    )
+    with pytest.raises(WriterStateError) as state:
+        w.write(b"x", 0)
+    assert str(state.value) == (
+        f"{dest}: cannot write: the writer was discarded (publish uncertain: KeyboardInterrupt)"
+    )
