@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from ptestore.errors import PublishUncertain
-from ptestore.testing.moto import MotoS3
+from ptestore.testing.s3server import S3TestServer
 from ptestore.writers import DataWriter, LocalFileWriter, WriterState, open_writer
 from ptestore.writers.s3 import MIN_PART_SIZE, S3Writer
 
@@ -147,8 +147,8 @@ def test_a_failing_rename_is_a_plain_failure(
 # -- S3 -------------------------------------------------------------------------------
 
 
-def s3_writer(moto_s3: MotoS3, bucket: str, key: str) -> S3Writer:
-    w = open_writer(f"s3://{bucket}/{key}", **moto_s3.storage_options, part_size=MIN_PART_SIZE)
+def s3_writer(s3_server: S3TestServer, bucket: str, key: str) -> S3Writer:
+    w = open_writer(f"s3://{bucket}/{key}", **s3_server.storage_options, part_size=MIN_PART_SIZE)
     assert isinstance(w, S3Writer)
     return w
 
@@ -157,14 +157,14 @@ def s3_writer(moto_s3: MotoS3, bucket: str, key: str) -> S3Writer:
 @pytest.mark.parametrize("size", [1000, 2 * MIN_PART_SIZE + 7], ids=["put", "multipart"])
 @pytest.mark.parametrize("exc", [KeyboardInterrupt(), RuntimeError("boom")], ids=["int", "err"])
 def test_s3_interrupt_after_the_request_was_sent_is_uncertain(
-    moto_s3: MotoS3,
+    s3_server: S3TestServer,
     s3_bucket: str,
     s3_client: Any,
     monkeypatch: pytest.MonkeyPatch,
     size: int,
     exc: BaseException,
 ) -> None:
-    w = s3_writer(moto_s3, s3_bucket, "m.pte")
+    w = s3_writer(s3_server, s3_bucket, "m.pte")
     data = os.urandom(size)
     w.write(data, 0)
     publisher = w._publisher  # the request is what is interrupted
@@ -218,9 +218,9 @@ def test_forked_child_never_removes_the_parents_staging_file(tmp_path: Path) -> 
 
 @pytest.mark.s3
 def test_forked_child_never_aborts_the_parents_upload(
-    moto_s3: MotoS3, s3_bucket: str, s3_client: Any
+    s3_server: S3TestServer, s3_bucket: str, s3_client: Any
 ) -> None:
-    w = s3_writer(moto_s3, s3_bucket, "m.pte")
+    w = s3_writer(s3_server, s3_bucket, "m.pte")
     data = os.urandom(2 * MIN_PART_SIZE + 5)
     w.write(data, 0)
     w.wait_uploads()

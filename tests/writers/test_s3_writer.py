@@ -381,7 +381,7 @@ def test_create_sends_if_none_match_on_the_commit_request(
     """Whatever the server enforces: the request that commits carries If-None-Match: *
     in create mode and only then (moto enforces it; a server that ignores it would let
     a create replace an object, so the header is checked on the wire)."""
-    w = writer(moto_s3, url)
+    w = writer(s3_server, url)
     sent: dict[str, str | None] = {}
 
     def record(request: Any, event_name: str, **_: Any) -> None:
