@@ -95,13 +95,15 @@ def error_message(command: str, exc: BaseException, *, publishes: bool = False) 
     ``publishes``: the command publishes objects, so a failure says what was published."""
     prog = f"ptestore {command}"
     if isinstance(exc, KeyboardInterrupt):
+        if exc.args:  # raised again by ptestore with what had been published
+            return f"{prog}: interrupted {exc.args[0]}"
         return f"{prog}: interrupted" + ("; nothing was published" if publishes else "")
     if isinstance(exc, PartialPublish):
         return f"{prog}: failed after a partial publish: {exc}"
     if not publishes or isinstance(exc, BAD_INPUT_ERRORS):
         return f"{prog}: error: {exc}"
     if isinstance(exc, PublishUncertain):
-        return f"{prog}: failed, the publish may or may not have taken effect: {exc}"
+        return f"{prog}: publish uncertain (it may or may not have taken effect): {exc}"
     if isinstance(exc, IntegrityError):
         return f"{prog}: failed after publishing: {exc}"
     return f"{prog}: failed, nothing published: {exc}"

@@ -193,13 +193,25 @@ def run_specialize(args: argparse.Namespace) -> int:
     finally:
         if progress is not None:
             progress.close()
+    try:
+        _report(args, report, nothing_specialized_message(report))
+    except KeyboardInterrupt:
+        # Everything was published already: an interrupt now must not read as "nothing
+        # was published" (exits.error_message prints this detail).
+        published = " and ".join(
+            f.destination for f in sorted(report.files, key=lambda f: f.role != "ptd")
+        )
+        raise KeyboardInterrupt(f"after {published or args.dst} was published") from None
+    return EXIT_OK
+
+
+def _report(args: argparse.Namespace, report: SpecializationReport, message: str | None) -> None:
     for name in report.unused_backends:
         print(
             f"ptestore specialize: warning: no delegate in {args.src} has backend id {name!r}; "
             "that backend was not used",
             file=sys.stderr,
         )
-    message = nothing_specialized_message(report)
     if message is not None:  # only with --allow-unchanged: strict runs raise instead
         print(f"ptestore specialize: warning: {message}", file=sys.stderr)
     if args.json:
@@ -207,4 +219,3 @@ def run_specialize(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     elif not args.quiet:
         print(format_summary(report))
-    return EXIT_OK

@@ -335,7 +335,7 @@ MAPPINGS: list[tuple[BaseException, bool, int, str]] = [
         errors.PublishUncertain("lost response"),
         True,
         EXIT_FAILURE,
-        "ptestore x: failed, the publish may or may not have taken effect: lost response",
+        "ptestore x: publish uncertain (it may or may not have taken effect): lost response",
     ),
     (
         errors.IntegrityError("s3://b/k: 5 bytes, 6 written"),
@@ -351,6 +351,12 @@ MAPPINGS: list[tuple[BaseException, bool, int, str]] = [
     ),
     (KeyboardInterrupt(), True, EXIT_INTERRUPTED, "ptestore x: interrupted; nothing was published"),
     (KeyboardInterrupt(), False, EXIT_INTERRUPTED, "ptestore x: interrupted"),
+    (
+        KeyboardInterrupt("after out.pte was published"),
+        True,
+        EXIT_INTERRUPTED,
+        "ptestore x: interrupted after out.pte was published",
+    ),
 ]
 
 

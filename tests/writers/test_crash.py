@@ -247,14 +247,17 @@ def expect_specialize(
     err = out.stderr.strip()
     if phase == "before":
         assert out.status == 130, err
-        assert err == "ptestore: interrupted; nothing was published"
+        assert err == "ptestore specialize: interrupted; nothing was published"
     elif phase == "uncertain":
         assert out.status == 1, err
-        assert err.startswith(f"ptestore specialize: publish uncertain: {dest}: publishing was ")
+        assert err.startswith(
+            f"ptestore specialize: publish uncertain (it may or may not have taken effect): "
+            f"{dest}: publishing was "
+        )
         assert "interrupted after its commit step began (KeyboardInterrupt)" in err
     else:
         assert out.status == 130, err
-        assert err == f"ptestore: interrupted after {dest} was published"
+        assert err == f"ptestore specialize: interrupted after {dest} was published"
     return phase, phase != "before"
 
 
