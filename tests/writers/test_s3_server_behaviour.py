@@ -25,6 +25,7 @@ from ptestore.errors import AlreadyExists, StorageError
 from ptestore.testing.s3server import S3TestServer
 from ptestore.writers import PublishResult, S3Writer, WriterState, open_writer
 from ptestore.writers.s3 import MARKER_PART_NUMBER
+from ptestore.writers.s3.config import MIN_PART_SIZE
 
 pytestmark = pytest.mark.s3
 
@@ -53,6 +54,8 @@ class Server:
     def __init__(self, server: S3TestServer, bucket: str, client: Any) -> None:
         self.server, self.bucket, self.c = server, bucket, client
         self.part = server.min_part_size  # the smallest non-last part it takes
+        #: The writers' part size: S3's 5 MiB minimum, which S3Writer enforces.
+        self.wpart = max(self.part, MIN_PART_SIZE)
 
     def key(self) -> str:
         return f"b/{uuid.uuid4().hex}"
@@ -312,7 +315,7 @@ def _writer(srv: Server, url: str) -> S3Writer:
     w = open_writer(
         url,
         **srv.server.storage_options,
-        part_size=srv.part,
+        part_size=srv.wpart,
         retry_attempts=2,
         retry_initial=0.001,
         retry_max=0.01,
@@ -339,7 +342,7 @@ def test_bytes_corrupted_after_their_checksum_are_never_published(
     k = srv.key()
     w = _writer(srv, f"s3://{srv.bucket}/{k}")
     w.client.meta.events.register(f"before-parameter-build.s3.{operation}", _corrupt_body)
-    size = 2 * srv.part + 7 if operation == "UploadPart" else 1000
+    size = 2 * srv.wpart + 7 if operation == "UploadPart" else 1000
 
     def write_and_publish() -> None:
         w.write(random.randbytes(size), 0)  # a part's upload may fail already here
@@ -363,7 +366,7 @@ def test_full_object_checksum_mismatch_at_complete_publishes_nothing(srv: Server
     w.client.meta.events.register(
         "before-parameter-build.s3.CompleteMultipartUpload", _wrong_full_object_crc
     )
-    w.write(random.randbytes(2 * srv.part + 7), 0)
+    w.write(random.randbytes(2 * srv.wpart + 7), 0)
     with pytest.raises(
         StorageError, match=r"CompleteMultipartUpload failed: BadDigest \(HTTP 400\)"
     ):
@@ -382,12 +385,12 @@ def test_upload_aborted_by_someone_else_fails_with_no_such_upload(srv: Server) -
         calls.append(request.url)
 
     w.client.meta.events.register("before-send.s3.UploadPart", count)
-    w.write(random.randbytes(srv.part), 0)
+    w.write(random.randbytes(srv.wpart), 0)
     w.wait_uploads()
     assert w.upload_id is not None
     srv.c.abort_multipart_upload(Bucket=srv.bucket, Key=k, UploadId=w.upload_id)  # e.g. gc
     before = len(calls)
-    w.write(random.randbytes(srv.part), srv.part)
+    w.write(random.randbytes(srv.wpart), srv.wpart)
     with pytest.raises(StorageError, match=r"UploadPart 2 failed: NoSuchUpload \(HTTP 404\)"):
         w.publish()
     assert len(calls) - before == 1  # a permanent error: not retried
@@ -397,7 +400,7 @@ def test_upload_aborted_by_someone_else_fails_with_no_such_upload(srv: Server) -
 def test_racing_multipart_creates_have_a_winner_and_clean_losers(srv: Server) -> None:
     k = srv.key()
     url = f"s3://{srv.bucket}/{k}"
-    payloads = [bytes([65 + i]) * (2 * srv.part + i) for i in range(3)]
+    payloads = [bytes([65 + i]) * (2 * srv.wpart + i) for i in range(3)]
     writers = [_writer(srv, url) for _ in payloads]
     for w, data in zip(writers, payloads, strict=True):
         w.write(data, 0)

@@ -202,6 +202,59 @@ def test_credentials_from_the_environment(
     w.publish()
 
 
+def _corrupt_put_body(params: dict[str, Any], **_: Any) -> None:
+    body = bytearray(params["Body"])
+    body[0] ^= 0xFF
+    params["Body"] = bytes(body)
+
+
+def test_hooks_on_one_writer_do_not_reach_another_with_equal_options(
+    s3_server: S3TestServer, s3_bucket: str, s3_client: Any
+) -> None:
+    """s3fs caches filesystems by their options; a writer must not share its client
+    (a hook altering one writer's PutObject once broke every later upload to SeaweedFS
+    with ``BadDigest``, and silently published altered bytes on moto)."""
+    urls = [f"s3://{s3_bucket}/hooks/{name}" for name in ("a", "b")]
+    a, b = (open_writer(u, **s3_server.storage_options) for u in urls)
+    assert isinstance(a, S3Writer) and isinstance(b, S3Writer)
+    seen: list[str] = []
+    a.client.meta.events.register(
+        "before-send.s3.PutObject", lambda request, **_: seen.append(request.url) and None
+    )
+    a.client.meta.events.register("before-parameter-build.s3.PutObject", _corrupt_put_body)
+    b.write(b"bytes of b", 0)
+    b.publish()
+    assert seen == []
+    assert s3_client.get_object(Bucket=s3_bucket, Key="hooks/b")["Body"].read() == b"bytes of b"
+    assert a.client is not b.client
+    a.discard()
+
+
+def test_each_writer_reads_the_environment_when_opened(
+    s3_server: S3TestServer, url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two writers opened with no options, under different credentials and endpoints in
+    the environment: the second uses the second (not a cached client of the first)."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "first-key")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "first-secret")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:9")
+    first = open_writer(url)
+    assert isinstance(first, S3Writer)
+    assert first.client._request_signer._credentials.access_key == "first-key"
+    options = s3_server.storage_options
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", options["key"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", options["secret"])
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_server.endpoint_url)
+    second = open_writer(url)
+    assert isinstance(second, S3Writer)
+    assert second.client._request_signer._credentials.access_key == options["key"]
+    assert second.client.meta.endpoint_url == s3_server.endpoint_url
+    second.write(b"env", 0)
+    second.publish()
+    first.discard()
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [

@@ -5,7 +5,10 @@ credentials, endpoints, profiles, config files, fsspec's ``s3`` configuration an
 ``AWS_*``/``FSSPEC_S3_*`` environment variables resolve exactly as for every fsspec user
 and for ptestore's own S3 loader. ptestore adds two defaults: botocore's retries off
 (``RetryPolicy`` is the one retry layer) unless ``config_kwargs`` sets ``retries``, and
-a connection pool large enough for ``max_concurrency`` uploads.
+a connection pool large enough for ``max_concurrency`` uploads. Each connection has a
+filesystem and client of its own (``skip_instance_cache=True`` unless the options say
+otherwise): hooks on one writer's client stay on that writer, and the environment is
+read when the writer is opened.
 """
 
 from __future__ import annotations
@@ -79,6 +82,12 @@ class S3Connection:
         except ImportError as exc:  # pragma: no cover - depends on the environment
             raise ConfigurationError(f"{url}: S3 needs s3fs: install ptestore[s3] ({exc})") from exc
         options = dict(options)
+        # A filesystem (hence a botocore client) of the writer's own: fsspec's instance
+        # cache would hand every writer with equal options the same client, so event
+        # hooks registered on one writer's ``client.meta.events`` would fire for every
+        # other writer and loader in the process, and credentials and endpoint taken
+        # from the environment would be the ones of the first such writer.
+        options.setdefault("skip_instance_cache", True)
         self.url = url
         self.retry = RetryPolicy.from_options(url, options)
         config = dict(options.pop("config_kwargs", None) or {})

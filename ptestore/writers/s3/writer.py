@@ -74,6 +74,8 @@ class S3Writer(DataWriter):
         Passed to ``s3fs.S3FileSystem`` (``endpoint_url``, ``key``, ``secret``,
         ``token``, ``anon``, ``profile``, ``client_kwargs``, ``config_kwargs``,
         ``s3_additional_kwargs``, ``requester_pays``, ``use_ssl``, ``session``, ...).
+        The writer makes a filesystem of its own (``skip_instance_cache=True`` unless
+        given): its client, credentials and hooks are not shared with other writers.
     """
 
     guarantees: ClassVar[WriterGuarantees] = WriterGuarantees(
@@ -123,7 +125,8 @@ class S3Writer(DataWriter):
         self.token = uuid.uuid4().hex
         self.metadata = {**meta, TOKEN_METADATA_KEY: self.token}
         self.conn = S3Connection(url, storage_options, pool_size=max_concurrency + 4)
-        #: s3fs's botocore client (register event hooks on ``client.meta.events``).
+        #: This writer's own botocore client, made by s3fs (event hooks registered on
+        #: ``client.meta.events`` see this writer's requests only).
         self.client = self.conn.client
         self._publisher = S3Publisher(
             url, self.conn, bucket, key, metadata=self.metadata, token=self.token, verify=verify
