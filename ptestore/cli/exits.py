@@ -222,7 +222,11 @@ def guarded(command: str, *, publishes: bool = False) -> Callable[[Command], Com
 
                     traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
                 print(error_message(command, exc, publishes=publishes), file=sys.stderr)
-                if not debug and exc.__cause__ is not None:
+                if (
+                    not debug
+                    and exc.__cause__ is not None
+                    and not isinstance(exc, KeyboardInterrupt)
+                ):
                     print(
                         f"ptestore {command}: (--debug prints the full traceback, "
                         f"{type(exc.__cause__).__name__} included)",

@@ -56,7 +56,9 @@ def test_cli_interrupt_before_any_commit_says_nothing_was_published(
     out = tmp_path / "out.pte"
     interrupt_before_commit_of(monkeypatch, ".pte")
     assert main(["specialize", str(MLP.pte_path), str(out), "--backend", "passthrough"]) == 130
-    assert capsys.readouterr().err.strip() == "ptestore: interrupted; nothing was published"
+    assert (
+        capsys.readouterr().err.strip() == "ptestore specialize: interrupted; nothing was published"
+    )
     assert not out.exists()
 
 
@@ -74,7 +76,10 @@ def test_cli_interrupt_after_the_pipeline_published_names_what_was_published(
 
     monkeypatch.setattr(pipeline.Spool, "close", close)
     assert main(["specialize", str(MLP.pte_path), str(out), "--backend", "passthrough"]) == 130
-    assert capsys.readouterr().err.strip() == f"ptestore: interrupted after {out} was published"
+    assert (
+        capsys.readouterr().err.strip()
+        == f"ptestore specialize: interrupted after {out} was published"
+    )
     assert out.exists()
 
 
@@ -94,7 +99,7 @@ def test_cli_interrupt_while_printing_the_report_names_what_was_published(
     argv += ["--ptd", str(EXT.ptd_path), str(out_ptd)]
     assert main(argv) == 130
     assert capsys.readouterr().err.strip() == (
-        f"ptestore: interrupted after {out_ptd} and {out_pte} was published"
+        f"ptestore specialize: interrupted after {out_ptd} and {out_pte} was published"
     )
 
 
@@ -114,7 +119,8 @@ def test_cli_reports_an_uncertain_publish_as_such(
     assert main(["specialize", str(MLP.pte_path), str(out), "--backend", "passthrough"]) == 1
     err = capsys.readouterr().err
     assert err.startswith(
-        f"ptestore specialize: publish uncertain: {out}: published, but fsync of directory "
+        "ptestore specialize: publish uncertain (it may or may not have taken effect): "
+        f"{out}: published, but fsync of directory "
     )
     assert "nothing published" not in err
     assert out.exists()

@@ -44,6 +44,7 @@ def _role(w: DataWriter) -> str:
 def install(probe: Probe) -> None:
     """Wrap the writers' steps (in the child only: it exits when done)."""
     from ptestore.writers.s3 import publish as s3_publish
+    from ptestore.writers.s3 import transfer as s3_transfer
     from ptestore.writers.s3 import writer as s3_writer
 
     def after(owner: Any, name: str, event: Callable[..., str | None]) -> None:
@@ -71,7 +72,7 @@ def install(probe: Probe) -> None:
     after(DataWriter, "publish", lambda w, *a: f"published:{_role(w)}")
     after(os, "replace", lambda *a: "renamed")
     after(os, "link", lambda *a: "renamed")
-    after(s3_writer.S3Writer, "_upload_task", lambda w, *a: "part")
+    after(s3_transfer.PartTransfer, "store", lambda *a: "part")  # a part uploaded or copied
     after(s3_writer.S3Writer, "_ensure_upload", lambda w, *a: "upload")
     after(s3_publish.S3Publisher, "complete", lambda *a: "completed")
     after(s3_publish.S3Publisher, "put", lambda *a: "completed")

@@ -92,10 +92,13 @@ def test_gc_older_than_must_be_a_finite_number(
     assert info.value.code == 2
     err = capsys.readouterr()
     assert err.out == ""  # never a report with NaN or Infinity in it
-    if value == "soon":
-        assert "expected a number of seconds, got 'soon'" in err.err
-    else:
-        assert f"expected a finite number of seconds >= 0, got '{value}'" in err.err
+    if value == "1e999":  # a number, but not a finite one
+        assert f"expected a finite duration, got '{value}'" in err.err
+    else:  # "nan" and "inf" are not durations (a number with an optional unit)
+        assert "expected a duration such as 90s, 30m, 12h or 7d (a number with an optional " in (
+            err.err
+        )
+        assert f"got '{value}'" in err.err
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), -1.0, "1", True])
