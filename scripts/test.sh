@@ -6,14 +6,19 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON="${PYTHON:-python3}"
-# System tools the tests use: mkfs.xfs (xfsprogs) for the copy-on-write tests on a
-# loop-mounted XFS. As root (CI) they are installed and those tests are required; as
-# another user they are skipped when missing.
+# System tools the tests use: mkfs.xfs (xfsprogs) and filefrag (e2fsprogs) for the
+# copy-on-write tests on a loop-mounted XFS. As root (CI) they are installed and those
+# tests are required; as another user they are skipped when missing.
+export PATH="$PATH:/usr/sbin:/sbin"
 if [ "$(id -u)" = 0 ]; then
-    if ! command -v mkfs.xfs >/dev/null 2>&1; then
-        echo "== apt-get install xfsprogs"
+    missing=()
+    command -v mkfs.xfs >/dev/null 2>&1 || missing+=(xfsprogs)
+    command -v filefrag >/dev/null 2>&1 || missing+=(e2fsprogs)
+    if [ "${#missing[@]}" -gt 0 ]; then
+        echo "== apt-get install ${missing[*]}"
         apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq xfsprogs >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+            "${missing[@]}" >/dev/null
     fi
     export PTESTORE_REQUIRE_REFLINK=1
 fi
