@@ -22,24 +22,25 @@ if [ "$(id -u)" = 0 ]; then
     fi
     export PTESTORE_REQUIRE_REFLINK=1
 fi
-# The [interop] extra's torch pin, e.g. torch==2.13.0 (pyproject.toml is its one home).
-TORCH_PIN="$(grep -o '"torch==[^"]*"' pyproject.toml | tr -d '"')"
-if [ -z "$TORCH_PIN" ]; then
-    echo "scripts/test.sh: no \"torch==VERSION\" pin found in pyproject.toml" >&2
-    exit 1
-fi
+# The test environment is installed from a lock (requirements/test.txt, made by
+# `bash scripts/lock.sh` with uv's resolver): pip's resolver spends 20+ minutes
+# backtracking over boto3/botocore/aiobotocore and executorch's requirements, and an
+# unpinned install lets the next release of any of them turn CI red. uv installs the
+# lock in seconds. The lock pins the CPU build of torch (torch==2.13.0+cpu), which comes
+# from the machine's local wheels (PIP_FIND_LINKS); CUDA builds never match it.
 if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
-pip_install() {
-    .venv/bin/python -m pip install --quiet --disable-pip-version-check "$@"
+.venv/bin/python -m pip install --quiet --disable-pip-version-check "uv==0.13.9"
+find_links=()
+for d in ${PIP_FIND_LINKS:-/opt/wheels}; do [ -d "$d" ] && find_links+=(--find-links "$d"); done
+uv_install() {
+    .venv/bin/uv pip install --quiet --python .venv/bin/python \
+        --index-strategy unsafe-best-match "${find_links[@]}" "$@"
 }
-# torch first, on its own: resolved together with the extras, torch==2.13.0 can pick the
-# registry's CUDA build, which pulls ~4 GB of nvidia-* and triton wheels. Alone it takes
-# the CPU build; the extras then find it installed and keep it.
-pip_install "$TORCH_PIN"
-# executorch==1.4.1 comes with the [interop] extra, moto and the pinned linters with [test].
-pip_install -e '.[s3,interop,test]'
+echo "== install the locked test environment (requirements/test.txt)"
+uv_install -r requirements/test.txt
+uv_install --no-deps -e .
 
 echo "== CPU-only torch, no nvidia-* packages"
 .venv/bin/python scripts/check_cpu_only.py
