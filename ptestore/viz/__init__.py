@@ -5,5 +5,6 @@ JavaScript, written by plain Python."""
 from __future__ import annotations
 
 from .layout import layout_html, write_layout_html
+from .matrix import matrix_data, matrix_html, write_report
 
-__all__ = ["layout_html", "write_layout_html"]
+__all__ = ["layout_html", "matrix_data", "matrix_html", "write_layout_html", "write_report"]

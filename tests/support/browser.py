@@ -44,6 +44,10 @@ FLAGS = (
 )
 
 
+def _networked(url: str) -> bool:
+    return url.split(":", 1)[0].lower() in ("http", "https", "ws", "wss", "ftp")
+
+
 def _unavailable(why: str) -> None:
     if REQUIRE_BROWSER:
         pytest.fail(f"browser tests required (CI / PTESTORE_REQUIRE_BROWSER=1) but {why}")
@@ -76,15 +80,22 @@ class Browser:
     def console_errors(self) -> list[dict[str, Any]]:
         return [e for e in self.driver.get_log("browser") if e.get("level") == "SEVERE"]
 
-    def requests(self) -> list[str]:
-        """URLs of every request the page made since :meth:`open` (CDP Network events)."""
+    def requests(self, page: str | os.PathLike[str]) -> list[str]:
+        """URLs of every request made since :meth:`open` by the page at ``page`` (CDP
+        ``Network.requestWillBeSent`` whose document is that page, web sockets too),
+        plus any request anywhere in the browser that would reach a network
+        (http, https, ws, wss, ftp)."""
+        url = Path(page).resolve().as_uri()
         urls = []
         for entry in self.driver.get_log("performance"):
             msg = json.loads(entry["message"])["message"]
+            params = msg.get("params", {})
             if msg.get("method") == "Network.requestWillBeSent":
-                urls.append(msg["params"]["request"]["url"])
+                target = params["request"]["url"]
+                if params.get("documentURL") == url or _networked(target):
+                    urls.append(target)
             elif msg.get("method") == "Network.webSocketCreated":
-                urls.append(msg["params"]["url"])
+                urls.append(params["url"])
         return urls
 
     def js(self, script: str, *args: Any) -> Any:
@@ -118,6 +129,7 @@ def browser_session() -> Iterator[Browser]:
     options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     try:
+        driver.get("about:blank")  # off the new-tab page and its chrome:// resources
         yield Browser(driver)
     finally:
         driver.quit()

@@ -34,7 +34,7 @@ def _check_page(browser: Browser, path: Path) -> float:
     """Open ``path``: ready, no console error, no request but the page itself."""
     seconds = browser.open(path)
     assert browser.console_errors() == []
-    assert browser.requests() == [path.resolve().as_uri()]
+    assert browser.requests(path) == [path.resolve().as_uri()]
     return seconds
 
 
