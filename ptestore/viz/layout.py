@@ -738,13 +738,15 @@ def render_layout(maps: Sequence[FileMap], *, title: str = "ptestore layout map"
     maps = list(maps)
     backends: list[str] = []
     bars = []
+    tables = []
     for i, fm in enumerate(maps):
         notes = "".join(f'<div class="notes">{esc(n)}</div>' for n in fm.notes)
         bars.append(
             f'<section class="file" data-file="{i}"><h2>{esc(fm.title)}</h2>'
             f'<div class="muted"><span class="mono">{esc(fm.url)}</span> · {_summary(fm)}</div>'
-            f"{notes}{_svg(fm, i, backends)}{_table(fm, i)}</section>"
+            f"{notes}{_svg(fm, i, backends)}</section>"
         )
+        tables.append(_table(fm, i))
     compared = any("status" in r for fm in maps for r in fm.regions)
     controls = (
         '<div class="controls"><span>width: '
@@ -764,8 +766,9 @@ def render_layout(maps: Sequence[FileMap], *, title: str = "ptestore layout map"
         '<div class="muted">Hover or click a region for its details; the table under each '
         "file lists every region.</div>"
         f"{controls}{_legend(maps, backends)}"
-        '<div id="details" class="panel"><span class="muted">Nothing selected.</span></div>'
         + "".join(bars)
+        + '<div id="details" class="panel"><span class="muted">Nothing selected.</span></div>'
+        + "".join(tables)
     )
     data = {
         "files": [

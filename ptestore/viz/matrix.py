@@ -234,9 +234,9 @@ def matrix_html(data: dict[str, Any]) -> str:
         '<option value="size">size</option><option value="seconds">time</option></select>'
         "</label>"
         '<span id="shown" class="muted"></span></div>'
-        '<div id="details" class="panel"><span class="muted">Hover or click a cell.</span></div>'
         f'<div class="scroll"><table id="matrix"><thead><tr><th class="corner">model \\ device'
         f"</th>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>"
+        '<div id="details" class="panel"><span class="muted">Hover or click a cell.</span></div>'
         f"<h2>Failed pairs ({len(failed)})</h2>"
         + (
             f'<table id="failures"><tr><th>model</th><th>device</th><th>error</th></tr>'
