@@ -12,7 +12,7 @@ import json
 import sys
 from typing import Any
 
-from .exits import EXIT_OK, guarded
+from .exits import EXIT_FAILURE, EXIT_OK, guarded
 from .parser import add_common_flags
 from .progress import progress_wanted
 
@@ -99,6 +99,10 @@ def run_fleet(args: argparse.Namespace) -> int:
     failed, 2 a bad job file or an unreachable scheduler."""
     from ..fleet import load_job, plan_job, run_plan
 
+    if args.report:
+        from ..viz.html import check_output_path
+
+        check_output_path(args.report, "--report")
     job = load_job(args.job)
     plan = plan_job(job)
     if args.fleet_command == "plan":
@@ -129,13 +133,19 @@ def run_fleet(args: argparse.Namespace) -> int:
     finally:
         if bar is not None:
             bar.close()
+    report_failed = False
     if args.report:
+        from ..errors import PteStoreError
         from ..viz.matrix import write_report
 
-        write_report(args.report, plan, result)
+        try:
+            write_report(args.report, plan, result)
+        except PteStoreError as exc:  # the pairs are published: say so, exit 1
+            print(f"ptestore fleet: the report was not written: {exc}", file=sys.stderr)
+            report_failed = True
     if args.json:
         json.dump(result.to_json(), sys.stdout, indent=2)
         sys.stdout.write("\n")
     elif not args.quiet:
         print(result.summary())
-    return result.exit_code
+    return max(result.exit_code, EXIT_FAILURE if report_failed else EXIT_OK)

@@ -72,8 +72,10 @@ def run_inspect(args: argparse.Namespace) -> int:
     from ..inspection import describe_container, read_description, render_table
 
     if args.html is not None:
+        from ..viz.html import check_output_path
         from ..viz.layout import write_layout_html
 
+        check_output_path(args.html, "--html")
         write_layout_html(
             args.html,
             args.url,

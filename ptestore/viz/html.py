@@ -6,12 +6,13 @@ as embedded JSON. Nothing is fetched (no fonts, images, scripts or styles from a
 
 from __future__ import annotations
 
+import contextlib
 import html
 import json
 import os
 from typing import Any
 
-__all__ = ["BASE_CSS", "embed_json", "esc", "human", "page", "write_text"]
+__all__ = ["BASE_CSS", "check_output_path", "embed_json", "esc", "human", "page", "write_text"]
 
 #: The style every page shares (system fonts only: nothing is loaded).
 BASE_CSS = """
@@ -89,9 +90,34 @@ def page(title: str, body: str, *, css: str = "", script: str = "", data: Any = 
 
 def write_text(path: str | os.PathLike[str], text: str) -> None:
     """Write ``text`` to the local file ``path`` (a report: no atomic publish needed,
-    but never a half-written page left under the final name)."""
+    but never a half-written page left under the final name).
+
+    Raises :class:`~ptestore.errors.StorageError` (``PermissionDenied`` when refused)
+    naming ``path`` when it cannot be written."""
+    from ..errors import PermissionDenied, StorageError
+
     path = os.fspath(path)
     tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        kind = PermissionDenied if isinstance(exc, PermissionError) else StorageError
+        raise kind(f"{path}: cannot write the page: {exc.strerror or exc}") from exc
+
+
+def check_output_path(path: str | os.PathLike[str], flag: str) -> None:
+    """Refuse, before any work, a page path that cannot be written: a directory, or a
+    file in a directory that does not exist. Raises
+    :class:`~ptestore.errors.ConfigurationError` naming ``flag`` and ``path``."""
+    from ..errors import ConfigurationError
+
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise ConfigurationError(f"{flag} {path}: is a directory (give a file name)")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise ConfigurationError(f"{flag} {path}: the directory {parent} does not exist")

@@ -308,3 +308,10 @@ def test_pages_are_self_contained() -> None:
     html = layout_html(str(EXAMPLE))
     for needle in ("http://", "https://", "<link", "src=", "@import", "url("):
         assert needle not in html.replace("http://www.w3.org/2000/svg", ""), needle
+
+
+def test_html_into_a_missing_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    page = tmp_path / "no" / "map.html"
+    assert main(["inspect", str(EXAMPLE), "--html", str(page)]) == 2
+    err = capsys.readouterr().err
+    assert f"--html {page}: the directory {page.parent} does not exist" in err

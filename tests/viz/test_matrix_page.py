@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from support.browser import Browser, distinct_colours
 from support.fixtures import get_fixture
 
@@ -211,3 +212,34 @@ def test_a_50_by_100_fleet_stays_usable(browser: Browser, tmp_path: Path) -> Non
         f"50 x 100 fleet: page {len(html)} bytes, built in {build:.3f} s, ready in the "
         f"browser in {seconds:.3f} s, sort + filter {interact:.3f} s"
     )
+
+
+def test_report_path_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    job = _job(tmp_path)
+    assert main(["fleet", "plan", str(job), "--report", str(tmp_path)]) == 2
+    assert f"--report {tmp_path}: is a directory (give a file name)" in capsys.readouterr().err
+    missing = tmp_path / "no" / "fleet.html"
+    assert main(["fleet", "run", str(job), "--report", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert f"--report {missing}: the directory {missing.parent} does not exist" in err
+    assert not (tmp_path / "out").exists()  # refused before anything ran
+    # a page that cannot be written after the run: the pairs are published, exit 1
+    (tmp_path / "keep.toml").write_text(
+        job.read_text().split('[[models]]\nname = "gone"')[0] + '[devices.a]\nsoc = "x"\n'
+    )
+    code = main(
+        [
+            "fleet",
+            "run",
+            str(tmp_path / "keep.toml"),
+            "--workers",
+            "1",
+            "-q",
+            "--report",
+            "/proc/ptestore-report.html",
+        ]
+    )
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "the report was not written: /proc/ptestore-report.html: cannot write the page" in err
+    assert (tmp_path / "out" / "a" / "mlp.pte").exists()
