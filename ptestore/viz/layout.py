@@ -112,10 +112,11 @@ def _tensor(row: dict[str, Any]) -> dict[str, Any]:
         return {"dtype": info.get("dtype"), "shape": info.get("shape")}
     layout = row.get("tensor_layout")
     if isinstance(layout, dict):
-        return {
-            "dtype": layout.get("scalar_type"),
-            "shape": layout.get("sizes"),
-        }
+        from ..format.tensorinfo import SCALAR_TYPE_NAMES
+
+        code = layout.get("scalar_type")
+        name = SCALAR_TYPE_NAMES.get(code, f"scalar_type_{code}") if isinstance(code, int) else code
+        return {"dtype": name, "shape": layout.get("sizes")}
     return {}
 
 

@@ -315,3 +315,14 @@ def test_html_into_a_missing_directory(tmp_path: Path, capsys: pytest.CaptureFix
     assert main(["inspect", str(EXAMPLE), "--html", str(page)]) == 2
     err = capsys.readouterr().err
     assert f"--html {page}: the directory {page.parent} does not exist" in err
+
+
+def test_ptd_rows_show_their_tensor_layout() -> None:
+    """A .ptd key shows dtype and shape from its tensor info, else from its layout."""
+    desc = ptestore.describe(FIXTURES / "mlp_portable_ext.ptd")
+    row = next(r for r in desc["named_data"] if r["key"] == "fc1.weight")
+    (seg,) = [r for r in layout_regions(desc) if r.get("keys") == ["fc1.weight"]]
+    assert seg["tensors"] == [{"dtype": "float32", "shape": [32, 16]}]
+    row["tensor_info"] = None
+    (seg,) = [r for r in layout_regions(desc) if r.get("keys") == ["fc1.weight"]]
+    assert seg["tensors"] == [{"dtype": "float32", "shape": row["tensor_layout"]["sizes"]}]
