@@ -528,7 +528,35 @@ def _svg(fm: FileMap, index: int, backends: list[str]) -> str:
             f"{esc(human(r['size']))}</title></rect>"
         )
     parts.append("</svg>")
+    parts.append(_ruler(fm.file_size, readable))
     return "".join(parts)
+
+
+def _ruler(size: int, readable: dict[int, float]) -> str:
+    """Byte offsets under a bar at 0, 1/4, 1/2, 3/4 and the end, placed for both modes
+    (``data-xs``/``data-xr`` in drawing units; the script moves them)."""
+    points = sorted(readable)
+    ticks = []
+    for i in range(5):
+        off = size * i // 4
+        # readable x of ``off``: linear inside the interval between two boundaries
+        j = max(0, min(len(points) - 2, _bisect(points, off)))
+        a, b = points[j], points[j + 1]
+        xa, xb = readable[a], readable[b]
+        xr = xa + (xb - xa) * ((off - a) / (b - a) if b > a else 0.0)
+        xs = off * WIDTH / max(1, size)
+        align = "start" if i == 0 else ("end" if i == 4 else "mid")
+        ticks.append(
+            f'<span class="tick {align}" data-xs="{xs:.3f}" data-xr="{xr:.3f}" '
+            f'style="left:{xs / WIDTH * 100:.3f}%">{off:,}</span>'
+        )
+    return f'<div class="ruler">{"".join(ticks)}</div>'
+
+
+def _bisect(points: list[int], value: int) -> int:
+    import bisect
+
+    return bisect.bisect_right(points, value) - 1
 
 
 def _table(fm: FileMap, index: int) -> str:
@@ -628,6 +656,11 @@ svg.map rect.region { stroke: #ffffff; stroke-width: 0.6; vector-effect: non-sca
 svg.map rect.region.zero { stroke: #5b6670; stroke-width: 1.5; }
 svg.map rect.region:hover { stroke: #000; stroke-width: 1.5; }
 svg.map rect.region.selected { stroke: var(--sel); stroke-width: 3; }
+.ruler { position: relative; height: 16px; font-size: 11px; color: var(--muted);
+  font-variant-numeric: tabular-nums; }
+.ruler .tick { position: absolute; top: 1px; white-space: nowrap; transform: translateX(-50%); }
+.ruler .tick.start { transform: none; }
+.ruler .tick.end { transform: translateX(-100%); }
 #details { min-height: 92px; margin-top: 10px; }
 #details dl { display: grid; grid-template-columns: max-content 1fr; gap: 2px 12px; margin: 0; }
 #details dt { color: var(--muted); }
@@ -657,6 +690,10 @@ _JS = r"""
       el.setAttribute("x", x.toFixed(3));
       el.setAttribute("width", w.toFixed(3));
       el.setAttribute("fill", el.getAttribute(colour === "user" ? "data-fill" : "data-sfill"));
+    });
+    document.querySelectorAll(".ruler .tick").forEach(function (t) {
+      var x = parseFloat(t.getAttribute(mode === "scale" ? "data-xs" : "data-xr"));
+      t.style.left = (x / 10).toFixed(3) + "%";
     });
   }
   function fmt(n) {
