@@ -145,7 +145,7 @@ def synthetic_fleet(models: int = 50, devices: int = 100) -> dict[str, Any]:
     pairs = []
     for m in range(models):
         for d in range(devices):
-            s = statuses[(m * 7 + d * 3) % len(statuses)]
+            s = statuses[(m * 5 + d * 3 + m * d) % len(statuses)]
             pairs.append(
                 {
                     "model": f"model-{m:02d}",
