@@ -1,6 +1,7 @@
 """Benchmark: S3 to S3 specialization with one replaced weight, bytes through the client.
 
     python benchmarks/bench_s3_copy.py LARGE.pte [--part-size-mib 8] [--concurrency 4]
+        [--into docs/benchmarks-data.json]
 
 Starts moto's S3 server in this process (S3's real 5 MiB part minimum), uploads LARGE.pte,
 and runs ``ptestore.specialize(s3://.../in.pte, s3://.../out.pte)`` with a backend that
@@ -64,6 +65,13 @@ def main() -> None:
     ap.add_argument("path")
     ap.add_argument("--part-size-mib", type=int, default=8)
     ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument(
+        "--into",
+        metavar="JSON",
+        default=None,
+        help="also store the result under 's3_copy' in this benchmarks/run.py result "
+        "(what benchmarks/plots.py draws)",
+    )
     args = ap.parse_args()
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
     logging.getLogger("ptestore").setLevel(logging.ERROR)
@@ -147,6 +155,12 @@ def main() -> None:
             **results,
         }
     print(json.dumps(out, indent=2))
+    if args.into:
+        from pathlib import Path
+
+        data = json.loads(Path(args.into).read_text())
+        data["s3_copy"] = out
+        Path(args.into).write_text(json.dumps(data, indent=1, default=str) + "\n")
 
 
 if __name__ == "__main__":

@@ -7,13 +7,16 @@ cd "$(dirname "$0")/.."
 
 PYTHON="${PYTHON:-python3}"
 # System tools the tests use: mkfs.xfs (xfsprogs) and filefrag (e2fsprogs) for the
-# copy-on-write tests on a loop-mounted XFS. As root (CI) they are installed and those
-# tests are required; as another user they are skipped when missing.
+# copy-on-write tests on a loop-mounted XFS; headless Chromium and its driver (chromium,
+# chromium-driver) for the browser tests of the HTML pages (tests/viz). As root (CI) they
+# are installed and those tests are required; as another user they are skipped when missing.
 export PATH="$PATH:/usr/sbin:/sbin"
 if [ "$(id -u)" = 0 ]; then
     missing=()
     command -v mkfs.xfs >/dev/null 2>&1 || missing+=(xfsprogs)
     command -v filefrag >/dev/null 2>&1 || missing+=(e2fsprogs)
+    [ -x /usr/bin/chromium ] || missing+=(chromium)
+    [ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
     if [ "${#missing[@]}" -gt 0 ]; then
         echo "== apt-get install ${missing[*]}"
         apt-get update -qq
@@ -21,6 +24,7 @@ if [ "$(id -u)" = 0 ]; then
             "${missing[@]}" >/dev/null
     fi
     export PTESTORE_REQUIRE_REFLINK=1
+    export PTESTORE_REQUIRE_BROWSER=1
 fi
 # The test environment is installed from a lock (requirements/test.txt, made by
 # `bash scripts/lock.sh` with uv's resolver): pip's resolver spends 20+ minutes

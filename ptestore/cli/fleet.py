@@ -12,7 +12,7 @@ import json
 import sys
 from typing import Any
 
-from .exits import EXIT_OK, guarded
+from .exits import EXIT_FAILURE, EXIT_OK, guarded
 from .parser import add_common_flags
 from .progress import progress_wanted
 
@@ -60,6 +60,13 @@ def add_fleet_parser(subparsers: Any) -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true", help="print the result as one JSON object")
     r.add_argument("--quiet", "-q", action="store_true", help="no progress bar or summary")
     r.add_argument(
+        "--report",
+        metavar="FILE",
+        default=None,
+        help="also write the models x devices matrix: an HTML page, or JSON if FILE ends "
+        "with .json",
+    )
+    r.add_argument(
         "--no-progress",
         action="store_true",
         help="no progress bar (also: TQDM_DISABLE=1, or stderr not a terminal)",
@@ -74,6 +81,13 @@ def add_fleet_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     pl.add_argument("job", metavar="JOBFILE", help="the job file (TOML)")
     pl.add_argument("--json", action="store_true", help="print the plan as JSON")
+    pl.add_argument(
+        "--report",
+        metavar="FILE",
+        default=None,
+        help="also write the models x devices matrix: an HTML page, or JSON if FILE ends "
+        "with .json",
+    )
     add_common_flags(pl)
     pl.set_defaults(func=run_fleet)
     return p
@@ -85,9 +99,17 @@ def run_fleet(args: argparse.Namespace) -> int:
     failed, 2 a bad job file or an unreachable scheduler."""
     from ..fleet import load_job, plan_job, run_plan
 
+    if args.report:
+        from ..viz.html import check_output_path
+
+        check_output_path(args.report, "--report")
     job = load_job(args.job)
     plan = plan_job(job)
     if args.fleet_command == "plan":
+        if args.report:
+            from ..viz.matrix import write_report
+
+            write_report(args.report, plan)
         if args.json:
             json.dump({"pairs": [p.to_dict() for p in plan.pairs]}, sys.stdout, indent=2)
             sys.stdout.write("\n")
@@ -111,9 +133,19 @@ def run_fleet(args: argparse.Namespace) -> int:
     finally:
         if bar is not None:
             bar.close()
+    report_failed = False
+    if args.report:
+        from ..errors import PteStoreError
+        from ..viz.matrix import write_report
+
+        try:
+            write_report(args.report, plan, result)
+        except PteStoreError as exc:  # the pairs are published: say so, exit 1
+            print(f"ptestore fleet: the report was not written: {exc}", file=sys.stderr)
+            report_failed = True
     if args.json:
         json.dump(result.to_json(), sys.stdout, indent=2)
         sys.stdout.write("\n")
     elif not args.quiet:
         print(result.summary())
-    return result.exit_code
+    return max(result.exit_code, EXIT_FAILURE if report_failed else EXIT_OK)

@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from ..errors import ConfigurationError
 from .exits import EXIT_OK, guarded
 from .options import add_storage_options, storage_options
 from .parser import add_common_flags
@@ -37,6 +38,28 @@ def add_inspect_parser(subparsers: Any) -> argparse.ArgumentParser:
         "url", metavar="URL", help="local path or fsspec URL (file://, memory://, s3://)"
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument(
+        "--html",
+        metavar="FILE",
+        default=None,
+        help="write the layout map (one self-contained HTML page) to FILE",
+    )
+    p.add_argument(
+        "--compare",
+        metavar="SRC",
+        default=None,
+        help="with --html: draw URL against the source SRC it was specialized from "
+        "(replaced, grown, moved, cloned, unchanged); reads the segment bytes of both",
+    )
+    p.add_argument(
+        "--ptd", metavar="PTD", default=None, help="with --html: draw the .ptd of the pair too"
+    )
+    p.add_argument(
+        "--compare-ptd",
+        metavar="SRC_PTD",
+        default=None,
+        help="with --html --ptd: compare PTD against its source SRC_PTD",
+    )
     add_storage_options(p)
     add_common_flags(p)
     p.set_defaults(func=run_inspect)
@@ -48,6 +71,24 @@ def run_inspect(args: argparse.Namespace) -> int:
     """Run ``ptestore inspect`` with parsed arguments; returns the exit status."""
     from ..inspection import describe_container, read_description, render_table
 
+    if args.html is not None:
+        from ..viz.html import check_output_path
+        from ..viz.layout import write_layout_html
+
+        check_output_path(args.html, "--html")
+        write_layout_html(
+            args.html,
+            args.url,
+            ptd=args.ptd,
+            compare=args.compare,
+            compare_ptd=args.compare_ptd,
+            **storage_options(args),
+        )
+        if not args.json:
+            print(f"wrote {args.html}")
+            return EXIT_OK
+    elif args.compare or args.ptd or args.compare_ptd:
+        raise ConfigurationError("--compare, --ptd and --compare-ptd need --html FILE")
     container, named = read_description(args.url, **storage_options(args))
     if args.json:
         json.dump(describe_container(container, named), sys.stdout, indent=2)

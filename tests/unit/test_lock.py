@@ -7,9 +7,9 @@ pyproject.toml without `bash scripts/lock.sh` would otherwise go untested.
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 
+import tomllib
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version

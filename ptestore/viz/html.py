@@ -1,0 +1,123 @@
+"""Shared pieces of the self-contained HTML pages: escaping, embedded JSON, the page frame.
+
+Every page is one file: inline CSS, inline SVG, a little inline JavaScript and its data
+as embedded JSON. Nothing is fetched (no fonts, images, scripts or styles from anywhere).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import html
+import json
+import os
+from typing import Any
+
+__all__ = ["BASE_CSS", "check_output_path", "embed_json", "esc", "human", "page", "write_text"]
+
+#: The style every page shares (system fonts only: nothing is loaded).
+BASE_CSS = """
+:root { --fg:#1d232a; --muted:#5b6670; --line:#d7dde3; --bg:#ffffff; --panel:#f5f7f9;
+  --sel:#ff8c00; }
+* { box-sizing: border-box; }
+body { font: 13px/1.4 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif;
+  color: var(--fg); background: var(--bg); margin: 16px 20px; }
+h1 { font-size: 17px; margin: 0 0 4px; }
+h2 { font-size: 14px; margin: 18px 0 6px; }
+.muted { color: var(--muted); }
+code, .mono { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace;
+  font-size: 12px; }
+table { border-collapse: collapse; }
+th, td { border-bottom: 1px solid var(--line); padding: 3px 8px; text-align: left;
+  vertical-align: top; }
+th { background: var(--panel); position: sticky; top: 0; z-index: 1; }
+td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
+.panel { background: var(--panel); border: 1px solid var(--line); border-radius: 6px;
+  padding: 8px 12px; }
+.controls { margin: 8px 0; display: flex; gap: 14px; align-items: center; flex-wrap: wrap; }
+.swatch { display: inline-block; width: 12px; height: 12px; border-radius: 2px;
+  vertical-align: -2px; margin-right: 4px; border: 1px solid rgba(0,0,0,.25); }
+.legend span.item { margin-right: 14px; white-space: nowrap; }
+tr.selected td { background: #fff1dd; }
+"""
+
+
+def esc(value: object) -> str:
+    """``value`` as HTML text (attributes included)."""
+    return html.escape(str(value), quote=True)
+
+
+def embed_json(value: Any) -> str:
+    """``value`` as JSON safe inside ``<script type="application/json">``."""
+    text = json.dumps(value, separators=(",", ":"), sort_keys=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def human(n: float) -> str:
+    """A byte count for people: ``512 B``, ``1.5 KiB``, ``4.0 GiB``."""
+    if abs(n) < 1024:
+        return f"{n:.0f} B"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        n /= 1024
+        if abs(n) < 1024 or unit == "TiB":
+            break
+    return f"{n:.1f} {unit}"
+
+
+def page(title: str, body: str, *, css: str = "", script: str = "", data: Any = None) -> str:
+    """A complete HTML document: ``body`` (already HTML), its CSS and script inline, and
+    ``data`` (if any) as ``<script type="application/json" id="ptestore-data">``."""
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        # No network: forbid every fetch a page could make, even by mistake.
+        '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; '
+        "style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:\">",
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>{esc(title)}</title>",
+        f"<style>{BASE_CSS}{css}</style>",
+        "</head><body>",
+        body,
+    ]
+    if data is not None:
+        parts.append(
+            f'<script type="application/json" id="ptestore-data">{embed_json(data)}</script>'
+        )
+    if script:
+        parts.append(f"<script>{script}</script>")
+    parts.append("</body></html>\n")
+    return "\n".join(parts)
+
+
+def write_text(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` to the local file ``path`` (a report: no atomic publish needed,
+    but never a half-written page left under the final name).
+
+    Raises :class:`~ptestore.errors.StorageError` (``PermissionDenied`` when refused)
+    naming ``path`` when it cannot be written."""
+    from ..errors import PermissionDenied, StorageError
+
+    path = os.fspath(path)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        kind = PermissionDenied if isinstance(exc, PermissionError) else StorageError
+        raise kind(f"{path}: cannot write the page: {exc.strerror or exc}") from exc
+
+
+def check_output_path(path: str | os.PathLike[str], flag: str) -> None:
+    """Refuse, before any work, a page path that cannot be written: a directory, or a
+    file in a directory that does not exist. Raises
+    :class:`~ptestore.errors.ConfigurationError` naming ``flag`` and ``path``."""
+    from ..errors import ConfigurationError
+
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise ConfigurationError(f"{flag} {path}: is a directory (give a file name)")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise ConfigurationError(f"{flag} {path}: the directory {parent} does not exist")

@@ -1,0 +1,452 @@
+"""The fleet matrix: models x devices, one cell per pair, in one self-contained HTML page
+(``ptestore fleet run|plan JOB --report FILE.html``), or its data as JSON (``--report
+FILE.json``).
+
+:func:`matrix_data` gathers, from a plan and (after a run) its result, each pair's status
+(``done``, ``skipped``, ``failed``, ``would run``), why, the error of a failed pair,
+seconds, bytes through the client and, from the artifact at its destination (its size
+and its provenance trailer), the artifact's size and the compatibility its backends
+recorded. :func:`matrix_html` draws that data; :func:`write_report` writes either form.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import os
+from typing import TYPE_CHECKING, Any
+
+from .html import esc, human, page, write_text
+
+if TYPE_CHECKING:
+    from ..fleet.plan import Plan, PlannedPair
+    from ..fleet.runner import FleetResult
+
+__all__ = ["STATUSES", "matrix_data", "matrix_html", "write_report"]
+
+#: Every status a cell can have, and its colour.
+STATUSES = {
+    "done": "#2e9d5b",
+    "skipped": "#9fc5e8",
+    "failed": "#d9534f",
+    "would run": "#f2b134",
+}
+#: Destinations looked at at once (a size and a trailer each).
+_THREADS = 16
+
+
+def _artifact(urls: list[str], options: dict[str, Any]) -> dict[str, Any]:
+    """Size and recorded compatibility of the artifact at ``urls`` (.pte, then .ptd);
+    ``{}`` when there is none or it cannot be read."""
+    from ..errors import PteStoreError
+    from ..loaders import open_loader
+    from ..provenance import read_provenance
+
+    size = 0
+    compat: list[str] = []
+    for url in urls:
+        try:
+            loader = open_loader(url, **options)
+        except PteStoreError:
+            return {}
+        try:
+            size += loader.size()
+            prov = read_provenance(loader)
+        except PteStoreError:
+            prov = None
+        finally:
+            loader.close()
+        if prov is not None and url == urls[0]:
+            compat = [f"{b.id}: {b.compatibility}" for b in prov.backends]
+    return {"size": size, "compatibility": compat}
+
+
+def matrix_data(
+    plan: Plan, result: FleetResult | None = None, *, artifacts: bool = True
+) -> dict[str, Any]:
+    """The matrix of ``plan`` (before a run: ``would run``/``skipped``/``failed``) or of
+    its ``result`` (``done``/``skipped``/``failed``), as JSON-ready data.
+
+    ``artifacts``: also look at every destination for the artifact's size and recorded
+    compatibility (a size and a small ranged read of the trailer per pair)."""
+    job = plan.job
+    rows: list[dict[str, Any]] = []
+    for i, p in enumerate(plan.pairs):
+        cell: dict[str, Any] = {
+            "model": p.pair.model.name,
+            "device": p.pair.device.name,
+            "destination": p.pair.destination,
+            "ptd_destination": p.pair.ptd_destination,
+        }
+        if result is None:
+            cell.update(_planned(p))
+        else:
+            r = result.pairs[i]
+            cell.update(
+                status=r.status,
+                reason=r.reason or p.reason,
+                error=r.error,
+                seconds=round(r.seconds, 6),
+                bytes=r.bytes,
+            )
+        cell.setdefault("size", None)
+        cell.setdefault("compatibility", [])
+        rows.append(cell)
+    if artifacts:
+
+        def look(cell: dict[str, Any]) -> dict[str, Any]:
+            urls = [cell["destination"]] + (
+                [cell["ptd_destination"]] if cell["ptd_destination"] else []
+            )
+            return _artifact(urls, dict(job.storage_options))
+
+        with cf.ThreadPoolExecutor(max_workers=_THREADS) as pool:
+            for cell, found in zip(rows, pool.map(look, rows), strict=True):
+                cell.update(found)
+    totals: dict[str, Any] = {
+        s.replace(" ", "_"): sum(1 for c in rows if c["status"] == s) for s in STATUSES
+    }
+    totals.update(
+        pairs=len(rows),
+        bytes=sum(c["bytes"] for c in rows),
+        artifact_bytes=sum(c["size"] or 0 for c in rows),
+        pair_seconds=round(sum(c["seconds"] for c in rows), 6),
+    )
+    return {
+        "job": job.path,
+        "kind": "plan" if result is None else "run",
+        "engine": None if result is None else result.engine,
+        "seconds": None if result is None else round(result.seconds, 6),
+        "backends": list(job.backends),
+        "models": [m.name for m in job.models],
+        "devices": [d.name for d in job.devices],
+        "totals": totals,
+        "pairs": rows,
+    }
+
+
+def _planned(p: PlannedPair) -> dict[str, Any]:
+    status = {"run": "would run", "skip": "skipped", "fail": "failed"}[p.action]
+    return {
+        "status": status,
+        "reason": p.reason,
+        "error": p.reason if p.action == "fail" else None,
+        "seconds": 0.0,
+        "bytes": p.bytes,
+    }
+
+
+def write_report(
+    path: str | os.PathLike[str], plan: Plan, result: FleetResult | None = None
+) -> dict[str, Any]:
+    """Write the matrix to the local file ``path``: JSON when it ends with ``.json``,
+    else the HTML page. Returns the data."""
+    data = matrix_data(plan, result)
+    if os.fspath(path).endswith(".json"):
+        write_text(path, json.dumps(data, indent=2) + "\n")
+    else:
+        write_text(path, matrix_html(data))
+    return data
+
+
+# ---------------------------------------------------------------------------- drawing
+
+
+def _cell_title(c: dict[str, Any]) -> str:
+    parts = [f"{c['model']} on {c['device']}: {c['status']}"]
+    if c.get("error"):
+        parts.append(f"error: {c['error']}")
+    elif c.get("reason"):
+        parts.append(c["reason"])
+    if c.get("size") is not None:
+        parts.append(f"artifact {human(c['size'])}")
+    if c.get("seconds"):
+        parts.append(f"{c['seconds']:.3f} s")
+    return "\n".join(parts)
+
+
+def matrix_html(data: dict[str, Any]) -> str:
+    """The page of :func:`matrix_data`'s ``data``."""
+    models, devices = data["models"], data["devices"]
+    cells = {(c["model"], c["device"]): (i, c) for i, c in enumerate(data["pairs"])}
+    t = data["totals"]
+    head = "".join(
+        f'<th class="dev" data-device="{esc(d)}" title="{esc(d)}"><span>{esc(d)}</span></th>'
+        for d in devices
+    )
+    body = []
+    for m in models:
+        tds = []
+        for d in devices:
+            found = cells.get((m, d))
+            if found is None:
+                tds.append(f'<td class="cell none" data-device="{esc(d)}"></td>')
+                continue
+            i, c = found
+            tds.append(
+                f'<td class="cell" data-i="{i}" data-model="{esc(m)}" data-device="{esc(d)}" '
+                f'data-status="{esc(c["status"])}" title="{esc(_cell_title(c))}"></td>'
+            )
+        body.append(
+            f'<tr data-model="{esc(m)}"><th class="model" title="{esc(m)}">{esc(m)}</th>'
+            f"{''.join(tds)}</tr>"
+        )
+    legend = "".join(
+        f'<label class="item"><input type="checkbox" name="status" value="{esc(s)}" checked>'
+        f'<span class="swatch" style="background:{col}"></span>{esc(s)} '
+        f'<span class="count">{t.get(s.replace(" ", "_"), 0)}</span></label>'
+        for s, col in STATUSES.items()
+    )
+    what = "plan" if data["kind"] == "plan" else "run"
+    summary = [
+        f"{t['pairs']} pairs ({len(models)} models x {len(devices)} devices)",
+        f"bytes through the client {human(t['bytes'])}",
+        f"artifacts {human(t['artifact_bytes'])}",
+    ]
+    if data["kind"] == "run":
+        summary.append(f"time {data['seconds']:.2f} s ({data['engine']})")
+    failed = [c for c in data["pairs"] if c["status"] == "failed"]
+    failures = "".join(
+        f'<tr data-i="{data["pairs"].index(c)}"><td>{esc(c["model"])}</td>'
+        f"<td>{esc(c['device'])}</td><td class=mono>{esc(c['error'] or '')}</td></tr>"
+        for c in failed[:500]
+    )
+    more = f"<p class=muted>and {len(failed) - 500} more</p>" if len(failed) > 500 else ""
+    html = (
+        f"<h1>ptestore fleet {what}: {esc(os.path.basename(data['job']))}</h1>"
+        f'<div class="muted"><span class="mono">{esc(data["job"])}</span> · '
+        f"backends {esc(', '.join(data['backends']))}</div>"
+        f'<div class="totals panel" id="totals">{" · ".join(esc(s) for s in summary)}</div>'
+        '<div class="controls legend">' + legend + "</div>"
+        '<div class="controls">'
+        '<label>models <input type="search" id="filter-model" placeholder="filter (text or '
+        '/regex/)"></label>'
+        '<label>devices <input type="search" id="filter-device" placeholder="filter"></label>'
+        '<label>sort models by <select id="sort-model"><option value="name">name</option>'
+        '<option value="failed">failed first</option><option value="seconds">time</option>'
+        '<option value="size">artifact size</option><option value="bytes">bytes moved</option>'
+        "</select></label>"
+        '<label>devices by <select id="sort-device"><option value="name">name</option>'
+        '<option value="failed">failed first</option><option value="seconds">time</option>'
+        '<option value="size">artifact size</option><option value="bytes">bytes moved</option>'
+        "</select></label>"
+        '<label>cells show <select id="cell-text"><option value="">colour only</option>'
+        '<option value="size">size</option><option value="seconds">time</option></select>'
+        "</label>"
+        '<span id="shown" class="muted"></span></div>'
+        f'<div class="scroll"><table id="matrix"><thead><tr><th class="corner">model \\ device'
+        f"</th>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>"
+        '<div id="details" class="panel"><span class="muted">Hover or click a cell.</span></div>'
+        f"<h2>Failed pairs ({len(failed)})</h2>"
+        + (
+            f'<table id="failures"><tr><th>model</th><th>device</th><th>error</th></tr>'
+            f"{failures}</table>{more}"
+            if failed
+            else "<p class=muted>none</p>"
+        )
+    )
+    return page(
+        f"ptestore fleet {what}: {os.path.basename(data['job'])}",
+        html,
+        css=_CSS
+        + "".join(
+            f'td.cell[data-status="{s}"] {{ background: {c}; }}' for s, c in STATUSES.items()
+        ),
+        script=_JS,
+        data=data,
+    )
+
+
+_CSS = """
+.scroll { overflow: auto; max-height: 75vh; border: 1px solid var(--line); margin-top: 8px; }
+#matrix { border-collapse: separate; border-spacing: 1px; }
+#matrix th, #matrix td { border: 0; padding: 0; }
+#matrix th.model { position: sticky; left: 0; background: var(--panel); padding: 0 8px;
+  text-align: right; white-space: nowrap; max-width: 220px; overflow: hidden;
+  text-overflow: ellipsis; z-index: 1; font-weight: 500; }
+#matrix th.corner { position: sticky; left: 0; top: 0; z-index: 3; background: var(--panel);
+  padding: 4px 8px; vertical-align: bottom; }
+#matrix th.dev { height: 90px; vertical-align: bottom; font-weight: 500; min-width: 22px;
+  cursor: pointer; }
+#matrix th.dev span { writing-mode: vertical-rl; transform: rotate(180deg);
+  white-space: nowrap; display: inline-block; max-height: 86px; overflow: hidden;
+  text-overflow: ellipsis; padding: 2px 0; }
+#matrix td.cell { width: 22px; min-width: 22px; height: 20px; cursor: pointer;
+  font-size: 9px; text-align: center; color: #102030; border-radius: 2px; }
+#matrix td.cell.none { background: transparent; cursor: default; }
+#matrix td.cell.dim { opacity: .12; }
+#matrix td.cell.selected { outline: 3px solid var(--sel); outline-offset: -1px; }
+#matrix td.cell:hover { outline: 2px solid #000; outline-offset: -1px; }
+#matrix.text td.cell { width: 46px; min-width: 46px; }
+#details { min-height: 60px; margin-top: 8px; white-space: pre-wrap; }
+#details .label { font-weight: 600; }
+.legend .item { margin-right: 12px; }
+.count { color: var(--muted); }
+#failures td { font-size: 12px; }
+#failures tr { cursor: pointer; }
+"""
+
+_JS = r"""
+(function () {
+  "use strict";
+  var data = JSON.parse(document.getElementById("ptestore-data").textContent);
+  var pairs = data.pairs;
+  var table = document.getElementById("matrix");
+  var tbody = table.tBodies[0], headRow = table.tHead.rows[0];
+  var selected = null;
+  function fmtBytes(n) {
+    if (n === null || n === undefined) { return "-"; }
+    var u = ["B", "KiB", "MiB", "GiB", "TiB"], i = 0, v = n;
+    while (Math.abs(v) >= 1024 && i < u.length - 1) { v /= 1024; i++; }
+    return (i ? v.toFixed(1) : String(v)) + " " + u[i];
+  }
+  function show(i) {
+    var c = pairs[i], box = document.getElementById("details");
+    var lines = [
+      "destination  " + c.destination + (c.ptd_destination ? " + " + c.ptd_destination : ""),
+      "status       " + c.status + (c.reason ? " (" + c.reason + ")" : ""),
+    ];
+    if (c.error) { lines.push("error        " + c.error); }
+    lines.push("artifact     " + fmtBytes(c.size));
+    lines.push("time         " + (c.seconds || 0).toFixed(3) + " s");
+    lines.push("bytes moved  " + fmtBytes(c.bytes));
+    lines.push("compatibility " + (c.compatibility.length ? c.compatibility.join("; ") : "-"));
+    box.innerHTML = "";
+    var h = document.createElement("div"); h.className = "label";
+    h.textContent = c.model + " on " + c.device;
+    var pre = document.createElement("div"); pre.className = "mono";
+    pre.textContent = lines.join("\n");
+    box.appendChild(h); box.appendChild(pre);
+  }
+  function select(i) {
+    if (selected !== null) {
+      var old = table.querySelector('td.cell[data-i="' + selected + '"]');
+      if (old) { old.classList.remove("selected"); }
+    }
+    selected = i;
+    var el = table.querySelector('td.cell[data-i="' + i + '"]');
+    if (el) { el.classList.add("selected"); }
+    show(i);
+  }
+  table.addEventListener("mouseover", function (ev) {
+    var td = ev.target.closest("td.cell[data-i]"); if (td) { show(+td.dataset.i); }
+  });
+  table.addEventListener("click", function (ev) {
+    var td = ev.target.closest("td.cell[data-i]");
+    if (td) { select(+td.dataset.i); return; }
+    var th = ev.target.closest("th.dev");
+    if (th) { sortModelsByDevice(th.dataset.device); }
+  });
+  var failures = document.getElementById("failures");
+  if (failures) {
+    failures.addEventListener("click", function (ev) {
+      var tr = ev.target.closest("tr[data-i]"); if (tr) { select(+tr.dataset.i); }
+    });
+  }
+  // per model / per device aggregates, for sorting
+  function agg(key) {
+    var out = {};
+    pairs.forEach(function (c) {
+      var a = out[c[key]] || (out[c[key]] = {failed: 0, seconds: 0, size: 0, bytes: 0});
+      a.failed += c.status === "failed" ? 1 : 0; a.seconds += c.seconds || 0;
+      a.size += c.size || 0; a.bytes += c.bytes || 0;
+    });
+    return out;
+  }
+  var byModel = agg("model"), byDevice = agg("device");
+  function order(names, stats, how) {
+    var sorted = names.slice();
+    if (how === "name") { sorted.sort(); return sorted; }
+    sorted.sort(function (a, b) { return (stats[b][how] - stats[a][how]) || (a < b ? -1 : 1); });
+    return sorted;
+  }
+  function sortRows(names) {
+    var rows = {};
+    Array.prototype.forEach.call(tbody.rows, function (tr) { rows[tr.dataset.model] = tr; });
+    var frag = document.createDocumentFragment();
+    names.forEach(function (n) { frag.appendChild(rows[n]); });
+    tbody.appendChild(frag);
+  }
+  function sortColumns(names) {
+    var rank = {};
+    names.forEach(function (n, i) { rank[n] = i; });
+    function reorder(tr, selector) {
+      var cells = Array.prototype.slice.call(tr.querySelectorAll(selector));
+      cells.sort(function (a, b) { return rank[a.dataset.device] - rank[b.dataset.device]; });
+      var frag = document.createDocumentFragment();
+      cells.forEach(function (c) { frag.appendChild(c); });
+      tr.appendChild(frag);
+    }
+    reorder(headRow, "th.dev");
+    Array.prototype.forEach.call(tbody.rows, function (tr) { reorder(tr, "td.cell"); });
+  }
+  var statusRank = {"failed": 0, "would run": 1, "done": 2, "skipped": 3};
+  function sortModelsByDevice(device) {
+    var s = {};
+    pairs.forEach(function (c) {
+      if (c.device === device) { s[c.model] = statusRank[c.status]; }
+    });
+    var names = data.models.slice();
+    names.sort(function (a, b) { return ((s[a] || 9) - (s[b] || 9)) || (a < b ? -1 : 1); });
+    sortRows(names);
+  }
+  document.getElementById("sort-model").addEventListener("change", function (ev) {
+    sortRows(order(data.models, byModel, ev.target.value));
+  });
+  document.getElementById("sort-device").addEventListener("change", function (ev) {
+    sortColumns(order(data.devices, byDevice, ev.target.value));
+  });
+  function matcher(text) {
+    text = text.trim();
+    if (!text) { return function () { return true; }; }
+    if (text.length > 2 && text[0] === "/" && text[text.length - 1] === "/") {
+      try { var re = new RegExp(text.slice(1, -1), "i");
+            return function (s) { return re.test(s); }; } catch (e) { /* as text */ }
+    }
+    var low = text.toLowerCase();
+    return function (s) { return s.toLowerCase().indexOf(low) >= 0; };
+  }
+  function filter() {
+    var mm = matcher(document.getElementById("filter-model").value);
+    var dm = matcher(document.getElementById("filter-device").value);
+    var wanted = {};
+    document.querySelectorAll("input[name=status]").forEach(function (el) {
+      wanted[el.value] = el.checked; });
+    var shownDevices = {};
+    data.devices.forEach(function (d) { shownDevices[d] = dm(d); });
+    table.querySelectorAll("th.dev").forEach(function (th) {
+      th.hidden = !shownDevices[th.dataset.device]; });
+    var rowsShown = 0, cellsShown = 0;
+    Array.prototype.forEach.call(tbody.rows, function (tr) {
+      var show = mm(tr.dataset.model);
+      tr.hidden = !show;
+      if (show) { rowsShown++; }
+      Array.prototype.forEach.call(tr.cells, function (td) {
+        if (!td.classList.contains("cell")) { return; }
+        td.hidden = !shownDevices[td.dataset.device];
+        var on = !td.dataset.status || wanted[td.dataset.status];
+        td.classList.toggle("dim", !on);
+        if (show && !td.hidden && on && td.dataset.i) { cellsShown++; }
+      });
+    });
+    document.getElementById("shown").textContent = rowsShown + " models, " +
+      data.devices.filter(function (d) { return shownDevices[d]; }).length + " devices, " +
+      cellsShown + " pairs shown";
+  }
+  ["filter-model", "filter-device"].forEach(function (id) {
+    document.getElementById(id).addEventListener("input", filter); });
+  document.querySelectorAll("input[name=status]").forEach(function (el) {
+    el.addEventListener("change", filter); });
+  document.getElementById("cell-text").addEventListener("change", function (ev) {
+    var how = ev.target.value;
+    table.classList.toggle("text", !!how);
+    table.querySelectorAll("td.cell[data-i]").forEach(function (td) {
+      var c = pairs[+td.dataset.i];
+      td.textContent = how === "size" ? (c.size === null ? "" : fmtBytes(c.size)) :
+        how === "seconds" ? (c.seconds ? c.seconds.toFixed(2) : "") : "";
+    });
+  });
+  filter();
+  document.body.setAttribute("data-ready", "1");
+})();
+"""

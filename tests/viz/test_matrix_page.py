@@ -1,0 +1,245 @@
+"""The fleet matrix (``ptestore fleet plan|run JOB --report FILE``) in a real browser: one
+cell per pair with its status, the error of a failed pair on selection, filters and
+sorting, the JSON form, and a 50 x 100 fleet."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.browser import Browser, distinct_colours
+from support.fixtures import get_fixture
+
+from ptestore.cli import main
+from ptestore.fleet import load_job, plan_job
+from ptestore.viz.matrix import matrix_data, matrix_html
+
+MLP = get_fixture("mlp_xnnpack")
+EXT = get_fixture("mlp_xnnpack_ext")
+SPEC = "support.fleet_backend:Scaler=1.0"
+
+
+def _job(tmp: Path) -> Path:
+    job = tmp / "job.toml"
+    job.write_text(
+        f'destination = "{tmp}/out/{{device}}/{{model}}.pte"\nbackends = ["{SPEC}"]\n'
+        f'[[models]]\nname = "mlp"\nsource = "{MLP.pte_path}"\n'
+        f'[[models]]\nname = "ext"\nsource = "{EXT.pte_path}"\nptd = "{EXT.ptd_path}"\n'
+        f'[[models]]\nname = "gone"\nsource = "{tmp}/missing.pte"\n'
+        '[devices.a]\nsoc = "x"\nscale = 2.0\n[devices.b]\nsoc = "y"\n'
+    )
+    return job
+
+
+def _open(browser: Browser, path: Path) -> float:
+    seconds = browser.open(path)
+    assert browser.console_errors() == []
+    assert browser.requests(path) == [path.resolve().as_uri()]
+    return seconds
+
+
+def _cells(browser: Browser) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = browser.js(
+        "return Array.from(document.querySelectorAll('td.cell[data-i]')).map(e => ({"
+        "model: e.dataset.model, device: e.dataset.device, status: e.dataset.status,"
+        "dim: e.classList.contains('dim'), hidden: e.hidden || e.parentNode.hidden}))"
+    )
+    return out
+
+
+def _click(browser: Browser, selector: str) -> str:
+    browser.js(f"document.querySelector({json.dumps(selector)}).click()")
+    text: str = browser.js("return document.getElementById('details').innerText")
+    return text
+
+
+def test_plan_and_run_reports_in_a_browser(browser: Browser, tmp_path: Path) -> None:
+    job = _job(tmp_path)
+    plan_page = tmp_path / "plan.html"
+    assert main(["fleet", "plan", str(job), "--report", str(plan_page)]) == 0
+    _open(browser, plan_page)
+    cells = _cells(browser)
+    assert len(cells) == 6
+    status = {(c["model"], c["device"]): c["status"] for c in cells}
+    assert status == {
+        ("mlp", "a"): "would run",
+        ("mlp", "b"): "would run",
+        ("ext", "a"): "would run",
+        ("ext", "b"): "would run",
+        ("gone", "a"): "failed",
+        ("gone", "b"): "failed",
+    }
+    details = _click(browser, "td.cell[data-model=mlp][data-device=b]")
+    assert "mlp on b" in details and f"no artifact at {tmp_path}/out/b/mlp.pte" in details
+
+    run_page = tmp_path / "run.html"
+    report = tmp_path / "run.json"
+    assert main(["fleet", "run", str(job), "--workers", "1", "-q", "--report", str(run_page)]) == 1
+    _open(browser, run_page)
+    cells = _cells(browser)
+    assert sorted(c["status"] for c in cells) == ["done"] * 4 + ["failed"] * 2
+    details = _click(browser, "td.cell[data-model=gone][data-device=a]")
+    assert f"cannot read the source: {tmp_path}/missing.pte: no such file" in details
+    details = _click(browser, "td.cell[data-model=ext][data-device=a]")
+    assert "compatibility XnnpackBackend: scaler;soc=x;v=1.0" in details
+    size = (tmp_path / "out/a/ext.pte").stat().st_size + (tmp_path / "out/a/ext.ptd").stat().st_size
+    embedded = json.loads(browser.js("return document.getElementById('ptestore-data').textContent"))
+    (ext_a,) = [p for p in embedded["pairs"] if (p["model"], p["device"]) == ("ext", "a")]
+    assert ext_a["size"] == size and ext_a["seconds"] > 0 and ext_a["bytes"] > 0
+    totals = browser.js("return document.getElementById('totals').innerText")
+    assert "6 pairs (3 models x 2 devices)" in totals and "bytes through the client" in totals
+    assert browser.js("return document.querySelectorAll('#failures tr[data-i]').length") == 2
+
+    # filters: a model substring, a device regex, a status
+    browser.js(
+        "const f = document.getElementById('filter-model'); f.value = 'ml';"
+        "f.dispatchEvent(new Event('input'))"
+    )
+    shown = [c for c in _cells(browser) if not c["hidden"]]
+    assert {c["model"] for c in shown} == {"mlp"}
+    browser.js(
+        "const f = document.getElementById('filter-model'); f.value = '';"
+        "f.dispatchEvent(new Event('input'));"
+        "const d = document.getElementById('filter-device'); d.value = '/^b$/';"
+        "d.dispatchEvent(new Event('input'))"
+    )
+    assert {c["device"] for c in _cells(browser) if not c["hidden"]} == {"b"}
+    browser.js("document.querySelector('input[name=status][value=failed]').click()")
+    dim = {(c["model"], c["device"]) for c in _cells(browser) if c["dim"]}
+    assert dim == {("gone", "a"), ("gone", "b")}
+    # sorting: failed models first; devices by name reversed through "time"
+    browser.js(
+        "const s = document.getElementById('sort-model'); s.value = 'failed';"
+        "s.dispatchEvent(new Event('change'))"
+    )
+    rows = browser.js(
+        "return Array.from(document.querySelectorAll('#matrix tbody tr')).map(r => r.dataset.model)"
+    )
+    assert rows[0] == "gone" and sorted(rows) == ["ext", "gone", "mlp"]
+    shot = browser.screenshot(tmp_path / "run.png")
+    assert distinct_colours(browser, shot)[2] > 20
+
+    # the same data as JSON (a second run: every pair current now, skipped)
+    assert main(["fleet", "run", str(job), "--workers", "1", "-q", "--report", str(report)]) == 1
+    data = json.loads(report.read_text())
+    assert data["kind"] == "run" and data["totals"]["skipped"] == 4
+    assert data["totals"]["failed"] == 2 and data["totals"]["pairs"] == 6
+    assert [(p["model"], p["device"]) for p in data["pairs"]] == [
+        (p["model"], p["device"]) for p in embedded["pairs"]
+    ]
+    assert data == matrix_data(plan_job(load_job(job)), None) | {
+        "kind": "run",
+        "engine": data["engine"],
+        "seconds": data["seconds"],
+        "totals": data["totals"],
+        "pairs": data["pairs"],
+    }
+
+
+def synthetic_fleet(models: int = 50, devices: int = 100) -> dict[str, Any]:
+    """matrix_data()-shaped data of a models x devices run with every status."""
+    statuses = ["done", "skipped", "done", "would run", "done", "skipped", "failed"]
+    pairs = []
+    for m in range(models):
+        for d in range(devices):
+            s = statuses[(m * 5 + d * 3 + m * d) % len(statuses)]
+            pairs.append(
+                {
+                    "model": f"model-{m:02d}",
+                    "device": f"device-{d:03d}",
+                    "destination": f"s3://fleet/device-{d:03d}/model-{m:02d}.pte",
+                    "ptd_destination": None,
+                    "status": s,
+                    "reason": "stale: backends differ" if s != "skipped" else "current",
+                    "error": "backend XnnpackBackend failed: out of memory"
+                    if s == "failed"
+                    else None,
+                    "seconds": 0.5 + (m * d) % 17 / 10 if s == "done" else 0.0,
+                    "bytes": (m + 1) * 1_000_000 if s == "done" else 4096,
+                    "size": (m + 1) * 1_000_000 if s in ("done", "skipped") else None,
+                    "compatibility": ["XnnpackBackend: xnn;v=1"]
+                    if s in ("done", "skipped")
+                    else [],
+                }
+            )
+    totals: dict[str, Any] = {
+        k.replace(" ", "_"): sum(p["status"] == k for p in pairs) for k in set(statuses)
+    }
+    totals.update(
+        pairs=len(pairs),
+        bytes=sum(p["bytes"] for p in pairs),
+        artifact_bytes=sum(p["size"] or 0 for p in pairs),
+        pair_seconds=sum(p["seconds"] for p in pairs),
+    )
+    return {
+        "job": "fleet.toml",
+        "kind": "run",
+        "engine": "dask tcp://scheduler:8786",
+        "seconds": 812.5,
+        "backends": ["xnnpack"],
+        "models": [f"model-{m:02d}" for m in range(models)],
+        "devices": [f"device-{d:03d}" for d in range(devices)],
+        "totals": totals,
+        "pairs": pairs,
+    }
+
+
+def test_a_50_by_100_fleet_stays_usable(browser: Browser, tmp_path: Path) -> None:
+    data = synthetic_fleet()
+    t0 = time.perf_counter()
+    html = matrix_html(data)
+    build = time.perf_counter() - t0
+    page = tmp_path / "fleet.html"
+    page.write_text(html)
+    seconds = _open(browser, page)
+    assert browser.js("return document.querySelectorAll('td.cell[data-i]').length") == 5000
+    t1 = time.perf_counter()
+    browser.js(
+        "const s = document.getElementById('sort-device'); s.value = 'failed';"
+        "s.dispatchEvent(new Event('change'));"
+        "const f = document.getElementById('filter-device'); f.value = 'device-01';"
+        "f.dispatchEvent(new Event('input'))"
+    )
+    interact = time.perf_counter() - t1
+    shown = browser.js("return document.getElementById('shown').textContent")
+    assert shown == "50 models, 10 devices, 500 pairs shown"
+    details = _click(browser, "td.cell[data-status=failed]")
+    assert "out of memory" in details
+    print(
+        f"50 x 100 fleet: page {len(html)} bytes, built in {build:.3f} s, ready in the "
+        f"browser in {seconds:.3f} s, sort + filter {interact:.3f} s"
+    )
+
+
+def test_report_path_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    job = _job(tmp_path)
+    assert main(["fleet", "plan", str(job), "--report", str(tmp_path)]) == 2
+    assert f"--report {tmp_path}: is a directory (give a file name)" in capsys.readouterr().err
+    missing = tmp_path / "no" / "fleet.html"
+    assert main(["fleet", "run", str(job), "--report", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert f"--report {missing}: the directory {missing.parent} does not exist" in err
+    assert not (tmp_path / "out").exists()  # refused before anything ran
+    # a page that cannot be written after the run: the pairs are published, exit 1
+    (tmp_path / "keep.toml").write_text(
+        job.read_text().split('[[models]]\nname = "gone"')[0] + '[devices.a]\nsoc = "x"\n'
+    )
+    code = main(
+        [
+            "fleet",
+            "run",
+            str(tmp_path / "keep.toml"),
+            "--workers",
+            "1",
+            "-q",
+            "--report",
+            "/proc/ptestore-report.html",
+        ]
+    )
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "the report was not written: /proc/ptestore-report.html: cannot write the page" in err
+    assert (tmp_path / "out" / "a" / "mlp.pte").exists()
