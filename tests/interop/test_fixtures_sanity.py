@@ -2,7 +2,9 @@
 
 - the stored facts equal what ExecuTorch's own reader (support.et_reference) reads now;
 - the original files run in the real runtime (one child process for everything) and give
-  exactly the stored runtime outputs, and the eager outputs within the fixture tolerance;
+  the stored runtime outputs (bit for bit on the CPU that made them, within
+  MACHINE_RTOL/ATOL on another: XNNPACK's kernels depend on the CPU's features), and the
+  eager outputs within the fixture tolerance;
 - the "doubled weight" expectation holds: doubling those bytes in a copy gives exactly the
   stored doubled runtime outputs (and those match eager-with-doubled-weight).
 """
@@ -21,8 +23,11 @@ from support.et_reference import (
 )
 from support.et_runtime import Job, Result, run_programs
 from support.fixtures import (
+    MACHINE_ATOL,
+    MACHINE_RTOL,
     Fixture,
     all_fixtures,
+    doubled_files,
     doubled_fixtures,
     refused_fixtures,
     runnable_fixtures,
@@ -39,23 +44,6 @@ REFUSED = refused_fixtures()
 
 def _ids(fs: list[Fixture]) -> list[str]:
     return [f.name for f in fs]
-
-
-def _doubled_file(f: Fixture) -> tuple[bytes, bytes | None]:
-    """(pte bytes, ptd bytes) with the doubled weight applied, located via the reference."""
-    assert f.doubled is not None
-    d = f.doubled
-    target = f.pte_path if d.file == "pte" else f.ptd_path
-    assert target is not None
-    data = target.read_bytes()
-    facts = reference_facts(data, d.file)  # type: ignore[arg-type]
-    base = facts["header"]["segment_base_offset"] if facts["header"] else 0
-    seg = facts["segments"][d.segment_index]
-    start = base + seg["offset"]
-    new = data[:start] + d.apply(data[start : start + seg["size"]]) + data[start + seg["size"] :]
-    pte = new if d.file == "pte" else (f.pte_path.read_bytes() if f.pte_path else b"")
-    ptd = new if d.file == "ptd" else (f.ptd_path.read_bytes() if f.ptd_path else None)
-    return pte, ptd
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +65,7 @@ def runtime_results() -> dict[tuple[str, str, str], Result]:
             jobs.append(Job(f.pte_path, m, f.inputs[m], ptd=f.ptd_path, label=f.name))
             keys.append((f.name, m, "refused"))
     for f in DOUBLED:
-        pte, ptd = _doubled_file(f)
+        pte, ptd = doubled_files(f)
         for m in f.methods:
             jobs.append(Job(pte, m, f.inputs[m], ptd=ptd, load_mode="bytes", label=f.name))
             keys.append((f.name, m, "doubled"))
@@ -117,6 +105,12 @@ def _assert_same(got: list[np.ndarray], want: list[np.ndarray], what: str) -> No
         assert np.array_equal(a, b), f"{what}: max diff {np.max(np.abs(a - b))}"
 
 
+def _assert_near_stored(got: list[np.ndarray], stored: list[np.ndarray], what: str) -> None:
+    assert len(got) == len(stored), what
+    for a, b in zip(got, stored, strict=True):
+        np.testing.assert_allclose(a, b, rtol=MACHINE_RTOL, atol=MACHINE_ATOL, err_msg=what)
+
+
 def _assert_close(got: list[np.ndarray], want: list[np.ndarray], f: Fixture, what: str) -> None:
     assert len(got) == len(want), what
     for a, b in zip(got, want, strict=True):
@@ -133,7 +127,10 @@ def test_runs_in_real_runtime(
             assert r.ok, r.describe()
             assert r.outputs is not None
             assert r.method_names == sorted(f.methods)
-            _assert_same(r.outputs, f.outputs_runtime[m], f"{f.name}/{m}/{mode} vs stored runtime")
+            _assert_same(
+                r.outputs, f.outputs_runtime[m], f"{f.name}/{m}/{mode} vs this machine's runtime"
+            )
+            _assert_near_stored(r.outputs, f.outputs_runtime.stored[m], f"{f.name}/{m}/{mode}")
             if m in f.outputs_eager:
                 _assert_close(r.outputs, f.outputs_eager[m], f, f"{f.name}/{m}/{mode} vs eager")
         if not f.thirdparty:
@@ -169,7 +166,8 @@ def test_doubled_expectation(
         r = runtime_results[(f.name, m, "doubled")]
         assert r.ok, r.describe()
         assert r.outputs is not None
-        _assert_same(r.outputs, d.outputs_runtime[m], f"{f.name}/{m} doubled vs stored runtime")
+        _assert_same(r.outputs, d.outputs_runtime[m], f"{f.name}/{m} doubled vs this machine's")
+        _assert_near_stored(r.outputs, d.outputs_runtime.stored[m], f"{f.name}/{m} doubled")
         _assert_close(r.outputs, d.outputs_eager[m], f, f"{f.name}/{m} doubled vs eager")
         assert not all(
             np.array_equal(a, b) for a, b in zip(r.outputs, f.outputs_runtime[m], strict=True)

@@ -5,6 +5,14 @@ produced by ``scripts/make_fixtures.py``; see ``tests/fixtures/manifest.json``.
 
 Tensors are stored in the JSON as ``{"dtype": "float32", "shape": [...], "data": [...]}``
 (float32 values survive the float64 JSON round trip exactly).
+
+Runtime outputs are bit-exact only on one kind of CPU: XNNPACK picks its micro-kernels by
+the processor's features (AVX-512 or AVX2, FMA, ...), and those differ in the last bits of a
+float32 sum. So ``outputs_runtime`` (of a fixture and of its doubled copy) is this
+machine's answer: on first use, every runnable fixture and every doubled copy runs once in
+the real runtime (one child process), each answer is checked against the stored one within
+``MACHINE_RTOL``/``MACHINE_ATOL`` (a real change fails loudly), and the tests compare
+ptestore's outputs bit for bit with that. Without ExecuTorch the stored answers stand.
 """
 
 from __future__ import annotations
@@ -31,6 +39,35 @@ def _decode_per_method(obj: dict[str, list[dict[str, Any]]] | None) -> dict[str,
     if not obj:
         return {}
     return {m: [decode_tensor(t) for t in ts] for m, ts in obj.items()}
+
+
+MACHINE_RTOL = 1e-5
+MACHINE_ATOL = 1e-6
+
+
+class RuntimeOutputs(dict[str, list[np.ndarray]]):
+    """method -> outputs in the real runtime; the stored ones until first read, then this
+    machine's (see the module docstring). ``len``/``in``/``bool`` never run anything."""
+
+    def __init__(self, stored: dict[str, list[np.ndarray]]) -> None:
+        super().__init__(stored)
+        self.stored = dict(stored)
+
+    def __getitem__(self, method: str) -> list[np.ndarray]:
+        _machine_outputs()
+        return super().__getitem__(method)
+
+    def get(self, method: str, default: Any = None) -> Any:
+        _machine_outputs()
+        return super().get(method, default)
+
+    def values(self) -> Any:
+        _machine_outputs()
+        return super().values()
+
+    def items(self) -> Any:
+        _machine_outputs()
+        return super().items()
 
 
 @dataclass(frozen=True)
@@ -143,7 +180,7 @@ def get_fixture(name: str) -> Fixture:
             dtype=d["dtype"],
             layout=d["layout"],
             outputs_eager=_decode_per_method(d["outputs_eager"]),
-            outputs_runtime=_decode_per_method(d["outputs_runtime"]),
+            outputs_runtime=RuntimeOutputs(_decode_per_method(d["outputs_runtime"])),
         )
     tol = raw.get("tolerance", {})
     return Fixture(
@@ -156,7 +193,7 @@ def get_fixture(name: str) -> Fixture:
         methods=list(raw["methods"]),
         inputs=_decode_per_method(raw.get("inputs")),
         outputs_eager=_decode_per_method(raw.get("outputs_eager")),
-        outputs_runtime=_decode_per_method(raw.get("outputs_runtime")),
+        outputs_runtime=RuntimeOutputs(_decode_per_method(raw.get("outputs_runtime"))),
         atol=float(tol.get("atol", 0.0)),
         rtol=float(tol.get("rtol", 0.0)),
         facts=raw["facts"],
@@ -188,3 +225,67 @@ def refused_fixtures() -> list[Fixture]:
 
 def doubled_fixtures() -> list[Fixture]:
     return [f for f in all_fixtures() if f.doubled is not None]
+
+
+def doubled_files(f: Fixture) -> tuple[bytes, bytes | None]:
+    """(pte bytes, ptd bytes) of ``f`` with its doubled weight applied, located through the
+    stored facts (which tests/interop/test_fixtures_sanity.py checks against ExecuTorch)."""
+    assert f.doubled is not None
+    d = f.doubled
+    target = f.pte_path if d.file == "pte" else f.ptd_path
+    assert target is not None
+    data = target.read_bytes()
+    facts = f.facts[d.file]
+    base = facts["header"]["segment_base_offset"] if facts["header"] else 0
+    seg = facts["segments"][d.segment_index]
+    start = base + seg["offset"]
+    new = data[:start] + d.apply(data[start : start + seg["size"]]) + data[start + seg["size"] :]
+    pte = new if d.file == "pte" else (f.pte_path.read_bytes() if f.pte_path else b"")
+    ptd = new if d.file == "ptd" else (f.ptd_path.read_bytes() if f.ptd_path else None)
+    return pte, ptd
+
+
+_MACHINE_DONE: list[bool] = []
+
+
+def _machine_outputs() -> None:
+    """Replace every stored runtime answer by this machine's, once per process."""
+    if _MACHINE_DONE:
+        return
+    _MACHINE_DONE.append(True)
+    import importlib.util
+
+    if importlib.util.find_spec("executorch") is None:
+        return
+    from support.et_runtime import Job, run_programs
+
+    jobs: list[Job] = []
+    targets: list[tuple[str, RuntimeOutputs, str]] = []
+    for f in all_fixtures():
+        if not f.outputs_runtime or f.pte_path is None:
+            continue
+        assert isinstance(f.outputs_runtime, RuntimeOutputs)
+        for m in f.outputs_runtime.stored:
+            jobs.append(Job(f.pte_path, m, f.inputs[m], ptd=f.ptd_path, label=f.name))
+            targets.append((f.name, f.outputs_runtime, m))
+        if f.doubled is not None:
+            assert isinstance(f.doubled.outputs_runtime, RuntimeOutputs)
+            pte, ptd = doubled_files(f)
+            for m in f.doubled.outputs_runtime.stored:
+                jobs.append(Job(pte, m, f.inputs[m], ptd=ptd, load_mode="bytes", label=f.name))
+                targets.append((f"{f.name} (doubled)", f.doubled.outputs_runtime, m))
+    for (label, outputs, m), result in zip(targets, run_programs(jobs), strict=True):
+        if result.outputs is None:
+            _MACHINE_DONE.clear()
+            raise AssertionError(f"{label}/{m}: {result.describe()}")
+        stored = outputs.stored[m]
+        assert len(result.outputs) == len(stored), f"{label}/{m}"
+        for got, want in zip(result.outputs, stored, strict=True):
+            np.testing.assert_allclose(
+                got,
+                want,
+                rtol=MACHINE_RTOL,
+                atol=MACHINE_ATOL,
+                err_msg=f"{label}/{m}: this machine's runtime vs the stored outputs",
+            )
+        dict.__setitem__(outputs, m, result.outputs)
