@@ -38,7 +38,7 @@ if TYPE_CHECKING:
         specialize,
     )
     from .inspection import describe
-    from .loaders import DataLoader, open_loader
+    from .storage.loaders import DataLoader, open_loader
     from .verification import VerifyReport, verify
     from .writers import DataWriter, open_writer
 
@@ -82,8 +82,8 @@ _LAZY = {
     "initialize_and_save_backend_data": ".coordinator",
     "specialize": ".coordinator",
     "describe": ".inspection",
-    "DataLoader": ".loaders",
-    "open_loader": ".loaders",
+    "DataLoader": ".storage.loaders",
+    "open_loader": ".storage.loaders",
     "DataWriter": ".writers",
     "open_writer": ".writers",
     "VerifyReport": ".verification",

@@ -25,10 +25,10 @@ from .backends.compat import Compatibility, DeviceProfile
 from .backends.registry import BackendLike, load_backend
 from .errors import ConfigurationError, FormatError, ObjectNotFound, PteStoreError
 from .format.reader import read_container
-from .loaders import open_loader, split_url
 from .provenance import Provenance, read_trailer, spec_text
 from .provenance.stamp import describe_source
 from .provenance.trailer import ContentView
+from .storage.loaders import open_loader, split_url
 
 __all__ = ["Finding", "VerifyReport", "verify"]
 

@@ -9,8 +9,8 @@ from typing import Any
 from ..backends.compat import DeviceProfile
 from ..backends.registry import BackendLike
 from ..errors import AlreadyExists, ConfigurationError, ObjectNotFound
-from ..loaders import DataLoader, loader_options, open_loader, split_url
 from ..provenance.stamp import ProvenanceRequest
+from ..storage.loaders import DataLoader, loader_options, open_loader, split_url
 from ..writers import open_writer, writer_options
 from ..writers.base import DataWriter, PublishMode, WriterState
 from .pipeline import initialize_and_save_backend_data

@@ -11,7 +11,7 @@ from ..format.model import Container, TensorLayout
 from ..format.reader import ParsedFile
 from ..format.tensorinfo import TensorInfo, array_view
 from ..format.tensors import TensorIndex, describe_tensors
-from ..loaders import DataLoader, LocalFileLoader
+from ..storage.loaders import DataLoader, LocalFileLoader
 from ..writers.base import DataWriter
 from .spool import Buffer
 

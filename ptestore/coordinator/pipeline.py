@@ -19,9 +19,9 @@ from ..errors import (
 )
 from ..format.layout import layout_file
 from ..format.reader import read_container
-from ..loaders import DataLoader
 from ..provenance.stamp import ProvenanceRequest, Stamper, object_metadata
 from ..provenance.trailer import without_trailer
+from ..storage.loaders import DataLoader
 from ..writers.base import DataWriter, PublishMode
 from ..writers.local import LocalFileWriter
 from .aliases import check_aliases

@@ -27,7 +27,7 @@ from typing import Any
 
 from ..backends.compat import DeviceProfile
 from ..errors import ConfigurationError
-from ..loaders import split_url
+from ..storage.loaders import split_url
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -20,8 +20,8 @@ from typing import Any
 from ..backends.compat import DeviceProfile
 from ..backends.registry import load_backend
 from ..errors import AlreadyExists, FormatError, ObjectNotFound, PteStoreError
-from ..loaders import DataLoader, open_loader
 from ..provenance import ProvenanceKey, ProvenanceRequest, SourceInfo, read_provenance
+from ..storage.loaders import DataLoader, open_loader
 from ..writers import open_writer
 from ..writers.base import PublishMode
 from .job import loader_options, writer_options

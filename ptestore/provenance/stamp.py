@@ -17,7 +17,7 @@ from ..backends.api import BackendDataInitContext, BackendInterface
 from ..backends.compat import DeviceProfile
 from ..backends.registry import BackendLike, load_backend
 from ..errors import BackendError, StorageError
-from ..loaders import DataLoader
+from ..storage.loaders import DataLoader
 from ..writers.base import DataWriter
 from .record import (
     BackendStamp,

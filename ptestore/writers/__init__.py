@@ -17,10 +17,9 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from .._options import check_options
-from ..loaders import split_url
+from ..storage._options import check_options
+from ..storage.loaders import split_url
 from .base import DataWriter, PublishMode, PublishResult, WriterGuarantees, WriterState
-from .gc import GcEntry, collect_local, collect_s3, collect_stale
 from .generic import FsspecWriter
 from .local import LocalFileWriter
 from .memory import MemoryWriter
@@ -31,7 +30,6 @@ if TYPE_CHECKING:
 __all__ = [
     "DataWriter",
     "FsspecWriter",
-    "GcEntry",
     "LocalFileWriter",
     "MemoryWriter",
     "PublishMode",
@@ -39,9 +37,6 @@ __all__ = [
     "S3Writer",
     "WriterGuarantees",
     "WriterState",
-    "collect_local",
-    "collect_s3",
-    "collect_stale",
     "open_writer",
     "writer_options",
 ]

@@ -27,7 +27,7 @@ from ..errors import (
     WriterStateError,
     describe_exception,
 )
-from ..loaders import DataLoader
+from ..storage.loaders import DataLoader
 
 __all__ = [
     "MAX_OBJECT_SIZE",

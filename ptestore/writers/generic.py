@@ -38,10 +38,10 @@ from typing import Any, ClassVar
 import fsspec
 
 from .._io import pread_all, pwrite_all
-from .._options import fsspec_options
 from .._retry import RETRY_OPTIONS, Category, RetryPolicy, classify, to_storage_error
 from ..errors import AlreadyExists, ConfigurationError, StorageError
-from ..loaders import DataLoader, FsspecLoader, split_url
+from ..storage._options import fsspec_options
+from ..storage.loaders import DataLoader, FsspecLoader, split_url
 from ._staging import FileStaging, strerror
 from .base import DataWriter, PublishMode, PublishResult, WriterGuarantees
 

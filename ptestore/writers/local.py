@@ -39,7 +39,7 @@ from ..errors import (
     PublishUncertain,
     StorageError,
 )
-from ..loaders import DataLoader
+from ..storage.loaders import DataLoader
 from ._clone import HasFileno, clone_range, probe_clone_block_size
 from ._staging import FileStaging, strerror
 from .base import DataWriter, PublishMode, PublishResult, WriterGuarantees

@@ -14,7 +14,7 @@ import concurrent.futures as cf
 import enum
 from dataclasses import dataclass, field
 
-from ..._s3source import S3Source
+from ...storage._s3source import S3Source
 
 __all__ = ["SPARSE_LIMIT", "Part", "PartContent", "PartState", "Ref", "UploadedPart"]
 

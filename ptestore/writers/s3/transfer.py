@@ -28,8 +28,8 @@ import zlib
 from typing import Any
 
 from ..._retry import to_storage_error
-from ..._s3source import S3Source
 from ...errors import IntegrityError, PreconditionFailed, StorageError
+from ...storage._s3source import S3Source
 from . import config
 from .checksum import b64crc
 from .config import S3Connection

@@ -23,9 +23,9 @@ from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from ..._retry import RETRY_OPTIONS, to_storage_error
-from ..._s3source import S3Source, matching_source, s3_identity
 from ...errors import ConfigurationError, StorageError, WriterStateError
-from ...loaders import DataLoader, split_url
+from ...storage._s3source import S3Source, matching_source, s3_identity
+from ...storage.loaders import DataLoader, split_url
 from ..base import DataWriter, PublishMode, PublishResult, WriterGuarantees
 from . import config
 from .checksum import b64crc, crc32_combine
