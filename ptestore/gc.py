@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigurationError
 from .storage._options import check_options
-from .storage.loaders import split_url
+from .storage.types import split_url, strerror
 from .writers.local import TEMP_NAME_RE
 
 if TYPE_CHECKING:
@@ -86,14 +86,14 @@ def _try_remove_local(path: str, dry_run: bool) -> str:
     except FileNotFoundError:
         return "skipped: already gone"
     except OSError as exc:
-        return f"failed: cannot open: {exc.strerror or exc}"
+        return f"failed: cannot open: {strerror(exc)}"
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 return "skipped: in use by a live writer"
-            return f"failed: cannot lock: {exc.strerror or exc}"
+            return f"failed: cannot lock: {strerror(exc)}"
         if dry_run:
             return "would remove"
         try:
@@ -101,7 +101,7 @@ def _try_remove_local(path: str, dry_run: bool) -> str:
         except FileNotFoundError:
             return "skipped: already gone"
         except OSError as exc:
-            return f"failed: {exc.strerror or exc}"
+            return f"failed: {strerror(exc)}"
         return "removed"
     finally:
         os.close(fd)

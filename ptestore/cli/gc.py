@@ -115,7 +115,7 @@ def run_gc(args: argparse.Namespace) -> int:
     """Run ``ptestore gc`` with parsed arguments; returns the exit status."""
     from ..errors import ObjectNotFound
     from ..gc import collect_stale
-    from ..storage.loaders import split_url
+    from ..storage.types import split_url
 
     entries = collect_stale(
         args.target,

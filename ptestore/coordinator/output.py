@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from ..errors import PartialPublish
 from ..format.layout import Placement
 from ..format.patch import PatchResult
-from ..storage.loaders import DataLoader
+from ..storage.types import DataLoader
 from ..writers.base import DataWriter, PublishMode, PublishResult
 from .named import SourceFile
 from .report import Event, FileReport

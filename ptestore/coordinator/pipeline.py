@@ -21,7 +21,7 @@ from ..format.layout import layout_file
 from ..format.reader import read_container
 from ..provenance.stamp import ProvenanceRequest, Stamper, object_metadata
 from ..provenance.trailer import without_trailer
-from ..storage.loaders import DataLoader
+from ..storage.types import DataLoader
 from ..writers.base import DataWriter, PublishMode
 from ..writers.local import LocalFileWriter
 from .aliases import check_aliases

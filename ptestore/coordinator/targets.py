@@ -12,7 +12,7 @@ import posixpath
 import re
 
 from ..errors import ConfigurationError
-from ..storage.loaders import split_url
+from ..storage.types import split_url
 from ..writers.base import DataWriter
 
 __all__ = ["check_pair_targets", "check_targets", "same_target", "target_identity"]

@@ -27,7 +27,7 @@ from typing import Any
 
 from ..backends.compat import DeviceProfile
 from ..errors import ConfigurationError
-from ..storage.loaders import split_url
+from ..storage.types import split_url, strerror
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -184,7 +184,7 @@ def load_job(path: str | os.PathLike[str]) -> Job:
     except FileNotFoundError:
         raise JobError(f"{p}: job file not found") from None
     except OSError as exc:
-        raise JobError(f"{p}: cannot read the job file: {exc.strerror or exc}") from None
+        raise JobError(f"{p}: cannot read the job file: {strerror(exc)}") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

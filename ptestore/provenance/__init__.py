@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import FormatError
-from ..storage.loaders import DataLoader
+from ..storage.types import DataLoader
 from .record import (
     BackendStamp,
     DeviceStamp,

@@ -17,7 +17,7 @@ from ..backends.api import BackendDataInitContext, BackendInterface
 from ..backends.compat import DeviceProfile
 from ..backends.registry import BackendLike, load_backend
 from ..errors import BackendError, StorageError
-from ..storage.loaders import DataLoader
+from ..storage.types import DataLoader
 from ..writers.base import DataWriter
 from .record import (
     BackendStamp,
@@ -73,7 +73,7 @@ def spec_text(backend: BackendLike) -> str:
 
 
 def _ptestore_version() -> str:
-    from .. import __version__
+    from .._version import __version__
 
     return __version__
 

@@ -22,7 +22,7 @@ import mmap
 import os
 import stat
 import threading
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, TypeVar
 
 import fsspec
 
@@ -31,6 +31,7 @@ from .._retry import DEFAULT_RETRY, RETRY_OPTIONS, Category, RetryPolicy, classi
 from ..errors import ConfigurationError, ObjectNotFound, StorageError
 from ._options import check_options, fsspec_options
 from ._s3source import S3Source, s3_source_of
+from .types import DataLoader, split_url, strerror
 
 __all__ = [
     "BytesLoader",
@@ -42,35 +43,6 @@ __all__ = [
     "open_loader",
     "split_url",
 ]
-
-
-@runtime_checkable
-class DataLoader(Protocol):
-    """Read-only, random-access view of one stored object."""
-
-    #: The path or URL the bytes come from; used in every error message.
-    name: str
-
-    def size(self) -> int:
-        """Total size of the object in bytes."""
-        ...
-
-    def load(self, offset: int, size: int) -> bytes | bytearray | memoryview:
-        """Return exactly ``size`` bytes starting at ``offset``.
-
-        Raises :class:`~ptestore.errors.StorageError` if the range is outside the object.
-        """
-        ...
-
-    def check_unchanged(self) -> None:
-        """Raise :class:`~ptestore.errors.StorageError` if the object was modified or
-        replaced since the loader was opened (its bytes may then be a mix of two
-        versions). Called before publishing anything derived from it."""
-        ...
-
-    def close(self) -> None:
-        """Release any resources; idempotent."""
-        ...
 
 
 L = TypeVar("L", bound="_Closing")
@@ -163,7 +135,7 @@ class LocalFileLoader(_Closing):
                 raise _not_regular(self.path, "a symbolic link loop") from exc
             if exc.errno == errno.ENXIO:  # a socket (or a FIFO/device without a peer)
                 raise _not_regular(self.path, _kind_of(self.path)) from exc
-            raise StorageError(f"{self.path}: cannot open for reading: {exc.strerror}") from exc
+            raise StorageError(f"{self.path}: cannot open for reading: {strerror(exc)}") from exc
         st = os.fstat(self._fd)
         if not stat.S_ISREG(st.st_mode):
             os.close(self._fd)
@@ -199,8 +171,7 @@ class LocalFileLoader(_Closing):
             data = pread_all(self.fileno(), size, offset)
         except OSError as exc:
             raise StorageError(
-                f"{self.name}: read of {size} bytes at offset {offset} failed: "
-                f"{exc.strerror or exc}"
+                f"{self.name}: read of {size} bytes at offset {offset} failed: {strerror(exc)}"
             ) from exc
         if len(data) != size:
             raise StorageError(
@@ -330,22 +301,6 @@ class FsspecLoader(_Closing):
                 f"got {len(data)} (object changed while reading?)"
             )
         return data
-
-
-def split_url(url: str | os.PathLike[str]) -> tuple[str, str]:
-    """Return ``(protocol, path)``; plain paths and ``file://`` give ``("file", abspath)``."""
-    text = os.fspath(url)
-    if "://" not in text:
-        return "file", os.path.abspath(text)
-    protocol, _, rest = text.partition("://")
-    protocol = protocol.lower()
-    if protocol in ("file", "local"):
-        return "file", os.path.abspath(rest if rest.startswith("/") else "/" + rest)
-    if protocol in ("s3", "s3a"):
-        return "s3", rest
-    if protocol == "memory":
-        return "memory", "/" + rest.lstrip("/")
-    return protocol, text
 
 
 def _fs_class(url: str | os.PathLike[str], protocol: str) -> type:

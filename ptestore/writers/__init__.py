@@ -18,7 +18,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from ..storage._options import check_options
-from ..storage.loaders import split_url
+from ..storage.types import split_url
 from .base import DataWriter, PublishMode, PublishResult, WriterGuarantees, WriterState
 from .generic import FsspecWriter
 from .local import LocalFileWriter

@@ -21,13 +21,14 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol
 
 from ..errors import (
+    AlreadyExists,
     ConfigurationError,
     PteStoreError,
     PublishUncertain,
     WriterStateError,
     describe_exception,
 )
-from ..storage.loaders import DataLoader
+from ..storage.types import DataLoader
 
 __all__ = [
     "MAX_OBJECT_SIZE",
@@ -37,6 +38,7 @@ __all__ = [
     "Staging",
     "WriterGuarantees",
     "WriterState",
+    "already_exists",
 ]
 
 log = logging.getLogger("ptestore.writers")
@@ -138,6 +140,14 @@ def _finalize(staging: _OwnedStaging, url: str, dirty: list[bool]) -> None:
             ResourceWarning,
             stacklevel=2,
         )
+
+
+def already_exists(where: str, what: str = "object") -> AlreadyExists:
+    """The error of a ``publish(mode="create")`` that found ``where`` taken, worded once
+    for every writer."""
+    return AlreadyExists(
+        f"{where}: already exists; publish(mode='create') never replaces an existing {what}"
+    )
 
 
 def _as_view(data: bytes | bytearray | memoryview, url: str) -> memoryview:

@@ -1,0 +1,195 @@
+"""The shape of the house, checked statically: ptestore's modules import one another
+without a loop, lazy imports included, and the layers import types, not implementations.
+
+The graph is built from the source with :mod:`ast` (nothing is imported): an edge for
+every ``import``/``from ... import`` anywhere in a module (module level, inside
+functions, under ``TYPE_CHECKING``), plus the package root's lazy export table. Importing
+``a.b.c`` from outside ``a.b`` also runs ``a/__init__`` and ``a/b/__init__``: those
+parents are edges too, except a package the importer itself lives in (it is already
+being imported), unless a name is read from that package (``from .. import name``), which
+is exactly how a lazy loop closes.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from collections.abc import Iterator
+from pathlib import Path
+
+import ptestore
+
+ROOT = Path(ptestore.__file__).parent
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+PACKAGES = {m for m, p in MODULES.items() if p.name == "__init__.py"}
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def _resolve(module: str, level: int, name: str | None) -> str:
+    if level == 0:
+        return name or ""
+    base = module.split(".") if module in PACKAGES else module.split(".")[:-1]
+    base = base[: len(base) - (level - 1)]
+    return ".".join(base + ([name] if name else []))
+
+
+def _targets(module: str, node: ast.AST) -> Iterator[str]:
+    if isinstance(node, ast.Import):
+        yield from (a.name for a in node.names)
+    elif isinstance(node, ast.ImportFrom):
+        base = _resolve(module, node.level, node.module)
+        subs = [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in MODULES]
+        # ``from . import sibling`` reads nothing from the (half-imported) package.
+        if not (_within(module, base) and len(subs) == len(node.names)):
+            yield base
+        yield from subs
+
+
+def _lazy_exports() -> set[str]:
+    """The modules named in the package root's ``_LAZY`` table."""
+    tree = ast.parse(MODULES["ptestore"].read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "_LAZY" for t in node.targets
+        ):
+            assert isinstance(node.value, ast.Dict)
+            out = set()
+            for value in node.value.values:
+                assert isinstance(value, ast.Constant) and isinstance(value.value, str)
+                out.add(_resolve("ptestore", 1, value.value.lstrip(".")))
+            return out
+    raise AssertionError("ptestore/__init__.py has no _LAZY table")
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the ptestore modules it may import (see the module docstring)."""
+    return {k: set(v) for k, v in _graph().items()}
+
+
+@functools.cache
+def _graph() -> dict[str, frozenset[str]]:
+    graph: dict[str, set[str]] = {}
+    for module, path in MODULES.items():
+        out: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            for target in _targets(module, node):
+                if target not in MODULES:
+                    continue  # not ptestore's
+                out.add(target)
+                parts = target.split(".")
+                for i in range(1, len(parts)):
+                    parent = ".".join(parts[:i])
+                    if not _within(module, parent):
+                        out.add(parent)
+        out.discard(module)
+        graph[module] = out
+    graph["ptestore"] |= _lazy_exports()
+    return {k: frozenset(v) for k, v in graph.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            v, edges = work[-1]
+            w = next(edges, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                component = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    component.append(w)
+                    if w == v:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_the_graph_sees_every_kind_of_import() -> None:
+    graph = import_graph()
+    # module level, relative
+    assert "ptestore.storage.types" in graph["ptestore.format.reader"]
+    # inside a function
+    assert "ptestore._version" in graph["ptestore.provenance.stamp"]
+    # the root's lazy exports
+    assert "ptestore.coordinator" in graph["ptestore"]
+    # a parent package runs before its module
+    assert "ptestore.writers" in graph["ptestore.gc"]
+
+
+def test_a_loop_is_found() -> None:
+    """The loop this test was written for: the provenance stamp read ``__version__``
+    from the package root, whose lazy exports import the coordinator, the pipeline and
+    the provenance package (``ptestore -> coordinator -> pipeline -> provenance ->
+    stamp -> ptestore``)."""
+    graph = import_graph()
+    graph["ptestore.provenance.stamp"].add("ptestore")
+    loops = _cycles(graph)
+    assert len(loops) == 1
+    assert {"ptestore", "ptestore.coordinator", "ptestore.provenance.stamp"} <= set(loops[0])
+
+
+def test_no_import_loop_lazy_ones_included() -> None:
+    assert _cycles(import_graph()) == []
+
+
+def test_types_come_from_the_types_module_not_from_implementations() -> None:
+    graph = import_graph()
+    # The storage types need nothing of ptestore's (the standard library only).
+    assert graph["ptestore.storage.types"] == set()
+    # format/, the writer contract and provenance take DataLoader from there, never from
+    # the loader implementations (fsspec) at import time.
+    for module, path in MODULES.items():
+        if (
+            _within(module, "ptestore.format")
+            or _within(module, "ptestore.provenance")
+            or (module == "ptestore.writers.base")
+        ):
+            top = ast.parse(path.read_text()).body
+            assert not any("ptestore.storage.loaders" in _targets(module, n) for n in top), module
+    # writers/ does not sit on format/ (alignment helpers live in ptestore._align).
+    for module in MODULES:
+        if _within(module, "ptestore.writers"):
+            assert not any(_within(t, "ptestore.format") for t in graph[module]), module
+    # gc is not a writer: writers/ never imports it (ptestore.writers.gc is the old
+    # path, a re-export of ptestore.gc that nothing in ptestore imports).
+    for module in MODULES:
+        if _within(module, "ptestore.writers") and module != "ptestore.writers.gc":
+            assert "ptestore.gc" not in graph[module], module
+            assert "ptestore.writers.gc" not in graph[module], module
