@@ -36,6 +36,7 @@ if TYPE_CHECKING:
         SpecializationReport,
         initialize_and_save_backend_data,
         specialize,
+        specialize_pair,
     )
     from .inspection import describe
     from .storage.loaders import DataLoader, open_loader
@@ -72,6 +73,7 @@ __all__ = [
     "open_loader",
     "open_writer",
     "specialize",
+    "specialize_pair",
     "verify",
 ]
 
@@ -81,6 +83,7 @@ _LAZY = {
     "SpecializationReport": ".coordinator",
     "initialize_and_save_backend_data": ".coordinator",
     "specialize": ".coordinator",
+    "specialize_pair": ".coordinator",
     "describe": ".inspection",
     "DataLoader": ".storage.loaders",
     "open_loader": ".storage.loaders",

@@ -22,7 +22,7 @@ from ..format.reader import read_container
 from ..provenance.stamp import ProvenanceRequest, Stamper, object_metadata
 from ..provenance.trailer import without_trailer
 from ..storage.types import DataLoader
-from ..writers.base import DataWriter, PublishMode
+from ..writers.base import DataWriter, PublishMode, discard_all
 from ..writers.local import LocalFileWriter
 from .aliases import check_aliases
 from .named import SourceFile
@@ -184,11 +184,7 @@ def initialize_and_save_backend_data(
         summary.seconds = time.perf_counter() - started
         return summary
     except BaseException:
-        for w in writers:
-            try:
-                w.discard()
-            except Exception:  # the original error matters more
-                pass
+        discard_all(writers)
         raise
     finally:
         if spool is not None:

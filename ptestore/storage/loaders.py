@@ -22,7 +22,7 @@ import mmap
 import os
 import stat
 import threading
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import fsspec
 
@@ -31,7 +31,7 @@ from .._retry import DEFAULT_RETRY, RETRY_OPTIONS, Category, RetryPolicy, classi
 from ..errors import ConfigurationError, ObjectNotFound, StorageError
 from ._options import check_options, fsspec_options
 from ._s3source import S3Source, s3_source_of
-from .types import DataLoader, split_url, strerror
+from .types import Buffer, DataLoader, StorageURL, split_url, strerror
 
 __all__ = [
     "BytesLoader",
@@ -49,7 +49,18 @@ L = TypeVar("L", bound="_Closing")
 
 
 class _Closing:
-    """``with loader:`` closes it."""
+    """``with loader:`` closes it; the storage options a loader class accepts are data
+    on the class (:attr:`options`, :meth:`accepted_options`), read by
+    :func:`loader_options` and the option routing (:mod:`ptestore.storage.routing`)."""
+
+    #: Storage options the constructor path takes (``open_loader`` refuses all others).
+    options: ClassVar[frozenset[str]] = frozenset()
+
+    @classmethod
+    def accepted_options(cls, url: StorageURL) -> frozenset[str]:
+        """Storage options that apply to this loader for ``url`` (default:
+        :attr:`options`)."""
+        return cls.options
 
     def close(self) -> None:
         pass
@@ -71,7 +82,7 @@ def _check_range(name: str, offset: int, size: int, total: int) -> None:
 class BytesLoader(_Closing):
     """A loader over bytes already in memory (zero-copy slices)."""
 
-    def __init__(self, data: bytes | bytearray | memoryview, name: str = "<bytes>") -> None:
+    def __init__(self, data: Buffer, name: str = "<bytes>") -> None:
         self._view = memoryview(data).cast("B")
         self.name = name
 
@@ -227,6 +238,14 @@ class LocalFileLoader(_Closing):
 class FsspecLoader(_Closing):
     """Ranged reads through any fsspec filesystem (``memory://``, ``s3://``, ...)."""
 
+    #: The retry options; the filesystem's own are added per URL.
+    options: ClassVar[frozenset[str]] = frozenset(RETRY_OPTIONS)
+
+    @classmethod
+    def accepted_options(cls, url: StorageURL) -> frozenset[str]:
+        """:attr:`options` plus every option of the URL's fsspec filesystem class."""
+        return cls.options | fsspec_options(_fs_class(url))
+
     def __init__(
         self,
         fs: Any,
@@ -303,27 +322,35 @@ class FsspecLoader(_Closing):
         return data
 
 
-def _fs_class(url: str | os.PathLike[str], protocol: str) -> type:
+def _fs_class(url: StorageURL) -> type:
     try:
-        cls: type = fsspec.get_filesystem_class(protocol)
+        cls: type = fsspec.get_filesystem_class(url.protocol)
     except (ImportError, ValueError) as exc:
-        raise ConfigurationError(f"{url}: cannot read protocol {protocol!r}: {exc}") from exc
+        raise ConfigurationError(
+            f"{url.text}: cannot read protocol {url.protocol!r}: {exc}"
+        ) from exc
     return cls
 
 
-def loader_options(url: str | os.PathLike[str]) -> frozenset[str]:
-    """The storage options :func:`open_loader` accepts for ``url``."""
-    protocol, _ = split_url(url)
-    if protocol == "file":
-        return frozenset()
-    return fsspec_options(_fs_class(url, protocol)) | set(RETRY_OPTIONS)
+def _loader_class(url: StorageURL) -> tuple[type[LocalFileLoader | FsspecLoader], str]:
+    """The loader class for ``url`` and what the options apply to, for messages."""
+    if url.local:
+        return LocalFileLoader, "local files"
+    return FsspecLoader, f"{url.protocol}://"
 
 
-def open_loader(url: str | os.PathLike[str], **storage_options: Any) -> DataLoader:
+def loader_options(url: str | os.PathLike[str] | StorageURL) -> frozenset[str]:
+    """The names of the storage options :func:`open_loader` accepts for ``url``."""
+    u = StorageURL.of(url)
+    return _loader_class(u)[0].accepted_options(u)
+
+
+def open_loader(url: str | os.PathLike[str] | StorageURL, **storage_options: Any) -> DataLoader:
     """Open a read-only :class:`DataLoader` for ``url``.
 
     Args:
-        url: a local path, ``file://``, ``memory://``, ``s3://`` or any fsspec URL.
+        url: a local path, ``file://``, ``memory://``, ``s3://`` or any fsspec URL (or
+            a :class:`~ptestore.storage.types.StorageURL`, split already).
         **storage_options: the fsspec filesystem's options (for S3, s3fs options such
             as ``endpoint_url``, ``key``, ``secret``, ``client_kwargs``, ``profile``)
             plus ``retry_attempts``, ``retry_initial`` and ``retry_max``. Local files
@@ -341,21 +368,18 @@ def open_loader(url: str | os.PathLike[str], **storage_options: Any) -> DataLoad
         PermissionDenied: access refused.
         StorageError: other I/O failures, after retries.
     """
-    protocol, path = split_url(url)
-    text = os.fspath(url)
-    if protocol == "file":
-        check_options(text, storage_options, (), "local files")
-        return LocalFileLoader(path)
-    fs_cls = _fs_class(url, protocol)
-    check_options(text, storage_options, loader_options(url), f"{protocol}://")
+    u = StorageURL.of(url)
+    cls, applies_to = _loader_class(u)
+    if cls is LocalFileLoader:
+        check_options(u.text, storage_options, (), applies_to)
+        return LocalFileLoader(u.path)
+    fs_cls = _fs_class(u)
+    check_options(u.text, storage_options, cls.accepted_options(u), applies_to)
     options = dict(storage_options)
-    retry = RetryPolicy.from_options(text, options)
+    retry = RetryPolicy.from_options(u.text, options)
     try:
         fs = fs_cls(**options)
     except (TypeError, ValueError) as exc:
-        raise ConfigurationError(f"{url}: bad storage options: {exc}") from exc
-    if protocol == "s3" or protocol == "memory":
-        fs_path = path
-    else:
-        fs_path = fs._strip_protocol(os.fspath(url))
-    return FsspecLoader(fs, fs_path, text, retry=retry)
+        raise ConfigurationError(f"{u.text}: bad storage options: {exc}") from exc
+    fs_path = u.path if u.protocol in ("s3", "memory") else fs._strip_protocol(u.text)
+    return FsspecLoader(fs, fs_path, u.text, retry=retry)

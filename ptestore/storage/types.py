@@ -8,9 +8,9 @@ implementation module (:mod:`ptestore.storage.loaders` imports fsspec).
 from __future__ import annotations
 
 import os
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
-__all__ = ["Buffer", "DataLoader", "split_url", "strerror"]
+__all__ = ["Buffer", "DataLoader", "StorageURL", "URLLike", "split_url", "strerror"]
 
 #: Bytes as ptestore takes them: anything read by a loader or handed to a writer.
 Buffer = bytes | bytearray | memoryview
@@ -59,6 +59,37 @@ def split_url(url: str | os.PathLike[str]) -> tuple[str, str]:
     if protocol == "memory":
         return "memory", "/" + rest.lstrip("/")
     return protocol, text
+
+
+class StorageURL(NamedTuple):
+    """A path or URL split once (by :func:`split_url`): what it was given as, its
+    protocol and its path. ``open_loader``, ``open_writer`` and the option routing
+    (:mod:`ptestore.storage.routing`) take one in place of a string, so a URL is split
+    once however many of them look at it."""
+
+    #: The path or URL as given (``os.fspath``).
+    text: str
+    #: ``"file"`` for plain paths and ``file://``, ``"s3"`` for ``s3a://`` too, ...
+    protocol: str
+    #: As :func:`split_url` returns it (absolute for local files).
+    path: str
+
+    @classmethod
+    def of(cls, url: str | os.PathLike[str] | StorageURL) -> StorageURL:
+        """``url`` split (a :class:`StorageURL` is returned as it is)."""
+        if isinstance(url, StorageURL):
+            return url
+        text = os.fspath(url)
+        return cls(text, *split_url(text))
+
+    @property
+    def local(self) -> bool:
+        """A local file (plain path or ``file://``): it takes no storage options."""
+        return self.protocol == "file"
+
+
+#: What ``open_loader``, ``open_writer`` and the option routing take as a URL.
+URLLike = str | os.PathLike[str] | StorageURL
 
 
 def strerror(exc: OSError) -> str:

@@ -16,7 +16,7 @@ import os
 import threading
 import warnings
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol
 
@@ -39,6 +39,7 @@ __all__ = [
     "WriterGuarantees",
     "WriterState",
     "already_exists",
+    "discard_all",
 ]
 
 log = logging.getLogger("ptestore.writers")
@@ -148,6 +149,17 @@ def already_exists(where: str, what: str = "object") -> AlreadyExists:
     return AlreadyExists(
         f"{where}: already exists; publish(mode='create') never replaces an existing {what}"
     )
+
+
+def discard_all(writers: Iterable[DataWriter]) -> None:
+    """Discard every writer after a failure (a no-op for a published one; it never
+    publishes). A failing discard is logged (debug), not raised: the original error matters
+    more."""
+    for w in writers:
+        try:
+            w.discard()
+        except Exception as exc:
+            log.debug("%s: discarding after a failure failed: %s", w.url, exc)
 
 
 def _as_view(data: bytes | bytearray | memoryview, url: str) -> memoryview:
