@@ -5,19 +5,20 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..backends.compat import DeviceProfile
-from ..backends.registry import BackendLike
 from ..errors import AlreadyExists, ObjectNotFound
-from ..provenance.stamp import ProvenanceRequest
 from ..storage.loaders import open_loader
 from ..storage.routing import StorageOptions
-from ..storage.types import StorageURL
-from ..writers.base import PublishMode
-from .pair import specialize_pair
+from .pair import specialize_pair, split_pairs
 from .report import EventTracer, SpecializationReport
 from .targets import check_targets
+
+if TYPE_CHECKING:
+    from ..backends.compat import DeviceProfile
+    from ..backends.registry import BackendLike
+    from ..provenance.stamp import ProvenanceRequest
+    from ..writers.base import PublishMode
 
 __all__ = ["specialize"]
 
@@ -104,9 +105,7 @@ def specialize(
     Nothing is published unless the whole run succeeds (``PartialPublish`` aside).
     """
     options = StorageOptions(storage_options, src=src_storage_options, dst=dst_storage_options)
-    pairs = [(StorageURL.of(src_url), StorageURL.of(dst_url))]
-    if ptd is not None:
-        pairs.append((StorageURL.of(ptd[0]), StorageURL.of(ptd[1])))
+    pairs = split_pairs(src_url, dst_url, ptd)
     # Before any work, and before the create-mode probes: no destination may be a
     # source or the other destination.
     texts = [(s.text, d.text) for s, d in pairs]

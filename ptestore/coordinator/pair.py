@@ -9,10 +9,8 @@ to URL call; the storage options reach each side through :mod:`ptestore.storage.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
-from ..backends.compat import DeviceProfile
-from ..backends.registry import BackendLike
-from ..provenance.stamp import ProvenanceRequest
 from ..storage.loaders import open_loader
 from ..storage.routing import StorageOptions
 from ..storage.types import DataLoader, StorageURL, URLLike
@@ -21,7 +19,23 @@ from ..writers.base import DataWriter, PublishMode, WriterState, discard_all
 from .pipeline import initialize_and_save_backend_data
 from .report import EventTracer, SpecializationReport
 
-__all__ = ["specialize_pair"]
+if TYPE_CHECKING:
+    from ..backends.compat import DeviceProfile
+    from ..backends.registry import BackendLike
+    from ..provenance.stamp import ProvenanceRequest
+
+__all__ = ["specialize_pair", "split_pairs"]
+
+
+def split_pairs(
+    source: URLLike, destination: URLLike, ptd: tuple[URLLike, URLLike] | None
+) -> list[tuple[StorageURL, StorageURL]]:
+    """``[(source, destination)]``, then the ``ptd`` pair if given: every URL split once."""
+    pairs = [(StorageURL.of(source), StorageURL.of(destination))]
+    if ptd is not None:
+        pairs.append((StorageURL.of(ptd[0]), StorageURL.of(ptd[1])))
+    return pairs
+
 
 def specialize_pair(
     source: URLLike,
@@ -61,9 +75,7 @@ def specialize_pair(
         ``KeyboardInterrupt`` after a publish took effect says which file was
         published.
     """
-    pairs = [(StorageURL.of(source), StorageURL.of(destination))]
-    if ptd is not None:
-        pairs.append((StorageURL.of(ptd[0]), StorageURL.of(ptd[1])))
+    pairs = split_pairs(source, destination, ptd)
     opts = options if options is not None else StorageOptions()
     opts.check([s for s, _ in pairs], [d for _, d in pairs])
     loaders: list[DataLoader] = []

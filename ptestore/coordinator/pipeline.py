@@ -6,9 +6,9 @@ import inspect
 import logging
 import time
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from ..backends.api import BackendDataInitContext, BackendDataWriter, BackendInterface
-from ..backends.compat import DeviceProfile
 from ..backends.registry import BackendLike, installed_backends
 from ..errors import (
     BackendError,
@@ -39,6 +39,9 @@ from .selection import resolve_backends, why_unchanged
 from .session import Run, Session
 from .spool import Spool
 from .targets import check_pair_targets, same_target
+
+if TYPE_CHECKING:
+    from ..backends.compat import DeviceProfile
 
 __all__ = ["initialize_and_save_backend_data"]
 

@@ -10,10 +10,13 @@ from __future__ import annotations
 import os
 import posixpath
 import re
+from typing import TYPE_CHECKING
 
 from ..errors import ConfigurationError
 from ..storage.types import split_url
-from ..writers.base import DataWriter
+
+if TYPE_CHECKING:
+    from ..writers.base import DataWriter
 
 __all__ = ["check_pair_targets", "check_targets", "same_target", "target_identity"]
 

@@ -15,16 +15,18 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..backends.compat import DeviceProfile
 from ..backends.registry import load_backend
 from ..errors import AlreadyExists, FormatError, ObjectNotFound, PteStoreError
 from ..provenance import ProvenanceKey, ProvenanceRequest, SourceInfo, read_provenance
 from ..storage.loaders import DataLoader, open_loader
 from ..storage.routing import options_for_loader
-from ..writers.base import PublishMode
 from .job import pair_options
+
+if TYPE_CHECKING:
+    from ..backends.compat import DeviceProfile
+    from ..writers.base import PublishMode
 
 __all__ = [
     "CountingLoader",

@@ -35,7 +35,7 @@ __all__ = ["StorageOptions", "options_for_loader", "options_for_writer"]
 
 class StorageOptions:
     """The storage options of one run: ``common`` ones and each side's own (see the
-    module docstring). Immutable once made; :meth:`for_loader` and :meth:`for_writer`
+    module docstring), made once per run; :meth:`for_loader` and :meth:`for_writer`
     return fresh dicts."""
 
     def __init__(

@@ -193,3 +193,65 @@ def test_types_come_from_the_types_module_not_from_implementations() -> None:
         if _within(module, "ptestore.writers") and module != "ptestore.writers.gc":
             assert "ptestore.gc" not in graph[module], module
             assert "ptestore.writers.gc" not in graph[module], module
+
+
+#: Modules that exist to be imported for their types (and cost nothing to import).
+TYPE_MODULES = {"ptestore.storage.types", "ptestore.format.model", "ptestore.errors"}
+
+
+def _type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _type_only_imports(module: str, tree: ast.Module) -> list[str]:
+    """Modules of another of ptestore's packages that ``module`` imports at run time
+    only for names it uses in annotations (which ``from __future__ import annotations``
+    never evaluates)."""
+    in_annotations: set[int] = set()
+    for node in ast.walk(tree):
+        annotations: list[ast.expr | None] = []
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            annotations.append(node.returns)
+            for arg in (*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg):
+                if arg is not None:
+                    annotations.append(arg.annotation)
+        elif isinstance(node, ast.AnnAssign):
+            annotations.append(node.annotation)
+        for annotation in annotations:
+            if annotation is not None:
+                in_annotations.update(id(n) for n in ast.walk(annotation))
+    used = {
+        n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and id(n) not in in_annotations
+    }
+    exported: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        ):
+            exported = {e.value for e in ast.walk(node.value) if isinstance(e, ast.Constant)}
+    own_package = ".".join(module.split(".")[:2])
+    found = []
+    for node in tree.body:  # module level, outside ``if TYPE_CHECKING:``
+        if not isinstance(node, ast.ImportFrom) or not node.level:
+            continue
+        source = _resolve(module, node.level, node.module)
+        if source in TYPE_MODULES or _within(source, own_package):
+            continue
+        names = {a.asname or a.name for a in node.names}
+        if not names & (used | exported):
+            found.append(f"{module} imports {source} for {sorted(names)} (types only)")
+    return found
+
+
+def test_no_module_imports_another_package_for_a_type_alone() -> None:
+    """A name used only in annotations comes from a types module or under
+    ``if TYPE_CHECKING:``: importing ``writers.base`` for ``DataWriter`` would run
+    ``writers/__init__`` (and fsspec) for a name nothing evaluates."""
+    found = []
+    for module, path in MODULES.items():
+        found += _type_only_imports(module, ast.parse(path.read_text(), str(path)))
+    assert found == []
