@@ -108,8 +108,7 @@ def specialize(
     pairs = split_pairs(src_url, dst_url, ptd)
     # Before any work, and before the create-mode probes: no destination may be a
     # source or the other destination.
-    texts = [(s.text, d.text) for s, d in pairs]
-    check_targets(texts[0], texts[1] if ptd is not None else None)
+    check_targets(pairs[0], pairs[1] if ptd is not None else None)
     options.check([s for s, _ in pairs], [d for _, d in pairs])
     if mode == "create":
         # Fail before any work (and before a .ptd is published) when a destination
