@@ -36,9 +36,10 @@ if TYPE_CHECKING:
         SpecializationReport,
         initialize_and_save_backend_data,
         specialize,
+        specialize_pair,
     )
     from .inspection import describe
-    from .loaders import DataLoader, open_loader
+    from .storage.loaders import DataLoader, open_loader
     from .verification import VerifyReport, verify
     from .writers import DataWriter, open_writer
 
@@ -72,6 +73,7 @@ __all__ = [
     "open_loader",
     "open_writer",
     "specialize",
+    "specialize_pair",
     "verify",
 ]
 
@@ -81,9 +83,10 @@ _LAZY = {
     "SpecializationReport": ".coordinator",
     "initialize_and_save_backend_data": ".coordinator",
     "specialize": ".coordinator",
+    "specialize_pair": ".coordinator",
     "describe": ".inspection",
-    "DataLoader": ".loaders",
-    "open_loader": ".loaders",
+    "DataLoader": ".storage.loaders",
+    "open_loader": ".storage.loaders",
     "DataWriter": ".writers",
     "open_writer": ".writers",
     "VerifyReport": ".verification",
@@ -91,18 +94,11 @@ _LAZY = {
 }
 
 
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("ptestore")
-    except PackageNotFoundError:  # run from a source tree that was never installed
-        return "0+unknown"
-
-
 def __getattr__(name: str) -> Any:
     if name == "__version__":
-        value: Any = _version()
+        from ._version import __version__
+
+        value: Any = __version__
     elif name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name], __name__), name)
     else:

@@ -90,7 +90,7 @@ def read_description(
     ``tensor_info``. Raises as :func:`describe` does."""
     from .format.reader import read_container
     from .format.tensors import named_data_json
-    from .loaders import open_loader
+    from .storage.loaders import open_loader
 
     loader = open_loader(url, **storage_options)
     try:

@@ -25,10 +25,11 @@ from .backends.compat import Compatibility, DeviceProfile
 from .backends.registry import BackendLike, load_backend
 from .errors import ConfigurationError, FormatError, ObjectNotFound, PteStoreError
 from .format.reader import read_container
-from .loaders import open_loader, split_url
 from .provenance import Provenance, read_trailer, spec_text
 from .provenance.stamp import describe_source
 from .provenance.trailer import ContentView
+from .storage.loaders import open_loader
+from .storage.routing import StorageOptions
 
 __all__ = ["Finding", "VerifyReport", "verify"]
 
@@ -94,10 +95,6 @@ class VerifyReport:
         }
 
 
-def _options_for(url: str, options: dict[str, Any]) -> dict[str, Any]:
-    return {} if split_url(url)[0] == "file" else dict(options)
-
-
 def verify(
     url: str | os.PathLike[str],
     *,
@@ -116,8 +113,11 @@ def verify(
             the artifact is optimal).
         device: a :class:`DeviceProfile` (name and options digest are compared) or a
             name (only the name is).
-        storage_options: as for :func:`~ptestore.open_loader`, for ``url`` and
-            ``source``.
+        storage_options: storage options for ``url`` and ``source``, routed as
+            :func:`~ptestore.specialize` routes its ``storage_options`` (``url`` is the
+            destination, ``source`` the source: each gets those its loader accepts; one
+            that applies to neither, read or written, is refused). A fleet job's
+            options can be passed as they are.
 
     Returns:
         A :class:`VerifyReport`: ``status`` ``"current"``, ``"stale"`` (each finding
@@ -131,8 +131,9 @@ def verify(
     """
     target = os.fspath(url)
     report = VerifyReport(target)
-    opts = dict(storage_options or {})
+    opts = StorageOptions(storage_options)
     try:
+        opts.check([] if source is None else [source], [target])
         _check(report, target, source, backends, device, opts)
     except (FormatError, ObjectNotFound, ConfigurationError) as exc:
         report.status = "invalid"
@@ -146,9 +147,9 @@ def _check(
     source: str | os.PathLike[str] | None,
     backends: Sequence[BackendLike] | None,
     device: DeviceProfile | str | None,
-    opts: dict[str, Any],
+    opts: StorageOptions,
 ) -> None:
-    loader = open_loader(target, **_options_for(target, opts))
+    loader = open_loader(target, **opts.for_loader(target, "dst"))
     try:
         trailer = read_trailer(loader)
         content = loader if trailer is None else ContentView(loader, trailer.content_size)
@@ -163,7 +164,7 @@ def _check(
     report.provenance = prov
     if source is not None:
         src = os.fspath(source)
-        src_loader = open_loader(src, **_options_for(src, opts))
+        src_loader = open_loader(src, **opts.for_loader(src, "src"))
         try:
             info = describe_source(src_loader)
         finally:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 from ..errors import NotSupported
 from ..format.model import CompileSpec, Delegate, TensorLayout
 from ..format.tensorinfo import QuantParams, TensorInfo
+from ..storage.types import Buffer
 from .compat import Compatibility, DeviceProfile, distribution_version
 
 if TYPE_CHECKING:
@@ -36,8 +37,6 @@ __all__ = [
     "QuantParams",
     "TensorInfo",
 ]
-
-Buffer = bytes | bytearray | memoryview
 
 
 @dataclass(frozen=True)

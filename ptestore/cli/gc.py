@@ -21,7 +21,7 @@ from .options import add_storage_options, human_bytes, storage_options
 from .parser import add_common_flags
 
 if TYPE_CHECKING:
-    from ..writers.gc import GcEntry
+    from ..gc import GcEntry
 
 __all__ = ["DEFAULT_OLDER_THAN", "add_gc_parser", "human_duration", "parse_duration", "run_gc"]
 
@@ -114,8 +114,8 @@ def add_gc_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run_gc(args: argparse.Namespace) -> int:
     """Run ``ptestore gc`` with parsed arguments; returns the exit status."""
     from ..errors import ObjectNotFound
-    from ..loaders import split_url
-    from ..writers.gc import collect_stale
+    from ..gc import collect_stale
+    from ..storage.types import split_url
 
     entries = collect_stale(
         args.target,

@@ -89,7 +89,7 @@ class VersionAction(argparse.Action):
         values: object,
         option_string: str | None = None,
     ) -> None:
-        from .. import __version__
+        from .._version import __version__
 
         sys.stdout.write(f"ptestore {__version__}\n")
         sys.stdout.flush()

@@ -96,11 +96,10 @@ def _inputs(args: argparse.Namespace) -> tuple[Any, Any, Any, dict[str, Any]]:
         # Without a job the options are unknown: only the name is compared.
         return source, backends, args.device, options
     from ..fleet import load_job
-    from ..fleet.job import WRITER_ONLY_OPTIONS
 
     job = load_job(args.job)
-    job_options = {k: v for k, v in job.storage_options.items() if k not in WRITER_ONLY_OPTIONS}
-    options = {**job_options, **options}
+    # The job's options, as the fleet used them: verify routes them to each side.
+    options = {**job.storage_options, **options}
     for pair in job.pairs():
         if args.url in (pair.destination, pair.ptd_destination):
             if source is None:

@@ -11,12 +11,15 @@ One module per step of the pipeline (:mod:`.pipeline` reads as the list):
 - :mod:`ptestore.format.layout`: where every segment goes (pure arithmetic);
 - :mod:`.output`: write every byte once, publish in order;
 - :mod:`.pipeline`: :func:`initialize_and_save_backend_data`, the steps in order;
-- :mod:`.frontend`: :func:`specialize`, the URL front end.
+- :mod:`.pair`: :func:`specialize_pair`, the pair runner: open the loaders and writers
+  of one pair of URLs, run the pipeline, discard and close;
+- :mod:`.frontend`: :func:`specialize`, the URL front end (checks, then the pair runner).
 """
 
 from __future__ import annotations
 
 from .frontend import specialize
+from .pair import specialize_pair
 from .pipeline import initialize_and_save_backend_data
 from .report import (
     BackendReport,
@@ -38,4 +41,5 @@ __all__ = [
     "initialize_and_save_backend_data",
     "nothing_specialized_message",
     "specialize",
+    "specialize_pair",
 ]

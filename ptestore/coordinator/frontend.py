@@ -1,70 +1,28 @@
-"""The URL front end: open loaders and writers for URLs, then run the pipeline."""
+"""The URL front end: check the targets and options of a run, then hand it to the pair
+runner (:func:`~ptestore.coordinator.pair.specialize_pair`)."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..backends.compat import DeviceProfile
-from ..backends.registry import BackendLike
-from ..errors import AlreadyExists, ConfigurationError, ObjectNotFound
-from ..loaders import DataLoader, loader_options, open_loader, split_url
-from ..provenance.stamp import ProvenanceRequest
-from ..writers import open_writer, writer_options
-from ..writers.base import DataWriter, PublishMode, WriterState
-from .pipeline import initialize_and_save_backend_data
+from ..errors import AlreadyExists, ObjectNotFound
+from ..storage.loaders import open_loader
+from ..storage.routing import StorageOptions
+from .pair import specialize_pair, split_pairs
 from .report import EventTracer, SpecializationReport
 from .targets import check_targets
+
+if TYPE_CHECKING:
+    from ..backends.compat import DeviceProfile
+    from ..backends.registry import BackendLike
+    from ..provenance.stamp import ProvenanceRequest
+    from ..writers.base import PublishMode
 
 __all__ = ["specialize"]
 
 PathOrUrl = str | os.PathLike[str]
-
-
-class _Options:
-    """Storage options for each side of a run.
-
-    ``common`` options go to every remote URL that accepts them (a writer-only option
-    such as ``part_size`` reaches writers, not loaders); an option that neither side
-    of any URL accepts is refused. ``src``/``dst`` options go to their side as given
-    and are checked there. Local paths take no options.
-    """
-
-    def __init__(
-        self,
-        common: dict[str, Any] | None,
-        src: dict[str, Any] | None,
-        dst: dict[str, Any] | None,
-    ) -> None:
-        self.common = dict(common or {})
-        self.src = dict(src or {})
-        self.dst = dict(dst or {})
-
-    def check(self, pairs: list[tuple[str, str]]) -> None:
-        remote = [u for pair in pairs for u in pair if split_url(u)[0] != "file"]
-        if not self.common or not remote:
-            return
-        accepted: set[str] = set()
-        for s, d in pairs:
-            accepted |= loader_options(s) | loader_options(d) | writer_options(d)
-        unknown = sorted(set(self.common) - accepted)
-        if unknown:
-            raise ConfigurationError(
-                f"storage options {unknown} apply to none of {', '.join(remote)} "
-                f"(accepted: {sorted(accepted)})"
-            )
-
-    def _pick(self, url: str, accepted: frozenset[str], own: dict[str, Any]) -> dict[str, Any]:
-        if split_url(url)[0] == "file":
-            return dict(own)  # local files take none: open_loader/open_writer refuse these
-        return {**{k: v for k, v in self.common.items() if k in accepted}, **own}
-
-    def loader(self, url: str, side: str) -> dict[str, Any]:
-        return self._pick(url, loader_options(url), self.src if side == "src" else self.dst)
-
-    def writer(self, url: str) -> dict[str, Any]:
-        return self._pick(url, writer_options(url), self.dst)
 
 
 def specialize(
@@ -146,86 +104,32 @@ def specialize(
 
     Nothing is published unless the whole run succeeds (``PartialPublish`` aside).
     """
-    src, dst = os.fspath(src_url), os.fspath(dst_url)
-    options = _Options(storage_options, src_storage_options, dst_storage_options)
-
-    pairs = [(src, dst)]
-    if ptd is not None:
-        pairs.append((os.fspath(ptd[0]), os.fspath(ptd[1])))
+    options = StorageOptions(storage_options, src=src_storage_options, dst=dst_storage_options)
+    pairs = split_pairs(src_url, dst_url, ptd)
     # Before any work, and before the create-mode probes: no destination may be a
     # source or the other destination.
     check_targets(pairs[0], pairs[1] if ptd is not None else None)
-    options.check(pairs)
+    options.check([s for s, _ in pairs], [d for _, d in pairs])
     if mode == "create":
         # Fail before any work (and before a .ptd is published) when a destination
         # exists; the writers' no-clobber publish still guards against races.
         for _, d in pairs:
             try:
-                probe = open_loader(d, **options.loader(d, "dst"))
+                probe = open_loader(d, **options.for_loader(d, "dst"))
             except ObjectNotFound:
                 continue
             probe.close()
-            raise AlreadyExists(f"{d}: already exists (create mode refuses to replace it)")
-    loaders: list[DataLoader] = []
-    writers: list[DataWriter] = []
-    try:
-        return _run(
-            pairs,
-            options,
-            loaders,
-            writers,
-            backends,
-            event_tracer,
-            mode,
-            spool_dir,
-            strict,
-            device,
-            provenance,
-        )
-    except KeyboardInterrupt as exc:
-        # Ctrl-C after a publish took effect must not read as "nothing was published".
-        done = [w.url for w in writers if w.state is WriterState.PUBLISHED]
-        if done and not exc.args:
-            raise KeyboardInterrupt(f"after {' and '.join(done)} was published") from exc
-        raise
-
-
-def _run(
-    pairs: list[tuple[str, str]],
-    options: _Options,
-    loaders: list[DataLoader],
-    writers: list[DataWriter],
-    backends: Iterable[BackendLike] | None,
-    event_tracer: EventTracer | None,
-    mode: PublishMode,
-    spool_dir: str | None,
-    strict: bool,
-    device: DeviceProfile | None,
-    provenance: ProvenanceRequest | bool | None,
-) -> SpecializationReport:
-    ptd = pairs[1] if len(pairs) > 1 else None
-    try:
-        for s, d in pairs:
-            loaders.append(open_loader(s, **options.loader(s, "src")))
-            writers.append(open_writer(d, **options.writer(d)))
-        return initialize_and_save_backend_data(
-            loaders[0],
-            writers[0],
-            ptd_loader=loaders[1] if ptd is not None else None,
-            ptd_writer=writers[1] if ptd is not None else None,
-            backends=backends,
-            event_tracer=event_tracer,
-            mode=mode,
-            spool_dir=spool_dir,
-            strict=strict,
-            device=device,
-            provenance=provenance,
-        )
-    finally:
-        for w in writers:
-            try:
-                w.discard()  # no-op after publish; never publishes
-            except Exception:
-                pass
-        for loader in loaders:
-            loader.close()
+            raise AlreadyExists(f"{d.text}: already exists (create mode refuses to replace it)")
+    return specialize_pair(
+        pairs[0][0],
+        pairs[0][1],
+        ptd=pairs[1] if ptd is not None else None,
+        options=options,
+        backends=backends,
+        mode=mode,
+        event_tracer=event_tracer,
+        spool_dir=spool_dir,
+        strict=strict,
+        device=device,
+        provenance=provenance,
+    )

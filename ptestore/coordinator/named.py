@@ -8,15 +8,16 @@ from typing import TYPE_CHECKING, Literal
 
 from ..errors import FormatError
 from ..format.model import Container, TensorLayout
-from ..format.reader import ParsedFile
 from ..format.tensorinfo import TensorInfo, array_view
 from ..format.tensors import TensorIndex, describe_tensors
-from ..loaders import DataLoader, LocalFileLoader
-from ..writers.base import DataWriter
+from ..storage.loaders import DataLoader, LocalFileLoader
 from .spool import Buffer
 
 if TYPE_CHECKING:
     import numpy as np
+
+    from ..format.reader import ParsedFile
+    from ..writers.base import DataWriter
 
 __all__ = ["MergedNamedDataMap", "SourceFile", "read_view"]
 

@@ -5,15 +5,18 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..errors import PartialPublish
-from ..format.layout import Placement
-from ..format.patch import PatchResult
-from ..loaders import DataLoader
+from ..storage.types import DataLoader
 from ..writers.base import DataWriter, PublishMode, PublishResult
 from .named import SourceFile
 from .report import Event, FileReport
 from .session import Run
+
+if TYPE_CHECKING:
+    from ..format.layout import Placement
+    from ..format.patch import PatchResult
 
 __all__ = ["FileLayout", "is_identity", "publish_in_order", "unchanged_report", "write_file"]
 

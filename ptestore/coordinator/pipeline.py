@@ -6,9 +6,9 @@ import inspect
 import logging
 import time
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from ..backends.api import BackendDataInitContext, BackendDataWriter, BackendInterface
-from ..backends.compat import DeviceProfile
 from ..backends.registry import BackendLike, installed_backends
 from ..errors import (
     BackendError,
@@ -19,10 +19,10 @@ from ..errors import (
 )
 from ..format.layout import layout_file
 from ..format.reader import read_container
-from ..loaders import DataLoader
 from ..provenance.stamp import ProvenanceRequest, Stamper, object_metadata
 from ..provenance.trailer import without_trailer
-from ..writers.base import DataWriter, PublishMode
+from ..storage.types import DataLoader
+from ..writers.base import DataWriter, PublishMode, discard_all
 from ..writers.local import LocalFileWriter
 from .aliases import check_aliases
 from .named import SourceFile
@@ -39,6 +39,9 @@ from .selection import resolve_backends, why_unchanged
 from .session import Run, Session
 from .spool import Spool
 from .targets import check_pair_targets, same_target
+
+if TYPE_CHECKING:
+    from ..backends.compat import DeviceProfile
 
 __all__ = ["initialize_and_save_backend_data"]
 
@@ -184,11 +187,7 @@ def initialize_and_save_backend_data(
         summary.seconds = time.perf_counter() - started
         return summary
     except BaseException:
-        for w in writers:
-            try:
-                w.discard()
-            except Exception:  # the original error matters more
-                pass
+        discard_all(writers)
         raise
     finally:
         if spool is not None:

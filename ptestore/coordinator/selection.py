@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from ..backends.api import BackendInterface
 from ..backends.passthrough import PassthroughBackend
 from ..backends.registry import (
     BackendLike,
@@ -17,6 +17,9 @@ from ..backends.registry import (
 )
 from ..errors import ConfigurationError
 from .report import BackendReport
+
+if TYPE_CHECKING:
+    from ..backends.api import BackendInterface
 
 __all__ = ["Selection", "resolve_backends", "why_unchanged"]
 

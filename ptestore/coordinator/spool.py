@@ -7,10 +7,9 @@ import threading
 
 from .._io import pread_all, pwrite_all
 from ..errors import StorageError
+from ..storage.types import Buffer, strerror
 
 __all__ = ["Buffer", "Spool"]
-
-Buffer = bytes | bytearray | memoryview
 
 
 class Spool:
@@ -23,7 +22,7 @@ class Spool:
         except OSError as exc:
             where = directory or tempfile.gettempdir()
             raise StorageError(
-                f"cannot create the replacement spool in {where}: {exc.strerror or exc}"
+                f"cannot create the replacement spool in {where}: {strerror(exc)}"
             ) from exc
         self._size = 0
         self.name = f"<replacement spool {self._file.name}>"
@@ -38,7 +37,7 @@ class Spool:
                 pwrite_all(self._file.fileno(), view, offset)
             except OSError as exc:
                 raise StorageError(
-                    f"cannot spool {view.nbytes} replacement bytes: {exc.strerror or exc}"
+                    f"cannot spool {view.nbytes} replacement bytes: {strerror(exc)}"
                 ) from exc
             self._size += view.nbytes
             return offset

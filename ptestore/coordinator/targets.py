@@ -10,19 +10,22 @@ from __future__ import annotations
 import os
 import posixpath
 import re
+from typing import TYPE_CHECKING
 
 from ..errors import ConfigurationError
-from ..loaders import split_url
-from ..writers.base import DataWriter
+from ..storage.types import StorageURL, URLLike
+
+if TYPE_CHECKING:
+    from ..writers.base import DataWriter
 
 __all__ = ["check_pair_targets", "check_targets", "same_target", "target_identity"]
 
 _SLASHES = re.compile(r"/{2,}")
 
 
-def target_identity(url: str) -> tuple[str, str]:
+def target_identity(url: URLLike) -> tuple[str, str]:
     """``(protocol, normalized path)``: equal for two spellings of one object."""
-    protocol, path = split_url(url)
+    _, protocol, path = StorageURL.of(url)
     if protocol == "file":
         return "file", os.path.realpath(path)
     if protocol == "memory":
@@ -32,7 +35,7 @@ def target_identity(url: str) -> tuple[str, str]:
     return protocol, _SLASHES.sub("/", path).strip("/")
 
 
-def same_target(a: str, b: str) -> bool:
+def same_target(a: URLLike, b: URLLike) -> bool:
     """Whether URLs or paths ``a`` and ``b`` name the same stored object."""
     ia, ib = target_identity(a), target_identity(b)
     if ia == ib:
@@ -51,16 +54,16 @@ _IN_PLACE = (
 )
 
 
-def check_targets(pte: tuple[str, str], ptd: tuple[str, str] | None) -> None:
+def check_targets(pte: tuple[URLLike, URLLike], ptd: tuple[URLLike, URLLike] | None) -> None:
     """Refuse a .pte/.ptd pair where a destination is a source or the other destination
-    (``pte`` and ``ptd`` are ``(source, destination)``). A single .pte may be
-    specialized in place."""
+    (``pte`` and ``ptd`` are ``(source, destination)``, paths, URLs or URLs split
+    already). A single .pte may be specialized in place."""
     if ptd is None:
         return
-    (src, dst), (src_ptd, dst_ptd) = pte, ptd
-    for s, d in (pte, ptd):
-        if _named(s) and same_target(s, d):
-            raise ConfigurationError(_IN_PLACE.format(s=s, d=d))
+    (src, dst), (src_ptd, dst_ptd) = [(StorageURL.of(s), StorageURL.of(d)) for s, d in (pte, ptd)]
+    for s, d in ((src, dst), (src_ptd, dst_ptd)):
+        if _named(s.text) and same_target(s, d):
+            raise ConfigurationError(_IN_PLACE.format(s=s.text, d=d.text))
     pairs = [
         ("the destination .pte", dst, "the source .ptd", src_ptd, "would replace the .ptd"),
         ("the destination .ptd", dst_ptd, "the source .pte", src, "would replace the .pte"),
@@ -74,8 +77,8 @@ def check_targets(pte: tuple[str, str], ptd: tuple[str, str] | None) -> None:
         ("the source .ptd", src_ptd, "the source .pte", src, "a .pte is not its own .ptd"),
     ]
     for what_a, a, what_b, b, why in pairs:
-        if _named(a) and _named(b) and same_target(a, b):
-            shown = a if a == b else f"{a} ({b})"
+        if _named(a.text) and _named(b.text) and same_target(a, b):
+            shown = a.text if a.text == b.text else f"{a.text} ({b.text})"
             raise ConfigurationError(
                 f"{what_a} and {what_b} are the same file, {shown}: {why}; every "
                 "destination must differ from both sources and from the other destination"

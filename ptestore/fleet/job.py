@@ -27,7 +27,8 @@ from typing import Any
 
 from ..backends.compat import DeviceProfile
 from ..errors import ConfigurationError
-from ..loaders import split_url
+from ..storage.routing import StorageOptions, options_for_loader
+from ..storage.types import StorageURL, strerror
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -35,37 +36,19 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib  # type: ignore[import-not-found,unused-ignore]
 
 __all__ = [
-    "WRITER_ONLY_OPTIONS",
     "Job",
     "JobError",
     "Model",
     "Pair",
     "load_job",
-    "loader_options",
+    "pair_options",
     "parse_job",
     "ptd_beside",
-    "writer_options",
 ]
 
 _TOP_KEYS = {"destination", "backends", "storage_options", "models", "devices"}
 _MODEL_KEYS = {"name", "source", "ptd"}
 _FIELDS = {"model", "device"}
-#: Options only writers understand; loaders do not get them.
-WRITER_ONLY_OPTIONS = frozenset(
-    {
-        "part_size",
-        "max_concurrency",
-        "metadata",
-        "spool",
-        "spool_dir",
-        "verify",
-        "durable",
-        "auto_mkdir",
-        "retry_attempts",
-        "retry_initial",
-        "retry_max",
-    }
-)
 
 
 class JobError(ConfigurationError):
@@ -119,33 +102,29 @@ class Job:
             f"{self.path}: no device {name!r} (devices: {', '.join(d.name for d in self.devices)})"
         )
 
-    def loader_options(self, url: str) -> dict[str, Any]:
-        """Storage options for reading ``url`` (none for local paths)."""
-        return loader_options(url, self.storage_options)
+    def options_for_loader(self, url: str) -> dict[str, Any]:
+        """The job's storage options that apply to reading ``url`` (none for local
+        paths), as :mod:`ptestore.storage.routing` routes them."""
+        return options_for_loader(url, self.storage_options)
 
-    def writer_options(self, url: str) -> dict[str, Any]:
-        """Storage options for writing ``url``."""
-        return writer_options(url, self.storage_options)
-
-
-def loader_options(url: str, options: dict[str, Any]) -> dict[str, Any]:
-    """The job's storage ``options`` that apply to reading ``url``: none for local
-    paths, and never the writer-only ones."""
-    if split_url(url)[0] == "file":
-        return {}
-    return {k: v for k, v in options.items() if k not in WRITER_ONLY_OPTIONS}
+    def options_for_writer(self, url: str) -> dict[str, Any]:
+        """The storage options for writing the destination ``url`` (see
+        :func:`pair_options`)."""
+        return pair_options(url, self.storage_options).for_writer(url)
 
 
-def writer_options(url: str, options: dict[str, Any]) -> dict[str, Any]:
-    """The job's storage ``options`` for writing ``url`` (local destinations get their
-    ``{device}`` directories made as needed; S3 outputs are written once, unspooled)."""
-    protocol = split_url(url)[0]
-    if protocol == "file":
-        return {"auto_mkdir": True}
-    opts = dict(options)
-    if protocol == "s3":
-        opts.setdefault("spool", False)
-    return opts
+def pair_options(destination: str, options: dict[str, Any]) -> StorageOptions:
+    """The storage options of one pair's run: the job's ``options`` as common ones (each
+    reaches every URL that accepts it: :mod:`ptestore.storage.routing`), and the fleet's
+    defaults for the destinations: local ones get their ``{device}`` directories made as
+    needed; S3 outputs are written once, unspooled, unless the job says otherwise."""
+    url = StorageURL.of(destination)
+    defaults: dict[str, Any] = {}
+    if url.local:
+        defaults["auto_mkdir"] = True
+    elif url.protocol == "s3" and "spool" not in options:
+        defaults["spool"] = False
+    return StorageOptions(options, dst=defaults)
 
 
 def ptd_beside(destination: str) -> str:
@@ -184,7 +163,7 @@ def load_job(path: str | os.PathLike[str]) -> Job:
     except FileNotFoundError:
         raise JobError(f"{p}: job file not found") from None
     except OSError as exc:
-        raise JobError(f"{p}: cannot read the job file: {exc.strerror or exc}") from None
+        raise JobError(f"{p}: cannot read the job file: {strerror(exc)}") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

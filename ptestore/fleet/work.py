@@ -15,16 +15,18 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..backends.compat import DeviceProfile
 from ..backends.registry import load_backend
 from ..errors import AlreadyExists, FormatError, ObjectNotFound, PteStoreError
-from ..loaders import DataLoader, open_loader
 from ..provenance import ProvenanceKey, ProvenanceRequest, SourceInfo, read_provenance
-from ..writers import open_writer
-from ..writers.base import PublishMode
-from .job import loader_options, writer_options
+from ..storage.loaders import DataLoader, open_loader
+from ..storage.routing import options_for_loader
+from .job import pair_options
+
+if TYPE_CHECKING:
+    from ..backends.compat import DeviceProfile
+    from ..writers.base import PublishMode
 
 __all__ = [
     "CountingLoader",
@@ -107,7 +109,7 @@ class CountingLoader:
 def open_counted(url: str, options: dict[str, Any], counter: list[int]) -> DataLoader:
     """A loader for ``url`` (with the options that apply to reading) that adds the bytes
     it reads to ``counter[0]``."""
-    return CountingLoader(open_loader(url, **loader_options(url, options)), counter)
+    return CountingLoader(open_loader(url, **options_for_loader(url, options)), counter)
 
 
 def check_destination(
@@ -151,7 +153,7 @@ def run_pair(task: PairTask) -> PairResult:
 
 
 def _run(task: PairTask, counter: list[int]) -> tuple[str, str]:
-    from ..coordinator import initialize_and_save_backend_data
+    from ..coordinator import specialize_pair
 
     urls = [task.destination] + ([task.ptd_destination] if task.ptd_destination else [])
     current, reason = check_destination(urls, task.storage_options, task.key, counter)
@@ -168,44 +170,25 @@ def _run(task: PairTask, counter: list[int]) -> tuple[str, str]:
         )
     exists = not reason.startswith("no artifact")
     mode: PublishMode = "overwrite" if exists or task.ptd is not None else "create"
-    loaders: list[DataLoader] = []
-    writers: list[Any] = []
+    ptd = None
+    if task.ptd is not None and task.ptd_destination is not None:
+        ptd = (task.ptd, task.ptd_destination)
     try:
-        loaders.append(open_counted(task.source, task.storage_options, counter))
-        writers.append(
-            open_writer(task.destination, **writer_options(task.destination, task.storage_options))
+        report = specialize_pair(
+            task.source,
+            task.destination,
+            ptd=ptd,
+            options=pair_options(task.destination, task.storage_options),
+            backends=list(task.backends),  # recorded as the job's SPECs
+            mode=mode,
+            device=task.device,
+            provenance=ProvenanceRequest(sources=dict(task.sources)),
+            loader_hook=lambda loader: CountingLoader(loader, counter),
         )
-        if task.ptd is not None and task.ptd_destination is not None:
-            loaders.append(open_counted(task.ptd, task.storage_options, counter))
-            writers.append(
-                open_writer(
-                    task.ptd_destination,
-                    **writer_options(task.ptd_destination, task.storage_options),
-                )
-            )
-        try:
-            report = initialize_and_save_backend_data(
-                loaders[0],
-                writers[0],
-                ptd_loader=loaders[1] if len(loaders) > 1 else None,
-                ptd_writer=writers[1] if len(writers) > 1 else None,
-                backends=list(task.backends),  # recorded as the job's SPECs
-                mode=mode,
-                device=task.device,
-                provenance=ProvenanceRequest(sources=dict(task.sources)),
-            )
-            counter[0] += sum(f.size_after for f in report.files)
-            outcome = "published"
-        except AlreadyExists:
-            outcome = "raced"  # another worker published first: verify what it left
-    finally:
-        for w in writers:
-            try:
-                w.discard()
-            except Exception:
-                pass
-        for loader in loaders:
-            loader.close()
+        counter[0] += sum(f.size_after for f in report.files)
+        outcome = "published"
+    except AlreadyExists:
+        outcome = "raced"  # another worker published first: verify what it left
     current, reason = check_destination(urls, task.storage_options, task.key, counter)
     if not current:
         raise PteStoreError(

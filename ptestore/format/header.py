@@ -22,7 +22,9 @@ import struct
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
+from .._align import align_up, is_power_of_two
 from ..errors import FormatError
+from ..storage.types import Buffer
 
 __all__ = [
     "HEADER_OFFSET",
@@ -57,7 +59,6 @@ __all__ = [
     "is_power_of_two",
 ]
 
-Buffer = bytes | bytearray | memoryview
 Kind = Literal["pte", "ptd"]
 
 #: Every fixed-width integer in both containers (FlatBuffer scalars too) is little-endian.
@@ -95,19 +96,6 @@ PTD_FLATBUFFER_OFFSET_POS = 16
 PTD_FLATBUFFER_SIZE_POS = 24
 PTD_SEGMENT_BASE_OFFSET_POS = 32
 PTD_SEGMENT_DATA_SIZE_POS = 40
-
-
-def is_power_of_two(value: int) -> bool:
-    """True for 1, 2, 4, 8, ...; False for 0, negatives and everything else."""
-    return value > 0 and value & (value - 1) == 0
-
-
-def align_up(value: int, alignment: int) -> int:
-    """The smallest multiple of ``alignment`` that is >= ``value`` (``value`` itself for
-    alignments <= 1)."""
-    if alignment <= 1:
-        return value
-    return (value + alignment - 1) // alignment * alignment
 
 
 def _u32(buf: Buffer, pos: int) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..loaders import DataLoader
+from ..storage.types import DataLoader
 from .header import HEAD_BYTES, FileHead
 from .model import Container
 from .parse import parse_metadata

@@ -16,7 +16,7 @@ import dataclasses
 from collections.abc import Iterator, Mapping
 
 from ..errors import FormatError
-from ..loaders import DataLoader
+from ..storage.types import DataLoader
 from .flatbuf import FlatView, TableView
 from .model import Container
 from .reader import ParsedFile

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import FormatError
-from ..loaders import DataLoader
+from ..storage.types import DataLoader
 from .record import (
     BackendStamp,
     DeviceStamp,
@@ -85,7 +85,7 @@ def provenance_json(loader: DataLoader) -> dict[str, Any] | None:
 def replace_trailer(data: bytes | bytearray | memoryview, payload: dict[str, Any]) -> bytes:
     """``data`` (a whole file) with its trailer, if any, replaced by one for ``payload``
     (in memory; for tests and small tools)."""
-    from ..loaders import BytesLoader
+    from ..storage.loaders import BytesLoader
 
     loader = BytesLoader(data)
     trailer = read_trailer(loader)

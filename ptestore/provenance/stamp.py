@@ -11,14 +11,11 @@ import datetime as _dt
 import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from ..backends.api import BackendDataInitContext, BackendInterface
-from ..backends.compat import DeviceProfile
 from ..backends.registry import BackendLike, load_backend
 from ..errors import BackendError, StorageError
-from ..loaders import DataLoader
-from ..writers.base import DataWriter
+from ..storage.types import DataLoader
 from .record import (
     BackendStamp,
     DeviceStamp,
@@ -28,6 +25,11 @@ from .record import (
     SourceInfo,
 )
 from .trailer import encode_trailer
+
+if TYPE_CHECKING:
+    from ..backends.api import BackendDataInitContext, BackendInterface
+    from ..backends.compat import DeviceProfile
+    from ..writers.base import DataWriter
 
 __all__ = [
     "METADATA_PREFIX",
@@ -73,7 +75,7 @@ def spec_text(backend: BackendLike) -> str:
 
 
 def _ptestore_version() -> str:
-    from .. import __version__
+    from .._version import __version__
 
     return __version__
 

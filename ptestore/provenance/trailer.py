@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import FormatError, StorageError
-from ..loaders import DataLoader
+from ..storage.types import DataLoader
 
 __all__ = [
     "FOOTER_SIZE",

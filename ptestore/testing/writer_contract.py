@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ..errors import AlreadyExists, ConfigurationError, WriterStateError
-from ..loaders import BytesLoader
+from ..storage.loaders import BytesLoader
 from ..writers.base import PublishResult, WriterState
 from .writer_races import WriterRaces, pattern
 

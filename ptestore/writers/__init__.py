@@ -17,10 +17,9 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from .._options import check_options
-from ..loaders import split_url
+from ..storage._options import check_options
+from ..storage.types import StorageURL
 from .base import DataWriter, PublishMode, PublishResult, WriterGuarantees, WriterState
-from .gc import GcEntry, collect_local, collect_s3, collect_stale
 from .generic import FsspecWriter
 from .local import LocalFileWriter
 from .memory import MemoryWriter
@@ -31,7 +30,6 @@ if TYPE_CHECKING:
 __all__ = [
     "DataWriter",
     "FsspecWriter",
-    "GcEntry",
     "LocalFileWriter",
     "MemoryWriter",
     "PublishMode",
@@ -39,9 +37,6 @@ __all__ = [
     "S3Writer",
     "WriterGuarantees",
     "WriterState",
-    "collect_local",
-    "collect_s3",
-    "collect_stale",
     "open_writer",
     "writer_options",
 ]
@@ -55,30 +50,32 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _writer_class(url: str | os.PathLike[str]) -> tuple[type[DataWriter], str, str]:
-    protocol, path = split_url(url)
-    if protocol == "file":
-        return LocalFileWriter, path, "local files"
-    if protocol == "memory":
-        return MemoryWriter, os.fspath(url), "memory://"
-    if protocol == "s3":
+def _writer_class(url: StorageURL) -> tuple[type[DataWriter], str, str]:
+    """The writer class for ``url``, the target it is constructed with, and what the
+    options apply to (for messages)."""
+    if url.local:
+        return LocalFileWriter, url.path, "local files"
+    if url.protocol == "memory":
+        return MemoryWriter, url.text, "memory://"
+    if url.protocol == "s3":
         from .s3 import S3Writer
 
-        return S3Writer, os.fspath(url), "s3://"
-    return FsspecWriter, os.fspath(url), f"{protocol}:// (FsspecWriter)"
+        return S3Writer, url.text, "s3://"
+    return FsspecWriter, url.text, f"{url.protocol}:// (FsspecWriter)"
 
 
-def writer_options(url: str | os.PathLike[str]) -> frozenset[str]:
-    """The storage options :func:`open_writer` accepts for ``url``."""
-    cls, target, _ = _writer_class(url)
+def writer_options(url: str | os.PathLike[str] | StorageURL) -> frozenset[str]:
+    """The names of the storage options :func:`open_writer` accepts for ``url``."""
+    cls, target, _ = _writer_class(StorageURL.of(url))
     return cls.accepted_options(target)
 
 
-def open_writer(url: str | os.PathLike[str], **storage_options: Any) -> DataWriter:
+def open_writer(url: str | os.PathLike[str] | StorageURL, **storage_options: Any) -> DataWriter:
     """Open a transactional writer for ``url`` (see the module docstring for dispatch).
 
     Args:
-        url: a local path, ``file://``, ``memory://``, ``s3://`` or any fsspec URL.
+        url: a local path, ``file://``, ``memory://``, ``s3://`` or any fsspec URL (or
+            a :class:`~ptestore.storage.types.StorageURL`, split already).
         **storage_options: fsspec/s3fs options (``endpoint_url``, ``key``, ``secret``,
             ``client_kwargs``, ...) plus the writer options documented on each class
             (``durable``, ``part_size``, ``metadata``, ``retry_attempts``, ...).
@@ -94,6 +91,6 @@ def open_writer(url: str | os.PathLike[str], **storage_options: Any) -> DataWrit
         PermissionDenied: access refused.
         StorageError: the staging area cannot be created.
     """
-    cls, target, applies_to = _writer_class(url)
+    cls, target, applies_to = _writer_class(StorageURL.of(url))
     check_options(target, storage_options, cls.accepted_options(target), applies_to)
     return cls(target, **storage_options)

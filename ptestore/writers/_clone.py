@@ -16,7 +16,7 @@ import struct
 import sys
 from typing import Protocol, runtime_checkable
 
-from ..format.header import is_power_of_two
+from .._align import is_power_of_two
 
 __all__ = ["CLONE_FALLBACK_ERRNOS", "HasFileno", "clone_range", "probe_clone_block_size"]
 

@@ -5,13 +5,9 @@ from __future__ import annotations
 import os
 
 from ..errors import StorageError
+from ..storage.types import strerror
 
-__all__ = ["FileStaging", "strerror"]
-
-
-def strerror(exc: OSError) -> str:
-    """The system's text for an ``OSError`` (its ``strerror``, else its ``str``)."""
-    return exc.strerror or str(exc)
+__all__ = ["FileStaging"]
 
 
 class FileStaging:

@@ -16,18 +16,19 @@ import os
 import threading
 import warnings
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol
 
 from ..errors import (
+    AlreadyExists,
     ConfigurationError,
     PteStoreError,
     PublishUncertain,
     WriterStateError,
     describe_exception,
 )
-from ..loaders import DataLoader
+from ..storage.types import DataLoader
 
 __all__ = [
     "MAX_OBJECT_SIZE",
@@ -37,6 +38,8 @@ __all__ = [
     "Staging",
     "WriterGuarantees",
     "WriterState",
+    "already_exists",
+    "discard_all",
 ]
 
 log = logging.getLogger("ptestore.writers")
@@ -138,6 +141,25 @@ def _finalize(staging: _OwnedStaging, url: str, dirty: list[bool]) -> None:
             ResourceWarning,
             stacklevel=2,
         )
+
+
+def already_exists(where: str, what: str = "object") -> AlreadyExists:
+    """The error of a ``publish(mode="create")`` that found ``where`` taken, worded once
+    for every writer."""
+    return AlreadyExists(
+        f"{where}: already exists; publish(mode='create') never replaces an existing {what}"
+    )
+
+
+def discard_all(writers: Iterable[DataWriter]) -> None:
+    """Discard every writer after a failure (a no-op for a published one; it never
+    publishes). A failing discard is logged (debug), not raised: the original error matters
+    more."""
+    for w in writers:
+        try:
+            w.discard()
+        except Exception as exc:
+            log.debug("%s: discarding after a failure failed: %s", w.url, exc)
 
 
 def _as_view(data: bytes | bytearray | memoryview, url: str) -> memoryview:

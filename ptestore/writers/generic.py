@@ -38,12 +38,13 @@ from typing import Any, ClassVar
 import fsspec
 
 from .._io import pread_all, pwrite_all
-from .._options import fsspec_options
 from .._retry import RETRY_OPTIONS, Category, RetryPolicy, classify, to_storage_error
 from ..errors import AlreadyExists, ConfigurationError, StorageError
-from ..loaders import DataLoader, FsspecLoader, split_url
-from ._staging import FileStaging, strerror
-from .base import DataWriter, PublishMode, PublishResult, WriterGuarantees
+from ..storage._options import fsspec_options
+from ..storage.loaders import FsspecLoader
+from ..storage.types import DataLoader, split_url, strerror
+from ._staging import FileStaging
+from .base import DataWriter, PublishMode, PublishResult, WriterGuarantees, already_exists
 
 __all__ = ["VERIFY_LIMIT", "FsspecWriter"]
 
@@ -209,10 +210,7 @@ class FsspecWriter(DataWriter):
         fs, path = self.fs, self.path
         src.check_unchanged()
         if mode == "create" and fs.exists(path):
-            raise AlreadyExists(
-                f"{self.url}: already exists; publish(mode='create') never replaces an "
-                "existing object"
-            )
+            raise already_exists(self.url)
         try:
             self.retry.call(lambda: fs.copy(src.path, path), what=f"{self.url}: copy of {src.name}")
         except NotImplementedError:
@@ -222,9 +220,6 @@ class FsspecWriter(DataWriter):
 
     def _publish(self, mode: PublishMode, size: int) -> PublishResult:
         fs, path, tmp = self.fs, self.path, self._st.path
-        exists = (
-            f"{self.url}: already exists; publish(mode='create') never replaces an existing object"
-        )
         kwargs = {"mode": mode} if "mode" in inspect.signature(fs.put_file).parameters else {}
         src = self._src
         try:
@@ -236,7 +231,7 @@ class FsspecWriter(DataWriter):
             if src is not None:
                 self._materialize(src)
             if mode == "create" and fs.exists(path):
-                raise AlreadyExists(exists)
+                raise already_exists(self.url)
             self._commit_point()
             self.retry.call(
                 lambda: fs.put_file(tmp, path, **kwargs), what=f"{self.url}: upload at publish"
@@ -245,7 +240,7 @@ class FsspecWriter(DataWriter):
             raise
         except Exception as exc:
             if classify(exc) is Category.ALREADY_EXISTS:
-                raise AlreadyExists(exists) from exc
+                raise already_exists(self.url) from exc
             raise to_storage_error(exc, self.url, "upload at publish") from exc
         self._st.cleanup()
         return PublishResult(url=self.url, size=size)

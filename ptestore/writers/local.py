@@ -33,16 +33,15 @@ from typing import ClassVar
 
 from .._io import pwrite_all
 from ..errors import (
-    AlreadyExists,
     ConfigurationError,
     ObjectNotFound,
     PublishUncertain,
     StorageError,
 )
-from ..loaders import DataLoader
+from ..storage.types import DataLoader, strerror
 from ._clone import HasFileno, clone_range, probe_clone_block_size
-from ._staging import FileStaging, strerror
-from .base import DataWriter, PublishMode, PublishResult, WriterGuarantees
+from ._staging import FileStaging
+from .base import DataWriter, PublishMode, PublishResult, WriterGuarantees, already_exists
 
 __all__ = ["TEMP_NAME_RE", "LocalFileWriter", "staging_name"]
 
@@ -275,10 +274,7 @@ class LocalFileWriter(DataWriter):
             try:
                 os.link(tmp, self.path)
             except FileExistsError as exc:
-                raise AlreadyExists(
-                    f"{self.path}: already exists; publish(mode='create') never replaces an "
-                    "existing file"
-                ) from exc
+                raise already_exists(self.path, "file") from exc
             except OSError as exc:
                 if exc.errno in _NO_LINK_ERRNOS:
                     raise StorageError(

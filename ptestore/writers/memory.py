@@ -22,8 +22,8 @@ from typing import ClassVar
 
 from fsspec.implementations.memory import MemoryFile, MemoryFileSystem
 
-from ..errors import AlreadyExists, StorageError
-from .base import DataWriter, PublishMode, PublishResult, WriterGuarantees
+from ..errors import StorageError
+from .base import DataWriter, PublishMode, PublishResult, WriterGuarantees, already_exists
 
 __all__ = ["MemoryWriter"]
 
@@ -96,10 +96,7 @@ class MemoryWriter(DataWriter):
                 if parent in fs.store:
                     raise StorageError(f"{self.url}: parent {parent} is an object, not a directory")
             if mode == "create" and path in fs.store:
-                raise AlreadyExists(
-                    f"{self.url}: already exists; publish(mode='create') never replaces an "
-                    "existing object"
-                )
+                raise already_exists(self.url)
             fs.store[path] = obj  # the one step that makes the object visible
         self._st.cleanup()
         return PublishResult(url=self.url, size=size, etag=str(version))

@@ -20,10 +20,10 @@ from support.fixtures import get_fixture
 
 import ptestore
 from ptestore.fleet import PairResult, load_job, run_job
+from ptestore.gc import collect_s3
 from ptestore.loaders import BytesLoader
 from ptestore.provenance import read_provenance, read_trailer
 from ptestore.testing.moto import MotoS3
-from ptestore.writers.gc import collect_s3
 
 from .fleetkit import statuses, upload_models, uploads, write_job
 

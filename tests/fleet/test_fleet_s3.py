@@ -66,7 +66,7 @@ def test_fleet_with_faults_reruns_and_changes(
         for entry in done[:: max(1, len(done) // 8)]:
             report = verify(
                 entry["destination"],
-                storage_options=job.loader_options("s3://x"),
+                storage_options=job.storage_options,
                 backends=list(job.backends),
                 device=job.device(entry["device"]),
             )

@@ -47,17 +47,17 @@ def test_parse_pairs_and_defaults() -> None:
         ("conv", "pixel9", "s3://models/pixel9/conv.pte", None),
         ("conv", "galaxy", "s3://models/galaxy/conv.pte", None),
     ]
-    assert job.loader_options("/local/x.pte") == {}
-    assert job.writer_options("/local/x.pte") == {"auto_mkdir": True}
-    assert job.writer_options("s3://b/k") == {
+    assert job.options_for_loader("/local/x.pte") == {}
+    assert job.options_for_writer("/local/x.pte") == {"auto_mkdir": True}
+    assert job.options_for_writer("s3://b/k") == {
         "endpoint_url": "http://127.0.0.1:9000",
         "spool": False,
     }
     with_writer = parse_job(
         GOOD.replace("[storage_options]\n", "[storage_options]\npart_size = 1\n")
     )
-    assert with_writer.loader_options("s3://b/k") == {"endpoint_url": "http://127.0.0.1:9000"}
-    assert with_writer.writer_options("s3://b/k")["part_size"] == 1
+    assert with_writer.options_for_loader("s3://b/k") == {"endpoint_url": "http://127.0.0.1:9000"}
+    assert with_writer.options_for_writer("s3://b/k")["part_size"] == 1
 
 
 @pytest.mark.parametrize(

@@ -380,7 +380,7 @@ def test_gc_durations() -> None:
         10.0,
         0.0,
     ]
-    assert DEFAULT_OLDER_THAN == ptestore.writers.gc.DEFAULT_OLDER_THAN  # type: ignore[attr-defined]
+    assert DEFAULT_OLDER_THAN == ptestore.gc.DEFAULT_OLDER_THAN  # type: ignore[attr-defined]
     assert [human_duration(s) for s in (0, 45, 750, 3600, 93600, 8 * 86400 + 5)] == [
         "0s",
         "45s",
@@ -428,7 +428,7 @@ def test_gc_prints_human_ages(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 def test_gc_s3_ages_follow_the_servers_clock(
     moto_s3: MotoS3, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from ptestore.writers import gc as gc_module
+    from ptestore import gc as gc_module
     from ptestore.writers import open_writer
 
     bucket = moto_s3.new_bucket()

@@ -104,7 +104,7 @@ def test_gc_older_than_must_be_a_finite_number(
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), -1.0, "1", True])
 def test_collect_functions_refuse_bad_older_than(tmp_path: Path, value: object) -> None:
     from ptestore.errors import ConfigurationError
-    from ptestore.writers.gc import collect_local, collect_s3, collect_stale
+    from ptestore.gc import collect_local, collect_s3, collect_stale
 
     msg = rf"older_than must be a finite number of seconds >= 0, got {value!r}"
     for fn, target in [

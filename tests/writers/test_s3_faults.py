@@ -16,9 +16,9 @@ from ptestore.errors import (
     PublishUncertain,
     StorageError,
 )
+from ptestore.gc import collect_s3
 from ptestore.testing.s3server import S3TestServer
 from ptestore.writers import S3Writer, WriterState, open_writer
-from ptestore.writers.gc import collect_s3
 from ptestore.writers.s3 import MIN_PART_SIZE
 
 from .s3_faults import Fault, error_response, sequence

@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ..._options import fsspec_options
 from ..._retry import RETRY_OPTIONS, RetryPolicy
 from ...errors import ConfigurationError
+from ...storage._options import fsspec_options
 from .marker import MAX_DATA_PARTS
 
 __all__ = [

@@ -13,8 +13,10 @@ from __future__ import annotations
 import concurrent.futures as cf
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from ..._s3source import S3Source
+if TYPE_CHECKING:
+    from ...storage._s3source import S3Source
 
 __all__ = ["SPARSE_LIMIT", "Part", "PartContent", "PartState", "Ref", "UploadedPart"]
 

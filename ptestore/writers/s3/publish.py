@@ -16,8 +16,8 @@ import zlib
 from typing import Any
 
 from ..._retry import Category, classify, error_code, to_storage_error
-from ...errors import AlreadyExists, IntegrityError, PublishUncertain, StorageError
-from ..base import PublishMode, PublishResult
+from ...errors import IntegrityError, PublishUncertain, StorageError
+from ..base import PublishMode, PublishResult, already_exists
 from .checksum import b64crc
 from .config import S3Connection
 
@@ -164,9 +164,7 @@ class S3Publisher:
             and mode == "create"
             and (head is not None or code == "PreconditionFailed")
         ):
-            raise AlreadyExists(
-                f"{where}: already exists; publish(mode='create') never replaces an existing object"
-            ) from exc
+            raise already_exists(where) from exc
         if code == "NoSuchUpload":
             raise PublishUncertain(
                 f"{where}: the multipart upload is gone (NoSuchUpload) and the object does not "

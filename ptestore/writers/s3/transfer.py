@@ -25,15 +25,17 @@ from __future__ import annotations
 import base64
 import os
 import zlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..._retry import to_storage_error
-from ..._s3source import S3Source
 from ...errors import IntegrityError, PreconditionFailed, StorageError
 from . import config
 from .checksum import b64crc
 from .config import S3Connection
 from .parts import PartContent, Ref, UploadedPart
+
+if TYPE_CHECKING:
+    from ...storage._s3source import S3Source
 
 __all__ = ["VERIFY_LIMIT", "VERIFY_RUNS", "PartTransfer"]
 

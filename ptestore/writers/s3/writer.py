@@ -23,9 +23,9 @@ from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from ..._retry import RETRY_OPTIONS, to_storage_error
-from ..._s3source import S3Source, matching_source, s3_identity
 from ...errors import ConfigurationError, StorageError, WriterStateError
-from ...loaders import DataLoader, split_url
+from ...storage._s3source import S3Source, matching_source, s3_identity
+from ...storage.types import DataLoader, split_url, strerror
 from ..base import DataWriter, PublishMode, PublishResult, WriterGuarantees
 from . import config
 from .checksum import b64crc, crc32_combine
@@ -217,7 +217,7 @@ class S3Writer(DataWriter):
                 fd, name = tempfile.mkstemp(prefix="ptestore-s3-spool-", dir=self.spool_dir)
             except OSError as exc:
                 raise StorageError(
-                    f"{self.url}: cannot create the local spool file: {exc.strerror or exc}"
+                    f"{self.url}: cannot create the local spool file: {strerror(exc)}"
                 ) from exc
             os.unlink(name)  # anonymous: vanishes when closed or on a crash
             self._st.spool_fd = fd

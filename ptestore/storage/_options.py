@@ -12,7 +12,7 @@ import inspect
 import os
 from collections.abc import Callable, Iterable, Mapping
 
-from .errors import ConfigurationError
+from ..errors import ConfigurationError
 
 __all__ = ["check_options", "fsspec_options"]
 

@@ -1,0 +1,385 @@
+"""DataLoaders: ranged, read-only access to a .pte/.ptd wherever it is stored.
+
+``open_loader(url, **storage_options)`` returns a :class:`DataLoader` for local paths,
+``file://``, ``memory://``, ``s3://`` and any other fsspec protocol. Every read is a
+ranged read: parsing the metadata of a multi-GB object reads only its first bytes.
+
+Local files are read with ``os.pread`` (thread-safe, no shared file position). Remote
+reads retry transient failures under :class:`ptestore._retry.RetryPolicy` (options
+``retry_attempts``, ``retry_initial``, ``retry_max``); permanent failures are raised at
+once, mapped by :func:`ptestore._retry.to_storage_error` (missing object ->
+:class:`~ptestore.errors.ObjectNotFound`, 401/403/EACCES ->
+:class:`~ptestore.errors.PermissionDenied`, ...).
+
+Every loader implements :meth:`DataLoader.check_unchanged`, which the pipeline calls
+before publishing anything derived from the source.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import stat
+import threading
+from typing import Any, ClassVar, TypeVar
+
+import fsspec
+
+from .._io import pread_all
+from .._retry import DEFAULT_RETRY, RETRY_OPTIONS, Category, RetryPolicy, classify, to_storage_error
+from ..errors import ConfigurationError, ObjectNotFound, StorageError
+from ._options import check_options, fsspec_options
+from ._s3source import S3Source, s3_source_of
+from .types import Buffer, DataLoader, StorageURL, split_url, strerror
+
+__all__ = [
+    "BytesLoader",
+    "DataLoader",
+    "FsspecLoader",
+    "LocalFileLoader",
+    "S3Source",
+    "loader_options",
+    "open_loader",
+    "split_url",
+]
+
+
+L = TypeVar("L", bound="_Closing")
+
+
+class _Closing:
+    """``with loader:`` closes it; the storage options a loader class accepts are data
+    on the class (:attr:`options`, :meth:`accepted_options`), read by
+    :func:`loader_options` and the option routing (:mod:`ptestore.storage.routing`)."""
+
+    #: Storage options the constructor path takes (``open_loader`` refuses all others).
+    options: ClassVar[frozenset[str]] = frozenset()
+
+    @classmethod
+    def accepted_options(cls, url: StorageURL) -> frozenset[str]:
+        """Storage options that apply to this loader for ``url`` (default:
+        :attr:`options`)."""
+        return cls.options
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self: L) -> L:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _check_range(name: str, offset: int, size: int, total: int) -> None:
+    if offset < 0 or size < 0 or offset + size > total:
+        raise StorageError(
+            f"{name}: read of {size} bytes at offset {offset} is outside the object (size {total})"
+        )
+
+
+class BytesLoader(_Closing):
+    """A loader over bytes already in memory (zero-copy slices)."""
+
+    def __init__(self, data: Buffer, name: str = "<bytes>") -> None:
+        self._view = memoryview(data).cast("B")
+        self.name = name
+
+    def size(self) -> int:
+        return self._view.nbytes
+
+    def load(self, offset: int, size: int) -> memoryview:
+        _check_range(self.name, offset, size, self._view.nbytes)
+        return self._view[offset : offset + size]
+
+    def check_unchanged(self) -> None:
+        """Nothing to check: the caller owns the buffer."""
+
+
+def _kind(mode: int) -> str:
+    for test, what in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return what
+    return f"not a regular file (mode {stat.filemode(mode)})"
+
+
+def _kind_of(path: str) -> str:
+    try:
+        return _kind(os.stat(path).st_mode)
+    except OSError:
+        return "not a regular file"
+
+
+def _not_regular(path: str, what: str) -> ConfigurationError:
+    return ConfigurationError(f"{path}: is {what}, not a regular file; refusing to read it")
+
+
+class LocalFileLoader(_Closing):
+    """Positional reads (``os.pread``) from a local file.
+
+    The file descriptor is opened once; ``load`` is safe from several threads.
+    :meth:`view` returns zero-copy, read-only views of a mapping of the file.
+    ``path`` and ``fileno()`` let local writers copy ranges in the kernel.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        self.name = self.path
+        # O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below).
+        try:
+            self._fd: int | None = os.open(
+                self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
+            )
+        except FileNotFoundError as exc:
+            raise ObjectNotFound(f"{self.path}: no such file") from exc
+        except IsADirectoryError as exc:
+            raise _not_regular(self.path, "a directory") from exc
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise _not_regular(self.path, "a symbolic link loop") from exc
+            if exc.errno == errno.ENXIO:  # a socket (or a FIFO/device without a peer)
+                raise _not_regular(self.path, _kind_of(self.path)) from exc
+            raise StorageError(f"{self.path}: cannot open for reading: {strerror(exc)}") from exc
+        st = os.fstat(self._fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(self._fd)
+            self._fd = None
+            raise _not_regular(self.path, _kind(st.st_mode))
+        os.set_blocking(self._fd, True)
+        self._size = st.st_size
+        self._stamp = (st.st_size, st.st_mtime_ns)
+        self._lock = threading.Lock()
+        self._no_map = False
+
+    def fileno(self) -> int:
+        if self._fd is None:
+            raise StorageError(f"{self.name}: loader is closed")
+        return self._fd
+
+    def size(self) -> int:
+        return self._size
+
+    def check_unchanged(self) -> None:
+        """Raise if the file was modified in place since it was opened (a file renamed
+        over the path does not matter: reads go to the opened one)."""
+        st = os.fstat(self.fileno())
+        if (st.st_size, st.st_mtime_ns) != self._stamp:
+            raise StorageError(
+                f"{self.name}: modified while being read (size {self._stamp[0]} -> "
+                f"{st.st_size}); its content may be a mix of two versions"
+            )
+
+    def load(self, offset: int, size: int) -> bytes:
+        _check_range(self.name, offset, size, self._size)
+        try:
+            data = pread_all(self.fileno(), size, offset)
+        except OSError as exc:
+            raise StorageError(
+                f"{self.name}: read of {size} bytes at offset {offset} failed: {strerror(exc)}"
+            ) from exc
+        if len(data) != size:
+            raise StorageError(
+                f"{self.name}: file shrank while reading: wanted {size} bytes at offset "
+                f"{offset}, got {len(data)}"
+            )
+        return data
+
+    def view(self, offset: int, size: int) -> memoryview | bytes:
+        """Zero-copy, read-only view of ``size`` bytes at ``offset``, for reads that
+        need not own their bytes (named data and delegate blobs handed to backends).
+
+        Each view maps only its own range (``mmap``), and the mapping is released when
+        the last reference to the view goes, so pages a backend has finished with leave
+        the process, and closing the loader never invalidates a view. Falls back to
+        :meth:`load` where the file cannot be mapped. A view of a file someone truncates
+        in place while it is read faults (``SIGBUS``), as with any mapped file (the
+        ExecuTorch runtime's mmap loader included); replacing the file by rename, as
+        ptestore's writers do, is safe.
+        """
+        _check_range(self.name, offset, size, self._size)
+        if size == 0 or self._no_map:
+            return self.load(offset, size)
+        now = os.fstat(self.fileno()).st_size
+        if now < offset + size:
+            raise StorageError(
+                f"{self.name}: file shrank while reading: wanted {size} bytes at offset "
+                f"{offset}, the file now has {now} bytes"
+            )
+        start = offset - offset % mmap.ALLOCATIONGRANULARITY
+        try:
+            mapped = mmap.mmap(
+                self.fileno(), offset + size - start, access=mmap.ACCESS_READ, offset=start
+            )
+        except (OSError, ValueError, OverflowError):
+            self._no_map = True  # a file system or file that cannot be mapped: copy
+            return self.load(offset, size)
+        return memoryview(mapped)[offset - start : offset - start + size]
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # pragma: no cover - interpreter shutdown
+            pass
+
+
+class FsspecLoader(_Closing):
+    """Ranged reads through any fsspec filesystem (``memory://``, ``s3://``, ...)."""
+
+    #: The retry options; the filesystem's own are added per URL.
+    options: ClassVar[frozenset[str]] = frozenset(RETRY_OPTIONS)
+
+    @classmethod
+    def accepted_options(cls, url: StorageURL) -> frozenset[str]:
+        """:attr:`options` plus every option of the URL's fsspec filesystem class."""
+        return cls.options | fsspec_options(_fs_class(url))
+
+    def __init__(
+        self,
+        fs: Any,
+        path: str,
+        url: str,
+        *,
+        retry: RetryPolicy = DEFAULT_RETRY,
+    ) -> None:
+        self.fs = fs
+        self.path = path
+        self.name = url
+        self._retry = retry
+        info = self._info("no such object")
+        if info.get("type") == "directory":
+            raise StorageError(f"{url}: is a directory, not an object")
+        self._size = int(info["size"])
+        #: Entity tag / version of the object when the storage reports one.
+        self.etag: str | None = info.get("ETag") or info.get("etag")
+        #: Version id of the object read (S3 versioned buckets), else None.
+        self.version_id: str | None = info.get("VersionId") or None
+
+    def size(self) -> int:
+        return self._size
+
+    def _info(self, missing: str) -> dict[str, Any]:
+        try:
+            info: dict[str, Any] = self._retry.call(
+                lambda: self.fs.info(self.path), what=f"{self.name}: stat"
+            )
+        except Exception as exc:
+            if classify(exc) is Category.NOT_FOUND:
+                raise ObjectNotFound(f"{self.name}: {missing}") from exc
+            raise to_storage_error(exc, self.name, "stat") from exc
+        return info
+
+    def check_unchanged(self) -> None:
+        """Raise if the object's size or entity tag changed since it was opened."""
+        info = self._info("object disappeared while reading")
+        etag = info.get("ETag") or info.get("etag")
+        if int(info["size"]) != self._size or (self.etag is not None and etag != self.etag):
+            raise StorageError(
+                f"{self.name}: replaced while being read (size {self._size} -> "
+                f"{info['size']}, etag {self.etag} -> {etag}); its content may be a mix of "
+                "two versions"
+            )
+
+    def s3_source(self) -> S3Source | None:
+        """The S3 object this loader reads (bucket, key, the version and ETag read when it
+        was opened, its endpoint and credential identity), or None when the filesystem is
+        not s3fs: what lets an S3 writer on the same service copy ranges server-side."""
+        return s3_source_of(self.fs, self.path, self.etag, self.version_id, self._size)
+
+    def load(self, offset: int, size: int) -> bytes:
+        _check_range(self.name, offset, size, self._size)
+        if size == 0:
+            return b""
+
+        def read() -> bytes:
+            data = self.fs.cat_file(self.path, start=offset, end=offset + size)
+            return bytes(data) if not isinstance(data, bytes) else data
+
+        what = f"read of {size} bytes at offset {offset}"
+        try:
+            data = self._retry.call(read, what=f"{self.name}: {what}")
+        except Exception as exc:
+            if classify(exc) is Category.NOT_FOUND:
+                raise ObjectNotFound(f"{self.name}: object disappeared while reading") from exc
+            raise to_storage_error(exc, self.name, what) from exc
+        if len(data) != size:
+            raise StorageError(
+                f"{self.name}: short read: wanted {size} bytes at offset {offset}, "
+                f"got {len(data)} (object changed while reading?)"
+            )
+        return data
+
+
+def _fs_class(url: StorageURL) -> type:
+    try:
+        cls: type = fsspec.get_filesystem_class(url.protocol)
+    except (ImportError, ValueError) as exc:
+        raise ConfigurationError(
+            f"{url.text}: cannot read protocol {url.protocol!r}: {exc}"
+        ) from exc
+    return cls
+
+
+def _loader_class(url: StorageURL) -> tuple[type[LocalFileLoader | FsspecLoader], str]:
+    """The loader class for ``url`` and what the options apply to, for messages."""
+    if url.local:
+        return LocalFileLoader, "local files"
+    return FsspecLoader, f"{url.protocol}://"
+
+
+def loader_options(url: str | os.PathLike[str] | StorageURL) -> frozenset[str]:
+    """The names of the storage options :func:`open_loader` accepts for ``url``."""
+    u = StorageURL.of(url)
+    return _loader_class(u)[0].accepted_options(u)
+
+
+def open_loader(url: str | os.PathLike[str] | StorageURL, **storage_options: Any) -> DataLoader:
+    """Open a read-only :class:`DataLoader` for ``url``.
+
+    Args:
+        url: a local path, ``file://``, ``memory://``, ``s3://`` or any fsspec URL (or
+            a :class:`~ptestore.storage.types.StorageURL`, split already).
+        **storage_options: the fsspec filesystem's options (for S3, s3fs options such
+            as ``endpoint_url``, ``key``, ``secret``, ``client_kwargs``, ``profile``)
+            plus ``retry_attempts``, ``retry_initial`` and ``retry_max``. Local files
+            take none.
+
+    Returns:
+        A :class:`DataLoader` (ranged reads, ``size``, ``check_unchanged``); close it
+        when done.
+
+    Raises:
+        ConfigurationError: an unknown protocol, or options that do not apply (the
+            message lists the accepted ones) or have the wrong type.
+        ObjectNotFound: nothing at ``url`` (local files; remote objects may report it
+            on the first read).
+        PermissionDenied: access refused.
+        StorageError: other I/O failures, after retries.
+    """
+    u = StorageURL.of(url)
+    cls, applies_to = _loader_class(u)
+    if cls is LocalFileLoader:
+        check_options(u.text, storage_options, (), applies_to)
+        return LocalFileLoader(u.path)
+    fs_cls = _fs_class(u)
+    check_options(u.text, storage_options, cls.accepted_options(u), applies_to)
+    options = dict(storage_options)
+    retry = RetryPolicy.from_options(u.text, options)
+    try:
+        fs = fs_cls(**options)
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError(f"{u.text}: bad storage options: {exc}") from exc
+    fs_path = u.path if u.protocol in ("s3", "memory") else fs._strip_protocol(u.text)
+    return FsspecLoader(fs, fs_path, u.text, retry=retry)

@@ -1,0 +1,111 @@
+"""Which storage option goes to which side: the one module that decides.
+
+Each loader and writer class declares the options it accepts as data on the class
+(``options`` and ``accepted_options(url)``: :class:`~ptestore.storage.loaders.LocalFileLoader`,
+:class:`~ptestore.storage.loaders.FsspecLoader` and every
+:class:`~ptestore.writers.DataWriter`); :func:`~ptestore.storage.loaders.loader_options`
+and :func:`~ptestore.writers.writer_options` return those *names* for a URL. This module
+routes one set of options, given for a whole run, to the loaders and writers of that run:
+
+- **common** options reach every remote URL whose loader or writer accepts them: a
+  writer-only option such as ``part_size`` reaches writers, not loaders; the
+  ``retry_*`` options, which both take, reach both. Local paths get none of them.
+- **side** options (``src``: the sources; ``dst``: the destinations, as read and as
+  written) go to their side as given, over the common ones, and are checked there.
+- A common option that no loader and no writer of any URL of the run accepts is refused
+  (:meth:`StorageOptions.check`), before anything is opened.
+
+The front end (:func:`ptestore.specialize`), the pair runner
+(:func:`ptestore.coordinator.specialize_pair`), the fleet and :func:`ptestore.verify` all
+route through here, so one option dict means the same thing to each of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal
+
+from ..errors import ConfigurationError
+from ..writers import writer_options
+from .loaders import loader_options
+from .types import StorageURL, URLLike
+
+__all__ = ["StorageOptions", "options_for_loader", "options_for_writer"]
+
+
+class StorageOptions:
+    """The storage options of one run: ``common`` ones and each side's own (see the
+    module docstring), made once per run; :meth:`for_loader` and :meth:`for_writer`
+    return fresh dicts."""
+
+    def __init__(
+        self,
+        common: Mapping[str, Any] | None = None,
+        *,
+        src: Mapping[str, Any] | None = None,
+        dst: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.common = dict(common or {})
+        self.src = dict(src or {})
+        self.dst = dict(dst or {})
+        self._checked: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+
+    def check(self, sources: Iterable[URLLike], destinations: Iterable[URLLike] = ()) -> None:
+        """Refuse a common option that applies to no URL of the run: not to reading any
+        source or destination, not to writing any destination. Local paths take none,
+        so a run on local paths only checks nothing."""
+        srcs = [StorageURL.of(u) for u in sources]
+        dsts = [StorageURL.of(u) for u in destinations]
+        run = (tuple(u.text for u in srcs), tuple(u.text for u in dsts))
+        if run == self._checked:
+            return  # the front end checks before its probes, the pair runner again
+        remote = [u.text for u in (*srcs, *dsts) if not u.local]
+        if not self.common or not remote:
+            return
+        accepted: set[str] = set()
+        for u in (*srcs, *dsts):
+            if not u.local:
+                accepted |= loader_options(u)
+        for u in dsts:
+            if not u.local:
+                accepted |= writer_options(u)
+        unknown = sorted(set(self.common) - accepted)
+        if unknown:
+            raise ConfigurationError(
+                f"storage options {unknown} apply to none of {', '.join(remote)} "
+                f"(accepted: {sorted(accepted)})"
+            )
+        self._checked = run
+
+    def _pick(
+        self, url: StorageURL, accepted: frozenset[str], own: dict[str, Any]
+    ) -> dict[str, Any]:
+        if url.local:
+            return dict(own)  # local files take no common options; their own are checked
+        return {**{k: v for k, v in self.common.items() if k in accepted}, **own}
+
+    def for_loader(self, url: URLLike, side: Literal["src", "dst"] = "src") -> dict[str, Any]:
+        """The options for reading ``url``, a source (``side="src"``) or a destination
+        (``"dst"``: the create-mode probe, the fleet's provenance check, verify)."""
+        u = StorageURL.of(url)
+        own = self.src if side == "src" else self.dst
+        return self._pick(u, frozenset() if u.local else loader_options(u), own)
+
+    def for_writer(self, url: URLLike) -> dict[str, Any]:
+        """The options for writing the destination ``url``."""
+        u = StorageURL.of(url)
+        return self._pick(u, frozenset() if u.local else writer_options(u), self.dst)
+
+
+def options_for_loader(
+    url: URLLike, options: Mapping[str, Any] | None, side: Literal["src", "dst"] = "src"
+) -> dict[str, Any]:
+    """The common ``options`` that apply to reading ``url`` (a filtered dict; the names
+    a loader accepts are :func:`~ptestore.storage.loaders.loader_options`)."""
+    return StorageOptions(options).for_loader(url, side)
+
+
+def options_for_writer(url: URLLike, options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The common ``options`` that apply to writing ``url`` (a filtered dict; the names
+    a writer accepts are :func:`~ptestore.writers.writer_options`)."""
+    return StorageOptions(options).for_writer(url)

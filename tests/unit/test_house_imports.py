@@ -1,0 +1,283 @@
+"""The shape of the house, checked statically: ptestore's modules import one another
+without a loop, lazy imports included, and the layers import types, not implementations.
+
+The graph is built from the source with :mod:`ast` (nothing is imported): an edge for
+every ``import``/``from ... import`` anywhere in a module (module level, inside
+functions, under ``TYPE_CHECKING``), plus the package root's lazy export table. Importing
+``a.b.c`` from outside ``a.b`` also runs ``a/__init__`` and ``a/b/__init__``: those
+parents are edges too, except a package the importer itself lives in (it is already
+being imported), unless a name is read from that package (``from .. import name``), which
+is exactly how a lazy loop closes.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from collections.abc import Iterator
+from pathlib import Path
+
+import ptestore
+
+ROOT = Path(ptestore.__file__).parent
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+PACKAGES = {m for m, p in MODULES.items() if p.name == "__init__.py"}
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def _resolve(module: str, level: int, name: str | None) -> str:
+    if level == 0:
+        return name or ""
+    base = module.split(".") if module in PACKAGES else module.split(".")[:-1]
+    base = base[: len(base) - (level - 1)]
+    return ".".join(base + ([name] if name else []))
+
+
+def _targets(module: str, node: ast.AST) -> Iterator[str]:
+    if isinstance(node, ast.Import):
+        yield from (a.name for a in node.names)
+    elif isinstance(node, ast.ImportFrom):
+        base = _resolve(module, node.level, node.module)
+        subs = [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in MODULES]
+        # ``from . import sibling`` reads nothing from the (half-imported) package.
+        if not (_within(module, base) and len(subs) == len(node.names)):
+            yield base
+        yield from subs
+
+
+def _lazy_exports() -> set[str]:
+    """The modules named in the package root's ``_LAZY`` table."""
+    tree = ast.parse(MODULES["ptestore"].read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "_LAZY" for t in node.targets
+        ):
+            assert isinstance(node.value, ast.Dict)
+            out = set()
+            for value in node.value.values:
+                assert isinstance(value, ast.Constant) and isinstance(value.value, str)
+                out.add(_resolve("ptestore", 1, value.value.lstrip(".")))
+            return out
+    raise AssertionError("ptestore/__init__.py has no _LAZY table")
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the ptestore modules it may import (see the module docstring)."""
+    return {k: set(v) for k, v in _graph().items()}
+
+
+@functools.cache
+def _graph() -> dict[str, frozenset[str]]:
+    graph: dict[str, set[str]] = {}
+    for module, path in MODULES.items():
+        out: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            for target in _targets(module, node):
+                if target not in MODULES:
+                    continue  # not ptestore's
+                out.add(target)
+                parts = target.split(".")
+                for i in range(1, len(parts)):
+                    parent = ".".join(parts[:i])
+                    if not _within(module, parent):
+                        out.add(parent)
+        out.discard(module)
+        graph[module] = out
+    graph["ptestore"] |= _lazy_exports()
+    return {k: frozenset(v) for k, v in graph.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            v, edges = work[-1]
+            w = next(edges, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                component = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    component.append(w)
+                    if w == v:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_the_graph_sees_every_kind_of_import() -> None:
+    graph = import_graph()
+    # module level, relative
+    assert "ptestore.storage.types" in graph["ptestore.format.reader"]
+    # inside a function
+    assert "ptestore._version" in graph["ptestore.provenance.stamp"]
+    # the root's lazy exports
+    assert "ptestore.coordinator" in graph["ptestore"]
+    # a parent package runs before its module
+    assert "ptestore.writers" in graph["ptestore.gc"]
+
+
+def test_a_loop_is_found() -> None:
+    """The loop this test was written for: the provenance stamp read ``__version__``
+    from the package root, whose lazy exports import the coordinator, the pipeline and
+    the provenance package (``ptestore -> coordinator -> pipeline -> provenance ->
+    stamp -> ptestore``)."""
+    graph = import_graph()
+    graph["ptestore.provenance.stamp"].add("ptestore")
+    loops = _cycles(graph)
+    assert len(loops) == 1
+    assert {"ptestore", "ptestore.coordinator", "ptestore.provenance.stamp"} <= set(loops[0])
+
+
+def test_no_import_loop_lazy_ones_included() -> None:
+    assert _cycles(import_graph()) == []
+
+
+def test_types_come_from_the_types_module_not_from_implementations() -> None:
+    graph = import_graph()
+    # The storage types need nothing of ptestore's (the standard library only).
+    assert graph["ptestore.storage.types"] == set()
+    # format/, the writer contract and provenance take DataLoader from there, never from
+    # the loader implementations (fsspec) at import time.
+    for module, path in MODULES.items():
+        if (
+            _within(module, "ptestore.format")
+            or _within(module, "ptestore.provenance")
+            or (module == "ptestore.writers.base")
+        ):
+            top = ast.parse(path.read_text()).body
+            assert not any("ptestore.storage.loaders" in _targets(module, n) for n in top), module
+    # writers/ does not sit on format/ (alignment helpers live in ptestore._align).
+    for module in MODULES:
+        if _within(module, "ptestore.writers"):
+            assert not any(_within(t, "ptestore.format") for t in graph[module]), module
+    # gc is not a writer: writers/ never imports it (ptestore.writers.gc is the old
+    # path, a re-export of ptestore.gc that nothing in ptestore imports).
+    for module in MODULES:
+        if _within(module, "ptestore.writers") and module != "ptestore.writers.gc":
+            assert "ptestore.gc" not in graph[module], module
+            assert "ptestore.writers.gc" not in graph[module], module
+
+
+#: Modules that exist to be imported for their types (and cost nothing to import).
+TYPE_MODULES = {"ptestore.storage.types", "ptestore.format.model", "ptestore.errors"}
+
+
+def _type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _type_only_imports(module: str, tree: ast.Module) -> list[str]:
+    """Modules of another of ptestore's packages that ``module`` imports at run time
+    only for names it uses in annotations (which ``from __future__ import annotations``
+    never evaluates)."""
+    in_annotations: set[int] = set()
+    for node in ast.walk(tree):
+        annotations: list[ast.expr | None] = []
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            annotations.append(node.returns)
+            for arg in (*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg):
+                if arg is not None:
+                    annotations.append(arg.annotation)
+        elif isinstance(node, ast.AnnAssign):
+            annotations.append(node.annotation)
+        for annotation in annotations:
+            if annotation is not None:
+                in_annotations.update(id(n) for n in ast.walk(annotation))
+    used = {
+        n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and id(n) not in in_annotations
+    }
+    exported: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        ):
+            exported = {
+                e.value
+                for e in ast.walk(node.value)
+                if isinstance(e, ast.Constant) and isinstance(e.value, str)
+            }
+    own_package = ".".join(module.split(".")[:2])
+    found = []
+    for node in tree.body:  # module level, outside ``if TYPE_CHECKING:``
+        if not isinstance(node, ast.ImportFrom) or not node.level:
+            continue
+        source = _resolve(module, node.level, node.module)
+        if source in TYPE_MODULES or _within(source, own_package):
+            continue
+        names = {a.asname or a.name for a in node.names}
+        if not names & (used | exported):
+            found.append(f"{module} imports {source} for {sorted(names)} (types only)")
+    return found
+
+
+def test_no_module_imports_another_package_for_a_type_alone() -> None:
+    """A name used only in annotations comes from a types module or under
+    ``if TYPE_CHECKING:``: importing ``writers.base`` for ``DataWriter`` would run
+    ``writers/__init__`` (and fsspec) for a name nothing evaluates."""
+    found = []
+    for module, path in MODULES.items():
+        found += _type_only_imports(module, ast.parse(path.read_text(), str(path)))
+    assert found == []
+
+
+def test_every_module_is_named_in_the_architecture_document() -> None:
+    """docs/architecture.md names every module: by its path, or by its file name on a
+    line that names its package's directory (the package's row of the table)."""
+    doc = (ROOT.parent / "docs" / "architecture.md").read_text()
+    lines = doc.splitlines()
+    missing = []
+    for path in MODULES.values():
+        rel = path.relative_to(ROOT.parent).as_posix()
+        directory = path.parent.relative_to(ROOT.parent).as_posix() + "/"
+        top = "/".join(directory.split("/")[:2]) + "/"
+        if directory == "ptestore/":
+            named = rel in doc
+        elif path.name == "__init__.py":  # a package: its directory
+            name = path.parent.name + "/"
+            named = any(directory in line or (top in line and name in line) for line in lines)
+        else:
+            named = rel in doc or any(top in line and path.name in line for line in lines)
+        if not named and path.name != "__main__.py":
+            missing.append(rel)
+    assert missing == []
