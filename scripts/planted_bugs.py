@@ -78,7 +78,7 @@ BUGS = (
                 "original = min(64, inferred_alignment(old_abs)) if has_base else 1",
             ),
         ),
-        ("tests/unit/test_layout.py",),
+        ("tests/format/test_layout.py",),
     ),
     Bug(
         "s3-abort-skipped-on-discard",
