@@ -13,7 +13,7 @@ from ..loaders import DataLoader, loader_options, open_loader, split_url
 from ..provenance.stamp import ProvenanceRequest
 from ..writers import open_writer, writer_options
 from ..writers.base import DataWriter, PublishMode, WriterState
-from .pipeline import initialize_and_save_backend_data
+from .pipeline import initialize_and_save_backend_data, refuse_unchanged
 from .report import EventTracer, SpecializationReport
 from .targets import check_targets
 
@@ -79,9 +79,10 @@ def specialize(
     src_storage_options: dict[str, Any] | None = None,
     dst_storage_options: dict[str, Any] | None = None,
     spool_dir: str | None = None,
-    strict: bool = False,
+    strict: bool | None = None,
     device: DeviceProfile | None = None,
     provenance: ProvenanceRequest | bool | None = None,
+    allow_unchanged: bool = False,
 ) -> SpecializationReport:
     """Specialize the model at ``src_url`` and publish it at ``dst_url``.
 
@@ -113,8 +114,12 @@ def specialize(
             ``storage_options``).
         spool_dir: where replacement bytes wait until the layout is known (default:
             the system temporary directory).
-        strict: raise :class:`~ptestore.errors.NothingSpecialized` when nothing was
-            specialized, before anything is written (the CLI's default).
+        strict: the older spelling of ``allow_unchanged``: ``strict=False`` is
+            ``allow_unchanged=True``.
+        allow_unchanged: when nothing was specialized, publish an unchanged copy and
+            report why (``report.specialized`` False) instead of raising
+            :class:`~ptestore.errors.NothingSpecialized` before anything is written
+            (the default, as in the CLI; ``--allow-unchanged`` there).
         device: the device profile (``DeviceProfile``) handed to every backend as
             ``context.device`` (CLI: ``--device``).
         provenance: True or a :class:`~ptestore.provenance.ProvenanceRequest`: each
@@ -130,7 +135,8 @@ def specialize(
         ``specialized == False`` with ``unchanged_reason`` and ``hint``.
 
     Raises:
-        NothingSpecialized: with ``strict=True``, when no backend specialized anything.
+        NothingSpecialized: no backend specialized anything (unless
+            ``allow_unchanged=True``).
         ConfigurationError: bad arguments: an unknown backend or URL scheme, an option
             that applies to no URL, colliding destinations.
         FormatError: a malformed source.
@@ -146,6 +152,7 @@ def specialize(
 
     Nothing is published unless the whole run succeeds (``PartialPublish`` aside).
     """
+    strict = refuse_unchanged(strict, allow_unchanged)
     src, dst = os.fspath(src_url), os.fspath(dst_url)
     options = _Options(storage_options, src_storage_options, dst_storage_options)
 
@@ -199,7 +206,7 @@ def _run(
     event_tracer: EventTracer | None,
     mode: PublishMode,
     spool_dir: str | None,
-    strict: bool,
+    strict: bool | None,
     device: DeviceProfile | None,
     provenance: ProvenanceRequest | bool | None,
 ) -> SpecializationReport:

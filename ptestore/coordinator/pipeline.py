@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable
 
 from ..backends.api import BackendDataInitContext, BackendDataWriter, BackendInterface
 from ..backends.compat import DeviceProfile
+from ..backends.passthrough import PassthroughBackend
 from ..backends.registry import BackendLike, installed_backends
 from ..errors import (
     BackendError,
@@ -55,9 +56,10 @@ def initialize_and_save_backend_data(
     event_tracer: EventTracer | None = None,
     mode: PublishMode = "overwrite",
     spool_dir: str | None = None,
-    strict: bool = False,
+    strict: bool | None = None,
     device: DeviceProfile | None = None,
     provenance: ProvenanceRequest | bool | None = None,
+    allow_unchanged: bool = False,
 ) -> SpecializationReport:
     """Specialize a model once and publish the result through the given writers.
 
@@ -82,9 +84,14 @@ def initialize_and_save_backend_data(
         mode: ``"overwrite"`` or ``"create"`` (refuse to replace an existing
             destination).
         spool_dir: where replacement bytes wait until layout.
-        strict: raise :class:`~ptestore.errors.NothingSpecialized` instead of
-            publishing an unchanged copy when nothing was specialized (naming
-            ``passthrough`` explicitly asks for a copy and counts as done).
+        strict: the older spelling of ``allow_unchanged``: ``strict=False`` is
+            ``allow_unchanged=True``; None (default) or True: the rule below.
+        allow_unchanged: when nothing was specialized (no backend serves an id of the
+            program, or every backend declined), publish an unchanged copy and report
+            why (``report.specialized`` False) instead of raising
+            :class:`~ptestore.errors.NothingSpecialized` before anything is written
+            (the default, as the CLI without ``--allow-unchanged``). Naming
+            ``passthrough`` explicitly asks for a copy and counts as done.
         device: the device profile (``DeviceProfile``) handed to every backend as
             ``context.device`` (CLI: ``--device``).
         provenance: True or a :class:`~ptestore.provenance.ProvenanceRequest`: each
@@ -98,7 +105,8 @@ def initialize_and_save_backend_data(
         say why.
 
     Raises:
-        NothingSpecialized: with ``strict=True``, before writing or publishing anything.
+        NothingSpecialized: nothing was specialized and ``allow_unchanged`` is False,
+            before writing or publishing anything.
         BackendError: a backend failed, naming the backend, method and key (its own
             exception is the ``__cause__``); ``InvalidReplacement`` for a replacement
             that breaks the rules.
@@ -114,6 +122,7 @@ def initialize_and_save_backend_data(
         raise ConfigurationError("ptd_loader and ptd_writer must be given together")
     if mode not in ("overwrite", "create"):
         raise ConfigurationError(f"mode must be 'overwrite' or 'create', got {mode!r}")
+    strict = refuse_unchanged(strict, allow_unchanged)
     writers = [w for w in (pte_writer, ptd_writer) if w is not None]
     started = time.perf_counter()
     spool: Spool | None = None
@@ -193,6 +202,20 @@ def initialize_and_save_backend_data(
     finally:
         if spool is not None:
             spool.close()
+
+
+def refuse_unchanged(strict: bool | None, allow_unchanged: bool) -> bool:
+    """Whether a run that specialized nothing raises ``NothingSpecialized`` (one rule
+    for Python and the CLI: yes, unless ``allow_unchanged=True`` or ``strict=False``)."""
+    if not isinstance(allow_unchanged, bool):
+        raise ConfigurationError(f"allow_unchanged must be True or False, got {allow_unchanged!r}")
+    if strict is not None and not isinstance(strict, bool):
+        raise ConfigurationError(f"strict must be True, False or None, got {strict!r}")
+    if strict and allow_unchanged:
+        raise ConfigurationError(
+            "strict=True and allow_unchanged=True contradict each other: pass one of them"
+        )
+    return not allow_unchanged and strict is not False
 
 
 def _spool_home(writer: DataWriter) -> str | None:
@@ -278,8 +301,9 @@ def _run_backend(
         finally:
             session.close()  # the context and writer are valid only during the call
         _check_returned(result, bid)
-    except NotSupported:
+    except NotSupported as exc:
         report.status = "not_supported"
+        report.reason = str(exc) or "NotSupported raised with no message"
     except (BackendError, KeyboardInterrupt):
         raise
     except BaseException as exc:  # backend code is user code
@@ -293,7 +317,14 @@ def _run_backend(
         ) from exc
     else:
         session.commit()
-        report.status = "specialized"
+        if session.keys or session.blobs or isinstance(impl, PassthroughBackend):
+            report.status = "specialized"
+        else:  # writing nothing is declining (passthrough's whole job is to write nothing)
+            report.status = "not_supported"
+            report.reason = (
+                f"returned without writing anything ({report.inputs_seen} delegate inputs "
+                "seen); raise NotSupported('why') to say why"
+            )
     finally:
         report.seconds = time.perf_counter() - t0
     log.info(

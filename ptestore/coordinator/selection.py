@@ -157,7 +157,7 @@ def why_unchanged(
             + (
                 "no implementation"
                 if r.status == "no_implementation"
-                else f"{r.implementation} declined (NotSupported)"
+                else f"{r.implementation} declined: {r.reason or 'NotSupported'}"
             )
             for r in reports
         ]

@@ -120,12 +120,12 @@ def test_passthrough_of_an_exporter_file_is_byte_identical(src: Path, dst: Path)
 def test_each_backend_id_called_once_and_unknown_ids_kept(src: Path, dst: Path) -> None:
     other = Backend("SomeOtherBackend")
     xnn = Backend("XnnpackBackend")
-    report = ptestore.specialize(src, dst, backends=[other, xnn])
+    report = ptestore.specialize(src, dst, backends=[other, xnn], allow_unchanged=True)
     assert (xnn.calls, other.calls) == (1, 0)
     assert len(xnn.inputs) == 1
     assert xnn.inputs[0].method == "forward"
-    assert report.backends[0].status == "specialized"
-    report = ptestore.specialize(src, dst, backends=[other])
+    assert report.backends[0].status == "not_supported"  # it wrote nothing: it declined
+    report = ptestore.specialize(src, dst, backends=[other], allow_unchanged=True)
     assert report.backends[0].status == "no_implementation"
     assert dst.read_bytes() == src.read_bytes()
 
@@ -135,7 +135,7 @@ def test_not_supported_keeps_data_even_after_writes(src: Path, dst: Path) -> Non
         out.write_named_data(MLP_KEYS[0], BackendData(b"\0" * 16, allow_size_change=True))
         raise NotSupported("not on this device")
 
-    report = ptestore.specialize(src, dst, backends=[Backend(action=action)])
+    report = ptestore.specialize(src, dst, backends=[Backend(action=action)], allow_unchanged=True)
     assert report.backends[0].status == "not_supported"
     assert report.backends[0].keys_replaced == []
     assert dst.read_bytes() == src.read_bytes()
@@ -145,7 +145,7 @@ def test_default_backend_raises_not_supported(src: Path, dst: Path) -> None:
     class Plain(BackendInterface):
         name = "XnnpackBackend"
 
-    report = ptestore.specialize(src, dst, backends=[Plain()])
+    report = ptestore.specialize(src, dst, backends=[Plain()], allow_unchanged=True)
     assert report.backends[0].status == "not_supported"
 
 
@@ -153,7 +153,7 @@ def test_shared_blob_is_visited_once_with_every_delegate(tmp_path: Path) -> None
     fx = get_fixture("shared_blob_xnnpack")
     assert fx.pte_path is not None
     backend = Backend()
-    ptestore.specialize(fx.pte_path, tmp_path / "o.pte", backends=[backend])
+    ptestore.specialize(fx.pte_path, tmp_path / "o.pte", backends=[backend], allow_unchanged=True)
     delegates = fx.facts["pte"]["delegates"]
     blobs = {(d["location"], d["index"]) for d in delegates}
     assert len(backend.inputs) == len(blobs) < len(delegates)
@@ -176,6 +176,7 @@ def test_named_data_map_merges_ptd_over_pte(tmp_path: Path) -> None:
         tmp_path / "o.pte",
         ptd=(fx.ptd_path, tmp_path / "o.ptd"),
         backends=[Backend(action=action)],
+        allow_unchanged=True,
     )
     ptd_keys = sorted(e["key"] for e in fx.facts["ptd"]["named_data"])
     assert seen["keys"] == sorted(set(ptd_keys) | {e["key"] for e in fx.facts["pte"]["named_data"]})
