@@ -41,6 +41,7 @@ from typing import Union
 
 from ..errors import BackendError, ConfigurationError, describe_exception
 from .api import BackendInterface
+from .compat import distribution_version
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -79,7 +80,9 @@ class InstalledBackend:
     spec: str
     #: ``"registered"`` or ``"entry point"``.
     origin: str
-    #: The version of the distribution providing the entry point, if known.
+    #: The version the implementation reports (what provenance records): its declared
+    #: ``version``, else the version of the distribution providing it; None for a
+    #: factory function or when unknown.
     version: str | None = None
     #: Why it could not be loaded (None when it loaded).
     error: str | None = None
@@ -168,6 +171,23 @@ def _served(obj: object) -> str:
     return name if isinstance(name, str) and name and name != "*" else "*"
 
 
+def _declared_version(obj: object) -> str | None:
+    """The version a registered object reports: an instance's ``version``, a class's
+    ``version`` class attribute (or the default, its distribution's version); None for a
+    factory function, which cannot be asked without calling it."""
+    try:
+        if isinstance(obj, BackendInterface):
+            version: object = obj.version
+        elif isinstance(obj, type) and issubclass(obj, BackendInterface):
+            declared = inspect.getattr_static(obj, "version", None)
+            version = declared if isinstance(declared, str) else distribution_version(obj)
+        else:
+            return None
+    except Exception:  # a hostile property: no version rather than no listing
+        return None
+    return version if isinstance(version, str) else None
+
+
 def installed_backends() -> list[InstalledBackend]:
     """Every installed backend, registrations first, then entry points (an entry point
     shadowed by a registration of the same name is left out). Entry points are loaded
@@ -175,7 +195,9 @@ def installed_backends() -> list[InstalledBackend]:
     with _lock:
         registered = dict(_registry)
     out = [
-        InstalledBackend(name, _served(obj), object_label(obj), "registered")
+        InstalledBackend(
+            name, _served(obj), object_label(obj), "registered", _declared_version(obj)
+        )
         for name, obj in sorted(registered.items())
     ]
     for name, ep in sorted(_entry_points().items()):
@@ -187,7 +209,10 @@ def installed_backends() -> list[InstalledBackend]:
         except (ConfigurationError, BackendError) as exc:
             out.append(InstalledBackend(name, "*", ep.value, "entry point", version, str(exc)))
             continue
-        out.append(InstalledBackend(name, _served(obj), ep.value, "entry point", version))
+        declared = _declared_version(obj)
+        out.append(
+            InstalledBackend(name, _served(obj), ep.value, "entry point", declared or version)
+        )
     return out
 
 

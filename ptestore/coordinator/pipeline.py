@@ -359,7 +359,20 @@ def _check_returned(result: object, bid: str) -> None:
     elif inspect.isawaitable(result):
         kind = "a coroutine or awaitable (is initialize_backend_data an async def?)"
     if kind is None:
-        return
+        if result is None:
+            return
+        try:
+            text = repr(result)
+        except Exception:  # a hostile __repr__: the type says enough
+            text = "(unprintable)"
+        shown = text if len(text) <= 60 else text[:57] + "..."
+        raise BackendError(
+            f"initialize_backend_data returned {type(result).__name__} {shown}, not None: "
+            "a return value is ignored, so nothing it holds would reach the output; "
+            "submit replacements with output.write_named_data(key, BackendData(...)) "
+            "and output.write_processed_data(BackendData(...)), then return None",
+            backend=bid,
+        )
     if inspect.isgenerator(result) or inspect.iscoroutine(result):
         result.close()  # no "never awaited" warning; the body still never ran
     raise BackendError(

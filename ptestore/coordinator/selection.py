@@ -60,7 +60,7 @@ def _default(ids: list[str]) -> Selection:
                     "backends=[...] (CLI: --backend)"
                 )
             impl = load_backend(info.name)
-            if impl.name != bid:  # a generic backend registered under the id
+            if getattr(impl, "name", None) != bid:  # a generic backend registered under the id
                 impl = serving(impl, bid, info.name)
             sel.impls[bid] = impl
             sel.labels[bid] = info.name
@@ -87,7 +87,14 @@ def resolve_backends(backends: Iterable[BackendLike] | None, ids: list[str]) -> 
     for spec in backends:
         impl = load_backend(spec)
         label = backend_label(spec)
-        name = getattr(impl, "name", "*")
+        name = getattr(impl, "name", None)
+        if name is None:
+            raise ConfigurationError(
+                f"backend {label!r} has no name: set the class attribute name to the "
+                "BackendDelegate.id it serves (name = 'XnnpackBackend'), or to '*' to serve "
+                "every id without a dedicated implementation (or give it as "
+                f"'{label}@BACKEND_ID')"
+            )
         if not isinstance(name, str) or not name:
             raise ConfigurationError(f"backend {label!r} has no usable name: {name!r}")
         sel.given.append((label, name))

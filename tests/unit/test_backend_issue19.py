@@ -115,3 +115,104 @@ def test_strict_and_allow_unchanged_contradict(src: Path, tmp_path: Path) -> Non
 def test_passthrough_is_still_a_deliberate_copy(src: Path, tmp_path: Path) -> None:
     report = ptestore.specialize(src, tmp_path / "o.pte", backends=["passthrough"])
     assert report.specialized and report.backends[0].status == "specialized"
+
+
+# -- installed_backends() reports the declared version of a registered class ---------
+def test_installed_backends_shows_a_registered_class_version() -> None:
+    from ptestore.backends import installed_backends, register_backend, unregister_backend
+
+    class Versioned(Quiet):
+        version = "2.5.1"
+
+    register_backend(Versioned, "issue19-versioned")
+    register_backend(Versioned(), "issue19-instance")
+    try:
+        found = {i.name: i.version for i in installed_backends()}
+    finally:
+        unregister_backend("issue19-versioned")
+        unregister_backend("issue19-instance")
+    assert found["issue19-versioned"] == "2.5.1"
+    assert found["issue19-instance"] == "2.5.1"
+
+
+# -- a return value from initialize_backend_data is refused, like a generator --------
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [({"key": b"x"}, "dict {'key': b'x'}"), ([1, 2], "list [1, 2]"), (0, "int 0")],
+)
+def test_a_return_value_is_refused(src: Path, tmp_path: Path, value: object, shown: str) -> None:
+    class Returns(Quiet):
+        def initialize_backend_data(self, context: Any, output: Any) -> Any:
+            return value
+
+    dst = tmp_path / "o.pte"
+    with pytest.raises(BackendError) as info:
+        ptestore.specialize(src, dst, backends=[Returns()])
+    assert str(info.value) == (
+        f"backend 'XnnpackBackend': initialize_backend_data returned {shown}, not None: a "
+        "return value is ignored, so nothing it holds would reach the output; submit "
+        "replacements with output.write_named_data(key, BackendData(...)) and "
+        "output.write_processed_data(BackendData(...)), then return None"
+    )
+    assert not dst.exists()
+
+
+# -- no implicit wildcard -------------------------------------------------------------
+def test_a_backend_without_a_name_is_refused(src: Path, tmp_path: Path) -> None:
+    class Nameless(BackendInterface):
+        def initialize_backend_data(self, context: Any, output: Any) -> None:
+            output.write_named_data(next(iter(context.get_named_data_map())), BackendData(b""))
+
+    label = "test_backend_issue19:test_a_backend_without_a_name_is_refused.<locals>.Nameless"
+    dst = tmp_path / "o.pte"
+    with pytest.raises(ConfigurationError) as info:
+        ptestore.specialize(src, dst, backends=[Nameless()])
+    assert str(info.value) == (
+        f"backend {label!r} has no name: set the class attribute name to the "
+        "BackendDelegate.id it serves (name = 'XnnpackBackend'), or to '*' to serve every "
+        f"id without a dedicated implementation (or give it as '{label}@BACKEND_ID')"
+    )
+    assert not dst.exists()
+
+
+def test_compatibility_and_device_profile_are_in_ptestore_backends() -> None:
+    from ptestore.backends import Compatibility, DeviceProfile, compat
+
+    assert (Compatibility, DeviceProfile) == (compat.Compatibility, compat.DeviceProfile)
+
+
+# -- BackendData with numpy arrays ----------------------------------------------------
+def _first_float_key(named: Any) -> str:
+    return next(k for k in sorted(named) if (i := named.get_tensor_info(k)) and len(i.shape) == 2)
+
+
+def test_a_transposed_array_is_refused_as_not_c_contiguous(src: Path, tmp_path: Path) -> None:
+    class Transposes(Quiet):
+        def initialize_backend_data(self, context: Any, output: Any) -> None:
+            named = context.get_named_data_map()
+            key = _first_float_key(named)
+            output.write_named_data(key, BackendData(named.get_array(key).T))
+
+    with pytest.raises(BackendError) as info:
+        ptestore.specialize(src, tmp_path / "o.pte", backends=[Transposes()])
+    assert "BackendData.data is a numpy array that is not C-contiguous (shape [16, 32]" in str(
+        info.value
+    )
+    assert "pass numpy.ascontiguousarray(array) (one copy) or array.tobytes()" in str(info.value)
+
+
+def test_an_array_of_another_dtype_is_refused(src: Path, tmp_path: Path) -> None:
+    import numpy as np
+
+    class WrongDtype(Quiet):
+        def initialize_backend_data(self, context: Any, output: Any) -> None:
+            named = context.get_named_data_map()
+            key = _first_float_key(named)
+            output.write_named_data(key, BackendData(named.get_array(key).view(np.int32)))
+
+    with pytest.raises(BackendError) as info:
+        ptestore.specialize(src, tmp_path / "o.pte", backends=[WrongDtype()])
+    message = str(info.value)
+    assert "write_named_data: the replacement is a numpy array of dtype int32, the key " in message
+    assert "holds float32 [32, 16], 2048 bytes" in message
+    assert "convert it (array.astype(numpy.float32))" in message

@@ -333,7 +333,8 @@ def test_data_must_be_bytes_like(src: Path, dst: Path) -> None:
         src,
         dst,
         Backend(action=lambda c, o: o.write_named_data(MLP_KEYS[0], BackendData("text"))),  # type: ignore[arg-type]
-        r".*write_named_data: BackendData.data must be bytes-like, got str",
+        r".*write_named_data: BackendData.data must be bytes-like \(bytes, bytearray, "
+        r"memoryview or a C-contiguous numpy array\), got str",
     )
 
 
