@@ -16,6 +16,7 @@ __all__ = ["add_inspect_parser", "run_inspect"]
 _EPILOG = """\
 examples:
   ptestore inspect model.pte
+  ptestore inspect model.pte --ptd model.ptd
   ptestore inspect --json model.ptd | jq '.named_data[] | {key, size, dtype: .tensor_info.dtype}'
   ptestore inspect s3://bucket/models/model.pte -o endpoint_url=http://127.0.0.1:9000
 
@@ -36,6 +37,11 @@ def add_inspect_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "url", metavar="URL", help="local path or fsspec URL (file://, memory://, s3://)"
     )
+    p.add_argument(
+        "--ptd",
+        metavar="PTD",
+        help="the .ptd of the .pte at URL: describe both, and where every key's bytes are",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_storage_options(p)
     add_common_flags(p)
@@ -46,12 +52,12 @@ def add_inspect_parser(subparsers: Any) -> argparse.ArgumentParser:
 @guarded("inspect")
 def run_inspect(args: argparse.Namespace) -> int:
     """Run ``ptestore inspect`` with parsed arguments; returns the exit status."""
-    from ..inspection import describe_container, read_description, render_table
+    from ..inspection import describe_files, read_files, render_files
 
-    container, named = read_description(args.url, **storage_options(args))
+    files = read_files(args.url, args.ptd, **storage_options(args))
     if args.json:
-        json.dump(describe_container(container, named), sys.stdout, indent=2)
+        json.dump(describe_files(files), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        print(render_table(container, named))
+        print(render_files(files))
     return EXIT_OK

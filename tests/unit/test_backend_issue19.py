@@ -216,3 +216,24 @@ def test_an_array_of_another_dtype_is_refused(src: Path, tmp_path: Path) -> None
     assert "write_named_data: the replacement is a numpy array of dtype int32, the key " in message
     assert "holds float32 [32, 16], 2048 bytes" in message
     assert "convert it (array.astype(numpy.float32))" in message
+
+
+def test_the_compatibility_example_in_the_docs_runs_with_and_without_a_device() -> None:
+    import re
+
+    from ptestore.backends import Compatibility, DeviceProfile
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "backends.md").read_text()
+    section = text[text.index("## Versions, compatibility") : text.index("## The report")]
+    (code,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    scope: dict[str, Any] = {}
+    exec(compile(code, "docs/backends.md", "exec"), scope)
+    backend = scope["NpuBackend"]()
+    sm = DeviceProfile("phone", {"soc": "sm8650"})
+    assert backend.check_compatibility("compiler=7.3;soc=sm8650", sm) is Compatibility.OPTIMAL
+    assert backend.check_compatibility("compiler=7.3;soc=", None) is Compatibility.OPTIMAL
+    assert backend.check_compatibility("compiler=7.2;soc=sm8650", sm) is (
+        Compatibility.PREFER_RESPECIALIZATION
+    )
+    assert backend.check_compatibility("compiler=7.3;soc=", sm) is Compatibility.UNSUPPORTED
+    assert backend.version == "2.1.0"
