@@ -30,10 +30,11 @@ naming the spec; a module that cannot be imported raises
 from __future__ import annotations
 
 import copy
+import difflib
 import importlib
 import inspect
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from types import MappingProxyType
@@ -48,6 +49,7 @@ __all__ = [
     "BackendLike",
     "InstalledBackend",
     "backend_label",
+    "did_you_mean",
     "installed_backends",
     "load_backend",
     "object_label",
@@ -171,7 +173,7 @@ def _served(obj: object) -> str:
     return name if isinstance(name, str) and name and name != "*" else "*"
 
 
-def _declared_version(obj: object) -> str | None:
+def _declared_version(obj: object, *, default: bool = True) -> str | None:
     """The version a registered object reports: an instance's ``version``, a class's
     ``version`` class attribute (or the default, its distribution's version); None for a
     factory function, which cannot be asked without calling it."""
@@ -180,7 +182,9 @@ def _declared_version(obj: object) -> str | None:
             version: object = obj.version
         elif isinstance(obj, type) and issubclass(obj, BackendInterface):
             declared = inspect.getattr_static(obj, "version", None)
-            version = declared if isinstance(declared, str) else distribution_version(obj)
+            if isinstance(declared, str) or not default:
+                return declared if isinstance(declared, str) else None
+            version = distribution_version(obj)
         else:
             return None
     except Exception:  # a hostile property: no version rather than no listing
@@ -209,7 +213,8 @@ def installed_backends() -> list[InstalledBackend]:
         except (ConfigurationError, BackendError) as exc:
             out.append(InstalledBackend(name, "*", ep.value, "entry point", version, str(exc)))
             continue
-        declared = _declared_version(obj)
+        # a version the class declares wins over its distribution's
+        declared = _declared_version(obj, default=False) if isinstance(obj, type) else None
         out.append(
             InstalledBackend(name, _served(obj), ep.value, "entry point", declared or version)
         )
@@ -232,6 +237,12 @@ def _guarded(what: str, spec: str, action: Callable[[], object]) -> object:
         raise BackendError(f"{what} failed: {describe_exception(exc)}", backend=spec) from exc
 
 
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``choices`` to ``word``, else ``""``."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.75)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def _import_path(ref: str, spec: str) -> object:
     module_name, _, attr = ref.partition(":")
     if not module_name or not attr:
@@ -251,8 +262,13 @@ def _import_path(ref: str, spec: str) -> object:
         try:
             obj = getattr(obj, part)
         except AttributeError:
+            try:
+                around = [n for n in dir(obj) if not n.startswith("_")]
+            except Exception:  # a hostile __dir__: no suggestion
+                around = []
             raise ConfigurationError(
                 f"backend {spec!r}: module {module_name!r} has no attribute {attr!r}"
+                + did_you_mean(part, around)
             ) from None
         except KeyboardInterrupt:
             raise
@@ -291,8 +307,8 @@ def _resolve(ref: str, spec: str) -> object:
         return _load_entry_point(eps[ref], spec)
     known = sorted(set(eps) | set(_registry))
     raise ConfigurationError(
-        f"backend {spec!r}: unknown name {ref!r}; known: {', '.join(known) or 'none'} "
-        "(or give an import path package.module:attr)"
+        f"backend {spec!r}: unknown name {ref!r}{did_you_mean(ref, known)}; known: "
+        f"{', '.join(known) or 'none'} (or give an import path package.module:attr)"
     )
 
 

@@ -207,10 +207,13 @@ def run_specialize(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace, report: SpecializationReport, message: str | None) -> None:
+    from ..backends.registry import did_you_mean
+
+    ids = [b.backend_id for b in report.backends]
     for name in report.unused_backends:
         print(
-            f"ptestore specialize: warning: no delegate in {args.src} has backend id {name!r}; "
-            "that backend was not used",
+            f"ptestore specialize: warning: no delegate in {args.src} has backend id {name!r}"
+            f"{did_you_mean(name, ids)}; that backend was not used",
             file=sys.stderr,
         )
     if message is not None:  # only with --allow-unchanged: strict runs raise instead

@@ -11,6 +11,7 @@ from ..backends.passthrough import PassthroughBackend
 from ..backends.registry import (
     BackendLike,
     backend_label,
+    did_you_mean,
     installed_backends,
     load_backend,
     serving,
@@ -151,6 +152,11 @@ def why_unchanged(
                 for label, serves in sel.given
             )
             reason = f"the backends given serve no backend id of the program: {given or 'none'}"
+            ids = [r.backend_id for r in reports]
+            for _, serves in sel.given:
+                guess = did_you_mean(serves, ids)
+                if serves != "*" and guess:
+                    hints.append(f"No delegate has backend id {serves!r}{guess}.")
             hints.append("Use SPEC@BACKEND_ID to make a backend serve a given id.")
         else:
             reason = "no installed backend serves a backend id of the program"

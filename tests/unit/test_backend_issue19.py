@@ -237,3 +237,40 @@ def test_the_compatibility_example_in_the_docs_runs_with_and_without_a_device() 
     )
     assert backend.check_compatibility("compiler=7.3;soc=", sm) is Compatibility.UNSUPPORTED
     assert backend.version == "2.1.0"
+
+
+# -- typo suggestions -------------------------------------------------------------------
+def test_typos_in_backend_names_ids_and_import_paths_get_suggestions(
+    src: Path, tmp_path: Path
+) -> None:
+    dst = tmp_path / "o.pte"
+    with pytest.raises(ConfigurationError) as info:
+        ptestore.specialize(src, dst, backends=["pasthrough"])
+    assert str(info.value).startswith(
+        "backend 'pasthrough': unknown name 'pasthrough' (did you mean 'passthrough'?); known: "
+    )
+    with pytest.raises(ConfigurationError) as info:
+        ptestore.specialize(src, dst, backends=["ptestore.backends.passthrough:PasthroughBackend"])
+    assert str(info.value) == (
+        "backend 'ptestore.backends.passthrough:PasthroughBackend': module "
+        "'ptestore.backends.passthrough' has no attribute 'PasthroughBackend' (did you mean "
+        "'PassthroughBackend'?)"
+    )
+    with pytest.raises(NothingSpecialized) as err:
+        ptestore.specialize(src, dst, backends=["passthrough@XnnpackBackendd"])
+    assert err.value.hint is not None
+    assert err.value.hint.startswith(
+        "No delegate has backend id 'XnnpackBackendd' (did you mean 'XnnpackBackend'?). "
+    )
+    assert not dst.exists()
+
+
+def test_cli_warns_about_an_unused_backend_id_with_a_suggestion(
+    src: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["specialize", str(src), str(tmp_path / "o.pte"), "--allow-unchanged", "--quiet"]
+    assert main([*argv, "--backend", "passthrough@XnnpackBackendd"]) == 0
+    assert (
+        f"ptestore specialize: warning: no delegate in {src} has backend id 'XnnpackBackendd' "
+        "(did you mean 'XnnpackBackend'?); that backend was not used"
+    ) in capsys.readouterr().err
