@@ -263,7 +263,9 @@ def test_json_failure_prints_an_error_object(
     assert error == {
         "error": {
             "type": "BackendError",
-            "message": "initialize_backend_data failed: ZeroDivisionError: the backend's own error",
+            # the message as stderr shows it: the backend it names included
+            "message": "backend 'XnnpackBackend': initialize_backend_data "
+            "failed: ZeroDivisionError: the backend's own error",
             "exit_code": 1,
             "command": "specialize",
             "backend": "XnnpackBackend",
