@@ -121,6 +121,7 @@ def _publish_state(exc: BaseException) -> str:
 #: Attributes of ptestore errors copied into the JSON error object when set.
 _ERROR_FIELDS = (
     "backend",
+    "spec",
     "method",
     "key",
     "source",

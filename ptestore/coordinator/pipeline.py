@@ -300,7 +300,7 @@ def _run_backend(
             _note(stamper, bid, impl, context)
         finally:
             session.close()  # the context and writer are valid only during the call
-        _check_returned(result, bid)
+        _check_returned(result, bid, report.implementation)
     except NotSupported as exc:
         report.status = "not_supported"
         report.reason = str(exc) or "NotSupported raised with no message"
@@ -314,6 +314,7 @@ def _run_backend(
             backend=bid,
             method=session.last_method,
             key=session.last_key,
+            spec=report.implementation,
         ) from exc
     else:
         session.commit()
@@ -348,7 +349,7 @@ def _note(
         stamper.note(bid, impl, context)
 
 
-def _check_returned(result: object, bid: str) -> None:
+def _check_returned(result: object, bid: str, spec: str | None) -> None:
     """``initialize_backend_data`` does its work during the call: a generator, coroutine
     or other awaitable returned instead means its body never ran."""
     kind = None
@@ -372,6 +373,7 @@ def _check_returned(result: object, bid: str) -> None:
             "submit replacements with output.write_named_data(key, BackendData(...)) "
             "and output.write_processed_data(BackendData(...)), then return None",
             backend=bid,
+            spec=spec,
         )
     if inspect.isgenerator(result) or inspect.iscoroutine(result):
         result.close()  # no "never awaited" warning; the body still never ran
@@ -379,6 +381,7 @@ def _check_returned(result: object, bid: str) -> None:
         f"initialize_backend_data returned {kind}, so its body never ran: it must do its "
         "work during the call and return None",
         backend=bid,
+        spec=spec,
     )
 
 

@@ -176,7 +176,11 @@ class Session:
     # -- validation --------------------------------------------------------------
     def _error(self, message: str, key: str | None = None) -> InvalidReplacement:
         return InvalidReplacement(
-            message, backend=self._backend_id, method=self.last_method, key=key
+            message,
+            backend=self._backend_id,
+            method=self.last_method,
+            key=key,
+            spec=self.report.implementation,
         )
 
     def _check_data(self, data: object, what: str, key: str | None) -> tuple[memoryview, int]:

@@ -136,6 +136,8 @@ def test_installed_backends_shows_a_registered_class_version() -> None:
 
 
 # -- a return value from initialize_backend_data is refused, like a generator --------
+RETURNS = "test_backend_issue19:test_a_return_value_is_refused.<locals>.Returns"
+
 @pytest.mark.parametrize(
     ("value", "shown"),
     [({"key": b"x"}, "dict {'key': b'x'}"), ([1, 2], "list [1, 2]"), (0, "int 0")],
@@ -148,8 +150,11 @@ def test_a_return_value_is_refused(src: Path, tmp_path: Path, value: object, sho
     dst = tmp_path / "o.pte"
     with pytest.raises(BackendError) as info:
         ptestore.specialize(src, dst, backends=[Returns()])
+    # one way to name a backend everywhere: its id and its spec
+    assert (info.value.backend, info.value.spec) == ("XnnpackBackend", RETURNS)
     assert str(info.value) == (
-        f"backend 'XnnpackBackend': initialize_backend_data returned {shown}, not None: a "
+        f"backend 'XnnpackBackend' ({RETURNS}): initialize_backend_data returned {shown}, "
+        f"not None: a "
         "return value is ignored, so nothing it holds would reach the output; submit "
         "replacements with output.write_named_data(key, BackendData(...)) and "
         "output.write_processed_data(BackendData(...)), then return None"

@@ -292,7 +292,8 @@ def test_unknown_key(src: Path, dst: Path) -> None:
         src,
         dst,
         Backend(action=lambda c, o: o.write_named_data("nope", BackendData(b"x"))),
-        r"backend 'XnnpackBackend', method 'forward', key 'nope': unknown key: backends may only "
+        r"backend 'XnnpackBackend' \(test_coordinator:[\w.<>]+\), method 'forward', key "
+        r"'nope': unknown key: backends may only "
         r"replace existing keys \(4 keys in the model\); no new keys",
     )
 
@@ -306,7 +307,8 @@ def test_key_written_twice(src: Path, dst: Path) -> None:
         src,
         dst,
         Backend(action=action),
-        rf"backend 'XnnpackBackend', method 'forward', key '{MLP_KEYS[0]}': key written twice "
+        rf"backend 'XnnpackBackend' \(test_coordinator:[\w.<>]+\), method 'forward', key "
+        rf"'{MLP_KEYS[0]}': key written twice "
         r"\(first by backend 'XnnpackBackend'\)",
     )
     assert isinstance(err, InvalidReplacement)
@@ -349,7 +351,8 @@ def test_processed_without_current_input(src: Path, dst: Path) -> None:
         src,
         dst,
         Early(),
-        r"backend 'XnnpackBackend': write_processed_data called with no current delegate input "
+        r"backend 'XnnpackBackend' \(test_coordinator:[\w.<>]+\): write_processed_data "
+        r"called with no current delegate input "
         r"\(call next_backend_data first\)",
     )
 
@@ -367,7 +370,8 @@ def test_backend_exception_names_backend_method_and_key(src: Path, dst: Path) ->
         src,
         dst,
         Boom(),
-        rf"backend 'XnnpackBackend', method 'forward', key '{MLP_KEYS[2]}': "
+        rf"backend 'XnnpackBackend' \(test_coordinator:[\w.<>]+\), method 'forward', key "
+        rf"'{MLP_KEYS[2]}': "
         r"initialize_backend_data failed: RuntimeError: compiler crashed",
     )
     assert (err.backend, err.method, err.key) == ("XnnpackBackend", "forward", MLP_KEYS[2])

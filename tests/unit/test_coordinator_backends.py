@@ -184,7 +184,8 @@ def test_anything_a_backend_raises_is_a_backend_error(
         src,
         dst,
         [Backend(action=action)],
-        rf"backend 'XnnpackBackend', method 'forward': initialize_backend_data failed: "
+        rf"backend 'XnnpackBackend' \(test_coordinator_backends:[\w.<>]+\), method "
+        rf"'forward': initialize_backend_data failed: "
         rf"{re.escape(text)}",
     )
     assert err.__cause__ is exc
@@ -301,7 +302,8 @@ def test_generator_function_is_refused(src: Path, dst: Path) -> None:
         src,
         dst,
         [Gen()],
-        r"backend 'XnnpackBackend': initialize_backend_data returned a generator \(is "
+        r"backend 'XnnpackBackend' \(test_coordinator_backends:[\w.<>]+\): "
+        r"initialize_backend_data returned a generator \(is "
         r"initialize_backend_data a generator function\?\), so its body never ran: it must do "
         r"its work during the call and return None",
     )
@@ -320,7 +322,8 @@ def test_async_def_is_refused_without_a_never_awaited_warning(src: Path, dst: Pa
             src,
             dst,
             [Async()],
-            r"backend 'XnnpackBackend': initialize_backend_data returned a coroutine or "
+            r"backend 'XnnpackBackend' \(test_coordinator_backends:[\w.<>]+\): "
+            r"initialize_backend_data returned a coroutine or "
             r"awaitable \(is initialize_backend_data an async def\?\), so its body never ran: "
             r"it must do its work during the call and return None",
         )
@@ -339,7 +342,8 @@ def test_async_generator_is_refused(src: Path, dst: Path) -> None:
         src,
         dst,
         [AsyncGen()],
-        r"backend 'XnnpackBackend': initialize_backend_data returned an async generator, so "
+        r"backend 'XnnpackBackend' \(test_coordinator_backends:[\w.<>]+\): "
+        r"initialize_backend_data returned an async generator, so "
         r"its body never ran: it must do its work during the call and return None",
     )
 
@@ -680,7 +684,8 @@ def test_cli_does_not_exit_0_on_a_backend_sys_exit(
         ),
         (
             f"{in_call}:Quits",
-            "backend 'XnnpackBackend': initialize_backend_data failed: SystemExit: 0",
+            f"backend 'XnnpackBackend' ({in_call}:Quits): initialize_backend_data failed: "
+            "SystemExit: 0",
         ),
     ):
         assert main(["specialize", str(src), str(out), "--backend", spec, "--quiet"]) == 1
