@@ -157,7 +157,10 @@ class NotSupported(PteStoreError, NotImplementedError):
 class BackendError(PteStoreError):
     """A backend failed or misbehaved during specialization.
 
-    Attributes name the backend, and where known the method and named-data key.
+    Attributes name the backend (``backend``: the ``BackendDelegate.id`` during a run,
+    else the SPEC; ``spec``: the implementation's spec when both are known), and where
+    known the method and named-data key. Messages name it one way everywhere:
+    ``backend 'ID' (SPEC)``, or ``backend 'SPEC'`` before any id is known.
     """
 
     def __init__(
@@ -167,13 +170,16 @@ class BackendError(PteStoreError):
         backend: str | None = None,
         method: str | None = None,
         key: str | None = None,
+        spec: str | None = None,
     ) -> None:
         self.backend = backend
         self.method = method
         self.key = key
+        self.spec = spec
         where = []
         if backend is not None:
-            where.append(f"backend {backend!r}")
+            both = spec is not None and spec != backend
+            where.append(f"backend {backend!r}" + (f" ({spec})" if both else ""))
         if method is not None:
             where.append(f"method {method!r}")
         if key is not None:
@@ -185,14 +191,19 @@ class BackendError(PteStoreError):
     def __reduce__(self) -> tuple[object, ...]:
         return (
             _rebuild_backend_error,
-            (type(self), self.message, self.backend, self.method, self.key),
+            (type(self), self.message, self.backend, self.method, self.key, self.spec),
         )
 
 
 def _rebuild_backend_error(
-    cls: type[BackendError], message: str, backend: str | None, method: str | None, key: str | None
+    cls: type[BackendError],
+    message: str,
+    backend: str | None,
+    method: str | None,
+    key: str | None,
+    spec: str | None = None,
 ) -> BackendError:
-    return cls(message, backend=backend, method=method, key=key)
+    return cls(message, backend=backend, method=method, key=key, spec=spec)
 
 
 class InvalidReplacement(BackendError, ValueError):

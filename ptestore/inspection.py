@@ -12,7 +12,12 @@ from .format.model import Container, PtdHeader, PteHeader, inferred_alignment
 __all__ = [
     "describe",
     "describe_container",
+    "describe_files",
+    "key_rows",
     "read_description",
+    "read_files",
+    "size_warnings",
+    "render_files",
     "render_table",
     "segment_users",
     "waste",
@@ -86,37 +91,143 @@ def read_description(
     url: str | os.PathLike[str], **storage_options: Any
 ) -> tuple[Container, list[NamedRow]]:
     """Read the metadata of the file at ``url`` (and the XNNPACK graphs its tensor info
-    comes from): the parsed container and its ``named_data`` rows with ``size`` and
+    comes from): the parsed container (a provenance trailer, if any, hidden: it is not
+    part of the container) and its ``named_data`` rows with ``size`` and
     ``tensor_info``. Raises as :func:`describe` does."""
+    d = read_files(url, **storage_options)
+    return d["container"], d["named"]
+
+
+def read_files(
+    url: str | os.PathLike[str],
+    ptd: str | os.PathLike[str] | None = None,
+    **storage_options: Any,
+) -> dict[str, Any]:
+    """Everything :func:`describe` and ``inspect`` show, read once: ``container``,
+    ``named`` (its rows), ``size`` (the whole object, trailer included), ``provenance``
+    (:func:`~ptestore.provenance.provenance_json`), ``keys`` (for a .pte: every key
+    with where its bytes are, see :func:`key_rows`) and, with ``ptd``, the same under
+    ``ptd``."""
     from .format.reader import read_container
-    from .format.tensors import named_data_json
+    from .format.tensors import describe_tensors, named_data_json, tensor_index_of
+    from .provenance import provenance_json
+    from .provenance.trailer import without_trailer
     from .storage.loaders import open_loader
 
-    loader = open_loader(url, **storage_options)
+    loaders = [open_loader(url, **storage_options)]
     try:
-        parsed = read_container(loader)
-        rows = named_data_json(parsed, loader)
+        if ptd is not None:
+            loaders.append(open_loader(ptd, **storage_options))
+        parts: list[dict[str, Any]] = []
+        for loader in loaders:
+            hidden = without_trailer(loader)
+            parsed = read_container(hidden)
+            parts.append(
+                {
+                    "loader": hidden,
+                    "parsed": parsed,
+                    "container": parsed.container,
+                    "size": loader.size(),
+                    "provenance": provenance_json(loader),
+                }
+            )
+        main = parts[0]
+        if ptd is not None:
+            from .errors import ConfigurationError
+
+            if main["container"].kind != "pte" or parts[1]["container"].kind != "ptd":
+                raise ConfigurationError(
+                    f"inspect {url} with --ptd {ptd}: expected a .pte and a .ptd, found a "
+                    f".{main['container'].kind} and a .{parts[1]['container'].kind}"
+                )
+        if main["container"].kind == "pte":
+            index = describe_tensors(
+                main["parsed"], main["loader"], parts[1]["parsed"] if ptd is not None else None
+            )
+        else:
+            index = tensor_index_of(main["parsed"], main["loader"])
+        for part in parts:
+            part["named"] = named_data_json(part["parsed"], part["loader"], index)
+        if main["container"].kind == "pte":
+            main["keys"] = key_rows(
+                main["container"], index, parts[1]["container"] if ptd is not None else None
+            )
+        if ptd is not None:
+            main["ptd"] = parts[1]
+        return main
     finally:
-        loader.close()
-    return parsed.container, rows
+        for loader in loaders:
+            loader.close()
 
 
-def describe(url: str | os.PathLike[str] | Container, **storage_options: Any) -> dict[str, Any]:
-    """What ``ptestore inspect --json URL`` prints, as a dict.
+def key_rows(pte: Container, index: Any, ptd: Container | None = None) -> list[NamedRow]:
+    """Every key the program uses, as the runtime merges them (a .ptd entry wins): key,
+    ``file`` (``"pte"``, ``"ptd"``, or ``"external"`` for a key the program describes
+    but neither file given holds: it comes from a .ptd), ``segment_index`` and ``size``
+    (None when external) and ``tensor_info``."""
+    rows: dict[str, NamedRow] = {}
+    for c in (ptd, pte):
+        if c is None:
+            continue
+        for e in c.named_data:
+            rows.setdefault(
+                e.key,
+                {
+                    "key": e.key,
+                    "file": c.kind,
+                    "segment_index": e.segment_index,
+                    "size": c.segments[e.segment_index].size,
+                },
+            )
+    for key in index:
+        rows.setdefault(key, {"key": key, "file": "external", "segment_index": None, "size": None})
+    for key, row in rows.items():
+        info = index.get(key)
+        row["tensor_info"] = None if info is None else info.to_json()
+    return list(rows.values())
+
+
+def size_warnings(keys: Sequence[NamedRow]) -> list[str]:
+    """A warning per key whose stored size differs from its tensor info (a declared
+    size change: a stock runtime reads the value as the tensor info says)."""
+    out = []
+    for row in keys:
+        info, size = row.get("tensor_info"), row.get("size")
+        if info is None or size is None or size == info["nbytes"]:
+            continue
+        out.append(
+            f"key {row['key']!r}: {size} bytes, but its tensor info says {info['dtype']} "
+            f"{info['shape']}, {info['nbytes']} bytes (a declared size change: only a "
+            "runtime that reads this backend's own format can use it)"
+        )
+    return out
+
+
+def describe(
+    url: str | os.PathLike[str] | Container,
+    ptd: str | os.PathLike[str] | None = None,
+    **storage_options: Any,
+) -> dict[str, Any]:
+    """What ``ptestore inspect --json URL [--ptd PTD]`` prints, as a dict.
 
     Args:
         url: a local path or fsspec URL (``file://``, ``memory://``, ``s3://``, ...) of
             a ``.pte`` or ``.ptd``; or an already parsed
             :class:`~ptestore.format.model.Container`, described from its metadata
             alone (``tensor_info`` is then None: see :func:`describe_container`).
+        ptd: the ``.ptd`` of the ``.pte`` at ``url``: both are described, ``ptd`` holds
+            the ``.ptd``'s description and ``keys`` every key of the pair with the file
+            its bytes are in.
         **storage_options: as for :func:`~ptestore.open_loader` (for S3,
             ``endpoint_url``, ``key``, ``secret``, ``profile``, ...).
 
     Returns:
         The fields documented in docs/cli.md (``format``, ``file_size``, ``header``,
         ``methods``, ``segments``, ``named_data`` with ``size`` and ``tensor_info`` per
-        key, ``delegates``, ``waste``, ``warnings``, ...). Only metadata is read: the
-        header, the FlatBuffer and, for tensor info, XNNPACK delegate graphs.
+        key, ``keys`` (a .pte: every key it uses, ``file`` ``"pte"``, ``"ptd"`` or
+        ``"external"``), ``delegates``, ``waste``, ``provenance``, ``warnings``, ...).
+        Only metadata is read: the header, the FlatBuffer, a provenance trailer and,
+        for tensor info, XNNPACK delegate graphs.
 
     Raises:
         FormatError: the file is malformed, truncated or hostile.
@@ -127,11 +238,23 @@ def describe(url: str | os.PathLike[str] | Container, **storage_options: Any) ->
         StorageError: other I/O failures, after retries.
     """
     if isinstance(url, Container):
-        if storage_options:
-            raise TypeError("describe(container) takes no storage options")
+        if storage_options or ptd is not None:
+            raise TypeError("describe(container) takes no ptd or storage options")
         return describe_container(url)
-    container, rows = read_description(url, **storage_options)
-    return describe_container(container, rows)
+    return describe_files(read_files(url, ptd, **storage_options))
+
+
+def describe_files(d: dict[str, Any]) -> dict[str, Any]:
+    """The :func:`describe` object of what :func:`read_files` read."""
+    out = describe_container(d["container"], d["named"])
+    out["file_size"] = d["size"]
+    out["provenance"] = d["provenance"]
+    if "keys" in d:
+        out["keys"] = d["keys"]
+        out["warnings"] += size_warnings(d["keys"])
+    if "ptd" in d:
+        out["ptd"] = describe_files(d["ptd"])
+    return out
 
 
 def describe_container(c: Container, named: Sequence[NamedRow] | None = None) -> dict[str, Any]:
@@ -228,6 +351,54 @@ def _dtype_shape(row: NamedRow | None) -> str:
         return "-"
     shape = "x".join(str(d) for d in info.get("shape", [])) or "scalar"
     return f"{info.get('dtype')} [{shape}]"
+
+
+def render_files(d: dict[str, Any]) -> str:
+    """The readable report of what :func:`read_files` read: the container, where every
+    key of a .pte is (with its .ptd: both files), and the provenance."""
+    out = [render_table(d["container"], d["named"])]
+    trailer = d["size"] - d["container"].file_size
+    if trailer:
+        out.append(f"provenance trailer: {trailer} bytes after the container (not waste)")
+    out.append(_render_provenance(d["provenance"]))
+    keys = d.get("keys")
+    if keys is not None and (
+        "ptd" in d or any(r["file"] == "external" for r in keys)
+    ):
+        out.append("")
+        out.append(f"keys of the program ({len(keys)}), as the runtime merges them:")
+        rows = [
+            [
+                _short(r["key"], 66),
+                r["file"] if r["file"] != "external" else "external (a .ptd)",
+                "-" if r["size"] is None else str(r["size"]),
+                _dtype_shape(r),
+            ]
+            for r in keys
+        ]
+        out.extend("  " + line for line in _table(["key", "in", "size", "dtype [shape]"], rows))
+    for warning in size_warnings(keys or []):
+        out.append(f"warning: {warning}")
+    if "ptd" in d:
+        out.append("")
+        out.append(render_files(d["ptd"]))
+    return "\n".join(out)
+
+
+def _render_provenance(p: dict[str, Any] | None) -> str:
+    if p is None:
+        return "provenance: none"
+    if "error" in p:
+        return f"provenance: unreadable: {p['error']}"
+    lines = [f"provenance: made by ptestore {p.get('ptestore_version')} at {p.get('created')}"]
+    src = p.get("source") or {}
+    lines.append(f"  source: {src.get('url')} ({src.get('sha256')})")
+    for b in p.get("backends") or []:
+        compat = f", compatibility {b['compatibility']!r}" if b.get("compatibility") else ""
+        lines.append(f"  backend {b.get('id')}: {b.get('spec')} {b.get('version')}{compat}")
+    dev = p.get("device")
+    lines.append("  device: none" if dev is None else f"  device: {dev['name']} ({dev['digest']})")
+    return "\n".join(lines)
 
 
 def render_table(c: Container, named: Sequence[NamedRow] | None = None) -> str:

@@ -19,6 +19,7 @@ from .api import (
     QuantParams,
     TensorInfo,
 )
+from .compat import Compatibility, DeviceProfile
 from .registry import (
     ENTRY_POINT_GROUP,
     InstalledBackend,
@@ -35,7 +36,9 @@ __all__ = [
     "BackendDataInitContext",
     "BackendDataWriter",
     "BackendInterface",
+    "Compatibility",
     "DelegateInput",
+    "DeviceProfile",
     "InstalledBackend",
     "NamedDataMap",
     "NotSupported",

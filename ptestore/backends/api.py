@@ -218,15 +218,17 @@ class BackendDataWriter:
         self._session.replace_processed(data)
 
 
-class BackendInterface(abc.ABC):  # noqa: B024 - a default method is the point
+class BackendInterface(abc.ABC):
     """Base class of backend implementations.
 
     ``name`` is the ``BackendDelegate.id`` the implementation serves (for example
     ``"XnnpackBackend"``), or ``"*"`` for a generic backend that serves every id that
-    has no dedicated implementation.
+    has no dedicated implementation. There is no default: a class must say which it is
+    (a vendor backend that served every id would be handed other vendors' blobs).
     """
 
-    name: str = "*"
+    #: The ``BackendDelegate.id`` served, or ``"*"`` (explicitly) for every id.
+    name: str
 
     @property
     def version(self) -> str:
@@ -263,4 +265,5 @@ class BackendInterface(abc.ABC):  # noqa: B024 - a default method is the point
         The default raises :class:`~ptestore.errors.NotSupported`, which means "leave
         this backend's data as it is".
         """
-        raise NotSupported(f"backend {self.name!r} does not initialize backend data")
+        name = getattr(self, "name", type(self).__name__)
+        raise NotSupported(f"backend {name!r} does not initialize backend data")

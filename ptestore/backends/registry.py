@@ -30,10 +30,11 @@ naming the spec; a module that cannot be imported raises
 from __future__ import annotations
 
 import copy
+import difflib
 import importlib
 import inspect
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from types import MappingProxyType
@@ -41,12 +42,14 @@ from typing import Union
 
 from ..errors import BackendError, ConfigurationError, describe_exception
 from .api import BackendInterface
+from .compat import distribution_version
 
 __all__ = [
     "ENTRY_POINT_GROUP",
     "BackendLike",
     "InstalledBackend",
     "backend_label",
+    "did_you_mean",
     "installed_backends",
     "load_backend",
     "object_label",
@@ -79,7 +82,9 @@ class InstalledBackend:
     spec: str
     #: ``"registered"`` or ``"entry point"``.
     origin: str
-    #: The version of the distribution providing the entry point, if known.
+    #: The version the implementation reports (what provenance records): its declared
+    #: ``version``, else the version of the distribution providing it; None for a
+    #: factory function or when unknown.
     version: str | None = None
     #: Why it could not be loaded (None when it loaded).
     error: str | None = None
@@ -168,6 +173,25 @@ def _served(obj: object) -> str:
     return name if isinstance(name, str) and name and name != "*" else "*"
 
 
+def _declared_version(obj: object, *, default: bool = True) -> str | None:
+    """The version a registered object reports: an instance's ``version``, a class's
+    ``version`` class attribute (or the default, its distribution's version); None for a
+    factory function, which cannot be asked without calling it."""
+    try:
+        if isinstance(obj, BackendInterface):
+            version: object = obj.version
+        elif isinstance(obj, type) and issubclass(obj, BackendInterface):
+            declared = inspect.getattr_static(obj, "version", None)
+            if isinstance(declared, str) or not default:
+                return declared if isinstance(declared, str) else None
+            version = distribution_version(obj)
+        else:
+            return None
+    except Exception:  # a hostile property: no version rather than no listing
+        return None
+    return version if isinstance(version, str) else None
+
+
 def installed_backends() -> list[InstalledBackend]:
     """Every installed backend, registrations first, then entry points (an entry point
     shadowed by a registration of the same name is left out). Entry points are loaded
@@ -175,7 +199,9 @@ def installed_backends() -> list[InstalledBackend]:
     with _lock:
         registered = dict(_registry)
     out = [
-        InstalledBackend(name, _served(obj), object_label(obj), "registered")
+        InstalledBackend(
+            name, _served(obj), object_label(obj), "registered", _declared_version(obj)
+        )
         for name, obj in sorted(registered.items())
     ]
     for name, ep in sorted(_entry_points().items()):
@@ -187,7 +213,11 @@ def installed_backends() -> list[InstalledBackend]:
         except (ConfigurationError, BackendError) as exc:
             out.append(InstalledBackend(name, "*", ep.value, "entry point", version, str(exc)))
             continue
-        out.append(InstalledBackend(name, _served(obj), ep.value, "entry point", version))
+        # a version the class declares wins over its distribution's
+        declared = _declared_version(obj, default=False) if isinstance(obj, type) else None
+        out.append(
+            InstalledBackend(name, _served(obj), ep.value, "entry point", declared or version)
+        )
     return out
 
 
@@ -205,6 +235,12 @@ def _guarded(what: str, spec: str, action: Callable[[], object]) -> object:
         ) from exc
     except BaseException as exc:  # backend code is user code
         raise BackendError(f"{what} failed: {describe_exception(exc)}", backend=spec) from exc
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``choices`` to ``word``, else ``""``."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.75)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _import_path(ref: str, spec: str) -> object:
@@ -226,8 +262,13 @@ def _import_path(ref: str, spec: str) -> object:
         try:
             obj = getattr(obj, part)
         except AttributeError:
+            try:
+                around = [n for n in dir(obj) if not n.startswith("_")]
+            except Exception:  # a hostile __dir__: no suggestion
+                around = []
             raise ConfigurationError(
                 f"backend {spec!r}: module {module_name!r} has no attribute {attr!r}"
+                + did_you_mean(part, around)
             ) from None
         except KeyboardInterrupt:
             raise
@@ -266,8 +307,8 @@ def _resolve(ref: str, spec: str) -> object:
         return _load_entry_point(eps[ref], spec)
     known = sorted(set(eps) | set(_registry))
     raise ConfigurationError(
-        f"backend {spec!r}: unknown name {ref!r}; known: {', '.join(known) or 'none'} "
-        "(or give an import path package.module:attr)"
+        f"backend {spec!r}: unknown name {ref!r}{did_you_mean(ref, known)}; known: "
+        f"{', '.join(known) or 'none'} (or give an import path package.module:attr)"
     )
 
 

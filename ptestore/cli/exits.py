@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import (
     AlreadyExists,
-    BackendError,
     ConfigurationError,
     FormatError,
     IntegrityError,
@@ -122,6 +121,7 @@ def _publish_state(exc: BaseException) -> str:
 #: Attributes of ptestore errors copied into the JSON error object when set.
 _ERROR_FIELDS = (
     "backend",
+    "spec",
     "method",
     "key",
     "source",
@@ -138,7 +138,8 @@ def error_json(
     command: str, exc: BaseException, code: int, *, publishes: bool = False
 ) -> dict[str, Any]:
     """The object ``--json`` prints on stdout when ``ptestore COMMAND`` fails:
-    ``{"error": {"type", "message", "exit_code", "command", ...}}`` plus the error's own
+    ``{"error": {"type", "message", "exit_code", "command", ...}}`` (``message`` as stderr
+    shows it, with the backend, method and key it names) plus the error's own
     attributes (``backend``/``method``/``key`` of a :class:`BackendError`,
     ``source``/``field``/``value``/``limit`` of a :class:`FormatError`, ...), the
     chained cause (``cause``: ``"Type: message"``) and, for commands that publish,
@@ -149,8 +150,6 @@ def error_json(
         "exit_code": code,
         "command": command,
     }
-    if isinstance(exc, BackendError):
-        err["message"] = exc.message
     for name in _ERROR_FIELDS:
         value = getattr(exc, name, None)
         if value is None or value == ():

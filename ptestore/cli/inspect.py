@@ -17,6 +17,7 @@ __all__ = ["add_inspect_parser", "run_inspect"]
 _EPILOG = """\
 examples:
   ptestore inspect model.pte
+  ptestore inspect model.pte --ptd model.ptd
   ptestore inspect --json model.ptd | jq '.named_data[] | {key, size, dtype: .tensor_info.dtype}'
   ptestore inspect s3://bucket/models/model.pte -o endpoint_url=http://127.0.0.1:9000
 
@@ -37,6 +38,12 @@ def add_inspect_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "url", metavar="URL", help="local path or fsspec URL (file://, memory://, s3://)"
     )
+    p.add_argument(
+        "--ptd",
+        metavar="PTD",
+        help="the .ptd of the .pte at URL: describe both, and where every key's bytes are "
+        "(with --html: draw both)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument(
         "--html",
@@ -50,9 +57,6 @@ def add_inspect_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=None,
         help="with --html: draw URL against the source SRC it was specialized from "
         "(replaced, grown, moved, cloned, unchanged); reads the segment bytes of both",
-    )
-    p.add_argument(
-        "--ptd", metavar="PTD", default=None, help="with --html: draw the .ptd of the pair too"
     )
     p.add_argument(
         "--compare-ptd",
@@ -69,7 +73,7 @@ def add_inspect_parser(subparsers: Any) -> argparse.ArgumentParser:
 @guarded("inspect")
 def run_inspect(args: argparse.Namespace) -> int:
     """Run ``ptestore inspect`` with parsed arguments; returns the exit status."""
-    from ..inspection import describe_container, read_description, render_table
+    from ..inspection import describe_files, read_files, render_files
 
     if args.html is not None:
         from ..viz.html import check_output_path
@@ -87,12 +91,12 @@ def run_inspect(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"wrote {args.html}")
             return EXIT_OK
-    elif args.compare or args.ptd or args.compare_ptd:
-        raise ConfigurationError("--compare, --ptd and --compare-ptd need --html FILE")
-    container, named = read_description(args.url, **storage_options(args))
+    elif args.compare or args.compare_ptd:
+        raise ConfigurationError("--compare and --compare-ptd need --html FILE")
+    files = read_files(args.url, args.ptd, **storage_options(args))
     if args.json:
-        json.dump(describe_container(container, named), sys.stdout, indent=2)
+        json.dump(describe_files(files), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        print(render_table(container, named))
+        print(render_files(files))
     return EXIT_OK

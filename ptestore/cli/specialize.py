@@ -144,7 +144,8 @@ def format_summary(report: SpecializationReport) -> str:
                 f"{human_bytes(b.bytes_out)} out, {b.seconds:.3f} s"
             )
         elif b.status == "not_supported":
-            lines.append(f"backend {b.backend_id}{impl}: declined (data kept as is)")
+            why = f": {b.reason}" if b.reason else ""
+            lines.append(f"backend {b.backend_id}{impl}: declined{why} (data kept as is)")
         else:
             lines.append(f"backend {b.backend_id}: no implementation (data kept as is)")
     if not report.specialized:
@@ -179,7 +180,7 @@ def run_specialize(args: argparse.Namespace) -> int:
             src_storage_options=side_storage_options(args, "src"),
             dst_storage_options=side_storage_options(args, "dst"),
             spool_dir=args.spool_dir,
-            strict=not args.allow_unchanged,
+            allow_unchanged=args.allow_unchanged,
             device=device,
             provenance=bool(args.provenance or device is not None),
         )
@@ -206,10 +207,13 @@ def run_specialize(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace, report: SpecializationReport, message: str | None) -> None:
+    from ..backends.registry import did_you_mean
+
+    ids = [b.backend_id for b in report.backends]
     for name in report.unused_backends:
         print(
-            f"ptestore specialize: warning: no delegate in {args.src} has backend id {name!r}; "
-            "that backend was not used",
+            f"ptestore specialize: warning: no delegate in {args.src} has backend id {name!r}"
+            f"{did_you_mean(name, ids)}; that backend was not used",
             file=sys.stderr,
         )
     if message is not None:  # only with --allow-unchanged: strict runs raise instead

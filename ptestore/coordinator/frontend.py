@@ -11,6 +11,7 @@ from ..errors import AlreadyExists, ObjectNotFound
 from ..storage.loaders import open_loader
 from ..storage.routing import StorageOptions
 from .pair import specialize_pair, split_pairs
+from .pipeline import refuse_unchanged
 from .report import EventTracer, SpecializationReport
 from .targets import check_targets
 
@@ -37,9 +38,10 @@ def specialize(
     src_storage_options: dict[str, Any] | None = None,
     dst_storage_options: dict[str, Any] | None = None,
     spool_dir: str | None = None,
-    strict: bool = False,
+    strict: bool | None = None,
     device: DeviceProfile | None = None,
     provenance: ProvenanceRequest | bool | None = None,
+    allow_unchanged: bool = False,
 ) -> SpecializationReport:
     """Specialize the model at ``src_url`` and publish it at ``dst_url``.
 
@@ -71,8 +73,12 @@ def specialize(
             ``storage_options``).
         spool_dir: where replacement bytes wait until the layout is known (default:
             the system temporary directory).
-        strict: raise :class:`~ptestore.errors.NothingSpecialized` when nothing was
-            specialized, before anything is written (the CLI's default).
+        strict: the older spelling of ``allow_unchanged``: ``strict=False`` is
+            ``allow_unchanged=True``.
+        allow_unchanged: when nothing was specialized, publish an unchanged copy and
+            report why (``report.specialized`` False) instead of raising
+            :class:`~ptestore.errors.NothingSpecialized` before anything is written
+            (the default, as in the CLI; ``--allow-unchanged`` there).
         device: the device profile (``DeviceProfile``) handed to every backend as
             ``context.device`` (CLI: ``--device``).
         provenance: True or a :class:`~ptestore.provenance.ProvenanceRequest`: each
@@ -88,7 +94,8 @@ def specialize(
         ``specialized == False`` with ``unchanged_reason`` and ``hint``.
 
     Raises:
-        NothingSpecialized: with ``strict=True``, when no backend specialized anything.
+        NothingSpecialized: no backend specialized anything (unless
+            ``allow_unchanged=True``).
         ConfigurationError: bad arguments: an unknown backend or URL scheme, an option
             that applies to no URL, colliding destinations.
         FormatError: a malformed source.
@@ -104,6 +111,7 @@ def specialize(
 
     Nothing is published unless the whole run succeeds (``PartialPublish`` aside).
     """
+    strict = refuse_unchanged(strict, allow_unchanged)
     options = StorageOptions(storage_options, src=src_storage_options, dst=dst_storage_options)
     pairs = split_pairs(src_url, dst_url, ptd)
     # Before any work, and before the create-mode probes: no destination may be a

@@ -47,9 +47,10 @@ def specialize_pair(
     mode: PublishMode = "overwrite",
     event_tracer: EventTracer | None = None,
     spool_dir: str | None = None,
-    strict: bool = False,
+    strict: bool | None = None,
     device: DeviceProfile | None = None,
     provenance: ProvenanceRequest | bool | None = None,
+    allow_unchanged: bool = False,
     loader_hook: Callable[[DataLoader], DataLoader] | None = None,
 ) -> SpecializationReport:
     """Specialize ``source`` into ``destination`` (and the ``ptd`` pair
@@ -59,7 +60,7 @@ def specialize_pair(
 
     Args:
         source, destination, ptd, backends, mode, event_tracer, spool_dir, strict,
-            device, provenance: as for :func:`~ptestore.specialize`.
+            device, provenance, allow_unchanged: as for :func:`~ptestore.specialize`.
         options: the run's storage options (:class:`~ptestore.storage.routing.StorageOptions`:
             common ones and each side's own); checked here before anything is opened.
         loader_hook: called with each loader as it is opened; the loader it returns
@@ -97,6 +98,7 @@ def specialize_pair(
             strict=strict,
             device=device,
             provenance=provenance,
+            allow_unchanged=allow_unchanged,
         )
     except KeyboardInterrupt as exc:
         # Ctrl-C after a publish took effect must not read as "nothing was published".

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from ..backends.api import BackendDataInitContext, BackendDataWriter, BackendInterface
+from ..backends.passthrough import PassthroughBackend
 from ..backends.registry import BackendLike, installed_backends
 from ..errors import (
     BackendError,
@@ -58,9 +59,10 @@ def initialize_and_save_backend_data(
     event_tracer: EventTracer | None = None,
     mode: PublishMode = "overwrite",
     spool_dir: str | None = None,
-    strict: bool = False,
+    strict: bool | None = None,
     device: DeviceProfile | None = None,
     provenance: ProvenanceRequest | bool | None = None,
+    allow_unchanged: bool = False,
 ) -> SpecializationReport:
     """Specialize a model once and publish the result through the given writers.
 
@@ -85,9 +87,14 @@ def initialize_and_save_backend_data(
         mode: ``"overwrite"`` or ``"create"`` (refuse to replace an existing
             destination).
         spool_dir: where replacement bytes wait until layout.
-        strict: raise :class:`~ptestore.errors.NothingSpecialized` instead of
-            publishing an unchanged copy when nothing was specialized (naming
-            ``passthrough`` explicitly asks for a copy and counts as done).
+        strict: the older spelling of ``allow_unchanged``: ``strict=False`` is
+            ``allow_unchanged=True``; None (default) or True: the rule below.
+        allow_unchanged: when nothing was specialized (no backend serves an id of the
+            program, or every backend declined), publish an unchanged copy and report
+            why (``report.specialized`` False) instead of raising
+            :class:`~ptestore.errors.NothingSpecialized` before anything is written
+            (the default, as the CLI without ``--allow-unchanged``). Naming
+            ``passthrough`` explicitly asks for a copy and counts as done.
         device: the device profile (``DeviceProfile``) handed to every backend as
             ``context.device`` (CLI: ``--device``).
         provenance: True or a :class:`~ptestore.provenance.ProvenanceRequest`: each
@@ -101,7 +108,8 @@ def initialize_and_save_backend_data(
         say why.
 
     Raises:
-        NothingSpecialized: with ``strict=True``, before writing or publishing anything.
+        NothingSpecialized: nothing was specialized and ``allow_unchanged`` is False,
+            before writing or publishing anything.
         BackendError: a backend failed, naming the backend, method and key (its own
             exception is the ``__cause__``); ``InvalidReplacement`` for a replacement
             that breaks the rules.
@@ -117,6 +125,7 @@ def initialize_and_save_backend_data(
         raise ConfigurationError("ptd_loader and ptd_writer must be given together")
     if mode not in ("overwrite", "create"):
         raise ConfigurationError(f"mode must be 'overwrite' or 'create', got {mode!r}")
+    strict = refuse_unchanged(strict, allow_unchanged)
     writers = [w for w in (pte_writer, ptd_writer) if w is not None]
     started = time.perf_counter()
     spool: Spool | None = None
@@ -192,6 +201,20 @@ def initialize_and_save_backend_data(
     finally:
         if spool is not None:
             spool.close()
+
+
+def refuse_unchanged(strict: bool | None, allow_unchanged: bool) -> bool:
+    """Whether a run that specialized nothing raises ``NothingSpecialized`` (one rule
+    for Python and the CLI: yes, unless ``allow_unchanged=True`` or ``strict=False``)."""
+    if not isinstance(allow_unchanged, bool):
+        raise ConfigurationError(f"allow_unchanged must be True or False, got {allow_unchanged!r}")
+    if strict is not None and not isinstance(strict, bool):
+        raise ConfigurationError(f"strict must be True, False or None, got {strict!r}")
+    if strict and allow_unchanged:
+        raise ConfigurationError(
+            "strict=True and allow_unchanged=True contradict each other: pass one of them"
+        )
+    return not allow_unchanged and strict is not False
 
 
 def _spool_home(writer: DataWriter) -> str | None:
@@ -276,9 +299,10 @@ def _run_backend(
             _note(stamper, bid, impl, context)
         finally:
             session.close()  # the context and writer are valid only during the call
-        _check_returned(result, bid)
-    except NotSupported:
+        _check_returned(result, bid, report.implementation)
+    except NotSupported as exc:
         report.status = "not_supported"
+        report.reason = str(exc) or "NotSupported raised with no message"
     except (BackendError, KeyboardInterrupt):
         raise
     except BaseException as exc:  # backend code is user code
@@ -289,10 +313,18 @@ def _run_backend(
             backend=bid,
             method=session.last_method,
             key=session.last_key,
+            spec=report.implementation,
         ) from exc
     else:
         session.commit()
-        report.status = "specialized"
+        if session.keys or session.blobs or isinstance(impl, PassthroughBackend):
+            report.status = "specialized"
+        else:  # writing nothing is declining (passthrough's whole job is to write nothing)
+            report.status = "not_supported"
+            report.reason = (
+                f"returned without writing anything ({report.inputs_seen} delegate inputs "
+                "seen); raise NotSupported('why') to say why"
+            )
     finally:
         report.seconds = time.perf_counter() - t0
     log.info(
@@ -316,7 +348,7 @@ def _note(
         stamper.note(bid, impl, context)
 
 
-def _check_returned(result: object, bid: str) -> None:
+def _check_returned(result: object, bid: str, spec: str | None) -> None:
     """``initialize_backend_data`` does its work during the call: a generator, coroutine
     or other awaitable returned instead means its body never ran."""
     kind = None
@@ -327,13 +359,28 @@ def _check_returned(result: object, bid: str) -> None:
     elif inspect.isawaitable(result):
         kind = "a coroutine or awaitable (is initialize_backend_data an async def?)"
     if kind is None:
-        return
+        if result is None:
+            return
+        try:
+            text = repr(result)
+        except Exception:  # a hostile __repr__: the type says enough
+            text = "(unprintable)"
+        shown = text if len(text) <= 60 else text[:57] + "..."
+        raise BackendError(
+            f"initialize_backend_data returned {type(result).__name__} {shown}, not None: "
+            "a return value is ignored, so nothing it holds would reach the output; "
+            "submit replacements with output.write_named_data(key, BackendData(...)) "
+            "and output.write_processed_data(BackendData(...)), then return None",
+            backend=bid,
+            spec=spec,
+        )
     if inspect.isgenerator(result) or inspect.iscoroutine(result):
         result.close()  # no "never awaited" warning; the body still never ran
     raise BackendError(
         f"initialize_backend_data returned {kind}, so its body never ran: it must do its "
         "work during the call and return None",
         backend=bid,
+        spec=spec,
     )
 
 

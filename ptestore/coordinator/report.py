@@ -49,15 +49,23 @@ class BackendReport:
     #: The implementation's spec: the SPEC string given, the installed backend's
     #: registered or entry-point name, or ``package.module:Class`` for an object.
     implementation: str | None
-    #: ``"specialized"``, ``"not_supported"`` (the backend declined) or
+    #: ``"specialized"``, ``"not_supported"`` (the backend declined: it raised
+    #: ``NotSupported``, or returned without writing anything) or
     #: ``"no_implementation"`` (nothing registered for this id).
     status: str
+    #: How many unique delegate inputs (blobs) the backend asked for.
     inputs_seen: int = 0
     keys_replaced: list[str] = field(default_factory=list)
     blobs_replaced: int = 0
+    #: Bytes the backend read: every delegate blob it was handed plus every named-data
+    #: value it read with ``get_data``/``get_array`` (a value read twice counts twice).
     bytes_in: int = 0
+    #: Bytes of the replacements it submitted.
     bytes_out: int = 0
     seconds: float = 0.0
+    #: Why it declined (``status == "not_supported"``): the ``NotSupported`` message,
+    #: or that it wrote nothing.
+    reason: str | None = None
 
 
 @dataclass

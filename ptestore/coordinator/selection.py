@@ -11,6 +11,7 @@ from ..backends.passthrough import PassthroughBackend
 from ..backends.registry import (
     BackendLike,
     backend_label,
+    did_you_mean,
     installed_backends,
     load_backend,
     serving,
@@ -63,7 +64,7 @@ def _default(ids: list[str]) -> Selection:
                     "backends=[...] (CLI: --backend)"
                 )
             impl = load_backend(info.name)
-            if impl.name != bid:  # a generic backend registered under the id
+            if getattr(impl, "name", None) != bid:  # a generic backend registered under the id
                 impl = serving(impl, bid, info.name)
             sel.impls[bid] = impl
             sel.labels[bid] = info.name
@@ -90,7 +91,14 @@ def resolve_backends(backends: Iterable[BackendLike] | None, ids: list[str]) -> 
     for spec in backends:
         impl = load_backend(spec)
         label = backend_label(spec)
-        name = getattr(impl, "name", "*")
+        name = getattr(impl, "name", None)
+        if name is None:
+            raise ConfigurationError(
+                f"backend {label!r} has no name: set the class attribute name to the "
+                "BackendDelegate.id it serves (name = 'XnnpackBackend'), or to '*' to serve "
+                "every id without a dedicated implementation (or give it as "
+                f"'{label}@BACKEND_ID')"
+            )
         if not isinstance(name, str) or not name:
             raise ConfigurationError(f"backend {label!r} has no usable name: {name!r}")
         sel.given.append((label, name))
@@ -147,6 +155,11 @@ def why_unchanged(
                 for label, serves in sel.given
             )
             reason = f"the backends given serve no backend id of the program: {given or 'none'}"
+            ids = [r.backend_id for r in reports]
+            for _, serves in sel.given:
+                guess = did_you_mean(serves, ids)
+                if serves != "*" and guess:
+                    hints.append(f"No delegate has backend id {serves!r}{guess}.")
             hints.append("Use SPEC@BACKEND_ID to make a backend serve a given id.")
         else:
             reason = "no installed backend serves a backend id of the program"
@@ -160,7 +173,7 @@ def why_unchanged(
             + (
                 "no implementation"
                 if r.status == "no_implementation"
-                else f"{r.implementation} declined (NotSupported)"
+                else f"{r.implementation} declined: {r.reason or 'NotSupported'}"
             )
             for r in reports
         ]

@@ -176,7 +176,11 @@ class Session:
     # -- validation --------------------------------------------------------------
     def _error(self, message: str, key: str | None = None) -> InvalidReplacement:
         return InvalidReplacement(
-            message, backend=self._backend_id, method=self.last_method, key=key
+            message,
+            backend=self._backend_id,
+            method=self.last_method,
+            key=key,
+            spec=self.report.implementation,
         )
 
     def _check_data(self, data: object, what: str, key: str | None) -> tuple[memoryview, int]:
@@ -188,8 +192,17 @@ class Session:
             )
         view = _as_bytes_view(data.data)
         if view is None:
+            flags = getattr(data.data, "flags", None)
+            if type(data.data).__module__ == "numpy" and flags is not None:
+                raise self._error(
+                    f"{what}: BackendData.data is a numpy array that is not C-contiguous "
+                    f"(shape {list(getattr(data.data, 'shape', ()))}, a transposed or strided "
+                    "view?): pass numpy.ascontiguousarray(array) (one copy) or array.tobytes()",
+                    key,
+                )
             raise self._error(
-                f"{what}: BackendData.data must be bytes-like, got {type(data.data).__name__}",
+                f"{what}: BackendData.data must be bytes-like (bytes, bytearray, memoryview "
+                f"or a C-contiguous numpy array), got {type(data.data).__name__}",
                 key,
             )
         alignment = 1 if data.alignment is None else data.alignment
@@ -238,10 +251,30 @@ class Session:
                 key,
             )
         self._check_size(key, view.nbytes, data.allow_size_change)
+        self._check_dtype(key, data)
         rep = self._spool(view, alignment, f"key {key!r}")
         self.pending.setdefault((f.role, index), []).append(rep)
         self.keys[key] = None
         self.run.emit(Event("replacement", backend=self._backend_id, key=key, nbytes=view.nbytes))
+
+    def _check_dtype(self, key: str, data: BackendData) -> None:
+        """A numpy array of another dtype than the key's tensor info is a mistake (a
+        float64 array for float32 weights has the wrong bytes even at the same size),
+        unless the size change is declared (the backend's own format)."""
+        dtype = getattr(data.data, "dtype", None)
+        if type(data.data).__module__ != "numpy" or dtype is None or data.allow_size_change:
+            return
+        info = self.run.named.get_tensor_info(key)
+        if info is None or info.array_dtype == "uint8" or str(dtype) == "uint8":
+            return  # no description, or raw bytes: nothing to compare
+        if str(dtype) != info.array_dtype:
+            raise self._error(
+                f"write_named_data: the replacement is a numpy array of dtype {dtype}, the "
+                f"key holds {self.run.named.describe(key)}: convert it "
+                f"(array.astype(numpy.{info.array_dtype})), or pass "
+                "BackendData(..., allow_size_change=True) if it is your runtime's own format",
+                key,
+            )
 
     def _check_size(self, key: str, size: int, allowed: object) -> None:
         if not isinstance(allowed, bool):

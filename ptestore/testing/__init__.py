@@ -1,10 +1,58 @@
-"""Test kit shipped with ptestore: the writer contract suite and two S3 test servers
+"""Test kit shipped with ptestore: the writer and backend contract suites, small real
+programs, a read-only named data reader, a runtime runner, and two S3 test servers
 (moto, SeaweedFS).
 
-Third-party writers run the contract by subclassing
-:class:`ptestore.testing.writer_contract.WriterContract` (a pytest mixin).
+- Writers: subclass :class:`ptestore.testing.writer_contract.WriterContract`.
+- Backends: subclass :class:`BackendContract` (:mod:`.backend_contract`), read a model's
+  named data with :func:`open_named_data`, run a program in the ExecuTorch runtime and
+  compare its outputs with :func:`assert_outputs_match` (:mod:`.runtime`).
+
+Exports load lazily (the contracts import pytest).
 """
 
 from __future__ import annotations
 
-__all__ = ["moto", "s3server", "seaweedfs", "writer_contract"]
+import importlib
+from typing import Any
+
+__all__ = [
+    "BackendContract",
+    "NamedData",
+    "Program",
+    "assert_outputs_match",
+    "backend_contract",
+    "compare_outputs",
+    "moto",
+    "named_data",
+    "open_named_data",
+    "programs",
+    "run_in_runtime",
+    "runtime",
+    "runtime_unavailable",
+    "s3server",
+    "seaweedfs",
+    "shipped_program",
+    "shipped_programs",
+    "writer_contract",
+]
+
+_EXPORTS = {
+    "BackendContract": ".backend_contract",
+    "NamedData": ".named_data",
+    "open_named_data": ".named_data",
+    "Program": ".programs",
+    "shipped_program": ".programs",
+    "shipped_programs": ".programs",
+    "assert_outputs_match": ".runtime",
+    "compare_outputs": ".runtime",
+    "run_in_runtime": ".runtime",
+    "runtime_unavailable": ".runtime",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    if name in __all__:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

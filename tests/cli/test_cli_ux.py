@@ -129,7 +129,8 @@ def test_debug_prints_the_backends_own_traceback(
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert err.splitlines() == [
-        "ptestore specialize: failed, nothing published: backend 'XnnpackBackend': "
+        "ptestore specialize: failed, nothing published: backend 'XnnpackBackend' "
+        "(test_cli_ux:Divides): "
         "initialize_backend_data failed: ZeroDivisionError: the backend's own error",
         "ptestore specialize: (--debug prints the full traceback, ZeroDivisionError included)",
     ]
@@ -263,10 +264,13 @@ def test_json_failure_prints_an_error_object(
     assert error == {
         "error": {
             "type": "BackendError",
-            "message": "initialize_backend_data failed: ZeroDivisionError: the backend's own error",
+            # the message as stderr shows it: the backend it names included
+            "message": "backend 'XnnpackBackend' (test_cli_ux:Divides): initialize_backend_data "
+            "failed: ZeroDivisionError: the backend's own error",
             "exit_code": 1,
             "command": "specialize",
             "backend": "XnnpackBackend",
+            "spec": "test_cli_ux:Divides",
             "cause": "ZeroDivisionError: the backend's own error",
             "published": "nothing",
         }

@@ -120,12 +120,12 @@ def test_passthrough_of_an_exporter_file_is_byte_identical(src: Path, dst: Path)
 def test_each_backend_id_called_once_and_unknown_ids_kept(src: Path, dst: Path) -> None:
     other = Backend("SomeOtherBackend")
     xnn = Backend("XnnpackBackend")
-    report = ptestore.specialize(src, dst, backends=[other, xnn])
+    report = ptestore.specialize(src, dst, backends=[other, xnn], allow_unchanged=True)
     assert (xnn.calls, other.calls) == (1, 0)
     assert len(xnn.inputs) == 1
     assert xnn.inputs[0].method == "forward"
-    assert report.backends[0].status == "specialized"
-    report = ptestore.specialize(src, dst, backends=[other])
+    assert report.backends[0].status == "not_supported"  # it wrote nothing: it declined
+    report = ptestore.specialize(src, dst, backends=[other], allow_unchanged=True)
     assert report.backends[0].status == "no_implementation"
     assert dst.read_bytes() == src.read_bytes()
 
@@ -135,7 +135,7 @@ def test_not_supported_keeps_data_even_after_writes(src: Path, dst: Path) -> Non
         out.write_named_data(MLP_KEYS[0], BackendData(b"\0" * 16, allow_size_change=True))
         raise NotSupported("not on this device")
 
-    report = ptestore.specialize(src, dst, backends=[Backend(action=action)])
+    report = ptestore.specialize(src, dst, backends=[Backend(action=action)], allow_unchanged=True)
     assert report.backends[0].status == "not_supported"
     assert report.backends[0].keys_replaced == []
     assert dst.read_bytes() == src.read_bytes()
@@ -145,7 +145,7 @@ def test_default_backend_raises_not_supported(src: Path, dst: Path) -> None:
     class Plain(BackendInterface):
         name = "XnnpackBackend"
 
-    report = ptestore.specialize(src, dst, backends=[Plain()])
+    report = ptestore.specialize(src, dst, backends=[Plain()], allow_unchanged=True)
     assert report.backends[0].status == "not_supported"
 
 
@@ -153,7 +153,7 @@ def test_shared_blob_is_visited_once_with_every_delegate(tmp_path: Path) -> None
     fx = get_fixture("shared_blob_xnnpack")
     assert fx.pte_path is not None
     backend = Backend()
-    ptestore.specialize(fx.pte_path, tmp_path / "o.pte", backends=[backend])
+    ptestore.specialize(fx.pte_path, tmp_path / "o.pte", backends=[backend], allow_unchanged=True)
     delegates = fx.facts["pte"]["delegates"]
     blobs = {(d["location"], d["index"]) for d in delegates}
     assert len(backend.inputs) == len(blobs) < len(delegates)
@@ -176,6 +176,7 @@ def test_named_data_map_merges_ptd_over_pte(tmp_path: Path) -> None:
         tmp_path / "o.pte",
         ptd=(fx.ptd_path, tmp_path / "o.ptd"),
         backends=[Backend(action=action)],
+        allow_unchanged=True,
     )
     ptd_keys = sorted(e["key"] for e in fx.facts["ptd"]["named_data"])
     assert seen["keys"] == sorted(set(ptd_keys) | {e["key"] for e in fx.facts["pte"]["named_data"]})
@@ -291,7 +292,8 @@ def test_unknown_key(src: Path, dst: Path) -> None:
         src,
         dst,
         Backend(action=lambda c, o: o.write_named_data("nope", BackendData(b"x"))),
-        r"backend 'XnnpackBackend', method 'forward', key 'nope': unknown key: backends may only "
+        r"backend 'XnnpackBackend' \(test_coordinator:[\w.<>]+\), method 'forward', key "
+        r"'nope': unknown key: backends may only "
         r"replace existing keys \(4 keys in the model\); no new keys",
     )
 
@@ -305,7 +307,8 @@ def test_key_written_twice(src: Path, dst: Path) -> None:
         src,
         dst,
         Backend(action=action),
-        rf"backend 'XnnpackBackend', method 'forward', key '{MLP_KEYS[0]}': key written twice "
+        rf"backend 'XnnpackBackend' \(test_coordinator:[\w.<>]+\), method 'forward', key "
+        rf"'{MLP_KEYS[0]}': key written twice "
         r"\(first by backend 'XnnpackBackend'\)",
     )
     assert isinstance(err, InvalidReplacement)
@@ -332,7 +335,8 @@ def test_data_must_be_bytes_like(src: Path, dst: Path) -> None:
         src,
         dst,
         Backend(action=lambda c, o: o.write_named_data(MLP_KEYS[0], BackendData("text"))),  # type: ignore[arg-type]
-        r".*write_named_data: BackendData.data must be bytes-like, got str",
+        r".*write_named_data: BackendData.data must be bytes-like \(bytes, bytearray, "
+        r"memoryview or a C-contiguous numpy array\), got str",
     )
 
 
@@ -347,7 +351,8 @@ def test_processed_without_current_input(src: Path, dst: Path) -> None:
         src,
         dst,
         Early(),
-        r"backend 'XnnpackBackend': write_processed_data called with no current delegate input "
+        r"backend 'XnnpackBackend' \(test_coordinator:[\w.<>]+\): write_processed_data "
+        r"called with no current delegate input "
         r"\(call next_backend_data first\)",
     )
 
@@ -365,7 +370,8 @@ def test_backend_exception_names_backend_method_and_key(src: Path, dst: Path) ->
         src,
         dst,
         Boom(),
-        rf"backend 'XnnpackBackend', method 'forward', key '{MLP_KEYS[2]}': "
+        rf"backend 'XnnpackBackend' \(test_coordinator:[\w.<>]+\), method 'forward', key "
+        rf"'{MLP_KEYS[2]}': "
         r"initialize_backend_data failed: RuntimeError: compiler crashed",
     )
     assert (err.backend, err.method, err.key) == ("XnnpackBackend", "forward", MLP_KEYS[2])

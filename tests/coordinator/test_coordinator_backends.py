@@ -184,7 +184,8 @@ def test_anything_a_backend_raises_is_a_backend_error(
         src,
         dst,
         [Backend(action=action)],
-        rf"backend 'XnnpackBackend', method 'forward': initialize_backend_data failed: "
+        rf"backend 'XnnpackBackend' \(test_coordinator_backends:[\w.<>]+\), method "
+        rf"'forward': initialize_backend_data failed: "
         rf"{re.escape(text)}",
     )
     assert err.__cause__ is exc
@@ -301,7 +302,8 @@ def test_generator_function_is_refused(src: Path, dst: Path) -> None:
         src,
         dst,
         [Gen()],
-        r"backend 'XnnpackBackend': initialize_backend_data returned a generator \(is "
+        r"backend 'XnnpackBackend' \(test_coordinator_backends:[\w.<>]+\): "
+        r"initialize_backend_data returned a generator \(is "
         r"initialize_backend_data a generator function\?\), so its body never ran: it must do "
         r"its work during the call and return None",
     )
@@ -320,7 +322,8 @@ def test_async_def_is_refused_without_a_never_awaited_warning(src: Path, dst: Pa
             src,
             dst,
             [Async()],
-            r"backend 'XnnpackBackend': initialize_backend_data returned a coroutine or "
+            r"backend 'XnnpackBackend' \(test_coordinator_backends:[\w.<>]+\): "
+            r"initialize_backend_data returned a coroutine or "
             r"awaitable \(is initialize_backend_data an async def\?\), so its body never ran: "
             r"it must do its work during the call and return None",
         )
@@ -339,7 +342,8 @@ def test_async_generator_is_refused(src: Path, dst: Path) -> None:
         src,
         dst,
         [AsyncGen()],
-        r"backend 'XnnpackBackend': initialize_backend_data returned an async generator, so "
+        r"backend 'XnnpackBackend' \(test_coordinator_backends:[\w.<>]+\): "
+        r"initialize_backend_data returned an async generator, so "
         r"its body never ran: it must do its work during the call and return None",
     )
 
@@ -362,7 +366,7 @@ def test_context_writer_and_map_are_dead_after_the_call(
         if declines:
             raise NotSupported("not today")
 
-    report = ptestore.specialize(src, dst, backends=[Backend(action=action)])
+    report = ptestore.specialize(src, dst, backends=[Backend(action=action)], allow_unchanged=True)
     ctx, out, named = kept["ctx"], kept["out"], kept["map"]
     uses: list[tuple[Callable[[], object], str]] = [
         (lambda: out.write_named_data(KEYS[0], BackendData(b"\0" * 2048)), "write_named_data"),
@@ -452,12 +456,12 @@ def test_generic_backend_installed_under_an_id_serves_it(
 def test_registered_backend_is_chosen_by_its_name(src: Path, dst: Path) -> None:
     register_backend(Backend(), "my-npu")
     try:
-        report = ptestore.specialize(src, dst)
+        report = ptestore.specialize(src, dst, allow_unchanged=True)
     finally:
         unregister_backend("my-npu")
     assert (report.backends[0].implementation, report.backends[0].status) == (
         "my-npu",
-        "specialized",
+        "not_supported",  # it wrote nothing: it declined
     )
 
 
@@ -492,7 +496,7 @@ def strict_refuses(src: Path, dst: Path, message: str, **kwargs: Any) -> Nothing
 
 
 def test_nothing_installed_for_the_program(src: Path, dst: Path) -> None:
-    report = ptestore.specialize(src, dst)
+    report = ptestore.specialize(src, dst, allow_unchanged=True)
     hint = (
         "Install or register a backend whose name is one of these ids, or name one "
         "explicitly (backends=[...]; CLI: --backend)."
@@ -515,7 +519,12 @@ def test_nothing_installed_for_the_program(src: Path, dst: Path) -> None:
 
 
 def test_backend_given_serves_no_id(src: Path, dst: Path) -> None:
-    report = ptestore.specialize(src, dst, backends=[Backend("VendorNpuBackend")])
+    report = ptestore.specialize(
+        src,
+        dst,
+        backends=[Backend("VendorNpuBackend")],
+        allow_unchanged=True,
+    )
     assert report.unchanged_reason == (
         f"the backends given serve no backend id of the program: {LABEL} (serves "
         "'VendorNpuBackend')"
@@ -531,9 +540,9 @@ def test_every_backend_declined(src: Path, dst: Path) -> None:
     def decline(ctx: Any, out: Any) -> None:
         raise NotSupported("wrong device")
 
-    report = ptestore.specialize(src, dst, backends=[Backend(action=decline)])
+    report = ptestore.specialize(src, dst, backends=[Backend(action=decline)], allow_unchanged=True)
     assert report.unchanged_reason == (
-        f"every backend declined ('XnnpackBackend': {LABEL} declined (NotSupported))"
+        f"every backend declined ('XnnpackBackend': {LABEL} declined: wrong device)"
     )
     assert report.hint is None
 
@@ -542,8 +551,11 @@ def test_external_weights_without_the_ptd_hint_pass_ptd(tmp_path: Path) -> None:
     assert EXT.pte_path is not None
 
     def decline(ctx: Any, out: Any) -> None:
-        if not ctx.get_named_data_map().keys():
+        named = ctx.get_named_data_map()
+        if not named.keys():
             raise NotSupported("no weights to pack")
+        key = sorted(named.keys())[0]
+        out.write_named_data(key, BackendData(bytes(named.get_data(key))))
 
     dst = tmp_path / "o.pte"
     dst.write_bytes(b"previous content")
@@ -555,7 +567,7 @@ def test_external_weights_without_the_ptd_hint_pass_ptd(tmp_path: Path) -> None:
         EXT.pte_path,
         dst,
         f"nothing was specialized in {EXT.pte_path}: every backend declined "
-        f"('XnnpackBackend': {LABEL} declined (NotSupported)). Backend ids in the program: "
+        f"('XnnpackBackend': {LABEL} declined: no weights to pack). Backend ids in the program: "
         f"XnnpackBackend. Installed backends: {installed_text()}. {hint}",
         backends=[Backend(action=decline)],
     )
@@ -578,13 +590,18 @@ def test_passthrough_named_explicitly_is_a_deliberate_copy(tmp_path: Path) -> No
     report = ptestore.specialize(PORTABLE.pte_path, dst, backends=["passthrough"], strict=True)
     assert (report.specialized, report.backends) == (True, [])
     assert dst.read_bytes() == PORTABLE.pte_path.read_bytes()
-    report = ptestore.specialize(PORTABLE.pte_path, dst)
+    report = ptestore.specialize(PORTABLE.pte_path, dst, allow_unchanged=True)
     assert report.unchanged_reason == (
         "the program has no delegates, so no backend has anything to do"
     )
     # passthrough for an id the program does not have is a typo, not a request.
     assert MLP.pte_path is not None
-    report = ptestore.specialize(MLP.pte_path, dst, backends=["passthrough@XnnpackBackendd"])
+    report = ptestore.specialize(
+        MLP.pte_path,
+        dst,
+        backends=["passthrough@XnnpackBackendd"],
+        allow_unchanged=True,
+    )
     assert report.unchanged_reason == (
         "the backends given serve no backend id of the program: passthrough@XnnpackBackendd "
         "(serves 'XnnpackBackendd')"
@@ -609,7 +626,12 @@ def test_strict_in_the_low_level_api_publishes_nothing() -> None:
 # ------------------------------------------------------------------ 8.7 reports
 def test_report_names_specs_and_records_publish_results(src: Path, tmp_path: Path) -> None:
     fs = fsspec.filesystem("memory")
-    report = ptestore.specialize(src, "memory://report-test/o.pte", backends=[Backend()])
+    report = ptestore.specialize(
+        src,
+        "memory://report-test/o.pte",
+        backends=[Backend()],
+        allow_unchanged=True,
+    )
     assert report.backends[0].implementation == LABEL
     (f,) = report.files
     published = fs.cat_file("/report-test/o.pte")
@@ -619,13 +641,18 @@ def test_report_names_specs_and_records_publish_results(src: Path, tmp_path: Pat
     assert "0x" not in text and " object at " not in text
     assert {"etag", "version_id", "checksum", "published_size"} <= set(report.to_dict()["files"][0])
 
-    report = ptestore.specialize(src, tmp_path / "o.pte", backends=["passthrough"])
+    report = ptestore.specialize(
+        src,
+        tmp_path / "o.pte",
+        backends=["passthrough"],
+        allow_unchanged=True,
+    )
     assert report.backends[0].implementation == "passthrough"
     assert (report.files[0].published_size, report.files[0].etag) == (
         (tmp_path / "o.pte").stat().st_size,
         None,
     )
-    report = ptestore.specialize(src, tmp_path / "o.pte", backends=[Backend])
+    report = ptestore.specialize(src, tmp_path / "o.pte", backends=[Backend], allow_unchanged=True)
     assert report.backends[0].implementation == LABEL
 
 
@@ -657,7 +684,8 @@ def test_cli_does_not_exit_0_on_a_backend_sys_exit(
         ),
         (
             f"{in_call}:Quits",
-            "backend 'XnnpackBackend': initialize_backend_data failed: SystemExit: 0",
+            f"backend 'XnnpackBackend' ({in_call}:Quits): initialize_backend_data failed: "
+            "SystemExit: 0",
         ),
     ):
         assert main(["specialize", str(src), str(out), "--backend", spec, "--quiet"]) == 1

@@ -98,7 +98,12 @@ class Racer(BackendInterface):
         if target:
             assert MLP.pte_path is not None
             ptestore.specialize(
-                MLP.pte_path, target, backends=[Racer.spec], device=Racer.device, provenance=True
+                MLP.pte_path,
+                target,
+                backends=[Racer.spec],
+                device=Racer.device,
+                provenance=True,
+                allow_unchanged=True,
             )
 
 

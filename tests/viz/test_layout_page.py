@@ -200,7 +200,7 @@ def test_pair_and_remote_url(browser: Browser, tmp_path: Path) -> None:
 
 def test_html_options_need_html(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["inspect", str(EXAMPLE), "--compare", str(EXAMPLE)]) == 2
-    assert "--compare, --ptd and --compare-ptd need --html FILE" in capsys.readouterr().err
+    assert "--compare and --compare-ptd need --html FILE" in capsys.readouterr().err
 
 
 def test_html_of_a_missing_file_is_bad_input(

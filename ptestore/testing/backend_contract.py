@@ -1,0 +1,364 @@
+"""The backend contract as a reusable pytest mixin (needs ``pytest``).
+
+Usage, for any backend::
+
+    from ptestore.testing import BackendContract
+
+    class TestMyBackend(BackendContract):
+        def make_backend(self) -> BackendInterface:
+            return MyBackend()          # a fresh instance each time
+
+pytest then runs every check over the small real programs shipped with ptestore
+(:mod:`ptestore.testing.programs`: plain, quantized, aliased scales, a blob shared by two
+delegates, two methods, weights in a ``.ptd``):
+
+- ``test_runs_or_declines``: the run succeeds, or the backend declines (``NotSupported``,
+  or writes nothing) and says why;
+- ``test_keeps_keys_and_shared_bytes``: the output has the same keys, and keys that share
+  stored bytes in the source still hold identical bytes;
+- ``test_second_run_changes_nothing``: specializing the output again gives the same
+  bytes (unless :meth:`~BackendContract.rerun_changes` says why it must not);
+- ``test_replacements_match_tensor_info``: a replaced value keeps the byte size its
+  tensor info records (unless the class sets ``changes_sizes = True``) and a float value
+  stays finite;
+- ``test_loads_in_runtime``: the output loads in the ExecuTorch runtime and every method
+  gives the reference outputs within tolerance (skipped, with the reason, when
+  ExecuTorch is not installed);
+- ``test_deterministic``: two runs with fresh instances give identical bytes;
+- ``test_compatibility_round_trip``: ``compatibility_info`` is a string stamped into the
+  provenance, and ``check_compatibility`` on it returns a :class:`Compatibility`
+  (``OPTIMAL`` for the device the artifact was made for), with and without a device.
+
+Hooks (override what you need): :meth:`make_device` (the device profile of the runs),
+:meth:`contract_programs` (which programs; add your own :class:`Program`),
+:meth:`reference_outputs` and :meth:`tolerance` (what the runtime must return),
+:meth:`rerun_changes`, and the class attributes ``serve_id`` (make a generic backend
+serve one id, as ``SPEC@ID`` does) and ``changes_sizes``.
+
+Each program is specialized a few times per class (first run, second run, a determinism
+run, a run without a device) and the results are shared by the checks.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import pytest
+
+from ..backends.api import BackendInterface
+from ..backends.compat import Compatibility, DeviceProfile
+from ..backends.registry import object_label, serving
+from ..errors import PteStoreError
+from ..loaders import BytesLoader
+from ..provenance import read_provenance
+from ..provenance.trailer import read_trailer
+from .named_data import NamedData
+from .programs import Program, shipped_programs
+from .runtime import compare_outputs, run_in_runtime, runtime_unavailable
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from ..coordinator.report import SpecializationReport
+
+__all__ = ["BackendContract", "Outcome"]
+
+
+@dataclass
+class Outcome:
+    """One specialization run of the contract."""
+
+    report: SpecializationReport | None = None
+    error: BaseException | None = None
+    pte: bytes = b""
+    ptd: bytes | None = None
+    #: backend id -> why it declined
+    declined: dict[str, str] = field(default_factory=dict)
+
+    def content(self) -> tuple[bytes, bytes | None]:
+        """The files without ptestore's provenance trailer (whose time stamp differs)."""
+        return _content(self.pte), None if self.ptd is None else _content(self.ptd)
+
+
+def _content(data: bytes) -> bytes:
+    trailer = read_trailer(BytesLoader(data))
+    return data if trailer is None else data[: trailer.content_size]
+
+
+def _named(pte: bytes, ptd: bytes | None) -> NamedData:
+    loaders = [BytesLoader(pte, "<output .pte>")]
+    if ptd is not None:
+        loaders.append(BytesLoader(ptd, "<output .ptd>"))
+    return NamedData(list(loaders))
+
+
+#: (contract class, program, run) -> outcome, shared by the checks of one class.
+_OUTCOMES: dict[tuple[type, str, str], Outcome] = {}
+#: (contract class, program) -> runtime outputs of the first run's output.
+_RUNTIME: dict[tuple[type, str], dict[str, list[np.ndarray]] | BaseException] = {}
+
+
+class BackendContract:
+    """Contract tests every :class:`~ptestore.backends.BackendInterface` should pass."""
+
+    #: Make the backend serve this ``BackendDelegate.id`` (for a generic backend whose
+    #: ``name`` is ``"*"``, or one named for another id); None: its own ``name``.
+    serve_id: ClassVar[str | None] = None
+    #: The backend changes the byte size of named data on purpose
+    #: (``BackendData(..., allow_size_change=True)``).
+    changes_sizes: ClassVar[bool] = False
+
+    # -- hooks --------------------------------------------------------------------
+    def make_backend(self) -> BackendInterface:
+        """A fresh instance of the backend under test."""
+        raise NotImplementedError("a BackendContract subclass implements make_backend()")
+
+    def make_device(self) -> DeviceProfile:
+        """The device profile the runs specialize for."""
+        return DeviceProfile("ptestore-contract", {"contract": True})
+
+    def contract_programs(self) -> Sequence[Program]:
+        """The programs to run over (default: every shipped program)."""
+        return shipped_programs()
+
+    def reference_outputs(self, program: Program) -> Mapping[str, Sequence[np.ndarray]] | None:
+        """What the specialized program must return per method (default: what the
+        unspecialized one returns). None: check only that it loads and every method
+        runs and returns outputs of the reference's shapes and dtypes."""
+        return program.outputs
+
+    def tolerance(self, program: Program) -> tuple[float, float]:
+        """``(atol, rtol)`` for :meth:`reference_outputs` (default: the program's)."""
+        return program.atol, program.rtol
+
+    def rerun_changes(self, program: Program) -> str | None:
+        """Why specializing an output of this backend again must change it (None: it
+        must not; the check then still requires the second run to succeed)."""
+        return None
+
+    # -- parametrization -------------------------------------------------------------
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        if "program" in metafunc.fixturenames:
+            programs = list(self.contract_programs())
+            metafunc.parametrize("program", programs, ids=[p.name for p in programs])
+
+    # -- runs ------------------------------------------------------------------------
+    def _backend(self) -> BackendInterface:
+        backend = self.make_backend()
+        if not isinstance(backend, BackendInterface):
+            raise TypeError(
+                f"make_backend() returned {type(backend).__name__}, not a BackendInterface"
+            )
+        if self.serve_id is not None:
+            backend = serving(backend, self.serve_id, object_label(backend))
+        return backend
+
+    def _run(
+        self,
+        program: Program,
+        run: str,
+        pte: bytes | None = None,
+        ptd: bytes | None = None,
+        *,
+        device: bool = True,
+    ) -> Outcome:
+        cache_key = (type(self), program.name, run)
+        if cache_key in _OUTCOMES:
+            return _OUTCOMES[cache_key]
+        from ..coordinator import specialize
+
+        outcome = Outcome()
+        with tempfile.TemporaryDirectory(prefix="ptestore-contract-") as tmp:
+            src = os.fspath(program.pte)
+            src_ptd = None if program.ptd is None else os.fspath(program.ptd)
+            if pte is not None:
+                src = os.path.join(tmp, "in.pte")
+                with open(src, "wb") as f:
+                    f.write(pte)
+                if ptd is not None:
+                    src_ptd = os.path.join(tmp, "in.ptd")
+                    with open(src_ptd, "wb") as f:
+                        f.write(ptd)
+            dst, dst_ptd = os.path.join(tmp, "out.pte"), os.path.join(tmp, "out.ptd")
+            try:
+                report = specialize(
+                    src,
+                    dst,
+                    ptd=None if src_ptd is None else (src_ptd, dst_ptd),
+                    backends=[self._backend()],
+                    device=self.make_device() if device else None,
+                    provenance=True,
+                    **_allow_unchanged(),
+                )
+            except PteStoreError as exc:
+                outcome.error = exc
+            else:
+                outcome.report = report
+                with open(dst, "rb") as f:
+                    outcome.pte = f.read()
+                if src_ptd is not None:
+                    with open(dst_ptd, "rb") as f:
+                        outcome.ptd = f.read()
+                for b in report.backends:
+                    if b.status == "not_supported":
+                        outcome.declined[b.backend_id] = getattr(b, "reason", None) or ""
+        _OUTCOMES[cache_key] = outcome
+        return outcome
+
+    def _first(self, program: Program) -> Outcome:
+        outcome = self._run(program, "first")
+        if outcome.error is not None:
+            pytest.fail(
+                f"{program.name}: specializing failed: {type(outcome.error).__name__}: "
+                f"{outcome.error}",
+                pytrace=False,
+            )
+        return outcome
+
+    # -- checks ----------------------------------------------------------------------
+    def test_runs_or_declines(self, program: Program) -> None:
+        outcome = self._first(program)
+        assert outcome.report is not None
+        served = [b for b in outcome.report.backends if b.status != "no_implementation"]
+        assert served, (
+            f"{program.name}: the backend serves none of the program's backend ids "
+            f"{[b.backend_id for b in outcome.report.backends]} (its name is "
+            f"{self.make_backend().name!r}); set serve_id, or give programs of your own "
+            "backend id with contract_programs()"
+        )
+        for b in served:
+            assert b.status in ("specialized", "not_supported"), b
+            if b.status == "not_supported":
+                assert outcome.declined.get(b.backend_id), (
+                    f"{program.name}: backend {b.backend_id!r} declined without saying why "
+                    "(raise NotSupported('why'))"
+                )
+
+    def test_keeps_keys_and_shared_bytes(self, program: Program) -> None:
+        outcome = self._first(program)
+        with _named(program.pte.read_bytes(), _read(program.ptd)) as src, _named(
+            outcome.pte, outcome.ptd
+        ) as out:
+            assert sorted(out.keys()) == sorted(src.keys())
+            for key in src:
+                value = bytes(out.get_data(key))
+                for other in src.get_shared_keys(key):
+                    assert bytes(out.get_data(other)) == value, (
+                        f"{program.name}: keys {key!r} and {other!r} share bytes in the "
+                        "source but not in the output"
+                    )
+
+    def test_second_run_changes_nothing(self, program: Program) -> None:
+        first = self._first(program)
+        second = self._run(program, "second", first.pte, first.ptd)
+        assert second.error is None, (
+            f"{program.name}: specializing the output again failed: "
+            f"{type(second.error).__name__}: {second.error}"
+        )
+        if self.rerun_changes(program) is None:
+            assert second.content() == first.content(), (
+                f"{program.name}: specializing the output again changed it; make the "
+                "backend idempotent, or say why it must change in rerun_changes()"
+            )
+
+    def test_replacements_match_tensor_info(self, program: Program) -> None:
+        import numpy as np
+
+        outcome = self._first(program)
+        assert outcome.report is not None
+        replaced = {k for b in outcome.report.backends for k in b.keys_replaced}
+        with _named(program.pte.read_bytes(), _read(program.ptd)) as src, _named(
+            outcome.pte, outcome.ptd
+        ) as out:
+            for key in sorted(replaced):
+                info = src.get_tensor_info(key)
+                size = len(out.get_data(key))
+                if info is None:
+                    continue
+                if size != info.nbytes:
+                    assert self.changes_sizes, (
+                        f"{program.name}: key {key!r} is {info.dtype} {list(info.shape)}, "
+                        f"{info.nbytes} bytes, the replacement {size} bytes; set "
+                        "changes_sizes = True if the backend changes sizes on purpose"
+                    )
+                    continue
+                if info.dtype in ("float32", "float16", "float64", "bfloat16"):
+                    before = np.asarray(src.get_array(key))
+                    after = np.asarray(out.get_array(key))
+                    if bool(np.isfinite(before).all()):
+                        assert bool(np.isfinite(after).all()), (
+                            f"{program.name}: key {key!r} ({info.dtype}) holds non-finite "
+                            "values after specialization: wrong dtype or layout?"
+                        )
+
+    def test_loads_in_runtime(self, program: Program) -> None:
+        reason = runtime_unavailable()
+        if reason is not None:
+            pytest.skip(reason)
+        outcome = self._first(program)
+        key = (type(self), program.name)
+        if key not in _RUNTIME:
+            try:
+                _RUNTIME[key] = run_in_runtime(outcome.pte, outcome.ptd, inputs=program.inputs)
+            except AssertionError as exc:
+                _RUNTIME[key] = exc
+        outputs = _RUNTIME[key]
+        if isinstance(outputs, BaseException):
+            pytest.fail(f"{program.name}: {outputs}", pytrace=False)
+        reference = self.reference_outputs(program)
+        if reference is None:
+            problems = compare_outputs(outputs, program.outputs, values=False)
+        else:
+            atol, rtol = self.tolerance(program)
+            problems = compare_outputs(outputs, reference, atol=atol, rtol=rtol)
+        assert not problems, f"{program.name}: " + "; ".join(problems)
+
+    def test_deterministic(self, program: Program) -> None:
+        first = self._first(program)
+        again = self._run(program, "again")
+        assert again.error is None, f"{program.name}: the second run failed: {again.error}"
+        assert again.content() == first.content(), (
+            f"{program.name}: two runs with fresh backend instances gave different bytes"
+        )
+
+    @pytest.mark.parametrize("with_device", [True, False], ids=["device", "no-device"])
+    def test_compatibility_round_trip(self, program: Program, with_device: bool) -> None:
+        outcome = self._first(program) if with_device else self._run(program, "nodev", device=False)
+        assert outcome.error is None, f"{program.name}: {outcome.error}"
+        assert outcome.report is not None
+        device = self.make_device() if with_device else None
+        record = read_provenance(BytesLoader(outcome.pte))
+        assert record is not None, f"{program.name}: the output has no provenance"
+        stamps = {s.id: s for s in record.backends}
+        for b in outcome.report.backends:
+            if b.status == "no_implementation":
+                continue
+            stamp = stamps[b.backend_id]
+            assert isinstance(stamp.compatibility, str)
+            for target in (device, self.make_device()):
+                rating: Any = self._backend().check_compatibility(stamp.compatibility, target)
+                assert isinstance(rating, Compatibility), (
+                    f"check_compatibility returned {rating!r}, not a Compatibility"
+                )
+                if target == device and b.status == "specialized":
+                    assert rating is Compatibility.OPTIMAL, (
+                        f"{program.name}: an artifact rates {rating.value} for the device it "
+                        f"was made for ({'none' if device is None else device.name}); "
+                        f"compatibility_info gave {stamp.compatibility!r}"
+                    )
+
+
+def _read(path: os.PathLike[str] | None) -> bytes | None:
+    if path is None:
+        return None
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _allow_unchanged() -> dict[str, Any]:
+    """Publish an unchanged copy when the backend declines (the contract looks at it)."""
+    return {"allow_unchanged": True}

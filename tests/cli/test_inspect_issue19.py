@@ -1,0 +1,132 @@
+"""Issue 19: inspect/describe show provenance (and do not count the trailer as waste),
+describe a .pte with its .ptd as one view, list the keys a .pte expects from outside,
+and warn about a value whose size differs from its tensor info."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.fixtures import get_fixture
+
+import ptestore
+from ptestore.backends import BackendData, BackendInterface, DeviceProfile
+from ptestore.cli import main
+
+MLP = get_fixture("mlp_xnnpack")
+EXT = get_fixture("mlp_xnnpack_ext")
+assert MLP.pte_path is not None and EXT.pte_path is not None and EXT.ptd_path is not None
+
+
+class Grow(BackendInterface):
+    """Appends 4 bytes to the first float32 key, declaring the size change."""
+
+    name = "XnnpackBackend"
+    version = "3.0"
+
+    def initialize_backend_data(self, context: Any, output: Any) -> None:
+        named = context.get_named_data_map()
+        key = sorted(named)[0]
+        data = bytes(named.get_data(key)) + b"\0" * 4
+        output.write_named_data(key, BackendData(data, allow_size_change=True))
+        self.key = key
+
+    def compatibility_info(self, context: Any) -> str:
+        return "packer=1"
+
+
+@pytest.fixture
+def stamped(tmp_path: Path) -> tuple[Path, str]:
+    backend = Grow()
+    dst = tmp_path / "o.pte"
+    ptestore.specialize(
+        MLP.pte_path, dst, backends=[backend], device=DeviceProfile("npu", {"soc": "x"}),
+        provenance=True,
+    )
+    return dst, backend.key
+
+
+def test_describe_shows_provenance_and_no_trailer_waste(stamped: tuple[Path, str]) -> None:
+    dst, _ = stamped
+    d = ptestore.describe(dst)
+    assert d["file_size"] == dst.stat().st_size
+    p = d["provenance"]
+    assert p["backends"] == [
+        {"id": "XnnpackBackend", "spec": "test_inspect_issue19:Grow", "version": "3.0",
+         "compatibility": "packer=1"}
+    ]
+    assert p["device"]["name"] == "npu"
+    assert p["trailer"]["offset"] + p["trailer"]["size"] == d["file_size"]
+    assert d["waste"]["trailing_bytes"] == 0
+    assert ptestore.describe(MLP.pte_path)["provenance"] is None  # type: ignore[arg-type]
+
+
+def test_inspect_text_shows_provenance(
+    stamped: tuple[Path, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    dst, _ = stamped
+    assert main(["inspect", str(dst)]) == 0
+    out = capsys.readouterr().out
+    assert "trailing bytes 0;" in out
+    assert "bytes after the container (not waste)" in out
+    assert "  backend XnnpackBackend: test_inspect_issue19:Grow 3.0, compatibility " in out
+    assert "  device: npu (sha256:" in out
+
+
+def test_a_declared_size_change_is_warned_about(
+    stamped: tuple[Path, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    dst, key = stamped
+    d = ptestore.describe(dst)
+    info = next(r["tensor_info"] for r in d["keys"] if r["key"] == key)
+    warning = (
+        f"key {key!r}: {info['nbytes'] + 4} bytes, but its tensor info says "
+        f"{info['dtype']} {info['shape']}, {info['nbytes']} bytes (a declared size change: "
+        "only a runtime that reads this backend's own format can use it)"
+    )
+    assert warning in d["warnings"]
+    assert main(["inspect", str(dst)]) == 0
+    assert f"warning: {warning}" in capsys.readouterr().out
+
+
+def test_a_pte_alone_lists_the_keys_it_expects_from_outside() -> None:
+    d = ptestore.describe(EXT.pte_path)  # type: ignore[arg-type]
+    assert d["named_data"] == []
+    assert [(r["file"], r["size"], r["tensor_info"]["dtype"], r["tensor_info"]["shape"])
+            for r in d["keys"]] == [
+        ("external", None, "float32", [32, 16]),
+        ("external", None, "float32", [32]),
+        ("external", None, "float32", [8, 32]),
+        ("external", None, "float32", [8]),
+    ]
+
+
+def test_a_pair_is_one_view(capsys: pytest.CaptureFixture[str]) -> None:
+    d = ptestore.describe(EXT.pte_path, ptd=EXT.ptd_path)  # type: ignore[arg-type]
+    assert d["ptd"]["format"] == "ptd"
+    ptd_keys = {r["key"]: r for r in d["ptd"]["named_data"]}
+    assert len(d["keys"]) == len(ptd_keys) == 4
+    for r in d["keys"]:
+        assert r["file"] == "ptd"
+        assert r["segment_index"] == ptd_keys[r["key"]]["segment_index"]
+        assert r["size"] == r["tensor_info"]["nbytes"]
+        # the .ptd's own rows get the dtypes the .pte describes
+        assert ptd_keys[r["key"]]["tensor_info"] == r["tensor_info"]
+    argv = ["inspect", str(EXT.pte_path), "--ptd", str(EXT.ptd_path), "--json"]
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["keys"] == d["keys"]
+    assert main(["inspect", str(EXT.pte_path), "--ptd", str(EXT.ptd_path)]) == 0
+    out = capsys.readouterr().out
+    assert "keys of the program (4), as the runtime merges them:" in out
+    assert ".ptd (FlatTensor data)" in out
+
+
+def test_a_pair_given_the_wrong_way_round_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["inspect", str(EXT.ptd_path), "--ptd", str(EXT.pte_path)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        f"inspect {EXT.ptd_path} with --ptd {EXT.pte_path}: expected a .pte and a .ptd, "
+        "found a .ptd and a .pte"
+    ) in err
