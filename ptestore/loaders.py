@@ -253,6 +253,27 @@ class LocalFileLoader(_Closing):
             pass
 
 
+def fresh_info(fs: Any, path: str) -> dict[str, Any]:
+    """``fs.info(path)`` asked of the store itself, never of a listing cached earlier.
+
+    fsspec filesystems cache directory listings per instance and fsspec shares
+    instances per option set, so an application's own ``ls`` would otherwise answer a
+    later "is the source unchanged" question with what it saw before. The cached entry
+    is invalidated and s3fs is asked with ``refresh=True`` (a HEAD every time)."""
+    invalidate = getattr(fs, "invalidate_cache", None)
+    if callable(invalidate):
+        invalidate(path)
+    if _is_s3fs(fs):
+        info: dict[str, Any] = fs.info(path, refresh=True)
+        return info
+    out: dict[str, Any] = fs.info(path)
+    return out
+
+
+def _is_s3fs(fs: Any) -> bool:
+    return type(fs).__module__.split(".")[0] == "s3fs"
+
+
 class FsspecLoader(_Closing):
     """Ranged reads through any fsspec filesystem (``memory://``, ``s3://``, ...)."""
 
@@ -283,7 +304,7 @@ class FsspecLoader(_Closing):
     def _info(self, missing: str) -> dict[str, Any]:
         try:
             info: dict[str, Any] = self._retry.call(
-                lambda: self.fs.info(self.path), what=f"{self.name}: stat"
+                lambda: fresh_info(self.fs, self.path), what=f"{self.name}: stat"
             )
         except Exception as exc:
             if classify(exc) is Category.NOT_FOUND:
