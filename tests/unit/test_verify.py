@@ -160,3 +160,37 @@ def test_cli_with_a_job(artifact: Path, tmp_path: Path, capsys: pytest.CaptureFi
     assert "stale: device.digest" in capsys.readouterr().err
     assert main(["verify", str(artifact), "--job", str(job), "--device", "nope"]) == 2
     assert "no device 'nope' (devices: pixel9)" in capsys.readouterr().err
+
+
+def test_cli_with_a_job_matches_any_spelling_of_the_destination(
+    artifact: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``pixel9/mlp.pte``, ``/abs//pixel9/mlp.pte`` and ``file:///abs/pixel9/mlp.pte`` are
+    one file: each gets the job's source and device checks, not just the job's spelling."""
+    assert MLP.pte_path is not None and CONV.pte_path is not None
+    monkeypatch.chdir(tmp_path)
+    job = tmp_path / "job.toml"
+    text = (
+        f'destination = "{tmp_path}/{{device}}/{{model}}.pte"\nbackends = ["{SPEC}"]\n'
+        f'[[models]]\nname = "mlp"\nsource = "{MLP.pte_path}"\n'
+        '[devices.pixel9]\nsoc = "sm8650"\nscale = 3.0\n'
+    )
+    job.write_text(text)
+    spellings = [
+        "pixel9/mlp.pte",
+        f"{tmp_path}//pixel9//mlp.pte",
+        f"{tmp_path}/pixel9/./mlp.pte",
+        f"file://{tmp_path}/pixel9/mlp.pte",
+    ]
+    for url in spellings:
+        assert main(["verify", url, "--job", str(job)]) == 1, url
+        assert "stale: device.digest" in capsys.readouterr().err
+    job.write_text(
+        text.replace("scale = 3.0", "scale = 2.0").replace(str(MLP.pte_path), str(CONV.pte_path))
+    )
+    for url in spellings:
+        assert main(["verify", url, "--job", str(job)]) == 1, url
+        assert "stale: source" in capsys.readouterr().err
