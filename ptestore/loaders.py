@@ -30,7 +30,7 @@ from ._io import pread_all
 from ._options import check_options, fsspec_options
 from ._retry import DEFAULT_RETRY, RETRY_OPTIONS, Category, RetryPolicy, classify, to_storage_error
 from ._s3source import S3Source, s3_source_of
-from .errors import ConfigurationError, ObjectNotFound, StorageError
+from .errors import ConfigurationError, ObjectNotFound, StorageError, local_error
 
 __all__ = [
     "BytesLoader",
@@ -163,7 +163,7 @@ class LocalFileLoader(_Closing):
                 raise _not_regular(self.path, "a symbolic link loop") from exc
             if exc.errno == errno.ENXIO:  # a socket (or a FIFO/device without a peer)
                 raise _not_regular(self.path, _kind_of(self.path)) from exc
-            raise StorageError(f"{self.path}: cannot open for reading: {exc.strerror}") from exc
+            raise local_error(exc, f"{self.path}: cannot open for reading: {exc.strerror}") from exc
         st = os.fstat(self._fd)
         if not stat.S_ISREG(st.st_mode):
             os.close(self._fd)
@@ -198,9 +198,10 @@ class LocalFileLoader(_Closing):
         try:
             data = pread_all(self.fileno(), size, offset)
         except OSError as exc:
-            raise StorageError(
+            raise local_error(
+                exc,
                 f"{self.name}: read of {size} bytes at offset {offset} failed: "
-                f"{exc.strerror or exc}"
+                f"{exc.strerror or exc}",
             ) from exc
         if len(data) != size:
             raise StorageError(
