@@ -245,3 +245,13 @@ def describe_exception(exc: BaseException) -> str:
             raise
         return f"{name} (its message could not be read: {type(inner).__name__})"
     return f"{name}: {text}" if text else name
+
+
+def local_error(exc: OSError, message: str) -> StorageError:
+    """The error for a local file-system failure ``exc``: access refused (EACCES, EPERM)
+    is :class:`PermissionDenied` (bad input, exit 2), anything else :class:`StorageError`."""
+    import errno
+
+    if isinstance(exc, PermissionError) or exc.errno in (errno.EACCES, errno.EPERM):
+        return PermissionDenied(message)
+    return StorageError(message)

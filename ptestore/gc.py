@@ -24,6 +24,7 @@ import math
 import os
 import stat
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
@@ -55,7 +56,8 @@ class GcEntry:
 
     #: Where it is: a file path, or ``s3://bucket/key?uploadId=...``.
     location: str
-    #: ``"staging-file"`` or ``"multipart-upload"``.
+    #: ``"staging-file"``, ``"multipart-upload"`` or ``"directory"`` (one gc could not
+    #: list: always ``"failed: ..."``).
     kind: str
     #: Age in seconds.
     age: float
@@ -121,15 +123,30 @@ def collect_local(
     _check_older_than(older_than)
     root = os.path.abspath(os.fspath(path))
     only_name: str | None = None
+    found: list[GcEntry] = []
+
+    def unreadable(exc: OSError) -> None:
+        # A directory gc cannot list may hold staging files: a failure, never silence.
+        where = exc.filename if exc.filename is not None else root
+        found.append(
+            GcEntry(
+                os.fspath(where), "directory", 0.0, f"failed: cannot list: {strerror(exc)}"
+            )
+        )
+
+    walk: Iterator[tuple[str, list[str], list[str]]]
     if os.path.isdir(root):
-        walk = os.walk(root)
+        walk = os.walk(root, onerror=unreadable)
     else:
         directory, only_name = os.path.split(root)
         if not os.path.isdir(directory):
             raise ConfigurationError(f"{root}: no such directory or file")
-        walk = iter([(directory, [], os.listdir(directory))])
+        try:
+            walk = iter([(directory, [], os.listdir(directory))])
+        except OSError as exc:
+            unreadable(exc)
+            walk = iter([])
     now = time.time()
-    found: list[GcEntry] = []
     for dirpath, _dirs, files in walk:
         for fname in sorted(files):
             m = TEMP_NAME_RE.match(fname)

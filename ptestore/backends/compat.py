@@ -79,6 +79,16 @@ class DeviceProfile:
             raise ConfigurationError(
                 f"device {self.name!r}: options must be JSON values: {exc}"
             ) from exc
+        # Recorded in provenance (JSON, UTF-8): a lone surrogate (e.g. a non-UTF-8
+        # command-line byte) cannot be; refused here, before any work.
+        for what, value in (("name is", self.name), ("options are", text)):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise ConfigurationError(
+                    f"device {self.name!r}: the {what} not valid UTF-8 text (character "
+                    f"{value[exc.start]!r} at index {exc.start}): provenance records it as JSON"
+                ) from None
         object.__setattr__(self, "options", json.loads(text))
 
     def __hash__(self) -> int:

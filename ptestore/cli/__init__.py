@@ -69,4 +69,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # directory when run through the console script.
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    return int(args.func(args))
+    from .._signals import termination_as_interrupt
+
+    # SIGTERM and SIGHUP are handled as Ctrl-C (cleanup, message, exit 130).
+    with termination_as_interrupt():
+        return int(args.func(args))

@@ -88,15 +88,31 @@ def exit_code(exc: BaseException) -> int | None:
     return None
 
 
+def _signal_of(exc: BaseException) -> str:
+    """`` by SIGTERM`` when ``exc`` (or what it was raised from) is a signal handled as
+    Ctrl-C (:mod:`ptestore._signals`); empty for Ctrl-C itself."""
+    seen = exc
+    for _ in range(4):
+        name = getattr(seen, "signal_name", None)
+        if isinstance(name, str):
+            return f" by {name}"
+        nxt = seen.__cause__ or seen.__context__
+        if nxt is None:
+            return ""
+        seen = nxt
+    return ""
+
+
 def error_message(command: str, exc: BaseException, *, publishes: bool = False) -> str:
     """The one line printed on stderr for an error of ``ptestore COMMAND``.
 
     ``publishes``: the command publishes objects, so a failure says what was published."""
     prog = f"ptestore {command}"
     if isinstance(exc, KeyboardInterrupt):
+        by = _signal_of(exc)
         if exc.args:  # raised again by ptestore with what had been published
-            return f"{prog}: interrupted {exc.args[0]}"
-        return f"{prog}: interrupted" + ("; nothing was published" if publishes else "")
+            return f"{prog}: interrupted{by} {exc.args[0]}"
+        return f"{prog}: interrupted{by}" + ("; nothing was published" if publishes else "")
     if isinstance(exc, PartialPublish):
         return f"{prog}: failed after a partial publish: {exc}"
     if not publishes or isinstance(exc, BAD_INPUT_ERRORS):
@@ -208,6 +224,11 @@ def guarded(command: str, *, publishes: bool = False) -> Callable[[Command], Com
         def guarded_run(args: argparse.Namespace) -> int:
             handler = configure_logging(args)
             try:
+                if publishes:  # SIGTERM/SIGHUP take Ctrl-C's path (ptestore._signals)
+                    from .._signals import termination_as_interrupt
+
+                    with termination_as_interrupt():
+                        return run(args)
                 return run(args)
             except (KeyboardInterrupt, PteStoreError, OSError) as exc:
                 code = exit_code(exc)

@@ -100,10 +100,15 @@ def _inputs(args: argparse.Namespace) -> tuple[Any, Any, Any, dict[str, Any]]:
     job = load_job(args.job)
     # The job's options, as the fleet used them: verify routes them to each side.
     options = {**job.storage_options, **options}
+    from ..coordinator.targets import same_target
+
+    # Any spelling of a destination (relative or absolute, repeated slashes, file://,
+    # a link to it) is that destination: compared as the store will address it.
     for pair in job.pairs():
-        if args.url in (pair.destination, pair.ptd_destination):
+        is_ptd = pair.ptd_destination is not None and same_target(args.url, pair.ptd_destination)
+        if is_ptd or same_target(args.url, pair.destination):
             if source is None:
-                source = pair.model.ptd if args.url == pair.ptd_destination else pair.model.source
+                source = pair.model.ptd if is_ptd else pair.model.source
             if args.device is None:
                 device = pair.device
             break

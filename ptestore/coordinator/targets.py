@@ -2,7 +2,9 @@
 
 Checked before any work. Local paths are compared after resolving symlinks (and, when
 both exist, as one inode, so hard links count too); URLs after normalizing the scheme
-(``s3a`` is ``s3``, ``file://`` is a local path) and repeated or trailing slashes.
+(``s3a`` is ``s3``, ``file://`` is a local path), backslashes, repeated, leading or
+trailing slashes and dot segments: every rewrite a supported store is known to make
+(:func:`object_key_identity`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,13 @@ from ..storage.types import StorageURL, URLLike
 if TYPE_CHECKING:
     from ..writers.base import DataWriter
 
-__all__ = ["check_pair_targets", "check_targets", "same_target", "target_identity"]
+__all__ = [
+    "check_pair_targets",
+    "check_targets",
+    "object_key_identity",
+    "same_target",
+    "target_identity",
+]
 
 _SLASHES = re.compile(r"/{2,}")
 
@@ -29,10 +37,23 @@ def target_identity(url: URLLike) -> tuple[str, str]:
     if protocol == "file":
         return "file", os.path.realpath(path)
     if protocol == "memory":
-        return "memory", posixpath.normpath(_SLASHES.sub("/", path))
+        return "memory", "/" + object_key_identity(path)
     if protocol != "s3":  # other fsspec URLs: split_url keeps the whole URL
         path = path.partition("://")[2]
-    return protocol, _SLASHES.sub("/", path).strip("/")
+    return protocol, object_key_identity(path)
+
+
+def object_key_identity(path: str) -> str:
+    """``bucket/key`` as the most rewriting object store would address it.
+
+    AWS and moto store a key literally, but SeaweedFS stores ``p\\m`` as ``p/m``, ``a//b``
+    as ``a/b`` and ``/k`` as ``k`` (and refuses ``.`` and ``..`` segments): two spellings
+    that one store folds into one object are one target for every store, so a
+    destination can never alias a source on any of them."""
+    key = _SLASHES.sub("/", path.replace("\\", "/")).strip("/")
+    if not key:
+        return key
+    return posixpath.normpath("/" + key).lstrip("/")
 
 
 def same_target(a: URLLike, b: URLLike) -> bool:

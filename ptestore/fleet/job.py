@@ -28,7 +28,7 @@ from typing import Any
 from ..backends.compat import DeviceProfile
 from ..errors import ConfigurationError
 from ..storage.routing import StorageOptions, options_for_loader
-from ..storage.types import StorageURL, strerror
+from ..storage.types import StorageURL, split_url, strerror
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -40,6 +40,7 @@ __all__ = [
     "JobError",
     "Model",
     "Pair",
+    "check_destinations",
     "load_job",
     "pair_options",
     "parse_job",
@@ -198,7 +199,7 @@ def parse_job(text: str, path: str = "<job>") -> Job:
             None,
             "destination",
         )
-    names = {f for _, f, _, _ in string.Formatter().parse(dest) if f is not None}
+    names = _template_fields(dest, lambda m: fail(m, None, "destination"))
     if names - _FIELDS or not {"model", "device"} <= names:
         raise fail(
             f"the template {dest!r} must use {{model}} and {{device}} and no other field "
@@ -235,9 +236,10 @@ def parse_job(text: str, path: str = "<job>") -> Job:
         name = m.get("name")
         if name is None:
             name = os.path.splitext(os.path.basename(src.rstrip("/")))[0]
-        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9._-]+", name):
+        if not isinstance(name, str) or not _plain_name(name):
             raise fail(
-                f"{name!r}: a model name may use letters, digits, '.', '_' and '-'",
+                f"{name!r}: a model name may use letters, digits, '.', '_' and '-' "
+                "and may not be '.' or '..'",
                 "models",
                 "name",
                 i,
@@ -251,9 +253,12 @@ def parse_job(text: str, path: str = "<job>") -> Job:
     devices: list[DeviceProfile] = []
     for dname, opts in devices_raw.items():
         table = f"devices.{dname}"
-        if not re.fullmatch(r"[A-Za-z0-9._-]+", dname):
+        if not _plain_name(dname):
             raise fail(
-                f"{dname!r}: a device name may use letters, digits, '.', '_' and '-'", table, None
+                f"{dname!r}: a device name may use letters, digits, '.', '_' and '-' "
+                "and may not be '.' or '..'",
+                table,
+                None,
             )
         if not isinstance(opts, dict):
             raise fail("must be a table of options", "devices", dname)
@@ -265,19 +270,105 @@ def parse_job(text: str, path: str = "<job>") -> Job:
             None,
             "destination",
         )
-    seen: dict[str, Pair] = {}
-    for pair in job.pairs():
-        if pair.destination in seen:
-            other = seen[pair.destination]
-            raise fail(
-                f"pairs ({other.model.name}, {other.device.name}) and "
-                f"({pair.model.name}, {pair.device.name}) share the destination "
-                f"{pair.destination}",
-                None,
-                "destination",
-            )
-        seen[pair.destination] = pair
+    problem = check_destinations(job)
+    if problem:
+        raise fail(problem, None, "destination")
     return job
+
+
+def _plain_name(name: str) -> bool:
+    """A model or device name is one plain path segment: never path syntax."""
+    return bool(re.fullmatch(r"[A-Za-z0-9._-]+", name)) and name not in (".", "..")
+
+
+def _template_fields(dest: str, fail: Any) -> set[str]:
+    """The fields of the destination template; only bare ``{model}`` and ``{device}``
+    (no format spec, no conversion, no attribute or index) are accepted."""
+    try:
+        parsed = list(string.Formatter().parse(dest))
+    except ValueError as exc:
+        raise fail(f"the template {dest!r} is not a valid template: {exc}") from None
+    names: set[str] = set()
+    for _, name, spec, conversion in parsed:
+        if name is None:
+            continue
+        if spec or conversion:
+            shown = "{" + name + (f"!{conversion}" if conversion else "")
+            shown += (f":{spec}" if spec else "") + "}"
+            raise fail(
+                f"the template {dest!r} uses {shown}: only bare fields {{model}} and "
+                "{device} are accepted (no format spec or conversion)"
+            )
+        names.add(name)
+    return names
+
+
+def _template_root(dest: str) -> str:
+    """The template's fixed part up to its last separator before the first field."""
+    prefix = dest[: dest.index("{")]
+    cut = prefix.rfind("/")
+    if split_url(dest)[0] == "file":
+        cut = max(cut, prefix.rfind(os.sep))
+    return prefix[: cut + 1]
+
+
+def _under_root(url: str, root: str) -> bool:
+    """Whether ``url`` stays below ``root`` once both are normalized the way the store
+    will address them (dot segments resolved, separators folded)."""
+    from ..coordinator.targets import target_identity
+
+    protocol, path = split_url(url)
+    if protocol == "file":
+        base = os.path.normpath(split_url(root or ".")[1])
+        here = os.path.normpath(path)
+        return here.startswith(base.rstrip(os.sep) + os.sep)
+    base_id = target_identity(root)[1] if root.partition("://")[2].strip("/") else ""
+    here_id = target_identity(url)[1]
+    return not base_id or here_id.startswith(base_id.rstrip("/") + "/")
+
+
+def check_destinations(job: Job) -> str | None:
+    """Why the job's destinations are unsafe, or None: two destinations that are one
+    stored object (compared as the store will address them: local paths resolved, URLs
+    normalized), a destination that is one of the job's sources, or one outside the
+    template's root."""
+    from ..coordinator.targets import same_target, target_identity
+
+    root = _template_root(job.destination)
+    sources: dict[tuple[str, str], str] = {}
+    for m in job.models:
+        for src in (m.source, m.ptd):
+            if src is not None:
+                sources.setdefault(target_identity(src), src)
+    seen: dict[tuple[str, str], tuple[Pair, str]] = {}
+    for pair in job.pairs():
+        where = f"({pair.model.name}, {pair.device.name})"
+        for dst in (pair.destination, pair.ptd_destination):
+            if dst is None:
+                continue
+            if not _under_root(dst, root):
+                return (
+                    f"pair {where}'s destination {dst} is outside the template's root "
+                    f"{root or os.curdir + os.sep}"
+                )
+            ident = target_identity(dst)
+            src = sources.get(ident)
+            if src is None:
+                src = next((s for s in sources.values() if same_target(s, dst)), None)
+            if src is not None:
+                return (
+                    f"pair {where}'s destination {dst} is the source {src}: a destination "
+                    "must never be one of the job's sources"
+                )
+            if ident in seen:
+                other, other_dst = seen[ident]
+                shown = dst if dst == other_dst else f"{other_dst} and {dst}"
+                return (
+                    f"pairs ({other.model.name}, {other.device.name}) and {where} share "
+                    f"the destination {shown}"
+                )
+            seen[ident] = (pair, dst)
+    return None
 
 
 def _plain(value: Any) -> Any:

@@ -20,6 +20,8 @@ from .header import Kind
 from .model import CompileSpec, Delegate, NamedDataEntry, Segment, SubsegmentOffsets, TensorLayout
 
 __all__ = [
+    "MAX_NAMED_DATA",
+    "MAX_SEGMENTS",
     "SegmentMap",
     "read_constant_segment",
     "read_inline_data",
@@ -28,6 +30,14 @@ __all__ = [
     "read_named_data",
     "read_segments",
 ]
+
+#: The most named-data entries (keys) one container may have. Every entry costs work and
+#: memory downstream (inspection, the merged named-data map, the layout, the report):
+#: about 25 microseconds and a few hundred bytes each, so this bounds a hostile
+#: container's cost to seconds; real models have a few thousand at most.
+MAX_NAMED_DATA = 1 << 16
+#: The most segments one container may have (the same reasoning: one per weight at most).
+MAX_SEGMENTS = 1 << 16
 
 # Field ids (declaration order) of schema/program.fbs.
 _PROGRAM_EXECUTION_PLAN = 1
@@ -75,6 +85,7 @@ def read_segments(root: TableView, kind: Kind) -> tuple[tuple[Segment, ...], Seg
     vec = root.vector(_PROGRAM_SEGMENTS if kind == "pte" else _FT_SEGMENTS, "segments", 4)
     if vec is None:
         return (), ()
+    _check_count(root, vec.length, "segments", MAX_SEGMENTS)
     by_table: dict[int, int] = {}  # table position -> physical index
     first: list[TableView] = []
     entries: list[list[int]] = []
@@ -103,6 +114,18 @@ def read_segments(root: TableView, kind: Kind) -> tuple[tuple[Segment, ...], Seg
     return tuple(out), tuple(seg_of)
 
 
+def _check_count(root: TableView, n: int, name: str, limit: int) -> None:
+    """Refuse, before any per-entry work, a vector longer than ``limit`` entries."""
+    if n > limit:
+        raise FormatError(
+            root.view.source,
+            f"{root.field}.{name} (entries)",
+            n,
+            f"<= {limit}",
+            "ptestore's limit on the entries of one container; each costs work and memory",
+        )
+
+
 def read_named_data(root: TableView, kind: Kind, seg_of: SegmentMap) -> tuple[NamedDataEntry, ...]:
     """``Program.named_data`` / ``FlatTensor.named_data``: key -> segment index (and, in a
     .ptd, the tensor layout)."""
@@ -111,6 +134,7 @@ def read_named_data(root: TableView, kind: Kind, seg_of: SegmentMap) -> tuple[Na
     vec = root.vector(fid, "named_data", 4)
     if vec is None:
         return ()
+    _check_count(root, vec.length, "named_data", MAX_NAMED_DATA)
     source = root.view.source
     out = []
     for i in range(vec.length):

@@ -32,17 +32,33 @@ if TYPE_CHECKING:
     from ..writers.base import DataWriter
 
 __all__ = [
+    "MAX_COMPATIBILITY_INFO",
     "METADATA_PREFIX",
     "ProvenanceRequest",
     "Stamper",
     "describe_source",
     "object_metadata",
+    "recordable",
     "spec_text",
 ]
 
 _CHUNK = 8 << 20
 #: Prefix of the S3 user-metadata keys (``x-amz-meta-ptestore-*``).
 METADATA_PREFIX = "ptestore-"
+
+
+#: The longest ``compatibility_info`` string a backend may return (UTF-8 bytes).
+MAX_COMPATIBILITY_INFO = 64 * 1024
+
+
+def recordable(text: str) -> str:
+    """``text`` as provenance can record it: a path with bytes that are not UTF-8
+    (decoded by Python as lone surrogates) gets them as ``\\xNN`` escapes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return text
 
 
 def describe_source(loader: DataLoader, url: str | None = None) -> SourceInfo:
@@ -58,7 +74,7 @@ def describe_source(loader: DataLoader, url: str | None = None) -> SourceInfo:
     etag = getattr(loader, "etag", None)
     version = getattr(loader, "version_id", None)
     return SourceInfo(
-        url=url or loader.name,
+        url=recordable(url or loader.name),
         size=size,
         sha256="sha256:" + h.hexdigest(),
         etag=etag if isinstance(etag, str) else None,
@@ -157,6 +173,20 @@ class Stamper:
         if not isinstance(info, str):
             raise BackendError(
                 f"compatibility_info returned {type(info).__name__}, not str", backend=backend_id
+            )
+        try:
+            encoded = info.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise BackendError(
+                f"compatibility_info returned text that is not valid UTF-8 (character "
+                f"{info[exc.start]!r} at index {exc.start}); provenance records it as JSON",
+                backend=backend_id,
+            ) from None
+        if len(encoded) > MAX_COMPATIBILITY_INFO:
+            raise BackendError(
+                f"compatibility_info returned {len(encoded)} bytes; the limit is "
+                f"{MAX_COMPATIBILITY_INFO} (provenance records it in the artifact)",
+                backend=backend_id,
             )
         self.stamps.append(BackendStamp(backend_id, self.spec_of(impl), str(version), info))
 

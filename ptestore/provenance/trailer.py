@@ -27,7 +27,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import FormatError, StorageError
+from ..errors import ConfigurationError, FormatError, StorageError
 from ..storage.types import DataLoader
 
 __all__ = [
@@ -81,7 +81,7 @@ def encode_trailer(payload: dict[str, Any], content_size: int) -> bytes:
         raise ValueError(f"content_size must be >= 0, got {content_size}")
     body = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
     if len(body) > MAX_PAYLOAD_SIZE:
-        raise ValueError(
+        raise ConfigurationError(
             f"provenance payload is {len(body)} bytes; the limit is {MAX_PAYLOAD_SIZE}"
         )
     footer = _FOOTER.pack(

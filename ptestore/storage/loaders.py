@@ -28,7 +28,7 @@ import fsspec
 
 from .._io import pread_all
 from .._retry import DEFAULT_RETRY, RETRY_OPTIONS, Category, RetryPolicy, classify, to_storage_error
-from ..errors import ConfigurationError, ObjectNotFound, StorageError
+from ..errors import ConfigurationError, ObjectNotFound, StorageError, local_error
 from ._options import check_options, fsspec_options
 from ._s3source import S3Source, s3_source_of
 from .types import Buffer, DataLoader, StorageURL, split_url, strerror
@@ -146,7 +146,9 @@ class LocalFileLoader(_Closing):
                 raise _not_regular(self.path, "a symbolic link loop") from exc
             if exc.errno == errno.ENXIO:  # a socket (or a FIFO/device without a peer)
                 raise _not_regular(self.path, _kind_of(self.path)) from exc
-            raise StorageError(f"{self.path}: cannot open for reading: {strerror(exc)}") from exc
+            raise local_error(
+                exc, f"{self.path}: cannot open for reading: {strerror(exc)}"
+            ) from exc
         st = os.fstat(self._fd)
         if not stat.S_ISREG(st.st_mode):
             os.close(self._fd)
@@ -181,8 +183,8 @@ class LocalFileLoader(_Closing):
         try:
             data = pread_all(self.fileno(), size, offset)
         except OSError as exc:
-            raise StorageError(
-                f"{self.name}: read of {size} bytes at offset {offset} failed: {strerror(exc)}"
+            raise local_error(
+                exc, f"{self.name}: read of {size} bytes at offset {offset} failed: {strerror(exc)}"
             ) from exc
         if len(data) != size:
             raise StorageError(
@@ -235,6 +237,27 @@ class LocalFileLoader(_Closing):
             pass
 
 
+def fresh_info(fs: Any, path: str) -> dict[str, Any]:
+    """``fs.info(path)`` asked of the store itself, never of a listing cached earlier.
+
+    fsspec filesystems cache directory listings per instance and fsspec shares
+    instances per option set, so an application's own ``ls`` would otherwise answer a
+    later "is the source unchanged" question with what it saw before. The cached entry
+    is invalidated and s3fs is asked with ``refresh=True`` (a HEAD every time)."""
+    invalidate = getattr(fs, "invalidate_cache", None)
+    if callable(invalidate):
+        invalidate(path)
+    if _is_s3fs(fs):
+        info: dict[str, Any] = fs.info(path, refresh=True)
+        return info
+    out: dict[str, Any] = fs.info(path)
+    return out
+
+
+def _is_s3fs(fs: Any) -> bool:
+    return type(fs).__module__.split(".")[0] == "s3fs"
+
+
 class FsspecLoader(_Closing):
     """Ranged reads through any fsspec filesystem (``memory://``, ``s3://``, ...)."""
 
@@ -273,7 +296,7 @@ class FsspecLoader(_Closing):
     def _info(self, missing: str) -> dict[str, Any]:
         try:
             info: dict[str, Any] = self._retry.call(
-                lambda: self.fs.info(self.path), what=f"{self.name}: stat"
+                lambda: fresh_info(self.fs, self.path), what=f"{self.name}: stat"
             )
         except Exception as exc:
             if classify(exc) is Category.NOT_FOUND:

@@ -5,8 +5,10 @@ See :mod:`ptestore.testing.writer_contract`: :class:`WriterContract` inherits th
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
+from collections.abc import Callable, Iterator
 from typing import ClassVar
 
 import pytest
@@ -66,6 +68,29 @@ class WriterHooks:
     def dest(self) -> str:
         return self.new_dest()
 
+    def at_commit_operation(
+        self, writer: DataWriter, action: Callable[[], None]
+    ) -> contextlib.AbstractContextManager[None]:
+        """While inside, run ``action`` once at the last moment before ``writer``'s commit
+        operation reaches storage: after every check the writer makes, so a create made
+        of "check, then plain rename or write" loses the race it is tested for.
+
+        The default runs it from the writer's ``commit_hook`` (its commit point), which
+        is enough for a writer whose checks and commit are one atomic step after it (the
+        memory writer: under one lock). Override it where the commit operation can be
+        intercepted (local files: the ``link``/``rename`` system call; S3: the
+        ``PutObject``/``CompleteMultipartUpload`` request)."""
+
+        @contextlib.contextmanager
+        def hooked() -> Iterator[None]:
+            writer.commit_hook = lambda w: action()
+            try:
+                yield
+            finally:
+                writer.commit_hook = None
+
+        return hooked()
+
     def guarantees(self, dest: str) -> WriterGuarantees:
         """What the writer under test promises (read from the writer, then discarded)."""
         w = self.make_writer(dest)
@@ -79,8 +104,9 @@ class WriterRaces(WriterHooks):
 
     @pytest.mark.parametrize("large", [False, True], ids=["small", "staged"])
     def test_create_race_forced_interleaving(self, dest: str, large: bool) -> None:
-        """Writer A makes every check it makes, then pauses (its ``commit_hook``) while
-        writer B publishes completely; A's commit must then refuse. A create made of a
+        """Writer A makes every check it makes, then pauses right before its commit
+        operation (:meth:`at_commit_operation`) while writer B publishes completely; A's
+        commit must then refuse. A create made of a
         check followed by a plain write or rename fails this every time."""
         if not self.guarantees(dest).exclusive_create:
             pytest.skip("this writer's create mode is not exclusive between publishers")
@@ -89,17 +115,19 @@ class WriterRaces(WriterHooks):
         a.write(pattern(size, 12), 0)
         payload_b = pattern(size, 13)
         b.write(payload_b, 0)
-        paused: list[DataWriter] = []
+        paused: list[bool] = []
 
-        def let_b_win(w: DataWriter) -> None:
-            paused.append(w)
+        def let_b_win() -> None:
+            paused.append(True)
             assert self.get(dest) is None
             b.publish("create")
 
-        a.commit_hook = let_b_win
-        with pytest.raises(AlreadyExists, match=r"already exists; publish\(mode='create'\)"):
+        with (
+            self.at_commit_operation(a, let_b_win),
+            pytest.raises(AlreadyExists, match=r"already exists; publish\(mode='create'\)"),
+        ):
             a.publish("create")
-        assert paused == [a], "the writer never reached its commit step"
+        assert paused == [True], "the writer never reached its commit operation"
         assert b.state is WriterState.PUBLISHED
         assert a.state is WriterState.DISCARDED
         assert self.get(dest) == payload_b

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from ..errors import StorageError
+from ..errors import StorageError, local_error
 from ..storage.types import strerror
 
 __all__ = ["FileStaging"]
@@ -46,8 +46,8 @@ class FileStaging:
                 except FileNotFoundError:
                     pass
                 except OSError as exc:
-                    raise StorageError(
-                        f"{self.path}: cannot remove staging file: {strerror(exc)}"
+                    raise local_error(
+                        exc, f"{self.path}: cannot remove staging file: {strerror(exc)}"
                     ) from exc
         finally:
             self.published = True

@@ -37,6 +37,7 @@ from ..errors import (
     ObjectNotFound,
     PublishUncertain,
     StorageError,
+    local_error,
 )
 from ..storage.types import DataLoader, strerror
 from ._clone import HasFileno, clone_range, probe_clone_block_size
@@ -113,8 +114,8 @@ class LocalFileWriter(DataWriter):
             try:
                 os.makedirs(self.directory, exist_ok=True)
             except OSError as exc:
-                raise StorageError(
-                    f"{self.path}: cannot create directory {self.directory}: {strerror(exc)}"
+                raise local_error(
+                    exc, f"{self.path}: cannot create directory {self.directory}: {strerror(exc)}"
                 ) from exc
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
         while True:
@@ -129,9 +130,10 @@ class LocalFileWriter(DataWriter):
                     f"{self.path}: destination directory {self.directory} does not exist"
                 ) from exc
             except OSError as exc:
-                raise StorageError(
+                raise local_error(
+                    exc,
                     f"{self.path}: cannot create a staging file in {self.directory}: "
-                    f"{strerror(exc)}"
+                    f"{strerror(exc)}",
                 ) from exc
         # Mark the staging file as live for `ptestore gc` (released when fd closes or on crash).
         # Filesystems without flock (some NFS mounts: ENOLCK) only lose that marker; gc
@@ -155,9 +157,10 @@ class LocalFileWriter(DataWriter):
         try:
             pwrite_all(self._fd(), data, offset)
         except OSError as exc:
-            raise StorageError(
+            raise local_error(
+                exc,
                 f"{self.path}: write of {data.nbytes} bytes at offset {offset} failed: "
-                f"{strerror(exc)} (staging file {self._st.path} discarded)"
+                f"{strerror(exc)} (staging file {self._st.path} discarded)",
             ) from exc
 
     #: source device -> clone block size (None: no clones), probed on first use
@@ -204,10 +207,11 @@ class LocalFileWriter(DataWriter):
         try:
             return clone_range(loader.fileno(), src_offset, size, self._fd(), dst_offset)
         except OSError as exc:
-            raise StorageError(
+            raise local_error(
+                exc,
                 f"{self.path}: cloning {size} bytes from {loader.name} at offset {src_offset} "
                 f"to offset {dst_offset} failed: {strerror(exc)} (staging file "
-                f"{self._st.path} discarded)"
+                f"{self._st.path} discarded)",
             ) from exc
 
     def _kernel_copy(self, loader: HasFileno, src_offset: int, size: int, dst_offset: int) -> None:
@@ -224,10 +228,11 @@ class LocalFileWriter(DataWriter):
                     # not supported here: copy through Python
                     super()._copy_from(loader, src_offset + done, size - done, dst_offset + done)
                     return
-                raise StorageError(
+                raise local_error(
+                    exc,
                     f"{self.path}: copying {size} bytes from {loader.name} at offset "
                     f"{src_offset} to offset {dst_offset} failed: {strerror(exc)} "
-                    f"(staging file {self._st.path} discarded)"
+                    f"(staging file {self._st.path} discarded)",
                 ) from exc
             if n == 0:
                 raise StorageError(
@@ -246,29 +251,32 @@ class LocalFileWriter(DataWriter):
             try:
                 _full_fsync(fd)
             except OSError as exc:
-                raise StorageError(
+                raise local_error(
+                    exc,
                     f"{self.path}: fsync of the staging file failed: {strerror(exc)}; nothing "
-                    "was published (fsync is never retried)"
+                    "was published (fsync is never retried)",
                 ) from exc
         try:
             perm = stat.S_IMODE(os.stat(self.path).st_mode)
         except FileNotFoundError:
             perm = 0o666 & ~_current_umask()
         except OSError as exc:
-            raise StorageError(f"{self.path}: cannot stat destination: {strerror(exc)}") from exc
+            raise local_error(
+                exc, f"{self.path}: cannot stat destination: {strerror(exc)}"
+            ) from exc
         try:
             os.fchmod(fd, perm)
         except OSError as exc:
-            raise StorageError(
-                f"{self.path}: cannot set mode {perm:o} on the staging file: {strerror(exc)}"
+            raise local_error(
+                exc, f"{self.path}: cannot set mode {perm:o} on the staging file: {strerror(exc)}"
             ) from exc
         self._commit_point()
         if mode == "overwrite":
             try:
                 os.replace(tmp, self.path)
             except OSError as exc:
-                raise StorageError(
-                    f"{self.path}: cannot rename staging file {tmp} over it: {strerror(exc)}"
+                raise local_error(
+                    exc, f"{self.path}: cannot rename staging file {tmp} over it: {strerror(exc)}"
                 ) from exc
         else:
             try:
@@ -281,8 +289,8 @@ class LocalFileWriter(DataWriter):
                         f"{self.path}: the filesystem does not support hard links, which "
                         f"publish(mode='create') needs: {strerror(exc)}"
                     ) from exc
-                raise StorageError(
-                    f"{self.path}: cannot link staging file {tmp} to it: {strerror(exc)}"
+                raise local_error(
+                    exc, f"{self.path}: cannot link staging file {tmp} to it: {strerror(exc)}"
                 ) from exc
             try:
                 os.unlink(tmp)

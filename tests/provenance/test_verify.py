@@ -160,3 +160,80 @@ def test_cli_with_a_job(artifact: Path, tmp_path: Path, capsys: pytest.CaptureFi
     assert "stale: device.digest" in capsys.readouterr().err
     assert main(["verify", str(artifact), "--job", str(job), "--device", "nope"]) == 2
     assert "no device 'nope' (devices: pixel9)" in capsys.readouterr().err
+
+
+def test_cli_with_a_job_matches_any_spelling_of_the_destination(
+    artifact: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``pixel9/mlp.pte``, ``/abs//pixel9/mlp.pte`` and ``file:///abs/pixel9/mlp.pte`` are
+    one file: each gets the job's source and device checks, not just the job's spelling."""
+    assert MLP.pte_path is not None and CONV.pte_path is not None
+    monkeypatch.chdir(tmp_path)
+    job = tmp_path / "job.toml"
+    text = (
+        f'destination = "{tmp_path}/{{device}}/{{model}}.pte"\nbackends = ["{SPEC}"]\n'
+        f'[[models]]\nname = "mlp"\nsource = "{MLP.pte_path}"\n'
+        '[devices.pixel9]\nsoc = "sm8650"\nscale = 3.0\n'
+    )
+    job.write_text(text)
+    spellings = [
+        "pixel9/mlp.pte",
+        f"{tmp_path}//pixel9//mlp.pte",
+        f"{tmp_path}/pixel9/./mlp.pte",
+        f"file://{tmp_path}/pixel9/mlp.pte",
+    ]
+    for url in spellings:
+        assert main(["verify", url, "--job", str(job)]) == 1, url
+        assert "stale: device.digest" in capsys.readouterr().err
+    job.write_text(
+        text.replace("scale = 3.0", "scale = 2.0").replace(str(MLP.pte_path), str(CONV.pte_path))
+    )
+    for url in spellings:
+        assert main(["verify", url, "--job", str(job)]) == 1, url
+        assert "stale: source" in capsys.readouterr().err
+
+
+def _tamper_digit(artifact: Path, *, fix_checksum: bool) -> None:
+    """Change one hex digit of the recorded source digest; the JSON stays valid."""
+    import hashlib
+
+    from ptestore.provenance.trailer import _FOOTER, FOOTER_SIZE
+
+    data = bytearray(artifact.read_bytes())
+    footer = _FOOTER.unpack(bytes(data[-FOOTER_SIZE:]))
+    content_size, payload_size = footer[0], footer[1]
+    payload = bytes(data[content_size : content_size + payload_size])
+    record = json.loads(payload)
+    digest = record["source"]["sha256"]
+    at = payload.index(digest.encode()) + len(digest) - 1
+    data[content_size + at] = ord("0") if payload[at] != ord("0") else ord("1")
+    json.loads(bytes(data[content_size : content_size + payload_size]))  # still valid JSON
+    if fix_checksum:
+        new_payload = bytes(data[content_size : content_size + payload_size])
+        fields = list(footer)
+        fields[2] = hashlib.sha256(new_payload).digest()
+        data[-FOOTER_SIZE:] = _FOOTER.pack(*fields)
+    artifact.write_bytes(bytes(data))
+
+
+def test_a_tampered_record_that_stays_valid_json_fails_the_integrity_check(
+    artifact: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert MLP.pte_path is not None
+    _tamper_digit(artifact, fix_checksum=False)
+    assert main(["verify", str(artifact), "--source", str(MLP.pte_path)]) == 2
+    err = capsys.readouterr().err
+    assert "provenance trailer checksum" in err and "the trailer was damaged" in err
+
+
+def test_a_consistently_rewritten_digest_is_stale_against_the_source(
+    artifact: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Checksum recomputed too: the record no longer matches the real source."""
+    assert MLP.pte_path is not None
+    _tamper_digit(artifact, fix_checksum=True)
+    assert main(["verify", str(artifact), "--source", str(MLP.pte_path)]) == 1
+    assert "stale: source" in capsys.readouterr().err

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.privileges import unprivileged
 
 from ptestore.cli.gc import add_gc_parser
 from ptestore.testing.s3server import S3TestServer
@@ -163,3 +165,29 @@ def test_gc_never_reports_other_tools_uploads_whatever_their_age(
     w.discard()
     uploads = s3_client.list_multipart_uploads(Bucket=s3_bucket).get("Uploads", [])
     assert [u["UploadId"] for u in uploads] == [other]
+
+
+def test_an_unreadable_directory_is_a_failure_not_silence(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A directory gc cannot list may hold staging files: reported failed, exit 1."""
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    crashed_writer(locked / "m.pte")
+    locked.chmod(0o000)
+    out = tmp_path / "out.json"
+    try:
+
+        def gc() -> int:
+            with open(out, "w") as f, contextlib.redirect_stdout(f):
+                return run(["gc", str(tmp_path), "--older-than", "0", "--json"])
+
+        assert unprivileged(gc) == 1
+    finally:
+        locked.chmod(0o755)
+    report = json.loads(out.read_text())
+    assert report["failed"] == 1
+    (entry,) = report["entries"]
+    assert entry["location"] == str(locked)
+    assert entry["kind"] == "directory"
+    assert entry["action"] == "failed: cannot list: Permission denied"

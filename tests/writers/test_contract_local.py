@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,6 +46,34 @@ class TestLocalContract(WriterContract):
     def leftovers(self, dest: str) -> list[str]:
         d = os.path.dirname(dest)
         return sorted(n for n in os.listdir(d) if TEMP_NAME_RE.match(n))
+
+    def at_commit_operation(
+        self, writer: DataWriter, action: Callable[[], None]
+    ) -> contextlib.AbstractContextManager[None]:
+        """Run ``action`` inside ``writer``'s own ``link``/``rename`` system call (just
+        before it), after every check the writer made."""
+        assert isinstance(writer, LocalFileWriter)
+        target = writer.path
+        fired: list[bool] = []
+
+        def wrap(real: Callable[..., None]) -> Callable[..., None]:
+            def call(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
+                if not fired and os.fspath(dst) == target and os.fspath(src) != target:
+                    fired.append(True)
+                    action()  # the other writer's own call passes straight through
+                real(src, dst, *args, **kwargs)
+
+            return call
+
+        @contextlib.contextmanager
+        def patched() -> Iterator[None]:
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(os, "link", wrap(os.link))
+                mp.setattr(os, "replace", wrap(os.replace))
+                mp.setattr(os, "rename", wrap(os.rename))
+                yield
+
+        return patched()
 
 
 class TestFileUrlContract(TestLocalContract):

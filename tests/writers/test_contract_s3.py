@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import uuid
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -65,6 +68,33 @@ class TestS3Contract(WriterContract):
     def leftovers(self, dest: str) -> list[str]:
         uploads = self.client.list_multipart_uploads(Bucket=self.bucket, Prefix=self._key(dest))
         return [u["UploadId"] for u in uploads.get("Uploads", [])]
+
+    def at_commit_operation(
+        self, writer: DataWriter, action: Callable[[], None]
+    ) -> contextlib.AbstractContextManager[None]:
+        """Run ``action`` when ``writer``'s ``PutObject`` or ``CompleteMultipartUpload``
+        is about to be sent, after every check the writer made (an async botocore hook:
+        the action runs in a thread while the shared event loop keeps serving it)."""
+        assert isinstance(writer, S3Writer)
+        fired: list[bool] = []
+
+        async def before_send(**_: Any) -> None:
+            if not fired:
+                fired.append(True)
+                await asyncio.to_thread(action)
+
+        @contextlib.contextmanager
+        def hooked() -> Iterator[None]:
+            events = writer.client.meta.events
+            for op in ("PutObject", "CompleteMultipartUpload"):
+                events.register(f"before-send.s3.{op}", before_send)
+            try:
+                yield
+            finally:
+                for op in ("PutObject", "CompleteMultipartUpload"):
+                    events.unregister(f"before-send.s3.{op}", before_send)
+
+        return hooked()
 
 
 class TestS3SinglePartContract(TestS3Contract):

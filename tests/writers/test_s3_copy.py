@@ -1,12 +1,12 @@
 """S3 to S3 server-side copies: which parts the service copies, what travels through
 the client, pinning to the version read at the start.
 
-The tests run against every server of the ``server`` fixture (moto today). Two facts
+The tests run against every server of the ``server`` fixture (moto and SeaweedFS). Two facts
 differ between servers and are declared per server: whether ``UploadPartCopy`` enforces
 ``CopySourceIfMatch`` (moto ignores it, AWS and SeaweedFS answer 412) and whether
-``CopyPartResult`` carries the part's CRC-32 (moto: no). Assertions that need them run
-only where the server provides them; on moto the writer's side of the contract (the
-parameters it sends) is checked instead.
+``CopyPartResult`` carries the part's CRC-32 (moto: no). The refusal of a copy of a
+replaced source is a real test on SeaweedFS; on moto the writer's side of the contract
+(the parameters it sends, its own check after the last part copy) is checked instead.
 """
 
 from __future__ import annotations
@@ -17,15 +17,17 @@ import random
 import re
 import uuid
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from ptestore.errors import PreconditionFailed
+from ptestore.errors import PermissionDenied, PreconditionFailed
 from ptestore.loaders import BytesLoader, DataLoader, FsspecLoader, open_loader
-from ptestore.testing.moto import MotoS3
 from ptestore.testing.s3_traffic import Traffic
+from ptestore.testing.s3server import S3TestServer
+from ptestore.testing.seaweedfs import SeaweedS3
 from ptestore.writers import S3Writer, WriterState, open_writer
 from ptestore.writers.s3 import MARKER_PART_NUMBER, MIN_PART_SIZE, PartState, marker_bytes
 from ptestore.writers.s3.checksum import b64crc
@@ -39,21 +41,33 @@ SIZE = 6 * P + 1234
 GAP = (4 * P + 100, 4 * P + 300)  # zero padding in the source, written as zeros
 REPLACED = (2 * P + P // 2, 3 * P + P // 2)  # straddles parts 3 and 4
 META = 300  # "metadata" written last at offset 0, different from the source's
+#: Whether SeaweedFS's CopyPartResult carries the part's CRC-32.
+SEAWEED_COPY_CRC = True
 
 
 @dataclass(frozen=True)
 class Server:
-    s3: MotoS3
+    s3: S3TestServer
     #: UploadPartCopy answers 412 when CopySourceIfMatch no longer matches.
     enforces_copy_if_match: bool
     #: CopyPartResult carries ChecksumCRC32 (the upload was created with CRC32).
     returns_copy_checksums: bool
 
 
-@pytest.fixture(params=["moto"])
-def server(request: pytest.FixtureRequest, moto_s3: MotoS3) -> Server:
-    # moto 5.2: CopySourceIfMatch ignored, no checksum in CopyPartResult.
-    return Server(moto_s3, enforces_copy_if_match=False, returns_copy_checksums=False)
+@pytest.fixture(params=["moto", "seaweedfs"])
+def server(request: pytest.FixtureRequest) -> Iterator[Server]:
+    if request.param == "moto":
+        # moto 5.2: CopySourceIfMatch ignored, no checksum in CopyPartResult.
+        yield Server(
+            request.getfixturevalue("moto_s3"),
+            enforces_copy_if_match=False,
+            returns_copy_checksums=False,
+        )
+        return
+    weed: SeaweedS3 = request.getfixturevalue("seaweedfs_s3")
+    # SeaweedFS 4.48: 412 on a changed CopySourceIfMatch.
+    yield Server(weed, enforces_copy_if_match=True, returns_copy_checksums=SEAWEED_COPY_CRC)
+    weed.delete_buckets()
 
 
 @pytest.fixture
@@ -182,6 +196,11 @@ def test_other_credentials_or_endpoint_stream(server: Server, bucket: str, other
         options["key"] = "someone-else"  # moto accepts any key: readable, but not ours
     else:  # the same server under another name: not provably the same service
         options["endpoint_url"] = options["endpoint_url"].replace("127.0.0.1", "localhost")
+    if other == "key" and isinstance(server.s3, SeaweedS3):
+        # SeaweedFS checks credentials: another key cannot even read the source.
+        with pytest.raises(PermissionDenied, match="403"):
+            open_loader(src_url, **options)
+        return
     src = open_loader(src_url, **options)
     w = new_writer(server, bucket)
     assert w.copy_source(src) is None
@@ -216,6 +235,38 @@ def test_source_replaced_mid_run_fails_the_run(server: Server, bucket: str) -> N
     assert not server.s3.client().list_objects_v2(Bucket=bucket, Prefix=w.key).get("Contents")
 
 
+def test_source_replaced_after_the_last_part_copy_stops_before_complete(
+    server: Server, bucket: str
+) -> None:
+    """Every part copied before the source is replaced (no copy meets the new version,
+    so no server refuses one): the writer's own check after the last part copy stops
+    the run before Complete, on moto (which ignores CopySourceIfMatch) as on SeaweedFS."""
+    data = random.randbytes(2 * P)
+    src_url = put_source(server, bucket, data)
+    src = open_loader(src_url, **server.s3.storage_options)
+    w = new_writer(server, bucket)
+    traffic = Traffic().attach(w.client.meta.events)
+    w.copy_from(src, 0, 2 * P, 0)
+    w.wait_uploads()
+    assert part_numbers(traffic, "UploadPartCopy") == [1, 2]
+    bucket_, _, key = src_url.removeprefix("s3://").partition("/")
+    new_etag = server.s3.client().put_object(Bucket=bucket_, Key=key, Body=random.randbytes(2 * P))[
+        "ETag"
+    ]
+    assert isinstance(src, FsspecLoader)
+    with pytest.raises(PreconditionFailed) as info:
+        w.publish()
+    assert str(info.value) == (
+        f"{src_url}: replaced since it was opened (ETag {src.etag} -> {new_etag}, checked "
+        "after the last part copy): the run stops before Complete instead of publishing a "
+        "mix of two versions"
+    )
+    assert "CompleteMultipartUpload" not in traffic.params
+    assert w.state is WriterState.DISCARDED
+    assert not server.s3.client().list_multipart_uploads(Bucket=bucket).get("Uploads")
+    assert not server.s3.client().list_objects_v2(Bucket=bucket, Prefix=w.key).get("Contents")
+
+
 def test_copy_refused_412_fails_the_run(server: Server, bucket: str) -> None:
     """The service's answer to a copy whose source changed (injected here: moto ignores
     CopySourceIfMatch) discards the writer with a message naming the source."""
@@ -240,8 +291,8 @@ def test_copy_refused_412_fails_the_run(server: Server, bucket: str) -> None:
 
 
 def test_copy_of_a_replaced_source_is_refused_by_the_server(server: Server, bucket: str) -> None:
-    if not server.enforces_copy_if_match:
-        pytest.skip("moto ignores CopySourceIfMatch (test_copy_refused_412 covers the writer)")
+    """SeaweedFS refuses the copy (412); moto copies the new version, and the writer's
+    check after the last part copy stops the run before Complete."""
     data = source_bytes()
     src_url = put_source(server, bucket, data)
     src = open_loader(src_url, **server.s3.storage_options)

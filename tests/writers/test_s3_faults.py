@@ -128,12 +128,42 @@ def test_multipart_persistent_fault_fails_cleanly(env: Env, op: str) -> None:
 
 
 def test_put_persistent_fault_fails_cleanly(env: Env) -> None:
+    """A connection closed on every attempt: the request may have been sent, so the
+    outcome is uncertain (never "nothing was published"); here nothing was."""
     w = env.writer(retry_attempts=2)
     Fault("PutObject", "reset", times=-1).install(w.client)
     w.write(b"abc", 0)
-    with pytest.raises(StorageError, match=r"PutObject failed: .*Connection was closed"):
+    with pytest.raises(PublishUncertain) as info:
+        w.publish()
+    assert str(info.value) == (
+        f"{env.url}: PutObject failed after its retries on a connection error "
+        f"(ConnectionClosedError: Connection was closed before we received a valid response "
+        f'from endpoint URL: "{env.server.endpoint_url}/{env.bucket}/{env.key}".); the '
+        "request may have reached the service: the destination holds the old object or "
+        "this writer's"
+    )
+    assert env.get() is None
+
+
+@pytest.mark.parametrize("op", ["PutObject", "CompleteMultipartUpload"])
+def test_connection_error_after_retries_is_publish_uncertain(env: Env, op: str) -> None:
+    w = env.writer(retry_attempts=2)
+    Fault(op, "reset", times=-1).install(w.client)
+    w.write(b"abc" if op == "PutObject" else data_of(3 * env.part), 0)
+    with pytest.raises(PublishUncertain, match=f"{op} failed after its retries on a connection"):
         w.publish()
     assert env.get() is None
+
+
+def test_put_whose_every_answer_is_lost_is_reconciled(env: Env) -> None:
+    """Every attempt reaches the service and times out: HEAD finds our object."""
+    w = env.writer(retry_attempts=2)
+    lost = Fault("PutObject", "lost", times=-1).install(w.client)
+    w.write(b"tiny", 0)
+    result = w.publish()
+    assert lost.injected == 2
+    assert result.size == 4
+    assert env.get() == b"tiny"
 
 
 def test_verify_head_failing_does_not_fail_a_done_publish(env: Env) -> None:

@@ -146,6 +146,24 @@ class S3Publisher:
         """A publish call failed: find out whether our object is there anyway."""
         code = error_code(exc)
         where = self.where
+        if code is None and _maybe_sent(exc):
+            # The last attempt may have reached the service (connection closed or timed
+            # out after sending): the object may exist. Ask, and never say "nothing".
+            try:
+                head = self.head()
+            except Exception as head_exc:
+                head, note = None, f"; the follow-up HEAD failed ({head_exc})"
+            else:
+                note = ""
+            if self._ours(head, size):
+                log.info("%s: %s failed (%s), but our object is in place", where, operation, exc)
+                assert head is not None
+                return head
+            raise PublishUncertain(
+                f"{where}: {operation} failed after its retries on a connection error "
+                f"({type(exc).__name__}: {exc}){note}; the request may have reached the "
+                "service: the destination holds the old object or this writer's"
+            ) from exc
         if code not in _RECONCILABLE:
             raise to_storage_error(exc, where, operation) from exc
         try:
@@ -212,3 +230,17 @@ class S3Publisher:
             head.get("VersionId", version),
             f"crc32:{b64crc(crc)}",
         )
+
+
+def _maybe_sent(exc: BaseException) -> bool:
+    """Whether a failed call may have reached the service: botocore's HTTP client errors
+    (connection closed, read timeout, broken response) may have been sent; its
+    connection errors (endpoint unreachable, connect timeout, proxy) were not."""
+    try:
+        from botocore.exceptions import ConnectionError as NotConnected
+        from botocore.exceptions import HTTPClientError
+    except ImportError:  # pragma: no cover - s3 extra missing
+        return False
+    if isinstance(exc, NotConnected):
+        return False
+    return isinstance(exc, (HTTPClientError, TimeoutError, ConnectionResetError))

@@ -23,7 +23,13 @@ from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from ..._retry import RETRY_OPTIONS, to_storage_error
-from ...errors import ConfigurationError, StorageError, WriterStateError
+from ...errors import (
+    ConfigurationError,
+    ObjectNotFound,
+    PreconditionFailed,
+    StorageError,
+    WriterStateError,
+)
 from ...storage._s3source import S3Source, matching_source, s3_identity
 from ...storage.types import DataLoader, split_url, strerror
 from ..base import DataWriter, PublishMode, PublishResult, WriterGuarantees
@@ -400,11 +406,47 @@ class S3Writer(DataWriter):
             )
         upload_id = self._st.upload_id
         assert upload_id is not None
+        self._check_copied_sources()
         self._commit_point()
         resp = self._publisher.complete(mode, upload_id, size, parts, total)
         self._st.completed()
         self._st.cleanup()
         return self._publisher.verify_published(resp, size, total)
+
+    def _check_copied_sources(self) -> None:
+        """Ask the service once more, after the last part copy and before Complete,
+        whether every object it copied from is still the version read at the start.
+
+        ``CopySourceIfMatch`` already makes AWS and SeaweedFS refuse a copy of a changed
+        source; a service that ignores it (moto) would otherwise publish a mix of two
+        versions when the source is replaced between the run's last check and a part
+        copied at publish."""
+        sources = {
+            p.uploaded.copied.source
+            for p in self._parts.values()
+            if p.uploaded is not None and p.uploaded.copied is not None
+        }
+        # A pinned version cannot change: every copy names it (``CopySource.VersionId``).
+        unpinned = [s for s in sources if not s.version_id]
+        for source in sorted(unpinned, key=lambda s: (s.bucket, s.key)):
+            what = f"HEAD of the copy source {source.url}"
+            try:
+                head = self.conn.request(what, "head_object", Bucket=source.bucket, Key=source.key)
+            except Exception as exc:
+                error = to_storage_error(exc, source.url, "HEAD after the last part copy")
+                if isinstance(error, ObjectNotFound):
+                    raise PreconditionFailed(
+                        f"{source.url}: deleted since it was opened (ETag {source.etag}); parts "
+                        "copied from it may mix two versions: the run stops before Complete"
+                    ) from exc
+                raise error from exc
+            etag = head.get("ETag")
+            if etag != source.etag:
+                raise PreconditionFailed(
+                    f"{source.url}: replaced since it was opened (ETag {source.etag} -> "
+                    f"{etag}, checked after the last part copy): the run stops before "
+                    "Complete instead of publishing a mix of two versions"
+                )
 
     def _publish_small(self, mode: PublishMode, size: int) -> PublishResult:
         """An output of at most one part: one PutObject (referenced bytes read first)."""

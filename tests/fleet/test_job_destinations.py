@@ -1,0 +1,145 @@
+"""Fleet destinations are checked as the store will address them: names are never path
+syntax, templates take bare fields only, and no destination collides with another,
+is one of the job's sources or leaves the template's root (local, memory and S3)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from ptestore.cli import main
+from ptestore.fleet import JobError, parse_job
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+#: A template root per store (local paths are made absolute by the test).
+ROOTS = {"local": "", "memory": "memory://fleet/", "s3": "s3://bucket/"}
+
+
+def job(dest: str, models: str, devices: str) -> str:
+    return f'destination = "{dest}"\n{models}{devices}'
+
+
+def model(source: str, name: str | None = None) -> str:
+    return "[[models]]\n" + (f'name = "{name}"\n' if name else "") + f'source = "{source}"\n'
+
+
+def device(name: str) -> str:
+    return f'[devices."{name}"]\n'
+
+
+def root(store: str, tmp_path: Path) -> str:
+    return f"{tmp_path}/" if store == "local" else ROOTS[store]
+
+
+@pytest.mark.parametrize("bad", [".", ".."])
+def test_path_syntax_names_are_refused(bad: str) -> None:
+    with pytest.raises(JobError) as info:
+        parse_job(job("out/{device}/{model}.pte", model("a.pte", bad), device("x")), "j.toml")
+    assert str(info.value) == (
+        f"j.toml:3: models[0].name: {bad!r}: a model name may use letters, digits, '.', '_' "
+        "and '-' and may not be '.' or '..'"
+    )
+    with pytest.raises(JobError) as info:
+        parse_job(job("out/{device}/{model}.pte", model("a.pte"), device(bad)), "j.toml")
+    assert str(info.value) == (
+        f"j.toml:4: devices.{bad}: {bad!r}: a device name may use letters, digits, '.', '_' "
+        "and '-' and may not be '.' or '..'"
+    )
+    # A default name (the source's stem) that is path syntax is refused too.
+    with pytest.raises(JobError, match=r"models\[0\].name: '\.\.': a model name"):
+        parse_job(job("out/{device}/{model}.pte", model("s3://b/.."), device("x")), "j.toml")
+
+
+@pytest.mark.parametrize(
+    ("template", "shown"),
+    [
+        ("out/{device}/{model:d}.pte", "{model:d}"),
+        ("out/{device}/{model:{device}}.pte", "{model:{device}}"),
+        ("out/{device}/{model!r}.pte", "{model!r}"),
+        ("out/{device!s:>4}/{model}.pte", "{device!s:>4}"),
+    ],
+)
+def test_template_fields_must_be_bare(template: str, shown: str) -> None:
+    with pytest.raises(JobError) as info:
+        parse_job(job(template, model("a.pte"), device("x")), "j.toml")
+    assert str(info.value) == (
+        f"j.toml:1: destination: the template {template!r} uses {shown}: only bare fields "
+        "{model} and {device} are accepted (no format spec or conversion)"
+    )
+
+
+@pytest.mark.parametrize("template", ["out/{device}/{model", "out/{device}}/{model}.pte"])
+def test_malformed_template_is_a_job_error(template: str) -> None:
+    with pytest.raises(JobError, match=r"j\.toml:1: destination: the template .* is not a valid"):
+        parse_job(job(template, model("a.pte"), device("x")), "j.toml")
+
+
+@pytest.mark.parametrize("store", list(ROOTS))
+def test_collisions_are_checked_on_normalized_destinations(store: str, tmp_path: Path) -> None:
+    base = root(store, tmp_path)
+    text = job(base + "o/{device}/../{model}.pte", model(base + "s/a.pte"), device("x"))
+    parse_job(text)  # one device: no collision
+    text += device("y")
+    with pytest.raises(JobError) as info:
+        parse_job(text, "j.toml")
+    assert str(info.value) == (
+        f"j.toml:1: destination: pairs (a, x) and (a, y) share the destination "
+        f"{base}o/x/../a.pte and {base}o/y/../a.pte"
+    )
+
+
+@pytest.mark.parametrize("store", list(ROOTS))
+def test_a_destination_is_never_a_source(store: str, tmp_path: Path) -> None:
+    base = root(store, tmp_path)
+    src = base + "o/a.pte"
+    with pytest.raises(JobError) as info:
+        parse_job(job(base + "o/{device}/../{model}.pte", model(src), device("x")), "j.toml")
+    assert str(info.value) == (
+        f"j.toml:1: destination: pair (a, x)'s destination {base}o/x/../a.pte is the source "
+        f"{src}: a destination must never be one of the job's sources"
+    )
+
+
+@pytest.mark.parametrize("store", list(ROOTS))
+def test_a_destination_never_leaves_the_template_root(store: str, tmp_path: Path) -> None:
+    base = root(store, tmp_path)
+    with pytest.raises(JobError) as info:
+        parse_job(job(base + "o/{device}/../../{model}.pte", model("a.pte"), device("x")), "j")
+    assert str(info.value) == (
+        f"j:1: destination: pair (a, x)'s destination {base}o/x/../../a.pte is outside the "
+        f"template's root {base}o/"
+    )
+
+
+def test_s3_spellings_the_store_folds_are_one_destination() -> None:
+    # SeaweedFS stores 'a\\b' as 'a/b' and 'a//b' as 'a/b': one object.
+    text = job("s3://b/o/{device}/{model}.pte", model("s3://b/o/x//a.pte"), device("x"))
+    with pytest.raises(JobError, match=r"is the source s3://b/o/x//a\.pte"):
+        parse_job(text)
+    text = job("s3://b/o/{device}/{model}.pte", model("s3://b/o/x\\\\a.pte", "a"), device("x"))
+    with pytest.raises(JobError, match=r"is the source s3://b/o/x\\a\.pte"):
+        parse_job(text)
+
+
+def test_fleet_run_refuses_a_job_that_would_overwrite_its_source(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The reported attack: a destination under the sources' directory that resolves to
+    the source itself. Exit 2, nothing written, the source intact."""
+    src = tmp_path / "src" / "mlp_xnnpack.pte"
+    src.parent.mkdir()
+    original = (FIXTURES / "mlp_xnnpack.pte").read_bytes()
+    src.write_bytes(original)
+    path = tmp_path / "job.toml"
+    path.write_text(
+        job(f"{tmp_path}/src/{{device}}/../{{model}}.pte", model(str(src)), device("x"))
+    )
+    before = sorted(os.listdir(tmp_path / "src"))
+    assert main(["fleet", "run", str(path), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"is the source {src}: a destination must never be one of the job's sources" in err
+    assert src.read_bytes() == original
+    assert sorted(os.listdir(tmp_path / "src")) == before
