@@ -37,6 +37,7 @@ if TYPE_CHECKING:
         initialize_and_save_backend_data,
         specialize,
     )
+    from .device import Artifact, ensure
     from .inspection import describe
     from .loaders import DataLoader, open_loader
     from .verification import VerifyReport, verify
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AlreadyExists",
+    "Artifact",
     "BackendError",
     "ConfigurationError",
     "DataLoader",
@@ -68,6 +70,7 @@ __all__ = [
     "WriterStateError",
     "__version__",
     "describe",
+    "ensure",
     "initialize_and_save_backend_data",
     "open_loader",
     "open_writer",
@@ -82,6 +85,8 @@ _LAZY = {
     "initialize_and_save_backend_data": ".coordinator",
     "specialize": ".coordinator",
     "describe": ".inspection",
+    "Artifact": ".device",
+    "ensure": ".device",
     "DataLoader": ".loaders",
     "open_loader": ".loaders",
     "DataWriter": ".writers",
