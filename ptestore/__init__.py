@@ -37,7 +37,7 @@ if TYPE_CHECKING:
         initialize_and_save_backend_data,
         specialize,
     )
-    from .device import Artifact, ensure
+    from .device import Artifact, ensure, recover
     from .inspection import describe
     from .loaders import DataLoader, open_loader
     from .verification import VerifyReport, verify
@@ -74,6 +74,7 @@ __all__ = [
     "initialize_and_save_backend_data",
     "open_loader",
     "open_writer",
+    "recover",
     "specialize",
     "verify",
 ]
@@ -87,6 +88,7 @@ _LAZY = {
     "describe": ".inspection",
     "Artifact": ".device",
     "ensure": ".device",
+    "recover": ".device",
     "DataLoader": ".loaders",
     "open_loader": ".loaders",
     "DataWriter": ".writers",

@@ -130,6 +130,9 @@ def describe(url: str | os.PathLike[str] | Container, **storage_options: Any) ->
         if storage_options:
             raise TypeError("describe(container) takes no storage options")
         return describe_container(url)
+    from .device.inplace import recover_if_local
+
+    recover_if_local(url)  # an interrupted in-place specialization: finish it first
     container, rows = read_description(url, **storage_options)
     return describe_container(container, rows)
 

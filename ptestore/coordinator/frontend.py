@@ -82,6 +82,7 @@ def specialize(
     strict: bool = False,
     device: DeviceProfile | None = None,
     provenance: ProvenanceRequest | bool | None = None,
+    in_place: bool = False,
 ) -> SpecializationReport:
     """Specialize the model at ``src_url`` and publish it at ``dst_url``.
 
@@ -121,6 +122,9 @@ def specialize(
             output ends with a provenance trailer (see :mod:`ptestore.provenance`); a
             source's own trailer is never copied, so re-specializing an artifact
             replaces its trailer.
+        in_place: rewrite the local file ``src_url`` (= ``dst_url``) itself, through a
+            journal beside it, at about 1x disk (see docs/device.md and
+            :func:`ptestore.recover`); no ``.ptd``, no storage options.
 
     Returns:
         A :class:`~ptestore.coordinator.report.SpecializationReport`: one entry per
@@ -147,6 +151,21 @@ def specialize(
     Nothing is published unless the whole run succeeds (``PartialPublish`` aside).
     """
     src, dst = os.fspath(src_url), os.fspath(dst_url)
+    from ..device.inplace import recover_if_local
+
+    recover_if_local(src)  # an interrupted in-place run of the source: finish it first
+    if in_place:
+        from ..device.inplace import check_in_place_args, specialize_in_place
+
+        check_in_place_args(src, dst, ptd, mode, storage_options or src_storage_options)
+        return specialize_in_place(
+            src,
+            backends=backends,
+            device=device,
+            provenance=provenance,
+            event_tracer=event_tracer,
+            strict=strict,
+        )
     options = _Options(storage_options, src_storage_options, dst_storage_options)
 
     pairs = [(src, dst)]

@@ -138,9 +138,17 @@ def _location(url: str) -> str:
     return _local_path(url) if _is_local(url) else url
 
 
+def spec_text(backend: BackendLike) -> str:
+    """How a backend is named in keys and provenance (as
+    :func:`ptestore.provenance.stamp.spec_text`, without importing the storage layer)."""
+    if isinstance(backend, str):
+        return backend.strip()
+    cls = backend if isinstance(backend, type) else type(backend)
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
 def _backend_fingerprint(backends: list[BackendLike] | None) -> list[list[str]]:
     from ..backends.registry import installed_backends, load_backend
-    from ..provenance.stamp import spec_text
 
     if backends is None:
         out = []
@@ -164,7 +172,6 @@ def entry_key(
     in_place: bool,
 ) -> str:
     """The cache key: the entry's directory name (32 hex digits)."""
-    from ..provenance.stamp import spec_text
 
     material = [
         "ptestore.ensure/1",
