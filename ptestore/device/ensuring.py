@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any
 from ..backends.compat import DeviceProfile, canonical_json
 from ..errors import (
     ConfigurationError,
-    NotSupported,
     ObjectNotFound,
     PteStoreError,
     StorageError,
@@ -235,7 +234,7 @@ def ensure(
     ptd_src = None if ptd is None else os.fspath(ptd)
     blist = None if backends is None else list(backends)
     if in_place:
-        raise NotSupported(f"{src}: ensure(in_place=True) is not available yet")
+        return _ensure_in_place(CacheLayout(cache_dir), src, ptd_src, blist, device, max_bytes)
     layout = CacheLayout(cache_dir)
     layout.create()
     key = entry_key(src, ptd_src, blist, device, False)
@@ -255,6 +254,118 @@ def ensure(
         if max_bytes is not None:
             evict(layout.root, max_bytes, keep=key)
     return hit
+
+
+def _ensure_in_place(
+    layout: CacheLayout,
+    src: str,
+    ptd_src: str | None,
+    backends: list[BackendLike] | None,
+    device: DeviceProfile | None,
+    max_bytes: int | None,
+) -> Artifact:
+    """``ensure(in_place=True)``: the source itself is rewritten once; the cache keeps
+    only a manifest with the identity the file has afterwards."""
+    from .inplace import recover_if_local
+
+    if ptd_src is not None:
+        raise ConfigurationError(
+            f"{src}: ensure(in_place=True) rewrites a .pte alone; a .pte/.ptd pair is "
+            "cached as a copy (in_place=False)"
+        )
+    if not _is_local(src):
+        raise ConfigurationError(f"{src}: in-place specialization works on local files only")
+    layout.create()
+    key = entry_key(src, None, backends, device, True)
+    recover_if_local(src)
+    versions = _backend_fingerprint(backends)
+    dev = None if device is None else [device.name, device.digest()]
+
+    def current() -> dict[str, Any]:
+        return {"source": source_identity(src), "ptd": None, "backends": versions, "device": dev}
+
+    with layout.lock(key, shared=True):
+        hit = _lookup_in_place(layout, key, current())
+    if hit is None:
+        with layout.lock(key):
+            recover_if_local(src)
+            hit = _lookup_in_place(layout, key, current())
+            if hit is None:
+                hit = _make_in_place(layout, key, src, backends, device, current)
+        if max_bytes is not None:
+            evict(layout.root, max_bytes, keep=key)
+    return hit
+
+
+def _lookup_in_place(layout: CacheLayout, key: str, fingerprint: dict[str, Any]) -> Artifact | None:
+    path = layout.manifest(key)
+    try:
+        manifest = read_manifest(path)
+    except Exception:
+        return None
+    if manifest is None or manifest.get("fingerprint") != _jsonish(fingerprint):
+        return None
+    touch(path)
+    return _in_place_artifact(key, manifest, False)
+
+
+def _in_place_artifact(key: str, manifest: dict[str, Any], created: bool) -> Artifact:
+    from ..provenance.record import Provenance
+
+    return Artifact(
+        pte=manifest["source"],
+        ptd=None,
+        provenance=Provenance.from_dict(manifest["provenance"], manifest["source"]),
+        created=created,
+        key=key,
+        specialized=bool(manifest.get("specialized", True)),
+        in_place=True,
+    )
+
+
+def _make_in_place(
+    layout: CacheLayout,
+    key: str,
+    src: str,
+    backends: list[BackendLike] | None,
+    device: DeviceProfile | None,
+    current: Any,
+) -> Artifact:
+    from ..loaders import LocalFileLoader
+    from ..provenance import read_provenance
+    from ..provenance.stamp import ProvenanceRequest
+    from .inplace import specialize_in_place
+
+    path = _local_path(src)
+    try:
+        report = specialize_in_place(
+            path, backends=backends, device=device, provenance=ProvenanceRequest()
+        )
+    except (PteStoreError, OSError) as exc:
+        if _enospc(exc):
+            raise disk_full_error(os.path.dirname(path), src, 0, exc) from exc
+        raise
+    loader = LocalFileLoader(path)
+    try:
+        prov = read_provenance(loader)
+    finally:
+        loader.close()
+    assert prov is not None  # the run was asked for provenance
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "version": MANIFEST_VERSION,
+        "key": key,
+        "source": path,
+        "ptd_source": None,
+        "fingerprint": _jsonish(current()),
+        "files": {},
+        "specialized": report.specialized,
+        "in_place": True,
+        "provenance": prov.to_dict(),
+    }
+    os.makedirs(layout.entry_dir(key), exist_ok=True)
+    write_manifest(layout, key, manifest, src)
+    return _in_place_artifact(key, manifest, True)
 
 
 def _artifact(layout: CacheLayout, key: str, manifest: dict[str, Any], created: bool) -> Artifact:
