@@ -88,10 +88,12 @@ def read_description(
     """Read the metadata of the file at ``url`` (and the XNNPACK graphs its tensor info
     comes from): the parsed container and its ``named_data`` rows with ``size`` and
     ``tensor_info``. Raises as :func:`describe` does."""
+    from .device.inplace import recover_if_local
     from .format.reader import read_container
     from .format.tensors import named_data_json
     from .loaders import open_loader
 
+    recover_if_local(url)  # an interrupted in-place specialization: finish it first
     loader = open_loader(url, **storage_options)
     try:
         parsed = read_container(loader)
@@ -130,9 +132,6 @@ def describe(url: str | os.PathLike[str] | Container, **storage_options: Any) ->
         if storage_options:
             raise TypeError("describe(container) takes no storage options")
         return describe_container(url)
-    from .device.inplace import recover_if_local
-
-    recover_if_local(url)  # an interrupted in-place specialization: finish it first
     container, rows = read_description(url, **storage_options)
     return describe_container(container, rows)
 

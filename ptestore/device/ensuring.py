@@ -235,6 +235,9 @@ def ensure(
     blist = None if backends is None else list(backends)
     if in_place:
         return _ensure_in_place(CacheLayout(cache_dir), src, ptd_src, blist, device, max_bytes)
+    from .inplace import recover_if_local
+
+    recover_if_local(src)  # an interrupted in-place run of the source: finish it first
     layout = CacheLayout(cache_dir)
     layout.create()
     key = entry_key(src, ptd_src, blist, device, False)
@@ -343,7 +346,10 @@ def _make_in_place(
         )
     except (PteStoreError, OSError) as exc:
         if _enospc(exc):
-            raise disk_full_error(os.path.dirname(path), src, 0, exc) from exc
+            raise StorageError(
+                f"{path}: no space left on the file system for the in-place journal "
+                f"(the replaced bytes and the new metadata); the file is unchanged: {exc}"
+            ) from exc
         raise
     loader = LocalFileLoader(path)
     try:

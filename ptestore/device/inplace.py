@@ -33,6 +33,7 @@ from .journal import (
     journal_path,
     punch_hole,
     read_plan,
+    reserve_tail,
 )
 
 if TYPE_CHECKING:
@@ -151,6 +152,28 @@ def _subtract(ranges: list[tuple[int, int]], live: list[tuple[int, int]]) -> lis
             pieces = nxt
         out += [[s, e - s] for s, e in pieces if e > s]
     return out
+
+
+def _reserve(target: str, old: int, new: int) -> None:
+    """Allocate the file's growth beyond its end before the commit (the size stays, so
+    the file is unchanged for its readers): a full disk fails here, with the file as it
+    was, not half-way through applying."""
+    if new <= old:
+        return
+    fd = os.open(target, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        reserve_tail(fd, old, new - old)
+    except OSError as exc:
+        try:
+            os.ftruncate(fd, old)  # the same size: releases what was allocated past the end
+        except OSError:
+            pass
+        raise StorageError(
+            f"{target}: cannot allocate {new - old} bytes for the grown segments: "
+            f"{exc.strerror}; the file is unchanged"
+        ) from exc
+    finally:
+        os.close(fd)
 
 
 def specialize_in_place(
@@ -302,6 +325,7 @@ def _run(
             "punch": _subtract(moved_old, live),
         }
         loader.check_unchanged()
+        _reserve(target, plan["size_before"], size)
         commit_journal(spool, plan)
         committed = True
         spool.close()

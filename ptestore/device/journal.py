@@ -192,6 +192,23 @@ def punch_hole(fd: int, offset: int, size: int) -> bool:
     raise OSError(err, os.strerror(err))
 
 
+def reserve_tail(fd: int, offset: int, size: int) -> bool:
+    """Allocate ``[offset, offset + size)`` without changing the file's size
+    (``fallocate(KEEP_SIZE)``); False where the file system cannot (nothing reserved)."""
+    global _libc
+    if size <= 0:
+        return True
+    if _libc is None:
+        _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    if _libc.fallocate(fd, _FALLOC_FL_KEEP_SIZE, offset, size) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+        return False
+    raise OSError(err, os.strerror(err))
+
+
 def apply_journal(target: str, journal: str, plan: dict[str, Any]) -> None:
     """Apply a committed journal to ``target`` (idempotent; see the module docstring)."""
     lo, hi = IDENT_RANGE

@@ -334,6 +334,26 @@ def test_on_a_small_ext4_staged_fails_cleanly_and_in_place_succeeds(
     assert sorted(os.listdir(small_ext4)) == ["lost+found", "model.pte"]
 
 
+def test_on_a_small_ext4_a_growth_that_does_not_fit_fails_before_the_file_changes(
+    tmp_path: Path, small_ext4: Path
+) -> None:
+    big, src = tmp_path / "big.pte", small_ext4 / "model.pte"
+    inflate(FX.pte_path, big, 1 << 20)
+    shutil.copyfile(big, src)
+    before = src.read_bytes()
+    free = os.statvfs(small_ext4).f_bfree
+    # The journal (1.3 MiB) fits; the journal and the growth of the file do not.
+    grow = ReplaceKey("XnnpackBackend", KEY, extra=300 << 10)
+    with pytest.raises(StorageError) as err:
+        ptestore.specialize(src, src, backends=[grow], in_place=True)
+    msg = str(err.value)
+    assert msg.startswith(f"{src}: ") and "; the file is unchanged" in msg
+    assert "No space left on device" in msg
+    assert src.read_bytes() == before
+    assert sorted(os.listdir(small_ext4)) == ["lost+found", "model.pte"]
+    assert os.statvfs(small_ext4).f_bfree >= free - 1  # nothing left allocated
+
+
 def test_ensure_in_place_rewrites_once_then_hits(tmp_path: Path) -> None:
     src, cache = copy(tmp_path), tmp_path / "cache"
     a = ptestore.ensure(src, cache_dir=cache, backends=[SPEC], in_place=True)
