@@ -146,21 +146,42 @@ def spec_text(backend: BackendLike) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
+#: Versions of backends given as SPEC strings (and of the installed set), read once per
+#: process: resolving a registered name scans every installed distribution's entry
+#: points (tens of ms), and an implementation's module, once imported, stays what it is
+#: for the life of the process.
+_SPEC_VERSIONS: dict[str, str] = {}
+_INSTALLED: list[list[str]] | None = None
+
+
 def _backend_fingerprint(backends: list[BackendLike] | None) -> list[list[str]]:
+    global _INSTALLED
     from ..backends.registry import installed_backends, load_backend
 
     if backends is None:
-        out = []
-        for inst in installed_backends():
-            if inst.error is not None:
-                continue
-            try:
-                version = str(load_backend(inst.name).version)
-            except PteStoreError:  # one that needs an argument (command) is not a default
-                version = inst.version or ""
-            out.append([inst.name, version])
-        return out
-    return [[spec_text(b), str(load_backend(b).version)] for b in backends]
+        if _INSTALLED is None:
+            out = []
+            for inst in installed_backends():
+                if inst.error is not None:
+                    continue
+                try:
+                    version = str(load_backend(inst.name).version)
+                except PteStoreError:  # one that needs an argument (command) is not a default
+                    version = inst.version or ""
+                out.append([inst.name, version])
+            _INSTALLED = out
+        return [list(x) for x in _INSTALLED]
+    result = []
+    for b in backends:
+        spec = spec_text(b)
+        if isinstance(b, str):
+            if spec not in _SPEC_VERSIONS:
+                _SPEC_VERSIONS[spec] = str(load_backend(b).version)
+            version = _SPEC_VERSIONS[spec]
+        else:
+            version = str(load_backend(b).version)
+        result.append([spec, version])
+    return result
 
 
 def entry_key(

@@ -8,11 +8,11 @@ The journal is ``.<name>.ptestore-journal`` beside the file. Its layout::
     [footer: MAGIC, plan offset u64, plan size u64]
     [commit: COMMIT, sha256 of everything before it]
 
-Writing it: payload and plan, ``fsync``; the commit record, ``fsync``; the directory,
-``fsync``. Only then is the file touched. A journal without a valid commit record was
-never started on the file: it is discarded. A committed one is applied, step by step,
-each step reading only the journal, so applying again after a crash at any point gives
-the same file:
+Writing it: payload, plan and the commit record (the SHA-256 of everything before it),
+one ``fsync``, then the directory's ``fsync``. Only then is the file touched. A journal
+without a valid commit record was never started on the file: it is discarded. A
+committed one is applied, step by step, each step reading only the journal, so applying
+again after a crash at any point gives the same file:
 
 1. the FlatBuffer file identifier (bytes 4..8) is replaced by :data:`CHANGING`, and the
    file ``fsync``-ed: from here the ExecuTorch runtime refuses the file;
@@ -90,12 +90,17 @@ class JournalSpool(Spool):
         self._size = 0
         self.name = f"<journal {path}>"
         self._lock = threading.Lock()
+        #: SHA-256 of everything appended so far (appends are sequential).
+        self.sha256 = hashlib.sha256()
 
     def add(self, data: Buffer) -> int:
+        view = memoryview(data).cast("B")
         try:
-            return super().add(data)
+            at = super().add(view)
         except StorageError as exc:
             raise StorageError(f"{self.path}: {exc}") from exc.__cause__
+        self.sha256.update(view)
+        return at
 
     def remove(self) -> None:
         """Close and remove the journal (a run that failed before its commit)."""
@@ -124,15 +129,10 @@ def commit_journal(spool: JournalSpool, plan: dict[str, Any]) -> None:
     try:
         at = spool.add(text)
         spool.add(_FOOTER.pack(MAGIC, at, len(text)))
-        os.fsync(fd)
-        body = spool.size()
-        h = hashlib.sha256()
-        done = 0
-        while done < body:
-            n = min(_CHUNK, body - done)
-            h.update(pread_all(fd, n, done))
-            done += n
-        spool.add(_COMMIT.pack(COMMIT, h.digest()))
+        # One fsync for all of it: the commit record carries the SHA-256 of everything
+        # before it, so a journal torn by a power loss before this fsync returned reads
+        # as uncommitted (and the file is touched only after it returned).
+        spool.add(_COMMIT.pack(COMMIT, spool.sha256.digest()))
         os.fsync(fd)
         _fsync_dir(os.path.dirname(spool.path))
     except OSError as exc:
@@ -209,6 +209,24 @@ def reserve_tail(fd: int, offset: int, size: int) -> bool:
     raise OSError(err, os.strerror(err))
 
 
+def _copy_range(src_fd: int, src: int, dst_fd: int, dst: int, n: int, journal: str) -> None:
+    done = 0
+    while done < n:
+        try:
+            k = os.copy_file_range(src_fd, dst_fd, n - done, src + done, dst + done)
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+            k = 0
+        if k == 0:  # not supported here (or a short journal): through Python
+            data = pread_all(src_fd, min(_CHUNK, n - done), src + done)
+            if not data:
+                raise StorageError(f"{journal}: short read at {src + done}")
+            pwrite_all(dst_fd, memoryview(data), dst + done)
+            k = len(data)
+        done += k
+
+
 def apply_journal(target: str, journal: str, plan: dict[str, Any]) -> None:
     """Apply a committed journal to ``target`` (idempotent; see the module docstring)."""
     lo, hi = IDENT_RANGE
@@ -227,6 +245,9 @@ def apply_journal(target: str, journal: str, plan: dict[str, Any]) -> None:
             for off, n in plan["punch"]:  # 2.
                 punch_hole(fd, off, n)
             for dst, src, n in plan["writes"]:  # 3.
+                if dst >= hi or dst + n <= lo:  # in the kernel
+                    _copy_range(jfd, src, fd, dst, n, journal)
+                    continue
                 done = 0
                 while done < n:
                     k = min(_CHUNK, n - done)

@@ -129,11 +129,12 @@ class Recorder:
     def __init__(self, monkeypatch: pytest.MonkeyPatch, names: dict[str, str]) -> None:
         self.calls: list[tuple[str, str]] = []
         self.names = names
-        for call in ("pwrite", "fsync", "ftruncate"):
+        for call in ("pwrite", "fsync", "ftruncate", "copy_file_range"):
             real = getattr(os, call)
 
             def wrapped(fd: int, *args: Any, _real: Any = real, _call: str = call) -> Any:
-                self.calls.append((_call, self.name(fd)))
+                # copy_file_range(src, dst, ...): the file it writes is the second
+                self.calls.append((_call, self.name(args[0] if _call == "copy_file_range" else fd)))
                 return _real(fd, *args)
 
             monkeypatch.setattr(os, call, wrapped)
@@ -173,19 +174,18 @@ def test_durable_order_journal_then_marked_then_data_then_identifier_then_remova
     ptestore.specialize(src, src, backends=[SPEC], in_place=True)
     monkeypatch.undo()
     calls = rec.squeezed()
-    # What is durable at each point: the journal (data, then commit record) and its
-    # directory entry before the file is touched; the changed identifier before any
+    # What is durable at each point: the journal (checksummed by its commit record) and
+    # its directory entry before the file is touched; the changed identifier before any
     # data; all data before the identifier comes back; the identifier before the
     # journal goes.
     assert calls == [
-        ("pwrite", "journal"),  # replacement (spooled), metadata, plan, footer
-        ("fsync", "journal"),
-        ("pwrite", "journal"),  # commit record
+        ("pwrite", "journal"),  # replacement (spooled), metadata, plan, commit record
         ("fsync", "journal"),
         ("fsync", "dir"),
         ("pwrite", "file"),  # identifier -> CHANGING
         ("fsync", "file"),
-        ("pwrite", "file"),  # replacements and metadata
+        ("pwrite", "file"),  # the metadata (with CHANGING in place of the identifier)
+        ("copy_file_range", "file"),  # the replacement, from the journal in the kernel
         ("ftruncate", "file"),
         ("fsync", "file"),
         ("pwrite", "file"),  # the identifier back
@@ -197,7 +197,11 @@ def test_durable_order_journal_then_marked_then_data_then_identifier_then_remova
 
 
 # ------------------------------------------------------------------- SIGKILL at phases
-def _kill_at(src: Path, nth: int, calls: tuple[str, ...] = ("pwrite", "fsync", "ftruncate")) -> int:
+def _kill_at(
+    src: Path,
+    nth: int,
+    calls: tuple[str, ...] = ("pwrite", "fsync", "ftruncate", "copy_file_range"),
+) -> int:
     """Run the in-place specialization in a forked child that SIGKILLs itself right
     before its ``nth`` call (0-based) touching the model file (counting ``calls``);
     returns how many such calls it made (all of them when it was not killed)."""
@@ -210,9 +214,10 @@ def _kill_at(src: Path, nth: int, calls: tuple[str, ...] = ("pwrite", "fsync", "
         for call in calls:
             real = getattr(os, call)
 
-            def wrapped(fd: int, *args: Any, _real: Any = real) -> Any:
+            def wrapped(fd: int, *args: Any, _real: Any = real, _call: str = call) -> Any:
+                written = args[0] if _call == "copy_file_range" else fd
                 try:
-                    path = os.readlink(f"/proc/self/fd/{fd}")
+                    path = os.readlink(f"/proc/self/fd/{written}")
                 except OSError:
                     path = ""
                 if path == target:
