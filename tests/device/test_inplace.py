@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -375,3 +376,21 @@ def test_ensure_in_place_rewrites_once_then_hits(tmp_path: Path) -> None:
     want = staged(tmp_path, [SPEC])
     assert src.read_bytes()[: len(want)] == want  # then the provenance trailer
     assert [e.key for e in ptestore.device.list_entries(cache)] == [a.key]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"ptd": "model.ptd"}, "ensure(in_place=True) rewrites a .pte alone; a .pte/.ptd pair"),
+        ({"source": "s3://b/m.pte"}, "s3://b/m.pte: in-place specialization works on local"),
+    ],
+)
+def test_ensure_in_place_refusals(tmp_path: Path, kwargs: dict[str, Any], message: str) -> None:
+    src = copy(tmp_path)
+    before = src.read_bytes()
+    source = kwargs.pop("source", src)
+    if "ptd" in kwargs:
+        kwargs["ptd"] = tmp_path / kwargs["ptd"]
+    with pytest.raises(ConfigurationError, match=re.escape(message)):
+        ptestore.ensure(source, cache_dir=tmp_path / "c", backends=[SPEC], in_place=True, **kwargs)
+    assert src.read_bytes() == before
