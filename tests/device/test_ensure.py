@@ -27,6 +27,7 @@ from ptestore.errors import ConfigurationError, ObjectNotFound, StorageError
 SPEC = "support.counting_backend:Counting=1.0"
 DEVICE = DeviceProfile("phone", {"scale": 2.0, "soc": "sm8650"})
 TESTS = Path(__file__).resolve().parents[1]
+FX_PTE = get_fixture("mlp_xnnpack").pte_path
 
 
 @pytest.fixture
@@ -288,3 +289,28 @@ def test_a_full_disk_is_a_clear_error_with_cache_and_source_intact(
     assert all(e.bytes == 0 for e in entries if e.key != small.key)
     again = ptestore.ensure(src, cache_dir=cache, backends=[SPEC], device=DEVICE)
     assert not again.created and sha(again.pte) == sha(small.pte)
+
+
+def test_a_remote_source_is_keyed_on_what_the_store_reports(tmp_path: Path, calls: Path) -> None:
+    """fsspec's memory store reports no ETag or version: the identity is the SHA-256 (one
+    read of the object per call, no specialization on a hit)."""
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    url = "memory://device-test/model.pte"
+    assert FX_PTE is not None
+    fs.pipe(url, FX_PTE.read_bytes())
+    cache = tmp_path / "cache"
+    try:
+        a = ptestore.ensure(url, cache_dir=cache, backends=[SPEC], device=DEVICE)
+        b = ptestore.ensure(url, cache_dir=cache, backends=[SPEC], device=DEVICE)
+        assert a.created and not b.created and ncalls(calls) == 1
+        assert a.provenance.source.url == url
+        data = bytearray(FX_PTE.read_bytes())
+        data[-1] ^= 1  # another model (a byte of the last weight)
+        fs.pipe(url, bytes(data))
+        c = ptestore.ensure(url, cache_dir=cache, backends=[SPEC], device=DEVICE)
+        assert c.created and c.key == a.key and ncalls(calls) == 2
+        assert c.provenance.source.sha256 == "sha256:" + hashlib.sha256(data).hexdigest()
+    finally:
+        fs.rm("memory://device-test", recursive=True)
