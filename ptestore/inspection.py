@@ -88,7 +88,7 @@ def read_description(
     """Read the metadata of the file at ``url`` (and the XNNPACK graphs its tensor info
     comes from): the parsed container and its ``named_data`` rows with ``size`` and
     ``tensor_info``. Raises as :func:`describe` does."""
-    from .device.inplace import recover_if_local
+    from .device.paths import recover_if_local
     from .format.reader import read_container
     from .format.tensors import named_data_json
     from .loaders import open_loader

@@ -151,7 +151,7 @@ def specialize(
     Nothing is published unless the whole run succeeds (``PartialPublish`` aside).
     """
     src, dst = os.fspath(src_url), os.fspath(dst_url)
-    from ..device.inplace import recover_if_local
+    from ..device.paths import recover_if_local
 
     recover_if_local(src)  # an interrupted in-place run of the source: finish it first
     if in_place:

@@ -256,7 +256,7 @@ def ensure(
     blist = None if backends is None else list(backends)
     if in_place:
         return _ensure_in_place(CacheLayout(cache_dir), src, ptd_src, blist, device, max_bytes)
-    from .inplace import recover_if_local
+    from .paths import recover_if_local
 
     recover_if_local(src)  # an interrupted in-place run of the source: finish it first
     layout = CacheLayout(cache_dir)
@@ -290,7 +290,7 @@ def _ensure_in_place(
 ) -> Artifact:
     """``ensure(in_place=True)``: the source itself is rewritten once; the cache keeps
     only a manifest with the identity the file has afterwards."""
-    from .inplace import recover_if_local
+    from .paths import recover_if_local
 
     if ptd_src is not None:
         raise ConfigurationError(

@@ -30,11 +30,11 @@ from .journal import (
     JournalSpool,
     apply_journal,
     commit_journal,
-    journal_path,
     punch_hole,
     read_plan,
     reserve_tail,
 )
+from .paths import journal_path, recover_if_local
 
 if TYPE_CHECKING:
     from ..coordinator.report import SpecializationReport
@@ -101,16 +101,6 @@ def recover(path: PathLike) -> str | None:
         return _recover_locked(target)
     finally:
         lock.close()
-
-
-def recover_if_local(url: PathLike) -> None:
-    """:func:`recover` for a local path; nothing for a URL of another scheme."""
-    text = os.fspath(url)
-    if "://" in text and not text.startswith("file://"):
-        return
-    target = os.path.realpath(text.removeprefix("file://"))
-    if os.path.lexists(journal_path(target)):
-        recover(target)
 
 
 def check_in_place_args(src: str, dst: str, ptd: object, mode: str, options: object) -> None:

@@ -40,6 +40,7 @@ from typing import Any
 from .._io import pread_all, pwrite_all
 from ..coordinator.spool import Buffer, Spool
 from ..errors import StorageError
+from .paths import journal_path
 
 __all__ = [
     "CHANGING",
@@ -62,12 +63,6 @@ CHANGING = b"PTJ~"
 _CHUNK = 8 << 20
 _FALLOC_FL_KEEP_SIZE = 0x01
 _FALLOC_FL_PUNCH_HOLE = 0x02
-
-
-def journal_path(path: str) -> str:
-    """The journal of the file at ``path``."""
-    d, name = os.path.split(os.path.abspath(path))
-    return os.path.join(d, f".{name}.ptestore-journal")
 
 
 class JournalSpool(Spool):
