@@ -314,3 +314,24 @@ def test_a_remote_source_is_keyed_on_what_the_store_reports(tmp_path: Path, call
         assert c.provenance.source.sha256 == "sha256:" + hashlib.sha256(data).hexdigest()
     finally:
         fs.rm("memory://device-test", recursive=True)
+
+
+def test_a_damaged_manifest_is_broken_a_miss_and_its_error_names_the_field(
+    tmp_path: Path, calls: Path
+) -> None:
+    from ptestore.device.cache import read_manifest
+    from ptestore.errors import FormatError
+
+    src, cache = model(tmp_path), tmp_path / "cache"
+    a = ptestore.ensure(src, cache_dir=cache, backends=[SPEC])
+    manifest = Path(a.pte).parent / "manifest.json"
+    manifest.write_text('{"format": "something else", "version": 1}')
+    with pytest.raises(FormatError, match=r"manifest format.*'ptestore\.cache-entry'") as err:
+        read_manifest(str(manifest))
+    assert str(manifest) in str(err.value)
+    assert [e.state for e in list_entries(cache)] == ["broken"]
+    b = ptestore.ensure(src, cache_dir=cache, backends=[SPEC])
+    assert b.created and ncalls(calls) == 2 and [e.state for e in list_entries(cache)] == ["ready"]
+    manifest.write_text("not json")
+    with pytest.raises(FormatError, match="manifest"):
+        read_manifest(str(manifest))
