@@ -38,6 +38,7 @@ if TYPE_CHECKING:
         specialize,
         specialize_pair,
     )
+    from .device import Artifact, ensure, recover
     from .inspection import describe
     from .storage.loaders import DataLoader, open_loader
     from .verification import VerifyReport, verify
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AlreadyExists",
+    "Artifact",
     "BackendError",
     "ConfigurationError",
     "DataLoader",
@@ -69,9 +71,11 @@ __all__ = [
     "WriterStateError",
     "__version__",
     "describe",
+    "ensure",
     "initialize_and_save_backend_data",
     "open_loader",
     "open_writer",
+    "recover",
     "specialize",
     "specialize_pair",
     "verify",
@@ -85,6 +89,9 @@ _LAZY = {
     "specialize": ".coordinator",
     "specialize_pair": ".coordinator",
     "describe": ".inspection",
+    "Artifact": ".device",
+    "ensure": ".device",
+    "recover": ".device",
     "DataLoader": ".storage.loaders",
     "open_loader": ".storage.loaders",
     "DataWriter": ".writers",

@@ -130,6 +130,9 @@ def verify(
         ``PermissionDenied``) propagate.
     """
     target = os.fspath(url)
+    from .device.paths import recover_if_local
+
+    recover_if_local(target)  # an interrupted in-place specialization: finish it first
     report = VerifyReport(target)
     opts = StorageOptions(storage_options)
     try:

@@ -140,6 +140,10 @@ class BackendSession(Protocol):
 
     def replace_processed(self, data: BackendData) -> None: ...
 
+    def replace_named_chunks(
+        self, key: object, size: int, chunks: Iterable[Buffer], template: BackendData
+    ) -> None: ...
+
 
 class BackendDataInitContext:
     """What one backend sees during :meth:`BackendInterface.initialize_backend_data`."""
@@ -216,6 +220,26 @@ class BackendDataWriter:
         """Replace the processed blob of the current delegate input (the one last
         returned by ``next_backend_data``)."""
         self._session.replace_processed(data)
+
+    def write_named_data_chunks(
+        self,
+        key: str,
+        size: int,
+        chunks: Iterable[Buffer],
+        *,
+        alignment: int | None = None,
+        layout: TensorLayout | None = None,
+        allow_size_change: bool = False,
+    ) -> None:
+        """Replace the value of an existing key with ``size`` bytes given in pieces
+        (any iterable of bytes-like chunks, a generator included): each piece is spooled
+        as it arrives, so a backend never holds the whole replacement. The same rules as
+        :meth:`write_named_data`; fewer or more bytes than ``size`` is an
+        :class:`~ptestore.errors.InvalidReplacement`."""
+        template = BackendData(
+            b"", alignment=alignment, layout=layout, allow_size_change=allow_size_change
+        )
+        self._session.replace_named_chunks(key, size, chunks, template)
 
 
 class BackendInterface(abc.ABC):

@@ -20,6 +20,8 @@ import sys
 from collections.abc import Sequence
 
 from .backends import add_backends_parser
+from .cache import add_cache_parser
+from .ensure import add_ensure_parser
 from .fleet import add_fleet_parser
 from .gc import add_gc_parser
 from .inspect import add_inspect_parser
@@ -55,6 +57,8 @@ def build_parser() -> Parser:
     add_verify_parser(sub)
     add_fleet_parser(sub)
     add_backends_parser(sub)
+    add_ensure_parser(sub)
+    add_cache_parser(sub)
     parser.commands.update(sub.choices)
     return parser
 

@@ -100,6 +100,12 @@ def add_specialize_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="end the output with a provenance trailer (see docs/fleet.md)",
     )
+    p.add_argument(
+        "--in-place",
+        action="store_true",
+        help="rewrite SRC itself (DST must be SRC) through a journal: crash-safe, about 1x "
+        "disk, local files only (see docs/device.md)",
+    )
     add_storage_options(p, sides=True)
     add_common_flags(p)
     p.set_defaults(func=run_specialize)
@@ -183,6 +189,7 @@ def run_specialize(args: argparse.Namespace) -> int:
             allow_unchanged=args.allow_unchanged,
             device=device,
             provenance=bool(args.provenance or device is not None),
+            in_place=args.in_place,
         )
     except NothingSpecialized as exc:
         raise NothingSpecialized(

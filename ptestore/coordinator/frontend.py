@@ -42,6 +42,7 @@ def specialize(
     device: DeviceProfile | None = None,
     provenance: ProvenanceRequest | bool | None = None,
     allow_unchanged: bool = False,
+    in_place: bool = False,
 ) -> SpecializationReport:
     """Specialize the model at ``src_url`` and publish it at ``dst_url``.
 
@@ -85,6 +86,9 @@ def specialize(
             output ends with a provenance trailer (see :mod:`ptestore.provenance`); a
             source's own trailer is never copied, so re-specializing an artifact
             replaces its trailer.
+        in_place: rewrite the local file ``src_url`` (= ``dst_url``) itself, through a
+            journal beside it, at about 1x disk (see docs/device.md and
+            :func:`ptestore.recover`); no ``.ptd``, no storage options.
 
     Returns:
         A :class:`~ptestore.coordinator.report.SpecializationReport`: one entry per
@@ -112,6 +116,23 @@ def specialize(
     Nothing is published unless the whole run succeeds (``PartialPublish`` aside).
     """
     strict = refuse_unchanged(strict, allow_unchanged)
+    from ..device.paths import recover_if_local
+
+    recover_if_local(os.fspath(src_url))  # an interrupted in-place run: finish it first
+    if in_place:
+        from ..device.inplace import check_in_place_args, specialize_in_place
+
+        src = os.fspath(src_url)
+        given = storage_options or src_storage_options
+        check_in_place_args(src, os.fspath(dst_url), ptd, mode, given)
+        return specialize_in_place(
+            src,
+            backends=backends,
+            device=device,
+            provenance=provenance,
+            event_tracer=event_tracer,
+            strict=strict,
+        )
     options = StorageOptions(storage_options, src=src_storage_options, dst=dst_storage_options)
     pairs = split_pairs(src_url, dst_url, ptd)
     # Before any work, and before the create-mode probes: no destination may be a

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -230,6 +230,17 @@ class Session:
             self._replace_named(key, data)
 
     def _replace_named(self, key: object, data: BackendData) -> None:
+        key = self._check_key(key)
+        view, alignment = self._check_data(data, "write_named_data", key)
+        f, index = self._check_layout(key, data)
+        self._check_size(key, view.nbytes, data.allow_size_change)
+        self._check_dtype(key, data)
+        rep = self._spool(view, alignment, f"key {key!r}")
+        self.pending.setdefault((f.role, index), []).append(rep)
+        self.keys[key] = None
+        self.run.emit(Event("replacement", backend=self._backend_id, key=key, nbytes=view.nbytes))
+
+    def _check_key(self, key: object) -> str:
         if not isinstance(key, str):
             raise self._error(f"named data keys are strings, got {type(key).__name__}")
         self.last_key = key
@@ -242,7 +253,9 @@ class Session:
         first = self.run.written_keys.get(key) or (self._backend_id if key in self.keys else None)
         if first is not None:
             raise self._error(f"key written twice (first by backend {first!r})", key)
-        view, alignment = self._check_data(data, "write_named_data", key)
+        return key
+
+    def _check_layout(self, key: str, data: BackendData) -> tuple[SourceFile, int]:
         f, index, layout = self.run.named.where(key)
         if data.layout is not None and data.layout != layout:
             raise self._error(
@@ -250,12 +263,56 @@ class Session:
                 "layouts cannot change (only segment offsets and sizes do)",
                 key,
             )
-        self._check_size(key, view.nbytes, data.allow_size_change)
-        self._check_dtype(key, data)
-        rep = self._spool(view, alignment, f"key {key!r}")
-        self.pending.setdefault((f.role, index), []).append(rep)
-        self.keys[key] = None
-        self.run.emit(Event("replacement", backend=self._backend_id, key=key, nbytes=view.nbytes))
+        return f, index
+
+    def replace_named_chunks(
+        self, key: object, size: int, chunks: Iterable[Buffer], template: BackendData
+    ) -> None:
+        """Replace ``key`` with ``size`` bytes given in pieces, each spooled as it comes
+        (``template`` carries alignment, layout and ``allow_size_change``)."""
+        with self._lock:
+            self.check_open("write_named_data_chunks")
+            key = self._check_key(key)
+            _, alignment = self._check_data(template, "write_named_data_chunks", key)
+            f, index = self._check_layout(key, template)
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+                raise self._error(
+                    f"write_named_data_chunks: size {size!r} must be an int >= 0", key
+                )
+            self._check_size(key, size, template.allow_size_change)
+            start = self.run.spool.size()
+            digest = hashlib.sha256()
+            total = 0
+            for chunk in chunks:
+                view = _as_bytes_view(chunk)
+                if view is None:
+                    raise self._error(
+                        f"write_named_data_chunks: a chunk must be bytes-like, got "
+                        f"{type(chunk).__name__}",
+                        key,
+                    )
+                if total + view.nbytes > size:
+                    raise self._error(
+                        f"write_named_data_chunks: more than the declared {size} bytes "
+                        f"(got {total + view.nbytes} so far)",
+                        key,
+                    )
+                at = self.run.spool.add(view)
+                if at != start + total:  # pragma: no cover - the spool is append-only
+                    raise self._error("write_named_data_chunks: spool not contiguous", key)
+                digest.update(view)
+                total += view.nbytes
+            if total != size:
+                raise self._error(
+                    f"write_named_data_chunks: {total} bytes given, {size} declared", key
+                )
+            self.report.bytes_out += size
+            rep = Replacement(
+                start, size, alignment, digest.hexdigest(), self._backend_id, f"key {key!r}"
+            )
+            self.pending.setdefault((f.role, index), []).append(rep)
+            self.keys[key] = None
+            self.run.emit(Event("replacement", backend=self._backend_id, key=key, nbytes=size))
 
     def _check_dtype(self, key: str, data: BackendData) -> None:
         """A numpy array of another dtype than the key's tensor info is a mistake (a

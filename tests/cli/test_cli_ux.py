@@ -152,10 +152,21 @@ def test_every_subcommand_takes_verbose_and_debug() -> None:
         ["verify", "a.pte"],
         ["fleet", "run", "job.toml"],
         ["fleet", "plan", "job.toml"],
+        ["ensure", "m.pte", "--cache-dir", "c"],
+        ["cache", "ls", "--cache-dir", "c"],
     ):
         ns = parser.parse_args([*argv, "-v", "--debug"])
         assert (ns.verbose, ns.debug) == (1, True), argv
-    assert set(parser.commands) == {"inspect", "specialize", "gc", "backends", "verify", "fleet"}
+    assert set(parser.commands) == {
+        "inspect",
+        "specialize",
+        "gc",
+        "backends",
+        "verify",
+        "fleet",
+        "ensure",
+        "cache",
+    }
 
 
 def test_verbose_logs_decisions_and_timings(
@@ -575,7 +586,7 @@ def test_help_loads_no_storage_numpy_or_progress_library() -> None:
         import sys
         from ptestore.cli import main
         for argv in ([], ["inspect"], ["specialize"], ["gc"], ["backends"], ["verify"],
-                     ["fleet"], ["fleet", "run"]):
+                     ["fleet"], ["fleet", "run"], ["ensure"], ["cache"]):
             try:
                 main([*argv, "--help"])
             except SystemExit:

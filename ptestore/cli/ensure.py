@@ -1,0 +1,117 @@
+"""``ptestore ensure SRC --cache-dir DIR [--backend SPEC]... [--device NAME
+[--device-option K=V]...] [--ptd PTD] [--max-bytes N] [--in-place] [--json]``: the
+specialized model for SRC, made once and cached (see docs/device.md); prints its path."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from typing import Any
+
+from ..errors import ConfigurationError
+from .exits import EXIT_OK, guarded
+from .parser import add_common_flags
+
+__all__ = ["add_ensure_parser", "parse_size", "run_ensure"]
+
+_EPILOG = """\
+examples:
+  ptestore ensure model.pte --cache-dir ~/.cache/models --backend my-npu
+  ptestore ensure model.pte --cache-dir cache --device phone --device-option soc=sm8650
+  ptestore ensure model.pte --cache-dir cache --ptd model.ptd --max-bytes 2G --json
+  ptestore ensure model.pte --cache-dir cache --in-place
+
+Prints the path of the specialized .pte (a second line with the .ptd when there is one).
+
+Exit status: 0 success (made now or found in the cache); 1 backend or storage failure,
+a full disk included (the cache and the source are left as they were); 2 bad input."""
+
+_SIZE = re.compile(r"\s*([0-9]+)\s*([kmgt]?)i?b?\s*", re.IGNORECASE)
+_SCALE = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """``"4096"``, ``"512K"``, ``"2G"``, ``"1GiB"`` -> bytes (binary units)."""
+    m = _SIZE.fullmatch(text)
+    if m is None:
+        raise argparse.ArgumentTypeError(
+            f"expected a size in bytes such as 1048576, 512K, 64M or 2G, got {text!r}"
+        )
+    return int(m[1]) * _SCALE[m[2].lower()]
+
+
+def add_ensure_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``ensure`` sub-command."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "ensure",
+        help="the specialized model for this device, made once and cached",
+        description="Return the specialized model for SRC from the cache in DIR, "
+        "specializing it first if the cache has no current entry (the source, a backend "
+        "version or the device changed). Any number of processes may run this at once: "
+        "one specializes, the others wait and get its result.",
+        epilog=_EPILOG,
+    )
+    p.add_argument("src", metavar="SRC", help="source .pte (path or URL)")
+    p.add_argument("--cache-dir", metavar="DIR", required=True, help="the cache directory")
+    p.add_argument(
+        "--backend",
+        metavar="SPEC",
+        action="append",
+        default=None,
+        help="backend implementation (repeatable; as for `ptestore specialize`)",
+    )
+    p.add_argument("--device", metavar="NAME", help="the device profile to specialize for")
+    p.add_argument(
+        "--device-option",
+        metavar="K=V",
+        action="append",
+        default=[],
+        help="an option of the device profile (VALUE parsed as JSON if it can be); repeatable",
+    )
+    p.add_argument("--ptd", metavar="PTD", help="the model's external weights (.ptd)")
+    p.add_argument(
+        "--max-bytes",
+        metavar="N",
+        type=parse_size,
+        help="evict least-recently-used entries until the cache holds at most N bytes",
+    )
+    p.add_argument(
+        "--in-place",
+        action="store_true",
+        help="rewrite SRC itself (crash-safe, about 1x disk) instead of caching a copy",
+    )
+    p.add_argument("--json", action="store_true", help="print the artifact (or error) as JSON")
+    add_common_flags(p)
+    p.set_defaults(func=run_ensure)
+    return p
+
+
+@guarded("ensure", publishes=True)
+def run_ensure(args: argparse.Namespace) -> int:
+    """Run ``ptestore ensure``; returns the exit status."""
+    from ..backends.compat import DeviceProfile, parse_device_options
+    from ..device import ensure
+
+    options = parse_device_options(args.device_option)
+    if options and not args.device:
+        raise ConfigurationError("--device-option needs --device NAME")
+    device = DeviceProfile(args.device, options) if args.device else None
+    artifact = ensure(
+        args.src,
+        cache_dir=args.cache_dir,
+        backends=args.backend,
+        device=device,
+        ptd=args.ptd,
+        max_bytes=args.max_bytes,
+        in_place=args.in_place,
+    )
+    if args.json:
+        json.dump(artifact.to_dict(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(artifact.pte)
+        if artifact.ptd is not None:
+            print(artifact.ptd)
+    return EXIT_OK

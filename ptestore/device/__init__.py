@@ -1,0 +1,39 @@
+"""On the device: specialize once, automatically (:func:`ensure`), manage the cache
+(:func:`list_entries`, :func:`prune`, :func:`clear`), specialize in place and
+:func:`recover`. See docs/device.md.
+
+The in-place machinery (which needs the coordinator) is imported on first use, so that
+an ``ensure`` hit does not load it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .cache import CacheEntry, clear, evict, list_entries, prune
+from .ensuring import Artifact, ensure
+
+if TYPE_CHECKING:
+    from .inplace import recover, specialize_in_place
+
+__all__ = [
+    "Artifact",
+    "CacheEntry",
+    "clear",
+    "ensure",
+    "evict",
+    "list_entries",
+    "prune",
+    "recover",
+    "specialize_in_place",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("recover", "specialize_in_place"):
+        from . import inplace
+
+        value = getattr(inplace, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

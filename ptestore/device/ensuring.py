@@ -1,0 +1,543 @@
+"""``ensure(source, cache_dir=...)``: the one call an app makes on the device.
+
+The first call specializes the model into the cache; later calls return the cached
+artifact after a few ``stat`` calls and one small read (the entry's manifest), without
+reading the source. See docs/device.md.
+
+The **key** of an entry (its directory name) is the SHA-256 of the source's location
+(the local path with symlinks resolved, or the URL), the ``.ptd``'s, the backend specs
+as given, the device name and whether the run is in place. The entry's manifest records
+the **fingerprint** it was made for: the source's identity (local: device, inode, size,
+``mtime_ns``; remote: size, ETag and version id, or its SHA-256 when the store gives
+neither), the backend specs with the versions of their implementations, and the device
+name and digest. A call whose fingerprint differs finds that entry stale and
+specializes it again, in place of the old one; nothing else is touched.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import stat
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..backends.compat import DeviceProfile, canonical_json
+from ..errors import (
+    ConfigurationError,
+    ObjectNotFound,
+    PteStoreError,
+    StorageError,
+)
+from .cache import (
+    MANIFEST_FORMAT,
+    MANIFEST_VERSION,
+    CacheLayout,
+    clean_entry_locked,
+    evict,
+    file_stamp,
+    files_intact,
+    read_manifest,
+    touch,
+)
+
+if TYPE_CHECKING:
+    from ..backends.registry import BackendLike
+    from ..provenance.record import Provenance
+
+__all__ = ["Artifact", "ensure", "entry_key", "source_identity"]
+
+PathOrUrl = str | os.PathLike[str]
+
+PTE_NAME = "model.pte"
+PTD_NAME = "model.ptd"
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """What :func:`ensure` returns: where the specialized model is and how it was made."""
+
+    #: Path of the specialized ``.pte``.
+    pte: str
+    #: Path of its ``.ptd`` (None without one).
+    ptd: str | None
+    #: The provenance record of the ``.pte`` (sources, backends, device).
+    provenance: Provenance
+    #: True when this call made it, False when it came from the cache.
+    created: bool
+    #: The cache key (the entry's directory name under ``CACHE_DIR/entries``).
+    key: str
+    #: Whether a backend specialized anything (False: an unchanged copy).
+    specialized: bool = True
+    #: True when the source itself was rewritten (``in_place=True``).
+    in_place: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "pte": self.pte,
+            "ptd": self.ptd,
+            "created": self.created,
+            "key": self.key,
+            "specialized": self.specialized,
+            "in_place": self.in_place,
+            "provenance": self.provenance.to_dict(),
+        }
+
+
+def _is_local(url: str) -> bool:
+    return "://" not in url or url.startswith("file://")
+
+
+def _local_path(url: str) -> str:
+    return os.path.realpath(url.removeprefix("file://"))
+
+
+def source_identity(url: str) -> dict[str, Any]:
+    """The identity of the object at ``url``: for a local file one ``stat``; for a remote
+    object its size, ETag and version id (one metadata request), or its SHA-256 when the
+    store reports neither."""
+    if _is_local(url):
+        path = _local_path(url)
+        try:
+            st = os.stat(path)
+        except FileNotFoundError as exc:
+            raise ObjectNotFound(f"{url}: no such file") from exc
+        except OSError as exc:
+            raise StorageError(f"{url}: cannot stat: {exc.strerror}") from exc
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigurationError(f"{url}: not a regular file")
+        return {
+            "path": path,
+            "dev": st.st_dev,
+            "ino": st.st_ino,
+            "size": st.st_size,
+            "mtime_ns": st.st_mtime_ns,
+        }
+    from ..loaders import open_loader
+
+    loader = open_loader(url)
+    try:
+        etag = getattr(loader, "etag", None)
+        version = getattr(loader, "version_id", None)
+        ident: dict[str, Any] = {"url": url, "size": loader.size(), "etag": etag}
+        ident["version_id"] = version
+        if etag is None and version is None:
+            from ..provenance.stamp import describe_source
+
+            ident["sha256"] = describe_source(loader).sha256
+        return ident
+    finally:
+        loader.close()
+
+
+def _location(url: str) -> str:
+    return _local_path(url) if _is_local(url) else url
+
+
+def spec_text(backend: BackendLike) -> str:
+    """How a backend is named in keys and provenance (as
+    :func:`ptestore.provenance.stamp.spec_text`, without importing the storage layer)."""
+    if isinstance(backend, str):
+        return backend.strip()
+    cls = backend if isinstance(backend, type) else type(backend)
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+#: Versions of backends given as SPEC strings (and of the installed set), read once per
+#: process: resolving a registered name scans every installed distribution's entry
+#: points (tens of ms), and an implementation's module, once imported, stays what it is
+#: for the life of the process.
+_SPEC_VERSIONS: dict[str, str] = {}
+_INSTALLED: list[list[str]] | None = None
+
+
+def _backend_fingerprint(backends: list[BackendLike] | None) -> list[list[str]]:
+    global _INSTALLED
+    from ..backends.registry import installed_backends, load_backend
+
+    if backends is None:
+        if _INSTALLED is None:
+            out = []
+            for inst in installed_backends():
+                if inst.error is not None:
+                    continue
+                try:
+                    version = str(load_backend(inst.name).version)
+                except PteStoreError:  # one that needs an argument (command) is not a default
+                    version = inst.version or ""
+                out.append([inst.name, version])
+            _INSTALLED = out
+        return [list(x) for x in _INSTALLED]
+    result = []
+    for b in backends:
+        spec = spec_text(b)
+        if isinstance(b, str):
+            if spec not in _SPEC_VERSIONS:
+                _SPEC_VERSIONS[spec] = str(load_backend(b).version)
+            version = _SPEC_VERSIONS[spec]
+        else:
+            version = str(load_backend(b).version)
+        result.append([spec, version])
+    return result
+
+
+def entry_key(
+    source: str,
+    ptd: str | None,
+    backends: list[BackendLike] | None,
+    device: DeviceProfile | None,
+    in_place: bool,
+) -> str:
+    """The cache key: the entry's directory name (32 hex digits)."""
+
+    material = [
+        "ptestore.ensure/1",
+        _location(source),
+        None if ptd is None else _location(ptd),
+        None if backends is None else [spec_text(b) for b in backends],
+        None if device is None else device.name,
+        bool(in_place),
+    ]
+    return hashlib.sha256(canonical_json(material).encode()).hexdigest()[:32]
+
+
+def _check_args(max_bytes: int | None, device: DeviceProfile | None) -> None:
+    if max_bytes is not None and (
+        not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < 0
+    ):
+        raise ConfigurationError(f"max_bytes must be an integer >= 0 or None, got {max_bytes!r}")
+    if device is not None and not isinstance(device, DeviceProfile):
+        raise ConfigurationError(
+            f"device must be a DeviceProfile or None, got {type(device).__name__}"
+        )
+
+
+def ensure(
+    source: PathOrUrl,
+    *,
+    cache_dir: PathOrUrl,
+    backends: Iterable[BackendLike] | None = None,
+    device: DeviceProfile | None = None,
+    ptd: PathOrUrl | None = None,
+    max_bytes: int | None = None,
+    in_place: bool = False,
+) -> Artifact:
+    """The specialized model for ``source`` on this device, made once and cached.
+
+    Args:
+        source: the ``.pte``: a local path or a URL.
+        cache_dir: a local directory for the cache (created if missing).
+        backends: as for :func:`ptestore.specialize` (None: every installed backend
+            whose name is a backend id of the program).
+        device: the device profile handed to the backends.
+        ptd: the model's external weights (``.ptd``), if any.
+        max_bytes: after making an entry, evict least-recently-used entries until the
+            cache holds at most this many bytes (never the entry returned, never one
+            another process holds).
+        in_place: rewrite ``source`` itself instead of making a copy in the cache (local
+            files only; the cache then keeps only the manifest).
+
+    Returns:
+        An :class:`Artifact`: paths of the ``.pte`` and ``.ptd``, the provenance,
+        whether this call made it.
+
+    Raises:
+        StorageError: the cache's file system is full (the cache and the source are left
+            as they were) or another I/O failure.
+        ConfigurationError, ObjectNotFound, FormatError, BackendError: as for
+            :func:`ptestore.specialize`.
+    """
+    _check_args(max_bytes, device)
+    src = os.fspath(source)
+    ptd_src = None if ptd is None else os.fspath(ptd)
+    blist = None if backends is None else list(backends)
+    if in_place:
+        return _ensure_in_place(CacheLayout(cache_dir), src, ptd_src, blist, device, max_bytes)
+    from .paths import recover_if_local
+
+    recover_if_local(src)  # an interrupted in-place run of the source: finish it first
+    layout = CacheLayout(cache_dir)
+    layout.create()
+    key = entry_key(src, ptd_src, blist, device, False)
+    fingerprint = {
+        "source": source_identity(src),
+        "ptd": None if ptd_src is None else source_identity(ptd_src),
+        "backends": _backend_fingerprint(blist),
+        "device": None if device is None else [device.name, device.digest()],
+    }
+    with layout.lock(key, shared=True):
+        hit = _lookup(layout, key, fingerprint)
+    if hit is None:
+        with layout.lock(key):
+            hit = _lookup(layout, key, fingerprint)  # another process may have made it
+            if hit is None:
+                hit = _make(layout, key, fingerprint, src, ptd_src, blist, device)
+        if max_bytes is not None:
+            evict(layout.root, max_bytes, keep=key)
+    return hit
+
+
+def _ensure_in_place(
+    layout: CacheLayout,
+    src: str,
+    ptd_src: str | None,
+    backends: list[BackendLike] | None,
+    device: DeviceProfile | None,
+    max_bytes: int | None,
+) -> Artifact:
+    """``ensure(in_place=True)``: the source itself is rewritten once; the cache keeps
+    only a manifest with the identity the file has afterwards."""
+    from .paths import recover_if_local
+
+    if ptd_src is not None:
+        raise ConfigurationError(
+            f"{src}: ensure(in_place=True) rewrites a .pte alone; a .pte/.ptd pair is "
+            "cached as a copy (in_place=False)"
+        )
+    if not _is_local(src):
+        raise ConfigurationError(f"{src}: in-place specialization works on local files only")
+    layout.create()
+    key = entry_key(src, None, backends, device, True)
+    recover_if_local(src)
+    versions = _backend_fingerprint(backends)
+    dev = None if device is None else [device.name, device.digest()]
+
+    def current() -> dict[str, Any]:
+        return {"source": source_identity(src), "ptd": None, "backends": versions, "device": dev}
+
+    with layout.lock(key, shared=True):
+        hit = _lookup_in_place(layout, key, current())
+    if hit is None:
+        with layout.lock(key):
+            recover_if_local(src)
+            hit = _lookup_in_place(layout, key, current())
+            if hit is None:
+                hit = _make_in_place(layout, key, src, backends, device, current)
+        if max_bytes is not None:
+            evict(layout.root, max_bytes, keep=key)
+    return hit
+
+
+def _lookup_in_place(layout: CacheLayout, key: str, fingerprint: dict[str, Any]) -> Artifact | None:
+    path = layout.manifest(key)
+    try:
+        manifest = read_manifest(path)
+    except Exception:
+        return None
+    if manifest is None or manifest.get("fingerprint") != _jsonish(fingerprint):
+        return None
+    touch(path)
+    return _in_place_artifact(key, manifest, False)
+
+
+def _in_place_artifact(key: str, manifest: dict[str, Any], created: bool) -> Artifact:
+    from ..provenance.record import Provenance
+
+    return Artifact(
+        pte=manifest["source"],
+        ptd=None,
+        provenance=Provenance.from_dict(manifest["provenance"], manifest["source"]),
+        created=created,
+        key=key,
+        specialized=bool(manifest.get("specialized", True)),
+        in_place=True,
+    )
+
+
+def _make_in_place(
+    layout: CacheLayout,
+    key: str,
+    src: str,
+    backends: list[BackendLike] | None,
+    device: DeviceProfile | None,
+    current: Any,
+) -> Artifact:
+    from ..loaders import LocalFileLoader
+    from ..provenance import read_provenance
+    from ..provenance.stamp import ProvenanceRequest
+    from .inplace import specialize_in_place
+
+    path = _local_path(src)
+    try:
+        report = specialize_in_place(
+            path, backends=backends, device=device, provenance=ProvenanceRequest()
+        )
+    except (PteStoreError, OSError) as exc:
+        if _enospc(exc):
+            raise StorageError(
+                f"{path}: no space left on the file system for the in-place journal "
+                f"(the replaced bytes and the new metadata); the file is unchanged: {exc}"
+            ) from exc
+        raise
+    loader = LocalFileLoader(path)
+    try:
+        prov = read_provenance(loader)
+    finally:
+        loader.close()
+    assert prov is not None  # the run was asked for provenance
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "version": MANIFEST_VERSION,
+        "key": key,
+        "source": path,
+        "ptd_source": None,
+        "fingerprint": _jsonish(current()),
+        "files": {},
+        "specialized": report.specialized,
+        "in_place": True,
+        "provenance": prov.to_dict(),
+    }
+    os.makedirs(layout.entry_dir(key), exist_ok=True)
+    write_manifest(layout, key, manifest, src)
+    return _in_place_artifact(key, manifest, True)
+
+
+def _artifact(layout: CacheLayout, key: str, manifest: dict[str, Any], created: bool) -> Artifact:
+    from ..provenance.record import Provenance
+
+    directory = layout.entry_dir(key)
+    files = manifest["files"]
+    prov = Provenance.from_dict(manifest["provenance"], layout.manifest(key))
+    return Artifact(
+        pte=os.path.join(directory, files["pte"]["name"]),
+        ptd=os.path.join(directory, files["ptd"]["name"]) if "ptd" in files else None,
+        provenance=prov,
+        created=created,
+        key=key,
+        specialized=bool(manifest.get("specialized", True)),
+    )
+
+
+def _lookup(layout: CacheLayout, key: str, fingerprint: dict[str, Any]) -> Artifact | None:
+    path = layout.manifest(key)
+    try:
+        manifest = read_manifest(path)
+    except Exception:  # unreadable or foreign: a miss, made again under the lock
+        return None
+    if manifest is None or manifest.get("fingerprint") != _jsonish(fingerprint):
+        return None
+    if not files_intact(layout.entry_dir(key), manifest):
+        return None
+    touch(path)
+    return _artifact(layout, key, manifest, False)
+
+
+def _jsonish(value: Any) -> Any:
+    return json.loads(json.dumps(value))
+
+
+def _enospc(exc: BaseException) -> bool:
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, OSError) and cur.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        cur = cur.__cause__ or cur.__context__
+    return False
+
+
+def disk_full_error(where: str, src: str, need: int, exc: BaseException) -> StorageError:
+    try:
+        st = os.statvfs(where)
+        free = f"{st.f_bavail * st.f_frsize} bytes free"
+    except OSError:
+        free = "free space unknown"
+    return StorageError(
+        f"{where}: no space left on the file system for the specialized copy of {src} "
+        f"(about {need} bytes needed, {free}); the cache and the source are unchanged. "
+        "Free space (`ptestore cache prune --max-bytes N`) or specialize in place "
+        f"(--in-place): {exc}"
+    )
+
+
+def _make(
+    layout: CacheLayout,
+    key: str,
+    fingerprint: dict[str, Any],
+    src: str,
+    ptd_src: str | None,
+    backends: list[BackendLike] | None,
+    device: DeviceProfile | None,
+) -> Artifact:
+    from .. import specialize
+    from ..provenance.stamp import ProvenanceRequest
+
+    directory = layout.entry_dir(key)
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise disk_full_error(layout.root, src, 0, exc) from exc
+        raise StorageError(f"{directory}: cannot create: {exc.strerror}") from exc
+    try:
+        old = read_manifest(layout.manifest(key))
+    except Exception:
+        old = None
+    clean_entry_locked(layout, key, old)  # leftovers of a run that died here
+    pte = os.path.join(directory, PTE_NAME)
+    ptd_dst = None if ptd_src is None else os.path.join(directory, PTD_NAME)
+    try:
+        report = specialize(
+            src,
+            pte,
+            ptd=None if ptd_src is None or ptd_dst is None else (ptd_src, ptd_dst),
+            backends=backends,
+            device=device,
+            provenance=ProvenanceRequest(),
+            strict=False,
+        )
+    except (PteStoreError, OSError) as exc:  # a backend's spool write too
+        if _enospc(exc):
+            need = fingerprint["source"].get("size", 0) + (
+                fingerprint["ptd"].get("size", 0) if fingerprint["ptd"] else 0
+            )
+            raise disk_full_error(layout.root, src, need, exc) from exc
+        raise
+    from ..loaders import LocalFileLoader
+    from ..provenance import read_provenance
+
+    loader = LocalFileLoader(pte)
+    try:
+        prov = read_provenance(loader)
+    finally:
+        loader.close()
+    assert prov is not None  # the run was asked for provenance
+    files = {"pte": {"name": PTE_NAME, **file_stamp(pte)}}
+    if ptd_dst is not None:
+        files["ptd"] = {"name": PTD_NAME, **file_stamp(ptd_dst)}
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "version": MANIFEST_VERSION,
+        "key": key,
+        "source": _location(src),
+        "ptd_source": None if ptd_src is None else _location(ptd_src),
+        "fingerprint": _jsonish(fingerprint),
+        "files": files,
+        "specialized": report.specialized,
+        "in_place": False,
+        "provenance": prov.to_dict(),
+    }
+    write_manifest(layout, key, manifest, src)
+    return _artifact(layout, key, manifest, True)
+
+
+def write_manifest(layout: CacheLayout, key: str, manifest: dict[str, Any], src: str) -> None:
+    """Publish the manifest of entry ``key`` atomically (temp file, fsync, rename)."""
+    from ..writers.local import LocalFileWriter
+
+    data = json.dumps(manifest, indent=1, sort_keys=True).encode()
+    try:
+        writer = LocalFileWriter(layout.manifest(key))
+        try:
+            writer.write(data, 0)
+            writer.publish()
+        finally:
+            writer.discard()
+    except (StorageError, OSError) as exc:
+        if _enospc(exc):
+            raise disk_full_error(layout.root, src, len(data), exc) from exc
+        raise

@@ -1,0 +1,347 @@
+"""Specialize a local ``.pte`` in place, crash-safe, at about 1x disk; recover after a
+crash. See :mod:`.journal` for the journal and the order of its steps.
+
+Unchanged segments stay where they are. A replacement of the same size (whose
+alignment its offset satisfies) is written over its segment; any other goes after the
+last segment, and its old range is released (``fallocate(PUNCH_HOLE)`` where the file
+system supports it). Only segment offsets/sizes in the FlatBuffer and the header sizes
+change, as for every specialization; a program whose patched metadata would not fit
+before its first segment cannot be changed in place (:class:`NotSupported`).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from ..backends.compat import DeviceProfile
+from ..errors import (
+    ConfigurationError,
+    NothingSpecialized,
+    NotSupported,
+    ObjectNotFound,
+    StorageError,
+)
+from .journal import (
+    IDENT_RANGE,
+    JournalSpool,
+    apply_journal,
+    commit_journal,
+    punch_hole,
+    read_plan,
+    reserve_tail,
+)
+from .paths import journal_path, recover_if_local
+
+if TYPE_CHECKING:
+    from ..coordinator.report import SpecializationReport
+
+__all__ = [
+    "check_in_place_args",
+    "punch_hole",
+    "recover",
+    "recover_if_local",
+    "specialize_in_place",
+]
+
+PathLike = str | os.PathLike[str]
+
+
+def _local(path: PathLike, what: str) -> str:
+    text = os.fspath(path)
+    if "://" in text and not text.startswith("file://"):
+        raise ConfigurationError(f"{text}: {what} works on local files only")
+    return os.path.realpath(text.removeprefix("file://"))
+
+
+class _FileLock:
+    """``flock`` on the file itself: one in-place run or recovery at a time."""
+
+    def __init__(self, path: str) -> None:
+        try:
+            self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError as exc:
+            raise ObjectNotFound(f"{path}: no such file") from exc
+        except OSError as exc:
+            raise StorageError(f"{path}: cannot open: {exc.strerror}") from exc
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def _recover_locked(path: str) -> str | None:
+    journal = journal_path(path)
+    if not os.path.lexists(journal):
+        return None
+    plan = read_plan(journal)
+    if plan is None:  # never committed: the file was not touched
+        os.unlink(journal)
+        return "discarded"
+    apply_journal(path, journal, plan)
+    return "rolled forward"
+
+
+def recover(path: PathLike) -> str | None:
+    """Finish or undo an interrupted in-place specialization of ``path``.
+
+    A committed journal is applied (rolled forward: the file gets the new content); an
+    uncommitted one is removed (the file was never touched). Returns ``"rolled forward"``,
+    ``"discarded"``, or None when there was no journal. One ``stat`` when there is none,
+    which is what :func:`ptestore.specialize`, ``describe``, ``verify`` and ``ensure``
+    pay for calling it on every local path."""
+    target = _local(path, "recover")
+    if not os.path.lexists(journal_path(target)):
+        return None
+    lock = _FileLock(target)
+    try:
+        return _recover_locked(target)
+    finally:
+        lock.close()
+
+
+def check_in_place_args(src: str, dst: str, ptd: object, mode: str, options: object) -> None:
+    """What ``specialize(..., in_place=True)`` refuses, before any work."""
+    target = _local(src, "in-place specialization")
+    if _local(dst, "in-place specialization") != target:
+        raise ConfigurationError(
+            f"in_place=True rewrites the source itself: the destination must be the source "
+            f"({src}), got {dst}"
+        )
+    if ptd is not None:
+        raise ConfigurationError(
+            f"{src}: in_place=True rewrites a .pte alone; a .pte/.ptd pair is specialized "
+            "to new files"
+        )
+    if mode != "overwrite":
+        raise ConfigurationError(
+            f"{src}: in_place=True replaces the file: mode must be 'overwrite'"
+        )
+    if options:
+        raise ConfigurationError(f"{src}: in_place=True takes no storage options (local files)")
+
+
+def _subtract(ranges: list[tuple[int, int]], live: list[tuple[int, int]]) -> list[list[int]]:
+    """``[start, end)`` ranges minus the union of ``live`` ones, as ``[offset, size]``."""
+    out: list[list[int]] = []
+    for start, end in ranges:
+        pieces = [(start, end)]
+        for a, b in live:
+            nxt = []
+            for s, e in pieces:
+                if b <= s or a >= e:
+                    nxt.append((s, e))
+                    continue
+                if s < a:
+                    nxt.append((s, a))
+                if b < e:
+                    nxt.append((b, e))
+            pieces = nxt
+        out += [[s, e - s] for s, e in pieces if e > s]
+    return out
+
+
+def _reserve(target: str, old: int, new: int) -> None:
+    """Allocate the file's growth beyond its end before the commit (the size stays, so
+    the file is unchanged for its readers): a full disk fails here, with the file as it
+    was, not half-way through applying."""
+    if new <= old:
+        return
+    fd = os.open(target, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        reserve_tail(fd, old, new - old)
+    except OSError as exc:
+        try:
+            os.ftruncate(fd, old)  # the same size: releases what was allocated past the end
+        except OSError:
+            pass
+        raise StorageError(
+            f"{target}: cannot allocate {new - old} bytes for the grown segments: "
+            f"{exc.strerror}; the file is unchanged"
+        ) from exc
+    finally:
+        os.close(fd)
+
+
+def specialize_in_place(
+    path: PathLike,
+    *,
+    backends: Iterable[Any] | None = None,
+    device: DeviceProfile | None = None,
+    provenance: Any = None,
+    event_tracer: Any = None,
+    strict: bool = False,
+) -> SpecializationReport:
+    """Specialize the local ``.pte`` at ``path`` by rewriting it in place (see the
+    module docstring); returns the :class:`~ptestore.coordinator.SpecializationReport`.
+
+    The replacements and the new metadata go to a journal beside the file first (peak
+    extra disk: about the replaced bytes plus the new metadata); the file is changed
+    only after the journal is durable, and every failure before that leaves it as it
+    was. A crash while it is changed leaves a file the ExecuTorch runtime refuses until
+    :func:`recover` (or any later ``ensure``/``specialize``/``inspect``/``verify`` of the
+    path) rolls the journal forward."""
+    target = _local(path, "in-place specialization")
+    lock = _FileLock(target)
+    try:
+        _recover_locked(target)
+        return _run(target, backends, device, provenance, event_tracer, strict)
+    finally:
+        lock.close()
+
+
+def _run(
+    target: str,
+    backends: Iterable[Any] | None,
+    device: DeviceProfile | None,
+    provenance: Any,
+    event_tracer: Any,
+    strict: bool,
+) -> SpecializationReport:
+    from ..coordinator.aliases import check_aliases
+    from ..coordinator.pipeline import _read, _run_backends
+    from ..coordinator.report import Event, FileReport, nothing_specialized_message
+    from ..coordinator.session import Run
+    from ..format.header import align_up
+    from ..format.model import inferred_alignment
+    from ..format.patch import patch_metadata
+    from ..loaders import LocalFileLoader
+    from ..provenance.stamp import ProvenanceRequest, Stamper
+    from ..provenance.trailer import encode_trailer
+    from .writer import JournalWriter
+
+    started = time.perf_counter()
+    loader = LocalFileLoader(target)
+    spool = JournalSpool(journal_path(target))
+    committed = False
+    try:
+        stamper = None
+        if provenance:
+            request = provenance if isinstance(provenance, ProvenanceRequest) else None
+            stamper = Stamper(request or ProvenanceRequest(), backends, device)
+            backends = stamper.backends
+            stamper.describe_sources([("pte", loader)])
+        writer = JournalWriter(target, spool)
+        files = _read(loader, writer, None, None)
+        f = files[0]
+        c = f.container
+        run = Run(files, spool, event_tracer)
+        run.emit(Event("parsed", url=target))
+        summary = _run_backends(run, backends, device, stamper)
+        if strict and not summary.specialized:
+            raise NothingSpecialized(
+                nothing_specialized_message(summary) or "nothing was specialized",
+                backend_ids=tuple(b.backend_id for b in summary.backends),
+                installed=tuple(summary.installed_backends),
+                hint=summary.hint,
+            )
+        check_aliases(run)
+        base = c.segment_base_offset
+        end = c.file_size  # the content end (a trailer, if any, is hidden)
+        placements: list[tuple[int, int]] = []
+        moved_old: list[tuple[int, int]] = []
+        writes: list[tuple[int, int, int]] = []  # (absolute dst, journal offset, size)
+        replaced = moved = replaced_bytes = 0
+        cursor = end
+        for seg in c.segments:
+            reps = run.replacements.get(("pte", seg.index))
+            if not reps:
+                placements.append((seg.offset, seg.size))
+                continue
+            rep = reps[0]
+            align = max(r.alignment for r in reps)
+            old_abs = c.absolute(seg)
+            replaced += 1 if rep.size else 0
+            replaced_bytes += rep.size
+            if rep.size == seg.size and old_abs % align == 0:
+                placements.append((seg.offset, seg.size))
+                absolute = old_abs
+            else:
+                align = max(align, inferred_alignment(old_abs) if base else 1)
+                absolute = align_up(cursor, align)
+                cursor = absolute + rep.size
+                placements.append((absolute - base, rep.size))
+                moved += 1
+                moved_old.append((old_abs, old_abs + seg.size))
+            if rep.size:
+                writes.append((absolute, rep.spool_offset, rep.size))
+        try:
+            patched = patch_metadata(c, f.parsed.metadata, placements, segment_base_offset=base)
+        except ConfigurationError as exc:
+            raise NotSupported(
+                f"{target}: cannot be specialized in place: the patched metadata does not "
+                f"fit before the first segment at {base} ({exc}); specialize it to another "
+                "file instead"
+            ) from exc
+        if not run.replacements and stamper is None:
+            report = FileReport(
+                "pte",
+                target,
+                target,
+                c.file_size,
+                c.file_size,
+                len(c.segments),
+                0,
+                0,
+                0,
+                0,
+                0,
+                status="unchanged",
+            )
+            summary.files = [report]
+            summary.seconds = time.perf_counter() - started
+            return summary
+        content = patched.file_size
+        writer.write(patched.metadata, 0)
+        size = content
+        if stamper is not None:
+            trailer = encode_trailer(stamper.provenance("pte").to_dict(), content)
+            writer.write(trailer, content)
+            size = content + len(trailer)
+        for dst, jofs, n in writes:
+            writer.place(dst, jofs, n)
+        live = [(0, len(patched.metadata))] + [
+            (base + off, base + off + n) for off, n in placements if n
+        ]
+        plan: dict[str, Any] = {
+            "target": target,
+            "size_before": os.fstat(loader.fileno()).st_size,
+            "size": size,
+            "ident": bytes(patched.metadata[IDENT_RANGE[0] : IDENT_RANGE[1]]).hex(),
+            "writes": [list(w) for w in writer.ops],
+            "punch": _subtract(moved_old, live),
+        }
+        loader.check_unchanged()
+        _reserve(target, plan["size_before"], size)
+        commit_journal(spool, plan)
+        committed = True
+        spool.close()
+        writer.mark_published()
+        run.emit(Event("write", nbytes=sum(w[2] for w in writer.ops), url=target))
+        apply_journal(target, spool.path, plan)
+        run.emit(Event("publish", url=target, seconds=time.perf_counter() - started))
+        summary.files = [
+            FileReport(
+                role="pte",
+                source=target,
+                destination=target,
+                size_before=plan["size_before"],
+                size_after=content,
+                segments=len(c.segments),
+                segments_replaced=replaced,
+                segments_moved=moved,
+                redirected_tables=len(patched.redirected),
+                bytes_copied=0,
+                bytes_replaced=replaced_bytes,
+                published_size=size,
+            )
+        ]
+        summary.seconds = time.perf_counter() - started
+        return summary
+    finally:
+        loader.close()
+        if not committed:
+            spool.remove()

@@ -1,0 +1,337 @@
+"""``ptestore.ensure``: specialize once into a cache directory, then hit without reading
+the source; stale entries, racing processes, a killed holder, eviction, a full disk."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from support.fixtures import get_fixture
+from support.large import inflate
+
+import ptestore
+from ptestore.backends.compat import DeviceProfile
+from ptestore.device import clear, evict, list_entries, prune
+from ptestore.errors import ConfigurationError, ObjectNotFound, StorageError
+
+SPEC = "support.counting_backend:Counting=1.0"
+DEVICE = DeviceProfile("phone", {"scale": 2.0, "soc": "sm8650"})
+TESTS = Path(__file__).resolve().parents[1]
+FX_PTE = get_fixture("mlp_xnnpack").pte_path
+
+
+@pytest.fixture
+def calls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The file every backend call appends a line to (in this and child processes)."""
+    path = tmp_path / "calls.txt"
+    monkeypatch.setenv("PTESTORE_TEST_CALLS", str(path))
+    monkeypatch.delenv("PTESTORE_TEST_HOLD", raising=False)
+    return path
+
+
+def ncalls(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def model(tmp_path: Path, name: str = "model.pte") -> Path:
+    fx = get_fixture("mlp_xnnpack")
+    assert fx.pte_path is not None
+    dst = tmp_path / name
+    shutil.copyfile(fx.pte_path, dst)
+    return dst
+
+
+def sha(path: str | os.PathLike[str]) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def test_first_call_specializes_later_calls_hit_without_reading_the_source(
+    tmp_path: Path, calls: Path
+) -> None:
+    src = model(tmp_path)
+    cache = tmp_path / "cache"
+    a = ptestore.ensure(src, cache_dir=cache, backends=[SPEC], device=DEVICE)
+    assert a.created and a.specialized and ncalls(calls) == 1
+    assert a.ptd is None and Path(a.pte).parent.parent == cache / "entries"
+    assert a.provenance.device is not None and a.provenance.device.digest == DEVICE.digest()
+    assert a.provenance.source.sha256 == "sha256:" + sha(src)
+    assert a.provenance.requested[0].spec == SPEC
+    made = Path(a.pte).read_bytes()
+    # Overwrite the source with garbage of the same size, same inode, same mtime: a hit
+    # trusts the identity and never reads the bytes (it would fail to parse them).
+    st = os.stat(src)
+    with open(src, "r+b") as f:
+        f.write(b"\xff" * st.st_size)
+    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns))
+    b = ptestore.ensure(src, cache_dir=cache, backends=[SPEC], device=DEVICE)
+    assert not b.created and b.pte == a.pte and ncalls(calls) == 1
+    assert b.provenance == a.provenance and Path(b.pte).read_bytes() == made
+
+
+def test_a_changed_source_backend_version_or_device_re_specializes_only_that_entry(
+    tmp_path: Path, calls: Path
+) -> None:
+    cache = tmp_path / "cache"
+    one, two = model(tmp_path, "one.pte"), model(tmp_path, "two.pte")
+    a1 = ptestore.ensure(one, cache_dir=cache, backends=[SPEC], device=DEVICE)
+    a2 = ptestore.ensure(two, cache_dir=cache, backends=[SPEC], device=DEVICE)
+    assert a1.key != a2.key and ncalls(calls) == 2
+    two_bytes = Path(a2.pte).read_bytes()
+
+    os.utime(one, ns=(time.time_ns(), time.time_ns() + 10**9))  # touched: identity changed
+    b1 = ptestore.ensure(one, cache_dir=cache, backends=[SPEC], device=DEVICE)
+    assert b1.created and b1.key == a1.key and ncalls(calls) == 3
+    b2 = ptestore.ensure(two, cache_dir=cache, backends=[SPEC], device=DEVICE)
+    assert not b2.created and Path(b2.pte).read_bytes() == two_bytes and ncalls(calls) == 3
+
+    v2 = "support.counting_backend:Counting=2.0"
+    c1 = ptestore.ensure(one, cache_dir=cache, backends=[v2], device=DEVICE)
+    assert c1.created and ncalls(calls) == 4
+    assert [r.version for r in c1.provenance.requested] == ["2.0"]
+
+    other = DeviceProfile("phone", {"scale": 3.0, "soc": "sm8650"})
+    d1 = ptestore.ensure(one, cache_dir=cache, backends=[v2], device=other)
+    assert d1.created and d1.key == c1.key and ncalls(calls) == 5
+    assert d1.provenance.device is not None
+    assert d1.provenance.device.digest == other.digest()
+    # Stale entries are made again in their place: the cache does not grow.
+    assert {e.key for e in list_entries(cache)} == {a1.key, a2.key, c1.key}
+    assert not ptestore.ensure(one, cache_dir=cache, backends=[v2], device=other).created
+    assert ncalls(calls) == 5
+
+
+def test_a_file_changed_in_the_cache_is_a_miss_not_a_hit(tmp_path: Path, calls: Path) -> None:
+    src, cache = model(tmp_path), tmp_path / "cache"
+    a = ptestore.ensure(src, cache_dir=cache, backends=[SPEC], device=DEVICE)
+    Path(a.pte).write_bytes(b"not a model")
+    b = ptestore.ensure(src, cache_dir=cache, backends=[SPEC], device=DEVICE)
+    assert b.created and ncalls(calls) == 2
+    assert Path(b.pte).read_bytes()[4:8] == b"ET12"
+
+
+_CHILD = textwrap.dedent(
+    """
+    import json, sys
+    import ptestore
+    from ptestore.backends.compat import DeviceProfile
+    a = ptestore.ensure(sys.argv[1], cache_dir=sys.argv[2], backends=[sys.argv[3]],
+                        device=DeviceProfile("phone", {"scale": 2.0, "soc": "sm8650"}))
+    print(json.dumps({"pte": a.pte, "created": a.created}))
+    """
+)
+
+
+def _child(src: Path, cache: Path, hold: float = 0.0) -> subprocess.Popen[str]:
+    env = dict(os.environ, PYTHONPATH=str(TESTS), PTESTORE_TEST_HOLD=str(hold))
+    return subprocess.Popen(
+        [sys.executable, "-c", _CHILD, str(src), str(cache), SPEC],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait_for(pred: object, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_racing_processes_specialize_once(tmp_path: Path, calls: Path) -> None:
+    src, cache = model(tmp_path), tmp_path / "cache"
+    procs = [_child(src, cache, hold=0.5) for _ in range(3)]
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        outs.append(json.loads(out))
+    assert ncalls(calls) == 1
+    assert len({o["pte"] for o in outs}) == 1
+    assert sorted(o["created"] for o in outs) == [False, False, True]
+
+
+def test_a_holder_killed_mid_run_does_not_block_the_others(tmp_path: Path, calls: Path) -> None:
+    src, cache = model(tmp_path), tmp_path / "cache"
+    holder = _child(src, cache, hold=60.0)
+    _wait_for(lambda: ncalls(calls) == 1)  # inside the backend: the key is locked
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.wait(timeout=30)
+    t0 = time.monotonic()
+    a = ptestore.ensure(src, cache_dir=cache, backends=[SPEC], device=DEVICE)
+    assert a.created and ncalls(calls) == 2
+    assert time.monotonic() - t0 < 30
+    # The killed run's staging files were cleaned up under the lock.
+    assert sorted(os.listdir(Path(a.pte).parent)) == ["manifest.json", "model.pte"]
+
+
+def _entry_bytes(cache: Path, key: str) -> int:
+    d = cache / "entries" / key
+    return sum(p.stat().st_size for p in d.iterdir())
+
+
+def test_max_bytes_evicts_least_recently_used_never_the_one_returned(
+    tmp_path: Path, calls: Path
+) -> None:
+    cache = tmp_path / "cache"
+    srcs = [model(tmp_path, f"m{i}.pte") for i in range(3)]
+    a = ptestore.ensure(srcs[0], cache_dir=cache, backends=[SPEC], device=DEVICE)
+    time.sleep(0.01)
+    b = ptestore.ensure(srcs[1], cache_dir=cache, backends=[SPEC], device=DEVICE)
+    time.sleep(0.01)
+    assert not ptestore.ensure(srcs[0], cache_dir=cache, backends=[SPEC], device=DEVICE).created
+    size = _entry_bytes(cache, a.key)
+    # Room for two entries: the least recently used (b; a was just used) goes.
+    c = ptestore.ensure(
+        srcs[2], cache_dir=cache, backends=[SPEC], device=DEVICE, max_bytes=2 * size + 100
+    )
+    assert {e.key for e in list_entries(cache)} == {a.key, c.key}
+    assert not (cache / "entries" / b.key).exists()
+    # max_bytes=0: everything but the entry returned.
+    d = ptestore.ensure(srcs[1], cache_dir=cache, backends=[SPEC], device=DEVICE, max_bytes=0)
+    assert d.created and [e.key for e in list_entries(cache)] == [d.key]
+    assert Path(d.pte).exists()
+
+
+def test_an_entry_another_process_holds_is_not_evicted(tmp_path: Path, calls: Path) -> None:
+    cache = tmp_path / "cache"
+    a = ptestore.ensure(model(tmp_path, "a.pte"), cache_dir=cache, backends=[SPEC])
+    from ptestore.device.cache import CacheLayout
+
+    with CacheLayout(cache).lock(a.key, shared=True):
+        done = evict(cache, 0)
+    assert done.busy == [a.key] and done.removed == []
+    assert evict(cache, 0).removed == [a.key]
+
+
+def test_prune_removes_incomplete_entries_and_leftovers(tmp_path: Path, calls: Path) -> None:
+    cache = tmp_path / "cache"
+    a = ptestore.ensure(model(tmp_path), cache_dir=cache, backends=[SPEC])
+    leftover = Path(a.pte).parent / ".model.pte.ptestore-0123456789abcdef.tmp"
+    leftover.write_bytes(b"x" * 100)
+    half = cache / "entries" / ("0" * 32)
+    half.mkdir()
+    (half / "model.pte").write_bytes(b"partial")
+    done = prune(cache)
+    assert done.removed == ["0" * 32] and not half.exists() and not leftover.exists()
+    assert [e.state for e in list_entries(cache)] == ["ready"]
+    assert clear(cache).removed == [a.key] and list_entries(cache) == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_bytes": -1}, "max_bytes must be an integer >= 0 or None, got -1"),
+        ({"max_bytes": True}, "max_bytes must be an integer >= 0 or None, got True"),
+        ({"device": "phone"}, "device must be a DeviceProfile or None, got str"),
+        ({"cache_dir": "s3://bucket/c"}, "the cache is a local directory, not a URL"),
+    ],
+)
+def test_bad_arguments_are_refused_before_any_work(
+    tmp_path: Path, calls: Path, kwargs: dict[str, object], message: str
+) -> None:
+    args: dict[str, object] = {"cache_dir": tmp_path / "cache", "backends": [SPEC], **kwargs}
+    with pytest.raises(ConfigurationError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        ptestore.ensure(model(tmp_path), **args)  # type: ignore[arg-type]
+    assert ncalls(calls) == 0
+
+
+def test_a_missing_source_names_it(tmp_path: Path) -> None:
+    with pytest.raises(ObjectNotFound, match=r"nope\.pte: no such file"):
+        ptestore.ensure(tmp_path / "nope.pte", cache_dir=tmp_path / "cache")
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs, unmounted afterwards."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], check=False)
+    assert r.returncode == 0, "mounting a tmpfs needs root (the test environment is root)"
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
+@pytest.mark.filterwarnings("ignore:.*encountered in multiply:RuntimeWarning")
+def test_a_full_disk_is_a_clear_error_with_cache_and_source_intact(
+    tmp_path: Path, small_fs: Path, calls: Path
+) -> None:
+    cache = small_fs / "cache"
+    src = model(tmp_path)
+    small = ptestore.ensure(src, cache_dir=cache, backends=[SPEC], device=DEVICE)
+    fx = get_fixture("mlp_xnnpack")
+    big = tmp_path / "big.pte"
+    inflate(fx.pte_path, big, 1 << 20)  # 2 keys of 1 MiB: more than the file system holds
+    before = sha(big)
+    with pytest.raises(StorageError) as err:
+        ptestore.ensure(big, cache_dir=cache, backends=[SPEC], device=DEVICE)
+    msg = str(err.value)
+    assert msg.startswith(f"{small_fs}/cache: no space left on the file system for the ")
+    assert f"specialized copy of {big} (about {big.stat().st_size} bytes needed, " in msg
+    assert "the cache and the source are unchanged" in msg and "--in-place" in msg
+    assert sha(big) == before
+    # Only the first entry (and the new key's empty directory) remain, nothing staged.
+    entries = list_entries(cache)
+    assert [e.state for e in entries if e.key == small.key] == ["ready"]
+    assert all(e.bytes == 0 for e in entries if e.key != small.key)
+    again = ptestore.ensure(src, cache_dir=cache, backends=[SPEC], device=DEVICE)
+    assert not again.created and sha(again.pte) == sha(small.pte)
+
+
+def test_a_remote_source_is_keyed_on_what_the_store_reports(tmp_path: Path, calls: Path) -> None:
+    """fsspec's memory store reports no ETag or version: the identity is the SHA-256 (one
+    read of the object per call, no specialization on a hit)."""
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    url = "memory://device-test/model.pte"
+    assert FX_PTE is not None
+    fs.pipe(url, FX_PTE.read_bytes())
+    cache = tmp_path / "cache"
+    try:
+        a = ptestore.ensure(url, cache_dir=cache, backends=[SPEC], device=DEVICE)
+        b = ptestore.ensure(url, cache_dir=cache, backends=[SPEC], device=DEVICE)
+        assert a.created and not b.created and ncalls(calls) == 1
+        assert a.provenance.source.url == url
+        data = bytearray(FX_PTE.read_bytes())
+        data[-1] ^= 1  # another model (a byte of the last weight)
+        fs.pipe(url, bytes(data))
+        c = ptestore.ensure(url, cache_dir=cache, backends=[SPEC], device=DEVICE)
+        assert c.created and c.key == a.key and ncalls(calls) == 2
+        assert c.provenance.source.sha256 == "sha256:" + hashlib.sha256(data).hexdigest()
+    finally:
+        fs.rm("memory://device-test", recursive=True)
+
+
+def test_a_damaged_manifest_is_broken_a_miss_and_its_error_names_the_field(
+    tmp_path: Path, calls: Path
+) -> None:
+    from ptestore.device.cache import read_manifest
+    from ptestore.errors import FormatError
+
+    src, cache = model(tmp_path), tmp_path / "cache"
+    a = ptestore.ensure(src, cache_dir=cache, backends=[SPEC])
+    manifest = Path(a.pte).parent / "manifest.json"
+    manifest.write_text('{"format": "something else", "version": 1}')
+    with pytest.raises(FormatError, match=r"manifest format.*'ptestore\.cache-entry'") as err:
+        read_manifest(str(manifest))
+    assert str(manifest) in str(err.value)
+    assert [e.state for e in list_entries(cache)] == ["broken"]
+    b = ptestore.ensure(src, cache_dir=cache, backends=[SPEC])
+    assert b.created and ncalls(calls) == 2 and [e.state for e in list_entries(cache)] == ["ready"]
+    manifest.write_text("not json")
+    with pytest.raises(FormatError, match="manifest"):
+        read_manifest(str(manifest))

@@ -1,0 +1,396 @@
+"""In-place specialization: the journal, its order of durable steps, SIGKILL at sampled
+phases of applying it, ``recover``, and a small ext4 image with less free space than
+the model (a staged run fails cleanly, an in-place one succeeds)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.fixtures import get_fixture
+from support.large import ReplaceKey, inflate
+
+import ptestore
+from ptestore.backends import BackendData, BackendInterface
+from ptestore.device.journal import CHANGING, journal_path
+from ptestore.errors import ConfigurationError, StorageError
+
+FX = get_fixture("mlp_xnnpack")
+SPEC = "support.doubling_backend:Doubling=mlp_xnnpack"
+assert FX.pte_path is not None and FX.doubled is not None and FX.doubled.key is not None
+KEY = FX.doubled.key
+
+
+def copy(tmp_path: Path, name: str = "model.pte") -> Path:
+    assert FX.pte_path is not None
+    dst = tmp_path / name
+    shutil.copyfile(FX.pte_path, dst)
+    return dst
+
+
+def staged(tmp_path: Path, backends: list[Any], src: Path | None = None) -> bytes:
+    """What a staged specialization of the same source gives (the reference)."""
+    out = tmp_path / "staged.pte"
+    ptestore.specialize(src or FX.pte_path, out, backends=backends)
+    return out.read_bytes()
+
+
+def test_same_size_replacement_in_place_equals_the_staged_output(tmp_path: Path) -> None:
+    src = copy(tmp_path)
+    ino = src.stat().st_ino
+    report = ptestore.specialize(src, src, backends=[SPEC], in_place=True)
+    (f,) = report.files
+    assert (f.segments_replaced, f.segments_moved, f.bytes_replaced) == (1, 0, 2048)
+    assert src.read_bytes() == staged(tmp_path, [SPEC])
+    assert src.stat().st_ino == ino  # the same file, rewritten
+    assert not Path(journal_path(str(src))).exists()
+
+
+def test_a_grown_replacement_goes_at_the_end_and_its_old_range_is_released(
+    tmp_path: Path,
+) -> None:
+    big = tmp_path / "big.pte"
+    inflate(FX.pte_path, big, 1 << 20)  # two 1 MiB keys
+    reference = tmp_path / "ref.pte"
+    shutil.copyfile(big, reference)
+    grow = ReplaceKey("XnnpackBackend", KEY, extra=8192, alignment=64)
+    report = ptestore.specialize(big, big, backends=[grow], in_place=True)
+    (f,) = report.files
+    assert f.segments_moved == 1 and f.size_after > f.size_before
+    info = ptestore.describe(big)
+    seg = next(s for s in info["segments"] if s["size"] == (1 << 20) + 8192)
+    old = next(s for s in ptestore.describe(reference)["segments"] if s["index"] == seg["index"])
+    assert seg["absolute_offset"] >= f.size_before - 64  # after the last old segment
+    # The old range is a hole now (ext4 punches whole 4 KiB blocks).
+    fd = os.open(big, os.O_RDONLY)
+    try:
+        start = -(-old["absolute_offset"] // 4096) * 4096
+        assert os.lseek(fd, start, os.SEEK_HOLE) == start
+    finally:
+        os.close(fd)
+    data = big.read_bytes()
+    got = data[seg["absolute_offset"] : seg["absolute_offset"] + seg["size"]]
+    assert got == grow.replacement
+    ptestore.verify(big)  # a well-formed container
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"dst": "other.pte"}, "in_place=True rewrites the source itself: the destination"),
+        ({"ptd": ("a.ptd", "b.ptd")}, "in_place=True rewrites a .pte alone"),
+        ({"mode": "create"}, "in_place=True replaces the file: mode must be 'overwrite'"),
+        ({"src": "s3://b/m.pte"}, "s3://b/m.pte: in-place specialization works on local files"),
+    ],
+)
+def test_in_place_refusals(tmp_path: Path, kwargs: dict[str, Any], message: str) -> None:
+    src = copy(tmp_path)
+    before = src.read_bytes()
+    args: dict[str, Any] = {"src": str(src), "dst": str(src), **kwargs}
+    if "dst" in kwargs:
+        args["dst"] = str(tmp_path / kwargs["dst"])
+    if kwargs.get("src"):
+        args["dst"] = kwargs["src"]
+    with pytest.raises(ConfigurationError, match=message.replace("(", r"\(")):
+        ptestore.specialize(
+            args.pop("src"), args.pop("dst"), backends=[SPEC], in_place=True, **args
+        )
+    assert src.read_bytes() == before
+
+
+class Boom(BackendInterface):
+    name = "XnnpackBackend"
+
+    def initialize_backend_data(self, context: Any, output: Any) -> None:
+        value = bytes(context.get_named_data_map().get_data(KEY))
+        output.write_named_data(KEY, BackendData(value))  # spooled into the journal
+        raise RuntimeError("the device ran out of patience")
+
+
+def test_a_failing_backend_leaves_the_file_and_no_journal(tmp_path: Path) -> None:
+    src = copy(tmp_path)
+    before = src.read_bytes()
+    with pytest.raises(ptestore.BackendError, match="initialize_backend_data failed: "):
+        ptestore.specialize(src, src, backends=[Boom()], in_place=True)
+    assert src.read_bytes() == before and not Path(journal_path(str(src))).exists()
+
+
+# --------------------------------------------------------------- order of durable steps
+class Recorder:
+    """Logs ``(call, file)`` for the os calls the journal relies on."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, names: dict[str, str]) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.names = names
+        for call in ("pwrite", "fsync", "ftruncate", "copy_file_range"):
+            real = getattr(os, call)
+
+            def wrapped(fd: int, *args: Any, _real: Any = real, _call: str = call) -> Any:
+                # copy_file_range(src, dst, ...): the file it writes is the second
+                self.calls.append((_call, self.name(args[0] if _call == "copy_file_range" else fd)))
+                return _real(fd, *args)
+
+            monkeypatch.setattr(os, call, wrapped)
+        real_unlink = os.unlink
+
+        def unlink(path: Any, *args: Any, **kw: Any) -> None:
+            self.calls.append(("unlink", self.names.get(os.path.abspath(path), "other")))
+            real_unlink(path, *args, **kw)
+
+        monkeypatch.setattr(os, "unlink", unlink)
+
+    def name(self, fd: int) -> str:
+        try:
+            path = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            return "other"
+        if os.path.isdir(path):
+            return "dir"
+        return self.names.get(path, "other")
+
+    def squeezed(self) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
+        for c in self.calls:
+            if c[1] == "other":
+                continue
+            if not out or out[-1] != c:
+                out.append(c)
+        return out
+
+
+def test_durable_order_journal_then_marked_then_data_then_identifier_then_removal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = copy(tmp_path)
+    names = {str(src): "file", journal_path(str(src)): "journal"}
+    rec = Recorder(monkeypatch, names)
+    ptestore.specialize(src, src, backends=[SPEC], in_place=True)
+    monkeypatch.undo()
+    calls = rec.squeezed()
+    # What is durable at each point: the journal (checksummed by its commit record) and
+    # its directory entry before the file is touched; the changed identifier before any
+    # data; all data before the identifier comes back; the identifier before the
+    # journal goes.
+    assert calls == [
+        ("pwrite", "journal"),  # replacement (spooled), metadata, plan, commit record
+        ("fsync", "journal"),
+        ("fsync", "dir"),
+        ("pwrite", "file"),  # identifier -> CHANGING
+        ("fsync", "file"),
+        ("pwrite", "file"),  # the metadata (with CHANGING in place of the identifier)
+        ("copy_file_range", "file"),  # the replacement, from the journal in the kernel
+        ("ftruncate", "file"),
+        ("fsync", "file"),
+        ("pwrite", "file"),  # the identifier back
+        ("fsync", "file"),
+        ("unlink", "journal"),
+        ("fsync", "dir"),
+    ]
+    assert src.read_bytes() == staged(tmp_path, [SPEC])
+
+
+# ------------------------------------------------------------------- SIGKILL at phases
+def _kill_at(
+    src: Path,
+    nth: int,
+    calls: tuple[str, ...] = ("pwrite", "fsync", "ftruncate", "copy_file_range"),
+) -> int:
+    """Run the in-place specialization in a forked child that SIGKILLs itself right
+    before its ``nth`` call (0-based) touching the model file (counting ``calls``);
+    returns how many such calls it made (all of them when it was not killed)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        os.close(r)
+        seen = [0]
+        target = str(src)
+        for call in calls:
+            real = getattr(os, call)
+
+            def wrapped(fd: int, *args: Any, _real: Any = real, _call: str = call) -> Any:
+                written = args[0] if _call == "copy_file_range" else fd
+                try:
+                    path = os.readlink(f"/proc/self/fd/{written}")
+                except OSError:
+                    path = ""
+                if path == target:
+                    if seen[0] == nth:
+                        os.kill(os.getpid(), signal.SIGKILL)
+                    seen[0] += 1
+                return _real(fd, *args)
+
+            setattr(os, call, wrapped)
+        try:
+            ptestore.specialize(src, src, backends=[SPEC], in_place=True)
+            os.write(w, str(seen[0]).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    _, status = os.waitpid(pid, 0)
+    out = os.read(r, 100)
+    os.close(r)
+    if os.WIFSIGNALED(status):
+        assert os.WTERMSIG(status) == signal.SIGKILL
+        return -1
+    return int(out)
+
+
+def kill_states(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """``(phase, file as the kill left it)`` for sampled phases of applying, each also
+    recovered (``<phase>/recovered``)."""
+    probe = copy(tmp_path, "probe.pte")
+    total = _kill_at(probe, 10**9)  # not killed: how many calls touch the file
+    assert total >= 6, total  # mark, fsync, >= 1 data write, ftruncate, fsync, ident, fsync
+    for nth, phase in [
+        (0, "before marking"),
+        (1, "marked, not synced"),
+        (2, "first data write"),
+        (total - 3, "data written, not synced"),
+        (total - 2, "before the identifier is restored"),
+        (total - 1, "identifier restored, not synced"),
+    ]:
+        src = copy(tmp_path, f"k{nth}.pte")
+        assert _kill_at(src, nth) == -1, phase
+        assert Path(journal_path(str(src))).exists(), phase  # committed, so kept
+        yield phase, src
+
+
+def test_sigkill_at_sampled_phases_leaves_old_new_or_refused_and_recover_completes(
+    tmp_path: Path,
+) -> None:
+    assert FX.pte_path is not None
+    old, new = FX.pte_path.read_bytes(), staged(tmp_path, [SPEC])
+    for phase, src in kill_states(tmp_path):
+        data = src.read_bytes()
+        # The old file, the complete new one, or one marked as changing: never a mix
+        # with the real identifier.
+        assert data in (old, new) or data[4:8] == CHANGING, phase
+        assert ptestore.recover(src) == "rolled forward", phase
+        assert src.read_bytes() == new, phase
+        assert ptestore.recover(src) is None
+    # A kill while the journal is written (before its commit record): discarded.
+    src = copy(tmp_path, "early.pte")
+    j = journal_path(str(src))
+    Path(j).write_bytes(b"\0" * 100)  # what a run killed mid-journal leaves
+    assert ptestore.recover(src) == "discarded" and src.read_bytes() == old
+
+
+def test_every_entry_point_rolls_a_committed_journal_forward(tmp_path: Path) -> None:
+    new = staged(tmp_path, [SPEC])
+    probe = copy(tmp_path, "probe.pte")
+    total = _kill_at(probe, 10**9)
+    for i, use in enumerate(
+        [
+            lambda p: ptestore.describe(p),
+            lambda p: ptestore.verify(p),
+            lambda p: ptestore.specialize(p, tmp_path / "out.pte", backends=["passthrough"]),
+            lambda p: ptestore.ensure(p, cache_dir=tmp_path / "c", backends=["passthrough"]),
+        ]
+    ):
+        src = copy(tmp_path, f"e{i}.pte")
+        assert _kill_at(src, total // 2) == -1
+        use(src)
+        assert not Path(journal_path(str(src))).exists() and src.read_bytes() == new, i
+
+
+# ------------------------------------------------------------ small ext4, little space
+@pytest.fixture
+def small_ext4(tmp_path: Path) -> Iterator[Path]:
+    """An 8 MiB ext4 image (about 6 MiB free) mounted on a loop device, unmounted
+    afterwards."""
+    img, mnt = tmp_path / "small.ext4", tmp_path / "mnt"
+    mnt.mkdir()
+    with open(img, "wb") as f:
+        f.truncate(8 << 20)
+    subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "0", str(img)], check=True)
+    subprocess.run(["mount", "-o", "loop", str(img), str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
+def test_on_a_small_ext4_staged_fails_cleanly_and_in_place_succeeds(
+    tmp_path: Path, small_ext4: Path
+) -> None:
+    big = tmp_path / "big.pte"
+    inflate(FX.pte_path, big, 1 << 20)  # 4 MiB: 4 keys of 1 MiB
+    swap = ReplaceKey("XnnpackBackend", KEY)  # same size: the bytes reversed
+    want = staged(tmp_path, [swap], src=big)
+    src = small_ext4 / "model.pte"
+    shutil.copyfile(big, src)
+    free = os.statvfs(small_ext4).f_bavail * os.statvfs(small_ext4).f_frsize
+    assert free < src.stat().st_size, (free, src.stat().st_size)
+    digest = hashlib.sha256(src.read_bytes()).hexdigest()
+    with pytest.raises(StorageError, match="No space left on device"):
+        ptestore.specialize(src, src, backends=[swap])
+    assert hashlib.sha256(src.read_bytes()).hexdigest() == digest
+    assert sorted(os.listdir(small_ext4)) == ["lost+found", "model.pte"]
+    report = ptestore.specialize(src, src, backends=[swap], in_place=True)
+    assert report.files[0].bytes_replaced == 1 << 20
+    assert src.read_bytes() == want
+    assert sorted(os.listdir(small_ext4)) == ["lost+found", "model.pte"]
+
+
+def test_on_a_small_ext4_a_growth_that_does_not_fit_fails_before_the_file_changes(
+    tmp_path: Path, small_ext4: Path
+) -> None:
+    big, src = tmp_path / "big.pte", small_ext4 / "model.pte"
+    inflate(FX.pte_path, big, 1 << 20)
+    shutil.copyfile(big, src)
+    before = src.read_bytes()
+    free = os.statvfs(small_ext4).f_bfree
+    # The journal (1.3 MiB) fits; the journal and the growth of the file do not.
+    grow = ReplaceKey("XnnpackBackend", KEY, extra=300 << 10)
+    with pytest.raises(StorageError) as err:
+        ptestore.specialize(src, src, backends=[grow], in_place=True)
+    msg = str(err.value)
+    assert msg.startswith(f"{src}: ") and "; the file is unchanged" in msg
+    assert "No space left on device" in msg
+    assert src.read_bytes() == before
+    assert sorted(os.listdir(small_ext4)) == ["lost+found", "model.pte"]
+    assert os.statvfs(small_ext4).f_bfree >= free - 1  # nothing left allocated
+
+
+def test_ensure_in_place_rewrites_once_then_hits(tmp_path: Path) -> None:
+    src, cache = copy(tmp_path), tmp_path / "cache"
+    a = ptestore.ensure(src, cache_dir=cache, backends=[SPEC], in_place=True)
+    assert a.created and a.in_place and a.pte == str(src) and a.ptd is None
+    st = src.stat()
+    b = ptestore.ensure(src, cache_dir=cache, backends=[SPEC], in_place=True)
+    assert not b.created and b.provenance == a.provenance
+    assert src.stat().st_mtime_ns == st.st_mtime_ns  # not rewritten again
+    new_source = tmp_path / "update.pte"
+    shutil.copyfile(FX.pte_path, new_source)
+    os.replace(new_source, src)  # the app downloaded a new model
+    c = ptestore.ensure(src, cache_dir=cache, backends=[SPEC], in_place=True)
+    assert c.created and c.key == a.key and c.provenance.created >= a.provenance.created
+    want = staged(tmp_path, [SPEC])
+    assert src.read_bytes()[: len(want)] == want  # then the provenance trailer
+    assert [e.key for e in ptestore.device.list_entries(cache)] == [a.key]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"ptd": "model.ptd"}, "ensure(in_place=True) rewrites a .pte alone; a .pte/.ptd pair"),
+        ({"source": "s3://b/m.pte"}, "s3://b/m.pte: in-place specialization works on local"),
+    ],
+)
+def test_ensure_in_place_refusals(tmp_path: Path, kwargs: dict[str, Any], message: str) -> None:
+    src = copy(tmp_path)
+    before = src.read_bytes()
+    source = kwargs.pop("source", src)
+    if "ptd" in kwargs:
+        kwargs["ptd"] = tmp_path / kwargs["ptd"]
+    with pytest.raises(ConfigurationError, match=re.escape(message)):
+        ptestore.ensure(source, cache_dir=tmp_path / "c", backends=[SPEC], in_place=True, **kwargs)
+    assert src.read_bytes() == before

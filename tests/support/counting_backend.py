@@ -1,0 +1,25 @@
+"""A real backend (the fleet ``Scaler``: weights times the device's ``scale``) that also
+records every call, for the ``ensure`` tests: each ``initialize_backend_data`` appends its
+process id to the file named by ``PTESTORE_TEST_CALLS`` and then, with
+``PTESTORE_TEST_HOLD=SECONDS``, waits that long (so that racing processes overlap and a
+test can kill the one holding the lock). SPEC ``support.counting_backend:Counting=VERSION``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from support.fleet_backend import Scaler
+
+
+class Counting(Scaler):
+    def initialize_backend_data(self, context, output):  # type: ignore[no-untyped-def]
+        calls = os.environ.get("PTESTORE_TEST_CALLS")
+        if calls:
+            with open(calls, "a") as f:
+                f.write(f"{os.getpid()}\n")
+        hold = float(os.environ.get("PTESTORE_TEST_HOLD", "0") or 0)
+        if hold:
+            time.sleep(hold)
+        super().initialize_backend_data(context, output)
