@@ -91,7 +91,7 @@ _LAZY = {
     "describe": ".inspection",
     "Artifact": ".device",
     "ensure": ".device",
-    "recover": ".device",
+    "recover": ".journal",
     "DataLoader": ".storage.loaders",
     "open_loader": ".storage.loaders",
     "DataWriter": ".writers",

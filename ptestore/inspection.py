@@ -108,9 +108,9 @@ def read_files(
     (:func:`~ptestore.provenance.provenance_json`), ``keys`` (for a .pte: every key
     with where its bytes are, see :func:`key_rows`) and, with ``ptd``, the same under
     ``ptd``."""
-    from .device.paths import recover_if_local
     from .format.reader import read_container
     from .format.tensors import describe_tensors, named_data_json, tensor_index_of
+    from .journal import recover_if_local
     from .provenance import provenance_json
     from .provenance.trailer import without_trailer
     from .storage.loaders import open_loader

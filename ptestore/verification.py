@@ -130,7 +130,7 @@ def verify(
         ``PermissionDenied``) propagate.
     """
     target = os.fspath(url)
-    from .device.paths import recover_if_local
+    from .journal import recover_if_local
 
     recover_if_local(target)  # an interrupted in-place specialization: finish it first
     report = VerifyReport(target)

@@ -116,11 +116,11 @@ def specialize(
     Nothing is published unless the whole run succeeds (``PartialPublish`` aside).
     """
     strict = refuse_unchanged(strict, allow_unchanged)
-    from ..device.paths import recover_if_local
+    from ..journal import recover_if_local
 
     recover_if_local(os.fspath(src_url))  # an interrupted in-place run: finish it first
     if in_place:
-        from ..device.inplace import check_in_place_args, specialize_in_place
+        from .inplace import check_in_place_args, specialize_in_place
 
         src = os.fspath(src_url)
         given = storage_options or src_storage_options

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..journal import recover
 from .cache import CacheEntry, clear, evict, list_entries, prune
 from .ensuring import Artifact, ensure
 
 if TYPE_CHECKING:
-    from .inplace import recover, specialize_in_place
+    from ..coordinator.inplace import specialize_in_place
 
 __all__ = [
     "Artifact",
@@ -30,10 +31,9 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("recover", "specialize_in_place"):
-        from . import inplace
+    if name == "specialize_in_place":
+        from ..coordinator.inplace import specialize_in_place
 
-        value = getattr(inplace, name)
-        globals()[name] = value
-        return value
+        globals()[name] = specialize_in_place
+        return specialize_in_place
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

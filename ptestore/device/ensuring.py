@@ -256,7 +256,7 @@ def ensure(
     blist = None if backends is None else list(backends)
     if in_place:
         return _ensure_in_place(CacheLayout(cache_dir), src, ptd_src, blist, device, max_bytes)
-    from .paths import recover_if_local
+    from ..journal import recover_if_local
 
     recover_if_local(src)  # an interrupted in-place run of the source: finish it first
     layout = CacheLayout(cache_dir)
@@ -290,7 +290,7 @@ def _ensure_in_place(
 ) -> Artifact:
     """``ensure(in_place=True)``: the source itself is rewritten once; the cache keeps
     only a manifest with the identity the file has afterwards."""
-    from .paths import recover_if_local
+    from ..journal import recover_if_local
 
     if ptd_src is not None:
         raise ConfigurationError(
@@ -355,10 +355,10 @@ def _make_in_place(
     device: DeviceProfile | None,
     current: Any,
 ) -> Artifact:
+    from ..coordinator.inplace import specialize_in_place
     from ..loaders import LocalFileLoader
     from ..provenance import read_provenance
     from ..provenance.stamp import ProvenanceRequest
-    from .inplace import specialize_in_place
 
     path = _local_path(src)
     try:
@@ -463,7 +463,7 @@ def _make(
     backends: list[BackendLike] | None,
     device: DeviceProfile | None,
 ) -> Artifact:
-    from .. import specialize
+    from ..coordinator import specialize
     from ..provenance.stamp import ProvenanceRequest
 
     directory = layout.entry_dir(key)

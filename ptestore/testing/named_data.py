@@ -16,13 +16,15 @@ from ..coordinator.named import MergedNamedDataMap, SourceFile
 from ..errors import ConfigurationError
 from ..format.model import TensorLayout
 from ..format.reader import read_container
-from ..format.tensorinfo import TensorInfo
-from ..loaders import DataLoader, open_loader
 from ..provenance.trailer import without_trailer
+from ..storage.loaders import open_loader
 from ..writers.base import DataWriter
 
 if TYPE_CHECKING:
     import numpy as np
+
+    from ..format.tensorinfo import TensorInfo
+    from ..storage.types import DataLoader
 
 __all__ = ["NamedData", "open_named_data"]
 

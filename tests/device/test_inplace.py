@@ -20,8 +20,8 @@ from support.large import ReplaceKey, inflate
 
 import ptestore
 from ptestore.backends import BackendData, BackendInterface
-from ptestore.device.journal import CHANGING, journal_path
 from ptestore.errors import ConfigurationError, StorageError
+from ptestore.journal import CHANGING, journal_path
 
 FX = get_fixture("mlp_xnnpack")
 SPEC = "support.doubling_backend:Doubling=mlp_xnnpack"

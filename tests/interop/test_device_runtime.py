@@ -23,7 +23,7 @@ from support.fixtures import Fixture, get_fixture
 
 import ptestore
 from ptestore.backends.compat import DeviceProfile
-from ptestore.device.journal import CHANGING
+from ptestore.journal import CHANGING
 
 pytestmark = pytest.mark.interop
 

@@ -30,32 +30,32 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import fcntl
 import hashlib
 import json
 import os
 import struct
-import threading
 from typing import Any
 
-from .._io import pread_all, pwrite_all
-from ..coordinator.spool import Buffer, Spool
-from ..errors import StorageError
-from .paths import journal_path
+from ._io import pread_all, pwrite_all
+from .errors import ConfigurationError, ObjectNotFound, StorageError
 
 __all__ = [
     "CHANGING",
     "IDENT_RANGE",
-    "JournalSpool",
     "apply_journal",
-    "commit_journal",
     "journal_path",
+    "punch_hole",
     "read_plan",
+    "recover",
+    "recover_if_local",
+    "reserve_tail",
 ]
 
 MAGIC = b"PTESTORE-JRNL-v1"
 COMMIT = b"PTESTORE-COMMIT!"
-_FOOTER = struct.Struct("<16sQQ")
-_COMMIT = struct.Struct("<16s32s")
+FOOTER = struct.Struct("<16sQQ")
+COMMIT_RECORD = struct.Struct("<16s32s")
 #: Where the FlatBuffer file identifier of a .pte is ("ET12" in ExecuTorch 1.x).
 IDENT_RANGE = (4, 8)
 #: The identifier the file carries while it is being changed (the runtime refuses it).
@@ -65,48 +65,7 @@ _FALLOC_FL_KEEP_SIZE = 0x01
 _FALLOC_FL_PUNCH_HOLE = 0x02
 
 
-class JournalSpool(Spool):
-    """The run's replacement spool, kept in the journal file itself, so that the
-    replaced bytes are on disk once (peak extra disk: the replacements plus the new
-    metadata, not a copy of the model)."""
-
-    def __init__(self, path: str) -> None:  # replaces Spool's temporary file
-        self.path = path
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        except FileExistsError as exc:
-            raise StorageError(
-                f"{path}: a journal exists already (another in-place run, or one to "
-                "recover: ptestore.recover)"
-            ) from exc
-        except OSError as exc:
-            raise StorageError(f"{path}: cannot create the journal: {exc.strerror}") from exc
-        self._file = os.fdopen(fd, "r+b")  # read and written with pread/pwrite only
-        self._size = 0
-        self.name = f"<journal {path}>"
-        self._lock = threading.Lock()
-        #: SHA-256 of everything appended so far (appends are sequential).
-        self.sha256 = hashlib.sha256()
-
-    def add(self, data: Buffer) -> int:
-        view = memoryview(data).cast("B")
-        try:
-            at = super().add(view)
-        except StorageError as exc:
-            raise StorageError(f"{self.path}: {exc}") from exc.__cause__
-        self.sha256.update(view)
-        return at
-
-    def remove(self) -> None:
-        """Close and remove the journal (a run that failed before its commit)."""
-        self.close()
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
-
-
-def _fsync_dir(directory: str) -> None:
+def fsync_dir(directory: str) -> None:
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(fd)
@@ -117,38 +76,19 @@ def _fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
-def commit_journal(spool: JournalSpool, plan: dict[str, Any]) -> None:
-    """Append the plan and the commit record and make the journal durable."""
-    text = json.dumps(plan, sort_keys=True).encode()
-    fd = spool.fileno()
-    try:
-        at = spool.add(text)
-        spool.add(_FOOTER.pack(MAGIC, at, len(text)))
-        # One fsync for all of it: the commit record carries the SHA-256 of everything
-        # before it, so a journal torn by a power loss before this fsync returned reads
-        # as uncommitted (and the file is touched only after it returned).
-        spool.add(_COMMIT.pack(COMMIT, spool.sha256.digest()))
-        os.fsync(fd)
-        _fsync_dir(os.path.dirname(spool.path))
-    except OSError as exc:
-        raise StorageError(
-            f"{spool.path}: cannot make the journal durable: {exc.strerror}; the model was "
-            "not changed"
-        ) from exc
-
-
 def read_plan(path: str) -> dict[str, Any] | None:
     """The plan of a committed journal; None when the journal is incomplete (its commit
     record missing or not matching: the file was never touched)."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         size = os.fstat(fd).st_size
-        if size < _FOOTER.size + _COMMIT.size:
+        if size < FOOTER.size + COMMIT_RECORD.size:
             return None
-        tag, digest = _COMMIT.unpack(pread_all(fd, _COMMIT.size, size - _COMMIT.size))
+        record = pread_all(fd, COMMIT_RECORD.size, size - COMMIT_RECORD.size)
+        tag, digest = COMMIT_RECORD.unpack(record)
         if tag != COMMIT:
             return None
-        body = size - _COMMIT.size
+        body = size - COMMIT_RECORD.size
         h = hashlib.sha256()
         done = 0
         while done < body:
@@ -157,7 +97,7 @@ def read_plan(path: str) -> dict[str, Any] | None:
             done += n
         if h.digest() != digest:
             return None
-        magic, at, n = _FOOTER.unpack(pread_all(fd, _FOOTER.size, body - _FOOTER.size))
+        magic, at, n = FOOTER.unpack(pread_all(fd, FOOTER.size, body - FOOTER.size))
         if magic != MAGIC or at + n > body:
             return None
         plan: dict[str, Any] = json.loads(pread_all(fd, n, at))
@@ -269,4 +209,77 @@ def apply_journal(target: str, journal: str, plan: dict[str, Any]) -> None:
     finally:
         os.close(fd)
     os.unlink(journal)  # 5.
-    _fsync_dir(os.path.dirname(os.path.abspath(journal)))
+    fsync_dir(os.path.dirname(os.path.abspath(journal)))
+
+
+def journal_path(path: str) -> str:
+    """The journal of the file at ``path``: ``.<name>.ptestore-journal`` beside it."""
+    d, name = os.path.split(os.path.abspath(path))
+    return os.path.join(d, f".{name}.ptestore-journal")
+
+
+def recover_if_local(url: str | os.PathLike[str]) -> None:
+    """:func:`ptestore.recover` for a local path with a journal beside it; nothing for a
+    URL of another scheme or a file without one (one ``lstat``)."""
+    text = os.fspath(url)
+    if "://" in text and not text.startswith("file://"):
+        return
+    target = os.path.realpath(text.removeprefix("file://"))
+    if os.path.lexists(journal_path(target)):
+        recover(target)
+
+
+PathLike = str | os.PathLike[str]
+
+
+def local_path(path: PathLike, what: str) -> str:
+    text = os.fspath(path)
+    if "://" in text and not text.startswith("file://"):
+        raise ConfigurationError(f"{text}: {what} works on local files only")
+    return os.path.realpath(text.removeprefix("file://"))
+
+
+class FileLock:
+    """``flock`` on the file itself: one in-place run or recovery at a time."""
+
+    def __init__(self, path: str) -> None:
+        try:
+            self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError as exc:
+            raise ObjectNotFound(f"{path}: no such file") from exc
+        except OSError as exc:
+            raise StorageError(f"{path}: cannot open: {exc.strerror}") from exc
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def recover_locked(path: str) -> str | None:
+    journal = journal_path(path)
+    if not os.path.lexists(journal):
+        return None
+    plan = read_plan(journal)
+    if plan is None:  # never committed: the file was not touched
+        os.unlink(journal)
+        return "discarded"
+    apply_journal(path, journal, plan)
+    return "rolled forward"
+
+
+def recover(path: PathLike) -> str | None:
+    """Finish or undo an interrupted in-place specialization of ``path``.
+
+    A committed journal is applied (rolled forward: the file gets the new content); an
+    uncommitted one is removed (the file was never touched). Returns ``"rolled forward"``,
+    ``"discarded"``, or None when there was no journal. One ``stat`` when there is none,
+    which is what :func:`ptestore.specialize`, ``describe``, ``verify`` and ``ensure``
+    pay for calling it on every local path."""
+    target = local_path(path, "recover")
+    if not os.path.lexists(journal_path(target)):
+        return None
+    lock = FileLock(target)
+    try:
+        return recover_locked(target)
+    finally:
+        lock.close()

@@ -11,102 +11,41 @@ before its first segment cannot be changed in place (:class:`NotSupported`).
 
 from __future__ import annotations
 
-import fcntl
 import os
 import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from ..backends.compat import DeviceProfile
 from ..errors import (
     ConfigurationError,
     NothingSpecialized,
     NotSupported,
-    ObjectNotFound,
     StorageError,
 )
-from .journal import (
+from ..journal import (
     IDENT_RANGE,
-    JournalSpool,
+    FileLock,
+    PathLike,
     apply_journal,
-    commit_journal,
-    punch_hole,
-    read_plan,
+    journal_path,
+    local_path,
+    recover_locked,
     reserve_tail,
 )
-from .paths import journal_path, recover_if_local
 
 if TYPE_CHECKING:
-    from ..coordinator.report import SpecializationReport
+    from ..backends.compat import DeviceProfile
+    from .report import SpecializationReport
 
 __all__ = [
     "check_in_place_args",
-    "punch_hole",
-    "recover",
-    "recover_if_local",
     "specialize_in_place",
 ]
 
-PathLike = str | os.PathLike[str]
-
-
-def _local(path: PathLike, what: str) -> str:
-    text = os.fspath(path)
-    if "://" in text and not text.startswith("file://"):
-        raise ConfigurationError(f"{text}: {what} works on local files only")
-    return os.path.realpath(text.removeprefix("file://"))
-
-
-class _FileLock:
-    """``flock`` on the file itself: one in-place run or recovery at a time."""
-
-    def __init__(self, path: str) -> None:
-        try:
-            self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError as exc:
-            raise ObjectNotFound(f"{path}: no such file") from exc
-        except OSError as exc:
-            raise StorageError(f"{path}: cannot open: {exc.strerror}") from exc
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
-
-    def close(self) -> None:
-        os.close(self.fd)
-
-
-def _recover_locked(path: str) -> str | None:
-    journal = journal_path(path)
-    if not os.path.lexists(journal):
-        return None
-    plan = read_plan(journal)
-    if plan is None:  # never committed: the file was not touched
-        os.unlink(journal)
-        return "discarded"
-    apply_journal(path, journal, plan)
-    return "rolled forward"
-
-
-def recover(path: PathLike) -> str | None:
-    """Finish or undo an interrupted in-place specialization of ``path``.
-
-    A committed journal is applied (rolled forward: the file gets the new content); an
-    uncommitted one is removed (the file was never touched). Returns ``"rolled forward"``,
-    ``"discarded"``, or None when there was no journal. One ``stat`` when there is none,
-    which is what :func:`ptestore.specialize`, ``describe``, ``verify`` and ``ensure``
-    pay for calling it on every local path."""
-    target = _local(path, "recover")
-    if not os.path.lexists(journal_path(target)):
-        return None
-    lock = _FileLock(target)
-    try:
-        return _recover_locked(target)
-    finally:
-        lock.close()
-
-
 def check_in_place_args(src: str, dst: str, ptd: object, mode: str, options: object) -> None:
     """What ``specialize(..., in_place=True)`` refuses, before any work."""
-    target = _local(src, "in-place specialization")
-    if _local(dst, "in-place specialization") != target:
+    target = local_path(src, "in-place specialization")
+    if local_path(dst, "in-place specialization") != target:
         raise ConfigurationError(
             f"in_place=True rewrites the source itself: the destination must be the source "
             f"({src}), got {dst}"
@@ -184,10 +123,10 @@ def specialize_in_place(
     was. A crash while it is changed leaves a file the ExecuTorch runtime refuses until
     :func:`recover` (or any later ``ensure``/``specialize``/``inspect``/``verify`` of the
     path) rolls the journal forward."""
-    target = _local(path, "in-place specialization")
-    lock = _FileLock(target)
+    target = local_path(path, "in-place specialization")
+    lock = FileLock(target)
     try:
-        _recover_locked(target)
+        recover_locked(target)
         return _run(target, backends, device, provenance, event_tracer, strict)
     finally:
         lock.close()
@@ -201,17 +140,17 @@ def _run(
     event_tracer: Any,
     strict: bool,
 ) -> SpecializationReport:
-    from ..coordinator.aliases import check_aliases
-    from ..coordinator.pipeline import _read, _run_backends
-    from ..coordinator.report import Event, FileReport, nothing_specialized_message
-    from ..coordinator.session import Run
-    from ..format.header import align_up
+    from .._align import align_up
     from ..format.model import inferred_alignment
     from ..format.patch import patch_metadata
-    from ..loaders import LocalFileLoader
     from ..provenance.stamp import ProvenanceRequest, Stamper
     from ..provenance.trailer import encode_trailer
-    from .writer import JournalWriter
+    from ..storage.loaders import LocalFileLoader
+    from .aliases import check_aliases
+    from .journal_writer import JournalSpool, JournalWriter, commit_journal
+    from .pipeline import _read, _run_backends
+    from .report import Event, FileReport, nothing_specialized_message
+    from .session import Run
 
     started = time.perf_counter()
     loader = LocalFileLoader(target)

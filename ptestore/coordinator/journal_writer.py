@@ -1,0 +1,107 @@
+"""The writer of an in-place run: every write goes to the journal, as a planned write."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from typing import Any
+
+from ..errors import StorageError, WriterStateError
+from ..journal import COMMIT, COMMIT_RECORD, FOOTER, MAGIC, fsync_dir
+from ..storage.types import Buffer
+from ..writers.base import DataWriter, PublishMode, PublishResult, WriterState
+from .spool import Spool
+
+__all__ = ["JournalSpool", "JournalWriter", "commit_journal"]
+
+
+class JournalWriter(DataWriter):
+    """Collects the writes of an in-place run in its journal (:mod:`.journal`):
+    ``write(data, offset)`` appends ``data`` to the journal and plans it for
+    ``offset`` of the file; :meth:`place` plans bytes already in the journal (spooled
+    replacements). The journal is committed and applied by the in-place run, not by
+    :meth:`publish`, which refuses."""
+
+    def __init__(self, target: str, spool: JournalSpool) -> None:
+        super().__init__(target)
+        self.spool = spool
+        #: ``(file offset, journal offset, size)`` of every planned write.
+        self.ops: list[tuple[int, int, int]] = []
+
+    def _write(self, data: memoryview, offset: int) -> None:
+        at = self.spool.add(data)
+        self.ops.append((offset, at, data.nbytes))
+
+    def place(self, offset: int, journal_offset: int, size: int) -> None:
+        self.ops.append((offset, journal_offset, size))
+
+    def mark_published(self) -> None:
+        self._state = WriterState.PUBLISHED
+
+    def _publish(self, mode: PublishMode, size: int) -> PublishResult:
+        raise WriterStateError(
+            f"{self.url}: an in-place run's writes are applied through its journal"
+        )
+
+
+class JournalSpool(Spool):
+    """The run's replacement spool, kept in the journal file itself, so that the
+    replaced bytes are on disk once (peak extra disk: the replacements plus the new
+    metadata, not a copy of the model)."""
+
+    def __init__(self, path: str) -> None:  # replaces Spool's temporary file
+        self.path = path
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        except FileExistsError as exc:
+            raise StorageError(
+                f"{path}: a journal exists already (another in-place run, or one to "
+                "recover: ptestore.recover)"
+            ) from exc
+        except OSError as exc:
+            raise StorageError(f"{path}: cannot create the journal: {exc.strerror}") from exc
+        self._file = os.fdopen(fd, "r+b")  # read and written with pread/pwrite only
+        self._size = 0
+        self.name = f"<journal {path}>"
+        self._lock = threading.Lock()
+        #: SHA-256 of everything appended so far (appends are sequential).
+        self.sha256 = hashlib.sha256()
+
+    def add(self, data: Buffer) -> int:
+        view = memoryview(data).cast("B")
+        try:
+            at = super().add(view)
+        except StorageError as exc:
+            raise StorageError(f"{self.path}: {exc}") from exc.__cause__
+        self.sha256.update(view)
+        return at
+
+    def remove(self) -> None:
+        """Close and remove the journal (a run that failed before its commit)."""
+        self.close()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+
+def commit_journal(spool: JournalSpool, plan: dict[str, Any]) -> None:
+    """Append the plan and the commit record and make the journal durable."""
+    text = json.dumps(plan, sort_keys=True).encode()
+    fd = spool.fileno()
+    try:
+        at = spool.add(text)
+        spool.add(FOOTER.pack(MAGIC, at, len(text)))
+        # One fsync for all of it: the commit record carries the SHA-256 of everything
+        # before it, so a journal torn by a power loss before this fsync returned reads
+        # as uncommitted (and the file is touched only after it returned).
+        spool.add(COMMIT_RECORD.pack(COMMIT, spool.sha256.digest()))
+        os.fsync(fd)
+        fsync_dir(os.path.dirname(spool.path))
+    except OSError as exc:
+        raise StorageError(
+            f"{spool.path}: cannot make the journal durable: {exc.strerror}; the model was "
+            "not changed"
+        ) from exc
