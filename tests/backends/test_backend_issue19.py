@@ -22,7 +22,7 @@ from ptestore.errors import BackendError, ConfigurationError, NothingSpecialized
 
 MLP = get_fixture("mlp_xnnpack")
 assert MLP.pte_path is not None
-LABEL = "test_backend_issue19:Quiet"
+LABEL = "backends.test_backend_issue19:Quiet"
 
 
 class Quiet(BackendInterface):
@@ -76,7 +76,7 @@ def test_cli_summary_shows_why_a_backend_declined(
     src: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     dst = tmp_path / "o.pte"
-    spec = "test_backend_issue19:Quiet"
+    spec = "backends.test_backend_issue19:Quiet"
     assert main(["specialize", str(src), str(dst), "--backend", spec, "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert f"{LABEL} declined: returned without writing anything" in err

@@ -130,7 +130,7 @@ def test_debug_prints_the_backends_own_traceback(
     assert "Traceback" not in err
     assert err.splitlines() == [
         "ptestore specialize: failed, nothing published: backend 'XnnpackBackend' "
-        "(test_cli_ux:Divides): "
+        "(cli.test_cli_ux:Divides): "
         "initialize_backend_data failed: ZeroDivisionError: the backend's own error",
         "ptestore specialize: (--debug prints the full traceback, ZeroDivisionError included)",
     ]
@@ -276,12 +276,12 @@ def test_json_failure_prints_an_error_object(
         "error": {
             "type": "BackendError",
             # the message as stderr shows it: the backend it names included
-            "message": "backend 'XnnpackBackend' (test_cli_ux:Divides): initialize_backend_data "
-            "failed: ZeroDivisionError: the backend's own error",
+            "message": "backend 'XnnpackBackend' (cli.test_cli_ux:Divides): "
+            "initialize_backend_data failed: ZeroDivisionError: the backend's own error",
             "exit_code": 1,
             "command": "specialize",
             "backend": "XnnpackBackend",
-            "spec": "test_cli_ux:Divides",
+            "spec": "cli.test_cli_ux:Divides",
             "cause": "ZeroDivisionError: the backend's own error",
             "published": "nothing",
         }

@@ -54,7 +54,7 @@ def test_describe_shows_provenance_and_no_trailer_waste(stamped: tuple[Path, str
     assert d["file_size"] == dst.stat().st_size
     p = d["provenance"]
     assert p["backends"] == [
-        {"id": "XnnpackBackend", "spec": "test_inspect_issue19:Grow", "version": "3.0",
+        {"id": "XnnpackBackend", "spec": "cli.test_inspect_issue19:Grow", "version": "3.0",
          "compatibility": "packer=1"}
     ]
     assert p["device"]["name"] == "npu"

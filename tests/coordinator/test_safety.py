@@ -470,8 +470,8 @@ def test_blob_shared_by_two_backends_that_both_replace_it(tmp_path: Path) -> Non
         tmp_path,
         data,
         [Writes("A", blob=b"for A"), Writes("B", blob=b"for B")],
-        r"backend 'B' \(test_safety:Writes\), method 'forward': processed data of delegate "
-        r"forward\[1\] is shared "
+        r"backend 'B' \(coordinator\.test_safety:Writes\), method 'forward': "
+        r"processed data of delegate forward\[1\] is shared "
         r"with delegates of backend 'A', which already replaced it: a blob used by delegates "
         r"of different backends cannot be replaced",
     )

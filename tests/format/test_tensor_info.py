@@ -373,7 +373,7 @@ def test_a_value_that_grows_by_four_bytes_is_refused(tmp_path: Path) -> None:
     with pytest.raises(InvalidReplacement) as err:
         run("mlp_xnnpack", action, tmp_path)
     assert str(err.value) == (
-        f"backend 'XnnpackBackend' (test_tensor_info:Probe), key {key!r}: size change "
+        f"backend 'XnnpackBackend' (format.test_tensor_info:Probe), key {key!r}: size change "
         "refused: the value is "
         "float32 [32], 128 bytes (from xnnpack forward[0] xvalues[2]), the replacement 132 "
         "bytes; pass BackendData(..., allow_size_change=True) if the change is deliberate "
