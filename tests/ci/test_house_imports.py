@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -261,10 +262,9 @@ def test_no_module_imports_another_package_for_a_type_alone() -> None:
     assert found == []
 
 
-def test_every_module_is_named_in_the_architecture_document() -> None:
-    """docs/architecture.md names every module: by its path, or by its file name on a
-    line that names its package's directory (the package's row of the table)."""
-    doc = (ROOT.parent / "docs" / "architecture.md").read_text()
+def _unnamed_modules(doc: str) -> list[str]:
+    """Modules a document names neither by path nor by file name on a line that names
+    their package's directory."""
     lines = doc.splitlines()
     missing = []
     for path in MODULES.values():
@@ -280,4 +280,20 @@ def test_every_module_is_named_in_the_architecture_document() -> None:
             named = rel in doc or any(top in line and path.name in line for line in lines)
         if not named and path.name != "__main__.py":
             missing.append(rel)
-    assert missing == []
+    return missing
+
+
+def test_every_module_is_named_in_the_architecture_document() -> None:
+    """docs/architecture.md names every module: by its path, or by its file name on a
+    line that names its package's directory (the package's row of the table)."""
+    assert _unnamed_modules((ROOT.parent / "docs" / "architecture.md").read_text()) == []
+
+
+def test_every_module_and_its_tests_are_in_the_testing_document() -> None:
+    """docs/testing.md's table says where each module's tests are."""
+    doc = (ROOT.parent / "docs" / "testing.md").read_text()
+    table = doc[doc.index("## Where the tests of a module are") :]
+    table = table[: table.index("\n## ", 1)]
+    assert _unnamed_modules(table) == []
+    for test_file in re.findall(r"`(tests/[\w/]+\.py)`", table):
+        assert (ROOT.parent / test_file).is_file(), test_file

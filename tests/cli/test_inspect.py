@@ -54,7 +54,7 @@ def test_describe_shows_provenance_and_no_trailer_waste(stamped: tuple[Path, str
     assert d["file_size"] == dst.stat().st_size
     p = d["provenance"]
     assert p["backends"] == [
-        {"id": "XnnpackBackend", "spec": "cli.test_inspect_issue19:Grow", "version": "3.0",
+        {"id": "XnnpackBackend", "spec": "cli.test_inspect:Grow", "version": "3.0",
          "compatibility": "packer=1"}
     ]
     assert p["device"]["name"] == "npu"
@@ -71,7 +71,7 @@ def test_inspect_text_shows_provenance(
     out = capsys.readouterr().out
     assert "trailing bytes 0;" in out
     assert "bytes after the container (not waste)" in out
-    assert "  backend XnnpackBackend: test_inspect_issue19:Grow 3.0, compatibility " in out
+    assert "  backend XnnpackBackend: cli.test_inspect:Grow 3.0, compatibility " in out
     assert "  device: npu (sha256:" in out
 
 

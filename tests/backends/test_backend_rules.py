@@ -22,7 +22,7 @@ from ptestore.errors import BackendError, ConfigurationError, NothingSpecialized
 
 MLP = get_fixture("mlp_xnnpack")
 assert MLP.pte_path is not None
-LABEL = "backends.test_backend_issue19:Quiet"
+LABEL = "backends.test_backend_rules:Quiet"
 
 
 class Quiet(BackendInterface):
@@ -76,7 +76,7 @@ def test_cli_summary_shows_why_a_backend_declined(
     src: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     dst = tmp_path / "o.pte"
-    spec = "backends.test_backend_issue19:Quiet"
+    spec = "backends.test_backend_rules:Quiet"
     assert main(["specialize", str(src), str(dst), "--backend", spec, "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert f"{LABEL} declined: returned without writing anything" in err
@@ -136,7 +136,7 @@ def test_installed_backends_shows_a_registered_class_version() -> None:
 
 
 # -- a return value from initialize_backend_data is refused, like a generator --------
-RETURNS = "test_backend_issue19:test_a_return_value_is_refused.<locals>.Returns"
+RETURNS = "backends.test_backend_rules:test_a_return_value_is_refused.<locals>.Returns"
 
 @pytest.mark.parametrize(
     ("value", "shown"),
@@ -168,7 +168,7 @@ def test_a_backend_without_a_name_is_refused(src: Path, tmp_path: Path) -> None:
         def initialize_backend_data(self, context: Any, output: Any) -> None:
             output.write_named_data(next(iter(context.get_named_data_map())), BackendData(b""))
 
-    label = "test_backend_issue19:test_a_backend_without_a_name_is_refused.<locals>.Nameless"
+    label = "backends.test_backend_rules:test_a_backend_without_a_name_is_refused.<locals>.Nameless"
     dst = tmp_path / "o.pte"
     with pytest.raises(ConfigurationError) as info:
         ptestore.specialize(src, dst, backends=[Nameless()])
