@@ -292,7 +292,8 @@ def test_unknown_key(src: Path, dst: Path) -> None:
         src,
         dst,
         Backend(action=lambda c, o: o.write_named_data("nope", BackendData(b"x"))),
-        r"backend 'XnnpackBackend' \(test_coordinator:[\w.<>]+\), method 'forward', key "
+        r"backend 'XnnpackBackend' \(coordinator\.test_coordinator:[\w.<>]+\), "
+        r"method 'forward', key "
         r"'nope': unknown key: backends may only "
         r"replace existing keys \(4 keys in the model\); no new keys",
     )
@@ -307,7 +308,8 @@ def test_key_written_twice(src: Path, dst: Path) -> None:
         src,
         dst,
         Backend(action=action),
-        rf"backend 'XnnpackBackend' \(test_coordinator:[\w.<>]+\), method 'forward', key "
+        rf"backend 'XnnpackBackend' \(coordinator\.test_coordinator:[\w.<>]+\), "
+        r"method 'forward', key "
         rf"'{MLP_KEYS[0]}': key written twice "
         r"\(first by backend 'XnnpackBackend'\)",
     )
@@ -351,7 +353,8 @@ def test_processed_without_current_input(src: Path, dst: Path) -> None:
         src,
         dst,
         Early(),
-        r"backend 'XnnpackBackend' \(test_coordinator:[\w.<>]+\): write_processed_data "
+        r"backend 'XnnpackBackend' \(coordinator\.test_coordinator:[\w.<>]+\): "
+        r"write_processed_data "
         r"called with no current delegate input "
         r"\(call next_backend_data first\)",
     )
@@ -370,7 +373,8 @@ def test_backend_exception_names_backend_method_and_key(src: Path, dst: Path) ->
         src,
         dst,
         Boom(),
-        rf"backend 'XnnpackBackend' \(test_coordinator:[\w.<>]+\), method 'forward', key "
+        rf"backend 'XnnpackBackend' \(coordinator\.test_coordinator:[\w.<>]+\), "
+        r"method 'forward', key "
         rf"'{MLP_KEYS[2]}': "
         r"initialize_backend_data failed: RuntimeError: compiler crashed",
     )

@@ -184,7 +184,7 @@ def test_anything_a_backend_raises_is_a_backend_error(
         src,
         dst,
         [Backend(action=action)],
-        rf"backend 'XnnpackBackend' \(test_coordinator_backends:[\w.<>]+\), method "
+        rf"backend 'XnnpackBackend' \(coordinator\.test_coordinator_backends:[\w.<>]+\), method "
         rf"'forward': initialize_backend_data failed: "
         rf"{re.escape(text)}",
     )
@@ -302,7 +302,7 @@ def test_generator_function_is_refused(src: Path, dst: Path) -> None:
         src,
         dst,
         [Gen()],
-        r"backend 'XnnpackBackend' \(test_coordinator_backends:[\w.<>]+\): "
+        r"backend 'XnnpackBackend' \(coordinator\.test_coordinator_backends:[\w.<>]+\): "
         r"initialize_backend_data returned a generator \(is "
         r"initialize_backend_data a generator function\?\), so its body never ran: it must do "
         r"its work during the call and return None",
@@ -322,7 +322,7 @@ def test_async_def_is_refused_without_a_never_awaited_warning(src: Path, dst: Pa
             src,
             dst,
             [Async()],
-            r"backend 'XnnpackBackend' \(test_coordinator_backends:[\w.<>]+\): "
+            r"backend 'XnnpackBackend' \(coordinator\.test_coordinator_backends:[\w.<>]+\): "
             r"initialize_backend_data returned a coroutine or "
             r"awaitable \(is initialize_backend_data an async def\?\), so its body never ran: "
             r"it must do its work during the call and return None",
@@ -342,7 +342,7 @@ def test_async_generator_is_refused(src: Path, dst: Path) -> None:
         src,
         dst,
         [AsyncGen()],
-        r"backend 'XnnpackBackend' \(test_coordinator_backends:[\w.<>]+\): "
+        r"backend 'XnnpackBackend' \(coordinator\.test_coordinator_backends:[\w.<>]+\): "
         r"initialize_backend_data returned an async generator, so "
         r"its body never ran: it must do its work during the call and return None",
     )
