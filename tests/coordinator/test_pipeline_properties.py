@@ -169,11 +169,11 @@ def test_pipeline_invariants(
     else:
         fs = fsspec.filesystem("memory")
         base = f"/props/{os.urandom(6).hex()}"
-        fs.pipe(f"{base}/in.pte", data)
-        fs.pipe(f"{base}/{name}", OLD)
+        fs.pipe_file(f"{base}/in.pte", data)  # the _file forms: a name is never a glob
+        fs.pipe_file(f"{base}/{name}", OLD)
         outcome = _attempt(f"memory://{base}/in.pte", f"memory://{base}/{name}", how, sig)
-        assert fs.cat(f"{base}/in.pte") == data
-        after = fs.cat(f"{base}/{name}")
+        assert fs.cat_file(f"{base}/in.pte") == data
+        after = fs.cat_file(f"{base}/{name}")
     _check(outcome, how, clean, OLD, after)
 
 
