@@ -1,8 +1,8 @@
-"""``ptestore verify URL [--source SRC] [--backend SPEC]... [--device NAME --job JOB]
-[--json]``.
+"""``ptestore verify URL [--source SRC] [--backend SPEC]... [--device NAME
+[--device-option K=V]... | --job JOB] [--ptd PTD] [--quick] [--json]``.
 
-Exit status: 0 current, 1 stale or mismatched (the message names the field), 2 bad
-input or a corrupt artifact.
+Exit status: 0 intact or current, 1 stale or mismatched (the message names the field),
+2 bad input or a corrupt artifact.
 """
 
 from __future__ import annotations
@@ -21,7 +21,10 @@ __all__ = ["add_verify_parser", "run_verify"]
 
 _EPILOG = """\
 examples:
-  ptestore verify out.pte
+  ptestore verify out.pte                  # intact: structure, trailer and bytes
+  ptestore verify out.pte --quick          # without the full read of the bytes
+  ptestore verify out.pte --backend my_pkg.backend:MyBackend --device pixel9 \
+      --device-option soc=sm8650
   ptestore verify out.pte --source model.pte --backend my_pkg.backend:MyBackend
   ptestore verify s3://bucket/dev-a/model.pte --job job.toml --json"""
 
@@ -34,7 +37,9 @@ def add_verify_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="Check the container's structure and provenance trailer; given "
         "--source, that the artifact was made from exactly it; given --backend, that the "
         "backends and their versions match and rate it optimal; given --device, that it "
-        "was made for that profile. Exit status: 0 current, 1 stale, 2 bad input or corrupt.",
+        "was made for that profile. Without any of them only integrity is checked and the "
+        "answer is 'intact'. Exit status: 0 intact or current, 1 stale, 2 bad input or "
+        "corrupt (the bytes do not match the SHA-256 the provenance records).",
         epilog=_EPILOG,
     )
     p.add_argument("url", metavar="URL", help="the artifact (.pte or .ptd; path or URL)")
@@ -49,7 +54,26 @@ def add_verify_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--device",
         metavar="NAME",
-        help="the device profile it should have been made for (options from --job)",
+        help="the device profile it should have been made for (options from --job or "
+        "--device-option; without options only the name is compared)",
+    )
+    p.add_argument(
+        "--device-option",
+        metavar="K=V",
+        action="append",
+        default=[],
+        help="an option of the --device profile (VALUE parsed as JSON if it can be); "
+        "repeatable; not with --job",
+    )
+    p.add_argument(
+        "--ptd",
+        metavar="PTD",
+        help="the .ptd of a .pte (default: the one beside it, when its record names one)",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="skip the full read that checks the bytes against the recorded SHA-256",
     )
     p.add_argument(
         "--job",
@@ -76,7 +100,13 @@ def run_verify(args: argparse.Namespace) -> int:
         report = VerifyReport(args.url, status="invalid", error=str(exc))
     else:
         report = verify(
-            args.url, source=source, backends=backends, device=device, storage_options=options
+            args.url,
+            source=source,
+            backends=backends,
+            device=device,
+            storage_options=options,
+            ptd=args.ptd,
+            quick=args.quick,
         )
     if args.json:
         json.dump(report.to_dict(), sys.stdout, indent=2)
@@ -93,8 +123,23 @@ def _inputs(args: argparse.Namespace) -> tuple[Any, Any, Any, dict[str, Any]]:
     backends = args.backend
     device: Any = None
     if args.job is None:
-        # Without a job the options are unknown: only the name is compared.
+        if args.device_option:
+            from ..backends.compat import DeviceProfile, parse_device_options
+
+            if args.device is None:
+                raise ConfigurationError("--device-option needs --device NAME")
+            return (
+                source,
+                backends,
+                DeviceProfile(args.device, parse_device_options(args.device_option)),
+                options,
+            )
+        # Without options only the name is compared (backends get a profile of that name).
         return source, backends, args.device, options
+    if args.device_option:
+        raise ConfigurationError(
+            "--device-option cannot be given with --job (the job file has the options)"
+        )
     from ..fleet import load_job
     from ..fleet.job import WRITER_ONLY_OPTIONS
 

@@ -19,9 +19,10 @@ from typing import Any
 
 from ..backends.compat import DeviceProfile
 from ..backends.registry import load_backend
-from ..errors import AlreadyExists, FormatError, ObjectNotFound, PteStoreError
+from ..errors import AlreadyExists, PteStoreError
 from ..loaders import DataLoader, open_loader
-from ..provenance import ProvenanceKey, ProvenanceRequest, SourceInfo, read_provenance
+from ..provenance import ProvenanceKey, ProvenanceRequest, SourceInfo
+from ..provenance.record import JobStamp
 from ..writers import open_writer
 from ..writers.base import PublishMode
 from .job import loader_options, writer_options
@@ -52,6 +53,8 @@ class PairTask:
     sources: dict[str, SourceInfo]
     #: The provenance key a current artifact has.
     key: ProvenanceKey
+    #: The job file (path, sha256) recorded in the provenance.
+    job: tuple[str, str] | None = None
 
 
 @dataclass
@@ -113,24 +116,12 @@ def open_counted(url: str, options: dict[str, Any], counter: list[int]) -> DataL
 def check_destination(
     urls: list[str], options: dict[str, Any], want: ProvenanceKey, counter: list[int]
 ) -> tuple[bool, str]:
-    """``(current, reason)`` for the artifact at ``urls`` (the .pte, then a .ptd)."""
-    for url in urls:
-        try:
-            loader = open_counted(url, options, counter)
-        except ObjectNotFound:
-            return False, f"no artifact at {url}"
-        try:
-            prov = read_provenance(loader)
-        except FormatError as exc:
-            return False, f"damaged provenance trailer: {exc}"
-        finally:
-            loader.close()
-        if prov is None:
-            return False, f"{url} has no provenance trailer"
-        diff = prov.key().mismatches(want)
-        if diff:
-            return False, f"stale: {'; '.join(diff)}"
-    return True, "current: provenance matches"
+    """``(current, reason)`` for the artifact at ``urls`` (the .pte, then a .ptd): its
+    provenance key is ``want`` and its bytes are the ones the record names (see
+    :mod:`.binding`)."""
+    from .binding import check_artifact
+
+    return check_artifact(urls, lambda url: open_counted(url, options, counter), want)
 
 
 def run_pair(task: PairTask) -> PairResult:
@@ -192,7 +183,10 @@ def _run(task: PairTask, counter: list[int]) -> tuple[str, str]:
                 backends=list(task.backends),  # recorded as the job's SPECs
                 mode=mode,
                 device=task.device,
-                provenance=ProvenanceRequest(sources=dict(task.sources)),
+                provenance=ProvenanceRequest(
+                    sources=dict(task.sources),
+                    job=None if task.job is None else JobStamp(*task.job),
+                ),
             )
             counter[0] += sum(f.size_after for f in report.files)
             outcome = "published"
