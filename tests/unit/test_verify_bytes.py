@@ -176,3 +176,24 @@ def test_no_provenance_and_the_pass_through_no_op(tmp_path: Path) -> None:
         == 0
     )
     assert verify(stamped).status == "intact"
+
+
+def test_the_compatibility_example_in_the_docs_works_without_a_device() -> None:
+    import types
+
+    from ptestore.backends.compat import Compatibility
+
+    text = (Path(__file__).parents[2] / "docs" / "fleet.md").read_text()
+    section = text[text.index("## Compatibility, for backend authors") :]
+    start = section.index("```python\n") + 10
+    code = section[start : section.index("\n```", start)]
+    scope: dict[str, object] = {}
+    exec(compile(code, "docs/fleet.md", "exec"), scope)
+    backend = scope["NpuBackend"]()  # type: ignore[operator]
+    info = backend.compatibility_info(types.SimpleNamespace(device=None))
+    assert info == "sdk=2.31;arch=generic"
+    assert backend.check_compatibility(info, None) is Compatibility.OPTIMAL
+    npu = DeviceProfile("npu", {"soc": "sm8650"})
+    assert backend.check_compatibility(info, npu) is Compatibility.UNSUPPORTED
+    made = backend.compatibility_info(types.SimpleNamespace(device=npu))
+    assert backend.check_compatibility(made, npu) is Compatibility.OPTIMAL
