@@ -71,6 +71,8 @@ __all__ = [
     "initialize_and_save_backend_data",
     "open_loader",
     "open_writer",
+    "select",
+    "fetch",
     "specialize",
     "verify",
 ]
@@ -88,6 +90,8 @@ _LAZY = {
     "open_writer": ".writers",
     "VerifyReport": ".verification",
     "verify": ".verification",
+    "select": ".fleet.select",
+    "fetch": ".fleet.fetch",
 }
 
 

@@ -40,6 +40,10 @@ class FleetResult:
     pairs: list[PairResult]
     seconds: float = 0.0
     engine: str = "inline"
+    #: URL of the index the run published (None when nothing is indexed).
+    index: str | None = None
+    #: Why the index could not be published (the run's artifacts are unaffected).
+    index_error: str | None = None
 
     def count(self, status: str) -> int:
         return sum(1 for p in self.pairs if p.status == status)
@@ -59,6 +63,8 @@ class FleetResult:
             "done": self.count("done"),
             "skipped": self.count("skipped"),
             "failed": self.count("failed"),
+            "index": self.index,
+            "index_error": self.index_error,
             "pairs": [p.to_dict() for p in self.pairs],
         }
 
@@ -71,11 +77,15 @@ class FleetResult:
             ("bytes through the client", _human(self.bytes)),
             ("time", f"{self.seconds:.2f} s ({self.engine})"),
         ]
+        if self.index is not None:
+            rows.append(("index", self.index))
         width = max(len(k) for k, _ in rows)
         lines = [f"{k:<{width}}  {v}" for k, v in rows]
         for p in self.pairs:
             if p.status == "failed":
                 lines.append(f"failed: {p.model} on {p.device} -> {p.destination}: {p.error}")
+        if self.index_error is not None:
+            lines.append(f"index not published: {self.index_error}")
         return "\n".join(lines)
 
 
@@ -171,9 +181,28 @@ def run_plan(
                 done(i, p, run_pair(task))
         else:
             _run_pool(todo, n, done)
-    return FleetResult(
+    result = FleetResult(
         [results[i] for i in range(len(plan.pairs))], time.perf_counter() - started, engine
     )
+    _publish_index(plan, result)
+    return result
+
+
+def _publish_index(plan: Plan, result: FleetResult) -> None:
+    """Index every pair that is done or skipped (see :mod:`.index`)."""
+    from ..errors import PteStoreError
+    from .index import index_entries, index_url, publish_index
+
+    ok = [(p.model, p.device) for p in result.pairs if p.status in ("done", "skipped")]
+    if not ok:
+        return
+    url = index_url(plan.job)
+    try:
+        result.index = publish_index(
+            url, index_entries(plan.job, ok), dict(plan.job.storage_options)
+        )
+    except PteStoreError as exc:
+        result.index_error = str(exc)
 
 
 def _run_pool(
