@@ -127,14 +127,20 @@ def run_job(
     scheduler: str | None = None,
     progress: Progress | None = None,
     connect_timeout: float = 30.0,
+    fail_fast: bool = False,
 ) -> FleetResult:
-    """Plan ``job`` and run every pair that is not current (see :func:`run_plan`)."""
+    """Preflight and plan ``job``, then run every pair that is not current (see
+    :func:`run_plan` and :func:`~.preflight.preflight`)."""
+    from .preflight import preflight
+
+    preflight(job, write=True)
     return run_plan(
         plan_job(job),
         workers=workers,
         scheduler=scheduler,
         progress=progress,
         connect_timeout=connect_timeout,
+        fail_fast=fail_fast,
     )
 
 
@@ -145,9 +151,12 @@ def run_plan(
     scheduler: str | None = None,
     progress: Progress | None = None,
     connect_timeout: float = 30.0,
+    fail_fast: bool = False,
 ) -> FleetResult:
     """Run the pairs of ``plan`` marked ``run``; ``progress`` is called once per pair
-    (skipped ones first). ``connect_timeout`` bounds the wait for a Dask scheduler."""
+    (skipped ones first). ``connect_timeout`` bounds the wait for a Dask scheduler.
+    With ``fail_fast`` the first failed pair stops the run: pairs not started yet are
+    reported failed (``not started: ...``)."""
     if workers is not None and workers < 1:
         raise ConfigurationError(f"--workers must be >= 1, got {workers}")
     scheduler = scheduler or os.environ.get(SCHEDULER_ENV) or None
@@ -164,23 +173,35 @@ def run_plan(
         if i in results and progress is not None:
             progress(results[i])
 
+    stop: list[str] = []  # set once a pair failed with fail_fast
+
     def done(i: int, p: PlannedPair, r: PairResult) -> None:
         r.bytes += p.bytes
         results[i] = r
+        if fail_fast and r.status == "failed" and not stop:
+            stop.append(f"{r.model} on {r.device}")
         if progress is not None:
             progress(r)
 
+    def stopped() -> bool:
+        return bool(stop)
+
     if scheduler:
         engine = f"dask {scheduler}"
-        _run_dask(todo, scheduler, done, connect_timeout)
+        _run_dask(todo, scheduler, done, connect_timeout, stopped)
     else:
         n = workers or min(len(todo), os.cpu_count() or 1) or 1
         engine = "inline" if n == 1 else f"{n} processes"
         if n == 1:
             for i, p, task in todo:
+                if stopped():
+                    break
                 done(i, p, run_pair(task))
         else:
-            _run_pool(todo, n, done)
+            _run_pool(todo, n, done, stopped)
+    for i, p, _task in todo:
+        if i not in results:  # fail_fast stopped the run before this pair started
+            results[i] = _failed(p, f"not started: --fail-fast after {stop[0]} failed")
     result = FleetResult(
         [results[i] for i in range(len(plan.pairs))], time.perf_counter() - started, engine
     )
@@ -209,17 +230,23 @@ def _run_pool(
     todo: Iterable[tuple[int, PlannedPair, PairTask]],
     workers: int,
     done: Callable[[int, PlannedPair, PairResult], None],
+    stopped: Callable[[], bool],
 ) -> None:
     ctx = multiprocessing.get_context("spawn")
     with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
         futures = {pool.submit(run_pair, task): (i, p) for i, p, task in todo}
         for fut in cf.as_completed(futures):
+            if fut.cancelled():
+                continue
             i, p = futures[fut]
             try:
                 r = fut.result()
             except Exception as exc:  # a worker process died (BrokenProcessPool)
                 r = _failed(p, f"worker process failed: {type(exc).__name__}: {exc}")
             done(i, p, r)
+            if stopped():
+                for other in futures:
+                    other.cancel()  # those not started; running ones finish
 
 
 def _run_dask(
@@ -227,6 +254,7 @@ def _run_dask(
     scheduler: str,
     done: Callable[[int, PlannedPair, PairResult], None],
     connect_timeout: float,
+    stopped: Callable[[], bool],
 ) -> None:
     try:
         from distributed import Client, as_completed
@@ -255,5 +283,8 @@ def _run_dask(
             except Exception as exc:  # KilledWorker after too many worker losses, ...
                 r = _failed(p, f"Dask task failed: {type(exc).__name__}: {exc}")
             done(i, p, r)
+            if stopped():
+                client.cancel([f for f in futures if not f.done()])  # type: ignore[no-untyped-call]
+                break
     finally:
         client.close()  # type: ignore[no-untyped-call]

@@ -1,0 +1,95 @@
+"""An operator's run: a job-wide mistake is one message and exit 2 before any pair
+(a misspelt storage option, a missing bucket, an unwritable destination, a backend
+that does not load); --fail-fast stops at the first failed pair."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from support.fixtures import get_fixture
+
+from ptestore.cli import main
+from ptestore.testing.s3server import S3TestServer
+
+MLP = get_fixture("mlp_xnnpack")
+SPEC = "support.fleet_backend:Scaler=1.0"
+
+
+def _job(tmp: Path, dest: str, *, extra: str = "", devices: str = "", spec: str = SPEC) -> Path:
+    job = tmp / "job.toml"
+    job.write_text(
+        f'destination = "{dest}/{{device}}/{{model}}.pte"\nbackends = ["{spec}"]\n{extra}'
+        f'[[models]]\nname = "mlp"\nsource = "{MLP.pte_path}"\n'
+        + (devices or '[devices.a]\nsoc = "x"\n[devices.b]\nsoc = "y"\n')
+    )
+    return job
+
+
+def test_unwritable_destination(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A destination under a regular file: no directory can be made there (root too).
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file, not a directory")
+    job = _job(tmp_path, str(blocker / "out"))
+    assert main(["fleet", "run", str(job), "--workers", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"{job}: destination {blocker}/out/ is not writable" in err
+    assert len(err.splitlines()) == 2  # the message and the --debug hint
+    assert main(["fleet", "plan", str(job)]) == 0  # plan writes nothing, checks no marker
+
+
+def test_a_backend_that_does_not_load_is_one_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job = _job(tmp_path, str(tmp_path / "out"), spec="no_such_pkg.mod:Backend")
+    assert main(["fleet", "run", str(job), "--workers", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"ptestore fleet: error: {job}: backends: ")
+    assert len(err.splitlines()) == 2  # one message (and the --debug hint)
+    assert not (tmp_path / "out").exists()
+
+
+def test_fail_fast(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Scaler fails on a scale that is no number: the first device fails.
+    devices = '[devices.bad]\nscale = "x"\n[devices.a]\nsoc = "x"\n[devices.b]\nsoc = "y"\n'
+    job = _job(tmp_path, str(tmp_path / "out"), devices=devices)
+    assert main(["fleet", "run", str(job), "--workers", "1", "--json", "--fail-fast"]) == 1
+    shown = json.loads(capsys.readouterr().out)
+    assert [(p["device"], p["status"]) for p in shown["pairs"]] == [
+        ("bad", "failed"),
+        ("a", "failed"),
+        ("b", "failed"),
+    ]
+    assert shown["pairs"][1]["error"] == "not started: --fail-fast after mlp on bad failed"
+    assert not (tmp_path / "out" / "a").exists()
+    # Without it the others are done.
+    assert main(["fleet", "run", str(job), "--workers", "1", "--json"]) == 1
+    shown = json.loads(capsys.readouterr().out)
+    assert (shown["done"], shown["failed"]) == (2, 1)
+
+
+@pytest.mark.s3
+def test_s3_option_typo_and_missing_bucket(
+    s3_server: S3TestServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    opts = s3_server.storage_options
+    conn = (
+        f'[storage_options]\nendpoint_url = "{opts["endpoint_url"]}"\n'
+        f'key = "{opts["key"]}"\nsecret = "{opts["secret"]}"\n'
+        '[storage_options.client_kwargs]\nregion_name = "us-east-1"\n'
+    )
+    bucket = s3_server.new_bucket()
+    typo = _job(tmp_path, f"s3://{bucket}/f", extra=conn.replace("secret =", "secrett ="))
+    assert main(["fleet", "run", str(typo), "--workers", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "secrett" in err and len(err.splitlines()) == 2  # one message, not one per pair
+    missing = _job(tmp_path, f"s3://{bucket}-missing/f", extra=conn)
+    assert main(["fleet", "run", str(missing), "--workers", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"{missing}: destination s3://{bucket}-missing/f/ is not writable" in err
+    ok = _job(tmp_path, f"s3://{bucket}/f", extra=conn)
+    assert main(["fleet", "run", str(ok), "--workers", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["done"] == 2
+    keys = [o["Key"] for o in s3_server.client().list_objects_v2(Bucket=bucket).get("Contents", [])]
+    assert not [k for k in keys if ".ptestore-preflight-" in k]  # the marker is gone
