@@ -42,7 +42,13 @@ def add_verify_parser(subparsers: Any) -> argparse.ArgumentParser:
         "corrupt (the bytes do not match the SHA-256 the provenance records).",
         epilog=_EPILOG,
     )
-    p.add_argument("url", metavar="URL", help="the artifact (.pte or .ptd; path or URL)")
+    p.add_argument(
+        "url",
+        metavar="URL",
+        nargs="?",
+        default=None,
+        help="the artifact (.pte or .ptd; path or URL); without it, --job checks every pair",
+    )
     p.add_argument("--source", metavar="SRC", help="the source it should have been made from")
     p.add_argument(
         "--backend",
@@ -94,6 +100,8 @@ def run_verify(args: argparse.Namespace) -> int:
     corrupt artifact."""
     from ..verification import VerifyReport, verify
 
+    if args.url is None:
+        return _verify_job(args)
     try:
         source, backends, device, options = _inputs(args)
     except ConfigurationError as exc:
@@ -158,3 +166,54 @@ def _inputs(args: argparse.Namespace) -> tuple[Any, Any, Any, dict[str, Any]]:
     if backends is None:
         backends = list(job.backends)
     return source, backends, device, options
+
+
+def _verify_job(args: argparse.Namespace) -> int:
+    """``verify --job JOB``: every pair of the job, a few at once; exit the worst."""
+    import concurrent.futures as cf
+
+    from ..fleet import load_job
+    from ..fleet.job import WRITER_ONLY_OPTIONS
+    from ..verification import verify
+
+    if args.job is None:
+        raise ConfigurationError("verify needs URL, or --job JOB to check every pair of a job")
+    if args.source or args.backend or args.device or args.device_option or args.ptd:
+        raise ConfigurationError(
+            "verify --job without URL takes each pair's source, backends and device from "
+            "the job: --source, --backend, --device, --device-option and --ptd do not apply"
+        )
+    job = load_job(args.job)
+    options = {k: v for k, v in job.storage_options.items() if k not in WRITER_ONLY_OPTIONS}
+    options.update(storage_options(args))
+    pairs = job.pairs()
+
+    def one(pair: Any) -> Any:
+        return verify(
+            pair.destination,
+            source=pair.model.source,
+            backends=list(job.backends),
+            device=pair.device,
+            storage_options=options,
+            quick=args.quick,
+        )
+
+    with cf.ThreadPoolExecutor(max_workers=8) as pool:
+        reports = list(pool.map(one, pairs))
+    code = max((r.exit_code for r in reports), default=0)
+    if args.json:
+        json.dump(
+            {"exit_code": code, "pairs": [r.to_dict() for r in reports]}, sys.stdout, indent=2
+        )
+        sys.stdout.write("\n")
+    else:
+        for r in reports:
+            print(r.message(), file=sys.stdout if r.exit_code == 0 else sys.stderr)
+        counts = {
+            s: sum(1 for r in reports if r.status == s) for s in ("current", "stale", "invalid")
+        }
+        print(
+            f"{len(reports)} pairs: {counts['current']} current, {counts['stale']} stale, "
+            f"{counts['invalid']} invalid"
+        )
+    return code

@@ -123,3 +123,26 @@ def test_s3(s3_server: S3TestServer, tmp_path: Path, capsys: pytest.CaptureFixtu
     # A segment of one pair's .pte, the .ptd of the other pair.
     flips = {"a": flipper("out/a/m.pte", "segment"), "b": flipper("out/b/m.ptd", "ptd")}
     _cycle(job, flips, opts, capsys)
+
+
+def test_verify_job_checks_every_pair(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'destination = "{tmp_path}/out/{{device}}/{{model}}.pte"\nbackends = ["{SPEC}"]\n'
+        f'[[models]]\nname = "m"\nsource = "{EXT.pte_path}"\nptd = "{EXT.ptd_path}"\n' + DEVICES
+    )
+    assert main(["verify", "--job", str(job)]) == 2  # nothing made yet: each pair says so
+    assert "2 pairs: 0 current, 0 stale, 2 invalid" in capsys.readouterr().out
+    assert main(["fleet", "run", str(job), "--workers", "1", "--quiet"]) == 0
+    assert main(["verify", "--job", str(job)]) == 0
+    assert capsys.readouterr().out.endswith("2 pairs: 2 current, 0 stale, 0 invalid\n")
+    ptd = tmp_path / "out" / "b" / "m.ptd"
+    ptd.write_bytes(_flip(ptd.read_bytes(), "ptd"))
+    assert main(["verify", "--job", str(job), "--json"]) == 2
+    shown = json.loads(capsys.readouterr().out)
+    assert [p["status"] for p in shown["pairs"]] == ["current", "invalid"]
+    assert shown["pairs"][1]["error"].startswith(f"{ptd}: content.sha256 = ")
+    assert main(["verify", "--job", str(job), "--source", "x.pte"]) == 2
+    assert "--source, --backend, --device, --device-option and --ptd do not apply" in (
+        capsys.readouterr().err
+    )
