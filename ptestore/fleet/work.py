@@ -71,6 +71,8 @@ class PairResult:
     bytes: int = 0
     #: Why it ran or was skipped (not part of the ``--json`` output).
     reason: str = field(default="", compare=False)
+    #: How many times the pair was tried (transient failures are retried).
+    attempts: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -81,6 +83,7 @@ class PairResult:
             "error": self.error,
             "seconds": round(self.seconds, 6),
             "bytes": self.bytes,
+            "attempts": self.attempts,
         }
 
 
@@ -126,16 +129,25 @@ def check_destination(
 
 def run_pair(task: PairTask) -> PairResult:
     """Do one pair; every failure is reported in the result, never raised."""
+    from .retry import PAIR_ATTEMPTS, backoff, transient
+
     t0 = time.perf_counter()
     counter = [0]
     result = PairResult(task.model, task.device.name, task.destination, "failed")
-    try:
-        result.status, result.reason = _run(task, counter)
-    except Exception as exc:
-        result.status = "failed"
-        result.error = (
-            f"{type(exc).__name__}: {exc}" if not isinstance(exc, PteStoreError) else (str(exc))
-        )
+    for attempt in range(1, PAIR_ATTEMPTS + 1):
+        result.attempts = attempt
+        try:
+            result.status, result.reason = _run(task, counter)
+            result.error = None
+            break
+        except Exception as exc:
+            result.status = "failed"
+            result.error = (
+                f"{type(exc).__name__}: {exc}" if not isinstance(exc, PteStoreError) else (str(exc))
+            )
+            if attempt == PAIR_ATTEMPTS or not transient(exc):
+                break
+            time.sleep(backoff(attempt))  # a transient failure: the whole pair again
     result.seconds = time.perf_counter() - t0
     result.bytes = counter[0]
     return result

@@ -50,6 +50,7 @@ def test_fleet_with_faults_reruns_and_changes(
                 "error",
                 "seconds",
                 "bytes",
+                "attempts",
             }
             assert entry["status"] in ("done", "failed"), entry
             assert (entry["error"] is None) == (entry["status"] == "done"), entry

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.fixtures import get_fixture
@@ -93,3 +94,33 @@ def test_s3_option_typo_and_missing_bucket(
     assert json.loads(capsys.readouterr().out)["done"] == 2
     keys = [o["Key"] for o in s3_server.client().list_objects_v2(Bucket=bucket).get("Contents", [])]
     assert not [k for k in keys if ".ptestore-preflight-" in k]  # the marker is gone
+
+
+@pytest.mark.s3
+def test_transient_failures_are_retried_per_pair(
+    moto_s3: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from support.faulty_proxy import faulty_proxy
+
+    from ptestore.fleet import load_job, plan_job, run_plan
+
+    bucket = moto_s3.new_bucket()
+    opts = moto_s3.storage_options
+    with faulty_proxy(moto_s3.endpoint_url, every=4) as (endpoint, faults):
+        # One storage attempt per request: a fault is final for the request, so only
+        # the per-pair retry can get the pair through.
+        conn = (
+            f'[storage_options]\nendpoint_url = "{endpoint}"\nretry_attempts = 1\n'
+            f'key = "{opts["key"]}"\nsecret = "{opts["secret"]}"\n'
+            '[storage_options.client_kwargs]\nregion_name = "us-east-1"\n'
+        )
+        job = _job(tmp_path, f"s3://{bucket}/f", extra=conn)
+        faults.enabled = False
+        plan = plan_job(load_job(job))
+        faults.enabled = True
+        result = run_plan(plan, workers=1)
+    shown = result.to_json()
+    assert faults.injected > 0
+    # A pair that hit a fault went again and got through; none tried more than 3 times.
+    assert any(p["status"] == "done" and p["attempts"] > 1 for p in shown["pairs"]), shown
+    assert all(1 <= p["attempts"] <= 3 for p in shown["pairs"]), shown
