@@ -137,6 +137,8 @@ def run_fleet(args: argparse.Namespace) -> int:
             bar.update(1)
             bar.set_postfix_str(f"{result.model}/{result.device} {result.status}")
 
+    from ..fleet.runner import FleetInterrupted
+
     try:
         result = run_plan(
             plan,
@@ -145,6 +147,18 @@ def run_fleet(args: argparse.Namespace) -> int:
             progress=progress,
             fail_fast=args.fail_fast,
         )
+    except FleetInterrupted as stop:
+        if bar is not None:
+            bar.close()
+            bar = None
+        # The partial summary: which pairs were published, then exit 130.
+        if args.json:
+            json.dump(stop.result.to_json(), sys.stdout, indent=2)
+            sys.stdout.write("\n")
+        elif not args.quiet:
+            print(stop.result.summary())
+        sys.stdout.flush()
+        raise
     finally:
         if bar is not None:
             bar.close()

@@ -89,6 +89,21 @@ class FleetResult:
         return "\n".join(lines)
 
 
+class FleetInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a run; ``result`` has every pair that finished (the others are
+    reported failed, ``interrupted``), and the index holds the published ones."""
+
+    def __init__(self, result: FleetResult) -> None:
+        done = [p for p in result.pairs if p.status == "done"]
+        names = ", ".join(f"{p.model} on {p.device}" for p in done)
+        super().__init__(
+            f"after {len(done)} pair(s) were published ({names})"
+            if done
+            else "before any pair was published"
+        )
+        self.result = result
+
+
 def _human(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024 or unit == "GiB":
@@ -186,26 +201,35 @@ def run_plan(
     def stopped() -> bool:
         return bool(stop)
 
-    if scheduler:
-        engine = f"dask {scheduler}"
-        _run_dask(todo, scheduler, done, connect_timeout, stopped)
-    else:
-        n = workers or min(len(todo), os.cpu_count() or 1) or 1
-        engine = "inline" if n == 1 else f"{n} processes"
-        if n == 1:
+    n = workers or min(len(todo), os.cpu_count() or 1) or 1
+    engine = f"dask {scheduler}" if scheduler else ("inline" if n == 1 else f"{n} processes")
+    interrupted = False
+    try:
+        if scheduler:
+            _run_dask(todo, scheduler, done, connect_timeout, stopped)
+        elif n == 1:
             for i, p, task in todo:
                 if stopped():
                     break
                 done(i, p, run_pair(task))
         else:
             _run_pool(todo, n, done, stopped)
+    except KeyboardInterrupt:
+        interrupted = True  # the pool and Dask tasks are cancelled: report what finished
     for i, p, _task in todo:
-        if i not in results:  # fail_fast stopped the run before this pair started
-            results[i] = _failed(p, f"not started: --fail-fast after {stop[0]} failed")
+        if i not in results:
+            why = (
+                "interrupted before it finished"
+                if interrupted
+                else f"not started: --fail-fast after {stop[0]} failed"
+            )
+            results[i] = _failed(p, why)
     result = FleetResult(
         [results[i] for i in range(len(plan.pairs))], time.perf_counter() - started, engine
     )
     _publish_index(plan, result)
+    if interrupted:
+        raise FleetInterrupted(result)
     return result
 
 
@@ -233,20 +257,39 @@ def _run_pool(
     stopped: Callable[[], bool],
 ) -> None:
     ctx = multiprocessing.get_context("spawn")
-    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        futures = {pool.submit(run_pair, task): (i, p) for i, p, task in todo}
-        for fut in cf.as_completed(futures):
-            if fut.cancelled():
-                continue
-            i, p = futures[fut]
-            try:
-                r = fut.result()
-            except Exception as exc:  # a worker process died (BrokenProcessPool)
-                r = _failed(p, f"worker process failed: {type(exc).__name__}: {exc}")
-            done(i, p, r)
-            if stopped():
-                for other in futures:
-                    other.cancel()  # those not started; running ones finish
+    pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
+    try:
+        _drain_pool(pool, todo, done, stopped)
+    except KeyboardInterrupt:
+        # Stop promptly: nothing pending starts, running workers are terminated (a pair
+        # killed before its publish leaves no trace; see docs/fleet.md on crashes).
+        processes = list(getattr(pool, "_processes", {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for proc in processes:
+            proc.terminate()
+        raise
+    pool.shutdown(wait=True)
+
+
+def _drain_pool(
+    pool: cf.ProcessPoolExecutor,
+    todo: Iterable[tuple[int, PlannedPair, PairTask]],
+    done: Callable[[int, PlannedPair, PairResult], None],
+    stopped: Callable[[], bool],
+) -> None:
+    futures = {pool.submit(run_pair, task): (i, p) for i, p, task in todo}
+    for fut in cf.as_completed(futures):
+        if fut.cancelled():
+            continue
+        i, p = futures[fut]
+        try:
+            r = fut.result()
+        except Exception as exc:  # a worker process died (BrokenProcessPool)
+            r = _failed(p, f"worker process failed: {type(exc).__name__}: {exc}")
+        done(i, p, r)
+        if stopped():
+            for other in futures:
+                other.cancel()  # those not started; running ones finish
 
 
 def _run_dask(
@@ -286,5 +329,8 @@ def _run_dask(
             if stopped():
                 client.cancel([f for f in futures if not f.done()])  # type: ignore[no-untyped-call]
                 break
+    except KeyboardInterrupt:
+        client.cancel([f for f in futures if not f.done()])  # type: ignore[no-untyped-call]
+        raise
     finally:
         client.close()  # type: ignore[no-untyped-call]

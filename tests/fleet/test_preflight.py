@@ -5,6 +5,7 @@ that does not load); --fail-fast stops at the first failed pair."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -124,3 +125,46 @@ def test_transient_failures_are_retried_per_pair(
     # A pair that hit a fault went again and got through; none tried more than 3 times.
     assert any(p["status"] == "done" and p["attempts"] > 1 for p in shown["pairs"]), shown
     assert all(1 <= p["attempts"] <= 3 for p in shown["pairs"]), shown
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_ctrl_c_stops_promptly_with_a_partial_summary(tmp_path: Path, workers: str) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    devices = (
+        '[devices.a]\nsoc = "x"\n[devices.b]\nsoc = "x"\nsleep = 60\n'
+        '[devices.c]\nsoc = "x"\nsleep = 60\n'
+    )
+    out = tmp_path / "out"
+    job = _job(tmp_path, str(out), devices=devices, spec="support.slow_backend:Slow=1.0")
+    tests = str(Path(__file__).parents[1])
+    env = dict(os.environ, PYTHONPATH=tests, TQDM_DISABLE="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ptestore", "fleet", "run", str(job), "--workers", workers],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        start_new_session=True,  # Ctrl-C reaches the whole group, as on a terminal
+    )
+    deadline = time.monotonic() + 90
+    while not (out / "a" / "mlp.pte").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.1)
+    time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGINT)
+    t0 = time.monotonic()
+    stdout, stderr = proc.communicate(timeout=30)
+    assert time.monotonic() - t0 < 15  # not the 60 s the other pairs would take
+    assert proc.returncode == 130, stderr.decode()
+    text = stdout.decode()
+    assert "done                      1" in text and "failed                    2" in text
+    assert "interrupted before it finished" in text
+    err = stderr.decode().strip().splitlines()[-1]
+    assert err == "ptestore fleet: interrupted after 1 pair(s) were published (mlp on a)"
+    from ptestore.fleet.index import load_index
+
+    index = load_index(out / "ptestore-index.json")
+    assert [e["device"] for e in index["entries"]] == ["a"]
