@@ -16,7 +16,7 @@ from ..errors import ConfigurationError, PteStoreError
 from ..loaders import open_loader, split_url
 from .job import Job, JobError, loader_options, writer_options
 
-__all__ = ["filter_job", "preflight"]
+__all__ = ["destination_prefix", "filter_job", "preflight"]
 
 MARKER_PREFIX = ".ptestore-preflight-"
 
@@ -48,6 +48,12 @@ def filter_job(job: Job, models: list[str] | None, devices: list[str] | None) ->
 def _prefix(url: str) -> str:
     head = url.split("{", 1)[0]
     return head[: head.rfind("/") + 1] if "/" in head else ""
+
+
+def destination_prefix(job: Job) -> str:
+    """The directory or S3 prefix every destination of ``job`` lies under (the
+    template before its first placeholder, to its last ``/``)."""
+    return _prefix(job.destination)
 
 
 def preflight(job: Job, *, write: bool) -> None:

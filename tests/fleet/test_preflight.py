@@ -168,3 +168,18 @@ def test_ctrl_c_stops_promptly_with_a_partial_summary(tmp_path: Path, workers: s
 
     index = load_index(out / "ptestore-index.json")
     assert [e["device"] for e in index["entries"]] == ["a"]
+
+
+def test_gc_job_cleans_the_job_prefix(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    job = _job(tmp_path, str(out))
+    assert main(["fleet", "run", str(job), "--workers", "1", "--quiet"]) == 0
+    stale = out / "a" / f".mlp.pte.ptestore-{'0' * 16}.tmp"  # a crashed writer's staging
+    stale.write_bytes(b"partial")
+    os.utime(stale, (1, 1))
+    assert main(["gc", "--job", str(job), "--older-than", "1h", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["target"] == f"{out}/" and shown["removed"] == 1
+    assert not stale.exists() and (out / "a" / "mlp.pte").exists()
+    assert main(["gc", str(out), "--job", str(job)]) == 2
+    assert "gc takes PATH_OR_S3_PREFIX or --job JOB, not both" in capsys.readouterr().err
