@@ -221,7 +221,10 @@ def _publish_s3(url: str, entries: list[dict[str, Any]], options: dict[str, Any]
         raise ConfigurationError(f"{url}: an index needs a key, not only a bucket")
     for attempt in range(_ATTEMPTS):
         try:
-            resp, data = conn.invoke_read("get_object", Bucket=bucket, Key=key, **conn.extras)
+            resp, data = conn.call(
+                "GetObject (index)",
+                lambda: conn.invoke_read("get_object", Bucket=bucket, Key=key, **conn.extras),
+            )
             old: dict[str, Any] | None = _parse(data, url)
             cond: dict[str, str] = {"IfMatch": str(resp["ETag"])}
         except Exception as exc:
@@ -230,14 +233,17 @@ def _publish_s3(url: str, entries: list[dict[str, Any]], options: dict[str, Any]
             old, cond = None, {"IfNoneMatch": "*"}
         body = json.dumps(_merge(old, entries), indent=1).encode()
         try:
-            conn.invoke(
-                "put_object",
-                Bucket=bucket,
-                Key=key,
-                Body=body,
-                ContentType="application/json",
-                **cond,
-                **conn.create_extras,
+            conn.call(  # transient failures retried; a conflict is re-merged below
+                "PutObject (index)",
+                lambda body=body, cond=cond: conn.invoke(  # type: ignore[misc]
+                    "put_object",
+                    Bucket=bucket,
+                    Key=key,
+                    Body=body,
+                    ContentType="application/json",
+                    **cond,
+                    **conn.create_extras,
+                ),
             )
             return
         except Exception as exc:
