@@ -152,10 +152,21 @@ def test_every_subcommand_takes_verbose_and_debug() -> None:
         ["verify", "a.pte"],
         ["fleet", "run", "job.toml"],
         ["fleet", "plan", "job.toml"],
+        ["select", "i.json", "--model", "m", "--device", "d"],
+        ["fetch", "i.json", "out.pte"],
     ):
         ns = parser.parse_args([*argv, "-v", "--debug"])
         assert (ns.verbose, ns.debug) == (1, True), argv
-    assert set(parser.commands) == {"inspect", "specialize", "gc", "backends", "verify", "fleet"}
+    assert set(parser.commands) == {
+        "inspect",
+        "specialize",
+        "gc",
+        "backends",
+        "verify",
+        "fleet",
+        "select",
+        "fetch",
+    }
 
 
 def test_verbose_logs_decisions_and_timings(
