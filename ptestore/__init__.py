@@ -76,6 +76,8 @@ __all__ = [
     "open_loader",
     "open_writer",
     "recover",
+    "select",
+    "fetch",
     "specialize",
     "specialize_pair",
     "verify",
@@ -98,6 +100,8 @@ _LAZY = {
     "open_writer": ".writers",
     "VerifyReport": ".verification",
     "verify": ".verification",
+    "select": ".fleet.select",
+    "fetch": ".fleet.fetch",
 }
 
 

@@ -3,15 +3,19 @@
 Checks, in order, each adding findings to a :class:`VerifyReport`:
 
 1. **integrity**: the container parses (header, FlatBuffer, every segment inside the
-   file) and the provenance trailer is present with a valid checksum and record;
+   file), the provenance trailer is present with a valid checksum and record, and the
+   bytes before the trailer have the SHA-256 the record names (a full read; ``quick``
+   skips it); for a ``.pte`` whose record names a ``.ptd``, that ``.ptd`` (given, or
+   beside the ``.pte``) is the very one it was made with, for the same key;
 2. **source** (given one): the artifact was made from exactly these bytes (SHA-256 and
    size of the whole source object);
 3. **backends** (given specs): the same specs, in order, at the same versions, and every
    implementation rates the stamped compatibility string ``OPTIMAL`` for the device;
 4. **device** (given a profile): the same name and options digest.
 
-``exit_code``: 0 current, 1 stale or mismatched (each finding names its field), 2 bad
-input or a corrupt artifact.
+``status``: ``"intact"`` when nothing was given to compare with (only integrity was
+checked), ``"current"``, ``"stale"`` or ``"invalid"``. ``exit_code``: 0 intact or current,
+1 stale or mismatched (each finding names its field), 2 bad input or a corrupt artifact.
 """
 
 from __future__ import annotations
@@ -26,8 +30,9 @@ from .backends.registry import BackendLike, load_backend
 from .errors import ConfigurationError, FormatError, ObjectNotFound, PteStoreError
 from .format.reader import read_container
 from .provenance import Provenance, read_trailer, spec_text
+from .provenance.digest import content_digest
 from .provenance.stamp import describe_source
-from .provenance.trailer import ContentView
+from .provenance.trailer import ContentView, Trailer
 from .storage.loaders import open_loader
 from .storage.routing import StorageOptions
 
@@ -51,8 +56,8 @@ class Finding:
 
 @dataclass
 class VerifyReport:
-    """What :func:`verify` found. ``status`` is ``"current"``, ``"stale"`` or
-    ``"invalid"`` (bad input or a corrupt artifact)."""
+    """What :func:`verify` found. ``status`` is ``"intact"`` (nothing to compare with),
+    ``"current"``, ``"stale"`` or ``"invalid"`` (bad input or a corrupt artifact)."""
 
     url: str
     status: str = "current"
@@ -61,18 +66,24 @@ class VerifyReport:
     #: Backend id -> the rating its implementation gave (with ``backends``).
     compatibility: dict[str, Compatibility] = field(default_factory=dict)
     error: str | None = None
+    #: Whether the bytes were checked against the record's SHA-256 (not with ``quick``).
+    content_checked: bool = False
+    #: The .ptd checked with a .pte (None when there was none).
+    ptd: str | None = None
 
     @property
     def exit_code(self) -> int:
-        return {"current": EXIT_CURRENT, "stale": EXIT_STALE}.get(self.status, EXIT_INVALID)
+        return {"current": EXIT_CURRENT, "intact": EXIT_CURRENT, "stale": EXIT_STALE}.get(
+            self.status, EXIT_INVALID
+        )
 
     @property
     def ok(self) -> bool:
-        return self.status == "current"
+        return self.status in ("current", "intact")
 
     def stale(self, field_name: str, message: str) -> None:
         self.findings.append(Finding(field_name, message))
-        if self.status == "current":
+        if self.status in ("current", "intact"):
             self.status = "stale"
 
     def message(self) -> str:
@@ -80,7 +91,13 @@ class VerifyReport:
         if self.status == "invalid":
             return f"{self.url}: invalid: {self.error}"
         if not self.findings:
-            return f"{self.url}: current"
+            quick = "" if self.content_checked else " (--quick: content SHA-256 not checked)"
+            if self.status == "intact":
+                return (
+                    f"{self.url}: intact{quick}; nothing to compare with (give --source, "
+                    "--backend, --device or --job to tell current from stale)"
+                )
+            return f"{self.url}: current{quick}"
         return "\n".join(f"{self.url}: stale: {f.field}: {f.message}" for f in self.findings)
 
     def to_dict(self) -> dict[str, Any]:
@@ -89,6 +106,8 @@ class VerifyReport:
             "status": self.status,
             "exit_code": self.exit_code,
             "error": self.error,
+            "content_checked": self.content_checked,
+            "ptd": self.ptd,
             "findings": [f.to_dict() for f in self.findings],
             "compatibility": {k: v.value for k, v in self.compatibility.items()},
             "provenance": None if self.provenance is None else self.provenance.to_dict(),
@@ -102,6 +121,8 @@ def verify(
     backends: Sequence[BackendLike] | None = None,
     device: DeviceProfile | str | None = None,
     storage_options: dict[str, Any] | None = None,
+    ptd: str | os.PathLike[str] | None = None,
+    quick: bool = False,
 ) -> VerifyReport:
     """Check the artifact at ``url`` (see the module docstring).
 
@@ -112,15 +133,19 @@ def verify(
             or instances; names and versions are compared, and each is asked whether
             the artifact is optimal).
         device: a :class:`DeviceProfile` (name and options digest are compared) or a
-            name (only the name is).
+            name (only the name is; the backends' ``check_compatibility`` gets a profile
+            of that name without options).
         storage_options: storage options for ``url`` and ``source``, routed as
             :func:`~ptestore.specialize` routes its ``storage_options`` (``url`` is the
             destination, ``source`` the source: each gets those its loader accepts; one
             that applies to neither, read or written, is refused). A fleet job's
             options can be passed as they are.
+        ptd: the .ptd of a .pte (default: beside it, when its record names one).
+        quick: skip the full read that checks the bytes against the record's SHA-256
+            (the report's ``content_checked`` is then False and its message says so).
 
     Returns:
-        A :class:`VerifyReport`: ``status`` ``"current"``, ``"stale"`` (each finding
+        A :class:`VerifyReport`: ``status`` ``"intact"``, ``"current"``, ``"stale"`` (each finding
         names its field) or ``"invalid"`` (corrupt, missing or bad input, with
         ``error``), and ``exit_code`` 0, 1 or 2 to match.
 
@@ -130,14 +155,16 @@ def verify(
         ``PermissionDenied``) propagate.
     """
     target = os.fspath(url)
+    report = VerifyReport(target)
     from .journal import recover_if_local
 
     recover_if_local(target)  # an interrupted in-place specialization: finish it first
-    report = VerifyReport(target)
     opts = StorageOptions(storage_options)
     try:
         opts.check([] if source is None else [source], [target])
-        _check(report, target, source, backends, device, opts)
+        _check(report, target, source, backends, device, opts, ptd, quick)
+        if report.status == "current" and source is None and backends is None and device is None:
+            report.status = "intact"
     except (FormatError, ObjectNotFound, ConfigurationError) as exc:
         report.status = "invalid"
         report.error = str(exc)
@@ -151,20 +178,13 @@ def _check(
     backends: Sequence[BackendLike] | None,
     device: DeviceProfile | str | None,
     opts: StorageOptions,
+    ptd: str | os.PathLike[str] | None,
+    quick: bool,
 ) -> None:
-    loader = open_loader(target, **opts.for_loader(target, "dst"))
-    try:
-        trailer = read_trailer(loader)
-        content = loader if trailer is None else ContentView(loader, trailer.content_size)
-        read_container(content)  # structure: headers, FlatBuffer, segment bounds
-        if trailer is None:
-            raise FormatError(
-                target, "provenance trailer", None, "present (an artifact made with provenance)"
-            )
-        prov = Provenance.from_dict(trailer.record(), target)
-    finally:
-        loader.close()
+    prov, _ = _read_checked(report, target, opts, quick)
     report.provenance = prov
+    if prov.role == "pte" and (ptd is not None or prov.ptd_output is not None):
+        _check_ptd(report, prov, target, ptd, opts, quick)
     if source is not None:
         src = os.fspath(source)
         src_loader = open_loader(src, **opts.for_loader(src, "src"))
@@ -183,6 +203,8 @@ def _check(
             )
     profile = device if isinstance(device, DeviceProfile) else None
     if backends is not None:
+        if profile is None and isinstance(device, str):
+            profile = DeviceProfile(device)  # the named device, without options
         _check_backends(report, prov, backends, profile)
     if device is not None:
         name = device.name if isinstance(device, DeviceProfile) else device
@@ -192,12 +214,27 @@ def _check(
                 "device.name",
                 f"made for {'no device' if have is None else repr(have.name)}, expected {name!r}",
             )
-        elif profile is not None and have.digest != profile.digest():
+        elif isinstance(device, DeviceProfile) and have.digest != device.digest():
             report.stale(
                 "device.digest",
                 f"device {name!r} options digest is {have.digest}, expected "
-                f"{profile.digest()} (the profile's options changed)",
+                f"{device.digest()} ({option_changes(have.options, dict(device.options))})",
             )
+
+
+def option_changes(was: dict[str, Any] | None, now: dict[str, Any]) -> str:
+    """Which device options changed, in words (``was`` None: the record kept none)."""
+    if was is None:
+        return "the profile's options changed; the record keeps only their digest"
+    parts = []
+    for k in sorted(set(was) | set(now)):
+        if k not in now:
+            parts.append(f"{k} removed (was {was[k]!r})")
+        elif k not in was:
+            parts.append(f"{k} added ({now[k]!r})")
+        elif was[k] != now[k]:
+            parts.append(f"{k} {was[k]!r} -> {now[k]!r}")
+    return "options changed: " + ", ".join(parts) if parts else "the options changed"
 
 
 def _check_backends(
@@ -248,3 +285,76 @@ def _check_backends(
                 f"{'no device' if device is None else repr(device.name)} "
                 f"(stamped {stamp.compatibility!r})",
             )
+
+
+def _read_checked(
+    report: VerifyReport, target: str, opts: StorageOptions, quick: bool
+) -> tuple[Provenance, Trailer]:
+    """Structure, trailer, record and (unless ``quick``) the bytes of one file."""
+    loader = open_loader(target, **opts.for_loader(target, "dst"))
+    try:
+        trailer = read_trailer(loader)
+        content = loader if trailer is None else ContentView(loader, trailer.content_size)
+        read_container(content)  # structure: headers, FlatBuffer, segment bounds
+        if trailer is None:
+            raise FormatError(
+                target, "provenance trailer", None, "present (an artifact made with provenance)"
+            )
+        prov = Provenance.from_dict(trailer.record(), target)
+        if prov.content is None:
+            report.stale(
+                "content.sha256",
+                "the record names no digest of the bytes it follows (made by an older "
+                "ptestore): nothing binds it to this file; specialize it again",
+            )
+        elif not quick:
+            got = content_digest(loader, trailer.content_size)
+            if got.size != prov.content.size or got.sha256 != prov.content.sha256:
+                raise FormatError(
+                    target,
+                    "content.sha256",
+                    got.sha256,
+                    f"{prov.content.sha256}, the SHA-256 of the {prov.content.size} bytes "
+                    "before the trailer recorded in the provenance",
+                    "the artifact was damaged or changed after it was made",
+                )
+            report.content_checked = True
+    finally:
+        loader.close()
+    return prov, trailer
+
+
+def _check_ptd(
+    report: VerifyReport,
+    prov: Provenance,
+    target: str,
+    ptd: str | os.PathLike[str] | None,
+    opts: StorageOptions,
+    quick: bool,
+) -> None:
+    """The .ptd beside a .pte must be the one it was made with."""
+    from .fleet.job import ptd_beside
+
+    url = ptd_beside(target) if ptd is None else os.fspath(ptd)
+    report.ptd = url
+    if prov.ptd_output is None:
+        report.stale("ptd_output", f"the .pte was made without a .ptd, but {url} was given with it")
+        return
+    try:
+        ptd_prov, _ = _read_checked(report, url, opts, quick)
+    except ObjectNotFound:
+        report.stale("ptd_output", f"the .pte was made with a .ptd, and there is none at {url}")
+        return
+    if ptd_prov.role != "ptd":
+        report.stale("ptd_output", f"{url} is a {ptd_prov.role} artifact, not a .ptd")
+        return
+    if ptd_prov.content != prov.ptd_output:
+        have = "nothing" if ptd_prov.content is None else ptd_prov.content.sha256
+        report.stale(
+            "ptd_output.sha256",
+            f"{url} holds {have}, not the .ptd this .pte was made with "
+            f"({prov.ptd_output.sha256}): it belongs to another pair or device",
+        )
+    diff = ptd_prov.key().mismatches(prov.key())
+    if diff:
+        report.stale("ptd_output.key", f"{url} was made for another pair: {'; '.join(diff)}")

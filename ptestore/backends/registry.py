@@ -160,7 +160,13 @@ def backend_label(spec: BackendLike) -> str:
     ``package.module:QualName`` for a class or an instance."""
     if isinstance(spec, str):
         return spec.strip()
-    return object_label(spec)
+    given = getattr(spec, "__dict__", {}).get(SPEC_ATTRIBUTE)  # loaded from a SPEC
+    return given if isinstance(given, str) else object_label(spec)
+
+
+#: Instance attribute naming the SPEC an instance was loaded from (set by the
+#: provenance stamper, which loads each SPEC once), so messages name it as given.
+SPEC_ATTRIBUTE = "_ptestore_spec"
 
 
 def _served(obj: object) -> str:

@@ -26,6 +26,7 @@ from .fleet import add_fleet_parser
 from .gc import add_gc_parser
 from .inspect import add_inspect_parser
 from .parser import Parser, VersionAction
+from .select import add_fetch_parser, add_select_parser
 from .specialize import add_specialize_parser
 from .verify import add_verify_parser
 
@@ -56,6 +57,8 @@ def build_parser() -> Parser:
     add_gc_parser(sub)
     add_verify_parser(sub)
     add_fleet_parser(sub)
+    add_select_parser(sub)
+    add_fetch_parser(sub)
     add_backends_parser(sub)
     add_ensure_parser(sub)
     add_cache_parser(sub)

@@ -57,6 +57,12 @@ def add_fleet_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="run on a Dask distributed scheduler (tcp://host:port; default: "
         "$PTESTORE_DASK_SCHEDULER)",
     )
+    _filters(r)
+    r.add_argument(
+        "--fail-fast",
+        action="store_true",
+        help="stop at the first failed pair (pairs not started are reported failed)",
+    )
     r.add_argument("--json", action="store_true", help="print the result as one JSON object")
     r.add_argument("--quiet", "-q", action="store_true", help="no progress bar or summary")
     r.add_argument(
@@ -80,6 +86,7 @@ def add_fleet_parser(subparsers: Any) -> argparse.ArgumentParser:
         "each destination's trailer; writes nothing.",
     )
     pl.add_argument("job", metavar="JOBFILE", help="the job file (TOML)")
+    _filters(pl)
     pl.add_argument("--json", action="store_true", help="print the plan as JSON")
     pl.add_argument(
         "--report",
@@ -93,17 +100,42 @@ def add_fleet_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
+def _filters(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--models",
+        metavar="NAME[,NAME]",
+        action="append",
+        default=None,
+        help="only these models of the job (comma-separated; repeatable)",
+    )
+    p.add_argument(
+        "--devices",
+        metavar="NAME[,NAME]",
+        action="append",
+        default=None,
+        help="only these devices of the job (comma-separated; repeatable)",
+    )
+
+
 @guarded("fleet", publishes=True)
 def run_fleet(args: argparse.Namespace) -> int:
     """Run ``ptestore fleet run|plan``: exit 0 every pair done or skipped, 1 a pair
     failed, 2 a bad job file or an unreachable scheduler."""
     from ..fleet import load_job, plan_job, run_plan
+    from ..fleet.preflight import filter_job, preflight
 
     if args.report:
         from ..viz.html import check_output_path
 
         check_output_path(args.report, "--report")
-    job = load_job(args.job)
+
+    def names(values: list[str] | None) -> list[str] | None:
+        return None if values is None else [n for v in values for n in v.split(",") if n]
+
+    job = filter_job(load_job(args.job), names(args.models), names(args.devices))
+    # A job-wide mistake (a backend, an option, a source, an unwritable destination)
+    # is one message and exit 2, before any pair.
+    preflight(job, write=args.fleet_command == "run")
     plan = plan_job(job)
     if args.fleet_command == "plan":
         if args.report:
@@ -115,7 +147,7 @@ def run_fleet(args: argparse.Namespace) -> int:
             sys.stdout.write("\n")
         else:
             print(plan.render())
-        return EXIT_OK
+        return EXIT_FAILURE if plan.count("fail") else EXIT_OK
     show = progress_wanted(disabled=args.quiet or args.json or args.no_progress)
     bar: Any = None
     if show:
@@ -128,8 +160,28 @@ def run_fleet(args: argparse.Namespace) -> int:
             bar.update(1)
             bar.set_postfix_str(f"{result.model}/{result.device} {result.status}")
 
+    from ..fleet.runner import FleetInterrupted
+
     try:
-        result = run_plan(plan, workers=args.workers, scheduler=args.scheduler, progress=progress)
+        result = run_plan(
+            plan,
+            workers=args.workers,
+            scheduler=args.scheduler,
+            progress=progress,
+            fail_fast=args.fail_fast,
+        )
+    except FleetInterrupted as stop:
+        if bar is not None:
+            bar.close()
+            bar = None
+        # The partial summary: which pairs were published, then exit 130.
+        if args.json:
+            json.dump(stop.result.to_json(), sys.stdout, indent=2)
+            sys.stdout.write("\n")
+        elif not args.quiet:
+            print(stop.result.summary())
+        sys.stdout.flush()
+        raise
     finally:
         if bar is not None:
             bar.close()

@@ -39,6 +39,7 @@ examples:
   ptestore gc /models --dry-run
   ptestore gc /models/model.pte --older-than 30m
   ptestore gc s3://bucket/models/ --older-than 7d --json
+  ptestore gc --job job.toml --dry-run
 
 DURATION is a number with an optional unit: s (the default), m, h, d or w
 (90s, 30m, 12h, 7d, 1.5h).
@@ -93,7 +94,18 @@ def add_gc_parser(subparsers: Any) -> argparse.ArgumentParser:
         "multipart uploads carrying ptestore's marker). Nothing else is ever touched.",
         epilog=_EPILOG,
     )
-    p.add_argument("target", metavar="PATH_OR_S3_PREFIX", help="directory, file or s3://b/prefix")
+    p.add_argument(
+        "target",
+        metavar="PATH_OR_S3_PREFIX",
+        nargs="?",
+        default=None,
+        help="directory, file or s3://b/prefix (or --job)",
+    )
+    p.add_argument(
+        "--job",
+        metavar="JOB",
+        help="clean what a fleet job's destination prefix holds (its storage options too)",
+    )
     p.add_argument(
         "--older-than",
         type=parse_duration,
@@ -113,15 +125,28 @@ def add_gc_parser(subparsers: Any) -> argparse.ArgumentParser:
 @guarded("gc")
 def run_gc(args: argparse.Namespace) -> int:
     """Run ``ptestore gc`` with parsed arguments; returns the exit status."""
-    from ..errors import ObjectNotFound
+    from ..errors import ConfigurationError, ObjectNotFound
     from ..gc import collect_stale
     from ..storage.types import split_url
 
+    options = storage_options(args)
+    if args.job is not None:
+        from ..fleet import load_job
+        from ..fleet.preflight import destination_prefix
+        from ..storage.routing import options_for_loader
+
+        if args.target is not None:
+            raise ConfigurationError("gc takes PATH_OR_S3_PREFIX or --job JOB, not both")
+        job = load_job(args.job)
+        args.target = destination_prefix(job) or "."
+        options = {**options_for_loader(args.target, job.storage_options), **options}
+    elif args.target is None:
+        raise ConfigurationError("gc needs PATH_OR_S3_PREFIX, or --job JOB")
     entries = collect_stale(
         args.target,
         older_than=args.older_than,
         dry_run=args.dry_run,
-        **storage_options(args),
+        **options,
     )
     protocol, path = split_url(args.target)
     if protocol == "file" and not entries and not os.path.lexists(path):

@@ -86,7 +86,7 @@ def add_specialize_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--device",
         metavar="NAME",
-        help="the device profile to specialize for (handed to backends; implies --provenance)",
+        help="the device profile to specialize for (handed to backends, kept in the provenance)",
     )
     p.add_argument(
         "--device-option",
@@ -97,8 +97,16 @@ def add_specialize_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--provenance",
+        dest="provenance",
         action="store_true",
-        help="end the output with a provenance trailer (see docs/fleet.md)",
+        default=True,
+        help="end each output with a provenance trailer (the default; see docs/fleet.md)",
+    )
+    p.add_argument(
+        "--no-provenance",
+        dest="provenance",
+        action="store_false",
+        help="write no provenance trailer (the artifact then cannot be told current or stale)",
     )
     p.add_argument(
         "--in-place",
@@ -188,7 +196,7 @@ def run_specialize(args: argparse.Namespace) -> int:
             spool_dir=args.spool_dir,
             allow_unchanged=args.allow_unchanged,
             device=device,
-            provenance=bool(args.provenance or device is not None),
+            provenance=bool(args.provenance),
             in_place=args.in_place,
         )
     except NothingSpecialized as exc:

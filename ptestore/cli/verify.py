@@ -1,8 +1,8 @@
-"""``ptestore verify URL [--source SRC] [--backend SPEC]... [--device NAME --job JOB]
-[--json]``.
+"""``ptestore verify URL [--source SRC] [--backend SPEC]... [--device NAME
+[--device-option K=V]... | --job JOB] [--ptd PTD] [--quick] [--json]``.
 
-Exit status: 0 current, 1 stale or mismatched (the message names the field), 2 bad
-input or a corrupt artifact.
+Exit status: 0 intact or current, 1 stale or mismatched (the message names the field),
+2 bad input or a corrupt artifact.
 """
 
 from __future__ import annotations
@@ -21,7 +21,10 @@ __all__ = ["add_verify_parser", "run_verify"]
 
 _EPILOG = """\
 examples:
-  ptestore verify out.pte
+  ptestore verify out.pte                  # intact: structure, trailer and bytes
+  ptestore verify out.pte --quick          # without the full read of the bytes
+  ptestore verify out.pte --backend my_pkg.backend:MyBackend --device pixel9 \
+      --device-option soc=sm8650
   ptestore verify out.pte --source model.pte --backend my_pkg.backend:MyBackend
   ptestore verify s3://bucket/dev-a/model.pte --job job.toml --json"""
 
@@ -34,10 +37,18 @@ def add_verify_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="Check the container's structure and provenance trailer; given "
         "--source, that the artifact was made from exactly it; given --backend, that the "
         "backends and their versions match and rate it optimal; given --device, that it "
-        "was made for that profile. Exit status: 0 current, 1 stale, 2 bad input or corrupt.",
+        "was made for that profile. Without any of them only integrity is checked and the "
+        "answer is 'intact'. Exit status: 0 intact or current, 1 stale, 2 bad input or "
+        "corrupt (the bytes do not match the SHA-256 the provenance records).",
         epilog=_EPILOG,
     )
-    p.add_argument("url", metavar="URL", help="the artifact (.pte or .ptd; path or URL)")
+    p.add_argument(
+        "url",
+        metavar="URL",
+        nargs="?",
+        default=None,
+        help="the artifact (.pte or .ptd; path or URL); without it, --job checks every pair",
+    )
     p.add_argument("--source", metavar="SRC", help="the source it should have been made from")
     p.add_argument(
         "--backend",
@@ -49,7 +60,26 @@ def add_verify_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--device",
         metavar="NAME",
-        help="the device profile it should have been made for (options from --job)",
+        help="the device profile it should have been made for (options from --job or "
+        "--device-option; without options only the name is compared)",
+    )
+    p.add_argument(
+        "--device-option",
+        metavar="K=V",
+        action="append",
+        default=[],
+        help="an option of the --device profile (VALUE parsed as JSON if it can be); "
+        "repeatable; not with --job",
+    )
+    p.add_argument(
+        "--ptd",
+        metavar="PTD",
+        help="the .ptd of a .pte (default: the one beside it, when its record names one)",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="skip the full read that checks the bytes against the recorded SHA-256",
     )
     p.add_argument(
         "--job",
@@ -70,13 +100,21 @@ def run_verify(args: argparse.Namespace) -> int:
     corrupt artifact."""
     from ..verification import VerifyReport, verify
 
+    if args.url is None:
+        return _verify_job(args)
     try:
         source, backends, device, options = _inputs(args)
     except ConfigurationError as exc:
         report = VerifyReport(args.url, status="invalid", error=str(exc))
     else:
         report = verify(
-            args.url, source=source, backends=backends, device=device, storage_options=options
+            args.url,
+            source=source,
+            backends=backends,
+            device=device,
+            storage_options=options,
+            ptd=args.ptd,
+            quick=args.quick,
         )
     if args.json:
         json.dump(report.to_dict(), sys.stdout, indent=2)
@@ -93,8 +131,23 @@ def _inputs(args: argparse.Namespace) -> tuple[Any, Any, Any, dict[str, Any]]:
     backends = args.backend
     device: Any = None
     if args.job is None:
-        # Without a job the options are unknown: only the name is compared.
+        if args.device_option:
+            from ..backends.compat import DeviceProfile, parse_device_options
+
+            if args.device is None:
+                raise ConfigurationError("--device-option needs --device NAME")
+            return (
+                source,
+                backends,
+                DeviceProfile(args.device, parse_device_options(args.device_option)),
+                options,
+            )
+        # Without options only the name is compared (backends get a profile of that name).
         return source, backends, args.device, options
+    if args.device_option:
+        raise ConfigurationError(
+            "--device-option cannot be given with --job (the job file has the options)"
+        )
     from ..fleet import load_job
 
     job = load_job(args.job)
@@ -117,3 +170,53 @@ def _inputs(args: argparse.Namespace) -> tuple[Any, Any, Any, dict[str, Any]]:
     if backends is None:
         backends = list(job.backends)
     return source, backends, device, options
+
+
+def _verify_job(args: argparse.Namespace) -> int:
+    """``verify --job JOB``: every pair of the job, a few at once; exit the worst."""
+    import concurrent.futures as cf
+
+    from ..fleet import load_job
+    from ..verification import verify
+
+    if args.job is None:
+        raise ConfigurationError("verify needs URL, or --job JOB to check every pair of a job")
+    if args.source or args.backend or args.device or args.device_option or args.ptd:
+        raise ConfigurationError(
+            "verify --job without URL takes each pair's source, backends and device from "
+            "the job: --source, --backend, --device, --device-option and --ptd do not apply"
+        )
+    job = load_job(args.job)
+    # The job's options as the fleet used them: verify routes them to each side.
+    options = {**job.storage_options, **storage_options(args)}
+    pairs = job.pairs()
+
+    def one(pair: Any) -> Any:
+        return verify(
+            pair.destination,
+            source=pair.model.source,
+            backends=list(job.backends),
+            device=pair.device,
+            storage_options=options,
+            quick=args.quick,
+        )
+
+    with cf.ThreadPoolExecutor(max_workers=8) as pool:
+        reports = list(pool.map(one, pairs))
+    code = max((r.exit_code for r in reports), default=0)
+    if args.json:
+        json.dump(
+            {"exit_code": code, "pairs": [r.to_dict() for r in reports]}, sys.stdout, indent=2
+        )
+        sys.stdout.write("\n")
+    else:
+        for r in reports:
+            print(r.message(), file=sys.stdout if r.exit_code == 0 else sys.stderr)
+        counts = {
+            s: sum(1 for r in reports if r.status == s) for s in ("current", "stale", "invalid")
+        }
+        print(
+            f"{len(reports)} pairs: {counts['current']} current, {counts['stale']} stale, "
+            f"{counts['invalid']} invalid"
+        )
+    return code

@@ -26,6 +26,7 @@ from ..storage.types import DataLoader
 from ..writers.base import DataWriter, PublishMode, discard_all
 from ..writers.local import LocalFileWriter
 from .aliases import check_aliases
+from .digest import planned_digest
 from .named import SourceFile
 from .output import FileLayout, is_identity, publish_in_order, unchanged_report, write_file
 from .report import (
@@ -170,12 +171,19 @@ def initialize_and_save_backend_data(
                 len(placements),
                 patched.file_size,
             )
+        # A pass-through that changes nothing stays a no-op, provenance or not: an
+        # unchanged file is neither rewritten nor given a trailer.
+        unchanged = [_unchanged(run, f, lay, mode) for f, lay in zip(files, layouts, strict=True)]
         if stamper is not None:
-            for f in files:
-                f.writer.add_object_metadata(object_metadata(stamper.key(), device))
-        # A provenance trailer changes every output: nothing is "unchanged" then.
+            # The trailers name the bytes they follow: digest each output before writing
+            # (the .ptd first, the .pte's record names it).
+            for f, lay in sorted(
+                zip(files, layouts, strict=True), key=lambda fl: fl[0].role != "ptd"
+            ):
+                sealed = stamper.seal(f.role, planned_digest(run, f, lay))
+                f.writer.add_object_metadata({**object_metadata(stamper.key(), device), **sealed})
         t_write = time.perf_counter()
-        file_reports = _write(run, layouts, mode, stamped=stamper is not None)
+        file_reports = _write(run, layouts, unchanged)
         log.info(
             "wrote %d bytes in %.3f s",
             sum(r.size_after for r in file_reports),
@@ -184,7 +192,11 @@ def initialize_and_save_backend_data(
         if stamper is not None:
             ends = [lay.patched.file_size for lay in layouts]
             stamper.write_trailers(
-                [(f.role, f.writer, end) for f, end in zip(files, ends, strict=True)]
+                [
+                    (f.role, f.writer, end)
+                    for f, end, same in zip(files, ends, unchanged, strict=True)
+                    if not same
+                ]
             )
         # A source replaced while we read it would mix two versions: check first.
         for f in files:
@@ -412,13 +424,7 @@ def _unchanged(run: Run, f: SourceFile, layout: FileLayout, mode: PublishMode) -
     )
 
 
-def _write(
-    run: Run, layouts: list[FileLayout], mode: PublishMode, *, stamped: bool
-) -> list[FileReport]:
-    unchanged = [
-        not stamped and _unchanged(run, f, lay, mode)
-        for f, lay in zip(run.files, layouts, strict=True)
-    ]
+def _write(run: Run, layouts: list[FileLayout], unchanged: list[bool]) -> list[FileReport]:
     total = sum(
         lay.patched.file_size for lay, same in zip(layouts, unchanged, strict=True) if not same
     )

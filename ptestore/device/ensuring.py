@@ -116,7 +116,7 @@ def source_identity(url: str) -> dict[str, Any]:
             "size": st.st_size,
             "mtime_ns": st.st_mtime_ns,
         }
-    from ..loaders import open_loader
+    from ..storage.loaders import open_loader
 
     loader = open_loader(url)
     try:
@@ -356,9 +356,9 @@ def _make_in_place(
     current: Any,
 ) -> Artifact:
     from ..coordinator.inplace import specialize_in_place
-    from ..loaders import LocalFileLoader
     from ..provenance import read_provenance
     from ..provenance.stamp import ProvenanceRequest
+    from ..storage.loaders import LocalFileLoader
 
     path = _local_path(src)
     try:
@@ -497,8 +497,8 @@ def _make(
             )
             raise disk_full_error(layout.root, src, need, exc) from exc
         raise
-    from ..loaders import LocalFileLoader
     from ..provenance import read_provenance
+    from ..storage.loaders import LocalFileLoader
 
     loader = LocalFileLoader(pte)
     try:

@@ -18,6 +18,7 @@ Every error is a :class:`JobError` naming the file, the line and the key.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import string
@@ -85,6 +86,8 @@ class Job:
     models: tuple[Model, ...]
     devices: tuple[DeviceProfile, ...]
     storage_options: dict[str, Any] = field(default_factory=dict)
+    #: ``sha256:<hex>`` of the job file's text (recorded in each artifact's provenance).
+    sha256: str = ""
 
     def pairs(self) -> list[Pair]:
         """Every (model, device) pair, models outer, in file order."""
@@ -263,7 +266,8 @@ def parse_job(text: str, path: str = "<job>") -> Job:
         if not isinstance(opts, dict):
             raise fail("must be a table of options", "devices", dname)
         devices.append(DeviceProfile(dname, _plain(opts)))
-    job = Job(path, dest, tuple(backends), tuple(models), tuple(devices), dict(options))
+    digest = "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+    job = Job(path, dest, tuple(backends), tuple(models), tuple(devices), dict(options), digest)
     if any(m.ptd for m in models) and not dest.endswith(".pte"):
         raise fail(
             "must end with .pte when a model has a .ptd (it goes beside the .pte)",

@@ -120,6 +120,7 @@ def plan_job(job: Job) -> Plan:
             storage_options=dict(job.storage_options),
             sources=infos,
             key=key,
+            job=(job.path, job.sha256) if job.sha256 else None,
         )
         counter = [0]
         urls = [pair.destination] + ([pair.ptd_destination] if pair.ptd_destination else [])

@@ -40,6 +40,10 @@ class FleetResult:
     pairs: list[PairResult]
     seconds: float = 0.0
     engine: str = "inline"
+    #: URL of the index the run published (None when nothing is indexed).
+    index: str | None = None
+    #: Why the index could not be published (the run's artifacts are unaffected).
+    index_error: str | None = None
 
     def count(self, status: str) -> int:
         return sum(1 for p in self.pairs if p.status == status)
@@ -59,6 +63,8 @@ class FleetResult:
             "done": self.count("done"),
             "skipped": self.count("skipped"),
             "failed": self.count("failed"),
+            "index": self.index,
+            "index_error": self.index_error,
             "pairs": [p.to_dict() for p in self.pairs],
         }
 
@@ -71,12 +77,31 @@ class FleetResult:
             ("bytes through the client", _human(self.bytes)),
             ("time", f"{self.seconds:.2f} s ({self.engine})"),
         ]
+        if self.index is not None:
+            rows.append(("index", self.index))
         width = max(len(k) for k, _ in rows)
         lines = [f"{k:<{width}}  {v}" for k, v in rows]
         for p in self.pairs:
             if p.status == "failed":
                 lines.append(f"failed: {p.model} on {p.device} -> {p.destination}: {p.error}")
+        if self.index_error is not None:
+            lines.append(f"index not published: {self.index_error}")
         return "\n".join(lines)
+
+
+class FleetInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a run; ``result`` has every pair that finished (the others are
+    reported failed, ``interrupted``), and the index holds the published ones."""
+
+    def __init__(self, result: FleetResult) -> None:
+        done = [p for p in result.pairs if p.status == "done"]
+        names = ", ".join(f"{p.model} on {p.device}" for p in done)
+        super().__init__(
+            f"after {len(done)} pair(s) were published ({names})"
+            if done
+            else "before any pair was published"
+        )
+        self.result = result
 
 
 def _human(n: float) -> str:
@@ -117,14 +142,20 @@ def run_job(
     scheduler: str | None = None,
     progress: Progress | None = None,
     connect_timeout: float = 30.0,
+    fail_fast: bool = False,
 ) -> FleetResult:
-    """Plan ``job`` and run every pair that is not current (see :func:`run_plan`)."""
+    """Preflight and plan ``job``, then run every pair that is not current (see
+    :func:`run_plan` and :func:`~.preflight.preflight`)."""
+    from .preflight import preflight
+
+    preflight(job, write=True)
     return run_plan(
         plan_job(job),
         workers=workers,
         scheduler=scheduler,
         progress=progress,
         connect_timeout=connect_timeout,
+        fail_fast=fail_fast,
     )
 
 
@@ -135,9 +166,12 @@ def run_plan(
     scheduler: str | None = None,
     progress: Progress | None = None,
     connect_timeout: float = 30.0,
+    fail_fast: bool = False,
 ) -> FleetResult:
     """Run the pairs of ``plan`` marked ``run``; ``progress`` is called once per pair
-    (skipped ones first). ``connect_timeout`` bounds the wait for a Dask scheduler."""
+    (skipped ones first). ``connect_timeout`` bounds the wait for a Dask scheduler.
+    With ``fail_fast`` the first failed pair stops the run: pairs not started yet are
+    reported failed (``not started: ...``)."""
     if workers is not None and workers < 1:
         raise ConfigurationError(f"--workers must be >= 1, got {workers}")
     scheduler = scheduler or os.environ.get(SCHEDULER_ENV) or None
@@ -154,43 +188,108 @@ def run_plan(
         if i in results and progress is not None:
             progress(results[i])
 
+    stop: list[str] = []  # set once a pair failed with fail_fast
+
     def done(i: int, p: PlannedPair, r: PairResult) -> None:
         r.bytes += p.bytes
         results[i] = r
+        if fail_fast and r.status == "failed" and not stop:
+            stop.append(f"{r.model} on {r.device}")
         if progress is not None:
             progress(r)
 
-    if scheduler:
-        engine = f"dask {scheduler}"
-        _run_dask(todo, scheduler, done, connect_timeout)
-    else:
-        n = workers or min(len(todo), os.cpu_count() or 1) or 1
-        engine = "inline" if n == 1 else f"{n} processes"
-        if n == 1:
+    def stopped() -> bool:
+        return bool(stop)
+
+    n = workers or min(len(todo), os.cpu_count() or 1) or 1
+    engine = f"dask {scheduler}" if scheduler else ("inline" if n == 1 else f"{n} processes")
+    interrupted = False
+    try:
+        if scheduler:
+            _run_dask(todo, scheduler, done, connect_timeout, stopped)
+        elif n == 1:
             for i, p, task in todo:
+                if stopped():
+                    break
                 done(i, p, run_pair(task))
         else:
-            _run_pool(todo, n, done)
-    return FleetResult(
+            _run_pool(todo, n, done, stopped)
+    except KeyboardInterrupt:
+        interrupted = True  # the pool and Dask tasks are cancelled: report what finished
+    for i, p, _task in todo:
+        if i not in results:
+            why = (
+                "interrupted before it finished"
+                if interrupted
+                else f"not started: --fail-fast after {stop[0]} failed"
+            )
+            results[i] = _failed(p, why)
+    result = FleetResult(
         [results[i] for i in range(len(plan.pairs))], time.perf_counter() - started, engine
     )
+    _publish_index(plan, result)
+    if interrupted:
+        raise FleetInterrupted(result)
+    return result
+
+
+def _publish_index(plan: Plan, result: FleetResult) -> None:
+    """Index every pair that is done or skipped (see :mod:`.index`)."""
+    from ..errors import PteStoreError
+    from .index import index_entries, index_url, publish_index
+
+    ok = [(p.model, p.device) for p in result.pairs if p.status in ("done", "skipped")]
+    if not ok:
+        return
+    url = index_url(plan.job)
+    try:
+        result.index = publish_index(
+            url, index_entries(plan.job, ok), dict(plan.job.storage_options)
+        )
+    except PteStoreError as exc:
+        result.index_error = str(exc)
 
 
 def _run_pool(
     todo: Iterable[tuple[int, PlannedPair, PairTask]],
     workers: int,
     done: Callable[[int, PlannedPair, PairResult], None],
+    stopped: Callable[[], bool],
 ) -> None:
     ctx = multiprocessing.get_context("spawn")
-    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        futures = {pool.submit(run_pair, task): (i, p) for i, p, task in todo}
-        for fut in cf.as_completed(futures):
-            i, p = futures[fut]
-            try:
-                r = fut.result()
-            except Exception as exc:  # a worker process died (BrokenProcessPool)
-                r = _failed(p, f"worker process failed: {type(exc).__name__}: {exc}")
-            done(i, p, r)
+    pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
+    try:
+        _drain_pool(pool, todo, done, stopped)
+    except KeyboardInterrupt:
+        # Stop promptly: nothing pending starts, running workers are terminated (a pair
+        # killed before its publish leaves no trace; see docs/fleet.md on crashes).
+        processes = list(getattr(pool, "_processes", {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for proc in processes:
+            proc.terminate()
+        raise
+    pool.shutdown(wait=True)
+
+
+def _drain_pool(
+    pool: cf.ProcessPoolExecutor,
+    todo: Iterable[tuple[int, PlannedPair, PairTask]],
+    done: Callable[[int, PlannedPair, PairResult], None],
+    stopped: Callable[[], bool],
+) -> None:
+    futures = {pool.submit(run_pair, task): (i, p) for i, p, task in todo}
+    for fut in cf.as_completed(futures):
+        if fut.cancelled():
+            continue
+        i, p = futures[fut]
+        try:
+            r = fut.result()
+        except Exception as exc:  # a worker process died (BrokenProcessPool)
+            r = _failed(p, f"worker process failed: {type(exc).__name__}: {exc}")
+        done(i, p, r)
+        if stopped():
+            for other in futures:
+                other.cancel()  # those not started; running ones finish
 
 
 def _run_dask(
@@ -198,6 +297,7 @@ def _run_dask(
     scheduler: str,
     done: Callable[[int, PlannedPair, PairResult], None],
     connect_timeout: float,
+    stopped: Callable[[], bool],
 ) -> None:
     try:
         from distributed import Client, as_completed
@@ -226,5 +326,11 @@ def _run_dask(
             except Exception as exc:  # KilledWorker after too many worker losses, ...
                 r = _failed(p, f"Dask task failed: {type(exc).__name__}: {exc}")
             done(i, p, r)
+            if stopped():
+                client.cancel([f for f in futures if not f.done()])  # type: ignore[no-untyped-call]
+                break
+    except KeyboardInterrupt:
+        client.cancel([f for f in futures if not f.done()])  # type: ignore[no-untyped-call]
+        raise
     finally:
         client.close()  # type: ignore[no-untyped-call]

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..backends.registry import load_backend
-from ..errors import AlreadyExists, FormatError, ObjectNotFound, PteStoreError
-from ..provenance import ProvenanceKey, ProvenanceRequest, SourceInfo, read_provenance
+from ..errors import AlreadyExists, PteStoreError
+from ..provenance import ProvenanceKey, ProvenanceRequest, SourceInfo
+from ..provenance.record import JobStamp
 from ..storage.loaders import DataLoader, open_loader
 from ..storage.routing import options_for_loader
 from .job import pair_options
@@ -54,6 +55,8 @@ class PairTask:
     sources: dict[str, SourceInfo]
     #: The provenance key a current artifact has.
     key: ProvenanceKey
+    #: The job file (path, sha256) recorded in the provenance.
+    job: tuple[str, str] | None = None
 
 
 @dataclass
@@ -70,6 +73,8 @@ class PairResult:
     bytes: int = 0
     #: Why it ran or was skipped (not part of the ``--json`` output).
     reason: str = field(default="", compare=False)
+    #: How many times the pair was tried (transient failures are retried).
+    attempts: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -80,6 +85,7 @@ class PairResult:
             "error": self.error,
             "seconds": round(self.seconds, 6),
             "bytes": self.bytes,
+            "attempts": self.attempts,
         }
 
 
@@ -115,38 +121,35 @@ def open_counted(url: str, options: dict[str, Any], counter: list[int]) -> DataL
 def check_destination(
     urls: list[str], options: dict[str, Any], want: ProvenanceKey, counter: list[int]
 ) -> tuple[bool, str]:
-    """``(current, reason)`` for the artifact at ``urls`` (the .pte, then a .ptd)."""
-    for url in urls:
-        try:
-            loader = open_counted(url, options, counter)
-        except ObjectNotFound:
-            return False, f"no artifact at {url}"
-        try:
-            prov = read_provenance(loader)
-        except FormatError as exc:
-            return False, f"damaged provenance trailer: {exc}"
-        finally:
-            loader.close()
-        if prov is None:
-            return False, f"{url} has no provenance trailer"
-        diff = prov.key().mismatches(want)
-        if diff:
-            return False, f"stale: {'; '.join(diff)}"
-    return True, "current: provenance matches"
+    """``(current, reason)`` for the artifact at ``urls`` (the .pte, then a .ptd): its
+    provenance key is ``want`` and its bytes are the ones the record names (see
+    :mod:`.binding`)."""
+    from .binding import check_artifact
+
+    return check_artifact(urls, lambda url: open_counted(url, options, counter), want)
 
 
 def run_pair(task: PairTask) -> PairResult:
     """Do one pair; every failure is reported in the result, never raised."""
+    from .retry import PAIR_ATTEMPTS, backoff, transient
+
     t0 = time.perf_counter()
     counter = [0]
     result = PairResult(task.model, task.device.name, task.destination, "failed")
-    try:
-        result.status, result.reason = _run(task, counter)
-    except Exception as exc:
-        result.status = "failed"
-        result.error = (
-            f"{type(exc).__name__}: {exc}" if not isinstance(exc, PteStoreError) else (str(exc))
-        )
+    for attempt in range(1, PAIR_ATTEMPTS + 1):
+        result.attempts = attempt
+        try:
+            result.status, result.reason = _run(task, counter)
+            result.error = None
+            break
+        except Exception as exc:
+            result.status = "failed"
+            result.error = (
+                f"{type(exc).__name__}: {exc}" if not isinstance(exc, PteStoreError) else (str(exc))
+            )
+            if attempt == PAIR_ATTEMPTS or not transient(exc):
+                break
+            time.sleep(backoff(attempt))  # a transient failure: the whole pair again
     result.seconds = time.perf_counter() - t0
     result.bytes = counter[0]
     return result
@@ -182,7 +185,10 @@ def _run(task: PairTask, counter: list[int]) -> tuple[str, str]:
             backends=list(task.backends),  # recorded as the job's SPECs
             mode=mode,
             device=task.device,
-            provenance=ProvenanceRequest(sources=dict(task.sources)),
+            provenance=ProvenanceRequest(
+                sources=dict(task.sources),
+                job=None if task.job is None else JobStamp(*task.job),
+            ),
             allow_unchanged=True,  # a job publishes its artifact even if all declined
             loader_hook=lambda loader: CountingLoader(loader, counter),
         )

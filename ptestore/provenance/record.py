@@ -7,8 +7,15 @@ The JSON payload (``format = "ptestore.provenance"``, ``version = 1``)::
      "ptd_source": {...} | null,
      "requested": [{"spec", "version"}],          # the backends asked for, in order
      "backends": [{"id", "spec", "version", "compatibility"}],   # per backend id run
-     "device": {"name", "digest"} | null,
+     "device": {"name", "digest", "options"} | null,
+     "content": {"size", "sha256", "crc32"},       # this file before its trailer
+     "ptd_output": {"size", "sha256", "crc32"} | null,  # a .pte's .ptd (before its trailer)
+     "job": {"path", "sha256"} | null,             # the fleet job file that made it
      "ptestore_version": "0.1.0", "created": "2026-12-01T08:00:00Z"}
+
+``content``, ``ptd_output``, ``job`` and ``device.options`` are absent from records
+written before ptestore bound artifacts to their bytes; such an artifact can be read
+but never trusted as current (nothing ties the record to the bytes).
 
 :meth:`Provenance.key` is what decides whether an artifact is current: the source
 digests, the requested backend specs and versions, and the device name and digest.
@@ -27,7 +34,9 @@ __all__ = [
     "FORMAT",
     "FORMAT_VERSION",
     "BackendStamp",
+    "ContentDigest",
     "DeviceStamp",
+    "JobStamp",
     "Provenance",
     "ProvenanceKey",
     "RequestedBackend",
@@ -124,13 +133,52 @@ class BackendStamp:
 
 @dataclass(frozen=True)
 class DeviceStamp:
-    """The device profile: its name and the digest of its options."""
+    """The device profile: its name, the digest of its options and (in records that
+    keep them) the options themselves."""
 
     name: str
     digest: str
+    options: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "digest": self.digest}
+        out: dict[str, Any] = {"name": self.name, "digest": self.digest}
+        if self.options is not None:
+            out["options"] = self.options
+        return out
+
+
+@dataclass(frozen=True)
+class ContentDigest:
+    """Size, SHA-256 (``sha256:<hex>``) and CRC-32 (zlib, as an integer) of a file's
+    bytes before its trailer."""
+
+    size: int
+    sha256: str
+    crc32: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"size": self.size, "sha256": self.sha256, "crc32": self.crc32}
+
+    @classmethod
+    def from_dict(cls, d: object, source: str, where: str) -> ContentDigest:
+        if not isinstance(d, dict):
+            raise FormatError(source, f"provenance {where}", d, "an object")
+        return cls(
+            _get(d, "size", int, source, where),
+            _get(d, "sha256", str, source, where),
+            _get(d, "crc32", int, source, where),
+        )
+
+
+@dataclass(frozen=True)
+class JobStamp:
+    """The fleet job file an artifact was made by: its path and SHA-256."""
+
+    path: str
+    sha256: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "sha256": self.sha256}
 
 
 @dataclass(frozen=True)
@@ -187,6 +235,11 @@ class Provenance:
     device: DeviceStamp | None
     ptestore_version: str
     created: str
+    #: This file's bytes before the trailer (None in records made before it existed).
+    content: ContentDigest | None = None
+    #: For a .pte of a pair: its .ptd's bytes before the .ptd's trailer.
+    ptd_output: ContentDigest | None = None
+    job: JobStamp | None = None
 
     def key(self) -> ProvenanceKey:
         return ProvenanceKey(
@@ -208,6 +261,9 @@ class Provenance:
             "device": None if self.device is None else self.device.to_dict(),
             "ptestore_version": self.ptestore_version,
             "created": self.created,
+            "content": None if self.content is None else self.content.to_dict(),
+            "ptd_output": None if self.ptd_output is None else self.ptd_output.to_dict(),
+            "job": None if self.job is None else self.job.to_dict(),
         }
 
     @classmethod
@@ -249,9 +305,19 @@ class Provenance:
         if dev is not None:
             if not isinstance(dev, dict):
                 raise FormatError(source, "provenance device", dev, "an object or null")
+            opts = dev.get("options")
+            if opts is not None and not isinstance(opts, dict):
+                raise FormatError(source, "provenance device.options", opts, "an object or null")
             device = DeviceStamp(
-                _get(dev, "name", str, source, "device"), _get(dev, "digest", str, source, "device")
+                _get(dev, "name", str, source, "device"),
+                _get(dev, "digest", str, source, "device"),
+                opts,
             )
+        content = d.get("content")
+        ptd_output = d.get("ptd_output")
+        job = d.get("job")
+        if job is not None and not isinstance(job, dict):
+            raise FormatError(source, "provenance job", job, "an object or null")
         return cls(
             role=role,
             source=SourceInfo.from_dict(d.get("source"), source, "source"),
@@ -261,4 +327,15 @@ class Provenance:
             device=device,
             ptestore_version=_get(d, "ptestore_version", str, source, ""),
             created=_get(d, "created", str, source, ""),
+            content=None
+            if content is None
+            else ContentDigest.from_dict(content, source, "content"),
+            ptd_output=None
+            if ptd_output is None
+            else ContentDigest.from_dict(ptd_output, source, "ptd_output"),
+            job=None
+            if job is None
+            else JobStamp(
+                _get(job, "path", str, source, "job"), _get(job, "sha256", str, source, "job")
+            ),
         )

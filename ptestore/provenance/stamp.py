@@ -13,12 +13,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from ..backends.registry import BackendLike, load_backend
+from ..backends.registry import SPEC_ATTRIBUTE, BackendLike, load_backend
 from ..errors import BackendError, StorageError
 from ..storage.types import DataLoader
 from .record import (
     BackendStamp,
+    ContentDigest,
     DeviceStamp,
+    JobStamp,
     Provenance,
     ProvenanceKey,
     RequestedBackend,
@@ -105,6 +107,8 @@ class ProvenanceRequest:
     sources: dict[str, SourceInfo] = field(default_factory=dict)
     #: Fixed creation time (ISO 8601, UTC) instead of now.
     created: str | None = None
+    #: The fleet job file the run belongs to (path and SHA-256), recorded as ``job``.
+    job: JobStamp | None = None
 
 
 class Stamper:
@@ -122,9 +126,21 @@ class Stamper:
         self._given = backends is not None
         if backends is not None:
             for b in backends:
-                self.requested.append((spec_text(b), load_backend(b)))
+                impl = load_backend(b)
+                if isinstance(b, str):
+                    try:  # messages then name the SPEC as given
+                        vars(impl)[SPEC_ATTRIBUTE] = b.strip()
+                    except TypeError:  # no instance dict (slots)
+                        pass
+                self.requested.append((spec_text(b), impl))
         self.stamps: list[BackendStamp] = []
         self.sources: dict[str, SourceInfo] = {}
+        #: Each output's bytes before its trailer (see :meth:`seal`).
+        self.contents: dict[str, ContentDigest] = {}
+        self._trailers: dict[str, bytes] = {}
+        self._created = request.created or _dt.datetime.now(_dt.timezone.utc).strftime(
+            "%Y-%m-%dT%H:%M:%SZ"
+        )
 
     @property
     def backends(self) -> list[BackendInterface] | None:
@@ -194,9 +210,6 @@ class Stamper:
         return self.provenance("pte").key()
 
     def provenance(self, role: Literal["pte", "ptd"]) -> Provenance:
-        created = self.request.created or _dt.datetime.now(_dt.timezone.utc).strftime(
-            "%Y-%m-%dT%H:%M:%SZ"
-        )
         return Provenance(
             role=role,
             source=self.sources["pte"],
@@ -205,10 +218,26 @@ class Stamper:
             backends=tuple(self.stamps),
             device=None
             if self.device is None
-            else DeviceStamp(self.device.name, self.device.digest()),
+            else DeviceStamp(self.device.name, self.device.digest(), dict(self.device.options)),
             ptestore_version=_ptestore_version(),
-            created=created,
+            created=self._created,
+            content=self.contents.get(role),
+            ptd_output=self.contents.get("ptd") if role == "pte" else None,
+            job=self.request.job,
         )
+
+    def seal(self, role: Literal["pte", "ptd"], content: ContentDigest) -> dict[str, str]:
+        """Fix ``role``'s trailer for an output whose bytes before the trailer are
+        ``content`` (seal the .ptd first: the .pte's record names it) and return the
+        S3 metadata that mirrors it (``ptestore-content-sha256``)."""
+        self.contents[role] = content
+        data = encode_trailer(self.provenance(role).to_dict(), content.size)
+        self._trailers[role] = data
+        return {f"{METADATA_PREFIX}content-sha256": content.sha256}
+
+    def trailer(self, role: str) -> bytes:
+        """The trailer bytes :meth:`seal` fixed for ``role``."""
+        return self._trailers[role]
 
     def write_trailers(
         self, outputs: Sequence[tuple[Literal["pte", "ptd"], DataWriter, int]]
@@ -217,7 +246,9 @@ class Stamper:
         the bytes written."""
         total = 0
         for role, writer, content_size in outputs:
-            data = encode_trailer(self.provenance(role).to_dict(), content_size)
+            data = self._trailers.get(role)
+            if data is None:
+                data = encode_trailer(self.provenance(role).to_dict(), content_size)
             writer.write(data, content_size)
             total += len(data)
         return total

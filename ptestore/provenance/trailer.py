@@ -74,6 +74,18 @@ class Trailer:
         value: dict[str, Any] = json.loads(self.payload)
         return value
 
+    def raw(self) -> bytes:
+        """The trailer's bytes as they are in the file (payload and footer)."""
+        footer = _FOOTER.pack(
+            self.content_size,
+            len(self.payload),
+            bytes.fromhex(self.sha256),
+            TRAILER_VERSION,
+            FOOTER_SIZE,
+            MAGIC,
+        )
+        return self.payload + footer
+
 
 def encode_trailer(payload: dict[str, Any], content_size: int) -> bytes:
     """The trailer bytes for ``payload`` placed after ``content_size`` bytes."""

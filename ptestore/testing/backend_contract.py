@@ -53,9 +53,9 @@ from ..backends.api import BackendInterface
 from ..backends.compat import Compatibility, DeviceProfile
 from ..backends.registry import object_label, serving
 from ..errors import PteStoreError
-from ..loaders import BytesLoader
 from ..provenance import read_provenance
 from ..provenance.trailer import read_trailer
+from ..storage.loaders import BytesLoader
 from .named_data import NamedData
 from .programs import Program, shipped_programs
 from .runtime import compare_outputs, run_in_runtime, runtime_unavailable

@@ -356,7 +356,7 @@ def shared_ranges(path: str) -> list[tuple[int, int]] | None:
 def _segment_hashes(
     url: str, desc: dict[str, Any], storage_options: dict[str, Any]
 ) -> dict[int, str]:
-    from ..loaders import open_loader
+    from ..storage.loaders import open_loader
 
     loader = open_loader(url, **storage_options)
     out: dict[int, str] = {}
@@ -381,8 +381,8 @@ def _read(
     url: str, storage_options: dict[str, Any]
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     from ..inspection import describe_container, read_description
-    from ..loaders import open_loader
     from ..provenance import provenance_json
+    from ..storage.loaders import open_loader
 
     container, rows = read_description(url, **storage_options)
     desc = describe_container(container, rows)

@@ -39,8 +39,8 @@ def _artifact(urls: list[str], options: dict[str, Any]) -> dict[str, Any]:
     """Size and recorded compatibility of the artifact at ``urls`` (.pte, then .ptd);
     ``{}`` when there is none or it cannot be read."""
     from ..errors import PteStoreError
-    from ..loaders import open_loader
     from ..provenance import read_provenance
+    from ..storage.loaders import open_loader
 
     size = 0
     compat: list[str] = []

@@ -239,7 +239,18 @@ def test_specialize_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert MLP.pte_path is not None
     dst = tmp_path / "o.pte"
     assert (
-        main(["specialize", str(MLP.pte_path), str(dst), "--backend", "passthrough", "--json"]) == 0
+        main(
+            [
+                "specialize",
+                str(MLP.pte_path),
+                str(dst),
+                "--backend",
+                "passthrough",
+                "--json",
+                "--no-provenance",
+            ]
+        )
+        == 0
     )
     report = json.loads(capsys.readouterr().out)
     assert report["backends"][0]["status"] == "specialized"
@@ -255,10 +266,11 @@ def test_specialize_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     # Bad input: exit 2.
     assert main(["specialize", str(tmp_path / "nope.pte"), str(dst)]) == 2
     assert main(["specialize", str(MLP.pte_path), str(dst), "--backend", "nosuch"]) == 2
-    # Backend failure: exit 1.
+    # Backend failure: exit 1, the destination as it was.
+    before = dst.read_bytes()
     assert main(["specialize", str(MLP.pte_path), str(dst), "--backend", "command=false"]) == 1
     assert "nothing published" in capsys.readouterr().err
-    assert dst.read_bytes() == MLP.pte_path.read_bytes()
+    assert dst.read_bytes() == before
 
 
 # ------------------------------------------------------------------ exit codes, one mapping

@@ -99,7 +99,8 @@ def test_allow_unchanged_publishes_the_copy_with_a_warning(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     dst = tmp_path / "o.pte"
-    assert main(["specialize", SRC, str(dst), "--allow-unchanged"]) == EXIT_OK
+    # An unchanged copy without provenance is the source byte for byte.
+    assert main(["specialize", SRC, str(dst), "--allow-unchanged", "--no-provenance"]) == EXIT_OK
     captured = capsys.readouterr()
     assert captured.err.startswith(
         f"ptestore specialize: warning: nothing was specialized in {SRC}: "
@@ -154,6 +155,8 @@ def test_every_subcommand_takes_verbose_and_debug() -> None:
         ["fleet", "plan", "job.toml"],
         ["ensure", "m.pte", "--cache-dir", "c"],
         ["cache", "ls", "--cache-dir", "c"],
+        ["select", "i.json", "--model", "m", "--device", "d"],
+        ["fetch", "i.json", "out.pte"],
     ):
         ns = parser.parse_args([*argv, "-v", "--debug"])
         assert (ns.verbose, ns.debug) == (1, True), argv
@@ -166,6 +169,8 @@ def test_every_subcommand_takes_verbose_and_debug() -> None:
         "fleet",
         "ensure",
         "cache",
+        "select",
+        "fetch",
     }
 
 
@@ -256,7 +261,8 @@ def test_dst_options_reach_the_destination_only(
     opts = [f"--dst-option={k}={json.dumps(v)}" for k, v in moto_s3.storage_options.items()]
     dst = f"s3://{bucket}/o.pte"
     # A local source refuses every option: they must not reach it.
-    assert main(["specialize", SRC, dst, "--backend", "passthrough", *opts]) == EXIT_OK
+    argv = ["specialize", SRC, dst, "--backend", "passthrough", "--no-provenance", *opts]
+    assert main(argv) == EXIT_OK
     out = capsys.readouterr().out
     # The summary shows what the publish returned (issue 8, item 7).
     head = moto_s3.client().head_object(Bucket=bucket, Key="o.pte")
@@ -308,7 +314,7 @@ def test_report_names_backends_by_spec_and_shows_the_publish(
 ) -> None:
     dst = tmp_path / "o.pte"
     spec = "ptestore.backends.passthrough:PassthroughBackend"
-    assert main(["specialize", SRC, str(dst), "--backend", spec]) == EXIT_OK
+    assert main(["specialize", SRC, str(dst), "--backend", spec, "--no-provenance"]) == EXIT_OK
     out = capsys.readouterr().out
     assert f"backend XnnpackBackend ({spec}): 1 inputs" in out
     assert "  published: 5.9 KiB" in out
@@ -316,7 +322,8 @@ def test_report_names_backends_by_spec_and_shows_the_publish(
     assert main(["specialize", SRC, str(dst), "--backend", spec, "--json"]) == EXIT_OK
     report = json.loads(capsys.readouterr().out)
     assert report["backends"][0]["implementation"] == spec
-    assert report["files"][0]["published_size"] == 6048
+    # With the provenance trailer (the default) the published size includes it.
+    assert report["files"][0]["published_size"] == dst.stat().st_size > 6048
 
 
 def test_inspect_json_named_data_has_size_and_tensor_info(

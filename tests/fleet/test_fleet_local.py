@@ -65,20 +65,28 @@ def test_run_skip_summary_and_json(tmp_path: Path, capsys: pytest.CaptureFixture
     assert plan.pairs[3].reason == f"no artifact at {tmp_path}/out/b/ext.ptd"
 
 
-def test_a_failing_pair_does_not_stop_the_others(
+def test_a_missing_source_is_one_preflight_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     job = _job(tmp_path, extra_model=f'[[models]]\nname = "gone"\nsource = "{tmp_path}/no.pte"\n')
-    assert main(["fleet", "run", str(job), "--workers", "1", "--json"]) == 1
+    # Preflight: one message, exit 2, before any pair (plan and run alike).
+    for argv in (["plan"], ["run", "--workers", "1"]):
+        assert main(["fleet", argv[0], str(job), *argv[1:]]) == 2
+        captured = capsys.readouterr()
+        assert captured.err.splitlines()[0] == (
+            f"ptestore fleet: error: {job}: model 'gone': {tmp_path}/no.pte: no such file"
+        )
+        assert captured.err.count("no such file") == 1
+        assert captured.out == ""
+    assert not (tmp_path / "out").exists()
+    # The other models run when the operator leaves that one out.
+    assert main(["fleet", "run", str(job), "--workers", "1", "--json", "--models", "mlp,ext"]) == 0
     shown = json.loads(capsys.readouterr().out)
-    assert (shown["done"], shown["skipped"], shown["failed"]) == (4, 0, 2)
-    failed = [p for p in shown["pairs"] if p["status"] == "failed"]
-    assert [p["model"] for p in failed] == ["gone", "gone"]
-    assert failed[0]["error"] == f"cannot read the source: {tmp_path}/no.pte: no such file"
-    assert main(["fleet", "run", str(job), "--workers", "1"]) == 1
-    assert f"failed: gone on a -> {tmp_path}/out/a/gone.pte: cannot read" in (
-        capsys.readouterr().out
-    )
+    assert (shown["done"], shown["skipped"], shown["failed"]) == (4, 0, 0)
+    assert main(["fleet", "plan", str(job), "--models", "mlp", "--devices", "a"]) == 0
+    assert "1 pairs: 0 to run, 1 to skip" in capsys.readouterr().out
+    assert main(["fleet", "plan", str(job), "--devices", "a,zz"]) == 2
+    assert "--devices names no device 'zz' (devices: a, b)" in capsys.readouterr().err
 
 
 class Racer(BackendInterface):

@@ -7,6 +7,7 @@ import hashlib
 import json
 import struct
 import sys
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -241,7 +242,23 @@ def test_record_contents_and_ptd_trailer(tmp_path: Path) -> None:
     assert shown is not None and shown["trailer"]["offset"] + shown["trailer"]["size"] == (
         out.stat().st_size
     )
-    assert shown["device"] == {"name": "pixel9", "digest": DEVICE.digest()}
+    assert shown["device"] == {
+        "name": "pixel9",
+        "digest": DEVICE.digest(),
+        "options": dict(DEVICE.options),
+    }
+    # Bound to the bytes: the record names this file's content and the pair's .ptd.
+    data, ptd_data = out.read_bytes(), out_ptd.read_bytes()
+    end = shown["trailer"]["offset"]
+    assert prov.content is not None and prov.content.size == end
+    assert prov.content.sha256 == "sha256:" + hashlib.sha256(data[:end]).hexdigest()
+    assert prov.content.crc32 == zlib.crc32(data[:end])
+    ptd_trailer = read_trailer(open_loader(out_ptd))
+    assert ptd_trailer is not None and ptd_prov.content is not None
+    ptd_end = ptd_trailer.content_size
+    assert ptd_prov.content.sha256 == "sha256:" + hashlib.sha256(ptd_data[:ptd_end]).hexdigest()
+    assert prov.ptd_output == ptd_prov.content and ptd_prov.ptd_output is None
+    assert prov.job is None
     assert provenance_json(BytesLoader(src)) is None
 
 

@@ -89,7 +89,7 @@ def test_other_soc_is_unsupported(artifact: Path) -> None:
     report = verify(artifact, backends=[SPEC], device=other)
     assert report.compatibility == {"XnnpackBackend": Compatibility.UNSUPPORTED}
     assert [f.field for f in report.findings] == ["backends.compatibility", "device.digest"]
-    assert "(the profile's options changed)" in report.findings[1].message
+    assert "(options changed: soc 'sm8650' -> 'tensor-g4')" in report.findings[1].message
 
 
 def test_device_name(artifact: Path) -> None:

@@ -1,0 +1,128 @@
+"""``ptestore select INDEX --model NAME --device NAME [--device-option K=V]... [--json]``
+and ``ptestore fetch INDEX_OR_URL DEST [--model NAME --device NAME] [--json]``.
+
+Exit status: 0 an artifact (or, for ``select``, the portable source) was chosen and,
+for ``fetch``, published verified; 1 a download failed or did not verify; 2 bad input
+(no such model, a malformed index, missing flags).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from .exits import EXIT_OK, guarded
+from .options import add_storage_options, storage_options
+from .parser import add_common_flags
+
+__all__ = ["add_fetch_parser", "add_select_parser", "run_fetch", "run_select"]
+
+
+def _device_flags(p: argparse.ArgumentParser, *, required: bool) -> None:
+    p.add_argument("--model", metavar="NAME", required=required, help="the model's name")
+    p.add_argument(
+        "--device",
+        metavar="NAME",
+        required=required,
+        help="the device (its options default to those the index records for the name)",
+    )
+    p.add_argument(
+        "--device-option",
+        metavar="K=V",
+        action="append",
+        default=[],
+        help="an option of the device profile (VALUE parsed as JSON if it can be); repeatable",
+    )
+    p.add_argument("--json", action="store_true", help="print the answer as JSON")
+    add_storage_options(p)
+    add_common_flags(p)
+
+
+def add_select_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``ptestore select``."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "select",
+        help="pick the artifact of a model that fits a device, from a fleet index",
+        description="Rate every artifact of the model in the index with the backends' "
+        "check_compatibility for the device; print the best (optimal, else prefer "
+        "re-specialization), or the portable source when none fits, and why.",
+        epilog="example:\n  ptestore select s3://models/fleet/ptestore-index.json "
+        "--model mlp --device pixel9",
+    )
+    p.add_argument("index", metavar="INDEX", help="the index (path or URL)")
+    _device_flags(p, required=True)
+    p.set_defaults(func=run_select)
+    return p
+
+
+def add_fetch_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``ptestore fetch``."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "fetch",
+        help="download the artifact selected for a device (and its .ptd), verified",
+        description="Download what the index selects for --model on --device (or the "
+        "artifact at URL) to DEST (a .ptd goes beside it): resumable, checked against the "
+        "SHA-256 the index names, published atomically only when it matches.",
+        epilog="example:\n  ptestore fetch s3://models/fleet/ptestore-index.json "
+        "/data/mlp.pte --model mlp --device pixel9",
+    )
+    p.add_argument("source", metavar="INDEX_OR_URL", help="an index (.json) or an artifact")
+    p.add_argument("dest", metavar="DEST", help="local path of the .pte")
+    _device_flags(p, required=False)
+    p.set_defaults(func=run_fetch)
+    return p
+
+
+def _device(args: argparse.Namespace) -> Any:
+    if not args.device_option:
+        return args.device
+    from ..backends.compat import DeviceProfile, parse_device_options
+    from ..errors import ConfigurationError
+
+    if args.device is None:
+        raise ConfigurationError("--device-option needs --device NAME")
+    return DeviceProfile(args.device, parse_device_options(args.device_option))
+
+
+def _print(args: argparse.Namespace, value: dict[str, Any], text: str) -> None:
+    if args.json:
+        json.dump(value, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(text)
+
+
+@guarded("select")
+def run_select(args: argparse.Namespace) -> int:
+    """Run ``ptestore select``."""
+    from ..fleet.select import select
+
+    choice = select(args.index, args.model, _device(args), storage_options=storage_options(args))
+    files = choice.pte["url"] + (f" + {choice.ptd['url']}" if choice.ptd else "")
+    _print(args, choice.to_dict(), f"{choice.kind}: {files}\n{choice.reason}")
+    return EXIT_OK
+
+
+@guarded("fetch", publishes=True)
+def run_fetch(args: argparse.Namespace) -> int:
+    """Run ``ptestore fetch``."""
+    from ..fleet.fetch import fetch
+
+    result = fetch(
+        args.source,
+        args.dest,
+        model=args.model,
+        device=_device(args),
+        storage_options=storage_options(args),
+    )
+    lines = [
+        f"{f['url']} -> {f['path']}: {f['size']} bytes verified"
+        + (f" (resumed at {f['resumed_from']})" if f["resumed_from"] else "")
+        for f in result.files
+    ]
+    if result.choice is not None:
+        lines.insert(0, f"{result.choice.kind}: {result.choice.reason}")
+    _print(args, result.to_dict(), "\n".join(lines))
+    return EXIT_OK

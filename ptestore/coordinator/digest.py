@@ -1,0 +1,37 @@
+"""The digest of an output before it is written (so its trailer and S3 metadata can
+name the bytes they follow): the patched metadata, the copies and the zero padding in
+destination order, read once from the sources and the spool."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..provenance.digest import ContentHasher
+from .output import FileLayout, _copies
+
+if TYPE_CHECKING:
+    from ..provenance.record import ContentDigest
+    from .named import SourceFile
+    from .session import Run
+
+__all__ = ["planned_digest"]
+
+
+def planned_digest(run: Run, f: SourceFile, layout: FileLayout) -> ContentDigest:
+    """SHA-256 and CRC-32 of the container :func:`~.output.write_file` will write."""
+    meta = bytes(layout.patched.metadata)
+    h = ContentHasher()
+    h.update(meta)
+    cursor = len(meta)
+    for x in sorted(_copies(run, f, layout), key=lambda c: c.dst):
+        start = max(x.dst, cursor)
+        if start > cursor:
+            h.zeros(start - cursor)
+        skip = start - x.dst  # never expected: copies start after the metadata
+        if x.size > skip:
+            h.read(x.source, x.src + skip, x.size - skip)
+        cursor = max(cursor, x.dst + x.size)
+    end = layout.patched.file_size
+    if end > cursor:
+        h.zeros(end - cursor)
+    return h.digest()

@@ -1,0 +1,271 @@
+"""The index a fleet run publishes next to its artifacts: which artifact is whose.
+
+One JSON object per job destination prefix (``<prefix>/ptestore-index.json``, the part
+of the destination template before its first ``{``)::
+
+    {"format": "ptestore.index", "version": 1, "updated": "2026-12-01T08:00:00Z",
+     "entries": [
+       {"model": "mlp", "device": "pixel9",
+        "device_options": {...}, "device_digest": "sha256:...",
+        "key": "sha256:...",                         # the provenance key's digest
+        "job": {"path", "sha256"} | null,
+        "source": {"url", "size", "sha256"}, "ptd_source": {...} | null,
+        "pte": {"url", "size", "sha256", "trailer_sha256"},
+        "ptd": {"url", "size", "sha256", "trailer_sha256"} | null,
+        "compatibility": [{"id", "spec", "version", "compatibility"}],
+        "created": "..."}]}
+
+``sha256`` is the SHA-256 of the file's bytes before its provenance trailer and
+``trailer_sha256`` the trailer's own checksum (of its JSON): together with ``size`` they
+pin every byte of the file. Entries are keyed by ``(model, device)``; a run replaces its
+pairs' entries and keeps every other.
+
+Concurrent or partial runs never lose entries: the index is read, merged and written
+back conditionally, and re-merged on a conflict: on S3 ``PutObject`` with ``If-Match``
+(the ETag read) or ``If-None-Match: *`` (no index yet), retried on 412/409; on local
+disks under an exclusive ``flock`` on ``<index>.lock``, written to a temp file and
+renamed. Other fsspec stores get an unconditional write (last writer wins).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from ..errors import ConfigurationError, FormatError, ObjectNotFound, StorageError
+from ..provenance import Provenance, read_trailer
+from ..storage.loaders import open_loader, split_url
+from ..storage.routing import options_for_loader
+from .job import Job
+
+__all__ = [
+    "INDEX_FORMAT",
+    "INDEX_NAME",
+    "INDEX_VERSION",
+    "entry_for",
+    "index_entries",
+    "index_url",
+    "load_index",
+    "publish_index",
+]
+
+INDEX_FORMAT = "ptestore.index"
+INDEX_VERSION = 1
+INDEX_NAME = "ptestore-index.json"
+_ATTEMPTS = 20
+
+
+def index_url(job: Job) -> str:
+    """Where ``job``'s index goes: beside the artifacts, in the directory of the
+    destination template before its first placeholder."""
+    head = job.destination.split("{", 1)[0]
+    cut = head.rfind("/")
+    return (head[: cut + 1] if cut >= 0 else "") + INDEX_NAME
+
+
+def _file(url: str, options: dict[str, Any]) -> tuple[dict[str, Any], Provenance]:
+    loader = open_loader(url, **options_for_loader(url, options, "dst"))
+    try:
+        trailer = read_trailer(loader)
+        if trailer is None:
+            raise FormatError(url, "provenance trailer", None, "present (a fleet artifact)")
+        prov = Provenance.from_dict(trailer.record(), url)
+        if prov.content is None:
+            raise FormatError(url, "provenance content", None, "a digest of the bytes")
+        return {
+            "url": url,
+            "size": loader.size(),
+            "sha256": prov.content.sha256,
+            "trailer_sha256": "sha256:" + trailer.sha256,
+        }, prov
+    finally:
+        loader.close()
+
+
+def entry_for(pte_url: str, ptd_url: str | None, options: dict[str, Any]) -> dict[str, Any]:
+    """The index entry of the artifact at ``pte_url`` (and its ``ptd_url``), from its
+    trailers (ranged reads only)."""
+    pte, prov = _file(pte_url, options)
+    ptd = None if ptd_url is None else _file(ptd_url, options)[0]
+    dev = prov.device
+    return {
+        "model": None,
+        "device": None if dev is None else dev.name,
+        "device_options": None if dev is None else dev.options,
+        "device_digest": None if dev is None else dev.digest,
+        "key": prov.key().digest(),
+        "job": None if prov.job is None else prov.job.to_dict(),
+        "source": {k: prov.source.to_dict()[k] for k in ("url", "size", "sha256")},
+        "ptd_source": None
+        if prov.ptd_source is None
+        else {k: prov.ptd_source.to_dict()[k] for k in ("url", "size", "sha256")},
+        "pte": pte,
+        "ptd": ptd,
+        "compatibility": [b.to_dict() for b in prov.backends],
+        "created": prov.created,
+    }
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _merge(old: dict[str, Any] | None, entries: list[dict[str, Any]]) -> dict[str, Any]:
+    kept = {(e["model"], e["device"]): e for e in (old or {}).get("entries", [])}
+    for e in entries:
+        kept[(e["model"], e["device"])] = e
+    return {
+        "format": INDEX_FORMAT,
+        "version": INDEX_VERSION,
+        "updated": _now(),
+        "entries": [kept[k] for k in sorted(kept)],
+    }
+
+
+def check_index(value: object, url: str) -> dict[str, Any]:
+    """``value`` if it is an index, else :class:`FormatError` naming the field."""
+    if not isinstance(value, dict):
+        raise FormatError(url, "index", type(value).__name__, "a JSON object")
+    if value.get("format") != INDEX_FORMAT:
+        raise FormatError(url, "index format", value.get("format"), repr(INDEX_FORMAT))
+    if value.get("version") != INDEX_VERSION:
+        raise FormatError(url, "index version", value.get("version"), str(INDEX_VERSION))
+    if not isinstance(value.get("entries"), list):
+        raise FormatError(url, "index entries", value.get("entries"), "a list")
+    return value
+
+
+def _parse(data: bytes, url: str) -> dict[str, Any]:
+    try:
+        value = json.loads(data)
+    except ValueError as exc:
+        raise FormatError(url, "index", data[:40], "JSON", str(exc)) from None
+    return check_index(value, url)
+
+
+def load_index(url: str | os.PathLike[str], **storage_options: Any) -> dict[str, Any]:
+    """Read and check the index at ``url``."""
+    target = os.fspath(url)
+    loader = open_loader(target, **options_for_loader(target, storage_options, "dst"))
+    try:
+        return _parse(bytes(loader.load(0, loader.size())), target)
+    finally:
+        loader.close()
+
+
+def publish_index(url: str, entries: Iterable[dict[str, Any]], options: dict[str, Any]) -> str:
+    """Merge ``entries`` into the index at ``url`` (conditional writes, see the module
+    docstring); returns ``url``."""
+    new = list(entries)
+    protocol = split_url(url)[0]
+    if protocol == "file":
+        _publish_local(url, new)
+    elif protocol == "s3":
+        _publish_s3(url, new, options)
+    else:
+        try:
+            old: dict[str, Any] | None = load_index(url, **options)
+        except ObjectNotFound:
+            old = None
+        from ..writers import open_writer
+
+        w = open_writer(url, **options)
+        w.write(json.dumps(_merge(old, new), indent=1).encode(), 0)
+        w.publish("overwrite")
+    return url
+
+
+def _publish_local(url: str, entries: list[dict[str, Any]]) -> None:
+    import fcntl
+    import tempfile
+
+    path = split_url(url)[1]
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    with open(path + ".lock", "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            with open(path, "rb") as f:
+                old: dict[str, Any] | None = _parse(f.read(), path)
+        except FileNotFoundError:
+            old = None
+        fd, tmp = tempfile.mkstemp(prefix=".ptestore-index-", dir=directory)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(json.dumps(_merge(old, entries), indent=1).encode())
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+
+def _code(exc: BaseException) -> str:
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        return str(response.get("Error", {}).get("Code", ""))
+    return ""
+
+
+def _publish_s3(url: str, entries: list[dict[str, Any]], options: dict[str, Any]) -> None:
+    from ..writers.s3.config import S3Connection
+
+    conn = S3Connection(url, options_for_loader(url, options, "dst"))
+    bucket, _, key = url[len("s3://") :].partition("/")
+    if not key:
+        raise ConfigurationError(f"{url}: an index needs a key, not only a bucket")
+    for attempt in range(_ATTEMPTS):
+        try:
+            resp, data = conn.call(
+                "GetObject (index)",
+                lambda: conn.invoke_read("get_object", Bucket=bucket, Key=key, **conn.extras),
+            )
+            old: dict[str, Any] | None = _parse(data, url)
+            cond: dict[str, str] = {"IfMatch": str(resp["ETag"])}
+        except Exception as exc:
+            if _code(exc) not in ("NoSuchKey", "404"):
+                raise StorageError(f"{url}: cannot read the index: {exc}") from exc
+            old, cond = None, {"IfNoneMatch": "*"}
+        body = json.dumps(_merge(old, entries), indent=1).encode()
+        try:
+            conn.call(  # transient failures retried; a conflict is re-merged below
+                "PutObject (index)",
+                lambda body=body, cond=cond: conn.invoke(  # type: ignore[misc]
+                    "put_object",
+                    Bucket=bucket,
+                    Key=key,
+                    Body=body,
+                    ContentType="application/json",
+                    **cond,
+                    **conn.create_extras,
+                ),
+            )
+            return
+        except Exception as exc:
+            if _code(exc) not in ("PreconditionFailed", "ConditionalRequestConflict", "412", "409"):
+                raise StorageError(f"{url}: cannot write the index: {exc}") from exc
+            time.sleep(min(0.5, 0.01 * 2**attempt))  # another run wrote it: merge again
+    raise StorageError(f"{url}: the index changed under every one of {_ATTEMPTS} attempts")
+
+
+def index_entries(job: Job, pairs: Iterable[tuple[str, str]]) -> list[dict[str, Any]]:
+    """The entries of ``job``'s ``(model, device)`` pairs (read from their trailers,
+    a few at once)."""
+    import concurrent.futures as cf
+
+    wanted = set(pairs)
+    todo = [p for p in job.pairs() if (p.model.name, p.device.name) in wanted]
+
+    def one(p: Any) -> dict[str, Any]:
+        e = entry_for(p.destination, p.ptd_destination, job.storage_options)
+        e["model"] = p.model.name
+        return e
+
+    with cf.ThreadPoolExecutor(max_workers=8) as pool:
+        return list(pool.map(one, todo))

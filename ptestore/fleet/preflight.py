@@ -1,0 +1,113 @@
+"""Checks before any pair runs, so that a job-wide mistake is one message and exit 2
+instead of one failure per pair: every backend loads, every source can be opened with
+the job's storage options (a misspelt option, a missing object, bad credentials), and
+(for a run) every destination prefix is writable: a marker object is created there
+and deleted again.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import replace
+from typing import Any
+
+from ..backends.registry import load_backend
+from ..errors import ConfigurationError, PteStoreError
+from ..storage.loaders import open_loader, split_url
+from ..storage.routing import options_for_loader, options_for_writer
+from .job import Job, JobError
+
+__all__ = ["destination_prefix", "filter_job", "preflight"]
+
+MARKER_PREFIX = ".ptestore-preflight-"
+
+
+def filter_job(job: Job, models: list[str] | None, devices: list[str] | None) -> Job:
+    """``job`` with only the named models and devices (None: all); an unknown name is
+    a :class:`JobError` naming the ones there are."""
+
+    def pick(kind: str, have: list[str], want: list[str] | None) -> set[str] | None:
+        if not want:
+            return None
+        unknown = [n for n in want if n not in have]
+        if unknown:
+            raise JobError(
+                f"{job.path}: --{kind} names no {kind[:-1]} {', '.join(map(repr, unknown))} "
+                f"({kind}: {', '.join(have)})"
+            )
+        return set(want)
+
+    m = pick("models", [x.name for x in job.models], models)
+    d = pick("devices", [x.name for x in job.devices], devices)
+    return replace(
+        job,
+        models=tuple(x for x in job.models if m is None or x.name in m),
+        devices=tuple(x for x in job.devices if d is None or x.name in d),
+    )
+
+
+def _prefix(url: str) -> str:
+    head = url.split("{", 1)[0]
+    return head[: head.rfind("/") + 1] if "/" in head else ""
+
+
+def destination_prefix(job: Job) -> str:
+    """The directory or S3 prefix every destination of ``job`` lies under (the
+    template before its first placeholder, to its last ``/``)."""
+    return _prefix(job.destination)
+
+
+def preflight(job: Job, *, write: bool) -> None:
+    """Raise :class:`JobError` (exit 2) for the first job-wide mistake found."""
+    for spec in job.backends:
+        try:
+            load_backend(spec)
+        except PteStoreError as exc:
+            raise JobError(f"{job.path}: backends: {exc}") from exc
+    seen: set[str] = set()
+    for model in job.models:
+        for url in [model.source] + ([model.ptd] if model.ptd else []):
+            if url in seen:
+                continue
+            seen.add(url)
+            try:
+                open_loader(url, **options_for_loader(url, job.storage_options)).close()
+            except PteStoreError as exc:
+                raise JobError(f"{job.path}: model {model.name!r}: {exc}") from exc
+    if write:
+        _writable(job, _prefix(job.destination))
+
+
+def _writable(job: Job, prefix: str) -> None:
+    from ..writers import open_writer
+
+    marker = f"{prefix}{MARKER_PREFIX}{uuid.uuid4().hex}"
+    try:
+        w = open_writer(marker, **options_for_writer(marker, job.storage_options))
+        try:
+            w.write(b"ptestore preflight marker\n", 0)
+            w.publish("create")
+        finally:
+            w.discard()
+        _remove(marker, job.storage_options)
+    except (PteStoreError, OSError) as exc:
+        raise JobError(
+            f"{job.path}: destination {prefix or '.'} is not writable (a marker could not "
+            f"be created and deleted): {exc}"
+        ) from exc
+
+
+def _remove(url: str, options: dict[str, Any]) -> None:
+    protocol, path = split_url(url)
+    if protocol == "file":
+        import os
+
+        os.unlink(path)
+        return
+    import fsspec
+
+    fs, p = fsspec.core.url_to_fs(url, **options_for_loader(url, options))
+    try:
+        fs.rm_file(p)
+    except Exception as exc:
+        raise ConfigurationError(f"{url}: cannot delete the preflight marker: {exc}") from exc

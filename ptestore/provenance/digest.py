@@ -1,0 +1,66 @@
+"""Digests of a file's bytes before its trailer: SHA-256 and CRC-32 in one pass.
+
+:class:`ContentHasher` takes the bytes in order; :func:`content_digest` reads the first
+``size`` bytes of a loader (what ``verify`` does). The CRC-32 lets a store that keeps a
+full-object CRC-32 (the S3 writer's ``ChecksumType=FULL_OBJECT``) be checked against the
+record without reading the object: the object's CRC is the content's CRC combined with
+the trailer's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import zlib
+
+from ..storage.types import DataLoader
+from .record import ContentDigest
+
+__all__ = ["ContentHasher", "content_digest", "object_crc32"]
+
+_CHUNK = 8 << 20
+_ZEROS = bytes(1 << 20)
+
+
+class ContentHasher:
+    """SHA-256 and CRC-32 of bytes fed in order."""
+
+    def __init__(self) -> None:
+        self._sha = hashlib.sha256()
+        self._crc = 0
+        self.size = 0
+
+    def update(self, data: bytes | bytearray | memoryview) -> None:
+        self._sha.update(data)
+        self._crc = zlib.crc32(data, self._crc)
+        self.size += memoryview(data).nbytes
+
+    def zeros(self, n: int) -> None:
+        while n > 0:
+            k = min(n, len(_ZEROS))
+            self.update(_ZEROS[:k] if k < len(_ZEROS) else _ZEROS)
+            n -= k
+
+    def read(self, loader: DataLoader, offset: int, size: int) -> None:
+        """Feed ``size`` bytes of ``loader`` from ``offset``."""
+        end = offset + size
+        while offset < end:
+            n = min(_CHUNK, end - offset)
+            self.update(loader.load(offset, n))
+            offset += n
+
+    def digest(self) -> ContentDigest:
+        return ContentDigest(self.size, "sha256:" + self._sha.hexdigest(), self._crc)
+
+
+def content_digest(loader: DataLoader, size: int) -> ContentDigest:
+    """The digest of the first ``size`` bytes of ``loader`` (one streaming read)."""
+    h = ContentHasher()
+    h.read(loader, 0, size)
+    return h.digest()
+
+
+def object_crc32(content: ContentDigest, trailer: bytes) -> int:
+    """CRC-32 of a whole object: ``content`` followed by ``trailer``."""
+    from ..writers.s3.checksum import crc32_combine
+
+    return crc32_combine(content.crc32, zlib.crc32(trailer), len(trailer))

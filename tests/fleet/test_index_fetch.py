@@ -1,0 +1,199 @@
+"""The index a fleet run publishes, selection by device, and verified, resumable
+fetches: on local files and on S3 (moto and SeaweedFS)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.fixtures import get_fixture
+
+import ptestore
+from ptestore.cli import main
+from ptestore.errors import IntegrityError
+from ptestore.fleet.index import load_index, publish_index
+from ptestore.testing.s3server import S3TestServer
+
+EXT = get_fixture("mlp_xnnpack_ext")
+SPEC = "support.fleet_backend:Scaler=1.0"
+DEVICES = '[devices.a]\nsoc = "x"\nscale = 2.0\n[devices.b]\nsoc = "y"\nscale = 3.0\n'
+
+
+def _job(tmp: Path, dest: str, devices: str = DEVICES, extra: str = "") -> Path:
+    job = tmp / f"job{len(list(tmp.glob('job*.toml')))}.toml"
+    job.write_text(
+        f'destination = "{dest}/{{device}}/{{model}}.pte"\nbackends = ["{SPEC}"]\n{extra}'
+        f'[[models]]\nname = "m"\nsource = "{EXT.pte_path}"\nptd = "{EXT.ptd_path}"\n' + devices
+    )
+    return job
+
+
+def _run(job: Path, capsys: Any) -> dict[str, Any]:
+    assert main(["fleet", "run", str(job), "--workers", "1", "--json"]) == 0
+    out: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return out
+
+
+def _sha_before_trailer(path: Path) -> str:
+    data = path.read_bytes()
+    prov = ptestore.provenance.read_trailer(ptestore.loaders.BytesLoader(data))
+    assert prov is not None
+    return "sha256:" + hashlib.sha256(data[: prov.content_size]).hexdigest()
+
+
+def test_index_select_and_fetch_locally(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    first = _run(_job(tmp_path, str(out)), capsys)
+    assert first["index"] == f"{out}/ptestore-index.json"
+    # A second job onto the same prefix (another device) keeps the first job's entries.
+    second = _run(_job(tmp_path, str(out), '[devices.c]\nsoc = "x"\nscale = 5.0\n'), capsys)
+    assert second["index"] == first["index"]
+    index = load_index(first["index"])
+    assert (index["format"], index["version"]) == ("ptestore.index", 1)
+    assert [(e["model"], e["device"]) for e in index["entries"]] == [
+        ("m", "a"),
+        ("m", "b"),
+        ("m", "c"),
+    ]
+    a = index["entries"][0]
+    pte, ptd = out / "a" / "m.pte", out / "a" / "m.ptd"
+    assert a["pte"]["url"] == str(pte) and a["pte"]["size"] == pte.stat().st_size
+    assert a["pte"]["sha256"] == _sha_before_trailer(pte)
+    assert a["ptd"]["sha256"] == _sha_before_trailer(ptd)
+    assert a["compatibility"] == [
+        {
+            "id": "XnnpackBackend",
+            "spec": SPEC,
+            "version": "1.0",
+            "compatibility": "scaler;soc=x;v=1.0",
+        }
+    ]
+    assert a["device_options"] == {"soc": "x", "scale": 2.0}
+
+    # select: the device's own artifact; another device of the same SoC gets an optimal
+    # one; an unknown SoC falls back to the portable source, saying why.
+    own = ptestore.select(index, "m", "a")
+    assert (own.kind, own.made_for, own.rating) == ("artifact", "a", "optimal")
+    assert main(["select", first["index"], "--model", "m", "--device", "new",
+                 "--device-option", "soc=y", "--json"]) == 0  # fmt: skip
+    shown = json.loads(capsys.readouterr().out)
+    assert (shown["kind"], shown["made_for"], shown["rating"]) == ("artifact", "b", "optimal")
+    none = ptestore.select(index, "m", ptestore.backends.compat.DeviceProfile("z", {"soc": "q"}))
+    assert none.kind == "source" and none.pte["url"] == str(EXT.pte_path)
+    assert none.reason.startswith("no artifact of 'm' fits 'z' (a: ")
+    assert none.reason.endswith("falling back to the portable source")
+    assert main(["select", first["index"], "--model", "nope", "--device", "a"]) == 2
+    assert "index has no model 'nope' (models: m)" in capsys.readouterr().err
+
+    # fetch: verified, published atomically, .ptd beside.
+    dest = tmp_path / "device" / "model.pte"
+    assert main(["fetch", first["index"], str(dest), "--model", "m", "--device", "a"]) == 0
+    assert dest.read_bytes() == pte.read_bytes()
+    assert (tmp_path / "device" / "model.ptd").read_bytes() == ptd.read_bytes()
+    assert ptestore.verify(dest).status == "intact"
+    # A damaged artifact is never published by fetch.
+    data = bytearray(pte.read_bytes())
+    data[len(data) // 3] ^= 1
+    pte.write_bytes(bytes(data))
+    other = tmp_path / "other" / "model.pte"
+    with pytest.raises(IntegrityError, match="downloaded bytes have sha256:"):
+        ptestore.fetch(first["index"], other, model="m", device="a")
+    assert not other.exists() and not Path(str(other) + ".part").exists()
+
+
+_KILLER = """
+import os, signal, sys
+import ptestore
+seen = []
+def progress(url, done, total):
+    seen.append(done)
+    if url.endswith(".pte") and done >= total // 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+ptestore.fetch(sys.argv[1], sys.argv[2], model="m", device="a", chunk_size=256,
+               storage_options=__import__("json").loads(sys.argv[3]), progress=progress)
+"""
+
+
+def _fetch_killed_halfway(index: str, dest: Path, opts: dict[str, Any]) -> None:
+    # The child imports the test backend too (it rates the artifacts; without it the
+    # selection would fall back to the portable source).
+    tests = str(Path(__file__).parents[1])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run(
+        [sys.executable, "-c", _KILLER, index, str(dest), json.dumps(opts)],
+        capture_output=True,
+        timeout=120,
+        env=env,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+    assert not dest.exists()  # nothing partial is visible
+    assert os.path.getsize(str(dest) + ".part") > 0
+
+
+def test_fetch_resumes_after_being_killed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    index = _run(_job(tmp_path, str(out)), capsys)["index"]
+    dest = tmp_path / "dl" / "m.pte"
+    _fetch_killed_halfway(index, dest, {})
+    result = ptestore.fetch(index, dest, model="m", device="a", chunk_size=256)
+    pte_file = next(f for f in result.files if f["path"] == str(dest))
+    assert pte_file["resumed_from"] > 0
+    assert dest.read_bytes() == (out / "a" / "m.pte").read_bytes()
+    assert not Path(str(dest) + ".part").exists()
+
+
+@pytest.mark.s3
+def test_s3_index_concurrent_and_fetch_resume(
+    s3_server: S3TestServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bucket = s3_server.new_bucket()
+    opts = s3_server.storage_options
+    extra = (
+        f'[storage_options]\nendpoint_url = "{opts["endpoint_url"]}"\n'
+        f'key = "{opts["key"]}"\nsecret = "{opts["secret"]}"\n'
+        '[storage_options.client_kwargs]\nregion_name = "us-east-1"\n'
+    )
+    first = _run(_job(tmp_path, f"s3://{bucket}/fleet", extra=extra), capsys)
+    url = first["index"]
+    assert url == f"s3://{bucket}/fleet/ptestore-index.json"
+    # Overlapping writers: each conditional write merges; no entry is lost.
+    base = load_index(url, **opts)["entries"][0]
+
+    def add(i: int) -> None:
+        publish_index(url, [dict(base, device=f"extra{i}")], opts)
+
+    threads = [threading.Thread(target=add, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    devices = [e["device"] for e in load_index(url, **opts)["entries"]]
+    assert devices == ["a", "b"] + [f"extra{i}" for i in range(6)]
+
+    # fetch from S3, killed halfway, resumed with ranged GETs pinned to the ETag.
+    dest = tmp_path / "dl" / "m.pte"
+    _fetch_killed_halfway(url, dest, opts)
+    result = ptestore.fetch(url, dest, model="m", device="a", chunk_size=256, storage_options=opts)
+    assert next(f for f in result.files if f["path"] == str(dest))["resumed_from"] > 0
+    client = s3_server.client()
+    want = client.get_object(Bucket=bucket, Key="fleet/a/m.pte")["Body"].read()
+    assert dest.read_bytes() == want
+    # Killed again, then the object changes: the download restarts and, since the new
+    # bytes are not the ones the index names, nothing is published.
+    dest2 = tmp_path / "dl2" / "m.pte"
+    _fetch_killed_halfway(url, dest2, opts)
+    other = client.get_object(Bucket=bucket, Key="fleet/b/m.pte")["Body"].read()
+    client.put_object(Bucket=bucket, Key="fleet/a/m.pte", Body=other)
+    with pytest.raises(IntegrityError):
+        ptestore.fetch(url, dest2, model="m", device="a", chunk_size=256, storage_options=opts)
+    assert not dest2.exists()
