@@ -109,16 +109,14 @@ def read_plan(path: str) -> dict[str, Any] | None:
 _libc: Any = None
 
 
-def punch_hole(fd: int, offset: int, size: int) -> bool:
-    """Release ``[offset, offset + size)`` of the file (its size unchanged); False where
-    the file system cannot (the bytes then stay, unreferenced)."""
+def _fallocate(fd: int, mode: int, offset: int, size: int) -> bool:
+    """``fallocate(2)``; False where the file system cannot (EOPNOTSUPP, ENOSYS, EINVAL)."""
     global _libc
     if size <= 0:
         return True
     if _libc is None:
         _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
         _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
-    mode = _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE
     if _libc.fallocate(fd, mode, offset, size) == 0:
         return True
     err = ctypes.get_errno()
@@ -127,21 +125,16 @@ def punch_hole(fd: int, offset: int, size: int) -> bool:
     raise OSError(err, os.strerror(err))
 
 
+def punch_hole(fd: int, offset: int, size: int) -> bool:
+    """Release ``[offset, offset + size)`` of the file (its size unchanged); False where
+    the file system cannot (the bytes then stay, unreferenced)."""
+    return _fallocate(fd, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE, offset, size)
+
+
 def reserve_tail(fd: int, offset: int, size: int) -> bool:
     """Allocate ``[offset, offset + size)`` without changing the file's size
     (``fallocate(KEEP_SIZE)``); False where the file system cannot (nothing reserved)."""
-    global _libc
-    if size <= 0:
-        return True
-    if _libc is None:
-        _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-        _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
-    if _libc.fallocate(fd, _FALLOC_FL_KEEP_SIZE, offset, size) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
-        return False
-    raise OSError(err, os.strerror(err))
+    return _fallocate(fd, _FALLOC_FL_KEEP_SIZE, offset, size)
 
 
 def _copy_range(src_fd: int, src: int, dst_fd: int, dst: int, n: int, journal: str) -> None:

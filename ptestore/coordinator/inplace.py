@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import (
     ConfigurationError,
-    NothingSpecialized,
     NotSupported,
     StorageError,
 )
@@ -148,8 +147,8 @@ def _run(
     from ..storage.loaders import LocalFileLoader
     from .aliases import check_aliases
     from .journal_writer import JournalSpool, JournalWriter, commit_journal
-    from .pipeline import _read, _run_backends
-    from .report import Event, FileReport, nothing_specialized_message
+    from .pipeline import _read, _run_backends, refuse_nothing_specialized
+    from .report import Event, FileReport
     from .session import Run
 
     started = time.perf_counter()
@@ -170,13 +169,8 @@ def _run(
         run = Run(files, spool, event_tracer)
         run.emit(Event("parsed", url=target))
         summary = _run_backends(run, backends, device, stamper)
-        if strict and not summary.specialized:
-            raise NothingSpecialized(
-                nothing_specialized_message(summary) or "nothing was specialized",
-                backend_ids=tuple(b.backend_id for b in summary.backends),
-                installed=tuple(summary.installed_backends),
-                hint=summary.hint,
-            )
+        if strict:
+            refuse_nothing_specialized(summary)
         check_aliases(run)
         base = c.segment_base_offset
         end = c.file_size  # the content end (a trailer, if any, is hidden)

@@ -146,13 +146,8 @@ def initialize_and_save_backend_data(
         run = Run(files, spool, event_tracer)
         run.emit(Event("parsed", url=pte_loader.name))
         summary = _run_backends(run, backends, device, stamper)
-        if strict and not summary.specialized:
-            raise NothingSpecialized(
-                nothing_specialized_message(summary) or "nothing was specialized",
-                backend_ids=tuple(b.backend_id for b in summary.backends),
-                installed=tuple(summary.installed_backends),
-                hint=summary.hint,
-            )
+        if strict:
+            refuse_nothing_specialized(summary)
         check_aliases(run)
         layouts = [_lay_out(run, f) for f in files]
         for f, lay in zip(files, layouts, strict=True):
@@ -213,6 +208,18 @@ def initialize_and_save_backend_data(
     finally:
         if spool is not None:
             spool.close()
+
+
+def refuse_nothing_specialized(summary: SpecializationReport) -> None:
+    """Raise :class:`~ptestore.errors.NothingSpecialized` when no backend specialized
+    anything (before anything is written)."""
+    if not summary.specialized:
+        raise NothingSpecialized(
+            nothing_specialized_message(summary) or "nothing was specialized",
+            backend_ids=tuple(b.backend_id for b in summary.backends),
+            installed=tuple(summary.installed_backends),
+            hint=summary.hint,
+        )
 
 
 def refuse_unchanged(strict: bool | None, allow_unchanged: bool) -> bool:
