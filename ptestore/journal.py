@@ -137,6 +137,17 @@ def reserve_tail(fd: int, offset: int, size: int) -> bool:
     return _fallocate(fd, _FALLOC_FL_KEEP_SIZE, offset, size)
 
 
+def _write_zeros(fd: int, offset: int, size: int) -> None:
+    """Zeros over ``[offset, offset + size)`` (where punching a hole is not supported:
+    the released range reads as zeros either way, as the record's digest says)."""
+    zeros = bytes(min(_CHUNK, size))
+    done = 0
+    while done < size:
+        k = min(len(zeros), size - done)
+        pwrite_all(fd, memoryview(zeros)[:k], offset + done)
+        done += k
+
+
 def _copy_range(src_fd: int, src: int, dst_fd: int, dst: int, n: int, journal: str) -> None:
     done = 0
     while done < n:
@@ -170,8 +181,9 @@ def apply_journal(target: str, journal: str, plan: dict[str, Any]) -> None:
         try:
             os.pwrite(fd, CHANGING, lo)  # 1. refused by the runtime from here
             os.fsync(fd)
-            for off, n in plan["punch"]:  # 2.
-                punch_hole(fd, off, n)
+            for off, n in plan["punch"]:  # 2. zeros, whether or not the fs can punch
+                if not punch_hole(fd, off, n):
+                    _write_zeros(fd, off, n)
             for dst, src, n in plan["writes"]:  # 3.
                 if dst >= hi or dst + n <= lo:  # in the kernel
                     _copy_range(jfd, src, fd, dst, n, journal)

@@ -123,7 +123,7 @@ def specialize(
         from .inplace import check_in_place_args, specialize_in_place
 
         src = os.fspath(src_url)
-        given = storage_options or src_storage_options
+        given = storage_options or src_storage_options or dst_storage_options
         check_in_place_args(src, os.fspath(dst_url), ptd, mode, given)
         return specialize_in_place(
             src,

@@ -62,6 +62,53 @@ def check_in_place_args(src: str, dst: str, ptd: object, mode: str, options: obj
         raise ConfigurationError(f"{src}: in_place=True takes no storage options (local files)")
 
 
+def _final_digest(
+    original: Any,
+    journal: Any,
+    size_before: int,
+    content: int,
+    punch: list[list[int]],
+    writes: list[tuple[int, int, int]],
+) -> Any:
+    """SHA-256/CRC-32 of ``[0, content)`` of the file once the journal is applied: the
+    original's bytes (zeros past its end), the punched ranges zeroed (apply writes zeros
+    where the file system cannot punch), then the journal's writes in order."""
+    from ..provenance.digest import ContentHasher
+
+    # Disjoint pieces (start, end, source, offset in source), painted in apply's order.
+    pieces: list[tuple[int, int, str, int]] = [(0, min(size_before, content), "file", 0)]
+    if content > size_before:
+        pieces.append((size_before, content, "zeros", 0))
+
+    def paint(start: int, end: int, source: str, offset: int) -> None:
+        end = min(end, content)
+        if start >= end:
+            return
+        out: list[tuple[int, int, str, int]] = []
+        for a, b, src, o in pieces:
+            if b <= start or a >= end:
+                out.append((a, b, src, o))
+                continue
+            if a < start:
+                out.append((a, start, src, o))
+            if b > end:
+                out.append((end, b, src, o + (end - a)))
+        out.append((start, end, source, offset))
+        pieces[:] = sorted(out)
+
+    for off, n in punch:
+        paint(off, off + n, "zeros", 0)
+    for dst, jofs, n in writes:
+        paint(dst, dst + n, "journal", jofs)
+    h = ContentHasher()
+    for a, b, src, o in pieces:  # ``o``: where the piece's first byte is in its source
+        if src == "zeros":
+            h.zeros(b - a)
+        else:
+            h.read(original if src == "file" else journal, o, b - a)
+    return h.digest()
+
+
 def _subtract(ranges: list[tuple[int, int]], live: list[tuple[int, int]]) -> list[list[int]]:
     """``[start, end)`` ranges minus the union of ``live`` ones, as ``[offset, size]``."""
     out: list[list[int]] = []
@@ -111,10 +158,12 @@ def specialize_in_place(
     device: DeviceProfile | None = None,
     provenance: Any = None,
     event_tracer: Any = None,
-    strict: bool = False,
+    strict: bool = True,
 ) -> SpecializationReport:
     """Specialize the local ``.pte`` at ``path`` by rewriting it in place (see the
     module docstring); returns the :class:`~ptestore.coordinator.SpecializationReport`.
+    As for every specialization, a run that specializes nothing raises
+    :class:`~ptestore.errors.NothingSpecialized` unless ``strict=False``.
 
     The replacements and the new metadata go to a journal beside the file first (peak
     extra disk: about the replaced bytes plus the new metadata); the file is changed
@@ -143,7 +192,6 @@ def _run(
     from ..format.model import inferred_alignment
     from ..format.patch import patch_metadata
     from ..provenance.stamp import ProvenanceRequest, Stamper
-    from ..provenance.trailer import encode_trailer
     from ..storage.loaders import LocalFileLoader
     from .aliases import check_aliases
     from .journal_writer import JournalSpool, JournalWriter, commit_journal
@@ -209,7 +257,7 @@ def _run(
                 f"fit before the first segment at {base} ({exc}); specialize it to another "
                 "file instead"
             ) from exc
-        if not run.replacements and stamper is None:
+        if not run.replacements:  # nothing to change: no rewrite, not even a trailer
             report = FileReport(
                 "pte",
                 target,
@@ -230,22 +278,28 @@ def _run(
         content = patched.file_size
         writer.write(patched.metadata, 0)
         size = content
-        if stamper is not None:
-            trailer = encode_trailer(stamper.provenance("pte").to_dict(), content)
-            writer.write(trailer, content)
-            size = content + len(trailer)
         for dst, jofs, n in writes:
             writer.place(dst, jofs, n)
         live = [(0, len(patched.metadata))] + [
             (base + off, base + off + n) for off, n in placements if n
         ]
+        punch = _subtract(moved_old, live)
+        size_before = os.fstat(loader.fileno()).st_size
+        if stamper is not None:
+            # The record names the bytes it follows, as for a staged output: those the
+            # journal will leave in [0, content).
+            digest = _final_digest(loader, spool, size_before, content, punch, writer.ops)
+            stamper.seal("pte", digest)
+            trailer = stamper.trailer("pte")
+            writer.write(trailer, content)
+            size = content + len(trailer)
         plan: dict[str, Any] = {
             "target": target,
-            "size_before": os.fstat(loader.fileno()).st_size,
+            "size_before": size_before,
             "size": size,
             "ident": bytes(patched.metadata[IDENT_RANGE[0] : IDENT_RANGE[1]]).hex(),
             "writes": [list(w) for w in writer.ops],
-            "punch": _subtract(moved_old, live),
+            "punch": punch,
         }
         loader.check_unchanged()
         _reserve(target, plan["size_before"], size)

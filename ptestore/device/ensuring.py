@@ -363,7 +363,11 @@ def _make_in_place(
     path = _local_path(src)
     try:
         report = specialize_in_place(
-            path, backends=backends, device=device, provenance=ProvenanceRequest()
+            path,
+            backends=backends,
+            device=device,
+            provenance=ProvenanceRequest(),
+            strict=False,  # an app's cache keeps what it was given when nothing applies
         )
     except (PteStoreError, OSError) as exc:
         if _enospc(exc):

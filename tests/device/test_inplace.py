@@ -82,6 +82,61 @@ def test_a_grown_replacement_goes_at_the_end_and_its_old_range_is_released(
     ptestore.verify(big)  # a well-formed container
 
 
+@pytest.mark.parametrize("how", ["same size", "grown"])
+def test_an_in_place_artifact_is_bound_to_its_bytes(tmp_path: Path, how: str) -> None:
+    """The record names the bytes the journal leaves (metadata, kept segments, zeros
+    where a grown segment's old range was released, the new data): verify reads them
+    back as intact, and a flipped byte anywhere is caught."""
+    from ptestore.verification import verify
+
+    if how == "same size":
+        src, backends = copy(tmp_path), [SPEC]
+        staged_bytes = staged(tmp_path, backends)
+    else:
+        src = tmp_path / "big.pte"
+        inflate(FX.pte_path, src, 1 << 20)
+        backends = [ReplaceKey("XnnpackBackend", KEY, extra=8192, alignment=64)]
+    ptestore.specialize(src, src, backends=backends, in_place=True, provenance=True)
+    report = verify(src)
+    assert (report.status, report.exit_code) == ("intact", 0), report.message()
+    data = src.read_bytes()
+    if how == "same size":  # the same bytes as a staged run, trailer and all but names
+        content = ptestore.describe(src)["provenance"]["content"]["size"]
+        assert data[:content] == staged_bytes[:content]
+    flipped = bytearray(data)
+    flipped[len(data) // 3] ^= 0x01
+    src.write_bytes(bytes(flipped))
+    assert verify(src).status == "invalid"
+
+
+def test_an_in_place_pass_through_with_provenance_changes_nothing(tmp_path: Path) -> None:
+    src = copy(tmp_path)
+    before = src.read_bytes()
+    report = ptestore.specialize(
+        src, src, backends=["passthrough"], in_place=True, provenance=True
+    )
+    assert report.files[0].status == "unchanged"
+    assert src.read_bytes() == before
+
+
+def test_specialize_in_place_refuses_nothing_specialized_by_default(tmp_path: Path) -> None:
+    from ptestore.device import specialize_in_place
+    from ptestore.errors import NothingSpecialized
+
+    src = copy(tmp_path)
+    before = src.read_bytes()
+    with pytest.raises(NothingSpecialized):
+        specialize_in_place(src, backends=[Quiet()])
+    assert src.read_bytes() == before
+
+
+class Quiet(BackendInterface):
+    name = "XnnpackBackend"
+
+    def initialize_backend_data(self, context: Any, output: Any) -> None:
+        return None
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
@@ -89,6 +144,7 @@ def test_a_grown_replacement_goes_at_the_end_and_its_old_range_is_released(
         ({"ptd": ("a.ptd", "b.ptd")}, "in_place=True rewrites a .pte alone"),
         ({"mode": "create"}, "in_place=True replaces the file: mode must be 'overwrite'"),
         ({"src": "s3://b/m.pte"}, "s3://b/m.pte: in-place specialization works on local files"),
+        ({"dst_storage_options": {"anon": True}}, "in_place=True takes no storage options"),
     ],
 )
 def test_in_place_refusals(tmp_path: Path, kwargs: dict[str, Any], message: str) -> None:
