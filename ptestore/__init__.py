@@ -38,8 +38,11 @@ if TYPE_CHECKING:
         specialize,
         specialize_pair,
     )
-    from .device import Artifact, ensure, recover
+    from .device import Artifact, ensure
+    from .fleet.fetch import fetch
+    from .fleet.select import select
     from .inspection import describe
+    from .journal import recover
     from .storage.loaders import DataLoader, open_loader
     from .verification import VerifyReport, verify
     from .writers import DataWriter, open_writer

@@ -81,7 +81,8 @@ def add_specialize_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--spool-dir",
         metavar="DIR",
-        help="where replacement bytes wait until layout (default: the system temp dir)",
+        help="where replacement bytes wait until layout (default: the local destination's "
+        "directory, else the system temp dir)",
     )
     p.add_argument(
         "--device",

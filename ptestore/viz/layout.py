@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import ConfigurationError
 from .html import esc, human, page, write_text
 
 __all__ = [
@@ -438,8 +439,16 @@ def layout_html(
     pairs = [(url, None if compare is None else os.fspath(compare))]
     if ptd is not None:
         pairs.append((os.fspath(ptd), None if compare_ptd is None else os.fspath(compare_ptd)))
-    for target, source in pairs:
+    if compare_ptd is not None and ptd is None:
+        raise ConfigurationError("compare_ptd (--compare-ptd) needs ptd (--ptd PTD)")
+    for i, (target, source) in enumerate(pairs):
         desc, prov = _read(target, storage_options)
+        want = "ptd" if i else "pte"
+        if ptd is not None and desc["format"] != want:  # as inspect --ptd refuses it
+            raise ConfigurationError(
+                f"inspect {url} with --ptd {os.fspath(ptd)}: expected a .pte and a .ptd, "
+                f"found a .{desc['format']} as the {'.ptd' if i else '.pte'}"
+            )
         if source is None:
             maps.append(_file_map(target, desc, prov))
             continue

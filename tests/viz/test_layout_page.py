@@ -198,6 +198,21 @@ def test_pair_and_remote_url(browser: Browser, tmp_path: Path) -> None:
     fs.rm("/viz", recursive=True)
 
 
+def test_html_pair_is_checked_as_inspect_checks_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--html --ptd refuses a .pte given as the .ptd (as inspect --ptd does), and
+    --compare-ptd needs --ptd; nothing is written."""
+    page = tmp_path / "p.html"
+    assert main(["inspect", str(EXAMPLE), "--ptd", str(EXAMPLE), "--html", str(page)]) == 2
+    err = capsys.readouterr().err
+    assert "expected a .pte and a .ptd, found a .pte as the .ptd" in err
+    argv = ["inspect", str(EXAMPLE), "--compare-ptd", str(EXAMPLE), "--html", str(page)]
+    assert main(argv) == 2
+    assert "compare_ptd (--compare-ptd) needs ptd (--ptd PTD)" in capsys.readouterr().err
+    assert not page.exists()
+
+
 def test_html_options_need_html(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["inspect", str(EXAMPLE), "--compare", str(EXAMPLE)]) == 2
     assert "--compare and --compare-ptd need --html FILE" in capsys.readouterr().err
