@@ -14,8 +14,8 @@ from typing import Any
 from ..backends.registry import load_backend
 from ..errors import ConfigurationError, PteStoreError
 from ..storage.loaders import open_loader, split_url
-from ..storage.routing import options_for_loader, options_for_writer
-from .job import Job, JobError
+from ..storage.routing import StorageOptions, options_for_loader
+from .job import Job, JobError, pair_options
 
 __all__ = ["destination_prefix", "filter_job", "preflight"]
 
@@ -59,6 +59,13 @@ def destination_prefix(job: Job) -> str:
 
 def preflight(job: Job, *, write: bool) -> None:
     """Raise :class:`JobError` (exit 2) for the first job-wide mistake found."""
+    # A misspelt option (one no URL of the job accepts) is named, once, before any I/O.
+    sources = [u for m in job.models for u in (m.source, m.ptd) if u]
+    destinations = [d for p in job.pairs() for d in (p.destination, p.ptd_destination) if d]
+    try:
+        StorageOptions(job.storage_options).check(sources, destinations)
+    except ConfigurationError as exc:
+        raise JobError(f"{job.path}: storage_options: {exc}") from exc
     for spec in job.backends:
         try:
             load_backend(spec)
@@ -83,7 +90,8 @@ def _writable(job: Job, prefix: str) -> None:
 
     marker = f"{prefix}{MARKER_PREFIX}{uuid.uuid4().hex}"
     try:
-        w = open_writer(marker, **options_for_writer(marker, job.storage_options))
+        # The options a pair's writer gets (local destinations make their directories).
+        w = open_writer(marker, **pair_options(marker, job.storage_options).for_writer(marker))
         try:
             w.write(b"ptestore preflight marker\n", 0)
             w.publish("create")
