@@ -114,7 +114,11 @@ def _remove(url: str, options: dict[str, Any]) -> None:
         return
     import fsspec
 
-    fs, p = fsspec.core.url_to_fs(url, **options_for_loader(url, options))
+    from .._retry import RETRY_OPTIONS
+
+    # The filesystem's own options: ptestore's retry_* options are not fsspec's.
+    opts = {k: v for k, v in options_for_loader(url, options).items() if k not in RETRY_OPTIONS}
+    fs, p = fsspec.core.url_to_fs(url, **opts)
     try:
         fs.rm_file(p)
     except Exception as exc:

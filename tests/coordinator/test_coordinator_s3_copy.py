@@ -66,6 +66,7 @@ def test_pair_is_copied_server_side(moto_s3: MotoS3, tmp_path: Path, replace: bo
         tmp_path / "out.pte",
         ptd=(fx.ptd_path, tmp_path / "out.ptd"),
         backends=[Reverse(key)],
+        allow_unchanged=True,  # Reverse(None) writes nothing: a declined, unchanged copy
     )
     bucket = moto_s3.new_bucket()
     pte, ptd = put(moto_s3, bucket, fx.pte_path), put(moto_s3, bucket, fx.ptd_path)
@@ -78,6 +79,7 @@ def test_pair_is_copied_server_side(moto_s3: MotoS3, tmp_path: Path, replace: bo
             out_pte,
             ptd=(ptd, out_ptd),
             backends=[Reverse(key)],
+            allow_unchanged=True,
             storage_options=options,
             dst_storage_options={"part_size": PART},
         )
