@@ -260,21 +260,6 @@ def _names_a_ptd(url: str, options: dict[str, Any]) -> bool:
 
 def _describe(url: str, options: dict[str, Any]) -> dict[str, Any]:
     """What a direct artifact URL must be: its trailer names its bytes."""
-    from ..provenance import Provenance
+    from .index import artifact_entry
 
-    loader = open_loader(url, **options_for_loader(url, options))
-    try:
-        trailer = read_trailer(loader)
-        if trailer is None:
-            raise FormatError(url, "provenance trailer", None, "present (nothing to verify)")
-        prov = Provenance.from_dict(trailer.record(), url)
-        if prov.content is None:
-            raise FormatError(url, "provenance content", None, "a digest of the bytes")
-        return {
-            "url": url,
-            "size": loader.size(),
-            "sha256": prov.content.sha256,
-            "trailer_sha256": "sha256:" + trailer.sha256,
-        }
-    finally:
-        loader.close()
+    return artifact_entry(url, options)[0]

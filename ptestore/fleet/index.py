@@ -67,12 +67,16 @@ def index_url(job: Job) -> str:
     return (head[: cut + 1] if cut >= 0 else "") + INDEX_NAME
 
 
-def _file(url: str, options: dict[str, Any]) -> tuple[dict[str, Any], Provenance]:
+def artifact_entry(url: str, options: dict[str, Any]) -> tuple[dict[str, Any], Provenance]:
+    """An artifact's entry (URL, size, SHA-256 of its content and of its trailer) and
+    its record; a file without a trailer naming its bytes is a :class:`FormatError`."""
     loader = open_loader(url, **options_for_loader(url, options, "dst"))
     try:
         trailer = read_trailer(loader)
         if trailer is None:
-            raise FormatError(url, "provenance trailer", None, "present (a fleet artifact)")
+            raise FormatError(
+                url, "provenance trailer", None, "present (an artifact that names its bytes)"
+            )
         prov = Provenance.from_dict(trailer.record(), url)
         if prov.content is None:
             raise FormatError(url, "provenance content", None, "a digest of the bytes")
@@ -89,8 +93,8 @@ def _file(url: str, options: dict[str, Any]) -> tuple[dict[str, Any], Provenance
 def entry_for(pte_url: str, ptd_url: str | None, options: dict[str, Any]) -> dict[str, Any]:
     """The index entry of the artifact at ``pte_url`` (and its ``ptd_url``), from its
     trailers (ranged reads only)."""
-    pte, prov = _file(pte_url, options)
-    ptd = None if ptd_url is None else _file(ptd_url, options)[0]
+    pte, prov = artifact_entry(pte_url, options)
+    ptd = None if ptd_url is None else artifact_entry(ptd_url, options)[0]
     dev = prov.device
     return {
         "model": None,
