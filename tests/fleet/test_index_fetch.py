@@ -20,6 +20,8 @@ import ptestore
 from ptestore.cli import main
 from ptestore.errors import IntegrityError
 from ptestore.fleet.index import load_index, publish_index
+from ptestore.provenance import read_trailer
+from ptestore.storage.loaders import BytesLoader
 from ptestore.testing.s3server import S3TestServer
 
 EXT = get_fixture("mlp_xnnpack_ext")
@@ -44,7 +46,7 @@ def _run(job: Path, capsys: Any) -> dict[str, Any]:
 
 def _sha_before_trailer(path: Path) -> str:
     data = path.read_bytes()
-    prov = ptestore.provenance.read_trailer(ptestore.loaders.BytesLoader(data))
+    prov = read_trailer(BytesLoader(data))
     assert prov is not None
     return "sha256:" + hashlib.sha256(data[: prov.content_size]).hexdigest()
 
