@@ -144,9 +144,12 @@ def test_an_option_no_side_takes_is_refused_alike_by_all_three() -> None:
         ptestore.specialize(src, dst, backends=[SPEC], storage_options=options)
     assert str(info.value).startswith(f"{expected}{src}, {dst} (accepted: [")
     job = parse_job(_job_text(src, "memory://routing-bad/fleet/{device}/{model}.pte", options))
-    result = run_job(job)
-    assert [p.status for p in result.pairs] == ["failed"]
-    assert (result.pairs[0].error or "").startswith(f"{expected}{src}, {fleet_dst} (accepted: [")
+    # The fleet refuses it once, for the whole job, before any pair (its preflight).
+    with pytest.raises(ptestore.ConfigurationError) as info:
+        run_job(job)
+    assert str(info.value).startswith(
+        f"<job>: storage_options: {expected}{src}, {fleet_dst} (accepted: ["
+    )
     verdict = ptestore.verify(dst, source=src, storage_options=options)
     assert verdict.status == "invalid"
     assert (verdict.error or "").startswith(f"{expected}{src}, {dst} (accepted: [")
