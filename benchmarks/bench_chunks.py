@@ -12,7 +12,8 @@ imports ptestore, the coordinator and numpy, resets its peak RSS
 (``/proc/self/clear_refs``; ``ru_maxrss`` would include the parent's image from before
 ``exec``), specializes the model to a new local file with a backend that inverts the
 bits of the first ``--replace`` values, and reports its peak RSS (``VmHWM``) above that
-baseline (``--provenance``: the output is stamped, its digest read first). The
+baseline (``--provenance``: the output is stamped, its digest read first;
+``--in-place``: a copy of the model is specialized in place, through its journal). The
 backends (``--modes``, each run ``--runs`` times, interleaved):
 
 - ``view-whole``: ``get_data`` (the zero-copy mapped view), one new array per value for
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -74,7 +76,7 @@ class Invert(BackendInterface):
                 output.write_named_data_chunks(key, view.nbytes, pieces())
                 del view
         elif mode == "lean-whole":
-            sizes = {key: len(named.get_data(key)) for key in keys}  # views: no pages
+            sizes = {key: named.get_data_size(key) for key in keys}
             result = np.empty(max(sizes.values()), dtype=np.uint8)  # one array, reused
             piece = np.empty(PIECE, dtype=np.uint8)  # one read buffer, reused
             for key in keys:
@@ -90,7 +92,7 @@ class Invert(BackendInterface):
                     for piece in named.read_chunks(key, PIECE):
                         part = np.frombuffer(piece, dtype=np.uint8)
                         yield np.invert(part, out=buf[:part.size])
-                output.write_named_data_chunks(key, len(named.get_data(key)), pieces())
+                output.write_named_data_chunks(key, named.get_data_size(key), pieces())
         else:
             raise SystemExit(f"unknown mode {mode}")
 
@@ -107,7 +109,10 @@ def hwm():
 with open("/proc/self/clear_refs", "w") as f:  # peak RSS := current RSS
     f.write("5")
 base = hwm()
-ptestore.specialize(src, dst, backends=[Invert()], provenance=provenance == "1")
+if dst == src:  # --in-place: the replacements go to a journal beside the file
+    ptestore.specialize(src, src, backends=[Invert()], in_place=True)
+else:
+    ptestore.specialize(src, dst, backends=[Invert()], provenance=provenance == "1")
 peak = hwm()
 print(json.dumps({"mode": mode, "baseline_kib": base, "peak_kib": peak,
                   "above_mib": round((peak - base) / 1024, 1)}))
@@ -151,6 +156,7 @@ def main() -> int:
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--provenance", action="store_true", help="stamp a provenance trailer")
+    ap.add_argument("--in-place", action="store_true", help="specialize a copy in place")
     args = ap.parse_args()
     sizes = [int(s) * MIB for s in args.sizes_mib.split(",")]
     args.dir.mkdir(parents=True, exist_ok=True)
@@ -178,14 +184,18 @@ def main() -> int:
     results: dict[str, list[float]] = {m: [] for m in modes}
     for _ in range(args.runs):
         for mode in modes:
+            src, dst = model, args.dir / "out.pte"
+            if args.in_place:
+                src = dst
+                shutil.copyfile(model, src)  # in the parent: not counted
             out = subprocess.run(
                 [
                     sys.executable,
                     "-c",
                     CHILD,
                     mode,
-                    str(model),
-                    str(args.dir / "out.pte"),
+                    str(src),
+                    str(dst),
                     "1" if args.provenance else "0",
                     *replaced,
                 ],

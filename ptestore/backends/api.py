@@ -95,6 +95,11 @@ class NamedDataMap(Protocol):
 
     def get_data(self, key: str) -> Buffer: ...
 
+    def get_data_size(self, key: str) -> int:
+        """The stored byte size of ``key``'s value, from the metadata (nothing is read).
+        KeyError for a key not in the map."""
+        ...
+
     def read_into(self, key: str, buffer: object, offset: int = 0) -> int:
         """Fill the writable ``buffer`` (a bytearray, a writable memoryview, a C-contiguous
         numpy array) with the value of ``key`` from byte ``offset`` on, as much as fits

@@ -128,6 +128,10 @@ class MergedNamedDataMap:
         seg = f.container.segments[index]
         return read_view(f.loader, f.container.absolute(seg), seg.size)
 
+    def get_data_size(self, key: str) -> int:
+        """The stored byte size of ``key``'s value (from the metadata)."""
+        return self.stored_size(key)
+
     def read_into(self, key: str, buffer: object, offset: int = 0) -> int:
         """Fill ``buffer`` with the value of ``key`` from ``offset`` on (as much as fits,
         up to the value's end); returns the number of bytes read. A local file is read

@@ -424,6 +424,10 @@ class SessionNamedMap:
         self._session.report.bytes_in += len(data)
         return data
 
+    def get_data_size(self, key: str) -> int:
+        self._session.check_open("named_data_map.get_data_size")
+        return self._map.stored_size(key)
+
     def read_into(self, key: str, buffer: object, offset: int = 0) -> int:
         self._session.check_open("named_data_map.read_into")
         self._session.last_key = key

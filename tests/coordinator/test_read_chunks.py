@@ -53,7 +53,7 @@ class Reader(BackendInterface):
         for key in named:
             for size in self.chunk_sizes:
                 self.seen[key, size] = b"".join(bytes(p) for p in named.read_chunks(key, size))
-            array = np.zeros(len(named.get_data(key)), dtype=np.uint8)
+            array = np.zeros(named.get_data_size(key), dtype=np.uint8)
             assert named.read_into(key, array) == array.size
             self.into[key] = array.tobytes()
         self.pieces = named.read_chunks(KEY, 64)
@@ -69,10 +69,10 @@ def test_a_backend_reads_every_value_in_pieces_exactly(tmp_path: Path) -> None:
         assert reader.into[key] == value
         for size in sizes:
             assert reader.seen[key, size] == value, (key, size)
-    # every byte read is counted: each value once per chunk size, once by read_into and
-    # once by get_data (a view, counted whole), and the one piece read before the end
+    # every byte read is counted (each value once per chunk size and once by read_into,
+    # and the one piece read before the end); get_data_size reads nothing
     total = sum(map(len, ORIGINALS.values()))
-    assert report.backends[0].bytes_in == (len(sizes) + 2) * total + 64
+    assert report.backends[0].bytes_in == (len(sizes) + 1) * total + 64
 
 
 def test_the_map_refuses_reads_after_the_call(tmp_path: Path) -> None:
@@ -83,6 +83,8 @@ def test_the_map_refuses_reads_after_the_call(tmp_path: Path) -> None:
         reader.named.read_into(KEY, bytearray(16))
     with pytest.raises(WriterStateError, match=re.escape(f"named_data_map.read_chunks {after}")):
         reader.named.read_chunks(KEY, 16)
+    with pytest.raises(WriterStateError, match=re.escape(f"named_data_map.get_data_size {after}")):
+        reader.named.get_data_size(KEY)
     assert reader.pieces is not None
     with pytest.raises(WriterStateError, match=re.escape(f"named_data_map.read_into {after}")):
         next(reader.pieces)  # a generator made during the call reads no more after it
@@ -93,6 +95,7 @@ def test_the_map_refuses_reads_after_the_call(tmp_path: Path) -> None:
 def test_read_chunks_joins_to_the_original(chunk_size: int, key: str) -> None:
     value = ORIGINALS[key]
     with open_named_data(FX.pte_path) as named:
+        assert named.get_data_size(key) == len(value)
         pieces = [bytes(p) for p in named.read_chunks(key, chunk_size)]
     assert b"".join(pieces) == value
     assert all(len(p) == chunk_size for p in pieces[:-1])
@@ -158,6 +161,7 @@ def test_reads_from_a_ptd_from_memory_and_behind_a_trailer(tmp_path: Path) -> No
     ("call", "error", "message"),
     [
         (lambda n: n.read_chunks("nope", 8), KeyError, "'nope'"),
+        (lambda n: n.get_data_size("nope"), KeyError, "'nope'"),
         (lambda n: n.read_into("nope", bytearray(8)), KeyError, "'nope'"),
         (
             lambda n: n.read_chunks(KEY, 0),
@@ -237,7 +241,7 @@ class LeanChunks(BackendInterface):
                 part = np.frombuffer(piece, dtype=np.float32)
                 yield np.multiply(part, 2, out=out[: part.size])
 
-        output.write_named_data_chunks(KEY, len(named.get_data(KEY)), pieces())
+        output.write_named_data_chunks(KEY, named.get_data_size(KEY), pieces())
 
 
 class LeanWhole(BackendInterface):
@@ -247,7 +251,7 @@ class LeanWhole(BackendInterface):
 
     def initialize_backend_data(self, context: Any, output: Any) -> None:
         named = context.get_named_data_map()
-        result = np.empty(len(named.get_data(KEY)) // 4, dtype=np.float32)
+        result = np.empty(named.get_data_size(KEY) // 4, dtype=np.float32)
         piece = np.empty(100, dtype=np.float32)
         for at in range(0, result.size, piece.size):
             n = named.read_into(KEY, piece, at * 4) // 4
