@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["pread_all", "pwrite_all"]
+__all__ = ["pread_all", "preadinto_all", "pwrite_all"]
 
 
 def pwrite_all(fd: int, data: memoryview, offset: int) -> None:
@@ -27,3 +27,24 @@ def pread_all(fd: int, size: int, offset: int) -> bytes:
         chunks.append(chunk)
         done += len(chunk)
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def preadinto_all(fd: int, view: memoryview, offset: int) -> int:
+    """Read into all of ``view`` (writable, bytes) from ``offset``, straight into its
+    memory (``os.preadv``, no intermediate ``bytes``); returns the bytes read, fewer only
+    at end of file. Raises ``OSError`` as the system reports it."""
+    done, n = 0, view.nbytes
+    while done < n:
+        if _PREADV is not None:
+            got = _PREADV(fd, [view[done:]], offset + done)
+        else:  # pragma: no cover - systems without preadv: one copy per call
+            chunk = os.pread(fd, min(n - done, 1 << 30), offset + done)
+            got = len(chunk)
+            view[done : done + got] = chunk
+        if got == 0:
+            break
+        done += got
+    return done
+
+
+_PREADV = getattr(os, "preadv", None)

@@ -95,6 +95,30 @@ class NamedDataMap(Protocol):
 
     def get_data(self, key: str) -> Buffer: ...
 
+    def get_data_size(self, key: str) -> int:
+        """The stored byte size of ``key``'s value, from the metadata (nothing is read).
+        KeyError for a key not in the map."""
+        ...
+
+    def read_into(self, key: str, buffer: object, offset: int = 0) -> int:
+        """Fill the writable ``buffer`` (a bytearray, a writable memoryview, a C-contiguous
+        numpy array) with the value of ``key`` from byte ``offset`` on, as much as fits
+        before the value ends; returns the number of bytes read. Nothing is mapped: a
+        local file is read straight into ``buffer`` (``preadv``), so the original's pages
+        never count in the process's memory (unlike a view from :meth:`get_data`).
+        KeyError for a key not in the map; ConfigurationError for a read-only or
+        non-contiguous buffer or an offset outside ``[0, size]``."""
+        ...
+
+    def read_chunks(self, key: str, chunk_size: int) -> Iterator[memoryview]:
+        """The value of ``key`` in pieces of ``chunk_size`` bytes (the last one may be
+        shorter; none for an empty value), each read by :meth:`read_into` into one
+        buffer of ``chunk_size`` bytes: a piece is a read-only view that the next piece
+        overwrites (``bytes(piece)`` to keep one). KeyError for a key not in the map,
+        ConfigurationError for a ``chunk_size`` that is not an int >= 1, both at the
+        call."""
+        ...
+
     def get_tensor_layout(self, key: str) -> TensorLayout | None: ...
 
     def get_tensor_info(self, key: str) -> TensorInfo | None:

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from ..errors import FormatError
+from ..errors import ConfigurationError, FormatError
 from ..format.model import Container, TensorLayout
 from ..format.tensorinfo import TensorInfo, array_view
 from ..format.tensors import TensorIndex, describe_tensors
 from ..storage.loaders import DataLoader, LocalFileLoader
+from ..storage.types import load_into
 from .spool import Buffer
 
 if TYPE_CHECKING:
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
     from ..format.reader import ParsedFile
     from ..writers.base import DataWriter
 
-__all__ = ["MergedNamedDataMap", "SourceFile", "read_view"]
+__all__ = ["MergedNamedDataMap", "SourceFile", "read_chunks", "read_view"]
 
 
 def read_view(loader: DataLoader, offset: int, size: int) -> Buffer:
@@ -28,6 +29,54 @@ def read_view(loader: DataLoader, offset: int, size: int) -> Buffer:
     if isinstance(loader, LocalFileLoader):
         return loader.view(offset, size)
     return loader.load(offset, size)
+
+
+def _writable_bytes(buffer: object, key: str) -> memoryview:
+    """``buffer`` as a writable, flat view of bytes (what ``read_into`` fills)."""
+    try:
+        view = memoryview(buffer).cast("B")  # type: ignore[arg-type]
+    except TypeError:
+        raise ConfigurationError(
+            f"read_into({key!r}): the buffer must be a writable, C-contiguous bytes-like "
+            f"object (bytearray, memoryview, numpy array), got {type(buffer).__name__}"
+        ) from None
+    if view.readonly:
+        raise ConfigurationError(
+            f"read_into({key!r}): the buffer ({type(buffer).__name__}) is read-only; pass "
+            "a writable one (bytearray, numpy.empty(...))"
+        )
+    return view
+
+
+def _check_offset(key: str, offset: object, size: int) -> int:
+    if not isinstance(offset, int) or isinstance(offset, bool) or not 0 <= offset <= size:
+        raise ConfigurationError(
+            f"read_into({key!r}): offset {offset!r} must be an int in [0, {size}] (the "
+            "value's size)"
+        )
+    return offset
+
+
+def read_chunks(
+    read_into: Callable[[str, memoryview, int], int], key: str, size: int, chunk_size: object
+) -> Iterator[memoryview]:
+    """The value of ``key`` (``size`` bytes) in pieces of ``chunk_size`` bytes, each read
+    by ``read_into`` into one buffer that the next piece reuses. ``chunk_size`` is
+    checked now, not when the first piece is asked for."""
+    if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
+        raise ConfigurationError(
+            f"read_chunks({key!r}): chunk_size {chunk_size!r} must be an int >= 1 (bytes)"
+        )
+    return _pieces(read_into, key, size, chunk_size)
+
+
+def _pieces(
+    read_into: Callable[[str, memoryview, int], int], key: str, size: int, chunk_size: int
+) -> Iterator[memoryview]:
+    buffer = memoryview(bytearray(min(chunk_size, size)))
+    for offset in range(0, size, chunk_size):
+        n = read_into(key, buffer[: min(chunk_size, size - offset)], offset)
+        yield buffer[:n].toreadonly()
 
 
 @dataclass
@@ -78,6 +127,31 @@ class MergedNamedDataMap:
         f, index, _ = self._entries[key]
         seg = f.container.segments[index]
         return read_view(f.loader, f.container.absolute(seg), seg.size)
+
+    def get_data_size(self, key: str) -> int:
+        """The stored byte size of ``key``'s value (from the metadata)."""
+        return self.stored_size(key)
+
+    def read_into(self, key: str, buffer: object, offset: int = 0) -> int:
+        """Fill ``buffer`` with the value of ``key`` from ``offset`` on (as much as fits,
+        up to the value's end); returns the number of bytes read. A local file is read
+        straight into ``buffer`` (``preadv``): nothing is mapped, so the original's pages
+        never count in the process's memory."""
+        if key not in self._entries:
+            raise KeyError(key)
+        view = _writable_bytes(buffer, key)
+        f, index, _ = self._entries[key]
+        seg = f.container.segments[index]
+        offset = _check_offset(key, offset, seg.size)
+        n = min(view.nbytes, seg.size - offset)
+        if n:
+            load_into(f.loader, f.container.absolute(seg) + offset, view[:n])
+        return n
+
+    def read_chunks(self, key: str, chunk_size: int) -> Iterator[memoryview]:
+        """The value of ``key`` in pieces of ``chunk_size`` bytes (the last one shorter):
+        read-only views of one buffer that each next piece overwrites."""
+        return read_chunks(self.read_into, key, self.stored_size(key), chunk_size)
 
     def get_tensor_layout(self, key: str) -> TensorLayout | None:
         if key not in self._entries:

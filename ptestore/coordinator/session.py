@@ -18,7 +18,7 @@ from ..errors import InvalidReplacement, WriterStateError
 from ..format.header import is_power_of_two
 from ..format.model import Delegate, TensorLayout
 from ..format.tensorinfo import TensorInfo, array_view
-from .named import MergedNamedDataMap, SourceFile, read_view
+from .named import MergedNamedDataMap, SourceFile, read_chunks, read_view
 from .report import BackendReport, Event, EventTracer
 from .spool import Buffer, Spool
 
@@ -49,9 +49,7 @@ class Replacement:
 class Run:
     """State shared by all backends of one specialization run."""
 
-    def __init__(
-        self, files: list[SourceFile], spool: Spool, tracer: EventTracer | None
-    ) -> None:
+    def __init__(self, files: list[SourceFile], spool: Spool, tracer: EventTracer | None) -> None:
         self.files = files
         self.pte = files[0]
         self.spool = spool
@@ -425,6 +423,24 @@ class SessionNamedMap:
         data = self._map.get_data(key)
         self._session.report.bytes_in += len(data)
         return data
+
+    def get_data_size(self, key: str) -> int:
+        self._session.check_open("named_data_map.get_data_size")
+        return self._map.stored_size(key)
+
+    def read_into(self, key: str, buffer: object, offset: int = 0) -> int:
+        self._session.check_open("named_data_map.read_into")
+        self._session.last_key = key
+        n = self._map.read_into(key, buffer, offset)
+        self._session.report.bytes_in += n
+        return n
+
+    def read_chunks(self, key: str, chunk_size: int) -> Iterator[memoryview]:
+        # Every piece is read through read_into: a generator resumed after the call
+        # returned raises there, and the bytes are counted as they are read.
+        self._session.check_open("named_data_map.read_chunks")
+        self._session.last_key = key
+        return read_chunks(self.read_into, key, self._map.stored_size(key), chunk_size)
 
     def get_tensor_layout(self, key: str) -> TensorLayout | None:
         self._session.check_open("named_data_map.get_tensor_layout")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import zlib
 
-from ..storage.types import DataLoader
+from ..storage.types import DataLoader, load_into
 from .record import ContentDigest
 
 __all__ = ["ContentHasher", "content_digest", "object_crc32"]
@@ -41,11 +41,18 @@ class ContentHasher:
             n -= k
 
     def read(self, loader: DataLoader, offset: int, size: int) -> None:
-        """Feed ``size`` bytes of ``loader`` from ``offset``."""
+        """Feed ``size`` bytes of ``loader`` from ``offset``, in pieces; a loader that
+        reads into memory it is given (``readinto``: local files) fills one reused
+        buffer, so a multi-GB file costs one piece of memory."""
         end = offset + size
+        buffer = memoryview(bytearray(min(_CHUNK, size))) if hasattr(loader, "readinto") else None
         while offset < end:
             n = min(_CHUNK, end - offset)
-            self.update(loader.load(offset, n))
+            if buffer is None:
+                self.update(loader.load(offset, n))
+            else:
+                load_into(loader, offset, buffer[:n])
+                self.update(buffer[:n])
             offset += n
 
     def digest(self) -> ContentDigest:

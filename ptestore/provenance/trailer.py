@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigurationError, FormatError, StorageError
-from ..storage.types import DataLoader
+from ..storage.types import DataLoader, load_into
 
 __all__ = [
     "FOOTER_SIZE",
@@ -192,13 +192,21 @@ class ContentView:
     def size(self) -> int:
         return self._size
 
-    def load(self, offset: int, size: int) -> bytes | bytearray | memoryview:
+    def _check(self, offset: int, size: int) -> None:
         if offset < 0 or size < 0 or offset + size > self._size:
             raise StorageError(
                 f"{self.name}: read of {size} bytes at offset {offset} is outside the "
                 f"container (size {self._size}, without its provenance trailer)"
             )
+
+    def load(self, offset: int, size: int) -> bytes | bytearray | memoryview:
+        self._check(offset, size)
         return self.inner.load(offset, size)
+
+    def readinto(self, offset: int, buffer: memoryview) -> None:
+        """``load`` into ``buffer`` (the inner loader's ``readinto`` where it has one)."""
+        self._check(offset, buffer.nbytes)
+        load_into(self.inner, offset, buffer)
 
     def close(self) -> None:
         self.inner.close()

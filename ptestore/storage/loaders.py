@@ -26,7 +26,7 @@ from typing import Any, ClassVar, TypeVar
 
 import fsspec
 
-from .._io import pread_all
+from .._io import pread_all, preadinto_all
 from .._retry import DEFAULT_RETRY, RETRY_OPTIONS, Category, RetryPolicy, classify, to_storage_error
 from ..errors import ConfigurationError, ObjectNotFound, StorageError, local_error
 from ._options import check_options, fsspec_options
@@ -192,6 +192,24 @@ class LocalFileLoader(_Closing):
                 f"{offset}, got {len(data)}"
             )
         return data
+
+    def readinto(self, offset: int, buffer: memoryview) -> None:
+        """Fill all of ``buffer`` (writable, bytes) with the file's bytes at ``offset``,
+        read straight into it (``preadv``): no mapping, so the file's pages never count
+        in this process's memory, and no intermediate copy."""
+        size = buffer.nbytes
+        _check_range(self.name, offset, size, self._size)
+        try:
+            got = preadinto_all(self.fileno(), buffer, offset)
+        except OSError as exc:
+            raise local_error(
+                exc, f"{self.name}: read of {size} bytes at offset {offset} failed: {strerror(exc)}"
+            ) from exc
+        if got != size:
+            raise StorageError(
+                f"{self.name}: file shrank while reading: wanted {size} bytes at offset "
+                f"{offset}, got {got}"
+            )
 
     def view(self, offset: int, size: int) -> memoryview | bytes:
         """Zero-copy, read-only view of ``size`` bytes at ``offset``, for reads that

@@ -10,7 +10,15 @@ from __future__ import annotations
 import os
 from typing import NamedTuple, Protocol, runtime_checkable
 
-__all__ = ["Buffer", "DataLoader", "StorageURL", "URLLike", "split_url", "strerror"]
+__all__ = [
+    "Buffer",
+    "DataLoader",
+    "StorageURL",
+    "URLLike",
+    "load_into",
+    "split_url",
+    "strerror",
+]
 
 #: Bytes as ptestore takes them: anything read by a loader or handed to a writer.
 Buffer = bytes | bytearray | memoryview
@@ -43,6 +51,17 @@ class DataLoader(Protocol):
     def close(self) -> None:
         """Release any resources; idempotent."""
         ...
+
+
+def load_into(loader: DataLoader, offset: int, buffer: memoryview) -> None:
+    """Fill all of ``buffer`` (writable, bytes) with ``loader``'s bytes at ``offset``:
+    straight into it where the loader reads into memory it is given (``readinto``: local
+    files, by ``preadv``), else one :meth:`~DataLoader.load` copied in."""
+    readinto = getattr(loader, "readinto", None)
+    if readinto is not None:
+        readinto(offset, buffer)
+        return
+    buffer[:] = memoryview(loader.load(offset, buffer.nbytes)).cast("B")
 
 
 def split_url(url: str | os.PathLike[str]) -> tuple[str, str]:

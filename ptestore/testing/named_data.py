@@ -66,6 +66,15 @@ class NamedData:
     def get_data(self, key: str) -> Buffer:
         return self._map.get_data(key)
 
+    def get_data_size(self, key: str) -> int:
+        return self._map.get_data_size(key)
+
+    def read_into(self, key: str, buffer: object, offset: int = 0) -> int:
+        return self._map.read_into(key, buffer, offset)
+
+    def read_chunks(self, key: str, chunk_size: int) -> Iterator[memoryview]:
+        return self._map.read_chunks(key, chunk_size)
+
     def get_tensor_layout(self, key: str) -> TensorLayout | None:
         return self._map.get_tensor_layout(key)
 
