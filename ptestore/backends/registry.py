@@ -30,19 +30,21 @@ naming the spec; a module that cannot be imported raises
 from __future__ import annotations
 
 import copy
-import difflib
 import importlib
 import inspect
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from importlib.metadata import EntryPoint, entry_points
 from types import MappingProxyType
-from typing import Union
+from typing import TYPE_CHECKING, Union
 
 from ..errors import BackendError, ConfigurationError, describe_exception
 from .api import BackendInterface
 from .compat import distribution_version
+from .snapshot import active as active_snapshot
+
+if TYPE_CHECKING:
+    from importlib.metadata import EntryPoint
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -134,6 +136,8 @@ def unregister_backend(name: str) -> None:
 
 
 def _entry_points() -> dict[str, EntryPoint]:
+    from importlib.metadata import entry_points  # a few ms to import: only when asked
+
     return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
@@ -245,6 +249,8 @@ def _guarded(what: str, spec: str, action: Callable[[], object]) -> object:
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """`` (did you mean 'x'?)`` for the closest of ``choices`` to ``word``, else ``""``."""
+    import difflib  # only for an error message
+
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.75)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
@@ -302,13 +308,32 @@ def _load_entry_point(ep: EntryPoint, spec: str) -> object:
         ) from exc
 
 
+def _load_value(value: str) -> object:
+    """Load an entry point's ``module:attr.attr [extras]`` value as
+    ``EntryPoint.load`` does (extras are not checked, as there)."""
+    module_name, _, attr = value.partition("[")[0].partition(":")
+    obj: object = importlib.import_module(module_name.strip())
+    for part in attr.strip().split("."):
+        if part:
+            obj = getattr(obj, part)
+    return obj
+
+
 def _resolve(ref: str, spec: str) -> object:
     if ":" in ref:
         return _import_path(ref, spec)
     with _lock:
         if ref in _registry:
             return _registry[ref]
+    snap = active_snapshot()
+    if snap is not None and snap.entry_points is not None and ref in snap.entry_points:
+        try:  # the entry point as a current snapshot remembers it (no metadata read)
+            return _load_value(snap.entry_points[ref])
+        except Exception:  # read again below, which raises what it should
+            pass
     eps = _entry_points()
+    if snap is not None:
+        snap.learn_entry_points({name: ep.value for name, ep in eps.items()})
     if ref in eps:
         return _load_entry_point(eps[ref], spec)
     known = sorted(set(eps) | set(_registry))

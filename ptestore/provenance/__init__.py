@@ -10,7 +10,7 @@ what ``ptestore inspect --json`` shows under ``provenance``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import FormatError
 from ..storage.types import DataLoader
@@ -22,14 +22,22 @@ from .record import (
     RequestedBackend,
     SourceInfo,
 )
-from .stamp import (
-    ProvenanceRequest,
-    Stamper,
-    describe_source,
-    object_metadata,
-    spec_text,
-)
 from .trailer import Trailer, encode_trailer, read_trailer, without_trailer
+
+if TYPE_CHECKING:
+    from .stamp import (
+        ProvenanceRequest,
+        Stamper,
+        describe_source,
+        object_metadata,
+        spec_text,
+    )
+
+#: Names of :mod:`.stamp`, imported on first use: reading a record (an ``ensure`` hit)
+#: does not need the stamper.
+_STAMP_NAMES = frozenset(
+    {"ProvenanceRequest", "Stamper", "describe_source", "object_metadata", "spec_text"}
+)
 
 __all__ = [
     "BackendStamp",
@@ -51,6 +59,16 @@ __all__ = [
     "spec_text",
     "without_trailer",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _STAMP_NAMES:
+        from . import stamp
+
+        value = getattr(stamp, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def read_provenance(loader: DataLoader) -> Provenance | None:
