@@ -214,21 +214,36 @@ def installed_backends() -> list[InstalledBackend]:
         )
         for name, obj in sorted(registered.items())
     ]
-    for name, ep in sorted(_entry_points().items()):
+    for name, (value, version) in sorted(_entry_point_table().items()):
         if name in registered:
             continue
-        version = getattr(ep.dist, "version", None) if ep.dist is not None else None
         try:
-            obj = _load_entry_point(ep, name)
+            obj = _load_entry_point(value, name)
         except (ConfigurationError, BackendError) as exc:
-            out.append(InstalledBackend(name, "*", ep.value, "entry point", version, str(exc)))
+            out.append(InstalledBackend(name, "*", value, "entry point", version, str(exc)))
             continue
         # a version the class declares wins over its distribution's
         declared = _declared_version(obj, default=False) if isinstance(obj, type) else None
         out.append(
-            InstalledBackend(name, _served(obj), ep.value, "entry point", declared or version)
+            InstalledBackend(name, _served(obj), value, "entry point", declared or version)
         )
     return out
+
+
+def _entry_point_table() -> dict[str, tuple[str, str | None]]:
+    """Entry-point name -> (its ``module:attr`` value, the version of the distribution
+    declaring it): from the active snapshot when it has them (no metadata read, see
+    :mod:`.snapshot`), else from the installed metadata (and then recorded in it)."""
+    snap = active_snapshot()
+    if snap is not None and snap.entry_points is not None:
+        return dict(snap.entry_points)
+    table = {
+        name: (ep.value, getattr(ep.dist, "version", None) if ep.dist is not None else None)
+        for name, ep in _entry_points().items()
+    }
+    if snap is not None:
+        snap.learn_entry_points(table)
+    return table
 
 
 def _guarded(what: str, spec: str, action: Callable[[], object]) -> object:
@@ -292,31 +307,31 @@ def _import_path(ref: str, spec: str) -> object:
     return obj
 
 
-def _load_entry_point(ep: EntryPoint, spec: str) -> object:
+def _load_entry_point(value: str, spec: str) -> object:
+    """Load an entry point's ``module:attr.attr [extras]`` value as
+    ``EntryPoint.load`` does (extras are not checked, as there)."""
+
+    def load() -> object:
+        module_name, _, attr = value.partition("[")[0].partition(":")
+        obj: object = importlib.import_module(module_name.strip())
+        for part in attr.strip().split("."):
+            if part:
+                obj = getattr(obj, part)
+        return obj
+
     try:
-        return ep.load()
+        return load()
     except (ImportError, AttributeError) as exc:
         raise ConfigurationError(
-            f"backend {spec!r}: entry point {ep.value!r} failed to load: "
+            f"backend {spec!r}: entry point {value!r} failed to load: "
             f"{describe_exception(exc)}"
         ) from exc
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # a module's import-time code is user code
         raise BackendError(
-            f"entry point {ep.value!r} failed to load: {describe_exception(exc)}", backend=spec
+            f"entry point {value!r} failed to load: {describe_exception(exc)}", backend=spec
         ) from exc
-
-
-def _load_value(value: str) -> object:
-    """Load an entry point's ``module:attr.attr [extras]`` value as
-    ``EntryPoint.load`` does (extras are not checked, as there)."""
-    module_name, _, attr = value.partition("[")[0].partition(":")
-    obj: object = importlib.import_module(module_name.strip())
-    for part in attr.strip().split("."):
-        if part:
-            obj = getattr(obj, part)
-    return obj
 
 
 def _resolve(ref: str, spec: str) -> object:
@@ -325,17 +340,9 @@ def _resolve(ref: str, spec: str) -> object:
     with _lock:
         if ref in _registry:
             return _registry[ref]
-    snap = active_snapshot()
-    if snap is not None and snap.entry_points is not None and ref in snap.entry_points:
-        try:  # the entry point as a current snapshot remembers it (no metadata read)
-            return _load_value(snap.entry_points[ref])
-        except Exception:  # read again below, which raises what it should
-            pass
-    eps = _entry_points()
-    if snap is not None:
-        snap.learn_entry_points({name: ep.value for name, ep in eps.items()})
+    eps = _entry_point_table()
     if ref in eps:
-        return _load_entry_point(eps[ref], spec)
+        return _load_entry_point(eps[ref][0], spec)
     known = sorted(set(eps) | set(_registry))
     raise ConfigurationError(
         f"backend {spec!r}: unknown name {ref!r}{did_you_mean(ref, known)}; known: "

@@ -117,13 +117,17 @@ class Snapshot:
     def __init__(self, stamp: list[Any] | None, facts: dict[str, Any] | None = None) -> None:
         self.stamp = stamp
         given = facts or {}
-        #: ``name -> "module:attr"`` of every entry point of the group (None: not read).
-        self.entry_points: dict[str, str] | None = given.get("entry_points")
+        #: Every entry point of the group ``ptestore.backends``: name -> (its
+        #: ``module:attr`` value, the version of the distribution declaring it), or None
+        #: when not read.
+        self.entry_points: dict[str, tuple[str, str | None]] | None = None
+        if given.get("entry_points") is not None:
+            self.entry_points = {k: (v[0], v[1]) for k, v in given["entry_points"].items()}
         #: top-level package -> the version of the distribution providing it.
         self.versions: dict[str, str] = dict(given.get("versions") or {})
         self.changed = False
 
-    def learn_entry_points(self, values: dict[str, str]) -> None:
+    def learn_entry_points(self, values: dict[str, tuple[str, str | None]]) -> None:
         if self.entry_points != values:
             self.entry_points = dict(values)
             self.changed = True
@@ -154,7 +158,7 @@ class Snapshot:
         ):
             facts = data["facts"]
             eps, versions = facts.get("entry_points"), facts.get("versions")
-            if (eps is None or _str_map(eps)) and (versions is None or _str_map(versions)):
+            if (eps is None or _entry_map(eps)) and (versions is None or _str_map(versions)):
                 return cls(stamp, facts)
         snap = cls(stamp)
         snap.changed = True  # nothing usable on disk: write what this process reads
@@ -174,6 +178,17 @@ class Snapshot:
         except OSError:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+
+
+def _entry_map(value: object) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(k, str)
+        and isinstance(v, list)
+        and len(v) == 2
+        and isinstance(v[0], str)
+        and (v[1] is None or isinstance(v[1], str))
+        for k, v in value.items()
+    )
 
 
 def _str_map(value: object) -> bool:

@@ -73,6 +73,15 @@ def test_a_local_ensure_hit_imports_nothing_heavy_nor_the_metadata(tmp_path: Pat
     assert "ptestore.cli.specialize" not in hit["modules"]
 
 
+def test_a_hit_with_the_default_backends_reads_no_metadata_either(tmp_path: Path) -> None:
+    src, cache = _model(tmp_path), tmp_path / "cache"
+    argv = ["ensure", str(src), "--cache-dir", str(cache), "--json"]
+    _fresh(argv, tmp_path)
+    hit, out = _fresh(argv, tmp_path)
+    assert json.loads(out)["created"] is False
+    assert [m for m in (*HEAVY, "importlib.metadata") if m in hit["modules"]] == []
+
+
 def test_a_local_passthrough_specialize_imports_nothing_heavy(tmp_path: Path) -> None:
     src = _model(tmp_path)
     argv = ["specialize", str(src), str(tmp_path / "out.pte"), "--backend", "passthrough"]
