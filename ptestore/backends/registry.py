@@ -29,7 +29,6 @@ naming the spec; a module that cannot be imported raises
 
 from __future__ import annotations
 
-import copy
 import importlib
 import inspect
 import threading
@@ -402,6 +401,8 @@ def serving(backend: BackendInterface, backend_id: str, spec: str) -> BackendInt
     is never renamed)."""
 
     def rename() -> BackendInterface:
+        import copy
+
         renamed = copy.copy(backend)
         renamed.name = backend_id
         return renamed

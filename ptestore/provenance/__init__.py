@@ -10,6 +10,7 @@ what ``ptestore inspect --json`` shows under ``provenance``.
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from ..errors import FormatError
@@ -22,7 +23,6 @@ from .record import (
     RequestedBackend,
     SourceInfo,
 )
-from .trailer import Trailer, encode_trailer, read_trailer, without_trailer
 
 if TYPE_CHECKING:
     from .stamp import (
@@ -32,12 +32,18 @@ if TYPE_CHECKING:
         object_metadata,
         spec_text,
     )
+    from .trailer import Trailer, encode_trailer, read_trailer, without_trailer
 
-#: Names of :mod:`.stamp`, imported on first use: reading a record (an ``ensure`` hit)
-#: does not need the stamper.
-_STAMP_NAMES = frozenset(
-    {"ProvenanceRequest", "Stamper", "describe_source", "object_metadata", "spec_text"}
-)
+#: Names of :mod:`.stamp` and :mod:`.trailer`, imported on first use: turning a record
+#: back into a :class:`Provenance` (an ``ensure`` hit) needs neither the stamper nor the
+#: trailer's reader.
+_LAZY = {
+    **dict.fromkeys(
+        ("ProvenanceRequest", "Stamper", "describe_source", "object_metadata", "spec_text"),
+        "stamp",
+    ),
+    **dict.fromkeys(("Trailer", "encode_trailer", "read_trailer", "without_trailer"), "trailer"),
+}
 
 __all__ = [
     "BackendStamp",
@@ -62,10 +68,9 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name in _STAMP_NAMES:
-        from . import stamp
-
-        value = getattr(stamp, name)
+    module = _LAZY.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -75,6 +80,8 @@ def read_provenance(loader: DataLoader) -> Provenance | None:
     """The provenance record of the object behind ``loader``; None if it has no trailer.
 
     Raises :class:`~ptestore.errors.FormatError` for a damaged trailer or record."""
+    from .trailer import read_trailer
+
     trailer = read_trailer(loader)
     if trailer is None:
         return None
@@ -85,6 +92,8 @@ def provenance_json(loader: DataLoader) -> dict[str, Any] | None:
     """What ``inspect --json`` shows under ``"provenance"``: the record plus the trailer's
     placement and checksum, ``None`` when there is no trailer, or ``{"error": ...}`` for a
     damaged one."""
+    from .trailer import read_trailer
+
     try:
         trailer = read_trailer(loader)
         if trailer is None:
@@ -104,6 +113,7 @@ def replace_trailer(data: bytes | bytearray | memoryview, payload: dict[str, Any
     """``data`` (a whole file) with its trailer, if any, replaced by one for ``payload``
     (in memory; for tests and small tools)."""
     from ..storage.loaders import BytesLoader
+    from .trailer import encode_trailer, read_trailer
 
     loader = BytesLoader(data)
     trailer = read_trailer(loader)
