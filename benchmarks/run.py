@@ -9,9 +9,11 @@ case runs ``--runs`` times, interleaved (run 1 of every case, then run 2, ...), 
 fresh process: ``cp --reflink=never`` + ``sync FILE`` (the durable copy), on XFS also
 ``cp --reflink=always`` + ``sync``, ptestore passthrough, one 16 MiB weight replaced,
 10% of the bytes replaced, ``cli``: the command line's passthrough (``python -m ptestore
-specialize SRC DST --backend passthrough --quiet``: the whole process from a bare
-interpreter, as a user runs it; the other ptestore cases run in ``_child.py``, which
-imports numpy in every mode), and ExecuTorch's own Python round trip
+specialize SRC DST --backend passthrough --quiet --no-provenance``: the same work as
+``passthrough``, as a whole process from a bare interpreter; the other ptestore cases run
+in ``_child.py``, which imports numpy in every mode), ``cli_provenance``: the same with
+the command line's default provenance trailer (which reads and hashes the whole source:
+SHA-256), and ExecuTorch's own Python round trip
 (``deserialize_pte_binary`` then ``serialize_pte_binary``; up to ``--et-max``).
 ``--cases`` keeps only the cases named (the peers always run: every ratio needs them).
 
@@ -196,7 +198,8 @@ def check_in_runtime(path: str) -> str:
     return r.stdout.strip().splitlines()[-1]
 
 
-#: The command line's passthrough, a whole process (the ``cli`` case).
+#: The command line's passthrough, a whole process (the ``cli_provenance`` case; ``cli``
+#: adds ``--no-provenance``).
 CLI_PASSTHROUGH = [PY, "-m", "ptestore", "specialize", "{src}", "{dst}"]
 CLI_PASSTHROUGH += ["--backend", "passthrough", "--quiet"]
 
@@ -204,7 +207,7 @@ CLI_PASSTHROUGH += ["--backend", "passthrough", "--quiet"]
 def _cases(
     storage: Storage, size: str, et_max: str, et_on: list[str], only: list[str] | None = None
 ) -> list[str]:
-    cases = [*storage.peers, "passthrough", "one", "tenpct", "cli"]
+    cases = [*storage.peers, "passthrough", "one", "tenpct", "cli", "cli_provenance"]
     if _mib(size) <= _mib(et_max) and storage.name in et_on:
         cases.append("et")
     return [c for c in cases if only is None or c in storage.peers or c in only]
@@ -238,9 +241,9 @@ def run_series(
             if case in storage.peers:
                 shell = storage.peers[case].format(src=local, dst=dst)
                 r = measure_rusage(["sh", "-c", shell])
-            elif case == "cli":
+            elif case in ("cli", "cli_provenance"):
                 argv = [a.format(src=local, dst=dst) for a in CLI_PASSTHROUGH]
-                r = measure_rusage(argv)
+                r = measure_rusage(argv + (["--no-provenance"] if case == "cli" else []))
             else:
                 r = measure_rusage([PY, str(HERE / "_child.py"), case, str(local), str(dst)])
             r["new_space_mib"] = storage.new_space(dst, before) / MIB
