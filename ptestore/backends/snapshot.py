@@ -10,11 +10,12 @@ the interpreter, every ``sys.path`` entry (the ``stat`` of one that is not a
 directory, such as a zip file), and every distribution's metadata directory found in
 those entries (``*.dist-info``, ``*.egg-info``: its name and ``stat``) with the
 ``stat`` (modification time, size, inode) of the metadata files ``importlib.metadata``
-reads (``METADATA``, ``PKG-INFO``, ``entry_points.txt``, ``top_level.txt``, ``RECORD``,
-``SOURCES.txt``, ``installed-files.txt``). Installing, removing or upgrading a
-distribution, or editing its metadata in place, changes the stamp, and a snapshot whose
-stamp differs from the current one is ignored: the facts are read again through
-:mod:`importlib.metadata` and the snapshot rewritten. Two rules keep that safe:
+reads for these facts (``METADATA`` or ``PKG-INFO``, ``entry_points.txt``,
+``top_level.txt``, and ``RECORD``, ``SOURCES.txt`` or ``installed-files.txt``).
+Installing, removing or upgrading a distribution, or editing its metadata in place,
+changes the stamp, and a snapshot whose stamp differs from the current one is ignored:
+the facts are read again through :mod:`importlib.metadata` and the snapshot rewritten.
+Two rules keep that safe:
 
 - the stamp is taken *before* any fact is read, so facts read after a change are
   stored with the older stamp and never trusted;
@@ -44,17 +45,15 @@ __all__ = ["RACY_SECONDS", "Snapshot", "active", "environment_stamp", "using"]
 
 #: Metadata modified this recently makes the stamp untrusted.
 RACY_SECONDS = 2.0
-#: The files of a distribution's metadata directory that ``importlib.metadata`` reads.
-META_FILES = frozenset(
-    {
-        "METADATA",
-        "PKG-INFO",
-        "entry_points.txt",
-        "top_level.txt",
-        "RECORD",
-        "SOURCES.txt",
-        "installed-files.txt",
-    }
+#: The files of a metadata directory that ``importlib.metadata`` reads for the facts kept
+#: (version, entry points, which top-level packages a distribution provides).
+DIST_INFO_FILES = ("METADATA", "entry_points.txt", "top_level.txt", "RECORD")
+EGG_INFO_FILES = (
+    "PKG-INFO",
+    "entry_points.txt",
+    "top_level.txt",
+    "SOURCES.txt",
+    "installed-files.txt",
 )
 FORMAT = "ptestore.backends-snapshot/1"
 #: A snapshot file larger than this is not one of ours.
@@ -99,12 +98,10 @@ def environment_stamp() -> list[Any] | None:
         for name in names:
             path = os.path.join(root, name)
             item: list[Any] = [name, stat(path)]
-            try:
-                with os.scandir(path) as it:
-                    files = sorted(e.name for e in it if e.name in META_FILES)
-            except OSError:  # an .egg-info file, not a directory
-                files = []
-            item += [[f, stat(os.path.join(path, f))] for f in files]
+            # one stat per file importlib.metadata may read (None: absent, or an
+            # .egg-info that is a file itself, whose own stat covers it)
+            files = DIST_INFO_FILES if name.lower().endswith(".dist-info") else EGG_INFO_FILES
+            item += [stat(os.path.join(path, f)) for f in files]
             stamp.append(item)
     if newest > time.time_ns() - int(RACY_SECONDS * 1e9):
         return None
