@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from support.fixtures import get_fixture
 
 from ptestore.backends.snapshot import Snapshot, environment_stamp
@@ -179,3 +180,18 @@ def test_a_snapshot_of_another_installation_or_a_damaged_one_is_ignored(
     assert snap.entry_points is None and snap.versions == {}
     path.write_text("{not json")
     assert Snapshot.load(str(path)).entry_points is None
+
+
+def test_no_stamp_while_another_finder_provides_distributions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    class Finder:  # distributions from somewhere the stamp does not look
+        def find_spec(self, *args: object) -> None:
+            return None
+
+        def find_distributions(self, *args: object) -> list[object]:
+            return []
+
+    assert environment_stamp() is not None
+    monkeypatch.setattr(sys, "meta_path", [Finder(), *sys.meta_path])
+    assert environment_stamp() is None
