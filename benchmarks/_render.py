@@ -8,6 +8,8 @@ LABELS = {
     "cp_sync": "`cp --reflink=never` + `sync FILE`",
     "cp_reflink": "`cp --reflink=always` + `sync FILE`",
     "passthrough": "ptestore passthrough",
+    "cli": "`python -m ptestore specialize --backend passthrough --no-provenance`",
+    "cli_provenance": "`python -m ptestore specialize --backend passthrough` (SHA-256 trailer)",
     "one": "ptestore, one 16 MiB weight doubled",
     "tenpct": "ptestore, >= 10% of bytes replaced",
     "et": "ExecuTorch round trip (deserialize + serialize)",

@@ -8,8 +8,14 @@ XFS with ``reflink=1``, needs root and xfsprogs), in the same run on the same fi
 case runs ``--runs`` times, interleaved (run 1 of every case, then run 2, ...), each in a
 fresh process: ``cp --reflink=never`` + ``sync FILE`` (the durable copy), on XFS also
 ``cp --reflink=always`` + ``sync``, ptestore passthrough, one 16 MiB weight replaced,
-10% of the bytes replaced, and ExecuTorch's own Python round trip
+10% of the bytes replaced, ``cli``: the command line's passthrough (``python -m ptestore
+specialize SRC DST --backend passthrough --quiet --no-provenance``: the same work as
+``passthrough``, as a whole process from a bare interpreter; the other ptestore cases run
+in ``_child.py``, which imports numpy in every mode), ``cli_provenance``: the same with
+the command line's default provenance trailer (which reads and hashes the whole source:
+SHA-256), and ExecuTorch's own Python round trip
 (``deserialize_pte_binary`` then ``serialize_pte_binary``; up to ``--et-max``).
+``--cases`` keeps only the cases named (the peers always run: every ratio needs them).
 
 Figures per run: wall time of the whole process (interpreter start-up included) and
 inside it (``inner``), peak RSS of the whole process (``wait4``), bytes read from and
@@ -192,11 +198,19 @@ def check_in_runtime(path: str) -> str:
     return r.stdout.strip().splitlines()[-1]
 
 
-def _cases(storage: Storage, size: str, et_max: str, et_on: list[str]) -> list[str]:
-    cases = [*storage.peers, "passthrough", "one", "tenpct"]
+#: The command line's passthrough, a whole process (the ``cli_provenance`` case; ``cli``
+#: adds ``--no-provenance``).
+CLI_PASSTHROUGH = [PY, "-m", "ptestore", "specialize", "{src}", "{dst}"]
+CLI_PASSTHROUGH += ["--backend", "passthrough", "--quiet"]
+
+
+def _cases(
+    storage: Storage, size: str, et_max: str, et_on: list[str], only: list[str] | None = None
+) -> list[str]:
+    cases = [*storage.peers, "passthrough", "one", "tenpct", "cli", "cli_provenance"]
     if _mib(size) <= _mib(et_max) and storage.name in et_on:
         cases.append("et")
-    return cases
+    return [c for c in cases if only is None or c in storage.peers or c in only]
 
 
 def _mib(size: str) -> int:
@@ -204,13 +218,19 @@ def _mib(size: str) -> int:
 
 
 def run_series(
-    storage: Storage, src: Path, size: str, runs: int, et_max: str, et_on: list[str]
+    storage: Storage,
+    src: Path,
+    size: str,
+    runs: int,
+    et_max: str,
+    et_on: list[str],
+    only: list[str] | None = None,
 ) -> dict[str, Any]:
     local = storage.directory / src.name
     if not local.exists():
         shutil.copyfile(src, local)
     subprocess.run(["cat", str(local)], stdout=subprocess.DEVNULL, check=True)  # warm cache
-    cases = _cases(storage, size, et_max, et_on)
+    cases = _cases(storage, size, et_max, et_on, only)
     load = os.getloadavg()
     results: dict[str, list[dict[str, Any]]] = {c: [] for c in cases}
     for _ in range(runs):
@@ -221,6 +241,9 @@ def run_series(
             if case in storage.peers:
                 shell = storage.peers[case].format(src=local, dst=dst)
                 r = measure_rusage(["sh", "-c", shell])
+            elif case in ("cli", "cli_provenance"):
+                argv = [a.format(src=local, dst=dst) for a in CLI_PASSTHROUGH]
+                r = measure_rusage(argv + (["--no-provenance"] if case == "cli" else []))
             else:
                 r = measure_rusage([PY, str(HERE / "_child.py"), case, str(local), str(dst)])
             r["new_space_mib"] = storage.new_space(dst, before) / MIB
@@ -244,7 +267,13 @@ def summarize(results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             vals = [r[k] for r in runs if r.get(k) is not None]
             if vals:
                 s[k] = statistics.median(vals)
+                if k == "wall_s":
+                    s["wall_min_s"] = min(vals)
         if base and case != "cp_sync":
+            # minimum against minimum: other load only ever adds time
+            s["wall_min_vs_cp_sync_min"] = min(r["wall_s"] for r in runs) / min(
+                b["wall_s"] for b in base
+            )
             s["wall_vs_cp_sync"] = statistics.median(
                 r["wall_s"] / b["wall_s"] for r, b in zip(runs, base, strict=True)
             )
@@ -293,6 +322,11 @@ def main() -> None:
     )
     ap.add_argument("--out", default=None)
     ap.add_argument(
+        "--cases",
+        default=None,
+        help="comma-separated cases to run besides the peers (default: all)",
+    )
+    ap.add_argument(
         "--merge",
         metavar="JSON",
         help="add this run's programs and series to an earlier result (kept otherwise)",
@@ -327,6 +361,7 @@ def main() -> None:
                     args.runs,
                     args.et_max,
                     args.et_storages.split(","),
+                    None if args.cases is None else args.cases.split(","),
                 )
     result["series"] = series
     result["loadavg_end"] = os.getloadavg()

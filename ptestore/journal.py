@@ -27,8 +27,6 @@ again after a crash at any point gives the same file:
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import errno
 import fcntl
 import hashlib
@@ -114,6 +112,9 @@ def _fallocate(fd: int, mode: int, offset: int, size: int) -> bool:
     global _libc
     if size <= 0:
         return True
+    import ctypes  # with ctypes.util (and subprocess): only when a journal is applied
+    import ctypes.util
+
     if _libc is None:
         _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
         _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]

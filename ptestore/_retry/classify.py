@@ -9,8 +9,7 @@ from __future__ import annotations
 import enum
 import errno
 import functools
-import http.client
-import ssl
+import sys
 from dataclasses import dataclass
 
 from ..errors import (
@@ -151,7 +150,10 @@ def error_info(exc: BaseException) -> ErrorInfo | None:
 
 @functools.cache
 def _transient_types() -> tuple[type[BaseException], ...]:
-    """Connection and timeout exception types of the transports storage goes through."""
+    """Connection and timeout exception types of the transports storage goes through
+    (imported when a failure is first classified: http.client costs start-up time)."""
+    import http.client
+
     types: list[type[BaseException]] = [
         ConnectionError,  # resets, aborts, refusals, broken pipes
         TimeoutError,  # socket.timeout, asyncio.TimeoutError
@@ -253,7 +255,8 @@ def _classify_local(exc: BaseException) -> Category | None:
         return by_type
     if _is_type(exc, _CREDENTIAL_ERRORS):
         return Category.PERMISSION
-    if isinstance(exc, ssl.SSLError) or _is_type(exc, _TLS_ERRORS):
+    ssl = sys.modules.get("ssl")  # no SSLError exists unless ssl was imported
+    if (ssl is not None and isinstance(exc, ssl.SSLError)) or _is_type(exc, _TLS_ERRORS):
         return Category.PERMANENT  # a bad certificate stays bad
     if isinstance(exc, _transient_types()):
         return Category.TRANSIENT

@@ -1,4 +1,9 @@
-"""The one retry policy of ptestore's storage calls (tenacity)."""
+"""The one retry policy of ptestore's storage calls (tenacity).
+
+tenacity is imported by the first :meth:`RetryPolicy.call`, not with this module: the
+loaders and writers of local files import the policy's names and never call it, and
+tenacity (with tornado when that is installed) costs tens of milliseconds of start-up.
+"""
 
 from __future__ import annotations
 
@@ -6,19 +11,13 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
-
-from tenacity import (
-    RetryCallState,
-    Retrying,
-    retry_if_exception,
-    stop_after_attempt,
-    wait_exponential,
-    wait_random,
-)
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import ConfigurationError
 from .classify import find_error_info, is_transient
+
+if TYPE_CHECKING:
+    from tenacity import RetryCallState
 
 __all__ = ["DEFAULT_RETRY", "RETRY_OPTIONS", "RetryPolicy"]
 
@@ -75,6 +74,13 @@ class RetryPolicy:
 
         ``what`` names the call in the retry log; ``on_retry`` runs before each retry.
         """
+        from tenacity import (
+            Retrying,
+            retry_if_exception,
+            stop_after_attempt,
+            wait_exponential,
+            wait_random,
+        )
 
         def before_sleep(state: RetryCallState) -> None:
             exc = state.outcome.exception() if state.outcome is not None else None

@@ -8,6 +8,8 @@ ptestore calls it once per model with a :class:`BackendDataInitContext` and a
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from ..errors import NotSupported
 from .api import (
     BackendData,
@@ -16,8 +18,6 @@ from .api import (
     BackendInterface,
     DelegateInput,
     NamedDataMap,
-    QuantParams,
-    TensorInfo,
 )
 from .compat import Compatibility, DeviceProfile
 from .registry import (
@@ -29,6 +29,9 @@ from .registry import (
     registered_backends,
     unregister_backend,
 )
+
+if TYPE_CHECKING:
+    from ..format.tensorinfo import QuantParams, TensorInfo
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -50,3 +53,14 @@ __all__ = [
     "registered_backends",
     "unregister_backend",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # The tensor descriptions come from the format package, imported on first use.
+    if name in ("QuantParams", "TensorInfo"):
+        from ..format import tensorinfo
+
+        value = getattr(tensorinfo, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -13,16 +13,17 @@ from __future__ import annotations
 import abc
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import NotSupported
-from ..format.model import CompileSpec, Delegate, TensorLayout
-from ..format.tensorinfo import QuantParams, TensorInfo
 from ..storage.types import Buffer
 from .compat import Compatibility, DeviceProfile, distribution_version
 
 if TYPE_CHECKING:
     import numpy as np
+
+    from ..format.model import CompileSpec, Delegate, TensorLayout
+    from ..format.tensorinfo import QuantParams, TensorInfo
 
 __all__ = [
     "BackendData",
@@ -37,6 +38,18 @@ __all__ = [
     "QuantParams",
     "TensorInfo",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # Re-exported from the format package on first use: loading a backend (an
+    # ``ensure`` cache hit) does not need the container model.
+    if name in ("QuantParams", "TensorInfo"):
+        from ..format import tensorinfo
+
+        value = getattr(tensorinfo, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)

@@ -29,20 +29,21 @@ naming the spec; a module that cannot be imported raises
 
 from __future__ import annotations
 
-import copy
-import difflib
 import importlib
 import inspect
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from importlib.metadata import EntryPoint, entry_points
 from types import MappingProxyType
-from typing import Union
+from typing import TYPE_CHECKING, Union
 
 from ..errors import BackendError, ConfigurationError, describe_exception
 from .api import BackendInterface
 from .compat import distribution_version
+from .snapshot import active as active_snapshot
+
+if TYPE_CHECKING:
+    from importlib.metadata import EntryPoint
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -134,6 +135,8 @@ def unregister_backend(name: str) -> None:
 
 
 def _entry_points() -> dict[str, EntryPoint]:
+    from importlib.metadata import entry_points  # a few ms to import: only when asked
+
     return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
@@ -210,21 +213,36 @@ def installed_backends() -> list[InstalledBackend]:
         )
         for name, obj in sorted(registered.items())
     ]
-    for name, ep in sorted(_entry_points().items()):
+    for name, (value, version) in sorted(_entry_point_table().items()):
         if name in registered:
             continue
-        version = getattr(ep.dist, "version", None) if ep.dist is not None else None
         try:
-            obj = _load_entry_point(ep, name)
+            obj = _load_entry_point(value, name)
         except (ConfigurationError, BackendError) as exc:
-            out.append(InstalledBackend(name, "*", ep.value, "entry point", version, str(exc)))
+            out.append(InstalledBackend(name, "*", value, "entry point", version, str(exc)))
             continue
         # a version the class declares wins over its distribution's
         declared = _declared_version(obj, default=False) if isinstance(obj, type) else None
         out.append(
-            InstalledBackend(name, _served(obj), ep.value, "entry point", declared or version)
+            InstalledBackend(name, _served(obj), value, "entry point", declared or version)
         )
     return out
+
+
+def _entry_point_table() -> dict[str, tuple[str, str | None]]:
+    """Entry-point name -> (its ``module:attr`` value, the version of the distribution
+    declaring it): from the active snapshot when it has them (no metadata read, see
+    :mod:`.snapshot`), else from the installed metadata (and then recorded in it)."""
+    snap = active_snapshot()
+    if snap is not None and snap.entry_points is not None:
+        return dict(snap.entry_points)
+    table = {
+        name: (ep.value, getattr(ep.dist, "version", None) if ep.dist is not None else None)
+        for name, ep in _entry_points().items()
+    }
+    if snap is not None:
+        snap.learn_entry_points(table)
+    return table
 
 
 def _guarded(what: str, spec: str, action: Callable[[], object]) -> object:
@@ -245,6 +263,8 @@ def _guarded(what: str, spec: str, action: Callable[[], object]) -> object:
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """`` (did you mean 'x'?)`` for the closest of ``choices`` to ``word``, else ``""``."""
+    import difflib  # only for an error message
+
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.75)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
@@ -286,19 +306,30 @@ def _import_path(ref: str, spec: str) -> object:
     return obj
 
 
-def _load_entry_point(ep: EntryPoint, spec: str) -> object:
+def _load_entry_point(value: str, spec: str) -> object:
+    """Load an entry point's ``module:attr.attr [extras]`` value as
+    ``EntryPoint.load`` does (extras are not checked, as there)."""
+
+    def load() -> object:
+        module_name, _, attr = value.partition("[")[0].partition(":")
+        obj: object = importlib.import_module(module_name.strip())
+        for part in attr.strip().split("."):
+            if part:
+                obj = getattr(obj, part)
+        return obj
+
     try:
-        return ep.load()
+        return load()
     except (ImportError, AttributeError) as exc:
         raise ConfigurationError(
-            f"backend {spec!r}: entry point {ep.value!r} failed to load: "
+            f"backend {spec!r}: entry point {value!r} failed to load: "
             f"{describe_exception(exc)}"
         ) from exc
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # a module's import-time code is user code
         raise BackendError(
-            f"entry point {ep.value!r} failed to load: {describe_exception(exc)}", backend=spec
+            f"entry point {value!r} failed to load: {describe_exception(exc)}", backend=spec
         ) from exc
 
 
@@ -308,9 +339,9 @@ def _resolve(ref: str, spec: str) -> object:
     with _lock:
         if ref in _registry:
             return _registry[ref]
-    eps = _entry_points()
+    eps = _entry_point_table()
     if ref in eps:
-        return _load_entry_point(eps[ref], spec)
+        return _load_entry_point(eps[ref][0], spec)
     known = sorted(set(eps) | set(_registry))
     raise ConfigurationError(
         f"backend {spec!r}: unknown name {ref!r}{did_you_mean(ref, known)}; known: "
@@ -370,6 +401,8 @@ def serving(backend: BackendInterface, backend_id: str, spec: str) -> BackendInt
     is never renamed)."""
 
     def rename() -> BackendInterface:
+        import copy
+
         renamed = copy.copy(backend)
         renamed.name = backend_id
         return renamed

@@ -6,7 +6,8 @@ One module per sub-command (:mod:`.inspect`, :mod:`.specialize`, :mod:`.verify`,
 ``run_*``; exit statuses and the mapping of errors onto them live in :mod:`.exits`, the
 parser class (usage errors exit 2, typos get a suggestion) in :mod:`.parser`, option
 helpers shared by the sub-commands in :mod:`.options`. A new sub-command is a new module
-wired into :func:`build_parser`.
+registered in :data:`COMMANDS`; only the parser of the sub-command being run is built
+(and its module imported).
 
 Nothing heavy is imported here: ``ptestore --help`` loads neither fsspec nor numpy,
 tenacity, s3fs or tqdm; each ``run_*`` imports what it needs.
@@ -15,22 +16,14 @@ tenacity, s3fs or tqdm; each ``run_*`` imports what it needs.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from collections.abc import Sequence
 
-from .backends import add_backends_parser
-from .cache import add_cache_parser
-from .ensure import add_ensure_parser
-from .fleet import add_fleet_parser
-from .gc import add_gc_parser
-from .inspect import add_inspect_parser
 from .parser import Parser, VersionAction
-from .select import add_fetch_parser, add_select_parser
-from .specialize import add_specialize_parser
-from .verify import add_verify_parser
 
-__all__ = ["build_parser", "main"]
+__all__ = ["COMMANDS", "build_parser", "main"]
 
 _EPILOG = """\
 examples:
@@ -42,8 +35,26 @@ examples:
 Run `ptestore COMMAND --help` for the options of each command."""
 
 
-def build_parser() -> Parser:
-    """The ``ptestore`` argument parser with every sub-command."""
+#: Sub-command -> (module of this package, the function adding its parser), in the
+#: order ``ptestore --help`` lists them.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "inspect": ("inspect", "add_inspect_parser"),
+    "specialize": ("specialize", "add_specialize_parser"),
+    "gc": ("gc", "add_gc_parser"),
+    "verify": ("verify", "add_verify_parser"),
+    "fleet": ("fleet", "add_fleet_parser"),
+    "select": ("select", "add_select_parser"),
+    "fetch": ("select", "add_fetch_parser"),
+    "backends": ("backends", "add_backends_parser"),
+    "ensure": ("ensure", "add_ensure_parser"),
+    "cache": ("cache", "add_cache_parser"),
+}
+
+
+def build_parser(only: str | None = None) -> Parser:
+    """The ``ptestore`` argument parser with every sub-command, or with sub-command
+    ``only`` alone (what :func:`main` builds when the first argument names one: the
+    same parser for that command, without importing and building the others)."""
     parser = Parser(
         prog="ptestore",
         description="Specialize ExecuTorch .pte/.ptd models once per device and publish them "
@@ -52,16 +63,9 @@ def build_parser() -> Parser:
     )
     parser.add_argument("--version", action=VersionAction)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    add_inspect_parser(sub)
-    add_specialize_parser(sub)
-    add_gc_parser(sub)
-    add_verify_parser(sub)
-    add_fleet_parser(sub)
-    add_select_parser(sub)
-    add_fetch_parser(sub)
-    add_backends_parser(sub)
-    add_ensure_parser(sub)
-    add_cache_parser(sub)
+    for name, (module, adder) in COMMANDS.items():
+        if only is None or name == only:
+            getattr(importlib.import_module(f"{__name__}.{module}"), adder)(sub)
     parser.commands.update(sub.choices)
     return parser
 
@@ -71,7 +75,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Usage errors, ``--help`` and ``--version`` exit through ``SystemExit`` as with any
     ``argparse`` program."""
-    args: argparse.Namespace = build_parser().parse_args(argv)
+    given = sys.argv[1:] if argv is None else list(argv)
+    only = given[0] if given and given[0] in COMMANDS else None
+    args: argparse.Namespace = build_parser(only).parse_args(given)
     # Like `python -m`, let `--backend package.module:attr` find modules in the current
     # directory when run through the console script.
     if "" not in sys.path and os.getcwd() not in sys.path:

@@ -9,10 +9,8 @@ Every sub-command also gets the shared ``-v/--verbose`` and ``--debug`` flags.
 from __future__ import annotations
 
 import argparse
-import difflib
 import re
 import sys
-import textwrap
 from collections.abc import Iterable, Sequence
 from typing import Any, NoReturn
 
@@ -33,6 +31,8 @@ _INVALID_CHOICE = re.compile(r"invalid choice: '(?P<given>[^']*)'")
 
 def nearest(word: str, candidates: Iterable[str]) -> str | None:
     """The candidate closest to ``word`` (``difflib``, cutoff 0.6), or None."""
+    import difflib  # only for a usage error: not every run's start-up
+
     found = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
     return found[0] if found else None
 
@@ -60,6 +60,8 @@ class HelpFormatter(argparse.HelpFormatter):
     commands under it) as written."""
 
     def _fill_text(self, text: str, width: int, indent: str) -> str:
+        import textwrap  # only for help text
+
         out = []
         for para in text.split("\n\n"):
             lines = para.splitlines()

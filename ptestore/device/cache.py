@@ -6,6 +6,9 @@ Layout (everything below ``cache_dir``)::
     entries/<key>/model.pte       the specialized program (published atomically)
     entries/<key>/model.ptd       its external weights, when the source has a .ptd
     locks/<key>.lock              the advisory lock of the key (see :mod:`.lock`)
+    backends.json                 what the installed distributions said about the
+                                  backends, and the stamp of the installation it
+                                  holds for (:mod:`ptestore.backends.snapshot`)
 
 An entry is valid only when its manifest exists and every file it names has the size,
 inode and modification time the manifest records: a crash between publishing the files
@@ -59,6 +62,7 @@ class CacheLayout:
         self.root = os.path.abspath(text.removeprefix("file://"))
         self.entries = os.path.join(self.root, "entries")
         self.locks = os.path.join(self.root, "locks")
+        self.snapshot = os.path.join(self.root, "backends.json")
 
     def create(self) -> None:
         for d in (self.entries, self.locks):

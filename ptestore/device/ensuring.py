@@ -152,9 +152,29 @@ def spec_text(backend: BackendLike) -> str:
 #: for the life of the process.
 _SPEC_VERSIONS: dict[str, str] = {}
 _INSTALLED: list[list[str]] | None = None
+#: Whether this process has consulted a cache's snapshot of the installed metadata
+#: (only its first ``ensure`` needs one: later ones have the caches above).
+_SNAPSHOT_USED = False
 
 
-def _backend_fingerprint(backends: list[BackendLike] | None) -> list[list[str]]:
+def _backend_fingerprint(
+    backends: list[BackendLike] | None, layout: CacheLayout
+) -> list[list[str]]:
+    """``[spec, version]`` of every backend; the installed distributions' metadata
+    (entry points, distribution versions) is read through the cache's snapshot
+    (:mod:`ptestore.backends.snapshot`), so a fresh process whose installation is
+    unchanged does not read it again."""
+    global _SNAPSHOT_USED
+    if _SNAPSHOT_USED:  # later calls: this process's own caches (below and in compat)
+        return _backend_versions(backends)
+    _SNAPSHOT_USED = True
+    from ..backends.snapshot import using
+
+    with using(layout.snapshot):
+        return _backend_versions(backends)
+
+
+def _backend_versions(backends: list[BackendLike] | None) -> list[list[str]]:
     global _INSTALLED
     from ..backends.registry import installed_backends, load_backend
 
@@ -265,7 +285,7 @@ def ensure(
     fingerprint = {
         "source": source_identity(src),
         "ptd": None if ptd_src is None else source_identity(ptd_src),
-        "backends": _backend_fingerprint(blist),
+        "backends": _backend_fingerprint(blist, layout),
         "device": None if device is None else [device.name, device.digest()],
     }
     with layout.lock(key, shared=True):
@@ -302,7 +322,7 @@ def _ensure_in_place(
     layout.create()
     key = entry_key(src, None, backends, device, True)
     recover_if_local(src)
-    versions = _backend_fingerprint(backends)
+    versions = _backend_fingerprint(backends, layout)
     dev = None if device is None else [device.name, device.digest()]
 
     def current() -> dict[str, Any]:

@@ -11,6 +11,9 @@ metadata), :mod:`.reader` (ranged reads through a loader).
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .header import (
     HEAD_BYTES,
     SEGMENT_BASE_ALIGNMENT,
@@ -33,8 +36,20 @@ from .model import (
     inferred_alignment,
 )
 from .parse import metadata_size, parse, parse_metadata, parse_ptd, parse_pte
-from .patch import PatchResult, metadata_growth_bound, patch_metadata
-from .reader import ParsedFile, read_container
+
+if TYPE_CHECKING:
+    from .patch import PatchResult, metadata_growth_bound, patch_metadata
+    from .reader import ParsedFile, read_container
+
+#: Names imported on first use (PEP 562): the patcher and the reader are not needed by
+#: what only uses the model (the backend API, an ``ensure`` cache hit).
+_LAZY = {
+    "PatchResult": "patch",
+    "metadata_growth_bound": "patch",
+    "patch_metadata": "patch",
+    "ParsedFile": "reader",
+    "read_container": "reader",
+}
 
 __all__ = [
     "HEAD_BYTES",
@@ -65,3 +80,12 @@ __all__ = [
     "patch_metadata",
     "read_container",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value

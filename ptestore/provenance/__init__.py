@@ -10,7 +10,8 @@ what ``ptestore inspect --json`` shows under ``provenance``.
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from ..errors import FormatError
 from ..storage.types import DataLoader
@@ -22,14 +23,27 @@ from .record import (
     RequestedBackend,
     SourceInfo,
 )
-from .stamp import (
-    ProvenanceRequest,
-    Stamper,
-    describe_source,
-    object_metadata,
-    spec_text,
-)
-from .trailer import Trailer, encode_trailer, read_trailer, without_trailer
+
+if TYPE_CHECKING:
+    from .stamp import (
+        ProvenanceRequest,
+        Stamper,
+        describe_source,
+        object_metadata,
+        spec_text,
+    )
+    from .trailer import Trailer, encode_trailer, read_trailer, without_trailer
+
+#: Names of :mod:`.stamp` and :mod:`.trailer`, imported on first use: turning a record
+#: back into a :class:`Provenance` (an ``ensure`` hit) needs neither the stamper nor the
+#: trailer's reader.
+_LAZY = {
+    **dict.fromkeys(
+        ("ProvenanceRequest", "Stamper", "describe_source", "object_metadata", "spec_text"),
+        "stamp",
+    ),
+    **dict.fromkeys(("Trailer", "encode_trailer", "read_trailer", "without_trailer"), "trailer"),
+}
 
 __all__ = [
     "BackendStamp",
@@ -53,10 +67,21 @@ __all__ = [
 ]
 
 
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def read_provenance(loader: DataLoader) -> Provenance | None:
     """The provenance record of the object behind ``loader``; None if it has no trailer.
 
     Raises :class:`~ptestore.errors.FormatError` for a damaged trailer or record."""
+    from .trailer import read_trailer
+
     trailer = read_trailer(loader)
     if trailer is None:
         return None
@@ -67,6 +92,8 @@ def provenance_json(loader: DataLoader) -> dict[str, Any] | None:
     """What ``inspect --json`` shows under ``"provenance"``: the record plus the trailer's
     placement and checksum, ``None`` when there is no trailer, or ``{"error": ...}`` for a
     damaged one."""
+    from .trailer import read_trailer
+
     try:
         trailer = read_trailer(loader)
         if trailer is None:
@@ -86,6 +113,7 @@ def replace_trailer(data: bytes | bytearray | memoryview, payload: dict[str, Any
     """``data`` (a whole file) with its trailer, if any, replaced by one for ``payload``
     (in memory; for tests and small tools)."""
     from ..storage.loaders import BytesLoader
+    from .trailer import encode_trailer, read_trailer
 
     loader = BytesLoader(data)
     trailer = read_trailer(loader)

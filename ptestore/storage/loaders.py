@@ -24,8 +24,6 @@ import stat
 import threading
 from typing import Any, ClassVar, TypeVar
 
-import fsspec
-
 from .._io import pread_all, preadinto_all
 from .._retry import DEFAULT_RETRY, RETRY_OPTIONS, Category, RetryPolicy, classify, to_storage_error
 from ..errors import ConfigurationError, ObjectNotFound, StorageError, local_error
@@ -364,6 +362,8 @@ class FsspecLoader(_Closing):
 
 
 def _fs_class(url: StorageURL) -> type:
+    import fsspec  # imported by the first remote URL: local files never need it
+
     try:
         cls: type = fsspec.get_filesystem_class(url.protocol)
     except (ImportError, ValueError) as exc:

@@ -10,6 +10,9 @@ plain path, ``file://``       :class:`LocalFileWriter`
 ``s3://``, ``s3a://``         :class:`S3Writer` (needs ``ptestore[s3]``)
 any other fsspec protocol     :class:`FsspecWriter` (weaker guarantees)
 ============================  ==========================================
+
+:class:`MemoryWriter` and :class:`FsspecWriter` (fsspec) and :class:`S3Writer` (s3fs)
+are imported on first use, so that writing local files loads none of them.
 """
 
 from __future__ import annotations
@@ -20,11 +23,11 @@ from typing import TYPE_CHECKING, Any
 from ..storage._options import check_options
 from ..storage.types import StorageURL
 from .base import DataWriter, PublishMode, PublishResult, WriterGuarantees, WriterState
-from .generic import FsspecWriter
 from .local import LocalFileWriter
-from .memory import MemoryWriter
 
 if TYPE_CHECKING:
+    from .generic import FsspecWriter
+    from .memory import MemoryWriter
     from .s3 import S3Writer
 
 __all__ = [
@@ -43,7 +46,17 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name == "S3Writer":  # imported lazily: s3fs is an optional dependency
+    # Imported on first use: fsspec (with asyncio) for these two, and s3fs, an optional
+    # dependency, for the third; a local run needs none of them.
+    if name == "FsspecWriter":
+        from .generic import FsspecWriter
+
+        return FsspecWriter
+    if name == "MemoryWriter":
+        from .memory import MemoryWriter
+
+        return MemoryWriter
+    if name == "S3Writer":
         from .s3 import S3Writer
 
         return S3Writer
@@ -56,11 +69,15 @@ def _writer_class(url: StorageURL) -> tuple[type[DataWriter], str, str]:
     if url.local:
         return LocalFileWriter, url.path, "local files"
     if url.protocol == "memory":
+        from .memory import MemoryWriter
+
         return MemoryWriter, url.text, "memory://"
     if url.protocol == "s3":
         from .s3 import S3Writer
 
         return S3Writer, url.text, "s3://"
+    from .generic import FsspecWriter
+
     return FsspecWriter, url.text, f"{url.protocol}:// (FsspecWriter)"
 
 

@@ -1,0 +1,219 @@
+"""What the installed distributions said, remembered between processes while they stay
+as they were: the ``ptestore.backends`` entry points and the distribution version of a
+backend's top-level package, so that an ``ensure`` cache hit from a fresh interpreter
+does not import :mod:`importlib.metadata` (email, zipfile, csv: about 35 ms) nor read
+every installed distribution's metadata (tens of ms more).
+
+A snapshot is a JSON file (``CACHE_DIR/backends.json`` for :func:`ptestore.ensure`)
+holding the facts and the **stamp** of the installation they were read from:
+the interpreter, every ``sys.path`` entry (the ``stat`` of one that is not a
+directory, such as a zip file), and every distribution's metadata directory found in
+those entries (``*.dist-info``, ``*.egg-info``: its name and ``stat``) with the
+``stat`` (modification time, size, inode) of the metadata files ``importlib.metadata``
+reads for these facts (``METADATA`` or ``PKG-INFO``, ``entry_points.txt``,
+``top_level.txt``, and ``RECORD``, ``SOURCES.txt`` or ``installed-files.txt``).
+Installing, removing or upgrading a distribution, or editing its metadata in place,
+changes the stamp, and a snapshot whose stamp differs from the current one is ignored:
+the facts are read again through :mod:`importlib.metadata` and the snapshot rewritten.
+Two rules keep that safe:
+
+- the stamp is taken *before* any fact is read, so facts read after a change are
+  stored with the older stamp and never trusted;
+- no stamp is trusted or stored while anything in it was modified in the last
+  :data:`RACY_SECONDS` (a change within the same timestamp tick as the stamp could go
+  unseen), nor when a meta-path finder other than the standard one provides
+  distributions (its metadata is not on disk where the stamp looks).
+
+Only metadata is remembered: a backend's module is imported and its ``version`` asked
+on every call, so a version declared in code (or computed by a property) is always the
+current one. :func:`using` activates a snapshot for a block of code in one thread;
+outside such a block nothing here has any effect.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = ["RACY_SECONDS", "Snapshot", "active", "environment_stamp", "using"]
+
+#: Metadata modified this recently makes the stamp untrusted.
+RACY_SECONDS = 2.0
+#: The files of a metadata directory that ``importlib.metadata`` reads for the facts kept
+#: (version, entry points, which top-level packages a distribution provides).
+DIST_INFO_FILES = ("METADATA", "entry_points.txt", "top_level.txt", "RECORD")
+EGG_INFO_FILES = (
+    "PKG-INFO",
+    "entry_points.txt",
+    "top_level.txt",
+    "SOURCES.txt",
+    "installed-files.txt",
+)
+FORMAT = "ptestore.backends-snapshot/1"
+#: A snapshot file larger than this is not one of ours.
+MAX_BYTES = 1 << 22
+
+
+def _is_metadata(name: str) -> bool:
+    low = name.lower()
+    return low.endswith((".dist-info", ".egg-info")) or low == "egg-info"
+
+
+def environment_stamp() -> list[Any] | None:
+    """The stamp of the installed distributions as :mod:`importlib.metadata` would find
+    them now, or None when it cannot be trusted (see the module docstring)."""
+    from importlib.machinery import PathFinder
+
+    for finder in sys.meta_path:
+        if finder is not PathFinder and hasattr(finder, "find_distributions"):
+            return None
+    newest = 0
+
+    def stat(path: str) -> list[int] | None:
+        nonlocal newest
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        newest = max(newest, st.st_mtime_ns)
+        return [st.st_mtime_ns, st.st_size, st.st_ino]
+
+    stamp: list[Any] = [sys.executable, sys.version]
+    for entry in sys.path:
+        root = entry or "."
+        try:
+            names = sorted(n for n in os.listdir(root) if _is_metadata(n))
+        except OSError:  # not a directory: a zip file's stat covers its content
+            stamp.append([entry, stat(root)])
+            continue
+        # A directory: the names of its metadata directories, not its own mtime (which
+        # any file written beside them changes).
+        stamp.append([entry, "directory"])
+        for name in names:
+            path = os.path.join(root, name)
+            item: list[Any] = [name, stat(path)]
+            # one stat per file importlib.metadata may read (None: absent, or an
+            # .egg-info that is a file itself, whose own stat covers it)
+            files = DIST_INFO_FILES if name.lower().endswith(".dist-info") else EGG_INFO_FILES
+            item += [stat(os.path.join(path, f)) for f in files]
+            stamp.append(item)
+    if newest > time.time_ns() - int(RACY_SECONDS * 1e9):
+        return None
+    return stamp
+
+
+class Snapshot:
+    """The facts read while it is active, and those of the file it was loaded from."""
+
+    def __init__(self, stamp: list[Any] | None, facts: dict[str, Any] | None = None) -> None:
+        self.stamp = stamp
+        given = facts or {}
+        #: Every entry point of the group ``ptestore.backends``: name -> (its
+        #: ``module:attr`` value, the version of the distribution declaring it), or None
+        #: when not read.
+        self.entry_points: dict[str, tuple[str, str | None]] | None = None
+        if given.get("entry_points") is not None:
+            self.entry_points = {k: (v[0], v[1]) for k, v in given["entry_points"].items()}
+        #: top-level package -> the version of the distribution providing it.
+        self.versions: dict[str, str] = dict(given.get("versions") or {})
+        self.changed = False
+
+    def learn_entry_points(self, values: dict[str, tuple[str, str | None]]) -> None:
+        if self.entry_points != values:
+            self.entry_points = dict(values)
+            self.changed = True
+
+    def learn_version(self, top: str, version: str) -> None:
+        if self.versions.get(top) != version:
+            self.versions[top] = version
+            self.changed = True
+
+    @classmethod
+    def load(cls, path: str) -> Snapshot:
+        """The snapshot at ``path`` if its stamp is the current one; else an empty one
+        (with the current stamp, or None when the stamp cannot be trusted)."""
+        stamp = environment_stamp()
+        if stamp is None:
+            return cls(None)
+        try:
+            with open(path, "rb") as f:
+                raw = f.read(MAX_BYTES + 1)
+            data = json.loads(raw) if len(raw) <= MAX_BYTES else None
+        except (OSError, ValueError):
+            data = None
+        if (
+            isinstance(data, dict)
+            and data.get("format") == FORMAT
+            and data.get("stamp") == stamp
+            and isinstance(data.get("facts"), dict)
+        ):
+            facts = data["facts"]
+            eps, versions = facts.get("entry_points"), facts.get("versions")
+            if (eps is None or _entry_map(eps)) and (versions is None or _str_map(versions)):
+                return cls(stamp, facts)
+        snap = cls(stamp)
+        snap.changed = True  # nothing usable on disk: write what this process reads
+        return snap
+
+    def save(self, path: str) -> None:
+        """Write the snapshot atomically (best effort: it only saves time)."""
+        if self.stamp is None or not self.changed:
+            return
+        facts = {"entry_points": self.entry_points, "versions": self.versions}
+        data = json.dumps({"format": FORMAT, "stamp": self.stamp, "facts": facts}).encode()
+        tmp = f"{path}.{os.getpid()}.{time.monotonic_ns()}.tmp"
+        try:
+            with open(tmp, "xb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+def _entry_map(value: object) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(k, str)
+        and isinstance(v, list)
+        and len(v) == 2
+        and isinstance(v[0], str)
+        and (v[1] is None or isinstance(v[1], str))
+        for k, v in value.items()
+    )
+
+
+def _str_map(value: object) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    )
+
+
+_local = threading.local()
+
+
+def active() -> Snapshot | None:
+    """The snapshot active in this thread (inside :func:`using`), else None."""
+    snap: Snapshot | None = getattr(_local, "snapshot", None)
+    return snap
+
+
+@contextlib.contextmanager
+def using(path: str) -> Iterator[Snapshot]:
+    """Within the block (in this thread), the registry and
+    :func:`~ptestore.backends.compat.distribution_version` answer from the snapshot at
+    ``path`` when it is current, and record what they read; the snapshot is written
+    back when the block ends without an exception."""
+    snap = Snapshot.load(path)
+    previous = active()
+    _local.snapshot = snap
+    try:
+        yield snap
+    finally:
+        _local.snapshot = previous
+    snap.save(path)

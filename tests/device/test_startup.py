@@ -1,0 +1,197 @@
+"""Start-up on the device path (issue 17): what a fresh interpreter imports for a local
+``ensure`` cache hit and a local ``specialize``, and the snapshot of the installed
+metadata (``ptestore.backends.snapshot``) that lets a hit skip ``importlib.metadata``
+without ever serving an entry made by another backend version.
+
+Module sets, not timings (the timings are in benchmarks/bench_startup.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support.fixtures import get_fixture
+
+from ptestore.backends.snapshot import Snapshot, environment_stamp
+
+#: What a local run must not import (numpy: no backend here uses it).
+HEAVY = ("fsspec", "asyncio", "tenacity", "s3fs", "tqdm", "numpy")
+
+PROBE = """\
+import json, sys
+from ptestore.cli import main
+status = main(sys.argv[1:])
+print(json.dumps({"status": status, "modules": sorted(sys.modules)}), file=sys.stderr)
+"""
+
+
+def _fresh(argv: list[str], cwd: Path, pythonpath: Path | None = None) -> tuple[dict, str]:
+    """Run ``ptestore ARGV`` in a fresh interpreter; (its probe record, its stdout)."""
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = str(pythonpath)
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, *argv],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    record = json.loads(done.stderr.strip().splitlines()[-1])
+    assert record["status"] == 0
+    return record, done.stdout
+
+
+def _model(tmp_path: Path) -> Path:
+    fx = get_fixture("mlp_xnnpack")
+    assert fx.pte_path is not None
+    dst = tmp_path / "model.pte"
+    shutil.copyfile(fx.pte_path, dst)
+    return dst
+
+
+def test_a_local_ensure_hit_imports_nothing_heavy_nor_the_metadata(tmp_path: Path) -> None:
+    src, cache = _model(tmp_path), tmp_path / "cache"
+    argv = ["ensure", str(src), "--cache-dir", str(cache), "--backend", "passthrough", "--json"]
+    first, out = _fresh(argv, tmp_path)
+    assert json.loads(out)["created"] is True
+    assert [m for m in HEAVY if m in first["modules"]] == []
+    assert environment_stamp() is not None  # nothing installed in the last seconds
+    assert (cache / "backends.json").is_file()
+    hit, out = _fresh(argv, tmp_path)
+    assert json.loads(out)["created"] is False
+    assert [m for m in (*HEAVY, "importlib.metadata") if m in hit["modules"]] == []
+    # a hit reads no container and builds only the parser of `ensure`
+    assert [m for m in hit["modules"] if m.startswith("ptestore.format")] == []
+    assert "ptestore.cli.specialize" not in hit["modules"]
+
+
+def test_a_hit_with_the_default_backends_reads_no_metadata_either(tmp_path: Path) -> None:
+    src, cache = _model(tmp_path), tmp_path / "cache"
+    argv = ["ensure", str(src), "--cache-dir", str(cache), "--json"]
+    _fresh(argv, tmp_path)
+    hit, out = _fresh(argv, tmp_path)
+    assert json.loads(out)["created"] is False
+    assert [m for m in (*HEAVY, "importlib.metadata") if m in hit["modules"]] == []
+
+
+def test_a_local_passthrough_specialize_imports_nothing_heavy(tmp_path: Path) -> None:
+    src = _model(tmp_path)
+    argv = ["specialize", str(src), str(tmp_path / "out.pte"), "--backend", "passthrough"]
+    record, _ = _fresh([*argv, "--quiet"], tmp_path)
+    assert (tmp_path / "out.pte").is_file()
+    assert [m for m in HEAVY if m in record["modules"]] == []
+
+
+def _install(site: Path, version: str, old: float) -> Path:
+    """A distribution ``npu-backend`` VERSION providing the entry point ``npu`` (a
+    passthrough whose version is its distribution's), its metadata dated ``old``."""
+    for stale in site.glob("npu_backend-*.dist-info"):
+        shutil.rmtree(stale)
+    info = site / f"npu_backend-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: npu-backend\nVersion: {version}\n"
+    )
+    (info / "top_level.txt").write_text("npu_backend\n")
+    (info / "entry_points.txt").write_text("[ptestore.backends]\nnpu = npu_backend:Npu\n")
+    module = site / "npu_backend.py"
+    module.write_text(
+        "from ptestore.backends.passthrough import PassthroughBackend\n\n\n"
+        "class Npu(PassthroughBackend):\n    pass\n"
+    )
+    for path in (*info.iterdir(), info, module):
+        os.utime(path, (old, old))  # older than the snapshot's racy window
+    return info
+
+
+def test_a_changed_backend_version_makes_the_entry_stale_in_the_next_process(
+    tmp_path: Path,
+) -> None:
+    site, cache = tmp_path / "site", tmp_path / "cache"
+    src = _model(tmp_path)
+    info = _install(site, "1.0", old=1_600_000_000)
+    argv = ["ensure", str(src), "--cache-dir", str(cache), "--backend", "npu", "--json"]
+
+    def run() -> dict:
+        record, out = _fresh(argv, tmp_path, pythonpath=site)
+        result: dict = json.loads(out)
+        result["metadata read"] = "importlib.metadata" in record["modules"]
+        return result
+
+    made = run()
+    assert made["created"] is True and made["metadata read"] is True
+    assert made["provenance"]["requested"] == [{"spec": "npu", "version": "1.0"}]
+    hit = run()
+    assert hit["created"] is False and hit["metadata read"] is False  # from the snapshot
+
+    # an upgrade: a new metadata directory
+    _install(site, "2.0", old=1_600_000_100)
+    upgraded = run()
+    assert upgraded["created"] is True and upgraded["metadata read"] is True
+    assert upgraded["provenance"]["requested"] == [{"spec": "npu", "version": "2.0"}]
+    assert run()["created"] is False
+
+    # the same directory, its METADATA rewritten in place (an editable project's
+    # egg_info does this)
+    info = site / "npu_backend-2.0.dist-info"
+    meta = info / "METADATA"
+    meta.write_text(meta.read_text().replace("Version: 2.0", "Version: 2.1"))
+    os.utime(meta, (1_600_000_200, 1_600_000_200))
+    edited = run()
+    assert edited["created"] is True
+    assert edited["provenance"]["requested"] == [{"spec": "npu", "version": "2.1"}]
+
+
+def test_metadata_changed_in_the_last_seconds_is_not_trusted(tmp_path: Path) -> None:
+    site, cache = tmp_path / "site", tmp_path / "cache"
+    src = _model(tmp_path)
+    info = _install(site, "1.0", old=1_600_000_000)
+    (info / "METADATA").touch()  # just now: inside the racy window
+    argv = ["ensure", str(src), "--cache-dir", str(cache), "--backend", "npu"]
+    for _ in range(2):
+        record, _ = _fresh(argv, tmp_path, pythonpath=site)
+        assert "importlib.metadata" in record["modules"]
+    assert not (cache / "backends.json").exists()
+
+
+def test_a_snapshot_of_another_installation_or_a_damaged_one_is_ignored(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "backends.json"
+    path.write_text(
+        json.dumps(
+            {
+                "format": "ptestore.backends-snapshot/1",
+                "stamp": ["another interpreter"],
+                "facts": {"entry_points": {"passthrough": "x:Y"}, "versions": {}},
+            }
+        )
+    )
+    snap = Snapshot.load(str(path))
+    assert snap.entry_points is None and snap.versions == {}
+    path.write_text("{not json")
+    assert Snapshot.load(str(path)).entry_points is None
+
+
+def test_no_stamp_while_another_finder_provides_distributions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    class Finder:  # distributions from somewhere the stamp does not look
+        def find_spec(self, *args: object) -> None:
+            return None
+
+        def find_distributions(self, *args: object) -> list[object]:
+            return []
+
+    assert environment_stamp() is not None
+    monkeypatch.setattr(sys, "meta_path", [Finder(), *sys.meta_path])
+    assert environment_stamp() is None
