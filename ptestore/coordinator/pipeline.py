@@ -20,7 +20,6 @@ from ..errors import (
 )
 from ..format.layout import layout_file
 from ..format.reader import read_container
-from ..provenance.record import ContentDigest
 from ..provenance.stamp import ProvenanceRequest, Stamper, object_metadata
 from ..provenance.trailer import without_trailer
 from ..storage.types import DataLoader
@@ -55,6 +54,7 @@ from .targets import check_pair_targets, same_target
 
 if TYPE_CHECKING:
     from ..backends.compat import DeviceProfile
+    from ..provenance.record import ContentDigest
 
 __all__ = ["initialize_and_save_backend_data"]
 

@@ -92,13 +92,13 @@ def check_artifact(
     urls: list[str],
     open_: Callable[[str], DataLoader],
     want: ProvenanceKey,
-    shared_root: str | None = None,
+    ptd_check: Callable[[str, Provenance], tuple[bool, str]] | None = None,
 ) -> tuple[bool, str]:
     """``(current, reason)`` for the artifact at ``urls`` (the .pte, then its .ptd):
     each file has a valid trailer whose key is ``want`` and whose bytes are the ones it
-    names, and the .pte's record names this very .ptd. With ``shared_root``, ``urls``
-    is the .pte alone and its .ptd the one stored under ``shared_root`` at the content
-    address its record names (:mod:`.shared`: no trailer, its bytes are checked)."""
+    names, and the .pte's record names this very .ptd. With ``ptd_check``, ``urls`` is
+    the .pte alone and ``ptd_check(url, record)`` checks the .ptd its record names
+    (one stored once by content, :func:`.shared.check_shared_ptd`)."""
     contents: list[ContentDigest | None] = []
     records: list[Provenance] = []
     for url in urls:
@@ -123,8 +123,8 @@ def check_artifact(
             loader.close()
         contents.append(prov.content)
         records.append(prov)
-    if shared_root is not None:
-        return _check_shared_ptd(urls[0], records[0], open_, shared_root)
+    if ptd_check is not None:
+        return ptd_check(urls[0], records[0])
     if len(urls) > 1 and records[0].ptd_output != contents[1]:
         return False, (
             f"{urls[1]} is not the .ptd {urls[0]} was made with: it belongs to another "
@@ -132,26 +132,3 @@ def check_artifact(
         )
     return True, "current: provenance and bytes match"
 
-
-def _check_shared_ptd(
-    pte: str, prov: Provenance, open_: Callable[[str], DataLoader], root: str
-) -> tuple[bool, str]:
-    from .shared import check_shared, shared_url
-
-    if prov.ptd_output is None:
-        return False, f"{pte} was made without a .ptd"
-    try:
-        url = shared_url(root, prov.ptd_output.sha256)
-    except FormatError as exc:
-        return False, f"damaged provenance trailer: {exc}"
-    try:
-        loader = open_(url)
-    except ObjectNotFound:
-        return False, f"no .ptd at {url} (the one {pte} was made with)"
-    try:
-        bad = check_shared(loader, prov.ptd_output)
-    finally:
-        loader.close()
-    if bad is not None:
-        return False, bad
-    return True, "current: provenance and bytes match"

@@ -38,14 +38,16 @@ import json
 import os
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigurationError, FormatError, ObjectNotFound, StorageError
 from ..provenance import Provenance, read_trailer
-from ..provenance.record import ContentDigest
 from ..storage.loaders import open_loader, split_url
 from ..storage.routing import options_for_loader
 from .job import Job
+
+if TYPE_CHECKING:
+    from ..provenance.record import ContentDigest
 
 __all__ = [
     "INDEX_FORMAT",

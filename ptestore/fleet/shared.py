@@ -29,23 +29,26 @@ import logging
 import os
 import re
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from ..errors import FormatError, ObjectNotFound
 from ..provenance.digest import content_digest
-from ..provenance.record import ContentDigest
 from ..storage.loaders import split_url
-from ..storage.types import DataLoader
 from ..writers import open_writer
-from ..writers.base import DataWriter, PublishMode
 from .binding import stored_crc32
 from .job import SHARED_DIR, _template_root, pair_options
-from .work import open_counted
+
+if TYPE_CHECKING:
+    from ..provenance.record import ContentDigest, Provenance
+    from ..storage.types import DataLoader
+    from ..writers.base import DataWriter, PublishMode
 
 __all__ = [
     "SHARED_DIR",
     "SharedStore",
     "check_shared",
+    "check_shared_ptd",
     "is_shared_url",
     "locate_shared",
     "shared_root",
@@ -126,6 +129,13 @@ def check_shared(loader: DataLoader, content: ContentDigest) -> str | None:
     return None
 
 
+def _open(url: str, options: dict[str, Any]) -> DataLoader:
+    from ..storage.loaders import open_loader
+    from ..storage.routing import options_for_loader
+
+    return open_loader(url, **options_for_loader(url, options))
+
+
 def locate_shared(url: str, sha256: str, exists: Any) -> str | None:
     """The content address of ``sha256`` in the nearest directory above the artifact
     at ``url`` that has one (``exists(candidate)`` says), or None. A job's shared
@@ -152,15 +162,42 @@ def locate_shared(url: str, sha256: str, exists: Any) -> str | None:
     return None
 
 
+def check_shared_ptd(
+    pte: str, prov: Provenance, open_: Callable[[str], DataLoader], root: str
+) -> tuple[bool, str]:
+    """``(current, reason)`` of the .ptd the .pte at ``pte`` (record ``prov``) was made
+    with, stored under ``root`` by content."""
+    if prov.ptd_output is None:
+        return False, f"{pte} was made without a .ptd"
+    try:
+        url = shared_url(root, prov.ptd_output.sha256)
+    except FormatError as exc:
+        return False, f"damaged provenance trailer: {exc}"
+    try:
+        loader = open_(url)
+    except ObjectNotFound:
+        return False, f"no .ptd at {url} (the one {pte} was made with)"
+    try:
+        bad = check_shared(loader, prov.ptd_output)
+    finally:
+        loader.close()
+    if bad is not None:
+        return False, bad
+    return True, "current: provenance and bytes match"
+
+
 class SharedStore:
     """The job's content-addressed store (a
     :class:`~ptestore.coordinator.output.ContentStore`): ``find`` checks an object at
-    an address, ``writer`` opens one to store it. Reads add to ``counter[0]``."""
+    an address, ``writer`` opens one to store it; ``open_`` opens a loader (the fleet
+    counts the bytes it reads)."""
 
-    def __init__(self, root: str, options: dict[str, Any], counter: list[int]) -> None:
+    def __init__(
+        self, root: str, options: dict[str, Any], open_: Callable[[str], DataLoader] | None = None
+    ) -> None:
         self.root = root
         self.options = options
-        self.counter = counter
+        self.open = open_ or (lambda url: _open(url, options))
         #: Content addresses found holding other bytes (damaged): why, by URL.
         self.damaged: dict[str, str] = {}
 
@@ -170,7 +207,7 @@ class SharedStore:
     def find(self, content: ContentDigest) -> str | None:
         url = self.url(content)
         try:
-            loader = open_counted(url, self.options, self.counter)
+            loader = self.open(url)
         except ObjectNotFound:
             return None
         try:

@@ -134,11 +134,18 @@ def check_destination(
     content address the .pte's record names (:mod:`.shared`), not ``urls[1]``."""
     from .binding import check_artifact
 
+    def open_(url: str) -> DataLoader:
+        return open_counted(url, options, counter)
+
+    if shared_root is None:
+        return check_artifact(urls, open_, want)
+    from .shared import check_shared_ptd
+
     return check_artifact(
-        urls[:1] if shared_root is not None else urls,
-        lambda url: open_counted(url, options, counter),
+        urls[:1],
+        open_,
         want,
-        shared_root=shared_root,
+        ptd_check=lambda pte, prov: check_shared_ptd(pte, prov, open_, shared_root),
     )
 
 
@@ -195,7 +202,11 @@ def _run(task: PairTask, counter: list[int]) -> tuple[str, str]:
         if task.shared_root is not None:
             from .shared import SharedStore
 
-            store = SharedStore(task.shared_root, task.storage_options, counter)
+            store = SharedStore(
+                task.shared_root,
+                task.storage_options,
+                lambda url: open_counted(url, task.storage_options, counter),
+            )
     try:
         report = specialize_pair(
             task.source,
