@@ -20,7 +20,7 @@ from support.fixtures import get_fixture
 import ptestore
 from ptestore.cli import main
 from ptestore.coordinator import specialize_pair
-from ptestore.errors import IntegrityError, ObjectNotFound
+from ptestore.errors import FormatError, IntegrityError, ObjectNotFound
 from ptestore.fleet import load_job, plan_job, run_job
 from ptestore.fleet.index import load_index
 from ptestore.fleet.shared import SharedStore, shared_root
@@ -239,3 +239,14 @@ def test_two_writers_of_one_address(tmp_path: Path) -> None:
         f"but its bytes are not sha256:{Path(stored.destination).stem} ({len(body)} bytes)"
     )
     assert not (tmp_path / "three" / "a.pte").exists()
+
+
+def test_index_versions(tmp_path: Path) -> None:
+    """Version 1 (before shared entries) is read; an unknown version is refused."""
+    path = tmp_path / "ptestore-index.json"
+    path.write_text('{"format": "ptestore.index", "version": 1, "entries": []}')
+    assert load_index(path)["version"] == 1
+    path.write_text('{"format": "ptestore.index", "version": 3, "entries": []}')
+    with pytest.raises(FormatError) as err:
+        load_index(path)
+    assert str(err.value) == f"{path}: index version = 3: must be 1 or 2"
