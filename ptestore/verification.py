@@ -181,6 +181,11 @@ def _check(
     ptd: str | os.PathLike[str] | None,
     quick: bool,
 ) -> None:
+    from .fleet.shared import is_shared_url
+
+    if is_shared_url(target) and _plain(target, opts):
+        _check_content_address(report, target, opts, quick)
+        return
     prov, _ = _read_checked(report, target, opts, quick)
     report.provenance = prov
     if prov.role == "pte" and (ptd is not None or prov.ptd_output is not None):
@@ -427,5 +432,30 @@ def _check_plain_ptd(
                     f"{want.sha256}, the .ptd this .pte was made with",
                     "the .ptd was damaged or changed after it was stored",
                 )
+    finally:
+        loader.close()
+
+
+def _check_content_address(
+    report: VerifyReport, url: str, opts: StorageOptions, quick: bool
+) -> None:
+    """A .ptd a fleet stored once by content: it parses and (unless ``quick``) its
+    bytes have the SHA-256 its name says. It has no record: it is at most intact (the
+    .pte files that use it are verified with it)."""
+    loader = open_loader(url, **opts.for_loader(url, "dst"))
+    try:
+        read_container(loader)
+        if not quick:
+            got = content_digest(loader, loader.size()).sha256
+            want = "sha256:" + os.path.basename(url.replace(os.sep, "/"))[: -len(".ptd")]
+            if got != want:
+                raise FormatError(
+                    url,
+                    "sha256",
+                    got,
+                    f"{want}, its content address",
+                    "the shared .ptd was damaged or changed after it was stored",
+                )
+            report.content_checked = True
     finally:
         loader.close()

@@ -147,6 +147,16 @@ def test_local_job_stores_the_ptd_once_and_fetch_follows_it(tmp_path: Path) -> N
     ptestore.fetch(tmp_path / "out" / "d2" / "mlp.pte", dest)
     assert (tmp_path / "direct" / "mlp.ptd").read_bytes() == EXT.ptd_path.read_bytes()
     _check_fetched(str(tmp_path / "out" / "ptestore-index.json"), tmp_path, {})
+    # verify of a shared .ptd itself: intact when its bytes have its name's SHA-256.
+    assert ptestore.verify(shared / source_name).status == "intact"
+    damaged = tmp_path / "out" / "_shared" / "sha256" / ("0" * 64 + ".ptd")
+    damaged.write_bytes(EXT.ptd_path.read_bytes())
+    report = ptestore.verify(damaged)
+    assert report.status == "invalid" and report.error == (
+        f"{damaged}: sha256 = 'sha256:{source_name[:-4]}': must be sha256:{'0' * 64}, its "
+        "content address (the shared .ptd was damaged or changed after it was stored)"
+    )
+    damaged.unlink()
     # verify --ptd with another pair's shared .ptd: stale, naming the field.
     other = next(p for p in shared.iterdir() if p.name != source_name)
     report = ptestore.verify(tmp_path / "out" / "d0" / "mlp.pte", ptd=other)
