@@ -181,6 +181,11 @@ def _check(
     ptd: str | os.PathLike[str] | None,
     quick: bool,
 ) -> None:
+    from .fleet.shared import is_shared_url
+
+    if is_shared_url(target) and _plain(target, opts):
+        _check_content_address(report, target, opts, quick)
+        return
     prov, _ = _read_checked(report, target, opts, quick)
     report.provenance = prov
     if prov.role == "pte" and (ptd is not None or prov.ptd_output is not None):
@@ -332,13 +337,21 @@ def _check_ptd(
     opts: StorageOptions,
     quick: bool,
 ) -> None:
-    """The .ptd beside a .pte must be the one it was made with."""
+    """The .ptd beside a .pte (or, when there is none, the one a fleet stored once by
+    its content in a ``_shared/sha256/`` directory above it) must be the one it was
+    made with."""
     from .fleet.job import ptd_beside
+    from .fleet.shared import is_shared_url, locate_shared
 
     url = ptd_beside(target) if ptd is None else os.fspath(ptd)
+    if ptd is None and prov.ptd_output is not None and not _exists(url, opts):
+        url = locate_shared(target, prov.ptd_output.sha256, lambda u: _exists(u, opts)) or url
     report.ptd = url
     if prov.ptd_output is None:
         report.stale("ptd_output", f"the .pte was made without a .ptd, but {url} was given with it")
+        return
+    if is_shared_url(url) or _plain(url, opts):
+        _check_plain_ptd(report, prov, url, opts, quick)
         return
     try:
         ptd_prov, _ = _read_checked(report, url, opts, quick)
@@ -358,3 +371,91 @@ def _check_ptd(
     diff = ptd_prov.key().mismatches(prov.key())
     if diff:
         report.stale("ptd_output.key", f"{url} was made for another pair: {'; '.join(diff)}")
+
+
+def _exists(url: str, opts: StorageOptions) -> bool:
+    try:
+        open_loader(url, **opts.for_loader(url, "dst")).close()
+    except ObjectNotFound:
+        return False
+    return True
+
+
+def _plain(url: str, opts: StorageOptions) -> bool:
+    """Whether the .ptd at ``url`` has no trailer (a shared .ptd as a fleet stores it
+    and fetch downloads it); False when there is none."""
+    try:
+        loader = open_loader(url, **opts.for_loader(url, "dst"))
+    except ObjectNotFound:
+        return False
+    try:
+        return read_trailer(loader) is None
+    finally:
+        loader.close()
+
+
+def _check_plain_ptd(
+    report: VerifyReport, prov: Provenance, url: str, opts: StorageOptions, quick: bool
+) -> None:
+    """A .ptd without a trailer (stored once by content, named by the SHA-256 of its
+    bytes, or fetched from there): its name (at a content address), size and (unless
+    ``quick``) bytes are the ``ptd_output`` of the .pte."""
+    from .fleet.shared import is_shared_url
+
+    want = prov.ptd_output
+    assert want is not None
+    name = url.replace(os.sep, "/")
+    if is_shared_url(url) and not name.endswith("/" + want.sha256[len("sha256:") :] + ".ptd"):
+        report.stale(
+            "ptd_output.sha256",
+            f"{url} is the content address of another .ptd, not of {want.sha256}, the one "
+            "this .pte was made with",
+        )
+        return
+    try:
+        loader = open_loader(url, **opts.for_loader(url, "dst"))
+    except ObjectNotFound:
+        report.stale("ptd_output", f"the .pte was made with a .ptd, and there is none at {url}")
+        return
+    try:
+        read_container(loader)  # structure: headers, FlatBuffer, segment bounds
+        size = loader.size()
+        if size != want.size:
+            raise FormatError(url, "size", size, f"{want.size} (ptd_output.size of the .pte)")
+        if not quick:
+            got = content_digest(loader, size)
+            if got.sha256 != want.sha256:
+                raise FormatError(
+                    url,
+                    "ptd_output.sha256",
+                    got.sha256,
+                    f"{want.sha256}, the .ptd this .pte was made with",
+                    "the .ptd was damaged or changed after it was stored",
+                )
+    finally:
+        loader.close()
+
+
+def _check_content_address(
+    report: VerifyReport, url: str, opts: StorageOptions, quick: bool
+) -> None:
+    """A .ptd a fleet stored once by content: it parses and (unless ``quick``) its
+    bytes have the SHA-256 its name says. It has no record: it is at most intact (the
+    .pte files that use it are verified with it)."""
+    loader = open_loader(url, **opts.for_loader(url, "dst"))
+    try:
+        read_container(loader)
+        if not quick:
+            got = content_digest(loader, loader.size()).sha256
+            want = "sha256:" + os.path.basename(url.replace(os.sep, "/"))[: -len(".ptd")]
+            if got != want:
+                raise FormatError(
+                    url,
+                    "sha256",
+                    got,
+                    f"{want}, its content address",
+                    "the shared .ptd was damaged or changed after it was stored",
+                )
+            report.content_checked = True
+    finally:
+        loader.close()

@@ -4,6 +4,7 @@ destination order, read once from the sources and the spool."""
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING
 
 from ..provenance.digest import ContentHasher
@@ -17,8 +18,33 @@ if TYPE_CHECKING:
 __all__ = ["planned_digest"]
 
 
+#: Digests of outputs that reproduce their source, by the source object's version
+#: (``(name, ETag, size)``): a fleet worker making one .ptd for many devices reads
+#: the source's bytes for it once, not once per device.
+_IDENTITY: dict[tuple[str, str, int], ContentDigest] = {}
+_LOCK = threading.Lock()
+
+
 def planned_digest(run: Run, f: SourceFile, layout: FileLayout) -> ContentDigest:
     """SHA-256 and CRC-32 of the container :func:`~.output.write_file` will write."""
+    from .output import is_identity
+
+    etag = getattr(f.loader, "etag", None)
+    if (
+        isinstance(etag, str)
+        and is_identity(f, layout)
+        and not any(role == f.role for role, _ in run.replacements)
+    ):
+        key = (f.loader.name, etag, f.container.file_size)
+        with _LOCK:
+            got = _IDENTITY.get(key)
+            if got is None:
+                got = _IDENTITY[key] = _digest(run, f, layout)
+        return got
+    return _digest(run, f, layout)
+
+
+def _digest(run: Run, f: SourceFile, layout: FileLayout) -> ContentDigest:
     meta = bytes(layout.patched.metadata)
     h = ContentHasher()
     h.update(meta)

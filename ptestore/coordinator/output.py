@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from ..errors import PartialPublish
+from ..errors import AlreadyExists, IntegrityError, PartialPublish
 from ..storage.types import DataLoader
 from ..writers.base import DataWriter, PublishMode, PublishResult
 from .named import SourceFile
@@ -17,8 +17,40 @@ from .session import Run
 if TYPE_CHECKING:
     from ..format.layout import Placement
     from ..format.patch import PatchResult
+    from ..provenance.record import ContentDigest
 
-__all__ = ["FileLayout", "is_identity", "publish_in_order", "unchanged_report", "write_file"]
+__all__ = [
+    "ContentStore",
+    "FileLayout",
+    "is_identity",
+    "publish_in_order",
+    "publish_shared",
+    "stored_report",
+    "unchanged_report",
+    "write_file",
+    "write_shared",
+]
+
+
+class ContentStore(Protocol):
+    """Where an output is stored once, under the address of its bytes (the fleet's
+    shared .ptd files, :mod:`ptestore.fleet.shared`): such an output has no trailer
+    of its own, the .pte's record names it by its SHA-256 (``ptd_output``)."""
+
+    def find(self, content: ContentDigest) -> str | None:
+        """The URL of a stored object whose bytes are ``content`` (checked, never
+        trusted by name), or None when there is none."""
+        ...
+
+    def writer(self, content: ContentDigest) -> DataWriter:
+        """A writer for ``content``'s address."""
+        ...
+
+    def publish_mode(self, content: ContentDigest) -> PublishMode:
+        """How that writer publishes: ``"create"``, or ``"overwrite"`` over an object
+        :meth:`find` found damaged."""
+        ...
+
 
 _ZEROS_CHUNK = 1 << 20
 
@@ -174,6 +206,56 @@ def unchanged_report(f: SourceFile) -> FileReport:
     )
 
 
+def write_shared(
+    run: Run, f: SourceFile, layout: FileLayout, note: Callable[[str, int], None]
+) -> FileReport:
+    """Write ``f`` to its content address (``f.writer``): an output that reproduces
+    its source is one copy of the source's bytes (the service copies them where it
+    can, nothing goes through the client), any other is written as usual."""
+    if is_identity(f, layout) and not any(role == f.role for role, _ in run.replacements):
+        size = f.container.file_size
+        f.writer.copy_from(f.loader, 0, size, 0)
+        note(f.writer.url, size)
+        report = unchanged_report(f)
+        report.destination = f.writer.url
+        report.bytes_copied = size
+    else:
+        report = write_file(run, f, layout, note)
+    report.status = "shared"
+    return report
+
+
+def stored_report(f: SourceFile, url: str, content: ContentDigest) -> FileReport:
+    """The report of an output found already stored at its content address ``url``."""
+    report = unchanged_report(f)
+    report.destination = url
+    report.size_after = report.published_size = content.size
+    report.status = "stored"
+    return report
+
+
+def publish_shared(
+    store: ContentStore, f: SourceFile, content: ContentDigest, report: FileReport
+) -> None:
+    """Publish ``f`` at its content address (``mode="create"`` unless the store found
+    it damaged); when another writer stored it first, the object there is accepted only
+    once :meth:`ContentStore.find` has checked its bytes."""
+    try:
+        result = f.writer.publish(store.publish_mode(content))
+    except AlreadyExists:
+        if store.find(content) is None:
+            raise IntegrityError(
+                f"{f.writer.url}: another writer stored an object at this content address, "
+                f"but its bytes are not {content.sha256} ({content.size} bytes)"
+            ) from None
+        report.status = "stored"
+        return
+    report.published_size = result.size
+    report.etag = result.etag
+    report.version_id = result.version_id
+    report.checksum = result.checksum
+
+
 def publish_in_order(
     run: Run, files: Sequence[SourceFile], mode: PublishMode, reports: Sequence[FileReport]
 ) -> None:
@@ -181,7 +263,8 @@ def publish_in_order(
     what its publish returned (size, ETag, version id, checksum).
 
     A file whose report says ``"unchanged"`` is not published: its writer is
-    discarded and the source stays as it was.
+    discarded and the source stays as it was; nor is one stored at its content
+    address (``"shared"``, published by :func:`publish_shared`, or ``"stored"``).
 
     A crash between the two publishes leaves the old .pte, which a rerun from the
     original sources replaces (see docs/concepts.md); a failure of the second publish
@@ -191,7 +274,7 @@ def publish_in_order(
     by_role = {r.role: r for r in reports}
     for f in sorted(files, key=lambda f: 0 if f.role == "ptd" else 1):
         report = by_role.get(f.role)
-        if report is not None and report.status == "unchanged":
+        if report is not None and report.status in ("unchanged", "shared", "stored"):
             f.writer.discard()  # the source stays as it is: nothing to publish
             continue
         t0 = time.perf_counter()

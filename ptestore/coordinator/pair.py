@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from ..backends.compat import DeviceProfile
     from ..backends.registry import BackendLike
     from ..provenance.stamp import ProvenanceRequest
+    from .output import ContentStore
 
 __all__ = ["specialize_pair", "split_pairs"]
 
@@ -52,6 +53,7 @@ def specialize_pair(
     provenance: ProvenanceRequest | bool | None = None,
     allow_unchanged: bool = False,
     loader_hook: Callable[[DataLoader], DataLoader] | None = None,
+    ptd_store: ContentStore | None = None,
 ) -> SpecializationReport:
     """Specialize ``source`` into ``destination`` (and the ``ptd`` pair
     ``(src_ptd, dst_ptd)``): open a loader per source and a writer per destination,
@@ -66,6 +68,9 @@ def specialize_pair(
         loader_hook: called with each loader as it is opened; the loader it returns
             is read instead (the fleet counts the bytes it reads this way). It is closed
             in place of the original.
+        ptd_store: store the .ptd once under the address of its bytes instead of at
+            the ``ptd`` destination (see
+            :func:`~ptestore.coordinator.initialize_and_save_backend_data`).
 
     Returns:
         The run's :class:`~ptestore.coordinator.report.SpecializationReport`.
@@ -99,6 +104,7 @@ def specialize_pair(
             device=device,
             provenance=provenance,
             allow_unchanged=allow_unchanged,
+            ptd_store=ptd_store,
         )
     except KeyboardInterrupt as exc:
         # Ctrl-C after a publish took effect must not read as "nothing was published".

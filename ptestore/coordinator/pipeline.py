@@ -28,7 +28,17 @@ from ..writers.local import LocalFileWriter
 from .aliases import check_aliases
 from .digest import planned_digest
 from .named import SourceFile
-from .output import FileLayout, is_identity, publish_in_order, unchanged_report, write_file
+from .output import (
+    ContentStore,
+    FileLayout,
+    is_identity,
+    publish_in_order,
+    publish_shared,
+    stored_report,
+    unchanged_report,
+    write_file,
+    write_shared,
+)
 from .report import (
     BackendReport,
     Event,
@@ -44,6 +54,7 @@ from .targets import check_pair_targets, same_target
 
 if TYPE_CHECKING:
     from ..backends.compat import DeviceProfile
+    from ..provenance.record import ContentDigest
 
 __all__ = ["initialize_and_save_backend_data"]
 
@@ -64,6 +75,7 @@ def initialize_and_save_backend_data(
     device: DeviceProfile | None = None,
     provenance: ProvenanceRequest | bool | None = None,
     allow_unchanged: bool = False,
+    ptd_store: ContentStore | None = None,
 ) -> SpecializationReport:
     """Specialize a model once and publish the result through the given writers.
 
@@ -102,6 +114,13 @@ def initialize_and_save_backend_data(
             output ends with a provenance trailer (see :mod:`ptestore.provenance`); a
             source's own trailer is never copied, so re-specializing an artifact
             replaces its trailer.
+        ptd_store: store the .ptd once, under the address of its bytes
+            (:class:`~ptestore.coordinator.output.ContentStore`), instead of through
+            ``ptd_writer`` (which is then discarded): when an object with its bytes is
+            already there, nothing is written; else it is written there without a
+            trailer (an output that reproduces its source as one copy of the source)
+            and published with ``mode="create"``. The .pte's record names it by its
+            SHA-256 (``ptd_output``).
 
     Returns:
         A :class:`SpecializationReport`; when no backend specialized anything,
@@ -177,8 +196,23 @@ def initialize_and_save_backend_data(
             ):
                 sealed = stamper.seal(f.role, planned_digest(run, f, lay))
                 f.writer.add_object_metadata({**object_metadata(stamper.key(), device), **sealed})
+        shared: tuple[ContentDigest, FileReport | None] | None = None
+        if ptd_store is not None and len(files) > 1 and not unchanged[1]:
+            content = (
+                stamper.contents["ptd"]
+                if stamper is not None
+                else planned_digest(run, files[1], layouts[1])
+            )
+            found = ptd_store.find(content)
+            files[1].writer.discard()
+            if found is not None:
+                shared = (content, stored_report(files[1], found, content))
+            else:
+                files[1].writer = ptd_store.writer(content)
+                writers.append(files[1].writer)
+                shared = (content, None)
         t_write = time.perf_counter()
-        file_reports = _write(run, layouts, unchanged)
+        file_reports = _write(run, layouts, unchanged, shared)
         log.info(
             "wrote %d bytes in %.3f s",
             sum(r.size_after for r in file_reports),
@@ -190,13 +224,15 @@ def initialize_and_save_backend_data(
                 [
                     (f.role, f.writer, end)
                     for f, end, same in zip(files, ends, unchanged, strict=True)
-                    if not same
+                    if not same and not (shared is not None and f.role == "ptd")
                 ]
             )
         # A source replaced while we read it would mix two versions: check first.
         for f in files:
             f.loader.check_unchanged()
         t_publish = time.perf_counter()
+        if ptd_store is not None and shared is not None and shared[1] is None:
+            publish_shared(ptd_store, files[1], shared[0], file_reports[1])
         publish_in_order(run, files, mode, file_reports)
         log.info("published in %.3f s", time.perf_counter() - t_publish)
         summary.files = file_reports
@@ -431,7 +467,16 @@ def _unchanged(run: Run, f: SourceFile, layout: FileLayout, mode: PublishMode) -
     )
 
 
-def _write(run: Run, layouts: list[FileLayout], unchanged: list[bool]) -> list[FileReport]:
+def _write(
+    run: Run,
+    layouts: list[FileLayout],
+    unchanged: list[bool],
+    shared: tuple[ContentDigest, FileReport | None] | None,
+) -> list[FileReport]:
+    """Write every output. With ``shared``, the .ptd goes to its content address:
+    ``(content, report)`` of one already stored there (nothing to write), or
+    ``(content, None)``: its writer is the content address's
+    (:func:`~.output.write_shared`)."""
     total = sum(
         lay.patched.file_size for lay, same in zip(layouts, unchanged, strict=True) if not same
     )
@@ -442,7 +487,14 @@ def _write(run: Run, layouts: list[FileLayout], unchanged: list[bool]) -> list[F
         done += nbytes
         run.emit(Event("write", nbytes=nbytes, done=done, total=total, url=url))
 
-    return [
-        unchanged_report(f) if same else write_file(run, f, lay, note)
-        for f, lay, same in zip(run.files, layouts, unchanged, strict=True)
-    ]
+    out = []
+    for f, lay, same in zip(run.files, layouts, unchanged, strict=True):
+        if same:
+            out.append(unchanged_report(f))
+        elif f.role == "ptd" and shared is not None and shared[1] is not None:
+            out.append(shared[1])
+        elif f.role == "ptd" and shared is not None:
+            out.append(write_shared(run, f, lay, note))
+        else:
+            out.append(write_file(run, f, lay, note))
+    return out

@@ -85,7 +85,9 @@ class FileReport:
     bytes_replaced: int
     #: ``"written"``, or ``"unchanged"`` when nothing in the file was replaced, its
     #: layout stayed the same and the destination is the source: nothing was written
-    #: or published.
+    #: or published; for a .ptd stored by content (``ptd_store``): ``"shared"``
+    #: (written at its content address, ``destination``) or ``"stored"`` (found there
+    #: with the same bytes: nothing written).
     status: str = "written"
     #: The destination's clone granularity (copy-on-write block size) the layout kept
     #: unchanged segments congruent to, or None when the writer cannot clone from the

@@ -89,11 +89,16 @@ def bytes_mismatch(loader: DataLoader, trailer: Trailer, prov: Provenance) -> st
 
 
 def check_artifact(
-    urls: list[str], open_: Callable[[str], DataLoader], want: ProvenanceKey
+    urls: list[str],
+    open_: Callable[[str], DataLoader],
+    want: ProvenanceKey,
+    ptd_check: Callable[[str, Provenance], tuple[bool, str]] | None = None,
 ) -> tuple[bool, str]:
     """``(current, reason)`` for the artifact at ``urls`` (the .pte, then its .ptd):
     each file has a valid trailer whose key is ``want`` and whose bytes are the ones it
-    names, and the .pte's record names this very .ptd."""
+    names, and the .pte's record names this very .ptd. With ``ptd_check``, ``urls`` is
+    the .pte alone and ``ptd_check(url, record)`` checks the .ptd its record names
+    (one stored once by content, :func:`.shared.check_shared_ptd`)."""
     contents: list[ContentDigest | None] = []
     records: list[Provenance] = []
     for url in urls:
@@ -118,9 +123,12 @@ def check_artifact(
             loader.close()
         contents.append(prov.content)
         records.append(prov)
+    if ptd_check is not None:
+        return ptd_check(urls[0], records[0])
     if len(urls) > 1 and records[0].ptd_output != contents[1]:
         return False, (
             f"{urls[1]} is not the .ptd {urls[0]} was made with: it belongs to another "
             "pair or device"
         )
     return True, "current: provenance and bytes match"
+

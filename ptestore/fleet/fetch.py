@@ -5,11 +5,12 @@ Each file is downloaded into ``DEST.part`` (its source URL, size and ETag beside
 ``DEST.part.json``), checked and only then published to ``DEST`` through the local
 writer (atomic: nothing partial is ever visible at ``DEST``). The check: the size,
 and the SHA-256 the index names (for an artifact, of its bytes before the provenance
-trailer, plus the trailer's own checksum; for the portable source, of the whole
-file). A download that was interrupted (killed, Ctrl-C, a network failure) resumes
-where ``DEST.part`` ends when the object still has the ETag it had; the remaining
-bytes are ranged GETs pinned to that ETag (``If-Match`` on S3), and an object that
-changed restarts the download from the beginning. The .ptd is published first, then
+trailer, plus the trailer's own checksum; for a .ptd stored once by content
+(:mod:`.shared`) and for the portable source, of the whole file). A download that
+was interrupted (killed, Ctrl-C, a network failure) resumes where ``DEST.part`` ends
+when the object still has the ETag it had; the remaining bytes are ranged GETs pinned
+to that ETag (``If-Match`` on S3), and an object that changed restarts the download
+from the beginning. The .ptd is published first, then
 the .pte.
 """
 
@@ -21,13 +22,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigurationError, FormatError, IntegrityError, StorageError
+from ..errors import (
+    ConfigurationError,
+    FormatError,
+    IntegrityError,
+    ObjectNotFound,
+    StorageError,
+)
 from ..provenance.digest import content_digest
 from ..provenance.trailer import read_trailer
 from ..storage.loaders import DataLoader, LocalFileLoader, open_loader, split_url
 from ..storage.routing import options_for_loader
 from .job import ptd_beside
 from .select import Choice, select
+from .shared import SHARED_DIR
 
 if TYPE_CHECKING:
     from ..backends.compat import DeviceProfile
@@ -105,7 +113,7 @@ def _check(path: str, want: dict[str, Any]) -> None:
             raise IntegrityError(
                 f"{want['url']}: downloaded {size} bytes, the index names {want['size']}"
             )
-        if "trailer_sha256" in want:
+        if want.get("trailer_sha256") is not None:
             trailer = read_trailer(loader)
             if trailer is None or "sha256:" + trailer.sha256 != want["trailer_sha256"]:
                 have = None if trailer is None else "sha256:" + trailer.sha256
@@ -238,16 +246,18 @@ def fetch(
             files.append((choice.ptd, ptd_beside(target)))
     else:
         files = [(_describe(src, opts), target)]
-        beside = ptd_beside(src)
-        if _names_a_ptd(src, opts):
-            files.append((_describe(beside, opts), ptd_beside(target)))
+        ptd_want = _ptd_of(src, opts)
+        if ptd_want is not None:
+            files.append((ptd_want, ptd_beside(target)))
     result = FetchResult(choice)
     for want, path in sorted(files, key=lambda f: not f[1].endswith(".ptd")):
         result.files.append(_download(want, path, opts, chunk_size, progress))
     return result
 
 
-def _names_a_ptd(url: str, options: dict[str, Any]) -> bool:
+def _ptd_of(url: str, options: dict[str, Any]) -> dict[str, Any] | None:
+    """What the .ptd of the artifact at ``url`` must be, when its record names one:
+    the one beside it, else the one stored by content above it (:mod:`.shared`)."""
     from ..provenance import read_provenance
 
     loader = open_loader(url, **options_for_loader(url, options))
@@ -255,7 +265,29 @@ def _names_a_ptd(url: str, options: dict[str, Any]) -> bool:
         prov = read_provenance(loader)
     finally:
         loader.close()
-    return prov is not None and prov.ptd_output is not None
+    if prov is None or prov.ptd_output is None:
+        return None
+    beside = ptd_beside(url)
+    if _exists(beside, options):
+        return _describe(beside, options)
+    from .index import shared_entry
+    from .shared import locate_shared
+
+    found = locate_shared(url, prov.ptd_output.sha256, lambda u: _exists(u, options))
+    if found is None:
+        raise ObjectNotFound(
+            f"{url}: its record names a .ptd ({prov.ptd_output.sha256}); there is none at "
+            f"{beside}, nor in a {SHARED_DIR}/sha256/ directory above it"
+        )
+    return shared_entry(found, prov.ptd_output)
+
+
+def _exists(url: str, options: dict[str, Any]) -> bool:
+    try:
+        open_loader(url, **options_for_loader(url, options)).close()
+    except ObjectNotFound:
+        return False
+    return True
 
 
 def _describe(url: str, options: dict[str, Any]) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 One JSON object per job destination prefix (``<prefix>/ptestore-index.json``, the part
 of the destination template before its first ``{``)::
 
-    {"format": "ptestore.index", "version": 1, "updated": "2026-12-01T08:00:00Z",
+    {"format": "ptestore.index", "version": 2, "updated": "2026-12-01T08:00:00Z",
      "entries": [
        {"model": "mlp", "device": "pixel9",
         "device_options": {...}, "device_digest": "sha256:...",
@@ -11,13 +11,17 @@ of the destination template before its first ``{``)::
         "job": {"path", "sha256"} | null,
         "source": {"url", "size", "sha256"}, "ptd_source": {...} | null,
         "pte": {"url", "size", "sha256", "trailer_sha256"},
-        "ptd": {"url", "size", "sha256", "trailer_sha256"} | null,
+        "ptd": {"url", "size", "sha256", "trailer_sha256"} | null,   # or, stored
+               # once by content: {"url": ".../_shared/sha256/<hex>.ptd", "size",
+               #  "sha256", "trailer_sha256": null, "shared": true}
         "compatibility": [{"id", "spec", "version", "compatibility"}],
         "created": "..."}]}
 
 ``sha256`` is the SHA-256 of the file's bytes before its provenance trailer and
 ``trailer_sha256`` the trailer's own checksum (of its JSON): together with ``size`` they
-pin every byte of the file. Entries are keyed by ``(model, device)``; a run replaces its
+pin every byte of the file (a shared .ptd has no trailer: ``sha256`` is the whole
+object's, and its name). Version 1 indexes (no shared entries) are read and
+rewritten as version 2. Entries are keyed by ``(model, device)``; a run replaces its
 pairs' entries and keeps every other.
 
 Concurrent or partial runs never lose entries: the index is read, merged and written
@@ -34,13 +38,16 @@ import json
 import os
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigurationError, FormatError, ObjectNotFound, StorageError
 from ..provenance import Provenance, read_trailer
 from ..storage.loaders import open_loader, split_url
 from ..storage.routing import options_for_loader
 from .job import Job
+
+if TYPE_CHECKING:
+    from ..provenance.record import ContentDigest
 
 __all__ = [
     "INDEX_FORMAT",
@@ -54,7 +61,9 @@ __all__ = [
 ]
 
 INDEX_FORMAT = "ptestore.index"
-INDEX_VERSION = 1
+INDEX_VERSION = 2
+#: Versions read (version 1 has no shared .ptd entries; it is rewritten as version 2).
+READABLE_VERSIONS = (1, 2)
 INDEX_NAME = "ptestore-index.json"
 _ATTEMPTS = 20
 
@@ -90,11 +99,32 @@ def artifact_entry(url: str, options: dict[str, Any]) -> tuple[dict[str, Any], P
         loader.close()
 
 
-def entry_for(pte_url: str, ptd_url: str | None, options: dict[str, Any]) -> dict[str, Any]:
-    """The index entry of the artifact at ``pte_url`` (and its ``ptd_url``), from its
+def shared_entry(url: str, content: ContentDigest) -> dict[str, Any]:
+    """The entry of a .ptd stored once at its content address ``url`` (no trailer: the
+    .pte's record names its size and SHA-256)."""
+    return {
+        "url": url,
+        "size": content.size,
+        "sha256": content.sha256,
+        "trailer_sha256": None,
+        "shared": True,
+    }
+
+
+def entry_for(
+    pte_url: str, ptd_url: str | None, options: dict[str, Any], shared_root: str | None = None
+) -> dict[str, Any]:
+    """The index entry of the artifact at ``pte_url`` (and its ``ptd_url``, or with
+    ``shared_root`` the .ptd stored there by content, :mod:`.shared`), from its
     trailers (ranged reads only)."""
     pte, prov = artifact_entry(pte_url, options)
-    ptd = None if ptd_url is None else artifact_entry(ptd_url, options)[0]
+    ptd = None
+    if shared_root is not None and prov.ptd_output is not None:
+        from .shared import shared_url
+
+        ptd = shared_entry(shared_url(shared_root, prov.ptd_output.sha256), prov.ptd_output)
+    elif ptd_url is not None:
+        ptd = artifact_entry(ptd_url, options)[0]
     dev = prov.device
     return {
         "model": None,
@@ -136,8 +166,13 @@ def check_index(value: object, url: str) -> dict[str, Any]:
         raise FormatError(url, "index", type(value).__name__, "a JSON object")
     if value.get("format") != INDEX_FORMAT:
         raise FormatError(url, "index format", value.get("format"), repr(INDEX_FORMAT))
-    if value.get("version") != INDEX_VERSION:
-        raise FormatError(url, "index version", value.get("version"), str(INDEX_VERSION))
+    if value.get("version") not in READABLE_VERSIONS:
+        raise FormatError(
+            url,
+            "index version",
+            value.get("version"),
+            " or ".join(str(v) for v in READABLE_VERSIONS),
+        )
     if not isinstance(value.get("entries"), list):
         raise FormatError(url, "index entries", value.get("entries"), "a list")
     return value
@@ -266,8 +301,11 @@ def index_entries(job: Job, pairs: Iterable[tuple[str, str]]) -> list[dict[str, 
     wanted = set(pairs)
     todo = [p for p in job.pairs() if (p.model.name, p.device.name) in wanted]
 
+    from .shared import shared_root
+
     def one(p: Any) -> dict[str, Any]:
-        e = entry_for(p.destination, p.ptd_destination, job.storage_options)
+        root = shared_root(job.destination) if p.ptd_destination is not None else None
+        e = entry_for(p.destination, p.ptd_destination, job.storage_options, root)
         e["model"] = p.model.name
         return e
 

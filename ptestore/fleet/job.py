@@ -37,6 +37,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib  # type: ignore[import-not-found,unused-ignore]
 
 __all__ = [
+    "SHARED_DIR",
     "Job",
     "JobError",
     "Model",
@@ -47,6 +48,10 @@ __all__ = [
     "parse_job",
     "ptd_beside",
 ]
+
+#: The directory under the template's root where a job stores each .ptd once, by
+#: content (:mod:`ptestore.fleet.shared`); no destination may lie in it.
+SHARED_DIR = "_shared"
 
 _TOP_KEYS = {"destination", "backends", "storage_options", "models", "devices"}
 _MODEL_KEYS = {"name", "source", "ptd"}
@@ -354,6 +359,11 @@ def check_destinations(job: Job) -> str | None:
                 return (
                     f"pair {where}'s destination {dst} is outside the template's root "
                     f"{root or os.curdir + os.sep}"
+                )
+            if _under_root(dst, root + SHARED_DIR + "/"):
+                return (
+                    f"pair {where}'s destination {dst} is in {root}{SHARED_DIR}/, where the "
+                    "job stores each .ptd once by its content"
                 )
             ident = target_identity(dst)
             src = sources.get(ident)

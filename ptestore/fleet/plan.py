@@ -11,6 +11,7 @@ from ..backends.registry import load_backend
 from ..errors import ConfigurationError, PteStoreError
 from ..provenance import ProvenanceKey, SourceInfo, describe_source
 from .job import Job, Pair
+from .shared import shared_root
 from .work import PairTask, check_destination, open_counted
 
 __all__ = ["Plan", "PlannedPair", "backend_versions", "plan_job"]
@@ -121,11 +122,14 @@ def plan_job(job: Job) -> Plan:
             sources=infos,
             key=key,
             job=(job.path, job.sha256) if job.sha256 else None,
+            shared_root=shared_root(job.destination) if pair.model.ptd else None,
         )
         counter = [0]
         urls = [pair.destination] + ([pair.ptd_destination] if pair.ptd_destination else [])
         try:
-            current, reason = check_destination(urls, job.storage_options, key, counter)
+            current, reason = check_destination(
+                urls, job.storage_options, key, counter, task.shared_root
+            )
         except PteStoreError as exc:
             current, reason = False, f"cannot read the destination: {exc}"
         return PlannedPair(pair, "skip" if current else "run", reason, task, share + counter[0])

@@ -57,6 +57,9 @@ class PairTask:
     key: ProvenanceKey
     #: The job file (path, sha256) recorded in the provenance.
     job: tuple[str, str] | None = None
+    #: Where the pair's .ptd is stored once, by content (``<root>/_shared/sha256/``,
+    #: :mod:`.shared`); None for a model without a .ptd.
+    shared_root: str | None = None
 
 
 @dataclass
@@ -119,14 +122,31 @@ def open_counted(url: str, options: dict[str, Any], counter: list[int]) -> DataL
 
 
 def check_destination(
-    urls: list[str], options: dict[str, Any], want: ProvenanceKey, counter: list[int]
+    urls: list[str],
+    options: dict[str, Any],
+    want: ProvenanceKey,
+    counter: list[int],
+    shared_root: str | None = None,
 ) -> tuple[bool, str]:
     """``(current, reason)`` for the artifact at ``urls`` (the .pte, then a .ptd): its
     provenance key is ``want`` and its bytes are the ones the record names (see
-    :mod:`.binding`)."""
+    :mod:`.binding`). With ``shared_root`` the .ptd is the one stored under it by the
+    content address the .pte's record names (:mod:`.shared`), not ``urls[1]``."""
     from .binding import check_artifact
 
-    return check_artifact(urls, lambda url: open_counted(url, options, counter), want)
+    def open_(url: str) -> DataLoader:
+        return open_counted(url, options, counter)
+
+    if shared_root is None:
+        return check_artifact(urls, open_, want)
+    from .shared import check_shared_ptd
+
+    return check_artifact(
+        urls[:1],
+        open_,
+        want,
+        ptd_check=lambda pte, prov: check_shared_ptd(pte, prov, open_, shared_root),
+    )
 
 
 def run_pair(task: PairTask) -> PairResult:
@@ -159,7 +179,9 @@ def _run(task: PairTask, counter: list[int]) -> tuple[str, str]:
     from ..coordinator import specialize_pair
 
     urls = [task.destination] + ([task.ptd_destination] if task.ptd_destination else [])
-    current, reason = check_destination(urls, task.storage_options, task.key, counter)
+    current, reason = check_destination(
+        urls, task.storage_options, task.key, counter, task.shared_root
+    )
     if current:
         return "skipped", reason  # e.g. a retry after the first attempt had published
     impls = [load_backend(spec) for spec in task.backends]
@@ -174,8 +196,17 @@ def _run(task: PairTask, counter: list[int]) -> tuple[str, str]:
     exists = not reason.startswith("no artifact")
     mode: PublishMode = "overwrite" if exists or task.ptd is not None else "create"
     ptd = None
+    store = None
     if task.ptd is not None and task.ptd_destination is not None:
         ptd = (task.ptd, task.ptd_destination)
+        if task.shared_root is not None:
+            from .shared import SharedStore
+
+            store = SharedStore(
+                task.shared_root,
+                task.storage_options,
+                lambda url: open_counted(url, task.storage_options, counter),
+            )
     try:
         report = specialize_pair(
             task.source,
@@ -191,12 +222,16 @@ def _run(task: PairTask, counter: list[int]) -> tuple[str, str]:
             ),
             allow_unchanged=True,  # a job publishes its artifact even if all declined
             loader_hook=lambda loader: CountingLoader(loader, counter),
+            ptd_store=store,
         )
-        counter[0] += sum(f.size_after for f in report.files)
+        # A .ptd found stored at its content address was not written again.
+        counter[0] += sum(f.size_after for f in report.files if f.status != "stored")
         outcome = "published"
     except AlreadyExists:
         outcome = "raced"  # another worker published first: verify what it left
-    current, reason = check_destination(urls, task.storage_options, task.key, counter)
+    current, reason = check_destination(
+        urls, task.storage_options, task.key, counter, task.shared_root
+    )
     if not current:
         raise PteStoreError(
             f"{task.destination}: after {'publishing' if outcome == 'published' else 'a race'}, "

@@ -35,15 +35,22 @@ STATUSES = {
 _THREADS = 16
 
 
-def _artifact(urls: list[str], options: dict[str, Any]) -> dict[str, Any]:
-    """Size and recorded compatibility of the artifact at ``urls`` (.pte, then .ptd);
-    ``{}`` when there is none or it cannot be read."""
+def _artifact(
+    urls: list[str], options: dict[str, Any], shared_root: str | None = None
+) -> dict[str, Any]:
+    """Size and recorded compatibility of the artifact at ``urls`` (.pte, then .ptd;
+    with ``shared_root`` the .ptd is the one stored there by the content address the
+    .pte's record names, and ``ptd_destination`` says where); ``{}`` when there is
+    none or it cannot be read."""
     from ..errors import PteStoreError
+    from ..fleet.shared import shared_url
     from ..provenance import read_provenance
     from ..storage.loaders import open_loader
 
     size = 0
     compat: list[str] = []
+    found: dict[str, Any] = {}
+    urls = list(urls)
     for url in urls:
         try:
             loader = open_loader(url, **options)
@@ -58,7 +65,14 @@ def _artifact(urls: list[str], options: dict[str, Any]) -> dict[str, Any]:
             loader.close()
         if prov is not None and url == urls[0]:
             compat = [f"{b.id}: {b.compatibility}" for b in prov.backends]
-    return {"size": size, "compatibility": compat}
+            if shared_root is not None and prov.ptd_output is not None and len(urls) > 1:
+                try:
+                    urls[1] = found["ptd_destination"] = shared_url(
+                        shared_root, prov.ptd_output.sha256
+                    )
+                except PteStoreError:
+                    return {}
+    return {"size": size, "compatibility": compat, **found}
 
 
 def matrix_data(
@@ -69,6 +83,8 @@ def matrix_data(
 
     ``artifacts``: also look at every destination for the artifact's size and recorded
     compatibility (a size and a small ranged read of the trailer per pair)."""
+    from ..fleet.shared import shared_root
+
     job = plan.job
     rows: list[dict[str, Any]] = []
     for i, p in enumerate(plan.pairs):
@@ -98,7 +114,8 @@ def matrix_data(
             urls = [cell["destination"]] + (
                 [cell["ptd_destination"]] if cell["ptd_destination"] else []
             )
-            return _artifact(urls, dict(job.storage_options))
+            root = shared_root(job.destination) if cell["ptd_destination"] else None
+            return _artifact(urls, dict(job.storage_options), root)
 
         with cf.ThreadPoolExecutor(max_workers=_THREADS) as pool:
             for cell, found in zip(rows, pool.map(look, rows), strict=True):

@@ -17,7 +17,7 @@ from ptestore.fleet import load_job, plan_job
 from ptestore.fleet.binding import stored_crc32
 from ptestore.format.reader import read_container
 from ptestore.loaders import BytesLoader, open_loader
-from ptestore.provenance import read_trailer
+from ptestore.provenance import read_provenance, read_trailer
 from ptestore.provenance.trailer import ContentView
 from ptestore.testing.s3server import S3TestServer
 from ptestore.testing.seaweedfs import SeaweedS3
@@ -30,11 +30,23 @@ DEVICES = '[devices.a]\nsoc = "x"\nscale = 2.0\n[devices.b]\nsoc = "x"\nscale = 
 
 def _segment_middle(data: bytes) -> int:
     loader = BytesLoader(data)
-    trailer = read_trailer(loader)
-    assert trailer is not None
-    c = read_container(ContentView(loader, trailer.content_size)).container
+    trailer = read_trailer(loader)  # none on a .ptd stored once by content
+    content = loader if trailer is None else ContentView(loader, trailer.content_size)
+    c = read_container(content).container
     seg = max(c.segments, key=lambda s: s.size)
     return c.absolute(seg) + seg.size // 2
+
+
+def _shared_ptd(pte: str, opts: dict[str, Any]) -> str:
+    """Where the fleet stored the .ptd the .pte at ``pte`` was made with."""
+    loader = open_loader(pte, **opts)
+    try:
+        prov = read_provenance(loader)
+    finally:
+        loader.close()
+    assert prov is not None and prov.ptd_output is not None
+    base = pte.rsplit("/", 2)[0]
+    return f"{base}/_shared/sha256/{prov.ptd_output.sha256[7:]}.ptd"
 
 
 def _flip(data: bytes, where: str) -> bytes:
@@ -60,7 +72,7 @@ def _cycle(job: Path, flips: dict[str, Any], opts: dict[str, Any], capsys: Any) 
     for device, (action, reason) in actions.items():
         assert action == ("run" if device in flips else "skip"), actions
         if device in flips:
-            assert "damaged or changed after they were made" in reason or (
+            assert "damaged or changed after they were" in reason or (
                 "damaged provenance" in reason
             ), reason
     assert main(["fleet", "run", str(job), "--workers", "1", "--json"]) == 0
@@ -77,9 +89,10 @@ def test_local(tmp_path: Path, where: str, capsys: pytest.CaptureFixture[str]) -
         f'destination = "{tmp_path}/out/{{device}}/{{model}}.pte"\nbackends = ["{SPEC}"]\n'
         f'[[models]]\nname = "m"\nsource = "{EXT.pte_path}"\nptd = "{EXT.ptd_path}"\n' + DEVICES
     )
-    target = tmp_path / "out" / "a" / ("m.ptd" if where == "ptd" else "m.pte")
+    pte = tmp_path / "out" / "a" / "m.pte"
 
     def flip() -> None:
+        target = Path(_shared_ptd(str(pte), {})) if where == "ptd" else pte
         target.write_bytes(_flip(target.read_bytes(), where))
 
     _cycle(job, {"a": flip}, {}, capsys)
@@ -103,8 +116,9 @@ def test_s3(s3_server: S3TestServer, tmp_path: Path, capsys: pytest.CaptureFixtu
         f'ptd = "s3://{bucket}/src/m.ptd"\n' + DEVICES
     )
 
-    def flipper(key: str, where: str) -> Any:
+    def flipper(name: str, where: str) -> Any:
         def flip() -> None:
+            key = name if where != "ptd" else shared_key(name)
             # Damaged and rewritten with its metadata kept: the record and the
             # x-amz-meta keys still claim the old bytes; the stored checksum does not.
             loader = open_loader(f"s3://{bucket}/{key}", **opts)
@@ -120,8 +134,13 @@ def test_s3(s3_server: S3TestServer, tmp_path: Path, capsys: pytest.CaptureFixtu
 
         return flip
 
-    # A segment of one pair's .pte, the .ptd of the other pair.
-    flips = {"a": flipper("out/a/m.pte", "segment"), "b": flipper("out/b/m.ptd", "ptd")}
+    # A segment of one pair's .pte, the .ptd of the other pair (stored once by content).
+    def shared_key(pte: str) -> str:
+        key = _shared_ptd(f"s3://{bucket}/{pte}", opts)[len(f"s3://{bucket}/") :]
+        assert key.startswith("out/_shared/sha256/")
+        return key
+
+    flips = {"a": flipper("out/a/m.pte", "segment"), "b": flipper("out/b/m.pte", "ptd")}
     _cycle(job, flips, opts, capsys)
 
 
@@ -136,12 +155,13 @@ def test_verify_job_checks_every_pair(tmp_path: Path, capsys: pytest.CaptureFixt
     assert main(["fleet", "run", str(job), "--workers", "1", "--quiet"]) == 0
     assert main(["verify", "--job", str(job)]) == 0
     assert capsys.readouterr().out.endswith("2 pairs: 2 current, 0 stale, 0 invalid\n")
-    ptd = tmp_path / "out" / "b" / "m.ptd"
+    ptd = Path(_shared_ptd(str(tmp_path / "out" / "b" / "m.pte"), {}))
     ptd.write_bytes(_flip(ptd.read_bytes(), "ptd"))
     assert main(["verify", "--job", str(job), "--json"]) == 2
     shown = json.loads(capsys.readouterr().out)
     assert [p["status"] for p in shown["pairs"]] == ["current", "invalid"]
-    assert shown["pairs"][1]["error"].startswith(f"{ptd}: content.sha256 = ")
+    assert shown["pairs"][1]["error"].startswith(f"{ptd}: ptd_output.sha256 = ")
+    assert "the .ptd was damaged or changed after it was stored" in shown["pairs"][1]["error"]
     assert main(["verify", "--job", str(job), "--source", "x.pte"]) == 2
     assert "--source, --backend, --device, --device-option and --ptd do not apply" in (
         capsys.readouterr().err

@@ -4,6 +4,7 @@ the summary, create-or-verify when another worker publishes first, version skew.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -47,14 +48,19 @@ def test_run_skip_summary_and_json(tmp_path: Path, capsys: pytest.CaptureFixture
         "failed                    0",
     ]
     assert summary[3].startswith("bytes through the client  ") and summary[4].startswith("time")
-    assert (tmp_path / "out" / "a" / "ext.ptd").exists()
+    # Each distinct .ptd is stored once by its content: device b's is the source's.
+    assert EXT.ptd_path is not None
+    shared = tmp_path / "out" / "_shared" / "sha256"
+    source_ptd = shared / (hashlib.sha256(EXT.ptd_path.read_bytes()).hexdigest() + ".ptd")
+    assert source_ptd.read_bytes() == EXT.ptd_path.read_bytes()
+    assert len(list(shared.iterdir())) == 2 and not (tmp_path / "out" / "a" / "ext.ptd").exists()
     assert main(["fleet", "run", str(job), "--workers", "1", "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert (shown["done"], shown["skipped"], shown["failed"]) == (0, 4, 0)
     assert main(["fleet", "run", str(job), "--quiet"]) == 0
     assert capsys.readouterr().out == ""
-    # The .ptd beside the .pte is part of the pair: lose it and the pair runs again.
-    (tmp_path / "out" / "b" / "ext.ptd").unlink()
+    # The .ptd the .pte names is part of the pair: lose it and the pair runs again.
+    source_ptd.unlink()
     plan = plan_job(load_job(job))
     assert [(p.pair.model.name, p.pair.device.name, p.action) for p in plan.pairs] == [
         ("mlp", "a", "skip"),
@@ -62,7 +68,9 @@ def test_run_skip_summary_and_json(tmp_path: Path, capsys: pytest.CaptureFixture
         ("ext", "a", "skip"),
         ("ext", "b", "run"),
     ]
-    assert plan.pairs[3].reason == f"no artifact at {tmp_path}/out/b/ext.ptd"
+    assert plan.pairs[3].reason == (
+        f"no .ptd at {source_ptd} (the one {tmp_path}/out/b/ext.pte was made with)"
+    )
 
 
 def test_a_missing_source_is_one_preflight_error(

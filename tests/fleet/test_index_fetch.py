@@ -59,17 +59,26 @@ def test_index_select_and_fetch_locally(tmp_path: Path, capsys: pytest.CaptureFi
     second = _run(_job(tmp_path, str(out), '[devices.c]\nsoc = "x"\nscale = 5.0\n'), capsys)
     assert second["index"] == first["index"]
     index = load_index(first["index"])
-    assert (index["format"], index["version"]) == ("ptestore.index", 1)
+    assert (index["format"], index["version"]) == ("ptestore.index", 2)
     assert [(e["model"], e["device"]) for e in index["entries"]] == [
         ("m", "a"),
         ("m", "b"),
         ("m", "c"),
     ]
     a = index["entries"][0]
-    pte, ptd = out / "a" / "m.pte", out / "a" / "m.ptd"
+    pte = out / "a" / "m.pte"
+    # The .ptd is stored once by its content (no trailer: its name is its SHA-256).
+    ptd = Path(a["ptd"]["url"])
+    assert a["ptd"]["sha256"] == "sha256:" + hashlib.sha256(ptd.read_bytes()).hexdigest()
+    assert a["ptd"] == {
+        "url": f"{out}/_shared/sha256/{a['ptd']['sha256'][7:]}.ptd",
+        "size": ptd.stat().st_size,
+        "sha256": a["ptd"]["sha256"],
+        "trailer_sha256": None,
+        "shared": True,
+    }
     assert a["pte"]["url"] == str(pte) and a["pte"]["size"] == pte.stat().st_size
     assert a["pte"]["sha256"] == _sha_before_trailer(pte)
-    assert a["ptd"]["sha256"] == _sha_before_trailer(ptd)
     assert a["compatibility"] == [
         {
             "id": "XnnpackBackend",
@@ -95,7 +104,7 @@ def test_index_select_and_fetch_locally(tmp_path: Path, capsys: pytest.CaptureFi
     assert main(["select", first["index"], "--model", "nope", "--device", "a"]) == 2
     assert "index has no model 'nope' (models: m)" in capsys.readouterr().err
 
-    # fetch: verified, published atomically, .ptd beside.
+    # fetch: verified, published atomically, the shared .ptd beside the .pte.
     dest = tmp_path / "device" / "model.pte"
     assert main(["fetch", first["index"], str(dest), "--model", "m", "--device", "a"]) == 0
     assert dest.read_bytes() == pte.read_bytes()

@@ -88,9 +88,12 @@ def test_plan_and_run_reports_in_a_browser(browser: Browser, tmp_path: Path) -> 
     assert f"{tmp_path}/broken.pte: file identifier (bytes 4..8) = b'a pr'" in details
     details = _click(browser, "td.cell[data-model=ext][data-device=a]")
     assert "compatibility XnnpackBackend: scaler;soc=x;v=1.0" in details
-    size = (tmp_path / "out/a/ext.pte").stat().st_size + (tmp_path / "out/a/ext.ptd").stat().st_size
     embedded = json.loads(browser.js("return document.getElementById('ptestore-data').textContent"))
     (ext_a,) = [p for p in embedded["pairs"] if (p["model"], p["device"]) == ("ext", "a")]
+    # The .ptd is the one the job stored once by content.
+    ptd = Path(ext_a["ptd_destination"])
+    assert ptd.parent == tmp_path / "out/_shared/sha256"
+    size = (tmp_path / "out/a/ext.pte").stat().st_size + ptd.stat().st_size
     assert ext_a["size"] == size and ext_a["seconds"] > 0 and ext_a["bytes"] > 0
     totals = browser.js("return document.getElementById('totals').innerText")
     assert "6 pairs (3 models x 2 devices)" in totals and "bytes through the client" in totals
