@@ -354,7 +354,11 @@ class S3Writer(DataWriter):
         return matching_source(loader, self._identity)
 
     def _copy_from(self, loader: DataLoader, src_offset: int, size: int, dst_offset: int) -> None:
-        source = self.copy_source(loader)
+        # A range S3 could never copy (no part is one run of more than MIN_PART_SIZE
+        # source bytes) of a source held in memory (a small object, read whole) is taken
+        # from memory now rather than read again by a GET at upload time.
+        in_memory = getattr(loader, "in_memory", False) and size <= config.MIN_PART_SIZE
+        source = None if in_memory else self.copy_source(loader)
         if source is None:
             super()._copy_from(loader, src_offset, size, dst_offset)
             return
