@@ -22,7 +22,7 @@ from .job import pair_options
 
 if TYPE_CHECKING:
     from .job import Job
-    from .plan import PlannedPair
+    from .work import PairTask
 
 __all__ = ["Estimate", "estimate_pair", "human_bytes"]
 
@@ -114,16 +114,16 @@ def _file(src: str, dst: str, size: int, job: Job) -> Estimate:
     return Estimate(client, copy, requests)
 
 
-def estimate_pair(p: PlannedPair, job: Job) -> Estimate:
-    """The :class:`Estimate` of a pair the plan runs (zero for a skipped or failing one)."""
-    task = p.task
-    if p.action != "run" or task is None:
+def estimate_pair(task: PairTask | None, action: str, reason: str, job: Job) -> Estimate:
+    """The :class:`Estimate` of a planned pair: ``action`` and ``reason`` as the plan
+    decided them (zero unless ``action`` is ``"run"``)."""
+    if action != "run" or task is None:
         return Estimate()
     total = _file(task.source, task.destination, task.sources["pte"].size, job)
     if task.ptd is not None and task.ptd_destination is not None and "ptd" in task.sources:
         total += _file(task.ptd, task.ptd_destination, task.sources["ptd"].size, job)
     # The check before running reads the .pte destination's trailer (an absent one: a
     # HEAD, and s3fs's LIST to tell a missing object from a directory).
-    exists = not p.reason.startswith("no artifact")
+    exists = not reason.startswith("no artifact")
     check = Estimate(_TAIL if exists else 0, 0, 2 if _s3(task.destination) else 0)
     return total + check

@@ -153,7 +153,7 @@ def plan_job(job: Job) -> Plan:
         except PteStoreError as exc:
             current, reason = False, f"cannot read the destination: {exc}"
         planned = PlannedPair(pair, "skip" if current else "run", reason, task, share + counter[0])
-        planned.estimate = estimate_pair(planned, job)
+        planned.estimate = estimate_pair(task, planned.action, reason, job)
         return planned
 
     # Destination checks are small ranged reads: overlap their latency.
