@@ -18,9 +18,9 @@ Times are end to end: the plan (each source read and hashed once, one ranged rea
 each destination's end) plus the run. Each row also gives the CPU time of the whole run
 (this process and its children, the S3 server excluded) per pair.
 
-``--profile N`` runs N pairs in this process (``workers=1``) under cProfile instead, after
-one warm-up pair, and prints the wall and CPU time per pair and the functions that take
-the most of it (cumulative).
+``--profile N`` runs pairs in this process (``workers=1``) instead, after one warm-up
+pair: N without a profiler (wall and CPU time per pair in a warm worker), then N under
+cProfile (the functions that take the most of it).
 """
 
 from __future__ import annotations
@@ -144,8 +144,18 @@ def _profile(job: Any, count: int) -> None:
     from ptestore.fleet.work import run_pair
 
     tasks = [p.task for p in plan_job(job).pairs if p.task is not None]
-    assert len(tasks) > count, "--profile needs more pairs than N (raise --devices)"
+    assert len(tasks) > 2 * count, "--profile needs more than 2N pairs (raise --devices)"
     run_pair(tasks[0])  # warm-up: imports, the backend, first connections
+    # The first N pairs without a profiler: what a pair costs in a warm worker.
+    c0, t0 = _cpu(), time.perf_counter()
+    plain = [run_pair(t) for t in tasks[1 : count + 1]]
+    wall, cpu = time.perf_counter() - t0, _cpu() - c0
+    assert all(r.status == "done" for r in plain), [r.error for r in plain]
+    print(
+        f"{count} pairs inline, no profiler: {wall / count * 1000:.1f} ms wall, "
+        f"{cpu / count * 1000:.1f} ms CPU per pair"
+    )
+    tasks = tasks[count:]
     loop = fsspec.asyn.get_loop()
     main, io = cProfile.Profile(), cProfile.Profile()
 
