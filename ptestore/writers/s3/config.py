@@ -25,6 +25,7 @@ given in the options is used as it is.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections import OrderedDict
@@ -49,6 +50,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+log = logging.getLogger("ptestore.writers.s3")
 
 #: S3's smallest part (every part but the last), 5 MiB.
 MIN_PART_SIZE = 5 << 20
@@ -172,6 +174,20 @@ class S3Connection:
             self.extras["RequestPayer"] = "requester"
         #: Parameters of the requests that create the object (``s3_additional_kwargs``).
         self.create_extras: dict[str, Any] = {**additional, **self.extras}
+
+    def close(self) -> None:
+        """Close the client's connections now, on s3fs's event loop. Left to garbage
+        collection, s3fs closes them from whichever thread collects the filesystem (an
+        fsspec filesystem is always in a reference cycle), and in a thread that runs an
+        event loop of its own (a Dask worker's) that fails with "attached to a different
+        loop"; closing twice is harmless."""
+        creator = getattr(self.fs, "_s3creator", None)
+        if creator is None:
+            return
+        try:
+            self._sync(self.fs.loop, creator.__aexit__, None, None, None)
+        except Exception as exc:  # the connections go with the process at worst
+            log.debug("%s: closing the S3 client failed: %s", self.url, exc)
 
     def invoke(self, operation: str, **params: Any) -> dict[str, Any]:
         """One attempt of ``client.<operation>(**params)``, synchronously."""

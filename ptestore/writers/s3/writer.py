@@ -32,7 +32,7 @@ from ...errors import (
 )
 from ...storage._s3source import S3Source, matching_source, s3_identity
 from ...storage.types import DataLoader, split_url, strerror
-from ..base import DataWriter, PublishMode, PublishResult, WriterGuarantees
+from ..base import DataWriter, PublishMode, PublishResult, WriterGuarantees, WriterState
 from . import config
 from .checksum import b64crc, crc32_combine
 from .config import DEFAULT_PART_SIZE, S3Connection, check_part_size, largest_object
@@ -144,6 +144,20 @@ class S3Writer(DataWriter):
         self._track_staging(self._st)
         self._transfer = PartTransfer(self.conn, bucket, key, self.part_size)
         self._identity: str | None = None
+
+    def publish(self, mode: PublishMode = "overwrite") -> PublishResult:
+        # docstring inherited; a published writer needs its client no more: close it
+        # (a failed one keeps it, to abort its upload on discard)
+        result = super().publish(mode)
+        self.conn.close()
+        return result
+
+    def discard(self) -> None:
+        # docstring inherited; the client is closed once the upload is aborted
+        open_before = self.state is WriterState.OPEN
+        super().discard()
+        if open_before:
+            self.conn.close()
 
     @property
     def upload_id(self) -> str | None:
