@@ -143,7 +143,11 @@ def run_fleet(args: argparse.Namespace) -> int:
 
             write_report(args.report, plan)
         if args.json:
-            json.dump({"pairs": [p.to_dict() for p in plan.pairs]}, sys.stdout, indent=2)
+            shown = {
+                "pairs": [p.to_dict() for p in plan.pairs],
+                "estimate": plan.estimate.to_dict(),
+            }
+            json.dump(shown, sys.stdout, indent=2)
             sys.stdout.write("\n")
         else:
             print(plan.render())

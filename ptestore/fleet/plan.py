@@ -4,12 +4,13 @@ destination, and decide run or skip (and why)."""
 from __future__ import annotations
 
 import concurrent.futures as cf
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..backends.registry import load_backend
 from ..errors import ConfigurationError, PteStoreError
 from ..provenance import ProvenanceKey, SourceInfo, describe_source
+from .estimate import Estimate, estimate_pair, human_bytes
 from .job import Job, Pair
 from .shared import shared_root
 from .work import PairTask, check_destination, open_counted
@@ -31,6 +32,8 @@ class PlannedPair:
     task: PairTask | None
     #: Bytes the planner read for this pair (its share of the sources, the trailer).
     bytes: int = 0
+    #: What running it is expected to cost (zero unless ``action`` is ``"run"``).
+    estimate: Estimate = field(default_factory=Estimate)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -39,6 +42,7 @@ class PlannedPair:
             "destination": self.pair.destination,
             "action": self.action,
             "reason": self.reason,
+            "estimate": self.estimate.to_dict(),
         }
 
 
@@ -50,18 +54,38 @@ class Plan:
     def count(self, action: str) -> int:
         return sum(1 for p in self.pairs if p.action == action)
 
+    @property
+    def estimate(self) -> Estimate:
+        """The estimated cost of every pair to run, summed (:mod:`.estimate`)."""
+        total = Estimate()
+        for p in self.pairs:
+            total += p.estimate
+        return total
+
     def render(self) -> str:
         width = max([len(p.pair.model.name) for p in self.pairs] + [5])
         dwidth = max([len(p.pair.device.name) for p in self.pairs] + [6])
-        lines = [f"{'model':<{width}}  {'device':<{dwidth}}  action  reason"]
+        lines = [
+            f"{'model':<{width}}  {'device':<{dwidth}}  action  {'client':>10}  "
+            f"{'copied':>10}  {'requests':>8}  reason"
+        ]
         for p in self.pairs:
+            e = p.estimate
             lines.append(
                 f"{p.pair.model.name:<{width}}  {p.pair.device.name:<{dwidth}}  "
-                f"{p.action:<6}  {p.reason}"
+                f"{p.action:<6}  {human_bytes(e.client_bytes):>10}  "
+                f"{human_bytes(e.copy_bytes):>10}  {e.requests:>8}  {p.reason}"
             )
         lines.append(
             f"{len(self.pairs)} pairs: {self.count('run')} to run, {self.count('skip')} to skip"
             + (f", {self.count('fail')} failing" if self.count("fail") else "")
+        )
+        total = self.estimate
+        lines.append(
+            f"estimated for the pairs to run: {human_bytes(total.client_bytes)} through the "
+            f"client, {human_bytes(total.copy_bytes)} copied by the S3 service, "
+            f"{total.requests} S3 requests (estimates: backends that replace data move "
+            "more through the client)"
         )
         return "\n".join(lines)
 
@@ -132,7 +156,9 @@ def plan_job(job: Job) -> Plan:
             )
         except PteStoreError as exc:
             current, reason = False, f"cannot read the destination: {exc}"
-        return PlannedPair(pair, "skip" if current else "run", reason, task, share + counter[0])
+        planned = PlannedPair(pair, "skip" if current else "run", reason, task, share + counter[0])
+        planned.estimate = estimate_pair(task, planned.action, reason, job)
+        return planned
 
     # Destination checks are small ranged reads: overlap their latency.
     with cf.ThreadPoolExecutor(max_workers=_CHECK_THREADS) as pool:

@@ -8,6 +8,10 @@ Each pair that must run is one call of :func:`~ptestore.fleet.work.run_pair`:
   pair on that cluster. Dask reschedules the tasks of a worker that dies (up to the
   scheduler's ``distributed.scheduler.allowed-failures``); a pair that still cannot run
   is reported failed. ``dask[distributed]`` is imported only here (``ptestore[fleet]``).
+
+A pool or Dask worker checks, once per process, that every backend of the job loads
+there (:func:`run_pair_on_worker`): one that does not ends the whole run with one
+:class:`~.job.JobError` (exit 2), not one failure per pair.
 """
 
 from __future__ import annotations
@@ -21,12 +25,19 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ConfigurationError
-from .job import Job
+from ..errors import ConfigurationError, PteStoreError
+from .job import Job, JobError
 from .plan import Plan, PlannedPair, plan_job
 from .work import PairResult, PairTask, run_pair
 
-__all__ = ["SCHEDULER_ENV", "FleetResult", "run_job", "run_plan"]
+__all__ = [
+    "SCHEDULER_ENV",
+    "FleetResult",
+    "WorkerUnfit",
+    "run_job",
+    "run_pair_on_worker",
+    "run_plan",
+]
 
 SCHEDULER_ENV = "PTESTORE_DASK_SCHEDULER"
 
@@ -102,6 +113,37 @@ class FleetInterrupted(KeyboardInterrupt):
             else "before any pair was published"
         )
         self.result = result
+
+
+class WorkerUnfit(Exception):
+    """A worker process cannot run any pair of the job (a backend does not load there)."""
+
+
+#: The worker's preflight, once per process and list of backends: None or the error.
+_worker_checks: dict[tuple[str, ...], str | None] = {}
+
+
+def run_pair_on_worker(task: PairTask) -> PairResult:
+    """:func:`~.work.run_pair` on a pool or Dask worker, after checking (once per process)
+    that every backend of the job loads here; raises :class:`WorkerUnfit` if one does
+    not, which the runner turns into one job-wide error."""
+    if task.backends not in _worker_checks:
+        from ..backends.registry import load_backend
+
+        error = None
+        for spec in task.backends:
+            try:
+                load_backend(spec)
+            except PteStoreError as exc:
+                import socket
+
+                error = f"on worker process {os.getpid()} of {socket.gethostname()}: {exc}"
+                break
+        _worker_checks[task.backends] = error
+    error = _worker_checks[task.backends]
+    if error is not None:
+        raise WorkerUnfit(error)
+    return run_pair(task)
 
 
 def _human(n: float) -> str:
@@ -216,6 +258,8 @@ def run_plan(
             _run_pool(todo, n, done, stopped)
     except KeyboardInterrupt:
         interrupted = True  # the pool and Dask tasks are cancelled: report what finished
+    except WorkerUnfit as exc:  # the pool and Dask tasks are cancelled
+        raise JobError(f"{plan.job.path}: backends: {exc}") from None
     for i, p, _task in todo:
         if i not in results:
             why = (
@@ -260,6 +304,9 @@ def _run_pool(
     pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
     try:
         _drain_pool(pool, todo, done, stopped)
+    except WorkerUnfit:
+        pool.shutdown(wait=True, cancel_futures=True)  # running pairs finish
+        raise
     except KeyboardInterrupt:
         # Stop promptly: nothing pending starts, running workers are terminated (a pair
         # killed before its publish leaves no trace; see docs/fleet.md on crashes).
@@ -277,13 +324,15 @@ def _drain_pool(
     done: Callable[[int, PlannedPair, PairResult], None],
     stopped: Callable[[], bool],
 ) -> None:
-    futures = {pool.submit(run_pair, task): (i, p) for i, p, task in todo}
+    futures = {pool.submit(run_pair_on_worker, task): (i, p) for i, p, task in todo}
     for fut in cf.as_completed(futures):
         if fut.cancelled():
             continue
         i, p = futures[fut]
         try:
             r = fut.result()
+        except WorkerUnfit:
+            raise
         except Exception as exc:  # a worker process died (BrokenProcessPool)
             r = _failed(p, f"worker process failed: {type(exc).__name__}: {exc}")
         done(i, p, r)
@@ -318,11 +367,14 @@ def _run_dask(
         futures = {}
         for i, p, task in todo:
             key = f"ptestore-pair-{run_id}-{i}-{task.model}-{task.device.name}"
-            futures[client.submit(run_pair, task, key=key, pure=False)] = (i, p)
+            futures[client.submit(run_pair_on_worker, task, key=key, pure=False)] = (i, p)
         for fut in as_completed(list(futures)):  # type: ignore[no-untyped-call]
             i, p = futures[fut]
             try:
                 r = fut.result()
+            except WorkerUnfit:
+                client.cancel([f for f in futures if not f.done()])  # type: ignore[no-untyped-call]
+                raise
             except Exception as exc:  # KilledWorker after too many worker losses, ...
                 r = _failed(p, f"Dask task failed: {type(exc).__name__}: {exc}")
             done(i, p, r)

@@ -93,7 +93,8 @@ class PairResult:
 
 
 class CountingLoader:
-    """Counts the bytes read through another loader."""
+    """Counts the bytes read through another loader (what it asked of its store, when it
+    says: ``bytes_fetched``; a small object is fetched whole once)."""
 
     def __init__(self, inner: DataLoader, counter: list[int]) -> None:
         self.inner = inner
@@ -104,8 +105,10 @@ class CountingLoader:
         return self.inner.size()
 
     def load(self, offset: int, size: int) -> bytes | bytearray | memoryview:
+        before = getattr(self.inner, "bytes_fetched", None)
         data = self.inner.load(offset, size)
-        self._counter[0] += size
+        after = getattr(self.inner, "bytes_fetched", None)
+        self._counter[0] += size if before is None or after is None else after - before
         return data
 
     def close(self) -> None:

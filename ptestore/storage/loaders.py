@@ -2,7 +2,12 @@
 
 ``open_loader(url, **storage_options)`` returns a :class:`DataLoader` for local paths,
 ``file://``, ``memory://``, ``s3://`` and any other fsspec protocol. Every read is a
-ranged read: parsing the metadata of a multi-GB object reads only its first bytes.
+ranged read: parsing the metadata of a multi-GB object reads only its first bytes. A
+remote object of at most :data:`WHOLE_READ_LIMIT` bytes (1 MiB) is the exception: its
+second read fetches it whole, in one request, and every later read is served from that
+copy (a small model's pipeline otherwise pays one round trip per range: about ten). A
+single read (a trailer's, the planner's) stays one small ranged read. ``memory://`` (no
+round trip to save) is always read by ranges.
 
 Local files are read with ``os.pread`` (thread-safe, no shared file position). Remote
 reads retry transient failures under :class:`ptestore._retry.RetryPolicy` (options
@@ -37,6 +42,7 @@ __all__ = [
     "FsspecLoader",
     "LocalFileLoader",
     "S3Source",
+    "WHOLE_READ_LIMIT",
     "loader_options",
     "open_loader",
     "split_url",
@@ -44,6 +50,9 @@ __all__ = [
 
 
 L = TypeVar("L", bound="_Closing")
+
+#: A remote object no larger than this is read whole at its second read (one request).
+WHOLE_READ_LIMIT = 1 << 20
 
 
 class _Closing:
@@ -305,6 +314,20 @@ class FsspecLoader(_Closing):
         self.etag: str | None = info.get("ETag") or info.get("etag")
         #: Version id of the object read (S3 versioned buckets), else None.
         self.version_id: str | None = info.get("VersionId") or None
+        #: Bytes asked of the store so far (whole-object reads included).
+        self.bytes_fetched = 0
+        self._reads = 0
+        self._whole: bytes | None = None
+        self._whole_lock = threading.Lock()
+        from fsspec.implementations.memory import MemoryFileSystem
+
+        self._read_whole = self._size <= WHOLE_READ_LIMIT and not isinstance(fs, MemoryFileSystem)
+
+    @property
+    def in_memory(self) -> bool:
+        """True once every byte of the object is held in memory (an object of at most
+        :data:`WHOLE_READ_LIMIT` bytes, after its second read): reads cost no request."""
+        return self._whole is not None
 
     def size(self) -> int:
         return self._size
@@ -341,12 +364,22 @@ class FsspecLoader(_Closing):
         _check_range(self.name, offset, size, self._size)
         if size == 0:
             return b""
+        if self._read_whole and (self._whole is not None or self._reads):
+            if self._whole is None:
+                with self._whole_lock:
+                    if self._whole is None:
+                        self._whole = self._read(0, self._size)
+            return self._whole[offset : offset + size]
+        self._reads += 1
+        return self._read(offset, size)
 
+    def _read(self, offset: int, size: int) -> bytes:
         def read() -> bytes:
             data = self.fs.cat_file(self.path, start=offset, end=offset + size)
             return bytes(data) if not isinstance(data, bytes) else data
 
         what = f"read of {size} bytes at offset {offset}"
+        self.bytes_fetched += size
         try:
             data = self._retry.call(read, what=f"{self.name}: {what}")
         except Exception as exc:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,33 @@ def test_a_backend_that_does_not_load_is_one_error(
     assert err.startswith(f"ptestore fleet: error: {job}: backends: ")
     assert len(err.splitlines()) == 2  # one message (and the --debug hint)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_backend_that_does_not_load_on_the_workers_is_one_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A backend the planning process loads but the pool's (spawned) workers cannot: a
+    module that exists only in this process's ``sys.modules``."""
+    import sys
+    import types
+
+    from support import fleet_backend
+
+    here = types.ModuleType("ptestore_planner_only")
+    here.Scaler = fleet_backend.Scaler  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "ptestore_planner_only", here)
+    devices = "".join(f'[devices.d{i}]\nsoc = "x"\n' for i in range(6))
+    spec = "ptestore_planner_only:Scaler=1.0"
+    job = _job(tmp_path, str(tmp_path / "out"), spec=spec, devices=devices)
+    assert main(["fleet", "run", str(job), "--workers", "2"]) == 2
+    err = capsys.readouterr().err
+    assert re.fullmatch(
+        rf"ptestore fleet: error: {re.escape(str(job))}: backends: on worker process \d+ of "
+        rf"\S+: backend {re.escape(repr(spec))}: cannot import 'ptestore_planner_only': "
+        r"No module named 'ptestore_planner_only'\n",
+        err,
+    ), err  # one message, not one per pair
+    assert not list((tmp_path / "out").rglob("*.pte"))
 
 
 def test_fail_fast(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -284,3 +284,35 @@ def test_s3_loader_reads_ranges_only(s3_server: S3TestServer) -> None:
         assert ranges and all(r.startswith("bytes=") for r in ranges)
     with pytest.raises(ObjectNotFound, match=rf"s3://{bucket}/missing.pte: no such object"):
         open_loader(f"s3://{bucket}/missing.pte", **s3_server.storage_options)
+
+
+@pytest.mark.s3
+def test_a_small_s3_object_is_read_whole_at_its_second_read(s3_server: S3TestServer) -> None:
+    bucket = s3_server.new_bucket()
+    s3_server.client().put_object(Bucket=bucket, Key="m.pte", Body=DATA)
+    loader = open_loader(
+        f"s3://{bucket}/m.pte", **s3_server.storage_options, skip_instance_cache=True
+    )
+    assert isinstance(loader, FsspecLoader)
+    ranges: list[str] = []
+    loader.fs.s3.meta.events.register(
+        "provide-client-params.s3.GetObject",
+        lambda params, **kw: ranges.append(params.get("Range", "whole")),
+    )
+    assert loader.load(len(DATA) - 8, 8) == DATA[-8:]  # one read: a ranged one
+    assert not loader.in_memory
+    parsed = read_container(loader)  # the second read fetches the whole object
+    assert parsed.container.methods == ("forward",)
+    assert loader.load(3, 5) == DATA[3:8]
+    assert ranges == [f"bytes={len(DATA) - 8}-{len(DATA) - 1}", f"bytes=0-{len(DATA) - 1}"]
+    assert loader.in_memory
+    assert loader.bytes_fetched == 8 + len(DATA)
+    loader.check_unchanged()
+
+
+def test_memory_objects_are_read_by_ranges() -> None:
+    fs = fsspec.filesystem("memory")
+    fs.pipe("/ranges/m.pte", DATA)
+    loader = open_loader("memory://ranges/m.pte")
+    assert loader.load(4, 4) == DATA[4:8]
+    assert isinstance(loader, FsspecLoader) and not loader.in_memory

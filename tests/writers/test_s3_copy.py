@@ -413,3 +413,22 @@ def test_other_filesystems_are_not_copy_sources(server: Server, bucket: str) -> 
     assert w.copy_source(memory) is None
     assert w.copy_source(BytesLoader(b"abc")) is None
     w.discard()
+
+
+def test_a_small_source_read_whole_is_copied_from_memory(server: Server, bucket: str) -> None:
+    """A source of at most 1 MiB is read whole by its loader: its ranges are taken from
+    that copy, neither read again by a GET nor copied by the service."""
+    data = random.randbytes(64 << 10)
+    src_url = put_source(server, bucket, data)
+    src = open_loader(src_url, **server.s3.storage_options)
+    assert isinstance(src, FsspecLoader)
+    src.load(0, 16)  # the pipeline reads the header, then the FlatBuffer
+    src.load(16, 16)
+    assert src.in_memory
+    w = new_writer(server, bucket)
+    traffic = Traffic().attach(w.client.meta.events)
+    w.write(b"NEW!", 0)
+    w.copy_from(src, 4, len(data) - 4, 4)
+    w.publish()
+    assert read(server, w.url) == b"NEW!" + data[4:]
+    assert sorted(traffic.params) == ["HeadObject", "PutObject"]

@@ -9,10 +9,26 @@ a connection pool large enough for ``max_concurrency`` uploads. Each connection 
 filesystem and client of its own (``skip_instance_cache=True`` unless the options say
 otherwise): hooks on one writer's client stay on that writer, and the environment is
 read when the writer is opened.
+
+What is shared is the expensive part underneath: the aiobotocore session a client is
+made from (botocore's parsed service models and endpoint rules, resolved default
+credentials), one per process and per everything that decides what the session
+resolves (:func:`session_key`: the process id, s3fs's session arguments such as
+``profile``, every ``AWS_*`` environment variable, the size and modification time of
+the AWS config and credentials files). A client from a fresh session costs about 75 ms
+of CPU, one from a shared session a few ms. botocore gives every client a copy of its
+session's event emitter, so hooks registered on one client's ``meta.events`` never
+reach another; options that reach the client (``key``, ``secret``, ``endpoint_url``,
+``client_kwargs``, ``config_kwargs``, ``anon``) are the writer's own. A ``session``
+given in the options is used as it is.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -29,9 +45,12 @@ __all__ = [
     "check_part_size",
     "connection_options",
     "largest_object",
+    "session_key",
+    "shared_session",
 ]
 
 T = TypeVar("T")
+log = logging.getLogger("ptestore.writers.s3")
 
 #: S3's smallest part (every part but the last), 5 MiB.
 MIN_PART_SIZE = 5 << 20
@@ -39,6 +58,10 @@ MIN_PART_SIZE = 5 << 20
 MAX_PART_SIZE = 5 << 30
 DEFAULT_PART_SIZE = 8 << 20
 _SSE_C_KEYS = ("SSECustomerAlgorithm", "SSECustomerKey", "SSECustomerKeyMD5")
+#: Sessions kept per process (least recently used dropped first).
+SESSION_CACHE_SIZE = 8
+_sessions: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+_sessions_lock = threading.Lock()
 
 
 def check_part_size(url: str, part_size: object, minimum: int = MIN_PART_SIZE) -> int:
@@ -68,6 +91,49 @@ def connection_options() -> frozenset[str]:
     return fsspec_options(S3FileSystem) | set(RETRY_OPTIONS)
 
 
+def _file_state(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(os.path.expanduser(path))
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
+
+
+def session_key(session_kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """What decides what an aiobotocore session resolves, in this process: the pid, the
+    session's arguments (s3fs passes ``profile`` and other unknown options), every
+    ``AWS_*`` environment variable and the state of the AWS config/credentials files."""
+    env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
+    files = (
+        os.environ.get("AWS_CONFIG_FILE", "~/.aws/config"),
+        os.environ.get("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials"),
+    )
+    return (
+        os.getpid(),
+        repr(sorted(session_kwargs.items())),
+        env,
+        tuple(_file_state(f) for f in files),
+    )
+
+
+def shared_session(session_kwargs: dict[str, Any]) -> Any:
+    """The process's ``aiobotocore.session.AioSession(**session_kwargs)`` for the current
+    :func:`session_key` (made on first use; clients made from it are each their own)."""
+    import aiobotocore.session
+
+    key = session_key(session_kwargs)
+    with _sessions_lock:
+        session = _sessions.get(key)
+        if session is not None:
+            _sessions.move_to_end(key)
+            return session
+        session = aiobotocore.session.AioSession(**session_kwargs)
+        _sessions[key] = session
+        while len(_sessions) > SESSION_CACHE_SIZE:
+            _sessions.popitem(last=False)
+        return session
+
+
 class S3Connection:
     """One s3fs filesystem and its client; every S3 call goes through :meth:`call`.
 
@@ -95,6 +161,8 @@ class S3Connection:
         config.setdefault("max_pool_connections", pool_size)
         try:
             self.fs = S3FileSystem(config_kwargs=config, **options)
+            if self.fs.session is None:  # no session given: the process's shared one
+                self.fs.session = shared_session(self.fs.kwargs)
             self.client: Any = self.fs.s3  # connects: credentials and endpoint resolved
         except Exception as exc:
             raise ConfigurationError(f"{url}: cannot create an S3 client: {exc}") from exc
@@ -106,6 +174,20 @@ class S3Connection:
             self.extras["RequestPayer"] = "requester"
         #: Parameters of the requests that create the object (``s3_additional_kwargs``).
         self.create_extras: dict[str, Any] = {**additional, **self.extras}
+
+    def close(self) -> None:
+        """Close the client's connections now, on s3fs's event loop. Left to garbage
+        collection, s3fs closes them from whichever thread collects the filesystem (an
+        fsspec filesystem is always in a reference cycle), and in a thread that runs an
+        event loop of its own (a Dask worker's) that fails with "attached to a different
+        loop"; closing twice is harmless."""
+        creator = getattr(self.fs, "_s3creator", None)
+        if creator is None:
+            return
+        try:
+            self._sync(self.fs.loop, creator.__aexit__, None, None, None)
+        except Exception as exc:  # the connections go with the process at worst
+            log.debug("%s: closing the S3 client failed: %s", self.url, exc)
 
     def invoke(self, operation: str, **params: Any) -> dict[str, Any]:
         """One attempt of ``client.<operation>(**params)``, synchronously."""

@@ -32,7 +32,7 @@ from ...errors import (
 )
 from ...storage._s3source import S3Source, matching_source, s3_identity
 from ...storage.types import DataLoader, split_url, strerror
-from ..base import DataWriter, PublishMode, PublishResult, WriterGuarantees
+from ..base import DataWriter, PublishMode, PublishResult, WriterGuarantees, WriterState
 from . import config
 from .checksum import b64crc, crc32_combine
 from .config import DEFAULT_PART_SIZE, S3Connection, check_part_size, largest_object
@@ -144,6 +144,20 @@ class S3Writer(DataWriter):
         self._track_staging(self._st)
         self._transfer = PartTransfer(self.conn, bucket, key, self.part_size)
         self._identity: str | None = None
+
+    def publish(self, mode: PublishMode = "overwrite") -> PublishResult:
+        # docstring inherited; a published writer needs its client no more: close it
+        # (a failed one keeps it, to abort its upload on discard)
+        result = super().publish(mode)
+        self.conn.close()
+        return result
+
+    def discard(self) -> None:
+        # docstring inherited; the client is closed once the upload is aborted
+        open_before = self.state is WriterState.OPEN
+        super().discard()
+        if open_before:
+            self.conn.close()
 
     @property
     def upload_id(self) -> str | None:
@@ -354,7 +368,11 @@ class S3Writer(DataWriter):
         return matching_source(loader, self._identity)
 
     def _copy_from(self, loader: DataLoader, src_offset: int, size: int, dst_offset: int) -> None:
-        source = self.copy_source(loader)
+        # A range S3 could never copy (no part is one run of more than MIN_PART_SIZE
+        # source bytes) of a source held in memory (a small object, read whole) is taken
+        # from memory now rather than read again by a GET at upload time.
+        in_memory = getattr(loader, "in_memory", False) and size <= config.MIN_PART_SIZE
+        source = None if in_memory else self.copy_source(loader)
         if source is None:
             super()._copy_from(loader, src_offset, size, dst_offset)
             return
