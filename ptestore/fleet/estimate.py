@@ -83,8 +83,9 @@ def _same_service(src: str, dst: str, job: Job) -> bool:
     return all(read.get(k) == write.get(k) for k in _IDENTITY)
 
 
-def _file(src: str, dst: str, size: int, job: Job) -> Estimate:
-    """One output file made from a source of ``size`` bytes."""
+def _file(src: str, dst: str, size: int, job: Job, *, shared: bool = False) -> Estimate:
+    """One output file made from a source of ``size`` bytes; ``shared``: a .ptd stored
+    under its content address (``fleet/shared.py``), assumed not stored yet."""
     part = int(
         pair_options(dst, job.storage_options).for_writer(dst).get("part_size", _DEFAULT_PART)
     )
@@ -98,8 +99,9 @@ def _file(src: str, dst: str, size: int, job: Job) -> Estimate:
     # Reads: the trailer's tail, every byte for the digest, the uploaded parts' unchanged
     # bytes again when writing (not for a source held in memory); writes: the uploaded
     # bytes; after publishing, the destination's trailer.
+    # A shared .ptd has no trailer: nothing of it is read back after publishing.
     reads = min(size, _TAIL) + size + (0 if whole else uploaded)
-    client = reads + uploaded + min(size, _TAIL)
+    client = reads + uploaded + (0 if shared else min(size, _TAIL))
     requests = 0
     if _s3(src):
         chunks = -(-size // _CHUNK)
@@ -110,7 +112,12 @@ def _file(src: str, dst: str, size: int, job: Job) -> Estimate:
             requests += 2  # PutObject, HEAD (verify)
         else:
             requests += nparts + 4  # Create, gc marker part, parts, Complete, HEAD
-        requests += 3  # check after publishing: HEAD, stored CRC-32 (HEAD), trailer GET
+        if shared:
+            # Looked for at its address first (HEAD, and s3fs's LIST for an absent
+            # object); checked after publishing by HEAD and stored CRC-32 (no trailer).
+            requests += 2 + 2
+        else:
+            requests += 3  # check after publishing: HEAD, stored CRC-32 (HEAD), trailer GET
     return Estimate(client, copy, requests)
 
 
@@ -121,7 +128,11 @@ def estimate_pair(task: PairTask | None, action: str, reason: str, job: Job) -> 
         return Estimate()
     total = _file(task.source, task.destination, task.sources["pte"].size, job)
     if task.ptd is not None and task.ptd_destination is not None and "ptd" in task.sources:
-        total += _file(task.ptd, task.ptd_destination, task.sources["ptd"].size, job)
+        # Every fleet .ptd goes to the job's content-addressed store (its destination
+        # here is the store's directory), as if this pair were the first to store it.
+        total += _file(
+            task.ptd, task.ptd_destination, task.sources["ptd"].size, job, shared=True
+        )
     # The check before running reads the .pte destination's trailer (an absent one: a
     # HEAD, and s3fs's LIST to tell a missing object from a directory).
     exists = not reason.startswith("no artifact")

@@ -76,7 +76,7 @@ def test_the_estimate_of_each_pair_matches_its_run(s3_server: S3TestServer, tmp_
             assert p.estimate.requests + files == sum(traffic.calls.values())
             assert p.estimate.client_bytes < result.bytes
         assert p.estimate.copy_bytes == 0
-    assert [p.estimate.requests for p in plan.pairs] == [11, 11, 20, 20]
+    assert [p.estimate.requests for p in plan.pairs] == [11, 11, 21, 21]
     assert plan.estimate == sum((p.estimate for p in plan.pairs), Estimate())
     again = plan_job(job)  # everything current: nothing to run, nothing estimated
     assert again.count("skip") == 4 and again.estimate == Estimate()
@@ -90,7 +90,7 @@ def test_plan_shows_the_estimates(
     assert main(["fleet", "plan", str(job), "--json"]) == 0
     shown: dict[str, Any] = json.loads(capsys.readouterr().out)
     per_pair = [p["estimate"] for p in shown["pairs"]]
-    assert [e["s3_requests"] for e in per_pair] == [11, 11, 20, 20]
+    assert [e["s3_requests"] for e in per_pair] == [11, 11, 21, 21]
     assert set(per_pair[0]) == {"client_bytes", "server_copy_bytes", "s3_requests"}
     assert shown["estimate"] == {
         k: sum(e[k] for e in per_pair) for k in ("client_bytes", "server_copy_bytes", "s3_requests")
@@ -107,7 +107,7 @@ def test_plan_shows_the_estimates(
         "reason",
     ]
     assert "estimated for the pairs to run: " in text
-    assert ", 0 B copied by the S3 service, 62 S3 requests (estimates: " in text
+    assert ", 0 B copied by the S3 service, 64 S3 requests (estimates: " in text
 
 
 def test_large_sources_on_one_service_are_mostly_copied(tmp_path: Path) -> None:
