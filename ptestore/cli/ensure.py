@@ -1,6 +1,7 @@
 """``ptestore ensure SRC --cache-dir DIR [--backend SPEC]... [--device NAME
-[--device-option K=V]...] [--ptd PTD] [--max-bytes N] [--in-place] [--json]``: the
-specialized model for SRC, made once and cached (see docs/device.md); prints its path."""
+[--device-option K=V]...] [--ptd PTD] [--max-bytes N] [--in-place] [--no-provenance]
+[--json]``: the specialized model for SRC, made once and cached (see docs/device.md);
+prints its path."""
 
 from __future__ import annotations
 
@@ -82,6 +83,14 @@ def add_ensure_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="rewrite SRC itself (crash-safe, about 1x disk) instead of caching a copy",
     )
+    p.add_argument(
+        "--no-provenance",
+        dest="provenance",
+        action="store_false",
+        default=True,
+        help="write no provenance trailer (the artifact then cannot be told current or "
+        "stale; such an entry has a cache key of its own)",
+    )
     p.add_argument("--json", action="store_true", help="print the artifact (or error) as JSON")
     add_common_flags(p)
     p.set_defaults(func=run_ensure)
@@ -106,6 +115,7 @@ def run_ensure(args: argparse.Namespace) -> int:
         ptd=args.ptd,
         max_bytes=args.max_bytes,
         in_place=args.in_place,
+        provenance=args.provenance,
     )
     if args.json:
         json.dump(artifact.to_dict(), sys.stdout, indent=2)

@@ -64,8 +64,9 @@ class Artifact:
     pte: str
     #: Path of its ``.ptd`` (None without one).
     ptd: str | None
-    #: The provenance record of the ``.pte`` (sources, backends, device).
-    provenance: Provenance
+    #: The provenance record of the ``.pte`` (sources, backends, device); None when it
+    #: was made with ``provenance=False``.
+    provenance: Provenance | None
     #: True when this call made it, False when it came from the cache.
     created: bool
     #: The cache key (the entry's directory name under ``CACHE_DIR/entries``).
@@ -83,7 +84,7 @@ class Artifact:
             "key": self.key,
             "specialized": self.specialized,
             "in_place": self.in_place,
-            "provenance": self.provenance.to_dict(),
+            "provenance": None if self.provenance is None else self.provenance.to_dict(),
         }
 
 
@@ -190,10 +191,12 @@ def entry_key(
     backends: list[BackendLike] | None,
     device: DeviceProfile | None,
     in_place: bool,
+    provenance: bool = True,
 ) -> str:
-    """The cache key: the entry's directory name (32 hex digits)."""
+    """The cache key: the entry's directory name (32 hex digits). An entry made without
+    provenance has a key of its own (its bytes differ: no trailer)."""
 
-    material = [
+    material: list[Any] = [
         "ptestore.ensure/1",
         _location(source),
         None if ptd is None else _location(ptd),
@@ -201,6 +204,8 @@ def entry_key(
         None if device is None else device.name,
         bool(in_place),
     ]
+    if not provenance:  # appended only when off: the keys of existing entries stay
+        material.append("no-provenance")
     return hashlib.sha256(canonical_json(material).encode()).hexdigest()[:32]
 
 
@@ -224,6 +229,7 @@ def ensure(
     ptd: PathOrUrl | None = None,
     max_bytes: int | None = None,
     in_place: bool = False,
+    provenance: bool = True,
 ) -> Artifact:
     """The specialized model for ``source`` on this device, made once and cached.
 
@@ -239,6 +245,10 @@ def ensure(
             another process holds).
         in_place: rewrite ``source`` itself instead of making a copy in the cache (local
             files only; the cache then keeps only the manifest).
+        provenance: end the artifact with a provenance trailer (the default), what
+            lets ``ptestore verify`` and the fleet tell it current or stale; False
+            writes none (CLI: ``--no-provenance``; such an entry has a key of its own).
+            A source that nothing changes, rewritten in place, is still left as it was.
 
     Returns:
         An :class:`Artifact`: paths of the ``.pte`` and ``.ptd``, the provenance,
@@ -251,17 +261,21 @@ def ensure(
             :func:`ptestore.specialize`.
     """
     _check_args(max_bytes, device)
+    if not isinstance(provenance, bool):
+        raise ConfigurationError(f"provenance must be True or False, got {provenance!r}")
     src = os.fspath(source)
     ptd_src = None if ptd is None else os.fspath(ptd)
     blist = None if backends is None else list(backends)
     if in_place:
-        return _ensure_in_place(CacheLayout(cache_dir), src, ptd_src, blist, device, max_bytes)
+        return _ensure_in_place(
+            CacheLayout(cache_dir), src, ptd_src, blist, device, max_bytes, provenance
+        )
     from ..journal import recover_if_local
 
     recover_if_local(src)  # an interrupted in-place run of the source: finish it first
     layout = CacheLayout(cache_dir)
     layout.create()
-    key = entry_key(src, ptd_src, blist, device, False)
+    key = entry_key(src, ptd_src, blist, device, False, provenance)
     fingerprint = {
         "source": source_identity(src),
         "ptd": None if ptd_src is None else source_identity(ptd_src),
@@ -274,7 +288,7 @@ def ensure(
         with layout.lock(key):
             hit = _lookup(layout, key, fingerprint)  # another process may have made it
             if hit is None:
-                hit = _make(layout, key, fingerprint, src, ptd_src, blist, device)
+                hit = _make(layout, key, fingerprint, src, ptd_src, blist, device, provenance)
         if max_bytes is not None:
             evict(layout.root, max_bytes, keep=key)
     return hit
@@ -287,6 +301,7 @@ def _ensure_in_place(
     backends: list[BackendLike] | None,
     device: DeviceProfile | None,
     max_bytes: int | None,
+    provenance: bool = True,
 ) -> Artifact:
     """``ensure(in_place=True)``: the source itself is rewritten once; the cache keeps
     only a manifest with the identity the file has afterwards."""
@@ -300,7 +315,7 @@ def _ensure_in_place(
     if not _is_local(src):
         raise ConfigurationError(f"{src}: in-place specialization works on local files only")
     layout.create()
-    key = entry_key(src, None, backends, device, True)
+    key = entry_key(src, None, backends, device, True, provenance)
     recover_if_local(src)
     versions = _backend_fingerprint(backends)
     dev = None if device is None else [device.name, device.digest()]
@@ -315,7 +330,7 @@ def _ensure_in_place(
             recover_if_local(src)
             hit = _lookup_in_place(layout, key, current())
             if hit is None:
-                hit = _make_in_place(layout, key, src, backends, device, current)
+                hit = _make_in_place(layout, key, src, backends, device, current, provenance)
         if max_bytes is not None:
             evict(layout.root, max_bytes, keep=key)
     return hit
@@ -336,10 +351,11 @@ def _lookup_in_place(layout: CacheLayout, key: str, fingerprint: dict[str, Any])
 def _in_place_artifact(key: str, manifest: dict[str, Any], created: bool) -> Artifact:
     from ..provenance.record import Provenance
 
+    record = manifest.get("provenance")
     return Artifact(
         pte=manifest["source"],
         ptd=None,
-        provenance=Provenance.from_dict(manifest["provenance"], manifest["source"]),
+        provenance=None if record is None else Provenance.from_dict(record, manifest["source"]),
         created=created,
         key=key,
         specialized=bool(manifest.get("specialized", True)),
@@ -354,6 +370,7 @@ def _make_in_place(
     backends: list[BackendLike] | None,
     device: DeviceProfile | None,
     current: Any,
+    provenance: bool = True,
 ) -> Artifact:
     from ..coordinator.inplace import specialize_in_place
     from ..provenance import read_provenance
@@ -366,7 +383,7 @@ def _make_in_place(
             path,
             backends=backends,
             device=device,
-            provenance=ProvenanceRequest(),
+            provenance=ProvenanceRequest() if provenance else False,
             strict=False,  # an app's cache keeps what it was given when nothing applies
         )
     except (PteStoreError, OSError) as exc:
@@ -381,7 +398,6 @@ def _make_in_place(
         prov = read_provenance(loader)
     finally:
         loader.close()
-    assert prov is not None  # the run was asked for provenance
     manifest = {
         "format": MANIFEST_FORMAT,
         "version": MANIFEST_VERSION,
@@ -392,7 +408,7 @@ def _make_in_place(
         "files": {},
         "specialized": report.specialized,
         "in_place": True,
-        "provenance": prov.to_dict(),
+        "provenance": None if prov is None else prov.to_dict(),
     }
     os.makedirs(layout.entry_dir(key), exist_ok=True)
     write_manifest(layout, key, manifest, src)
@@ -404,7 +420,8 @@ def _artifact(layout: CacheLayout, key: str, manifest: dict[str, Any], created: 
 
     directory = layout.entry_dir(key)
     files = manifest["files"]
-    prov = Provenance.from_dict(manifest["provenance"], layout.manifest(key))
+    record = manifest.get("provenance")
+    prov = None if record is None else Provenance.from_dict(record, layout.manifest(key))
     return Artifact(
         pte=os.path.join(directory, files["pte"]["name"]),
         ptd=os.path.join(directory, files["ptd"]["name"]) if "ptd" in files else None,
@@ -466,6 +483,7 @@ def _make(
     ptd_src: str | None,
     backends: list[BackendLike] | None,
     device: DeviceProfile | None,
+    provenance: bool = True,
 ) -> Artifact:
     from ..coordinator import specialize
     from ..provenance.stamp import ProvenanceRequest
@@ -491,7 +509,7 @@ def _make(
             ptd=None if ptd_src is None or ptd_dst is None else (ptd_src, ptd_dst),
             backends=backends,
             device=device,
-            provenance=ProvenanceRequest(),
+            provenance=ProvenanceRequest() if provenance else False,
             strict=False,
         )
     except (PteStoreError, OSError) as exc:  # a backend's spool write too
@@ -509,7 +527,6 @@ def _make(
         prov = read_provenance(loader)
     finally:
         loader.close()
-    assert prov is not None  # the run was asked for provenance
     files = {"pte": {"name": PTE_NAME, **file_stamp(pte)}}
     if ptd_dst is not None:
         files["ptd"] = {"name": PTD_NAME, **file_stamp(ptd_dst)}
@@ -523,7 +540,7 @@ def _make(
         "files": files,
         "specialized": report.specialized,
         "in_place": False,
-        "provenance": prov.to_dict(),
+        "provenance": None if prov is None else prov.to_dict(),
     }
     write_manifest(layout, key, manifest, src)
     return _artifact(layout, key, manifest, True)
