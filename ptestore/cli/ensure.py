@@ -1,7 +1,9 @@
 """``ptestore ensure SRC --cache-dir DIR [--backend SPEC]... [--device NAME
 [--device-option K=V]...] [--ptd PTD] [--max-bytes N] [--in-place] [--no-provenance]
-[--json]``: the specialized model for SRC, made once and cached (see docs/device.md);
-prints its path."""
+[--json]`` and ``ptestore ensure INDEX --cache-dir DIR --model NAME --device NAME
+[--device-option K=V]... [-o K=V]...``: the specialized model for SRC, made once and
+cached, or the artifact a fleet's job index selects for the device, downloaded once (see
+docs/device.md); prints its path."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from typing import Any
 
 from ..errors import ConfigurationError
 from .exits import EXIT_OK, guarded
+from .options import add_storage_options, storage_options
 from .parser import add_common_flags
 
 __all__ = ["add_ensure_parser", "parse_size", "run_ensure"]
@@ -23,6 +26,8 @@ examples:
   ptestore ensure model.pte --cache-dir cache --device phone --device-option soc=sm8650
   ptestore ensure model.pte --cache-dir cache --ptd model.ptd --max-bytes 2G --json
   ptestore ensure model.pte --cache-dir cache --in-place
+  ptestore ensure s3://models/fleet/ptestore-index.json --cache-dir cache \
+      --model mlp --device pixel9 --device-option soc=sm8650
 
 Prints the path of the specialized .pte (a second line with the .ptd when there is one).
 
@@ -54,7 +59,11 @@ def add_ensure_parser(subparsers: Any) -> argparse.ArgumentParser:
         "one specializes, the others wait and get its result.",
         epilog=_EPILOG,
     )
-    p.add_argument("src", metavar="SRC", help="source .pte (path or URL)")
+    p.add_argument(
+        "src",
+        metavar="SRC",
+        help="source .pte (path or URL), or with --model a fleet job's index (.json)",
+    )
     p.add_argument("--cache-dir", metavar="DIR", required=True, help="the cache directory")
     p.add_argument(
         "--backend",
@@ -70,6 +79,12 @@ def add_ensure_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="append",
         default=[],
         help="an option of the device profile (VALUE parsed as JSON if it can be); repeatable",
+    )
+    p.add_argument(
+        "--model",
+        metavar="NAME",
+        help="SRC is a job index: the model's name in it (needs --device); the artifact "
+        "selected for the device is fetched, verified, and cached while the index names it",
     )
     p.add_argument("--ptd", metavar="PTD", help="the model's external weights (.ptd)")
     p.add_argument(
@@ -92,6 +107,7 @@ def add_ensure_parser(subparsers: Any) -> argparse.ArgumentParser:
         "stale; such an entry has a cache key of its own)",
     )
     p.add_argument("--json", action="store_true", help="print the artifact (or error) as JSON")
+    add_storage_options(p)
     add_common_flags(p)
     p.set_defaults(func=run_ensure)
     return p
@@ -116,6 +132,8 @@ def run_ensure(args: argparse.Namespace) -> int:
         max_bytes=args.max_bytes,
         in_place=args.in_place,
         provenance=args.provenance,
+        model=args.model,
+        storage_options=storage_options(args) or None,
     )
     if args.json:
         json.dump(artifact.to_dict(), sys.stdout, indent=2)

@@ -16,6 +16,7 @@ specializes it again, in place of the old one; nothing else is touched.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import hashlib
 import json
@@ -75,9 +76,12 @@ class Artifact:
     specialized: bool = True
     #: True when the source itself was rewritten (``in_place=True``).
     in_place: bool = False
+    #: For a source that is a job index (``model=``): what :func:`ptestore.select` chose
+    #: and why (``Choice.to_dict()``: ``kind`` ``"artifact"`` or ``"source"``, ``reason``).
+    choice: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "pte": self.pte,
             "ptd": self.ptd,
             "created": self.created,
@@ -86,6 +90,9 @@ class Artifact:
             "in_place": self.in_place,
             "provenance": None if self.provenance is None else self.provenance.to_dict(),
         }
+        if self.choice is not None:
+            out["choice"] = self.choice
+        return out
 
 
 def _is_local(url: str) -> bool:
@@ -220,6 +227,29 @@ def _check_args(max_bytes: int | None, device: DeviceProfile | None) -> None:
         )
 
 
+def _check_index_args(
+    src: str, model: str | None, ptd: str | None, in_place: bool, provenance: bool
+) -> None:
+    if model is None:
+        raise ConfigurationError(
+            f"{src}: a job index needs model= (CLI: --model NAME) and device= (--device NAME)"
+        )
+    if not src.endswith(".json"):
+        raise ConfigurationError(
+            f"{src}: model={model!r} names a model of a job index (a .json such as "
+            "ptestore-index.json); this source is not one"
+        )
+    if ptd is not None:
+        raise ConfigurationError(f"{src}: ptd= does not apply to an index (it names the .ptd)")
+    if in_place:
+        raise ConfigurationError(f"{src}: in_place=True does not apply to an index")
+    if not provenance:
+        raise ConfigurationError(
+            f"{src}: provenance=False does not apply to an index: its artifacts carry the "
+            "trailers the index names (and the download is checked against them)"
+        )
+
+
 def ensure(
     source: PathOrUrl,
     *,
@@ -230,11 +260,18 @@ def ensure(
     max_bytes: int | None = None,
     in_place: bool = False,
     provenance: bool = True,
+    model: str | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> Artifact:
     """The specialized model for ``source`` on this device, made once and cached.
 
     Args:
-        source: the ``.pte``: a local path or a URL.
+        source: the ``.pte``: a local path or a URL; or, with ``model``, a fleet job's
+            index (``ptestore-index.json``, a path or URL): then the artifact
+            :func:`ptestore.select` picks for ``device`` is downloaded (verified, as
+            :func:`ptestore.fetch` does) and cached while the index names it; when none
+            fits, the model's portable source is specialized here with ``backends``
+            (see docs/device.md).
         cache_dir: a local directory for the cache (created if missing).
         backends: as for :func:`ptestore.specialize` (None: every installed backend
             whose name is a backend id of the program).
@@ -249,14 +286,19 @@ def ensure(
             lets ``ptestore verify`` and the fleet tell it current or stale; False
             writes none (CLI: ``--no-provenance``; such an entry has a key of its own).
             A source that nothing changes, rewritten in place, is still left as it was.
+        model: the model's name in the index ``source`` (only with an index).
+        storage_options: fsspec/s3fs options for the index and the files it names
+            (only with an index).
 
     Returns:
         An :class:`Artifact`: paths of the ``.pte`` and ``.ptd``, the provenance,
-        whether this call made it.
+        whether this call made it (and with an index, what was chosen and why).
 
     Raises:
         StorageError: the cache's file system is full (the cache and the source are left
             as they were) or another I/O failure.
+        IntegrityError: with an index, a download that does not match it (the cache
+            is left as it was).
         ConfigurationError, ObjectNotFound, FormatError, BackendError: as for
             :func:`ptestore.specialize`.
     """
@@ -266,6 +308,16 @@ def ensure(
     src = os.fspath(source)
     ptd_src = None if ptd is None else os.fspath(ptd)
     blist = None if backends is None else list(backends)
+    if model is not None or src.endswith(".json"):
+        _check_index_args(src, model, ptd_src, in_place, provenance)
+        assert model is not None
+        return _ensure_from_index(
+            src, cache_dir, model, device, blist, max_bytes, dict(storage_options or {})
+        )
+    if storage_options:
+        raise ConfigurationError(
+            f"{src}: storage_options apply to a job index (with model=), not to a .pte"
+        )
     if in_place:
         return _ensure_in_place(
             CacheLayout(cache_dir), src, ptd_src, blist, device, max_bytes, provenance
@@ -289,6 +341,54 @@ def ensure(
             hit = _lookup(layout, key, fingerprint)  # another process may have made it
             if hit is None:
                 hit = _make(layout, key, fingerprint, src, ptd_src, blist, device, provenance)
+        if max_bytes is not None:
+            evict(layout.root, max_bytes, keep=key)
+    return hit
+
+
+def _ensure_from_index(
+    index: str,
+    cache_dir: PathOrUrl,
+    model: str,
+    device: DeviceProfile | None,
+    backends: list[BackendLike] | None,
+    max_bytes: int | None,
+    opts: dict[str, Any],
+) -> Artifact:
+    """``ensure(index, model=...)`` (see :mod:`ptestore.device.indexed`): the artifact the
+    index selects, fetched into the entry keyed on the index, the model and the device,
+    current while the index still selects the same files; else the portable source,
+    specialized here."""
+    from .indexed import choose, fetch_entry, index_fingerprint, index_key
+
+    choice = choose(index, model, device, opts)
+    assert device is not None  # choose refuses None
+    if choice.kind == "source":
+        made = ensure(
+            choice.pte["url"],
+            cache_dir=cache_dir,
+            backends=backends,
+            device=device,
+            ptd=None if choice.ptd is None else choice.ptd["url"],
+            max_bytes=max_bytes,
+        )
+        return dataclasses.replace(made, choice=choice.to_dict())
+    layout = CacheLayout(cache_dir)
+    layout.create()
+    key = index_key(index, model, device)
+    fingerprint = index_fingerprint(index, model, device, choice)
+    with layout.lock(key, shared=True):
+        hit = _lookup(layout, key, fingerprint)
+    if hit is None:
+        with layout.lock(key):
+            hit = _lookup(layout, key, fingerprint)  # another process may have fetched it
+            if hit is None:
+                os.makedirs(layout.entry_dir(key), exist_ok=True)
+                names = (PTE_NAME, PTD_NAME)
+                manifest = fetch_entry(layout, key, index, model, device, opts, names)
+                write_manifest(layout, key, manifest, index)
+                clean_entry_locked(layout, key, manifest)  # the previous files' leftovers
+                hit = _artifact(layout, key, manifest, True)
         if max_bytes is not None:
             evict(layout.root, max_bytes, keep=key)
     return hit
@@ -422,6 +522,7 @@ def _artifact(layout: CacheLayout, key: str, manifest: dict[str, Any], created: 
     files = manifest["files"]
     record = manifest.get("provenance")
     prov = None if record is None else Provenance.from_dict(record, layout.manifest(key))
+    choice = manifest.get("choice")
     return Artifact(
         pte=os.path.join(directory, files["pte"]["name"]),
         ptd=os.path.join(directory, files["ptd"]["name"]) if "ptd" in files else None,
@@ -429,6 +530,7 @@ def _artifact(layout: CacheLayout, key: str, manifest: dict[str, Any], created: 
         created=created,
         key=key,
         specialized=bool(manifest.get("specialized", True)),
+        choice=choice if isinstance(choice, dict) else None,
     )
 
 
