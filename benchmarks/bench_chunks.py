@@ -53,7 +53,7 @@ def hwm():
 with open("/proc/self/clear_refs", "w") as f:  # peak RSS := current RSS
     f.write("5")
 base = hwm()
-ptestore.specialize(src, dst, backends=[Double()])
+ptestore.specialize(src, dst, backends=[Double()], provenance=False)
 peak = hwm()
 print(json.dumps({"mode": mode, "baseline_kib": base, "peak_kib": peak,
                   "above_mib": round((peak - base) / 1024, 1)}))
@@ -72,7 +72,7 @@ def main() -> int:
     args.dir.mkdir(parents=True, exist_ok=True)
     model = args.dir / "model.pte"
     inflate = Inflate(args.weight_mib * MIB, 64 * MIB)
-    ptestore.specialize(FIXTURE, model, backends=[inflate])
+    ptestore.specialize(FIXTURE, model, backends=[inflate], provenance=False)
     key = inflate.keys[0]
     for mode in ("whole", "chunks", "whole", "chunks"):
         out = subprocess.run(
