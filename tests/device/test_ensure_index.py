@@ -96,6 +96,12 @@ def test_fetched_once_hit_while_current_refetched_when_stale_kept_when_corrupt(
     assert ", the index names sha256:" in str(info.value)
     assert _tree(cache) == before
     assert [e.state for e in list_entries(cache)] == ["ready"]
+    argv = ["ensure", index, "--cache-dir", str(cache), "--model", "m", "--device", "a"]
+    assert main([*argv, "--device-option", "soc=x", "--device-option", "scale=2.0"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"ptestore ensure: failed, nothing published: {pte}: downloaded ")
+    assert err.splitlines()[0].endswith("; nothing was published, the cache is as it was")
+    assert _tree(cache) == before
 
 
 def test_nothing_fits_specializes_the_portable_source_here(
