@@ -110,7 +110,7 @@ with open("/proc/self/clear_refs", "w") as f:  # peak RSS := current RSS
     f.write("5")
 base = hwm()
 if dst == src:  # --in-place: the replacements go to a journal beside the file
-    ptestore.specialize(src, src, backends=[Invert()], in_place=True)
+    ptestore.specialize(src, src, backends=[Invert()], in_place=True, provenance=provenance == "1")
 else:
     ptestore.specialize(src, dst, backends=[Invert()], provenance=provenance == "1")
 peak = hwm()
@@ -143,7 +143,7 @@ def make_model(path: Path, sizes: list[int]) -> list[str]:
                 output.write_named_data_chunks(key, n, pieces(n), allow_size_change=True)
 
     tmp = path.with_suffix(".tmp")
-    ptestore.specialize(FIXTURE, tmp, backends=[Inflate()])
+    ptestore.specialize(FIXTURE, tmp, backends=[Inflate()], provenance=False)
     os.replace(tmp, path)
     return keys
 

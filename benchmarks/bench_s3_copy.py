@@ -110,6 +110,7 @@ def main() -> None:
                 f"s3://{bucket}/in.pte",
                 f"s3://{bucket}/out-{mode}.pte",
                 backends=[DoubleOne(key)],
+                provenance=False,
                 src_storage_options=src,
                 dst_storage_options={
                     **common,

@@ -1,6 +1,9 @@
 """``ptestore ensure SRC --cache-dir DIR [--backend SPEC]... [--device NAME
-[--device-option K=V]...] [--ptd PTD] [--max-bytes N] [--in-place] [--json]``: the
-specialized model for SRC, made once and cached (see docs/device.md); prints its path."""
+[--device-option K=V]...] [--ptd PTD] [--max-bytes N] [--in-place] [--no-provenance]
+[--json]`` and ``ptestore ensure INDEX --cache-dir DIR --model NAME --device NAME
+[--device-option K=V]... [-o K=V]...``: the specialized model for SRC, made once and
+cached, or the artifact a fleet's job index selects for the device, downloaded once (see
+docs/device.md); prints its path."""
 
 from __future__ import annotations
 
@@ -10,8 +13,9 @@ import re
 import sys
 from typing import Any
 
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, IntegrityError, StorageError
 from .exits import EXIT_OK, guarded
+from .options import add_storage_options, storage_options
 from .parser import add_common_flags
 
 __all__ = ["add_ensure_parser", "parse_size", "run_ensure"]
@@ -22,6 +26,8 @@ examples:
   ptestore ensure model.pte --cache-dir cache --device phone --device-option soc=sm8650
   ptestore ensure model.pte --cache-dir cache --ptd model.ptd --max-bytes 2G --json
   ptestore ensure model.pte --cache-dir cache --in-place
+  ptestore ensure s3://models/fleet/ptestore-index.json --cache-dir cache \
+      --model mlp --device pixel9 --device-option soc=sm8650
 
 Prints the path of the specialized .pte (a second line with the .ptd when there is one).
 
@@ -53,7 +59,11 @@ def add_ensure_parser(subparsers: Any) -> argparse.ArgumentParser:
         "one specializes, the others wait and get its result.",
         epilog=_EPILOG,
     )
-    p.add_argument("src", metavar="SRC", help="source .pte (path or URL)")
+    p.add_argument(
+        "src",
+        metavar="SRC",
+        help="source .pte (path or URL), or with --model a fleet job's index (.json)",
+    )
     p.add_argument("--cache-dir", metavar="DIR", required=True, help="the cache directory")
     p.add_argument(
         "--backend",
@@ -70,6 +80,12 @@ def add_ensure_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=[],
         help="an option of the device profile (VALUE parsed as JSON if it can be); repeatable",
     )
+    p.add_argument(
+        "--model",
+        metavar="NAME",
+        help="SRC is a job index: the model's name in it (needs --device); the artifact "
+        "selected for the device is fetched, verified, and cached while the index names it",
+    )
     p.add_argument("--ptd", metavar="PTD", help="the model's external weights (.ptd)")
     p.add_argument(
         "--max-bytes",
@@ -82,7 +98,16 @@ def add_ensure_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="rewrite SRC itself (crash-safe, about 1x disk) instead of caching a copy",
     )
+    p.add_argument(
+        "--no-provenance",
+        dest="provenance",
+        action="store_false",
+        default=True,
+        help="write no provenance trailer (the artifact then cannot be told current or "
+        "stale; such an entry has a cache key of its own)",
+    )
     p.add_argument("--json", action="store_true", help="print the artifact (or error) as JSON")
+    add_storage_options(p)
     add_common_flags(p)
     p.set_defaults(func=run_ensure)
     return p
@@ -98,15 +123,15 @@ def run_ensure(args: argparse.Namespace) -> int:
     if options and not args.device:
         raise ConfigurationError("--device-option needs --device NAME")
     device = DeviceProfile(args.device, options) if args.device else None
-    artifact = ensure(
-        args.src,
-        cache_dir=args.cache_dir,
-        backends=args.backend,
-        device=device,
-        ptd=args.ptd,
-        max_bytes=args.max_bytes,
-        in_place=args.in_place,
-    )
+    try:
+        artifact = _ensure(args, ensure, device)
+    except IntegrityError as exc:
+        if args.model is None:
+            raise
+        # With an index the only IntegrityError is fetch's (the cache's writers are local
+        # and do not raise it): a download that does not match the index, refused before
+        # anything is published (elsewhere the error means a publish took effect).
+        raise StorageError(f"{exc}; nothing was published, the cache is as it was") from exc
     if args.json:
         json.dump(artifact.to_dict(), sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -115,3 +140,18 @@ def run_ensure(args: argparse.Namespace) -> int:
         if artifact.ptd is not None:
             print(artifact.ptd)
     return EXIT_OK
+
+
+def _ensure(args: argparse.Namespace, ensure: Any, device: Any) -> Any:
+    return ensure(
+        args.src,
+        cache_dir=args.cache_dir,
+        backends=args.backend,
+        device=device,
+        ptd=args.ptd,
+        max_bytes=args.max_bytes,
+        in_place=args.in_place,
+        provenance=args.provenance,
+        model=args.model,
+        storage_options=storage_options(args) or None,
+    )

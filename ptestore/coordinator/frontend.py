@@ -40,7 +40,7 @@ def specialize(
     spool_dir: str | None = None,
     strict: bool | None = None,
     device: DeviceProfile | None = None,
-    provenance: ProvenanceRequest | bool | None = None,
+    provenance: ProvenanceRequest | bool = True,
     allow_unchanged: bool = False,
     in_place: bool = False,
 ) -> SpecializationReport:
@@ -82,10 +82,13 @@ def specialize(
             (the default, as in the CLI; ``--allow-unchanged`` there).
         device: the device profile (``DeviceProfile``) handed to every backend as
             ``context.device`` (CLI: ``--device``).
-        provenance: True or a :class:`~ptestore.provenance.ProvenanceRequest`: each
-            output ends with a provenance trailer (see :mod:`ptestore.provenance`); a
-            source's own trailer is never copied, so re-specializing an artifact
-            replaces its trailer.
+        provenance: True (the default) or a
+            :class:`~ptestore.provenance.ProvenanceRequest`: each output ends with a
+            provenance trailer (see :mod:`ptestore.provenance`), what lets ``verify``,
+            the fleet and ``ensure`` tell it current or stale; False writes none (CLI:
+            ``--no-provenance``). A source's own trailer is never copied, so
+            re-specializing an artifact replaces its trailer; a pass-through that changes
+            nothing (the destination is the source) still writes nothing.
         in_place: rewrite the local file ``src_url`` (= ``dst_url``) itself, through a
             journal beside it, at about 1x disk (see docs/device.md and
             :func:`ptestore.recover`); no ``.ptd``, no storage options.

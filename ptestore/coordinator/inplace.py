@@ -156,7 +156,7 @@ def specialize_in_place(
     *,
     backends: Iterable[Any] | None = None,
     device: DeviceProfile | None = None,
-    provenance: Any = None,
+    provenance: Any = True,
     event_tracer: Any = None,
     strict: bool = True,
 ) -> SpecializationReport:

@@ -50,7 +50,7 @@ def specialize_pair(
     spool_dir: str | None = None,
     strict: bool | None = None,
     device: DeviceProfile | None = None,
-    provenance: ProvenanceRequest | bool | None = None,
+    provenance: ProvenanceRequest | bool = True,
     allow_unchanged: bool = False,
     loader_hook: Callable[[DataLoader], DataLoader] | None = None,
     ptd_store: ContentStore | None = None,

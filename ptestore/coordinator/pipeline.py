@@ -73,7 +73,7 @@ def initialize_and_save_backend_data(
     spool_dir: str | None = None,
     strict: bool | None = None,
     device: DeviceProfile | None = None,
-    provenance: ProvenanceRequest | bool | None = None,
+    provenance: ProvenanceRequest | bool = True,
     allow_unchanged: bool = False,
     ptd_store: ContentStore | None = None,
 ) -> SpecializationReport:
@@ -110,10 +110,12 @@ def initialize_and_save_backend_data(
             ``passthrough`` explicitly asks for a copy and counts as done.
         device: the device profile (``DeviceProfile``) handed to every backend as
             ``context.device`` (CLI: ``--device``).
-        provenance: True or a :class:`~ptestore.provenance.ProvenanceRequest`: each
-            output ends with a provenance trailer (see :mod:`ptestore.provenance`); a
+        provenance: True (the default) or a
+            :class:`~ptestore.provenance.ProvenanceRequest`: each output ends with a
+            provenance trailer (see :mod:`ptestore.provenance`); False writes none. A
             source's own trailer is never copied, so re-specializing an artifact
-            replaces its trailer.
+            replaces its trailer; an unchanged file whose destination is its source is
+            not written at all, trailer or not.
         ptd_store: store the .ptd once, under the address of its bytes
             (:class:`~ptestore.coordinator.output.ContentStore`), instead of through
             ``ptd_writer`` (which is then discarded): when an object with its bytes is

@@ -16,6 +16,7 @@ specializes it again, in place of the old one; nothing else is touched.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import hashlib
 import json
@@ -64,8 +65,9 @@ class Artifact:
     pte: str
     #: Path of its ``.ptd`` (None without one).
     ptd: str | None
-    #: The provenance record of the ``.pte`` (sources, backends, device).
-    provenance: Provenance
+    #: The provenance record of the ``.pte`` (sources, backends, device); None when it
+    #: was made with ``provenance=False``.
+    provenance: Provenance | None
     #: True when this call made it, False when it came from the cache.
     created: bool
     #: The cache key (the entry's directory name under ``CACHE_DIR/entries``).
@@ -74,17 +76,23 @@ class Artifact:
     specialized: bool = True
     #: True when the source itself was rewritten (``in_place=True``).
     in_place: bool = False
+    #: For a source that is a job index (``model=``): what :func:`ptestore.select` chose
+    #: and why (``Choice.to_dict()``: ``kind`` ``"artifact"`` or ``"source"``, ``reason``).
+    choice: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "pte": self.pte,
             "ptd": self.ptd,
             "created": self.created,
             "key": self.key,
             "specialized": self.specialized,
             "in_place": self.in_place,
-            "provenance": self.provenance.to_dict(),
+            "provenance": None if self.provenance is None else self.provenance.to_dict(),
         }
+        if self.choice is not None:
+            out["choice"] = self.choice
+        return out
 
 
 def _is_local(url: str) -> bool:
@@ -210,10 +218,12 @@ def entry_key(
     backends: list[BackendLike] | None,
     device: DeviceProfile | None,
     in_place: bool,
+    provenance: bool = True,
 ) -> str:
-    """The cache key: the entry's directory name (32 hex digits)."""
+    """The cache key: the entry's directory name (32 hex digits). An entry made without
+    provenance has a key of its own (its bytes differ: no trailer)."""
 
-    material = [
+    material: list[Any] = [
         "ptestore.ensure/1",
         _location(source),
         None if ptd is None else _location(ptd),
@@ -221,6 +231,8 @@ def entry_key(
         None if device is None else device.name,
         bool(in_place),
     ]
+    if not provenance:  # appended only when off: the keys of existing entries stay
+        material.append("no-provenance")
     return hashlib.sha256(canonical_json(material).encode()).hexdigest()[:32]
 
 
@@ -235,6 +247,29 @@ def _check_args(max_bytes: int | None, device: DeviceProfile | None) -> None:
         )
 
 
+def _check_index_args(
+    src: str, model: str | None, ptd: str | None, in_place: bool, provenance: bool
+) -> None:
+    if model is None:
+        raise ConfigurationError(
+            f"{src}: a job index needs model= (CLI: --model NAME) and device= (--device NAME)"
+        )
+    if not src.endswith(".json"):
+        raise ConfigurationError(
+            f"{src}: model={model!r} names a model of a job index (a .json such as "
+            "ptestore-index.json); this source is not one"
+        )
+    if ptd is not None:
+        raise ConfigurationError(f"{src}: ptd= does not apply to an index (it names the .ptd)")
+    if in_place:
+        raise ConfigurationError(f"{src}: in_place=True does not apply to an index")
+    if not provenance:
+        raise ConfigurationError(
+            f"{src}: provenance=False does not apply to an index: its artifacts carry the "
+            "trailers the index names (and the download is checked against them)"
+        )
+
+
 def ensure(
     source: PathOrUrl,
     *,
@@ -244,11 +279,19 @@ def ensure(
     ptd: PathOrUrl | None = None,
     max_bytes: int | None = None,
     in_place: bool = False,
+    provenance: bool = True,
+    model: str | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> Artifact:
     """The specialized model for ``source`` on this device, made once and cached.
 
     Args:
-        source: the ``.pte``: a local path or a URL.
+        source: the ``.pte``: a local path or a URL; or, with ``model``, a fleet job's
+            index (``ptestore-index.json``, a path or URL): then the artifact
+            :func:`ptestore.select` picks for ``device`` is downloaded (verified, as
+            :func:`ptestore.fetch` does) and cached while the index names it; when none
+            fits, the model's portable source is specialized here with ``backends``
+            (see docs/device.md).
         cache_dir: a local directory for the cache (created if missing).
         backends: as for :func:`ptestore.specialize` (None: every installed backend
             whose name is a backend id of the program).
@@ -259,29 +302,52 @@ def ensure(
             another process holds).
         in_place: rewrite ``source`` itself instead of making a copy in the cache (local
             files only; the cache then keeps only the manifest).
+        provenance: end the artifact with a provenance trailer (the default), what
+            lets ``ptestore verify`` and the fleet tell it current or stale; False
+            writes none (CLI: ``--no-provenance``; such an entry has a key of its own).
+            A source that nothing changes, rewritten in place, is still left as it was.
+        model: the model's name in the index ``source`` (only with an index).
+        storage_options: fsspec/s3fs options for the index and the files it names
+            (only with an index).
 
     Returns:
         An :class:`Artifact`: paths of the ``.pte`` and ``.ptd``, the provenance,
-        whether this call made it.
+        whether this call made it (and with an index, what was chosen and why).
 
     Raises:
         StorageError: the cache's file system is full (the cache and the source are left
             as they were) or another I/O failure.
+        IntegrityError: with an index, a download that does not match it (the cache
+            is left as it was).
         ConfigurationError, ObjectNotFound, FormatError, BackendError: as for
             :func:`ptestore.specialize`.
     """
     _check_args(max_bytes, device)
+    if not isinstance(provenance, bool):
+        raise ConfigurationError(f"provenance must be True or False, got {provenance!r}")
     src = os.fspath(source)
     ptd_src = None if ptd is None else os.fspath(ptd)
     blist = None if backends is None else list(backends)
+    if model is not None or src.endswith(".json"):
+        _check_index_args(src, model, ptd_src, in_place, provenance)
+        assert model is not None
+        return _ensure_from_index(
+            src, cache_dir, model, device, blist, max_bytes, dict(storage_options or {})
+        )
+    if storage_options:
+        raise ConfigurationError(
+            f"{src}: storage_options apply to a job index (with model=), not to a .pte"
+        )
     if in_place:
-        return _ensure_in_place(CacheLayout(cache_dir), src, ptd_src, blist, device, max_bytes)
+        return _ensure_in_place(
+            CacheLayout(cache_dir), src, ptd_src, blist, device, max_bytes, provenance
+        )
     from ..journal import recover_if_local
 
     recover_if_local(src)  # an interrupted in-place run of the source: finish it first
     layout = CacheLayout(cache_dir)
     layout.create()
-    key = entry_key(src, ptd_src, blist, device, False)
+    key = entry_key(src, ptd_src, blist, device, False, provenance)
     fingerprint = {
         "source": source_identity(src),
         "ptd": None if ptd_src is None else source_identity(ptd_src),
@@ -294,7 +360,55 @@ def ensure(
         with layout.lock(key):
             hit = _lookup(layout, key, fingerprint)  # another process may have made it
             if hit is None:
-                hit = _make(layout, key, fingerprint, src, ptd_src, blist, device)
+                hit = _make(layout, key, fingerprint, src, ptd_src, blist, device, provenance)
+        if max_bytes is not None:
+            evict(layout.root, max_bytes, keep=key)
+    return hit
+
+
+def _ensure_from_index(
+    index: str,
+    cache_dir: PathOrUrl,
+    model: str,
+    device: DeviceProfile | None,
+    backends: list[BackendLike] | None,
+    max_bytes: int | None,
+    opts: dict[str, Any],
+) -> Artifact:
+    """``ensure(index, model=...)`` (see :mod:`ptestore.device.indexed`): the artifact the
+    index selects, fetched into the entry keyed on the index, the model and the device,
+    current while the index still selects the same files; else the portable source,
+    specialized here."""
+    from .indexed import choose, fetch_entry, index_fingerprint, index_key
+
+    choice = choose(index, model, device, opts)
+    assert device is not None  # choose refuses None
+    if choice.kind == "source":
+        made = ensure(
+            choice.pte["url"],
+            cache_dir=cache_dir,
+            backends=backends,
+            device=device,
+            ptd=None if choice.ptd is None else choice.ptd["url"],
+            max_bytes=max_bytes,
+        )
+        return dataclasses.replace(made, choice=choice.to_dict())
+    layout = CacheLayout(cache_dir)
+    layout.create()
+    key = index_key(index, model, device)
+    fingerprint = index_fingerprint(index, model, device, choice)
+    with layout.lock(key, shared=True):
+        hit = _lookup(layout, key, fingerprint)
+    if hit is None:
+        with layout.lock(key):
+            hit = _lookup(layout, key, fingerprint)  # another process may have fetched it
+            if hit is None:
+                os.makedirs(layout.entry_dir(key), exist_ok=True)
+                names = (PTE_NAME, PTD_NAME)
+                manifest = fetch_entry(layout, key, index, model, device, opts, names)
+                write_manifest(layout, key, manifest, index)
+                clean_entry_locked(layout, key, manifest)  # the previous files' leftovers
+                hit = _artifact(layout, key, manifest, True)
         if max_bytes is not None:
             evict(layout.root, max_bytes, keep=key)
     return hit
@@ -307,6 +421,7 @@ def _ensure_in_place(
     backends: list[BackendLike] | None,
     device: DeviceProfile | None,
     max_bytes: int | None,
+    provenance: bool = True,
 ) -> Artifact:
     """``ensure(in_place=True)``: the source itself is rewritten once; the cache keeps
     only a manifest with the identity the file has afterwards."""
@@ -320,7 +435,7 @@ def _ensure_in_place(
     if not _is_local(src):
         raise ConfigurationError(f"{src}: in-place specialization works on local files only")
     layout.create()
-    key = entry_key(src, None, backends, device, True)
+    key = entry_key(src, None, backends, device, True, provenance)
     recover_if_local(src)
     versions = _backend_fingerprint(backends, layout)
     dev = None if device is None else [device.name, device.digest()]
@@ -335,7 +450,7 @@ def _ensure_in_place(
             recover_if_local(src)
             hit = _lookup_in_place(layout, key, current())
             if hit is None:
-                hit = _make_in_place(layout, key, src, backends, device, current)
+                hit = _make_in_place(layout, key, src, backends, device, current, provenance)
         if max_bytes is not None:
             evict(layout.root, max_bytes, keep=key)
     return hit
@@ -356,10 +471,11 @@ def _lookup_in_place(layout: CacheLayout, key: str, fingerprint: dict[str, Any])
 def _in_place_artifact(key: str, manifest: dict[str, Any], created: bool) -> Artifact:
     from ..provenance.record import Provenance
 
+    record = manifest.get("provenance")
     return Artifact(
         pte=manifest["source"],
         ptd=None,
-        provenance=Provenance.from_dict(manifest["provenance"], manifest["source"]),
+        provenance=None if record is None else Provenance.from_dict(record, manifest["source"]),
         created=created,
         key=key,
         specialized=bool(manifest.get("specialized", True)),
@@ -374,6 +490,7 @@ def _make_in_place(
     backends: list[BackendLike] | None,
     device: DeviceProfile | None,
     current: Any,
+    provenance: bool = True,
 ) -> Artifact:
     from ..coordinator.inplace import specialize_in_place
     from ..provenance import read_provenance
@@ -386,7 +503,7 @@ def _make_in_place(
             path,
             backends=backends,
             device=device,
-            provenance=ProvenanceRequest(),
+            provenance=ProvenanceRequest() if provenance else False,
             strict=False,  # an app's cache keeps what it was given when nothing applies
         )
     except (PteStoreError, OSError) as exc:
@@ -401,7 +518,6 @@ def _make_in_place(
         prov = read_provenance(loader)
     finally:
         loader.close()
-    assert prov is not None  # the run was asked for provenance
     manifest = {
         "format": MANIFEST_FORMAT,
         "version": MANIFEST_VERSION,
@@ -412,7 +528,7 @@ def _make_in_place(
         "files": {},
         "specialized": report.specialized,
         "in_place": True,
-        "provenance": prov.to_dict(),
+        "provenance": None if prov is None else prov.to_dict(),
     }
     os.makedirs(layout.entry_dir(key), exist_ok=True)
     write_manifest(layout, key, manifest, src)
@@ -424,7 +540,9 @@ def _artifact(layout: CacheLayout, key: str, manifest: dict[str, Any], created: 
 
     directory = layout.entry_dir(key)
     files = manifest["files"]
-    prov = Provenance.from_dict(manifest["provenance"], layout.manifest(key))
+    record = manifest.get("provenance")
+    prov = None if record is None else Provenance.from_dict(record, layout.manifest(key))
+    choice = manifest.get("choice")
     return Artifact(
         pte=os.path.join(directory, files["pte"]["name"]),
         ptd=os.path.join(directory, files["ptd"]["name"]) if "ptd" in files else None,
@@ -432,6 +550,7 @@ def _artifact(layout: CacheLayout, key: str, manifest: dict[str, Any], created: 
         created=created,
         key=key,
         specialized=bool(manifest.get("specialized", True)),
+        choice=choice if isinstance(choice, dict) else None,
     )
 
 
@@ -486,6 +605,7 @@ def _make(
     ptd_src: str | None,
     backends: list[BackendLike] | None,
     device: DeviceProfile | None,
+    provenance: bool = True,
 ) -> Artifact:
     from ..coordinator import specialize
     from ..provenance.stamp import ProvenanceRequest
@@ -511,7 +631,7 @@ def _make(
             ptd=None if ptd_src is None or ptd_dst is None else (ptd_src, ptd_dst),
             backends=backends,
             device=device,
-            provenance=ProvenanceRequest(),
+            provenance=ProvenanceRequest() if provenance else False,
             strict=False,
         )
     except (PteStoreError, OSError) as exc:  # a backend's spool write too
@@ -529,7 +649,6 @@ def _make(
         prov = read_provenance(loader)
     finally:
         loader.close()
-    assert prov is not None  # the run was asked for provenance
     files = {"pte": {"name": PTE_NAME, **file_stamp(pte)}}
     if ptd_dst is not None:
         files["ptd"] = {"name": PTD_NAME, **file_stamp(ptd_dst)}
@@ -543,7 +662,7 @@ def _make(
         "files": files,
         "specialized": report.specialized,
         "in_place": False,
-        "provenance": prov.to_dict(),
+        "provenance": None if prov is None else prov.to_dict(),
     }
     write_manifest(layout, key, manifest, src)
     return _artifact(layout, key, manifest, True)

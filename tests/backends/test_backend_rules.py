@@ -94,12 +94,16 @@ def test_cli_summary_shows_why_a_backend_declined(
 def test_specialize_refuses_an_unchanged_copy_by_default(src: Path, tmp_path: Path) -> None:
     dst = tmp_path / "o.pte"
     with pytest.raises(NothingSpecialized, match=r"^nothing was specialized in .*model\.pte"):
-        ptestore.specialize(src, dst, backends=[Quiet()])
+        ptestore.specialize(src, dst, backends=[Quiet()], provenance=False)
     assert not dst.exists()
-    report = ptestore.specialize(src, dst, backends=[Quiet()], allow_unchanged=True)
+    report = ptestore.specialize(
+        src, dst, backends=[Quiet()], allow_unchanged=True, provenance=False
+    )
     assert not report.specialized and dst.read_bytes() == src.read_bytes()
     # the older spelling still works
-    assert not ptestore.specialize(src, dst, backends=[Quiet()], strict=False).specialized
+    assert not ptestore.specialize(
+        src, dst, backends=[Quiet()], strict=False, provenance=False
+    ).specialized
 
 
 def test_strict_and_allow_unchanged_contradict(src: Path, tmp_path: Path) -> None:
@@ -137,6 +141,7 @@ def test_installed_backends_shows_a_registered_class_version() -> None:
 
 # -- a return value from initialize_backend_data is refused, like a generator --------
 RETURNS = "backends.test_backend_rules:test_a_return_value_is_refused.<locals>.Returns"
+
 
 @pytest.mark.parametrize(
     ("value", "shown"),

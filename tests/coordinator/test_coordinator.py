@@ -99,7 +99,7 @@ def run_failing(src: Path, dst: Path, backend: BackendInterface, pattern: str) -
 
 # ------------------------------------------------------------------ happy paths
 def test_passthrough_of_an_exporter_file_is_byte_identical(src: Path, dst: Path) -> None:
-    report = ptestore.specialize(src, dst, backends=["passthrough"])
+    report = ptestore.specialize(src, dst, backends=["passthrough"], provenance=False)
     assert dst.read_bytes() == src.read_bytes()
     (b,) = report.backends
     assert (b.backend_id, b.status, b.inputs_seen, b.keys_replaced) == (
@@ -120,12 +120,14 @@ def test_passthrough_of_an_exporter_file_is_byte_identical(src: Path, dst: Path)
 def test_each_backend_id_called_once_and_unknown_ids_kept(src: Path, dst: Path) -> None:
     other = Backend("SomeOtherBackend")
     xnn = Backend("XnnpackBackend")
-    report = ptestore.specialize(src, dst, backends=[other, xnn], allow_unchanged=True)
+    report = ptestore.specialize(
+        src, dst, backends=[other, xnn], allow_unchanged=True, provenance=False
+    )
     assert (xnn.calls, other.calls) == (1, 0)
     assert len(xnn.inputs) == 1
     assert xnn.inputs[0].method == "forward"
     assert report.backends[0].status == "not_supported"  # it wrote nothing: it declined
-    report = ptestore.specialize(src, dst, backends=[other], allow_unchanged=True)
+    report = ptestore.specialize(src, dst, backends=[other], allow_unchanged=True, provenance=False)
     assert report.backends[0].status == "no_implementation"
     assert dst.read_bytes() == src.read_bytes()
 
@@ -135,7 +137,9 @@ def test_not_supported_keeps_data_even_after_writes(src: Path, dst: Path) -> Non
         out.write_named_data(MLP_KEYS[0], BackendData(b"\0" * 16, allow_size_change=True))
         raise NotSupported("not on this device")
 
-    report = ptestore.specialize(src, dst, backends=[Backend(action=action)], allow_unchanged=True)
+    report = ptestore.specialize(
+        src, dst, backends=[Backend(action=action)], allow_unchanged=True, provenance=False
+    )
     assert report.backends[0].status == "not_supported"
     assert report.backends[0].keys_replaced == []
     assert dst.read_bytes() == src.read_bytes()
@@ -190,7 +194,7 @@ def test_smaller_replacement_shrinks_the_file_and_keeps_order(src: Path, dst: Pa
     def action(ctx: Any, out: Any) -> None:
         out.write_named_data(key, BackendData(b"\x11" * 100, allow_size_change=True))
 
-    report = ptestore.specialize(src, dst, backends=[Backend(action=action)])
+    report = ptestore.specialize(src, dst, backends=[Backend(action=action)], provenance=False)
     new = dst.read_bytes()
     c0 = parse(src.read_bytes(), src.stat().st_size, "src")
     c1 = parse(new, len(new), "dst")
@@ -502,10 +506,14 @@ def test_memory_destination_untouched_on_failure() -> None:
             "memory://coord-test/in.pte",
             "memory://coord-test/out.pte",
             backends=[Backend(action=lambda c, o: o.write_named_data("x", BackendData(b"")))],
+            provenance=False,
         )
     assert fs.cat_file("/coord-test/out.pte") == b"old"
     ptestore.specialize(
-        "memory://coord-test/in.pte", "memory://coord-test/out.pte", backends=["passthrough"]
+        "memory://coord-test/in.pte",
+        "memory://coord-test/out.pte",
+        backends=["passthrough"],
+        provenance=False,
     )
     assert fs.cat_file("/coord-test/out.pte") == MLP.pte_path.read_bytes()
 
@@ -547,14 +555,18 @@ def test_doubled_weight_bytes_without_runtime(src: Path, dst: Path) -> None:
 def test_passthrough_is_identity_on_exporter_files_and_idempotent(fx: Any, tmp_path: Path) -> None:
     assert fx.pte_path is not None
     ptd = (fx.ptd_path, tmp_path / "a.ptd") if fx.ptd_path else None
-    ptestore.specialize(fx.pte_path, tmp_path / "a.pte", ptd=ptd, backends=["passthrough"])
+    ptestore.specialize(
+        fx.pte_path, tmp_path / "a.pte", ptd=ptd, backends=["passthrough"], provenance=False
+    )
     first = (tmp_path / "a.pte").read_bytes()
     if not fx.thirdparty:
         assert first == fx.pte_path.read_bytes()
         if fx.ptd_path is not None:
             assert (tmp_path / "a.ptd").read_bytes() == fx.ptd_path.read_bytes()
     ptd2 = (tmp_path / "a.ptd", tmp_path / "b.ptd") if fx.ptd_path else None
-    ptestore.specialize(tmp_path / "a.pte", tmp_path / "b.pte", ptd=ptd2, backends=["passthrough"])
+    ptestore.specialize(
+        tmp_path / "a.pte", tmp_path / "b.pte", ptd=ptd2, backends=["passthrough"], provenance=False
+    )
     assert (tmp_path / "b.pte").read_bytes() == first
 
 
@@ -564,6 +576,10 @@ def test_rewrite_after_growth_is_a_fixed_point(src: Path, tmp_path: Path) -> Non
             MLP_KEYS[0], BackendData(b"\x07" * 5000, alignment=64, allow_size_change=True)
         )
 
-    ptestore.specialize(src, tmp_path / "grown.pte", backends=[Backend(action=action)])
-    ptestore.specialize(tmp_path / "grown.pte", tmp_path / "again.pte", backends=["passthrough"])
+    ptestore.specialize(
+        src, tmp_path / "grown.pte", backends=[Backend(action=action)], provenance=False
+    )
+    ptestore.specialize(
+        tmp_path / "grown.pte", tmp_path / "again.pte", backends=["passthrough"], provenance=False
+    )
     assert (tmp_path / "again.pte").read_bytes() == (tmp_path / "grown.pte").read_bytes()

@@ -366,7 +366,9 @@ def test_context_writer_and_map_are_dead_after_the_call(
         if declines:
             raise NotSupported("not today")
 
-    report = ptestore.specialize(src, dst, backends=[Backend(action=action)], allow_unchanged=True)
+    report = ptestore.specialize(
+        src, dst, backends=[Backend(action=action)], allow_unchanged=True, provenance=False
+    )
     ctx, out, named = kept["ctx"], kept["out"], kept["map"]
     uses: list[tuple[Callable[[], object], str]] = [
         (lambda: out.write_named_data(KEYS[0], BackendData(b"\0" * 2048)), "write_named_data"),
@@ -587,10 +589,12 @@ def test_external_weights_without_the_ptd_hint_pass_ptd(tmp_path: Path) -> None:
 def test_passthrough_named_explicitly_is_a_deliberate_copy(tmp_path: Path) -> None:
     assert PORTABLE.pte_path is not None
     dst = tmp_path / "o.pte"
-    report = ptestore.specialize(PORTABLE.pte_path, dst, backends=["passthrough"], strict=True)
+    report = ptestore.specialize(
+        PORTABLE.pte_path, dst, backends=["passthrough"], strict=True, provenance=False
+    )
     assert (report.specialized, report.backends) == (True, [])
     assert dst.read_bytes() == PORTABLE.pte_path.read_bytes()
-    report = ptestore.specialize(PORTABLE.pte_path, dst, allow_unchanged=True)
+    report = ptestore.specialize(PORTABLE.pte_path, dst, allow_unchanged=True, provenance=False)
     assert report.unchanged_reason == (
         "the program has no delegates, so no backend has anything to do"
     )
@@ -601,6 +605,7 @@ def test_passthrough_named_explicitly_is_a_deliberate_copy(tmp_path: Path) -> No
         dst,
         backends=["passthrough@XnnpackBackendd"],
         allow_unchanged=True,
+        provenance=False,
     )
     assert report.unchanged_reason == (
         "the backends given serve no backend id of the program: passthrough@XnnpackBackendd "
@@ -631,6 +636,7 @@ def test_report_names_specs_and_records_publish_results(src: Path, tmp_path: Pat
         "memory://report-test/o.pte",
         backends=[Backend()],
         allow_unchanged=True,
+        provenance=False,
     )
     assert report.backends[0].implementation == LABEL
     (f,) = report.files
@@ -646,13 +652,16 @@ def test_report_names_specs_and_records_publish_results(src: Path, tmp_path: Pat
         tmp_path / "o.pte",
         backends=["passthrough"],
         allow_unchanged=True,
+        provenance=False,
     )
     assert report.backends[0].implementation == "passthrough"
     assert (report.files[0].published_size, report.files[0].etag) == (
         (tmp_path / "o.pte").stat().st_size,
         None,
     )
-    report = ptestore.specialize(src, tmp_path / "o.pte", backends=[Backend], allow_unchanged=True)
+    report = ptestore.specialize(
+        src, tmp_path / "o.pte", backends=[Backend], allow_unchanged=True, provenance=False
+    )
     assert report.backends[0].implementation == LABEL
 
 

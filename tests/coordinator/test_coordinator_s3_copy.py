@@ -67,6 +67,7 @@ def test_pair_is_copied_server_side(moto_s3: MotoS3, tmp_path: Path, replace: bo
         ptd=(fx.ptd_path, tmp_path / "out.ptd"),
         backends=[Reverse(key)],
         allow_unchanged=True,  # Reverse(None) writes nothing: a declined, unchanged copy
+        provenance=False,
     )
     bucket = moto_s3.new_bucket()
     pte, ptd = put(moto_s3, bucket, fx.pte_path), put(moto_s3, bucket, fx.ptd_path)
@@ -82,6 +83,7 @@ def test_pair_is_copied_server_side(moto_s3: MotoS3, tmp_path: Path, replace: bo
             allow_unchanged=True,
             storage_options=options,
             dst_storage_options={"part_size": PART},
+            provenance=False,
         )
     assert get(moto_s3, out_pte) == (tmp_path / "out.pte").read_bytes()
     assert get(moto_s3, out_ptd) == (tmp_path / "out.ptd").read_bytes()

@@ -108,7 +108,9 @@ def test_s3_parts_with_alignment_gaps_are_not_held(s3_server: S3TestServer, name
         )
     writer = HeldParts(inner)
     with open_loader(fx.pte_path) as loader:
-        ptestore.initialize_and_save_backend_data(loader, writer, backends=["passthrough"])
+        ptestore.initialize_and_save_backend_data(
+            loader, writer, backends=["passthrough"], provenance=False
+        )
     nparts = math.ceil(len(data) / part)
     allowed = set(range(math.ceil(meta_size / part) + 1)) | {nparts - 1}
     assert writer.held_before_metadata is not None
@@ -167,6 +169,7 @@ def test_partial_publish_is_reported(tmp_path: Path, capsys: pytest.CaptureFixtu
             ptd_writer=open_writer(ptd_out),
             backends=["passthrough"],
             mode="create",
+            provenance=False,
         )
     a.close()
     b.close()
@@ -206,7 +209,9 @@ def test_remote_source_replaced_while_reading_is_refused() -> None:
 
     with pytest.raises(StorageError, match=r"replaced while being read"):
         ptestore.specialize(
-            "memory://changing/in.pte", "memory://changing/out.pte", backends=[Replacer()],
+            "memory://changing/in.pte",
+            "memory://changing/out.pte",
+            backends=[Replacer()],
             allow_unchanged=True,
         )
     assert not fs.exists("/changing/out.pte")
@@ -223,7 +228,9 @@ def test_output_with_only_empty_segments_is_valid(tmp_path: Path) -> None:
             output.write_processed_data(BackendData(b""))
             output.write_named_data({k: BackendData(b"", allow_size_change=True) for k in MLP_KEYS})
 
-    report = ptestore.specialize(MLP.pte_path, tmp_path / "o.pte", backends=[Empty()])
+    report = ptestore.specialize(
+        MLP.pte_path, tmp_path / "o.pte", backends=[Empty()], provenance=False
+    )
     data = (tmp_path / "o.pte").read_bytes()
     assert report.files[0].size_after == len(data)
     c = parse(data, len(data), "o.pte")
@@ -271,6 +278,7 @@ def test_common_writer_options_reach_writers_only(s3_server: S3TestServer) -> No
         f"s3://{bucket}/out.pte",
         backends=["passthrough"],
         storage_options={**s3_server.storage_options, "part_size": 5 << 20},
+        provenance=False,
     )
     assert report.files[0].size_after == len(MLP.pte_path.read_bytes())
     body = client.get_object(Bucket=bucket, Key="out.pte")["Body"].read()

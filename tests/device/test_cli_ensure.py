@@ -115,3 +115,16 @@ def test_max_bytes_takes_units_and_refuses_nonsense(capsys: pytest.CaptureFixtur
     assert "expected a size in bytes such as 1048576, 512K, 64M or 2G, got 'lots'" in (
         capsys.readouterr().err
     )
+
+
+def test_ensure_no_provenance(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src, cache = _src(tmp_path), tmp_path / "cache"
+    argv = ["ensure", str(src), "--cache-dir", str(cache), "--backend", SPEC, "--json"]
+    assert main(argv) == 0
+    made = json.loads(capsys.readouterr().out)
+    assert made["provenance"]["requested"] == [{"spec": SPEC, "version": "1.0"}]
+    assert main([*argv, "--no-provenance"]) == 0
+    bare = json.loads(capsys.readouterr().out)
+    assert bare["provenance"] is None and bare["created"] is True and bare["key"] != made["key"]
+    assert Path(bare["pte"]).read_bytes().count(b"PTSTPROV") == 0
+    assert Path(made["pte"]).read_bytes().count(b"PTSTPROV") == 1

@@ -335,3 +335,33 @@ def test_a_damaged_manifest_is_broken_a_miss_and_its_error_names_the_field(
     manifest.write_text("not json")
     with pytest.raises(FormatError, match="manifest"):
         read_manifest(str(manifest))
+
+
+def test_provenance_is_the_default_and_no_provenance_is_an_entry_of_its_own(
+    tmp_path: Path, calls: Path
+) -> None:
+    from ptestore.provenance import read_trailer
+    from ptestore.storage.loaders import LocalFileLoader
+
+    src = model(tmp_path)
+    cache = tmp_path / "cache"
+    with_prov = ptestore.ensure(src, cache_dir=cache, backends=[SPEC], device=DEVICE)
+    bare = ptestore.ensure(src, cache_dir=cache, backends=[SPEC], device=DEVICE, provenance=False)
+    assert with_prov.provenance is not None and bare.provenance is None
+    assert bare.created and bare.key != with_prov.key and ncalls(calls) == 2
+    for artifact, trailed in ((with_prov, True), (bare, False)):
+        with LocalFileLoader(artifact.pte) as loader:
+            assert (read_trailer(loader) is not None) is trailed
+    again = ptestore.ensure(src, cache_dir=cache, backends=[SPEC], device=DEVICE, provenance=False)
+    assert not again.created and again.pte == bare.pte and again.provenance is None
+    assert again.to_dict()["provenance"] is None and ncalls(calls) == 2
+    # In place without provenance: the source is rewritten, no trailer added.
+    inplace = ptestore.ensure(
+        src, cache_dir=cache, backends=[SPEC], device=DEVICE, in_place=True, provenance=False
+    )
+    assert inplace.created and inplace.provenance is None
+    with LocalFileLoader(str(src)) as loader:
+        assert read_trailer(loader) is None
+    with pytest.raises(ConfigurationError) as info:
+        ptestore.ensure(src, cache_dir=cache, provenance="no")  # type: ignore[arg-type]
+    assert str(info.value) == "provenance must be True or False, got 'no'"

@@ -39,14 +39,14 @@ def copy(tmp_path: Path, name: str = "model.pte") -> Path:
 def staged(tmp_path: Path, backends: list[Any], src: Path | None = None) -> bytes:
     """What a staged specialization of the same source gives (the reference)."""
     out = tmp_path / "staged.pte"
-    ptestore.specialize(src or FX.pte_path, out, backends=backends)
+    ptestore.specialize(src or FX.pte_path, out, backends=backends, provenance=False)
     return out.read_bytes()
 
 
 def test_same_size_replacement_in_place_equals_the_staged_output(tmp_path: Path) -> None:
     src = copy(tmp_path)
     ino = src.stat().st_ino
-    report = ptestore.specialize(src, src, backends=[SPEC], in_place=True)
+    report = ptestore.specialize(src, src, backends=[SPEC], in_place=True, provenance=False)
     (f,) = report.files
     assert (f.segments_replaced, f.segments_moved, f.bytes_replaced) == (1, 0, 2048)
     assert src.read_bytes() == staged(tmp_path, [SPEC])
@@ -62,7 +62,7 @@ def test_a_grown_replacement_goes_at_the_end_and_its_old_range_is_released(
     reference = tmp_path / "ref.pte"
     shutil.copyfile(big, reference)
     grow = ReplaceKey("XnnpackBackend", KEY, extra=8192, alignment=64)
-    report = ptestore.specialize(big, big, backends=[grow], in_place=True)
+    report = ptestore.specialize(big, big, backends=[grow], in_place=True, provenance=False)
     (f,) = report.files
     assert f.segments_moved == 1 and f.size_after > f.size_before
     info = ptestore.describe(big)
@@ -112,9 +112,7 @@ def test_an_in_place_artifact_is_bound_to_its_bytes(tmp_path: Path, how: str) ->
 def test_an_in_place_pass_through_with_provenance_changes_nothing(tmp_path: Path) -> None:
     src = copy(tmp_path)
     before = src.read_bytes()
-    report = ptestore.specialize(
-        src, src, backends=["passthrough"], in_place=True, provenance=True
-    )
+    report = ptestore.specialize(src, src, backends=["passthrough"], in_place=True, provenance=True)
     assert report.files[0].status == "unchanged"
     assert src.read_bytes() == before
 
@@ -228,7 +226,7 @@ def test_durable_order_journal_then_marked_then_data_then_identifier_then_remova
     src = copy(tmp_path)
     names = {str(src): "file", journal_path(str(src)): "journal"}
     rec = Recorder(monkeypatch, names)
-    ptestore.specialize(src, src, backends=[SPEC], in_place=True)
+    ptestore.specialize(src, src, backends=[SPEC], in_place=True, provenance=False)
     monkeypatch.undo()
     calls = rec.squeezed()
     # What is durable at each point: the journal (checksummed by its commit record) and
@@ -285,7 +283,7 @@ def _kill_at(
 
             setattr(os, call, wrapped)
         try:
-            ptestore.specialize(src, src, backends=[SPEC], in_place=True)
+            ptestore.specialize(src, src, backends=[SPEC], in_place=True, provenance=False)
             os.write(w, str(seen[0]).encode())
         finally:
             os._exit(0)
@@ -347,7 +345,9 @@ def test_every_entry_point_rolls_a_committed_journal_forward(tmp_path: Path) -> 
         [
             lambda p: ptestore.describe(p),
             lambda p: ptestore.verify(p),
-            lambda p: ptestore.specialize(p, tmp_path / "out.pte", backends=["passthrough"]),
+            lambda p: ptestore.specialize(
+                p, tmp_path / "out.pte", backends=["passthrough"], provenance=False
+            ),
             lambda p: ptestore.ensure(p, cache_dir=tmp_path / "c", backends=["passthrough"]),
         ]
     ):
@@ -387,10 +387,10 @@ def test_on_a_small_ext4_staged_fails_cleanly_and_in_place_succeeds(
     assert free < src.stat().st_size, (free, src.stat().st_size)
     digest = hashlib.sha256(src.read_bytes()).hexdigest()
     with pytest.raises(StorageError, match="No space left on device"):
-        ptestore.specialize(src, src, backends=[swap])
+        ptestore.specialize(src, src, backends=[swap], provenance=False)
     assert hashlib.sha256(src.read_bytes()).hexdigest() == digest
     assert sorted(os.listdir(small_ext4)) == ["lost+found", "model.pte"]
-    report = ptestore.specialize(src, src, backends=[swap], in_place=True)
+    report = ptestore.specialize(src, src, backends=[swap], in_place=True, provenance=False)
     assert report.files[0].bytes_replaced == 1 << 20
     assert src.read_bytes() == want
     assert sorted(os.listdir(small_ext4)) == ["lost+found", "model.pte"]

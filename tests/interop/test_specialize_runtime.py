@@ -149,7 +149,7 @@ def test_size_changing_replacement_structure(fx: Fixture, tmp_path: Path) -> Non
     backend = GrowKey(fx.doubled.key, _backend_id(fx))
     dst = tmp_path / "out.pte"
     ptd = (fx.ptd_path, tmp_path / "out.ptd") if fx.ptd_path else None
-    ptestore.specialize(fx.pte_path, dst, ptd=ptd, backends=[backend])
+    ptestore.specialize(fx.pte_path, dst, ptd=ptd, backends=[backend], provenance=False)
     out = dst if role == "pte" else tmp_path / "out.ptd"
     after = reference_facts(out, role)
     hdr = after["header"]
@@ -205,7 +205,9 @@ def test_specialize_through_remote_storage(
             backends = ["passthrough"]
             expected = fx.outputs_runtime
         dst = f"{root}/{fx.name}/out.pte"
-        ptestore.specialize(src, dst, ptd=ptd, backends=backends, storage_options=options)
+        ptestore.specialize(
+            src, dst, ptd=ptd, backends=backends, storage_options=options, provenance=False
+        )
         local = tmp_path / f"{fx.name}-{where}.pte"
         local.write_bytes(fs.cat_file(dst))
         local_ptd = None
@@ -218,8 +220,12 @@ def test_specialize_through_remote_storage(
         # what the same run gives into a fresh destination.
         if ptd is None:
             fresh = f"{root}/{fx.name}/fresh.pte"
-            ptestore.specialize(src, fresh, backends=["passthrough"], storage_options=options)
-            ptestore.specialize(src, src, backends=["passthrough"], storage_options=options)
+            ptestore.specialize(
+                src, fresh, backends=["passthrough"], storage_options=options, provenance=False
+            )
+            ptestore.specialize(
+                src, src, backends=["passthrough"], storage_options=options, provenance=False
+            )
             assert fs.cat_file(src) == fs.cat_file(fresh)
     if where == "s3":
         bucket = root[len("s3://") :]

@@ -188,7 +188,12 @@ def test_bf16_example_matches_eager_with_rounded_weights(tmp_path: Path) -> None
         dst = tmp_path / f"{fx.name}.pte"
         ptd = (fx.ptd_path, tmp_path / f"{fx.name}.ptd") if fx.ptd_path else None
         report = ptestore.specialize(
-            fx.pte_path, dst, ptd=ptd, backends=[bf16.Bf16Round()], allow_unchanged=True
+            fx.pte_path,
+            dst,
+            ptd=ptd,
+            backends=[bf16.Bf16Round()],
+            allow_unchanged=True,
+            provenance=False,
         )
         replaced = set(report.backends[0].keys_replaced)
         named = MergedNamedDataMap(_files(fx))

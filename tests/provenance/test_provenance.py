@@ -183,7 +183,7 @@ def test_every_fixture_gets_one_trailer_and_parses(fx: Any, tmp_path: Path) -> N
     assert trailer is not None
     # The container before the trailer is what passthrough without provenance gives.
     plain = tmp_path / "plain.pte"
-    ptestore.specialize(src, plain, backends=["passthrough"])
+    ptestore.specialize(src, plain, backends=["passthrough"], provenance=False)
     assert data[: trailer.content_size] == plain.read_bytes()
     # ptestore parses it; the parsed sizes ignore the trailer.
     parsed = read_container(without_trailer(BytesLoader(data)))
@@ -200,7 +200,7 @@ def test_every_fixture_gets_one_trailer_and_parses(fx: Any, tmp_path: Path) -> N
     assert prov is not None and prov.source.sha256 == "sha256:" + hashlib.sha256(data).hexdigest()
     # ... and without provenance drops it.
     bare = tmp_path / "bare.pte"
-    ptestore.specialize(out, bare, backends=["passthrough"])
+    ptestore.specialize(out, bare, backends=["passthrough"], provenance=False)
     assert bare.read_bytes() == plain.read_bytes()
     assert src.read_bytes() == original  # the source itself is never modified
 
@@ -401,3 +401,22 @@ def test_cli_specialize_device_and_provenance(tmp_path: Path) -> None:
     prov = read_provenance(open_loader(out))
     assert prov is not None and prov.device is not None and prov.device.digest == DEVICE.digest()
     assert main(["specialize", str(_path(MLP)), str(out), "--device-option", "a=1", "-q"]) == 2
+
+
+def test_provenance_is_the_default_and_a_no_op_stays_one(tmp_path: Path) -> None:
+    """``ptestore.specialize`` writes a trailer unless told not to; a pass-through onto
+    its own source still changes nothing."""
+    src = _path(MLP)
+    out = tmp_path / "default.pte"
+    ptestore.specialize(src, out, backends=["passthrough"], device=DEVICE)
+    with open_loader(out) as loader:
+        prov = read_provenance(loader)
+    assert prov is not None and prov.device is not None and prov.device.name == "pixel9"
+    bare = tmp_path / "bare.pte"
+    ptestore.specialize(src, bare, backends=["passthrough"], provenance=False)
+    assert bare.read_bytes() == src.read_bytes()
+    same = tmp_path / "same.pte"
+    same.write_bytes(src.read_bytes())
+    report = ptestore.specialize(same, same, backends=["passthrough"], allow_unchanged=True)
+    assert [f.status for f in report.files] == ["unchanged"]
+    assert same.read_bytes() == src.read_bytes()  # no trailer added to an unchanged file

@@ -89,7 +89,10 @@ def test_passthrough_shares_nearly_every_extent(xfs: XfsMount) -> None:
     dst = xfs.path / "pass.pte"
     reports: list[ptestore.SpecializationReport] = []
     used = _used_by(
-        xfs, lambda: reports.append(ptestore.specialize(src, dst, backends=["passthrough"]))
+        xfs,
+        lambda: reports.append(
+            ptestore.specialize(src, dst, backends=["passthrough"], provenance=False)
+        ),
     )
     f = reports[0].files[0]
     size = src.stat().st_size
@@ -194,7 +197,7 @@ def test_other_file_system_is_copied(xfs: XfsMount, tmp_path: Path) -> None:
     """Source on the suite's file system, destination on XFS: EXDEV, so no clone."""
     src = _big(tmp_path)
     dst = xfs.path / "from-elsewhere.pte"
-    report = ptestore.specialize(src, dst, backends=["passthrough"])
+    report = ptestore.specialize(src, dst, backends=["passthrough"], provenance=False)
     assert report.files[0].clone_block_size is None and report.files[0].bytes_cloned == 0
     assert dst.read_bytes() == src.read_bytes()
 
@@ -204,14 +207,18 @@ def test_fallback_without_clones_gives_identical_bytes(tmp_path: Path) -> None:
     a copy through memory://."""
     src = _big(tmp_path)
     dst = tmp_path / "pass.pte"
-    f = ptestore.specialize(src, dst, backends=["passthrough"]).files[0]
+    f = ptestore.specialize(src, dst, backends=["passthrough"], provenance=False).files[0]
     assert dst.read_bytes() == src.read_bytes()
     assert f.clone_block_size is None and f.bytes_cloned == 0 and f.clone_padding == 0
     key = _keys(src)[0]
     grown = tmp_path / "grown.pte"
-    ptestore.specialize(src, grown, backends=[ReplaceKey(KEY_BACKEND, key, 100, 64)])
+    ptestore.specialize(
+        src, grown, backends=[ReplaceKey(KEY_BACKEND, key, 100, 64)], provenance=False
+    )
     mem = f"memory://reflink-fallback/{os.getpid()}/grown.pte"
-    ptestore.specialize(src, mem, backends=[ReplaceKey(KEY_BACKEND, key, 100, 64)])
+    ptestore.specialize(
+        src, mem, backends=[ReplaceKey(KEY_BACKEND, key, 100, 64)], provenance=False
+    )
     loader = ptestore.open_loader(mem)
     assert bytes(loader.load(0, loader.size())) == grown.read_bytes()
 
@@ -262,12 +269,14 @@ def test_passthrough_is_one_copy_of_the_segment_data(tmp_path: Path) -> None:
         c = read_container(loader).container
         first = min(c.absolute(s) for s in c.segments if s.size)
         w = _Recording(tmp_path / "out.pte")
-        initialize_and_save_backend_data(loader, w, backends=["passthrough"])
+        initialize_and_save_backend_data(loader, w, backends=["passthrough"], provenance=False)
         assert w.copies == [(first, src.stat().st_size - first, first)]
         key = _keys(src)[1]
         index = _key_segment(src, key)
         w = _Recording(tmp_path / "out2.pte")
-        initialize_and_save_backend_data(loader, w, backends=[ReplaceKey(KEY_BACKEND, key)])
+        initialize_and_save_backend_data(
+            loader, w, backends=[ReplaceKey(KEY_BACKEND, key)], provenance=False
+        )
     assert len(w.copies) == 3  # before the replaced segment, the replacement, after it
     assert w.copies[1][1] == c.segments[index].size
     assert (tmp_path / "out.pte").read_bytes() == src.read_bytes()

@@ -1,0 +1,193 @@
+"""``ptestore.ensure(index, model=..., device=...)``: the artifact a real ``fleet run``'s
+job index selects, fetched once into the cache, a hit while the index names it, fetched
+again when the index names a newer one, never replaced by a download that does not
+match; the portable source specialized here when nothing fits."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.fixtures import get_fixture
+
+import ptestore
+from ptestore.backends.compat import DeviceProfile
+from ptestore.cli import main
+from ptestore.device import list_entries
+from ptestore.errors import ConfigurationError, IntegrityError
+from ptestore.testing.s3server import S3TestServer
+
+EXT = get_fixture("mlp_xnnpack_ext")
+SPEC = "support.fleet_backend:Scaler=1.0"
+A = DeviceProfile("a", {"soc": "x", "scale": 2.0})
+
+
+def _job(tmp: Path, dest: str, scale: float = 2.0, extra: str = "") -> Path:
+    job = tmp / f"job{len(list(tmp.glob('job*.toml')))}.toml"
+    job.write_text(
+        f'destination = "{dest}/{{device}}/{{model}}.pte"\nbackends = ["{SPEC}"]\n{extra}'
+        f'[[models]]\nname = "m"\nsource = "{EXT.pte_path}"\nptd = "{EXT.ptd_path}"\n'
+        f'[devices.a]\nsoc = "x"\nscale = {scale}\n[devices.b]\nsoc = "y"\nscale = 3.0\n'
+    )
+    return job
+
+
+def _fleet_run(job: Path, capsys: Any) -> str:
+    assert main(["fleet", "run", str(job), "--workers", "1", "--json"]) == 0
+    index: str = json.loads(capsys.readouterr().out)["index"]
+    return index
+
+
+def _tree(d: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(d)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(d.rglob("*"))
+        if p.is_file() and p.name != "lock"
+    }
+
+
+def test_fetched_once_hit_while_current_refetched_when_stale_kept_when_corrupt(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    index = _fleet_run(_job(tmp_path, str(out)), capsys)
+    pte, ptd = out / "a" / "m.pte", out / "a" / "m.ptd"
+    first = ptestore.ensure(index, cache_dir=cache, model="m", device=A)
+    assert first.created and first.choice is not None
+    assert (first.choice["kind"], first.choice["made_for"]) == ("artifact", "a")
+    assert Path(first.pte).read_bytes() == pte.read_bytes()
+    assert first.ptd is not None and Path(first.ptd).read_bytes() == ptd.read_bytes()
+    assert first.provenance is not None and first.provenance.device is not None
+    assert first.provenance.device.name == "a"
+    assert sorted(os.listdir(Path(first.pte).parent)) == ["manifest.json", "model.ptd", "model.pte"]
+
+    # A hit reads the index, not the artifact: with the artifact gone from the fleet's
+    # destination it is still answered from the cache.
+    pte.rename(tmp_path / "away.pte")
+    hit = ptestore.ensure(index, cache_dir=cache, model="m", device=A)
+    assert not hit.created and (hit.pte, hit.key) == (first.pte, first.key)
+    assert hit.choice == first.choice
+    (tmp_path / "away.pte").rename(pte)
+
+    # A newer run of the job (other options for 'a'): the index names another artifact,
+    # so the entry is stale and fetched again, in its place.
+    old_bytes = pte.read_bytes()
+    _fleet_run(_job(tmp_path, str(out), scale=3.0), capsys)
+    assert pte.read_bytes() != old_bytes
+    fresh = ptestore.ensure(index, cache_dir=cache, model="m", device=A)
+    assert fresh.created and fresh.key == first.key and fresh.pte == first.pte
+    assert Path(fresh.pte).read_bytes() == pte.read_bytes()
+    assert [e.key for e in list_entries(cache)] == [first.key]
+
+    # Another run, then its artifact is damaged: the download does not match the index,
+    # nothing is published, and the cache is exactly as it was.
+    _fleet_run(_job(tmp_path, str(out), scale=4.0), capsys)
+    before = _tree(cache)
+    data = bytearray(pte.read_bytes())
+    data[len(data) // 3] ^= 1
+    pte.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError) as info:
+        ptestore.ensure(index, cache_dir=cache, model="m", device=A)
+    assert str(info.value).startswith(f"{pte}: downloaded bytes have sha256:")
+    assert ", the index names sha256:" in str(info.value)
+    assert _tree(cache) == before
+    assert [e.state for e in list_entries(cache)] == ["ready"]
+    argv = ["ensure", index, "--cache-dir", str(cache), "--model", "m", "--device", "a"]
+    assert main([*argv, "--device-option", "soc=x", "--device-option", "scale=2.0"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"ptestore ensure: failed, nothing published: {pte}: downloaded ")
+    assert err.splitlines()[0].endswith("; nothing was published, the cache is as it was")
+    assert _tree(cache) == before
+
+
+def test_nothing_fits_specializes_the_portable_source_here(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert EXT.pte_path is not None
+    index = _fleet_run(_job(tmp_path, str(tmp_path / "out")), capsys)
+    cache = tmp_path / "cache"
+    z = DeviceProfile("z", {"soc": "q", "scale": 5.0})
+    made = ptestore.ensure(index, cache_dir=cache, model="m", device=z, backends=[SPEC])
+    assert made.created and made.choice is not None and made.choice["kind"] == "source"
+    assert made.choice["reason"].startswith("no artifact of 'm' fits 'z' (a: ")
+    assert made.provenance is not None and made.specialized
+    want = "sha256:" + hashlib.sha256(EXT.pte_path.read_bytes()).hexdigest()
+    assert made.provenance.source.sha256 == want
+    assert made.ptd is not None and made.provenance.device is not None
+    assert made.provenance.device.options == {"soc": "q", "scale": 5.0}
+    again = ptestore.ensure(index, cache_dir=cache, model="m", device=z, backends=[SPEC])
+    assert not again.created and again.pte == made.pte and again.choice is not None
+
+
+def test_index_arguments_are_checked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    index = _fleet_run(_job(tmp_path, str(tmp_path / "out")), capsys)
+    cache = tmp_path / "cache"
+    cases: list[tuple[str, dict[str, Any], str]] = [
+        (index, {}, f"{index}: a job index needs model= (CLI: --model NAME) and device= "
+         "(--device NAME)"),
+        (str(EXT.pte_path), {"model": "m"}, f"{EXT.pte_path}: model='m' names a model of a "
+         "job index (a .json such as ptestore-index.json); this source is not one"),
+        (index, {"model": "m"}, f"{index}: ensure from an index needs device= (CLI: --device)"),
+        (index, {"model": "m", "device": A, "ptd": "x.ptd"},
+         f"{index}: ptd= does not apply to an index (it names the .ptd)"),
+        (index, {"model": "m", "device": A, "in_place": True},
+         f"{index}: in_place=True does not apply to an index"),
+        (index, {"model": "m", "device": A, "provenance": False},
+         f"{index}: provenance=False does not apply to an index: its artifacts carry the "
+         "trailers the index names (and the download is checked against them)"),
+        (index, {"model": "nope", "device": A}, "index has no model 'nope' (models: m)"),
+        (str(EXT.pte_path), {"storage_options": {"anon": True}},
+         f"{EXT.pte_path}: storage_options apply to a job index (with model=), not to a .pte"),
+    ]  # fmt: skip
+    for source, kwargs, message in cases:
+        with pytest.raises(ConfigurationError) as info:
+            ptestore.ensure(source, cache_dir=cache, **kwargs)
+        assert str(info.value) == message
+
+
+@pytest.mark.s3
+def test_cli_ensure_from_an_index_on_s3(
+    s3_server: S3TestServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bucket = s3_server.new_bucket()
+    opts = s3_server.storage_options
+    extra = (
+        f'[storage_options]\nendpoint_url = "{opts["endpoint_url"]}"\n'
+        f'key = "{opts["key"]}"\nsecret = "{opts["secret"]}"\n'
+        '[storage_options.client_kwargs]\nregion_name = "us-east-1"\n'
+    )
+    index = _fleet_run(_job(tmp_path, f"s3://{bucket}/fleet", extra=extra), capsys)
+    flags = [
+        x
+        for k, v in opts.items()
+        for x in ("-o", f"{k}={v if isinstance(v, str) else json.dumps(v)}")
+    ]
+    argv = ["ensure", index, "--cache-dir", str(tmp_path / "cache"), "--model", "m"]
+    argv += ["--device", "a", "--device-option", "soc=x", "--device-option", "scale=2.0"]
+    assert main([*argv, *flags, "--json"]) == 0
+    made = json.loads(capsys.readouterr().out)
+    assert made["created"] is True and made["choice"]["made_for"] == "a"
+    want = s3_server.client().get_object(Bucket=bucket, Key="fleet/a/m.pte")["Body"].read()
+    assert Path(made["pte"]).read_bytes() == want
+    assert main([*argv, *flags]) == 0
+    assert capsys.readouterr().out.splitlines() == [made["pte"], made["ptd"]]
+    assert main([*argv, *flags, "--no-provenance"]) == 2
+    assert "provenance=False does not apply to an index" in capsys.readouterr().err
+
+
+def test_a_local_ensure_does_not_import_the_fleet(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, ptestore\n"
+        f"ptestore.ensure({str(EXT.pte_path)!r}, cache_dir={str(tmp_path / 'c')!r},"
+        f" ptd={str(EXT.ptd_path)!r}, backends=['passthrough'])\n"
+        "print(sorted(m for m in sys.modules if m.startswith('ptestore.fleet')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
