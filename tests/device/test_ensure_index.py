@@ -55,9 +55,14 @@ def test_fetched_once_hit_while_current_refetched_when_stale_kept_when_corrupt(
 ) -> None:
     out, cache = tmp_path / "out", tmp_path / "cache"
     index = _fleet_run(_job(tmp_path, str(out)), capsys)
-    pte, ptd = out / "a" / "m.pte", out / "a" / "m.ptd"
+    pte = out / "a" / "m.pte"
     first = ptestore.ensure(index, cache_dir=cache, model="m", device=A)
     assert first.created and first.choice is not None
+    # The fleet stores the .ptd once, under its content address; the index names it.
+    chosen = ptestore.select(index, "m", A).ptd
+    assert chosen is not None
+    ptd = Path(chosen["url"])
+    assert ptd.parent == out / "_shared" / "sha256"
     assert (first.choice["kind"], first.choice["made_for"]) == ("artifact", "a")
     assert Path(first.pte).read_bytes() == pte.read_bytes()
     assert first.ptd is not None and Path(first.ptd).read_bytes() == ptd.read_bytes()
