@@ -58,9 +58,9 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     # The tensor descriptions come from the format package, imported on first use.
     if name in ("QuantParams", "TensorInfo"):
-        from ..format import tensorinfo
+        from . import api
 
-        value = getattr(tensorinfo, name)
+        value = getattr(api, name)  # api's own lazy re-export
         globals()[name] = value
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -21,7 +21,8 @@ Two rules keep that safe:
   stored with the older stamp and never trusted;
 - no stamp is trusted or stored while anything in it was modified in the last
   :data:`RACY_SECONDS` (a change within the same timestamp tick as the stamp could go
-  unseen), nor when a meta-path finder other than the standard one provides
+  unseen), nor when a meta-path finder other than the standard one (or the
+  ``importlib_metadata`` backport's, which looks in the same places) provides
   distributions (its metadata is not on disk where the stamp looks).
 
 Only metadata is remembered: a backend's module is imported and its ``version`` asked
@@ -65,13 +66,27 @@ def _is_metadata(name: str) -> bool:
     return low.endswith((".dist-info", ".egg-info")) or low == "egg-info"
 
 
+def _reads_sys_path(finder: object) -> bool:
+    """Whether ``finder`` is the ``importlib_metadata`` backport's own finder (installed
+    in ``sys.meta_path`` by importing the backport, as dask does), which finds the same
+    metadata directories on ``sys.path`` as the standard one."""
+    cls = type(finder)
+    return cls.__module__.split(".")[0] == "importlib_metadata" and (
+        cls.__name__ == "MetadataPathFinder"
+    )
+
+
 def environment_stamp() -> list[Any] | None:
     """The stamp of the installed distributions as :mod:`importlib.metadata` would find
     them now, or None when it cannot be trusted (see the module docstring)."""
     from importlib.machinery import PathFinder
 
     for finder in sys.meta_path:
-        if finder is not PathFinder and hasattr(finder, "find_distributions"):
+        if (
+            finder is not PathFinder
+            and hasattr(finder, "find_distributions")
+            and not _reads_sys_path(finder)
+        ):
             return None
     newest = 0
 

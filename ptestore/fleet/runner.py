@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigurationError, PteStoreError
+from .estimate import human_bytes
 from .job import Job, JobError
 from .plan import Plan, PlannedPair, plan_job
 from .work import PairResult, PairTask, run_pair
@@ -85,7 +86,7 @@ class FleetResult:
             ("done", str(self.count("done"))),
             ("skipped", str(self.count("skipped"))),
             ("failed", str(self.count("failed"))),
-            ("bytes through the client", _human(self.bytes)),
+            ("bytes through the client", human_bytes(self.bytes)),
             ("time", f"{self.seconds:.2f} s ({self.engine})"),
         ]
         if self.index is not None:
@@ -144,14 +145,6 @@ def run_pair_on_worker(task: PairTask) -> PairResult:
     if error is not None:
         raise WorkerUnfit(error)
     return run_pair(task)
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"  # pragma: no cover
 
 
 def _skipped(p: PlannedPair) -> PairResult:

@@ -195,3 +195,12 @@ def test_no_stamp_while_another_finder_provides_distributions(
     assert environment_stamp() is not None
     monkeypatch.setattr(sys, "meta_path", [Finder(), *sys.meta_path])
     assert environment_stamp() is None
+
+
+def test_the_importlib_metadata_backport_keeps_the_stamp() -> None:
+    # dask imports the backport, which puts its own finder in sys.meta_path: it reads
+    # the same metadata directories on sys.path, so the stamp still covers them.
+    import importlib_metadata  # in the test environment (dask's dependency)
+
+    assert importlib_metadata.MetadataPathFinder in map(type, sys.meta_path)
+    assert environment_stamp() is not None
