@@ -212,10 +212,16 @@ class InvalidReplacement(BackendError, ValueError):
 
 
 class IntegrityError(StorageError):
-    """The stored object does not match what was written (size or checksum differs).
+    """Bytes do not match what they must be (size or checksum differs).
 
     Raised after publishing, when the end-to-end check finds the storage holds other
-    bytes than the writer sent."""
+    bytes than the writer sent; and by ``fetch`` before publishing, when a download does
+    not match its index (``published=False``: nothing was published)."""
+
+    def __init__(self, message: str, *, published: bool = True) -> None:
+        super().__init__(message)
+        #: Whether a publish had taken effect when the mismatch was found.
+        self.published = published
 
 
 class PartialPublish(StorageError):

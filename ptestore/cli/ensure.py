@@ -13,7 +13,7 @@ import re
 import sys
 from typing import Any
 
-from ..errors import ConfigurationError, IntegrityError, StorageError
+from ..errors import ConfigurationError
 from .exits import EXIT_OK, guarded
 from .options import add_storage_options, storage_options
 from .parser import add_common_flags
@@ -123,15 +123,7 @@ def run_ensure(args: argparse.Namespace) -> int:
     if options and not args.device:
         raise ConfigurationError("--device-option needs --device NAME")
     device = DeviceProfile(args.device, options) if args.device else None
-    try:
-        artifact = _ensure(args, ensure, device)
-    except IntegrityError as exc:
-        if args.model is None:
-            raise
-        # With an index the only IntegrityError is fetch's (the cache's writers are local
-        # and do not raise it): a download that does not match the index, refused before
-        # anything is published (elsewhere the error means a publish took effect).
-        raise StorageError(f"{exc}; nothing was published, the cache is as it was") from exc
+    artifact = _ensure(args, ensure, device)
     if args.json:
         json.dump(artifact.to_dict(), sys.stdout, indent=2)
         sys.stdout.write("\n")

@@ -119,7 +119,7 @@ def error_message(command: str, exc: BaseException, *, publishes: bool = False) 
         return f"{prog}: error: {exc}"
     if isinstance(exc, PublishUncertain):
         return f"{prog}: publish uncertain (it may or may not have taken effect): {exc}"
-    if isinstance(exc, IntegrityError):
+    if isinstance(exc, IntegrityError) and exc.published:
         return f"{prog}: failed after publishing: {exc}"
     return f"{prog}: failed, nothing published: {exc}"
 
@@ -129,7 +129,7 @@ def _publish_state(exc: BaseException) -> str:
         return "partial"
     if isinstance(exc, PublishUncertain):
         return "uncertain"
-    if isinstance(exc, IntegrityError):
+    if isinstance(exc, IntegrityError) and exc.published:
         return "published"
     return "nothing"
 

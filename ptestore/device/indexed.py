@@ -113,7 +113,8 @@ def fetch_entry(
     incoming = os.path.join(directory, _INCOMING)
     # Verified before anything is published under ``incoming``; a mismatch raises and the
     # entry's own files and manifest stay as they were. An interrupted download resumes.
-    # (fetch publishes the .ptd before it downloads the .pte: a failure removes it.)
+    # (fetch checks every file before it publishes any; a failure while publishing the
+    # .pte, after the .ptd, removes the .ptd.)
     try:
         result = fetch(index, incoming, model=model, device=device, storage_options=opts)
     except BaseException:

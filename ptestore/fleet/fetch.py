@@ -10,8 +10,9 @@ trailer, plus the trailer's own checksum; for a .ptd stored once by content
 was interrupted (killed, Ctrl-C, a network failure) resumes where ``DEST.part`` ends
 when the object still has the ETag it had; the remaining bytes are ranged GETs pinned
 to that ETag (``If-Match`` on S3), and an object that changed restarts the download
-from the beginning. The .ptd is published first, then
-the .pte.
+from the beginning. Every file is downloaded and checked before any is published
+(a mismatch is an :class:`~ptestore.errors.IntegrityError` with ``published=False``);
+then the .ptd is published first, then the .pte.
 """
 
 from __future__ import annotations
@@ -111,7 +112,8 @@ def _check(path: str, want: dict[str, Any]) -> None:
         size = loader.size()
         if "size" in want and size != want["size"]:
             raise IntegrityError(
-                f"{want['url']}: downloaded {size} bytes, the index names {want['size']}"
+                f"{want['url']}: downloaded {size} bytes, the index names {want['size']}",
+                published=False,
             )
         if want.get("trailer_sha256") is not None:
             trailer = read_trailer(loader)
@@ -119,17 +121,19 @@ def _check(path: str, want: dict[str, Any]) -> None:
                 have = None if trailer is None else "sha256:" + trailer.sha256
                 raise IntegrityError(
                     f"{want['url']}: provenance trailer checksum {have}, the index names "
-                    f"{want['trailer_sha256']}"
+                    f"{want['trailer_sha256']}",
+                    published=False,
                 )
             got = content_digest(loader, trailer.content_size).sha256
         else:
             got = content_digest(loader, size).sha256
         if got != want["sha256"]:
             raise IntegrityError(
-                f"{want['url']}: downloaded bytes have {got}, the index names {want['sha256']}"
+                f"{want['url']}: downloaded bytes have {got}, the index names {want['sha256']}",
+                published=False,
             )
     except FormatError as exc:
-        raise IntegrityError(f"{want['url']}: {exc}") from exc
+        raise IntegrityError(f"{want['url']}: {exc}", published=False) from exc
     finally:
         loader.close()
 
@@ -191,20 +195,26 @@ def _download(
             os.unlink(part)
             os.unlink(meta_path)
             raise
-        from ..writers import open_writer
-
-        writer = open_writer(dest)
-        src = LocalFileLoader(part)
-        try:
-            writer.copy_from(src, 0, size, 0)
-            writer.publish("overwrite")
-        finally:
-            src.close()
-            writer.discard()
-        os.unlink(part)
-        os.unlink(meta_path)
         return {"url": url, "path": dest, "size": size, "resumed_from": resumed}
     raise StorageError(f"{url}: the object changed during every one of 3 downloads")
+
+
+def _publish(got: dict[str, Any]) -> None:
+    """Publish a checked download (``DEST.part``) to ``DEST`` through the local writer."""
+    from ..writers import open_writer
+
+    dest = str(got["path"])
+    part = dest + ".part"
+    writer = open_writer(dest)
+    src = LocalFileLoader(part)
+    try:
+        writer.copy_from(src, 0, int(got["size"]), 0)
+        writer.publish("overwrite")
+    finally:
+        src.close()
+        writer.discard()
+    os.unlink(part)
+    os.unlink(dest + ".part.json")
 
 
 def loader_changed(loader: DataLoader) -> bool:
@@ -250,8 +260,12 @@ def fetch(
         if ptd_want is not None:
             files.append((ptd_want, ptd_beside(target)))
     result = FetchResult(choice)
+    # Every file is downloaded and checked before any is published (a mismatch is an
+    # IntegrityError with nothing published); then the .ptd, then the .pte.
     for want, path in sorted(files, key=lambda f: not f[1].endswith(".ptd")):
         result.files.append(_download(want, path, opts, chunk_size, progress))
+    for got in result.files:
+        _publish(got)
     return result
 
 

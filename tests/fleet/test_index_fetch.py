@@ -115,9 +115,17 @@ def test_index_select_and_fetch_locally(tmp_path: Path, capsys: pytest.CaptureFi
     data[len(data) // 3] ^= 1
     pte.write_bytes(bytes(data))
     other = tmp_path / "other" / "model.pte"
-    with pytest.raises(IntegrityError, match="downloaded bytes have sha256:"):
+    with pytest.raises(IntegrityError, match="downloaded bytes have sha256:") as info:
         ptestore.fetch(first["index"], other, model="m", device="a")
+    assert info.value.published is False
     assert not other.exists() and not Path(str(other) + ".part").exists()
+    # Every file is checked before any is published: the pair's good .ptd is not either.
+    assert not (tmp_path / "other" / "model.ptd").exists()
+    argv = ["fetch", first["index"], str(other), "--model", "m", "--device", "a"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"ptestore fetch: failed, nothing published: {pte}: downloaded bytes")
+    assert not other.exists() and not (tmp_path / "other" / "model.ptd").exists()
 
 
 _KILLER = """
