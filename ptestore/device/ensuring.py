@@ -46,6 +46,8 @@ from .cache import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ..backends.registry import BackendLike
     from ..provenance.record import Provenance
 
@@ -354,15 +356,38 @@ def ensure(
         "backends": _backend_fingerprint(blist, layout),
         "device": None if device is None else [device.name, device.digest()],
     }
+    return _hit_or_make(
+        layout,
+        key,
+        max_bytes,
+        lambda: _lookup(layout, key, fingerprint),
+        lambda: _make(layout, key, fingerprint, src, ptd_src, blist, device, provenance),
+    )
+
+
+def _hit_or_make(
+    layout: CacheLayout,
+    key: str,
+    max_bytes: int | None,
+    lookup: Callable[[], Artifact | None],
+    make: Callable[[], Artifact],
+    before_make: Callable[[], None] | None = None,
+) -> Artifact:
+    """The entry ``key``: ``lookup()`` under the key's shared lock (a hit), else under its
+    exclusive lock ``lookup()`` again (another process may have made it) and ``make()``;
+    a made entry then evicts others down to ``max_bytes``."""
     with layout.lock(key, shared=True):
-        hit = _lookup(layout, key, fingerprint)
-    if hit is None:
-        with layout.lock(key):
-            hit = _lookup(layout, key, fingerprint)  # another process may have made it
-            if hit is None:
-                hit = _make(layout, key, fingerprint, src, ptd_src, blist, device, provenance)
-        if max_bytes is not None:
-            evict(layout.root, max_bytes, keep=key)
+        hit = lookup()
+    if hit is not None:
+        return hit
+    with layout.lock(key):
+        if before_make is not None:
+            before_make()
+        hit = lookup()
+        if hit is None:
+            hit = make()
+    if max_bytes is not None:
+        evict(layout.root, max_bytes, keep=key)
     return hit
 
 
@@ -397,21 +422,15 @@ def _ensure_from_index(
     layout.create()
     key = index_key(index, model, device)
     fingerprint = index_fingerprint(index, model, device, choice)
-    with layout.lock(key, shared=True):
-        hit = _lookup(layout, key, fingerprint)
-    if hit is None:
-        with layout.lock(key):
-            hit = _lookup(layout, key, fingerprint)  # another process may have fetched it
-            if hit is None:
-                os.makedirs(layout.entry_dir(key), exist_ok=True)
-                names = (PTE_NAME, PTD_NAME)
-                manifest = fetch_entry(layout, key, index, model, device, opts, names)
-                write_manifest(layout, key, manifest, index)
-                clean_entry_locked(layout, key, manifest)  # the previous files' leftovers
-                hit = _artifact(layout, key, manifest, True)
-        if max_bytes is not None:
-            evict(layout.root, max_bytes, keep=key)
-    return hit
+
+    def fetched() -> Artifact:
+        os.makedirs(layout.entry_dir(key), exist_ok=True)
+        manifest = fetch_entry(layout, key, index, model, device, opts, (PTE_NAME, PTD_NAME))
+        write_manifest(layout, key, manifest, index)
+        clean_entry_locked(layout, key, manifest)  # the previous files' leftovers
+        return _artifact(layout, key, manifest, True)
+
+    return _hit_or_make(layout, key, max_bytes, lambda: _lookup(layout, key, fingerprint), fetched)
 
 
 def _ensure_in_place(
@@ -443,17 +462,14 @@ def _ensure_in_place(
     def current() -> dict[str, Any]:
         return {"source": source_identity(src), "ptd": None, "backends": versions, "device": dev}
 
-    with layout.lock(key, shared=True):
-        hit = _lookup_in_place(layout, key, current())
-    if hit is None:
-        with layout.lock(key):
-            recover_if_local(src)
-            hit = _lookup_in_place(layout, key, current())
-            if hit is None:
-                hit = _make_in_place(layout, key, src, backends, device, current, provenance)
-        if max_bytes is not None:
-            evict(layout.root, max_bytes, keep=key)
-    return hit
+    return _hit_or_make(
+        layout,
+        key,
+        max_bytes,
+        lambda: _lookup_in_place(layout, key, current()),
+        lambda: _make_in_place(layout, key, src, backends, device, current, provenance),
+        before_make=lambda: recover_if_local(src),
+    )
 
 
 def _lookup_in_place(layout: CacheLayout, key: str, fingerprint: dict[str, Any]) -> Artifact | None:
