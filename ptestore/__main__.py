@@ -1,3 +1,3 @@
-from .cli import main
+from .cli import program
 
-raise SystemExit(main())
+raise SystemExit(program())

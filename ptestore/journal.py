@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import hashlib
-import json
 import os
 import struct
 from typing import Any
@@ -77,6 +75,8 @@ def fsync_dir(directory: str) -> None:
 def read_plan(path: str) -> dict[str, Any] | None:
     """The plan of a committed journal; None when the journal is incomplete (its commit
     record missing or not matching: the file was never touched)."""
+    import hashlib  # only when a journal exists: every run of a local path asks
+    import json
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         size = os.fstat(fd).st_size

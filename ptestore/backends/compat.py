@@ -15,8 +15,6 @@ compile API rates a compiled model for an execution-provider device).
 from __future__ import annotations
 
 import enum
-import hashlib
-import json
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -54,6 +52,8 @@ class Compatibility(enum.Enum):
 
 def canonical_json(value: object) -> str:
     """JSON with sorted keys and no spaces: the same value always gives the same text."""
+    import json
+
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
@@ -92,6 +92,8 @@ class DeviceProfile:
                     f"device {self.name!r}: the {what} not valid UTF-8 text (character "
                     f"{value[exc.start]!r} at index {exc.start}): provenance records it as JSON"
                 ) from None
+        import json  # here, not at import time: start-up is measured on devices
+
         object.__setattr__(self, "options", json.loads(text))
 
     def __hash__(self) -> int:
@@ -99,6 +101,8 @@ class DeviceProfile:
 
     def digest(self) -> str:
         """``sha256:<hex>`` of the canonical JSON of the options (not of the name)."""
+        import hashlib
+
         text = canonical_json(dict(self.options)).encode()
         return "sha256:" + hashlib.sha256(text).hexdigest()
 
@@ -119,6 +123,10 @@ class DeviceProfile:
 def parse_device_options(pairs: list[str], where: str = "--device-option") -> dict[str, Any]:
     """``["soc=sm8650", "threads=4"]`` -> ``{"soc": "sm8650", "threads": 4}`` (a value is
     parsed as JSON when it is valid JSON, else kept as a string)."""
+    if not pairs:
+        return {}
+    import json
+
     options: dict[str, Any] = {}
     for text in pairs:
         key, sep, value = text.partition("=")

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from importlib.metadata import EntryPoint
 
 __all__ = [
+    "BUILTIN_BACKENDS",
     "ENTRY_POINT_GROUP",
     "BackendLike",
     "InstalledBackend",
@@ -61,6 +62,17 @@ __all__ = [
 ]
 
 ENTRY_POINT_GROUP = "ptestore.backends"
+
+#: ptestore's own backends: the entry points its distribution declares (pyproject.toml,
+#: checked by a test), resolved by name without reading any installed metadata
+#: (:mod:`importlib.metadata` and the entry points of every distribution cost tens of ms
+#: at start-up). A third party's entry point of the same name does not replace them.
+BUILTIN_BACKENDS: MappingProxyType[str, str] = MappingProxyType(
+    {
+        "passthrough": "ptestore.backends.passthrough:PassthroughBackend",
+        "command": "ptestore.backends.command:CommandBackend",
+    }
+)
 
 BackendFactory = Callable[..., BackendInterface]
 BackendLike = Union[str, BackendInterface, type[BackendInterface]]  # noqa: UP007
@@ -235,13 +247,17 @@ def _entry_point_table() -> dict[str, tuple[str, str | None]]:
     :mod:`.snapshot`), else from the installed metadata (and then recorded in it)."""
     snap = active_snapshot()
     if snap is not None and snap.entry_points is not None:
-        return dict(snap.entry_points)
-    table = {
-        name: (ep.value, getattr(ep.dist, "version", None) if ep.dist is not None else None)
-        for name, ep in _entry_points().items()
-    }
-    if snap is not None:
-        snap.learn_entry_points(table)
+        table = dict(snap.entry_points)
+    else:
+        table = {
+            name: (ep.value, getattr(ep.dist, "version", None) if ep.dist is not None else None)
+            for name, ep in _entry_points().items()
+        }
+        if snap is not None:
+            snap.learn_entry_points(table)
+    for name, value in BUILTIN_BACKENDS.items():  # ours, whatever else declares the name
+        if table.get(name, ("",))[0] != value:
+            table[name] = (value, None)
     return table
 
 
@@ -339,6 +355,8 @@ def _resolve(ref: str, spec: str) -> object:
     with _lock:
         if ref in _registry:
             return _registry[ref]
+    if ref in BUILTIN_BACKENDS:
+        return _load_entry_point(BUILTIN_BACKENDS[ref], spec)
     eps = _entry_point_table()
     if ref in eps:
         return _load_entry_point(eps[ref][0], spec)

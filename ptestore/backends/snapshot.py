@@ -34,7 +34,6 @@ outside such a block nothing here has any effect.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 import threading
@@ -153,6 +152,8 @@ class Snapshot:
     def load(cls, path: str) -> Snapshot:
         """The snapshot at ``path`` if its stamp is the current one; else an empty one
         (with the current stamp, or None when the stamp cannot be trusted)."""
+        import json  # only where a snapshot is kept (ensure): not at every import
+
         stamp = environment_stamp()
         if stamp is None:
             return cls(None)
@@ -180,6 +181,8 @@ class Snapshot:
         """Write the snapshot atomically (best effort: it only saves time)."""
         if self.stamp is None or not self.changed:
             return
+        import json
+
         facts = {"entry_points": self.entry_points, "versions": self.versions}
         data = json.dumps({"format": FORMAT, "stamp": self.stamp, "facts": facts}).encode()
         tmp = f"{path}.{os.getpid()}.{time.monotonic_ns()}.tmp"

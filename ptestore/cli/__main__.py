@@ -1,3 +1,3 @@
-from . import main
+from . import program
 
-raise SystemExit(main())
+raise SystemExit(program())

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import sys
 from collections.abc import Callable
@@ -254,6 +253,8 @@ def guarded(command: str, *, publishes: bool = False) -> Callable[[Command], Com
                     )
                 if getattr(args, "json", False):
                     obj = error_json(command, exc, code, publishes=publishes)
+                    import json
+
                     json.dump(obj, sys.stdout, indent=2)
                     sys.stdout.write("\n")
                     sys.stdout.flush()

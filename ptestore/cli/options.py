@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 __all__ = [
     "add_storage_options",
@@ -20,6 +19,8 @@ def parse_storage_option(text: str) -> tuple[str, object]:
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    import json
+
     parsed: object
     try:
         parsed = json.loads(value)

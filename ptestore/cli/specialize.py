@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -235,6 +234,8 @@ def _report(args: argparse.Namespace, report: SpecializationReport, message: str
     if message is not None:  # only with --allow-unchanged: strict runs raise instead
         print(f"ptestore specialize: warning: {message}", file=sys.stderr)
     if args.json:
+        import json
+
         json.dump(report.to_dict(), sys.stdout, indent=2)
         sys.stdout.write("\n")
     elif not args.quiet:

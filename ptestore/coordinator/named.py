@@ -8,8 +8,6 @@ from typing import TYPE_CHECKING, Literal
 
 from ..errors import ConfigurationError, FormatError
 from ..format.model import Container, TensorLayout
-from ..format.tensorinfo import TensorInfo, array_view
-from ..format.tensors import TensorIndex, describe_tensors
 from ..storage.loaders import DataLoader, LocalFileLoader
 from ..storage.types import load_into
 from .spool import Buffer
@@ -18,6 +16,8 @@ if TYPE_CHECKING:
     import numpy as np
 
     from ..format.reader import ParsedFile
+    from ..format.tensorinfo import TensorInfo
+    from ..format.tensors import TensorIndex
     from ..writers.base import DataWriter
 
 __all__ = ["MergedNamedDataMap", "SourceFile", "read_chunks", "read_view"]
@@ -162,6 +162,8 @@ class MergedNamedDataMap:
     def tensor_index(self) -> TensorIndex:
         """Every description of every key, read once (on first use) for the whole run."""
         if self._index is None:
+            from ..format.tensors import describe_tensors  # only when a backend asks
+
             pte = next(f for f in self._files if f.role == "pte")
             ptd = next((f for f in self._files if f.role == "ptd"), None)
             self._index = describe_tensors(pte.parsed, pte.loader, ptd.parsed if ptd else None)
@@ -177,6 +179,8 @@ class MergedNamedDataMap:
     def get_array(self, key: str) -> np.ndarray:
         """The value of ``key`` as a zero-copy, read-only numpy array (see ``TensorInfo``)."""
         f, _, _ = self.where(key)
+        from ..format.tensorinfo import array_view
+
         return array_view(self.get_data(key), self.get_tensor_info(key), key, f.container.source)
 
     def get_shared_keys(self, key: str) -> tuple[str, ...]:

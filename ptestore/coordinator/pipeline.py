@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import inspect
-import logging
 import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
+from .._log import get_logger
 from ..backends.api import BackendDataInitContext, BackendDataWriter, BackendInterface
 from ..backends.passthrough import PassthroughBackend
 from ..backends.registry import BackendLike, installed_backends
@@ -20,13 +20,11 @@ from ..errors import (
 )
 from ..format.layout import layout_file
 from ..format.reader import read_container
-from ..provenance.stamp import ProvenanceRequest, Stamper, object_metadata
 from ..provenance.trailer import without_trailer
 from ..storage.types import DataLoader
 from ..writers.base import DataWriter, PublishMode, discard_all
 from ..writers.local import LocalFileWriter
 from .aliases import check_aliases
-from .digest import planned_digest
 from .named import SourceFile
 from .output import (
     ContentStore,
@@ -55,10 +53,11 @@ from .targets import check_pair_targets, same_target
 if TYPE_CHECKING:
     from ..backends.compat import DeviceProfile
     from ..provenance.record import ContentDigest
+    from ..provenance.stamp import ProvenanceRequest, Stamper
 
 __all__ = ["initialize_and_save_backend_data"]
 
-log = logging.getLogger("ptestore.coordinator")
+log = get_logger("ptestore.coordinator")
 
 
 def initialize_and_save_backend_data(
@@ -156,6 +155,8 @@ def initialize_and_save_backend_data(
         if ptd_loader is not None and ptd_writer is not None:
             check_pair_targets(pte_loader.name, pte_writer, ptd_loader.name, ptd_writer)
         if provenance:
+            from ..provenance.stamp import ProvenanceRequest, Stamper
+
             request = provenance if isinstance(provenance, ProvenanceRequest) else None
             stamper = Stamper(request or ProvenanceRequest(), backends, device)
             backends = stamper.backends
@@ -191,6 +192,9 @@ def initialize_and_save_backend_data(
         # unchanged file is neither rewritten nor given a trailer.
         unchanged = [_unchanged(run, f, lay, mode) for f, lay in zip(files, layouts, strict=True)]
         if stamper is not None:
+            from ..provenance.stamp import object_metadata
+            from .digest import planned_digest
+
             # The trailers name the bytes they follow: digest each output before writing
             # (the .ptd first, the .pte's record names it).
             for f, lay in sorted(
@@ -200,6 +204,8 @@ def initialize_and_save_backend_data(
                 f.writer.add_object_metadata({**object_metadata(stamper.key(), device), **sealed})
         shared: tuple[ContentDigest, FileReport | None] | None = None
         if ptd_store is not None and len(files) > 1 and not unchanged[1]:
+            from .digest import planned_digest
+
             content = (
                 stamper.contents["ptd"]
                 if stamper is not None

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from .._log import get_logger
 from ..backends.passthrough import PassthroughBackend
 from ..backends.registry import (
     BackendLike,
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Selection", "resolve_backends", "why_unchanged"]
 
-log = logging.getLogger("ptestore.selection")
+log = get_logger("ptestore.selection")
 
 
 @dataclass

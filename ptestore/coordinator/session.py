@@ -7,7 +7,6 @@ backend's call returns normally (:meth:`Session.commit`).
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -17,13 +16,14 @@ from ..backends.api import BackendData, DelegateInput, NamedDataMap
 from ..errors import InvalidReplacement, WriterStateError
 from ..format.header import is_power_of_two
 from ..format.model import Delegate, TensorLayout
-from ..format.tensorinfo import TensorInfo, array_view
 from .named import MergedNamedDataMap, SourceFile, read_chunks, read_view
 from .report import BackendReport, Event, EventTracer
 from .spool import Buffer, Spool
 
 if TYPE_CHECKING:
     import numpy as np
+
+    from ..format.tensorinfo import TensorInfo
 
 __all__ = ["MAX_REQUESTED_ALIGNMENT", "Replacement", "Run", "Session", "SegmentKey"]
 
@@ -217,6 +217,8 @@ class Session:
         return view, alignment
 
     def _spool(self, view: memoryview, alignment: int, user: str) -> Replacement:
+        import hashlib  # a replacement: hashed to tell equal ones apart
+
         offset = self.run.spool.add(view)
         digest = hashlib.sha256(view).hexdigest()
         self.report.bytes_out += view.nbytes
@@ -279,6 +281,8 @@ class Session:
                 )
             self._check_size(key, size, template.allow_size_change)
             start = self.run.spool.size()
+            import hashlib
+
             digest = hashlib.sha256()
             total = 0
             for chunk in chunks:
@@ -454,6 +458,8 @@ class SessionNamedMap:
         self._session.last_key = key
         f, _, _ = self._map.where(key)
         data = self.get_data(key)
+        from ..format.tensorinfo import array_view
+
         return array_view(data, self._map.get_tensor_info(key), key, f.container.source)
 
     def get_shared_keys(self, key: str) -> tuple[str, ...]:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-import tempfile
+import errno
+import os
 import threading
+from typing import IO
 
 from .._io import pread_all, pwrite_all
 from ..errors import StorageError
@@ -18,8 +20,10 @@ class Spool:
 
     def __init__(self, directory: str | None) -> None:
         try:
-            self._file = tempfile.TemporaryFile(prefix="ptestore-spool-", dir=directory)
+            self._file = _unnamed_file(directory)
         except OSError as exc:
+            import tempfile
+
             where = directory or tempfile.gettempdir()
             raise StorageError(
                 f"cannot create the replacement spool in {where}: {strerror(exc)}"
@@ -62,3 +66,26 @@ class Spool:
 
     def close(self) -> None:
         self._file.close()
+
+
+#: ``O_TMPFILE`` refused for these reasons: the file system cannot make unnamed files.
+_NO_TMPFILE = frozenset({errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL})
+
+
+def _unnamed_file(directory: str | None) -> IO[bytes]:
+    """A temporary file in ``directory`` that has no name (gone when closed, or when the
+    process dies): ``O_TMPFILE`` where the system and file system have it, else
+    :func:`tempfile.TemporaryFile` (which does the same, at the cost of importing
+    :mod:`tempfile` and :mod:`random` on every run)."""
+    flag = getattr(os, "O_TMPFILE", 0)
+    if directory is not None and flag:
+        try:
+            fd = os.open(directory, flag | os.O_RDWR | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            if exc.errno not in _NO_TMPFILE:
+                raise
+        else:
+            return os.fdopen(fd, "r+b")
+    import tempfile
+
+    return tempfile.TemporaryFile(prefix="ptestore-spool-", dir=directory)

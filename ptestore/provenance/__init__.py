@@ -14,17 +14,17 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from ..errors import FormatError
-from ..storage.types import DataLoader
-from .record import (
-    BackendStamp,
-    DeviceStamp,
-    Provenance,
-    ProvenanceKey,
-    RequestedBackend,
-    SourceInfo,
-)
 
 if TYPE_CHECKING:
+    from ..storage.types import DataLoader
+    from .record import (
+        BackendStamp,
+        DeviceStamp,
+        Provenance,
+        ProvenanceKey,
+        RequestedBackend,
+        SourceInfo,
+    )
     from .stamp import (
         ProvenanceRequest,
         Stamper,
@@ -34,10 +34,22 @@ if TYPE_CHECKING:
     )
     from .trailer import Trailer, encode_trailer, read_trailer, without_trailer
 
-#: Names of :mod:`.stamp` and :mod:`.trailer`, imported on first use: turning a record
-#: back into a :class:`Provenance` (an ``ensure`` hit) needs neither the stamper nor the
-#: trailer's reader.
+#: Names of :mod:`.record`, :mod:`.stamp` and :mod:`.trailer`, imported on first use:
+#: turning a record back into a :class:`Provenance` (an ``ensure`` hit) needs neither the
+#: stamper nor the trailer's reader, and hiding a source's trailer (every run) needs
+#: neither the record nor the stamper.
 _LAZY = {
+    **dict.fromkeys(
+        (
+            "BackendStamp",
+            "DeviceStamp",
+            "Provenance",
+            "ProvenanceKey",
+            "RequestedBackend",
+            "SourceInfo",
+        ),
+        "record",
+    ),
     **dict.fromkeys(
         ("ProvenanceRequest", "Stamper", "describe_source", "object_metadata", "spec_text"),
         "stamp",
@@ -80,6 +92,7 @@ def read_provenance(loader: DataLoader) -> Provenance | None:
     """The provenance record of the object behind ``loader``; None if it has no trailer.
 
     Raises :class:`~ptestore.errors.FormatError` for a damaged trailer or record."""
+    from .record import Provenance
     from .trailer import read_trailer
 
     trailer = read_trailer(loader)
@@ -92,6 +105,7 @@ def provenance_json(loader: DataLoader) -> dict[str, Any] | None:
     """What ``inspect --json`` shows under ``"provenance"``: the record plus the trailer's
     placement and checksum, ``None`` when there is no trailer, or ``{"error": ...}`` for a
     damaged one."""
+    from .record import Provenance
     from .trailer import read_trailer
 
     try:

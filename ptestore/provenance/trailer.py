@@ -21,8 +21,6 @@ unparsable JSON) is a corrupt trailer and raises :class:`~ptestore.errors.Format
 
 from __future__ import annotations
 
-import hashlib
-import json
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -71,6 +69,8 @@ class Trailer:
 
     def record(self) -> dict[str, Any]:
         """The payload as a JSON object (checked when the trailer was read)."""
+        import json
+
         value: dict[str, Any] = json.loads(self.payload)
         return value
 
@@ -91,6 +91,9 @@ def encode_trailer(payload: dict[str, Any], content_size: int) -> bytes:
     """The trailer bytes for ``payload`` placed after ``content_size`` bytes."""
     if content_size < 0:
         raise ValueError(f"content_size must be >= 0, got {content_size}")
+    import hashlib
+    import json
+
     body = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
     if len(body) > MAX_PAYLOAD_SIZE:
         raise ConfigurationError(
@@ -158,6 +161,9 @@ def read_trailer(loader: DataLoader) -> Trailer | None:
         payload = tail[tail_size - FOOTER_SIZE - payload_size : tail_size - FOOTER_SIZE]
     else:
         payload = bytes(loader.load(content_size, payload_size))
+    import hashlib  # a file with a trailer only: most sources have none
+    import json
+
     actual = hashlib.sha256(payload).digest()
     if actual != digest:
         raise FormatError(

@@ -27,14 +27,16 @@ import mmap
 import os
 import stat
 import threading
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from .._io import pread_all, preadinto_all
-from .._retry import DEFAULT_RETRY, RETRY_OPTIONS, Category, RetryPolicy, classify, to_storage_error
 from ..errors import ConfigurationError, ObjectNotFound, StorageError, local_error
-from ._options import check_options, fsspec_options
-from ._s3source import S3Source, s3_source_of
+from ._options import check_options
+from .base import LoaderBase, check_range
 from .types import Buffer, DataLoader, StorageURL, split_url, strerror
+
+if TYPE_CHECKING:
+    from .remote import FsspecLoader, S3Source
 
 __all__ = [
     "BytesLoader",
@@ -42,51 +44,13 @@ __all__ = [
     "FsspecLoader",
     "LocalFileLoader",
     "S3Source",
-    "WHOLE_READ_LIMIT",
     "loader_options",
     "open_loader",
     "split_url",
 ]
 
 
-L = TypeVar("L", bound="_Closing")
-
-#: A remote object no larger than this is read whole at its second read (one request).
-WHOLE_READ_LIMIT = 1 << 20
-
-
-class _Closing:
-    """``with loader:`` closes it; the storage options a loader class accepts are data
-    on the class (:attr:`options`, :meth:`accepted_options`), read by
-    :func:`loader_options` and the option routing (:mod:`ptestore.storage.routing`)."""
-
-    #: Storage options the constructor path takes (``open_loader`` refuses all others).
-    options: ClassVar[frozenset[str]] = frozenset()
-
-    @classmethod
-    def accepted_options(cls, url: StorageURL) -> frozenset[str]:
-        """Storage options that apply to this loader for ``url`` (default:
-        :attr:`options`)."""
-        return cls.options
-
-    def close(self) -> None:
-        pass
-
-    def __enter__(self: L) -> L:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def _check_range(name: str, offset: int, size: int, total: int) -> None:
-    if offset < 0 or size < 0 or offset + size > total:
-        raise StorageError(
-            f"{name}: read of {size} bytes at offset {offset} is outside the object (size {total})"
-        )
-
-
-class BytesLoader(_Closing):
+class BytesLoader(LoaderBase):
     """A loader over bytes already in memory (zero-copy slices)."""
 
     def __init__(self, data: Buffer, name: str = "<bytes>") -> None:
@@ -97,7 +61,7 @@ class BytesLoader(_Closing):
         return self._view.nbytes
 
     def load(self, offset: int, size: int) -> memoryview:
-        _check_range(self.name, offset, size, self._view.nbytes)
+        check_range(self.name, offset, size, self._view.nbytes)
         return self._view[offset : offset + size]
 
     def check_unchanged(self) -> None:
@@ -128,7 +92,7 @@ def _not_regular(path: str, what: str) -> ConfigurationError:
     return ConfigurationError(f"{path}: is {what}, not a regular file; refusing to read it")
 
 
-class LocalFileLoader(_Closing):
+class LocalFileLoader(LoaderBase):
     """Positional reads (``os.pread``) from a local file.
 
     The file descriptor is opened once; ``load`` is safe from several threads.
@@ -186,7 +150,7 @@ class LocalFileLoader(_Closing):
             )
 
     def load(self, offset: int, size: int) -> bytes:
-        _check_range(self.name, offset, size, self._size)
+        check_range(self.name, offset, size, self._size)
         try:
             data = pread_all(self.fileno(), size, offset)
         except OSError as exc:
@@ -205,7 +169,7 @@ class LocalFileLoader(_Closing):
         read straight into it (``preadv``): no mapping, so the file's pages never count
         in this process's memory, and no intermediate copy."""
         size = buffer.nbytes
-        _check_range(self.name, offset, size, self._size)
+        check_range(self.name, offset, size, self._size)
         try:
             got = preadinto_all(self.fileno(), buffer, offset)
         except OSError as exc:
@@ -230,7 +194,7 @@ class LocalFileLoader(_Closing):
         ExecuTorch runtime's mmap loader included); replacing the file by rename, as
         ptestore's writers do, is safe.
         """
-        _check_range(self.name, offset, size, self._size)
+        check_range(self.name, offset, size, self._size)
         if size == 0 or self._no_map:
             return self.load(offset, size)
         now = os.fstat(self.fileno()).st_size
@@ -262,154 +226,12 @@ class LocalFileLoader(_Closing):
             pass
 
 
-def fresh_info(fs: Any, path: str) -> dict[str, Any]:
-    """``fs.info(path)`` asked of the store itself, never of a listing cached earlier.
-
-    fsspec filesystems cache directory listings per instance and fsspec shares
-    instances per option set, so an application's own ``ls`` would otherwise answer a
-    later "is the source unchanged" question with what it saw before. The cached entry
-    is invalidated and s3fs is asked with ``refresh=True`` (a HEAD every time)."""
-    invalidate = getattr(fs, "invalidate_cache", None)
-    if callable(invalidate):
-        invalidate(path)
-    if _is_s3fs(fs):
-        info: dict[str, Any] = fs.info(path, refresh=True)
-        return info
-    out: dict[str, Any] = fs.info(path)
-    return out
-
-
-def _is_s3fs(fs: Any) -> bool:
-    return type(fs).__module__.split(".")[0] == "s3fs"
-
-
-class FsspecLoader(_Closing):
-    """Ranged reads through any fsspec filesystem (``memory://``, ``s3://``, ...)."""
-
-    #: The retry options; the filesystem's own are added per URL.
-    options: ClassVar[frozenset[str]] = frozenset(RETRY_OPTIONS)
-
-    @classmethod
-    def accepted_options(cls, url: StorageURL) -> frozenset[str]:
-        """:attr:`options` plus every option of the URL's fsspec filesystem class."""
-        return cls.options | fsspec_options(_fs_class(url))
-
-    def __init__(
-        self,
-        fs: Any,
-        path: str,
-        url: str,
-        *,
-        retry: RetryPolicy = DEFAULT_RETRY,
-    ) -> None:
-        self.fs = fs
-        self.path = path
-        self.name = url
-        self._retry = retry
-        info = self._info("no such object")
-        if info.get("type") == "directory":
-            raise StorageError(f"{url}: is a directory, not an object")
-        self._size = int(info["size"])
-        #: Entity tag / version of the object when the storage reports one.
-        self.etag: str | None = info.get("ETag") or info.get("etag")
-        #: Version id of the object read (S3 versioned buckets), else None.
-        self.version_id: str | None = info.get("VersionId") or None
-        #: Bytes asked of the store so far (whole-object reads included).
-        self.bytes_fetched = 0
-        self._reads = 0
-        self._whole: bytes | None = None
-        self._whole_lock = threading.Lock()
-        from fsspec.implementations.memory import MemoryFileSystem
-
-        self._read_whole = self._size <= WHOLE_READ_LIMIT and not isinstance(fs, MemoryFileSystem)
-
-    @property
-    def in_memory(self) -> bool:
-        """True once every byte of the object is held in memory (an object of at most
-        :data:`WHOLE_READ_LIMIT` bytes, after its second read): reads cost no request."""
-        return self._whole is not None
-
-    def size(self) -> int:
-        return self._size
-
-    def _info(self, missing: str) -> dict[str, Any]:
-        try:
-            info: dict[str, Any] = self._retry.call(
-                lambda: fresh_info(self.fs, self.path), what=f"{self.name}: stat"
-            )
-        except Exception as exc:
-            if classify(exc) is Category.NOT_FOUND:
-                raise ObjectNotFound(f"{self.name}: {missing}") from exc
-            raise to_storage_error(exc, self.name, "stat") from exc
-        return info
-
-    def check_unchanged(self) -> None:
-        """Raise if the object's size or entity tag changed since it was opened."""
-        info = self._info("object disappeared while reading")
-        etag = info.get("ETag") or info.get("etag")
-        if int(info["size"]) != self._size or (self.etag is not None and etag != self.etag):
-            raise StorageError(
-                f"{self.name}: replaced while being read (size {self._size} -> "
-                f"{info['size']}, etag {self.etag} -> {etag}); its content may be a mix of "
-                "two versions"
-            )
-
-    def s3_source(self) -> S3Source | None:
-        """The S3 object this loader reads (bucket, key, the version and ETag read when it
-        was opened, its endpoint and credential identity), or None when the filesystem is
-        not s3fs: what lets an S3 writer on the same service copy ranges server-side."""
-        return s3_source_of(self.fs, self.path, self.etag, self.version_id, self._size)
-
-    def load(self, offset: int, size: int) -> bytes:
-        _check_range(self.name, offset, size, self._size)
-        if size == 0:
-            return b""
-        if self._read_whole and (self._whole is not None or self._reads):
-            if self._whole is None:
-                with self._whole_lock:
-                    if self._whole is None:
-                        self._whole = self._read(0, self._size)
-            return self._whole[offset : offset + size]
-        self._reads += 1
-        return self._read(offset, size)
-
-    def _read(self, offset: int, size: int) -> bytes:
-        def read() -> bytes:
-            data = self.fs.cat_file(self.path, start=offset, end=offset + size)
-            return bytes(data) if not isinstance(data, bytes) else data
-
-        what = f"read of {size} bytes at offset {offset}"
-        self.bytes_fetched += size
-        try:
-            data = self._retry.call(read, what=f"{self.name}: {what}")
-        except Exception as exc:
-            if classify(exc) is Category.NOT_FOUND:
-                raise ObjectNotFound(f"{self.name}: object disappeared while reading") from exc
-            raise to_storage_error(exc, self.name, what) from exc
-        if len(data) != size:
-            raise StorageError(
-                f"{self.name}: short read: wanted {size} bytes at offset {offset}, "
-                f"got {len(data)} (object changed while reading?)"
-            )
-        return data
-
-
-def _fs_class(url: StorageURL) -> type:
-    import fsspec  # imported by the first remote URL: local files never need it
-
-    try:
-        cls: type = fsspec.get_filesystem_class(url.protocol)
-    except (ImportError, ValueError) as exc:
-        raise ConfigurationError(
-            f"{url.text}: cannot read protocol {url.protocol!r}: {exc}"
-        ) from exc
-    return cls
-
-
 def _loader_class(url: StorageURL) -> tuple[type[LocalFileLoader | FsspecLoader], str]:
     """The loader class for ``url`` and what the options apply to, for messages."""
     if url.local:
         return LocalFileLoader, "local files"
+    from .remote import FsspecLoader  # fsspec and the retry policy: remote URLs only
+
     return FsspecLoader, f"{url.protocol}://"
 
 
@@ -447,7 +269,10 @@ def open_loader(url: str | os.PathLike[str] | StorageURL, **storage_options: Any
     if cls is LocalFileLoader:
         check_options(u.text, storage_options, (), applies_to)
         return LocalFileLoader(u.path)
-    fs_cls = _fs_class(u)
+    from .._retry import RetryPolicy
+    from .remote import FsspecLoader, fs_class
+
+    fs_cls = fs_class(u)
     check_options(u.text, storage_options, cls.accepted_options(u), applies_to)
     options = dict(storage_options)
     retry = RetryPolicy.from_options(u.text, options)
@@ -457,3 +282,13 @@ def open_loader(url: str | os.PathLike[str] | StorageURL, **storage_options: Any
         raise ConfigurationError(f"{u.text}: bad storage options: {exc}") from exc
     fs_path = u.path if u.protocol in ("s3", "memory") else fs._strip_protocol(u.text)
     return FsspecLoader(fs, fs_path, u.text, retry=retry)
+
+
+def __getattr__(name: str) -> Any:
+    """``FsspecLoader``, ``S3Source`` and ``WHOLE_READ_LIMIT`` live in :mod:`.remote`
+    (imported on first use: a local run never needs them)."""
+    if name in ("FsspecLoader", "S3Source", "WHOLE_READ_LIMIT"):
+        from . import remote
+
+        return getattr(remote, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

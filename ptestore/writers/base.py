@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import abc
 import enum
-import logging
 import os
 import threading
 import warnings
@@ -20,6 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol
 
+from .._log import get_logger
 from ..errors import (
     AlreadyExists,
     ConfigurationError,
@@ -42,7 +42,7 @@ __all__ = [
     "discard_all",
 ]
 
-log = logging.getLogger("ptestore.writers")
+log = get_logger("ptestore.writers")
 
 PublishMode = Literal["overwrite", "create"]
 _MODES = ("overwrite", "create")

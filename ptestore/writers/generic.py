@@ -41,7 +41,7 @@ from .._io import pread_all, pwrite_all
 from .._retry import RETRY_OPTIONS, Category, RetryPolicy, classify, to_storage_error
 from ..errors import AlreadyExists, ConfigurationError, StorageError
 from ..storage._options import fsspec_options
-from ..storage.loaders import FsspecLoader
+from ..storage.remote import FsspecLoader
 from ..storage.types import DataLoader, split_url, strerror
 from ._staging import FileStaging
 from .base import DataWriter, PublishMode, PublishResult, WriterGuarantees, already_exists

@@ -25,7 +25,6 @@ import errno
 import fcntl
 import os
 import re
-import secrets
 import stat
 import sys
 import threading
@@ -59,7 +58,7 @@ _umask_lock = threading.Lock()
 
 def staging_name(dest_name: str) -> str:
     """A fresh hidden staging name for a destination file name."""
-    return f".{dest_name[:_MAX_PREFIX]}.ptestore-{secrets.token_hex(8)}.tmp"
+    return f".{dest_name[:_MAX_PREFIX]}.ptestore-{os.urandom(8).hex()}.tmp"
 
 
 def _current_umask() -> int:

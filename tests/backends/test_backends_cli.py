@@ -88,6 +88,58 @@ def test_entry_points_and_import_paths() -> None:
     assert b.argv == ["cat"]
 
 
+def test_the_builtin_names_are_the_entry_points_ptestore_declares() -> None:
+    import tomllib
+
+    from ptestore.backends.registry import BUILTIN_BACKENDS
+
+    root = Path(__file__).resolve().parents[2]
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    assert project["entry-points"]["ptestore.backends"] == dict(BUILTIN_BACKENDS)
+    declared = {
+        ep.name: ep.value
+        for ep in importlib.metadata.entry_points(group="ptestore.backends")
+        if ep.dist is not None and ep.dist.name == "ptestore"
+    }
+    assert declared == dict(BUILTIN_BACKENDS)
+
+
+def test_a_builtin_name_resolves_without_reading_metadata_and_cannot_be_shadowed(
+    tmp_path: Path,
+) -> None:
+    """``passthrough`` loads without :mod:`importlib.metadata`; another distribution's
+    entry point of the same name neither replaces it nor is listed in its place."""
+    info = tmp_path / "shadow-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: shadow\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(
+        "[ptestore.backends]\npassthrough = shadow_mod:Evil\n"
+    )
+    (tmp_path / "shadow_mod.py").write_text("raise SystemExit('shadow imported')\n")
+    probe = textwrap.dedent(
+        """
+        import json, sys
+        from ptestore.backends import load_backend
+        from ptestore.backends.passthrough import PassthroughBackend
+        ok = isinstance(load_backend("passthrough"), PassthroughBackend)
+        read = "importlib.metadata" in sys.modules
+        from ptestore.backends.registry import installed_backends
+        listed = [b.spec for b in installed_backends() if b.name == "passthrough"]
+        print(json.dumps({"ok": ok, "metadata": read, "listed": listed}))
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {
+        "ok": True,
+        "metadata": False,
+        "listed": ["ptestore.backends.passthrough:PassthroughBackend"],
+    }
+
+
 @pytest.mark.parametrize(
     ("spec", "message"),
     [

@@ -1,0 +1,166 @@
+"""The remote loader: ranged reads through any fsspec filesystem (``memory://``,
+``s3://``, ...), with retries (:mod:`ptestore._retry`) and the small-object whole read
+(:data:`WHOLE_READ_LIMIT`). Imported by :func:`~ptestore.storage.loaders.open_loader` for
+the first remote URL only: a local run never loads it, nor fsspec, nor the retry policy.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, ClassVar
+
+from .._retry import DEFAULT_RETRY, RETRY_OPTIONS, Category, RetryPolicy, classify, to_storage_error
+from ..errors import ConfigurationError, ObjectNotFound, StorageError
+from ._options import fsspec_options
+from ._s3source import S3Source, s3_source_of
+from .base import LoaderBase, check_range
+from .types import StorageURL
+
+__all__ = ["WHOLE_READ_LIMIT", "FsspecLoader", "S3Source", "fresh_info", "fs_class"]
+
+#: A remote object no larger than this is read whole at its second read (one request).
+WHOLE_READ_LIMIT = 1 << 20
+
+
+def fresh_info(fs: Any, path: str) -> dict[str, Any]:
+    """``fs.info(path)`` asked of the store itself, never of a listing cached earlier.
+
+    fsspec filesystems cache directory listings per instance and fsspec shares
+    instances per option set, so an application's own ``ls`` would otherwise answer a
+    later "is the source unchanged" question with what it saw before. The cached entry
+    is invalidated and s3fs is asked with ``refresh=True`` (a HEAD every time)."""
+    invalidate = getattr(fs, "invalidate_cache", None)
+    if callable(invalidate):
+        invalidate(path)
+    if _is_s3fs(fs):
+        info: dict[str, Any] = fs.info(path, refresh=True)
+        return info
+    out: dict[str, Any] = fs.info(path)
+    return out
+
+
+def _is_s3fs(fs: Any) -> bool:
+    return type(fs).__module__.split(".")[0] == "s3fs"
+
+
+class FsspecLoader(LoaderBase):
+    """Ranged reads through any fsspec filesystem (``memory://``, ``s3://``, ...)."""
+
+    #: The retry options; the filesystem's own are added per URL.
+    options: ClassVar[frozenset[str]] = frozenset(RETRY_OPTIONS)
+
+    @classmethod
+    def accepted_options(cls, url: StorageURL) -> frozenset[str]:
+        """:attr:`options` plus every option of the URL's fsspec filesystem class."""
+        return cls.options | fsspec_options(fs_class(url))
+
+    def __init__(
+        self,
+        fs: Any,
+        path: str,
+        url: str,
+        *,
+        retry: RetryPolicy = DEFAULT_RETRY,
+    ) -> None:
+        self.fs = fs
+        self.path = path
+        self.name = url
+        self._retry = retry
+        info = self._info("no such object")
+        if info.get("type") == "directory":
+            raise StorageError(f"{url}: is a directory, not an object")
+        self._size = int(info["size"])
+        #: Entity tag / version of the object when the storage reports one.
+        self.etag: str | None = info.get("ETag") or info.get("etag")
+        #: Version id of the object read (S3 versioned buckets), else None.
+        self.version_id: str | None = info.get("VersionId") or None
+        #: Bytes asked of the store so far (whole-object reads included).
+        self.bytes_fetched = 0
+        self._reads = 0
+        self._whole: bytes | None = None
+        self._whole_lock = threading.Lock()
+        from fsspec.implementations.memory import MemoryFileSystem
+
+        self._read_whole = self._size <= WHOLE_READ_LIMIT and not isinstance(fs, MemoryFileSystem)
+
+    @property
+    def in_memory(self) -> bool:
+        """True once every byte of the object is held in memory (an object of at most
+        :data:`WHOLE_READ_LIMIT` bytes, after its second read): reads cost no request."""
+        return self._whole is not None
+
+    def size(self) -> int:
+        return self._size
+
+    def _info(self, missing: str) -> dict[str, Any]:
+        try:
+            info: dict[str, Any] = self._retry.call(
+                lambda: fresh_info(self.fs, self.path), what=f"{self.name}: stat"
+            )
+        except Exception as exc:
+            if classify(exc) is Category.NOT_FOUND:
+                raise ObjectNotFound(f"{self.name}: {missing}") from exc
+            raise to_storage_error(exc, self.name, "stat") from exc
+        return info
+
+    def check_unchanged(self) -> None:
+        """Raise if the object's size or entity tag changed since it was opened."""
+        info = self._info("object disappeared while reading")
+        etag = info.get("ETag") or info.get("etag")
+        if int(info["size"]) != self._size or (self.etag is not None and etag != self.etag):
+            raise StorageError(
+                f"{self.name}: replaced while being read (size {self._size} -> "
+                f"{info['size']}, etag {self.etag} -> {etag}); its content may be a mix of "
+                "two versions"
+            )
+
+    def s3_source(self) -> S3Source | None:
+        """The S3 object this loader reads (bucket, key, the version and ETag read when it
+        was opened, its endpoint and credential identity), or None when the filesystem is
+        not s3fs: what lets an S3 writer on the same service copy ranges server-side."""
+        return s3_source_of(self.fs, self.path, self.etag, self.version_id, self._size)
+
+    def load(self, offset: int, size: int) -> bytes:
+        check_range(self.name, offset, size, self._size)
+        if size == 0:
+            return b""
+        if self._read_whole and (self._whole is not None or self._reads):
+            if self._whole is None:
+                with self._whole_lock:
+                    if self._whole is None:
+                        self._whole = self._read(0, self._size)
+            return self._whole[offset : offset + size]
+        self._reads += 1
+        return self._read(offset, size)
+
+    def _read(self, offset: int, size: int) -> bytes:
+        def read() -> bytes:
+            data = self.fs.cat_file(self.path, start=offset, end=offset + size)
+            return bytes(data) if not isinstance(data, bytes) else data
+
+        what = f"read of {size} bytes at offset {offset}"
+        self.bytes_fetched += size
+        try:
+            data = self._retry.call(read, what=f"{self.name}: {what}")
+        except Exception as exc:
+            if classify(exc) is Category.NOT_FOUND:
+                raise ObjectNotFound(f"{self.name}: object disappeared while reading") from exc
+            raise to_storage_error(exc, self.name, what) from exc
+        if len(data) != size:
+            raise StorageError(
+                f"{self.name}: short read: wanted {size} bytes at offset {offset}, "
+                f"got {len(data)} (object changed while reading?)"
+            )
+        return data
+
+
+def fs_class(url: StorageURL) -> type:
+    import fsspec  # imported by the first remote URL: local files never need it
+
+    try:
+        cls: type = fsspec.get_filesystem_class(url.protocol)
+    except (ImportError, ValueError) as exc:
+        raise ConfigurationError(
+            f"{url.text}: cannot read protocol {url.protocol!r}: {exc}"
+        ) from exc
+    return cls
