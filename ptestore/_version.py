@@ -1,22 +1,14 @@
-"""The installed version of ptestore, in a module of its own.
+"""The version of ptestore, in a module of its own.
 
-Imported on first use (by ``ptestore.__version__``, the provenance stamp and
-``ptestore --version``), never by the package root at import time: reading the
-distribution's metadata costs milliseconds that ``import ptestore`` does not spend.
+The one place it is written: ``pyproject.toml`` reads it from here when the package is
+built (``[tool.setuptools.dynamic]``), so the installed distribution's metadata says the
+same (a test checks). Reading it costs nothing: no :mod:`importlib.metadata` (which
+imports email, zipfile and csv: tens of milliseconds at start-up), also for the version
+a provenance record gives ptestore's own backends.
 """
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
-
 __all__ = ["__version__"]
 
-
-def _version() -> str:
-    try:
-        return version("ptestore")
-    except PackageNotFoundError:  # run from a source tree that was never installed
-        return "0+unknown"
-
-
-__version__ = _version()
+__version__ = "0.1.0"

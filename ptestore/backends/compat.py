@@ -15,7 +15,6 @@ compile API rates a compiled model for an execution-provider device).
 from __future__ import annotations
 
 import enum
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -172,11 +171,6 @@ def _top_distribution_version(top: str) -> str:
             return metadata.version(name)
         except metadata.PackageNotFoundError:
             continue
-    if top == "ptestore":  # run from a source tree that is not installed
-        mod = sys.modules.get("ptestore")
-        version = getattr(mod, "__version__", None)
-        if isinstance(version, str):
-            return version
     return UNKNOWN_VERSION
 
 
@@ -190,6 +184,10 @@ def distribution_version(cls: type) -> str:
     top = str(cls.__module__).partition(".")[0]
     if top in ("__main__", "builtins"):
         return UNKNOWN_VERSION
+    if top == "ptestore":  # ours: the version is in the code, no metadata to read
+        from .._version import __version__
+
+        return __version__
     snap = active_snapshot()
     if snap is not None and top in snap.versions:
         return snap.versions[top]

@@ -7,8 +7,8 @@ The pipeline uses one :class:`Stamper` per run; nothing here imports the coordin
 
 from __future__ import annotations
 
-import datetime as _dt
 import hashlib
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
@@ -138,9 +138,7 @@ class Stamper:
         #: Each output's bytes before its trailer (see :meth:`seal`).
         self.contents: dict[str, ContentDigest] = {}
         self._trailers: dict[str, bytes] = {}
-        self._created = request.created or _dt.datetime.now(_dt.timezone.utc).strftime(
-            "%Y-%m-%dT%H:%M:%SZ"
-        )
+        self._created = request.created or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
     @property
     def backends(self) -> list[BackendInterface] | None:

@@ -549,17 +549,24 @@ def test_every_error_is_importable_from_the_root() -> None:
         assert getattr(ptestore, name) is getattr(errors, name), name
 
 
-def test_version_comes_from_the_package_metadata(capsys: pytest.CaptureFixture[str]) -> None:
-    try:
-        installed = importlib.metadata.version("ptestore")
-    except importlib.metadata.PackageNotFoundError:
-        installed = "0+unknown"
-    assert ptestore.__version__ == installed
-    pyproject = (Path(ptestore.__file__).parent.parent / "pyproject.toml").read_text()
-    declared = re.search(r'^version = "([^"]+)"$', pyproject, re.M)
-    assert declared is not None
-    if installed != "0+unknown":
-        assert installed == declared.group(1)
+def test_the_version_is_written_once_and_the_metadata_says_the_same(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``ptestore/_version.py`` holds it (read without metadata); pyproject.toml reads it
+    from there, so the installed distribution reports the same."""
+    import tomllib
+
+    from ptestore.backends.compat import distribution_version
+
+    pyproject = tomllib.loads(
+        (Path(ptestore.__file__).parent.parent / "pyproject.toml").read_text()
+    )
+    assert "version" in pyproject["project"]["dynamic"]
+    assert pyproject["tool"]["setuptools"]["dynamic"]["version"] == {
+        "attr": "ptestore._version.__version__"
+    }
+    assert ptestore.__version__ == importlib.metadata.version("ptestore")
+    assert distribution_version(PassthroughBackend) == ptestore.__version__
     with pytest.raises(SystemExit) as info:
         main(["--version"])
     assert info.value.code == EXIT_OK
