@@ -174,6 +174,22 @@ def test_every_subcommand_takes_verbose_and_debug() -> None:
     }
 
 
+def test_help_is_as_wide_as_argparse_makes_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The formatter asks os, not shutil, for the width: the same answer as argparse's."""
+    import shutil
+
+    from ptestore.cli.parser import HelpFormatter, _terminal_columns
+
+    for columns in ("60", "133", "not a number"):
+        monkeypatch.setenv("COLUMNS", columns)
+        assert _terminal_columns() == shutil.get_terminal_size().columns
+        parser = build_parser("specialize").commands["specialize"]
+        width = shutil.get_terminal_size().columns - 2
+        explicit = HelpFormatter(parser.prog, width=width)
+        assert parser._get_formatter()._width == explicit._width == width
+        assert parser.format_help() != ""
+
+
 def test_verbose_logs_decisions_and_timings(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
