@@ -8,6 +8,7 @@ LABELS = {
     "cp_sync": "`cp --reflink=never` + `sync FILE`",
     "cp_reflink": "`cp --reflink=always` + `sync FILE`",
     "passthrough": "ptestore passthrough",
+    "bare": "`python -c pass` (a bare interpreter)",
     "cli": "`python -m ptestore specialize --backend passthrough --no-provenance`",
     "cli_provenance": "`python -m ptestore specialize --backend passthrough` (SHA-256 trailer)",
     "one": "ptestore, one 16 MiB weight doubled",
@@ -28,8 +29,9 @@ def render(result: dict[str, Any]) -> str:
             f"**{name}** (medians of {next(iter(series['summary'].values()))['runs']} runs)",
             "",
             "| case | wall s | x cp+sync | inner s | inner x cp+sync | peak RSS MiB "
-            "| over idle MiB | read MiB | written MiB | new space MiB | cloned MiB |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            "| over idle MiB | read MiB | written MiB | new space MiB | cloned MiB "
+            "| over bare s | over bare x cp+sync |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for case, s in series["summary"].items():
             rep = s.get("report") or {}
@@ -40,7 +42,8 @@ def render(result: dict[str, Any]) -> str:
                 f"| {_f(s.get('inner_vs_cp_sync'), 3)} | {_f(s.get('maxrss_mib'), 0)} "
                 f"| {_f(s['maxrss_mib'] - idle, 0)} | {_f(s.get('read_mib'), 0)} "
                 f"| {_f(s.get('written_mib'), 0)} | {_f(s.get('new_space_mib'), 1)} "
-                f"| {_f(None if cloned is None else cloned / (1 << 20), 0)} |"
+                f"| {_f(None if cloned is None else cloned / (1 << 20), 0)} "
+                f"| {_f(s.get('over_bare_s'), 3)} | {_f(s.get('over_bare_vs_cp_sync'), 3)} |"
             )
         lines.append("")
     return "\n".join(lines)

@@ -8,12 +8,13 @@ XFS with ``reflink=1``, needs root and xfsprogs), in the same run on the same fi
 case runs ``--runs`` times, interleaved (run 1 of every case, then run 2, ...), each in a
 fresh process: ``cp --reflink=never`` + ``sync FILE`` (the durable copy), on XFS also
 ``cp --reflink=always`` + ``sync``, ptestore passthrough, one 16 MiB weight replaced,
-10% of the bytes replaced, ``cli``: the command line's passthrough (``python -m ptestore
-specialize SRC DST --backend passthrough --quiet --no-provenance``: the same work as
-``passthrough``, as a whole process from a bare interpreter; the other ptestore cases run
-in ``_child.py``, which imports numpy in every mode), ``cli_provenance``: the same with
-the command line's default provenance trailer (which reads and hashes the whole source:
-SHA-256), and ExecuTorch's own Python round trip
+10% of the bytes replaced, ``bare``: ``python -c pass`` (a bare interpreter, what the
+"over bare" figures subtract round by round), ``cli``: the command line's passthrough
+(``python -m ptestore specialize SRC DST --backend passthrough --quiet
+--no-provenance``: the same work as ``passthrough``, as a whole process from a bare
+interpreter; the other ptestore cases run in ``_child.py``, which imports numpy in every
+mode), ``cli_provenance``: the same with the command line's default provenance trailer
+(which reads and hashes the whole source: SHA-256), and ExecuTorch's own Python round trip
 (``deserialize_pte_binary`` then ``serialize_pte_binary``; up to ``--et-max``).
 ``--cases`` keeps only the cases named (the peers always run: every ratio needs them).
 
@@ -207,7 +208,7 @@ CLI_PASSTHROUGH += ["--backend", "passthrough", "--quiet"]
 def _cases(
     storage: Storage, size: str, et_max: str, et_on: list[str], only: list[str] | None = None
 ) -> list[str]:
-    cases = [*storage.peers, "passthrough", "one", "tenpct", "cli", "cli_provenance"]
+    cases = [*storage.peers, "passthrough", "one", "tenpct", "bare", "cli", "cli_provenance"]
     if _mib(size) <= _mib(et_max) and storage.name in et_on:
         cases.append("et")
     return [c for c in cases if only is None or c in storage.peers or c in only]
@@ -241,12 +242,15 @@ def run_series(
             if case in storage.peers:
                 shell = storage.peers[case].format(src=local, dst=dst)
                 r = measure_rusage(["sh", "-c", shell])
+            elif case == "bare":  # the interpreter alone: what "over bare" subtracts
+                r = measure_rusage([PY, "-c", "pass"])
             elif case in ("cli", "cli_provenance"):
                 argv = [a.format(src=local, dst=dst) for a in CLI_PASSTHROUGH]
                 r = measure_rusage(argv + (["--no-provenance"] if case == "cli" else []))
             else:
                 r = measure_rusage([PY, str(HERE / "_child.py"), case, str(local), str(dst)])
-            r["new_space_mib"] = storage.new_space(dst, before) / MIB
+            if case != "bare":  # writes nothing
+                r["new_space_mib"] = storage.new_space(dst, before) / MIB
             results[case].append(r)
             dst.unlink(missing_ok=True)
     local.unlink()
@@ -277,6 +281,17 @@ def summarize(results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             s["wall_vs_cp_sync"] = statistics.median(
                 r["wall_s"] / b["wall_s"] for r, b in zip(runs, base, strict=True)
             )
+            bare = results.get("bare")
+            if bare and case.startswith("cli"):
+                # the command's own cost: its wall time less a bare interpreter's of the
+                # same round, against the durable copy of that round
+                s["over_bare_vs_cp_sync"] = statistics.median(
+                    (r["wall_s"] - i["wall_s"]) / b["wall_s"]
+                    for r, i, b in zip(runs, bare, base, strict=True)
+                )
+                s["over_bare_s"] = statistics.median(
+                    r["wall_s"] - i["wall_s"] for r, i in zip(runs, bare, strict=True)
+                )
             if runs[0].get("inner_s") is not None:
                 s["inner_vs_cp_sync"] = statistics.median(
                     r["inner_s"] / b["wall_s"] for r, b in zip(runs, base, strict=True)

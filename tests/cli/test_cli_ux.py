@@ -190,6 +190,48 @@ def test_help_is_as_wide_as_argparse_makes_it(monkeypatch: pytest.MonkeyPatch) -
         assert parser.format_help() != ""
 
 
+def test_the_program_exits_without_a_final_collection_but_runs_exit_handlers(
+    tmp_path: Path,
+) -> None:
+    """``python -m ptestore`` freezes the collector before exiting (no last pass over
+    every object): exit handlers a backend registers still run, and the staging file of
+    a failed run is gone."""
+    (tmp_path / "exiting_backend.py").write_text(
+        textwrap.dedent(
+            """
+            import atexit, gc, pathlib
+            from ptestore.backends import BackendInterface
+
+            class AtExit(BackendInterface):
+                name = "XnnpackBackend"
+
+                def initialize_backend_data(self, context, output):
+                    def note():
+                        pathlib.Path("exit-handler-ran").write_text(str(gc.get_freeze_count()))
+
+                    atexit.register(note)
+                    raise RuntimeError("this backend fails after registering its handler")
+            """
+        )
+    )
+    dst = tmp_path / "out.pte"
+    backend = ["--backend", "exiting_backend:AtExit", "--quiet"]
+    done = subprocess.run(
+        [sys.executable, "-m", "ptestore", "specialize", SRC, str(dst), *backend],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == EXIT_FAILURE, done.stderr
+    assert "this backend fails after registering its handler" in done.stderr
+    assert not dst.exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    # the handler ran at exit, after the collector was frozen (a failed run returns 1
+    # from main() like any other: the program then exits the same way)
+    assert int((tmp_path / "exit-handler-ran").read_text()) > 0
+
+
 def test_verbose_logs_decisions_and_timings(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

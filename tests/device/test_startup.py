@@ -83,12 +83,37 @@ def test_a_hit_with_the_default_backends_reads_no_metadata_either(tmp_path: Path
     assert [m for m in (*HEAVY, "importlib.metadata") if m in hit["modules"]] == []
 
 
-def test_a_local_passthrough_specialize_imports_nothing_heavy(tmp_path: Path) -> None:
+#: What a local passthrough does not need, so does not import: the installed metadata
+#: (``passthrough`` is ptestore's own, its version is in the code), the remote loader and
+#: the retry policy, logging (nothing configured it), the provenance stamper, record and
+#: clock without provenance, tensor descriptions (no backend asked), tempfile (the spool
+#: is an ``O_TMPFILE``), shutil (argparse's terminal width), hashlib (no replacement, no
+#: journal, no trailer).
+LOCAL_RUN_SKIPS = (
+    "importlib.metadata",
+    "logging",
+    "ptestore._retry",
+    "ptestore.storage.remote",
+    "ptestore.format.tensorinfo",
+    "ptestore.format.tensors",
+    "tempfile",
+    "shutil",
+    "datetime",
+)
+NO_PROVENANCE_SKIPS = ("ptestore.provenance.stamp", "ptestore.provenance.record", "hashlib")
+
+
+def test_a_local_passthrough_specialize_imports_only_what_it_uses(tmp_path: Path) -> None:
     src = _model(tmp_path)
     argv = ["specialize", str(src), str(tmp_path / "out.pte"), "--backend", "passthrough"]
-    record, _ = _fresh([*argv, "--quiet"], tmp_path)
+    record, _ = _fresh([*argv, "--quiet", "--no-provenance"], tmp_path)
     assert (tmp_path / "out.pte").is_file()
-    assert [m for m in HEAVY if m in record["modules"]] == []
+    imported = record["modules"]
+    assert [m for m in (*HEAVY, *LOCAL_RUN_SKIPS, *NO_PROVENANCE_SKIPS) if m in imported] == []
+    # the command line's default: a provenance trailer, still without the metadata
+    record, _ = _fresh([*argv, "--quiet"], tmp_path)
+    assert "ptestore.provenance.stamp" in record["modules"]
+    assert [m for m in (*HEAVY, *LOCAL_RUN_SKIPS) if m in record["modules"]] == []
 
 
 def _install(site: Path, version: str, old: float) -> Path:
