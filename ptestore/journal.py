@@ -104,26 +104,11 @@ def read_plan(path: str) -> dict[str, Any] | None:
         os.close(fd)
 
 
-_libc: Any = None
-
-
 def _fallocate(fd: int, mode: int, offset: int, size: int) -> bool:
     """``fallocate(2)``; False where the file system cannot (EOPNOTSUPP, ENOSYS, EINVAL)."""
-    global _libc
-    if size <= 0:
-        return True
-    import ctypes  # with ctypes.util (and subprocess): only when a journal is applied
-    import ctypes.util
+    from ._libc import fallocate  # ctypes: only when a journal is applied
 
-    if _libc is None:
-        _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-        _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
-    if _libc.fallocate(fd, mode, offset, size) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
-        return False
-    raise OSError(err, os.strerror(err))
+    return fallocate(fd, mode, offset, size)
 
 
 def punch_hole(fd: int, offset: int, size: int) -> bool:

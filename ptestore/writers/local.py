@@ -7,7 +7,12 @@ Guarantees (POSIX filesystems such as ext4, XFS, btrfs, f2fs, APFS):
   old bytes, so publishing onto the file being read (replace-the-source) is safe.
 - **Durable** (``durable=True``, the default): the staging file is fsynced
   (``F_FULLFSYNC`` on macOS) before the rename and the directory after it. Any fsync
-  error is fatal: the staging is discarded and fsync is never retried.
+  error is fatal: the staging is discarded and fsync is never retried. While a large
+  output is written, each :data:`WRITEBACK_PIECE` written is handed to the disk at once
+  (Linux ``sync_file_range(SYNC_FILE_RANGE_WRITE)``, a hint that does not wait), so the
+  copy and its writeback overlap and the final fsync has little left to do: a 1 GiB
+  durable copy on ext4 takes about 0.6x the time of copying first and syncing after
+  (docs/benchmarks.md), and the dirty pages a copy leaves in memory stay few.
 - **Isolated**: the staging file is created with ``O_EXCL`` and mode ``0o600`` in the
   destination's own directory and is never visible under the destination name.
 - **No-clobber**: ``publish(mode="create")`` uses ``link(2)``, which fails with
@@ -43,12 +48,16 @@ from ._clone import HasFileno, clone_range, probe_clone_block_size
 from ._staging import FileStaging
 from .base import DataWriter, PublishMode, PublishResult, WriterGuarantees, already_exists
 
-__all__ = ["TEMP_NAME_RE", "LocalFileWriter", "staging_name"]
+__all__ = ["TEMP_NAME_RE", "WRITEBACK_PIECE", "LocalFileWriter", "staging_name"]
 
 #: Matches the names of ptestore's own staging files (and nothing a user would create).
 TEMP_NAME_RE = re.compile(r"^\.(?P<name>.*)\.ptestore-(?P<token>[0-9a-f]{16})\.tmp$", re.DOTALL)
 
 _MAX_PREFIX = 200  # keep staging names under NAME_MAX (255) for long destination names
+#: A durable writer starts the writeback of every this many bytes written in a row (and
+#: copies in pieces of this size): 8-64 MiB gave the same times on ext4 here, 128 MiB
+#: less overlap.
+WRITEBACK_PIECE = 16 << 20
 _FALLBACK_ERRNOS = frozenset(
     {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.EBADF, errno.EPERM}
 )
@@ -143,6 +152,8 @@ class LocalFileWriter(DataWriter):
             pass
         self._st = FileStaging(tmp, fd)
         self._track_staging(self._st)
+        #: ``[start, end)``: bytes written in a row whose writeback was not started yet.
+        self._unsent = (0, 0)
 
     @property
     def staging_path(self) -> str:
@@ -161,6 +172,25 @@ class LocalFileWriter(DataWriter):
                 f"{self.path}: write of {data.nbytes} bytes at offset {offset} failed: "
                 f"{strerror(exc)} (staging file {self._st.path} discarded)",
             ) from exc
+        self._written(offset, data.nbytes)
+
+    def _written(self, offset: int, size: int) -> None:
+        """``size`` bytes at ``offset`` were just written (not cloned): once a durable
+        writer has :data:`WRITEBACK_PIECE` bytes written in a row, start their
+        writeback (see the module's docstring). Writes that are not in a row (metadata,
+        a replacement elsewhere) are left to the fsync at publish."""
+        if not self.durable:
+            return
+        start, end = self._unsent
+        if offset != end:
+            start = offset
+        end = offset + size
+        if end - start >= WRITEBACK_PIECE:
+            from .._libc import start_writeback
+
+            start_writeback(self._fd(), start, end - start)
+            start = end
+        self._unsent = (start, end)
 
     #: source device -> clone block size (None: no clones), probed on first use
     _clone_probes: dict[int, int | None] | None = None
@@ -220,7 +250,11 @@ class LocalFileWriter(DataWriter):
         while done < size:
             try:
                 n = os.copy_file_range(
-                    src_fd, dst_fd, size - done, src_offset + done, dst_offset + done
+                    src_fd,
+                    dst_fd,
+                    min(size - done, WRITEBACK_PIECE),
+                    src_offset + done,
+                    dst_offset + done,
                 )
             except OSError as exc:
                 if exc.errno in _FALLBACK_ERRNOS and isinstance(loader, DataLoader):
@@ -238,6 +272,7 @@ class LocalFileWriter(DataWriter):
                     f"{self.path}: source {loader.name} shrank while copying: wanted {size} "
                     f"bytes at offset {src_offset}, got {done}"
                 )
+            self._written(dst_offset + done, n)
             done += n
 
     def _publish(self, mode: PublishMode, size: int) -> PublishResult:

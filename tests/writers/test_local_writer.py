@@ -321,3 +321,78 @@ def test_interpreter_exit_removes_staging(tmp_path: Path) -> None:
     )
     subprocess.run([sys.executable, "-W", "ignore", "-c", script], check=True, timeout=60)
     assert os.listdir(tmp_path) == []
+
+
+# ------------------------------------------------------------------ writeback as it goes
+def _record_writebacks(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    import ptestore._libc
+
+    calls: list[tuple[int, int]] = []
+    real = ptestore._libc.start_writeback
+
+    def record(fd: int, offset: int, size: int) -> bool:
+        calls.append((offset, size))
+        return real(fd, offset, size)
+
+    monkeypatch.setattr(ptestore._libc, "start_writeback", record)
+    return calls
+
+
+@pytest.mark.parametrize("how", ["copy_from", "write"])
+def test_a_durable_writer_starts_the_writeback_of_each_piece_it_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """Every WRITEBACK_PIECE written in a row is handed to the disk as it goes (the fsync
+    at publish then has little left); writes that are not in a row start over; a writer
+    that is not durable leaves it all to the kernel."""
+    from ptestore.writers.local import WRITEBACK_PIECE as PIECE
+
+    calls = _record_writebacks(monkeypatch)
+    data = os.urandom(1 << 20) * (2 * PIECE // (1 << 20) + 3)  # two pieces and 3 MiB
+    src = tmp_path / "src.bin"
+    src.write_bytes(data)
+    w = LocalFileWriter(tmp_path / "out.bin")
+    w.write(b"head", 0)  # small and not in a row with what follows: left to fsync
+    if how == "copy_from":
+        with LocalFileLoader(src) as loader:
+            w.copy_from(loader, 0, len(data), 4096)
+    else:
+        for at in range(0, len(data), 4 << 20):  # 4 MiB writes in a row
+            w.write(data[at : at + (4 << 20)], 4096 + at)
+    assert calls == [(4096, PIECE), (4096 + PIECE, PIECE)]
+    w.publish()
+    assert (tmp_path / "out.bin").read_bytes()[4096:] == data
+
+    calls.clear()
+    w = LocalFileWriter(tmp_path / "fast.bin", durable=False)
+    w.write(data, 0)
+    w.publish()
+    assert calls == []
+
+
+def test_start_writeback_is_a_hint_that_never_fails(tmp_path: Path) -> None:
+    from ptestore._libc import fallocate, start_writeback
+
+    path = tmp_path / "f.bin"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.pwrite(fd, b"x" * (1 << 20), 0)
+        assert start_writeback(fd, 0, 1 << 20) is (sys.platform == "linux")
+        assert start_writeback(fd, 0, 0) is True
+        if sys.platform == "linux":  # reserve and release without changing the size
+            assert fallocate(fd, 0x01, 1 << 20, 1 << 20) is True  # KEEP_SIZE
+            assert os.fstat(fd).st_size == 1 << 20
+            assert fallocate(fd, 0x01 | 0x02, 0, 4096) is True  # PUNCH_HOLE
+            assert os.pread(fd, 4096, 0) == bytes(4096)
+    finally:
+        os.close(fd)
+    r, w = os.pipe()
+    try:
+        assert start_writeback(r, 0, 4096) is False  # a pipe (ESPIPE): no error
+    finally:
+        os.close(r)
+        os.close(w)
+    if sys.platform == "linux":
+        with pytest.raises(OSError) as info:  # a real failure is not "unsupported"
+            fallocate(-1, 0, 0, 4096)
+        assert info.value.errno == errno.EBADF
