@@ -16,7 +16,8 @@ The ``ensure`` hit is ``ptestore ensure tests/fixtures/mlp_xnnpack.pte --cache-d
 WORK/cache --backend passthrough`` after a first call has made the entry (so every timed
 run is a hit); the ``specialize`` is ``ptestore specialize`` of the same fixture with
 ``--backend passthrough --quiet`` to ``WORK/out.pte`` (replaced each run), a whole local
-passthrough run of a 6 KiB model: start-up, imports and the fixed cost of a run.
+passthrough run of a 6 KiB model: start-up, imports and the fixed cost of a run, with
+the command line's default provenance trailer and again with ``--no-provenance``.
 Bytecode: a ``PYTHONDONTWRITEBYTECODE`` environment compiles every module of the tree
 in every run; the script warns when it is set (use ``PYTHONPYCACHEPREFIX``).
 """
@@ -62,6 +63,7 @@ def device_commands(work: Path) -> dict[str, list[str]]:
     return {
         "python -m ptestore ensure (cache hit)": ensure,
         "python -m ptestore specialize (local, passthrough)": specialize,
+        "  ... --no-provenance": [*specialize, "--no-provenance"],
     }
 
 

@@ -203,8 +203,8 @@ def _run(
     loader = LocalFileLoader(target)
     spool = JournalSpool(journal_path(target))
     committed = False
+    stamper = None
     try:
-        stamper = None
         if provenance:
             request = provenance if isinstance(provenance, ProvenanceRequest) else None
             stamper = Stamper(request or ProvenanceRequest(), backends, device)
@@ -329,6 +329,8 @@ def _run(
         summary.seconds = time.perf_counter() - started
         return summary
     finally:
+        if stamper is not None:
+            stamper.close()  # a source description still running: stop it first
         loader.close()
         if not committed:
             spool.remove()

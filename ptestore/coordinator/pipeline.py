@@ -250,6 +250,8 @@ def initialize_and_save_backend_data(
         discard_all(writers)
         raise
     finally:
+        if stamper is not None:
+            stamper.close()  # a source description still running (a run that failed)
         if spool is not None:
             spool.close()
 

@@ -7,7 +7,7 @@ The pipeline uses one :class:`Stamper` per run; nothing here imports the coordin
 
 from __future__ import annotations
 
-import hashlib
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Literal
 
 from ..backends.registry import SPEC_ATTRIBUTE, BackendLike, load_backend
 from ..errors import BackendError, StorageError
-from ..storage.types import DataLoader
+from ..storage.types import DataLoader, load_into
 from .record import (
     BackendStamp,
     ContentDigest,
@@ -63,15 +63,28 @@ def recordable(text: str) -> str:
     return text
 
 
-def describe_source(loader: DataLoader, url: str | None = None) -> SourceInfo:
-    """Size and SHA-256 of the whole object (one streaming read), with its entity tag
-    and version id when the loader knows them."""
+def describe_source(
+    loader: DataLoader, url: str | None = None, *, cancelled: threading.Event | None = None
+) -> SourceInfo:
+    """Size and SHA-256 of the whole object (one streaming read, into one reused buffer
+    where the loader reads into memory it is given), with its entity tag and version id
+    when the loader knows them. ``cancelled``: stop early (raising ``StorageError``) once
+    it is set."""
+    import hashlib
+
     h = hashlib.sha256()
     size = loader.size()
+    buffer = memoryview(bytearray(min(_CHUNK, size))) if hasattr(loader, "readinto") else None
     offset = 0
     while offset < size:
+        if cancelled is not None and cancelled.is_set():
+            raise StorageError(f"{loader.name}: description cancelled")
         n = min(_CHUNK, size - offset)
-        h.update(loader.load(offset, n))
+        if buffer is None:
+            h.update(loader.load(offset, n))
+        else:
+            load_into(loader, offset, buffer[:n])
+            h.update(buffer[:n])
         offset += n
     etag = getattr(loader, "etag", None)
     version = getattr(loader, "version_id", None)
@@ -82,6 +95,44 @@ def describe_source(loader: DataLoader, url: str | None = None) -> SourceInfo:
         etag=etag if isinstance(etag, str) else None,
         version_id=version if isinstance(version, str) else None,
     )
+
+
+class _Describing:
+    """:func:`describe_source` of a local source in a thread of its own, so the run
+    reads and hashes the source while the main thread goes on (parsing, backends, layout,
+    the output's own digest): on two cores or more the source's SHA-256 costs no extra
+    time. Only local files (``pread`` from any thread, no request counting) of at least
+    :data:`CONCURRENT_MIN` bytes; anything else is described before the run goes on."""
+
+    def __init__(self, loader: DataLoader) -> None:
+        self.cancelled = threading.Event()
+        self.info: SourceInfo | None = None
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._run, args=(loader,), name="ptestore-describe-source", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, loader: DataLoader) -> None:
+        try:
+            self.info = describe_source(loader, cancelled=self.cancelled)
+        except BaseException as exc:  # handed to the thread that asks for the result
+            self.error = exc
+
+    def result(self) -> SourceInfo:
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+        assert self.info is not None
+        return self.info
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+        self._thread.join()
+
+
+#: A local source at least this large is described in a thread of its own.
+CONCURRENT_MIN = 32 << 20
 
 
 def spec_text(backend: BackendLike) -> str:
@@ -135,6 +186,8 @@ class Stamper:
                 self.requested.append((spec_text(b), impl))
         self.stamps: list[BackendStamp] = []
         self.sources: dict[str, SourceInfo] = {}
+        #: Sources being described in threads: role -> (the thread, the source's name).
+        self._describing: dict[str, tuple[_Describing, str]] = {}
         #: Each output's bytes before its trailer (see :meth:`seal`).
         self.contents: dict[str, ContentDigest] = {}
         self._trailers: dict[str, bytes] = {}
@@ -147,7 +200,11 @@ class Stamper:
         return [i for _, i in self.requested] if self._given else None
 
     def describe_sources(self, loaders: Sequence[tuple[str, DataLoader]]) -> None:
-        """Describe each ``(role, loader)`` source (before anything else reads it)."""
+        """Describe each ``(role, loader)`` source: a large local one in a thread of its
+        own while the run goes on (see :class:`_Describing`; :meth:`close` stops it),
+        any other at once."""
+        from ..storage.loaders import LocalFileLoader  # reads from any thread (pread)
+
         for role, loader in loaders:
             known = self.request.sources.get(role)
             etag = getattr(loader, "etag", None)
@@ -159,13 +216,32 @@ class Stamper:
             ):
                 self.sources[role] = known
                 continue
-            info = describe_source(loader)
-            if known is not None and known.sha256 != info.sha256:
-                raise StorageError(
-                    f"{loader.name}: source changed since it was described: sha256 "
-                    f"{info.sha256}, expected {known.sha256}"
-                )
-            self.sources[role] = info
+            if isinstance(loader, LocalFileLoader) and loader.size() >= CONCURRENT_MIN:
+                self._describing[role] = (_Describing(loader), loader.name)
+            else:
+                self._described(role, describe_source(loader), loader.name)
+
+    def _described(self, role: str, info: SourceInfo, name: str) -> None:
+        known = self.request.sources.get(role)
+        if known is not None and known.sha256 != info.sha256:
+            raise StorageError(
+                f"{name}: source changed since it was described: sha256 "
+                f"{info.sha256}, expected {known.sha256}"
+            )
+        self.sources[role] = info
+
+    def _source(self, role: str) -> SourceInfo | None:
+        """The description of ``role``'s source (waiting for it where it is being made)."""
+        pending = self._describing.pop(role, None)
+        if pending is not None:
+            self._described(role, pending[0].result(), pending[1])
+        return self.sources.get(role)
+
+    def close(self) -> None:
+        """Stop describing sources (a run that ends early: at most one more 8 MiB piece
+        is read); what was described stays."""
+        while self._describing:
+            self._describing.popitem()[1][0].cancel()
 
     def spec_of(self, impl: BackendInterface) -> str:
         for spec, inst in self.requested:
@@ -204,14 +280,20 @@ class Stamper:
             )
         self.stamps.append(BackendStamp(backend_id, self.spec_of(impl), str(version), info))
 
+    def _pte_source(self) -> SourceInfo:
+        info = self._source("pte")
+        if info is None:
+            raise KeyError("pte: its source was never described")
+        return info
+
     def key(self) -> ProvenanceKey:
         return self.provenance("pte").key()
 
     def provenance(self, role: Literal["pte", "ptd"]) -> Provenance:
         return Provenance(
             role=role,
-            source=self.sources["pte"],
-            ptd_source=self.sources.get("ptd"),
+            source=self._pte_source(),
+            ptd_source=self._source("ptd"),
             requested=tuple(RequestedBackend(s, str(i.version)) for s, i in self.requested),
             backends=tuple(self.stamps),
             device=None
