@@ -8,7 +8,8 @@
 The model is made by ptestore itself from the real quantized XNNPACK fixture (eight
 named values): its values get the ``--sizes-mib`` sizes (written in 8 MiB pieces, so
 making it needs no memory either). Each measured run is a fresh child process: it
-imports ptestore, the coordinator and numpy, resets its peak RSS
+imports ptestore, the coordinator and numpy (and what a run imports on first use:
+the stamper, the digest, hashlib, ctypes), resets its peak RSS
 (``/proc/self/clear_refs``; ``ru_maxrss`` would include the parent's image from before
 ``exec``), specializes the model to a new local file with a backend that inverts the
 bits of the first ``--replace`` values, and reports its peak RSS (``VmHWM``) above that
@@ -97,7 +98,16 @@ class Invert(BackendInterface):
             raise SystemExit(f"unknown mode {mode}")
 
 
-import ptestore.coordinator  # what the run needs, imported before the baseline
+# What the run needs, imported before the baseline (a run imports most of it lazily: the
+# stamper and the digest when stamping, hashlib for a replacement, ctypes and the C library
+# for the writeback of a large copy).
+import hashlib
+import ptestore._libc
+import ptestore.coordinator
+import ptestore.coordinator.digest
+import ptestore.provenance.stamp
+
+ptestore._libc._lib()
 
 
 def hwm():

@@ -45,6 +45,7 @@ __all__ = [
 ]
 
 _CHUNK = 8 << 20
+_PIECE = 2 << 20  # the reused buffer of a loader that reads into memory it is given
 #: Prefix of the S3 user-metadata keys (``x-amz-meta-ptestore-*``).
 METADATA_PREFIX = "ptestore-"
 
@@ -74,12 +75,15 @@ def describe_source(
 
     h = hashlib.sha256()
     size = loader.size()
-    buffer = memoryview(bytearray(min(_CHUNK, size))) if hasattr(loader, "readinto") else None
+    # 2 MiB pieces hash as fast as 8 MiB ones here, and the buffer may live beside a
+    # backend's own (the description runs while backends do, see _Describing)
+    piece = _PIECE if hasattr(loader, "readinto") else _CHUNK
+    buffer = memoryview(bytearray(min(piece, size))) if piece == _PIECE else None
     offset = 0
     while offset < size:
         if cancelled is not None and cancelled.is_set():
             raise StorageError(f"{loader.name}: description cancelled")
-        n = min(_CHUNK, size - offset)
+        n = min(piece, size - offset)
         if buffer is None:
             h.update(loader.load(offset, n))
         else:
