@@ -11,8 +11,8 @@ Guarantees (POSIX filesystems such as ext4, XFS, btrfs, f2fs, APFS):
   output is written, each :data:`WRITEBACK_PIECE` written is handed to the disk at once
   (Linux ``sync_file_range(SYNC_FILE_RANGE_WRITE)``, a hint that does not wait), so the
   copy and its writeback overlap and the final fsync has little left to do: a 1 GiB
-  durable copy on ext4 takes about 0.6x the time of copying first and syncing after
-  (docs/benchmarks.md), and the dirty pages a copy leaves in memory stay few.
+  durable copy on ext4 takes about two thirds of the time of copying first and syncing
+  after (docs/benchmarks.md), and the dirty pages a copy leaves in memory stay few.
 - **Isolated**: the staging file is created with ``O_EXCL`` and mode ``0o600`` in the
   destination's own directory and is never visible under the destination name.
 - **No-clobber**: ``publish(mode="create")`` uses ``link(2)``, which fails with
