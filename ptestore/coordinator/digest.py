@@ -25,8 +25,12 @@ _IDENTITY: dict[tuple[str, str, int], ContentDigest] = {}
 _LOCK = threading.Lock()
 
 
-def planned_digest(run: Run, f: SourceFile, layout: FileLayout) -> ContentDigest:
-    """SHA-256 and CRC-32 of the container :func:`~.output.write_file` will write."""
+def planned_digest(
+    run: Run, f: SourceFile, layout: FileLayout, cancelled: threading.Event | None = None
+) -> ContentDigest:
+    """SHA-256 and CRC-32 of the container :func:`~.output.write_file` will write, read
+    from the sources and the spool (so it may run while the output is being written).
+    ``cancelled``: stop between pieces once it is set."""
     from .output import is_identity
 
     etag = getattr(f.loader, "etag", None)
@@ -39,12 +43,14 @@ def planned_digest(run: Run, f: SourceFile, layout: FileLayout) -> ContentDigest
         with _LOCK:
             got = _IDENTITY.get(key)
             if got is None:
-                got = _IDENTITY[key] = _digest(run, f, layout)
+                got = _IDENTITY[key] = _digest(run, f, layout, cancelled)
         return got
-    return _digest(run, f, layout)
+    return _digest(run, f, layout, cancelled)
 
 
-def _digest(run: Run, f: SourceFile, layout: FileLayout) -> ContentDigest:
+def _digest(
+    run: Run, f: SourceFile, layout: FileLayout, cancelled: threading.Event | None
+) -> ContentDigest:
     meta = bytes(layout.patched.metadata)
     h = ContentHasher()
     h.update(meta)
@@ -55,7 +61,7 @@ def _digest(run: Run, f: SourceFile, layout: FileLayout) -> ContentDigest:
             h.zeros(start - cursor)
         skip = start - x.dst  # never expected: copies start after the metadata
         if x.size > skip:
-            h.read(x.source, x.src + skip, x.size - skip)
+            h.read(x.source, x.src + skip, x.size - skip, cancelled)
         cursor = max(cursor, x.dst + x.size)
     end = layout.patched.file_size
     if end > cursor:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
+from .._background import Background
 from .._log import get_logger
 from ..backends.api import BackendDataInitContext, BackendDataWriter, BackendInterface
 from ..backends.passthrough import PassthroughBackend
@@ -151,6 +153,7 @@ def initialize_and_save_backend_data(
     started = time.perf_counter()
     spool: Spool | None = None
     stamper: Stamper | None = None
+    digests: dict[str, Background[ContentDigest]] = {}
     try:
         if ptd_loader is not None and ptd_writer is not None:
             check_pair_targets(pte_loader.name, pte_writer, ptd_loader.name, ptd_writer)
@@ -195,13 +198,20 @@ def initialize_and_save_backend_data(
             from ..provenance.stamp import object_metadata
             from .digest import planned_digest
 
-            # The trailers name the bytes they follow: digest each output before writing
-            # (the .ptd first, the .pte's record names it).
-            for f, lay in sorted(
-                zip(files, layouts, strict=True), key=lambda fl: fl[0].role != "ptd"
-            ):
-                sealed = stamper.seal(f.role, planned_digest(run, f, lay))
-                f.writer.add_object_metadata({**object_metadata(stamper.key(), device), **sealed})
+            # The trailers name the bytes they follow (the .ptd first, the .pte's record
+            # names it). A writer that keeps object metadata (S3) needs them before its
+            # first write; otherwise each output is digested from its sources and the
+            # spool while it is being written.
+            ordered = sorted(zip(files, layouts, strict=True), key=lambda fl: fl[0].role != "ptd")
+            if ptd_store is None and not any(f.writer.keeps_object_metadata for f in files):
+                for f, lay in ordered:
+                    work = functools.partial(planned_digest, run, f, lay)
+                    digests[f.role] = Background("ptestore-digest-output", work)
+            else:
+                for f, lay in ordered:
+                    sealed = stamper.seal(f.role, planned_digest(run, f, lay))
+                    metadata = {**object_metadata(stamper.key(), device), **sealed}
+                    f.writer.add_object_metadata(metadata)
         shared: tuple[ContentDigest, FileReport | None] | None = None
         if ptd_store is not None and len(files) > 1 and not unchanged[1]:
             from .digest import planned_digest
@@ -227,6 +237,9 @@ def initialize_and_save_backend_data(
             time.perf_counter() - t_write,
         )
         if stamper is not None:
+            for role in ("ptd", "pte"):  # digested while written: seal in that order
+                if role in digests:
+                    stamper.seal(role, digests.pop(role).result())
             ends = [lay.patched.file_size for lay in layouts]
             stamper.write_trailers(
                 [
@@ -250,6 +263,8 @@ def initialize_and_save_backend_data(
         discard_all(writers)
         raise
     finally:
+        for pending in digests.values():  # a run that failed: stop its digests
+            pending.cancel()
         if stamper is not None:
             stamper.close()  # a source description still running (a run that failed)
         if spool is not None:

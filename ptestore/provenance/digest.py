@@ -10,8 +10,10 @@ the trailer's.
 from __future__ import annotations
 
 import hashlib
+import threading
 import zlib
 
+from .._background import check as check_cancelled
 from ..storage.types import DataLoader, load_into
 from .record import ContentDigest
 
@@ -40,13 +42,21 @@ class ContentHasher:
             self.update(_ZEROS[:k] if k < len(_ZEROS) else _ZEROS)
             n -= k
 
-    def read(self, loader: DataLoader, offset: int, size: int) -> None:
+    def read(
+        self,
+        loader: DataLoader,
+        offset: int,
+        size: int,
+        cancelled: threading.Event | None = None,
+    ) -> None:
         """Feed ``size`` bytes of ``loader`` from ``offset``, in pieces; a loader that
         reads into memory it is given (``readinto``: local files) fills one reused
-        buffer, so a multi-GB file costs one piece of memory."""
+        buffer, so a multi-GB file costs one piece of memory. ``cancelled``: stop
+        (:class:`~ptestore._background.Cancelled`) between pieces once it is set."""
         end = offset + size
         buffer = memoryview(bytearray(min(_CHUNK, size))) if hasattr(loader, "readinto") else None
         while offset < end:
+            check_cancelled(cancelled)
             n = min(_CHUNK, end - offset)
             if buffer is None:
                 self.update(loader.load(offset, n))

@@ -7,12 +7,15 @@ The pipeline uses one :class:`Stamper` per run; nothing here imports the coordin
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+from .._background import Background
+from .._background import check as check_cancelled
 from ..backends.registry import SPEC_ATTRIBUTE, BackendLike, load_backend
 from ..errors import BackendError, StorageError
 from ..storage.types import DataLoader, load_into
@@ -69,20 +72,19 @@ def describe_source(
 ) -> SourceInfo:
     """Size and SHA-256 of the whole object (one streaming read, into one reused buffer
     where the loader reads into memory it is given), with its entity tag and version id
-    when the loader knows them. ``cancelled``: stop early (raising ``StorageError``) once
-    it is set."""
+    when the loader knows them. ``cancelled``: stop early (raising
+    :class:`~ptestore._background.Cancelled`) once it is set."""
     import hashlib
 
     h = hashlib.sha256()
     size = loader.size()
     # 2 MiB pieces hash as fast as 8 MiB ones here, and the buffer may live beside a
-    # backend's own (the description runs while backends do, see _Describing)
+    # backend's own (the description runs while backends do, see CONCURRENT_MIN)
     piece = _PIECE if hasattr(loader, "readinto") else _CHUNK
     buffer = memoryview(bytearray(min(piece, size))) if piece == _PIECE else None
     offset = 0
     while offset < size:
-        if cancelled is not None and cancelled.is_set():
-            raise StorageError(f"{loader.name}: description cancelled")
+        check_cancelled(cancelled)
         n = min(piece, size - offset)
         if buffer is None:
             h.update(loader.load(offset, n))
@@ -101,41 +103,14 @@ def describe_source(
     )
 
 
-class _Describing:
-    """:func:`describe_source` of a local source in a thread of its own, so the run
-    reads and hashes the source while the main thread goes on (parsing, backends, layout,
-    the output's own digest): on two cores or more the source's SHA-256 costs no extra
-    time. Only local files (``pread`` from any thread, no request counting) of at least
-    :data:`CONCURRENT_MIN` bytes; anything else is described before the run goes on."""
-
-    def __init__(self, loader: DataLoader) -> None:
-        self.cancelled = threading.Event()
-        self.info: SourceInfo | None = None
-        self.error: BaseException | None = None
-        self._thread = threading.Thread(
-            target=self._run, args=(loader,), name="ptestore-describe-source", daemon=True
-        )
-        self._thread.start()
-
-    def _run(self, loader: DataLoader) -> None:
-        try:
-            self.info = describe_source(loader, cancelled=self.cancelled)
-        except BaseException as exc:  # handed to the thread that asks for the result
-            self.error = exc
-
-    def result(self) -> SourceInfo:
-        self._thread.join()
-        if self.error is not None:
-            raise self.error
-        assert self.info is not None
-        return self.info
-
-    def cancel(self) -> None:
-        self.cancelled.set()
-        self._thread.join()
+def _describe_cancellable(loader: DataLoader, cancelled: threading.Event) -> SourceInfo:
+    return describe_source(loader, cancelled=cancelled)
 
 
-#: A local source at least this large is described in a thread of its own.
+#: A local source at least this large is described in a thread of its own while the run
+#: goes on (parse, backends, layout, the output's digest): on two cores or more its
+#: SHA-256 then costs little extra time. Only local files: they read from any thread
+#: (``pread``) and count no requests; anything else is described before the run goes on.
 CONCURRENT_MIN = 32 << 20
 
 
@@ -190,8 +165,8 @@ class Stamper:
                 self.requested.append((spec_text(b), impl))
         self.stamps: list[BackendStamp] = []
         self.sources: dict[str, SourceInfo] = {}
-        #: Sources being described in threads: role -> (the thread, the source's name).
-        self._describing: dict[str, tuple[_Describing, str]] = {}
+        #: Sources being described in threads: role -> (the work, the source's name).
+        self._describing: dict[str, tuple[Background[SourceInfo], str]] = {}
         #: Each output's bytes before its trailer (see :meth:`seal`).
         self.contents: dict[str, ContentDigest] = {}
         self._trailers: dict[str, bytes] = {}
@@ -205,7 +180,7 @@ class Stamper:
 
     def describe_sources(self, loaders: Sequence[tuple[str, DataLoader]]) -> None:
         """Describe each ``(role, loader)`` source: a large local one in a thread of its
-        own while the run goes on (see :class:`_Describing`; :meth:`close` stops it),
+        own while the run goes on (see :data:`CONCURRENT_MIN`; :meth:`close` stops it),
         any other at once."""
         from ..storage.loaders import LocalFileLoader  # reads from any thread (pread)
 
@@ -221,7 +196,11 @@ class Stamper:
                 self.sources[role] = known
                 continue
             if isinstance(loader, LocalFileLoader) and loader.size() >= CONCURRENT_MIN:
-                self._describing[role] = (_Describing(loader), loader.name)
+                work = functools.partial(_describe_cancellable, loader)
+                self._describing[role] = (
+                    Background("ptestore-describe-source", work),
+                    loader.name,
+                )
             else:
                 self._described(role, describe_source(loader), loader.name)
 

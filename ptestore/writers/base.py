@@ -283,6 +283,12 @@ class DataWriter(abc.ABC):
         it has nowhere to keep it (the default). Call before the first write."""
         return False
 
+    @property
+    def keeps_object_metadata(self) -> bool:
+        """Whether :meth:`add_object_metadata` keeps anything (it must then be called
+        before the first write): True for a writer that overrides it (S3)."""
+        return type(self).add_object_metadata is not DataWriter.add_object_metadata
+
     def clone_block_size(self, loader: DataLoader) -> int | None:
         """The block size in which :meth:`copy_from` from ``loader`` can share extents
         instead of copying (copy-on-write clones), or None when it cannot.

@@ -1,0 +1,60 @@
+"""One piece of work in a thread of its own, whose result (or exception) the caller
+collects later, and which the caller can stop.
+
+The run uses it to read and hash while it does something else: the source's SHA-256
+while backends run, an output's digest while the output is being copied. Both are I/O
+and hashing that release the GIL (``preadv``, :mod:`hashlib`, :func:`zlib.crc32`), so on
+two cores or more they cost little extra time.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+__all__ = ["Background", "Cancelled"]
+
+T = TypeVar("T")
+
+
+class Cancelled(Exception):
+    """Raised inside the work when its caller cancelled it (never reaches the caller)."""
+
+
+class Background(Generic[T]):
+    """``work(cancelled)`` in a daemon thread named ``name``. ``work`` checks the
+    :class:`threading.Event` it is given between pieces and raises :class:`Cancelled`
+    once it is set.
+
+    :meth:`result` waits and returns what ``work`` returned, or raises what it raised
+    (in the caller's thread); :meth:`cancel` sets the event and waits for the thread."""
+
+    def __init__(self, name: str, work: Callable[[threading.Event], T]) -> None:
+        self.cancelled = threading.Event()
+        self._value: T | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(work,), name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self, work: Callable[[threading.Event], T]) -> None:
+        try:
+            self._value = work(self.cancelled)
+        except BaseException as exc:  # handed to the thread that asks for the result
+            self._error = exc
+
+    def result(self) -> T:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value  # type: ignore[return-value]
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+        self._thread.join()
+
+
+def check(cancelled: threading.Event | None) -> None:
+    """Raise :class:`Cancelled` when ``cancelled`` is set (for the work's loops)."""
+    if cancelled is not None and cancelled.is_set():
+        raise Cancelled
