@@ -238,8 +238,9 @@ def initialize_and_save_backend_data(
         )
         if stamper is not None:
             for role in ("ptd", "pte"):  # digested while written: seal in that order
-                if role in digests:
-                    stamper.seal(role, digests.pop(role).result())
+                if role in digests:  # (left in digests until done: Ctrl-C cancels it)
+                    stamper.seal(role, digests[role].result())
+                    del digests[role]
             ends = [lay.patched.file_size for lay in layouts]
             stamper.write_trailers(
                 [

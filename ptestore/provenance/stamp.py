@@ -215,9 +215,11 @@ class Stamper:
 
     def _source(self, role: str) -> SourceInfo | None:
         """The description of ``role``'s source (waiting for it where it is being made)."""
-        pending = self._describing.pop(role, None)
-        if pending is not None:
-            self._described(role, pending[0].result(), pending[1])
+        pending = self._describing.get(role)
+        if pending is not None:  # (left in _describing until done: close() cancels it)
+            info = pending[0].result()
+            del self._describing[role]
+            self._described(role, info, pending[1])
         return self.sources.get(role)
 
     def close(self) -> None:
