@@ -12,15 +12,45 @@ from __future__ import annotations
 import hashlib
 import threading
 import zlib
+from collections.abc import Iterator
 
 from .._background import check as check_cancelled
 from ..storage.types import DataLoader, load_into
 from .record import ContentDigest
 
-__all__ = ["ContentHasher", "content_digest", "object_crc32"]
+__all__ = ["ContentHasher", "content_digest", "object_crc32", "read_pieces"]
 
 _CHUNK = 8 << 20
 _ZEROS = bytes(1 << 20)
+
+
+def read_pieces(
+    loader: DataLoader,
+    offset: int,
+    size: int,
+    *,
+    cancelled: threading.Event | None = None,
+    buffer_size: int = _CHUNK,
+) -> Iterator[bytes | bytearray | memoryview]:
+    """``size`` bytes of ``loader`` from ``offset``, in order, in pieces: a loader that
+    reads into memory it is given (``readinto``: local files) fills one reused buffer of
+    ``buffer_size`` bytes, so a multi-GB file costs one piece of memory (each piece is
+    valid until the next); any other gives one ``load`` of 8 MiB per piece (one request
+    each: what ``fleet plan`` counts). ``cancelled``: stop
+    (:class:`~ptestore._background.Cancelled`) between pieces once it is set."""
+    end = offset + size
+    buffered = hasattr(loader, "readinto")
+    piece = buffer_size if buffered else _CHUNK
+    buffer = memoryview(bytearray(min(piece, size))) if buffered else None
+    while offset < end:
+        check_cancelled(cancelled)
+        n = min(piece, end - offset)
+        if buffer is None:
+            yield loader.load(offset, n)
+        else:
+            load_into(loader, offset, buffer[:n])
+            yield buffer[:n]
+        offset += n
 
 
 class ContentHasher:
@@ -49,21 +79,9 @@ class ContentHasher:
         size: int,
         cancelled: threading.Event | None = None,
     ) -> None:
-        """Feed ``size`` bytes of ``loader`` from ``offset``, in pieces; a loader that
-        reads into memory it is given (``readinto``: local files) fills one reused
-        buffer, so a multi-GB file costs one piece of memory. ``cancelled``: stop
-        (:class:`~ptestore._background.Cancelled`) between pieces once it is set."""
-        end = offset + size
-        buffer = memoryview(bytearray(min(_CHUNK, size))) if hasattr(loader, "readinto") else None
-        while offset < end:
-            check_cancelled(cancelled)
-            n = min(_CHUNK, end - offset)
-            if buffer is None:
-                self.update(loader.load(offset, n))
-            else:
-                load_into(loader, offset, buffer[:n])
-                self.update(buffer[:n])
-            offset += n
+        """Feed ``size`` bytes of ``loader`` from ``offset`` (:func:`read_pieces`)."""
+        for piece in read_pieces(loader, offset, size, cancelled=cancelled):
+            self.update(piece)
 
     def digest(self) -> ContentDigest:
         return ContentDigest(self.size, "sha256:" + self._sha.hexdigest(), self._crc)

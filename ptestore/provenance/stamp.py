@@ -15,10 +15,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from .._background import Background
-from .._background import check as check_cancelled
 from ..backends.registry import SPEC_ATTRIBUTE, BackendLike, load_backend
 from ..errors import BackendError, StorageError
-from ..storage.types import DataLoader, load_into
+from ..storage.types import DataLoader
 from .record import (
     BackendStamp,
     ContentDigest,
@@ -47,7 +46,6 @@ __all__ = [
     "spec_text",
 ]
 
-_CHUNK = 8 << 20
 _PIECE = 2 << 20  # the reused buffer of a loader that reads into memory it is given
 #: Prefix of the S3 user-metadata keys (``x-amz-meta-ptestore-*``).
 METADATA_PREFIX = "ptestore-"
@@ -76,22 +74,14 @@ def describe_source(
     :class:`~ptestore._background.Cancelled`) once it is set."""
     import hashlib
 
+    from .digest import read_pieces
+
     h = hashlib.sha256()
     size = loader.size()
     # 2 MiB pieces hash as fast as 8 MiB ones here, and the buffer may live beside a
     # backend's own (the description runs while backends do, see CONCURRENT_MIN)
-    piece = _PIECE if hasattr(loader, "readinto") else _CHUNK
-    buffer = memoryview(bytearray(min(piece, size))) if piece == _PIECE else None
-    offset = 0
-    while offset < size:
-        check_cancelled(cancelled)
-        n = min(piece, size - offset)
-        if buffer is None:
-            h.update(loader.load(offset, n))
-        else:
-            load_into(loader, offset, buffer[:n])
-            h.update(buffer[:n])
-        offset += n
+    for piece in read_pieces(loader, 0, size, cancelled=cancelled, buffer_size=_PIECE):
+        h.update(piece)
     etag = getattr(loader, "etag", None)
     version = getattr(loader, "version_id", None)
     return SourceInfo(

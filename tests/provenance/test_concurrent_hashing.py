@@ -58,6 +58,18 @@ def described_in_threads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return names
 
 
+def _release_on_cancel(monkeypatch: pytest.MonkeyPatch, go_on: threading.Event) -> None:
+    """Cancelling background work also releases the test's hold on it (``go_on``)."""
+    cancel = Background.cancel
+
+    def cancel_and_release(self: Background[Any]) -> None:
+        self.cancelled.set()
+        go_on.set()
+        cancel(self)
+
+    monkeypatch.setattr(Background, "cancel", cancel_and_release)
+
+
 class Reverse(BackendInterface):
     """Replaces the program's first named weight by its bytes reversed (same size)."""
 
@@ -128,15 +140,8 @@ def test_a_run_that_fails_stops_the_description(
             go_on.wait(10)  # until the run has failed and asks the thread to stop
         real(self, offset, buffer)
 
-    cancel = Background.cancel
-
-    def cancel_and_release(self: Background[Any]) -> None:
-        self.cancelled.set()
-        go_on.set()
-        cancel(self)
-
     monkeypatch.setattr(LocalFileLoader, "readinto", slow)
-    monkeypatch.setattr(Background, "cancel", cancel_and_release)
+    _release_on_cancel(monkeypatch, go_on)
     with pytest.raises(BackendError, match="the backend failed"):
         ptestore.specialize(src, dst, backends=[Failing()])
     assert started.is_set() and go_on.is_set()
@@ -248,16 +253,9 @@ def test_a_failed_write_stops_the_digest(tmp_path: Path, monkeypatch: pytest.Mon
         assert started.wait(10)
         raise StorageError("the disk is full")
 
-    cancel = Background.cancel
-
-    def cancel_and_release(self: Background[Any]) -> None:
-        self.cancelled.set()
-        go_on.set()
-        cancel(self)
-
     monkeypatch.setattr(ContentHasher, "read", slow)
     monkeypatch.setattr(LocalFileWriter, "_copy_from", failing_copy)
-    monkeypatch.setattr(Background, "cancel", cancel_and_release)
+    _release_on_cancel(monkeypatch, go_on)
     src, dst = _model(tmp_path), tmp_path / "out.pte"
     with pytest.raises(StorageError, match="the disk is full"):
         ptestore.specialize(src, dst, backends=[Reverse()])
