@@ -31,7 +31,7 @@ class LoaderBase:
         return cls.options
 
     def close(self) -> None:
-        pass
+        """Release what the loader holds (nothing here; a file loader closes its file)."""
 
     def __enter__(self: L) -> L:
         return self
