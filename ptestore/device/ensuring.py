@@ -30,6 +30,10 @@ from .keys import (
     location,
     source_identity,
 )
+
+# spec_text, PTE_NAME, PTD_NAME, disk_full_error and write_manifest (below) are still
+# found here, where they were before the split.
+from .keys import spec_text as spec_text
 from .manifest import (
     PTD_NAME,
     PTE_NAME,
@@ -282,3 +286,10 @@ def _make(
     )
     manifest.publish(layout, src)
     return artifact_of(layout, manifest, True)
+
+
+def write_manifest(layout: CacheLayout, key: str, manifest: dict[str, Any], src: str) -> None:
+    """Publish the manifest dict of entry ``key`` atomically (the name this module had
+    before :meth:`.manifest.Manifest.publish`, which it calls)."""
+    fields = {k: v for k, v in manifest.items() if k not in ("format", "version")}
+    Manifest(**{**fields, "key": key}).publish(layout, src)

@@ -131,3 +131,19 @@ def test_a_full_disk_while_publishing_the_manifest_is_the_caches_error(
     )
     assert msg.endswith("cannot write: No space left on device")
     assert os.listdir(layout.entry_dir("k" * 32)) == []
+
+
+def test_the_names_ensuring_had_before_the_split_still_work(tmp_path: Path) -> None:
+    from ptestore.device import ensuring
+
+    assert ensuring.spec_text(" passthrough ") == "passthrough"
+    assert (ensuring.PTE_NAME, ensuring.PTD_NAME) == ("model.pte", "model.ptd")
+    assert "no space left" in str(ensuring.disk_full_error(str(tmp_path), "s", 1, OSError()))
+    layout = CacheLayout(tmp_path / "cache")
+    layout.create()
+    os.makedirs(layout.entry_dir("k" * 32))
+    record = Manifest.of(
+        key="k" * 32, source="/s", fingerprint={}, files={}, specialized=True, provenance=None
+    ).to_dict()
+    ensuring.write_manifest(layout, "k" * 32, record, "/s")
+    assert read_manifest(layout.manifest("k" * 32)) == record
