@@ -257,16 +257,18 @@ def open_loader(url: str | os.PathLike[str] | StorageURL, **storage_options: Any
         PermissionDenied: access refused.
         StorageError: other I/O failures, after retries.
     """
-    u = StorageURL.of(url)
-    if u.local:  # the scheme table's "file" row, without consulting it: the hot path
-        check_options(u.text, storage_options, (), "local files")
-        return LocalFileLoader(u.path)
-    from .._retry import RetryPolicy
-    from .remote import fs_class
     from .schemes import scheme_of
 
+    u = StorageURL.of(url)
     row = scheme_of(u)
     cls = row.loader_class(u)
+    if u.local:
+        check_options(u.text, storage_options, (), row.applies_to)
+        local: DataLoader = cls(u.path)
+        return local
+    from .._retry import RetryPolicy
+    from .remote import fs_class
+
     fs_cls = fs_class(u)
     check_options(u.text, storage_options, cls.accepted_options(u), row.applies_to)
     options = dict(storage_options)

@@ -69,8 +69,6 @@ def _writer_class(url: StorageURL) -> tuple[type[DataWriter], str, str]:
     """The writer class for ``url`` (the scheme table's row,
     :mod:`ptestore.storage.schemes`), the target it is constructed with, and what the
     options apply to (for messages)."""
-    if url.local:  # the table's "file" row, without consulting it: the hot path
-        return LocalFileWriter, url.path, "local files"
     from ..storage.schemes import scheme_of
 
     row = scheme_of(url)
