@@ -122,8 +122,8 @@ SCHEMES: Mapping[str, Scheme] = {
     )
 }
 
-#: Any other protocol: through fsspec (whose own registry names the package a protocol
-#: needs when it is missing: the loader's and writer's messages carry its text).
+#: Any other protocol: through fsspec; the package it needs is the one fsspec's own
+#: registry (``known_implementations``) names for the protocol (``gs`` -> ``gcsfs``).
 DEFAULT = Scheme("*", _FSSPEC_LOADER, "ptestore.writers.generic:FsspecWriter", "fsspec")
 
 
@@ -138,8 +138,22 @@ def scheme_of(url: URLLike) -> Scheme:
         DEFAULT.loader,
         DEFAULT.writer,
         f"{u.protocol}://",
+        requires=_fsspec_requirement(u.protocol),
         writer_applies_to=f"{u.protocol}:// (FsspecWriter)",
     )
+
+
+def _fsspec_requirement(protocol: str) -> tuple[str, ...]:
+    """The package fsspec's own registry names for ``protocol`` (``gs`` -> ``gcsfs``),
+    unless it is fsspec itself or registered at run time; () for a protocol fsspec does
+    not know (its loader then says so)."""
+    from fsspec.registry import known_implementations, registry
+
+    impl = known_implementations.get(protocol)
+    if protocol in registry or impl is None:
+        return ()
+    top = str(impl.get("class", "")).split(".")[0]
+    return () if top in ("", "fsspec") else (top,)
 
 
 def loader_options(url: URLLike) -> frozenset[str]:

@@ -167,3 +167,21 @@ def test_a_missing_extra_is_one_error_with_the_install_hint(
     for call in calls:
         with pytest.raises(ConfigurationError, match=hint):
             call()
+
+
+def test_another_protocol_needs_the_package_fsspecs_registry_names(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``gs://`` is served by fsspec through gcsfs (as fsspec's ``known_implementations``
+    says): missing, it is the same one error from the loader and the writer."""
+    monkeypatch.setitem(sys.modules, "gcsfs", None)
+    assert scheme_of("gs://b/k").requires == ("gcsfs",)
+    assert scheme_of("memory://x").requires == ()  # fsspec's own
+    hint = (
+        r"^GS://b/m.pte: gs:// needs the gcsfs package, which is not installed: pip install gcsfs$"
+    )
+    for call in (lambda: open_loader("GS://b/m.pte"), lambda: open_writer("GS://b/m.pte")):
+        with pytest.raises(ConfigurationError, match=hint):
+            call()
+    with pytest.raises(ConfigurationError, match=r"^nosuch://b/k: cannot read protocol 'nosuch'"):
+        open_loader("nosuch://b/k")
