@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigurationError
 from .storage._options import check_options
-from .storage.types import split_url, strerror
+from .storage.types import StorageURL, split_url, strerror
 from .writers.local import TEMP_NAME_RE
 
 if TYPE_CHECKING:
@@ -296,17 +296,18 @@ def collect_stale(
 ) -> list[GcEntry]:
     """Dispatch on ``target``: a local path/``file://`` URL or an ``s3://bucket/prefix``."""
     _check_older_than(older_than)
-    protocol, path = split_url(target)
-    if protocol == "file":
+    url = StorageURL.of(target)
+    path = url.path
+    if url.local:
         if storage_options:
             raise ConfigurationError(
                 f"{path}: storage options {sorted(storage_options)} do not apply to local paths"
             )
         return collect_local(path, older_than=older_than, dry_run=dry_run)
-    if protocol == "s3":
+    if url.protocol == "s3":
         return collect_s3(
             os.fspath(target), older_than=older_than, dry_run=dry_run, **storage_options
         )
     raise ConfigurationError(
-        f"{os.fspath(target)}: gc supports local paths and s3:// prefixes, not {protocol}://"
+        f"{os.fspath(target)}: gc supports local paths and s3:// prefixes, not {url.protocol}://"
     )

@@ -35,6 +35,8 @@ from typing import Any
 
 from ._io import pread_all, pwrite_all
 from .errors import ConfigurationError, ObjectNotFound, StorageError
+from .storage.atomic import sync_directory, sync_file
+from .storage.types import StorageURL
 
 __all__ = [
     "CHANGING",
@@ -61,15 +63,9 @@ _FALLOC_FL_KEEP_SIZE = 0x01
 _FALLOC_FL_PUNCH_HOLE = 0x02
 
 
-def fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    except OSError as exc:
-        if exc.errno not in (errno.EINVAL, errno.ENOTSUP):
-            raise
-    finally:
-        os.close(fd)
+#: The journal is a data file written in place (never a temporary file renamed), so it
+#: is made durable with the storage layer's primitives themselves.
+fsync_dir = sync_directory
 
 
 def read_plan(path: str) -> dict[str, Any] | None:
@@ -166,7 +162,7 @@ def apply_journal(target: str, journal: str, plan: dict[str, Any]) -> None:
         jfd = os.open(journal, os.O_RDONLY | os.O_CLOEXEC)
         try:
             os.pwrite(fd, CHANGING, lo)  # 1. refused by the runtime from here
-            os.fsync(fd)
+            sync_file(fd)
             for off, n in plan["punch"]:  # 2. zeros, whether or not the fs can punch
                 if not punch_hole(fd, off, n):
                     _write_zeros(fd, off, n)
@@ -187,9 +183,9 @@ def apply_journal(target: str, journal: str, plan: dict[str, Any]) -> None:
                     pwrite_all(fd, memoryview(data), start)
                     done += k
             os.ftruncate(fd, plan["size"])
-            os.fsync(fd)
+            sync_file(fd)
             os.pwrite(fd, ident, lo)  # 4. loadable again, with the new content
-            os.fsync(fd)
+            sync_file(fd)
         finally:
             os.close(jfd)
     except OSError as exc:
@@ -212,10 +208,10 @@ def journal_path(path: str) -> str:
 def recover_if_local(url: str | os.PathLike[str]) -> None:
     """:func:`ptestore.recover` for a local path with a journal beside it; nothing for a
     URL of another scheme or a file without one (one ``lstat``)."""
-    text = os.fspath(url)
-    if "://" in text and not text.startswith("file://"):
+    u = StorageURL.of(url)
+    if not u.local:
         return
-    target = os.path.realpath(text.removeprefix("file://"))
+    target = os.path.realpath(u.path)
     if os.path.lexists(journal_path(target)):
         recover(target)
 
@@ -224,10 +220,10 @@ PathLike = str | os.PathLike[str]
 
 
 def local_path(path: PathLike, what: str) -> str:
-    text = os.fspath(path)
-    if "://" in text and not text.startswith("file://"):
-        raise ConfigurationError(f"{text}: {what} works on local files only")
-    return os.path.realpath(text.removeprefix("file://"))
+    u = StorageURL.of(path)
+    if not u.local:
+        raise ConfigurationError(f"{u.text}: {what} works on local files only")
+    return os.path.realpath(u.path)
 
 
 class FileLock:

@@ -183,16 +183,13 @@ class Snapshot:
             return
         import json
 
+        from ..storage.atomic import put_bytes
+
         facts = {"entry_points": self.entry_points, "versions": self.versions}
         data = json.dumps({"format": FORMAT, "stamp": self.stamp, "facts": facts}).encode()
-        tmp = f"{path}.{os.getpid()}.{time.monotonic_ns()}.tmp"
-        try:
-            with open(tmp, "xb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+        # Not durable: a snapshot lost to a crash is read again from the installation.
+        with contextlib.suppress(OSError):  # StorageError is one
+            put_bytes(path, data, durable=False)
 
 
 def _entry_map(value: object) -> bool:

@@ -127,7 +127,7 @@ def run_gc(args: argparse.Namespace) -> int:
     """Run ``ptestore gc`` with parsed arguments; returns the exit status."""
     from ..errors import ConfigurationError, ObjectNotFound
     from ..gc import collect_stale
-    from ..storage.types import split_url
+    from ..storage.types import StorageURL
 
     options = storage_options(args)
     if args.job is not None:
@@ -148,8 +148,9 @@ def run_gc(args: argparse.Namespace) -> int:
         dry_run=args.dry_run,
         **options,
     )
-    protocol, path = split_url(args.target)
-    if protocol == "file" and not entries and not os.path.lexists(path):
+    url = StorageURL.of(args.target)
+    path = url.path
+    if url.local and not entries and not os.path.lexists(path):
         # Staging files of a destination that was never published are found beside
         # it; with none of those either, the path is a typo.
         raise ObjectNotFound(f"{path}: no such file or directory")

@@ -9,7 +9,8 @@ import threading
 from typing import Any
 
 from ..errors import StorageError, WriterStateError
-from ..journal import COMMIT, COMMIT_RECORD, FOOTER, MAGIC, fsync_dir
+from ..journal import COMMIT, COMMIT_RECORD, FOOTER, MAGIC
+from ..storage.atomic import sync_directory, sync_file
 from ..storage.types import Buffer
 from ..writers.base import DataWriter, PublishMode, PublishResult, WriterState
 from .spool import Spool
@@ -98,8 +99,8 @@ def commit_journal(spool: JournalSpool, plan: dict[str, Any]) -> None:
         # before it, so a journal torn by a power loss before this fsync returned reads
         # as uncommitted (and the file is touched only after it returned).
         spool.add(COMMIT_RECORD.pack(COMMIT, spool.sha256.digest()))
-        os.fsync(fd)
-        fsync_dir(os.path.dirname(spool.path))
+        sync_file(fd)
+        sync_directory(os.path.dirname(spool.path))
     except OSError as exc:
         raise StorageError(
             f"{spool.path}: cannot make the journal durable: {exc.strerror}; the model was "

@@ -33,9 +33,10 @@ _SLASHES = re.compile(r"/{2,}")
 
 def target_identity(url: URLLike) -> tuple[str, str]:
     """``(protocol, normalized path)``: equal for two spellings of one object."""
-    _, protocol, path = StorageURL.of(url)
-    if protocol == "file":
-        return "file", os.path.realpath(path)
+    u = StorageURL.of(url)
+    protocol, path = u.protocol, u.path
+    if u.local:
+        return "file", u.location
     if protocol == "memory":
         return "memory", "/" + object_key_identity(path)
     if protocol != "s3":  # other fsspec URLs: split_url keeps the whole URL
@@ -58,10 +59,11 @@ def object_key_identity(path: str) -> str:
 
 def same_target(a: URLLike, b: URLLike) -> bool:
     """Whether URLs or paths ``a`` and ``b`` name the same stored object."""
-    ia, ib = target_identity(a), target_identity(b)
+    ua, ub = StorageURL.of(a), StorageURL.of(b)
+    ia, ib = target_identity(ua), target_identity(ub)
     if ia == ib:
         return True
-    if ia[0] == ib[0] == "file":
+    if ua.local and ub.local:
         try:
             return os.path.samefile(ia[1], ib[1])
         except OSError:

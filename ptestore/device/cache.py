@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigurationError, FormatError, StorageError
+from ..storage.types import StorageURL
 from .lock import KeyLock
 
 __all__ = [
@@ -55,11 +56,12 @@ class CacheLayout:
         text = os.fspath(cache_dir)
         if not isinstance(text, str) or not text:
             raise ConfigurationError(f"cache_dir must be a directory path, got {cache_dir!r}")
-        if "://" in text and not text.startswith("file://"):
+        url = StorageURL.of(text)
+        if not url.local:
             raise ConfigurationError(
                 f"cache_dir {text!r}: the cache is a local directory, not a URL"
             )
-        self.root = os.path.abspath(text.removeprefix("file://"))
+        self.root = url.path
         self.entries = os.path.join(self.root, "entries")
         self.locks = os.path.join(self.root, "locks")
         self.snapshot = os.path.join(self.root, "backends.json")

@@ -21,13 +21,14 @@ never loads them.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from typing import TYPE_CHECKING, Any
 
 from ..backends.compat import DeviceProfile, canonical_json
 from ..errors import ConfigurationError, StorageError
-from .cache import MANIFEST_FORMAT, MANIFEST_VERSION, CacheLayout, file_stamp
+from ..storage.types import StorageURL
+from .cache import CacheLayout
+from .manifest import Manifest, as_json, file_records
 
 if TYPE_CHECKING:
     from ..fleet.select import Choice
@@ -39,9 +40,7 @@ _INCOMING = "incoming.pte"
 
 
 def _location(url: str) -> str:
-    if "://" not in url or url.startswith("file://"):
-        return os.path.realpath(url.removeprefix("file://"))
-    return url
+    return StorageURL.of(url).location
 
 
 def index_key(index: str, model: str, device: DeviceProfile) -> str:
@@ -74,7 +73,7 @@ def index_fingerprint(
         "pte": choice.pte,
         "ptd": choice.ptd,
     }
-    out: dict[str, Any] = json.loads(json.dumps(value))  # as the manifest stores it
+    out: dict[str, Any] = as_json(value)  # as the manifest stores it
     return out
 
 
@@ -98,12 +97,13 @@ def fetch_entry(
     device: DeviceProfile,
     opts: dict[str, Any],
     names: tuple[str, str],
-) -> dict[str, Any]:
+) -> Manifest:
     """Fetch what ``index`` selects into entry ``key`` (its lock held exclusively), under
     the ``names`` of its ``.pte`` and ``.ptd``; returns the manifest to publish."""
     from ..fleet.fetch import fetch
     from ..fleet.job import ptd_beside
     from ..provenance import read_provenance
+    from ..storage.atomic import rename
     from ..storage.loaders import LocalFileLoader
 
     pte_name, ptd_name = names
@@ -128,31 +128,25 @@ def fetch_entry(
             f"{index}: the index changed while {model!r} was fetched for {device.name!r} "
             "(no artifact fits any more); run again"
         )
-    files: dict[str, dict[str, Any]] = {"pte": {"name": pte_name}}
+    published = {"pte": pte_name}
     if choice.ptd is not None:
-        os.replace(ptd_beside(incoming), os.path.join(directory, ptd_name))
-        files["ptd"] = {"name": ptd_name}
-    os.replace(incoming, os.path.join(directory, pte_name))
-    for rec in files.values():
-        rec.update(file_stamp(os.path.join(directory, rec["name"])))
+        rename(ptd_beside(incoming), os.path.join(directory, ptd_name), durable=False)
+        published["ptd"] = ptd_name
+    rename(incoming, os.path.join(directory, pte_name))  # one directory fsync for both
     loader = LocalFileLoader(os.path.join(directory, pte_name))
     try:
         prov = read_provenance(loader)
     finally:
         loader.close()
     assert prov is not None  # fetch checked the trailer the index names
-    manifest = {
-        "format": MANIFEST_FORMAT,
-        "version": MANIFEST_VERSION,
-        "key": key,
-        "source": choice.pte["url"],
-        "ptd_source": None if choice.ptd is None else choice.ptd["url"],
-        "index": _location(index),
-        "fingerprint": index_fingerprint(index, model, device, choice),
-        "files": files,
-        "specialized": True,
-        "in_place": False,
-        "provenance": prov.to_dict(),
-        "choice": json.loads(json.dumps(choice.to_dict())),
-    }
-    return manifest
+    return Manifest.of(
+        key=key,
+        source=choice.pte["url"],
+        ptd_source=None if choice.ptd is None else choice.ptd["url"],
+        index=_location(index),
+        fingerprint=index_fingerprint(index, model, device, choice),
+        files=file_records(directory, published),
+        specialized=True,
+        provenance=prov,
+        choice=choice.to_dict(),
+    )

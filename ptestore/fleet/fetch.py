@@ -32,8 +32,10 @@ from ..errors import (
 )
 from ..provenance.digest import content_digest
 from ..provenance.trailer import read_trailer
-from ..storage.loaders import DataLoader, LocalFileLoader, open_loader, split_url
+from ..storage.atomic import put_bytes, sync_file
+from ..storage.loaders import DataLoader, LocalFileLoader, open_loader
 from ..storage.routing import options_for_loader
+from ..storage.types import StorageURL
 from .job import ptd_beside
 from .select import Choice, select
 from .shared import SHARED_DIR
@@ -161,8 +163,7 @@ def _download(
                         resumed = min(os.path.getsize(part), size)
             except (OSError, ValueError):
                 pass
-            with open(meta_path, "w") as f:
-                json.dump(state, f)
+            put_bytes(meta_path, json.dumps(state).encode())
             read = _ranged(loader, etag if isinstance(etag, str) else None)
             done = resumed
             try:
@@ -180,7 +181,9 @@ def _download(
                         if progress is not None:
                             progress(url, done, size)
                     out.flush()
-                    os.fsync(out.fileno())
+                    # Written in place and resumed, never renamed: one fsync makes the
+                    # finished download durable before it is checked and published.
+                    sync_file(out.fileno())
             except _Changed:
                 os.unlink(part)  # the object changed: start again from the beginning
                 continue
@@ -241,7 +244,7 @@ def fetch(
     See the module docstring."""
     src = os.fspath(index_or_url)
     target = os.fspath(dest)
-    if split_url(target)[0] != "file":
+    if not StorageURL.of(target).local:
         raise ConfigurationError(f"{target}: fetch writes to local disk, not to a URL")
     if chunk_size < 1:
         raise ConfigurationError(f"chunk_size must be >= 1, got {chunk_size}")

@@ -44,6 +44,7 @@ from ..errors import ConfigurationError, FormatError, ObjectNotFound, StorageErr
 from ..provenance import Provenance, read_trailer
 from ..storage.loaders import open_loader, split_url
 from ..storage.routing import options_for_loader
+from ..storage.types import StorageURL
 from .job import Job
 
 if TYPE_CHECKING:
@@ -201,7 +202,7 @@ def publish_index(url: str, entries: Iterable[dict[str, Any]], options: dict[str
     docstring); returns ``url``."""
     new = list(entries)
     protocol = split_url(url)[0]
-    if protocol == "file":
+    if StorageURL.of(url).local:
         _publish_local(url, new)
     elif protocol == "s3":
         _publish_s3(url, new, options)

@@ -29,7 +29,7 @@ from typing import Any
 from ..backends.compat import DeviceProfile
 from ..errors import ConfigurationError
 from ..storage.routing import StorageOptions, options_for_loader
-from ..storage.types import StorageURL, split_url, strerror
+from ..storage.types import StorageURL, strerror
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -316,7 +316,7 @@ def _template_root(dest: str) -> str:
     """The template's fixed part up to its last separator before the first field."""
     prefix = dest[: dest.index("{")]
     cut = prefix.rfind("/")
-    if split_url(dest)[0] == "file":
+    if StorageURL.of(dest).local:
         cut = max(cut, prefix.rfind(os.sep))
     return prefix[: cut + 1]
 
@@ -326,10 +326,10 @@ def _under_root(url: str, root: str) -> bool:
     will address them (dot segments resolved, separators folded)."""
     from ..coordinator.targets import target_identity
 
-    protocol, path = split_url(url)
-    if protocol == "file":
-        base = os.path.normpath(split_url(root or ".")[1])
-        here = os.path.normpath(path)
+    u = StorageURL.of(url)
+    if u.local:
+        base = os.path.normpath(StorageURL.of(root or ".").path)
+        here = os.path.normpath(u.path)
         return here.startswith(base.rstrip(os.sep) + os.sep)
     base_id = target_identity(root)[1] if root.partition("://")[2].strip("/") else ""
     here_id = target_identity(url)[1]

@@ -13,8 +13,9 @@ from typing import Any
 
 from ..backends.registry import load_backend
 from ..errors import ConfigurationError, PteStoreError
-from ..storage.loaders import open_loader, split_url
+from ..storage.loaders import open_loader
 from ..storage.routing import StorageOptions, options_for_loader
+from ..storage.types import StorageURL
 from .job import Job, JobError, pair_options
 
 __all__ = ["destination_prefix", "filter_job", "preflight"]
@@ -106,11 +107,11 @@ def _writable(job: Job, prefix: str) -> None:
 
 
 def _remove(url: str, options: dict[str, Any]) -> None:
-    protocol, path = split_url(url)
-    if protocol == "file":
+    u = StorageURL.of(url)
+    if u.local:
         import os
 
-        os.unlink(path)
+        os.unlink(u.path)
         return
     import fsspec
 

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import FormatError, ObjectNotFound
 from ..provenance.digest import content_digest
-from ..storage.loaders import split_url
+from ..storage.types import StorageURL
 from ..writers import open_writer
 from .binding import stored_crc32
 from .job import SHARED_DIR, _template_root, pair_options
@@ -90,7 +90,7 @@ def _version(loader: DataLoader) -> Any:
     if isinstance(etag, str):
         return etag
     path = getattr(loader, "path", None)
-    if split_url(loader.name)[0] == "file" and isinstance(path, str):
+    if StorageURL.of(loader.name).local and isinstance(path, str):
         try:
             st = os.stat(path)
         except OSError:
@@ -140,9 +140,9 @@ def locate_shared(url: str, sha256: str, exists: Any) -> str | None:
     """The content address of ``sha256`` in the nearest directory above the artifact
     at ``url`` that has one (``exists(candidate)`` says), or None. A job's shared
     objects are under its root, an ancestor of every destination."""
-    protocol, path = split_url(url)
-    if protocol == "file":
-        here = os.path.dirname(os.path.abspath(path))
+    u = StorageURL.of(url)
+    if u.local:
+        here = os.path.dirname(u.path)
         while True:
             candidate = os.path.join(here, SHARED_DIR, "sha256", "")
             found = shared_url(candidate, sha256)

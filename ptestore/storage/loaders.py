@@ -226,19 +226,12 @@ class LocalFileLoader(LoaderBase):
             pass
 
 
-def _loader_class(url: StorageURL) -> tuple[type[LocalFileLoader | FsspecLoader], str]:
-    """The loader class for ``url`` and what the options apply to, for messages."""
-    if url.local:
-        return LocalFileLoader, "local files"
-    from .remote import FsspecLoader  # fsspec and the retry policy: remote URLs only
-
-    return FsspecLoader, f"{url.protocol}://"
-
-
 def loader_options(url: str | os.PathLike[str] | StorageURL) -> frozenset[str]:
-    """The names of the storage options :func:`open_loader` accepts for ``url``."""
-    u = StorageURL.of(url)
-    return _loader_class(u)[0].accepted_options(u)
+    """The names of the storage options :func:`open_loader` accepts for ``url`` (the
+    loader class comes from the scheme table, :mod:`ptestore.storage.schemes`)."""
+    from .schemes import loader_options as names
+
+    return names(url)
 
 
 def open_loader(url: str | os.PathLike[str] | StorageURL, **storage_options: Any) -> DataLoader:
@@ -264,16 +257,20 @@ def open_loader(url: str | os.PathLike[str] | StorageURL, **storage_options: Any
         PermissionDenied: access refused.
         StorageError: other I/O failures, after retries.
     """
+    from .schemes import scheme_of
+
     u = StorageURL.of(url)
-    cls, applies_to = _loader_class(u)
-    if cls is LocalFileLoader:
-        check_options(u.text, storage_options, (), applies_to)
-        return LocalFileLoader(u.path)
+    row = scheme_of(u)
+    cls = row.loader_class(u)
+    if u.local:
+        check_options(u.text, storage_options, (), row.applies_to)
+        local: DataLoader = cls(u.path)
+        return local
     from .._retry import RetryPolicy
-    from .remote import FsspecLoader, fs_class
+    from .remote import fs_class
 
     fs_cls = fs_class(u)
-    check_options(u.text, storage_options, cls.accepted_options(u), applies_to)
+    check_options(u.text, storage_options, cls.accepted_options(u), row.applies_to)
     options = dict(storage_options)
     retry = RetryPolicy.from_options(u.text, options)
     try:
@@ -281,7 +278,8 @@ def open_loader(url: str | os.PathLike[str] | StorageURL, **storage_options: Any
     except (TypeError, ValueError) as exc:
         raise ConfigurationError(f"{u.text}: bad storage options: {exc}") from exc
     fs_path = u.path if u.protocol in ("s3", "memory") else fs._strip_protocol(u.text)
-    return FsspecLoader(fs, fs_path, u.text, retry=retry)
+    loader: FsspecLoader = cls(fs, fs_path, u.text, retry=retry)
+    return loader
 
 
 def __getattr__(name: str) -> Any:

@@ -4,7 +4,9 @@ Each loader and writer class declares the options it accepts as data on the clas
 (``options`` and ``accepted_options(url)``: :class:`~ptestore.storage.loaders.LocalFileLoader`,
 :class:`~ptestore.storage.loaders.FsspecLoader` and every
 :class:`~ptestore.writers.DataWriter`); :func:`~ptestore.storage.loaders.loader_options`
-and :func:`~ptestore.writers.writer_options` return those *names* for a URL. This module
+and :func:`~ptestore.writers.writer_options` return those *names* for a URL (both ask the
+scheme table, :mod:`ptestore.storage.schemes`, which imports a writer class by name, on
+first use: storage sits below the writers and never imports them). This module
 routes one set of options, given for a whole run, to the loaders and writers of that run:
 
 - **common** options reach every remote URL whose loader or writer accepts them: a
@@ -26,8 +28,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 from ..errors import ConfigurationError
-from ..writers import writer_options
-from .loaders import loader_options
+from .schemes import loader_options, writer_options
 from .types import StorageURL, URLLike
 
 __all__ = ["StorageOptions", "options_for_loader", "options_for_writer"]

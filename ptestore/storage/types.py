@@ -8,14 +8,17 @@ implementation module (:mod:`ptestore.storage.loaders` imports fsspec).
 from __future__ import annotations
 
 import os
+import re
 from typing import NamedTuple, Protocol, runtime_checkable
 
 __all__ = [
+    "LOCAL_SCHEMES",
     "Buffer",
     "DataLoader",
     "StorageURL",
     "URLLike",
     "load_into",
+    "local_path",
     "split_url",
     "strerror",
 ]
@@ -64,16 +67,39 @@ def load_into(loader: DataLoader, offset: int, buffer: memoryview) -> None:
     buffer[:] = memoryview(loader.load(offset, buffer.nbytes)).cast("B")
 
 
+#: An RFC 3986 scheme followed by ``://``: what makes a string a URL rather than a path
+#: (``dir/a://b`` is a path: ``dir/a`` is not a scheme).
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*)://")
+
+#: Schemes that name a local file (case-insensitive, as every scheme): fsspec registers
+#: ``local`` as an alias of ``file``.
+LOCAL_SCHEMES = frozenset({"file", "local"})
+#: Schemes that are one protocol under another name.
+_ALIASES = {"local": "file", "s3a": "s3"}
+
+
 def split_url(url: str | os.PathLike[str]) -> tuple[str, str]:
-    """Return ``(protocol, path)``; plain paths and ``file://`` give ``("file", abspath)``."""
+    """Return ``(protocol, path)``: THE classification of a path or URL (see
+    :class:`StorageURL`, which holds its result).
+
+    - A plain path, and ``file://`` / ``local://`` in any letter case, give
+      ``("file", abspath)``; what follows ``file://`` is a local path, so
+      ``file:///abs/m.pte`` is ``/abs/m.pte`` and ``file://rel/m.pte`` is ``rel/m.pte``
+      under the current directory, as for a plain path (and as fsspec reads it).
+    - ``s3://`` and ``s3a://`` give ``("s3", "bucket/key")``; ``memory://x`` gives
+      ``("memory", "/x")``; any other scheme gives ``(scheme, url)`` (lower-cased
+      scheme, the URL as given).
+    """
     text = os.fspath(url)
-    if "://" not in text:
+    match = _SCHEME.match(text)
+    if match is None:
         return "file", os.path.abspath(text)
-    protocol, _, rest = text.partition("://")
-    protocol = protocol.lower()
-    if protocol in ("file", "local"):
-        return "file", os.path.abspath(rest if rest.startswith("/") else "/" + rest)
-    if protocol in ("s3", "s3a"):
+    scheme = match.group(1).lower()
+    protocol = _ALIASES.get(scheme, scheme)
+    rest = text[match.end() :]
+    if protocol == "file":
+        return "file", os.path.abspath(rest)
+    if protocol == "s3":
         return "s3", rest
     if protocol == "memory":
         return "memory", "/" + rest.lstrip("/")
@@ -84,11 +110,13 @@ class StorageURL(NamedTuple):
     """A path or URL split once (by :func:`split_url`): what it was given as, its
     protocol and its path. ``open_loader``, ``open_writer`` and the option routing
     (:mod:`ptestore.storage.routing`) take one in place of a string, so a URL is split
-    once however many of them look at it."""
+    once however many of them look at it. Every "is this local, and where?" question in
+    ptestore is asked of one (:attr:`local`, :attr:`path`, :attr:`location`)."""
 
     #: The path or URL as given (``os.fspath``).
     text: str
-    #: ``"file"`` for plain paths and ``file://``, ``"s3"`` for ``s3a://`` too, ...
+    #: ``"file"`` for plain paths, ``file://`` and ``local://``; ``"s3"`` for ``s3a://``
+    #: too; else the scheme, lower-cased.
     protocol: str
     #: As :func:`split_url` returns it (absolute for local files).
     path: str
@@ -103,8 +131,22 @@ class StorageURL(NamedTuple):
 
     @property
     def local(self) -> bool:
-        """A local file (plain path or ``file://``): it takes no storage options."""
+        """A local file (plain path, ``file://`` or ``local://``): it takes no storage
+        options."""
         return self.protocol == "file"
+
+    @property
+    def location(self) -> str:
+        """Where the object is, one spelling per object for keys and records: a local
+        file's real path (symbolic links resolved), else the URL as given."""
+        return os.path.realpath(self.path) if self.local else self.text
+
+
+def local_path(url: str | os.PathLike[str] | StorageURL) -> str | None:
+    """The absolute path of a local ``url`` (plain path, ``file://``, ``local://``), or
+    None for a URL of any other scheme."""
+    u = StorageURL.of(url)
+    return u.path if u.local else None
 
 
 #: What ``open_loader``, ``open_writer`` and the option routing take as a URL.

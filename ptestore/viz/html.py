@@ -6,7 +6,6 @@ as embedded JSON. Nothing is fetched (no fonts, images, scripts or styles from a
 
 from __future__ import annotations
 
-import contextlib
 import html
 import json
 import os
@@ -95,18 +94,16 @@ def write_text(path: str | os.PathLike[str], text: str) -> None:
     Raises :class:`~ptestore.errors.StorageError` (``PermissionDenied`` when refused)
     naming ``path`` when it cannot be written."""
     from ..errors import PermissionDenied, StorageError
+    from ..storage.atomic import put_bytes
 
     path = os.fspath(path)
-    tmp = f"{path}.tmp-{os.getpid()}"
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        put_bytes(path, text.encode("utf-8"), durable=False)  # a report: no fsync
+    except StorageError as exc:
+        cause = exc.__cause__
+        why = (cause.strerror or str(cause)) if isinstance(cause, OSError) else str(exc)
         kind = PermissionDenied if isinstance(exc, PermissionError) else StorageError
-        raise kind(f"{path}: cannot write the page: {exc.strerror or exc}") from exc
+        raise kind(f"{path}: cannot write the page: {why}") from exc
 
 
 def check_output_path(path: str | os.PathLike[str], flag: str) -> None:

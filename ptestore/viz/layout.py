@@ -408,9 +408,9 @@ def _file_map(
 
 
 def _local_path(url: str) -> str | None:
-    if url.startswith("file://"):
-        return url[len("file://") :]
-    return None if "://" in url else url
+    from ..storage.types import local_path
+
+    return local_path(url)
 
 
 def layout_html(

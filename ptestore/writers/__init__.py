@@ -1,6 +1,8 @@
 """Transactional writers: staged writes at any offset, one atomic publish.
 
-``open_writer(url, **storage_options)`` picks the writer from the URL:
+``open_writer(url, **storage_options)`` picks the writer from the URL, by the scheme
+table (:mod:`ptestore.storage.schemes`, which also says what to install for a missing
+one):
 
 ============================  ==========================================
 URL                           writer
@@ -64,27 +66,21 @@ def __getattr__(name: str) -> Any:
 
 
 def _writer_class(url: StorageURL) -> tuple[type[DataWriter], str, str]:
-    """The writer class for ``url``, the target it is constructed with, and what the
+    """The writer class for ``url`` (the scheme table's row,
+    :mod:`ptestore.storage.schemes`), the target it is constructed with, and what the
     options apply to (for messages)."""
-    if url.local:
-        return LocalFileWriter, url.path, "local files"
-    if url.protocol == "memory":
-        from .memory import MemoryWriter
+    from ..storage.schemes import scheme_of
 
-        return MemoryWriter, url.text, "memory://"
-    if url.protocol == "s3":
-        from .s3 import S3Writer
-
-        return S3Writer, url.text, "s3://"
-    from .generic import FsspecWriter
-
-    return FsspecWriter, url.text, f"{url.protocol}:// (FsspecWriter)"
+    row = scheme_of(url)
+    cls: type[DataWriter] = row.writer_class(url)
+    return cls, row.target(url), row.writer_applies_to or row.applies_to
 
 
 def writer_options(url: str | os.PathLike[str] | StorageURL) -> frozenset[str]:
     """The names of the storage options :func:`open_writer` accepts for ``url``."""
-    cls, target, _ = _writer_class(StorageURL.of(url))
-    return cls.accepted_options(target)
+    from ..storage.schemes import writer_options as names
+
+    return names(url)
 
 
 def open_writer(url: str | os.PathLike[str] | StorageURL, **storage_options: Any) -> DataWriter:

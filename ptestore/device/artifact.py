@@ -1,0 +1,137 @@
+"""What :func:`~ptestore.ensure` returns (:class:`Artifact`), and how an entry is found:
+a hit read from its manifest under the key's shared lock, else made under its exclusive
+lock (:func:`hit_or_make`)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .cache import CacheLayout, evict, files_intact, read_manifest, touch
+from .manifest import Manifest, as_json
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ..provenance.record import Provenance
+
+__all__ = ["Artifact", "artifact_of", "hit_or_make", "lookup"]
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """What :func:`ensure` returns: where the specialized model is and how it was made."""
+
+    #: Path of the specialized ``.pte``.
+    pte: str
+    #: Path of its ``.ptd`` (None without one).
+    ptd: str | None
+    #: The provenance record of the ``.pte`` (sources, backends, device); None when it
+    #: was made with ``provenance=False``.
+    provenance: Provenance | None
+    #: True when this call made it, False when it came from the cache.
+    created: bool
+    #: The cache key (the entry's directory name under ``CACHE_DIR/entries``).
+    key: str
+    #: Whether a backend specialized anything (False: an unchanged copy).
+    specialized: bool = True
+    #: True when the source itself was rewritten (``in_place=True``).
+    in_place: bool = False
+    #: For a source that is a job index (``model=``): what :func:`ptestore.select` chose
+    #: and why (``Choice.to_dict()``: ``kind`` ``"artifact"`` or ``"source"``, ``reason``).
+    choice: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {
+            "pte": self.pte,
+            "ptd": self.ptd,
+            "created": self.created,
+            "key": self.key,
+            "specialized": self.specialized,
+            "in_place": self.in_place,
+            "provenance": None if self.provenance is None else self.provenance.to_dict(),
+        }
+        if self.choice is not None:
+            out["choice"] = self.choice
+        return out
+
+
+def artifact_of(
+    layout: CacheLayout, manifest: Manifest | dict[str, Any], created: bool
+) -> Artifact:
+    """The artifact a manifest describes (a copy in the entry, or a source rewritten in
+    place)."""
+    from ..provenance.record import Provenance
+
+    m = manifest.to_dict() if isinstance(manifest, Manifest) else manifest
+    key = m["key"]
+    record = m.get("provenance")
+    if m.get("in_place"):
+        return Artifact(
+            pte=m["source"],
+            ptd=None,
+            provenance=None if record is None else Provenance.from_dict(record, m["source"]),
+            created=created,
+            key=key,
+            specialized=bool(m.get("specialized", True)),
+            in_place=True,
+        )
+    directory = layout.entry_dir(key)
+    files = m["files"]
+    choice = m.get("choice")
+    return Artifact(
+        pte=os.path.join(directory, files["pte"]["name"]),
+        ptd=os.path.join(directory, files["ptd"]["name"]) if "ptd" in files else None,
+        provenance=None if record is None else Provenance.from_dict(record, layout.manifest(key)),
+        created=created,
+        key=key,
+        specialized=bool(m.get("specialized", True)),
+        choice=choice if isinstance(choice, dict) else None,
+    )
+
+
+def lookup(
+    layout: CacheLayout, key: str, fingerprint: dict[str, Any], *, in_place: bool = False
+) -> Artifact | None:
+    """The entry ``key`` when its manifest records ``fingerprint`` (and, for a copy,
+    its files are there as recorded); its last use is then set to now. None: a miss."""
+    path = layout.manifest(key)
+    try:
+        manifest = read_manifest(path)
+    except Exception:  # unreadable or foreign: a miss, made again under the lock
+        return None
+    if manifest is None or manifest.get("fingerprint") != as_json(fingerprint):
+        return None
+    if bool(manifest.get("in_place")) != in_place:
+        return None
+    if not in_place and not files_intact(layout.entry_dir(key), manifest):
+        return None
+    touch(path)
+    return artifact_of(layout, {**manifest, "key": key}, False)
+
+
+def hit_or_make(
+    layout: CacheLayout,
+    key: str,
+    max_bytes: int | None,
+    lookup: Callable[[], Artifact | None],
+    make: Callable[[], Artifact],
+    before_make: Callable[[], None] | None = None,
+) -> Artifact:
+    """The entry ``key``: ``lookup()`` under the key's shared lock (a hit), else under its
+    exclusive lock ``lookup()`` again (another process may have made it) and ``make()``;
+    a made entry then evicts others down to ``max_bytes``."""
+    with layout.lock(key, shared=True):
+        hit = lookup()
+    if hit is not None:
+        return hit
+    with layout.lock(key):
+        if before_make is not None:
+            before_make()
+        hit = lookup()
+        if hit is None:
+            hit = make()
+    if max_bytes is not None:
+        evict(layout.root, max_bytes, keep=key)
+    return hit

@@ -1,0 +1,172 @@
+"""What names a cache entry and what it was made for: the key and the fingerprint.
+
+The **key** of an entry (its directory name) is the SHA-256 of the source's location
+(the local path with symlinks resolved, or the URL), the ``.ptd``'s, the backend specs
+as given, the device name and whether the run is in place. The **fingerprint** an
+entry's manifest records is the source's identity (:func:`source_identity`), the backend
+specs with the versions of their implementations (:func:`backend_fingerprint`) and the
+device name and digest. A call whose fingerprint differs finds the entry stale.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from typing import TYPE_CHECKING, Any
+
+from ..backends.compat import DeviceProfile, canonical_json
+from ..errors import ConfigurationError, ObjectNotFound, PteStoreError, StorageError
+from ..storage.types import StorageURL
+
+if TYPE_CHECKING:
+    from ..backends.registry import BackendLike
+    from .cache import CacheLayout
+
+__all__ = [
+    "backend_fingerprint",
+    "device_fingerprint",
+    "entry_key",
+    "location",
+    "source_identity",
+    "spec_text",
+]
+
+
+def location(url: str) -> str:
+    """The spelling of ``url`` keys and manifests record: a local file's real path, else
+    the URL (:attr:`~ptestore.storage.types.StorageURL.location`)."""
+    return StorageURL.of(url).location
+
+
+def source_identity(url: str) -> dict[str, Any]:
+    """The identity of the object at ``url``: for a local file one ``stat``; for a remote
+    object its size, ETag and version id (one metadata request), or its SHA-256 when the
+    store reports neither."""
+    u = StorageURL.of(url)
+    if u.local:
+        path = u.location
+        try:
+            st = os.stat(path)
+        except FileNotFoundError as exc:
+            raise ObjectNotFound(f"{url}: no such file") from exc
+        except OSError as exc:
+            raise StorageError(f"{url}: cannot stat: {exc.strerror}") from exc
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigurationError(f"{url}: not a regular file")
+        return {
+            "path": path,
+            "dev": st.st_dev,
+            "ino": st.st_ino,
+            "size": st.st_size,
+            "mtime_ns": st.st_mtime_ns,
+        }
+    from ..storage.loaders import open_loader
+
+    loader = open_loader(u)
+    try:
+        etag = getattr(loader, "etag", None)
+        version = getattr(loader, "version_id", None)
+        ident: dict[str, Any] = {"url": url, "size": loader.size(), "etag": etag}
+        ident["version_id"] = version
+        if etag is None and version is None:
+            from ..provenance.stamp import describe_source
+
+            ident["sha256"] = describe_source(loader).sha256
+        return ident
+    finally:
+        loader.close()
+
+
+def spec_text(backend: BackendLike) -> str:
+    """How a backend is named in keys and provenance (as
+    :func:`ptestore.provenance.stamp.spec_text`, without importing the storage layer)."""
+    if isinstance(backend, str):
+        return backend.strip()
+    cls = backend if isinstance(backend, type) else type(backend)
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def device_fingerprint(device: DeviceProfile | None) -> list[str] | None:
+    """``[name, digest]`` of the device profile (None without one)."""
+    return None if device is None else [device.name, device.digest()]
+
+
+#: Versions of backends given as SPEC strings (and of the installed set), read once per
+#: process: resolving a registered name scans every installed distribution's entry
+#: points (tens of ms), and an implementation's module, once imported, stays what it is
+#: for the life of the process.
+_SPEC_VERSIONS: dict[str, str] = {}
+_INSTALLED: list[list[str]] | None = None
+#: Whether this process has consulted a cache's snapshot of the installed metadata
+#: (only its first ``ensure`` needs one: later ones have the caches above).
+_SNAPSHOT_USED = False
+
+
+def backend_fingerprint(backends: list[BackendLike] | None, layout: CacheLayout) -> list[list[str]]:
+    """``[spec, version]`` of every backend; the installed distributions' metadata
+    (entry points, distribution versions) is read through the cache's snapshot
+    (:mod:`ptestore.backends.snapshot`), so a fresh process whose installation is
+    unchanged does not read it again."""
+    global _SNAPSHOT_USED
+    if _SNAPSHOT_USED:  # later calls: this process's own caches (below and in compat)
+        return _backend_versions(backends)
+    _SNAPSHOT_USED = True
+    from ..backends.snapshot import using
+
+    with using(layout.snapshot):
+        return _backend_versions(backends)
+
+
+def _backend_versions(backends: list[BackendLike] | None) -> list[list[str]]:
+    global _INSTALLED
+    from ..backends.registry import installed_backends, load_backend
+
+    if backends is None:
+        if _INSTALLED is None:
+            out = []
+            for inst in installed_backends():
+                if inst.error is not None:
+                    continue
+                try:
+                    version = str(load_backend(inst.name).version)
+                except PteStoreError:  # one that needs an argument (command) is not a default
+                    version = inst.version or ""
+                out.append([inst.name, version])
+            _INSTALLED = out
+        return [list(x) for x in _INSTALLED]
+    result = []
+    for b in backends:
+        spec = spec_text(b)
+        if isinstance(b, str):
+            if spec not in _SPEC_VERSIONS:
+                _SPEC_VERSIONS[spec] = str(load_backend(b).version)
+            version = _SPEC_VERSIONS[spec]
+        else:
+            version = str(load_backend(b).version)
+        result.append([spec, version])
+    return result
+
+
+def entry_key(
+    source: str,
+    ptd: str | None,
+    backends: list[BackendLike] | None,
+    device: DeviceProfile | None,
+    in_place: bool,
+    provenance: bool = True,
+) -> str:
+    """The cache key: the entry's directory name (32 hex digits). An entry made without
+    provenance has a key of its own (its bytes differ: no trailer)."""
+
+    material: list[Any] = [
+        "ptestore.ensure/1",
+        location(source),
+        None if ptd is None else location(ptd),
+        None if backends is None else [spec_text(b) for b in backends],
+        None if device is None else device.name,
+        bool(in_place),
+    ]
+    if not provenance:  # appended only when off: the keys of existing entries stay
+        material.append("no-provenance")
+    return hashlib.sha256(canonical_json(material).encode()).hexdigest()[:32]

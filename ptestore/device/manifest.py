@@ -1,0 +1,164 @@
+"""The manifest of a cache entry: one record (:class:`Manifest`), built in one place and
+published atomically, last, after the files it names.
+
+Every way an entry is made (a specialized copy, an in-place run, a download from a job
+index) fills the same record; :meth:`Manifest.to_dict` is what ``manifest.json`` holds
+and what :func:`~ptestore.device.cache.read_manifest` gives back.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..errors import StorageError
+from .cache import MANIFEST_FORMAT, MANIFEST_VERSION, CacheLayout, file_stamp
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from ..provenance.record import Provenance
+
+__all__ = [
+    "PTD_NAME",
+    "PTE_NAME",
+    "Manifest",
+    "as_json",
+    "disk_full_error",
+    "file_records",
+    "is_disk_full",
+]
+
+#: The names of an entry's files.
+PTE_NAME = "model.pte"
+PTD_NAME = "model.ptd"
+
+
+def as_json(value: Any) -> Any:
+    """``value`` as the manifest stores it (and as a fingerprint compares to it)."""
+    return json.loads(json.dumps(value))
+
+
+def file_records(directory: str, names: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    """``{"pte": {"name": ..., "size", "ino", "mtime_ns"}, ...}`` of the files ``names``
+    gives (role -> file name in ``directory``), one ``stat`` each."""
+    return {
+        role: {"name": name, **file_stamp(os.path.join(directory, name))}
+        for role, name in names.items()
+    }
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What ``entries/<key>/manifest.json`` says about the entry."""
+
+    key: str
+    #: The source's location (a local real path or a URL).
+    source: str
+    #: What the entry was made for, as stored (:func:`as_json`).
+    fingerprint: Any
+    #: role (``"pte"``, ``"ptd"``) -> ``{"name", "size", "ino", "mtime_ns"}``; empty in place.
+    files: dict[str, dict[str, Any]]
+    #: Whether a backend specialized anything (False: an unchanged copy).
+    specialized: bool
+    #: The artifact's provenance record (``Provenance.to_dict()``), or None.
+    provenance: dict[str, Any] | None
+    ptd_source: str | None = None
+    #: True for an entry whose source itself was rewritten.
+    in_place: bool = False
+    #: The job index it was fetched from, and what was chosen (index entries only).
+    index: str | None = None
+    choice: dict[str, Any] | None = None
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        key: str,
+        source: str,
+        fingerprint: Any,
+        files: dict[str, dict[str, Any]],
+        specialized: bool,
+        provenance: Provenance | None,
+        ptd_source: str | None = None,
+        in_place: bool = False,
+        index: str | None = None,
+        choice: Mapping[str, Any] | None = None,
+    ) -> Manifest:
+        """The one place a manifest is built: the fingerprint and the choice as stored,
+        the provenance as its record."""
+        return cls(
+            key=key,
+            source=source,
+            fingerprint=as_json(fingerprint),
+            files=files,
+            specialized=bool(specialized),
+            provenance=None if provenance is None else provenance.to_dict(),
+            ptd_source=ptd_source,
+            in_place=in_place,
+            index=index,
+            choice=None if choice is None else as_json(dict(choice)),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "format": MANIFEST_FORMAT,
+            "version": MANIFEST_VERSION,
+            "key": self.key,
+            "source": self.source,
+            "ptd_source": self.ptd_source,
+            "fingerprint": self.fingerprint,
+            "files": self.files,
+            "specialized": self.specialized,
+            "in_place": self.in_place,
+            "provenance": self.provenance,
+        }
+        if self.index is not None:
+            out["index"] = self.index
+        if self.choice is not None:
+            out["choice"] = self.choice
+        return out
+
+    def publish(self, layout: CacheLayout, src: str) -> None:
+        """Publish as entry ``self.key``'s manifest, atomically and durably
+        (:func:`~ptestore.storage.atomic.put_bytes`); a full file system raises the
+        cache's disk-full error naming ``src``."""
+        from ..storage.atomic import put_bytes
+
+        data = json.dumps(self.to_dict(), indent=1, sort_keys=True).encode()
+        try:
+            put_bytes(layout.manifest(self.key), data)
+        except OSError as exc:  # StorageError is one
+            if is_disk_full(exc):
+                raise disk_full_error(layout.root, src, len(data), exc) from exc
+            raise
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` or an exception it was raised from is ENOSPC or EDQUOT."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, OSError) and cur.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        cur = cur.__cause__ or cur.__context__
+    return False
+
+
+def disk_full_error(where: str, src: str, need: int, exc: BaseException) -> StorageError:
+    """The error for a cache whose file system is full, with what to do about it."""
+    try:
+        st = os.statvfs(where)
+        free = f"{st.f_bavail * st.f_frsize} bytes free"
+    except OSError:
+        free = "free space unknown"
+    return StorageError(
+        f"{where}: no space left on the file system for the specialized copy of {src} "
+        f"(about {need} bytes needed, {free}); the cache and the source are unchanged. "
+        "Free space (`ptestore cache prune --max-bytes N`) or specialize in place "
+        f"(--in-place): {exc}"
+    )

@@ -1,0 +1,252 @@
+"""Small files written atomically: the one place outside the writers that renames and
+fsyncs.
+
+:func:`put_bytes` publishes a small object (a cache manifest, a snapshot, a resume
+marker, a page) so that a reader sees the old content or the new, never a prefix:
+
+- **local** (plain path, ``file://``): a temporary file in the destination's own
+  directory (created with ``O_EXCL``, named as the writers name theirs,
+  ``.NAME.ptestore-TOKEN.tmp``, so ``ptestore gc`` finds one a crash left), the bytes
+  written, ``fsync`` (``F_FULLFSYNC`` on macOS), then ``rename`` over the destination
+  (``mode="overwrite"``) or ``link`` to it (``mode="create"``: never replaces anything),
+  then ``fsync`` of the directory. ``durable=False`` skips both fsyncs (the file is
+  still never seen half-written). An fsync error is fatal and never retried: the
+  temporary file is removed and nothing is published.
+- **any other scheme**: the writer the scheme table names (:mod:`.schemes`, imported on
+  first use), one ``write`` and one ``publish(mode)``: the store's atomic put.
+
+:func:`get_bytes` reads one back, with a size limit. :func:`sync_file` and
+:func:`sync_directory` are the durability primitives themselves, for the files that are
+written in place rather than renamed (the in-place journal, a resumable download).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+from typing import TYPE_CHECKING, Any, Literal
+
+from ..errors import AlreadyExists, ConfigurationError, ObjectNotFound, StorageError, local_error
+from .types import Buffer, StorageURL, URLLike, strerror
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+__all__ = ["get_bytes", "put_bytes", "rename", "sync_directory", "sync_file", "temp_name"]
+
+#: A small object: what :func:`get_bytes` reads at most unless told otherwise.
+DEFAULT_LIMIT = 1 << 20
+
+
+def temp_name(path: str) -> str:
+    """A fresh temporary name beside ``path`` (``.NAME.ptestore-<16 hex>.tmp``, the
+    writers' pattern, which ``ptestore gc`` collects)."""
+    directory, name = os.path.split(path)
+    return os.path.join(directory, f".{name}.ptestore-{os.urandom(8).hex()}.tmp")
+
+
+def sync_file(fd: int) -> None:
+    """Make the file ``fd`` durable: ``fsync`` (``F_FULLFSYNC`` on macOS, where fsync
+    does not flush the drive's cache). Raises ``OSError``; never retry one."""
+    if sys.platform == "darwin":  # pragma: no cover - Linux CI
+        import fcntl
+
+        if hasattr(fcntl, "F_FULLFSYNC"):
+            fcntl.fcntl(fd, fcntl.F_FULLFSYNC)
+            return
+    os.fsync(fd)
+
+
+def sync_directory(directory: str) -> None:
+    """Make the names in ``directory`` durable (its ``fsync``); a file system that
+    cannot fsync a directory (EINVAL, ENOTSUP) is not an error. Raises ``OSError``."""
+    fd = os.open(directory or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP):
+            raise
+    finally:
+        os.close(fd)
+
+
+def rename(src: str, dst: str, *, durable: bool = True) -> None:
+    """Rename the local file ``src`` over ``dst`` (one file system: atomic), then, with
+    ``durable``, fsync ``dst``'s directory (and ``src``'s, when it is another one).
+
+    Raises :class:`~ptestore.errors.StorageError` (``ObjectNotFound`` for a missing
+    ``src``, ``PermissionDenied`` when refused) naming both paths."""
+    try:
+        os.replace(src, dst)
+    except FileNotFoundError as exc:
+        raise ObjectNotFound(f"{src}: cannot rename to {dst}: no such file") from exc
+    except OSError as exc:
+        raise local_error(exc, f"{src}: cannot rename to {dst}: {strerror(exc)}") from exc
+    if durable:
+        directories = {os.path.dirname(os.path.abspath(p)) for p in (dst, src)}
+        for directory in sorted(directories):
+            try:
+                sync_directory(directory)
+            except OSError as exc:
+                raise local_error(
+                    exc,
+                    f"{dst}: renamed from {src}, but fsync of {directory} failed: "
+                    f"{strerror(exc)}; it may not survive a crash (not retried)",
+                ) from exc
+
+
+def _check_mode(target: str, mode: str) -> None:
+    if mode not in ("overwrite", "create"):
+        raise ConfigurationError(
+            f"{target}: publish mode must be 'overwrite' or 'create', got {mode!r}"
+        )
+
+
+def put_bytes(
+    target: URLLike,
+    data: Buffer,
+    *,
+    mode: Literal["overwrite", "create"] = "overwrite",
+    durable: bool = True,
+    permissions: int = 0o666,
+    storage_options: Mapping[str, Any] | None = None,
+) -> None:
+    """Publish ``data`` at ``target`` atomically (see the module docstring).
+
+    Args:
+        target: a local path, ``file://`` URL or any URL a writer serves.
+        data: the whole content.
+        mode: ``"overwrite"`` replaces what is there; ``"create"`` raises
+            :class:`~ptestore.errors.AlreadyExists` if something is.
+        durable: fsync the file before and its directory after the rename (local).
+        permissions: of a new local file (the umask applies, as for ``open``).
+        storage_options: for a remote target, the writer's options.
+
+    Raises:
+        AlreadyExists: ``mode="create"`` and ``target`` exists.
+        PermissionDenied: access refused (a ``PermissionError`` too).
+        StorageError: any other failure, naming ``target``; the cause is chained (an
+            ``ENOSPC`` can be told by its ``errno``). Nothing was published.
+    """
+    url = StorageURL.of(target)
+    _check_mode(url.text, mode)
+    if not url.local:
+        _put_remote(url, data, mode, dict(storage_options or {}))
+        return
+    if storage_options:
+        raise ConfigurationError(
+            f"{url.text}: storage options {sorted(storage_options)} do not apply to local files"
+        )
+    path = url.path
+    view = memoryview(data).cast("B")
+    tmp = temp_name(path)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, permissions)
+    except OSError as exc:
+        raise local_error(exc, f"{path}: cannot create a temporary file: {strerror(exc)}") from exc
+    published = False
+    try:
+        try:
+            done = 0
+            while done < view.nbytes:
+                done += os.write(fd, view[done:])
+            if durable:
+                try:
+                    sync_file(fd)
+                except OSError as exc:
+                    raise local_error(
+                        exc,
+                        f"{path}: fsync of the temporary file failed: {strerror(exc)}; "
+                        "nothing was published (fsync is never retried)",
+                    ) from exc
+        finally:
+            os.close(fd)
+        try:
+            if mode == "create":
+                os.link(tmp, path)
+            else:
+                os.replace(tmp, path)
+            published = True
+        except FileExistsError as exc:
+            raise AlreadyExists(f"{path}: exists already (mode 'create')") from exc
+        except OSError as exc:
+            raise local_error(exc, f"{path}: cannot publish: {strerror(exc)}") from exc
+    except OSError as exc:
+        if isinstance(exc, StorageError):
+            raise
+        raise local_error(exc, f"{path}: cannot write: {strerror(exc)}") from exc
+    finally:
+        if mode == "create" or not published:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+    if durable:
+        try:
+            sync_directory(os.path.dirname(path))
+        except OSError as exc:
+            raise local_error(
+                exc,
+                f"{path}: published, but fsync of its directory failed: {strerror(exc)}; "
+                "it may not survive a crash (not retried)",
+            ) from exc
+
+
+def _put_remote(url: StorageURL, data: Buffer, mode: str, options: dict[str, Any]) -> None:
+    from ._options import check_options
+    from .schemes import scheme_of
+
+    row = scheme_of(url)
+    cls = row.writer_class(url)
+    target = row.target(url)
+    check_options(
+        url.text, options, cls.accepted_options(target), row.writer_applies_to or row.applies_to
+    )
+    writer = cls(target, **options)
+    try:
+        writer.write(data, 0)
+        writer.publish(mode)
+    finally:
+        writer.discard()  # a no-op once published
+
+
+def get_bytes(
+    source: URLLike,
+    *,
+    limit: int = DEFAULT_LIMIT,
+    storage_options: Mapping[str, Any] | None = None,
+) -> bytes:
+    """The whole content of the small object at ``source``.
+
+    Raises:
+        ObjectNotFound: nothing there.
+        StorageError: larger than ``limit`` bytes (the message names both sizes), or
+            another read failure.
+    """
+    url = StorageURL.of(source)
+    if url.local:
+        if storage_options:
+            raise ConfigurationError(
+                f"{url.text}: storage options {sorted(storage_options)} do not apply to local files"
+            )
+        try:
+            with open(url.path, "rb") as f:
+                raw = f.read(limit + 1)
+        except FileNotFoundError as exc:
+            raise ObjectNotFound(f"{url.path}: no such file") from exc
+        except OSError as exc:
+            raise local_error(exc, f"{url.path}: cannot read: {strerror(exc)}") from exc
+        if len(raw) > limit:
+            raise StorageError(f"{url.path}: larger than the limit of {limit} bytes")
+        return raw
+    from .loaders import open_loader
+
+    loader = open_loader(url, **dict(storage_options or {}))
+    try:
+        size = loader.size()
+        if size > limit:
+            raise StorageError(f"{url.text}: {size} bytes, larger than the limit of {limit}")
+        return bytes(loader.load(0, size))
+    finally:
+        loader.close()

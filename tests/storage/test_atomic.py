@@ -1,0 +1,287 @@
+"""``put_bytes``/``get_bytes``: the one small-file atomic write (temporary file beside
+the target, fsync, rename or link, directory fsync; remote: the scheme's writer), and the
+durability primitives the in-place journal and the resumable download use."""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ptestore.errors import (
+    AlreadyExists,
+    ConfigurationError,
+    ObjectNotFound,
+    PermissionDenied,
+    StorageError,
+)
+from ptestore.storage.atomic import get_bytes, put_bytes, rename, temp_name
+from ptestore.testing.s3server import S3TestServer
+from ptestore.writers.local import TEMP_NAME_RE
+
+
+def _listing(directory: Path) -> list[str]:
+    return sorted(os.listdir(directory))
+
+
+def test_put_then_get_overwrites_and_leaves_nothing_else(tmp_path: Path) -> None:
+    target = tmp_path / "m.json"
+    put_bytes(target, b"one")
+    assert get_bytes(target) == b"one"
+    put_bytes(f"file://{target}", memoryview(b"two!"))
+    assert target.read_bytes() == b"two!"
+    put_bytes(f"FILE://{target}", bytearray())  # an empty object is one too
+    assert get_bytes(target) == b""
+    assert _listing(tmp_path) == ["m.json"]
+
+
+def test_create_never_replaces(tmp_path: Path) -> None:
+    target = tmp_path / "m.json"
+    put_bytes(target, b"first", mode="create")
+    with pytest.raises(AlreadyExists, match=rf"^{target}: exists already \(mode 'create'\)$"):
+        put_bytes(target, b"second", mode="create")
+    assert target.read_bytes() == b"first"
+    assert _listing(tmp_path) == ["m.json"]
+
+
+def test_the_temporary_name_is_the_writers_so_gc_finds_a_leftover(tmp_path: Path) -> None:
+    name = os.path.basename(temp_name(str(tmp_path / "m.json")))
+    match = TEMP_NAME_RE.match(name)
+    assert match is not None and match["name"] == "m.json"
+    assert temp_name("m.json") != temp_name("m.json")
+
+
+class _Trace:
+    """Records the file-system calls of a put (the real calls run)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, directory: Path) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.fds: dict[int, str] = {}
+        self.directory = str(directory)
+        real_open, real_write, real_fsync = os.open, os.write, os.fsync
+        real_replace, real_link = os.replace, os.link
+
+        def name(path: Any) -> str:
+            p = os.fspath(path)
+            if p == self.directory:
+                return "<dir>"
+            return "<temp>" if TEMP_NAME_RE.match(os.path.basename(p)) else os.path.basename(p)
+
+        def open_(path: Any, flags: int, mode: int = 0o777, **kw: Any) -> int:
+            fd = real_open(path, flags, mode, **kw)
+            self.fds[fd] = name(path)
+            if flags & os.O_CREAT:
+                self.calls.append(("create-excl" if flags & os.O_EXCL else "create", name(path)))
+            return fd
+
+        def write(fd: int, data: Any) -> int:
+            self.calls.append(("write", self.fds.get(fd, "?")))
+            return real_write(fd, data)
+
+        def fsync(fd: int) -> None:
+            self.calls.append(("fsync", self.fds.get(fd, "?")))
+            real_fsync(fd)
+
+        def replace(a: Any, b: Any) -> None:
+            self.calls.append(("replace", f"{name(a)}->{name(b)}"))
+            real_replace(a, b)
+
+        def link(a: Any, b: Any) -> None:
+            self.calls.append(("link", f"{name(a)}->{name(b)}"))
+            real_link(a, b)
+
+        for call, fn in (
+            ("open", open_),
+            ("write", write),
+            ("fsync", fsync),
+            ("replace", replace),
+            ("link", link),
+        ):
+            monkeypatch.setattr(os, call, fn)
+
+
+def test_the_durable_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    trace = _Trace(monkeypatch, tmp_path)
+    put_bytes(tmp_path / "m.json", b"x" * 10)
+    assert trace.calls == [
+        ("create-excl", "<temp>"),
+        ("write", "<temp>"),
+        ("fsync", "<temp>"),
+        ("replace", "<temp>->m.json"),
+        ("fsync", "<dir>"),
+    ]
+    trace.calls.clear()
+    put_bytes(tmp_path / "n.json", b"y", mode="create")
+    assert trace.calls == [
+        ("create-excl", "<temp>"),
+        ("write", "<temp>"),
+        ("fsync", "<temp>"),
+        ("link", "<temp>->n.json"),
+        ("fsync", "<dir>"),
+    ]
+    trace.calls.clear()
+    put_bytes(tmp_path / "m.json", b"z", durable=False)
+    assert [c for c, _ in trace.calls] == ["create-excl", "write", "replace"]
+    assert _listing(tmp_path) == ["m.json", "n.json"]
+
+
+def _failing(err: int, real: Callable[..., Any], only_temp: bool = True) -> Callable[..., Any]:
+    def fail(fd: int, *args: Any) -> Any:
+        if not only_temp or not os.path.isdir(f"/proc/self/fd/{fd}"):
+            raise OSError(err, os.strerror(err))
+        return real(fd, *args)
+
+    return fail
+
+
+def test_an_fsync_failure_publishes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "m.json"
+    target.write_bytes(b"old")
+    monkeypatch.setattr(os, "fsync", _failing(errno.EIO, os.fsync))
+    with pytest.raises(
+        StorageError,
+        match=rf"^{target}: fsync of the temporary file failed: Input/output error; nothing "
+        r"was published \(fsync is never retried\)$",
+    ):
+        put_bytes(target, b"new")
+    assert target.read_bytes() == b"old"
+    assert _listing(tmp_path) == ["m.json"]
+
+
+def test_a_full_disk_publishes_nothing_and_keeps_its_errno(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "m.json"
+    target.write_bytes(b"old")
+    monkeypatch.setattr(os, "write", _failing(errno.ENOSPC, os.write, only_temp=False))
+    with pytest.raises(
+        StorageError, match=rf"^{target}: cannot write: No space left on device$"
+    ) as info:
+        put_bytes(target, b"new")
+    assert isinstance(info.value.__cause__, OSError)
+    assert info.value.__cause__.errno == errno.ENOSPC
+    assert target.read_bytes() == b"old"
+    assert _listing(tmp_path) == ["m.json"]
+
+
+def test_a_directory_fsync_failure_says_the_file_is_published(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        if os.path.isdir(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    target = tmp_path / "m.json"
+    with pytest.raises(
+        StorageError,
+        match=rf"^{target}: published, but fsync of its directory failed: Input/output "
+        r"error; it may not survive a crash \(not retried\)$",
+    ):
+        put_bytes(target, b"new")
+    assert target.read_bytes() == b"new"
+    assert _listing(tmp_path) == ["m.json"]
+
+
+def test_a_missing_directory_or_refused_access(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    missing = tmp_path / "no" / "m.json"
+    with pytest.raises(
+        StorageError,
+        match=rf"^{missing}: cannot create a temporary file: No such file or directory$",
+    ):
+        put_bytes(missing, b"x")
+    real = os.open
+
+    def refused(path: Any, flags: int, *args: Any, **kw: Any) -> int:
+        if flags & os.O_CREAT:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+        return real(path, flags, *args, **kw)
+
+    monkeypatch.setattr(os, "open", refused)
+    target = tmp_path / "m.json"
+    with pytest.raises(
+        PermissionDenied, match=rf"^{target}: cannot create a temporary file: Permission denied$"
+    ):
+        put_bytes(target, b"x")
+
+
+def test_bad_arguments_are_refused_before_anything_is_written(tmp_path: Path) -> None:
+    target = tmp_path / "m.json"
+    with pytest.raises(
+        ConfigurationError,
+        match=rf"^{target}: publish mode must be 'overwrite' or 'create', got 'append'$",
+    ):
+        put_bytes(target, b"x", mode="append")  # type: ignore[arg-type]
+    with pytest.raises(
+        ConfigurationError,
+        match=rf"^{target}: storage options \['key'\] do not apply to local files$",
+    ):
+        put_bytes(target, b"x", storage_options={"key": "k"})
+    with pytest.raises(
+        ConfigurationError,
+        match=rf"^{target}: storage options \['key'\] do not apply to local files$",
+    ):
+        get_bytes(target, storage_options={"key": "k"})
+    assert _listing(tmp_path) == []
+
+
+def test_get_bytes_refuses_what_is_missing_or_too_large(tmp_path: Path) -> None:
+    target = tmp_path / "m.json"
+    with pytest.raises(ObjectNotFound, match=rf"^{target}: no such file$"):
+        get_bytes(target)
+    target.write_bytes(b"12345")
+    with pytest.raises(StorageError, match=rf"^{target}: larger than the limit of 4 bytes$"):
+        get_bytes(target, limit=4)
+    assert get_bytes(target, limit=5) == b"12345"
+
+
+def test_rename_moves_a_file_durably(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "a").write_bytes(b"a")
+    (tmp_path / "b").write_bytes(b"b")
+    trace = _Trace(monkeypatch, tmp_path)
+    rename(str(tmp_path / "a"), str(tmp_path / "b"))
+    assert trace.calls == [("replace", "a->b"), ("fsync", "<dir>")]
+    assert _listing(tmp_path) == ["b"] and (tmp_path / "b").read_bytes() == b"a"
+    with pytest.raises(
+        ObjectNotFound, match=rf"^{tmp_path}/a: cannot rename to {tmp_path}/b: no such file$"
+    ):
+        rename(str(tmp_path / "a"), str(tmp_path / "b"))
+
+
+def test_memory_urls_go_through_the_memory_writer() -> None:
+    url = "memory://atomic-test/m.json"
+    put_bytes(url, b"one")
+    assert get_bytes(url) == b"one"
+    with pytest.raises(AlreadyExists):
+        put_bytes(url, b"two", mode="create")
+    put_bytes(url, b"two")
+    assert get_bytes(url) == b"two"
+    with pytest.raises(StorageError, match=r"^memory://atomic-test/m.json: 3 bytes, larger "):
+        get_bytes(url, limit=2)
+    with pytest.raises(ConfigurationError, match=r"bogus"):
+        put_bytes(url, b"x", storage_options={"bogus": 1})
+
+
+@pytest.mark.s3
+def test_s3_put_and_get(s3_server: S3TestServer) -> None:
+    bucket = s3_server.new_bucket()
+    url = f"s3://{bucket}/dir/m.json"
+    opts = s3_server.storage_options
+    put_bytes(url, b"{}", storage_options=opts)
+    assert get_bytes(url, storage_options=opts) == b"{}"
+    with pytest.raises(AlreadyExists):
+        put_bytes(url, b"[]", mode="create", storage_options=opts)
+    put_bytes(url, b"[]", storage_options=opts)
+    assert get_bytes(url, storage_options=opts) == b"[]"
+    assert s3_server.client().list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []

@@ -1,0 +1,187 @@
+"""One classification of a path or URL (``split_url``/``StorageURL``) and one scheme
+table (:mod:`ptestore.storage.schemes`), asked by every module that opens, keys or
+refuses a URL: ``local://``, ``FILE://`` and ``file://rel`` mean the same thing to all of
+them."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from ptestore.coordinator.targets import target_identity
+from ptestore.device.cache import CacheLayout
+from ptestore.device.keys import entry_key
+from ptestore.errors import ConfigurationError
+from ptestore.journal import local_path as journal_local_path
+from ptestore.storage.loaders import LocalFileLoader, loader_options, open_loader
+from ptestore.storage.routing import StorageOptions
+from ptestore.storage.schemes import SCHEMES, scheme_of
+from ptestore.storage.types import StorageURL, local_path, split_url
+from ptestore.writers import LocalFileWriter, open_writer, writer_options
+
+
+@pytest.mark.parametrize(
+    ("url", "protocol", "path"),
+    [
+        ("/abs/m.pte", "file", "/abs/m.pte"),
+        ("file:///abs/m.pte", "file", "/abs/m.pte"),
+        ("FILE:///abs/m.pte", "file", "/abs/m.pte"),
+        ("File:///abs/../abs/m.pte", "file", "/abs/m.pte"),
+        ("local:///abs/m.pte", "file", "/abs/m.pte"),
+        ("LOCAL:///abs/m.pte", "file", "/abs/m.pte"),
+        ("s3://bucket/k/m.pte", "s3", "bucket/k/m.pte"),
+        ("S3A://bucket/m.pte", "s3", "bucket/m.pte"),
+        ("memory://x/m.pte", "memory", "/x/m.pte"),
+        ("gs://bucket/m.pte", "gs", "gs://bucket/m.pte"),
+    ],
+)
+def test_one_classification(url: str, protocol: str, path: str) -> None:
+    assert split_url(url) == (protocol, path)
+    u = StorageURL.of(url)
+    assert (u.text, u.protocol, u.path) == (url, protocol, path)
+    assert u.local is (protocol == "file")
+    assert local_path(url) == (path if protocol == "file" else None)
+
+
+def test_relative_paths_after_file_are_relative_like_a_plain_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``file://rel/m.pte`` is ``rel/m.pte`` under the current directory (as fsspec
+    reads it and as a plain path is), not ``/rel/m.pte``."""
+    monkeypatch.chdir(tmp_path)
+    for url in ("rel/m.pte", "file://rel/m.pte", "FILE://rel/m.pte", "local://rel/m.pte"):
+        assert split_url(url) == ("file", str(tmp_path / "rel" / "m.pte")), url
+    assert split_url("file://") == ("file", str(tmp_path))
+
+
+def test_a_path_with_a_colon_slash_slash_inside_is_a_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only an RFC 3986 scheme before ``://`` makes a URL."""
+    monkeypatch.chdir(tmp_path)
+    for text in ("dir/a://b", "1x://b", "_x://b"):
+        assert split_url(text) == ("file", os.path.abspath(text)), text
+
+
+def test_location_resolves_symlinks_of_local_files_only(tmp_path: Path) -> None:
+    real = tmp_path / "real.pte"
+    real.write_bytes(b"x")
+    (tmp_path / "link.pte").symlink_to(real)
+    for url in (
+        tmp_path / "link.pte",
+        f"FILE://{tmp_path}/link.pte",
+        f"local://{tmp_path}/link.pte",
+    ):
+        assert StorageURL.of(url).location == str(real)
+    assert StorageURL.of("S3://b/k").location == "S3://b/k"
+
+
+def test_every_module_agrees_on_local_aliases(tmp_path: Path) -> None:
+    """The cache, the journal, ensure's keys, the target identity and the loaders and
+    writers treat every spelling of one local file alike (before, the hand-written
+    checks took ``FILE://`` and ``local://`` for remote URLs)."""
+    model = tmp_path / "m.pte"
+    model.write_bytes(b"model")
+    spellings = [str(model), f"file://{model}", f"FILE://{model}", f"local://{model}"]
+    assert {CacheLayout(f"{s}.cache").root for s in spellings} == {f"{model}.cache"}
+    assert {journal_local_path(s, "recover") for s in spellings} == {str(model)}
+    assert len({entry_key(s, None, None, None, False) for s in spellings}) == 1
+    assert {target_identity(s) for s in spellings} == {("file", str(model))}
+    for s in spellings:
+        loader = open_loader(s)
+        try:
+            assert isinstance(loader, LocalFileLoader) and loader.path == str(model)
+        finally:
+            loader.close()
+        writer = open_writer(s)
+        try:
+            assert isinstance(writer, LocalFileWriter)
+        finally:
+            writer.discard()
+
+
+def test_remote_urls_are_refused_where_only_local_files_work() -> None:
+    with pytest.raises(
+        ConfigurationError, match=r"cache_dir 's3://b/c': the cache is a local directory, not a URL"
+    ):
+        CacheLayout("s3://b/c")
+    with pytest.raises(
+        ConfigurationError, match=r"^memory://x/m.pte: recover works on local files only$"
+    ):
+        journal_local_path("memory://x/m.pte", "recover")
+
+
+def test_the_scheme_table_names_loader_and_writer_by_string() -> None:
+    s3 = scheme_of("s3a://b/k")
+    assert s3 is SCHEMES["s3"]
+    assert (s3.loader, s3.writer) == (
+        "ptestore.storage.remote:FsspecLoader",
+        "ptestore.writers.s3:S3Writer",
+    )
+    assert (s3.requires, s3.extra, s3.install_hint()) == (
+        ("s3fs",),
+        "s3",
+        "pip install 'ptestore[s3]'",
+    )
+    assert scheme_of("FILE:///x").writer == "ptestore.writers.local:LocalFileWriter"
+    assert scheme_of("memory://x").writer == "ptestore.writers.memory:MemoryWriter"
+    other = scheme_of("gs://b/k")
+    assert (other.protocol, other.writer) == ("gs", "ptestore.writers.generic:FsspecWriter")
+    assert other.writer_applies_to == "gs:// (FsspecWriter)"
+
+
+def test_dispatch_goes_through_the_table() -> None:
+    from ptestore.writers.memory import MemoryWriter
+
+    w = open_writer("memory://urls/m.pte")
+    try:
+        assert isinstance(w, MemoryWriter)
+    finally:
+        w.discard()
+    assert writer_options("memory://x") == MemoryWriter.accepted_options("memory://x")
+    assert "retry_attempts" in loader_options("memory://x")
+    assert writer_options("/local/m.pte") == LocalFileWriter.accepted_options("/local/m.pte")
+
+
+def test_a_missing_extra_is_one_error_with_the_install_hint(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With s3fs not importable, every way into s3:// says the same thing, before
+    anything is opened: the URL, the package, the extra to install."""
+    monkeypatch.setitem(sys.modules, "s3fs", None)  # how Python marks a module missing
+    hint = (
+        r"^s3://bucket/m.pte: s3:// needs the s3fs package, which is not installed: "
+        r"pip install 'ptestore\[s3\]'$"
+    )
+    url = "s3://bucket/m.pte"
+    calls = [
+        lambda: open_loader(url),
+        lambda: open_writer(url),
+        lambda: loader_options(url),
+        lambda: writer_options(url),
+        lambda: StorageOptions({"endpoint_url": "http://x"}).check([url]),
+    ]
+    for call in calls:
+        with pytest.raises(ConfigurationError, match=hint):
+            call()
+
+
+def test_another_protocol_needs_the_package_fsspecs_registry_names(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``gs://`` is served by fsspec through gcsfs (as fsspec's ``known_implementations``
+    says): missing, it is the same one error from the loader and the writer."""
+    monkeypatch.setitem(sys.modules, "gcsfs", None)
+    assert scheme_of("gs://b/k").requires == ("gcsfs",)
+    assert scheme_of("memory://x").requires == ()  # fsspec's own
+    hint = (
+        r"^GS://b/m.pte: gs:// needs the gcsfs package, which is not installed: pip install gcsfs$"
+    )
+    for call in (lambda: open_loader("GS://b/m.pte"), lambda: open_writer("GS://b/m.pte")):
+        with pytest.raises(ConfigurationError, match=hint):
+            call()
+    with pytest.raises(ConfigurationError, match=r"^nosuch://b/k: cannot read protocol 'nosuch'"):
+        open_loader("nosuch://b/k")
