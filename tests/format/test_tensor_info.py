@@ -39,7 +39,7 @@ from ptestore.format.reader import read_container
 from ptestore.format.tensorinfo import array_view, scalar_type_info
 from ptestore.format.tensors import TensorIndex, describe_tensors, named_data_json
 from ptestore.format.xnnpack import parse_xnn_header, parse_xnngraph, xnngraph_span
-from ptestore.loaders import BytesLoader, LocalFileLoader
+from ptestore.storage.loaders import BytesLoader, LocalFileLoader
 
 REPO = Path(__file__).resolve().parents[2]
 #: A thirtieth of the main fuzz test's budget (PTESTORE_FUZZ_EXAMPLES, 10,000 in CI).
