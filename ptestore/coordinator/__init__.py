@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from .frontend import specialize
 from .pair import specialize_pair
-from .pipeline import initialize_and_save_backend_data
+from .pipeline import RunOptions, initialize_and_save_backend_data
 from .report import (
     BackendReport,
     Event,
@@ -37,6 +37,7 @@ __all__ = [
     "Event",
     "EventTracer",
     "FileReport",
+    "RunOptions",
     "SpecializationReport",
     "initialize_and_save_backend_data",
     "nothing_specialized_message",

@@ -26,7 +26,7 @@ def test_every_old_name_is_the_new_object_with_a_warning(
     module = importlib.import_module(old)
     assert module.__all__  # type: ignore[attr-defined]
     for name in module.__all__:  # type: ignore[attr-defined]
-        with pytest.warns(DeprecationWarning) as caught:
+        with pytest.warns(DeprecationWarning, match=f"^{old} is deprecated") as caught:
             value = getattr(module, name)
         assert value is getattr(new, name), name
         assert [str(w.message) for w in caught] == [
