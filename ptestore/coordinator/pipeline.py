@@ -134,7 +134,8 @@ def initialize_and_save_backend_data(
             writer onto the other file's source.
         FormatError: a malformed source.
 
-    On any failure every writer is discarded and the exception propagates.
+    On any failure every writer is discarded and the exception propagates. The keyword
+    arguments are one :class:`RunOptions` record inside (checked when made).
     """
     if (ptd_loader is None) != (ptd_writer is None):
         raise ConfigurationError("ptd_loader and ptd_writer must be given together")
@@ -187,8 +188,9 @@ def start_provenance(
     sources: Sequence[tuple[str, DataLoader]],
 ) -> Stamper | None:
     """The run's :class:`~ptestore.provenance.stamp.Stamper` (None without provenance),
-    already describing ``sources`` (in a thread of its own for a large local file); the
-    run then calls the backends its ``backends`` resolved."""
+    already describing ``sources`` (in a thread of its own for a large local file). The
+    run then calls ``stamper.backends``: each SPEC loaded once, for the call and the
+    record alike."""
     if not provenance:
         return None
     from ..provenance.stamp import ProvenanceRequest, Stamper

@@ -5,7 +5,8 @@
 ``compare`` also the segment bytes of both sides, to tell replaced from unchanged) and
 returns the page; :func:`write_layout_html` writes it. :func:`layout_regions` turns a
 :func:`ptestore.describe` object into the regions the page draws, and
-:func:`render_layout` draws regions; both work on synthesized descriptions too.
+:func:`render_layout` draws regions; both work on synthesized descriptions too. They
+live in :mod:`.regions`, :mod:`.compare` and :mod:`.draw` and are re-exported here.
 """
 
 from __future__ import annotations

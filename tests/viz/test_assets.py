@@ -4,6 +4,7 @@ self-contained file)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -68,3 +69,17 @@ def test_the_page_embeds_its_script_and_style_inline() -> None:
     assert 'document.body.setAttribute("data-ready", "1")' in script
     assert f"<script>{script}</script>" in html
     assert style in html and ".file h2" in style
+
+
+def test_a_compared_artifact_is_local_as_storage_says() -> None:
+    """Shared extents (FIEMAP) are looked up for a local artifact only, whatever its
+    spelling: the one URL classification of ``ptestore.storage.types``."""
+    from ptestore.viz.layout import _local_path
+
+    assert _local_path("/data/a.pte") == "/data/a.pte"
+    assert _local_path("file:///data/a.pte") == "/data/a.pte"
+    assert _local_path("FILE:///data/a.pte") == "/data/a.pte"
+    assert _local_path("local:///data/a.pte") == "/data/a.pte"
+    assert _local_path("rel/a.pte") == os.path.abspath("rel/a.pte")
+    for remote in ("s3://bucket/a.pte", "memory://a.pte", "gs://bucket/a.pte"):
+        assert _local_path(remote) is None, remote
