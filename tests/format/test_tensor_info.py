@@ -391,7 +391,8 @@ def test_size_guard_names_what_is_known_for_an_undescribed_key(tmp_path: Path) -
 
     # A portable .pte has no delegate to call a backend for, so drive the session directly.
     from ptestore.coordinator.report import BackendReport
-    from ptestore.coordinator.session import Run, Session
+    from ptestore.coordinator.run import Run
+    from ptestore.coordinator.session import Session
     from ptestore.coordinator.spool import Spool
 
     pl, dl = LocalFileLoader(portable.pte_path), LocalFileLoader(fx.ptd_path)
