@@ -43,7 +43,7 @@ def _doubling(keys: list[str]) -> Any:
 def _weights(src: str) -> list[tuple[str, int]]:
     """Named keys of weights (segments of 1 MiB or more), in file order."""
     from ptestore.format.reader import read_container
-    from ptestore.loaders import LocalFileLoader
+    from ptestore.storage.loaders import LocalFileLoader
 
     with LocalFileLoader(src) as loader:
         c = read_container(loader).container

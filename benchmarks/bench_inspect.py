@@ -20,7 +20,7 @@ import time
 
 from ptestore.format.reader import read_container
 from ptestore.inspection import describe
-from ptestore.loaders import LocalFileLoader
+from ptestore.storage.loaders import LocalFileLoader
 
 
 class CountingLoader(LocalFileLoader):

@@ -34,7 +34,7 @@ import numpy as np
 import ptestore
 from ptestore.backends import BackendData, BackendInterface
 from ptestore.format.reader import read_container
-from ptestore.loaders import open_loader
+from ptestore.storage.loaders import open_loader
 from ptestore.testing.moto import moto_s3_server
 from ptestore.testing.s3_traffic import Traffic
 

@@ -50,7 +50,7 @@ def _make(tmp: Path, ptd_mib: int) -> tuple[Path, Path]:
     fx = get_fixture("mlp_xnnpack_ext")
     assert fx.pte_path is not None and fx.ptd_path is not None
     from ptestore.format.reader import read_container
-    from ptestore.loaders import open_loader
+    from ptestore.storage.loaders import open_loader
 
     loader = open_loader(fx.ptd_path)
     try:

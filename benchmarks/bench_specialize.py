@@ -42,7 +42,7 @@ if mode == "baseline":
     print(json.dumps({"maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
     raise SystemExit
 from ptestore.format.reader import read_container
-from ptestore.loaders import open_loader
+from ptestore.storage.loaders import open_loader
 with open_loader(src) as l:
     c = read_container(l).container
 sizes = {e.key: c.segments[e.segment_index].size for e in c.named_data}

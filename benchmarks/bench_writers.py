@@ -36,7 +36,7 @@ def _fmt(seconds: float, size: int) -> str:
 
 
 def bench_local(size_mib: int, directory: str | None, runs: int) -> None:
-    from ptestore.loaders import LocalFileLoader
+    from ptestore.storage.loaders import LocalFileLoader
     from ptestore.writers import LocalFileWriter
 
     size = size_mib * MiB

@@ -7,7 +7,9 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from .format.model import Container, PtdHeader, PteHeader, inferred_alignment
+from .format.model import Container, inferred_alignment
+from .format.summary import NamedRow, header_json, key_rows, size_warnings, waste
+from .format.users import segment_users
 
 __all__ = [
     "describe",
@@ -22,69 +24,6 @@ __all__ = [
     "segment_users",
     "waste",
 ]
-
-#: A ``named_data`` row of :func:`describe`: key, segment_index, size, tensor_info.
-NamedRow = dict[str, Any]
-
-
-def _header_json(c: Container) -> dict[str, Any] | None:
-    h = c.header
-    if h is None:
-        return None
-    if isinstance(h, PteHeader):
-        return {
-            "length": h.length,
-            "program_size": h.program_size,
-            "segment_base_offset": h.segment_base_offset,
-            "segment_data_size": h.segment_data_size,
-        }
-    assert isinstance(h, PtdHeader)
-    return {
-        "length": h.length,
-        "flatbuffer_offset": h.flatbuffer_offset,
-        "flatbuffer_size": h.flatbuffer_size,
-        "segment_base_offset": h.segment_base_offset,
-        "segment_data_size": h.segment_data_size,
-    }
-
-
-def segment_users(c: Container) -> dict[int, list[str]]:
-    """Who references each segment: named keys, delegates, constant/mutable data."""
-    users: dict[int, list[str]] = {s.index: [] for s in c.segments}
-    if c.constant_segment is not None:
-        users.setdefault(c.constant_segment.segment_index, []).append("constant data")
-    for i, m in enumerate(c.mutable_data_segments):
-        users.setdefault(m.segment_index, []).append(f"mutable data {i}")
-    for d in c.delegates:
-        if d.location == "segment":
-            users.setdefault(d.index, []).append(f"delegate {d.method}[{d.position}] {d.id}")
-    for e in c.named_data:
-        users.setdefault(e.segment_index, []).append(f"key {e.key}")
-    return users
-
-
-def waste(c: Container) -> dict[str, int]:
-    """Bytes that hold no data: alignment padding, gaps, unreferenced segments, tail."""
-    base = c.segment_base_offset
-    header_pad = max(0, base - c.metadata_size) if base else 0
-    spans = sorted((s.offset, s.offset + s.size) for s in c.segments if s.size)
-    gaps = 0
-    cursor = 0
-    for start, end in spans:
-        if start > cursor:
-            gaps += start - cursor
-        cursor = max(cursor, end)
-    users = segment_users(c)
-    unreferenced = sum(s.size for s in c.segments if not users.get(s.index))
-    data_end = base + cursor if base else c.metadata_size
-    tail = max(0, c.file_size - max(data_end, c.metadata_size))
-    return {
-        "program_padding": header_pad,
-        "segment_gaps": gaps,
-        "unreferenced_segments": unreferenced,
-        "trailing_bytes": tail,
-        "total": header_pad + gaps + unreferenced + tail,
-    }
 
 
 def read_description(
@@ -160,49 +99,6 @@ def read_files(
     finally:
         for loader in loaders:
             loader.close()
-
-
-def key_rows(pte: Container, index: Any, ptd: Container | None = None) -> list[NamedRow]:
-    """Every key the program uses, as the runtime merges them (a .ptd entry wins): key,
-    ``file`` (``"pte"``, ``"ptd"``, or ``"external"`` for a key the program describes
-    but neither file given holds: it comes from a .ptd), ``segment_index`` and ``size``
-    (None when external) and ``tensor_info``."""
-    rows: dict[str, NamedRow] = {}
-    for c in (ptd, pte):
-        if c is None:
-            continue
-        for e in c.named_data:
-            rows.setdefault(
-                e.key,
-                {
-                    "key": e.key,
-                    "file": c.kind,
-                    "segment_index": e.segment_index,
-                    "size": c.segments[e.segment_index].size,
-                },
-            )
-    for key in index:
-        rows.setdefault(key, {"key": key, "file": "external", "segment_index": None, "size": None})
-    for key, row in rows.items():
-        info = index.get(key)
-        row["tensor_info"] = None if info is None else info.to_json()
-    return list(rows.values())
-
-
-def size_warnings(keys: Sequence[NamedRow]) -> list[str]:
-    """A warning per key whose stored size differs from its tensor info (a declared
-    size change: a stock runtime reads the value as the tensor info says)."""
-    out = []
-    for row in keys:
-        info, size = row.get("tensor_info"), row.get("size")
-        if info is None or size is None or size == info["nbytes"]:
-            continue
-        out.append(
-            f"key {row['key']!r}: {size} bytes, but its tensor info says {info['dtype']} "
-            f"{info['shape']}, {info['nbytes']} bytes (a declared size change: only a "
-            "runtime that reads this backend's own format can use it)"
-        )
-    return out
 
 
 def describe(
@@ -283,7 +179,7 @@ def describe_container(c: Container, named: Sequence[NamedRow] | None = None) ->
         "format": c.kind,
         "source": c.source,
         "file_size": c.file_size,
-        "header": _header_json(c),
+        "header": header_json(c),
         "metadata_size": c.metadata_size,
         "methods": list(c.methods),
         "segments": [
@@ -364,9 +260,7 @@ def render_files(d: dict[str, Any]) -> str:
         out.append(f"provenance trailer: {trailer} bytes after the container (not waste)")
     out.append(_render_provenance(d["provenance"]))
     keys = d.get("keys")
-    if keys is not None and (
-        "ptd" in d or any(r["file"] == "external" for r in keys)
-    ):
+    if keys is not None and ("ptd" in d or any(r["file"] == "external" for r in keys)):
         out.append("")
         out.append(f"keys of the program ({len(keys)}), as the runtime merges them:")
         rows = [
@@ -409,7 +303,7 @@ def render_table(c: Container, named: Sequence[NamedRow] | None = None) -> str:
     out: list[str] = []
     kind = ".pte (ExecuTorch Program)" if c.kind == "pte" else ".ptd (FlatTensor data)"
     out.append(f"{c.source}: {kind}, {c.file_size} bytes")
-    h = _header_json(c)
+    h = header_json(c)
     if h is None:
         out.append("header: none (no segment data)")
     else:
@@ -442,7 +336,7 @@ def render_table(c: Container, named: Sequence[NamedRow] | None = None) -> str:
         rows = []
         for s in c.segments:
             absolute = c.segment_base_offset + s.offset
-            used = users.get(s.index) or ["(unreferenced)"]
+            used = [u.label for u in users.get(s.index, [])] or ["(unreferenced)"]
             label = used[0] if len(used) == 1 else f"{used[0]} (+{len(used) - 1} more)"
             rows.append(
                 [

@@ -1,26 +1,34 @@
 """The specialization coordinator: run each backend once, lay out, patch, publish.
 
-One module per step of the pipeline (:mod:`.pipeline` reads as the list):
+One module per step of the pipeline (:mod:`.pipeline` lists them in order):
 
-- :mod:`.report`: progress events and the report a run returns;
-- :mod:`.spool`: the temporary file holding replacement bytes;
+- :mod:`.targets`: before any work, no destination is a source or the other one;
+- :mod:`.run`: the state of one run, and :func:`~.run.read_sources`, its first step;
 - :mod:`.named`: the files of a run and the merged named data map;
+- :mod:`.calls`: :func:`~.calls.run_backends`, every backend id called once;
 - :mod:`.session`: one backend's session, validating replacements as they arrive;
-- :mod:`.selection`: which implementation serves which backend id;
-- :mod:`.aliases`: shared segments replaced consistently;
+- :mod:`.spool`: the temporary file holding replacement bytes;
+- :mod:`.selection`: which implementation serves which backend id, and why nothing did;
+- :mod:`.aliases`: shared segments replaced consistently (users from
+  :mod:`ptestore.format.users`);
 - :mod:`ptestore.format.layout`: where every segment goes (pure arithmetic);
-- :mod:`.output`: write every byte once, publish in order;
-- :mod:`.pipeline`: :func:`initialize_and_save_backend_data`, the steps in order;
+- :mod:`.digest`: the SHA-256/CRC-32 of each output, planned before it is written;
+- :mod:`.output`: lay out, write every byte once, publish in order;
+- :mod:`.report`: progress events and the report a run returns;
+- :mod:`.pipeline`: :func:`initialize_and_save_backend_data` and :class:`RunOptions`,
+  the steps in order;
 - :mod:`.pair`: :func:`specialize_pair`, the pair runner: open the loaders and writers
   of one pair of URLs, run the pipeline, discard and close;
-- :mod:`.frontend`: :func:`specialize`, the URL front end (checks, then the pair runner).
+- :mod:`.frontend`: :func:`specialize`, the URL front end (checks, then the pair runner);
+- :mod:`.inplace` and :mod:`.journal_writer`: ``specialize(src, src, in_place=True)``,
+  the run whose writer is a journal beside the file (:mod:`ptestore.journal`).
 """
 
 from __future__ import annotations
 
 from .frontend import specialize
 from .pair import specialize_pair
-from .pipeline import initialize_and_save_backend_data
+from .pipeline import RunOptions, initialize_and_save_backend_data
 from .report import (
     BackendReport,
     Event,
@@ -37,6 +45,7 @@ __all__ = [
     "Event",
     "EventTracer",
     "FileReport",
+    "RunOptions",
     "SpecializationReport",
     "initialize_and_save_backend_data",
     "nothing_specialized_message",

@@ -11,10 +11,11 @@ want the same new bytes, so replacing such a segment is refused.
 from __future__ import annotations
 
 from ..errors import InvalidReplacement
-from ..format.model import Container, Delegate
+from ..format.model import Delegate
+from ..format.users import segment_users
 from .session import Run
 
-__all__ = ["check_aliases", "segment_users"]
+__all__ = ["check_aliases", "typed_users"]
 
 
 def _delegate_kind(d: Delegate) -> str:
@@ -24,29 +25,33 @@ def _delegate_kind(d: Delegate) -> str:
     return f"delegates of backend {d.id!r} with compile specs {{{specs}}}"
 
 
-def segment_users(run: Run, role: str, index: int) -> list[tuple[str, str]]:
-    """``(kind, user)`` for every user of segment ``index`` of the ``role`` file."""
-    c: Container = run.file(role).container
-    users: list[tuple[str, str]] = []
-    for e in c.named_data:
-        if e.segment_index != index:
-            continue
-        where = run.named.where(e.key) if e.key in run.named else None
-        if where is not None and where[0].role != role:
-            continue  # shadowed by the .ptd: not what the runtime reads
-        users.append(("named data", f"key {e.key!r}"))
-    if role != "pte":
-        return users
-    for d in c.delegates:
-        if d.location == "segment" and d.index == index:
-            users.append((_delegate_kind(d), f"delegate {d.method}[{d.position}]"))
-    cs = c.constant_segment
-    if cs is not None and cs.offsets and cs.segment_index == index:
-        users.append(("constant data", "the program's constant segment"))
-    for i, m in enumerate(c.mutable_data_segments):
-        if m.offsets and m.segment_index == index:
-            users.append(("mutable data", f"mutable data segment {i}"))
-    return users
+#: The order of the users in a message: keys, delegates, constant, mutable data.
+_MESSAGE_ORDER = {"named": 0, "delegate": 1, "constant": 2, "mutable": 3}
+
+
+def typed_users(run: Run, role: str, index: int) -> list[tuple[str, str]]:
+    """``(kind, user)`` for every user of segment ``index`` of the ``role`` file whose
+    bytes a replacement would change (from :func:`ptestore.format.users.segment_users`):
+    a key shadowed by the .ptd is not read there, and a constant or mutable data segment
+    that lists no offsets has no tensor in it."""
+    typed: list[tuple[str, str]] = []
+    used = segment_users(run.file(role).container).get(index, [])
+    for u in sorted(used, key=lambda u: _MESSAGE_ORDER[u.kind]):
+        if u.kind == "named":
+            assert u.key is not None
+            where = run.named.where(u.key) if u.key in run.named else None
+            if where is not None and where[0].role != role:
+                continue  # shadowed by the .ptd: not what the runtime reads
+            typed.append(("named data", f"key {u.key!r}"))
+        elif u.kind == "delegate":
+            d = u.delegate
+            assert d is not None
+            typed.append((_delegate_kind(d), f"delegate {d.method}[{d.position}]"))
+        elif u.offsets and u.kind == "constant":
+            typed.append(("constant data", "the program's constant segment"))
+        elif u.offsets:
+            typed.append(("mutable data", f"mutable data segment {u.position}"))
+    return typed
 
 
 def check_aliases(run: Run) -> None:
@@ -55,7 +60,7 @@ def check_aliases(run: Run) -> None:
     different bytes for different users."""
     for (role, index), reps in sorted(run.replacements.items()):
         c = run.file(role).container
-        typed = segment_users(run, role, index)
+        typed = typed_users(run, role, index)
         users = [u for _, u in typed]
         backends = sorted({r.backend for r in reps})
         key_users = [u for u in users if u.startswith("key ")]

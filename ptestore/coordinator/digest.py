@@ -8,12 +8,12 @@ import threading
 from typing import TYPE_CHECKING
 
 from ..provenance.digest import ContentHasher
-from .output import FileLayout, _copies
+from .output import FileLayout, planned_copies
 
 if TYPE_CHECKING:
     from ..provenance.record import ContentDigest
     from .named import SourceFile
-    from .session import Run
+    from .run import Run
 
 __all__ = ["planned_digest"]
 
@@ -55,7 +55,7 @@ def _digest(
     h = ContentHasher()
     h.update(meta)
     cursor = len(meta)
-    for x in sorted(_copies(run, f, layout), key=lambda c: c.dst):
+    for x in sorted(planned_copies(run, f, layout), key=lambda c: c.dst):
         start = max(x.dst, cursor)
         if start > cursor:
             h.zeros(start - cursor)

@@ -41,6 +41,7 @@ __all__ = [
     "specialize_in_place",
 ]
 
+
 def check_in_place_args(src: str, dst: str, ptd: object, mode: str, options: object) -> None:
     """What ``specialize(..., in_place=True)`` refuses, before any work."""
     target = local_path(src, "in-place specialization")
@@ -191,13 +192,13 @@ def _run(
     from .._align import align_up
     from ..format.model import inferred_alignment
     from ..format.patch import patch_metadata
-    from ..provenance.stamp import ProvenanceRequest, Stamper
     from ..storage.loaders import LocalFileLoader
     from .aliases import check_aliases
+    from .calls import run_backends
     from .journal_writer import JournalSpool, JournalWriter, commit_journal
-    from .pipeline import _read, _run_backends, refuse_nothing_specialized
+    from .pipeline import refuse_nothing_specialized, start_provenance
     from .report import Event, FileReport
-    from .session import Run
+    from .run import Run, read_sources
 
     started = time.perf_counter()
     loader = LocalFileLoader(target)
@@ -205,18 +206,16 @@ def _run(
     committed = False
     stamper = None
     try:
-        if provenance:
-            request = provenance if isinstance(provenance, ProvenanceRequest) else None
-            stamper = Stamper(request or ProvenanceRequest(), backends, device)
+        stamper = start_provenance(provenance, backends, device, [("pte", loader)])
+        if stamper is not None:
             backends = stamper.backends
-            stamper.describe_sources([("pte", loader)])
         writer = JournalWriter(target, spool)
-        files = _read(loader, writer, None, None)
+        files = read_sources(loader, writer, None, None)
         f = files[0]
         c = f.container
         run = Run(files, spool, event_tracer)
         run.emit(Event("parsed", url=target))
-        summary = _run_backends(run, backends, device, stamper)
+        summary = run_backends(run, backends, device, stamper)
         if strict:
             refuse_nothing_specialized(summary)
         check_aliases(run)

@@ -8,11 +8,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from ..errors import AlreadyExists, IntegrityError, PartialPublish
+from ..format.layout import layout_file
 from ..storage.types import DataLoader
 from ..writers.base import DataWriter, PublishMode, PublishResult
 from .named import SourceFile
 from .report import Event, FileReport
-from .session import Run
+from .run import Run
+from .targets import same_target
 
 if TYPE_CHECKING:
     from ..format.layout import Placement
@@ -21,13 +23,18 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ContentStore",
+    "Copy",
     "FileLayout",
     "is_identity",
+    "is_unchanged",
+    "lay_out",
+    "planned_copies",
     "publish_in_order",
     "publish_shared",
     "stored_report",
     "unchanged_report",
     "write_file",
+    "write_outputs",
     "write_shared",
 ]
 
@@ -88,8 +95,36 @@ def is_identity(f: SourceFile, layout: FileLayout) -> bool:
     )
 
 
+def lay_out(run: Run, f: SourceFile) -> FileLayout:
+    """The new layout of ``f``; unchanged segments kept congruent to the source modulo
+    the writer's clone block size when it can clone from the source."""
+    new_sizes = {
+        index: (reps[0].size, max(r.alignment for r in reps))
+        for (role, index), reps in run.replacements.items()
+        if role == f.role
+    }
+    block = f.writer.clone_block_size(f.loader)
+    placements, patched = layout_file(f.container, f.parsed.metadata, new_sizes, block_size=block)
+    padding = 0
+    if block is not None and new_sizes:
+        compact = layout_file(f.container, f.parsed.metadata, new_sizes)[1]
+        padding = max(0, patched.file_size - compact.file_size)
+    return FileLayout(placements, patched, block, padding)
+
+
+def is_unchanged(run: Run, f: SourceFile, layout: FileLayout, mode: PublishMode) -> bool:
+    """Nothing to do, nothing written: no replacement in ``f``, the same layout, and
+    the destination is the source (``mode="create"`` still refuses it at publish)."""
+    return (
+        mode == "overwrite"
+        and not any(role == f.role for role, _ in run.replacements)
+        and same_target(f.loader.name, f.writer.url)
+        and is_identity(f, layout)
+    )
+
+
 @dataclass
-class _Copy:
+class Copy:
     """``size`` bytes of ``source`` at ``src`` go to ``dst``."""
 
     dst: int
@@ -98,13 +133,13 @@ class _Copy:
     source: DataLoader
 
 
-def _copies(run: Run, f: SourceFile, layout: FileLayout) -> list[_Copy]:
+def planned_copies(run: Run, f: SourceFile, layout: FileLayout) -> list[Copy]:
     """Every copy into the output, in destination order. Unchanged segments that lie
     as far apart in the output as in the source are one copy (the source's bytes
     between them included), so a passthrough is one copy (a clone where the writer
     can) of nearly the whole file."""
     c, base = f.container, layout.patched.segment_base_offset
-    out: list[_Copy] = []
+    out: list[Copy] = []
     merging = False  # whether out[-1] is a run of unchanged segments
     order = sorted(c.segments, key=lambda s: (layout.placements[s.index][0], s.index))
     for seg in order:
@@ -114,7 +149,7 @@ def _copies(run: Run, f: SourceFile, layout: FileLayout) -> list[_Copy]:
         if reps:
             merging = False
             if size:
-                out.append(_Copy(dst, size, reps[0].spool_offset, run.spool))
+                out.append(Copy(dst, size, reps[0].spool_offset, run.spool))
             continue
         if size == 0:
             continue
@@ -123,7 +158,7 @@ def _copies(run: Run, f: SourceFile, layout: FileLayout) -> list[_Copy]:
         if last is not None and 0 <= src - (last.src + last.size) == dst - (last.dst + last.size):
             last.size = src + size - last.src
         else:
-            out.append(_Copy(dst, size, src, f.loader))
+            out.append(Copy(dst, size, src, f.loader))
             merging = True
     return out
 
@@ -141,7 +176,7 @@ def write_file(
     placements, patched = layout.placements, layout.patched
     url = f.writer.url
     copied = replaced_bytes = moved = replaced_count = 0
-    copies = _copies(run, f, layout)
+    copies = planned_copies(run, f, layout)
 
     # Padding is written as zeros too, so every byte of the output is written exactly
     # once (a writer that uploads fixed parts can then ship each part as soon as it is
@@ -295,3 +330,36 @@ def publish_in_order(
             report.version_id = result.version_id
             report.checksum = result.checksum
         run.emit(Event("publish", url=f.writer.url, seconds=time.perf_counter() - t0))
+
+
+def write_outputs(
+    run: Run,
+    layouts: list[FileLayout],
+    unchanged: list[bool],
+    shared: tuple[ContentDigest, FileReport | None] | None,
+) -> list[FileReport]:
+    """Write every output. With ``shared``, the .ptd goes to its content address:
+    ``(content, report)`` of one already stored there (nothing to write), or
+    ``(content, None)``: its writer is the content address's
+    (:func:`write_shared`)."""
+    total = sum(
+        lay.patched.file_size for lay, same in zip(layouts, unchanged, strict=True) if not same
+    )
+    done = 0
+
+    def note(url: str, nbytes: int) -> None:
+        nonlocal done
+        done += nbytes
+        run.emit(Event("write", nbytes=nbytes, done=done, total=total, url=url))
+
+    out = []
+    for f, lay, same in zip(run.files, layouts, unchanged, strict=True):
+        if same:
+            out.append(unchanged_report(f))
+        elif f.role == "ptd" and shared is not None and shared[1] is not None:
+            out.append(shared[1])
+        elif f.role == "ptd" and shared is not None:
+            out.append(write_shared(run, f, lay, note))
+        else:
+            out.append(write_file(run, f, lay, note))
+    return out

@@ -9,66 +9,27 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..backends.api import BackendData, DelegateInput, NamedDataMap
 from ..errors import InvalidReplacement, WriterStateError
 from ..format.header import is_power_of_two
 from ..format.model import Delegate, TensorLayout
-from .named import MergedNamedDataMap, SourceFile, read_chunks, read_view
-from .report import BackendReport, Event, EventTracer
-from .spool import Buffer, Spool
+from .named import SourceFile, read_chunks, read_view
+from .report import BackendReport, Event
+from .run import Replacement, Run, SegmentKey
+from .spool import Buffer
 
 if TYPE_CHECKING:
     import numpy as np
 
     from ..format.tensorinfo import TensorInfo
 
+# ``Run``, ``Replacement`` and ``SegmentKey`` live in :mod:`.run` (also importable here).
 __all__ = ["MAX_REQUESTED_ALIGNMENT", "Replacement", "Run", "Session", "SegmentKey"]
 
 #: The largest alignment a backend may ask for.
 MAX_REQUESTED_ALIGNMENT = 1 << 20
-
-#: ``(role, segment index)``: one segment of one file of the run.
-SegmentKey = tuple[str, int]
-
-
-@dataclass
-class Replacement:
-    """New bytes for one user of a segment, held in the spool."""
-
-    spool_offset: int
-    size: int
-    alignment: int
-    digest: str
-    backend: str
-    user: str  # "key 'abc'" or "delegate forward[0]"
-
-
-class Run:
-    """State shared by all backends of one specialization run."""
-
-    def __init__(self, files: list[SourceFile], spool: Spool, tracer: EventTracer | None) -> None:
-        self.files = files
-        self.pte = files[0]
-        self.spool = spool
-        self.tracer = tracer
-        self.named = MergedNamedDataMap(files)
-        #: segment -> replacements (one per user that replaced it)
-        self.replacements: dict[SegmentKey, list[Replacement]] = {}
-        self.written_keys: dict[str, str] = {}  # key -> backend
-        self.replaced_blobs: dict[int, str] = {}  # pte segment -> backend
-
-    def file(self, role: str) -> SourceFile:
-        return next(f for f in self.files if f.role == role)
-
-    def replaced_keys(self) -> frozenset[str]:
-        return frozenset(self.written_keys)
-
-    def emit(self, event: Event) -> None:
-        if self.tracer is not None:
-            self.tracer(event)
 
 
 def _as_bytes_view(data: object) -> memoryview | None:

@@ -312,7 +312,7 @@ def _template_fields(dest: str, fail: Any) -> set[str]:
     return names
 
 
-def _template_root(dest: str) -> str:
+def template_root(dest: str) -> str:
     """The template's fixed part up to its last separator before the first field."""
     prefix = dest[: dest.index("{")]
     cut = prefix.rfind("/")
@@ -343,7 +343,7 @@ def check_destinations(job: Job) -> str | None:
     template's root."""
     from ..coordinator.targets import same_target, target_identity
 
-    root = _template_root(job.destination)
+    root = template_root(job.destination)
     sources: dict[tuple[str, str], str] = {}
     for m in job.models:
         for src in (m.source, m.ptd):

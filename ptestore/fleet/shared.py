@@ -37,7 +37,7 @@ from ..provenance.digest import content_digest
 from ..storage.types import StorageURL
 from ..writers import open_writer
 from .binding import stored_crc32
-from .job import SHARED_DIR, _template_root, pair_options
+from .job import SHARED_DIR, pair_options, template_root
 
 if TYPE_CHECKING:
     from ..provenance.record import ContentDigest, Provenance
@@ -68,7 +68,7 @@ _LOCK = threading.Lock()
 def shared_root(destination: str) -> str:
     """Where a job with the destination template ``destination`` stores shared
     objects: ``<root>/_shared/sha256/``."""
-    return _template_root(destination) + SHARED_DIR + "/sha256/"
+    return template_root(destination) + SHARED_DIR + "/sha256/"
 
 
 def shared_url(root: str, sha256: str) -> str:

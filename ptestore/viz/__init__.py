@@ -1,6 +1,8 @@
-"""Pictures: self-contained HTML pages of a container's layout (:mod:`.layout`) and of a
-fleet job (:mod:`.matrix`). No network, no dependency: inline SVG, CSS and a little
-JavaScript, written by plain Python."""
+"""Pictures: self-contained HTML pages of a container's layout (:mod:`.layout`, drawn by
+:mod:`.regions`, :mod:`.compare` and :mod:`.draw`) and of a fleet job (:mod:`.matrix`).
+No network, no dependency: inline SVG written by plain Python, with the CSS and a little
+JavaScript kept as package data (``assets/``, read by :mod:`.resources`) and embedded in
+the page."""
 
 from __future__ import annotations
 

@@ -51,7 +51,7 @@ from ptestore.errors import (
     WriterStateError,
 )
 from ptestore.format import parse
-from ptestore.loaders import open_loader
+from ptestore.storage.loaders import open_loader
 from ptestore.writers import open_writer
 
 MLP = get_fixture("mlp_xnnpack")

@@ -15,7 +15,7 @@ from ptestore.backends import BackendData, BackendInterface
 from ptestore.cli import main
 from ptestore.errors import AlreadyExists, BackendError, PartialPublish, StorageError
 from ptestore.format import parse
-from ptestore.loaders import open_loader
+from ptestore.storage.loaders import open_loader
 from ptestore.testing.moto import small_s3_parts
 from ptestore.testing.s3server import S3TestServer
 from ptestore.writers import open_writer

@@ -31,7 +31,7 @@ from ptestore.backends import (
 )
 from ptestore.errors import ConfigurationError, InvalidReplacement
 from ptestore.format import parse
-from ptestore.loaders import open_loader
+from ptestore.storage.loaders import open_loader
 from ptestore.writers import open_writer
 
 EXT = get_fixture("mlp_xnnpack_ext")

@@ -17,7 +17,7 @@ from support.fixtures import get_fixture
 import ptestore
 from ptestore.backends import BackendData, BackendInterface
 from ptestore.errors import StorageError
-from ptestore.loaders import LocalFileLoader
+from ptestore.storage.loaders import LocalFileLoader
 
 MLP = get_fixture("mlp_xnnpack")
 assert MLP.pte_path is not None

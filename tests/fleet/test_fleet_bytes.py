@@ -16,9 +16,9 @@ from ptestore.cli import main
 from ptestore.fleet import load_job, plan_job
 from ptestore.fleet.binding import stored_crc32
 from ptestore.format.reader import read_container
-from ptestore.loaders import BytesLoader, open_loader
 from ptestore.provenance import read_provenance, read_trailer
 from ptestore.provenance.trailer import ContentView
+from ptestore.storage.loaders import BytesLoader, open_loader
 from ptestore.testing.s3server import S3TestServer
 from ptestore.testing.seaweedfs import SeaweedS3
 from ptestore.verification import verify

@@ -21,8 +21,8 @@ from support.fixtures import get_fixture
 import ptestore
 from ptestore.fleet import PairResult, load_job, run_job
 from ptestore.gc import collect_s3
-from ptestore.loaders import BytesLoader
 from ptestore.provenance import read_provenance, read_trailer
+from ptestore.storage.loaders import BytesLoader
 from ptestore.testing.moto import MotoS3
 
 from .fleetkit import statuses, upload_models, uploads, write_job

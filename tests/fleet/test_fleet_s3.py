@@ -135,7 +135,7 @@ def test_fleet_with_faults_reruns_and_changes(
 
 
 def read_provenance_at(moto: MotoS3, bucket: str, key: str):  # type: ignore[no-untyped-def]
-    from ptestore.loaders import BytesLoader
+    from ptestore.storage.loaders import BytesLoader
 
     body = moto.client().get_object(Bucket=bucket, Key=key)["Body"].read()
     prov = read_provenance(BytesLoader(body))

@@ -12,7 +12,7 @@ from ptestore.errors import FormatError
 from ptestore.format import parse, patch_metadata, read_container
 from ptestore.format.model import Container
 from ptestore.inspection import describe
-from ptestore.loaders import BytesLoader
+from ptestore.storage.loaders import BytesLoader
 
 REFERENCE_KEYS = ("format", "file_size", "header", "methods", "segments", "named_data", "delegates")
 

@@ -17,7 +17,7 @@ from ptestore.cli import main
 from ptestore.errors import FormatError, PteStoreError
 from ptestore.format import metadata_size, parse, read_container
 from ptestore.format.flatbuf import FlatView
-from ptestore.loaders import BytesLoader
+from ptestore.storage.loaders import BytesLoader
 
 MLP = get_fixture("mlp_xnnpack").pte_path
 PTD = get_fixture("mlp_portable_ext").ptd_path

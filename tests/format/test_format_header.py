@@ -11,7 +11,7 @@ from support.fixtures import all_fixtures, get_fixture
 from ptestore.errors import FormatError
 from ptestore.format import header as hdr
 from ptestore.format import parse, patch_metadata, read_container
-from ptestore.loaders import BytesLoader
+from ptestore.storage.loaders import BytesLoader
 
 FILES = [
     pytest.param(path.read_bytes(), id=f"{fx.name}-{role}")

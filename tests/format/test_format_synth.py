@@ -91,7 +91,7 @@ def test_inline_delegate_input_and_refused_replacement(tmp_path: object) -> None
     import ptestore
     from ptestore.backends import BackendData, BackendInterface
     from ptestore.errors import InvalidReplacement
-    from ptestore.loaders import BytesLoader
+    from ptestore.storage.loaders import BytesLoader
     from ptestore.writers import open_writer
 
     seen: list[bytes] = []

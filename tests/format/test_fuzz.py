@@ -33,7 +33,7 @@ from ptestore.format import Container, parse, patch_metadata, read_container
 from ptestore.format.flatbuf import FlatView
 from ptestore.format.layout import layout_file
 from ptestore.inspection import describe, render_table
-from ptestore.loaders import BytesLoader
+from ptestore.storage.loaders import BytesLoader
 
 EXAMPLES = int(os.environ.get("PTESTORE_FUZZ_EXAMPLES", "10000"))
 

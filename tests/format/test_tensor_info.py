@@ -39,7 +39,7 @@ from ptestore.format.reader import read_container
 from ptestore.format.tensorinfo import array_view, scalar_type_info
 from ptestore.format.tensors import TensorIndex, describe_tensors, named_data_json
 from ptestore.format.xnnpack import parse_xnn_header, parse_xnngraph, xnngraph_span
-from ptestore.loaders import BytesLoader, LocalFileLoader
+from ptestore.storage.loaders import BytesLoader, LocalFileLoader
 
 REPO = Path(__file__).resolve().parents[2]
 #: A thirtieth of the main fuzz test's budget (PTESTORE_FUZZ_EXAMPLES, 10,000 in CI).
@@ -391,7 +391,8 @@ def test_size_guard_names_what_is_known_for_an_undescribed_key(tmp_path: Path) -
 
     # A portable .pte has no delegate to call a backend for, so drive the session directly.
     from ptestore.coordinator.report import BackendReport
-    from ptestore.coordinator.session import Run, Session
+    from ptestore.coordinator.run import Run
+    from ptestore.coordinator.session import Session
     from ptestore.coordinator.spool import Spool
 
     pl, dl = LocalFileLoader(portable.pte_path), LocalFileLoader(fx.ptd_path)

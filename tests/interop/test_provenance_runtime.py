@@ -23,8 +23,8 @@ from support.fixtures import Fixture, all_fixtures
 
 import ptestore
 from ptestore.backends.compat import DeviceProfile
-from ptestore.loaders import BytesLoader
 from ptestore.provenance import read_provenance, read_trailer, replace_trailer
+from ptestore.storage.loaders import BytesLoader
 
 pytestmark = pytest.mark.interop
 

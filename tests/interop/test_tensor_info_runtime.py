@@ -34,7 +34,7 @@ from ptestore.coordinator.session import Run, Session
 from ptestore.coordinator.spool import Spool
 from ptestore.errors import InvalidReplacement
 from ptestore.format.reader import read_container
-from ptestore.loaders import LocalFileLoader
+from ptestore.storage.loaders import LocalFileLoader
 
 pytestmark = pytest.mark.interop
 

@@ -23,9 +23,9 @@ import ptestore
 from ptestore._background import Background
 from ptestore.backends import BackendData, BackendInterface
 from ptestore.errors import BackendError, StorageError
-from ptestore.loaders import LocalFileLoader, open_loader
 from ptestore.provenance import read_provenance
 from ptestore.provenance import stamp as stamp_module
+from ptestore.storage.loaders import LocalFileLoader, open_loader
 
 MLP = get_fixture("mlp_xnnpack")
 

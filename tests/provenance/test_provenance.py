@@ -26,7 +26,6 @@ from ptestore.backends.compat import (
 from ptestore.backends.passthrough import PassthroughBackend
 from ptestore.errors import BackendError, ConfigurationError, FormatError
 from ptestore.format.reader import read_container
-from ptestore.loaders import BytesLoader, open_loader
 from ptestore.provenance import (
     Provenance,
     encode_trailer,
@@ -37,6 +36,7 @@ from ptestore.provenance import (
     without_trailer,
 )
 from ptestore.provenance.trailer import FOOTER_SIZE, MAX_PAYLOAD_SIZE, decode_footer
+from ptestore.storage.loaders import BytesLoader, open_loader
 
 MLP = get_fixture("mlp_xnnpack")
 PORTABLE_EXT = get_fixture("mlp_portable_ext")  # no extended header: program = whole file

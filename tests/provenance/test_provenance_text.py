@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from ptestore.cli import main
-from ptestore.loaders import open_loader
 from ptestore.provenance import read_provenance
+from ptestore.storage.loaders import open_loader
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 SPEC = "support.fleet_backend:Scaler=1.0"

@@ -17,9 +17,9 @@ from ptestore import verify
 from ptestore.backends.compat import DeviceProfile
 from ptestore.cli import main
 from ptestore.format.reader import read_container
-from ptestore.loaders import open_loader
 from ptestore.provenance import read_trailer
 from ptestore.provenance.trailer import ContentView
+from ptestore.storage.loaders import open_loader
 
 EXT = get_fixture("mlp_xnnpack_ext")
 SPEC = "support.fleet_backend:Scaler=1.0"

@@ -18,7 +18,7 @@ from ptestore import open_loader
 from ptestore._retry import RetryPolicy, is_transient
 from ptestore.errors import ConfigurationError, ObjectNotFound, PermissionDenied, StorageError
 from ptestore.format import read_container
-from ptestore.loaders import BytesLoader, DataLoader, FsspecLoader, LocalFileLoader
+from ptestore.storage.loaders import BytesLoader, DataLoader, FsspecLoader, LocalFileLoader
 from ptestore.testing.s3server import S3TestServer
 
 MLP = get_fixture("mlp_xnnpack")

@@ -16,7 +16,7 @@ from support.fixtures import get_fixture
 
 import ptestore
 from ptestore.errors import ConfigurationError
-from ptestore.loaders import LocalFileLoader, open_loader
+from ptestore.storage.loaders import LocalFileLoader, open_loader
 
 MLP = get_fixture("mlp_xnnpack")
 

@@ -8,7 +8,7 @@ import fsspec
 import pytest
 
 from ptestore.errors import StorageError
-from ptestore.loaders import FsspecLoader, open_loader
+from ptestore.storage.loaders import FsspecLoader, open_loader
 from ptestore.testing.s3server import S3TestServer
 
 pytestmark = pytest.mark.s3

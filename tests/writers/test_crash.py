@@ -26,7 +26,7 @@ from support.fixtures import get_fixture
 
 from ptestore.errors import AlreadyExists
 from ptestore.gc import collect_local, collect_s3
-from ptestore.loaders import LocalFileLoader
+from ptestore.storage.loaders import LocalFileLoader
 from ptestore.testing.moto import MotoS3, small_s3_parts
 from ptestore.writers import open_writer
 from ptestore.writers.local import TEMP_NAME_RE

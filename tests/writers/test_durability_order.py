@@ -21,7 +21,7 @@ from support.fixtures import get_fixture
 
 import ptestore
 from examples.double_first_weight import DoubleFirstWeight
-from ptestore.loaders import LocalFileLoader
+from ptestore.storage.loaders import LocalFileLoader
 from ptestore.writers import LocalFileWriter
 
 MLP = get_fixture("mlp_xnnpack")

@@ -14,7 +14,7 @@ from support.fixtures import get_fixture
 
 import ptestore
 from ptestore.errors import AlreadyExists, StorageError
-from ptestore.loaders import BytesLoader, FsspecLoader
+from ptestore.storage.loaders import BytesLoader, FsspecLoader
 from ptestore.writers import FsspecWriter
 
 N = 50_000

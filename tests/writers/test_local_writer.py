@@ -15,7 +15,7 @@ import pytest
 
 from ptestore.errors import ConfigurationError, ObjectNotFound, PublishUncertain, StorageError
 from ptestore.gc import collect_local, collect_stale
-from ptestore.loaders import LocalFileLoader
+from ptestore.storage.loaders import LocalFileLoader
 from ptestore.writers import LocalFileWriter, WriterState, open_writer
 from ptestore.writers.local import TEMP_NAME_RE
 

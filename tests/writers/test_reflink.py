@@ -23,7 +23,7 @@ import ptestore
 from ptestore.cli.specialize import format_summary
 from ptestore.errors import AlreadyExists, StorageError
 from ptestore.format.reader import read_container
-from ptestore.loaders import BytesLoader, LocalFileLoader
+from ptestore.storage.loaders import BytesLoader, LocalFileLoader
 from ptestore.writers.local import LocalFileWriter
 
 MIB = 1 << 20

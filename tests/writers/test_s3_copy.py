@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from ptestore.errors import PermissionDenied, PreconditionFailed
-from ptestore.loaders import BytesLoader, DataLoader, FsspecLoader, open_loader
+from ptestore.storage.loaders import BytesLoader, DataLoader, FsspecLoader, open_loader
 from ptestore.testing.s3_traffic import Traffic
 from ptestore.testing.s3server import S3TestServer
 from ptestore.testing.seaweedfs import SeaweedS3

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from ptestore.errors import ConfigurationError, IntegrityError
 from ptestore.gc import collect_s3, collect_stale
-from ptestore.loaders import open_loader
+from ptestore.storage.loaders import open_loader
 from ptestore.testing.s3server import S3TestServer
 from ptestore.writers import S3Writer, WriterState, open_writer
 from ptestore.writers.s3 import (

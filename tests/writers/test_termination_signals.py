@@ -14,8 +14,8 @@ import pytest
 from support.fixtures import get_fixture
 
 from ptestore._signals import Terminated, termination_as_interrupt
+from ptestore.gc import collect_local, collect_s3
 from ptestore.testing.moto import MotoS3
-from ptestore.writers.gc import collect_local, collect_s3
 
 from .stepper import run_child
 from .test_crash import cli, first, staging_files

@@ -1,0 +1,80 @@
+"""The state of one run: its source files (:func:`read_sources`, the first step), the
+merged named data, and the replacements every backend committed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..errors import ConfigurationError
+from ..format.reader import read_container
+from ..provenance.trailer import without_trailer
+from .named import MergedNamedDataMap, SourceFile
+from .report import Event, EventTracer
+from .spool import Spool
+
+if TYPE_CHECKING:
+    from ..storage.types import DataLoader
+    from ..writers.base import DataWriter
+
+__all__ = ["Replacement", "Run", "SegmentKey", "read_sources"]
+
+#: ``(role, segment index)``: one segment of one file of the run.
+SegmentKey = tuple[str, int]
+
+
+@dataclass
+class Replacement:
+    """New bytes for one user of a segment, held in the spool."""
+
+    spool_offset: int
+    size: int
+    alignment: int
+    digest: str
+    backend: str
+    user: str  # "key 'abc'" or "delegate forward[0]"
+
+
+class Run:
+    """State shared by all backends of one specialization run."""
+
+    def __init__(self, files: list[SourceFile], spool: Spool, tracer: EventTracer | None) -> None:
+        self.files = files
+        self.pte = files[0]
+        self.spool = spool
+        self.tracer = tracer
+        self.named = MergedNamedDataMap(files)
+        #: segment -> replacements (one per user that replaced it)
+        self.replacements: dict[SegmentKey, list[Replacement]] = {}
+        self.written_keys: dict[str, str] = {}  # key -> backend
+        self.replaced_blobs: dict[int, str] = {}  # pte segment -> backend
+
+    def file(self, role: str) -> SourceFile:
+        return next(f for f in self.files if f.role == role)
+
+    def replaced_keys(self) -> frozenset[str]:
+        return frozenset(self.written_keys)
+
+    def emit(self, event: Event) -> None:
+        if self.tracer is not None:
+            self.tracer(event)
+
+
+def read_sources(
+    pte_loader: DataLoader,
+    pte_writer: DataWriter,
+    ptd_loader: DataLoader | None,
+    ptd_writer: DataWriter | None,
+) -> list[SourceFile]:
+    """The .pte (and .ptd) of a run, their metadata read through their loaders (ranged
+    reads only); a trailer a source may end with is hidden (not part of its container)."""
+    pte_loader = without_trailer(pte_loader)
+    files = [SourceFile("pte", pte_loader, pte_writer, read_container(pte_loader))]
+    if files[0].container.kind != "pte":
+        raise ConfigurationError(f"{pte_loader.name}: expected a .pte, found a .ptd")
+    if ptd_loader is not None and ptd_writer is not None:
+        ptd_loader = without_trailer(ptd_loader)
+        files.append(SourceFile("ptd", ptd_loader, ptd_writer, read_container(ptd_loader)))
+        if files[1].container.kind != "ptd":
+            raise ConfigurationError(f"{ptd_loader.name}: expected a .ptd, found a .pte")
+    return files
