@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from .._io import pread_all
 from ..errors import (
     ConfigurationError,
     NotSupported,
@@ -26,6 +27,7 @@ from ..journal import (
     FileLock,
     PathLike,
     apply_journal,
+    file_binding,
     journal_path,
     local_path,
     recover_locked,
@@ -300,6 +302,12 @@ def _run(
             "ident": bytes(patched.metadata[IDENT_RANGE[0] : IDENT_RANGE[1]]).hex(),
             "writes": [list(w) for w in writer.ops],
             "punch": punch,
+            # The file it is for (recover refuses another): see journal.check_target.
+            "file": file_binding(
+                loader.fileno(),
+                size_before,
+                pread_all(loader.fileno(), len(patched.metadata), 0),
+            ),
         }
         loader.check_unchanged()
         _reserve(target, plan["size_before"], size)

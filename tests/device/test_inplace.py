@@ -450,3 +450,129 @@ def test_ensure_in_place_refusals(tmp_path: Path, kwargs: dict[str, Any], messag
     with pytest.raises(ConfigurationError, match=re.escape(message)):
         ptestore.ensure(source, cache_dir=tmp_path / "c", backends=[SPEC], in_place=True, **kwargs)
     assert src.read_bytes() == before
+
+
+# ------------------------------------------- a journal is bound to its file (issue 29)
+def _torn(tmp_path: Path, name: str) -> Path:
+    """A copy killed in the middle of applying its journal: marked, journal committed."""
+    probe = copy(tmp_path, f"probe-{name}")
+    total = _kill_at(probe, 10**9)
+    src = copy(tmp_path, name)
+    assert _kill_at(src, total // 2) == -1
+    assert src.read_bytes()[4:8] == CHANGING and Path(journal_path(str(src))).exists()
+    return src
+
+
+def _killed_before_marking(tmp_path: Path, name: str) -> Path:
+    """A copy whose run was killed after the commit, before the file was touched."""
+    src = copy(tmp_path, name)
+    assert _kill_at(src, 0) == -1
+    assert src.read_bytes() == FX.pte_path.read_bytes()  # type: ignore[union-attr]
+    return src
+
+
+@pytest.mark.parametrize("how", ["replaced (a new inode)", "rewritten (the same inode)"])
+def test_a_journal_is_not_applied_to_another_file_with_its_name(tmp_path: Path, how: str) -> None:
+    """A file replaced after its run was killed (a re-download, another model) does not
+    get the old journal's bytes: recover refuses, naming the journal and both files."""
+    src = _killed_before_marking(tmp_path, "model.pte")
+    other = tmp_path / "other.pte"
+    inflate(FX.pte_path, other, 4096)  # another model, another size
+    if how.startswith("replaced"):
+        os.replace(other, src)
+    else:
+        with open(src, "r+b") as f:  # same inode, other bytes
+            f.truncate(0)
+            f.write(other.read_bytes())
+    before = src.read_bytes()
+    journal = journal_path(str(src))
+    with pytest.raises(StorageError) as err:
+        ptestore.recover(src)
+    msg = str(err.value)
+    assert msg.startswith(f"{src}: not the file its journal {journal} was made for")
+    assert re.search(r"the journal: device \d+ inode \d+, \d+ bytes, sha256 [0-9a-f]{64}", msg)
+    assert f"the file now: device {src.stat().st_dev} inode {src.stat().st_ino}, " in msg
+    assert f"{len(before)} bytes" in msg and f"Remove {journal} if {src}" in msg
+    assert src.read_bytes() == before and Path(journal).exists()
+    # ensure refuses too (it recovers first), rather than specializing over it
+    with pytest.raises(StorageError, match="not the file its journal"):
+        ptestore.ensure(src, cache_dir=tmp_path / "c", backends=[SPEC], in_place=True)
+    assert src.read_bytes() == before
+
+
+def test_a_journal_is_applied_to_its_own_file_at_every_state(tmp_path: Path) -> None:
+    """Not started, torn, and applied but not yet removed: all the file it was made
+    for (the binding does not refuse a legitimate recovery)."""
+    new = staged(tmp_path, [SPEC])
+    for src in (_killed_before_marking(tmp_path, "a.pte"), _torn(tmp_path, "b.pte")):
+        assert ptestore.recover(src) == "rolled forward" and src.read_bytes() == new
+    src = _torn(tmp_path, "c.pte")
+    journal = Path(journal_path(str(src)))
+    kept = journal.read_bytes()
+    assert ptestore.recover(src) == "rolled forward"
+    journal.write_bytes(kept)  # as if killed between step 4 and the journal's removal
+    assert ptestore.recover(src) == "rolled forward" and src.read_bytes() == new
+
+
+def _flip_payload_byte(journal: Path) -> None:
+    data = bytearray(journal.read_bytes())
+    data[10] ^= 0x40  # in the payload: the spooled replacement
+    journal.write_bytes(bytes(data))
+
+
+def assert_corrupt_journal_refused(tmp_path: Path) -> None:
+    src = _torn(tmp_path, "flipped.pte")
+    journal = Path(journal_path(str(src)))
+    _flip_payload_byte(journal)
+    before = src.read_bytes()
+    with pytest.raises(StorageError) as err:
+        ptestore.recover(src)
+    msg = str(err.value)
+    assert msg.startswith(f"{src}: damaged: the file is marked as being changed in place (PTJ~")
+    assert f"its journal {journal} is invalid (the SHA-256 of its first " in msg
+    assert "does not match its commit record)" in msg
+    assert "Restore the model from its portable source" in msg
+    assert src.read_bytes() == before and journal.exists()  # kept: nothing guessed
+
+
+def test_a_committed_journal_with_one_payload_byte_flipped_is_refused(tmp_path: Path) -> None:
+    assert_corrupt_journal_refused(tmp_path)
+
+
+def test_the_commit_digest_check_is_what_refuses_a_flipped_byte(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Planted bug: a recover that skips the commit digest check rolls the corrupt
+    bytes forward, and the test above fails."""
+    import ptestore.journal as journal_module
+
+    monkeypatch.setattr(journal_module, "_commit_digest_ok", lambda fd, body, digest: True)
+    (tmp_path / "planted").mkdir()
+    with pytest.raises(pytest.fail.Exception, match="DID NOT RAISE"):  # rolled forward
+        assert_corrupt_journal_refused(tmp_path / "planted")
+    src = tmp_path / "planted" / "flipped.pte"
+    assert src.read_bytes()[4:8] == FX.pte_path.read_bytes()[4:8]  # type: ignore[union-attr]
+    assert src.read_bytes() != staged(tmp_path, [SPEC])  # loadable, with corrupt bytes
+
+
+def test_a_torn_file_whose_journal_is_damaged_is_reported_damaged_not_untouched(
+    tmp_path: Path,
+) -> None:
+    src = _torn(tmp_path, "t.pte")
+    journal = Path(journal_path(str(src)))
+    journal.write_bytes(journal.read_bytes()[:-40])  # the commit record gone
+    for call in (
+        lambda: ptestore.recover(src),
+        lambda: ptestore.ensure(src, cache_dir=tmp_path / "c", backends=[SPEC], in_place=True),
+        lambda: ptestore.describe(src),
+    ):
+        with pytest.raises(
+            StorageError,
+            match=re.escape(
+                f"{src}: damaged: the file is marked as being changed in place (PTJ~ in place "
+                f"of its identifier; the ExecuTorch runtime refuses it) and its journal "
+                f"{journal} is invalid (no commit record at its end), so it cannot be completed"
+            ),
+        ):
+            call()
+    assert src.read_bytes()[4:8] == CHANGING and journal.exists()
