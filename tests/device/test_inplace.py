@@ -252,49 +252,74 @@ def test_durable_order_journal_then_marked_then_data_then_identifier_then_remova
 
 
 # ------------------------------------------------------------------- SIGKILL at phases
+#: The calls that change the model file, counted by :func:`_kill_at` (``fallocate``:
+#: the journal's reserve and punch, through ctypes).
+CALLS = ("pwrite", "fsync", "ftruncate", "copy_file_range", "fallocate")
+
+
 def _kill_at(
     src: Path,
     nth: int,
-    calls: tuple[str, ...] = ("pwrite", "fsync", "ftruncate", "copy_file_range"),
+    calls: tuple[str, ...] = CALLS,
+    backends: list[Any] | None = None,
 ) -> int:
     """Run the in-place specialization in a forked child that SIGKILLs itself right
     before its ``nth`` call (0-based) touching the model file (counting ``calls``);
     returns how many such calls it made (all of them when it was not killed)."""
+    names = _calls_killed_at(src, nth, calls, backends)
+    return -1 if names is None else len(names)
+
+
+def _calls_killed_at(
+    src: Path, nth: int, calls: tuple[str, ...] = CALLS, backends: list[Any] | None = None
+) -> list[str] | None:
+    """The calls touching the model file, in order (None: killed before the ``nth``)."""
+    import ptestore.journal as journal_module
+
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - child
         os.close(r)
-        seen = [0]
+        seen: list[str] = []
         target = str(src)
-        for call in calls:
-            real = getattr(os, call)
 
-            def wrapped(fd: int, *args: Any, _real: Any = real, _call: str = call) -> Any:
-                written = args[0] if _call == "copy_file_range" else fd
+        def wrap(real: Any, call: str) -> Any:
+            def wrapped(fd: int, *args: Any) -> Any:
+                written = args[0] if call == "copy_file_range" else fd
                 try:
                     path = os.readlink(f"/proc/self/fd/{written}")
                 except OSError:
                     path = ""
                 if path == target:
-                    if seen[0] == nth:
+                    if len(seen) == nth:
                         os.kill(os.getpid(), signal.SIGKILL)
-                    seen[0] += 1
-                return _real(fd, *args)
+                    seen.append(call)
+                return real(fd, *args)
 
-            setattr(os, call, wrapped)
+            return wrapped
+
+        for call in calls:
+            if call == "fallocate":
+                journal_module._fallocate = wrap(journal_module._fallocate, call)
+            else:
+                setattr(os, call, wrap(getattr(os, call), call))
         try:
-            ptestore.specialize(src, src, backends=[SPEC], in_place=True, provenance=False)
-            os.write(w, str(seen[0]).encode())
+            ptestore.specialize(
+                src, src, backends=backends or [SPEC], in_place=True, provenance=False
+            )
+            os.write(w, ",".join(seen).encode())
         finally:
             os._exit(0)
     os.close(w)
     _, status = os.waitpid(pid, 0)
-    out = os.read(r, 100)
+    out = b""
+    while chunk := os.read(r, 1 << 16):
+        out += chunk
     os.close(r)
     if os.WIFSIGNALED(status):
         assert os.WTERMSIG(status) == signal.SIGKILL
-        return -1
-    return int(out)
+        return None
+    return out.decode().split(",") if out else []
 
 
 def kill_states(tmp_path: Path) -> Iterator[tuple[str, Path]]:
@@ -576,3 +601,52 @@ def test_a_torn_file_whose_journal_is_damaged_is_reported_damaged_not_untouched(
         ):
             call()
     assert src.read_bytes()[4:8] == CHANGING and journal.exists()
+
+
+# ------------------------------------------- SIGKILL at every step, same size and grown
+@pytest.mark.parametrize("how", ["same size", "grown"])
+def test_sigkill_at_every_step_of_applying_then_recover(tmp_path: Path, how: str) -> None:
+    """Every call that touches the file, for a same-size replacement and for a grown
+    one (reserve the growth, mark, punch the old range, metadata, the moved segment at
+    the end, size, identifier): killed right before it, the file is the old one, the
+    new one or marked as changing; ``recover`` rolls a committed journal forward to what
+    an uninterrupted run gives (for a same-size one, the staged output), and discards
+    an uncommitted one with the file as it was."""
+    from ptestore.journal import read_plan
+
+    if how == "same size":
+        source, backends = FX.pte_path, [SPEC]
+    else:
+        source = tmp_path / "big-source.pte"
+        inflate(FX.pte_path, source, 1 << 20)
+        backends = [ReplaceKey("XnnpackBackend", KEY, extra=8192, alignment=64)]
+    assert source is not None
+    old = Path(source).read_bytes()
+    probe = tmp_path / "probe.pte"
+    shutil.copyfile(source, probe)
+    steps = _calls_killed_at(probe, 10**9, backends=backends)
+    assert steps is not None
+    new = probe.read_bytes()  # a grown segment moves to the end: not the staged layout
+    if how == "same size":
+        assert new == staged(tmp_path, backends)
+    if how == "grown":  # reserve (before the commit), mark, punch, the moved segment
+        assert steps[:3] == ["fallocate", "pwrite", "fsync"], steps
+        assert "fallocate" in steps[3:] and "copy_file_range" in steps, steps
+    else:
+        assert "fallocate" not in steps, steps
+    outcomes = set()
+    for nth, step in enumerate(steps):
+        phase = f"{how}: killed before call {nth} ({step}) of {steps}"
+        src = tmp_path / f"k{nth}.pte"
+        shutil.copyfile(source, src)
+        assert _kill_at(src, nth, backends=backends) == -1, phase
+        data = src.read_bytes()
+        assert data in (old, new) or data[4:8] == CHANGING, phase
+        journal = journal_path(str(src))
+        committed = read_plan(journal) is not None
+        result = ptestore.recover(src)
+        assert result == ("rolled forward" if committed else "discarded"), phase
+        assert src.read_bytes() == (new if committed else old), phase
+        assert not Path(journal).exists(), phase
+        outcomes.add((data[4:8] == CHANGING, committed))
+    assert (True, True) in outcomes  # torn files were tried
