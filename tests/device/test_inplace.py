@@ -5,6 +5,7 @@ the model (a staged run fails cleanly, an in-place one succeeds)."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -271,9 +272,16 @@ def _kill_at(
 
 
 def _calls_killed_at(
-    src: Path, nth: int, calls: tuple[str, ...] = CALLS, backends: list[Any] | None = None
+    src: Path,
+    nth: int,
+    calls: tuple[str, ...] = CALLS,
+    backends: list[Any] | None = None,
+    ensure_cache: Path | None = None,
 ) -> list[str] | None:
-    """The calls touching the model file, in order (None: killed before the ``nth``)."""
+    """The calls touching the model file, in order (None: killed before the ``nth``).
+    ``ensure_cache``: the child runs ``ensure(src, cache_dir=..., in_place=True)`` (with
+    provenance) instead of ``specialize(src, src, in_place=True, provenance=False)``;
+    ``nth=-1`` then kills it right before it publishes the entry's manifest."""
     import ptestore.journal as journal_module
 
     r, w = os.pipe()
@@ -304,9 +312,21 @@ def _calls_killed_at(
             else:
                 setattr(os, call, wrap(getattr(os, call), call))
         try:
-            ptestore.specialize(
-                src, src, backends=backends or [SPEC], in_place=True, provenance=False
-            )
+            if ensure_cache is None:
+                ptestore.specialize(
+                    src, src, backends=backends or [SPEC], in_place=True, provenance=False
+                )
+            else:
+                if nth == -1:
+                    from ptestore.device.manifest import Manifest
+
+                    def killed(*args: Any) -> None:
+                        os.kill(os.getpid(), signal.SIGKILL)
+
+                    Manifest.publish = killed  # type: ignore[method-assign]
+                ptestore.ensure(
+                    src, cache_dir=ensure_cache, backends=backends or [SPEC], in_place=True
+                )
             os.write(w, ",".join(seen).encode())
         finally:
             os._exit(0)
@@ -650,3 +670,197 @@ def test_sigkill_at_every_step_of_applying_then_recover(tmp_path: Path, how: str
         assert not Path(journal).exists(), phase
         outcomes.add((data[4:8] == CHANGING, committed))
     assert (True, True) in outcomes  # torn files were tried
+
+
+# ------------------------- in place never specializes its own output again (issue 29 1, C)
+def _calls(path: Path) -> int:
+    return len(path.read_text().split()) if path.exists() else 0
+
+
+def _content(path: Path) -> bytes:
+    """The bytes before the provenance trailer (what the record's digest names)."""
+    size = ptestore.describe(path)["provenance"]["content"]["size"]
+    return path.read_bytes()[:size]
+
+
+def _specialized_once(tmp_path: Path) -> bytes:
+    """What one uninterrupted ``ensure(in_place=True)`` leaves before its trailer."""
+    ref = copy(tmp_path, "reference.pte")
+    ptestore.ensure(ref, cache_dir=tmp_path / "ref-cache", backends=[SPEC], in_place=True)
+    return _content(ref)
+
+
+@pytest.mark.parametrize(
+    "route",
+    [
+        "killed while applying, recovered",
+        "killed while applying, not recovered",
+        "killed before the manifest",
+        "cache cleared",
+    ],
+)
+def test_in_place_ensure_never_specializes_its_output_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, route: str
+) -> None:
+    """The file is the output already (its trailer records these backends and versions
+    for this device, and its content is intact): the next ``ensure(in_place=True)``
+    adopts it as the entry, without running the backend again (a doubled weight stays
+    doubled, not x4)."""
+    calls = tmp_path / "calls"
+    monkeypatch.setenv("PTESTORE_TEST_CALLS", str(calls))
+    once = _specialized_once(tmp_path)
+    assert _calls(calls) == 1
+    src, cache = copy(tmp_path), tmp_path / "cache"
+    if route == "cache cleared":
+        ptestore.ensure(src, cache_dir=cache, backends=[SPEC], in_place=True)
+        ptestore.device.clear(cache)
+    elif route == "killed before the manifest":
+        assert _calls_killed_at(src, -1, ensure_cache=cache) is None
+        assert not Path(journal_path(str(src))).exists()  # applied, journal removed
+    else:
+        probe = copy(tmp_path, "probe.pte")
+        steps = _calls_killed_at(probe, 10**9, ensure_cache=tmp_path / "probe-cache")
+        assert steps is not None
+        assert _calls_killed_at(src, len(steps) // 2, ensure_cache=cache) is None
+        assert src.read_bytes()[4:8] == CHANGING
+        if "not recovered" not in route:
+            assert ptestore.recover(src) == "rolled forward"
+    ran = _calls(calls)
+    assert _content(src) == once or "not recovered" in route
+    a = ptestore.ensure(src, cache_dir=cache, backends=[SPEC], in_place=True)
+    assert _calls(calls) == ran  # the backend did not run again
+    assert a.created and a.in_place and a.specialized and a.pte == str(src)
+    assert _content(src) == once
+    b = ptestore.ensure(src, cache_dir=cache, backends=[SPEC], in_place=True)
+    assert not b.created and _calls(calls) == ran and _content(src) == once
+
+
+def _upgraded(version: str) -> Any:
+    from support.doubling_backend import Doubling
+
+    d = Doubling("mlp_xnnpack")
+    d.version = version
+    return d
+
+
+@pytest.mark.parametrize("provenance", [True, False], ids=["its trailer", "the cache's record"])
+def test_an_upgrade_in_place_needs_the_portable_source(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, provenance: bool
+) -> None:
+    """A backend upgraded after an in-place run: the file is the old version's output
+    (its trailer says so; without a trailer, the entry's manifest recorded this very
+    file as rewritten), so it is refused, unchanged, with what to do; given the
+    portable source, the new version specializes that, once."""
+    from ptestore.errors import AlreadySpecialized
+
+    want = staged(tmp_path, [SPEC])  # the portable source doubled once
+    calls = tmp_path / "calls"
+    monkeypatch.setenv("PTESTORE_TEST_CALLS", str(calls))
+    src, cache = copy(tmp_path), tmp_path / "cache"
+    kw: dict[str, Any] = {"cache_dir": cache, "in_place": True, "provenance": provenance}
+    ptestore.ensure(src, backends=[_upgraded("1.0")], **kw)
+    before = src.read_bytes()
+    with pytest.raises(AlreadySpecialized) as err:
+        ptestore.ensure(src, backends=[_upgraded("2.0")], **kw)
+    msg = str(err.value)
+    assert msg.startswith(f"{src}: already specialized")
+    if provenance:
+        assert (
+            "(its provenance trailer records backends [support.doubling_backend:Doubling "
+            f"1.0] for no device, made from {src} (sha256:" in msg
+        )
+    else:
+        assert (
+            "the cache's entry" in msg
+            and "backends were [['support.doubling_backend:"
+            "Doubling', '1.0']], now [['support.doubling_backend:Doubling', '2.0']]"
+            in msg
+        )
+    assert "specializing it again would apply the backends to their own output" in msg or (
+        "specializing it in place again would apply the backends to their own output" in msg
+    )
+    assert "portable=PATH" in msg and "--portable PATH" in msg
+    assert isinstance(err.value, ConfigurationError) and err.value.path == str(src)
+    assert src.read_bytes() == before and _calls(calls) == 1
+    portable = tmp_path / "portable.pte"
+    shutil.copyfile(FX.pte_path, portable)  # type: ignore[arg-type]
+    a = ptestore.ensure(src, backends=[_upgraded("2.0")], portable=portable, **kw)
+    assert a.created and a.pte == str(src) and _calls(calls) == 2
+    assert src.read_bytes()[: len(want)] == want
+    if provenance:
+        assert a.provenance is not None and a.provenance.requested[0].version == "2.0"
+    b = ptestore.ensure(src, backends=[_upgraded("2.0")], **kw)  # a hit, no portable needed
+    assert not b.created and _calls(calls) == 2
+
+
+def test_specialize_in_place_refuses_an_already_specialized_file(tmp_path: Path) -> None:
+    from ptestore.errors import AlreadySpecialized
+
+    src = copy(tmp_path)
+    ptestore.specialize(src, src, backends=[SPEC], in_place=True)
+    before = src.read_bytes()
+    with pytest.raises(
+        AlreadySpecialized,
+        match=re.escape(
+            f"{src}: already specialized (its provenance trailer records backends "
+            f"[{SPEC} 1.0] for no device, made from {src} (sha256:"
+        ),
+    ):
+        ptestore.specialize(src, src, backends=[SPEC], in_place=True)
+    assert src.read_bytes() == before and not Path(journal_path(str(src))).exists()
+    # a staged copy that nothing changed is still the portable model: accepted
+    copied = tmp_path / "copied.pte"
+    ptestore.specialize(FX.pte_path, copied, backends=["passthrough"])
+    ptestore.specialize(copied, copied, backends=[SPEC], in_place=True)
+    assert _content(copied) == staged(tmp_path, [SPEC])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"in_place": False},
+            "portable= is the source an in-place entry is made from; it "
+            "applies with in_place=True only (CLI: --in-place --portable PATH)",
+        ),
+        (
+            {"in_place": True, "same": True},
+            "portable= names the file rewritten in place "
+            "itself; it must be the original (portable) .pte",
+        ),
+    ],
+)
+def test_portable_refusals(tmp_path: Path, kwargs: dict[str, Any], message: str) -> None:
+    src = copy(tmp_path)
+    portable = src if kwargs.pop("same", False) else copy(tmp_path, "portable.pte")
+    with pytest.raises(ConfigurationError, match=re.escape(message)):
+        ptestore.ensure(src, cache_dir=tmp_path / "c", backends=[SPEC], portable=portable, **kwargs)
+    assert src.read_bytes() == FX.pte_path.read_bytes()  # type: ignore[union-attr]
+
+
+def test_cli_ensure_in_place_portable(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``ptestore ensure SRC --in-place`` refuses an output that is not current (made for
+    no device, asked for one; exit 2, the message says what to pass), and
+    ``--portable PTE`` makes it from the original."""
+    from ptestore.cli import main
+
+    src, cache = copy(tmp_path), tmp_path / "cache"
+    portable = copy(tmp_path, "portable.pte")
+    ptestore.ensure(src, cache_dir=cache, backends=[SPEC], in_place=True)
+    ptestore.device.clear(cache)
+    argv = ["ensure", str(src), "--cache-dir", str(cache), "--backend", SPEC, "--in-place"]
+    argv += ["--device", "phone"]
+    before = src.read_bytes()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"ptestore ensure: error: {src}: already specialized (its "), err
+    assert "--portable PATH" in err and src.read_bytes() == before
+    assert main([*argv, "--portable", str(portable), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["pte"] == str(src) and out["created"] and out["in_place"]
+    assert out["provenance"]["device"]["name"] == "phone"
+    assert out["provenance"]["source"]["url"] == str(portable)
+    want = staged(tmp_path, [SPEC])
+    assert src.read_bytes()[: len(want)] == want
+    assert main(argv) == 0  # a hit now, without --portable
+    assert capsys.readouterr().out.strip() == str(src)
