@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from .report import SpecializationReport
 
 __all__ = [
+    "apply_uninterrupted",
     "check_in_place_args",
     "refuse_specialized_output",
     "specialized_record",
@@ -217,6 +218,53 @@ def refuse_specialized_output(loader: Any, target: str) -> None:
     )
 
 
+def apply_uninterrupted(target: str, journal: str, plan: dict[str, Any]) -> None:
+    """Apply the committed ``journal``, holding Ctrl-C, SIGTERM and SIGHUP until it is
+    done (in the main thread): an interrupt there would leave the file torn (refused by
+    the runtime), and completing it is safe (the journal is durable, applying is
+    idempotent). A held signal is then delivered as it would have been, a
+    :class:`KeyboardInterrupt` saying that the file was completed."""
+    import signal
+    import threading
+
+    from .._signals import SIGNALS
+
+    if threading.current_thread() is not threading.main_thread():
+        apply_journal(target, journal, plan)
+        return
+    held: list[int] = []
+
+    def hold(signum: int, frame: object) -> None:
+        held.append(signum)
+
+    previous = {s: signal.signal(s, hold) for s in (signal.SIGINT, *SIGNALS)}
+    try:
+        apply_journal(target, journal, plan)
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    if not held:
+        return
+    signum = held[0]
+    message = (
+        f"while {target} was rewritten in place: the change was completed first (its "
+        "journal was committed, so it was applied to the end): the file is the "
+        "specialized model, loadable"
+    )
+    handler = previous[signal.Signals(signum)]
+    if handler is signal.SIG_IGN:
+        return
+    if not callable(handler):  # the default action (SIGTERM without ptestore's handler)
+        os.kill(os.getpid(), signum)
+        raise KeyboardInterrupt(message)  # SIGINT's default, should the kill return
+    try:
+        handler(signum, None)
+    except KeyboardInterrupt as exc:
+        if not exc.args:
+            exc.args = (message,)
+        raise
+
+
 def specialize_in_place(
     path: PathLike,
     *,
@@ -389,7 +437,7 @@ def _run(
         spool.close()
         writer.mark_published()
         run.emit(Event("write", nbytes=sum(w[2] for w in writer.ops), url=target))
-        apply_journal(target, spool.path, plan)
+        apply_uninterrupted(target, spool.path, plan)
         run.emit(Event("publish", url=target, seconds=time.perf_counter() - started))
         summary.files = [
             FileReport(

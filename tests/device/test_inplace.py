@@ -11,6 +11,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -864,3 +865,71 @@ def test_cli_ensure_in_place_portable(tmp_path: Path, capsys: pytest.CaptureFixt
     assert src.read_bytes()[: len(want)] == want
     assert main(argv) == 0  # a hit now, without --portable
     assert capsys.readouterr().out.strip() == str(src)
+
+
+# ------------------------------------------ Ctrl-C while applying (issue 29 item 2)
+def _cli_signalled_at(src: Path, cache: Path, nth: int, signum: int, err: Path) -> int:
+    """``ptestore ensure SRC --in-place`` (the CLI's ``main``) in a forked child that
+    sends itself ``signum`` right before its ``nth`` call touching the model file;
+    its stderr goes to ``err``; returns its exit status."""
+    from ptestore.cli import main
+
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        code = 99
+        try:
+            fd = os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            os.dup2(fd, 2)
+            sys.stderr = open(2, "w", closefd=False)  # flushed below
+            seen = [0]
+            target = str(src)
+            for call in ("pwrite", "fsync", "ftruncate", "copy_file_range"):
+                real = getattr(os, call)
+
+                def wrapped(fd: int, *args: Any, _real: Any = real, _call: str = call) -> Any:
+                    written = args[0] if _call == "copy_file_range" else fd
+                    try:
+                        path = os.readlink(f"/proc/self/fd/{written}")
+                    except OSError:
+                        path = ""
+                    if path == target:
+                        if seen[0] == nth:
+                            os.kill(os.getpid(), signum)
+                        seen[0] += 1
+                    return _real(fd, *args)
+
+                setattr(os, call, wrapped)
+            argv = ["ensure", target, "--cache-dir", str(cache), "--backend", SPEC]
+            code = main([*argv, "--in-place"])
+        finally:
+            sys.stderr.flush()
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status), status
+    return os.WEXITSTATUS(status)
+
+
+@pytest.mark.parametrize(
+    ("signum", "by"), [(signal.SIGINT, ""), (signal.SIGTERM, " by SIGTERM")], ids=["C", "TERM"]
+)
+def test_ctrl_c_while_applying_completes_the_file_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, signum: int, by: str
+) -> None:
+    """Interrupted between the file's mark and its identifier: the journal is committed,
+    so the change is completed before the CLI exits 130, saying so (not "nothing was
+    published" with a torn file and a journal beside it); the next ensure adopts it."""
+    calls = tmp_path / "calls"
+    monkeypatch.setenv("PTESTORE_TEST_CALLS", str(calls))
+    once = _specialized_once(tmp_path)
+    src, cache, err = copy(tmp_path), tmp_path / "cache", tmp_path / "stderr"
+    assert _cli_signalled_at(src, cache, 2, signum, err) == 130
+    assert err.read_text() == (
+        f"ptestore ensure: interrupted{by} while {src} was rewritten in place: the change "
+        "was completed first (its journal was committed, so it was applied to the end): "
+        "the file is the specialized model, loadable\n"
+    )
+    assert not Path(journal_path(str(src))).exists()
+    assert src.read_bytes()[4:8] == FX.pte_path.read_bytes()[4:8]  # type: ignore[union-attr]
+    assert _content(src) == once and _calls(calls) == 2
+    a = ptestore.ensure(src, cache_dir=cache, backends=[SPEC], in_place=True)
+    assert a.created and _calls(calls) == 2 and _content(src) == once
