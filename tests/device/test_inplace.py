@@ -933,3 +933,29 @@ def test_ctrl_c_while_applying_completes_the_file_and_says_so(
     assert _content(src) == once and _calls(calls) == 2
     a = ptestore.ensure(src, cache_dir=cache, backends=[SPEC], in_place=True)
     assert a.created and _calls(calls) == 2 and _content(src) == once
+
+
+class GrownDoubling(BackendInterface):
+    """Doubles the fixture's weight and pads it with 4 KiB of zeros: a grown segment
+    (moved to the end, its old range punched) that the runtime still runs, with the
+    doubled outputs."""
+
+    name = "XnnpackBackend"
+    version = "1.0"
+
+    def initialize_backend_data(self, context: Any, output: Any) -> None:
+        assert FX.doubled is not None
+        value = bytes(context.get_named_data_map().get_data(KEY))
+        data = FX.doubled.doubled_value(value) + bytes(4096)
+        output.write_named_data(KEY, BackendData(data, alignment=64, allow_size_change=True))
+
+
+def grown_kill_states(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """``(phase, file as the kill left it)`` before every call of a grown in-place run."""
+    probe = copy(tmp_path, "grown-probe.pte")
+    steps = _calls_killed_at(probe, 10**9, backends=[GrownDoubling()])
+    assert steps is not None and "fallocate" in steps and "copy_file_range" in steps, steps
+    for nth, step in enumerate(steps):
+        src = copy(tmp_path, f"grown-k{nth}.pte")
+        assert _calls_killed_at(src, nth, backends=[GrownDoubling()]) is None
+        yield f"grown, killed before call {nth} ({step})", src

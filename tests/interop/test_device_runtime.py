@@ -5,6 +5,8 @@
 - an in-place specialization SIGKILLed at sampled phases of applying its journal leaves
   a file the runtime runs with the old outputs or the new ones, or refuses, never one
   that runs with other outputs; after ``ptestore.recover`` it runs with the new ones;
+  the same before every call of a grown replacement's run (moved to the end, its old
+  range punched);
 - an in-place ``ensure`` killed while applying (then recovered) or before its manifest,
   or whose cache was cleared, ensured in place again: the new outputs (the backend is
   not applied to its own output a second time).
@@ -20,7 +22,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from device.test_inplace import FX, SPEC, _calls_killed_at, copy, kill_states
+from device.test_inplace import (
+    FX,
+    SPEC,
+    _calls_killed_at,
+    copy,
+    grown_kill_states,
+    kill_states,
+)
 from support.et_runtime import Job, run_programs
 from support.fixtures import Fixture, get_fixture
 
@@ -69,6 +78,15 @@ def test_ensured_and_in_place_artifacts_in_the_runtime(tmp_path: Path) -> None:
             jobs.append(Job(pte=path, inputs=FX.inputs["forward"], label=f"{phase}: {path}"))
             want.append((FX, "forward", allowed))
     assert marked >= 3  # most sampled phases are inside the changing window
+    # A grown replacement killed before every call that touches the file (issue 29 item
+    # 10): old, new or refused; after recover, new (or old when it was never committed).
+    for phase, src in grown_kill_states(tmp_path):
+        killed = tmp_path / f"as-killed-{src.name}"
+        shutil.copyfile(src, killed)
+        after = {"rolled forward": "new", "discarded": "old"}[str(ptestore.recover(src))]
+        for path, allowed in ((killed, {"old", "new", "refused"}), (src, {after})):
+            jobs.append(Job(pte=path, inputs=FX.inputs["forward"], label=f"{phase}: {path}"))
+            want.append((FX, "forward", allowed))
     # In place never specializes its own output again (issue 29 item 1): an in-place
     # ensure killed while applying then recovered, or killed before its manifest, or
     # whose cache was cleared, then ensure(in_place=True) again: still the doubled
