@@ -42,11 +42,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "apply_uninterrupted",
+    "PORTABLE_HINT",
     "check_in_place_args",
     "refuse_specialized_output",
     "specialized_record",
     "specialize_in_place",
 ]
+
 
 def check_in_place_args(src: str, dst: str, ptd: object, mode: str, options: object) -> None:
     """What ``specialize(..., in_place=True)`` refuses, before any work."""
@@ -172,7 +174,7 @@ def specialized_record(loader: Any, target: str) -> Provenance | None:
         raise AlreadySpecialized(
             f"{target}: its provenance trailer is damaged ({exc}), so nothing says whether "
             "it is a portable model or a specialized output; in place refuses to guess. "
-            f"{_PORTABLE_HINT}",
+            f"{PORTABLE_HINT}",
             path=target,
         ) from exc
     if record is None:
@@ -183,7 +185,7 @@ def specialized_record(loader: Any, target: str) -> Provenance | None:
 
 
 #: What to do when in place meets an already-specialized file.
-_PORTABLE_HINT = (
+PORTABLE_HINT = (
     "Give the portable source (the original .pte): ensure(..., in_place=True, "
     "portable=PATH) or `ptestore ensure SRC --in-place --portable PATH`; or specialize the "
     "portable source to this file (ptestore.specialize(PORTABLE, SRC))"
@@ -212,7 +214,7 @@ def refuse_specialized_output(loader: Any, target: str) -> None:
     raise AlreadySpecialized(
         f"{target}: already specialized (its provenance trailer records "
         f"{describe_record(record)}); specializing it in place again would apply the "
-        f"backends to their own output. {_PORTABLE_HINT}",
+        f"backends to their own output. {PORTABLE_HINT}",
         path=target,
         provenance=record,
     )

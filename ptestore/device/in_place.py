@@ -158,17 +158,17 @@ def _refuse_recorded_output(layout: CacheLayout, key: str, path: str, now: dict[
     if was.get("source") != want["source"]:
         return  # another file now (a new download): a portable model again
     changed = [
-        f"{name} were {was.get(name)}, now {want[name]}"
+        f"{name} {'were' if name == 'backends' else 'was'} {was.get(name)}, now {want[name]}"
         for name in ("backends", "device")
         if was.get(name) != want[name]
     ]
-    from ..coordinator.inplace import _PORTABLE_HINT
+    from ..coordinator.inplace import PORTABLE_HINT
 
     raise AlreadySpecialized(
         f"{path}: already specialized in place (the cache's entry {key} records this "
         f"file, unchanged since, as rewritten by its backends; {'; '.join(changed) or 'as now'}"
         f"); specializing it again would apply the backends to their own output. "
-        f"{_PORTABLE_HINT}",
+        f"{PORTABLE_HINT}",
         path=path,
     )
 
