@@ -12,6 +12,7 @@ from __future__ import annotations
 
 __all__ = [
     "AlreadyExists",
+    "AlreadySpecialized",
     "BackendError",
     "ConfigurationError",
     "FormatError",
@@ -109,6 +110,34 @@ class NothingSpecialized(ConfigurationError):
             _rebuild_nothing,
             (str(self), self.backend_ids, self.installed, self.hint),
         )
+
+
+class AlreadySpecialized(ConfigurationError):
+    """An in-place run was asked to specialize a file that is already a specialized
+    output (its provenance trailer, or the cache's record, says so): specializing it
+    again would apply the backends twice. The portable source is needed (``ensure(...,
+    portable=PATH)``, ``ptestore ensure --portable PATH``). Nothing was changed.
+
+    Attributes
+    ----------
+    path:
+        The file.
+    provenance:
+        Its provenance record (a :class:`~ptestore.provenance.record.Provenance`), or
+        None when the cache's record is what says so.
+    """
+
+    def __init__(self, message: str, *, path: str = "", provenance: object = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.provenance = provenance
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_already, (str(self), self.path, self.provenance))
+
+
+def _rebuild_already(message: str, path: str, provenance: object) -> AlreadySpecialized:
+    return AlreadySpecialized(message, path=path, provenance=provenance)
 
 
 def _rebuild_nothing(

@@ -42,6 +42,9 @@ __all__ = [
     "CHANGING",
     "IDENT_RANGE",
     "apply_journal",
+    "check_journal",
+    "check_target",
+    "file_binding",
     "journal_path",
     "punch_hole",
     "read_plan",
@@ -71,31 +74,132 @@ fsync_dir = sync_directory
 def read_plan(path: str) -> dict[str, Any] | None:
     """The plan of a committed journal; None when the journal is incomplete (its commit
     record missing or not matching: the file was never touched)."""
+    return check_journal(path)[0]
+
+
+def _commit_digest_ok(fd: int, body: int, digest: bytes) -> bool:
+    """Whether the SHA-256 of the journal's first ``body`` bytes is ``digest``."""
     import hashlib  # only when a journal exists: every run of a local path asks
+
+    h = hashlib.sha256()
+    done = 0
+    while done < body:
+        n = min(_CHUNK, body - done)
+        h.update(pread_all(fd, n, done))
+        done += n
+    return h.digest() == digest
+
+
+def check_journal(path: str) -> tuple[dict[str, Any] | None, str]:
+    """``(plan, "")`` for a committed journal, else ``(None, why)``: what is wrong with
+    it (no commit record, a commit digest that does not match, a bad footer)."""
     import json
+
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         size = os.fstat(fd).st_size
         if size < FOOTER.size + COMMIT_RECORD.size:
-            return None
+            return None, f"{size} bytes, shorter than a commit record"
         record = pread_all(fd, COMMIT_RECORD.size, size - COMMIT_RECORD.size)
         tag, digest = COMMIT_RECORD.unpack(record)
         if tag != COMMIT:
-            return None
+            return None, "no commit record at its end"
         body = size - COMMIT_RECORD.size
-        h = hashlib.sha256()
-        done = 0
-        while done < body:
-            n = min(_CHUNK, body - done)
-            h.update(pread_all(fd, n, done))
-            done += n
-        if h.digest() != digest:
-            return None
+        if not _commit_digest_ok(fd, body, digest):
+            return None, (f"the SHA-256 of its first {body} bytes does not match its commit record")
         magic, at, n = FOOTER.unpack(pread_all(fd, FOOTER.size, body - FOOTER.size))
         if magic != MAGIC or at + n > body:
-            return None
+            return None, "its footer is not a journal's"
         plan: dict[str, Any] = json.loads(pread_all(fd, n, at))
-        return plan
+        return plan, ""
+    finally:
+        os.close(fd)
+
+
+def file_binding(fd: int, size_before: int, head: bytes) -> dict[str, Any]:
+    """What binds a journal to the file it is made for (recorded in its plan): the
+    file's device and inode, its size, and the SHA-256 of the bytes the plan's first
+    write (the metadata at offset 0) overwrites, ``head``."""
+    import hashlib
+
+    st = os.fstat(fd)
+    return {
+        "dev": st.st_dev,
+        "ino": st.st_ino,
+        "size_before": size_before,
+        "head_size": len(head),
+        "head_sha256": hashlib.sha256(head).hexdigest(),
+    }
+
+
+def _head_written(plan: dict[str, Any], journal_fd: int, n: int) -> bytes | None:
+    """The first ``n`` bytes the plan writes at offset 0 (with :data:`CHANGING` as the
+    identifier, as applying leaves them until its step 4), from the journal."""
+    for dst, src, size in plan["writes"]:
+        if dst == 0 and size >= n:
+            data = bytearray(pread_all(journal_fd, n, src))
+            lo, hi = IDENT_RANGE
+            if n >= hi:
+                data[lo:hi] = bytes.fromhex(plan["ident"])
+            return bytes(data)
+    return None
+
+
+def check_target(target: str, journal: str, plan: dict[str, Any]) -> None:
+    """Refuse (:class:`StorageError` naming both) to apply ``journal`` to a file that is
+    not the one it was made for: another inode (a replaced or re-downloaded file), or
+    the same inode with other bytes where the plan writes first and a size that is
+    neither the size before nor after. A file marked :data:`CHANGING` on the same inode
+    is the one being changed."""
+    import hashlib
+
+    bound = plan.get("file")
+    try:
+        fd = os.open(target, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise StorageError(
+            f"{target}: cannot open to apply its journal {journal}: {exc.strerror}"
+        ) from exc
+    try:
+        st = os.fstat(fd)
+        lo, hi = IDENT_RANGE
+        marked = pread_all(fd, hi - lo, lo) == CHANGING
+        if bound is None:  # a journal of an older ptestore: its size only
+            if marked or st.st_size == plan["size_before"]:
+                return
+            raise StorageError(
+                f"{target}: not the file its journal {journal} was made for (size "
+                f"{st.st_size}, the journal's {plan['size_before']} before); not applied. "
+                f"Remove {journal} if {target} was replaced on purpose"
+            )
+        now = f"device {st.st_dev} inode {st.st_ino}, {st.st_size} bytes"
+        made = (
+            f"device {bound['dev']} inode {bound['ino']}, {bound['size_before']} bytes, "
+            f"sha256 {bound['head_sha256']} of its first {bound['head_size']} bytes"
+        )
+        same_file = (st.st_dev, st.st_ino) == (bound["dev"], bound["ino"])
+        if same_file and marked:
+            return
+        if same_file:
+            n = int(bound["head_size"])
+            head = pread_all(fd, n, 0)
+            if st.st_size == bound["size_before"] and (
+                hashlib.sha256(head).hexdigest() == bound["head_sha256"]
+            ):
+                return  # not started
+            jfd = os.open(journal, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                written = _head_written(plan, jfd, n)
+            finally:
+                os.close(jfd)
+            if st.st_size == plan["size"] and written == head:
+                return  # applied, the journal not yet removed
+            now += f", sha256 {hashlib.sha256(head).hexdigest()} of its first {n} bytes"
+        raise StorageError(
+            f"{target}: not the file its journal {journal} was made for (the journal: "
+            f"{made}; the file now: {now}); not applied, the file is left as it is. "
+            f"Remove {journal} if {target} was replaced on purpose"
+        )
     finally:
         os.close(fd)
 
@@ -242,14 +346,36 @@ class FileLock:
         os.close(self.fd)
 
 
+def _is_marked(path: str) -> bool:
+    """Whether the file carries :data:`CHANGING` as its identifier (torn by a run)."""
+    lo, hi = IDENT_RANGE
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        return pread_all(fd, hi - lo, lo) == CHANGING
+    finally:
+        os.close(fd)
+
+
 def recover_locked(path: str) -> str | None:
     journal = journal_path(path)
     if not os.path.lexists(journal):
         return None
-    plan = read_plan(journal)
-    if plan is None:  # never committed: the file was not touched
-        os.unlink(journal)
+    plan, why = check_journal(journal)
+    if plan is None:
+        if _is_marked(path):  # torn by a run whose journal is now damaged
+            raise StorageError(
+                f"{path}: damaged: the file is marked as being changed in place "
+                f"({CHANGING.decode()} in place of its identifier; the ExecuTorch runtime "
+                f"refuses it) and its journal {journal} is invalid ({why}), so it cannot "
+                "be completed. Restore the model from its portable source (a new copy of "
+                f"the original .pte) and remove {journal}"
+            )
+        os.unlink(journal)  # never committed: the file was not touched
         return "discarded"
+    check_target(path, journal, plan)
     apply_journal(path, journal, plan)
     return "rolled forward"
 

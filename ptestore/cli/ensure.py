@@ -1,6 +1,6 @@
 """``ptestore ensure SRC --cache-dir DIR [--backend SPEC]... [--device NAME
-[--device-option K=V]...] [--ptd PTD] [--max-bytes N] [--in-place] [--no-provenance]
-[--json]`` and ``ptestore ensure INDEX --cache-dir DIR --model NAME --device NAME
+[--device-option K=V]...] [--ptd PTD] [--max-bytes N] [--in-place [--portable PTE]]
+[--no-provenance] [--json]`` and ``ptestore ensure INDEX --cache-dir DIR --model NAME --device NAME
 [--device-option K=V]... [-o K=V]...``: the specialized model for SRC, made once and
 cached, or the artifact a fleet's job index selects for the device, downloaded once (see
 docs/device.md); prints its path."""
@@ -26,6 +26,7 @@ examples:
   ptestore ensure model.pte --cache-dir cache --device phone --device-option soc=sm8650
   ptestore ensure model.pte --cache-dir cache --ptd model.ptd --max-bytes 2G --json
   ptestore ensure model.pte --cache-dir cache --in-place
+  ptestore ensure model.pte --cache-dir cache --in-place --portable original/model.pte
   ptestore ensure s3://models/fleet/ptestore-index.json --cache-dir cache \
       --model mlp --device pixel9 --device-option soc=sm8650
 
@@ -99,6 +100,14 @@ def add_ensure_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="rewrite SRC itself (crash-safe, about 1x disk) instead of caching a copy",
     )
     p.add_argument(
+        "--portable",
+        metavar="PTE",
+        help="with --in-place: the portable source (the original .pte) to specialize into "
+        "SRC when SRC is already a specialized output that is not current (a backend "
+        "upgraded, a cleared cache); without it such a SRC is refused, never specialized "
+        "twice",
+    )
+    p.add_argument(
         "--no-provenance",
         dest="provenance",
         action="store_false",
@@ -146,4 +155,5 @@ def _ensure(args: argparse.Namespace, ensure: Any, device: Any) -> Any:
         provenance=args.provenance,
         model=args.model,
         storage_options=storage_options(args) or None,
+        portable=args.portable,
     )

@@ -16,7 +16,9 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from .._io import pread_all
 from ..errors import (
+    AlreadySpecialized,
     ConfigurationError,
     NotSupported,
     StorageError,
@@ -26,6 +28,7 @@ from ..journal import (
     FileLock,
     PathLike,
     apply_journal,
+    file_binding,
     journal_path,
     local_path,
     recover_locked,
@@ -34,10 +37,15 @@ from ..journal import (
 
 if TYPE_CHECKING:
     from ..backends.compat import DeviceProfile
+    from ..provenance.record import Provenance
     from .report import SpecializationReport
 
 __all__ = [
+    "apply_uninterrupted",
+    "PORTABLE_HINT",
     "check_in_place_args",
+    "refuse_specialized_output",
+    "specialized_record",
     "specialize_in_place",
 ]
 
@@ -152,6 +160,113 @@ def _reserve(target: str, old: int, new: int) -> None:
         os.close(fd)
 
 
+def specialized_record(loader: Any, target: str) -> Provenance | None:
+    """The provenance record of ``target`` when its trailer says it is a specialized
+    output (its content differs from the source it was made from); None for a file
+    without a trailer, or an unchanged copy's. A damaged trailer counts as one: nothing
+    says what the file is."""
+    from ..errors import FormatError
+    from ..provenance import read_provenance
+
+    try:
+        record = read_provenance(loader)
+    except FormatError as exc:
+        raise AlreadySpecialized(
+            f"{target}: its provenance trailer is damaged ({exc}), so nothing says whether "
+            "it is a portable model or a specialized output; in place refuses to guess. "
+            f"{PORTABLE_HINT}",
+            path=target,
+        ) from exc
+    if record is None:
+        return None
+    if record.content is not None and record.content.sha256 == record.source.sha256:
+        return None  # an unchanged copy: still the portable model
+    return record
+
+
+#: What to do when in place meets an already-specialized file.
+PORTABLE_HINT = (
+    "Give the portable source (the original .pte): ensure(..., in_place=True, "
+    "portable=PATH) or `ptestore ensure SRC --in-place --portable PATH`; or specialize the "
+    "portable source to this file (ptestore.specialize(PORTABLE, SRC))"
+)
+
+
+def describe_record(record: Provenance) -> str:
+    """``backends [spec version, ...] for device NAME, made from URL (sha256 ...)``."""
+    backends = ", ".join(f"{b.spec} {b.version}" for b in record.requested) or ", ".join(
+        f"{b.spec} {b.version}" for b in record.backends
+    )
+    device = "no device" if record.device is None else f"device {record.device.name}"
+    return (
+        f"backends [{backends or 'none'}] for {device}, made from {record.source.url} "
+        f"({record.source.sha256})"
+    )
+
+
+def refuse_specialized_output(loader: Any, target: str) -> None:
+    """Raise :class:`AlreadySpecialized` when ``target`` is a specialized output: in
+    place never specializes its own (or any) output again (the backends would apply
+    twice: a doubled weight doubled again)."""
+    record = specialized_record(loader, target)
+    if record is None:
+        return
+    raise AlreadySpecialized(
+        f"{target}: already specialized (its provenance trailer records "
+        f"{describe_record(record)}); specializing it in place again would apply the "
+        f"backends to their own output. {PORTABLE_HINT}",
+        path=target,
+        provenance=record,
+    )
+
+
+def apply_uninterrupted(target: str, journal: str, plan: dict[str, Any]) -> None:
+    """Apply the committed ``journal``, holding Ctrl-C, SIGTERM and SIGHUP until it is
+    done (in the main thread): an interrupt there would leave the file torn (refused by
+    the runtime), and completing it is safe (the journal is durable, applying is
+    idempotent). A held signal is then delivered as it would have been, a
+    :class:`KeyboardInterrupt` saying that the file was completed."""
+    import signal
+    import threading
+
+    from .._signals import SIGNALS
+
+    if threading.current_thread() is not threading.main_thread():
+        apply_journal(target, journal, plan)
+        return
+    held: list[int] = []
+
+    def hold(signum: int, frame: object) -> None:
+        held.append(signum)
+
+    previous = {s: signal.signal(s, hold) for s in (signal.SIGINT, *SIGNALS)}
+    try:
+        apply_journal(target, journal, plan)
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    if not held:
+        return
+    signum = held[0]
+    message = (
+        f"while {target} was rewritten in place: the change was completed first (its "
+        "journal was committed, so it was applied to the end): the file is the "
+        "specialized model, loadable"
+    )
+    handler = previous[signal.Signals(signum)]
+    if handler is signal.SIG_IGN:
+        return
+    if not callable(handler):  # the default action (SIGTERM without ptestore's handler)
+        os.kill(os.getpid(), signum)
+        raise KeyboardInterrupt(message)  # SIGINT's default, should the kill return
+    try:
+        handler(signum, None)
+    except KeyboardInterrupt as exc:
+        if not exc.args:
+            exc.args = (message,)
+        raise
+
+
 def specialize_in_place(
     path: PathLike,
     *,
@@ -171,7 +286,11 @@ def specialize_in_place(
     only after the journal is durable, and every failure before that leaves it as it
     was. A crash while it is changed leaves a file the ExecuTorch runtime refuses until
     :func:`recover` (or any later ``ensure``/``specialize``/``inspect``/``verify`` of the
-    path) rolls the journal forward."""
+    path) rolls the journal forward.
+
+    A file that is already a specialized output (its provenance trailer records a run
+    that changed it) is refused with :class:`~ptestore.errors.AlreadySpecialized`,
+    unchanged: specializing it again would apply the backends to their own output."""
     target = local_path(path, "in-place specialization")
     lock = FileLock(target)
     try:
@@ -202,6 +321,11 @@ def _run(
 
     started = time.perf_counter()
     loader = LocalFileLoader(target)
+    try:
+        refuse_specialized_output(loader, target)
+    except BaseException:
+        loader.close()
+        raise
     spool = JournalSpool(journal_path(target))
     committed = False
     stamper = None
@@ -299,6 +423,12 @@ def _run(
             "ident": bytes(patched.metadata[IDENT_RANGE[0] : IDENT_RANGE[1]]).hex(),
             "writes": [list(w) for w in writer.ops],
             "punch": punch,
+            # The file it is for (recover refuses another): see journal.check_target.
+            "file": file_binding(
+                loader.fileno(),
+                size_before,
+                pread_all(loader.fileno(), len(patched.metadata), 0),
+            ),
         }
         loader.check_unchanged()
         _reserve(target, plan["size_before"], size)
@@ -307,7 +437,7 @@ def _run(
         spool.close()
         writer.mark_published()
         run.emit(Event("write", nbytes=sum(w[2] for w in writer.ops), url=target))
-        apply_journal(target, spool.path, plan)
+        apply_uninterrupted(target, spool.path, plan)
         run.emit(Event("publish", url=target, seconds=time.perf_counter() - started))
         summary.files = [
             FileReport(

@@ -97,6 +97,7 @@ def ensure(
     provenance: bool = True,
     model: str | None = None,
     storage_options: dict[str, Any] | None = None,
+    portable: PathOrUrl | None = None,
 ) -> Artifact:
     """The specialized model for ``source`` on this device, made once and cached.
 
@@ -124,6 +125,12 @@ def ensure(
         model: the model's name in the index ``source`` (only with an index).
         storage_options: fsspec/s3fs options for the index and the files it names
             (only with an index).
+        portable: with ``in_place=True``, the portable source (the original ``.pte``)
+            to specialize into ``source`` when ``source`` is already a specialized
+            output that is not current (a backend upgraded, another device; CLI:
+            ``--portable PATH``). Without it such a file is refused
+            (:class:`~ptestore.errors.AlreadySpecialized`): in place never specializes
+            an output again.
 
     Returns:
         An :class:`Artifact`: paths of the ``.pte`` and ``.ptd``, the provenance,
@@ -143,6 +150,11 @@ def ensure(
     src = os.fspath(source)
     ptd_src = None if ptd is None else os.fspath(ptd)
     blist = None if backends is None else list(backends)
+    if portable is not None and not in_place:
+        raise ConfigurationError(
+            f"{src}: portable= is the source an in-place entry is made from; it applies "
+            "with in_place=True only (CLI: --in-place --portable PATH)"
+        )
     if model is not None or src.endswith(".json"):
         _check_index_args(src, model, ptd_src, in_place, provenance)
         assert model is not None
@@ -157,7 +169,14 @@ def ensure(
         from .in_place import ensure_in_place
 
         return ensure_in_place(
-            CacheLayout(cache_dir), src, ptd_src, blist, device, max_bytes, provenance
+            CacheLayout(cache_dir),
+            src,
+            ptd_src,
+            blist,
+            device,
+            max_bytes,
+            provenance,
+            None if portable is None else os.fspath(portable),
         )
     from ..journal import recover_if_local
 

@@ -30,9 +30,15 @@ def ensure_in_place(
     device: DeviceProfile | None,
     max_bytes: int | None,
     provenance: bool = True,
+    portable: str | None = None,
 ) -> Artifact:
     """The entry of ``src`` rewritten in place: a hit while the file's identity is the
-    one its manifest recorded, else the file is specialized in place again."""
+    one its manifest recorded, else the file is specialized in place again, once: a
+    file that is already a specialized output (its trailer says so, or the entry's
+    manifest recorded it as rewritten) is never specialized again. Its trailer's record
+    current (the same backends and versions, the same device, its content intact: a run
+    killed before its manifest, a cleared cache) is adopted as the entry; any other
+    needs ``portable``, the portable source, specialized into ``src``."""
     from ..journal import recover_if_local
 
     if ptd_src is not None:
@@ -42,6 +48,8 @@ def ensure_in_place(
         )
     if not StorageURL.of(src).local:
         raise ConfigurationError(f"{src}: in-place specialization works on local files only")
+    if portable is not None:
+        _check_portable(src, portable)
     layout.create()
     key = entry_key(src, None, backends, device, True, provenance)
     recover_if_local(src)
@@ -56,9 +64,20 @@ def ensure_in_place(
         key,
         max_bytes,
         lambda: lookup(layout, key, current(), in_place=True),
-        lambda: _make(layout, key, src, backends, device, current, provenance),
+        lambda: _make(layout, key, src, backends, device, current, provenance, portable),
         before_make=lambda: recover_if_local(src),
     )
+
+
+def _check_portable(src: str, portable: str) -> None:
+    import os
+
+    p = StorageURL.of(portable)
+    if p.local and os.path.realpath(p.path) == os.path.realpath(StorageURL.of(src).path):
+        raise ConfigurationError(
+            f"{src}: portable= names the file rewritten in place itself; it must be the "
+            "original (portable) .pte the file is to be made from"
+        )
 
 
 def _make(
@@ -69,17 +88,42 @@ def _make(
     device: DeviceProfile | None,
     current: Callable[[], dict[str, Any]],
     provenance: bool = True,
+    portable: str | None = None,
 ) -> Artifact:
-    import os
-
-    from ..coordinator.inplace import specialize_in_place
-    from ..provenance import read_provenance
-    from ..provenance.stamp import ProvenanceRequest
-    from ..storage.loaders import LocalFileLoader
+    from ..errors import AlreadySpecialized
 
     path = StorageURL.of(src).location
+    if portable is not None:
+        return _from_portable(layout, key, path, portable, backends, device, current, provenance)
+    from ..coordinator.inplace import refuse_specialized_output
+    from ..storage.loaders import LocalFileLoader
+
+    loader = LocalFileLoader(path)
     try:
-        report = specialize_in_place(
+        refuse_specialized_output(loader, path)  # what its trailer says, first
+    except AlreadySpecialized as exc:
+        record = exc.provenance
+        if record is None or not _adoptable(path, record, current(), device):
+            raise
+        return _publish(layout, key, src, path, current, True)  # made, not yet recorded
+    finally:
+        loader.close()
+    _refuse_recorded_output(layout, key, path, current())  # without a trailer
+    report = _specialize_in_place(path, backends, device, provenance)
+    return _publish(layout, key, src, path, current, report.specialized)
+
+
+def _specialize_in_place(
+    path: str,
+    backends: list[BackendLike] | None,
+    device: DeviceProfile | None,
+    provenance: bool,
+) -> Any:
+    from ..coordinator.inplace import specialize_in_place
+    from ..provenance.stamp import ProvenanceRequest
+
+    try:
+        return specialize_in_place(
             path,
             backends=backends,
             device=device,
@@ -93,6 +137,116 @@ def _make(
                 f"(the replaced bytes and the new metadata); the file is unchanged: {exc}"
             ) from exc
         raise
+
+
+def _refuse_recorded_output(layout: CacheLayout, key: str, path: str, now: dict[str, Any]) -> None:
+    """The entry's manifest recorded this very file (the same identity) as rewritten in
+    place, for other backends or another device (an upgrade): it is an output, with or
+    without a trailer; refuse to specialize it again."""
+    from ..errors import AlreadySpecialized
+    from .cache import read_manifest
+    from .manifest import as_json
+
+    try:
+        old = read_manifest(layout.manifest(key))
+    except Exception:  # unreadable: nothing recorded
+        return
+    if not old or not old.get("in_place") or not old.get("specialized", True):
+        return  # not an in-place entry, or one whose run changed nothing
+    was = old.get("fingerprint") or {}
+    want = as_json(now)
+    if was.get("source") != want["source"]:
+        return  # another file now (a new download): a portable model again
+    changed = [
+        f"{name} {'were' if name == 'backends' else 'was'} {was.get(name)}, now {want[name]}"
+        for name in ("backends", "device")
+        if was.get(name) != want[name]
+    ]
+    from ..coordinator.inplace import PORTABLE_HINT
+
+    raise AlreadySpecialized(
+        f"{path}: already specialized in place (the cache's entry {key} records this "
+        f"file, unchanged since, as rewritten by its backends; {'; '.join(changed) or 'as now'}"
+        f"); specializing it again would apply the backends to their own output. "
+        f"{PORTABLE_HINT}",
+        path=path,
+    )
+
+
+def _adoptable(path: str, record: Any, now: dict[str, Any], device: DeviceProfile | None) -> bool:
+    """Whether the file's own record is what this call would make (the backends
+    requested and their versions, the device) and its content is intact: then it is
+    this entry's artifact, made by a run that did not get to record it."""
+    from ..verification import verify
+
+    want_backends = [list(b) for b in now["backends"]]
+    if record.requested:
+        have = [[b.spec, b.version] for b in record.requested]
+        if have != want_backends:
+            return False
+    else:  # the registry's backends: every one that ran is installed at its version
+        if not record.backends or any(
+            [b.spec, b.version] not in want_backends for b in record.backends
+        ):
+            return False
+    if (record.device is None) != (device is None):
+        return False
+    if device is not None and (record.device.name, record.device.digest) != (
+        device.name,
+        device.digest(),
+    ):
+        return False
+    return verify(path).status == "intact"
+
+
+def _from_portable(
+    layout: CacheLayout,
+    key: str,
+    path: str,
+    portable: str,
+    backends: list[BackendLike] | None,
+    device: DeviceProfile | None,
+    current: Callable[[], dict[str, Any]],
+    provenance: bool,
+) -> Artifact:
+    """The portable source specialized into ``path`` (a staged copy beside it, renamed
+    over it: the output's size must be free), whatever ``path`` holds now."""
+    from ..coordinator import specialize
+    from ..provenance.stamp import ProvenanceRequest
+
+    try:
+        report = specialize(
+            portable,
+            path,
+            backends=backends,
+            device=device,
+            provenance=ProvenanceRequest() if provenance else False,
+            strict=False,
+        )
+    except (PteStoreError, OSError) as exc:
+        if is_disk_full(exc):
+            raise StorageError(
+                f"{path}: no space left on the file system for the specialized copy of "
+                f"the portable source {portable} (it is written beside {path}, then renamed "
+                f"over it); {path} is unchanged: {exc}"
+            ) from exc
+        raise
+    return _publish(layout, key, path, path, current, report.specialized)
+
+
+def _publish(
+    layout: CacheLayout,
+    key: str,
+    src: str,
+    path: str,
+    current: Callable[[], dict[str, Any]],
+    specialized: bool,
+) -> Artifact:
+    import os
+
+    from ..provenance import read_provenance
+    from ..storage.loaders import LocalFileLoader
+
     loader = LocalFileLoader(path)
     try:
         prov = read_provenance(loader)
@@ -103,7 +257,7 @@ def _make(
         source=path,
         fingerprint=current(),
         files={},
-        specialized=report.specialized,
+        specialized=specialized,
         provenance=prov,
         in_place=True,
     )

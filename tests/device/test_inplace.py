@@ -5,11 +5,13 @@ the model (a staged run fails cleanly, an in-place one succeeds)."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -252,49 +254,93 @@ def test_durable_order_journal_then_marked_then_data_then_identifier_then_remova
 
 
 # ------------------------------------------------------------------- SIGKILL at phases
+#: The calls that change the model file, counted by :func:`_kill_at` (``fallocate``:
+#: the journal's reserve and punch, through ctypes).
+CALLS = ("pwrite", "fsync", "ftruncate", "copy_file_range", "fallocate")
+
+
 def _kill_at(
     src: Path,
     nth: int,
-    calls: tuple[str, ...] = ("pwrite", "fsync", "ftruncate", "copy_file_range"),
+    calls: tuple[str, ...] = CALLS,
+    backends: list[Any] | None = None,
 ) -> int:
     """Run the in-place specialization in a forked child that SIGKILLs itself right
     before its ``nth`` call (0-based) touching the model file (counting ``calls``);
     returns how many such calls it made (all of them when it was not killed)."""
+    names = _calls_killed_at(src, nth, calls, backends)
+    return -1 if names is None else len(names)
+
+
+def _calls_killed_at(
+    src: Path,
+    nth: int,
+    calls: tuple[str, ...] = CALLS,
+    backends: list[Any] | None = None,
+    ensure_cache: Path | None = None,
+) -> list[str] | None:
+    """The calls touching the model file, in order (None: killed before the ``nth``).
+    ``ensure_cache``: the child runs ``ensure(src, cache_dir=..., in_place=True)`` (with
+    provenance) instead of ``specialize(src, src, in_place=True, provenance=False)``;
+    ``nth=-1`` then kills it right before it publishes the entry's manifest."""
+    import ptestore.journal as journal_module
+
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - child
         os.close(r)
-        seen = [0]
+        seen: list[str] = []
         target = str(src)
-        for call in calls:
-            real = getattr(os, call)
 
-            def wrapped(fd: int, *args: Any, _real: Any = real, _call: str = call) -> Any:
-                written = args[0] if _call == "copy_file_range" else fd
+        def wrap(real: Any, call: str) -> Any:
+            def wrapped(fd: int, *args: Any) -> Any:
+                written = args[0] if call == "copy_file_range" else fd
                 try:
                     path = os.readlink(f"/proc/self/fd/{written}")
                 except OSError:
                     path = ""
                 if path == target:
-                    if seen[0] == nth:
+                    if len(seen) == nth:
                         os.kill(os.getpid(), signal.SIGKILL)
-                    seen[0] += 1
-                return _real(fd, *args)
+                    seen.append(call)
+                return real(fd, *args)
 
-            setattr(os, call, wrapped)
+            return wrapped
+
+        for call in calls:
+            if call == "fallocate":
+                journal_module._fallocate = wrap(journal_module._fallocate, call)
+            else:
+                setattr(os, call, wrap(getattr(os, call), call))
         try:
-            ptestore.specialize(src, src, backends=[SPEC], in_place=True, provenance=False)
-            os.write(w, str(seen[0]).encode())
+            if ensure_cache is None:
+                ptestore.specialize(
+                    src, src, backends=backends or [SPEC], in_place=True, provenance=False
+                )
+            else:
+                if nth == -1:
+                    from ptestore.device.manifest import Manifest
+
+                    def killed(*args: Any) -> None:
+                        os.kill(os.getpid(), signal.SIGKILL)
+
+                    Manifest.publish = killed  # type: ignore[method-assign]
+                ptestore.ensure(
+                    src, cache_dir=ensure_cache, backends=backends or [SPEC], in_place=True
+                )
+            os.write(w, ",".join(seen).encode())
         finally:
             os._exit(0)
     os.close(w)
     _, status = os.waitpid(pid, 0)
-    out = os.read(r, 100)
+    out = b""
+    while chunk := os.read(r, 1 << 16):
+        out += chunk
     os.close(r)
     if os.WIFSIGNALED(status):
         assert os.WTERMSIG(status) == signal.SIGKILL
-        return -1
-    return int(out)
+        return None
+    return out.decode().split(",") if out else []
 
 
 def kill_states(tmp_path: Path) -> Iterator[tuple[str, Path]]:
@@ -450,3 +496,466 @@ def test_ensure_in_place_refusals(tmp_path: Path, kwargs: dict[str, Any], messag
     with pytest.raises(ConfigurationError, match=re.escape(message)):
         ptestore.ensure(source, cache_dir=tmp_path / "c", backends=[SPEC], in_place=True, **kwargs)
     assert src.read_bytes() == before
+
+
+# ------------------------------------------- a journal is bound to its file (issue 29)
+def _torn(tmp_path: Path, name: str) -> Path:
+    """A copy killed in the middle of applying its journal: marked, journal committed."""
+    probe = copy(tmp_path, f"probe-{name}")
+    total = _kill_at(probe, 10**9)
+    src = copy(tmp_path, name)
+    assert _kill_at(src, total // 2) == -1
+    assert src.read_bytes()[4:8] == CHANGING and Path(journal_path(str(src))).exists()
+    return src
+
+
+def _killed_before_marking(tmp_path: Path, name: str) -> Path:
+    """A copy whose run was killed after the commit, before the file was touched."""
+    src = copy(tmp_path, name)
+    assert _kill_at(src, 0) == -1
+    assert src.read_bytes() == FX.pte_path.read_bytes()  # type: ignore[union-attr]
+    return src
+
+
+@pytest.mark.parametrize("how", ["replaced (a new inode)", "rewritten (the same inode)"])
+def test_a_journal_is_not_applied_to_another_file_with_its_name(tmp_path: Path, how: str) -> None:
+    """A file replaced after its run was killed (a re-download, another model) does not
+    get the old journal's bytes: recover refuses, naming the journal and both files."""
+    src = _killed_before_marking(tmp_path, "model.pte")
+    other = tmp_path / "other.pte"
+    inflate(FX.pte_path, other, 4096)  # another model, another size
+    if how.startswith("replaced"):
+        os.replace(other, src)
+    else:
+        with open(src, "r+b") as f:  # same inode, other bytes
+            f.truncate(0)
+            f.write(other.read_bytes())
+    before = src.read_bytes()
+    journal = journal_path(str(src))
+    with pytest.raises(StorageError) as err:
+        ptestore.recover(src)
+    msg = str(err.value)
+    assert msg.startswith(f"{src}: not the file its journal {journal} was made for")
+    assert re.search(r"the journal: device \d+ inode \d+, \d+ bytes, sha256 [0-9a-f]{64}", msg)
+    assert f"the file now: device {src.stat().st_dev} inode {src.stat().st_ino}, " in msg
+    assert f"{len(before)} bytes" in msg and f"Remove {journal} if {src}" in msg
+    assert src.read_bytes() == before and Path(journal).exists()
+    # ensure refuses too (it recovers first), rather than specializing over it
+    with pytest.raises(StorageError, match="not the file its journal"):
+        ptestore.ensure(src, cache_dir=tmp_path / "c", backends=[SPEC], in_place=True)
+    assert src.read_bytes() == before
+
+
+def test_a_journal_is_applied_to_its_own_file_at_every_state(tmp_path: Path) -> None:
+    """Not started, torn, and applied but not yet removed: all the file it was made
+    for (the binding does not refuse a legitimate recovery)."""
+    new = staged(tmp_path, [SPEC])
+    for src in (_killed_before_marking(tmp_path, "a.pte"), _torn(tmp_path, "b.pte")):
+        assert ptestore.recover(src) == "rolled forward" and src.read_bytes() == new
+    src = _torn(tmp_path, "c.pte")
+    journal = Path(journal_path(str(src)))
+    kept = journal.read_bytes()
+    assert ptestore.recover(src) == "rolled forward"
+    journal.write_bytes(kept)  # as if killed between step 4 and the journal's removal
+    assert ptestore.recover(src) == "rolled forward" and src.read_bytes() == new
+
+
+def _flip_payload_byte(journal: Path) -> None:
+    data = bytearray(journal.read_bytes())
+    data[10] ^= 0x40  # in the payload: the spooled replacement
+    journal.write_bytes(bytes(data))
+
+
+def assert_corrupt_journal_refused(tmp_path: Path) -> None:
+    src = _torn(tmp_path, "flipped.pte")
+    journal = Path(journal_path(str(src)))
+    _flip_payload_byte(journal)
+    before = src.read_bytes()
+    with pytest.raises(StorageError) as err:
+        ptestore.recover(src)
+    msg = str(err.value)
+    assert msg.startswith(f"{src}: damaged: the file is marked as being changed in place (PTJ~")
+    assert f"its journal {journal} is invalid (the SHA-256 of its first " in msg
+    assert "does not match its commit record)" in msg
+    assert "Restore the model from its portable source" in msg
+    assert src.read_bytes() == before and journal.exists()  # kept: nothing guessed
+
+
+def test_a_committed_journal_with_one_payload_byte_flipped_is_refused(tmp_path: Path) -> None:
+    assert_corrupt_journal_refused(tmp_path)
+
+
+def test_the_commit_digest_check_is_what_refuses_a_flipped_byte(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Planted bug: a recover that skips the commit digest check rolls the corrupt
+    bytes forward, and the test above fails."""
+    import ptestore.journal as journal_module
+
+    monkeypatch.setattr(journal_module, "_commit_digest_ok", lambda fd, body, digest: True)
+    (tmp_path / "planted").mkdir()
+    with pytest.raises(pytest.fail.Exception, match="DID NOT RAISE"):  # rolled forward
+        assert_corrupt_journal_refused(tmp_path / "planted")
+    src = tmp_path / "planted" / "flipped.pte"
+    assert src.read_bytes()[4:8] == FX.pte_path.read_bytes()[4:8]  # type: ignore[union-attr]
+    assert src.read_bytes() != staged(tmp_path, [SPEC])  # loadable, with corrupt bytes
+
+
+def test_a_torn_file_whose_journal_is_damaged_is_reported_damaged_not_untouched(
+    tmp_path: Path,
+) -> None:
+    src = _torn(tmp_path, "t.pte")
+    journal = Path(journal_path(str(src)))
+    journal.write_bytes(journal.read_bytes()[:-40])  # the commit record gone
+    for call in (
+        lambda: ptestore.recover(src),
+        lambda: ptestore.ensure(src, cache_dir=tmp_path / "c", backends=[SPEC], in_place=True),
+        lambda: ptestore.describe(src),
+    ):
+        with pytest.raises(
+            StorageError,
+            match=re.escape(
+                f"{src}: damaged: the file is marked as being changed in place (PTJ~ in place "
+                f"of its identifier; the ExecuTorch runtime refuses it) and its journal "
+                f"{journal} is invalid (no commit record at its end), so it cannot be completed"
+            ),
+        ):
+            call()
+    assert src.read_bytes()[4:8] == CHANGING and journal.exists()
+
+
+# ------------------------------------------- SIGKILL at every step, same size and grown
+@pytest.mark.parametrize("how", ["same size", "grown"])
+def test_sigkill_at_every_step_of_applying_then_recover(tmp_path: Path, how: str) -> None:
+    """Every call that touches the file, for a same-size replacement and for a grown
+    one (reserve the growth, mark, punch the old range, metadata, the moved segment at
+    the end, size, identifier): killed right before it, the file is the old one, the
+    new one or marked as changing; ``recover`` rolls a committed journal forward to what
+    an uninterrupted run gives (for a same-size one, the staged output), and discards
+    an uncommitted one with the file as it was."""
+    from ptestore.journal import read_plan
+
+    if how == "same size":
+        source, backends = FX.pte_path, [SPEC]
+    else:
+        source = tmp_path / "big-source.pte"
+        inflate(FX.pte_path, source, 1 << 20)
+        backends = [ReplaceKey("XnnpackBackend", KEY, extra=8192, alignment=64)]
+    assert source is not None
+    old = Path(source).read_bytes()
+    probe = tmp_path / "probe.pte"
+    shutil.copyfile(source, probe)
+    steps = _calls_killed_at(probe, 10**9, backends=backends)
+    assert steps is not None
+    new = probe.read_bytes()  # a grown segment moves to the end: not the staged layout
+    if how == "same size":
+        assert new == staged(tmp_path, backends)
+    if how == "grown":  # reserve (before the commit), mark, punch, the moved segment
+        assert steps[:3] == ["fallocate", "pwrite", "fsync"], steps
+        assert "fallocate" in steps[3:] and "copy_file_range" in steps, steps
+    else:
+        assert "fallocate" not in steps, steps
+    outcomes = set()
+    for nth, step in enumerate(steps):
+        phase = f"{how}: killed before call {nth} ({step}) of {steps}"
+        src = tmp_path / f"k{nth}.pte"
+        shutil.copyfile(source, src)
+        assert _kill_at(src, nth, backends=backends) == -1, phase
+        data = src.read_bytes()
+        assert data in (old, new) or data[4:8] == CHANGING, phase
+        journal = journal_path(str(src))
+        committed = read_plan(journal) is not None
+        result = ptestore.recover(src)
+        assert result == ("rolled forward" if committed else "discarded"), phase
+        assert src.read_bytes() == (new if committed else old), phase
+        assert not Path(journal).exists(), phase
+        outcomes.add((data[4:8] == CHANGING, committed))
+    assert (True, True) in outcomes  # torn files were tried
+
+
+# ------------------------- in place never specializes its own output again (issue 29 1, C)
+def _calls(path: Path) -> int:
+    return len(path.read_text().split()) if path.exists() else 0
+
+
+def _content(path: Path) -> bytes:
+    """The bytes before the provenance trailer (what the record's digest names)."""
+    size = ptestore.describe(path)["provenance"]["content"]["size"]
+    return path.read_bytes()[:size]
+
+
+def _specialized_once(tmp_path: Path) -> bytes:
+    """What one uninterrupted ``ensure(in_place=True)`` leaves before its trailer."""
+    ref = copy(tmp_path, "reference.pte")
+    ptestore.ensure(ref, cache_dir=tmp_path / "ref-cache", backends=[SPEC], in_place=True)
+    return _content(ref)
+
+
+@pytest.mark.parametrize(
+    "route",
+    [
+        "killed while applying, recovered",
+        "killed while applying, not recovered",
+        "killed before the manifest",
+        "cache cleared",
+    ],
+)
+def test_in_place_ensure_never_specializes_its_output_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, route: str
+) -> None:
+    """The file is the output already (its trailer records these backends and versions
+    for this device, and its content is intact): the next ``ensure(in_place=True)``
+    adopts it as the entry, without running the backend again (a doubled weight stays
+    doubled, not x4)."""
+    calls = tmp_path / "calls"
+    monkeypatch.setenv("PTESTORE_TEST_CALLS", str(calls))
+    once = _specialized_once(tmp_path)
+    assert _calls(calls) == 1
+    src, cache = copy(tmp_path), tmp_path / "cache"
+    if route == "cache cleared":
+        ptestore.ensure(src, cache_dir=cache, backends=[SPEC], in_place=True)
+        ptestore.device.clear(cache)
+    elif route == "killed before the manifest":
+        assert _calls_killed_at(src, -1, ensure_cache=cache) is None
+        assert not Path(journal_path(str(src))).exists()  # applied, journal removed
+    else:
+        probe = copy(tmp_path, "probe.pte")
+        steps = _calls_killed_at(probe, 10**9, ensure_cache=tmp_path / "probe-cache")
+        assert steps is not None
+        assert _calls_killed_at(src, len(steps) // 2, ensure_cache=cache) is None
+        assert src.read_bytes()[4:8] == CHANGING
+        if "not recovered" not in route:
+            assert ptestore.recover(src) == "rolled forward"
+    ran = _calls(calls)
+    assert _content(src) == once or "not recovered" in route
+    a = ptestore.ensure(src, cache_dir=cache, backends=[SPEC], in_place=True)
+    assert _calls(calls) == ran  # the backend did not run again
+    assert a.created and a.in_place and a.specialized and a.pte == str(src)
+    assert _content(src) == once
+    b = ptestore.ensure(src, cache_dir=cache, backends=[SPEC], in_place=True)
+    assert not b.created and _calls(calls) == ran and _content(src) == once
+
+
+def _upgraded(version: str) -> Any:
+    from support.doubling_backend import Doubling
+
+    d = Doubling("mlp_xnnpack")
+    d.version = version
+    return d
+
+
+@pytest.mark.parametrize("provenance", [True, False], ids=["its trailer", "the cache's record"])
+def test_an_upgrade_in_place_needs_the_portable_source(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, provenance: bool
+) -> None:
+    """A backend upgraded after an in-place run: the file is the old version's output
+    (its trailer says so; without a trailer, the entry's manifest recorded this very
+    file as rewritten), so it is refused, unchanged, with what to do; given the
+    portable source, the new version specializes that, once."""
+    from ptestore.errors import AlreadySpecialized
+
+    want = staged(tmp_path, [SPEC])  # the portable source doubled once
+    calls = tmp_path / "calls"
+    monkeypatch.setenv("PTESTORE_TEST_CALLS", str(calls))
+    src, cache = copy(tmp_path), tmp_path / "cache"
+    kw: dict[str, Any] = {"cache_dir": cache, "in_place": True, "provenance": provenance}
+    ptestore.ensure(src, backends=[_upgraded("1.0")], **kw)
+    before = src.read_bytes()
+    with pytest.raises(AlreadySpecialized) as err:
+        ptestore.ensure(src, backends=[_upgraded("2.0")], **kw)
+    msg = str(err.value)
+    assert msg.startswith(f"{src}: already specialized")
+    if provenance:
+        assert (
+            "(its provenance trailer records backends [support.doubling_backend:Doubling "
+            f"1.0] for no device, made from {src} (sha256:" in msg
+        )
+    else:
+        assert (
+            "the cache's entry" in msg
+            and "backends were [['support.doubling_backend:"
+            "Doubling', '1.0']], now [['support.doubling_backend:Doubling', '2.0']]"
+            in msg
+        )
+    assert "specializing it again would apply the backends to their own output" in msg or (
+        "specializing it in place again would apply the backends to their own output" in msg
+    )
+    assert "portable=PATH" in msg and "--portable PATH" in msg
+    assert isinstance(err.value, ConfigurationError) and err.value.path == str(src)
+    assert src.read_bytes() == before and _calls(calls) == 1
+    portable = tmp_path / "portable.pte"
+    shutil.copyfile(FX.pte_path, portable)  # type: ignore[arg-type]
+    a = ptestore.ensure(src, backends=[_upgraded("2.0")], portable=portable, **kw)
+    assert a.created and a.pte == str(src) and _calls(calls) == 2
+    assert src.read_bytes()[: len(want)] == want
+    if provenance:
+        assert a.provenance is not None and a.provenance.requested[0].version == "2.0"
+    b = ptestore.ensure(src, backends=[_upgraded("2.0")], **kw)  # a hit, no portable needed
+    assert not b.created and _calls(calls) == 2
+
+
+def test_specialize_in_place_refuses_an_already_specialized_file(tmp_path: Path) -> None:
+    from ptestore.errors import AlreadySpecialized
+
+    src = copy(tmp_path)
+    ptestore.specialize(src, src, backends=[SPEC], in_place=True)
+    before = src.read_bytes()
+    with pytest.raises(
+        AlreadySpecialized,
+        match=re.escape(
+            f"{src}: already specialized (its provenance trailer records backends "
+            f"[{SPEC} 1.0] for no device, made from {src} (sha256:"
+        ),
+    ):
+        ptestore.specialize(src, src, backends=[SPEC], in_place=True)
+    assert src.read_bytes() == before and not Path(journal_path(str(src))).exists()
+    # a staged copy that nothing changed is still the portable model: accepted
+    copied = tmp_path / "copied.pte"
+    ptestore.specialize(FX.pte_path, copied, backends=["passthrough"])
+    ptestore.specialize(copied, copied, backends=[SPEC], in_place=True)
+    assert _content(copied) == staged(tmp_path, [SPEC])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"in_place": False},
+            "portable= is the source an in-place entry is made from; it "
+            "applies with in_place=True only (CLI: --in-place --portable PATH)",
+        ),
+        (
+            {"in_place": True, "same": True},
+            "portable= names the file rewritten in place "
+            "itself; it must be the original (portable) .pte",
+        ),
+    ],
+)
+def test_portable_refusals(tmp_path: Path, kwargs: dict[str, Any], message: str) -> None:
+    src = copy(tmp_path)
+    portable = src if kwargs.pop("same", False) else copy(tmp_path, "portable.pte")
+    with pytest.raises(ConfigurationError, match=re.escape(message)):
+        ptestore.ensure(src, cache_dir=tmp_path / "c", backends=[SPEC], portable=portable, **kwargs)
+    assert src.read_bytes() == FX.pte_path.read_bytes()  # type: ignore[union-attr]
+
+
+def test_cli_ensure_in_place_portable(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``ptestore ensure SRC --in-place`` refuses an output that is not current (made for
+    no device, asked for one; exit 2, the message says what to pass), and
+    ``--portable PTE`` makes it from the original."""
+    from ptestore.cli import main
+
+    src, cache = copy(tmp_path), tmp_path / "cache"
+    portable = copy(tmp_path, "portable.pte")
+    ptestore.ensure(src, cache_dir=cache, backends=[SPEC], in_place=True)
+    ptestore.device.clear(cache)
+    argv = ["ensure", str(src), "--cache-dir", str(cache), "--backend", SPEC, "--in-place"]
+    argv += ["--device", "phone"]
+    before = src.read_bytes()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"ptestore ensure: error: {src}: already specialized (its "), err
+    assert "--portable PATH" in err and src.read_bytes() == before
+    assert main([*argv, "--portable", str(portable), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["pte"] == str(src) and out["created"] and out["in_place"]
+    assert out["provenance"]["device"]["name"] == "phone"
+    assert out["provenance"]["source"]["url"] == str(portable)
+    want = staged(tmp_path, [SPEC])
+    assert src.read_bytes()[: len(want)] == want
+    assert main(argv) == 0  # a hit now, without --portable
+    assert capsys.readouterr().out.strip() == str(src)
+
+
+# ------------------------------------------ Ctrl-C while applying (issue 29 item 2)
+def _cli_signalled_at(src: Path, cache: Path, nth: int, signum: int, err: Path) -> int:
+    """``ptestore ensure SRC --in-place`` (the CLI's ``main``) in a forked child that
+    sends itself ``signum`` right before its ``nth`` call touching the model file;
+    its stderr goes to ``err``; returns its exit status."""
+    from ptestore.cli import main
+
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        code = 99
+        try:
+            fd = os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            os.dup2(fd, 2)
+            sys.stderr = open(2, "w", closefd=False)  # flushed below
+            seen = [0]
+            target = str(src)
+            for call in ("pwrite", "fsync", "ftruncate", "copy_file_range"):
+                real = getattr(os, call)
+
+                def wrapped(fd: int, *args: Any, _real: Any = real, _call: str = call) -> Any:
+                    written = args[0] if _call == "copy_file_range" else fd
+                    try:
+                        path = os.readlink(f"/proc/self/fd/{written}")
+                    except OSError:
+                        path = ""
+                    if path == target:
+                        if seen[0] == nth:
+                            os.kill(os.getpid(), signum)
+                        seen[0] += 1
+                    return _real(fd, *args)
+
+                setattr(os, call, wrapped)
+            argv = ["ensure", target, "--cache-dir", str(cache), "--backend", SPEC]
+            code = main([*argv, "--in-place"])
+        finally:
+            sys.stderr.flush()
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status), status
+    return os.WEXITSTATUS(status)
+
+
+@pytest.mark.parametrize(
+    ("signum", "by"), [(signal.SIGINT, ""), (signal.SIGTERM, " by SIGTERM")], ids=["C", "TERM"]
+)
+def test_ctrl_c_while_applying_completes_the_file_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, signum: int, by: str
+) -> None:
+    """Interrupted between the file's mark and its identifier: the journal is committed,
+    so the change is completed before the CLI exits 130, saying so (not "nothing was
+    published" with a torn file and a journal beside it); the next ensure adopts it."""
+    calls = tmp_path / "calls"
+    monkeypatch.setenv("PTESTORE_TEST_CALLS", str(calls))
+    once = _specialized_once(tmp_path)
+    src, cache, err = copy(tmp_path), tmp_path / "cache", tmp_path / "stderr"
+    assert _cli_signalled_at(src, cache, 2, signum, err) == 130
+    assert err.read_text() == (
+        f"ptestore ensure: interrupted{by} while {src} was rewritten in place: the change "
+        "was completed first (its journal was committed, so it was applied to the end): "
+        "the file is the specialized model, loadable\n"
+    )
+    assert not Path(journal_path(str(src))).exists()
+    assert src.read_bytes()[4:8] == FX.pte_path.read_bytes()[4:8]  # type: ignore[union-attr]
+    assert _content(src) == once and _calls(calls) == 2
+    a = ptestore.ensure(src, cache_dir=cache, backends=[SPEC], in_place=True)
+    assert a.created and _calls(calls) == 2 and _content(src) == once
+
+
+class GrownDoubling(BackendInterface):
+    """Doubles the fixture's weight and pads it with 4 KiB of zeros: a grown segment
+    (moved to the end, its old range punched) that the runtime still runs, with the
+    doubled outputs."""
+
+    name = "XnnpackBackend"
+    version = "1.0"
+
+    def initialize_backend_data(self, context: Any, output: Any) -> None:
+        assert FX.doubled is not None
+        value = bytes(context.get_named_data_map().get_data(KEY))
+        data = FX.doubled.doubled_value(value) + bytes(4096)
+        output.write_named_data(KEY, BackendData(data, alignment=64, allow_size_change=True))
+
+
+def grown_kill_states(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """``(phase, file as the kill left it)`` before every call of a grown in-place run."""
+    probe = copy(tmp_path, "grown-probe.pte")
+    steps = _calls_killed_at(probe, 10**9, backends=[GrownDoubling()])
+    assert steps is not None and "fallocate" in steps and "copy_file_range" in steps, steps
+    for nth, step in enumerate(steps):
+        src = copy(tmp_path, f"grown-k{nth}.pte")
+        assert _calls_killed_at(src, nth, backends=[GrownDoubling()]) is None
+        yield f"grown, killed before call {nth} ({step})", src

@@ -4,7 +4,12 @@
   .ptd) runs with the outputs of the doubled weight;
 - an in-place specialization SIGKILLed at sampled phases of applying its journal leaves
   a file the runtime runs with the old outputs or the new ones, or refuses, never one
-  that runs with other outputs; after ``ptestore.recover`` it runs with the new ones.
+  that runs with other outputs; after ``ptestore.recover`` it runs with the new ones;
+  the same before every call of a grown replacement's run (moved to the end, its old
+  range punched);
+- an in-place ``ensure`` killed while applying (then recovered) or before its manifest,
+  or whose cache was cleared, ensured in place again: the new outputs (the backend is
+  not applied to its own output a second time).
 
 Outputs are compared within the fixture's tolerance (XNNPACK's kernels differ in the
 last bit between CPUs), and the new ones must differ from the old.
@@ -17,7 +22,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from device.test_inplace import FX, kill_states
+from device.test_inplace import (
+    FX,
+    SPEC,
+    _calls_killed_at,
+    copy,
+    grown_kill_states,
+    kill_states,
+)
 from support.et_runtime import Job, run_programs
 from support.fixtures import Fixture, get_fixture
 
@@ -66,6 +78,25 @@ def test_ensured_and_in_place_artifacts_in_the_runtime(tmp_path: Path) -> None:
             jobs.append(Job(pte=path, inputs=FX.inputs["forward"], label=f"{phase}: {path}"))
             want.append((FX, "forward", allowed))
     assert marked >= 3  # most sampled phases are inside the changing window
+    # A grown replacement killed before every call that touches the file (issue 29 item
+    # 10): old, new or refused; after recover, new (or old when it was never committed).
+    for phase, src in grown_kill_states(tmp_path):
+        killed = tmp_path / f"as-killed-{src.name}"
+        shutil.copyfile(src, killed)
+        after = {"rolled forward": "new", "discarded": "old"}[str(ptestore.recover(src))]
+        for path, allowed in ((killed, {"old", "new", "refused"}), (src, {after})):
+            jobs.append(Job(pte=path, inputs=FX.inputs["forward"], label=f"{phase}: {path}"))
+            want.append((FX, "forward", allowed))
+    # In place never specializes its own output again (issue 29 item 1): an in-place
+    # ensure killed while applying then recovered, or killed before its manifest, or
+    # whose cache was cleared, then ensure(in_place=True) again: still the doubled
+    # weight (a second run would double it again: other outputs).
+    for route, src in again_states(tmp_path):
+        ptestore.ensure(
+            src, cache_dir=tmp_path / f"again-{src.stem}", backends=[SPEC], in_place=True
+        )
+        jobs.append(Job(pte=src, inputs=FX.inputs["forward"], label=f"ensured again: {route}"))
+        want.append((FX, "forward", {"new"}))
     results = run_programs(jobs)
     refused = 0
     for r, (fx, m, allowed) in zip(results, want, strict=True):
@@ -81,3 +112,23 @@ def test_ensured_and_in_place_artifacts_in_the_runtime(tmp_path: Path) -> None:
             outcome = "other outputs"
         assert outcome in allowed, (r.label, outcome, r.error)
     assert refused >= marked  # a file marked as changing is refused by the runtime
+
+
+def again_states(tmp_path: Path) -> list[tuple[str, Path]]:
+    """Files an in-place ``ensure`` left specialized without (or with a lost) entry."""
+    out: list[tuple[str, Path]] = []
+    probe = copy(tmp_path, "again-probe.pte")
+    steps = _calls_killed_at(probe, 10**9, ensure_cache=tmp_path / "again-probe-cache")
+    assert steps is not None
+    src = copy(tmp_path, "again-recovered.pte")
+    assert _calls_killed_at(src, len(steps) // 2, ensure_cache=tmp_path / "again-k") is None
+    assert ptestore.recover(src) == "rolled forward"
+    out.append(("killed while applying, recovered", src))
+    src = copy(tmp_path, "again-manifest.pte")
+    assert _calls_killed_at(src, -1, ensure_cache=tmp_path / "again-m") is None
+    out.append(("killed before the manifest", src))
+    src = copy(tmp_path, "again-cleared.pte")
+    ptestore.ensure(src, cache_dir=tmp_path / "again-c", backends=[SPEC], in_place=True)
+    ptestore.device.clear(tmp_path / "again-c")
+    out.append(("cache cleared", src))
+    return out
