@@ -21,7 +21,9 @@ One module per step of the pipeline (:mod:`.pipeline` lists them in order):
   of one pair of URLs, run the pipeline, discard and close;
 - :mod:`.frontend`: :func:`specialize`, the URL front end (checks, then the pair runner);
 - :mod:`.inplace` and :mod:`.journal_writer`: ``specialize(src, src, in_place=True)``,
-  the run whose writer is a journal beside the file (:mod:`ptestore.journal`).
+  the run whose writer is a journal beside the file (:mod:`ptestore.journal`);
+- :mod:`.respecialize`: what a file's own trailer says about it; in place never
+  specializes an output again (:class:`~ptestore.errors.AlreadySpecialized`).
 """
 
 from __future__ import annotations

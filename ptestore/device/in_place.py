@@ -95,7 +95,7 @@ def _make(
     path = StorageURL.of(src).location
     if portable is not None:
         return _from_portable(layout, key, path, portable, backends, device, current, provenance)
-    from ..coordinator.inplace import refuse_specialized_output
+    from ..coordinator.respecialize import refuse_specialized_output
     from ..storage.loaders import LocalFileLoader
 
     loader = LocalFileLoader(path)
@@ -162,7 +162,7 @@ def _refuse_recorded_output(layout: CacheLayout, key: str, path: str, now: dict[
         for name in ("backends", "device")
         if was.get(name) != want[name]
     ]
-    from ..coordinator.inplace import PORTABLE_HINT
+    from ..coordinator.respecialize import PORTABLE_HINT
 
     raise AlreadySpecialized(
         f"{path}: already specialized in place (the cache's entry {key} records this "
