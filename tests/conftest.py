@@ -72,7 +72,73 @@ def _is_interop_path(path: str) -> bool:
     return f"{os.sep}interop{os.sep}" in path or os.path.basename(path).startswith("test_interop")
 
 
+#: Fixtures that start a real S3 server (moto, SeaweedFS): a test taking one is slow.
+S3_FIXTURES = frozenset({"s3_server", "moto_s3", "seaweedfs_s3"})
+#: Test files and directories that are slow as a whole, and why (relative to tests/).
+SLOW_PATHS = {
+    "viz/": "headless Chromium, a browser per test",
+    "ci/test_ci_guard.py": "a child pytest session per test",
+}
+#: Single tests that are slow, and why (``path::name`` relative to tests/; a file that
+#: imports pytest marks its own slow tests with ``@pytest.mark.slow`` instead).
+SLOW_TESTS = {
+    "format/test_fuzz.py::test_mutations_raise_only_format_errors": "10,000 mutated files",
+}
+#: Tests of the kits that load the real ExecuTorch runtime without the interop marker.
+SLOW_KIT_TESTS = frozenset({"test_loads_in_runtime"})
+
+
+#: Tests allowed more than the per-test ceiling (``timeout = 300`` in pyproject.toml,
+#: pytest-timeout: a hang fails with the test's name): seconds, for the few that take
+#: 10-30 s on an idle 2-core machine and scale with its load (docs/testing.md).
+LONG_TESTS = {
+    "writers/test_crash.py::test_specialize_sigint_and_sigkill_locally": 900,
+    "writers/test_crash.py::test_specialize_sigint_and_sigkill_on_s3": 900,
+    "fleet/test_fleet_dask.py::test_dask_cluster_matches_the_pool_even_when_a_worker_dies": 900,
+    "interop/test_fixtures_sanity.py::test_runner_attributes_a_crash_to_its_job": 900,
+    "interop/test_device_runtime.py::test_ensured_and_in_place_artifacts_in_the_runtime": 900,
+}
+
+
+def _test_id(item: pytest.Item) -> str:
+    """``path::name`` of ``item``, the path relative to tests/, without parameters."""
+    here = os.path.relpath(str(item.path), os.path.dirname(os.path.abspath(__file__)))
+    return f"{here.replace(os.sep, '/')}::{getattr(item, 'originalname', item.name)}"
+
+
+def _is_slow(item: pytest.Item, slow_paths: tuple[str, ...]) -> bool:
+    """Slow without a marker of its own: a real S3 server (the ``s3`` marker or one of
+    :data:`S3_FIXTURES`), the real runtime (``interop``, the kit's runtime check: each
+    first use imports torch and ExecuTorch), a path of :data:`SLOW_PATHS` or a test of
+    :data:`SLOW_TESTS`."""
+    name = getattr(item, "originalname", item.name)
+    return (
+        _test_id(item) in SLOW_TESTS
+        or item.get_closest_marker("s3") is not None
+        or item.get_closest_marker("interop") is not None
+        or name in SLOW_KIT_TESTS
+        or bool(S3_FIXTURES & set(getattr(item, "fixturenames", ())))
+        or str(item.path).startswith(slow_paths)
+    )
+
+
+def _mark_slow(items: list[pytest.Item]) -> None:
+    """``slow`` on every test :func:`_is_slow` finds; the others that are slow (crash
+    matrices, fuzzing, large files) carry ``@pytest.mark.slow`` themselves."""
+    root = os.path.dirname(os.path.abspath(__file__))
+    slow_paths = tuple(os.path.join(root, *p.split("/")) for p in SLOW_PATHS)
+    for item in items:
+        if item.get_closest_marker("slow") is None and _is_slow(item, slow_paths):
+            item.add_marker(pytest.mark.slow)
+        ceiling = LONG_TESTS.get(_test_id(item))
+        if ceiling is not None and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(ceiling))
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m "not slow" deselects by markers
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _mark_slow(items)
     if not REQUIRE_INTEROP:
         return
     xfail = [i.nodeid for i in items if i.get_closest_marker("interop") and _xfail(i)]
