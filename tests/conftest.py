@@ -78,11 +78,15 @@ S3_FIXTURES = frozenset({"s3_server", "moto_s3", "seaweedfs_s3"})
 SLOW_PATHS = {
     "viz/": "headless Chromium, a browser per test",
     "ci/test_ci_guard.py": "a child pytest session per test",
+    "testing/test_pytest_plugin.py": "a child pytest session per test (a vendor's project)",
 }
 #: Single tests that are slow, and why (``path::name`` relative to tests/; a file that
 #: imports pytest marks its own slow tests with ``@pytest.mark.slow`` instead).
 SLOW_TESTS = {
     "format/test_fuzz.py::test_mutations_raise_only_format_errors": "10,000 mutated files",
+    "fleet/test_shared_ptd.py::test_local_job_stores_the_ptd_once_and_fetch_follows_it": (
+        "runs the fetched pair in the real runtime (imports torch and ExecuTorch)"
+    ),
 }
 #: Tests of the kits that load the real ExecuTorch runtime without the interop marker.
 SLOW_KIT_TESTS = frozenset({"test_loads_in_runtime"})

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import conftest
+import pytest
 
 TESTS = Path(conftest.__file__).resolve().parent
 ROOT = TESTS.parent
@@ -48,6 +49,7 @@ def _collect(*args: str) -> str:
     return done.stdout + done.stderr
 
 
+@pytest.mark.slow  # a child pytest collecting seven files
 def test_not_slow_leaves_out_servers_browsers_runtime_and_the_listed() -> None:
     fast = _collect(
         "-m",
@@ -78,6 +80,7 @@ def test_not_slow_leaves_out_servers_browsers_runtime_and_the_listed() -> None:
     assert any("test_fuzz.py::test_short_hostile_files_raise_only_format_errors" in i for i in ids)
 
 
+@pytest.mark.slow  # a child pytest session
 def test_a_hang_fails_with_the_tests_name(tmp_path: Path) -> None:
     """The ceiling is pytest-timeout's: a test that never returns fails, named, and the
     run goes on (here with a 2 s ceiling instead of the suite's 300 s)."""
