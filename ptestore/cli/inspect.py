@@ -9,7 +9,7 @@ from typing import Any
 
 from ..errors import ConfigurationError
 from .exits import EXIT_OK, guarded
-from .options import add_storage_options, storage_options
+from .options import add_ptd_flag, add_storage_options, storage_options
 from .parser import add_common_flags
 
 __all__ = ["add_inspect_parser", "run_inspect"]
@@ -38,9 +38,8 @@ def add_inspect_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "url", metavar="URL", help="local path or fsspec URL (file://, memory://, s3://)"
     )
-    p.add_argument(
-        "--ptd",
-        metavar="PTD",
+    add_ptd_flag(
+        p,
         help="the .ptd of the .pte at URL: describe both, and where every key's bytes are "
         "(with --html: draw both)",
     )

@@ -14,26 +14,18 @@ import sys
 from typing import Any
 
 from .exits import EXIT_OK, guarded
-from .options import add_storage_options, storage_options
+from .options import add_device_flags, add_storage_options, device_or_name, storage_options
 from .parser import add_common_flags
 
 __all__ = ["add_fetch_parser", "add_select_parser", "run_fetch", "run_select"]
 
 
-def _device_flags(p: argparse.ArgumentParser, *, required: bool) -> None:
+def _index_flags(p: argparse.ArgumentParser, *, required: bool) -> None:
     p.add_argument("--model", metavar="NAME", required=required, help="the model's name")
-    p.add_argument(
-        "--device",
-        metavar="NAME",
+    add_device_flags(
+        p,
         required=required,
         help="the device (its options default to those the index records for the name)",
-    )
-    p.add_argument(
-        "--device-option",
-        metavar="K=V",
-        action="append",
-        default=[],
-        help="an option of the device profile (VALUE parsed as JSON if it can be); repeatable",
     )
     p.add_argument("--json", action="store_true", help="print the answer as JSON")
     add_storage_options(p)
@@ -52,7 +44,7 @@ def add_select_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--model mlp --device pixel9",
     )
     p.add_argument("index", metavar="INDEX", help="the index (path or URL)")
-    _device_flags(p, required=True)
+    _index_flags(p, required=True)
     p.set_defaults(func=run_select)
     return p
 
@@ -70,20 +62,9 @@ def add_fetch_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("source", metavar="INDEX_OR_URL", help="an index (.json) or an artifact")
     p.add_argument("dest", metavar="DEST", help="local path of the .pte")
-    _device_flags(p, required=False)
+    _index_flags(p, required=False)
     p.set_defaults(func=run_fetch)
     return p
-
-
-def _device(args: argparse.Namespace) -> Any:
-    if not args.device_option:
-        return args.device
-    from ..backends.compat import DeviceProfile, parse_device_options
-    from ..errors import ConfigurationError
-
-    if args.device is None:
-        raise ConfigurationError("--device-option needs --device NAME")
-    return DeviceProfile(args.device, parse_device_options(args.device_option))
 
 
 def _print(args: argparse.Namespace, value: dict[str, Any], text: str) -> None:
@@ -99,7 +80,9 @@ def run_select(args: argparse.Namespace) -> int:
     """Run ``ptestore select``."""
     from ..fleet.select import select
 
-    choice = select(args.index, args.model, _device(args), storage_options=storage_options(args))
+    device = device_or_name(args)
+    assert device is not None  # --device is required
+    choice = select(args.index, args.model, device, storage_options=storage_options(args))
     files = choice.pte["url"] + (f" + {choice.ptd['url']}" if choice.ptd else "")
     _print(args, choice.to_dict(), f"{choice.kind}: {files}\n{choice.reason}")
     return EXIT_OK
@@ -114,7 +97,7 @@ def run_fetch(args: argparse.Namespace) -> int:
         args.source,
         args.dest,
         model=args.model,
-        device=_device(args),
+        device=device_or_name(args),
         storage_options=storage_options(args),
     )
     lines = [

@@ -7,9 +7,18 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigurationError
 from .exits import EXIT_OK, guarded
-from .options import add_storage_options, human_bytes, side_storage_options, storage_options
+from .options import (
+    add_backend_flag,
+    add_device_flags,
+    add_ptd_flag,
+    add_storage_options,
+    device_profile,
+    human_bytes,
+    ptd_pair,
+    side_storage_options,
+    storage_options,
+)
 from .parser import add_common_flags
 from .progress import Progress, progress_wanted
 
@@ -45,21 +54,8 @@ def add_specialize_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("src", metavar="SRC", help="source .pte (path or URL)")
     p.add_argument("dst", metavar="DST", help="destination .pte (path or URL; may equal SRC)")
-    p.add_argument(
-        "--backend",
-        metavar="SPEC",
-        action="append",
-        default=None,
-        help="backend implementation: a registered name, package.module:attr, optionally "
-        "REF@BACKEND_ID and =ARGUMENT (repeatable; default: every registered backend "
-        "whose name is a backend id in the program; see `ptestore backends`)",
-    )
-    p.add_argument(
-        "--ptd",
-        nargs=2,
-        metavar=("SRC_PTD", "DST_PTD"),
-        help="also rewrite the model's external weights (.ptd)",
-    )
+    add_backend_flag(p)
+    add_ptd_flag(p, pair=True, help="also rewrite the model's external weights (.ptd)")
     p.add_argument(
         "--create",
         action="store_true",
@@ -83,17 +79,8 @@ def add_specialize_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="where replacement bytes wait until layout (default: the local destination's "
         "directory, else the system temp dir)",
     )
-    p.add_argument(
-        "--device",
-        metavar="NAME",
-        help="the device profile to specialize for (handed to backends, kept in the provenance)",
-    )
-    p.add_argument(
-        "--device-option",
-        metavar="K=V",
-        action="append",
-        default=[],
-        help="an option of the device profile (VALUE parsed as JSON if it can be); repeatable",
+    add_device_flags(
+        p, help="the device profile to specialize for (handed to backends, kept in the provenance)"
     )
     p.add_argument(
         "--provenance",
@@ -177,16 +164,11 @@ def run_specialize(args: argparse.Namespace) -> int:
     quiet = args.quiet or args.json
     progress = None if not progress_wanted(disabled=quiet or args.no_progress) else Progress()
     try:
-        from ..backends.compat import DeviceProfile, parse_device_options
-
-        options = parse_device_options(args.device_option)
-        if options and not args.device:
-            raise ConfigurationError("--device-option needs --device NAME")
-        device = DeviceProfile(args.device, options) if args.device else None
+        device = device_profile(args)
         report = specialize(
             args.src,
             args.dst,
-            ptd=tuple(args.ptd) if args.ptd else None,
+            ptd=ptd_pair(args),
             backends=args.backend,
             mode="create" if args.create else "overwrite",
             event_tracer=progress,

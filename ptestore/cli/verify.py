@@ -14,7 +14,14 @@ from typing import Any
 
 from ..errors import ConfigurationError
 from .exits import guarded
-from .options import add_storage_options, storage_options
+from .options import (
+    add_backend_flag,
+    add_device_flags,
+    add_ptd_flag,
+    add_storage_options,
+    device_or_name,
+    storage_options,
+)
 from .parser import add_common_flags
 
 __all__ = ["add_verify_parser", "run_verify"]
@@ -50,31 +57,16 @@ def add_verify_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="the artifact (.pte or .ptd; path or URL); without it, --job checks every pair",
     )
     p.add_argument("--source", metavar="SRC", help="the source it should have been made from")
-    p.add_argument(
-        "--backend",
-        metavar="SPEC",
-        action="append",
-        default=None,
-        help="a backend it should have been made with (repeatable, in order)",
-    )
-    p.add_argument(
-        "--device",
-        metavar="NAME",
+    add_backend_flag(p, help="a backend it should have been made with (repeatable, in order)")
+    add_device_flags(
+        p,
         help="the device profile it should have been made for (options from --job or "
         "--device-option; without options only the name is compared)",
-    )
-    p.add_argument(
-        "--device-option",
-        metavar="K=V",
-        action="append",
-        default=[],
-        help="an option of the --device profile (VALUE parsed as JSON if it can be); "
+        option_help="an option of the --device profile (VALUE parsed as JSON if it can be); "
         "repeatable; not with --job",
     )
-    p.add_argument(
-        "--ptd",
-        metavar="PTD",
-        help="the .ptd of a .pte (default: the one beside it, when its record names one)",
+    add_ptd_flag(
+        p, help="the .ptd of a .pte (default: the one beside it, when its record names one)"
     )
     p.add_argument(
         "--quick",
@@ -131,19 +123,8 @@ def _inputs(args: argparse.Namespace) -> tuple[Any, Any, Any, dict[str, Any]]:
     backends = args.backend
     device: Any = None
     if args.job is None:
-        if args.device_option:
-            from ..backends.compat import DeviceProfile, parse_device_options
-
-            if args.device is None:
-                raise ConfigurationError("--device-option needs --device NAME")
-            return (
-                source,
-                backends,
-                DeviceProfile(args.device, parse_device_options(args.device_option)),
-                options,
-            )
         # Without options only the name is compared (backends get a profile of that name).
-        return source, backends, args.device, options
+        return source, backends, device_or_name(args), options
     if args.device_option:
         raise ConfigurationError(
             "--device-option cannot be given with --job (the job file has the options)"

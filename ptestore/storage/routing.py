@@ -72,10 +72,7 @@ class StorageOptions:
                 accepted |= writer_options(u)
         unknown = sorted(set(self.common) - accepted)
         if unknown:
-            raise ConfigurationError(
-                f"storage options {unknown} apply to none of {', '.join(remote)} "
-                f"(accepted: {sorted(accepted)})"
-            )
+            raise ConfigurationError(_refusal(unknown, remote, accepted))
         self._checked = run
 
     def _pick(
@@ -110,3 +107,32 @@ def options_for_writer(url: URLLike, options: Mapping[str, Any] | None) -> dict[
     """The common ``options`` that apply to writing ``url`` (a filtered dict; the names
     a writer accepts are :func:`~ptestore.writers.writer_options`)."""
     return StorageOptions(options).for_writer(url)
+
+
+#: How many of a run's remote URLs the refusal of an option names (a fleet has hundreds).
+_URLS_NAMED = 3
+
+
+def _refusal(unknown: list[str], remote: list[str], accepted: set[str]) -> str:
+    """The message refusing common options ``unknown``: each named once, a few of the
+    run's remote URLs, and the nearest accepted name of each (``difflib``) when there is
+    one, else the accepted names."""
+    import difflib  # only for the error
+
+    urls = list(dict.fromkeys(remote))
+    where = ", ".join(urls[:_URLS_NAMED])
+    if len(urls) > _URLS_NAMED:
+        where += f" and {len(urls) - _URLS_NAMED} more URL(s) of the run"
+    guesses = {
+        name: found[0]
+        for name in unknown
+        if (found := difflib.get_close_matches(name, sorted(accepted), n=1, cutoff=0.6))
+    }
+    message = f"storage options {unknown} apply to none of {where}"
+    if guesses:
+        if len(unknown) == 1:
+            hints = repr(guesses[unknown[0]])
+        else:
+            hints = ", ".join(f"{guess!r} for {name!r}" for name, guess in guesses.items())
+        return f"{message} (did you mean {hints}?)"
+    return f"{message} (accepted: {sorted(accepted)})"

@@ -2,10 +2,15 @@
 programs, a read-only named data reader, a runtime runner, and two S3 test servers
 (moto, SeaweedFS).
 
-- Writers: subclass :class:`ptestore.testing.writer_contract.WriterContract`.
+- Writers: subclass :class:`WriterContract` (:mod:`.writer_contract`).
 - Backends: subclass :class:`BackendContract` (:mod:`.backend_contract`), read a model's
   named data with :func:`open_named_data`, run a program in the ExecuTorch runtime and
   compare its outputs with :func:`assert_outputs_match` (:mod:`.runtime`).
+
+Both kits come with a pytest plugin (:mod:`.pytest_plugin`, a ``pytest11`` entry point
+that pytest loads wherever ptestore is installed): the markers the kits use,
+the S3 test servers as fixtures (``s3_server``, ``moto_s3``, ``seaweedfs_s3``) and the
+kits' asserts rewritten, so a vendor's test file needs only the import of its kit.
 
 Exports load lazily (the contracts import pytest).
 """
@@ -26,6 +31,7 @@ __all__ = [
     "named_data",
     "open_named_data",
     "programs",
+    "pytest_plugin",
     "run_in_runtime",
     "runtime",
     "runtime_unavailable",
@@ -33,11 +39,13 @@ __all__ = [
     "seaweedfs",
     "shipped_program",
     "shipped_programs",
+    "WriterContract",
     "writer_contract",
 ]
 
 _EXPORTS = {
     "BackendContract": ".backend_contract",
+    "WriterContract": ".writer_contract",
     "NamedData": ".named_data",
     "open_named_data": ".named_data",
     "Program": ".programs",

@@ -311,6 +311,60 @@ def test_every_subcommand_checks_options_the_same_way(
     assert err.startswith(message), err
 
 
+def _fleet_job(tmp_path: Path, options: str, models: int = 3, devices: int = 40) -> Path:
+    """A job of ``models`` x ``devices`` pairs on s3:// (never opened: the options are
+    refused first) with the ``[storage_options]`` lines ``options``."""
+    lines = [
+        'destination = "s3://bkt/out/{device}/{model}.pte"',
+        'backends = ["passthrough"]',
+        "[storage_options]",
+        options,
+    ]
+    for i in range(models):
+        lines += ["[[models]]", f'name = "m{i}"', f'source = "s3://bkt/src/m{i}.pte"']
+    lines += [f"[devices.d{i}]" for i in range(devices)]
+    job = tmp_path / "job.toml"
+    job.write_text("\n".join(lines) + "\n")
+    return job
+
+
+def test_fleet_misspelt_option_is_named_once_with_a_suggestion(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 29, item 18: the refusal names the option once, three of the job's 123 URLs
+    and the nearest accepted name (it was a 3.7 KB line listing every URL)."""
+    job = _fleet_job(tmp_path, 'endpoint_ulr = "http://127.0.0.1:1"')
+    assert main(["fleet", "run", str(job)]) == EXIT_BAD_INPUT
+    first = capsys.readouterr().err.splitlines()[0]
+    assert first == (
+        f"ptestore fleet: error: {job}: storage_options: storage options ['endpoint_ulr'] "
+        "apply to none of s3://bkt/src/m0.pte, s3://bkt/src/m1.pte, s3://bkt/src/m2.pte "
+        "and 120 more URL(s) of the run (did you mean 'endpoint_url'?)"
+    )
+
+
+def test_fleet_options_without_a_near_name_list_the_accepted_ones(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    where = "s3://bkt/src/m0.pte, s3://bkt/out/d0/m0.pte, s3://bkt/out/d1/m0.pte"
+    job = _fleet_job(tmp_path, "bogus = 1\nretry_atempts = 2", models=1, devices=2)
+    assert main(["fleet", "run", str(job)]) == EXIT_BAD_INPUT
+    first = capsys.readouterr().err.splitlines()[0]
+    assert first == (
+        f"ptestore fleet: error: {job}: storage_options: storage options ['bogus', "
+        f"'retry_atempts'] apply to none of {where} (did you mean 'retry_attempts' for "
+        "'retry_atempts'?)"
+    )
+    job = _fleet_job(tmp_path, "bogus = 1", models=1, devices=2)
+    assert main(["fleet", "run", str(job)]) == EXIT_BAD_INPUT
+    first = capsys.readouterr().err.splitlines()[0]
+    assert first.startswith(
+        f"ptestore fleet: error: {job}: storage_options: storage options ['bogus'] apply to "
+        f"none of {where} (accepted: ["
+    ), first
+    assert "'endpoint_url'" in first and "'part_size'" in first and first.endswith("])")
+
+
 @pytest.mark.s3
 def test_dst_options_reach_the_destination_only(
     moto_s3: MotoS3, tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -401,7 +401,7 @@ def test_writes_from_a_thread_after_the_call_are_refused_and_not_counted(
     errors: list[BaseException] = []
 
     def late(out: Any) -> None:
-        returned.wait(10)
+        returned.wait(120)  # an event: the ceiling only for a hang
         try:
             out.write_named_data(KEYS[1], BackendData(b"\x09" * 128))
         except BaseException as exc:
@@ -418,7 +418,7 @@ def test_writes_from_a_thread_after_the_call_are_refused_and_not_counted(
     def tracer(event: Event) -> None:
         if event.kind == "backend_end":  # the call has returned; the run goes on
             returned.set()
-            threads[0].join(10)
+            threads[0].join(120)
 
     report = ptestore.specialize(src, dst, backends=[Backend(action=action)], event_tracer=tracer)
     assert [str(e) for e in errors] == [dead("write_named_data")]

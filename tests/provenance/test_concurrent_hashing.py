@@ -137,7 +137,7 @@ def test_a_run_that_fails_stops_the_description(
     def slow(self: LocalFileLoader, offset: int, buffer: memoryview) -> None:
         if threading.current_thread().name == "ptestore-describe-source":
             started.set()
-            go_on.wait(10)  # until the run has failed and asks the thread to stop
+            go_on.wait(120)  # until the run has failed and asks the thread to stop (an event)
         real(self, offset, buffer)
 
     monkeypatch.setattr(LocalFileLoader, "readinto", slow)
@@ -246,11 +246,11 @@ def test_a_failed_write_stops_the_digest(tmp_path: Path, monkeypatch: pytest.Mon
 
     def slow(self: ContentHasher, *args: Any) -> None:
         started.set()
-        go_on.wait(10)  # until the run has failed and cancels the digest
+        go_on.wait(120)  # until the run has failed and cancels the digest (an event)
         real_read(self, *args)
 
     def failing_copy(self: LocalFileWriter, *args: Any) -> None:
-        assert started.wait(10)
+        assert started.wait(120)
         raise StorageError("the disk is full")
 
     monkeypatch.setattr(ContentHasher, "read", slow)

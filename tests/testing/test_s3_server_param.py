@@ -1,16 +1,16 @@
-"""tests/conftest.py's ``s3_server`` parametrization and its ``s3_xfail`` marker, run in
-a child pytest with stand-in servers (no moto or SeaweedFS needed)."""
+"""The ``s3_server`` parametrization and the ``s3_xfail`` marker of ptestore's pytest
+plugin (:mod:`ptestore.testing.pytest_plugin`), run in a child pytest as a vendor runs
+it: a test file and ``-p`` (what the ``pytest11`` entry point does for an installed
+ptestore), no conftest, with stand-in servers (no moto or SeaweedFS needed)."""
 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-CONFTEST = Path(__file__).resolve().parent.parent / "conftest.py"
-ROOT = CONFTEST.parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 
 HEADER = """
 import pytest
@@ -30,15 +30,14 @@ def seaweedfs_s3():
 
 
 def run(tmp_path: Path, body: str) -> subprocess.CompletedProcess[str]:
-    shutil.copy(CONFTEST, tmp_path / "conftest.py")
-    (tmp_path / "pytest.ini").write_text(
-        "[pytest]\nmarkers =\n    interop: real runtime\n    s3_xfail: server, reason\n"
-    )
+    # --strict-markers: the plugin registers s3_xfail (no ini of the project's own)
+    (tmp_path / "pytest.ini").write_text("[pytest]\naddopts = --strict-markers\n")
     (tmp_path / "test_x.py").write_text(HEADER + body)
-    env = {**os.environ, "PTESTORE_REQUIRE_INTEROP": "0"}
+    env = {**os.environ, "PTESTORE_REQUIRE_INTEROP": "0", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    plugin = ["-p", "ptestore.testing.pytest_plugin", "-p", "no:cacheprovider"]
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-rxXf", "-p", "no:cacheprovider", str(tmp_path)],
+        [sys.executable, "-m", "pytest", "-q", "-rxXf", *plugin, str(tmp_path)],
         capture_output=True,
         text=True,
         cwd=tmp_path,
