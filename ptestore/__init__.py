@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import (
     AlreadyExists,
+    AlreadySpecialized,
     BackendError,
     ConfigurationError,
     FormatError,
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AlreadyExists",
+    "AlreadySpecialized",
     "Artifact",
     "BackendError",
     "ConfigurationError",
