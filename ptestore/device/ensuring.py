@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from ..backends.compat import DeviceProfile
-from ..errors import ConfigurationError, PteStoreError, StorageError
+from ..errors import ConfigurationError, PermissionDenied, PteStoreError, StorageError
 from .artifact import Artifact, artifact_of, hit_or_make, lookup
 from .cache import CacheLayout, clean_entry_locked, read_manifest
 from .keys import (
@@ -213,7 +213,7 @@ def _ensure_from_index(
     fingerprint = index_fingerprint(index, model, device, choice)
 
     def fetched() -> Artifact:
-        os.makedirs(layout.entry_dir(key), exist_ok=True)
+        layout.make_entry_dir(key)
         manifest = fetch_entry(layout, key, index, model, device, opts, (PTE_NAME, PTD_NAME))
         manifest.publish(layout, index)
         clean_entry_locked(layout, key, manifest.to_dict())  # the previous files' leftovers
@@ -235,9 +235,10 @@ def _make(
     from ..coordinator import specialize
     from ..provenance.stamp import ProvenanceRequest
 
-    directory = layout.entry_dir(key)
     try:
-        os.makedirs(directory, exist_ok=True)
+        directory = layout.make_entry_dir(key)
+    except PermissionDenied:
+        raise
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             raise disk_full_error(layout.root, src, 0, exc) from exc

@@ -70,7 +70,6 @@ def _make(
     current: Callable[[], dict[str, Any]],
     provenance: bool = True,
 ) -> Artifact:
-    import os
 
     from ..coordinator.inplace import specialize_in_place
     from ..provenance import read_provenance
@@ -107,6 +106,6 @@ def _make(
         provenance=prov,
         in_place=True,
     )
-    os.makedirs(layout.entry_dir(key), exist_ok=True)
+    layout.make_entry_dir(key)
     manifest.publish(layout, src)
     return artifact_of(layout, manifest, True)

@@ -108,8 +108,7 @@ def fetch_entry(
 
     pte_name, ptd_name = names
 
-    directory = layout.entry_dir(key)
-    os.makedirs(directory, exist_ok=True)
+    directory = layout.make_entry_dir(key)
     incoming = os.path.join(directory, _INCOMING)
     # Verified before anything is published under ``incoming``; a mismatch raises and the
     # entry's own files and manifest stay as they were. An interrupted download resumes.
