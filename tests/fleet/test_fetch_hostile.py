@@ -148,7 +148,7 @@ def test_a_failure_between_the_ptd_and_the_pte_says_what_was_published(
 
 @pytest.mark.parametrize("name", ["m.pte.part", "m.pte.part.json", "m.ptd.part", "m.ptd.part.json"])
 def test_a_link_at_a_download_file_is_refused_and_never_written_through(
-    tmp_path: Path, name: str
+    tmp_path: Path, name: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     pte, _ = _pair(tmp_path, "a", 2.0)
     victim = tmp_path / "victim"
@@ -165,6 +165,9 @@ def test_a_link_at_a_download_file_is_refused_and_never_written_through(
     )
     assert victim.read_bytes() == b"precious" and link.is_symlink()
     assert not dest.exists() and not dest.with_suffix(".ptd").exists()
+    assert main(["fetch", str(pte), str(dest)]) == 2  # refused: bad input, not a failure
+    assert capsys.readouterr().err == f"ptestore fetch: error: {info.value}\n"
+    assert victim.read_bytes() == b"precious" and link.is_symlink()
 
 
 def _interrupted(src: str, dest: Path, **kwargs: Any) -> None:
