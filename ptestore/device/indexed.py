@@ -34,7 +34,13 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from ..backends.compat import DeviceProfile, canonical_json
-from ..errors import ConfigurationError, FormatError, IntegrityError, StorageError
+from ..errors import (
+    ConfigurationError,
+    FormatError,
+    IntegrityError,
+    PartialPublish,
+    StorageError,
+)
 from ..storage.types import StorageURL
 from .cache import CacheLayout, check_private, files_intact, read_manifest, touch
 from .manifest import Manifest, as_json, file_records
@@ -102,7 +108,7 @@ def _discard(incoming: str) -> None:
     for name in (incoming, ptd_beside(incoming)):
         try:
             os.unlink(name)
-        except FileNotFoundError:
+        except (FileNotFoundError, IsADirectoryError):  # not ours to remove
             pass
 
 
@@ -133,6 +139,13 @@ def fetch_entry(
     # .pte, after the .ptd, removes the .ptd.)
     try:
         result = fetch(index, incoming, model=model, device=device, storage_options=opts)
+    except PartialPublish as exc:
+        # Published under the incoming names only, and removed: the entry is untouched.
+        _discard(incoming)
+        raise StorageError(
+            f"{exc.__cause__ or exc}; nothing was published in the cache entry (the "
+            "incoming files were removed)"
+        ) from exc
     except BaseException:
         _discard(incoming)
         raise

@@ -318,3 +318,39 @@ def test_the_portable_source_must_be_the_one_the_index_records(
         "fleet job again, or restore the source)"
     )
     assert info.value.published is False
+
+
+def test_a_failure_between_the_incoming_ptd_and_pte_leaves_the_entry_untouched(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ptestore.device.indexed import index_key
+    from ptestore.errors import StorageError
+
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    index = _fleet_run(_job(tmp_path, str(out)), capsys)
+    entry = cache / "entries" / index_key(index, "m", A)
+    # The incoming .pte cannot be published: its name is taken by a directory.
+    (entry / "incoming.pte" / "x").mkdir(parents=True)
+    with pytest.raises(StorageError) as info:
+        ptestore.ensure(index, cache_dir=cache, model="m", device=A)
+    text = str(info.value)
+    assert type(info.value) is StorageError
+    assert text.startswith(f"{entry}/incoming.pte.part: cannot rename to {entry}/incoming.pte")
+    assert text.endswith(
+        "; nothing was published in the cache entry (the incoming files were removed)"
+    )
+    assert not (entry / "incoming.ptd").exists() and not (entry / "manifest.json").exists()
+    argv = ["ensure", index, "--cache-dir", str(cache), "--model", "m", "--device", "a"]
+    argv += ["--device-option", "soc=x", "--device-option", "scale=2.0"]
+    assert main(argv) == 1
+    assert capsys.readouterr().err.startswith("ptestore ensure: failed, nothing published: ")
+    # Once the name is free the entry is made; a later failure of that kind serves it.
+    (entry / "incoming.pte" / "x").rmdir()
+    (entry / "incoming.pte").rmdir()
+    first = ptestore.ensure(index, cache_dir=cache, model="m", device=A)
+    assert first.created
+    _fleet_run(_job(tmp_path, str(out), scale=3.0), capsys)
+    (entry / "incoming.pte" / "x").mkdir(parents=True)
+    served = ptestore.ensure(index, cache_dir=cache, model="m", device=A)
+    assert not served.created and served.pte == first.pte and served.choice is not None
+    assert "nothing was published in the cache entry" in served.choice["offline"]
