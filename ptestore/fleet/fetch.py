@@ -244,10 +244,8 @@ def _version(url: str, loader: DataLoader) -> dict[str, Any]:
     }
 
 
-def _resume_point(
-    fd: int, part: str, resumed: int, size: int, read: Callable[[int, int], bytes]
-) -> int:
-    """Where the download of ``part`` (``resumed`` bytes on disk) really resumes: there
+def _resume_point(fd: int, resumed: int, size: int, read: Callable[[int, int], bytes]) -> int:
+    """Where the download in ``fd`` (``resumed`` bytes on disk) really resumes: there
     when its last bytes are the object's, else 0 (start again)."""
     if resumed == 0:
         return 0
@@ -290,7 +288,7 @@ def _download(
             read = _ranged(loader, etag if isinstance(etag, str) else None)
             fd = _open_part(part, on_disk > 0)
             try:
-                resumed = _resume_point(fd, part, on_disk, size, read)
+                resumed = _resume_point(fd, on_disk, size, read)
                 os.ftruncate(fd, resumed)
                 done = resumed
                 while done < size:
