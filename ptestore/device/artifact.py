@@ -8,7 +8,8 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .cache import CacheLayout, evict, files_intact, read_manifest, touch
+from ..errors import PermissionDenied
+from .cache import CacheLayout, check_private, evict, files_intact, read_manifest, touch
 from .manifest import Manifest, as_json
 
 if TYPE_CHECKING:
@@ -97,9 +98,12 @@ def lookup(
     """The entry ``key`` when its manifest records ``fingerprint`` (and, for a copy,
     its files are there as recorded); its last use is then set to now. None: a miss."""
     path = layout.manifest(key)
+    check_private(layout.entry_dir(key), "cache entry")
     try:
-        manifest = read_manifest(path)
-    except Exception:  # unreadable or foreign: a miss, made again under the lock
+        manifest = read_manifest(path, private=True)
+    except PermissionDenied:  # another user's, or writable by others: refused
+        raise
+    except Exception:  # unreadable or not a manifest: a miss, made again under the lock
         return None
     if manifest is None or manifest.get("fingerprint") != as_json(fingerprint):
         return None

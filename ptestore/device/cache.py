@@ -11,9 +11,21 @@ Layout (everything below ``cache_dir``)::
                                   holds for (:mod:`ptestore.backends.snapshot`)
 
 An entry is valid only when its manifest exists and every file it names has the size,
-inode and modification time the manifest records: a crash between publishing the files
-and the manifest, or a file changed behind the cache's back, reads as a miss, never as a
-hit on a partial or foreign file. The last use of an entry is the modification time of
+inode, modification time and status-change time (``ctime``) the manifest records: a crash
+between publishing the files and the manifest, or a file changed behind the cache's back
+(even one rewritten at the same size with its ``mtime`` set back: no call sets ``ctime``
+back), reads as a miss, never as a hit on a partial or foreign file. That check is by
+``stat`` and trusts what ``stat`` cannot see: a change within the same tick of the file
+system's clock as the entry's last change, or one made by a process that can set the
+clock back or write the disk directly (this user's or root's; see :func:`check_private`).
+
+The cache is this user's alone, as ssh wants its files (:func:`check_private`): the cache
+directory, ``entries/``, ``locks/``, each entry's directory and manifest must be owned by
+this user (or root) and not writable by group or others, else
+:class:`~ptestore.errors.PermissionDenied` names the path, its owner and mode and the fix;
+an entry's file writable by group or others, or owned by someone else, is not a hit
+(made again). The cache creates its directories ``0o755`` and its files without group or
+others' write (whatever the umask). The last use of an entry is the modification time of
 its manifest, set by :func:`~ptestore.device.ensure` on every hit (``os.utime``:
 no data written, independent of ``atime`` and of mount options such as ``noatime``).
 """
@@ -23,11 +35,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ConfigurationError, FormatError, StorageError
+from ..errors import ConfigurationError, FormatError, PermissionDenied, StorageError
 from ..storage.types import StorageURL
 from .lock import KeyLock
 
@@ -36,6 +49,7 @@ __all__ = [
     "MANIFEST_FORMAT",
     "CacheEntry",
     "CacheLayout",
+    "check_private",
     "clear",
     "evict",
     "list_entries",
@@ -47,6 +61,57 @@ MANIFEST_FORMAT = "ptestore.cache-entry"
 MANIFEST_VERSION = 1
 #: A manifest larger than this is not one of ours.
 MAX_MANIFEST_BYTES = 1 << 20
+
+
+#: The mode the cache creates its directories with (the umask may only remove bits).
+PRIVATE_DIR_MODE = 0o755
+#: Write permission for group or others: what makes a cache path another user's too.
+_SHARED_WRITE = stat.S_IWGRP | stat.S_IWOTH
+
+
+def _owner(uid: int) -> str:
+    import pwd  # only for an error message
+
+    try:
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def check_private(path: str, what: str, st: os.stat_result | None = None) -> None:
+    """Refuse ``path`` (a cache directory, an entry, its manifest) unless it is this
+    user's alone, as ssh does with its files: owned by this user (or root) and not
+    writable by group or others. A missing path is not checked. Raises
+    :class:`~ptestore.errors.PermissionDenied` naming the path, its owner and mode, and
+    the fix."""
+    if st is None:
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise StorageError(f"{path}: cannot stat the {what}: {exc.strerror}") from exc
+    me = os.geteuid()
+    foreign = st.st_uid not in (me, 0)
+    shared = bool(st.st_mode & _SHARED_WRITE)
+    if not foreign and not shared:
+        return
+    mode = stat.S_IMODE(st.st_mode)
+    problems, fixes = [], []
+    if foreign:
+        problems.append(f"is owned by {_owner(st.st_uid)}, not by this user ({_owner(me)})")
+        fixes.append(f"chown {me} {path}")
+    if shared:
+        who = " and ".join(
+            w for bit, w in ((stat.S_IWGRP, "group"), (stat.S_IWOTH, "others")) if mode & bit
+        )
+        problems.append(f"is writable by {who} (mode {mode:04o})")
+        fixes.append(f"chmod go-w {path}")
+    raise PermissionDenied(
+        f"{path}: the {what} {' and '.join(problems)}: another user could plant, change "
+        f"or remove what ensure serves from it; ptestore uses only a cache that is this "
+        f"user's alone. Fix: {'; '.join(fixes)} (or use another --cache-dir)"
+    )
 
 
 class CacheLayout:
@@ -67,15 +132,25 @@ class CacheLayout:
         self.snapshot = os.path.join(self.root, "backends.json")
 
     def create(self) -> None:
-        for d in (self.entries, self.locks):
+        """Create the cache's directories (``0o755``) where missing, and check that they
+        are this user's alone (:func:`check_private`)."""
+        for d in (self.root, self.entries, self.locks):
             try:
-                os.makedirs(d, exist_ok=True)
+                os.makedirs(d, mode=PRIVATE_DIR_MODE, exist_ok=True)
             except FileExistsError as exc:
                 raise ConfigurationError(f"{d}: exists and is not a directory") from exc
             except OSError as exc:
                 raise StorageError(
                     f"{d}: cannot create the cache directory: {exc.strerror}"
                 ) from exc
+            check_private(d, "cache directory" if d == self.root else "cache directory's")
+
+    def make_entry_dir(self, key: str) -> str:
+        """Entry ``key``'s directory, created ``0o755`` where missing and checked."""
+        directory = self.entry_dir(key)
+        os.makedirs(directory, mode=PRIVATE_DIR_MODE, exist_ok=True)
+        check_private(directory, "cache entry")
+        return directory
 
     def entry_dir(self, key: str) -> str:
         return os.path.join(self.entries, key)
@@ -94,15 +169,20 @@ class CacheLayout:
         return sorted(n for n in names if not n.startswith("."))
 
 
-def read_manifest(path: str) -> dict[str, Any] | None:
-    """The manifest at ``path``; None when there is none. One ``open`` and one read.
+def read_manifest(path: str, *, private: bool = False) -> dict[str, Any] | None:
+    """The manifest at ``path``; None when there is none. One ``open`` and one read
+    (and with ``private``, one ``fstat``: :func:`check_private`).
 
     Raises :class:`FormatError` for a file that is not a cache manifest."""
     try:
         with open(path, "rb") as f:
+            if private:
+                check_private(path, "cache entry's manifest", os.fstat(f.fileno()))
             raw = f.read(MAX_MANIFEST_BYTES + 1)
     except FileNotFoundError:
         return None
+    except PermissionDenied:
+        raise
     except OSError as exc:
         raise StorageError(f"{path}: cannot read the cache manifest: {exc.strerror}") from exc
     if len(raw) > MAX_MANIFEST_BYTES:
@@ -119,16 +199,37 @@ def read_manifest(path: str) -> dict[str, Any] | None:
     return data
 
 
+def _stamp_of(st: os.stat_result) -> dict[str, int]:
+    return {
+        "size": st.st_size,
+        "ino": st.st_ino,
+        "mtime_ns": st.st_mtime_ns,
+        "ctime_ns": st.st_ctime_ns,
+    }
+
+
 def file_stamp(path: str) -> dict[str, int]:
-    st = os.stat(path)
-    return {"size": st.st_size, "ino": st.st_ino, "mtime_ns": st.st_mtime_ns}
+    """What an entry's manifest records of one of its files: size, inode, ``mtime_ns``
+    and ``ctime_ns`` (one ``stat``)."""
+    return _stamp_of(os.stat(path))
+
+
+def make_private(path: str) -> None:
+    """Remove group and others' write permission from an entry's file (made under the
+    umask: ``0o664`` under ``umask 002``), before its stamp is recorded."""
+    mode = stat.S_IMODE(os.stat(path).st_mode)
+    if mode & _SHARED_WRITE:
+        os.chmod(path, mode & ~_SHARED_WRITE)
 
 
 def files_intact(directory: str, manifest: dict[str, Any]) -> bool:
-    """Whether every file the manifest names is there as recorded (one ``stat`` each)."""
+    """Whether every file the manifest names is there as recorded (one ``stat`` each),
+    owned by this user (or root) and not writable by group or others. A manifest
+    written before ``ctime_ns`` was recorded is compared without it."""
     files = manifest.get("files")
     if not isinstance(files, dict) or "pte" not in files:
         return False
+    me = os.geteuid()
     for rec in files.values():
         if not isinstance(rec, dict) or not isinstance(rec.get("name"), str):
             return False
@@ -136,12 +237,20 @@ def files_intact(directory: str, manifest: dict[str, Any]) -> bool:
         if os.sep in name or name.startswith("."):
             return False
         try:
-            now = file_stamp(os.path.join(directory, name))
+            st = os.stat(os.path.join(directory, name))
         except OSError:
             return False
-        if any(now[k] != rec.get(k) for k in ("size", "ino", "mtime_ns")):
+        if st.st_uid not in (me, 0) or st.st_mode & _SHARED_WRITE:
+            return False
+        now = _stamp_of(st)
+        keys = ("size", "ino", "mtime_ns", "ctime_ns") if "ctime_ns" in rec else _OLD_STAMP
+        if any(now[k] != rec.get(k) for k in keys):
             return False
     return True
+
+
+#: What manifests recorded of a file before ``ctime_ns``.
+_OLD_STAMP = ("size", "ino", "mtime_ns")
 
 
 @dataclass

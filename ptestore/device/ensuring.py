@@ -20,7 +20,13 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from ..backends.compat import DeviceProfile
-from ..errors import ConfigurationError, PteStoreError, StorageError
+from ..errors import (
+    ConfigurationError,
+    IntegrityError,
+    PermissionDenied,
+    PteStoreError,
+    StorageError,
+)
 from .artifact import Artifact, artifact_of, hit_or_make, lookup
 from .cache import CacheLayout, clean_entry_locked, read_manifest
 from .keys import (
@@ -212,9 +218,26 @@ def _ensure_from_index(
     index selects, fetched into the entry keyed on the index, the model and the device,
     current while the index still selects the same files; else the portable source,
     specialized here."""
-    from .indexed import choose, fetch_entry, index_fingerprint, index_key
+    from .indexed import (
+        check_source,
+        choose,
+        fetch_entry,
+        index_fingerprint,
+        index_key,
+        offline_entry,
+    )
 
-    choice = choose(index, model, device, opts)
+    try:
+        choice = choose(index, model, device, opts)
+    except StorageError as exc:  # unreachable, gone, refused: the entry fetched before
+        served = (
+            None
+            if device is None
+            else offline_entry(CacheLayout(cache_dir), index, model, device, exc)
+        )
+        if served is None:
+            raise
+        return served
     assert device is not None  # choose refuses None
     if choice.kind == "source":
         made = ensure(
@@ -225,6 +248,7 @@ def _ensure_from_index(
             ptd=None if choice.ptd is None else choice.ptd["url"],
             max_bytes=max_bytes,
         )
+        check_source(index, choice, made)
         return dataclasses.replace(made, choice=choice.to_dict())
     layout = CacheLayout(cache_dir)
     layout.create()
@@ -232,13 +256,23 @@ def _ensure_from_index(
     fingerprint = index_fingerprint(index, model, device, choice)
 
     def fetched() -> Artifact:
-        os.makedirs(layout.entry_dir(key), exist_ok=True)
+        layout.make_entry_dir(key)
         manifest = fetch_entry(layout, key, index, model, device, opts, (PTE_NAME, PTD_NAME))
         manifest.publish(layout, index)
         clean_entry_locked(layout, key, manifest.to_dict())  # the previous files' leftovers
         return artifact_of(layout, manifest, True)
 
-    return hit_or_make(layout, key, max_bytes, lambda: lookup(layout, key, fingerprint), fetched)
+    try:
+        return hit_or_make(
+            layout, key, max_bytes, lambda: lookup(layout, key, fingerprint), fetched
+        )
+    except (IntegrityError, PermissionDenied):
+        raise
+    except StorageError as exc:  # the newer artifact cannot be downloaded now
+        served = offline_entry(layout, index, model, device, exc)
+        if served is None:
+            raise
+        return served
 
 
 def _make(
@@ -254,9 +288,10 @@ def _make(
     from ..coordinator import specialize
     from ..provenance.stamp import ProvenanceRequest
 
-    directory = layout.entry_dir(key)
     try:
-        os.makedirs(directory, exist_ok=True)
+        directory = layout.make_entry_dir(key)
+    except PermissionDenied:
+        raise
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             raise disk_full_error(layout.root, src, 0, exc) from exc

@@ -242,7 +242,6 @@ def _publish(
     current: Callable[[], dict[str, Any]],
     specialized: bool,
 ) -> Artifact:
-    import os
 
     from ..provenance import read_provenance
     from ..storage.loaders import LocalFileLoader
@@ -261,6 +260,6 @@ def _publish(
         provenance=prov,
         in_place=True,
     )
-    os.makedirs(layout.entry_dir(key), exist_ok=True)
+    layout.make_entry_dir(key)
     manifest.publish(layout, src)
     return artifact_of(layout, manifest, True)

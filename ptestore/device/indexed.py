@@ -12,7 +12,16 @@ raises :class:`~ptestore.errors.IntegrityError` and leaves the entry as it was.
 
 When no artifact of the index fits the device, :func:`~ptestore.select` answers with the
 model's portable source: it is specialized here, as :func:`~ptestore.ensure` does for any
-source (with the given backends; an entry of its own, keyed on the source).
+source (with the given backends; an entry of its own, keyed on the source), and used
+only when its SHA-256 (and its .ptd's) is the one the index records
+(:func:`check_source`).
+
+**Offline.** When the index cannot be read (the store unreachable, the index gone, the
+access refused), or it names a newer artifact that cannot be downloaded, the entry
+fetched from that index for this model and device before is served
+(:func:`offline_entry`), when its files are there as recorded and it was made for this
+device's profile; ``choice["offline"]`` says why, and a warning is logged. Without such
+an entry, the error is raised.
 
 The fleet modules (select, fetch) are imported here, on first use: a local ``ensure``
 never loads them.
@@ -25,15 +34,29 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from ..backends.compat import DeviceProfile, canonical_json
-from ..errors import ConfigurationError, StorageError
+from ..errors import (
+    ConfigurationError,
+    FormatError,
+    IntegrityError,
+    PartialPublish,
+    StorageError,
+)
 from ..storage.types import StorageURL
-from .cache import CacheLayout
+from .cache import CacheLayout, check_private, files_intact, read_manifest, touch
 from .manifest import Manifest, as_json, file_records
 
 if TYPE_CHECKING:
     from ..fleet.select import Choice
+    from .artifact import Artifact
 
-__all__ = ["choose", "fetch_entry", "index_fingerprint", "index_key"]
+__all__ = [
+    "check_source",
+    "choose",
+    "fetch_entry",
+    "index_fingerprint",
+    "index_key",
+    "offline_entry",
+]
 
 #: The names the download is published under before it replaces the entry's files.
 _INCOMING = "incoming.pte"
@@ -85,7 +108,7 @@ def _discard(incoming: str) -> None:
     for name in (incoming, ptd_beside(incoming)):
         try:
             os.unlink(name)
-        except FileNotFoundError:
+        except (FileNotFoundError, IsADirectoryError):  # not ours to remove
             pass
 
 
@@ -108,8 +131,7 @@ def fetch_entry(
 
     pte_name, ptd_name = names
 
-    directory = layout.entry_dir(key)
-    os.makedirs(directory, exist_ok=True)
+    directory = layout.make_entry_dir(key)
     incoming = os.path.join(directory, _INCOMING)
     # Verified before anything is published under ``incoming``; a mismatch raises and the
     # entry's own files and manifest stay as they were. An interrupted download resumes.
@@ -117,6 +139,13 @@ def fetch_entry(
     # .pte, after the .ptd, removes the .ptd.)
     try:
         result = fetch(index, incoming, model=model, device=device, storage_options=opts)
+    except PartialPublish as exc:
+        # Published under the incoming names only, and removed: the entry is untouched.
+        _discard(incoming)
+        raise StorageError(
+            f"{exc.__cause__ or exc}; nothing was published in the cache entry (the "
+            "incoming files were removed)"
+        ) from exc
     except BaseException:
         _discard(incoming)
         raise
@@ -150,3 +179,63 @@ def fetch_entry(
         provenance=prov,
         choice=choice.to_dict(),
     )
+
+
+def offline_entry(
+    layout: CacheLayout, index: str, model: str, device: DeviceProfile, exc: BaseException
+) -> Artifact | None:
+    """The entry fetched from ``index`` for ``model`` on ``device`` before, served while
+    the index (or the artifact it now names) cannot be read (``exc`` says why); None when
+    there is none, its files changed, or it was made for another profile of the device."""
+    import dataclasses
+
+    from .._log import get_logger
+    from .artifact import artifact_of
+
+    key = index_key(index, model, device)
+    if not os.path.isdir(layout.entry_dir(key)):
+        return None
+    layout.create()
+    with layout.lock(key, shared=True):
+        check_private(layout.entry_dir(key), "cache entry")
+        try:
+            manifest = read_manifest(layout.manifest(key), private=True)
+        except FormatError:
+            return None
+        if manifest is None or manifest.get("index") != _location(index):
+            return None
+        fp = manifest.get("fingerprint")
+        if not isinstance(fp, dict) or fp.get("model") != model:
+            return None
+        if fp.get("device") != [device.name, device.digest()]:
+            return None
+        if not files_intact(layout.entry_dir(key), manifest):
+            return None
+        touch(layout.manifest(key))
+    made = artifact_of(layout, {**manifest, "key": key}, False)
+    reason = (
+        f"served from the cache offline: {exc}; this is the artifact the index named "
+        "when it was fetched, verified then and unchanged since"
+    )
+    get_logger(__name__).warning("%s: %s", index, reason)
+    return dataclasses.replace(made, choice={**(made.choice or {}), "offline": reason})
+
+
+def check_source(index: str, choice: Choice, made: Artifact) -> None:
+    """The portable source specialized for ``choice`` is the one the index records: its
+    SHA-256 (and its .ptd's) as the artifact's provenance names it (no extra read: the
+    run hashed the source for its record, and a hit keeps that record)."""
+    prov = made.provenance
+    pairs = [("source", choice.pte, None if prov is None else prov.source)]
+    if choice.ptd is not None:
+        pairs.append((".ptd source", choice.ptd, None if prov is None else prov.ptd_source))
+    for what, want, got in pairs:
+        have = None if got is None else got.sha256
+        if want.get("sha256") is not None and have != want["sha256"]:
+            raise IntegrityError(
+                f"{want['url']}: the portable {what} has {have}, the index {index} records "
+                f"{want['sha256']} for model {choice.model!r}; it is not used (the index "
+                "names another version of it: run the fleet job again, or restore the "
+                "source)",
+                published=False,
+            )

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import StorageError
-from .cache import MANIFEST_FORMAT, MANIFEST_VERSION, CacheLayout, file_stamp
+from .cache import MANIFEST_FORMAT, MANIFEST_VERSION, CacheLayout, file_stamp, make_private
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -43,12 +43,15 @@ def as_json(value: Any) -> Any:
 
 
 def file_records(directory: str, names: Mapping[str, str]) -> dict[str, dict[str, Any]]:
-    """``{"pte": {"name": ..., "size", "ino", "mtime_ns"}, ...}`` of the files ``names``
-    gives (role -> file name in ``directory``), one ``stat`` each."""
-    return {
-        role: {"name": name, **file_stamp(os.path.join(directory, name))}
-        for role, name in names.items()
-    }
+    """``{"pte": {"name": ..., "size", "ino", "mtime_ns", "ctime_ns"}, ...}`` of the
+    files ``names`` gives (role -> file name in ``directory``), one ``stat`` each, after
+    removing group and others' write permission (the cache is this user's alone)."""
+    out = {}
+    for role, name in names.items():
+        path = os.path.join(directory, name)
+        make_private(path)
+        out[role] = {"name": name, **file_stamp(path)}
+    return out
 
 
 @dataclass(frozen=True)
@@ -130,7 +133,7 @@ class Manifest:
 
         data = json.dumps(self.to_dict(), indent=1, sort_keys=True).encode()
         try:
-            put_bytes(layout.manifest(self.key), data)
+            put_bytes(layout.manifest(self.key), data, permissions=0o644)
         except OSError as exc:  # StorageError is one
             if is_disk_full(exc):
                 raise disk_full_error(layout.root, src, len(data), exc) from exc

@@ -1,38 +1,54 @@
 """``ptestore fetch``: download the artifact an index selects for a device (and its
 .ptd) to local disk, verified before anything is published.
 
-Each file is downloaded into ``DEST.part`` (its source URL, size and ETag beside it in
-``DEST.part.json``), checked and only then published to ``DEST`` through the local
-writer (atomic: nothing partial is ever visible at ``DEST``). The check: the size,
-and the SHA-256 the index names (for an artifact, of its bytes before the provenance
-trailer, plus the trailer's own checksum; for a .ptd stored once by content
-(:mod:`.shared`) and for the portable source, of the whole file). A download that
-was interrupted (killed, Ctrl-C, a network failure) resumes where ``DEST.part`` ends
-when the object still has the ETag it had; the remaining bytes are ranged GETs pinned
-to that ETag (``If-Match`` on S3), and an object that changed restarts the download
-from the beginning. Every file is downloaded and checked before any is published
-(a mismatch is an :class:`~ptestore.errors.IntegrityError` with ``published=False``);
-then the .ptd is published first, then the .pte.
+Each file is downloaded into ``DEST.part`` (the version it is pinned to beside it in
+``DEST.part.json``: the URL, the size, and the ETag and version id of an S3 object or
+the device, inode and ``mtime_ns`` of a local file), checked and only then renamed to
+``DEST`` (atomic: nothing partial is ever visible at ``DEST``; the download itself is
+the published file, so a fetch needs the artifact's size on disk once, not twice). The
+two download files are opened in the destination's directory without following links
+(``O_NOFOLLOW``; a new ``.part`` with ``O_EXCL``): a symbolic link, or a file another
+user owns or that has other names, at either name is refused, never written through.
+
+The check: the size, and the SHA-256 the index names (for an artifact, of its bytes
+before the provenance trailer, plus the trailer's own checksum; for a .ptd stored once
+by content (:mod:`.shared`) and for the portable source, of the whole file); and the
+pair's binding: a .pte whose record names its .ptd's SHA-256 is fetched only with that
+.ptd. A download that was interrupted (killed, Ctrl-C, a network failure) resumes where
+``DEST.part`` ends when the object is still the version it was pinned to, and the last
+bytes of the ``.part`` are read again and compared first (a ``.part`` that does not end
+where the object's bytes do restarts the download); the remaining bytes are ranged GETs
+pinned to the ETag (``If-Match`` on S3), and an object that changed restarts the
+download from the beginning. Every file is downloaded and checked before any is
+published (a mismatch is an :class:`~ptestore.errors.IntegrityError` with
+``published=False``); then the .ptd is published first, then the .pte: a failure between
+the two is a :class:`~ptestore.errors.PartialPublish` naming the .ptd as published.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .._io import pwrite_all
 from ..errors import (
     ConfigurationError,
     FormatError,
     IntegrityError,
     ObjectNotFound,
+    PartialPublish,
+    PermissionDenied,
     StorageError,
+    local_error,
 )
 from ..provenance.digest import content_digest
 from ..provenance.trailer import read_trailer
-from ..storage.atomic import put_bytes, sync_file
+from ..storage.atomic import put_bytes, rename, sync_file
 from ..storage.loaders import DataLoader, LocalFileLoader, open_loader
 from ..storage.routing import options_for_loader
 from ..storage.types import StorageURL
@@ -107,8 +123,9 @@ def _ranged(loader: DataLoader, etag: str | None) -> Callable[[int, int], bytes]
     return lambda offset, size: bytes(loader.load(offset, size))
 
 
-def _check(path: str, want: dict[str, Any]) -> None:
-    """The downloaded ``path`` is what ``want`` (an index file entry) names."""
+def _check(path: str, want: dict[str, Any]) -> str:
+    """The downloaded ``path`` is what ``want`` (an index file entry) names; returns the
+    SHA-256 of its content (before its trailer, when it has one)."""
     loader = LocalFileLoader(path)
     try:
         size = loader.size()
@@ -134,10 +151,113 @@ def _check(path: str, want: dict[str, Any]) -> None:
                 f"{want['url']}: downloaded bytes have {got}, the index names {want['sha256']}",
                 published=False,
             )
+        return got
     except FormatError as exc:
         raise IntegrityError(f"{want['url']}: {exc}", published=False) from exc
     finally:
         loader.close()
+
+
+#: Bytes at the end of a ``.part`` read again from the object and compared before a
+#: download resumes: a ``.part`` that does not end where the object's bytes do (a byte
+#: too many or too few, a torn last write) restarts instead of resuming.
+_OVERLAP = 64 << 10
+
+
+def _refuse_link(path: str) -> None:
+    """Refuse a symbolic link, or anything but a regular file, at ``path`` (one of the
+    download's own files): fetch never writes through one."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise local_error(exc, f"{path}: cannot stat: {exc.strerror}") from exc
+    if stat.S_ISLNK(st.st_mode):
+        raise PermissionDenied(
+            f"{path}: is a symbolic link (to {os.readlink(path)!r}); fetch does not write "
+            "through links at its download files: remove it and fetch again"
+        )
+    if not stat.S_ISREG(st.st_mode):
+        raise PermissionDenied(f"{path}: is not a regular file; remove it and fetch again")
+
+
+def _own_file(fd: int, path: str) -> None:
+    """The ``.part`` opened as ``fd`` is ours alone: a regular file of this user with no
+    other name (a hard link planted there would write into another file)."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid != os.geteuid():
+        raise PermissionDenied(
+            f"{path}: owner uid {st.st_uid}, {st.st_nlink} link(s), mode {st.st_mode:o}: "
+            f"fetch resumes only its own file (a regular file of uid {os.geteuid()} with "
+            "one name): remove it and fetch again"
+        )
+
+
+def _open_part(part: str, resume: bool) -> int:
+    """The ``.part``'s descriptor: the existing one to resume (``O_NOFOLLOW``, checked
+    to be ours), else a new file (``O_EXCL``: never through a name someone planted)."""
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        if resume:
+            fd = os.open(part, flags)
+            try:
+                _own_file(fd, part)
+            except BaseException:
+                os.close(fd)
+                raise
+            return fd
+        try:
+            os.unlink(part)
+        except FileNotFoundError:
+            pass
+        return os.open(part, flags | os.O_CREAT | os.O_EXCL, 0o666)
+    except PermissionDenied:
+        raise
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            _refuse_link(part)
+        raise local_error(exc, f"{part}: cannot open the download: {exc.strerror}") from exc
+
+
+def _read_state(meta_path: str) -> Any:
+    try:
+        fd = os.open(meta_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd, "rb") as f:
+            return json.loads(f.read(1 << 16))
+    except (OSError, ValueError):
+        return None
+
+
+def _version(url: str, loader: DataLoader) -> dict[str, Any]:
+    """What pins a download to one version of the object: the ETag and version id of a
+    remote object; the device, inode and ``mtime_ns`` of a local file."""
+    if isinstance(loader, LocalFileLoader):
+        st = os.fstat(loader.fileno())
+        return {"dev": st.st_dev, "ino": st.st_ino, "mtime_ns": st.st_mtime_ns}
+    return {
+        "etag": getattr(loader, "etag", None),
+        "version_id": getattr(loader, "version_id", None),
+    }
+
+
+def _resume_point(fd: int, resumed: int, size: int, read: Callable[[int, int], bytes]) -> int:
+    """Where the download in ``fd`` (``resumed`` bytes on disk) really resumes: there
+    when its last bytes are the object's, else 0 (start again)."""
+    if resumed == 0:
+        return 0
+    if resumed > size:
+        return 0  # longer than the object: not a prefix of it
+    n = min(_OVERLAP, resumed)
+    have = os.pread(fd, n, resumed - n)
+    try:
+        want = read(resumed - n, n)
+    except _Changed:
+        return 0
+    return resumed if have == want else 0
 
 
 def _download(
@@ -150,74 +270,113 @@ def _download(
     url = str(want["url"])
     part, meta_path = dest + ".part", dest + ".part.json"
     os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
+    for name in (part, meta_path):
+        _refuse_link(name)
     for _attempt in range(3):
         loader = open_loader(url, **options_for_loader(url, options))
         try:
             size = loader.size()
             etag = getattr(loader, "etag", None)
-            state = {"url": url, "size": size, "etag": etag}
-            resumed = 0
-            try:
-                with open(meta_path) as f:
-                    if json.load(f) == state and os.path.exists(part):
-                        resumed = min(os.path.getsize(part), size)
-            except (OSError, ValueError):
-                pass
+            state = {"url": url, "size": size, **_version(url, loader)}
+            on_disk = 0
+            if _read_state(meta_path) == state:
+                try:
+                    on_disk = os.lstat(part).st_size
+                except FileNotFoundError:
+                    on_disk = 0
             put_bytes(meta_path, json.dumps(state).encode())
             read = _ranged(loader, etag if isinstance(etag, str) else None)
-            done = resumed
+            fd = _open_part(part, on_disk > 0)
             try:
-                with open(part, "r+b" if resumed else "wb") as out:
-                    out.truncate(resumed)
-                    out.seek(resumed)
-                    while done < size:
-                        n = min(chunk_size, size - done)
-                        data = read(done, n)
-                        if len(data) != n:
-                            raise StorageError(f"{url}: short read at offset {done}")
-                        out.write(data)
-                        out.flush()
-                        done += n
-                        if progress is not None:
-                            progress(url, done, size)
-                    out.flush()
-                    # Written in place and resumed, never renamed: one fsync makes the
-                    # finished download durable before it is checked and published.
-                    sync_file(out.fileno())
+                resumed = _resume_point(fd, on_disk, size, read)
+                os.ftruncate(fd, resumed)
+                done = resumed
+                while done < size:
+                    n = min(chunk_size, size - done)
+                    data = read(done, n)
+                    if len(data) != n:
+                        raise StorageError(f"{url}: short read at offset {done}")
+                    pwrite_all(fd, memoryview(data), done)
+                    done += n
+                    if progress is not None:
+                        progress(url, done, size)
+                # Written in place and resumed; one fsync makes the finished download
+                # durable before it is checked and renamed into place.
+                sync_file(fd)
             except _Changed:
                 os.unlink(part)  # the object changed: start again from the beginning
                 continue
+            finally:
+                os.close(fd)
             if loader_changed(loader):
                 os.unlink(part)
                 continue
         finally:
             loader.close()
         try:
-            _check(part, want)
+            digest = _check(part, want)
         except IntegrityError:
             os.unlink(part)
             os.unlink(meta_path)
             raise
-        return {"url": url, "path": dest, "size": size, "resumed_from": resumed}
+        return {
+            "url": url,
+            "path": dest,
+            "size": size,
+            "resumed_from": resumed,
+            "sha256": digest,
+        }
     raise StorageError(f"{url}: the object changed during every one of 3 downloads")
 
 
 def _publish(got: dict[str, Any]) -> None:
-    """Publish a checked download (``DEST.part``) to ``DEST`` through the local writer."""
-    from ..writers import open_writer
-
+    """Publish a checked download: ``DEST.part`` (already durable) renamed over
+    ``DEST``, the directory synced; then its resume marker removed."""
     dest = str(got["path"])
-    part = dest + ".part"
-    writer = open_writer(dest)
-    src = LocalFileLoader(part)
+    rename(dest + ".part", dest)
     try:
-        writer.copy_from(src, 0, int(got["size"]), 0)
-        writer.publish("overwrite")
+        os.unlink(dest + ".part.json")
+    except FileNotFoundError:
+        pass
+
+
+def _check_pair(files: list[dict[str, Any]]) -> None:
+    """The .pte's record names its .ptd by SHA-256: the .ptd downloaded beside it must
+    be that one (checked before either is published)."""
+    from ..provenance import read_provenance
+
+    pte = next(f for f in files if not f["path"].endswith(".ptd"))
+    ptd = next((f for f in files if f["path"].endswith(".ptd")), None)
+    loader = LocalFileLoader(pte["path"] + ".part")
+    try:
+        prov = read_provenance(loader)
+    except FormatError as exc:
+        raise IntegrityError(f"{pte['url']}: {exc}", published=False) from exc
     finally:
-        src.close()
-        writer.discard()
-    os.unlink(part)
-    os.unlink(dest + ".part.json")
+        loader.close()
+    named = None if prov is None or prov.ptd_output is None else prov.ptd_output
+    if named is None:
+        return
+    if ptd is None:
+        raise IntegrityError(
+            f"{pte['url']}: its record names a .ptd ({named.sha256}) and none was given",
+            published=False,
+        )
+    if ptd["sha256"] != named.sha256:
+        raise IntegrityError(
+            f"{ptd['url']}: is not the .ptd {pte['url']} was made with: its bytes have "
+            f"{ptd['sha256']}, the .pte's record names {named.sha256}",
+            published=False,
+        )
+
+
+def _discard_parts(files: list[dict[str, Any]]) -> None:
+    for f in files:
+        for name in (f["path"] + ".part", f["path"] + ".part.json"):
+            try:
+                os.unlink(name)
+            except FileNotFoundError:
+                pass
 
 
 def loader_changed(loader: DataLoader) -> bool:
@@ -264,12 +423,37 @@ def fetch(
             files.append((ptd_want, ptd_beside(target)))
     result = FetchResult(choice)
     # Every file is downloaded and checked before any is published (a mismatch is an
-    # IntegrityError with nothing published); then the .ptd, then the .pte.
+    # IntegrityError with nothing published), the pair's binding too; then the .ptd,
+    # then the .pte.
     for want, path in sorted(files, key=lambda f: not f[1].endswith(".ptd")):
         result.files.append(_download(want, path, opts, chunk_size, progress))
-    for got in result.files:
-        _publish(got)
+    try:
+        _check_pair(result.files)
+    except IntegrityError:
+        _discard_parts(result.files)
+        raise
+    _publish_all(result.files)
     return result
+
+
+def _publish_all(files: list[dict[str, Any]]) -> None:
+    """Publish the checked downloads, .ptd first; a failure after the .ptd says so."""
+    done: list[str] = []
+    for got in files:
+        try:
+            _publish(got)
+        except BaseException as exc:
+            if not done:
+                raise
+            where = f"{done[0]} was published, {got['path']} was not"
+            text = (
+                f"{where} (it still holds what it held before, or nothing): the pair is "
+                "torn until the fetch is run again"
+            )
+            if isinstance(exc, KeyboardInterrupt):
+                raise KeyboardInterrupt(f"after publishing {done[0]}; {text}") from exc
+            raise PartialPublish(f"{text}: {exc}", published=tuple(done)) from exc
+        done.append(str(got["path"]))
 
 
 def _ptd_of(url: str, options: dict[str, Any]) -> dict[str, Any] | None:

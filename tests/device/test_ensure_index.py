@@ -201,3 +201,156 @@ def test_a_local_ensure_does_not_import_the_fleet(tmp_path: Path) -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+# --- offline, and the portable source against the index (issue 29 G) ---------------
+
+
+def test_a_cached_entry_is_served_offline_and_only_for_its_profile(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    index = _fleet_run(_job(tmp_path, str(out)), capsys)
+    first = ptestore.ensure(index, cache_dir=cache, model="m", device=A)
+    # The index is gone (an unmounted share, a removed file): the entry is served.
+    away = tmp_path / "away.json"
+    os.rename(index, away)
+    served = ptestore.ensure(index, cache_dir=cache, model="m", device=A)
+    assert not served.created and (served.pte, served.ptd) == (first.pte, first.ptd)
+    assert served.choice is not None and first.choice is not None
+    assert {k: v for k, v in served.choice.items() if k != "offline"} == first.choice
+    assert served.choice["offline"] == (
+        f"served from the cache offline: {index}: no such file; this is the artifact the "
+        "index named when it was fetched, verified then and unchanged since"
+    )
+    argv = ["ensure", index, "--cache-dir", str(cache), "--model", "m", "--device", "a"]
+    argv += ["--device-option", "soc=x", "--device-option", "scale=2.0"]
+    caplog.clear()
+    assert main(argv) == 0
+    assert capsys.readouterr().out.splitlines() == [first.pte, first.ptd]
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        f"{index}: {served.choice['offline']}"
+    ]
+    # Not for another profile of the device, nor once its files changed.
+    with pytest.raises(ptestore.errors.ObjectNotFound):
+        ptestore.ensure(index, cache_dir=cache, model="m", device=DeviceProfile("a", {"soc": "x"}))
+    with open(first.pte, "r+b") as f:
+        f.write(b"\0")
+    with pytest.raises(ptestore.errors.ObjectNotFound):
+        ptestore.ensure(index, cache_dir=cache, model="m", device=A)
+
+
+def test_the_entry_is_served_when_the_newer_artifact_cannot_be_downloaded(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    index = _fleet_run(_job(tmp_path, str(out)), capsys)
+    first = ptestore.ensure(index, cache_dir=cache, model="m", device=A)
+    old = Path(first.pte).read_bytes()
+    _fleet_run(_job(tmp_path, str(out), scale=3.0), capsys)  # a newer artifact for 'a'
+    pte = out / "a" / "m.pte"
+    pte.rename(tmp_path / "away.pte")  # ... which cannot be downloaded now
+    served = ptestore.ensure(index, cache_dir=cache, model="m", device=A)
+    assert not served.created and Path(served.pte).read_bytes() == old
+    assert served.choice is not None
+    assert served.choice["offline"].startswith(f"served from the cache offline: {pte}: ")
+    (tmp_path / "away.pte").rename(pte)
+    fresh = ptestore.ensure(index, cache_dir=cache, model="m", device=A)
+    assert fresh.created and Path(fresh.pte).read_bytes() == pte.read_bytes()
+    assert fresh.choice is not None and "offline" not in fresh.choice
+
+
+@pytest.mark.s3
+def test_a_cached_entry_is_served_when_the_s3_endpoint_is_unreachable(
+    s3_server: S3TestServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import socket
+
+    bucket = s3_server.new_bucket()
+    opts = s3_server.storage_options
+    extra = (
+        f'[storage_options]\nendpoint_url = "{opts["endpoint_url"]}"\n'
+        f'key = "{opts["key"]}"\nsecret = "{opts["secret"]}"\n'
+        '[storage_options.client_kwargs]\nregion_name = "us-east-1"\n'
+    )
+    index = _fleet_run(_job(tmp_path, f"s3://{bucket}/fleet", extra=extra), capsys)
+    cache = tmp_path / "cache"
+    first = ptestore.ensure(index, cache_dir=cache, model="m", device=A, storage_options=opts)
+    assert first.created
+    with socket.socket() as s:  # a port nothing listens on: connections are refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    down = dict(opts, endpoint_url=f"http://127.0.0.1:{port}", retry_attempts=1)
+    down["config_kwargs"] = {"retries": {"max_attempts": 1, "mode": "standard"}}
+    served = ptestore.ensure(index, cache_dir=cache, model="m", device=A, storage_options=down)
+    assert not served.created and served.pte == first.pte
+    assert served.choice is not None
+    assert served.choice["offline"].startswith(f"served from the cache offline: {index}: ")
+    assert "Could not connect to the endpoint URL" in served.choice["offline"]
+
+
+def test_the_portable_source_must_be_the_one_the_index_records(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert EXT.pte_path is not None and EXT.ptd_path is not None
+    src, ptd = tmp_path / "src.pte", tmp_path / "src.ptd"
+    src.write_bytes(EXT.pte_path.read_bytes())
+    ptd.write_bytes(EXT.ptd_path.read_bytes())
+    job = _job(tmp_path, str(tmp_path / "out"))
+    job.write_text(job.read_text().replace(str(EXT.pte_path), str(src)).replace(
+        str(EXT.ptd_path), str(ptd)))  # fmt: skip
+    index = _fleet_run(job, capsys)
+    cache = tmp_path / "cache"
+    z = DeviceProfile("z", {"soc": "q", "scale": 5.0})
+    made = ptestore.ensure(index, cache_dir=cache, model="m", device=z, backends=[SPEC])
+    assert made.choice is not None and made.choice["kind"] == "source"
+    recorded = "sha256:" + hashlib.sha256(ptd.read_bytes()).hexdigest()
+    # The weights at the source's URL change after the fleet run.
+    data = bytearray(ptd.read_bytes())
+    data[-100] ^= 0xFF
+    ptd.write_bytes(bytes(data))
+    now = "sha256:" + hashlib.sha256(bytes(data)).hexdigest()
+    with pytest.raises(IntegrityError) as info:
+        ptestore.ensure(index, cache_dir=cache, model="m", device=z, backends=[SPEC])
+    assert str(info.value) == (
+        f"{ptd}: the portable .ptd source has {now}, the index {index} records {recorded} "
+        "for model 'm'; it is not used (the index names another version of it: run the "
+        "fleet job again, or restore the source)"
+    )
+    assert info.value.published is False
+
+
+def test_a_failure_between_the_incoming_ptd_and_pte_leaves_the_entry_untouched(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ptestore.device.indexed import index_key
+    from ptestore.errors import StorageError
+
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    index = _fleet_run(_job(tmp_path, str(out)), capsys)
+    entry = cache / "entries" / index_key(index, "m", A)
+    # The incoming .pte cannot be published: its name is taken by a directory.
+    (entry / "incoming.pte" / "x").mkdir(parents=True)
+    with pytest.raises(StorageError) as info:
+        ptestore.ensure(index, cache_dir=cache, model="m", device=A)
+    text = str(info.value)
+    assert type(info.value) is StorageError
+    assert text.startswith(f"{entry}/incoming.pte.part: cannot rename to {entry}/incoming.pte")
+    assert text.endswith(
+        "; nothing was published in the cache entry (the incoming files were removed)"
+    )
+    assert not (entry / "incoming.ptd").exists() and not (entry / "manifest.json").exists()
+    argv = ["ensure", index, "--cache-dir", str(cache), "--model", "m", "--device", "a"]
+    argv += ["--device-option", "soc=x", "--device-option", "scale=2.0"]
+    assert main(argv) == 1
+    assert capsys.readouterr().err.startswith("ptestore ensure: failed, nothing published: ")
+    # Once the name is free the entry is made; a later failure of that kind serves it.
+    (entry / "incoming.pte" / "x").rmdir()
+    (entry / "incoming.pte").rmdir()
+    first = ptestore.ensure(index, cache_dir=cache, model="m", device=A)
+    assert first.created
+    _fleet_run(_job(tmp_path, str(out), scale=3.0), capsys)
+    (entry / "incoming.pte" / "x").mkdir(parents=True)
+    served = ptestore.ensure(index, cache_dir=cache, model="m", device=A)
+    assert not served.created and served.pte == first.pte and served.choice is not None
+    assert "nothing was published in the cache entry" in served.choice["offline"]

@@ -61,7 +61,13 @@ def test_a_copy_and_an_in_place_entry_fill_the_same_record(tmp_path: Path, src: 
     assert (m["key"], m["source"], m["in_place"]) == (copy.key, str(src), False)
     st = os.stat(copy.pte)
     assert m["files"] == {
-        "pte": {"name": PTE_NAME, "size": st.st_size, "ino": st.st_ino, "mtime_ns": st.st_mtime_ns}
+        "pte": {
+            "name": PTE_NAME,
+            "size": st.st_size,
+            "ino": st.st_ino,
+            "mtime_ns": st.st_mtime_ns,
+            "ctime_ns": st.st_ctime_ns,
+        }
     }
     assert m["provenance"] == (copy.provenance.to_dict() if copy.provenance else None)
     assert m["fingerprint"]["device"] == [DEVICE.name, DEVICE.digest()]

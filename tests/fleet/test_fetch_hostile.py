@@ -1,0 +1,323 @@
+"""``fetch`` against hostile or unlucky inputs (issue 29 D, E, 12): a .ptd its .pte was
+not made with, a failure between publishing the .ptd and the .pte, links planted at the
+download's own files, a trailer the index does not name, a resume after the object
+changed in place, a ``.part`` that does not end where the object's bytes do. Local files
+and S3 (moto and SeaweedFS) where the store is what the check depends on."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.fixtures import get_fixture
+
+import ptestore
+from ptestore.backends.compat import DeviceProfile
+from ptestore.cli import main
+from ptestore.errors import IntegrityError, PartialPublish, PermissionDenied
+from ptestore.provenance import read_trailer
+from ptestore.provenance.trailer import encode_trailer
+from ptestore.storage.loaders import BytesLoader
+from ptestore.testing.s3server import S3TestServer
+
+EXT = get_fixture("mlp_xnnpack_ext")
+SPEC = "support.fleet_backend:Scaler=1.0"
+
+
+def _pair(tmp: Path, name: str, scale: float) -> tuple[Path, Path]:
+    """A .pte/.ptd pair specialized for a device of ``scale`` (side by side)."""
+    assert EXT.pte_path is not None and EXT.ptd_path is not None
+    pte, ptd = tmp / name / "m.pte", tmp / name / "m.ptd"
+    pte.parent.mkdir()
+    ptestore.specialize(
+        EXT.pte_path,
+        pte,
+        ptd=(EXT.ptd_path, ptd),
+        backends=[SPEC],
+        device=DeviceProfile(name, {"soc": "x", "scale": scale}),
+    )
+    return pte, ptd
+
+
+def _content_sha(path: Path) -> str:
+    data = path.read_bytes()
+    trailer = read_trailer(BytesLoader(data))
+    assert trailer is not None
+    return "sha256:" + hashlib.sha256(data[: trailer.content_size]).hexdigest()
+
+
+def _mixed(tmp: Path) -> tuple[Path, Path, Path]:
+    """``mixed/m.pte`` of device a beside ``mixed/m.ptd`` of device b; and a's .ptd."""
+    a_pte, a_ptd = _pair(tmp, "a", 2.0)
+    _, b_ptd = _pair(tmp, "b", 3.0)
+    assert _content_sha(a_ptd) != _content_sha(b_ptd)
+    (tmp / "mixed").mkdir()
+    shutil.copy(a_pte, tmp / "mixed" / "m.pte")
+    shutil.copy(b_ptd, tmp / "mixed" / "m.ptd")
+    return tmp / "mixed" / "m.pte", tmp / "mixed" / "m.ptd", a_ptd
+
+
+def _leftovers(d: Path) -> list[str]:
+    return sorted(p.name for p in d.iterdir()) if d.exists() else []
+
+
+def test_fetch_url_refuses_a_ptd_its_pte_was_not_made_with(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pte, ptd, a_ptd = _mixed(tmp_path)
+    dest = tmp_path / "dev" / "m.pte"
+    with pytest.raises(IntegrityError) as info:
+        ptestore.fetch(pte, dest)
+    assert str(info.value) == (
+        f"{ptd}: is not the .ptd {pte} was made with: its bytes have {_content_sha(ptd)}, "
+        f"the .pte's record names {_content_sha(a_ptd)}"
+    )
+    assert info.value.published is False
+    assert _leftovers(dest.parent) == []  # nothing published, no download left
+    assert main(["fetch", str(pte), str(dest)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"ptestore fetch: failed, nothing published: {ptd}: is not the .ptd")
+    assert _leftovers(dest.parent) == []
+    # The pair it was made with is fetched.
+    shutil.copy(a_ptd, ptd)
+    ptestore.fetch(pte, dest)
+    assert dest.with_suffix(".ptd").read_bytes() == a_ptd.read_bytes()
+    assert ptestore.verify(dest).status == "intact"
+
+
+@pytest.mark.s3
+def test_fetch_s3_url_refuses_a_ptd_its_pte_was_not_made_with(
+    s3_server: S3TestServer, tmp_path: Path
+) -> None:
+    pte, ptd, a_ptd = _mixed(tmp_path)
+    bucket = s3_server.new_bucket()
+    client = s3_server.client()
+    for f in (pte, ptd):
+        client.put_object(Bucket=bucket, Key=f"fleet/{f.name}", Body=f.read_bytes())
+    url = f"s3://{bucket}/fleet/m.pte"
+    dest = tmp_path / "dev" / "m.pte"
+    opts = s3_server.storage_options
+    with pytest.raises(IntegrityError) as info:
+        ptestore.fetch(url, dest, storage_options=opts)
+    assert str(info.value) == (
+        f"s3://{bucket}/fleet/m.ptd: is not the .ptd {url} was made with: its bytes have "
+        f"{_content_sha(ptd)}, the .pte's record names {_content_sha(a_ptd)}"
+    )
+    assert _leftovers(dest.parent) == []
+    client.put_object(Bucket=bucket, Key="fleet/m.ptd", Body=a_ptd.read_bytes())
+    ptestore.fetch(url, dest, storage_options=opts)
+    assert dest.read_bytes() == pte.read_bytes()
+    assert dest.with_suffix(".ptd").read_bytes() == a_ptd.read_bytes()
+
+
+def test_a_failure_between_the_ptd_and_the_pte_says_what_was_published(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pte, ptd = _pair(tmp_path, "a", 2.0)
+    dest = tmp_path / "dev" / "m.pte"
+    # The .pte cannot be published: its name is taken by a directory that is not empty.
+    (dest / "x").mkdir(parents=True)
+    with pytest.raises(PartialPublish) as info:
+        ptestore.fetch(pte, dest)
+    ptd_dest = tmp_path / "dev" / "m.ptd"
+    assert info.value.published == (str(ptd_dest),)
+    assert str(info.value).startswith(
+        f"{ptd_dest} was published, {dest} was not (it still holds what it held before, "
+        "or nothing): the pair is torn until the fetch is run again: "
+    )
+    assert ptd_dest.read_bytes() == ptd.read_bytes()
+    assert main(["fetch", str(pte), str(dest), "--json"]) == 1
+    err = json.loads(capsys.readouterr().out)["error"]
+    assert (err["type"], err["published"]) == ("PartialPublish", "partial")
+    assert err["published_files"] == [str(ptd_dest)]
+    assert err["message"].startswith(f"{ptd_dest} was published, {dest} was not")
+    assert main(["fetch", str(pte), str(dest)]) == 1
+    line = capsys.readouterr().err
+    assert line.startswith(f"ptestore fetch: failed after a partial publish: {ptd_dest} was ")
+    # Once the name is free, the fetch completes the pair.
+    shutil.rmtree(dest)
+    ptestore.fetch(pte, dest)
+    assert dest.read_bytes() == pte.read_bytes()
+    assert ptestore.verify(dest).status == "intact"
+
+
+@pytest.mark.parametrize("name", ["m.pte.part", "m.pte.part.json", "m.ptd.part", "m.ptd.part.json"])
+def test_a_link_at_a_download_file_is_refused_and_never_written_through(
+    tmp_path: Path, name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pte, _ = _pair(tmp_path, "a", 2.0)
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    dest = tmp_path / "dev" / "m.pte"
+    dest.parent.mkdir()
+    link = dest.parent / name
+    link.symlink_to(victim)
+    with pytest.raises(PermissionDenied) as info:
+        ptestore.fetch(pte, dest)
+    assert str(info.value) == (
+        f"{link}: is a symbolic link (to {str(victim)!r}); fetch does not write through "
+        "links at its download files: remove it and fetch again"
+    )
+    assert victim.read_bytes() == b"precious" and link.is_symlink()
+    assert not dest.exists() and not dest.with_suffix(".ptd").exists()
+    assert main(["fetch", str(pte), str(dest)]) == 2  # refused: bad input, not a failure
+    assert capsys.readouterr().err == f"ptestore fetch: error: {info.value}\n"
+    assert victim.read_bytes() == b"precious" and link.is_symlink()
+
+
+def _interrupted(src: str, dest: Path, **kwargs: Any) -> None:
+    """A fetch interrupted (Ctrl-C) halfway through the .pte's download."""
+
+    def progress(url: str, done: int, total: int) -> None:
+        if url.endswith(".pte") and done >= total // 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        ptestore.fetch(src, dest, chunk_size=256, progress=progress, **kwargs)
+    assert not dest.exists()
+    assert 0 < os.path.getsize(str(dest) + ".part") < os.path.getsize(src)
+
+
+def test_a_hard_link_at_the_part_is_not_resumed_into(tmp_path: Path) -> None:
+    pte, _ = _pair(tmp_path, "a", 2.0)
+    dest = tmp_path / "dev" / "m.pte"
+    _interrupted(str(pte), dest)
+    part = Path(str(dest) + ".part")
+    victim = tmp_path / "dev" / "victim"
+    victim.write_bytes(part.read_bytes())  # as long as the download so far
+    before = victim.read_bytes()
+    part.unlink()
+    os.link(victim, part)
+    with pytest.raises(PermissionDenied) as info:
+        ptestore.fetch(pte, dest)
+    assert str(info.value).startswith(f"{part}: owner uid {os.geteuid()}, 2 link(s), mode ")
+    assert str(info.value).endswith(
+        f"fetch resumes only its own file (a regular file of uid {os.geteuid()} with one "
+        "name): remove it and fetch again"
+    )
+    assert victim.read_bytes() == before
+
+
+def test_the_published_file_is_the_download_itself(tmp_path: Path) -> None:
+    """A fetch needs the artifact's size on disk once: the checked ``.part`` is renamed
+    into place, not copied."""
+    pte, _ = _pair(tmp_path, "a", 2.0)
+    dest = tmp_path / "dev" / "m.pte"
+    inodes: dict[str, int] = {}
+
+    def progress(url: str, done: int, total: int) -> None:
+        if done == total:
+            path = dest if url.endswith(".pte") else dest.with_suffix(".ptd")
+            inodes[url] = os.stat(str(path) + ".part").st_ino
+
+    ptestore.fetch(pte, dest, progress=progress)
+    assert inodes[str(pte)] == dest.stat().st_ino
+    assert inodes[str(pte.with_suffix(".ptd"))] == dest.with_suffix(".ptd").stat().st_ino
+    assert _leftovers(dest.parent) == ["m.ptd", "m.pte"]
+
+
+# --- against an index (12) ---------------------------------------------------------
+
+
+def _job(tmp: Path, dest: str, scale: float = 2.0) -> Path:
+    job = tmp / f"job{len(list(tmp.glob('job*.toml')))}.toml"
+    job.write_text(
+        f'destination = "{dest}/{{device}}/{{model}}.pte"\nbackends = ["{SPEC}"]\n'
+        f'[[models]]\nname = "m"\nsource = "{EXT.pte_path}"\nptd = "{EXT.ptd_path}"\n'
+        f'[devices.a]\nsoc = "x"\nscale = {scale}\n'
+    )
+    return job
+
+
+def _fleet_run(job: Path, capsys: Any) -> str:
+    assert main(["fleet", "run", str(job), "--workers", "1", "--json"]) == 0
+    index: str = json.loads(capsys.readouterr().out)["index"]
+    return index
+
+
+def test_a_trailer_the_index_does_not_name_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    index = _fleet_run(_job(tmp_path, str(out)), capsys)
+    pte = out / "a" / "m.pte"
+    data = pte.read_bytes()
+    trailer = read_trailer(BytesLoader(data))
+    assert trailer is not None
+    # The same content, another valid trailer (its own checksum right).
+    record = dict(trailer.record(), created="2000-01-01T00:00:00Z")
+    forged = data[: trailer.content_size] + encode_trailer(record, trailer.content_size)
+    pte.write_bytes(forged)
+    other = read_trailer(BytesLoader(forged))
+    assert other is not None and other.sha256 != trailer.sha256
+    dest = tmp_path / "dev" / "m.pte"
+    with pytest.raises(IntegrityError) as info:
+        ptestore.fetch(index, dest, model="m", device="a")
+    assert str(info.value) == (
+        f"{pte}: provenance trailer checksum sha256:{other.sha256}, the index names "
+        f"sha256:{trailer.sha256}"
+    )
+    assert not dest.exists() and not dest.with_suffix(".ptd").exists()
+
+
+def test_a_local_resume_is_pinned_to_the_version_not_the_size(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    index = _fleet_run(_job(tmp_path, str(out)), capsys)
+    pte = out / "a" / "m.pte"
+    dest = tmp_path / "dev" / "m.pte"
+    _interrupted(index, dest, model="m", device="a")
+    state = json.loads(Path(str(dest) + ".part.json").read_text())
+    st = pte.stat()
+    assert state == {
+        "url": str(pte),
+        "size": st.st_size,
+        "dev": st.st_dev,
+        "ino": st.st_ino,
+        "mtime_ns": st.st_mtime_ns,
+    }
+    # A newer run replaces the artifact by another of the same size.
+    old = pte.read_bytes()
+    _fleet_run(_job(tmp_path, str(out), scale=3.0), capsys)
+    assert pte.stat().st_size == len(old) and pte.read_bytes() != old
+    result = ptestore.fetch(index, dest, model="m", device="a", chunk_size=256)
+    got = next(f for f in result.files if f["path"] == str(dest))
+    assert got["resumed_from"] == 0  # the other version: started again
+    assert dest.read_bytes() == pte.read_bytes()
+
+
+@pytest.mark.parametrize("change", ["one byte past", "one byte changed", "longer than the object"])
+def test_a_part_that_does_not_end_where_the_object_does_restarts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], change: str
+) -> None:
+    out = tmp_path / "out"
+    index = _fleet_run(_job(tmp_path, str(out)), capsys)
+    pte = out / "a" / "m.pte"
+    dest = tmp_path / "dev" / "m.pte"
+    _interrupted(index, dest, model="m", device="a")
+    part = Path(str(dest) + ".part")
+    data = bytearray(part.read_bytes())
+    if change == "one byte past":  # a byte the object does not have there
+        data.append(pte.read_bytes()[len(data)] ^ 0xFF)
+    elif change == "one byte changed":
+        data[-1] ^= 0xFF
+    else:
+        data += bytes(pte.stat().st_size)
+    part.write_bytes(bytes(data))
+    result = ptestore.fetch(index, dest, model="m", device="a", chunk_size=256)
+    got = next(f for f in result.files if f["path"] == str(dest))
+    assert got["resumed_from"] == 0
+    assert dest.read_bytes() == pte.read_bytes()
+    # An untouched .part resumes where it ends.
+    dest2 = tmp_path / "dev2" / "m.pte"
+    _interrupted(index, dest2, model="m", device="a")
+    size = os.path.getsize(str(dest2) + ".part")
+    result = ptestore.fetch(index, dest2, model="m", device="a", chunk_size=256)
+    assert next(f for f in result.files if f["path"] == str(dest2))["resumed_from"] == size
+    assert dest2.read_bytes() == pte.read_bytes()
