@@ -31,12 +31,12 @@ from hypothesis import strategies as st
 from ..errors import AlreadyExists, ConfigurationError, WriterStateError
 from ..storage.loaders import BytesLoader
 from ..writers.base import PublishResult, WriterState
-from .writer_races import WriterRaces, pattern
+from .writer_races import WriterCompareAndSwap, WriterRaces, pattern
 
 __all__ = ["WriterContract"]
 
 
-class WriterContract(WriterRaces):
+class WriterContract(WriterRaces, WriterCompareAndSwap):
     """Contract tests every :class:`~ptestore.writers.DataWriter` must pass (the hooks and
     the race tests are in :mod:`ptestore.testing.writer_races`)."""
 
@@ -232,7 +232,8 @@ class WriterContract(WriterRaces):
     def test_bad_mode(self, dest: str) -> None:
         with self.make_writer(dest) as w:
             with pytest.raises(
-                ConfigurationError, match=r"publish mode must be 'overwrite' or 'create', got 'x'"
+                ConfigurationError,
+                match=r"publish mode must be 'overwrite', 'create' or 'if-match', got 'x'",
             ):
                 w.publish("x")  # type: ignore[arg-type]
             assert w.state is WriterState.OPEN

@@ -23,6 +23,7 @@ from .._log import get_logger
 from ..errors import (
     AlreadyExists,
     ConfigurationError,
+    PreconditionFailed,
     PteStoreError,
     PublishUncertain,
     WriterStateError,
@@ -36,16 +37,22 @@ __all__ = [
     "PublishMode",
     "PublishResult",
     "Staging",
+    "Versioned",
     "WriterGuarantees",
     "WriterState",
     "already_exists",
     "discard_all",
+    "version_conflict",
 ]
 
 log = get_logger("ptestore.writers")
 
-PublishMode = Literal["overwrite", "create"]
-_MODES = ("overwrite", "create")
+#: ``"overwrite"`` replaces whatever is there, ``"create"`` refuses to replace anything
+#: (:class:`~ptestore.errors.AlreadyExists`), ``"if-match"`` replaces only the version
+#: read (``publish("if-match", expected=VERSION)``, else
+#: :class:`~ptestore.errors.PreconditionFailed`).
+PublishMode = Literal["overwrite", "create", "if-match"]
+_MODES = ("overwrite", "create", "if-match")
 #: No output may end beyond this byte (the largest file offset POSIX can express).
 MAX_OBJECT_SIZE = (1 << 63) - 1
 
@@ -70,6 +77,9 @@ class WriterGuarantees:
     isolated: bool = True
     #: After publishing, the stored object's size and checksum are checked.
     verified: bool = False
+    #: ``publish(mode="if-match", expected=V)`` replaces the object only while it is
+    #: still version ``V``, even between concurrent publishers (compare-and-swap).
+    conditional_update: bool = False
 
 
 class WriterState(enum.Enum):
@@ -95,6 +105,23 @@ class PublishResult:
     #: End-to-end checksum verified after publishing, as ``"<algorithm>:<value>"``
     #: (S3: ``"crc32:<base64>"``), or ``None`` when the writer does not check one.
     checksum: str | None = None
+
+
+@dataclass(frozen=True)
+class Versioned:
+    """An object's bytes and the version token they were read at (None: no object), as
+    :func:`~ptestore.writers.versions.read_versioned` returns them. Publish the changed
+    bytes with ``publish("if-match", expected=version)``, or ``publish("create")`` when
+    ``version`` is None."""
+
+    data: bytes
+    version: str | None
+
+    @property
+    def mode(self) -> PublishMode:
+        """The publish mode that replaces exactly this version: ``"if-match"``, or
+        ``"create"`` for no object."""
+        return "create" if self.version is None else "if-match"
 
 
 class Staging(Protocol):
@@ -151,6 +178,22 @@ def already_exists(where: str, what: str = "object") -> AlreadyExists:
     )
 
 
+def version_conflict(
+    where: str, expected: str, found: str | None, refused_by: str = "ptestore"
+) -> PreconditionFailed:
+    """The error of a ``publish(mode="if-match", expected=...)`` that found another
+    version (``found``; None: no object), worded once for every writer."""
+    now = f"found version {found}" if found is not None else "found no object there"
+    return PreconditionFailed(
+        f"{where}: publish(mode='if-match') expected version {expected}, {now}; nothing "
+        "was published (read it again, redo the change and retry)",
+        url=where,
+        expected=expected,
+        found=found,
+        refused_by=refused_by,
+    )
+
+
 def discard_all(writers: Iterable[DataWriter]) -> None:
     """Discard every writer after a failure (a no-op for a published one; it never
     publishes). A failing discard is logged (debug), not raised: the original error matters
@@ -199,8 +242,9 @@ class DataWriter(abc.ABC):
     - :meth:`copy_from` is equivalent to ``write(loader.load(src_offset, size),
       dst_offset)`` but may avoid moving the bytes through Python.
     - :meth:`publish` makes the output visible atomically; ``mode="create"`` refuses to
-      replace an existing object (:class:`~ptestore.errors.AlreadyExists`). One publish
-      per writer.
+      replace an existing object (:class:`~ptestore.errors.AlreadyExists`);
+      ``mode="if-match"`` replaces only the version given as ``expected``
+      (:class:`~ptestore.errors.PreconditionFailed`). One publish per writer.
     - :meth:`discard` is idempotent and removes everything staged. Leaving a ``with``
       block without publishing, garbage collection and interpreter exit discard;
       nothing ever publishes implicitly.
@@ -234,6 +278,8 @@ class DataWriter(abc.ABC):
         self._staging: _OwnedStaging | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
         self._committing = False
+        #: The version ``publish(mode="if-match")`` expects (set for ``_publish``).
+        self._expected: str | None = None
         #: Test hook: called with the writer right before its commit step (the rename or
         #: link, the store assignment, the PutObject or CompleteMultipartUpload), after
         #: every check the writer makes. Race tests pause one writer here to force an
@@ -282,6 +328,21 @@ class DataWriter(abc.ABC):
         keeps user metadata beside an object (S3's ``x-amz-meta-*``). Returns False when
         it has nowhere to keep it (the default). Call before the first write."""
         return False
+
+    def ensure_space(self, size: int) -> None:
+        """Fail now, before anything more is written, if the storage says an output of
+        ``size`` bytes cannot fit: :class:`~ptestore.errors.StorageError` with ``errno``
+        ``ENOSPC`` naming the bytes needed, the bytes free and where. A no-op where the
+        storage tells nothing (the default; local files check ``statvfs``). The writer
+        stays open either way: the caller decides (discard, or free space and go on)."""
+        _check_offset(self.url, "size", size)
+        with self._lock:
+            self._check_open("check free space")
+            self._ensure_space(size)
+
+    def _ensure_space(self, size: int) -> None:
+        """Override: raise if ``size`` bytes cannot fit (arguments checked, lock held)."""
+        return None
 
     @property
     def keeps_object_metadata(self) -> bool:
@@ -379,14 +440,41 @@ class DataWriter(abc.ABC):
                 raise
             self._size = max(self._size, dst_offset + size)
 
-    def publish(self, mode: PublishMode = "overwrite") -> PublishResult:
-        """Make the output visible atomically (see the class docstring)."""
+    def publish(
+        self, mode: PublishMode = "overwrite", *, expected: str | None = None
+    ) -> PublishResult:
+        """Make the output visible atomically (see the class docstring).
+
+        ``mode="if-match"`` publishes only if the destination is still the version
+        ``expected`` (a token from :func:`~ptestore.writers.versions.read_versioned` or
+        :func:`~ptestore.writers.versions.current_version`); otherwise nothing is
+        published and :class:`~ptestore.errors.PreconditionFailed` names the expected and
+        the found version. "Must not exist" is ``mode="create"``.
+        """
         if mode not in _MODES:
             raise ConfigurationError(
-                f"{self.url}: publish mode must be 'overwrite' or 'create', got {mode!r}"
+                f"{self.url}: publish mode must be 'overwrite', 'create' or 'if-match', "
+                f"got {mode!r}"
+            )
+        if mode == "if-match":
+            if not isinstance(expected, str) or not expected:
+                raise ConfigurationError(
+                    f"{self.url}: publish(mode='if-match') needs expected=<version token> "
+                    f"(a non-empty str), got {expected!r}; for 'must not exist' use "
+                    "mode='create'"
+                )
+            if not type(self).guarantees.conditional_update:
+                raise ConfigurationError(
+                    f"{self.url}: {type(self).__name__} cannot publish conditionally "
+                    "(mode='if-match'); its storage offers no compare-and-swap"
+                )
+        elif expected is not None:
+            raise ConfigurationError(
+                f"{self.url}: expected={expected!r} is only for mode='if-match', not {mode!r}"
             )
         with self._lock:
             self._check_open("publish")
+            self._expected = expected
             try:
                 result = self._publish(mode, self._size)
             except BaseException as exc:

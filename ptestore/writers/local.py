@@ -18,6 +18,13 @@ Guarantees (POSIX filesystems such as ext4, XFS, btrfs, f2fs, APFS):
 - **No-clobber**: ``publish(mode="create")`` uses ``link(2)``, which fails with
   ``EEXIST`` if the destination exists, between processes and hosts sharing the
   filesystem, without a check-then-write window.
+- **Compare-and-swap**: ``publish(mode="if-match", expected=V)`` hashes the destination
+  under an exclusive ``flock`` on ``.<name>.ptestore.lock`` beside it and renames only
+  if it still is version ``V`` (its SHA-256, :mod:`._local_cas` says why not its stat
+  identity). Conditional publishers exclude each other, between processes and hosts
+  where the filesystem's ``flock`` works; an ``overwrite`` does not take the lock.
+- **Free space**: :meth:`LocalFileWriter.ensure_space` compares the output's size with
+  ``statvfs`` of the directory and refuses (``errno`` ENOSPC) before anything is written.
 - **Cleanup**: discard, garbage collection and interpreter exit unlink the staging file.
   After a crash (SIGKILL, power loss) a stale ``.<name>.ptestore-<hex>.tmp`` may remain;
   ``ptestore gc DIR`` removes those (never a file a live writer still holds: writers
@@ -46,7 +53,14 @@ from ..errors import (
 from ..storage.types import DataLoader, strerror
 from ._clone import HasFileno, clone_range, probe_clone_block_size
 from ._staging import FileStaging
-from .base import DataWriter, PublishMode, PublishResult, WriterGuarantees, already_exists
+from .base import (
+    DataWriter,
+    PublishMode,
+    PublishResult,
+    WriterGuarantees,
+    already_exists,
+    version_conflict,
+)
 
 __all__ = ["TEMP_NAME_RE", "WRITEBACK_PIECE", "LocalFileWriter", "staging_name"]
 
@@ -105,7 +119,7 @@ class LocalFileWriter(DataWriter):
     """
 
     guarantees: ClassVar[WriterGuarantees] = WriterGuarantees(
-        atomic_publish=True, exclusive_create=True, durable=True
+        atomic_publish=True, exclusive_create=True, durable=True, conditional_update=True
     )
     options: ClassVar[frozenset[str]] = frozenset({"durable", "auto_mkdir"})
 
@@ -304,7 +318,31 @@ class LocalFileWriter(DataWriter):
             raise local_error(
                 exc, f"{self.path}: cannot set mode {perm:o} on the staging file: {strerror(exc)}"
             ) from exc
+        if mode == "if-match":
+            self._publish_if_match(tmp)
+        else:
+            self._commit_point()
+            self._rename_or_link(mode, tmp)
+        self._st.mark_published()
+        if self.durable:
+            self._fsync_directory()
+        return PublishResult(url=self.path, size=size)
+
+    def _publish_if_match(self, tmp: str) -> None:
+        """Compare and rename under the destination's lock (its commit point is before
+        the lock: a writer paused there must not hold the others up)."""
+        from ._local_cas import file_version, version_lock
+
+        expected = self._expected
+        assert expected is not None
         self._commit_point()
+        with version_lock(self.path):
+            found = file_version(self.path)
+            if found != expected:
+                raise version_conflict(self.path, expected, found)
+            self._rename_or_link("overwrite", tmp)
+
+    def _rename_or_link(self, mode: PublishMode, tmp: str) -> None:
         if mode == "overwrite":
             try:
                 os.replace(tmp, self.path)
@@ -330,10 +368,26 @@ class LocalFileWriter(DataWriter):
                 os.unlink(tmp)
             except OSError:  # the published file is fine; gc removes the extra name
                 pass
-        self._st.mark_published()
-        if self.durable:
-            self._fsync_directory()
-        return PublishResult(url=self.path, size=size)
+
+    def _ensure_space(self, size: int) -> None:
+        """Refuse, before writing, an output of ``size`` bytes that the destination's
+        file system has no room for (``statvfs``: the blocks available to this user),
+        with :class:`~ptestore.errors.StorageError` ``errno`` ENOSPC naming the bytes
+        needed, the bytes free and the directory. Bytes staged already count as room."""
+        try:
+            st = os.statvfs(self.directory)
+        except OSError:
+            return  # the storage tells nothing: the writes will find out
+        free = st.f_bavail * st.f_frsize
+        staged = os.fstat(self._fd()).st_blocks * 512
+        needed = size - staged
+        if needed > free:
+            raise StorageError(
+                f"{self.path}: not enough free space for an output of {size} bytes: "
+                f"{needed} bytes needed, {free} bytes free on the file system of "
+                f"{self.directory}; nothing more was written",
+                errno=errno.ENOSPC,
+            )
 
     def _fsync_directory(self) -> None:
         try:
