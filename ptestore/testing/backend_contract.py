@@ -240,10 +240,9 @@ class BackendContract:
 
     def test_keeps_keys_and_shared_bytes(self, program: Program) -> None:
         outcome = self._first(program)
-        with (
-            _named(program.pte.read_bytes(), _read(program.ptd)) as src,
-            _named(outcome.pte, outcome.ptd) as out,
-        ):
+        with _named(program.pte.read_bytes(), _read(program.ptd)) as src, _named(
+            outcome.pte, outcome.ptd
+        ) as out:
             assert sorted(out.keys()) == sorted(src.keys())
             for key in src:
                 value = bytes(out.get_data(key))
@@ -272,10 +271,9 @@ class BackendContract:
         outcome = self._first(program)
         assert outcome.report is not None
         replaced = {k for b in outcome.report.backends for k in b.keys_replaced}
-        with (
-            _named(program.pte.read_bytes(), _read(program.ptd)) as src,
-            _named(outcome.pte, outcome.ptd) as out,
-        ):
+        with _named(program.pte.read_bytes(), _read(program.ptd)) as src, _named(
+            outcome.pte, outcome.ptd
+        ) as out:
             for key in sorted(replaced):
                 info = src.get_tensor_info(key)
                 size = len(out.get_data(key))
