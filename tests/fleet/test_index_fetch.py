@@ -216,3 +216,68 @@ def test_s3_index_concurrent_and_fetch_resume(
     with pytest.raises(IntegrityError):
         ptestore.fetch(url, dest2, model="m", device="a", chunk_size=256, storage_options=opts)
     assert not dest2.exists()
+
+
+def test_local_index_with_8_racing_writers_loses_no_entry(tmp_path: Path) -> None:
+    """8 threads, each merging 3 entries one by one into one local index: every merge
+    reads, merges and publishes with if-match (a lock-free read-merge-rename loses
+    entries here: checked by removing the writer's compare-and-swap)."""
+    url = str(tmp_path / "fleet" / "ptestore-index.json")
+    writers, each = 8, 3
+    barrier = threading.Barrier(writers)
+    errors: list[BaseException] = []
+
+    def add(i: int) -> None:
+        try:
+            barrier.wait()
+            for j in range(each):
+                publish_index(url, [{"model": "m", "device": f"w{i}-{j}"}], {})
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=add, args=(i,)) for i in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    index = load_index(url)
+    assert [e["device"] for e in index["entries"]] == sorted(
+        f"w{i}-{j}" for i in range(writers) for j in range(each)
+    )
+    assert (index["format"], index["version"]) == ("ptestore.index", 2)
+    assert sorted(os.listdir(tmp_path / "fleet")) == [
+        ".ptestore-index.json.ptestore.lock",
+        "ptestore-index.json",
+    ]
+
+
+def test_an_index_that_keeps_changing_names_the_attempts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every publish meets another version (planted: each read is stale by the time it
+    publishes): after the retry policy's attempts the error says so, naming the index
+    and the versions of the last conflict."""
+    from ptestore import _retry
+    from ptestore.errors import PreconditionFailed
+    from ptestore.writers import versions
+
+    url = str(tmp_path / "ptestore-index.json")
+    publish_index(url, [{"model": "m", "device": "a"}], {})
+    real = versions.read_versioned
+
+    def stale(u: Any, **kw: Any) -> Any:
+        got = real(u, **kw)
+        Path(url).write_text(Path(url).read_text() + " ")  # someone else wrote it
+        return got
+
+    monkeypatch.setattr(versions, "read_versioned", stale)
+    monkeypatch.setattr(_retry, "CONFLICT_RETRY", _retry.RetryPolicy(attempts=3, initial=0))
+    with pytest.raises(PreconditionFailed) as info:
+        publish_index(url, [{"model": "m", "device": "b"}], {})
+    assert str(info.value).startswith(
+        f"{url}: the index changed under every one of 3 attempts to merge into it (last: "
+        f"{url}: publish(mode='if-match') expected version sha256:"
+    )
+    assert info.value.url == url and info.value.found != info.value.expected
+    assert [e["device"] for e in load_index(url)["entries"]] == ["a"]
