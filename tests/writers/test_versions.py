@@ -133,7 +133,8 @@ def test_ensure_space_refuses_before_writing(tiny_fs: Path) -> None:
     assert info.value.errno == errno.ENOSPC
     assert str(info.value) == (
         f"{dest}: not enough free space for an output of {10 << 20} bytes: {10 << 20} bytes "
-        f"needed, {free} bytes free on the file system of {tiny_fs}; nothing more was written"
+        f"needed, {free} bytes free on the file system of {tiny_fs}; nothing of it was "
+        "written (No space left on device)"
     )
     assert w.state is WriterState.OPEN  # the caller decides
     assert os.statvfs(tiny_fs).f_bavail * os.statvfs(tiny_fs).f_frsize == free  # untouched
@@ -152,13 +153,59 @@ def test_ensure_space_counts_what_is_staged(tiny_fs: Path) -> None:
     w.discard()
 
 
-def test_a_write_that_meets_a_full_disk_has_enospc(tiny_fs: Path) -> None:
-    w = open_writer(tiny_fs / "model.pte")
+def _free(path: Path) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def test_a_large_write_is_refused_before_it_fills_the_disk(tiny_fs: Path) -> None:
+    dest = tiny_fs / "model.pte"
+    w = open_writer(dest)
+    w.write(b"m" * 1000, 0)
+    free = _free(tiny_fs)
     with pytest.raises(StorageError) as info:
-        w.write(b"x" * (8 << 20), 0)
+        w.write(b"x" * (8 << 20), 1000)
     assert info.value.errno == errno.ENOSPC
+    assert str(info.value) == (
+        f"{dest}: not enough free space for a write of {8 << 20} bytes at offset 1000: "
+        f"{8 << 20} bytes needed, {free} bytes free on the file system of {tiny_fs}; "
+        "nothing of it was written (No space left on device)"
+    )
     assert w.state is WriterState.DISCARDED
     assert os.listdir(tiny_fs) == []
+
+
+def test_a_large_copy_is_refused_before_it_fills_the_disk(tmp_path: Path, tiny_fs: Path) -> None:
+    """The staged path's bulk: a kernel copy from a local source (copy_file_range)."""
+    from ptestore.storage.loaders import open_loader
+
+    src = tmp_path / "src.pte"
+    src.write_bytes(os.urandom(6 << 20))
+    loader = open_loader(src)
+    dest = tiny_fs / "model.pte"
+    w = open_writer(dest)
+    free = _free(tiny_fs)
+    try:
+        with pytest.raises(StorageError) as info:
+            w.copy_from(loader, 0, 6 << 20, 0)
+    finally:
+        loader.close()
+    assert info.value.errno == errno.ENOSPC
+    assert str(info.value) == (
+        f"{dest}: not enough free space for a copy of {6 << 20} bytes from {loader.name} at "
+        f"offset 0: {6 << 20} bytes needed, {free} bytes free on the file system of "
+        f"{tiny_fs}; nothing of it was written (No space left on device)"
+    )
+    assert _free(tiny_fs) == free  # nothing was allocated first
+    assert w.state is WriterState.DISCARDED
+    assert os.listdir(tiny_fs) == []
+
+
+def test_what_fits_is_written(tiny_fs: Path) -> None:
+    w = open_writer(tiny_fs / "model.pte")
+    w.write(b"x" * (2 << 20), 0)
+    w.write(b"y" * (1 << 20), 1 << 20)  # rewrites staged bytes: needs no new room
+    assert w.publish().size == 2 << 20
 
 
 def test_ensure_space_on_a_closed_writer_is_refused(tmp_path: Path) -> None:
