@@ -231,6 +231,10 @@ def _publish_conditionally(
     write_options: dict[str, Any] = (
         {"auto_mkdir": True} if local else options_for_writer(url, options)
     )
+    if split_url(url)[0] == "s3":  # served as JSON, as before
+        extra = dict(write_options.get("s3_additional_kwargs") or {})
+        extra.setdefault("ContentType", "application/json")
+        write_options["s3_additional_kwargs"] = extra
     attempts = [0]
 
     def attempt() -> None:

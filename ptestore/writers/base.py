@@ -179,11 +179,18 @@ def already_exists(where: str, what: str = "object") -> AlreadyExists:
 
 
 def version_conflict(
-    where: str, expected: str, found: str | None, refused_by: str = "ptestore"
+    where: str,
+    expected: str,
+    found: str | None,
+    refused_by: str = "ptestore",
+    reason: str | None = None,
 ) -> PreconditionFailed:
     """The error of a ``publish(mode="if-match", expected=...)`` that found another
-    version (``found``; None: no object), worded once for every writer."""
+    version (``found``; None: no object), worded once for every writer; ``reason`` says
+    why when the version found is the one expected (S3's 409 on a concurrent write)."""
     now = f"found version {found}" if found is not None else "found no object there"
+    if reason:
+        now += f" ({reason})"
     return PreconditionFailed(
         f"{where}: publish(mode='if-match') expected version {expected}, {now}; nothing "
         "was published (read it again, redo the change and retry)",

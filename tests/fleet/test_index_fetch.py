@@ -198,6 +198,8 @@ def test_s3_index_concurrent_and_fetch_resume(
         t.join()
     devices = [e["device"] for e in load_index(url, **opts)["entries"]]
     assert devices == ["a", "b"] + [f"extra{i}" for i in range(6)]
+    head = s3_server.client().head_object(Bucket=bucket, Key="fleet/ptestore-index.json")
+    assert head["ContentType"] == "application/json"
 
     # fetch from S3, killed halfway, resumed with ranged GETs pinned to the ETag.
     dest = tmp_path / "dl" / "m.pte"
@@ -281,3 +283,51 @@ def test_an_index_that_keeps_changing_names_the_attempts(
     )
     assert info.value.url == url and info.value.found != info.value.expected
     assert [e["device"] for e in load_index(url)["entries"]] == ["a"]
+
+
+_RACER = """
+import os, sys, time
+from pathlib import Path
+from ptestore.fleet.index import publish_index
+url, name, ready, go = sys.argv[1:5]
+Path(ready).touch()
+ceiling = time.monotonic() + 300
+while not os.path.exists(go):  # start together
+    if time.monotonic() > ceiling:
+        sys.exit("never told to go")
+    time.sleep(0.001)
+for j in range(6):
+    publish_index(url, [{"model": "m", "device": f"{name}-{j}"}], {})
+"""
+
+
+def test_local_index_with_8_racing_processes_loses_no_entry(tmp_path: Path) -> None:
+    """The same between processes: the lock beside the index is an flock every
+    process takes (each merges 6 entries once all 8 are ready)."""
+    url = str(tmp_path / "fleet" / "ptestore-index.json")
+    go = tmp_path / "go"
+    ready = [tmp_path / f"ready{i}" for i in range(8)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _RACER, url, f"p{i}", str(ready[i]), str(go)],
+            stderr=subprocess.PIPE,
+        )
+        for i in range(8)
+    ]
+    try:
+        for i, r in enumerate(ready):  # a generous ceiling, not a timing assumption
+            for _ in range(300_000):
+                if r.exists() or procs[i].poll() is not None:
+                    break
+                threading.Event().wait(0.001)
+        go.touch()
+        results = [(p.wait(timeout=600), p.stderr.read() if p.stderr else b"") for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert all(rc == 0 for rc, _ in results), results
+    assert [e["device"] for e in load_index(url)["entries"]] == sorted(
+        f"p{i}-{j}" for i in range(8) for j in range(6)
+    )

@@ -197,7 +197,10 @@ class S3Publisher:
         if conflict and code != "NoSuchUpload":
             assert expected is not None
             found = None if head is None else str(head.get("ETag"))
-            raise version_conflict(where, expected, found, refused_by="storage") from exc
+            reason = (
+                f"the service answered {code}: a concurrent write" if found == expected else None
+            )
+            raise version_conflict(where, expected, found, "storage", reason) from exc
         if code == "NoSuchUpload":
             raise PublishUncertain(
                 f"{where}: the multipart upload is gone (NoSuchUpload) and the object does not "
