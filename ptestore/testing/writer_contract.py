@@ -9,6 +9,10 @@ Usage, for any writer::
         def put(self, dest: str, data: bytes) -> None: ...  # backdoor write
         def leftovers(self, dest: str) -> list[str]: ...  # staging artefacts left behind
 
+Writers whose guarantees include ``conditional_update`` also run the compare-and-swap
+tests (:class:`~ptestore.testing.writer_races.WriterCompareAndSwap`), which read versions
+through the ``read_versioned(dest)`` hook (override it to pass storage options).
+
 The backdoor hooks must not use ptestore's writers or loaders, so that the writer's own
 behaviour is what is tested. ``leftovers`` must see what a live writer has staged (its
 staging file, its multipart upload, its buffer): the discard tests assert that it was

@@ -302,8 +302,10 @@ for j in range(6):
 
 
 def test_local_index_with_8_racing_processes_loses_no_entry(tmp_path: Path) -> None:
-    """The same between processes: the lock beside the index is an flock every
-    process takes (each merges 6 entries once all 8 are ready)."""
+    """The same between processes (each merges 6 entries once all 8 are ready): the
+    version check and the flock beside the index hold across processes. Removing the
+    check fails this one; removing only the lock fails the thread test above, whose
+    interleavings are denser."""
     url = str(tmp_path / "fleet" / "ptestore-index.json")
     go = tmp_path / "go"
     ready = [tmp_path / f"ready{i}" for i in range(8)]
