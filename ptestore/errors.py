@@ -147,7 +147,21 @@ def _rebuild_nothing(
 
 
 class StorageError(PteStoreError, OSError):
-    """Reading or writing storage failed (after any retries)."""
+    """Reading or writing storage failed (after any retries).
+
+    ``errno`` is the system's error number when one caused it (``errno.ENOSPC`` for a
+    full disk, also when ptestore refuses before writing because the free space is too
+    small), else None, so an application can branch on it as on any ``OSError``.
+    """
+
+    def __init__(self, message: str, *, errno: int | None = None) -> None:
+        super().__init__(message)
+        if errno is not None:
+            self.errno = errno
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # OSError keeps errno outside __dict__: carry it (errors cross processes).
+        return (type(self), self.args, {**self.__dict__, "errno": self.errno})
 
 
 class ObjectNotFound(StorageError, FileNotFoundError):
@@ -165,7 +179,43 @@ class AlreadyExists(StorageError, FileExistsError):
 
 
 class PreconditionFailed(StorageError):
-    """A conditional operation was refused by the storage (e.g. HTTP 412)."""
+    """A condition did not hold: the storage refused a conditional request (HTTP 412,
+    409 ``ConditionalRequestConflict``), or ptestore's own check found the object
+    changed.
+
+    ``publish(mode="if-match", expected=V)`` raises it when the destination is no longer
+    version ``V``: nothing was published; read the object again, redo the change and
+    retry (:func:`ptestore.writers.versions.read_versioned`).
+
+    Attributes
+    ----------
+    url:
+        The object whose condition failed (None when not known).
+    expected:
+        The version the caller expected (None when not known).
+    found:
+        The version found instead, or None when the object does not exist or its
+        version is not known (the message says which).
+    refused_by:
+        ``"storage"`` when the storage service refused the request (its 412 or 409),
+        ``"ptestore"`` when ptestore's own check did (a local or memory compare-and-swap,
+        the S3 writer's check of its copy sources before Complete).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        url: str | None = None,
+        expected: str | None = None,
+        found: str | None = None,
+        refused_by: str = "storage",
+    ) -> None:
+        super().__init__(message)
+        self.url = url
+        self.expected = expected
+        self.found = found
+        self.refused_by = refused_by
 
 
 class PublishUncertain(StorageError):
@@ -288,5 +338,5 @@ def local_error(exc: OSError, message: str) -> StorageError:
     import errno
 
     if isinstance(exc, PermissionError) or exc.errno in (errno.EACCES, errno.EPERM):
-        return PermissionDenied(message)
-    return StorageError(message)
+        return PermissionDenied(message, errno=exc.errno)
+    return StorageError(message, errno=exc.errno)

@@ -27,12 +27,14 @@ from .classify import (
     classify,
     error_code,
     error_info,
+    is_conflict,
     is_transient,
     to_storage_error,
 )
-from .policy import DEFAULT_RETRY, RETRY_OPTIONS, RetryPolicy
+from .policy import CONFLICT_RETRY, DEFAULT_RETRY, RETRY_OPTIONS, RetryPolicy
 
 __all__ = [
+    "CONFLICT_RETRY",
     "DEFAULT_RETRY",
     "RETRY_OPTIONS",
     "Category",
@@ -41,6 +43,7 @@ __all__ = [
     "classify",
     "error_code",
     "error_info",
+    "is_conflict",
     "is_transient",
     "to_storage_error",
 ]

@@ -33,6 +33,7 @@ __all__ = [
     "error_code",
     "error_info",
     "find_error_info",
+    "is_conflict",
     "is_transient",
     "to_storage_error",
 ]
@@ -306,6 +307,14 @@ def classify(exc: BaseException) -> Category:
 def is_transient(exc: BaseException) -> bool:
     """True when retrying the same request may succeed (:attr:`Category.TRANSIENT`)."""
     return classify(exc) is Category.TRANSIENT
+
+
+def is_conflict(exc: BaseException) -> bool:
+    """True for a lost compare-and-swap: a condition that no longer held
+    (:attr:`Category.PRECONDITION`, e.g. ``publish(mode="if-match")``'s
+    :class:`~ptestore.errors.PreconditionFailed`) or an object created meanwhile
+    (:attr:`Category.ALREADY_EXISTS`, ``mode="create"``). Retry by reading again."""
+    return classify(exc) in (Category.PRECONDITION, Category.ALREADY_EXISTS)
 
 
 def find_error_info(exc: BaseException) -> ErrorInfo | None:

@@ -19,7 +19,7 @@ from .classify import find_error_info, is_transient
 if TYPE_CHECKING:
     from tenacity import RetryCallState
 
-__all__ = ["DEFAULT_RETRY", "RETRY_OPTIONS", "RetryPolicy"]
+__all__ = ["CONFLICT_RETRY", "DEFAULT_RETRY", "RETRY_OPTIONS", "RetryPolicy"]
 
 log = logging.getLogger("ptestore.retry")
 T = TypeVar("T")
@@ -36,6 +36,9 @@ class RetryPolicy:
     Retried: 5xx answers, 408/429, throttling codes (``SlowDown``, ``Throttling``...),
     connection resets and timeouts. Never retried: missing objects, permission
     problems, failed preconditions, other 4xx answers, anything of ptestore's own.
+
+    A read-modify-write retries its conflicts instead (``retry_on=is_conflict``, with
+    :data:`CONFLICT_RETRY`): each attempt reads again, so a lost race is worth redoing.
     """
 
     #: Attempts in total, the first one included.
@@ -69,8 +72,10 @@ class RetryPolicy:
         *,
         what: str = "storage call",
         on_retry: Callable[[], None] | None = None,
+        retry_on: Callable[[BaseException], bool] = is_transient,
     ) -> T:
-        """Run ``fn``; retry transient failures; re-raise the last failure as it is.
+        """Run ``fn``; retry the failures ``retry_on`` accepts (default: transient
+        ones); re-raise the last failure as it is.
 
         ``what`` names the call in the retry log; ``on_retry`` runs before each retry.
         """
@@ -99,7 +104,7 @@ class RetryPolicy:
                 on_retry()
 
         retrying = Retrying(
-            retry=retry_if_exception(is_transient),
+            retry=retry_if_exception(retry_on),
             stop=stop_after_attempt(self.attempts),
             wait=wait_exponential(multiplier=self.initial, max=self.maximum)
             + wait_random(0, self.initial),
@@ -120,3 +125,7 @@ def _check_number(name: str, value: object, kind: type, minimum: float) -> None:
 
 #: The policy used when no retry option is given.
 DEFAULT_RETRY = RetryPolicy()
+#: The policy of read-modify-write loops over ``publish(mode="if-match")`` (with
+#: ``retry_on=is_conflict``): many quick attempts, since a conflict means another
+#: writer just succeeded, and each attempt does the whole read, merge and publish.
+CONFLICT_RETRY = RetryPolicy(attempts=20, initial=0.01, maximum=0.5)

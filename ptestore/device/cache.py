@@ -35,7 +35,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import stat
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +42,7 @@ from typing import Any
 from ..errors import ConfigurationError, FormatError, PermissionDenied, StorageError
 from ..storage.types import StorageURL
 from .lock import KeyLock
+from .private import SHARED_WRITE, check_private
 
 __all__ = [
     "MANIFEST",
@@ -65,55 +65,6 @@ MAX_MANIFEST_BYTES = 1 << 20
 
 #: The mode the cache creates its directories with (the umask may only remove bits).
 PRIVATE_DIR_MODE = 0o755
-#: Write permission for group or others: what makes a cache path another user's too.
-_SHARED_WRITE = stat.S_IWGRP | stat.S_IWOTH
-
-
-def _owner(uid: int) -> str:
-    import pwd  # only for an error message
-
-    try:
-        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
-    except KeyError:
-        return f"uid {uid}"
-
-
-def check_private(path: str, what: str, st: os.stat_result | None = None) -> None:
-    """Refuse ``path`` (a cache directory, an entry, its manifest) unless it is this
-    user's alone, as ssh does with its files: owned by this user (or root) and not
-    writable by group or others. A missing path is not checked. Raises
-    :class:`~ptestore.errors.PermissionDenied` naming the path, its owner and mode, and
-    the fix."""
-    if st is None:
-        try:
-            st = os.stat(path)
-        except FileNotFoundError:
-            return
-        except OSError as exc:
-            raise StorageError(f"{path}: cannot stat the {what}: {exc.strerror}") from exc
-    me = os.geteuid()
-    foreign = st.st_uid not in (me, 0)
-    shared = bool(st.st_mode & _SHARED_WRITE)
-    if not foreign and not shared:
-        return
-    mode = stat.S_IMODE(st.st_mode)
-    problems, fixes = [], []
-    if foreign:
-        problems.append(f"is owned by {_owner(st.st_uid)}, not by this user ({_owner(me)})")
-        fixes.append(f"chown {me} {path}")
-    if shared:
-        who = " and ".join(
-            w for bit, w in ((stat.S_IWGRP, "group"), (stat.S_IWOTH, "others")) if mode & bit
-        )
-        problems.append(f"is writable by {who} (mode {mode:04o})")
-        fixes.append(f"chmod go-w {path}")
-    raise PermissionDenied(
-        f"{path}: the {what} {' and '.join(problems)}: another user could plant, change "
-        f"or remove what ensure serves from it; ptestore uses only a cache that is this "
-        f"user's alone. Fix: {'; '.join(fixes)} (or use another --cache-dir)"
-    )
-
-
 class CacheLayout:
     """Paths of a cache directory."""
 
@@ -214,14 +165,6 @@ def file_stamp(path: str) -> dict[str, int]:
     return _stamp_of(os.stat(path))
 
 
-def make_private(path: str) -> None:
-    """Remove group and others' write permission from an entry's file (made under the
-    umask: ``0o664`` under ``umask 002``), before its stamp is recorded."""
-    mode = stat.S_IMODE(os.stat(path).st_mode)
-    if mode & _SHARED_WRITE:
-        os.chmod(path, mode & ~_SHARED_WRITE)
-
-
 def files_intact(directory: str, manifest: dict[str, Any]) -> bool:
     """Whether every file the manifest names is there as recorded (one ``stat`` each),
     owned by this user (or root) and not writable by group or others. A manifest
@@ -240,7 +183,7 @@ def files_intact(directory: str, manifest: dict[str, Any]) -> bool:
             st = os.stat(os.path.join(directory, name))
         except OSError:
             return False
-        if st.st_uid not in (me, 0) or st.st_mode & _SHARED_WRITE:
+        if st.st_uid not in (me, 0) or st.st_mode & SHARED_WRITE:
             return False
         now = _stamp_of(st)
         keys = ("size", "ino", "mtime_ns", "ctime_ns") if "ctime_ns" in rec else _OLD_STAMP

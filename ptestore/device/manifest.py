@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import StorageError
-from .cache import MANIFEST_FORMAT, MANIFEST_VERSION, CacheLayout, file_stamp, make_private
+from .cache import MANIFEST_FORMAT, MANIFEST_VERSION, CacheLayout, file_stamp
+from .private import make_private
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

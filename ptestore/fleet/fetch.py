@@ -27,10 +27,8 @@ the two is a :class:`~ptestore.errors.PartialPublish` naming the .ptd as publish
 
 from __future__ import annotations
 
-import errno
 import json
 import os
-import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -42,9 +40,7 @@ from ..errors import (
     IntegrityError,
     ObjectNotFound,
     PartialPublish,
-    PermissionDenied,
     StorageError,
-    local_error,
 )
 from ..provenance.digest import content_digest
 from ..provenance.trailer import read_trailer
@@ -52,6 +48,7 @@ from ..storage.atomic import put_bytes, rename, sync_file
 from ..storage.loaders import DataLoader, LocalFileLoader, open_loader
 from ..storage.routing import options_for_loader
 from ..storage.types import StorageURL
+from .download import open_part, pinned_version, read_state, refuse_link
 from .job import ptd_beside
 from .select import Choice, select
 from .shared import SHARED_DIR
@@ -164,86 +161,6 @@ def _check(path: str, want: dict[str, Any]) -> str:
 _OVERLAP = 64 << 10
 
 
-def _refuse_link(path: str) -> None:
-    """Refuse a symbolic link, or anything but a regular file, at ``path`` (one of the
-    download's own files): fetch never writes through one."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise local_error(exc, f"{path}: cannot stat: {exc.strerror}") from exc
-    if stat.S_ISLNK(st.st_mode):
-        raise PermissionDenied(
-            f"{path}: is a symbolic link (to {os.readlink(path)!r}); fetch does not write "
-            "through links at its download files: remove it and fetch again"
-        )
-    if not stat.S_ISREG(st.st_mode):
-        raise PermissionDenied(f"{path}: is not a regular file; remove it and fetch again")
-
-
-def _own_file(fd: int, path: str) -> None:
-    """The ``.part`` opened as ``fd`` is ours alone: a regular file of this user with no
-    other name (a hard link planted there would write into another file)."""
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid != os.geteuid():
-        raise PermissionDenied(
-            f"{path}: owner uid {st.st_uid}, {st.st_nlink} link(s), mode {st.st_mode:o}: "
-            f"fetch resumes only its own file (a regular file of uid {os.geteuid()} with "
-            "one name): remove it and fetch again"
-        )
-
-
-def _open_part(part: str, resume: bool) -> int:
-    """The ``.part``'s descriptor: the existing one to resume (``O_NOFOLLOW``, checked
-    to be ours), else a new file (``O_EXCL``: never through a name someone planted)."""
-    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
-    try:
-        if resume:
-            fd = os.open(part, flags)
-            try:
-                _own_file(fd, part)
-            except BaseException:
-                os.close(fd)
-                raise
-            return fd
-        try:
-            os.unlink(part)
-        except FileNotFoundError:
-            pass
-        return os.open(part, flags | os.O_CREAT | os.O_EXCL, 0o666)
-    except PermissionDenied:
-        raise
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            _refuse_link(part)
-        raise local_error(exc, f"{part}: cannot open the download: {exc.strerror}") from exc
-
-
-def _read_state(meta_path: str) -> Any:
-    try:
-        fd = os.open(meta_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        with os.fdopen(fd, "rb") as f:
-            return json.loads(f.read(1 << 16))
-    except (OSError, ValueError):
-        return None
-
-
-def _version(url: str, loader: DataLoader) -> dict[str, Any]:
-    """What pins a download to one version of the object: the ETag and version id of a
-    remote object; the device, inode and ``mtime_ns`` of a local file."""
-    if isinstance(loader, LocalFileLoader):
-        st = os.fstat(loader.fileno())
-        return {"dev": st.st_dev, "ino": st.st_ino, "mtime_ns": st.st_mtime_ns}
-    return {
-        "etag": getattr(loader, "etag", None),
-        "version_id": getattr(loader, "version_id", None),
-    }
-
-
 def _resume_point(fd: int, resumed: int, size: int, read: Callable[[int, int], bytes]) -> int:
     """Where the download in ``fd`` (``resumed`` bytes on disk) really resumes: there
     when its last bytes are the object's, else 0 (start again)."""
@@ -271,22 +188,22 @@ def _download(
     part, meta_path = dest + ".part", dest + ".part.json"
     os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
     for name in (part, meta_path):
-        _refuse_link(name)
+        refuse_link(name)
     for _attempt in range(3):
         loader = open_loader(url, **options_for_loader(url, options))
         try:
             size = loader.size()
             etag = getattr(loader, "etag", None)
-            state = {"url": url, "size": size, **_version(url, loader)}
+            state = {"url": url, "size": size, **pinned_version(url, loader)}
             on_disk = 0
-            if _read_state(meta_path) == state:
+            if read_state(meta_path) == state:
                 try:
                     on_disk = os.lstat(part).st_size
                 except FileNotFoundError:
                     on_disk = 0
             put_bytes(meta_path, json.dumps(state).encode())
             read = _ranged(loader, etag if isinstance(etag, str) else None)
-            fd = _open_part(part, on_disk > 0)
+            fd = open_part(part, on_disk > 0)
             try:
                 resumed = _resume_point(fd, on_disk, size, read)
                 os.ftruncate(fd, resumed)

@@ -24,11 +24,13 @@ object's, and its name). Version 1 indexes (no shared entries) are read and
 rewritten as version 2. Entries are keyed by ``(model, device)``; a run replaces its
 pairs' entries and keeps every other.
 
-Concurrent or partial runs never lose entries: the index is read, merged and written
-back conditionally, and re-merged on a conflict: on S3 ``PutObject`` with ``If-Match``
-(the ETag read) or ``If-None-Match: *`` (no index yet), retried on 412/409; on local
-disks under an exclusive ``flock`` on ``<index>.lock``, written to a temp file and
-renamed. Other fsspec stores get an unconditional write (last writer wins).
+Concurrent or partial runs never lose entries: the index is read with its version
+token, merged and published with ``publish(mode="if-match")`` (``"create"`` when there is
+no index yet), and read and merged again on a conflict, under the one retry policy
+(:data:`~ptestore._retry.CONFLICT_RETRY`). The writers do the compare-and-swap: on S3
+``If-Match``/``If-None-Match`` on the PutObject, on local disks an ``flock`` and a hash
+check before the rename, in memory a version counter (docs/storage.md). Other fsspec
+stores get an unconditional write (last writer wins).
 """
 
 from __future__ import annotations
@@ -36,14 +38,13 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
-import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigurationError, FormatError, ObjectNotFound, StorageError
+from ..errors import FormatError, ObjectNotFound, PreconditionFailed
 from ..provenance import Provenance, read_trailer
 from ..storage.loaders import open_loader, split_url
-from ..storage.routing import options_for_loader
+from ..storage.routing import options_for_loader, options_for_writer
 from ..storage.types import StorageURL
 from .job import Job
 
@@ -66,7 +67,8 @@ INDEX_VERSION = 2
 #: Versions read (version 1 has no shared .ptd entries; it is rewritten as version 2).
 READABLE_VERSIONS = (1, 2)
 INDEX_NAME = "ptestore-index.json"
-_ATTEMPTS = 20
+#: Stores whose writers publish conditionally (``publish(mode="if-match")``).
+_CAS_PROTOCOLS = ("file", "memory", "s3")
 
 
 def index_url(job: Job) -> str:
@@ -201,97 +203,62 @@ def publish_index(url: str, entries: Iterable[dict[str, Any]], options: dict[str
     """Merge ``entries`` into the index at ``url`` (conditional writes, see the module
     docstring); returns ``url``."""
     new = list(entries)
-    protocol = split_url(url)[0]
-    if StorageURL.of(url).local:
-        _publish_local(url, new)
-    elif protocol == "s3":
-        _publish_s3(url, new, options)
-    else:
-        try:
-            old: dict[str, Any] | None = load_index(url, **options)
-        except ObjectNotFound:
-            old = None
-        from ..writers import open_writer
+    if split_url(url)[0] in _CAS_PROTOCOLS:
+        _publish_conditionally(url, new, options)
+        return url
+    try:
+        old: dict[str, Any] | None = load_index(url, **options)
+    except ObjectNotFound:
+        old = None
+    from ..writers import open_writer
 
-        w = open_writer(url, **options)
-        w.write(json.dumps(_merge(old, new), indent=1).encode(), 0)
-        w.publish("overwrite")
+    w = open_writer(url, **options)
+    w.write(json.dumps(_merge(old, new), indent=1).encode(), 0)
+    w.publish("overwrite")
     return url
 
 
-def _publish_local(url: str, entries: list[dict[str, Any]]) -> None:
-    import fcntl
-    import tempfile
+def _publish_conditionally(
+    url: str, entries: list[dict[str, Any]], options: dict[str, Any]
+) -> None:
+    """Read the index and its version, merge, publish if it is still that version;
+    again on a conflict (another run published in between)."""
+    from .._retry import CONFLICT_RETRY, is_conflict
+    from ..writers import open_writer
+    from ..writers.versions import read_versioned
 
-    path = split_url(url)[1]
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    with open(path + ".lock", "a+b") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            with open(path, "rb") as f:
-                old: dict[str, Any] | None = _parse(f.read(), path)
-        except FileNotFoundError:
-            old = None
-        fd, tmp = tempfile.mkstemp(prefix=".ptestore-index-", dir=directory)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(json.dumps(_merge(old, entries), indent=1).encode())
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+    local = StorageURL.of(url).local
+    read_options = {} if local else options_for_loader(url, options, "dst")
+    write_options: dict[str, Any] = (
+        {"auto_mkdir": True} if local else options_for_writer(url, options)
+    )
+    if split_url(url)[0] == "s3":  # served as JSON, as before
+        extra = dict(write_options.get("s3_additional_kwargs") or {})
+        extra.setdefault("ContentType", "application/json")
+        write_options["s3_additional_kwargs"] = extra
+    attempts = [0]
+
+    def attempt() -> None:
+        attempts[0] += 1
+        current = read_versioned(url, **read_options)
+        old = None if current.version is None else _parse(current.data, url)
+        w = open_writer(url, **write_options)
+        w.write(json.dumps(_merge(old, entries), indent=1).encode(), 0)
+        w.publish(current.mode, expected=current.version)
+
+    try:
+        CONFLICT_RETRY.call(attempt, what=f"{url}: index update", retry_on=is_conflict)
+    except PreconditionFailed as exc:
+        if attempts[0] < CONFLICT_RETRY.attempts:
             raise
-
-
-def _code(exc: BaseException) -> str:
-    response = getattr(exc, "response", None)
-    if isinstance(response, dict):
-        return str(response.get("Error", {}).get("Code", ""))
-    return ""
-
-
-def _publish_s3(url: str, entries: list[dict[str, Any]], options: dict[str, Any]) -> None:
-    from ..writers.s3.config import S3Connection
-
-    conn = S3Connection(url, options_for_loader(url, options, "dst"))
-    bucket, _, key = url[len("s3://") :].partition("/")
-    if not key:
-        raise ConfigurationError(f"{url}: an index needs a key, not only a bucket")
-    for attempt in range(_ATTEMPTS):
-        try:
-            resp, data = conn.call(
-                "GetObject (index)",
-                lambda: conn.invoke_read("get_object", Bucket=bucket, Key=key, **conn.extras),
-            )
-            old: dict[str, Any] | None = _parse(data, url)
-            cond: dict[str, str] = {"IfMatch": str(resp["ETag"])}
-        except Exception as exc:
-            if _code(exc) not in ("NoSuchKey", "404"):
-                raise StorageError(f"{url}: cannot read the index: {exc}") from exc
-            old, cond = None, {"IfNoneMatch": "*"}
-        body = json.dumps(_merge(old, entries), indent=1).encode()
-        try:
-            conn.call(  # transient failures retried; a conflict is re-merged below
-                "PutObject (index)",
-                lambda body=body, cond=cond: conn.invoke(  # type: ignore[misc]
-                    "put_object",
-                    Bucket=bucket,
-                    Key=key,
-                    Body=body,
-                    ContentType="application/json",
-                    **cond,
-                    **conn.create_extras,
-                ),
-            )
-            return
-        except Exception as exc:
-            if _code(exc) not in ("PreconditionFailed", "ConditionalRequestConflict", "412", "409"):
-                raise StorageError(f"{url}: cannot write the index: {exc}") from exc
-            time.sleep(min(0.5, 0.01 * 2**attempt))  # another run wrote it: merge again
-    raise StorageError(f"{url}: the index changed under every one of {_ATTEMPTS} attempts")
+        raise PreconditionFailed(
+            f"{url}: the index changed under every one of {attempts[0]} attempts to merge "
+            f"into it (last: {exc})",
+            url=url,
+            expected=exc.expected,
+            found=exc.found,
+            refused_by=exc.refused_by,
+        ) from exc
 
 
 def index_entries(job: Job, pairs: Iterable[tuple[str, str]]) -> list[dict[str, Any]]:

@@ -9,6 +9,10 @@ Usage, for any writer::
         def put(self, dest: str, data: bytes) -> None: ...  # backdoor write
         def leftovers(self, dest: str) -> list[str]: ...  # staging artefacts left behind
 
+Writers whose guarantees include ``conditional_update`` also run the compare-and-swap
+tests (:class:`~ptestore.testing.writer_races.WriterCompareAndSwap`), which read versions
+through the ``read_versioned(dest)`` hook (override it to pass storage options).
+
 The backdoor hooks must not use ptestore's writers or loaders, so that the writer's own
 behaviour is what is tested. ``leftovers`` must see what a live writer has staged (its
 staging file, its multipart upload, its buffer): the discard tests assert that it was
@@ -31,12 +35,12 @@ from hypothesis import strategies as st
 from ..errors import AlreadyExists, ConfigurationError, WriterStateError
 from ..storage.loaders import BytesLoader
 from ..writers.base import PublishResult, WriterState
-from .writer_races import WriterRaces, pattern
+from .writer_races import WriterCompareAndSwap, WriterRaces, pattern
 
 __all__ = ["WriterContract"]
 
 
-class WriterContract(WriterRaces):
+class WriterContract(WriterRaces, WriterCompareAndSwap):
     """Contract tests every :class:`~ptestore.writers.DataWriter` must pass (the hooks and
     the race tests are in :mod:`ptestore.testing.writer_races`)."""
 
@@ -232,7 +236,8 @@ class WriterContract(WriterRaces):
     def test_bad_mode(self, dest: str) -> None:
         with self.make_writer(dest) as w:
             with pytest.raises(
-                ConfigurationError, match=r"publish mode must be 'overwrite' or 'create', got 'x'"
+                ConfigurationError,
+                match=r"publish mode must be 'overwrite', 'create' or 'if-match', got 'x'",
             ):
                 w.publish("x")  # type: ignore[arg-type]
             assert w.state is WriterState.OPEN

@@ -1,4 +1,5 @@
-"""The writer contract's hooks and its race tests (forced interleavings and threads).
+"""The writer contract's hooks and its race tests (forced interleavings and threads),
+and the compare-and-swap tests of ``publish(mode="if-match")``.
 
 See :mod:`ptestore.testing.writer_contract`: :class:`WriterContract` inherits these.
 """
@@ -7,16 +8,17 @@ from __future__ import annotations
 
 import contextlib
 import random
+import re
 import threading
 from collections.abc import Callable, Iterator
 from typing import ClassVar
 
 import pytest
 
-from ..errors import AlreadyExists
-from ..writers.base import DataWriter, PublishResult, WriterGuarantees, WriterState
+from ..errors import AlreadyExists, ConfigurationError, PreconditionFailed
+from ..writers.base import DataWriter, PublishResult, Versioned, WriterGuarantees, WriterState
 
-__all__ = ["WriterHooks", "WriterRaces", "pattern"]
+__all__ = ["WriterCompareAndSwap", "WriterHooks", "WriterRaces", "pattern"]
 
 MiB = 1 << 20
 
@@ -46,6 +48,10 @@ class WriterHooks:
     model_boundary: ClassVar[int] = 10_000
     #: Largest single write of the model test.
     model_write: ClassVar[int] = 3_000
+    #: Increments each racer makes in the read-modify-write race (``racers`` of them).
+    increments: ClassVar[int] = 5
+    #: Attempts one increment may take before the race test fails (a bound, not a wait).
+    increment_attempts: ClassVar[int] = 400
 
     # -- hooks ------------------------------------------------------------------------
 
@@ -90,6 +96,14 @@ class WriterHooks:
                 writer.commit_hook = None
 
         return hooked()
+
+    def read_versioned(self, dest: str) -> Versioned:
+        """The object's bytes and version token through ptestore
+        (:func:`~ptestore.writers.versions.read_versioned`; override to pass the
+        storage options the writers get)."""
+        from ..writers.versions import read_versioned
+
+        return read_versioned(dest)
 
     def guarantees(self, dest: str) -> WriterGuarantees:
         """What the writer under test promises (read from the writer, then discarded)."""
@@ -202,4 +216,171 @@ class WriterRaces(WriterHooks):
         assert all(isinstance(r, PublishResult) for r in results), results
         assert self.get(dest) in payloads
         assert all(s in valid for s in seen), "a reader saw a partial or mixed object"
+        assert self.leftovers(dest) == []
+
+
+def _conflict_text(url: str, expected: str, found: str | None) -> str:
+    now = f"found version {found}" if found is not None else "found no object there"
+    return (
+        f"{url}: publish(mode='if-match') expected version {expected}, {now}; nothing was "
+        "published (read it again, redo the change and retry)"
+    )
+
+
+class WriterCompareAndSwap(WriterHooks):
+    """``publish(mode="if-match", expected=V)``: replaces version ``V`` only; conflicts
+    are one :class:`~ptestore.errors.PreconditionFailed` naming both versions; N racers
+    x K read-modify-write increments lose no update."""
+
+    def _needs_cas(self, dest: str) -> None:
+        if not self.guarantees(dest).conditional_update:
+            pytest.skip("this writer offers no compare-and-swap (mode='if-match')")
+
+    def test_if_match_refused_where_not_offered(self, dest: str) -> None:
+        if self.guarantees(dest).conditional_update:
+            pytest.skip("this writer offers compare-and-swap")
+        w = self.make_writer(dest)
+        w.write(b"x", 0)
+        with pytest.raises(ConfigurationError, match=r"cannot publish conditionally"):
+            w.publish("if-match", expected="v1")
+        assert w.state is WriterState.OPEN  # a bad argument: nothing changed
+        w.discard()
+
+    def test_if_match_needs_a_token(self, dest: str) -> None:
+        self._needs_cas(dest)
+        w = self.make_writer(dest)
+        w.write(b"x", 0)
+        with pytest.raises(ConfigurationError) as info:
+            w.publish("if-match")
+        assert str(info.value) == (
+            f"{w.url}: publish(mode='if-match') needs expected=<version token> (a non-empty "
+            "str), got None; for 'must not exist' use mode='create'"
+        )
+        with pytest.raises(ConfigurationError, match=r"expected='v' is only for mode='if-match'"):
+            w.publish("overwrite", expected="v")
+        assert w.state is WriterState.OPEN
+        w.discard()
+        assert self.get(dest) is None
+
+    def test_if_match_replaces_the_version_read(self, dest: str) -> None:
+        self._needs_cas(dest)
+        assert self.read_versioned(dest) == Versioned(b"", None)
+        self.put(dest, b"old")
+        read = self.read_versioned(dest)
+        assert read.data == b"old" and read.version and read.mode == "if-match"
+        w = self.make_writer(dest)
+        w.write(b"new", 0)
+        assert w.publish("if-match", expected=read.version).size == 3
+        assert self.get(dest) == b"new"
+        assert self.read_versioned(dest).version not in (None, read.version)
+        assert self.leftovers(dest) == []
+
+    def _conflict(self, dest: str, size: int) -> None:
+        self._needs_cas(dest)
+        self.put(dest, b"old")
+        read = self.read_versioned(dest)
+        self.put(dest, b"changed by another writer")
+        found = self.read_versioned(dest).version
+        assert read.version is not None and found is not None and found != read.version
+        w = self.make_writer(dest)
+        w.write(pattern(size, 21), 0)
+        with pytest.raises(PreconditionFailed) as info:
+            w.publish("if-match", expected=read.version)
+        assert str(info.value) == _conflict_text(w.url, read.version, found)
+        assert (info.value.url, info.value.expected, info.value.found) == (
+            w.url,
+            read.version,
+            found,
+        )
+        assert w.state is WriterState.DISCARDED
+        assert self.get(dest) == b"changed by another writer"
+        assert self.leftovers(dest) == []
+
+    def test_if_match_conflict_names_both_versions(self, dest: str) -> None:
+        self._conflict(dest, 1000)
+
+    def test_if_match_conflict_staged(self, dest: str) -> None:
+        """The same with an output staged in storage (S3: a multipart upload, the
+        condition on CompleteMultipartUpload)."""
+        self._conflict(dest, self.staged_size)
+
+    def test_if_match_on_a_missing_object(self, dest: str) -> None:
+        """A token of an object that is gone (or never was here) matches nothing: the
+        publish is refused, found is None, and nothing is created."""
+        self._needs_cas(dest)
+        other = self.new_dest()
+        self.put(other, b"elsewhere")
+        token = self.read_versioned(other).version
+        assert token is not None
+        w = self.make_writer(dest)
+        w.write(b"new", 0)
+        with pytest.raises(PreconditionFailed) as info:
+            w.publish("if-match", expected=token)
+        assert str(info.value) == _conflict_text(w.url, token, None)
+        assert info.value.found is None
+        assert self.get(dest) is None
+        assert self.leftovers(dest) == []
+
+    def test_if_match_forced_interleaving(self, dest: str) -> None:
+        """A and B read the same version; A pauses at its commit point while B publishes
+        on that version; A must then be refused (a check made before the commit point,
+        followed by a blind replace, loses B's update here every time)."""
+        self._needs_cas(dest)
+        self.put(dest, b"0")
+        read = self.read_versioned(dest)
+        assert read.version is not None
+        a, b = self.make_writer(dest), self.make_writer(dest)
+        a.write(b"1 from a", 0)
+        b.write(b"1 from b", 0)
+        paused: list[bool] = []
+
+        def let_b_win(_: DataWriter) -> None:
+            paused.append(True)
+            b.publish("if-match", expected=read.version)
+
+        a.commit_hook = let_b_win
+        with pytest.raises(PreconditionFailed, match=re.escape(f"expected version {read.version}")):
+            a.publish("if-match", expected=read.version)
+        assert paused == [True]
+        assert self.get(dest) == b"1 from b"
+        assert a.state is WriterState.DISCARDED and b.state is WriterState.PUBLISHED
+        assert self.leftovers(dest) == []
+
+    def test_read_modify_write_race_loses_no_update(self, dest: str) -> None:
+        """``racers`` threads x ``increments`` increments of a counter object, each a
+        read, +1 and an if-match publish retried on every conflict: the final count is
+        the number of increments (no lost update), each racer's attempts bounded."""
+        self._needs_cas(dest)
+        racers, k = self.racers, self.increments
+        barrier = threading.Barrier(racers)
+        errors: list[BaseException] = []
+        conflicts = [0] * racers
+
+        def increment(i: int) -> None:
+            for _ in range(self.increment_attempts):
+                read = self.read_versioned(dest)
+                w = self.make_writer(dest)
+                w.write(str(int(read.data or b"0") + 1).encode(), 0)
+                try:
+                    w.publish(read.mode, expected=read.version)
+                    return
+                except (PreconditionFailed, AlreadyExists):
+                    conflicts[i] += 1
+            raise AssertionError(f"racer {i}: no increment in {self.increment_attempts} tries")
+
+        def run(i: int) -> None:
+            try:
+                barrier.wait()
+                for _ in range(k):
+                    increment(i)
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(racers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        assert self.get(dest) == str(racers * k).encode()
         assert self.leftovers(dest) == []

@@ -4,24 +4,23 @@ Implementers subclass :class:`DataWriter` and provide four primitives, ``_write`
 ``_publish``, an optional faster ``_copy_from``, and a *staging* object registered with
 :meth:`DataWriter._track_staging` whose ``cleanup()`` removes everything staged. The base
 class owns the life cycle, argument checking, locking and the discard-on-destroy
-finalizer, so every writer enforces the contract identically.
+finalizer, so every writer enforces the contract identically. The records it takes and
+returns (modes, guarantees, results, versions, the shared error wording) are in
+:mod:`.records`, and importable from here too.
 """
 
 from __future__ import annotations
 
 import abc
-import enum
 import os
 import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Protocol
+from typing import Any, ClassVar, Protocol, get_args
 
 from .._log import get_logger
 from ..errors import (
-    AlreadyExists,
     ConfigurationError,
     PteStoreError,
     PublishUncertain,
@@ -29,6 +28,15 @@ from ..errors import (
     describe_exception,
 )
 from ..storage.types import DataLoader
+from .records import (
+    PublishMode,
+    PublishResult,
+    Versioned,
+    WriterGuarantees,
+    WriterState,
+    already_exists,
+    version_conflict,
+)
 
 __all__ = [
     "MAX_OBJECT_SIZE",
@@ -36,65 +44,19 @@ __all__ = [
     "PublishMode",
     "PublishResult",
     "Staging",
+    "Versioned",
     "WriterGuarantees",
     "WriterState",
     "already_exists",
     "discard_all",
+    "version_conflict",
 ]
 
 log = get_logger("ptestore.writers")
 
-PublishMode = Literal["overwrite", "create"]
-_MODES = ("overwrite", "create")
+_MODES = get_args(PublishMode)
 #: No output may end beyond this byte (the largest file offset POSIX can express).
 MAX_OBJECT_SIZE = (1 << 63) - 1
-
-
-@dataclass(frozen=True)
-class WriterGuarantees:
-    """What a writer class promises, as data (docs/storage.md states the same table).
-
-    The contract suite (:mod:`ptestore.testing.writer_contract`) reads these from the
-    writer and runs the race tests only for what is promised.
-    """
-
-    #: Readers see the previous object or the complete new one, never a prefix or mix.
-    atomic_publish: bool
-    #: ``publish(mode="create")`` never replaces an object, even between concurrent
-    #: publishers (enforced by the storage, not by a check-then-write).
-    exclusive_create: bool
-    #: Once ``publish`` returns, the object survives a crash or power loss (with the
-    #: writer's default options).
-    durable: bool
-    #: Nothing is visible under the destination before ``publish``.
-    isolated: bool = True
-    #: After publishing, the stored object's size and checksum are checked.
-    verified: bool = False
-
-
-class WriterState(enum.Enum):
-    """Life cycle of a :class:`DataWriter`: ``OPEN`` then one terminal state."""
-
-    OPEN = "open"
-    PUBLISHED = "published"
-    DISCARDED = "discarded"
-
-
-@dataclass(frozen=True)
-class PublishResult:
-    """What :meth:`DataWriter.publish` made visible."""
-
-    #: The destination path or URL.
-    url: str
-    #: Size of the published object in bytes.
-    size: int
-    #: Entity tag reported by the storage, if any (S3: the object's ETag).
-    etag: str | None = None
-    #: Version id reported by the storage, if any (S3 versioned buckets).
-    version_id: str | None = None
-    #: End-to-end checksum verified after publishing, as ``"<algorithm>:<value>"``
-    #: (S3: ``"crc32:<base64>"``), or ``None`` when the writer does not check one.
-    checksum: str | None = None
 
 
 class Staging(Protocol):
@@ -141,14 +103,6 @@ def _finalize(staging: _OwnedStaging, url: str, dirty: list[bool]) -> None:
             ResourceWarning,
             stacklevel=2,
         )
-
-
-def already_exists(where: str, what: str = "object") -> AlreadyExists:
-    """The error of a ``publish(mode="create")`` that found ``where`` taken, worded once
-    for every writer."""
-    return AlreadyExists(
-        f"{where}: already exists; publish(mode='create') never replaces an existing {what}"
-    )
 
 
 def discard_all(writers: Iterable[DataWriter]) -> None:
@@ -199,8 +153,9 @@ class DataWriter(abc.ABC):
     - :meth:`copy_from` is equivalent to ``write(loader.load(src_offset, size),
       dst_offset)`` but may avoid moving the bytes through Python.
     - :meth:`publish` makes the output visible atomically; ``mode="create"`` refuses to
-      replace an existing object (:class:`~ptestore.errors.AlreadyExists`). One publish
-      per writer.
+      replace an existing object (:class:`~ptestore.errors.AlreadyExists`);
+      ``mode="if-match"`` replaces only the version given as ``expected``
+      (:class:`~ptestore.errors.PreconditionFailed`). One publish per writer.
     - :meth:`discard` is idempotent and removes everything staged. Leaving a ``with``
       block without publishing, garbage collection and interpreter exit discard;
       nothing ever publishes implicitly.
@@ -234,6 +189,8 @@ class DataWriter(abc.ABC):
         self._staging: _OwnedStaging | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
         self._committing = False
+        #: The version ``publish(mode="if-match")`` expects (set for ``_publish``).
+        self._expected: str | None = None
         #: Test hook: called with the writer right before its commit step (the rename or
         #: link, the store assignment, the PutObject or CompleteMultipartUpload), after
         #: every check the writer makes. Race tests pause one writer here to force an
@@ -282,6 +239,21 @@ class DataWriter(abc.ABC):
         keeps user metadata beside an object (S3's ``x-amz-meta-*``). Returns False when
         it has nowhere to keep it (the default). Call before the first write."""
         return False
+
+    def ensure_space(self, size: int) -> None:
+        """Fail now, before anything more is written, if the storage says an output of
+        ``size`` bytes cannot fit: :class:`~ptestore.errors.StorageError` with ``errno``
+        ``ENOSPC`` naming the bytes needed, the bytes free and where. A no-op where the
+        storage tells nothing (the default; local files check ``statvfs``). The writer
+        stays open either way: the caller decides (discard, or free space and go on)."""
+        _check_offset(self.url, "size", size)
+        with self._lock:
+            self._check_open("check free space")
+            self._ensure_space(size)
+
+    def _ensure_space(self, size: int) -> None:
+        """Override: raise if ``size`` bytes cannot fit (arguments checked, lock held)."""
+        return None
 
     @property
     def keeps_object_metadata(self) -> bool:
@@ -379,14 +351,41 @@ class DataWriter(abc.ABC):
                 raise
             self._size = max(self._size, dst_offset + size)
 
-    def publish(self, mode: PublishMode = "overwrite") -> PublishResult:
-        """Make the output visible atomically (see the class docstring)."""
+    def publish(
+        self, mode: PublishMode = "overwrite", *, expected: str | None = None
+    ) -> PublishResult:
+        """Make the output visible atomically (see the class docstring).
+
+        ``mode="if-match"`` publishes only if the destination is still the version
+        ``expected`` (a token from :func:`~ptestore.writers.versions.read_versioned` or
+        :func:`~ptestore.writers.versions.current_version`); otherwise nothing is
+        published and :class:`~ptestore.errors.PreconditionFailed` names the expected and
+        the found version. "Must not exist" is ``mode="create"``.
+        """
         if mode not in _MODES:
             raise ConfigurationError(
-                f"{self.url}: publish mode must be 'overwrite' or 'create', got {mode!r}"
+                f"{self.url}: publish mode must be 'overwrite', 'create' or 'if-match', "
+                f"got {mode!r}"
+            )
+        if mode == "if-match":
+            if not isinstance(expected, str) or not expected:
+                raise ConfigurationError(
+                    f"{self.url}: publish(mode='if-match') needs expected=<version token> "
+                    f"(a non-empty str), got {expected!r}; for 'must not exist' use "
+                    "mode='create'"
+                )
+            if not type(self).guarantees.conditional_update:
+                raise ConfigurationError(
+                    f"{self.url}: {type(self).__name__} cannot publish conditionally "
+                    "(mode='if-match'); its storage offers no compare-and-swap"
+                )
+        elif expected is not None:
+            raise ConfigurationError(
+                f"{self.url}: expected={expected!r} is only for mode='if-match', not {mode!r}"
             )
         with self._lock:
             self._check_open("publish")
+            self._expected = expected
             try:
                 result = self._publish(mode, self._size)
             except BaseException as exc:

@@ -18,6 +18,15 @@ Guarantees (POSIX filesystems such as ext4, XFS, btrfs, f2fs, APFS):
 - **No-clobber**: ``publish(mode="create")`` uses ``link(2)``, which fails with
   ``EEXIST`` if the destination exists, between processes and hosts sharing the
   filesystem, without a check-then-write window.
+- **Compare-and-swap**: ``publish(mode="if-match", expected=V)`` hashes the destination
+  under an exclusive ``flock`` on ``.<name>.ptestore.lock`` beside it and renames only
+  if it still is version ``V`` (its SHA-256, :mod:`._local_cas` says why not its stat
+  identity). Conditional publishers exclude each other, between processes and hosts
+  where the filesystem's ``flock`` works; an ``overwrite`` does not take the lock.
+- **Free space**: :meth:`LocalFileWriter.ensure_space` compares the output's size with
+  ``statvfs`` of the directory and refuses (``errno`` ENOSPC) before anything is written;
+  every write or copy that grows the staging file by :data:`ROOM_CHECK` or more checks
+  the same first, so a large copy fails before it fills the disk.
 - **Cleanup**: discard, garbage collection and interpreter exit unlink the staging file.
   After a crash (SIGKILL, power loss) a stale ``.<name>.ptestore-<hex>.tmp`` may remain;
   ``ptestore gc DIR`` removes those (never a file a live writer still holds: writers
@@ -46,9 +55,16 @@ from ..errors import (
 from ..storage.types import DataLoader, strerror
 from ._clone import HasFileno, clone_range, probe_clone_block_size
 from ._staging import FileStaging
-from .base import DataWriter, PublishMode, PublishResult, WriterGuarantees, already_exists
+from .base import (
+    DataWriter,
+    PublishMode,
+    PublishResult,
+    WriterGuarantees,
+    already_exists,
+    version_conflict,
+)
 
-__all__ = ["TEMP_NAME_RE", "WRITEBACK_PIECE", "LocalFileWriter", "staging_name"]
+__all__ = ["ROOM_CHECK", "TEMP_NAME_RE", "WRITEBACK_PIECE", "LocalFileWriter", "staging_name"]
 
 #: Matches the names of ptestore's own staging files (and nothing a user would create).
 TEMP_NAME_RE = re.compile(r"^\.(?P<name>.*)\.ptestore-(?P<token>[0-9a-f]{16})\.tmp$", re.DOTALL)
@@ -58,6 +74,9 @@ _MAX_PREFIX = 200  # keep staging names under NAME_MAX (255) for long destinatio
 #: copies in pieces of this size): 8-64 MiB gave the same times on ext4 here, 128 MiB
 #: less overlap.
 WRITEBACK_PIECE = 16 << 20
+#: A write or copy growing the staging file by at least this much first checks the free
+#: space (``statvfs``), so a large output fails before it fills the disk.
+ROOM_CHECK = 1 << 20
 _FALLBACK_ERRNOS = frozenset(
     {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.EBADF, errno.EPERM}
 )
@@ -105,7 +124,7 @@ class LocalFileWriter(DataWriter):
     """
 
     guarantees: ClassVar[WriterGuarantees] = WriterGuarantees(
-        atomic_publish=True, exclusive_create=True, durable=True
+        atomic_publish=True, exclusive_create=True, durable=True, conditional_update=True
     )
     options: ClassVar[frozenset[str]] = frozenset({"durable", "auto_mkdir"})
 
@@ -164,6 +183,7 @@ class LocalFileWriter(DataWriter):
         return self._st.fileno()
 
     def _write(self, data: memoryview, offset: int) -> None:
+        self._room_for(f"a write of {data.nbytes} bytes", offset, data.nbytes)
         try:
             pwrite_all(self._fd(), data, offset)
         except OSError as exc:
@@ -245,6 +265,7 @@ class LocalFileWriter(DataWriter):
 
     def _kernel_copy(self, loader: HasFileno, src_offset: int, size: int, dst_offset: int) -> None:
         """``copy_file_range`` (which may itself share extents), else through Python."""
+        self._room_for(f"a copy of {size} bytes from {loader.name}", dst_offset, size)
         src_fd, dst_fd = loader.fileno(), self._fd()
         done = 0
         while done < size:
@@ -304,7 +325,31 @@ class LocalFileWriter(DataWriter):
             raise local_error(
                 exc, f"{self.path}: cannot set mode {perm:o} on the staging file: {strerror(exc)}"
             ) from exc
+        if mode == "if-match":
+            self._publish_if_match(tmp)
+        else:
+            self._commit_point()
+            self._rename_or_link(mode, tmp)
+        self._st.mark_published()
+        if self.durable:
+            self._fsync_directory()
+        return PublishResult(url=self.path, size=size)
+
+    def _publish_if_match(self, tmp: str) -> None:
+        """Compare and rename under the destination's lock (its commit point is before
+        the lock: a writer paused there must not hold the others up)."""
+        from ._local_cas import file_version, version_lock
+
+        expected = self._expected
+        assert expected is not None
         self._commit_point()
+        with version_lock(self.path):
+            found = file_version(self.path)
+            if found != expected:
+                raise version_conflict(self.path, expected, found)
+            self._rename_or_link("overwrite", tmp)
+
+    def _rename_or_link(self, mode: PublishMode, tmp: str) -> None:
         if mode == "overwrite":
             try:
                 os.replace(tmp, self.path)
@@ -330,10 +375,44 @@ class LocalFileWriter(DataWriter):
                 os.unlink(tmp)
             except OSError:  # the published file is fine; gc removes the extra name
                 pass
-        self._st.mark_published()
-        if self.durable:
-            self._fsync_directory()
-        return PublishResult(url=self.path, size=size)
+
+    def _ensure_space(self, size: int) -> None:
+        """Refuse, before writing, an output of ``size`` bytes that the destination's
+        file system has no room for (``statvfs``: the blocks available to this user),
+        with :class:`~ptestore.errors.StorageError` ``errno`` ENOSPC naming the bytes
+        needed, the bytes free and the directory. Bytes staged already count as room."""
+        free = self._free_bytes()
+        needed = size - os.fstat(self._fd()).st_blocks * 512
+        if free is not None and needed > free:
+            raise self._no_room(f"an output of {size} bytes", needed, free)
+
+    def _room_for(self, what: str, offset: int, size: int) -> None:
+        """Before a write or copy that grows the staging file by :data:`ROOM_CHECK` bytes
+        or more: refuse it (ENOSPC, nothing of it written) if the file system has less
+        room than that, instead of filling the disk first."""
+        grows = min(size, offset + size - self._size)
+        if grows < ROOM_CHECK:
+            return
+        free = self._free_bytes()
+        if free is not None and grows > free:
+            raise self._no_room(f"{what} at offset {offset}", grows, free)
+
+    def _free_bytes(self) -> int | None:
+        """Bytes this user may still allocate on the destination's file system (None:
+        it does not say)."""
+        try:
+            st = os.statvfs(self.directory)
+        except OSError:
+            return None
+        return st.f_bavail * st.f_frsize
+
+    def _no_room(self, what: str, needed: int, free: int) -> StorageError:
+        return StorageError(
+            f"{self.path}: not enough free space for {what}: {needed} bytes needed, {free} "
+            f"bytes free on the file system of {self.directory}; nothing of it was written "
+            f"({os.strerror(errno.ENOSPC)})",
+            errno=errno.ENOSPC,
+        )
 
     def _fsync_directory(self) -> None:
         try:

@@ -11,6 +11,12 @@ Guarantees (within one process, which is the whole world of ``memory://``):
 - **No-clobber**: ``mode="create"`` checks and installs under a module-level lock shared
   by every :class:`MemoryWriter`, so concurrent ptestore publishers see exactly one
   winner. (Other code writing the store directly does not take that lock.)
+- **Compare-and-swap**: an object's version token is a number from one process-wide
+  counter, recorded with the ``MemoryFile`` it names when a writer installs it (an
+  object someone else stored gets a fresh number when its version is first asked);
+  ``mode="if-match"`` compares and installs under the same lock. Numbers are never
+  reused, also across paths, so a deleted and re-created object never matches an old
+  token.
 - **Cleanup**: discard and garbage collection drop the buffer.
 """
 
@@ -23,13 +29,51 @@ from typing import ClassVar
 from fsspec.implementations.memory import MemoryFile, MemoryFileSystem
 
 from ..errors import StorageError
-from .base import DataWriter, PublishMode, PublishResult, WriterGuarantees, already_exists
+from .base import (
+    DataWriter,
+    PublishMode,
+    PublishResult,
+    Versioned,
+    WriterGuarantees,
+    already_exists,
+    version_conflict,
+)
 
-__all__ = ["MemoryWriter"]
+__all__ = ["MemoryWriter", "memory_current_version", "memory_read_versioned"]
 
 #: Serializes every MemoryWriter publish (check + install) in this process.
 _PUBLISH_LOCK = threading.Lock()
 _VERSIONS = itertools.count(1)
+#: path -> (the MemoryFile installed, its version number); under _PUBLISH_LOCK.
+_VERSION_OF: dict[str, tuple[MemoryFile, int]] = {}
+
+
+def _version_locked(fs: MemoryFileSystem, path: str) -> tuple[MemoryFile | None, str | None]:
+    """The object at ``path`` and its version token (lock held)."""
+    obj = fs.store.get(path)
+    if obj is None:
+        _VERSION_OF.pop(path, None)
+        return None, None
+    known = _VERSION_OF.get(path)
+    if known is None or known[0] is not obj:  # stored by someone else: a new number
+        known = _VERSION_OF[path] = (obj, next(_VERSIONS))
+    return obj, str(known[1])
+
+
+def memory_read_versioned(url: str, fs: MemoryFileSystem | None = None) -> Versioned:
+    """The bytes at ``memory://`` ``url`` and their version token, read at once."""
+    fs = fs if fs is not None else MemoryFileSystem()
+    with _PUBLISH_LOCK:
+        obj, version = _version_locked(fs, fs._strip_protocol(url))
+        data = b"" if obj is None else bytes(obj.getvalue())
+    return Versioned(data, version)
+
+
+def memory_current_version(url: str, fs: MemoryFileSystem | None = None) -> str | None:
+    """The version token of the object at ``memory://`` ``url`` (None: no object)."""
+    fs = fs if fs is not None else MemoryFileSystem()
+    with _PUBLISH_LOCK:
+        return _version_locked(fs, fs._strip_protocol(url))[1]
 
 
 class _MemoryStaging:
@@ -53,7 +97,7 @@ class MemoryWriter(DataWriter):
     """
 
     guarantees: ClassVar[WriterGuarantees] = WriterGuarantees(
-        atomic_publish=True, exclusive_create=True, durable=False
+        atomic_publish=True, exclusive_create=True, durable=False, conditional_update=True
     )
     options: ClassVar[frozenset[str]] = frozenset({"fs"})
 
@@ -85,7 +129,6 @@ class MemoryWriter(DataWriter):
     def _publish(self, mode: PublishMode, size: int) -> PublishResult:
         fs, path = self.fs, self.path
         obj = MemoryFile(fs, path, bytes(self._st.buf))
-        version = next(_VERSIONS)
         self._commit_point()  # outside the lock: a paused writer must not block the others
         with _PUBLISH_LOCK:
             if path in fs.pseudo_dirs or any(k.startswith(path + "/") for k in fs.store):
@@ -97,6 +140,13 @@ class MemoryWriter(DataWriter):
                     raise StorageError(f"{self.url}: parent {parent} is an object, not a directory")
             if mode == "create" and path in fs.store:
                 raise already_exists(self.url)
+            if mode == "if-match":
+                found = _version_locked(fs, path)[1]
+                if found != self._expected:
+                    assert self._expected is not None
+                    raise version_conflict(self.url, self._expected, found)
+            version = next(_VERSIONS)
             fs.store[path] = obj  # the one step that makes the object visible
+            _VERSION_OF[path] = (obj, version)
         self._st.cleanup()
         return PublishResult(url=self.url, size=size, etag=str(version))

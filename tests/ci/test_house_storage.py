@@ -21,10 +21,7 @@ from .test_house_imports import MODULES, import_graph
 ROOT = Path(__file__).resolve().parents[2]
 
 #: (a) Modules allowed to rename or fsync besides the homes, and why.
-SYNC_ALLOWED: dict[str, str] = {
-    # Moving to the compare-and-swap publish (branch cas): its local write goes away.
-    "ptestore/fleet/index.py": "moving to the CAS publish (branch cas)",
-}
+SYNC_ALLOWED: dict[str, str] = {}
 
 #: (b) Lines outside ptestore/storage/ that look like URL classification and are not.
 URL_ALLOWED: dict[tuple[str, str], str] = {

@@ -198,6 +198,8 @@ def test_s3_index_concurrent_and_fetch_resume(
         t.join()
     devices = [e["device"] for e in load_index(url, **opts)["entries"]]
     assert devices == ["a", "b"] + [f"extra{i}" for i in range(6)]
+    head = s3_server.client().head_object(Bucket=bucket, Key="fleet/ptestore-index.json")
+    assert head["ContentType"] == "application/json"
 
     # fetch from S3, killed halfway, resumed with ranged GETs pinned to the ETag.
     dest = tmp_path / "dl" / "m.pte"
@@ -216,3 +218,118 @@ def test_s3_index_concurrent_and_fetch_resume(
     with pytest.raises(IntegrityError):
         ptestore.fetch(url, dest2, model="m", device="a", chunk_size=256, storage_options=opts)
     assert not dest2.exists()
+
+
+def test_local_index_with_8_racing_writers_loses_no_entry(tmp_path: Path) -> None:
+    """8 threads, each merging 3 entries one by one into one local index: every merge
+    reads, merges and publishes with if-match (a lock-free read-merge-rename loses
+    entries here: checked by removing the writer's compare-and-swap)."""
+    url = str(tmp_path / "fleet" / "ptestore-index.json")
+    writers, each = 8, 3
+    barrier = threading.Barrier(writers)
+    errors: list[BaseException] = []
+
+    def add(i: int) -> None:
+        try:
+            barrier.wait()
+            for j in range(each):
+                publish_index(url, [{"model": "m", "device": f"w{i}-{j}"}], {})
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=add, args=(i,)) for i in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    index = load_index(url)
+    assert [e["device"] for e in index["entries"]] == sorted(
+        f"w{i}-{j}" for i in range(writers) for j in range(each)
+    )
+    assert (index["format"], index["version"]) == ("ptestore.index", 2)
+    assert sorted(os.listdir(tmp_path / "fleet")) == [
+        ".ptestore-index.json.ptestore.lock",
+        "ptestore-index.json",
+    ]
+
+
+def test_an_index_that_keeps_changing_names_the_attempts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every publish meets another version (planted: each read is stale by the time it
+    publishes): after the retry policy's attempts the error says so, naming the index
+    and the versions of the last conflict."""
+    from ptestore import _retry
+    from ptestore.errors import PreconditionFailed
+    from ptestore.writers import versions
+
+    url = str(tmp_path / "ptestore-index.json")
+    publish_index(url, [{"model": "m", "device": "a"}], {})
+    real = versions.read_versioned
+
+    def stale(u: Any, **kw: Any) -> Any:
+        got = real(u, **kw)
+        Path(url).write_text(Path(url).read_text() + " ")  # someone else wrote it
+        return got
+
+    monkeypatch.setattr(versions, "read_versioned", stale)
+    monkeypatch.setattr(_retry, "CONFLICT_RETRY", _retry.RetryPolicy(attempts=3, initial=0))
+    with pytest.raises(PreconditionFailed) as info:
+        publish_index(url, [{"model": "m", "device": "b"}], {})
+    assert str(info.value).startswith(
+        f"{url}: the index changed under every one of 3 attempts to merge into it (last: "
+        f"{url}: publish(mode='if-match') expected version sha256:"
+    )
+    assert info.value.url == url and info.value.found != info.value.expected
+    assert [e["device"] for e in load_index(url)["entries"]] == ["a"]
+
+
+_RACER = """
+import os, sys, time
+from pathlib import Path
+from ptestore.fleet.index import publish_index
+url, name, ready, go = sys.argv[1:5]
+Path(ready).touch()
+ceiling = time.monotonic() + 300
+while not os.path.exists(go):  # start together
+    if time.monotonic() > ceiling:
+        sys.exit("never told to go")
+    time.sleep(0.001)
+for j in range(6):
+    publish_index(url, [{"model": "m", "device": f"{name}-{j}"}], {})
+"""
+
+
+def test_local_index_with_8_racing_processes_loses_no_entry(tmp_path: Path) -> None:
+    """The same between processes (each merges 6 entries once all 8 are ready): the
+    version check and the flock beside the index hold across processes. Removing the
+    check fails this one; removing only the lock fails the thread test above, whose
+    interleavings are denser."""
+    url = str(tmp_path / "fleet" / "ptestore-index.json")
+    go = tmp_path / "go"
+    ready = [tmp_path / f"ready{i}" for i in range(8)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _RACER, url, f"p{i}", str(ready[i]), str(go)],
+            stderr=subprocess.PIPE,
+        )
+        for i in range(8)
+    ]
+    try:
+        for i, r in enumerate(ready):  # a generous ceiling, not a timing assumption
+            for _ in range(300_000):
+                if r.exists() or procs[i].poll() is not None:
+                    break
+                threading.Event().wait(0.001)
+        go.touch()
+        results = [(p.wait(timeout=600), p.stderr.read() if p.stderr else b"") for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert all(rc == 0 for rc, _ in results), results
+    assert [e["device"] for e in load_index(url)["entries"]] == sorted(
+        f"p{i}-{j}" for i in range(8) for j in range(6)
+    )

@@ -50,24 +50,25 @@ def test_s3_checks_options_before_connecting() -> None:
 
 
 @pytest.mark.parametrize(
-    ("cls", "atomic", "exclusive", "durable", "verified"),
+    ("cls", "atomic", "exclusive", "durable", "verified", "cas"),
     [
-        (LocalFileWriter, True, True, True, False),
-        (MemoryWriter, True, True, False, False),
-        (S3Writer, True, True, True, True),
-        (FsspecWriter, False, False, False, False),
+        (LocalFileWriter, True, True, True, False, True),
+        (MemoryWriter, True, True, False, False, True),
+        (S3Writer, True, True, True, True, True),
+        (FsspecWriter, False, False, False, False, False),
     ],
 )
 def test_guarantees_are_data_on_the_class(
-    cls: type, atomic: bool, exclusive: bool, durable: bool, verified: bool
+    cls: type, atomic: bool, exclusive: bool, durable: bool, verified: bool, cas: bool
 ) -> None:
     """docs/storage.md's table states the same."""
     g = cls.guarantees
     assert isinstance(g, WriterGuarantees)
-    assert (g.atomic_publish, g.exclusive_create, g.durable, g.verified, g.isolated) == (
-        atomic,
-        exclusive,
-        durable,
-        verified,
-        True,
-    )
+    assert (
+        g.atomic_publish,
+        g.exclusive_create,
+        g.durable,
+        g.verified,
+        g.isolated,
+        g.conditional_update,
+    ) == (atomic, exclusive, durable, verified, True, cas)

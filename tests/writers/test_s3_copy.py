@@ -291,16 +291,27 @@ def test_copy_refused_412_fails_the_run(server: Server, bucket: str) -> None:
 
 
 def test_copy_of_a_replaced_source_is_refused_by_the_server(server: Server, bucket: str) -> None:
-    """SeaweedFS refuses the copy (412); moto copies the new version, and the writer's
-    check after the last part copy stops the run before Complete."""
+    """SeaweedFS refuses the copy (412 to the UploadPartCopy: ``refused_by`` "storage");
+    moto copies the new version, and the writer's own check after the last part copy
+    stops the run before Complete (``refused_by`` "ptestore"). The two are told apart,
+    so the test fails on SeaweedFS if the writer stops sending ``CopySourceIfMatch``."""
     data = source_bytes()
     src_url = put_source(server, bucket, data)
     src = open_loader(src_url, **server.s3.storage_options)
     bucket_, _, key = src_url.removeprefix("s3://").partition("/")
     server.s3.client().put_object(Bucket=bucket_, Key=key, Body=random.randbytes(SIZE))
     w = new_writer(server, bucket)
-    with pytest.raises(PreconditionFailed, match="replaced since it was opened"):
+    with pytest.raises(PreconditionFailed, match="replaced since it was opened") as info:
         copy_all(w, src)
+    assert info.value.url == src_url
+    if server.enforces_copy_if_match:
+        assert info.value.refused_by == "storage"
+        assert re.search(
+            r"UploadPartCopy \d+ from " + re.escape(f"{src_url} answered 412"), str(info.value)
+        ), str(info.value)
+    else:
+        assert info.value.refused_by == "ptestore"
+        assert "checked after the last part copy" in str(info.value)
 
 
 def test_versioned_source_is_pinned_to_the_version_read(server: Server, bucket: str) -> None:

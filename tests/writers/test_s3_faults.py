@@ -298,3 +298,56 @@ def test_conditional_request_conflict(env: Env, exists: bool) -> None:
         with pytest.raises(PreconditionFailed, match=r"ConditionalRequestConflict \(HTTP 409\)"):
             w.publish("create")
     assert env.uploads() == []
+
+
+def test_lost_put_response_in_if_match_mode_is_reconciled(env: Env) -> None:
+    """The conditional PutObject took effect, its answer was lost, the retry meets 412
+    (the object is no longer the version expected: it is ours): a success, not a
+    conflict."""
+    env.client.put_object(Bucket=env.bucket, Key=env.key, Body=b"v1")
+    etag = env.client.head_object(Bucket=env.bucket, Key=env.key)["ETag"]
+    w = env.writer()
+    lost = Fault("PutObject", "lost")
+    w.client.meta.events.register(
+        "before-send.s3.PutObject", sequence(lost, lambda req: error_response(req.url, "412"))
+    )
+    w.write(b"v2", 0)
+    assert w.publish("if-match", expected=etag).size == 2
+    assert lost.injected == 1
+    assert env.get() == b"v2"
+
+
+def test_lost_complete_response_in_if_match_mode_is_reconciled(env: Env) -> None:
+    env.client.put_object(Bucket=env.bucket, Key=env.key, Body=b"v1")
+    etag = env.client.head_object(Bucket=env.bucket, Key=env.key)["ETag"]
+    w = env.writer()
+    lost = Fault("CompleteMultipartUpload", "lost")
+    w.client.meta.events.register(
+        "before-send.s3.CompleteMultipartUpload",
+        sequence(lost, lambda req: error_response(req.url, "412")),
+    )
+    data = data_of(3 * env.part + 1)
+    w.write(data, 0)
+    assert w.publish("if-match", expected=etag).size == len(data)
+    assert env.get() == data
+    assert env.uploads() == []
+
+
+def test_conditional_request_conflict_in_if_match_mode_is_a_conflict(env: Env) -> None:
+    """409 ConditionalRequestConflict (AWS: a concurrent conflicting write) is the one
+    conflict error, naming the version found, so the caller reads again and retries."""
+    env.client.put_object(Bucket=env.bucket, Key=env.key, Body=b"v1")
+    etag = env.client.head_object(Bucket=env.bucket, Key=env.key)["ETag"]
+    w = env.writer()
+    Fault("CompleteMultipartUpload", "409").install(w.client)
+    w.write(data_of(3 * env.part), 0)
+    with pytest.raises(PreconditionFailed) as info:
+        w.publish("if-match", expected=etag)
+    assert str(info.value) == (
+        f"{env.url}: publish(mode='if-match') expected version {etag}, found version {etag} "
+        "(the service answered ConditionalRequestConflict: a concurrent write); nothing was "
+        "published (read it again, redo the change and retry)"
+    )
+    assert info.value.refused_by == "storage"
+    assert env.get() == b"v1"
+    assert env.uploads() == []

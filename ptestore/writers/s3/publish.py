@@ -2,6 +2,9 @@
 reconciliation of lost answers, and the verifying HEAD.
 
 - ``mode="create"`` sends ``If-None-Match: *``: the service refuses to replace.
+- ``mode="if-match"`` sends ``If-Match: <ETag>``: the service replaces only that
+  version; its refusal (412, 409 ``ConditionalRequestConflict``, 404 for no object) is
+  :class:`~ptestore.errors.PreconditionFailed` with the ETag found by a ``HEAD``.
 - A 200 answer carrying an ``<Error>`` is the error it is (retried when transient).
 - A retried call meeting ``PreconditionFailed`` or ``NoSuchUpload`` (the first attempt
   succeeded, its answer was lost) is reconciled with a ``HEAD`` looking for this
@@ -13,15 +16,17 @@ from __future__ import annotations
 
 import logging
 import zlib
+from collections.abc import Mapping
 from typing import Any
 
 from ..._retry import Category, classify, error_code, to_storage_error
-from ...errors import IntegrityError, PublishUncertain, StorageError
-from ..base import PublishMode, PublishResult, already_exists
+from ..._retry.classify import NOT_FOUND_CODES
+from ...errors import ConfigurationError, IntegrityError, PublishUncertain, StorageError
+from ..base import PublishMode, PublishResult, already_exists, version_conflict
 from .checksum import b64crc
 from .config import S3Connection
 
-__all__ = ["TOKEN_METADATA_KEY", "S3Publisher"]
+__all__ = ["TOKEN_METADATA_KEY", "S3Publisher", "checked_metadata"]
 
 log = logging.getLogger("ptestore.writers.s3")
 
@@ -53,12 +58,12 @@ class S3Publisher:
         self.token = token
         self.verify = verify
 
-    def put(self, mode: PublishMode, body: bytes) -> tuple[dict[str, Any], int]:
+    def put(
+        self, mode: PublishMode, body: bytes, expected: str | None = None
+    ) -> tuple[dict[str, Any], int]:
         """Publish a small output with one PutObject; ``(answer, CRC-32)``."""
         size, crc = len(body), zlib.crc32(body)
-        extra: dict[str, Any] = dict(self.conn.create_extras)
-        if mode == "create":
-            extra["IfNoneMatch"] = "*"
+        extra: dict[str, Any] = {**self.conn.create_extras, **_condition(mode, expected)}
         retried = [False]
 
         def put() -> dict[str, Any]:
@@ -75,7 +80,7 @@ class S3Publisher:
         try:
             resp = self.conn.call("PutObject", put, on_retry=lambda: retried.__setitem__(0, True))
         except Exception as exc:
-            resp = self._reconcile(exc, "PutObject", mode, size, retried[0])
+            resp = self._reconcile(exc, "PutObject", mode, size, retried[0], expected)
         return resp, crc
 
     def complete(
@@ -85,12 +90,11 @@ class S3Publisher:
         size: int,
         parts: list[dict[str, Any]],
         crc: int | None,
+        expected: str | None = None,
     ) -> dict[str, Any]:
         """Complete the multipart upload: ascending parts, full-object CRC-32 (when every
         part's is known), size."""
-        extra: dict[str, Any] = dict(self.conn.extras)
-        if mode == "create":
-            extra["IfNoneMatch"] = "*"
+        extra: dict[str, Any] = {**self.conn.extras, **_condition(mode, expected)}
         if crc is not None:
             extra["ChecksumCRC32"] = b64crc(crc)
         retried = [False]
@@ -114,7 +118,7 @@ class S3Publisher:
         try:
             resp = self.conn.call(op, complete, on_retry=lambda: retried.__setitem__(0, True))
         except Exception as exc:
-            resp = self._reconcile(exc, op, mode, size, retried[0])
+            resp = self._reconcile(exc, op, mode, size, retried[0], expected)
         return resp
 
     def head(self) -> dict[str, Any] | None:
@@ -141,7 +145,13 @@ class S3Publisher:
         )
 
     def _reconcile(
-        self, exc: BaseException, operation: str, mode: PublishMode, size: int, retried: bool
+        self,
+        exc: BaseException,
+        operation: str,
+        mode: PublishMode,
+        size: int,
+        retried: bool,
+        expected: str | None = None,
     ) -> dict[str, Any]:
         """A publish call failed: find out whether our object is there anyway."""
         code = error_code(exc)
@@ -164,7 +174,8 @@ class S3Publisher:
                 f"({type(exc).__name__}: {exc}){note}; the request may have reached the "
                 "service: the destination holds the old object or this writer's"
             ) from exc
-        if code not in _RECONCILABLE:
+        conflict = mode == "if-match" and code in (*_RECONCILABLE, *NOT_FOUND_CODES)
+        if code not in _RECONCILABLE and not conflict:
             raise to_storage_error(exc, where, operation) from exc
         try:
             head = self.head()
@@ -183,6 +194,13 @@ class S3Publisher:
             and (head is not None or code == "PreconditionFailed")
         ):
             raise already_exists(where) from exc
+        if conflict and code != "NoSuchUpload":
+            assert expected is not None
+            found = None if head is None else str(head.get("ETag"))
+            reason = (
+                f"the service answered {code}: a concurrent write" if found == expected else None
+            )
+            raise version_conflict(where, expected, found, "storage", reason) from exc
         if code == "NoSuchUpload":
             raise PublishUncertain(
                 f"{where}: the multipart upload is gone (NoSuchUpload) and the object does not "
@@ -232,6 +250,16 @@ class S3Publisher:
         )
 
 
+def _condition(mode: PublishMode, expected: str | None) -> dict[str, str]:
+    """The conditional-write parameter of a publish in ``mode``."""
+    if mode == "create":
+        return {"IfNoneMatch": "*"}
+    if mode == "if-match":
+        assert expected is not None
+        return {"IfMatch": expected}
+    return {}
+
+
 def _maybe_sent(exc: BaseException) -> bool:
     """Whether a failed call may have reached the service: botocore's HTTP client errors
     (connection closed, read timeout, broken response) may have been sent; its
@@ -244,3 +272,15 @@ def _maybe_sent(exc: BaseException) -> bool:
     if isinstance(exc, NotConnected):
         return False
     return isinstance(exc, (HTTPClientError, TimeoutError, ConnectionResetError))
+
+
+def checked_metadata(url: str, metadata: Mapping[str, str]) -> dict[str, str]:
+    """``metadata`` as a dict, after checking it is str to str and leaves the writer's
+    token key alone."""
+    meta = dict(metadata)
+    for k, v in meta.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise ConfigurationError(f"{url}: metadata keys and values must be str: {k!r}")
+    if TOKEN_METADATA_KEY in {k.lower() for k in meta}:
+        raise ConfigurationError(f"{url}: metadata key {TOKEN_METADATA_KEY!r} is reserved")
+    return meta

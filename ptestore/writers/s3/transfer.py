@@ -189,7 +189,10 @@ class PartTransfer:
         if isinstance(error, PreconditionFailed):
             return PreconditionFailed(
                 f"{source.url}: replaced since it was opened (ETag {source.etag} no longer "
-                f"matches; {what} answered 412): the run stops instead of mixing two versions"
+                f"matches; {what} answered 412): the run stops instead of mixing two versions",
+                url=source.url,
+                expected=source.etag,
+                refused_by="storage",
             )
         return error
 

@@ -23,22 +23,17 @@ from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from ..._retry import RETRY_OPTIONS, to_storage_error
-from ...errors import (
-    ConfigurationError,
-    ObjectNotFound,
-    PreconditionFailed,
-    StorageError,
-    WriterStateError,
-)
+from ...errors import ConfigurationError, StorageError, WriterStateError
 from ...storage._s3source import S3Source, matching_source, s3_identity
 from ...storage.types import DataLoader, split_url, strerror
 from ..base import DataWriter, PublishMode, PublishResult, WriterGuarantees, WriterState
 from . import config
 from .checksum import b64crc, crc32_combine
 from .config import DEFAULT_PART_SIZE, S3Connection, check_part_size, largest_object
+from .copies import check_copied_sources
 from .marker import MARKER_PART_NUMBER, MAX_DATA_PARTS, marker_bytes
 from .parts import Part, PartContent, Ref, UploadedPart
-from .publish import TOKEN_METADATA_KEY, S3Publisher
+from .publish import TOKEN_METADATA_KEY, S3Publisher, checked_metadata
 from .staging import S3Staging
 from .transfer import PartTransfer
 
@@ -85,7 +80,11 @@ class S3Writer(DataWriter):
     """
 
     guarantees: ClassVar[WriterGuarantees] = WriterGuarantees(
-        atomic_publish=True, exclusive_create=True, durable=True, verified=True
+        atomic_publish=True,
+        exclusive_create=True,
+        durable=True,
+        verified=True,
+        conditional_update=True,
     )
     options: ClassVar[frozenset[str]] = WRITER_OPTIONS
 
@@ -121,7 +120,7 @@ class S3Writer(DataWriter):
             raise ConfigurationError(
                 f"{url}: option max_concurrency = {max_concurrency!r}: must be an int >= 1"
             )
-        meta = _checked_metadata(url, metadata or {})
+        meta = checked_metadata(url, metadata or {})
         self.bucket, self.key = bucket, key
         self.max_concurrency = max_concurrency
         self.spool = spool
@@ -145,10 +144,12 @@ class S3Writer(DataWriter):
         self._transfer = PartTransfer(self.conn, bucket, key, self.part_size)
         self._identity: str | None = None
 
-    def publish(self, mode: PublishMode = "overwrite") -> PublishResult:
+    def publish(
+        self, mode: PublishMode = "overwrite", *, expected: str | None = None
+    ) -> PublishResult:
         # docstring inherited; a published writer needs its client no more: close it
         # (a failed one keeps it, to abort its upload on discard)
-        result = super().publish(mode)
+        result = super().publish(mode, expected=expected)
         self.conn.close()
         return result
 
@@ -190,7 +191,7 @@ class S3Writer(DataWriter):
         self._check_open("add object metadata")
         if self._st.upload_id is not None or self.size:
             raise WriterStateError(f"{self.url}: object metadata must be added before writing")
-        self.metadata.update(_checked_metadata(self.url, metadata))
+        self.metadata.update(checked_metadata(self.url, metadata))
         return True
 
     def _ensure_upload(self) -> str:
@@ -424,47 +425,12 @@ class S3Writer(DataWriter):
             )
         upload_id = self._st.upload_id
         assert upload_id is not None
-        self._check_copied_sources()
+        check_copied_sources(self.conn, self._parts.values())
         self._commit_point()
-        resp = self._publisher.complete(mode, upload_id, size, parts, total)
+        resp = self._publisher.complete(mode, upload_id, size, parts, total, self._expected)
         self._st.completed()
         self._st.cleanup()
         return self._publisher.verify_published(resp, size, total)
-
-    def _check_copied_sources(self) -> None:
-        """Ask the service once more, after the last part copy and before Complete,
-        whether every object it copied from is still the version read at the start.
-
-        ``CopySourceIfMatch`` already makes AWS and SeaweedFS refuse a copy of a changed
-        source; a service that ignores it (moto) would otherwise publish a mix of two
-        versions when the source is replaced between the run's last check and a part
-        copied at publish."""
-        sources = {
-            p.uploaded.copied.source
-            for p in self._parts.values()
-            if p.uploaded is not None and p.uploaded.copied is not None
-        }
-        # A pinned version cannot change: every copy names it (``CopySource.VersionId``).
-        unpinned = [s for s in sources if not s.version_id]
-        for source in sorted(unpinned, key=lambda s: (s.bucket, s.key)):
-            what = f"HEAD of the copy source {source.url}"
-            try:
-                head = self.conn.request(what, "head_object", Bucket=source.bucket, Key=source.key)
-            except Exception as exc:
-                error = to_storage_error(exc, source.url, "HEAD after the last part copy")
-                if isinstance(error, ObjectNotFound):
-                    raise PreconditionFailed(
-                        f"{source.url}: deleted since it was opened (ETag {source.etag}); parts "
-                        "copied from it may mix two versions: the run stops before Complete"
-                    ) from exc
-                raise error from exc
-            etag = head.get("ETag")
-            if etag != source.etag:
-                raise PreconditionFailed(
-                    f"{source.url}: replaced since it was opened (ETag {source.etag} -> "
-                    f"{etag}, checked after the last part copy): the run stops before "
-                    "Complete instead of publishing a mix of two versions"
-                )
 
     def _publish_small(self, mode: PublishMode, size: int) -> PublishResult:
         """An output of at most one part: one PutObject (referenced bytes read first)."""
@@ -473,16 +439,6 @@ class S3Writer(DataWriter):
         if part.held:
             body = bytes(self._transfer.materialize(part.content(size)))
         self._commit_point()
-        resp, crc = self._publisher.put(mode, body)
+        resp, crc = self._publisher.put(mode, body, self._expected)
         self._st.cleanup()
         return self._publisher.verify_published(resp, size, crc)
-
-
-def _checked_metadata(url: str, metadata: Mapping[str, str]) -> dict[str, str]:
-    meta = dict(metadata)
-    for k, v in meta.items():
-        if not isinstance(k, str) or not isinstance(v, str):
-            raise ConfigurationError(f"{url}: metadata keys and values must be str: {k!r}")
-    if TOKEN_METADATA_KEY in {k.lower() for k in meta}:
-        raise ConfigurationError(f"{url}: metadata key {TOKEN_METADATA_KEY!r} is reserved")
-    return meta
