@@ -177,6 +177,10 @@ def write_file(
     url = f.writer.url
     copied = replaced_bytes = moved = replaced_count = 0
     copies = planned_copies(run, f, layout)
+    # Fail before the first byte when the storage says the output cannot fit (local:
+    # statvfs); bytes a copy-on-write clone will share take no new space.
+    cloned = sum(x.size for x in copies) if layout.clone_block_size else 0
+    f.writer.ensure_space(patched.file_size - cloned)
 
     # Padding is written as zeros too, so every byte of the output is written exactly
     # once (a writer that uploads fixed parts can then ship each part as soon as it is
@@ -249,6 +253,7 @@ def write_shared(
     can, nothing goes through the client), any other is written as usual."""
     if is_identity(f, layout) and not any(role == f.role for role, _ in run.replacements):
         size = f.container.file_size
+        f.writer.ensure_space(size)
         f.writer.copy_from(f.loader, 0, size, 0)
         note(f.writer.url, size)
         report = unchanged_report(f)

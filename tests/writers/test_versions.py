@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import pickle
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -215,3 +216,33 @@ def test_ensure_space_on_a_closed_writer_is_refused(tmp_path: Path) -> None:
         WriterStateError, match=r"cannot check free space: the writer was discarded"
     ):
         w.ensure_space(1)
+
+
+def test_a_specialization_that_cannot_fit_fails_before_its_first_byte(
+    tmp_path: Path, tiny_fs: Path
+) -> None:
+    """The staged path knows the output's size before it writes: a 6 MiB output for a
+    4 MiB file system fails before the copies with the figures and ENOSPC, and leaves
+    nothing (it used to copy until the disk was full). One 3 MiB value is replaced (its
+    spool fits); the other 3 MiB are copied."""
+    import ptestore
+    from support.fixtures import FIXTURES_DIR
+    from support.large import ReplaceKey, inflate
+
+    src = tmp_path / "big.pte"
+    inflate(FIXTURES_DIR / "mlp_xnnpack.pte", src, 3 << 20)  # two keys: 6 MiB of values
+    key = sorted(k["key"] for k in ptestore.describe(src)["named_data"])[0]
+    dest = tiny_fs / "out.pte"
+    with pytest.raises(StorageError) as info:
+        ptestore.specialize(
+            src, dest, backends=[ReplaceKey("XnnpackBackend", key)], provenance=False
+        )
+    assert info.value.errno == errno.ENOSPC
+    size = src.stat().st_size
+    assert re.fullmatch(
+        rf"{re.escape(str(dest))}: not enough free space for an output of {size} bytes: "
+        rf"{size} bytes needed, \d+ bytes free on the file system of {re.escape(str(tiny_fs))}"
+        r"; nothing of it was written \(No space left on device\)",
+        str(info.value),
+    ), str(info.value)
+    assert os.listdir(tiny_fs) == []
