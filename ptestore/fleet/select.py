@@ -100,7 +100,7 @@ class _Raters:
         from ..backends.registry import installed_backends
 
         self._installed = [i for i in installed_backends() if i.error is None]
-        self._names = {i.name for i in self._installed}
+        self._serves = {i.name: i.serves for i in self._installed}
         self._loaded: dict[str, BackendInterface | str] = {}
 
     def find(self, backend_id: str, spec: str) -> tuple[BackendInterface | None, str]:
@@ -108,7 +108,7 @@ class _Raters:
         None, why there is none)."""
         ref = spec.partition("=")[0].partition("@")[0].strip()
         name = None
-        if ref in self._names:  # an installed name: the index only picks among them
+        if self._serves.get(ref) in (backend_id, "*"):  # an installed name for this id
             name = ref
         else:
             name = next((i.name for i in self._installed if i.serves == backend_id), None)
@@ -155,15 +155,18 @@ def _rate_stamp(stamp: dict[str, Any], device: DeviceProfile, raters: _Raters) -
     return rating.value, f"{backend_id}: {how} rates it {rating.value}"
 
 
-def _own(entry: dict[str, Any], device: DeviceProfile) -> bool:
-    """Whether ``entry`` was made for ``device`` (its name and, when recorded, options)."""
+def _own(entry: dict[str, Any], device: DeviceProfile, by_name: bool = False) -> bool:
+    """Whether ``entry`` was made for ``device``: its name and, when recorded (and the
+    device was not given by name only), its options digest."""
     if entry.get("device") != device.name:
         return False
     digest = entry.get("device_digest")
-    return digest is None or digest == device.digest()
+    return by_name or digest is None or digest == device.digest()
 
 
-def _rate(entry: dict[str, Any], device: DeviceProfile, raters: _Raters) -> tuple[str, str, bool]:
+def _rate(
+    entry: dict[str, Any], device: DeviceProfile, raters: _Raters, by_name: bool
+) -> tuple[str, str, bool]:
     """An entry's rating for ``device``, why, and whether the device may get it."""
     stamps = entry.get("compatibility") or []
     rated = [_rate_stamp(s, device, raters) for s in stamps]
@@ -171,7 +174,7 @@ def _rate(entry: dict[str, Any], device: DeviceProfile, raters: _Raters) -> tupl
     why = "; ".join(w for _, w in rated) or "no backend made any of its data (generic)"
     if rating == Compatibility.UNSUPPORTED.value:
         return rating, why, False
-    if _own(entry, device) or not stamps or rating in _POSITIVE:
+    if _own(entry, device, by_name) or not stamps or rating in _POSITIVE:
         return rating, why, True
     return (
         rating,
@@ -203,19 +206,20 @@ def select(
         raise ConfigurationError(
             f"index has no model {model!r} (models: {', '.join(models) or 'none'})"
         )
+    by_name = isinstance(device, str)
     if isinstance(device, str):
         own = next((e for e in entries if e.get("device") == device), None)
         options = own.get("device_options") if own is not None else None
         device = DeviceProfile(device, options or {})
     raters = _Raters()
-    rated = [(e, *_rate(e, device, raters)) for e in entries]
+    rated = [(e, *_rate(e, device, raters, by_name)) for e in entries]
     candidates = [
         {"made_for": e.get("device"), "rating": r, "eligible": ok, "reason": why}
         for e, r, why, ok in rated
     ]
     fits = [x for x in rated if x[3]]
     if fits:
-        fits.sort(key=lambda x: (-_RANK[x[1]], not _own(x[0], device)))
+        fits.sort(key=lambda x: (-_RANK[x[1]], not _own(x[0], device, by_name)))
         e, rating, why, _ = fits[0]
         return Choice(
             model,

@@ -248,6 +248,21 @@ def test_a_spec_naming_an_installed_backend_picks_it_by_name(installed: None) ->
     got = select(_index(e), "m", DeviceProfile("b", {"soc": "x"}))
     assert (got.kind, got.rating) == ("artifact", "optimal")
     assert "installed 'npu'" in got.reason
+    # An installed name that serves another id does not rate this id's data: the
+    # backend installed for the id does.
+    e["compatibility"][0]["spec"] = "dsp"
+    got = select(_index(e), "m", DeviceProfile("b", {"soc": "x"}))
+    assert "NpuBackend: installed 'npu' rates it optimal" in got.reason
+
+
+def test_a_device_given_by_name_is_the_device_of_its_entry(installed: None) -> None:
+    # An index that records only the options' digest: the name alone says which build
+    # is the device's own (a profile with options must match the digest).
+    e = _entry("a", {"soc": "x"}, ("SilentBackend", ""))
+    e["device_options"] = None
+    assert select(_index(e), "m", "a").made_for == "a"
+    assert select(_index(e), "m", DeviceProfile("a", {"soc": "x"})).made_for == "a"
+    assert select(_index(e), "m", DeviceProfile("a", {"soc": "y"})).kind == "source"
 
 
 def test_a_hostile_spec_is_rated_by_the_backend_installed_for_its_id(
