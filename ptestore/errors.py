@@ -18,6 +18,7 @@ __all__ = [
     "FormatError",
     "IntegrityError",
     "InvalidReplacement",
+    "MissingNamedData",
     "NothingSpecialized",
     "NotSupported",
     "ObjectNotFound",
@@ -75,6 +76,35 @@ class FormatError(PteStoreError, ValueError):
 
 class ConfigurationError(PteStoreError, ValueError):
     """Bad arguments: an unknown URL scheme, an unknown backend, a bad option."""
+
+
+class MissingNamedData(ConfigurationError, KeyError):
+    """A named-data key the model's files do not hold (typically: a ``.pte`` whose
+    weights are in a ``.ptd`` that was not given). A ``KeyError`` too, as the
+    named-data map's protocol says; its message names the key and the files looked in.
+
+    Attributes
+    ----------
+    key:
+        The key asked for.
+    files:
+        The files looked in (the ``.pte``, and the ``.ptd`` when there is one).
+    """
+
+    def __init__(self, message: str, *, key: str = "", files: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.key = key
+        self.files = files
+
+    def __str__(self) -> str:  # not KeyError's repr of its argument
+        return str(self.args[0]) if self.args else ""
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_missing, (str(self), self.key, self.files))
+
+
+def _rebuild_missing(message: str, key: str, files: tuple[str, ...]) -> MissingNamedData:
+    return MissingNamedData(message, key=key, files=files)
 
 
 class NothingSpecialized(ConfigurationError):

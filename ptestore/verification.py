@@ -28,11 +28,9 @@ from typing import Any
 from .backends.compat import Compatibility, DeviceProfile
 from .backends.registry import BackendLike, load_backend
 from .errors import ConfigurationError, FormatError, ObjectNotFound, PteStoreError
-from .format.reader import read_container
-from .provenance import Provenance, read_trailer, spec_text
-from .provenance.digest import content_digest
+from .integrity import check_content_address, check_ptd, is_plain, read_checked
+from .provenance import Provenance, spec_text
 from .provenance.stamp import describe_source
-from .provenance.trailer import ContentView, Trailer
 from .storage.loaders import open_loader
 from .storage.routing import StorageOptions
 
@@ -133,8 +131,10 @@ def verify(
             or instances; names and versions are compared, and each is asked whether
             the artifact is optimal).
         device: a :class:`DeviceProfile` (name and options digest are compared) or a
-            name (only the name is; the backends' ``check_compatibility`` gets a profile
-            of that name without options).
+            name (only the name is; the backends' ``check_compatibility`` gets the
+            profile the record keeps for that name, its options included; a record that
+            keeps no options, or another name, gives a profile without options, and a
+            finding that follows says to give them).
         storage_options: storage options for ``url`` and ``source``, routed as
             :func:`~ptestore.specialize` routes its ``storage_options`` (``url`` is the
             destination, ``source`` the source: each gets those its loader accepts; one
@@ -183,13 +183,13 @@ def _check(
 ) -> None:
     from .fleet.shared import is_shared_url
 
-    if is_shared_url(target) and _plain(target, opts):
-        _check_content_address(report, target, opts, quick)
+    if is_shared_url(target) and is_plain(target, opts):
+        check_content_address(report, target, opts, quick)
         return
-    prov, _ = _read_checked(report, target, opts, quick)
+    prov, _ = read_checked(report, target, opts, quick)
     report.provenance = prov
     if prov.role == "pte" and (ptd is not None or prov.ptd_output is not None):
-        _check_ptd(report, prov, target, ptd, opts, quick)
+        check_ptd(report, prov, target, ptd, opts, quick)
     if source is not None:
         src = os.fspath(source)
         src_loader = open_loader(src, **opts.for_loader(src, "src"))
@@ -207,10 +207,11 @@ def _check(
                 f"{info.sha256})",
             )
     profile = device if isinstance(device, DeviceProfile) else None
+    hint = ""
     if backends is not None:
         if profile is None and isinstance(device, str):
-            profile = DeviceProfile(device)  # the named device, without options
-        _check_backends(report, prov, backends, profile)
+            profile, hint = _named_profile(device, prov)
+        _check_backends(report, prov, backends, profile, hint)
     if device is not None:
         name = device.name if isinstance(device, DeviceProfile) else device
         have = prov.device
@@ -225,6 +226,20 @@ def _check(
                 f"device {name!r} options digest is {have.digest}, expected "
                 f"{device.digest()} ({option_changes(have.options, dict(device.options))})",
             )
+
+
+def _named_profile(name: str, prov: Provenance) -> tuple[DeviceProfile, str]:
+    """The profile a device given by name only is rated with: the options the record
+    keeps for that name; else none, and a hint for the finding that may follow."""
+    have = prov.device
+    if have is not None and have.name == name and have.options is not None:
+        return DeviceProfile(name, have.options), ""
+    why = (
+        "the record keeps no options of the device it was made for"
+        if have is not None and have.name == name
+        else "no options were given"
+    )
+    return DeviceProfile(name), f"; {why}: give the profile's options (--device-option K=V)"
 
 
 def option_changes(was: dict[str, Any] | None, now: dict[str, Any]) -> str:
@@ -247,6 +262,7 @@ def _check_backends(
     prov: Provenance,
     backends: Sequence[BackendLike],
     device: DeviceProfile | None,
+    hint: str = "",
 ) -> None:
     loaded = [(spec_text(b), load_backend(b)) for b in backends]
     want = [(s, str(i.version)) for s, i in loaded]
@@ -288,174 +304,5 @@ def _check_backends(
                 "backends.compatibility",
                 f"{stamp.spec} rates the {stamp.id} data {rating.value} for "
                 f"{'no device' if device is None else repr(device.name)} "
-                f"(stamped {stamp.compatibility!r})",
+                f"(stamped {stamp.compatibility!r}){hint}",
             )
-
-
-def _read_checked(
-    report: VerifyReport, target: str, opts: StorageOptions, quick: bool
-) -> tuple[Provenance, Trailer]:
-    """Structure, trailer, record and (unless ``quick``) the bytes of one file."""
-    loader = open_loader(target, **opts.for_loader(target, "dst"))
-    try:
-        trailer = read_trailer(loader)
-        content = loader if trailer is None else ContentView(loader, trailer.content_size)
-        read_container(content)  # structure: headers, FlatBuffer, segment bounds
-        if trailer is None:
-            raise FormatError(
-                target, "provenance trailer", None, "present (an artifact made with provenance)"
-            )
-        prov = Provenance.from_dict(trailer.record(), target)
-        if prov.content is None:
-            report.stale(
-                "content.sha256",
-                "the record names no digest of the bytes it follows (made by an older "
-                "ptestore): nothing binds it to this file; specialize it again",
-            )
-        elif not quick:
-            got = content_digest(loader, trailer.content_size)
-            if got.size != prov.content.size or got.sha256 != prov.content.sha256:
-                raise FormatError(
-                    target,
-                    "content.sha256",
-                    got.sha256,
-                    f"{prov.content.sha256}, the SHA-256 of the {prov.content.size} bytes "
-                    "before the trailer recorded in the provenance",
-                    "the artifact was damaged or changed after it was made",
-                )
-            report.content_checked = True
-    finally:
-        loader.close()
-    return prov, trailer
-
-
-def _check_ptd(
-    report: VerifyReport,
-    prov: Provenance,
-    target: str,
-    ptd: str | os.PathLike[str] | None,
-    opts: StorageOptions,
-    quick: bool,
-) -> None:
-    """The .ptd beside a .pte (or, when there is none, the one a fleet stored once by
-    its content in a ``_shared/sha256/`` directory above it) must be the one it was
-    made with."""
-    from .fleet.job import ptd_beside
-    from .fleet.shared import is_shared_url, locate_shared
-
-    url = ptd_beside(target) if ptd is None else os.fspath(ptd)
-    if ptd is None and prov.ptd_output is not None and not _exists(url, opts):
-        url = locate_shared(target, prov.ptd_output.sha256, lambda u: _exists(u, opts)) or url
-    report.ptd = url
-    if prov.ptd_output is None:
-        report.stale("ptd_output", f"the .pte was made without a .ptd, but {url} was given with it")
-        return
-    if is_shared_url(url) or _plain(url, opts):
-        _check_plain_ptd(report, prov, url, opts, quick)
-        return
-    try:
-        ptd_prov, _ = _read_checked(report, url, opts, quick)
-    except ObjectNotFound:
-        report.stale("ptd_output", f"the .pte was made with a .ptd, and there is none at {url}")
-        return
-    if ptd_prov.role != "ptd":
-        report.stale("ptd_output", f"{url} is a {ptd_prov.role} artifact, not a .ptd")
-        return
-    if ptd_prov.content != prov.ptd_output:
-        have = "nothing" if ptd_prov.content is None else ptd_prov.content.sha256
-        report.stale(
-            "ptd_output.sha256",
-            f"{url} holds {have}, not the .ptd this .pte was made with "
-            f"({prov.ptd_output.sha256}): it belongs to another pair or device",
-        )
-    diff = ptd_prov.key().mismatches(prov.key())
-    if diff:
-        report.stale("ptd_output.key", f"{url} was made for another pair: {'; '.join(diff)}")
-
-
-def _exists(url: str, opts: StorageOptions) -> bool:
-    try:
-        open_loader(url, **opts.for_loader(url, "dst")).close()
-    except ObjectNotFound:
-        return False
-    return True
-
-
-def _plain(url: str, opts: StorageOptions) -> bool:
-    """Whether the .ptd at ``url`` has no trailer (a shared .ptd as a fleet stores it
-    and fetch downloads it); False when there is none."""
-    try:
-        loader = open_loader(url, **opts.for_loader(url, "dst"))
-    except ObjectNotFound:
-        return False
-    try:
-        return read_trailer(loader) is None
-    finally:
-        loader.close()
-
-
-def _check_plain_ptd(
-    report: VerifyReport, prov: Provenance, url: str, opts: StorageOptions, quick: bool
-) -> None:
-    """A .ptd without a trailer (stored once by content, named by the SHA-256 of its
-    bytes, or fetched from there): its name (at a content address), size and (unless
-    ``quick``) bytes are the ``ptd_output`` of the .pte."""
-    from .fleet.shared import is_shared_url
-
-    want = prov.ptd_output
-    assert want is not None
-    name = url.replace(os.sep, "/")
-    if is_shared_url(url) and not name.endswith("/" + want.sha256[len("sha256:") :] + ".ptd"):
-        report.stale(
-            "ptd_output.sha256",
-            f"{url} is the content address of another .ptd, not of {want.sha256}, the one "
-            "this .pte was made with",
-        )
-        return
-    try:
-        loader = open_loader(url, **opts.for_loader(url, "dst"))
-    except ObjectNotFound:
-        report.stale("ptd_output", f"the .pte was made with a .ptd, and there is none at {url}")
-        return
-    try:
-        read_container(loader)  # structure: headers, FlatBuffer, segment bounds
-        size = loader.size()
-        if size != want.size:
-            raise FormatError(url, "size", size, f"{want.size} (ptd_output.size of the .pte)")
-        if not quick:
-            got = content_digest(loader, size)
-            if got.sha256 != want.sha256:
-                raise FormatError(
-                    url,
-                    "ptd_output.sha256",
-                    got.sha256,
-                    f"{want.sha256}, the .ptd this .pte was made with",
-                    "the .ptd was damaged or changed after it was stored",
-                )
-    finally:
-        loader.close()
-
-
-def _check_content_address(
-    report: VerifyReport, url: str, opts: StorageOptions, quick: bool
-) -> None:
-    """A .ptd a fleet stored once by content: it parses and (unless ``quick``) its
-    bytes have the SHA-256 its name says. It has no record: it is at most intact (the
-    .pte files that use it are verified with it)."""
-    loader = open_loader(url, **opts.for_loader(url, "dst"))
-    try:
-        read_container(loader)
-        if not quick:
-            got = content_digest(loader, loader.size()).sha256
-            want = "sha256:" + os.path.basename(url.replace(os.sep, "/"))[: -len(".ptd")]
-            if got != want:
-                raise FormatError(
-                    url,
-                    "sha256",
-                    got,
-                    f"{want}, its content address",
-                    "the shared .ptd was damaged or changed after it was stored",
-                )
-            report.content_checked = True
-    finally:
-        loader.close()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, NoReturn
 
-from ..errors import ConfigurationError, FormatError
+from ..errors import ConfigurationError, FormatError, MissingNamedData
 from ..format.model import Container, TensorLayout
 from ..storage.loaders import DataLoader, LocalFileLoader
 from ..storage.types import load_into
@@ -119,11 +119,30 @@ class MergedNamedDataMap:
 
     def where(self, key: str) -> tuple[SourceFile, int, TensorLayout | None]:
         """The file, segment index and layout the runtime would read ``key`` from."""
+        if key not in self._entries:
+            self.missing(key)
         return self._entries[key]
+
+    def missing(self, key: str) -> NoReturn:
+        """Raise :class:`MissingNamedData` for ``key``, naming the files looked in and,
+        when there is no .ptd, the one that is missing."""
+        names = tuple(str(f.container.source) for f in self._files)
+        looked = " or ".join(names) or "the model"
+        if any(f.role == "ptd" for f in self._files):
+            hint = "neither file holds it"
+        else:
+            hint = (
+                "no .ptd was given, and a key the .pte does not hold is in the model's .ptd "
+                "(its external weights): pass it (CLI: --ptd SRC_PTD DST_PTD; Python: "
+                "ptd=(src, dst))"
+            )
+        raise MissingNamedData(
+            f"named data key {key!r} is not in {looked}: {hint}", key=key, files=names
+        )
 
     def get_data(self, key: str) -> Buffer:
         if key not in self._entries:
-            raise KeyError(key)
+            self.missing(key)
         f, index, _ = self._entries[key]
         seg = f.container.segments[index]
         return read_view(f.loader, f.container.absolute(seg), seg.size)
@@ -138,7 +157,7 @@ class MergedNamedDataMap:
         straight into ``buffer`` (``preadv``): nothing is mapped, so the original's pages
         never count in the process's memory."""
         if key not in self._entries:
-            raise KeyError(key)
+            self.missing(key)
         view = _writable_bytes(buffer, key)
         f, index, _ = self._entries[key]
         seg = f.container.segments[index]
@@ -155,7 +174,7 @@ class MergedNamedDataMap:
 
     def get_tensor_layout(self, key: str) -> TensorLayout | None:
         if key not in self._entries:
-            raise KeyError(key)
+            self.missing(key)
         return self._entries[key][2]
 
     # -- tensor info ---------------------------------------------------------------
@@ -173,7 +192,7 @@ class MergedNamedDataMap:
         """dtype, shape, byte size and quantization of ``key``; None when nothing in the
         files describes it."""
         if key not in self._entries:
-            raise KeyError(key)
+            self.missing(key)
         return self.tensor_index().get(key)
 
     def get_array(self, key: str) -> np.ndarray:

@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from ..provenance.record import ContentDigest
 
 __all__ = [
+    "publish_pairs",
     "INDEX_FORMAT",
     "INDEX_NAME",
     "INDEX_VERSION",
@@ -279,3 +280,18 @@ def index_entries(job: Job, pairs: Iterable[tuple[str, str]]) -> list[dict[str, 
 
     with cf.ThreadPoolExecutor(max_workers=8) as pool:
         return list(pool.map(one, todo))
+
+
+def publish_pairs(job: Job, pairs: list[tuple[str, str]]) -> tuple[str | None, str | None]:
+    """Index ``job``'s ``(model, device)`` pairs that are done or skipped: ``(url, None)``
+    once published, ``(None, why)`` when the index could not be (the run's artifacts are
+    unaffected), ``(None, None)`` when there is nothing to index."""
+    from ..errors import PteStoreError
+
+    if not pairs:
+        return None, None
+    try:
+        url = publish_index(index_url(job), index_entries(job, pairs), dict(job.storage_options))
+    except PteStoreError as exc:
+        return None, str(exc)
+    return url, None

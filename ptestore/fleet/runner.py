@@ -7,7 +7,10 @@ Each pair that must run is one call of :func:`~ptestore.fleet.work.run_pair`:
 - ``scheduler="tcp://host:port"`` (or ``PTESTORE_DASK_SCHEDULER``): one Dask task per
   pair on that cluster. Dask reschedules the tasks of a worker that dies (up to the
   scheduler's ``distributed.scheduler.allowed-failures``); a pair that still cannot run
-  is reported failed. ``dask[distributed]`` is imported only here (``ptestore[fleet]``).
+  is reported failed. A worker that stops sending heartbeats (killed, hung, cut off) is
+  removed after ``missed_heartbeats`` of them, not after the scheduler's 5 minutes, and
+  pairs no worker is left to run fail (:mod:`.watch`). ``dask[distributed]`` is
+  imported only here (``ptestore[fleet]``).
 
 A pool or Dask worker checks, once per process, that every backend of the job loads
 there (:func:`run_pair_on_worker`): one that does not ends the whole run with one
@@ -22,13 +25,14 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigurationError, PteStoreError
 from .estimate import human_bytes
 from .job import Job, JobError
 from .plan import Plan, PlannedPair, plan_job
+from .watch import MISSED_HEARTBEATS
 from .work import PairResult, PairTask, run_pair
 
 __all__ = [
@@ -56,6 +60,9 @@ class FleetResult:
     index: str | None = None
     #: Why the index could not be published (the run's artifacts are unaffected).
     index_error: str | None = None
+    #: Dask workers the run declared lost (no heartbeat for ``missed_heartbeats``
+    #: intervals) and removed from the cluster: address -> why.
+    lost_workers: dict[str, str] = field(default_factory=dict)
 
     def count(self, status: str) -> int:
         return sum(1 for p in self.pairs if p.status == status)
@@ -77,6 +84,7 @@ class FleetResult:
             "failed": self.count("failed"),
             "index": self.index,
             "index_error": self.index_error,
+            "lost_workers": dict(self.lost_workers),
             "pairs": [p.to_dict() for p in self.pairs],
         }
 
@@ -98,6 +106,7 @@ class FleetResult:
                 lines.append(f"failed: {p.model} on {p.device} -> {p.destination}: {p.error}")
         if self.index_error is not None:
             lines.append(f"index not published: {self.index_error}")
+        lines += [f"lost: {why}" for why in self.lost_workers.values()]
         return "\n".join(lines)
 
 
@@ -178,6 +187,7 @@ def run_job(
     progress: Progress | None = None,
     connect_timeout: float = 30.0,
     fail_fast: bool = False,
+    missed_heartbeats: int = MISSED_HEARTBEATS,
 ) -> FleetResult:
     """Preflight and plan ``job``, then run every pair that is not current (see
     :func:`run_plan` and :func:`~.preflight.preflight`)."""
@@ -191,6 +201,7 @@ def run_job(
         progress=progress,
         connect_timeout=connect_timeout,
         fail_fast=fail_fast,
+        missed_heartbeats=missed_heartbeats,
     )
 
 
@@ -202,13 +213,20 @@ def run_plan(
     progress: Progress | None = None,
     connect_timeout: float = 30.0,
     fail_fast: bool = False,
+    missed_heartbeats: int = MISSED_HEARTBEATS,
 ) -> FleetResult:
     """Run the pairs of ``plan`` marked ``run``; ``progress`` is called once per pair
-    (skipped ones first). ``connect_timeout`` bounds the wait for a Dask scheduler.
+    (skipped ones first). ``connect_timeout`` bounds the wait for a Dask scheduler;
+    ``missed_heartbeats`` how long a run waits for a Dask worker that stopped sending
+    heartbeats (then it is removed and its pairs rescheduled; see :mod:`.watch`).
     With ``fail_fast`` the first failed pair stops the run: pairs not started yet are
     reported failed (``not started: ...``)."""
     if workers is not None and workers < 1:
         raise ConfigurationError(f"--workers must be >= 1, got {workers}")
+    if isinstance(missed_heartbeats, bool) or not isinstance(missed_heartbeats, int):
+        raise ConfigurationError(f"missed_heartbeats must be an int, got {missed_heartbeats!r}")
+    if missed_heartbeats < 1:
+        raise ConfigurationError(f"missed_heartbeats must be >= 1, got {missed_heartbeats}")
     scheduler = scheduler or os.environ.get(SCHEDULER_ENV) or None
     started = time.perf_counter()
     results: dict[int, PairResult] = {}
@@ -239,9 +257,10 @@ def run_plan(
     n = workers or min(len(todo), os.cpu_count() or 1) or 1
     engine = f"dask {scheduler}" if scheduler else ("inline" if n == 1 else f"{n} processes")
     interrupted = False
+    lost: dict[str, str] = {}
     try:
         if scheduler:
-            _run_dask(todo, scheduler, done, connect_timeout, stopped)
+            _run_dask(todo, scheduler, done, connect_timeout, stopped, missed_heartbeats, lost)
         elif n == 1:
             for i, p, task in todo:
                 if stopped():
@@ -262,29 +281,18 @@ def run_plan(
             )
             results[i] = _failed(p, why)
     result = FleetResult(
-        [results[i] for i in range(len(plan.pairs))], time.perf_counter() - started, engine
+        [results[i] for i in range(len(plan.pairs))],
+        time.perf_counter() - started,
+        engine,
+        lost_workers=lost,
     )
-    _publish_index(plan, result)
+    from .index import publish_pairs
+
+    ok = [(p.model, p.device) for p in result.pairs if p.status in ("done", "skipped")]
+    result.index, result.index_error = publish_pairs(plan.job, ok)
     if interrupted:
         raise FleetInterrupted(result)
     return result
-
-
-def _publish_index(plan: Plan, result: FleetResult) -> None:
-    """Index every pair that is done or skipped (see :mod:`.index`)."""
-    from ..errors import PteStoreError
-    from .index import index_entries, index_url, publish_index
-
-    ok = [(p.model, p.device) for p in result.pairs if p.status in ("done", "skipped")]
-    if not ok:
-        return
-    url = index_url(plan.job)
-    try:
-        result.index = publish_index(
-            url, index_entries(plan.job, ok), dict(plan.job.storage_options)
-        )
-    except PteStoreError as exc:
-        result.index_error = str(exc)
 
 
 def _run_pool(
@@ -340,9 +348,11 @@ def _run_dask(
     done: Callable[[int, PlannedPair, PairResult], None],
     connect_timeout: float,
     stopped: Callable[[], bool],
+    missed_heartbeats: int,
+    lost: dict[str, str],
 ) -> None:
     try:
-        from distributed import Client, as_completed
+        from distributed import Client
     except ImportError as exc:
         raise ConfigurationError(
             f"--scheduler {scheduler}: Dask distributed is not installed: install "
@@ -356,26 +366,75 @@ def _run_dask(
             f"{connect_timeout:g} s: {exc}"
         ) from exc
     run_id = uuid.uuid4().hex[:8]
+    futures: dict[Any, tuple[int, PlannedPair]] = {}
     try:
-        futures = {}
         for i, p, task in todo:
             key = f"ptestore-pair-{run_id}-{i}-{task.model}-{task.device.name}"
             futures[client.submit(run_pair_on_worker, task, key=key, pure=False)] = (i, p)
-        for fut in as_completed(list(futures)):  # type: ignore[no-untyped-call]
-            i, p = futures[fut]
-            try:
-                r = fut.result()
-            except WorkerUnfit:
-                client.cancel([f for f in futures if not f.done()])  # type: ignore[no-untyped-call]
-                raise
-            except Exception as exc:  # KilledWorker after too many worker losses, ...
-                r = _failed(p, f"Dask task failed: {type(exc).__name__}: {exc}")
-            done(i, p, r)
-            if stopped():
-                client.cancel([f for f in futures if not f.done()])  # type: ignore[no-untyped-call]
-                break
+        _drain_dask(client, futures, scheduler, done, stopped, missed_heartbeats, lost)
     except KeyboardInterrupt:
         client.cancel([f for f in futures if not f.done()])  # type: ignore[no-untyped-call]
         raise
     finally:
         client.close()  # type: ignore[no-untyped-call]
+
+
+def _drain_dask(
+    client: Any,
+    futures: dict[Any, tuple[int, PlannedPair]],
+    scheduler: str,
+    done: Callable[[int, PlannedPair, PairResult], None],
+    stopped: Callable[[], bool],
+    missed_heartbeats: int,
+    lost: dict[str, str],
+) -> None:
+    """Wait for the pairs' tasks, one heartbeat interval at a time: a worker that stops
+    sending heartbeats is removed (its pairs rescheduled), and pairs no worker is left
+    to run are failed (see :mod:`.watch`)."""
+    import asyncio
+
+    from distributed import wait
+
+    from .watch import WorkerWatch
+
+    watch = WorkerWatch(client, scheduler, missed_heartbeats)
+    watch.lost = lost  # the run's result reports them
+    pending = set(futures)
+    while pending:
+        try:
+            finished, pending = wait(  # type: ignore[no-untyped-call]
+                pending, timeout=watch.interval, return_when="FIRST_COMPLETED"
+            )
+        except (TimeoutError, asyncio.TimeoutError):
+            finished = set()
+        for fut in sorted(finished, key=lambda f: futures[f][0]):
+            i, p = futures[fut]
+            try:
+                # Its result is on the worker that ran it, which may hang now: fetched
+                # a heartbeat interval at a time (a lost worker's is computed again).
+                r = fut.result(timeout=watch.interval)
+            except (TimeoutError, asyncio.TimeoutError):
+                pending.add(fut)
+                continue
+            except WorkerUnfit:
+                client.cancel([f for f in futures if not f.done()])
+                raise
+            except Exception as exc:  # KilledWorker after too many worker losses, ...
+                why_lost = watch.describe()
+                r = _failed(
+                    p,
+                    f"Dask task failed: {type(exc).__name__}: {exc}"
+                    + (f" (lost workers: {why_lost})" if why_lost else ""),
+                )
+            done(i, p, r)
+            if stopped():
+                client.cancel([f for f in futures if not f.done()])
+                return
+        watch.poll()
+        why = watch.stranded()
+        if why is not None and pending:
+            client.cancel(list(pending))
+            for fut in sorted(pending, key=lambda f: futures[f][0]):
+                i, p = futures[fut]
+                done(i, p, _failed(p, why))
+            return

@@ -1,30 +1,64 @@
 """``ptestore.select``: the best artifact of a model for a device, from a job's index.
 
-Every entry of the model is rated by the backends that made it (their
-``check_compatibility(stamped string, device)``, loaded here by the SPEC the index
-records): an entry is as good as its worst backend. ``optimal`` beats
-``prefer_respecialization``; among equals the entry made for the device's own name
-wins. When nothing fits (every entry ``unsupported``, or the backends are not
-installed here), the answer is the model's portable source. The answer says why.
+An index is data: nothing it names is imported or called. Every entry of the model
+is rated on this machine by the backends **installed here** (registered with
+``register_backend``, an entry point of ``ptestore.backends``, or one of ptestore's
+own), found by the id each of the entry's ``compatibility[]`` stamps records (the
+stamp's ``spec`` is used only when it is an installed name, never as an import path or
+with its ``=ARGUMENT``); each is asked ``check_compatibility(stamped string, device)``.
+
+The rule for combining the ratings of an entry's backends: **the worst wins**, in the
+order ``optimal`` > ``prefer_respecialization`` > ``no_opinion`` > ``unsupported``. A
+backend that does not define ``check_compatibility``, or an id no backend installed
+here serves, is ``no_opinion``: never ``optimal``. Who may get an entry:
+
+- the device it was made for (the same name and, when the index records it, the same
+  options digest): any rating but ``unsupported``;
+- any other device (one the job did not name, or another profile): only when every
+  backend installed here positively rates it for that device (``optimal`` or
+  ``prefer_respecialization``), or when the entry is **generic** (no backend made any of
+  its data: its ``compatibility`` list is empty). ``no_opinion`` is never enough to hand
+  a device another device's build.
+
+``optimal`` beats ``prefer_respecialization`` beats ``no_opinion``; among equals the entry
+made for the device wins. When nothing fits, the answer is the model's portable source.
+The answer says why.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..backends.compat import Compatibility, DeviceProfile
-from ..backends.registry import load_backend
 from ..errors import ConfigurationError, PteStoreError
 
-__all__ = ["Choice", "select"]
+if TYPE_CHECKING:
+    from ..backends.api import BackendInterface
+
+__all__ = ["NO_OPINION", "Choice", "combine", "select"]
+
+#: The rating of a backend that has no compatibility check (or is not installed here).
+NO_OPINION = "no_opinion"
 
 _RANK = {
-    Compatibility.OPTIMAL: 2,
-    Compatibility.PREFER_RESPECIALIZATION: 1,
-    Compatibility.UNSUPPORTED: 0,
+    Compatibility.OPTIMAL.value: 3,
+    Compatibility.PREFER_RESPECIALIZATION.value: 2,
+    NO_OPINION: 1,
+    Compatibility.UNSUPPORTED.value: 0,
 }
+_POSITIVE = (Compatibility.OPTIMAL.value, Compatibility.PREFER_RESPECIALIZATION.value)
+
+
+def combine(ratings: list[str]) -> str:
+    """The rating of an artifact from its backends' ratings: the worst wins
+    (``optimal`` > ``prefer_respecialization`` > ``no_opinion`` > ``unsupported``);
+    no ratings at all is ``no_opinion``."""
+    for r in ratings:
+        if r not in _RANK:
+            raise ValueError(f"unknown rating {r!r} (known: {', '.join(_RANK)})")
+    return min(ratings, key=_RANK.__getitem__) if ratings else NO_OPINION
 
 
 @dataclass
@@ -58,25 +92,98 @@ class Choice:
         }
 
 
-def _rate(entry: dict[str, Any], device: DeviceProfile) -> tuple[Compatibility, str]:
-    worst, why = Compatibility.OPTIMAL, "every backend rates it optimal"
-    for stamp in entry.get("compatibility") or []:
-        spec = stamp.get("spec", "")
-        try:
-            impl = load_backend(spec)
-            rating = impl.check_compatibility(stamp.get("compatibility", ""), device)
-        except PteStoreError as exc:
-            return Compatibility.UNSUPPORTED, f"backend {spec!r} cannot rate it here: {exc}"
-        except Exception as exc:
-            return Compatibility.UNSUPPORTED, (
-                f"backend {spec!r}: check_compatibility failed: {type(exc).__name__}: {exc}"
-            )
-        if not isinstance(rating, Compatibility):  # a backend that breaks its contract
-            return Compatibility.UNSUPPORTED, f"backend {spec!r} returned {rating!r}"  # type: ignore[unreachable]
-        if _RANK[rating] < _RANK[worst]:
-            worst = rating
-            why = f"{spec} rates its {stamp.get('id')} data {rating.value}"
-    return worst, why
+class _Raters:
+    """The backends installed here, looked up by the id (or installed name) a stamp
+    records; each loaded at most once per :func:`select`."""
+
+    def __init__(self) -> None:
+        from ..backends.registry import installed_backends
+
+        self._installed = [i for i in installed_backends() if i.error is None]
+        self._serves = {i.name: i.serves for i in self._installed}
+        self._loaded: dict[str, BackendInterface | str] = {}
+
+    def find(self, backend_id: str, spec: str) -> tuple[BackendInterface | None, str]:
+        """The implementation installed here for a stamp, and how it was found (or, with
+        None, why there is none)."""
+        ref = spec.partition("=")[0].partition("@")[0].strip()
+        name = None
+        if self._serves.get(ref) in (backend_id, "*"):  # an installed name for this id
+            name = ref
+        else:
+            name = next((i.name for i in self._installed if i.serves == backend_id), None)
+        if name is None:
+            return None, f"no backend installed here serves {backend_id!r}"
+        if name not in self._loaded:
+            from ..backends.registry import load_backend
+
+            try:
+                self._loaded[name] = load_backend(name)  # a name, never the index's text
+            except PteStoreError as exc:
+                self._loaded[name] = str(exc)
+        impl = self._loaded[name]
+        if isinstance(impl, str):
+            return None, f"the backend installed here as {name!r} cannot be loaded: {impl}"
+        return impl, f"installed {name!r}"
+
+
+def _has_check(impl: BackendInterface) -> bool:
+    from ..backends.api import BackendInterface
+
+    own = "check_compatibility" in getattr(impl, "__dict__", {})
+    return own or type(impl).check_compatibility is not BackendInterface.check_compatibility
+
+
+def _rate_stamp(stamp: dict[str, Any], device: DeviceProfile, raters: _Raters) -> tuple[str, str]:
+    """One backend's rating of its stamp for ``device``, and why."""
+    backend_id, spec = str(stamp.get("id", "")), str(stamp.get("spec", ""))
+    impl, how = raters.find(backend_id, spec)
+    if impl is None:
+        return NO_OPINION, f"{backend_id}: {how} (no opinion)"
+    if not _has_check(impl):
+        return NO_OPINION, f"{backend_id}: {how} has no compatibility check (no opinion)"
+    try:
+        rating = impl.check_compatibility(str(stamp.get("compatibility", "")), device)
+    except PteStoreError as exc:
+        return Compatibility.UNSUPPORTED.value, f"{backend_id}: {how} cannot rate it: {exc}"
+    except Exception as exc:  # backend code is user code
+        return Compatibility.UNSUPPORTED.value, (
+            f"{backend_id}: {how}: check_compatibility failed: {type(exc).__name__}: {exc}"
+        )
+    if not isinstance(rating, Compatibility):  # a backend that breaks its contract
+        return Compatibility.UNSUPPORTED.value, f"{backend_id}: {how} returned {rating!r}"  # type: ignore[unreachable]
+    return rating.value, f"{backend_id}: {how} rates it {rating.value}"
+
+
+def _own(entry: dict[str, Any], device: DeviceProfile, by_name: bool = False) -> bool:
+    """Whether ``entry`` was made for ``device``: its name and, when recorded (and the
+    device was not given by name only), its options digest."""
+    if entry.get("device") != device.name:
+        return False
+    digest = entry.get("device_digest")
+    return by_name or digest is None or digest == device.digest()
+
+
+def _rate(
+    entry: dict[str, Any], device: DeviceProfile, raters: _Raters, by_name: bool
+) -> tuple[str, str, bool]:
+    """An entry's rating for ``device``, why, and whether the device may get it."""
+    stamps = entry.get("compatibility") or []
+    rated = [_rate_stamp(s, device, raters) for s in stamps]
+    rating = combine([r for r, _ in rated])
+    why = "; ".join(w for _, w in rated) or "no backend made any of its data (generic)"
+    if rating == Compatibility.UNSUPPORTED.value:
+        return rating, why, False
+    if _own(entry, device, by_name) or not stamps or rating in _POSITIVE:
+        return rating, why, True
+    return (
+        rating,
+        (
+            f"{why}: made for another device, and not every backend installed here rates it "
+            "for this one"
+        ),
+        False,
+    )
 
 
 def select(
@@ -99,28 +206,28 @@ def select(
         raise ConfigurationError(
             f"index has no model {model!r} (models: {', '.join(models) or 'none'})"
         )
+    by_name = isinstance(device, str)
     if isinstance(device, str):
         own = next((e for e in entries if e.get("device") == device), None)
         options = own.get("device_options") if own is not None else None
         device = DeviceProfile(device, options or {})
-    rated = []
-    for e in entries:
-        rating, why = _rate(e, device)
-        rated.append((e, rating, why))
+    raters = _Raters()
+    rated = [(e, *_rate(e, device, raters, by_name)) for e in entries]
     candidates = [
-        {"made_for": e.get("device"), "rating": r.value, "reason": why} for e, r, why in rated
+        {"made_for": e.get("device"), "rating": r, "eligible": ok, "reason": why}
+        for e, r, why, ok in rated
     ]
-    fits = [x for x in rated if x[1] is not Compatibility.UNSUPPORTED]
+    fits = [x for x in rated if x[3]]
     if fits:
-        fits.sort(key=lambda x: (-_RANK[x[1]], x[0].get("device") != device.name))
-        e, rating, why = fits[0]
+        fits.sort(key=lambda x: (-_RANK[x[1]], not _own(x[0], device, by_name)))
+        e, rating, why, _ = fits[0]
         return Choice(
             model,
             device.name,
             "artifact",
             e["pte"],
             e.get("ptd"),
-            rating.value,
+            rating,
             f"made for {e.get('device')!r}: {why}",
             e.get("device"),
             candidates,

@@ -12,8 +12,12 @@ pytest then runs every check over the small real programs shipped with ptestore
 (:mod:`ptestore.testing.programs`: plain, quantized, aliased scales, a blob shared by two
 delegates, two methods, weights in a ``.ptd``):
 
-- ``test_runs_or_declines``: the run succeeds, or the backend declines (``NotSupported``,
-  or writes nothing) and says why;
+- ``test_runs_or_declines``: the run succeeds, or the backend declines and says why
+  (``NotSupported('why')``; returning without writing anything says nothing, and fails);
+- ``test_specializes_something``: over all the programs, the backend replaces something
+  somewhere: one that declines (or replaces nothing in) every program fails, unless the
+  class sets ``declines_on_purpose = True`` (a backend that only inspects, or
+  passthrough);
 - ``test_keeps_keys_and_shared_bytes``: the output has the same keys, and keys that share
   stored bytes in the source still hold identical bytes;
 - ``test_second_run_changes_nothing``: specializing the output again gives the same
@@ -33,7 +37,12 @@ Hooks (override what you need): :meth:`make_device` (the device profile of the r
 :meth:`contract_programs` (which programs; add your own :class:`Program`),
 :meth:`reference_outputs` and :meth:`tolerance` (what the runtime must return),
 :meth:`rerun_changes`, and the class attributes ``serve_id`` (make a generic backend
-serve one id, as ``SPEC@ID`` does) and ``changes_sizes``.
+serve one id, as ``SPEC@ID`` does), ``changes_sizes`` and ``declines_on_purpose``.
+
+``tests/backends/test_backend_kit_meta.py`` runs the kit over wrong backends (one that
+does nothing, a typo that declines everywhere, nondeterministic, not idempotent, one
+that changes what the model computes, an output that lost a key) and checks that each
+is failed by the check meant to catch it, and that disabling any check is noticed.
 
 Each program is specialized a few times per class (first run, second run, a determinism
 run, a run without a device) and the results are shared by the checks.
@@ -111,6 +120,9 @@ class BackendContract:
     #: The backend changes the byte size of named data on purpose
     #: (``BackendData(..., allow_size_change=True)``).
     changes_sizes: ClassVar[bool] = False
+    #: The backend replaces nothing in any of the programs on purpose (it only inspects,
+    #: or it is a pass-through); without it, declining everywhere fails.
+    declines_on_purpose: ClassVar[bool] = False
 
     # -- hooks --------------------------------------------------------------------
     def make_backend(self) -> BackendInterface:
@@ -205,7 +217,7 @@ class BackendContract:
                         outcome.ptd = f.read()
                 for b in report.backends:
                     if b.status == "not_supported":
-                        outcome.declined[b.backend_id] = getattr(b, "reason", None) or ""
+                        outcome.declined[b.backend_id] = _said_why(b.reason)
         _OUTCOMES[cache_key] = outcome
         return outcome
 
@@ -238,12 +250,38 @@ class BackendContract:
                     "(raise NotSupported('why'))"
                 )
 
+    def test_specializes_something(self) -> None:
+        if self.declines_on_purpose:
+            return
+        why = []
+        for program in self.contract_programs():
+            outcome = self._first(program)
+            assert outcome.report is not None
+            if any(b.keys_replaced or b.blobs_replaced for b in outcome.report.backends):
+                return
+            reasons = [
+                f"{b.backend_id}: {b.status}" + (f" ({b.reason})" if b.reason else "")
+                for b in outcome.report.backends
+            ]
+            why.append(f"{program.name}: {'; '.join(reasons) or 'no backend id'}")
+        pytest.fail(
+            "the backend replaced nothing in any program of the kit ("
+            + " | ".join(why)
+            + "); if it declines everything on purpose, set declines_on_purpose = True",
+            pytrace=False,
+        )
+
     def test_keeps_keys_and_shared_bytes(self, program: Program) -> None:
         outcome = self._first(program)
-        with _named(program.pte.read_bytes(), _read(program.ptd)) as src, _named(
-            outcome.pte, outcome.ptd
-        ) as out:
-            assert sorted(out.keys()) == sorted(src.keys())
+        with (
+            _named(program.pte.read_bytes(), _read(program.ptd)) as src,
+            _named(outcome.pte, outcome.ptd) as out,
+        ):
+            have, want = set(out.keys()), set(src.keys())
+            assert have == want, (
+                f"{program.name}: the output's keys are not the source's: missing "
+                f"{sorted(want - have)}, not in the source {sorted(have - want)}"
+            )
             for key in src:
                 value = bytes(out.get_data(key))
                 for other in src.get_shared_keys(key):
@@ -271,9 +309,10 @@ class BackendContract:
         outcome = self._first(program)
         assert outcome.report is not None
         replaced = {k for b in outcome.report.backends for k in b.keys_replaced}
-        with _named(program.pte.read_bytes(), _read(program.ptd)) as src, _named(
-            outcome.pte, outcome.ptd
-        ) as out:
+        with (
+            _named(program.pte.read_bytes(), _read(program.ptd)) as src,
+            _named(outcome.pte, outcome.ptd) as out,
+        ):
             for key in sorted(replaced):
                 info = src.get_tensor_info(key)
                 size = len(out.get_data(key))
@@ -357,6 +396,17 @@ def _read(path: os.PathLike[str] | None) -> bytes | None:
         return None
     with open(path, "rb") as f:
         return f.read()
+
+
+#: How ptestore reports a backend that returned without writing anything (not a reason
+#: the backend gave).
+_SILENT = "returned without writing anything ("
+
+
+def _said_why(reason: str | None) -> str:
+    """The reason a backend gave for declining ("" when it gave none: ptestore's own
+    note that it wrote nothing is not the backend saying why)."""
+    return "" if not reason or reason.startswith(_SILENT) else reason
 
 
 def _allow_unchanged() -> dict[str, Any]:

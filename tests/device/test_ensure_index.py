@@ -83,7 +83,10 @@ def test_fetched_once_hit_while_current_refetched_when_stale_kept_when_corrupt(
     old_bytes = pte.read_bytes()
     _fleet_run(_job(tmp_path, str(out), scale=3.0), capsys)
     assert pte.read_bytes() != old_bytes
-    fresh = ptestore.ensure(index, cache_dir=cache, model="m", device=A)
+    # (The device asks with the profile the job now names: select gives a device only
+    # the build made for its own profile, or one its installed backends vouch for.)
+    a3 = DeviceProfile("a", {"soc": "x", "scale": 3.0})
+    fresh = ptestore.ensure(index, cache_dir=cache, model="m", device=a3)
     assert fresh.created and fresh.key == first.key and fresh.pte == first.pte
     assert Path(fresh.pte).read_bytes() == pte.read_bytes()
     assert [e.key for e in list_entries(cache)] == [first.key]
@@ -91,12 +94,13 @@ def test_fetched_once_hit_while_current_refetched_when_stale_kept_when_corrupt(
     # Another run, then its artifact is damaged: the download does not match the index,
     # nothing is published, and the cache is exactly as it was.
     _fleet_run(_job(tmp_path, str(out), scale=4.0), capsys)
+    a4 = DeviceProfile("a", {"soc": "x", "scale": 4.0})
     before = _tree(cache)
     data = bytearray(pte.read_bytes())
     data[len(data) // 3] ^= 1
     pte.write_bytes(bytes(data))
     with pytest.raises(IntegrityError) as info:
-        ptestore.ensure(index, cache_dir=cache, model="m", device=A)
+        ptestore.ensure(index, cache_dir=cache, model="m", device=a4)
     assert str(info.value).startswith(f"{pte}: downloaded bytes have sha256:")
     assert ", the index names sha256:" in str(info.value)
     # The entry's files and manifest are as they were; the good .ptd, checked before the
@@ -108,7 +112,7 @@ def test_fetched_once_hit_while_current_refetched_when_stale_kept_when_corrupt(
     assert [e.state for e in list_entries(cache)] == ["ready"]
     before = after
     argv = ["ensure", index, "--cache-dir", str(cache), "--model", "m", "--device", "a"]
-    assert main([*argv, "--device-option", "soc=x", "--device-option", "scale=2.0"]) == 1
+    assert main([*argv, "--device-option", "soc=x", "--device-option", "scale=4.0"]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"ptestore ensure: failed, nothing published: {pte}: downloaded ")
     assert _tree(cache) == before

@@ -87,7 +87,7 @@ def test_dask_cluster_matches_the_pool_even_when_a_worker_dies(
         rerun = run_job(dask_job, workers=1)
         assert {k for k, v in statuses(rerun).items() if v == "done"} == {
             (p.model, p.device) for p in failed
-        }
+        }, [p.error for p in failed]
     again = run_job(dask_job, workers=1)
     assert set(statuses(again).values()) == {"skipped"}
     # Same results as a local run of each pair: same container bytes, same key.

@@ -182,3 +182,7 @@ def test_unreachable_scheduler_is_a_configuration_error(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigurationError, match="--workers must be >= 1, got 0"):
         run_job(job, workers=0)
+    with pytest.raises(ConfigurationError, match=r"^missed_heartbeats must be >= 1, got 0$"):
+        run_job(job, scheduler="tcp://127.0.0.1:1", missed_heartbeats=0)
+    with pytest.raises(ConfigurationError, match=r"^missed_heartbeats must be an int, got 2.5$"):
+        run_job(job, missed_heartbeats=2.5)  # type: ignore[arg-type]

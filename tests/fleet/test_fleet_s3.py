@@ -38,7 +38,16 @@ def test_fleet_with_faults_reruns_and_changes(
         code = main(["fleet", "run", str(job_path), "--workers", "2", "--json"])
         first = json.loads(capsys.readouterr().out)
         assert faults.injected > 20, faults
-        assert set(first) == {"done", "skipped", "failed", "index", "index_error", "pairs"}
+        assert set(first) == {
+            "done",
+            "skipped",
+            "failed",
+            "index",
+            "index_error",
+            "lost_workers",
+            "pairs",
+        }
+        assert first["lost_workers"] == {}
         assert first["index"] is not None and first["index_error"] is None
         assert len(first["pairs"]) == len(pairs)
         for entry in first["pairs"]:

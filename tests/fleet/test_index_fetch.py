@@ -90,7 +90,13 @@ def test_index_select_and_fetch_locally(tmp_path: Path, capsys: pytest.CaptureFi
     assert a["device_options"] == {"soc": "x", "scale": 2.0}
 
     # select: the device's own artifact; another device of the same SoC gets an optimal
-    # one; an unknown SoC falls back to the portable source, saying why.
+    # one (rated by the backend installed on the selecting device, never by what the
+    # index names); an unknown SoC falls back to the portable source, saying why.
+    from support.fleet_backend import Scaler
+
+    from ptestore.backends import register_backend, unregister_backend
+
+    register_backend(Scaler, "scaler")  # installed on the selecting device
     own = ptestore.select(index, "m", "a")
     assert (own.kind, own.made_for, own.rating) == ("artifact", "a", "optimal")
     assert main(["select", first["index"], "--model", "m", "--device", "new",
@@ -101,6 +107,7 @@ def test_index_select_and_fetch_locally(tmp_path: Path, capsys: pytest.CaptureFi
     assert none.kind == "source" and none.pte["url"] == str(EXT.pte_path)
     assert none.reason.startswith("no artifact of 'm' fits 'z' (a: ")
     assert none.reason.endswith("falling back to the portable source")
+    unregister_backend("scaler")
     assert main(["select", first["index"], "--model", "nope", "--device", "a"]) == 2
     assert "index has no model 'nope' (models: m)" in capsys.readouterr().err
 

@@ -129,12 +129,31 @@ def test_device_options_and_names_on_the_cli(
     assert capsys.readouterr().out.strip() == f"{pte}: current"
     assert main([*base, "--device-option", "soc=x", "--device-option", "scale=5.0"]) == 1
     assert "(options changed: scale 2.0 -> 5.0)" in capsys.readouterr().err
-    assert main([*base, "--json"]) == 1  # name only: no soc, the backend cannot confirm it
+    # The name only: the backends rate it with the options recorded for 'a' (the
+    # artifact is correct, so it is current, not stale for want of repeating them).
+    assert main([*base, "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
-    assert [f["field"] for f in shown["findings"]] == ["backends.compatibility"]
-    assert "for 'a' (stamped 'scaler;soc=x;v=1.0')" in shown["findings"][0]["message"]
+    assert (shown["status"], shown["findings"]) == ("current", [])
+    assert shown["compatibility"] == {"XnnpackBackend": "optimal"}
+    assert verify(pte, backends=[SPEC], device="a").status == "current"
     assert main(["verify", str(pte), "--device-option", "soc=x"]) == 2
     assert "--device-option needs --device NAME" in capsys.readouterr().err
+
+
+def test_a_device_name_the_record_keeps_no_options_for(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Another name than the record's: the backends get a profile without options, and
+    # the finding says which option to give, besides the name's own finding.
+    pte, _ = _make(tmp_path, A)
+    report = verify(pte, backends=[SPEC], device="zz")
+    assert [f.field for f in report.findings] == ["backends.compatibility", "device.name"]
+    assert report.findings[0].message == (
+        "support.fleet_backend:Scaler=1.0 rates the XnnpackBackend data unsupported for "
+        "'zz' (stamped 'scaler;soc=x;v=1.0'); no options were given: give the profile's "
+        "options (--device-option K=V)"
+    )
+    assert report.findings[1].message == "made for 'a', expected 'zz'"
 
 
 def test_no_provenance_and_the_pass_through_no_op(tmp_path: Path) -> None:
@@ -197,3 +216,21 @@ def test_the_compatibility_example_in_the_docs_works_without_a_device() -> None:
     assert backend.check_compatibility(info, npu) is Compatibility.UNSUPPORTED
     made = backend.compatibility_info(types.SimpleNamespace(device=npu))
     assert backend.check_compatibility(made, npu) is Compatibility.OPTIMAL
+
+
+def test_a_record_without_device_options_says_to_give_them(pair: tuple[Path, Path]) -> None:
+    from ptestore.provenance.record import Provenance
+    from ptestore.verification import _named_profile
+
+    pte, _ = pair
+    trailer = read_trailer(open_loader(pte))
+    assert trailer is not None
+    record = trailer.record()
+    assert _named_profile("a", Provenance.from_dict(record, str(pte))) == (A, "")
+    del record["device"]["options"]  # as records of older versions, which kept only the digest
+    profile, hint = _named_profile("a", Provenance.from_dict(record, str(pte)))
+    assert profile == DeviceProfile("a")
+    assert hint == (
+        "; the record keeps no options of the device it was made for: give the profile's "
+        "options (--device-option K=V)"
+    )

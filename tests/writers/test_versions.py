@@ -225,9 +225,10 @@ def test_a_specialization_that_cannot_fit_fails_before_its_first_byte(
     4 MiB file system fails before the copies with the figures and ENOSPC, and leaves
     nothing (it used to copy until the disk was full). One 3 MiB value is replaced (its
     spool fits); the other 3 MiB are copied."""
-    import ptestore
     from support.fixtures import FIXTURES_DIR
     from support.large import ReplaceKey, inflate
+
+    import ptestore
 
     src = tmp_path / "big.pte"
     inflate(FIXTURES_DIR / "mlp_xnnpack.pte", src, 3 << 20)  # two keys: 6 MiB of values

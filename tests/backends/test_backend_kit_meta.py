@@ -1,0 +1,288 @@
+"""Meta-tests of the backend kit (``ptestore.testing.BackendContract``): the kit run over
+wrong backends fails each one, by the check meant to catch it, and disabling any one of
+the kit's checks makes a test here fail.
+
+The wrong backends: one that does nothing, a one-word typo that makes it decline
+everywhere, one that declines everywhere saying why (passes only with
+``declines_on_purpose``), nondeterministic, not idempotent, one that changes what the
+model computes, one that writes non-finite weights, one that rates its own build
+unsupported, and an output that lost a key (what a broken writer would give: a backend
+cannot drop keys through the API, so the kit's key check guards ptestore itself)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import numpy as np
+import pytest
+
+from ptestore.backends import (
+    BackendData,
+    BackendDataInitContext,
+    BackendDataWriter,
+    BackendInterface,
+)
+from ptestore.backends.compat import Compatibility, DeviceProfile
+from ptestore.errors import NotSupported
+from ptestore.testing import BackendContract, Program, shipped_program
+from ptestore.testing.backend_contract import Outcome
+
+PROGRAMS = [shipped_program("mlp_xnnpack"), shipped_program("mlp_xnnpack_ext")]
+
+#: Every check of the kit (a new one needs a wrong backend below that only it catches).
+CHECKS = sorted(n for n in vars(BackendContract) if n.startswith("test_"))
+
+
+def _floats(context: BackendDataInitContext) -> Iterator[tuple[str, np.ndarray]]:
+    """Every float32 named value of the model, as a writable copy."""
+    for _ in context:
+        pass
+    named = context.get_named_data_map()
+    for key in named:
+        info = named.get_tensor_info(key)
+        if info is not None and info.dtype == "float32":
+            yield key, np.frombuffer(bytes(named.get_data(key)), dtype=np.float32).copy()
+
+
+class _Rewrite(BackendInterface):
+    """A backend that rewrites every float32 weight with :meth:`change`."""
+
+    name = "XnnpackBackend"
+    version = "1.0"
+
+    def change(self, values: np.ndarray) -> np.ndarray:
+        return values  # the same bytes: a correct (if useless) backend
+
+    def initialize_backend_data(
+        self, context: BackendDataInitContext, output: BackendDataWriter
+    ) -> None:
+        for key, values in _floats(context):
+            output.write_named_data(key, BackendData(self.change(values).tobytes()))
+
+
+class DoesNothing(BackendInterface):
+    name = "XnnpackBackend"
+
+    def initialize_backend_data(
+        self, context: BackendDataInitContext, output: BackendDataWriter
+    ) -> None:
+        for _ in context:
+            pass
+
+
+class Typo(_Rewrite):
+    """Meant to double every float32 weight; a typo in the dtype makes it decline
+    everywhere without a word."""
+
+    def initialize_backend_data(
+        self, context: BackendDataInitContext, output: BackendDataWriter
+    ) -> None:
+        named = context.get_named_data_map()
+        for _ in context:
+            pass
+        for key in named:
+            info = named.get_tensor_info(key)
+            if info is not None and info.dtype == "flaot32":
+                raw = np.frombuffer(bytes(named.get_data(key)), dtype=np.float32)
+                output.write_named_data(key, BackendData((raw * 2).tobytes()))
+
+
+class DeclinesSayingWhy(BackendInterface):
+    name = "XnnpackBackend"
+
+    def initialize_backend_data(
+        self, context: BackendDataInitContext, output: BackendDataWriter
+    ) -> None:
+        raise NotSupported("this backend only packs int4 weights")
+
+
+class Nondeterministic(_Rewrite):
+    def change(self, values: np.ndarray) -> np.ndarray:
+        noise = np.random.default_rng(int.from_bytes(os.urandom(8), "little"))
+        return values + noise.uniform(-1e-6, 1e-6, values.shape).astype(np.float32)
+
+
+class NotIdempotent(_Rewrite):
+    def change(self, values: np.ndarray) -> np.ndarray:
+        return values * np.float32(1.5)
+
+
+class ChangesOutputs(_Rewrite):
+    """Idempotent and deterministic, but the model computes something else."""
+
+    def change(self, values: np.ndarray) -> np.ndarray:
+        return np.full_like(values, 0.5)
+
+
+class NonFinite(_Rewrite):
+    def change(self, values: np.ndarray) -> np.ndarray:
+        return np.full_like(values, np.nan)
+
+
+class RatesItsOwnBuildUnsupported(_Rewrite):
+    def check_compatibility(self, info: str, device: DeviceProfile | None) -> Compatibility:
+        return Compatibility.UNSUPPORTED
+
+
+class _Kit(BackendContract):
+    backend: ClassVar[type[BackendInterface]] = _Rewrite
+
+    def make_backend(self) -> BackendInterface:
+        return self.backend()
+
+    def contract_programs(self) -> list[Program]:
+        return PROGRAMS
+
+
+def _kit(backend: type[BackendInterface], **attrs: Any) -> type[BackendContract]:
+    return type(f"Kit{backend.__name__}", (_Kit,), {"backend": backend, **attrs})
+
+
+class _LostKey(_Kit):
+    """A correct backend whose output then lost a key (renamed in the metadata)."""
+
+    def _run(self, program: Program, run: str, *args: Any, **kwargs: Any) -> Outcome:
+        outcome = super()._run(program, run, *args, **kwargs)
+        if run == "first" and outcome.error is None and not getattr(outcome, "lost", False):
+            with program_named(program) as named:
+                key = sorted(named.keys())[0].encode()
+            gone = key[:-1] + (b"0" if key[-1:] != b"0" else b"1")
+            if outcome.ptd is not None and key in outcome.ptd:
+                outcome.ptd = outcome.ptd.replace(key, gone, 1)
+            else:
+                outcome.pte = outcome.pte.replace(key, gone, 1)
+            outcome.lost = True  # type: ignore[attr-defined]
+        return outcome
+
+
+def program_named(program: Program) -> Any:
+    from ptestore.testing import open_named_data
+
+    return open_named_data(program.pte, program.ptd)
+
+
+#: wrong backend -> the checks that must fail it (exactly those).
+WRONG: dict[str, tuple[type[BackendContract], set[str]]] = {
+    "does-nothing": (
+        _kit(DoesNothing),
+        {"test_runs_or_declines", "test_specializes_something"},
+    ),
+    "typo": (_kit(Typo), {"test_runs_or_declines", "test_specializes_something"}),
+    "declines-saying-why": (_kit(DeclinesSayingWhy), {"test_specializes_something"}),
+    "nondeterministic": (
+        _kit(Nondeterministic),
+        {"test_deterministic", "test_second_run_changes_nothing"},
+    ),
+    "not-idempotent": (
+        _kit(NotIdempotent),
+        {"test_second_run_changes_nothing", "test_loads_in_runtime"},
+    ),
+    "changes-outputs": (_kit(ChangesOutputs), {"test_loads_in_runtime"}),
+    "non-finite": (
+        _kit(NonFinite),
+        {"test_replacements_match_tensor_info", "test_loads_in_runtime"},
+    ),
+    "rates-own-build-unsupported": (
+        _kit(RatesItsOwnBuildUnsupported),
+        {"test_compatibility_round_trip"},
+    ),
+    "lost-key": (
+        _LostKey,
+        {
+            "test_deterministic",  # the other runs' outputs kept it
+            "test_keeps_keys_and_shared_bytes",
+            "test_replacements_match_tensor_info",
+            "test_loads_in_runtime",
+        },
+    ),
+}
+
+
+def _calls(check: str) -> list[dict[str, Any]]:
+    if check == "test_specializes_something":
+        return [{}]
+    if check == "test_compatibility_round_trip":
+        return [{"program": p, "with_device": d} for p in PROGRAMS for d in (True, False)]
+    return [{"program": p} for p in PROGRAMS]
+
+
+def failures(kit: type[BackendContract], check: str) -> list[str]:
+    """What ``check`` of ``kit`` says over the programs (empty: it passed)."""
+    out = []
+    for kwargs in _calls(check):
+        try:
+            getattr(kit(), check)(**kwargs)
+        except (Exception, pytest.fail.Exception) as exc:  # an error fails a check too
+            out.append(str(exc) if isinstance(exc, AssertionError) else repr(exc))
+    return out
+
+
+def failing_checks(kit: type[BackendContract]) -> set[str]:
+    return {c for c in CHECKS if failures(kit, c)}
+
+
+def test_the_checks_of_the_kit_are_the_ones_meta_tested() -> None:
+    assert CHECKS == [
+        "test_compatibility_round_trip",
+        "test_deterministic",
+        "test_keeps_keys_and_shared_bytes",
+        "test_loads_in_runtime",
+        "test_replacements_match_tensor_info",
+        "test_runs_or_declines",
+        "test_second_run_changes_nothing",
+        "test_specializes_something",
+    ]
+    caught = set().union(*(want for _, want in WRONG.values()))
+    assert caught == set(CHECKS), (
+        f"no wrong backend shows these checks work: {set(CHECKS) - caught}"
+    )
+
+
+def test_a_correct_backend_and_one_that_declines_on_purpose_pass() -> None:
+    assert failing_checks(_kit(_Rewrite)) == set()
+    assert failing_checks(_kit(DeclinesSayingWhy, declines_on_purpose=True)) == set()
+
+
+@pytest.mark.parametrize("name", sorted(WRONG))
+def test_the_kit_fails_each_wrong_backend(name: str) -> None:
+    kit, want = WRONG[name]
+    assert failing_checks(kit) == want
+
+
+def test_what_the_kit_says() -> None:
+    silent = failures(WRONG["does-nothing"][0], "test_runs_or_declines")
+    assert silent and all(
+        "backend 'XnnpackBackend' declined without saying why (raise NotSupported('why'))" in m
+        for m in silent
+    )
+    (everywhere,) = failures(WRONG["declines-saying-why"][0], "test_specializes_something")
+    assert everywhere == (
+        "the backend replaced nothing in any program of the kit (mlp_xnnpack: XnnpackBackend: "
+        "not_supported (this backend only packs int4 weights) | mlp_xnnpack_ext: "
+        "XnnpackBackend: not_supported (this backend only packs int4 weights)); if it "
+        "declines everything on purpose, set declines_on_purpose = True"
+    )
+    (typo, _) = failures(WRONG["typo"][0], "test_runs_or_declines")
+    assert "declined without saying why" in typo
+    assert any(
+        "two runs with fresh backend instances gave different bytes" in m
+        for m in failures(WRONG["nondeterministic"][0], "test_deterministic")
+    )
+    assert any(
+        "specializing the output again changed it" in m
+        for m in failures(WRONG["not-idempotent"][0], "test_second_run_changes_nothing")
+    )
+    lost = failures(_LostKey, "test_keeps_keys_and_shared_bytes")
+    assert len(lost) == 2
+    assert all(": the output's keys are not the source's: missing ['" in m for m in lost)
+
+
+@pytest.mark.parametrize("check", CHECKS)
+def test_disabling_a_check_is_noticed(check: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    name, (kit, _) = next((n, w) for n, w in sorted(WRONG.items()) if check in w[1])
+    assert failures(kit, check)  # the check, as shipped, fails this wrong backend
+    monkeypatch.setattr(BackendContract, check, lambda self, *a, **k: None)
+    with pytest.raises(AssertionError):
+        test_the_kit_fails_each_wrong_backend(name)
