@@ -1,10 +1,10 @@
 """``ptestore.select``: the best artifact of a model for a device, from a job's index.
 
-Every entry of the model is rated by the backends that made it (their
-``check_compatibility(stamped string, device)``, loaded here by the SPEC the index
-records): an entry is as good as its worst backend. ``optimal`` beats
-``prefer_respecialization``; among equals the entry made for the device's own name
-wins. When nothing fits (every entry ``unsupported``, or the backends are not
+Every live entry of the model (never a retired one, :mod:`.retire`) is rated by the
+backends that made it (their ``check_compatibility(stamped string, device)``, loaded
+here by the SPEC the index records): an entry is as good as its worst backend.
+``optimal`` beats ``prefer_respecialization``; among equals the entry made for the
+device's own name wins. When nothing fits (every entry ``unsupported``, or the backends are not
 installed here), the answer is the model's portable source. The answer says why.
 """
 
@@ -93,11 +93,15 @@ def select(
     from .index import load_index
 
     idx = index if isinstance(index, dict) else load_index(index, **(storage_options or {}))
-    entries = [e for e in idx.get("entries", []) if e.get("model") == model]
+    live = [e for e in idx.get("entries", []) if not e.get("retired")]  # fleet/retire.py
+    entries = [e for e in live if e.get("model") == model]
     if not entries:
-        models = sorted({str(e.get("model")) for e in idx.get("entries", [])})
+        models = sorted({str(e.get("model")) for e in live})
+        gone = any(e.get("model") == model for e in idx.get("entries", []))
         raise ConfigurationError(
-            f"index has no model {model!r} (models: {', '.join(models) or 'none'})"
+            f"index has no model {model!r}"
+            + (" (its entries are retired: the job no longer names it)" if gone else "")
+            + f" (models: {', '.join(models) or 'none'})"
         )
     if isinstance(device, str):
         own = next((e for e in entries if e.get("device") == device), None)
