@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigurationError, ObjectNotFound, PteStoreError
+from ..storage.types import StorageURL
 from .cache import CacheLayout, load_entry, read_manifest, remove_entry_locked
 from .keys import source_identity
 from .manifest import as_json
@@ -103,8 +104,10 @@ def _identity_changed(role: str, where: str, recorded: Any) -> str | None:
         now = source_identity(where)
     except ObjectNotFound:
         return f"its {role} {where} is gone"
-    except ConfigurationError as exc:  # no longer a regular file
-        return f"its {role} {where} is unusable: {exc}"
+    except ConfigurationError as exc:
+        if not StorageURL.of(where).local:  # options or an extra missing: not an answer
+            raise _Unknown(f"its {role} {where} could not be checked: {exc}") from exc
+        return f"its {role} {where} is unusable: {exc}"  # no longer a regular file
     except PteStoreError as exc:
         raise _Unknown(f"its {role} {where} could not be checked: {exc}") from exc
     if as_json(now) != recorded:

@@ -103,6 +103,44 @@ def test_an_in_place_entry_goes_without_its_file(tmp_path: Path) -> None:
     assert src.exists() and list_entries(cache) == []
 
 
+def test_a_remote_source_changed_or_gone(tmp_path: Path) -> None:
+    """fsspec's memory store reports no ETag: the identity is the SHA-256 of the object."""
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    url = "memory://prune-stale-test/model.pte"
+    fx = get_fixture("mlp_xnnpack")
+    assert fx.pte_path is not None
+    data = bytearray(fx.pte_path.read_bytes())
+    fs.pipe(url, bytes(data))
+    cache = tmp_path / "cache"
+    try:
+        made = ptestore.ensure(url, cache_dir=cache, backends=[SPEC])
+        assert prune_stale(cache).entries == []
+        data[-1] ^= 1
+        fs.pipe(url, bytes(data))
+        [e] = prune_stale(cache, dry_run=True).entries
+        assert (e.key, e.reason) == (made.key, f"its source {url} changed (sha256)")
+        fs.rm(url)
+        [e] = prune_stale(cache).entries
+        assert (e.reason, e.action) == (f"its source {url} is gone", "removed")
+    finally:
+        if fs.exists(url):
+            fs.rm(url)
+
+
+def test_a_source_that_cannot_be_judged_is_kept(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    assert main(["fleet", "run", str(_job(tmp_path, 2.0)), "--workers", "1", "-q"]) == 0
+    index = tmp_path / "out" / "ptestore-index.json"
+    made = ptestore.ensure(index, cache_dir=cache, model="m", device=A)
+    index.write_bytes(b"{damaged")
+    [e] = prune_stale(cache).entries
+    assert (e.key, e.action) == (made.key, "kept: unknown")
+    assert e.reason.startswith(f"its index {index} could not be read: {index}: index = ")
+    assert [x.key for x in list_entries(cache)] == [made.key]
+
+
 def _job(tmp: Path, scale: float) -> Path:
     job = tmp / "job.toml"
     job.write_text(
