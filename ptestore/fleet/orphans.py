@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import stat
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -114,7 +115,8 @@ class _Store:
                         st = os.lstat(full)
                     except OSError:
                         continue
-                    yield full, st.st_mtime, st.st_size
+                    if stat.S_ISREG(st.st_mode):  # a symlink is never one of ours
+                        yield full, st.st_mtime, st.st_size
             return
         scheme = self.url.protocol
         try:

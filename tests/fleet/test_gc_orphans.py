@@ -124,6 +124,8 @@ def test_retire_then_gc_locally(tmp_path: Path, capsys: pytest.CaptureFixture[st
     foreign.parent.mkdir()
     foreign.write_bytes(b"not an artifact")
     _backdate(foreign, WEEK + 60)
+    link = out / "notes" / "link.pte"  # a symlink to a retired artifact: not ours
+    link.symlink_to(out / "d2" / "mlp.pte")
     dry = _gc(["--job", str(job), "--dry-run"], capsys)
     assert _actions(dry, str(out)) == {
         "/d2/mlp.pte": "would remove",
@@ -139,7 +141,7 @@ def test_retire_then_gc_locally(tmp_path: Path, capsys: pytest.CaptureFixture[st
     }
     assert report["removed"] == 2
     assert not scaled.exists() and not (out / "d2" / "mlp.pte").exists()
-    assert fresh.exists() and foreign.exists() and source_ptd.exists()
+    assert fresh.exists() and foreign.exists() and source_ptd.exists() and link.is_symlink()
     assert main(["verify", "--job", str(job)]) == 0  # the live pairs are whole
     capsys.readouterr()
 
