@@ -253,3 +253,45 @@ def test_retire_then_gc_on_s3(
     assert keys() == before - {"out/d2/mlp.pte", scaled}
     assert main(["verify", "--job", str(job)]) == 0
     capsys.readouterr()
+
+
+def test_a_concurrent_runs_fresh_object_is_kept(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """gc while a real run stores a new shared .ptd (d3's scaled weights): whether the
+    run has published its index yet or not, the object is kept (young, or named)."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    job = _job(tmp_path / "job.toml", str(out), TWO)
+    _run(job, capsys)
+    shared = out / "_shared" / "sha256"
+    before = set(shared.iterdir())
+    _job(job, str(out), TWO + "[devices.d3]\nscale = 3.0\n")
+    tests = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ptestore", "fleet", "run", str(job), "--workers", "1", "-q"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 300  # a generous ceiling, not a measured wait
+        while not set(shared.iterdir()) - before and proc.poll() is None:
+            assert time.monotonic() < deadline, "the run stored nothing"
+            time.sleep(0.01)
+        report = _gc(["--job", str(job)], capsys)
+        # Seen before the run indexed them (what happens on this machine): kept, young.
+        young = f"skipped: younger than the grace of {WEEK}s"
+        assert {e["action"] for e in report["entries"]} <= {young}, report
+    finally:
+        _stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr
+    [fresh] = set(shared.iterdir()) - before
+    named = {e["ptd"]["url"] for e in load_index(out / "ptestore-index.json")["entries"]}
+    assert str(fresh) in named
+    assert main(["verify", "--job", str(job)]) == 0
+    capsys.readouterr()
