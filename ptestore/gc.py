@@ -38,7 +38,14 @@ from .writers.local import TEMP_NAME_RE
 if TYPE_CHECKING:
     from .writers.s3.config import S3Connection
 
-__all__ = ["DEFAULT_OLDER_THAN", "GcEntry", "collect_local", "collect_s3", "collect_stale"]
+__all__ = [
+    "DEFAULT_OLDER_THAN",
+    "GcEntry",
+    "check_older_than",
+    "collect_local",
+    "collect_s3",
+    "collect_stale",
+]
 
 log = logging.getLogger("ptestore.gc")
 
@@ -56,8 +63,10 @@ class GcEntry:
 
     #: Where it is: a file path, or ``s3://bucket/key?uploadId=...``.
     location: str
-    #: ``"staging-file"``, ``"multipart-upload"`` or ``"directory"`` (one gc could not
-    #: list: always ``"failed: ..."``).
+    #: ``"staging-file"``, ``"multipart-upload"``, ``"directory"`` (one gc could not
+    #: list: always ``"failed: ..."``); for the fleet's orphans
+    #: (:mod:`ptestore.fleet.orphans`) ``"shared-object"``, ``"artifact"`` or ``"index"``
+    #: (one that could not be read: ``"failed: ..."``, nothing removed).
     kind: str
     #: Age in seconds.
     age: float
@@ -70,7 +79,9 @@ class GcEntry:
         return asdict(self)
 
 
-def _check_older_than(older_than: object) -> None:
+def check_older_than(older_than: object, name: str = "older_than") -> None:
+    """Refuse an age limit that is not a finite number of seconds >= 0 (``name`` is the
+    argument's name in the message)."""
     if (
         isinstance(older_than, bool)
         or not isinstance(older_than, (int, float))
@@ -78,7 +89,7 @@ def _check_older_than(older_than: object) -> None:
         or older_than < 0
     ):
         raise ConfigurationError(
-            f"older_than must be a finite number of seconds >= 0, got {older_than!r}"
+            f"{name} must be a finite number of seconds >= 0, got {older_than!r}"
         )
 
 
@@ -120,7 +131,7 @@ def collect_local(
     ``path`` is a directory (searched recursively, symlinks not followed) or a
     destination file (only its own staging files are considered).
     """
-    _check_older_than(older_than)
+    check_older_than(older_than)
     root = os.path.abspath(os.fspath(path))
     only_name: str | None = None
     found: list[GcEntry] = []
@@ -129,9 +140,7 @@ def collect_local(
         # A directory gc cannot list may hold staging files: a failure, never silence.
         where = exc.filename if exc.filename is not None else root
         found.append(
-            GcEntry(
-                os.fspath(where), "directory", 0.0, f"failed: cannot list: {strerror(exc)}"
-            )
+            GcEntry(os.fspath(where), "directory", 0.0, f"failed: cannot list: {strerror(exc)}")
         )
 
     walk: Iterator[tuple[str, list[str], list[str]]]
@@ -180,7 +189,7 @@ def collect_s3(
     from .writers.s3.config import S3Connection, connection_options
     from .writers.s3.marker import MARKER_PART_NUMBER, is_marker_part
 
-    _check_older_than(older_than)
+    check_older_than(older_than)
     protocol, rest = split_url(url)
     if protocol != "s3":
         raise ConfigurationError(f"{url}: not an s3:// URL")
@@ -295,7 +304,7 @@ def collect_stale(
     **storage_options: Any,
 ) -> list[GcEntry]:
     """Dispatch on ``target``: a local path/``file://`` URL or an ``s3://bucket/prefix``."""
-    _check_older_than(older_than)
+    check_older_than(older_than)
     url = StorageURL.of(target)
     path = url.path
     if url.local:

@@ -10,10 +10,10 @@ import os
 import sys
 from typing import Any
 
-from ..errors import ObjectNotFound
+from ..errors import ConfigurationError, ObjectNotFound
 from .ensure import parse_size
 from .exits import EXIT_OK, guarded
-from .options import human_bytes
+from .options import add_storage_options, human_bytes, storage_options
 from .parser import add_common_flags
 
 __all__ = ["add_cache_parser", "run_cache"]
@@ -22,11 +22,15 @@ _EPILOG = """\
 examples:
   ptestore cache ls --cache-dir ~/.cache/models
   ptestore cache prune --cache-dir ~/.cache/models --max-bytes 2G
+  ptestore cache prune --cache-dir ~/.cache/models --stale --dry-run
   ptestore cache clear --cache-dir ~/.cache/models --json
 
 ls lists the entries, most recently used first. prune removes broken and incomplete
 entries (what an interrupted run leaves) and, with --max-bytes, least-recently-used
-entries until the cache fits. clear removes every entry. An entry another process is
+entries until the cache fits; with --stale, first the entries whose source is gone or
+changed (a copy's source or .ptd, an in-place file, or the job index an entry was
+fetched from no longer naming it; --dry-run lists them and removes nothing). A source
+that cannot be reached is kept and reported. clear removes every entry. An entry another process is
 using right now is never removed (it is reported as busy).
 
 Exit status: 0 success; 1 storage failure; 2 bad input (no such cache directory)."""
@@ -48,7 +52,18 @@ def add_cache_parser(subparsers: Any) -> argparse.ArgumentParser:
         type=parse_size,
         help="prune: also evict least-recently-used entries until the cache holds at most N",
     )
+    p.add_argument(
+        "--stale",
+        action="store_true",
+        help="prune: also remove entries whose source is gone or changed",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="prune --stale: list the stale entries, remove nothing",
+    )
     p.add_argument("--json", action="store_true", help="print the result (or error) as JSON")
+    add_storage_options(p)
     add_common_flags(p)
     p.set_defaults(func=run_cache)
     return p
@@ -67,6 +82,17 @@ def run_cache(args: argparse.Namespace) -> int:
 
     if not os.path.isdir(args.cache_dir):
         raise ObjectNotFound(f"{args.cache_dir}: no such cache directory")
+    if args.action != "prune" and (args.stale or args.dry_run):
+        flag = "--stale" if args.stale else "--dry-run"
+        raise ConfigurationError(f"{flag} applies to `cache prune`, not `cache {args.action}`")
+    if args.dry_run and not args.stale:
+        raise ConfigurationError("--dry-run lists what --stale would remove: add --stale")
+    if args.action == "prune" and args.stale:
+        return _prune_stale(args)
+    if storage_options(args):
+        raise ConfigurationError(
+            "--storage-option reaches the job indexes of `cache prune --stale` only"
+        )
     if args.action == "ls":
         entries = cache.list_entries(args.cache_dir)
         if args.json:
@@ -99,4 +125,43 @@ def run_cache(args: argparse.Namespace) -> int:
             f"{human_bytes(done.remaining)} left"
             + (f"; {len(done.busy)} busy (in use): {', '.join(done.busy)}" if done.busy else "")
         )
+    return EXIT_OK
+
+
+def _prune_stale(args: argparse.Namespace) -> int:
+    """``cache prune --stale [--dry-run]``: the stale entries, then (not in a dry run)
+    what ``cache prune`` removes."""
+    from ..device import cache
+    from ..device.stale import prune_stale
+
+    if args.dry_run and args.max_bytes is not None:
+        raise ConfigurationError(
+            "--dry-run lists stale entries; it does not plan --max-bytes eviction: "
+            "leave out one of them"
+        )
+    stale = prune_stale(args.cache_dir, dry_run=args.dry_run, storage_options=storage_options(args))
+    rest = None if args.dry_run else cache.prune(args.cache_dir, args.max_bytes)
+    if args.json:
+        out: dict[str, Any] = {"stale": stale.to_dict()}
+        if rest is not None:
+            out.update(rest.to_dict())
+            out["removed"] = stale.removed + rest.removed
+            out["freed"] = stale.freed + rest.freed
+            out["busy"] = stale.busy + [k for k in rest.busy if k not in stale.busy]
+        json.dump(out, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return EXIT_OK
+    for e in stale.entries:
+        print(f"{e.action:<18} {e.key}  {human_bytes(e.bytes):>10}  {e.reason}")
+    if rest is None:
+        n = sum(e.action == "would remove" for e in stale.entries)
+        print(f"would remove {n} stale entries; {stale.current} current")
+        return EXIT_OK
+    removed = len(stale.removed) + len(rest.removed)
+    busy = stale.busy + [k for k in rest.busy if k not in stale.busy]
+    print(
+        f"removed {removed} entries ({len(stale.removed)} stale, "
+        f"{human_bytes(stale.freed + rest.freed)}); {human_bytes(rest.remaining)} left"
+        + (f"; {len(busy)} busy (in use): {', '.join(busy)}" if busy else "")
+    )
     return EXIT_OK

@@ -16,13 +16,14 @@ from .exits import EXIT_FAILURE, EXIT_OK, guarded
 from .parser import add_common_flags
 from .progress import progress_wanted
 
-__all__ = ["add_fleet_parser", "run_fleet"]
+__all__ = ["add_fleet_parser", "run_fleet", "run_retire"]
 
 _EPILOG = """\
 examples:
   ptestore fleet plan job.toml
   ptestore fleet run job.toml --workers 4
-  ptestore fleet run job.toml --scheduler tcp://scheduler:8786 --json"""
+  ptestore fleet run job.toml --scheduler tcp://scheduler:8786 --json
+  ptestore fleet retire job.toml --dry-run"""
 
 
 def add_fleet_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -97,7 +98,41 @@ def add_fleet_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     add_common_flags(pl)
     pl.set_defaults(func=run_fleet)
+    rt = sub.add_parser(
+        "retire",
+        help="retire the index entries of pairs the job no longer names",
+        description="Mark every entry of the job's index whose model or device the job "
+        "no longer names as retired: select, fetch and ensure never return it, and gc no "
+        "longer counts its files as referenced. Exit status: 0, 1 storage failure, 2 bad "
+        "job file.",
+    )
+    rt.add_argument("job", metavar="JOBFILE", help="the job file (TOML)")
+    rt.add_argument("--dry-run", action="store_true", help="list them, change nothing")
+    rt.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_common_flags(rt)
+    rt.set_defaults(func=run_retire)
     return p
+
+
+@guarded("fleet")
+def run_retire(args: argparse.Namespace) -> int:
+    """Run ``ptestore fleet retire JOBFILE [--dry-run] [--json]``."""
+    from ..fleet import load_job
+    from ..fleet.retire import retire_dropped
+
+    done = retire_dropped(load_job(args.job), dry_run=args.dry_run)
+    if args.json:
+        json.dump(done.to_dict(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return EXIT_OK
+    if not done.found:
+        print(f"no index at {done.index}: nothing to retire")
+        return EXIT_OK
+    verb = "would retire" if args.dry_run else "retired"
+    for e in done.retired:
+        print(f"{verb} {e['model']}/{e['device']}: {e['reason']}")
+    print(f"{verb} {len(done.retired)} entries of {done.index} ({done.already} retired before)")
+    return EXIT_OK
 
 
 def _filters(p: argparse.ArgumentParser) -> None:

@@ -1,7 +1,11 @@
-"""``ptestore gc PATH_OR_S3_PREFIX``: remove ptestore's own leftovers after crashes.
+"""``ptestore gc PATH_OR_S3_PREFIX``: remove ptestore's own leftovers after crashes, and
+the fleet artifacts no index references.
 
 Local: stale ``.<name>.ptestore-<hex>.tmp`` staging files that no live writer holds.
-S3: stale multipart uploads that carry ptestore's marker part. Nothing else is touched.
+S3: stale multipart uploads that carry ptestore's marker part. Under a fleet index
+(``gc --job JOB``, or a prefix holding or below a ``ptestore-index.json``): shared
+objects and per-device files no live index entry names, older than ``--grace``
+(:mod:`ptestore.fleet.orphans`). Nothing else is touched.
 Exit status: 0 when everything found was handled, 1 if a removal failed, 2 on bad input
 (a path that does not exist, a bad duration; see :mod:`ptestore.cli.exits`).
 """
@@ -23,11 +27,20 @@ from .parser import add_common_flags
 if TYPE_CHECKING:
     from ..gc import GcEntry
 
-__all__ = ["DEFAULT_OLDER_THAN", "add_gc_parser", "human_duration", "parse_duration", "run_gc"]
+__all__ = [
+    "DEFAULT_GRACE",
+    "DEFAULT_OLDER_THAN",
+    "add_gc_parser",
+    "human_duration",
+    "parse_duration",
+    "run_gc",
+]
 
 #: The default of ``--older-than`` (one day); equal to ``ptestore.writers.gc``'s, kept
 #: here so that ``ptestore --help`` does not import the storage layer.
 DEFAULT_OLDER_THAN = 86400.0
+#: The default of ``--grace`` (seven days); equal to ``ptestore.fleet.orphans``'s.
+DEFAULT_GRACE = 7 * 86400.0
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 _DURATION = re.compile(
@@ -40,6 +53,13 @@ examples:
   ptestore gc /models/model.pte --older-than 30m
   ptestore gc s3://bucket/models/ --older-than 7d --json
   ptestore gc --job job.toml --dry-run
+  ptestore gc s3://bucket/models/ --grace 2d
+
+Under a fleet index (--job JOB, or a prefix holding or below a ptestore-index.json),
+gc also removes the job's artifacts no index entry names any more (shared
+_shared/sha256/<hex>.ptd objects, per-device .pte/.ptd files of retired or replaced
+pairs) once older than --grace (default 7d: a run may be about to name a younger one).
+An object an index names is never removed.
 
 DURATION is a number with an optional unit: s (the default), m, h, d or w
 (90s, 30m, 12h, 7d, 1.5h).
@@ -91,7 +111,8 @@ def add_gc_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="remove ptestore's own stale staging files or multipart uploads",
         description="Remove leftovers of crashed ptestore writers under a local directory "
         "(stale hidden staging files no live writer holds) or an s3://bucket/prefix (stale "
-        "multipart uploads carrying ptestore's marker). Nothing else is ever touched.",
+        "multipart uploads carrying ptestore's marker), and under a fleet index the "
+        "artifacts and shared objects no index names. Nothing else is ever touched.",
         epilog=_EPILOG,
     )
     p.add_argument(
@@ -113,6 +134,14 @@ def add_gc_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="DURATION",
         help="only leftovers at least this old: 90s, 30m, 12h, 7d, or seconds "
         f"(default {human_duration(DEFAULT_OLDER_THAN)})",
+    )
+    p.add_argument(
+        "--grace",
+        type=parse_duration,
+        default=DEFAULT_GRACE,
+        metavar="DURATION",
+        help="only fleet artifacts no index names for at least this long "
+        f"(default {human_duration(DEFAULT_GRACE)})",
     )
     p.add_argument("--dry-run", action="store_true", help="report, remove nothing")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -148,6 +177,10 @@ def run_gc(args: argparse.Namespace) -> int:
         dry_run=args.dry_run,
         **options,
     )
+    from ..fleet.orphans import collect_orphans
+
+    orphans = collect_orphans(args.target, grace=args.grace, dry_run=args.dry_run, **options)
+    entries += orphans
     url = StorageURL.of(args.target)
     path = url.path
     if url.local and not entries and not os.path.lexists(path):
@@ -161,6 +194,7 @@ def run_gc(args: argparse.Namespace) -> int:
             "target": str(args.target),
             "dry_run": bool(args.dry_run),
             "older_than": args.older_than,
+            "grace": args.grace,
             "entries": [{**e.as_dict(), "age_human": human_duration(e.age)} for e in entries],
             "removed": 0 if args.dry_run else len(done),
             "would_remove": len(done) if args.dry_run else 0,
@@ -171,10 +205,13 @@ def run_gc(args: argparse.Namespace) -> int:
     else:
         _print_table(entries)
         verb = "would remove" if args.dry_run else "removed"
-        print(
+        line = (
             f"{verb} {len(done)} of {len(entries)} leftover(s) older than "
-            f"{human_duration(args.older_than)}; {len(failed)} failed"
+            f"{human_duration(args.older_than)}"
         )
+        if orphans:
+            line += f" (orphans: older than {human_duration(args.grace)})"
+        print(f"{line}; {len(failed)} failed")
     return EXIT_FAILURE if failed else EXIT_OK
 
 

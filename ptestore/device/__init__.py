@@ -1,5 +1,5 @@
 """On the device: specialize once, automatically (:func:`ensure`), manage the cache
-(:func:`list_entries`, :func:`prune`, :func:`clear`), specialize in place and
+(:func:`list_entries`, :func:`prune`, :func:`prune_stale`, :func:`clear`), specialize in place and
 :func:`recover`. See docs/device.md.
 
 The in-place machinery (which needs the coordinator) is imported on first use, so that
@@ -16,6 +16,7 @@ from .ensuring import Artifact, ensure
 
 if TYPE_CHECKING:
     from ..coordinator.inplace import specialize_in_place
+    from .stale import prune_stale
 
 __all__ = [
     "Artifact",
@@ -25,12 +26,18 @@ __all__ = [
     "evict",
     "list_entries",
     "prune",
+    "prune_stale",
     "recover",
     "specialize_in_place",
 ]
 
 
 def __getattr__(name: str) -> Any:
+    if name == "prune_stale":
+        from .stale import prune_stale
+
+        globals()[name] = prune_stale
+        return prune_stale
     if name == "specialize_in_place":
         from ..coordinator.inplace import specialize_in_place
 

@@ -1,6 +1,7 @@
 """``ptestore.select``: the best artifact of a model for a device, from a job's index.
 
-An index is data: nothing it names is imported or called. Every entry of the model
+An index is data: nothing it names is imported or called. Every live entry of the
+model (never a retired one, :mod:`.retire`)
 is rated on this machine by the backends **installed here** (registered with
 ``register_backend``, an entry point of ``ptestore.backends``, or one of ptestore's
 own), found by the id each of the entry's ``compatibility[]`` stamps records (the
@@ -200,11 +201,15 @@ def select(
     from .index import load_index
 
     idx = index if isinstance(index, dict) else load_index(index, **(storage_options or {}))
-    entries = [e for e in idx.get("entries", []) if e.get("model") == model]
+    live = [e for e in idx.get("entries", []) if not e.get("retired")]  # fleet/retire.py
+    entries = [e for e in live if e.get("model") == model]
     if not entries:
-        models = sorted({str(e.get("model")) for e in idx.get("entries", [])})
+        models = sorted({str(e.get("model")) for e in live})
+        gone = any(e.get("model") == model for e in idx.get("entries", []))
         raise ConfigurationError(
-            f"index has no model {model!r} (models: {', '.join(models) or 'none'})"
+            f"index has no model {model!r}"
+            + (" (its entries are retired: the job no longer names it)" if gone else "")
+            + f" (models: {', '.join(models) or 'none'})"
         )
     by_name = isinstance(device, str)
     if isinstance(device, str):

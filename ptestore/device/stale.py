@@ -1,0 +1,251 @@
+"""``prune_stale(cache_dir)`` (``ptestore cache prune --stale``): remove cache entries
+whose source is gone or changed.
+
+An entry's manifest records what it was made from (:mod:`.manifest`), so each kind of
+entry is judged against what it recorded, without reading any artifact:
+
+- a **copy** (``ensure(source)``) and an **in-place** entry: the source's identity now
+  (:func:`~ptestore.device.keys.source_identity`: one ``stat`` locally, one metadata
+  request for a URL), and the ``.ptd``'s, against the fingerprint's. A source that is
+  gone, is no longer a regular file, or has another identity makes the entry stale. An
+  in-place entry holds only its manifest: removing it never touches the rewritten file;
+- an entry **fetched from a job index** (``ensure(index, model=...)``): the index is gone,
+  or no live entry of it names the files the entry holds (the same URL, size, SHA-256 and
+  trailer checksum of the ``.pte``, and the same ``.ptd``): the model or the device was
+  dropped from the job and retired (:mod:`ptestore.fleet.retire`), or a newer run
+  replaced the artifact.
+
+A source that cannot be reached (a network error, refused credentials) is *unknown*,
+never stale: the entry is kept and the reason reported. An entry another process holds
+(a running ``ensure`` of its key has its lock) is never removed: it is reported busy.
+Under the key's exclusive lock the manifest is read again, and an entry remade since it
+was judged is judged again, so a run that refreshed it is never undone.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ConfigurationError, ObjectNotFound, PteStoreError
+from ..storage.types import StorageURL
+from .cache import CacheLayout, load_entry, read_manifest, remove_entry_locked
+from .keys import source_identity
+from .manifest import as_json
+
+__all__ = ["StaleEntry", "StaleResult", "prune_stale", "why_stale"]
+
+
+@dataclass(frozen=True)
+class StaleEntry:
+    """One entry :func:`prune_stale` judged stale (or could not judge)."""
+
+    key: str
+    #: What the entry was made from (its manifest's ``source``; an index's location for
+    #: an entry fetched from one).
+    source: str | None
+    #: Why it is stale (or why it could not be judged).
+    reason: str
+    #: ``"removed"``, ``"would remove"`` (dry run), ``"busy"`` (another process holds
+    #: it), ``"kept: unknown"`` (its source could not be checked), ``"kept: current"``
+    #: (remade while it was judged) or ``"kept: already gone"``.
+    action: str
+    bytes: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "source": self.source,
+            "reason": self.reason,
+            "action": self.action,
+            "bytes": self.bytes,
+        }
+
+
+@dataclass
+class StaleResult:
+    """What :func:`prune_stale` found and did."""
+
+    dry_run: bool
+    entries: list[StaleEntry] = field(default_factory=list)
+    #: Entries judged current.
+    current: int = 0
+
+    @property
+    def removed(self) -> list[str]:
+        return [e.key for e in self.entries if e.action == "removed"]
+
+    @property
+    def freed(self) -> int:
+        return sum(e.bytes for e in self.entries if e.action == "removed")
+
+    @property
+    def busy(self) -> list[str]:
+        return [e.key for e in self.entries if e.action == "busy"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "dry_run": self.dry_run,
+            "entries": [e.to_dict() for e in self.entries],
+            "current": self.current,
+            "removed": self.removed,
+            "freed": self.freed,
+            "busy": self.busy,
+        }
+
+
+class _Unknown(Exception):
+    """The source could not be checked (not an answer about the entry)."""
+
+
+def _identity_changed(role: str, where: str, recorded: Any) -> str | None:
+    try:
+        now = source_identity(where)
+    except ObjectNotFound:
+        return f"its {role} {where} is gone"
+    except ConfigurationError as exc:
+        if not StorageURL.of(where).local:  # options or an extra missing: not an answer
+            raise _Unknown(f"its {role} {where} could not be checked: {exc}") from exc
+        return f"its {role} {where} is unusable: {exc}"  # no longer a regular file
+    except PteStoreError as exc:
+        raise _Unknown(f"its {role} {where} could not be checked: {exc}") from exc
+    if as_json(now) != recorded:
+        changed = sorted(
+            k
+            for k in set(now) | set(recorded if isinstance(recorded, dict) else {})
+            if not isinstance(recorded, dict) or as_json(now.get(k)) != recorded.get(k)
+        )
+        return f"its {role} {where} changed ({', '.join(changed)})"
+    return None
+
+
+def _index_stale(manifest: dict[str, Any], options: dict[str, Any]) -> str | None:
+    from ..fleet.index import load_index
+
+    index = str(manifest["index"])
+    fp = manifest.get("fingerprint")
+    if not isinstance(fp, dict):
+        return f"its manifest records no fingerprint of the index entry ({index})"
+    try:
+        idx = load_index(index, **options)
+    except ObjectNotFound:
+        return f"its index {index} is gone"
+    except PteStoreError as exc:
+        raise _Unknown(f"its index {index} could not be read: {exc}") from exc
+    for e in idx.get("entries", []):
+        if e.get("retired") or e.get("model") != fp.get("model"):
+            continue
+        if as_json(e.get("pte")) == fp.get("pte") and as_json(e.get("ptd")) == fp.get("ptd"):
+            return None
+    pte = fp.get("pte")
+    url = pte.get("url") if isinstance(pte, dict) else None
+    return (
+        f"its index {index} no longer names the artifact it holds "
+        f"(model {fp.get('model')!r}, {url}): dropped, retired or replaced"
+    )
+
+
+def _why_stale(manifest: dict[str, Any], options: dict[str, Any]) -> str | None:
+    """Why the entry with ``manifest`` is stale, or None; :class:`_Unknown` when its
+    source cannot be checked."""
+    if manifest.get("index") is not None:
+        return _index_stale(manifest, options)
+    fp = manifest.get("fingerprint")
+    source = manifest.get("source")
+    if not isinstance(fp, dict) or not isinstance(source, str):
+        return "its manifest records no source identity"
+    why = _identity_changed("source", source, fp.get("source"))
+    if why is None and manifest.get("ptd_source") is not None:
+        why = _identity_changed(".ptd", str(manifest["ptd_source"]), fp.get("ptd"))
+    return why
+
+
+def why_stale(
+    manifest: dict[str, Any], storage_options: dict[str, Any] | None = None
+) -> tuple[str | None, bool]:
+    """``(reason, known)`` for the cache entry whose manifest is ``manifest``: why it is
+    stale (None: current), or, with ``known`` False, why it could not be judged (its
+    source or index unreachable: such an entry is kept)."""
+    try:
+        return _why_stale(manifest, dict(storage_options or {})), True
+    except _Unknown as exc:
+        return str(exc), False
+
+
+def prune_stale(
+    cache_dir: str | os.PathLike[str],
+    *,
+    dry_run: bool = False,
+    storage_options: dict[str, Any] | None = None,
+) -> StaleResult:
+    """Remove the entries of ``cache_dir`` whose source is gone or changed (see the
+    module docstring); with ``dry_run`` only list them. ``storage_options`` reach the
+    job indexes of entries fetched from one (as ``ensure(storage_options=...)``).
+
+    Broken and incomplete entries are :func:`~ptestore.device.prune`'s (``ptestore cache
+    prune`` without ``--stale`` removes them too)."""
+    if not isinstance(dry_run, bool):
+        raise ConfigurationError(f"dry_run must be True or False, got {dry_run!r}")
+    layout = CacheLayout(cache_dir)
+    if not os.path.isdir(layout.root):
+        raise ObjectNotFound(f"{layout.root}: no such cache directory")
+    options = dict(storage_options or {})
+    out = StaleResult(dry_run)
+    for key in layout.entry_keys():
+        entry = load_entry(layout, key)
+        if entry.state != "ready":
+            continue
+        manifest = entry.manifest
+        source = manifest.get("index") or entry.source
+        reason, known = why_stale(manifest, options)
+        if reason is None:
+            out.current += 1
+            continue
+        if not known:
+            out.entries.append(StaleEntry(key, source, reason, "kept: unknown", entry.bytes))
+            continue
+        if dry_run:
+            out.entries.append(StaleEntry(key, source, reason, "would remove", entry.bytes))
+            continue
+        out.entries.append(_remove(layout, key, manifest, source, reason, entry.bytes, options))
+    return out
+
+
+def _remove(
+    layout: CacheLayout,
+    key: str,
+    judged: dict[str, Any],
+    source: str | None,
+    reason: str,
+    size: int,
+    options: dict[str, Any],
+) -> StaleEntry:
+    """Remove entry ``key`` under its exclusive lock, taken without waiting: a running
+    ``ensure`` holds it (busy). The manifest is read again under the lock: one that
+    changed since it was judged (an ``ensure`` remade the entry) is judged again."""
+    lock = layout.lock(key, blocking=False)
+    if not lock.acquire():
+        return StaleEntry(key, source, reason, "busy", size)
+    removed = False
+    try:
+        try:
+            now = read_manifest(layout.manifest(key))
+        except PteStoreError:
+            now = None
+        if now is None:
+            return StaleEntry(key, source, reason, "kept: already gone")
+        if now != judged:
+            again, known = why_stale(now, options)
+            if again is None or not known:
+                why = "remade while it was judged" if again is None else again
+                return StaleEntry(key, source, why, "kept: current" if known else "kept: unknown")
+            reason = again
+        freed = remove_entry_locked(layout, key)
+        removed = True
+    finally:
+        if removed:
+            lock.remove()  # the entry is gone: its lock file goes with it, as eviction does
+        else:
+            lock.release()
+    return StaleEntry(key, source, reason, "removed", freed)

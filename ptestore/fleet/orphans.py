@@ -1,0 +1,246 @@
+"""``gc --job JOB`` and ``gc INDEX_PREFIX``: the artifacts no index references any more.
+
+A fleet job leaves, under its destination root (where its index lives), per-device files
+(``<root>/<device>/<model>.pte``, ``.ptd``) and shared objects
+(``<root>/_shared/sha256/<hex>.ptd``, :mod:`.shared`). A model or device dropped from the
+job (and retired, :mod:`.retire`), or a newer run that stored another ``.ptd``, leaves
+objects that no index names. :func:`collect_orphans` removes them, and only them:
+
+- **which indexes**: every ``ptestore-index.json`` under the prefix, and the one of each
+  directory above it (a job rooted above the prefix references files in it). Every entry
+  that is not retired references its ``.pte``, its ``.ptd`` (per device or shared), its
+  source and its ``.ptd`` source. An index that cannot be read stops the collection:
+  nothing is removed when a reference may be missed;
+- **which files**: only below the directory of one of those indexes (a prefix without an
+  index governs nothing), only ``.pte``/``.ptd`` files, and only ptestore's own: a shared
+  object by its content address, any other file when it carries a provenance trailer
+  recording the device it was made for (a portable source never does). Anything else is
+  neither touched nor reported;
+- **when**: an orphan younger than the grace period (its modification time; on S3
+  ``LastModified``) is kept: a run may be about to name it in its index (a run stores
+  its objects before it publishes its index). The indexes are read again just before
+  the first removal, and an object named meanwhile is kept.
+
+A run that *reuses* an old orphan (a shared ``.ptd`` it finds already stored) names it
+only when it publishes its index; keep the grace longer than a run lasts. Should gc win
+that race, the index names a missing ``.ptd``: ``verify --job`` reports the pair stale
+and the next ``fleet run`` stores it again.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import stat
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from ..coordinator.targets import target_identity
+from ..errors import ObjectNotFound, PteStoreError
+from ..gc import GcEntry
+from ..storage.types import StorageURL
+from .index import INDEX_NAME, load_index
+from .shared import is_shared_url
+
+__all__ = ["DEFAULT_GRACE", "collect_orphans", "referenced"]
+
+#: Default grace period (seconds): an unreferenced object younger than this is kept.
+DEFAULT_GRACE = 7 * 86400.0
+
+
+def referenced(index: dict[str, Any]) -> set[tuple[str, str]]:
+    """The identities (:func:`~ptestore.coordinator.targets.target_identity`) of every
+    file the live (not retired) entries of ``index`` name."""
+    out: set[tuple[str, str]] = set()
+    for e in index.get("entries", []):
+        if not isinstance(e, dict) or e.get("retired"):
+            continue
+        for role in ("pte", "ptd", "source", "ptd_source"):
+            rec = e.get(role)
+            if isinstance(rec, dict) and isinstance(rec.get("url"), str):
+                out.add(target_identity(rec["url"]))
+    return out
+
+
+class _Store:
+    """The files under a local directory or an S3 prefix: list, age, remove."""
+
+    def __init__(self, target: str, options: dict[str, Any]) -> None:
+        self.url = StorageURL.of(target)
+        self.options = options
+        self.fs: Any = None
+        if not self.url.local:
+            import fsspec
+
+            from .._retry import RETRY_OPTIONS
+            from ..storage.routing import options_for_loader
+
+            opts = {
+                k: v
+                for k, v in options_for_loader(target, options).items()
+                if k not in RETRY_OPTIONS
+            }
+            self.fs = fsspec.filesystem(self.url.protocol, skip_instance_cache=True, **opts)
+
+    def root(self) -> str:
+        """The prefix as a directory URL without its trailing separator."""
+        if self.url.local:
+            path = os.path.abspath(self.url.path)
+            return os.path.dirname(path) if os.path.basename(path) == INDEX_NAME else path
+        rest = self.url.path.rstrip("/")
+        if rest.endswith("/" + INDEX_NAME):
+            rest = rest[: -len(INDEX_NAME) - 1]
+        return f"{self.url.protocol}://{rest}"
+
+    def join(self, directory: str, name: str) -> str:
+        return os.path.join(directory, name) if self.url.local else f"{directory}/{name}"
+
+    def parent(self, directory: str) -> str | None:
+        if self.url.local:
+            up = os.path.dirname(directory)
+            return None if up == directory else up
+        scheme, _, rest = directory.partition("://")
+        if "/" not in rest:
+            return None  # the bucket
+        return f"{scheme}://{posixpath.dirname(rest)}"
+
+    def files(self, root: str) -> Iterator[tuple[str, float, int]]:
+        """``(url, modification time, size)`` of every file under ``root``."""
+        if self.url.local:
+            for dirpath, _dirs, names in os.walk(root):
+                for name in names:
+                    full = os.path.join(dirpath, name)
+                    try:
+                        st = os.lstat(full)
+                    except OSError:
+                        continue
+                    if stat.S_ISREG(st.st_mode):  # a symlink is never one of ours
+                        yield full, st.st_mtime, st.st_size
+            return
+        scheme = self.url.protocol
+        try:
+            found = self.fs.find(root.partition("://")[2], detail=True)
+        except FileNotFoundError:
+            return
+        for path, info in sorted(found.items()):
+            if info.get("type") == "directory":
+                continue
+            when = info.get("LastModified") or info.get("mtime")
+            ts = when.timestamp() if hasattr(when, "timestamp") else float(when or 0.0)
+            yield f"{scheme}://{path}", ts, int(info.get("size") or 0)
+
+    def remove(self, url: str) -> None:
+        if self.url.local:
+            os.unlink(url)
+        else:
+            self.fs.rm_file(url.partition("://")[2])
+
+
+def _indexes(store: _Store, root: str, listed: list[str]) -> list[str]:
+    """The index URLs that govern ``root``: those under it, then those above it."""
+    out = [
+        u for u in listed if u.rsplit("/" if not store.url.local else os.sep, 1)[-1] == INDEX_NAME
+    ]
+    up = store.parent(root)
+    while up is not None:
+        out.append(store.join(up, INDEX_NAME))
+        up = store.parent(up)
+    return out
+
+
+def _references(
+    indexes: list[str], options: dict[str, Any]
+) -> tuple[set[Any], list[str], str | None]:
+    """``(referenced identities, the directories of the indexes that exist, an error)``."""
+    refs: set[tuple[str, str]] = set()
+    dirs: list[str] = []
+    for url in indexes:
+        try:
+            idx = load_index(url, **options)
+        except ObjectNotFound:
+            continue
+        except PteStoreError as exc:
+            return refs, dirs, f"{url}: cannot read the index: {exc}"
+        refs |= referenced(idx)
+        dirs.append(url[: -len(INDEX_NAME)])
+    return refs, dirs, None
+
+
+def _ours(url: str, options: dict[str, Any]) -> str | None:
+    """``"shared-object"`` or ``"artifact"`` for ptestore's own files, else None."""
+    if is_shared_url(url):
+        return "shared-object"
+    from ..provenance import read_provenance
+    from ..storage.loaders import open_loader
+    from ..storage.routing import options_for_loader
+
+    try:
+        loader = open_loader(url, **options_for_loader(url, options))
+    except PteStoreError:
+        return None
+    try:
+        prov = read_provenance(loader)
+    except PteStoreError:
+        return None
+    finally:
+        loader.close()
+    return "artifact" if prov is not None and prov.device is not None else None
+
+
+def collect_orphans(
+    target: str | os.PathLike[str],
+    *,
+    grace: float = DEFAULT_GRACE,
+    dry_run: bool = False,
+    **storage_options: Any,
+) -> list[GcEntry]:
+    """Remove the fleet artifacts under ``target`` (a directory, an S3 prefix or an
+    index's URL) that no index references, once older than ``grace`` seconds (see the
+    module docstring); with ``dry_run`` only list them."""
+    from ..gc import check_older_than
+
+    check_older_than(grace, "grace")
+    store = _Store(os.fspath(target), storage_options)
+    root = store.root()
+    listed = list(store.files(root))
+    urls = [u for u, _, _ in listed]
+    refs, dirs, error = _references(_indexes(store, root, urls), storage_options)
+    if error is not None:
+        return [GcEntry(error.split(": ", 1)[0], "index", 0.0, f"failed: {error}")]
+    if not dirs:
+        return []
+    now = time.time()
+    found: list[tuple[str, str, float, int]] = []
+    for url, mtime, size in listed:
+        name = url.rsplit("/", 1)[-1].rsplit(os.sep, 1)[-1]
+        if not name.endswith((".pte", ".ptd")) or name.startswith("."):
+            continue
+        if not any(url.startswith(d) for d in dirs) or target_identity(url) in refs:
+            continue
+        kind = _ours(url, storage_options)
+        if kind is not None:
+            found.append((url, kind, max(0.0, now - mtime), size))
+    out: list[GcEntry] = []
+    due = [f for f in found if f[2] >= grace]
+    if due and not dry_run:  # named since the first read (a run that just published)?
+        refs, _, error = _references(_indexes(store, root, urls), storage_options)
+        if error is not None:
+            return [GcEntry(error.split(": ", 1)[0], "index", 0.0, f"failed: {error}")]
+    for url, kind, age, size in found:
+        if age < grace:
+            action = f"skipped: younger than the grace of {grace:g}s"
+        elif target_identity(url) in refs:
+            action = "skipped: an index names it now"
+        elif dry_run:
+            action = "would remove"
+        else:
+            try:
+                store.remove(url)
+                action = "removed"
+            except FileNotFoundError:
+                action = "skipped: already gone"
+            except Exception as exc:  # a refused or failed delete: reported, never silent
+                action = f"failed: {exc}"
+        out.append(GcEntry(url, kind, age, action, size))
+    return out

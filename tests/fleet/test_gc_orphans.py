@@ -1,0 +1,297 @@
+"""Life cycle of a fleet job's artifacts (issue 28 part 5): ``fleet retire`` marks the
+entries of pairs a job no longer names, ``select`` never returns them, and ``gc --job``
+/ ``gc INDEX_PREFIX`` remove the shared objects and per-device files no live index entry
+names, after the grace period, never one an index names, never a young one (a run may be
+about to name it), never another tool's file; locally and on moto and SeaweedFS."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.fixtures import get_fixture
+
+import ptestore
+from ptestore.cli import main
+from ptestore.fleet import load_job
+from ptestore.fleet.index import load_index
+from ptestore.fleet.orphans import collect_orphans, referenced
+from ptestore.fleet.retire import retire_dropped
+from ptestore.testing.s3server import S3TestServer
+
+EXT = get_fixture("mlp_xnnpack_ext")
+SPEC = "support.fleet_backend:Scaler=1.0"
+# d0 and d1 leave the weights alone (one shared .ptd, the source's), d2 scales them.
+THREE = '[devices.d0]\nsoc = "s0"\n[devices.d1]\nsoc = "s1"\n[devices.d2]\nscale = 2.0\n'
+TWO = '[devices.d0]\nsoc = "s0"\n[devices.d1]\nsoc = "s1"\n'
+WEEK = 7 * 86400
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _job(path: Path, dest: str, devices: str, options: str = "") -> Path:
+    path.write_text(
+        f'destination = "{dest}/{{device}}/{{model}}.pte"\nbackends = ["{SPEC}"]\n{options}'
+        f'[[models]]\nname = "mlp"\nsource = "{EXT.pte_path}"\nptd = "{EXT.ptd_path}"\n' + devices
+    )
+    return path
+
+
+def _gc(argv: list[str], capsys: pytest.CaptureFixture[str], code: int = 0) -> dict[str, Any]:
+    assert main(["gc", *argv, "--json"]) == code
+    out: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return out
+
+
+def _actions(report: dict[str, Any], root: str) -> dict[str, str]:
+    return {e["location"][len(root) :]: e["action"] for e in report["entries"]}
+
+
+def _backdate(path: Path, seconds: float) -> None:
+    then = time.time() - seconds
+    os.utime(path, (then, then))
+
+
+def _run(job: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["fleet", "run", str(job), "--workers", "1", "-q"]) == 0
+    capsys.readouterr()
+
+
+def test_retire_then_gc_locally(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert EXT.ptd_path is not None
+    out = tmp_path / "out"
+    job = _job(tmp_path / "job.toml", str(out), THREE)
+    _run(job, capsys)
+    index = out / "ptestore-index.json"
+    shared = out / "_shared" / "sha256"
+    source_ptd = shared / (_sha(EXT.ptd_path.read_bytes()) + ".ptd")
+    scaled = next(p for p in shared.iterdir() if p != source_ptd)
+    # Everything is referenced: nothing to remove whatever the grace.
+    assert _gc(["--job", str(job), "--grace", "0s", "--dry-run"], capsys)["entries"] == []
+
+    # d2 dropped from the job: a run keeps its entry; retire marks it.
+    _job(job, str(out), TWO)
+    _run(job, capsys)
+    assert [e["device"] for e in load_index(index)["entries"]] == ["d0", "d1", "d2"]
+    assert main(["fleet", "retire", str(job), "--dry-run"]) == 0
+    assert capsys.readouterr().out == (
+        "would retire mlp/d2: the job no longer names device 'd2'\n"
+        f"would retire 1 entries of {index} (0 retired before)\n"
+    )
+    assert not any(e.get("retired") for e in load_index(index)["entries"])
+    assert main(["fleet", "retire", str(job), "--json"]) == 0
+    done = json.loads(capsys.readouterr().out)
+    assert done["retired"] == [
+        {"model": "mlp", "device": "d2", "reason": "the job no longer names device 'd2'"}
+    ]
+    entries = {e["device"]: e for e in load_index(index)["entries"]}
+    assert entries["d2"]["retired"]["reason"] == "the job no longer names device 'd2'"
+    assert entries["d2"]["retired"]["job"]["path"] == str(job)
+    assert "retired" not in entries["d0"]
+    assert retire_dropped(load_job(job)).retired == []  # once is enough
+    # select never considers the retired entry, even for its own device name (the
+    # others do not fit d2: its portable source is the answer).
+    choice = ptestore.select(str(index), "mlp", "d2")
+    assert [c["made_for"] for c in choice.candidates] == ["d0", "d1"]
+    assert choice.kind == "source" and choice.pte["url"] == str(EXT.pte_path)
+
+    # The retired pair's files are orphans now, but young: kept by the grace.
+    report = _gc(["--job", str(job)], capsys)
+    assert report["grace"] == WEEK
+    young = f"skipped: younger than the grace of {WEEK}s"
+    assert _actions(report, str(out)) == {
+        "/d2/mlp.pte": young,
+        f"/_shared/sha256/{scaled.name}": young,
+    }
+    kinds = {e["location"]: e["kind"] for e in report["entries"]}
+    assert kinds == {str(out / "d2" / "mlp.pte"): "artifact", str(scaled): "shared-object"}
+
+    # A week later they go; a fresh orphan (what a running job just stored, not yet in
+    # its index), the referenced files and another tool's files stay.
+    for p in (out / "d2" / "mlp.pte", scaled, out / "d0" / "mlp.pte", source_ptd):
+        _backdate(p, WEEK + 60)
+    fresh_bytes = EXT.ptd_path.read_bytes() + b"\0" * 64
+    fresh = shared / (_sha(fresh_bytes) + ".ptd")
+    fresh.write_bytes(fresh_bytes)
+    foreign = out / "notes" / "old.pte"
+    foreign.parent.mkdir()
+    foreign.write_bytes(b"not an artifact")
+    _backdate(foreign, WEEK + 60)
+    link = out / "notes" / "link.pte"  # a symlink to a retired artifact: not ours
+    link.symlink_to(out / "d2" / "mlp.pte")
+    dry = _gc(["--job", str(job), "--dry-run"], capsys)
+    assert _actions(dry, str(out)) == {
+        "/d2/mlp.pte": "would remove",
+        f"/_shared/sha256/{scaled.name}": "would remove",
+        f"/_shared/sha256/{fresh.name}": young,
+    }
+    assert scaled.exists() and (out / "d2" / "mlp.pte").exists()
+    report = _gc([str(out)], capsys)  # gc INDEX_PREFIX: the same, without the job
+    assert _actions(report, str(out)) == {
+        "/d2/mlp.pte": "removed",
+        f"/_shared/sha256/{scaled.name}": "removed",
+        f"/_shared/sha256/{fresh.name}": young,
+    }
+    assert report["removed"] == 2
+    assert not scaled.exists() and not (out / "d2" / "mlp.pte").exists()
+    assert fresh.exists() and foreign.exists() and source_ptd.exists() and link.is_symlink()
+    assert main(["verify", "--job", str(job)]) == 0  # the live pairs are whole
+    capsys.readouterr()
+
+
+def test_gc_needs_an_index_and_a_readable_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    job = _job(tmp_path / "job.toml", str(out), TWO)
+    _run(job, capsys)
+    index = out / "ptestore-index.json"
+    # Without an index nothing governs the files: an old artifact there is left alone.
+    moved = tmp_path / "away.json"
+    index.rename(moved)
+    _backdate(out / "d0" / "mlp.pte", WEEK + 60)
+    assert collect_orphans(out, grace=0) == []
+    moved.rename(index)
+    # A prefix below the index is governed by it (read from above): nothing orphaned.
+    assert collect_orphans(out / "d0", grace=0) == []
+    # An index that cannot be read stops gc: nothing is removed, exit 1.
+    good = index.read_bytes()
+    index.write_bytes(b"{not json")
+    report = _gc([str(out), "--grace", "0s"], capsys, code=1)
+    [failed] = report["entries"]
+    assert failed["kind"] == "index" and failed["location"] == str(index)
+    assert failed["action"].startswith(f"failed: {index}: cannot read the index: ")
+    index.write_bytes(good)
+    assert (out / "d0" / "mlp.pte").exists()
+
+
+def test_referenced_skips_retired_entries() -> None:
+    entries = [
+        {"pte": {"url": "s3://b/x/d0/m.pte"}, "ptd": {"url": "s3://b/x/_shared/sha256/a.ptd"}},
+        {"pte": {"url": "s3://b/x/d1/m.pte"}, "retired": {"reason": "dropped"}},
+        {"source": {"url": "s3://b//src/m.pte"}, "ptd": None},
+    ]
+    assert referenced({"entries": entries}) == {
+        ("s3", "b/x/d0/m.pte"),
+        ("s3", "b/x/_shared/sha256/a.ptd"),
+        ("s3", "b/src/m.pte"),
+    }
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--grace=-1s"], "expected a duration >= 0, got '-1s'"),
+        (["--grace", "soon"], "expected a duration such as 90s"),
+    ],
+)
+def test_gc_grace_must_be_a_duration(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["gc", str(tmp_path), *argv])
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_collect_orphans_refuses_a_bad_grace(tmp_path: Path) -> None:
+    with pytest.raises(ptestore.errors.ConfigurationError) as info:
+        collect_orphans(tmp_path, grace=float("nan"))
+    assert str(info.value) == "grace must be a finite number of seconds >= 0, got nan"
+
+
+@pytest.mark.s3
+def test_retire_then_gc_on_s3(
+    s3_server: S3TestServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert EXT.ptd_path is not None
+    bucket = s3_server.new_bucket()
+    client = s3_server.client()
+    opts = s3_server.storage_options
+    options = (
+        f'[storage_options]\nendpoint_url = "{opts["endpoint_url"]}"\n'
+        f'key = "{opts["key"]}"\nsecret = "{opts["secret"]}"\n'
+        '[storage_options.client_kwargs]\nregion_name = "us-east-1"\n'
+    )
+    dest = f"s3://{bucket}/out"
+    job = _job(tmp_path / "job.toml", dest, THREE, options)
+    _run(job, capsys)
+
+    def keys() -> set[str]:
+        listed = client.list_objects_v2(Bucket=bucket, Prefix="out/").get("Contents", [])
+        return {o["Key"] for o in listed}
+
+    before = keys()
+    source_ptd = f"out/_shared/sha256/{_sha(EXT.ptd_path.read_bytes())}.ptd"
+    [scaled] = [k for k in before if k.endswith(".ptd") and k != source_ptd]
+    assert _gc(["--job", str(job), "--grace", "0s"], capsys)["entries"] == []
+    _job(job, dest, TWO, options)
+    assert main(["fleet", "retire", str(job)]) == 0
+    capsys.readouterr()
+    # Young orphans are kept by the grace; the dry run lists them and removes nothing.
+    report = _gc(["--job", str(job), "--grace", "1h"], capsys)
+    young = "skipped: younger than the grace of 3600s"
+    root = f"s3://{bucket}/"
+    assert _actions(report, root) == {"out/d2/mlp.pte": young, scaled: young}
+    dry = _gc(["--job", str(job), "--grace", "0s", "--dry-run"], capsys)
+    assert _actions(dry, root) == {"out/d2/mlp.pte": "would remove", scaled: "would remove"}
+    assert keys() == before
+    # gc INDEX_PREFIX with the job's storage options: the orphans go, nothing else.
+    argv = [f"{dest}/", "--grace", "0s"]
+    for k, v in (("endpoint_url", opts["endpoint_url"]), ("key", opts["key"])):
+        argv += ["-o", f"{k}={v}"]
+    argv += ["-o", f"secret={opts['secret']}", "-o", 'client_kwargs={"region_name": "us-east-1"}']
+    report = _gc(argv, capsys)
+    assert _actions(report, root) == {"out/d2/mlp.pte": "removed", scaled: "removed"}
+    assert keys() == before - {"out/d2/mlp.pte", scaled}
+    assert main(["verify", "--job", str(job)]) == 0
+    capsys.readouterr()
+
+
+def test_a_concurrent_runs_fresh_object_is_kept(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """gc while a real run stores a new shared .ptd (d3's scaled weights): whether the
+    run has published its index yet or not, the object is kept (young, or named)."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    job = _job(tmp_path / "job.toml", str(out), TWO)
+    _run(job, capsys)
+    shared = out / "_shared" / "sha256"
+    before = set(shared.iterdir())
+    _job(job, str(out), TWO + "[devices.d3]\nscale = 3.0\n")
+    tests = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ptestore", "fleet", "run", str(job), "--workers", "1", "-q"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 300  # a generous ceiling, not a measured wait
+        while not set(shared.iterdir()) - before and proc.poll() is None:
+            assert time.monotonic() < deadline, "the run stored nothing"
+            time.sleep(0.01)
+        report = _gc(["--job", str(job)], capsys)
+        # Seen before the run indexed them (what happens on this machine): kept, young.
+        young = f"skipped: younger than the grace of {WEEK}s"
+        assert {e["action"] for e in report["entries"]} <= {young}, report
+    finally:
+        _stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr
+    [fresh] = set(shared.iterdir()) - before
+    named = {e["ptd"]["url"] for e in load_index(out / "ptestore-index.json")["entries"]}
+    assert str(fresh) in named
+    assert main(["verify", "--job", str(job)]) == 0
+    capsys.readouterr()
