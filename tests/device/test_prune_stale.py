@@ -169,8 +169,11 @@ def test_an_entry_from_an_index_is_stale_once_the_index_names_another_or_is_gone
         f"its index {index} no longer names the artifact it holds (model 'm', "
         f"{tmp_path / 'out' / 'a' / 'm.pte'}): dropped, retired or replaced"
     )
-    # Fetched again, current again; then the index is gone.
-    ptestore.ensure(index, cache_dir=cache, model="m", device=A)
+    # Fetched again by the device as the newer run knows it (select hands a device its
+    # own build only for the options it was made with), current again; then the index is
+    # gone.
+    a3 = DeviceProfile("a", {"soc": "x", "scale": 3.0})
+    assert ptestore.ensure(index, cache_dir=cache, model="m", device=a3).key == made.key
     assert prune_stale(cache).entries == []
     index.unlink()
     done = prune_stale(cache)
