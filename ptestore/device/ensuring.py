@@ -136,10 +136,11 @@ def ensure(
             ``--portable PATH``). Without it such a file is refused
             (:class:`~ptestore.errors.AlreadySpecialized`): in place never specializes
             an output again.
-        lock_timeout: seconds to wait at most for the entry's lock while another
-            process makes or uses it (None, the default: wait as long as it takes);
-            then :class:`~ptestore.errors.LockTimeout` names the lock file and the
-            holder's pid when the system tells it (CLI: ``--lock-timeout``).
+        lock_timeout: seconds to wait at most for the entry's locks (all of this
+            call's waits together) while another process makes or uses it (None,
+            the default: wait as long as it takes); then
+            :class:`~ptestore.errors.LockTimeout` names the lock file and the holder's
+            pid when the system tells it (CLI: ``--lock-timeout``).
         progress: called with each :class:`~ptestore.coordinator.report.Event` of the
             specialization when this call makes the entry (the events
             :func:`ptestore.specialize` reports); a hit calls nothing.

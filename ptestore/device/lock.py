@@ -32,8 +32,9 @@ __all__ = ["KeyLock", "check_timeout", "holder_pid", "wait_limit", "with_lock_ti
 P = ParamSpec("P")
 R = TypeVar("R")
 
-#: Seconds a blocking :class:`KeyLock` may wait in this context (None: forever).
-_LIMIT: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+#: The limit of this context, seconds and the deadline (``time.monotonic``) every
+#: blocking :class:`KeyLock` in it shares (None: wait forever).
+_LIMIT: contextvars.ContextVar[tuple[float, float] | None] = contextvars.ContextVar(
     "ptestore_lock_timeout", default=None
 )
 #: Pause between tries of a lock with a time limit (growing to the last).
@@ -54,9 +55,10 @@ def check_timeout(value: object, name: str = "lock_timeout") -> float | None:
 
 @contextlib.contextmanager
 def wait_limit(seconds: float | None) -> Iterator[None]:
-    """Within the block, a blocking :class:`KeyLock` waits at most ``seconds`` (None:
-    forever, the default outside any block)."""
-    token = _LIMIT.set(check_timeout(seconds))
+    """Within the block, blocking :class:`KeyLock` waits end ``seconds`` after it
+    starts, all of them together (None: wait forever, the default outside any block)."""
+    limit = check_timeout(seconds)
+    token = _LIMIT.set(None if limit is None else (limit, time.monotonic() + limit))
     try:
         yield
     finally:
@@ -120,10 +122,10 @@ class KeyLock:
 
     def acquire(self) -> bool:
         op = fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX
-        limit = _LIMIT.get() if self.blocking else None
-        if not self.blocking or limit is not None:
+        limited = _LIMIT.get() if self.blocking else None
+        if not self.blocking or limited is not None:
             op |= fcntl.LOCK_NB
-        deadline = None if limit is None else time.monotonic() + limit
+        limit, deadline = limited if limited is not None else (None, None)
         tries = 0
         while True:
             try:
