@@ -18,6 +18,7 @@ __all__ = [
     "FormatError",
     "IntegrityError",
     "InvalidReplacement",
+    "LockTimeout",
     "MissingNamedData",
     "NothingSpecialized",
     "NotSupported",
@@ -251,6 +252,17 @@ class PreconditionFailed(StorageError):
 class PublishUncertain(StorageError):
     """Publishing may or may not have taken effect (e.g. a lost response that could
     not be reconciled). The destination holds either the old or the new object."""
+
+
+class LockTimeout(StorageError, TimeoutError):
+    """A cache lock was not free within the time allowed (``ensure(lock_timeout=...)``,
+    ``ptestore ensure --lock-timeout``); ``path`` is the lock file, ``holder`` the pid
+    of a process holding it when the system says (Linux: ``/proc/locks``), else None."""
+
+    def __init__(self, message: str, *, path: str = "", holder: int | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.holder = holder
 
 
 class WriterStateError(PteStoreError, RuntimeError):

@@ -1,6 +1,7 @@
 """``ptestore ensure SRC --cache-dir DIR [--backend SPEC]... [--device NAME
 [--device-option K=V]...] [--ptd PTD] [--max-bytes N] [--in-place [--portable PTE]]
-[--no-provenance] [--json]`` and ``ptestore ensure INDEX --cache-dir DIR --model NAME --device NAME
+[--no-provenance] [--lock-timeout S] [--progress|--no-progress] [--json]``
+and ``ptestore ensure INDEX --cache-dir DIR --model NAME --device NAME
 [--device-option K=V]... [-o K=V]...``: the specialized model for SRC, made once and
 cached, or the artifact a fleet's job index selects for the device, downloaded once (see
 docs/device.md); prints its path."""
@@ -108,6 +109,25 @@ def add_ensure_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="write no provenance trailer (the artifact then cannot be told current or "
         "stale; such an entry has a cache key of its own)",
     )
+    p.add_argument(
+        "--lock-timeout",
+        metavar="SECONDS",
+        type=_seconds,
+        default=None,
+        help="wait at most SECONDS for the entry's lock while another process makes or "
+        "uses it, then fail naming the lock file and its holder's pid (default: wait)",
+    )
+    shown = p.add_mutually_exclusive_group()
+    shown.add_argument(
+        "--progress",
+        dest="progress",
+        action="store_true",
+        default=None,
+        help="show the specialization's progress on stderr (default: only on a terminal)",
+    )
+    shown.add_argument(
+        "--no-progress", dest="progress", action="store_false", help="never show progress"
+    )
     p.add_argument("--json", action="store_true", help="print the artifact (or error) as JSON")
     add_storage_options(p)
     add_common_flags(p)
@@ -115,12 +135,30 @@ def add_ensure_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
+def _seconds(text: str) -> float:
+    """``--lock-timeout``: a number of seconds >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {text!r}")
+    return value
+
+
 @guarded("ensure", publishes=True)
 def run_ensure(args: argparse.Namespace) -> int:
     """Run ``ptestore ensure``; returns the exit status."""
     from ..device import ensure
+    from .progress import Progress, progress_wanted
 
-    artifact = _ensure(args, ensure, device_profile(args))
+    show = args.progress or (args.progress is None and progress_wanted(disabled=args.json))
+    progress = Progress() if show else None
+    try:
+        artifact = _ensure(args, ensure, device_profile(args), progress)
+    finally:
+        if progress is not None:
+            progress.close()
     if args.json:
         json.dump(artifact.to_dict(), sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -131,7 +169,7 @@ def run_ensure(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _ensure(args: argparse.Namespace, ensure: Any, device: Any) -> Any:
+def _ensure(args: argparse.Namespace, ensure: Any, device: Any, progress: Any = None) -> Any:
     return ensure(
         args.src,
         cache_dir=args.cache_dir,
@@ -144,4 +182,6 @@ def _ensure(args: argparse.Namespace, ensure: Any, device: Any) -> Any:
         model=args.model,
         storage_options=storage_options(args) or None,
         portable=args.portable,
+        lock_timeout=args.lock_timeout,
+        progress=progress,
     )

@@ -20,6 +20,9 @@ examples:
   ptestore inspect model.pte --ptd model.ptd
   ptestore inspect --json model.ptd | jq '.named_data[] | {key, size, dtype: .tensor_info.dtype}'
   ptestore inspect s3://bucket/models/model.pte -o endpoint_url=http://127.0.0.1:9000
+  ptestore inspect pixel9/model.pte --compare model.pte        # what specializing changed
+  ptestore inspect pixel9/model.pte --compare model.pte --json
+  ptestore inspect pixel9/model.pte --compare model.pte --html map.html
 
 Exit status: 0 success, 1 storage failure, 2 malformed or missing file, refused access
 or bad arguments."""
@@ -54,14 +57,15 @@ def add_inspect_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--compare",
         metavar="SRC",
         default=None,
-        help="with --html: draw URL against the source SRC it was specialized from "
-        "(replaced, grown, moved, cloned, unchanged); reads the segment bytes of both",
+        help="compare URL with the source SRC it was specialized from: which segments "
+        "and keys were replaced, grown, shrunk, moved, cloned, added or removed, and their "
+        "bytes (text, --json, or drawn with --html); reads the segment bytes of both",
     )
     p.add_argument(
         "--compare-ptd",
         metavar="SRC_PTD",
         default=None,
-        help="with --html --ptd: compare PTD against its source SRC_PTD",
+        help="with --compare and --ptd: compare PTD with its source SRC_PTD too",
     )
     add_storage_options(p)
     add_common_flags(p)
@@ -90,8 +94,29 @@ def run_inspect(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"wrote {args.html}")
             return EXIT_OK
-    elif args.compare or args.compare_ptd:
-        raise ConfigurationError("--compare and --compare-ptd need --html FILE")
+    elif args.compare_ptd and not args.compare:
+        raise ConfigurationError("--compare-ptd SRC_PTD needs --compare SRC (or --html FILE)")
+    elif args.compare:
+        from ..format.layoutdiff import render_changes
+        from ..viz.layout import compare_files
+
+        changes = compare_files(
+            args.url,
+            args.compare,
+            ptd=args.ptd,
+            compare_ptd=args.compare_ptd,
+            **storage_options(args),
+        )
+        if args.json:
+            json.dump(changes, sys.stdout, indent=2)
+            sys.stdout.write("\n")
+            return EXIT_OK
+        texts = [render_changes(changes, file=changes["file"], source=changes["source"])]
+        if "ptd" in changes:
+            d = changes["ptd"]
+            texts.append(render_changes(d, file=d["file"], source=d["source"]))
+        print("\n\n".join(texts))
+        return EXIT_OK
     files = read_files(args.url, args.ptd, **storage_options(args))
     if args.json:
         json.dump(describe_files(files), sys.stdout, indent=2)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from ..backends.compat import DeviceProfile
@@ -40,6 +40,7 @@ from .keys import (
 # spec_text, PTE_NAME, PTD_NAME, disk_full_error and write_manifest (below) are still
 # found here, where they were before the split.
 from .keys import spec_text as spec_text
+from .lock import with_lock_timeout
 from .manifest import (
     PTD_NAME,
     PTE_NAME,
@@ -51,6 +52,7 @@ from .manifest import (
 
 if TYPE_CHECKING:
     from ..backends.registry import BackendLike
+    from ..coordinator.report import Event
 
 __all__ = ["Artifact", "ensure", "entry_key", "source_identity"]
 
@@ -91,6 +93,7 @@ def _check_index_args(
         )
 
 
+@with_lock_timeout
 def ensure(
     source: PathOrUrl,
     *,
@@ -104,6 +107,8 @@ def ensure(
     model: str | None = None,
     storage_options: dict[str, Any] | None = None,
     portable: PathOrUrl | None = None,
+    lock_timeout: float | None = None,
+    progress: Callable[[Event], None] | None = None,
 ) -> Artifact:
     """The specialized model for ``source`` on this device, made once and cached.
 
@@ -137,6 +142,14 @@ def ensure(
             ``--portable PATH``). Without it such a file is refused
             (:class:`~ptestore.errors.AlreadySpecialized`): in place never specializes
             an output again.
+        lock_timeout: seconds to wait at most for the entry's locks (all of this
+            call's waits together) while another process makes or uses it (None,
+            the default: wait as long as it takes); then
+            :class:`~ptestore.errors.LockTimeout` names the lock file and the holder's
+            pid when the system tells it (CLI: ``--lock-timeout``).
+        progress: called with each :class:`~ptestore.coordinator.report.Event` of the
+            specialization when this call makes the entry (the events
+            :func:`ptestore.specialize` reports); a hit calls nothing.
 
     Returns:
         An :class:`Artifact`: paths of the ``.pte`` and ``.ptd``, the provenance,
@@ -201,7 +214,9 @@ def ensure(
         key,
         max_bytes,
         lambda: lookup(layout, key, fingerprint),
-        lambda: _make(layout, key, fingerprint, src, ptd_src, blist, device, provenance),
+        lambda: _make(
+            layout, key, fingerprint, src, ptd_src, blist, device, provenance, progress
+        ),
     )
 
 
@@ -284,6 +299,7 @@ def _make(
     backends: list[BackendLike] | None,
     device: DeviceProfile | None,
     provenance: bool = True,
+    progress: Callable[[Event], None] | None = None,
 ) -> Artifact:
     from ..coordinator import specialize
     from ..provenance.stamp import ProvenanceRequest
@@ -312,6 +328,7 @@ def _make(
             device=device,
             provenance=ProvenanceRequest() if provenance else False,
             strict=False,
+            event_tracer=progress,
         )
     except (PteStoreError, OSError) as exc:  # a backend's spool write too
         if is_disk_full(exc):

@@ -5,18 +5,104 @@ process that dies while holding the lock (SIGKILL included) never blocks the oth
 lock file may be removed by whoever holds it exclusively (eviction, ``cache clear``): a
 waiter that then gets the lock on the removed file sees that the path now names another
 file (or none) and tries again, so two processes never both believe they hold the key.
+
+How long a blocking lock waits is unbounded unless a caller set a limit for its context
+(:func:`wait_limit`, what ``ensure(lock_timeout=...)`` does): then it retries a
+non-blocking lock until the limit and raises :class:`~ptestore.errors.LockTimeout`
+naming the lock file and, where ``/proc/locks`` shows it, the holder's pid.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import errno
 import fcntl
+import functools
 import os
+import time
+from collections.abc import Callable, Iterator
 from types import TracebackType
+from typing import ParamSpec, TypeVar
 
-from ..errors import StorageError
+from ..errors import ConfigurationError, LockTimeout, StorageError
 
-__all__ = ["KeyLock"]
+__all__ = ["KeyLock", "check_timeout", "holder_pid", "wait_limit", "with_lock_timeout"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+#: The limit of this context, seconds and the deadline (``time.monotonic``) every
+#: blocking :class:`KeyLock` in it shares (None: wait forever).
+_LIMIT: contextvars.ContextVar[tuple[float, float] | None] = contextvars.ContextVar(
+    "ptestore_lock_timeout", default=None
+)
+#: Pause between tries of a lock with a time limit (growing to the last).
+_PAUSES = (0.001, 0.005, 0.02, 0.05, 0.1)
+
+
+def check_timeout(value: object, name: str = "lock_timeout") -> float | None:
+    """``value`` as a lock-wait limit in seconds: None (wait forever) or a finite
+    number >= 0; else :class:`~ptestore.errors.ConfigurationError`."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigurationError(f"{name} must be a number of seconds or None, got {value!r}")
+    if not (0 <= value < float("inf")):
+        raise ConfigurationError(f"{name} must be >= 0 seconds (or None), got {value!r}")
+    return float(value)
+
+
+@contextlib.contextmanager
+def wait_limit(seconds: float | None) -> Iterator[None]:
+    """Within the block, blocking :class:`KeyLock` waits end ``seconds`` after it
+    starts, all of them together (None: wait forever, the default outside any block)."""
+    limit = check_timeout(seconds)
+    token = _LIMIT.set(None if limit is None else (limit, time.monotonic() + limit))
+    try:
+        yield
+    finally:
+        _LIMIT.reset(token)
+
+
+def with_lock_timeout(func: Callable[P, R]) -> Callable[P, R]:
+    """Run ``func`` under :func:`wait_limit` of its ``lock_timeout=`` keyword argument
+    (when it is given; a call without it keeps the limit of its context)."""
+
+    @functools.wraps(func)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        if "lock_timeout" not in kwargs:
+            return func(*args, **kwargs)
+        with wait_limit(check_timeout(kwargs["lock_timeout"])):
+            return func(*args, **kwargs)
+
+    return wrapper
+
+
+def holder_pid(path: str) -> int | None:
+    """The pid of a process holding a ``flock`` on the file ``path``, from
+    ``/proc/locks`` (Linux); None when unknown (not Linux, no such line, gone)."""
+    try:
+        st = os.stat(path)
+        with open("/proc/locks", encoding="ascii", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    want = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+    for line in lines:
+        # "1: FLOCK  ADVISORY  WRITE 4242 08:01:1234 0 EOF" (blocked waiters: "->")
+        fields = line.split()
+        if len(fields) < 6 or fields[1] != "FLOCK":
+            continue
+        try:
+            major, minor, inode = fields[5].split(":")
+            found = (int(major, 16), int(minor, 16), int(inode))
+            pid = int(fields[4])
+        except ValueError:
+            continue
+        if found == want and pid != os.getpid():
+            return pid
+    return None
 
 
 class KeyLock:
@@ -36,8 +122,11 @@ class KeyLock:
 
     def acquire(self) -> bool:
         op = fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX
-        if not self.blocking:
+        limited = _LIMIT.get() if self.blocking else None
+        if not self.blocking or limited is not None:
             op |= fcntl.LOCK_NB
+        limit, deadline = limited if limited is not None else (None, None)
+        tries = 0
         while True:
             try:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -50,7 +139,13 @@ class KeyLock:
             except OSError as exc:
                 os.close(fd)
                 if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                    return False
+                    if deadline is None:
+                        return False
+                    if time.monotonic() >= deadline:
+                        self._timed_out(limit)
+                    time.sleep(_PAUSES[min(tries, len(_PAUSES) - 1)])
+                    tries += 1
+                    continue
                 raise StorageError(
                     f"{self.path}: cannot lock the cache lock file: {exc.strerror}"
                 ) from exc
@@ -62,6 +157,16 @@ class KeyLock:
                 self._fd = fd
                 return True
             os.close(fd)  # removed by its holder while we waited: lock the new one
+
+    def _timed_out(self, limit: float | None) -> None:
+        pid = holder_pid(self.path)
+        who = f"process {pid}" if pid is not None else "another process (pid unknown)"
+        raise LockTimeout(
+            f"{self.path}: the cache lock was not free after {limit:g} s "
+            f"(lock_timeout, --lock-timeout): held by {who}",
+            path=self.path,
+            holder=pid,
+        )
 
     def release(self) -> None:
         if self._fd is not None:

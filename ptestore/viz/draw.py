@@ -205,10 +205,13 @@ def _legend(maps: list[FileMap], backends: list[str]) -> str:
         f'style="background:{STATUS_COLOURS[s]}"></span>{esc(s)}</span>'
         for s in statuses
     )
-    out = f'<div class="legend" id="legend-user">{html}</div>'
-    if statuses:
-        out += f'<div class="legend" id="legend-status" hidden>{shtml}</div>'
-    return out
+    if not statuses:
+        return f'<div class="legend" id="legend-user">{html}</div>'
+    # A comparison opens coloured by change (render_layout checks "by change").
+    return (
+        f'<div class="legend" id="legend-user" hidden>{html}</div>'
+        f'<div class="legend" id="legend-status">{shtml}</div>'
+    )
 
 
 def _summary(fm: FileMap) -> str:
@@ -256,8 +259,9 @@ def render_layout(maps: Sequence[FileMap], *, title: str = "ptestore layout map"
     )
     if compared:
         controls += (
-            '<span>colour: <label><input type="radio" name="colour" value="user" checked> '
-            'by user</label> <label><input type="radio" name="colour" value="status"> '
+            # A comparison opens coloured by change: that is what it is for.
+            '<span>colour: <label><input type="radio" name="colour" value="user"> '
+            'by user</label> <label><input type="radio" name="colour" value="status" checked> '
             "by change</label></span>"
         )
     controls += "</div>"

@@ -23,6 +23,7 @@ from .regions import FileMap, layout_regions
 
 __all__ = [
     "FileMap",
+    "compare_files",
     "compare_regions",
     "layout_html",
     "layout_regions",
@@ -44,6 +45,9 @@ def _read(
     loader = open_loader(url, **storage_options)
     try:
         prov = provenance_json(loader)
+        # The container's size ends where its content does; the file's, after the
+        # provenance trailer: the bar and its label are the file's.
+        desc["file_size"] = max(int(desc["file_size"]), loader.size())
     finally:
         loader.close()
     return desc, prov
@@ -65,28 +69,14 @@ def _local_path(url: str) -> str | None:
     return local_path(url)
 
 
-def layout_html(
-    url: str | os.PathLike[str],
-    *,
-    ptd: str | os.PathLike[str] | None = None,
-    compare: str | os.PathLike[str] | None = None,
-    compare_ptd: str | os.PathLike[str] | None = None,
-    **storage_options: Any,
-) -> str:
-    """The layout map of ``url`` (a .pte or .ptd, local path or fsspec URL) as one
-    self-contained HTML page.
-
-    Args:
-        url: the file to draw.
-        ptd: its .ptd, drawn below it (a pair).
-        compare: the source ``url`` was specialized from: the page then draws both and
-            marks each segment replaced, grown, shrunk, moved, cloned, unchanged or new.
-            This reads the segment bytes of both files (to compare them).
-        compare_ptd: the source of ``ptd``, compared the same way.
-        **storage_options: as for :func:`ptestore.open_loader`, for every URL.
-
-    Raises the errors of :func:`ptestore.describe`."""
-    url = os.fspath(url)
+def _maps(
+    url: str,
+    ptd: str | os.PathLike[str] | None,
+    compare: str | os.PathLike[str] | None,
+    compare_ptd: str | os.PathLike[str] | None,
+    storage_options: dict[str, Any],
+) -> list[FileMap]:
+    """The files to draw (a compared file after its source), regions marked."""
     maps: list[FileMap] = []
     pairs = [(url, None if compare is None else os.fspath(compare))]
     if ptd is not None:
@@ -117,6 +107,66 @@ def layout_html(
             shared,
         )
         maps.extend([smap, amap])
+    return maps
+
+
+def compare_files(
+    url: str | os.PathLike[str],
+    compare: str | os.PathLike[str],
+    *,
+    ptd: str | os.PathLike[str] | None = None,
+    compare_ptd: str | os.PathLike[str] | None = None,
+    **storage_options: Any,
+) -> dict[str, Any]:
+    """What the layout map's comparison shows, as data (``inspect URL --compare SRC
+    --json``): :func:`ptestore.format.layoutdiff.layout_changes` of ``url`` against its
+    source ``compare``, with ``file`` and ``source`` URLs; with ``ptd`` and
+    ``compare_ptd``, the same for the .ptd under ``"ptd"``. Reads the segment bytes of
+    every file."""
+    from ..format.layoutdiff import layout_changes
+
+    maps = _maps(os.fspath(url), ptd, compare, compare_ptd, storage_options)
+    out: list[dict[str, Any]] = []
+    for i in range(0, len(maps) - 1, 2):
+        src, art = maps[i], maps[i + 1]
+        out.append(
+            {"file": art.url, "source": src.url}
+            | layout_changes(
+                src.regions,
+                art.regions,
+                source_size=src.file_size,
+                artifact_size=art.file_size,
+            )
+        )
+    result = out[0]
+    if len(out) > 1:
+        result["ptd"] = out[1]
+    return result
+
+
+def layout_html(
+    url: str | os.PathLike[str],
+    *,
+    ptd: str | os.PathLike[str] | None = None,
+    compare: str | os.PathLike[str] | None = None,
+    compare_ptd: str | os.PathLike[str] | None = None,
+    **storage_options: Any,
+) -> str:
+    """The layout map of ``url`` (a .pte or .ptd, local path or fsspec URL) as one
+    self-contained HTML page.
+
+    Args:
+        url: the file to draw.
+        ptd: its .ptd, drawn below it (a pair).
+        compare: the source ``url`` was specialized from: the page then draws both,
+            coloured by change, and marks each segment replaced, grown, shrunk, moved,
+            cloned, unchanged or new. This reads the segment bytes of both files.
+        compare_ptd: the source of ``ptd``, compared the same way.
+        **storage_options: as for :func:`ptestore.open_loader`, for every URL.
+
+    Raises the errors of :func:`ptestore.describe`."""
+    url = os.fspath(url)
+    maps = _maps(url, ptd, compare, compare_ptd, storage_options)
     title = f"ptestore layout map: {os.path.basename(url.rstrip('/')) or url}"
     return render_layout(maps, title=title)
 

@@ -48,7 +48,7 @@ def _artifact(
     from ..provenance import read_provenance
     from ..storage.loaders import open_loader
 
-    size = 0
+    sizes: list[int] = []
     compat: list[str] = []
     found: dict[str, Any] = {}
     urls = list(urls)
@@ -58,7 +58,7 @@ def _artifact(
         except PteStoreError:
             return {}
         try:
-            size += loader.size()
+            sizes.append(loader.size())
             prov = read_provenance(loader)
         except PteStoreError:
             prov = None
@@ -73,7 +73,13 @@ def _artifact(
                     )
                 except PteStoreError:
                     return {}
-    return {"size": size, "compatibility": compat, **found}
+    return {
+        "size": sum(sizes),
+        "pte_size": sizes[0],
+        "ptd_size": sizes[1] if len(sizes) > 1 else None,
+        "compatibility": compat,
+        **found,
+    }
 
 
 def matrix_data(
@@ -105,8 +111,11 @@ def matrix_data(
                 error=r.error,
                 seconds=round(r.seconds, 6),
                 bytes=r.bytes,
+                planner_bytes=p.bytes,
             )
         cell.setdefault("size", None)
+        cell.setdefault("pte_size", None)
+        cell.setdefault("ptd_size", None)
         cell.setdefault("compatibility", [])
         rows.append(cell)
     if artifacts:
@@ -124,17 +133,26 @@ def matrix_data(
     totals: dict[str, Any] = {
         s.replace(" ", "_"): sum(1 for c in rows if c["status"] == s) for s in STATUSES
     }
+    # A .ptd stored once by its content address (fleet/shared.py) is one object however
+    # many pairs use it: count it once.
+    ptds = {c["ptd_destination"]: c["ptd_size"] for c in rows if c["ptd_size"] is not None}
     totals.update(
         pairs=len(rows),
         bytes=sum(c["bytes"] for c in rows),
-        artifact_bytes=sum(c["size"] or 0 for c in rows),
+        planner_bytes=sum(c["planner_bytes"] for c in rows),
+        artifact_bytes=sum(c["pte_size"] or 0 for c in rows) + sum(ptds.values()),
+        ptd_objects=len(ptds),
         pair_seconds=round(sum(c["seconds"] for c in rows), 6),
     )
+    if result is None:
+        totals["estimated_client_bytes"] = plan.estimate.client_bytes
     return {
         "job": job.path,
         "kind": "plan" if result is None else "run",
         "engine": None if result is None else result.engine,
         "seconds": None if result is None else round(result.seconds, 6),
+        "index": None if result is None else result.index,
+        "index_error": None if result is None else result.index_error,
         "backends": list(job.backends),
         "models": [m.name for m in job.models],
         "devices": [d.name for d in job.devices],
@@ -151,6 +169,8 @@ def _planned(p: PlannedPair) -> dict[str, Any]:
         "error": p.reason if p.action == "fail" else None,
         "seconds": 0.0,
         "bytes": p.bytes,
+        "planner_bytes": p.bytes,
+        "estimated_client_bytes": p.estimate.client_bytes,
     }
 
 
@@ -178,9 +198,41 @@ def _cell_title(c: dict[str, Any]) -> str:
         parts.append(c["reason"])
     if c.get("size") is not None:
         parts.append(f"artifact {human(c['size'])}")
+    if c.get("estimated_client_bytes") is not None:
+        parts.append(f"estimated through the client {human(c['estimated_client_bytes'])}")
     if c.get("seconds"):
         parts.append(f"{c['seconds']:.3f} s")
     return "\n".join(parts)
+
+
+def _failure_rows(pairs: list[dict[str, Any]], failed: list[dict[str, Any]]) -> tuple[str, str]:
+    """The failures table's rows: one per distinct error (a job-wide error, or a
+    model's unreadable source, is listed once with every pair it failed), and the note
+    for the rows beyond 500."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for c in failed:
+        groups.setdefault(c["error"] or "", []).append(c)
+    index = {id(c): i for i, c in enumerate(pairs)}
+    rows = []
+    for error, cells in list(groups.items())[:500]:
+        models = sorted({c["model"] for c in cells})
+        devices = sorted({c["device"] for c in cells})
+        if len(cells) == 1:
+            who = f"<td>{esc(models[0])}</td><td>{esc(devices[0])}</td>"
+        elif len(cells) == len(pairs):
+            who = f"<td colspan=2>every pair ({len(cells)})</td>"
+        else:
+            who = (
+                f"<td>{esc(', '.join(models))}</td>"
+                f"<td>{esc(', '.join(devices))} ({len(cells)} pairs)</td>"
+            )
+        rows.append(
+            f'<tr data-i="{index[id(cells[0])]}" data-pairs="{len(cells)}">{who}'
+            f"<td class=mono>{esc(error)}</td></tr>"
+        )
+    extra = len(groups) - 500
+    more = f"<p class=muted>and {extra} more errors</p>" if extra > 0 else ""
+    return "".join(rows), more
 
 
 def matrix_html(data: dict[str, Any]) -> str:
@@ -216,20 +268,33 @@ def matrix_html(data: dict[str, Any]) -> str:
         for s, col in STATUSES.items()
     )
     what = "plan" if data["kind"] == "plan" else "run"
-    summary = [
-        f"{t['pairs']} pairs ({len(models)} models x {len(devices)} devices)",
-        f"bytes through the client {human(t['bytes'])}",
-        f"artifacts {human(t['artifact_bytes'])}",
-    ]
+    summary = [f"{t['pairs']} pairs ({len(models)} models x {len(devices)} devices)"]
+    planner = t.get("planner_bytes", 0)
     if data["kind"] == "run":
-        summary.append(f"time {data['seconds']:.2f} s ({data['engine']})")
-    failed = [c for c in data["pairs"] if c["status"] == "failed"]
-    failures = "".join(
-        f'<tr data-i="{data["pairs"].index(c)}"><td>{esc(c["model"])}</td>'
-        f"<td>{esc(c['device'])}</td><td class=mono>{esc(c['error'] or '')}</td></tr>"
-        for c in failed[:500]
+        summary.append(
+            f"bytes through the client {human(t['bytes'])} (the pairs "
+            f"{human(t['bytes'] - planner)}, the planner {human(planner)})"
+        )
+    else:
+        summary.append(
+            f"estimated through the client by a run's pairs "
+            f"{human(t.get('estimated_client_bytes', 0))} (the planner read {human(planner)})"
+        )
+    ptd = t.get("ptd_objects", 0)
+    summary.append(
+        f"artifacts {human(t['artifact_bytes'])}"
+        + (f" (each shared .ptd counted once: {ptd})" if ptd else "")
     )
-    more = f"<p class=muted>and {len(failed) - 500} more</p>" if len(failed) > 500 else ""
+    if data["kind"] == "run":
+        summary.append(f"wall time {data['seconds']:.2f} s ({data['engine']})")
+        summary.append(f"the pairs' own times summed {t['pair_seconds']:.2f} s")
+    failed = [c for c in data["pairs"] if c["status"] == "failed"]
+    failures, more = _failure_rows(data["pairs"], failed)
+    if data.get("index_error"):
+        failures = (
+            f'<tr class="job"><td colspan=2>the job (index)</td>'
+            f"<td class=mono>{esc(data['index_error'])}</td></tr>" + failures
+        )
     html = (
         f"<h1>ptestore fleet {what}: {esc(os.path.basename(data['job']))}</h1>"
         f'<div class="muted"><span class="mono">{esc(data["job"])}</span> · '
@@ -259,7 +324,7 @@ def matrix_html(data: dict[str, Any]) -> str:
         + (
             f'<table id="failures"><tr><th>model</th><th>device</th><th>error</th></tr>'
             f"{failures}</table>{more}"
-            if failed
+            if failures
             else "<p class=muted>none</p>"
         )
     )

@@ -42,7 +42,10 @@ def stamped(tmp_path: Path) -> tuple[Path, str]:
     backend = Grow()
     dst = tmp_path / "o.pte"
     ptestore.specialize(
-        MLP.pte_path, dst, backends=[backend], device=DeviceProfile("npu", {"soc": "x"}),
+        MLP.pte_path,
+        dst,
+        backends=[backend],
+        device=DeviceProfile("npu", {"soc": "x"}),
         provenance=True,
     )
     return dst, backend.key
@@ -54,8 +57,12 @@ def test_describe_shows_provenance_and_no_trailer_waste(stamped: tuple[Path, str
     assert d["file_size"] == dst.stat().st_size
     p = d["provenance"]
     assert p["backends"] == [
-        {"id": "XnnpackBackend", "spec": "cli.test_inspect:Grow", "version": "3.0",
-         "compatibility": "packer=1"}
+        {
+            "id": "XnnpackBackend",
+            "spec": "cli.test_inspect:Grow",
+            "version": "3.0",
+            "compatibility": "packer=1",
+        }
     ]
     assert p["device"]["name"] == "npu"
     assert p["trailer"]["offset"] + p["trailer"]["size"] == d["file_size"]
@@ -94,8 +101,10 @@ def test_a_declared_size_change_is_warned_about(
 def test_a_pte_alone_lists_the_keys_it_expects_from_outside() -> None:
     d = ptestore.describe(EXT.pte_path)  # type: ignore[arg-type]
     assert d["named_data"] == []
-    assert [(r["file"], r["size"], r["tensor_info"]["dtype"], r["tensor_info"]["shape"])
-            for r in d["keys"]] == [
+    assert [
+        (r["file"], r["size"], r["tensor_info"]["dtype"], r["tensor_info"]["shape"])
+        for r in d["keys"]
+    ] == [
         ("external", None, "float32", [32, 16]),
         ("external", None, "float32", [32]),
         ("external", None, "float32", [8, 32]),
@@ -130,3 +139,90 @@ def test_a_pair_given_the_wrong_way_round_is_refused(capsys: pytest.CaptureFixtu
         f"inspect {EXT.ptd_path} with --ptd {EXT.pte_path}: expected a .pte and a .ptd, "
         "found a .ptd and a .pte"
     ) in err
+
+
+# ------------------------------------------- inspect X --compare SRC (issue 29 item 19)
+
+
+def _grown(tmp_path: Path) -> tuple[Path, str, int]:
+    """The fixture with its first named key grown by 512 bytes, a provenance trailer at
+    its end; returns the file, the key and the file's real size."""
+    from support.large import ReplaceKey
+
+    key = ptestore.describe(MLP.pte_path)["named_data"][0]["key"]
+    dst = tmp_path / "grown.pte"
+    backend = ReplaceKey("XnnpackBackend", key, extra=512)
+    assert ptestore.specialize(MLP.pte_path, dst, backends=[backend], provenance=True)
+    return dst, key, dst.stat().st_size
+
+
+def test_compare_as_json_names_what_changed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dst, key, size = _grown(tmp_path)
+    assert main(["inspect", str(dst), "--compare", str(MLP.pte_path), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["file"] == str(dst) and d["source"] == str(MLP.pte_path)
+    # The file's real size, trailer included (the container ends where the trailer starts).
+    trailer = ptestore.describe(dst)["provenance"]["trailer"]
+    assert trailer["offset"] + trailer["size"] == size
+    assert d["file_size"] == size and d["trailer_size"] == trailer["size"] > 0
+    assert d["source_size"] == Path(MLP.pte_path).stat().st_size
+    assert d["source_trailer_size"] is None
+    (grown,) = [s for s in d["segments"] if s["status"] == "grown"]
+    assert grown["keys"] == [key] and grown["size"] == grown["was"]["size"] + 512
+    assert d["keys"]["changed"] == [key]
+    assert d["keys"]["added"] == [] and d["keys"]["removed"] == []
+    # every segment after the grown one moved by 512 bytes, the earlier ones did not
+    for s in d["segments"]:
+        if s["status"] == "moved":
+            assert s["start"] - s["was"]["start"] == 512 and s["start"] > grown["start"]
+        elif s["status"] == "unchanged":
+            assert s["start"] == s["was"]["start"] < grown["start"] + 1
+    assert d["counts"]["grown"] == 1 and d["counts"]["moved"] == len(d["keys"]["moved"]) > 0
+    assert d["bytes_changed"] == grown["size"] == d["bytes"]["grown"]
+    assert sum(d["counts"].values()) == len(d["segments"])
+
+
+def test_compare_as_text(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    dst, key, size = _grown(tmp_path)
+    assert main(["inspect", str(dst), "--compare", str(MLP.pte_path)]) == 0
+    out = capsys.readouterr().out
+    trailer = ptestore.describe(dst)["provenance"]["trailer"]["size"]
+    assert out.startswith(f"{dst} compared with its source {MLP.pte_path}\n")
+    assert f"size {size} bytes (provenance trailer {trailer}), source " in out
+    assert "segments: 1 grown, 3 moved, 2 unchanged; bytes changed 2560" in out
+    assert f"keys changed: {key}\n" in out
+    (row,) = [line for line in out.splitlines() if line.startswith("  2 ")]
+    assert row.split()[:5] == ["2", "grown", "2560", "@", "2816"] and row.endswith(key)
+
+
+def test_compare_a_file_with_itself_changes_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        main(
+            [
+                "inspect",
+                str(EXT.pte_path),
+                "--ptd",
+                str(EXT.ptd_path),
+                "--compare",
+                str(EXT.pte_path),
+                "--compare-ptd",
+                str(EXT.ptd_path),
+                "--json",
+            ]
+        )
+        == 0
+    )
+    d = json.loads(capsys.readouterr().out)
+    for side in (d, d["ptd"]):
+        assert side["bytes_changed"] == 0 and set(side["counts"]) <= {"unchanged", "empty"}
+        assert side["keys"]["changed"] == side["keys"]["moved"] == []
+    assert d["ptd"]["file"] == str(EXT.ptd_path) and d["ptd"]["keys"]["unchanged"]
+
+
+def test_compare_ptd_needs_compare(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["inspect", str(EXT.pte_path), "--ptd", str(EXT.ptd_path)]
+    assert main([*argv, "--compare-ptd", str(EXT.ptd_path)]) == 2
+    err = capsys.readouterr().err
+    assert "--compare-ptd SRC_PTD needs --compare SRC (or --html FILE)" in err

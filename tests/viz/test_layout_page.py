@@ -128,8 +128,27 @@ def test_compare_marks_grown_moved_unchanged(browser: Browser, tmp_path: Path) -
     # the segments after the grown one moved; the ones before did not
     assert "moved" in others and "unchanged" in others
     assert [r["status"] for r in source if r["kind"] == "segment"].count("grown") == 1
-    # the specialized file ends with its provenance trailer, drawn last
+    # the specialized file ends with its provenance trailer, drawn last, inside the bar
     assert artifact[-1]["kind"] == "trailer"
+    trailer = artifact[-1]
+    assert trailer["width"] > 0 and trailer["x"] + trailer["width"] <= 1000.0 + 1e-3
+    assert trailer["x"] + trailer["width"] >= 1000.0 - 1e-3  # it ends where the file does
+    # the label is the file's real size, trailer included
+    size = dst.stat().st_size
+    heads = browser.js(
+        "return Array.from(document.querySelectorAll('section.file .muted')).map(e => e.innerText)"
+    )
+    assert f"({size} bytes)" in heads[1], heads
+    assert f"({src.stat().st_size} bytes)" in heads[0], heads
+    # a comparison opens coloured by change: the grown segment has the grown colour
+    assert browser.js("return document.querySelector('input[value=status]').checked") is True
+    assert browser.js("return document.getElementById('legend-status').hidden") is False
+    assert browser.js("return document.getElementById('legend-user').hidden") is True
+    opening = browser.js(
+        "return document.querySelector(`rect[data-id='${arguments[0]}']`).getAttribute('fill')",
+        grown["id"],
+    )
+    assert opening == "#b3308c"
     browser.js(
         "document.querySelector(`rect[data-id='${arguments[0]}']`)"
         ".dispatchEvent(new MouseEvent('click'))",
@@ -144,7 +163,14 @@ def test_compare_marks_grown_moved_unchanged(browser: Browser, tmp_path: Path) -
     )
     details = browser.js("return document.getElementById('details').innerText")
     assert "grown" in details and "(source: [" in details
-    # colour by change: the grown segment takes the grown colour
+    # colour by user, and back by change
+    browser.js("document.querySelector('input[value=user]').click()")
+    fill = browser.js(
+        "return document.querySelector(`rect[data-id='${arguments[0]}']`).getAttribute('fill')",
+        grown["id"],
+    )
+    assert fill != "#b3308c"
+    assert browser.js("return document.getElementById('legend-user').hidden") is False
     browser.js("document.querySelector('input[value=status]').click()")
     fill = browser.js(
         "return document.querySelector(`rect[data-id='${arguments[0]}']`).getAttribute('fill')",
@@ -213,9 +239,14 @@ def test_html_pair_is_checked_as_inspect_checks_it(
     assert not page.exists()
 
 
-def test_html_options_need_html(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["inspect", str(EXAMPLE), "--compare", str(EXAMPLE)]) == 2
-    assert "--compare and --compare-ptd need --html FILE" in capsys.readouterr().err
+def test_compare_without_html_is_text(capsys: pytest.CaptureFixture[str]) -> None:
+    """--compare alone prints the comparison (tests/cli/test_inspect.py has the rest);
+    --compare-ptd alone is refused."""
+    assert main(["inspect", str(EXAMPLE), "--compare", str(EXAMPLE)]) == 0
+    assert f"{EXAMPLE} compared with its source {EXAMPLE}\n" in capsys.readouterr().out
+    assert main(["inspect", str(EXAMPLE), "--compare-ptd", str(EXAMPLE)]) == 2
+    err = capsys.readouterr().err
+    assert "--compare-ptd SRC_PTD needs --compare SRC (or --html FILE)" in err
 
 
 def test_html_of_a_missing_file_is_bad_input(

@@ -6,7 +6,8 @@
     f.regions.forEach(function (r) { regions[i + "-" + r.id] = {file: f, region: r}; });
   });
   var rects = Array.prototype.slice.call(document.querySelectorAll("rect.region"));
-  var mode = "scale", colour = "user", selected = null;
+  var checked = document.querySelector("input[name=colour]:checked");
+  var mode = "scale", colour = checked ? checked.value : "user", selected = null;
   function place() {
     rects.forEach(function (el) {
       var x = parseFloat(el.getAttribute(mode === "scale" ? "data-xs" : "data-xr"));

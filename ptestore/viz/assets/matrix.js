@@ -18,9 +18,14 @@
       "status       " + c.status + (c.reason ? " (" + c.reason + ")" : ""),
     ];
     if (c.error) { lines.push("error        " + c.error); }
-    lines.push("artifact     " + fmtBytes(c.size));
+    lines.push("artifact     " + fmtBytes(c.size) + (c.ptd_size !== null && c.ptd_size !== undefined ?
+      " (.pte " + fmtBytes(c.pte_size) + ", .ptd " + fmtBytes(c.ptd_size) + ")" : ""));
     lines.push("time         " + (c.seconds || 0).toFixed(3) + " s");
-    lines.push("bytes moved  " + fmtBytes(c.bytes));
+    lines.push("bytes moved  " + fmtBytes(c.bytes) + " (the planner's reads " +
+      fmtBytes(c.planner_bytes || 0) + ")");
+    if (c.estimated_client_bytes !== undefined) {
+      lines.push("estimated    " + fmtBytes(c.estimated_client_bytes) + " through the client by a run");
+    }
     lines.push("compatibility " + (c.compatibility.length ? c.compatibility.join("; ") : "-"));
     box.innerHTML = "";
     var h = document.createElement("div"); h.className = "label";
