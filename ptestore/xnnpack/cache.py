@@ -78,6 +78,13 @@ class CacheFile:
     #: Seconds the making took (children included), when this call made it.
     make_seconds: float | None = None
 
+    @property
+    def files(self) -> tuple[Path, Path]:
+        """The two files that make it up (the packed weights and the record): what a
+        cache that counts bytes or evicts (LRU) should account for and remove together,
+        the record first."""
+        return (self.record_path, self.path)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "path": str(self.path),
