@@ -47,7 +47,7 @@ from ..errors import (
     StorageError,
 )
 from .identity import Identity, file_sha256
-from .native import Shim, build_shim
+from .native import ExecutorchBuild, Shim, build_shim, executorch_build
 from .xpwc import Entry, check_names, parse_index
 
 __all__ = [
@@ -111,11 +111,15 @@ def artifact_keys(pte: PathLike) -> set[str]:
 
 
 def _identity(
-    pte: PathLike, ptd: PathLike | None, pte_sha256: str | None, ptd_sha256: str | None, shim: Shim
+    pte: PathLike,
+    ptd: PathLike | None,
+    pte_sha256: str | None,
+    ptd_sha256: str | None,
+    build: ExecutorchBuild,
 ) -> Identity:
     pte_digest = pte_sha256 or file_sha256(pte)
     ptd_digest = None if ptd is None else (ptd_sha256 or file_sha256(ptd))
-    return Identity.of(pte_digest, ptd_digest, shim.build)
+    return Identity.of(pte_digest, ptd_digest, build)
 
 
 def _paths(directory: Path, identity: Identity) -> tuple[Path, Path, Path, Path]:
@@ -128,8 +132,23 @@ def _paths(directory: Path, identity: Identity) -> tuple[Path, Path, Path, Path]
     )
 
 
-def _check_file(path: Path, record: dict[str, Any], identity: Identity) -> CacheFile:
-    """The checks before a file is handed out; raises what is wrong."""
+def _stamp(st: os.stat_result) -> dict[str, int]:
+    return {
+        "dev": st.st_dev,
+        "ino": st.st_ino,
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "ctime_ns": st.st_ctime_ns,
+    }
+
+
+def _check_file(
+    path: Path, record: dict[str, Any], identity: Identity, full: bool = True
+) -> CacheFile:
+    """The checks before a file is handed out; raises what is wrong. ``full=False``
+    skips the SHA-256 when the file is still the inode published with the record, never
+    changed since (device, inode, size, mtime and ctime as recorded: any write, chmod,
+    copy or replacement changes one of them)."""
     source = str(path)
     if record.get("format") != RECORD_FORMAT:
         raise FormatError(source + ".json", "format", record.get("format"), repr(RECORD_FORMAT))
@@ -154,7 +173,10 @@ def _check_file(path: Path, record: dict[str, Any], identity: Identity) -> Cache
             f"{source}: mode {oct(st.st_mode & 0o777)} is writable; published files are 0444",
             published=False,
         )
-    actual = file_sha256(path)
+    if not full and record.get("stamp") == _stamp(st) and isinstance(digest, str):
+        actual = digest
+    else:
+        actual = file_sha256(path)
     if actual != digest:
         raise IntegrityError(f"{source}: SHA-256 {actual} != recorded {digest}", published=False)
     entries = _parse_file(path)
@@ -200,13 +222,15 @@ def verify_cache(
     ptd: PathLike | None = None,
     pte_sha256: str | None = None,
     ptd_sha256: str | None = None,
+    full: bool = True,
 ) -> CacheFile:
     """Check a packed-weight file against its record and against this artifact, runtime
     and CPU; the :class:`CacheFile`, or :class:`IntegrityError` / :class:`FormatError`
     saying what is wrong. ``pte_sha256``/``ptd_sha256``: the artifact's digests when the
-    caller knows them (else the files are hashed)."""
-    shim = build_shim()
-    identity = _identity(pte, ptd, pte_sha256, ptd_sha256, shim)
+    caller knows them (else the files are hashed). ``full=False``: the SHA-256 is skipped
+    for a file that is still the inode published with its record and unchanged since
+    (device, inode, size, mtime, ctime as recorded); any other file is hashed."""
+    identity = _identity(pte, ptd, pte_sha256, ptd_sha256, executorch_build())
     p = Path(path)
     record_path = p.with_name(p.name + ".json")
     try:
@@ -215,7 +239,7 @@ def verify_cache(
         raise IntegrityError(
             f"{p}: no record beside it ({record_path.name})", published=False
         ) from None
-    return _check_file(p, record, identity)
+    return _check_file(p, record, identity, full)
 
 
 def find_cache(
@@ -225,19 +249,21 @@ def find_cache(
     directory: PathLike,
     pte_sha256: str | None = None,
     ptd_sha256: str | None = None,
+    full: bool = True,
 ) -> CacheFile | None:
     """The verified packed-weight file for this artifact, runtime and CPU in
     ``directory``, or None (none, or one that fails a check: :func:`make_cache` makes it
     again). Nothing is changed on disk."""
-    shim = build_shim()
-    identity = _identity(pte, ptd, pte_sha256, ptd_sha256, shim)
+    identity = _identity(pte, ptd, pte_sha256, ptd_sha256, executorch_build())
     path, record_path, _, _ = _paths(Path(directory), identity)
-    return _found(path, record_path, identity)
+    return _found(path, record_path, identity, full)
 
 
-def _found(path: Path, record_path: Path, identity: Identity) -> CacheFile | None:
+def _found(
+    path: Path, record_path: Path, identity: Identity, full: bool = True
+) -> CacheFile | None:
     try:
-        return _check_file(path, _read_record(record_path), identity)
+        return _check_file(path, _read_record(record_path), identity, full)
     except FileNotFoundError:
         return None
     except PteStoreError:
@@ -385,6 +411,7 @@ def make_cache(
     ptd_sha256: str | None = None,
     timeout: float | None = None,
     retry_refused: bool = False,
+    full: bool = True,
 ) -> CacheFile:
     """The packed-weight file for this artifact, runtime and CPU in ``directory``: found
     and verified, or made now (see the module's description).
@@ -392,16 +419,17 @@ def make_cache(
     Raises :class:`PackedWeightsRefused` naming the artifact and the reason when the
     runtime crashes or fails with the cache on, an output differs, or the graph cannot be
     cached; the refusal is remembered beside the file and raised again without running
-    anything (``retry_refused=True`` tries again). ``timeout``: seconds for each child."""
+    anything (``retry_refused=True`` tries again). ``timeout``: seconds for each child;
+    ``full``: as for :func:`verify_cache`, for a file found."""
     started = time.perf_counter()
     shim = build_shim()
     directory = Path(directory).absolute()
     directory.mkdir(parents=True, exist_ok=True)
-    identity = _identity(pte, ptd, pte_sha256, ptd_sha256, shim)
+    identity = _identity(pte, ptd, pte_sha256, ptd_sha256, shim.build)
     path, record_path, lock_path, refused_path = _paths(directory, identity)
     artifact = os.fspath(pte) if ptd is None else f"{os.fspath(pte)} (+ {os.fspath(ptd)})"
     with _locked(lock_path):
-        found = _found(path, record_path, identity)
+        found = _found(path, record_path, identity, full)
         if found is not None:
             return found
         if refused_path.is_file() and not retry_refused:
@@ -532,6 +560,7 @@ def _make(
         finally:
             os.close(fd)
         os.replace(tmp_file, path)
+        stamp = _stamp(path.stat())
         record = {
             "format": RECORD_FORMAT,
             "file": path.name,
@@ -540,6 +569,7 @@ def _make(
             "entries": len(entries),
             "identity": identity.to_json(),
             "made_unix": int(time.time()),
+            "stamp": stamp,
         }
         _publish_bytes(json.dumps(record, indent=1).encode(), record_path)
         _fsync_dir(directory)

@@ -98,15 +98,18 @@ def load(
     cache: str | os.PathLike[str] | CacheFile | None = None,
     pte_sha256: str | None = None,
     ptd_sha256: str | None = None,
+    full: bool = True,
 ) -> XnnpackProgram:
     """Load ``pte`` (with ``ptd``) through the stock runtime; with ``cache`` (a path or a
     :class:`CacheFile`) the file is verified first (:func:`verify_cache`: record, size,
-    SHA-256, identity) and only then given to the runtime. Methods load on first run."""
+    SHA-256, identity; ``full=False`` skips the SHA-256 of a file unchanged since it was
+    published, see :func:`verify_cache`) and only then given to the runtime. Methods load
+    on first run."""
     verified: CacheFile | None = None
     if cache is not None:
         path = cache.path if isinstance(cache, CacheFile) else Path(cache)
         verified = verify_cache(
-            path, pte=pte, ptd=ptd, pte_sha256=pte_sha256, ptd_sha256=ptd_sha256
+            path, pte=pte, ptd=ptd, pte_sha256=pte_sha256, ptd_sha256=ptd_sha256, full=full
         )
     lib = _shim()
     from executorch.extension.pybindings import portable_lib  # type: ignore[import-untyped]

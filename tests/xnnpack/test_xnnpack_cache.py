@@ -76,6 +76,8 @@ def test_made_verified_and_returned(made: CacheFile, tmp_path: Path) -> None:
     found = find_cache(MLP, directory=made.path.parent)
     assert found is not None and found.sha256 == made.sha256
     assert verify_cache(made.path, pte=MLP).entries == 2
+    assert verify_cache(made.path, pte=MLP, full=False).sha256 == made.sha256
+    assert record["stamp"]["ino"] == st.st_ino and record["stamp"]["ctime_ns"] == st.st_ctime_ns
     # nothing else is left in the directory: no temporaries, no refusal
     names = sorted(p.name for p in made.path.parent.iterdir())
     assert names == sorted([made.path.name, made.record_path.name, made.path.name + ".lock"])
@@ -159,17 +161,22 @@ def test_a_rewritten_artifact_gets_a_new_file_never_the_old_one(
     assert verify_cache(old, pte=MLP).sha256 == made.sha256
 
 
-def test_a_flipped_byte_is_caught_before_the_runtime_and_the_file_is_rebuilt(
-    made: CacheFile, tmp_path: Path
-) -> None:
-    path = copy_of(made, tmp_path)
+def flip(path: Path) -> None:
+    """Flip one bit of a byte inside the first packed region, in place."""
     os.chmod(path, 0o644)
-    with open(path, "r+b") as f:  # a byte inside the first packed region
+    with open(path, "r+b") as f:
         f.seek(100)
         b = f.read(1)
         f.seek(100)
         f.write(bytes([b[0] ^ 0x40]))
     os.chmod(path, 0o444)
+
+
+def test_a_flipped_byte_is_caught_before_the_runtime_and_the_file_is_rebuilt(
+    made: CacheFile, tmp_path: Path
+) -> None:
+    path = copy_of(made, tmp_path)
+    flip(path)
     with pytest.raises(IntegrityError) as err:
         verify_cache(path, pte=MLP)
     assert str(err.value).startswith(f"{path}: SHA-256 ")
@@ -181,6 +188,13 @@ def test_a_flipped_byte_is_caught_before_the_runtime_and_the_file_is_rebuilt(
     assert find_cache(MLP, directory=tmp_path) is None
     rebuilt = make_cache(MLP, directory=tmp_path)
     assert rebuilt.made and rebuilt.path == path and rebuilt.sha256 == made.sha256
+    # the quick check (no SHA-256 for the inode published with the record) still sees a
+    # byte written in place: the write changes the file's mtime and ctime
+    assert verify_cache(path, pte=MLP, full=False).sha256 == made.sha256
+    flip(path)
+    with pytest.raises(IntegrityError) as err:
+        verify_cache(path, pte=MLP, full=False)
+    assert str(err.value).endswith(f" != recorded {made.sha256}")
 
 
 def test_a_truncated_file_is_caught(made: CacheFile, tmp_path: Path) -> None:
@@ -308,3 +322,14 @@ def test_the_conv_prelu_crash_is_refused_cleanly(tmp_path: Path) -> None:
 
     out = run_in_runtime(pte, inputs={"forward": [np.zeros((1, 3, 16, 16), np.float32)]})
     assert out["forward"][0].shape == (1, 8, 12, 12)
+
+
+def test_a_program_without_xnnpack_weights_is_refused_without_running(tmp_path: Path) -> None:
+    pte = FIXTURES / "mlp_portable.pte"
+    with pytest.raises(PackedWeightsRefused) as err:
+        make_cache(pte, directory=tmp_path)
+    assert str(err.value) == (
+        f"{pte}: no XNNPACK packed-weight file: it has no XNNPACK delegate with named "
+        "weights (nothing to pack) (the artifact still loads without one)"
+    )
+    assert not list(tmp_path.glob("*.xpwc"))
