@@ -39,6 +39,7 @@ constexpr char kPackedPathKey[] = "packed_cache_path";
 // keeps no copy), so a configuration is never freed; a new path makes a new one.
 struct Config {
   et::BackendOptions<2> options;
+  et::LoadBackendOptionsMap map;  // XNNPACK's options alone, for callers that pass none
 };
 
 std::mutex g_mutex;
@@ -102,7 +103,8 @@ __attribute__((visibility("default"))) int ptestore_xnn_configure(const char* pa
   }
   Config* config = new Config();
   if (config->options.set_option(kWeightCacheKey, true) != et::Error::Ok ||
-      config->options.set_option(kPackedPathKey, path) != et::Error::Ok) {
+      config->options.set_option(kPackedPathKey, path) != et::Error::Ok ||
+      config->map.set_options(kXnnpackBackendId, config->options.view()) != et::Error::Ok) {
     delete config;
     return -1;
   }
@@ -164,25 +166,29 @@ __attribute__((visibility("default"))) Result<Method> Program::load_method(
         this, method_name, memory_manager, event_tracer, named_data_map,
         backend_options, kernels);
   }
-  // The caller's options for other backends, plus XNNPACK's. The map holds views of
-  // the callers' spans, which outlive this call as they must.
-  LoadBackendOptionsMap merged;
-  if (backend_options != nullptr) {
-    for (size_t i = 0; i < backend_options->size(); ++i) {
-      const auto entry = backend_options->entry_at(i);
-      merged.set_options(
-          entry.backend_id,
-          Span<BackendOption>(
-              const_cast<BackendOption*>(entry.options.data()), entry.options.size()));
-    }
+  g_added.fetch_add(1);
+  if (backend_options == nullptr) {  // the bindings' case: the configuration's own map
+    return next_load_method()(
+        this, method_name, memory_manager, event_tracer, named_data_map, &config->map,
+        kernels);
   }
-  if (merged.set_options(kXnnpackBackendId, config->options.view()) != Error::Ok) {
+  // The caller's options for other backends, plus XNNPACK's, in a map that lives as long
+  // as the configuration's options (never freed: the method may keep a pointer to it).
+  // It holds views of the caller's spans, which must outlive the method anyway.
+  auto* merged = new LoadBackendOptionsMap();
+  for (size_t i = 0; i < backend_options->size(); ++i) {
+    const auto entry = backend_options->entry_at(i);
+    merged->set_options(
+        entry.backend_id,
+        Span<BackendOption>(
+            const_cast<BackendOption*>(entry.options.data()), entry.options.size()));
+  }
+  if (merged->set_options(kXnnpackBackendId, config->options.view()) != Error::Ok) {
+    delete merged;
     return Error::InvalidArgument;
   }
-  g_added.fetch_add(1);
   return next_load_method()(
-      this, method_name, memory_manager, event_tracer, named_data_map, &merged,
-      kernels);
+      this, method_name, memory_manager, event_tracer, named_data_map, merged, kernels);
 }
 
 }  // namespace runtime
