@@ -21,6 +21,7 @@ __all__ = [
     "LockTimeout",
     "MissingNamedData",
     "NothingSpecialized",
+    "PackedWeightsRefused",
     "NotSupported",
     "ObjectNotFound",
     "PreconditionFailed",
@@ -382,3 +383,20 @@ def local_error(exc: OSError, message: str) -> StorageError:
     if isinstance(exc, PermissionError) or exc.errno in (errno.EACCES, errno.EPERM):
         return PermissionDenied(message, errno=exc.errno)
     return StorageError(message, errno=exc.errno)
+
+
+class PackedWeightsRefused(PteStoreError):
+    """ptestore.xnnpack refused to make an XNNPACK packed-weight file for an artifact: the
+    runtime crashed or failed with the cache on, outputs differed from a load without it,
+    or the graph cannot be cached. The artifact itself is still usable without one."""
+
+    def __init__(self, artifact: str, reason: str) -> None:
+        super().__init__(
+            f"{artifact}: no XNNPACK packed-weight file: {reason} "
+            "(the artifact still loads without one)"
+        )
+        self.artifact = artifact
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.artifact, self.reason))

@@ -399,7 +399,10 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     # the run, and the tools beside it that read or clean what runs leave
     ("coordinator", ("ptestore.coordinator", "ptestore.inspection", "ptestore.gc")),
     ("fleet", ("ptestore.fleet",)),
-    ("device", ("ptestore.device", "ptestore.verification", "ptestore.integrity")),
+    (
+        "device",
+        ("ptestore.device", "ptestore.verification", "ptestore.integrity", "ptestore.xnnpack"),
+    ),
     # the front doors: the CLI, the pictures, the test kit, the package root (whose
     # lazy exports reach everything) and the deprecated import paths
     (

@@ -1,0 +1,141 @@
+"""What a packed-weight file is bound to: artifact x ExecuTorch build x CPU fingerprint.
+
+XNNPACK's own file has no such binding: its entries are keyed by named-data key (a
+rewritten artifact with the same keys silently runs the old weights) and its "seed" (an
+XOR of shapes and tile sizes) names neither the XNNPACK version nor the CPU. ptestore
+names the file after all three, so a file made for another artifact, runtime or CPU is
+never found, let alone handed out.
+
+The CPU fingerprint is the machine, the page size (the file's regions are page-aligned)
+and the ISA features that pick XNNPACK's kernels, read from ``/proc/cpuinfo`` (x86:
+``flags``; arm64: ``Features``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+from dataclasses import dataclass
+
+from .native import ExecutorchBuild
+
+__all__ = [
+    "ARM64_FEATURES",
+    "X86_FEATURES",
+    "Identity",
+    "cpu_fingerprint",
+    "file_sha256",
+]
+
+#: x86 flags that change which XNNPACK microkernels run (or their packing).
+X86_FEATURES = (
+    "sse4_1",
+    "sse4_2",
+    "avx",
+    "f16c",
+    "fma",
+    "avx2",
+    "avx_vnni",
+    "avx512f",
+    "avx512bw",
+    "avx512dq",
+    "avx512vl",
+    "avx512cd",
+    "avx512vbmi",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "avx_vnni_int8",
+    "amx_tile",
+    "amx_int8",
+    "amx_bf16",
+    "amx_fp16",
+)
+#: arm64 features that do the same.
+ARM64_FEATURES = (
+    "asimd",
+    "asimdhp",
+    "asimddp",
+    "fphp",
+    "i8mm",
+    "bf16",
+    "sve",
+    "sve2",
+    "svei8mm",
+    "svebf16",
+    "sme",
+    "sme2",
+)
+
+
+def _cpu_flags(cpuinfo: str) -> set[str]:
+    for line in cpuinfo.splitlines():
+        name, sep, value = line.partition(":")
+        if sep and name.strip() in ("flags", "Features"):
+            return set(value.split())
+    return set()
+
+
+def cpu_fingerprint(cpuinfo: str | None = None, machine: str | None = None) -> str:
+    """``"<machine>/page=<bytes>:<feature>,..."`` for this CPU (or for the given
+    ``/proc/cpuinfo`` text and machine name), the features in a fixed order."""
+    machine = machine or platform.machine()
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+                cpuinfo = f.read()
+        except OSError:
+            cpuinfo = ""
+    flags = _cpu_flags(cpuinfo)
+    known = ARM64_FEATURES if machine in ("aarch64", "arm64") else X86_FEATURES
+    page = os.sysconf("SC_PAGE_SIZE")
+    return f"{machine}/page={page}:" + ",".join(f for f in known if f in flags)
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """The SHA-256 of a file, read in 4 MiB pieces."""
+    h = hashlib.sha256()
+    with open(path, "rb", buffering=0) as f:
+        buf = bytearray(4 << 20)
+        view = memoryview(buf)
+        while n := f.readinto(buf):
+            h.update(view[:n])
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class Identity:
+    """The three things a packed-weight file is made for."""
+
+    pte_sha256: str
+    ptd_sha256: str | None
+    executorch_version: str
+    executorch_git: str
+    cpu: str
+
+    @classmethod
+    def of(cls, pte_sha256: str, ptd_sha256: str | None, build: ExecutorchBuild) -> Identity:
+        return cls(pte_sha256, ptd_sha256, build.version, build.git_version, cpu_fingerprint())
+
+    def to_json(self) -> dict[str, str | None]:
+        return {
+            "pte_sha256": self.pte_sha256,
+            "ptd_sha256": self.ptd_sha256,
+            "executorch_version": self.executorch_version,
+            "executorch_git": self.executorch_git,
+            "cpu": self.cpu,
+        }
+
+    @property
+    def name(self) -> str:
+        """The file's base name: a hash of the identity (32 hex digits)."""
+        text = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+        return "xnnpack-" + hashlib.sha256(text.encode()).hexdigest()[:32]
+
+    def differences(self, other: dict[str, object]) -> list[str]:
+        """The fields of a recorded identity that differ from this one, as
+        ``"field: recorded != expected"``."""
+        mine = self.to_json()
+        return [f"{k}: {other.get(k)!r} != {v!r}" for k, v in mine.items() if other.get(k) != v]

@@ -1,0 +1,109 @@
+"""XNNPACK's packed-weight file ("XPWC" version 2, ExecuTorch 1.4.1) and its checks.
+
+Layout (backends/xnnpack/runtime/XNNWeightsCache.cpp of the wheel's revision): packed
+regions at page-aligned offsets, then an index of entries ``u32 name_len, name,
+u64 offset, u64 size, u32 seed``, then a 20-byte footer ``u64 index_start,
+u32 entry_count, u32 magic ("XPWC", 0x58505743), u32 version (2)``, all little-endian.
+An entry's name is the named-data key of the packed weight, followed by the key of its
+bias when it has one.
+
+The runtime checks the footer and each entry's bounds, nothing else (no checksum): that
+is what ptestore adds, before the runtime is ever pointed at a file.
+"""
+
+from __future__ import annotations
+
+import itertools
+import struct
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from ..errors import FormatError
+
+__all__ = ["FOOTER_SIZE", "MAGIC", "VERSION", "Entry", "check_names", "parse_index"]
+
+MAGIC = 0x58505743
+VERSION = 2
+FOOTER_SIZE = 20
+_FOOTER = struct.Struct("<QIII")
+_ENTRY_TAIL = struct.Struct("<QQI")
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    offset: int
+    size: int
+    seed: int
+
+
+def parse_index(data: bytes | memoryview, source: str) -> list[Entry]:
+    """The entries of a whole packed-weight file, every bound checked; a
+    :class:`FormatError` naming the field, its value and the limit otherwise."""
+    size = len(data)
+    if size < FOOTER_SIZE:
+        raise FormatError(source, "file size", size, f">= {FOOTER_SIZE} (the footer)")
+    index_start, count, magic, version = _FOOTER.unpack_from(data, size - FOOTER_SIZE)
+    if magic != MAGIC:
+        raise FormatError(source, "footer magic", hex(magic), f"{hex(MAGIC)} ('XPWC')")
+    if version != VERSION:
+        raise FormatError(source, "footer version", version, str(VERSION))
+    end = size - FOOTER_SIZE
+    if index_start > end:
+        raise FormatError(source, "footer index_start", index_start, f"<= {end}")
+    if count == 0:
+        raise FormatError(source, "footer entry_count", 0, ">= 1")
+    entries: list[Entry] = []
+    pos = index_start
+    view = memoryview(data)
+    for i in range(count):
+        if pos + 4 > end:
+            raise FormatError(source, f"index entry {i}", pos, f"a name length before {end}")
+        (name_len,) = struct.unpack_from("<I", data, pos)
+        pos += 4
+        if pos + name_len + _ENTRY_TAIL.size > end:
+            raise FormatError(
+                source, f"index entry {i} name_len", name_len, f"<= {end - pos - _ENTRY_TAIL.size}"
+            )
+        try:
+            name = bytes(view[pos : pos + name_len]).decode("utf-8")
+        except UnicodeDecodeError:
+            raise FormatError(source, f"index entry {i} name", "bytes", "UTF-8") from None
+        pos += name_len
+        offset, length, seed = _ENTRY_TAIL.unpack_from(data, pos)
+        pos += _ENTRY_TAIL.size
+        if offset >= index_start or length > index_start - offset or length == 0:
+            raise FormatError(
+                source,
+                f"index entry {i} ({name!r}) offset/size",
+                f"{offset}/{length}",
+                f"a non-empty region before the index at {index_start}",
+            )
+        entries.append(Entry(name, offset, length, seed))
+    if pos != end:
+        raise FormatError(source, "index end", pos, f"{end} (the footer)")
+    names = [e.name for e in entries]
+    if len(set(names)) != len(names):
+        raise FormatError(source, "index entry names", "duplicates", "unique")
+    spans = sorted((e.offset, e.offset + e.size, e.name) for e in entries)
+    for (_, a_end, a), (b_start, _, b) in itertools.pairwise(spans):
+        if b_start < a_end:
+            raise FormatError(source, f"region of {b!r}", b_start, f">= {a_end} (end of {a!r})")
+    return entries
+
+
+def check_names(entries: list[Entry], keys: Collection[str], source: str) -> None:
+    """Every entry's name is one of the artifact's XNNPACK keys, or a key followed by
+    another (weight and bias); a :class:`FormatError` naming the first that is not."""
+    known = set(keys)
+    for e in entries:
+        if e.name in known:
+            continue
+        if not any(e.name.startswith(k) and e.name[len(k) :] in known for k in known):
+            raise FormatError(
+                source,
+                "index entry name",
+                e.name,
+                "one of the artifact's XNNPACK named-data keys, or a weight key followed "
+                "by its bias key",
+            )

@@ -1,0 +1,150 @@
+"""The packed-weight file's checks, the CPU fingerprint and the native build's refusals.
+
+No runtime here: files are built byte by byte in the layout of ExecuTorch 1.4.1's
+XNNWeightsCache (regions, index, 20-byte footer) and every refusal's message is pinned.
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import pytest
+
+from ptestore.errors import ConfigurationError, FormatError
+from ptestore.xnnpack.identity import Identity, cpu_fingerprint
+from ptestore.xnnpack.native import build_shim
+from ptestore.xnnpack.xpwc import MAGIC, VERSION, Entry, check_names, parse_index
+
+PAGE = 4096
+
+
+def xpwc(
+    entries: list[tuple[str, int, int, int]],
+    *,
+    regions: int = 2,
+    magic: int = MAGIC,
+    version: int = VERSION,
+    index_start: int | None = None,
+    count: int | None = None,
+    extra: bytes = b"",
+) -> bytes:
+    body = bytearray(b"\x11" * (regions * PAGE))
+    index = bytearray()
+    for name, offset, size, seed in entries:
+        raw = name.encode()
+        index += struct.pack("<I", len(raw)) + raw + struct.pack("<QQI", offset, size, seed)
+    index += extra
+    start = len(body) if index_start is None else index_start
+    footer = struct.pack("<QIII", start, len(entries) if count is None else count, magic, version)
+    return bytes(body + index + footer)
+
+
+GOOD = [("w1b1", 0, 100, 7), ("w2", PAGE, 200, 0)]
+
+
+def test_a_well_formed_file_parses() -> None:
+    assert parse_index(xpwc(GOOD), "f") == [
+        Entry("w1b1", 0, 100, 7),
+        Entry("w2", PAGE, 200, 0),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"\0" * 19, "f: file size = 19: must be >= 20 (the footer)"),
+        (
+            xpwc(GOOD, magic=0x12345678),
+            "f: footer magic = '0x12345678': must be 0x58505743 ('XPWC')",
+        ),
+        (xpwc(GOOD, version=1), "f: footer version = 1: must be 2"),
+        (xpwc(GOOD, index_start=1 << 40), f"f: footer index_start = {1 << 40}: must be <= "),
+        (xpwc([], count=0), "f: footer entry_count = 0: must be >= 1"),
+        (
+            xpwc(GOOD, count=3),
+            "f: index entry 2 = ",
+        ),
+        (
+            xpwc([("w", 0, 2 * PAGE + 1, 0)]),
+            "f: index entry 0 ('w') offset/size = '0/8193': must be a non-empty region "
+            "before the index at 8192",
+        ),
+        (
+            xpwc([("w", 0, 0, 0)]),
+            "f: index entry 0 ('w') offset/size = '0/0': must be a non-empty region",
+        ),
+        (
+            xpwc([("w", 0, 100, 0)], extra=b"\0\0"),
+            "f: index end = ",
+        ),
+        (
+            xpwc([("a", 0, 100, 0), ("a", PAGE, 100, 0)]),
+            "f: index entry names = 'duplicates': must be unique",
+        ),
+        (
+            xpwc([("a", 0, PAGE + 1, 0), ("b", PAGE, 100, 0)]),
+            "f: region of 'b' = 4096: must be >= 4097 (end of 'a')",
+        ),
+    ],
+)
+def test_every_malformed_file_is_refused_with_its_field(data: bytes, message: str) -> None:
+    with pytest.raises(FormatError) as err:
+        parse_index(data, "f")
+    assert str(err.value).startswith(message)
+
+
+def test_a_name_length_past_the_index_is_refused() -> None:
+    data = bytearray(xpwc(GOOD))
+    start = 2 * PAGE
+    data[start : start + 4] = struct.pack("<I", 10_000)
+    with pytest.raises(FormatError) as err:
+        parse_index(bytes(data), "f")
+    assert str(err.value).startswith("f: index entry 0 name_len = 10000: must be <= ")
+
+
+def test_entry_names_are_keys_or_a_weight_key_and_its_bias_key() -> None:
+    entries = parse_index(xpwc(GOOD), "f")
+    check_names(entries, {"w1", "b1", "w2"}, "f")
+    with pytest.raises(FormatError) as err:
+        check_names(entries, {"w1", "w2"}, "f")
+    assert str(err.value) == (
+        "f: index entry name = 'w1b1': must be one of the artifact's XNNPACK named-data "
+        "keys, or a weight key followed by its bias key"
+    )
+
+
+X86 = "processor\t: 0\nflags\t\t: fpu sse4_1 sse4_2 avx avx2 fma avx512f avx512_vnni amx_tile\n"
+ARM = "processor\t: 0\nFeatures\t: fp asimd asimddp i8mm sve\n"
+
+
+def test_the_cpu_fingerprint_names_the_kernel_picking_features_only() -> None:
+    x86 = cpu_fingerprint(X86, "x86_64")
+    assert x86.endswith(":sse4_1,sse4_2,avx,fma,avx2,avx512f,avx512_vnni,amx_tile")
+    assert x86.startswith("x86_64/page=")
+    assert cpu_fingerprint(ARM, "aarch64").endswith(":asimd,asimddp,i8mm,sve")
+    # one feature more or less is another fingerprint
+    assert cpu_fingerprint(X86.replace(" amx_tile", ""), "x86_64") != x86
+
+
+def test_the_identity_names_the_file_and_lists_what_differs() -> None:
+    a = Identity("p" * 64, None, "1.4.1+cpu", "e4d0", "x86_64/page=4096:avx2")
+    b = Identity("q" * 64, None, "1.4.1+cpu", "e4d0", "x86_64/page=4096:avx2")
+    assert a.name != b.name and a.name.startswith("xnnpack-") and len(a.name) == 40
+    assert a.differences(b.to_json()) == [f"pte_sha256: {'q' * 64!r} != {'p' * 64!r}"]
+    assert a.differences(a.to_json()) == []
+
+
+def test_no_compiler_is_one_error_saying_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("executorch")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # nothing built here yet
+    monkeypatch.setenv("CXX", "no-such-compiler-xyz")
+    with pytest.raises(ConfigurationError) as err:
+        build_shim()
+    assert str(err.value) == (
+        "ptestore.xnnpack builds a small native piece on first use and needs a C++17 "
+        "compiler: 'no-such-compiler-xyz' is not on PATH (install g++, e.g. "
+        "`apt-get install g++`, or set CXX to one)"
+    )
