@@ -23,13 +23,15 @@ from ptestore.testing.s3server import S3TestServer
 
 EXT = get_fixture("mlp_xnnpack_ext")
 SPEC = "support.fleet_backend:Scaler=1.0"
+#: The same backend, upgraded: a newer build of every pair, with the same device options.
+NEWER = "support.fleet_backend:Scaler=2.0"
 A = DeviceProfile("a", {"soc": "x", "scale": 2.0})
 
 
-def _job(tmp: Path, dest: str, scale: float = 2.0, extra: str = "") -> Path:
+def _job(tmp: Path, dest: str, scale: float = 2.0, extra: str = "", spec: str = SPEC) -> Path:
     job = tmp / f"job{len(list(tmp.glob('job*.toml')))}.toml"
     job.write_text(
-        f'destination = "{dest}/{{device}}/{{model}}.pte"\nbackends = ["{SPEC}"]\n{extra}'
+        f'destination = "{dest}/{{device}}/{{model}}.pte"\nbackends = ["{spec}"]\n{extra}'
         f'[[models]]\nname = "m"\nsource = "{EXT.pte_path}"\nptd = "{EXT.ptd_path}"\n'
         f'[devices.a]\nsoc = "x"\nscale = {scale}\n[devices.b]\nsoc = "y"\nscale = 3.0\n'
     )
@@ -251,7 +253,9 @@ def test_the_entry_is_served_when_the_newer_artifact_cannot_be_downloaded(
     index = _fleet_run(_job(tmp_path, str(out)), capsys)
     first = ptestore.ensure(index, cache_dir=cache, model="m", device=A)
     old = Path(first.pte).read_bytes()
-    _fleet_run(_job(tmp_path, str(out), scale=3.0), capsys)  # a newer artifact for 'a'
+    # A newer artifact for 'a' (a backend upgrade; the device's options are the same, so
+    # it is still the device's own build)
+    _fleet_run(_job(tmp_path, str(out), spec=NEWER), capsys)
     pte = out / "a" / "m.pte"
     pte.rename(tmp_path / "away.pte")  # ... which cannot be downloaded now
     served = ptestore.ensure(index, cache_dir=cache, model="m", device=A)
@@ -353,7 +357,7 @@ def test_a_failure_between_the_incoming_ptd_and_pte_leaves_the_entry_untouched(
     (entry / "incoming.pte").rmdir()
     first = ptestore.ensure(index, cache_dir=cache, model="m", device=A)
     assert first.created
-    _fleet_run(_job(tmp_path, str(out), scale=3.0), capsys)
+    _fleet_run(_job(tmp_path, str(out), spec=NEWER), capsys)
     (entry / "incoming.pte" / "x").mkdir(parents=True)
     served = ptestore.ensure(index, cache_dir=cache, model="m", device=A)
     assert not served.created and served.pte == first.pte and served.choice is not None
