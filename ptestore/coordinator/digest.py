@@ -52,7 +52,7 @@ def _digest(
     run: Run, f: SourceFile, layout: FileLayout, cancelled: threading.Event | None
 ) -> ContentDigest:
     meta = bytes(layout.patched.metadata)
-    h = ContentHasher()
+    h = ContentHasher(layout.patched.file_size)
     h.update(meta)
     cursor = len(meta)
     for x in sorted(planned_copies(run, f, layout), key=lambda c: c.dst):

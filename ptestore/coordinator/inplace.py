@@ -101,7 +101,7 @@ def _final_digest(
         paint(off, off + n, "zeros", 0)
     for dst, jofs, n in writes:
         paint(dst, dst + n, "journal", jofs)
-    h = ContentHasher()
+    h = ContentHasher(content)
     for a, b, src, o in pieces:  # ``o``: where the piece's first byte is in its source
         if src == "zeros":
             h.zeros(b - a)
