@@ -23,7 +23,7 @@ import base64
 import hashlib
 import struct
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +40,7 @@ __all__ = [
     "chunk_size_for",
     "hash_chunks",
     "iter_mismatches",
+    "reusable",
 ]
 
 CHUNK_SIZE = 4 << 20
@@ -136,36 +137,68 @@ class ChunkDigests:
 
 
 class ChunkHasher:
-    """The chunk digests of bytes fed in order (each piece at the next offset)."""
+    """The chunk digests of bytes fed in order (each piece at the next offset).
+    ``known``: digests of chunks already known (by index, see :func:`reusable`): their
+    bytes are fed but not hashed."""
 
-    def __init__(self, length: int) -> None:
+    def __init__(self, length: int, known: Mapping[int, bytes] | None = None) -> None:
         self.length = length
         self.chunk_size = chunk_size_for(length)
+        self._known = dict(known or {})
         self._digests: list[bytes] = []
         self._h = hashlib.sha256()
         self._filled = 0
         self.size = 0
+        #: Bytes hashed (the rest were in known chunks).
+        self.hashed = 0
 
     def update(self, data: bytes | bytearray | memoryview) -> None:
         view = memoryview(data).cast("B")
         while view.nbytes:
             n = min(view.nbytes, self.chunk_size - self._filled)
-            self._h.update(view[:n])
+            if len(self._digests) not in self._known:
+                self._h.update(view[:n])
+                self.hashed += n
             self._filled += n
             self.size += n
             view = view[n:]
             if self._filled == self.chunk_size:
-                self._digests.append(self._h.digest())
-                self._h = hashlib.sha256()
-                self._filled = 0
+                self._close_chunk()
+
+    def _close_chunk(self) -> None:
+        i = len(self._digests)
+        self._digests.append(self._known[i] if i in self._known else self._h.digest())
+        self._h = hashlib.sha256()
+        self._filled = 0
 
     def result(self) -> ChunkDigests:
         if self.size != self.length:
             raise ValueError(f"chunk hasher fed {self.size} bytes, expected {self.length}")
-        digests = list(self._digests)
         if self._filled:
-            digests.append(self._h.digest())
-        return ChunkDigests(self.chunk_size, self.length, tuple(digests))
+            self._close_chunk()
+        return ChunkDigests(self.chunk_size, self.length, tuple(self._digests))
+
+
+def reusable(
+    source: ChunkDigests, length: int, kept: Iterable[tuple[int, int]]
+) -> dict[int, bytes]:
+    """The chunk digests of a ``length``-byte output that ``source`` already gives:
+    those of chunks lying wholly inside a ``kept`` range (``(start, end)``: bytes the
+    output has at the same offsets as the source, unchanged) whose span is the same in
+    both (same chunk size; the source's last chunk only if it ends where the output's
+    does)."""
+    size = chunk_size_for(length)
+    if size != source.chunk_size:
+        return {}
+    out: dict[int, bytes] = {}
+    for start, end in kept:
+        end = min(end, length, source.length)
+        for i in range(-(-start // size), end // size + 1):
+            a, b = i * size, min((i + 1) * size, length)
+            if a >= b or b > end or min((i + 1) * size, source.length) != b:
+                continue
+            out[i] = source.digests[i]
+    return out
 
 
 def _hash_one(loader: DataLoader, start: int, end: int, cancelled: threading.Event | None) -> bytes:

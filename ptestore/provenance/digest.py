@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from .._background import check as check_cancelled
@@ -66,9 +66,10 @@ _PARALLEL_MIN = 256 << 10
 
 class ContentHasher:
     """SHA-256 and CRC-32 of bytes fed in order; given the ``length`` they will add up
-    to, their chunk digests too (:mod:`.chunks`), in a second thread for large pieces."""
+    to, their chunk digests too (:mod:`.chunks`), in a second thread for large pieces;
+    ``known`` chunk digests (by index) are taken as given, not computed."""
 
-    def __init__(self, length: int | None = None) -> None:
+    def __init__(self, length: int | None = None, known: Mapping[int, bytes] | None = None) -> None:
         self._sha = hashlib.sha256()
         self._crc = 0
         self.size = 0
@@ -77,7 +78,7 @@ class ContentHasher:
         if length is not None:
             from .chunks import ChunkHasher
 
-            self._chunks = ChunkHasher(length)
+            self._chunks = ChunkHasher(length, known)
 
     def update(self, data: bytes | bytearray | memoryview) -> None:
         n = memoryview(data).nbytes

@@ -194,10 +194,14 @@ class ContentView:
     """A loader showing only the first ``content_size`` bytes of another one (the
     container without its trailer). Everything else is forwarded."""
 
-    def __init__(self, inner: DataLoader, content_size: int) -> None:
+    def __init__(
+        self, inner: DataLoader, content_size: int, trailer: Trailer | None = None
+    ) -> None:
         self.inner = inner
         self.name = inner.name
         self._size = content_size
+        #: The trailer it hides, when :func:`without_trailer` read it.
+        self.trailer = trailer
 
     def size(self) -> int:
         return self._size
@@ -233,4 +237,4 @@ def without_trailer(loader: DataLoader) -> DataLoader:
     trailer = read_trailer(loader)
     if trailer is None:
         return loader
-    return ContentView(loader, trailer.content_size)
+    return ContentView(loader, trailer.content_size, trailer)

@@ -33,6 +33,7 @@ from ptestore.provenance.chunks import (
     ChunkHasher,
     chunk_size_for,
     hash_chunks,
+    reusable,
 )
 from ptestore.provenance.digest import content_digest
 from ptestore.provenance.record import ContentDigest
@@ -317,3 +318,118 @@ def test_a_version_1_trailer_made_by_the_old_code_still_reads_and_verifies(
     ptestore.specialize(DATA / "v1_trailer.pte", again, allow_unchanged=True)
     assert read_trailer(open_loader(again)).version == 2  # type: ignore[union-attr]
     _assert_bound(again)
+
+
+# -- derived, not re-read -----------------------------------------------------------
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    src_len=st.integers(0, 4 * CHUNK_SIZE + 3),
+    out_len=st.integers(0, 4 * CHUNK_SIZE + 3),
+    kept=st.lists(
+        st.tuples(st.integers(0, 4 * CHUNK_SIZE + 3), st.integers(0, 2 * CHUNK_SIZE)),
+        max_size=4,
+    ),
+)
+def test_derived_chunk_digests_equal_a_full_rehash(
+    src_len: int, out_len: int, kept: list[tuple[int, int]]
+) -> None:
+    """An output that has the source's bytes at the same offsets over ``kept`` ranges
+    and other bytes elsewhere: the digests derived from the source's equal hashlib's."""
+    source = (hashlib.sha256(b"s").digest() * (src_len // 32 + 1))[:src_len]
+    out = bytearray((hashlib.sha256(b"o").digest() * (out_len // 32 + 1))[:out_len])
+    ranges = []
+    for start, n in kept:
+        end = min(start + n, src_len, out_len)
+        if start < end:
+            out[start:end] = source[start:end]
+            ranges.append((start, end))
+    recorded = content_digest(BytesLoader(source), src_len).chunks
+    assert recorded is not None
+    known = reusable(recorded, out_len, ranges)
+    h = ChunkHasher(out_len, known)
+    h.update(bytes(out))
+    assert list(h.result().digests) == _independent(bytes(out), CHUNK_SIZE)
+    assert h.hashed == out_len - sum(b - a for a, b in map(h.result().span, known))
+
+
+@pytest.fixture(scope="module")
+def known(big: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``big`` with a version-2 trailer: a source whose chunk digests are known."""
+    path = tmp_path_factory.mktemp("known") / "known.pte"
+    ptestore.specialize(big, path, allow_unchanged=True)
+    return path
+
+
+def _forge(path: Path, index: int) -> Path:
+    """``path`` with the digest its record names for chunk ``index`` replaced (a valid,
+    checksummed trailer that lies): a run that reuses it copies the lie."""
+    loader = open_loader(path)
+    trailer = read_trailer(loader)
+    assert trailer is not None
+    record = trailer.record()
+    chunks = record["content"]["chunks"]
+    raw = bytearray(base64.b64decode(chunks["sha256"]))
+    raw[index * 32] ^= 0xFF
+    digests = [bytes(raw[i : i + 32]) for i in range(0, len(raw), 32)]
+    chunks["sha256"] = base64.b64encode(bytes(raw)).decode()
+    chunks["root"] = _root(chunks["size"], trailer.content_size, digests)
+    forged = path.with_name("forged.pte")
+    forged.write_bytes(ptestore.provenance.replace_trailer(path.read_bytes(), record))
+    return forged
+
+
+def test_runs_from_a_known_source_derive_and_still_equal_a_full_rehash(
+    known: Path, tmp_path: Path
+) -> None:
+    through = tmp_path / "through.pte"
+    ptestore.specialize(known, through, allow_unchanged=True)
+    _assert_bound(through)
+    replaced = tmp_path / "replaced.pte"
+    ptestore.specialize(known, replaced, backends=[ReplaceKey("XnnpackBackend", _key(known))])
+    _assert_bound(replaced)
+    grown = tmp_path / "grown.pte"
+    ptestore.specialize(
+        known, grown, backends=[ReplaceKey("XnnpackBackend", _key(known), extra=5 * MiB)]
+    )
+    _assert_bound(grown)
+    for extra in (0, 2 * MiB):
+        target = tmp_path / f"inplace{extra}.pte"
+        shutil.copyfile(known, target)
+        ptestore.specialize(
+            target,
+            target,
+            backends=[ReplaceKey("XnnpackBackend", _key(known), extra=extra)],
+            in_place=True,
+        )
+        _assert_bound(target)
+        ptestore.specialize(target, target, in_place=True, allow_unchanged=True)
+        _assert_bound(target)
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_what_is_trusted_a_source_trailer_s_chunk_digests_are_carried_not_reread(
+    known: Path, tmp_path: Path, in_place: bool
+) -> None:
+    """A source whose (checksummed) trailer names a wrong digest for its last chunk,
+    which a pass-through keeps at the same offset: the output's record carries that
+    digest (it was not re-read), the whole SHA-256 is of the real bytes, and checking
+    the output's bytes names that chunk."""
+    n = len(_content(known)[1].chunks.digests)  # type: ignore[union-attr]
+    forged = _forge(known, n - 1)
+    out = tmp_path / "out.pte"
+    if in_place:  # one key replaced by one of the same size: the rest stays in place
+        shutil.copyfile(forged, out)
+        swap = ReplaceKey("XnnpackBackend", _key(known))
+        assert ptestore.specialize(out, out, backends=[swap], in_place=True).specialized
+    else:
+        ptestore.specialize(forged, out, allow_unchanged=True)
+    data, content = _content(out)
+    assert content.chunks is not None
+    assert content.chunks.digests[:-1] == tuple(_independent(data, CHUNK_SIZE))[:-1]
+    assert content.chunks.digests[-1] != _independent(data, CHUNK_SIZE)[-1]
+    assert content.sha256 == "sha256:" + hashlib.sha256(data).hexdigest()
+    a, b = content.chunks.span(n - 1)
+    with pytest.raises(FormatError, match=rf"content\.chunks\[{n - 1}\] = .* bytes {a}:{b}"):
+        check_bytes(open_loader(out))
