@@ -165,6 +165,12 @@ class ChunkHasher:
             if self._filled == self.chunk_size:
                 self._close_chunk()
 
+    def known(self, n: int) -> bool:
+        """Whether the next ``n`` bytes lie in known chunks only (nothing to hash)."""
+        first = len(self._digests)
+        last = (self.size + max(n, 1) - 1) // self.chunk_size
+        return all(i in self._known for i in range(first, last + 1))
+
     def _close_chunk(self) -> None:
         i = len(self._digests)
         self._digests.append(self._known[i] if i in self._known else self._h.digest())

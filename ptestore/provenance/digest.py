@@ -83,7 +83,7 @@ class ContentHasher:
     def update(self, data: bytes | bytearray | memoryview) -> None:
         n = memoryview(data).nbytes
         chunks = self._chunks
-        if chunks is not None and n >= _PARALLEL_MIN:
+        if chunks is not None and n >= _PARALLEL_MIN and not chunks.known(n):
             if self._pool is None:
                 from concurrent.futures import ThreadPoolExecutor
 

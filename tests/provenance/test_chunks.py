@@ -35,7 +35,7 @@ from ptestore.provenance.chunks import (
     hash_chunks,
     reusable,
 )
-from ptestore.provenance.digest import content_digest
+from ptestore.provenance.digest import ContentHasher, content_digest
 from ptestore.provenance.record import ContentDigest
 from ptestore.storage.loaders import BytesLoader, open_loader
 
@@ -352,6 +352,15 @@ def test_derived_chunk_digests_equal_a_full_rehash(
     h.update(bytes(out))
     assert list(h.result().digests) == _independent(bytes(out), CHUNK_SIZE)
     assert h.hashed == out_len - sum(b - a for a, b in map(h.result().span, known))
+    # the same through ContentHasher in 1 MiB pieces (a piece of known chunks only is
+    # not handed to its second thread)
+    c = ContentHasher(out_len, known)
+    for i in range(0, out_len, MiB):
+        c.update(bytes(out[i : i + MiB]))
+    got = c.digest()
+    assert (
+        got.chunks == h.result() and got.sha256 == content_digest(BytesLoader(out), out_len).sha256
+    )
 
 
 @pytest.fixture(scope="module")
