@@ -51,11 +51,28 @@ def planned_digest(
 def _digest(
     run: Run, f: SourceFile, layout: FileLayout, cancelled: threading.Event | None
 ) -> ContentDigest:
+    from ..provenance.check import recorded_chunks
+    from ..provenance.chunks import reusable
+
     meta = bytes(layout.patched.metadata)
-    h = ContentHasher()
+    copies = sorted(planned_copies(run, f, layout), key=lambda c: c.dst)
+    end = layout.patched.file_size
+    # Chunks copied unchanged to the same offsets from a source whose trailer names
+    # their digests keep those digests (the whole SHA-256 still reads every byte).
+    recorded = recorded_chunks(f.loader)
+    known = (
+        {}
+        if recorded is None
+        else reusable(
+            recorded,
+            end,
+            [(x.dst, x.dst + x.size) for x in copies if x.source is f.loader and x.src == x.dst],
+        )
+    )
+    h = ContentHasher(end, known)
     h.update(meta)
     cursor = len(meta)
-    for x in sorted(planned_copies(run, f, layout), key=lambda c: c.dst):
+    for x in copies:
         start = max(x.dst, cursor)
         if start > cursor:
             h.zeros(start - cursor)
@@ -63,7 +80,6 @@ def _digest(
         if x.size > skip:
             h.read(x.source, x.src + skip, x.size - skip, cancelled)
         cursor = max(cursor, x.dst + x.size)
-    end = layout.patched.file_size
     if end > cursor:
         h.zeros(end - cursor)
     return h.digest()

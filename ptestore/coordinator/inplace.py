@@ -73,10 +73,14 @@ def _final_digest(
     content: int,
     punch: list[list[int]],
     writes: list[tuple[int, int, int]],
+    recorded: Any = None,
 ) -> Any:
     """SHA-256/CRC-32 of ``[0, content)`` of the file once the journal is applied: the
     original's bytes (zeros past its end), the punched ranges zeroed (apply writes zeros
-    where the file system cannot punch), then the journal's writes in order."""
+    where the file system cannot punch), then the journal's writes in order. Chunks the
+    file keeps where they were take their digests from ``recorded`` (the chunk digests
+    of its own trailer, :func:`~ptestore.provenance.check.recorded_chunks`)."""
+    from ..provenance.chunks import reusable
     from ..provenance.digest import ContentHasher
 
     # Disjoint pieces (start, end, source, offset in source), painted in apply's order.
@@ -104,7 +108,9 @@ def _final_digest(
         paint(off, off + n, "zeros", 0)
     for dst, jofs, n in writes:
         paint(dst, dst + n, "journal", jofs)
-    h = ContentHasher()
+    # the original's own bytes where they were (neither zeros nor the journal's)
+    kept = [(a, b) for a, b, src, o in pieces if src not in ("zeros", "journal") and o == a]
+    h = ContentHasher(content, {} if recorded is None else reusable(recorded, content, kept))
     for a, b, src, o in pieces:  # ``o``: where the piece's first byte is in its source
         if src == "zeros":
             h.zeros(b - a)
@@ -347,7 +353,11 @@ def _run(
         if stamper is not None:
             # The record names the bytes it follows, as for a staged output: those the
             # journal will leave in [0, content).
-            digest = _final_digest(loader, spool, size_before, content, punch, writer.ops)
+            from ..provenance.check import recorded_chunks
+
+            digest = _final_digest(
+                loader, spool, size_before, content, punch, writer.ops, recorded_chunks(f.loader)
+            )
             stamper.seal("pte", digest)
             trailer = stamper.trailer("pte")
             writer.write(trailer, content)

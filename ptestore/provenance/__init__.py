@@ -2,7 +2,9 @@
 
 - :mod:`.trailer`: the binary trailer after the last segment (read, write, hide);
 - :mod:`.record`: the typed record and the key that decides whether it is current;
-- :mod:`.stamp`: making it during a run (sources, backends, device, S3 metadata).
+- :mod:`.stamp`: making it during a run (sources, backends, device, S3 metadata);
+- :mod:`.chunks`: chunk digests and their root; :mod:`.check`: checking an artifact's
+  bytes, whole or a byte range, against its record.
 
 :func:`read_provenance` reads the record of an artifact; :func:`provenance_json` is
 what ``ptestore inspect --json`` shows under ``provenance``.
@@ -17,6 +19,7 @@ from ..errors import FormatError
 
 if TYPE_CHECKING:
     from ..storage.types import DataLoader
+    from .check import BytesChecked, check_bytes
     from .record import (
         BackendStamp,
         DeviceStamp,
@@ -55,10 +58,12 @@ _LAZY = {
         "stamp",
     ),
     **dict.fromkeys(("Trailer", "encode_trailer", "read_trailer", "without_trailer"), "trailer"),
+    **dict.fromkeys(("BytesChecked", "check_bytes"), "check"),
 }
 
 __all__ = [
     "BackendStamp",
+    "BytesChecked",
     "DeviceStamp",
     "Provenance",
     "ProvenanceKey",
@@ -67,6 +72,7 @@ __all__ = [
     "SourceInfo",
     "Stamper",
     "Trailer",
+    "check_bytes",
     "describe_source",
     "encode_trailer",
     "object_metadata",

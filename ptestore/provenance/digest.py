@@ -12,11 +12,17 @@ from __future__ import annotations
 import hashlib
 import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
 
 from .._background import check as check_cancelled
 from ..storage.types import DataLoader, load_into
 from .record import ContentDigest
+
+if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .chunks import ChunkHasher
 
 __all__ = ["ContentHasher", "content_digest", "object_crc32", "read_pieces"]
 
@@ -53,18 +59,47 @@ def read_pieces(
         offset += n
 
 
-class ContentHasher:
-    """SHA-256 and CRC-32 of bytes fed in order."""
+#: A piece at least this large has its chunk digests computed in a second thread
+#: while this one computes the SHA-256 and CRC-32 (hashlib and zlib release the GIL).
+_PARALLEL_MIN = 256 << 10
 
-    def __init__(self) -> None:
+
+class ContentHasher:
+    """SHA-256 and CRC-32 of bytes fed in order; given the ``length`` they will add up
+    to, their chunk digests too (:mod:`.chunks`), in a second thread for large pieces;
+    ``known`` chunk digests (by index) are taken as given, not computed."""
+
+    def __init__(self, length: int | None = None, known: Mapping[int, bytes] | None = None) -> None:
         self._sha = hashlib.sha256()
         self._crc = 0
         self.size = 0
+        self._chunks: ChunkHasher | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        if length is not None:
+            from .chunks import ChunkHasher
+
+            self._chunks = ChunkHasher(length, known)
 
     def update(self, data: bytes | bytearray | memoryview) -> None:
-        self._sha.update(data)
-        self._crc = zlib.crc32(data, self._crc)
-        self.size += memoryview(data).nbytes
+        n = memoryview(data).nbytes
+        chunks = self._chunks
+        if chunks is not None and n >= _PARALLEL_MIN and not chunks.known(n):
+            if self._pool is None:
+                from concurrent.futures import ThreadPoolExecutor
+
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="ptestore-chunk-digest")
+            pending = self._pool.submit(chunks.update, data)
+            try:
+                self._sha.update(data)
+                self._crc = zlib.crc32(data, self._crc)
+            finally:
+                pending.result()  # ``data`` may be a reused buffer: done with it here
+        else:
+            if chunks is not None:
+                chunks.update(data)
+            self._sha.update(data)
+            self._crc = zlib.crc32(data, self._crc)
+        self.size += n
 
     def zeros(self, n: int) -> None:
         while n > 0:
@@ -84,12 +119,17 @@ class ContentHasher:
             self.update(piece)
 
     def digest(self) -> ContentDigest:
-        return ContentDigest(self.size, "sha256:" + self._sha.hexdigest(), self._crc)
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+        chunks = None if self._chunks is None else self._chunks.result()
+        return ContentDigest(self.size, "sha256:" + self._sha.hexdigest(), self._crc, chunks)
 
 
 def content_digest(loader: DataLoader, size: int) -> ContentDigest:
-    """The digest of the first ``size`` bytes of ``loader`` (one streaming read)."""
-    h = ContentHasher()
+    """The digest of the first ``size`` bytes of ``loader`` (one streaming read), with
+    its chunk digests."""
+    h = ContentHasher(size)
     h.read(loader, 0, size)
     return h.digest()
 

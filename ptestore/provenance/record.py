@@ -1,6 +1,6 @@
 """What a provenance trailer says, as typed values: :class:`Provenance` and its parts.
 
-The JSON payload (``format = "ptestore.provenance"``, ``version = 1``)::
+The JSON payload (``format = "ptestore.provenance"``, ``version = 2``; 1 is read)::
 
     {"format": "ptestore.provenance", "version": 1, "role": "pte",
      "source": {"url", "size", "sha256", "etag", "version_id"},
@@ -8,7 +8,8 @@ The JSON payload (``format = "ptestore.provenance"``, ``version = 1``)::
      "requested": [{"spec", "version"}],          # the backends asked for, in order
      "backends": [{"id", "spec", "version", "compatibility"}],   # per backend id run
      "device": {"name", "digest", "options"} | null,
-     "content": {"size", "sha256", "crc32"},       # this file before its trailer
+     "content": {"size", "sha256", "crc32",        # this file before its trailer
+                 "chunks": {"size", "sha256", "root"}},  # version 2: see .chunks
      "ptd_output": {"size", "sha256", "crc32"} | null,  # a .pte's .ptd (before its trailer)
      "job": {"path", "sha256"} | null,             # the fleet job file that made it
      "ptestore_version": "0.1.0", "created": "2026-12-01T08:00:00Z"}
@@ -24,11 +25,14 @@ digests, the requested backend specs and versions, and the device name and diges
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..backends.compat import canonical_json
 from ..errors import FormatError
+
+if TYPE_CHECKING:
+    from .chunks import ChunkDigests
 
 __all__ = [
     "FORMAT",
@@ -44,7 +48,9 @@ __all__ = [
 ]
 
 FORMAT = "ptestore.provenance"
-FORMAT_VERSION = 1
+#: Version 2 adds ``content.chunks`` (and ``ptd_output.chunks``); 1 is still read.
+FORMAT_VERSION = 2
+READ_VERSIONS = (1, 2)
 
 
 def _field(where: str, key: str) -> str:
@@ -150,23 +156,36 @@ class DeviceStamp:
 @dataclass(frozen=True)
 class ContentDigest:
     """Size, SHA-256 (``sha256:<hex>``) and CRC-32 (zlib, as an integer) of a file's
-    bytes before its trailer."""
+    bytes before its trailer, and (records of version 2) their chunk digests."""
 
     size: int
     sha256: str
     crc32: int
+    #: SHA-256 per chunk and their root (:mod:`.chunks`); None in version-1 records.
+    #: Not compared: the SHA-256 already names the bytes.
+    chunks: ChunkDigests | None = field(default=None, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"size": self.size, "sha256": self.sha256, "crc32": self.crc32}
+        out: dict[str, Any] = {"size": self.size, "sha256": self.sha256, "crc32": self.crc32}
+        if self.chunks is not None:
+            out["chunks"] = self.chunks.to_dict()
+        return out
 
     @classmethod
     def from_dict(cls, d: object, source: str, where: str) -> ContentDigest:
         if not isinstance(d, dict):
             raise FormatError(source, f"provenance {where}", d, "an object")
+        size = _get(d, "size", int, source, where)
+        chunks = None
+        if d.get("chunks") is not None:
+            from .chunks import ChunkDigests
+
+            chunks = ChunkDigests.from_dict(d["chunks"], size, source, where)
         return cls(
-            _get(d, "size", int, source, where),
+            size,
             _get(d, "sha256", str, source, where),
             _get(d, "crc32", int, source, where),
+            chunks,
         )
 
 
@@ -271,8 +290,10 @@ class Provenance:
         """Parse and check a payload; :class:`FormatError` names the bad field."""
         if d.get("format") != FORMAT:
             raise FormatError(source, "provenance format", d.get("format"), repr(FORMAT))
-        if d.get("version") != FORMAT_VERSION:
-            raise FormatError(source, "provenance version", d.get("version"), str(FORMAT_VERSION))
+        if d.get("version") not in READ_VERSIONS:
+            raise FormatError(
+                source, "provenance version", d.get("version"), "1 or 2 (this ptestore's)"
+            )
         role = d.get("role")
         if role not in ("pte", "ptd"):
             raise FormatError(source, "provenance role", role, "'pte' or 'ptd'")

@@ -10,7 +10,8 @@ Layout (all integers little-endian)::
         [0, 8)    u64 content_size   where the trailer starts (end of the container)
         [8, 16)   u64 payload_size
         [16, 48)  SHA-256 of the payload
-        [48, 52)  u32 format version (1)
+        [48, 52)  u32 format version (2; 1 is read: the same layout, a record
+                  without chunk digests)
         [52, 56)  u32 footer size (64)
         [56, 64)  magic b"PTSTPROV"
 
@@ -42,7 +43,9 @@ __all__ = [
 ]
 
 MAGIC = b"PTSTPROV"
-TRAILER_VERSION = 1
+TRAILER_VERSION = 2
+#: Footer versions a reader accepts (1: written before chunk digests, same layout).
+READ_VERSIONS = (1, 2)
 FOOTER_SIZE = 64
 #: A trailer's JSON may not exceed this (it is metadata, not data).
 MAX_PAYLOAD_SIZE = 1 << 20
@@ -61,6 +64,8 @@ class Trailer:
     content_size: int
     payload: bytes
     sha256: str
+    #: The footer's format version (1 for a trailer written before chunk digests).
+    version: int = TRAILER_VERSION
 
     @property
     def size(self) -> int:
@@ -80,7 +85,7 @@ class Trailer:
             self.content_size,
             len(self.payload),
             bytes.fromhex(self.sha256),
-            TRAILER_VERSION,
+            self.version,
             FOOTER_SIZE,
             MAGIC,
         )
@@ -121,10 +126,8 @@ def decode_footer(
     if magic != MAGIC:
         return None
     where = f"provenance trailer at the end of the {file_size}-byte file"
-    if version != TRAILER_VERSION:
-        raise FormatError(
-            source, "provenance trailer version", version, f"{TRAILER_VERSION}", where
-        )
+    if version not in READ_VERSIONS:
+        raise FormatError(source, "provenance trailer version", version, "1 or 2", where)
     if size != FOOTER_SIZE:
         raise FormatError(source, "provenance trailer footer size", size, f"{FOOTER_SIZE}", where)
     if payload_size > MAX_PAYLOAD_SIZE:
@@ -157,6 +160,7 @@ def read_trailer(loader: DataLoader) -> Trailer | None:
     if decoded is None:
         return None
     content_size, payload_size, digest = decoded
+    version = _FOOTER.unpack(tail[-FOOTER_SIZE:])[3]
     if payload_size + FOOTER_SIZE <= tail_size:
         payload = tail[tail_size - FOOTER_SIZE - payload_size : tail_size - FOOTER_SIZE]
     else:
@@ -183,17 +187,21 @@ def read_trailer(loader: DataLoader) -> Trailer | None:
         raise FormatError(
             loader.name, "provenance trailer payload", type(value).__name__, "a JSON object"
         )
-    return Trailer(content_size, payload, digest.hex())
+    return Trailer(content_size, payload, digest.hex(), version)
 
 
 class ContentView:
     """A loader showing only the first ``content_size`` bytes of another one (the
     container without its trailer). Everything else is forwarded."""
 
-    def __init__(self, inner: DataLoader, content_size: int) -> None:
+    def __init__(
+        self, inner: DataLoader, content_size: int, trailer: Trailer | None = None
+    ) -> None:
         self.inner = inner
         self.name = inner.name
         self._size = content_size
+        #: The trailer it hides, when :func:`without_trailer` read it.
+        self.trailer = trailer
 
     def size(self) -> int:
         return self._size
@@ -229,4 +237,4 @@ def without_trailer(loader: DataLoader) -> DataLoader:
     trailer = read_trailer(loader)
     if trailer is None:
         return loader
-    return ContentView(loader, trailer.content_size)
+    return ContentView(loader, trailer.content_size, trailer)

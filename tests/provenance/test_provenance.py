@@ -102,8 +102,8 @@ def test_inconsistent_sizes_are_a_format_error() -> None:
 
 
 def test_bad_version_and_footer_size_and_payload_size() -> None:
-    footer = struct.pack("<QQ32sII8s", 0, 0, bytes(32), 2, 64, b"PTSTPROV")
-    with pytest.raises(FormatError, match="provenance trailer version = 2: must be 1"):
+    footer = struct.pack("<QQ32sII8s", 0, 0, bytes(32), 3, 64, b"PTSTPROV")
+    with pytest.raises(FormatError, match="provenance trailer version = 3: must be 1 or 2"):
         decode_footer(footer, 64, "f")
     footer = struct.pack("<QQ32sII8s", 0, 0, bytes(32), 1, 48, b"PTSTPROV")
     with pytest.raises(FormatError, match="provenance trailer footer size = 48: must be 64"):

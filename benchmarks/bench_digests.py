@@ -1,0 +1,184 @@
+"""Benchmark: what the default provenance trailer costs with chunk digests (issue 28
+part 1), whole ``ptestore specialize`` processes against ``cp`` + ``sync``.
+
+    python benchmarks/bench_digests.py --work /tmp/bench-digests --size-mib 1024 --runs 3
+
+The program is made by ptestore from the real XNNPACK fixture ``mlp_xnnpack``
+(``tests/support/large.py``: every named value made ``size / 4`` bytes of seeded
+random bytes; the real metadata, keys and delegate). Two copies of it are kept: one
+*never seen* (no trailer: ``provenance=False``) and one *known* (a pass-through with
+the default trailer, so its record names its chunk digests). Cases, each a fresh
+``python -m ptestore specialize`` process with the defaults (provenance on), run
+``--runs`` times interleaved (run 1 of every case, then run 2, ...), each ratio taken
+pair by pair against the ``cp --reflink=never`` + ``sync FILE`` of the same round:
+
+- ``passthrough:never`` / ``passthrough:known``: ``specialize SRC DST --backend
+  passthrough`` (allowed unchanged);
+- ``inplace:never`` / ``inplace:known``: a fresh copy (made before the timer starts)
+  specialized in place, one value replaced by its bytes reversed (same size, so it is
+  written over its segment): ``--in-place --backend bench_digests_backend:Reverse``.
+
+``--xfs`` also runs the pass-through and a copy ``cp --reflink=always`` + ``sync`` on a
+loop-mounted XFS with reflink (root and xfsprogs, ``tests/support/xfs.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+PY = sys.executable
+
+_BACKEND = '''
+from ptestore.backends import BackendData, BackendInterface
+
+
+class Reverse(BackendInterface):
+    """Replaces the first named value by its bytes reversed (same size)."""
+
+    name = "XnnpackBackend"
+
+    def initialize_backend_data(self, context, output):
+        named = context.get_named_data_map()
+        key = sorted(named)[0]
+        value = bytes(named.get_data(key))[::-1]
+        output.write_named_data(key, BackendData(value))
+'''
+
+
+def _env(work: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(work)])
+    return env
+
+
+def _timed(cmd: list[str], env: dict[str, str]) -> float:
+    t = time.perf_counter()
+    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - t
+
+
+def _cp_sync(src: Path, dst: Path, reflink: str, env: dict[str, str]) -> float:
+    t = time.perf_counter()
+    subprocess.run(["cp", f"--reflink={reflink}", str(src), str(dst)], check=True)
+    subprocess.run(["sync", str(dst)], check=True)
+    return time.perf_counter() - t
+
+
+def _make(work: Path, size_mib: int) -> tuple[Path, Path]:
+    sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+    from support.fixtures import get_fixture
+    from support.large import inflate
+
+    import ptestore
+
+    never, known = work / "never.pte", work / "known.pte"
+    if not never.exists():
+        fx = get_fixture("mlp_xnnpack")
+        assert fx.pte_path is not None
+        inflate(fx.pte_path, never, (size_mib << 20) // 4)
+    if not known.exists():
+        ptestore.specialize(never, known, allow_unchanged=True)
+    (work / "bench_digests_backend.py").write_text(_BACKEND)
+    return never, known
+
+
+def _cases(
+    store: Path, never: Path, known: Path, env: dict[str, str], xfs: bool
+) -> dict[str, object]:
+    """name -> a callable of no argument returning seconds."""
+    spec = [PY, "-m", "ptestore", "specialize", "--quiet"]
+    out = store / "out.pte"
+    cases: dict[str, object] = {
+        "cp_sync": lambda: _cp_sync(known, store / "cp.pte", "never", env),
+    }
+    if xfs:
+        cases["cp_reflink_sync"] = lambda: _cp_sync(known, store / "cpr.pte", "always", env)
+    for label, src in (("never", never), ("known", known)):
+        cases[f"passthrough:{label}"] = lambda src=src: _timed(
+            [*spec, str(src), str(out), "--backend", "passthrough", "--allow-unchanged"], env
+        )
+        if not xfs:
+
+            def inplace(src: Path = src) -> float:
+                target = store / "inplace.pte"
+                shutil.copyfile(src, target)
+                os.sync()
+                return _timed(
+                    [
+                        *spec,
+                        str(target),
+                        str(target),
+                        "--in-place",
+                        "--backend",
+                        "bench_digests_backend:Reverse",
+                    ],
+                    env,
+                )
+
+            cases[f"inplace:{label}"] = inplace
+    return cases
+
+
+def _series(cases: dict[str, object], runs: int) -> dict[str, list[float]]:
+    times: dict[str, list[float]] = {k: [] for k in cases}
+    for _ in range(runs):
+        for name, fn in cases.items():
+            times[name].append(fn())  # type: ignore[operator]
+    return times
+
+
+def _report(title: str, times: dict[str, list[float]]) -> dict[str, object]:
+    base = times["cp_sync"]
+    rows = {}
+    print(f"\n{title}: median s, median x cp+sync (pair by pair)")
+    for name, ts in times.items():
+        ratio = statistics.median(t / b for t, b in zip(ts, base, strict=True))
+        rows[name] = {"seconds": ts, "median": statistics.median(ts), "x_cp_sync": ratio}
+        print(f"  {name:24s} {statistics.median(ts):7.2f} s  {ratio:6.2f}x")
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--work", default="/tmp/bench-digests")
+    ap.add_argument("--size-mib", type=int, default=1024)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--xfs", action="store_true", help="also on a loop-mounted XFS")
+    ap.add_argument("--json", help="write the figures here")
+    args = ap.parse_args()
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    never, known = _make(work, args.size_mib)
+    env = _env(work)
+    result: dict[str, object] = {"load_before": os.getloadavg()}
+    with tempfile.TemporaryDirectory(dir=work) as d:
+        result["ext4"] = _report(
+            "ext4", _series(_cases(Path(d), never, known, env, False), args.runs)
+        )
+    if args.xfs:
+        from support.xfs import xfs_reflink_mount
+
+        with xfs_reflink_mount("6G") as m:
+            xn, xk = m.path / "never.pte", m.path / "known.pte"
+            shutil.copyfile(never, xn)
+            shutil.copyfile(known, xk)
+            result["xfs"] = _report("xfs", _series(_cases(m.path, xn, xk, env, True), args.runs))
+    result["load_after"] = os.getloadavg()
+    print(f"\nload average before {result['load_before']}, after {result['load_after']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,444 @@
+"""Chunk digests in the provenance record (version 2): they are the SHA-256 of each
+4 MiB chunk of the bytes before the trailer (checked against hashlib), the root is the
+documented SHA-256 over them, a flipped byte in any chunk is reported with the chunk's
+range, a byte range can be checked alone, every run's record (staged, in place,
+pass-through, replaced) names the chunks of the bytes it follows, and records written
+before chunk digests (version 1, a committed file made by the old code) still read and
+verify."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import shutil
+import struct
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from support.fixtures import get_fixture
+from support.large import ReplaceKey, inflate
+
+import ptestore
+from ptestore import verify
+from ptestore.cli import main
+from ptestore.errors import ConfigurationError, FormatError
+from ptestore.provenance import check_bytes, read_provenance, read_trailer
+from ptestore.provenance.check import parse_range
+from ptestore.provenance.chunks import (
+    CHUNK_SIZE,
+    MAX_CHUNKS,
+    ChunkDigests,
+    ChunkHasher,
+    chunk_size_for,
+    hash_chunks,
+    reusable,
+)
+from ptestore.provenance.digest import ContentHasher, content_digest
+from ptestore.provenance.record import ContentDigest
+from ptestore.storage.loaders import BytesLoader, open_loader
+
+FX = get_fixture("mlp_xnnpack")
+DATA = Path(__file__).parent / "data"
+MiB = 1 << 20
+
+
+def _independent(data: bytes, size: int) -> list[bytes]:
+    return [hashlib.sha256(data[i : i + size]).digest() for i in range(0, len(data), size)]
+
+
+def _root(size: int, length: int, digests: list[bytes]) -> str:
+    raw = b"ptestore.chunks\x00" + struct.pack("<QQ", size, length) + b"".join(digests)
+    return "sha256:" + hashlib.sha256(raw).hexdigest()
+
+
+def _content(path: Path) -> tuple[bytes, ContentDigest]:
+    loader = open_loader(path)
+    trailer = read_trailer(loader)
+    prov = read_provenance(loader)
+    assert trailer is not None and prov is not None and prov.content is not None
+    return path.read_bytes()[: trailer.content_size], prov.content
+
+
+def _assert_bound(path: Path) -> ContentDigest:
+    """The record's chunks and root are those of the bytes, by hashlib alone."""
+    data, content = _content(path)
+    assert content.chunks is not None
+    assert content.chunks.chunk_size == CHUNK_SIZE
+    want = _independent(data, CHUNK_SIZE)
+    assert list(content.chunks.digests) == want
+    assert content.chunks.root == _root(CHUNK_SIZE, len(data), want)
+    assert content.sha256 == "sha256:" + hashlib.sha256(data).hexdigest()
+    return content
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real program of 4 keys of 3 MiB: about 12 MiB, three 4 MiB chunks."""
+    path = tmp_path_factory.mktemp("big") / "big.pte"
+    assert FX.pte_path is not None
+    inflate(FX.pte_path, path, 3 * MiB)
+    return path
+
+
+@pytest.mark.parametrize("length", [0, 1, CHUNK_SIZE - 1, CHUNK_SIZE, CHUNK_SIZE + 1, 9 * MiB])
+def test_content_digest_chunks_match_hashlib(length: int) -> None:
+    data = bytes((i * 131 + 7) % 256 for i in range(min(length, 4096))) * (length // 4096 + 1)
+    data = data[:length]
+    got = content_digest(BytesLoader(data), length)
+    assert got.chunks is not None
+    want = _independent(data, CHUNK_SIZE)
+    assert list(got.chunks.digests) == want
+    assert len(want) == -(-length // CHUNK_SIZE)
+    assert got.chunks.root == _root(CHUNK_SIZE, length, want)
+    assert got.sha256 == "sha256:" + hashlib.sha256(data).hexdigest()
+    assert hash_chunks(BytesLoader(data), length) == dict(enumerate(want))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    length=st.integers(0, 3 * CHUNK_SIZE + 5),
+    cuts=st.lists(st.integers(0, 3 * CHUNK_SIZE + 5), max_size=8),
+)
+def test_chunk_digests_do_not_depend_on_how_the_bytes_are_fed(length: int, cuts: list[int]) -> None:
+    data = (hashlib.sha256(str(length).encode()).digest() * (length // 32 + 1))[:length]
+    h = ChunkHasher(length)
+    prev = 0
+    for cut in sorted({c for c in cuts if c <= length} | {length}):
+        h.update(data[prev:cut])
+        prev = cut
+    got = h.result()
+    assert list(got.digests) == _independent(data, CHUNK_SIZE)
+    assert ChunkDigests.from_dict(got.to_dict(), length, "f", "content") == got
+
+
+def test_chunk_size_doubles_past_the_count_limit() -> None:
+    assert chunk_size_for(0) == CHUNK_SIZE
+    assert chunk_size_for(MAX_CHUNKS * CHUNK_SIZE) == CHUNK_SIZE
+    assert chunk_size_for(MAX_CHUNKS * CHUNK_SIZE + 1) == 2 * CHUNK_SIZE
+    assert chunk_size_for(100 << 30) == 2 * CHUNK_SIZE  # 12800 chunks of 8 MiB
+    assert chunk_size_for(200 << 30) == 4 * CHUNK_SIZE
+
+
+def test_a_hasher_fed_the_wrong_length_says_so() -> None:
+    h = ChunkHasher(10)
+    h.update(b"abc")
+    with pytest.raises(ValueError, match="chunk hasher fed 3 bytes, expected 10"):
+        h.result()
+
+
+def _good_chunks(length: int = CHUNK_SIZE + 1) -> dict[str, object]:
+    return content_digest(BytesLoader(bytes(length)), length).to_dict()["chunks"]  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            {"size": 1 << 20},
+            "f: provenance content.chunks.size = 1048576: must be 4194304 (the chunk size "
+            "of 4194305 bytes)",
+        ),
+        (
+            {"size": True},
+            "f: provenance content.chunks.size = True: must be 4194304",
+        ),
+        (
+            {"sha256": "***"},
+            "f: provenance content.chunks.sha256 = 'not base64': must be base64 of 2 SHA-256 "
+            "digests (64 bytes) for 4194305 bytes in chunks of 4194304",
+        ),
+        (
+            {"sha256": base64.b64encode(bytes(32)).decode()},
+            "f: provenance content.chunks.sha256 = '32 bytes': must be base64 of 2 SHA-256 "
+            "digests (64 bytes)",
+        ),
+        (
+            {"root": "sha256:00"},
+            "f: provenance content.chunks.root = 'sha256:00': must be sha256:",
+        ),
+    ],
+)
+def test_damaged_chunk_records_are_refused_by_field(
+    change: dict[str, object], message: str
+) -> None:
+    d = {**_good_chunks(), **change}
+    with pytest.raises(FormatError) as err:
+        ChunkDigests.from_dict(d, CHUNK_SIZE + 1, "f", "content")
+    assert str(err.value).startswith(message)
+    with pytest.raises(FormatError, match=r"provenance content\.chunks = 3: must be an object"):
+        ChunkDigests.from_dict(3, 1, "f", "content")
+
+
+def test_every_run_records_the_chunks_of_its_bytes(big: Path, tmp_path: Path) -> None:
+    assert FX.pte_path is not None
+    staged = tmp_path / "staged.pte"
+    ptestore.specialize(big, staged, backends=[ReplaceKey("XnnpackBackend", _key(big))])
+    _assert_bound(staged)
+    through = tmp_path / "through.pte"
+    ptestore.specialize(big, through, allow_unchanged=True)
+    _assert_bound(through)
+    grown = tmp_path / "grown.pte"
+    ptestore.specialize(
+        big, grown, backends=[ReplaceKey("XnnpackBackend", _key(big), extra=5 * MiB)]
+    )
+    assert len(_assert_bound(grown).chunks.digests) == 5  # type: ignore[union-attr]
+    for extra in (0, 2 * MiB):  # over its segment; at the end, the old range released
+        target = tmp_path / f"inplace{extra}.pte"
+        shutil.copyfile(big, target)
+        ptestore.specialize(
+            target,
+            target,
+            backends=[ReplaceKey("XnnpackBackend", _key(big), extra=extra)],
+            in_place=True,
+        )
+        _assert_bound(target)
+        assert verify(target).status == "intact"
+        ptestore.specialize(target, target, in_place=True, allow_unchanged=True)
+        _assert_bound(target)
+
+
+def _key(path: Path) -> str:
+    assert FX.doubled is not None
+    return FX.doubled.key
+
+
+def _flip(path: Path, offset: int) -> None:
+    with path.open("r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0x01]))
+
+
+def test_a_flipped_byte_in_any_chunk_is_named_with_its_range(big: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out.pte"
+    ptestore.specialize(big, out, backends=[ReplaceKey("XnnpackBackend", _key(big))])
+    data, content = _content(out)
+    assert content.chunks is not None
+    n = len(content.chunks.digests)
+    assert n == 4  # 12 MiB of weights and the metadata
+    assert check_bytes(open_loader(out)) == ptestore.provenance.BytesChecked(0, len(data), n)
+    for i in range(n):
+        a, b = content.chunks.span(i)
+        damaged = tmp_path / f"damaged{i}.pte"
+        shutil.copyfile(out, damaged)
+        _flip(damaged, (a + b) // 2)
+        with pytest.raises(FormatError) as err:
+            check_bytes(open_loader(damaged))
+        assert str(err.value) == (
+            f"{damaged}: content.chunks[{i}] = "
+            f"'{hashlib.sha256(damaged.read_bytes()[a:b]).hexdigest()}': must be "
+            f"{content.chunks.digests[i].hex()}, the SHA-256 the record names for bytes "
+            f"{a}:{b} (a byte in {a}:{b} was damaged or changed after the record was made)"
+        )
+        # a range that leaves the damaged chunk out passes, one that touches it fails
+        other = (i + 1) % n
+        oa, ob = content.chunks.span(other)
+        assert check_bytes(open_loader(damaged), (oa + 1, ob - 1)) == (
+            ptestore.provenance.BytesChecked(oa, ob, 1)
+        )
+        with pytest.raises(FormatError, match=rf"content.chunks\[{i}\]"):
+            check_bytes(open_loader(damaged), (b - 1, b))
+        assert verify(damaged).exit_code == 2
+
+
+def test_verify_range_on_the_command_line(
+    big: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out.pte"
+    ptestore.specialize(big, out, backends=[ReplaceKey("XnnpackBackend", _key(big))])
+    assert main(["verify", str(out), "--range", "0:5"]) == 0
+    assert capsys.readouterr().out.strip() == (
+        f"{out}: bytes 0:4194304 intact (1 chunk of the record checked)"
+    )
+    _flip(out, CHUNK_SIZE + 10)
+    assert main(["verify", str(out), "--range", ":"]) == 2
+    err = capsys.readouterr().err
+    assert "content.chunks[1]" in err and f"bytes {CHUNK_SIZE}:{2 * CHUNK_SIZE}" in err
+    assert main(["verify", str(out), "--range", "0:100"]) == 0
+    capsys.readouterr()
+    assert main(["verify", str(out), "--range", "x"]) == 2
+    assert "byte range 'x': expected START:END" in capsys.readouterr().err
+
+
+def test_range_refusals(big: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out.pte"
+    ptestore.specialize(big, out, backends=[ReplaceKey("XnnpackBackend", _key(big))])
+    size = _content(out)[1].size
+    with pytest.raises(ConfigurationError) as err:
+        check_bytes(open_loader(out), (0, size + 1))
+    assert str(err.value) == (
+        f"{out}: byte range 0:{size + 1} is outside the content: must be within 0:{size} "
+        "(the bytes before the provenance trailer)"
+    )
+    with pytest.raises(ConfigurationError, match=r"byte range 5:4 is outside"):
+        check_bytes(open_loader(out), (5, 4))
+    with pytest.raises(ConfigurationError) as err:
+        check_bytes(open_loader(big))  # made with provenance=False
+    assert str(err.value) == (
+        f"{big}: no provenance record names the digests of its bytes (made without "
+        "provenance, or by an older ptestore): nothing to check them against"
+    )
+    assert parse_range("10:") == (10, -1) and parse_range(":7") == (0, 7)
+    for bad in ("", "1", "a:b", "1:2:3"):
+        with pytest.raises(ConfigurationError, match="expected START:END"):
+            parse_range(bad)
+
+
+def test_a_version_1_trailer_made_by_the_old_code_still_reads_and_verifies(
+    tmp_path: Path,
+) -> None:
+    pte = tmp_path / "v1_trailer.pte"
+    shutil.copyfile(DATA / "v1_trailer.pte", pte)
+    shutil.copyfile(DATA / "v1_trailer.ptd", tmp_path / "v1_trailer.ptd")
+    loader = open_loader(pte)
+    trailer = read_trailer(loader)
+    assert trailer is not None and trailer.version == 1
+    assert trailer.raw() == pte.read_bytes()[trailer.content_size :]
+    assert trailer.record()["version"] == 1
+    prov = read_provenance(loader)
+    assert prov is not None and prov.content is not None and prov.content.chunks is None
+    assert verify(pte).status == "intact"
+    assert check_bytes(open_loader(pte)) == ptestore.provenance.BytesChecked(
+        0, trailer.content_size, 0
+    )
+    with pytest.raises(ConfigurationError) as err:
+        check_bytes(open_loader(pte), (0, 10))
+    assert str(err.value) == (
+        f"{pte}: its provenance record (version 1) names no chunk digests: only the whole "
+        f"content (0:{trailer.content_size}) can be checked, not 0:10"
+    )
+    _flip(pte, 100)
+    with pytest.raises(FormatError, match=r"content\.sha256 = 'sha256:"):
+        check_bytes(open_loader(pte))
+    # re-specializing an old artifact writes a version-2 record with chunks
+    again = tmp_path / "again.pte"
+    ptestore.specialize(DATA / "v1_trailer.pte", again, allow_unchanged=True)
+    assert read_trailer(open_loader(again)).version == 2  # type: ignore[union-attr]
+    _assert_bound(again)
+
+
+# -- derived, not re-read -----------------------------------------------------------
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    src_len=st.integers(0, 4 * CHUNK_SIZE + 3),
+    out_len=st.integers(0, 4 * CHUNK_SIZE + 3),
+    kept=st.lists(
+        st.tuples(st.integers(0, 4 * CHUNK_SIZE + 3), st.integers(0, 2 * CHUNK_SIZE)),
+        max_size=4,
+    ),
+)
+def test_derived_chunk_digests_equal_a_full_rehash(
+    src_len: int, out_len: int, kept: list[tuple[int, int]]
+) -> None:
+    """An output that has the source's bytes at the same offsets over ``kept`` ranges
+    and other bytes elsewhere: the digests derived from the source's equal hashlib's."""
+    source = (hashlib.sha256(b"s").digest() * (src_len // 32 + 1))[:src_len]
+    out = bytearray((hashlib.sha256(b"o").digest() * (out_len // 32 + 1))[:out_len])
+    ranges = []
+    for start, n in kept:
+        end = min(start + n, src_len, out_len)
+        if start < end:
+            out[start:end] = source[start:end]
+            ranges.append((start, end))
+    recorded = content_digest(BytesLoader(source), src_len).chunks
+    assert recorded is not None
+    known = reusable(recorded, out_len, ranges)
+    h = ChunkHasher(out_len, known)
+    h.update(bytes(out))
+    assert list(h.result().digests) == _independent(bytes(out), CHUNK_SIZE)
+    assert h.hashed == out_len - sum(b - a for a, b in map(h.result().span, known))
+    # the same through ContentHasher in 1 MiB pieces (a piece of known chunks only is
+    # not handed to its second thread)
+    c = ContentHasher(out_len, known)
+    for i in range(0, out_len, MiB):
+        c.update(bytes(out[i : i + MiB]))
+    got = c.digest()
+    assert (
+        got.chunks == h.result() and got.sha256 == content_digest(BytesLoader(out), out_len).sha256
+    )
+
+
+@pytest.fixture(scope="module")
+def known(big: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``big`` with a version-2 trailer: a source whose chunk digests are known."""
+    path = tmp_path_factory.mktemp("known") / "known.pte"
+    ptestore.specialize(big, path, allow_unchanged=True)
+    return path
+
+
+def _forge(path: Path, index: int) -> Path:
+    """``path`` with the digest its record names for chunk ``index`` replaced (a valid,
+    checksummed trailer that lies): a run that reuses it copies the lie."""
+    loader = open_loader(path)
+    trailer = read_trailer(loader)
+    assert trailer is not None
+    record = trailer.record()
+    chunks = record["content"]["chunks"]
+    raw = bytearray(base64.b64decode(chunks["sha256"]))
+    raw[index * 32] ^= 0xFF
+    digests = [bytes(raw[i : i + 32]) for i in range(0, len(raw), 32)]
+    chunks["sha256"] = base64.b64encode(bytes(raw)).decode()
+    chunks["root"] = _root(chunks["size"], trailer.content_size, digests)
+    forged = path.with_name("forged.pte")
+    forged.write_bytes(ptestore.provenance.replace_trailer(path.read_bytes(), record))
+    return forged
+
+
+def test_runs_from_a_known_source_derive_and_still_equal_a_full_rehash(
+    known: Path, tmp_path: Path
+) -> None:
+    through = tmp_path / "through.pte"
+    ptestore.specialize(known, through, allow_unchanged=True)
+    _assert_bound(through)
+    replaced = tmp_path / "replaced.pte"
+    ptestore.specialize(known, replaced, backends=[ReplaceKey("XnnpackBackend", _key(known))])
+    _assert_bound(replaced)
+    grown = tmp_path / "grown.pte"
+    ptestore.specialize(
+        known, grown, backends=[ReplaceKey("XnnpackBackend", _key(known), extra=5 * MiB)]
+    )
+    _assert_bound(grown)
+    for extra in (0, 2 * MiB):
+        target = tmp_path / f"inplace{extra}.pte"
+        shutil.copyfile(known, target)
+        ptestore.specialize(
+            target,
+            target,
+            backends=[ReplaceKey("XnnpackBackend", _key(known), extra=extra)],
+            in_place=True,
+        )
+        _assert_bound(target)
+        ptestore.specialize(target, target, in_place=True, allow_unchanged=True)
+        _assert_bound(target)
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_what_is_trusted_a_source_trailer_s_chunk_digests_are_carried_not_reread(
+    known: Path, tmp_path: Path, in_place: bool
+) -> None:
+    """A source whose (checksummed) trailer names a wrong digest for its last chunk,
+    which a pass-through keeps at the same offset: the output's record carries that
+    digest (it was not re-read), the whole SHA-256 is of the real bytes, and checking
+    the output's bytes names that chunk."""
+    n = len(_content(known)[1].chunks.digests)  # type: ignore[union-attr]
+    forged = _forge(known, n - 1)
+    out = tmp_path / "out.pte"
+    if in_place:  # one key replaced by one of the same size: the rest stays in place
+        shutil.copyfile(forged, out)
+        swap = ReplaceKey("XnnpackBackend", _key(known))
+        assert ptestore.specialize(out, out, backends=[swap], in_place=True).specialized
+    else:
+        ptestore.specialize(forged, out, allow_unchanged=True)
+    data, content = _content(out)
+    assert content.chunks is not None
+    assert content.chunks.digests[:-1] == tuple(_independent(data, CHUNK_SIZE))[:-1]
+    assert content.chunks.digests[-1] != _independent(data, CHUNK_SIZE)[-1]
+    assert content.sha256 == "sha256:" + hashlib.sha256(data).hexdigest()
+    a, b = content.chunks.span(n - 1)
+    with pytest.raises(FormatError, match=rf"content\.chunks\[{n - 1}\] = .* bytes {a}:{b}"):
+        check_bytes(open_loader(out))
