@@ -229,7 +229,14 @@ def _publish_conditionally(
     from ..writers.versions import read_versioned
 
     local = StorageURL.of(url).local
-    read_options = {} if local else options_for_loader(url, options, "dst")
+    # The version is read where the writer publishes: memory:// through the writer's own
+    # store (it takes the writer's options), S3 with the reading side's client options.
+    if local:
+        read_options: dict[str, Any] = {}
+    elif split_url(url)[0] == "memory":
+        read_options = options_for_writer(url, options)
+    else:
+        read_options = options_for_loader(url, options, "dst")
     write_options: dict[str, Any] = (
         {"auto_mkdir": True} if local else options_for_writer(url, options)
     )

@@ -23,7 +23,7 @@ from support.large import ReplaceKey, inflate
 import ptestore
 from ptestore import verify
 from ptestore.cli import main
-from ptestore.errors import ConfigurationError, FormatError
+from ptestore.errors import AlreadySpecialized, ConfigurationError, FormatError
 from ptestore.provenance import check_bytes, read_provenance, read_trailer
 from ptestore.provenance.check import parse_range
 from ptestore.provenance.chunks import (
@@ -195,7 +195,10 @@ def test_every_run_records_the_chunks_of_its_bytes(big: Path, tmp_path: Path) ->
         )
         _assert_bound(target)
         assert verify(target).status == "intact"
-        ptestore.specialize(target, target, in_place=True, allow_unchanged=True)
+        # In place never runs over its own output again (issue 29): the file is left as
+        # it is, still bound to its record.
+        with pytest.raises(AlreadySpecialized):
+            ptestore.specialize(target, target, in_place=True, allow_unchanged=True)
         _assert_bound(target)
 
 
@@ -413,7 +416,10 @@ def test_runs_from_a_known_source_derive_and_still_equal_a_full_rehash(
             in_place=True,
         )
         _assert_bound(target)
-        ptestore.specialize(target, target, in_place=True, allow_unchanged=True)
+        # In place never runs over its own output again (issue 29): the file is left as
+        # it is, still bound to its record.
+        with pytest.raises(AlreadySpecialized):
+            ptestore.specialize(target, target, in_place=True, allow_unchanged=True)
         _assert_bound(target)
 
 
