@@ -9,7 +9,7 @@ from typing import Any
 
 from .format.model import Container, inferred_alignment
 from .format.summary import NamedRow, header_json, key_rows, size_warnings, waste
-from .format.users import segment_users
+from .format.users import segment_users as segment_records
 
 __all__ = [
     "describe",
@@ -25,6 +25,16 @@ __all__ = [
     "waste",
 ]
 
+
+
+def segment_users(c: Container) -> dict[int, list[str]]:
+    """Who references each segment, as labels (``key K``, ``delegate forward[0] ID``,
+    ``constant data``, ``mutable data I``), with an entry (maybe empty) for every segment:
+    this module's public name, kept as it was; the walk itself is
+    :func:`ptestore.format.users.segment_users` (``segment_records`` here), whose records
+    say more."""
+    found = segment_records(c)
+    return {s.index: [u.label for u in found.get(s.index, [])] for s in c.segments}
 
 def read_description(
     url: str | os.PathLike[str], **storage_options: Any
@@ -330,7 +340,7 @@ def render_table(c: Container, named: Sequence[NamedRow] | None = None) -> str:
                 )
             )
     out.append("")
-    users = segment_users(c)
+    users = segment_records(c)
     out.append(f"segments ({len(c.segments)}), base {c.segment_base_offset}:")
     if c.segments:
         rows = []

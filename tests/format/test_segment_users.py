@@ -89,3 +89,22 @@ def test_inspect_and_the_layout_map_see_the_same_users(name: str) -> None:
     # what inspect --json counts as unreferenced agrees too
     waste = describe(str(path))["waste"]["unreferenced_segments"]
     assert waste == sum(s.size for s in container.segments if s.index not in walked)
+
+
+def test_the_public_inspection_segment_users_keeps_its_labels() -> None:
+    """``ptestore.inspection.segment_users`` still answers labels, with an entry for every
+    segment (the name was public before the walk moved to ``format.users``)."""
+    from support.fixtures import FIXTURES_DIR
+
+    from ptestore.format.reader import read_container
+    from ptestore.inspection import segment_users
+    from ptestore.storage.loaders import open_loader
+
+    with open_loader(str(FIXTURES_DIR / "mlp_xnnpack.pte")) as loader:
+        c = read_container(loader).container
+    users = segment_users(c)
+    assert sorted(users) == [s.index for s in c.segments]
+    keys = {f"key {e.key}" for e in c.named_data}
+    labels = {label for found in users.values() for label in found}
+    assert keys <= labels
+    assert all(isinstance(label, str) for label in labels)
