@@ -15,9 +15,10 @@ and once more in a fresh child with the finished file; the file must parse (foot
 index in bounds, entry names made of the artifact's XNNPACK keys) before any runtime is
 pointed at it, and every output of every method must equal the reference bit for bit.
 Only then is it published: fsync, 0444, rename into the directory, then the record the
-same way (the record is what makes a file findable). :func:`find_cache` and
-:func:`verify_cache` hand a file out only when its record names this identity and its
-size and SHA-256 match.
+same way (the record is what makes a file findable), through
+:mod:`ptestore.storage.atomic`. :func:`find_cache` and :func:`verify_cache` hand a file
+out only when its record (:mod:`.record`) names this identity and its size and SHA-256
+match.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
-import mmap
 import os
 import shutil
 import signal
@@ -34,7 +34,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +45,22 @@ from ..errors import (
     PteStoreError,
     StorageError,
 )
+from ..storage.atomic import rename, sync_file
 from .identity import Identity, file_sha256
-from .native import ExecutorchBuild, Shim, build_shim, executorch_build
-from .xpwc import Entry, check_names, parse_index
+from .native import Shim, build_shim, executorch_build
+from .record import (
+    RECORD_FORMAT,
+    CacheFile,
+    PathLike,
+    check_file,
+    identity_of,
+    parse_file,
+    paths,
+    publish_read_only,
+    read_record,
+    stamp,
+)
+from .xpwc import check_names
 
 __all__ = [
     "RECORD_FORMAT",
@@ -58,42 +70,6 @@ __all__ = [
     "make_cache",
     "verify_cache",
 ]
-
-RECORD_FORMAT = "ptestore-xnnpack-cache/1"
-PathLike = str | os.PathLike[str]
-
-
-@dataclass(frozen=True)
-class CacheFile:
-    """A verified packed-weight file and what it is bound to."""
-
-    path: Path
-    record_path: Path
-    size: int
-    sha256: str
-    entries: int
-    identity: Identity
-    #: True when this call made it, False when it was found.
-    made: bool = False
-    #: Seconds the making took (children included), when this call made it.
-    make_seconds: float | None = None
-
-    @property
-    def files(self) -> tuple[Path, Path]:
-        """The two files that make it up (the packed weights and the record): what a
-        cache that counts bytes or evicts (LRU) should account for and remove together,
-        the record first."""
-        return (self.record_path, self.path)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "path": str(self.path),
-            "size": self.size,
-            "sha256": self.sha256,
-            "entries": self.entries,
-            "identity": self.identity.to_json(),
-            "made": self.made,
-        }
 
 
 def artifact_keys(pte: PathLike) -> set[str]:
@@ -108,111 +84,6 @@ def artifact_keys(pte: PathLike) -> set[str]:
         return {key for key, _ in xnnpack_tensors(parsed, loader)}
     finally:
         loader.close()
-
-
-def _identity(
-    pte: PathLike,
-    ptd: PathLike | None,
-    pte_sha256: str | None,
-    ptd_sha256: str | None,
-    build: ExecutorchBuild,
-) -> Identity:
-    pte_digest = pte_sha256 or file_sha256(pte)
-    ptd_digest = None if ptd is None else (ptd_sha256 or file_sha256(ptd))
-    return Identity.of(pte_digest, ptd_digest, build)
-
-
-def _paths(directory: Path, identity: Identity) -> tuple[Path, Path, Path, Path]:
-    base = directory / f"{identity.name}.xpwc"
-    return (
-        base,
-        base.with_name(base.name + ".json"),
-        base.with_name(base.name + ".lock"),
-        directory / f"{identity.name}.refused.json",
-    )
-
-
-def _stamp(st: os.stat_result) -> dict[str, int]:
-    return {
-        "dev": st.st_dev,
-        "ino": st.st_ino,
-        "size": st.st_size,
-        "mtime_ns": st.st_mtime_ns,
-        "ctime_ns": st.st_ctime_ns,
-    }
-
-
-def _check_file(
-    path: Path, record: dict[str, Any], identity: Identity, full: bool = True
-) -> CacheFile:
-    """The checks before a file is handed out; raises what is wrong. ``full=False``
-    skips the SHA-256 when the file is still the inode published with the record, never
-    changed since (device, inode, size, mtime and ctime as recorded: any write, chmod,
-    copy or replacement changes one of them)."""
-    source = str(path)
-    if record.get("format") != RECORD_FORMAT:
-        raise FormatError(source + ".json", "format", record.get("format"), repr(RECORD_FORMAT))
-    recorded = record.get("identity")
-    if not isinstance(recorded, dict):
-        raise FormatError(source + ".json", "identity", recorded, "an object")
-    diff = identity.differences(recorded)
-    if diff:
-        raise IntegrityError(
-            f"{source}: made for another artifact, runtime or CPU ({'; '.join(diff)})",
-            published=False,
-        )
-    size, digest = record.get("size"), record.get("sha256")
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        raise IntegrityError(f"{source}: recorded but missing", published=False) from None
-    if st.st_size != size:
-        raise IntegrityError(f"{source}: size {st.st_size} != recorded {size}", published=False)
-    if st.st_mode & 0o222:
-        raise IntegrityError(
-            f"{source}: mode {oct(st.st_mode & 0o777)} is writable; published files are 0444",
-            published=False,
-        )
-    if not full and record.get("stamp") == _stamp(st) and isinstance(digest, str):
-        actual = digest
-    else:
-        actual = file_sha256(path)
-    if actual != digest:
-        raise IntegrityError(f"{source}: SHA-256 {actual} != recorded {digest}", published=False)
-    entries = _parse_file(path)
-    if len(entries) != record.get("entries"):
-        raise IntegrityError(
-            f"{source}: {len(entries)} entries != recorded {record.get('entries')}",
-            published=False,
-        )
-    return CacheFile(
-        path, path.with_name(path.name + ".json"), st.st_size, actual, len(entries), identity
-    )
-
-
-def _parse_file(path: Path) -> list[Entry]:
-    """The index of a file on disk, read through a read-only mapping."""
-    with open(path, "rb") as f:
-        if os.fstat(f.fileno()).st_size == 0:
-            return parse_index(b"", str(path))
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-            view = memoryview(m)
-            try:
-                return parse_index(view, str(path))
-            finally:
-                view.release()
-
-
-def _read_record(record_path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(record_path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise
-    except (OSError, ValueError) as exc:
-        raise FormatError(str(record_path), "record", type(exc).__name__, "a JSON object") from None
-    if not isinstance(data, dict):
-        raise FormatError(str(record_path), "record", type(data).__name__, "a JSON object")
-    return data
 
 
 def verify_cache(
@@ -230,16 +101,16 @@ def verify_cache(
     caller knows them (else the files are hashed). ``full=False``: the SHA-256 is skipped
     for a file that is still the inode published with its record and unchanged since
     (device, inode, size, mtime, ctime as recorded); any other file is hashed."""
-    identity = _identity(pte, ptd, pte_sha256, ptd_sha256, executorch_build())
+    identity = identity_of(pte, ptd, pte_sha256, ptd_sha256, executorch_build())
     p = Path(path)
     record_path = p.with_name(p.name + ".json")
     try:
-        record = _read_record(record_path)
+        record = read_record(record_path)
     except FileNotFoundError:
         raise IntegrityError(
             f"{p}: no record beside it ({record_path.name})", published=False
         ) from None
-    return _check_file(p, record, identity, full)
+    return check_file(p, record, identity, full)
 
 
 def find_cache(
@@ -254,8 +125,8 @@ def find_cache(
     """The verified packed-weight file for this artifact, runtime and CPU in
     ``directory``, or None (none, or one that fails a check: :func:`make_cache` makes it
     again). Nothing is changed on disk."""
-    identity = _identity(pte, ptd, pte_sha256, ptd_sha256, executorch_build())
-    path, record_path, _, _ = _paths(Path(directory), identity)
+    identity = identity_of(pte, ptd, pte_sha256, ptd_sha256, executorch_build())
+    path, record_path, _, _ = paths(Path(directory), identity)
     return _found(path, record_path, identity, full)
 
 
@@ -263,7 +134,7 @@ def _found(
     path: Path, record_path: Path, identity: Identity, full: bool = True
 ) -> CacheFile | None:
     try:
-        return _check_file(path, _read_record(record_path), identity, full)
+        return check_file(path, read_record(record_path), identity, full)
     except FileNotFoundError:
         return None
     except PteStoreError:
@@ -280,32 +151,9 @@ def _locked(lock_path: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _publish_bytes(data: bytes, target: Path) -> None:
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o444)
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 def _remove_stale(directory: Path, identity: Identity) -> None:
     """Under the lock: everything a previous maker of this identity left."""
-    path, record_path, _, _ = _paths(directory, identity)
+    path, record_path, _, _ = paths(directory, identity)
     for p in (record_path, path):  # the record first: it is what makes a file findable
         with contextlib.suppress(FileNotFoundError):
             p.unlink()
@@ -425,8 +273,8 @@ def make_cache(
     shim = build_shim()
     directory = Path(directory).absolute()
     directory.mkdir(parents=True, exist_ok=True)
-    identity = _identity(pte, ptd, pte_sha256, ptd_sha256, shim.build)
-    path, record_path, lock_path, refused_path = _paths(directory, identity)
+    identity = identity_of(pte, ptd, pte_sha256, ptd_sha256, shim.build)
+    path, record_path, lock_path, refused_path = paths(directory, identity)
     artifact = os.fspath(pte) if ptd is None else f"{os.fspath(pte)} (+ {os.fspath(ptd)})"
     with _locked(lock_path):
         found = _found(path, record_path, identity, full)
@@ -440,7 +288,7 @@ def make_cache(
         try:
             made = _make(pte, ptd, shim, identity, directory, artifact, timeout)
         except PackedWeightsRefused as exc:
-            _publish_bytes(
+            publish_read_only(
                 json.dumps({"identity": identity.to_json(), "reason": exc.reason}).encode(),
                 refused_path,
             )
@@ -468,7 +316,7 @@ def _make(
     artifact: str,
     timeout: float | None,
 ) -> CacheFile:
-    path, record_path, _, _ = _paths(directory, identity)
+    path, record_path, _, _ = paths(directory, identity)
     keys = artifact_keys(pte)
     if not keys:
         raise PackedWeightsRefused(
@@ -519,7 +367,7 @@ def _make(
                 artifact, "outputs with the cache differ from a load without it: " + "; ".join(diff)
             )
         try:
-            entries = _parse_file(tmp_file)
+            entries = parse_file(tmp_file)
             check_names(entries, keys, str(tmp_file))
         except FormatError as exc:
             raise PackedWeightsRefused(
@@ -554,13 +402,15 @@ def _make(
             )
         if tmp_file.stat().st_size != size or file_sha256(tmp_file) != digest:
             raise PackedWeightsRefused(artifact, "the runtime changed the file while loading it")
-        fd = os.open(tmp_file, os.O_RDONLY)
+        # The large file is published as the runtime wrote it (0444 already): fsync,
+        # rename into the directory, fsync of both directories; then the record.
+        fd = os.open(tmp_file, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            os.fsync(fd)
+            sync_file(fd)
         finally:
             os.close(fd)
-        os.replace(tmp_file, path)
-        stamp = _stamp(path.stat())
+        rename(str(tmp_file), str(path), durable=True)
+        published = stamp(path.stat())
         record = {
             "format": RECORD_FORMAT,
             "file": path.name,
@@ -569,10 +419,11 @@ def _make(
             "entries": len(entries),
             "identity": identity.to_json(),
             "made_unix": int(time.time()),
-            "stamp": stamp,
+            "stamp": published,
         }
-        _publish_bytes(json.dumps(record, indent=1).encode(), record_path)
-        _fsync_dir(directory)
+        publish_read_only(json.dumps(record, indent=1).encode(), record_path)
+    except StorageError:
+        raise  # from ptestore.storage.atomic: it names the file and the step
     except OSError as exc:
         raise StorageError(f"{directory}: making the packed-weight file failed: {exc}") from exc
     finally:

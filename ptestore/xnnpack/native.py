@@ -190,5 +190,13 @@ def build_shim(*, force: bool = False) -> Shim:
                 f"building ptestore's XNNPACK shim against executorch {build.version} "
                 f"({build.root / 'include'}) failed (exit {done.returncode}):\n{tail}"
             )
-        os.replace(tmp, target)
+        # Published durably: a shim truncated by a crash would be found and fail to load.
+        from ..storage.atomic import rename, sync_file
+
+        fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            sync_file(fd)
+        finally:
+            os.close(fd)
+        rename(str(tmp), str(target), durable=True)
     return Shim(target, build)

@@ -78,6 +78,7 @@ def test_made_verified_and_returned(made: CacheFile, tmp_path: Path) -> None:
     assert verify_cache(made.path, pte=MLP).entries == 2
     assert verify_cache(made.path, pte=MLP, full=False).sha256 == made.sha256
     assert record["stamp"]["ino"] == st.st_ino and record["stamp"]["ctime_ns"] == st.st_ctime_ns
+    assert made.record_path.stat().st_mode & 0o777 == 0o444  # published read-only as well
     # nothing else is left in the directory: no temporaries, no refusal
     names = sorted(p.name for p in made.path.parent.iterdir())
     assert names == sorted([made.path.name, made.record_path.name, made.path.name + ".lock"])
@@ -251,7 +252,16 @@ def test_a_killed_maker_leaves_nothing_that_could_be_handed_out(
     assert proc.poll() is None, "the maker finished before it could be killed"
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    assert not list(tmp_path.glob("*.xpwc")) and not list(tmp_path.glob("*.xpwc.json"))
+    assert not list(tmp_path.glob("*.xpwc"))
+    # the refusal is remembered, read-only, and nothing temporary is left beside it
+    (refused,) = tmp_path.glob("*.refused.json")
+    assert refused.stat().st_mode & 0o777 == 0o444
+    assert json.loads(refused.read_text())["reason"] == (
+        "it has no XNNPACK delegate with named weights (nothing to pack)"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [refused.name, refused.name.replace(".refused.json", ".xpwc.lock")]
+    ) and not list(tmp_path.glob("*.xpwc.json"))
     assert find_cache(MLP, directory=tmp_path) is None
     again = make_cache(MLP, directory=tmp_path)
     assert again.made and again.sha256 == made.sha256
