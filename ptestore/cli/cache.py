@@ -105,6 +105,8 @@ def run_cache(args: argparse.Namespace) -> int:
             return EXIT_OK
         for e in entries:
             where = " (in place)" if e.in_place else ""
+            if e.xnnpack_cache is not None:
+                where += f" + {os.path.basename(e.xnnpack_cache)}"
             print(
                 f"{e.key}  {e.state:<10} {human_bytes(e.bytes):>10}  {_when(e.last_used)}  "
                 f"{e.source or '-'}{where}"

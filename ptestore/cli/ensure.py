@@ -128,6 +128,12 @@ def add_ensure_parser(subparsers: Any) -> argparse.ArgumentParser:
     shown.add_argument(
         "--no-progress", dest="progress", action="store_false", help="never show progress"
     )
+    p.add_argument(
+        "--xnnpack-cache",
+        action="store_true",
+        help="also make (once) XNNPACK's packed-weight file beside the entry and print its "
+        "path (the [xnnpack] extra; refused by the runtime: the model is still served)",
+    )
     p.add_argument("--json", action="store_true", help="print the artifact (or error) as JSON")
     add_storage_options(p)
     add_common_flags(p)
@@ -166,6 +172,10 @@ def run_ensure(args: argparse.Namespace) -> int:
         print(artifact.pte)
         if artifact.ptd is not None:
             print(artifact.ptd)
+        if artifact.xnnpack_cache is not None:
+            print(artifact.xnnpack_cache)
+        elif artifact.xnnpack_refused is not None:
+            print(f"no XNNPACK packed-weight file: {artifact.xnnpack_refused}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -184,4 +194,5 @@ def _ensure(args: argparse.Namespace, ensure: Any, device: Any, progress: Any = 
         portable=args.portable,
         lock_timeout=args.lock_timeout,
         progress=progress,
+        **({"xnnpack_cache": True} if args.xnnpack_cache else {}),
     )

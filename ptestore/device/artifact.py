@@ -42,6 +42,11 @@ class Artifact:
     #: For a source that is a job index (``model=``): what :func:`ptestore.select` chose
     #: and why (``Choice.to_dict()``: ``kind`` ``"artifact"`` or ``"source"``, ``reason``).
     choice: dict[str, Any] | None = None
+    #: With ``xnnpack_cache=True``: the path of the verified XNNPACK packed-weight file
+    #: beside the entry (None when the runtime refused one: see ``xnnpack_refused``).
+    xnnpack_cache: str | None = None
+    #: Why the runtime could not have a packed-weight file (the artifact is served).
+    xnnpack_refused: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -55,6 +60,10 @@ class Artifact:
         }
         if self.choice is not None:
             out["choice"] = self.choice
+        if self.xnnpack_cache is not None or self.xnnpack_refused is not None:
+            out["xnnpack_cache"] = self.xnnpack_cache
+            if self.xnnpack_refused is not None:
+                out["xnnpack_refused"] = self.xnnpack_refused
         return out
 
 

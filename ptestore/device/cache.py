@@ -65,6 +65,8 @@ MAX_MANIFEST_BYTES = 1 << 20
 
 #: The mode the cache creates its directories with (the umask may only remove bits).
 PRIVATE_DIR_MODE = 0o755
+
+
 class CacheLayout:
     """Paths of a cache directory."""
 
@@ -221,7 +223,21 @@ class CacheEntry:
             "last_used": self.last_used,
             "source": self.source,
             "in_place": self.in_place,
+            "xnnpack_cache": self.xnnpack_cache,
         }
+
+    @property
+    def xnnpack_cache(self) -> str | None:
+        """The entry's XNNPACK packed-weight file (``ensure(..., xnnpack_cache=True)``):
+        the path of one with its record beside it, else None (not checked here)."""
+        try:
+            names = os.listdir(self.path)
+        except OSError:
+            return None
+        for name in sorted(names):
+            if name.endswith(".xpwc") and name + ".json" in names:
+                return os.path.join(self.path, name)
+        return None
 
 
 def _dir_bytes(directory: str) -> int:
@@ -292,9 +308,26 @@ def remove_entry_locked(layout: CacheLayout, key: str) -> int:
     return freed
 
 
-def clean_entry_locked(layout: CacheLayout, key: str, manifest: dict[str, Any] | None) -> None:
+def _packed_weights(name: str) -> bool:
+    """Whether ``name`` is one of the XNNPACK packed-weight files ``ensure(...,
+    xnnpack_cache=True)`` keeps beside an entry (:mod:`.packed`)."""
+    return name == "xnnpack.json" or (
+        name.startswith("xnnpack-")
+        and name.endswith((".xpwc", ".xpwc.json", ".xpwc.lock", ".refused.json"))
+    )
+
+
+def clean_entry_locked(
+    layout: CacheLayout,
+    key: str,
+    manifest: dict[str, Any] | None,
+    *,
+    keep_packed: bool = False,
+) -> None:
     """Remove files of entry ``key`` that its manifest does not name (staging files of a
-    run that died; the caller holds the key exclusively, so no run is writing them)."""
+    run that died; the caller holds the key exclusively, so no run is writing them);
+    ``keep_packed``: not the entry's XNNPACK packed-weight files (an entry made again
+    loses them: they were bound to the files it replaces)."""
     directory = layout.entry_dir(key)
     keep = {MANIFEST}
     if manifest is not None and isinstance(manifest.get("files"), dict):
@@ -308,7 +341,7 @@ def clean_entry_locked(layout: CacheLayout, key: str, manifest: dict[str, Any] |
     except FileNotFoundError:
         return
     for name in names:
-        if name not in keep:
+        if name not in keep and not (keep_packed and _packed_weights(name)):
             try:
                 os.unlink(os.path.join(directory, name))
             except OSError:
@@ -384,7 +417,7 @@ def prune(cache_dir: str | os.PathLike[str], max_bytes: int | None = None) -> Re
         lock = layout.lock(key, blocking=False)
         if lock.acquire():
             try:
-                clean_entry_locked(layout, key, e.manifest)
+                clean_entry_locked(layout, key, e.manifest, keep_packed=True)
             finally:
                 lock.release()
     if max_bytes is not None:

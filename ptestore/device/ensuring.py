@@ -109,6 +109,7 @@ def ensure(
     portable: PathOrUrl | None = None,
     lock_timeout: float | None = None,
     progress: Callable[[Event], None] | None = None,
+    xnnpack_cache: bool = False,
 ) -> Artifact:
     """The specialized model for ``source`` on this device, made once and cached.
 
@@ -150,6 +151,11 @@ def ensure(
         progress: called with each :class:`~ptestore.coordinator.report.Event` of the
             specialization when this call makes the entry (the events
             :func:`ptestore.specialize` reports); a hit calls nothing.
+        xnnpack_cache: also make (once, under the entry's lock) XNNPACK's packed-weight
+            file beside the entry and return its path as ``Artifact.xnnpack_cache``
+            (needs the ``[xnnpack]`` extra; see docs/device.md). Refused by the runtime:
+            the artifact is still returned, the reason in ``Artifact.xnnpack_refused``
+            (CLI: ``--xnnpack-cache``).
 
     Returns:
         An :class:`Artifact`: paths of the ``.pte`` and ``.ptd``, the provenance,
@@ -166,6 +172,35 @@ def ensure(
     _check_args(max_bytes, device)
     if not isinstance(provenance, bool):
         raise ConfigurationError(f"provenance must be True or False, got {provenance!r}")
+    if not isinstance(xnnpack_cache, bool):
+        raise ConfigurationError(f"xnnpack_cache must be True or False, got {xnnpack_cache!r}")
+    if xnnpack_cache and in_place:
+        raise ConfigurationError(
+            f"{os.fspath(source)}: xnnpack_cache=True applies to a copy in the cache, not to "
+            "in_place=True (CLI: --xnnpack-cache without --in-place)"
+        )
+    if xnnpack_cache:
+        from .cache import evict
+        from .packed import with_packed_weights
+
+        plain = ensure(  # within this call's lock deadline (lock_timeout not passed again)
+            source,
+            cache_dir=cache_dir,
+            backends=backends,
+            device=device,
+            ptd=ptd,
+            max_bytes=max_bytes,
+            in_place=in_place,
+            provenance=provenance,
+            model=model,
+            storage_options=storage_options,
+            portable=portable,
+            progress=progress,
+        )
+        served = with_packed_weights(CacheLayout(cache_dir), plain)
+        if max_bytes is not None:  # the packed file counts in the entry's bytes
+            evict(CacheLayout(cache_dir).root, max_bytes, keep=served.key)
+        return served
     src = os.fspath(source)
     ptd_src = None if ptd is None else os.fspath(ptd)
     blist = None if backends is None else list(backends)
@@ -214,9 +249,7 @@ def ensure(
         key,
         max_bytes,
         lambda: lookup(layout, key, fingerprint),
-        lambda: _make(
-            layout, key, fingerprint, src, ptd_src, blist, device, provenance, progress
-        ),
+        lambda: _make(layout, key, fingerprint, src, ptd_src, blist, device, provenance, progress),
     )
 
 

@@ -1,0 +1,122 @@
+"""``ensure(..., xnnpack_cache=True)``: XNNPACK's packed-weight file beside an entry.
+
+The file is :func:`ptestore.xnnpack.make_cache`'s, made in the entry's own directory,
+once, under the entry's exclusive lock (and the maker's own ``flock``); a hit finds it
+under the shared lock with :func:`ptestore.xnnpack.find_cache` (``full=False``: a few
+``stat`` calls and one small read, the SHA-256 only for a file that is not the inode
+published with its record). Missing, corrupt or made for another artifact, runtime or
+CPU: it is made again. Refused by the runtime: the artifact is still served, the reason
+is logged (``ptestore.device``), returned (``Artifact.xnnpack_refused``) and remembered
+beside it (the maker's ``.refused.json``: not tried again for the same identity).
+
+The artifact's digests, which bind the file to it, are hashed once and kept in
+``xnnpack.json`` with the stamps (size, inode, mtime, ctime) of the files they were
+taken of; they are hashed again only when a stamp differs. Everything sits in the entry's
+directory, so it counts in ``max_bytes`` and goes with the entry when LRU evicts it.
+``ptestore.xnnpack`` is imported only here, only when asked for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import TYPE_CHECKING
+
+from .artifact import Artifact
+from .cache import CacheLayout, file_stamp
+
+if TYPE_CHECKING:
+    from ..xnnpack import CacheFile
+
+__all__ = ["DIGESTS_NAME", "with_packed_weights"]
+
+#: The entry's record of its files' digests (for the packed file's identity).
+DIGESTS_NAME = "xnnpack.json"
+
+
+def _digests(directory: str, artifact: Artifact, compute: bool) -> tuple[str, str | None] | None:
+    """The SHA-256 of the entry's ``.pte`` and ``.ptd``: from ``xnnpack.json`` while its
+    stamps still match, else (``compute``) hashed and recorded, else None."""
+    files = (
+        {"pte": artifact.pte}
+        if artifact.ptd is None
+        else {"pte": artifact.pte, "ptd": artifact.ptd}
+    )
+    try:
+        stamps = {role: file_stamp(path) for role, path in files.items()}
+    except FileNotFoundError:  # the entry went (evicted): none here
+        return None
+    record_path = os.path.join(directory, DIGESTS_NAME)
+    try:
+        with open(record_path, encoding="utf-8") as f:
+            record = json.load(f)
+        if isinstance(record, dict) and record.get("stamps") == stamps:
+            digests = record["sha256"]
+            return digests["pte"], digests.get("ptd")
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    if not compute:
+        return None
+    from ..storage.atomic import put_bytes
+    from ..xnnpack.identity import file_sha256
+
+    sha = {role: file_sha256(path) for role, path in files.items()}
+    data = json.dumps({"stamps": stamps, "sha256": sha}, indent=1, sort_keys=True).encode()
+    put_bytes(record_path, data, permissions=0o644)
+    return sha["pte"], sha.get("ptd")
+
+
+def _found(directory: str, artifact: Artifact) -> CacheFile | None:
+    from ..xnnpack import find_cache
+
+    digests = _digests(directory, artifact, compute=False)
+    if digests is None:
+        return None
+    return find_cache(
+        artifact.pte,
+        ptd=artifact.ptd,
+        directory=directory,
+        pte_sha256=digests[0],
+        ptd_sha256=digests[1],
+        full=False,
+    )
+
+
+def with_packed_weights(layout: CacheLayout, artifact: Artifact) -> Artifact:
+    """``artifact`` with its packed-weight file (``xnnpack_cache``), found or made now;
+    or, refused by the runtime, with the reason (``xnnpack_refused``)."""
+    from ..errors import PackedWeightsRefused, StorageError
+
+    directory = layout.entry_dir(artifact.key)
+    with layout.lock(artifact.key, shared=True):
+        found = _found(directory, artifact)
+    if found is None:
+        from ..xnnpack import make_cache
+
+        with layout.lock(artifact.key):
+            if not os.path.isfile(layout.manifest(artifact.key)):
+                raise StorageError(
+                    f"{directory}: the entry was removed (evicted or pruned) before its "
+                    "XNNPACK packed-weight file was made; call ensure again"
+                )
+            digests = _digests(directory, artifact, compute=True)
+            if digests is None:
+                raise StorageError(f"{artifact.pte}: missing from its entry; call ensure again")
+            try:
+                found = make_cache(
+                    artifact.pte,
+                    ptd=artifact.ptd,
+                    directory=directory,
+                    pte_sha256=digests[0],
+                    ptd_sha256=digests[1],
+                    full=False,
+                )
+            except PackedWeightsRefused as exc:
+                from .._log import get_logger
+
+                get_logger("ptestore.device").warning(
+                    "%s: served without an XNNPACK packed-weight file: %s", artifact.pte, exc.reason
+                )
+                return dataclasses.replace(artifact, xnnpack_refused=exc.reason)
+    return dataclasses.replace(artifact, xnnpack_cache=str(found.path))

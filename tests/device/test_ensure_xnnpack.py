@@ -1,0 +1,188 @@
+"""``ensure(..., xnnpack_cache=True)`` with the real runtime (executorch 1.4.1): the
+packed-weight file made beside the entry, found on a hit, rebuilt when corrupt, counted
+and listed with the entry, and loaded by a fresh process bit-identically."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from ptestore.device import cache, ensure
+from ptestore.device.cache import CacheLayout, remove_entry_locked
+from ptestore.device.packed import with_packed_weights
+from ptestore.errors import ConfigurationError, StorageError
+from ptestore.testing.runtime import runtime_unavailable
+
+pytestmark = [
+    pytest.mark.interop,
+    pytest.mark.skipif(runtime_unavailable() is not None, reason=str(runtime_unavailable())),
+]
+
+REPO = Path(__file__).resolve().parents[2]
+FIXTURES = REPO / "tests" / "fixtures"
+MLP = FIXTURES / "mlp_xnnpack.pte"
+PY = sys.executable
+FLAGS = ["--xnnpack-cache", "--json"]
+
+
+def env() -> dict[str, str]:
+    e = dict(os.environ)
+    e["PYTHONPATH"] = str(REPO) + os.pathsep + e.get("PYTHONPATH", "")
+    e["PYTHONWARNINGS"] = "ignore"
+    return e
+
+
+def flip(path: Path) -> None:
+    """Flip one bit inside the first packed region, in place."""
+    os.chmod(path, 0o644)
+    with open(path, "r+b") as f:
+        f.seek(100)
+        b = f.read(1)
+        f.seek(100)
+        f.write(bytes([b[0] ^ 0x40]))
+    os.chmod(path, 0o444)
+
+
+FRESH = textwrap.dedent(
+    """
+    import json, sys
+    import numpy as np
+    from ptestore.xnnpack import load
+    pte, cache = sys.argv[1], sys.argv[2]
+    x = np.random.default_rng(0).standard_normal((2, 16), dtype=np.float32)
+    with load(pte, cache=cache) as p:
+        with_file = p.run("forward", [x])[0]
+    with load(pte) as p:
+        without = p.run("forward", [x])[0]
+    print(json.dumps({"same_bytes": with_file.tobytes() == without.tobytes()}))
+    """
+)
+
+
+def test_made_once_found_on_a_hit_rebuilt_when_corrupt_and_loaded(tmp_path: Path) -> None:
+    from ptestore.xnnpack import verify_cache
+
+    cache_dir = tmp_path / "cache"
+    first = ensure(MLP, cache_dir=cache_dir, xnnpack_cache=True)
+    assert first.created and first.xnnpack_cache is not None and first.xnnpack_refused is None
+    packed = Path(first.xnnpack_cache)
+    assert packed.parent == Path(first.pte).parent  # beside the entry
+    made = verify_cache(packed, pte=first.pte)
+    assert made.entries == 2
+    assert first.to_dict()["xnnpack_cache"] == str(packed)
+    record_mtime = Path(str(packed) + ".json").stat().st_mtime_ns
+
+    again = ensure(MLP, cache_dir=cache_dir, xnnpack_cache=True)
+    assert not again.created and again.xnnpack_cache == str(packed)
+    assert Path(str(packed) + ".json").stat().st_mtime_ns == record_mtime  # not made again
+    assert ensure(MLP, cache_dir=cache_dir).xnnpack_cache is None  # not asked for: not given
+
+    # listed with the entry, counted in its bytes, kept by prune
+    (entry,) = cache.list_entries(cache_dir)
+    assert entry.xnnpack_cache == str(packed) and entry.to_dict()["xnnpack_cache"] == str(packed)
+    assert entry.bytes >= packed.stat().st_size + Path(first.pte).stat().st_size
+    cache.prune(cache_dir)
+    assert packed.is_file() and cache.list_entries(cache_dir)[0].xnnpack_cache == str(packed)
+
+    flip(packed)
+    rebuilt = ensure(MLP, cache_dir=cache_dir, xnnpack_cache=True)
+    assert not rebuilt.created and rebuilt.xnnpack_cache == str(packed)
+    assert verify_cache(packed, pte=first.pte).sha256 == made.sha256  # the same bytes again
+    assert Path(str(packed) + ".json").stat().st_mtime_ns != record_mtime  # made again
+
+    out = subprocess.run(
+        [PY, "-c", FRESH, first.pte, str(packed)],
+        capture_output=True,
+        text=True,
+        env=env(),
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"same_bytes": True}
+    assert f"Loaded packed weight cache: {packed} (2 entries)" in out.stderr
+
+    # the CLI prints the same path in --json, and cache ls shows it
+    cli = subprocess.run(
+        [PY, "-m", "ptestore", "ensure", str(MLP), "--cache-dir", str(cache_dir), *FLAGS],
+        capture_output=True,
+        text=True,
+        env=env(),
+        check=False,
+    )
+    assert cli.returncode == 0, cli.stderr[-2000:]
+    assert json.loads(cli.stdout)["xnnpack_cache"] == str(packed)
+    ls = subprocess.run(
+        [PY, "-m", "ptestore", "cache", "ls", "--cache-dir", str(cache_dir)],
+        capture_output=True,
+        text=True,
+        env=env(),
+        check=False,
+    )
+    assert ls.returncode == 0, ls.stderr[-2000:]
+    assert f" + {packed.name}" in ls.stdout
+
+
+def test_a_refused_file_still_serves_the_artifact(tmp_path: Path) -> None:
+    pte = FIXTURES / "mlp_portable.pte"
+    got = ensure(pte, cache_dir=tmp_path, xnnpack_cache=True)
+    reason = "it has no XNNPACK delegate with named weights (nothing to pack)"
+    assert got.xnnpack_cache is None and got.xnnpack_refused == reason
+    assert Path(got.pte).is_file()
+    assert got.to_dict()["xnnpack_cache"] is None
+    assert got.to_dict()["xnnpack_refused"] == reason
+    again = ensure(pte, cache_dir=tmp_path, xnnpack_cache=True)  # remembered, not rerun
+    assert again.xnnpack_refused == f"{reason} (refused before)"
+
+
+def test_wrong_arguments_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError) as err:
+        ensure(MLP, cache_dir=tmp_path, xnnpack_cache="yes")  # type: ignore[arg-type]
+    assert str(err.value) == "xnnpack_cache must be True or False, got 'yes'"
+    src = tmp_path / "model.pte"
+    src.write_bytes(MLP.read_bytes())
+    with pytest.raises(ConfigurationError) as err:
+        ensure(src, cache_dir=tmp_path / "c", in_place=True, xnnpack_cache=True)
+    assert str(err.value) == (
+        f"{src}: xnnpack_cache=True applies to a copy in the cache, not to in_place=True "
+        "(CLI: --xnnpack-cache without --in-place)"
+    )
+
+
+def test_the_packed_file_counts_in_max_bytes(tmp_path: Path) -> None:
+    other = ensure(FIXTURES / "mlp_portable.pte", cache_dir=tmp_path)
+    plain = ensure(MLP, cache_dir=tmp_path)
+    sizes = {e.key: e.bytes for e in cache.list_entries(tmp_path)}
+    fits = sizes[other.key] + sizes[plain.key]  # both fit before the packed file is made
+    got = ensure(MLP, cache_dir=tmp_path, xnnpack_cache=True, max_bytes=fits)
+    assert got.key == plain.key and got.xnnpack_cache is not None
+    (left,) = cache.list_entries(tmp_path)  # the least recently used entry went
+    assert left.key == plain.key and left.xnnpack_cache == got.xnnpack_cache
+    assert left.bytes >= sizes[plain.key] + Path(got.xnnpack_cache).stat().st_size
+
+
+def test_an_entry_removed_before_the_file_is_made_is_not_brought_back(tmp_path: Path) -> None:
+    got = ensure(MLP, cache_dir=tmp_path)
+    layout = CacheLayout(tmp_path)
+    with layout.lock(got.key):
+        remove_entry_locked(layout, got.key)  # as an eviction by another process does
+    with pytest.raises(StorageError) as err:
+        with_packed_weights(layout, got)
+    assert str(err.value) == (
+        f"{layout.entry_dir(got.key)}: the entry was removed (evicted or pruned) before "
+        "its XNNPACK packed-weight file was made; call ensure again"
+    )
+    assert not os.path.exists(layout.entry_dir(got.key))
+
+
+def test_an_entry_whose_model_went_is_refused_not_hashed(tmp_path: Path) -> None:
+    got = ensure(MLP, cache_dir=tmp_path)
+    os.unlink(got.pte)  # the manifest stays: ensure would see a broken entry next time
+    with pytest.raises(StorageError) as err:
+        with_packed_weights(CacheLayout(tmp_path), got)
+    assert str(err.value) == f"{got.pte}: missing from its entry; call ensure again"
