@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from support.fixtures import get_fixture
 from support.large import inflate
+from support.smallfs import tmpfs
 
 import ptestore
 from ptestore.backends.compat import DeviceProfile
@@ -255,14 +256,8 @@ def test_a_missing_source_names_it(tmp_path: Path) -> None:
 @pytest.fixture
 def small_fs(tmp_path: Path) -> Iterator[Path]:
     """A 1 MiB tmpfs, unmounted afterwards."""
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], check=False)
-    assert r.returncode == 0, "mounting a tmpfs needs root (the test environment is root)"
-    try:
+    with tmpfs(tmp_path / "small", "1m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)
 
 
 @pytest.mark.filterwarnings("ignore:.*encountered in multiply:RuntimeWarning")
