@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from support.fixtures import get_fixture
+from support.s3job import s3_options_toml
 
 import ptestore
 from ptestore.backends.compat import DeviceProfile
@@ -171,11 +172,7 @@ def test_cli_ensure_from_an_index_on_s3(
 ) -> None:
     bucket = s3_server.new_bucket()
     opts = s3_server.storage_options
-    extra = (
-        f'[storage_options]\nendpoint_url = "{opts["endpoint_url"]}"\n'
-        f'key = "{opts["key"]}"\nsecret = "{opts["secret"]}"\n'
-        '[storage_options.client_kwargs]\nregion_name = "us-east-1"\n'
-    )
+    extra = s3_options_toml(opts)
     index = _fleet_run(_job(tmp_path, f"s3://{bucket}/fleet", extra=extra), capsys)
     flags = [
         x
@@ -276,11 +273,7 @@ def test_a_cached_entry_is_served_when_the_s3_endpoint_is_unreachable(
 
     bucket = s3_server.new_bucket()
     opts = s3_server.storage_options
-    extra = (
-        f'[storage_options]\nendpoint_url = "{opts["endpoint_url"]}"\n'
-        f'key = "{opts["key"]}"\nsecret = "{opts["secret"]}"\n'
-        '[storage_options.client_kwargs]\nregion_name = "us-east-1"\n'
-    )
+    extra = s3_options_toml(opts)
     index = _fleet_run(_job(tmp_path, f"s3://{bucket}/fleet", extra=extra), capsys)
     cache = tmp_path / "cache"
     first = ptestore.ensure(index, cache_dir=cache, model="m", device=A, storage_options=opts)
