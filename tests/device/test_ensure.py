@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -16,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.fixtures import get_fixture
+from support.fixtures import copy_pte, get_fixture
 from support.large import inflate
 from support.smallfs import tmpfs
 
@@ -45,11 +44,7 @@ def ncalls(path: Path) -> int:
 
 
 def model(tmp_path: Path, name: str = "model.pte") -> Path:
-    fx = get_fixture("mlp_xnnpack")
-    assert fx.pte_path is not None
-    dst = tmp_path / name
-    shutil.copyfile(fx.pte_path, dst)
-    return dst
+    return copy_pte(tmp_path / name)
 
 
 def sha(path: str | os.PathLike[str]) -> str:
