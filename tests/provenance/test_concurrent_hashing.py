@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.fixtures import copy_pte, get_fixture
+from support.fixtures import copy_pte
 
 import ptestore
 from ptestore._background import Background
@@ -25,8 +25,6 @@ from ptestore.errors import BackendError, StorageError
 from ptestore.provenance import read_provenance
 from ptestore.provenance import stamp as stamp_module
 from ptestore.storage.loaders import LocalFileLoader, open_loader
-
-MLP = get_fixture("mlp_xnnpack")
 
 
 def _model(tmp_path: Path) -> Path:
