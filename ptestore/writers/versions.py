@@ -29,6 +29,7 @@ Other fsspec stores have no token: both functions raise
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import ConfigurationError
@@ -52,41 +53,61 @@ def _unsupported(url: StorageURL) -> ConfigurationError:
     )
 
 
+# The three stores that have version tokens, each as (read_versioned, current_version),
+# imported when first asked (plain imports, so the import graph sees them). A local file
+# is read by path and takes no storage options; the others by URL text.
+_Pair = tuple[Callable[..., Versioned], Callable[..., str | None]]
+
+
+def _local_store() -> _Pair:
+    from ._local_cas import file_version, read_file_versioned
+
+    return read_file_versioned, file_version
+
+
+def _memory_store() -> _Pair:
+    from .memory import memory_current_version, memory_read_versioned
+
+    return memory_read_versioned, memory_current_version
+
+
+def _s3_store() -> _Pair:
+    from .s3.versions import s3_current_version, s3_read_versioned
+
+    return s3_read_versioned, s3_current_version
+
+
+_STORES: dict[str, Callable[[], _Pair]] = {
+    "file": _local_store,
+    "memory": _memory_store,
+    "s3": _s3_store,
+}
+
+
+def _dispatch(
+    url: str | os.PathLike[str] | StorageURL, which: int, storage_options: dict[str, Any]
+) -> Any:
+    """Call the store's function number ``which`` (0: read, 1: version) for ``url``."""
+    u = StorageURL.of(url)
+    store = _STORES.get(u.protocol)
+    if store is None:
+        raise _unsupported(u)
+    fn = store()[which]
+    if u.local:
+        _no_options(u, storage_options)
+        return fn(u.path)
+    return fn(u.text, **storage_options)
+
+
 def read_versioned(url: str | os.PathLike[str] | StorageURL, **storage_options: Any) -> Versioned:
     """The object's bytes and their version token, read together (the bytes are those
     of that version); ``Versioned(b"", None)`` when there is no object."""
-    u = StorageURL.of(url)
-    if u.local:
-        from ._local_cas import read_file_versioned
-
-        _no_options(u, storage_options)
-        return read_file_versioned(u.path)
-    if u.protocol == "memory":
-        from .memory import memory_read_versioned
-
-        return memory_read_versioned(u.text, **storage_options)
-    if u.protocol == "s3":
-        from .s3.versions import s3_read_versioned
-
-        return s3_read_versioned(u.text, **storage_options)
-    raise _unsupported(u)
+    result: Versioned = _dispatch(url, 0, storage_options)
+    return result
 
 
 def current_version(url: str | os.PathLike[str] | StorageURL, **storage_options: Any) -> str | None:
     """The version token of the object at ``url`` now, or None when there is none
     (S3: one HEAD; local: a hash of the file; memory: a look-up)."""
-    u = StorageURL.of(url)
-    if u.local:
-        from ._local_cas import file_version
-
-        _no_options(u, storage_options)
-        return file_version(u.path)
-    if u.protocol == "memory":
-        from .memory import memory_current_version
-
-        return memory_current_version(u.text, **storage_options)
-    if u.protocol == "s3":
-        from .s3.versions import s3_current_version
-
-        return s3_current_version(u.text, **storage_options)
-    raise _unsupported(u)
+    result: str | None = _dispatch(url, 1, storage_options)
+    return result

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pytest
+from support.quiet_backend import Quiet as DoesNothing
 
 from ptestore.backends import (
     BackendData,
@@ -60,16 +61,6 @@ class _Rewrite(BackendInterface):
     ) -> None:
         for key, values in _floats(context):
             output.write_named_data(key, BackendData(self.change(values).tobytes()))
-
-
-class DoesNothing(BackendInterface):
-    name = "XnnpackBackend"
-
-    def initialize_backend_data(
-        self, context: BackendDataInitContext, output: BackendDataWriter
-    ) -> None:
-        for _ in context:
-            pass
 
 
 class Typo(_Rewrite):

@@ -8,12 +8,11 @@ from typing import Any
 
 import pytest
 from support.fixtures import get_fixture
+from support.quiet_backend import Quiet
 
 import ptestore
 from ptestore.backends import (
     BackendData,
-    BackendDataInitContext,
-    BackendDataWriter,
     BackendInterface,
     NotSupported,
 )
@@ -22,19 +21,7 @@ from ptestore.errors import BackendError, ConfigurationError, NothingSpecialized
 
 MLP = get_fixture("mlp_xnnpack")
 assert MLP.pte_path is not None
-LABEL = "backends.test_backend_rules:Quiet"
-
-
-class Quiet(BackendInterface):
-    """Visits every input and writes nothing."""
-
-    name = "XnnpackBackend"
-
-    def initialize_backend_data(
-        self, context: BackendDataInitContext, output: BackendDataWriter
-    ) -> None:
-        for _ in context:
-            pass
+LABEL = "support.quiet_backend:Quiet"
 
 
 @pytest.fixture
@@ -76,7 +63,7 @@ def test_cli_summary_shows_why_a_backend_declined(
     src: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     dst = tmp_path / "o.pte"
-    spec = "backends.test_backend_rules:Quiet"
+    spec = LABEL
     assert main(["specialize", str(src), str(dst), "--backend", spec, "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert f"{LABEL} declined: returned without writing anything" in err

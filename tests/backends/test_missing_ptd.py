@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 from support.fixtures import get_fixture
+from support.quiet_backend import Quiet
 
 import ptestore
-from ptestore.backends import BackendDataInitContext, BackendDataWriter, BackendInterface
+from ptestore.backends import BackendDataInitContext, BackendDataWriter
 from ptestore.cli import main
 from ptestore.errors import BackendError, MissingNamedData
 from ptestore.testing.named_data import open_named_data
@@ -33,16 +34,13 @@ def _message(key: str) -> str:
     )
 
 
-class Reader(BackendInterface):
+class Reader(Quiet):
     """Reads the first weight the program refers to, as a packer would."""
-
-    name = "XnnpackBackend"
 
     def initialize_backend_data(
         self, context: BackendDataInitContext, output: BackendDataWriter
     ) -> None:
-        for _ in context:
-            pass
+        super().initialize_backend_data(context, output)
         context.get_named_data_map().get_data(_external_keys()[0])
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -16,8 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.fixtures import get_fixture
+from support.fixtures import copy_pte, get_fixture
 from support.large import inflate
+from support.smallfs import tmpfs
 
 import ptestore
 from ptestore.backends.compat import DeviceProfile
@@ -44,11 +44,7 @@ def ncalls(path: Path) -> int:
 
 
 def model(tmp_path: Path, name: str = "model.pte") -> Path:
-    fx = get_fixture("mlp_xnnpack")
-    assert fx.pte_path is not None
-    dst = tmp_path / name
-    shutil.copyfile(fx.pte_path, dst)
-    return dst
+    return copy_pte(tmp_path / name)
 
 
 def sha(path: str | os.PathLike[str]) -> str:
@@ -255,14 +251,8 @@ def test_a_missing_source_names_it(tmp_path: Path) -> None:
 @pytest.fixture
 def small_fs(tmp_path: Path) -> Iterator[Path]:
     """A 1 MiB tmpfs, unmounted afterwards."""
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], check=False)
-    assert r.returncode == 0, "mounting a tmpfs needs root (the test environment is root)"
-    try:
+    with tmpfs(tmp_path / "small", "1m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)
 
 
 @pytest.mark.filterwarnings("ignore:.*encountered in multiply:RuntimeWarning")

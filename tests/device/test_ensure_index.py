@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from support.fixtures import get_fixture
+from support.s3job import s3_options_toml
 
 import ptestore
 from ptestore.backends.compat import DeviceProfile
@@ -42,6 +43,13 @@ def _fleet_run(job: Path, capsys: Any) -> str:
     assert main(["fleet", "run", str(job), "--workers", "1", "--json"]) == 0
     index: str = json.loads(capsys.readouterr().out)["index"]
     return index
+
+
+def _fleet_run_on_s3(server: S3TestServer, tmp: Path, capsys: Any) -> tuple[str, str]:
+    """``_job``'s fleet run into a new bucket of ``server``: the bucket and the index."""
+    bucket = server.new_bucket()
+    extra = s3_options_toml(server.storage_options)
+    return bucket, _fleet_run(_job(tmp, f"s3://{bucket}/fleet", extra=extra), capsys)
 
 
 def _tree(d: Path) -> dict[str, str]:
@@ -169,14 +177,8 @@ def test_index_arguments_are_checked(tmp_path: Path, capsys: pytest.CaptureFixtu
 def test_cli_ensure_from_an_index_on_s3(
     s3_server: S3TestServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    bucket = s3_server.new_bucket()
+    bucket, index = _fleet_run_on_s3(s3_server, tmp_path, capsys)
     opts = s3_server.storage_options
-    extra = (
-        f'[storage_options]\nendpoint_url = "{opts["endpoint_url"]}"\n'
-        f'key = "{opts["key"]}"\nsecret = "{opts["secret"]}"\n'
-        '[storage_options.client_kwargs]\nregion_name = "us-east-1"\n'
-    )
-    index = _fleet_run(_job(tmp_path, f"s3://{bucket}/fleet", extra=extra), capsys)
     flags = [
         x
         for k, v in opts.items()
@@ -274,14 +276,8 @@ def test_a_cached_entry_is_served_when_the_s3_endpoint_is_unreachable(
 ) -> None:
     import socket
 
-    bucket = s3_server.new_bucket()
+    _, index = _fleet_run_on_s3(s3_server, tmp_path, capsys)
     opts = s3_server.storage_options
-    extra = (
-        f'[storage_options]\nendpoint_url = "{opts["endpoint_url"]}"\n'
-        f'key = "{opts["key"]}"\nsecret = "{opts["secret"]}"\n'
-        '[storage_options.client_kwargs]\nregion_name = "us-east-1"\n'
-    )
-    index = _fleet_run(_job(tmp_path, f"s3://{bucket}/fleet", extra=extra), capsys)
     cache = tmp_path / "cache"
     first = ptestore.ensure(index, cache_dir=cache, model="m", device=A, storage_options=opts)
     assert first.created

@@ -6,14 +6,13 @@ events, a hit none; ``--progress`` draws them on stderr."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
 import pytest
-from support.fixtures import get_fixture
+from support.fixtures import copy_pte
 
 import ptestore
 from ptestore.backends.compat import DeviceProfile
@@ -46,11 +45,7 @@ def _counting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _model(tmp_path: Path) -> Path:
-    fx = get_fixture("mlp_xnnpack")
-    assert fx.pte_path is not None
-    dst = tmp_path / "model.pte"
-    shutil.copyfile(fx.pte_path, dst)
-    return dst
+    return copy_pte(tmp_path / "model.pte")
 
 
 def _holder(locks: list[str]) -> subprocess.Popen[str]:

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support.fixtures import get_fixture
+from support.fixtures import copy_pte, get_fixture
 
 import ptestore
 from ptestore.backends.compat import DeviceProfile
@@ -28,11 +27,7 @@ A = DeviceProfile("a", {"soc": "x", "scale": 2.0})
 
 
 def _model(tmp: Path, name: str) -> Path:
-    fx = get_fixture("mlp_xnnpack")
-    assert fx.pte_path is not None
-    dst = tmp / name
-    shutil.copyfile(fx.pte_path, dst)
-    return dst
+    return copy_pte(tmp / name)
 
 
 def _three(tmp: Path) -> tuple[Path, dict[str, Any]]:

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.fixtures import get_fixture
+from support.fixtures import copy_pte
 
 from ptestore.backends.snapshot import Snapshot, environment_stamp
 
@@ -51,11 +51,7 @@ def _fresh(argv: list[str], cwd: Path, pythonpath: Path | None = None) -> tuple[
 
 
 def _model(tmp_path: Path) -> Path:
-    fx = get_fixture("mlp_xnnpack")
-    assert fx.pte_path is not None
-    dst = tmp_path / "model.pte"
-    shutil.copyfile(fx.pte_path, dst)
-    return dst
+    return copy_pte(tmp_path / "model.pte")
 
 
 def test_a_local_ensure_hit_imports_nothing_heavy_nor_the_metadata(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from support.fixtures import get_fixture
+from support.s3job import s3_options_toml
 
 import ptestore
 from ptestore.cli import main
@@ -215,11 +216,7 @@ def test_retire_then_gc_on_s3(
     bucket = s3_server.new_bucket()
     client = s3_server.client()
     opts = s3_server.storage_options
-    options = (
-        f'[storage_options]\nendpoint_url = "{opts["endpoint_url"]}"\n'
-        f'key = "{opts["key"]}"\nsecret = "{opts["secret"]}"\n'
-        '[storage_options.client_kwargs]\nregion_name = "us-east-1"\n'
-    )
+    options = s3_options_toml(opts)
     dest = f"s3://{bucket}/out"
     job = _job(tmp_path / "job.toml", dest, THREE, options)
     _run(job, capsys)

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from support.fixtures import get_fixture
+from support.s3job import s3_options_toml
 
 import ptestore
 from ptestore.cli import main
@@ -184,11 +185,7 @@ def test_s3_index_concurrent_and_fetch_resume(
 ) -> None:
     bucket = s3_server.new_bucket()
     opts = s3_server.storage_options
-    extra = (
-        f'[storage_options]\nendpoint_url = "{opts["endpoint_url"]}"\n'
-        f'key = "{opts["key"]}"\nsecret = "{opts["secret"]}"\n'
-        '[storage_options.client_kwargs]\nregion_name = "us-east-1"\n'
-    )
+    extra = s3_options_toml(opts)
     first = _run(_job(tmp_path, f"s3://{bucket}/fleet", extra=extra), capsys)
     url = first["index"]
     assert url == f"s3://{bucket}/fleet/ptestore-index.json"

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from support.fixtures import get_fixture
+from support.s3job import s3_options_toml
 
 from ptestore.cli import main
 from ptestore.testing.s3server import S3TestServer
@@ -104,11 +105,7 @@ def test_s3_option_typo_and_missing_bucket(
     s3_server: S3TestServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     opts = s3_server.storage_options
-    conn = (
-        f'[storage_options]\nendpoint_url = "{opts["endpoint_url"]}"\n'
-        f'key = "{opts["key"]}"\nsecret = "{opts["secret"]}"\n'
-        '[storage_options.client_kwargs]\nregion_name = "us-east-1"\n'
-    )
+    conn = s3_options_toml(opts)
     bucket = s3_server.new_bucket()
     typo = _job(tmp_path, f"s3://{bucket}/f", extra=conn.replace("secret =", "secrett ="))
     assert main(["fleet", "run", str(typo), "--workers", "1"]) == 2
@@ -138,11 +135,7 @@ def test_transient_failures_are_retried_per_pair(
     with faulty_proxy(moto_s3.endpoint_url, every=4) as (endpoint, faults):
         # One storage attempt per request: a fault is final for the request, so only
         # the per-pair retry can get the pair through.
-        conn = (
-            f'[storage_options]\nendpoint_url = "{endpoint}"\nretry_attempts = 1\n'
-            f'key = "{opts["key"]}"\nsecret = "{opts["secret"]}"\n'
-            '[storage_options.client_kwargs]\nregion_name = "us-east-1"\n'
-        )
+        conn = s3_options_toml(opts, endpoint=endpoint, more="retry_attempts = 1\n")
         job = _job(tmp_path, f"s3://{bucket}/f", extra=conn)
         faults.enabled = False
         plan = plan_job(load_job(job))

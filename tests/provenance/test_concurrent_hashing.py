@@ -11,13 +11,12 @@ read fails the run with nothing published, and a run that fails otherwise stops 
 from __future__ import annotations
 
 import hashlib
-import shutil
 import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support.fixtures import get_fixture
+from support.fixtures import copy_pte
 
 import ptestore
 from ptestore._background import Background
@@ -27,14 +26,9 @@ from ptestore.provenance import read_provenance
 from ptestore.provenance import stamp as stamp_module
 from ptestore.storage.loaders import LocalFileLoader, open_loader
 
-MLP = get_fixture("mlp_xnnpack")
-
 
 def _model(tmp_path: Path) -> Path:
-    assert MLP.pte_path is not None
-    dst = tmp_path / "model.pte"
-    shutil.copyfile(MLP.pte_path, dst)
-    return dst
+    return copy_pte(tmp_path / "model.pte")
 
 
 def _threads() -> list[str]:

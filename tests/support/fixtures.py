@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import json
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -203,6 +204,14 @@ def get_fixture(name: str) -> Fixture:
         runtime_errors=dict(raw.get("runtime_errors", {})),
         raw=raw,
     )
+
+
+def copy_pte(dst: Path, name: str = "mlp_xnnpack") -> Path:
+    """``dst``, a copy of fixture ``name``'s .pte (a source a test may change or delete)."""
+    fx = get_fixture(name)
+    assert fx.pte_path is not None
+    shutil.copyfile(fx.pte_path, dst)
+    return dst
 
 
 def all_fixtures(*, include_thirdparty: bool = True) -> list[Fixture]:

@@ -8,11 +8,11 @@ import errno
 import os
 import pickle
 import re
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.smallfs import tmpfs
 
 from ptestore.errors import (
     ConfigurationError,
@@ -114,14 +114,8 @@ def test_storage_error_carries_the_errno() -> None:
 @pytest.fixture
 def tiny_fs(tmp_path: Path) -> Iterator[Path]:
     """A 4 MiB tmpfs, unmounted afterwards."""
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], check=False)
-    assert r.returncode == 0, "mounting a tmpfs needs root (the test environment is root)"
-    try:
+    with tmpfs(tmp_path / "tiny", "4m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)
 
 
 def test_ensure_space_refuses_before_writing(tiny_fs: Path) -> None:
