@@ -114,6 +114,10 @@ class Progress:
             if event.total and event.done >= event.total and not self._publishing:
                 self._publishing = True
                 self._say("publishing...")
+        elif kind == "fetch":  # ensure of a job index: one bar per downloaded file
+            name = (event.url or "").rsplit("/", 1)[-1]
+            bar = self._open(f"fetch:{event.url}", f"fetching {name}", event.total or None)
+            self._advance(bar, event.nbytes)
         elif kind == "publish":
             self._say(f"published {event.url} ({event.seconds:.2f} s)")
 

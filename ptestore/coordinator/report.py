@@ -23,7 +23,8 @@ class Event:
     ``kind`` is one of ``"parsed"``, ``"backend_start"``, ``"input"`` (a delegate blob
     handed to a backend), ``"replacement"`` (a blob received), ``"backend_end"``,
     ``"write"`` (bytes written to an output; ``done``/``total`` count the run's output
-    bytes), ``"publish"``.
+    bytes), ``"publish"``; and from ``ensure`` of a job index, ``"fetch"`` (bytes
+    downloaded; ``done``/``total`` count that file's bytes, ``url`` names it).
     """
 
     kind: str

@@ -213,7 +213,7 @@ def ensure(
         _check_index_args(src, model, ptd_src, in_place, provenance)
         assert model is not None
         return _ensure_from_index(
-            src, cache_dir, model, device, blist, max_bytes, dict(storage_options or {})
+            src, cache_dir, model, device, blist, max_bytes, dict(storage_options or {}), progress
         )
     if storage_options:
         raise ConfigurationError(
@@ -231,6 +231,7 @@ def ensure(
             max_bytes,
             provenance,
             None if portable is None else os.fspath(portable),
+            progress,
         )
     from ..journal import recover_if_local
 
@@ -261,6 +262,7 @@ def _ensure_from_index(
     backends: list[BackendLike] | None,
     max_bytes: int | None,
     opts: dict[str, Any],
+    progress: Callable[[Event], None] | None = None,
 ) -> Artifact:
     """``ensure(index, model=...)`` (see :mod:`ptestore.device.indexed`): the artifact the
     index selects, fetched into the entry keyed on the index, the model and the device,
@@ -295,6 +297,7 @@ def _ensure_from_index(
             device=device,
             ptd=None if choice.ptd is None else choice.ptd["url"],
             max_bytes=max_bytes,
+            progress=progress,
         )
         check_source(index, choice, made)
         return dataclasses.replace(made, choice=choice.to_dict())
@@ -305,7 +308,9 @@ def _ensure_from_index(
 
     def fetched() -> Artifact:
         layout.make_entry_dir(key)
-        manifest = fetch_entry(layout, key, index, model, device, opts, (PTE_NAME, PTD_NAME))
+        manifest = fetch_entry(
+            layout, key, index, model, device, opts, (PTE_NAME, PTD_NAME), progress
+        )
         manifest.publish(layout, index)
         clean_entry_locked(layout, key, manifest.to_dict())  # the previous files' leftovers
         return artifact_of(layout, manifest, True)

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
     from ..backends.compat import DeviceProfile
     from ..backends.registry import BackendLike
+    from ..coordinator.report import Event
 
 __all__ = ["ensure_in_place"]
 
@@ -31,6 +32,7 @@ def ensure_in_place(
     max_bytes: int | None,
     provenance: bool = True,
     portable: str | None = None,
+    progress: Callable[[Event], None] | None = None,
 ) -> Artifact:
     """The entry of ``src`` rewritten in place: a hit while the file's identity is the
     one its manifest recorded, else the file is specialized in place again, once: a
@@ -64,7 +66,9 @@ def ensure_in_place(
         key,
         max_bytes,
         lambda: lookup(layout, key, current(), in_place=True),
-        lambda: _make(layout, key, src, backends, device, current, provenance, portable),
+        lambda: _make(
+            layout, key, src, backends, device, current, provenance, portable, progress
+        ),
         before_make=lambda: recover_if_local(src),
     )
 
@@ -89,12 +93,15 @@ def _make(
     current: Callable[[], dict[str, Any]],
     provenance: bool = True,
     portable: str | None = None,
+    progress: Callable[[Event], None] | None = None,
 ) -> Artifact:
     from ..errors import AlreadySpecialized
 
     path = StorageURL.of(src).location
     if portable is not None:
-        return _from_portable(layout, key, path, portable, backends, device, current, provenance)
+        return _from_portable(
+            layout, key, path, portable, backends, device, current, provenance, progress
+        )
     from ..coordinator.respecialize import refuse_specialized_output
     from ..storage.loaders import LocalFileLoader
 
@@ -109,7 +116,7 @@ def _make(
     finally:
         loader.close()
     _refuse_recorded_output(layout, key, path, current())  # without a trailer
-    report = _specialize_in_place(path, backends, device, provenance)
+    report = _specialize_in_place(path, backends, device, provenance, progress)
     return _publish(layout, key, src, path, current, report.specialized)
 
 
@@ -118,6 +125,7 @@ def _specialize_in_place(
     backends: list[BackendLike] | None,
     device: DeviceProfile | None,
     provenance: bool,
+    progress: Callable[[Event], None] | None = None,
 ) -> Any:
     from ..coordinator.inplace import specialize_in_place
     from ..provenance.stamp import ProvenanceRequest
@@ -128,6 +136,7 @@ def _specialize_in_place(
             backends=backends,
             device=device,
             provenance=ProvenanceRequest() if provenance else False,
+            event_tracer=progress,
             strict=False,  # an app's cache keeps what it was given when nothing applies
         )
     except (PteStoreError, OSError) as exc:
@@ -208,6 +217,7 @@ def _from_portable(
     device: DeviceProfile | None,
     current: Callable[[], dict[str, Any]],
     provenance: bool,
+    progress: Callable[[Event], None] | None = None,
 ) -> Artifact:
     """The portable source specialized into ``path`` (a staged copy beside it, renamed
     over it: the output's size must be free), whatever ``path`` holds now."""
@@ -221,6 +231,7 @@ def _from_portable(
             backends=backends,
             device=device,
             provenance=ProvenanceRequest() if provenance else False,
+            event_tracer=progress,
             strict=False,
         )
     except (PteStoreError, OSError) as exc:

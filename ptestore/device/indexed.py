@@ -46,6 +46,9 @@ from .cache import CacheLayout, check_private, files_intact, read_manifest, touc
 from .manifest import Manifest, as_json, file_records
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ..coordinator.report import Event
     from ..fleet.select import Choice
     from .artifact import Artifact
 
@@ -112,6 +115,21 @@ def _discard(incoming: str) -> None:
             pass
 
 
+def _fetch_events(progress: Callable[[Event], None]) -> Callable[[str, int, int], None]:
+    """fetch's ``progress(url, done, total)`` as ``ensure``'s events: ``Event("fetch")``
+    with the bytes of each piece downloaded, and ``done``/``total`` of that file."""
+    from ..coordinator.report import Event
+
+    last: dict[str, int] = {}
+
+    def note(url: str, done: int, total: int) -> None:
+        nbytes = done - last.get(url, 0)
+        last[url] = done
+        progress(Event("fetch", nbytes=max(0, nbytes), done=done, total=total, url=url))
+
+    return note
+
+
 def fetch_entry(
     layout: CacheLayout,
     key: str,
@@ -120,6 +138,7 @@ def fetch_entry(
     device: DeviceProfile,
     opts: dict[str, Any],
     names: tuple[str, str],
+    progress: Callable[[Event], None] | None = None,
 ) -> Manifest:
     """Fetch what ``index`` selects into entry ``key`` (its lock held exclusively), under
     the ``names`` of its ``.pte`` and ``.ptd``; returns the manifest to publish."""
@@ -138,7 +157,14 @@ def fetch_entry(
     # (fetch checks every file before it publishes any; a failure while publishing the
     # .pte, after the .ptd, removes the .ptd.)
     try:
-        result = fetch(index, incoming, model=model, device=device, storage_options=opts)
+        result = fetch(
+            index,
+            incoming,
+            model=model,
+            device=device,
+            storage_options=opts,
+            progress=None if progress is None else _fetch_events(progress),
+        )
     except PartialPublish as exc:
         # Published under the incoming names only, and removed: the entry is untouched.
         _discard(incoming)

@@ -192,3 +192,41 @@ def test_progress_flag_draws_on_stderr(tmp_path: Path) -> None:
         timeout=120,
     )
     assert quiet.returncode == 0 and "writing" not in quiet.stderr
+
+
+def test_progress_reports_an_in_place_run(tmp_path: Path) -> None:
+    """``ensure(in_place=True)`` reports the in-place run's events too (the journal's
+    writes included), and nothing for the hit after it."""
+    src, cache = _model(tmp_path), tmp_path / "cache"
+    events: list[Event] = []
+    ptestore.ensure(
+        src, cache_dir=cache, backends=[SPEC], device=DEVICE, in_place=True,
+        progress=events.append,
+    )  # fmt: skip
+    kinds = [e.kind for e in events]
+    assert kinds[0] == "parsed" and "backend_start" in kinds and "backend_end" in kinds
+    hit: list[Event] = []
+    ptestore.ensure(
+        src, cache_dir=cache, backends=[SPEC], device=DEVICE, in_place=True, progress=hit.append
+    )
+    assert hit == []
+
+
+def test_progress_reports_an_index_download(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``ensure`` of a job index reports its downloads as ``fetch`` events (the bytes of
+    each file, up to its size), and ``--progress`` draws them."""
+    from device.test_ensure_index import A, _fleet_run, _job
+
+    out = tmp_path / "out"
+    index = _fleet_run(_job(tmp_path, str(out)), capsys)
+    events: list[Event] = []
+    made = ptestore.ensure(
+        index, cache_dir=tmp_path / "cache", model="m", device=A, progress=events.append
+    )
+    fetched = [e for e in events if e.kind == "fetch"]
+    sizes = {e.url: e.total for e in fetched}
+    assert sum(e.nbytes for e in fetched) == sum(sizes.values())
+    assert sizes[next(u for u in sizes if str(u).endswith(".pte"))] == os.path.getsize(made.pte)
+    assert all(e.done <= e.total for e in fetched)
