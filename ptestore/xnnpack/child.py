@@ -22,21 +22,14 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+from ..format.tensorinfo import SCALAR_TYPE_NAMES
+
 __all__ = ["SCALAR_TYPES", "main"]
 
-#: ExecuTorch ScalarType codes (runtime/core/portable_type/scalar_type.h) -> torch dtype name.
-SCALAR_TYPES = {
-    0: "uint8",
-    1: "int8",
-    2: "int16",
-    3: "int32",
-    4: "int64",
-    5: "float16",
-    6: "float32",
-    7: "float64",
-    11: "bool",
-    15: "bfloat16",
-}
+#: The ExecuTorch ScalarType codes the probe makes inputs for (torch's rand/randint cover
+#: them), named as :mod:`ptestore.format.tensorinfo` names every code; any other input is
+#: refused with its code.
+SCALAR_TYPES = {code: SCALAR_TYPE_NAMES[code] for code in (0, 1, 2, 3, 4, 5, 6, 7, 11, 15)}
 
 
 class ProbeError(Exception):
