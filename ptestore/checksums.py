@@ -184,8 +184,6 @@ def crc_combine(algorithm: str, crc1: int, crc2: int, len2: int) -> int:
         raise ValueError(f"{algorithm!r} is not a CRC: one of {CRC_ALGORITHMS}")
     if len2 < 0:
         raise ValueError(f"length {len2} < 0")
-    if len2 == 0:
-        return crc1
     bits, poly = _CRC_SPECS[algorithm]
     return _multmodp(_shift(algorithm, len2), crc1, bits, poly) ^ crc2
 

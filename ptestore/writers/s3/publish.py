@@ -75,6 +75,8 @@ class S3Publisher:
                 Key=self.key,
                 Body=body,
                 Metadata=self.metadata,
+                # the algorithm named too: some servers (moto) keep a checksum only then
+                ChecksumAlgorithm=self.algorithm,
                 **param(self.algorithm, crc),
                 **extra,
             )
