@@ -12,8 +12,11 @@ bytes, what a ``HEAD`` shows; fixed width, so a record's size does not depend on
 ``chunks`` holds each algorithm's CRC of every chunk (big-endian, concatenated, then
 base64) on the grid of :mod:`.chunks` (4 MiB, doubled for very large files); it is
 left out above :data:`MAX_CRC_CHUNKS` chunks (16 GiB at 4 MiB) to keep the trailer
-small. CRC-32C and CRC64NVME need ``awscrt`` (:mod:`ptestore.checksums`): where it is
-missing they are simply not recorded. Records without ``crcs`` (older ones) still read.
+small. CRC-32C and CRC64NVME need ``awscrt`` (:mod:`ptestore.checksums`): they are
+recorded by a process that has it loaded (any process using S3: botocore imports it),
+not by a local run, which would pay its import (about 0.1 s) for a store it does not
+use; the per-chunk CRC-32 (zlib) is always recorded. Records without ``crcs`` (older
+ones) still read.
 
 Why per chunk: S3 keeps one checksum per object, and for a multipart upload made by
 common tools (boto3's ``upload_file``, the AWS CLI: 8 MiB parts) it is a *composite*,
@@ -31,7 +34,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..checksums import CRC_ALGORITHMS, ExpectedChecksums, GridCRCs, decode, encode, width
+from ..checksums import (
+    CRC_ALGORITHMS,
+    ExpectedChecksums,
+    GridCRCs,
+    crt_loaded,
+    decode,
+    encode,
+    width,
+)
 from ..errors import FormatError
 from .chunks import chunk_size_for
 
@@ -59,8 +70,11 @@ _FULL = ("CRC32C", "CRC64NVME")
 
 
 def grid_for(length: int) -> GridCRCs:
-    """The CRC accumulator of a ``length``-byte content on its chunk grid."""
-    return GridCRCs(chunk_size_for(length))
+    """The CRC accumulator of a ``length``-byte content on its chunk grid: CRC-32 always
+    (zlib), CRC-32C and CRC64NVME where ``awscrt`` is already loaded (a process that uses
+    S3: botocore imports it), so a local run pays no import for them."""
+    algorithms = CRC_ALGORITHMS if crt_loaded() else ("CRC32",)
+    return GridCRCs(chunk_size_for(length), algorithms)
 
 
 @dataclass(frozen=True)

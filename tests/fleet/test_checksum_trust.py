@@ -11,15 +11,20 @@ these bytes".
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import tempfile
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
 from boto3.s3.transfer import TransferConfig
+from support.fixtures import get_fixture
 
 from ptestore.checksums import checksum_of, encode
-from ptestore.fleet.binding import HeadVerdict, content_verdict, trust_by_head
+from ptestore.fleet.binding import HeadVerdict, bytes_mismatch, content_verdict, trust_by_head
+from ptestore.provenance import Provenance, read_trailer
 from ptestore.provenance.crcs import expected_checksums
 from ptestore.provenance.digest import ContentHasher
 from ptestore.provenance.record import ContentDigest
@@ -270,5 +275,52 @@ def test_a_record_without_crcs_still_trusts_a_crc32(bucket: Bucket, content: byt
             assert trust_by_head(loader2, expected_checksums(old, TAIL)).trusted is None
         finally:
             loader2.close()
+    finally:
+        loader.close()
+
+
+def test_a_fresh_cli_run_to_s3_records_what_its_writer_stores(
+    s3_server: S3TestServer, bucket: Bucket, tmp_path: Path
+) -> None:
+    """A whole ``ptestore specialize`` process with a local source and an S3
+    destination: its record names the CRC64NVME its writer stored (awscrt is loaded by
+    the S3 client before the output is digested), so the object is trusted by one HEAD."""
+    fx = get_fixture("mlp_xnnpack")
+    assert fx.pte_path is not None
+    url = f"s3://{bucket.name}/out.pte"
+    opts = [f"-o{k}={v}" for k, v in s3_server.storage_options.items() if isinstance(v, str)]
+    opts += ["-o", 'client_kwargs={"region_name": "us-east-1"}']
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ptestore",
+            "specialize",
+            str(fx.pte_path),
+            url,
+            "-q",
+            "--allow-unchanged",
+            *opts,
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    loader = bucket.loader("out.pte")
+    try:
+        trailer = read_trailer(loader)
+        assert trailer is not None
+        prov = Provenance.from_dict(trailer.record(), url)
+        assert prov.content is not None and prov.content.crcs is not None
+        assert "CRC64NVME" in prov.content.crcs.full
+        verdict = trust_by_head(loader, expected_checksums(prov.content, trailer.raw()))
+        assert verdict.trusted is True and verdict.requests == 1, verdict
+        assert verdict.stored is not None and verdict.stored.startswith("CRC64NVME")
+        assert bytes_mismatch(loader, trailer, prov) is None
     finally:
         loader.close()
