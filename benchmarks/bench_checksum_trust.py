@@ -95,7 +95,7 @@ def _upload(server: Any, bucket: str, art: Path) -> dict[str, str]:
     )
     with open(art, "rb") as f:
         bare.put_object(Bucket=bucket, Key="no-checksum.pte", Body=f)
-    from ptestore.checksums import stored_checksum
+    from ptestore.storage.s3checksum import stored_checksum
 
     out = {}
     for name in ("upload_file", "ptestore", "no-checksum"):

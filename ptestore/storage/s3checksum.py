@@ -18,12 +18,63 @@ proves nothing and the caller reads.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..checksums import StoredChecksum, stored_checksum
+from ..checksums import ALGORITHMS
 
-__all__ = ["ObjectParts", "S3Object", "s3_object"]
+__all__ = ["ObjectParts", "S3Object", "StoredChecksum", "s3_object", "stored_checksum"]
+
+
+@dataclass(frozen=True)
+class StoredChecksum:
+    """The checksum a ``HEAD``/``GetObject`` with ``ChecksumMode=ENABLED`` (or an
+    upload's answer) reported."""
+
+    algorithm: str
+    #: Base64 text, without the ``-N`` of a composite.
+    value: str
+    #: ``"FULL_OBJECT"``, ``"COMPOSITE"`` or None (the server did not say: moto and
+    #: SeaweedFS for a single PutObject, moto for multipart objects).
+    type: str | None
+    #: The ``N`` of ``<base64>-N``, when the value carried it.
+    parts: int | None = None
+
+    @property
+    def composite(self) -> bool:
+        """Declared composite (by its type or its ``-N``)."""
+        return self.type == "COMPOSITE" or self.parts is not None
+
+    @property
+    def full_object(self) -> bool:
+        """Declared a checksum of the whole object's bytes."""
+        return self.type == "FULL_OBJECT" and self.parts is None
+
+    def __str__(self) -> str:
+        suffix = "" if self.parts is None else f"-{self.parts}"
+        kind = "" if self.type is None else f" ({self.type})"
+        return f"{self.algorithm} {self.value}{suffix}{kind}"
+
+
+def stored_checksum(answer: Mapping[str, Any]) -> StoredChecksum | None:
+    """The checksum in an S3 answer (``ChecksumCRC64NVME``, ..., ``ChecksumType``), or
+    None when it carries none."""
+    kind = answer.get("ChecksumType")
+    kind = kind if isinstance(kind, str) and kind else None
+    for algorithm in ALGORITHMS:
+        text = answer.get(f"Checksum{algorithm}")
+        if not isinstance(text, str) or not text:
+            continue
+        value, dash, count = text.partition("-")
+        parts = None
+        if dash:
+            if not count.isdigit() or int(count) < 1:
+                continue
+            parts = int(count)
+        return StoredChecksum(algorithm, value, kind, parts)
+    return None
+
 
 #: Pages of ``GetObjectAttributes`` asked for at most (1,000 parts each; S3 allows 10,000).
 _MAX_PAGES = 10

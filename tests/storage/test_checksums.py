@@ -26,7 +26,6 @@ from ptestore.checksums import (
     ExpectedChecksums,
     GridCRCs,
     Hasher,
-    StoredChecksum,
     available,
     combine_all,
     composite,
@@ -34,9 +33,9 @@ from ptestore.checksums import (
     crc_combine,
     decode,
     encode,
-    stored_checksum,
 )
 from ptestore.errors import ConfigurationError
+from ptestore.storage.s3checksum import StoredChecksum, stored_checksum
 from ptestore.writers.s3.checksum import writer_algorithm
 
 CHECK = b"123456789"  # the CRC catalogue's check input

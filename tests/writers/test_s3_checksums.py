@@ -16,7 +16,8 @@ import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from ptestore.checksums import checksum_of, composite, encode, stored_checksum
+from ptestore.checksums import checksum_of, composite, encode
+from ptestore.storage.s3checksum import stored_checksum
 from ptestore.testing.s3server import S3TestServer
 
 pytestmark = pytest.mark.s3
