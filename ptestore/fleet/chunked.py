@@ -129,6 +129,12 @@ def _recheck(part: str, chunks: ChunkDigests, count: int) -> tuple[int, list[dic
     return count, []
 
 
+def _sha256(data: bytes) -> bytes:
+    import hashlib
+
+    return hashlib.sha256(data).digest()
+
+
 def _store_runs(todo: list[int], chunks: ChunkDigests, request_size: int) -> list[list[int]]:
     """Consecutive chunks in runs of at most ``request_size`` bytes (one GET each)."""
     runs: list[list[int]] = []
@@ -179,6 +185,7 @@ def download_chunks(
     state: dict[str, Any],
     chunks: ChunkDigests,
     trailer_bytes: bytes,
+    tail: tuple[int, bytes],
     reader: PinnedReader,
     bases: list[Base],
     request_size: int,
@@ -234,7 +241,14 @@ def download_chunks(
             sync_file(fd)
             verified = new
             _save(meta_path, state, verified)
-        for run in _store_runs([i for i in todo if i not in filled.done], chunks, request_size):
+        for i in todo:  # wholly inside the tail already read: no request
+            a, b = chunks.span(i)
+            data = tail[1][a - tail[0] : b - tail[0]] if a >= tail[0] else b""
+            if i not in done and len(data) == b - a and _sha256(data) == chunks.digests[i]:
+                pwrite_all(fd, memoryview(data), a)
+                done.add(i)
+                sink.add("store", b - a)
+        for run in _store_runs([i for i in todo if i not in done], chunks, request_size):
             bad = _fetch_run(reader, fd, chunks, run, sink)
             for i, first in bad:  # asked once more, alone: then refused
                 retried.append(i)
@@ -308,12 +322,16 @@ class _Tail:
     def __init__(self, reader: PinnedReader, size: int) -> None:
         self.name = reader.name
         self._reader, self._size = reader, size
+        #: ``(offset, bytes)`` of each read (the tail holds the last chunk of a small file).
+        self.reads: list[tuple[int, bytes]] = []
 
     def size(self) -> int:
         return self._size
 
     def load(self, offset: int, size: int) -> bytes:
-        return self._reader.read(offset, size)
+        data = self._reader.read(offset, size)
+        self.reads.append((offset, data))
+        return data
 
     def check_unchanged(self) -> None:
         """Every read is pinned (or checked by :mod:`.fetch` at the end)."""
@@ -330,6 +348,10 @@ class Record:
     trailer: bytes
     chunks: ChunkDigests
     sha256: str
+    #: The bytes the tail read returned and where they start: chunks wholly inside are
+    #: not asked of the store again.
+    tail_offset: int = 0
+    tail: bytes = b""
 
 
 def pinned_record(want: dict[str, Any], size: int, reader: PinnedReader) -> Record | None:
@@ -352,8 +374,9 @@ def pinned_record(want: dict[str, Any], size: int, reader: PinnedReader) -> Reco
             f"{url}: the object is {size} bytes, the index names {want['size']}",
             published=False,
         )
+    tail = _Tail(reader, size)
     try:
-        trailer = read_trailer(_Tail(reader, size))
+        trailer = read_trailer(tail)
         have = None if trailer is None else "sha256:" + trailer.sha256
         if trailer is None or have != pinned:
             raise IntegrityError(
@@ -365,4 +388,5 @@ def pinned_record(want: dict[str, Any], size: int, reader: PinnedReader) -> Reco
         raise IntegrityError(f"{url}: {exc}", published=False) from exc
     if content is None or content.chunks is None or content.size != trailer.content_size:
         return None
-    return Record(trailer.raw(), content.chunks, content.sha256)
+    first = tail.reads[0] if tail.reads else (size, b"")
+    return Record(trailer.raw(), content.chunks, content.sha256, first[0], first[1])

@@ -177,6 +177,7 @@ def _download(
                         },
                         chunks=chunks,
                         trailer_bytes=record.trailer,
+                        tail=(record.tail_offset, record.tail),
                         reader=reader,
                         bases=bases,
                         request_size=chunk_size,
