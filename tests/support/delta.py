@@ -93,3 +93,29 @@ def flip(path: Path, offset: int) -> None:
         byte = f.read(1)
         f.seek(offset)
         f.write(bytes([byte[0] ^ 1]))
+
+
+class Rewrite(BackendInterface):
+    """Writes the first value with ``nbytes`` of it, from ``offset`` (default: a third
+    of the way in, plus 4321 bytes: not chunk-aligned), seeded noise from ``stamp`` (a
+    weight of that size replaced: same size, same layout)."""
+
+    name = "XnnpackBackend"
+
+    def __init__(self, stamp: str = "1", nbytes: int = 16 * MiB, offset: int | None = None):
+        self.stamp, self.nbytes, self.offset = stamp, nbytes, offset
+        self.version = stamp
+
+    def initialize_backend_data(self, context: Any, output: Any) -> None:
+        import numpy as np
+
+        for _ in context:
+            pass
+        named = context.get_named_data_map()
+        key = sorted(named)[0]
+        value = np.array(np.frombuffer(named.get_data(key), dtype=np.uint8))
+        rng = np.random.default_rng(int(self.stamp))
+        start = len(value) // 3 + 4321 if self.offset is None else self.offset
+        end = min(len(value), start + self.nbytes)
+        value[start:end] = rng.integers(0, 255, end - start, dtype=np.uint8)
+        output.write_named_data(key, BackendData(value))
