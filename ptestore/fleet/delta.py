@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .._io import pread_all, pwrite_all
+from .._io import pread_all, preadinto_all, pwrite_all
 from ..errors import ConfigurationError, FormatError
 from ..storage.loaders import LocalFileLoader
 
@@ -166,16 +167,40 @@ class Filled:
     bases: dict[str, int] = field(default_factory=dict)
 
 
+_BUFFERS = threading.local()
+
+
+def _buffer(size: int) -> memoryview:
+    """This thread's reused buffer of at least ``size`` bytes (no allocation per chunk:
+    a fresh 4 MiB ``bytes`` per read costs page faults, more than the copy)."""
+    buf: bytearray | None = getattr(_BUFFERS, "buf", None)
+    if buf is None or len(buf) < size:
+        buf = bytearray(size)
+        _BUFFERS.buf = buf
+    return memoryview(buf)[:size]
+
+
 def _digest(fd: int, offset: int, size: int) -> bytes:
-    h = hashlib.sha256()
+    view = _buffer(size)
+    got = preadinto_all(fd, view, offset)
+    return hashlib.sha256(view[:got]).digest() if got == size else b""
+
+
+def _copy_range(src: int, src_offset: int, size: int, dst: int, dst_offset: int) -> bool:
+    """``size`` bytes copied in the kernel (``copy_file_range``: no pass through this
+    process, a fifth of the CPU of read and write); False when the system cannot (then
+    nothing was copied that matters: the caller copies by hand over it)."""
+    copy = getattr(os, "copy_file_range", None)
     done = 0
-    while done < size:
-        piece = pread_all(fd, min(1 << 20, size - done), offset + done)
-        if not piece:
-            break
-        h.update(piece)
-        done += len(piece)
-    return h.digest()
+    while copy is not None and done < size:
+        try:
+            n = copy(src, dst, size - done, src_offset + done, dst_offset + done)
+        except OSError:
+            return False  # another file system, an old kernel, a special file
+        if n == 0:
+            return False  # the base ends early
+        done += n
+    return done == size
 
 
 def _runs(record: ChunkDigests, matches: list[Match]) -> list[list[Match]]:
@@ -246,10 +271,13 @@ def fill(
 
     def copy(m: Match) -> tuple[Match, bool]:
         a, b = record.span(m.index)
-        data = pread_all(m.base.fileno(), b - a, m.offset)
-        if len(data) != b - a or hashlib.sha256(data).digest() != record.digests[m.index]:
+        if _copy_range(m.base.fileno(), m.offset, b - a, part_fd, a):
+            return check(m)  # what landed in the .part is what is checked
+        view = _buffer(b - a)
+        got = preadinto_all(m.base.fileno(), view, m.offset)
+        if got != b - a or hashlib.sha256(view).digest() != record.digests[m.index]:
             return m, False
-        pwrite_all(part_fd, memoryview(data), a)
+        pwrite_all(part_fd, view, a)
         return m, True
 
     checked = set(id(m) for m in to_check)
