@@ -197,7 +197,7 @@ def download_chunks(
     :class:`~.ranged.ObjectChanged` when the object's version changed (start again)."""
     part, meta_path = dest + ".part", dest + ".part.json"
     directory = os.path.dirname(os.path.abspath(dest))
-    count = _resumable(meta_path, state)
+    count = _resumable(meta_path, state) if os.path.lexists(part) else 0
     fd = open_part(part, count > 0)
     verified, refused = 0, False
     try:

@@ -149,3 +149,14 @@ def test_a_flipped_byte_in_the_verified_chunks_of_a_part_is_caught_and_named(
         for m in caplog.messages
     )
     assert dest.read_bytes() == b.read_bytes()
+
+
+def test_a_count_without_its_part_starts_again(tmp_path: Path, versions: tuple[Path, Path]) -> None:
+    _, b = versions
+    dest = tmp_path / "dev" / "m.pte"
+    calibration = _child(b, tmp_path / "calibration" / "m.pte", None, None)
+    outcome = _child(b, dest, None, calibration.events.index("saved:3"))
+    assert outcome.status == -signal.SIGKILL
+    Path(str(dest) + ".part").unlink()  # the count stays, its file is gone
+    (got,) = ptestore.fetch(b, dest, chunk_size=CHUNK_SIZE).files
+    assert got["resumed_from"] == 0 and dest.read_bytes() == b.read_bytes()
