@@ -91,10 +91,9 @@ def download_whole(
         if resumed:
             report.add("part", resumed)
         else:
-            taken = _whole_from_base(dest, fd, size, bases)
+            taken = _whole_from_base(want, dest, fd, size, bases)
             if taken is not None:
                 from_base[taken] = done = size
-                report.add("base", size)
         while done < size:
             end = min(done + chunk_size, size)
             for piece in reader.stream(done, end, min(chunk_size, 1 << 20)):
@@ -114,6 +113,8 @@ def download_whole(
             return download_whole(want, dest, state, reader, [], chunk_size, sink, check)
         discard_part(dest)
         raise
+    if from_base:
+        report.add("base", size)  # once it checks
     return {
         "url": url,
         "path": dest,
@@ -128,12 +129,27 @@ def download_whole(
     }
 
 
-def _whole_from_base(dest: str, fd: int, size: int, bases: list[Base]) -> str | None:
-    """Copy the first base that could be these very bytes (same size) into the empty
-    ``.part`` (``fd``); its path, or None. :func:`~.fetch._check` decides after."""
+def _whole_from_base(
+    want: dict[str, Any], dest: str, fd: int, size: int, bases: list[Base]
+) -> str | None:
+    """Copy the first base that could be these very bytes (the same size, and the
+    trailer checksum the entry names when it names one) into the empty ``.part``
+    (``fd``); its path, or None. :func:`~.fetch._check` decides after."""
+    from ..errors import FormatError
+    from ..provenance.trailer import read_trailer
+
     directory = os.path.dirname(os.path.abspath(dest))
+    pinned = want.get("trailer_sha256")
     for base in bases:
-        if base.size == size:
-            copy_whole(base, fd, directory)
-            return base.path
+        if base.size != size:
+            continue
+        if pinned is not None:
+            try:
+                trailer = read_trailer(base.loader)
+            except FormatError:
+                continue
+            if trailer is None or "sha256:" + trailer.sha256 != pinned:
+                continue
+        copy_whole(base, fd, directory)
+        return base.path
     return None
