@@ -238,6 +238,22 @@ def test_ensure_index_takes_the_cached_artifact_as_base(
     assert ptestore.verify(fresh.pte).status == "intact"
 
 
+def test_ensure_index_takes_another_entry_of_the_model_as_base(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Another index (another fleet's prefix) of the same model: its entry's files are a
+    base for this one."""
+    cache = tmp_path / "cache"
+    one = _fleet_run(_job(tmp_path, str(tmp_path / "one"), "1"), capsys)
+    two = _fleet_run(_job(tmp_path, str(tmp_path / "two"), "2"), capsys)
+    first = ptestore.ensure(one, cache_dir=cache, model="m", device=A)
+    other = ptestore.ensure(two, cache_dir=cache, model="m", device=A)
+    assert other.key != first.key and other.choice is not None
+    assert other.choice["fetched"]["bases"] == [first.pte]
+    assert other.choice["fetched"]["received"] == CHUNK_SIZE + 4096
+    assert Path(other.pte).read_bytes() == (tmp_path / "two" / "a" / "m.pte").read_bytes()
+
+
 def test_ensure_index_takes_the_portable_source_given_to_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
