@@ -2,7 +2,7 @@
 version of an artifact (delta fetch, issue 28 part 2).
 
     python benchmarks/bench_delta_fetch.py [--mib-per-key 256] [--changed-mib 16]
-        [--server seaweedfs|moto] [--runs 3] [--dir DIR]
+        [--server seaweedfs|moto] [--runs 3] [--dir DIR] [--xfs]
 
 The artifact is the real export ``mlp_xnnpack`` (tests/fixtures) with each of its four
 named values ``--mib-per-key`` MiB of seeded noise (tests/support/large.py; 256: a
@@ -21,6 +21,9 @@ interleaved ``--runs`` times:
   every chunk taken from it checked against version 2's record);
 - ``portable``: ``--base`` the exporter's source (no record: its chunks hashed where
   they could match).
+
+And ``cp``: ``cp --reflink=never`` of version 1 + ``sync FILE``, the cost of writing
+the file on that disk at all (the floor of a delta fetch that copies).
 
 Reported per case: bytes the server sent (proxy), object bytes the client received,
 GET requests, bytes taken from the base, wall and CPU seconds of the child, the machine's
@@ -109,6 +112,18 @@ def _one(
     return got
 
 
+def _copy(base: Path, work: Path) -> dict[str, Any]:
+    """The reference: a durable local copy of the base (``cp --reflink=never`` +
+    ``sync FILE``), what any full rewrite of the file costs on this disk."""
+    dest = work / f"cp-{time.monotonic_ns()}.pte"
+    t0 = time.perf_counter()
+    subprocess.run(["cp", "--reflink=never", str(base), str(dest)], check=True)
+    subprocess.run(["sync", str(dest)], check=True)
+    seconds = time.perf_counter() - t0
+    dest.unlink()
+    return {"seconds": seconds, "loadavg": os.getloadavg()[0]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--mib-per-key", type=int, default=256)
@@ -116,6 +131,12 @@ def main() -> None:
     ap.add_argument("--server", choices=["seaweedfs", "moto"], default="seaweedfs")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--dir", help="working directory (default: a temporary one)")
+    ap.add_argument(
+        "--xfs",
+        action="store_true",
+        help="put the bases and the downloads on a loop-mounted XFS with reflink (root, "
+        "mkfs.xfs): chunks from a base are cloned, not copied",
+    )
     args = ap.parse_args()
     from support.faulty_proxy import faulty_proxy
 
@@ -131,16 +152,30 @@ def main() -> None:
             from ptestore.testing.moto import moto_s3_server
 
             server = stack.enter_context(moto_s3_server())
+        if args.xfs:
+            import shutil
+
+            from support.xfs import xfs_reflink_mount
+
+            mount = stack.enter_context(xfs_reflink_mount("4G"))
+            for name in ("src", "v1"):
+                path = {"src": src, "v1": v1}[name]
+                shutil.copyfile(path, mount.path / path.name)
+            src, v1 = mount.path / src.name, mount.path / v1.name
+            work = mount.path
+        else:
+            work = tmp
         bucket = server.new_bucket()
         server.client().upload_file(str(v2), bucket, "m/v2.pte")
         endpoint, proxy = stack.enter_context(faulty_proxy(server.endpoint_url, every=0))
         opts = {**server.storage_options, "endpoint_url": endpoint}
         url = f"s3://{bucket}/m/v2.pte"
         cases = {"full": None, "delta": v1, "portable": src}
-        runs: dict[str, list[dict[str, Any]]] = {c: [] for c in cases}
+        runs: dict[str, list[dict[str, Any]]] = {c: [] for c in [*cases, "cp"]}
         for _ in range(args.runs):
             for case, base in cases.items():
-                runs[case].append(_one(case, url, base, opts, tmp, proxy))
+                runs[case].append(_one(case, url, base, opts, work, proxy))
+            runs["cp"].append(_copy(v1, work))
         summary: dict[str, Any] = {}
         for case, rs in runs.items():
             summary[case] = {
@@ -148,9 +183,11 @@ def main() -> None:
                 for k in rs[0]
                 if isinstance(rs[0][k], int | float)
             }
-            summary[case]["verified"] = rs[0]["verified"]
+            if "verified" in rs[0]:
+                summary[case]["verified"] = rs[0]["verified"]
         out = {
             "server": args.server,
+            "file_system": "xfs (reflink)" if args.xfs else "the --dir's",
             "artifact_bytes": v2.stat().st_size,
             "changed_bytes": args.changed_mib << 20,
             "runs": args.runs,
