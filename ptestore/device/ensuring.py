@@ -217,6 +217,11 @@ def ensure(
     if from_index:
         _check_index_args(src, model, ptd_src, in_place, provenance)
         assert model is not None
+        if portable is not None and not os.path.isfile(portable):
+            raise ConfigurationError(
+                f"{os.fspath(portable)}: no such file (portable=, CLI --portable: a local "
+                "copy of the model's portable source for the download to take chunks from)"
+            )
         return _ensure_from_index(
             src,
             cache_dir,

@@ -266,6 +266,12 @@ def test_ensure_index_takes_the_portable_source_given_to_it(
     assert made["choice"]["fetched"]["from_base"] == _base_bytes(out / "a" / "m.pte")
     assert made["choice"]["fetched"]["bases"] == [str(program(tmp_path))]
     assert Path(made["pte"]).read_bytes() == (out / "a" / "m.pte").read_bytes()
+    assert main([*argv, "--portable", str(tmp_path / "nope.pte")]) == 2
+    assert capsys.readouterr().err == (
+        f"ptestore ensure: error: {tmp_path / 'nope.pte'}: no such file (portable=, CLI "
+        "--portable: a local copy of the model's portable source for the download to take "
+        "chunks from)\n"
+    )
 
 
 # -- S3: what moved, counted by the client and by the server's side of a proxy -------
