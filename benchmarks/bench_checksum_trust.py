@@ -7,14 +7,15 @@ The artifact is a real program made by ptestore from the ``mlp_xnnpack`` fixture
 (``tests/support/large.py``: every named value ``size / 4`` bytes of seeded random
 bytes), passed through ``ptestore.specialize`` with the default provenance trailer
 (its record names the content's SHA-256, CRC-32 and, with awscrt, ``content.crcs``).
-It is uploaded to a SeaweedFS ``weed mini`` started for the run
-(``ptestore.testing.seaweedfs``), three ways:
+It is put on a SeaweedFS ``weed mini`` started for the run
+(``ptestore.testing.seaweedfs``) three ways:
 
 - ``upload_file``: boto3's ``upload_file`` with its defaults (``TransferConfig()``:
   8 MiB parts; botocore 1.43 sends a CRC-32 per part: a *composite* CRC-32), what
   ``aws s3 cp`` and most SDKs do;
-- ``ptestore``: ptestore's own ``S3Writer`` with its defaults (8 MiB parts, a
-  full-object CRC64NVME);
+- ``ptestore``: the same program specialized by ptestore straight into S3 (what a
+  fleet run publishes: its ``S3Writer`` with its defaults, 8 MiB parts and a full-object
+  CRC64NVME; its record made for S3, so it names the content's CRC64NVME);
 - ``no-checksum``: a single ``put_object`` from a client with
   ``request_checksum_calculation="when_required"`` (no checksum sent: AWS would store
   CRC64NVME, SeaweedFS stores none).
@@ -29,8 +30,8 @@ bytes; the trailer read is excluded from both), requests those the check made.
 
 ``--hashing`` measures instead what recording the CRCs costs a run: the
 ``ContentHasher`` of ``--size-mib`` bytes in memory (8 MiB pieces, as a run feeds it),
-with the CRC-32C and CRC64NVME of every chunk (a process with awscrt loaded) and with
-the per-chunk CRC-32 only (a local run), interleaved ``--runs`` times.
+with the CRC-32C and CRC64NVME of every chunk (an output to S3) and with the per-chunk
+CRC-32 only (a local output), interleaved ``--runs`` times.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ ROOT = HERE.parent
 MiB = 1 << 20
 
 
-def _make(work: Path, size_mib: int) -> Path:
+def _make(work: Path, size_mib: int) -> tuple[Path, Path]:
     sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
     from support.fixtures import get_fixture
     from support.large import inflate
@@ -65,25 +66,26 @@ def _make(work: Path, size_mib: int) -> Path:
         inflate(fx.pte_path, plain, (size_mib << 20) // 4)
     if not art.exists():
         ptestore.specialize(plain, art, allow_unchanged=True)
-    return art
+    return art, plain
 
 
-def _upload(server: Any, bucket: str, art: Path) -> dict[str, str]:
+def _upload(server: Any, bucket: str, art: Path, plain: Path) -> dict[str, str]:
     import boto3
     from boto3.s3.transfer import TransferConfig
     from botocore.config import Config
 
-    from ptestore.writers import open_writer
+    import ptestore
 
     c = server.client()
     c.upload_file(str(art), bucket, "upload_file.pte", Config=TransferConfig())
-    w = open_writer(f"s3://{bucket}/ptestore.pte", **server.storage_options)
-    with open(art, "rb") as f:
-        offset = 0
-        while piece := f.read(8 * MiB):
-            w.write(piece, offset)
-            offset += len(piece)
-    w.publish()
+    # what a fleet run publishes: the same program specialized into S3 (its record made
+    # for a store that keeps checksums)
+    ptestore.specialize(
+        plain,
+        f"s3://{bucket}/ptestore.pte",
+        allow_unchanged=True,
+        storage_options=server.storage_options,
+    )
     opts = server.storage_options
     bare = boto3.client(
         "s3",
@@ -161,22 +163,20 @@ def _measure(url: str, options: dict[str, Any], rule: Any) -> dict[str, Any]:
 
 
 def _hashing(size_mib: int, runs: int) -> dict[str, Any]:
-    from ptestore.provenance import crcs
+    from ptestore.provenance.crcs import LOCAL_CRCS, STORE_CRCS
     from ptestore.provenance.digest import ContentHasher
 
     data = memoryview(os.urandom(size_mib * MiB))
-    loaded = crcs.crt_loaded
-    out: dict[str, list[float]] = {"crc32-only": [], "all-crcs": []}
+    kinds = {"crc32-only": LOCAL_CRCS, "all-crcs": STORE_CRCS}
+    out: dict[str, list[float]] = {k: [] for k in kinds}
     for _ in range(runs):
-        for label in out:
-            crcs.crt_loaded = (lambda: False) if label == "crc32-only" else loaded  # type: ignore[assignment]
+        for label, crcs in kinds.items():
             t = time.perf_counter()
-            h = ContentHasher(len(data))
+            h = ContentHasher(len(data), crcs=crcs)
             for i in range(0, len(data), 8 * MiB):
                 h.update(data[i : i + 8 * MiB])
             h.digest()
             out[label].append(time.perf_counter() - t)
-    crcs.crt_loaded = loaded  # type: ignore[assignment]
     return {k: [round(x, 3) for x in v] for k, v in out.items()}
 
 
@@ -188,14 +188,12 @@ def main() -> None:
     ap.add_argument("--hashing", action="store_true", help="measure the ContentHasher only")
     args = ap.parse_args()
     if args.hashing:
-        import awscrt.checksums  # noqa: F401  (loaded, as in a process that uses S3)
-
         load0 = os.getloadavg()
         got = _hashing(args.size_mib, args.runs)
         print(json.dumps({"load": [*load0, *os.getloadavg()], "seconds": got}, indent=2))
         return
     args.work.mkdir(parents=True, exist_ok=True)
-    art = _make(args.work, args.size_mib)
+    art, plain = _make(args.work, args.size_mib)
     from ptestore.testing.seaweedfs import seaweedfs_s3_server
 
     load0 = os.getloadavg()
@@ -203,7 +201,7 @@ def main() -> None:
     (args.work / "weed").mkdir(exist_ok=True)
     with seaweedfs_s3_server(args.work / "weed") as server:
         bucket = server.new_bucket()
-        stored = _upload(server, bucket, art)
+        stored = _upload(server, bucket, art, plain)
         for _ in range(args.runs):
             for name in ("upload_file", "ptestore", "no-checksum"):
                 url = f"s3://{bucket}/{name}.pte"

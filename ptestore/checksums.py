@@ -35,7 +35,6 @@ import base64
 import binascii
 import functools
 import hashlib
-import sys
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -57,7 +56,6 @@ __all__ = [
     "composite",
     "crc",
     "crc_combine",
-    "crt_loaded",
     "crt_module",
     "decode",
     "encode",
@@ -101,13 +99,6 @@ def crt_module() -> ModuleType | None:
 def _check(algorithm: str) -> None:
     if algorithm not in _CRC_SPECS and algorithm not in _DIGESTS:
         raise ValueError(f"unknown checksum algorithm {algorithm!r}: one of {ALGORITHMS}")
-
-
-def crt_loaded() -> bool:
-    """Whether ``awscrt`` is already imported in this process (botocore imports it when
-    it is installed, so any process that talks to S3 has it): computing CRC-32C and
-    CRC64NVME then costs no import (about 0.1 s of start-up otherwise)."""
-    return sys.modules.get("awscrt") is not None and crt_module() is not None
 
 
 def available(algorithm: str) -> bool:

@@ -12,10 +12,12 @@ bytes, what a ``HEAD`` shows; fixed width, so a record's size does not depend on
 ``chunks`` holds each algorithm's CRC of every chunk (big-endian, concatenated, then
 base64) on the grid of :mod:`.chunks` (4 MiB, doubled for very large files); it is
 left out above :data:`MAX_CRC_CHUNKS` chunks (16 GiB at 4 MiB) to keep the trailer
-small. CRC-32C and CRC64NVME need ``awscrt`` (:mod:`ptestore.checksums`): they are
-recorded by a process that has it loaded (any process using S3: botocore imports it),
-not by a local run, which would pay its import (about 0.1 s) for a store it does not
-use; the per-chunk CRC-32 (zlib) is always recorded. Records without ``crcs`` (older
+small. The per-chunk CRC-32 (zlib) is always recorded; CRC-32C and CRC64NVME need
+``awscrt`` (:mod:`ptestore.checksums`) and are recorded for an output whose writer
+says the store keeps a checksum (``DataWriter.stored_checksum``: S3), not for a local
+file, whose run would pay their import (about 0.1 s) for a store it does not use. The
+choice follows the destination, never the state of the process, so a record is the
+same whatever ran before it. Records without ``crcs`` (older
 ones) still read.
 
 Why per chunk: S3 keeps one checksum per object, and for a multipart upload made by
@@ -30,7 +32,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -38,7 +40,6 @@ from ..checksums import (
     CRC_ALGORITHMS,
     ExpectedChecksums,
     GridCRCs,
-    crt_loaded,
     decode,
     encode,
     width,
@@ -61,7 +62,14 @@ class _Content(Protocol):
     def crcs(self) -> ContentCRCs | None: ...
 
 
-__all__ = ["MAX_CRC_CHUNKS", "ContentCRCs", "expected_checksums", "grid_for"]
+__all__ = [
+    "LOCAL_CRCS",
+    "MAX_CRC_CHUNKS",
+    "STORE_CRCS",
+    "ContentCRCs",
+    "expected_checksums",
+    "grid_for",
+]
 
 #: Above this many chunks no per-chunk CRCs are recorded (16 bytes each).
 MAX_CRC_CHUNKS = 4096
@@ -69,11 +77,15 @@ MAX_CRC_CHUNKS = 4096
 _FULL = ("CRC32C", "CRC64NVME")
 
 
-def grid_for(length: int) -> GridCRCs:
-    """The CRC accumulator of a ``length``-byte content on its chunk grid: CRC-32 always
-    (zlib), CRC-32C and CRC64NVME where ``awscrt`` is already loaded (a process that uses
-    S3: botocore imports it), so a local run pays no import for them."""
-    algorithms = CRC_ALGORITHMS if crt_loaded() else ("CRC32",)
+#: What a run records for an output a store keeps a checksum of (S3).
+STORE_CRCS = CRC_ALGORITHMS
+#: What it records otherwise: the per-chunk CRC-32 (zlib, no import).
+LOCAL_CRCS = ("CRC32",)
+
+
+def grid_for(length: int, algorithms: Sequence[str] = LOCAL_CRCS) -> GridCRCs:
+    """The CRC accumulator of a ``length``-byte content on its chunk grid, for those of
+    ``algorithms`` that can be computed here (CRC-32C and CRC64NVME need ``awscrt``)."""
     return GridCRCs(chunk_size_for(length), algorithms)
 
 

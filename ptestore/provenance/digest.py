@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from .._background import check as check_cancelled
@@ -67,10 +67,17 @@ _PARALLEL_MIN = 256 << 10
 
 class ContentHasher:
     """SHA-256 and CRC-32 of bytes fed in order; given the ``length`` they will add up
-    to, their chunk digests too (:mod:`.chunks`), in a second thread for large pieces;
-    ``known`` chunk digests (by index) are taken as given, not computed."""
+    to, their chunk digests too (:mod:`.chunks`), in a second thread for large pieces,
+    and the CRCs ``crcs`` of every chunk (:mod:`.crcs`: CRC-32 only by default; an
+    output stored where its checksum is kept, S3, asks for all three); ``known`` chunk
+    digests (by index) are taken as given, not computed."""
 
-    def __init__(self, length: int | None = None, known: Mapping[int, bytes] | None = None) -> None:
+    def __init__(
+        self,
+        length: int | None = None,
+        known: Mapping[int, bytes] | None = None,
+        crcs: Sequence[str] = ("CRC32",),
+    ) -> None:
         self._sha = hashlib.sha256()
         self._crc = 0
         self.size = 0
@@ -83,7 +90,7 @@ class ContentHasher:
             from .crcs import grid_for
 
             self._chunks = ChunkHasher(length, known)
-            self._grid = grid_for(length)  # the CRCs per chunk (CRC-32 among them)
+            self._grid = grid_for(length, crcs)  # the CRCs per chunk (CRC-32 among them)
 
     def update(self, data: bytes | bytearray | memoryview) -> None:
         n = memoryview(data).nbytes

@@ -25,7 +25,7 @@ from support.fixtures import get_fixture
 from ptestore.checksums import checksum_of, encode
 from ptestore.fleet.binding import HeadVerdict, bytes_mismatch, content_verdict, trust_by_head
 from ptestore.provenance import Provenance, read_trailer
-from ptestore.provenance.crcs import expected_checksums
+from ptestore.provenance.crcs import LOCAL_CRCS, STORE_CRCS, expected_checksums
 from ptestore.provenance.digest import ContentHasher
 from ptestore.provenance.record import ContentDigest
 from ptestore.storage.loaders import open_loader
@@ -44,8 +44,10 @@ MOTO_CRC32C_IS_CRC32 = "moto stores the CRC-32 of a multipart CRC32C object, not
 MOTO_NO_STORED = "moto stores no checksum sent as a value (only one sent as a trailer)"
 
 
-def digest(content: bytes) -> ContentDigest:
-    h = ContentHasher(len(content))
+def digest(content: bytes, crcs: tuple[str, ...] = STORE_CRCS) -> ContentDigest:
+    """The content's digest as a run records it for an output to S3 (every CRC), or
+    with ``crcs=LOCAL_CRCS`` for a local output (the per-chunk CRC-32 only)."""
+    h = ContentHasher(len(content), crcs=crcs)
     h.update(content)
     return h.digest()
 
@@ -258,6 +260,21 @@ def test_an_upload_without_a_checksum_is_read(s3_server: S3TestServer, bucket: B
     bare.put_object(Bucket=bucket.name, Key="bare", Body=small)
     verdict = bucket.judge("bare", small, tail=b"")
     assert verdict.trusted is None and verdict.stored is None
+
+
+def test_a_local_record_trusts_crc32_and_reads_crc64nvme(bucket: Bucket, content: bytes) -> None:
+    """A file made locally and uploaded by another tool: its record has the per-chunk
+    CRC-32 only, so a composite CRC-32 is trusted and a CRC64NVME costs a read."""
+    local = expected_checksums(digest(content, LOCAL_CRCS), TAIL)
+    bucket.upload_file("uf", content + TAIL)
+    data = content + TAIL
+    bucket.multipart("c64", data, [5 * MiB, len(data) - 5 * MiB], "CRC64NVME", "FULL_OBJECT")
+    for key, want in (("uf", True), ("c64", None)):
+        loader = bucket.loader(key)
+        try:
+            assert trust_by_head(loader, local).trusted is want, key
+        finally:
+            loader.close()
 
 
 def test_a_record_without_crcs_still_trusts_a_crc32(bucket: Bucket, content: bytes) -> None:

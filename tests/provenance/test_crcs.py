@@ -1,10 +1,13 @@
-"""``content.crcs`` in the provenance record: the CRC-32C and CRC64NVME of the bytes
-before the trailer and every algorithm's CRC per 4 MiB chunk, checked against awscrt;
-recorded by a real run, read back, malformed fields named, older records still read."""
+"""``content.crcs`` in the provenance record: the CRC-32 of every 4 MiB chunk (every
+run) and, for an output to S3, the CRC-32C and CRC64NVME of the bytes before the
+trailer and of every chunk, checked against zlib and awscrt; recorded by a real run,
+read back, malformed fields named, older records still read."""
 
 from __future__ import annotations
 
+import base64
 import copy
+import os
 import zlib
 from pathlib import Path
 from typing import Any
@@ -19,7 +22,13 @@ from ptestore.checksums import GridCRCs, encode
 from ptestore.errors import FormatError
 from ptestore.provenance import read_provenance, read_trailer
 from ptestore.provenance.chunks import CHUNK_SIZE
-from ptestore.provenance.crcs import MAX_CRC_CHUNKS, ContentCRCs, expected_checksums
+from ptestore.provenance.crcs import (
+    MAX_CRC_CHUNKS,
+    STORE_CRCS,
+    ContentCRCs,
+    expected_checksums,
+)
+from ptestore.provenance.digest import ContentHasher
 from ptestore.provenance.record import ContentDigest
 from ptestore.storage.loaders import open_loader
 
@@ -43,7 +52,9 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp / "out.pte"
 
 
-def test_a_run_records_the_crcs_of_its_bytes(made: Path) -> None:
+def test_a_local_run_records_the_per_chunk_crc32(made: Path) -> None:
+    """A local output records the CRC-32 of every chunk (zlib): CRC-32C and CRC64NVME
+    are for outputs to a store that keeps checksums (S3), whatever ran before."""
     loader = open_loader(made)
     trailer = read_trailer(loader)
     prov = read_provenance(loader)
@@ -53,6 +64,33 @@ def test_a_run_records_the_crcs_of_its_bytes(made: Path) -> None:
     crcs = prov.content.crcs
     assert crcs is not None and crcs.chunk_size == CHUNK_SIZE and crcs.length == len(data)
     assert prov.content.crc32 == zlib.crc32(data)
+    assert crcs.full == {} and set(crcs.chunks) == {"CRC32"}
+    want = [zlib.crc32(data[i : i + CHUNK_SIZE]) for i in range(0, len(data), CHUNK_SIZE)]
+    assert list(crcs.chunks["CRC32"]) == want and len(want) == -(-len(data) // CHUNK_SIZE)
+    # an upload with boto3's defaults (8 MiB parts) is predicted from them
+    whole = made.read_bytes()
+    expected = expected_checksums(prov.content, trailer.raw())
+    assert expected.parts("CRC32", [8 * MiB, len(whole) - 8 * MiB]) == [
+        zlib.crc32(whole[: 8 * MiB]),
+        zlib.crc32(whole[8 * MiB :]),
+    ]
+    assert expected.full("CRC64NVME") is None  # not recorded: a read, if ever needed
+    assert trailer.record()["content"]["crcs"] == {
+        "size": CHUNK_SIZE,
+        "chunks": {
+            "crc32": base64.b64encode(b"".join(v.to_bytes(4, "big") for v in want)).decode()
+        },
+    }
+
+
+def test_an_output_to_s3_records_every_crc() -> None:
+    """What the digest of an output to S3 records (``STORE_CRCS``), against awscrt."""
+    data = os.urandom(2 * CHUNK_SIZE + 12345)
+    h = ContentHasher(len(data), crcs=STORE_CRCS)
+    for i in range(0, len(data), 3 * MiB):
+        h.update(data[i : i + 3 * MiB])
+    crcs = h.digest().crcs
+    assert crcs is not None
     for algorithm in ("CRC32C", "CRC64NVME"):
         assert crcs.full[algorithm] == _independent(algorithm, data)
     for algorithm in ("CRC32", "CRC32C", "CRC64NVME"):
@@ -60,19 +98,11 @@ def test_a_run_records_the_crcs_of_its_bytes(made: Path) -> None:
             _independent(algorithm, data[i : i + CHUNK_SIZE])
             for i in range(0, len(data), CHUNK_SIZE)
         ]
-        assert list(crcs.chunks[algorithm]) == want and len(want) == -(-len(data) // CHUNK_SIZE)
-    # what an S3 object of these bytes and this trailer should carry
-    whole = made.read_bytes()
-    expected = expected_checksums(prov.content, trailer.raw())
-    assert expected.full("CRC64NVME") == _independent("CRC64NVME", whole)
-    assert expected.parts("CRC32", [8 * MiB, len(whole) - 8 * MiB]) == [
-        zlib.crc32(whole[: 8 * MiB]),
-        zlib.crc32(whole[8 * MiB :]),
-    ]
-    # the record as written: fixed-width base64 for the whole-content values
-    raw = trailer.record()["content"]["crcs"]
+        assert list(crcs.chunks[algorithm]) == want
+    raw = crcs.to_dict()
     assert raw["crc64nvme"] == encode("CRC64NVME", crcs.full["CRC64NVME"])
     assert sorted(raw["chunks"]) == ["crc32", "crc32c", "crc64nvme"]
+    assert ContentCRCs.from_dict(raw, len(data), "x.pte", "content") == crcs
 
 
 def _dict(made: Path) -> dict[str, Any]:
@@ -80,7 +110,9 @@ def _dict(made: Path) -> dict[str, Any]:
     trailer = read_trailer(loader)
     loader.close()
     assert trailer is not None
-    return copy.deepcopy(trailer.record()["content"])
+    content = copy.deepcopy(trailer.record()["content"])
+    content["crcs"]["crc64nvme"] = encode("CRC64NVME", 1)  # as an output to S3 has
+    return content
 
 
 def test_read_back_and_older_records(made: Path) -> None:

@@ -136,6 +136,7 @@ class S3Writer(DataWriter):
         meta = checked_metadata(url, metadata or {})
         #: The checksum algorithm of every part and of the whole object.
         self.algorithm = writer_algorithm(url, checksum_algorithm)
+        self.stored_checksum = self.algorithm
         self.bucket, self.key = bucket, key
         self.max_concurrency = max_concurrency
         self.spool = spool
