@@ -62,6 +62,12 @@ def add_fetch_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("source", metavar="INDEX_OR_URL", help="an index (.json) or an artifact")
     p.add_argument("dest", metavar="DEST", help="local path of the .pte")
+    p.add_argument(
+        "--xnnpack-cache",
+        action="store_true",
+        help="also the XNNPACK packed-weight file the fleet made for this CPU and "
+        "ExecuTorch build, verified, beside DEST (the [xnnpack] extra)",
+    )
     _index_flags(p, required=False)
     p.set_defaults(func=run_fetch)
     return p
@@ -84,7 +90,16 @@ def run_select(args: argparse.Namespace) -> int:
     assert device is not None  # --device is required
     choice = select(args.index, args.model, device, storage_options=storage_options(args))
     files = choice.pte["url"] + (f" + {choice.ptd['url']}" if choice.ptd else "")
-    _print(args, choice.to_dict(), f"{choice.kind}: {files}\n{choice.reason}")
+    text = f"{choice.kind}: {files}\n{choice.reason}"
+    packed = choice.xnnpack
+    if packed is not None:  # made for this machine's CPU
+        text += "\nxnnpack: " + (
+            f"{packed['url']} ({packed['size']} bytes, ExecuTorch "
+            f"{(packed.get('executorch') or {}).get('version')})"
+            if packed.get("url")
+            else f"refused by the fleet's runtime: {packed.get('refused')}"
+        )
+    _print(args, choice.to_dict(), text)
     return EXIT_OK
 
 
@@ -99,6 +114,7 @@ def run_fetch(args: argparse.Namespace) -> int:
         model=args.model,
         device=device_or_name(args),
         storage_options=storage_options(args),
+        xnnpack_cache=args.xnnpack_cache,
     )
     lines = [
         f"{f['url']} -> {f['path']}: {f['size']} bytes verified"
@@ -107,5 +123,10 @@ def run_fetch(args: argparse.Namespace) -> int:
     ]
     if result.choice is not None:
         lines.insert(0, f"{result.choice.kind}: {result.choice.reason}")
+    packed = result.xnnpack
+    if packed is not None and packed["path"] is not None:
+        lines.append(f"{packed['url']} -> {packed['path']}: {packed['size']} bytes verified")
+    elif packed is not None:
+        lines.append(f"no XNNPACK packed-weight file: {packed['reason']}")
     _print(args, result.to_dict(), "\n".join(lines))
     return EXIT_OK

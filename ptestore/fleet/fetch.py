@@ -70,12 +70,18 @@ class FetchResult:
 
     choice: Choice | None
     files: list[dict[str, Any]] = field(default_factory=list)
+    #: With ``xnnpack_cache=True``: the XNNPACK packed-weight file delivered beside the
+    #: .pte (:func:`.packed.fetch_packed`: ``path`` None and ``reason`` when none).
+    xnnpack: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "choice": None if self.choice is None else self.choice.to_dict(),
             "files": self.files,
         }
+        if self.xnnpack is not None:
+            out["xnnpack"] = self.xnnpack
+        return out
 
 
 class _Changed(Exception):
@@ -313,11 +319,14 @@ def fetch(
     storage_options: dict[str, Any] | None = None,
     chunk_size: int = _CHUNK,
     progress: Progress | None = None,
+    xnnpack_cache: bool = False,
 ) -> FetchResult:
     """Download what ``index_or_url`` selects for ``model`` on ``device`` (an index),
     or the artifact at ``index_or_url`` itself (a .pte: its .ptd beside it is fetched
     when its record names one), to ``dest`` (the .pte's path; a .ptd goes beside it).
-    See the module docstring."""
+    See the module docstring. ``xnnpack_cache``: then also its XNNPACK packed-weight
+    file for this CPU and ExecuTorch build, when the fleet made one
+    (:func:`.packed.fetch_packed`: verified, beside ``dest``)."""
     src = os.fspath(index_or_url)
     target = os.fspath(dest)
     if not StorageURL.of(target).local:
@@ -350,6 +359,13 @@ def fetch(
         _discard_parts(result.files)
         raise
     _publish_all(result.files)
+    if xnnpack_cache:
+        from .packed import fetch_packed
+
+        offered = None if choice is None or choice.kind != "artifact" else choice.xnnpack
+        result.xnnpack = fetch_packed(
+            src, offered, result.files, opts, chunk_size, progress, indexed=choice is not None
+        )
     return result
 
 
