@@ -49,6 +49,7 @@ from .packed import (
 )
 
 __all__ = [
+    "check_beside",
     "check_packers",
     "make_packed",
     "packed_state",
@@ -270,3 +271,59 @@ def make_packed(
         return True, why
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def check_beside(
+    pte_url: str, options: dict[str, Any], *, quick: bool = False, cpu: str | None = None
+) -> tuple[list[tuple[str, str]], str | None]:
+    """``ptestore verify``'s check of the packed-weight file beside the artifact at
+    ``pte_url`` (:mod:`.packed`'s layout): its record is bound to this artifact, made
+    for ``cpu`` (the job's ``xnnpack_cpu``, when given: then a missing one is stale
+    too), and its file has the recorded size and (unless ``quick``) SHA-256.
+    ``(stale findings as (field, message), the file's URL or None)``; a file whose bytes
+    are not its record's is a :class:`FormatError`, one that is gone
+    :class:`~ptestore.errors.ObjectNotFound` (invalid)."""
+    from ..errors import FormatError
+    from ..provenance.digest import content_digest
+
+    record = read_record(pte_url, options)
+    where = record_url(pte_url)
+    if record is None:
+        if cpu is None:
+            return [], None
+        return [
+            (
+                "xnnpack",
+                f"no XNNPACK packed-weight file beside it (no {where}); the job's device "
+                f"declares xnnpack_cpu {cpu!r}",
+            )
+        ], None
+    if not bound_to(record, *_artifact(pte_url, options)):
+        return [("xnnpack.artifact", f"{where}: made for another artifact at this URL")], None
+    field = record["xnnpack"]
+    found: list[tuple[str, str]] = []
+    if cpu is not None and field.get("cpu") != cpu:
+        found.append(
+            (
+                "xnnpack.cpu",
+                f"its packed-weight file was made for the CPU {field.get('cpu')!r}, the "
+                f"job's device declares {cpu!r}",
+            )
+        )
+    if field.get("refused"):
+        return found, None
+    url = str(field.get("url"))
+    loader = open_loader(url, **options_for_loader(url, options, "dst"))
+    try:
+        size = loader.size()
+        if size != field.get("size"):
+            raise FormatError(url, "size", size, f"{field.get('size')} (its record {where})")
+        if not quick:
+            got = content_digest(loader, size).sha256
+            if got != field.get("sha256"):
+                raise FormatError(
+                    url, "SHA-256", got, f"{field.get('sha256')} (its record {where})"
+                )
+    finally:
+        loader.close()
+    return found, url
