@@ -36,6 +36,8 @@ class PlannedPair:
     bytes: int = 0
     #: What running it is expected to cost (zero unless ``action`` is ``"run"``).
     estimate: Estimate = field(default_factory=Estimate)
+    #: For a device that declares ``xnnpack_cpu``: the state of its packed-weight file.
+    xnnpack: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -59,6 +61,7 @@ class PlannedPair:
             error=error,
             bytes=self.bytes,
             reason=self.reason,
+            xnnpack=self.xnnpack,
         )
 
 
@@ -176,6 +179,7 @@ def plan_job(job: Job) -> Plan:
             )
         except PteStoreError as exc:
             current, reason = False, f"cannot read the destination: {exc}"
+        why: str | None = None
         if current and pair.xnnpack_cpu is not None:
             try:
                 current, why = packed_state(
@@ -185,6 +189,7 @@ def plan_job(job: Job) -> Plan:
                 current, why = False, f"cannot read its XNNPACK packed-weight record: {exc}"
             reason = f"{reason}; {why}" if current else f"current, but {why}"
         planned = PlannedPair(pair, "skip" if current else "run", reason, task, share + counter[0])
+        planned.xnnpack = why
         planned.estimate = estimate_pair(task, planned.action, reason, job)
         return planned
 
