@@ -34,6 +34,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +54,7 @@ __all__ = [
     "fetch_packed",
     "file_url",
     "identity_claimed",
+    "is_packed_url",
     "read_record",
     "record_url",
     "runtime_build",
@@ -78,6 +80,15 @@ def record_url(pte_url: str) -> str:
 def file_url(pte_url: str, name: str) -> str:
     """Where the packed-weight file ``name`` (``xnnpack-<id>``) of ``pte_url`` is."""
     return f"{_stem(pte_url)}.{name}.xpwc"
+
+
+_PACKED_NAME = re.compile(r"\.xnnpack-[0-9a-f]{32}\.xpwc$")
+
+
+def is_packed_url(url: str) -> bool:
+    """Whether ``url`` is named as a packed-weight file beside an artifact
+    (``<stem>.xnnpack-<32 hex>.xpwc``, :func:`file_url`)."""
+    return bool(_PACKED_NAME.search(url))
 
 
 def read_record(pte_url: str, options: dict[str, Any]) -> dict[str, Any] | None:

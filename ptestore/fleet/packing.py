@@ -61,13 +61,15 @@ _CHUNK = 8 << 20
 
 def worker_cpu() -> dict[str, str | None]:
     """What this process can make files for: its CPU fingerprint, and why it cannot make
-    any (``"runtime"``: no ExecuTorch runtime) or None. Run on each Dask worker."""
+    any (``"runtime"``: no ExecuTorch runtime, or its native piece cannot be built here)
+    or None. Run on each Dask worker (the native piece is built once per wheel, then
+    found in the user cache)."""
     from ..errors import ConfigurationError
     from ..xnnpack.identity import cpu_fingerprint
-    from ..xnnpack.native import executorch_build
+    from ..xnnpack.native import build_shim
 
     try:
-        executorch_build()
+        build_shim()
         missing = None
     except ConfigurationError as exc:
         missing = str(exc)
@@ -94,7 +96,7 @@ def check_packers(
             if info.get("runtime") is not None:
                 what += f" without the ExecuTorch runtime ({info['runtime']})"
             groups.setdefault(what, []).append(where)
-        described = "; ".join(f"{w}: {', '.join(sorted(ws))}" for w, ws in sorted(groups.items()))
+        described = "; ".join(f"{w} on {', '.join(sorted(ws))}" for w, ws in sorted(groups.items()))
         raise JobError(
             f"{job_path}: device {device!r} declares xnnpack_cpu {cpu!r}, and no "
             "worker of this run has that CPU and the ExecuTorch runtime to make its XNNPACK "

@@ -180,3 +180,20 @@ def test_verify_job_finds_a_missing_packed_weight_file_stale(
         "current, but no XNNPACK packed-weight record at " + record_url(str(pte))
     )
     assert planned["plain"]["action"] == "skip"
+
+
+def test_gc_removes_a_packed_weight_record_once_the_job_no_longer_asks_for_it(
+    tmp_path: Path,
+) -> None:
+    from ptestore.fleet.orphans import collect_orphans
+
+    job = _job(tmp_path, PORTABLE.pte_path, HERE)
+    assert main(["fleet", "run", str(job), "--workers", "1", "--quiet"]) == 0
+    pte = tmp_path / "out" / "phone" / "m.pte"
+    record = Path(record_url(str(pte)))
+    assert collect_orphans(tmp_path / "out", grace=0) == []  # the index references it
+    job.write_text(job.read_text().replace(f'xnnpack_cpu = "{HERE}"\n', ""))
+    assert main(["fleet", "run", str(job), "--workers", "1", "--quiet"]) == 0  # re-indexed
+    (gone,) = collect_orphans(tmp_path / "out", grace=0)
+    assert (gone.location, gone.kind, gone.action) == (str(record), "packed-record", "removed")
+    assert not record.exists() and pte.is_file()
