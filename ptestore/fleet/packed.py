@@ -66,6 +66,27 @@ RECORD_FORMAT = "ptestore.fleet-xnnpack"
 RECORD_VERSION = 1
 
 _CHUNK = 8 << 20
+#: A record is a small JSON object: anything larger is not one.
+_RECORD_LIMIT = 1 << 20
+_OPTIONAL_STR = (str, type(None))
+_OPTIONAL_INT = (int, type(None))
+#: The types of the fields of a record's ``xnnpack`` object (the index's field).
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "url": _OPTIONAL_STR,
+    "size": _OPTIONAL_INT,
+    "sha256": _OPTIONAL_STR,
+    "entries": _OPTIONAL_INT,
+    "cpu": (str,),
+    "executorch": (dict,),
+    "artifact_sha256": (dict,),
+    "refused": _OPTIONAL_STR,
+}
+_KIND_NAMES = {
+    _OPTIONAL_STR: "a string or null",
+    _OPTIONAL_INT: "an integer or null",
+    (str,): "a string",
+    (dict,): "an object",
+}
 
 
 def _stem(pte_url: str) -> str:
@@ -100,7 +121,10 @@ def read_record(pte_url: str, options: dict[str, Any]) -> dict[str, Any] | None:
     except ObjectNotFound:
         return None
     try:
-        data = bytes(loader.load(0, loader.size()))
+        size = loader.size()
+        if size > _RECORD_LIMIT:
+            raise FormatError(url, "record size", size, f"<= {_RECORD_LIMIT} bytes")
+        data = bytes(loader.load(0, size))
     finally:
         loader.close()
     try:
@@ -110,8 +134,14 @@ def read_record(pte_url: str, options: dict[str, Any]) -> dict[str, Any] | None:
     if not isinstance(record, dict) or record.get("format") != RECORD_FORMAT:
         got = record.get("format") if isinstance(record, dict) else type(record).__name__
         raise FormatError(url, "record format", got, repr(RECORD_FORMAT))
-    if record.get("version") != RECORD_VERSION or not isinstance(record.get("xnnpack"), dict):
+    if record.get("version") != RECORD_VERSION:
         raise FormatError(url, "record version", record.get("version"), str(RECORD_VERSION))
+    field = record.get("xnnpack")
+    if not isinstance(field, dict):
+        raise FormatError(url, "record xnnpack", type(field).__name__, "an object")
+    for name, kinds in _FIELD_TYPES.items():
+        if not isinstance(field.get(name), kinds):
+            raise FormatError(url, f"record xnnpack.{name}", field.get(name), _KIND_NAMES[kinds])
     return record
 
 

@@ -134,6 +134,7 @@ def test_a_refusal_by_the_runtime_is_recorded_and_the_model_still_served(tmp_pat
     # select reports it for this CPU only
     assert ptestore.select(result.index, "m", "phone").xnnpack == field
     assert ptestore.select(result.index, "m", "phone", cpu=PHONE).xnnpack is None
+    assert ptestore.select(result.index, "m", "plain").xnnpack is None  # an entry without it
     # the device is served the model, with the fleet's reason, without a runtime run
     got = ptestore.ensure(
         result.index,
@@ -197,3 +198,29 @@ def test_gc_removes_a_packed_weight_record_once_the_job_no_longer_asks_for_it(
     (gone,) = collect_orphans(tmp_path / "out", grace=0)
     assert (gone.location, gone.kind, gone.action) == (str(record), "packed-record", "removed")
     assert not record.exists() and pte.is_file()
+
+
+def test_a_malformed_record_is_refused_naming_its_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job = _job(tmp_path, PORTABLE.pte_path, HERE)
+    assert main(["fleet", "run", str(job), "--workers", "1", "--quiet"]) == 0
+    record = Path(record_url(str(tmp_path / "out" / "phone" / "m.pte")))
+    data = json.loads(record.read_text())
+    data["xnnpack"]["cpu"] = 3
+    record.write_text(json.dumps(data))
+    problem = f"{record}: record xnnpack.cpu = 3: must be a string"
+    assert main(["verify", str(record)[: -len(".xpwc.json")] + ".pte", "--json"]) == 2
+    assert json.loads(capsys.readouterr().out)["error"] == problem
+    assert main(["fleet", "plan", str(job), "--json"]) == 0
+    planned = {p["device"]: p for p in json.loads(capsys.readouterr().out)["pairs"]}
+    assert planned["phone"]["action"] == "run"
+    assert planned["phone"]["reason"] == (
+        f"current, but cannot read its XNNPACK packed-weight record: {problem}"
+    )
+    record.write_bytes(b"x" * ((1 << 20) + 1))  # not read whole: no record is that large
+    report = ptestore.verify(str(record)[: -len(".xpwc.json")] + ".pte")
+    assert (report.status, report.error) == (
+        "invalid",
+        f"{record}: record size = 1048577: must be <= 1048576 bytes",
+    )
