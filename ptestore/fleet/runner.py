@@ -104,6 +104,8 @@ class FleetResult:
         for p in self.pairs:
             if p.status == "failed":
                 lines.append(f"failed: {p.model} on {p.device} -> {p.destination}: {p.error}")
+            elif p.xnnpack is not None and "refused" in p.xnnpack:
+                lines.append(f"xnnpack: {p.model} on {p.device}: {p.xnnpack}")
         if self.index_error is not None:
             lines.append(f"index not published: {self.index_error}")
         lines += [f"lost: {why}" for why in self.lost_workers.values()]

@@ -118,6 +118,7 @@ def test_a_refusal_by_the_runtime_is_recorded_and_the_model_still_served(tmp_pat
     why = f"XNNPACK packed weights refused by the runtime (recorded): {NOTHING_TO_PACK}"
     assert by_device["phone"].xnnpack == why
     assert by_device["phone"].to_dict()["xnnpack"] == why
+    assert f"xnnpack: m on phone: {why}" in result.summary().splitlines()
     assert "xnnpack" not in by_device["plain"].to_dict()
     pte = tmp_path / "out" / "phone" / "m.pte"
     assert pte.is_file() and Path(record_url(str(pte))).is_file()
