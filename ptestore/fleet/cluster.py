@@ -66,6 +66,7 @@ def run_dask(
         ) from exc
     run_id = uuid.uuid4().hex[:8]
     futures: dict[Any, tuple[int, PlannedPair]] = {}
+    restricted: dict[Any, tuple[str, list[str]]] = {}
     try:
         hosts = packer_hosts(client, job_path, [task for _, _, task in todo])
         for i, p, task in todo:
@@ -75,7 +76,9 @@ def run_dask(
                 where = {"workers": hosts[task.xnnpack_cpu], "allow_other_workers": False}
             fut = client.submit(run_pair_on_worker, task, key=key, pure=False, **where)
             futures[fut] = (i, p)
-        _drain_dask(client, futures, scheduler, done, stopped, missed_heartbeats, lost)
+            if task.xnnpack_cpu is not None:
+                restricted[fut] = (task.xnnpack_cpu, hosts[task.xnnpack_cpu])
+        _drain_dask(client, futures, scheduler, done, stopped, missed_heartbeats, lost, restricted)
     except KeyboardInterrupt:
         client.cancel([f for f in futures if not f.done()])  # type: ignore[no-untyped-call]
         raise
@@ -91,10 +94,12 @@ def _drain_dask(
     stopped: Callable[[], bool],
     missed_heartbeats: int,
     lost: dict[str, str],
+    restricted: dict[Any, tuple[str, list[str]]],
 ) -> None:
     """Wait for the pairs' tasks, one heartbeat interval at a time: a worker that stops
     sending heartbeats is removed (its pairs rescheduled), and pairs no worker is left
-    to run are failed (see :mod:`.watch`)."""
+    to run are failed (see :mod:`.watch`): also a pair ``restricted`` to the hosts of the
+    workers with its device's CPU (``future -> (CPU, hosts)``) once none is there."""
     import asyncio
 
     from distributed import wait
@@ -142,3 +147,20 @@ def _drain_dask(
                 i, p = futures[fut]
                 done(i, p, p.result("failed", why))
             return
+        gone = [f for f in pending if f in restricted and watch.hosts_gone(restricted[f][1])]
+        for fut in sorted(gone, key=lambda f: futures[f][0]):
+            pending.discard(fut)
+            client.cancel([fut])
+            cpu, hosts = restricted[fut]
+            i, p = futures[fut]
+            done(
+                i,
+                p,
+                p.result(
+                    "failed",
+                    f"no Dask worker of {scheduler} is left on {', '.join(hosts)} (the hosts "
+                    f"with the CPU {cpu!r}) and none joined there within {watch.missed} "
+                    f"heartbeat intervals ({watch.limit:g} s): its XNNPACK packed-weight "
+                    "file is made nowhere else",
+                ),
+            )

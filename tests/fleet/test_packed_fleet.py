@@ -225,3 +225,33 @@ def test_a_malformed_record_is_refused_naming_its_field(
         "invalid",
         f"{record}: record size = 1048577: must be <= 1048576 bytes",
     )
+
+
+def test_the_watch_tells_when_no_worker_is_left_on_a_pairs_hosts() -> None:
+    """A pair restricted to the hosts of the workers with its device's CPU is failed
+    (not left waiting) once no worker has been on them for ``missed`` heartbeats."""
+    import time
+
+    import distributed
+    from distributed.comm.addressing import get_address_host
+
+    from ptestore.fleet.watch import WorkerWatch
+
+    with (
+        distributed.LocalCluster(
+            n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None
+        ) as cluster,
+        distributed.Client(cluster) as client,
+    ):
+        (worker,) = cluster.scheduler_info["workers"]
+        here = get_address_host(worker)
+        watch = WorkerWatch(client, cluster.scheduler_address, missed=4)
+        watch.poll()
+        assert not watch.hosts_gone([here]) and not watch.hosts_gone(["198.51.100.7"])
+        deadline = time.monotonic() + 120
+        while not watch.hosts_gone(["198.51.100.7"]):  # a host no worker is on
+            assert time.monotonic() < deadline, "the watch never gave up on the host"
+            time.sleep(watch.interval / 4)
+            watch.poll()
+        watch.poll()
+        assert not watch.hosts_gone([here]) and not watch.hosts_gone(["198.51.100.7", here])
