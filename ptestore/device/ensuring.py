@@ -337,9 +337,10 @@ def _ensure_from_index(
 
     try:
         got = hit_or_make(layout, key, max_bytes, lambda: lookup(layout, key, fingerprint), fetched)
-        # What select chose now (a hit's manifest keeps the choice it was fetched for;
-        # the same files, but the index may list a packed-weight file since).
-        return dataclasses.replace(got, choice=choice.to_dict())
+        # What select chose now (a hit's manifest keeps the choice it was fetched for:
+        # the same files, but the index may list a packed-weight file since), with what
+        # the manifest adds to it (what the fetch moved).
+        return dataclasses.replace(got, choice={**(got.choice or {}), **choice.to_dict()})
     except (IntegrityError, PermissionDenied):
         raise
     except StorageError as exc:  # the newer artifact cannot be downloaded now
