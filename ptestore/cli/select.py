@@ -76,6 +76,12 @@ def add_fetch_parser(subparsers: Any) -> argparse.ArgumentParser:
         "system can, else a copy), each verified, and only the others are downloaded; "
         "its .ptd is the one beside it (repeatable: the first that holds a chunk gives it)",
     )
+    p.add_argument(
+        "--xnnpack-cache",
+        action="store_true",
+        help="also the XNNPACK packed-weight file the fleet made for this CPU and "
+        "ExecuTorch build, verified, beside DEST (the [xnnpack] extra)",
+    )
     _index_flags(p, required=False)
     p.set_defaults(func=run_fetch)
     return p
@@ -98,7 +104,16 @@ def run_select(args: argparse.Namespace) -> int:
     assert device is not None  # --device is required
     choice = select(args.index, args.model, device, storage_options=storage_options(args))
     files = choice.pte["url"] + (f" + {choice.ptd['url']}" if choice.ptd else "")
-    _print(args, choice.to_dict(), f"{choice.kind}: {files}\n{choice.reason}")
+    text = f"{choice.kind}: {files}\n{choice.reason}"
+    packed = choice.xnnpack
+    if packed is not None:  # made for this machine's CPU
+        text += "\nxnnpack: " + (
+            f"{packed['url']} ({packed['size']} bytes, ExecuTorch "
+            f"{(packed.get('executorch') or {}).get('version')})"
+            if packed.get("url")
+            else f"refused by the fleet's runtime: {packed.get('refused')}"
+        )
+    _print(args, choice.to_dict(), text)
     return EXIT_OK
 
 
@@ -123,9 +138,15 @@ def run_fetch(args: argparse.Namespace) -> int:
         device=device_or_name(args),
         storage_options=storage_options(args),
         base=args.base,
+        xnnpack_cache=args.xnnpack_cache,
     )
     lines = [_file_line(f) for f in result.files]
     if result.choice is not None:
         lines.insert(0, f"{result.choice.kind}: {result.choice.reason}")
+    packed = result.xnnpack
+    if packed is not None and packed["path"] is not None:
+        lines.append(f"{packed['url']} -> {packed['path']}: {packed['size']} bytes verified")
+    elif packed is not None:
+        lines.append(f"no XNNPACK packed-weight file: {packed['reason']}")
     _print(args, result.to_dict(), "\n".join(lines))
     return EXIT_OK

@@ -200,7 +200,7 @@ def ensure(
             portable=portable,
             progress=progress,
         )
-        served = with_packed_weights(CacheLayout(cache_dir), plain)
+        served = with_packed_weights(CacheLayout(cache_dir), plain, storage_options)
         if max_bytes is not None:  # the packed file counts in the entry's bytes
             evict(CacheLayout(cache_dir).root, max_bytes, keep=served.key)
         return served
@@ -336,9 +336,11 @@ def _ensure_from_index(
         return artifact_of(layout, manifest, True)
 
     try:
-        return hit_or_make(
-            layout, key, max_bytes, lambda: lookup(layout, key, fingerprint), fetched
-        )
+        got = hit_or_make(layout, key, max_bytes, lambda: lookup(layout, key, fingerprint), fetched)
+        # What select chose now (a hit's manifest keeps the choice it was fetched for:
+        # the same files, but the index may list a packed-weight file since), with what
+        # the manifest adds to it (what the fetch moved).
+        return dataclasses.replace(got, choice={**(got.choice or {}), **choice.to_dict()})
     except (IntegrityError, PermissionDenied):
         raise
     except StorageError as exc:  # the newer artifact cannot be downloaded now

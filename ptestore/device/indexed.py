@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from ..coordinator.report import Event
     from ..fleet.chunked import FetchEvent
     from ..fleet.select import Choice
+    from ..xnnpack import CacheFile
     from .artifact import Artifact
 
 __all__ = [
@@ -61,6 +62,7 @@ __all__ = [
     "index_fingerprint",
     "index_key",
     "offline_entry",
+    "packed_from_index",
 ]
 
 #: The names the download is published under before it replaces the entry's files.
@@ -314,3 +316,49 @@ def check_source(index: str, choice: Choice, made: Artifact) -> None:
                 "source)",
                 published=False,
             )
+
+
+def packed_from_index(
+    artifact: Artifact, directory: str, digests: tuple[str, str | None], opts: dict[str, Any]
+) -> tuple[CacheFile | None, str | None]:
+    """``ensure(index, ..., xnnpack_cache=True)``: the packed-weight file the index lists
+    for the entry's artifact (``artifact.choice["xnnpack"]``, reported by
+    :func:`~ptestore.select` for this CPU), downloaded into the entry's ``directory``
+    and installed there once checked (:func:`ptestore.fleet.packed.deliver`: the index's
+    size and SHA-256, this artifact's ``digests``, this runtime and CPU). Returns
+    ``(file, None)``; ``(None, why)`` when the fleet's runtime refused one for this
+    build and CPU (the model is served without); ``(None, None)`` when the index has
+    none for this device or the delivered one failed a check (logged): the caller makes
+    one here."""
+    from .._log import get_logger
+    from ..fleet.packed import deliver, identity_claimed, runtime_build
+    from ..xnnpack.identity import cpu_fingerprint
+
+    field = (artifact.choice or {}).get("xnnpack")
+    if not isinstance(field, dict):
+        return None, None
+    build = runtime_build()
+    if field.get("cpu") != cpu_fingerprint() or build is None or field.get("executorch") != build:
+        return None, None  # made for another CPU or build: of no use here
+    claimed = identity_claimed(field)
+    if field.get("refused") and (claimed["pte_sha256"], claimed["ptd_sha256"]) == digests:
+        return None, f"{field['refused']} (refused by the fleet's runtime)"
+    if not field.get("url"):
+        return None, None
+    try:
+        return deliver(
+            field,
+            artifact.pte,
+            artifact.ptd,
+            directory,
+            opts,
+            pte_sha256=digests[0],
+            ptd_sha256=digests[1],
+        ), None
+    except (IntegrityError, StorageError) as exc:
+        get_logger("ptestore.device").warning(
+            "%s: the fleet's XNNPACK packed-weight file was not used (%s); making one here",
+            artifact.pte,
+            exc,
+        )
+        return None, None

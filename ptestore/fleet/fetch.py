@@ -87,6 +87,9 @@ class FetchResult:
 
     choice: Choice | None
     files: list[dict[str, Any]] = field(default_factory=list)
+    #: With ``xnnpack_cache=True``: the XNNPACK packed-weight file delivered beside the
+    #: .pte (:func:`.packed.fetch_packed`: ``path`` None and ``reason`` when none).
+    xnnpack: dict[str, Any] | None = None
 
     @property
     def received(self) -> int:
@@ -99,12 +102,15 @@ class FetchResult:
         return sum(int(f.get("from_base", 0)) for f in self.files)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "choice": None if self.choice is None else self.choice.to_dict(),
             "files": self.files,
             "received": self.received,
             "from_base": self.from_base,
         }
+        if self.xnnpack is not None:
+            out["xnnpack"] = self.xnnpack
+        return out
 
 
 def _check(path: str, want: dict[str, Any]) -> str:
@@ -263,6 +269,7 @@ def fetch(
     progress: Progress | None = None,
     base: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None = None,
     events: Callable[[FetchEvent], None] | None = None,
+    xnnpack_cache: bool = False,
 ) -> FetchResult:
     """Download what ``index_or_url`` selects for ``model`` on ``device`` (an index),
     or the artifact at ``index_or_url`` itself (a .pte: its .ptd beside it is fetched
@@ -273,7 +280,9 @@ def fetch(
     or copied, each verified against the artifact's record) and only the others are
     downloaded; a base's ``.ptd`` is the one beside it. ``progress(url, done, total)``
     and ``events(FetchEvent)`` report each piece put in place (``events`` says where it
-    came from). See the module docstring."""
+    came from). ``xnnpack_cache``: then also its XNNPACK packed-weight file for this
+    CPU and ExecuTorch build, when the fleet made one (:func:`.packed.fetch_packed`:
+    verified, beside ``dest``). See the module docstring."""
     src = os.fspath(index_or_url)
     target = os.fspath(dest)
     if not StorageURL.of(target).local:
@@ -319,6 +328,13 @@ def fetch(
         _discard_parts(result.files)
         raise
     _publish_all(result.files)
+    if xnnpack_cache:
+        from .packed import fetch_packed
+
+        offered = None if choice is None or choice.kind != "artifact" else choice.xnnpack
+        result.xnnpack = fetch_packed(
+            src, offered, result.files, opts, chunk_size, progress, indexed=choice is not None
+        )
     return result
 
 

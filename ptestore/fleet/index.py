@@ -15,7 +15,9 @@ of the destination template before its first ``{``)::
                # once by content: {"url": ".../_shared/sha256/<hex>.ptd", "size",
                #  "sha256", "trailer_sha256": null, "shared": true}
         "compatibility": [{"id", "spec", "version", "compatibility"}],
-        "created": "..."}]}
+        "created": "...",
+        "xnnpack": {...} | null}]}        # only for a device that declares xnnpack_cpu:
+                                          # its packed-weight file (:mod:`.packed`)
 
 ``sha256`` is the SHA-256 of the file's bytes before its provenance trailer and
 ``trailer_sha256`` the trailer's own checksum (of its JSON): together with ``size`` they
@@ -116,11 +118,18 @@ def shared_entry(url: str, content: ContentDigest) -> dict[str, Any]:
 
 
 def entry_for(
-    pte_url: str, ptd_url: str | None, options: dict[str, Any], shared_root: str | None = None
+    pte_url: str,
+    ptd_url: str | None,
+    options: dict[str, Any],
+    shared_root: str | None = None,
+    *,
+    xnnpack: bool = False,
 ) -> dict[str, Any]:
     """The index entry of the artifact at ``pte_url`` (and its ``ptd_url``, or with
     ``shared_root`` the .ptd stored there by content, :mod:`.shared`), from its
-    trailers (ranged reads only)."""
+    trailers (ranged reads only); with ``xnnpack`` (its device declares a CPU
+    fingerprint) also its ``"xnnpack"`` field (:func:`.packed.xnnpack_entry`: the
+    packed-weight file beside it, or null)."""
     pte, prov = artifact_entry(pte_url, options)
     ptd = None
     if shared_root is not None and prov.ptd_output is not None:
@@ -130,7 +139,7 @@ def entry_for(
     elif ptd_url is not None:
         ptd = artifact_entry(ptd_url, options)[0]
     dev = prov.device
-    return {
+    entry: dict[str, Any] = {
         "model": None,
         "device": None if dev is None else dev.name,
         "device_options": None if dev is None else dev.options,
@@ -146,6 +155,12 @@ def entry_for(
         "compatibility": [b.to_dict() for b in prov.backends],
         "created": prov.created,
     }
+    if xnnpack:
+        from .packed import xnnpack_entry
+
+        ptd_sha256 = None if prov.ptd_output is None else prov.ptd_output.sha256
+        entry["xnnpack"] = xnnpack_entry(pte_url, pte, ptd_sha256, options)
+    return entry
 
 
 def _now() -> str:
@@ -281,7 +296,13 @@ def index_entries(job: Job, pairs: Iterable[tuple[str, str]]) -> list[dict[str, 
 
     def one(p: Any) -> dict[str, Any]:
         root = shared_root(job.destination) if p.ptd_destination is not None else None
-        e = entry_for(p.destination, p.ptd_destination, job.storage_options, root)
+        e = entry_for(
+            p.destination,
+            p.ptd_destination,
+            job.storage_options,
+            root,
+            xnnpack=p.xnnpack_cpu is not None,
+        )
         e["model"] = p.model.name
         return e
 

@@ -24,6 +24,10 @@ here serves, is ``no_opinion``: never ``optimal``. Who may get an entry:
 ``optimal`` beats ``prefer_respecialization`` beats ``no_opinion``; among equals the entry
 made for the device wins. When nothing fits, the answer is the model's portable source.
 The answer says why.
+
+An entry of a device that declared its CPU fingerprint lists XNNPACK's packed-weight
+file (:mod:`.packed`); the answer reports it (``xnnpack``) only when it was made for the
+selecting machine's CPU (or the ``cpu`` given): a file for another CPU is of no use here.
 """
 
 from __future__ import annotations
@@ -78,6 +82,9 @@ class Choice:
     made_for: str | None = None
     #: Every candidate and its rating, in the order they were considered.
     candidates: list[dict[str, Any]] = field(default_factory=list)
+    #: The artifact's XNNPACK packed-weight file as the index lists it (a file, or why
+    #: the fleet's runtime refused one), when it was made for this CPU; else None.
+    xnnpack: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -90,6 +97,7 @@ class Choice:
             "pte": self.pte,
             "ptd": self.ptd,
             "candidates": self.candidates,
+            "xnnpack": self.xnnpack,
         }
 
 
@@ -193,11 +201,13 @@ def select(
     device: DeviceProfile | str,
     *,
     storage_options: dict[str, Any] | None = None,
+    cpu: str | None = None,
 ) -> Choice:
     """The best artifact of ``model`` in ``index`` (an index object, or its URL) for
     ``device`` (a profile, or a name: then the options recorded for that name in the
     index, if any, else none). Raises :class:`ConfigurationError` when the index has
-    no such model."""
+    no such model. ``cpu``: the CPU fingerprint the packed-weight file must have been
+    made for to be reported (default: this machine's)."""
     from .index import load_index
 
     idx = index if isinstance(index, dict) else load_index(index, **(storage_options or {}))
@@ -236,6 +246,7 @@ def select(
             f"made for {e.get('device')!r}: {why}",
             e.get("device"),
             candidates,
+            _packed_for(e.get("xnnpack"), cpu),
         )
     first = entries[0]
     why_not = "; ".join(f"{c['made_for']}: {c['reason']}" for c in candidates)
@@ -252,3 +263,15 @@ def select(
         None,
         candidates,
     )
+
+
+def _packed_for(packed: object, cpu: str | None) -> dict[str, Any] | None:
+    """An entry's packed-weight field when it was made for ``cpu`` (None: this
+    machine's CPU fingerprint)."""
+    if not isinstance(packed, dict):
+        return None
+    if cpu is None:
+        from ..xnnpack.identity import cpu_fingerprint
+
+        cpu = cpu_fingerprint()
+    return packed if packed.get("cpu") == cpu else None
