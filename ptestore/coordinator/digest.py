@@ -53,6 +53,7 @@ def _digest(
 ) -> ContentDigest:
     from ..provenance.check import recorded_chunks
     from ..provenance.chunks import reusable
+    from ..provenance.crcs import LOCAL_CRCS, STORE_CRCS
 
     meta = bytes(layout.patched.metadata)
     copies = sorted(planned_copies(run, f, layout), key=lambda c: c.dst)
@@ -69,7 +70,10 @@ def _digest(
             [(x.dst, x.dst + x.size) for x in copies if x.source is f.loader and x.src == x.dst],
         )
     )
-    h = ContentHasher(end, known)
+    # An output whose store keeps a checksum (S3) records every CRC that checksum could
+    # be (ptestore.provenance.crcs); a local one the per-chunk CRC-32 only.
+    crcs = STORE_CRCS if f.writer.stored_checksum else LOCAL_CRCS
+    h = ContentHasher(end, known, crcs)
     h.update(meta)
     cursor = len(meta)
     for x in copies:

@@ -114,10 +114,10 @@ def _file(src: str, dst: str, size: int, job: Job, *, shared: bool = False) -> E
             requests += nparts + 4  # Create, gc marker part, parts, Complete, HEAD
         if shared:
             # Looked for at its address first (HEAD, and s3fs's LIST for an absent
-            # object); checked after publishing by HEAD and stored CRC-32 (no trailer).
+            # object); checked after publishing by HEAD and stored checksum (no trailer).
             requests += 2 + 2
         else:
-            requests += 3  # check after publishing: HEAD, stored CRC-32 (HEAD), trailer GET
+            requests += 3  # check after publishing: HEAD, stored checksum (HEAD), trailer GET
     return Estimate(client, copy, requests)
 
 

@@ -15,7 +15,7 @@ digest (``ptd_output``: size, SHA-256, CRC-32), never by its URL.
 
 A name is never trusted alone: an object found at a content address is used only
 when its size is the recorded one and its bytes are the recorded ones, checked like
-every destination (:mod:`.binding`): the full-object CRC-32 S3 keeps, else a full read
+every destination (:mod:`.binding`): the checksum S3 keeps, else a full read
 and the SHA-256 (remembered per object version in this process, so a plan of many
 pairs reads it once). Publishing is ``mode="create"`` (S3 ``If-None-Match: *``, an
 exclusive link on local disks): two workers storing one address at once both succeed,
@@ -36,7 +36,7 @@ from ..errors import FormatError, ObjectNotFound
 from ..provenance.digest import content_digest
 from ..storage.types import StorageURL
 from ..writers import open_writer
-from .binding import stored_crc32
+from .binding import content_verdict
 from .job import SHARED_DIR, pair_options, template_root
 
 if TYPE_CHECKING:
@@ -101,18 +101,13 @@ def _version(loader: DataLoader) -> Any:
 
 def check_shared(loader: DataLoader, content: ContentDigest) -> str | None:
     """Why the object behind ``loader`` is not the content-addressed ``content``
-    (size, then CRC-32 or SHA-256), or None when it is."""
+    (size, then the checksum S3 keeps or the SHA-256), or None when it is."""
     size = loader.size()
     if size != content.size:
         return f"{loader.name} has {size} bytes, the record names {content.size}"
-    crc = stored_crc32(loader)
-    if crc is not None:
-        if crc != content.crc32:
-            return (
-                f"{loader.name}: the stored CRC-32 {crc:08x} is not the {content.crc32:08x} "
-                "the record names: the bytes were damaged or changed after they were stored"
-            )
-        return None
+    verdict = content_verdict(loader, content)
+    if verdict.trusted is not None:
+        return None if verdict.trusted else verdict.reason
     version = _version(loader)
     key = (loader.name, version)
     with _LOCK:  # one full read per object version, however many pairs ask at once

@@ -1,10 +1,10 @@
-"""Digests of a file's bytes before its trailer: SHA-256 and CRC-32 in one pass.
+"""Digests of a file's bytes before its trailer: SHA-256 and CRCs in one pass.
 
 :class:`ContentHasher` takes the bytes in order; :func:`content_digest` reads the first
-``size`` bytes of a loader (what ``verify`` does). The CRC-32 lets a store that keeps a
-full-object CRC-32 (the S3 writer's ``ChecksumType=FULL_OBJECT``) be checked against the
-record without reading the object: the object's CRC is the content's CRC combined with
-the trailer's.
+``size`` bytes of a loader (what ``verify`` does). The CRCs (CRC-32, and CRC-32C and
+CRC64NVME where ``awscrt`` is installed, whole and per chunk: :mod:`.crcs`) let a store
+that keeps a checksum of the object (S3) be checked against the record without reading
+the object: the object's CRC is the content's CRC combined with the trailer's.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from .._background import check as check_cancelled
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
 
     from .chunks import ChunkHasher
+    from .crcs import ContentCRCs
 
 __all__ = ["ContentHasher", "content_digest", "object_crc32", "read_pieces"]
 
@@ -66,19 +67,30 @@ _PARALLEL_MIN = 256 << 10
 
 class ContentHasher:
     """SHA-256 and CRC-32 of bytes fed in order; given the ``length`` they will add up
-    to, their chunk digests too (:mod:`.chunks`), in a second thread for large pieces;
-    ``known`` chunk digests (by index) are taken as given, not computed."""
+    to, their chunk digests too (:mod:`.chunks`), in a second thread for large pieces,
+    and the CRCs ``crcs`` of every chunk (:mod:`.crcs`: CRC-32 only by default; an
+    output stored where its checksum is kept, S3, asks for all three); ``known`` chunk
+    digests (by index) are taken as given, not computed."""
 
-    def __init__(self, length: int | None = None, known: Mapping[int, bytes] | None = None) -> None:
+    def __init__(
+        self,
+        length: int | None = None,
+        known: Mapping[int, bytes] | None = None,
+        crcs: Sequence[str] = ("CRC32",),
+    ) -> None:
         self._sha = hashlib.sha256()
         self._crc = 0
         self.size = 0
+        self.length = length
         self._chunks: ChunkHasher | None = None
         self._pool: ThreadPoolExecutor | None = None
+        self._grid = None
         if length is not None:
             from .chunks import ChunkHasher
+            from .crcs import grid_for
 
             self._chunks = ChunkHasher(length, known)
+            self._grid = grid_for(length, crcs)  # the CRCs per chunk (CRC-32 among them)
 
     def update(self, data: bytes | bytearray | memoryview) -> None:
         n = memoryview(data).nbytes
@@ -91,15 +103,21 @@ class ContentHasher:
             pending = self._pool.submit(chunks.update, data)
             try:
                 self._sha.update(data)
-                self._crc = zlib.crc32(data, self._crc)
+                self._crc_update(data)
             finally:
                 pending.result()  # ``data`` may be a reused buffer: done with it here
         else:
             if chunks is not None:
                 chunks.update(data)
             self._sha.update(data)
-            self._crc = zlib.crc32(data, self._crc)
+            self._crc_update(data)
         self.size += n
+
+    def _crc_update(self, data: bytes | bytearray | memoryview) -> None:
+        if self._grid is not None:
+            self._grid.update(data)
+        else:
+            self._crc = zlib.crc32(data, self._crc)
 
     def zeros(self, n: int) -> None:
         while n > 0:
@@ -123,7 +141,17 @@ class ContentHasher:
             self._pool.shutdown()
             self._pool = None
         chunks = None if self._chunks is None else self._chunks.result()
-        return ContentDigest(self.size, "sha256:" + self._sha.hexdigest(), self._crc, chunks)
+        crc, crcs = self._crc, None
+        if self._grid is not None and self.size == self.length:
+            crcs = self._crcs()
+            crc = self._grid.full("CRC32")
+        return ContentDigest(self.size, "sha256:" + self._sha.hexdigest(), crc, chunks, crcs)
+
+    def _crcs(self) -> ContentCRCs:
+        from .crcs import ContentCRCs
+
+        assert self._grid is not None and self.length is not None
+        return ContentCRCs.from_grid(self._grid, self.length)
 
 
 def content_digest(loader: DataLoader, size: int) -> ContentDigest:
@@ -136,6 +164,6 @@ def content_digest(loader: DataLoader, size: int) -> ContentDigest:
 
 def object_crc32(content: ContentDigest, trailer: bytes) -> int:
     """CRC-32 of a whole object: ``content`` followed by ``trailer``."""
-    from ..writers.s3.checksum import crc32_combine
+    from ..checksums import crc_combine
 
-    return crc32_combine(content.crc32, zlib.crc32(trailer), len(trailer))
+    return crc_combine("CRC32", content.crc32, zlib.crc32(trailer), len(trailer))

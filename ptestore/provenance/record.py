@@ -9,7 +9,8 @@ The JSON payload (``format = "ptestore.provenance"``, ``version = 2``; 1 is read
      "backends": [{"id", "spec", "version", "compatibility"}],   # per backend id run
      "device": {"name", "digest", "options"} | null,
      "content": {"size", "sha256", "crc32",        # this file before its trailer
-                 "chunks": {"size", "sha256", "root"}},  # version 2: see .chunks
+                 "chunks": {"size", "sha256", "root"},   # version 2: see .chunks
+                 "crcs": {...}},                          # optional: see .crcs
      "ptd_output": {"size", "sha256", "crc32"} | null,  # a .pte's .ptd (before its trailer)
      "job": {"path", "sha256"} | null,             # the fleet job file that made it
      "ptestore_version": "0.1.0", "created": "2026-12-01T08:00:00Z"}
@@ -33,6 +34,7 @@ from ..errors import FormatError
 
 if TYPE_CHECKING:
     from .chunks import ChunkDigests
+    from .crcs import ContentCRCs
 
 __all__ = [
     "FORMAT",
@@ -164,11 +166,16 @@ class ContentDigest:
     #: SHA-256 per chunk and their root (:mod:`.chunks`); None in version-1 records.
     #: Not compared: the SHA-256 already names the bytes.
     chunks: ChunkDigests | None = field(default=None, compare=False)
+    #: CRC-32C and CRC64NVME, whole and per chunk (:mod:`.crcs`); None when not
+    #: recorded. Not compared.
+    crcs: ContentCRCs | None = field(default=None, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"size": self.size, "sha256": self.sha256, "crc32": self.crc32}
         if self.chunks is not None:
             out["chunks"] = self.chunks.to_dict()
+        if self.crcs is not None:
+            out["crcs"] = self.crcs.to_dict()
         return out
 
     @classmethod
@@ -181,11 +188,17 @@ class ContentDigest:
             from .chunks import ChunkDigests
 
             chunks = ChunkDigests.from_dict(d["chunks"], size, source, where)
+        crcs = None
+        if d.get("crcs") is not None:
+            from .crcs import ContentCRCs
+
+            crcs = ContentCRCs.from_dict(d["crcs"], size, source, where)
         return cls(
             size,
             _get(d, "sha256", str, source, where),
             _get(d, "crc32", int, source, where),
             chunks,
+            crcs,
         )
 
 

@@ -67,6 +67,7 @@ _TYPES: dict[str, tuple[Callable[[object], bool], str, bool]] = {
     "spool": (_is_bool, "a bool", False),
     "spool_dir": (_is_path, "a str or path", True),
     "verify": (_is_bool, "a bool", False),
+    "checksum_algorithm": (_is_str, "a str (CRC64NVME, CRC32 or CRC32C)", True),
     "durable": (_is_bool, "a bool", False),
     "auto_mkdir": (_is_bool, "a bool", False),
 }

@@ -261,6 +261,11 @@ class DataWriter(abc.ABC):
         before the first write): True for a writer that overrides it (S3)."""
         return type(self).add_object_metadata is not DataWriter.add_object_metadata
 
+    #: The checksum the store keeps of what this writer publishes (S3's algorithm name,
+    #: e.g. ``"CRC64NVME"``), or None: the provenance digest then records the CRCs a
+    #: check of the store's checksum needs (:mod:`ptestore.provenance.crcs`).
+    stored_checksum: str | None = None
+
     def clone_block_size(self, loader: DataLoader) -> int | None:
         """The block size in which :meth:`copy_from` from ``loader`` can share extents
         instead of copying (copy-on-write clones), or None when it cannot.

@@ -381,6 +381,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "ptestore._signals",
             "ptestore._background",
             "ptestore._retry",
+            "ptestore.checksums",
             "=ptestore.storage",  # its __init__ imports nothing
             "ptestore.storage.types",
             "ptestore.storage._options",

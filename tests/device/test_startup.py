@@ -20,7 +20,7 @@ from support.fixtures import copy_pte
 from ptestore.backends.snapshot import Snapshot, environment_stamp
 
 #: What a local run must not import (numpy: no backend here uses it).
-HEAVY = ("fsspec", "asyncio", "tenacity", "s3fs", "tqdm", "numpy")
+HEAVY = ("fsspec", "asyncio", "tenacity", "s3fs", "tqdm", "numpy", "awscrt")
 
 PROBE = """\
 import json, sys

@@ -14,13 +14,12 @@ from support.fixtures import get_fixture
 
 from ptestore.cli import main
 from ptestore.fleet import load_job, plan_job
-from ptestore.fleet.binding import stored_crc32
 from ptestore.format.reader import read_container
 from ptestore.provenance import read_provenance, read_trailer
 from ptestore.provenance.trailer import ContentView
 from ptestore.storage.loaders import BytesLoader, open_loader
+from ptestore.storage.s3checksum import s3_object
 from ptestore.testing.s3server import S3TestServer
-from ptestore.testing.seaweedfs import SeaweedS3
 from ptestore.verification import verify
 
 EXT = get_fixture("mlp_xnnpack_ext")
@@ -123,9 +122,12 @@ def test_s3(s3_server: S3TestServer, tmp_path: Path, capsys: pytest.CaptureFixtu
             # x-amz-meta keys still claim the old bytes; the stored checksum does not.
             loader = open_loader(f"s3://{bucket}/{key}", **opts)
             try:
-                # SeaweedFS (like AWS) returns the stored CRC-32: the plan downloads
-                # nothing; moto returns none for a single PUT: the plan reads the bytes.
-                assert (stored_crc32(loader) is not None) == isinstance(s3_server, SeaweedS3)
+                # The writer's PutObject names its algorithm (CRC64NVME): both servers
+                # keep the checksum and the plan downloads nothing to trust the object.
+                obj = s3_object(loader)
+                assert obj is not None
+                stored = obj.checksum()
+                assert stored is not None and stored.algorithm == "CRC64NVME"
             finally:
                 loader.close()
             obj = client.get_object(Bucket=bucket, Key=key)

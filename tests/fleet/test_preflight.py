@@ -132,9 +132,14 @@ def test_transient_failures_are_retried_per_pair(
 
     bucket = moto_s3.new_bucket()
     opts = moto_s3.storage_options
-    with faulty_proxy(moto_s3.endpoint_url, every=4) as (endpoint, faults):
-        # One storage attempt per request: a fault is final for the request, so only
-        # the per-pair retry can get the pair through.
+    # Every second upload (PUT: each pair's PutObject, the index) fails. The writer makes
+    # one storage attempt per request: a fault is final for the request, so only the
+    # per-pair retry gets the pair through.
+    # (Reads would not do: a failed checksum HEAD is answered by reading the bytes.)
+    with faulty_proxy(moto_s3.endpoint_url, every=2, methods=frozenset({"PUT"})) as (
+        endpoint,
+        faults,
+    ):
         conn = s3_options_toml(opts, endpoint=endpoint, more="retry_attempts = 1\n")
         job = _job(tmp_path, f"s3://{bucket}/f", extra=conn)
         faults.enabled = False

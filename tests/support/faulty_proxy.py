@@ -28,6 +28,8 @@ _HOP = {"connection", "keep-alive", "transfer-encoding", "expect", "proxy-connec
 class FaultState:
     every: int
     enabled: bool = True
+    #: Only requests of these HTTP methods are counted and failed (None: all).
+    methods: frozenset[str] | None = None
     requests: int = 0
     injected: int = 0
     by_method: dict[str, int] = field(default_factory=dict)
@@ -43,6 +45,8 @@ class FaultState:
 
     def should_fail(self, method: str) -> int:
         with self.lock:
+            if self.methods is not None and method not in self.methods:
+                return 0
             self.requests += 1
             if not self.enabled or not self.every or self.requests % self.every:
                 return 0
@@ -109,9 +113,12 @@ def _handler(target: str, state: FaultState) -> type[BaseHTTPRequestHandler]:
 
 
 @contextmanager
-def faulty_proxy(target: str, every: int) -> Iterator[tuple[str, FaultState]]:
-    """Run the proxy on 127.0.0.1 (a free port); yields ``(endpoint_url, state)``."""
-    state = FaultState(every)
+def faulty_proxy(
+    target: str, every: int, methods: frozenset[str] | None = None
+) -> Iterator[tuple[str, FaultState]]:
+    """Run the proxy on 127.0.0.1 (a free port); yields ``(endpoint_url, state)``.
+    ``methods``: fail only requests of these HTTP methods (counted among themselves)."""
+    state = FaultState(every, methods=methods)
     server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(target, state))
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)

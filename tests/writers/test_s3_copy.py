@@ -16,13 +16,13 @@ import os
 import random
 import re
 import uuid
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
+from ptestore.checksums import crc
 from ptestore.errors import PermissionDenied, PreconditionFailed
 from ptestore.storage.loaders import BytesLoader, DataLoader, FsspecLoader, open_loader
 from ptestore.testing.s3_traffic import Traffic
@@ -30,7 +30,7 @@ from ptestore.testing.s3server import S3TestServer
 from ptestore.testing.seaweedfs import SeaweedS3
 from ptestore.writers import S3Writer, WriterState, open_writer
 from ptestore.writers.s3 import MARKER_PART_NUMBER, MIN_PART_SIZE, PartState, marker_bytes
-from ptestore.writers.s3.checksum import b64crc
+from ptestore.writers.s3.checksum import published_checksum
 
 from .s3_faults import error_response
 
@@ -164,7 +164,8 @@ def test_unchanged_parts_are_copied_by_the_service(server: Server, bucket: str) 
     assert traffic.bytes_received <= budget + (64 << 10)
     assert traffic.received["GetObject"] == (P - META) + P // 2 + P // 2 + META + (GAP[1] - GAP[0])
     if server.returns_copy_checksums:
-        assert result.checksum == "crc32:" + b64crc(zlib.crc32(expected(data, new, meta)))
+        want = crc(w.algorithm, expected(data, new, meta))
+        assert result.checksum == published_checksum(w.algorithm, want)
         assert not w.checksum_degraded
     else:
         assert result.checksum is None  # verified: size and writer token only
@@ -398,7 +399,7 @@ def test_degraded_checksum_is_logged(
     server: Server, bucket: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     if server.returns_copy_checksums:
-        pytest.skip("this server returns the CRC-32 of copied parts")
+        pytest.skip("this server returns the checksum of copied parts")
     src_url = put_source(server, bucket, source_bytes())
     src = open_loader(src_url, **server.s3.storage_options)
     w = new_writer(server, bucket)
@@ -407,8 +408,8 @@ def test_degraded_checksum_is_logged(
         result = w.publish()
     assert result.checksum is None
     assert (
-        f"{w.url}: the service returned no CRC-32 for parts it copied; publishing without the "
-        "full-object CRC-32 (size and writer token are still checked)"
+        f"{w.url}: the service returned no {w.algorithm} for parts it copied; publishing "
+        "without the full-object checksum (size and writer token are still checked)"
     ) in caplog.text
 
 

@@ -21,10 +21,12 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
+from ptestore.checksums import crc, encode
 from ptestore.errors import AlreadyExists, StorageError
 from ptestore.testing.s3server import S3TestServer
 from ptestore.writers import PublishResult, S3Writer, WriterState, open_writer
 from ptestore.writers.s3 import MARKER_PART_NUMBER
+from ptestore.writers.s3.checksum import WRITER_ALGORITHMS
 from ptestore.writers.s3.config import MIN_PART_SIZE
 
 pytestmark = pytest.mark.s3
@@ -356,7 +358,9 @@ def test_bytes_corrupted_after_their_checksum_are_never_published(
 
 
 def _wrong_full_object_crc(params: dict[str, Any], **_: Any) -> None:
-    params["ChecksumCRC32"] = crc32_b64(b"not the object")
+    for algorithm in WRITER_ALGORITHMS:  # the writer's algorithm (CRC64NVME by default)
+        if f"Checksum{algorithm}" in params:
+            params[f"Checksum{algorithm}"] = encode(algorithm, crc(algorithm, b"not the object"))
 
 
 @pytest.mark.s3_xfail("moto", reason=MOTO_NO_FULL_OBJECT_CHECK + " (the object is published)")

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import random
+import re
 import subprocess
 import sys
 import textwrap
@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ptestore.checksums import crc, encode
 from ptestore.errors import ConfigurationError, IntegrityError
 from ptestore.gc import collect_s3, collect_stale
 from ptestore.storage.loaders import open_loader
@@ -99,9 +100,9 @@ def test_complete_parts_upload_before_publish_and_first_part_waits(
     result = w.publish()
     body = s3_client.get_object(Bucket=s3_bucket, Key=key_of(url))["Body"].read()
     assert body == data
-    assert (
-        result.checksum == "crc32:" + base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()
-    )
+    # the checksum S3 stores by default, computed with awscrt (botocore[crt], ptestore[s3])
+    assert w.algorithm == "CRC64NVME"
+    assert result.checksum == "crc64nvme:" + encode("CRC64NVME", crc("CRC64NVME", data))
 
 
 def test_memory_stays_bounded_for_sequential_writes(
@@ -320,12 +321,12 @@ def test_write_beyond_largest_object(s3_server: S3TestServer, url: str) -> None:
     assert w.publish().size == 1
 
 
-def _fake_head(w: S3Writer, *, size: int, crc: str) -> None:
+def _fake_head(w: S3Writer, *, size: int, value: str) -> None:
     def hook(request: Any, **_: Any) -> Any:
         headers = {
             "Content-Length": str(size),
             "x-amz-meta-ptestore-writer": w.token,
-            "x-amz-checksum-crc32": crc,
+            f"x-amz-checksum-{w.algorithm.lower()}": value,
             "ETag": '"abc"',
         }
         return fake_response(request.url, 200, headers, b"")
@@ -333,12 +334,18 @@ def _fake_head(w: S3Writer, *, size: int, crc: str) -> None:
     w.client.meta.events.register("before-send.s3.HeadObject", hook)
 
 
-def test_integrity_check_detects_a_wrong_checksum(s3_server: S3TestServer, url: str) -> None:
-    w = writer(s3_server, url)
+@pytest.mark.parametrize("algorithm", ["CRC64NVME", "CRC32", "CRC32C"])
+def test_integrity_check_detects_a_wrong_checksum(
+    s3_server: S3TestServer, url: str, algorithm: str
+) -> None:
+    w = writer(s3_server, url, checksum_algorithm=algorithm)
     w.write(b"abc", 0)
-    _fake_head(w, size=3, crc="AAAAAA==")
+    wrong = encode(algorithm, 0)
+    _fake_head(w, size=3, value=wrong)
     with pytest.raises(
-        IntegrityError, match=r"published object has CRC32 AAAAAA==, but the bytes written have"
+        IntegrityError,
+        match=rf"published object has {algorithm} {re.escape(wrong)}, but the bytes written "
+        rf"have {re.escape(encode(algorithm, crc(algorithm, b'abc')))}",
     ):
         w.publish()
 
@@ -346,7 +353,7 @@ def test_integrity_check_detects_a_wrong_checksum(s3_server: S3TestServer, url: 
 def test_integrity_check_detects_a_wrong_size(s3_server: S3TestServer, url: str, part: int) -> None:
     w = writer(s3_server, url)
     w.write(bytes(3 * part), 0)
-    _fake_head(w, size=5, crc="AAAAAA==")
+    _fake_head(w, size=5, value="AAAAAAAAAAA=")
     with pytest.raises(IntegrityError, match=rf"published object has 5 bytes, but {3 * part} were"):
         w.publish()
 

@@ -9,9 +9,11 @@ Guarantees (AWS S3 and compatibles that implement conditional writes):
 - **Isolated**: pending parts are invisible to readers and listings.
 - **No-clobber**: ``mode="create"`` sends ``If-None-Match: *`` on Complete/PutObject, so
   the service refuses to replace an existing object, between any number of clients.
-- **Integrity**: every part carries its CRC32; Complete asserts the full-object CRC32
-  (``ChecksumType=FULL_OBJECT``) and ``MpuObjectSize``; after publishing, a ``HEAD``
-  with ``ChecksumMode=ENABLED`` checks size, checksum and this writer's token.
+- **Integrity**: every part carries its checksum (CRC64NVME by default, what S3 stores
+  for uploads without one; CRC-32 without ``awscrt``); Complete asserts the full-object
+  checksum (``ChecksumType=FULL_OBJECT``, combined from the parts', copied ones
+  included) and ``MpuObjectSize``; after publishing, a ``HEAD`` with
+  ``ChecksumMode=ENABLED`` checks size, checksum and this writer's token.
 - **Server-side copies**: ``copy_from`` a loader of an S3 object on the same endpoint
   with the same credentials records the range instead of reading it; each part that is
   one contiguous source range is copied by the service (``UploadPartCopy``) pinned with
@@ -23,11 +25,11 @@ Guarantees (AWS S3 and compatibles that implement conditional writes):
   ``AbortIncompleteMultipartUpload`` and/or run ``ptestore gc s3://bucket/prefix``,
   which aborts only uploads carrying ptestore's marker part.
 
-Modules: :mod:`.config` (the s3fs connection, limits), :mod:`.checksum` (CRC-32
-arithmetic), :mod:`.marker` (the gc marker), :mod:`.parts` (the part grid and its
-states), :mod:`.staging` (the pending upload and its abort), :mod:`.publish`
-(publish, reconcile, verify), :mod:`.transfer` (storing a part: upload or server-side
-copy), :mod:`.writer` (:class:`S3Writer`).
+Modules: :mod:`.config` (the s3fs connection, limits), :mod:`.checksum` (the writer's
+checksum algorithm; the arithmetic is :mod:`ptestore.checksums`), :mod:`.marker` (the
+gc marker), :mod:`.parts` (the part grid and its states), :mod:`.staging` (the pending
+upload and its abort), :mod:`.publish` (publish, reconcile, verify), :mod:`.transfer`
+(storing a part: upload or server-side copy), :mod:`.writer` (:class:`S3Writer`).
 
 Retries: one layer, :class:`ptestore._retry.RetryPolicy`; botocore's own retries are off
 (``total_max_attempts=1``) unless ``config_kwargs`` sets ``retries``.

@@ -68,8 +68,9 @@ class Ref:
 
 @dataclass(frozen=True)
 class UploadedPart:
-    """What S3 stored for a part: its ETag, CRC-32 (None when a server-side copy came
-    back without one) and length, and the source range when the service copied it."""
+    """What S3 stored for a part: its ETag, checksum (of the writer's algorithm; None
+    when a server-side copy came back without one) and length, and the source range when
+    the service copied it."""
 
     etag: str
     crc: int | None

@@ -9,13 +9,13 @@ reconciliation of lost answers, and the verifying HEAD.
 - A retried call meeting ``PreconditionFailed`` or ``NoSuchUpload`` (the first attempt
   succeeded, its answer was lost) is reconciled with a ``HEAD`` looking for this
   writer's token (``x-amz-meta-ptestore-writer``).
-- Afterwards a ``HEAD`` with ``ChecksumMode=ENABLED`` checks size, CRC-32 and token.
+- Afterwards a ``HEAD`` with ``ChecksumMode=ENABLED`` checks size, checksum (the
+  writer's algorithm, :mod:`.checksum`) and token.
 """
 
 from __future__ import annotations
 
 import logging
-import zlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,7 +23,7 @@ from ..._retry import Category, classify, error_code, to_storage_error
 from ..._retry.classify import NOT_FOUND_CODES
 from ...errors import ConfigurationError, IntegrityError, PublishUncertain, StorageError
 from ..base import PublishMode, PublishResult, already_exists, version_conflict
-from .checksum import b64crc
+from .checksum import encode, param, part_checksum, published_checksum
 from .config import S3Connection
 
 __all__ = ["TOKEN_METADATA_KEY", "S3Publisher", "checked_metadata"]
@@ -48,6 +48,7 @@ class S3Publisher:
         metadata: dict[str, str],
         token: str,
         verify: bool,
+        algorithm: str = "CRC32",
     ) -> None:
         self.url = url
         self.conn = conn
@@ -57,12 +58,13 @@ class S3Publisher:
         self.metadata = metadata
         self.token = token
         self.verify = verify
+        self.algorithm = algorithm
 
     def put(
         self, mode: PublishMode, body: bytes, expected: str | None = None
     ) -> tuple[dict[str, Any], int]:
-        """Publish a small output with one PutObject; ``(answer, CRC-32)``."""
-        size, crc = len(body), zlib.crc32(body)
+        """Publish a small output with one PutObject; ``(answer, checksum)``."""
+        size, crc = len(body), part_checksum(self.algorithm, body)
         extra: dict[str, Any] = {**self.conn.create_extras, **_condition(mode, expected)}
         retried = [False]
 
@@ -73,7 +75,9 @@ class S3Publisher:
                 Key=self.key,
                 Body=body,
                 Metadata=self.metadata,
-                ChecksumCRC32=b64crc(crc),
+                # the algorithm named too: some servers (moto) keep a checksum only then
+                ChecksumAlgorithm=self.algorithm,
+                **param(self.algorithm, crc),
                 **extra,
             )
 
@@ -92,11 +96,11 @@ class S3Publisher:
         crc: int | None,
         expected: str | None = None,
     ) -> dict[str, Any]:
-        """Complete the multipart upload: ascending parts, full-object CRC-32 (when every
-        part's is known), size."""
+        """Complete the multipart upload: ascending parts, full-object checksum (when
+        every part's is known), size."""
         extra: dict[str, Any] = {**self.conn.extras, **_condition(mode, expected)}
         if crc is not None:
-            extra["ChecksumCRC32"] = b64crc(crc)
+            extra.update(param(self.algorithm, crc))
         retried = [False]
 
         def complete() -> dict[str, Any]:
@@ -235,18 +239,19 @@ class S3Publisher:
             return PublishResult(
                 url, size, head.get("ETag", etag), head.get("VersionId", version), None
             )
-        stored = head.get("ChecksumCRC32")
-        if stored is not None and "-" not in str(stored) and stored != b64crc(crc):
+        algorithm = self.algorithm
+        stored = head.get(f"Checksum{algorithm}")
+        if stored is not None and "-" not in str(stored) and stored != encode(algorithm, crc):
             raise IntegrityError(
-                f"{where}: published object has CRC32 {stored}, but the bytes written have "
-                f"{b64crc(crc)}"
+                f"{where}: published object has {algorithm} {stored}, but the bytes written "
+                f"have {encode(algorithm, crc)}"
             )
         return PublishResult(
             url,
             size,
             head.get("ETag", etag),
             head.get("VersionId", version),
-            f"crc32:{b64crc(crc)}",
+            published_checksum(algorithm, crc),
         )
 
 

@@ -1,17 +1,23 @@
-"""What an S3 writer has staged: the pending multipart upload, the upload pool and the
-local spool file. ``cleanup()`` aborts the upload; it knows nothing of the writer (it
-runs from the writer's finalizer)."""
+"""What an S3 writer has staged: the pending multipart upload (created with its gc
+marker part by ``start()``), the upload pool and the local spool file. ``cleanup()``
+aborts the upload; it knows nothing of the writer (it runs from the writer's
+finalizer)."""
 
 from __future__ import annotations
 
 import concurrent.futures as cf
 import os
 import secrets
+import tempfile
 import threading
+from typing import Any
 
 from ..._retry import Category, classify, error_code, to_storage_error
 from ...errors import StorageError
+from ...storage.types import strerror
+from .checksum import param, part_checksum
 from .config import S3Connection
+from .marker import MARKER_PART_NUMBER, marker_bytes
 
 __all__ = ["S3Staging"]
 
@@ -32,6 +38,55 @@ class S3Staging:
         #: Name prefix of this writer's upload threads.
         self.thread_prefix = f"ptestore-s3-{secrets.token_hex(4)}"
         self._lock = threading.Lock()
+
+    def _request(self, what: str, operation: str, **params: Any) -> dict[str, Any]:
+        try:
+            return self.conn.request(what, operation, **params)
+        except Exception as exc:
+            raise to_storage_error(exc, f"s3://{self.bucket}/{self.key}", what) from exc
+
+    def start(self, metadata: dict[str, str], algorithm: str) -> str:
+        """Create the multipart upload (with the object's metadata and a FULL_OBJECT
+        checksum of ``algorithm``) and upload its gc marker part."""
+        resp = self._request(
+            "CreateMultipartUpload",
+            "create_multipart_upload",
+            Bucket=self.bucket,
+            Key=self.key,
+            Metadata=metadata,
+            ChecksumAlgorithm=algorithm,
+            ChecksumType="FULL_OBJECT",
+            **self.conn.create_extras,
+        )
+        upload_id: str = resp["UploadId"]
+        self.upload_id = upload_id
+        body = marker_bytes(self.key)
+        self._request(
+            "UploadPart (gc marker)",
+            "upload_part",
+            Bucket=self.bucket,
+            Key=self.key,
+            UploadId=upload_id,
+            PartNumber=MARKER_PART_NUMBER,
+            Body=body,
+            **param(algorithm, part_checksum(algorithm, body)),  # a part of the upload's kind
+            **self.conn.extras,
+        )
+        return upload_id
+
+    def spool(self, url: str, spool_dir: str | os.PathLike[str] | None) -> int:
+        """The spool file's descriptor, created on first use (unlinked at once: it
+        vanishes when closed or on a crash)."""
+        if self.spool_fd is None:
+            try:
+                fd, name = tempfile.mkstemp(prefix="ptestore-s3-spool-", dir=spool_dir)
+            except OSError as exc:
+                raise StorageError(
+                    f"{url}: cannot create the local spool file: {strerror(exc)}"
+                ) from exc
+            os.unlink(name)
+            self.spool_fd = fd
+        return self.spool_fd
 
     def completed(self) -> None:
         """The upload became the object: nothing left to abort."""

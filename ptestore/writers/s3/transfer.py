@@ -13,24 +13,22 @@ those source bytes back (pinned) and is copied when they are equal. Every other 
 travels through the client: its referenced ranges are read with pinned ranged GETs
 (``IfMatch``, ``VersionId``) and the assembled bytes uploaded with their CRC-32.
 
-Checksums: an uploaded part's CRC-32 is computed here. A copied part's CRC-32 is the
-``CopyPartResult.ChecksumCRC32`` of the answer, which S3 returns because the upload was
-created with ``ChecksumAlgorithm=CRC32``; a server that returns none (moto) leaves it
-unknown, and the writer then publishes without the full-object CRC-32 (see
-:meth:`ptestore.writers.s3.S3Writer.checksum_degraded`).
+Checksums (of the writer's algorithm, :mod:`.checksum`): an uploaded part's is computed
+here. A copied part's is the ``CopyPartResult.Checksum<algorithm>`` of the answer, which
+S3 returns because the upload was created with that ``ChecksumAlgorithm``; a server that
+returns none (moto) leaves it unknown, and the writer then publishes without the
+full-object checksum (see :meth:`ptestore.writers.s3.S3Writer.checksum_degraded`).
 """
 
 from __future__ import annotations
 
-import base64
 import os
-import zlib
 from typing import TYPE_CHECKING, Any
 
 from ..._retry import to_storage_error
 from ...errors import IntegrityError, PreconditionFailed, StorageError
 from . import config
-from .checksum import b64crc
+from .checksum import answer_checksum, param, part_checksum
 from .config import S3Connection
 from .parts import PartContent, Ref, UploadedPart
 
@@ -45,18 +43,14 @@ VERIFY_LIMIT = 64 << 10
 VERIFY_RUNS = 16
 
 
-def _crc_of(result: dict[str, Any]) -> int | None:
-    value = result.get("ChecksumCRC32")
-    if not value:
-        return None
-    return int.from_bytes(base64.b64decode(value), "big")
-
-
 class PartTransfer:
     """Stores complete parts into one pending upload (runs in the writer's pool)."""
 
-    def __init__(self, conn: S3Connection, bucket: str, key: str, part_size: int) -> None:
+    def __init__(
+        self, conn: S3Connection, bucket: str, key: str, part_size: int, algorithm: str = "CRC32"
+    ) -> None:
         self.conn = conn
+        self.algorithm = algorithm
         self.bucket = bucket
         self.key = key
         self.part_size = part_size
@@ -97,9 +91,9 @@ class PartTransfer:
     def upload(
         self, upload_id: str, index: int, data: bytearray, spool_fd: int | None
     ) -> UploadedPart:
-        """UploadPart with the bytes' CRC-32 (kept in the spool when there is one)."""
+        """UploadPart with the bytes' checksum (kept in the spool when there is one)."""
         length = len(data)
-        crc = zlib.crc32(data)
+        crc = part_checksum(self.algorithm, data)
         if spool_fd is not None:
             view = memoryview(data)
             done = 0
@@ -113,7 +107,7 @@ class PartTransfer:
             UploadId=upload_id,
             PartNumber=index + 1,
             Body=data,
-            ChecksumCRC32=b64crc(crc),
+            **param(self.algorithm, crc),
             **self.conn.extras,
         )
         return UploadedPart(str(resp["ETag"]), crc, length)
@@ -148,7 +142,8 @@ class PartTransfer:
         etag = result.get("ETag")
         if not etag:
             raise StorageError(f"{self.where}: {what} returned no ETag")
-        return UploadedPart(str(etag), _crc_of(result), length, Ref(0, length, source, first))
+        crc = answer_checksum(self.algorithm, result)
+        return UploadedPart(str(etag), crc, length, Ref(0, length, source, first))
 
     def read(self, source: S3Source, offset: int, size: int) -> bytes:
         """Ranged GET of the source version read at the start (``IfMatch``,

@@ -16,22 +16,20 @@ from __future__ import annotations
 import concurrent.futures as cf
 import logging
 import os
-import tempfile
 import uuid
-import zlib
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
-from ..._retry import RETRY_OPTIONS, to_storage_error
+from ..._retry import RETRY_OPTIONS
 from ...errors import ConfigurationError, StorageError, WriterStateError
 from ...storage._s3source import S3Source, matching_source, s3_identity
-from ...storage.types import DataLoader, split_url, strerror
+from ...storage.types import DataLoader, split_url
 from ..base import DataWriter, PublishMode, PublishResult, WriterGuarantees, WriterState
 from . import config
-from .checksum import b64crc, crc32_combine
+from .checksum import full_object, param, writer_algorithm
 from .config import DEFAULT_PART_SIZE, S3Connection, check_part_size, largest_object
 from .copies import check_copied_sources
-from .marker import MARKER_PART_NUMBER, MAX_DATA_PARTS, marker_bytes
+from .marker import MAX_DATA_PARTS
 from .parts import Part, PartContent, Ref, UploadedPart
 from .publish import TOKEN_METADATA_KEY, S3Publisher, checked_metadata
 from .staging import S3Staging
@@ -43,7 +41,16 @@ __all__ = ["S3Writer"]
 
 #: Options of the writer itself (the rest are s3fs's).
 WRITER_OPTIONS = frozenset(
-    {"part_size", "max_concurrency", "metadata", "spool", "spool_dir", "verify", *RETRY_OPTIONS}
+    {
+        "part_size",
+        "max_concurrency",
+        "metadata",
+        "spool",
+        "spool_dir",
+        "verify",
+        "checksum_algorithm",
+        *RETRY_OPTIONS,
+    }
 )
 
 
@@ -68,7 +75,12 @@ class S3Writer(DataWriter):
     spool_dir:
         Directory of the spool file (default: the system temp dir).
     verify:
-        HEAD the object after publishing and check size, CRC32 and writer token.
+        HEAD the object after publishing and check size, checksum and writer token.
+    checksum_algorithm:
+        The full-object checksum every part and the object carry: ``"CRC64NVME"``
+        (the default where ``awscrt`` is installed: what S3 stores by default),
+        ``"CRC32"`` (the default without it), or ``"CRC32C"``
+        (:mod:`.checksum`).
     retry_attempts, retry_initial, retry_max:
         The :class:`~ptestore._retry.RetryPolicy` of every S3 call.
     storage_options:
@@ -103,6 +115,7 @@ class S3Writer(DataWriter):
         spool: bool = False,
         spool_dir: str | os.PathLike[str] | None = None,
         verify: bool = True,
+        checksum_algorithm: str | None = None,
         **storage_options: Any,
     ) -> None:
         super().__init__(url)
@@ -121,6 +134,9 @@ class S3Writer(DataWriter):
                 f"{url}: option max_concurrency = {max_concurrency!r}: must be an int >= 1"
             )
         meta = checked_metadata(url, metadata or {})
+        #: The checksum algorithm of every part and of the whole object.
+        self.algorithm = writer_algorithm(url, checksum_algorithm)
+        self.stored_checksum = self.algorithm
         self.bucket, self.key = bucket, key
         self.max_concurrency = max_concurrency
         self.spool = spool
@@ -134,14 +150,21 @@ class S3Writer(DataWriter):
         #: ``client.meta.events`` see this writer's requests only).
         self.client = self.conn.client
         self._publisher = S3Publisher(
-            url, self.conn, bucket, key, metadata=self.metadata, token=self.token, verify=verify
+            url,
+            self.conn,
+            bucket,
+            key,
+            metadata=self.metadata,
+            token=self.token,
+            verify=verify,
+            algorithm=self.algorithm,
         )
         self._parts: dict[int, Part] = {}
         self._inflight: set[cf.Future[UploadedPart]] = set()
         self._held: dict[int, None] = {}  # re-dirtied complete parts awaiting upload (ordered)
         self._st = S3Staging(self.conn, bucket, key)
         self._track_staging(self._st)
-        self._transfer = PartTransfer(self.conn, bucket, key, self.part_size)
+        self._transfer = PartTransfer(self.conn, bucket, key, self.part_size, self.algorithm)
         self._identity: str | None = None
 
     def publish(
@@ -180,12 +203,6 @@ class S3Writer(DataWriter):
     def _where(self) -> str:
         return f"s3://{self.bucket}/{self.key}"
 
-    def _request(self, what: str, operation: str, **params: Any) -> dict[str, Any]:
-        try:
-            return self.conn.request(what, operation, **params)
-        except Exception as exc:
-            raise to_storage_error(exc, self._where(), what) from exc
-
     def add_object_metadata(self, metadata: Mapping[str, str]) -> bool:
         # docstring inherited
         self._check_open("add object metadata")
@@ -195,33 +212,10 @@ class S3Writer(DataWriter):
         return True
 
     def _ensure_upload(self) -> str:
-        if self._st.upload_id is not None:
-            return self._st.upload_id
-        resp = self._request(
-            "CreateMultipartUpload",
-            "create_multipart_upload",
-            Bucket=self.bucket,
-            Key=self.key,
-            Metadata=self.metadata,
-            ChecksumAlgorithm="CRC32",
-            ChecksumType="FULL_OBJECT",
-            **self.conn.create_extras,
-        )
-        upload_id: str = resp["UploadId"]
-        self._st.upload_id = upload_id
-        body = marker_bytes(self.key)
-        self._request(
-            "UploadPart (gc marker)",
-            "upload_part",
-            Bucket=self.bucket,
-            Key=self.key,
-            UploadId=upload_id,
-            PartNumber=MARKER_PART_NUMBER,
-            Body=body,
-            ChecksumCRC32=b64crc(zlib.crc32(body)),
-            **self.conn.extras,
-        )
-        return upload_id
+        if self._st.upload_id is None:
+            self._st.start(self.metadata, self.algorithm)
+        assert self._st.upload_id is not None
+        return self._st.upload_id
 
     def _ensure_pool(self) -> cf.ThreadPoolExecutor:
         if self._st.pool is None:
@@ -231,18 +225,7 @@ class S3Writer(DataWriter):
         return self._st.pool
 
     def _ensure_spool(self) -> int | None:
-        if not self.spool:
-            return None
-        if self._st.spool_fd is None:
-            try:
-                fd, name = tempfile.mkstemp(prefix="ptestore-s3-spool-", dir=self.spool_dir)
-            except OSError as exc:
-                raise StorageError(
-                    f"{self.url}: cannot create the local spool file: {strerror(exc)}"
-                ) from exc
-            os.unlink(name)  # anonymous: vanishes when closed or on a crash
-            self._st.spool_fd = fd
-        return self._st.spool_fd
+        return self._st.spool(self.url, self.spool_dir) if self.spool else None
 
     def _reap(self, futures: set[cf.Future[UploadedPart]] | None = None) -> None:
         """Record finished uploads; raise the first failure."""
@@ -386,9 +369,9 @@ class S3Writer(DataWriter):
 
     @property
     def checksum_degraded(self) -> bool:
-        """True when a part copied by the service came back without its CRC-32 (moto,
+        """True when a part copied by the service came back without its checksum (moto,
         some S3-compatible servers): the object is then published without the
-        full-object CRC-32, and the check after publishing covers its size and this
+        full-object checksum, and the check after publishing covers its size and this
         writer's token only (``PublishResult.checksum`` is None)."""
         return any(p.uploaded is not None and p.uploaded.crc is None for p in self._parts.values())
 
@@ -405,23 +388,22 @@ class S3Writer(DataWriter):
         cf.wait(self._inflight)
         self._reap()
         parts: list[dict[str, Any]] = []
-        total: int | None = 0
+        stored: list[UploadedPart] = []
         for idx in range(nparts):
             up = self._parts[idx].uploaded
             assert up is not None
             entry: dict[str, Any] = {"PartNumber": idx + 1, "ETag": up.etag}
             if up.crc is not None:
-                entry["ChecksumCRC32"] = b64crc(up.crc)
+                entry.update(param(self.algorithm, up.crc))
             parts.append(entry)
-            if total is not None and up.crc is not None:
-                total = crc32_combine(total, up.crc, up.length) if idx else up.crc
-            else:
-                total = None
+            stored.append(up)
+        total = full_object(self.algorithm, [(up.crc, up.length) for up in stored])
         if total is None:
             log.warning(
-                "%s: the service returned no CRC-32 for parts it copied; publishing without "
-                "the full-object CRC-32 (size and writer token are still checked)",
+                "%s: the service returned no %s for parts it copied; publishing without "
+                "the full-object checksum (size and writer token are still checked)",
                 self._where(),
+                self.algorithm,
             )
         upload_id = self._st.upload_id
         assert upload_id is not None

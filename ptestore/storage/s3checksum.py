@@ -1,0 +1,198 @@
+"""What S3 says about an object's bytes without sending them: its stored checksum
+(``HEAD`` with ``ChecksumMode=ENABLED``) and, for a multipart object, its parts.
+
+Used to trust an object by its checksum (:mod:`ptestore.fleet.binding`). Every request
+asks for the version the loader opened (``VersionId``), and a checksum or part list
+whose ETag is not the one the loader read means the object was replaced: nothing is
+reported then, so the caller reads the bytes instead. Any failure (no permission for
+``GetObjectAttributes``, a server without it) also reports nothing: a checksum that
+cannot be had costs a read, never a wrong trust.
+
+The part sizes come from ``GetObjectAttributes`` (``ObjectParts``: AWS and SeaweedFS
+list them, 1,000 per page; AWS also gives each part's checksum) or, where it lists
+none (moto), from a ``HEAD`` of part 1 (``PartNumber=1``: its size and ``PartsCount``):
+then every part but the last is assumed to have part 1's size, as every common
+uploader makes them (``assumed``); a checksum computed on that grid that does not match
+proves nothing and the caller reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..checksums import ALGORITHMS
+
+__all__ = ["ObjectParts", "S3Object", "StoredChecksum", "s3_object", "stored_checksum"]
+
+
+@dataclass(frozen=True)
+class StoredChecksum:
+    """The checksum a ``HEAD``/``GetObject`` with ``ChecksumMode=ENABLED`` (or an
+    upload's answer) reported."""
+
+    algorithm: str
+    #: Base64 text, without the ``-N`` of a composite.
+    value: str
+    #: ``"FULL_OBJECT"``, ``"COMPOSITE"`` or None (the server did not say: moto and
+    #: SeaweedFS for a single PutObject, moto for multipart objects).
+    type: str | None
+    #: The ``N`` of ``<base64>-N``, when the value carried it.
+    parts: int | None = None
+
+    @property
+    def composite(self) -> bool:
+        """Declared composite (by its type or its ``-N``)."""
+        return self.type == "COMPOSITE" or self.parts is not None
+
+    @property
+    def full_object(self) -> bool:
+        """Declared a checksum of the whole object's bytes."""
+        return self.type == "FULL_OBJECT" and self.parts is None
+
+    def __str__(self) -> str:
+        suffix = "" if self.parts is None else f"-{self.parts}"
+        kind = "" if self.type is None else f" ({self.type})"
+        return f"{self.algorithm} {self.value}{suffix}{kind}"
+
+
+def stored_checksum(answer: Mapping[str, Any]) -> StoredChecksum | None:
+    """The checksum in an S3 answer (``ChecksumCRC64NVME``, ..., ``ChecksumType``), or
+    None when it carries none."""
+    kind = answer.get("ChecksumType")
+    kind = kind if isinstance(kind, str) and kind else None
+    for algorithm in ALGORITHMS:
+        text = answer.get(f"Checksum{algorithm}")
+        if not isinstance(text, str) or not text:
+            continue
+        value, dash, count = text.partition("-")
+        parts = None
+        if dash:
+            if not count.isdigit() or int(count) < 1:
+                continue
+            parts = int(count)
+        return StoredChecksum(algorithm, value, kind, parts)
+    return None
+
+
+#: Pages of ``GetObjectAttributes`` asked for at most (1,000 parts each; S3 allows 10,000).
+_MAX_PAGES = 10
+
+
+@dataclass(frozen=True)
+class ObjectParts:
+    """The parts of a multipart object, in order."""
+
+    sizes: tuple[int, ...]
+    #: Each part's stored checksum as the service lists it (base64), when it does.
+    checksums: tuple[str | None, ...]
+    #: True when the sizes were inferred from part 1 (see the module's docstring).
+    assumed: bool
+
+
+class S3Object:
+    """One version of an S3 object as a loader opened it (s3fs filesystem and path)."""
+
+    def __init__(self, fs: Any, path: str, etag: str | None) -> None:
+        self.fs = fs
+        self.bucket, self.key, self.version = fs.split_path(path)
+        self.etag = etag
+        self.size: int | None = None
+        self.requests = 0
+
+    def _call(self, operation: str, **params: Any) -> dict[str, Any]:
+        import fsspec.asyn
+
+        params = {"Bucket": self.bucket, "Key": self.key, **params}
+        if self.version:
+            params["VersionId"] = self.version
+        self.requests += 1
+        answer: dict[str, Any] = fsspec.asyn.sync(
+            self.fs.loop, self.fs._call_s3, operation, **params
+        )
+        return answer
+
+    def _same(self, answer: dict[str, Any]) -> bool:
+        return self.etag is None or answer.get("ETag") == self.etag
+
+    def checksum(self) -> StoredChecksum | None:
+        """The stored checksum (``HEAD``), or None (none, replaced, or no answer)."""
+        try:
+            head = self._call("head_object", ChecksumMode="ENABLED")
+        except Exception:
+            return None
+        if not self._same(head):
+            return None
+        self.size = int(head.get("ContentLength", -1))
+        return stored_checksum(head)
+
+    def parts(self, algorithm: str) -> ObjectParts | None:
+        """The object's parts (sizes, and ``algorithm``'s checksum of each where
+        listed), or None when they cannot be had."""
+        listed = self._listed(algorithm)
+        return listed if listed is not None else self._from_part_one()
+
+    def _listed(self, algorithm: str) -> ObjectParts | None:
+        sizes: list[int] = []
+        sums: list[str | None] = []
+        marker = 0
+        for _ in range(_MAX_PAGES):
+            try:
+                params: dict[str, Any] = {"ObjectAttributes": ["ObjectParts", "ETag"]}
+                if marker:
+                    params["PartNumberMarker"] = marker
+                answer = self._call("get_object_attributes", **params)
+            except Exception:
+                return None
+            etag = answer.get("ETag")
+            if (
+                self.etag is not None
+                and etag is not None
+                and etag.strip('"') != self.etag.strip('"')
+            ):
+                return None
+            listing = answer.get("ObjectParts") or {}
+            for part in listing.get("Parts") or []:
+                sizes.append(int(part.get("Size", -1)))
+                value = part.get(f"Checksum{algorithm}")
+                sums.append(value if isinstance(value, str) and value else None)
+            if not listing.get("IsTruncated"):
+                break
+            marker = int(listing.get("NextPartNumberMarker") or 0)
+            if marker <= 0:
+                return None
+        else:
+            return None
+        if not sizes or any(n <= 0 for n in sizes):
+            return None
+        return ObjectParts(tuple(sizes), tuple(sums), assumed=False)
+
+    def _from_part_one(self) -> ObjectParts | None:
+        # Not pinned to the ETag (moto answers with part 1's ETag and compares If-Match
+        # with it): the sizes are only a hint. A grid of another version can only make
+        # the predicted checksum differ, which is then read, never trusted.
+        try:
+            head = self._call("head_object", PartNumber=1)
+        except Exception:
+            return None
+        first = int(head.get("ContentLength", -1))
+        count = int(head.get("PartsCount") or 0)
+        size = self.size
+        if size is None or first <= 0 or count < 1:
+            return None
+        last = size - (count - 1) * first
+        if not 0 < last <= first:
+            return None
+        sizes = (first,) * (count - 1) + (last,)
+        return ObjectParts(sizes, (None,) * count, assumed=True)
+
+
+def s3_object(loader: object) -> S3Object | None:
+    """The :class:`S3Object` behind a loader of an S3 object (s3fs), else None."""
+    fs: Any = getattr(loader, "fs", None)
+    path = getattr(loader, "path", None)
+    if fs is None or not isinstance(path, str) or type(fs).__name__ != "S3FileSystem":
+        return None
+    etag = getattr(loader, "etag", None)
+    return S3Object(fs, path, etag if isinstance(etag, str) else None)
