@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._log import get_logger
 from ..errors import ConfigurationError
 from .estimate import human_bytes
 from .job import Job, JobError
@@ -34,6 +35,8 @@ from .plan import Plan, PlannedPair, plan_job
 from .watch import MISSED_HEARTBEATS
 from .work import PairResult, PairTask, run_pair
 from .worker import WorkerUnfit, run_pair_on_worker
+
+log = get_logger(__name__)
 
 __all__ = [
     "SCHEDULER_ENV",
@@ -196,6 +199,8 @@ def run_plan(
     def done(i: int, p: PlannedPair, r: PairResult) -> None:
         r.bytes += p.bytes
         results[i] = r
+        # Once this line is logged (``-v``), an interrupt reports the pair as it is here.
+        log.info("pair %s on %s: %s", r.model, r.device, r.status)
         if fail_fast and r.status == "failed" and not stop:
             stop.append(f"{r.model} on {r.device}")
         if progress is not None:

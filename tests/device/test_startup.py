@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -176,7 +177,12 @@ def test_metadata_changed_in_the_last_seconds_is_not_trusted(tmp_path: Path) -> 
     site, cache = tmp_path / "site", tmp_path / "cache"
     src = _model(tmp_path)
     info = _install(site, "1.0", old=1_600_000_000)
-    (info / "METADATA").touch()  # just now: inside the racy window
+    # Inside the racy window for the whole test, however long its two fresh processes
+    # take on a busy machine: "modified in the last RACY_SECONDS" is any mtime later
+    # than now - RACY_SECONDS, one in the future included (a touch, then two process
+    # start-ups of more than 2 s at load 10, once left the window and failed).
+    later = time.time() + 3600
+    os.utime(info / "METADATA", (later, later))
     argv = ["ensure", str(src), "--cache-dir", str(cache), "--backend", "npu"]
     for _ in range(2):
         record, _ = _fresh(argv, tmp_path, pythonpath=site)

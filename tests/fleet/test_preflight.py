@@ -159,12 +159,17 @@ def test_ctrl_c_stops_promptly_with_a_partial_summary(tmp_path: Path, workers: s
     (not after the hour the slow pairs would take) and reports ``a`` as done.
 
     Waits for events only (it timed out on a busy machine when it waited 0.5 s and gave
-    the shutdown 15 s): the slow backend creates its ``started`` file on entry. With one
-    worker the pairs run in order, so ``b`` started means ``a`` was recorded; with two,
-    ``c`` starts in the worker that ran ``a``, after ``a``'s result was sent."""
+    the shutdown 15 s): the slow backend creates its ``started`` file on entry, and the
+    run logs each pair it recorded (``-v``). With one worker the pairs run in order, so
+    ``b`` started means ``a`` was recorded; with two, ``c`` starts in the worker that ran
+    ``a`` as soon as ``a``'s result was *sent*, which the parent may not have recorded yet
+    on a busy machine (it once reported ``a`` as interrupted): so the test also waits for
+    the parent's "pair mlp on a: done" line."""
+    import queue
     import signal
     import subprocess
     import sys
+    import threading
     import time
 
     flag = tmp_path / "c.started" if workers == "2" else tmp_path / "b.started"
@@ -179,25 +184,48 @@ def test_ctrl_c_stops_promptly_with_a_partial_summary(tmp_path: Path, workers: s
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]))
     env["TQDM_DISABLE"] = "1"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ptestore", "fleet", "run", str(job), "--workers", workers],
+        [sys.executable, "-m", "ptestore", "fleet", "run", str(job), "--workers", workers, "-v"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,
         start_new_session=True,  # Ctrl-C reaches the whole group, as on a terminal
     )
+    lines: queue.Queue[bytes] = queue.Queue()
+    err_lines: list[bytes] = []
+
+    def read_stderr() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.put(line)
+        lines.put(b"")
+
+    reader = threading.Thread(target=read_stderr, daemon=True)
+    reader.start()
     try:
         deadline = time.monotonic() + 240  # a ceiling for a busy machine, not a guess
-        while not flag.exists():
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.05)
+        recorded = False
+        while not (recorded and flag.exists()):
+            assert proc.poll() is None and time.monotonic() < deadline, err_lines
+            try:
+                line = lines.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            err_lines.append(line)
+            recorded = recorded or b"pair mlp on a: done" in line
         assert (out / "a" / "mlp.pte").exists()
         os.killpg(proc.pid, signal.SIGINT)
         # Prompt: it ends long before the sleeping pairs would (an hour).
-        stdout, stderr = proc.communicate(timeout=240)
+        assert proc.stdout is not None
+        stdout = proc.stdout.read()
+        proc.wait(timeout=240)
+        reader.join(timeout=240)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+            proc.wait()
+    while not lines.empty():
+        err_lines.append(lines.get())
+    stderr = b"".join(err_lines)
     assert proc.returncode == 130, stderr.decode()
     text = stdout.decode()
     assert "done                      1" in text and "failed                    2" in text
