@@ -60,10 +60,11 @@ import json, resource, sys, time
 import numpy as np
 import torch
 from ptestore.xnnpack.loader import XnnpackProgram, _shim
+from ptestore.xnnpack.native import bindings
 from ptestore.xnnpack.cache import verify_cache
 pte, cache, dim, mode, digest = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
 lib = _shim()
-from executorch.extension.pybindings import portable_lib
+portable_lib = bindings()
 rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 verified, verify_s = None, None
 if cache != "-":

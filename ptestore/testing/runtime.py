@@ -72,8 +72,10 @@ def run_in_runtime(
     runtime's message when it refuses the program or a method."""
     import numpy as np
     import torch
-    from executorch.extension.pybindings import portable_lib
 
+    from ..xnnpack.native import bindings
+
+    portable_lib = bindings()
     pte_bytes = _bytes(pte)
     ptd_bytes = None if ptd is None else _bytes(ptd)
     name = os.fspath(pte) if not isinstance(pte, (bytes, bytearray, memoryview)) else "<bytes>"

@@ -130,11 +130,11 @@ def main(argv: list[str]) -> int:
     import numpy as np
     import torch  # noqa: F401  (the bindings' libraries come with it)
 
+    from .native import bindings
+
     try:
         lib = open_shim(req["shim"], req["runtime"])
-        from executorch.extension.pybindings import (  # type: ignore[import-untyped]
-            portable_lib,
-        )
+        portable_lib = bindings()
 
         for step in req["steps"]:
             outputs, report = run_step(lib, portable_lib, req["pte"], req.get("ptd"), step["cache"])

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..errors import ConfigurationError
 from .cache import CacheFile, verify_cache
-from .native import build_shim
+from .native import bindings, build_shim
 
 __all__ = ["XnnpackProgram", "load"]
 
@@ -112,8 +112,7 @@ def load(
             path, pte=pte, ptd=ptd, pte_sha256=pte_sha256, ptd_sha256=ptd_sha256, full=full
         )
     lib = _shim()
-    from executorch.extension.pybindings import portable_lib  # type: ignore[import-untyped]
-
+    portable_lib = bindings()
     pte_path = os.path.abspath(os.fspath(pte))
     if ptd is None:
         module = portable_lib._load_for_executorch(pte_path)

@@ -211,8 +211,15 @@ def run_one(job: Job, **kwargs: Any) -> Result:
 
 
 def _child_main(jobs_path: str, results_path: str, start: int) -> int:  # pragma: no cover
+    from ptestore.xnnpack.native import bindings
+
+    # The bindings' extension itself, also under the wrapper's name: ``portable_lib``
+    # re-exports the same names but imports the exporter (``executorch.exir``) for one
+    # warning class, 9 of the 12 s this child needed before its first load. The
+    # ``executorch.runtime`` API below imports the wrapper by that name.
+    portable_lib = bindings()
+    sys.modules.setdefault("executorch.extension.pybindings.portable_lib", portable_lib)
     import torch
-    from executorch.extension.pybindings import portable_lib
     from executorch.runtime import Runtime, Verification
 
     with open(jobs_path, "rb") as f:
