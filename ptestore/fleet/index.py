@@ -324,13 +324,14 @@ def update_index(
     *,
     models: list[str] | None = None,
     storage_options: dict[str, Any] | None = None,
+    version: int | None = None,
 ) -> IndexReport:
     """Apply ``change`` to every entry of the index at ``url`` (of ``models`` only,
     when given), inside the compare-and-swap loop of the object that holds it: ``change``
     sees each entry as it is at that moment (again after a conflict) and returns its new
     version, or None to keep it. It must keep the entry's model and device. A version
-    1/2 index on a store with compare-and-swap is migrated to version 3 first.
-    :class:`~ptestore.errors.ObjectNotFound` when there is no index."""
+    1/2 index on a store with compare-and-swap is migrated to version 3 first (unless
+    ``version=2``). :class:`~ptestore.errors.ObjectNotFound` when there is no index."""
     from .index_migrate import open_for_writing
 
     target = os.fspath(url)
@@ -349,7 +350,7 @@ def update_index(
         return new
 
     open_index(target, store.options)  # ObjectNotFound for no index
-    sharded, migrated, stats = open_for_writing(store)
+    sharded, migrated, stats = open_for_writing(store, version=version)
     if sharded is None:
         wanted = None if models is None else set(models)
         made, more, seen, retired = update_v2(
@@ -401,7 +402,9 @@ def publish_pairs(
         return None, None, None
     url = index_url(job)
     try:
-        report = publish_entries(url, index_entries(job, pairs), dict(job.storage_options))
+        report = publish_entries(
+            url, index_entries(job, pairs), dict(job.storage_options), version=job.index_version
+        )
     except PteStoreError as exc:
         return None, str(exc), None
     return url, None, report

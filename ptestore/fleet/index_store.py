@@ -123,6 +123,10 @@ class IndexStore:
             extra = dict(self.write_options.get("s3_additional_kwargs") or {})
             extra.setdefault("ContentType", "application/json")
             self.write_options["s3_additional_kwargs"] = extra
+            # One client for the many small objects of an index (fsspec's instance
+            # cache), not one per object: a client costs far more than a small request.
+            for opts in (self.read_options, self.write_options):
+                opts.setdefault("skip_instance_cache", False)
 
     # -- URLs -------------------------------------------------------------------------
     def base(self) -> str:
@@ -246,18 +250,25 @@ class IndexStore:
                 return []
         import fsspec
 
-        from .._retry import RETRY_OPTIONS
 
-        opts = {k: v for k, v in self.read_options.items() if k not in RETRY_OPTIONS}
-        if self.protocol == "memory":
-            opts = {}
-        fs = fsspec.filesystem(self.protocol, skip_instance_cache=True, **opts)
+        fs = fsspec.filesystem(self.protocol, **self._fs_options())
         path = u.path.rstrip("/")
         try:
             found = fs.ls(path, detail=False)
         except FileNotFoundError:
             return []
         return sorted({str(p).rstrip("/").rsplit("/", 1)[-1] for p in found})
+
+    def _fs_options(self) -> dict[str, Any]:
+        """The fsspec filesystem options of listings and removals (the read side's,
+        without ptestore's retry options; a listing sees what is stored now)."""
+        from .._retry import RETRY_OPTIONS
+
+        if self.protocol == "memory":
+            return {}
+        opts = {k: v for k, v in self.read_options.items() if k not in RETRY_OPTIONS}
+        opts["skip_instance_cache"] = True
+        return opts
 
     def remove_tree(self, url: str) -> None:
         """Remove everything under the directory ``url`` (best effort: a migration that
@@ -271,10 +282,7 @@ class IndexStore:
                 return
             import fsspec
 
-            opts = {} if self.protocol == "memory" else dict(self.read_options)
-            for name in ("retry_attempts", "retry_initial", "retry_max"):
-                opts.pop(name, None)
-            fs = fsspec.filesystem(self.protocol, skip_instance_cache=True, **opts)
+            fs = fsspec.filesystem(self.protocol, **self._fs_options())
             fs.rm(u.path.rstrip("/"), recursive=True)
         except Exception:  # best effort: what is left is never read
             return

@@ -13,6 +13,10 @@
     [devices.pixel9]                                      # one table per device profile
     soc = "sm8650"                                        # any keys: handed to backends
 
+``index_version = 2`` (a top-level key, before the tables; optional) keeps writing a
+version 2 index, for devices whose ptestore cannot read version 3 yet; by default the
+index is version 3 wherever the store has compare-and-swap (:mod:`.index`).
+
 Every error is a :class:`JobError` naming the file, the line and the key.
 """
 
@@ -53,7 +57,7 @@ __all__ = [
 #: content (:mod:`ptestore.fleet.shared`); no destination may lie in it.
 SHARED_DIR = "_shared"
 
-_TOP_KEYS = {"destination", "backends", "storage_options", "models", "devices"}
+_TOP_KEYS = {"destination", "backends", "storage_options", "models", "devices", "index_version"}
 _MODEL_KEYS = {"name", "source", "ptd"}
 _FIELDS = {"model", "device"}
 
@@ -93,6 +97,8 @@ class Job:
     storage_options: dict[str, Any] = field(default_factory=dict)
     #: ``sha256:<hex>`` of the job file's text (recorded in each artifact's provenance).
     sha256: str = ""
+    #: The index version to write (None: version 3 where the store has compare-and-swap).
+    index_version: int | None = None
 
     def pairs(self) -> list[Pair]:
         """Every (model, device) pair, models outer, in file order."""
@@ -271,8 +277,13 @@ def parse_job(text: str, path: str = "<job>") -> Job:
         if not isinstance(opts, dict):
             raise fail("must be a table of options", "devices", dname)
         devices.append(DeviceProfile(dname, _plain(opts)))
+    version = data.get("index_version")
+    if version is not None and (type(version) is not int or version not in (2, 3)):
+        raise fail("must be 2 or 3 (the index version to write)", None, "index_version")
     digest = "sha256:" + hashlib.sha256(text.encode()).hexdigest()
-    job = Job(path, dest, tuple(backends), tuple(models), tuple(devices), dict(options), digest)
+    job = Job(
+        path, dest, tuple(backends), tuple(models), tuple(devices), dict(options), digest, version
+    )
     if any(m.ptd for m in models) and not dest.endswith(".pte"):
         raise fail(
             "must end with .pte when a model has a .ptd (it goes beside the .pte)",

@@ -100,7 +100,9 @@ def retire_dropped(job: Job, *, dry_run: bool = False) -> RetireResult:
                 elif (new := retire(e)) is not None:
                     changed.append(new)
         else:
-            report = update_index(url, retire, storage_options=dict(job.storage_options))
+            report = update_index(
+                url, retire, storage_options=dict(job.storage_options), version=job.index_version
+            )
             changed, out.already = report.changed, report.retired
     except ObjectNotFound:
         out.found = False
