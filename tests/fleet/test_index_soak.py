@@ -21,7 +21,9 @@ from ptestore.testing.s3server import S3TestServer
 
 from .indexkit import assert_catalogs_match_leaves, leaf_sizes
 
-WRITERS, BATCHES, OWN, SHARED, MODELS = 4, 3, 6, 6, ("m0", "m1", "m2")
+#: Writers, batches each, own devices and shared devices per model per batch, models.
+LOCAL = (4, 3, 6, 6, ("m0", "m1", "m2"))
+S3 = (4, 2, 4, 4, ("m0", "m1"))  # smaller: every request goes through a server
 
 _WRITER = """
 import json, os, sys, time
@@ -51,14 +53,17 @@ Path(out).write_text(json.dumps(stats))
 """
 
 
-def _soak(tmp_path: Path, url: str, options: dict[str, Any]) -> list[dict[str, Any]]:
+def _soak(
+    tmp_path: Path, url: str, options: dict[str, Any], shape: tuple[Any, ...]
+) -> list[dict[str, Any]]:
+    writers, batches, own, shared, models = shape
     create_index(url, leaf_bytes=4096, listed=3, storage_options=options)
     go = tmp_path / "go"
-    ready = [tmp_path / f"ready{i}" for i in range(WRITERS)]
-    outs = [tmp_path / f"out{i}.json" for i in range(WRITERS)]
-    shape = json.dumps([BATCHES, OWN, SHARED, MODELS])
-    args = [[url, json.dumps(options), shape, str(i), str(ready[i]), str(go), str(outs[i])]
-            for i in range(WRITERS)]  # fmt: skip
+    ready = [tmp_path / f"ready{i}" for i in range(writers)]
+    outs = [tmp_path / f"out{i}.json" for i in range(writers)]
+    plan = json.dumps([batches, own, shared, models])
+    args = [[url, json.dumps(options), plan, str(i), str(ready[i]), str(go), str(outs[i])]
+            for i in range(writers)]  # fmt: skip
     procs = [
         subprocess.Popen([sys.executable, "-c", _WRITER, *a], stderr=subprocess.PIPE) for a in args
     ]
@@ -76,25 +81,25 @@ def _soak(tmp_path: Path, url: str, options: dict[str, Any]) -> list[dict[str, A
     assert all(rc == 0 for rc, _ in results), results
     # Every writer's own entries, and each shared pair whole from one of the writers.
     entries = {(e["model"], e["device"]): e for e in load_index(url, **options)["entries"]}
-    for m in MODELS:
-        for i in range(WRITERS):
-            for b in range(BATCHES):
-                for j in range(OWN):
+    for m in models:
+        for i in range(writers):
+            for b in range(batches):
+                for j in range(own):
                     device = f"w{i}-{b}-{j}"
                     assert entries.pop((m, device)) == synthetic_entry(m, device)
-        for j in range(SHARED):
+        for j in range(shared):
             got = entries.pop((m, f"shared-{j}"))
             assert got in [
-                synthetic_entry(m, f"shared-{j}", socs=3 + i, generation=i) for i in range(WRITERS)
+                synthetic_entry(m, f"shared-{j}", socs=3 + i, generation=i) for i in range(writers)
             ]
     assert entries == {}
-    assert assert_catalogs_match_leaves(url, options) == len(MODELS)
+    assert assert_catalogs_match_leaves(url, options) == len(models)
     assert all(size <= 4096 for size, _ in leaf_sizes(url, options))
     return [s for out in outs for s in json.loads(out.read_text())]
 
 
 def test_four_processes_on_overlapping_shards_lose_no_entry(tmp_path: Path) -> None:
-    stats = _soak(tmp_path, str(tmp_path / "index" / "ptestore-index.json"), {})
+    stats = _soak(tmp_path, str(tmp_path / "index" / "ptestore-index.json"), {}, LOCAL)
     assert {s["kind"] for s in stats} == {"root", "leaf", "catalog"}
     assert sum(s["splits"] for s in stats) > 0
 
@@ -104,5 +109,6 @@ def test_four_processes_on_overlapping_shards_on_s3(
     tmp_path: Path, s3_server: S3TestServer
 ) -> None:
     bucket = s3_server.new_bucket()
-    stats = _soak(tmp_path, f"s3://{bucket}/soak/ptestore-index.json", s3_server.storage_options)
+    url = f"s3://{bucket}/soak/ptestore-index.json"
+    stats = _soak(tmp_path, url, s3_server.storage_options, S3)
     assert sum(s["splits"] for s in stats) > 0
