@@ -129,12 +129,14 @@ def apply_placements(
     catalog: dict[str, Any] | None,
     model: str,
     placements: dict[str, list[Any] | None],
-    splits: Iterable[int],
+    splits: list[int],
     listed: int,
 ) -> tuple[dict[str, Any] | None, set[str]]:
     """The catalog with each device of ``placements`` a member of the class of its stamps
     (None: of no class) and the trie's ``splits`` counted; None when nothing changes.
     Also returns the devices whose record changed."""
+    if catalog is None and not placements and not splits:
+        return None, set()
     cat = copy.deepcopy(catalog) if catalog is not None else _empty(model)
     classes = {class_key(c["compatibility"]): c for c in cat["classes"]}
     changed: set[str] = set()

@@ -99,6 +99,8 @@ class LeafOutcome:
     #: The depth of each split this call committed.
     splits: list[int] = field(default_factory=list)
     stats: list[ObjectStats] = field(default_factory=list)
+    #: The trie had no node when this call began (a new model).
+    fresh: bool = False
 
 
 class ModelTrie:
@@ -244,6 +246,7 @@ class ModelTrie:
         out = LeafOutcome()
         if located is None:
             located = self.locate(list(changes), lo, hi)
+        out.fresh = all(n.prefix == "" and n.kind == EMPTY for n, _ in located.values())
         while located:
             moved: list[tuple[str, list[str]]] = []
             with cf.ThreadPoolExecutor(max_workers=max(1, min(workers, len(located)))) as pool:

@@ -275,6 +275,9 @@ class ShardedIndex:
         stats.append(cat_stats)
         first: tuple[dict[str, Any] | None, str | None] | None = (catalog, version)
         splits = list(outcome.splits)
+        if catalog is None and not outcome.fresh:  # a trie without its catalog (a crash)
+            self.repair(model, cat_stats)
+            return stats
         for _ in range(4):  # the placements, then a re-check of those it changed
             value, changed = self._place(model, placed, splits, cat_stats, first)
             first, splits = None, []

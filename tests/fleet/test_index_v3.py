@@ -24,7 +24,7 @@ from ptestore.fleet.index import (
     publish_entries,
     update_index,
 )
-from ptestore.fleet.index_v3 import ShardedIndex
+from ptestore.fleet.index_v3 import ShardedIndex, model_segment
 from ptestore.fleet.select import select
 from ptestore.testing.fleet_index import SocBackend, device_name, soc_of, synthetic_entry
 from ptestore.testing.s3server import S3TestServer
@@ -293,3 +293,18 @@ def test_a_job_can_keep_writing_version_2(tmp_path: Path) -> None:
     report = update_index(url, lambda e: {**e, "retired": {}}, version=2)
     assert (report.version, len(report.changed)) == (2, 1)
     assert json.loads(Path(url).read_text())["version"] == 2
+
+
+def test_a_catalog_a_crash_left_out_is_rebuilt(tmp_path: Path) -> None:
+    """A run killed between its leaves and its catalog: the next publish into that model
+    rebuilds the catalog from the leaves (every device, not only its own)."""
+    url = str(tmp_path / "ptestore-index.json")
+    publish_entries(url, [synthetic_entry("m", device_name(i)) for i in range(30)], {})
+    shards = json.loads(Path(url).read_text())["layout"]["shards"]
+    catalog = tmp_path / shards / "m" / model_segment("m") / "catalog.json"
+    catalog.unlink()
+    # Still found by its own device (the leaves are the truth).
+    assert select(url, "m", device_name(9)).made_for == device_name(9)
+    report = publish_entries(url, [synthetic_entry("m", "late")], {})
+    assert [s.written for s in report.stats if s.kind == "catalog"] == [True]
+    assert catalog.exists() and assert_catalogs_match_leaves(url) == 1
