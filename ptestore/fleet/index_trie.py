@@ -152,6 +152,10 @@ class ModelTrie:
             for e in raw:
                 if not isinstance(e, dict) or not isinstance(e.get("device"), str):
                     raise FormatError(url, "index shard entry", e, "an object with a device")
+                if self.model and e.get("model") != self.model:
+                    raise FormatError(
+                        url, "index shard entry model", e.get("model"), repr(self.model)
+                    )
                 entries[e["device"]] = e
         return Node(prefix, str(state), entries, version, value)
 

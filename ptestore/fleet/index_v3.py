@@ -278,7 +278,11 @@ class ShardedIndex:
         if catalog is None and not outcome.fresh:  # a trie without its catalog (a crash)
             self.repair(model, cat_stats)
             return stats
-        for _ in range(4):  # the placements, then a re-check of those it changed
+        from .._retry import CONFLICT_RETRY
+
+        # The placements, then a re-check of those they changed: placed again while
+        # another run keeps changing those leaves (each round, someone else made progress).
+        for _ in range(CONFLICT_RETRY.attempts):
             value, changed = self._place(model, placed, splits, cat_stats, first)
             first, splits = None, []
             if not changed:
