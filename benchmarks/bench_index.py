@@ -2,7 +2,8 @@
 
     python benchmarks/bench_index.py [--sizes 100x100,316x316,1000x1000]
         [--store seaweedfs|moto|local] [--socs 8] [--selects 30] [--cli-selects 3]
-        [--soak-writers 4] [--soak-batches 3] [--soak-devices 200] [--json FILE]
+        [--soak-writers 4] [--soak-batches 3] [--soak-devices 200] [--v2-upto 100000]
+        [--json FILE]
 
 For each size MODELSxDEVICES (pairs = models x devices), on a fresh index:
 
@@ -19,8 +20,9 @@ For each size MODELSxDEVICES (pairs = models x devices), on a fresh index:
    median and p95; objects and bytes read, counted by ``Choice.index_read`` and, on S3,
    independently by botocore event hooks (:class:`ptestore.testing.s3_traffic.Traffic`:
    GetObject bodies). Then ``--cli-selects`` whole ``python -m ptestore select`` processes
-   (interpreter start and imports included). Beside it, the size of the same index as
-   one version 2 object, what every select downloaded before.
+   (interpreter start and imports included). Beside it (sizes up to ``--v2-upto``
+   pairs), the same entries as one version 2 object and ``select`` on it: what every
+   device downloaded and parsed before.
 3. **publish**: what a run's publish costs: ``publish_entries`` of 1 model x all devices
    and of 1 device x all models, each a new generation (every entry changes); time,
    objects read and written, conflicts; then the same 1 model x all devices again
@@ -198,6 +200,43 @@ def cli_selects(
     return times
 
 
+def v2_baseline(
+    url: str,
+    client: Any,
+    opts: dict[str, Any],
+    models: list[str],
+    devices: list[str],
+    socs: int,
+    samples: int,
+) -> dict[str, Any]:
+    """The same entries as one version 2 object at ``url``: its size, and ``select`` on
+    it (what every device downloaded and parsed before version 3)."""
+    entries = [synthetic_entry(m, d, socs=socs) for m in models for d in devices]
+    data = json.dumps(
+        {"format": "ptestore.index", "version": 2, "updated": "", "entries": entries}, indent=1
+    ).encode()
+    del entries
+    if client is None:
+        os.makedirs(os.path.dirname(url), exist_ok=True)
+        with open(url, "wb") as f:
+            f.write(data)
+    else:
+        bucket, _, key = url.removeprefix("s3://").partition("/")
+        client.put_object(Bucket=bucket, Key=key, Body=data, ContentType="application/json")
+    rng = random.Random(13)
+    times, sizes = [], []
+    for _ in range(samples):
+        t = time.perf_counter()
+        choice = select(url, rng.choice(models), rng.choice(devices), storage_options=opts)
+        times.append(time.perf_counter() - t)
+        sizes.append((choice.index_read or {}).get("bytes"))
+    return {
+        "object_bytes": len(data),
+        "select_s_median": round(statistics.median(times), 2),
+        "select_bytes": max(s or 0 for s in sizes),
+    }
+
+
 def publish(url: str, opts: dict[str, Any], entries: list[dict[str, Any]]) -> dict[str, Any]:
     t = time.perf_counter()
     report = publish_entries(url, entries, opts)
@@ -226,9 +265,10 @@ def _soak_plan(
 
 
 def soak_child(argv: list[str]) -> None:
-    url, opts_json, plan_json, i, go, out = argv
+    url, opts_json, plan_file, i, go, out = argv
     opts = json.loads(opts_json)
-    batches = json.loads(plan_json)[i]
+    with open(plan_file) as f:
+        batches = json.load(f)[i]
     ready = out + ".ready"
     open(ready, "w").close()
     while not os.path.exists(go):  # start together
@@ -257,6 +297,9 @@ def soak(
     go = os.path.join(work, "go")
     outs = [os.path.join(work, f"soak{i}.json") for i in range(writers)]
     plain = {k: v for k, v in opts.items() if k != "session"}
+    plan_file = os.path.join(work, "soak-plan.json")
+    with open(plan_file, "w") as f:
+        json.dump({str(k): v for k, v in plan.items()}, f)
     procs = [
         subprocess.Popen(
             [
@@ -265,7 +308,7 @@ def soak(
                 _SOAK,
                 url,
                 json.dumps(plain),
-                json.dumps({str(k): v for k, v in plan.items()}),
+                plan_file,
                 str(i),
                 go,
                 outs[i],
@@ -330,6 +373,13 @@ def main() -> None:
     ap.add_argument("--soak-writers", type=int, default=4)
     ap.add_argument("--soak-batches", type=int, default=3)
     ap.add_argument("--soak-devices", type=int, default=200)
+    ap.add_argument(
+        "--v2-upto",
+        type=int,
+        default=100_000,
+        help="also time select on the same index as one version 2 object, for "
+        "sizes up to this many pairs",
+    )
     ap.add_argument("--json", default=None, help="write the figures there too")
     args = ap.parse_args()
     register_backend(SocBackend, "synthetic-npu")
@@ -371,6 +421,17 @@ def main() -> None:
             print(" load", row["load"], flush=True)
             row["select"] = selects(url, opts, traffic, models, devices, args.socs, args.selects)
             print(" select", json.dumps(row["select"]), flush=True)
+            if row["pairs"] <= args.v2_upto:
+                row["v2"] = v2_baseline(
+                    f"{base}/{size}-v2/ptestore-index.json",
+                    client,
+                    plain,
+                    models,
+                    devices,
+                    args.socs,
+                    3,
+                )
+                print(" v2 baseline", row["v2"], flush=True)
             if args.store != "local":
                 row["cli_select_seconds"] = cli_selects(
                     url, plain, models, devices, args.cli_selects
