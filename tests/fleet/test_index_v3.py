@@ -111,8 +111,29 @@ def test_sharded_index_in_memory() -> None:
 
 @pytest.mark.s3
 def test_sharded_index_on_s3(s3_server: S3TestServer) -> None:
+    import aiobotocore.session
+
+    from ptestore.testing.s3_traffic import Traffic
+
     bucket = s3_server.new_bucket()
-    _exercise(f"s3://{bucket}/fleet/ptestore-index.json", s3_server.storage_options, 20)
+    url = f"s3://{bucket}/fleet/ptestore-index.json"
+    _exercise(url, s3_server.storage_options, 20)
+    # What select reads, counted by botocore's own event hooks: GetObject bodies (a
+    # request for a missing object, the empty half of a split, has an error body too).
+    traffic = Traffic()
+    session = aiobotocore.session.AioSession()
+    traffic.attach(session)
+    opts = {**s3_server.storage_options, "session": session}
+    register_backend(SocBackend, "synthetic-npu")
+    for device in (device_name(2), DeviceProfile("new", {"soc": soc_of(device_name(2), 4)})):
+        traffic.reset()
+        choice = select(url, "m0", device, storage_options=opts)
+        assert choice.kind == "artifact" and choice.index_read is not None
+        assert choice.index_read["bytes"] <= traffic.received["GetObject"] <= 64 * 1024
+        assert choice.index_read["objects"] <= 8
+        # (requests: a 4 KiB leaf bound spreads the leaves over more depths than 16 KiB)
+        assert traffic.calls["GetObject"] == choice.index_read["requests"] <= 12
+    unregister_backend("synthetic-npu")
 
 
 # ----------------------------------------------------------------------- what select reads
@@ -308,3 +329,38 @@ def test_a_catalog_a_crash_left_out_is_rebuilt(tmp_path: Path) -> None:
     report = publish_entries(url, [synthetic_entry("m", "late")], {})
     assert [s.written for s in report.stats if s.kind == "catalog"] == [True]
     assert catalog.exists() and assert_catalogs_match_leaves(url) == 1
+
+
+def test_retire_never_writes_back_an_older_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run publishes a fresh entry of a pair while ``fleet retire`` is deciding to
+    retire it: the entry is retired as it is then (the fresh one), never replaced by the
+    retired copy of what retire read first (what a read-merge-write did)."""
+    from ptestore.fleet import retire
+    from ptestore.fleet.job import parse_job
+
+    url = str(tmp_path / "out" / "ptestore-index.json")
+    publish_entries(url, [synthetic_entry("m", d) for d in ("a", "b")], {})
+    job = parse_job(
+        f'destination = "{tmp_path}/out/{{device}}/{{model}}.pte"\n'
+        '[[models]]\nname = "m"\nsource = "src/m.pte"\n[devices.a]\n',
+        str(tmp_path / "job.toml"),
+    )
+    fresh = synthetic_entry("m", "b", generation=7)
+    real = retire.retired_reason
+    seen: list[str] = []
+
+    def meanwhile(job: Any, model: object, device: object) -> str | None:
+        if device == "b" and not seen:  # a run of the older job publishes b now
+            seen.append("b")
+            publish_entries(url, [fresh], {})
+        return real(job, model, device)
+
+    monkeypatch.setattr(retire, "retired_reason", meanwhile)
+    result = retire.retire_dropped(job)
+    assert [r["device"] for r in result.retired] == ["b"]
+    got = find_entry(url, "m", "b")
+    assert got is not None and got["retired"]["reason"] == "the job no longer names device 'b'"
+    assert {k: v for k, v in got.items() if k != "retired"} == fresh  # not the older copy
+    assert find_entry(url, "m", "a") == synthetic_entry("m", "a")
