@@ -21,8 +21,8 @@ For each size MODELSxDEVICES (pairs = models x devices), on a fresh index:
    independently by botocore event hooks (:class:`ptestore.testing.s3_traffic.Traffic`:
    GetObject bodies). Then ``--cli-selects`` whole ``python -m ptestore select`` processes
    (interpreter start and imports included). Beside it (sizes up to ``--v2-upto``
-   pairs), the same entries as one version 2 object and ``select`` on it: what every
-   device downloaded and parsed before.
+   pairs), the same entries as one version 2 object, ``select`` on it (what every device
+   downloaded and parsed before) and a publish of 1 model x all devices into it.
 3. **publish**: what a run's publish costs: ``publish_entries`` of 1 model x all devices
    and of 1 device x all models, each a new generation (every entry changes); time,
    objects read and written, conflicts; then the same 1 model x all devices again
@@ -230,10 +230,17 @@ def v2_baseline(
         choice = select(url, rng.choice(models), rng.choice(devices), storage_options=opts)
         times.append(time.perf_counter() - t)
         sizes.append((choice.index_read or {}).get("bytes"))
+    # A run's publish into it: read it all, merge 1 model x all devices, write it all.
+    model = models[len(models) // 2]
+    t = time.perf_counter()
+    publish_entries(
+        url, [synthetic_entry(model, d, generation=1) for d in devices], opts, version=2
+    )
     return {
         "object_bytes": len(data),
         "select_s_median": round(statistics.median(times), 2),
         "select_bytes": max(s or 0 for s in sizes),
+        "publish_1_model_all_devices_s": round(time.perf_counter() - t, 2),
     }
 
 
