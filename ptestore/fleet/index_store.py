@@ -16,6 +16,7 @@ can report its contention per shard and ``select`` what it read.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -224,7 +225,11 @@ class IndexStore:
             stats.written = True
 
         try:
-            CONFLICT_RETRY.call(attempt, what=f"{url}: index update", retry_on=is_conflict)
+            # Conflicts are expected when runs share shards, and each is reported (the
+            # run's index_shards): logged at DEBUG, not once per retry as a warning.
+            CONFLICT_RETRY.call(
+                attempt, what=f"{url}: index update", retry_on=is_conflict, level=logging.DEBUG
+            )
         except PreconditionFailed as exc:
             raise PreconditionFailed(
                 f"{url}: the index changed under every one of {stats.attempts} attempts to "
