@@ -305,7 +305,13 @@ def create_index(
         DEFAULT_LISTED if listed is None else listed,
     )
     root = root_value(layout)
-    check_layout(root, target)
+    try:
+        check_layout(root, target)
+    except FormatError as exc:
+        raise ConfigurationError(
+            f"{target}: {exc.field.removeprefix('index layout.')} = {exc.value!r}: must be "
+            f"{exc.limit}"
+        ) from None
     if not store.create(target, root):
         raise AlreadyExists(f"{target}: an index exists already")
     return root
@@ -332,6 +338,7 @@ def update_index(
     version, or None to keep it. It must keep the entry's model and device. A version
     1/2 index on a store with compare-and-swap is migrated to version 3 first (unless
     ``version=2``). :class:`~ptestore.errors.ObjectNotFound` when there is no index."""
+    from ..errors import ConfigurationError
     from .index_migrate import open_for_writing
 
     target = os.fspath(url)
@@ -343,7 +350,7 @@ def update_index(
             entry.get("model"),
             entry.get("device"),
         ):
-            raise ValueError(
+            raise ConfigurationError(
                 f"{target}: update_index's change must keep an entry's model and device "
                 f"({entry.get('model')!r}, {entry.get('device')!r})"
             )

@@ -364,3 +364,66 @@ def test_retire_never_writes_back_an_older_copy(
     assert got is not None and got["retired"]["reason"] == "the job no longer names device 'b'"
     assert {k: v for k, v in got.items() if k != "retired"} == fresh  # not the older copy
     assert find_entry(url, "m", "a") == synthetic_entry("m", "a")
+
+
+def test_index_errors_name_the_object_the_field_and_the_limit(tmp_path: Path) -> None:
+    from ptestore.errors import AlreadyExists, ObjectNotFound
+
+    url = str(tmp_path / "ptestore-index.json")
+    with pytest.raises(ObjectNotFound, match=rf"^{url}: no such file$"):
+        update_index(url, lambda e: None)
+    with pytest.raises(ConfigurationError) as err:
+        create_index(url, leaf_bytes=100)
+    assert str(err.value) == f"{url}: leaf_bytes = 100: must be an int in [1024, 16777216]"
+    with pytest.raises(ConfigurationError) as err:
+        create_index("ftp://host/ptestore-index.json")
+    assert str(err.value) == (
+        "ftp://host/ptestore-index.json: a sharded index needs a store with "
+        "compare-and-swap (local files, memory://, s3://)"
+    )
+    root = create_index(url)
+    with pytest.raises(AlreadyExists, match=rf"^{url}: an index exists already$"):
+        create_index(url)
+    with pytest.raises(ConfigurationError, match=rf"^{url}: index version must be 2 or 3, got 4$"):
+        publish_entries(url, [synthetic_entry("m", "a")], {}, version=4)
+    with pytest.raises(FormatError) as bad:
+        publish_entries(url, [{"model": "m"}], {})
+    assert str(bad.value) == (
+        f"{url}: index entry = {{'model': 'm', 'device': None}}: must be an entry with a "
+        "model and a device name"
+    )
+    publish_entries(url, [synthetic_entry("m", "a")], {})
+    with pytest.raises(ConfigurationError) as err:
+        update_index(url, lambda e: {**e, "device": "b"})
+    assert str(err.value) == (
+        f"{url}: update_index's change must keep an entry's model and device ('m', 'a')"
+    )
+    # A hostile or damaged shard: named, with its field.
+    model_dir = tmp_path / root["layout"]["shards"] / "m" / model_segment("m")
+    leaf = model_dir / "t.json"
+    good = leaf.read_text()
+    leaf.write_text(good.replace('"model":"m"', '"model":"other"'))
+    with pytest.raises(FormatError) as bad:
+        select(url, "m", "a")
+    assert str(bad.value) == f"{leaf}: index shard entry model = 'other': must be 'm'"
+    leaf.write_text(good.replace('"state":"leaf"', '"state":"maybe"'))
+    with pytest.raises(FormatError) as bad:
+        find_entry(url, "m", "a")
+    assert str(bad.value) == (
+        f"{leaf}: index shard state = 'maybe': must be 'leaf' or 'splitting' or 'split'"
+    )
+    leaf.write_text(good)
+    catalog = model_dir / "catalog.json"
+    catalog.write_text('{"format": "ptestore.index-catalog", "leaves": [], "classes": []}')
+    with pytest.raises(FormatError) as bad:
+        select(url, "m", "a")
+    assert str(bad.value) == (
+        f"{catalog}: index catalog leaves = []: must be an object of depth: count"
+    )
+    # A root naming a directory outside the index's own (path syntax) is refused.
+    Path(url).write_text(Path(url).read_text().replace(root["layout"]["shards"], "../../etc"))
+    with pytest.raises(FormatError) as bad:
+        select(url, "m", "a")
+    assert str(bad.value) == (
+        f"{url}: index layout.shards = '../../etc': must be ptestore-index.v3-<hex>"
+    )
