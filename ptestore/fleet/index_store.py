@@ -129,6 +129,17 @@ class IndexStore:
             for opts in (self.read_options, self.write_options):
                 opts.setdefault("skip_instance_cache", False)
 
+    def require_cas(self) -> None:
+        """:class:`~ptestore.errors.ConfigurationError` unless the store has
+        compare-and-swap (what a sharded index needs)."""
+        if not self.cas:
+            from ..errors import ConfigurationError
+
+            raise ConfigurationError(
+                f"{self.root}: a sharded index needs a store with compare-and-swap (local "
+                "files, memory://, s3://)"
+            )
+
     # -- URLs -------------------------------------------------------------------------
     def base(self) -> str:
         """The directory of the root object, with its trailing separator."""

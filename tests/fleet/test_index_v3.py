@@ -21,6 +21,7 @@ from ptestore.fleet.index import (
     create_index,
     find_entry,
     load_index,
+    migrate_index,
     publish_entries,
     update_index,
 )
@@ -227,6 +228,7 @@ def test_a_v1_or_v2_index_is_migrated_by_the_next_publish(tmp_path: Path, versio
     assert (root["version"], root["migrated"]["from_version"]) == (3, version)
     assert load_index(url)["entries"] == _sorted([*old, new])
     assert assert_catalogs_match_leaves(url) == 1
+    assert migrate_index(url) is None  # version 3 already
     # Writing version 2 into it now is refused, by this ptestore and by an older one.
     with pytest.raises(ConfigurationError, match=r"is a version 3 \(sharded\) index"):
         publish_entries(url, [new], {}, version=2)
@@ -427,3 +429,13 @@ def test_index_errors_name_the_object_the_field_and_the_limit(tmp_path: Path) ->
     assert str(bad.value) == (
         f"{url}: index layout.shards = '../../etc': must be ptestore-index.v3-<hex>"
     )
+
+
+def test_an_index_can_be_migrated_ahead_of_a_run(tmp_path: Path) -> None:
+    url = str(tmp_path / "ptestore-index.json")
+    _old_writer(url, [synthetic_entry("m", device_name(i)) for i in range(5)])
+    done = migrate_index(url)
+    assert done is not None and (done["from_version"], done["entries"]) == (2, 5)
+    assert json.loads(Path(url).read_text())["version"] == 3
+    assert [e["device"] for e in load_index(url)["entries"]] == [device_name(i) for i in range(5)]
+    assert migrate_index(url) is None
