@@ -22,7 +22,8 @@ For each size MODELSxDEVICES (pairs = models x devices), on a fresh index:
    GetObject bodies). Then ``--cli-selects`` whole ``python -m ptestore select`` processes
    (interpreter start and imports included). Beside it (sizes up to ``--v2-upto``
    pairs), the same entries as one version 2 object, ``select`` on it (what every device
-   downloaded and parsed before) and a publish of 1 model x all devices into it.
+   downloaded and parsed before), a publish of 1 model x all devices into it, and its
+   migration to version 3 (``migrate_index``).
 3. **publish**: what a run's publish costs: ``publish_entries`` of 1 model x all devices
    and of 1 device x all models, each a new generation (every entry changes); time,
    objects read and written, conflicts; then the same 1 model x all devices again
@@ -57,7 +58,7 @@ from typing import Any
 
 from ptestore.backends import register_backend
 from ptestore.backends.compat import DeviceProfile
-from ptestore.fleet.index import create_index, open_index, publish_entries
+from ptestore.fleet.index import create_index, migrate_index, open_index, publish_entries
 from ptestore.fleet.index_catalog import rebuild
 from ptestore.fleet.index_store import dumps
 from ptestore.fleet.select import select
@@ -236,11 +237,17 @@ def v2_baseline(
     publish_entries(
         url, [synthetic_entry(model, d, generation=1) for d in devices], opts, version=2
     )
+    published = round(time.perf_counter() - t, 2)
+    # The migration to version 3 (what the first publish of a newer ptestore does).
+    t = time.perf_counter()
+    migrated = migrate_index(url, storage_options=opts) or {}
     return {
         "object_bytes": len(data),
         "select_s_median": round(statistics.median(times), 2),
         "select_bytes": max(s or 0 for s in sizes),
-        "publish_1_model_all_devices_s": round(time.perf_counter() - t, 2),
+        "publish_1_model_all_devices_s": published,
+        "migrate_s": round(time.perf_counter() - t, 1),
+        "migrate_objects": migrated.get("objects"),
     }
 
 
