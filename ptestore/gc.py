@@ -65,7 +65,8 @@ class GcEntry:
     location: str
     #: ``"staging-file"``, ``"multipart-upload"``, ``"directory"`` (one gc could not
     #: list: always ``"failed: ..."``); for the fleet's orphans
-    #: (:mod:`ptestore.fleet.orphans`) ``"shared-object"``, ``"artifact"`` or ``"index"``
+    #: (:mod:`ptestore.fleet.orphans`) ``"shared-object"``, ``"artifact"``,
+    #: ``"packed-weights"``, ``"packed-record"`` (:mod:`ptestore.fleet.packed`) or ``"index"``
     #: (one that could not be read: ``"failed: ..."``, nothing removed).
     kind: str
     #: Age in seconds.

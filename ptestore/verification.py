@@ -11,7 +11,10 @@ Checks, in order, each adding findings to a :class:`VerifyReport`:
    size of the whole source object);
 3. **backends** (given specs): the same specs, in order, at the same versions, and every
    implementation rates the stamped compatibility string ``OPTIMAL`` for the device;
-4. **device** (given a profile): the same name and options digest.
+4. **device** (given a profile): the same name and options digest;
+5. **XNNPACK packed weights** (a fleet's .pte with its packed-weight file beside it, or
+   ``xnnpack_cpu`` given): the record is bound to this artifact and names that CPU, the
+   file has its recorded size and SHA-256 (:func:`ptestore.fleet.packing.check_beside`).
 
 ``status``: ``"intact"`` when nothing was given to compare with (only integrity was
 checked), ``"current"``, ``"stale"`` or ``"invalid"``. ``exit_code``: 0 intact or current,
@@ -68,6 +71,8 @@ class VerifyReport:
     content_checked: bool = False
     #: The .ptd checked with a .pte (None when there was none).
     ptd: str | None = None
+    #: The XNNPACK packed-weight file beside a fleet's .pte that was checked (None: none).
+    xnnpack: str | None = None
 
     @property
     def exit_code(self) -> int:
@@ -90,6 +95,8 @@ class VerifyReport:
             return f"{self.url}: invalid: {self.error}"
         if not self.findings:
             quick = "" if self.content_checked else " (--quick: content SHA-256 not checked)"
+            if self.xnnpack is not None:
+                quick += f"; its XNNPACK packed-weight file {self.xnnpack} checked"
             if self.status == "intact":
                 return (
                     f"{self.url}: intact{quick}; nothing to compare with (give --source, "
@@ -106,6 +113,7 @@ class VerifyReport:
             "error": self.error,
             "content_checked": self.content_checked,
             "ptd": self.ptd,
+            "xnnpack": self.xnnpack,
             "findings": [f.to_dict() for f in self.findings],
             "compatibility": {k: v.value for k, v in self.compatibility.items()},
             "provenance": None if self.provenance is None else self.provenance.to_dict(),
@@ -121,6 +129,7 @@ def verify(
     storage_options: dict[str, Any] | None = None,
     ptd: str | os.PathLike[str] | None = None,
     quick: bool = False,
+    xnnpack_cpu: str | None = None,
 ) -> VerifyReport:
     """Check the artifact at ``url`` (see the module docstring).
 
@@ -143,6 +152,10 @@ def verify(
         ptd: the .ptd of a .pte (default: beside it, when its record names one).
         quick: skip the full read that checks the bytes against the record's SHA-256
             (the report's ``content_checked`` is then False and its message says so).
+        xnnpack_cpu: the CPU fingerprint a fleet job's device declares: the XNNPACK
+            packed-weight file beside the artifact must have been made for it (a
+            missing one is stale). Without it, a file found beside is checked all the
+            same (its record bound to this artifact, its size and SHA-256).
 
     Returns:
         A :class:`VerifyReport`: ``status`` ``"intact"``, ``"current"``, ``"stale"`` (each finding
@@ -163,6 +176,12 @@ def verify(
     try:
         opts.check([] if source is None else [source], [target])
         _check(report, target, source, backends, device, opts, ptd, quick)
+        if report.provenance is not None and report.provenance.role == "pte":
+            from .fleet.packing import check_beside
+
+            found, report.xnnpack = check_beside(target, opts.common, quick=quick, cpu=xnnpack_cpu)
+            for field_name, message in found:
+                report.stale(field_name, message)
         if report.status == "current" and source is None and backends is None and device is None:
             report.status = "intact"
     except (FormatError, ObjectNotFound, ConfigurationError) as exc:

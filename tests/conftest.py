@@ -14,6 +14,7 @@ the tree under test is not the installed one (``PYTHONPATH``, a fresh clone).
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Generator
 from typing import Any
@@ -26,6 +27,13 @@ from ptestore.testing.pytest_plugin import S3_SERVERS
 __all__ = ["S3_SERVERS"]
 
 REQUIRE_INTEROP = os.environ.get("PTESTORE_REQUIRE_INTEROP", "") not in ("", "0")
+
+# A child forked by a test (the crash tests' stepper, the in-place kill points, the
+# unprivileged helper) inherits this process's garbage, S3 filesystems of earlier tests
+# among it. Their finalizers wait on fsspec's event-loop thread, which a forked child does
+# not have: each collection in the child stalled about 5 s (the crash matrices took 80 s
+# instead of 4). What the parent left is not the child's to collect.
+os.register_at_fork(after_in_child=gc.freeze)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -2,9 +2,9 @@
 [--device-option K=V]...] [--ptd PTD] [--max-bytes N] [--in-place [--portable PTE]]
 [--no-provenance] [--lock-timeout S] [--progress|--no-progress] [--json]``
 and ``ptestore ensure INDEX --cache-dir DIR --model NAME --device NAME
-[--device-option K=V]... [-o K=V]...``: the specialized model for SRC, made once and
-cached, or the artifact a fleet's job index selects for the device, downloaded once (see
-docs/device.md); prints its path."""
+[--device-option K=V]... [--portable PTE] [-o K=V]...``: the specialized model for SRC,
+made once and cached, or the artifact a fleet's job index selects for the device,
+downloaded once (see docs/device.md); prints its path."""
 
 from __future__ import annotations
 
@@ -36,6 +36,8 @@ examples:
   ptestore ensure model.pte --cache-dir cache --in-place --portable original/model.pte
   ptestore ensure s3://models/fleet/ptestore-index.json --cache-dir cache \
       --model mlp --device pixel9 --device-option soc=sm8650
+  ptestore ensure s3://models/fleet/ptestore-index.json --cache-dir cache \
+      --model mlp --device pixel9 --portable app/assets/mlp.pte
 
 Prints the path of the specialized .pte (a second line with the .ptd when there is one).
 
@@ -99,7 +101,8 @@ def add_ensure_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="with --in-place: the portable source (the original .pte) to specialize into "
         "SRC when SRC is already a specialized output that is not current (a backend "
         "upgraded, a cleared cache); without it such a SRC is refused, never specialized "
-        "twice",
+        "twice. With --model (an index): a local copy of the portable source whose "
+        "chunks the download takes instead of fetching them (each verified)",
     )
     p.add_argument(
         "--no-provenance",

@@ -7,6 +7,8 @@ scaling, where it shows, uses ``unit_divisor=1024``:
 - each backend: the delegate inputs handed to it and the keys and blobs it replaces, as
   they happen (the slow part for a real compiler);
 - writing: the bytes of every output file;
+- fetching (``ensure`` of a job index): one bar per file, with the bytes taken from
+  local files (a base, a resumed download) instead of the store;
 - publishing: a line when the last byte is written (an S3 completion can take seconds)
   and one per published file.
 
@@ -54,6 +56,8 @@ class Progress:
         self._done = 0
         self._label = ""
         self._desc = ""
+        #: A fetch's bytes by origin (``store``, ``base``, ``part``): the local ones shown.
+        self._from: dict[str, int] = {}
 
     def _open(self, phase: str, desc: str, total: int | None) -> Any:
         if self._phase != phase:
@@ -74,6 +78,7 @@ class Progress:
                 bar_format=counts if total is None else bar,
             )
             self._phase, self._done, self._label, self._desc = phase, 0, "", desc
+            self._from = {}
         return self._bar
 
     def _advance(self, bar: Any, nbytes: int, refresh: bool = False) -> None:
@@ -117,6 +122,11 @@ class Progress:
         elif kind == "fetch":  # ensure of a job index: one bar per downloaded file
             name = (event.url or "").rsplit("/", 1)[-1]
             bar = self._open(f"fetch:{event.url}", f"fetching {name}", event.total or None)
+            self._from[event.status or "store"] = (
+                self._from.get(event.status or "store", 0) + event.nbytes
+            )
+            local = self._from.get("base", 0) + self._from.get("part", 0)
+            self._label = f"{human_bytes(local)} local" if local else ""
             self._advance(bar, event.nbytes)
         elif kind == "publish":
             self._say(f"published {event.url} ({event.seconds:.2f} s)")

@@ -1,5 +1,6 @@
 """``ptestore select INDEX --model NAME --device NAME [--device-option K=V]... [--json]``
-and ``ptestore fetch INDEX_OR_URL DEST [--model NAME --device NAME] [--json]``.
+and ``ptestore fetch INDEX_OR_URL DEST [--model NAME --device NAME] [--base LOCAL_FILE]...
+[--json]``.
 
 Exit status: 0 an artifact (or, for ``select``, the portable source) was chosen and,
 for ``fetch``, published verified; 1 a download failed or did not verify; 2 bad input
@@ -55,13 +56,32 @@ def add_fetch_parser(subparsers: Any) -> argparse.ArgumentParser:
         "fetch",
         help="download the artifact selected for a device (and its .ptd), verified",
         description="Download what the index selects for --model on --device (or the "
-        "artifact at URL) to DEST (a .ptd goes beside it): resumable, checked against the "
-        "SHA-256 the index names, published atomically only when it matches.",
-        epilog="example:\n  ptestore fetch s3://models/fleet/ptestore-index.json "
-        "/data/mlp.pte --model mlp --device pixel9",
+        "artifact at URL) to DEST (a .ptd goes beside it): resumable, each 4 MiB chunk "
+        "checked as it arrives against the record in the artifact's trailer (the one the "
+        "index names), published atomically only when every byte checks. With --base, "
+        "only the chunks the local file does not hold are downloaded.",
+        epilog="examples:\n  ptestore fetch s3://models/fleet/ptestore-index.json "
+        "/data/mlp.pte --model mlp --device pixel9\n"
+        "  ptestore fetch s3://models/fleet/ptestore-index.json /data/mlp.new.pte "
+        "--model mlp --device pixel9 --base /data/mlp.pte",
     )
     p.add_argument("source", metavar="INDEX_OR_URL", help="an index (.json) or an artifact")
     p.add_argument("dest", metavar="DEST", help="local path of the .pte")
+    p.add_argument(
+        "--base",
+        metavar="LOCAL_FILE",
+        action="append",
+        help="a local file holding an earlier version of the artifact (or the portable "
+        "source): the chunks it holds are taken from it (a reflink clone where the file "
+        "system can, else a copy), each verified, and only the others are downloaded; "
+        "its .ptd is the one beside it (repeatable: the first that holds a chunk gives it)",
+    )
+    p.add_argument(
+        "--xnnpack-cache",
+        action="store_true",
+        help="also the XNNPACK packed-weight file the fleet made for this CPU and "
+        "ExecuTorch build, verified, beside DEST (the [xnnpack] extra)",
+    )
     _index_flags(p, required=False)
     p.set_defaults(func=run_fetch)
     return p
@@ -84,8 +104,26 @@ def run_select(args: argparse.Namespace) -> int:
     assert device is not None  # --device is required
     choice = select(args.index, args.model, device, storage_options=storage_options(args))
     files = choice.pte["url"] + (f" + {choice.ptd['url']}" if choice.ptd else "")
-    _print(args, choice.to_dict(), f"{choice.kind}: {files}\n{choice.reason}")
+    text = f"{choice.kind}: {files}\n{choice.reason}"
+    packed = choice.xnnpack
+    if packed is not None:  # made for this machine's CPU
+        text += "\nxnnpack: " + (
+            f"{packed['url']} ({packed['size']} bytes, ExecuTorch "
+            f"{(packed.get('executorch') or {}).get('version')})"
+            if packed.get("url")
+            else f"refused by the fleet's runtime: {packed.get('refused')}"
+        )
+    _print(args, choice.to_dict(), text)
     return EXIT_OK
+
+
+def _file_line(f: dict[str, Any]) -> str:
+    how = "chunk by chunk" if f.get("verified") == "chunks" else "whole"
+    moved = f"{f.get('received', 0)} received from the store"
+    if f.get("from_base"):
+        moved += f", {f['from_base']} taken from {', '.join(f.get('bases', {}))}"
+    resumed = f", resumed at {f['resumed_from']}" if f.get("resumed_from") else ""
+    return f"{f['url']} -> {f['path']}: {f['size']} bytes verified {how} ({moved}{resumed})"
 
 
 @guarded("fetch", publishes=True)
@@ -99,13 +137,16 @@ def run_fetch(args: argparse.Namespace) -> int:
         model=args.model,
         device=device_or_name(args),
         storage_options=storage_options(args),
+        base=args.base,
+        xnnpack_cache=args.xnnpack_cache,
     )
-    lines = [
-        f"{f['url']} -> {f['path']}: {f['size']} bytes verified"
-        + (f" (resumed at {f['resumed_from']})" if f["resumed_from"] else "")
-        for f in result.files
-    ]
+    lines = [_file_line(f) for f in result.files]
     if result.choice is not None:
         lines.insert(0, f"{result.choice.kind}: {result.choice.reason}")
+    packed = result.xnnpack
+    if packed is not None and packed["path"] is not None:
+        lines.append(f"{packed['url']} -> {packed['path']}: {packed['size']} bytes verified")
+    elif packed is not None:
+        lines.append(f"no XNNPACK packed-weight file: {packed['reason']}")
     _print(args, result.to_dict(), "\n".join(lines))
     return EXIT_OK

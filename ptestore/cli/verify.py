@@ -103,7 +103,7 @@ def run_verify(args: argparse.Namespace) -> int:
     if args.url is None:
         return _verify_job(args)
     try:
-        source, backends, device, options = _inputs(args)
+        source, backends, device, options, cpu = _inputs(args)
     except ConfigurationError as exc:
         report = VerifyReport(args.url, status="invalid", error=str(exc))
     else:
@@ -115,6 +115,7 @@ def run_verify(args: argparse.Namespace) -> int:
             storage_options=options,
             ptd=args.ptd,
             quick=args.quick or args.range is not None,
+            xnnpack_cpu=cpu,
         )
     if args.range is not None and report.exit_code == 0:
         return _verify_range(args, report)
@@ -151,14 +152,15 @@ def _verify_range(args: argparse.Namespace, report: Any) -> int:
     return 0
 
 
-def _inputs(args: argparse.Namespace) -> tuple[Any, Any, Any, dict[str, Any]]:
+def _inputs(args: argparse.Namespace) -> tuple[Any, Any, Any, dict[str, Any], str | None]:
     options: dict[str, Any] = storage_options(args)
     source = args.source
     backends = args.backend
     device: Any = None
+    cpu = None
     if args.job is None:
         # Without options only the name is compared (backends get a profile of that name).
-        return source, backends, device_or_name(args), options
+        return source, backends, device_or_name(args), options, None
     if args.device_option:
         raise ConfigurationError(
             "--device-option cannot be given with --job (the job file has the options)"
@@ -179,12 +181,15 @@ def _inputs(args: argparse.Namespace) -> tuple[Any, Any, Any, dict[str, Any]]:
                 source = pair.model.ptd if is_ptd else pair.model.source
             if args.device is None:
                 device = pair.device
+            if not is_ptd:
+                cpu = pair.xnnpack_cpu
             break
     if args.device is not None:
         device = job.device(args.device)
+        cpu = job.xnnpack_cpu.get(args.device)
     if backends is None:
         backends = list(job.backends)
-    return source, backends, device, options
+    return source, backends, device, options, cpu
 
 
 def _verify_job(args: argparse.Namespace) -> int:
@@ -214,6 +219,7 @@ def _verify_job(args: argparse.Namespace) -> int:
             device=pair.device,
             storage_options=options,
             quick=args.quick,
+            xnnpack_cpu=pair.xnnpack_cpu,
         )
 
     with cf.ThreadPoolExecutor(max_workers=8) as pool:

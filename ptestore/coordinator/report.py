@@ -23,8 +23,10 @@ class Event:
     ``kind`` is one of ``"parsed"``, ``"backend_start"``, ``"input"`` (a delegate blob
     handed to a backend), ``"replacement"`` (a blob received), ``"backend_end"``,
     ``"write"`` (bytes written to an output; ``done``/``total`` count the run's output
-    bytes), ``"publish"``; and from ``ensure`` of a job index, ``"fetch"`` (bytes
-    downloaded; ``done``/``total`` count that file's bytes, ``url`` names it).
+    bytes), ``"publish"``; and from ``ensure`` of a job index, ``"fetch"`` (bytes put
+    in place; ``done``/``total`` count that file's bytes, ``url`` names it, ``status``
+    says where they came from: ``"store"`` downloaded, ``"base"`` taken from a file the
+    cache held, ``"part"`` a download resumed).
     """
 
     kind: str

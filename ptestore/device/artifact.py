@@ -47,6 +47,9 @@ class Artifact:
     xnnpack_cache: str | None = None
     #: Why the runtime could not have a packed-weight file (the artifact is served).
     xnnpack_refused: str | None = None
+    #: Where ``xnnpack_cache`` came from: ``"found"`` beside the entry, ``"index"``
+    #: delivered from the fleet's index, ``"made"`` here by this call.
+    xnnpack_from: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -62,6 +65,8 @@ class Artifact:
             out["choice"] = self.choice
         if self.xnnpack_cache is not None or self.xnnpack_refused is not None:
             out["xnnpack_cache"] = self.xnnpack_cache
+            if self.xnnpack_from is not None:
+                out["xnnpack_from"] = self.xnnpack_from
             if self.xnnpack_refused is not None:
                 out["xnnpack_refused"] = self.xnnpack_refused
         return out

@@ -142,7 +142,10 @@ def ensure(
             output that is not current (a backend upgraded, another device; CLI:
             ``--portable PATH``). Without it such a file is refused
             (:class:`~ptestore.errors.AlreadySpecialized`): in place never specializes
-            an output again.
+            an output again. With an index (``model=``): a local copy of the model's
+            portable source (its ``.ptd`` beside it) that the download takes the chunks
+            it holds from, after what the cache holds of the model (every chunk verified
+            against the artifact's record; see docs/device.md).
         lock_timeout: seconds to wait at most for the entry's locks (all of this
             call's waits together) while another process makes or uses it (None,
             the default: wait as long as it takes); then
@@ -197,23 +200,38 @@ def ensure(
             portable=portable,
             progress=progress,
         )
-        served = with_packed_weights(CacheLayout(cache_dir), plain)
+        served = with_packed_weights(CacheLayout(cache_dir), plain, storage_options)
         if max_bytes is not None:  # the packed file counts in the entry's bytes
             evict(CacheLayout(cache_dir).root, max_bytes, keep=served.key)
         return served
     src = os.fspath(source)
     ptd_src = None if ptd is None else os.fspath(ptd)
     blist = None if backends is None else list(backends)
-    if portable is not None and not in_place:
+    from_index = model is not None or src.endswith(".json")
+    if portable is not None and not in_place and not from_index:
         raise ConfigurationError(
             f"{src}: portable= is the source an in-place entry is made from; it applies "
-            "with in_place=True only (CLI: --in-place --portable PATH)"
+            "with in_place=True only (CLI: --in-place --portable PATH), or with an index "
+            "(model=): a local copy of the model's portable source to fetch from"
         )
-    if model is not None or src.endswith(".json"):
+    if from_index:
         _check_index_args(src, model, ptd_src, in_place, provenance)
         assert model is not None
+        if portable is not None and not os.path.isfile(portable):
+            raise ConfigurationError(
+                f"{os.fspath(portable)}: no such file (portable=, CLI --portable: a local "
+                "copy of the model's portable source for the download to take chunks from)"
+            )
         return _ensure_from_index(
-            src, cache_dir, model, device, blist, max_bytes, dict(storage_options or {}), progress
+            src,
+            cache_dir,
+            model,
+            device,
+            blist,
+            max_bytes,
+            dict(storage_options or {}),
+            progress,
+            None if portable is None else os.fspath(portable),
         )
     if storage_options:
         raise ConfigurationError(
@@ -263,11 +281,13 @@ def _ensure_from_index(
     max_bytes: int | None,
     opts: dict[str, Any],
     progress: Callable[[Event], None] | None = None,
+    portable: str | None = None,
 ) -> Artifact:
     """``ensure(index, model=...)`` (see :mod:`ptestore.device.indexed`): the artifact the
     index selects, fetched into the entry keyed on the index, the model and the device,
-    current while the index still selects the same files; else the portable source,
-    specialized here."""
+    current while the index still selects the same files (taking the chunks the cache or
+    ``portable`` already holds from there); else the portable source, specialized
+    here."""
     from .indexed import (
         check_source,
         choose,
@@ -309,16 +329,18 @@ def _ensure_from_index(
     def fetched() -> Artifact:
         layout.make_entry_dir(key)
         manifest = fetch_entry(
-            layout, key, index, model, device, opts, (PTE_NAME, PTD_NAME), progress
+            layout, key, index, model, device, opts, (PTE_NAME, PTD_NAME), progress, portable
         )
         manifest.publish(layout, index)
         clean_entry_locked(layout, key, manifest.to_dict())  # the previous files' leftovers
         return artifact_of(layout, manifest, True)
 
     try:
-        return hit_or_make(
-            layout, key, max_bytes, lambda: lookup(layout, key, fingerprint), fetched
-        )
+        got = hit_or_make(layout, key, max_bytes, lambda: lookup(layout, key, fingerprint), fetched)
+        # What select chose now (a hit's manifest keeps the choice it was fetched for:
+        # the same files, but the index may list a packed-weight file since), with what
+        # the manifest adds to it (what the fetch moved).
+        return dataclasses.replace(got, choice={**(got.choice or {}), **choice.to_dict()})
     except (IntegrityError, PermissionDenied):
         raise
     except StorageError as exc:  # the newer artifact cannot be downloaded now

@@ -43,22 +43,26 @@ from ..errors import (
 )
 from ..storage.types import StorageURL
 from .cache import CacheLayout, check_private, files_intact, read_manifest, touch
-from .manifest import Manifest, as_json, file_records
+from .manifest import PTE_NAME, Manifest, as_json, file_records
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from ..coordinator.report import Event
+    from ..fleet.chunked import FetchEvent
     from ..fleet.select import Choice
+    from ..xnnpack import CacheFile
     from .artifact import Artifact
 
 __all__ = [
+    "cached_bases",
     "check_source",
     "choose",
     "fetch_entry",
     "index_fingerprint",
     "index_key",
     "offline_entry",
+    "packed_from_index",
 ]
 
 #: The names the download is published under before it replaces the entry's files.
@@ -115,19 +119,54 @@ def _discard(incoming: str) -> None:
             pass
 
 
-def _fetch_events(progress: Callable[[Event], None]) -> Callable[[str, int, int], None]:
-    """fetch's ``progress(url, done, total)`` as ``ensure``'s events: ``Event("fetch")``
-    with the bytes of each piece downloaded, and ``done``/``total`` of that file."""
+def _fetch_events(progress: Callable[[Event], None]) -> Callable[[FetchEvent], None]:
+    """fetch's events as ``ensure``'s: ``Event("fetch")`` with the bytes of each piece
+    put in place, ``done``/``total`` of that file, and in ``status`` where the piece came
+    from (``"store"``, ``"base"``: a file the cache held, ``"part"``: a download resumed)."""
     from ..coordinator.report import Event
 
-    last: dict[str, int] = {}
-
-    def note(url: str, done: int, total: int) -> None:
-        nbytes = done - last.get(url, 0)
-        last[url] = done
-        progress(Event("fetch", nbytes=max(0, nbytes), done=done, total=total, url=url))
+    def note(e: FetchEvent) -> None:
+        progress(
+            Event("fetch", nbytes=e.nbytes, done=e.done, total=e.total, url=e.url, status=e.origin)
+        )
 
     return note
+
+
+#: At most this many earlier artifacts of the model are offered to a fetch as bases
+#: (their trailers' chunk records are read: a small read each).
+MAX_BASES = 8
+
+
+def cached_bases(
+    layout: CacheLayout, key: str, model: str, device: DeviceProfile, portable: str | None
+) -> list[str]:
+    """The local files a fetch into entry ``key`` may take chunks from (each chunk is
+    verified against the artifact's record, so none is trusted): the entry's own
+    ``.pte`` (the earlier artifact this fetch replaces), the ``.pte`` of other entries of
+    the same model fetched from an index (this device's first), then ``portable``."""
+    own = os.path.join(layout.entry_dir(key), PTE_NAME)
+    found = [own] if os.path.isfile(own) else []
+    others: list[tuple[bool, str]] = []
+    for other in layout.entry_keys():
+        if other == key:
+            continue
+        try:
+            manifest = read_manifest(layout.manifest(other), private=True)
+        except (FormatError, StorageError, OSError):
+            continue
+        fp = None if manifest is None else manifest.get("fingerprint")
+        files = None if manifest is None else manifest.get("files")
+        if not isinstance(fp, dict) or fp.get("model") != model or not isinstance(files, dict):
+            continue
+        name = (files.get("pte") or {}).get("name")
+        if isinstance(name, str) and os.sep not in name:
+            same = isinstance(fp.get("device"), list) and fp["device"][:1] == [device.name]
+            others.append((not same, os.path.join(layout.entry_dir(other), name)))
+    found += [path for _, path in sorted(others)][: MAX_BASES - len(found)]
+    if portable is not None:
+        found.append(portable)
+    return [p for p in found if os.path.isfile(p)]
 
 
 def fetch_entry(
@@ -139,9 +178,12 @@ def fetch_entry(
     opts: dict[str, Any],
     names: tuple[str, str],
     progress: Callable[[Event], None] | None = None,
+    portable: str | None = None,
 ) -> Manifest:
     """Fetch what ``index`` selects into entry ``key`` (its lock held exclusively), under
-    the ``names`` of its ``.pte`` and ``.ptd``; returns the manifest to publish."""
+    the ``names`` of its ``.pte`` and ``.ptd``, taking what the cache already holds of
+    the model (and ``portable``) as bases (:func:`cached_bases`); returns the manifest to
+    publish."""
     from ..fleet.fetch import fetch
     from ..fleet.job import ptd_beside
     from ..provenance import read_provenance
@@ -152,6 +194,7 @@ def fetch_entry(
 
     directory = layout.make_entry_dir(key)
     incoming = os.path.join(directory, _INCOMING)
+    bases = cached_bases(layout, key, model, device, portable)
     # Verified before anything is published under ``incoming``; a mismatch raises and the
     # entry's own files and manifest stay as they were. An interrupted download resumes.
     # (fetch checks every file before it publishes any; a failure while publishing the
@@ -163,7 +206,8 @@ def fetch_entry(
             model=model,
             device=device,
             storage_options=opts,
-            progress=None if progress is None else _fetch_events(progress),
+            base=bases,
+            events=None if progress is None else _fetch_events(progress),
         )
     except PartialPublish as exc:
         # Published under the incoming names only, and removed: the entry is untouched.
@@ -203,7 +247,14 @@ def fetch_entry(
         files=file_records(directory, published),
         specialized=True,
         provenance=prov,
-        choice=choice.to_dict(),
+        choice={
+            **choice.to_dict(),
+            "fetched": {
+                "received": result.received,
+                "from_base": result.from_base,
+                "bases": sorted({b for f in result.files for b in f.get("bases", {})}),
+            },
+        },
     )
 
 
@@ -265,3 +316,49 @@ def check_source(index: str, choice: Choice, made: Artifact) -> None:
                 "source)",
                 published=False,
             )
+
+
+def packed_from_index(
+    artifact: Artifact, directory: str, digests: tuple[str, str | None], opts: dict[str, Any]
+) -> tuple[CacheFile | None, str | None]:
+    """``ensure(index, ..., xnnpack_cache=True)``: the packed-weight file the index lists
+    for the entry's artifact (``artifact.choice["xnnpack"]``, reported by
+    :func:`~ptestore.select` for this CPU), downloaded into the entry's ``directory``
+    and installed there once checked (:func:`ptestore.fleet.packed.deliver`: the index's
+    size and SHA-256, this artifact's ``digests``, this runtime and CPU). Returns
+    ``(file, None)``; ``(None, why)`` when the fleet's runtime refused one for this
+    build and CPU (the model is served without); ``(None, None)`` when the index has
+    none for this device or the delivered one failed a check (logged): the caller makes
+    one here."""
+    from .._log import get_logger
+    from ..fleet.packed import deliver, identity_claimed, runtime_build
+    from ..xnnpack.identity import cpu_fingerprint
+
+    field = (artifact.choice or {}).get("xnnpack")
+    if not isinstance(field, dict):
+        return None, None
+    build = runtime_build()
+    if field.get("cpu") != cpu_fingerprint() or build is None or field.get("executorch") != build:
+        return None, None  # made for another CPU or build: of no use here
+    claimed = identity_claimed(field)
+    if field.get("refused") and (claimed["pte_sha256"], claimed["ptd_sha256"]) == digests:
+        return None, f"{field['refused']} (refused by the fleet's runtime)"
+    if not field.get("url"):
+        return None, None
+    try:
+        return deliver(
+            field,
+            artifact.pte,
+            artifact.ptd,
+            directory,
+            opts,
+            pte_sha256=digests[0],
+            ptd_sha256=digests[1],
+        ), None
+    except (IntegrityError, StorageError) as exc:
+        get_logger("ptestore.device").warning(
+            "%s: the fleet's XNNPACK packed-weight file was not used (%s); making one here",
+            artifact.pte,
+            exc,
+        )
+        return None, None

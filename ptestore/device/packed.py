@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .artifact import Artifact
 from .cache import CacheLayout, file_stamp
@@ -83,14 +83,19 @@ def _found(directory: str, artifact: Artifact) -> CacheFile | None:
     )
 
 
-def with_packed_weights(layout: CacheLayout, artifact: Artifact) -> Artifact:
-    """``artifact`` with its packed-weight file (``xnnpack_cache``), found or made now;
-    or, refused by the runtime, with the reason (``xnnpack_refused``)."""
+def with_packed_weights(
+    layout: CacheLayout, artifact: Artifact, storage_options: dict[str, Any] | None = None
+) -> Artifact:
+    """``artifact`` with its packed-weight file (``xnnpack_cache``), found, delivered from
+    the fleet's index it was fetched from (``storage_options`` for its store: see
+    :func:`.indexed.packed_from_index`) or made now; or, refused by the runtime, with the
+    reason (``xnnpack_refused``). ``xnnpack_from`` says which."""
     from ..errors import PackedWeightsRefused, StorageError
 
     directory = layout.entry_dir(artifact.key)
     with layout.lock(artifact.key, shared=True):
         found = _found(directory, artifact)
+    source = "found"
     if found is None:
         from ..xnnpack import make_cache
 
@@ -103,15 +108,26 @@ def with_packed_weights(layout: CacheLayout, artifact: Artifact) -> Artifact:
             digests = _digests(directory, artifact, compute=True)
             if digests is None:
                 raise StorageError(f"{artifact.pte}: missing from its entry; call ensure again")
-            try:
-                found = make_cache(
-                    artifact.pte,
-                    ptd=artifact.ptd,
-                    directory=directory,
-                    pte_sha256=digests[0],
-                    ptd_sha256=digests[1],
-                    full=False,
+            if artifact.choice is not None:  # from a fleet's index: its file, if it has one
+                from .indexed import packed_from_index
+
+                found, refused = packed_from_index(
+                    artifact, directory, digests, dict(storage_options or {})
                 )
+                if refused is not None:
+                    return dataclasses.replace(artifact, xnnpack_refused=refused)
+                source = "index"
+            try:
+                if found is None:
+                    source = "made"
+                    found = make_cache(
+                        artifact.pte,
+                        ptd=artifact.ptd,
+                        directory=directory,
+                        pte_sha256=digests[0],
+                        ptd_sha256=digests[1],
+                        full=False,
+                    )
             except PackedWeightsRefused as exc:
                 from .._log import get_logger
 
@@ -119,4 +135,4 @@ def with_packed_weights(layout: CacheLayout, artifact: Artifact) -> Artifact:
                     "%s: served without an XNNPACK packed-weight file: %s", artifact.pte, exc.reason
                 )
                 return dataclasses.replace(artifact, xnnpack_refused=exc.reason)
-    return dataclasses.replace(artifact, xnnpack_cache=str(found.path))
+    return dataclasses.replace(artifact, xnnpack_cache=str(found.path), xnnpack_from=source)

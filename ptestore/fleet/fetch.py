@@ -10,30 +10,38 @@ two download files are opened in the destination's directory without following l
 (``O_NOFOLLOW``; a new ``.part`` with ``O_EXCL``): a symbolic link, or a file another
 user owns or that has other names, at either name is refused, never written through.
 
-The check: the size, and the SHA-256 the index names (for an artifact, of its bytes
-before the provenance trailer, plus the trailer's own checksum; for a .ptd stored once
-by content (:mod:`.shared`) and for the portable source, of the whole file); and the
-pair's binding: a .pte whose record names its .ptd's SHA-256 is fetched only with that
-.ptd. A download that was interrupted (killed, Ctrl-C, a network failure) resumes where
-``DEST.part`` ends when the object is still the version it was pinned to, and the last
-bytes of the ``.part`` are read again and compared first (a ``.part`` that does not end
-where the object's bytes do restarts the download); the remaining bytes are ranged GETs
-pinned to the ETag (``If-Match`` on S3), and an object that changed restarts the
-download from the beginning. Every file is downloaded and checked before any is
-published (a mismatch is an :class:`~ptestore.errors.IntegrityError` with
-``published=False``); then the .ptd is published first, then the .pte: a failure between
-the two is a :class:`~ptestore.errors.PartialPublish` naming the .ptd as published.
+The check, per file:
+
+- an artifact whose trailer records chunk digests (record version 2) is checked **chunk
+  by chunk as it arrives** (:mod:`.chunked`): its trailer is read first (a ranged GET of
+  the tail, pinned by the index entry's ``trailer_sha256`` and ``size``), and each 4 MiB
+  chunk is compared with the record's digest; ``DEST.part.json`` also counts the verified
+  chunks, and a resume keeps no byte past them. With ``base=`` (or from ``ensure``, what
+  the cache holds) the chunks a local file already has are cloned or copied from it
+  and checked the same way (:mod:`.delta`): only the others are downloaded;
+- any other file (a version-1 record, a .ptd stored once by content (:mod:`.shared`),
+  the portable source) is checked whole (:mod:`.whole`): the size and the SHA-256 the
+  index names (for an artifact, of its bytes before the provenance trailer, plus the
+  trailer's own checksum); an interrupted download resumes where ``DEST.part`` ends when
+  the object is still the version it was pinned to and the ``.part``'s last bytes are
+  the object's.
+
+Then the pair's binding: a .pte whose record names its .ptd's SHA-256 is fetched only
+with that .ptd. Every request is pinned to the object's version (``If-Match`` on S3,
+:mod:`.ranged`); an object that changed restarts the download from the beginning.
+Every file is downloaded and checked before any is published (a mismatch is an
+:class:`~ptestore.errors.IntegrityError` with ``published=False``); then the .ptd is
+published first, then the .pte: a failure between the two is a
+:class:`~ptestore.errors.PartialPublish` naming the .ptd as published.
 """
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .._io import pwrite_all
 from ..errors import (
     ConfigurationError,
     FormatError,
@@ -44,80 +52,65 @@ from ..errors import (
 )
 from ..provenance.digest import content_digest
 from ..provenance.trailer import read_trailer
-from ..storage.atomic import put_bytes, rename, sync_file
+from ..storage.atomic import rename
 from ..storage.loaders import DataLoader, LocalFileLoader, open_loader
 from ..storage.routing import options_for_loader
 from ..storage.types import StorageURL
-from .download import open_part, pinned_version, read_state, refuse_link
+from .chunked import FetchEvent, Sink, download_chunks, pinned_record
+from .delta import Base, open_bases
+from .download import pinned_version, refuse_link
 from .job import ptd_beside
+from .ranged import ObjectChanged, PinnedReader
 from .select import Choice, select
 from .shared import SHARED_DIR
+from .whole import discard_part, download_whole
 
 if TYPE_CHECKING:
     from ..backends.compat import DeviceProfile
 
-__all__ = ["FetchResult", "fetch"]
+__all__ = ["FetchEvent", "FetchResult", "fetch"]
 
-_CHUNK = 8 << 20
+#: The most bytes asked of the store in one request (a ranged GET): consecutive chunks
+#: are coalesced up to this, read and written in pieces of at most 1 MiB.
+_CHUNK = 64 << 20
 
 Progress = Callable[[str, int, int], None]
 
 
 @dataclass
 class FetchResult:
-    """What :func:`fetch` published: each ``(url, path, bytes downloaded, resumed
-    from)`` and the selection that chose them."""
+    """What :func:`fetch` published: for each file its URL and path, size, where it
+    resumed, how it was verified (``"chunks"``: each chunk against the record in its
+    trailer; ``"whole"``), the bytes ``received`` from the store in how many
+    ``requests``, the bytes taken ``from_base`` (by base, ``bases``); and the
+    selection that chose them."""
 
     choice: Choice | None
     files: list[dict[str, Any]] = field(default_factory=list)
+    #: With ``xnnpack_cache=True``: the XNNPACK packed-weight file delivered beside the
+    #: .pte (:func:`.packed.fetch_packed`: ``path`` None and ``reason`` when none).
+    xnnpack: dict[str, Any] | None = None
+
+    @property
+    def received(self) -> int:
+        """Bytes the store sent for every file (trailer reads included)."""
+        return sum(int(f.get("received", 0)) for f in self.files)
+
+    @property
+    def from_base(self) -> int:
+        """Bytes taken from the bases instead of the store."""
+        return sum(int(f.get("from_base", 0)) for f in self.files)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "choice": None if self.choice is None else self.choice.to_dict(),
             "files": self.files,
+            "received": self.received,
+            "from_base": self.from_base,
         }
-
-
-class _Changed(Exception):
-    """The object's ETag is not the one the download is pinned to."""
-
-
-def _ranged(loader: DataLoader, etag: str | None) -> Callable[[int, int], bytes]:
-    """A reader of ``size`` bytes at ``offset``, pinned to ``etag`` on S3."""
-    fs: Any = getattr(loader, "fs", None)
-    path = getattr(loader, "path", None)
-    if etag and fs is not None and type(fs).__name__ == "S3FileSystem" and isinstance(path, str):
-        import fsspec.asyn
-
-        bucket, key, version = fs.split_path(path)
-
-        async def get(offset: int, size: int) -> bytes:
-            params: dict[str, Any] = {
-                "Bucket": bucket,
-                "Key": key,
-                "Range": f"bytes={offset}-{offset + size - 1}",
-                "IfMatch": etag,
-            }
-            if version:
-                params["VersionId"] = version
-            try:
-                resp = await fs._call_s3("get_object", **params)
-            except Exception as exc:
-                text = str(exc)
-                if "PreconditionFailed" in text or "412" in text:
-                    raise _Changed(text) from exc
-                raise
-            body = resp["Body"]
-            async with body:
-                data: bytes = await body.read()
-            return data
-
-        def read(offset: int, size: int) -> bytes:
-            data: bytes = fsspec.asyn.sync(fs.loop, get, offset, size)
-            return data
-
-        return read
-    return lambda offset, size: bytes(loader.load(offset, size))
+        if self.xnnpack is not None:
+            out["xnnpack"] = self.xnnpack
+        return out
 
 
 def _check(path: str, want: dict[str, Any]) -> str:
@@ -155,34 +148,13 @@ def _check(path: str, want: dict[str, Any]) -> str:
         loader.close()
 
 
-#: Bytes at the end of a ``.part`` read again from the object and compared before a
-#: download resumes: a ``.part`` that does not end where the object's bytes do (a byte
-#: too many or too few, a torn last write) restarts instead of resuming.
-_OVERLAP = 64 << 10
-
-
-def _resume_point(fd: int, resumed: int, size: int, read: Callable[[int, int], bytes]) -> int:
-    """Where the download in ``fd`` (``resumed`` bytes on disk) really resumes: there
-    when its last bytes are the object's, else 0 (start again)."""
-    if resumed == 0:
-        return 0
-    if resumed > size:
-        return 0  # longer than the object: not a prefix of it
-    n = min(_OVERLAP, resumed)
-    have = os.pread(fd, n, resumed - n)
-    try:
-        want = read(resumed - n, n)
-    except _Changed:
-        return 0
-    return resumed if have == want else 0
-
-
 def _download(
     want: dict[str, Any],
     dest: str,
     options: dict[str, Any],
     chunk_size: int,
-    progress: Progress | None,
+    bases: list[Base],
+    sink: Callable[[str, str, int], Sink],
 ) -> dict[str, Any]:
     url = str(want["url"])
     part, meta_path = dest + ".part", dest + ".part.json"
@@ -195,54 +167,40 @@ def _download(
             size = loader.size()
             etag = getattr(loader, "etag", None)
             state = {"url": url, "size": size, **pinned_version(url, loader)}
-            on_disk = 0
-            if read_state(meta_path) == state:
-                try:
-                    on_disk = os.lstat(part).st_size
-                except FileNotFoundError:
-                    on_disk = 0
-            put_bytes(meta_path, json.dumps(state).encode())
-            read = _ranged(loader, etag if isinstance(etag, str) else None)
-            fd = open_part(part, on_disk > 0)
+            reader = PinnedReader(loader, etag if isinstance(etag, str) else None)
             try:
-                resumed = _resume_point(fd, on_disk, size, read)
-                os.ftruncate(fd, resumed)
-                done = resumed
-                while done < size:
-                    n = min(chunk_size, size - done)
-                    data = read(done, n)
-                    if len(data) != n:
-                        raise StorageError(f"{url}: short read at offset {done}")
-                    pwrite_all(fd, memoryview(data), done)
-                    done += n
-                    if progress is not None:
-                        progress(url, done, size)
-                # Written in place and resumed; one fsync makes the finished download
-                # durable before it is checked and renamed into place.
-                sync_file(fd)
-            except _Changed:
-                os.unlink(part)  # the object changed: start again from the beginning
+                record = pinned_record(want, size, reader)
+                if record is not None:  # verified chunk by chunk (.chunked)
+                    chunks = record.chunks
+                    got = download_chunks(
+                        url=url,
+                        dest=dest,
+                        size=size,
+                        state={
+                            **state,
+                            "trailer_sha256": want["trailer_sha256"],
+                            "chunks": {"size": chunks.chunk_size, "root": chunks.root},
+                        },
+                        chunks=chunks,
+                        trailer_bytes=record.trailer,
+                        tail=(record.tail_offset, record.tail),
+                        reader=reader,
+                        bases=bases,
+                        request_size=chunk_size,
+                        sink=sink(url, dest, size),
+                    )
+                    got["sha256"] = record.sha256
+                else:
+                    got = download_whole(want, dest, state, reader, bases, chunk_size, sink, _check)
+            except ObjectChanged:
+                discard_part(dest)  # the object changed: start again
                 continue
-            finally:
-                os.close(fd)
             if loader_changed(loader):
-                os.unlink(part)
+                discard_part(dest)
                 continue
         finally:
             loader.close()
-        try:
-            digest = _check(part, want)
-        except IntegrityError:
-            os.unlink(part)
-            os.unlink(meta_path)
-            raise
-        return {
-            "url": url,
-            "path": dest,
-            "size": size,
-            "resumed_from": resumed,
-            "sha256": digest,
-        }
+        return got
     raise StorageError(f"{url}: the object changed during every one of 3 downloads")
 
 
@@ -289,11 +247,7 @@ def _check_pair(files: list[dict[str, Any]]) -> None:
 
 def _discard_parts(files: list[dict[str, Any]]) -> None:
     for f in files:
-        for name in (f["path"] + ".part", f["path"] + ".part.json"):
-            try:
-                os.unlink(name)
-            except FileNotFoundError:
-                pass
+        discard_part(str(f["path"]))
 
 
 def loader_changed(loader: DataLoader) -> bool:
@@ -313,11 +267,22 @@ def fetch(
     storage_options: dict[str, Any] | None = None,
     chunk_size: int = _CHUNK,
     progress: Progress | None = None,
+    base: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None = None,
+    events: Callable[[FetchEvent], None] | None = None,
+    xnnpack_cache: bool = False,
 ) -> FetchResult:
     """Download what ``index_or_url`` selects for ``model`` on ``device`` (an index),
     or the artifact at ``index_or_url`` itself (a .pte: its .ptd beside it is fetched
     when its record names one), to ``dest`` (the .pte's path; a .ptd goes beside it).
-    See the module docstring."""
+
+    ``base``: local files (a path, or several) holding an earlier version of the
+    artifact (or the portable source): the chunks they hold are taken from them (cloned
+    or copied, each verified against the artifact's record) and only the others are
+    downloaded; a base's ``.ptd`` is the one beside it. ``progress(url, done, total)``
+    and ``events(FetchEvent)`` report each piece put in place (``events`` says where it
+    came from). ``xnnpack_cache``: then also its XNNPACK packed-weight file for this
+    CPU and ExecuTorch build, when the fleet made one (:func:`.packed.fetch_packed`:
+    verified, beside ``dest``). See the module docstring."""
     src = os.fspath(index_or_url)
     target = os.fspath(dest)
     if not StorageURL.of(target).local:
@@ -339,17 +304,37 @@ def fetch(
         if ptd_want is not None:
             files.append((ptd_want, ptd_beside(target)))
     result = FetchResult(choice)
+    given = [] if base is None else [base] if isinstance(base, str | os.PathLike) else list(base)
+    pte_bases = [os.fspath(b) for b in given]
+
+    def sink(url: str, path: str, total: int) -> Sink:
+        return Sink(url, path, total, progress, events)
+
     # Every file is downloaded and checked before any is published (a mismatch is an
     # IntegrityError with nothing published), the pair's binding too; then the .ptd,
     # then the .pte.
     for want, path in sorted(files, key=lambda f: not f[1].endswith(".ptd")):
-        result.files.append(_download(want, path, opts, chunk_size, progress))
+        is_ptd = path.endswith(".ptd") and path != target
+        paths = [ptd_beside(b) for b in pte_bases] if is_ptd else pte_bases
+        bases = open_bases(paths, required=not is_ptd)
+        try:
+            result.files.append(_download(want, path, opts, chunk_size, bases, sink))
+        finally:
+            for b in bases:
+                b.close()
     try:
         _check_pair(result.files)
     except IntegrityError:
         _discard_parts(result.files)
         raise
     _publish_all(result.files)
+    if xnnpack_cache:
+        from .packed import fetch_packed
+
+        offered = None if choice is None or choice.kind != "artifact" else choice.xnnpack
+        result.xnnpack = fetch_packed(
+            src, offered, result.files, opts, chunk_size, progress, indexed=choice is not None
+        )
     return result
 
 

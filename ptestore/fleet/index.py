@@ -14,7 +14,9 @@ of the destination template before its first ``{``). Its entries, one per
             # once by content: {"url": ".../_shared/sha256/<hex>.ptd", "size",
             #  "sha256", "trailer_sha256": null, "shared": true}
      "compatibility": [{"id", "spec", "version", "compatibility"}],
-     "created": "...", "retired": {...} (fleet/retire.py)}
+     "created": "...", "retired": {...} (fleet/retire.py),
+     "xnnpack": {...} | null}          # only for a device that declares xnnpack_cpu:
+                                       # its packed-weight file (:mod:`.packed`)
 
 ``sha256`` is the SHA-256 of the file's bytes before its provenance trailer and
 ``trailer_sha256`` the trailer's own checksum (of its JSON): together with ``size`` they
@@ -42,11 +44,11 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..errors import FormatError, ObjectNotFound
+from ..errors import FormatError
 from ..provenance import Provenance, read_trailer
 from ..storage.loaders import open_loader
 from ..storage.routing import options_for_loader
-from ..storage.types import StorageURL
+from .index_migrate import create_index, migrate_index
 from .index_store import IndexStore, ObjectStats
 from .index_v2 import INDEX_FORMAT, check_index, now, parse_index, publish_v2, update_v2
 from .job import Job
@@ -125,11 +127,18 @@ def shared_entry(url: str, content: ContentDigest) -> dict[str, Any]:
 
 
 def entry_for(
-    pte_url: str, ptd_url: str | None, options: dict[str, Any], shared_root: str | None = None
+    pte_url: str,
+    ptd_url: str | None,
+    options: dict[str, Any],
+    shared_root: str | None = None,
+    *,
+    xnnpack: bool = False,
 ) -> dict[str, Any]:
     """The index entry of the artifact at ``pte_url`` (and its ``ptd_url``, or with
     ``shared_root`` the .ptd stored there by content, :mod:`.shared`), from its
-    trailers (ranged reads only)."""
+    trailers (ranged reads only); with ``xnnpack`` (its device declares a CPU
+    fingerprint) also its ``"xnnpack"`` field (:func:`.packed.xnnpack_entry`: the
+    packed-weight file beside it, or null)."""
     pte, prov = artifact_entry(pte_url, options)
     ptd = None
     if shared_root is not None and prov.ptd_output is not None:
@@ -139,7 +148,7 @@ def entry_for(
     elif ptd_url is not None:
         ptd = artifact_entry(ptd_url, options)[0]
     dev = prov.device
-    return {
+    entry: dict[str, Any] = {
         "model": None,
         "device": None if dev is None else dev.name,
         "device_options": None if dev is None else dev.options,
@@ -155,6 +164,12 @@ def entry_for(
         "compatibility": [b.to_dict() for b in prov.backends],
         "created": prov.created,
     }
+    if xnnpack:
+        from .packed import xnnpack_entry
+
+        ptd_sha256 = None if prov.ptd_output is None else prov.ptd_output.sha256
+        entry["xnnpack"] = xnnpack_entry(pte_url, pte, ptd_sha256, options)
+    return entry
 
 
 @dataclass
@@ -206,10 +221,7 @@ def open_index(
             loader.close()
         store.reads.add(len(data))
     if version is None:
-        local = StorageURL.of(target)
-        raise ObjectNotFound(
-            f"{local.path}: no such file" if local.local else f"{target}: no such object"
-        )
+        raise store.missing()
     root = parse_index(data, target)
     if root["version"] != 3:
         return root, None, store
@@ -277,59 +289,6 @@ def publish_entries(
     if sharded is None:
         return IndexReport(url, 2, stats + publish_v2(store, new))
     return IndexReport(url, 3, stats + sharded.publish(new), migrated)
-
-
-def create_index(
-    url: str | os.PathLike[str],
-    *,
-    leaf_bytes: int | None = None,
-    listed: int | None = None,
-    storage_options: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Create an empty version 3 index at ``url`` with its shards' bound (``leaf_bytes``,
-    default 16 KiB) and the device names its catalogs list per kind of build (``listed``,
-    default 8); returns its root. A publish creates one with the defaults when there is
-    none: this is for another bound. :class:`~ptestore.errors.AlreadyExists` when there
-    is an index already."""
-    from ..errors import AlreadyExists, ConfigurationError
-    from .index_v3 import DEFAULT_LEAF_BYTES, DEFAULT_LISTED, check_layout, new_layout, root_value
-
-    target = os.fspath(url)
-    store = IndexStore(target, dict(storage_options or {}))
-    store.require_cas()
-    layout = new_layout(
-        DEFAULT_LEAF_BYTES if leaf_bytes is None else leaf_bytes,
-        DEFAULT_LISTED if listed is None else listed,
-    )
-    root = root_value(layout)
-    try:
-        check_layout(root, target)
-    except FormatError as exc:
-        raise ConfigurationError(
-            f"{target}: {exc.field.removeprefix('index layout.')} = {exc.value!r}: must be "
-            f"{exc.limit}"
-        ) from None
-    if not store.create(target, root):
-        raise AlreadyExists(f"{target}: an index exists already")
-    return root
-
-
-def migrate_index(
-    url: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None
-) -> dict[str, Any] | None:
-    """Migrate the version 1/2 index at ``url`` to version 3 now, as the next publish
-    would (:mod:`.index_migrate`): ahead of a run, since copying a large index takes a
-    while (about 10 ms per object on S3). Returns what it copied (the root's
-    ``migrated``), None when the index is version 3 already.
-    :class:`~ptestore.errors.ObjectNotFound` when there is no index."""
-    from .index_migrate import open_for_writing
-
-    target = os.fspath(url)
-    store = IndexStore(target, dict(storage_options or {}))
-    store.require_cas()
-    open_index(target, store.options)  # ObjectNotFound for no index
-    _, migrated, _ = open_for_writing(store)
-    return migrated
 
 
 def publish_index(url: str, entries: Iterable[dict[str, Any]], options: dict[str, Any]) -> str:
@@ -403,7 +362,13 @@ def index_entries(job: Job, pairs: Iterable[tuple[str, str]]) -> list[dict[str, 
 
     def one(p: Any) -> dict[str, Any]:
         root = shared_root(job.destination) if p.ptd_destination is not None else None
-        e = entry_for(p.destination, p.ptd_destination, job.storage_options, root)
+        e = entry_for(
+            p.destination,
+            p.ptd_destination,
+            job.storage_options,
+            root,
+            xnnpack=p.xnnpack_cpu is not None,
+        )
         e["model"] = p.model.name
         return e
 

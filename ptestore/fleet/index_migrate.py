@@ -26,14 +26,22 @@ compare-and-swap) cannot be detected; such stores are never migrated.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-from ..errors import AlreadyExists, ConfigurationError, PreconditionFailed
+from ..errors import AlreadyExists, ConfigurationError, FormatError, PreconditionFailed
 from .index_store import IndexStore, ObjectStats
 from .index_v2 import check_index, now
-from .index_v3 import ShardedIndex, check_layout, new_layout, root_value
+from .index_v3 import (
+    DEFAULT_LEAF_BYTES,
+    DEFAULT_LISTED,
+    ShardedIndex,
+    check_layout,
+    new_layout,
+    root_value,
+)
 
-__all__ = ["open_for_writing"]
+__all__ = ["create_index", "migrate_index", "open_for_writing"]
 
 
 def _entries_by_model(index: dict[str, Any]) -> dict[str, dict[tuple[str, str], Any]]:
@@ -130,3 +138,52 @@ def _migrate(
         f"{CONFLICT_RETRY.attempts} attempts to migrate it to version 3",
         url=store.root,
     )
+
+
+def create_index(
+    url: str | os.PathLike[str],
+    *,
+    leaf_bytes: int | None = None,
+    listed: int | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Create an empty version 3 index at ``url`` with its shards' bound (``leaf_bytes``,
+    default 16 KiB) and the device names its catalogs list per kind of build (``listed``,
+    default 8); returns its root. A publish creates one with the defaults when there is
+    none: this is for another bound. :class:`~ptestore.errors.AlreadyExists` when there
+    is an index already."""
+    target = os.fspath(url)
+    store = IndexStore(target, dict(storage_options or {}))
+    store.require_cas()
+    layout = new_layout(
+        DEFAULT_LEAF_BYTES if leaf_bytes is None else leaf_bytes,
+        DEFAULT_LISTED if listed is None else listed,
+    )
+    root = root_value(layout)
+    try:
+        check_layout(root, target)
+    except FormatError as exc:
+        raise ConfigurationError(
+            f"{target}: {exc.field.removeprefix('index layout.')} = {exc.value!r}: must be "
+            f"{exc.limit}"
+        ) from None
+    if not store.create(target, root):
+        raise AlreadyExists(f"{target}: an index exists already")
+    return root
+
+
+def migrate_index(
+    url: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None
+) -> dict[str, Any] | None:
+    """Migrate the version 1/2 index at ``url`` to version 3 now, as the next publish
+    would (:mod:`.index_migrate`): ahead of a run, since copying a large index takes a
+    while (about 10 ms per object on S3). Returns what it copied (the root's
+    ``migrated``), None when the index is version 3 already.
+    :class:`~ptestore.errors.ObjectNotFound` when there is no index."""
+    target = os.fspath(url)
+    store = IndexStore(target, dict(storage_options or {}))
+    store.require_cas()
+    if store.read(target)[1] is None:
+        raise store.missing()
+    _, migrated, _ = open_for_writing(store)
+    return migrated

@@ -140,6 +140,15 @@ class IndexStore:
                 "files, memory://, s3://)"
             )
 
+    def missing(self) -> Exception:
+        """The :class:`~ptestore.errors.ObjectNotFound` of an index that is not there."""
+        from ..errors import ObjectNotFound
+
+        u = StorageURL.of(self.root)
+        return ObjectNotFound(
+            f"{u.path}: no such file" if u.local else f"{self.root}: no such object"
+        )
+
     # -- URLs -------------------------------------------------------------------------
     def base(self) -> str:
         """The directory of the root object, with its trailing separator."""
@@ -265,7 +274,6 @@ class IndexStore:
             except FileNotFoundError:
                 return []
         import fsspec
-
 
         fs = fsspec.filesystem(self.protocol, **self._fs_options())
         path = u.path.rstrip("/")

@@ -12,6 +12,11 @@
     ptd = "s3://src/mlp.ptd"                              # optional
     [devices.pixel9]                                      # one table per device profile
     soc = "sm8650"                                        # any keys: handed to backends
+    xnnpack_cpu = "aarch64/page=4096:asimd,asimddp"       # optional: its CPU fingerprint
+
+``xnnpack_cpu`` is not a device option: it asks the run for XNNPACK's packed-weight file
+for that CPU beside each of the device's artifacts (:mod:`.packing`), and is not handed
+to backends nor part of the device's digest.
 
 ``index_version = 2`` (a top-level key, before the tables; optional) keeps writing a
 version 2 index, for devices whose ptestore cannot read version 3 yet; by default the
@@ -42,6 +47,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 __all__ = [
     "SHARED_DIR",
+    "XNNPACK_CPU_KEY",
     "Job",
     "JobError",
     "Model",
@@ -56,6 +62,8 @@ __all__ = [
 #: The directory under the template's root where a job stores each .ptd once, by
 #: content (:mod:`ptestore.fleet.shared`); no destination may lie in it.
 SHARED_DIR = "_shared"
+#: The key of a ``[devices.NAME]`` table that declares the device's CPU fingerprint.
+XNNPACK_CPU_KEY = "xnnpack_cpu"
 
 _TOP_KEYS = {"destination", "backends", "storage_options", "models", "devices", "index_version"}
 _MODEL_KEYS = {"name", "source", "ptd"}
@@ -83,6 +91,8 @@ class Pair:
     device: DeviceProfile
     destination: str
     ptd_destination: str | None
+    #: The device's CPU fingerprint, when it asks for XNNPACK's packed-weight file.
+    xnnpack_cpu: str | None = None
 
 
 @dataclass(frozen=True)
@@ -97,6 +107,8 @@ class Job:
     storage_options: dict[str, Any] = field(default_factory=dict)
     #: ``sha256:<hex>`` of the job file's text (recorded in each artifact's provenance).
     sha256: str = ""
+    #: Device name -> the CPU fingerprint it declares (``xnnpack_cpu``).
+    xnnpack_cpu: dict[str, str] = field(default_factory=dict)
     #: The index version to write (None: version 3 where the store has compare-and-swap).
     index_version: int | None = None
 
@@ -106,7 +118,8 @@ class Job:
         for m in self.models:
             for d in self.devices:
                 dst = self.destination.format(model=m.name, device=d.name)
-                out.append(Pair(m, d, dst, None if m.ptd is None else ptd_beside(dst)))
+                ptd = None if m.ptd is None else ptd_beside(dst)
+                out.append(Pair(m, d, dst, ptd, self.xnnpack_cpu.get(d.name)))
         return out
 
     def device(self, name: str) -> DeviceProfile:
@@ -265,6 +278,7 @@ def parse_job(text: str, path: str = "<job>") -> Job:
     if not isinstance(devices_raw, dict) or not devices_raw:
         raise fail("at least one [devices.NAME] table is required", None, "devices")
     devices: list[DeviceProfile] = []
+    cpus: dict[str, str] = {}
     for dname, opts in devices_raw.items():
         table = f"devices.{dname}"
         if not _plain_name(dname):
@@ -276,13 +290,28 @@ def parse_job(text: str, path: str = "<job>") -> Job:
             )
         if not isinstance(opts, dict):
             raise fail("must be a table of options", "devices", dname)
+        opts = dict(opts)
+        if XNNPACK_CPU_KEY in opts:
+            cpu = opts.pop(XNNPACK_CPU_KEY)
+            problem = _fingerprint_problem(cpu)
+            if problem:
+                raise fail(problem, table, XNNPACK_CPU_KEY)
+            cpus[dname] = cpu
         devices.append(DeviceProfile(dname, _plain(opts)))
     version = data.get("index_version")
     if version is not None and (type(version) is not int or version not in (2, 3)):
         raise fail("must be 2 or 3 (the index version to write)", None, "index_version")
     digest = "sha256:" + hashlib.sha256(text.encode()).hexdigest()
     job = Job(
-        path, dest, tuple(backends), tuple(models), tuple(devices), dict(options), digest, version
+        path,
+        dest,
+        tuple(backends),
+        tuple(models),
+        tuple(devices),
+        dict(options),
+        digest,
+        cpus,
+        version,
     )
     if any(m.ptd for m in models) and not dest.endswith(".pte"):
         raise fail(
@@ -294,6 +323,19 @@ def parse_job(text: str, path: str = "<job>") -> Job:
     if problem:
         raise fail(problem, None, "destination")
     return job
+
+
+def _fingerprint_problem(value: object) -> str | None:
+    """Why ``value`` is not a CPU fingerprint as :func:`ptestore.xnnpack.cpu_fingerprint`
+    writes it, or None."""
+    if isinstance(value, str) and re.fullmatch(
+        r"[A-Za-z0-9_.-]+/page=[1-9][0-9]*:[a-z0-9_,]*", value
+    ):
+        return None
+    return (
+        f"{value!r}: must be the device's CPU fingerprint, as `python -m ptestore.xnnpack "
+        "fingerprint` prints it on the device (e.g. 'aarch64/page=4096:asimd,asimddp,i8mm')"
+    )
 
 
 def _plain_name(name: str) -> bool:

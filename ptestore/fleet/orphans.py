@@ -13,10 +13,12 @@ objects that no index names. :func:`collect_orphans` removes them, and only them
   source and its ``.ptd`` source. An index that cannot be read stops the collection:
   nothing is removed when a reference may be missed;
 - **which files**: only below the directory of one of those indexes (a prefix without an
-  index governs nothing), only ``.pte``/``.ptd`` files, and only ptestore's own: a shared
-  object by its content address, any other file when it carries a provenance trailer
-  recording the device it was made for (a portable source never does). Anything else is
-  neither touched nor reported;
+  index governs nothing), only ``.pte``/``.ptd`` files and XNNPACK packed-weight files
+  with their records (:mod:`.packed`; an entry's ``xnnpack`` field references both), and
+  only ptestore's own: a shared object by its content address, a packed-weight file by
+  its name (``<model>.xnnpack-<32 hex>.xpwc``), a record when it is one, any other file
+  when it carries a provenance trailer recording the device it was made for (a portable
+  source never does). Anything else is neither touched nor reported;
 - **when**: an orphan younger than the grace period (its modification time; on S3
   ``LastModified``) is kept: a run may be about to name it in its index (a run stores
   its objects before it publishes its index). The indexes are read again just before
@@ -42,6 +44,7 @@ from ..errors import ObjectNotFound, PteStoreError
 from ..gc import GcEntry
 from ..storage.types import StorageURL
 from .index import INDEX_NAME, iter_entries
+from .packed import is_packed_url, read_record, record_url
 from .shared import is_shared_url
 
 __all__ = ["DEFAULT_GRACE", "collect_orphans", "referenced"]
@@ -65,6 +68,11 @@ def _named(entries: Iterable[Any]) -> set[tuple[str, str]]:
             rec = e.get(role)
             if isinstance(rec, dict) and isinstance(rec.get("url"), str):
                 out.add(target_identity(rec["url"]))
+        packed, pte = e.get("xnnpack"), e.get("pte")
+        if isinstance(packed, dict) and isinstance(pte, dict) and isinstance(pte.get("url"), str):
+            out.add(target_identity(record_url(pte["url"])))  # the record beside the .pte
+            if isinstance(packed.get("url"), str):
+                out.add(target_identity(packed["url"]))
     return out
 
 
@@ -172,9 +180,18 @@ def _references(
 
 
 def _ours(url: str, options: dict[str, Any]) -> str | None:
-    """``"shared-object"`` or ``"artifact"`` for ptestore's own files, else None."""
+    """``"shared-object"``, ``"packed-weights"``, ``"packed-record"`` or ``"artifact"``
+    for ptestore's own files, else None."""
     if is_shared_url(url):
         return "shared-object"
+    if is_packed_url(url):
+        return "packed-weights"
+    if url.endswith(".xpwc.json"):
+        try:
+            record = read_record(url[: -len(".xpwc.json")] + ".pte", options)
+        except PteStoreError:
+            return None
+        return None if record is None else "packed-record"
     from ..provenance import read_provenance
     from ..storage.loaders import open_loader
     from ..storage.routing import options_for_loader
@@ -218,7 +235,7 @@ def collect_orphans(
     found: list[tuple[str, str, float, int]] = []
     for url, mtime, size in listed:
         name = url.rsplit("/", 1)[-1].rsplit(os.sep, 1)[-1]
-        if not name.endswith((".pte", ".ptd")) or name.startswith("."):
+        if not name.endswith((".pte", ".ptd", ".xpwc", ".xpwc.json")) or name.startswith("."):
             continue
         if not any(url.startswith(d) for d in dirs) or target_identity(url) in refs:
             continue

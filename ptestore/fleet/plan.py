@@ -12,8 +12,10 @@ from ..errors import ConfigurationError, PteStoreError
 from ..provenance import ProvenanceKey, SourceInfo, describe_source
 from .estimate import Estimate, estimate_pair, human_bytes
 from .job import Job, Pair
+from .packed import runtime_build
+from .packing import packed_state
 from .shared import shared_root
-from .work import PairTask, check_destination, open_counted
+from .work import PairResult, PairTask, check_destination, open_counted
 
 __all__ = ["Plan", "PlannedPair", "backend_versions", "plan_job"]
 
@@ -34,6 +36,8 @@ class PlannedPair:
     bytes: int = 0
     #: What running it is expected to cost (zero unless ``action`` is ``"run"``).
     estimate: Estimate = field(default_factory=Estimate)
+    #: For a device that declares ``xnnpack_cpu``: the state of its packed-weight file.
+    xnnpack: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -44,6 +48,21 @@ class PlannedPair:
             "reason": self.reason,
             "estimate": self.estimate.to_dict(),
         }
+
+    def result(self, status: str, error: str | None = None) -> PairResult:
+        """This pair's result when it did not run: ``"skipped"``, or ``"failed"`` with
+        ``error`` (the planner's bytes counted)."""
+        p = self.pair
+        return PairResult(
+            p.model.name,
+            p.device.name,
+            p.destination,
+            status,
+            error=error,
+            bytes=self.bytes,
+            reason=self.reason,
+            xnnpack=self.xnnpack,
+        )
 
 
 @dataclass
@@ -120,6 +139,9 @@ def plan_job(job: Job) -> Plan:
         except PteStoreError as exc:
             described[model.name] = str(exc)
         read[model.name] = counter[0]
+    # The ExecuTorch build a current packed-weight file must have been made with: this
+    # machine's, when it has one (the workers compare their own before they skip one).
+    build = runtime_build() if job.xnnpack_cpu else None
     per_model = {m.name: sum(1 for p in job.pairs() if p.model.name == m.name) for m in job.models}
 
     def decide(pair: Pair) -> PlannedPair:
@@ -147,6 +169,7 @@ def plan_job(job: Job) -> Plan:
             key=key,
             job=(job.path, job.sha256) if job.sha256 else None,
             shared_root=shared_root(job.destination) if pair.model.ptd else None,
+            xnnpack_cpu=pair.xnnpack_cpu,
         )
         counter = [0]
         urls = [pair.destination] + ([pair.ptd_destination] if pair.ptd_destination else [])
@@ -156,7 +179,17 @@ def plan_job(job: Job) -> Plan:
             )
         except PteStoreError as exc:
             current, reason = False, f"cannot read the destination: {exc}"
+        why: str | None = None
+        if current and pair.xnnpack_cpu is not None:
+            try:
+                current, why = packed_state(
+                    pair.destination, pair.xnnpack_cpu, build, job.storage_options
+                )
+            except PteStoreError as exc:
+                current, why = False, f"cannot read its XNNPACK packed-weight record: {exc}"
+            reason = f"{reason}; {why}" if current else f"current, but {why}"
         planned = PlannedPair(pair, "skip" if current else "run", reason, task, share + counter[0])
+        planned.xnnpack = why
         planned.estimate = estimate_pair(task, planned.action, reason, job)
         return planned
 

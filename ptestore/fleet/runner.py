@@ -23,18 +23,18 @@ import concurrent.futures as cf
 import multiprocessing
 import os
 import time
-import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ConfigurationError, PteStoreError
+from ..errors import ConfigurationError
 from .estimate import human_bytes
 from .index_store import shards_line
 from .job import Job, JobError
 from .plan import Plan, PlannedPair, plan_job
 from .watch import MISSED_HEARTBEATS
 from .work import PairResult, PairTask, run_pair
+from .worker import WorkerUnfit, run_pair_on_worker
 
 __all__ = [
     "SCHEDULER_ENV",
@@ -111,6 +111,8 @@ class FleetResult:
         for p in self.pairs:
             if p.status == "failed":
                 lines.append(f"failed: {p.model} on {p.device} -> {p.destination}: {p.error}")
+            elif p.xnnpack is not None and "refused" in p.xnnpack:
+                lines.append(f"xnnpack: {p.model} on {p.device}: {p.xnnpack}")
         if self.index_error is not None:
             lines.append(f"index not published: {self.index_error}")
         lines += [f"lost: {why}" for why in self.lost_workers.values()]
@@ -130,60 +132,6 @@ class FleetInterrupted(KeyboardInterrupt):
             else "before any pair was published"
         )
         self.result = result
-
-
-class WorkerUnfit(Exception):
-    """A worker process cannot run any pair of the job (a backend does not load there)."""
-
-
-#: The worker's preflight, once per process and list of backends: None or the error.
-_worker_checks: dict[tuple[str, ...], str | None] = {}
-
-
-def run_pair_on_worker(task: PairTask) -> PairResult:
-    """:func:`~.work.run_pair` on a pool or Dask worker, after checking (once per process)
-    that every backend of the job loads here; raises :class:`WorkerUnfit` if one does
-    not, which the runner turns into one job-wide error."""
-    if task.backends not in _worker_checks:
-        from ..backends.registry import load_backend
-
-        error = None
-        for spec in task.backends:
-            try:
-                load_backend(spec)
-            except PteStoreError as exc:
-                import socket
-
-                error = f"on worker process {os.getpid()} of {socket.gethostname()}: {exc}"
-                break
-        _worker_checks[task.backends] = error
-    error = _worker_checks[task.backends]
-    if error is not None:
-        raise WorkerUnfit(error)
-    return run_pair(task)
-
-
-def _skipped(p: PlannedPair) -> PairResult:
-    return PairResult(
-        p.pair.model.name,
-        p.pair.device.name,
-        p.pair.destination,
-        "skipped",
-        bytes=p.bytes,
-        reason=p.reason,
-    )
-
-
-def _failed(p: PlannedPair, error: str) -> PairResult:
-    return PairResult(
-        p.pair.model.name,
-        p.pair.device.name,
-        p.pair.destination,
-        "failed",
-        error=error,
-        bytes=p.bytes,
-        reason=p.reason,
-    )
 
 
 def run_job(
@@ -235,14 +183,16 @@ def run_plan(
     if missed_heartbeats < 1:
         raise ConfigurationError(f"missed_heartbeats must be >= 1, got {missed_heartbeats}")
     scheduler = scheduler or os.environ.get(SCHEDULER_ENV) or None
+    if not scheduler:  # this machine makes the packed-weight files: it must have the CPU
+        _check_this_machine(plan)
     started = time.perf_counter()
     results: dict[int, PairResult] = {}
     todo: list[tuple[int, PlannedPair, PairTask]] = []
     for i, p in enumerate(plan.pairs):
         if p.action == "skip":
-            results[i] = _skipped(p)
+            results[i] = p.result("skipped")
         elif p.action == "fail" or p.task is None:
-            results[i] = _failed(p, p.reason)
+            results[i] = p.result("failed", p.reason)
         else:
             todo.append((i, p, p.task))
         if i in results and progress is not None:
@@ -267,7 +217,18 @@ def run_plan(
     lost: dict[str, str] = {}
     try:
         if scheduler:
-            _run_dask(todo, scheduler, done, connect_timeout, stopped, missed_heartbeats, lost)
+            from .cluster import run_dask
+
+            run_dask(
+                todo,
+                scheduler,
+                done,
+                connect_timeout,
+                stopped,
+                missed_heartbeats,
+                lost,
+                plan.job.path,
+            )
         elif n == 1:
             for i, p, task in todo:
                 if stopped():
@@ -286,7 +247,7 @@ def run_plan(
                 if interrupted
                 else f"not started: --fail-fast after {stop[0]} failed"
             )
-            results[i] = _failed(p, why)
+            results[i] = p.result("failed", why)
     result = FleetResult(
         [results[i] for i in range(len(plan.pairs))],
         time.perf_counter() - started,
@@ -301,6 +262,24 @@ def run_plan(
     if interrupted:
         raise FleetInterrupted(result)
     return result
+
+
+def _check_this_machine(plan: Plan) -> None:
+    """Inline and on the process pool, the pairs whose device asks for XNNPACK's
+    packed-weight file run here: a :class:`JobError` before any pair runs when this
+    machine does not have the device's CPU (:func:`~.packing.check_packers`)."""
+    wanted = [
+        (p.pair.device.name, p.pair.xnnpack_cpu)
+        for p in plan.pairs
+        if p.action == "run" and p.pair.xnnpack_cpu is not None
+    ]
+    if wanted:
+        import socket
+
+        from .packing import check_packers, worker_cpu
+
+        here = f"this machine ({socket.gethostname()})"
+        check_packers(plan.job.path, wanted, {here: worker_cpu()})
 
 
 def _run_pool(
@@ -343,106 +322,8 @@ def _drain_pool(
         except WorkerUnfit:
             raise
         except Exception as exc:  # a worker process died (BrokenProcessPool)
-            r = _failed(p, f"worker process failed: {type(exc).__name__}: {exc}")
+            r = p.result("failed", f"worker process failed: {type(exc).__name__}: {exc}")
         done(i, p, r)
         if stopped():
             for other in futures:
                 other.cancel()  # those not started; running ones finish
-
-
-def _run_dask(
-    todo: list[tuple[int, PlannedPair, PairTask]],
-    scheduler: str,
-    done: Callable[[int, PlannedPair, PairResult], None],
-    connect_timeout: float,
-    stopped: Callable[[], bool],
-    missed_heartbeats: int,
-    lost: dict[str, str],
-) -> None:
-    try:
-        from distributed import Client
-    except ImportError as exc:
-        raise ConfigurationError(
-            f"--scheduler {scheduler}: Dask distributed is not installed: install "
-            f"ptestore[fleet] ({exc})"
-        ) from exc
-    try:
-        client = Client(scheduler, timeout=connect_timeout)  # type: ignore[no-untyped-call]
-    except OSError as exc:
-        raise ConfigurationError(
-            f"--scheduler {scheduler}: cannot reach the Dask scheduler within "
-            f"{connect_timeout:g} s: {exc}"
-        ) from exc
-    run_id = uuid.uuid4().hex[:8]
-    futures: dict[Any, tuple[int, PlannedPair]] = {}
-    try:
-        for i, p, task in todo:
-            key = f"ptestore-pair-{run_id}-{i}-{task.model}-{task.device.name}"
-            futures[client.submit(run_pair_on_worker, task, key=key, pure=False)] = (i, p)
-        _drain_dask(client, futures, scheduler, done, stopped, missed_heartbeats, lost)
-    except KeyboardInterrupt:
-        client.cancel([f for f in futures if not f.done()])  # type: ignore[no-untyped-call]
-        raise
-    finally:
-        client.close()  # type: ignore[no-untyped-call]
-
-
-def _drain_dask(
-    client: Any,
-    futures: dict[Any, tuple[int, PlannedPair]],
-    scheduler: str,
-    done: Callable[[int, PlannedPair, PairResult], None],
-    stopped: Callable[[], bool],
-    missed_heartbeats: int,
-    lost: dict[str, str],
-) -> None:
-    """Wait for the pairs' tasks, one heartbeat interval at a time: a worker that stops
-    sending heartbeats is removed (its pairs rescheduled), and pairs no worker is left
-    to run are failed (see :mod:`.watch`)."""
-    import asyncio
-
-    from distributed import wait
-
-    from .watch import WorkerWatch
-
-    watch = WorkerWatch(client, scheduler, missed_heartbeats)
-    watch.lost = lost  # the run's result reports them
-    pending = set(futures)
-    while pending:
-        try:
-            finished, pending = wait(  # type: ignore[no-untyped-call]
-                pending, timeout=watch.interval, return_when="FIRST_COMPLETED"
-            )
-        except (TimeoutError, asyncio.TimeoutError):
-            finished = set()
-        for fut in sorted(finished, key=lambda f: futures[f][0]):
-            i, p = futures[fut]
-            try:
-                # Its result is on the worker that ran it, which may hang now: fetched
-                # a heartbeat interval at a time (a lost worker's is computed again).
-                r = fut.result(timeout=watch.interval)
-            except (TimeoutError, asyncio.TimeoutError):
-                pending.add(fut)
-                continue
-            except WorkerUnfit:
-                client.cancel([f for f in futures if not f.done()])
-                raise
-            except Exception as exc:  # KilledWorker after too many worker losses, ...
-                why_lost = watch.describe()
-                r = _failed(
-                    p,
-                    f"Dask task failed: {type(exc).__name__}: {exc}"
-                    + (f" (lost workers: {why_lost})" if why_lost else ""),
-                )
-            done(i, p, r)
-            if stopped():
-                client.cancel([f for f in futures if not f.done()])
-                return
-        watch.poll()
-        why = watch.stranded()
-        if why is not None and pending:
-            client.cancel(list(pending))
-            for fut in sorted(pending, key=lambda f: futures[f][0]):
-                i, p = futures[fut]
-                done(i, p, _failed(p, why))
-            return

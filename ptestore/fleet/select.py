@@ -24,6 +24,10 @@ here serves, is ``no_opinion``: never ``optimal``. Who may get an entry:
 ``optimal`` beats ``prefer_respecialization`` beats ``no_opinion``; among equals the entry
 made for the device wins. When nothing fits, the answer is the model's portable source.
 The answer says why.
+
+An entry of a device that declared its CPU fingerprint lists XNNPACK's packed-weight
+file (:mod:`.packed`); the answer reports it (``xnnpack``) only when it was made for the
+selecting machine's CPU (or the ``cpu`` given): a file for another CPU is of no use here.
 """
 
 from __future__ import annotations
@@ -78,6 +82,9 @@ class Choice:
     made_for: str | None = None
     #: Every candidate and its rating, in the order they were considered.
     candidates: list[dict[str, Any]] = field(default_factory=list)
+    #: The artifact's XNNPACK packed-weight file as the index lists it (a file, or why
+    #: the fleet's runtime refused one), when it was made for this CPU; else None.
+    xnnpack: dict[str, Any] | None = None
     #: What was read of an index given by URL: ``{"objects", "bytes", "requests"}``.
     index_read: dict[str, int] | None = None
     #: Kinds of build (distinct compatibility stamps) with more devices than a sharded
@@ -95,6 +102,7 @@ class Choice:
             "pte": self.pte,
             "ptd": self.ptd,
             "candidates": self.candidates,
+            "xnnpack": self.xnnpack,
             "index_read": self.index_read,
             "unlisted_candidates": self.unlisted,
         }
@@ -200,12 +208,14 @@ def select(
     device: DeviceProfile | str,
     *,
     storage_options: dict[str, Any] | None = None,
+    cpu: str | None = None,
 ) -> Choice:
     """The best artifact of ``model`` in ``index`` (an index object, or its URL) for
     ``device`` (a profile, or a name: then the options recorded for that name in the
     index, if any, else none). Raises :class:`ConfigurationError` when the index has
-    no such model. From a sharded index (version 3) it reads a few small objects
-    (:mod:`.index_view`), whatever the size of the fleet."""
+    no such model. ``cpu``: the CPU fingerprint the packed-weight file must have been
+    made for to be reported (default: this machine's). From a sharded index (version 3)
+    it reads a few small objects (:mod:`.index_view`), whatever the size of the fleet."""
     from .index_view import model_view
 
     name = device if isinstance(device, str) else device.name
@@ -255,6 +265,7 @@ def select(
             f"made for {full.get('device')!r}: {why}",
             full.get("device"),
             candidates,
+            _packed_for(full.get("xnnpack"), cpu),
             None if read is None else read.to_dict(),
             view.unlisted,
         )
@@ -276,6 +287,19 @@ def select(
         "falling back to the portable source",
         None,
         candidates,
+        None,
         None if read is None else read.to_dict(),
         view.unlisted,
     )
+
+
+def _packed_for(packed: object, cpu: str | None) -> dict[str, Any] | None:
+    """An entry's packed-weight field when it was made for ``cpu`` (None: this
+    machine's CPU fingerprint)."""
+    if not isinstance(packed, dict):
+        return None
+    if cpu is None:
+        from ..xnnpack.identity import cpu_fingerprint
+
+        cpu = cpu_fingerprint()
+    return packed if packed.get("cpu") == cpu else None

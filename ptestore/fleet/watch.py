@@ -13,12 +13,15 @@ it is removed from the cluster, so that the scheduler reschedules its tasks on t
 others (a pair retried; after ``distributed.scheduler.allowed-failures`` losses Dask
 fails it with ``KilledWorker``, and the runner reports the pair failed, naming the lost
 workers). When every worker is lost and none joins within the same bound, the pairs
-still waiting are failed (:meth:`WorkerWatch.stranded`).
+still waiting are failed (:meth:`WorkerWatch.stranded`); so is a pair restricted to some
+hosts (one that needs a worker with its device's CPU) once no worker has been on them
+for that long (:meth:`WorkerWatch.hosts_gone`).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from typing import Any
 
 __all__ = ["MISSED_HEARTBEATS", "WorkerWatch"]
@@ -48,6 +51,9 @@ class WorkerWatch:
         self._had_workers = False
         self._empty_since: float | None = None
         self._polled = float("-inf")
+        self._started = time.monotonic()
+        #: host -> when a worker was last seen there (:meth:`hosts_gone`)
+        self._hosts: dict[str, float] = {}
 
     @property
     def interval(self) -> float:
@@ -69,6 +75,8 @@ class WorkerWatch:
         workers: dict[str, Any] = self.client.scheduler_info(n_workers=-1).get("workers", {})
         self._workers = len(workers)
         for addr, w in workers.items():
+            if addr not in self.lost:
+                self._hosts[str(w.get("host") or _host_of(addr))] = now
             last = w.get("last_seen", w.get("last-seen"))
             prev = self._seen.get(addr)
             if prev is None or prev[0] != last:
@@ -110,6 +118,18 @@ class WorkerWatch:
             f"{self.missed} heartbeat intervals ({self.limit:g} s): {lost}"
         )
 
+    def hosts_gone(self, hosts: Iterable[str]) -> bool:
+        """Whether no worker has been on any of ``hosts`` for ``missed`` heartbeat
+        intervals (counted from the watch's start for a host it never saw)."""
+        last = max((self._hosts.get(h, self._started) for h in hosts), default=self._started)
+        return time.monotonic() - last > self.limit
+
     def describe(self) -> str:
         """The lost workers, for the error of a pair that failed (or "")."""
         return "; ".join(self.lost.values())
+
+
+def _host_of(address: str) -> str:
+    from distributed.comm.addressing import get_address_host
+
+    return str(get_address_host(address))

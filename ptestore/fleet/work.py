@@ -60,6 +60,9 @@ class PairTask:
     #: Where the pair's .ptd is stored once, by content (``<root>/_shared/sha256/``,
     #: :mod:`.shared`); None for a model without a .ptd.
     shared_root: str | None = None
+    #: The device's CPU fingerprint when it asks for XNNPACK's packed-weight file
+    #: (:mod:`.packing`: made on a worker with that CPU).
+    xnnpack_cpu: str | None = None
 
 
 @dataclass
@@ -78,9 +81,12 @@ class PairResult:
     reason: str = field(default="", compare=False)
     #: How many times the pair was tried (transient failures are retried).
     attempts: int = 1
+    #: For a device that declares ``xnnpack_cpu``: what became of the artifact's XNNPACK
+    #: packed-weight file (made, current, or why the runtime refused one).
+    xnnpack: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "model": self.model,
             "device": self.device,
             "destination": self.destination,
@@ -90,6 +96,9 @@ class PairResult:
             "bytes": self.bytes,
             "attempts": self.attempts,
         }
+        if self.xnnpack is not None:
+            out["xnnpack"] = self.xnnpack
+        return out
 
 
 class CountingLoader:
@@ -163,6 +172,18 @@ def run_pair(task: PairTask) -> PairResult:
         result.attempts = attempt
         try:
             result.status, result.reason = _run(task, counter)
+            if task.xnnpack_cpu is not None:
+                from .packing import make_packed
+
+                made, result.xnnpack = make_packed(
+                    task.destination,
+                    task.device.name,
+                    task.xnnpack_cpu,
+                    task.storage_options,
+                    counter,
+                )
+                if made and result.status == "skipped":
+                    result.status = "done"  # the artifact was current, its file is new
             result.error = None
             break
         except Exception as exc:

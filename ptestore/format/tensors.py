@@ -21,7 +21,13 @@ from .flatbuf import FlatView, TableView
 from .model import Container
 from .reader import ParsedFile
 from .tensorinfo import TensorInfo, info_from_layout, scalar_type_info
-from .xnnpack import XNN_HEADER_LENGTH, parse_xnngraph, xnngraph_span
+from .xnnpack import (
+    XNN_HEADER_LENGTH,
+    PackedWeight,
+    parse_packed_weights,
+    parse_xnngraph,
+    xnngraph_span,
+)
 
 __all__ = [
     "XNNPACK_BACKEND_ID",
@@ -31,6 +37,7 @@ __all__ = [
     "named_data_json",
     "tensor_index_of",
     "program_external_tensors",
+    "xnnpack_packed_weights",
     "xnnpack_tensors",
 ]
 
@@ -106,13 +113,12 @@ def _blob_source(c: Container, method: str, position: int, where: str) -> str:
     return f"{c.source} ({XNNPACK_BACKEND_ID} blob of {method}[{position}], {where})"
 
 
-def xnnpack_tensors(parsed: ParsedFile, loader: DataLoader) -> list[tuple[str, TensorInfo]]:
-    """``(key, info)`` for every named constant of every XNNPACK delegate blob of a .pte.
-
-    Each unique blob is read once, and only its header and XNNGraph FlatBuffer.
-    """
+def _xnnpack_graphs(
+    parsed: ParsedFile, loader: DataLoader
+) -> Iterator[tuple[bytes | bytearray | memoryview, str, str]]:
+    """``(XNNGraph FlatBuffer, source, where)`` of every unique XNNPACK delegate blob of
+    a .pte: only the blob's header and FlatBuffer are read."""
     c = parsed.container
-    out: list[tuple[str, TensorInfo]] = []
     seen: set[tuple[str, int]] = set()
     for d in c.delegates:
         if d.id != XNNPACK_BACKEND_ID or (d.location, d.index) in seen:
@@ -131,8 +137,26 @@ def xnnpack_tensors(parsed: ParsedFile, loader: DataLoader) -> list[tuple[str, T
             blob = memoryview(parsed.metadata)[pos : pos + size]
             off, fb_size = xnngraph_span(blob[:XNN_HEADER_LENGTH], size, src)
             graph = blob[off : off + fb_size]
-        where = f"{d.method}[{d.position}]"
+        yield graph, src, f"{d.method}[{d.position}]"
+
+
+def xnnpack_tensors(parsed: ParsedFile, loader: DataLoader) -> list[tuple[str, TensorInfo]]:
+    """``(key, info)`` for every named constant of every XNNPACK delegate blob of a .pte.
+
+    Each unique blob is read once, and only its header and XNNGraph FlatBuffer.
+    """
+    out: list[tuple[str, TensorInfo]] = []
+    for graph, src, where in _xnnpack_graphs(parsed, loader):
         out += [(k.key, k.info) for k in parse_xnngraph(graph, src, where)]
+    return out
+
+
+def xnnpack_packed_weights(parsed: ParsedFile, loader: DataLoader) -> list[PackedWeight]:
+    """Every weight the XNNPACK delegate blobs of a .pte have XNNPACK pack at load time
+    (:func:`~ptestore.format.xnnpack.parse_packed_weights`), each blob read once."""
+    out: list[PackedWeight] = []
+    for graph, src, where in _xnnpack_graphs(parsed, loader):
+        out += parse_packed_weights(graph, src, where)
     return out
 
 

@@ -24,8 +24,11 @@ __all__ = [
     "XNN_DATATYPES",
     "XNN_HEADER_LENGTH",
     "XNN_HEADER_MAGIC",
+    "PACKING_NODES",
+    "PackedWeight",
     "XnnConstant",
     "XnnHeader",
+    "parse_packed_weights",
     "parse_xnn_header",
     "parse_xnngraph",
     "xnngraph_span",
@@ -56,12 +59,15 @@ XNN_DATATYPES: dict[int, str] = {
 }
 
 # Field ids (declaration order; a union takes two: type, then value).
+_G_XNODES = 1
 _G_XVALUES = 2
 _G_CONSTANT_DATA = 8
 _CD_OFFSET, _CD_SIZE, _CD_NAMED_KEY = 0, 1, 2
 _XV_TYPE, _XV_VALUE = 0, 1
 _XV_TENSOR, _XV_QUANTIZED = 1, 2
 _TV_DATATYPE, _TV_NUM_DIMS, _TV_DIMS, _TV_CONSTANT_BUFFER_IDX = 0, 1, 2, 3
+_TV_ID_OUT = 6
+_XN_TYPE, _XN_VALUE = 0, 1
 _QTV_TENSOR, _QTV_PARAMS_TYPE, _QTV_PARAMS = 0, 1, 2
 _Q_PER_CHANNEL, _Q_PER_TENSOR, _Q_PER_TOKEN, _Q_GROUP = 1, 2, 3, 4
 # PerChannelQuant: scale 0, channel_dim 1, scale_buffer_idx 2, num_scales 3
@@ -317,3 +323,88 @@ def _quant(
         scale_dtype=scale_dtype,
     )
     return params, scale_info
+
+
+#: The XNodeUnion types whose filter (and bias) XNNPACK packs at load time, through the
+#: weights cache when it is on: type code -> (name, field id of filter_id, of bias_id).
+#: (XNNFullyConnected; Conv2d, DepthwiseConv2d and ConvTranspose2d share _XNNNodeConv.)
+PACKING_NODES: dict[int, tuple[str, int, int]] = {
+    2: ("FullyConnected", 1, 2),
+    7: ("Conv2d", 16, 17),
+    13: ("DepthwiseConv2d", 16, 17),
+    39: ("ConvTranspose2d", 16, 17),
+}
+
+
+@dataclass(frozen=True)
+class PackedWeight:
+    """A weight XNNPACK packs at load time: the named-data key of the node's filter and of
+    its bias (None without a named bias). A packed-weight file names its entry after
+    both, the filter's key followed by the bias's."""
+
+    filter_key: str
+    bias_key: str | None
+    node: str
+    where: str
+
+    @property
+    def entry_name(self) -> str:
+        return self.filter_key + (self.bias_key or "")
+
+
+def _value_keys(
+    root: TableView, constants: list[tuple[str, int] | None], source: str
+) -> dict[int, str]:
+    """``id_out`` -> named-data key of every named constant value of the graph."""
+    xvalues = root.vector(_G_XVALUES, "xvalues", 4)
+    out: dict[int, str] = {}
+    if xvalues is None:
+        return out
+    for i in range(xvalues.length):
+        xv = xvalues.table(i)
+        kind = xv.scalar(_XV_TYPE, "xvalue_union_type", "u8")
+        value = xv.table(_XV_VALUE, "xvalue_union")
+        if value is None or kind not in (_XV_TENSOR, _XV_QUANTIZED):
+            continue
+        tensor = value.table(_QTV_TENSOR, "tensor_value") if kind == _XV_QUANTIZED else value
+        if tensor is None:
+            raise FormatError(source, f"{value.field}.tensor_value", None, "present")
+        idx = tensor.scalar(_TV_CONSTANT_BUFFER_IDX, "constant_buffer_idx", "u32")
+        entry = _named(constants, idx, f"{tensor.field}.constant_buffer_idx", source)
+        if entry is not None:
+            out[tensor.scalar(_TV_ID_OUT, "id_out", "u32")] = entry[0]
+    return out
+
+
+def parse_packed_weights(
+    buf: bytes | bytearray | memoryview, source: str, where: str = ""
+) -> list[PackedWeight]:
+    """The weights the nodes of the XNNGraph FlatBuffer ``buf`` have XNNPACK pack
+    (:data:`PACKING_NODES` whose filter is a named constant), in ``xnodes`` order."""
+    view = FlatView(buf, source, limit=len(buf))
+    if len(buf) < 8 or bytes(buf[4:8]) not in XNN_IDENTIFIERS:
+        raise FormatError(
+            source, "XNNGraph file identifier (bytes 4..8)", bytes(buf[4:8]), "b'XN01' or b'XN00'"
+        )
+    root = view.root("XNNGraph")
+    keys = _value_keys(root, _constant_data(view, root), source)
+    xnodes = root.vector(_G_XNODES, "xnodes", 4)
+    out: list[PackedWeight] = []
+    if xnodes is None:
+        return out
+    prefix = f"{where} " if where else ""
+    for i in range(xnodes.length):
+        node = xnodes.table(i)
+        kind = node.scalar(_XN_TYPE, "xnode_union_type", "u8")
+        if kind not in PACKING_NODES:
+            continue
+        name, filter_fid, bias_fid = PACKING_NODES[kind]
+        value = node.table(_XN_VALUE, "xnode_union")
+        if value is None:
+            raise FormatError(source, f"{node.field}.xnode_union", None, f"an XNN{name}")
+        filter_key = keys.get(value.scalar(filter_fid, "filter_id", "u32"))
+        if filter_key is None:
+            continue  # a filter computed at run time: nothing packed at load
+        bias_key = keys.get(value.scalar(bias_fid, "bias_id", "u32"))
+        out.append(PackedWeight(filter_key, bias_key, name, f"{prefix}xnodes[{i}]"))
+    return out

@@ -6,6 +6,8 @@ docs/xnnpack.md.
 - :func:`make_cache` makes (or finds) the verified file for an artifact, this runtime
   and this CPU in a directory, under an ``flock``; :func:`find_cache` and
   :func:`verify_cache` check one before it is handed out;
+- :func:`adopt_cache` installs a file made elsewhere (a fleet's worker) after the same
+  checks;
 - :func:`load` runs an artifact in this process with a verified file;
 - :func:`build_shim` builds the native piece (``python -m ptestore.xnnpack build``).
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .adopt import adopt_cache
     from .cache import CacheFile, artifact_keys, find_cache, make_cache, verify_cache
     from .identity import Identity, cpu_fingerprint
     from .loader import XnnpackProgram, load
@@ -24,6 +27,7 @@ __all__ = [
     "CacheFile",
     "Identity",
     "XnnpackProgram",
+    "adopt_cache",
     "artifact_keys",
     "build_shim",
     "cpu_fingerprint",
@@ -35,6 +39,7 @@ __all__ = [
 ]
 
 _WHERE = {
+    "adopt_cache": "adopt",
     "CacheFile": "cache",
     "artifact_keys": "cache",
     "find_cache": "cache",

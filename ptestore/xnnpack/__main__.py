@@ -1,6 +1,8 @@
 """``python -m ptestore.xnnpack build|make|verify``: the native piece and packed-weight files.
 
 - ``build [--force]``: build the native piece now (else it is built on first use);
+- ``fingerprint``: print this machine's CPU fingerprint (what a fleet job's device
+  declares as ``xnnpack_cpu``);
 - ``make PTE [--ptd PTD] --dir DIR``: make (or find) the file, print its record as JSON;
 - ``verify FILE --pte PTE [--ptd PTD]``: check a file; exit 1 with the reason if it fails.
 """
@@ -19,6 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="build the native piece for the installed executorch")
     b.add_argument("--force", action="store_true", help="build even when cached")
+    sub.add_parser("fingerprint", help="print this machine's CPU fingerprint")
     m = sub.add_parser("make", help="make or find the packed-weight file of an artifact")
     m.add_argument("pte")
     m.add_argument("--ptd")
@@ -29,7 +32,11 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("--ptd")
     args = parser.parse_args(argv)
     try:
-        if args.command == "build":
+        if args.command == "fingerprint":
+            from .identity import cpu_fingerprint
+
+            print(cpu_fingerprint())
+        elif args.command == "build":
             from .native import build_shim
 
             shim = build_shim(force=args.force)

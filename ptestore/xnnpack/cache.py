@@ -24,7 +24,6 @@ match.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import shutil
@@ -33,19 +32,16 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import (
     ConfigurationError,
     FormatError,
     IntegrityError,
     PackedWeightsRefused,
-    PteStoreError,
     StorageError,
 )
-from ..storage.atomic import rename, sync_file
 from .identity import Identity, file_sha256
 from .native import Shim, build_shim, executorch_build
 from .record import (
@@ -53,19 +49,26 @@ from .record import (
     CacheFile,
     PathLike,
     check_file,
+    found_checked,
     identity_of,
+    locked,
     parse_file,
     paths,
+    publish_file,
     publish_read_only,
     read_record,
-    stamp,
+    remove_stale,
 )
-from .xpwc import check_names
+from .xpwc import check_coverage, check_names
+
+if TYPE_CHECKING:
+    from ..format.xnnpack import PackedWeight
 
 __all__ = [
     "RECORD_FORMAT",
     "CacheFile",
     "artifact_keys",
+    "artifact_weights",
     "find_cache",
     "make_cache",
     "verify_cache",
@@ -74,14 +77,21 @@ __all__ = [
 
 def artifact_keys(pte: PathLike) -> set[str]:
     """The named-data keys the XNNPACK delegate graphs of a .pte refer to."""
+    return artifact_weights(pte)[0]
+
+
+def artifact_weights(pte: PathLike) -> tuple[set[str], list[PackedWeight]]:
+    """The named-data keys the XNNPACK delegate graphs of a .pte refer to, and the
+    weights they have XNNPACK pack at load time (each needs an entry in the file)."""
     from ..format.reader import read_container
-    from ..format.tensors import xnnpack_tensors
+    from ..format.tensors import xnnpack_packed_weights, xnnpack_tensors
     from ..storage.loaders import LocalFileLoader
 
     loader = LocalFileLoader(os.fspath(pte))
     try:
         parsed = read_container(loader)
-        return {key for key, _ in xnnpack_tensors(parsed, loader)}
+        keys = {key for key, _ in xnnpack_tensors(parsed, loader)}
+        return keys, xnnpack_packed_weights(parsed, loader)
     finally:
         loader.close()
 
@@ -127,42 +137,7 @@ def find_cache(
     again). Nothing is changed on disk."""
     identity = identity_of(pte, ptd, pte_sha256, ptd_sha256, executorch_build())
     path, record_path, _, _ = paths(Path(directory), identity)
-    return _found(path, record_path, identity, full)
-
-
-def _found(
-    path: Path, record_path: Path, identity: Identity, full: bool = True
-) -> CacheFile | None:
-    try:
-        return check_file(path, read_record(record_path), identity, full)
-    except FileNotFoundError:
-        return None
-    except PteStoreError:
-        return None
-
-
-@contextlib.contextmanager
-def _locked(lock_path: Path) -> Iterator[None]:
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
-def _remove_stale(directory: Path, identity: Identity) -> None:
-    """Under the lock: everything a previous maker of this identity left."""
-    path, record_path, _, _ = paths(directory, identity)
-    for p in (record_path, path):  # the record first: it is what makes a file findable
-        with contextlib.suppress(FileNotFoundError):
-            p.unlink()
-    for leftover in directory.glob(f".{identity.name}.*"):
-        if leftover.is_dir():
-            shutil.rmtree(leftover, ignore_errors=True)
-        else:
-            with contextlib.suppress(FileNotFoundError):
-                leftover.unlink()
+    return found_checked(path, record_path, identity, full)
 
 
 def _signal_name(code: int) -> str:
@@ -276,15 +251,15 @@ def make_cache(
     identity = identity_of(pte, ptd, pte_sha256, ptd_sha256, shim.build)
     path, record_path, lock_path, refused_path = paths(directory, identity)
     artifact = os.fspath(pte) if ptd is None else f"{os.fspath(pte)} (+ {os.fspath(ptd)})"
-    with _locked(lock_path):
-        found = _found(path, record_path, identity, full)
+    with locked(lock_path):
+        found = found_checked(path, record_path, identity, full)
         if found is not None:
             return found
         if refused_path.is_file() and not retry_refused:
             with contextlib.suppress(OSError, ValueError, KeyError):
                 reason = json.loads(refused_path.read_text(encoding="utf-8"))["reason"]
                 raise PackedWeightsRefused(artifact, f"{reason} (refused before)")
-        _remove_stale(directory, identity)
+        remove_stale(directory, identity)
         try:
             made = _make(pte, ptd, shim, identity, directory, artifact, timeout)
         except PackedWeightsRefused as exc:
@@ -316,8 +291,7 @@ def _make(
     artifact: str,
     timeout: float | None,
 ) -> CacheFile:
-    path, record_path, _, _ = paths(directory, identity)
-    keys = artifact_keys(pte)
+    keys, weights = artifact_weights(pte)
     if not keys:
         raise PackedWeightsRefused(
             artifact, "it has no XNNPACK delegate with named weights (nothing to pack)"
@@ -369,6 +343,7 @@ def _make(
         try:
             entries = parse_file(tmp_file)
             check_names(entries, keys, str(tmp_file))
+            check_coverage(entries, weights, str(tmp_file))
         except FormatError as exc:
             raise PackedWeightsRefused(
                 artifact, f"the runtime wrote a file ptestore rejects: {exc}"
@@ -402,30 +377,12 @@ def _make(
             )
         if tmp_file.stat().st_size != size or file_sha256(tmp_file) != digest:
             raise PackedWeightsRefused(artifact, "the runtime changed the file while loading it")
-        # The large file is published as the runtime wrote it (0444 already): fsync,
-        # rename into the directory, fsync of both directories; then the record.
-        fd = os.open(tmp_file, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            sync_file(fd)
-        finally:
-            os.close(fd)
-        rename(str(tmp_file), str(path), durable=True)
-        published = stamp(path.stat())
-        record = {
-            "format": RECORD_FORMAT,
-            "file": path.name,
-            "size": size,
-            "sha256": digest,
-            "entries": len(entries),
-            "identity": identity.to_json(),
-            "made_unix": int(time.time()),
-            "stamp": published,
-        }
-        publish_read_only(json.dumps(record, indent=1).encode(), record_path)
+        # The large file is published as the runtime wrote it (0444 already).
+        made = publish_file(tmp_file, directory, identity, size, digest, len(entries))
     except StorageError:
         raise  # from ptestore.storage.atomic: it names the file and the step
     except OSError as exc:
         raise StorageError(f"{directory}: making the packed-weight file failed: {exc}") from exc
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return CacheFile(path, record_path, size, digest, len(entries), identity, made=True)
+    return made

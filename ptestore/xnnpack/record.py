@@ -11,14 +11,19 @@ writes a small read-only file (a record, a refusal) through
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import mmap
 import os
+import shutil
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import FormatError, IntegrityError
+from ..errors import FormatError, IntegrityError, PteStoreError
 from .identity import Identity, file_sha256
 from .native import ExecutorchBuild
 from .xpwc import Entry, parse_index
@@ -28,11 +33,15 @@ __all__ = [
     "CacheFile",
     "PathLike",
     "check_file",
+    "found_checked",
     "identity_of",
+    "locked",
     "parse_file",
     "paths",
+    "publish_file",
     "publish_read_only",
     "read_record",
+    "remove_stale",
     "stamp",
 ]
 
@@ -190,3 +199,70 @@ def publish_read_only(data: bytes, target: Path) -> None:
     from ..storage.atomic import put_bytes
 
     put_bytes(os.fspath(target), data, mode="overwrite", durable=True, permissions=0o444)
+
+
+def found_checked(
+    path: Path, record_path: Path, identity: Identity, full: bool = True
+) -> CacheFile | None:
+    """The file at ``path`` when its record names ``identity`` and it passes every check
+    (:func:`check_file`); None otherwise (nothing there, or something to make again)."""
+    try:
+        return check_file(path, read_record(record_path), identity, full)
+    except FileNotFoundError:
+        return None
+    except PteStoreError:
+        return None
+
+
+@contextlib.contextmanager
+def locked(lock_path: Path) -> Iterator[None]:
+    """The exclusive ``flock`` of whoever makes (or installs) a file."""
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def remove_stale(directory: Path, identity: Identity) -> None:
+    """Under the lock: everything a previous maker of this identity left."""
+    path, record_path, _, _ = paths(directory, identity)
+    for p in (record_path, path):  # the record first: it is what makes a file findable
+        with contextlib.suppress(FileNotFoundError):
+            p.unlink()
+    for leftover in directory.glob(f".{identity.name}.*"):
+        if leftover.is_dir():
+            shutil.rmtree(leftover, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                leftover.unlink()
+
+
+def publish_file(
+    tmp: Path, directory: Path, identity: Identity, size: int, digest: str, entries: int
+) -> CacheFile:
+    """Under the lock: publish the checked, read-only file ``tmp`` as ``identity``'s in
+    ``directory``: fsync, rename into the directory, fsync of both directories; then its
+    record (what makes it findable) the same way, with the published inode's stamp."""
+    from ..storage.atomic import rename, sync_file
+
+    path, record_path, _, _ = paths(directory, identity)
+    fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        sync_file(fd)
+    finally:
+        os.close(fd)
+    rename(str(tmp), str(path), durable=True)
+    record = {
+        "format": RECORD_FORMAT,
+        "file": path.name,
+        "size": size,
+        "sha256": digest,
+        "entries": entries,
+        "identity": identity.to_json(),
+        "made_unix": int(time.time()),
+        "stamp": stamp(path.stat()),
+    }
+    publish_read_only(json.dumps(record, indent=1).encode(), record_path)
+    return CacheFile(path, record_path, size, digest, entries, identity, made=True)

@@ -15,12 +15,24 @@ from __future__ import annotations
 
 import itertools
 import struct
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..errors import FormatError
 
-__all__ = ["FOOTER_SIZE", "MAGIC", "VERSION", "Entry", "check_names", "parse_index"]
+if TYPE_CHECKING:
+    from ..format.xnnpack import PackedWeight
+
+__all__ = [
+    "FOOTER_SIZE",
+    "MAGIC",
+    "VERSION",
+    "Entry",
+    "check_coverage",
+    "check_names",
+    "parse_index",
+]
 
 MAGIC = 0x58505743
 VERSION = 2
@@ -106,4 +118,21 @@ def check_names(entries: list[Entry], keys: Collection[str], source: str) -> Non
                 e.name,
                 "one of the artifact's XNNPACK named-data keys, or a weight key followed "
                 "by its bias key",
+            )
+
+
+def check_coverage(entries: list[Entry], weights: Iterable[PackedWeight], source: str) -> None:
+    """Every weight the artifact's XNNPACK delegate packs (the filter, with its bias, of
+    each packing node: :func:`ptestore.format.xnnpack.parse_packed_weights`) has its
+    entry: a :class:`FormatError` naming the first weight's key that has none (a load
+    with such a file packs that weight again, at every load)."""
+    names = {e.name for e in entries}
+    for w in weights:
+        if w.entry_name not in names and w.filter_key not in names:
+            raise FormatError(
+                source,
+                "index entries",
+                f"no entry for the weight {w.filter_key!r}"
+                + (f" with its bias {w.bias_key!r}" if w.bias_key else ""),
+                f"an entry for every weight XNNPACK packs ({w.node} {w.where})",
             )

@@ -398,11 +398,10 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("provenance", ("ptestore.provenance",)),
     # the run, and the tools beside it that read or clean what runs leave
     ("coordinator", ("ptestore.coordinator", "ptestore.inspection", "ptestore.gc")),
+    # XNNPACK's packed weights: made by the fleet's workers and on the device
+    ("xnnpack", ("ptestore.xnnpack",)),
     ("fleet", ("ptestore.fleet",)),
-    (
-        "device",
-        ("ptestore.device", "ptestore.verification", "ptestore.integrity", "ptestore.xnnpack"),
-    ),
+    ("device", ("ptestore.device", "ptestore.verification", "ptestore.integrity")),
     # the front doors: the CLI, the pictures, the test kit, the package root (whose
     # lazy exports reach everything) and the deprecated import paths
     (

@@ -101,25 +101,42 @@ def test_fetched_once_hit_while_current_refetched_when_stale_kept_when_corrupt(
     assert Path(fresh.pte).read_bytes() == pte.read_bytes()
     assert [e.key for e in list_entries(cache)] == [first.key]
 
-    # Another run, then its artifact is damaged: the download does not match the index,
-    # nothing is published, and the cache is exactly as it was.
+    # The scale lives in the .ptd: the .pte's content is the one the cache holds, so it
+    # is taken from there (verified against the new record), only its trailer and the
+    # .ptd are downloaded.
+    assert fresh.choice is not None
+    content = fresh.provenance.content if fresh.provenance is not None else None
+    assert content is not None
+    assert fresh.choice["fetched"]["from_base"] == content.size
+    assert fresh.choice["fetched"]["bases"] == [first.pte]
+
+    # Another run, then its artifact is damaged, and so is the cache's copy of those
+    # bytes (whose own record still names the good ones): the download does not match
+    # the index, nothing is published, and the cache is exactly as it was.
     _fleet_run(_job(tmp_path, str(out), scale=4.0), capsys)
     a4 = DeviceProfile("a", {"soc": "x", "scale": 4.0})
-    before = _tree(cache)
     data = bytearray(pte.read_bytes())
     data[len(data) // 3] ^= 1
     pte.write_bytes(bytes(data))
+    cached = Path(first.pte)
+    cached.chmod(0o644)
+    cached.write_bytes(bytes(data[: content.size]) + cached.read_bytes()[content.size :])
+    cached.chmod(0o444)
+    before = _tree(cache)
+    states = [e.state for e in list_entries(cache)]
+    assert states == ["broken"]  # its file is not as its manifest records any more
     with pytest.raises(IntegrityError) as info:
         ptestore.ensure(index, cache_dir=cache, model="m", device=a4)
-    assert str(info.value).startswith(f"{pte}: downloaded bytes have sha256:")
-    assert ", the index names sha256:" in str(info.value)
+    assert str(info.value).startswith(f"{pte}: downloaded bytes 0:")
+    assert "(chunk 0) have sha256:" in str(info.value)
+    assert ", the record in its trailer (the one the index names) says sha256:" in str(info.value)
     # The entry's files and manifest are as they were; the good .ptd, checked before the
     # .pte failed, stays as a download the next attempt resumes (nothing was published).
     after = _tree(cache)
     parts = sorted(k for k in after if k not in before)
     assert [p.rsplit("/", 1)[1] for p in parts] == ["incoming.ptd.part", "incoming.ptd.part.json"]
     assert {k: v for k, v in after.items() if k in before} == before
-    assert [e.state for e in list_entries(cache)] == ["ready"]
+    assert [e.state for e in list_entries(cache)] == states
     before = after
     argv = ["ensure", index, "--cache-dir", str(cache), "--model", "m", "--device", "a"]
     assert main([*argv, "--device-option", "soc=x", "--device-option", "scale=4.0"]) == 1

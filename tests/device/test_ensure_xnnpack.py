@@ -8,10 +8,10 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
+from support.xnnpack_probe import REPO, env, flip, fresh_load
 
 from ptestore.device import cache, ensure
 from ptestore.device.cache import CacheLayout, remove_entry_locked
@@ -24,45 +24,10 @@ pytestmark = [
     pytest.mark.skipif(runtime_unavailable() is not None, reason=str(runtime_unavailable())),
 ]
 
-REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures"
 MLP = FIXTURES / "mlp_xnnpack.pte"
 PY = sys.executable
 FLAGS = ["--xnnpack-cache", "--json"]
-
-
-def env() -> dict[str, str]:
-    e = dict(os.environ)
-    e["PYTHONPATH"] = str(REPO) + os.pathsep + e.get("PYTHONPATH", "")
-    e["PYTHONWARNINGS"] = "ignore"
-    return e
-
-
-def flip(path: Path) -> None:
-    """Flip one bit inside the first packed region, in place."""
-    os.chmod(path, 0o644)
-    with open(path, "r+b") as f:
-        f.seek(100)
-        b = f.read(1)
-        f.seek(100)
-        f.write(bytes([b[0] ^ 0x40]))
-    os.chmod(path, 0o444)
-
-
-FRESH = textwrap.dedent(
-    """
-    import json, sys
-    import numpy as np
-    from ptestore.xnnpack import load
-    pte, cache = sys.argv[1], sys.argv[2]
-    x = np.random.default_rng(0).standard_normal((2, 16), dtype=np.float32)
-    with load(pte, cache=cache) as p:
-        with_file = p.run("forward", [x])[0]
-    with load(pte) as p:
-        without = p.run("forward", [x])[0]
-    print(json.dumps({"same_bytes": with_file.tobytes() == without.tobytes()}))
-    """
-)
 
 
 def test_made_once_found_on_a_hit_rebuilt_when_corrupt_and_loaded(tmp_path: Path) -> None:
@@ -96,16 +61,9 @@ def test_made_once_found_on_a_hit_rebuilt_when_corrupt_and_loaded(tmp_path: Path
     assert verify_cache(packed, pte=first.pte).sha256 == made.sha256  # the same bytes again
     assert Path(str(packed) + ".json").stat().st_mtime_ns != record_mtime  # made again
 
-    out = subprocess.run(
-        [PY, "-c", FRESH, first.pte, str(packed)],
-        capture_output=True,
-        text=True,
-        env=env(),
-        check=False,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"same_bytes": True}
-    assert f"Loaded packed weight cache: {packed} (2 entries)" in out.stderr
+    result, stderr = fresh_load(first.pte, packed)
+    assert result["same_bytes"] and result["loads_with_options"] == 1
+    assert f"Loaded packed weight cache: {packed} (2 entries)" in stderr
 
     # the CLI prints the same path in --json, and cache ls shows it
     cli = subprocess.run(

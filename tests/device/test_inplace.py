@@ -822,7 +822,8 @@ def test_specialize_in_place_refuses_an_already_specialized_file(tmp_path: Path)
         (
             {"in_place": False},
             "portable= is the source an in-place entry is made from; it "
-            "applies with in_place=True only (CLI: --in-place --portable PATH)",
+            "applies with in_place=True only (CLI: --in-place --portable PATH), or with an "
+            "index (model=): a local copy of the model's portable source to fetch from",
         ),
         (
             {"in_place": True, "same": True},

@@ -14,18 +14,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.delta import program, version
 from support.fixtures import get_fixture
 
 import ptestore
 from ptestore.backends.compat import DeviceProfile
 from ptestore.cli import main
 from ptestore.errors import IntegrityError, PartialPublish, PermissionDenied
-from ptestore.provenance import read_trailer
+from ptestore.provenance import read_provenance, read_trailer
+from ptestore.provenance.chunks import CHUNK_SIZE
 from ptestore.provenance.trailer import encode_trailer
-from ptestore.storage.loaders import BytesLoader
+from ptestore.storage.loaders import BytesLoader, open_loader
 from ptestore.testing.s3server import S3TestServer
 
 EXT = get_fixture("mlp_xnnpack_ext")
+DATA = Path(__file__).parents[1] / "provenance" / "data"
 SPEC = "support.fleet_backend:Scaler=1.0"
 
 
@@ -171,7 +174,9 @@ def test_a_link_at_a_download_file_is_refused_and_never_written_through(
 
 
 def _interrupted(src: str, dest: Path, **kwargs: Any) -> None:
-    """A fetch interrupted (Ctrl-C) halfway through the .pte's download."""
+    """A fetch interrupted (Ctrl-C) halfway through the .pte's download: a file checked
+    whole has a ``.part`` that ends there; one checked by chunks has its verified chunks
+    counted in ``.part.json`` (the ``.part`` has its final size)."""
 
     sizes: list[int] = []
 
@@ -183,11 +188,35 @@ def _interrupted(src: str, dest: Path, **kwargs: Any) -> None:
     with pytest.raises(KeyboardInterrupt):
         ptestore.fetch(src, dest, chunk_size=256, progress=progress, **kwargs)
     assert not dest.exists()
-    assert 0 < os.path.getsize(str(dest) + ".part") < sizes[0]  # halfway through the .pte
+    state = json.loads(Path(str(dest) + ".part.json").read_text())
+    if "verified" in state:
+        assert state["verified"] > 0 and state["verified"] * CHUNK_SIZE < sizes[0]
+    else:
+        assert 0 < os.path.getsize(str(dest) + ".part") < sizes[0]  # halfway through
 
 
-def test_a_hard_link_at_the_part_is_not_resumed_into(tmp_path: Path) -> None:
-    pte, _ = _pair(tmp_path, "a", 2.0)
+def _v1(tmp: Path) -> Path:
+    """A pair made by an older ptestore (version-1 records: no chunk digests), checked
+    whole by fetch."""
+    d = tmp / "v1"
+    d.mkdir()
+    for name in ("v1_trailer.pte", "v1_trailer.ptd"):
+        shutil.copyfile(DATA / name, d / name)
+    return d / "v1_trailer.pte"
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 20 MiB artifact (six 4 MiB chunks, a version-2 record)."""
+    d = tmp_path_factory.mktemp("big")
+    return version(program(d), d / "v1" / "m.pte", "1")
+
+
+@pytest.mark.parametrize("checked", ["whole", "chunks"])
+def test_a_hard_link_at_the_part_is_not_resumed_into(
+    tmp_path: Path, big: Path, checked: str
+) -> None:
+    pte = _v1(tmp_path) if checked == "whole" else big
     dest = tmp_path / "dev" / "m.pte"
     _interrupted(str(pte), dest)
     part = Path(str(dest) + ".part")
@@ -237,6 +266,17 @@ def _job(tmp: Path, dest: str, scale: float = 2.0) -> Path:
     return job
 
 
+def _big_job(tmp: Path, dest: str) -> Path:
+    """A job of one device over a 20 MiB program (six 4 MiB chunks; support.delta)."""
+    job = tmp / f"job{len(list(tmp.glob('job*.toml')))}.toml"
+    job.write_text(
+        f'destination = "{dest}/{{device}}/{{model}}.pte"\n'
+        'backends = ["support.delta:Poke=1"]\n'
+        f'[[models]]\nname = "m"\nsource = "{program(tmp)}"\n[devices.a]\nsoc = "x"\n'
+    )
+    return job
+
+
 def _fleet_run(job: Path, capsys: Any) -> str:
     assert main(["fleet", "run", str(job), "--workers", "1", "--json"]) == 0
     index: str = json.loads(capsys.readouterr().out)["index"]
@@ -272,23 +312,31 @@ def test_a_local_resume_is_pinned_to_the_version_not_the_size(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "out"
-    index = _fleet_run(_job(tmp_path, str(out)), capsys)
+    index = _fleet_run(_big_job(tmp_path, str(out)), capsys)
     pte = out / "a" / "m.pte"
     dest = tmp_path / "dev" / "m.pte"
     _interrupted(index, dest, model="m", device="a")
     state = json.loads(Path(str(dest) + ".part.json").read_text())
     st = pte.stat()
+    trailer = read_trailer(BytesLoader(pte.read_bytes()))
+    assert trailer is not None
+    chunks = read_provenance(open_loader(pte)).content.chunks  # type: ignore[union-attr]
     assert state == {
         "url": str(pte),
         "size": st.st_size,
         "dev": st.st_dev,
         "ino": st.st_ino,
         "mtime_ns": st.st_mtime_ns,
+        "trailer_sha256": "sha256:" + trailer.sha256,
+        "chunks": {"size": CHUNK_SIZE, "root": chunks.root},
+        "verified": state["verified"],
     }
-    # A newer run replaces the artifact by another of the same size.
-    old = pte.read_bytes()
-    _fleet_run(_job(tmp_path, str(out), scale=3.0), capsys)
-    assert pte.stat().st_size == len(old) and pte.read_bytes() != old
+    assert state["verified"] > 0
+    # The same bytes written again (another inode, another mtime): another version of
+    # the object, so the download starts again rather than trust what it kept.
+    copy = out / "a" / "copy.pte"
+    shutil.copyfile(pte, copy)
+    os.replace(copy, pte)
     result = ptestore.fetch(index, dest, model="m", device="a", chunk_size=256)
     got = next(f for f in result.files if f["path"] == str(dest))
     assert got["resumed_from"] == 0  # the other version: started again
@@ -297,13 +345,13 @@ def test_a_local_resume_is_pinned_to_the_version_not_the_size(
 
 @pytest.mark.parametrize("change", ["one byte past", "one byte changed", "longer than the object"])
 def test_a_part_that_does_not_end_where_the_object_does_restarts(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], change: str
+    tmp_path: Path, change: str
 ) -> None:
-    out = tmp_path / "out"
-    index = _fleet_run(_job(tmp_path, str(out)), capsys)
-    pte = out / "a" / "m.pte"
+    """A file checked whole (a version-1 record) resumes only a ``.part`` whose last
+    bytes are the object's."""
+    pte = _v1(tmp_path)
     dest = tmp_path / "dev" / "m.pte"
-    _interrupted(index, dest, model="m", device="a")
+    _interrupted(str(pte), dest)
     part = Path(str(dest) + ".part")
     data = bytearray(part.read_bytes())
     if change == "one byte past":  # a byte the object does not have there
@@ -313,14 +361,14 @@ def test_a_part_that_does_not_end_where_the_object_does_restarts(
     else:
         data += bytes(pte.stat().st_size)
     part.write_bytes(bytes(data))
-    result = ptestore.fetch(index, dest, model="m", device="a", chunk_size=256)
+    result = ptestore.fetch(pte, dest, chunk_size=256)
     got = next(f for f in result.files if f["path"] == str(dest))
-    assert got["resumed_from"] == 0
+    assert (got["resumed_from"], got["verified"]) == (0, "whole")
     assert dest.read_bytes() == pte.read_bytes()
     # An untouched .part resumes where it ends.
     dest2 = tmp_path / "dev2" / "m.pte"
-    _interrupted(index, dest2, model="m", device="a")
+    _interrupted(str(pte), dest2)
     size = os.path.getsize(str(dest2) + ".part")
-    result = ptestore.fetch(index, dest2, model="m", device="a", chunk_size=256)
+    result = ptestore.fetch(pte, dest2, chunk_size=256)
     assert next(f for f in result.files if f["path"] == str(dest2))["resumed_from"] == size
     assert dest2.read_bytes() == pte.read_bytes()

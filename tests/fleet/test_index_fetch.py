@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.delta import program
 from support.fixtures import get_fixture
 from support.s3job import s3_options_toml
 
@@ -36,6 +37,17 @@ def _job(tmp: Path, dest: str, devices: str = DEVICES, extra: str = "") -> Path:
     job.write_text(
         f'destination = "{dest}/{{device}}/{{model}}.pte"\nbackends = ["{SPEC}"]\n{extra}'
         f'[[models]]\nname = "m"\nsource = "{EXT.pte_path}"\nptd = "{EXT.ptd_path}"\n' + devices
+    )
+    return job
+
+
+def _big_job(tmp: Path, dest: str, stamp: str = "1", extra: str = "") -> Path:
+    """A job of one device over a 20 MiB program (six 4 MiB chunks; support.delta)."""
+    job = tmp / f"job{len(list(tmp.glob('job*.toml')))}.toml"
+    job.write_text(
+        f'destination = "{dest}/{{device}}/{{model}}.pte"\n'
+        f'backends = ["support.delta:Poke={stamp}"]\n{extra}'
+        f'[[models]]\nname = "m"\nsource = "{program(tmp)}"\n[devices.a]\nsoc = "x"\n'
     )
     return job
 
@@ -124,7 +136,8 @@ def test_index_select_and_fetch_locally(tmp_path: Path, capsys: pytest.CaptureFi
     data[len(data) // 3] ^= 1
     pte.write_bytes(bytes(data))
     other = tmp_path / "other" / "model.pte"
-    with pytest.raises(IntegrityError, match="downloaded bytes have sha256:") as info:
+    bad = r"downloaded bytes 0:\d+ \(chunk 0\) have sha256:"
+    with pytest.raises(IntegrityError, match=bad) as info:
         ptestore.fetch(first["index"], other, model="m", device="a")
     assert info.value.published is False
     assert not other.exists() and not Path(str(other) + ".part").exists()
@@ -151,6 +164,8 @@ ptestore.fetch(sys.argv[1], sys.argv[2], model="m", device="a", chunk_size=256,
 
 
 def _fetch_killed_halfway(index: str, dest: Path, opts: dict[str, Any]) -> None:
+    """Killed (SIGKILL) once the progress passes half the .pte: the chunks verified
+    before are counted in ``DEST.part.json``, nothing is published."""
     # The child imports the test backend too (it rates the artifacts; without it the
     # selection would fall back to the portable source).
     tests = str(Path(__file__).parents[1])
@@ -164,18 +179,23 @@ def _fetch_killed_halfway(index: str, dest: Path, opts: dict[str, Any]) -> None:
     assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
     assert not dest.exists()  # nothing partial is visible
     assert os.path.getsize(str(dest) + ".part") > 0
+    state = json.loads(Path(str(dest) + ".part.json").read_text())
+    assert 0 < state["verified"] < 6, state  # of its six chunks
 
 
 def test_fetch_resumes_after_being_killed(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "out"
-    index = _run(_job(tmp_path, str(out)), capsys)["index"]
+    index = _run(_big_job(tmp_path, str(out)), capsys)["index"]
     dest = tmp_path / "dl" / "m.pte"
     _fetch_killed_halfway(index, dest, {})
+    verified = json.loads(Path(str(dest) + ".part.json").read_text())["verified"]
     result = ptestore.fetch(index, dest, model="m", device="a", chunk_size=256)
     pte_file = next(f for f in result.files if f["path"] == str(dest))
-    assert pte_file["resumed_from"] > 0
+    # Resumed after the verified chunks (4 MiB each), never past them.
+    assert pte_file["resumed_from"] == verified * (4 << 20)
+    assert pte_file["received"] < pte_file["size"]
     assert dest.read_bytes() == (out / "a" / "m.pte").read_bytes()
     assert not Path(str(dest) + ".part").exists()
 
@@ -207,21 +227,24 @@ def test_s3_index_concurrent_and_fetch_resume(
     assert head["ContentType"] == "application/json"
 
     # fetch from S3, killed halfway, resumed with ranged GETs pinned to the ETag.
+    big = _run(_big_job(tmp_path, f"s3://{bucket}/big", extra=extra), capsys)["index"]
     dest = tmp_path / "dl" / "m.pte"
-    _fetch_killed_halfway(url, dest, opts)
-    result = ptestore.fetch(url, dest, model="m", device="a", chunk_size=256, storage_options=opts)
-    assert next(f for f in result.files if f["path"] == str(dest))["resumed_from"] > 0
+    _fetch_killed_halfway(big, dest, opts)
+    verified = json.loads(Path(str(dest) + ".part.json").read_text())["verified"]
+    result = ptestore.fetch(big, dest, model="m", device="a", chunk_size=256, storage_options=opts)
+    got = next(f for f in result.files if f["path"] == str(dest))
+    assert got["resumed_from"] == verified * (4 << 20)
     client = s3_server.client()
-    want = client.get_object(Bucket=bucket, Key="fleet/a/m.pte")["Body"].read()
+    want = client.get_object(Bucket=bucket, Key="big/a/m.pte")["Body"].read()
     assert dest.read_bytes() == want
     # Killed again, then the object changes: the download restarts and, since the new
     # bytes are not the ones the index names, nothing is published.
     dest2 = tmp_path / "dl2" / "m.pte"
-    _fetch_killed_halfway(url, dest2, opts)
+    _fetch_killed_halfway(big, dest2, opts)
     other = client.get_object(Bucket=bucket, Key="fleet/b/m.pte")["Body"].read()
-    client.put_object(Bucket=bucket, Key="fleet/a/m.pte", Body=other)
+    client.put_object(Bucket=bucket, Key="big/a/m.pte", Body=other)
     with pytest.raises(IntegrityError):
-        ptestore.fetch(url, dest2, model="m", device="a", chunk_size=256, storage_options=opts)
+        ptestore.fetch(big, dest2, model="m", device="a", chunk_size=256, storage_options=opts)
     assert not dest2.exists()
 
 

@@ -17,6 +17,7 @@ from ptestore.errors import IntegrityError
 from ptestore.format.reader import read_container
 from ptestore.loaders import open_loader
 from ptestore.provenance import read_trailer
+from ptestore.provenance.chunks import CHUNK_SIZE
 from ptestore.provenance.trailer import ContentView
 
 EXT = get_fixture("mlp_xnnpack_ext")
@@ -97,10 +98,16 @@ def test_fetch_catches_a_byte_flipped_past_the_first_mib(
     good = ptestore.fetch(pte, tmp_path / "good" / "m.pte")
     sizes = {Path(f["path"]).name: f["size"] for f in good.files}
     assert sizes == {"m.pte": pte.stat().st_size, "m.ptd": ptd.stat().st_size}
-    _flip(ptd, _late_offset(ptd))
+    late = _late_offset(ptd)
+    _flip(ptd, late)
     dest = tmp_path / "dev" / "m.pte"
     with pytest.raises(IntegrityError) as info:
         ptestore.fetch(pte, dest)
     assert info.value.published is False
-    assert str(info.value).startswith(f"{ptd}: downloaded bytes have sha256:")
+    # checked chunk by chunk: the one holding the flipped byte is named, with its range
+    chunk = late // CHUNK_SIZE
+    assert str(info.value).startswith(f"{ptd}: downloaded bytes {chunk * CHUNK_SIZE}:"), str(
+        info.value
+    )
+    assert f"(chunk {chunk}) have sha256:" in str(info.value)
     assert not dest.exists() and not dest.with_suffix(".ptd").exists()

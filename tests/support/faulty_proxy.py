@@ -4,14 +4,18 @@ Every client reaches it by URL, so faults reach worker processes (a process pool
 workers) that in-process botocore hooks (tests/writers/s3_faults.py) cannot. Each
 request gets a sequence number; request ``n`` fails when ``n % every == 0``, with an
 S3 ``503 SlowDown`` or ``500 InternalError`` error (alternately); everything else is
-forwarded unchanged. ``enabled`` turns injection on and off.
+forwarded unchanged. ``enabled`` turns injection on and off; ``every=0`` injects nothing.
+
+It also counts what the store sent back (``sent``: response body bytes per method, the
+server's side of "bytes moved") and can change what it forwards: ``tamper(method, path,
+headers, body)`` returns the body the client gets (a byte flipped in transit).
 """
 
 from __future__ import annotations
 
 import http.client
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -28,11 +32,19 @@ class FaultState:
     injected: int = 0
     by_method: dict[str, int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: Response body bytes forwarded to the client, per method.
+    sent: dict[str, int] = field(default_factory=dict)
+    #: ``(method, path, request headers, body) -> body``: what the client gets.
+    tamper: Callable[[str, str, dict[str, str], bytes], bytes] | None = None
+
+    def count(self, method: str, nbytes: int) -> None:
+        with self.lock:
+            self.sent[method] = self.sent.get(method, 0) + nbytes
 
     def should_fail(self, method: str) -> int:
         with self.lock:
             self.requests += 1
-            if not self.enabled or self.requests % self.every:
+            if not self.enabled or not self.every or self.requests % self.every:
                 return 0
             self.injected += 1
             self.by_method[method] = self.by_method.get(method, 0) + 1
@@ -73,6 +85,10 @@ def _handler(target: str, state: FaultState) -> type[BaseHTTPRequestHandler]:
                 conn.request(self.command, self.path, body=body or None, headers=headers)
                 resp = conn.getresponse()
                 data = resp.read()
+                if state.tamper is not None:
+                    data = state.tamper(self.command, self.path, dict(self.headers), data)
+                if self.command != "HEAD":
+                    state.count(self.command, len(data))
                 self.send_response(resp.status, resp.reason)
                 for k, v in resp.getheaders():
                     if k.lower() not in _HOP and k.lower() != "content-length":

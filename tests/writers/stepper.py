@@ -120,6 +120,25 @@ def run_child(
     os.close(ev_w)
     os.close(go_r)
     os.close(err_w)
+
+    def wait() -> int:
+        _, status = os.waitpid(pid, 0)
+        return os.waitstatus_to_exitcode(status)
+
+    return _drive(pid, wait, ev_r, go_w, err_r, kill_at, sig)
+
+
+def _drive(
+    pid: int,
+    wait: Callable[[], int],
+    ev_r: int,
+    go_w: int,
+    err_r: int,
+    kill_at: int | None,
+    sig: int,
+) -> Outcome:
+    """The parent's side: read the child's events, let it go on after each one, and
+    deliver ``sig`` at event number ``kill_at``."""
     events: list[str] = []
     buf = b""
     err = b""
@@ -129,7 +148,7 @@ def run_child(
     while open_fds:
         if time.monotonic() - start > DEADLINE:
             os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
+            wait()
             raise AssertionError(f"child hung; events so far: {events[-10:]}")
         ready, _, _ = select.select(list(open_fds), [], [], 1.0)
         for fd in ready:
@@ -156,6 +175,44 @@ def run_child(
     os.close(ev_r)
     os.close(err_r)
     os.close(go_w)
-    _, status = os.waitpid(pid, 0)
-    code = os.waitstatus_to_exitcode(status)
+    code = wait()
     return Outcome(events, code, err.decode(errors="replace"))
+
+
+#: How a spawned child finds its probe: ``"<events fd>,<go fd>"``.
+PROBE_ENV = "PTESTORE_TEST_PROBE"
+
+
+def probe_from_env() -> Probe:
+    """The probe of a child started by :func:`run_spawned`."""
+    events, go = (int(x) for x in os.environ[PROBE_ENV].split(","))
+    return Probe(events, go)
+
+
+def run_spawned(
+    argv: list[str],
+    kill_at: int | None = None,
+    sig: int = signal.SIGKILL,
+    env: dict[str, str] | None = None,
+) -> Outcome:
+    """Start ``argv`` (a fresh interpreter: nothing of this process is inherited, unlike
+    :func:`run_child`'s fork), which reports its events with :func:`probe_from_env`;
+    deliver ``sig`` at event number ``kill_at``. Its stderr is captured."""
+    import subprocess
+
+    ev_r, ev_w = os.pipe()
+    go_r, go_w = os.pipe()
+    proc = subprocess.Popen(
+        argv,
+        pass_fds=(ev_w, go_r),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={**(os.environ if env is None else env), PROBE_ENV: f"{ev_w},{go_r}"},
+    )
+    os.close(ev_w)
+    os.close(go_r)
+    assert proc.stderr is not None
+    err_r = os.dup(proc.stderr.fileno())
+    proc.stderr.close()
+    return _drive(proc.pid, proc.wait, ev_r, go_w, err_r, kill_at, sig)

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.xnnpack_probe import REPO, env, flip, fresh_load
 
 from ptestore.errors import IntegrityError, PackedWeightsRefused
 from ptestore.testing.runtime import runtime_unavailable
@@ -29,17 +30,9 @@ pytestmark = [
     pytest.mark.skipif(runtime_unavailable() is not None, reason=str(runtime_unavailable())),
 ]
 
-REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures"
 MLP = FIXTURES / "mlp_xnnpack.pte"
 PY = sys.executable
-
-
-def env() -> dict[str, str]:
-    e = dict(os.environ)
-    e["PYTHONPATH"] = str(REPO) + os.pathsep + e.get("PYTHONPATH", "")
-    e["PYTHONWARNINGS"] = "ignore"
-    return e
 
 
 def wait_for(condition: object, what: str, ceiling: float = 600.0) -> None:
@@ -84,37 +77,8 @@ def test_made_verified_and_returned(made: CacheFile, tmp_path: Path) -> None:
     assert names == sorted([made.path.name, made.record_path.name, made.path.name + ".lock"])
 
 
-FRESH = textwrap.dedent(
-    """
-    import json, sys
-    import numpy as np
-    from ptestore.xnnpack import load
-    pte, cache = sys.argv[1], sys.argv[2]
-    x = np.random.default_rng(0).standard_normal((2, 16), dtype=np.float32)
-    with load(pte, cache=cache) as p:
-        with_file = p.run("forward", [x])[0]
-    with load(pte) as p:
-        without = p.run("forward", [x])[0]
-    from ptestore.xnnpack.loader import _shim
-    print(json.dumps({
-        "same_bytes": with_file.tobytes() == without.tobytes(),
-        "dtype": str(with_file.dtype), "shape": list(with_file.shape),
-        "loads_with_options": _shim().ptestore_xnn_count(1),
-    }))
-    """
-)
-
-
 def test_a_fresh_process_loads_with_it_bit_identically(made: CacheFile) -> None:
-    out = subprocess.run(
-        [PY, "-c", FRESH, str(MLP), str(made.path)],
-        capture_output=True,
-        text=True,
-        env=env(),
-        check=False,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result, stderr = fresh_load(MLP, made.path)
     assert result == {
         "same_bytes": True,
         "dtype": "float32",
@@ -122,7 +86,7 @@ def test_a_fresh_process_loads_with_it_bit_identically(made: CacheFile) -> None:
         "loads_with_options": 1,
     }
     # the runtime really loaded the file (its own log line), and left it as it was
-    assert f"Loaded packed weight cache: {made.path} (2 entries)" in out.stderr
+    assert f"Loaded packed weight cache: {made.path} (2 entries)" in stderr
     assert verify_cache(made.path, pte=MLP).sha256 == made.sha256
 
 
@@ -160,17 +124,6 @@ def test_a_rewritten_artifact_gets_a_new_file_never_the_old_one(
     assert new.made and new.path != old and new.sha256 != made.sha256
     assert old.is_file()  # the old artifact's file is untouched, still its own
     assert verify_cache(old, pte=MLP).sha256 == made.sha256
-
-
-def flip(path: Path) -> None:
-    """Flip one bit of a byte inside the first packed region, in place."""
-    os.chmod(path, 0o644)
-    with open(path, "r+b") as f:
-        f.seek(100)
-        b = f.read(1)
-        f.seek(100)
-        f.write(bytes([b[0] ^ 0x40]))
-    os.chmod(path, 0o444)
 
 
 def test_a_flipped_byte_is_caught_before_the_runtime_and_the_file_is_rebuilt(

@@ -14,7 +14,14 @@ import pytest
 from ptestore.errors import ConfigurationError, FormatError
 from ptestore.xnnpack.identity import Identity, cpu_fingerprint
 from ptestore.xnnpack.native import build_shim
-from ptestore.xnnpack.xpwc import MAGIC, VERSION, Entry, check_names, parse_index
+from ptestore.xnnpack.xpwc import (
+    MAGIC,
+    VERSION,
+    Entry,
+    check_coverage,
+    check_names,
+    parse_index,
+)
 
 PAGE = 4096
 
@@ -112,6 +119,57 @@ def test_entry_names_are_keys_or_a_weight_key_and_its_bias_key() -> None:
         "f: index entry name = 'w1b1': must be one of the artifact's XNNPACK named-data "
         "keys, or a weight key followed by its bias key"
     )
+
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+#: mlp_xnnpack's two Linear layers: the filter and bias keys of each, as the runtime
+#: names their entries (weight key, then bias key).
+FC1 = (
+    "9eed8098f924a1e1efe5fd1dfba5ab56b5a8fa3bfbe4bb50eef0b5520f2a05a0",
+    "1c0cabf3399f764ea9e4dc4642112c3de10400453e08376ec86dbd004ec5856d",
+)
+FC2 = (
+    "bac88a2607715dd52fa5ab2da37d1cb2b4df4e33a6eef4ccfcc152d756d55c9a",
+    "3bf604f25ef5fac19ec896e5dd1421db740d59bb3ff76838ded16846172d0ee5",
+)
+
+
+def test_every_weight_xnnpack_packs_needs_an_entry() -> None:
+    from ptestore.xnnpack.cache import artifact_weights
+
+    keys, weights = artifact_weights(FIXTURES / "mlp_xnnpack.pte")
+    assert keys == set(FC1 + FC2)
+    assert [(w.node, w.where, w.filter_key, w.bias_key) for w in weights] == [
+        ("FullyConnected", "forward[0] xnodes[0]", *FC1),
+        ("FullyConnected", "forward[0] xnodes[1]", *FC2),
+    ]
+    both = parse_index(xpwc([(FC2[0] + FC2[1], 0, 100, 3), (FC1[0] + FC1[1], PAGE, 100, 43)]), "f")
+    check_names(both, keys, "f")
+    check_coverage(both, weights, "f")
+    one = parse_index(xpwc([(FC2[0] + FC2[1], 0, 100, 3)]), "f")
+    check_names(one, keys, "f")  # every name is the artifact's: the missing one is not
+    with pytest.raises(FormatError) as err:
+        check_coverage(one, weights, "f")
+    assert str(err.value) == (
+        f"f: index entries = \"no entry for the weight '{FC1[0]}' with its bias "
+        f"'{FC1[1]}'\": must be an entry for every weight XNNPACK packs (FullyConnected "
+        "forward[0] xnodes[0])"
+    )
+
+
+def test_the_packing_nodes_of_the_fixtures() -> None:
+    from ptestore.xnnpack.cache import artifact_weights
+
+    conv = [(w.node, w.where) for w in artifact_weights(FIXTURES / "conv_xnnpack.pte")[1]]
+    assert conv == [
+        ("Conv2d", "forward[0] xnodes[1]"),
+        ("Conv2d", "forward[0] xnodes[2]"),
+        ("FullyConnected", "forward[1] xnodes[0]"),
+    ]
+    # a weight shared by two methods is one entry for both
+    two = artifact_weights(FIXTURES / "two_methods_xnnpack.pte")[1]
+    assert len({w.entry_name for w in two}) == 1 and len(two) == 2
+    assert artifact_weights(FIXTURES / "mlp_portable.pte") == (set(), [])
 
 
 X86 = "processor\t: 0\nflags\t\t: fpu sse4_1 sse4_2 avx avx2 fma avx512f avx512_vnni amx_tile\n"

@@ -1,0 +1,374 @@
+"""XNNPACK packed-weight files in a fleet: where they are stored, what the index lists of
+them, and their delivery to a device (:mod:`.packing` makes them on the workers).
+
+Beside each artifact of a device that declares its CPU fingerprint (``xnnpack_cpu`` in
+the job file), through the job's storage::
+
+    s3://models/pixel9/mlp.pte
+    s3://models/pixel9/mlp.xnnpack-<id>.xpwc   the file, named after its identity
+                                               (artifact x ExecuTorch build x CPU): stored
+                                               once, created exclusively, never overwritten
+    s3://models/pixel9/mlp.xpwc.json           its record: the artifact it is bound to and
+                                               the index's ``xnnpack`` field (or why the
+                                               runtime refused one)
+
+The index lists, per entry, the record's field when the record is bound to the entry's
+artifact (its ``.pte``'s SHA-256 and trailer checksum, its ``.ptd``'s SHA-256)::
+
+    "xnnpack": {"url", "size", "sha256": "sha256:<hex>", "entries",
+                "cpu", "executorch": {"version", "git_version"},
+                "artifact_sha256": {"pte": "sha256:<hex>", "ptd": ... | null},
+                "refused": null | "why", "made": "<UTC>"}
+
+``artifact_sha256`` are the SHA-256 of the whole ``.pte`` and ``.ptd`` files (trailers
+included), as :mod:`ptestore.xnnpack.identity` binds a file. A device takes the file
+only when ``cpu`` is its own fingerprint and ``executorch`` its own build
+(:func:`why_not`); :func:`deliver` downloads it, checks its size and SHA-256 against the
+index and (:func:`ptestore.xnnpack.adopt_cache`) against the artifact it is bound to,
+and publishes it read-only where :func:`ptestore.xnnpack.find_cache` finds it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .._io import pwrite_all
+from ..errors import FormatError, IntegrityError, ObjectNotFound, StorageError
+from ..storage.atomic import sync_file
+from ..storage.loaders import open_loader
+from ..storage.routing import options_for_loader
+from .download import open_part, refuse_link
+
+if TYPE_CHECKING:
+    from ..xnnpack import CacheFile
+
+__all__ = [
+    "RECORD_FORMAT",
+    "deliver",
+    "fetch_packed",
+    "file_url",
+    "identity_claimed",
+    "is_packed_url",
+    "read_record",
+    "record_url",
+    "runtime_build",
+    "why_not",
+    "xnnpack_entry",
+]
+
+RECORD_FORMAT = "ptestore.fleet-xnnpack"
+RECORD_VERSION = 1
+
+_CHUNK = 8 << 20
+#: A record is a small JSON object: anything larger is not one.
+_RECORD_LIMIT = 1 << 20
+_OPTIONAL_STR = (str, type(None))
+_OPTIONAL_INT = (int, type(None))
+#: The types of the fields of a record's ``xnnpack`` object (the index's field).
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "url": _OPTIONAL_STR,
+    "size": _OPTIONAL_INT,
+    "sha256": _OPTIONAL_STR,
+    "entries": _OPTIONAL_INT,
+    "cpu": (str,),
+    "executorch": (dict,),
+    "artifact_sha256": (dict,),
+    "refused": _OPTIONAL_STR,
+}
+_KIND_NAMES = {
+    _OPTIONAL_STR: "a string or null",
+    _OPTIONAL_INT: "an integer or null",
+    (str,): "a string",
+    (dict,): "an object",
+}
+
+
+def _stem(pte_url: str) -> str:
+    return pte_url[:-4] if pte_url.endswith(".pte") else pte_url
+
+
+def record_url(pte_url: str) -> str:
+    """Where the record of the packed-weight file of the artifact ``pte_url`` is."""
+    return _stem(pte_url) + ".xpwc.json"
+
+
+def file_url(pte_url: str, name: str) -> str:
+    """Where the packed-weight file ``name`` (``xnnpack-<id>``) of ``pte_url`` is."""
+    return f"{_stem(pte_url)}.{name}.xpwc"
+
+
+_PACKED_NAME = re.compile(r"\.xnnpack-[0-9a-f]{32}\.xpwc$")
+
+
+def is_packed_url(url: str) -> bool:
+    """Whether ``url`` is named as a packed-weight file beside an artifact
+    (``<stem>.xnnpack-<32 hex>.xpwc``, :func:`file_url`)."""
+    return bool(_PACKED_NAME.search(url))
+
+
+def read_record(pte_url: str, options: dict[str, Any]) -> dict[str, Any] | None:
+    """The record beside the artifact ``pte_url``; None when there is none; a
+    :class:`FormatError` when it is not one."""
+    url = record_url(pte_url)
+    try:
+        loader = open_loader(url, **options_for_loader(url, options, "dst"))
+    except ObjectNotFound:
+        return None
+    try:
+        size = loader.size()
+        if size > _RECORD_LIMIT:
+            raise FormatError(url, "record size", size, f"<= {_RECORD_LIMIT} bytes")
+        data = bytes(loader.load(0, size))
+    finally:
+        loader.close()
+    try:
+        record = json.loads(data)
+    except ValueError as exc:
+        raise FormatError(url, "record", data[:40], "JSON", str(exc)) from None
+    if not isinstance(record, dict) or record.get("format") != RECORD_FORMAT:
+        got = record.get("format") if isinstance(record, dict) else type(record).__name__
+        raise FormatError(url, "record format", got, repr(RECORD_FORMAT))
+    if record.get("version") != RECORD_VERSION:
+        raise FormatError(url, "record version", record.get("version"), str(RECORD_VERSION))
+    field = record.get("xnnpack")
+    if not isinstance(field, dict):
+        raise FormatError(url, "record xnnpack", type(field).__name__, "an object")
+    for name, kinds in _FIELD_TYPES.items():
+        if not isinstance(field.get(name), kinds):
+            raise FormatError(url, f"record xnnpack.{name}", field.get(name), _KIND_NAMES[kinds])
+    return record
+
+
+def bound_to(record: dict[str, Any], pte: dict[str, Any], ptd_sha256: str | None) -> bool:
+    """Whether ``record`` was made for the artifact whose index file entry is ``pte``
+    (SHA-256 and trailer checksum) with a .ptd of ``ptd_sha256``."""
+    mine = record.get("pte") or {}
+    return (
+        mine.get("sha256") == pte.get("sha256")
+        and mine.get("trailer_sha256") == pte.get("trailer_sha256")
+        and record.get("ptd_sha256") == ptd_sha256
+    )
+
+
+def xnnpack_entry(
+    pte_url: str, pte: dict[str, Any], ptd_sha256: str | None, options: dict[str, Any]
+) -> dict[str, Any] | None:
+    """The index entry's ``xnnpack`` field of the artifact at ``pte_url`` (its index file
+    entry ``pte``, its .ptd's SHA-256): the record's, when one is there and bound to this
+    artifact; else None (none was made for it)."""
+    record = read_record(pte_url, options)
+    if record is None or not bound_to(record, pte, ptd_sha256):
+        return None
+    field: dict[str, Any] = record["xnnpack"]
+    return field
+
+
+def identity_claimed(field: dict[str, Any]) -> dict[str, Any]:
+    """The identity (:meth:`ptestore.xnnpack.Identity.to_json`) an index field says its
+    file was made for."""
+
+    def hex_of(value: object) -> object:
+        return value[len("sha256:") :] if isinstance(value, str) else value
+
+    artifact = field.get("artifact_sha256") or {}
+    build = field.get("executorch") or {}
+    return {
+        "pte_sha256": hex_of(artifact.get("pte")),
+        "ptd_sha256": hex_of(artifact.get("ptd")),
+        "executorch_version": build.get("version"),
+        "executorch_git": build.get("git_version"),
+        "cpu": field.get("cpu"),
+    }
+
+
+def runtime_build() -> dict[str, str] | None:
+    """This machine's ExecuTorch build (``{"version", "git_version"}``), None without
+    one."""
+    from ..errors import ConfigurationError
+    from ..xnnpack.native import executorch_build
+
+    try:
+        return executorch_build().to_json()
+    except ConfigurationError:
+        return None
+
+
+def why_not(field: dict[str, Any] | None, cpu: str, build: dict[str, str] | None) -> str | None:
+    """Why the index's ``field`` is no file for a device of fingerprint ``cpu`` and
+    ExecuTorch ``build`` (``{"version", "git_version"}``; None: not compared), or None
+    when it is one."""
+    if field is None:
+        return "the index lists no XNNPACK packed-weight file of this artifact for this CPU"
+    if field.get("cpu") != cpu:
+        return (
+            f"the index's packed-weight file was made for the CPU {field.get('cpu')!r}, not {cpu!r}"
+        )
+    if build is not None and field.get("executorch") != build:
+        have = field.get("executorch") or {}
+        return (
+            f"the index's packed-weight file was made with ExecuTorch {have.get('version')} "
+            f"({have.get('git_version')}), this device runs {build['version']} "
+            f"({build['git_version']})"
+        )
+    if field.get("refused"):
+        return f"the fleet's runtime refused one: {field['refused']}"
+    if not field.get("url"):
+        return "the index's packed-weight entry names no file"
+    return None
+
+
+Progress = Callable[[str, int, int], None]
+
+
+def _download(
+    field: dict[str, Any], part: str, options: dict[str, Any], progress: Progress | None, chunk: int
+) -> str:
+    """``field``'s file downloaded into ``part`` (opened without following links, made
+    durable); its SHA-256 (hex), checked with its size against the index."""
+    url = str(field["url"])
+    refuse_link(part)
+    loader = open_loader(url, **options_for_loader(url, options))
+    try:
+        size = loader.size()
+        if size != field.get("size"):
+            raise IntegrityError(
+                f"{url}: {size} bytes, the index names {field.get('size')}", published=False
+            )
+        h = hashlib.sha256()
+        fd = open_part(part, False)
+        try:
+            done = 0
+            while done < size:
+                data = loader.load(done, min(chunk, size - done))
+                if not len(data):
+                    raise StorageError(f"{url}: short read at offset {done}")
+                h.update(data)
+                pwrite_all(fd, memoryview(data), done)
+                done += len(data)
+                if progress is not None:
+                    progress(url, done, size)
+            sync_file(fd)
+        finally:
+            os.close(fd)
+        loader.check_unchanged()
+    finally:
+        loader.close()
+    got = "sha256:" + h.hexdigest()
+    if got != field.get("sha256"):
+        raise IntegrityError(
+            f"{url}: downloaded bytes have {got}, the index names {field.get('sha256')}",
+            published=False,
+        )
+    return h.hexdigest()
+
+
+def deliver(
+    field: dict[str, Any],
+    pte: str,
+    ptd: str | None,
+    directory: str,
+    options: dict[str, Any],
+    *,
+    pte_sha256: str | None = None,
+    ptd_sha256: str | None = None,
+    progress: Progress | None = None,
+    chunk_size: int = _CHUNK,
+) -> CacheFile:
+    """The index's packed-weight file ``field`` for the local artifact ``pte`` (and
+    ``ptd``; their whole-file SHA-256 when the caller knows them), downloaded into
+    ``directory`` and installed there (:func:`ptestore.xnnpack.adopt_cache`): checked
+    against the index's size and SHA-256 and against this artifact, runtime and CPU
+    before it is published read-only. Nothing unverified is ever left under a name
+    :func:`ptestore.xnnpack.find_cache` reads; a check that fails raises
+    :class:`IntegrityError` (``published=False``) naming the file."""
+    from ..xnnpack import adopt_cache
+
+    part = os.path.join(directory, f"xnnpack-download-{str(field.get('sha256'))[7:23]}.xpwc.part")
+    try:
+        digest = _download(field, part, options, progress, chunk_size)
+        return adopt_cache(
+            part,
+            pte=pte,
+            ptd=ptd,
+            directory=directory,
+            made_for=identity_claimed(field),
+            size=int(field["size"]),
+            sha256=digest,
+            pte_sha256=pte_sha256,
+            ptd_sha256=ptd_sha256,
+            what=str(field["url"]),
+        )
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(part)
+
+
+def fetch_packed(
+    src: str,
+    offered: dict[str, Any] | None,
+    files: list[dict[str, Any]],
+    options: dict[str, Any],
+    chunk_size: int = _CHUNK,
+    progress: Progress | None = None,
+    *,
+    indexed: bool,
+) -> dict[str, Any]:
+    """``fetch(..., xnnpack_cache=True)``, once the pair is published: the packed-weight
+    file of this artifact, runtime and CPU delivered beside the .pte (:func:`deliver`):
+    from an index (``indexed``) the one it lists for this CPU (``offered``, the
+    selection's), for an artifact fetched by URL ``src`` the one its record beside it
+    names. ``{"path", "url", "size", "sha256", "reason"}``: ``path`` None and
+    ``reason`` why when there is none for this device (another CPU or ExecuTorch build,
+    none made, a refusal by the runtime)."""
+    from ..xnnpack.identity import cpu_fingerprint
+
+    pte = next(f for f in files if not str(f["path"]).endswith(".ptd"))
+    ptd = next((f for f in files if str(f["path"]).endswith(".ptd")), None)
+    cpu = cpu_fingerprint()
+    field = offered
+    if not indexed:
+        # Bound to these bytes by the record (the file's own identity, the whole files'
+        # SHA-256, is checked again when it is installed).
+        record = read_record(src, options)
+        ptd_sha256 = None if ptd is None else ptd["sha256"]
+        if (
+            record is not None
+            and (record.get("pte") or {}).get("sha256") == pte["sha256"]
+            and record.get("ptd_sha256") == ptd_sha256
+            and record["xnnpack"].get("cpu") == cpu
+        ):
+            field = record["xnnpack"]
+    build = runtime_build()
+    reason = why_not(field, cpu, build)
+    if reason is None and build is None:
+        reason = "no ExecuTorch runtime here to load it with (pip install 'ptestore[xnnpack]')"
+    if reason is not None or field is None:
+        return {"path": None, "url": None, "size": None, "sha256": None, "reason": reason}
+    try:
+        made = deliver(
+            field,
+            str(pte["path"]),
+            None if ptd is None else str(ptd["path"]),
+            os.path.dirname(os.path.abspath(str(pte["path"]))),
+            options,
+            progress=progress,
+            chunk_size=chunk_size,
+        )
+    except IntegrityError as exc:
+        raise IntegrityError(
+            f"{exc}; {pte['path']} was published, no XNNPACK packed-weight file was",
+            published=True,
+        ) from exc
+    return {
+        "path": str(made.path),
+        "url": field["url"],
+        "size": made.size,
+        "sha256": "sha256:" + made.sha256,
+        "reason": None,
+    }

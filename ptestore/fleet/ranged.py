@@ -1,0 +1,177 @@
+"""Ranged reads of one version of an object, for :mod:`.fetch`: every request of a
+download reads the version it started with, or fails with :class:`ObjectChanged`.
+
+On S3 each request is a ``GetObject`` with ``Range`` and ``If-Match: <ETag>`` (and the
+version id, on a versioned bucket): a replaced object answers 412, never a mix of two
+versions. :meth:`PinnedReader.stream` reads ``[start, end)`` with **one** such request
+and hands its body over in pieces as it arrives (a run of many chunks costs one request
+and one piece of memory); a connection lost in the middle of a body, or a transient
+answer (5xx, throttling), is retried from the first byte not yet received, under the
+house retry policy (:mod:`ptestore._retry`). Other stores (a local file, ``memory://``,
+any fsspec filesystem) are read through their loader, one ``load`` per piece; the
+loader's own ``check_unchanged`` is what pins them (see :mod:`.fetch`).
+
+:attr:`PinnedReader.requests` and :attr:`PinnedReader.received` count what was asked of
+the store (what ``fetch`` reports as moved).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from .._retry import DEFAULT_RETRY, Category, classify, to_storage_error
+from ..errors import StorageError
+from ..storage.types import DataLoader
+
+__all__ = ["ObjectChanged", "PinnedReader"]
+
+
+class ObjectChanged(Exception):
+    """The object's ETag is not the one the download is pinned to (412)."""
+
+
+def _changed(exc: BaseException) -> bool:
+    if classify(exc) is Category.PRECONDITION:
+        return True
+    text = str(exc)
+    return "PreconditionFailed" in text or "(412)" in text
+
+
+class PinnedReader:
+    """Reads of the object behind ``loader``, pinned to ``etag`` on S3."""
+
+    def __init__(self, loader: DataLoader, etag: str | None) -> None:
+        self.loader = loader
+        self.name = loader.name
+        #: Requests asked of the store, and the object bytes they returned.
+        self.requests = 0
+        self.received = 0
+        fs: Any = getattr(loader, "fs", None)
+        path = getattr(loader, "path", None)
+        self._s3: tuple[Any, dict[str, Any]] | None = None
+        s3 = fs is not None and type(fs).__name__ == "S3FileSystem"
+        if etag and s3 and isinstance(path, str):
+            bucket, key, version = fs.split_path(path)
+            params: dict[str, Any] = {"Bucket": bucket, "Key": key, "IfMatch": etag}
+            if version:
+                params["VersionId"] = version
+            self._s3 = (fs, params)
+
+    def read(self, offset: int, size: int) -> bytes:
+        """``size`` bytes at ``offset``, in one request."""
+        if size <= 0:
+            return b""
+        out = bytearray()
+        for piece in self.stream(offset, offset + size, size):
+            out += piece
+        return bytes(out)
+
+    def stream(self, start: int, end: int, piece: int) -> Iterator[bytes]:
+        """``[start, end)`` in pieces of ``piece`` bytes (the last may be shorter):
+        one request on S3 (another only to retry a failure), one ``load`` per piece
+        elsewhere. Raises :class:`ObjectChanged` when the version is gone."""
+        if self._s3 is None:
+            yield from self._loader_pieces(start, end, piece)
+        else:
+            yield from self._s3_pieces(start, end, piece)
+
+    def _loader_pieces(self, start: int, end: int, piece: int) -> Iterator[bytes]:
+        offset = start
+        while offset < end:
+            n = min(piece, end - offset)
+            self.requests += 1
+            data = bytes(self.loader.load(offset, n))
+            if len(data) != n:
+                raise StorageError(f"{self.name}: short read at offset {offset}")
+            self.received += n
+            offset += n
+            yield data
+
+    def _s3_pieces(self, start: int, end: int, piece: int) -> Iterator[bytes]:
+        import fsspec.asyn
+
+        assert self._s3 is not None
+        fs, pin = self._s3
+        offset = start
+        body: Any = None
+        failures = 0
+
+        def run(fn: Callable[..., Any], *args: Any) -> Any:
+            return fsspec.asyn.sync(fs.loop, fn, *args)
+
+        async def open_body(first: int) -> Any:
+            params = {**pin, "Range": f"bytes={first}-{end - 1}"}
+            resp = await fs._call_s3("get_object", **params)
+            return resp["Body"]
+
+        async def read_piece(b: Any, n: int) -> bytes:
+            out = bytearray()
+            while len(out) < n:
+                got = await b.read(n - len(out))
+                if not got:
+                    break
+                out += got
+            return bytes(out)
+
+        async def close(b: Any) -> None:
+            await b.aclose()
+
+        try:
+            while offset < end:
+                n = min(piece, end - offset)
+                try:
+                    if body is None:
+                        self.requests += 1
+                        body = run(open_body, offset)
+                    data = run(read_piece, body, n)
+                    if len(data) != n:
+                        raise StorageError(
+                            f"{self.name}: short read: wanted {n} bytes at offset {offset}, "
+                            f"got {len(data)}"
+                        )
+                except Exception as exc:
+                    if _changed(exc):
+                        raise ObjectChanged(f"{self.name}: {exc}") from exc
+                    failures += 1
+                    transient = classify(exc) is Category.TRANSIENT or isinstance(exc, StorageError)
+                    if body is not None:
+                        _quietly(run, close, body)
+                        body = None
+                    if not transient or failures >= DEFAULT_RETRY.attempts:
+                        what = f"read of bytes {offset}:{end}"
+                        raise to_storage_error(exc, self.name, what) from exc
+                    _backoff(failures, self.name, offset, exc)
+                    continue
+                self.received += n
+                offset += n
+                yield data
+        finally:
+            if body is not None:
+                _quietly(run, close, body)
+
+
+def _quietly(run: Callable[..., Any], fn: Callable[..., Any], *args: Any) -> None:
+    try:
+        run(fn, *args)
+    except Exception:  # closing a body that failed: nothing to add
+        pass
+
+
+def _backoff(failures: int, name: str, offset: int, exc: BaseException) -> None:
+    import random
+    import time
+
+    from .._log import get_logger
+
+    wait = min(DEFAULT_RETRY.maximum, DEFAULT_RETRY.initial * 2 ** (failures - 1))
+    wait += random.uniform(0, DEFAULT_RETRY.initial)
+    get_logger("ptestore.retry").warning(
+        "%s: read at offset %d failed (%s: %s); retrying from there in %.2fs",
+        name,
+        offset,
+        type(exc).__name__,
+        exc,
+        wait,
+    )
+    time.sleep(wait)

@@ -1,0 +1,155 @@
+"""The whole-file download of :mod:`.fetch`: a file without a chunk record (a
+version-1 trailer, a ``.ptd`` stored once by content, the portable source) is
+downloaded into ``DEST.part`` in ranged GETs pinned to its version, or taken whole from
+a base of the same size, then checked whole (the ``check`` :mod:`.fetch` gives: the
+size, the SHA-256 the index names and the trailer's checksum).
+
+A download interrupted resumes where ``DEST.part`` ends when the ``.part.json`` pins the
+same object version; the last bytes of the ``.part`` are read again from the object and
+compared first (:func:`resume_point`): a ``.part`` that does not end where the object's
+bytes do restarts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+from .._io import pwrite_all
+from ..errors import IntegrityError
+from ..storage.atomic import put_bytes, sync_file
+from .chunked import Sink
+from .delta import Base, copy_whole
+from .download import open_part, read_state
+from .ranged import ObjectChanged, PinnedReader
+
+__all__ = ["discard_part", "download_whole", "resume_point"]
+
+
+def discard_part(dest: str) -> None:
+    """Remove ``DEST.part`` and ``DEST.part.json`` (what is there of them)."""
+    for name in (dest + ".part", dest + ".part.json"):
+        try:
+            os.unlink(name)
+        except FileNotFoundError:
+            pass
+
+
+#: Bytes at the end of a ``.part`` read again from the object and compared before a
+#: download resumes: a ``.part`` that does not end where the object's bytes do (a byte
+#: too many or too few, a torn last write) restarts instead of resuming.
+_OVERLAP = 64 << 10
+
+
+def resume_point(fd: int, resumed: int, size: int, read: Callable[[int, int], bytes]) -> int:
+    """Where the download in ``fd`` (``resumed`` bytes on disk) really resumes: there
+    when its last bytes are the object's, else 0 (start again)."""
+    if resumed == 0:
+        return 0
+    if resumed > size:
+        return 0  # longer than the object: not a prefix of it
+    n = min(_OVERLAP, resumed)
+    have = os.pread(fd, n, resumed - n)
+    try:
+        want = read(resumed - n, n)
+    except ObjectChanged:
+        return 0
+    return resumed if have == want else 0
+
+
+def download_whole(
+    want: dict[str, Any],
+    dest: str,
+    state: dict[str, Any],
+    reader: PinnedReader,
+    bases: list[Base],
+    chunk_size: int,
+    sink: Callable[[str, str, int], Sink],
+    check: Callable[[str, dict[str, Any]], str],
+) -> dict[str, Any]:
+    """A file without a chunk record (a version-1 trailer, a shared .ptd, the portable
+    source): downloaded (or resumed, or taken whole from a base of the same bytes), then
+    checked whole (:func:`~.fetch._check`)."""
+    url, size = str(want["url"]), int(state["size"])
+    part, meta_path = dest + ".part", dest + ".part.json"
+    report = sink(url, dest, size)
+    on_disk = 0
+    if read_state(meta_path) == state:
+        try:
+            on_disk = os.lstat(part).st_size
+        except FileNotFoundError:
+            on_disk = 0
+    put_bytes(meta_path, json.dumps(state).encode())
+    from_base: dict[str, int] = {}
+    fd = open_part(part, on_disk > 0)
+    try:
+        resumed = resume_point(fd, on_disk, size, reader.read)
+        os.ftruncate(fd, resumed)
+        done = resumed
+        if resumed:
+            report.add("part", resumed)
+        else:
+            taken = _whole_from_base(want, dest, fd, size, bases)
+            if taken is not None:
+                from_base[taken] = done = size
+        while done < size:
+            end = min(done + chunk_size, size)
+            for piece in reader.stream(done, end, min(chunk_size, 1 << 20)):
+                pwrite_all(fd, memoryview(piece), done)
+                done += len(piece)
+                report.add("store", len(piece))
+        # Written in place and resumed; one fsync makes the finished download durable
+        # before it is checked and renamed into place.
+        sync_file(fd)
+    finally:
+        os.close(fd)
+    try:
+        digest = check(part, want)
+    except IntegrityError:
+        if from_base:  # the base was not those bytes after all: download them
+            discard_part(dest)
+            return download_whole(want, dest, state, reader, [], chunk_size, sink, check)
+        discard_part(dest)
+        raise
+    if from_base:
+        report.add("base", size)  # once it checks
+    return {
+        "url": url,
+        "path": dest,
+        "size": size,
+        "resumed_from": 0 if from_base else resumed,
+        "sha256": digest,
+        "verified": "whole",
+        "received": reader.received,
+        "requests": reader.requests,
+        "from_base": size if from_base else 0,
+        "bases": from_base,
+    }
+
+
+def _whole_from_base(
+    want: dict[str, Any], dest: str, fd: int, size: int, bases: list[Base]
+) -> str | None:
+    """Copy the first base that could be these very bytes (the same size, and the
+    trailer checksum the entry names when it names one) into the empty ``.part``
+    (``fd``); its path, or None. :func:`~.fetch._check` decides after."""
+    from ..errors import FormatError
+    from ..provenance.trailer import read_trailer
+
+    directory = os.path.dirname(os.path.abspath(dest))
+    pinned = want.get("trailer_sha256")
+    for base in bases:
+        if base.size != size:
+            continue
+        if pinned is not None:
+            try:
+                trailer = read_trailer(base.loader)
+            except FormatError:
+                continue
+            if trailer is None or "sha256:" + trailer.sha256 != pinned:
+                continue
+        copy_whole(base, fd, directory)
+        return base.path
+    return None

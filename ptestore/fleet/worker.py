@@ -1,0 +1,43 @@
+"""What a pool or Dask worker process runs for each pair: the job's backends checked
+once per process (one that does not load there ends the whole run with one error), then
+:func:`~.work.run_pair`."""
+
+from __future__ import annotations
+
+import os
+
+from ..errors import PteStoreError
+from .work import PairResult, PairTask, run_pair
+
+__all__ = ["WorkerUnfit", "run_pair_on_worker"]
+
+
+class WorkerUnfit(Exception):
+    """A worker process cannot run any pair of the job (a backend does not load there)."""
+
+
+#: The worker's preflight, once per process and list of backends: None or the error.
+_worker_checks: dict[tuple[str, ...], str | None] = {}
+
+
+def run_pair_on_worker(task: PairTask) -> PairResult:
+    """:func:`~.work.run_pair` on a pool or Dask worker, after checking (once per process)
+    that every backend of the job loads here; raises :class:`WorkerUnfit` if one does
+    not, which the runner turns into one job-wide error."""
+    if task.backends not in _worker_checks:
+        from ..backends.registry import load_backend
+
+        error = None
+        for spec in task.backends:
+            try:
+                load_backend(spec)
+            except PteStoreError as exc:
+                import socket
+
+                error = f"on worker process {os.getpid()} of {socket.gethostname()}: {exc}"
+                break
+        _worker_checks[task.backends] = error
+    error = _worker_checks[task.backends]
+    if error is not None:
+        raise WorkerUnfit(error)
+    return run_pair(task)

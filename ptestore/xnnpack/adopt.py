@@ -1,0 +1,98 @@
+"""A packed-weight file made elsewhere (by a fleet's worker with this CPU and this
+ExecuTorch build) installed as this machine's file for an artifact.
+
+:func:`adopt_cache` checks the file as if it had been made here, before anything could
+hand it out: the identity it was made for is this artifact's, this runtime's and this
+CPU's (a file for another one is refused, naming the fields that differ); its size and
+SHA-256 are the ones its maker recorded; its index parses (footer, bounds, no overlap),
+names only the artifact's XNNPACK keys and has an entry for every weight XNNPACK packs.
+Only then is it published in ``directory`` under the maker's lock exactly as
+:func:`~ptestore.xnnpack.make_cache` publishes a file it made (read-only, fsync, rename,
+then the record), so :func:`~ptestore.xnnpack.find_cache` and
+:func:`~ptestore.xnnpack.verify_cache` treat it as any other. A verified file already
+there is kept (the offered one is removed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Any
+
+from ..errors import FormatError, IntegrityError
+from .identity import file_sha256
+from .native import executorch_build
+from .record import (
+    CacheFile,
+    PathLike,
+    found_checked,
+    identity_of,
+    locked,
+    parse_file,
+    paths,
+    publish_file,
+    remove_stale,
+)
+from .xpwc import check_coverage, check_names
+
+__all__ = ["adopt_cache"]
+
+
+def adopt_cache(
+    file: PathLike,
+    *,
+    pte: PathLike,
+    ptd: PathLike | None = None,
+    directory: PathLike,
+    made_for: dict[str, Any],
+    size: int,
+    sha256: str,
+    pte_sha256: str | None = None,
+    ptd_sha256: str | None = None,
+    what: str | None = None,
+) -> CacheFile:
+    """Install ``file`` (in ``directory``, on the same file system) as the packed-weight
+    file of ``pte`` (with ``ptd``) for this runtime and CPU, after the checks of the
+    module's description; ``made_for`` is the identity its maker recorded
+    (:meth:`~ptestore.xnnpack.Identity.to_json`), ``size`` and ``sha256`` (hex) its
+    recorded size and digest. ``what`` names the file in errors (default: its path).
+
+    Raises :class:`IntegrityError` (the file is removed) when a check fails."""
+    from .cache import artifact_weights
+
+    tmp = Path(file)
+    name = what or str(tmp)
+    directory = Path(directory).absolute()
+    identity = identity_of(pte, ptd, pte_sha256, ptd_sha256, executorch_build())
+
+    def refuse(message: str) -> IntegrityError:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        return IntegrityError(f"{name}: {message}", published=False)
+
+    diff = identity.differences(made_for)
+    if diff:
+        raise refuse(f"made for another artifact, runtime or CPU ({'; '.join(diff)})")
+    have = tmp.stat().st_size
+    if have != size:
+        raise refuse(f"{have} bytes, its maker recorded {size}")
+    digest = file_sha256(tmp)
+    if digest != sha256:
+        raise refuse(f"SHA-256 {digest}, its maker recorded {sha256}")
+    keys, weights = artifact_weights(pte)
+    try:
+        entries = parse_file(tmp)
+        check_names(entries, keys, name)
+        check_coverage(entries, weights, name)
+    except FormatError as exc:
+        raise refuse(f"not a packed-weight file for {os.fspath(pte)}: {exc}") from None
+    os.chmod(tmp, 0o444)
+    path, record_path, lock_path, _ = paths(directory, identity)
+    with locked(lock_path):
+        found = found_checked(path, record_path, identity)
+        if found is not None:
+            tmp.unlink()
+            return found
+        remove_stale(directory, identity)
+        return publish_file(tmp, directory, identity, size, digest, len(entries))

@@ -1,0 +1,365 @@
+"""Delta fetch (issue 28 part 2): ``fetch(..., base=)`` / ``--base`` and ``ensure INDEX``
+take from local files the chunks they hold, verified against the artifact's record, and
+download only the others; what moved is counted through the S3 client and through a
+proxy in front of the server (moto and SeaweedFS). A 20 MiB artifact (six 4 MiB
+chunks) whose next version differs in one chunk."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.delta import differing, flip, program, trailer_size, version
+
+import ptestore
+from ptestore.backends.compat import DeviceProfile
+from ptestore.cli import main
+from ptestore.errors import ConfigurationError, IntegrityError
+from ptestore.fleet.fetch import FetchEvent, FetchResult
+from ptestore.provenance.chunks import CHUNK_SIZE
+from ptestore.testing.s3server import S3TestServer
+
+DATA = Path(__file__).parents[1] / "provenance" / "data"
+A = DeviceProfile("a", {"soc": "x"})
+
+
+@pytest.fixture(scope="module")
+def versions(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """The portable source, and two versions of its artifact differing in chunk 1."""
+    d = tmp_path_factory.mktemp("versions")
+    src = program(d)
+    a = version(src, d / "a" / "m.pte", "1")
+    b = version(src, d / "b" / "m.pte", "2")
+    assert differing(a, b) == [1] and a.stat().st_size > 5 * CHUNK_SIZE
+    return src, a, b
+
+
+def _one(result: FetchResult) -> dict[str, Any]:
+    (got,) = result.files
+    return got
+
+
+def _base_bytes(path: Path, chunks: int = 4) -> int:
+    """Bytes of ``chunks`` whole chunks and the short last one (all but chunk 1)."""
+    content = path.stat().st_size - trailer_size(path)
+    return chunks * CHUNK_SIZE + content - 5 * CHUNK_SIZE
+
+
+def test_only_the_changed_chunk_is_downloaded(
+    versions: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    _, a, b = versions
+    dest = tmp_path / "dev" / "m.pte"
+    seen: list[FetchEvent] = []
+    result = ptestore.fetch(b, dest, base=a, events=seen.append)
+    assert dest.read_bytes() == b.read_bytes()
+    got = _one(result)
+    size = b.stat().st_size
+    # chunk 1 downloaded, and the trailer with the 4 KiB tail read; chunks 0, 2, 3, 4
+    # and the short last one (2816 bytes) taken from the base.
+    assert got["verified"] == "chunks" and got["chunks"] == 6
+    assert got["from_base"] == _base_bytes(b)
+    assert got["bases"] == {str(a): _base_bytes(b)}
+    assert got["received"] == CHUNK_SIZE + 4096
+    assert (result.received, result.from_base) == (got["received"], got["from_base"])
+    assert got["base_damaged"] == got["part_damaged"] == got["store_retried"] == []
+    # Every byte is accounted for once, by where it came from.
+    by_origin: dict[str, int] = {}
+    for e in seen:
+        by_origin[e.origin] = by_origin.get(e.origin, 0) + e.nbytes
+    assert by_origin == {"base": _base_bytes(b), "store": size - _base_bytes(b)}
+    assert seen[-1].done == seen[-1].total == size
+    assert ptestore.verify(dest).status == "intact"
+
+
+def test_the_portable_source_as_base_is_hashed_where_it_could_match(
+    versions: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    """A base without a chunk record (the exporter's file): its bytes at each chunk's
+    span are hashed and compared; the one that differs is downloaded."""
+    src, _, b = versions
+    dest = tmp_path / "dev" / "m.pte"
+    got = _one(ptestore.fetch(b, dest, base=src))
+    assert dest.read_bytes() == b.read_bytes()
+    assert got["from_base"] == _base_bytes(b) and got["received"] == CHUNK_SIZE + 4096
+
+
+def test_a_flipped_byte_in_the_base_is_caught_named_and_fetched(
+    versions: tuple[Path, Path, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The base's own record claims chunk 3 is the target's; its bytes are not: the
+    chunk is downloaded instead, the output is the target's, and the base is named."""
+    _, a, b = versions
+    base = tmp_path / "base.pte"
+    shutil.copyfile(a, base)
+    flip(base, 3 * CHUNK_SIZE + 12345)
+    dest = tmp_path / "dev" / "m.pte"
+    with caplog.at_level(logging.WARNING, "ptestore.fleet.chunked"):
+        got = _one(ptestore.fetch(b, dest, base=base))
+    assert dest.read_bytes() == b.read_bytes()
+    lo, hi = 3 * CHUNK_SIZE, 4 * CHUNK_SIZE
+    assert got["base_damaged"] == [{"chunk": 3, "start": lo, "end": hi, "base": str(base)}]
+    assert got["from_base"] == _base_bytes(b, 3) and got["received"] == 2 * CHUNK_SIZE + 4096
+    assert (
+        f"{base}: bytes {lo}:{hi} (chunk 3) do not have the digest its own record names: "
+        "damaged or changed since it was made; taken from the store instead"
+    ) in caplog.messages
+
+
+def test_a_base_of_another_model_gives_nothing_and_costs_nothing(
+    versions: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    _, _, b = versions
+    other = tmp_path / "other.pte"
+    other.write_bytes(b"x" * 1000)
+    dest = tmp_path / "dev" / "m.pte"
+    got = _one(ptestore.fetch(b, dest, base=other))
+    assert dest.read_bytes() == b.read_bytes()
+    assert got["from_base"] == 0 and got["bases"] == {}
+
+
+def test_base_refusals(versions: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    _, _, b = versions
+    dest = tmp_path / "dev" / "m.pte"
+    with pytest.raises(ConfigurationError) as info:
+        ptestore.fetch(b, dest, base=tmp_path / "nope.pte")
+    assert str(info.value) == f"{tmp_path / 'nope.pte'}: no such base file (--base)"
+    with pytest.raises(ConfigurationError) as info:
+        ptestore.fetch(b, dest, base=tmp_path)
+    assert str(info.value).startswith(f"{tmp_path}: cannot be used as a base: {tmp_path}: ")
+    assert not dest.exists()
+
+
+def test_a_file_without_a_chunk_record_is_taken_whole_from_a_base_of_its_bytes(
+    tmp_path: Path,
+) -> None:
+    """Version-1 records name only the whole content: a base of the same size is copied
+    whole and checked whole; one of other bytes is downloaded after all."""
+    d = tmp_path / "v1"
+    d.mkdir()
+    for name in ("v1_trailer.pte", "v1_trailer.ptd"):
+        shutil.copyfile(DATA / name, d / name)
+    pte = d / "v1_trailer.pte"
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    shutil.copyfile(pte, keep / "m.pte")
+    shutil.copyfile(d / "v1_trailer.ptd", keep / "m.ptd")
+    result = ptestore.fetch(pte, tmp_path / "dev" / "m.pte", base=keep / "m.pte")
+    for got in result.files:  # the .ptd from the base's .ptd beside it
+        assert got["verified"] == "whole" and got["from_base"] == got["size"]
+    assert (tmp_path / "dev" / "m.ptd").read_bytes() == (d / "v1_trailer.ptd").read_bytes()
+    flip(keep / "m.pte", 100)
+    result = ptestore.fetch(pte, tmp_path / "dev2" / "m.pte", base=keep / "m.pte")
+    pte_got = next(f for f in result.files if f["path"].endswith(".pte"))
+    assert pte_got["from_base"] == 0 and pte_got["received"] >= pte_got["size"]
+    assert (tmp_path / "dev2" / "m.pte").read_bytes() == pte.read_bytes()
+
+
+def test_fetch_base_on_the_command_line(
+    versions: tuple[Path, Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, a, b = versions
+    dest = tmp_path / "dev" / "m.pte"
+    assert main(["fetch", str(b), str(dest), "--base", str(a), "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["from_base"] == _base_bytes(b)
+    assert shown["received"] == CHUNK_SIZE + 4096
+    assert shown["files"][0]["bases"] == {str(a): _base_bytes(b)}
+    dest.unlink()
+    assert main(["fetch", str(b), str(dest), "--base", str(a)]) == 0
+    line = capsys.readouterr().out.strip()
+    assert line == (
+        f"{b} -> {dest}: {b.stat().st_size} bytes verified chunk by chunk "
+        f"({CHUNK_SIZE + 4096} received from the store, {_base_bytes(b)} taken from {a})"
+    )
+    assert main(["fetch", str(b), str(dest), "--base", str(tmp_path / "nope")]) == 2
+    assert "no such base file (--base)" in capsys.readouterr().err
+
+
+def test_chunks_are_cloned_where_the_file_system_shares_extents(
+    versions: tuple[Path, Path, Path],
+) -> None:
+    from support.xfs import shared_bytes, xfs_reflink_mount
+
+    _, a, b = versions
+    with xfs_reflink_mount("1G") as xfs:
+        base = xfs.path / "old.pte"
+        shutil.copyfile(a, base)
+        dest = xfs.path / "new.pte"
+        got = _one(ptestore.fetch(b, dest, base=base))
+        assert dest.read_bytes() == b.read_bytes()
+        assert got["from_base"] == _base_bytes(b)
+        assert got["cloned"] == 4 * CHUNK_SIZE  # the short last chunk is copied
+        assert shared_bytes(dest) >= 4 * CHUNK_SIZE
+
+
+# -- ensure INDEX: the cache's earlier artifact, or the portable source --------------
+
+
+def _job(tmp: Path, dest: str, stamp: str, extra: str = "") -> Path:
+    job = tmp / f"job{stamp}.toml"
+    job.write_text(
+        f'destination = "{dest}/{{device}}/{{model}}.pte"\n'
+        f'backends = ["support.delta:Poke={stamp}"]\n{extra}'
+        f'[[models]]\nname = "m"\nsource = "{program(tmp)}"\n[devices.a]\nsoc = "x"\n'
+    )
+    return job
+
+
+def _fleet_run(job: Path, capsys: Any) -> str:
+    assert main(["fleet", "run", str(job), "--workers", "1", "--json"]) == 0
+    index: str = json.loads(capsys.readouterr().out)["index"]
+    return index
+
+
+def test_ensure_index_takes_the_cached_artifact_as_base(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    index = _fleet_run(_job(tmp_path, str(out), "1"), capsys)
+    first = ptestore.ensure(index, cache_dir=cache, model="m", device=A)
+    assert first.choice is not None and first.choice["fetched"]["from_base"] == 0
+    index = _fleet_run(_job(tmp_path, str(out), "2"), capsys)
+    events: list[Any] = []
+    fresh = ptestore.ensure(index, cache_dir=cache, model="m", device=A, progress=events.append)
+    assert fresh.created and fresh.pte == first.pte
+    assert Path(fresh.pte).read_bytes() == (out / "a" / "m.pte").read_bytes()
+    assert fresh.choice is not None
+    fetched = fresh.choice["fetched"]
+    assert fetched["from_base"] == _base_bytes(out / "a" / "m.pte")
+    assert fetched["received"] == CHUNK_SIZE + 4096
+    assert fetched["bases"] == [first.pte]
+    statuses = {e.status for e in events if e.kind == "fetch"}
+    assert statuses == {"base", "store"}
+    assert ptestore.verify(fresh.pte).status == "intact"
+
+
+def test_ensure_index_takes_another_entry_of_the_model_as_base(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Another index (another fleet's prefix) of the same model: its entry's files are a
+    base for this one."""
+    cache = tmp_path / "cache"
+    one = _fleet_run(_job(tmp_path, str(tmp_path / "one"), "1"), capsys)
+    two = _fleet_run(_job(tmp_path, str(tmp_path / "two"), "2"), capsys)
+    first = ptestore.ensure(one, cache_dir=cache, model="m", device=A)
+    other = ptestore.ensure(two, cache_dir=cache, model="m", device=A)
+    assert other.key != first.key and other.choice is not None
+    assert other.choice["fetched"]["bases"] == [first.pte]
+    assert other.choice["fetched"]["received"] == CHUNK_SIZE + 4096
+    assert Path(other.pte).read_bytes() == (tmp_path / "two" / "a" / "m.pte").read_bytes()
+
+
+def test_ensure_index_takes_the_portable_source_given_to_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    index = _fleet_run(_job(tmp_path, str(out), "1"), capsys)
+    argv = ["ensure", index, "--cache-dir", str(cache), "--model", "m", "--device", "a"]
+    argv += ["--device-option", "soc=x"]
+    assert main([*argv, "--portable", str(program(tmp_path)), "--json"]) == 0
+    made = json.loads(capsys.readouterr().out)
+    assert made["choice"]["fetched"]["from_base"] == _base_bytes(out / "a" / "m.pte")
+    assert made["choice"]["fetched"]["bases"] == [str(program(tmp_path))]
+    assert Path(made["pte"]).read_bytes() == (out / "a" / "m.pte").read_bytes()
+    assert main([*argv, "--portable", str(tmp_path / "nope.pte")]) == 2
+    assert capsys.readouterr().err == (
+        f"ptestore ensure: error: {tmp_path / 'nope.pte'}: no such file (portable=, CLI "
+        "--portable: a local copy of the model's portable source for the download to take "
+        "chunks from)\n"
+    )
+
+
+# -- S3: what moved, counted by the client and by the server's side of a proxy -------
+
+
+def _session(traffic: Any) -> Any:
+    import aiobotocore.session
+
+    session = aiobotocore.session.AioSession()
+    traffic.attach(session)
+    return session
+
+
+@pytest.mark.s3
+def test_s3_delta_fetch_moves_one_chunk_and_the_tail(
+    s3_server: S3TestServer, versions: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    from support.faulty_proxy import faulty_proxy
+
+    from ptestore.testing.s3_traffic import Traffic
+
+    _, a, b = versions
+    bucket = s3_server.new_bucket()
+    client = s3_server.client()
+    client.put_object(Bucket=bucket, Key="m/b.pte", Body=b.read_bytes())
+    etag = client.head_object(Bucket=bucket, Key="m/b.pte")["ETag"]
+    url = f"s3://{bucket}/m/b.pte"
+    traffic = Traffic()
+    with faulty_proxy(s3_server.endpoint_url, every=0) as (endpoint, proxy):
+        opts = {**s3_server.storage_options, "endpoint_url": endpoint}
+        opts["session"] = _session(traffic)
+        dest = tmp_path / "dev" / "m.pte"
+        result = ptestore.fetch(url, dest, base=a, storage_options=opts)
+    assert dest.read_bytes() == b.read_bytes()
+    got = _one(result)
+    assert got["received"] == CHUNK_SIZE + 4096 and got["from_base"] == _base_bytes(b)
+    # What the client received of object bytes, and what the server sent through the
+    # proxy: the chunk, the tail read, and the two trailer reads that describe a URL.
+    data = traffic.summary()["data_received"]
+    assert CHUNK_SIZE + 4096 <= data <= CHUNK_SIZE + 4 * 4096
+    assert CHUNK_SIZE + 4096 <= proxy.sent["GET"] <= CHUNK_SIZE + 64 * 1024
+    # Every read of the download is pinned to the version it started with.
+    gets = traffic.params["GetObject"]
+    pinned = [p for p in gets if p.get("Range", "").startswith(f"bytes={CHUNK_SIZE}-")]
+    assert len(pinned) == 1 and pinned[0]["IfMatch"] == etag
+
+
+@pytest.mark.s3
+def test_s3_a_byte_flipped_in_transit_is_read_again_then_refused(
+    s3_server: S3TestServer,
+    versions: tuple[Path, Path, Path],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from support.faulty_proxy import faulty_proxy
+
+    _, a, b = versions
+    bucket = s3_server.new_bucket()
+    s3_server.client().put_object(Bucket=bucket, Key="m/b.pte", Body=b.read_bytes())
+    url = f"s3://{bucket}/m/b.pte"
+    flips = {"left": 1}
+
+    def tamper(method: str, path: str, headers: dict[str, str], body: bytes) -> bytes:
+        ranged = headers.get("Range", headers.get("range", ""))
+        if method == "GET" and ranged.startswith(f"bytes={CHUNK_SIZE}-") and flips["left"]:
+            flips["left"] -= 1
+            return body[:100] + bytes([body[100] ^ 1]) + body[101:]
+        return body
+
+    with faulty_proxy(s3_server.endpoint_url, every=0) as (endpoint, proxy):
+        proxy.tamper = tamper
+        opts = {**s3_server.storage_options, "endpoint_url": endpoint}
+        dest = tmp_path / "dev" / "m.pte"
+        with caplog.at_level(logging.WARNING, "ptestore.fleet.chunked"):
+            got = _one(ptestore.fetch(url, dest, base=a, storage_options=opts))
+        assert dest.read_bytes() == b.read_bytes()
+        assert got["store_retried"] == [1]
+        assert any(
+            m.startswith(f"{url}: bytes {CHUNK_SIZE}:{2 * CHUNK_SIZE} (chunk 1) arrived with ")
+            for m in caplog.messages
+        )
+        # Flipped every time: refused, naming the chunk; nothing published.
+        flips["left"] = 10
+        dest2 = tmp_path / "dev2" / "m.pte"
+        with pytest.raises(IntegrityError) as info:
+            ptestore.fetch(url, dest2, base=a, storage_options=opts)
+    assert str(info.value).startswith(
+        f"{url}: downloaded bytes {CHUNK_SIZE}:{2 * CHUNK_SIZE} (chunk 1) have sha256:"
+    )
+    assert "; read twice: the object was damaged or changed after it was made" in str(info.value)
+    assert info.value.published is False and not dest2.exists()

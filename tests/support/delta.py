@@ -1,0 +1,121 @@
+"""Artifacts for delta-fetch tests: versions of one multi-chunk program that differ in a
+few bytes of one weight (so in one 4 MiB chunk of the content, and in the trailer).
+
+``Poke`` (SPEC ``support.delta:Poke=STAMP``) rewrites the first named value (in key
+order) with 16 bytes in its middle set from ``STAMP``: same size, same layout, so two
+stamps give two artifacts that differ in one chunk. ``program(dir, per_key)`` makes the
+source: the real ``mlp_xnnpack`` export with each of its 4 values ``per_key`` bytes of
+seeded noise (``support.large.inflate``), without a trailer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import ptestore
+from ptestore.backends import BackendData, BackendInterface
+from ptestore.provenance import read_trailer
+from ptestore.provenance.chunks import CHUNK_SIZE
+from ptestore.storage.loaders import BytesLoader
+from support.fixtures import get_fixture
+from support.large import inflate
+
+MiB = 1 << 20
+FX = get_fixture("mlp_xnnpack")
+
+
+class Poke(BackendInterface):
+    """Writes the first value with 16 bytes of its middle set from ``stamp``."""
+
+    name = "XnnpackBackend"
+
+    def __init__(self, stamp: str = "1") -> None:
+        self.stamp = stamp
+        self.version = stamp
+
+    def initialize_backend_data(self, context: Any, output: Any) -> None:
+        for _ in context:
+            pass
+        named = context.get_named_data_map()
+        key = sorted(named)[0]
+        value = bytearray(named.get_data(key))
+        mid = len(value) // 2
+        value[mid : mid + 16] = hashlib.sha256(self.stamp.encode()).digest()[:16]
+        output.write_named_data(key, BackendData(bytes(value)))
+
+
+def program(directory: Path, per_key: int = 5 * MiB) -> Path:
+    """The source: ``mlp_xnnpack`` with 4 values of ``per_key`` bytes (no trailer)."""
+    path = directory / "big.pte"
+    if not path.exists():
+        assert FX.pte_path is not None
+        inflate(FX.pte_path, path, per_key)
+    return path
+
+
+def version(source: Path, out: Path, stamp: str) -> Path:
+    """``source`` specialized by ``Poke(stamp)``, with its provenance trailer."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    ptestore.specialize(source, out, backends=[Poke(stamp)])
+    return out
+
+
+def content_chunks(path: Path) -> list[bytes]:
+    """The SHA-256 of each 4 MiB chunk of ``path``'s content (before its trailer)."""
+    data = path.read_bytes()
+    trailer = read_trailer(BytesLoader(data))
+    end = len(data) if trailer is None else trailer.content_size
+    return [
+        hashlib.sha256(data[i : min(i + CHUNK_SIZE, end)]).digest()
+        for i in range(0, end, CHUNK_SIZE)
+    ]
+
+
+def differing(a: Path, b: Path) -> list[int]:
+    """Indices of the content chunks in which ``a`` and ``b`` differ."""
+    ca, cb = content_chunks(a), content_chunks(b)
+    assert len(ca) == len(cb)
+    return [i for i, (x, y) in enumerate(zip(ca, cb, strict=True)) if x != y]
+
+
+def trailer_size(path: Path) -> int:
+    trailer = read_trailer(BytesLoader(path.read_bytes()))
+    assert trailer is not None
+    return trailer.size
+
+
+def flip(path: Path, offset: int) -> None:
+    """Flip one bit of the byte at ``offset`` (the file keeps its inode)."""
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 1]))
+
+
+class Rewrite(BackendInterface):
+    """Writes the first value with ``nbytes`` of it, from ``offset`` (default: a third
+    of the way in, plus 4321 bytes: not chunk-aligned), seeded noise from ``stamp`` (a
+    weight of that size replaced: same size, same layout)."""
+
+    name = "XnnpackBackend"
+
+    def __init__(self, stamp: str = "1", nbytes: int = 16 * MiB, offset: int | None = None):
+        self.stamp, self.nbytes, self.offset = stamp, nbytes, offset
+        self.version = stamp
+
+    def initialize_backend_data(self, context: Any, output: Any) -> None:
+        import numpy as np
+
+        for _ in context:
+            pass
+        named = context.get_named_data_map()
+        key = sorted(named)[0]
+        value = np.array(np.frombuffer(named.get_data(key), dtype=np.uint8))
+        rng = np.random.default_rng(int(self.stamp))
+        start = len(value) // 3 + 4321 if self.offset is None else self.offset
+        end = min(len(value), start + self.nbytes)
+        value[start:end] = rng.integers(0, 255, end - start, dtype=np.uint8)
+        output.write_named_data(key, BackendData(value))
