@@ -73,11 +73,13 @@ class RetryPolicy:
         what: str = "storage call",
         on_retry: Callable[[], None] | None = None,
         retry_on: Callable[[BaseException], bool] = is_transient,
+        level: int = logging.WARNING,
     ) -> T:
         """Run ``fn``; retry the failures ``retry_on`` accepts (default: transient
         ones); re-raise the last failure as it is.
 
-        ``what`` names the call in the retry log; ``on_retry`` runs before each retry.
+        ``what`` names the call in the retry log (at ``level``: a caller that reports
+        its retries itself logs them at DEBUG); ``on_retry`` runs before each retry.
         """
         from tenacity import (
             Retrying,
@@ -92,7 +94,8 @@ class RetryPolicy:
             info = find_error_info(exc) if exc is not None else None
             reason = info.describe() if info is not None else f"{type(exc).__name__}: {exc}"
             wait = state.next_action.sleep if state.next_action is not None else 0.0
-            log.warning(
+            log.log(
+                level,
                 "%s: attempt %d of %d failed (%s); retrying in %.2fs",
                 what,
                 state.attempt_number,

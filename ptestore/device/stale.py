@@ -121,23 +121,32 @@ def _identity_changed(role: str, where: str, recorded: Any) -> str | None:
 
 
 def _index_stale(manifest: dict[str, Any], options: dict[str, Any]) -> str | None:
-    from ..fleet.index import load_index
+    from ..fleet.index import find_entry
 
     index = str(manifest["index"])
     fp = manifest.get("fingerprint")
     if not isinstance(fp, dict):
         return f"its manifest records no fingerprint of the index entry ({index})"
+    model, made_for = fp.get("model"), fp.get("made_for")
     try:
-        idx = load_index(index, **options)
+        # The entry it was fetched for: its model and the device it was made for (a
+        # sharded index reads that entry's shard only).
+        entry = (
+            find_entry(index, model, made_for, **options)
+            if isinstance(model, str) and isinstance(made_for, str)
+            else None
+        )
     except ObjectNotFound:
         return f"its index {index} is gone"
     except PteStoreError as exc:
         raise _Unknown(f"its index {index} could not be read: {exc}") from exc
-    for e in idx.get("entries", []):
-        if e.get("retired") or e.get("model") != fp.get("model"):
-            continue
-        if as_json(e.get("pte")) == fp.get("pte") and as_json(e.get("ptd")) == fp.get("ptd"):
-            return None
+    if (
+        entry is not None
+        and not entry.get("retired")
+        and as_json(entry.get("pte")) == fp.get("pte")
+        and as_json(entry.get("ptd")) == fp.get("ptd")
+    ):
+        return None
     pte = fp.get("pte")
     url = pte.get("url") if isinstance(pte, dict) else None
     return (

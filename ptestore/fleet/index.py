@@ -1,77 +1,86 @@
 """The index a fleet run publishes next to its artifacts: which artifact is whose.
 
-One JSON object per job destination prefix (``<prefix>/ptestore-index.json``, the part
-of the destination template before its first ``{``)::
+One index per job destination prefix, found at ``<prefix>/ptestore-index.json`` (the part
+of the destination template before its first ``{``). Its entries, one per
+``(model, device)``::
 
-    {"format": "ptestore.index", "version": 2, "updated": "2026-12-01T08:00:00Z",
-     "entries": [
-       {"model": "mlp", "device": "pixel9",
-        "device_options": {...}, "device_digest": "sha256:...",
-        "key": "sha256:...",                         # the provenance key's digest
-        "job": {"path", "sha256"} | null,
-        "source": {"url", "size", "sha256"}, "ptd_source": {...} | null,
-        "pte": {"url", "size", "sha256", "trailer_sha256"},
-        "ptd": {"url", "size", "sha256", "trailer_sha256"} | null,   # or, stored
-               # once by content: {"url": ".../_shared/sha256/<hex>.ptd", "size",
-               #  "sha256", "trailer_sha256": null, "shared": true}
-        "compatibility": [{"id", "spec", "version", "compatibility"}],
-        "created": "...",
-        "xnnpack": {...} | null}]}        # only for a device that declares xnnpack_cpu:
-                                          # its packed-weight file (:mod:`.packed`)
+    {"model": "mlp", "device": "pixel9",
+     "device_options": {...}, "device_digest": "sha256:...",
+     "key": "sha256:...",                         # the provenance key's digest
+     "job": {"path", "sha256"} | null,
+     "source": {"url", "size", "sha256"}, "ptd_source": {...} | null,
+     "pte": {"url", "size", "sha256", "trailer_sha256"},
+     "ptd": {"url", "size", "sha256", "trailer_sha256"} | null,   # or, stored
+            # once by content: {"url": ".../_shared/sha256/<hex>.ptd", "size",
+            #  "sha256", "trailer_sha256": null, "shared": true}
+     "compatibility": [{"id", "spec", "version", "compatibility"}],
+     "created": "...", "retired": {...} (fleet/retire.py),
+     "xnnpack": {...} | null}          # only for a device that declares xnnpack_cpu:
+                                       # its packed-weight file (:mod:`.packed`)
 
 ``sha256`` is the SHA-256 of the file's bytes before its provenance trailer and
 ``trailer_sha256`` the trailer's own checksum (of its JSON): together with ``size`` they
 pin every byte of the file (a shared .ptd has no trailer: ``sha256`` is the whole
-object's, and its name). Version 1 indexes (no shared entries) are read and
-rewritten as version 2. Entries are keyed by ``(model, device)``; a run replaces its
-pairs' entries and keeps every other.
+object's, and its name). A run replaces its pairs' entries and keeps every other.
 
-Concurrent or partial runs never lose entries: the index is read with its version
-token, merged and published with ``publish(mode="if-match")`` (``"create"`` when there is
-no index yet), and read and merged again on a conflict, under the one retry policy
-(:data:`~ptestore._retry.CONFLICT_RETRY`). The writers do the compare-and-swap: on S3
-``If-Match``/``If-None-Match`` on the PutObject, on local disks an ``flock`` and a hash
-check before the rename, in memory a version counter (docs/storage.md). Other fsspec
-stores get an unconditional write (last writer wins).
+**Versions.** Version 3 (:mod:`.index_v3`), written on every store with compare-and-swap
+(local files, ``memory://``, S3): ``ptestore-index.json`` is a small root naming a
+directory of shards: per model, a trie of leaves of bounded size and a catalog of its
+distinct compatibility stamps; a run touches only its pairs' leaves and its models'
+catalogs, each by compare-and-swap, and reports each (:class:`IndexReport`). Versions 1
+and 2 (:mod:`.index_v2`: one object holding every entry) are read, and migrated to
+version 3 by the first publish that finds them (:mod:`.index_migrate`); a store without
+compare-and-swap keeps writing version 2 (last writer wins).
+
+Every update is a read-modify-write inside the compare-and-swap loop of the object it
+changes (:mod:`.index_store`): :func:`publish_index` merges entries,
+:func:`update_index` applies a change to each entry as it is at that moment.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
-import json
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..errors import FormatError, ObjectNotFound, PreconditionFailed
+from ..errors import FormatError
 from ..provenance import Provenance, read_trailer
-from ..storage.loaders import open_loader, split_url
-from ..storage.routing import options_for_loader, options_for_writer
-from ..storage.types import StorageURL
+from ..storage.loaders import open_loader
+from ..storage.routing import options_for_loader
+from .index_migrate import create_index, migrate_index
+from .index_store import IndexStore, ObjectStats
+from .index_v2 import INDEX_FORMAT, check_index, now, parse_index, publish_v2, update_v2
 from .job import Job
 
 if TYPE_CHECKING:
     from ..provenance.record import ContentDigest
+    from .index_v3 import ShardedIndex
 
 __all__ = [
-    "publish_pairs",
     "INDEX_FORMAT",
     "INDEX_NAME",
     "INDEX_VERSION",
+    "IndexReport",
+    "check_index",
+    "create_index",
     "entry_for",
+    "find_entry",
     "index_entries",
     "index_url",
+    "iter_entries",
     "load_index",
+    "migrate_index",
+    "open_index",
+    "publish_entries",
     "publish_index",
+    "publish_pairs",
+    "update_index",
 ]
 
-INDEX_FORMAT = "ptestore.index"
-INDEX_VERSION = 2
-#: Versions read (version 1 has no shared .ptd entries; it is rewritten as version 2).
-READABLE_VERSIONS = (1, 2)
+#: The version written on a store with compare-and-swap.
+INDEX_VERSION = 3
 INDEX_NAME = "ptestore-index.json"
-#: Stores whose writers publish conditionally (``publish(mode="if-match")``).
-_CAS_PROTOCOLS = ("file", "memory", "s3")
 
 
 def index_url(job: Job) -> str:
@@ -163,125 +172,182 @@ def entry_for(
     return entry
 
 
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+@dataclass
+class IndexReport:
+    """What publishing or updating an index did: its version, and every object it
+    touched with its compare-and-swap attempts and conflicts."""
+
+    url: str
+    version: int
+    stats: list[ObjectStats] = field(default_factory=list)
+    #: What a migration from version 1/2 did (None: no migration).
+    migrated: dict[str, Any] | None = None
+    #: The entries an update changed (as published), and how many it examined.
+    changed: list[dict[str, Any]] = field(default_factory=list)
+    examined: int = 0
+    retired: int = 0
+
+    @property
+    def conflicts(self) -> int:
+        return sum(s.conflicts for s in self.stats)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``index_shards`` of ``fleet run --json``: per object, and the totals."""
+        return {
+            "version": self.version,
+            "migrated": self.migrated,
+            "objects": len(self.stats),
+            "written": sum(1 for s in self.stats if s.written),
+            "conflicts": self.conflicts,
+            "shards": [s.to_dict() for s in self.stats],
+        }
 
 
-def _merge(old: dict[str, Any] | None, entries: list[dict[str, Any]]) -> dict[str, Any]:
-    kept = {(e["model"], e["device"]): e for e in (old or {}).get("entries", [])}
-    for e in entries:
-        kept[(e["model"], e["device"])] = e
-    return {
-        "format": INDEX_FORMAT,
-        "version": INDEX_VERSION,
-        "updated": _now(),
-        "entries": [kept[k] for k in sorted(kept)],
-    }
+def open_index(
+    url: str | os.PathLike[str], options: dict[str, Any] | None = None
+) -> tuple[dict[str, Any], ShardedIndex | None, IndexStore]:
+    """The index at ``url`` to read: its root (a version 1/2 index holds its entries),
+    the sharded index of a version 3 root (else None), and the store (it counts what
+    was read). :class:`~ptestore.errors.ObjectNotFound` when there is no index."""
+    target = os.fspath(url)
+    store = IndexStore(target, dict(options or {}))
+    if store.cas:
+        data, version = store.read(target)
+    else:
+        loader = open_loader(target, **options_for_loader(target, store.options, "dst"))
+        try:
+            data, version = bytes(loader.load(0, loader.size())), "-"
+        finally:
+            loader.close()
+        store.reads.add(len(data))
+    if version is None:
+        raise store.missing()
+    root = parse_index(data, target)
+    if root["version"] != 3:
+        return root, None, store
+    from .index_v3 import ShardedIndex, check_layout
 
-
-def check_index(value: object, url: str) -> dict[str, Any]:
-    """``value`` if it is an index, else :class:`FormatError` naming the field."""
-    if not isinstance(value, dict):
-        raise FormatError(url, "index", type(value).__name__, "a JSON object")
-    if value.get("format") != INDEX_FORMAT:
-        raise FormatError(url, "index format", value.get("format"), repr(INDEX_FORMAT))
-    if value.get("version") not in READABLE_VERSIONS:
-        raise FormatError(
-            url,
-            "index version",
-            value.get("version"),
-            " or ".join(str(v) for v in READABLE_VERSIONS),
-        )
-    if not isinstance(value.get("entries"), list):
-        raise FormatError(url, "index entries", value.get("entries"), "a list")
-    return value
-
-
-def _parse(data: bytes, url: str) -> dict[str, Any]:
-    try:
-        value = json.loads(data)
-    except ValueError as exc:
-        raise FormatError(url, "index", data[:40], "JSON", str(exc)) from None
-    return check_index(value, url)
+    return root, ShardedIndex(store, check_layout(root, target)), store
 
 
 def load_index(url: str | os.PathLike[str], **storage_options: Any) -> dict[str, Any]:
-    """Read and check the index at ``url``."""
-    target = os.fspath(url)
-    loader = open_loader(target, **options_for_loader(target, storage_options, "dst"))
-    try:
-        return _parse(bytes(loader.load(0, loader.size())), target)
-    finally:
-        loader.close()
+    """Read and check the index at ``url``, whole, as one object: a version 1/2 index as
+    it is; a version 3 one flattened into version 2's form (every entry of every shard,
+    sorted by model and device, under ``"entries"``; its root under ``"sharded"``), which
+    ``select`` and any reader of version 2 read as it is. It reads every shard: for tools
+    and tests (a device reads a few objects, :mod:`.index_view`)."""
+    root, sharded, _ = open_index(url, storage_options)
+    if sharded is None:
+        return root
+    entries = sorted(sharded.iter_entries(), key=lambda e: (str(e["model"]), str(e["device"])))
+    return {"format": INDEX_FORMAT, "version": 2, "updated": now(), "entries": entries,
+            "sharded": root}  # fmt: skip
+
+
+def iter_entries(url: str | os.PathLike[str], **storage_options: Any) -> Iterator[dict[str, Any]]:
+    """Every entry of the index at ``url``, a shard at a time (model by model)."""
+    root, sharded, _ = open_index(url, storage_options)
+    if sharded is None:
+        yield from (e for e in root["entries"] if isinstance(e, dict))
+    else:
+        yield from sharded.iter_entries()
+
+
+def find_entry(
+    url: str | os.PathLike[str], model: str, device: str, **storage_options: Any
+) -> dict[str, Any] | None:
+    """The entry of ``(model, device)`` in the index at ``url`` (None: none); a version
+    3 index reads the model's catalog and the entry's leaf only."""
+    root, sharded, _ = open_index(url, storage_options)
+    if sharded is not None:
+        return sharded.find(model, device)
+    for e in root["entries"]:
+        if isinstance(e, dict) and e.get("model") == model and e.get("device") == device:
+            return e
+    return None
+
+
+def publish_entries(
+    url: str,
+    entries: Iterable[dict[str, Any]],
+    options: dict[str, Any],
+    *,
+    version: int | None = None,
+) -> IndexReport:
+    """Merge ``entries`` into the index at ``url`` (created when there is none; a
+    version 1/2 index on a store with compare-and-swap is migrated to version 3 first,
+    unless ``version=2``)."""
+    from .index_migrate import open_for_writing
+
+    new = list(entries)
+    for e in new:
+        if not isinstance(e.get("model"), str) or not isinstance(e.get("device"), str):
+            raise FormatError(url, "index entry", {k: e.get(k) for k in ("model", "device")},
+                              "an entry with a model and a device name")  # fmt: skip
+    store = IndexStore(url, dict(options))
+    sharded, migrated, stats = open_for_writing(store, version=version)
+    if sharded is None:
+        return IndexReport(url, 2, stats + publish_v2(store, new))
+    return IndexReport(url, 3, stats + sharded.publish(new), migrated)
 
 
 def publish_index(url: str, entries: Iterable[dict[str, Any]], options: dict[str, Any]) -> str:
-    """Merge ``entries`` into the index at ``url`` (conditional writes, see the module
-    docstring); returns ``url``."""
-    new = list(entries)
-    if split_url(url)[0] in _CAS_PROTOCOLS:
-        _publish_conditionally(url, new, options)
-        return url
-    try:
-        old: dict[str, Any] | None = load_index(url, **options)
-    except ObjectNotFound:
-        old = None
-    from ..writers import open_writer
-
-    w = open_writer(url, **options)
-    w.write(json.dumps(_merge(old, new), indent=1).encode(), 0)
-    w.publish("overwrite")
+    """Merge ``entries`` into the index at ``url`` (see :func:`publish_entries`);
+    returns ``url``."""
+    publish_entries(url, entries, options)
     return url
 
 
-def _publish_conditionally(
-    url: str, entries: list[dict[str, Any]], options: dict[str, Any]
-) -> None:
-    """Read the index and its version, merge, publish if it is still that version;
-    again on a conflict (another run published in between)."""
-    from .._retry import CONFLICT_RETRY, is_conflict
-    from ..writers import open_writer
-    from ..writers.versions import read_versioned
+def update_index(
+    url: str | os.PathLike[str],
+    change: Callable[[dict[str, Any]], dict[str, Any] | None],
+    *,
+    models: list[str] | None = None,
+    storage_options: dict[str, Any] | None = None,
+    version: int | None = None,
+) -> IndexReport:
+    """Apply ``change`` to every entry of the index at ``url`` (of ``models`` only,
+    when given), inside the compare-and-swap loop of the object that holds it: ``change``
+    sees each entry as it is at that moment (again after a conflict) and returns its new
+    version, or None to keep it. It must keep the entry's model and device. A version
+    1/2 index on a store with compare-and-swap is migrated to version 3 first (unless
+    ``version=2``). :class:`~ptestore.errors.ObjectNotFound` when there is no index."""
+    from ..errors import ConfigurationError
+    from .index_migrate import open_for_writing
 
-    local = StorageURL.of(url).local
-    # The version is read where the writer publishes: memory:// through the writer's own
-    # store (it takes the writer's options), S3 with the reading side's client options.
-    if local:
-        read_options: dict[str, Any] = {}
-    elif split_url(url)[0] == "memory":
-        read_options = options_for_writer(url, options)
-    else:
-        read_options = options_for_loader(url, options, "dst")
-    write_options: dict[str, Any] = (
-        {"auto_mkdir": True} if local else options_for_writer(url, options)
+    target = os.fspath(url)
+    store = IndexStore(target, dict(storage_options or {}))
+
+    def checked(entry: dict[str, Any]) -> dict[str, Any] | None:
+        new = change(entry)
+        if new is not None and (new.get("model"), new.get("device")) != (
+            entry.get("model"),
+            entry.get("device"),
+        ):
+            raise ConfigurationError(
+                f"{target}: update_index's change must keep an entry's model and device "
+                f"({entry.get('model')!r}, {entry.get('device')!r})"
+            )
+        return new
+
+    open_index(target, store.options)  # ObjectNotFound for no index
+    sharded, migrated, stats = open_for_writing(store, version=version)
+    if sharded is None:
+        wanted = None if models is None else set(models)
+        made, more, seen, retired = update_v2(
+            store, lambda e: checked(e) if wanted is None or e.get("model") in wanted else None
+        )
+        return IndexReport(target, 2, stats + more, changed=made, examined=seen, retired=retired)
+    report = sharded.update(checked, models=models)
+    return IndexReport(
+        target,
+        3,
+        stats + report.stats,
+        migrated,
+        changed=report.changed,
+        examined=report.examined,
+        retired=report.retired,
     )
-    if split_url(url)[0] == "s3":  # served as JSON, as before
-        extra = dict(write_options.get("s3_additional_kwargs") or {})
-        extra.setdefault("ContentType", "application/json")
-        write_options["s3_additional_kwargs"] = extra
-    attempts = [0]
-
-    def attempt() -> None:
-        attempts[0] += 1
-        current = read_versioned(url, **read_options)
-        old = None if current.version is None else _parse(current.data, url)
-        w = open_writer(url, **write_options)
-        w.write(json.dumps(_merge(old, entries), indent=1).encode(), 0)
-        w.publish(current.mode, expected=current.version)
-
-    try:
-        CONFLICT_RETRY.call(attempt, what=f"{url}: index update", retry_on=is_conflict)
-    except PreconditionFailed as exc:
-        if attempts[0] < CONFLICT_RETRY.attempts:
-            raise
-        raise PreconditionFailed(
-            f"{url}: the index changed under every one of {attempts[0]} attempts to merge "
-            f"into it (last: {exc})",
-            url=url,
-            expected=exc.expected,
-            found=exc.found,
-            refused_by=exc.refused_by,
-        ) from exc
 
 
 def index_entries(job: Job, pairs: Iterable[tuple[str, str]]) -> list[dict[str, Any]]:
@@ -310,16 +376,22 @@ def index_entries(job: Job, pairs: Iterable[tuple[str, str]]) -> list[dict[str, 
         return list(pool.map(one, todo))
 
 
-def publish_pairs(job: Job, pairs: list[tuple[str, str]]) -> tuple[str | None, str | None]:
-    """Index ``job``'s ``(model, device)`` pairs that are done or skipped: ``(url, None)``
-    once published, ``(None, why)`` when the index could not be (the run's artifacts are
-    unaffected), ``(None, None)`` when there is nothing to index."""
+def publish_pairs(
+    job: Job, pairs: list[tuple[str, str]]
+) -> tuple[str | None, str | None, IndexReport | None]:
+    """Index ``job``'s ``(model, device)`` pairs that are done or skipped: ``(url, None,
+    report)`` once published, ``(None, why, None)`` when the index could not be (the
+    run's artifacts are unaffected), ``(None, None, None)`` when there is nothing to
+    index."""
     from ..errors import PteStoreError
 
     if not pairs:
-        return None, None
+        return None, None, None
+    url = index_url(job)
     try:
-        url = publish_index(index_url(job), index_entries(job, pairs), dict(job.storage_options))
+        report = publish_entries(
+            url, index_entries(job, pairs), dict(job.storage_options), version=job.index_version
+        )
     except PteStoreError as exc:
-        return None, str(exc)
-    return url, None
+        return None, str(exc), None
+    return url, None, report

@@ -18,6 +18,10 @@
 for that CPU beside each of the device's artifacts (:mod:`.packing`), and is not handed
 to backends nor part of the device's digest.
 
+``index_version = 2`` (a top-level key, before the tables; optional) keeps writing a
+version 2 index, for devices whose ptestore cannot read version 3 yet; by default the
+index is version 3 wherever the store has compare-and-swap (:mod:`.index`).
+
 Every error is a :class:`JobError` naming the file, the line and the key.
 """
 
@@ -61,7 +65,7 @@ SHARED_DIR = "_shared"
 #: The key of a ``[devices.NAME]`` table that declares the device's CPU fingerprint.
 XNNPACK_CPU_KEY = "xnnpack_cpu"
 
-_TOP_KEYS = {"destination", "backends", "storage_options", "models", "devices"}
+_TOP_KEYS = {"destination", "backends", "storage_options", "models", "devices", "index_version"}
 _MODEL_KEYS = {"name", "source", "ptd"}
 _FIELDS = {"model", "device"}
 
@@ -105,6 +109,8 @@ class Job:
     sha256: str = ""
     #: Device name -> the CPU fingerprint it declares (``xnnpack_cpu``).
     xnnpack_cpu: dict[str, str] = field(default_factory=dict)
+    #: The index version to write (None: version 3 where the store has compare-and-swap).
+    index_version: int | None = None
 
     def pairs(self) -> list[Pair]:
         """Every (model, device) pair, models outer, in file order."""
@@ -292,9 +298,20 @@ def parse_job(text: str, path: str = "<job>") -> Job:
                 raise fail(problem, table, XNNPACK_CPU_KEY)
             cpus[dname] = cpu
         devices.append(DeviceProfile(dname, _plain(opts)))
+    version = data.get("index_version")
+    if version is not None and (type(version) is not int or version not in (2, 3)):
+        raise fail("must be 2 or 3 (the index version to write)", None, "index_version")
     digest = "sha256:" + hashlib.sha256(text.encode()).hexdigest()
     job = Job(
-        path, dest, tuple(backends), tuple(models), tuple(devices), dict(options), digest, cpus
+        path,
+        dest,
+        tuple(backends),
+        tuple(models),
+        tuple(devices),
+        dict(options),
+        digest,
+        cpus,
+        version,
     )
     if any(m.ptd for m in models) and not dest.endswith(".pte"):
         raise fail(

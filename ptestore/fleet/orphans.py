@@ -7,7 +7,8 @@ job (and retired, :mod:`.retire`), or a newer run that stored another ``.ptd``, 
 objects that no index names. :func:`collect_orphans` removes them, and only them:
 
 - **which indexes**: every ``ptestore-index.json`` under the prefix, and the one of each
-  directory above it (a job rooted above the prefix references files in it). Every entry
+  directory above it (a job rooted above the prefix references files in it); a sharded
+  (version 3) index is read shard by shard, all of them. Every entry
   that is not retired references its ``.pte``, its ``.ptd`` (per device or shared), its
   source and its ``.ptd`` source. An index that cannot be read stops the collection:
   nothing is removed when a reference may be missed;
@@ -35,14 +36,14 @@ import os
 import posixpath
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ..coordinator.targets import target_identity
 from ..errors import ObjectNotFound, PteStoreError
 from ..gc import GcEntry
 from ..storage.types import StorageURL
-from .index import INDEX_NAME, load_index
+from .index import INDEX_NAME, iter_entries
 from .packed import is_packed_url, read_record, record_url
 from .shared import is_shared_url
 
@@ -55,8 +56,12 @@ DEFAULT_GRACE = 7 * 86400.0
 def referenced(index: dict[str, Any]) -> set[tuple[str, str]]:
     """The identities (:func:`~ptestore.coordinator.targets.target_identity`) of every
     file the live (not retired) entries of ``index`` name."""
+    return _named(index.get("entries", []))
+
+
+def _named(entries: Iterable[Any]) -> set[tuple[str, str]]:
     out: set[tuple[str, str]] = set()
-    for e in index.get("entries", []):
+    for e in entries:
         if not isinstance(e, dict) or e.get("retired"):
             continue
         for role in ("pte", "ptd", "source", "ptd_source"):
@@ -165,12 +170,11 @@ def _references(
     dirs: list[str] = []
     for url in indexes:
         try:
-            idx = load_index(url, **options)
+            refs |= _named(iter_entries(url, **options))  # a shard at a time
         except ObjectNotFound:
             continue
         except PteStoreError as exc:
             return refs, dirs, f"{url}: cannot read the index: {exc}"
-        refs |= referenced(idx)
         dirs.append(url[: -len(INDEX_NAME)])
     return refs, dirs, None
 

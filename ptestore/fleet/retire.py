@@ -18,10 +18,11 @@ Retirement is explicit, never a side effect of ``fleet run``: a run filtered wit
 ``--models``/``--devices`` names a part of the job on purpose, and a run cannot tell a
 pair dropped on purpose from one written by another job file under the same prefix.
 
-The entries are written through :func:`.index.publish_index` (a merge keyed on
-``(model, device)``, conditional on the index read): a run that publishes the same pair
-between this module's read and its write is overwritten by the retired copy; run
-``fleet retire`` when no run of an older version of the job is in flight.
+Each entry is retired inside the compare-and-swap of the object that holds it
+(:func:`.index.update_index`): the decision is made on the entry as it is at that moment,
+so a run that publishes a fresh entry meanwhile is never overwritten by an older copy
+(its fresh entry is retired, or, when it arrived after the walk of its shard, left
+live); entries the job still names are never written.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigurationError, ObjectNotFound
-from .index import index_url, load_index, publish_index
+from .index import index_url, iter_entries, update_index
 from .job import Job
 
 __all__ = ["RetireResult", "retire_dropped", "retired_reason"]
@@ -79,25 +80,35 @@ def retire_dropped(job: Job, *, dry_run: bool = False) -> RetireResult:
         raise ConfigurationError(f"dry_run must be True or False, got {dry_run!r}")
     url = index_url(job)
     out = RetireResult(url, dry_run)
+    now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    stamp = {"path": job.path, "sha256": job.sha256}
+
+    def retire(e: dict[str, Any]) -> dict[str, Any] | None:
+        if e.get("retired"):
+            return None
+        why = retired_reason(job, e.get("model"), e.get("device"))
+        if why is None:
+            return None
+        return {**e, "retired": {"at": now, "reason": why, "job": stamp}}
+
     try:
-        index = load_index(url, **job.storage_options)
+        if dry_run:
+            changed = []
+            for e in iter_entries(url, **job.storage_options):
+                if e.get("retired"):
+                    out.already += 1
+                elif (new := retire(e)) is not None:
+                    changed.append(new)
+        else:
+            report = update_index(
+                url, retire, storage_options=dict(job.storage_options), version=job.index_version
+            )
+            changed, out.already = report.changed, report.retired
     except ObjectNotFound:
         out.found = False
         return out
-    now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    stamp = {"path": job.path, "sha256": job.sha256}
-    changed = []
-    for e in index.get("entries", []):
-        if not isinstance(e, dict):
-            continue
-        if e.get("retired"):
-            out.already += 1
-            continue
-        why = retired_reason(job, e.get("model"), e.get("device"))
-        if why is None:
-            continue
-        out.retired.append({"model": e.get("model"), "device": e.get("device"), "reason": why})
-        changed.append({**e, "retired": {"at": now, "reason": why, "job": stamp}})
-    if changed and not dry_run:
-        publish_index(url, changed, dict(job.storage_options))
+    for e in sorted(changed, key=lambda e: (str(e.get("model")), str(e.get("device")))):
+        out.retired.append(
+            {"model": e.get("model"), "device": e.get("device"), "reason": e["retired"]["reason"]}
+        )
     return out

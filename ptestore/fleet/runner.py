@@ -30,6 +30,7 @@ from typing import Any
 from .._log import get_logger
 from ..errors import ConfigurationError
 from .estimate import human_bytes
+from .index_store import shards_line
 from .job import Job, JobError
 from .plan import Plan, PlannedPair, plan_job
 from .watch import MISSED_HEARTBEATS
@@ -63,6 +64,9 @@ class FleetResult:
     index: str | None = None
     #: Why the index could not be published (the run's artifacts are unaffected).
     index_error: str | None = None
+    #: What publishing the index did: its version, each shard touched with its
+    #: compare-and-swap attempts and conflicts (``IndexReport.to_dict``).
+    index_shards: dict[str, Any] | None = None
     #: Dask workers the run declared lost (no heartbeat for ``missed_heartbeats``
     #: intervals) and removed from the cluster: address -> why.
     lost_workers: dict[str, str] = field(default_factory=dict)
@@ -87,6 +91,7 @@ class FleetResult:
             "failed": self.count("failed"),
             "index": self.index,
             "index_error": self.index_error,
+            "index_shards": self.index_shards,
             "lost_workers": dict(self.lost_workers),
             "pairs": [p.to_dict() for p in self.pairs],
         }
@@ -102,6 +107,8 @@ class FleetResult:
         ]
         if self.index is not None:
             rows.append(("index", self.index))
+        if self.index_shards is not None:
+            rows.append(("index shards", shards_line(self.index_shards)))
         width = max(len(k) for k, _ in rows)
         lines = [f"{k:<{width}}  {v}" for k, v in rows]
         for p in self.pairs:
@@ -255,7 +262,8 @@ def run_plan(
     from .index import publish_pairs
 
     ok = [(p.model, p.device) for p in result.pairs if p.status in ("done", "skipped")]
-    result.index, result.index_error = publish_pairs(plan.job, ok)
+    result.index, result.index_error, report = publish_pairs(plan.job, ok)
+    result.index_shards = None if report is None else report.to_dict()
     if interrupted:
         raise FleetInterrupted(result)
     return result

@@ -85,6 +85,11 @@ class Choice:
     #: The artifact's XNNPACK packed-weight file as the index lists it (a file, or why
     #: the fleet's runtime refused one), when it was made for this CPU; else None.
     xnnpack: dict[str, Any] | None = None
+    #: What was read of an index given by URL: ``{"objects", "bytes", "requests"}``.
+    index_read: dict[str, int] | None = None
+    #: Kinds of build (distinct compatibility stamps) with more devices than a sharded
+    #: index lists: ``candidates`` names the first of each, not every one.
+    unlisted: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -98,6 +103,8 @@ class Choice:
             "ptd": self.ptd,
             "candidates": self.candidates,
             "xnnpack": self.xnnpack,
+            "index_read": self.index_read,
+            "unlisted_candidates": self.unlisted,
         }
 
 
@@ -207,19 +214,24 @@ def select(
     ``device`` (a profile, or a name: then the options recorded for that name in the
     index, if any, else none). Raises :class:`ConfigurationError` when the index has
     no such model. ``cpu``: the CPU fingerprint the packed-weight file must have been
-    made for to be reported (default: this machine's)."""
-    from .index import load_index
+    made for to be reported (default: this machine's). From a sharded index (version 3)
+    it reads a few small objects (:mod:`.index_view`), whatever the size of the fleet."""
+    from .index_view import model_view
 
-    idx = index if isinstance(index, dict) else load_index(index, **(storage_options or {}))
-    live = [e for e in idx.get("entries", []) if not e.get("retired")]  # fleet/retire.py
-    entries = [e for e in live if e.get("model") == model]
+    name = device if isinstance(device, str) else device.name
+    view = model_view(index, model, name, storage_options)
+    entries = view.entries
     if not entries:
-        models = sorted({str(e.get("model")) for e in live})
-        gone = any(e.get("model") == model for e in idx.get("entries", []))
+        models, more = view.models()
+        listed = ", ".join(models) + (f" and {more} more" if more else "")
         raise ConfigurationError(
             f"index has no model {model!r}"
-            + (" (its entries are retired: the job no longer names it)" if gone else "")
-            + f" (models: {', '.join(models) or 'none'})"
+            + (
+                " (its entries are retired: the job no longer names it)"
+                if view.retired_only
+                else ""
+            )
+            + f" (models: {listed or 'none'})"
         )
     by_name = isinstance(device, str)
     if isinstance(device, str):
@@ -232,23 +244,36 @@ def select(
         {"made_for": e.get("device"), "rating": r, "eligible": ok, "reason": why}
         for e, r, why, ok in rated
     ]
+    where = {id(e): i for i, (e, *_) in enumerate(rated)}
+    read = None if view.reads is None else view.reads
     fits = [x for x in rated if x[3]]
-    if fits:
-        fits.sort(key=lambda x: (-_RANK[x[1]], not _own(x[0], device, by_name)))
-        e, rating, why, _ = fits[0]
+    fits.sort(key=lambda x: (-_RANK[x[1]], not _own(x[0], device, by_name)))
+    for e, rating, why, _ in fits:
+        full = view.resolve(e)
+        if full is None:  # changed since the catalog was read: the next best
+            c = candidates[where[id(e)]]
+            c["eligible"] = False
+            c["reason"] = f"{c['reason']}; changed in the index while it was read (not used)"
+            continue
         return Choice(
             model,
             device.name,
             "artifact",
-            e["pte"],
-            e.get("ptd"),
+            full["pte"],
+            full.get("ptd"),
             rating,
-            f"made for {e.get('device')!r}: {why}",
-            e.get("device"),
+            f"made for {full.get('device')!r}: {why}",
+            full.get("device"),
             candidates,
-            _packed_for(e.get("xnnpack"), cpu),
+            _packed_for(full.get("xnnpack"), cpu),
+            None if read is None else read.to_dict(),
+            view.unlisted,
         )
-    first = entries[0]
+    first = next((f for f in map(view.resolve, entries) if f is not None), None)
+    if first is None:
+        raise ConfigurationError(
+            f"index: every entry of model {model!r} changed while it was read; run again"
+        )
     why_not = "; ".join(f"{c['made_for']}: {c['reason']}" for c in candidates)
     return Choice(
         model,
@@ -262,6 +287,9 @@ def select(
         "falling back to the portable source",
         None,
         candidates,
+        None,
+        None if read is None else read.to_dict(),
+        view.unlisted,
     )
 
 

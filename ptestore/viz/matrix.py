@@ -153,6 +153,7 @@ def matrix_data(
         "seconds": None if result is None else round(result.seconds, 6),
         "index": None if result is None else result.index,
         "index_error": None if result is None else result.index_error,
+        "index_shards": None if result is None else result.index_shards,
         "backends": list(job.backends),
         "models": [m.name for m in job.models],
         "devices": [d.name for d in job.devices],
@@ -288,6 +289,10 @@ def matrix_html(data: dict[str, Any]) -> str:
     if data["kind"] == "run":
         summary.append(f"wall time {data['seconds']:.2f} s ({data['engine']})")
         summary.append(f"the pairs' own times summed {t['pair_seconds']:.2f} s")
+    if data.get("index_shards"):
+        from ..fleet.index_store import shards_line
+
+        summary.append(f"index {shards_line(data['index_shards'])}")
     failed = [c for c in data["pairs"] if c["status"] == "failed"]
     failures, more = _failure_rows(data["pairs"], failed)
     if data.get("index_error"):

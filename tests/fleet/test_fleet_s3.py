@@ -44,11 +44,18 @@ def test_fleet_with_faults_reruns_and_changes(
             "failed",
             "index",
             "index_error",
+            "index_shards",
             "lost_workers",
             "pairs",
         }
         assert first["lost_workers"] == {}
         assert first["index"] is not None and first["index_error"] is None
+        # A sharded index: the root made, then each model's leaves and catalog, each
+        # with its compare-and-swap attempts (the faults above are retried underneath).
+        shards = first["index_shards"]
+        assert shards["version"] == 3 and shards["objects"] == len(shards["shards"])
+        assert {s["kind"] for s in shards["shards"]} == {"root", "leaf", "catalog"}
+        assert all(s["attempts"] >= 1 for s in shards["shards"])
         assert len(first["pairs"]) == len(pairs)
         for entry in first["pairs"]:
             assert set(entry) == {

@@ -22,6 +22,7 @@ import ptestore
 from ptestore.cli import main
 from ptestore.errors import IntegrityError
 from ptestore.fleet.index import load_index, publish_index
+from ptestore.fleet.index_v3 import model_segment
 from ptestore.provenance import read_trailer
 from ptestore.storage.loaders import BytesLoader
 from ptestore.testing.s3server import S3TestServer
@@ -274,19 +275,24 @@ def test_local_index_with_8_racing_writers_loses_no_entry(tmp_path: Path) -> Non
     assert [e["device"] for e in index["entries"]] == sorted(
         f"w{i}-{j}" for i in range(writers) for j in range(each)
     )
-    assert (index["format"], index["version"]) == ("ptestore.index", 2)
-    assert sorted(os.listdir(tmp_path / "fleet")) == [
-        ".ptestore-index.json.ptestore.lock",
-        "ptestore-index.json",
+    assert (index["format"], index["sharded"]["version"]) == ("ptestore.index", 3)
+    shards = index["sharded"]["layout"]["shards"]
+    assert sorted(os.listdir(tmp_path / "fleet")) == ["ptestore-index.json", shards]
+    model = tmp_path / "fleet" / shards / "m" / model_segment("m")
+    assert sorted(os.listdir(model)) == [
+        ".catalog.json.ptestore.lock",
+        ".t.json.ptestore.lock",
+        "catalog.json",
+        "t.json",
     ]
 
 
 def test_an_index_that_keeps_changing_names_the_attempts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Every publish meets another version (planted: each read is stale by the time it
-    publishes): after the retry policy's attempts the error says so, naming the index
-    and the versions of the last conflict."""
+    """Every publish meets another version (planted: each object read is stale by the
+    time it publishes): after the retry policy's attempts the error says so, naming the
+    shard and the versions of the last conflict."""
     from ptestore import _retry
     from ptestore.errors import PreconditionFailed
     from ptestore.writers import versions
@@ -297,18 +303,22 @@ def test_an_index_that_keeps_changing_names_the_attempts(
 
     def stale(u: Any, **kw: Any) -> Any:
         got = real(u, **kw)
-        Path(url).write_text(Path(url).read_text() + " ")  # someone else wrote it
+        if got.version is not None and str(u) != url:
+            Path(u).write_text(Path(u).read_text() + " ")  # someone else wrote it
         return got
 
     monkeypatch.setattr(versions, "read_versioned", stale)
     monkeypatch.setattr(_retry, "CONFLICT_RETRY", _retry.RetryPolicy(attempts=3, initial=0))
     with pytest.raises(PreconditionFailed) as info:
         publish_index(url, [{"model": "m", "device": "b"}], {})
+    shards = load_index(url)["sharded"]["layout"]["shards"]
+    leaf = str(tmp_path / shards / "m" / model_segment("m") / "t.json")
     assert str(info.value).startswith(
-        f"{url}: the index changed under every one of 3 attempts to merge into it (last: "
-        f"{url}: publish(mode='if-match') expected version sha256:"
+        f"{leaf}: the index changed under every one of 3 attempts to merge into it (last: "
+        f"{leaf}: publish(mode='if-match') expected version sha256:"
     )
-    assert info.value.url == url and info.value.found != info.value.expected
+    assert info.value.url == leaf and info.value.found != info.value.expected
+    monkeypatch.setattr(versions, "read_versioned", real)
     assert [e["device"] for e in load_index(url)["entries"]] == ["a"]
 
 

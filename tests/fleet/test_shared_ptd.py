@@ -252,11 +252,16 @@ def test_two_writers_of_one_address(tmp_path: Path) -> None:
 
 
 def test_index_versions(tmp_path: Path) -> None:
-    """Version 1 (before shared entries) is read; an unknown version is refused."""
+    """Version 1 (before shared entries) is read; an unknown version is refused, and so
+    is a version 3 root without its layout."""
     path = tmp_path / "ptestore-index.json"
     path.write_text('{"format": "ptestore.index", "version": 1, "entries": []}')
     assert load_index(path)["version"] == 1
+    path.write_text('{"format": "ptestore.index", "version": 4, "entries": []}')
+    with pytest.raises(FormatError) as err:
+        load_index(path)
+    assert str(err.value) == f"{path}: index version = 4: must be 1, 2 or 3"
     path.write_text('{"format": "ptestore.index", "version": 3, "entries": []}')
     with pytest.raises(FormatError) as err:
         load_index(path)
-    assert str(err.value) == f"{path}: index version = 3: must be 1 or 2"
+    assert str(err.value) == f"{path}: index layout = None: must be an object"

@@ -142,9 +142,14 @@ def test_plan_and_run_reports_in_a_browser(browser: Browser, tmp_path: Path) -> 
         "engine": data["engine"],
         "seconds": data["seconds"],
         "index": str(tmp_path / "out/ptestore-index.json"),
+        "index_shards": data["index_shards"],
         "totals": data["totals"],
         "pairs": data["pairs"],
     }
+    # What publishing the index did, shard by shard (a second run: read, nothing written).
+    shards = data["index_shards"]
+    assert shards["version"] == 3 and shards["written"] == 0
+    assert {s["kind"] for s in shards["shards"]} == {"root", "leaf", "catalog"}
 
 
 def synthetic_fleet(models: int = 50, devices: int = 100) -> dict[str, Any]:

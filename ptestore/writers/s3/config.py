@@ -154,6 +154,9 @@ class S3Connection:
         # other writer and loader in the process, and credentials and endpoint taken
         # from the environment would be the ones of the first such writer.
         options.setdefault("skip_instance_cache", True)
+        #: Whether the filesystem is this connection's own: one from fsspec's instance
+        #: cache (``skip_instance_cache=False``) is shared, and :meth:`close` leaves it open.
+        self.owned = bool(options["skip_instance_cache"])
         self.url = url
         self.retry = RetryPolicy.from_options(url, options)
         config = dict(options.pop("config_kwargs", None) or {})
@@ -180,7 +183,10 @@ class S3Connection:
         collection, s3fs closes them from whichever thread collects the filesystem (an
         fsspec filesystem is always in a reference cycle), and in a thread that runs an
         event loop of its own (a Dask worker's) that fails with "attached to a different
-        loop"; closing twice is harmless."""
+        loop"; closing twice is harmless. A shared filesystem (:attr:`owned` False) is
+        left open for its other users."""
+        if not self.owned:
+            return
         creator = getattr(self.fs, "_s3creator", None)
         if creator is None:
             return

@@ -1,0 +1,197 @@
+"""A model's catalog in an index v3: what ``select`` needs to rate every live entry of
+the model without reading them all.
+
+``select`` rates each live entry of a model by its ``compatibility`` stamps, and an
+entry's rating for a device depends on its stamps only (and on whether it was made for
+that device, which ``select`` learns from the device's own entry). Entries with the
+same stamps rate the same, and among equals the one whose device name sorts first wins.
+So the catalog keeps, per distinct list of stamps (a *class*), the stamps and the
+**first** ``listed`` device names of its live members in sorted order::
+
+    {"format": "ptestore.index-catalog", "version": 3, "model": "mlp",
+     "leaves": {"0": 0, "1": 2},             # the trie's leaves per depth (index_trie)
+     "classes": [{"compatibility": [...], "devices": ["a", "c"], "more": false}]}
+
+``more`` says that members beyond the listed ones may exist. The listed names are always
+the smallest members (a new member is listed only when it sorts before the last one, or
+the list is complete and short); when removals empty a class's list while ``more`` is
+set, the writer that did it rebuilds the catalog from the model's leaves (:func:`rebuild`).
+The catalog's size grows with the number of distinct stamp lists of the model, never
+with its devices.
+
+The leaves are the truth: a writer updates its leaves first, then the catalog (by
+compare-and-swap, with *set* semantics: "device d is a member of class C, of no other"),
+and checks again the entries whose placement it changed (:mod:`.index_v3`). ``select``
+checks the entry it picks against its leaf.
+"""
+
+from __future__ import annotations
+
+import bisect
+import copy
+import json
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+from ..errors import FormatError
+
+__all__ = [
+    "CATALOG_FORMAT",
+    "apply_placements",
+    "check_catalog",
+    "class_key",
+    "depth_range",
+    "live_stamps",
+    "needs_rebuild",
+    "rebuild",
+]
+
+CATALOG_FORMAT = "ptestore.index-catalog"
+
+
+def class_key(stamps: list[Any]) -> str:
+    """One string per distinct list of stamps."""
+    return json.dumps(stamps, sort_keys=True, separators=(",", ":"))
+
+
+def live_stamps(entry: dict[str, Any] | None) -> list[Any] | None:
+    """The stamps of a live entry (None for no entry or a retired one)."""
+    if entry is None or entry.get("retired"):
+        return None
+    stamps = entry.get("compatibility") or []
+    return list(stamps) if isinstance(stamps, list) else []
+
+
+def _empty(model: str) -> dict[str, Any]:
+    return {
+        "format": CATALOG_FORMAT,
+        "version": 3,
+        "model": model,
+        "leaves": {"0": 1},
+        "classes": [],
+    }
+
+
+def check_catalog(value: dict[str, Any], url: str) -> dict[str, Any]:
+    """``value`` if it is a catalog, else :class:`FormatError` naming the field."""
+    if value.get("format") != CATALOG_FORMAT:
+        raise FormatError(url, "index catalog format", value.get("format"), repr(CATALOG_FORMAT))
+    leaves = value.get("leaves")
+    if not isinstance(leaves, dict) or not all(
+        isinstance(k, str) and k.isdigit() and isinstance(v, int) for k, v in leaves.items()
+    ):
+        raise FormatError(url, "index catalog leaves", leaves, "an object of depth: count")
+    classes = value.get("classes")
+    if not isinstance(classes, list) or not all(
+        isinstance(c, dict)
+        and isinstance(c.get("compatibility"), list)
+        and isinstance(c.get("devices"), list)
+        and all(isinstance(d, str) for d in c["devices"])
+        for c in classes
+    ):
+        raise FormatError(url, "index catalog classes", classes, "a list of classes")
+    return value
+
+
+def depth_range(catalog: dict[str, Any] | None) -> tuple[int, int]:
+    """The shallowest and deepest depth the model's leaves are at (``(0, 0)`` without a
+    catalog)."""
+    if catalog is None:
+        return 0, 0
+    depths = [int(k) for k, v in catalog["leaves"].items() if v > 0]
+    return (min(depths), max(depths)) if depths else (0, 0)
+
+
+def _place(cls: dict[str, Any], device: str, listed: int) -> bool:
+    """Record ``device`` as a member of ``cls``; True when the record changed."""
+    devices: list[str] = cls["devices"]
+    if device in devices:
+        return False
+    if not devices and cls["more"]:
+        return False  # the order is unknown until the catalog is rebuilt
+    if len(devices) < listed and not cls["more"]:
+        bisect.insort(devices, device)
+        return True
+    if device < devices[-1]:
+        bisect.insort(devices, device)
+        if len(devices) > listed:
+            devices.pop()
+            cls["more"] = True
+        return True
+    if not cls["more"]:
+        cls["more"] = True
+        return True
+    return False
+
+
+def apply_placements(
+    catalog: dict[str, Any] | None,
+    model: str,
+    placements: dict[str, list[Any] | None],
+    splits: list[int],
+    listed: int,
+) -> tuple[dict[str, Any] | None, set[str]]:
+    """The catalog with each device of ``placements`` a member of the class of its stamps
+    (None: of no class) and the trie's ``splits`` counted; None when nothing changes.
+    Also returns the devices whose record changed."""
+    if catalog is None and not placements and not splits:
+        return None, set()
+    cat = copy.deepcopy(catalog) if catalog is not None else _empty(model)
+    classes = {class_key(c["compatibility"]): c for c in cat["classes"]}
+    changed: set[str] = set()
+    for device, stamps in placements.items():
+        key = None if stamps is None else class_key(stamps)
+        for k, cls in classes.items():
+            if k != key and device in cls["devices"]:
+                cls["devices"].remove(device)
+                changed.add(device)
+        if key is not None:
+            cls = classes.setdefault(key, {"compatibility": stamps, "devices": [], "more": False})
+            if _place(cls, device, listed):
+                changed.add(device)
+    leaves = Counter({int(k): v for k, v in cat["leaves"].items()})
+    for depth in splits:
+        leaves[depth] -= 1
+        leaves[depth + 1] += 2
+    cat["leaves"] = {str(k): leaves[k] for k in sorted(leaves) if leaves[k] > 0}
+    kept = [c for c in classes.values() if c["devices"] or c["more"]]
+    cat["classes"] = sorted(kept, key=_order)
+    if catalog is not None and cat == catalog:
+        return None, set()
+    return cat, changed
+
+
+def _order(cls: dict[str, Any]) -> tuple[list[str], str]:
+    return list(cls["devices"][:1]), class_key(cls["compatibility"])
+
+
+def needs_rebuild(catalog: dict[str, Any] | None) -> bool:
+    """Whether a class lists no device although it has members (:func:`rebuild`)."""
+    return catalog is not None and any(not c["devices"] and c["more"] for c in catalog["classes"])
+
+
+def rebuild(
+    model: str,
+    entries: Iterable[dict[str, Any]],
+    leaves: Counter[int],
+    listed: int,
+) -> dict[str, Any]:
+    """The catalog of ``model`` from all its entries and its leaves per depth."""
+    members: dict[str, tuple[list[Any], list[str]]] = {}
+    for e in entries:
+        stamps = live_stamps(e)
+        if stamps is None:
+            continue
+        members.setdefault(class_key(stamps), (stamps, []))[1].append(str(e["device"]))
+    classes: list[dict[str, Any]] = []
+    for stamps, devices in members.values():
+        devices.sort()
+        classes.append(
+            {"compatibility": stamps, "devices": devices[:listed], "more": len(devices) > listed}
+        )
+    classes.sort(key=_order)
+    cat = _empty(model)
+    cat["leaves"] = {str(k): leaves[k] for k in sorted(leaves) if leaves[k] > 0}
+    cat["classes"] = classes
+    return cat

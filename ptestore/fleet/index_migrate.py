@@ -1,0 +1,189 @@
+"""Opening an index to write it: a new version 3 root, or a version 1/2 index migrated.
+
+**When**: the first publish (a ``fleet run``, ``fleet retire``, ``update_index``) by a
+ptestore that writes version 3, onto a store with compare-and-swap (local files,
+``memory://``, S3), that finds a version 1 or 2 index. Reading never migrates; a store
+without compare-and-swap keeps version 2.
+
+**How, atomically**: the entries of the old index (read with its version token) are
+written as the tries and catalogs of a new directory whose name no one else uses
+(``ptestore-index.v3-<random>``), invisible until the root names it. Then the root
+object is replaced by the version 3 root **conditionally on the version read**. Until
+that compare-and-swap succeeds, devices and older writers see the old index, whole. If
+it fails, someone published in between:
+
+- an older ptestore merged entries into the version 2 index (it writes with ``If-Match``
+  too): the index is read again, the models whose entries changed are written again
+  into the new directory, and the swap is retried. No entry such a writer published
+  before the swap is lost; one that publishes after it finds a version 3 root, which it
+  cannot read, and its run reports the index as not published (``index_error``: "index
+  version = 3: must be 1 or 2") instead of overwriting it;
+- another migration won: its root is used and this directory is removed.
+
+A writer of an older ptestore that writes unconditionally (a store without
+compare-and-swap) cannot be detected; such stores are never migrated.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..errors import AlreadyExists, ConfigurationError, FormatError, PreconditionFailed
+from .index_store import IndexStore, ObjectStats
+from .index_v2 import check_index, now
+from .index_v3 import (
+    DEFAULT_LEAF_BYTES,
+    DEFAULT_LISTED,
+    ShardedIndex,
+    check_layout,
+    new_layout,
+    root_value,
+)
+
+__all__ = ["create_index", "migrate_index", "open_for_writing"]
+
+
+def _entries_by_model(index: dict[str, Any]) -> dict[str, dict[tuple[str, str], Any]]:
+    out: dict[str, dict[tuple[str, str], Any]] = {}
+    for e in index["entries"]:
+        if isinstance(e, dict):
+            out.setdefault(str(e.get("model")), {})[(str(e.get("model")), str(e.get("device")))] = e
+    return out
+
+
+def open_for_writing(
+    store: IndexStore, *, version: int | None = None
+) -> tuple[ShardedIndex | None, dict[str, Any] | None, list[ObjectStats]]:
+    """The sharded index to publish into (None: write version 2), what a migration did
+    (None when there was none) and the root's stats."""
+    if version not in (None, 2, 3):
+        raise ConfigurationError(f"{store.root}: index version must be 2 or 3, got {version!r}")
+    stats = ObjectStats(store.root, "root")
+    from .._retry import CONFLICT_RETRY
+
+    for _ in range(CONFLICT_RETRY.attempts):
+        value, token = store.read_json(store.root)
+        if value is not None:
+            root = check_index(value, store.root)
+            if root["version"] == 3:
+                if version == 2:
+                    raise ConfigurationError(
+                        f"{store.root}: is a version 3 (sharded) index; it is never written "
+                        "as version 2"
+                    )
+                return ShardedIndex(store, check_layout(root, store.root)), None, [stats]
+        if not store.cas or version == 2:
+            return None, None, []
+        if value is None:  # a new index: its root first, then its shards
+            stats.attempts += 1
+            layout = new_layout()
+            if store.create(store.root, root_value(layout)):
+                stats.written = True
+                return ShardedIndex(store, layout), None, [stats]
+            stats.conflicts += 1
+            continue
+        return _migrate(store, root, token, stats)
+    raise PreconditionFailed(
+        f"{store.root}: the index changed under every one of {CONFLICT_RETRY.attempts} "
+        "attempts to open it",
+        url=store.root,
+    )
+
+
+def _migrate(
+    store: IndexStore, old: dict[str, Any], token: str | None, stats: ObjectStats
+) -> tuple[ShardedIndex, dict[str, Any] | None, list[ObjectStats]]:
+    """Write ``old``'s entries as version 3 and swap the root (see the module docstring)."""
+    from .._retry import CONFLICT_RETRY
+
+    layout = new_layout()
+    sharded = ShardedIndex(store, layout)
+    written = {m: dict(es) for m, es in _entries_by_model(old).items()}
+    objects = sharded.write_static(old["entries"])
+    for _ in range(CONFLICT_RETRY.attempts):
+        stats.attempts += 1
+        info = {
+            "from_version": old["version"],
+            "entries": len(old["entries"]),
+            "objects": objects,
+            "at": now(),
+        }
+        try:
+            store.write(
+                store.root,
+                root_value(layout, info),
+                "create" if token is None else "if-match",
+                token,
+            )
+            stats.written = True
+            return sharded, info, [stats]
+        except (PreconditionFailed, AlreadyExists):
+            stats.conflicts += 1
+        value, token = store.read_json(store.root)
+        if value is not None and check_index(value, store.root)["version"] == 3:
+            store.remove_tree(sharded.directory)  # another migration won
+            return ShardedIndex(store, check_layout(value, store.root)), None, [stats]
+        old = check_index(value, store.root) if value is not None else {"version": 2, "entries": []}
+        now_by_model = _entries_by_model(old)
+        stale = {
+            m for m in set(written) | set(now_by_model) if written.get(m) != now_by_model.get(m)
+        }
+        objects += sharded.write_static(old["entries"], stale)
+        for gone in stale - set(now_by_model):  # an index removed and made again
+            store.remove_tree(sharded.model_dir(gone))
+        written = {m: dict(es) for m, es in now_by_model.items()}
+    raise PreconditionFailed(
+        f"{store.root}: the version 2 index changed under every one of "
+        f"{CONFLICT_RETRY.attempts} attempts to migrate it to version 3",
+        url=store.root,
+    )
+
+
+def create_index(
+    url: str | os.PathLike[str],
+    *,
+    leaf_bytes: int | None = None,
+    listed: int | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Create an empty version 3 index at ``url`` with its shards' bound (``leaf_bytes``,
+    default 16 KiB) and the device names its catalogs list per kind of build (``listed``,
+    default 8); returns its root. A publish creates one with the defaults when there is
+    none: this is for another bound. :class:`~ptestore.errors.AlreadyExists` when there
+    is an index already."""
+    target = os.fspath(url)
+    store = IndexStore(target, dict(storage_options or {}))
+    store.require_cas()
+    layout = new_layout(
+        DEFAULT_LEAF_BYTES if leaf_bytes is None else leaf_bytes,
+        DEFAULT_LISTED if listed is None else listed,
+    )
+    root = root_value(layout)
+    try:
+        check_layout(root, target)
+    except FormatError as exc:
+        raise ConfigurationError(
+            f"{target}: {exc.field.removeprefix('index layout.')} = {exc.value!r}: must be "
+            f"{exc.limit}"
+        ) from None
+    if not store.create(target, root):
+        raise AlreadyExists(f"{target}: an index exists already")
+    return root
+
+
+def migrate_index(
+    url: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None
+) -> dict[str, Any] | None:
+    """Migrate the version 1/2 index at ``url`` to version 3 now, as the next publish
+    would (:mod:`.index_migrate`): ahead of a run, since copying a large index takes a
+    while (about 10 ms per object on S3). Returns what it copied (the root's
+    ``migrated``), None when the index is version 3 already.
+    :class:`~ptestore.errors.ObjectNotFound` when there is no index."""
+    target = os.fspath(url)
+    store = IndexStore(target, dict(storage_options or {}))
+    store.require_cas()
+    if store.read(target)[1] is None:
+        raise store.missing()
+    _, migrated, _ = open_for_writing(store)
+    return migrated

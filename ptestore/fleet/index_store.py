@@ -1,0 +1,338 @@
+"""The small JSON objects of a fleet index: read with their version, updated by
+compare-and-swap, listed, counted.
+
+One :class:`IndexStore` per index and operation. Every update is a read-modify-write
+inside the conflict retry loop (:data:`~ptestore._retry.CONFLICT_RETRY`): the object is
+read with its version token (:func:`~ptestore.writers.versions.read_versioned`), changed
+by a *transform*, and published with ``publish(mode="if-match", expected=token)``, or
+``mode="create"`` when there was no object; a conflict (another writer published first)
+reads again and redoes the change. The writers do the compare-and-swap (S3 ``If-Match``
+/ ``If-None-Match``, a hash check under an ``flock`` on local disks, a version counter in
+memory: docs/storage.md). Each object's attempts and conflicts are kept
+(:class:`ObjectStats`), and every read is counted (objects, bytes, requests), so a run
+can report its contention per shard and ``select`` what it read.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import AlreadyExists, FormatError, PreconditionFailed
+from ..storage.routing import options_for_loader, options_for_writer
+from ..storage.types import StorageURL, split_url
+
+__all__ = [
+    "CAS_PROTOCOLS",
+    "IndexStore",
+    "ObjectStats",
+    "ReadCount",
+    "dumps",
+    "shards_line",
+]
+
+#: Stores whose writers publish conditionally (``publish(mode="if-match")``).
+CAS_PROTOCOLS = ("file", "memory", "s3")
+
+#: ``transform(value, version) -> new value`` (None: leave the object as it is).
+Transform = Callable[[dict[str, Any] | None, str | None], dict[str, Any] | None]
+
+
+def dumps(value: dict[str, Any], *, compact: bool = True) -> bytes:
+    """The bytes an index object is stored as (compact JSON for shards and catalogs)."""
+    if compact:
+        return json.dumps(value, separators=(",", ":")).encode()
+    return json.dumps(value, indent=1).encode()
+
+
+@dataclass
+class ObjectStats:
+    """One object a run updated: how many attempts its compare-and-swap took."""
+
+    url: str
+    kind: str
+    #: Read-modify-write attempts (1 when nobody else wrote it meanwhile).
+    attempts: int = 0
+    #: Attempts lost to another writer (412 / ``PreconditionFailed`` / ``AlreadyExists``).
+    conflicts: int = 0
+    #: Whether this run published a new version (False: nothing to change).
+    written: bool = False
+    #: Entries of the run's pairs in it (a leaf).
+    entries: int = 0
+    #: Splits this run committed (a leaf that grew past the bound).
+    splits: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "shard": self.url,
+            "kind": self.kind,
+            "entries": self.entries,
+            "attempts": self.attempts,
+            "conflicts": self.conflicts,
+            "written": self.written,
+            "splits": self.splits,
+        }
+
+
+@dataclass
+class ReadCount:
+    """What an operation read: objects found, bytes, requests (a missing object is a
+    request that found nothing)."""
+
+    objects: int = 0
+    bytes: int = 0
+    requests: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, size: int | None) -> None:
+        with self.lock:
+            self.requests += 1
+            if size is not None:
+                self.objects += 1
+                self.bytes += size
+
+    def to_dict(self) -> dict[str, int]:
+        return {"objects": self.objects, "bytes": self.bytes, "requests": self.requests}
+
+
+class IndexStore:
+    """Read, update and list the JSON objects of the index at ``root`` (its URL)."""
+
+    def __init__(self, root: str, options: dict[str, Any] | None = None) -> None:
+        self.root = root
+        self.options = dict(options or {})
+        self.protocol = split_url(root)[0]
+        self.cas = self.protocol in CAS_PROTOCOLS
+        self.reads = ReadCount()
+        local = StorageURL.of(root).local
+        # The version is read where the writer publishes: memory:// through the writer's
+        # own store (it takes the writer's options), S3 with the reading side's options.
+        if local:
+            self.read_options: dict[str, Any] = {}
+        elif self.protocol == "memory":
+            self.read_options = options_for_writer(root, self.options)
+        else:
+            self.read_options = options_for_loader(root, self.options, "dst")
+        self.write_options: dict[str, Any] = (
+            {"auto_mkdir": True} if local else options_for_writer(root, self.options)
+        )
+        if self.protocol == "s3":  # served as JSON
+            extra = dict(self.write_options.get("s3_additional_kwargs") or {})
+            extra.setdefault("ContentType", "application/json")
+            self.write_options["s3_additional_kwargs"] = extra
+            # One client for the many small objects of an index (fsspec's instance
+            # cache), not one per object: a client costs far more than a small request.
+            for opts in (self.read_options, self.write_options):
+                opts.setdefault("skip_instance_cache", False)
+
+    def require_cas(self) -> None:
+        """:class:`~ptestore.errors.ConfigurationError` unless the store has
+        compare-and-swap (what a sharded index needs)."""
+        if not self.cas:
+            from ..errors import ConfigurationError
+
+            raise ConfigurationError(
+                f"{self.root}: a sharded index needs a store with compare-and-swap (local "
+                "files, memory://, s3://)"
+            )
+
+    def missing(self) -> Exception:
+        """The :class:`~ptestore.errors.ObjectNotFound` of an index that is not there."""
+        from ..errors import ObjectNotFound
+
+        u = StorageURL.of(self.root)
+        return ObjectNotFound(
+            f"{u.path}: no such file" if u.local else f"{self.root}: no such object"
+        )
+
+    # -- URLs -------------------------------------------------------------------------
+    def base(self) -> str:
+        """The directory of the root object, with its trailing separator."""
+        cut = self.root.rfind("/")
+        return self.root[: cut + 1] if cut >= 0 else ""
+
+    def url(self, relative: str) -> str:
+        """The URL of ``relative`` (a ``/``-separated name) beside the root."""
+        return self.base() + relative
+
+    # -- reading ----------------------------------------------------------------------
+    def read(self, url: str) -> tuple[bytes, str | None]:
+        """``(bytes, version)`` of the object at ``url``; ``(b"", None)`` when absent."""
+        from ..writers.versions import read_versioned
+
+        got = read_versioned(url, **self.read_options)
+        self.reads.add(None if got.version is None else len(got.data))
+        return got.data, got.version
+
+    def read_json(self, url: str) -> tuple[dict[str, Any] | None, str | None]:
+        """The object at ``url`` parsed (None when absent) and its version."""
+        data, version = self.read(url)
+        if version is None:
+            return None, None
+        return parse_object(data, url), version
+
+    def read_many(self, urls: list[str]) -> dict[str, tuple[dict[str, Any] | None, str | None]]:
+        """:meth:`read_json` of each of ``urls``, several at once."""
+        unique = list(dict.fromkeys(urls))
+        if len(unique) <= 1:
+            return {u: self.read_json(u) for u in unique}
+        import concurrent.futures as cf
+
+        with cf.ThreadPoolExecutor(max_workers=min(16, len(unique))) as pool:
+            return dict(zip(unique, pool.map(self.read_json, unique), strict=True))
+
+    # -- writing ----------------------------------------------------------------------
+    def write(
+        self, url: str, value: dict[str, Any], mode: str, expected: str | None = None
+    ) -> None:
+        """Publish ``value`` at ``url`` (``"create"``, ``"if-match"`` with ``expected``,
+        or ``"overwrite"``)."""
+        from ..writers import open_writer
+
+        w = open_writer(url, **self.write_options)
+        try:
+            w.write(dumps(value, compact=url != self.root), 0)
+            if mode == "if-match":
+                w.publish("if-match", expected=expected)
+            else:
+                w.publish("create" if mode == "create" else "overwrite")
+        finally:
+            w.discard()  # a no-op once published
+
+    def create(self, url: str, value: dict[str, Any]) -> bool:
+        """Create the object at ``url``; False when one is there already."""
+        try:
+            self.write(url, value, "create")
+        except AlreadyExists:
+            return False
+        return True
+
+    def update(
+        self,
+        url: str,
+        transform: Transform,
+        stats: ObjectStats,
+        first: tuple[dict[str, Any] | None, str | None] | None = None,
+    ) -> tuple[dict[str, Any] | None, str | None, bool]:
+        """Read the object at ``url``, change it with ``transform`` and publish it if it
+        is still the version read; again on a conflict. ``first`` is a read already made
+        (used by the first attempt). Returns the value now there, the version it was
+        read at, and whether this call published it. An exception ``transform`` raises
+        (other than a conflict) ends the loop and is raised."""
+        from .._retry import CONFLICT_RETRY, is_conflict
+
+        given = [first]
+        out: list[Any] = [None, None, False]
+
+        def attempt() -> None:
+            stats.attempts += 1
+            got, given[0] = given[0], None
+            value, version = got if got is not None else self.read_json(url)
+            new = transform(value, version)
+            if new is None:
+                out[:] = [value, version, False]
+                return
+            try:
+                self.write(url, new, "create" if version is None else "if-match", version)
+            except (PreconditionFailed, AlreadyExists):
+                stats.conflicts += 1
+                raise
+            out[:] = [new, version, True]
+            stats.written = True
+
+        try:
+            # Conflicts are expected when runs share shards, and each is reported (the
+            # run's index_shards): logged at DEBUG, not once per retry as a warning.
+            CONFLICT_RETRY.call(
+                attempt, what=f"{url}: index update", retry_on=is_conflict, level=logging.DEBUG
+            )
+        except PreconditionFailed as exc:
+            raise PreconditionFailed(
+                f"{url}: the index changed under every one of {stats.attempts} attempts to "
+                f"merge into it (last: {exc})",
+                url=url,
+                expected=exc.expected,
+                found=exc.found,
+                refused_by=exc.refused_by,
+            ) from exc
+        return out[0], out[1], out[2]
+
+    # -- listing ----------------------------------------------------------------------
+    def list_names(self, url: str) -> list[str]:
+        """The names of the entries (files and directories) directly under the
+        directory ``url`` (none when it does not exist)."""
+        u = StorageURL.of(url)
+        if u.local:
+            import os
+
+            try:
+                return sorted(os.listdir(u.path))
+            except FileNotFoundError:
+                return []
+        import fsspec
+
+        fs = fsspec.filesystem(self.protocol, **self._fs_options())
+        path = u.path.rstrip("/")
+        try:
+            found = fs.ls(path, detail=False)
+        except FileNotFoundError:
+            return []
+        return sorted({str(p).rstrip("/").rsplit("/", 1)[-1] for p in found})
+
+    def _fs_options(self) -> dict[str, Any]:
+        """The fsspec filesystem options of listings and removals (the read side's,
+        without ptestore's retry options; a listing sees what is stored now)."""
+        from .._retry import RETRY_OPTIONS
+
+        if self.protocol == "memory":
+            return {}
+        opts = {k: v for k, v in self.read_options.items() if k not in RETRY_OPTIONS}
+        opts["skip_instance_cache"] = True
+        return opts
+
+    def remove_tree(self, url: str) -> None:
+        """Remove everything under the directory ``url`` (best effort: a migration that
+        lost leaves its private copy behind when this fails)."""
+        u = StorageURL.of(url)
+        try:
+            if u.local:
+                import shutil
+
+                shutil.rmtree(u.path, ignore_errors=True)
+                return
+            import fsspec
+
+            fs = fsspec.filesystem(self.protocol, **self._fs_options())
+            fs.rm(u.path.rstrip("/"), recursive=True)
+        except Exception:  # best effort: what is left is never read
+            return
+
+
+def parse_object(data: bytes, url: str) -> dict[str, Any]:
+    """The JSON object in ``data`` (read from ``url``), else :class:`FormatError`."""
+    try:
+        value = json.loads(data)
+    except ValueError as exc:
+        raise FormatError(url, "index", data[:40], "JSON", str(exc)) from None
+    if not isinstance(value, dict):
+        raise FormatError(url, "index", type(value).__name__, "a JSON object")
+    return value
+
+
+def shards_line(shards: dict[str, Any]) -> str:
+    """The ``index shards`` line of a run's summary, from ``IndexReport.to_dict()``:
+    version, objects, writes, conflicts (and the kinds of object they were in)."""
+    hot = [s for s in shards["shards"] if s["conflicts"]]
+    text = (
+        f"v{shards['version']}: {shards['objects']} objects, {shards['written']} written, "
+        f"{shards['conflicts']} conflicts"
+    )
+    if hot:
+        text += f" retried in {len(hot)} ({', '.join(sorted({s['kind'] for s in hot}))})"
+    if shards.get("migrated"):
+        text += f"; migrated from v{shards['migrated']['from_version']}"
+    return text

@@ -1,0 +1,375 @@
+"""Index version 3: a small root object naming a directory of per-model shards.
+
+``<prefix>/ptestore-index.json`` (the URL devices already use) holds only::
+
+    {"format": "ptestore.index", "version": 3, "created": "...",
+     "layout": {"shards": "ptestore-index.v3-1a2b3c4d", "leaf_bytes": 16384, "listed": 8},
+     "migrated": {"from_version": 2, "entries": 1234, "at": "..."}}   # after a migration
+
+and never changes after it is created. Under ``<prefix>/<shards>/m/<model>~<hash8>/``
+(``~<hash16>`` for a name that is not a plain path segment) each model has:
+
+- ``t<bits>.json``: the nodes of a binary trie over the SHA-256 of the device name
+  (:mod:`.index_trie`); a leaf holds entries (the same entries as version 2) and splits
+  when it would grow past ``leaf_bytes``;
+- ``catalog.json``: the distinct compatibility stamps of the model's live entries with
+  the first ``listed`` device names of each, and the trie's leaves per depth
+  (:mod:`.index_catalog`).
+
+A run reads the root once, then touches only the catalogs of its models and the leaves
+of its pairs, each by compare-and-swap, and reports every one (:class:`ObjectStats`).
+A device reads the root, its model's catalog, its own leaf and, when another device's
+build wins, that build's leaf (:mod:`.index_view`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import hashlib
+import re
+import secrets
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import AlreadyExists, FormatError, PreconditionFailed
+from .index_catalog import (
+    apply_placements,
+    check_catalog,
+    depth_range,
+    live_stamps,
+    needs_rebuild,
+    rebuild,
+)
+from .index_store import IndexStore, ObjectStats
+from .index_trie import Change, ModelTrie, Node
+from .index_v2 import INDEX_FORMAT, now
+
+__all__ = [
+    "DEFAULT_LEAF_BYTES",
+    "DEFAULT_LISTED",
+    "ShardedIndex",
+    "UpdateReport",
+    "check_layout",
+    "model_segment",
+    "new_layout",
+    "root_value",
+]
+
+DEFAULT_LEAF_BYTES = 16 * 1024
+DEFAULT_LISTED = 8
+_PLAIN = re.compile(r"[A-Za-z0-9._-]{1,100}")
+_SHARDS = re.compile(r"ptestore-index\.v3-[0-9a-f]{8,32}")
+#: Guards the reports the threads of an update fill.
+_LOCK = threading.Lock()
+
+#: ``change(entry) -> new entry`` (None: keep it).
+EntryChange = Callable[[dict[str, Any]], dict[str, Any] | None]
+
+
+def new_layout(
+    leaf_bytes: int = DEFAULT_LEAF_BYTES, listed: int = DEFAULT_LISTED
+) -> dict[str, Any]:
+    """A layout with a directory of its own (never one an earlier index left)."""
+    return {
+        "shards": f"ptestore-index.v3-{secrets.token_hex(4)}",
+        "leaf_bytes": leaf_bytes,
+        "listed": listed,
+    }
+
+
+def root_value(layout: dict[str, Any], migrated: dict[str, Any] | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "format": INDEX_FORMAT,
+        "version": 3,
+        "created": now(),
+        "layout": layout,
+    }
+    if migrated is not None:
+        out["migrated"] = migrated
+    return out
+
+
+def check_layout(root: dict[str, Any], url: str) -> dict[str, Any]:
+    """The layout of the version 3 root ``root``, checked (a directory name ptestore
+    made, bounds it can honour), else :class:`FormatError` naming the field."""
+    layout = root.get("layout")
+    if not isinstance(layout, dict):
+        raise FormatError(url, "index layout", layout, "an object")
+    shards = layout.get("shards")
+    if not isinstance(shards, str) or not _SHARDS.fullmatch(shards):
+        raise FormatError(url, "index layout.shards", shards, "ptestore-index.v3-<hex>")
+    for name, low, high in (("leaf_bytes", 1024, 1 << 24), ("listed", 1, 1000)):
+        value = layout.get(name)
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise FormatError(url, f"index layout.{name}", value, f"an int in [{low}, {high}]")
+    return layout
+
+
+def model_segment(model: str) -> str:
+    """The directory of ``model``'s shards: its name and a hash (two names that differ
+    only in letter case stay apart on a case-insensitive disk)."""
+    digest = hashlib.sha256(model.encode()).hexdigest()
+    if _PLAIN.fullmatch(model) and model not in (".", ".."):
+        return f"{model}~{digest[:8]}"
+    return f"~{digest[:16]}"
+
+
+@dataclass
+class UpdateReport:
+    """What :meth:`ShardedIndex.update` (and ``update_index``) did."""
+
+    #: The entries as this update published them.
+    changed: list[dict[str, Any]] = field(default_factory=list)
+    #: Entries examined, and of them already retired (left as they were).
+    examined: int = 0
+    retired: int = 0
+    stats: list[ObjectStats] = field(default_factory=list)
+
+
+class ShardedIndex:
+    """The shards of the version 3 index at ``store.root``, with ``layout``."""
+
+    def __init__(self, store: IndexStore, layout: dict[str, Any]) -> None:
+        self.store = store
+        self.layout = layout
+        self.directory = store.url(layout["shards"])
+        self.leaf_bytes = int(layout["leaf_bytes"])
+        self.listed = int(layout["listed"])
+
+    # -- where ------------------------------------------------------------------------
+    def model_dir(self, model: str) -> str:
+        return f"{self.directory}/m/{model_segment(model)}"
+
+    def trie(self, model: str) -> ModelTrie:
+        return ModelTrie(self.store, self.model_dir(model), model, self.leaf_bytes)
+
+    def catalog_url(self, model: str) -> str:
+        return f"{self.model_dir(model)}/catalog.json"
+
+    def read_catalog(self, model: str) -> tuple[dict[str, Any] | None, str | None]:
+        url = self.catalog_url(model)
+        value, version = self.store.read_json(url)
+        return (None if value is None else check_catalog(value, url)), version
+
+    def segments(self) -> list[str]:
+        """The model directories (one listing)."""
+        return [s for s in self.store.list_names(f"{self.directory}/m") if "~" in s]
+
+    def model_of(self, segment: str) -> str | None:
+        """The model name of a directory (from its catalog when the name is hashed)."""
+        name = segment.rsplit("~", 1)[0]
+        if name:
+            return name
+        value, _ = self.store.read_json(f"{self.directory}/m/{segment}/catalog.json")
+        model = None if value is None else value.get("model")
+        return model if isinstance(model, str) else None
+
+    # -- reading ----------------------------------------------------------------------
+    def find(self, model: str, device: str) -> dict[str, Any] | None:
+        """The entry of ``(model, device)`` (None: none), from its leaf."""
+        catalog, _ = self.read_catalog(model)
+        lo, hi = depth_range(catalog)
+        return self.trie(model).lookup(device, lo, hi)
+
+    def iter_entries(self) -> Iterator[dict[str, Any]]:
+        """Every entry, model by model (each model's in device order)."""
+        segments = self.segments()
+
+        def one(segment: str) -> list[dict[str, Any]]:
+            trie = ModelTrie(self.store, f"{self.directory}/m/{segment}", "", self.leaf_bytes)
+            found = [e for node in trie.walk() for e in node.entries.values()]
+            return sorted(found, key=lambda e: str(e.get("device")))
+
+        with cf.ThreadPoolExecutor(max_workers=4) as pool:
+            for start in range(0, len(segments), 16):
+                for entries in pool.map(one, segments[start : start + 16]):
+                    yield from entries
+
+    # -- writing ----------------------------------------------------------------------
+    def publish(self, entries: list[dict[str, Any]], *, workers: int = 8) -> list[ObjectStats]:
+        """Merge ``entries`` (keyed by model and device; each replaces the entry of its
+        pair) into their leaves, then their models' catalogs."""
+        by_model: dict[str, dict[str, dict[str, Any]]] = {}
+        for e in entries:
+            by_model.setdefault(str(e["model"]), {})[str(e["device"])] = e
+
+        def one(model: str) -> list[ObjectStats]:
+            wanted = by_model[model]
+            changes: dict[str, Change] = {d: _replace_with(e) for d, e in wanted.items()}
+            return self._update_model(model, changes, placements=wanted)
+
+        return self._each(list(by_model), one, workers)
+
+    def update(
+        self, change: EntryChange, *, models: list[str] | None = None, workers: int = 8
+    ) -> UpdateReport:
+        """Apply ``change`` to every entry (of ``models``), each inside the
+        compare-and-swap of its leaf (so it sees the entry as it is then)."""
+        report = UpdateReport()
+        names = (
+            models if models is not None else [m for m in map(self.model_of, self.segments()) if m]
+        )
+
+        def one(model: str) -> list[ObjectStats]:
+            trie = self.trie(model)
+            located: dict[str, tuple[Node, list[str]]] = {}
+            for node in trie.walk():
+                located[node.prefix] = (node, list(node.entries))
+                seen = list(node.entries.values())
+                with _LOCK:
+                    report.examined += len(seen)
+                    report.retired += sum(1 for e in seen if e.get("retired"))
+            changes = {
+                d: (lambda old: None if old is None else change(old))
+                for _, ds in located.values()
+                for d in ds
+            }
+            made: list[dict[str, Any]] = []
+            stats = self._update_model(model, changes, located=located, made=made)
+            with _LOCK:
+                report.changed.extend(made)
+            return stats
+
+        report.stats = self._each(names, one, workers)
+        return report
+
+    def _each(
+        self, models: list[str], one: Callable[[str], list[ObjectStats]], workers: int
+    ) -> list[ObjectStats]:
+        out: list[ObjectStats] = []
+        if len(models) <= 1:
+            for m in models:
+                out += one(m)
+            return out
+        with cf.ThreadPoolExecutor(max_workers=min(workers, len(models))) as pool:
+            for stats in pool.map(one, sorted(models)):
+                out += stats
+        return out
+
+    def _update_model(
+        self,
+        model: str,
+        changes: dict[str, Change],
+        *,
+        placements: dict[str, dict[str, Any]] | None = None,
+        located: dict[str, tuple[Node, list[str]]] | None = None,
+        made: list[dict[str, Any]] | None = None,
+    ) -> list[ObjectStats]:
+        """Leaves first, then the catalog; ``placements`` are entries known to be the
+        pairs' own (a publish: placed in the catalog even when unchanged, which repairs a
+        catalog a crashed run left behind)."""
+        trie = self.trie(model)
+        catalog, version = self.read_catalog(model)
+        lo, hi = depth_range(catalog)
+        outcome = trie.update(changes, lo, hi, located=located)
+        if made is not None:
+            made.extend(new for _, new in outcome.changes.values())
+        placed = {d: live_stamps(e) for d, e in (placements or {}).items()}
+        placed.update({d: live_stamps(new) for d, (_, new) in outcome.changes.items()})
+        stats = list(outcome.stats)
+        value = catalog
+        cat_stats = ObjectStats(self.catalog_url(model), "catalog")
+        stats.append(cat_stats)
+        first: tuple[dict[str, Any] | None, str | None] | None = (catalog, version)
+        splits = list(outcome.splits)
+        if catalog is None and not outcome.fresh:  # a trie without its catalog (a crash)
+            self.repair(model, cat_stats)
+            return stats
+        from .._retry import CONFLICT_RETRY
+
+        # The placements, then a re-check of those they changed: placed again while
+        # another run keeps changing those leaves (each round, someone else made progress).
+        for _ in range(CONFLICT_RETRY.attempts):
+            value, changed = self._place(model, placed, splits, cat_stats, first)
+            first, splits = None, []
+            if not changed:
+                break
+            lo, hi = depth_range(value)
+            now_entries: dict[str, dict[str, Any] | None] = dict.fromkeys(changed)
+            for node, devs in trie.locate(sorted(changed), lo, hi).values():
+                for d in devs:
+                    now_entries[d] = node.entries.get(d)
+            placed = {
+                d: live_stamps(e) for d, e in now_entries.items() if live_stamps(e) != placed[d]
+            }
+            if not placed:
+                break
+        if needs_rebuild(value):
+            self.repair(model, cat_stats)
+        return stats
+
+    def _place(
+        self,
+        model: str,
+        placed: dict[str, list[Any] | None],
+        splits: list[int],
+        stats: ObjectStats,
+        first: tuple[dict[str, Any] | None, str | None] | None,
+    ) -> tuple[dict[str, Any] | None, set[str]]:
+        url = self.catalog_url(model)
+        changed: set[str] = set()
+
+        def transform(value: dict[str, Any] | None, _v: str | None) -> dict[str, Any] | None:
+            current = None if value is None else check_catalog(value, url)
+            new, ch = apply_placements(current, model, placed, splits, self.listed)
+            changed.clear()
+            changed.update(ch)
+            return new
+
+        value, _, _ = self.store.update(url, transform, stats, first=first)
+        return value, set(changed)
+
+    def repair(self, model: str, stats: ObjectStats | None = None) -> None:
+        """Rebuild ``model``'s catalog from its leaves, conditionally on the catalog read
+        before them (a catalog changed meanwhile is rebuilt again)."""
+        from .._retry import CONFLICT_RETRY
+
+        url = self.catalog_url(model)
+        stats = stats or ObjectStats(url, "catalog")
+        for _ in range(CONFLICT_RETRY.attempts):
+            value, version = self.read_catalog(model)
+            nodes = list(self.trie(model).walk(empty=True))
+            leaves = Counter(len(n.prefix) for n in nodes)
+            new = rebuild(
+                model, (e for n in nodes for e in n.entries.values()), leaves, self.listed
+            )
+            if new == value:
+                return
+            stats.attempts += 1
+            try:
+                self.store.write(url, new, "create" if version is None else "if-match", version)
+                stats.written = True
+                return
+            except (PreconditionFailed, AlreadyExists):
+                stats.conflicts += 1
+
+    def write_static(self, entries: list[dict[str, Any]], models: set[str] | None = None) -> int:
+        """Write the tries and catalogs of ``entries`` (of ``models`` only, when given)
+        into this index's directory, unconditionally: for a directory no root names yet
+        (a migration). Returns the number of objects written."""
+        by_model: dict[str, dict[str, dict[str, Any]]] = {}
+        for e in entries:
+            if models is None or e["model"] in models:
+                by_model.setdefault(str(e["model"]), {})[str(e["device"])] = e
+        objects: list[tuple[str, dict[str, Any]]] = []
+        for model, group in by_model.items():
+            trie = self.trie(model)
+            nodes, leaves = trie.build(group)
+            objects += [(trie.url(p), v) for p, v in nodes]
+            catalog = rebuild(model, group.values(), leaves, self.listed)
+            objects.append((self.catalog_url(model), catalog))
+        with cf.ThreadPoolExecutor(max_workers=16) as pool:
+            list(pool.map(lambda o: self.store.write(o[0], o[1], "overwrite"), objects))
+        return len(objects)
+
+
+def _replace_with(entry: dict[str, Any]) -> Change:
+    """The change that makes an entry ``entry`` (whatever it was)."""
+
+    def change(_old: dict[str, Any] | None) -> dict[str, Any]:
+        return entry
+
+    return change

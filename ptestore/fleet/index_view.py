@@ -1,0 +1,132 @@
+"""What a device reads of an index to choose an artifact for one model.
+
+``select`` rates every live entry of the model. From a version 1/2 index (one object) or
+an index given as a dict, those are the entries themselves. From a version 3 index a
+device reads a bounded number of small objects, whatever the size of the fleet:
+
+1. the root (a few hundred bytes);
+2. the model's catalog: each distinct list of compatibility stamps of its live entries,
+   with the first few device names of each (:mod:`.index_catalog`);
+3. its own entry's leaf (the depths the catalog names, at once; at most ``leaf_bytes``);
+4. when another device's build (or, with nothing that fits, the model's source) is the
+   answer, that entry's leaf, checked: still live and still those stamps, else the next.
+
+The entries of the other devices are stand-ins (model, device, stamps) until one is
+chosen: every member of a class rates the same, and the first by name of the best class
+is the one a version 2 index would give (:func:`ModelView.resolve` reads it).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .index_catalog import class_key, depth_range, live_stamps
+from .index_store import ReadCount
+
+if TYPE_CHECKING:
+    from .index_v3 import ShardedIndex
+
+__all__ = ["MODELS_NAMED", "ModelView", "model_view"]
+
+#: How many model names an error about a missing model reads and names at most.
+MODELS_NAMED = 20
+
+
+@dataclass
+class ModelView:
+    """The live entries of one model that ``select`` rates, in device order."""
+
+    model: str
+    entries: list[dict[str, Any]]
+    #: The model has entries, all of them retired.
+    retired_only: bool = False
+    #: Classes of builds whose members beyond the listed ones are not stand-ins here.
+    unlisted: int = 0
+    reads: ReadCount | None = None
+    #: The models with live entries (a version 1/2 index or a dict; else read on demand).
+    known_models: list[str] | None = None
+    sharded: ShardedIndex | None = None
+    depths: tuple[int, int] = (0, 0)
+    stand_ins: set[int] = field(default_factory=set)
+
+    def resolve(self, entry: dict[str, Any]) -> dict[str, Any] | None:
+        """The whole entry ``entry`` stands for: itself, or, for a stand-in, the entry
+        read from its leaf when it is still live with the same stamps (None: it changed
+        since the catalog was read)."""
+        if id(entry) not in self.stand_ins or self.sharded is None:
+            return entry
+        found = self.sharded.trie(self.model).lookup(str(entry["device"]), *self.depths)
+        stamps = live_stamps(found)
+        if (
+            found is None
+            or stamps is None
+            or class_key(stamps) != class_key(entry["compatibility"])
+        ):
+            return None
+        return found
+
+    def models(self) -> tuple[list[str], int]:
+        """The models of the index that have live entries (at most
+        :data:`MODELS_NAMED` of them read), and how many more there are."""
+        if self.known_models is not None:
+            return self.known_models, 0
+        assert self.sharded is not None
+        segments = self.sharded.segments()
+        names = []
+        for seg in segments[:MODELS_NAMED]:
+            model = self.sharded.model_of(seg)
+            if model is None:
+                continue
+            catalog, _ = self.sharded.read_catalog(model)
+            if catalog is not None and catalog["classes"]:
+                names.append(model)
+        return sorted(names), max(0, len(segments) - MODELS_NAMED)
+
+
+def _from_entries(model: str, all_entries: list[Any]) -> ModelView:
+    entries = [e for e in all_entries if isinstance(e, dict)]
+    live = [e for e in entries if not e.get("retired")]  # fleet/retire.py
+    mine = [e for e in live if e.get("model") == model]
+    gone = not mine and any(e.get("model") == model for e in entries)
+    models = sorted({str(e.get("model")) for e in live})
+    return ModelView(model, mine, retired_only=gone, known_models=models)
+
+
+def model_view(
+    index: dict[str, Any] | str | os.PathLike[str],
+    model: str,
+    device: str,
+    storage_options: dict[str, Any] | None = None,
+) -> ModelView:
+    """What ``select`` rates for ``model`` on the device named ``device`` (see the
+    module docstring)."""
+    if isinstance(index, dict):
+        return _from_entries(model, list(index.get("entries", [])))
+    from .index import open_index
+
+    root, sharded, store = open_index(index, storage_options)
+    if sharded is None:
+        view = _from_entries(model, list(root["entries"]))
+        view.reads = store.reads
+        return view
+    catalog, _ = sharded.read_catalog(model)
+    depths = depth_range(catalog)
+    own = sharded.trie(model).lookup(device, *depths)
+    entries: list[dict[str, Any]] = []
+    if own is not None and not own.get("retired"):
+        entries.append(own)
+    view = ModelView(model, entries, reads=store.reads, sharded=sharded, depths=depths)
+    for cls in (catalog or {}).get("classes", []):
+        for name in cls["devices"]:
+            if name == device:
+                continue  # its own leaf was read: that entry is the truth about it
+            stand_in = {"model": model, "device": name, "compatibility": cls["compatibility"]}
+            entries.append(stand_in)
+            view.stand_ins.add(id(stand_in))
+        if cls.get("more"):
+            view.unlisted += 1
+    entries.sort(key=lambda e: str(e["device"]))
+    view.retired_only = not entries and (catalog is not None or own is not None)
+    return view
