@@ -259,33 +259,68 @@ class GridCRCs:
     """The CRCs of each ``chunk_size``-aligned chunk of bytes fed in order, for every
     algorithm of ``algorithms`` that :func:`available` (the last chunk may be short)."""
 
-    def __init__(self, chunk_size: int, algorithms: Sequence[str] = CRC_ALGORITHMS) -> None:
+    def __init__(
+        self,
+        chunk_size: int,
+        algorithms: Sequence[str] = CRC_ALGORITHMS,
+        known: Mapping[int, Mapping[str, int]] | None = None,
+    ) -> None:
         if chunk_size < 1:
             raise ValueError(f"chunk size {chunk_size} < 1")
         self.chunk_size = chunk_size
         self.algorithms = tuple(a for a in algorithms if available(a))
+        #: CRCs of chunks already known, by index (those with every algorithm are
+        #: not computed, see :meth:`advance`).
+        self._known = {
+            i: dict(v) for i, v in (known or {}).items() if all(a in v for a in self.algorithms)
+        }
         self._done: dict[str, list[int]] = {a: [] for a in self.algorithms}
         self._running = dict.fromkeys(self.algorithms, 0)
         self._filled = 0
         self.size = 0
+        self._count: list[int] = []  # chunks closed, when no algorithm is available
+
+    def is_known(self, index: int) -> bool:
+        """Whether chunk ``index``'s CRCs are known (its bytes need not be fed)."""
+        return index in self._known
 
     def update(self, data: Any) -> None:
         view = memoryview(data).cast("B")
         while view.nbytes:
             n = min(view.nbytes, self.chunk_size - self._filled)
-            piece = view[:n]
-            for a in self.algorithms:
-                self._running[a] = crc(a, piece, self._running[a])
+            if len(self._done_any()) not in self._known:
+                piece = view[:n]
+                for a in self.algorithms:
+                    self._running[a] = crc(a, piece, self._running[a])
             self._filled += n
             self.size += n
             view = view[n:]
             if self._filled == self.chunk_size:
                 self._close()
 
+    def advance(self, n: int) -> None:
+        """Move past ``n`` bytes without their data: each chunk they touch must be known."""
+        while n:
+            k = min(n, self.chunk_size - self._filled)
+            if len(self._done_any()) not in self._known:
+                raise ValueError(f"the CRCs of chunk {len(self._done_any())} are not known")
+            self._filled += k
+            self.size += k
+            n -= k
+            if self._filled == self.chunk_size:
+                self._close()
+
+    def _done_any(self) -> list[int]:
+        return self._done[self.algorithms[0]] if self.algorithms else self._count
+
     def _close(self) -> None:
+        i = len(self._done_any())
+        known = self._known.get(i)
         for a in self.algorithms:
-            self._done[a].append(self._running[a])
+            self._done[a].append(known[a] if known is not None else self._running[a])
             self._running[a] = 0
+        if not self.algorithms:
+            self._count.append(0)
         self._filled = 0
 
     def result(self) -> dict[str, tuple[int, ...]]:

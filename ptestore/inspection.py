@@ -26,7 +26,6 @@ __all__ = [
 ]
 
 
-
 def segment_users(c: Container) -> dict[int, list[str]]:
     """Who references each segment, as labels (``key K``, ``delegate forward[0] ID``,
     ``constant data``, ``mutable data I``), with an entry (maybe empty) for every segment:
@@ -35,6 +34,7 @@ def segment_users(c: Container) -> dict[int, list[str]]:
     say more."""
     found = segment_records(c)
     return {s.index: [u.label for u in found.get(s.index, [])] for s in c.segments}
+
 
 def read_description(
     url: str | os.PathLike[str], **storage_options: Any

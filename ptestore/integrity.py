@@ -52,13 +52,13 @@ def read_checked(
                 "ptestore): nothing binds it to this file; specialize it again",
             )
         elif not quick:
-            got = content_digest(loader, trailer.content_size)
+            got = content_digest(loader, trailer.content_size, like=prov.content.sha256)
             if got.size != prov.content.size or got.sha256 != prov.content.sha256:
                 raise FormatError(
                     target,
                     "content.sha256",
                     got.sha256,
-                    f"{prov.content.sha256}, the SHA-256 of the {prov.content.size} bytes "
+                    f"{prov.content.sha256}, the digest of the {prov.content.size} bytes "
                     "before the trailer recorded in the provenance",
                     "the artifact was damaged or changed after it was made",
                 )
@@ -77,7 +77,7 @@ def check_ptd(
     quick: bool,
 ) -> None:
     """The .ptd beside a .pte (or, when there is none, the one a fleet stored once by
-    its content in a ``_shared/sha256/`` directory above it) must be the one it was
+    its content in a ``_shared/`` directory above it) must be the one it was
     made with."""
     from .fleet.job import ptd_beside
     from .fleet.shared import is_shared_url, locate_shared
@@ -139,12 +139,12 @@ def _check_plain_ptd(
     """A .ptd without a trailer (stored once by content, named by the SHA-256 of its
     bytes, or fetched from there): its name (at a content address), size and (unless
     ``quick``) bytes are the ``ptd_output`` of the .pte."""
-    from .fleet.shared import is_shared_url
+    from .fleet.shared import shared_digest
 
     want = prov.ptd_output
     assert want is not None
-    name = url.replace(os.sep, "/")
-    if is_shared_url(url) and not name.endswith("/" + want.sha256[len("sha256:") :] + ".ptd"):
+    named = shared_digest(url)
+    if named is not None and named != want.sha256:
         report.stale(
             "ptd_output.sha256",
             f"{url} is the content address of another .ptd, not of {want.sha256}, the one "
@@ -162,7 +162,7 @@ def _check_plain_ptd(
         if size != want.size:
             raise FormatError(url, "size", size, f"{want.size} (ptd_output.size of the .pte)")
         if not quick:
-            got = content_digest(loader, size)
+            got = content_digest(loader, size, like=want.sha256)
             if got.sha256 != want.sha256:
                 raise FormatError(
                     url,
@@ -183,8 +183,11 @@ def check_content_address(report: Findings, url: str, opts: StorageOptions, quic
     try:
         read_container(loader)
         if not quick:
-            got = content_digest(loader, loader.size()).sha256
-            want = "sha256:" + os.path.basename(url.replace(os.sep, "/"))[: -len(".ptd")]
+            from .fleet.shared import shared_digest
+
+            want = shared_digest(url)
+            assert want is not None  # only called for a content address
+            got = content_digest(loader, loader.size(), like=want).sha256
             if got != want:
                 raise FormatError(
                     url,

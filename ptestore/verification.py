@@ -213,10 +213,10 @@ def _check(
         src = os.fspath(source)
         src_loader = open_loader(src, **opts.for_loader(src, "src"))
         try:
-            info = describe_source(src_loader)
+            made = prov.ptd_source if prov.role == "ptd" else prov.source
+            info = describe_source(src_loader, like=None if made is None else made.sha256)
         finally:
             src_loader.close()
-        made = prov.ptd_source if prov.role == "ptd" else prov.source
         field_name = "ptd_source.sha256" if prov.role == "ptd" else "source.sha256"
         if made is None or info.sha256 != made.sha256 or info.size != made.size:
             was = "nothing" if made is None else f"{made.url} ({made.size} bytes, {made.sha256})"

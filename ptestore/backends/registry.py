@@ -235,9 +235,7 @@ def installed_backends() -> list[InstalledBackend]:
             continue
         # a version the class declares wins over its distribution's
         declared = _declared_version(obj, default=False) if isinstance(obj, type) else None
-        out.append(
-            InstalledBackend(name, _served(obj), value, "entry point", declared or version)
-        )
+        out.append(InstalledBackend(name, _served(obj), value, "entry point", declared or version))
     return out
 
 
@@ -338,8 +336,7 @@ def _load_entry_point(value: str, spec: str) -> object:
         return load()
     except (ImportError, AttributeError) as exc:
         raise ConfigurationError(
-            f"backend {spec!r}: entry point {value!r} failed to load: "
-            f"{describe_exception(exc)}"
+            f"backend {spec!r}: entry point {value!r} failed to load: {describe_exception(exc)}"
         ) from exc
     except KeyboardInterrupt:
         raise

@@ -57,7 +57,7 @@ examples:
 
 Under a fleet index (--job JOB, or a prefix holding or below a ptestore-index.json),
 gc also removes the job's artifacts no index entry names any more (shared
-_shared/sha256/<hex>.ptd objects, per-device .pte/.ptd files of retired or replaced
+_shared/sha256-tree/<hex>.ptd objects, per-device .pte/.ptd files of retired or replaced
 pairs) once older than --grace (default 7d: a run may be about to name a younger one).
 An object an index names is never removed.
 

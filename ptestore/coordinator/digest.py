@@ -28,9 +28,10 @@ _LOCK = threading.Lock()
 def planned_digest(
     run: Run, f: SourceFile, layout: FileLayout, cancelled: threading.Event | None = None
 ) -> ContentDigest:
-    """SHA-256 and CRC-32 of the container :func:`~.output.write_file` will write, read
-    from the sources and the spool (so it may run while the output is being written).
-    ``cancelled``: stop between pieces once it is set."""
+    """The digest (chunk root), chunk digests and CRCs of the container
+    :func:`~.output.write_file` will write, read from the sources and the spool (so it
+    may run while the output is being written). ``cancelled``: stop between pieces
+    once it is set."""
     from .output import is_identity
 
     etag = getattr(f.loader, "etag", None)
@@ -51,29 +52,31 @@ def planned_digest(
 def _digest(
     run: Run, f: SourceFile, layout: FileLayout, cancelled: threading.Event | None
 ) -> ContentDigest:
-    from ..provenance.check import recorded_chunks
     from ..provenance.chunks import reusable
     from ..provenance.crcs import LOCAL_CRCS, STORE_CRCS
+    from ..provenance.known import known_chunks
 
     meta = bytes(layout.patched.metadata)
     copies = sorted(planned_copies(run, f, layout), key=lambda c: c.dst)
     end = layout.patched.file_size
-    # Chunks copied unchanged to the same offsets from a source whose trailer names
-    # their digests keep those digests (the whole SHA-256 still reads every byte).
-    recorded = recorded_chunks(f.loader)
+    # Chunks copied unchanged to the same offsets from a source whose chunk digests are
+    # known (its own trailer, or this process described it) keep their digests and,
+    # where their CRCs are known too, are not read at all.
+    source = known_chunks(f.loader)
     known = (
         {}
-        if recorded is None
+        if source is None
         else reusable(
-            recorded,
+            source.chunks,
             end,
             [(x.dst, x.dst + x.size) for x in copies if x.source is f.loader and x.src == x.dst],
         )
     )
+    known_crcs = {} if source is None else {i: source.crcs[i] for i in known if i in source.crcs}
     # An output whose store keeps a checksum (S3) records every CRC that checksum could
     # be (ptestore.provenance.crcs); a local one the per-chunk CRC-32 only.
     crcs = STORE_CRCS if f.writer.stored_checksum else LOCAL_CRCS
-    h = ContentHasher(end, known, crcs)
+    h = ContentHasher(end, known, crcs, known_crcs=known_crcs)
     h.update(meta)
     cursor = len(meta)
     for x in copies:

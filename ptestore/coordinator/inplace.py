@@ -79,7 +79,8 @@ def _final_digest(
     original's bytes (zeros past its end), the punched ranges zeroed (apply writes zeros
     where the file system cannot punch), then the journal's writes in order. Chunks the
     file keeps where they were take their digests from ``recorded`` (the chunk digests
-    of its own trailer, :func:`~ptestore.provenance.check.recorded_chunks`)."""
+    of its own trailer, or of its description: :func:`~ptestore.provenance.known.known_chunks`);
+    those whose CRCs are known too are not read."""
     from ..provenance.chunks import reusable
     from ..provenance.digest import ContentHasher
 
@@ -110,7 +111,10 @@ def _final_digest(
         paint(dst, dst + n, "journal", jofs)
     # the original's own bytes where they were (neither zeros nor the journal's)
     kept = [(a, b) for a, b, src, o in pieces if src not in ("zeros", "journal") and o == a]
-    h = ContentHasher(content, {} if recorded is None else reusable(recorded, content, kept))
+    known = {} if recorded is None else reusable(recorded.chunks, content, kept)
+    rows = {} if recorded is None else recorded.crcs
+    known_crcs = {i: rows[i] for i in known if i in rows}
+    h = ContentHasher(content, known, known_crcs=known_crcs)
     for a, b, src, o in pieces:  # ``o``: where the piece's first byte is in its source
         if src == "zeros":
             h.zeros(b - a)
@@ -353,10 +357,11 @@ def _run(
         if stamper is not None:
             # The record names the bytes it follows, as for a staged output: those the
             # journal will leave in [0, content).
-            from ..provenance.check import recorded_chunks
+            from ..provenance.known import known_chunks
 
+            stamper.wait_sources()  # the file's chunk digests, where it had to be read
             digest = _final_digest(
-                loader, spool, size_before, content, punch, writer.ops, recorded_chunks(f.loader)
+                loader, spool, size_before, content, punch, writer.ops, known_chunks(f.loader)
             )
             stamper.seal("pte", digest)
             trailer = stamper.trailer("pte")
@@ -384,6 +389,9 @@ def _run(
         writer.mark_published()
         run.emit(Event("write", nbytes=sum(w[2] for w in writer.ops), url=target))
         apply_uninterrupted(target, spool.path, plan)
+        from ..provenance.known import forget
+
+        forget(loader)  # its bytes changed (within one tick of its modification time, maybe)
         run.emit(Event("publish", url=target, seconds=time.perf_counter() - started))
         summary.files = [
             FileReport(

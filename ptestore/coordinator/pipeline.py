@@ -38,10 +38,13 @@ from .spool import Spool
 from .targets import check_pair_targets
 
 if TYPE_CHECKING:
+    import threading
+
     from ..backends.compat import DeviceProfile
     from ..backends.registry import BackendLike
     from ..provenance.record import ContentDigest
     from ..provenance.stamp import ProvenanceRequest, Stamper
+    from .named import SourceFile
 
 __all__ = [
     "RunOptions",
@@ -201,6 +204,17 @@ def start_provenance(
     return stamper
 
 
+def _digest_after_sources(
+    stamper: Stamper, run: Run, f: SourceFile, layout: FileLayout, cancelled: threading.Event
+) -> ContentDigest:
+    """The output's digest once its sources are described: the chunks it keeps from
+    them are then known (:mod:`ptestore.provenance.known`), not read twice."""
+    from .digest import planned_digest
+
+    stamper.wait_sources()
+    return planned_digest(run, f, layout, cancelled)
+
+
 class _Pipeline:
     """One run: its state, and a method per step; :meth:`run` lists them in order and
     discards every writer on any failure."""
@@ -326,9 +340,10 @@ class _Pipeline:
             f.writer.keeps_object_metadata for f in files
         ):
             for f, lay in ordered:
-                work = functools.partial(planned_digest, run, f, lay)
+                work = functools.partial(_digest_after_sources, stamper, run, f, lay)
                 self.digests[f.role] = Background("ptestore-digest-output", work)
         else:
+            stamper.wait_sources()
             for f, lay in ordered:
                 sealed = stamper.seal(f.role, planned_digest(run, f, lay))
                 metadata = {**object_metadata(stamper.key(), self.options.device), **sealed}

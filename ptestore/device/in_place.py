@@ -66,9 +66,7 @@ def ensure_in_place(
         key,
         max_bytes,
         lambda: lookup(layout, key, current(), in_place=True),
-        lambda: _make(
-            layout, key, src, backends, device, current, provenance, portable, progress
-        ),
+        lambda: _make(layout, key, src, backends, device, current, provenance, portable, progress),
         before_make=lambda: recover_if_local(src),
     )
 

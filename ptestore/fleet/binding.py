@@ -161,7 +161,7 @@ def bytes_mismatch(loader: DataLoader, trailer: Trailer, prov: Provenance) -> st
     verdict = trust_by_head(loader, expected_checksums(prov.content, trailer.raw()))
     if verdict.trusted is not None:
         return None if verdict.trusted else verdict.reason
-    got = content_digest(loader, trailer.content_size)
+    got = content_digest(loader, trailer.content_size, like=prov.content.sha256)
     if got.sha256 != prov.content.sha256:
         return (
             f"{loader.name}: the bytes before the trailer have {got.sha256}, the provenance "

@@ -130,9 +130,7 @@ def estimate_pair(task: PairTask | None, action: str, reason: str, job: Job) -> 
     if task.ptd is not None and task.ptd_destination is not None and "ptd" in task.sources:
         # Every fleet .ptd goes to the job's content-addressed store (its destination
         # here is the store's directory), as if this pair were the first to store it.
-        total += _file(
-            task.ptd, task.ptd_destination, task.sources["ptd"].size, job, shared=True
-        )
+        total += _file(task.ptd, task.ptd_destination, task.sources["ptd"].size, job, shared=True)
     # The check before running reads the .pte destination's trailer (an absent one: a
     # HEAD, and s3fs's LIST to tell a missing object from a directory).
     exists = not reason.startswith("no artifact")

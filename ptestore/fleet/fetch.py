@@ -133,9 +133,9 @@ def _check(path: str, want: dict[str, Any]) -> str:
                     f"{want['trailer_sha256']}",
                     published=False,
                 )
-            got = content_digest(loader, trailer.content_size).sha256
+            got = content_digest(loader, trailer.content_size, like=want["sha256"]).sha256
         else:
-            got = content_digest(loader, size).sha256
+            got = content_digest(loader, size, like=want["sha256"]).sha256
         if got != want["sha256"]:
             raise IntegrityError(
                 f"{want['url']}: downloaded bytes have {got}, the index names {want['sha256']}",
@@ -380,7 +380,7 @@ def _ptd_of(url: str, options: dict[str, Any]) -> dict[str, Any] | None:
     if found is None:
         raise ObjectNotFound(
             f"{url}: its record names a .ptd ({prov.ptd_output.sha256}); there is none at "
-            f"{beside}, nor in a {SHARED_DIR}/sha256/ directory above it"
+            f"{beside}, nor in a {SHARED_DIR}/ directory above it"
         )
     return shared_entry(found, prov.ptd_output)
 

@@ -11,7 +11,7 @@ of the destination template before its first ``{``). Its entries, one per
      "source": {"url", "size", "sha256"}, "ptd_source": {...} | null,
      "pte": {"url", "size", "sha256", "trailer_sha256"},
      "ptd": {"url", "size", "sha256", "trailer_sha256"} | null,   # or, stored
-            # once by content: {"url": ".../_shared/sha256/<hex>.ptd", "size",
+            # once by content: {"url": ".../_shared/sha256-tree/<hex>.ptd", "size",
             #  "sha256", "trailer_sha256": null, "shared": true}
      "compatibility": [{"id", "spec", "version", "compatibility"}],
      "created": "...", "retired": {...} (fleet/retire.py),

@@ -2,7 +2,7 @@
 
 A fleet job leaves, under its destination root (where its index lives), per-device files
 (``<root>/<device>/<model>.pte``, ``.ptd``) and shared objects
-(``<root>/_shared/sha256/<hex>.ptd``, :mod:`.shared`). A model or device dropped from the
+(``<root>/_shared/sha256-tree/<hex>.ptd``, :mod:`.shared`). A model or device dropped from the
 job (and retired, :mod:`.retire`), or a newer run that stored another ``.ptd``, leaves
 objects that no index names. :func:`collect_orphans` removes them, and only them:
 

@@ -176,7 +176,7 @@ def _store(path: str, url: str, sha256: str, options: dict[str, Any]) -> None:
         w.discard()
     loader = open_loader(url, **options_for_loader(url, options, "dst"))
     try:
-        got = content_digest(loader, loader.size()).sha256
+        got = content_digest(loader, loader.size(), like="sha256:" + sha256).sha256
     finally:
         loader.close()
     if got != "sha256:" + sha256:
@@ -321,8 +321,9 @@ def check_beside(
         if size != field.get("size"):
             raise FormatError(url, "size", size, f"{field.get('size')} (its record {where})")
         if not quick:
-            got = content_digest(loader, size).sha256
-            if got != field.get("sha256"):
+            want = field.get("sha256")
+            got = content_digest(loader, size, like=want if isinstance(want, str) else None).sha256
+            if got != want:
                 raise FormatError(
                     url, "SHA-256", got, f"{field.get('sha256')} (its record {where})"
                 )

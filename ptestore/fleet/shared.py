@@ -4,19 +4,22 @@ their bytes.
 A backend that leaves a model's external weights alone makes the same .ptd for every
 device (only the .pte's delegate data differs), so a job stores each distinct .ptd once::
 
-    <root>/_shared/sha256/<hex>.ptd
+    <root>/_shared/sha256-tree/<hex>.ptd
 
 ``<root>`` is the destination template's fixed part up to its last ``/`` before the
 first field (where the index lives too: ``s3://models/{device}/{model}.pte`` ->
-``s3://models/_shared/sha256/<hex>.ptd``), and ``<hex>`` the SHA-256 of the object's
-bytes. A shared .ptd has no provenance trailer (its bytes are exactly the container,
-so its name is the SHA-256 of the whole object); the .pte's record binds it by that
-digest (``ptd_output``: size, SHA-256, CRC-32), never by its URL.
+``s3://models/_shared/sha256-tree/<hex>.ptd``), and ``<hex>`` the digest of the
+object's bytes, named by its algorithm: ``sha256-tree`` (the root of its chunk digests,
+:mod:`ptestore.provenance.chunks`; what ptestore names bytes by since provenance
+version 3) or ``sha256`` (the whole-file SHA-256, stored by older versions; still
+found and checked). A shared .ptd has no provenance trailer (its bytes are exactly the
+container, so its name is the digest of the whole object); the .pte's record binds it
+by that digest (``ptd_output``: size, digest, CRC-32), never by its URL.
 
 A name is never trusted alone: an object found at a content address is used only
 when its size is the recorded one and its bytes are the recorded ones, checked like
 every destination (:mod:`.binding`): the checksum S3 keeps, else a full read
-and the SHA-256 (remembered per object version in this process, so a plan of many
+and the digest (remembered per object version in this process, so a plan of many
 pairs reads it once). Publishing is ``mode="create"`` (S3 ``If-None-Match: *``, an
 exclusive link on local disks): two workers storing one address at once both succeed,
 the second accepting what the first stored once its bytes check. An object whose
@@ -51,12 +54,13 @@ __all__ = [
     "check_shared_ptd",
     "is_shared_url",
     "locate_shared",
+    "shared_digest",
     "shared_root",
     "shared_url",
 ]
 
 _HEX = re.compile(r"[0-9a-f]{64}")
-_NAME = re.compile(r"(^|/)" + SHARED_DIR + r"/sha256/[0-9a-f]{64}\.ptd$")
+_NAME = re.compile(r"(^|/)" + SHARED_DIR + r"/(sha256|sha256-tree)/([0-9a-f]{64})\.ptd$")
 
 log = logging.getLogger("ptestore.fleet")
 
@@ -67,21 +71,34 @@ _LOCK = threading.Lock()
 
 def shared_root(destination: str) -> str:
     """Where a job with the destination template ``destination`` stores shared
-    objects: ``<root>/_shared/sha256/``."""
-    return template_root(destination) + SHARED_DIR + "/sha256/"
+    objects: ``<root>/_shared/``."""
+    return template_root(destination) + SHARED_DIR + "/"
 
 
 def shared_url(root: str, sha256: str) -> str:
-    """The content address of bytes with SHA-256 ``sha256`` (``sha256:<hex>``)."""
-    hexd = sha256[len("sha256:") :] if sha256.startswith("sha256:") else ""
-    if not _HEX.fullmatch(hexd):
-        raise FormatError(root, "ptd_output.sha256", sha256, "sha256:<64 lowercase hex digits>")
-    return root + hexd + ".ptd"
+    """The content address under ``root`` (``.../_shared/``) of bytes with the digest
+    ``sha256`` (``sha256-tree:<hex>`` or ``sha256:<hex>``):
+    ``<root><algorithm>/<hex>.ptd``."""
+    algorithm, _, hexd = sha256.partition(":")
+    if algorithm not in ("sha256", "sha256-tree") or not _HEX.fullmatch(hexd):
+        raise FormatError(
+            root,
+            "ptd_output.sha256",
+            sha256,
+            "sha256-tree:<64 lowercase hex digits> (or sha256:<...>)",
+        )
+    return f"{root}{algorithm}/{hexd}.ptd"
 
 
 def is_shared_url(url: str) -> bool:
-    """Whether ``url`` names a content address (``.../_shared/sha256/<hex>.ptd``)."""
+    """Whether ``url`` names a content address (``.../_shared/sha256-tree/<hex>.ptd``)."""
     return _NAME.search(url.replace(os.sep, "/")) is not None
+
+
+def shared_digest(url: str) -> str | None:
+    """The digest a content address names (``sha256-tree:<hex>``), None for another URL."""
+    m = _NAME.search(url.replace(os.sep, "/"))
+    return None if m is None else f"{m.group(2)}:{m.group(3)}"
 
 
 def _version(loader: DataLoader) -> Any:
@@ -113,7 +130,7 @@ def check_shared(loader: DataLoader, content: ContentDigest) -> str | None:
     with _LOCK:  # one full read per object version, however many pairs ask at once
         got = _CHECKED.get(key) if version is not None else None
         if got is None:
-            got = content_digest(loader, size).sha256
+            got = content_digest(loader, size, like=content.sha256).sha256
             if version is not None:
                 _CHECKED[key] = got
     if got != content.sha256:
@@ -139,7 +156,7 @@ def locate_shared(url: str, sha256: str, exists: Any) -> str | None:
     if u.local:
         here = os.path.dirname(u.path)
         while True:
-            candidate = os.path.join(here, SHARED_DIR, "sha256", "")
+            candidate = os.path.join(here, SHARED_DIR, "")
             found = shared_url(candidate, sha256)
             if exists(found):
                 return found
@@ -150,7 +167,7 @@ def locate_shared(url: str, sha256: str, exists: Any) -> str | None:
     scheme, sep, rest = url.partition("://")
     parts = rest.split("/")
     for depth in range(len(parts) - 1, 0, -1):
-        candidate = scheme + sep + "/".join(parts[:depth]) + f"/{SHARED_DIR}/sha256/"
+        candidate = scheme + sep + "/".join(parts[:depth]) + f"/{SHARED_DIR}/"
         found = shared_url(candidate, sha256)
         if exists(found):
             return found

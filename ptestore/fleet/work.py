@@ -57,7 +57,7 @@ class PairTask:
     key: ProvenanceKey
     #: The job file (path, sha256) recorded in the provenance.
     job: tuple[str, str] | None = None
-    #: Where the pair's .ptd is stored once, by content (``<root>/_shared/sha256/``,
+    #: Where the pair's .ptd is stored once, by content (``<root>/_shared/sha256-tree/``,
     #: :mod:`.shared`); None for a model without a .ptd.
     shared_root: str | None = None
     #: The device's CPU fingerprint when it asks for XNNPACK's packed-weight file

@@ -89,7 +89,7 @@ def check_bytes(loader: DataLoader, byte_range: tuple[int, int] | None = None) -
             )
         from .digest import content_digest
 
-        got = content_digest(loader, size)
+        got = content_digest(loader, size, like=content.sha256)
         if got.sha256 != content.sha256:
             raise FormatError(
                 loader.name,

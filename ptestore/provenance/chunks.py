@@ -15,6 +15,15 @@ The root (``sha256:<hex>``) is the SHA-256 of::
 
 (each digest the 32 raw bytes). It names the bytes as the whole-file SHA-256 does,
 but a run can derive it from the chunks it copied and the ones it wrote.
+
+Since provenance version 3 the root *is* the content's digest, written
+``sha256-tree:<hex>`` (:data:`TREE`; the same 64 hex digits as the root) wherever a
+digest names bytes: ``content.sha256``, ``source.sha256``, the fleet index, the content
+address of a shared .ptd. Records of versions 1 and 2 name the whole-file SHA-256
+(``sha256:<hex>``); :func:`algorithm` tells the two apart and every check computes the
+digest a record names (:func:`~ptestore.provenance.digest.content_digest` ``like=``).
+Why: the root of an output is derived from the chunks it keeps from a known source and
+the ones it writes, so trust costs what changed; a whole-file SHA-256 reads every byte.
 """
 
 from __future__ import annotations
@@ -24,7 +33,7 @@ import hashlib
 import struct
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import FormatError
@@ -34,9 +43,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CHUNK_SIZE",
+    "TREE",
+    "WHOLE",
+    "algorithm",
+    "tree_digest",
     "MAX_CHUNKS",
     "ChunkDigests",
     "ChunkHasher",
+    "Known",
     "chunk_size_for",
     "hash_chunks",
     "iter_mismatches",
@@ -49,6 +63,27 @@ _ROOT_PREFIX = b"ptestore.chunks\x00"
 _U64x2 = struct.Struct("<QQ")
 _DIGEST = 32
 _PIECE = 1 << 20  # read a chunk in pieces of this size
+
+#: The prefix of a chunk-root digest (records of version 3).
+TREE = "sha256-tree:"
+#: The prefix of a whole-file SHA-256 (records of versions 1 and 2).
+WHOLE = "sha256:"
+
+
+def algorithm(digest: str) -> str:
+    """``"sha256-tree"`` or ``"sha256"``: how ``digest`` was computed (its prefix)."""
+    if digest.startswith(TREE):
+        return "sha256-tree"
+    if digest.startswith(WHOLE):
+        return "sha256"
+    raise ValueError(f"digest {digest!r}: expected sha256-tree:<hex> or sha256:<hex>")
+
+
+def tree_digest(data: bytes | bytearray | memoryview) -> str:
+    """``sha256-tree:<hex>`` of ``data`` (in memory): its chunk root."""
+    h = ChunkHasher(memoryview(data).nbytes)
+    h.update(data)
+    return h.result().digest
 
 
 def chunk_size_for(length: int) -> int:
@@ -79,6 +114,12 @@ class ChunkDigests:
     def root(self) -> str:
         """``sha256:<hex>`` over the chunk size, the length and the digests."""
         return _root(self.chunk_size, self.length, self.digests)
+
+    @property
+    def digest(self) -> str:
+        """The content's digest since records of version 3: ``sha256-tree:<hex>``, the
+        root's hex digits."""
+        return TREE + self.root[len(WHOLE) :]
 
     def span(self, i: int) -> tuple[int, int]:
         """``[start, end)`` of chunk ``i``."""
@@ -136,6 +177,15 @@ class ChunkDigests:
         return out
 
 
+@dataclass(frozen=True)
+class Known:
+    """The chunk digests of an object and the CRCs known per chunk (by index):
+    what :mod:`.known` remembers of an object version."""
+
+    chunks: ChunkDigests
+    crcs: dict[int, dict[str, int]] = field(default_factory=dict)
+
+
 class ChunkHasher:
     """The chunk digests of bytes fed in order (each piece at the next offset).
     ``known``: digests of chunks already known (by index, see :func:`reusable`): their
@@ -164,6 +214,21 @@ class ChunkHasher:
             view = view[n:]
             if self._filled == self.chunk_size:
                 self._close_chunk()
+
+    def advance(self, n: int) -> None:
+        """Move past ``n`` bytes without their data: each chunk they touch must be known."""
+        while n:
+            k = min(n, self.chunk_size - self._filled)
+            if len(self._digests) not in self._known:
+                raise ValueError(f"chunk {len(self._digests)} is not known: its bytes are needed")
+            self._filled += k
+            self.size += k
+            n -= k
+            if self._filled == self.chunk_size:
+                self._close_chunk()
+
+    def is_known(self, index: int) -> bool:
+        return index in self._known
 
     def known(self, n: int) -> bool:
         """Whether the next ``n`` bytes lie in known chunks only (nothing to hash)."""

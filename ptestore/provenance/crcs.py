@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -69,6 +69,7 @@ __all__ = [
     "ContentCRCs",
     "expected_checksums",
     "grid_for",
+    "known_crcs",
 ]
 
 #: Above this many chunks no per-chunk CRCs are recorded (16 bytes each).
@@ -83,10 +84,22 @@ STORE_CRCS = CRC_ALGORITHMS
 LOCAL_CRCS = ("CRC32",)
 
 
-def grid_for(length: int, algorithms: Sequence[str] = LOCAL_CRCS) -> GridCRCs:
+def grid_for(
+    length: int,
+    algorithms: Sequence[str] = LOCAL_CRCS,
+    known: Mapping[int, Mapping[str, int]] | None = None,
+) -> GridCRCs:
     """The CRC accumulator of a ``length``-byte content on its chunk grid, for those of
-    ``algorithms`` that can be computed here (CRC-32C and CRC64NVME need ``awscrt``)."""
-    return GridCRCs(chunk_size_for(length), algorithms)
+    ``algorithms`` that can be computed here (CRC-32C and CRC64NVME need ``awscrt``);
+    ``known``: CRCs of chunks already known, by index."""
+    return GridCRCs(chunk_size_for(length), algorithms, known)
+
+
+def known_crcs(crcs: ContentCRCs | None, indices: Iterable[int]) -> dict[int, dict[str, int]]:
+    """The per-chunk CRCs ``crcs`` records for chunks ``indices`` (by index)."""
+    if crcs is None or not crcs.chunks:
+        return {}
+    return {i: {a: v[i] for a, v in crcs.chunks.items() if i < len(v)} for i in indices}
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Digests of a file's bytes before its trailer: SHA-256 and CRCs in one pass.
+"""Digests of a file's bytes before its trailer: chunk digests (their root names the
+bytes) and CRCs in one pass.
 
 :class:`ContentHasher` takes the bytes in order; :func:`content_digest` reads the first
 ``size`` bytes of a loader (what ``verify`` does). The CRCs (CRC-32, and CRC-32C and
@@ -22,6 +23,7 @@ from .record import ContentDigest
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
 
+    from ..checksums import GridCRCs
     from .chunks import ChunkHasher
     from .crcs import ContentCRCs
 
@@ -66,31 +68,42 @@ _PARALLEL_MIN = 256 << 10
 
 
 class ContentHasher:
-    """SHA-256 and CRC-32 of bytes fed in order; given the ``length`` they will add up
-    to, their chunk digests too (:mod:`.chunks`), in a second thread for large pieces,
-    and the CRCs ``crcs`` of every chunk (:mod:`.crcs`: CRC-32 only by default; an
-    output stored where its checksum is kept, S3, asks for all three); ``known`` chunk
-    digests (by index) are taken as given, not computed."""
+    """The digest of bytes fed in order. Given the ``length`` they will add up to:
+    their chunk digests (:mod:`.chunks`; in a second thread for large pieces), whose
+    root is the content's digest (``sha256-tree:``), and the CRCs ``crcs`` of every
+    chunk (:mod:`.crcs`: CRC-32 only by default; an output stored where its checksum is
+    kept, S3, asks for all three). ``known`` chunk digests and ``known_crcs`` (by
+    index) are taken as given: a chunk known in both is not even read by
+    :meth:`read` (:attr:`skipped` counts such bytes). ``whole`` (or no ``length``):
+    the digest is the SHA-256 of every byte instead (``sha256:``, what records of
+    versions 1 and 2 name), and nothing is skipped."""
 
     def __init__(
         self,
         length: int | None = None,
         known: Mapping[int, bytes] | None = None,
         crcs: Sequence[str] = ("CRC32",),
+        *,
+        whole: bool = False,
+        known_crcs: Mapping[int, Mapping[str, int]] | None = None,
     ) -> None:
-        self._sha = hashlib.sha256()
+        self.whole = whole or length is None
+        self._sha = hashlib.sha256() if self.whole else None
         self._crc = 0
         self.size = 0
+        #: Bytes moved past without reading them (known chunks).
+        self.skipped = 0
         self.length = length
         self._chunks: ChunkHasher | None = None
         self._pool: ThreadPoolExecutor | None = None
-        self._grid = None
+        self._grid: GridCRCs | None = None
         if length is not None:
             from .chunks import ChunkHasher
             from .crcs import grid_for
 
             self._chunks = ChunkHasher(length, known)
-            self._grid = grid_for(length, crcs)  # the CRCs per chunk (CRC-32 among them)
+            # the CRCs per chunk (CRC-32 among them)
+            self._grid = grid_for(length, crcs, None if self.whole else known_crcs)
 
     def update(self, data: bytes | bytearray | memoryview) -> None:
         n = memoryview(data).nbytes
@@ -102,14 +115,16 @@ class ContentHasher:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="ptestore-chunk-digest")
             pending = self._pool.submit(chunks.update, data)
             try:
-                self._sha.update(data)
+                if self._sha is not None:
+                    self._sha.update(data)
                 self._crc_update(data)
             finally:
                 pending.result()  # ``data`` may be a reused buffer: done with it here
         else:
             if chunks is not None:
                 chunks.update(data)
-            self._sha.update(data)
+            if self._sha is not None:
+                self._sha.update(data)
             self._crc_update(data)
         self.size += n
 
@@ -119,11 +134,46 @@ class ContentHasher:
         else:
             self._crc = zlib.crc32(data, self._crc)
 
+    def _skippable(self, index: int) -> bool:
+        return (
+            not self.whole
+            and self._chunks is not None
+            and self._grid is not None
+            and self._chunks.is_known(index)
+            and self._grid.is_known(index)
+        )
+
+    def _runs(self, n: int) -> Iterator[tuple[int, bool]]:
+        """The next ``n`` bytes as runs ``(size, skippable)`` on chunk boundaries."""
+        if self._chunks is None or self.whole:
+            yield n, False
+            return
+        size = self._chunks.chunk_size
+        pos, end = self.size, self.size + n
+        while pos < end:
+            skip = self._skippable(pos // size)
+            stop = pos
+            while stop < end and self._skippable(stop // size) == skip:
+                stop = min((stop // size + 1) * size, end)
+            yield stop - pos, skip
+            pos = stop
+
+    def _advance(self, n: int) -> None:
+        assert self._chunks is not None and self._grid is not None
+        self._chunks.advance(n)
+        self._grid.advance(n)
+        self.size += n
+        self.skipped += n
+
     def zeros(self, n: int) -> None:
-        while n > 0:
-            k = min(n, len(_ZEROS))
-            self.update(_ZEROS[:k] if k < len(_ZEROS) else _ZEROS)
-            n -= k
+        for run, skip in list(self._runs(n)):
+            if skip:
+                self._advance(run)
+                continue
+            while run > 0:
+                k = min(run, len(_ZEROS))
+                self.update(_ZEROS[:k] if k < len(_ZEROS) else _ZEROS)
+                run -= k
 
     def read(
         self,
@@ -132,9 +182,15 @@ class ContentHasher:
         size: int,
         cancelled: threading.Event | None = None,
     ) -> None:
-        """Feed ``size`` bytes of ``loader`` from ``offset`` (:func:`read_pieces`)."""
-        for piece in read_pieces(loader, offset, size, cancelled=cancelled):
-            self.update(piece)
+        """Feed ``size`` bytes of ``loader`` from ``offset`` (:func:`read_pieces`); the
+        bytes of chunks known in full are not read."""
+        for run, skip in list(self._runs(size)):
+            if skip:
+                self._advance(run)
+            else:
+                for piece in read_pieces(loader, offset, run, cancelled=cancelled):
+                    self.update(piece)
+            offset += run
 
     def digest(self) -> ContentDigest:
         if self._pool is not None:
@@ -145,7 +201,12 @@ class ContentHasher:
         if self._grid is not None and self.size == self.length:
             crcs = self._crcs()
             crc = self._grid.full("CRC32")
-        return ContentDigest(self.size, "sha256:" + self._sha.hexdigest(), crc, chunks, crcs)
+        if self._sha is not None:
+            digest = "sha256:" + self._sha.hexdigest()
+        else:
+            assert chunks is not None
+            digest = chunks.digest
+        return ContentDigest(self.size, digest, crc, chunks, crcs)
 
     def _crcs(self) -> ContentCRCs:
         from .crcs import ContentCRCs
@@ -154,11 +215,20 @@ class ContentHasher:
         return ContentCRCs.from_grid(self._grid, self.length)
 
 
-def content_digest(loader: DataLoader, size: int) -> ContentDigest:
+def content_digest(
+    loader: DataLoader,
+    size: int,
+    *,
+    like: str | None = None,
+    cancelled: threading.Event | None = None,
+) -> ContentDigest:
     """The digest of the first ``size`` bytes of ``loader`` (one streaming read), with
-    its chunk digests."""
-    h = ContentHasher(size)
-    h.read(loader, 0, size)
+    its chunk digests: ``sha256-tree:`` (the chunk root), or the whole SHA-256
+    (``sha256:``) when ``like`` (the digest it will be compared with) is one."""
+    from .chunks import algorithm
+
+    h = ContentHasher(size, whole=like is not None and algorithm(like) == "sha256")
+    h.read(loader, 0, size, cancelled)
     return h.digest()
 
 

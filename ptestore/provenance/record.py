@@ -1,9 +1,9 @@
 """What a provenance trailer says, as typed values: :class:`Provenance` and its parts.
 
-The JSON payload (``format = "ptestore.provenance"``, ``version = 2``; 1 is read)::
+The JSON payload (``format = "ptestore.provenance"``, ``version = 3``; 1 and 2 are read)::
 
     {"format": "ptestore.provenance", "version": 1, "role": "pte",
-     "source": {"url", "size", "sha256", "etag", "version_id"},
+     "source": {"url", "size", "sha256", "etag", "version_id"},   # sha256: see below
      "ptd_source": {...} | null,
      "requested": [{"spec", "version"}],          # the backends asked for, in order
      "backends": [{"id", "spec", "version", "compatibility"}],   # per backend id run
@@ -14,6 +14,13 @@ The JSON payload (``format = "ptestore.provenance"``, ``version = 2``; 1 is read
      "ptd_output": {"size", "sha256", "crc32"} | null,  # a .pte's .ptd (before its trailer)
      "job": {"path", "sha256"} | null,             # the fleet job file that made it
      "ptestore_version": "0.1.0", "created": "2026-12-01T08:00:00Z"}
+
+Every ``sha256`` that names bytes (``source``, ``ptd_source``, ``content``,
+``ptd_output``) is, since version 3, the root of their chunk digests written
+``sha256-tree:<hex>`` (:mod:`.chunks`): a run derives it from the chunks it keeps and
+the ones it writes instead of reading every byte. Versions 1 and 2 name the whole-file
+SHA-256 (``sha256:<hex>``); a check computes whichever a record names. In version 3
+``content.sha256`` must be the root of ``content.chunks`` (checked on reading).
 
 ``content``, ``ptd_output``, ``job`` and ``device.options`` are absent from records
 written before ptestore bound artifacts to their bytes; such an artifact can be read
@@ -33,7 +40,7 @@ from ..backends.compat import canonical_json
 from ..errors import FormatError
 
 if TYPE_CHECKING:
-    from .chunks import ChunkDigests
+    from .chunks import ChunkDigests, Known
     from .crcs import ContentCRCs
 
 __all__ = [
@@ -50,9 +57,10 @@ __all__ = [
 ]
 
 FORMAT = "ptestore.provenance"
-#: Version 2 adds ``content.chunks`` (and ``ptd_output.chunks``); 1 is still read.
-FORMAT_VERSION = 2
-READ_VERSIONS = (1, 2)
+#: Version 2 adds ``content.chunks`` (and ``ptd_output.chunks``); version 3 names
+#: bytes by their chunk root (``sha256-tree:``); 1 and 2 are still read.
+FORMAT_VERSION = 3
+READ_VERSIONS = (1, 2, 3)
 
 
 def _field(where: str, key: str) -> str:
@@ -86,6 +94,10 @@ class SourceInfo:
     sha256: str
     etag: str | None = None
     version_id: str | None = None
+    #: The object's chunk digests and CRCs (:class:`~.known.Known`) where the
+    #: description computed them: not recorded, but carried to a fleet worker with the
+    #: description so the worker does not read the source again. Not compared.
+    chunks: Known | None = field(default=None, compare=False, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -157,8 +169,10 @@ class DeviceStamp:
 
 @dataclass(frozen=True)
 class ContentDigest:
-    """Size, SHA-256 (``sha256:<hex>``) and CRC-32 (zlib, as an integer) of a file's
-    bytes before its trailer, and (records of version 2) their chunk digests."""
+    """Size, digest and CRC-32 (zlib, as an integer) of a file's bytes before its
+    trailer, and (records of version 2 on) their chunk digests. ``sha256`` is the
+    digest: ``sha256-tree:<hex>``, the chunk root (version 3), or ``sha256:<hex>``, the
+    whole SHA-256 (versions 1 and 2)."""
 
     size: int
     sha256: str
@@ -193,13 +207,17 @@ class ContentDigest:
             from .crcs import ContentCRCs
 
             crcs = ContentCRCs.from_dict(d["crcs"], size, source, where)
-        return cls(
-            size,
-            _get(d, "sha256", str, source, where),
-            _get(d, "crc32", int, source, where),
-            chunks,
-            crcs,
-        )
+        digest = _get(d, "sha256", str, source, where)
+        if digest.startswith("sha256-tree:") and (chunks is None or chunks.digest != digest):
+            raise FormatError(
+                source,
+                _field(where, "sha256"),
+                digest,
+                "the root of its chunks (content.chunks.root)"
+                if chunks is None
+                else f"{chunks.digest}, the root of its chunks",
+            )
+        return cls(size, digest, _get(d, "crc32", int, source, where), chunks, crcs)
 
 
 @dataclass(frozen=True)
@@ -305,7 +323,7 @@ class Provenance:
             raise FormatError(source, "provenance format", d.get("format"), repr(FORMAT))
         if d.get("version") not in READ_VERSIONS:
             raise FormatError(
-                source, "provenance version", d.get("version"), "1 or 2 (this ptestore's)"
+                source, "provenance version", d.get("version"), "1, 2 or 3 (this ptestore's)"
             )
         role = d.get("role")
         if role not in ("pte", "ptd"):

@@ -66,35 +66,54 @@ def recordable(text: str) -> str:
 
 
 def describe_source(
-    loader: DataLoader, url: str | None = None, *, cancelled: threading.Event | None = None
+    loader: DataLoader,
+    url: str | None = None,
+    *,
+    cancelled: threading.Event | None = None,
+    like: str | None = None,
 ) -> SourceInfo:
-    """Size and SHA-256 of the whole object (one streaming read, into one reused buffer
-    where the loader reads into memory it is given), with its entity tag and version id
-    when the loader knows them. ``cancelled``: stop early (raising
+    """Size and digest of the whole object, with its entity tag and version id when the
+    loader knows them. The digest is the root of its chunk digests (``sha256-tree:``,
+    :func:`~.known.describe_content`: the chunks its own trailer or this process already
+    names are not read); ``like`` a whole-file SHA-256 (``sha256:``, what records of
+    versions 1 and 2 name): that, from one streaming read (into one reused buffer where
+    the loader reads into memory it is given). ``cancelled``: stop early (raising
     :class:`~ptestore._background.Cancelled`) once it is set."""
-    import hashlib
-
-    from .digest import read_pieces
-
-    h = hashlib.sha256()
     size = loader.size()
-    # 2 MiB pieces hash as fast as 8 MiB ones here, and the buffer may live beside a
-    # backend's own (the description runs while backends do, see CONCURRENT_MIN)
-    for piece in read_pieces(loader, 0, size, cancelled=cancelled, buffer_size=_PIECE):
-        h.update(piece)
+    if like is not None and like.startswith("sha256:"):
+        import hashlib
+
+        from .digest import read_pieces
+
+        h = hashlib.sha256()
+        # 2 MiB pieces hash as fast as 8 MiB ones here, and the buffer may live beside
+        # a backend's own (the description runs while backends do, see CONCURRENT_MIN)
+        for piece in read_pieces(loader, 0, size, cancelled=cancelled, buffer_size=_PIECE):
+            h.update(piece)
+        digest = "sha256:" + h.hexdigest()
+        chunks = None
+    else:
+        from .known import describe_content, known_chunks
+
+        described = describe_content(loader, size, cancelled=cancelled)
+        digest = described.sha256
+        chunks = known_chunks(loader)
     etag = getattr(loader, "etag", None)
     version = getattr(loader, "version_id", None)
     return SourceInfo(
         url=recordable(url or loader.name),
         size=size,
-        sha256="sha256:" + h.hexdigest(),
+        sha256=digest,
         etag=etag if isinstance(etag, str) else None,
         version_id=version if isinstance(version, str) else None,
+        chunks=chunks,
     )
 
 
-def _describe_cancellable(loader: DataLoader, cancelled: threading.Event) -> SourceInfo:
-    return describe_source(loader, cancelled=cancelled)
+def _describe_cancellable(
+    loader: DataLoader, like: str | None, cancelled: threading.Event
+) -> SourceInfo:
+    return describe_source(loader, cancelled=cancelled, like=like)
 
 
 #: A local source at least this large is described in a thread of its own while the run
@@ -184,15 +203,30 @@ class Stamper:
                 and known.etag == etag
             ):
                 self.sources[role] = known
+                if known.chunks is not None:  # described by the planner: its chunks too
+                    from .known import remember
+
+                    remember(loader, known.chunks)
                 continue
+            like = None if known is None else known.sha256
             if isinstance(loader, LocalFileLoader) and loader.size() >= CONCURRENT_MIN:
-                work = functools.partial(_describe_cancellable, loader)
+                work = functools.partial(_describe_cancellable, loader, like)
                 self._describing[role] = (
                     Background("ptestore-describe-source", work),
                     loader.name,
                 )
             else:
-                self._described(role, describe_source(loader), loader.name)
+                self._described(role, describe_source(loader, like=like), loader.name)
+
+    def wait_sources(self) -> None:
+        """Wait for the sources being described (so their chunk digests are known to
+        the output's digest, :mod:`.known`); may run in another thread (a failed
+        description is reported where the run asks for it)."""
+        for pending, _ in list(self._describing.values()):
+            try:
+                pending.result()
+            except BaseException:  # reported where the run asks for it (_source)
+                return
 
     def _described(self, role: str, info: SourceInfo, name: str) -> None:
         known = self.request.sources.get(role)

@@ -76,7 +76,7 @@ def synthetic_entry(
             "trailer_sha256": "sha256:" + _hex("trailer", model, device, generation),
         },
         "ptd": {
-            "url": f"{root}/_shared/sha256/{ptd}.ptd",
+            "url": f"{root}/_shared/sha256-tree/{ptd}.ptd",
             "size": size * 40,
             "sha256": "sha256:" + ptd,
             "trailer_sha256": None,

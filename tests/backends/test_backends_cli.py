@@ -112,9 +112,7 @@ def test_a_builtin_name_resolves_without_reading_metadata_and_cannot_be_shadowed
     info = tmp_path / "shadow-1.0.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: shadow\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text(
-        "[ptestore.backends]\npassthrough = shadow_mod:Evil\n"
-    )
+    (info / "entry_points.txt").write_text("[ptestore.backends]\npassthrough = shadow_mod:Evil\n")
     (tmp_path / "shadow_mod.py").write_text("raise SystemExit('shadow imported')\n")
     probe = textwrap.dedent(
         """

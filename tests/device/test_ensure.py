@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.digests import tree
 from support.fixtures import copy_pte, get_fixture
 from support.large import inflate
 from support.smallfs import tmpfs
@@ -301,7 +302,7 @@ def test_a_remote_source_is_keyed_on_what_the_store_reports(tmp_path: Path, call
         fs.pipe(url, bytes(data))
         c = ptestore.ensure(url, cache_dir=cache, backends=[SPEC], device=DEVICE)
         assert c.created and c.key == a.key and ncalls(calls) == 2
-        assert c.provenance.source.sha256 == "sha256:" + hashlib.sha256(data).hexdigest()
+        assert c.provenance.source.sha256 == tree(data)
     finally:
         fs.rm("memory://device-test", recursive=True)
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.digests import tree
 from support.fixtures import get_fixture
 from support.s3job import s3_options_toml
 
@@ -156,7 +157,7 @@ def test_nothing_fits_specializes_the_portable_source_here(
     assert made.created and made.choice is not None and made.choice["kind"] == "source"
     assert made.choice["reason"].startswith("no artifact of 'm' fits 'z' (a: ")
     assert made.provenance is not None and made.specialized
-    want = "sha256:" + hashlib.sha256(EXT.pte_path.read_bytes()).hexdigest()
+    want = tree(EXT.pte_path.read_bytes())
     assert made.provenance.source.sha256 == want
     assert made.ptd is not None and made.provenance.device is not None
     assert made.provenance.device.options == {"soc": "q", "scale": 5.0}
@@ -325,12 +326,12 @@ def test_the_portable_source_must_be_the_one_the_index_records(
     z = DeviceProfile("z", {"soc": "q", "scale": 5.0})
     made = ptestore.ensure(index, cache_dir=cache, model="m", device=z, backends=[SPEC])
     assert made.choice is not None and made.choice["kind"] == "source"
-    recorded = "sha256:" + hashlib.sha256(ptd.read_bytes()).hexdigest()
+    recorded = tree(ptd.read_bytes())
     # The weights at the source's URL change after the fleet run.
     data = bytearray(ptd.read_bytes())
     data[-100] ^= 0xFF
     ptd.write_bytes(bytes(data))
-    now = "sha256:" + hashlib.sha256(bytes(data)).hexdigest()
+    now = tree(bytes(data))
     with pytest.raises(IntegrityError) as info:
         ptestore.ensure(index, cache_dir=cache, model="m", device=z, backends=[SPEC])
     assert str(info.value) == (

@@ -6,7 +6,6 @@ and S3 (moto and SeaweedFS) where the store is what the check depends on."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -15,6 +14,7 @@ from typing import Any
 
 import pytest
 from support.delta import program, version
+from support.digests import tree
 from support.fixtures import get_fixture
 
 import ptestore
@@ -51,7 +51,7 @@ def _content_sha(path: Path) -> str:
     data = path.read_bytes()
     trailer = read_trailer(BytesLoader(data))
     assert trailer is not None
-    return "sha256:" + hashlib.sha256(data[: trailer.content_size]).hexdigest()
+    return tree(data[: trailer.content_size])
 
 
 def _mixed(tmp: Path) -> tuple[Path, Path, Path]:

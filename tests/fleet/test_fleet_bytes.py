@@ -45,7 +45,7 @@ def _shared_ptd(pte: str, opts: dict[str, Any]) -> str:
         loader.close()
     assert prov is not None and prov.ptd_output is not None
     base = pte.rsplit("/", 2)[0]
-    return f"{base}/_shared/sha256/{prov.ptd_output.sha256[7:]}.ptd"
+    return f"{base}/_shared/sha256-tree/{prov.ptd_output.sha256.partition(':')[2]}.ptd"
 
 
 def _flip(data: bytes, where: str) -> bytes:
@@ -139,7 +139,7 @@ def test_s3(s3_server: S3TestServer, tmp_path: Path, capsys: pytest.CaptureFixtu
     # A segment of one pair's .pte, the .ptd of the other pair (stored once by content).
     def shared_key(pte: str) -> str:
         key = _shared_ptd(f"s3://{bucket}/{pte}", opts)[len(f"s3://{bucket}/") :]
-        assert key.startswith("out/_shared/sha256/")
+        assert key.startswith("out/_shared/sha256-tree/")
         return key
 
     flips = {"a": flipper("out/a/m.pte", "segment"), "b": flipper("out/b/m.pte", "ptd")}

@@ -6,7 +6,6 @@ about to name it), never another tool's file; locally and on moto and SeaweedFS.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -14,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.digests import tree
 from support.fixtures import get_fixture
 from support.s3job import s3_options_toml
 
@@ -34,7 +34,7 @@ WEEK = 7 * 86400
 
 
 def _sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+    return tree(data).partition(":")[2]
 
 
 def _job(path: Path, dest: str, devices: str, options: str = "") -> Path:
@@ -109,7 +109,7 @@ def test_retire_then_gc_locally(tmp_path: Path, capsys: pytest.CaptureFixture[st
     young = f"skipped: younger than the grace of {WEEK}s"
     assert _actions(report, str(out)) == {
         "/d2/mlp.pte": young,
-        f"/_shared/sha256/{scaled.name}": young,
+        f"/_shared/sha256-tree/{scaled.name}": young,
     }
     kinds = {e["location"]: e["kind"] for e in report["entries"]}
     assert kinds == {str(out / "d2" / "mlp.pte"): "artifact", str(scaled): "shared-object"}
@@ -130,15 +130,15 @@ def test_retire_then_gc_locally(tmp_path: Path, capsys: pytest.CaptureFixture[st
     dry = _gc(["--job", str(job), "--dry-run"], capsys)
     assert _actions(dry, str(out)) == {
         "/d2/mlp.pte": "would remove",
-        f"/_shared/sha256/{scaled.name}": "would remove",
-        f"/_shared/sha256/{fresh.name}": young,
+        f"/_shared/sha256-tree/{scaled.name}": "would remove",
+        f"/_shared/sha256-tree/{fresh.name}": young,
     }
     assert scaled.exists() and (out / "d2" / "mlp.pte").exists()
     report = _gc([str(out)], capsys)  # gc INDEX_PREFIX: the same, without the job
     assert _actions(report, str(out)) == {
         "/d2/mlp.pte": "removed",
-        f"/_shared/sha256/{scaled.name}": "removed",
-        f"/_shared/sha256/{fresh.name}": young,
+        f"/_shared/sha256-tree/{scaled.name}": "removed",
+        f"/_shared/sha256-tree/{fresh.name}": young,
     }
     assert report["removed"] == 2
     assert not scaled.exists() and not (out / "d2" / "mlp.pte").exists()
@@ -175,13 +175,13 @@ def test_gc_needs_an_index_and_a_readable_one(
 
 def test_referenced_skips_retired_entries() -> None:
     entries = [
-        {"pte": {"url": "s3://b/x/d0/m.pte"}, "ptd": {"url": "s3://b/x/_shared/sha256/a.ptd"}},
+        {"pte": {"url": "s3://b/x/d0/m.pte"}, "ptd": {"url": "s3://b/x/_shared/sha256-tree/a.ptd"}},
         {"pte": {"url": "s3://b/x/d1/m.pte"}, "retired": {"reason": "dropped"}},
         {"source": {"url": "s3://b//src/m.pte"}, "ptd": None},
     ]
     assert referenced({"entries": entries}) == {
         ("s3", "b/x/d0/m.pte"),
-        ("s3", "b/x/_shared/sha256/a.ptd"),
+        ("s3", "b/x/_shared/sha256-tree/a.ptd"),
         ("s3", "b/src/m.pte"),
     }
 
@@ -226,7 +226,7 @@ def test_retire_then_gc_on_s3(
         return {o["Key"] for o in listed}
 
     before = keys()
-    source_ptd = f"out/_shared/sha256/{_sha(EXT.ptd_path.read_bytes())}.ptd"
+    source_ptd = f"out/_shared/sha256-tree/{_sha(EXT.ptd_path.read_bytes())}.ptd"
     [scaled] = [k for k in before if k.endswith(".ptd") and k != source_ptd]
     assert _gc(["--job", str(job), "--grace", "0s"], capsys)["entries"] == []
     _job(job, dest, TWO, options)

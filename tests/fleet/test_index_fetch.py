@@ -3,7 +3,6 @@ fetches: on local files and on S3 (moto and SeaweedFS)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
@@ -15,6 +14,7 @@ from typing import Any
 
 import pytest
 from support.delta import program
+from support.digests import tree
 from support.fixtures import get_fixture
 from support.s3job import s3_options_toml
 
@@ -62,7 +62,7 @@ def _sha_before_trailer(path: Path) -> str:
     data = path.read_bytes()
     prov = read_trailer(BytesLoader(data))
     assert prov is not None
-    return "sha256:" + hashlib.sha256(data[: prov.content_size]).hexdigest()
+    return tree(data[: prov.content_size])
 
 
 def test_index_select_and_fetch_locally(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -83,9 +83,9 @@ def test_index_select_and_fetch_locally(tmp_path: Path, capsys: pytest.CaptureFi
     pte = out / "a" / "m.pte"
     # The .ptd is stored once by its content (no trailer: its name is its SHA-256).
     ptd = Path(a["ptd"]["url"])
-    assert a["ptd"]["sha256"] == "sha256:" + hashlib.sha256(ptd.read_bytes()).hexdigest()
+    assert a["ptd"]["sha256"] == tree(ptd.read_bytes())
     assert a["ptd"] == {
-        "url": f"{out}/_shared/sha256/{a['ptd']['sha256'][7:]}.ptd",
+        "url": f"{out}/_shared/sha256-tree/{a['ptd']['sha256'].partition(':')[2]}.ptd",
         "size": ptd.stat().st_size,
         "sha256": a["ptd"]["sha256"],
         "trailer_sha256": None,
@@ -326,6 +326,7 @@ _RACER = """
 import os, sys, time
 from pathlib import Path
 from ptestore.fleet.index import publish_index
+from support.digests import tree
 url, name, ready, go = sys.argv[1:5]
 Path(ready).touch()
 ceiling = time.monotonic() + 300

@@ -2,7 +2,7 @@
 
 A job of one real model with external weights (mlp_xnnpack_ext) for several devices:
 the devices whose backend leaves the weights as they are share one .ptd, stored once
-under ``_shared/sha256/<hex>.ptd`` (the source's own bytes, copied by the service on
+under ``_shared/sha256-tree/<hex>.ptd`` (the source's own bytes, copied by the service on
 S3), each device keeps its own small .pte; the index points every pair at the shared
 object, ``verify --job`` finds every pair current, and ``fetch`` gets a pair the real
 ExecuTorch runtime loads. On moto and SeaweedFS, and with two workers publishing one
@@ -10,11 +10,11 @@ address at once."""
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.digests import tree
 from support.fixtures import get_fixture
 
 import ptestore
@@ -41,7 +41,7 @@ DEVICES = (
 
 
 def _sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+    return tree(data).partition(":")[2]
 
 
 def _check_fetched(index: str, tmp: Path, opts: dict[str, Any]) -> None:
@@ -89,8 +89,8 @@ def test_a_shared_ptd_is_stored_once_on_s3(
     ptds = sorted(k for k in sizes if k.endswith(".ptd"))
     source_ptd = EXT.ptd_path.read_bytes()
     # Two .ptd objects for four pairs: the source's (three devices) and the scaled one.
-    assert len(ptds) == 2 and all(k.startswith("out/_shared/sha256/") for k in ptds), ptds
-    shared = f"out/_shared/sha256/{_sha(source_ptd)}.ptd"
+    assert len(ptds) == 2 and all(k.startswith("out/_shared/sha256-tree/") for k in ptds), ptds
+    shared = f"out/_shared/sha256-tree/{_sha(source_ptd)}.ptd"
     assert shared in ptds
     assert client.get_object(Bucket=bucket, Key=shared)["Body"].read() == source_ptd
     assert sorted(k for k in sizes if k.endswith(".pte")) == [f"out/d{i}/mlp.pte" for i in range(4)]
@@ -124,8 +124,7 @@ def _local_job(tmp: Path, devices: str = DEVICES) -> Path:
     job = tmp / "job.toml"
     job.write_text(
         f'destination = "{tmp}/out/{{device}}/{{model}}.pte"\nbackends = ["{SPEC}"]\n'
-        f'[[models]]\nname = "mlp"\nsource = "{EXT.pte_path}"\nptd = "{EXT.ptd_path}"\n'
-        + devices
+        f'[[models]]\nname = "mlp"\nsource = "{EXT.pte_path}"\nptd = "{EXT.ptd_path}"\n' + devices
     )
     return job
 
@@ -173,7 +172,7 @@ def test_fetch_of_an_artifact_whose_ptd_is_nowhere(tmp_path: Path) -> None:
     pte = tmp_path / "out" / "d0" / "mlp.pte"
     with pytest.raises(ObjectNotFound, match=r"its record names a \.ptd \(sha256:[0-9a-f]{64}\); "):
         ptestore.fetch(pte, tmp_path / "x" / "mlp.pte")
-    with pytest.raises(ObjectNotFound, match="nor in a _shared/sha256/ directory above it"):
+    with pytest.raises(ObjectNotFound, match="nor in a _shared/ directory above it"):
         ptestore.fetch(pte, tmp_path / "x" / "mlp.pte")
     assert plan_job(load_job(job)).pairs[0].reason.startswith("no .ptd at ")
 

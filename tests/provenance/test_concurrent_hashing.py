@@ -10,12 +10,12 @@ read fails the run with nothing published, and a run that fails otherwise stops 
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.digests import tree
 from support.fixtures import copy_pte
 
 import ptestore
@@ -81,7 +81,7 @@ def test_the_record_is_the_same_whether_described_first_or_meanwhile(
     tmp_path: Path, described_in_threads: list[str], in_place: bool
 ) -> None:
     src = _model(tmp_path)
-    digest = "sha256:" + hashlib.sha256(src.read_bytes()).hexdigest()
+    digest = tree(src.read_bytes())
     size = src.stat().st_size
     dst = src if in_place else tmp_path / "out.pte"
     ptestore.specialize(src, dst, backends=[Reverse()], in_place=in_place)
@@ -155,7 +155,7 @@ def test_a_small_or_remote_source_is_described_before_the_run_goes_on(tmp_path: 
     with open_loader(tmp_path / "out2.pte") as loader:
         record = read_provenance(loader)
     assert record is not None
-    assert record.source.sha256 == "sha256:" + hashlib.sha256(src.read_bytes()).hexdigest()
+    assert record.source.sha256 == tree(src.read_bytes())
 
 
 # ------------------------------------------------------------------ the output's digest
@@ -186,7 +186,7 @@ def test_an_output_is_digested_while_it_is_written(
         record = read_provenance(loader)
     assert record is not None and record.content is not None
     content = dst.read_bytes()[: record.content.size]
-    assert record.content.sha256 == "sha256:" + hashlib.sha256(content).hexdigest()
+    assert record.content.sha256 == tree(content)
     assert [t.name for t in threading.enumerate() if t.name.startswith("ptestore-")] == []
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.digests import tree
 from support.fixtures import all_fixtures, get_fixture
 
 import ptestore
@@ -197,7 +198,7 @@ def test_every_fixture_gets_one_trailer_and_parses(fx: Any, tmp_path: Path) -> N
     assert redo[: trailer.content_size] == data[: trailer.content_size]
     assert redo.count(b"PTSTPROV") == 1
     prov = read_provenance(BytesLoader(redo))
-    assert prov is not None and prov.source.sha256 == "sha256:" + hashlib.sha256(data).hexdigest()
+    assert prov is not None and prov.source.sha256 == tree(data)
     # ... and without provenance drops it.
     bare = tmp_path / "bare.pte"
     ptestore.specialize(out, bare, backends=["passthrough"], provenance=False)
@@ -220,12 +221,10 @@ def test_record_contents_and_ptd_trailer(tmp_path: Path) -> None:
     assert prov is not None
     src = _path(EXT).read_bytes()
     assert prov.role == "pte"
-    assert prov.source.sha256 == "sha256:" + hashlib.sha256(src).hexdigest()
+    assert prov.source.sha256 == tree(src)
     assert prov.source.size == len(src) and prov.source.etag is None
     assert prov.ptd_source is not None
-    assert (
-        prov.ptd_source.sha256 == "sha256:" + hashlib.sha256(EXT.ptd_path.read_bytes()).hexdigest()
-    )
+    assert prov.ptd_source.sha256 == tree(EXT.ptd_path.read_bytes())
     assert [(b.spec, b.version) for b in prov.requested] == [
         ("support.fleet_backend:Scaler=3.1", "3.1")
     ]
@@ -251,12 +250,12 @@ def test_record_contents_and_ptd_trailer(tmp_path: Path) -> None:
     data, ptd_data = out.read_bytes(), out_ptd.read_bytes()
     end = shown["trailer"]["offset"]
     assert prov.content is not None and prov.content.size == end
-    assert prov.content.sha256 == "sha256:" + hashlib.sha256(data[:end]).hexdigest()
+    assert prov.content.sha256 == tree(data[:end])
     assert prov.content.crc32 == zlib.crc32(data[:end])
     ptd_trailer = read_trailer(open_loader(out_ptd))
     assert ptd_trailer is not None and ptd_prov.content is not None
     ptd_end = ptd_trailer.content_size
-    assert ptd_prov.content.sha256 == "sha256:" + hashlib.sha256(ptd_data[:ptd_end]).hexdigest()
+    assert ptd_prov.content.sha256 == tree(ptd_data[:ptd_end])
     assert prov.ptd_output == ptd_prov.content and ptd_prov.ptd_output is None
     assert prov.job is None
     assert provenance_json(BytesLoader(src)) is None

@@ -48,6 +48,7 @@ def s3_bucket(moto_s3: MotoS3) -> str:
 def s3_client(moto_s3: MotoS3) -> Any:
     return moto_s3.client()
 
+
 SIZE = 8 << 20
 CHUNK = 256 * 1024
 MODEL = get_fixture("mlp_xnnpack_align4096")
