@@ -192,17 +192,15 @@ def _crc32_of(known: Known, size: int) -> int:
 
 def known_chunks(loader: DataLoader) -> Known | None:
     """The chunk digests and CRCs known for the source behind ``loader`` (a view
-    without its trailer included): what this process described of its object version,
-    else what its own trailer records; None when nothing is known."""
+    without its trailer included): what its own trailer records, else what this
+    process described of its object version; None when nothing is known."""
+    got = _from_trailer(loader)  # first: it names the content's last (short) chunk too
+    if got is not None:
+        content, _ = got
+        assert content.chunks is not None
+        return Known(content.chunks, _crc_rows(content, range(len(content.chunks.digests))))
     key = version_key(loader)
-    if key is not None:
-        with _LOCK:
-            hit = _KNOWN.get(key)
-        if hit is not None:
-            return hit
-    got = _from_trailer(loader)
-    if got is None:
+    if key is None:
         return None
-    content, _ = got
-    assert content.chunks is not None
-    return Known(content.chunks, _crc_rows(content, range(len(content.chunks.digests))))
+    with _LOCK:
+        return _KNOWN.get(key)

@@ -73,7 +73,7 @@ def test_fetched_once_hit_while_current_refetched_when_stale_kept_when_corrupt(
     chosen = ptestore.select(index, "m", A).ptd
     assert chosen is not None
     ptd = Path(chosen["url"])
-    assert ptd.parent == out / "_shared" / "sha256"
+    assert ptd.parent == out / "_shared" / "sha256-tree"
     assert (first.choice["kind"], first.choice["made_for"]) == ("artifact", "a")
     assert Path(first.pte).read_bytes() == pte.read_bytes()
     assert first.ptd is not None and Path(first.ptd).read_bytes() == ptd.read_bytes()

@@ -768,7 +768,7 @@ def test_an_upgrade_in_place_needs_the_portable_source(
     if provenance:
         assert (
             "(its provenance trailer records backends [support.doubling_backend:Doubling "
-            f"1.0] for no device, made from {src} (sha256:" in msg
+            f"1.0] for no device, made from {src} (sha256-tree:" in msg
         )
     else:
         assert (
@@ -804,7 +804,7 @@ def test_specialize_in_place_refuses_an_already_specialized_file(tmp_path: Path)
         AlreadySpecialized,
         match=re.escape(
             f"{src}: already specialized (its provenance trailer records backends "
-            f"[{SPEC} 1.0] for no device, made from {src} (sha256:"
+            f"[{SPEC} 1.0] for no device, made from {src} (sha256-tree:"
         ),
     ):
         ptestore.specialize(src, src, backends=[SPEC], in_place=True)

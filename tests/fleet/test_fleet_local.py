@@ -4,12 +4,12 @@ the summary, create-or-verify when another worker publishes first, version skew.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.digests import tree
 from support.fixtures import get_fixture
 
 import ptestore
@@ -50,8 +50,8 @@ def test_run_skip_summary_and_json(tmp_path: Path, capsys: pytest.CaptureFixture
     assert summary[3].startswith("bytes through the client  ") and summary[4].startswith("time")
     # Each distinct .ptd is stored once by its content: device b's is the source's.
     assert EXT.ptd_path is not None
-    shared = tmp_path / "out" / "_shared" / "sha256"
-    source_ptd = shared / (hashlib.sha256(EXT.ptd_path.read_bytes()).hexdigest() + ".ptd")
+    shared = tmp_path / "out" / "_shared" / "sha256-tree"
+    source_ptd = shared / (tree(EXT.ptd_path.read_bytes()).partition(":")[2] + ".ptd")
     assert source_ptd.read_bytes() == EXT.ptd_path.read_bytes()
     assert len(list(shared.iterdir())) == 2 and not (tmp_path / "out" / "a" / "ext.ptd").exists()
     assert main(["fleet", "run", str(job), "--workers", "1", "--json"]) == 0

@@ -71,7 +71,7 @@ def test_retire_then_gc_locally(tmp_path: Path, capsys: pytest.CaptureFixture[st
     job = _job(tmp_path / "job.toml", str(out), THREE)
     _run(job, capsys)
     index = out / "ptestore-index.json"
-    shared = out / "_shared" / "sha256"
+    shared = out / "_shared" / "sha256-tree"
     source_ptd = shared / (_sha(EXT.ptd_path.read_bytes()) + ".ptd")
     scaled = next(p for p in shared.iterdir() if p != source_ptd)
     # Everything is referenced: nothing to remove whatever the grace.
@@ -263,7 +263,7 @@ def test_a_concurrent_runs_fresh_object_is_kept(
     out = tmp_path / "out"
     job = _job(tmp_path / "job.toml", str(out), TWO)
     _run(job, capsys)
-    shared = out / "_shared" / "sha256"
+    shared = out / "_shared" / "sha256-tree"
     before = set(shared.iterdir())
     _job(job, str(out), TWO + "[devices.d3]\nscale = 3.0\n")
     tests = str(Path(__file__).resolve().parents[1])

@@ -326,7 +326,6 @@ _RACER = """
 import os, sys, time
 from pathlib import Path
 from ptestore.fleet.index import publish_index
-from support.digests import tree
 url, name, ready, go = sys.argv[1:5]
 Path(ready).touch()
 ceiling = time.monotonic() + 300

@@ -72,7 +72,7 @@ def test_the_source_digest(tmp_path: Path, published: Path) -> None:
     plan = _plan(job)
     assert plan["ext"][0] == "skip"
     assert plan["mlp"][0] == "run"
-    assert plan["mlp"][1].startswith("stale: source.sha256 is sha256:")
+    assert plan["mlp"][1].startswith("stale: source.sha256 is sha256-tree:")
 
 
 def test_the_ptd_digest(tmp_path: Path, published: Path) -> None:
@@ -81,7 +81,7 @@ def test_the_ptd_digest(tmp_path: Path, published: Path) -> None:
     plan = _plan(job)
     assert plan["mlp"][0] == "skip"
     assert plan["ext"][0] == "run"
-    assert plan["ext"][1].startswith("stale: ptd_source.sha256 is sha256:")
+    assert plan["ext"][1].startswith("stale: ptd_source.sha256 is sha256-tree:")
 
 
 def test_the_backend_versions(tmp_path: Path, published: Path) -> None:

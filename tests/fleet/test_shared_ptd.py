@@ -134,7 +134,7 @@ def test_local_job_stores_the_ptd_once_and_fetch_follows_it(tmp_path: Path) -> N
     job = _local_job(tmp_path)
     result = run_job(load_job(job), workers=1)
     assert [p.status for p in result.pairs] == ["done"] * 4
-    shared = tmp_path / "out" / "_shared" / "sha256"
+    shared = tmp_path / "out" / "_shared" / "sha256-tree"
     source_name = _sha(EXT.ptd_path.read_bytes()) + ".ptd"
     names = sorted(p.name for p in shared.iterdir())
     assert len(names) == 2 and source_name in names
@@ -148,7 +148,7 @@ def test_local_job_stores_the_ptd_once_and_fetch_follows_it(tmp_path: Path) -> N
     _check_fetched(str(tmp_path / "out" / "ptestore-index.json"), tmp_path, {})
     # verify of a shared .ptd itself: intact when its bytes have its name's SHA-256.
     assert ptestore.verify(shared / source_name).status == "intact"
-    damaged = tmp_path / "out" / "_shared" / "sha256" / ("0" * 64 + ".ptd")
+    damaged = tmp_path / "out" / "_shared" / "sha256-tree" / ("0" * 64 + ".ptd")
     damaged.write_bytes(EXT.ptd_path.read_bytes())
     report = ptestore.verify(damaged)
     assert report.status == "invalid" and report.error == (
@@ -167,10 +167,12 @@ def test_local_job_stores_the_ptd_once_and_fetch_follows_it(tmp_path: Path) -> N
 def test_fetch_of_an_artifact_whose_ptd_is_nowhere(tmp_path: Path) -> None:
     job = _local_job(tmp_path, '[devices.d0]\nsoc = "s0"\n')
     assert run_job(load_job(job), workers=1).pairs[0].status == "done"
-    for p in (tmp_path / "out" / "_shared" / "sha256").iterdir():
+    for p in (tmp_path / "out" / "_shared" / "sha256-tree").iterdir():
         p.unlink()
     pte = tmp_path / "out" / "d0" / "mlp.pte"
-    with pytest.raises(ObjectNotFound, match=r"its record names a \.ptd \(sha256:[0-9a-f]{64}\); "):
+    with pytest.raises(
+        ObjectNotFound, match=r"its record names a \.ptd \(sha256-tree:[0-9a-f]{64}\); "
+    ):
         ptestore.fetch(pte, tmp_path / "x" / "mlp.pte")
     with pytest.raises(ObjectNotFound, match="nor in a _shared/ directory above it"):
         ptestore.fetch(pte, tmp_path / "x" / "mlp.pte")
@@ -231,7 +233,7 @@ def test_two_writers_of_one_address(tmp_path: Path) -> None:
     first = _specialize(tmp_path / "one", SharedStore(root, {}))
     (stored,) = [f for f in first.files if f.role == "ptd"]
     assert stored.status == "shared"
-    assert Path(stored.destination).parent == tmp_path / "_shared/sha256"
+    assert Path(stored.destination).parent == tmp_path / "_shared/sha256-tree"
     body = Path(stored.destination).read_bytes()
     Path(stored.destination).unlink()
     # Another worker stores the same bytes first: accepted once they check.
@@ -245,7 +247,7 @@ def test_two_writers_of_one_address(tmp_path: Path) -> None:
         _specialize(tmp_path / "three", _Racing(root, body[:-1] + bytes([body[-1] ^ 1])))
     assert str(err.value) == (
         f"{stored.destination}: another writer stored an object at this content address, "
-        f"but its bytes are not sha256:{Path(stored.destination).stem} ({len(body)} bytes)"
+        f"but its bytes are not sha256-tree:{Path(stored.destination).stem} ({len(body)} bytes)"
     )
     assert not (tmp_path / "three" / "a.pte").exists()
 

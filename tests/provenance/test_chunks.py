@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.digests import tree, whole
 from support.fixtures import get_fixture
 from support.large import ReplaceKey, inflate
 
@@ -69,7 +70,7 @@ def _assert_bound(path: Path) -> ContentDigest:
     want = _independent(data, CHUNK_SIZE)
     assert list(content.chunks.digests) == want
     assert content.chunks.root == _root(CHUNK_SIZE, len(data), want)
-    assert content.sha256 == "sha256:" + hashlib.sha256(data).hexdigest()
+    assert content.sha256 == tree(data)  # the root names the bytes (record version 3)
     return content
 
 
@@ -92,7 +93,9 @@ def test_content_digest_chunks_match_hashlib(length: int) -> None:
     assert list(got.chunks.digests) == want
     assert len(want) == -(-length // CHUNK_SIZE)
     assert got.chunks.root == _root(CHUNK_SIZE, length, want)
-    assert got.sha256 == "sha256:" + hashlib.sha256(data).hexdigest()
+    assert got.sha256 == tree(data)
+    # what a record of version 1 or 2 names, computed when a check compares with one
+    assert content_digest(BytesLoader(data), length, like="sha256:00").sha256 == whole(data)
     assert hash_chunks(BytesLoader(data), length) == dict(enumerate(want))
 
 
@@ -387,6 +390,11 @@ def _forge(path: Path, index: int) -> Path:
     digests = [bytes(raw[i : i + 32]) for i in range(0, len(raw), 32)]
     chunks["sha256"] = base64.b64encode(bytes(raw)).decode()
     chunks["root"] = _root(chunks["size"], trailer.content_size, digests)
+    # the root is the content's digest; an unchanged copy's is its source's
+    forged_root = "sha256-tree:" + chunks["root"].partition(":")[2]
+    if record["source"]["sha256"] == record["content"]["sha256"]:
+        record["source"]["sha256"] = forged_root
+    record["content"]["sha256"] = forged_root
     forged = path.with_name("forged.pte")
     forged.write_bytes(ptestore.provenance.replace_trailer(path.read_bytes(), record))
     return forged
@@ -429,7 +437,7 @@ def test_what_is_trusted_a_source_trailer_s_chunk_digests_are_carried_not_reread
 ) -> None:
     """A source whose (checksummed) trailer names a wrong digest for its last chunk,
     which a pass-through keeps at the same offset: the output's record carries that
-    digest (it was not re-read), the whole SHA-256 is of the real bytes, and checking
+    digest (it was not re-read), and so does its root (the content's digest); checking
     the output's bytes names that chunk."""
     n = len(_content(known)[1].chunks.digests)  # type: ignore[union-attr]
     forged = _forge(known, n - 1)
@@ -444,7 +452,7 @@ def test_what_is_trusted_a_source_trailer_s_chunk_digests_are_carried_not_reread
     assert content.chunks is not None
     assert content.chunks.digests[:-1] == tuple(_independent(data, CHUNK_SIZE))[:-1]
     assert content.chunks.digests[-1] != _independent(data, CHUNK_SIZE)[-1]
-    assert content.sha256 == "sha256:" + hashlib.sha256(data).hexdigest()
+    assert content.sha256 == content.chunks.digest != tree(data)
     a, b = content.chunks.span(n - 1)
     with pytest.raises(FormatError, match=rf"content\.chunks\[{n - 1}\] = .* bytes {a}:{b}"):
         check_bytes(open_loader(out))

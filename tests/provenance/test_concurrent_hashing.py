@@ -43,10 +43,10 @@ def described_in_threads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     names: list[str] = []
     real = stamp_module._describe_cancellable
 
-    def record(loader: Any, cancelled: threading.Event) -> Any:
+    def record(loader: Any, like: str | None, cancelled: threading.Event) -> Any:
         assert threading.current_thread().name == "ptestore-describe-source"
         names.append(loader.name)
-        return real(loader, cancelled)
+        return real(loader, like, cancelled)
 
     monkeypatch.setattr(stamp_module, "_describe_cancellable", record)
     return names
@@ -213,7 +213,7 @@ def test_a_writer_that_keeps_object_metadata_gets_the_digest_first(
         writer = Keeping(dst)
         ptestore.initialize_and_save_backend_data(loader, writer, backends=[Reverse()])
     assert names == [threading.main_thread().name]
-    assert seen["ptestore-content-sha256"].startswith("sha256:")
+    assert seen["ptestore-content-sha256"].startswith("sha256-tree:")
 
 
 def test_a_failed_digest_fails_the_run_and_publishes_nothing(

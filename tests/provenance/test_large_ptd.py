@@ -80,7 +80,7 @@ def test_verify_catches_a_byte_flipped_past_the_first_mib(large: tuple[Path, Pat
     for report in (ptestore.verify(ptd), ptestore.verify(pte)):
         assert report.status == "invalid", report.message()
         assert report.error is not None
-        assert report.error.startswith(f"{ptd}: content.sha256 = 'sha256:")
+        assert report.error.startswith(f"{ptd}: content.sha256 = 'sha256-tree:")
         content = read_trailer(open_loader(ptd))
         assert content is not None
         assert report.error.endswith(

@@ -42,7 +42,7 @@ def test_wrong_source(artifact: Path) -> None:
     report = verify(artifact, source=CONV.pte_path)
     assert report.exit_code == 1 and report.status == "stale"
     assert [f.field for f in report.findings] == ["source.sha256"]
-    assert f"not from {CONV.pte_path} ({CONV.pte_path.stat().st_size} bytes, sha256:" in (  # type: ignore[union-attr]
+    assert f"not from {CONV.pte_path} ({CONV.pte_path.stat().st_size} bytes, sha256-tree:" in (  # type: ignore[union-attr]
         report.findings[0].message
     )
 

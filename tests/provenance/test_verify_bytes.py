@@ -93,7 +93,7 @@ def test_a_flipped_byte_is_caught(
     damaged = ptd if where == "ptd" else pte
     assert report.error is not None
     if where != "flatbuffer" or "content.sha256" in report.error:
-        assert report.error.startswith(f"{damaged}: content.sha256 = 'sha256:")
+        assert report.error.startswith(f"{damaged}: content.sha256 = 'sha256-tree:")
         assert "the artifact was damaged or changed after it was made" in report.error
     assert main(["verify", str(pte), "--json"]) == 2
     assert json.loads(capsys.readouterr().out)["status"] == "invalid"

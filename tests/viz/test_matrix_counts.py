@@ -60,7 +60,7 @@ def test_a_shared_ptd_and_a_job_wide_error_count_once(tmp_path: Path) -> None:
     assert ext["b"]["ptd_destination"] == ext["c"]["ptd_destination"]
     assert ext["a"]["ptd_destination"] != ext["b"]["ptd_destination"]
     on_disk = sum(f.stat().st_size for f in (tmp_path / "out").rglob("*.pt[ed]"))
-    assert len(list((tmp_path / "out/_shared/sha256").iterdir())) == 2
+    assert len(list((tmp_path / "out/_shared/sha256-tree").iterdir())) == 2
     # Every file once: the three .pte and the two .ptd objects, not three .ptd.
     assert data["totals"]["artifact_bytes"] == on_disk
     assert data["totals"]["ptd_objects"] == 2

@@ -92,7 +92,7 @@ def test_plan_and_run_reports_in_a_browser(browser: Browser, tmp_path: Path) -> 
     (ext_a,) = [p for p in embedded["pairs"] if (p["model"], p["device"]) == ("ext", "a")]
     # The .ptd is the one the job stored once by content.
     ptd = Path(ext_a["ptd_destination"])
-    assert ptd.parent == tmp_path / "out/_shared/sha256"
+    assert ptd.parent == tmp_path / "out/_shared/sha256-tree"
     size = (tmp_path / "out/a/ext.pte").stat().st_size + ptd.stat().st_size
     assert ext_a["size"] == size and ext_a["seconds"] > 0 and ext_a["bytes"] > 0
     totals = browser.js("return document.getElementById('totals').innerText")
