@@ -12,6 +12,7 @@ from .output import FileLayout, planned_copies
 
 if TYPE_CHECKING:
     from ..provenance.record import ContentDigest
+    from ..storage.types import DataLoader
     from .named import SourceFile
     from .run import Run
 
@@ -63,15 +64,12 @@ def _digest(
     # known (its own trailer, or this process described it) keep their digests and,
     # where their CRCs are known too, are not read at all.
     source = known_chunks(f.loader)
-    known = (
-        {}
-        if source is None
-        else reusable(
-            source.chunks,
-            end,
-            [(x.dst, x.dst + x.size) for x in copies if x.source is f.loader and x.src == x.dst],
-        )
-    )
+    known: dict[int, bytes] = {}
+    if source is not None:
+        kept = [(x.dst, x.dst + x.size) for x in copies if x.source is f.loader and x.src == x.dst]
+        if meta and len(meta) <= f.loader.size() and bytes(f.loader.load(0, len(meta))) == meta:
+            kept.append((0, len(meta)))  # the metadata is the source's (a pass-through)
+        known = reusable(source.chunks, end, _with_zero_gaps(f.loader, _merged(kept), end))
     known_crcs = {} if source is None else {i: source.crcs[i] for i in known if i in source.crcs}
     # An output whose store keeps a checksum (S3) records every CRC that checksum could
     # be (ptestore.provenance.crcs); a local one the per-chunk CRC-32 only.
@@ -90,3 +88,39 @@ def _digest(
     if end > cursor:
         h.zeros(end - cursor)
     return h.digest()
+
+
+def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``[start, end)`` ranges, sorted, those that touch or overlap joined (a chunk
+    kept in two adjacent pieces is kept whole)."""
+    out: list[tuple[int, int]] = []
+    for a, b in sorted(ranges):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+#: Padding between kept pieces up to this size is compared with the source's bytes.
+_GAP_MAX = 64 << 10
+
+
+def _with_zero_gaps(
+    loader: DataLoader, kept: list[tuple[int, int]], end: int
+) -> list[tuple[int, int]]:
+    """``kept`` with the small gaps between its pieces (the output writes zeros there:
+    alignment padding) joined where the source holds zeros too, so a chunk that spans a
+    segment boundary is still known."""
+    if not kept:
+        return kept
+    size = loader.size()
+    out = [kept[0]]
+    for a, b in [*kept[1:], (end, end)]:
+        gap_start = out[-1][1]
+        gap = a - gap_start
+        if 0 < gap <= _GAP_MAX and a <= size and not any(loader.load(gap_start, gap)):
+            out[-1] = (out[-1][0], b)
+        elif (a, b) != (end, end):
+            out.append((a, b))
+    return out

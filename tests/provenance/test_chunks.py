@@ -326,6 +326,48 @@ def test_a_version_1_trailer_made_by_the_old_code_still_reads_and_verifies(
     _assert_bound(again)
 
 
+def test_a_version_2_record_made_by_the_old_code_still_reads_and_verifies(
+    tmp_path: Path,
+) -> None:
+    """Records of version 2 name bytes by their whole SHA-256 (``sha256:``) beside the
+    chunk digests: every check computes that one for them; a new run writes version 3
+    (``sha256-tree:``). The pair was made by ptestore at 3917b44 (the last version-2
+    writer) from tests/fixtures/mlp_xnnpack_ext.pte/.ptd, its .ptd's weights doubled."""
+    ext = get_fixture("mlp_xnnpack_ext")
+    assert ext.pte_path is not None and ext.ptd_path is not None
+    pte, ptd = tmp_path / "v2_trailer.pte", tmp_path / "v2_trailer.ptd"
+    shutil.copyfile(DATA / "v2_trailer.pte", pte)
+    shutil.copyfile(DATA / "v2_trailer.ptd", ptd)
+    trailer = read_trailer(open_loader(pte))
+    assert trailer is not None and trailer.record()["version"] == 2
+    prov = read_provenance(open_loader(pte))
+    assert prov is not None and prov.content is not None and prov.ptd_output is not None
+    content = pte.read_bytes()[: trailer.content_size]
+    assert prov.content.sha256 == whole(content) and prov.content.chunks is not None
+    assert prov.source.sha256 == whole(ext.pte_path.read_bytes())
+    assert verify(pte).status == "intact"
+    # the source is described as the record does (whole), so it is the one it was made from
+    assert verify(pte, source=ext.pte_path).status == "current"
+    assert verify(ptd, source=ext.ptd_path).status == "current"
+    assert verify(pte, source=ptd).status == "stale"
+    assert check_bytes(open_loader(pte), (0, 10)).chunks == 1  # its chunks check by range
+    _flip(ptd, 200)
+    report = verify(pte)
+    assert report.status == "invalid" and report.error is not None
+    assert report.error.startswith(f"{ptd}: content.sha256 = 'sha256:"), report.error
+    _flip(ptd, 200)
+    _flip(pte, 100)
+    report = verify(pte)
+    assert report.status == "invalid" and report.error is not None
+    assert report.error.startswith(f"{pte}: content.sha256 = 'sha256:"), report.error
+    _flip(pte, 100)
+    # re-specializing an old artifact writes a version-3 record named by its chunk root
+    again = tmp_path / "again.pte"
+    ptestore.specialize(pte, again, allow_unchanged=True)
+    assert read_trailer(open_loader(again)).record()["version"] == 3  # type: ignore[union-attr]
+    _assert_bound(again)
+
+
 # -- derived, not re-read -----------------------------------------------------------
 
 
@@ -371,7 +413,7 @@ def test_derived_chunk_digests_equal_a_full_rehash(
 
 @pytest.fixture(scope="module")
 def known(big: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``big`` with a version-2 trailer: a source whose chunk digests are known."""
+    """``big`` with a trailer (version 3): a source whose chunk digests are known."""
     path = tmp_path_factory.mktemp("known") / "known.pte"
     ptestore.specialize(big, path, allow_unchanged=True)
     return path
@@ -456,3 +498,51 @@ def test_what_is_trusted_a_source_trailer_s_chunk_digests_are_carried_not_reread
     a, b = content.chunks.span(n - 1)
     with pytest.raises(FormatError, match=rf"content\.chunks\[{n - 1}\] = .* bytes {a}:{b}"):
         check_bytes(open_loader(out))
+
+
+def _hashed(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """``(size, bytes not read)`` of every content digest made from here on."""
+    seen: list[tuple[int, int]] = []
+    real = ContentHasher.digest
+
+    def digest(self: ContentHasher) -> ContentDigest:
+        seen.append((self.size, self.skipped))
+        return real(self)
+
+    monkeypatch.setattr(ContentHasher, "digest", digest)
+    return seen
+
+
+def test_trust_costs_what_changed_a_known_source_s_chunks_are_not_read(
+    known: Path, big: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pass-through of a source whose trailer names its chunks reads, to describe the
+    source and digest the output, only the chunk that holds the trailer (the object's
+    last) and none of the output's: the digests are derived. In place on such a file
+    reads only the chunks it changes. Both records still equal a full re-hash."""
+    from ptestore.provenance import known as known_module
+
+    known_module.forget()
+    seen = _hashed(monkeypatch)
+    out = tmp_path / "out.pte"
+    ptestore.specialize(known, out, allow_unchanged=True)
+    (src_size, src_skipped), (out_size, out_skipped) = sorted(seen)[-1], sorted(seen)[0]
+    assert src_size == known.stat().st_size and src_size - src_skipped <= CHUNK_SIZE
+    assert out_size - out_skipped <= 64 << 10  # only its metadata, in memory: no read
+    _assert_bound(out)
+    # never seen (no trailer): described once, the output's chunks then known
+    seen.clear()
+    known_module.forget()
+    ptestore.specialize(big, tmp_path / "fresh.pte", allow_unchanged=True)
+    (_, described), (size, skipped) = seen[0], seen[-1]
+    assert described == 0 and size - skipped <= 64 << 10
+    _assert_bound(tmp_path / "fresh.pte")
+    # in place: one value of one chunk replaced; the rest is known from its own trailer
+    seen.clear()
+    target = tmp_path / "inplace.pte"
+    shutil.copyfile(known, target)
+    swap = ReplaceKey("XnnpackBackend", _key(known))
+    assert ptestore.specialize(target, target, backends=[swap], in_place=True).specialized
+    size, skipped = seen[-1]
+    assert size - skipped <= 2 * CHUNK_SIZE, (size, skipped)
+    _assert_bound(target)
