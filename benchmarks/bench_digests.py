@@ -1,11 +1,14 @@
 """Benchmark: what the default provenance trailer costs with chunk digests (issue 28
 part 1), whole ``ptestore specialize`` processes against ``cp`` + ``sync``.
 
-    python benchmarks/bench_digests.py --work /tmp/bench-digests --size-mib 1024 --runs 3
+    python benchmarks/bench_digests.py --work /tmp/bench-digests --sizes-mib 16,336,336,336 \
+        --runs 3 --xfs
 
 The program is made by ptestore from the real XNNPACK fixture ``mlp_xnnpack``
-(``tests/support/large.py``: every named value made ``size / 4`` bytes of seeded
-random bytes; the real metadata, keys and delegate). Two copies of it are kept: one
+(``tests/support/large.py``: its four named values made ``--sizes-mib`` of seeded
+random bytes, in key order; the real metadata, keys and delegate). By default 16, 336,
+336 and 336 MiB: a 1 GiB program whose first value, the one replaced, is 16 MiB (the
+issue's "one 16 MiB weight"). Two copies of it are kept: one
 *never seen* (no trailer: ``provenance=False``) and one *known* (a pass-through with
 the default trailer, so its record names its chunk digests). Cases, each a fresh
 ``python -m ptestore specialize`` process with the defaults (provenance on), run
@@ -18,8 +21,10 @@ pair by pair against the ``cp --reflink=never`` + ``sync FILE`` of the same roun
   specialized in place, one value replaced by its bytes reversed (same size, so it is
   written over its segment): ``--in-place --backend bench_digests_backend:Reverse``.
 
-``--xfs`` also runs the pass-through and a copy ``cp --reflink=always`` + ``sync`` on a
-loop-mounted XFS with reflink (root and xfsprogs, ``tests/support/xfs.py``).
+``--xfs`` also runs the pass-through, the same one-value replacement to a new file
+(``replace1``: the other segments are reflink clones) and a copy ``cp --reflink=always``
++ ``sync`` on a loop-mounted XFS with reflink (root and xfsprogs,
+``tests/support/xfs.py``).
 """
 
 from __future__ import annotations
@@ -75,18 +80,19 @@ def _cp_sync(src: Path, dst: Path, reflink: str, env: dict[str, str]) -> float:
     return time.perf_counter() - t
 
 
-def _make(work: Path, size_mib: int) -> tuple[Path, Path]:
+def _make(work: Path, sizes_mib: list[int]) -> tuple[Path, Path]:
     sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
     from support.fixtures import get_fixture
     from support.large import inflate
 
     import ptestore
 
-    never, known = work / "never.pte", work / "known.pte"
+    tag = "-".join(map(str, sizes_mib))
+    never, known = work / f"never-{tag}.pte", work / f"known-{tag}.pte"
     if not never.exists():
         fx = get_fixture("mlp_xnnpack")
         assert fx.pte_path is not None
-        inflate(fx.pte_path, never, (size_mib << 20) // 4)
+        inflate(fx.pte_path, never, [n << 20 for n in sizes_mib])
     if not known.exists():
         ptestore.specialize(never, known, allow_unchanged=True)
     (work / "bench_digests_backend.py").write_text(_BACKEND)
@@ -108,7 +114,11 @@ def _cases(
         cases[f"passthrough:{label}"] = lambda src=src: _timed(
             [*spec, str(src), str(out), "--backend", "passthrough", "--allow-unchanged"], env
         )
-        if not xfs:
+        if xfs:
+            cases[f"replace1:{label}"] = lambda src=src: _timed(
+                [*spec, str(src), str(out), "--backend", "bench_digests_backend:Reverse"], env
+            )
+        else:
 
             def inplace(src: Path = src) -> float:
                 target = store / "inplace.pte"
@@ -152,14 +162,18 @@ def _report(title: str, times: dict[str, list[float]]) -> dict[str, object]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--work", default="/tmp/bench-digests")
-    ap.add_argument("--size-mib", type=int, default=1024)
+    ap.add_argument(
+        "--sizes-mib",
+        default="16,336,336,336",
+        help="the four named values' sizes in MiB, in key order (the first is replaced)",
+    )
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--xfs", action="store_true", help="also on a loop-mounted XFS")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    never, known = _make(work, args.size_mib)
+    never, known = _make(work, [int(n) for n in args.sizes_mib.split(",")])
     env = _env(work)
     result: dict[str, object] = {"load_before": os.getloadavg()}
     with tempfile.TemporaryDirectory(dir=work) as d:

@@ -19,8 +19,8 @@ if [ "$(id -u)" = 0 ]; then
     [ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
     if [ "${#missing[@]}" -gt 0 ]; then
         echo "== apt-get install ${missing[*]}"
-        apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        apt-get -o DPkg::Lock::Timeout=600 update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends \
             "${missing[@]}" >/dev/null
     fi
     export PTESTORE_REQUIRE_REFLINK=1

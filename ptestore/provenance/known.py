@@ -50,11 +50,21 @@ def _object(loader: DataLoader) -> DataLoader:
     return loader
 
 
+def _innermost(loader: DataLoader) -> DataLoader:
+    """The loader under every wrapper (a view without the trailer, a counting one)."""
+    for _ in range(8):
+        inner = getattr(loader, "inner", None)
+        if inner is None or not hasattr(inner, "load"):
+            break
+        loader = inner
+    return loader
+
+
 def version_key(loader: DataLoader) -> tuple[Any, ...] | None:
     """What pins the bytes of the object behind ``loader``: its name, size and ETag, or
     (a local file) its size, modification time, inode and device; None when nothing
     does."""
-    obj = _object(loader)
+    obj = _innermost(loader)
     etag = getattr(obj, "etag", None)
     if isinstance(etag, str):
         return (obj.name, obj.size(), "etag", etag)

@@ -9,6 +9,7 @@ clones (the runtime cannot run it: the weights are noise).
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -18,17 +19,19 @@ from ptestore.backends import BackendData, BackendInterface
 
 
 class Inflate(BackendInterface):
-    """Replaces every key with ``nbytes`` random bytes."""
+    """Replaces every key with ``nbytes`` random bytes (a list: the sizes of the keys in
+    sorted order)."""
 
-    def __init__(self, backend_id: str, nbytes: int) -> None:
+    def __init__(self, backend_id: str, nbytes: int | Sequence[int]) -> None:
         self.name = backend_id
         self.nbytes = nbytes
 
     def initialize_backend_data(self, context: Any, output: Any) -> None:
         named = context.get_named_data_map()
         rng = np.random.default_rng(0)
-        for key in named:
-            value = rng.integers(0, 255, self.nbytes, dtype=np.uint8)
+        for i, key in enumerate(sorted(named)):
+            n = self.nbytes if isinstance(self.nbytes, int) else self.nbytes[i]
+            value = rng.integers(0, 255, n, dtype=np.uint8)
             output.write_named_data(key, BackendData(value, allow_size_change=True))
 
 
@@ -52,8 +55,11 @@ class ReplaceKey(BackendInterface):
         output.write_named_data(self.key, data)
 
 
-def inflate(src: str | os.PathLike[str], dst: str | os.PathLike[str], nbytes: int) -> None:
-    """Write ``src`` (a real XNNPACK .pte) with every key's value ``nbytes`` long."""
+def inflate(
+    src: str | os.PathLike[str], dst: str | os.PathLike[str], nbytes: int | Sequence[int]
+) -> None:
+    """Write ``src`` (a real XNNPACK .pte) with every key's value ``nbytes`` long (a
+    list: each key's, in sorted order)."""
     report = ptestore.specialize(
         src, dst, backends=[Inflate("XnnpackBackend", nbytes)], provenance=False
     )
