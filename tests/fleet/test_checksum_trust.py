@@ -44,10 +44,13 @@ MOTO_CRC32C_IS_CRC32 = "moto stores the CRC-32 of a multipart CRC32C object, not
 MOTO_NO_STORED = "moto stores no checksum sent as a value (only one sent as a trailer)"
 
 
-def digest(content: bytes, crcs: tuple[str, ...] = STORE_CRCS) -> ContentDigest:
+def digest(
+    content: bytes, crcs: tuple[str, ...] = STORE_CRCS, *, whole: bool = False
+) -> ContentDigest:
     """The content's digest as a run records it for an output to S3 (every CRC), or
-    with ``crcs=LOCAL_CRCS`` for a local output (the per-chunk CRC-32 only)."""
-    h = ContentHasher(len(content), crcs=crcs)
+    with ``crcs=LOCAL_CRCS`` for a local output (the per-chunk CRC-32 only); ``whole``:
+    as a record of version 1 or 2 names it (the whole SHA-256, not the chunk root)."""
+    h = ContentHasher(len(content), crcs=crcs, whole=whole)
     h.update(content)
     return h.digest()
 
@@ -61,11 +64,13 @@ class Bucket:
     def loader(self, key: str) -> Any:
         return open_loader(f"s3://{self.name}/{key}", **self.server.storage_options)
 
-    def judge(self, key: str, content: bytes, tail: bytes = TAIL) -> HeadVerdict:
+    def judge(
+        self, key: str, content: bytes, tail: bytes = TAIL, *, whole: bool = False
+    ) -> HeadVerdict:
         loader = self.loader(key)
         try:
             if not tail:
-                return content_verdict(loader, digest(content))
+                return content_verdict(loader, digest(content, whole=whole))
             return trust_by_head(loader, expected_checksums(digest(content), tail))
         finally:
             loader.close()
@@ -229,8 +234,15 @@ def test_single_put_of_each_algorithm(bucket: Bucket, algorithm: str) -> None:
     small = os.urandom(300_000)
     key = f"p-{algorithm}"
     bucket.c.put_object(Bucket=bucket.name, Key=key, Body=small, ChecksumAlgorithm=algorithm)
-    # an object that is its content (a shared .ptd): even SHA-256 is predicted
-    assert bucket.judge(key, small, tail=b"").trusted is True
+    # an object that is its content (a shared .ptd): its CRCs are predicted; a SHA-256
+    # only from a record that names the whole SHA-256 (versions 1 and 2): since version 3
+    # the record names the chunk root, and such an object is read
+    if algorithm == "SHA256":
+        verdict = bucket.judge(key, small, tail=b"")
+        assert verdict.trusted is None and "no SHA256" in verdict.reason
+        assert bucket.judge(key, small, tail=b"", whole=True).trusted is True
+    else:
+        assert bucket.judge(key, small, tail=b"").trusted is True
     if algorithm != "SHA256":
         bucket.c.put_object(
             Bucket=bucket.name, Key=key + "t", Body=small + TAIL, ChecksumAlgorithm=algorithm
