@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
 from collections.abc import Generator
 from typing import Any
 
@@ -34,6 +35,15 @@ REQUIRE_INTEROP = os.environ.get("PTESTORE_REQUIRE_INTEROP", "") not in ("", "0"
 # not have: each collection in the child stalled about 5 s (the crash matrices took 80 s
 # instead of 4). What the parent left is not the child's to collect.
 os.register_at_fork(after_in_child=gc.freeze)
+
+# Started in the background by a shell without job control (``nohup bash .ci/run &``, a
+# CI agent), this process may have SIGINT ignored. An ignored signal stays ignored across
+# exec, and Python does not turn an ignored SIGINT into KeyboardInterrupt: every test that
+# presses Ctrl-C on a child (the fleet, in place, the crash matrices) then saw a child that
+# never noticed (8 failures in such a run). A handler of our own is reset to the default
+# in every child at exec, so the children get Ctrl-C as on a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_configure(config: pytest.Config) -> None:
