@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.delta import program
+from support.delta import big_job
 from support.fixtures import get_fixture
+from support.fleetrun import fleet_run, fleet_run_json
 from support.s3job import s3_options_toml
 
 import ptestore
@@ -41,23 +42,6 @@ def _job(tmp: Path, dest: str, devices: str = DEVICES, extra: str = "") -> Path:
     return job
 
 
-def _big_job(tmp: Path, dest: str, stamp: str = "1", extra: str = "") -> Path:
-    """A job of one device over a 20 MiB program (six 4 MiB chunks; support.delta)."""
-    job = tmp / f"job{len(list(tmp.glob('job*.toml')))}.toml"
-    job.write_text(
-        f'destination = "{dest}/{{device}}/{{model}}.pte"\n'
-        f'backends = ["support.delta:Poke={stamp}"]\n{extra}'
-        f'[[models]]\nname = "m"\nsource = "{program(tmp)}"\n[devices.a]\nsoc = "x"\n'
-    )
-    return job
-
-
-def _run(job: Path, capsys: Any) -> dict[str, Any]:
-    assert main(["fleet", "run", str(job), "--workers", "1", "--json"]) == 0
-    out: dict[str, Any] = json.loads(capsys.readouterr().out)
-    return out
-
-
 def _sha_before_trailer(path: Path) -> str:
     data = path.read_bytes()
     prov = read_trailer(BytesLoader(data))
@@ -67,10 +51,12 @@ def _sha_before_trailer(path: Path) -> str:
 
 def test_index_select_and_fetch_locally(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out"
-    first = _run(_job(tmp_path, str(out)), capsys)
+    first = fleet_run_json(_job(tmp_path, str(out)), capsys)
     assert first["index"] == f"{out}/ptestore-index.json"
     # A second job onto the same prefix (another device) keeps the first job's entries.
-    second = _run(_job(tmp_path, str(out), '[devices.c]\nsoc = "x"\nscale = 5.0\n'), capsys)
+    second = fleet_run_json(
+        _job(tmp_path, str(out), '[devices.c]\nsoc = "x"\nscale = 5.0\n'), capsys
+    )
     assert second["index"] == first["index"]
     index = load_index(first["index"])
     assert (index["format"], index["version"]) == ("ptestore.index", 2)
@@ -187,7 +173,7 @@ def test_fetch_resumes_after_being_killed(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "out"
-    index = _run(_big_job(tmp_path, str(out)), capsys)["index"]
+    index = fleet_run(big_job(tmp_path, str(out)), capsys)
     dest = tmp_path / "dl" / "m.pte"
     _fetch_killed_halfway(index, dest, {})
     verified = json.loads(Path(str(dest) + ".part.json").read_text())["verified"]
@@ -207,7 +193,7 @@ def test_s3_index_concurrent_and_fetch_resume(
     bucket = s3_server.new_bucket()
     opts = s3_server.storage_options
     extra = s3_options_toml(opts)
-    first = _run(_job(tmp_path, f"s3://{bucket}/fleet", extra=extra), capsys)
+    first = fleet_run_json(_job(tmp_path, f"s3://{bucket}/fleet", extra=extra), capsys)
     url = first["index"]
     assert url == f"s3://{bucket}/fleet/ptestore-index.json"
     # Overlapping writers: each conditional write merges; no entry is lost.
@@ -227,7 +213,7 @@ def test_s3_index_concurrent_and_fetch_resume(
     assert head["ContentType"] == "application/json"
 
     # fetch from S3, killed halfway, resumed with ranged GETs pinned to the ETag.
-    big = _run(_big_job(tmp_path, f"s3://{bucket}/big", extra=extra), capsys)["index"]
+    big = fleet_run(big_job(tmp_path, f"s3://{bucket}/big", extra=extra), capsys)
     dest = tmp_path / "dl" / "m.pte"
     _fetch_killed_halfway(big, dest, opts)
     verified = json.loads(Path(str(dest) + ".part.json").read_text())["verified"]

@@ -5,7 +5,8 @@ few bytes of one weight (so in one 4 MiB chunk of the content, and in the traile
 order) with 16 bytes in its middle set from ``STAMP``: same size, same layout, so two
 stamps give two artifacts that differ in one chunk. ``program(dir, per_key)`` makes the
 source: the real ``mlp_xnnpack`` export with each of its 4 values ``per_key`` bytes of
-seeded noise (``support.large.inflate``), without a trailer.
+seeded noise (``support.large.inflate``), without a trailer; ``big_job(tmp, dest, stamp)``
+a fleet job file that makes it for one device with ``Poke(stamp)``.
 """
 
 from __future__ import annotations
@@ -53,6 +54,20 @@ def program(directory: Path, per_key: int = 5 * MiB) -> Path:
         assert FX.pte_path is not None
         inflate(FX.pte_path, path, per_key)
     return path
+
+
+def big_job(tmp: Path, dest: str, stamp: str = "1", extra: str = "") -> Path:
+    """A fleet job file in ``tmp`` (``job<N>.toml``, the next free N): one device ``a``,
+    one model ``m`` whose source is ``program(tmp)`` (20 MiB: six 4 MiB chunks),
+    specialized by ``Poke(stamp)`` into ``dest/{device}/{model}.pte``; ``extra`` is more
+    of the job's top-level text (e.g. a ``[storage_options]`` table)."""
+    job = tmp / f"job{len(list(tmp.glob('job*.toml')))}.toml"
+    job.write_text(
+        f'destination = "{dest}/{{device}}/{{model}}.pte"\n'
+        f'backends = ["support.delta:Poke={stamp}"]\n{extra}'
+        f'[[models]]\nname = "m"\nsource = "{program(tmp)}"\n[devices.a]\nsoc = "x"\n'
+    )
+    return job
 
 
 def version(source: Path, out: Path, stamp: str) -> Path:
