@@ -18,6 +18,7 @@ from support.delta import big_job
 from support.fixtures import get_fixture
 from support.fleetrun import fleet_run, fleet_run_json
 from support.s3job import s3_options_toml
+from support.together import run_together
 
 import ptestore
 from ptestore.cli import main
@@ -332,26 +333,10 @@ def test_local_index_with_8_racing_processes_loses_no_entry(tmp_path: Path) -> N
     url = str(tmp_path / "fleet" / "ptestore-index.json")
     go = tmp_path / "go"
     ready = [tmp_path / f"ready{i}" for i in range(8)]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", _RACER, url, f"p{i}", str(ready[i]), str(go)],
-            stderr=subprocess.PIPE,
-        )
-        for i in range(8)
+    commands = [
+        [sys.executable, "-c", _RACER, url, f"p{i}", str(ready[i]), str(go)] for i in range(8)
     ]
-    try:
-        for i, r in enumerate(ready):  # a generous ceiling, not a timing assumption
-            for _ in range(300_000):
-                if r.exists() or procs[i].poll() is not None:
-                    break
-                threading.Event().wait(0.001)
-        go.touch()
-        results = [(p.wait(timeout=600), p.stderr.read() if p.stderr else b"") for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    results = run_together(commands, ready, go, timeout=600)
     assert all(rc == 0 for rc, _ in results), results
     assert [e["device"] for e in load_index(url)["entries"]] == sorted(
         f"p{i}-{j}" for i in range(8) for j in range(6)
