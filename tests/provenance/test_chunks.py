@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.delta import flip
 from support.fixtures import get_fixture
 from support.large import ReplaceKey, inflate
 
@@ -207,14 +208,6 @@ def _key(path: Path) -> str:
     return FX.doubled.key
 
 
-def _flip(path: Path, offset: int) -> None:
-    with path.open("r+b") as f:
-        f.seek(offset)
-        byte = f.read(1)
-        f.seek(offset)
-        f.write(bytes([byte[0] ^ 0x01]))
-
-
 def test_a_flipped_byte_in_any_chunk_is_named_with_its_range(big: Path, tmp_path: Path) -> None:
     out = tmp_path / "out.pte"
     ptestore.specialize(big, out, backends=[ReplaceKey("XnnpackBackend", _key(big))])
@@ -227,7 +220,7 @@ def test_a_flipped_byte_in_any_chunk_is_named_with_its_range(big: Path, tmp_path
         a, b = content.chunks.span(i)
         damaged = tmp_path / f"damaged{i}.pte"
         shutil.copyfile(out, damaged)
-        _flip(damaged, (a + b) // 2)
+        flip(damaged, (a + b) // 2)
         with pytest.raises(FormatError) as err:
             check_bytes(open_loader(damaged))
         assert str(err.value) == (
@@ -256,7 +249,7 @@ def test_verify_range_on_the_command_line(
     assert capsys.readouterr().out.strip() == (
         f"{out}: bytes 0:4194304 intact (1 chunk of the record checked)"
     )
-    _flip(out, CHUNK_SIZE + 10)
+    flip(out, CHUNK_SIZE + 10)
     assert main(["verify", str(out), "--range", ":"]) == 2
     err = capsys.readouterr().err
     assert "content.chunks[1]" in err and f"bytes {CHUNK_SIZE}:{2 * CHUNK_SIZE}" in err
@@ -313,7 +306,7 @@ def test_a_version_1_trailer_made_by_the_old_code_still_reads_and_verifies(
         f"{pte}: its provenance record (version 1) names no chunk digests: only the whole "
         f"content (0:{trailer.content_size}) can be checked, not 0:10"
     )
-    _flip(pte, 100)
+    flip(pte, 100)
     with pytest.raises(FormatError, match=r"content\.sha256 = 'sha256:"):
         check_bytes(open_loader(pte))
     # re-specializing an old artifact writes a version-2 record with chunks

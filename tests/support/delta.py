@@ -27,6 +27,16 @@ MiB = 1 << 20
 FX = get_fixture("mlp_xnnpack")
 
 
+def _first_value(context: Any) -> tuple[str, Any]:
+    """The first named value of a backend's ``context`` (in key order; its blobs gone
+    through first): its key and its bytes."""
+    for _ in context:
+        pass
+    named = context.get_named_data_map()
+    key = sorted(named)[0]
+    return key, named.get_data(key)
+
+
 class Poke(BackendInterface):
     """Writes the first value with 16 bytes of its middle set from ``stamp``."""
 
@@ -37,11 +47,8 @@ class Poke(BackendInterface):
         self.version = stamp
 
     def initialize_backend_data(self, context: Any, output: Any) -> None:
-        for _ in context:
-            pass
-        named = context.get_named_data_map()
-        key = sorted(named)[0]
-        value = bytearray(named.get_data(key))
+        key, data = _first_value(context)
+        value = bytearray(data)
         mid = len(value) // 2
         value[mid : mid + 16] = hashlib.sha256(self.stamp.encode()).digest()[:16]
         output.write_named_data(key, BackendData(bytes(value)))
@@ -101,13 +108,14 @@ def trailer_size(path: Path) -> int:
     return trailer.size
 
 
-def flip(path: Path, offset: int) -> None:
-    """Flip one bit of the byte at ``offset`` (the file keeps its inode)."""
+def flip(path: Path, offset: int, mask: int = 1) -> None:
+    """Flip the bits ``mask`` (by default the lowest) of the byte at ``offset`` (the file
+    keeps its inode)."""
     with open(path, "r+b") as f:
         f.seek(offset)
         byte = f.read(1)
         f.seek(offset)
-        f.write(bytes([byte[0] ^ 1]))
+        f.write(bytes([byte[0] ^ mask]))
 
 
 class Rewrite(BackendInterface):
@@ -124,11 +132,8 @@ class Rewrite(BackendInterface):
     def initialize_backend_data(self, context: Any, output: Any) -> None:
         import numpy as np
 
-        for _ in context:
-            pass
-        named = context.get_named_data_map()
-        key = sorted(named)[0]
-        value = np.array(np.frombuffer(named.get_data(key), dtype=np.uint8))
+        key, data = _first_value(context)
+        value = np.array(np.frombuffer(data, dtype=np.uint8))
         rng = np.random.default_rng(int(self.stamp))
         start = len(value) // 3 + 4321 if self.offset is None else self.offset
         end = min(len(value), start + self.nbytes)
