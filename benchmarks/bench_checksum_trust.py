@@ -54,16 +54,12 @@ MiB = 1 << 20
 
 def _make(work: Path, size_mib: int) -> tuple[Path, Path]:
     sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-    from support.fixtures import get_fixture
-    from support.large import inflate
+    from support.large import inflated
 
     import ptestore
 
     plain, art = work / "plain.pte", work / "artifact.pte"
-    if not plain.exists():
-        fx = get_fixture("mlp_xnnpack")
-        assert fx.pte_path is not None
-        inflate(fx.pte_path, plain, (size_mib << 20) // 4)
+    inflated(plain, (size_mib << 20) // 4)
     if not art.exists():
         ptestore.specialize(plain, art, allow_unchanged=True)
     return art, plain

@@ -77,16 +77,12 @@ def _cp_sync(src: Path, dst: Path, reflink: str, env: dict[str, str]) -> float:
 
 def _make(work: Path, size_mib: int) -> tuple[Path, Path]:
     sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-    from support.fixtures import get_fixture
-    from support.large import inflate
+    from support.large import inflated
 
     import ptestore
 
     never, known = work / "never.pte", work / "known.pte"
-    if not never.exists():
-        fx = get_fixture("mlp_xnnpack")
-        assert fx.pte_path is not None
-        inflate(fx.pte_path, never, (size_mib << 20) // 4)
+    inflated(never, (size_mib << 20) // 4)
     if not known.exists():
         ptestore.specialize(never, known, allow_unchanged=True)
     (work / "bench_digests_backend.py").write_text(_BACKEND)

@@ -20,11 +20,9 @@ from ptestore.backends import BackendData, BackendInterface
 from ptestore.provenance import read_trailer
 from ptestore.provenance.chunks import CHUNK_SIZE
 from ptestore.storage.loaders import BytesLoader
-from support.fixtures import get_fixture
-from support.large import inflate
+from support.large import inflated
 
 MiB = 1 << 20
-FX = get_fixture("mlp_xnnpack")
 
 
 def _first_value(context: Any) -> tuple[str, Any]:
@@ -57,9 +55,7 @@ class Poke(BackendInterface):
 def program(directory: Path, per_key: int = 5 * MiB) -> Path:
     """The source: ``mlp_xnnpack`` with 4 values of ``per_key`` bytes (no trailer)."""
     path = directory / "big.pte"
-    if not path.exists():
-        assert FX.pte_path is not None
-        inflate(FX.pte_path, path, per_key)
+    inflated(path, per_key)
     return path
 
 
