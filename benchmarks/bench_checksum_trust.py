@@ -54,25 +54,20 @@ MiB = 1 << 20
 
 def _make(work: Path, size_mib: int) -> tuple[Path, Path]:
     sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-    from support.fixtures import get_fixture
-    from support.large import inflate
+    from support.large import inflated
 
     import ptestore
 
     plain, art = work / "plain.pte", work / "artifact.pte"
-    if not plain.exists():
-        fx = get_fixture("mlp_xnnpack")
-        assert fx.pte_path is not None
-        inflate(fx.pte_path, plain, (size_mib << 20) // 4)
+    inflated(plain, (size_mib << 20) // 4)
     if not art.exists():
         ptestore.specialize(plain, art, allow_unchanged=True)
     return art, plain
 
 
 def _upload(server: Any, bucket: str, art: Path, plain: Path) -> dict[str, str]:
-    import boto3
     from boto3.s3.transfer import TransferConfig
-    from botocore.config import Config
+    from support.s3clients import no_checksum_client
 
     import ptestore
 
@@ -86,15 +81,7 @@ def _upload(server: Any, bucket: str, art: Path, plain: Path) -> dict[str, str]:
         allow_unchanged=True,
         storage_options=server.storage_options,
     )
-    opts = server.storage_options
-    bare = boto3.client(
-        "s3",
-        endpoint_url=opts["endpoint_url"],
-        aws_access_key_id=opts["key"],
-        aws_secret_access_key=opts["secret"],
-        region_name="us-east-1",
-        config=Config(request_checksum_calculation="when_required"),
-    )
+    bare = no_checksum_client(server.storage_options)
     with open(art, "rb") as f:
         bare.put_object(Bucket=bucket, Key="no-checksum.pte", Body=f)
     from ptestore.storage.s3checksum import stored_checksum

@@ -82,17 +82,13 @@ def _cp_sync(src: Path, dst: Path, reflink: str, env: dict[str, str]) -> float:
 
 def _make(work: Path, sizes_mib: list[int]) -> tuple[Path, Path]:
     sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-    from support.fixtures import get_fixture
-    from support.large import inflate
+    from support.large import inflated
 
     import ptestore
 
     tag = "-".join(map(str, sizes_mib))
     never, known = work / f"never-{tag}.pte", work / f"known-{tag}.pte"
-    if not never.exists():
-        fx = get_fixture("mlp_xnnpack")
-        assert fx.pte_path is not None
-        inflate(fx.pte_path, never, [n << 20 for n in sizes_mib])
+    inflated(never, [n << 20 for n in sizes_mib])
     if not known.exists():
         ptestore.specialize(never, known, allow_unchanged=True)
     (work / "bench_digests_backend.py").write_text(_BACKEND)

@@ -88,6 +88,19 @@ def _objects(
         yield out
 
 
+def _put(client: Any, where: str, data: bytes) -> int:
+    """Write ``data`` at ``where``: a local path (``client`` None) or an ``s3://`` URL
+    through the boto3 ``client`` (as JSON); its size."""
+    if client is None:
+        os.makedirs(os.path.dirname(where), exist_ok=True)
+        with open(where, "wb") as f:
+            f.write(data)
+    else:
+        bucket, _, key = where.removeprefix("s3://").partition("/")
+        client.put_object(Bucket=bucket, Key=key, Body=data, ContentType="application/json")
+    return len(data)
+
+
 def load(
     url: str, opts: dict[str, Any], client: Any, models: list[str], devices: list[str], socs: int
 ) -> dict[str, Any]:
@@ -96,15 +109,7 @@ def load(
     create_index(url, storage_options=opts)
 
     def put(item: tuple[str, bytes]) -> int:
-        where, data = item
-        if client is None:
-            os.makedirs(os.path.dirname(where), exist_ok=True)
-            with open(where, "wb") as f:
-                f.write(data)
-        else:
-            bucket, _, key = where.removeprefix("s3://").partition("/")
-            client.put_object(Bucket=bucket, Key=key, Body=data, ContentType="application/json")
-        return len(data)
+        return _put(client, *item)
 
     count = size = 0
     with cf.ThreadPoolExecutor(max_workers=32) as pool:
@@ -217,13 +222,7 @@ def v2_baseline(
         {"format": "ptestore.index", "version": 2, "updated": "", "entries": entries}, indent=1
     ).encode()
     del entries
-    if client is None:
-        os.makedirs(os.path.dirname(url), exist_ok=True)
-        with open(url, "wb") as f:
-            f.write(data)
-    else:
-        bucket, _, key = url.removeprefix("s3://").partition("/")
-        client.put_object(Bucket=bucket, Key=key, Body=data, ContentType="application/json")
+    _put(client, url, data)
     rng = random.Random(13)
     times, sizes = [], []
     for _ in range(samples):

@@ -202,18 +202,26 @@ def _named(
     return constants[idx]
 
 
-def parse_xnngraph(
-    buf: bytes | bytearray | memoryview, source: str, where: str = ""
-) -> list[XnnConstant]:
-    """The named constants of the XNNGraph FlatBuffer ``buf`` (and of their scales), in
-    ``xvalues`` order. ``where`` prefixes each description's location."""
+def _graph(
+    buf: bytes | bytearray | memoryview, source: str
+) -> tuple[TableView, list[tuple[str, int] | None]]:
+    """The root table of the XNNGraph FlatBuffer ``buf`` (its file identifier checked)
+    and its ``constant_data`` entries (:func:`_constant_data`)."""
     view = FlatView(buf, source, limit=len(buf))
     if len(buf) < 8 or bytes(buf[4:8]) not in XNN_IDENTIFIERS:
         raise FormatError(
             source, "XNNGraph file identifier (bytes 4..8)", bytes(buf[4:8]), "b'XN01' or b'XN00'"
         )
     root = view.root("XNNGraph")
-    constants = _constant_data(view, root)
+    return root, _constant_data(view, root)
+
+
+def parse_xnngraph(
+    buf: bytes | bytearray | memoryview, source: str, where: str = ""
+) -> list[XnnConstant]:
+    """The named constants of the XNNGraph FlatBuffer ``buf`` (and of their scales), in
+    ``xvalues`` order. ``where`` prefixes each description's location."""
+    root, constants = _graph(buf, source)
     xvalues = root.vector(_G_XVALUES, "xvalues", 4)
     out: list[XnnConstant] = []
     if xvalues is None:
@@ -381,13 +389,8 @@ def parse_packed_weights(
 ) -> list[PackedWeight]:
     """The weights the nodes of the XNNGraph FlatBuffer ``buf`` have XNNPACK pack
     (:data:`PACKING_NODES` whose filter is a named constant), in ``xnodes`` order."""
-    view = FlatView(buf, source, limit=len(buf))
-    if len(buf) < 8 or bytes(buf[4:8]) not in XNN_IDENTIFIERS:
-        raise FormatError(
-            source, "XNNGraph file identifier (bytes 4..8)", bytes(buf[4:8]), "b'XN01' or b'XN00'"
-        )
-    root = view.root("XNNGraph")
-    keys = _value_keys(root, _constant_data(view, root), source)
+    root, constants = _graph(buf, source)
+    keys = _value_keys(root, constants, source)
     xnodes = root.vector(_G_XNODES, "xnodes", 4)
     out: list[PackedWeight] = []
     if xnodes is None:

@@ -33,7 +33,15 @@ from .types import Buffer, StorageURL, URLLike, strerror
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-__all__ = ["get_bytes", "put_bytes", "rename", "sync_directory", "sync_file", "temp_name"]
+__all__ = [
+    "get_bytes",
+    "put_bytes",
+    "rename",
+    "rename_synced",
+    "sync_directory",
+    "sync_file",
+    "temp_name",
+]
 
 #: A small object: what :func:`get_bytes` reads at most unless told otherwise.
 DEFAULT_LIMIT = 1 << 20
@@ -94,6 +102,18 @@ def rename(src: str, dst: str, *, durable: bool = True) -> None:
                     f"{dst}: renamed from {src}, but fsync of {directory} failed: "
                     f"{strerror(exc)}; it may not survive a crash (not retried)",
                 ) from exc
+
+
+def rename_synced(src: str, dst: str) -> None:
+    """Publish the finished local file ``src`` as ``dst`` durably: fsync ``src``
+    (:func:`sync_file`), then :func:`rename` it over ``dst`` with ``durable``. Raises
+    ``OSError`` from the fsync, :class:`~ptestore.errors.StorageError` from the rename."""
+    fd = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        sync_file(fd)
+    finally:
+        os.close(fd)
+    rename(src, dst, durable=True)
 
 
 def _check_mode(target: str, mode: str) -> None:

@@ -217,12 +217,7 @@ def build_shim(*, force: bool = False) -> Shim:
                 f"({build.root / 'include'}) failed (exit {done.returncode}):\n{tail}"
             )
         # Published durably: a shim truncated by a crash would be found and fail to load.
-        from ..storage.atomic import rename, sync_file
+        from ..storage.atomic import rename_synced
 
-        fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            sync_file(fd)
-        finally:
-            os.close(fd)
-        rename(str(tmp), str(target), durable=True)
+        rename_synced(str(tmp), str(target))
     return Shim(target, build)

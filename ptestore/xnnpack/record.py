@@ -245,15 +245,10 @@ def publish_file(
     """Under the lock: publish the checked, read-only file ``tmp`` as ``identity``'s in
     ``directory``: fsync, rename into the directory, fsync of both directories; then its
     record (what makes it findable) the same way, with the published inode's stamp."""
-    from ..storage.atomic import rename, sync_file
+    from ..storage.atomic import rename_synced
 
     path, record_path, _, _ = paths(directory, identity)
-    fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        sync_file(fd)
-    finally:
-        os.close(fd)
-    rename(str(tmp), str(path), durable=True)
+    rename_synced(str(tmp), str(path))
     record = {
         "format": RECORD_FORMAT,
         "file": path.name,

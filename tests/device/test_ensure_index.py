@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from support.digests import tree
 from support.fixtures import get_fixture
+from support.fleetrun import fleet_run
 from support.s3job import s3_options_toml
 
 import ptestore
@@ -40,17 +41,11 @@ def _job(tmp: Path, dest: str, scale: float = 2.0, extra: str = "", spec: str = 
     return job
 
 
-def _fleet_run(job: Path, capsys: Any) -> str:
-    assert main(["fleet", "run", str(job), "--workers", "1", "--json"]) == 0
-    index: str = json.loads(capsys.readouterr().out)["index"]
-    return index
-
-
 def _fleet_run_on_s3(server: S3TestServer, tmp: Path, capsys: Any) -> tuple[str, str]:
     """``_job``'s fleet run into a new bucket of ``server``: the bucket and the index."""
     bucket = server.new_bucket()
     extra = s3_options_toml(server.storage_options)
-    return bucket, _fleet_run(_job(tmp, f"s3://{bucket}/fleet", extra=extra), capsys)
+    return bucket, fleet_run(_job(tmp, f"s3://{bucket}/fleet", extra=extra), capsys)
 
 
 def _tree(d: Path) -> dict[str, str]:
@@ -65,7 +60,7 @@ def test_fetched_once_hit_while_current_refetched_when_stale_kept_when_corrupt(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out, cache = tmp_path / "out", tmp_path / "cache"
-    index = _fleet_run(_job(tmp_path, str(out)), capsys)
+    index = fleet_run(_job(tmp_path, str(out)), capsys)
     pte = out / "a" / "m.pte"
     first = ptestore.ensure(index, cache_dir=cache, model="m", device=A)
     assert first.created and first.choice is not None
@@ -92,7 +87,7 @@ def test_fetched_once_hit_while_current_refetched_when_stale_kept_when_corrupt(
     # A newer run of the job (other options for 'a'): the index names another artifact,
     # so the entry is stale and fetched again, in its place.
     old_bytes = pte.read_bytes()
-    _fleet_run(_job(tmp_path, str(out), scale=3.0), capsys)
+    fleet_run(_job(tmp_path, str(out), scale=3.0), capsys)
     assert pte.read_bytes() != old_bytes
     # (The device asks with the profile the job now names: select gives a device only
     # the build made for its own profile, or one its installed backends vouch for.)
@@ -114,7 +109,7 @@ def test_fetched_once_hit_while_current_refetched_when_stale_kept_when_corrupt(
     # Another run, then its artifact is damaged, and so is the cache's copy of those
     # bytes (whose own record still names the good ones): the download does not match
     # the index, nothing is published, and the cache is exactly as it was.
-    _fleet_run(_job(tmp_path, str(out), scale=4.0), capsys)
+    fleet_run(_job(tmp_path, str(out), scale=4.0), capsys)
     a4 = DeviceProfile("a", {"soc": "x", "scale": 4.0})
     data = bytearray(pte.read_bytes())
     data[len(data) // 3] ^= 1
@@ -150,7 +145,7 @@ def test_nothing_fits_specializes_the_portable_source_here(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert EXT.pte_path is not None
-    index = _fleet_run(_job(tmp_path, str(tmp_path / "out")), capsys)
+    index = fleet_run(_job(tmp_path, str(tmp_path / "out")), capsys)
     cache = tmp_path / "cache"
     z = DeviceProfile("z", {"soc": "q", "scale": 5.0})
     made = ptestore.ensure(index, cache_dir=cache, model="m", device=z, backends=[SPEC])
@@ -166,7 +161,7 @@ def test_nothing_fits_specializes_the_portable_source_here(
 
 
 def test_index_arguments_are_checked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    index = _fleet_run(_job(tmp_path, str(tmp_path / "out")), capsys)
+    index = fleet_run(_job(tmp_path, str(tmp_path / "out")), capsys)
     cache = tmp_path / "cache"
     cases: list[tuple[str, dict[str, Any], str]] = [
         (index, {}, f"{index}: a job index needs model= (CLI: --model NAME) and device= "
@@ -236,7 +231,7 @@ def test_a_cached_entry_is_served_offline_and_only_for_its_profile(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     out, cache = tmp_path / "out", tmp_path / "cache"
-    index = _fleet_run(_job(tmp_path, str(out)), capsys)
+    index = fleet_run(_job(tmp_path, str(out)), capsys)
     first = ptestore.ensure(index, cache_dir=cache, model="m", device=A)
     # The index is gone (an unmounted share, a removed file): the entry is served.
     away = tmp_path / "away.json"
@@ -270,12 +265,12 @@ def test_the_entry_is_served_when_the_newer_artifact_cannot_be_downloaded(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out, cache = tmp_path / "out", tmp_path / "cache"
-    index = _fleet_run(_job(tmp_path, str(out)), capsys)
+    index = fleet_run(_job(tmp_path, str(out)), capsys)
     first = ptestore.ensure(index, cache_dir=cache, model="m", device=A)
     old = Path(first.pte).read_bytes()
     # A newer artifact for 'a' (a backend upgrade; the device's options are the same, so
     # it is still the device's own build)
-    _fleet_run(_job(tmp_path, str(out), spec=NEWER), capsys)
+    fleet_run(_job(tmp_path, str(out), spec=NEWER), capsys)
     pte = out / "a" / "m.pte"
     pte.rename(tmp_path / "away.pte")  # ... which cannot be downloaded now
     served = ptestore.ensure(index, cache_dir=cache, model="m", device=A)
@@ -321,7 +316,7 @@ def test_the_portable_source_must_be_the_one_the_index_records(
     job = _job(tmp_path, str(tmp_path / "out"))
     job.write_text(job.read_text().replace(str(EXT.pte_path), str(src)).replace(
         str(EXT.ptd_path), str(ptd)))  # fmt: skip
-    index = _fleet_run(job, capsys)
+    index = fleet_run(job, capsys)
     cache = tmp_path / "cache"
     z = DeviceProfile("z", {"soc": "q", "scale": 5.0})
     made = ptestore.ensure(index, cache_dir=cache, model="m", device=z, backends=[SPEC])
@@ -349,7 +344,7 @@ def test_a_failure_between_the_incoming_ptd_and_pte_leaves_the_entry_untouched(
     from ptestore.errors import StorageError
 
     out, cache = tmp_path / "out", tmp_path / "cache"
-    index = _fleet_run(_job(tmp_path, str(out)), capsys)
+    index = fleet_run(_job(tmp_path, str(out)), capsys)
     entry = cache / "entries" / index_key(index, "m", A)
     # The incoming .pte cannot be published: its name is taken by a directory.
     (entry / "incoming.pte" / "x").mkdir(parents=True)
@@ -371,7 +366,7 @@ def test_a_failure_between_the_incoming_ptd_and_pte_leaves_the_entry_untouched(
     (entry / "incoming.pte").rmdir()
     first = ptestore.ensure(index, cache_dir=cache, model="m", device=A)
     assert first.created
-    _fleet_run(_job(tmp_path, str(out), spec=NEWER), capsys)
+    fleet_run(_job(tmp_path, str(out), spec=NEWER), capsys)
     (entry / "incoming.pte" / "x").mkdir(parents=True)
     served = ptestore.ensure(index, cache_dir=cache, model="m", device=A)
     assert not served.created and served.pte == first.pte and served.choice is not None

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from boto3.s3.transfer import TransferConfig
 from support.fixtures import get_fixture
+from support.s3clients import no_checksum_client
 
 from ptestore.checksums import checksum_of, encode
 from ptestore.fleet.binding import HeadVerdict, bytes_mismatch, content_verdict, trust_by_head
@@ -256,18 +257,7 @@ def test_single_put_of_each_algorithm(bucket: Bucket, algorithm: str) -> None:
 
 
 def test_an_upload_without_a_checksum_is_read(s3_server: S3TestServer, bucket: Bucket) -> None:
-    import boto3
-    from botocore.config import Config
-
-    opts = s3_server.storage_options
-    bare = boto3.client(
-        "s3",
-        endpoint_url=opts["endpoint_url"],
-        aws_access_key_id=opts["key"],
-        aws_secret_access_key=opts["secret"],
-        region_name="us-east-1",
-        config=Config(request_checksum_calculation="when_required"),
-    )
+    bare = no_checksum_client(s3_server.storage_options)
     small = os.urandom(5000)
     bare.put_object(Bucket=bucket.name, Key="bare", Body=small)
     verdict = bucket.judge("bare", small, tail=b"")

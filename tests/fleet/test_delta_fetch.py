@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.delta import differing, flip, program, trailer_size, version
+from support.delta import big_job, differing, flip, program, trailer_size, version
+from support.fleetrun import fleet_run
 
 import ptestore
 from ptestore.backends.compat import DeviceProfile
@@ -200,30 +201,14 @@ def test_chunks_are_cloned_where_the_file_system_shares_extents(
 # -- ensure INDEX: the cache's earlier artifact, or the portable source --------------
 
 
-def _job(tmp: Path, dest: str, stamp: str, extra: str = "") -> Path:
-    job = tmp / f"job{stamp}.toml"
-    job.write_text(
-        f'destination = "{dest}/{{device}}/{{model}}.pte"\n'
-        f'backends = ["support.delta:Poke={stamp}"]\n{extra}'
-        f'[[models]]\nname = "m"\nsource = "{program(tmp)}"\n[devices.a]\nsoc = "x"\n'
-    )
-    return job
-
-
-def _fleet_run(job: Path, capsys: Any) -> str:
-    assert main(["fleet", "run", str(job), "--workers", "1", "--json"]) == 0
-    index: str = json.loads(capsys.readouterr().out)["index"]
-    return index
-
-
 def test_ensure_index_takes_the_cached_artifact_as_base(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out, cache = tmp_path / "out", tmp_path / "cache"
-    index = _fleet_run(_job(tmp_path, str(out), "1"), capsys)
+    index = fleet_run(big_job(tmp_path, str(out), "1"), capsys)
     first = ptestore.ensure(index, cache_dir=cache, model="m", device=A)
     assert first.choice is not None and first.choice["fetched"]["from_base"] == 0
-    index = _fleet_run(_job(tmp_path, str(out), "2"), capsys)
+    index = fleet_run(big_job(tmp_path, str(out), "2"), capsys)
     events: list[Any] = []
     fresh = ptestore.ensure(index, cache_dir=cache, model="m", device=A, progress=events.append)
     assert fresh.created and fresh.pte == first.pte
@@ -244,8 +229,8 @@ def test_ensure_index_takes_another_entry_of_the_model_as_base(
     """Another index (another fleet's prefix) of the same model: its entry's files are a
     base for this one."""
     cache = tmp_path / "cache"
-    one = _fleet_run(_job(tmp_path, str(tmp_path / "one"), "1"), capsys)
-    two = _fleet_run(_job(tmp_path, str(tmp_path / "two"), "2"), capsys)
+    one = fleet_run(big_job(tmp_path, str(tmp_path / "one"), "1"), capsys)
+    two = fleet_run(big_job(tmp_path, str(tmp_path / "two"), "2"), capsys)
     first = ptestore.ensure(one, cache_dir=cache, model="m", device=A)
     other = ptestore.ensure(two, cache_dir=cache, model="m", device=A)
     assert other.key != first.key and other.choice is not None
@@ -258,7 +243,7 @@ def test_ensure_index_takes_the_portable_source_given_to_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out, cache = tmp_path / "out", tmp_path / "cache"
-    index = _fleet_run(_job(tmp_path, str(out), "1"), capsys)
+    index = fleet_run(big_job(tmp_path, str(out), "1"), capsys)
     argv = ["ensure", index, "--cache-dir", str(cache), "--model", "m", "--device", "a"]
     argv += ["--device-option", "soc=x"]
     assert main([*argv, "--portable", str(program(tmp_path)), "--json"]) == 0

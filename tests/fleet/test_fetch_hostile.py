@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.delta import program, version
+from support.delta import big_job, program, version
 from support.digests import tree
 from support.fixtures import get_fixture
+from support.fleetrun import fleet_run
 
 import ptestore
 from ptestore.backends.compat import DeviceProfile
@@ -266,28 +267,11 @@ def _job(tmp: Path, dest: str, scale: float = 2.0) -> Path:
     return job
 
 
-def _big_job(tmp: Path, dest: str) -> Path:
-    """A job of one device over a 20 MiB program (six 4 MiB chunks; support.delta)."""
-    job = tmp / f"job{len(list(tmp.glob('job*.toml')))}.toml"
-    job.write_text(
-        f'destination = "{dest}/{{device}}/{{model}}.pte"\n'
-        'backends = ["support.delta:Poke=1"]\n'
-        f'[[models]]\nname = "m"\nsource = "{program(tmp)}"\n[devices.a]\nsoc = "x"\n'
-    )
-    return job
-
-
-def _fleet_run(job: Path, capsys: Any) -> str:
-    assert main(["fleet", "run", str(job), "--workers", "1", "--json"]) == 0
-    index: str = json.loads(capsys.readouterr().out)["index"]
-    return index
-
-
 def test_a_trailer_the_index_does_not_name_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "out"
-    index = _fleet_run(_job(tmp_path, str(out)), capsys)
+    index = fleet_run(_job(tmp_path, str(out)), capsys)
     pte = out / "a" / "m.pte"
     data = pte.read_bytes()
     trailer = read_trailer(BytesLoader(data))
@@ -312,7 +296,7 @@ def test_a_local_resume_is_pinned_to_the_version_not_the_size(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "out"
-    index = _fleet_run(_big_job(tmp_path, str(out)), capsys)
+    index = fleet_run(big_job(tmp_path, str(out)), capsys)
     pte = out / "a" / "m.pte"
     dest = tmp_path / "dev" / "m.pte"
     _interrupted(index, dest, model="m", device="a")

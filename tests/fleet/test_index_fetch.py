@@ -13,10 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.delta import program
+from support.delta import big_job
 from support.digests import tree
 from support.fixtures import get_fixture
+from support.fleetrun import fleet_run, fleet_run_json
 from support.s3job import s3_options_toml
+from support.together import run_together
 
 import ptestore
 from ptestore.cli import main
@@ -41,23 +43,6 @@ def _job(tmp: Path, dest: str, devices: str = DEVICES, extra: str = "") -> Path:
     return job
 
 
-def _big_job(tmp: Path, dest: str, stamp: str = "1", extra: str = "") -> Path:
-    """A job of one device over a 20 MiB program (six 4 MiB chunks; support.delta)."""
-    job = tmp / f"job{len(list(tmp.glob('job*.toml')))}.toml"
-    job.write_text(
-        f'destination = "{dest}/{{device}}/{{model}}.pte"\n'
-        f'backends = ["support.delta:Poke={stamp}"]\n{extra}'
-        f'[[models]]\nname = "m"\nsource = "{program(tmp)}"\n[devices.a]\nsoc = "x"\n'
-    )
-    return job
-
-
-def _run(job: Path, capsys: Any) -> dict[str, Any]:
-    assert main(["fleet", "run", str(job), "--workers", "1", "--json"]) == 0
-    out: dict[str, Any] = json.loads(capsys.readouterr().out)
-    return out
-
-
 def _sha_before_trailer(path: Path) -> str:
     data = path.read_bytes()
     prov = read_trailer(BytesLoader(data))
@@ -67,10 +52,12 @@ def _sha_before_trailer(path: Path) -> str:
 
 def test_index_select_and_fetch_locally(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out"
-    first = _run(_job(tmp_path, str(out)), capsys)
+    first = fleet_run_json(_job(tmp_path, str(out)), capsys)
     assert first["index"] == f"{out}/ptestore-index.json"
     # A second job onto the same prefix (another device) keeps the first job's entries.
-    second = _run(_job(tmp_path, str(out), '[devices.c]\nsoc = "x"\nscale = 5.0\n'), capsys)
+    second = fleet_run_json(
+        _job(tmp_path, str(out), '[devices.c]\nsoc = "x"\nscale = 5.0\n'), capsys
+    )
     assert second["index"] == first["index"]
     index = load_index(first["index"])
     assert (index["format"], index["version"]) == ("ptestore.index", 2)
@@ -187,7 +174,7 @@ def test_fetch_resumes_after_being_killed(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "out"
-    index = _run(_big_job(tmp_path, str(out)), capsys)["index"]
+    index = fleet_run(big_job(tmp_path, str(out)), capsys)
     dest = tmp_path / "dl" / "m.pte"
     _fetch_killed_halfway(index, dest, {})
     verified = json.loads(Path(str(dest) + ".part.json").read_text())["verified"]
@@ -207,7 +194,7 @@ def test_s3_index_concurrent_and_fetch_resume(
     bucket = s3_server.new_bucket()
     opts = s3_server.storage_options
     extra = s3_options_toml(opts)
-    first = _run(_job(tmp_path, f"s3://{bucket}/fleet", extra=extra), capsys)
+    first = fleet_run_json(_job(tmp_path, f"s3://{bucket}/fleet", extra=extra), capsys)
     url = first["index"]
     assert url == f"s3://{bucket}/fleet/ptestore-index.json"
     # Overlapping writers: each conditional write merges; no entry is lost.
@@ -227,7 +214,7 @@ def test_s3_index_concurrent_and_fetch_resume(
     assert head["ContentType"] == "application/json"
 
     # fetch from S3, killed halfway, resumed with ranged GETs pinned to the ETag.
-    big = _run(_big_job(tmp_path, f"s3://{bucket}/big", extra=extra), capsys)["index"]
+    big = fleet_run(big_job(tmp_path, f"s3://{bucket}/big", extra=extra), capsys)
     dest = tmp_path / "dl" / "m.pte"
     _fetch_killed_halfway(big, dest, opts)
     verified = json.loads(Path(str(dest) + ".part.json").read_text())["verified"]
@@ -346,26 +333,10 @@ def test_local_index_with_8_racing_processes_loses_no_entry(tmp_path: Path) -> N
     url = str(tmp_path / "fleet" / "ptestore-index.json")
     go = tmp_path / "go"
     ready = [tmp_path / f"ready{i}" for i in range(8)]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", _RACER, url, f"p{i}", str(ready[i]), str(go)],
-            stderr=subprocess.PIPE,
-        )
-        for i in range(8)
+    commands = [
+        [sys.executable, "-c", _RACER, url, f"p{i}", str(ready[i]), str(go)] for i in range(8)
     ]
-    try:
-        for i, r in enumerate(ready):  # a generous ceiling, not a timing assumption
-            for _ in range(300_000):
-                if r.exists() or procs[i].poll() is not None:
-                    break
-                threading.Event().wait(0.001)
-        go.touch()
-        results = [(p.wait(timeout=600), p.stderr.read() if p.stderr else b"") for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    results = run_together(commands, ready, go, timeout=600)
     assert all(rc == 0 for rc, _ in results), results
     assert [e["device"] for e in load_index(url)["entries"]] == sorted(
         f"p{i}-{j}" for i in range(8) for j in range(6)

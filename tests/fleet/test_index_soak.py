@@ -7,13 +7,12 @@ catalog agrees with its leaves. Locally (fast) and on moto and SeaweedFS (slow).
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.together import run_together
 
 from ptestore.fleet.index import create_index, load_index
 from ptestore.testing.fleet_index import synthetic_entry
@@ -64,20 +63,8 @@ def _soak(
     plan = json.dumps([batches, own, shared, models])
     args = [[url, json.dumps(options), plan, str(i), str(ready[i]), str(go), str(outs[i])]
             for i in range(writers)]  # fmt: skip
-    procs = [
-        subprocess.Popen([sys.executable, "-c", _WRITER, *a], stderr=subprocess.PIPE) for a in args
-    ]
-    try:
-        for i, r in enumerate(ready):  # each child has imported ptestore (an event)
-            while not r.exists() and procs[i].poll() is None:
-                threading.Event().wait(0.005)
-        go.touch()
-        results = [(p.wait(timeout=1200), p.stderr.read() if p.stderr else b"") for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    commands = [[sys.executable, "-c", _WRITER, *a] for a in args]
+    results = run_together(commands, ready, go, timeout=1200)
     assert all(rc == 0 for rc, _ in results), results
     # Every writer's own entries, and each shared pair whole from one of the writers.
     entries = {(e["model"], e["device"]): e for e in load_index(url, **options)["entries"]}

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.delta import flip
 from support.digests import tree, whole
 from support.fixtures import get_fixture
 from support.large import ReplaceKey, inflate
@@ -210,14 +211,6 @@ def _key(path: Path) -> str:
     return FX.doubled.key
 
 
-def _flip(path: Path, offset: int) -> None:
-    with path.open("r+b") as f:
-        f.seek(offset)
-        byte = f.read(1)
-        f.seek(offset)
-        f.write(bytes([byte[0] ^ 0x01]))
-
-
 def test_a_flipped_byte_in_any_chunk_is_named_with_its_range(big: Path, tmp_path: Path) -> None:
     out = tmp_path / "out.pte"
     ptestore.specialize(big, out, backends=[ReplaceKey("XnnpackBackend", _key(big))])
@@ -230,7 +223,7 @@ def test_a_flipped_byte_in_any_chunk_is_named_with_its_range(big: Path, tmp_path
         a, b = content.chunks.span(i)
         damaged = tmp_path / f"damaged{i}.pte"
         shutil.copyfile(out, damaged)
-        _flip(damaged, (a + b) // 2)
+        flip(damaged, (a + b) // 2)
         with pytest.raises(FormatError) as err:
             check_bytes(open_loader(damaged))
         assert str(err.value) == (
@@ -259,7 +252,7 @@ def test_verify_range_on_the_command_line(
     assert capsys.readouterr().out.strip() == (
         f"{out}: bytes 0:4194304 intact (1 chunk of the record checked)"
     )
-    _flip(out, CHUNK_SIZE + 10)
+    flip(out, CHUNK_SIZE + 10)
     assert main(["verify", str(out), "--range", ":"]) == 2
     err = capsys.readouterr().err
     assert "content.chunks[1]" in err and f"bytes {CHUNK_SIZE}:{2 * CHUNK_SIZE}" in err
@@ -316,7 +309,7 @@ def test_a_version_1_trailer_made_by_the_old_code_still_reads_and_verifies(
         f"{pte}: its provenance record (version 1) names no chunk digests: only the whole "
         f"content (0:{trailer.content_size}) can be checked, not 0:10"
     )
-    _flip(pte, 100)
+    flip(pte, 100)
     with pytest.raises(FormatError, match=r"content\.sha256 = 'sha256:"):
         check_bytes(open_loader(pte))
     # re-specializing an old artifact writes a version-2 record with chunks
@@ -351,16 +344,16 @@ def test_a_version_2_record_made_by_the_old_code_still_reads_and_verifies(
     assert verify(ptd, source=ext.ptd_path).status == "current"
     assert verify(pte, source=ptd).status == "stale"
     assert check_bytes(open_loader(pte), (0, 10)).chunks == 1  # its chunks check by range
-    _flip(ptd, 200)
+    flip(ptd, 200)
     report = verify(pte)
     assert report.status == "invalid" and report.error is not None
     assert report.error.startswith(f"{ptd}: content.sha256 = 'sha256:"), report.error
-    _flip(ptd, 200)
-    _flip(pte, 100)
+    flip(ptd, 200)
+    flip(pte, 100)
     report = verify(pte)
     assert report.status == "invalid" and report.error is not None
     assert report.error.startswith(f"{pte}: content.sha256 = 'sha256:"), report.error
-    _flip(pte, 100)
+    flip(pte, 100)
     # re-specializing an old artifact writes a version-3 record named by its chunk root
     again = tmp_path / "again.pte"
     ptestore.specialize(pte, again, allow_unchanged=True)

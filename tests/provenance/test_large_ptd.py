@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.delta import flip
 from support.fixtures import get_fixture
 
 import ptestore
@@ -64,19 +65,11 @@ def _late_offset(path: Path) -> int:
     return offset
 
 
-def _flip(path: Path, offset: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        byte = f.read(1)
-        f.seek(offset)
-        f.write(bytes([byte[0] ^ 0x20]))
-
-
 def test_verify_catches_a_byte_flipped_past_the_first_mib(large: tuple[Path, Path]) -> None:
     pte, ptd = large
     assert ptestore.verify(pte).status == "intact"
     assert ptestore.verify(ptd).status == "intact"
-    _flip(ptd, _late_offset(ptd))
+    flip(ptd, _late_offset(ptd), 0x20)
     for report in (ptestore.verify(ptd), ptestore.verify(pte)):
         assert report.status == "invalid", report.message()
         assert report.error is not None
@@ -99,7 +92,7 @@ def test_fetch_catches_a_byte_flipped_past_the_first_mib(
     sizes = {Path(f["path"]).name: f["size"] for f in good.files}
     assert sizes == {"m.pte": pte.stat().st_size, "m.ptd": ptd.stat().st_size}
     late = _late_offset(ptd)
-    _flip(ptd, late)
+    flip(ptd, late, 0x20)
     dest = tmp_path / "dev" / "m.pte"
     with pytest.raises(IntegrityError) as info:
         ptestore.fetch(pte, dest)

@@ -5,7 +5,8 @@ few bytes of one weight (so in one 4 MiB chunk of the content, and in the traile
 order) with 16 bytes in its middle set from ``STAMP``: same size, same layout, so two
 stamps give two artifacts that differ in one chunk. ``program(dir, per_key)`` makes the
 source: the real ``mlp_xnnpack`` export with each of its 4 values ``per_key`` bytes of
-seeded noise (``support.large.inflate``), without a trailer.
+seeded noise (``support.large.inflate``), without a trailer; ``big_job(tmp, dest, stamp)``
+a fleet job file that makes it for one device with ``Poke(stamp)``.
 """
 
 from __future__ import annotations
@@ -19,11 +20,19 @@ from ptestore.backends import BackendData, BackendInterface
 from ptestore.provenance import read_trailer
 from ptestore.provenance.chunks import CHUNK_SIZE
 from ptestore.storage.loaders import BytesLoader
-from support.fixtures import get_fixture
-from support.large import inflate
+from support.large import inflated
 
 MiB = 1 << 20
-FX = get_fixture("mlp_xnnpack")
+
+
+def _first_value(context: Any) -> tuple[str, Any]:
+    """The first named value of a backend's ``context`` (in key order; its blobs gone
+    through first): its key and its bytes."""
+    for _ in context:
+        pass
+    named = context.get_named_data_map()
+    key = sorted(named)[0]
+    return key, named.get_data(key)
 
 
 class Poke(BackendInterface):
@@ -36,11 +45,8 @@ class Poke(BackendInterface):
         self.version = stamp
 
     def initialize_backend_data(self, context: Any, output: Any) -> None:
-        for _ in context:
-            pass
-        named = context.get_named_data_map()
-        key = sorted(named)[0]
-        value = bytearray(named.get_data(key))
+        key, data = _first_value(context)
+        value = bytearray(data)
         mid = len(value) // 2
         value[mid : mid + 16] = hashlib.sha256(self.stamp.encode()).digest()[:16]
         output.write_named_data(key, BackendData(bytes(value)))
@@ -49,10 +55,22 @@ class Poke(BackendInterface):
 def program(directory: Path, per_key: int = 5 * MiB) -> Path:
     """The source: ``mlp_xnnpack`` with 4 values of ``per_key`` bytes (no trailer)."""
     path = directory / "big.pte"
-    if not path.exists():
-        assert FX.pte_path is not None
-        inflate(FX.pte_path, path, per_key)
+    inflated(path, per_key)
     return path
+
+
+def big_job(tmp: Path, dest: str, stamp: str = "1", extra: str = "") -> Path:
+    """A fleet job file in ``tmp`` (``job<N>.toml``, the next free N): one device ``a``,
+    one model ``m`` whose source is ``program(tmp)`` (20 MiB: six 4 MiB chunks),
+    specialized by ``Poke(stamp)`` into ``dest/{device}/{model}.pte``; ``extra`` is more
+    of the job's top-level text (e.g. a ``[storage_options]`` table)."""
+    job = tmp / f"job{len(list(tmp.glob('job*.toml')))}.toml"
+    job.write_text(
+        f'destination = "{dest}/{{device}}/{{model}}.pte"\n'
+        f'backends = ["support.delta:Poke={stamp}"]\n{extra}'
+        f'[[models]]\nname = "m"\nsource = "{program(tmp)}"\n[devices.a]\nsoc = "x"\n'
+    )
+    return job
 
 
 def version(source: Path, out: Path, stamp: str) -> Path:
@@ -86,13 +104,14 @@ def trailer_size(path: Path) -> int:
     return trailer.size
 
 
-def flip(path: Path, offset: int) -> None:
-    """Flip one bit of the byte at ``offset`` (the file keeps its inode)."""
+def flip(path: Path, offset: int, mask: int = 1) -> None:
+    """Flip the bits ``mask`` (by default the lowest) of the byte at ``offset`` (the file
+    keeps its inode)."""
     with open(path, "r+b") as f:
         f.seek(offset)
         byte = f.read(1)
         f.seek(offset)
-        f.write(bytes([byte[0] ^ 1]))
+        f.write(bytes([byte[0] ^ mask]))
 
 
 class Rewrite(BackendInterface):
@@ -109,11 +128,8 @@ class Rewrite(BackendInterface):
     def initialize_backend_data(self, context: Any, output: Any) -> None:
         import numpy as np
 
-        for _ in context:
-            pass
-        named = context.get_named_data_map()
-        key = sorted(named)[0]
-        value = np.array(np.frombuffer(named.get_data(key), dtype=np.uint8))
+        key, data = _first_value(context)
+        value = np.array(np.frombuffer(data, dtype=np.uint8))
         rng = np.random.default_rng(int(self.stamp))
         start = len(value) // 3 + 4321 if self.offset is None else self.offset
         end = min(len(value), start + self.nbytes)

@@ -3,7 +3,8 @@
 ``inflate(src, dst, nbytes)`` replaces every named-data value of a real XNNPACK .pte with
 ``nbytes`` of seeded random bytes (``allow_size_change=True``): the result has the
 export's real metadata, delegates and keys, and segments big enough for whole-block
-clones (the runtime cannot run it: the weights are noise).
+clones (the runtime cannot run it: the weights are noise). ``inflated(dst, nbytes)`` makes
+one such program, once, from the ``mlp_xnnpack`` fixture.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import numpy as np
 
 import ptestore
 from ptestore.backends import BackendData, BackendInterface
+from support.fixtures import get_fixture
 
 
 class Inflate(BackendInterface):
@@ -64,3 +66,12 @@ def inflate(
         src, dst, backends=[Inflate("XnnpackBackend", nbytes)], provenance=False
     )
     assert report.specialized, report
+
+
+def inflated(dst: str | os.PathLike[str], nbytes: int | Sequence[int]) -> None:
+    """Where ``dst`` is absent, write there the ``mlp_xnnpack`` fixture (4 values) with
+    every key's value ``nbytes`` long (:func:`inflate`: no provenance trailer)."""
+    if not os.path.exists(dst):
+        fx = get_fixture("mlp_xnnpack")
+        assert fx.pte_path is not None
+        inflate(fx.pte_path, dst, nbytes)

@@ -13,8 +13,8 @@ import uuid
 from typing import Any
 
 import pytest
-from botocore.config import Config
 from botocore.exceptions import ClientError
+from support.s3clients import no_checksum_client
 
 from ptestore.checksums import checksum_of, composite, encode
 from ptestore.storage.s3checksum import stored_checksum
@@ -231,17 +231,7 @@ def test_get_object_attributes_lists_the_part_sizes(
 def test_an_upload_without_a_checksum_gets_crc64nvme(
     s3_server: S3TestServer, s3_bucket: str
 ) -> None:
-    import boto3
-
-    opts = s3_server.storage_options
-    bare = boto3.client(
-        "s3",
-        endpoint_url=opts["endpoint_url"],
-        aws_access_key_id=opts["key"],
-        aws_secret_access_key=opts["secret"],
-        region_name="us-east-1",
-        config=Config(request_checksum_calculation="when_required"),
-    )
+    bare = no_checksum_client(s3_server.storage_options)
     data = os.urandom(2000)
     key = uuid.uuid4().hex
     bare.put_object(Bucket=s3_bucket, Key=key, Body=data)
