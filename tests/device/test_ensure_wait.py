@@ -217,10 +217,11 @@ def test_progress_reports_an_index_download(
 ) -> None:
     """``ensure`` of a job index reports its downloads as ``fetch`` events (the bytes of
     each file, up to its size), and ``--progress`` draws them."""
-    from device.test_ensure_index import A, _fleet_run, _job
+    from device.test_ensure_index import A, _job
+    from support.fleetrun import fleet_run
 
     out = tmp_path / "out"
-    index = _fleet_run(_job(tmp_path, str(out)), capsys)
+    index = fleet_run(_job(tmp_path, str(out)), capsys)
     events: list[Event] = []
     made = ptestore.ensure(
         index, cache_dir=tmp_path / "cache", model="m", device=A, progress=events.append

@@ -115,7 +115,12 @@ def test_a_failed_read_of_the_source_fails_the_run_and_publishes_nothing(
 class Failing(BackendInterface):
     name = "XnnpackBackend"
 
+    def __init__(self, after: threading.Event | None = None) -> None:
+        self.after = after
+
     def initialize_backend_data(self, context: object, output: object) -> None:
+        if self.after is not None:  # fail once the description is reading (an event)
+            assert self.after.wait(120)
         raise RuntimeError("the backend failed")
 
 
@@ -137,7 +142,7 @@ def test_a_run_that_fails_stops_the_description(
     monkeypatch.setattr(LocalFileLoader, "readinto", slow)
     _release_on_cancel(monkeypatch, go_on)
     with pytest.raises(BackendError, match="the backend failed"):
-        ptestore.specialize(src, dst, backends=[Failing()])
+        ptestore.specialize(src, dst, backends=[Failing(after=started)])
     assert started.is_set() and go_on.is_set()
     assert not dst.exists()
     assert _threads() == []
