@@ -217,8 +217,9 @@ def test_progress_reports_an_index_download(
 ) -> None:
     """``ensure`` of a job index reports its downloads as ``fetch`` events (the bytes of
     each file, up to its size), and ``--progress`` draws them."""
-    from device.test_ensure_index import A, _job
     from support.fleetrun import fleet_run
+
+    from device.test_ensure_index import A, _job
 
     out = tmp_path / "out"
     index = fleet_run(_job(tmp_path, str(out)), capsys)
