@@ -165,6 +165,9 @@ def _top_distribution_version(top: str) -> str:
         dist = None
     if dist is not None and _provides(dist, top):
         return dist.version
+    found = _scan_dist_info(top)
+    if found is not None:
+        return found or UNKNOWN_VERSION
     names = metadata.packages_distributions().get(top, [])
     for name in names:
         try:
@@ -172,6 +175,70 @@ def _top_distribution_version(top: str) -> str:
         except metadata.PackageNotFoundError:
             continue
     return UNKNOWN_VERSION
+
+
+def _scan_dist_info(top: str) -> str | None:
+    """The version of the first distribution on ``sys.path`` that installs ``top``
+    (``*.dist-info``: its ``top_level.txt``, else the top-level names in its
+    ``RECORD``, the version from the directory's name; ``*.egg-info``: its
+    ``top_level.txt`` and ``PKG-INFO``): ``""`` when none does, None when an egg-info
+    without ``top_level.txt`` might (then ``packages_distributions`` decides). Reading a
+    few small files per distribution instead of parsing each one's metadata: a backend
+    module no distribution provides (on ``PYTHONPATH``) cost a CLI run 0.3-0.9 s
+    otherwise."""
+    import os
+    import sys
+
+    unsure = False
+    for entry in sys.path:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for name in names:
+            path = os.path.join(entry or ".", name)
+            if name.endswith(".egg-info"):
+                tops = _read(path, "top_level.txt")
+                if tops is None:
+                    unsure = True
+                elif top in tops.split():
+                    info = _read(path, "PKG-INFO") or ""
+                    for line in info.splitlines():
+                        if line.startswith("Version:"):
+                            return line.partition(":")[2].strip() or UNKNOWN_VERSION
+                    return UNKNOWN_VERSION
+            elif name.endswith(".dist-info") and top in _dist_info_tops(path):
+                stem = name[: -len(".dist-info")]
+                return stem.partition("-")[2] or UNKNOWN_VERSION
+    return None if unsure else ""
+
+
+def _read(directory: str, name: str) -> str | None:
+    import os
+
+    try:
+        with open(os.path.join(directory, name), encoding="utf-8") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _dist_info_tops(path: str) -> set[str]:
+    def read(name: str) -> str | None:
+        return _read(path, name)
+
+    declared = read("top_level.txt")
+    if declared and declared.split():
+        return set(declared.split())
+    tops: set[str] = set()
+    for line in (read("RECORD") or "").splitlines():
+        file = line.partition(",")[0]
+        parts = file.split("/")
+        if len(parts) > 1 and not parts[0].endswith((".dist-info", ".data")):
+            tops.add(parts[0])
+        elif len(parts) == 1 and file.endswith(".py"):
+            tops.add(file[: -len(".py")])
+    return tops
 
 
 def distribution_version(cls: type) -> str:

@@ -584,3 +584,38 @@ def test_import_stays_light() -> None:
     where, loaded = result.stdout.splitlines()
     assert where == ptestore.__file__
     assert loaded == "[]"
+
+
+def test_a_backend_module_s_version_is_found_without_parsing_every_distribution(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A module whose distribution is named otherwise (or that none provides) is looked
+    up in the installed ``*.dist-info``/``*.egg-info`` directories' small files, as
+    ``importlib.metadata.packages_distributions`` would decide, without it."""
+    from importlib import metadata
+
+    from ptestore.backends import compat
+
+    site = tmp_path / "site"
+    (site / "acme_backend_pkg-2.5.1.dist-info").mkdir(parents=True)
+    (site / "acme_backend_pkg-2.5.1.dist-info" / "top_level.txt").write_text("acme_npu\n")
+    (site / "other-0.3.dist-info").mkdir()
+    (site / "other-0.3.dist-info" / "RECORD").write_text(
+        "other_mod/__init__.py,sha256=x,1\nsingle.py,sha256=y,2\nother-0.3.dist-info/RECORD,,\n"
+    )
+    (site / "legacy.egg-info").mkdir()
+    (site / "legacy.egg-info" / "top_level.txt").write_text("legacy_mod\n")
+    (site / "legacy.egg-info" / "PKG-INFO").write_text("Name: legacy\nVersion: 0.9\n")
+    monkeypatch.syspath_prepend(str(site))
+    compat._top_distribution_version.cache_clear()
+
+    def no_scan() -> None:
+        raise AssertionError("packages_distributions() read every distribution")
+
+    monkeypatch.setattr(metadata, "packages_distributions", no_scan)
+    assert compat._top_distribution_version("acme_npu") == "2.5.1"
+    assert compat._top_distribution_version("other_mod") == "0.3"
+    assert compat._top_distribution_version("single") == "0.3"
+    assert compat._top_distribution_version("legacy_mod") == "0.9"
+    assert compat._top_distribution_version("nobody_provides_this") == compat.UNKNOWN_VERSION
+    compat._top_distribution_version.cache_clear()
