@@ -24,6 +24,8 @@ import ptestore
 from ptestore.backends import BackendData, BackendInterface
 from ptestore.errors import ConfigurationError, StorageError
 from ptestore.journal import CHANGING, journal_path
+from ptestore.provenance import check_bytes, read_trailer
+from ptestore.storage.loaders import open_loader
 
 FX = get_fixture("mlp_xnnpack")
 SPEC = "support.doubling_backend:Doubling=mlp_xnnpack"
@@ -278,6 +280,7 @@ def _calls_killed_at(
     calls: tuple[str, ...] = CALLS,
     backends: list[Any] | None = None,
     ensure_cache: Path | None = None,
+    provenance: bool = False,
 ) -> list[str] | None:
     """The calls touching the model file, in order (None: killed before the ``nth``).
     ``ensure_cache``: the child runs ``ensure(src, cache_dir=..., in_place=True)`` (with
@@ -315,7 +318,7 @@ def _calls_killed_at(
         try:
             if ensure_cache is None:
                 ptestore.specialize(
-                    src, src, backends=backends or [SPEC], in_place=True, provenance=False
+                    src, src, backends=backends or [SPEC], in_place=True, provenance=provenance
                 )
             else:
                 if nth == -1:
@@ -381,6 +384,42 @@ def test_sigkill_at_sampled_phases_leaves_old_new_or_refused_and_recover_complet
     j = journal_path(str(src))
     Path(j).write_bytes(b"\0" * 100)  # what a run killed mid-journal leaves
     assert ptestore.recover(src) == "discarded" and src.read_bytes() == old
+
+
+def test_a_kill_while_applying_leaves_a_record_whose_chunks_are_the_bytes(
+    tmp_path: Path,
+) -> None:
+    """In place with provenance on a file whose own trailer names its chunk digests (the
+    new record's are derived from them, only the changed chunks hashed): killed at every
+    sampled phase of applying, then recovered, the file is the completed run's content
+    (or, killed before the journal's commit, the file as it was) and its record's chunk
+    digests and root are those of its bytes."""
+    known = tmp_path / "known.pte"
+    assert FX.pte_path is not None
+    ptestore.specialize(FX.pte_path, known, allow_unchanged=True)  # a trailer with chunks
+    probe = tmp_path / "probe.pte"
+    shutil.copyfile(known, probe)
+    steps = _calls_killed_at(probe, 10**9, provenance=True)
+    assert steps is not None and len(steps) >= 6, steps
+    with open_loader(probe) as loader:
+        trailer = read_trailer(loader)
+        assert trailer is not None and check_bytes(loader).chunks >= 1
+    done = probe.read_bytes()[: trailer.content_size]
+    outcomes: set[str | None] = set()
+    for nth in sorted({0, 1, 2, len(steps) // 2, len(steps) - 2, len(steps) - 1}):
+        src = tmp_path / f"k{nth}.pte"
+        shutil.copyfile(known, src)
+        assert _calls_killed_at(src, nth, provenance=True) is None, nth
+        outcome = ptestore.recover(src)  # None: no journal was left
+        with open_loader(src) as loader:
+            assert check_bytes(loader).chunks >= 1, (nth, outcome)
+        if outcome == "rolled forward":
+            assert src.read_bytes()[: trailer.content_size] == done, nth
+        else:  # killed before the journal's commit: the file as it was
+            assert outcome in (None, "discarded") and src.read_bytes() == known.read_bytes()
+        assert ptestore.verify(src).status == "intact", nth
+        outcomes.add(outcome)
+    assert "rolled forward" in outcomes, outcomes
 
 
 def test_every_entry_point_rolls_a_committed_journal_forward(tmp_path: Path) -> None:
@@ -728,12 +767,18 @@ def test_in_place_ensure_never_specializes_its_output_again(
             assert ptestore.recover(src) == "rolled forward"
     ran = _calls(calls)
     assert _content(src) == once or "not recovered" in route
+    if "not recovered" not in route:  # the record's chunk digests are the bytes', every one
+        with open_loader(src) as loader:
+            assert check_bytes(loader).chunks >= 1, route
     a = ptestore.ensure(src, cache_dir=cache, backends=[SPEC], in_place=True)
     assert _calls(calls) == ran  # the backend did not run again
     assert a.created and a.in_place and a.specialized and a.pte == str(src)
     assert _content(src) == once
     b = ptestore.ensure(src, cache_dir=cache, backends=[SPEC], in_place=True)
     assert not b.created and _calls(calls) == ran and _content(src) == once
+    with open_loader(src) as loader:
+        assert check_bytes(loader).chunks >= 1
+    assert ptestore.verify(src).status == "intact"
 
 
 def _upgraded(version: str) -> Any:
