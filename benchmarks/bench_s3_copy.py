@@ -69,6 +69,19 @@ def sha256_of(client: Any, bucket: str, key: str) -> str:
     return h.hexdigest()
 
 
+def _setup(args: argparse.Namespace) -> tuple[Any, str, int]:
+    """Quiet loggers; the program's container, the key of its first largest weight (the
+    one doubled) and the part size in bytes."""
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    logging.getLogger("ptestore").setLevel(logging.ERROR)
+    with open_loader(args.path) as local:
+        c = read_container(local).container
+    sizes = {e.key: c.segments[e.segment_index].size for e in c.named_data}
+    largest = max(sizes.values())
+    key = next(k for k, s in sizes.items() if s == largest)
+    return c, key, args.part_size_mib << 20
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("path")
@@ -86,15 +99,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.provenance_pairs:
         return provenance_pairs(args)
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    logging.getLogger("ptestore").setLevel(logging.ERROR)
-    part = args.part_size_mib << 20
-
-    with open_loader(args.path) as local:
-        c = read_container(local).container
-    sizes = {e.key: c.segments[e.segment_index].size for e in c.named_data}
-    largest = max(sizes.values())
-    key = next(k for k, s in sizes.items() if s == largest)
+    c, key, part = _setup(args)
 
     import aiobotocore.session
 
@@ -185,13 +190,7 @@ def provenance_pairs(args: argparse.Namespace) -> None:
 
     from ptestore.provenance import read_provenance
 
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    logging.getLogger("ptestore").setLevel(logging.ERROR)
-    part = args.part_size_mib << 20
-    with open_loader(args.path) as local:
-        c = read_container(local).container
-    sizes = {e.key: c.segments[e.segment_index].size for e in c.named_data}
-    key = next(k for k, s in sizes.items() if s == max(sizes.values()))
+    c, key, part = _setup(args)
     if args.server == "seaweedfs":
         from ptestore.testing.seaweedfs import seaweedfs_s3_server
 

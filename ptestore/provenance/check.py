@@ -3,8 +3,7 @@ each chunk (:mod:`.chunks`) that overlaps the range is hashed (in parallel for a
 file) and compared with the digest the record names, so a damaged byte is reported
 with its chunk's range.
 
-:func:`recorded_chunks` gives a run the chunk digests a source's own trailer names (what
-is trusted is said there).
+What a run trusts of a source's own trailer is in :mod:`.known`.
 
 A version-1 record names only the whole content's SHA-256: it can be checked whole,
 not by range.
@@ -13,15 +12,11 @@ not by range.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ..errors import ConfigurationError, FormatError
 from ..storage.types import DataLoader
 
-if TYPE_CHECKING:
-    from .chunks import ChunkDigests
-
-__all__ = ["BytesChecked", "check_bytes", "parse_range", "recorded_chunks"]
+__all__ = ["BytesChecked", "check_bytes", "parse_range"]
 
 
 @dataclass(frozen=True)
@@ -111,28 +106,3 @@ def check_bytes(loader: DataLoader, byte_range: tuple[int, int] | None = None) -
     first = chunks.span(span.start)[0] if span else start
     last = chunks.span(span.stop - 1)[1] if span else end
     return BytesChecked(first, last, len(span))
-
-
-def recorded_chunks(loader: DataLoader) -> ChunkDigests | None:
-    """The chunk digests a source's own trailer records for the bytes it hides (the
-    loader :func:`~.trailer.without_trailer` made), None when it records none.
-
-    Trusted without reading the bytes: the trailer's checksum held when it was read, its
-    record is version 2 and names exactly the bytes before the trailer (its content size
-    is where the trailer starts), and the loader checks the object did not change
-    during the run (``check_unchanged``). A byte damaged in the source since its record
-    was made is then not caught by this run: its new record carries the digest of the
-    byte as it was, so ``verify`` of the output reports that chunk."""
-    from .record import Provenance
-    from .trailer import Trailer
-
-    trailer = getattr(loader, "trailer", None)
-    if not isinstance(trailer, Trailer):
-        return None
-    try:
-        content = Provenance.from_dict(trailer.record(), loader.name).content
-    except FormatError:
-        return None
-    if content is None or content.chunks is None or content.size != trailer.content_size:
-        return None
-    return content.chunks

@@ -5,9 +5,13 @@ CRCs) of a source, so that its digest and every output made from it cost what ch
 of its chunk digests, :mod:`.chunks`). It reads only the chunks nothing names yet:
 
 - a source that ends with a provenance trailer names the digests of the bytes before
-  it (trusted as :func:`~.check.recorded_chunks` says: the trailer's checksum held, its
-  record names exactly those bytes, the loader checks the object does not change during
-  the run); only the chunks that hold the trailer are read;
+  it. Trusted without reading those bytes: the trailer's checksum held when it was read,
+  its record is version 2 or 3 and names exactly the bytes before the trailer (its
+  content size is where the trailer starts), and the loader checks the object did not
+  change during the run (``check_unchanged``). A byte damaged in the source since its
+  record was made is then not caught by the run: its new record carries the digest of
+  the byte as it was, so ``verify`` of the output reports that chunk. Only the chunks
+  that hold the trailer are read;
 - an object version this process has described already (same URL and ETag, or, for a
   local file, the same size, modification time and inode) is not read again: a fleet
   worker making one source for many devices reads it once.
