@@ -65,7 +65,8 @@ def _digest(
     # where their CRCs are known too, are not read at all.
     source = known_chunks(f.loader)
     known: dict[int, bytes] = {}
-    if source is not None:
+    # (one chunk in all: it holds the new metadata, so nothing of it can be known)
+    if source is not None and end > source.chunks.chunk_size:
         kept = [(x.dst, x.dst + x.size) for x in copies if x.source is f.loader and x.src == x.dst]
         if meta and len(meta) <= f.loader.size() and bytes(f.loader.load(0, len(meta))) == meta:
             kept.append((0, len(meta)))  # the metadata is the source's (a pass-through)

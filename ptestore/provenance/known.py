@@ -150,7 +150,7 @@ def describe_content(
     """The digest (``sha256-tree:``) of the first ``size`` bytes (all by default) of
     the object behind ``loader``, with its chunk digests and per-chunk CRCs, reading
     only what neither its trailer nor this process already knows."""
-    from .chunks import reusable
+    from .chunks import chunk_size_for, reusable
     from .crcs import LOCAL_CRCS, STORE_CRCS
     from .digest import ContentHasher
 
@@ -166,7 +166,8 @@ def describe_content(
     known: dict[int, bytes] = {}
     known_crcs: dict[int, dict[str, int]] = {}
     algorithms: tuple[str, ...] = LOCAL_CRCS
-    got = _from_trailer(loader)
+    # An object of one chunk: that chunk holds the trailer, nothing to take from it
+    got = _from_trailer(loader) if size > chunk_size_for(size) else None
     if got is not None:
         content, end = got
         assert content.chunks is not None

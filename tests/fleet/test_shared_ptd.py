@@ -102,7 +102,7 @@ def test_a_shared_ptd_is_stored_once_on_s3(
         assert by_device[device] == {
             "url": f"s3://{bucket}/{shared}",
             "size": len(source_ptd),
-            "sha256": f"sha256:{_sha(source_ptd)}",
+            "sha256": f"sha256-tree:{_sha(source_ptd)}",
             "trailer_sha256": None,
             "shared": True,
         }
@@ -152,7 +152,7 @@ def test_local_job_stores_the_ptd_once_and_fetch_follows_it(tmp_path: Path) -> N
     damaged.write_bytes(EXT.ptd_path.read_bytes())
     report = ptestore.verify(damaged)
     assert report.status == "invalid" and report.error == (
-        f"{damaged}: sha256 = 'sha256:{source_name[:-4]}': must be sha256:{'0' * 64}, its "
+        f"{damaged}: sha256 = 'sha256-tree:{source_name[:-4]}': must be sha256-tree:{'0' * 64}, its "
         "content address (the shared .ptd was damaged or changed after it was stored)"
     )
     damaged.unlink()
