@@ -13,7 +13,7 @@ of its chunk digests, :mod:`.chunks`). It reads only the chunks nothing names ye
   the byte as it was, so ``verify`` of the output reports that chunk. Only the chunks
   that hold the trailer are read;
 - an object version this process has described already (same URL and ETag, or, for a
-  local file, the same size, modification time and inode) is not read again: a fleet
+  local file, the same size, modification and change times and inode) is not read again: a fleet
   worker making one source for many devices reads it once.
 
 :func:`known_chunks` then gives a run the digests and CRCs of a source's chunks, so the
@@ -66,8 +66,8 @@ def _innermost(loader: DataLoader) -> DataLoader:
 
 def version_key(loader: DataLoader) -> tuple[Any, ...] | None:
     """What pins the bytes of the object behind ``loader``: its name, size and ETag, or
-    (a local file) its size, modification time, inode and device; None when nothing
-    does."""
+    (a local file) its size, modification and change times, inode and device; None when
+    nothing does."""
     obj = _innermost(loader)
     etag = getattr(obj, "etag", None)
     if isinstance(etag, str):
@@ -80,7 +80,8 @@ def version_key(loader: DataLoader) -> tuple[Any, ...] | None:
             st = os.stat(path)
         except OSError:
             return None
-        return (obj.name, st.st_size, "stat", st.st_mtime_ns, st.st_ino, st.st_dev)
+        # ctime too: a rewrite that keeps the size and sets the mtime back changes it
+        return (obj.name, st.st_size, "stat", st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
     return None
 
 

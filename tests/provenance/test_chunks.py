@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 import shutil
 import struct
 from pathlib import Path
@@ -539,3 +540,24 @@ def test_trust_costs_what_changed_a_known_source_s_chunks_are_not_read(
     size, skipped = seen[-1]
     assert size - skipped <= 2 * CHUNK_SIZE, (size, skipped)
     _assert_bound(target)
+
+
+def test_a_same_size_rewrite_with_its_mtime_set_back_is_described_again(
+    big: Path, tmp_path: Path
+) -> None:
+    """What a process remembers of a file is keyed by its size, mtime, ctime, inode and
+    device: a rewrite in place that keeps the size and sets the mtime back (``cp -p``,
+    ``rsync -t``) changes the ctime, so the file is read again, not taken as known."""
+    from ptestore.provenance import known as known_module
+    from ptestore.provenance.stamp import describe_source
+
+    src = tmp_path / "src.pte"
+    shutil.copyfile(big, src)
+    first = describe_source(open_loader(src))
+    st = src.stat()
+    flip(src, 5 * MiB)
+    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert src.stat().st_mtime_ns == st.st_mtime_ns and src.stat().st_size == st.st_size
+    again = describe_source(open_loader(src))
+    assert again.sha256 != first.sha256 and again.sha256 == tree(src.read_bytes())
+    known_module.forget()
