@@ -152,8 +152,9 @@ def test_local_job_stores_the_ptd_once_and_fetch_follows_it(tmp_path: Path) -> N
     damaged.write_bytes(EXT.ptd_path.read_bytes())
     report = ptestore.verify(damaged)
     assert report.status == "invalid" and report.error == (
-        f"{damaged}: sha256 = 'sha256-tree:{source_name[:-4]}': must be sha256-tree:{'0' * 64}, its "
-        "content address (the shared .ptd was damaged or changed after it was stored)"
+        f"{damaged}: sha256 = 'sha256-tree:{source_name[:-4]}': must be "
+        f"sha256-tree:{'0' * 64}, its content address (the shared .ptd was damaged or "
+        "changed after it was stored)"
     )
     damaged.unlink()
     # verify --ptd with another pair's shared .ptd: stale, naming the field.
