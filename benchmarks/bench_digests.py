@@ -62,8 +62,15 @@ class Reverse(BackendInterface):
 
 
 def _env(work: Path) -> dict[str, str]:
+    """The processes' environment: this tree first on the path, its bytecode compiled
+    and used as an installed ptestore's is (a ``PYTHONDONTWRITEBYTECODE`` set in the
+    caller's environment made every run compile ptestore's modules: 0.18 s)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(work)])
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    subprocess.run(
+        [PY, "-m", "compileall", "-q", str(ROOT / "ptestore"), str(work)], check=True, env=env
+    )
     return env
 
 
