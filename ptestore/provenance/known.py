@@ -147,10 +147,11 @@ def describe_content(
     size: int | None = None,
     *,
     cancelled: threading.Event | None = None,
-) -> ContentDigest:
-    """The digest (``sha256-tree:``) of the first ``size`` bytes (all by default) of
-    the object behind ``loader``, with its chunk digests and per-chunk CRCs, reading
-    only what neither its trailer nor this process already knows."""
+) -> Known:
+    """The chunk digests (their root, ``.chunks.digest``, names the bytes) and per-chunk
+    CRCs of the first ``size`` bytes (all by default) of the object behind ``loader``,
+    reading only what neither its trailer nor this process already knows; remembered
+    for the object's version."""
     from .chunks import chunk_size_for, reusable
     from .crcs import LOCAL_CRCS, STORE_CRCS
     from .digest import ContentHasher
@@ -161,9 +162,7 @@ def describe_content(
         with _LOCK:
             hit = _KNOWN.get(key)
         if hit is not None and hit.chunks.length == size:
-            from .record import ContentDigest
-
-            return ContentDigest(size, hit.chunks.digest, _crc32_of(hit, size), hit.chunks)
+            return hit
     known: dict[int, bytes] = {}
     known_crcs: dict[int, dict[str, int]] = {}
     algorithms: tuple[str, ...] = LOCAL_CRCS
@@ -181,29 +180,16 @@ def describe_content(
     h = ContentHasher(size, known, algorithms, known_crcs=known_crcs)
     h.read(loader, 0, size, cancelled)
     digest = h.digest()
-    if key is not None and digest.chunks is not None:
-        rows: dict[int, dict[str, int]] = {}
-        if digest.crcs is not None:
-            for a, values in digest.crcs.chunks.items():
-                for i, v in enumerate(values):
-                    rows.setdefault(i, {})[a] = v
-        _remember(key, Known(digest.chunks, rows))
-    return digest
-
-
-def _crc32_of(known: Known, size: int) -> int:
-    """The CRC-32 of the whole object from its per-chunk CRC-32s (0 when unknown)."""
-    from ..checksums import combine_all
-
-    chunks = known.chunks
-    pieces: list[tuple[int, int]] = []
-    for i in range(len(chunks.digests)):
-        value = known.crcs.get(i, {}).get("CRC32")
-        if value is None:
-            return 0
-        start, end = chunks.span(i)
-        pieces.append((value, end - start))
-    return combine_all("CRC32", pieces) if pieces else 0
+    assert digest.chunks is not None
+    rows: dict[int, dict[str, int]] = {}
+    if digest.crcs is not None:
+        for a, values in digest.crcs.chunks.items():
+            for i, v in enumerate(values):
+                rows.setdefault(i, {})[a] = v
+    described = Known(digest.chunks, rows)
+    if key is not None:
+        _remember(key, described)
+    return described
 
 
 def known_chunks(loader: DataLoader) -> Known | None:

@@ -93,11 +93,10 @@ def describe_source(
         digest = "sha256:" + h.hexdigest()
         chunks = None
     else:
-        from .known import describe_content, known_chunks
+        from .known import describe_content
 
-        described = describe_content(loader, size, cancelled=cancelled)
-        digest = described.sha256
-        chunks = known_chunks(loader)
+        chunks = describe_content(loader, size, cancelled=cancelled)
+        digest = chunks.chunks.digest
     etag = getattr(loader, "etag", None)
     version = getattr(loader, "version_id", None)
     return SourceInfo(
