@@ -154,22 +154,21 @@ def _provides(dist: Distribution, top: str) -> bool:
 
 @lru_cache(maxsize=256)
 def _top_distribution_version(top: str) -> str:
+    found = _scan_dist_info(top)
+    if found is not None:
+        return found or UNKNOWN_VERSION
+    # An ``*.egg-info`` without ``top_level.txt`` might provide it: decided as
+    # importlib.metadata decides (its import alone costs a CLI run about 45 ms, which is
+    # why it is the last resort).
     from importlib import metadata
 
-    # Most distributions are named as their top-level package: that one, when it does
-    # provide the package, is found by name (one directory listing per sys.path entry)
-    # instead of reading the file list of every installed distribution (about 100 ms).
     try:
         dist: Distribution | None = metadata.distribution(top)
     except metadata.PackageNotFoundError:
         dist = None
     if dist is not None and _provides(dist, top):
         return dist.version
-    found = _scan_dist_info(top)
-    if found is not None:
-        return found or UNKNOWN_VERSION
-    names = metadata.packages_distributions().get(top, [])
-    for name in names:
+    for name in metadata.packages_distributions().get(top, []):
         try:
             return metadata.version(name)
         except metadata.PackageNotFoundError:
@@ -177,40 +176,65 @@ def _top_distribution_version(top: str) -> str:
     return UNKNOWN_VERSION
 
 
+def _normalized(name: str) -> str:
+    return name.lower().replace("-", "_").replace(".", "_")
+
+
 def _scan_dist_info(top: str) -> str | None:
-    """The version of the first distribution on ``sys.path`` that installs ``top``
-    (``*.dist-info``: its ``top_level.txt``, else the top-level names in its
-    ``RECORD``, the version from the directory's name; ``*.egg-info``: its
-    ``top_level.txt`` and ``PKG-INFO``): ``""`` when none does, None when an egg-info
-    without ``top_level.txt`` might (then ``packages_distributions`` decides). Reading a
-    few small files per distribution instead of parsing each one's metadata: a backend
-    module no distribution provides (on ``PYTHONPATH``) cost a CLI run 0.3-0.9 s
-    otherwise."""
+    """The version of the distribution on ``sys.path`` that installs ``top``: the one
+    named as ``top`` first (as ``importlib.metadata.distribution(top)`` finds it), else
+    the first that declares it (``*.dist-info``: its ``top_level.txt``, else the
+    top-level names in its ``RECORD``; ``*.egg-info``: its ``top_level.txt`` and
+    ``PKG-INFO``); ``""`` when none does, None when an egg-info without
+    ``top_level.txt`` might (then importlib.metadata decides). A few small files per
+    distribution, without importing ``importlib.metadata`` or parsing each one's
+    metadata: a backend module no distribution provides (on ``PYTHONPATH``) cost a CLI
+    run 0.3-0.9 s that way."""
     import os
     import sys
 
-    unsure = False
+    infos: list[tuple[str, str]] = []
     for entry in sys.path:
         try:
             names = os.listdir(entry or ".")
         except OSError:
             continue
-        for name in names:
-            path = os.path.join(entry or ".", name)
-            if name.endswith(".egg-info"):
-                tops = _read(path, "top_level.txt")
-                if tops is None:
-                    unsure = True
-                elif top in tops.split():
-                    info = _read(path, "PKG-INFO") or ""
-                    for line in info.splitlines():
-                        if line.startswith("Version:"):
-                            return line.partition(":")[2].strip() or UNKNOWN_VERSION
-                    return UNKNOWN_VERSION
-            elif name.endswith(".dist-info") and top in _dist_info_tops(path):
-                stem = name[: -len(".dist-info")]
-                return stem.partition("-")[2] or UNKNOWN_VERSION
+        infos.extend(
+            (os.path.join(entry or ".", name), name)
+            for name in names
+            if name.endswith((".dist-info", ".egg-info"))
+        )
+    wanted = _normalized(top)
+    named = [info for info in infos if _normalized(_dist_name(info[1])) == wanted]
+    unsure = False
+    for path, name in named + infos:
+        if name.endswith(".egg-info"):
+            tops = _read(path, "top_level.txt")
+            if tops is None:
+                unsure = True
+            elif top in tops.split():
+                return _field(_read(path, "PKG-INFO"), "Version") or UNKNOWN_VERSION
+        elif _dist_info_provides(path, top):
+            stem = name[: -len(".dist-info")]
+            version = stem.partition("-")[2]
+            return version or _field(_read(path, "METADATA"), "Version") or UNKNOWN_VERSION
     return None if unsure else ""
+
+
+def _dist_name(directory: str) -> str:
+    """``acme_npu-2.5.1.dist-info`` -> ``acme_npu``; ``legacy.egg-info`` -> ``legacy``."""
+    return directory.rpartition(".")[0].partition("-")[0]
+
+
+def _field(text: str | None, name: str) -> str:
+    """A header's value in a ``METADATA``/``PKG-INFO`` text (``""`` if absent)."""
+    for line in (text or "").splitlines():
+        if not line.strip():  # the headers end at the first blank line
+            break
+        key, sep, value = line.partition(":")
+        if sep and key.strip() == name:
+            return value.strip()
+    return ""
 
 
 def _read(directory: str, name: str) -> str | None:
@@ -223,22 +247,15 @@ def _read(directory: str, name: str) -> str | None:
         return None
 
 
-def _dist_info_tops(path: str) -> set[str]:
-    def read(name: str) -> str | None:
-        return _read(path, name)
-
-    declared = read("top_level.txt")
-    if declared and declared.split():
-        return set(declared.split())
-    tops: set[str] = set()
-    for line in (read("RECORD") or "").splitlines():
-        file = line.partition(",")[0]
-        parts = file.split("/")
-        if len(parts) > 1 and not parts[0].endswith((".dist-info", ".data")):
-            tops.add(parts[0])
-        elif len(parts) == 1 and file.endswith(".py"):
-            tops.add(file[: -len(".py")])
-    return tops
+def _dist_info_provides(path: str, top: str) -> bool:
+    """Whether the ``*.dist-info`` at ``path`` installs ``top``: its ``top_level.txt``
+    when it declares names, else whether its ``RECORD`` lists ``top/...`` or
+    ``top.py`` (a substring test: a module name has no ``/``, ``,`` or newline)."""
+    declared = (_read(path, "top_level.txt") or "").split()
+    if declared:
+        return top in declared
+    record = "\n" + (_read(path, "RECORD") or "")
+    return f"\n{top}/" in record or f"\n{top}.py," in record
 
 
 def distribution_version(cls: type) -> str:

@@ -606,13 +606,27 @@ def test_a_backend_module_s_version_is_found_without_parsing_every_distribution(
     (site / "legacy.egg-info").mkdir()
     (site / "legacy.egg-info" / "top_level.txt").write_text("legacy_mod\n")
     (site / "legacy.egg-info" / "PKG-INFO").write_text("Name: legacy\nVersion: 0.9\n")
+    # Two declare ``dup_mod``: the one named so wins (importlib.metadata's
+    # ``distribution("dup_mod")``); a directory name without a version: METADATA's.
+    (site / "aaa-1.0.dist-info").mkdir()
+    (site / "aaa-1.0.dist-info" / "top_level.txt").write_text("dup_mod\n")
+    (site / "Dup.Mod-2.0.dist-info").mkdir()
+    (site / "Dup.Mod-2.0.dist-info" / "RECORD").write_text("dup_mod.py,sha256=z,3\n")
+    (site / "noversion.dist-info").mkdir()
+    (site / "noversion.dist-info" / "top_level.txt").write_text("nov_mod\n")
+    (site / "noversion.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: noversion\nVersion: 4.2\n\nVersion: not this\n"
+    )
     monkeypatch.syspath_prepend(str(site))
     compat._top_distribution_version.cache_clear()
 
-    def no_scan() -> None:
-        raise AssertionError("packages_distributions() read every distribution")
+    def no_scan(*args: object) -> None:
+        raise AssertionError("importlib.metadata read the distributions")
 
     monkeypatch.setattr(metadata, "packages_distributions", no_scan)
+    monkeypatch.setattr(metadata, "distribution", no_scan)
+    assert compat._top_distribution_version("dup_mod") == "2.0"
+    assert compat._top_distribution_version("nov_mod") == "4.2"
     assert compat._top_distribution_version("acme_npu") == "2.5.1"
     assert compat._top_distribution_version("other_mod") == "0.3"
     assert compat._top_distribution_version("single") == "0.3"
