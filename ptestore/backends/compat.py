@@ -193,28 +193,32 @@ def _scan_dist_info(top: str) -> str | None:
     import os
     import sys
 
-    infos: list[tuple[str, str]] = []
+    # (path, directory name, whether ``top`` is installed beside it): a RECORD lists
+    # files installed under its own sys.path entry, so where neither ``top/`` nor
+    # ``top.py`` is, no RECORD there names it and none is read (torch's is 2 MB).
+    infos: list[tuple[str, str, bool]] = []
     for entry in sys.path:
         try:
             names = os.listdir(entry or ".")
         except OSError:
             continue
+        beside = top in names or f"{top}.py" in names
         infos.extend(
-            (os.path.join(entry or ".", name), name)
+            (os.path.join(entry or ".", name), name, beside)
             for name in names
             if name.endswith((".dist-info", ".egg-info"))
         )
     wanted = _normalized(top)
     named = [info for info in infos if _normalized(_dist_name(info[1])) == wanted]
     unsure = False
-    for path, name in named + infos:
+    for path, name, beside in named + infos:
         if name.endswith(".egg-info"):
             tops = _read(path, "top_level.txt")
             if tops is None:
                 unsure = True
             elif top in tops.split():
                 return _field(_read(path, "PKG-INFO"), "Version") or UNKNOWN_VERSION
-        elif _dist_info_provides(path, top):
+        elif _dist_info_provides(path, top, record=beside):
             stem = name[: -len(".dist-info")]
             version = stem.partition("-")[2]
             return version or _field(_read(path, "METADATA"), "Version") or UNKNOWN_VERSION
@@ -247,15 +251,17 @@ def _read(directory: str, name: str) -> str | None:
         return None
 
 
-def _dist_info_provides(path: str, top: str) -> bool:
+def _dist_info_provides(path: str, top: str, *, record: bool = True) -> bool:
     """Whether the ``*.dist-info`` at ``path`` installs ``top``: its ``top_level.txt``
-    when it declares names, else whether its ``RECORD`` lists ``top/...`` or
-    ``top.py`` (a substring test: a module name has no ``/``, ``,`` or newline)."""
+    when it declares names, else (``record``) whether its ``RECORD`` lists ``top/...``
+    or ``top.py`` (a substring test: a module name has no ``/``, ``,`` or newline)."""
     declared = (_read(path, "top_level.txt") or "").split()
     if declared:
         return top in declared
-    record = "\n" + (_read(path, "RECORD") or "")
-    return f"\n{top}/" in record or f"\n{top}.py," in record
+    if not record:
+        return False
+    listed = "\n" + (_read(path, "RECORD") or "")
+    return f"\n{top}/" in listed or f"\n{top}.py," in listed
 
 
 def distribution_version(cls: type) -> str:

@@ -30,7 +30,6 @@ naming the spec; a module that cannot be imported raises
 from __future__ import annotations
 
 import importlib
-import inspect
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -164,6 +163,8 @@ def registered_backends() -> MappingProxyType[str, object]:
 def object_label(obj: object) -> str:
     """``package.module:QualName`` of a class or function, or of an instance's class;
     never a ``repr`` (which may show an address, or raise)."""
+    import inspect  # here: start-up is measured on devices
+
     target = obj if isinstance(obj, type) or inspect.isroutine(obj) else type(obj)
     module = getattr(target, "__module__", None) or "?"
     qualname = getattr(target, "__qualname__", None) or getattr(target, "__name__", "?")
@@ -202,6 +203,8 @@ def _declared_version(obj: object, *, default: bool = True) -> str | None:
         if isinstance(obj, BackendInterface):
             version: object = obj.version
         elif isinstance(obj, type) and issubclass(obj, BackendInterface):
+            import inspect
+
             declared = inspect.getattr_static(obj, "version", None)
             if isinstance(declared, str) or not default:
                 return declared if isinstance(declared, str) else None

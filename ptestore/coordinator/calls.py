@@ -4,7 +4,6 @@ replacement as it arrives; what each call did goes into its :class:`BackendRepor
 
 from __future__ import annotations
 
-import inspect
 import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
@@ -137,6 +136,10 @@ def _note(
 def _check_returned(result: object, bid: str, spec: str | None) -> None:
     """``initialize_backend_data`` does its work during the call: a generator, coroutine
     or other awaitable returned instead means its body never ran."""
+    if result is None:
+        return
+    import inspect  # only for what a backend should not return: start-up is measured
+
     kind = None
     if inspect.isgenerator(result):
         kind = "a generator (is initialize_backend_data a generator function?)"
@@ -145,8 +148,6 @@ def _check_returned(result: object, bid: str, spec: str | None) -> None:
     elif inspect.isawaitable(result):
         kind = "a coroutine or awaitable (is initialize_backend_data an async def?)"
     if kind is None:
-        if result is None:
-            return
         try:
             text = repr(result)
         except Exception:  # a hostile __repr__: the type says enough

@@ -8,7 +8,6 @@ the wrong type names the option, the value and what it must be.
 
 from __future__ import annotations
 
-import inspect
 import os
 from collections.abc import Callable, Iterable, Mapping
 
@@ -106,6 +105,8 @@ def fsspec_options(fs_cls: type) -> frozenset[str]:
     """Options an fsspec filesystem class takes: the named parameters of the
     ``__init__`` of each class up to ``AbstractFileSystem``, fsspec's common options,
     and for s3fs the session options it forwards."""
+    import inspect  # here: a local run never asks (start-up is measured on devices)
+
     names = set(_FSSPEC_BASE_OPTIONS)
     for cls in fs_cls.__mro__:
         if cls.__name__ == "AbstractFileSystem" or cls is object:

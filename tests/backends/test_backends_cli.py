@@ -603,6 +603,9 @@ def test_a_backend_module_s_version_is_found_without_parsing_every_distribution(
     (site / "other-0.3.dist-info" / "RECORD").write_text(
         "other_mod/__init__.py,sha256=x,1\nsingle.py,sha256=y,2\nother-0.3.dist-info/RECORD,,\n"
     )
+    (site / "other_mod").mkdir()  # what a RECORD lists is installed beside it
+    (site / "other_mod" / "__init__.py").write_text("")
+    (site / "single.py").write_text("")
     (site / "legacy.egg-info").mkdir()
     (site / "legacy.egg-info" / "top_level.txt").write_text("legacy_mod\n")
     (site / "legacy.egg-info" / "PKG-INFO").write_text("Name: legacy\nVersion: 0.9\n")
@@ -612,6 +615,7 @@ def test_a_backend_module_s_version_is_found_without_parsing_every_distribution(
     (site / "aaa-1.0.dist-info" / "top_level.txt").write_text("dup_mod\n")
     (site / "Dup.Mod-2.0.dist-info").mkdir()
     (site / "Dup.Mod-2.0.dist-info" / "RECORD").write_text("dup_mod.py,sha256=z,3\n")
+    (site / "dup_mod.py").write_text("")
     (site / "noversion.dist-info").mkdir()
     (site / "noversion.dist-info" / "top_level.txt").write_text("nov_mod\n")
     (site / "noversion.dist-info" / "METADATA").write_text(
@@ -632,4 +636,9 @@ def test_a_backend_module_s_version_is_found_without_parsing_every_distribution(
     assert compat._top_distribution_version("single") == "0.3"
     assert compat._top_distribution_version("legacy_mod") == "0.9"
     assert compat._top_distribution_version("nobody_provides_this") == compat.UNKNOWN_VERSION
+    # A RECORD is read only where the module is installed: one that lists a module
+    # which is not there (deleted; or the module lives elsewhere on the path) is not.
+    (site / "gone-1.0.dist-info").mkdir()
+    (site / "gone-1.0.dist-info" / "RECORD").write_text("gone_mod.py,sha256=w,4\n")
+    assert compat._top_distribution_version("gone_mod") == compat.UNKNOWN_VERSION
     compat._top_distribution_version.cache_clear()
