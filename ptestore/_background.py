@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
-__all__ = ["Background", "Cancelled"]
+if TYPE_CHECKING:
+    from queue import SimpleQueue
+
+__all__ = ["Background", "Cancelled", "Worker"]
 
 T = TypeVar("T")
 
@@ -51,6 +54,60 @@ class Background(Generic[T]):
 
     def cancel(self) -> None:
         self.cancelled.set()
+        self._thread.join()
+
+
+class _Pending(threading.Event):
+    value: object = None
+    error: BaseException | None = None
+
+    def result(self) -> object:
+        self.wait()
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+class Worker:
+    """One daemon thread running the calls handed to it, one at a time, in order: a
+    second thread for a loop that hands it half of each step (what
+    ``ThreadPoolExecutor(1)`` would do, without importing :mod:`concurrent.futures` and
+    :mod:`logging` at start-up: about 9 ms of a device's CLI run).
+
+    :meth:`submit` returns a pending call whose ``result()`` waits and returns or raises
+    what the call did; :meth:`close` ends the thread once the calls handed to it are
+    done (also when the worker is garbage-collected, without waiting)."""
+
+    def __init__(self, name: str) -> None:
+        import weakref
+        from queue import SimpleQueue
+
+        todo: SimpleQueue[tuple[Callable[..., object], tuple[object, ...], _Pending] | None]
+        todo = SimpleQueue()
+        self._todo = todo
+        self._thread = threading.Thread(target=self._loop, args=(todo,), name=name, daemon=True)
+        self._thread.start()
+        self._finalizer = weakref.finalize(self, todo.put, None)
+
+    @staticmethod
+    def _loop(
+        todo: SimpleQueue[tuple[Callable[..., object], tuple[object, ...], _Pending] | None],
+    ) -> None:
+        while (item := todo.get()) is not None:
+            fn, args, pending = item
+            try:
+                pending.value = fn(*args)
+            except BaseException as exc:  # handed to the thread that asks for the result
+                pending.error = exc
+            pending.set()
+
+    def submit(self, fn: Callable[..., object], *args: object) -> _Pending:
+        pending = _Pending()
+        self._todo.put((fn, args, pending))
+        return pending
+
+    def close(self) -> None:
+        self._finalizer()  # puts the end marker once
         self._thread.join()
 
 

@@ -16,13 +16,12 @@ import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from .._background import Worker
 from .._background import check as check_cancelled
 from ..storage.types import DataLoader, load_into
 from .record import ContentDigest
 
 if TYPE_CHECKING:
-    from concurrent.futures import ThreadPoolExecutor
-
     from ..checksums import GridCRCs
     from .chunks import ChunkHasher
     from .crcs import ContentCRCs
@@ -95,7 +94,7 @@ class ContentHasher:
         self.skipped = 0
         self.length = length
         self._chunks: ChunkHasher | None = None
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: Worker | None = None
         self._grid: GridCRCs | None = None
         if length is not None:
             from .chunks import ChunkHasher
@@ -110,9 +109,7 @@ class ContentHasher:
         chunks = self._chunks
         if chunks is not None and n >= _PARALLEL_MIN and not chunks.known(n):
             if self._pool is None:
-                from concurrent.futures import ThreadPoolExecutor
-
-                self._pool = ThreadPoolExecutor(1, thread_name_prefix="ptestore-chunk-digest")
+                self._pool = Worker("ptestore-chunk-digest")
             pending = self._pool.submit(chunks.update, data)
             try:
                 if self._sha is not None:
@@ -194,7 +191,7 @@ class ContentHasher:
 
     def digest(self) -> ContentDigest:
         if self._pool is not None:
-            self._pool.shutdown()
+            self._pool.close()
             self._pool = None
         chunks = None if self._chunks is None else self._chunks.result()
         crc, crcs = self._crc, None

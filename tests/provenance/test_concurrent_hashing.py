@@ -261,3 +261,35 @@ def test_a_failed_write_stops_the_digest(tmp_path: Path, monkeypatch: pytest.Mon
     assert go_on.is_set()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pte"]
     assert [t.name for t in threading.enumerate() if t.name.startswith("ptestore-")] == []
+
+
+def test_a_worker_runs_calls_in_order_and_hands_back_their_errors() -> None:
+    """``Worker``: the chunk digests' second thread (``ContentHasher.update``)."""
+    from ptestore._background import Worker
+
+    seen: list[int] = []
+    worker = Worker("ptestore-test-worker")
+    pending = [worker.submit(seen.append, i) for i in range(50)]
+    failed = worker.submit(int, "not a number")
+    assert [p.result() for p in pending] == [None] * 50
+    assert seen == list(range(50))
+    with pytest.raises(ValueError, match="not a number"):
+        failed.result()
+    assert worker.submit(len, b"abc").result() == 3
+    worker.close()
+    assert "ptestore-test-worker" not in [t.name for t in threading.enumerate()]
+
+
+def test_an_abandoned_worker_s_thread_ends() -> None:
+    """A hasher dropped without its digest (its run failed) leaves no thread behind."""
+    import gc
+
+    from ptestore._background import Worker
+
+    worker = Worker("ptestore-test-abandoned")
+    thread = worker._thread
+    assert worker.submit(len, b"ab").result() == 2
+    del worker
+    gc.collect()
+    thread.join(timeout=60)
+    assert not thread.is_alive()
