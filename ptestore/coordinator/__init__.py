@@ -16,7 +16,7 @@ One module per step of the pipeline (:mod:`.pipeline` lists them in order):
 - :mod:`.output`: lay out, write every byte once, publish in order;
 - :mod:`.report`: progress events and the report a run returns;
 - :mod:`.pipeline`: :func:`initialize_and_save_backend_data` and :class:`RunOptions`,
-  the steps in order;
+  the steps in order; :mod:`.rules`: what it shares with the in-place run;
 - :mod:`.pair`: :func:`specialize_pair`, the pair runner: open the loaders and writers
   of one pair of URLs, run the pipeline, discard and close;
 - :mod:`.frontend`: :func:`specialize`, the URL front end (checks, then the pair runner);
@@ -28,18 +28,21 @@ One module per step of the pipeline (:mod:`.pipeline` lists them in order):
 
 from __future__ import annotations
 
-from .frontend import specialize
-from .pair import specialize_pair
-from .pipeline import RunOptions, initialize_and_save_backend_data
-from .report import (
-    BackendReport,
-    Event,
-    EventTracer,
-    FileReport,
-    SpecializationReport,
-    nothing_specialized_message,
-)
-from .session import MAX_REQUESTED_ALIGNMENT
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .frontend import specialize
+    from .pair import specialize_pair
+    from .pipeline import RunOptions, initialize_and_save_backend_data
+    from .report import (
+        BackendReport,
+        Event,
+        EventTracer,
+        FileReport,
+        SpecializationReport,
+        nothing_specialized_message,
+    )
+    from .session import MAX_REQUESTED_ALIGNMENT
 
 __all__ = [
     "MAX_REQUESTED_ALIGNMENT",
@@ -54,3 +57,35 @@ __all__ = [
     "specialize",
     "specialize_pair",
 ]
+
+#: Where each public name lives: imported when first asked for (PEP 562), so that a
+#: run imports the steps it takes (an in-place run never imports the pipeline's layout
+#: and writers; start-up is measured on devices).
+_HOMES = {
+    "specialize": "frontend",
+    "specialize_pair": "pair",
+    "RunOptions": "pipeline",
+    "initialize_and_save_backend_data": "pipeline",
+    "BackendReport": "report",
+    "Event": "report",
+    "EventTracer": "report",
+    "FileReport": "report",
+    "SpecializationReport": "report",
+    "nothing_specialized_message": "report",
+    "MAX_REQUESTED_ALIGNMENT": "session",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -10,10 +10,8 @@ from typing import TYPE_CHECKING, Any
 from ..errors import AlreadyExists, ObjectNotFound
 from ..storage.loaders import open_loader
 from ..storage.routing import StorageOptions
-from .pair import specialize_pair, split_pairs
-from .pipeline import refuse_unchanged
 from .report import EventTracer, SpecializationReport
-from .targets import check_targets
+from .rules import refuse_unchanged
 
 if TYPE_CHECKING:
     from ..backends.compat import DeviceProfile
@@ -136,6 +134,9 @@ def specialize(
             event_tracer=event_tracer,
             strict=strict,
         )
+    from .pair import specialize_pair, split_pairs  # here: in place needs neither
+    from .targets import check_targets
+
     options = StorageOptions(storage_options, src=src_storage_options, dst=dst_storage_options)
     pairs = split_pairs(src_url, dst_url, ptd)
     # Before any work, and before the create-mode probes: no destination may be a

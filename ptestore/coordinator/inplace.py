@@ -260,9 +260,9 @@ def _run(
     from .aliases import check_aliases
     from .calls import run_backends
     from .journal_writer import JournalSpool, JournalWriter, commit_journal
-    from .pipeline import refuse_nothing_specialized, start_provenance
     from .report import Event, FileReport
     from .respecialize import refuse_specialized_output
+    from .rules import refuse_nothing_specialized, start_provenance
     from .run import Run, read_sources
 
     started = time.perf_counter()

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .._background import Background
 from .._log import get_logger
-from ..errors import ConfigurationError, NothingSpecialized
+from ..errors import ConfigurationError
 from ..storage.types import DataLoader
 from ..writers.base import DataWriter, PublishMode, discard_all
 from ..writers.local import LocalFileWriter
@@ -31,8 +31,8 @@ from .report import (
     EventTracer,
     FileReport,
     SpecializationReport,
-    nothing_specialized_message,
 )
+from .rules import refuse_nothing_specialized, refuse_unchanged, start_provenance
 from .run import Run, read_sources
 from .spool import Spool
 from .targets import check_pair_targets
@@ -182,26 +182,6 @@ class RunOptions:
     def refuses_unchanged(self) -> bool:
         """A run that specialized nothing raises ``NothingSpecialized``."""
         return refuse_unchanged(self.strict, self.allow_unchanged)
-
-
-def start_provenance(
-    provenance: ProvenanceRequest | bool,
-    backends: Iterable[BackendLike] | None,
-    device: DeviceProfile | None,
-    sources: Sequence[tuple[str, DataLoader]],
-) -> Stamper | None:
-    """The run's :class:`~ptestore.provenance.stamp.Stamper` (None without provenance),
-    already describing ``sources`` (in a thread of its own for a large local file). The
-    run then calls ``stamper.backends``: each SPEC loaded once, for the call and the
-    record alike."""
-    if not provenance:
-        return None
-    from ..provenance.stamp import ProvenanceRequest, Stamper
-
-    request = provenance if isinstance(provenance, ProvenanceRequest) else None
-    stamper = Stamper(request or ProvenanceRequest(), backends, device)
-    stamper.describe_sources(sources)
-    return stamper
 
 
 def _digest_after_sources(
@@ -409,32 +389,6 @@ class _Pipeline:
             publish_shared(store, run.files[1], shared[0], reports[1])
         publish_in_order(run, run.files, self.options.mode, reports)
         log.info("published in %.3f s", time.perf_counter() - t_publish)
-
-
-def refuse_nothing_specialized(summary: SpecializationReport) -> None:
-    """Raise :class:`~ptestore.errors.NothingSpecialized` when no backend specialized
-    anything (before anything is written)."""
-    if not summary.specialized:
-        raise NothingSpecialized(
-            nothing_specialized_message(summary) or "nothing was specialized",
-            backend_ids=tuple(b.backend_id for b in summary.backends),
-            installed=tuple(summary.installed_backends),
-            hint=summary.hint,
-        )
-
-
-def refuse_unchanged(strict: bool | None, allow_unchanged: bool) -> bool:
-    """Whether a run that specialized nothing raises ``NothingSpecialized`` (one rule
-    for Python and the CLI: yes, unless ``allow_unchanged=True`` or ``strict=False``)."""
-    if not isinstance(allow_unchanged, bool):
-        raise ConfigurationError(f"allow_unchanged must be True or False, got {allow_unchanged!r}")
-    if strict is not None and not isinstance(strict, bool):
-        raise ConfigurationError(f"strict must be True, False or None, got {strict!r}")
-    if strict and allow_unchanged:
-        raise ConfigurationError(
-            "strict=True and allow_unchanged=True contradict each other: pass one of them"
-        )
-    return not allow_unchanged and strict is not False
 
 
 def _spool_home(writer: DataWriter) -> str | None:
