@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 if TYPE_CHECKING:
     from queue import SimpleQueue
 
-__all__ = ["Background", "Cancelled", "Worker"]
+__all__ = ["Background", "Cancelled", "Pending", "Worker"]
 
 T = TypeVar("T")
 
@@ -57,7 +57,7 @@ class Background(Generic[T]):
         self._thread.join()
 
 
-class _Pending(threading.Event):
+class Pending(threading.Event):
     value: object = None
     error: BaseException | None = None
 
@@ -82,7 +82,7 @@ class Worker:
         import weakref
         from queue import SimpleQueue
 
-        todo: SimpleQueue[tuple[Callable[..., object], tuple[object, ...], _Pending] | None]
+        todo: SimpleQueue[tuple[Callable[..., object], tuple[object, ...], Pending] | None]
         todo = SimpleQueue()
         self._todo = todo
         self._thread = threading.Thread(target=self._loop, args=(todo,), name=name, daemon=True)
@@ -91,7 +91,7 @@ class Worker:
 
     @staticmethod
     def _loop(
-        todo: SimpleQueue[tuple[Callable[..., object], tuple[object, ...], _Pending] | None],
+        todo: SimpleQueue[tuple[Callable[..., object], tuple[object, ...], Pending] | None],
     ) -> None:
         while (item := todo.get()) is not None:
             fn, args, pending = item
@@ -101,8 +101,8 @@ class Worker:
                 pending.error = exc
             pending.set()
 
-    def submit(self, fn: Callable[..., object], *args: object) -> _Pending:
-        pending = _Pending()
+    def submit(self, fn: Callable[..., object], *args: object) -> Pending:
+        pending = Pending()
         self._todo.put((fn, args, pending))
         return pending
 

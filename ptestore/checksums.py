@@ -284,6 +284,10 @@ class GridCRCs:
         """Whether chunk ``index``'s CRCs are known (its bytes need not be fed)."""
         return index in self._known
 
+    def learn(self, index: int, row: Mapping[str, int]) -> None:
+        """Chunk ``index``'s CRCs (one per algorithm), computed elsewhere."""
+        self._known[index] = dict(row)
+
     def update(self, data: Any) -> None:
         view = memoryview(data).cast("B")
         while view.nbytes:

@@ -230,10 +230,19 @@ class ChunkHasher:
     def is_known(self, index: int) -> bool:
         return index in self._known
 
-    def known(self, n: int) -> bool:
-        """Whether the next ``n`` bytes lie in known chunks only (nothing to hash)."""
-        first = len(self._digests)
-        last = (self.size + max(n, 1) - 1) // self.chunk_size
+    def learn(self, index: int, digest: bytes) -> None:
+        """Chunk ``index``'s digest, computed elsewhere (a thread of a parallel pass):
+        its bytes are then moved past (:meth:`advance`) and counted as hashed."""
+        self._known[index] = digest
+        self.hashed += min(self.chunk_size, self.length - index * self.chunk_size)
+
+    def known(self, n: int, start: int | None = None) -> bool:
+        """Whether the next ``n`` bytes (those from ``start``, when given: a caller
+        whose earlier bytes another thread may still be hashing) lie in known chunks
+        only (nothing to hash)."""
+        at = self.size if start is None else start
+        first = at // self.chunk_size
+        last = (at + max(n, 1) - 1) // self.chunk_size
         return all(i in self._known for i in range(first, last + 1))
 
     def _close_chunk(self) -> None:

@@ -561,3 +561,46 @@ def test_a_same_size_rewrite_with_its_mtime_set_back_is_described_again(
     again = describe_source(open_loader(src))
     assert again.sha256 != first.sha256 and again.sha256 == tree(src.read_bytes())
     known_module.forget()
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_a_local_file_s_whole_chunks_are_hashed_a_chunk_per_core_with_the_same_digest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int
+) -> None:
+    """``ContentHasher.read`` of a local file hashes its whole chunks in parallel (the
+    bytes before the first boundary and after the last in order): the chunk digests,
+    their root and the per-chunk CRC-32s are those of one pass in order, also where a
+    chunk's digest is known but not its CRC (only its CRC is computed, its digest kept
+    as given), and nothing read is counted as skipped."""
+    import zlib
+
+    from ptestore.provenance import digest as digest_module
+    from ptestore.provenance.chunks import CHUNK_SIZE
+    from ptestore.provenance.digest import ContentHasher
+    from ptestore.storage.loaders import LocalFileLoader
+
+    monkeypatch.setattr(digest_module, "_parallel_workers", lambda loader: workers)
+    data = os.urandom(5 * CHUNK_SIZE + 12345)
+    path = tmp_path / "blob"
+    path.write_bytes(b"x" * 777 + data)
+    loader = LocalFileLoader(str(path))
+    n = len(data)
+
+    def crcs_of(d: bytes) -> list[int]:
+        return [zlib.crc32(d[i : i + CHUNK_SIZE]) for i in range(0, len(d), CHUNK_SIZE)]
+
+    h = ContentHasher(n)
+    h.update(data[:1000])  # the hasher mid-chunk: the read starts with a head
+    h.read(loader, 777 + 1000, n - 1000)
+    got = h.digest()
+    assert got.sha256 == tree(data) and h.skipped == 0
+    assert got.crc32 == zlib.crc32(data)
+    assert got.crcs is not None and list(got.crcs.chunks["CRC32"]) == crcs_of(data)
+    # chunk 2's digest given (wrongly: as given, it is not re-hashed), its CRC not
+    fake = b"\x01" * 32
+    h = ContentHasher(n, {2: fake})
+    h.read(loader, 777, n)
+    got = h.digest()
+    assert got.chunks is not None and got.chunks.digests[2] == fake
+    assert got.crcs is not None and list(got.crcs.chunks["CRC32"]) == crcs_of(data)
+    loader.close()
