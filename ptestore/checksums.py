@@ -37,10 +37,10 @@ import functools
 import hashlib
 import zlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Literal
 
+from ._dataclass import dataclass, field
 from .errors import PteStoreError
 
 __all__ = [

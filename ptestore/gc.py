@@ -25,11 +25,12 @@ import os
 import stat
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any
 
+from ._dataclass import dataclass
 from .errors import ConfigurationError
 from .storage._options import check_options
 from .storage.types import StorageURL, split_url, strerror

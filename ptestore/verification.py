@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
+from ._dataclass import dataclass, field
 from .backends.compat import Compatibility, DeviceProfile
 from .backends.registry import BackendLike, load_backend
 from .errors import ConfigurationError, FormatError, ObjectNotFound, PteStoreError

@@ -10,8 +10,8 @@ import enum
 import errno
 import functools
 import sys
-from dataclasses import dataclass
 
+from .._dataclass import dataclass
 from ..errors import (
     AlreadyExists,
     ObjectNotFound,

@@ -10,9 +10,9 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .._dataclass import dataclass
 from ..errors import ConfigurationError
 from .classify import find_error_info, is_transient
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .._dataclass import dataclass, field
 from ..errors import NotSupported
 from ..storage.types import Buffer
 from .compat import Compatibility, DeviceProfile, distribution_version

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+from .._dataclass import dataclass, field
 from ..errors import ConfigurationError
 from .snapshot import active as active_snapshot
 
@@ -219,9 +219,11 @@ def _scan_dist_info(top: str) -> str | None:
             elif top in tops.split():
                 return _field(_read(path, "PKG-INFO"), "Version") or UNKNOWN_VERSION
         elif _dist_info_provides(path, top, record=beside):
+            # METADATA's, as importlib.metadata reads it (an editable project's
+            # egg_info rewrites it in place); the directory's name where it has none
             stem = name[: -len(".dist-info")]
-            version = stem.partition("-")[2]
-            return version or _field(_read(path, "METADATA"), "Version") or UNKNOWN_VERSION
+            version = _field(_read(path, "METADATA"), "Version")
+            return version or stem.partition("-")[2] or UNKNOWN_VERSION
     return None if unsure else ""
 
 

@@ -32,10 +32,10 @@ from __future__ import annotations
 import importlib
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Union
 
+from .._dataclass import dataclass
 from ..errors import BackendError, ConfigurationError, describe_exception
 from .api import BackendInterface
 from .compat import distribution_version

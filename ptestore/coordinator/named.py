@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, NoReturn
 
+from .._dataclass import dataclass
 from ..errors import ConfigurationError, FormatError, MissingNamedData
 from ..format.model import Container, TensorLayout
 from ..storage.loaders import DataLoader, LocalFileLoader

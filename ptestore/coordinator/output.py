@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from .._dataclass import dataclass
 from ..errors import AlreadyExists, IntegrityError, PartialPublish
 from ..format.layout import layout_file
 from ..storage.types import DataLoader

@@ -5,10 +5,10 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .._background import Background
+from .._dataclass import dataclass
 from .._log import get_logger
 from ..errors import ConfigurationError
 from ..storage.types import DataLoader

@@ -3,9 +3,9 @@ merged named data, and the replacements every backend committed."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .._dataclass import dataclass
 from ..errors import ConfigurationError
 from ..format.reader import read_container
 from ..provenance.trailer import without_trailer

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from .._dataclass import dataclass, field
 from .._log import get_logger
 from ..backends.passthrough import PassthroughBackend
 from ..backends.registry import (

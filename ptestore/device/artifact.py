@@ -5,9 +5,9 @@ lock (:func:`hit_or_make`)."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .._dataclass import dataclass
 from ..errors import PermissionDenied
 from .cache import CacheLayout, check_private, evict, files_intact, read_manifest, touch
 from .manifest import Manifest, as_json

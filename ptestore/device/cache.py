@@ -36,9 +36,9 @@ import json
 import os
 import shutil
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
+from .._dataclass import dataclass, field
 from ..errors import ConfigurationError, FormatError, PermissionDenied, StorageError
 from ..storage.types import StorageURL
 from .lock import KeyLock

@@ -11,9 +11,9 @@ from __future__ import annotations
 import errno
 import json
 import os
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .._dataclass import dataclass
 from ..errors import StorageError
 from .cache import MANIFEST_FORMAT, MANIFEST_VERSION, CacheLayout, file_stamp
 from .private import make_private

@@ -25,9 +25,9 @@ was judged is judged again, so a run that refreshed it is never undone.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from typing import Any
 
+from .._dataclass import dataclass, field
 from ..errors import ConfigurationError, ObjectNotFound, PteStoreError
 from ..storage.types import StorageURL
 from .cache import CacheLayout, load_entry, read_manifest, remove_entry_locked

@@ -37,8 +37,8 @@ defence against someone who can write the bucket and forges a matching CRC on pu
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
+from .._dataclass import dataclass
 from ..checksums import CRC_ALGORITHMS, ExpectedChecksums, combine_all, composite, decode, encode
 from ..errors import FormatError, ObjectNotFound
 from ..provenance.crcs import expected_checksums

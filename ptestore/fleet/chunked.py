@@ -27,9 +27,9 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
+from .._dataclass import dataclass
 from .._io import pwrite_all
 from .._log import get_logger
 from ..errors import IntegrityError

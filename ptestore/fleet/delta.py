@@ -28,9 +28,9 @@ import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from .._dataclass import dataclass, field
 from .._io import pread_all, preadinto_all, pwrite_all
 from ..errors import ConfigurationError, FormatError
 from ..storage.loaders import LocalFileLoader

@@ -13,9 +13,9 @@ beyond (one read per 8 MiB chunk and per part).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .._dataclass import dataclass
 from ..storage.routing import options_for_loader
 from ..storage.types import split_url
 from .job import pair_options

@@ -39,9 +39,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .._dataclass import dataclass, field
 from ..errors import (
     ConfigurationError,
     FormatError,

@@ -41,9 +41,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .._dataclass import dataclass, field
 from ..errors import FormatError
 from ..provenance import Provenance, read_trailer
 from ..storage.loaders import open_loader

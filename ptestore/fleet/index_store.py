@@ -19,9 +19,9 @@ import json
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
+from .._dataclass import dataclass, field
 from ..errors import AlreadyExists, FormatError, PreconditionFailed
 from ..storage.routing import options_for_loader, options_for_writer
 from ..storage.types import StorageURL, split_url

@@ -33,9 +33,9 @@ import hashlib
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
+from .._dataclass import dataclass, field
 from ..errors import FormatError
 from .index_store import IndexStore, ObjectStats, dumps
 

@@ -31,9 +31,9 @@ import secrets
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
+from .._dataclass import dataclass, field
 from ..errors import AlreadyExists, FormatError, PreconditionFailed
 from .index_catalog import (
     apply_placements,

@@ -19,9 +19,9 @@ is the one a version 2 index would give (:func:`ModelView.resolve` reads it).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .._dataclass import dataclass, field
 from .index_catalog import class_key, depth_range, live_stamps
 from .index_store import ReadCount
 

@@ -32,9 +32,9 @@ import os
 import re
 import string
 import sys
-from dataclasses import dataclass, field
 from typing import Any
 
+from .._dataclass import dataclass, field
 from ..backends.compat import DeviceProfile
 from ..errors import ConfigurationError
 from ..storage.routing import StorageOptions, options_for_loader

@@ -4,9 +4,9 @@ destination, and decide run or skip (and why)."""
 from __future__ import annotations
 
 import concurrent.futures as cf
-from dataclasses import dataclass, field
 from typing import Any
 
+from .._dataclass import dataclass, field
 from ..backends.registry import load_backend
 from ..errors import ConfigurationError, PteStoreError
 from ..provenance import ProvenanceKey, SourceInfo, describe_source

@@ -28,9 +28,9 @@ live); entries the job still names are never written.
 from __future__ import annotations
 
 import datetime as _dt
-from dataclasses import dataclass, field
 from typing import Any
 
+from .._dataclass import dataclass, field
 from ..errors import ConfigurationError, ObjectNotFound
 from .index import index_url, iter_entries, update_index
 from .job import Job

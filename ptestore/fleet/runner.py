@@ -24,9 +24,9 @@ import multiprocessing
 import os
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
+from .._dataclass import dataclass, field
 from .._log import get_logger
 from ..errors import ConfigurationError
 from .estimate import human_bytes

@@ -33,9 +33,9 @@ selecting machine's CPU (or the ``cpu`` given): a file for another CPU is of no 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .._dataclass import dataclass, field
 from ..backends.compat import Compatibility, DeviceProfile
 from ..errors import ConfigurationError, PteStoreError
 

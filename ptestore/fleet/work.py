@@ -14,9 +14,9 @@ workers racing on one pair never leave a wrong artifact unreported.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .._dataclass import dataclass, field
 from ..backends.registry import load_backend
 from ..errors import AlreadyExists, PteStoreError
 from ..provenance import ProvenanceKey, ProvenanceRequest, SourceInfo

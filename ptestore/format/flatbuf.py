@@ -20,8 +20,8 @@ the patch engine never writes into bytes that something else was read from.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 
+from .._dataclass import dataclass
 from ..errors import FormatError
 from .header import I32, U8, U16, U32, U64, Buffer
 

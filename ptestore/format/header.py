@@ -19,10 +19,10 @@ Decoding reads only the bytes the header occupies, so a file shorter than
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from .._align import align_up, is_power_of_two
+from .._dataclass import dataclass
 from ..errors import FormatError
 from ..storage.types import Buffer
 

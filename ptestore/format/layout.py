@@ -16,8 +16,7 @@ alignment padding.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
+from .._dataclass import dataclass, field
 from .header import SEGMENT_BASE_ALIGNMENT, align_up, is_power_of_two
 from .model import Container, Segment, inferred_alignment
 from .patch import PatchResult, metadata_growth_bound, patch_metadata

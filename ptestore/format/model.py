@@ -13,9 +13,9 @@ physical index; for a file without shared tables it equals the vector index.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Literal
 
+from .._dataclass import dataclass, field
 from .header import Kind, PtdHeader, PteHeader
 
 __all__ = [

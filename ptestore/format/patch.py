@@ -23,8 +23,9 @@ every entry keeps reading the same bytes.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
+from .._dataclass import dataclass
 from ..errors import ConfigurationError, FormatError
 from .header import (
     HEADER_OFFSET,

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from .._dataclass import dataclass
 from ..storage.types import DataLoader
 from .header import HEAD_BYTES, FileHead
 from .model import Container

@@ -6,9 +6,9 @@ users, waste, the provenance trailer), in file order. Pure (no I/O): the layout 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
+from .._dataclass import dataclass
 from .model import Delegate, NamedDataEntry, SubsegmentOffsets
 from .users import segment_users
 

@@ -15,9 +15,9 @@ dtype names are lowercase: the ExecuTorch scalar types (``float32``, ``bfloat16`
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+from .._dataclass import dataclass, field
 from ..errors import FormatError
 from .model import TensorLayout
 

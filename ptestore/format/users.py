@@ -10,9 +10,9 @@ prints); the walk, and so the answer to "who uses segment N", is here only.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from .._dataclass import dataclass
 from .model import Delegate, NamedDataEntry, SubsegmentOffsets
 
 __all__ = ["References", "SegmentUser", "UserKind", "segment_users"]

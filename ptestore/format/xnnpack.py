@@ -14,8 +14,8 @@ container; every violation is a :class:`~ptestore.errors.FormatError`.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 
+from .._dataclass import dataclass
 from ..errors import FormatError
 from .flatbuf import FlatView, TableView
 from .tensorinfo import QuantParams, TensorInfo

@@ -11,8 +11,7 @@ not by range.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from .._dataclass import dataclass
 from ..errors import ConfigurationError, FormatError
 from ..storage.types import DataLoader
 

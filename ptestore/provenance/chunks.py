@@ -33,9 +33,9 @@ import hashlib
 import struct
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .._dataclass import dataclass, field
 from ..errors import FormatError
 
 if TYPE_CHECKING:
@@ -300,7 +300,8 @@ def _hash_one(loader: DataLoader, start: int, end: int, cancelled: threading.Eve
     return h.digest()
 
 
-def _workers() -> int:
+def hashing_threads() -> int:
+    """How many chunks a local file has hashed at once: one per core, at most 8."""
     import os
 
     return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2))
@@ -324,7 +325,7 @@ def hash_chunks(
 
     from ..storage.loaders import LocalFileLoader
 
-    workers = _workers() if isinstance(loader, LocalFileLoader) else 1
+    workers = hashing_threads() if isinstance(loader, LocalFileLoader) else 1
     if workers == 1 or len(todo) < 2:
         return {i: _hash_one(loader, *span(i), cancelled) for i in todo}
     from concurrent.futures import ThreadPoolExecutor

@@ -33,9 +33,9 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from .._dataclass import dataclass, field
 from ..checksums import (
     CRC_ALGORITHMS,
     ExpectedChecksums,

@@ -74,9 +74,9 @@ def _parallel_workers(loader: DataLoader) -> int:
 
     if not isinstance(loader, LocalFileLoader):
         return 1
-    from .chunks import _workers
+    from .chunks import hashing_threads
 
-    return _workers()
+    return hashing_threads()
 
 
 def _describe_chunks(

@@ -33,9 +33,9 @@ digests, the requested backend specs and versions, and the device name and diges
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from .._dataclass import dataclass, field
 from ..backends.compat import canonical_json
 from ..errors import FormatError
 

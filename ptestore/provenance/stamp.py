@@ -11,10 +11,10 @@ import functools
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from .._background import Background
+from .._dataclass import dataclass, field
 from ..backends.registry import SPEC_ATTRIBUTE, BackendLike, load_backend
 from ..errors import BackendError, StorageError
 from ..storage.types import DataLoader

@@ -23,9 +23,9 @@ unparsable JSON) is a corrupt trailer and raises :class:`~ptestore.errors.Format
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 from typing import Any
 
+from .._dataclass import dataclass
 from ..errors import ConfigurationError, FormatError, StorageError
 from ..storage.types import DataLoader, load_into
 

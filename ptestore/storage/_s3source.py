@@ -12,8 +12,9 @@ environment, have the same identity.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 from typing import Any
+
+from .._dataclass import dataclass
 
 __all__ = ["S3Source", "matching_source", "s3_identity", "s3_source_of"]
 

@@ -19,9 +19,9 @@ proves nothing and the caller reads.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
+from .._dataclass import dataclass
 from ..checksums import ALGORITHMS
 
 __all__ = ["ObjectParts", "S3Object", "StoredChecksum", "s3_object", "stored_checksum"]

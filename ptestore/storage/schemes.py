@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .._dataclass import dataclass
 from ..errors import ConfigurationError
 from .types import StorageURL, URLLike
 

@@ -53,11 +53,11 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import pytest
 
+from .._dataclass import dataclass, field
 from ..backends.api import BackendInterface
 from ..backends.compat import Compatibility, DeviceProfile
 from ..backends.registry import object_label, serving

@@ -14,8 +14,9 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, ClassVar
+
+from .._dataclass import dataclass
 
 __all__ = ["MotoS3", "moto_s3_server", "small_s3_parts"]
 

@@ -19,10 +19,11 @@ method: :func:`shipped_programs` lists them, :func:`shipped_program` gets one by
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from .._dataclass import dataclass
 
 if TYPE_CHECKING:
     import numpy as np

@@ -30,10 +30,10 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from .._dataclass import dataclass, field
 from ..errors import ConfigurationError, StorageError
 
 __all__ = ["SeaweedS3", "find_weed", "seaweedfs_s3_server"]

@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
+from .._dataclass import dataclass, field
 from ..format.regions import layout_regions, region_users
 
 __all__ = ["FileMap", "layout_regions", "region_users"]

@@ -8,9 +8,9 @@ re-exports them, so ``from ptestore.writers.base import PublishResult`` keeps wo
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
 from typing import Literal
 
+from .._dataclass import dataclass
 from ..errors import AlreadyExists, PreconditionFailed
 
 __all__ = [

@@ -17,8 +17,8 @@ import hashlib
 import json
 import os
 import platform
-from dataclasses import dataclass
 
+from .._dataclass import dataclass
 from .native import ExecutorchBuild
 
 __all__ = [

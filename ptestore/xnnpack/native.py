@@ -27,11 +27,11 @@ import importlib.util
 import os
 import shutil
 import subprocess
-from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from .._dataclass import dataclass
 from ..errors import ConfigurationError
 
 __all__ = [

@@ -19,10 +19,10 @@ import os
 import shutil
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._dataclass import dataclass
 from ..errors import FormatError, IntegrityError, PteStoreError
 from .identity import Identity, file_sha256
 from .native import ExecutorchBuild

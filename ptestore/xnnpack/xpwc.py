@@ -16,9 +16,9 @@ from __future__ import annotations
 import itertools
 import struct
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .._dataclass import dataclass
 from ..errors import FormatError
 
 if TYPE_CHECKING:

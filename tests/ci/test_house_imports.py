@@ -380,6 +380,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "ptestore._log",
             "ptestore._signals",
             "ptestore._background",
+            "ptestore._dataclass",
             "ptestore._retry",
             "ptestore.checksums",
             "=ptestore.storage",  # its __init__ imports nothing

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import enum
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from ..._dataclass import dataclass, field
 
 if TYPE_CHECKING:
     from ...storage._s3source import S3Source

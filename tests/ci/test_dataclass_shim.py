@@ -1,0 +1,163 @@
+"""``ptestore._dataclass.dataclass`` behaves as ``dataclasses.dataclass`` (it only makes
+``__repr__``, ``__eq__`` and ``__hash__`` without compiling them per class): the same
+class shapes made both ways give the same reprs, equalities, hashes, errors and
+dataclass helpers; and every ptestore module uses it."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ptestore._dataclass import dataclass as cheap
+
+
+def _shapes(make: Any) -> dict[str, type]:
+    """The class shapes ptestore uses, made with ``make``."""
+
+    @make(frozen=True)
+    class Frozen:
+        a: int
+        b: str = "x"
+        c: list[int] = dataclasses.field(default_factory=list, compare=False)
+        d: int = dataclasses.field(default=0, repr=False)
+        e: int = dataclasses.field(default=0, hash=False)
+
+    @make
+    class Mutable:
+        a: int
+        b: list[int] = dataclasses.field(default_factory=list)
+
+    @make(frozen=True)
+    class OwnHash:
+        a: int
+
+        def __hash__(self) -> int:
+            return 7
+
+    @make(frozen=True)
+    class OwnEq:
+        a: int
+
+        def __eq__(self, other: object) -> bool:
+            return True
+
+    @make(frozen=True)
+    class OwnRepr:
+        a: int
+
+        def __repr__(self) -> str:
+            return "mine"
+
+    @make(frozen=True, eq=False)
+    class NoEq:
+        a: int
+
+    @make(frozen=True)
+    class Empty:
+        pass
+
+    @make(frozen=True)
+    class One:
+        a: int
+
+    @make(frozen=True)
+    class Child(Frozen):
+        f: int = 5
+
+    @make
+    class Node:
+        name: str
+        next: Any = None
+
+    @make(frozen=True)
+    class Post:
+        a: int
+        doubled: int = dataclasses.field(init=False, default=0)
+
+        def __post_init__(self) -> None:
+            object.__setattr__(self, "doubled", self.a * 2)
+
+    return {
+        c.__name__: c
+        for c in (Frozen, Mutable, OwnHash, OwnEq, OwnRepr, NoEq, Empty, One, Child, Node, Post)
+    }
+
+
+STD = _shapes(dataclasses.dataclass)
+OURS = _shapes(cheap)
+
+CASES: list[tuple[str, tuple[Any, ...], tuple[Any, ...]]] = [
+    ("Frozen", (1, "y", [1], 2, 3), (1, "y", [9], 2, 4)),
+    ("Frozen", (1,), (2,)),
+    ("Mutable", (1, [2]), (1, [3])),
+    ("OwnHash", (1,), (2,)),
+    ("OwnEq", (1,), (2,)),
+    ("OwnRepr", (1,), (1,)),
+    ("NoEq", (1,), (1,)),
+    ("Empty", (), ()),
+    ("One", (1,), (1,)),
+    ("Child", (1, "y", [], 0, 0, 6), (1, "y", [], 0, 0, 7)),
+    ("Post", (4,), (4,)),
+]
+
+
+def _outcome(fn: Any) -> Any:
+    try:
+        return ("ok", fn())
+    except Exception as exc:  # the type and message are the behaviour compared
+        return ("raised", type(exc).__name__, re.sub(r"0x[0-9a-f]+", "ADDR", str(exc)))
+
+
+@pytest.mark.parametrize(("name", "args", "other"), CASES)
+def test_the_same_behaviour_as_the_standard_decorator(
+    name: str, args: tuple[Any, ...], other: tuple[Any, ...]
+) -> None:
+    def behaviour(classes: dict[str, type]) -> list[Any]:
+        cls = classes[name]
+        x, y, z = cls(*args), cls(*args), cls(*other)
+        out = [
+            repr(x),
+            _outcome(lambda: x == y),
+            _outcome(lambda: x == z),
+            _outcome(lambda: x != z),
+            _outcome(lambda: x == object()),
+            _outcome(lambda: x.__eq__(object())),
+            _outcome(lambda: hash(x) == hash(y)),
+            _outcome(lambda: hash(x) == hash(z)),
+            _outcome(lambda: dataclasses.asdict(x)),
+            _outcome(lambda: [f.name for f in dataclasses.fields(cls)]),
+            _outcome(lambda: dataclasses.replace(x) == x),
+            cls.__hash__ is None,
+            getattr(cls, "__match_args__", None),
+        ]
+        if name != "Mutable":
+            out.append(_outcome(lambda: setattr(x, "a", 99)))
+            out.append(_outcome(lambda: delattr(x, "a")))
+        return out
+
+    assert behaviour(OURS) == behaviour(STD)
+
+
+def test_a_subclass_is_not_equal_and_a_cycle_is_shown_as_dots() -> None:
+    for classes in (STD, OURS):
+        frozen, child, node = classes["Frozen"], classes["Child"], classes["Node"]
+        assert frozen(1) != child(1)
+        n = node("a")
+        n.next = n
+        assert repr(n).endswith("Node(name='a', next=...)")
+    assert OURS["Frozen"].__eq__.__qualname__.endswith("Frozen.__eq__")
+
+
+def test_every_ptestore_dataclass_is_made_by_the_cheap_decorator() -> None:
+    root = Path(__file__).resolve().parents[2] / "ptestore"
+    offenders = [
+        str(p.relative_to(root.parent))
+        for p in root.rglob("*.py")
+        if p.name != "_dataclass.py"
+        and re.search(r"^from dataclasses import .*\bdataclass\b", p.read_text(), re.M)
+    ]
+    assert offenders == []
