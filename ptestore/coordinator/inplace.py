@@ -289,6 +289,7 @@ def _run(
         if strict:
             refuse_nothing_specialized(summary)
         check_aliases(run)
+        spool.start_writeback()
         base = c.segment_base_offset
         end = c.file_size  # the content end (a trailer, if any, is hidden)
         placements: list[tuple[int, int]] = []

@@ -604,3 +604,38 @@ def test_a_local_file_s_whole_chunks_are_hashed_a_chunk_per_core_with_the_same_d
     assert got.chunks is not None and got.chunks.digests[2] == fake
     assert got.crcs is not None and list(got.crcs.chunks["CRC32"]) == crcs_of(data)
     loader.close()
+
+
+def test_a_parallel_description_stops_when_cancelled_and_hands_back_a_read_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The chunk-per-core pass checks the run's cancel event between pieces (the run
+    failed elsewhere: ``Cancelled``, no thread left hashing) and a failed read of any
+    chunk is the caller's error, not a digest."""
+    import threading
+
+    from ptestore._background import Cancelled
+    from ptestore.provenance import digest as digest_module
+    from ptestore.provenance.chunks import CHUNK_SIZE
+    from ptestore.provenance.digest import ContentHasher
+    from ptestore.storage.loaders import LocalFileLoader
+
+    monkeypatch.setattr(digest_module, "_parallel_workers", lambda loader: 2)
+    path = tmp_path / "blob"
+    path.write_bytes(os.urandom(4 * CHUNK_SIZE))
+    loader = LocalFileLoader(str(path))
+    cancelled = threading.Event()
+    cancelled.set()
+    with pytest.raises(Cancelled):
+        ContentHasher(4 * CHUNK_SIZE).read(loader, 0, 4 * CHUNK_SIZE, cancelled)
+    assert [t for t in threading.enumerate() if t.name.startswith("ptestore-chunks")] == []
+
+    def failing(offset: int, buffer: memoryview) -> None:
+        if offset >= 2 * CHUNK_SIZE:
+            raise OSError(5, "Input/output error")
+        buffer[:] = b"\0" * buffer.nbytes
+
+    monkeypatch.setattr(loader, "readinto", failing)
+    with pytest.raises(OSError, match="Input/output error"):
+        ContentHasher(4 * CHUNK_SIZE).read(loader, 0, 4 * CHUNK_SIZE)
+    loader.close()
