@@ -1,7 +1,8 @@
 """The download files of :mod:`.fetch`: ``DEST.part`` and ``DEST.part.json`` in the
 destination's own directory, opened without following links (``O_NOFOLLOW``; a new
 ``.part`` with ``O_EXCL``), and resumed only when the ``.part`` is this user's own
-regular file with one name; and what pins a download to one version of its object."""
+regular file with one name; what pins a download to one version of its object; and
+whether the destination has room for it at all (:func:`check_space`)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,20 @@ import errno
 import json
 import os
 import stat
+from collections.abc import Sequence
 from typing import Any
 
-from ..errors import PermissionDenied, local_error
+from ..errors import PermissionDenied, StorageError, local_error
 from ..storage.loaders import DataLoader, LocalFileLoader
 
-__all__ = ["open_part", "own_file", "pinned_version", "read_state", "refuse_link"]
+__all__ = [
+    "check_space",
+    "open_part",
+    "own_file",
+    "pinned_version",
+    "read_state",
+    "refuse_link",
+]
 
 
 def refuse_link(path: str) -> None:
@@ -95,3 +104,53 @@ def pinned_version(url: str, loader: DataLoader) -> dict[str, Any]:
         "etag": getattr(loader, "etag", None),
         "version_id": getattr(loader, "version_id", None),
     }
+
+
+def _existing(path: str) -> str:
+    """``path``'s nearest ancestor that exists (a fetch makes DEST's directory)."""
+    path = os.path.abspath(path)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path
+
+
+def check_space(files: Sequence[tuple[dict[str, Any], str]], bases: Sequence[str] = ()) -> None:
+    """Refuse, before the first download request, a fetch whose destination's file
+    system has no room for it: the files' sizes (as the index or their trailer names
+    them) less what their ``.part`` already holds, against the blocks free to this user
+    (``statvfs``), per file system: a :class:`~ptestore.errors.StorageError` ``errno``
+    ENOSPC naming the files, the directory, the bytes needed and free. A file system
+    that holds a ``base`` is not checked (a clone of the base's chunks takes no new
+    space); the destination's old file counts as used, since it is replaced only once
+    the download is checked."""
+    base_devices = set()
+    for b in bases:
+        try:
+            base_devices.add(os.stat(b).st_dev)
+        except OSError:
+            continue
+    wanted: dict[int, tuple[str, int, list[str]]] = {}  # device -> (directory, bytes, files)
+    for want, path in files:
+        size = want.get("size")
+        if not isinstance(size, int) or size <= 0:
+            continue
+        directory = _existing(os.path.dirname(os.path.abspath(path)))
+        device = os.stat(directory).st_dev
+        if device in base_devices:
+            continue
+        try:
+            have = os.lstat(path + ".part").st_size
+        except OSError:
+            have = 0
+        where, total, names = wanted.get(device, (directory, 0, []))
+        wanted[device] = (where, total + max(0, size - have), [*names, path])
+    for directory, needed, names in wanted.values():
+        st = os.statvfs(directory)
+        free = st.f_bavail * st.f_frsize
+        if needed > free:
+            raise StorageError(
+                f"{', '.join(names)}: not enough free space to fetch: {needed} bytes needed, "
+                f"{free} free in {directory} ({os.strerror(errno.ENOSPC)}); nothing was "
+                "downloaded",
+                errno=errno.ENOSPC,
+            )

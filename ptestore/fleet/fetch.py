@@ -58,7 +58,7 @@ from ..storage.routing import options_for_loader
 from ..storage.types import StorageURL
 from .chunked import FetchEvent, Sink, download_chunks, pinned_record
 from .delta import Base, open_bases
-from .download import pinned_version, refuse_link
+from .download import check_space, pinned_version, refuse_link
 from .job import ptd_beside
 from .ranged import ObjectChanged, PinnedReader
 from .select import Choice, select
@@ -310,6 +310,7 @@ def fetch(
     def sink(url: str, path: str, total: int) -> Sink:
         return Sink(url, path, total, progress, events)
 
+    check_space(files, pte_bases)
     # Every file is downloaded and checked before any is published (a mismatch is an
     # IntegrityError with nothing published), the pair's binding too; then the .ptd,
     # then the .pte.

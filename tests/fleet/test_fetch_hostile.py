@@ -356,3 +356,56 @@ def test_a_part_that_does_not_end_where_the_object_does_restarts(
     result = ptestore.fetch(pte, dest2, chunk_size=256)
     assert next(f for f in result.files if f["path"] == str(dest2))["resumed_from"] == size
     assert dest2.read_bytes() == pte.read_bytes()
+
+
+# --- a destination with no room -------------------------------------------------------
+
+
+def test_a_fetch_the_disk_has_no_room_for_fails_before_any_download(tmp_path: Path) -> None:
+    """The pair's sizes against the destination file system's free blocks, before the
+    first request: ENOSPC naming the files, the bytes needed and free, the directory;
+    no ``.part`` left behind (a real 4 KiB tmpfs: one page)."""
+    import errno
+
+    from support.smallfs import tmpfs
+
+    from ptestore.errors import StorageError
+
+    pte, ptd = _pair(tmp_path, "a", 2.0)
+    total = pte.stat().st_size + ptd.stat().st_size
+    with tmpfs(tmp_path / "small", "4k") as mnt:
+        dest = mnt / "dev" / "m.pte"
+        with pytest.raises(StorageError) as info:
+            ptestore.fetch(pte, dest)
+        assert info.value.errno == errno.ENOSPC
+        message = str(info.value)
+        assert f"{dest}, {dest.with_suffix('.ptd')}: not enough free space to fetch" in message
+        assert f"{total} bytes needed, 4096 free in {mnt}" in message
+        assert "nothing was downloaded" in message
+        assert _leftovers(mnt) == []  # not even the directory: nothing was started
+        assert main(["fetch", str(pte), str(dest)]) == 1
+
+
+def test_the_space_check_counts_what_a_part_holds_and_trusts_a_base_s_clones(
+    tmp_path: Path,
+) -> None:
+    """A resumed ``.part`` needs only the rest; a file system holding a base is not
+    refused (clones of the base take no new space); another file system is."""
+    from support.smallfs import tmpfs
+
+    from ptestore.errors import StorageError
+    from ptestore.fleet.download import check_space
+
+    with tmpfs(tmp_path / "small", "64k") as mnt:
+        dest = str(mnt / "m.pte")
+        (mnt / "m.pte.part").write_bytes(b"\0" * 50_000)  # 13 of the 16 pages
+        check_space([({"size": 60_000}, dest)])  # 10,000 more: room for it
+        with pytest.raises(StorageError, match="60000 bytes needed"):
+            check_space([({"size": 60_000}, str(mnt / "other.pte"))])
+        (mnt / "base.pte").write_bytes(b"\0" * 1000)
+        check_space([({"size": 60_000}, str(mnt / "other.pte"))], [str(mnt / "base.pte")])
+        elsewhere = tmp_path / "base.pte"
+        elsewhere.write_bytes(b"\0")
+        with pytest.raises(StorageError, match="not enough free space"):
+            check_space([({"size": 60_000}, str(mnt / "other.pte"))], [str(elsewhere)])
+        check_space([({}, str(mnt / "unknown.pte"))])  # no size named: nothing to check
