@@ -288,6 +288,7 @@ def _ensure_from_index(
     current while the index still selects the same files (taking the chunks the cache or
     ``portable`` already holds from there); else the portable source, specialized
     here."""
+    from ..backends.snapshot import using
     from .indexed import (
         check_source,
         choose,
@@ -298,7 +299,11 @@ def _ensure_from_index(
     )
 
     try:
-        choice = choose(index, model, device, opts)
+        # The backends installed here (select asks them to rate builds made for other
+        # profiles) through the cache's snapshot of the installed metadata: a hit from a
+        # fresh process whose installation is unchanged does not read it again.
+        with using(CacheLayout(cache_dir).snapshot):
+            choice = choose(index, model, device, opts)
     except StorageError as exc:  # unreachable, gone, refused: the entry fetched before
         served = (
             None

@@ -224,6 +224,39 @@ def test_a_local_ensure_does_not_import_the_fleet(tmp_path: Path) -> None:
     assert done.stdout.strip() == "[]"
 
 
+def test_an_index_hit_reads_the_installed_metadata_through_the_cache_s_snapshot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """select asks the backends installed here to rate builds: their entry points and
+    versions come from the cache's snapshot, so a hit from a fresh process whose
+    installation is unchanged does not import ``importlib.metadata`` (the first run
+    fetches before the cache exists; the second records the snapshot)."""
+    import subprocess
+    import sys
+
+    index = fleet_run(_job(tmp_path, str(tmp_path / "out")), capsys)
+    code = (
+        "import json, sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).parents[1])!r})\n"
+        "import ptestore\n"
+        "from ptestore.backends.compat import DeviceProfile\n"
+        f"a = ptestore.ensure({index!r}, cache_dir={str(tmp_path / 'cache')!r}, model='m',"
+        " device=DeviceProfile('a', {'soc': 'x', 'scale': 2.0}))\n"
+        "print(json.dumps([a.created, 'importlib.metadata' in sys.modules]))\n"
+    )
+
+    def run() -> list[bool]:
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        )
+        return list(json.loads(done.stdout))
+
+    assert run() == [True, True]
+    assert run() == [False, True]
+    assert run() == [False, False]
+    assert (tmp_path / "cache" / "backends.json").is_file()
+
+
 # --- offline, and the portable source against the index (issue 29 G) ---------------
 
 
