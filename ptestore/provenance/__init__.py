@@ -12,9 +12,9 @@ what ``ptestore inspect --json`` shows under ``provenance``.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
+from .._lazy import lazy_names
 from ..errors import FormatError
 
 if TYPE_CHECKING:
@@ -85,13 +85,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is not None:
-        value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY)
 
 
 def read_provenance(loader: DataLoader) -> Provenance | None:

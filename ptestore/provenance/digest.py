@@ -40,26 +40,32 @@ def read_pieces(
     *,
     cancelled: threading.Event | None = None,
     buffer_size: int = _CHUNK,
+    buffers: int = 1,
 ) -> Iterator[bytes | bytearray | memoryview]:
     """``size`` bytes of ``loader`` from ``offset``, in order, in pieces: a loader that
     reads into memory it is given (``readinto``: local files) fills one reused buffer of
     ``buffer_size`` bytes, so a multi-GB file costs one piece of memory (each piece is
     valid until the next); any other gives one ``load`` of 8 MiB per piece (one request
-    each: what ``fleet plan`` counts). ``cancelled``: stop
+    each: what ``fleet plan`` counts). ``buffers``: how many buffers the pieces take
+    turns in (with 2, a piece stays valid until the next but one: the caller may still
+    be hashing it in another thread). ``cancelled``: stop
     (:class:`~ptestore._background.Cancelled`) between pieces once it is set."""
     end = offset + size
     buffered = hasattr(loader, "readinto")
     piece = buffer_size if buffered else _CHUNK
-    buffer = memoryview(bytearray(min(piece, size))) if buffered else None
+    pool = [memoryview(bytearray(min(piece, size))) for _ in range(buffers if buffered else 0)]
+    k = 0
     while offset < end:
         check_cancelled(cancelled)
         n = min(piece, end - offset)
-        if buffer is None:
+        if not pool:
             yield loader.load(offset, n)
         else:
-            load_into(loader, offset, buffer[:n])
-            yield buffer[:n]
+            buffer = pool[k % len(pool)][:n]
+            load_into(loader, offset, buffer)
+            yield buffer
         offset += n
+        k += 1
 
 
 #: A piece at least this large has its chunk digests computed in a second thread
@@ -307,29 +313,13 @@ class ContentHasher:
         self, loader: DataLoader, offset: int, size: int, cancelled: threading.Event | None
     ) -> None:
         """Feed ``size`` bytes of ``loader`` from ``offset``, reading the next piece while
-        the worker hashes the last one (two buffers where the loader reads into memory
-        it is given; the chunk digests are then no longer the slower half of the work:
-        about a quarter less time per never-seen GiB on two cores)."""
+        the worker hashes the last one (two buffers taking turns: the chunk digests are
+        then no longer the slower half of the work)."""
         try:
-            if not hasattr(loader, "readinto"):
-                for piece in read_pieces(loader, offset, size, cancelled=cancelled):
-                    if len(self._pending) >= 2:
-                        self._wait_oldest()  # at most two pieces in memory
-                    self._feed(piece)
-            else:
-                n = min(_CHUNK, size)
-                buffers = [memoryview(bytearray(n)), memoryview(bytearray(n) if size > n else b"")]
-                end, k = offset + size, 0
-                while offset < end:
-                    check_cancelled(cancelled)
-                    if len(self._pending) >= 2:
-                        self._wait_oldest()  # the piece in the buffer read next
-                    m = min(n, end - offset)
-                    piece = buffers[k % 2][:m]
-                    load_into(loader, offset, piece)
-                    self._feed(piece)
-                    offset += m
-                    k += 1
+            for piece in read_pieces(loader, offset, size, cancelled=cancelled, buffers=2):
+                self._feed(piece)
+                if len(self._pending) >= 2:
+                    self._wait_oldest()  # its buffer is the one read into next
         except BaseException:
             self._drain(quiet=True)
             raise

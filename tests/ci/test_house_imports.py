@@ -381,6 +381,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "ptestore._signals",
             "ptestore._background",
             "ptestore._dataclass",
+            "ptestore._lazy",
             "ptestore._retry",
             "ptestore.checksums",
             "=ptestore.storage",  # its __init__ imports nothing
