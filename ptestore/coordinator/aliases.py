@@ -13,7 +13,7 @@ from __future__ import annotations
 from ..errors import InvalidReplacement
 from ..format.model import Delegate
 from ..format.users import segment_users
-from .session import Run
+from .session import Replacement, Run
 
 __all__ = ["check_aliases", "typed_users"]
 
@@ -54,6 +54,16 @@ def typed_users(run: Run, role: str, index: int) -> list[tuple[str, str]]:
     return typed
 
 
+def _differ(run: Run, reps: list[Replacement]) -> bool:
+    """Whether the replacements of one segment hold different bytes (hashed only here,
+    where a segment has more than one)."""
+    if len(reps) < 2:
+        return False
+    if len({r.size for r in reps}) > 1:
+        return True
+    return len({r.sha256(run.spool) for r in reps}) > 1
+
+
 def check_aliases(run: Run) -> None:
     """Raise :class:`InvalidReplacement` for a replaced segment that has users of more
     than one kind, or a shared segment replaced for some of its users only, or with
@@ -84,8 +94,7 @@ def check_aliases(run: Run) -> None:
         if any(u.startswith("delegate ") for u in replaced):
             replaced.update(delegate_users)
         missing = [u for u in users if u not in replaced]
-        digests = {r.digest for r in reps}
-        if missing or len(digests) > 1:
+        if missing or _differ(run, reps):
             problem = (
                 f"{', '.join(missing)} not replaced" if missing else "replaced with different bytes"
             )

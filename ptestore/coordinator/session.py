@@ -178,12 +178,9 @@ class Session:
         return view, alignment
 
     def _spool(self, view: memoryview, alignment: int, user: str) -> Replacement:
-        import hashlib  # a replacement: hashed to tell equal ones apart
-
         offset = self.run.spool.add(view)
-        digest = hashlib.sha256(view).hexdigest()
         self.report.bytes_out += view.nbytes
-        return Replacement(offset, view.nbytes, alignment, digest, self._backend_id, user)
+        return Replacement(offset, view.nbytes, alignment, self._backend_id, user)
 
     def replace_named(self, key: object, data: BackendData) -> None:
         with self._lock:
@@ -242,9 +239,6 @@ class Session:
                 )
             self._check_size(key, size, template.allow_size_change)
             start = self.run.spool.size()
-            import hashlib
-
-            digest = hashlib.sha256()
             total = 0
             for chunk in chunks:
                 view = _as_bytes_view(chunk)
@@ -263,16 +257,13 @@ class Session:
                 at = self.run.spool.add(view)
                 if at != start + total:  # pragma: no cover - the spool is append-only
                     raise self._error("write_named_data_chunks: spool not contiguous", key)
-                digest.update(view)
                 total += view.nbytes
             if total != size:
                 raise self._error(
                     f"write_named_data_chunks: {total} bytes given, {size} declared", key
                 )
             self.report.bytes_out += size
-            rep = Replacement(
-                start, size, alignment, digest.hexdigest(), self._backend_id, f"key {key!r}"
-            )
+            rep = Replacement(start, size, alignment, self._backend_id, f"key {key!r}")
             self.pending.setdefault((f.role, index), []).append(rep)
             self.keys[key] = None
             self.run.emit(Event("replacement", backend=self._backend_id, key=key, nbytes=size))
