@@ -25,7 +25,6 @@ import os
 import stat
 import time
 from collections.abc import Iterator
-from dataclasses import asdict
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any
@@ -78,6 +77,8 @@ class GcEntry:
     size: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
         return asdict(self)
 
 

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, field
 from typing import Any
 
-from .._dataclass import dataclass
+from .._dataclass import dataclass, field
 
 __all__ = [
     "BackendReport",
@@ -137,6 +136,8 @@ class SpecializationReport:
         return self.unchanged_reason is None
 
     def to_dict(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
         out = asdict(self)
         out["specialized"] = self.specialized
         return out

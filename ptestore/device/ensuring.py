@@ -13,12 +13,12 @@ job's index (:mod:`.indexed`); in place is :mod:`.in_place`.
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import os
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from .._dataclass import replace
 from ..backends.compat import DeviceProfile
 from ..errors import (
     ConfigurationError,
@@ -325,7 +325,7 @@ def _ensure_from_index(
             progress=progress,
         )
         check_source(index, choice, made)
-        return dataclasses.replace(made, choice=choice.to_dict())
+        return replace(made, choice=choice.to_dict())
     layout = CacheLayout(cache_dir)
     layout.create()
     key = index_key(index, model, device)
@@ -345,7 +345,7 @@ def _ensure_from_index(
         # What select chose now (a hit's manifest keeps the choice it was fetched for:
         # the same files, but the index may list a packed-weight file since), with what
         # the manifest adds to it (what the fetch moved).
-        return dataclasses.replace(got, choice={**(got.choice or {}), **choice.to_dict()})
+        return replace(got, choice={**(got.choice or {}), **choice.to_dict()})
     except (IntegrityError, PermissionDenied):
         raise
     except StorageError as exc:  # the newer artifact cannot be downloaded now

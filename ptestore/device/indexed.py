@@ -264,8 +264,7 @@ def offline_entry(
     """The entry fetched from ``index`` for ``model`` on ``device`` before, served while
     the index (or the artifact it now names) cannot be read (``exc`` says why); None when
     there is none, its files changed, or it was made for another profile of the device."""
-    import dataclasses
-
+    from .._dataclass import replace
     from .._log import get_logger
     from .artifact import artifact_of
 
@@ -295,7 +294,7 @@ def offline_entry(
         "when it was fetched, verified then and unchanged since"
     )
     get_logger(__name__).warning("%s: %s", index, reason)
-    return dataclasses.replace(made, choice={**(made.choice or {}), "offline": reason})
+    return replace(made, choice={**(made.choice or {}), "offline": reason})
 
 
 def check_source(index: str, choice: Choice, made: Artifact) -> None:

@@ -18,11 +18,11 @@ directory, so it counts in ``max_bytes`` and goes with the entry when LRU evicts
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from typing import TYPE_CHECKING, Any
 
+from .._dataclass import replace
 from .artifact import Artifact
 from .cache import CacheLayout, file_stamp
 
@@ -115,7 +115,7 @@ def with_packed_weights(
                     artifact, directory, digests, dict(storage_options or {})
                 )
                 if refused is not None:
-                    return dataclasses.replace(artifact, xnnpack_refused=refused)
+                    return replace(artifact, xnnpack_refused=refused)
                 source = "index"
             try:
                 if found is None:
@@ -134,5 +134,5 @@ def with_packed_weights(
                 get_logger("ptestore.device").warning(
                     "%s: served without an XNNPACK packed-weight file: %s", artifact.pte, exc.reason
                 )
-                return dataclasses.replace(artifact, xnnpack_refused=exc.reason)
-    return dataclasses.replace(artifact, xnnpack_cache=str(found.path), xnnpack_from=source)
+                return replace(artifact, xnnpack_refused=exc.reason)
+    return replace(artifact, xnnpack_cache=str(found.path), xnnpack_from=source)

@@ -8,9 +8,9 @@ and deleted again.
 from __future__ import annotations
 
 import uuid
-from dataclasses import replace
 from typing import Any
 
+from .._dataclass import replace
 from ..backends.registry import load_backend
 from ..errors import ConfigurationError, PteStoreError
 from ..storage.loaders import open_loader

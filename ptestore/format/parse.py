@@ -19,9 +19,9 @@ the file is refused.
 from __future__ import annotations
 
 from bisect import bisect_left
-from dataclasses import replace
 from itertools import pairwise
 
+from .._dataclass import replace
 from ..errors import FormatError
 from .flatbuf import FlatView
 from .header import (

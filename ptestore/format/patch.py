@@ -23,9 +23,8 @@ every entry keeps reading the same bytes.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 
-from .._dataclass import dataclass
+from .._dataclass import dataclass, replace
 from ..errors import ConfigurationError, FormatError
 from .header import (
     HEADER_OFFSET,

@@ -12,9 +12,9 @@ descriptions of the same key are kept in its ``other_uses``.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator, Mapping
 
+from .._dataclass import replace
 from ..errors import FormatError
 from ..storage.types import DataLoader
 from .flatbuf import FlatView, TableView
@@ -174,7 +174,7 @@ class TensorIndex(Mapping[str, TensorInfo]):
             key: (
                 infos[0]
                 if len(infos) == 1
-                else dataclasses.replace(infos[0], other_uses=tuple(infos[1:]))
+                else replace(infos[0], other_uses=tuple(infos[1:]))
             )
             for key, infos in found.items()
         }
