@@ -163,9 +163,18 @@ def registered_backends() -> MappingProxyType[str, object]:
 def object_label(obj: object) -> str:
     """``package.module:QualName`` of a class or function, or of an instance's class;
     never a ``repr`` (which may show an address, or raise)."""
-    import inspect  # here: start-up is measured on devices
+    import types  # what inspect.isroutine checks, without importing inspect (6 ms)
 
-    target = obj if isinstance(obj, type) or inspect.isroutine(obj) else type(obj)
+    routines = (
+        types.FunctionType,
+        types.BuiltinFunctionType,
+        types.MethodType,
+        types.MethodDescriptorType,
+        types.WrapperDescriptorType,
+        types.MethodWrapperType,
+        types.ClassMethodDescriptorType,
+    )
+    target = obj if isinstance(obj, (type, *routines)) else type(obj)
     module = getattr(target, "__module__", None) or "?"
     qualname = getattr(target, "__qualname__", None) or getattr(target, "__name__", "?")
     return f"{module}:{qualname}"

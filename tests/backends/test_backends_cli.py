@@ -642,3 +642,37 @@ def test_a_backend_module_s_version_is_found_without_parsing_every_distribution(
     (site / "gone-1.0.dist-info" / "RECORD").write_text("gone_mod.py,sha256=w,4\n")
     assert compat._top_distribution_version("gone_mod") == compat.UNKNOWN_VERSION
     compat._top_distribution_version.cache_clear()
+
+
+def test_object_label_names_routines_as_inspect_tells_them() -> None:
+    """``object_label`` tells a routine from an instance without importing inspect: the
+    same answer as ``inspect.isroutine`` for every kind of callable a SPEC may name."""
+    import inspect
+
+    from ptestore.backends.registry import object_label
+
+    class Local:
+        def method(self) -> None: ...
+
+        @classmethod
+        def made(cls) -> None: ...
+
+    def function() -> None: ...
+
+    for obj in (
+        function,
+        lambda: None,
+        len,
+        Local().method,
+        Local.made,
+        str.join,
+        object.__init__,
+        (1).__add__,
+        dict.__dict__["fromkeys"],
+        Local,
+        Local(),
+        3,
+    ):
+        target = obj if isinstance(obj, type) or inspect.isroutine(obj) else type(obj)
+        want = f"{getattr(target, '__module__', None) or '?'}:{target.__qualname__}"
+        assert object_label(obj) == want, obj
