@@ -73,17 +73,55 @@ class Reverse(BackendInterface):
 '''
 
 
-def _env(work: Path) -> dict[str, str]:
-    """The processes' environment: this tree first on the path, its bytecode compiled
-    and used as an installed ptestore's is (a ``PYTHONDONTWRITEBYTECODE`` set in the
-    caller's environment made every run compile ptestore's modules: 0.18 s)."""
+def _env(work: Path, editable: bool) -> tuple[str, dict[str, str]]:
+    """The Python the cases run and its environment: by default ptestore as a user has
+    it (:func:`_installed`); with ``editable``, this tree first on the path (what the
+    series up to the one of commit a21e7c3 measured: this environment's editable-install finder,
+    with ``pathlib`` and ``urllib``, costs every process 10-15 ms a user's does not
+    pay). Either way the backend module's directory is on the path and its bytecode is
+    compiled and used (a ``PYTHONDONTWRITEBYTECODE`` set in the caller's environment
+    made every run compile ptestore's modules: 0.18 s)."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(work)])
     env.pop("PYTHONDONTWRITEBYTECODE", None)
-    subprocess.run(
-        [PY, "-m", "compileall", "-q", str(ROOT / "ptestore"), str(work)], check=True, env=env
-    )
-    return env
+    if editable:
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(work)])
+        subprocess.run(
+            [PY, "-m", "compileall", "-q", str(ROOT / "ptestore"), str(work)], check=True, env=env
+        )
+        return PY, env
+    env["PYTHONPATH"] = str(work)
+    subprocess.run([PY, "-m", "compileall", "-q", str(work)], check=True, env=env)
+    return str(_installed(work)), env
+
+
+def _installed(work: Path) -> Path:
+    """The Python of a virtual environment under ``work`` holding ptestore as ``pip
+    install`` leaves it: a wheel built from this tree, installed with its bytecode
+    compiled, no editable-install finder. Its dependencies are this environment's (its
+    site-packages named by a path line in a ``.pth``: added to ``sys.path``, its own
+    ``.pth`` files not run)."""
+    import sysconfig
+
+    venv, wheels = work / "venv", work / "wheel"
+    for old in (venv, wheels):
+        shutil.rmtree(old, ignore_errors=True)
+    subprocess.run([PY, "-m", "venv", "--without-pip", str(venv)], check=True)
+    py = venv / "bin" / "python"
+    site = subprocess.run(
+        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    (Path(site) / "bench_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    pip = [PY, "-m", "pip", "-q"]
+    build = ["wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(ROOT)]
+    subprocess.run([*pip, *build], check=True, stdout=subprocess.DEVNULL)
+    wheel = next(wheels.glob("ptestore-*.whl"))
+    install = ["install", "--no-deps", "--target", site, str(wheel)]
+    subprocess.run([*pip, *install], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([str(py), "-m", "compileall", "-q", f"{site}/ptestore"], check=True)
+    return py
 
 
 def _quiet(*absent: Path) -> None:
@@ -134,10 +172,10 @@ def _make(work: Path, sizes_mib: list[int]) -> tuple[Path, Path]:
 
 
 def _cases(
-    store: Path, never: Path, known: Path, env: dict[str, str], xfs: bool
+    store: Path, never: Path, known: Path, py: str, env: dict[str, str], xfs: bool
 ) -> dict[str, object]:
     """name -> a callable of no argument returning seconds."""
-    spec = [PY, "-m", "ptestore", "specialize", "--quiet"]
+    spec = [py, "-m", "ptestore", "specialize", "--quiet"]
     out = store / "out.pte"
     cases: dict[str, object] = {
         "cp_sync": lambda: _cp_sync(known, store / "cp.pte", "never", env),
@@ -220,15 +258,21 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--xfs", action="store_true", help="also on a loop-mounted XFS")
     ap.add_argument("--json", help="write the figures here")
+    ap.add_argument(
+        "--editable",
+        action="store_true",
+        help="run this tree on PYTHONPATH in this environment (its editable-install finder "
+        "included), not a wheel of it installed in a virtual environment of its own",
+    )
     args = ap.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     never, known = _make(work, [int(n) for n in args.sizes_mib.split(",")])
-    env = _env(work)
+    py, env = _env(work, args.editable)
     result: dict[str, object] = {"load_before": os.getloadavg()}
     with tempfile.TemporaryDirectory(dir=work) as d:
         result["ext4"] = _report(
-            "ext4", _series(_cases(Path(d), never, known, env, False), args.runs)
+            "ext4", _series(_cases(Path(d), never, known, py, env, False), args.runs)
         )
     if args.xfs:
         from support.xfs import xfs_reflink_mount
@@ -237,7 +281,9 @@ def main() -> None:
             xn, xk = m.path / "never.pte", m.path / "known.pte"
             shutil.copyfile(never, xn)
             shutil.copyfile(known, xk)
-            result["xfs"] = _report("xfs", _series(_cases(m.path, xn, xk, env, True), args.runs))
+            result["xfs"] = _report(
+                "xfs", _series(_cases(m.path, xn, xk, py, env, True), args.runs)
+            )
     result["load_after"] = os.getloadavg()
     print(f"\nload average before {result['load_before']}, after {result['load_after']}")
     if args.json:
