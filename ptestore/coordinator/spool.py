@@ -7,7 +7,7 @@ import os
 import threading
 from typing import IO
 
-from .._io import pread_all, pwrite_all
+from .._io import pread_all, preadinto_all, pwrite_all
 from ..errors import StorageError
 from ..storage.types import Buffer, strerror
 
@@ -16,7 +16,10 @@ __all__ = ["Buffer", "Spool"]
 
 class Spool:
     """Append-only temporary file holding replacement bytes; a :class:`DataLoader`, so
-    writers can ``copy_from`` it."""
+    writers can ``copy_from`` it, and hashers read it a chunk per core."""
+
+    #: :meth:`readinto` may be called from several threads at once (``preadv``).
+    parallel_reads = True
 
     def __init__(self, directory: str | None) -> None:
         try:
@@ -57,6 +60,20 @@ class Spool:
         if len(out) != size:
             raise StorageError(f"{self.name}: short read")
         return out
+
+    def readinto(self, offset: int, buffer: memoryview) -> None:
+        """Fill all of ``buffer`` with the bytes at ``offset``, read straight into it."""
+        size = buffer.nbytes
+        if offset < 0 or offset + size > self._size:
+            raise StorageError(f"{self.name}: read of {size} bytes at {offset} out of range")
+        try:
+            got = preadinto_all(self._file.fileno(), buffer, offset)
+        except OSError as exc:
+            raise StorageError(
+                f"{self.name}: read of {size} bytes at {offset} failed: {strerror(exc)}"
+            ) from exc
+        if got != size:
+            raise StorageError(f"{self.name}: short read")
 
     def check_unchanged(self) -> None:
         """The spool is private to the run: nothing else can change it."""

@@ -100,6 +100,10 @@ class LocalFileLoader(LoaderBase):
     ``path`` and ``fileno()`` let local writers copy ranges in the kernel.
     """
 
+    #: :meth:`readinto` may be called from several threads at once (``preadv``): a
+    #: hasher reads a chunk per core.
+    parallel_reads = True
+
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
         self.name = self.path

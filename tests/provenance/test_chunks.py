@@ -639,3 +639,43 @@ def test_a_parallel_description_stops_when_cancelled_and_hands_back_a_read_error
     with pytest.raises(OSError, match="Input/output error"):
         ContentHasher(4 * CHUNK_SIZE).read(loader, 0, 4 * CHUNK_SIZE)
     loader.close()
+
+
+def test_a_run_s_spool_is_hashed_a_chunk_per_core_as_a_local_file_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What backends spooled (an in-place run's journal, a run's replacement spool) is
+    read by ``preadv`` from any thread: its whole chunks are hashed a chunk per core,
+    with the digest of one pass in order; a loader that cannot read into memory it is
+    given from several threads stays in order."""
+    import threading
+
+    from ptestore.coordinator.journal_writer import JournalSpool
+    from ptestore.coordinator.spool import Spool
+    from ptestore.provenance import digest as digest_module
+    from ptestore.provenance import chunks as chunks_module
+    from ptestore.provenance.chunks import CHUNK_SIZE
+
+    monkeypatch.setattr(chunks_module, "hashing_threads", lambda: 2)  # as on 2 cores
+    data = os.urandom(3 * CHUNK_SIZE + 999)
+    seen: list[str] = []
+    real = digest_module._describe_chunks
+
+    def record(*args: object) -> object:
+        seen.append(threading.current_thread().name)
+        return real(*args)  # type: ignore[arg-type]
+
+    for spool in (Spool(str(tmp_path)), JournalSpool(str(tmp_path / "journal"))):
+        spool.add(b"head")
+        spool.add(data)
+        assert digest_module._parallel_workers(spool) == 2
+        seen.clear()
+        h = ContentHasher(len(data))
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(digest_module, "_describe_chunks", record)
+            h.read(spool, 4, len(data))
+        assert h.digest().sha256 == tree(data) and seen == [threading.current_thread().name]
+        with pytest.raises(ptestore.errors.StorageError, match="out of range"):
+            spool.readinto(len(data), memoryview(bytearray(10)))
+        spool.close()
+    assert digest_module._parallel_workers(BytesLoader(b"x")) == 1
