@@ -652,8 +652,8 @@ def test_a_run_s_spool_is_hashed_a_chunk_per_core_as_a_local_file_is(
 
     from ptestore.coordinator.journal_writer import JournalSpool
     from ptestore.coordinator.spool import Spool
-    from ptestore.provenance import digest as digest_module
     from ptestore.provenance import chunks as chunks_module
+    from ptestore.provenance import digest as digest_module
     from ptestore.provenance.chunks import CHUNK_SIZE
 
     monkeypatch.setattr(chunks_module, "hashing_threads", lambda: 2)  # as on 2 cores
