@@ -6,11 +6,19 @@ The journal is ``.<name>.ptestore-journal`` beside the file. Its layout::
     [payload: replacement bytes, new metadata, new trailer]   (the run's spool)
     [plan: JSON]                                              (what to do)
     [footer: MAGIC, plan offset u64, plan size u64]
-    [commit: COMMIT, sha256 of everything before it]
+    [commit: COMMIT_V2, sha256 of the plan and the footer]
 
-Writing it: payload, plan and the commit record (the SHA-256 of everything before it),
-one ``fsync``, then the directory's ``fsync``. Only then is the file touched. A journal
-without a valid commit record was never started on the file: it is discarded. A
+The plan names what the payload must be (``plan["check"]``): the SHA-256 of each chunk
+of the file's content (:mod:`ptestore.provenance.chunks`, the same chunks a trailer
+records) that a write touches, as the file will have it, and the SHA-256 of each write
+past the content (the trailer). A run with a trailer computes those chunks for its
+record anyway, so the payload costs no hashing of its own (older journals end in
+``COMMIT``, the SHA-256 of everything before it: still read and applied).
+
+Writing it: payload, plan and the commit record, one ``fsync``, then the directory's
+``fsync``. Only then is the file touched. A journal without a valid commit record, or
+whose payload does not give the chunks its plan names, was never started on the file
+(or is damaged): it is discarded, or refused if the file is already marked. A
 committed one is applied, step by step, each step reading only the journal, so applying
 again after a crash at any point gives the same file:
 
@@ -18,9 +26,9 @@ again after a crash at any point gives the same file:
    file ``fsync``-ed: from here the ExecuTorch runtime refuses the file;
 2. the old ranges of moved segments are released (``fallocate(PUNCH_HOLE)`` where the
    file system has it; elsewhere they stay allocated, unreferenced);
-3. every write of the plan (replacements, metadata, trailer; the metadata still with
-   :data:`CHANGING` in place of the identifier) and the new size (``ftruncate``), then
-   ``fsync``;
+3. every write of the plan (replacements, metadata, trailer; the metadata, written
+   only where it changed, still with :data:`CHANGING` in place of the identifier) and
+   the new size (``ftruncate``), then ``fsync``;
 4. the real identifier, ``fsync``: the runtime loads the new file;
 5. the journal is removed and the directory ``fsync``-ed.
 """
@@ -35,6 +43,7 @@ from typing import Any
 
 from ._io import pread_all, pwrite_all
 from .errors import ConfigurationError, ObjectNotFound, StorageError
+from .journal_check import CHANGING, IDENT_RANGE
 from .storage.atomic import sync_directory, sync_file
 from .storage.types import StorageURL
 
@@ -43,8 +52,6 @@ __all__ = [
     "IDENT_RANGE",
     "apply_journal",
     "check_journal",
-    "check_target",
-    "file_binding",
     "journal_path",
     "punch_hole",
     "read_plan",
@@ -54,13 +61,12 @@ __all__ = [
 ]
 
 MAGIC = b"PTESTORE-JRNL-v1"
+#: The commit record of older journals (``PTESTORE-COMMIT!``): the SHA-256 of all before it.
 COMMIT = b"PTESTORE-COMMIT!"
+#: The commit record: the SHA-256 of the plan and the footer (the plan checks the rest).
+COMMIT_V2 = b"PTESTORE-COMMIT2"
 FOOTER = struct.Struct("<16sQQ")
 COMMIT_RECORD = struct.Struct("<16s32s")
-#: Where the FlatBuffer file identifier of a .pte is ("ET12" in ExecuTorch 1.x).
-IDENT_RANGE = (4, 8)
-#: The identifier the file carries while it is being changed (the runtime refuses it).
-CHANGING = b"PTJ~"
 _CHUNK = 8 << 20
 _FALLOC_FL_KEEP_SIZE = 0x01
 _FALLOC_FL_PUNCH_HOLE = 0x02
@@ -77,12 +83,12 @@ def read_plan(path: str) -> dict[str, Any] | None:
     return check_journal(path)[0]
 
 
-def _commit_digest_ok(fd: int, body: int, digest: bytes) -> bool:
-    """Whether the SHA-256 of the journal's first ``body`` bytes is ``digest``."""
+def _commit_digest_ok(fd: int, start: int, body: int, digest: bytes) -> bool:
+    """Whether the SHA-256 of the journal's bytes ``[start, body)`` is ``digest``."""
     import hashlib  # only when a journal exists: every run of a local path asks
 
     h = hashlib.sha256()
-    done = 0
+    done = start
     while done < body:
         n = min(_CHUNK, body - done)
         h.update(pread_all(fd, n, done))
@@ -92,7 +98,9 @@ def _commit_digest_ok(fd: int, body: int, digest: bytes) -> bool:
 
 def check_journal(path: str) -> tuple[dict[str, Any] | None, str]:
     """``(plan, "")`` for a committed journal, else ``(None, why)``: what is wrong with
-    it (no commit record, a commit digest that does not match, a bad footer)."""
+    it (no commit record, a commit digest that does not match, a bad footer). The
+    payload of a journal committed by :data:`COMMIT_V2` is checked against its plan by
+    :func:`check_payload` (it needs the file)."""
     import json
 
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -102,104 +110,30 @@ def check_journal(path: str) -> tuple[dict[str, Any] | None, str]:
             return None, f"{size} bytes, shorter than a commit record"
         record = pread_all(fd, COMMIT_RECORD.size, size - COMMIT_RECORD.size)
         tag, digest = COMMIT_RECORD.unpack(record)
-        if tag != COMMIT:
+        if tag not in (COMMIT, COMMIT_V2):
             return None, "no commit record at its end"
         body = size - COMMIT_RECORD.size
-        if not _commit_digest_ok(fd, body, digest):
-            return None, (f"the SHA-256 of its first {body} bytes does not match its commit record")
         magic, at, n = FOOTER.unpack(pread_all(fd, FOOTER.size, body - FOOTER.size))
-        if magic != MAGIC or at + n > body:
+        footer_ok = magic == MAGIC and at + n == body - FOOTER.size
+        if tag == COMMIT:  # an older journal: the digest covers the payload too
+            if not _commit_digest_ok(fd, 0, body, digest):
+                return (
+                    None,
+                    f"the SHA-256 of its first {body} bytes does not match its commit record",
+                )
+        elif not footer_ok or not _commit_digest_ok(fd, at, body, digest):
+            return None, (
+                f"the SHA-256 of its plan and footer (bytes {at if footer_ok else '?'}.."
+                f"{body}) does not match its commit record"
+            )
+        if not footer_ok:
             return None, "its footer is not a journal's"
         plan: dict[str, Any] = json.loads(pread_all(fd, n, at))
+        if tag == COMMIT:
+            plan.pop("check", None)  # its commit record covers the payload already
+        elif not isinstance(plan.get("check"), dict):
+            return None, "its plan does not say what its payload must be"
         return plan, ""
-    finally:
-        os.close(fd)
-
-
-def file_binding(fd: int, size_before: int, head: bytes) -> dict[str, Any]:
-    """What binds a journal to the file it is made for (recorded in its plan): the
-    file's device and inode, its size, and the SHA-256 of the bytes the plan's first
-    write (the metadata at offset 0) overwrites, ``head``."""
-    import hashlib
-
-    st = os.fstat(fd)
-    return {
-        "dev": st.st_dev,
-        "ino": st.st_ino,
-        "size_before": size_before,
-        "head_size": len(head),
-        "head_sha256": hashlib.sha256(head).hexdigest(),
-    }
-
-
-def _head_written(plan: dict[str, Any], journal_fd: int, n: int) -> bytes | None:
-    """The first ``n`` bytes the plan writes at offset 0 (with :data:`CHANGING` as the
-    identifier, as applying leaves them until its step 4), from the journal."""
-    for dst, src, size in plan["writes"]:
-        if dst == 0 and size >= n:
-            data = bytearray(pread_all(journal_fd, n, src))
-            lo, hi = IDENT_RANGE
-            if n >= hi:
-                data[lo:hi] = bytes.fromhex(plan["ident"])
-            return bytes(data)
-    return None
-
-
-def check_target(target: str, journal: str, plan: dict[str, Any]) -> None:
-    """Refuse (:class:`StorageError` naming both) to apply ``journal`` to a file that is
-    not the one it was made for: another inode (a replaced or re-downloaded file), or
-    the same inode with other bytes where the plan writes first and a size that is
-    neither the size before nor after. A file marked :data:`CHANGING` on the same inode
-    is the one being changed."""
-    import hashlib
-
-    bound = plan.get("file")
-    try:
-        fd = os.open(target, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError as exc:
-        raise StorageError(
-            f"{target}: cannot open to apply its journal {journal}: {exc.strerror}"
-        ) from exc
-    try:
-        st = os.fstat(fd)
-        lo, hi = IDENT_RANGE
-        marked = pread_all(fd, hi - lo, lo) == CHANGING
-        if bound is None:  # a journal of an older ptestore: its size only
-            if marked or st.st_size == plan["size_before"]:
-                return
-            raise StorageError(
-                f"{target}: not the file its journal {journal} was made for (size "
-                f"{st.st_size}, the journal's {plan['size_before']} before); not applied. "
-                f"Remove {journal} if {target} was replaced on purpose"
-            )
-        now = f"device {st.st_dev} inode {st.st_ino}, {st.st_size} bytes"
-        made = (
-            f"device {bound['dev']} inode {bound['ino']}, {bound['size_before']} bytes, "
-            f"sha256 {bound['head_sha256']} of its first {bound['head_size']} bytes"
-        )
-        same_file = (st.st_dev, st.st_ino) == (bound["dev"], bound["ino"])
-        if same_file and marked:
-            return
-        if same_file:
-            n = int(bound["head_size"])
-            head = pread_all(fd, n, 0)
-            if st.st_size == bound["size_before"] and (
-                hashlib.sha256(head).hexdigest() == bound["head_sha256"]
-            ):
-                return  # not started
-            jfd = os.open(journal, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                written = _head_written(plan, jfd, n)
-            finally:
-                os.close(jfd)
-            if st.st_size == plan["size"] and written == head:
-                return  # applied, the journal not yet removed
-            now += f", sha256 {hashlib.sha256(head).hexdigest()} of its first {n} bytes"
-        raise StorageError(
-            f"{target}: not the file its journal {journal} was made for (the journal: "
-            f"{made}; the file now: {now}); not applied, the file is left as it is. "
-            f"Remove {journal} if {target} was replaced on purpose"
-        )
     finally:
         os.close(fd)
 
@@ -364,6 +298,14 @@ def recover_locked(path: str) -> str | None:
     if not os.path.lexists(journal):
         return None
     plan, why = check_journal(journal)
+    if plan is not None:
+        from . import journal_check
+
+        # another file: refused, whatever its journal
+        journal_check.check_target(path, journal, plan)
+        why = journal_check.check_payload(path, journal, plan)
+        if why:
+            plan = None
     if plan is None:
         if _is_marked(path):  # torn by a run whose journal is now damaged
             raise StorageError(
@@ -375,7 +317,6 @@ def recover_locked(path: str) -> str | None:
             )
         os.unlink(journal)  # never committed: the file was not touched
         return "discarded"
-    check_target(path, journal, plan)
     apply_journal(path, journal, plan)
     return "rolled forward"
 

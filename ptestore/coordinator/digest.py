@@ -11,6 +11,7 @@ from ..provenance.digest import ContentHasher
 from .output import FileLayout, planned_copies
 
 if TYPE_CHECKING:
+    from ..provenance.pieces import Piece
     from ..provenance.record import ContentDigest
     from ..storage.types import DataLoader
     from .named import SourceFile
@@ -76,18 +77,19 @@ def _digest(
     # be (ptestore.provenance.crcs); a local one the per-chunk CRC-32 only.
     crcs = STORE_CRCS if f.writer.stored_checksum else LOCAL_CRCS
     h = ContentHasher(end, known, crcs, known_crcs=known_crcs)
-    h.update(meta)
+    pieces: list[Piece] = [(meta, 0, len(meta))]
     cursor = len(meta)
     for x in copies:
         start = max(x.dst, cursor)
         if start > cursor:
-            h.zeros(start - cursor)
+            pieces.append((None, 0, start - cursor))
         skip = start - x.dst  # never expected: copies start after the metadata
         if x.size > skip:
-            h.read(x.source, x.src + skip, x.size - skip, cancelled)
+            pieces.append((x.source, x.src + skip, x.size - skip))
         cursor = max(cursor, x.dst + x.size)
     if end > cursor:
-        h.zeros(end - cursor)
+        pieces.append((None, 0, end - cursor))
+    h.feed_pieces(pieces, cancelled)
     return h.digest()
 
 

@@ -27,12 +27,12 @@ from ..journal import (
     FileLock,
     PathLike,
     apply_journal,
-    file_binding,
     journal_path,
     local_path,
     recover_locked,
     reserve_tail,
 )
+from ..journal_check import file_binding
 
 if TYPE_CHECKING:
     from ..backends.compat import DeviceProfile
@@ -81,46 +81,52 @@ def _final_digest(
     file keeps where they were take their digests from ``recorded`` (the chunk digests
     of its own trailer, or of its description: :func:`~ptestore.provenance.known.known_chunks`);
     those whose CRCs are known too are not read."""
+    from ..journal_check import painted
     from ..provenance.chunks import reusable
     from ..provenance.digest import ContentHasher
 
-    # Disjoint pieces (start, end, source, offset in source), painted in apply's order.
-    pieces: list[tuple[int, int, str, int]] = [(0, min(size_before, content), "file", 0)]
-    if content > size_before:
-        pieces.append((size_before, content, "zeros", 0))
-
-    def paint(start: int, end: int, source: str, offset: int) -> None:
-        end = min(end, content)
-        if start >= end:
-            return
-        out: list[tuple[int, int, str, int]] = []
-        for a, b, src, o in pieces:
-            if b <= start or a >= end:
-                out.append((a, b, src, o))
-                continue
-            if a < start:
-                out.append((a, start, src, o))
-            if b > end:
-                out.append((end, b, src, o + (end - a)))
-        out.append((start, end, source, offset))
-        pieces[:] = sorted(out)
-
-    for off, n in punch:
-        paint(off, off + n, "zeros", 0)
-    for dst, jofs, n in writes:
-        paint(dst, dst + n, "journal", jofs)
+    pieces = painted(size_before, content, punch, [list(w) for w in writes])
     # the original's own bytes where they were (neither zeros nor the journal's)
-    kept = [(a, b) for a, b, src, o in pieces if src not in ("zeros", "journal") and o == a]
+    kept = [(a, b) for a, b, src, o in pieces if src == "original"]
     known = {} if recorded is None else reusable(recorded.chunks, content, kept)
     rows = {} if recorded is None else recorded.crcs
     known_crcs = {i: rows[i] for i in known if i in rows}
     h = ContentHasher(content, known, known_crcs=known_crcs)
-    for a, b, src, o in pieces:  # ``o``: where the piece's first byte is in its source
-        if src == "zeros":
-            h.zeros(b - a)
-        else:
-            h.read(original if src == "file" else journal, o, b - a)
+    sources = {"zeros": None, "original": original, "journal": journal}
+    # ``o``: where the piece's first byte is in its source
+    h.feed_pieces([(sources[src], o, b - a) for a, b, src, o in pieces])
     return h.digest()
+
+
+def _payload_check(
+    original: Any, journal: Any, plan: dict[str, Any], content: int, digest: Any
+) -> dict[str, Any]:
+    """``plan["check"]`` (:func:`~ptestore.journal_check.check_payload`): the chunk
+    digests of ``[0, content)`` the writes touch, from the record's ``digest`` where
+    the run made one (the same chunks), else read and hashed a chunk per core, and the
+    SHA-256 of each write past the content (the trailer)."""
+    import hashlib
+
+    from ..journal_check import painted, payload_check, touched_chunks
+    from ..provenance.chunks import chunk_size_for
+
+    cs = chunk_size_for(content)
+    touched = touched_chunks(content, cs, plan["writes"])
+    if digest is not None and digest.chunks is not None:
+        chunks = {i: digest.chunks.digests[i] for i in touched}
+    else:
+        from ..provenance.pieces import chunk_digests
+
+        ident = bytes.fromhex(plan["ident"])
+        sources = {"original": original, "journal": journal, "zeros": None, "ident": ident}
+        pieces = painted(plan["size_before"], content, plan["punch"], plan["writes"], True)
+        chunks = chunk_digests([(sources[s], o, b - a) for a, b, s, o in pieces], content, touched)
+    beyond = {
+        k: hashlib.sha256(journal.load(src, n)).digest()
+        for k, (dst, src, n) in enumerate(plan["writes"])
+        if dst >= content
+    }
+    return payload_check(content, cs, chunks, beyond)
 
 
 def _subtract(ranges: list[tuple[int, int]], live: list[tuple[int, int]]) -> list[list[int]]:
@@ -346,7 +352,9 @@ def _run(
             summary.seconds = time.perf_counter() - started
             return summary
         content = patched.file_size
-        writer.write(patched.metadata, 0)
+        head = pread_all(loader.fileno(), len(patched.metadata), 0)
+        if head != patched.metadata:  # the same offsets and sizes: the same bytes, kept
+            writer.write(patched.metadata, 0)
         size = content
         for dst, jofs, n in writes:
             writer.place(dst, jofs, n)
@@ -355,6 +363,7 @@ def _run(
         ]
         punch = _subtract(moved_old, live)
         size_before = os.fstat(loader.fileno()).st_size
+        digest = None
         if stamper is not None:
             # The record names the bytes it follows, as for a staged output: those the
             # journal will leave in [0, content).
@@ -376,12 +385,11 @@ def _run(
             "writes": [list(w) for w in writer.ops],
             "punch": punch,
             # The file it is for (recover refuses another): see journal.check_target.
-            "file": file_binding(
-                loader.fileno(),
-                size_before,
-                pread_all(loader.fileno(), len(patched.metadata), 0),
-            ),
+            "file": file_binding(loader.fileno(), size_before, head),
         }
+        # What the payload must be (recover checks it): the chunks the writes touch, as
+        # the record has them where there is one, and the trailer's SHA-256.
+        plan["check"] = _payload_check(loader, spool, plan, content, digest)
         loader.check_unchanged()
         _reserve(target, plan["size_before"], size)
         commit_journal(spool, plan)

@@ -9,7 +9,7 @@ import threading
 from typing import Any
 
 from ..errors import StorageError, WriterStateError
-from ..journal import COMMIT, COMMIT_RECORD, FOOTER, MAGIC
+from ..journal import COMMIT_RECORD, COMMIT_V2, FOOTER, MAGIC
 from ..storage.atomic import sync_directory, sync_file
 from ..storage.types import Buffer
 from ..writers.base import DataWriter, PublishMode, PublishResult, WriterState
@@ -67,17 +67,12 @@ class JournalSpool(Spool):
         self._size = 0
         self.name = f"<journal {path}>"
         self._lock = threading.Lock()
-        #: SHA-256 of everything appended so far (appends are sequential).
-        self.sha256 = hashlib.sha256()
 
     def add(self, data: Buffer) -> int:
-        view = memoryview(data).cast("B")
         try:
-            at = super().add(view)
+            return super().add(data)
         except StorageError as exc:
             raise StorageError(f"{self.path}: {exc}") from exc.__cause__
-        self.sha256.update(view)
-        return at
 
     def start_writeback(self) -> None:
         """Start writing what the backends put here to disk now (a hint, no wait): it
@@ -102,11 +97,14 @@ def commit_journal(spool: JournalSpool, plan: dict[str, Any]) -> None:
     fd = spool.fileno()
     try:
         at = spool.add(text)
-        spool.add(FOOTER.pack(MAGIC, at, len(text)))
-        # One fsync for all of it: the commit record carries the SHA-256 of everything
-        # before it, so a journal torn by a power loss before this fsync returned reads
-        # as uncommitted (and the file is touched only after it returned).
-        spool.add(COMMIT_RECORD.pack(COMMIT, spool.sha256.digest()))
+        footer = FOOTER.pack(MAGIC, at, len(text))
+        spool.add(footer)
+        # One fsync for all of it: the commit record carries the SHA-256 of the plan
+        # and the footer, and the plan the digests of what the payload leaves in the
+        # file (``plan["check"]``), so a journal torn by a power loss before this fsync
+        # returned reads as uncommitted or damaged (and the file is touched only after
+        # it returned).
+        spool.add(COMMIT_RECORD.pack(COMMIT_V2, hashlib.sha256(text + footer).digest()))
         sync_file(fd)
         sync_directory(os.path.dirname(spool.path))
     except OSError as exc:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Literal, NoReturn
 from .._dataclass import dataclass
 from ..errors import ConfigurationError, FormatError, MissingNamedData
 from ..format.model import Container, TensorLayout
+from ..provenance.trailer import ContentView
 from ..storage.loaders import DataLoader, LocalFileLoader
 from ..storage.types import load_into
 from .spool import Buffer
@@ -24,9 +25,10 @@ __all__ = ["MergedNamedDataMap", "SourceFile", "read_chunks", "read_view"]
 
 
 def read_view(loader: DataLoader, offset: int, size: int) -> Buffer:
-    """Bytes a backend reads: a zero-copy, read-only view of a local file's mapping,
-    else what the loader returns."""
-    if isinstance(loader, LocalFileLoader):
+    """Bytes a backend reads: a zero-copy, read-only view of a local file's mapping
+    (a loader with ``view``: a local file, with or without the trailer it hides), else
+    what the loader returns."""
+    if isinstance(loader, (LocalFileLoader, ContentView)):
         return loader.view(offset, size)
     return loader.load(offset, size)
 

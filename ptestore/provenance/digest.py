@@ -17,9 +17,11 @@ from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from .._background import Cancelled, Pending, Worker
+from .._background import Pending, Worker
 from .._background import check as check_cancelled
 from ..storage.types import DataLoader, load_into
+from . import pieces
+from .pieces import Piece, is_memory
 from .record import ContentDigest
 
 if TYPE_CHECKING:
@@ -71,86 +73,6 @@ def read_pieces(
 #: A piece at least this large has its chunk digests computed in a second thread
 #: while this one computes the SHA-256 and CRC-32 (hashlib and zlib release the GIL).
 _PARALLEL_MIN = 256 << 10
-
-
-def _parallel_workers(loader: DataLoader) -> int:
-    """How many chunks of ``loader`` to hash at once: one per core (at most 8) for a
-    loader of a local file that reads from any thread into memory it is given
-    (``parallel_reads``: a local file, a run's spool or journal, by ``preadv``; hashlib
-    and zlib release the GIL), else 1."""
-    if not getattr(loader, "parallel_reads", False) or not hasattr(loader, "readinto"):
-        return 1
-    from .chunks import hashing_threads
-
-    return hashing_threads()
-
-
-def _describe_chunks(
-    loader: DataLoader,
-    spans: Sequence[tuple[int, int, int, bool]],
-    algorithms: Sequence[str],
-    workers: int,
-    cancelled: threading.Event | None,
-) -> dict[int, tuple[bytes | None, dict[str, int]]]:
-    """``{index: (SHA-256, {algorithm: CRC})}`` of each chunk ``(index, offset, size,
-    whether its SHA-256 is wanted)`` of ``loader`` (None where it is not), ``workers``
-    chunks at once: this thread and ``workers - 1`` others, each taking the next chunk
-    and reading it into a buffer of its own (plain threads: ``concurrent.futures``
-    imports ``logging``, 9 ms of a run that hashes 20 MiB). The first error is raised
-    here once every thread has stopped; so is a cancellation."""
-    from ..checksums import crc
-
-    results: dict[int, tuple[bytes | None, dict[str, int]]] = {}
-    errors: list[BaseException] = []
-    todo = iter(spans)
-    lock = threading.Lock()
-    stop = threading.Event()  # set on the first error: the others stop between pieces
-
-    def one(buffer: memoryview, span: tuple[int, int, int, bool]) -> None:
-        index, offset, size, sha = span
-        h = hashlib.sha256() if sha else None
-        row = dict.fromkeys(algorithms, 0)
-        end = offset + size
-        while offset < end:
-            check_cancelled(cancelled)
-            check_cancelled(stop)
-            piece = buffer[: min(buffer.nbytes, end - offset)]
-            load_into(loader, offset, piece)
-            if h is not None:
-                h.update(piece)
-            for a in algorithms:
-                row[a] = crc(a, piece, row[a])
-            offset += piece.nbytes
-        results[index] = (None if h is None else h.digest(), row)
-
-    def work() -> None:
-        buffer: memoryview | None = None
-        try:
-            while not stop.is_set():
-                with lock:
-                    span = next(todo, None)
-                if span is None:
-                    return
-                if buffer is None:
-                    buffer = memoryview(bytearray(min(_CHUNK, max(s[2] for s in spans))))
-                one(buffer, span)
-        except BaseException as exc:  # handed to the calling thread, which raises it
-            with lock:
-                errors.append(exc)
-            stop.set()
-
-    threads = [
-        threading.Thread(target=work, name="ptestore-chunks", daemon=True)
-        for _ in range(min(workers, len(spans)) - 1)
-    ]
-    for t in threads:
-        t.start()
-    work()
-    for t in threads:
-        t.join()
-    if errors:  # the first one; a Cancelled raised by ``stop`` only follows another
-        raise next((e for e in errors if not isinstance(e, Cancelled)), errors[0])
-    return results
 
 
 class ContentHasher:
@@ -278,14 +200,7 @@ class ContentHasher:
             self.skipped += n
 
     def zeros(self, n: int) -> None:
-        for run, skip in list(self._runs(n)):
-            if skip:
-                self._advance(run)
-                continue
-            while run > 0:
-                k = min(run, len(_ZEROS))
-                self.update(_ZEROS[:k] if k < len(_ZEROS) else _ZEROS)
-                run -= k
+        self._feed_in_order(None, 0, n, None)
 
     def read(
         self,
@@ -294,49 +209,81 @@ class ContentHasher:
         size: int,
         cancelled: threading.Event | None = None,
     ) -> None:
-        """Feed ``size`` bytes of ``loader`` from ``offset`` (:func:`read_pieces`); the
-        bytes of chunks known in full are not read."""
+        """Feed ``size`` bytes of ``loader`` from ``offset`` (:meth:`feed_pieces`)."""
+        self.feed_pieces([(loader, offset, size)], cancelled)
+
+    def feed_pieces(self, parts: Sequence[Piece], cancelled: threading.Event | None = None) -> None:
+        """Feed the bytes of ``parts`` (:data:`Piece`: a loader's, in memory, zeros),
+        in order. The chunks they fill whole are described a chunk per core at once,
+        whatever pieces each is made of, where every loader among them reads from any
+        thread (local files, the run's spool); chunks known in full are not read; the
+        rest is fed in order."""
+        parts = [p for p in parts if p[2] > 0]
+        chunks, grid = self._chunks, self._grid
+        workers = 1
+        if chunks is not None and grid is not None and not self.whole:
+            workers = pieces.parallel_for(parts)
+        if chunks is None or grid is None or workers < 2:
+            for src, offset, n in parts:
+                self._feed_in_order(src, offset, n, cancelled)
+            return
+        cs = chunks.chunk_size
+        total = sum(n for _, _, n in parts)
+        start = self.size
+        head = min(total, -start % cs)
+        count = (total - head) // cs
+        if self.length is not None and start + total == self.length and (total - head) % cs:
+            count += 1  # the content's last chunk, a short one, is filled whole too
+        bounds = [0, head, *(min(head + (j + 1) * cs, total) for j in range(count)), total]
+        stretches = pieces.cut(parts, bounds)
+        for src, offset, n in stretches[0]:
+            self._feed_in_order(src, offset, n, cancelled)
+        first = (start + head) // cs
+        spans = [
+            (first + j, ps, not chunks.is_known(first + j))
+            for j, ps in enumerate(stretches[1 : 1 + count])
+            if not self._skippable(first + j)
+        ]
+        described = (
+            pieces.describe_chunks(spans, grid.algorithms, workers, cancelled)
+            if len(spans) > 1
+            else {}
+        )
+        for j, ps in enumerate(stretches[1 : 1 + count]):
+            i = first + j
+            n = bounds[j + 2] - bounds[j + 1]
+            if i in described:
+                digest, row = described[i]
+                if digest is not None:
+                    chunks.learn(i, digest)
+                grid.learn(i, row)
+                self._advance(n, read=True)
+            elif self._skippable(i):
+                self._advance(n)
+            else:
+                for src, offset, k in ps:
+                    self._feed_in_order(src, offset, k, cancelled)
+        for src, offset, n in stretches[-1]:
+            self._feed_in_order(src, offset, n, cancelled)
+
+    def _feed_in_order(
+        self, src: object, offset: int, size: int, cancelled: threading.Event | None
+    ) -> None:
+        """Feed one piece in order, moving past the chunks known in full."""
         for run, skip in list(self._runs(size)):
             if skip:
                 self._advance(run)
+            elif src is None:
+                done = 0
+                while done < run:
+                    k = min(run - done, len(_ZEROS))
+                    self.update(_ZEROS[:k] if k < len(_ZEROS) else _ZEROS)
+                    done += k
+            elif is_memory(src):
+                self.update(memoryview(src).cast("B")[offset : offset + run])  # type: ignore[arg-type]
             else:
-                self._read_run(loader, offset, run, cancelled)
+                self._read_in_order(src, offset, run, cancelled)  # type: ignore[arg-type]
             offset += run
-
-    def _read_run(
-        self, loader: DataLoader, offset: int, size: int, cancelled: threading.Event | None
-    ) -> None:
-        """Feed ``size`` bytes of ``loader`` from ``offset``: the whole chunks among them
-        a chunk per core at once where the loader reads from any thread (a local file),
-        the rest in order."""
-        chunks, grid = self._chunks, self._grid
-        workers = _parallel_workers(loader) if chunks is not None and not self.whole else 1
-        if chunks is None or grid is None or workers < 2:
-            self._read_in_order(loader, offset, size, cancelled)
-            return
-        cs = chunks.chunk_size
-        head = min(size, -self.size % cs)  # up to the next chunk boundary
-        whole = (size - head) // cs
-        if whole < 2:
-            self._read_in_order(loader, offset, size, cancelled)
-            return
-        self._read_in_order(loader, offset, head, cancelled)
-        first = self.size // cs
-        start = offset + head
-        # (a run holds no chunk known in full: those are skipped, see _runs)
-        spans = [
-            (i, start + (i - first) * cs, cs, not chunks.is_known(i))
-            for i in range(first, first + whole)
-        ]
-        for i, (digest, row) in _describe_chunks(
-            loader, spans, grid.algorithms, workers, cancelled
-        ).items():
-            if digest is not None:
-                chunks.learn(i, digest)
-            grid.learn(i, row)
-        self._advance(whole * cs, read=True)
-        tail = size - head - whole * cs
-        self._read_in_order(loader, start + whole * cs, tail, cancelled)
 
     def _read_in_order(
         self, loader: DataLoader, offset: int, size: int, cancelled: threading.Event | None

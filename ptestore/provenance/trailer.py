@@ -222,6 +222,13 @@ class ContentView:
         self._check(offset, buffer.nbytes)
         load_into(self.inner, offset, buffer)
 
+    def view(self, offset: int, size: int) -> memoryview | bytes | bytearray:
+        """A zero-copy view where the inner loader gives one (a local file's mapping:
+        :meth:`~ptestore.storage.loaders.LocalFileLoader.view`), else ``load``."""
+        self._check(offset, size)
+        inner = getattr(self.inner, "view", None)
+        return self.inner.load(offset, size) if inner is None else inner(offset, size)
+
     def close(self) -> None:
         self.inner.close()
 

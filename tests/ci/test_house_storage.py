@@ -30,11 +30,6 @@ URL_ALLOWED: dict[tuple[str, str], str] = {
     ("ptestore/writers/generic.py", 'protocol = split_url(link)[0] if "://" in link else link'): (
         "chained fsspec URLs"
     ),
-    # Which source a piece of the in-place output is read from (the original file or
-    # the journal): a label, not a URL.
-    ("ptestore/coordinator/inplace.py", 'h.read(original if src == "file" else journal'): (
-        "a piece's source label"
-    ),
     # A memory path given without its scheme gets it back (a name for messages).
     ("ptestore/writers/memory.py", 'super().__init__(url if "://" in url else'): (
         "memory:// names"

@@ -23,7 +23,7 @@ from support.large import ReplaceKey, inflate
 import ptestore
 from ptestore.backends import BackendData, BackendInterface
 from ptestore.errors import ConfigurationError, StorageError
-from ptestore.journal import CHANGING, journal_path
+from ptestore.journal import CHANGING, COMMIT, COMMIT_RECORD, journal_path, read_plan
 from ptestore.provenance import check_bytes, read_trailer
 from ptestore.storage.loaders import open_loader
 
@@ -224,26 +224,33 @@ class Recorder:
         return out
 
 
+@pytest.mark.parametrize("how", ["same size", "grown"])
 def test_durable_order_journal_then_marked_then_data_then_identifier_then_removal(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
 ) -> None:
     src = copy(tmp_path)
+    if how == "grown":  # the segment moves to the end: the metadata changes
+        backend: Any = ReplaceKey("XnnpackBackend", KEY, extra=8192, alignment=64)
+    else:  # the same offsets and sizes: the metadata stays as it is, not rewritten
+        backend = SPEC
+    reference = staged(tmp_path, [backend], src) if how == "same size" else None
     names = {str(src): "file", journal_path(str(src)): "journal"}
     rec = Recorder(monkeypatch, names)
-    ptestore.specialize(src, src, backends=[SPEC], in_place=True, provenance=False)
+    ptestore.specialize(src, src, backends=[backend], in_place=True, provenance=False)
     monkeypatch.undo()
     calls = rec.squeezed()
     # What is durable at each point: the journal (checksummed by its commit record) and
     # its directory entry before the file is touched; the changed identifier before any
     # data; all data before the identifier comes back; the identifier before the
     # journal goes.
+    metadata = [("pwrite", "file")] if how == "grown" else []
     assert calls == [
-        ("pwrite", "journal"),  # replacement (spooled), metadata, plan, commit record
+        ("pwrite", "journal"),  # replacement (spooled), metadata if changed, plan, commit
         ("fsync", "journal"),
         ("fsync", "dir"),
         ("pwrite", "file"),  # identifier -> CHANGING
         ("fsync", "file"),
-        ("pwrite", "file"),  # the metadata (with CHANGING in place of the identifier)
+        *metadata,  # the new metadata (with CHANGING in place of the identifier)
         ("copy_file_range", "file"),  # the replacement, from the journal in the kernel
         ("ftruncate", "file"),
         ("fsync", "file"),
@@ -252,7 +259,11 @@ def test_durable_order_journal_then_marked_then_data_then_identifier_then_remova
         ("unlink", "journal"),
         ("fsync", "dir"),
     ]
-    assert src.read_bytes() == staged(tmp_path, [SPEC])
+    if reference is not None:
+        assert src.read_bytes() == reference
+    else:  # at the end instead of compacted as a staged output is: a well-formed file
+        ptestore.verify(src)
+        assert src.stat().st_size > FX.pte_path.stat().st_size  # type: ignore[union-attr]
 
 
 # ------------------------------------------------------------------- SIGKILL at phases
@@ -599,23 +610,64 @@ def test_a_journal_is_applied_to_its_own_file_at_every_state(tmp_path: Path) -> 
     assert ptestore.recover(src) == "rolled forward" and src.read_bytes() == new
 
 
-def _flip_payload_byte(journal: Path) -> None:
+def test_an_applied_journal_that_kept_the_metadata_is_its_file_s_with_a_trailer(
+    tmp_path: Path,
+) -> None:
+    """The same offsets and sizes: the plan has no write at offset 0 (the metadata is
+    kept) and the trailer makes the file longer. Killed between its identifier coming
+    back and the journal's removal, the file is recognised by its kept first bytes and
+    its new size: rolled forward again, not refused as another file."""
+    probe = copy(tmp_path, "probe.pte")
+    calls = _calls_killed_at(probe, 10**9, provenance=True)
+    assert calls is not None
+    src = copy(tmp_path, "m.pte")
+    assert _calls_killed_at(src, len(calls) // 2, provenance=True) is None  # torn
+    journal = Path(journal_path(str(src)))
+    plan = read_plan(str(journal))
+    assert plan is not None and not any(dst == 0 for dst, _, _ in plan["writes"])
+    kept = journal.read_bytes()
+    assert ptestore.recover(src) == "rolled forward"
+    new = src.read_bytes()
+    assert len(new) > FX.pte_path.stat().st_size  # type: ignore[union-attr]
+    assert new[: plan["file"]["head_size"]] == probe.read_bytes()[: plan["file"]["head_size"]]
+    journal.write_bytes(kept)  # as if killed between step 4 and the journal's removal
+    assert ptestore.recover(src) == "rolled forward" and src.read_bytes() == new
+
+
+def _flip_payload_byte(journal: Path, at: int = 10) -> None:
     data = bytearray(journal.read_bytes())
-    data[10] ^= 0x40  # in the payload: the spooled replacement
+    data[at] ^= 0x40  # in the payload: the spooled replacement (by default)
     journal.write_bytes(bytes(data))
 
 
-def assert_corrupt_journal_refused(tmp_path: Path) -> None:
+def _as_older_ptestore(journal: Path) -> None:
+    """The journal as an older ptestore committed it: the SHA-256 of all before
+    its commit record (the plan's ``check`` is then ignored)."""
+    body = journal.read_bytes()[: -COMMIT_RECORD.size]
+    journal.write_bytes(body + COMMIT_RECORD.pack(COMMIT, hashlib.sha256(body).digest()))
+
+
+def assert_corrupt_journal_refused(tmp_path: Path, old: bool = False) -> None:
     src = _torn(tmp_path, "flipped.pte")
     journal = Path(journal_path(str(src)))
+    if old:
+        _as_older_ptestore(journal)
     _flip_payload_byte(journal)
     before = src.read_bytes()
     with pytest.raises(StorageError) as err:
         ptestore.recover(src)
     msg = str(err.value)
     assert msg.startswith(f"{src}: damaged: the file is marked as being changed in place (PTJ~")
-    assert f"its journal {journal} is invalid (the SHA-256 of its first " in msg
-    assert "does not match its commit record)" in msg
+    if old:
+        assert f"its journal {journal} is invalid (the SHA-256 of its first " in msg
+        assert "does not match its commit record)" in msg
+    else:
+        assert re.search(
+            rf"its journal {re.escape(str(journal))} is invalid \(chunk 0 of what it leaves "
+            r"in the file \(bytes 0\.\.\d+\) has SHA-256 [0-9a-f]{64}, its plan says "
+            r"[0-9a-f]{64}\)",
+            msg,
+        ), msg
     assert "Restore the model from its portable source" in msg
     assert src.read_bytes() == before and journal.exists()  # kept: nothing guessed
 
@@ -624,20 +676,64 @@ def test_a_committed_journal_with_one_payload_byte_flipped_is_refused(tmp_path: 
     assert_corrupt_journal_refused(tmp_path)
 
 
-def test_the_commit_digest_check_is_what_refuses_a_flipped_byte(
+def test_a_journal_of_an_older_ptestore_is_checked_by_its_commit_record(
+    tmp_path: Path,
+) -> None:
+    """Journals of an older ptestore (the SHA-256 of everything before the commit
+    record) are still applied, and a flipped payload byte is refused by that digest."""
+    (tmp_path / "a").mkdir()
+    assert_corrupt_journal_refused(tmp_path / "a", old=True)
+    new = staged(tmp_path, [SPEC])
+    src = _torn(tmp_path, "old.pte")
+    _as_older_ptestore(Path(journal_path(str(src))))
+    assert ptestore.recover(src) == "rolled forward" and src.read_bytes() == new
+
+
+def test_the_payload_check_is_what_refuses_a_flipped_byte(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Planted bug: a recover that skips the commit digest check rolls the corrupt
-    bytes forward, and the test above fails."""
-    import ptestore.journal as journal_module
+    """Planted bug: a recover that skips the payload check rolls the corrupt bytes
+    forward, and the test above fails."""
+    import ptestore.journal_check as check_module
 
-    monkeypatch.setattr(journal_module, "_commit_digest_ok", lambda fd, body, digest: True)
+    monkeypatch.setattr(check_module, "check_payload", lambda target, journal, plan: "")
     (tmp_path / "planted").mkdir()
     with pytest.raises(pytest.fail.Exception, match="DID NOT RAISE"):  # rolled forward
         assert_corrupt_journal_refused(tmp_path / "planted")
     src = tmp_path / "planted" / "flipped.pte"
     assert src.read_bytes()[4:8] == FX.pte_path.read_bytes()[4:8]  # type: ignore[union-attr]
     assert src.read_bytes() != staged(tmp_path, [SPEC])  # loadable, with corrupt bytes
+
+
+def test_a_flipped_byte_of_the_plan_or_the_trailer_is_refused(tmp_path: Path) -> None:
+    """The commit record covers the plan; the plan covers the trailer written past the
+    content (an in-place run with provenance): a byte flipped in either is refused."""
+    probe = copy(tmp_path, "probe.pte")
+    calls = _calls_killed_at(probe, 10**9, provenance=True)
+    assert calls is not None
+    for what in ("plan", "trailer"):
+        src = copy(tmp_path, f"{what}.pte")
+        assert _calls_killed_at(src, len(calls) // 2, provenance=True) is None  # torn
+        journal = Path(journal_path(str(src)))
+        plan = read_plan(str(journal))
+        assert plan is not None
+        data = journal.read_bytes()
+        plan_at = data.rindex(b'{"check"')
+        content = plan["check"]["length"]
+        trailer_at = next(jofs for dst, jofs, _ in plan["writes"] if dst >= content)
+        _flip_payload_byte(journal, plan_at + 20 if what == "plan" else trailer_at + 20)
+        with pytest.raises(StorageError) as err:
+            ptestore.recover(src)
+        if what == "plan":
+            assert "(the SHA-256 of its plan and footer (bytes " in str(err.value)
+            assert ") does not match its commit record)" in str(err.value)
+        else:
+            assert re.search(
+                rf"\(its write of \d+ bytes at {content} has SHA-256 [0-9a-f]{{64}}, its plan "
+                r"says [0-9a-f]{64}\)",
+                str(err.value),
+            ), str(err.value)
+        assert journal.exists() and src.read_bytes()[4:8] == CHANGING
 
 
 def test_a_torn_file_whose_journal_is_damaged_is_reported_damaged_not_untouched(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import itertools
 import os
 import shutil
 import struct
@@ -574,12 +575,12 @@ def test_a_local_file_s_whole_chunks_are_hashed_a_chunk_per_core_with_the_same_d
     as given), and nothing read is counted as skipped."""
     import zlib
 
-    from ptestore.provenance import digest as digest_module
+    from ptestore.provenance import pieces as pieces_module
     from ptestore.provenance.chunks import CHUNK_SIZE
     from ptestore.provenance.digest import ContentHasher
     from ptestore.storage.loaders import LocalFileLoader
 
-    monkeypatch.setattr(digest_module, "_parallel_workers", lambda loader: workers)
+    monkeypatch.setattr(pieces_module, "parallel_workers", lambda loader: workers)
     data = os.urandom(5 * CHUNK_SIZE + 12345)
     path = tmp_path / "blob"
     path.write_bytes(b"x" * 777 + data)
@@ -615,12 +616,12 @@ def test_a_parallel_description_stops_when_cancelled_and_hands_back_a_read_error
     import threading
 
     from ptestore._background import Cancelled
-    from ptestore.provenance import digest as digest_module
+    from ptestore.provenance import pieces as pieces_module
     from ptestore.provenance.chunks import CHUNK_SIZE
     from ptestore.provenance.digest import ContentHasher
     from ptestore.storage.loaders import LocalFileLoader
 
-    monkeypatch.setattr(digest_module, "_parallel_workers", lambda loader: 2)
+    monkeypatch.setattr(pieces_module, "parallel_workers", lambda loader: 2)
     path = tmp_path / "blob"
     path.write_bytes(os.urandom(4 * CHUNK_SIZE))
     loader = LocalFileLoader(str(path))
@@ -653,13 +654,13 @@ def test_a_run_s_spool_is_hashed_a_chunk_per_core_as_a_local_file_is(
     from ptestore.coordinator.journal_writer import JournalSpool
     from ptestore.coordinator.spool import Spool
     from ptestore.provenance import chunks as chunks_module
-    from ptestore.provenance import digest as digest_module
+    from ptestore.provenance import pieces as pieces_module
     from ptestore.provenance.chunks import CHUNK_SIZE
 
     monkeypatch.setattr(chunks_module, "hashing_threads", lambda: 2)  # as on 2 cores
     data = os.urandom(3 * CHUNK_SIZE + 999)
     seen: list[str] = []
-    real = digest_module._describe_chunks
+    real = pieces_module.describe_chunks
 
     def record(*args: object) -> object:
         seen.append(threading.current_thread().name)
@@ -668,14 +669,111 @@ def test_a_run_s_spool_is_hashed_a_chunk_per_core_as_a_local_file_is(
     for spool in (Spool(str(tmp_path)), JournalSpool(str(tmp_path / "journal"))):
         spool.add(b"head")
         spool.add(data)
-        assert digest_module._parallel_workers(spool) == 2
+        assert pieces_module.parallel_workers(spool) == 2
         seen.clear()
         h = ContentHasher(len(data))
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(digest_module, "_describe_chunks", record)
+            mp.setattr(pieces_module, "describe_chunks", record)
             h.read(spool, 4, len(data))
         assert h.digest().sha256 == tree(data) and seen == [threading.current_thread().name]
         with pytest.raises(ptestore.errors.StorageError, match="out of range"):
             spool.readinto(len(data), memoryview(bytearray(10)))
         spool.close()
-    assert digest_module._parallel_workers(BytesLoader(b"x")) == 1
+    assert pieces_module.parallel_workers(BytesLoader(b"x")) == 1
+
+
+_FEED = os.urandom(3 * (4 << 20) + 4321)
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    cuts=st.lists(st.integers(0, len(_FEED)), max_size=6),
+    kinds=st.lists(st.sampled_from(["memory", "file", "spool", "zeros"]), min_size=7, max_size=7),
+    start=st.integers(0, 5000),
+    known=st.sets(st.integers(0, 3), max_size=2),
+)
+def test_fed_pieces_give_the_digests_of_their_bytes_in_order(
+    tmp_path_factory: pytest.TempPathFactory,
+    cuts: list[int],
+    kinds: list[str],
+    start: int,
+    known: set[int],
+) -> None:
+    """``feed_pieces``: bytes from memory, a local file, a run's spool and zeros, cut
+    anywhere (a piece may span chunk boundaries, a chunk may hold several pieces), fed
+    after ``start`` bytes given in order: the chunk digests, their root and the
+    per-chunk CRC-32s are those of the same bytes fed in one piece, a chunk per core
+    or not; chunks known in full (digest and CRC) are not read."""
+    import zlib
+
+    from ptestore.coordinator.spool import Spool
+    from ptestore.provenance.chunks import CHUNK_SIZE
+    from ptestore.storage.loaders import LocalFileLoader
+
+    tmp = tmp_path_factory.mktemp("feed")
+    bounds = sorted({0, len(_FEED), *cuts})
+    parts: list[tuple[object, int, int]] = []
+    expected = bytearray(_FEED[:start])
+    path = tmp / "source"
+    path.write_bytes(_FEED)
+    loader, spool = LocalFileLoader(str(path)), Spool(str(tmp))
+    for (a, b), kind in zip(itertools.pairwise(bounds), kinds, strict=False):
+        if b <= max(a, start):
+            continue
+        a = max(a, start)
+        if kind == "zeros":
+            parts.append((None, 0, b - a))
+            expected += bytes(b - a)
+        elif kind == "memory":
+            parts.append((_FEED, a, b - a))
+            expected += _FEED[a:b]
+        elif kind == "file":
+            parts.append((loader, a, b - a))
+            expected += _FEED[a:b]
+        else:
+            parts.append((spool, spool.add(_FEED[a:b]), b - a))
+            expected += _FEED[a:b]
+    data = bytes(expected)
+    n = len(data)
+    reference = ContentHasher(n)
+    reference.update(data)
+    ref = reference.digest()
+    assert ref.chunks is not None and ref.crcs is not None
+    known_chunks = {i: ref.chunks.digests[i] for i in known if i * CHUNK_SIZE < n}
+    known_crcs = {i: {"CRC32": ref.crcs.chunks["CRC32"][i]} for i in known_chunks}
+    for table in ({}, known_chunks):
+        h = ContentHasher(n, table, known_crcs=known_crcs if table else None)
+        h.update(data[:start])
+        h.feed_pieces(parts)
+        got = h.digest()
+        assert got.sha256 == tree(data) == ref.sha256
+        assert got.crc32 == zlib.crc32(data)
+        assert got.crcs is not None and got.crcs.chunks["CRC32"] == ref.crcs.chunks["CRC32"]
+        # the bytes of known chunks from ``start`` on: moved past, never read
+        unread = sum(
+            max(0, min((i + 1) * CHUNK_SIZE, n) - max(i * CHUNK_SIZE, start)) for i in table
+        )
+        assert h.skipped == unread
+    loader.close()
+    spool.close()
+
+
+def test_chunk_digests_of_pieces_are_those_of_their_bytes(tmp_path: Path) -> None:
+    """``chunk_digests``: the SHA-256 of the chunks asked for, of the bytes the pieces
+    make (what an in-place run's journal must leave in the file)."""
+    from ptestore.provenance.chunks import CHUNK_SIZE
+    from ptestore.provenance.pieces import chunk_digests
+    from ptestore.storage.loaders import LocalFileLoader
+
+    path = tmp_path / "source"
+    path.write_bytes(_FEED)
+    loader = LocalFileLoader(str(path))
+    head = b"new metadata" * 100
+    parts = [(head, 0, len(head)), (None, 0, 5000), (loader, 0, len(_FEED))]
+    data = head + bytes(5000) + _FEED
+    want = {
+        i: hashlib.sha256(data[i * CHUNK_SIZE : (i + 1) * CHUNK_SIZE]).digest() for i in (0, 2, 3)
+    }
+    assert chunk_digests(parts, len(data), [0, 2, 3]) == want
+    assert chunk_digests(parts, len(data), []) == {}
+    loader.close()

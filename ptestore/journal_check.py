@@ -1,0 +1,283 @@
+"""What is checked before a journal (:mod:`ptestore.journal`) is applied: that it is
+for this file (:func:`check_target`, against the binding its plan records,
+:func:`file_binding`) and that its payload is what its plan says (:func:`check_payload`,
+against ``plan["check"]``: the SHA-256 of each chunk of the file's content the writes
+touch, as the file will have them, and of each write past the content).
+
+The chunks are those of :mod:`ptestore.provenance.chunks` (their size is in the plan),
+so a run with a trailer takes them from its record's chunk digests: the payload costs
+that run no hashing of its own. Checking one, at recovery, reads the chunks the writes
+touch (from the journal, and the file's own bytes around them).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ._io import pread_all
+from .errors import StorageError
+
+__all__ = [
+    "CHANGING",
+    "IDENT_RANGE",
+    "Painted",
+    "check_payload",
+    "check_target",
+    "file_binding",
+    "painted",
+    "payload_check",
+    "touched_chunks",
+]
+
+#: Where the FlatBuffer file identifier of a .pte is ("ET12" in ExecuTorch 1.x).
+IDENT_RANGE = (4, 8)
+#: The identifier the file carries while it is being changed (the runtime refuses it;
+#: :mod:`ptestore.journal`, which writes it, takes both from here).
+CHANGING = b"PTJ~"
+#: ``(start, end, source, offset in the source)``: a piece of the file once a plan is
+#: applied (:func:`painted`).
+Painted = tuple[int, int, str, int]
+_PIECE = 1 << 20
+
+
+def file_binding(fd: int, size_before: int, head: bytes) -> dict[str, Any]:
+    """What binds a journal to the file it is made for (recorded in its plan): the
+    file's device and inode, its size, and the SHA-256 of its first bytes, ``head``
+    (as many as the new metadata has: those the plan's write at offset 0 overwrites, or
+    keeps when the metadata did not change and the plan has no such write)."""
+    import hashlib
+
+    st = os.fstat(fd)
+    return {
+        "dev": st.st_dev,
+        "ino": st.st_ino,
+        "size_before": size_before,
+        "head_size": len(head),
+        "head_sha256": hashlib.sha256(head).hexdigest(),
+    }
+
+
+def _head_written(plan: dict[str, Any], journal_fd: int, n: int) -> bytes | None:
+    """The first ``n`` bytes the plan writes at offset 0 (with :data:`CHANGING` as the
+    identifier, as applying leaves them until its step 4), from the journal; None
+    where it writes none of them (the metadata did not change: the file keeps its
+    first bytes)."""
+    for dst, src, size in plan["writes"]:
+        if dst == 0 and size >= n:
+            data = bytearray(pread_all(journal_fd, n, src))
+            lo, hi = IDENT_RANGE
+            if n >= hi:
+                data[lo:hi] = bytes.fromhex(plan["ident"])
+            return bytes(data)
+    return None
+
+
+def check_target(target: str, journal: str, plan: dict[str, Any]) -> None:
+    """Refuse (:class:`StorageError` naming both) to apply ``journal`` to a file that is
+    not the one it was made for: another inode (a replaced or re-downloaded file), or
+    the same inode with other bytes where the plan writes first and a size that is
+    neither the size before nor after. A file marked :data:`CHANGING` on the same inode
+    is the one being changed."""
+    import hashlib
+
+    bound = plan.get("file")
+    try:
+        fd = os.open(target, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise StorageError(
+            f"{target}: cannot open to apply its journal {journal}: {exc.strerror}"
+        ) from exc
+    try:
+        st = os.fstat(fd)
+        lo, hi = IDENT_RANGE
+        marked = pread_all(fd, hi - lo, lo) == CHANGING
+        if bound is None:  # a journal of an older ptestore: its size only
+            if marked or st.st_size == plan["size_before"]:
+                return
+            raise StorageError(
+                f"{target}: not the file its journal {journal} was made for (size "
+                f"{st.st_size}, the journal's {plan['size_before']} before); not applied. "
+                f"Remove {journal} if {target} was replaced on purpose"
+            )
+        now = f"device {st.st_dev} inode {st.st_ino}, {st.st_size} bytes"
+        made = (
+            f"device {bound['dev']} inode {bound['ino']}, {bound['size_before']} bytes, "
+            f"sha256 {bound['head_sha256']} of its first {bound['head_size']} bytes"
+        )
+        same_file = (st.st_dev, st.st_ino) == (bound["dev"], bound["ino"])
+        if same_file and marked:
+            return
+        if same_file:
+            n = int(bound["head_size"])
+            head = pread_all(fd, n, 0)
+            if st.st_size == bound["size_before"] and (
+                hashlib.sha256(head).hexdigest() == bound["head_sha256"]
+            ):
+                return  # not started
+            jfd = os.open(journal, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                written = _head_written(plan, jfd, n)
+            finally:
+                os.close(jfd)
+            if written is None:  # the plan keeps the first bytes: they are the ones bound
+                kept = hashlib.sha256(head).hexdigest() == bound["head_sha256"]
+                if st.st_size == plan["size"] and kept:
+                    return  # applied, the journal not yet removed
+            elif st.st_size == plan["size"] and written == head:
+                return  # applied, the journal not yet removed
+            now += f", sha256 {hashlib.sha256(head).hexdigest()} of its first {n} bytes"
+        raise StorageError(
+            f"{target}: not the file its journal {journal} was made for (the journal: "
+            f"{made}; the file now: {now}); not applied, the file is left as it is. "
+            f"Remove {journal} if {target} was replaced on purpose"
+        )
+    finally:
+        os.close(fd)
+
+
+def painted(
+    size_before: int,
+    content: int,
+    punch: list[list[int]],
+    writes: list[list[int]],
+    ident: bool = False,
+) -> list[Painted]:
+    """What ``[0, content)`` of the file is once a plan is applied, as disjoint pieces
+    ``(start, end, source, offset in it)`` in order, ``source`` ``"original"`` (the
+    file's own bytes, where they were), ``"zeros"`` (punched, or past the old end) or
+    ``"journal"``: the original's bytes, the punched ranges, then the writes in order.
+    Applying writes none of the file's pieces but its identifier (:data:`IDENT_RANGE`,
+    :data:`CHANGING` until its step 4): with ``ident``, that range is an ``"ident"``
+    piece (the plan's identifier), so the pieces read the same at every step."""
+    pieces: list[Painted] = [(0, min(size_before, content), "original", 0)]
+    if content > size_before:
+        pieces.append((size_before, content, "zeros", 0))
+
+    def paint(start: int, end: int, source: str, offset: int) -> None:
+        end = min(end, content)
+        if start >= end:
+            return
+        out: list[Painted] = []
+        for a, b, src, o in pieces:
+            if b <= start or a >= end:
+                out.append((a, b, src, o))
+                continue
+            if a < start:
+                out.append((a, start, src, o))
+            if b > end:
+                out.append((end, b, src, o + (end - a)))
+        out.append((start, end, source, offset))
+        pieces[:] = sorted(out)
+
+    for off, n in punch:
+        paint(off, off + n, "zeros", 0)
+    for dst, jofs, n in writes:
+        paint(dst, dst + n, "journal", jofs)
+    if ident:
+        paint(IDENT_RANGE[0], IDENT_RANGE[1], "ident", 0)
+    return [p for p in pieces if p[0] < p[1]]
+
+
+def touched_chunks(
+    content: int, chunk_size: int, writes: list[list[int]] | list[tuple[int, int, int]]
+) -> list[int]:
+    """The chunks (of ``chunk_size`` bytes) of ``[0, content)`` the writes touch, in
+    order."""
+    out: set[int] = set()
+    for dst, _, n in writes:
+        end = min(dst + n, content)
+        if n and dst < end:
+            out.update(range(dst // chunk_size, -(-end // chunk_size)))
+    return sorted(out)
+
+
+def payload_check(
+    content: int, chunk_size: int, chunks: dict[int, bytes], beyond: dict[int, bytes]
+) -> dict[str, Any]:
+    """``plan["check"]``: the SHA-256 ``chunks`` of the touched chunks (by index) of
+    ``[0, content)`` in chunks of ``chunk_size`` bytes, and of each write past the
+    content, ``beyond`` (by its index in the plan's writes)."""
+    return {
+        "length": content,
+        "chunk_size": chunk_size,
+        "chunks": {str(i): d.hex() for i, d in sorted(chunks.items())},
+        "beyond": {str(k): d.hex() for k, d in sorted(beyond.items())},
+    }
+
+
+def _sha256(fds: dict[str, int | bytes | None], pieces: list[Painted]) -> bytes:
+    """The SHA-256 of ``pieces`` (their sources: a file descriptor, bytes, None for
+    zeros)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for a, b, src, o in pieces:
+        source = fds[src]
+        done = 0
+        while done < b - a:
+            n = min(_PIECE, b - a - done)
+            if source is None:
+                h.update(bytes(n))
+            elif isinstance(source, bytes):
+                h.update(source[o + done : o + done + n])
+            else:
+                data = pread_all(source, n, o + done)
+                if len(data) != n:
+                    raise StorageError(f"short read of {n} bytes at {o + done}")
+                h.update(data)
+            done += n
+    return h.digest()
+
+
+def _within(pieces: list[Painted], start: int, end: int) -> list[Painted]:
+    """The parts of ``pieces`` in ``[start, end)``."""
+    return [
+        (max(a, start), min(b, end), src, o + max(0, start - a))
+        for a, b, src, o in pieces
+        if a < end and b > start
+    ]
+
+
+def check_payload(target: str, journal: str, plan: dict[str, Any]) -> str:
+    """What is wrong with the payload of a journal committed with a check (the chunks
+    it would leave in ``target`` are not those its plan names), or ``""``. Nothing to
+    check for older journals (their commit record covers the payload)."""
+    check = plan.get("check")
+    if check is None:
+        return ""
+    content, cs = int(check["length"]), int(check["chunk_size"])
+    writes = plan["writes"]
+    pieces = painted(plan["size_before"], content, plan["punch"], writes, ident=True)
+    touched = touched_chunks(content, cs, writes)
+    want = {int(i): d for i, d in check["chunks"].items()}
+    if set(want) != set(touched):
+        return f"its plan checks chunks {sorted(want)}, its writes touch chunks {touched}"
+    fd = os.open(target, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        jfd = os.open(journal, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            ident = bytes.fromhex(plan["ident"])
+            fds = {"original": fd, "journal": jfd, "zeros": None, "ident": ident}
+            for i in touched:
+                a, b = i * cs, min((i + 1) * cs, content)
+                got = _sha256(fds, _within(pieces, a, b)).hex()
+                if got != want[i]:
+                    return (
+                        f"chunk {i} of what it leaves in the file (bytes {a}..{b}) has "
+                        f"SHA-256 {got}, its plan says {want[i]}"
+                    )
+            for k, (dst, src, n) in enumerate(writes):
+                if dst < content:
+                    continue
+                got = _sha256(fds, [(dst, dst + n, "journal", src)]).hex()
+                if check["beyond"].get(str(k)) != got:
+                    return (
+                        f"its write of {n} bytes at {dst} has SHA-256 {got}, its plan says "
+                        f"{check['beyond'].get(str(k))}"
+                    )
+        finally:
+            os.close(jfd)
+    finally:
+        os.close(fd)
+    return ""
