@@ -705,6 +705,24 @@ def test_the_payload_check_is_what_refuses_a_flipped_byte(
     assert src.read_bytes() != staged(tmp_path, [SPEC])  # loadable, with corrupt bytes
 
 
+def test_a_journal_whose_payload_did_not_reach_the_disk_is_discarded(tmp_path: Path) -> None:
+    """One ``fsync`` makes the journal durable, so a power loss before it returned may
+    keep the commit record and lose payload blocks (read back as zeros): the payload
+    check finds the chunk that differs, and the file, not yet touched, keeps its
+    bytes (the journal is discarded, as one without a commit record)."""
+    src = _killed_before_marking(tmp_path, "lost.pte")
+    journal = Path(journal_path(str(src)))
+    plan = read_plan(str(journal))
+    assert plan is not None
+    data = bytearray(journal.read_bytes())
+    _, jofs, n = next(w for w in plan["writes"] if w[0] > 0)  # the replacement
+    data[jofs : jofs + min(n, 4096)] = bytes(min(n, 4096))  # a block lost
+    journal.write_bytes(bytes(data))
+    before = src.read_bytes()
+    assert ptestore.recover(src) == "discarded"
+    assert src.read_bytes() == before and not journal.exists()
+
+
 def test_a_flipped_byte_of_the_plan_or_the_trailer_is_refused(tmp_path: Path) -> None:
     """The commit record covers the plan; the plan covers the trailer written past the
     content (an in-place run with provenance): a byte flipped in either is refused."""
