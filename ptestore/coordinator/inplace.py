@@ -120,7 +120,8 @@ def _payload_check(
         ident = bytes.fromhex(plan["ident"])
         sources = {"original": original, "journal": journal, "zeros": None, "ident": ident}
         pieces = painted(plan["size_before"], content, plan["punch"], plan["writes"], True)
-        chunks = chunk_digests([(sources[s], o, b - a) for a, b, s, o in pieces], content, touched)
+        parts = [(sources[s], o, b - a) for a, b, s, o in pieces]
+        chunks = chunk_digests(parts, content, cs, touched)
     beyond = {
         k: hashlib.sha256(journal.load(src, n)).digest()
         for k, (dst, src, n) in enumerate(plan["writes"])

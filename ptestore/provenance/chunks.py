@@ -62,7 +62,6 @@ MAX_CHUNKS = 16384
 _ROOT_PREFIX = b"ptestore.chunks\x00"
 _U64x2 = struct.Struct("<QQ")
 _DIGEST = 32
-_PIECE = 1 << 20  # read a chunk in pieces of this size
 
 #: The prefix of a chunk-root digest (records of version 3).
 TREE = "sha256-tree:"
@@ -281,32 +280,6 @@ def reusable(
     return out
 
 
-def _hash_one(loader: DataLoader, start: int, end: int, cancelled: threading.Event | None) -> bytes:
-    from .._background import check as check_cancelled
-    from ..storage.types import load_into
-
-    h = hashlib.sha256()
-    buffered = hasattr(loader, "readinto")  # local files: one reused buffer per chunk
-    buffer = memoryview(bytearray(min(_PIECE, end - start))) if buffered else None
-    while start < end:
-        check_cancelled(cancelled)
-        n = min(_PIECE, end - start)
-        if buffer is None:
-            h.update(loader.load(start, n))
-        else:
-            load_into(loader, start, buffer[:n])
-            h.update(buffer[:n])
-        start += n
-    return h.digest()
-
-
-def hashing_threads() -> int:
-    """How many chunks a local file has hashed at once: one per core, at most 8."""
-    import os
-
-    return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2))
-
-
 def hash_chunks(
     loader: DataLoader,
     length: int,
@@ -315,24 +288,13 @@ def hash_chunks(
     cancelled: threading.Event | None = None,
 ) -> dict[int, bytes]:
     """SHA-256 of chunks ``indices`` (all when None) of the first ``length`` bytes of
-    ``loader``, in a thread pool (hashlib releases the GIL: one chunk per core at once)
-    where the loader reads from any thread (local files), else one after the other."""
+    ``loader``: one chunk per core at once where the loader reads from any thread
+    (local files; :func:`~.pieces.chunk_digests`), else one after the other."""
+    from .pieces import chunk_digests
+
     size = chunk_size_for(length)
     todo = list(range(-(-length // size))) if indices is None else list(indices)
-
-    def span(i: int) -> tuple[int, int]:
-        return i * size, min((i + 1) * size, length)
-
-    from ..storage.loaders import LocalFileLoader
-
-    workers = hashing_threads() if isinstance(loader, LocalFileLoader) else 1
-    if workers == 1 or len(todo) < 2:
-        return {i: _hash_one(loader, *span(i), cancelled) for i in todo}
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(workers, thread_name_prefix="ptestore-chunks") as pool:
-        futures = {i: pool.submit(_hash_one, loader, *span(i), cancelled) for i in todo}
-        return {i: f.result() for i, f in futures.items()}
+    return chunk_digests([(loader, 0, length)], length, size, todo, cancelled)
 
 
 def iter_mismatches(

@@ -25,6 +25,7 @@ __all__ = [
     "chunk_digests",
     "cut",
     "describe_chunks",
+    "hashing_threads",
     "is_loader",
     "is_memory",
     "parallel_for",
@@ -38,6 +39,13 @@ _READ_PIECE = 1 << 20
 _ZEROS = bytes(1 << 20)
 
 
+def hashing_threads() -> int:
+    """How many chunks a local file has hashed at once: one per core, at most 8."""
+    import os
+
+    return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2))
+
+
 def parallel_workers(loader: DataLoader) -> int:
     """How many chunks of ``loader`` to hash at once: one per core (at most 8) for a
     loader of a local file that reads from any thread into memory it is given
@@ -45,16 +53,12 @@ def parallel_workers(loader: DataLoader) -> int:
     and zlib release the GIL), else 1."""
     if not getattr(loader, "parallel_reads", False):
         return 1
-    from .chunks import hashing_threads
-
     return hashing_threads()
 
 
 def parallel_for(pieces: Sequence[Piece]) -> int:
     """How many chunks of ``pieces`` to hash at once: 1 if a loader among them reads
     from one thread only (:func:`parallel_workers`), else one per core."""
-    from .chunks import hashing_threads
-
     loaders = {id(s): s for s, _, _ in pieces if is_loader(s)}
     return min(
         (parallel_workers(x) for x in loaders.values()),  # type: ignore[arg-type]
@@ -178,17 +182,23 @@ def cut(pieces: Sequence[Piece], bounds: Sequence[int]) -> list[list[Piece]]:
     return out
 
 
-def chunk_digests(pieces: Sequence[Piece], length: int, indices: Sequence[int]) -> dict[int, bytes]:
-    """The SHA-256 of chunks ``indices`` (:mod:`.chunks`) of the ``length`` bytes that
-    ``pieces`` make (their sizes add up to ``length``), a chunk per core at once where
-    every loader among them reads from any thread."""
-    from .chunks import chunk_size_for
-
+def chunk_digests(
+    pieces: Sequence[Piece],
+    length: int,
+    chunk_size: int,
+    indices: Sequence[int],
+    cancelled: threading.Event | None = None,
+) -> dict[int, bytes]:
+    """The SHA-256 of chunks ``indices`` (of ``chunk_size`` bytes: :mod:`.chunks`) of
+    the ``length`` bytes that ``pieces`` make (their sizes add up to ``length``), a
+    chunk per core at once where every loader among them reads from any thread.
+    ``cancelled``: stop (:class:`~ptestore._background.Cancelled`) between pieces once
+    it is set."""
     if not indices:
         return {}
-    cs = chunk_size_for(length)
+    cs = chunk_size
     bounds = [min(i * cs, length) for i in range(-(-length // cs) + 1)]
     stretches = cut([p for p in pieces if p[2] > 0], bounds)
     spans = [(i, stretches[i], True) for i in indices]
-    got = describe_chunks(spans, (), parallel_for(pieces), None)
+    got = describe_chunks(spans, (), parallel_for(pieces), cancelled)
     return {i: d for i, (d, _) in got.items() if d is not None}

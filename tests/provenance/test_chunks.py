@@ -653,11 +653,10 @@ def test_a_run_s_spool_is_hashed_a_chunk_per_core_as_a_local_file_is(
 
     from ptestore.coordinator.journal_writer import JournalSpool
     from ptestore.coordinator.spool import Spool
-    from ptestore.provenance import chunks as chunks_module
     from ptestore.provenance import pieces as pieces_module
     from ptestore.provenance.chunks import CHUNK_SIZE
 
-    monkeypatch.setattr(chunks_module, "hashing_threads", lambda: 2)  # as on 2 cores
+    monkeypatch.setattr(pieces_module, "hashing_threads", lambda: 2)  # as on 2 cores
     data = os.urandom(3 * CHUNK_SIZE + 999)
     seen: list[str] = []
     real = pieces_module.describe_chunks
@@ -774,6 +773,6 @@ def test_chunk_digests_of_pieces_are_those_of_their_bytes(tmp_path: Path) -> Non
     want = {
         i: hashlib.sha256(data[i * CHUNK_SIZE : (i + 1) * CHUNK_SIZE]).digest() for i in (0, 2, 3)
     }
-    assert chunk_digests(parts, len(data), [0, 2, 3]) == want
-    assert chunk_digests(parts, len(data), []) == {}
+    assert chunk_digests(parts, len(data), CHUNK_SIZE, [0, 2, 3]) == want
+    assert chunk_digests(parts, len(data), CHUNK_SIZE, []) == {}
     loader.close()
