@@ -206,9 +206,11 @@ def payload_check(
     }
 
 
-def _sha256(fds: dict[str, int | bytes | None], pieces: list[Painted]) -> bytes:
+def _sha256(
+    fds: dict[str, int | bytes | None], pieces: list[Painted], names: dict[str, str]
+) -> bytes:
     """The SHA-256 of ``pieces`` (their sources: a file descriptor, bytes, None for
-    zeros)."""
+    zeros; ``names``: the files' paths, for messages)."""
     import hashlib
 
     h = hashlib.sha256()
@@ -224,7 +226,11 @@ def _sha256(fds: dict[str, int | bytes | None], pieces: list[Painted]) -> bytes:
             else:
                 data = pread_all(source, n, o + done)
                 if len(data) != n:
-                    raise StorageError(f"short read of {n} bytes at {o + done}")
+                    raise StorageError(
+                        f"{names[src]}: {len(data)} bytes at offset {o + done} where checking "
+                        f"its in-place journal needs {n} (the file is shorter than its plan "
+                        "says); not applied"
+                    )
                 h.update(data)
             done += n
     return h.digest()
@@ -253,6 +259,30 @@ def check_payload(target: str, journal: str, plan: dict[str, Any]) -> str:
     want = {int(i): d for i, d in check["chunks"].items()}
     if set(want) != set(touched):
         return f"its plan checks chunks {sorted(want)}, its writes touch chunks {touched}"
+    try:
+        return _check_payload(target, journal, plan, pieces, touched, want)
+    except StorageError:  # (an OSError too) says what is wrong already
+        raise
+    except OSError as exc:
+        raise StorageError(
+            f"{target}: cannot check its in-place journal {journal}: {exc.strerror}; not "
+            "applied, both left as they are"
+        ) from exc
+
+
+def _check_payload(
+    target: str,
+    journal: str,
+    plan: dict[str, Any],
+    pieces: list[Painted],
+    touched: list[int],
+    want: dict[int, str],
+) -> str:
+    """:func:`check_payload`, reading the file and the journal (``want``: the plan's
+    digests of the ``touched`` chunks)."""
+    check, writes = plan["check"], plan["writes"]
+    content, cs = int(check["length"]), int(check["chunk_size"])
+    names = {"original": target, "journal": journal}
     fd = os.open(target, os.O_RDONLY | os.O_CLOEXEC)
     try:
         jfd = os.open(journal, os.O_RDONLY | os.O_CLOEXEC)
@@ -261,7 +291,7 @@ def check_payload(target: str, journal: str, plan: dict[str, Any]) -> str:
             fds = {"original": fd, "journal": jfd, "zeros": None, "ident": ident}
             for i in touched:
                 a, b = i * cs, min((i + 1) * cs, content)
-                got = _sha256(fds, _within(pieces, a, b)).hex()
+                got = _sha256(fds, _within(pieces, a, b), names).hex()
                 if got != want[i]:
                     return (
                         f"chunk {i} of what it leaves in the file (bytes {a}..{b}) has "
@@ -270,7 +300,7 @@ def check_payload(target: str, journal: str, plan: dict[str, Any]) -> str:
             for k, (dst, src, n) in enumerate(writes):
                 if dst < content:
                     continue
-                got = _sha256(fds, [(dst, dst + n, "journal", src)]).hex()
+                got = _sha256(fds, [(dst, dst + n, "journal", src)], names).hex()
                 if check["beyond"].get(str(k)) != got:
                     return (
                         f"its write of {n} bytes at {dst} has SHA-256 {got}, its plan says "

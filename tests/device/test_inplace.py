@@ -723,6 +723,45 @@ def test_a_journal_whose_payload_did_not_reach_the_disk_is_discarded(tmp_path: P
     assert src.read_bytes() == before and not journal.exists()
 
 
+def test_a_payload_that_cannot_be_checked_is_an_error_naming_both_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A torn file cut short by someone else (its own bytes around the writes are
+    missing), or a read that fails: a StorageError naming the file and the journal,
+    not a verdict on the journal; both are left as they are."""
+    import ptestore.journal_check as check_module
+
+    src = _torn(tmp_path, "short.pte")
+    journal = Path(journal_path(str(src)))
+    kept = journal.read_bytes()
+    with open(src, "r+b") as f:
+        f.truncate(1000)
+    with pytest.raises(StorageError) as err:
+        ptestore.recover(src)
+    assert re.fullmatch(
+        rf"{re.escape(str(src))}: \d+ bytes at offset \d+ where checking its in-place journal "
+        r"needs \d+ \(the file is shorter than its plan says\); not applied",
+        str(err.value),
+    ), str(err.value)
+    assert src.stat().st_size == 1000 and journal.read_bytes() == kept
+
+    src = _torn(tmp_path, "eio.pte")
+    journal = Path(journal_path(str(src)))
+    before = src.read_bytes()
+
+    def failing(*args: object) -> bytes:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(check_module, "_sha256", failing)
+    with pytest.raises(StorageError) as err:
+        ptestore.recover(src)
+    assert str(err.value) == (
+        f"{src}: cannot check its in-place journal {journal}: Input/output error; not "
+        "applied, both left as they are"
+    )
+    assert src.read_bytes() == before and journal.exists()
+
+
 def test_a_flipped_byte_of_the_plan_or_the_trailer_is_refused(tmp_path: Path) -> None:
     """The commit record covers the plan; the plan covers the trailer written past the
     content (an in-place run with provenance): a byte flipped in either is refused."""
