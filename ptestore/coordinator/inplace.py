@@ -385,7 +385,7 @@ def _run(
             "ident": bytes(patched.metadata[IDENT_RANGE[0] : IDENT_RANGE[1]]).hex(),
             "writes": [list(w) for w in writer.ops],
             "punch": punch,
-            # The file it is for (recover refuses another): see journal.check_target.
+            # The file it is for (recover refuses another): see journal_check.check_target.
             "file": file_binding(loader.fileno(), size_before, head),
         }
         # What the payload must be (recover checks it): the chunks the writes touch, as
