@@ -41,6 +41,7 @@ import os
 import struct
 from typing import Any
 
+from . import journal_check
 from ._io import pread_all, pwrite_all
 from .errors import ConfigurationError, ObjectNotFound, StorageError
 from .journal_check import CHANGING, IDENT_RANGE
@@ -299,8 +300,6 @@ def recover_locked(path: str) -> str | None:
         return None
     plan, why = check_journal(journal)
     if plan is not None:
-        from . import journal_check
-
         # another file: refused, whatever its journal
         journal_check.check_target(path, journal, plan)
         why = journal_check.check_payload(path, journal, plan)

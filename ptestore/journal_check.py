@@ -13,6 +13,7 @@ touch (from the journal, and the file's own bytes around them).
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from ._io import pread_all
@@ -27,6 +28,7 @@ __all__ = [
     "file_binding",
     "painted",
     "payload_check",
+    "payload_digests",
     "touched_chunks",
 ]
 
@@ -245,6 +247,45 @@ def _within(pieces: list[Painted], start: int, end: int) -> list[Painted]:
     ]
 
 
+def payload_digests(
+    file_fd: int,
+    journal_fd: int,
+    plan: dict[str, Any],
+    content: int,
+    chunk_size: int,
+    names: dict[str, str],
+    known: Sequence[bytes] | None = None,
+) -> tuple[dict[int, bytes], dict[int, bytes]]:
+    """What a plan's writes leave in the file: the SHA-256 of each chunk (of
+    ``chunk_size`` bytes) of its ``content`` bytes they touch and of each write past the
+    content (by its index in the plan's writes), read from the file's own bytes
+    (``file_fd``) and the journal's (``journal_fd``); the chunks' from ``known`` (the
+    content's chunk digests: a run with a trailer has them) where given. What an
+    in-place run records, and what :func:`check_payload` compares with the record.
+    ``names``: the files' paths, for messages."""
+    writes, cs = plan["writes"], chunk_size
+    pieces = painted(plan["size_before"], content, plan["punch"], writes, ident=True)
+    fds = {
+        "original": file_fd,
+        "journal": journal_fd,
+        "zeros": None,
+        "ident": bytes.fromhex(plan["ident"]),
+    }
+    touched = touched_chunks(content, cs, writes)
+    chunks = {
+        i: known[i]
+        if known is not None
+        else _sha256(fds, _within(pieces, i * cs, min((i + 1) * cs, content)), names)
+        for i in touched
+    }
+    beyond = {
+        k: _sha256(fds, [(dst, dst + n, "journal", src)], names)
+        for k, (dst, src, n) in enumerate(writes)
+        if dst >= content
+    }
+    return chunks, beyond
+
+
 def check_payload(target: str, journal: str, plan: dict[str, Any]) -> str:
     """What is wrong with the payload of a journal committed with a check (the chunks
     it would leave in ``target`` are not those its plan names), or ``""``. Nothing to
@@ -253,14 +294,21 @@ def check_payload(target: str, journal: str, plan: dict[str, Any]) -> str:
     if check is None:
         return ""
     content, cs = int(check["length"]), int(check["chunk_size"])
-    writes = plan["writes"]
-    pieces = painted(plan["size_before"], content, plan["punch"], writes, ident=True)
-    touched = touched_chunks(content, cs, writes)
-    want = {int(i): d for i, d in check["chunks"].items()}
-    if set(want) != set(touched):
-        return f"its plan checks chunks {sorted(want)}, its writes touch chunks {touched}"
+    touched = touched_chunks(content, cs, plan["writes"])
+    planned = sorted(int(i) for i in check["chunks"])
+    if planned != touched:
+        return f"its plan checks chunks {planned}, its writes touch chunks {touched}"
     try:
-        return _check_payload(target, journal, plan, pieces, touched, want)
+        fd = os.open(target, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            jfd = os.open(journal, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                names = {"original": target, "journal": journal}
+                chunks, beyond = payload_digests(fd, jfd, plan, content, cs, names)
+            finally:
+                os.close(jfd)
+        finally:
+            os.close(fd)
     except StorageError:  # (an OSError too) says what is wrong already
         raise
     except OSError as exc:
@@ -268,46 +316,18 @@ def check_payload(target: str, journal: str, plan: dict[str, Any]) -> str:
             f"{target}: cannot check its in-place journal {journal}: {exc.strerror}; not "
             "applied, both left as they are"
         ) from exc
-
-
-def _check_payload(
-    target: str,
-    journal: str,
-    plan: dict[str, Any],
-    pieces: list[Painted],
-    touched: list[int],
-    want: dict[int, str],
-) -> str:
-    """:func:`check_payload`, reading the file and the journal (``want``: the plan's
-    digests of the ``touched`` chunks)."""
-    check, writes = plan["check"], plan["writes"]
-    content, cs = int(check["length"]), int(check["chunk_size"])
-    names = {"original": target, "journal": journal}
-    fd = os.open(target, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        jfd = os.open(journal, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            ident = bytes.fromhex(plan["ident"])
-            fds = {"original": fd, "journal": jfd, "zeros": None, "ident": ident}
-            for i in touched:
-                a, b = i * cs, min((i + 1) * cs, content)
-                got = _sha256(fds, _within(pieces, a, b), names).hex()
-                if got != want[i]:
-                    return (
-                        f"chunk {i} of what it leaves in the file (bytes {a}..{b}) has "
-                        f"SHA-256 {got}, its plan says {want[i]}"
-                    )
-            for k, (dst, src, n) in enumerate(writes):
-                if dst < content:
-                    continue
-                got = _sha256(fds, [(dst, dst + n, "journal", src)], names).hex()
-                if check["beyond"].get(str(k)) != got:
-                    return (
-                        f"its write of {n} bytes at {dst} has SHA-256 {got}, its plan says "
-                        f"{check['beyond'].get(str(k))}"
-                    )
-        finally:
-            os.close(jfd)
-    finally:
-        os.close(fd)
+    for i, d in chunks.items():
+        if d.hex() != check["chunks"][str(i)]:
+            a, b = i * cs, min((i + 1) * cs, content)
+            return (
+                f"chunk {i} of what it leaves in the file (bytes {a}..{b}) has SHA-256 "
+                f"{d.hex()}, its plan says {check['chunks'][str(i)]}"
+            )
+    for k, d in beyond.items():
+        if check["beyond"].get(str(k)) != d.hex():
+            dst, _, n = plan["writes"][k]
+            return (
+                f"its write of {n} bytes at {dst} has SHA-256 {d.hex()}, its plan says "
+                f"{check['beyond'].get(str(k))}"
+            )
     return ""

@@ -103,31 +103,17 @@ def _payload_check(
 ) -> dict[str, Any]:
     """``plan["check"]`` (:func:`~ptestore.journal_check.check_payload`): the chunk
     digests of ``[0, content)`` the writes touch, from the record's ``digest`` where
-    the run made one (the same chunks), else read and hashed a chunk per core, and the
-    SHA-256 of each write past the content (the trailer)."""
-    import hashlib
-
-    from ..journal_check import painted, payload_check, touched_chunks
+    the run made one (the same chunks), else read and hashed as ``recover`` will, and
+    the SHA-256 of each write past the content (the trailer):
+    :func:`~ptestore.journal_check.payload_digests`."""
+    from ..journal_check import payload_check, payload_digests
     from ..provenance.chunks import chunk_size_for
 
     cs = chunk_size_for(content)
-    touched = touched_chunks(content, cs, plan["writes"])
-    if digest is not None and digest.chunks is not None:
-        chunks = {i: digest.chunks.digests[i] for i in touched}
-    else:
-        from ..provenance.pieces import chunk_digests
-
-        ident = bytes.fromhex(plan["ident"])
-        sources = {"original": original, "journal": journal, "zeros": None, "ident": ident}
-        pieces = painted(plan["size_before"], content, plan["punch"], plan["writes"], True)
-        parts = [(sources[s], o, b - a) for a, b, s, o in pieces]
-        chunks = chunk_digests(parts, content, cs, touched)
-    beyond = {
-        k: hashlib.sha256(journal.load(src, n)).digest()
-        for k, (dst, src, n) in enumerate(plan["writes"])
-        if dst >= content
-    }
-    return payload_check(content, cs, chunks, beyond)
+    names = {"original": original.name, "journal": journal.name}
+    known = None if digest is None or digest.chunks is None else digest.chunks.digests
+    fds = (original.fileno(), journal.fileno())
+    return payload_check(content, cs, *payload_digests(*fds, plan, content, cs, names, known))
 
 
 def _subtract(ranges: list[tuple[int, int]], live: list[tuple[int, int]]) -> list[list[int]]:
