@@ -191,12 +191,7 @@ def apply_journal(target: str, journal: str, plan: dict[str, Any]) -> None:
     """Apply a committed journal to ``target`` (idempotent; see the module docstring)."""
     lo, hi = IDENT_RANGE
     ident = bytes.fromhex(plan["ident"])
-    try:
-        fd = os.open(target, os.O_RDWR | os.O_CLOEXEC)
-    except OSError as exc:
-        raise StorageError(
-            f"{target}: cannot open to apply its journal {journal}: {exc.strerror}"
-        ) from exc
+    fd = journal_check.open_target(target, journal, os.O_RDWR)
     try:
         jfd = os.open(journal, os.O_RDONLY | os.O_CLOEXEC)
         try:

@@ -26,6 +26,7 @@ __all__ = [
     "check_payload",
     "check_target",
     "file_binding",
+    "open_target",
     "painted",
     "payload_check",
     "payload_digests",
@@ -60,6 +61,16 @@ def file_binding(fd: int, size_before: int, head: bytes) -> dict[str, Any]:
     }
 
 
+def open_target(target: str, journal: str, flags: int) -> int:
+    """``os.open`` of the file a journal is for, or a :class:`StorageError` naming both."""
+    try:
+        return os.open(target, flags | os.O_CLOEXEC)
+    except OSError as exc:
+        raise StorageError(
+            f"{target}: cannot open to apply its journal {journal}: {exc.strerror}"
+        ) from exc
+
+
 def _head_written(plan: dict[str, Any], journal_fd: int, n: int) -> bytes | None:
     """The first ``n`` bytes the plan writes at offset 0 (with :data:`CHANGING` as the
     identifier, as applying leaves them until its step 4), from the journal; None
@@ -84,12 +95,7 @@ def check_target(target: str, journal: str, plan: dict[str, Any]) -> None:
     import hashlib
 
     bound = plan.get("file")
-    try:
-        fd = os.open(target, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError as exc:
-        raise StorageError(
-            f"{target}: cannot open to apply its journal {journal}: {exc.strerror}"
-        ) from exc
+    fd = open_target(target, journal, os.O_RDONLY)
     try:
         st = os.fstat(fd)
         lo, hi = IDENT_RANGE
