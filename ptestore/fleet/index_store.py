@@ -217,12 +217,21 @@ class IndexStore:
         transform: Transform,
         stats: ObjectStats,
         first: tuple[dict[str, Any] | None, str | None] | None = None,
+        *,
+        confirm_unchanged: bool = False,
     ) -> tuple[dict[str, Any] | None, str | None, bool]:
         """Read the object at ``url``, change it with ``transform`` and publish it if it
         is still the version read; again on a conflict. ``first`` is a read already made
         (used by the first attempt). Returns the value now there, the version it was
         read at, and whether this call published it. An exception ``transform`` raises
-        (other than a conflict) ends the loop and is raised."""
+        (other than a conflict) ends the loop and is raised.
+
+        ``transform`` returning None (nothing to change) on ``first`` ends the call as it
+        is, unless ``confirm_unchanged``: then the object is read again and the answer
+        taken from what is there now. A write made on a stale read fails its
+        compare-and-swap and is retried, but "nothing to change" is never checked by
+        the store, so an object derived from others written since ``first`` (a catalog
+        from its leaves) must confirm it."""
         from .._retry import CONFLICT_RETRY, is_conflict
 
         given = [first]
@@ -233,6 +242,9 @@ class IndexStore:
             got, given[0] = given[0], None
             value, version = got if got is not None else self.read_json(url)
             new = transform(value, version)
+            if new is None and got is not None and confirm_unchanged:
+                value, version = self.read_json(url)
+                new = transform(value, version)
             if new is None:
                 out[:] = [value, version, False]
                 return

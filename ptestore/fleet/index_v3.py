@@ -283,7 +283,9 @@ class ShardedIndex:
         # The placements, then a re-check of those they changed: placed again while
         # another run keeps changing those leaves (each round, someone else made progress).
         for _ in range(CONFLICT_RETRY.attempts):
-            value, changed = self._place(model, placed, splits, cat_stats, first)
+            value, changed = self._place(
+                model, placed, splits, cat_stats, first, bool(outcome.changes or splits)
+            )
             first, splits = None, []
             if not changed:
                 break
@@ -308,6 +310,7 @@ class ShardedIndex:
         splits: list[int],
         stats: ObjectStats,
         first: tuple[dict[str, Any] | None, str | None] | None,
+        confirm: bool,
     ) -> tuple[dict[str, Any] | None, set[str]]:
         url = self.catalog_url(model)
         changed: set[str] = set()
@@ -319,18 +322,33 @@ class ShardedIndex:
             changed.update(ch)
             return new
 
-        value, _, _ = self.store.update(url, transform, stats, first=first)
+        # ``first`` was read before this run wrote its leaves: when it wrote any, "the
+        # catalog already says so" must hold for the catalog of after them (a run that
+        # changed no leaf places entries whose writers placed them themselves).
+        value, _, _ = self.store.update(
+            url, transform, stats, first=first, confirm_unchanged=confirm
+        )
         return value, set(changed)
 
-    def repair(self, model: str, stats: ObjectStats | None = None) -> None:
+    def repair(self, model: str, stats: ObjectStats | None = None, *, force: bool = False) -> None:
         """Rebuild ``model``'s catalog from its leaves, conditionally on the catalog read
-        before them (a catalog changed meanwhile is rebuilt again)."""
+        before them (a catalog changed meanwhile is rebuilt again), when it is missing
+        or a class lists no device although it has members (another run may have
+        rebuilt it since this one saw that); with ``force``, whatever it holds.
+
+        A writer whose placement leaves the catalog as it is writes nothing, so a
+        rebuild from leaves read before that writer's leaf write would still commit;
+        that writer repairs the catalog itself only when it needs it. A catalog that
+        no longer needs a rebuild is therefore left alone: only a forced repair can
+        race such a writer (and lists an entry in its former class until the next)."""
         from .._retry import CONFLICT_RETRY
 
         url = self.catalog_url(model)
         stats = stats or ObjectStats(url, "catalog")
         for _ in range(CONFLICT_RETRY.attempts):
             value, version = self.read_catalog(model)
+            if value is not None and not force and not needs_rebuild(value):
+                return
             nodes = list(self.trie(model).walk(empty=True))
             leaves = Counter(len(n.prefix) for n in nodes)
             new = rebuild(

@@ -22,6 +22,7 @@ from ptestore.fleet.index import (
     find_entry,
     load_index,
     migrate_index,
+    open_index,
     publish_entries,
     update_index,
 )
@@ -439,3 +440,90 @@ def test_an_index_can_be_migrated_ahead_of_a_run(tmp_path: Path) -> None:
     assert json.loads(Path(url).read_text())["version"] == 3
     assert [e["device"] for e in load_index(url)["entries"]] == [device_name(i) for i in range(5)]
     assert migrate_index(url) is None
+
+
+def test_a_placement_that_changes_nothing_is_decided_on_the_catalog_as_it_is_now(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer reads the catalog, another run changes it (and rebuilds it) while the
+    first writes its leaves: the first's placement leaves the catalog as it is only when
+    the catalog *as it is then* already says so, never on its first, stale, read (which
+    left a member out of a class whose list the rebuild had completed: the soak's
+    ``assert_catalogs_match_leaves`` failure)."""
+    from ptestore.fleet import index_trie
+
+    url = str(tmp_path / "ptestore-index.json")
+    create_index(url, listed=1)
+
+    def entry(device: str, stamp: str) -> dict[str, Any]:
+        return {**synthetic_entry("m", device), "compatibility": [{"id": "X", "v": stamp}]}
+
+    # Class A lists "a" (and has more: "c"); "b" would not be listed while "a" is.
+    publish_entries(url, [entry("a", "A"), entry("c", "A")], {})
+    real = index_trie.ModelTrie.update
+    raced: list[bool] = []
+
+    def update(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not raced:  # the writer of "b" has read the catalog; another run moves "a"
+            raced.append(True)  # to class B, which empties A's list: it rebuilds it
+            publish_entries(url, [entry("a", "B")], {})
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(index_trie.ModelTrie, "update", update)
+    publish_entries(url, [entry("b", "A")], {})
+    assert raced == [True]
+    monkeypatch.setattr(index_trie.ModelTrie, "update", real)
+    assert assert_catalogs_match_leaves(url) == 1
+    _, sharded, _ = open_index(url)
+    assert sharded is not None
+    catalog, _ = sharded.read_catalog("m")
+    assert catalog is not None
+    assert [(c["compatibility"][0]["v"], c["devices"], c["more"]) for c in catalog["classes"]] == [
+        ("B", ["a"], False),
+        ("A", ["b"], True),
+    ]
+
+
+def test_a_catalog_rebuilt_meanwhile_is_not_rebuilt_again_from_older_leaves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run that saw a class list no device repairs the catalog; when another run has
+    rebuilt it since, the catalog is left alone: a rebuild from leaves read before a
+    writer whose placement changed nothing (and so wrote no catalog) would commit a
+    catalog without that writer's entry."""
+    from ptestore.fleet import index_trie
+
+    url = str(tmp_path / "ptestore-index.json")
+    create_index(url, listed=2)
+
+    def entry(device: str, stamp: str) -> dict[str, Any]:
+        return {**synthetic_entry("m", device), "compatibility": [{"id": "X", "v": stamp}]}
+
+    publish_entries(url, [entry(d, "A") for d in ("a", "c", "d")], {})
+    publish_entries(url, [entry("c", "B")], {})  # A lists "a" and has more ("d")
+    _, sharded, _ = open_index(url)
+    assert sharded is not None
+    before = sharded.read_catalog("m")
+    real = index_trie.ModelTrie.walk
+    raced: list[bool] = []
+
+    def walk(self: Any, **kwargs: Any) -> Any:
+        yield from real(self, **kwargs)
+        if not raced:  # "b" joins A meanwhile: "a" is listed, more is set: no write
+            raced.append(True)
+            publish_entries(url, [entry("b", "A")], {})
+
+    monkeypatch.setattr(index_trie.ModelTrie, "walk", walk)
+    sharded.repair("m")
+    monkeypatch.setattr(index_trie.ModelTrie, "walk", real)
+    assert sharded.read_catalog("m") == before and raced == []
+    publish_entries(url, [entry("b", "A")], {})
+    assert assert_catalogs_match_leaves(url) == 1
+    # Forced, it rebuilds whatever the catalog holds.
+    sharded.repair("m", force=True)
+    catalog, _ = sharded.read_catalog("m")
+    assert catalog is not None
+    assert [(c["compatibility"][0]["v"], c["devices"], c["more"]) for c in catalog["classes"]] == [
+        ("A", ["a", "b"], True),
+        ("B", ["c"], False),
+    ]
