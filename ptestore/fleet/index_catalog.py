@@ -23,6 +23,13 @@ The leaves are the truth: a writer updates its leaves first, then the catalog (b
 compare-and-swap, with *set* semantics: "device d is a member of class C, of no other"),
 and checks again the entries whose placement it changed (:mod:`.index_v3`). ``select``
 checks the entry it picks against its leaf.
+
+A placement that leaves the catalog as it is writes nothing, so a rebuild could commit
+a catalog made from leaves read before such a writer's leaf write. A rebuild therefore
+first marks the catalog (``"rebuilding": <token>``, by compare-and-swap), then reads the
+leaves, then replaces the marked version by compare-and-swap; a writer that finds the
+mark always writes (a new token), which fails the rebuild's commit and makes it read the
+leaves again. Readers ignore the mark.
 """
 
 from __future__ import annotations
@@ -38,16 +45,27 @@ from ..errors import FormatError
 
 __all__ = [
     "CATALOG_FORMAT",
+    "REBUILDING",
     "apply_placements",
     "check_catalog",
     "class_key",
     "depth_range",
     "live_stamps",
+    "marked",
     "needs_rebuild",
     "rebuild",
 ]
 
 CATALOG_FORMAT = "ptestore.index-catalog"
+#: The field a rebuild marks the catalog with while it reads the leaves.
+REBUILDING = "rebuilding"
+
+
+def marked(catalog: dict[str, Any]) -> dict[str, Any]:
+    """``catalog`` with a new rebuild mark (a new token: always another version)."""
+    import secrets
+
+    return {**catalog, REBUILDING: secrets.token_hex(8)}
 
 
 def class_key(stamps: list[Any]) -> str:
@@ -77,6 +95,8 @@ def check_catalog(value: dict[str, Any], url: str) -> dict[str, Any]:
     """``value`` if it is a catalog, else :class:`FormatError` naming the field."""
     if value.get("format") != CATALOG_FORMAT:
         raise FormatError(url, "index catalog format", value.get("format"), repr(CATALOG_FORMAT))
+    if not isinstance(value.get(REBUILDING, ""), str):
+        raise FormatError(url, f"index catalog {REBUILDING}", value[REBUILDING], "a string")
     leaves = value.get("leaves")
     if not isinstance(leaves, dict) or not all(
         isinstance(k, str) and k.isdigit() and isinstance(v, int) for k, v in leaves.items()
@@ -133,8 +153,9 @@ def apply_placements(
     listed: int,
 ) -> tuple[dict[str, Any] | None, set[str]]:
     """The catalog with each device of ``placements`` a member of the class of its stamps
-    (None: of no class) and the trie's ``splits`` counted; None when nothing changes.
-    Also returns the devices whose record changed."""
+    (None: of no class) and the trie's ``splits`` counted; None when nothing changes
+    (never for a catalog a rebuild has marked: it gets a new mark). Also returns the
+    devices whose record changed."""
     if catalog is None and not placements and not splits:
         return None, set()
     cat = copy.deepcopy(catalog) if catalog is not None else _empty(model)
@@ -157,6 +178,8 @@ def apply_placements(
     cat["leaves"] = {str(k): leaves[k] for k in sorted(leaves) if leaves[k] > 0}
     kept = [c for c in classes.values() if c["devices"] or c["more"]]
     cat["classes"] = sorted(kept, key=_order)
+    if catalog is not None and REBUILDING in catalog:
+        return marked(cat), changed
     if catalog is not None and cat == catalog:
         return None, set()
     return cat, changed

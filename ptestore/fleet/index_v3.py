@@ -36,10 +36,12 @@ from typing import Any
 from .._dataclass import dataclass, field
 from ..errors import AlreadyExists, FormatError, PreconditionFailed
 from .index_catalog import (
+    REBUILDING,
     apply_placements,
     check_catalog,
     depth_range,
     live_stamps,
+    marked,
     needs_rebuild,
     rebuild,
 )
@@ -331,31 +333,38 @@ class ShardedIndex:
         return value, set(changed)
 
     def repair(self, model: str, stats: ObjectStats | None = None, *, force: bool = False) -> None:
-        """Rebuild ``model``'s catalog from its leaves, conditionally on the catalog read
-        before them (a catalog changed meanwhile is rebuilt again), when it is missing
-        or a class lists no device although it has members (another run may have
-        rebuilt it since this one saw that); with ``force``, whatever it holds.
-
-        A writer whose placement leaves the catalog as it is writes nothing, so a
-        rebuild from leaves read before that writer's leaf write would still commit;
-        that writer repairs the catalog itself only when it needs it. A catalog that
-        no longer needs a rebuild is therefore left alone: only a forced repair can
-        race such a writer (and lists an entry in its former class until the next)."""
+        """Rebuild ``model``'s catalog from its leaves when it is missing or a class lists
+        no device although it has members (left alone when another run has rebuilt it
+        since this one saw that), or a rebuild left its mark; with ``force``, whatever it
+        holds. An existing catalog is marked first, then the leaves read, then the
+        marked version replaced, each by compare-and-swap (:mod:`.index_catalog`: a
+        writer meanwhile fails the commit, and the leaves are read again)."""
         from .._retry import CONFLICT_RETRY
 
         url = self.catalog_url(model)
         stats = stats or ObjectStats(url, "catalog")
         for _ in range(CONFLICT_RETRY.attempts):
             value, version = self.read_catalog(model)
-            if value is not None and not force and not needs_rebuild(value):
-                return
+            if value is not None:
+                if not (force or needs_rebuild(value) or REBUILDING in value):
+                    return
+                stats.attempts += 1
+                mark = marked(value)
+                try:
+                    self.store.write(url, mark, "if-match", version)
+                except PreconditionFailed:
+                    stats.conflicts += 1
+                    continue
+                force = False  # marked by this call: a rebuild committed since is enough
+                value, version = self.read_catalog(model)  # the marked version's token
+                if value is None or value.get(REBUILDING) != mark[REBUILDING]:
+                    stats.conflicts += 1  # a writer meanwhile: mark again
+                    continue
             nodes = list(self.trie(model).walk(empty=True))
             leaves = Counter(len(n.prefix) for n in nodes)
             new = rebuild(
                 model, (e for n in nodes for e in n.entries.values()), leaves, self.listed
             )
-            if new == value:
-                return
             stats.attempts += 1
             try:
                 self.store.write(url, new, "create" if version is None else "if-match", version)

@@ -26,6 +26,7 @@ from ptestore.fleet.index import (
     publish_entries,
     update_index,
 )
+from ptestore.fleet.index_store import ObjectStats
 from ptestore.fleet.index_v3 import ShardedIndex, model_segment
 from ptestore.fleet.select import select
 from ptestore.testing.fleet_index import SocBackend, device_name, soc_of, synthetic_entry
@@ -423,6 +424,12 @@ def test_index_errors_name_the_object_the_field_and_the_limit(tmp_path: Path) ->
     assert str(bad.value) == (
         f"{catalog}: index catalog leaves = []: must be an object of depth: count"
     )
+    catalog.write_text(
+        '{"format": "ptestore.index-catalog", "leaves": {}, "classes": [], "rebuilding": 7}'
+    )
+    with pytest.raises(FormatError) as bad:
+        select(url, "m", "a")
+    assert str(bad.value) == f"{catalog}: index catalog rebuilding = 7: must be a string"
     # A root naming a directory outside the index's own (path syntax) is refused.
     Path(url).write_text(Path(url).read_text().replace(root["layout"]["shards"], "../../etc"))
     with pytest.raises(FormatError) as bad:
@@ -484,13 +491,13 @@ def test_a_placement_that_changes_nothing_is_decided_on_the_catalog_as_it_is_now
     ]
 
 
-def test_a_catalog_rebuilt_meanwhile_is_not_rebuilt_again_from_older_leaves(
+def test_a_rebuild_never_commits_leaves_read_before_a_writer_that_changed_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A run that saw a class list no device repairs the catalog; when another run has
-    rebuilt it since, the catalog is left alone: a rebuild from leaves read before a
-    writer whose placement changed nothing (and so wrote no catalog) would commit a
-    catalog without that writer's entry."""
+    """A rebuild reads the leaves while a writer publishes an entry whose placement
+    leaves the catalog as it is (no catalog write): the rebuild's commit fails on the
+    mark the writer renewed, and it reads the leaves again. A repair of a catalog that
+    needs none (another run rebuilt it since) leaves it alone; forced, it rebuilds."""
     from ptestore.fleet import index_trie
 
     url = str(tmp_path / "ptestore-index.json")
@@ -505,24 +512,24 @@ def test_a_catalog_rebuilt_meanwhile_is_not_rebuilt_again_from_older_leaves(
     assert sharded is not None
     before = sharded.read_catalog("m")
     real = index_trie.ModelTrie.walk
-    raced: list[bool] = []
+    walks: list[int] = []
 
     def walk(self: Any, **kwargs: Any) -> Any:
         yield from real(self, **kwargs)
-        if not raced:  # "b" joins A meanwhile: "a" is listed, more is set: no write
-            raced.append(True)
+        walks.append(1)
+        if len(walks) == 1:  # "b" joins A now: "a" is listed and more is set
             publish_entries(url, [entry("b", "A")], {})
 
     monkeypatch.setattr(index_trie.ModelTrie, "walk", walk)
-    sharded.repair("m")
+    sharded.repair("m")  # not needed: no walk, no write
+    assert sharded.read_catalog("m") == before and walks == []
+    stats = ObjectStats(sharded.catalog_url("m"), "catalog")
+    sharded.repair("m", stats, force=True)
     monkeypatch.setattr(index_trie.ModelTrie, "walk", real)
-    assert sharded.read_catalog("m") == before and raced == []
-    publish_entries(url, [entry("b", "A")], {})
+    assert len(walks) == 2 and stats.conflicts == 1 and stats.written
     assert assert_catalogs_match_leaves(url) == 1
-    # Forced, it rebuilds whatever the catalog holds.
-    sharded.repair("m", force=True)
     catalog, _ = sharded.read_catalog("m")
-    assert catalog is not None
+    assert catalog is not None and "rebuilding" not in catalog
     assert [(c["compatibility"][0]["v"], c["devices"], c["more"]) for c in catalog["classes"]] == [
         ("A", ["a", "b"], True),
         ("B", ["c"], False),
