@@ -324,9 +324,17 @@ def recover(path: PathLike) -> str | None:
     which is what :func:`ptestore.specialize`, ``describe``, ``verify`` and ``ensure``
     pay for calling it on every local path."""
     target = local_path(path, "recover")
-    if not os.path.lexists(journal_path(target)):
+    journal = journal_path(target)
+    if not os.path.lexists(journal):
         return None
-    lock = FileLock(target)
+    try:
+        lock = FileLock(target)
+    except ObjectNotFound as exc:
+        raise ObjectNotFound(
+            f"{target}: no such file, but its in-place journal {journal} is there: the "
+            "file was removed after a run was interrupted; remove the journal if the "
+            "file is gone for good"
+        ) from exc
     try:
         return recover_locked(target)
     finally:

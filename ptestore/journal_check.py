@@ -62,13 +62,24 @@ def file_binding(fd: int, size_before: int, head: bytes) -> dict[str, Any]:
 
 
 def open_target(target: str, journal: str, flags: int) -> int:
-    """``os.open`` of the file a journal is for, or a :class:`StorageError` naming both."""
+    """``os.open`` of the file a journal is for (a regular file), or a
+    :class:`StorageError` naming both."""
+    import stat
+
     try:
-        return os.open(target, flags | os.O_CLOEXEC)
+        fd = os.open(target, flags | os.O_CLOEXEC)
     except OSError as exc:
         raise StorageError(
             f"{target}: cannot open to apply its journal {journal}: {exc.strerror}"
         ) from exc
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise StorageError(
+            f"{target}: cannot apply its journal {journal}: not a regular file "
+            f"({stat.filemode(mode)})"
+        )
+    return fd
 
 
 def _head_written(plan: dict[str, Any], journal_fd: int, n: int) -> bytes | None:

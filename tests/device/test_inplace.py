@@ -596,6 +596,33 @@ def test_a_journal_is_not_applied_to_another_file_with_its_name(tmp_path: Path, 
     assert src.read_bytes() == before
 
 
+def test_a_journal_whose_file_is_gone_is_an_error_naming_both(tmp_path: Path) -> None:
+    """The file was removed after its run committed the journal, or cannot be opened to
+    apply it: recover says so, naming the file and the journal; the journal is kept."""
+    from ptestore.errors import ObjectNotFound
+
+    src = _killed_before_marking(tmp_path, "gone.pte")
+    journal = Path(journal_path(str(src)))
+    kept = journal.read_bytes()
+    src.unlink()
+    with pytest.raises(ObjectNotFound) as gone:
+        ptestore.recover(src)
+    assert str(gone.value) == (
+        f"{src}: no such file, but its in-place journal {journal} is there: the file was "
+        "removed after a run was interrupted; remove the journal if the file is gone for good"
+    )
+    assert journal.read_bytes() == kept and not src.exists()
+    # There, but not a file that opens for writing (a directory in its place).
+    src.mkdir()
+    os.chmod(src, 0o755)
+    with pytest.raises(StorageError) as err:
+        ptestore.recover(src)
+    assert str(err.value) == (
+        f"{src}: cannot apply its journal {journal}: not a regular file (drwxr-xr-x)"
+    )
+    assert journal.read_bytes() == kept and src.is_dir()
+
+
 def test_a_journal_is_applied_to_its_own_file_at_every_state(tmp_path: Path) -> None:
     """Not started, torn, and applied but not yet removed: all the file it was made
     for (the binding does not refuse a legitimate recovery)."""
