@@ -278,7 +278,9 @@ class ShardedIndex:
         first: tuple[dict[str, Any] | None, str | None] | None = (catalog, version)
         splits = list(outcome.splits)
         if catalog is None and not outcome.fresh:  # a trie without its catalog (a crash)
-            self.repair(model, cat_stats)
+            # Forced: another run may have made the catalog since, from leaves read
+            # before this run's (it is marked, then rebuilt from the leaves as they are).
+            self.repair(model, cat_stats, force=True)
             return stats
         from .._retry import CONFLICT_RETRY
 
@@ -302,7 +304,7 @@ class ShardedIndex:
             if not placed:
                 break
         if needs_rebuild(value):
-            self.repair(model, cat_stats)
+            self.repair(model, cat_stats, force=True)
         return stats
 
     def _place(

@@ -534,3 +534,39 @@ def test_a_rebuild_never_commits_leaves_read_before_a_writer_that_changed_nothin
         ("A", ["a", "b"], True),
         ("B", ["c"], False),
     ]
+
+
+def test_a_run_that_found_no_catalog_rebuilds_the_one_another_run_made_since(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run finds a trie without its catalog (a crash left it so); before it writes its
+    leaves, another run makes the catalog from the leaves as they are then. The first
+    run's entries are in the catalog all the same: it rebuilds what it finds, not only
+    a catalog that is missing (what lost a writer's entries in the S3 soak)."""
+    from ptestore.fleet import index_trie
+
+    url = str(tmp_path / "ptestore-index.json")
+    create_index(url, listed=8)
+    publish_entries(url, [synthetic_entry("m", device_name(i), socs=1) for i in range(4)], {})
+    _, sharded, _ = open_index(url)
+    assert sharded is not None
+    Path(sharded.catalog_url("m")).unlink()  # the crash
+    real = index_trie.ModelTrie.update
+    raced: list[bool] = []
+
+    def update(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not raced:  # before this run's leaves: another run makes the catalog
+            raced.append(True)
+            publish_entries(url, [synthetic_entry("m", "other", socs=1)], {})
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(index_trie.ModelTrie, "update", update)
+    publish_entries(url, [synthetic_entry("m", "late", socs=1)], {})
+    monkeypatch.setattr(index_trie.ModelTrie, "update", real)
+    assert raced == [True]
+    assert assert_catalogs_match_leaves(url) == 1
+    catalog, _ = sharded.read_catalog("m")
+    assert catalog is not None and "rebuilding" not in catalog
+    assert [c["devices"] for c in catalog["classes"]] == [
+        sorted([device_name(i) for i in range(4)] + ["late", "other"])
+    ]
