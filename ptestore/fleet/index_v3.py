@@ -304,7 +304,9 @@ class ShardedIndex:
             if not placed:
                 break
         if needs_rebuild(value):
-            self.repair(model, cat_stats, force=True)
+            # Not forced: this run's placements are in the catalog, and a rebuild
+            # committed since read the leaves after they were.
+            self.repair(model, cat_stats)
         return stats
 
     def _place(
