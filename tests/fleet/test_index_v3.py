@@ -449,6 +449,17 @@ def test_an_index_can_be_migrated_ahead_of_a_run(tmp_path: Path) -> None:
     assert migrate_index(url) is None
 
 
+def _stamped(device: str, stamp: str) -> dict[str, Any]:
+    """An entry of model "m" whose compatibility stamps are ``stamp`` alone."""
+    return {**synthetic_entry("m", device), "compatibility": [{"id": "X", "v": stamp}]}
+
+
+def _classes(catalog: dict[str, Any] | None) -> list[tuple[str, list[str], bool]]:
+    """Each class of a catalog of :func:`_stamped` entries: stamp, listed devices, more."""
+    assert catalog is not None
+    return [(c["compatibility"][0]["v"], c["devices"], c["more"]) for c in catalog["classes"]]
+
+
 def test_a_placement_that_changes_nothing_is_decided_on_the_catalog_as_it_is_now(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -462,33 +473,25 @@ def test_a_placement_that_changes_nothing_is_decided_on_the_catalog_as_it_is_now
     url = str(tmp_path / "ptestore-index.json")
     create_index(url, listed=1)
 
-    def entry(device: str, stamp: str) -> dict[str, Any]:
-        return {**synthetic_entry("m", device), "compatibility": [{"id": "X", "v": stamp}]}
-
     # Class A lists "a" (and has more: "c"); "b" would not be listed while "a" is.
-    publish_entries(url, [entry("a", "A"), entry("c", "A")], {})
+    publish_entries(url, [_stamped("a", "A"), _stamped("c", "A")], {})
     real = index_trie.ModelTrie.update
     raced: list[bool] = []
 
     def update(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not raced:  # the writer of "b" has read the catalog; another run moves "a"
             raced.append(True)  # to class B, which empties A's list: it rebuilds it
-            publish_entries(url, [entry("a", "B")], {})
+            publish_entries(url, [_stamped("a", "B")], {})
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(index_trie.ModelTrie, "update", update)
-    publish_entries(url, [entry("b", "A")], {})
+    publish_entries(url, [_stamped("b", "A")], {})
     assert raced == [True]
     monkeypatch.setattr(index_trie.ModelTrie, "update", real)
     assert assert_catalogs_match_leaves(url) == 1
     _, sharded, _ = open_index(url)
     assert sharded is not None
-    catalog, _ = sharded.read_catalog("m")
-    assert catalog is not None
-    assert [(c["compatibility"][0]["v"], c["devices"], c["more"]) for c in catalog["classes"]] == [
-        ("B", ["a"], False),
-        ("A", ["b"], True),
-    ]
+    assert _classes(sharded.read_catalog("m")[0]) == [("B", ["a"], False), ("A", ["b"], True)]
 
 
 def test_a_rebuild_never_commits_leaves_read_before_a_writer_that_changed_nothing(
@@ -503,11 +506,8 @@ def test_a_rebuild_never_commits_leaves_read_before_a_writer_that_changed_nothin
     url = str(tmp_path / "ptestore-index.json")
     create_index(url, listed=2)
 
-    def entry(device: str, stamp: str) -> dict[str, Any]:
-        return {**synthetic_entry("m", device), "compatibility": [{"id": "X", "v": stamp}]}
-
-    publish_entries(url, [entry(d, "A") for d in ("a", "c", "d")], {})
-    publish_entries(url, [entry("c", "B")], {})  # A lists "a" and has more ("d")
+    publish_entries(url, [_stamped(d, "A") for d in ("a", "c", "d")], {})
+    publish_entries(url, [_stamped("c", "B")], {})  # A lists "a" and has more ("d")
     _, sharded, _ = open_index(url)
     assert sharded is not None
     before = sharded.read_catalog("m")
@@ -518,7 +518,7 @@ def test_a_rebuild_never_commits_leaves_read_before_a_writer_that_changed_nothin
         yield from real(self, **kwargs)
         walks.append(1)
         if len(walks) == 1:  # "b" joins A now: "a" is listed and more is set
-            publish_entries(url, [entry("b", "A")], {})
+            publish_entries(url, [_stamped("b", "A")], {})
 
     monkeypatch.setattr(index_trie.ModelTrie, "walk", walk)
     sharded.repair("m")  # not needed: no walk, no write
@@ -530,10 +530,7 @@ def test_a_rebuild_never_commits_leaves_read_before_a_writer_that_changed_nothin
     assert assert_catalogs_match_leaves(url) == 1
     catalog, _ = sharded.read_catalog("m")
     assert catalog is not None and "rebuilding" not in catalog
-    assert [(c["compatibility"][0]["v"], c["devices"], c["more"]) for c in catalog["classes"]] == [
-        ("A", ["a", "b"], True),
-        ("B", ["c"], False),
-    ]
+    assert _classes(catalog) == [("A", ["a", "b"], True), ("B", ["c"], False)]
 
 
 def test_a_run_that_found_no_catalog_rebuilds_the_one_another_run_made_since(
