@@ -62,7 +62,13 @@ from ptestore.fleet.index import create_index, migrate_index, open_index, publis
 from ptestore.fleet.index_catalog import rebuild
 from ptestore.fleet.index_store import dumps
 from ptestore.fleet.select import select
-from ptestore.testing.fleet_index import SocBackend, device_name, soc_of, synthetic_entry
+from ptestore.testing.fleet_index import (
+    SocBackend,
+    catalog_disagreements,
+    device_name,
+    soc_of,
+    synthetic_entry,
+)
 from ptestore.testing.s3_traffic import Traffic
 
 _SOAK = "--soak-child"
@@ -355,6 +361,7 @@ def soak(
                 continue
             finals = [synthetic_entry(m, d, generation=g) for g in by_writer.values()]
             lost += held.get(d) not in finals
+    wrong = catalog_disagreements(url, plain)
     return {
         "writers": writers,
         "pairs_published": sum(len(b) for bs in plan.values() for b in bs),
@@ -370,6 +377,7 @@ def soak(
         "max_conflicts_one_object": max((s["conflicts"] for s in stats), default=0),
         "splits": sum(s["splits"] for s in stats),
         "lost_entries": lost,
+        "catalogs_disagreeing": wrong,
     }
 
 

@@ -18,7 +18,14 @@ from typing import Any
 from ..backends.api import BackendInterface
 from ..backends.compat import Compatibility, DeviceProfile
 
-__all__ = ["STAMP_ID", "SocBackend", "device_name", "soc_of", "synthetic_entry"]
+__all__ = [
+    "STAMP_ID",
+    "SocBackend",
+    "catalog_disagreements",
+    "device_name",
+    "soc_of",
+    "synthetic_entry",
+]
 
 #: The backend id of the synthetic entries' stamps.
 STAMP_ID = "SyntheticNpu"
@@ -105,3 +112,43 @@ class SocBackend(BackendInterface):
         soc = None if device is None else device.options.get("soc")
         wanted = dict(p.split("=", 1) for p in info.split(";") if "=" in p).get("soc")
         return Compatibility.OPTIMAL if wanted == soc else Compatibility.UNSUPPORTED
+
+
+def catalog_disagreements(url: str, options: dict[str, Any] | None = None) -> dict[str, list[str]]:
+    """What each model's catalog of the version 3 index at ``url`` says that its leaves
+    do not (``{model: [problems]}``; empty when every catalog agrees): per distinct
+    stamps, the listed devices must be a non-empty prefix of the sorted live members
+    the leaves hold (all of them unless ``more``), and no class without members."""
+    from ..fleet.index import open_index
+    from ..fleet.index_catalog import class_key, live_stamps
+
+    _, sharded, _ = open_index(url, options)
+    if sharded is None:
+        raise ValueError(f"{url}: not a sharded (version 3) index")
+    out: dict[str, list[str]] = {}
+    for seg in sharded.segments():
+        model = sharded.model_of(seg) or seg
+        members: dict[str, list[str]] = {}
+        for node in sharded.trie(model).walk():
+            for device, entry in node.entries.items():
+                stamps = live_stamps(entry)
+                if stamps is not None:
+                    members.setdefault(class_key(stamps), []).append(device)
+        catalog, _ = sharded.read_catalog(model)
+        if catalog is None:
+            out[model] = ["no catalog"]
+            continue
+        problems = []
+        listed = {class_key(c["compatibility"]): c for c in catalog["classes"]}
+        for key in sorted(set(listed) ^ set(members)):
+            problems.append(f"class {key}: {'listed' if key in listed else 'members'} only")
+        for key in sorted(set(listed) & set(members)):
+            cls, devices = listed[key], sorted(members[key])
+            shown = cls["devices"]
+            if not shown or shown != devices[: len(shown)]:
+                problems.append(f"class {key}: lists {shown}, members {devices}")
+            elif not cls["more"] and len(shown) != len(devices):
+                problems.append(f"class {key}: lists {shown} without more, members {devices}")
+        if problems:
+            out[model] = problems
+    return out
