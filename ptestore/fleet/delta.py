@@ -6,10 +6,13 @@ store only the chunks no base has. A base is any local file: an earlier artifact
 the model (the cache entry ``ensure`` is replacing, last month's download), or the
 portable source.
 
-Which base chunk could be target chunk ``i`` (the bytes at the same offsets):
+Which base chunk could be target chunk ``i``: the bytes at the same offsets, or, when
+both files' layouts are known and the base keeps the chunk's segments elsewhere (a
+replacement of another size moved them), the ranges :mod:`.shift` finds there:
 
 - **known**: the base's own trailer records v2 chunk digests on the same grid (same
-  chunk size, the same span): compared with the target's digest, nothing is read;
+  chunk size, the same span) and nothing in the chunk moved: compared with the target's
+  digest, nothing is read;
 - **candidate**: otherwise, when the base has bytes at that span: read and hashed
   (only the spans that could match, never the rest of the base).
 
@@ -36,7 +39,9 @@ from ..errors import ConfigurationError, FormatError
 from ..storage.loaders import LocalFileLoader
 
 if TYPE_CHECKING:
+    from ..format.model import Container
     from ..provenance.chunks import ChunkDigests
+    from .shift import Moves, Piece
 
 __all__ = ["Base", "Filled", "Match", "fill", "match_chunks", "open_bases", "workers"]
 
@@ -61,9 +66,23 @@ class Base:
     #: The chunk digests its own trailer records for its content (None: no v2 record,
     #: or a damaged one: its chunks are hashed where they could match).
     chunks: ChunkDigests | None
+    #: Its container's layout, once :meth:`layout` read it (False: not a container).
+    _layout: Container | bool | None = None
 
     def fileno(self) -> int:
         return self.loader.fileno()
+
+    def layout(self) -> Container | None:
+        """The base's parsed metadata (where its segments are); None when it is not a
+        .pte or .ptd ptestore can read. Read once."""
+        if self._layout is None:
+            from ..format.reader import read_container
+
+            try:
+                self._layout = read_container(self.loader).container
+            except (FormatError, OSError, ValueError):
+                self._layout = False
+        return self._layout if self._layout is not False else None  # type: ignore[return-value]
 
     def close(self) -> None:
         self.loader.close()
@@ -113,36 +132,63 @@ def open_bases(paths: Sequence[str], *, required: bool) -> list[Base]:
 @dataclass(frozen=True)
 class Match:
     """Target chunk ``index`` may be ``base``'s bytes at ``offset``; ``known`` when the
-    base's own record says so (else a candidate: it is hashed when filled)."""
+    base's own record says so (else a candidate: it is hashed when filled). ``pieces``
+    (:data:`.shift.Piece`) when the chunk is several ranges of the base (and zeros)."""
 
     index: int
     base: Base
     offset: int
     known: bool
+    pieces: tuple[Piece, ...] = ()
 
 
-def match_chunks(record: ChunkDigests, todo: Sequence[int], bases: Sequence[Base]) -> list[Match]:
-    """For each chunk of ``todo``, the first base that could hold it (see the module)."""
+def match_chunks(
+    record: ChunkDigests,
+    todo: Sequence[int],
+    bases: Sequence[Base],
+    moves: Sequence[Moves | None] | None = None,
+    *,
+    skip_unmoved: bool = False,
+) -> list[Match]:
+    """For each chunk of ``todo``, the first base that could hold it (see the module);
+    ``moves`` (one per base, :func:`.shift.segment_moves`) where the target's layout is
+    known; ``skip_unmoved``: leave out the chunks a base would give at their own offsets
+    (tried already)."""
+    from .shift import chunk_pieces
+
     out: list[Match] = []
     for i in todo:
         a, b = record.span(i)
         found: Match | None = None
-        for base in bases:
-            own = base.chunks
-            same_grid = (
-                own is not None
-                and own.chunk_size == record.chunk_size
-                and i < len(own.digests)
-                and own.span(i) == (a, b)
-            )
-            if same_grid:
-                assert own is not None
-                if own.digests[i] == record.digests[i]:
-                    found = Match(i, base, a, True)
-                    break
-                continue  # its record says these bytes differ: not this base
-            if b <= base.size and found is None:
-                found = Match(i, base, a, False)
+        for k, base in enumerate(bases):
+            mv = moves[k] if moves is not None else None
+            pieces = chunk_pieces(mv, a, b) if mv is not None else ((a, b, a),)
+            if pieces is None:
+                continue
+            if pieces == ((a, b, a),):
+                if skip_unmoved:
+                    continue
+                own = base.chunks
+                same_grid = (
+                    own is not None
+                    and own.chunk_size == record.chunk_size
+                    and i < len(own.digests)
+                    and own.span(i) == (a, b)
+                )
+                if same_grid:
+                    assert own is not None
+                    if own.digests[i] == record.digests[i]:
+                        found = Match(i, base, a, True)
+                        break
+                    continue  # its record says these bytes differ: not this base
+                if b <= base.size and found is None:
+                    found = Match(i, base, a, False)
+            elif found is None:
+                off = pieces[0][2]
+                if len(pieces) == 1 and off is not None:
+                    found = Match(i, base, off, False)
+                elif any(p[2] is not None for p in pieces):  # not padding alone
+                    found = Match(i, base, a, False, pieces)
         if found is not None:
             out.append(found)
     return out
@@ -165,6 +211,16 @@ class Filled:
     read: int = 0
     #: Bytes taken from each base, by path.
     bases: dict[str, int] = field(default_factory=dict)
+
+    def add(self, other: Filled) -> None:
+        """Count what another :func:`fill` of the same ``.part`` put in too."""
+        self.done |= other.done
+        self.nbytes += other.nbytes
+        self.cloned += other.cloned
+        self.lied += other.lied
+        self.read += other.read
+        for path, n in other.bases.items():
+            self.bases[path] = self.bases.get(path, 0) + n
 
 
 _BUFFERS = threading.local()
@@ -236,7 +292,8 @@ def fill(
     blocks: dict[int, int | None] = {}
     to_copy: list[Match] = []
     to_check: list[Match] = []
-    for run in _runs(record, list(matches)):
+    to_copy += [m for m in matches if m.pieces]
+    for run in _runs(record, [m for m in matches if not m.pieces]):
         base = run[0].base
         key = id(base)
         if key not in blocks:
@@ -271,6 +328,16 @@ def fill(
 
     def copy(m: Match) -> tuple[Match, bool]:
         a, b = record.span(m.index)
+        if m.pieces:
+            for s, e, off in m.pieces:
+                if off is None:
+                    pwrite_all(part_fd, memoryview(bytes(e - s)), s)
+                elif not _copy_range(m.base.fileno(), off, e - s, part_fd, s):
+                    view = _buffer(e - s)
+                    if preadinto_all(m.base.fileno(), view, off) != e - s:
+                        return m, False
+                    pwrite_all(part_fd, view, s)
+            return check(m)
         if _copy_range(m.base.fileno(), m.offset, b - a, part_fd, a):
             return check(m)  # what landed in the .part is what is checked
         view = _buffer(b - a)

@@ -135,3 +135,30 @@ class Rewrite(BackendInterface):
         end = min(len(value), start + self.nbytes)
         value[start:end] = rng.integers(0, 255, end - start, dtype=np.uint8)
         output.write_named_data(key, BackendData(value))
+
+
+class Grow(BackendInterface):
+    """Writes the first value (in key order) with ``extra`` bytes of seeded noise after
+    its own (packed weights, a compiled blob: a replacement of another size), so that
+    every segment after it moves."""
+
+    name = "XnnpackBackend"
+
+    def __init__(self, extra: int = 1 * MiB + 12345, stamp: str = "1") -> None:
+        self.extra, self.stamp = extra, stamp
+        self.version = f"{stamp}+{extra}"
+
+    def initialize_backend_data(self, context: Any, output: Any) -> None:
+        import numpy as np
+
+        key, data = _first_value(context)
+        rng = np.random.default_rng(int(self.stamp))
+        value = bytes(data) + rng.integers(0, 255, self.extra, dtype=np.uint8).tobytes()
+        output.write_named_data(key, BackendData(value, allow_size_change=True))
+
+
+def grown(source: Path, out: Path, extra: int = 1 * MiB + 12345) -> Path:
+    """``source`` specialized by ``Grow(extra)``, with its provenance trailer."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    ptestore.specialize(source, out, backends=[Grow(extra)])
+    return out
