@@ -351,3 +351,41 @@ def test_conditional_request_conflict_in_if_match_mode_is_a_conflict(env: Env) -
     assert info.value.refused_by == "storage"
     assert env.get() == b"v1"
     assert env.uploads() == []
+
+
+@pytest.mark.parametrize("mode", ["overwrite", "if-match"])
+def test_an_object_replaced_right_after_its_publish_is_logged_by_mode(
+    env: Env, mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another writer replaces the object between the PutObject and the check that
+    follows it: after an overwrite a warning; after a compare-and-swap (the index's
+    small objects, whose writers take turns by design) a debug line."""
+    import logging
+
+    env.client.put_object(Bucket=env.bucket, Key=env.key, Body=b"v1")
+    etag = env.client.head_object(Bucket=env.bucket, Key=env.key)["ETag"]
+    w = env.writer()
+
+    def replace(**_: Any) -> None:
+        env.client.put_object(Bucket=env.bucket, Key=env.key, Body=b"theirs")
+
+    w.client.meta.events.register("after-call.s3.PutObject", replace)
+    w.write(b"v2", 0)
+    with caplog.at_level(logging.DEBUG, "ptestore.writers.s3"):
+        if mode == "overwrite":
+            w.publish()
+        else:
+            w.publish("if-match", expected=etag)
+    assert env.get() == b"theirs"
+    (record,) = [r for r in caplog.records if "replaced or deleted" in r.getMessage()]
+    if mode == "overwrite":
+        assert record.levelname == "WARNING"
+        assert record.getMessage() == (
+            f"{env.url}: published, but replaced or deleted by someone else since"
+        )
+    else:
+        assert record.levelname == "DEBUG"
+        assert record.getMessage() == (
+            f"{env.url}: published, but replaced or deleted by someone else since (a "
+            "conditional write, if-match: another writer's came after it)"
+        )

@@ -214,9 +214,14 @@ class S3Publisher:
             ) from exc
         raise to_storage_error(exc, where, operation) from exc
 
-    def verify_published(self, resp: dict[str, Any], size: int, crc: int | None) -> PublishResult:
+    def verify_published(
+        self, resp: dict[str, Any], size: int, crc: int | None, mode: PublishMode = "overwrite"
+    ) -> PublishResult:
         """The :class:`PublishResult`, after checking the stored object (``verify``);
-        with ``crc`` None (unknown) only its size and token, and no checksum reported."""
+        with ``crc`` None (unknown) only its size and token, and no checksum reported.
+        An object replaced right after a conditional write (``create``, ``if-match``:
+        the writers coordinate by compare-and-swap, the index's small objects) is logged
+        at DEBUG: the next writer's swap, not a surprise; after an overwrite, a warning."""
         url, where = self.url, self.where
         etag = resp.get("ETag")
         version = resp.get("VersionId")
@@ -228,7 +233,14 @@ class S3Publisher:
             log.warning("%s: published, but the integrity check could not run: %s", where, exc)
             return PublishResult(url, size, etag, version, None)
         if head is None or head.get("Metadata", {}).get(TOKEN_METADATA_KEY) != self.token:
-            log.warning("%s: published, but replaced or deleted by someone else since", where)
+            log.log(
+                logging.WARNING if mode == "overwrite" else logging.DEBUG,
+                "%s: published, but replaced or deleted by someone else since%s",
+                where,
+                ""
+                if mode == "overwrite"
+                else f" (a conditional write, {mode}: another writer's came after it)",
+            )
             return PublishResult(url, size, etag, version, None)
         actual_size = int(head.get("ContentLength", -1))
         if actual_size != size:

@@ -412,7 +412,7 @@ class S3Writer(DataWriter):
         resp = self._publisher.complete(mode, upload_id, size, parts, total, self._expected)
         self._st.completed()
         self._st.cleanup()
-        return self._publisher.verify_published(resp, size, total)
+        return self._publisher.verify_published(resp, size, total, mode)
 
     def _publish_small(self, mode: PublishMode, size: int) -> PublishResult:
         """An output of at most one part: one PutObject (referenced bytes read first)."""
@@ -423,4 +423,4 @@ class S3Writer(DataWriter):
         self._commit_point()
         resp, crc = self._publisher.put(mode, body, self._expected)
         self._st.cleanup()
-        return self._publisher.verify_published(resp, size, crc)
+        return self._publisher.verify_published(resp, size, crc, mode)
