@@ -2,13 +2,19 @@
 version of an artifact (delta fetch, issue 28 part 2).
 
     python benchmarks/bench_delta_fetch.py [--mib-per-key 256] [--changed-mib 16]
-        [--server seaweedfs|moto] [--runs 3] [--dir DIR] [--xfs]
+        [--server seaweedfs|moto] [--runs 3] [--dir DIR] [--xfs] [--moved]
 
 The artifact is the real export ``mlp_xnnpack`` (tests/fixtures) with each of its four
 named values ``--mib-per-key`` MiB of seeded noise (tests/support/large.py; 256: a
 1 GiB program), specialized twice by a backend that rewrites ``--changed-mib`` MiB of
 its first value from an offset that is not chunk-aligned (``support.delta.Rewrite``):
-version 1 and version 2 differ in those bytes (and their trailers). Both are uploaded to
+version 1 and version 2 differ in those bytes (and their trailers). With ``--moved``
+the backend grows its first value instead (``support.delta.Grow``: seeded noise
+appended, a replacement of another size, as packed weights are), by half of
+``--changed-mib`` MiB + 12,345 B in version 1 and by ``--changed-mib`` MiB + 12,345 B
+in version 2: every segment after it moves, in each version by another amount, and
+``delta`` and ``portable`` find them where their base keeps them (``ptestore.fleet.shift``).
+Version 2 is uploaded to
 a local S3 server (SeaweedFS ``weed mini`` or moto, in its own process); each measured
 fetch is a fresh process (``python -c``) that downloads version 2 through an HTTP proxy
 in front of the server (tests/support/faulty_proxy.py, which counts the response bytes
@@ -74,19 +80,24 @@ print(json.dumps({
 """
 
 
-def _make(d: Path, mib_per_key: int, changed_mib: int) -> tuple[Path, Path, Path]:
-    from support.delta import Rewrite, differing, program
+def _make(d: Path, mib_per_key: int, changed_mib: int, moved: bool) -> tuple[Path, Path, Path]:
+    from support.delta import Grow, Rewrite, differing, program
 
     import ptestore
 
     src = program(d, mib_per_key << 20)
     out = []
     for stamp in ("1", "2"):
-        path = d / f"v{stamp}.pte"
-        ptestore.specialize(src, path, backends=[Rewrite(stamp, changed_mib << 20)])
+        path = d / f"v{stamp}{'-moved' if moved else ''}.pte"
+        if moved:
+            extra = (changed_mib << 20) // (3 - int(stamp)) + 12345
+            backend: Any = Grow(extra, stamp)
+        else:
+            backend = Rewrite(stamp, changed_mib << 20)
+        ptestore.specialize(src, path, backends=[backend])
         out.append(path)
-    changed = differing(out[0], out[1])
-    print(f"made {src.stat().st_size >> 20} MiB; chunks that differ: {changed}", file=sys.stderr)
+    changed = "moved layouts" if moved else f"chunks that differ: {differing(out[0], out[1])}"
+    print(f"made {src.stat().st_size >> 20} MiB; {changed}", file=sys.stderr)
     return src, out[0], out[1]
 
 
@@ -137,13 +148,19 @@ def main() -> None:
         help="put the bases and the downloads on a loop-mounted XFS with reflink (root, "
         "mkfs.xfs): chunks from a base are cloned, not copied",
     )
+    ap.add_argument(
+        "--moved",
+        action="store_true",
+        help="versions whose first value grew (by half of --changed-mib, then by all of "
+        "it): the segments after it moved",
+    )
     args = ap.parse_args()
     from support.faulty_proxy import faulty_proxy
 
     with ExitStack() as stack:
         tmp = Path(args.dir or stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-")))
         tmp.mkdir(parents=True, exist_ok=True)
-        src, v1, v2 = _make(tmp, args.mib_per_key, args.changed_mib)
+        src, v1, v2 = _make(tmp, args.mib_per_key, args.changed_mib, args.moved)
         if args.server == "seaweedfs":
             from ptestore.testing.seaweedfs import seaweedfs_s3_server
 
@@ -190,6 +207,7 @@ def main() -> None:
             "file_system": "xfs (reflink)" if args.xfs else "the --dir's",
             "artifact_bytes": v2.stat().st_size,
             "changed_bytes": args.changed_mib << 20,
+            "moved": args.moved,
             "runs": args.runs,
             "median": summary,
             "all": runs,

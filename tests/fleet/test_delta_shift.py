@@ -14,9 +14,11 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support.delta import grown, program, trailer_size
+from support.delta import big_job, grown, program, trailer_size
+from support.fleetrun import fleet_run
 
 import ptestore
+from ptestore.backends.compat import DeviceProfile
 from ptestore.fleet.shift import Moves, chunk_pieces, segment_moves
 from ptestore.format.reader import read_container
 from ptestore.provenance.chunks import CHUNK_SIZE
@@ -184,6 +186,29 @@ def test_a_moved_chunk_whose_base_bytes_differ_is_fetched(
     last_chunk = content - (content - 1) // CHUNK_SIZE * CHUNK_SIZE
     assert got["received"] == received + last_chunk
     assert got["from_base"] == from_base - last_chunk
+
+
+def test_ensure_index_takes_the_moved_segments_from_the_cached_artifact(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A device's cache holds the artifact of a value grown by 300,000 B; the fleet's
+    next build grows it by 1 MiB + 12,345 B: ``ensure INDEX`` takes the segments after
+    it from the cached file, where they sit 300,000 B (aligned) earlier."""
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    device = DeviceProfile("a", {"soc": "x"})
+    job = big_job(tmp_path, str(out), backend="support.delta:Grow=300000")
+    first = ptestore.ensure(fleet_run(job, capsys), cache_dir=cache, model="m", device=device)
+    job = big_job(tmp_path, str(out), backend=f"support.delta:Grow={1024 * 1024 + 12345}")
+    index = fleet_run(job, capsys)
+    fresh = ptestore.ensure(index, cache_dir=cache, model="m", device=device)
+    new = out / "a" / "m.pte"
+    assert Path(fresh.pte).read_bytes() == new.read_bytes()
+    assert fresh.choice is not None
+    fetched = fresh.choice["fetched"]
+    received, from_base = _expected(new)
+    assert (fetched["received"], fetched["from_base"]) == (received, from_base)
+    assert fetched["bases"] == [first.pte]
+    assert ptestore.verify(fresh.pte).status == "intact"
 
 
 @pytest.mark.s3

@@ -59,15 +59,19 @@ def program(directory: Path, per_key: int = 5 * MiB) -> Path:
     return path
 
 
-def big_job(tmp: Path, dest: str, stamp: str = "1", extra: str = "") -> Path:
+def big_job(
+    tmp: Path, dest: str, stamp: str = "1", extra: str = "", backend: str | None = None
+) -> Path:
     """A fleet job file in ``tmp`` (``job<N>.toml``, the next free N): one device ``a``,
     one model ``m`` whose source is ``program(tmp)`` (20 MiB: six 4 MiB chunks),
-    specialized by ``Poke(stamp)`` into ``dest/{device}/{model}.pte``; ``extra`` is more
-    of the job's top-level text (e.g. a ``[storage_options]`` table)."""
+    specialized by ``Poke(stamp)`` (or the SPEC ``backend``) into
+    ``dest/{device}/{model}.pte``; ``extra`` is more of the job's top-level text (e.g. a
+    ``[storage_options]`` table)."""
     job = tmp / f"job{len(list(tmp.glob('job*.toml')))}.toml"
+    spec = backend or f"support.delta:Poke={stamp}"
     job.write_text(
         f'destination = "{dest}/{{device}}/{{model}}.pte"\n'
-        f'backends = ["support.delta:Poke={stamp}"]\n{extra}'
+        f'backends = ["{spec}"]\n{extra}'
         f'[[models]]\nname = "m"\nsource = "{program(tmp)}"\n[devices.a]\nsoc = "x"\n'
     )
     return job
@@ -144,8 +148,8 @@ class Grow(BackendInterface):
 
     name = "XnnpackBackend"
 
-    def __init__(self, extra: int = 1 * MiB + 12345, stamp: str = "1") -> None:
-        self.extra, self.stamp = extra, stamp
+    def __init__(self, extra: int | str = 1 * MiB + 12345, stamp: str = "1") -> None:
+        self.extra, self.stamp = int(extra), stamp  # a str from a SPEC (``Grow=EXTRA``)
         self.version = f"{stamp}+{extra}"
 
     def initialize_backend_data(self, context: Any, output: Any) -> None:
