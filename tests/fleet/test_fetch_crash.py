@@ -128,6 +128,36 @@ def test_killed_at_every_point_of_a_delta_download(
     assert events[6] == "saved:1" and events[8] == "saved:6"
 
 
+@pytest.mark.slow  # 11 fresh interpreters
+def test_killed_at_every_point_of_a_delta_download_of_a_moved_layout(
+    tmp_path: Path, versions: tuple[Path, Path]
+) -> None:
+    """The portable source as base of an artifact whose first value grew (every later
+    segment moved): the first chunk (the layout) comes from the store before any chunk
+    from the base; killed anywhere, the next run resumes at the verified chunks."""
+    from support.delta import grown
+
+    a, _ = versions
+    src = a.parent.parent / "big.pte"
+    moved = grown(src, tmp_path / "moved" / "m.pte")
+    events = _killed_everywhere(tmp_path, moved, src)
+    kinds = [e.split(":")[0] for e in events]
+    # chunk 0 (after the base's bytes there failed the check), then chunk 1 at its own
+    # offsets and chunks 3-5 moved, from the base; all but chunk 2 counted; chunk 2 from
+    # the store; all six counted, the trailer, the rename
+    assert kinds == [
+        "saved",
+        "store",
+        *["base"] * 4,
+        "saved",
+        "store",
+        "saved",
+        "store",
+        "published",
+    ]
+    assert events[6] == "saved:2" and events[8] == "saved:6"
+
+
 def test_a_flipped_byte_in_the_verified_chunks_of_a_part_is_caught_and_named(
     tmp_path: Path, versions: tuple[Path, Path], caplog: pytest.LogCaptureFixture
 ) -> None:
