@@ -27,22 +27,19 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._dataclass import dataclass
-from .._io import pread_all, pwrite_all
+from .._io import pwrite_all
 from .._log import get_logger
-from ..errors import FormatError, IntegrityError
+from ..errors import IntegrityError
 from ..provenance.chunks import ChunkDigests, hash_chunks
 from ..storage.atomic import put_bytes, sync_file
 from ..storage.loaders import LocalFileLoader
-from .delta import Base, Filled, fill, match_chunks
+from .bases import fill_from_bases
+from .delta import Base
 from .download import open_part, read_state
 from .ranged import PinnedReader
-from .shift import segment_moves
-
-if TYPE_CHECKING:
-    from ..format.model import Container
 
 __all__ = ["FetchEvent", "Sink", "download_chunks"]
 
@@ -181,71 +178,6 @@ def _fetch_run(
     return bad
 
 
-def _target_layout(
-    fd: int, chunks: ChunkDigests, done: set[int], from_store: Callable[[list[int]], None], url: str
-) -> Container | None:
-    """The download's layout, parsed from its first chunks in the ``.part`` (those not
-    there yet downloaded first: they hold the metadata a moved layout rewrote, so no
-    base has them); None when it is not a container ptestore reads."""
-    from ..format.header import HEAD_BYTES, FileHead
-    from ..format.parse import parse_metadata
-
-    try:
-        if 0 not in done:
-            from_store([0])
-        head = pread_all(fd, min(HEAD_BYTES, chunks.length), 0)
-        file_head = FileHead.from_bytes(head, chunks.length, url)
-        size = file_head.metadata_size
-        if size > chunks.length:
-            return None
-        missing = [i for i in range(1, (size - 1) // chunks.chunk_size + 1) if i not in done]
-        for run in _store_runs(missing, chunks, size):
-            from_store(run)
-        return parse_metadata(pread_all(fd, size, 0), file_head)
-    except FormatError:
-        return None
-
-
-def _fill_from_bases(
-    fd: int,
-    directory: str,
-    chunks: ChunkDigests,
-    todo: list[int],
-    bases: list[Base],
-    done: set[int],
-    from_store: Callable[[list[int]], None],
-    on_chunk: Callable[[int, int], None],
-    url: str,
-) -> Filled:
-    """Put into the ``.part`` the chunks of ``todo`` the bases hold (:mod:`.delta`): at
-    their own offsets; where the bases are containers, also where a base keeps segments
-    the download has at other offsets (:mod:`.shift`). For that the download's layout
-    is read from its first chunks, taken from a base where one has them (at the same
-    offsets: the layout did not move) or else from the store; the chunks a base's own
-    record names are put in first (nothing to read), the rest once the layout is known
-    (no base chunk is hashed at an offset that cannot match)."""
-    if not bases or not todo:
-        return Filled()
-    same = match_chunks(chunks, todo, bases)
-    if all(b.layout() is None for b in bases):
-        return fill(fd, directory, chunks, same, on_chunk)
-    first = [m for m in same if m.known or m.index == 0]
-    filled = fill(fd, directory, chunks, first, on_chunk)
-    done |= filled.done
-    target = _target_layout(fd, chunks, done, from_store, url)
-    tried = {m.index for m in first}
-    rest = [i for i in todo if i not in done and i not in tried]
-    if target is None:
-        again = [m for m in same if m.index in set(rest)]
-    else:
-        moves = [
-            None if (layout := b.layout()) is None else segment_moves(target, layout) for b in bases
-        ]
-        again = match_chunks(chunks, rest, bases, moves)
-    filled.add(fill(fd, directory, chunks, again, on_chunk))
-    return filled
-
-
 def download_chunks(
     *,
     url: str,
@@ -315,7 +247,7 @@ def download_chunks(
         def on_chunk(i: int, nbytes: int) -> None:
             sink.add("base", nbytes)
 
-        filled = _fill_from_bases(
+        filled = fill_from_bases(
             fd, directory, chunks, todo, bases, done, from_store, on_chunk, url
         )
         for i, a, b, path in filled.lied:

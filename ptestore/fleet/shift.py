@@ -17,6 +17,8 @@ for each segment of the download at the offset the base keeps it:
   padding between them as zeros; the same offsets when nothing in it moved; None when
   it holds bytes the base cannot give (the metadata of a layout that moved, a segment
   the base does not have beside one that moved).
+
+:mod:`.bases` uses both in a delta fetch.
 """
 
 from __future__ import annotations
