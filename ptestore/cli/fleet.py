@@ -1,5 +1,6 @@
-"""``ptestore fleet run JOBFILE [--workers N] [--scheduler ADDRESS] [--json] [--quiet]``
-and ``ptestore fleet plan JOBFILE [--json]``.
+"""``ptestore fleet run JOBFILE [--workers N] [--scheduler ADDRESS] [--json] [--quiet]``,
+``ptestore fleet plan JOBFILE [--json]``, ``ptestore fleet retire JOBFILE`` and
+``ptestore fleet check-index INDEX [--repair]``.
 
 Exit status of ``run``: 0 when every pair is done or skipped, 1 when any failed, 2 for
 a bad job file (the message names the line and key) or an unreachable scheduler.
@@ -13,17 +14,19 @@ import sys
 from typing import Any
 
 from .exits import EXIT_FAILURE, EXIT_OK, guarded
+from .options import add_storage_options, storage_options
 from .parser import add_common_flags
 from .progress import progress_wanted
 
-__all__ = ["add_fleet_parser", "run_fleet", "run_retire"]
+__all__ = ["add_fleet_parser", "run_check_index", "run_fleet", "run_retire"]
 
 _EPILOG = """\
 examples:
   ptestore fleet plan job.toml
   ptestore fleet run job.toml --workers 4
   ptestore fleet run job.toml --scheduler tcp://scheduler:8786 --json
-  ptestore fleet retire job.toml --dry-run"""
+  ptestore fleet retire job.toml --dry-run
+  ptestore fleet check-index s3://models/fleet/index.json --repair"""
 
 
 def add_fleet_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -111,7 +114,51 @@ def add_fleet_parser(subparsers: Any) -> argparse.ArgumentParser:
     rt.add_argument("--json", action="store_true", help="print the result as JSON")
     add_common_flags(rt)
     rt.set_defaults(func=run_retire)
+    ci = sub.add_parser(
+        "check-index",
+        help="check a sharded index's catalogs against its leaves (and repair them)",
+        description="Check that every model's catalog of a version 3 index (what select "
+        "rates) agrees with the entries its leaves hold; with --repair, rebuild each one "
+        "that does not, or that an interrupted rebuild left marked, from its leaves (safe "
+        "beside running fleet runs). Exit status: 0 every catalog agrees (or was "
+        "repaired), 1 some do not, 2 no index there.",
+    )
+    ci.add_argument("index", metavar="INDEX", help="the index (path or URL of index.json)")
+    ci.add_argument("--repair", action="store_true", help="rebuild the catalogs found wrong")
+    ci.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_storage_options(ci)
+    add_common_flags(ci)
+    ci.set_defaults(func=run_check_index)
     return p
+
+
+@guarded("fleet")
+def run_check_index(args: argparse.Namespace) -> int:
+    """Run ``ptestore fleet check-index INDEX [--repair] [--json]``."""
+    from ..fleet.index_check import check_index
+
+    found = check_index(args.index, storage_options(args), repair=args.repair)
+    if args.json:
+        json.dump(found.to_dict(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return EXIT_OK if found.ok else EXIT_FAILURE
+    if found.version != 3:
+        print(f"{found.index}: index version {found.version}: one object, no catalogs to check")
+        return EXIT_OK
+    for model, problems in found.problems.items():
+        for problem in problems:
+            print(f"{model}: {problem}")
+    for model in found.marked:
+        print(f"{model}: its catalog carries a rebuild's mark (an interrupted rebuild)")
+    for model in found.repaired:
+        left = found.left.get(model)
+        print(f"{model}: rebuilt" + (f", still: {'; '.join(left)}" if left else ""))
+    wrong = len(set(found.problems) | set(found.marked))
+    print(
+        f"{found.index}: {found.models} models, {wrong} catalogs wrong"
+        + (f", {len(found.repaired) - len(found.left)} repaired" if found.repaired else "")
+    )
+    return EXIT_OK if found.ok else EXIT_FAILURE
 
 
 @guarded("fleet")

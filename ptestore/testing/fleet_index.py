@@ -116,39 +116,12 @@ class SocBackend(BackendInterface):
 
 def catalog_disagreements(url: str, options: dict[str, Any] | None = None) -> dict[str, list[str]]:
     """What each model's catalog of the version 3 index at ``url`` says that its leaves
-    do not (``{model: [problems]}``; empty when every catalog agrees): per distinct
-    stamps, the listed devices must be a non-empty prefix of the sorted live members
-    the leaves hold (all of them unless ``more``), and no class without members."""
-    from ..fleet.index import open_index
-    from ..fleet.index_catalog import class_key, live_stamps
+    do not (``{model: [problems]}``; empty when every catalog agrees):
+    :func:`ptestore.fleet.index_check.check_index`'s ``problems`` (a rebuild's mark left
+    behind is not one)."""
+    from ..fleet.index_check import check_index
 
-    _, sharded, _ = open_index(url, options)
-    if sharded is None:
+    found = check_index(url, options)
+    if found.version != 3:
         raise ValueError(f"{url}: not a sharded (version 3) index")
-    out: dict[str, list[str]] = {}
-    for seg in sharded.segments():
-        model = sharded.model_of(seg) or seg
-        members: dict[str, list[str]] = {}
-        for node in sharded.trie(model).walk():
-            for device, entry in node.entries.items():
-                stamps = live_stamps(entry)
-                if stamps is not None:
-                    members.setdefault(class_key(stamps), []).append(device)
-        catalog, _ = sharded.read_catalog(model)
-        if catalog is None:
-            out[model] = ["no catalog"]
-            continue
-        problems = []
-        listed = {class_key(c["compatibility"]): c for c in catalog["classes"]}
-        for key in sorted(set(listed) ^ set(members)):
-            problems.append(f"class {key}: {'listed' if key in listed else 'members'} only")
-        for key in sorted(set(listed) & set(members)):
-            cls, devices = listed[key], sorted(members[key])
-            shown = cls["devices"]
-            if not shown or shown != devices[: len(shown)]:
-                problems.append(f"class {key}: lists {shown}, members {devices}")
-            elif not cls["more"] and len(shown) != len(devices):
-                problems.append(f"class {key}: lists {shown} without more, members {devices}")
-        if problems:
-            out[model] = problems
-    return out
+    return found.problems

@@ -1,0 +1,127 @@
+"""``ptestore fleet check-index``: does every model's catalog of a sharded (version 3)
+index agree with its leaves, and repair the ones that do not.
+
+A catalog (:mod:`.index_catalog`) is what ``select`` rates instead of every entry: per
+distinct compatibility stamps, the first device names (sorted) of the live entries the
+model's leaves hold, and ``more`` when there are others. The runs that publish keep it
+so by compare-and-swap; what can still leave one behind its leaves is outside their
+reach: a run killed between its leaf writes and its catalog placement, a catalog object
+removed by hand or a lifecycle rule, a rebuild interrupted (or starved by writers)
+after it marked the catalog. The next run that touches the model repairs it; this
+check finds them without one, and ``repair`` rebuilds each from its leaves
+(:meth:`.index_v3.ShardedIndex.repair`, safe beside running writers).
+
+Read while runs publish, a catalog can be behind its leaves for the moment between a
+run's leaf writes and its placement: check again before repairing a fleet that is busy.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from .._dataclass import dataclass, field
+
+if TYPE_CHECKING:
+    from .index_v3 import ShardedIndex
+
+__all__ = ["IndexCheck", "catalog_problems", "check_index"]
+
+
+@dataclass
+class IndexCheck:
+    """What :func:`check_index` found (and repaired)."""
+
+    index: str
+    #: The index's version (1 and 2 hold their entries in one object: nothing to check).
+    version: int
+    #: Models checked.
+    models: int = 0
+    #: ``{model: [problem]}`` of the catalogs that disagree with their leaves, as found.
+    problems: dict[str, list[str]] = field(default_factory=dict)
+    #: Models whose catalog carries a rebuild's mark (an interrupted or starved rebuild).
+    marked: list[str] = field(default_factory=list)
+    #: Models whose catalog was rebuilt (with ``repair``).
+    repaired: list[str] = field(default_factory=list)
+    #: ``{model: [problem]}`` left after the repair (a writer changed the model since).
+    left: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """Nothing to repair, or all of it repaired."""
+        if self.repaired:
+            return not self.left
+        return not self.problems and not self.marked
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "version": self.version,
+            "models": self.models,
+            "problems": self.problems,
+            "marked": self.marked,
+            "repaired": self.repaired,
+            "left": self.left,
+            "ok": self.ok,
+        }
+
+
+def catalog_problems(sharded: ShardedIndex, model: str) -> tuple[list[str], bool]:
+    """What ``model``'s catalog says that its leaves do not (empty when it agrees): per
+    distinct stamps, the listed devices must be a non-empty prefix of the sorted live
+    members the leaves hold (all of them unless ``more``), and no class without
+    members; and whether it carries a rebuild's mark."""
+    from .index_catalog import REBUILDING, class_key, live_stamps
+
+    members: dict[str, list[str]] = {}
+    for node in sharded.trie(model).walk():
+        for device, entry in node.entries.items():
+            stamps = live_stamps(entry)
+            if stamps is not None:
+                members.setdefault(class_key(stamps), []).append(device)
+    catalog, _ = sharded.read_catalog(model)
+    if catalog is None:
+        return ["no catalog"], False
+    problems = []
+    listed = {class_key(c["compatibility"]): c for c in catalog["classes"]}
+    for key in sorted(set(listed) ^ set(members)):
+        where = "listed without a live entry" if key in listed else "not listed"
+        problems.append(f"class {key}: {where}")
+    for key in sorted(set(listed) & set(members)):
+        cls, devices = listed[key], sorted(members[key])
+        shown = cls["devices"]
+        if not shown or shown != devices[: len(shown)]:
+            problems.append(f"class {key}: lists {shown}, its entries are {devices}")
+        elif not cls["more"] and len(shown) != len(devices):
+            problems.append(f"class {key}: lists {shown} and no more, its entries are {devices}")
+    return problems, REBUILDING in catalog
+
+
+def check_index(
+    url: str | os.PathLike[str], options: dict[str, Any] | None = None, *, repair: bool = False
+) -> IndexCheck:
+    """Check every model's catalog of the index at ``url`` against its leaves; with
+    ``repair``, rebuild each that disagrees or carries a mark, then check it again.
+    :class:`~ptestore.errors.ObjectNotFound` when there is no index."""
+    from .index import open_index
+
+    target = os.fspath(url)
+    root, sharded, _ = open_index(target, options)
+    out = IndexCheck(target, int(root["version"]))
+    if sharded is None:
+        return out
+    for segment in sharded.segments():
+        model = sharded.model_of(segment) or segment
+        out.models += 1
+        problems, mark = catalog_problems(sharded, model)
+        if problems:
+            out.problems[model] = problems
+        if mark:
+            out.marked.append(model)
+        if repair and (problems or mark):
+            sharded.repair(model, force=True)
+            out.repaired.append(model)
+            again, _ = catalog_problems(sharded, model)
+            if again:
+                out.left[model] = again
+    return out
