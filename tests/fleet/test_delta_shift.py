@@ -188,6 +188,42 @@ def test_a_moved_chunk_whose_base_bytes_differ_is_fetched(
     assert got["from_base"] == from_base - last_chunk
 
 
+def test_external_weights_whose_layout_moved_take_the_moved_segments_from_the_base(
+    tmp_path: Path,
+) -> None:
+    """A program with its weights in a .ptd (``mlp_xnnpack_ext``, four 5 MiB values): a
+    value grown by 1 MiB in the .ptd moves the ones after it; the fetch of the pair with
+    the portable pair as base takes them from the base's .ptd at their offsets there."""
+    from support.delta import Grow
+    from support.fixtures import get_fixture
+    from support.large import Inflate
+
+    ext = get_fixture("mlp_xnnpack_ext")
+    assert ext.pte_path is not None and ext.ptd_path is not None
+    src, src_ptd = tmp_path / "src.pte", tmp_path / "src.ptd"
+    ptestore.specialize(
+        ext.pte_path,
+        src,
+        ptd=(ext.ptd_path, src_ptd),
+        backends=[Inflate("XnnpackBackend", 5 * 1024 * 1024)],
+        provenance=False,
+    )
+    new, new_ptd = tmp_path / "new" / "m.pte", tmp_path / "new" / "m.ptd"
+    new.parent.mkdir()
+    ptestore.specialize(src, new, ptd=(src_ptd, new_ptd), backends=[Grow(1024 * 1024)])
+    assert segment_moves(_layout(new_ptd), _layout(src_ptd)).moved
+    dest = tmp_path / "dev" / "m.pte"
+    result = ptestore.fetch(new, dest, base=src)
+    (ptd,) = [f for f in result.files if str(f["path"]).endswith(".ptd")]
+    assert (tmp_path / "dev" / "m.ptd").read_bytes() == new_ptd.read_bytes()
+    assert dest.read_bytes() == new.read_bytes()
+    # the metadata chunk and the one chunk that holds the appended MiB, and the tail read
+    content = new_ptd.stat().st_size - trailer_size(new_ptd)
+    assert ptd["received"] == 2 * CHUNK_SIZE + 4096
+    assert ptd["from_base"] == content - 2 * CHUNK_SIZE
+    assert ptd["bases"] == {str(src_ptd): content - 2 * CHUNK_SIZE}
+
+
 def test_ensure_index_takes_the_moved_segments_from_the_cached_artifact(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
