@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 from .._dataclass import dataclass, field
 from .._io import pread_all, preadinto_all, pwrite_all
-from ..errors import ConfigurationError, FormatError
+from ..errors import ConfigurationError, FormatError, PteStoreError
 from ..storage.loaders import LocalFileLoader
 
 if TYPE_CHECKING:
@@ -80,8 +80,8 @@ class Base:
 
             try:
                 self._layout = read_container(self.loader).container
-            except (FormatError, OSError, ValueError):
-                self._layout = False
+            except (PteStoreError, OSError, ValueError):
+                self._layout = False  # not a container (or unreadable): same offsets only
         return self._layout if self._layout is not False else None  # type: ignore[return-value]
 
     def close(self) -> None:
