@@ -98,11 +98,18 @@ def catalog_problems(sharded: ShardedIndex, model: str) -> tuple[list[str], bool
 
 
 def check_index(
-    url: str | os.PathLike[str], options: dict[str, Any] | None = None, *, repair: bool = False
+    url: str | os.PathLike[str],
+    options: dict[str, Any] | None = None,
+    *,
+    repair: bool = False,
+    workers: int = 8,
 ) -> IndexCheck:
-    """Check every model's catalog of the index at ``url`` against its leaves; with
-    ``repair``, rebuild each that disagrees or carries a mark, then check it again.
-    :class:`~ptestore.errors.ObjectNotFound` when there is no index."""
+    """Check every model's catalog of the index at ``url`` against its leaves, ``workers``
+    models at a time; with ``repair``, rebuild each that disagrees or carries a mark,
+    then check it again. :class:`~ptestore.errors.ObjectNotFound` when there is no
+    index."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from .index import open_index
 
     target = os.fspath(url)
@@ -110,18 +117,26 @@ def check_index(
     out = IndexCheck(target, int(root["version"]))
     if sharded is None:
         return out
-    for segment in sharded.segments():
-        model = sharded.model_of(segment) or segment
-        out.models += 1
-        problems, mark = catalog_problems(sharded, model)
-        if problems:
-            out.problems[model] = problems
-        if mark:
-            out.marked.append(model)
-        if repair and (problems or mark):
-            sharded.repair(model, force=True)
-            out.repaired.append(model)
-            again, _ = catalog_problems(sharded, model)
-            if again:
-                out.left[model] = again
+    index = sharded
+
+    def one(segment: str) -> tuple[str, list[str], bool, list[str] | None]:
+        model = index.model_of(segment) or segment
+        problems, mark = catalog_problems(index, model)
+        if not (repair and (problems or mark)):
+            return model, problems, mark, None
+        index.repair(model, force=True)
+        return model, problems, mark, catalog_problems(index, model)[0]
+
+    segments = index.segments()
+    with ThreadPoolExecutor(max(1, min(workers, len(segments))), "ptestore-check") as pool:
+        for model, problems, mark, again in pool.map(one, segments):
+            out.models += 1
+            if problems:
+                out.problems[model] = problems
+            if mark:
+                out.marked.append(model)
+            if again is not None:
+                out.repaired.append(model)
+                if again:
+                    out.left[model] = again
     return out
