@@ -28,6 +28,8 @@ For each size MODELSxDEVICES (pairs = models x devices), on a fresh index:
    and of 1 device x all models, each a new generation (every entry changes); time,
    objects read and written, conflicts; then the same 1 model x all devices again
    (nothing changes: reads only).
+   Then ``fleet check-index`` of the whole index (every model's leaves and catalog read,
+   8 models at a time): time and catalogs found wrong (none is expected).
 4. **soak**: ``--soak-writers`` processes publish at once, ``--soak-batches`` batches each,
    into the same 2 models: each writer ``--soak-devices`` devices, half of them shared
    with the next writer (overlapping leaves, the same catalogs). Afterwards every pair any
@@ -381,6 +383,19 @@ def soak(
     }
 
 
+def check(url: str, opts: dict[str, Any]) -> dict[str, Any]:
+    """``fleet check-index`` of the whole index: every model's leaves and catalog read."""
+    from ptestore.fleet.index_check import check_index
+
+    t = time.perf_counter()
+    found = check_index(url, opts)
+    return {
+        "seconds": round(time.perf_counter() - t, 2),
+        "models": found.models,
+        "wrong": len(set(found.problems) | set(found.marked)),
+    }
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == _SOAK:
         soak_child(sys.argv[2:])
@@ -472,6 +487,8 @@ def main() -> None:
                 {k: v for k, v in row.items() if k.startswith(("publish", "republish"))},
                 flush=True,
             )
+            row["check_index"] = check(url, plain)
+            print(" check-index", row["check_index"], flush=True)
             row["soak"] = soak(
                 url,
                 plain,
