@@ -188,6 +188,27 @@ def test_a_moved_chunk_whose_base_bytes_differ_is_fetched(
     assert got["from_base"] == from_base - last_chunk
 
 
+def test_a_base_whose_metadata_does_not_parse_is_used_at_its_own_offsets(
+    grown_versions: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    """A damaged base (its file identifier overwritten): no layout to follow, so only
+    the chunks at the same offsets can come from it; the download is still the
+    artifact's, every chunk checked."""
+    src, new, _ = grown_versions
+    base = tmp_path / "damaged.pte"
+    data = bytearray(src.read_bytes())
+    data[4:8] = b"XXXX"
+    base.write_bytes(bytes(data))
+    dest = tmp_path / "dev" / "m.pte"
+    (got,) = ptestore.fetch(new, dest, base=base).files
+    assert dest.read_bytes() == new.read_bytes()
+    received, _ = _expected(new)
+    # chunk 1 (unmoved, same bytes) from the base; the moved chunks from the store
+    content = new.stat().st_size - trailer_size(new)
+    assert got["from_base"] == CHUNK_SIZE
+    assert got["received"] == content - CHUNK_SIZE + 4096 > received
+
+
 def test_external_weights_whose_layout_moved_take_the_moved_segments_from_the_base(
     tmp_path: Path,
 ) -> None:
