@@ -66,8 +66,9 @@ class Base:
     #: The chunk digests its own trailer records for its content (None: no v2 record,
     #: or a damaged one: its chunks are hashed where they could match).
     chunks: ChunkDigests | None
-    #: Its container's layout, once :meth:`layout` read it (False: not a container).
-    _layout: Container | bool | None = None
+    #: Its container's layout, once :meth:`layout` read it (None: not a container).
+    _layout: Container | None = None
+    _layout_read: bool = False
 
     def fileno(self) -> int:
         return self.loader.fileno()
@@ -75,14 +76,15 @@ class Base:
     def layout(self) -> Container | None:
         """The base's parsed metadata (where its segments are); None when it is not a
         .pte or .ptd ptestore can read. Read once."""
-        if self._layout is None:
+        if not self._layout_read:
             from ..format.reader import read_container
 
+            self._layout_read = True
             try:
                 self._layout = read_container(self.loader).container
             except (PteStoreError, OSError, ValueError):
-                self._layout = False  # not a container (or unreadable): same offsets only
-        return self._layout if self._layout is not False else None  # type: ignore[return-value]
+                pass  # not a container (or unreadable): used at the same offsets only
+        return self._layout
 
     def close(self) -> None:
         self.loader.close()
@@ -147,13 +149,10 @@ def match_chunks(
     todo: Sequence[int],
     bases: Sequence[Base],
     moves: Sequence[Moves | None] | None = None,
-    *,
-    skip_unmoved: bool = False,
 ) -> list[Match]:
     """For each chunk of ``todo``, the first base that could hold it (see the module);
     ``moves`` (one per base, :func:`.shift.segment_moves`) where the target's layout is
-    known; ``skip_unmoved``: leave out the chunks a base would give at their own offsets
-    (tried already)."""
+    known."""
     from .shift import chunk_pieces
 
     out: list[Match] = []
@@ -166,8 +165,6 @@ def match_chunks(
             if pieces is None:
                 continue
             if pieces == ((a, b, a),):
-                if skip_unmoved:
-                    continue
                 own = base.chunks
                 same_grid = (
                     own is not None
