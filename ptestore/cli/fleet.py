@@ -1,6 +1,6 @@
 """``ptestore fleet run JOBFILE [--workers N] [--scheduler ADDRESS] [--json] [--quiet]``,
 ``ptestore fleet plan JOBFILE [--json]``, ``ptestore fleet retire JOBFILE`` and
-``ptestore fleet check-index INDEX [--repair]``.
+``ptestore fleet check-index INDEX [--repair] [--models NAMES]``.
 
 Exit status of ``run``: 0 when every pair is done or skipped, 1 when any failed, 2 for
 a bad job file (the message names the line and key) or an unreachable scheduler.
@@ -125,6 +125,13 @@ def add_fleet_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     ci.add_argument("index", metavar="INDEX", help="the index (path or URL of index.json)")
     ci.add_argument("--repair", action="store_true", help="rebuild the catalogs found wrong")
+    ci.add_argument(
+        "--models",
+        metavar="NAME[,NAME]",
+        action="append",
+        default=None,
+        help="only these models (comma-separated; repeatable): their objects alone are read",
+    )
     ci.add_argument("--json", action="store_true", help="print the result as JSON")
     add_storage_options(ci)
     add_common_flags(ci)
@@ -137,7 +144,10 @@ def run_check_index(args: argparse.Namespace) -> int:
     """Run ``ptestore fleet check-index INDEX [--repair] [--json]``."""
     from ..fleet.index_check import check_index
 
-    found = check_index(args.index, storage_options(args), repair=args.repair)
+    models = None
+    if args.models is not None:
+        models = [m.strip() for given in args.models for m in given.split(",") if m.strip()]
+    found = check_index(args.index, storage_options(args), repair=args.repair, models=models)
     if args.json:
         json.dump(found.to_dict(), sys.stdout, indent=2)
         sys.stdout.write("\n")

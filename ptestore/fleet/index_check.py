@@ -18,6 +18,7 @@ run's leaf writes and its placement: check again before repairing a fleet that i
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from .._dataclass import dataclass, field
@@ -25,7 +26,11 @@ from .._dataclass import dataclass, field
 if TYPE_CHECKING:
     from .index_v3 import ShardedIndex
 
-__all__ = ["IndexCheck", "catalog_problems", "check_index"]
+__all__ = ["ABSENT", "IndexCheck", "catalog_problems", "check_index"]
+
+#: The problem of a model named to :func:`check_index` that has neither a catalog nor a
+#: live entry in the index (nothing to repair).
+ABSENT = "not in this index (no catalog, no live entry)"
 
 
 @dataclass
@@ -49,9 +54,8 @@ class IndexCheck:
     @property
     def ok(self) -> bool:
         """Nothing to repair, or all of it repaired."""
-        if self.repaired:
-            return not self.left
-        return not self.problems and not self.marked
+        wrong = set(self.problems) | set(self.marked)
+        return wrong <= set(self.repaired) and not self.left
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -81,7 +85,7 @@ def catalog_problems(sharded: ShardedIndex, model: str) -> tuple[list[str], bool
                 members.setdefault(class_key(stamps), []).append(device)
     catalog, _ = sharded.read_catalog(model)
     if catalog is None:
-        return ["no catalog"], False
+        return (["no catalog"] if members else [ABSENT]), False
     problems = []
     listed = {class_key(c["compatibility"]): c for c in catalog["classes"]}
     for key in sorted(set(listed) ^ set(members)):
@@ -102,12 +106,13 @@ def check_index(
     options: dict[str, Any] | None = None,
     *,
     repair: bool = False,
+    models: Collection[str] | None = None,
     workers: int = 8,
 ) -> IndexCheck:
-    """Check every model's catalog of the index at ``url`` against its leaves, ``workers``
-    models at a time; with ``repair``, rebuild each that disagrees or carries a mark,
-    then check it again. :class:`~ptestore.errors.ObjectNotFound` when there is no
-    index."""
+    """Check every model's catalog of the index at ``url`` against its leaves (``models``:
+    only those, without listing the index), ``workers`` models at a time; with
+    ``repair``, rebuild each that disagrees or carries a mark, then check it again.
+    :class:`~ptestore.errors.ObjectNotFound` when there is no index."""
     from concurrent.futures import ThreadPoolExecutor
 
     from .index import open_index
@@ -119,17 +124,21 @@ def check_index(
         return out
     index = sharded
 
-    def one(segment: str) -> tuple[str, list[str], bool, list[str] | None]:
-        model = index.model_of(segment) or segment
+    def one(job: tuple[str, bool]) -> tuple[str, list[str], bool, list[str] | None]:
+        name, listed = job
+        model = (index.model_of(name) or name) if listed else name
         problems, mark = catalog_problems(index, model)
-        if not (repair and (problems or mark)):
+        if not (repair and (problems or mark)) or problems == [ABSENT]:
             return model, problems, mark, None
         index.repair(model, force=True)
         return model, problems, mark, catalog_problems(index, model)[0]
 
-    segments = index.segments()
-    with ThreadPoolExecutor(max(1, min(workers, len(segments))), "ptestore-check") as pool:
-        for model, problems, mark, again in pool.map(one, segments):
+    if models is None:
+        jobs = [(segment, True) for segment in index.segments()]
+    else:
+        jobs = [(model, False) for model in dict.fromkeys(models)]
+    with ThreadPoolExecutor(max(1, min(workers, len(jobs))), "ptestore-check") as pool:
+        for model, problems, mark, again in pool.map(one, jobs):
             out.models += 1
             if problems:
                 out.problems[model] = problems

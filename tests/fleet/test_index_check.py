@@ -117,3 +117,23 @@ def test_check_index_repairs_on_s3(s3_server: S3TestServer) -> None:
     repaired = check_index(url, opts, repair=True)
     assert repaired.repaired == ["m"] and repaired.ok
     assert assert_catalogs_match_leaves(url, opts) == 1
+
+
+def test_models_named_are_checked_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--models``: only their objects are read and repaired; a model the index does not
+    hold is named, never given a catalog."""
+    url = _index(tmp_path)
+    lost = _damage(url)
+    assert main(["fleet", "check-index", url, "--models", "n,zz", "--repair"]) == 1
+    assert capsys.readouterr().out.splitlines() == [
+        f"n: class {lost}: not listed",
+        "zz: not in this index (no catalog, no live entry)",
+        "n: rebuilt",
+        f"{url}: 2 models, 2 catalogs wrong, 1 repaired",
+    ]
+    found = check_index(url)
+    assert set(found.problems) == {"m"} and found.marked == ["k"]  # the others untouched
+    _, sharded, _ = open_index(url)
+    assert sharded is not None and sharded.read_catalog("zz")[0] is None
