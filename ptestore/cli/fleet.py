@@ -144,9 +144,7 @@ def run_check_index(args: argparse.Namespace) -> int:
     """Run ``ptestore fleet check-index INDEX [--repair] [--json]``."""
     from ..fleet.index_check import check_index
 
-    models = None
-    if args.models is not None:
-        models = [m.strip() for given in args.models for m in given.split(",") if m.strip()]
+    models = _names(args.models)
     found = check_index(args.index, storage_options(args), repair=args.repair, models=models)
     if args.json:
         json.dump(found.to_dict(), sys.stdout, indent=2)
@@ -192,6 +190,11 @@ def run_retire(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _names(values: list[str] | None) -> list[str] | None:
+    """The names of a repeatable comma-separated flag (``--models a,b --models c``)."""
+    return None if values is None else [n for v in values for n in v.split(",") if n]
+
+
 def _filters(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--models",
@@ -221,10 +224,7 @@ def run_fleet(args: argparse.Namespace) -> int:
 
         check_output_path(args.report, "--report")
 
-    def names(values: list[str] | None) -> list[str] | None:
-        return None if values is None else [n for v in values for n in v.split(",") if n]
-
-    job = filter_job(load_job(args.job), names(args.models), names(args.devices))
+    job = filter_job(load_job(args.job), _names(args.models), _names(args.devices))
     # A job-wide mistake (a backend, an option, a source, an unwritable destination)
     # is one message and exit 2, before any pair.
     preflight(job, write=args.fleet_command == "run")

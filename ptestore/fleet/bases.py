@@ -58,11 +58,13 @@ def fill_from_bases(
 ) -> Filled:
     """Put into the ``.part`` the chunks of ``todo`` the bases hold (:mod:`.delta`): at
     their own offsets; where the bases are containers, also where a base keeps segments
-    the download has at other offsets (:func:`.shift.segment_moves`). For that the download's layout
-    is read from its first chunks, taken from a base where one has them (at the same
-    offsets: the layout did not move) or else from the store; the chunks a base's own
-    record names are put in first (nothing to read), the rest once the layout is known
-    (no base chunk is hashed at an offset that cannot match)."""
+    the download has at other offsets (:func:`.shift.segment_moves`). For that the
+    download's layout is read from its first chunks, taken from a base where one has
+    them (at the same offsets: the layout did not move) or else from the store; the
+    chunks a base's own record names are put in first (nothing to read), the rest once
+    the layout is known (no base chunk is hashed at an offset that cannot match).
+    ``done`` gains the chunks of the first pass (and those ``from_store`` downloads);
+    the caller adds the returned ``Filled.done``."""
     if not bases or not todo:
         return Filled()
     same = match_chunks(chunks, todo, bases)
