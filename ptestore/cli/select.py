@@ -145,7 +145,13 @@ def run_fetch(args: argparse.Namespace) -> int:
         lines.insert(0, f"{result.choice.kind}: {result.choice.reason}")
     packed = result.xnnpack
     if packed is not None and packed["path"] is not None:
-        lines.append(f"{packed['url']} -> {packed['path']}: {packed['size']} bytes verified")
+        line = f"{packed['url']} -> {packed['path']}: {packed['size']} bytes verified"
+        if packed.get("from_base"):
+            line += (
+                f" ({packed['received']} received from the store, {packed['from_base']} "
+                "taken from earlier packed-weight files)"
+            )
+        lines.append(line)
     elif packed is not None:
         lines.append(f"no XNNPACK packed-weight file: {packed['reason']}")
     _print(args, result.to_dict(), "\n".join(lines))

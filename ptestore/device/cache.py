@@ -308,7 +308,7 @@ def remove_entry_locked(layout: CacheLayout, key: str) -> int:
     return freed
 
 
-def _packed_weights(name: str) -> bool:
+def packed_weights_file(name: str) -> bool:
     """Whether ``name`` is one of the XNNPACK packed-weight files ``ensure(...,
     xnnpack_cache=True)`` keeps beside an entry (:mod:`.packed`)."""
     return name == "xnnpack.json" or (
@@ -341,7 +341,7 @@ def clean_entry_locked(
     except FileNotFoundError:
         return
     for name in names:
-        if name not in keep and not (keep_packed and _packed_weights(name)):
+        if name not in keep and not (keep_packed and packed_weights_file(name)):
             try:
                 os.unlink(os.path.join(directory, name))
             except OSError:

@@ -337,7 +337,10 @@ def _ensure_from_index(
             layout, key, index, model, device, opts, (PTE_NAME, PTD_NAME), progress, portable
         )
         manifest.publish(layout, index)
-        clean_entry_locked(layout, key, manifest.to_dict())  # the previous files' leftovers
+        # The previous files' leftovers; their packed-weight files stay until the new
+        # artifact's is delivered (with_packed_weights): the chunks it shares with them
+        # are taken from them, not downloaded.
+        clean_entry_locked(layout, key, manifest.to_dict(), keep_packed=True)
         return artifact_of(layout, manifest, True)
 
     try:

@@ -328,9 +328,12 @@ def packed_from_index(
     ``(file, None)``; ``(None, why)`` when the fleet's runtime refused one for this
     build and CPU (the model is served without); ``(None, None)`` when the index has
     none for this device or the delivered one failed a check (logged): the caller makes
-    one here."""
+    one here. The entry's packed-weight files of the artifact it held before (kept when
+    it was fetched again) are the delivery's bases: only the chunks they do not hold are
+    downloaded (:mod:`ptestore.fleet.packed_chunks`)."""
     from .._log import get_logger
     from ..fleet.packed import deliver, identity_claimed, runtime_build
+    from ..fleet.packed_chunks import packed_bases
     from ..xnnpack.identity import cpu_fingerprint
 
     field = (artifact.choice or {}).get("xnnpack")
@@ -353,6 +356,7 @@ def packed_from_index(
             opts,
             pte_sha256=digests[0],
             ptd_sha256=digests[1],
+            bases=packed_bases([directory]),
         ), None
     except (IntegrityError, StorageError) as exc:
         get_logger("ptestore.device").warning(

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._dataclass import replace
 from .artifact import Artifact
-from .cache import CacheLayout, file_stamp
+from .cache import CacheLayout, file_stamp, packed_weights_file
 
 if TYPE_CHECKING:
     from ..xnnpack import CacheFile
@@ -83,6 +83,28 @@ def _found(directory: str, artifact: Artifact) -> CacheFile | None:
     )
 
 
+def _stale(directory: str, keep: str) -> list[str]:
+    """The entry's packed-weight files (with their records, locks and refusals) that are
+    not those of the file ``keep``: an earlier artifact's, kept as the bases of the
+    delivery of this one's (:func:`.indexed.packed_from_index`)."""
+    stem = os.path.basename(keep)[: -len(".xpwc")] + "."  # "xnnpack-<id>."
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    return [
+        n for n in names if packed_weights_file(n) and n != DIGESTS_NAME and not n.startswith(stem)
+    ]
+
+
+def _remove(directory: str, names: list[str]) -> None:
+    for name in names:
+        try:
+            os.unlink(os.path.join(directory, name))
+        except FileNotFoundError:
+            pass
+
+
 def with_packed_weights(
     layout: CacheLayout, artifact: Artifact, storage_options: dict[str, Any] | None = None
 ) -> Artifact:
@@ -95,6 +117,10 @@ def with_packed_weights(
     directory = layout.entry_dir(artifact.key)
     with layout.lock(artifact.key, shared=True):
         found = _found(directory, artifact)
+        stale = [] if found is None else _stale(directory, str(found.path))
+    if stale and found is not None:  # a run that died before removing them
+        with layout.lock(artifact.key):
+            _remove(directory, _stale(directory, str(found.path)))
     source = "found"
     if found is None:
         from ..xnnpack import make_cache
@@ -135,4 +161,5 @@ def with_packed_weights(
                     "%s: served without an XNNPACK packed-weight file: %s", artifact.pte, exc.reason
                 )
                 return replace(artifact, xnnpack_refused=exc.reason)
+            _remove(directory, _stale(directory, str(found.path)))
     return replace(artifact, xnnpack_cache=str(found.path), xnnpack_from=source)

@@ -191,10 +191,12 @@ def download_chunks(
     bases: list[Base],
     request_size: int,
     sink: Sink,
+    record_name: str = "the record in its trailer (the one the index names)",
 ) -> dict[str, Any]:
     """Download ``url`` (``size`` bytes: ``chunks.length`` of content, then
     ``trailer_bytes``) into ``dest + ".part"``, every chunk verified; returns what the
-    file's entry in the fetch result says (see the module). Raises
+    file's entry in the fetch result says (see the module); ``record_name`` says in
+    errors where ``chunks`` came from. Raises
     :class:`~.ranged.ObjectChanged` when the object's version changed (start again)."""
     part, meta_path = dest + ".part", dest + ".part.json"
     directory = os.path.dirname(os.path.abspath(dest))
@@ -229,8 +231,8 @@ def download_chunks(
                     refused = True
                     raise IntegrityError(
                         f"{url}: downloaded bytes {a}:{b} (chunk {i}) have sha256:"
-                        f"{again[0][1].hex()}, the record in its trailer (the one the index "
-                        f"names) says sha256:{chunks.digests[i].hex()}; read twice: the "
+                        f"{again[0][1].hex()}, {record_name} says "
+                        f"sha256:{chunks.digests[i].hex()}; read twice: the "
                         "object was damaged or changed after it was made",
                         published=False,
                     )

@@ -334,7 +334,15 @@ def fetch(
 
         offered = None if choice is None or choice.kind != "artifact" else choice.xnnpack
         result.xnnpack = fetch_packed(
-            src, offered, result.files, opts, chunk_size, progress, indexed=choice is not None
+            src,
+            offered,
+            result.files,
+            opts,
+            chunk_size,
+            progress,
+            indexed=choice is not None,
+            base_dirs=[os.path.dirname(os.path.abspath(b)) for b in pte_bases],
+            events=events,
         )
     return result
 

@@ -10,7 +10,8 @@ the job file), through the job's storage::
                                                once, created exclusively, never overwritten
     s3://models/pixel9/mlp.xpwc.json           its record: the artifact it is bound to and
                                                the index's ``xnnpack`` field (or why the
-                                               runtime refused one)
+                                               runtime refused one) and the file's chunk
+                                               digests (``chunks``, :mod:`.packed_chunks`)
 
 The index lists, per entry, the record's field when the record is bound to the entry's
 artifact (its ``.pte``'s SHA-256 and trailer checksum, its ``.ptd``'s SHA-256)::
@@ -18,24 +19,26 @@ artifact (its ``.pte``'s SHA-256 and trailer checksum, its ``.ptd``'s SHA-256)::
     "xnnpack": {"url", "size", "sha256": "sha256:<hex>", "entries",
                 "cpu", "executorch": {"version", "git_version"},
                 "artifact_sha256": {"pte": "sha256:<hex>", "ptd": ... | null},
-                "refused": null | "why", "made": "<UTC>"}
+                "refused": null | "why", "chunks_root": "sha256-tree:<hex>" | null,
+                "made": "<UTC>"}
 
 ``artifact_sha256`` are the SHA-256 of the whole ``.pte`` and ``.ptd`` files (trailers
 included), as :mod:`ptestore.xnnpack.identity` binds a file. A device takes the file
 only when ``cpu`` is its own fingerprint and ``executorch`` its own build
 (:func:`why_not`); :func:`deliver` downloads it, checks its size and SHA-256 against the
 index and (:func:`ptestore.xnnpack.adopt_cache`) against the artifact it is bound to,
-and publishes it read-only where :func:`ptestore.xnnpack.find_cache` finds it.
+and publishes it read-only where :func:`ptestore.xnnpack.find_cache` finds it. Where
+the device holds packed-weight files of earlier versions and the field names
+``chunks_root``, only the chunks they do not hold are downloaded (:mod:`.packed_chunks`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._io import pwrite_all
@@ -47,6 +50,7 @@ from .download import open_part, refuse_link
 
 if TYPE_CHECKING:
     from ..xnnpack import CacheFile
+    from .chunked import FetchEvent
 
 __all__ = [
     "RECORD_FORMAT",
@@ -56,6 +60,7 @@ __all__ = [
     "identity_claimed",
     "is_packed_url",
     "read_record",
+    "read_record_at",
     "record_url",
     "runtime_build",
     "why_not",
@@ -80,6 +85,7 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "executorch": (dict,),
     "artifact_sha256": (dict,),
     "refused": _OPTIONAL_STR,
+    "chunks_root": _OPTIONAL_STR,
 }
 _KIND_NAMES = {
     _OPTIONAL_STR: "a string or null",
@@ -115,7 +121,11 @@ def is_packed_url(url: str) -> bool:
 def read_record(pte_url: str, options: dict[str, Any]) -> dict[str, Any] | None:
     """The record beside the artifact ``pte_url``; None when there is none; a
     :class:`FormatError` when it is not one."""
-    url = record_url(pte_url)
+    return read_record_at(record_url(pte_url), options)
+
+
+def read_record_at(url: str, options: dict[str, Any]) -> dict[str, Any] | None:
+    """The record at ``url`` (:func:`read_record`)."""
     try:
         loader = open_loader(url, **options_for_loader(url, options, "dst"))
     except ObjectNotFound:
@@ -143,6 +153,24 @@ def read_record(pte_url: str, options: dict[str, Any]) -> dict[str, Any] | None:
         if not isinstance(field.get(name), kinds):
             raise FormatError(url, f"record xnnpack.{name}", field.get(name), _KIND_NAMES[kinds])
     return record
+
+
+def _record_of_file(
+    url: str, options: dict[str, Any], record: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """The record beside the packed-weight file ``url`` (``<stem>.xnnpack-<id>.xpwc``:
+    ``<stem>.xpwc.json``), ``record`` when the caller read it; None when it cannot be
+    read (logged: the file is then downloaded whole)."""
+    if record is not None:
+        return record
+    where = url[: url.rfind(".xnnpack-")] + ".xpwc.json"
+    try:
+        return read_record_at(where, options)
+    except (FormatError, StorageError) as exc:
+        from .._log import get_logger
+
+        get_logger(__name__).info("%s: cannot be read (%s): %s downloaded whole", where, exc, url)
+        return None
 
 
 def bound_to(record: dict[str, Any], pte: dict[str, Any], ptd_sha256: str | None) -> bool:
@@ -227,10 +255,17 @@ Progress = Callable[[str, int, int], None]
 
 
 def _download(
-    field: dict[str, Any], part: str, options: dict[str, Any], progress: Progress | None, chunk: int
+    field: dict[str, Any],
+    part: str,
+    options: dict[str, Any],
+    progress: Progress | None,
+    chunk: int,
+    events: Callable[[FetchEvent], None] | None = None,
 ) -> str:
     """``field``'s file downloaded into ``part`` (opened without following links, made
     durable); its SHA-256 (hex), checked with its size against the index."""
+    from .chunked import Sink
+
     url = str(field["url"])
     refuse_link(part)
     loader = open_loader(url, **options_for_loader(url, options))
@@ -241,6 +276,7 @@ def _download(
                 f"{url}: {size} bytes, the index names {field.get('size')}", published=False
             )
         h = hashlib.sha256()
+        sink = Sink(url, part[: -len(".part")], size, progress, events)
         fd = open_part(part, False)
         try:
             done = 0
@@ -251,8 +287,7 @@ def _download(
                 h.update(data)
                 pwrite_all(fd, memoryview(data), done)
                 done += len(data)
-                if progress is not None:
-                    progress(url, done, size)
+                sink.add("store", len(data))
             sync_file(fd)
         finally:
             os.close(fd)
@@ -279,6 +314,9 @@ def deliver(
     ptd_sha256: str | None = None,
     progress: Progress | None = None,
     chunk_size: int = _CHUNK,
+    bases: Sequence[str] = (),
+    events: Callable[[FetchEvent], None] | None = None,
+    record: dict[str, Any] | None = None,
 ) -> CacheFile:
     """The index's packed-weight file ``field`` for the local artifact ``pte`` (and
     ``ptd``; their whole-file SHA-256 when the caller knows them), downloaded into
@@ -286,14 +324,30 @@ def deliver(
     against the index's size and SHA-256 and against this artifact, runtime and CPU
     before it is published read-only. Nothing unverified is ever left under a name
     :func:`ptestore.xnnpack.find_cache` reads; a check that fails raises
-    :class:`IntegrityError` (``published=False``) naming the file."""
-    from ..xnnpack import adopt_cache
+    :class:`IntegrityError` (``published=False``) naming the file.
 
-    part = os.path.join(directory, f"xnnpack-download-{str(field.get('sha256'))[7:23]}.xpwc.part")
+    ``bases``: packed-weight files of earlier versions here (:func:`.packed_chunks.
+    packed_bases`): when the field names a chunk record (``chunks_root``, and
+    ``record`` is the record beside the file when the caller read it), the chunks they
+    hold are taken from them and only the others downloaded
+    (:mod:`.packed_chunks`). ``events`` says where each piece came from."""
+    from ..xnnpack import adopt_cache
+    from .packed_chunks import download_delta, recorded_chunks
+    from .whole import discard_part
+
+    dest = os.path.join(directory, f"xnnpack-download-{str(field.get('sha256'))[7:23]}.xpwc")
     try:
-        digest = _download(field, part, options, progress, chunk_size)
+        chunks = None
+        if bases and field.get("chunks_root"):
+            chunks = recorded_chunks(field, _record_of_file(str(field["url"]), options, record))
+        if chunks is not None:
+            digest = download_delta(
+                field, dest, chunks, options, bases, chunk_size, progress, events
+            )
+        else:
+            digest = _download(field, dest + ".part", options, progress, chunk_size, events)
         return adopt_cache(
-            part,
+            dest + ".part",
             pte=pte,
             ptd=ptd,
             directory=directory,
@@ -303,10 +357,10 @@ def deliver(
             pte_sha256=pte_sha256,
             ptd_sha256=ptd_sha256,
             what=str(field["url"]),
+            hashed=True,
         )
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(part)
+        discard_part(dest)
 
 
 def fetch_packed(
@@ -318,20 +372,27 @@ def fetch_packed(
     progress: Progress | None = None,
     *,
     indexed: bool,
+    base_dirs: Sequence[str] = (),
+    events: Callable[[FetchEvent], None] | None = None,
 ) -> dict[str, Any]:
     """``fetch(..., xnnpack_cache=True)``, once the pair is published: the packed-weight
     file of this artifact, runtime and CPU delivered beside the .pte (:func:`deliver`):
     from an index (``indexed``) the one it lists for this CPU (``offered``, the
     selection's), for an artifact fetched by URL ``src`` the one its record beside it
-    names. ``{"path", "url", "size", "sha256", "reason"}``: ``path`` None and
-    ``reason`` why when there is none for this device (another CPU or ExecuTorch build,
-    none made, a refusal by the runtime)."""
+    names; the packed-weight files of earlier versions beside the .pte and in
+    ``base_dirs`` (those of ``fetch``'s bases) are its bases. ``{"path", "url", "size",
+    "sha256", "reason", "received", "from_base"}``: ``path`` None and ``reason`` why
+    when there is none for this device (another CPU or ExecuTorch build, none made, a
+    refusal by the runtime); ``received`` the bytes downloaded, ``from_base`` those
+    taken from earlier files."""
     from ..xnnpack.identity import cpu_fingerprint
+    from .packed_chunks import packed_bases
 
     pte = next(f for f in files if not str(f["path"]).endswith(".ptd"))
     ptd = next((f for f in files if str(f["path"]).endswith(".ptd")), None)
     cpu = cpu_fingerprint()
     field = offered
+    record = None
     if not indexed:
         # Bound to these bytes by the record (the file's own identity, the whole files'
         # SHA-256, is checked again when it is installed).
@@ -349,16 +410,28 @@ def fetch_packed(
     if reason is None and build is None:
         reason = "no ExecuTorch runtime here to load it with (pip install 'ptestore[xnnpack]')"
     if reason is not None or field is None:
-        return {"path": None, "url": None, "size": None, "sha256": None, "reason": reason}
+        none = {"path": None, "url": None, "size": None, "sha256": None, "reason": reason}
+        return {**none, "received": 0, "from_base": 0}
+    directory = os.path.dirname(os.path.abspath(str(pte["path"])))
+    moved = {"store": 0, "base": 0}
+
+    def count(event: FetchEvent) -> None:
+        moved[event.origin] = moved.get(event.origin, 0) + event.nbytes
+        if events is not None:
+            events(event)
+
     try:
         made = deliver(
             field,
             str(pte["path"]),
             None if ptd is None else str(ptd["path"]),
-            os.path.dirname(os.path.abspath(str(pte["path"]))),
+            directory,
             options,
             progress=progress,
             chunk_size=chunk_size,
+            bases=packed_bases([directory, *base_dirs]),
+            events=count,
+            record=record if record is not None and record["xnnpack"] is field else None,
         )
     except IntegrityError as exc:
         raise IntegrityError(
@@ -371,4 +444,6 @@ def fetch_packed(
         "size": made.size,
         "sha256": "sha256:" + made.sha256,
         "reason": None,
+        "received": moved["store"],
+        "from_base": moved["base"],
     }

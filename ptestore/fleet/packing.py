@@ -16,8 +16,10 @@ the CPU is that one:
   (verified, :func:`~.fetch.fetch`), makes the file with
   :func:`ptestore.xnnpack.make_cache`, stores it beside the artifact (created
   exclusively; an object already there is accepted only with the same bytes) and then
-  the record (:mod:`.packed`). A refusal by the runtime (a graph it cannot cache, a
-  crash) is recorded instead: the artifact is published and served all the same.
+  the record (:mod:`.packed`) with the file's chunk digests (:mod:`.packed_chunks`: a
+  device holding an earlier version's file downloads only the chunks that differ). A
+  refusal by the runtime (a graph it cannot cache, a crash) is recorded instead: the
+  artifact is published and served all the same.
 
 :func:`packed_state` says whether a pair's file is current (the record bound to the
 artifact, the device's CPU, the ExecuTorch build when it is known, the file there at its
@@ -47,6 +49,7 @@ from .packed import (
     read_record,
     record_url,
 )
+from .packed_chunks import chunk_record
 
 __all__ = [
     "check_beside",
@@ -242,8 +245,10 @@ def make_packed(
                 "ptd": None if identity.ptd_sha256 is None else "sha256:" + identity.ptd_sha256,
             },
             "refused": None,
+            "chunks_root": None,
             "made": _now(),
         }
+        chunks = None
         try:
             made = make_cache(
                 pte,
@@ -259,8 +264,9 @@ def make_packed(
             url = file_url(destination, identity.name)
             _store(str(made.path), url, made.sha256, opts)
             counter[0] += made.size
+            chunks = chunk_record(str(made.path), made.size)
             field.update(url=url, size=made.size, sha256="sha256:" + made.sha256)
-            field["entries"] = made.entries
+            field.update(entries=made.entries, chunks_root=chunks.digest)
             why = f"XNNPACK packed-weight file made: {url}"
         record = {
             "format": RECORD_FORMAT,
@@ -269,6 +275,8 @@ def make_packed(
             "ptd_sha256": ptd_sha256,
             "xnnpack": field,
         }
+        if chunks is not None:  # what a device's delta delivery checks (.packed_chunks)
+            record["chunks"] = chunks.to_dict()
         _publish_record(record_url(destination), record, opts)
         return True, why
     finally:

@@ -51,12 +51,16 @@ def adopt_cache(
     pte_sha256: str | None = None,
     ptd_sha256: str | None = None,
     what: str | None = None,
+    hashed: bool = False,
 ) -> CacheFile:
     """Install ``file`` (in ``directory``, on the same file system) as the packed-weight
     file of ``pte`` (with ``ptd``) for this runtime and CPU, after the checks of the
     module's description; ``made_for`` is the identity its maker recorded
     (:meth:`~ptestore.xnnpack.Identity.to_json`), ``size`` and ``sha256`` (hex) its
     recorded size and digest. ``what`` names the file in errors (default: its path).
+    ``hashed``: ``sha256`` is the digest of these very bytes, checked by the caller as
+    they were written (a download hashed as it arrived, or verified chunk by chunk
+    against a record bound to that digest), so the file is not read again for it.
 
     Raises :class:`IntegrityError` (the file is removed) when a check fails."""
     from .cache import artifact_weights
@@ -77,7 +81,7 @@ def adopt_cache(
     have = tmp.stat().st_size
     if have != size:
         raise refuse(f"{have} bytes, its maker recorded {size}")
-    digest = file_sha256(tmp)
+    digest = sha256 if hashed else file_sha256(tmp)
     if digest != sha256:
         raise refuse(f"SHA-256 {digest}, its maker recorded {sha256}")
     keys, weights = artifact_weights(pte)

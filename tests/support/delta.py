@@ -166,3 +166,23 @@ def grown(source: Path, out: Path, extra: int = 1 * MiB + 12345) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     ptestore.specialize(source, out, backends=[Grow(extra)])
     return out
+
+
+class Scale(BackendInterface):
+    """Writes the first value (in key order) of a float32 program multiplied by
+    ``factor`` (SPEC ``support.delta:Scale=FACTOR``): one weight changed, every value a
+    finite float, so that the real runtime packs and runs it (XNNPACK's packed-weight
+    file then differs in that weight's region only)."""
+
+    name = "XnnpackBackend"
+
+    def __init__(self, factor: str | float = "1") -> None:
+        self.factor = float(factor)
+        self.version = str(factor)
+
+    def initialize_backend_data(self, context: Any, output: Any) -> None:
+        import numpy as np
+
+        key, data = _first_value(context)
+        value = np.frombuffer(data, dtype=np.float32) * np.float32(self.factor)
+        output.write_named_data(key, BackendData(value.astype(np.float32).tobytes()))

@@ -1,0 +1,176 @@
+"""The chunk record of a fleet's XNNPACK packed-weight file, and its delta delivery.
+
+A packed-weight file is as large as the weights it packs, and a model update that
+changes one weight changes one packed region of it: the other regions keep their bytes
+and their offsets (XNNPACK packs the same graph in the same order, each region at a
+page-aligned offset). So the fleet records, beside each file it makes, the SHA-256 of
+every 4 MiB chunk of it (:class:`~ptestore.provenance.chunks.ChunkDigests`, the same
+record an artifact's trailer holds) in the file's record ``<stem>.xpwc.json``
+(``"chunks"``), and their root in the index's ``xnnpack`` field (``"chunks_root"``,
+``sha256-tree:<hex>``, which pins the record: a record made since for another version
+does not match it and is not used).
+
+A device that already holds packed-weight files of an earlier version of the model (the
+cache entry's, or those beside a fetched ``.pte``) gets the new one by
+:func:`download_delta`: each chunk an old file holds at the same offset is cloned or
+copied from it and checked against the record, only the others are downloaded (ranged
+GETs pinned to the object's version, each chunk checked as it arrives,
+:func:`ptestore.fleet.chunked.download_chunks`). Every chunk is checked against the
+record the index pins, so the file is, byte for byte, the one the fleet hashed for its
+whole-file SHA-256: that digest is not computed again. Without a chunk record (a file
+made by an older ptestore), or without an old file, the file is downloaded whole.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .._log import get_logger
+from ..errors import FormatError, IntegrityError, StorageError
+from ..provenance.chunks import ChunkDigests
+
+__all__ = ["chunk_record", "download_delta", "packed_bases", "recorded_chunks"]
+
+log = get_logger(__name__)
+
+#: How many old packed-weight files a delivery takes chunks from (newest first).
+MAX_BASES = 4
+
+
+def chunk_record(path: str, size: int) -> ChunkDigests:
+    """The chunk digests of the packed-weight file at ``path`` (``size`` bytes), hashed
+    a chunk per core."""
+    from ..provenance.chunks import chunk_size_for, hash_chunks
+    from ..storage.loaders import LocalFileLoader
+
+    loader = LocalFileLoader(path)
+    try:
+        got = hash_chunks(loader, size)
+    finally:
+        loader.close()
+    return ChunkDigests(chunk_size_for(size), size, tuple(got[i] for i in range(len(got))))
+
+
+def recorded_chunks(field: dict[str, Any], record: dict[str, Any] | None) -> ChunkDigests | None:
+    """The chunk digests of the index's packed-weight file ``field`` from ``record`` (the
+    one beside the file), when the field names their root and the record's match it;
+    else None (logged): the file is then downloaded whole."""
+    root = field.get("chunks_root")
+    url = str(field.get("url"))
+    if not isinstance(root, str) or not isinstance(field.get("size"), int):
+        return None
+    d = None if record is None else record.get("chunks")
+    try:
+        chunks = ChunkDigests.from_dict(d, int(field["size"]), url, "xnnpack record")
+    except FormatError as exc:
+        log.info("%s: no chunk record beside it (%s): downloaded whole", url, exc)
+        return None
+    if chunks.digest != root:
+        log.info(
+            "%s: the chunk record beside it has the root %s, the index names %s (a later "
+            "run replaced it): downloaded whole",
+            url,
+            chunks.digest,
+            root,
+        )
+        return None
+    return chunks
+
+
+def packed_bases(directories: Sequence[str], exclude: str | None = None) -> list[str]:
+    """The packed-weight files (``xnnpack-<id>.xpwc``) in ``directories``, newest
+    first, at most :data:`MAX_BASES`; ``exclude`` (a file name) left out."""
+    found: dict[str, float] = {}
+    for d in directories:
+        for path in glob.glob(os.path.join(glob.escape(d), "xnnpack-*.xpwc")):
+            if os.path.basename(path) == exclude or not os.path.isfile(path):
+                continue
+            try:
+                found[os.path.realpath(path)] = os.stat(path).st_mtime
+            except OSError:
+                continue
+    return sorted(found, key=lambda p: -found[p])[:MAX_BASES]
+
+
+def download_delta(
+    field: dict[str, Any],
+    dest: str,
+    chunks: ChunkDigests,
+    options: dict[str, Any],
+    bases: Sequence[str],
+    request_size: int,
+    progress: Callable[[str, int, int], None] | None = None,
+    events: Callable[[Any], None] | None = None,
+) -> str:
+    """Download the index's packed-weight file ``field`` into ``dest + ".part"``, each
+    chunk checked against ``chunks`` (:func:`recorded_chunks`), those the ``bases``
+    hold at the same offsets taken from them; returns its whole-file SHA-256 (hex), the
+    index's, which the checked chunks prove."""
+    from ..storage.loaders import open_loader
+    from ..storage.routing import options_for_loader
+    from .chunked import Sink, download_chunks
+    from .delta import open_bases
+    from .download import pinned_version
+    from .ranged import ObjectChanged, PinnedReader
+    from .whole import discard_part
+
+    url = str(field["url"])
+    for _attempt in range(3):
+        loader = open_loader(url, **options_for_loader(url, options))
+        try:
+            size = loader.size()
+            if size != chunks.length:
+                raise IntegrityError(
+                    f"{url}: {size} bytes, the index names {chunks.length}", published=False
+                )
+            etag = getattr(loader, "etag", None)
+            state = {
+                "url": url,
+                "size": size,
+                **pinned_version(url, loader),
+                "chunks": {"size": chunks.chunk_size, "root": chunks.root},
+            }
+            reader = PinnedReader(loader, etag if isinstance(etag, str) else None)
+            opened = open_bases(list(bases), required=False)
+            try:
+                got = download_chunks(
+                    url=url,
+                    dest=dest,
+                    size=size,
+                    state=state,
+                    chunks=chunks,
+                    trailer_bytes=b"",
+                    tail=(size, b""),
+                    reader=reader,
+                    bases=opened,
+                    request_size=request_size,
+                    sink=Sink(url, dest, size, progress, events),
+                    record_name=f"its chunk record (beside it, pinned by the index's "
+                    f"chunks_root {chunks.digest})",
+                )
+            except ObjectChanged:
+                discard_part(dest)
+                continue
+            finally:
+                for b in opened:
+                    b.close()
+            try:
+                loader.check_unchanged()
+            except StorageError:
+                discard_part(dest)
+                continue
+        finally:
+            loader.close()
+        log.info(
+            "%s: %d of %d bytes from the store, %d from %d earlier packed-weight file(s)",
+            url,
+            got["received"],
+            size,
+            got["from_base"],
+            len(got["bases"]),
+        )
+        return str(field["sha256"])[len("sha256:") :]
+    raise StorageError(f"{url}: the object changed during every one of 3 downloads")

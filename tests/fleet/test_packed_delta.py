@@ -1,0 +1,296 @@
+"""Delta delivery of XNNPACK packed-weight files, with the real exporter and runtime
+(executorch 1.4.1): a fleet run records the chunk digests of each packed-weight file it
+makes; a device that holds the file of the model's earlier version (its cache entry's,
+or the one beside a fetched .pte) downloads only the chunks of the new one that differ.
+
+The model is a real export of 4 x Linear(1024, 1024) (16 MiB of fp32 weights, a packed
+file of 4-5 chunks of 4 MiB); its next version has one weight scaled
+(``support.delta:Scale``), which changes that weight's packed region only."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.delta import MiB
+
+import ptestore
+from ptestore.backends.compat import DeviceProfile
+from ptestore.cli import main
+from ptestore.fleet.index import load_index
+from ptestore.fleet.packed import read_record
+from ptestore.provenance.chunks import CHUNK_SIZE
+from ptestore.testing.runtime import runtime_unavailable
+from ptestore.testing.s3server import S3TestServer
+
+pytestmark = [
+    pytest.mark.interop,
+    pytest.mark.slow,
+    pytest.mark.skipif(runtime_unavailable() is not None, reason=str(runtime_unavailable())),
+]
+
+REPO = Path(__file__).resolve().parents[2]
+PHONE = DeviceProfile("phone", {"soc": "x"})
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        from make_xnnpack_models import export_linear_stack
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    (pte,) = export_linear_stack(
+        tmp_path_factory.mktemp("packed-delta") / "lin.pte", layers=4, dim=1024
+    )
+    return pte
+
+
+def _job(tmp: Path, source: Path, dest: str, factor: str, extra: str = "") -> Path:
+    from ptestore.xnnpack import cpu_fingerprint
+
+    job = tmp / f"job-{factor}.toml"
+    job.write_text(
+        f'destination = "{dest}/{{device}}/{{model}}.pte"\n'
+        f'backends = ["support.delta:Scale={factor}"]\n{extra}'
+        f'[[models]]\nname = "m"\nsource = "{source}"\n'
+        f'[devices.phone]\nsoc = "x"\nxnnpack_cpu = "{cpu_fingerprint()}"\n'
+    )
+    return job
+
+
+def _run(job: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    capsys.readouterr()
+    assert main(["fleet", "run", str(job), "--workers", "1", "--json"]) == 0
+    run = json.loads(capsys.readouterr().out)
+    assert run["pairs"][0]["xnnpack"].startswith("XNNPACK packed-weight file made: ")
+    return str(run["index"])
+
+
+def _field(index: str, opts: dict[str, Any] | None = None) -> dict[str, Any]:
+    (entry,) = load_index(index, **(opts or {}))["entries"]
+    field: dict[str, Any] = entry["xnnpack"]
+    return field
+
+
+def _changed(old: bytes, new: bytes) -> int:
+    """Bytes of the 4 MiB chunks of ``new`` that ``old`` does not hold at the same
+    offsets (what a delta delivery downloads)."""
+    assert len(old) == len(new)
+    return sum(
+        len(new[a : a + CHUNK_SIZE])
+        for a in range(0, len(new), CHUNK_SIZE)
+        if old[a : a + CHUNK_SIZE] != new[a : a + CHUNK_SIZE]
+    )
+
+
+def _delivered(caplog: pytest.LogCaptureFixture) -> tuple[int, int]:
+    """``(from the store, from earlier files)`` of the delta delivery logged last."""
+    (record,) = [r for r in caplog.records if r.name == "ptestore.fleet.packed_chunks"]
+    args = record.args
+    assert isinstance(args, tuple)
+    return int(args[1]), int(args[3])
+
+
+def test_the_record_names_the_chunk_digests_the_index_pins(
+    model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ptestore.provenance.chunks import ChunkDigests
+
+    index = _run(_job(tmp_path, model, str(tmp_path / "out"), "1"), capsys)
+    field = _field(index)
+    record = read_record(str(tmp_path / "out" / "phone" / "m.pte"), {})
+    assert record is not None and record["xnnpack"] == field
+    data = Path(field["url"]).read_bytes()
+    assert len(data) == field["size"] > 4 * CHUNK_SIZE  # the test needs several chunks
+    chunks = ChunkDigests.from_dict(record["chunks"], len(data), "record", "xnnpack")
+    assert chunks.digests == tuple(
+        hashlib.sha256(data[a : a + CHUNK_SIZE]).digest() for a in range(0, len(data), CHUNK_SIZE)
+    )
+    assert field["chunks_root"] == chunks.digest and chunks.digest.startswith("sha256-tree:")
+
+
+def test_ensure_takes_the_unchanged_chunks_from_the_entrys_earlier_file(
+    model: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    out, cache = str(tmp_path / "out"), tmp_path / "cache"
+    index = _run(_job(tmp_path, model, out, "1"), capsys)
+    first = ptestore.ensure(index, cache_dir=cache, model="m", device=PHONE, xnnpack_cache=True)
+    assert first.xnnpack_from == "index" and first.xnnpack_cache is not None
+    old = Path(first.xnnpack_cache).read_bytes()
+
+    index = _run(_job(tmp_path, model, out, "2.5"), capsys)
+    field = _field(index)
+    caplog.set_level(logging.INFO, logger="ptestore.fleet.packed_chunks")
+    got = ptestore.ensure(index, cache_dir=cache, model="m", device=PHONE, xnnpack_cache=True)
+    assert got.xnnpack_from == "index" and got.xnnpack_cache is not None
+    new = Path(got.xnnpack_cache).read_bytes()
+    assert "sha256:" + hashlib.sha256(new).hexdigest() == field["sha256"]
+    assert new == Path(field["url"]).read_bytes() and new != old
+    changed = _changed(old, new)
+    assert 0 < changed <= 2 * CHUNK_SIZE < len(new) // 2  # one weight's region
+    assert _delivered(caplog) == (changed, len(new) - changed)
+    # the earlier file went once the new one was installed; a hit finds the new one
+    entry = Path(got.xnnpack_cache).parent
+    assert sorted(p.name for p in entry.glob("xnnpack-*.xpwc")) == [Path(got.xnnpack_cache).name]
+    again = ptestore.ensure(index, cache_dir=cache, model="m", device=PHONE, xnnpack_cache=True)
+    assert (again.xnnpack_from, again.xnnpack_cache) == ("found", got.xnnpack_cache)
+    from ptestore.xnnpack import verify_cache
+
+    assert verify_cache(got.xnnpack_cache, pte=got.pte).sha256 == field["sha256"][7:]
+
+
+def test_fetch_takes_them_from_the_file_beside_the_pte_it_replaces(
+    model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, dest = str(tmp_path / "out"), tmp_path / "dev" / "m.pte"
+    index = _run(_job(tmp_path, model, out, "1"), capsys)
+    first = ptestore.fetch(index, dest, model="m", device=PHONE, xnnpack_cache=True)
+    assert first.xnnpack is not None and first.xnnpack["received"] == first.xnnpack["size"]
+    old = Path(first.xnnpack["path"]).read_bytes()
+
+    index = _run(_job(tmp_path, model, out, "0.5"), capsys)
+    field = _field(index)
+    argv = ["fetch", index, str(dest), "--model", "m", "--device", "phone", "--xnnpack-cache"]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    (path,) = [
+        p for p in dest.parent.glob("xnnpack-*.xpwc") if p.name != Path(first.xnnpack["path"]).name
+    ]
+    new = path.read_bytes()
+    assert "sha256:" + hashlib.sha256(new).hexdigest() == field["sha256"]
+    changed = _changed(old, new)
+    assert 0 < changed <= 2 * CHUNK_SIZE
+    assert text.splitlines()[-1] == (
+        f"{field['url']} -> {path}: {len(new)} bytes verified ({changed} received from the "
+        f"store, {len(new) - changed} taken from earlier packed-weight files)"
+    )
+
+
+def test_a_record_replaced_since_the_index_was_written_is_not_trusted(
+    model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The index pins the chunk record by its root: a record beside the file that names
+    other digests (a later run's, or tampered with) is not used; the file is downloaded
+    whole and checked by its SHA-256."""
+    out, dest = tmp_path / "out", tmp_path / "dev" / "m.pte"
+    index = _run(_job(tmp_path, model, str(out), "1"), capsys)
+    ptestore.fetch(index, dest, model="m", device=PHONE, xnnpack_cache=True)
+    index = _run(_job(tmp_path, model, str(out), "3"), capsys)
+    where = out / "phone" / "m.xpwc.json"
+    record = json.loads(where.read_text())
+    digests = bytearray(__import__("base64").b64decode(record["chunks"]["sha256"]))
+    digests[0] ^= 1
+    record["chunks"]["sha256"] = __import__("base64").b64encode(bytes(digests)).decode()
+    where.write_text(json.dumps(record))
+    got = ptestore.fetch(index, dest, model="m", device=PHONE, xnnpack_cache=True)
+    assert got.xnnpack is not None
+    assert (got.xnnpack["received"], got.xnnpack["from_base"]) == (got.xnnpack["size"], 0)
+    assert got.xnnpack["sha256"] == _field(index)["sha256"]
+
+
+def test_a_damaged_stored_chunk_is_refused_and_one_the_base_holds_never_read(
+    model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A byte flipped in the stored file: in a chunk the earlier file holds, the delivery
+    never reads it (the file installed is the one the index names); in a chunk it
+    downloads, it is read twice and refused, naming the chunk, and nothing is
+    installed."""
+    from ptestore.errors import IntegrityError
+
+    out, dest = tmp_path / "out", tmp_path / "dev" / "m.pte"
+    index = _run(_job(tmp_path, model, str(out), "1"), capsys)
+    old = ptestore.fetch(index, dest, model="m", device=PHONE, xnnpack_cache=True).xnnpack
+    assert old is not None
+    old_bytes = Path(old["path"]).read_bytes()
+    index = _run(_job(tmp_path, model, str(out), "4"), capsys)
+    field = _field(index)
+    stored = Path(field["url"])
+    good = stored.read_bytes()
+    same = [
+        a
+        for a in range(0, len(good), CHUNK_SIZE)
+        if good[a : a + CHUNK_SIZE] == old_bytes[a : a + CHUNK_SIZE]
+    ]
+    moved = [a for a in range(0, len(good), CHUNK_SIZE) if a not in same]
+    stored.chmod(0o644)
+
+    def flipped(offset: int) -> None:
+        data = bytearray(good)
+        data[offset] ^= 0x40
+        stored.write_bytes(bytes(data))
+
+    flipped(same[0] + 100)
+    got = ptestore.fetch(index, dest, model="m", device=PHONE, xnnpack_cache=True).xnnpack
+    assert got is not None and got["sha256"] == field["sha256"]
+    assert Path(got["path"]).read_bytes() == good
+    Path(got["path"]).chmod(0o644)
+    Path(got["path"]).unlink()
+    for leftover in dest.parent.glob(Path(got["path"]).name + ".*"):
+        leftover.unlink()
+
+    flipped(moved[0] + 100)
+    i = moved[0] // CHUNK_SIZE
+    with pytest.raises(IntegrityError) as err:
+        ptestore.fetch(index, dest, model="m", device=PHONE, xnnpack_cache=True)
+    a, b = moved[0], min(moved[0] + CHUNK_SIZE, len(good))
+    text = str(err.value)
+    assert text.startswith(f"{field['url']}: downloaded bytes {a}:{b} (chunk {i}) have sha256:")
+    assert (
+        f", its chunk record (beside it, pinned by the index's chunks_root "
+        f"{field['chunks_root']}) says sha256:{hashlib.sha256(good[a:b]).hexdigest()}; read "
+        "twice: the object was damaged or changed after it was made; "
+        f"{dest} was published, no XNNPACK packed-weight file was"
+    ) in text
+    assert sorted(p.name for p in dest.parent.glob("xnnpack-*")) == sorted(
+        p.name for p in Path(old["path"]).parent.glob(Path(old["path"]).name + "*")
+    )
+
+
+@pytest.mark.s3
+def test_s3_only_the_changed_chunks_cross_the_wire(
+    model: Path, s3_server: S3TestServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from support.faulty_proxy import faulty_proxy
+    from support.s3job import s3_options_toml
+
+    bucket = s3_server.new_bucket()
+    out, dest = f"s3://{bucket}/fleet", tmp_path / "dev" / "m.pte"
+    extra = s3_options_toml(s3_server.storage_options)
+    opts = s3_server.storage_options
+    index = _run(_job(tmp_path, model, out, "1", extra), capsys)
+    first = ptestore.fetch(
+        index, dest, model="m", device=PHONE, storage_options=opts, xnnpack_cache=True
+    )
+    assert first.xnnpack is not None
+    old = Path(first.xnnpack["path"]).read_bytes()
+    index = _run(_job(tmp_path, model, out, "2", extra), capsys)
+    # the .pte updated first (not what is counted here: tests/fleet/test_delta_fetch.py)
+    ptestore.fetch(index, dest, model="m", device=PHONE, storage_options=opts, base=str(dest))
+    with faulty_proxy(s3_server.endpoint_url, every=0) as (endpoint, proxy):
+        via = {**opts, "endpoint_url": endpoint}
+        got = ptestore.fetch(
+            index,
+            dest,
+            model="m",
+            device=PHONE,
+            storage_options=via,
+            xnnpack_cache=True,
+            base=str(dest),
+        )
+        sent = proxy.sent["GET"]
+    assert got.xnnpack is not None
+    new = Path(got.xnnpack["path"]).read_bytes()
+    changed = _changed(old, new)
+    assert got.xnnpack["received"] == changed <= 2 * CHUNK_SIZE
+    # the packed file's changed chunks and the small objects (index, record, the
+    # artifact's trailer reads): nothing near the whole file
+    assert changed <= sent <= changed + 1 * MiB < len(new)
