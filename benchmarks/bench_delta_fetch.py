@@ -54,6 +54,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+from _proxied import run_child  # noqa: E402  (beside this script)
+
 CHILD = r"""
 import json, os, sys, time
 sys.path[:0] = sys.argv[2:4]
@@ -107,18 +109,7 @@ def _one(
     dest = tmp / f"dl-{case}-{time.monotonic_ns()}" / "m.pte"
     args = {"url": url, "dest": str(dest), "base": None if base is None else str(base)}
     args["opts"] = opts
-    before = dict(proxy.sent)
-    proc = subprocess.run(
-        [sys.executable, "-c", CHILD, json.dumps(args), str(ROOT), str(ROOT / "tests")],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if proc.returncode != 0:
-        raise SystemExit(f"{case}: {proc.stderr[-3000:]}")
-    got: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    got["server_sent"] = sum(proxy.sent.values()) - sum(before.values())
-    got["loadavg"] = os.getloadavg()[0]
+    got = run_child(CHILD, args, proxy, case)
     dest.unlink()
     return got
 

@@ -47,6 +47,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "scripts")]
 
+from _proxied import run_child  # noqa: E402  (beside this script)
+
 CHILD = r"""
 import json, sys, time
 sys.path[:0] = sys.argv[2:4]
@@ -97,19 +99,7 @@ def _run(job: Path, env: dict[str, str]) -> str:
 
 def _one(case: str, index: str, dest: Path, opts: dict[str, Any], proxy: Any) -> dict[str, Any]:
     args = {"index": index, "dest": str(dest), "base": str(dest), "opts": opts}
-    before = sum(proxy.sent.values())
-    proc = subprocess.run(
-        [sys.executable, "-c", CHILD, json.dumps(args), str(ROOT), str(ROOT / "tests")],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if proc.returncode != 0:
-        raise SystemExit(f"{case}: {proc.stderr[-3000:]}")
-    got: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    got["server_sent"] = sum(proxy.sent.values()) - before
-    got["loadavg"] = os.getloadavg()[0]
-    return got
+    return run_child(CHILD, args, proxy, case)
 
 
 def _changed(a: Path, b: Path) -> int:
