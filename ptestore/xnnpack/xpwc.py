@@ -67,7 +67,6 @@ def parse_index(data: bytes | memoryview, source: str) -> list[Entry]:
         raise FormatError(source, "footer entry_count", 0, ">= 1")
     entries: list[Entry] = []
     pos = index_start
-    view = memoryview(data)
     for i in range(count):
         if pos + 4 > end:
             raise FormatError(source, f"index entry {i}", pos, f"a name length before {end}")
@@ -78,7 +77,7 @@ def parse_index(data: bytes | memoryview, source: str) -> list[Entry]:
                 source, f"index entry {i} name_len", name_len, f"<= {end - pos - _ENTRY_TAIL.size}"
             )
         try:
-            name = bytes(view[pos : pos + name_len]).decode("utf-8")
+            name = bytes(data[pos : pos + name_len]).decode("utf-8")
         except UnicodeDecodeError:
             raise FormatError(source, f"index entry {i} name", "bytes", "UTF-8") from None
         pos += name_len

@@ -110,6 +110,32 @@ def test_a_name_length_past_the_index_is_refused() -> None:
     assert str(err.value).startswith("f: index entry 0 name_len = 10000: must be <= ")
 
 
+@pytest.mark.parametrize("name_len", [10_000, 2])
+def test_a_malformed_index_on_disk_is_a_format_error_not_a_buffer_error(
+    tmp_path: Path, name_len: int
+) -> None:
+    """Read through a mapping (:func:`ptestore.xnnpack.record.parse_file`): the refusal
+    of an entry past the footer checks leaves no view of the mapping behind (it was a
+    ``BufferError: cannot close exported pointers exist``)."""
+    from ptestore.xnnpack.record import parse_file
+
+    data = bytearray(xpwc(GOOD))
+    start = 2 * PAGE
+    data[start : start + 4] = struct.pack("<I", name_len)
+    if name_len == 2:
+        data[start + 4 : start + 6] = b"\xff\xfe"  # not UTF-8
+    path = tmp_path / "bad.xpwc"
+    path.write_bytes(bytes(data))
+    with pytest.raises(FormatError) as err:
+        parse_file(path)
+    want = (
+        "index entry 0 name_len = 10000: must be <= "
+        if name_len > 2
+        else "index entry 0 name = 'bytes': must be UTF-8"
+    )
+    assert str(err.value).startswith(f"{path}: {want}")
+
+
 def test_entry_names_are_keys_or_a_weight_key_and_its_bias_key() -> None:
     entries = parse_index(xpwc(GOOD), "f")
     check_names(entries, {"w1", "b1", "w2"}, "f")
