@@ -1,27 +1,78 @@
 """What a delta download takes from its bases (:mod:`.delta`), in the order that
 costs least: the chunks a base's own record names at the same offsets (nothing read),
-then the download's layout from its first chunks, then each other chunk from where a
-base keeps its segments (:mod:`.shift`: the same offsets when nothing moved)."""
+then the download's layout from the chunks that hold it, then each other chunk from
+where a base keeps its parts (:mod:`.shift`: the same offsets when nothing moved).
+
+What a layout is depends on the file: a :class:`Layouts` says how to read the target's
+and a base's and how to pair their parts. :data:`CONTAINERS` (the default) reads .pte
+and .ptd files (their segments, from the metadata in the first chunks);
+:mod:`.packed_chunks` has one for XNNPACK packed-weight files (their regions, from the
+index at their end)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .._io import pread_all
 from ..errors import FormatError
 from .delta import Base, Filled, fill, match_chunks
-from .shift import segment_moves
+from .shift import Moves, segment_moves
 
 if TYPE_CHECKING:
     from ..format.model import Container
     from ..provenance.chunks import ChunkDigests
 
-__all__ = ["fill_from_bases", "target_layout"]
+__all__ = ["CONTAINERS", "Layouts", "fill_from_bases", "target_layout"]
+
+FromStore = Callable[[list[int]], None]
+
+
+class Layouts(Protocol):
+    """Where the parts of a download (the *target*) and of its bases are."""
+
+    def of_base(self, base: Base) -> Any | None:
+        """The base's layout; None when it has none this reads (used at the same
+        offsets only)."""
+
+    def first(self, chunks: ChunkDigests) -> set[int]:
+        """The target's chunks that hold its layout (tried at the bases' same offsets
+        before the layout is read)."""
+
+    def target(
+        self, fd: int, chunks: ChunkDigests, done: set[int], from_store: FromStore, url: str
+    ) -> Any | None:
+        """The target's layout, read from the ``.part`` (``fd``) once the chunks that
+        hold it are there (those not in ``done`` downloaded first); None when it does
+        not parse."""
+
+    def moves(self, target: Any, base: Any) -> Moves:
+        """Where the base (its layout ``base``) holds each part of the target."""
+
+
+class _Containers:
+    """.pte and .ptd files: segments found by the metadata (:func:`.shift.segment_moves`)."""
+
+    def of_base(self, base: Base) -> Container | None:
+        return base.layout()
+
+    def first(self, chunks: ChunkDigests) -> set[int]:
+        return {0}
+
+    def target(
+        self, fd: int, chunks: ChunkDigests, done: set[int], from_store: FromStore, url: str
+    ) -> Container | None:
+        return target_layout(fd, chunks, done, from_store, url)
+
+    def moves(self, target: Container, base: Container) -> Moves:
+        return segment_moves(target, base)
+
+
+CONTAINERS: Layouts = _Containers()
 
 
 def target_layout(
-    fd: int, chunks: ChunkDigests, done: set[int], from_store: Callable[[list[int]], None], url: str
+    fd: int, chunks: ChunkDigests, done: set[int], from_store: FromStore, url: str
 ) -> Container | None:
     """The download's layout, parsed from its first chunks in the ``.part`` (those not
     there yet downloaded first: they hold the metadata a moved layout rewrote, so no
@@ -52,28 +103,31 @@ def fill_from_bases(
     todo: list[int],
     bases: list[Base],
     done: set[int],
-    from_store: Callable[[list[int]], None],
+    from_store: FromStore,
     on_chunk: Callable[[int, int], None],
     url: str,
+    layouts: Layouts = CONTAINERS,
 ) -> Filled:
     """Put into the ``.part`` the chunks of ``todo`` the bases hold (:mod:`.delta`): at
-    their own offsets; where the bases are containers, also where a base keeps segments
-    the download has at other offsets (:func:`.shift.segment_moves`). For that the
-    download's layout is read from its first chunks, taken from a base where one has
-    them (at the same offsets: the layout did not move) or else from the store; the
-    chunks a base's own record names are put in first (nothing to read), the rest once
-    the layout is known (no base chunk is hashed at an offset that cannot match).
+    their own offsets; where ``layouts`` reads the bases, also where a base keeps parts
+    the download has at other offsets (:meth:`Layouts.moves`). For that the download's
+    layout is read from the chunks that hold it (:meth:`Layouts.first`), taken from a
+    base where one has them (at the same offsets: the layout did not move) or else from
+    the store; the chunks a base's own record names are put in first (nothing to read),
+    the rest once the layout is known (no base chunk is hashed at an offset that cannot
+    match).
     ``done`` gains the chunks of the first pass (and those ``from_store`` downloads);
     the caller adds the returned ``Filled.done``."""
     if not bases or not todo:
         return Filled()
     same = match_chunks(chunks, todo, bases)
-    if all(b.layout() is None for b in bases):
+    if all(layouts.of_base(b) is None for b in bases):
         return fill(fd, directory, chunks, same, on_chunk)
-    first = [m for m in same if m.known or m.index == 0]
+    head = layouts.first(chunks)
+    first = [m for m in same if m.known or m.index in head]
     filled = fill(fd, directory, chunks, first, on_chunk)
     done |= filled.done
-    target = target_layout(fd, chunks, done, from_store, url)
+    target = layouts.target(fd, chunks, done, from_store, url)
     tried = {m.index for m in first}
     rest = [i for i in todo if i not in done and i not in tried]
     if target is None:
@@ -81,7 +135,8 @@ def fill_from_bases(
         again = [m for m in same if m.index in left]
     else:
         moves = [
-            None if (layout := b.layout()) is None else segment_moves(target, layout) for b in bases
+            None if (layout := layouts.of_base(b)) is None else layouts.moves(target, layout)
+            for b in bases
         ]
         again = match_chunks(chunks, rest, bases, moves)
     filled.add(fill(fd, directory, chunks, again, on_chunk))

@@ -36,7 +36,7 @@ from ..errors import IntegrityError
 from ..provenance.chunks import ChunkDigests, hash_chunks
 from ..storage.atomic import put_bytes, sync_file
 from ..storage.loaders import LocalFileLoader
-from .bases import fill_from_bases
+from .bases import CONTAINERS, Layouts, fill_from_bases
 from .delta import Base
 from .download import open_part, read_state
 from .ranged import PinnedReader
@@ -192,11 +192,13 @@ def download_chunks(
     request_size: int,
     sink: Sink,
     record_name: str = "the record in its trailer (the one the index names)",
+    layouts: Layouts = CONTAINERS,
 ) -> dict[str, Any]:
     """Download ``url`` (``size`` bytes: ``chunks.length`` of content, then
     ``trailer_bytes``) into ``dest + ".part"``, every chunk verified; returns what the
     file's entry in the fetch result says (see the module); ``record_name`` says in
-    errors where ``chunks`` came from. Raises
+    errors where ``chunks`` came from; ``layouts`` how the target's and the bases' parts are
+    found (:mod:`.bases`). Raises
     :class:`~.ranged.ObjectChanged` when the object's version changed (start again)."""
     part, meta_path = dest + ".part", dest + ".part.json"
     directory = os.path.dirname(os.path.abspath(dest))
@@ -250,7 +252,7 @@ def download_chunks(
             sink.add("base", nbytes)
 
         filled = fill_from_bases(
-            fd, directory, chunks, todo, bases, done, from_store, on_chunk, url
+            fd, directory, chunks, todo, bases, done, from_store, on_chunk, url, layouts
         )
         for i, a, b, path in filled.lied:
             log.warning(

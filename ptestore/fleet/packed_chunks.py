@@ -19,20 +19,44 @@ GETs pinned to the object's version, each chunk checked as it arrives,
 record the index pins, so the file is, byte for byte, the one the fleet hashed for its
 whole-file SHA-256: that digest is not computed again. Without a chunk record (a file
 made by an older ptestore), or without an old file, the file is downloaded whole.
+
+A weight whose packed size changed (a layer of another shape) moves every region after
+it. :class:`PackedLayouts` then finds them where the old file keeps them: the new
+file's index (at its end: its last chunk, downloaded first) and the old file's are
+read, each region paired with the old region of the same entry name (the named-data
+keys of the weight and its bias) when both have the same size, and a chunk whose
+regions moved is built from the old file's ranges (:func:`.shift.chunk_pieces`). The
+pairing is a guess, never trusted: every chunk built from it is checked against the
+record.
 """
 
 from __future__ import annotations
 
 import glob
+import mmap
 import os
+import struct
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from .._io import pread_all
 from .._log import get_logger
 from ..errors import FormatError, IntegrityError, StorageError
 from ..provenance.chunks import ChunkDigests
+from .shift import Moves
 
-__all__ = ["chunk_record", "download_delta", "packed_bases", "recorded_chunks"]
+if TYPE_CHECKING:
+    from ..xnnpack.xpwc import Entry
+    from .bases import FromStore
+    from .delta import Base
+
+__all__ = [
+    "PackedLayouts",
+    "chunk_record",
+    "download_delta",
+    "packed_bases",
+    "recorded_chunks",
+]
 
 log = get_logger(__name__)
 
@@ -78,6 +102,65 @@ def recorded_chunks(field: dict[str, Any], record: dict[str, Any] | None) -> Chu
         )
         return None
     return chunks
+
+
+def _entries(fd: int, size: int, source: str) -> list[Entry] | None:
+    """The index entries of the packed-weight file open at ``fd`` (``size`` bytes);
+    None when it is not one (:func:`ptestore.xnnpack.xpwc.parse_index`)."""
+    from ..xnnpack.xpwc import parse_index
+
+    if size == 0:
+        return None
+    try:
+        with mmap.mmap(fd, size, prot=mmap.PROT_READ) as m:
+            view = memoryview(m)
+            try:
+                return parse_index(view, source)
+            finally:
+                view.release()
+    except (FormatError, OSError, ValueError):
+        return None
+
+
+class PackedLayouts:
+    """The :class:`.bases.Layouts` of XNNPACK packed-weight files (see the module)."""
+
+    def __init__(self) -> None:
+        self._bases: dict[str, list[Entry] | None] = {}
+
+    def of_base(self, base: Base) -> list[Entry] | None:
+        if base.path not in self._bases:
+            self._bases[base.path] = _entries(base.fileno(), base.size, base.path)
+        return self._bases[base.path]
+
+    def first(self, chunks: ChunkDigests) -> set[int]:
+        return {len(chunks.digests) - 1} if chunks.digests else set()
+
+    def target(
+        self, fd: int, chunks: ChunkDigests, done: set[int], from_store: FromStore, url: str
+    ) -> list[Entry] | None:
+        from ..xnnpack.xpwc import FOOTER_SIZE
+
+        size = chunks.length
+        if size < FOOTER_SIZE:
+            return None
+        last = len(chunks.digests) - 1
+        if last not in done:
+            from_store([last])
+        (index_start,) = struct.unpack("<Q", pread_all(fd, 8, size - FOOTER_SIZE))
+        need = [i for i in chunks.covering(min(index_start, size), size) if i not in done]
+        if need:  # an index longer than the last chunk
+            from_store(need)
+        return _entries(fd, size, url)
+
+    def moves(self, target: list[Entry], base: list[Entry]) -> Moves:
+        by_name = {e.name: e for e in base}
+        rows = []
+        for t in sorted(target, key=lambda e: e.offset):
+            b = by_name.get(t.name)
+            found = b.offset if b is not None and b.size == t.size else None
+            rows.append((t.offset, t.offset + t.size, found))
+        return Moves(0, tuple(rows))
 
 
 def packed_bases(directories: Sequence[str], exclude: str | None = None) -> list[str]:
@@ -150,6 +233,7 @@ def download_delta(
                     sink=Sink(url, dest, size, progress, events),
                     record_name=f"its chunk record (beside it, pinned by the index's "
                     f"chunks_root {chunks.digest})",
+                    layouts=PackedLayouts(),
                 )
             except ObjectChanged:
                 discard_part(dest)

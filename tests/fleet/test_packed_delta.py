@@ -175,6 +175,76 @@ def test_fetch_takes_them_from_the_file_beside_the_pte_it_replaces(
     )
 
 
+@pytest.fixture(scope="module")
+def reshaped(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Two real exports: 6 x Linear(1024, 1024), and the same with layers 1 and 2
+    Linear(1024, 1536) and Linear(1536, 1024) (the others' weights the same): the
+    packed regions of layers 3-5 move by the 4 MiB and a page layer 1 and 2 grew by."""
+    import torch
+    from torch import nn
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        from make_xnnpack_models import _lower
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    torch.manual_seed(0)
+    a = nn.Sequential(*[nn.Linear(1024, 1024) for _ in range(6)]).eval()
+    wide = [nn.Linear(1024, 1536), nn.Linear(1536, 1024)]
+    b = nn.Sequential(a[0], *wide, a[3], a[4], a[5]).eval()
+    d = tmp_path_factory.mktemp("reshaped")
+    x = (torch.randn(1, 1024),)
+    (pa,) = _lower(a, x, d / "a.pte", False)
+    (pb,) = _lower(b, x, d / "b.pte", False)
+    return pa, pb
+
+
+def test_regions_moved_by_a_reshaped_layer_are_taken_from_where_the_old_file_keeps_them(
+    reshaped: tuple[Path, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Layers 1 and 2 of the new version have other shapes: their packed regions are new
+    and every region after them moved. The chunks that lie in the moved regions are
+    built from the old file's ranges (pairing its index's entries by name and size),
+    not downloaded; the same-offset matching alone found none of them."""
+    from ptestore.xnnpack.xpwc import parse_index
+
+    a, b = reshaped
+    out, cache = str(tmp_path / "out"), tmp_path / "cache"
+    index = _run(_job(tmp_path, a, out, "1"), capsys)
+    first = ptestore.ensure(index, cache_dir=cache, model="m", device=PHONE, xnnpack_cache=True)
+    assert first.xnnpack_cache is not None
+    old = Path(first.xnnpack_cache).read_bytes()
+    index = _run(_job(tmp_path, b, out, "1"), capsys)
+    caplog.set_level(logging.INFO, logger="ptestore.fleet.packed_chunks")
+    got = ptestore.ensure(index, cache_dir=cache, model="m", device=PHONE, xnnpack_cache=True)
+    assert got.xnnpack_from == "index" and got.xnnpack_cache is not None
+    new = Path(got.xnnpack_cache).read_bytes()
+    assert "sha256:" + hashlib.sha256(new).hexdigest() == _field(index)["sha256"]
+    old_at = {e.name: e for e in parse_index(old, "old")}
+    moved = sorted(
+        (e.offset, e.offset + e.size)
+        for e in parse_index(new, "new")
+        if e.name in old_at and old_at[e.name].size == e.size and old_at[e.name].offset != e.offset
+    )
+    assert len(moved) == 3  # layers 3-5
+    # the chunks wholly inside the moved regions (those moved alike: consecutive)
+    lo, hi = moved[0][0], moved[-1][1]
+    inside = [a for a in range(0, len(new), CHUNK_SIZE) if lo <= a and a + CHUNK_SIZE <= hi]
+    assert len(inside) >= 2
+    same_offsets = sum(
+        len(new[a : a + CHUNK_SIZE])
+        for a in range(0, len(new), CHUNK_SIZE)
+        if old[a : a + CHUNK_SIZE] != new[a : a + CHUNK_SIZE]
+    )
+    received, from_base = _delivered(caplog)
+    assert received + from_base == len(new)
+    assert received <= same_offsets - len(inside) * CHUNK_SIZE
+    assert from_base >= (1 + len(inside)) * CHUNK_SIZE  # layer 0's chunk and those
+
+
 def test_a_record_replaced_since_the_index_was_written_is_not_trusted(
     model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
