@@ -2,7 +2,7 @@
 new version when it holds the last version's (delta delivery, ``ptestore.fleet.packed_chunks``).
 
     python benchmarks/bench_packed_delta.py [--layers 64] [--dim 2048] [--factor 2]
-        [--server seaweedfs|moto] [--runs 2] [--dir DIR]
+        [--server seaweedfs|moto] [--runs 2] [--dir DIR] [--reshape]
 
 The model is a real export (``scripts/make_xnnpack_models.py linear``: ``--layers`` x
 Linear(dim, dim) with bias, fp32; 64 x 2048 is the 1 GiB program). A real fleet run
@@ -10,7 +10,10 @@ Linear(dim, dim) with bias, fp32; 64 x 2048 is the 1 GiB program). A real fleet 
 that declares this machine's CPU (``xnnpack_cpu``), so the run makes the packed-weight
 file with the stock runtime and records its chunk digests; version 1 uses
 ``support.delta:Scale=1`` (values unchanged), version 2 ``Scale=--factor`` (the first
-named value in key order multiplied: one weight, or one bias, changed).
+named value in key order multiplied: one weight, or one bias, changed). With
+``--reshape`` version 2 is another export instead: the same layers but two in the middle
+of other shapes (Linear(dim, 1.5 dim), Linear(1.5 dim, dim)), so their packed regions
+are new and every region after them moved.
 
 The device fetches version 1 with ``xnnpack_cache=True`` (its packed file delivered
 whole), then version 2's ``.pte`` with ``--base`` its own (not counted here:
@@ -23,8 +26,9 @@ times interleaved:
 - ``delta``: the same into a directory that holds version 1's packed file (the chunks
   it holds at the same offsets cloned or copied and checked, the others downloaded).
 
-Reported: the packed file's size, the bytes of its chunks that differ between the two
-versions, per case the bytes the server sent, the packed file's bytes from the store
+Reported: the packed file's size, the bytes of its chunks that differ from the old
+file's at the same offsets (what a delivery that does not follow moved regions
+downloads), per case the bytes the server sent, the packed file's bytes from the store
 and from the earlier file, and the child's wall seconds (the ``.pte``'s own fetch with
 its base included: it takes every chunk from the base, reading its tail only).
 """
@@ -102,6 +106,27 @@ def _one(case: str, index: str, dest: Path, opts: dict[str, Any], proxy: Any) ->
     return run_child(CHILD, args, proxy, case)
 
 
+def _reshaped(d: Path, layers: int, dim: int) -> tuple[Path, Path]:
+    """The ``linear`` program and the same with layers ``layers // 2`` and the next of
+    other shapes (the other layers' weights the same)."""
+    import torch
+    from make_xnnpack_models import _lower
+    from torch import nn
+
+    torch.manual_seed(0)
+    a = nn.Sequential(*[nn.Linear(dim, dim) for _ in range(layers)]).eval()
+    mid, wide = layers // 2, dim * 3 // 2
+    b = nn.Sequential(*a[:mid], nn.Linear(dim, wide), nn.Linear(wide, dim), *a[mid + 2 :]).eval()
+    x = (torch.randn(1, dim),)
+    out = []
+    for name, module in (("a", a), ("b", b)):
+        path = d / f"reshape-{name}-{layers}x{dim}.pte"
+        if not path.exists():
+            _lower(module, x, path, False)
+        out.append(path)
+    return out[0], out[1]
+
+
 def _changed(a: Path, b: Path) -> int:
     """Bytes of the 4 MiB chunks of ``b`` that ``a`` does not hold at the same offsets."""
     n, chunk = 0, 4 * MiB
@@ -121,6 +146,7 @@ def main() -> None:
     ap.add_argument("--server", choices=["seaweedfs", "moto"], default="seaweedfs")
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--dir", help="working directory (default: a temporary one)")
+    ap.add_argument("--reshape", action="store_true", help="version 2: two layers reshaped")
     args = ap.parse_args()
     from support.faulty_proxy import faulty_proxy
     from support.s3job import s3_options_toml
@@ -131,11 +157,16 @@ def main() -> None:
     with ExitStack() as stack:
         tmp = Path(args.dir or stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-")))
         tmp.mkdir(parents=True, exist_ok=True)
-        source = tmp / f"linear-{args.layers}x{args.dim}.pte"
-        if not source.exists():
-            from make_xnnpack_models import export_linear_stack
+        if args.reshape:
+            sources = _reshaped(tmp, args.layers, args.dim)
+            factors = ("1", "1")
+        else:
+            source = tmp / f"linear-{args.layers}x{args.dim}.pte"
+            if not source.exists():
+                from make_xnnpack_models import export_linear_stack
 
-            export_linear_stack(source, layers=args.layers, dim=args.dim)
+                export_linear_stack(source, layers=args.layers, dim=args.dim)
+            sources, factors = (source, source), ("1", args.factor)
         if args.server == "seaweedfs":
             from ptestore.testing.seaweedfs import seaweedfs_s3_server
 
@@ -149,14 +180,14 @@ def main() -> None:
         options = s3_options_toml(opts)
         import ptestore
 
-        index = _run(_job(tmp, source, bucket, "1", options), env)
+        index = _run(_job(tmp, sources[0], bucket, factors[0], options), env)
         first = tmp / "v1" / "m.pte"
         shutil.rmtree(first.parent, ignore_errors=True)
         old = ptestore.fetch(
             index, first, model="m", device="phone", storage_options=opts, xnnpack_cache=True
         ).xnnpack
         assert old is not None and old["path"]
-        index = _run(_job(tmp, source, bucket, args.factor, options), env)
+        index = _run(_job(tmp, sources[1], bucket, factors[1], options), env)
         field = load_index(index, **opts)["entries"][0]["xnnpack"]
         ptestore.fetch(index, first, model="m", device="phone", storage_options=opts, base=first)
         endpoint, proxy = stack.enter_context(faulty_proxy(server.endpoint_url, every=0))
@@ -183,6 +214,7 @@ def main() -> None:
         out = {
             "server": args.server,
             "model": f"{args.layers} x Linear({args.dim}, {args.dim}) fp32",
+            "reshape": args.reshape,
             "pte_bytes": first.stat().st_size,
             "packed_bytes": field["size"],
             "changed_chunk_bytes": changed,

@@ -86,14 +86,18 @@ def _found(directory: str, artifact: Artifact) -> CacheFile | None:
 def _stale(directory: str, keep: str) -> list[str]:
     """The entry's packed-weight files (with their records, locks and refusals) that are
     not those of the file ``keep``: an earlier artifact's, kept as the bases of the
-    delivery of this one's (:func:`.indexed.packed_from_index`)."""
+    delivery of this one's (:func:`.indexed.packed_from_index`); and what a delivery
+    that failed left to resume from."""
     stem = os.path.basename(keep)[: -len(".xpwc")] + "."  # "xnnpack-<id>."
     try:
         names = os.listdir(directory)
     except FileNotFoundError:
         return []
     return [
-        n for n in names if packed_weights_file(n) and n != DIGESTS_NAME and not n.startswith(stem)
+        n
+        for n in names
+        if (packed_weights_file(n) and n != DIGESTS_NAME and not n.startswith(stem))
+        or n.startswith("xnnpack-download-")  # a delivery's leftovers, kept to resume it
     ]
 
 

@@ -327,26 +327,29 @@ def deliver(
     :class:`IntegrityError` (``published=False``) naming the file.
 
     ``bases``: packed-weight files of earlier versions here (:func:`.packed_chunks.
-    packed_bases`): when the field names a chunk record (``chunks_root``, and
-    ``record`` is the record beside the file when the caller read it), the chunks they
-    hold are taken from them and only the others downloaded
-    (:mod:`.packed_chunks`). ``events`` says where each piece came from."""
+    packed_bases`). When the field names a chunk record (``chunks_root``; ``record`` is
+    the record beside the file when the caller read it) the file is downloaded chunk by
+    chunk, each checked as it arrives (:mod:`.packed_chunks`): the chunks the bases hold
+    are taken from them, and a download that fails (not a check) leaves its ``.part``
+    and its verified chunks for the next call to resume from. Without one it is
+    downloaded whole, from the start. ``events`` says where each piece came from."""
     from ..xnnpack import adopt_cache
     from .packed_chunks import download_delta, recorded_chunks
     from .whole import discard_part
 
     dest = os.path.join(directory, f"xnnpack-download-{str(field.get('sha256'))[7:23]}.xpwc")
+    chunks = None
+    if field.get("chunks_root"):
+        chunks = recorded_chunks(field, _record_of_file(str(field["url"]), options, record))
     try:
-        chunks = None
-        if bases and field.get("chunks_root"):
-            chunks = recorded_chunks(field, _record_of_file(str(field["url"]), options, record))
         if chunks is not None:
             digest = download_delta(
                 field, dest, chunks, options, bases, chunk_size, progress, events
             )
         else:
+            discard_part(dest)
             digest = _download(field, dest + ".part", options, progress, chunk_size, events)
-        return adopt_cache(
+        made = adopt_cache(
             dest + ".part",
             pte=pte,
             ptd=ptd,
@@ -359,8 +362,12 @@ def deliver(
             what=str(field["url"]),
             hashed=True,
         )
-    finally:
-        discard_part(dest)
+    except BaseException as exc:
+        if chunks is None or isinstance(exc, IntegrityError):
+            discard_part(dest)  # else kept: the next call resumes at its verified chunks
+        raise
+    discard_part(dest)  # its resume marker
+    return made
 
 
 def fetch_packed(

@@ -185,10 +185,13 @@ def test_the_fleet_path_delivers_it_from_s3_to_a_devices_ensure_index(
         ptestore.fetch(
             index, dest2, model="m", device="phone", storage_options=opts, xnnpack_cache=True
         )
-    assert str(err.value) == (
-        f"{field['url']}: downloaded bytes have {bad}, the index names {field['sha256']}; "
-        f"{dest2} was published, no XNNPACK packed-weight file was"
+    # the file is one 4 MiB chunk: its chunk digest is its SHA-256
+    refused = (
+        f"{field['url']}: downloaded bytes 0:{field['size']} (chunk 0) have {bad}, its chunk "
+        f"record (beside it, pinned by the index's chunks_root {field['chunks_root']}) says "
+        f"{field['sha256']}; read twice: the object was damaged or changed after it was made"
     )
+    assert str(err.value) == f"{refused}; {dest2} was published, no XNNPACK packed-weight file was"
     assert dest2.is_file() and sorted(p.name for p in dest2.parent.iterdir()) == ["m.ptd", "m.pte"]
     # ensure: the delivered file fails its check, is removed and never handed out (the
     # device then makes its own, as when the index has none for it)
@@ -207,8 +210,8 @@ def test_the_fleet_path_delivers_it_from_s3_to_a_devices_ensure_index(
         got_back = packed_from_index(entry, str(Path(entry.pte).parent), digests, opts)
     assert got_back == (None, None)
     assert (
-        f"{entry.pte}: the fleet's XNNPACK packed-weight file was not used ({field['url']}: "
-        f"downloaded bytes have {bad}, the index names {field['sha256']}); making one here"
+        f"{entry.pte}: the fleet's XNNPACK packed-weight file was not used ({refused}); "
+        "making one here"
     ) in caplog.text
     assert not [p for p in Path(entry.pte).parent.iterdir() if ".xpwc" in p.name]
 

@@ -175,6 +175,90 @@ def test_fetch_takes_them_from_the_file_beside_the_pte_it_replaces(
     )
 
 
+def test_a_fetch_cut_off_mid_file_resumes_at_its_verified_chunks(
+    model: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The link drops after two chunks of the packed-weight file: the fetch fails (the
+    pair is published), its ``.part`` and resume marker stay; the next fetch checks the
+    two chunks again and downloads only the rest."""
+    from ptestore.errors import StorageError
+    from ptestore.fleet.ranged import PinnedReader
+
+    index = _run(_job(tmp_path, model, str(tmp_path / "out"), "1"), capsys)
+    field = _field(index)
+    dest = tmp_path / "dev" / "m.pte"
+    real = PinnedReader.stream
+    served = {"requests": 0}
+
+    def dropping(self: PinnedReader, start: int, end: int, piece: int) -> Any:
+        if ".xnnpack-" in self.name:
+            served["requests"] += 1
+            if served["requests"] > 2:
+                raise StorageError(f"{self.name}: connection reset (test)")
+        return real(self, start, end, piece)
+
+    monkeypatch.setattr(PinnedReader, "stream", dropping)
+    with pytest.raises(StorageError, match=r"connection reset \(test\)"):
+        ptestore.fetch(
+            index, dest, model="m", device=PHONE, xnnpack_cache=True, chunk_size=CHUNK_SIZE
+        )
+    monkeypatch.setattr(PinnedReader, "stream", real)
+    (part,) = dest.parent.glob("xnnpack-download-*.xpwc.part")
+    assert json.loads(Path(f"{part}.json").read_text())["verified"] == 2
+    assert dest.is_file() and not list(dest.parent.glob("xnnpack-*.xpwc"))
+
+    moved: dict[str, int] = {}
+    got = ptestore.fetch(
+        index,
+        dest,
+        model="m",
+        device=PHONE,
+        xnnpack_cache=True,
+        events=lambda e: (
+            moved.__setitem__(e.origin, moved.get(e.origin, 0) + e.nbytes)
+            if ".xnnpack-" in e.url
+            else None
+        ),
+    ).xnnpack
+    assert got is not None and got["sha256"] == field["sha256"]
+    assert moved == {"part": 2 * CHUNK_SIZE, "store": field["size"] - 2 * CHUNK_SIZE}
+    assert got["received"] == field["size"] - 2 * CHUNK_SIZE
+    assert not list(dest.parent.glob("xnnpack-download-*"))
+
+
+def test_a_file_made_before_chunk_records_is_downloaded_whole(
+    model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An index field without ``chunks_root`` (a file an older ptestore made): the file
+    is downloaded whole and checked by its SHA-256, an earlier file beside it unused."""
+    from ptestore.fleet.packed import deliver
+
+    index = _run(_job(tmp_path, model, str(tmp_path / "out"), "1"), capsys)
+    field = {k: v for k, v in _field(index).items() if k != "chunks_root"}
+    dest = tmp_path / "dev" / "m.pte"
+    first = ptestore.fetch(index, dest, model="m", device=PHONE, xnnpack_cache=True).xnnpack
+    assert first is not None
+    earlier = tmp_path / "dev" / "earlier"
+    earlier.mkdir()
+    moved: dict[str, int] = {}
+    made = deliver(
+        field,
+        str(dest),
+        None,
+        str(earlier),
+        {},
+        bases=[first["path"]],
+        events=lambda e: moved.__setitem__(e.origin, moved.get(e.origin, 0) + e.nbytes),
+    )
+    assert moved == {"store": field["size"]}
+    assert "sha256:" + made.sha256 == field["sha256"] == first["sha256"]
+    assert Path(made.path).read_bytes() == Path(first["path"]).read_bytes()
+    assert not list(earlier.glob("xnnpack-download-*"))
+
+
 @pytest.fixture(scope="module")
 def reshaped(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """Two real exports: 6 x Linear(1024, 1024), and the same with layers 1 and 2
