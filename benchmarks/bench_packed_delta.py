@@ -69,19 +69,6 @@ print(json.dumps(out))
 MiB = 1 << 20
 
 
-def _job(tmp: Path, source: Path, bucket: str, factor: str, options: str) -> Path:
-    from ptestore.xnnpack import cpu_fingerprint
-
-    job = tmp / f"job-{factor}.toml"
-    job.write_text(
-        f'destination = "s3://{bucket}/fleet/{{device}}/{{model}}.pte"\n'
-        f'backends = ["support.delta:Scale={factor}"]\n{options}'
-        f'[[models]]\nname = "m"\nsource = "{source}"\n'
-        f'[devices.phone]\nsoc = "x"\nxnnpack_cpu = "{cpu_fingerprint()}"\n'
-    )
-    return job
-
-
 def _run(job: Path, env: dict[str, str]) -> str:
     t0 = time.perf_counter()
     proc = subprocess.run(
@@ -148,6 +135,7 @@ def main() -> None:
     ap.add_argument("--dir", help="working directory (default: a temporary one)")
     ap.add_argument("--reshape", action="store_true", help="version 2: two layers reshaped")
     args = ap.parse_args()
+    from support.delta import packed_job
     from support.faulty_proxy import faulty_proxy
     from support.s3job import s3_options_toml
 
@@ -180,14 +168,14 @@ def main() -> None:
         options = s3_options_toml(opts)
         import ptestore
 
-        index = _run(_job(tmp, sources[0], bucket, factors[0], options), env)
+        index = _run(packed_job(tmp, sources[0], f"s3://{bucket}/fleet", factors[0], options), env)
         first = tmp / "v1" / "m.pte"
         shutil.rmtree(first.parent, ignore_errors=True)
         old = ptestore.fetch(
             index, first, model="m", device="phone", storage_options=opts, xnnpack_cache=True
         ).xnnpack
         assert old is not None and old["path"]
-        index = _run(_job(tmp, sources[1], bucket, factors[1], options), env)
+        index = _run(packed_job(tmp, sources[1], f"s3://{bucket}/fleet", factors[1], options), env)
         field = load_index(index, **opts)["entries"][0]["xnnpack"]
         ptestore.fetch(index, first, model="m", device="phone", storage_options=opts, base=first)
         endpoint, proxy = stack.enter_context(faulty_proxy(server.endpoint_url, every=0))

@@ -17,10 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.delta import MiB
+from support.delta import PHONE, MiB, packed_job, packed_run
 
 import ptestore
-from ptestore.backends.compat import DeviceProfile
 from ptestore.cli import main
 from ptestore.fleet.index import load_index
 from ptestore.fleet.packed import read_record
@@ -35,7 +34,6 @@ pytestmark = [
 ]
 
 REPO = Path(__file__).resolve().parents[2]
-PHONE = DeviceProfile("phone", {"soc": "x"})
 
 
 @pytest.fixture(scope="module")
@@ -49,27 +47,6 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
         tmp_path_factory.mktemp("packed-delta") / "lin.pte", layers=4, dim=1024
     )
     return pte
-
-
-def _job(tmp: Path, source: Path, dest: str, factor: str, extra: str = "") -> Path:
-    from ptestore.xnnpack import cpu_fingerprint
-
-    job = tmp / f"job-{factor}.toml"
-    job.write_text(
-        f'destination = "{dest}/{{device}}/{{model}}.pte"\n'
-        f'backends = ["support.delta:Scale={factor}"]\n{extra}'
-        f'[[models]]\nname = "m"\nsource = "{source}"\n'
-        f'[devices.phone]\nsoc = "x"\nxnnpack_cpu = "{cpu_fingerprint()}"\n'
-    )
-    return job
-
-
-def _run(job: Path, capsys: pytest.CaptureFixture[str]) -> str:
-    capsys.readouterr()
-    assert main(["fleet", "run", str(job), "--workers", "1", "--json"]) == 0
-    run = json.loads(capsys.readouterr().out)
-    assert run["pairs"][0]["xnnpack"].startswith("XNNPACK packed-weight file made: ")
-    return str(run["index"])
 
 
 def _field(index: str, opts: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -102,7 +79,7 @@ def test_the_record_names_the_chunk_digests_the_index_pins(
 ) -> None:
     from ptestore.provenance.chunks import ChunkDigests
 
-    index = _run(_job(tmp_path, model, str(tmp_path / "out"), "1"), capsys)
+    index = packed_run(packed_job(tmp_path, model, str(tmp_path / "out"), "1"), capsys)
     field = _field(index)
     record = read_record(str(tmp_path / "out" / "phone" / "m.pte"), {})
     assert record is not None and record["xnnpack"] == field
@@ -122,12 +99,12 @@ def test_ensure_takes_the_unchanged_chunks_from_the_entrys_earlier_file(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     out, cache = str(tmp_path / "out"), tmp_path / "cache"
-    index = _run(_job(tmp_path, model, out, "1"), capsys)
+    index = packed_run(packed_job(tmp_path, model, out, "1"), capsys)
     first = ptestore.ensure(index, cache_dir=cache, model="m", device=PHONE, xnnpack_cache=True)
     assert first.xnnpack_from == "index" and first.xnnpack_cache is not None
     old = Path(first.xnnpack_cache).read_bytes()
 
-    index = _run(_job(tmp_path, model, out, "2.5"), capsys)
+    index = packed_run(packed_job(tmp_path, model, out, "2.5"), capsys)
     field = _field(index)
     caplog.set_level(logging.INFO, logger="ptestore.fleet.packed_chunks")
     got = ptestore.ensure(index, cache_dir=cache, model="m", device=PHONE, xnnpack_cache=True)
@@ -152,12 +129,12 @@ def test_fetch_takes_them_from_the_file_beside_the_pte_it_replaces(
     model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out, dest = str(tmp_path / "out"), tmp_path / "dev" / "m.pte"
-    index = _run(_job(tmp_path, model, out, "1"), capsys)
+    index = packed_run(packed_job(tmp_path, model, out, "1"), capsys)
     first = ptestore.fetch(index, dest, model="m", device=PHONE, xnnpack_cache=True)
     assert first.xnnpack is not None and first.xnnpack["received"] == first.xnnpack["size"]
     old = Path(first.xnnpack["path"]).read_bytes()
 
-    index = _run(_job(tmp_path, model, out, "0.5"), capsys)
+    index = packed_run(packed_job(tmp_path, model, out, "0.5"), capsys)
     field = _field(index)
     argv = ["fetch", index, str(dest), "--model", "m", "--device", "phone", "--xnnpack-cache"]
     assert main(argv) == 0
@@ -187,7 +164,7 @@ def test_a_fetch_cut_off_mid_file_resumes_at_its_verified_chunks(
     from ptestore.errors import StorageError
     from ptestore.fleet.ranged import PinnedReader
 
-    index = _run(_job(tmp_path, model, str(tmp_path / "out"), "1"), capsys)
+    index = packed_run(packed_job(tmp_path, model, str(tmp_path / "out"), "1"), capsys)
     field = _field(index)
     dest = tmp_path / "dev" / "m.pte"
     real = PinnedReader.stream
@@ -236,7 +213,7 @@ def test_a_file_made_before_chunk_records_is_downloaded_whole(
     is downloaded whole and checked by its SHA-256, an earlier file beside it unused."""
     from ptestore.fleet.packed import deliver
 
-    index = _run(_job(tmp_path, model, str(tmp_path / "out"), "1"), capsys)
+    index = packed_run(packed_job(tmp_path, model, str(tmp_path / "out"), "1"), capsys)
     field = {k: v for k, v in _field(index).items() if k != "chunks_root"}
     dest = tmp_path / "dev" / "m.pte"
     first = ptestore.fetch(index, dest, model="m", device=PHONE, xnnpack_cache=True).xnnpack
@@ -297,11 +274,11 @@ def test_regions_moved_by_a_reshaped_layer_are_taken_from_where_the_old_file_kee
 
     a, b = reshaped
     out, cache = str(tmp_path / "out"), tmp_path / "cache"
-    index = _run(_job(tmp_path, a, out, "1"), capsys)
+    index = packed_run(packed_job(tmp_path, a, out, "1"), capsys)
     first = ptestore.ensure(index, cache_dir=cache, model="m", device=PHONE, xnnpack_cache=True)
     assert first.xnnpack_cache is not None
     old = Path(first.xnnpack_cache).read_bytes()
-    index = _run(_job(tmp_path, b, out, "1"), capsys)
+    index = packed_run(packed_job(tmp_path, b, out, "1"), capsys)
     caplog.set_level(logging.INFO, logger="ptestore.fleet.packed_chunks")
     got = ptestore.ensure(index, cache_dir=cache, model="m", device=PHONE, xnnpack_cache=True)
     assert got.xnnpack_from == "index" and got.xnnpack_cache is not None
@@ -336,9 +313,9 @@ def test_a_record_replaced_since_the_index_was_written_is_not_trusted(
     other digests (a later run's, or tampered with) is not used; the file is downloaded
     whole and checked by its SHA-256."""
     out, dest = tmp_path / "out", tmp_path / "dev" / "m.pte"
-    index = _run(_job(tmp_path, model, str(out), "1"), capsys)
+    index = packed_run(packed_job(tmp_path, model, str(out), "1"), capsys)
     ptestore.fetch(index, dest, model="m", device=PHONE, xnnpack_cache=True)
-    index = _run(_job(tmp_path, model, str(out), "3"), capsys)
+    index = packed_run(packed_job(tmp_path, model, str(out), "3"), capsys)
     where = out / "phone" / "m.xpwc.json"
     record = json.loads(where.read_text())
     digests = bytearray(__import__("base64").b64decode(record["chunks"]["sha256"]))
@@ -361,11 +338,11 @@ def test_a_damaged_stored_chunk_is_refused_and_one_the_base_holds_never_read(
     from ptestore.errors import IntegrityError
 
     out, dest = tmp_path / "out", tmp_path / "dev" / "m.pte"
-    index = _run(_job(tmp_path, model, str(out), "1"), capsys)
+    index = packed_run(packed_job(tmp_path, model, str(out), "1"), capsys)
     old = ptestore.fetch(index, dest, model="m", device=PHONE, xnnpack_cache=True).xnnpack
     assert old is not None
     old_bytes = Path(old["path"]).read_bytes()
-    index = _run(_job(tmp_path, model, str(out), "4"), capsys)
+    index = packed_run(packed_job(tmp_path, model, str(out), "4"), capsys)
     field = _field(index)
     stored = Path(field["url"])
     good = stored.read_bytes()
@@ -420,13 +397,13 @@ def test_s3_only_the_changed_chunks_cross_the_wire(
     out, dest = f"s3://{bucket}/fleet", tmp_path / "dev" / "m.pte"
     extra = s3_options_toml(s3_server.storage_options)
     opts = s3_server.storage_options
-    index = _run(_job(tmp_path, model, out, "1", extra), capsys)
+    index = packed_run(packed_job(tmp_path, model, out, "1", extra), capsys)
     first = ptestore.fetch(
         index, dest, model="m", device=PHONE, storage_options=opts, xnnpack_cache=True
     )
     assert first.xnnpack is not None
     old = Path(first.xnnpack["path"]).read_bytes()
-    index = _run(_job(tmp_path, model, out, "2", extra), capsys)
+    index = packed_run(packed_job(tmp_path, model, out, "2", extra), capsys)
     # the .pte updated first (not what is counted here: tests/fleet/test_delta_fetch.py)
     ptestore.fetch(index, dest, model="m", device=PHONE, storage_options=opts, base=str(dest))
     with faulty_proxy(s3_server.endpoint_url, every=0) as (endpoint, proxy):

@@ -17,6 +17,7 @@ from typing import Any
 
 import ptestore
 from ptestore.backends import BackendData, BackendInterface
+from ptestore.backends.compat import DeviceProfile
 from ptestore.provenance import read_trailer
 from ptestore.provenance.chunks import CHUNK_SIZE
 from ptestore.storage.loaders import BytesLoader
@@ -186,3 +187,35 @@ class Scale(BackendInterface):
         key, data = _first_value(context)
         value = np.frombuffer(data, dtype=np.float32) * np.float32(self.factor)
         output.write_named_data(key, BackendData(value.astype(np.float32).tobytes()))
+
+
+#: The device of :func:`packed_job` (its options as the job declares them).
+PHONE = DeviceProfile("phone", {"soc": "x"})
+
+
+def packed_job(tmp: Path, source: Path, dest: str, factor: str = "1", extra: str = "") -> Path:
+    """A fleet job file in ``tmp`` (``job-<factor>.toml``): the one model ``m`` from
+    ``source`` (a real XNNPACK export), ``Scale(factor)``, for the device ``phone`` that
+    declares this machine's CPU (``xnnpack_cpu``: the run makes its packed-weight file),
+    into ``dest/{device}/{model}.pte``; ``extra`` is more of the job's top-level text."""
+    from ptestore.xnnpack import cpu_fingerprint
+
+    job = tmp / f"job-{factor}.toml"
+    job.write_text(
+        f'destination = "{dest}/{{device}}/{{model}}.pte"\n'
+        f'backends = ["support.delta:Scale={factor}"]\n{extra}'
+        f'[[models]]\nname = "m"\nsource = "{source}"\n'
+        f'[devices.phone]\nsoc = "x"\nxnnpack_cpu = "{cpu_fingerprint()}"\n'
+    )
+    return job
+
+
+def packed_run(job: Path, capsys: Any) -> str:
+    """``fleet run`` of a :func:`packed_job` (it must make the packed-weight file); the
+    URL of the index it published."""
+    from support.fleetrun import fleet_run_json
+
+    capsys.readouterr()
+    run = fleet_run_json(job, capsys)
+    assert run["pairs"][0]["xnnpack"].startswith("XNNPACK packed-weight file made: ")
+    return str(run["index"])
