@@ -34,19 +34,15 @@ the device holds packed-weight files of earlier versions and the field names
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .._io import pwrite_all
 from ..errors import FormatError, IntegrityError, ObjectNotFound, StorageError
-from ..storage.atomic import sync_file
 from ..storage.loaders import open_loader
 from ..storage.routing import options_for_loader
-from .download import open_part, refuse_link
 
 if TYPE_CHECKING:
     from ..xnnpack import CacheFile
@@ -254,55 +250,6 @@ def why_not(field: dict[str, Any] | None, cpu: str, build: dict[str, str] | None
 Progress = Callable[[str, int, int], None]
 
 
-def _download(
-    field: dict[str, Any],
-    part: str,
-    options: dict[str, Any],
-    progress: Progress | None,
-    chunk: int,
-    events: Callable[[FetchEvent], None] | None = None,
-) -> str:
-    """``field``'s file downloaded into ``part`` (opened without following links, made
-    durable); its SHA-256 (hex), checked with its size against the index."""
-    from .chunked import Sink
-
-    url = str(field["url"])
-    refuse_link(part)
-    loader = open_loader(url, **options_for_loader(url, options))
-    try:
-        size = loader.size()
-        if size != field.get("size"):
-            raise IntegrityError(
-                f"{url}: {size} bytes, the index names {field.get('size')}", published=False
-            )
-        h = hashlib.sha256()
-        sink = Sink(url, part[: -len(".part")], size, progress, events)
-        fd = open_part(part, False)
-        try:
-            done = 0
-            while done < size:
-                data = loader.load(done, min(chunk, size - done))
-                if not len(data):
-                    raise StorageError(f"{url}: short read at offset {done}")
-                h.update(data)
-                pwrite_all(fd, memoryview(data), done)
-                done += len(data)
-                sink.add("store", len(data))
-            sync_file(fd)
-        finally:
-            os.close(fd)
-        loader.check_unchanged()
-    finally:
-        loader.close()
-    got = "sha256:" + h.hexdigest()
-    if got != field.get("sha256"):
-        raise IntegrityError(
-            f"{url}: downloaded bytes have {got}, the index names {field.get('sha256')}",
-            published=False,
-        )
-    return h.hexdigest()
-
-
 def deliver(
     field: dict[str, Any],
     pte: str,
@@ -334,7 +281,7 @@ def deliver(
     and its verified chunks for the next call to resume from. Without one it is
     downloaded whole, from the start. ``events`` says where each piece came from."""
     from ..xnnpack import adopt_cache
-    from .packed_chunks import download_delta, recorded_chunks
+    from .packed_chunks import download_delta, download_whole, recorded_chunks
     from .whole import discard_part
 
     dest = os.path.join(directory, f"xnnpack-download-{str(field.get('sha256'))[7:23]}.xpwc")
@@ -348,7 +295,7 @@ def deliver(
             )
         else:
             discard_part(dest)
-            digest = _download(field, dest + ".part", options, progress, chunk_size, events)
+            digest = download_whole(field, dest + ".part", options, progress, chunk_size, events)
         made = adopt_cache(
             dest + ".part",
             pte=pte,

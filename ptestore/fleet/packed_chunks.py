@@ -1,4 +1,5 @@
-"""The chunk record of a fleet's XNNPACK packed-weight file, and its delta delivery.
+"""The chunk record of a fleet's XNNPACK packed-weight file, and its download: by chunks
+from earlier versions' files (delta), or whole.
 
 A packed-weight file is as large as the weights it packs, and a model update that
 changes one weight changes one packed region of it: the other regions keep their bytes
@@ -54,6 +55,7 @@ __all__ = [
     "PackedLayouts",
     "chunk_record",
     "download_delta",
+    "download_whole",
     "packed_bases",
     "recorded_chunks",
 ]
@@ -148,9 +150,9 @@ class PackedLayouts:
         if last not in done:
             from_store([last])
         (index_start,) = struct.unpack("<Q", pread_all(fd, 8, size - FOOTER_SIZE))
-        need = [i for i in chunks.covering(min(index_start, size), size) if i not in done]
-        if need:  # an index longer than the last chunk
-            from_store(need)
+        for i in chunks.covering(min(index_start, size), size):  # an index longer than
+            if i not in done:  # the last chunk: each chunk it spans (a run is consecutive)
+                from_store([i])
         return _entries(fd, size, url)
 
     def moves(self, target: list[Entry], base: list[Entry]) -> Moves:
@@ -176,6 +178,63 @@ def packed_bases(directories: Sequence[str], exclude: str | None = None) -> list
             except OSError:
                 continue
     return sorted(found, key=lambda p: -found[p])[:MAX_BASES]
+
+
+def download_whole(
+    field: dict[str, Any],
+    part: str,
+    options: dict[str, Any],
+    progress: Callable[[str, int, int], None] | None,
+    chunk: int,
+    events: Callable[[Any], None] | None = None,
+) -> str:
+    """``field``'s file downloaded whole into ``part`` (opened without following links,
+    made durable; a file with no chunk record); its SHA-256 (hex), hashed as it arrived
+    and checked with its size against the index."""
+    import hashlib
+
+    from .._io import pwrite_all
+    from ..storage.atomic import sync_file
+    from ..storage.loaders import open_loader
+    from ..storage.routing import options_for_loader
+    from .chunked import Sink
+    from .download import open_part, refuse_link
+
+    url = str(field["url"])
+    refuse_link(part)
+    loader = open_loader(url, **options_for_loader(url, options))
+    try:
+        size = loader.size()
+        if size != field.get("size"):
+            raise IntegrityError(
+                f"{url}: {size} bytes, the index names {field.get('size')}", published=False
+            )
+        h = hashlib.sha256()
+        sink = Sink(url, part[: -len(".part")], size, progress, events)
+        fd = open_part(part, False)
+        try:
+            done = 0
+            while done < size:
+                data = loader.load(done, min(chunk, size - done))
+                if not len(data):
+                    raise StorageError(f"{url}: short read at offset {done}")
+                h.update(data)
+                pwrite_all(fd, memoryview(data), done)
+                done += len(data)
+                sink.add("store", len(data))
+            sync_file(fd)
+        finally:
+            os.close(fd)
+        loader.check_unchanged()
+    finally:
+        loader.close()
+    got = "sha256:" + h.hexdigest()
+    if got != field.get("sha256"):
+        raise IntegrityError(
+            f"{url}: downloaded bytes have {got}, the index names {field.get('sha256')}",
+            published=False,
+        )
+    return h.hexdigest()
 
 
 def download_delta(

@@ -119,9 +119,7 @@ def test_check_index_repairs_on_s3(s3_server: S3TestServer) -> None:
     assert assert_catalogs_match_leaves(url, opts) == 1
 
 
-def test_models_named_are_checked_alone(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_models_named_are_checked_alone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``--models``: only their objects are read and repaired; a model the index does not
     hold is named, never given a catalog."""
     url = _index(tmp_path)
