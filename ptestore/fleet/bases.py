@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .._io import pread_all
 from ..errors import FormatError
-from .delta import Base, Filled, fill, match_chunks
+from .delta import Base, Filled, Match, fill, match_chunks
 from .shift import Moves, segment_moves
 
 if TYPE_CHECKING:
@@ -46,8 +46,9 @@ class Layouts(Protocol):
         hold it are there (those not in ``done`` downloaded first); None when it does
         not parse."""
 
-    def moves(self, target: Any, base: Any) -> Moves:
-        """Where the base (its layout ``base``) holds each part of the target."""
+    def moves(self, target: Any, base: Any) -> Moves | None:
+        """Where the base (its layout ``base``) holds each part of the target; None when
+        it holds none of them (another model's file: not tried at all)."""
 
 
 class _Containers:
@@ -112,10 +113,11 @@ def fill_from_bases(
     their own offsets; where ``layouts`` reads the bases, also where a base keeps parts
     the download has at other offsets (:meth:`Layouts.moves`). For that the download's
     layout is read from the chunks that hold it (:meth:`Layouts.first`), taken from a
-    base where one has them (at the same offsets: the layout did not move) or else from
-    the store; the chunks a base's own record names are put in first (nothing to read),
-    the rest once the layout is known (no base chunk is hashed at an offset that cannot
-    match).
+    base where one has them (each base tried in turn, at the same offsets: the layout
+    did not move) or else from the store; a base the layout shows holds none of the
+    download's parts is not tried for the others. The chunks a base's own record names
+    are put in first (nothing to read), the rest once the layout is known (no base chunk
+    is hashed at an offset that cannot match).
     ``done`` gains the chunks of the first pass (and those ``from_store`` downloads);
     the caller adds the returned ``Filled.done``."""
     if not bases or not todo:
@@ -124,20 +126,31 @@ def fill_from_bases(
     if all(layouts.of_base(b) is None for b in bases):
         return fill(fd, directory, chunks, same, on_chunk)
     head = layouts.first(chunks)
-    first = [m for m in same if m.known or m.index in head]
+    first = [m for m in same if m.known]
     filled = fill(fd, directory, chunks, first, on_chunk)
     done |= filled.done
+    for i in sorted(head - done):  # the layout's chunks: each base in turn, same offsets
+        start, end = chunks.span(i)
+        for base in bases:
+            if i not in done and end <= base.size:
+                got = fill(fd, directory, chunks, [Match(i, base, start, False)], on_chunk)
+                filled.add(got)
+                done |= got.done
     target = layouts.target(fd, chunks, done, from_store, url)
-    tried = {m.index for m in first}
+    tried = {m.index for m in first} | head
     rest = [i for i in todo if i not in done and i not in tried]
     if target is None:
         left = set(rest)
         again = [m for m in same if m.index in left]
     else:
-        moves = [
-            None if (layout := layouts.of_base(b)) is None else layouts.moves(target, layout)
-            for b in bases
-        ]
-        again = match_chunks(chunks, rest, bases, moves)
+        moves: list[Moves | None] = []
+        used: list[Base] = []
+        for b in bases:
+            layout = layouts.of_base(b)
+            mv = None if layout is None else layouts.moves(target, layout)
+            if layout is None or mv is not None:  # else it holds none of the target's parts
+                moves.append(mv)
+                used.append(b)
+        again = match_chunks(chunks, rest, used, moves)
     filled.add(fill(fd, directory, chunks, again, on_chunk))
     return filled

@@ -155,13 +155,17 @@ class PackedLayouts:
                 from_store([i])
         return _entries(fd, size, url)
 
-    def moves(self, target: list[Entry], base: list[Entry]) -> Moves:
+    def moves(self, target: list[Entry], base: list[Entry]) -> Moves | None:
+        """None when no region pairs: another model's file (the names are its keys),
+        not tried even at the same offsets."""
         by_name = {e.name: e for e in base}
         rows = []
         for t in sorted(target, key=lambda e: e.offset):
             b = by_name.get(t.name)
             found = b.offset if b is not None and b.size == t.size else None
             rows.append((t.offset, t.offset + t.size, found))
+        if all(found is None for _, _, found in rows):
+            return None
         return Moves(0, tuple(rows))
 
 

@@ -41,12 +41,18 @@ def noise(seed: int, n: int) -> bytes:
     return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8).tobytes()
 
 
-def deliver(tmp: Path, old: bytes, new: bytes) -> tuple[bytes, dict[str, int]]:
-    """``new`` delivered from a local "store" with ``old`` as the base: its bytes and
-    the bytes by origin."""
+def deliver(
+    tmp: Path, old: bytes, new: bytes, others: tuple[bytes, ...] = ()
+) -> tuple[bytes, dict[str, int]]:
+    """``new`` delivered from a local "store" with ``old`` as the base (after
+    ``others``, other files tried first): its bytes and the bytes by origin."""
     base, stored = tmp / "old.xpwc", tmp / "store" / "m.xnnpack-x.xpwc"
     stored.parent.mkdir(exist_ok=True)
     base.write_bytes(old)
+    bases = []
+    for i, other in enumerate(others):
+        bases.append(tmp / f"other{i}.xpwc")
+        bases[-1].write_bytes(other)
     stored.write_bytes(new)
     chunks = chunk_record(str(stored), len(new))
     field = {"url": str(stored), "size": len(new), "sha256": "sha256:" + "0" * 64}
@@ -56,7 +62,8 @@ def deliver(tmp: Path, old: bytes, new: bytes) -> tuple[bytes, dict[str, int]]:
         moved[e.origin] = moved.get(e.origin, 0) + e.nbytes
 
     dest = tmp / "xnnpack-download-x.xpwc"
-    download_delta(field, str(dest), chunks, {}, [str(base)], CHUNK_SIZE, events=count)
+    paths = [*map(str, bases), str(base)]
+    download_delta(field, str(dest), chunks, {}, paths, CHUNK_SIZE, events=count)
     got = Path(str(dest) + ".part").read_bytes()
     for p in tmp.glob("xnnpack-download-*"):
         p.unlink()
@@ -78,6 +85,20 @@ def test_regions_after_a_grown_one_come_from_where_the_old_file_keeps_them(
     assert len(inside) >= 2
     assert moved["base"] >= CHUNK_SIZE * (1 + len(inside))  # a's first chunk and those
     assert moved["store"] + moved["base"] == len(new)
+
+
+def test_another_models_file_tried_first_does_not_hide_the_right_one(tmp_path: Path) -> None:
+    """The newest packed file beside DEST is another model's (its names are other keys):
+    it is not tried, and the earlier version's file gives what it holds."""
+    a, c = noise(1, 5 * MiB), noise(3, 9 * MiB)
+    old = xpwc([("a", a), ("b", noise(2, 2 * MiB)), ("c", c)])
+    new = xpwc([("a", a), ("b", noise(5, 2 * MiB)), ("c", c)])
+    alone = deliver(tmp_path, old, new)[1]
+    # another model of the same shapes (a file that would be hashed chunk by chunk)
+    other = xpwc([("x", noise(7, 5 * MiB)), ("y", noise(8, 2 * MiB)), ("z", noise(9, 9 * MiB))])
+    got, moved = deliver(tmp_path, old, new, (other,))
+    assert got == new and moved == alone and moved["base"] >= 3 * CHUNK_SIZE
+    assert PackedLayouts().moves(parse_index(new, "new"), parse_index(other, "other")) is None
 
 
 def test_the_pairing_is_by_name_and_size_only() -> None:
