@@ -152,6 +152,9 @@ def run_fetch(args: argparse.Namespace) -> int:
                 "taken from earlier packed-weight files)"
             )
         lines.append(line)
+        lines += [
+            f"removed {p}: the earlier packed-weight file of this .pte" for p in packed["removed"]
+        ]
     elif packed is not None:
         lines.append(f"no XNNPACK packed-weight file: {packed['reason']}")
     _print(args, result.to_dict(), "\n".join(lines))

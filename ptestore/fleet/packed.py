@@ -264,6 +264,7 @@ def deliver(
     bases: Sequence[str] = (),
     events: Callable[[FetchEvent], None] | None = None,
     record: dict[str, Any] | None = None,
+    installed_for: str | None = None,
 ) -> CacheFile:
     """The index's packed-weight file ``field`` for the local artifact ``pte`` (and
     ``ptd``; their whole-file SHA-256 when the caller knows them), downloaded into
@@ -279,7 +280,8 @@ def deliver(
     chunk, each checked as it arrives (:mod:`.packed_chunks`): the chunks the bases hold
     are taken from them, and a download that fails (not a check) leaves its ``.part``
     and its verified chunks for the next call to resume from. Without one it is
-    downloaded whole, from the start. ``events`` says where each piece came from."""
+    downloaded whole, from the start. ``events`` says where each piece came from;
+    ``installed_for`` is passed to :func:`~ptestore.xnnpack.adopt_cache`."""
     from ..xnnpack import adopt_cache
     from .packed_chunks import download_delta, download_whole, recorded_chunks
     from .whole import discard_part
@@ -308,6 +310,7 @@ def deliver(
             ptd_sha256=ptd_sha256,
             what=str(field["url"]),
             hashed=True,
+            installed_for=installed_for,
         )
     except BaseException as exc:
         if chunks is None or isinstance(exc, IntegrityError):
@@ -338,7 +341,8 @@ def fetch_packed(
     "sha256", "reason", "received", "from_base"}``: ``path`` None and ``reason`` why
     when there is none for this device (another CPU or ExecuTorch build, none made, a
     refusal by the runtime); ``received`` the bytes downloaded, ``from_base`` those
-    taken from earlier files."""
+    taken from earlier files, ``removed`` the earlier files installed for this .pte and
+    for no other, removed once this one is installed (:mod:`ptestore.xnnpack.users`)."""
     from ..xnnpack.identity import cpu_fingerprint
     from .packed_chunks import packed_bases
 
@@ -365,7 +369,7 @@ def fetch_packed(
         reason = "no ExecuTorch runtime here to load it with (pip install 'ptestore[xnnpack]')"
     if reason is not None or field is None:
         none = {"path": None, "url": None, "size": None, "sha256": None, "reason": reason}
-        return {**none, "received": 0, "from_base": 0}
+        return {**none, "received": 0, "from_base": 0, "removed": []}
     directory = os.path.dirname(os.path.abspath(str(pte["path"])))
     moved = {"store": 0, "base": 0}
 
@@ -386,12 +390,18 @@ def fetch_packed(
             bases=packed_bases([directory, *base_dirs]),
             events=count,
             record=record if record is not None and record["xnnpack"] is field else None,
+            installed_for=os.path.abspath(str(pte["path"])),
         )
     except IntegrityError as exc:
         raise IntegrityError(
             f"{exc}; {pte['path']} was published, no XNNPACK packed-weight file was",
             published=True,
         ) from exc
+    from pathlib import Path
+
+    from ..xnnpack.users import release
+
+    gone = release(Path(directory), os.path.abspath(str(pte["path"])), Path(made.path))
     return {
         "path": str(made.path),
         "url": field["url"],
@@ -400,4 +410,5 @@ def fetch_packed(
         "reason": None,
         "received": moved["store"],
         "from_base": moved["base"],
+        "removed": [str(p) for p in gone],
     }

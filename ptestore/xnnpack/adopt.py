@@ -34,6 +34,7 @@ from .record import (
     publish_file,
     remove_stale,
 )
+from .users import add_user
 from .xpwc import check_coverage, check_names
 
 __all__ = ["adopt_cache"]
@@ -52,6 +53,7 @@ def adopt_cache(
     ptd_sha256: str | None = None,
     what: str | None = None,
     hashed: bool = False,
+    installed_for: str | None = None,
 ) -> CacheFile:
     """Install ``file`` (in ``directory``, on the same file system) as the packed-weight
     file of ``pte`` (with ``ptd``) for this runtime and CPU, after the checks of the
@@ -61,6 +63,8 @@ def adopt_cache(
     ``hashed``: ``sha256`` is the digest of these very bytes, checked by the caller as
     they were written (a download hashed as it arrived, or verified chunk by chunk
     against a record bound to that digest), so the file is not read again for it.
+    ``installed_for``: the ``.pte``'s absolute path, named in the file's record (see
+    :mod:`.users`: a newer file installed for it later removes this one).
 
     Raises :class:`IntegrityError` (the file is removed) when a check fails."""
     from .cache import artifact_weights
@@ -97,6 +101,9 @@ def adopt_cache(
         found = found_checked(path, record_path, identity)
         if found is not None:
             tmp.unlink()
-            return found
-        remove_stale(directory, identity)
-        return publish_file(tmp, directory, identity, size, digest, len(entries))
+        else:
+            remove_stale(directory, identity)
+            found = publish_file(tmp, directory, identity, size, digest, len(entries))
+        if installed_for is not None:
+            add_user(record_path, installed_for)
+        return found

@@ -12,12 +12,14 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support.delta import PHONE, MiB, packed_job, packed_run
+from support.fixtures import get_fixture
 
 import ptestore
 from ptestore.cli import main
@@ -146,10 +148,11 @@ def test_fetch_takes_them_from_the_file_beside_the_pte_it_replaces(
     assert "sha256:" + hashlib.sha256(new).hexdigest() == field["sha256"]
     changed = _changed(old, new)
     assert 0 < changed <= 2 * CHUNK_SIZE
-    assert text.splitlines()[-1] == (
+    assert text.splitlines()[-2:] == [
         f"{field['url']} -> {path}: {len(new)} bytes verified ({changed} received from the "
-        f"store, {len(new) - changed} taken from earlier packed-weight files)"
-    )
+        f"store, {len(new) - changed} taken from earlier packed-weight files)",
+        f"removed {first.xnnpack['path']}: the earlier packed-weight file of this .pte",
+    ]
 
 
 def test_a_fetch_cut_off_mid_file_resumes_at_its_verified_chunks(
@@ -304,6 +307,44 @@ def test_regions_moved_by_a_reshaped_layer_are_taken_from_where_the_old_file_kee
     assert received + from_base == len(new)
     assert received <= same_offsets - len(inside) * CHUNK_SIZE
     assert from_base >= (1 + len(inside)) * CHUNK_SIZE  # layer 0's chunk and those
+
+
+def test_an_update_removes_the_file_it_replaces_and_never_one_another_pte_uses(
+    model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``a.pte`` and ``b.pte`` beside each other hold version 1 (one packed-weight file,
+    installed for both). Version 2 into ``a.pte``: the version-1 file stays (``b.pte``
+    uses it), its record names ``b.pte`` only; version 2 into ``b.pte`` too: it goes
+    (record, file and lock). A file made on this machine is never removed."""
+    from ptestore.xnnpack import make_cache
+    from ptestore.xnnpack.users import USERS
+
+    out, d = str(tmp_path / "out"), tmp_path / "dev"
+    a, b = d / "a.pte", d / "b.pte"
+    index = packed_run(packed_job(tmp_path, model, out, "1"), capsys)
+    for dest in (a, b):
+        got = ptestore.fetch(index, dest, model="m", device=PHONE, xnnpack_cache=True).xnnpack
+        assert got is not None and got["removed"] == []
+    v1 = Path(got["path"])
+    assert json.loads(Path(f"{v1}.json").read_text())[USERS] == [str(a), str(b)]
+    other = get_fixture("mlp_xnnpack").pte_path
+    assert other is not None
+    shutil.copyfile(other, d / "c.pte")
+    mine = make_cache(d / "c.pte", directory=d)  # made here, beside them: no user named
+    index = packed_run(packed_job(tmp_path, model, out, "2.5"), capsys)
+
+    argv = ["fetch", index, str(a), "--model", "m", "--device", "phone", "--xnnpack-cache"]
+    assert main(argv) == 0
+    assert "removed" not in capsys.readouterr().out
+    assert v1.is_file() and json.loads(Path(f"{v1}.json").read_text())[USERS] == [str(b)]
+    argv[2] = str(b)
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert text.splitlines()[-1] == f"removed {v1}: the earlier packed-weight file of this .pte"
+    assert not list(d.glob(f"{v1.name}*"))
+    (v2,) = [p for p in d.glob("xnnpack-*.xpwc") if p != mine.path]
+    assert json.loads(Path(f"{v2}.json").read_text())[USERS] == [str(a), str(b)]
+    assert Path(mine.path).is_file() and Path(f"{mine.path}.json").is_file()
 
 
 def test_a_record_replaced_since_the_index_was_written_is_not_trusted(
