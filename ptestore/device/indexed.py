@@ -317,8 +317,16 @@ def check_source(index: str, choice: Choice, made: Artifact) -> None:
             )
 
 
+def _count(moved: dict[str, int], origin: str, nbytes: int) -> None:
+    moved[origin] = moved.get(origin, 0) + nbytes
+
+
 def packed_from_index(
-    artifact: Artifact, directory: str, digests: tuple[str, str | None], opts: dict[str, Any]
+    artifact: Artifact,
+    directory: str,
+    digests: tuple[str, str | None],
+    opts: dict[str, Any],
+    moved: dict[str, int] | None = None,
 ) -> tuple[CacheFile | None, str | None]:
     """``ensure(index, ..., xnnpack_cache=True)``: the packed-weight file the index lists
     for the entry's artifact (``artifact.choice["xnnpack"]``, reported by
@@ -330,7 +338,8 @@ def packed_from_index(
     none for this device or the delivered one failed a check (logged): the caller makes
     one here. The entry's packed-weight files of the artifact it held before (kept when
     it was fetched again) are the delivery's bases: only the chunks they do not hold are
-    downloaded (:mod:`ptestore.fleet.packed_chunks`)."""
+    downloaded (:mod:`ptestore.fleet.packed_chunks`); ``moved`` counts the bytes by
+    where they came from (``store``, ``base``, ``part``)."""
     from .._log import get_logger
     from ..fleet.packed import deliver, identity_claimed, runtime_build
     from ..fleet.packed_chunks import packed_bases
@@ -357,6 +366,7 @@ def packed_from_index(
             pte_sha256=digests[0],
             ptd_sha256=digests[1],
             bases=packed_bases([directory]),
+            events=None if moved is None else lambda e: _count(moved, e.origin, e.nbytes),
         ), None
     except (IntegrityError, StorageError) as exc:
         get_logger("ptestore.device").warning(

@@ -126,6 +126,7 @@ def with_packed_weights(
         with layout.lock(artifact.key):
             _remove(directory, _stale(directory, str(found.path)))
     source = "found"
+    moved: dict[str, int] = {}  # what a delivery from the index moved, by origin
     if found is None:
         from ..xnnpack import make_cache
 
@@ -142,7 +143,7 @@ def with_packed_weights(
                 from .indexed import packed_from_index
 
                 found, refused = packed_from_index(
-                    artifact, directory, digests, dict(storage_options or {})
+                    artifact, directory, digests, dict(storage_options or {}), moved
                 )
                 if refused is not None:
                     return replace(artifact, xnnpack_refused=refused)
@@ -166,4 +167,7 @@ def with_packed_weights(
                 )
                 return replace(artifact, xnnpack_refused=exc.reason)
             _remove(directory, _stale(directory, str(found.path)))
+    if source == "index" and artifact.choice is not None:  # what the delivery moved
+        fetched = {"received": moved.get("store", 0), "from_base": moved.get("base", 0)}
+        artifact = replace(artifact, choice={**artifact.choice, "xnnpack_fetched": fetched})
     return replace(artifact, xnnpack_cache=str(found.path), xnnpack_from=source)

@@ -117,6 +117,8 @@ def test_ensure_takes_the_unchanged_chunks_from_the_entrys_earlier_file(
     changed = _changed(old, new)
     assert 0 < changed <= 2 * CHUNK_SIZE < len(new) // 2  # one weight's region
     assert _delivered(caplog) == (changed, len(new) - changed)
+    assert got.choice is not None
+    assert got.choice["xnnpack_fetched"] == {"received": changed, "from_base": len(new) - changed}
     # the earlier file went once the new one was installed; a hit finds the new one
     entry = Path(got.xnnpack_cache).parent
     assert sorted(p.name for p in entry.glob("xnnpack-*.xpwc")) == [Path(got.xnnpack_cache).name]
