@@ -109,6 +109,25 @@ def _remove(directory: str, names: list[str]) -> None:
             pass
 
 
+def _refused(
+    directory: str, artifact: Artifact, digests: tuple[str, str | None], why: str
+) -> Artifact:
+    """``artifact`` served without a packed-weight file (``why``); the entry's files of
+    earlier artifacts go (this one's refusal record stays)."""
+    from ..errors import PteStoreError
+    from ..xnnpack.native import executorch_build
+    from ..xnnpack.record import identity_of
+
+    try:
+        build = executorch_build()
+    except PteStoreError:
+        build = None
+    if build is not None:
+        name = identity_of(artifact.pte, artifact.ptd, digests[0], digests[1], build).name
+        _remove(directory, _stale(directory, os.path.join(directory, name + ".xpwc")))
+    return replace(artifact, xnnpack_refused=why)
+
+
 def with_packed_weights(
     layout: CacheLayout, artifact: Artifact, storage_options: dict[str, Any] | None = None
 ) -> Artifact:
@@ -146,7 +165,7 @@ def with_packed_weights(
                     artifact, directory, digests, dict(storage_options or {}), moved
                 )
                 if refused is not None:
-                    return replace(artifact, xnnpack_refused=refused)
+                    return _refused(directory, artifact, digests, refused)
                 source = "index"
             try:
                 if found is None:
@@ -165,7 +184,7 @@ def with_packed_weights(
                 get_logger("ptestore.device").warning(
                     "%s: served without an XNNPACK packed-weight file: %s", artifact.pte, exc.reason
                 )
-                return replace(artifact, xnnpack_refused=exc.reason)
+                return _refused(directory, artifact, digests, exc.reason)
             _remove(directory, _stale(directory, str(found.path)))
     if source == "index" and artifact.choice is not None:  # what the delivery moved
         fetched = {"received": moved.get("store", 0), "from_base": moved.get("base", 0)}

@@ -349,6 +349,36 @@ def test_an_update_removes_the_file_it_replaces_and_never_one_another_pte_uses(
     assert Path(mine.path).is_file() and Path(f"{mine.path}.json").is_file()
 
 
+def test_an_entry_whose_new_artifact_was_refused_drops_the_earlier_file(
+    model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The model's next version is a graph the runtime refuses to cache (Conv-PReLU-Conv,
+    ExecuTorch 1.4.1): ``ensure`` serves it without a file, and the earlier version's
+    file does not stay in the entry (it is bound to bytes the entry no longer holds)."""
+    from support.fleetrun import fleet_run_json
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        from make_xnnpack_models import export_conv_prelu
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    (prelu,) = export_conv_prelu(tmp_path / "prelu.pte")
+    out, cache = str(tmp_path / "out"), tmp_path / "cache"
+    index = packed_run(packed_job(tmp_path, model, out, "1"), capsys)
+    first = ptestore.ensure(index, cache_dir=cache, model="m", device=PHONE, xnnpack_cache=True)
+    assert first.xnnpack_cache is not None
+    entry = Path(first.pte).parent
+    capsys.readouterr()
+    run = fleet_run_json(packed_job(tmp_path, prelu, out, "1"), capsys)
+    assert "refused" in run["pairs"][0]["xnnpack"]
+    index = run["index"]
+    got = ptestore.ensure(index, cache_dir=cache, model="m", device=PHONE, xnnpack_cache=True)
+    assert got.xnnpack_cache is None and got.xnnpack_refused is not None
+    assert got.xnnpack_refused.endswith("(refused by the fleet's runtime)")
+    assert Path(got.pte).parent == entry
+    assert not [p.name for p in entry.iterdir() if p.name.startswith("xnnpack-")]
+
+
 def test_a_record_replaced_since_the_index_was_written_is_not_trusted(
     model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
