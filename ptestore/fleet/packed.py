@@ -387,7 +387,7 @@ def fetch_packed(
             options,
             progress=progress,
             chunk_size=chunk_size,
-            bases=packed_bases([directory, *base_dirs]),
+            bases=packed_bases([directory, *base_dirs], os.path.abspath(str(pte["path"]))),
             events=count,
             record=record if record is not None and record["xnnpack"] is field else None,
             installed_for=os.path.abspath(str(pte["path"])),

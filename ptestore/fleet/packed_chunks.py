@@ -34,8 +34,10 @@ record.
 from __future__ import annotations
 
 import glob
+import json
 import mmap
 import os
+import stat
 import struct
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -169,19 +171,35 @@ class PackedLayouts:
         return Moves(0, tuple(rows))
 
 
-def packed_bases(directories: Sequence[str], exclude: str | None = None) -> list[str]:
-    """The packed-weight files (``xnnpack-<id>.xpwc``) in ``directories``, newest
-    first, at most :data:`MAX_BASES`; ``exclude`` (a file name) left out."""
-    found: dict[str, float] = {}
+def _serves(path: str, artifact: str) -> bool:
+    """Whether the record beside the packed-weight file ``path`` says it was installed
+    for ``artifact`` (:mod:`ptestore.xnnpack.users`)."""
+    from ..xnnpack.users import USERS
+
+    try:
+        with open(path + ".json", "rb") as f:
+            record = json.loads(f.read(1 << 20))
+    except (OSError, ValueError):
+        return False
+    users = record.get(USERS) if isinstance(record, dict) else None
+    return isinstance(users, list) and artifact in users
+
+
+def packed_bases(directories: Sequence[str], artifact: str | None = None) -> list[str]:
+    """The packed-weight files (``xnnpack-<id>.xpwc``) in ``directories``, at most
+    :data:`MAX_BASES`: those installed for ``artifact`` (an absolute .pte path: its
+    earlier versions' files) first, then the newest."""
+    found: dict[str, tuple[bool, float]] = {}
     for d in directories:
         for path in glob.glob(os.path.join(glob.escape(d), "xnnpack-*.xpwc")):
-            if os.path.basename(path) == exclude or not os.path.isfile(path):
-                continue
             try:
-                found[os.path.realpath(path)] = os.stat(path).st_mtime
+                st = os.stat(path)
             except OSError:
                 continue
-    return sorted(found, key=lambda p: -found[p])[:MAX_BASES]
+            if stat.S_ISREG(st.st_mode):
+                mine = artifact is not None and _serves(path, artifact)
+                found[os.path.realpath(path)] = (mine, st.st_mtime)
+    return sorted(found, key=lambda p: (not found[p][0], -found[p][1]))[:MAX_BASES]
 
 
 def download_whole(

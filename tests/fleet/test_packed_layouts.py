@@ -101,6 +101,29 @@ def test_another_models_file_tried_first_does_not_hide_the_right_one(tmp_path: P
     assert PackedLayouts().moves(parse_index(new, "new"), parse_index(other, "other")) is None
 
 
+def test_the_files_installed_for_the_pte_are_its_first_bases(tmp_path: Path) -> None:
+    """Six packed-weight files beside DEST, the oldest installed for it: it comes first,
+    then the newest of the others, four in all."""
+    import json
+    import os
+
+    from ptestore.fleet.packed_chunks import packed_bases
+    from ptestore.xnnpack.users import USERS
+
+    dest = str(tmp_path / "m.pte")
+    files = []
+    for i in range(6):
+        f = tmp_path / f"xnnpack-{i:032x}.xpwc"
+        f.write_bytes(b"x")
+        os.utime(f, (1000 + i, 1000 + i))
+        files.append(str(f))
+    Path(files[0] + ".json").write_text(json.dumps({USERS: ["/elsewhere.pte", dest]}))
+    Path(files[5] + ".json").write_text("not JSON")
+    (tmp_path / "xnnpack-download-1.xpwc.part").write_bytes(b"x")
+    assert packed_bases([str(tmp_path)], dest) == [files[0], files[5], files[4], files[3]]
+    assert packed_bases([str(tmp_path)]) == [files[5], files[4], files[3], files[2]]
+
+
 def test_the_pairing_is_by_name_and_size_only() -> None:
     lay = PackedLayouts()
     old = parse_index(xpwc([("a", b"x" * 10), ("b", b"y" * 20), ("c", b"z" * 30)]), "old")
