@@ -18,6 +18,7 @@ directory, so it counts in ``max_bytes`` and goes with the entry when LRU evicts
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from typing import TYPE_CHECKING, Any
@@ -103,10 +104,8 @@ def _stale(directory: str, keep: str) -> list[str]:
 
 def _remove(directory: str, names: list[str]) -> None:
     for name in names:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(directory, name))
-        except FileNotFoundError:
-            pass
 
 
 def _refused(

@@ -18,6 +18,7 @@ from ..storage.loaders import DataLoader, LocalFileLoader
 
 __all__ = [
     "check_space",
+    "discard_part",
     "open_part",
     "own_file",
     "pinned_version",
@@ -92,6 +93,15 @@ def read_state(meta_path: str) -> Any:
             return json.loads(f.read(1 << 16))
     except (OSError, ValueError):
         return None
+
+
+def discard_part(dest: str) -> None:
+    """Remove ``DEST.part`` and ``DEST.part.json`` (what is there of them)."""
+    for name in (dest + ".part", dest + ".part.json"):
+        try:
+            os.unlink(name)
+        except FileNotFoundError:
+            pass
 
 
 def pinned_version(url: str, loader: DataLoader) -> dict[str, Any]:

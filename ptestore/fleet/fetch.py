@@ -48,7 +48,6 @@ from ..errors import (
     IntegrityError,
     ObjectNotFound,
     PartialPublish,
-    StorageError,
 )
 from ..provenance.digest import content_digest
 from ..provenance.trailer import read_trailer
@@ -58,12 +57,12 @@ from ..storage.routing import options_for_loader
 from ..storage.types import StorageURL
 from .chunked import FetchEvent, Sink, download_chunks, pinned_record
 from .delta import Base, open_bases
-from .download import check_space, pinned_version, refuse_link
+from .download import check_space, discard_part, refuse_link
 from .job import ptd_beside
-from .ranged import ObjectChanged, PinnedReader
+from .ranged import PinnedReader, pinned_attempts
 from .select import Choice, select
 from .shared import SHARED_DIR
-from .whole import discard_part, download_whole
+from .whole import download_whole
 
 if TYPE_CHECKING:
     from ..backends.compat import DeviceProfile
@@ -161,47 +160,34 @@ def _download(
     os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
     for name in (part, meta_path):
         refuse_link(name)
-    for _attempt in range(3):
-        loader = open_loader(url, **options_for_loader(url, options))
-        try:
-            size = loader.size()
-            etag = getattr(loader, "etag", None)
-            state = {"url": url, "size": size, **pinned_version(url, loader)}
-            reader = PinnedReader(loader, etag if isinstance(etag, str) else None)
-            try:
-                record = pinned_record(want, size, reader)
-                if record is not None:  # verified chunk by chunk (.chunked)
-                    chunks = record.chunks
-                    got = download_chunks(
-                        url=url,
-                        dest=dest,
-                        size=size,
-                        state={
-                            **state,
-                            "trailer_sha256": want["trailer_sha256"],
-                            "chunks": {"size": chunks.chunk_size, "root": chunks.root},
-                        },
-                        chunks=chunks,
-                        trailer_bytes=record.trailer,
-                        tail=(record.tail_offset, record.tail),
-                        reader=reader,
-                        bases=bases,
-                        request_size=chunk_size,
-                        sink=sink(url, dest, size),
-                    )
-                    got["sha256"] = record.sha256
-                else:
-                    got = download_whole(want, dest, state, reader, bases, chunk_size, sink, _check)
-            except ObjectChanged:
-                discard_part(dest)  # the object changed: start again
-                continue
-            if loader_changed(loader):
-                discard_part(dest)
-                continue
-        finally:
-            loader.close()
+
+    def run(loader: DataLoader, reader: PinnedReader, state: dict[str, Any]) -> dict[str, Any]:
+        size = int(state["size"])
+        record = pinned_record(want, size, reader)
+        if record is None:
+            return download_whole(want, dest, state, reader, bases, chunk_size, sink, _check)
+        chunks = record.chunks  # verified chunk by chunk (.chunked)
+        got = download_chunks(
+            url=url,
+            dest=dest,
+            size=size,
+            state={
+                **state,
+                "trailer_sha256": want["trailer_sha256"],
+                "chunks": {"size": chunks.chunk_size, "root": chunks.root},
+            },
+            chunks=chunks,
+            trailer_bytes=record.trailer,
+            tail=(record.tail_offset, record.tail),
+            reader=reader,
+            bases=bases,
+            request_size=chunk_size,
+            sink=sink(url, dest, size),
+        )
+        got["sha256"] = record.sha256
         return got
-    raise StorageError(f"{url}: the object changed during every one of 3 downloads")
+
+    return pinned_attempts(url, options, dest, run)
 
 
 def _publish(got: dict[str, Any]) -> None:
@@ -248,14 +234,6 @@ def _check_pair(files: list[dict[str, Any]]) -> None:
 def _discard_parts(files: list[dict[str, Any]]) -> None:
     for f in files:
         discard_part(str(f["path"]))
-
-
-def loader_changed(loader: DataLoader) -> bool:
-    try:
-        loader.check_unchanged()
-    except StorageError:
-        return True
-    return False
 
 
 def fetch(

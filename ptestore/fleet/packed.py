@@ -283,8 +283,8 @@ def deliver(
     downloaded whole, from the start. ``events`` says where each piece came from;
     ``installed_for`` is passed to :func:`~ptestore.xnnpack.adopt_cache`."""
     from ..xnnpack import adopt_cache
+    from .download import discard_part
     from .packed_chunks import download_delta, download_whole, recorded_chunks
-    from .whole import discard_part
 
     dest = os.path.join(directory, f"xnnpack-download-{str(field.get('sha256'))[7:23]}.xpwc")
     chunks = None
@@ -338,7 +338,7 @@ def fetch_packed(
     selection's), for an artifact fetched by URL ``src`` the one its record beside it
     names; the packed-weight files of earlier versions beside the .pte and in
     ``base_dirs`` (those of ``fetch``'s bases) are its bases. ``{"path", "url", "size",
-    "sha256", "reason", "received", "from_base"}``: ``path`` None and ``reason`` why
+    "sha256", "reason", "received", "from_base", "removed"}``: ``path`` None and ``reason`` why
     when there is none for this device (another CPU or ExecuTorch build, none made, a
     refusal by the runtime); ``received`` the bytes downloaded, ``from_base`` those
     taken from earlier files, ``removed`` the earlier files installed for this .pte and
@@ -370,7 +370,8 @@ def fetch_packed(
     if reason is not None or field is None:
         none = {"path": None, "url": None, "size": None, "sha256": None, "reason": reason}
         return {**none, "received": 0, "from_base": 0, "removed": []}
-    directory = os.path.dirname(os.path.abspath(str(pte["path"])))
+    artifact = os.path.abspath(str(pte["path"]))
+    directory = os.path.dirname(artifact)
     moved = {"store": 0, "base": 0}
 
     def count(event: FetchEvent) -> None:
@@ -387,10 +388,10 @@ def fetch_packed(
             options,
             progress=progress,
             chunk_size=chunk_size,
-            bases=packed_bases([directory, *base_dirs], os.path.abspath(str(pte["path"]))),
+            bases=packed_bases([directory, *base_dirs], artifact),
             events=count,
             record=record if record is not None and record["xnnpack"] is field else None,
-            installed_for=os.path.abspath(str(pte["path"])),
+            installed_for=artifact,
         )
     except IntegrityError as exc:
         raise IntegrityError(
@@ -401,7 +402,7 @@ def fetch_packed(
 
     from ..xnnpack.users import release
 
-    gone = release(Path(directory), os.path.abspath(str(pte["path"])), Path(made.path))
+    gone = release(Path(directory), artifact, Path(made.path))
     return {
         "path": str(made.path),
         "url": field["url"],

@@ -4,9 +4,10 @@ from earlier versions' files (delta), or whole.
 A packed-weight file is as large as the weights it packs, and a model update that
 changes one weight changes one packed region of it: the other regions keep their bytes
 and their offsets (XNNPACK packs the same graph in the same order, each region at a
-page-aligned offset). So the fleet records, beside each file it makes, the SHA-256 of
-every 4 MiB chunk of it (:class:`~ptestore.provenance.chunks.ChunkDigests`, the same
-record an artifact's trailer holds) in the file's record ``<stem>.xpwc.json``
+page-aligned offset). So the fleet records, beside each file it makes (hashed as it is
+uploaded, :mod:`.packing`), the SHA-256 of every 4 MiB chunk of it
+(:class:`~ptestore.provenance.chunks.ChunkDigests`, the same record an artifact's
+trailer holds) in the file's record ``<stem>.xpwc.json``
 (``"chunks"``), and their root in the index's ``xnnpack`` field (``"chunks_root"``,
 ``sha256-tree:<hex>``, which pins the record: a record made since for another version
 does not match it and is not used).
@@ -18,8 +19,10 @@ copied from it and checked against the record, only the others are downloaded (r
 GETs pinned to the object's version, each chunk checked as it arrives,
 :func:`ptestore.fleet.chunked.download_chunks`). Every chunk is checked against the
 record the index pins, so the file is, byte for byte, the one the fleet hashed for its
-whole-file SHA-256: that digest is not computed again. Without a chunk record (a file
-made by an older ptestore), or without an old file, the file is downloaded whole.
+whole-file SHA-256: that digest is not computed again. With no old file every chunk
+comes from the store, still checked as it arrives, and a download cut off resumes at
+its verified chunks. Without a chunk record (a file made by an older ptestore) the file
+is downloaded whole (:func:`download_whole`).
 
 A weight whose packed size changed (a layer of another shape) moves every region after
 it. :class:`PackedLayouts` then finds them where the old file keeps them: the new
@@ -55,7 +58,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PackedLayouts",
-    "chunk_record",
     "download_delta",
     "download_whole",
     "packed_bases",
@@ -66,20 +68,6 @@ log = get_logger(__name__)
 
 #: How many old packed-weight files a delivery takes chunks from (newest first).
 MAX_BASES = 4
-
-
-def chunk_record(path: str, size: int) -> ChunkDigests:
-    """The chunk digests of the packed-weight file at ``path`` (``size`` bytes), hashed
-    a chunk per core."""
-    from ..provenance.chunks import chunk_size_for, hash_chunks
-    from ..storage.loaders import LocalFileLoader
-
-    loader = LocalFileLoader(path)
-    try:
-        got = hash_chunks(loader, size)
-    finally:
-        loader.close()
-    return ChunkDigests(chunk_size_for(size), size, tuple(got[i] for i in range(len(got))))
 
 
 def recorded_chunks(field: dict[str, Any], record: dict[str, Any] | None) -> ChunkDigests | None:
@@ -273,69 +261,47 @@ def download_delta(
     chunk checked against ``chunks`` (:func:`recorded_chunks`), those the ``bases``
     hold at the same offsets taken from them; returns its whole-file SHA-256 (hex), the
     index's, which the checked chunks prove."""
-    from ..storage.loaders import open_loader
-    from ..storage.routing import options_for_loader
     from .chunked import Sink, download_chunks
     from .delta import open_bases
-    from .download import pinned_version
-    from .ranged import ObjectChanged, PinnedReader
-    from .whole import discard_part
+    from .ranged import pinned_attempts
 
     url = str(field["url"])
-    for _attempt in range(3):
-        loader = open_loader(url, **options_for_loader(url, options))
+
+    def run(loader: Any, reader: Any, state: dict[str, Any]) -> dict[str, Any]:
+        size = int(state["size"])
+        if size != chunks.length:
+            raise IntegrityError(
+                f"{url}: {size} bytes, the index names {chunks.length}", published=False
+            )
+        opened = open_bases(list(bases), required=False)
         try:
-            size = loader.size()
-            if size != chunks.length:
-                raise IntegrityError(
-                    f"{url}: {size} bytes, the index names {chunks.length}", published=False
-                )
-            etag = getattr(loader, "etag", None)
-            state = {
-                "url": url,
-                "size": size,
-                **pinned_version(url, loader),
-                "chunks": {"size": chunks.chunk_size, "root": chunks.root},
-            }
-            reader = PinnedReader(loader, etag if isinstance(etag, str) else None)
-            opened = open_bases(list(bases), required=False)
-            try:
-                got = download_chunks(
-                    url=url,
-                    dest=dest,
-                    size=size,
-                    state=state,
-                    chunks=chunks,
-                    trailer_bytes=b"",
-                    tail=(size, b""),
-                    reader=reader,
-                    bases=opened,
-                    request_size=request_size,
-                    sink=Sink(url, dest, size, progress, events),
-                    record_name=f"its chunk record (beside it, pinned by the index's "
-                    f"chunks_root {chunks.digest})",
-                    layouts=PackedLayouts(),
-                )
-            except ObjectChanged:
-                discard_part(dest)
-                continue
-            finally:
-                for b in opened:
-                    b.close()
-            try:
-                loader.check_unchanged()
-            except StorageError:
-                discard_part(dest)
-                continue
+            return download_chunks(
+                url=url,
+                dest=dest,
+                size=size,
+                state={**state, "chunks": {"size": chunks.chunk_size, "root": chunks.root}},
+                chunks=chunks,
+                trailer_bytes=b"",
+                tail=(size, b""),
+                reader=reader,
+                bases=opened,
+                request_size=request_size,
+                sink=Sink(url, dest, size, progress, events),
+                record_name=f"its chunk record (beside it, pinned by the index's "
+                f"chunks_root {chunks.digest})",
+                layouts=PackedLayouts(),
+            )
         finally:
-            loader.close()
-        log.info(
-            "%s: %d of %d bytes from the store, %d from %d earlier packed-weight file(s)",
-            url,
-            got["received"],
-            size,
-            got["from_base"],
-            len(got["bases"]),
-        )
-        return str(field["sha256"])[len("sha256:") :]
-    raise StorageError(f"{url}: the object changed during every one of 3 downloads")
+            for b in opened:
+                b.close()
+
+    got = pinned_attempts(url, options, dest, run)
+    log.info(
+        "%s: %d of %d bytes from the store, %d from %d earlier packed-weight file(s)",
+        url,
+        got["received"],
+        chunks.length,
+        got["from_base"],
+        len(got["bases"]),
+    )
+    return str(field["sha256"])[len("sha256:") :]

@@ -35,7 +35,7 @@ import shutil
 import socket
 import tempfile
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import AlreadyExists, IntegrityError, PackedWeightsRefused, PteStoreError
 from ..storage.loaders import open_loader
@@ -49,7 +49,9 @@ from .packed import (
     read_record,
     record_url,
 )
-from .packed_chunks import chunk_record
+
+if TYPE_CHECKING:
+    from ..provenance.chunks import ChunkDigests
 
 __all__ = [
     "check_beside",
@@ -158,21 +160,25 @@ def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _store(path: str, url: str, sha256: str, options: dict[str, Any]) -> None:
+def _store(path: str, url: str, sha256: str, options: dict[str, Any]) -> ChunkDigests:
     """Store the file ``path`` at ``url``, created exclusively: an object already there
-    (another worker's) is accepted only with these bytes, never overwritten."""
+    (another worker's) is accepted only with these bytes, never overwritten. Returns the
+    file's chunk digests (:mod:`.packed_chunks`), hashed as it is read for the upload."""
+    from ..provenance.chunks import ChunkHasher
     from ..provenance.digest import content_digest
     from ..writers import open_writer
 
+    hasher = ChunkHasher(os.path.getsize(path))
     w = open_writer(url, **pair_options(url, options).for_writer(url))
     try:
         with open(path, "rb") as f:
             offset = 0
             while data := f.read(_CHUNK):
+                hasher.update(data)
                 w.write(data, offset)
                 offset += len(data)
         w.publish("create")
-        return
+        return hasher.result()
     except AlreadyExists:
         pass
     finally:
@@ -188,6 +194,7 @@ def _store(path: str, url: str, sha256: str, options: dict[str, Any]) -> None:
             f"has sha256:{sha256}); a packed-weight file is never overwritten: remove it "
             "and run again"
         )
+    return hasher.result()
 
 
 def _publish_record(url: str, record: dict[str, Any], options: dict[str, Any]) -> None:
@@ -262,9 +269,8 @@ def make_packed(
             why = f"XNNPACK packed weights refused by the runtime (recorded): {exc.reason}"
         else:
             url = file_url(destination, identity.name)
-            _store(str(made.path), url, made.sha256, opts)
+            chunks = _store(str(made.path), url, made.sha256, opts)
             counter[0] += made.size
-            chunks = chunk_record(str(made.path), made.size)
             field.update(url=url, size=made.size, sha256="sha256:" + made.sha256)
             field.update(entries=made.entries, chunks_root=chunks.digest)
             why = f"XNNPACK packed-weight file made: {url}"

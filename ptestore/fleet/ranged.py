@@ -18,13 +18,13 @@ the store (what ``fetch`` reports as moved).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 from .._retry import DEFAULT_RETRY, Category, classify, to_storage_error
 from ..errors import StorageError
 from ..storage.types import DataLoader
 
-__all__ = ["ObjectChanged", "PinnedReader"]
+__all__ = ["ObjectChanged", "PinnedReader", "pinned_attempts"]
 
 
 class ObjectChanged(Exception):
@@ -175,3 +175,43 @@ def _backoff(failures: int, name: str, offset: int, exc: BaseException) -> None:
         wait,
     )
     time.sleep(wait)
+
+
+T = TypeVar("T")
+
+
+def pinned_attempts(
+    url: str,
+    options: dict[str, Any],
+    dest: str,
+    run: Callable[[DataLoader, PinnedReader, dict[str, Any]], T],
+) -> T:
+    """``run(loader, reader, state)`` for the object at ``url``: ``reader`` pinned to
+    its version, ``state`` what pins ``DEST.part.json`` to it (``url``, ``size`` and
+    :func:`.download.pinned_version`). When the object changes meanwhile
+    (:class:`ObjectChanged`, or the loader sees another version afterwards), ``DEST.part``
+    is discarded and it starts again, at most 3 times in all."""
+    from ..storage.loaders import open_loader
+    from ..storage.routing import options_for_loader
+    from .download import discard_part, pinned_version
+
+    for _attempt in range(3):
+        loader = open_loader(url, **options_for_loader(url, options))
+        try:
+            etag = getattr(loader, "etag", None)
+            state = {"url": url, "size": loader.size(), **pinned_version(url, loader)}
+            reader = PinnedReader(loader, etag if isinstance(etag, str) else None)
+            try:
+                got = run(loader, reader, state)
+            except ObjectChanged:
+                discard_part(dest)  # the object changed: start again
+                continue
+            try:
+                loader.check_unchanged()
+            except StorageError:  # changed since it was read: start again
+                discard_part(dest)
+                continue
+        finally:
+            loader.close()
+        return got
+    raise StorageError(f"{url}: the object changed during every one of 3 downloads")

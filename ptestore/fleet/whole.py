@@ -22,19 +22,10 @@ from ..errors import IntegrityError
 from ..storage.atomic import put_bytes, sync_file
 from .chunked import Sink
 from .delta import Base, copy_whole
-from .download import open_part, read_state
+from .download import discard_part, open_part, read_state
 from .ranged import ObjectChanged, PinnedReader
 
-__all__ = ["discard_part", "download_whole", "resume_point"]
-
-
-def discard_part(dest: str) -> None:
-    """Remove ``DEST.part`` and ``DEST.part.json`` (what is there of them)."""
-    for name in (dest + ".part", dest + ".part.json"):
-        try:
-            os.unlink(name)
-        except FileNotFoundError:
-            pass
+__all__ = ["download_whole", "resume_point"]
 
 
 #: Bytes at the end of a ``.part`` read again from the object and compared before a

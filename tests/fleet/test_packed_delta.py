@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import shutil
 import sys
 from pathlib import Path
@@ -68,12 +67,11 @@ def _changed(old: bytes, new: bytes) -> int:
     )
 
 
-def _delivered(caplog: pytest.LogCaptureFixture) -> tuple[int, int]:
-    """``(from the store, from earlier files)`` of the delta delivery logged last."""
-    (record,) = [r for r in caplog.records if r.name == "ptestore.fleet.packed_chunks"]
-    args = record.args
-    assert isinstance(args, tuple)
-    return int(args[1]), int(args[3])
+def _delivered(artifact: Any) -> tuple[int, int]:
+    """``(from the store, from earlier files)`` of the packed-weight delivery ``ensure``
+    reports (``choice["xnnpack_fetched"]``)."""
+    fetched = artifact.choice["xnnpack_fetched"]
+    return int(fetched["received"]), int(fetched["from_base"])
 
 
 def test_the_record_names_the_chunk_digests_the_index_pins(
@@ -98,7 +96,6 @@ def test_ensure_takes_the_unchanged_chunks_from_the_entrys_earlier_file(
     model: Path,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
-    caplog: pytest.LogCaptureFixture,
 ) -> None:
     out, cache = str(tmp_path / "out"), tmp_path / "cache"
     index = packed_run(packed_job(tmp_path, model, out, "1"), capsys)
@@ -108,7 +105,6 @@ def test_ensure_takes_the_unchanged_chunks_from_the_entrys_earlier_file(
 
     index = packed_run(packed_job(tmp_path, model, out, "2.5"), capsys)
     field = _field(index)
-    caplog.set_level(logging.INFO, logger="ptestore.fleet.packed_chunks")
     got = ptestore.ensure(index, cache_dir=cache, model="m", device=PHONE, xnnpack_cache=True)
     assert got.xnnpack_from == "index" and got.xnnpack_cache is not None
     new = Path(got.xnnpack_cache).read_bytes()
@@ -116,9 +112,7 @@ def test_ensure_takes_the_unchanged_chunks_from_the_entrys_earlier_file(
     assert new == Path(field["url"]).read_bytes() and new != old
     changed = _changed(old, new)
     assert 0 < changed <= 2 * CHUNK_SIZE < len(new) // 2  # one weight's region
-    assert _delivered(caplog) == (changed, len(new) - changed)
-    assert got.choice is not None
-    assert got.choice["xnnpack_fetched"] == {"received": changed, "from_base": len(new) - changed}
+    assert _delivered(got) == (changed, len(new) - changed)
     # the earlier file went once the new one was installed; a hit finds the new one
     entry = Path(got.xnnpack_cache).parent
     assert sorted(p.name for p in entry.glob("xnnpack-*.xpwc")) == [Path(got.xnnpack_cache).name]
@@ -269,7 +263,6 @@ def test_regions_moved_by_a_reshaped_layer_are_taken_from_where_the_old_file_kee
     reshaped: tuple[Path, Path],
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
-    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Layers 1 and 2 of the new version have other shapes: their packed regions are new
     and every region after them moved. The chunks that lie in the moved regions are
@@ -284,7 +277,6 @@ def test_regions_moved_by_a_reshaped_layer_are_taken_from_where_the_old_file_kee
     assert first.xnnpack_cache is not None
     old = Path(first.xnnpack_cache).read_bytes()
     index = packed_run(packed_job(tmp_path, b, out, "1"), capsys)
-    caplog.set_level(logging.INFO, logger="ptestore.fleet.packed_chunks")
     got = ptestore.ensure(index, cache_dir=cache, model="m", device=PHONE, xnnpack_cache=True)
     assert got.xnnpack_from == "index" and got.xnnpack_cache is not None
     new = Path(got.xnnpack_cache).read_bytes()
@@ -305,7 +297,7 @@ def test_regions_moved_by_a_reshaped_layer_are_taken_from_where_the_old_file_kee
         for a in range(0, len(new), CHUNK_SIZE)
         if old[a : a + CHUNK_SIZE] != new[a : a + CHUNK_SIZE]
     )
-    received, from_base = _delivered(caplog)
+    received, from_base = _delivered(got)
     assert received + from_base == len(new)
     assert received <= same_offsets - len(inside) * CHUNK_SIZE
     assert from_base >= (1 + len(inside)) * CHUNK_SIZE  # layer 0's chunk and those

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ptestore.fleet.packed_chunks import PackedLayouts, chunk_record, download_delta
-from ptestore.provenance.chunks import CHUNK_SIZE
+from ptestore.fleet.packed_chunks import PackedLayouts, download_delta
+from ptestore.provenance.chunks import CHUNK_SIZE, ChunkHasher
 from ptestore.xnnpack.xpwc import MAGIC, VERSION, parse_index
 
 PAGE = 4096
@@ -54,7 +54,9 @@ def deliver(
         bases.append(tmp / f"other{i}.xpwc")
         bases[-1].write_bytes(other)
     stored.write_bytes(new)
-    chunks = chunk_record(str(stored), len(new))
+    hasher = ChunkHasher(len(new))
+    hasher.update(new)
+    chunks = hasher.result()
     field = {"url": str(stored), "size": len(new), "sha256": "sha256:" + "0" * 64}
     moved: dict[str, int] = {}
 
