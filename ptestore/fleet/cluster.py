@@ -78,7 +78,14 @@ def run_dask(
             futures[fut] = (i, p)
             if task.xnnpack_cpu is not None:
                 restricted[fut] = (task.xnnpack_cpu, hosts[task.xnnpack_cpu])
-        _drain_dask(client, futures, scheduler, done, stopped, missed_heartbeats, lost, restricted)
+        # distributed.wait() waits through the *current* client: inside a caller's own
+        # ``with Client(...)`` that is the caller's, whose event loop then owns the
+        # futures' events, and a result lost with a worker is awaited on this client's
+        # loop: "Event ... is bound to a different event loop". This run's, always.
+        with client.as_current():
+            _drain_dask(
+                client, futures, scheduler, done, stopped, missed_heartbeats, lost, restricted
+            )
     except KeyboardInterrupt:
         client.cancel([f for f in futures if not f.done()])  # type: ignore[no-untyped-call]
         raise

@@ -77,15 +77,17 @@ def test_dask_cluster_matches_the_pool_even_when_a_worker_dies(
     assert result.engine.startswith("dask tcp://") and elapsed > 0
     assert len(finished) == len(dask_job.pairs())
     failed = [p for p in result.pairs if p.status == "failed"]
-    for p in failed:
-        assert p.error, p
+    for p in failed:  # only Dask's own verdicts (KilledWorker, ...), never ptestore's
+        assert p.error and p.error.startswith("Dask task failed: "), p
+        assert "event loop" not in p.error, p
     # gc over the destination prefix removes what the killed worker left behind.
     collect_s3(f"s3://{bucket}/dask/", older_than=0, **moto_s3.storage_options)
     assert uploads(moto_s3, bucket) == []
-    # Pairs the kill made fail (if any) complete on a rerun; then all are done.
+    # Pairs the kill made fail (if any) complete on a rerun (skipped: the killed worker
+    # had published it before its result could be fetched); then all are current.
     if failed:
         rerun = run_job(dask_job, workers=1)
-        assert {k for k, v in statuses(rerun).items() if v == "done"} == {
+        assert {k for k, v in statuses(rerun).items() if v in ("done", "skipped")} >= {
             (p.model, p.device) for p in failed
         }, [p.error for p in failed]
     again = run_job(dask_job, workers=1)

@@ -186,3 +186,32 @@ def test_unreachable_scheduler_is_a_configuration_error(tmp_path: Path) -> None:
         run_job(job, scheduler="tcp://127.0.0.1:1", missed_heartbeats=0)
     with pytest.raises(ConfigurationError, match=r"^missed_heartbeats must be an int, got 2.5$"):
         run_job(job, missed_heartbeats=2.5)  # type: ignore[arg-type]
+
+
+def test_a_run_inside_the_callers_own_dask_client_waits_through_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``distributed.wait`` waits through the *current* client. Inside a caller's
+    ``with Client(...)`` that was the caller's: its event loop came to own the futures'
+    events, and a result lost with a killed worker was then awaited on the run's loop,
+    failing the pair with "Event ... is bound to a different event loop" (seen in CI)."""
+    import distributed
+
+    job = load_job(_job(tmp_path))
+    seen: list[Any] = []
+    real_wait = distributed.wait
+
+    def spying_wait(*args: Any, **kwargs: Any) -> Any:
+        seen.append(distributed.default_client())
+        return real_wait(*args, **kwargs)
+
+    monkeypatch.setattr(distributed, "wait", spying_wait)
+    with (
+        distributed.LocalCluster(
+            n_workers=1, processes=False, threads_per_worker=1, dashboard_address=None
+        ) as cluster,
+        distributed.Client(cluster) as outer,
+    ):
+        result = run_job(job, scheduler=cluster.scheduler_address)
+    assert [p.status for p in result.pairs] == ["done"] * 4, [p.error for p in result.pairs]
+    assert seen and outer not in seen

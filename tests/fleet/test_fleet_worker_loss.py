@@ -119,6 +119,7 @@ def _round(
         assert p.status in ("done", "skipped", "failed"), (where, p)
         if p.status == "failed":
             assert p.error and p.error.startswith("Dask task failed: "), (where, p)
+            assert "event loop" not in p.error, (where, p)  # the run's own client only
     if hang and hit["busy"]:
         # It held a pair: the run went on only because it removed the worker.
         assert hit["addr"] in result.lost_workers, (where, result.lost_workers)
