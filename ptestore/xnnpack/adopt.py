@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import FormatError, IntegrityError
-from .identity import file_sha256
+from .digests import artifact_digests, remember
+from .identity import Identity, file_sha256
 from .native import executorch_build
 from .record import (
     CacheFile,
     PathLike,
     found_checked,
-    identity_of,
     locked,
     parse_file,
     paths,
@@ -72,7 +72,9 @@ def adopt_cache(
     tmp = Path(file)
     name = what or str(tmp)
     directory = Path(directory).absolute()
-    identity = identity_of(pte, ptd, pte_sha256, ptd_sha256, executorch_build())
+    digests = artifact_digests(pte, ptd, pte_sha256, ptd_sha256)
+    assert digests is not None  # hashed when not given
+    identity = Identity.of(digests.pte, digests.ptd, executorch_build())
 
     def refuse(message: str) -> IntegrityError:
         with contextlib.suppress(FileNotFoundError):
@@ -101,9 +103,13 @@ def adopt_cache(
         found = found_checked(path, record_path, identity)
         if found is not None:
             tmp.unlink()
+            if digests.learned:
+                remember(record_path, digests.learned)
         else:
             remove_stale(directory, identity)
-            found = publish_file(tmp, directory, identity, size, digest, len(entries))
+            found = publish_file(
+                tmp, directory, identity, size, digest, len(entries), digests.learned
+            )
         if installed_for is not None:
             add_user(record_path, installed_for)
         return found

@@ -42,15 +42,15 @@ from ..errors import (
     PackedWeightsRefused,
     StorageError,
 )
+from .digests import artifact_digests, memo_of, remember, remember_quietly, remembered_in
 from .identity import Identity, file_sha256
-from .native import Shim, build_shim, executorch_build
+from .native import ExecutorchBuild, Shim, build_shim, executorch_build
 from .record import (
     RECORD_FORMAT,
     CacheFile,
     PathLike,
     check_file,
     found_checked,
-    identity_of,
     locked,
     parse_file,
     paths,
@@ -110,8 +110,10 @@ def verify_cache(
     saying what is wrong. ``pte_sha256``/``ptd_sha256``: the artifact's digests when the
     caller knows them (else the files are hashed). ``full=False``: the SHA-256 is skipped
     for a file that is still the inode published with its record and unchanged since
-    (device, inode, size, mtime, ctime as recorded); any other file is hashed."""
-    identity = identity_of(pte, ptd, pte_sha256, ptd_sha256, executorch_build())
+    (device, inode, size, mtime, ctime as recorded); any other file is hashed. So is the
+    artifact's, taken from the record while the ``.pte`` and ``.ptd`` are unchanged
+    since they were hashed for it (:mod:`.digests`)."""
+    build = executorch_build()
     p = Path(path)
     record_path = p.with_name(p.name + ".json")
     try:
@@ -120,7 +122,11 @@ def verify_cache(
         raise IntegrityError(
             f"{p}: no record beside it ({record_path.name})", published=False
         ) from None
-    return check_file(p, record, identity, full)
+    digests = artifact_digests(pte, ptd, pte_sha256, ptd_sha256, None if full else memo_of(record))
+    assert digests is not None  # hashed when not known
+    verified = check_file(p, record, Identity.of(digests.pte, digests.ptd, build), full)
+    remember_quietly(record_path, digests.learned)
+    return verified
 
 
 def find_cache(
@@ -134,10 +140,43 @@ def find_cache(
 ) -> CacheFile | None:
     """The verified packed-weight file for this artifact, runtime and CPU in
     ``directory``, or None (none, or one that fails a check: :func:`make_cache` makes it
-    again). Nothing is changed on disk."""
-    identity = identity_of(pte, ptd, pte_sha256, ptd_sha256, executorch_build())
-    path, record_path, _, _ = paths(Path(directory), identity)
-    return found_checked(path, record_path, identity, full)
+    again). With ``full=False`` the artifact's digests are taken from what the records
+    in ``directory`` remember for its files as they are now (:mod:`.digests`), else
+    hashed; then the only change on disk is the record of the file found remembering
+    them."""
+    build = executorch_build()
+    directory = Path(directory)
+    if not full:
+        quick = _remembered(pte, ptd, directory, pte_sha256, ptd_sha256, build)
+        if quick is not None:
+            return quick
+    digests = artifact_digests(pte, ptd, pte_sha256, ptd_sha256)
+    assert digests is not None  # hashed when not known
+    identity = Identity.of(digests.pte, digests.ptd, build)
+    path, record_path, _, _ = paths(directory, identity)
+    found = found_checked(path, record_path, identity, full)
+    if found is not None:
+        remember_quietly(record_path, digests.learned)
+    return found
+
+
+def _remembered(
+    pte: PathLike,
+    ptd: PathLike | None,
+    directory: Path,
+    pte_sha256: str | None,
+    ptd_sha256: str | None,
+    build: ExecutorchBuild,
+) -> CacheFile | None:
+    """The file for the runtime ``build`` found through the artifact digests the records
+    in ``directory`` remember for its files as they are now (``full=False`` checks)."""
+    for known in remembered_in(directory, pte, ptd, pte_sha256, ptd_sha256):
+        identity = Identity.of(known.pte, known.ptd, build)
+        path, record_path, _, _ = paths(directory, identity)
+        found = found_checked(path, record_path, identity, full=False)
+        if found is not None:
+            return found
+    return None
 
 
 def _signal_name(code: int) -> str:
@@ -248,12 +287,20 @@ def make_cache(
     shim = build_shim()
     directory = Path(directory).absolute()
     directory.mkdir(parents=True, exist_ok=True)
-    identity = identity_of(pte, ptd, pte_sha256, ptd_sha256, shim.build)
+    if not full:
+        quick = _remembered(pte, ptd, directory, pte_sha256, ptd_sha256, shim.build)
+        if quick is not None:
+            return quick
+    digests = artifact_digests(pte, ptd, pte_sha256, ptd_sha256)
+    assert digests is not None  # hashed when not known
+    identity = Identity.of(digests.pte, digests.ptd, shim.build)
     path, record_path, lock_path, refused_path = paths(directory, identity)
     artifact = os.fspath(pte) if ptd is None else f"{os.fspath(pte)} (+ {os.fspath(ptd)})"
     with locked(lock_path):
         found = found_checked(path, record_path, identity, full)
         if found is not None:
+            if digests.learned:
+                remember(record_path, digests.learned)
             return found
         if refused_path.is_file() and not retry_refused:
             with contextlib.suppress(OSError, ValueError, KeyError):
@@ -261,7 +308,7 @@ def make_cache(
                 raise PackedWeightsRefused(artifact, f"{reason} (refused before)")
         remove_stale(directory, identity)
         try:
-            made = _make(pte, ptd, shim, identity, directory, artifact, timeout)
+            made = _make(pte, ptd, shim, identity, directory, artifact, timeout, digests.learned)
         except PackedWeightsRefused as exc:
             publish_read_only(
                 json.dumps({"identity": identity.to_json(), "reason": exc.reason}).encode(),
@@ -290,6 +337,7 @@ def _make(
     directory: Path,
     artifact: str,
     timeout: float | None,
+    learned: dict[str, Any],
 ) -> CacheFile:
     keys, weights = artifact_weights(pte)
     if not keys:
@@ -378,7 +426,7 @@ def _make(
         if tmp_file.stat().st_size != size or file_sha256(tmp_file) != digest:
             raise PackedWeightsRefused(artifact, "the runtime changed the file while loading it")
         # The large file is published as the runtime wrote it (0444 already).
-        made = publish_file(tmp_file, directory, identity, size, digest, len(entries))
+        made = publish_file(tmp_file, directory, identity, size, digest, len(entries), learned)
     except StorageError:
         raise  # from ptestore.storage.atomic: it names the file and the step
     except OSError as exc:

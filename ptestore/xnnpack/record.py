@@ -240,11 +240,18 @@ def remove_stale(directory: Path, identity: Identity) -> None:
 
 
 def publish_file(
-    tmp: Path, directory: Path, identity: Identity, size: int, digest: str, entries: int
+    tmp: Path,
+    directory: Path,
+    identity: Identity,
+    size: int,
+    digest: str,
+    entries: int,
+    artifacts: dict[str, Any] | None = None,
 ) -> CacheFile:
     """Under the lock: publish the checked, read-only file ``tmp`` as ``identity``'s in
     ``directory``: fsync, rename into the directory, fsync of both directories; then its
-    record (what makes it findable) the same way, with the published inode's stamp."""
+    record (what makes it findable) the same way, with the published inode's stamp and
+    the artifact digests hashed for it (``artifacts``: see :mod:`.digests`)."""
     from ..storage.atomic import rename_synced
 
     path, record_path, _, _ = paths(directory, identity)
@@ -259,5 +266,7 @@ def publish_file(
         "made_unix": int(time.time()),
         "stamp": stamp(path.stat()),
     }
+    if artifacts:
+        record["artifacts"] = artifacts
     publish_read_only(json.dumps(record, indent=1).encode(), record_path)
     return CacheFile(path, record_path, size, digest, entries, identity, made=True)

@@ -88,6 +88,7 @@ def test_the_fleet_path_delivers_it_from_s3_to_a_devices_ensure_index(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
     caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from ptestore.xnnpack import adopt_cache, cpu_fingerprint, find_cache, verify_cache
 
@@ -152,6 +153,18 @@ def test_the_fleet_path_delivers_it_from_s3_to_a_devices_ensure_index(
     assert fetched.xnnpack is not None and fetched.xnnpack["sha256"] == field["sha256"]
     found = find_cache(dest, ptd=dest.with_suffix(".ptd"), directory=dest.parent)
     assert found is not None and str(found.path) == fetched.xnnpack["path"]
+    # the installation remembered the artifact's digests it hashed: a quick check (what
+    # an app's load(..., full=False) makes) hashes neither the .pte nor the .ptd again
+    import ptestore.xnnpack.digests as digests_module
+
+    def no_hashing(path: object) -> str:
+        raise AssertionError(f"{path} hashed again")
+
+    with monkeypatch.context() as m:
+        m.setattr(digests_module, "file_sha256", no_hashing)
+        quick = find_cache(dest, ptd=dest.with_suffix(".ptd"), directory=dest.parent, full=False)
+        assert quick is not None and quick.path == found.path
+        assert verify_cache(found.path, pte=dest, ptd=dest.with_suffix(".ptd"), full=False)
 
     # a file made for another artifact is refused before it is installed
     other = tmp_path / "other.xpwc"

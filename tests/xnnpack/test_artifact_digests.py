@@ -1,0 +1,185 @@
+"""The artifact's digests a packed-weight file is bound to are hashed once per version of
+the artifact's files, not at every check: the record remembers them by path and stamp
+(``ptestore/xnnpack/digests.py``), and a quick check (``full=False``) takes them from
+there while the ``.pte`` and ``.ptd`` are unchanged. Files made by the real runtime; each
+test counts the artifact hashes by spying on the one function that computes them."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.xnnpack_probe import REPO
+
+import ptestore.xnnpack.digests as digests_module
+from ptestore.errors import IntegrityError
+from ptestore.testing.runtime import runtime_unavailable
+from ptestore.xnnpack import CacheFile, find_cache, make_cache, verify_cache
+from ptestore.xnnpack.record import stamp
+
+pytestmark = [
+    pytest.mark.interop,
+    pytest.mark.skipif(runtime_unavailable() is not None, reason=str(runtime_unavailable())),
+]
+
+FIXTURES = REPO / "tests" / "fixtures"
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory: pytest.TempPathFactory) -> CacheFile:
+    """A file made for a copy of the fixture (its stamps are the test's to change)."""
+    directory = tmp_path_factory.mktemp("digests")
+    pte = directory / "model.pte"
+    shutil.copyfile(FIXTURES / "mlp_xnnpack.pte", pte)
+    return make_cache(pte, directory=directory)
+
+
+@pytest.fixture
+def hashed(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The artifact files hashed from now on (their paths)."""
+    seen: list[str] = []
+    real = digests_module.file_sha256
+
+    def counting(path: Any) -> str:
+        seen.append(os.fspath(path))
+        return real(path)
+
+    monkeypatch.setattr(digests_module, "file_sha256", counting)
+    return seen
+
+
+def _setup(made: CacheFile, tmp_path: Path) -> tuple[Path, Path]:
+    """A directory holding ``made``'s file, its record and a copy of its artifact, the
+    record as ``make_cache`` wrote it but for the artifact's new path."""
+    pte = tmp_path / "model.pte"
+    shutil.copy2(made.path.parent / "model.pte", pte)
+    for p in (made.path, made.record_path):
+        shutil.copy2(p, tmp_path / p.name)
+    return pte, tmp_path / made.path.name
+
+
+def _memo(record_path: Path) -> dict[str, Any]:
+    memo: dict[str, Any] = json.loads(record_path.read_text())["artifacts"]
+    return memo
+
+
+def test_making_remembers_the_digest_it_hashed(made: CacheFile) -> None:
+    pte = made.path.parent / "model.pte"
+    assert _memo(made.record_path) == {
+        str(pte): {"sha256": made.identity.pte_sha256, "stamp": stamp(pte.stat())}
+    }
+
+
+def test_quick_checks_hash_the_artifact_once_per_version(
+    made: CacheFile, tmp_path: Path, hashed: list[str]
+) -> None:
+    pte, packed = _setup(made, tmp_path)
+    record_path = packed.with_name(packed.name + ".json")
+    # this path is not remembered yet: hashed once, then remembered beside the other
+    assert verify_cache(packed, pte=pte, full=False).sha256 == made.sha256
+    assert hashed == [str(pte)]
+    assert _memo(record_path)[str(pte)] == {
+        "sha256": made.identity.pte_sha256,
+        "stamp": stamp(pte.stat()),
+    }
+    # from now on no quick check hashes it: verify (what load() calls), find, make
+    assert verify_cache(packed, pte=pte, full=False).path == packed
+    found = find_cache(pte, directory=tmp_path, full=False)
+    assert found is not None and found.path == packed
+    again = make_cache(pte, directory=tmp_path, full=False)
+    assert (again.made, again.path) == (False, packed)
+    assert hashed == [str(pte)]
+    # a full check hashes everything, every time
+    verify_cache(packed, pte=pte)
+    assert find_cache(pte, directory=tmp_path) is not None
+    assert hashed == [str(pte)] * 3
+    # the artifact touched (same bytes, another mtime): hashed again, once
+    os.utime(pte, ns=(1_000_000_000, 1_000_000_000))
+    assert verify_cache(packed, pte=pte, full=False).path == packed
+    assert verify_cache(packed, pte=pte, full=False).path == packed
+    assert hashed == [str(pte)] * 4
+    assert _memo(record_path)[str(pte)]["stamp"] == stamp(pte.stat())
+
+
+def test_an_artifact_changed_in_place_is_never_taken_for_the_remembered_one(
+    made: CacheFile, tmp_path: Path, hashed: list[str]
+) -> None:
+    pte, packed = _setup(made, tmp_path)
+    assert verify_cache(packed, pte=pte, full=False).path == packed
+    # same size, same path, same inode, other bytes, the mtime even set back: the ctime
+    # moved, so the remembered digest is not used
+    before = pte.stat()
+    with open(pte, "r+b") as f:
+        f.seek(before.st_size // 2)
+        byte = f.read(1)
+        f.seek(before.st_size // 2)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    os.utime(pte, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert pte.stat().st_ino == before.st_ino and pte.stat().st_size == before.st_size
+    with pytest.raises(IntegrityError) as err:
+        verify_cache(packed, pte=pte, full=False)
+    assert str(err.value).startswith(
+        f"{packed}: made for another artifact, runtime or CPU (pte_sha256: "
+    )
+    assert find_cache(pte, directory=tmp_path, full=False) is None
+    assert hashed == [str(pte)] * 3
+    # nothing about the changed file was remembered: the record still names the old one
+    assert _memo(packed.with_name(packed.name + ".json"))[str(pte)]["stamp"] != stamp(pte.stat())
+
+
+def test_a_given_digest_or_one_hashed_while_the_file_changed_is_not_remembered(
+    made: CacheFile, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pte, packed = _setup(made, tmp_path)
+    record_path = packed.with_name(packed.name + ".json")
+    verify_cache(packed, pte=pte, pte_sha256=made.identity.pte_sha256, full=False)
+    assert str(pte) not in _memo(record_path)  # the caller's word, not remembered
+    real = digests_module.file_sha256
+
+    def touching(path: Any) -> str:
+        digest = real(path)
+        os.utime(path, ns=(5_000_000_000, 5_000_000_000))  # the file changed meanwhile
+        return digest
+
+    monkeypatch.setattr(digests_module, "file_sha256", touching)
+    assert verify_cache(packed, pte=pte, full=False).path == packed
+    assert str(pte) not in _memo(record_path)
+
+
+def test_a_directory_it_cannot_write_still_checks(
+    made: CacheFile, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hashed: list[str]
+) -> None:
+    pte, packed = _setup(made, tmp_path)
+
+    def refused(data: bytes, target: Path) -> None:
+        raise PermissionError(13, "Permission denied", str(target))
+
+    monkeypatch.setattr(digests_module, "publish_read_only", refused)
+    for _ in range(2):  # nothing remembered: hashed each time, never failing for it
+        assert verify_cache(packed, pte=pte, full=False).path == packed
+    assert hashed == [str(pte)] * 2
+
+
+def test_with_a_ptd_both_are_remembered(tmp_path: Path, hashed: list[str]) -> None:
+    pte, ptd = tmp_path / "m.pte", tmp_path / "m.ptd"
+    shutil.copyfile(FIXTURES / "mlp_xnnpack_ext.pte", pte)
+    shutil.copyfile(FIXTURES / "mlp_xnnpack_ext.ptd", ptd)
+    made = make_cache(pte, ptd=ptd, directory=tmp_path)
+    assert set(_memo(made.record_path)) == {str(pte), str(ptd)}
+    assert sorted(hashed) == sorted([str(pte), str(ptd)])
+    found = find_cache(pte, ptd=ptd, directory=tmp_path, full=False)
+    assert found is not None and found.path == made.path
+    assert len(hashed) == 2
+    # the .ptd replaced by a copy of itself (another inode): only it is hashed again
+    copy = tmp_path / "copy.ptd"
+    shutil.copyfile(ptd, copy)
+    os.replace(copy, ptd)
+    assert verify_cache(made.path, pte=pte, ptd=ptd, full=False).path == made.path
+    assert hashed[2:] == [str(ptd)]
+    # without its .ptd the same .pte is another artifact, remembered or not
+    with pytest.raises(IntegrityError, match="ptd_sha256: "):
+        verify_cache(made.path, pte=pte, full=False)
