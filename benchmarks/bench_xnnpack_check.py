@@ -67,6 +67,7 @@ def _run(tree: Path, case: str, pte: Path, path: Path, digest: str) -> float:
         capture_output=True,
         text=True,
         env=env,
+        cwd=tree,  # "-c" puts the working directory first on sys.path
     )
     seconds: float = json.loads(out.stdout.strip().splitlines()[-1])["seconds"]
     return seconds
