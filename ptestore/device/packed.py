@@ -11,8 +11,10 @@ beside it (the maker's ``.refused.json``: not tried again for the same identity)
 
 The artifact's digests, which bind the file to it, are hashed once and kept in
 ``xnnpack.json`` with the stamps (size, inode, mtime, ctime) of the files they were
-taken of; they are hashed again only when a stamp differs. Everything sits in the entry's
-directory, so it counts in ``max_bytes`` and goes with the entry when LRU evicts it.
+taken of; they are hashed again only when a stamp differs, and the file's own record
+remembers them too (:mod:`ptestore.xnnpack.digests`: an app's quick check before its
+load then hashes nothing). Everything sits in the entry's directory, so it counts in
+``max_bytes`` and goes with the entry when LRU evicts it.
 ``ptestore.xnnpack`` is imported only here, only when asked for.
 """
 
@@ -25,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._dataclass import replace
 from .artifact import Artifact
-from .cache import CacheLayout, file_stamp, packed_weights_file
+from .cache import CacheLayout, _stamp_of, file_stamp, packed_weights_file
 
 if TYPE_CHECKING:
     from ..xnnpack import CacheFile
@@ -66,6 +68,39 @@ def _digests(directory: str, artifact: Artifact, compute: bool) -> tuple[str, st
     data = json.dumps({"stamps": stamps, "sha256": sha}, indent=1, sort_keys=True).encode()
     put_bytes(record_path, data, permissions=0o644)
     return sha["pte"], sha.get("ptd")
+
+
+def _share_digests(directory: str, artifact: Artifact, found: CacheFile) -> None:
+    """The entry's digests (``xnnpack.json``, hashed here) remembered in the file's own
+    record too (:mod:`ptestore.xnnpack.digests`), for the files as they are now: an app
+    that loads the entry with it and gives no digest (``ptestore.xnnpack.load(pte,
+    cache=path, full=False)``) then hashes nothing either."""
+    from pathlib import Path
+
+    from ..xnnpack.digests import remember_quietly
+    from ..xnnpack.record import stamp
+
+    files = (
+        {"pte": artifact.pte}
+        if artifact.ptd is None
+        else {"pte": artifact.pte, "ptd": artifact.ptd}
+    )
+    try:
+        stats = {role: os.stat(path) for role, path in files.items()}
+        with open(os.path.join(directory, DIGESTS_NAME), encoding="utf-8") as f:
+            record = json.load(f)
+        if record.get("stamps") != {role: _stamp_of(st) for role, st in stats.items()}:
+            return  # not (or no longer) these files' digests
+        learned = {
+            os.path.abspath(path): {
+                "sha256": str(record["sha256"][role]),
+                "stamp": stamp(stats[role]),
+            }
+            for role, path in files.items()
+        }
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return
+    remember_quietly(Path(found.record_path), learned)
 
 
 def _found(directory: str, artifact: Artifact) -> CacheFile | None:
@@ -185,6 +220,7 @@ def with_packed_weights(
                 )
                 return _refused(directory, artifact, digests, exc.reason)
             _remove(directory, _stale(directory, str(found.path)))
+    _share_digests(directory, artifact, found)
     if source == "index" and artifact.choice is not None:  # what the delivery moved
         fetched = {"received": moved.get("store", 0), "from_base": moved.get("base", 0)}
         artifact = replace(artifact, choice={**artifact.choice, "xnnpack_fetched": fetched})

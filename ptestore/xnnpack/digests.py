@@ -130,21 +130,29 @@ def remembered_in(
             yield found
 
 
+def _knows(record: Mapping[str, Any], learned: Mapping[str, dict[str, Any]]) -> bool:
+    memo = memo_of(record)
+    return all(memo.get(path) == entry for path, entry in learned.items())
+
+
 def remember(record_path: Path, learned: Mapping[str, dict[str, Any]]) -> None:
     """Under the file's lock: ``learned`` added to its record (nothing when it has them)."""
     record = read_record(record_path)
-    memo = memo_of(record)
-    if all(memo.get(path) == entry for path, entry in learned.items()):
+    if _knows(record, learned):
         return
-    record[MEMO] = {**memo, **learned}
+    record[MEMO] = {**memo_of(record), **learned}
     publish_read_only(json.dumps(record, indent=1).encode(), record_path)
 
 
 def remember_quietly(record_path: Path, learned: Mapping[str, dict[str, Any]]) -> None:
     """:func:`remember` under the file's lock, when this process may write there: a
-    check in a read-only directory still passes, it only cannot spare the next one."""
+    check in a read-only directory still passes, it only cannot spare the next one.
+    A record that already knows them is only read."""
     if not learned:
         return
     lock = record_path.with_name(record_path.name[: -len(".json")] + ".lock")
-    with contextlib.suppress(OSError, PteStoreError), locked(lock):
-        remember(record_path, learned)
+    with contextlib.suppress(OSError, PteStoreError):
+        if _knows(read_record(record_path), learned):
+            return
+        with locked(lock):
+            remember(record_path, learned)

@@ -38,6 +38,16 @@ def test_made_once_found_on_a_hit_rebuilt_when_corrupt_and_loaded(tmp_path: Path
     assert first.created and first.xnnpack_cache is not None and first.xnnpack_refused is None
     packed = Path(first.xnnpack_cache)
     assert packed.parent == Path(first.pte).parent  # beside the entry
+    # the entry's digests are in the file's record too: an app's quick check before its
+    # load (load(pte, cache=path, full=False), no digest given) hashes nothing
+    import ptestore.xnnpack.digests as digests_module
+
+    def no_hashing(path: object) -> str:
+        raise AssertionError(f"{path} hashed again")
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(digests_module, "file_sha256", no_hashing)
+        assert verify_cache(packed, pte=first.pte, full=False).path == packed
     made = verify_cache(packed, pte=first.pte)
     assert made.entries == 2
     assert first.to_dict()["xnnpack_cache"] == str(packed)
