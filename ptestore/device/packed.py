@@ -77,7 +77,7 @@ def _share_digests(directory: str, artifact: Artifact, found: CacheFile) -> None
     cache=path, full=False)``) then hashes nothing either."""
     from pathlib import Path
 
-    from ..xnnpack.digests import remember_quietly
+    from ..xnnpack.digests import remember_quietly, vouched
     from ..xnnpack.record import stamp
 
     files = (
@@ -91,13 +91,12 @@ def _share_digests(directory: str, artifact: Artifact, found: CacheFile) -> None
             record = json.load(f)
         if record.get("stamps") != {role: _stamp_of(st) for role, st in stats.items()}:
             return  # not (or no longer) these files' digests
-        learned = {
-            os.path.abspath(path): {
-                "sha256": str(record["sha256"][role]),
-                "stamp": stamp(stats[role]),
-            }
-            for role, path in files.items()
-        }
+        learned: dict[str, Any] = {}
+        for role, path in files.items():
+            seen = vouched(path, str(record["sha256"][role]))
+            if any(e["stamp"] != stamp(stats[role]) for e in seen.values()):
+                return  # changed since the stat above
+            learned.update(seen)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return
     remember_quietly(Path(found.record_path), learned)

@@ -169,9 +169,16 @@ def _remembered(
     build: ExecutorchBuild,
 ) -> CacheFile | None:
     """The file for the runtime ``build`` found through the artifact digests the records
-    in ``directory`` remember for its files as they are now (``full=False`` checks)."""
+    in ``directory`` remember for its files as they are now (``full=False`` checks);
+    each identity tried once. None at once when the caller gave every digest."""
+    if pte_sha256 is not None and (ptd is None or ptd_sha256 is not None):
+        return None  # nothing to look up: the caller's check is the one that follows
+    tried: set[str] = set()
     for known in remembered_in(directory, pte, ptd, pte_sha256, ptd_sha256):
         identity = Identity.of(known.pte, known.ptd, build)
+        if identity.name in tried:
+            continue
+        tried.add(identity.name)
         path, record_path, _, _ = paths(directory, identity)
         found = found_checked(path, record_path, identity, full=False)
         if found is not None:

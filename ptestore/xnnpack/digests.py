@@ -4,24 +4,34 @@ A file's identity names the SHA-256 of the whole ``.pte`` and ``.ptd``
 (:class:`~ptestore.xnnpack.Identity`): without them given, every check hashed the
 artifact again (0.6 s per GiB here), which cost a ``load`` with the file about half of
 what the file saves. So the record of a file remembers the digests ptestore hashed
-itself, by the artifact's absolute path, with the stamp (device, inode, size, mtime,
-ctime) the artifact had before and after it was hashed::
+itself, by the artifact's absolute path, with what the artifact looked like before and
+after it was hashed: its stamp (device, inode, size, mtime, ctime) and the SHA-256 of
+its first and last 64 KiB (the header and, for a ptestore output, the provenance trailer
+that names its content)::
 
-    "artifacts": {"/abs/model.pte": {"sha256": "<hex>", "stamp": {...}}, ...}
+    "artifacts": {"/abs/model.pte": {"sha256": "<hex>", "stamp": {...}, "ends": "<hex>"}}
 
-A check with ``full=False`` takes a digest from there while the artifact's stamp is
-unchanged (any write, ``chmod``, copy or replacement changes it: the same quick check a
-packed-weight file gets against its own stamp); ``full=True`` hashes everything, always.
-A digest the caller gives is used and never remembered (it is the caller's word); one
-hashed while the file changed (another stamp after than before) is used for this call
-only.
+A check with ``full=False`` takes a digest from there while the artifact still looks
+the same (any write, ``chmod``, copy or replacement changes the stamp; the ends catch a
+file whose times were set to fixed values, as images built reproducibly have them);
+``full=True`` hashes everything, always. Not remembered: a digest the caller gives (its
+word), one hashed while the file changed, and one of a file changed less than a clock
+tick of its file system before it was hashed (a later change in the same tick would keep
+its times: the "racy git" problem), which the next check hashes and remembers instead. A
+record remembers at most :data:`MEMO_LIMIT` files, and drops those that changed or went.
+
+What this cannot see, as the quick check of the packed-weight file itself: bytes changed
+below the file system, or by someone who also restores the times and the ends.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
+import re
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -39,10 +49,25 @@ __all__ = [
     "remember",
     "remember_quietly",
     "remembered_in",
+    "vouched",
 ]
 
 #: The record's field remembering the artifact digests hashed here.
 MEMO = "artifacts"
+#: Bytes at each end of a file whose SHA-256 a remembered digest also requires: the
+#: header and, for a ptestore output, the provenance trailer, which names the content.
+ENDS = 64 << 10
+#: A file changed less than this before it was hashed is not remembered (the kernel's
+#: clock tick is at most 10 ms; see :func:`_racy`) ...
+RACY_NS = 100_000_000
+#: ... or this, on a file system that keeps whole seconds (FAT keeps 2 s).
+RACY_COARSE_NS = 2_000_000_000
+#: The wall clock the file times are compared with (a test may move it).
+now_ns = time.time_ns
+_HEX64 = re.compile("[0-9a-f]{64}")
+#: At most this many files remembered per record (the most recent; a file whose stamp
+#: changed or that went is dropped when a record is written anyway).
+MEMO_LIMIT = 16
 
 
 @dataclass(frozen=True)
@@ -61,24 +86,60 @@ def memo_of(record: Mapping[str, Any]) -> dict[str, Any]:
     return memo if isinstance(memo, dict) else {}
 
 
+def _look(path: PathLike) -> tuple[dict[str, int], str]:
+    """The file's stamp and the SHA-256 of its two ends (:data:`ENDS` bytes each), both
+    through one open descriptor (an open revalidates what NFS caches of a file)."""
+    with open(path, "rb", buffering=0) as f:
+        st = os.fstat(f.fileno())
+        h = hashlib.sha256(f.read(ENDS))
+        if st.st_size > ENDS:
+            f.seek(max(ENDS, st.st_size - ENDS))
+            h.update(f.read(ENDS))
+    return stamp(st), h.hexdigest()
+
+
+def _racy(at: dict[str, int], started_ns: int) -> bool:
+    """Whether the file's last change (``at``) is too close to when it was hashed for a
+    later change to be sure to show in its times: a change in the same clock tick of the
+    file system keeps them ("racy git"). Whole-second times get a file system's coarse
+    granularity, others the kernel's tick."""
+    changed = max(at["mtime_ns"], at["ctime_ns"])
+    coarse = at["mtime_ns"] % 1_000_000_000 == 0 and at["ctime_ns"] % 1_000_000_000 == 0
+    return started_ns - changed < (RACY_COARSE_NS if coarse else RACY_NS)
+
+
 def _remembered(memo: Mapping[str, Any], path: PathLike) -> str | None:
     entry = memo.get(os.path.abspath(os.fspath(path)))
-    if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str):
+    if not isinstance(entry, dict):
+        return None
+    digest = entry.get("sha256")
+    if not isinstance(digest, str) or not _HEX64.fullmatch(digest):
         return None
     try:
-        now = stamp(os.stat(path))
+        now, ends = _look(path)
     except OSError:
         return None
-    return str(entry["sha256"]) if entry.get("stamp") == now else None
+    return digest if (entry.get("stamp"), entry.get("ends")) == (now, ends) else None
 
 
 def _hashed(path: PathLike, learned: dict[str, dict[str, Any]]) -> str:
-    before = stamp(os.stat(path))
+    started = now_ns()
+    before = _look(path)
     digest = file_sha256(path)
-    after = stamp(os.stat(path))
-    if before == after:
-        learned[os.path.abspath(os.fspath(path))] = {"sha256": digest, "stamp": after}
+    after = _look(path)
+    if before == after and not _racy(after[0], started):
+        key = os.path.abspath(os.fspath(path))
+        learned[key] = {"sha256": digest, "stamp": after[0], "ends": after[1]}
     return digest
+
+
+def vouched(path: PathLike, digest: str) -> dict[str, dict[str, Any]]:
+    """What to remember of ``path`` whose SHA-256 the caller hashed itself from the file
+    as it is now (``{}`` when it changed too recently to tell: :func:`_racy`)."""
+    at, ends = _look(path)
+    if _racy(at, now_ns()):
+        return {}
+    return {os.path.abspath(os.fspath(path)): {"sha256": digest, "stamp": at, "ends": ends}}
 
 
 def artifact_digests(
@@ -140,8 +201,18 @@ def remember(record_path: Path, learned: Mapping[str, dict[str, Any]]) -> None:
     record = read_record(record_path)
     if _knows(record, learned):
         return
-    record[MEMO] = {**memo_of(record), **learned}
+    kept = {p: e for p, e in memo_of(record).items() if p not in learned and _current(p, e)}
+    merged = {**kept, **learned}
+    record[MEMO] = dict(list(merged.items())[-MEMO_LIMIT:])
     publish_read_only(json.dumps(record, indent=1).encode(), record_path)
+
+
+def _current(path: str, entry: object) -> bool:
+    """Whether a remembered file is still there as it was (its stamp: one ``stat``)."""
+    try:
+        return isinstance(entry, dict) and entry.get("stamp") == stamp(os.stat(path))
+    except OSError:
+        return False
 
 
 def remember_quietly(record_path: Path, learned: Mapping[str, dict[str, Any]]) -> None:

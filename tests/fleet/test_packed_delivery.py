@@ -145,7 +145,14 @@ def test_the_fleet_path_delivers_it_from_s3_to_a_devices_ensure_index(
     }
     assert f"Loaded packed weight cache: {packed} (2 entries)" in stderr
 
-    # fetch --xnnpack-cache delivers it beside DEST, where find_cache finds it
+    # fetch --xnnpack-cache delivers it beside DEST, where find_cache finds it (the clock
+    # as if the file were installed 10 s after DEST was: within a clock tick of DEST's
+    # publication its digest would not be remembered, tests/xnnpack/test_artifact_digests)
+    import time
+
+    import ptestore.xnnpack.digests as digests_module
+
+    monkeypatch.setattr(digests_module, "now_ns", lambda: time.time_ns() + 10_000_000_000)
     dest = tmp_path / "fetched" / "m.pte"
     fetched = ptestore.fetch(
         index, dest, model="m", device="phone", storage_options=opts, xnnpack_cache=True
@@ -155,8 +162,6 @@ def test_the_fleet_path_delivers_it_from_s3_to_a_devices_ensure_index(
     assert found is not None and str(found.path) == fetched.xnnpack["path"]
     # the installation remembered the artifact's digests it hashed: a quick check (what
     # an app's load(..., full=False) makes) hashes neither the .pte nor the .ptd again
-    import ptestore.xnnpack.digests as digests_module
-
     def no_hashing(path: object) -> str:
         raise AssertionError(f"{path} hashed again")
 

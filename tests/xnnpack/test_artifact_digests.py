@@ -6,9 +6,11 @@ test counts the artifact hashes by spying on the one function that computes them
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ import ptestore.xnnpack.digests as digests_module
 from ptestore.errors import IntegrityError
 from ptestore.testing.runtime import runtime_unavailable
 from ptestore.xnnpack import CacheFile, find_cache, make_cache, verify_cache
+from ptestore.xnnpack.digests import ENDS
 from ptestore.xnnpack.record import stamp
 
 pytestmark = [
@@ -29,13 +32,27 @@ pytestmark = [
 FIXTURES = REPO / "tests" / "fixtures"
 
 
+def _settled() -> int:
+    """The clock as if every check ran 10 s after the files it hashes were written (a
+    file changed within a clock tick of its hashing is not remembered: see the racy
+    test below, which runs on the real clock)."""
+    return time.time_ns() + 10_000_000_000
+
+
 @pytest.fixture(scope="module")
 def made(tmp_path_factory: pytest.TempPathFactory) -> CacheFile:
     """A file made for a copy of the fixture (its stamps are the test's to change)."""
     directory = tmp_path_factory.mktemp("digests")
     pte = directory / "model.pte"
     shutil.copyfile(FIXTURES / "mlp_xnnpack.pte", pte)
-    return make_cache(pte, directory=directory)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(digests_module, "now_ns", _settled)
+        return make_cache(pte, directory=directory)
+
+
+@pytest.fixture(autouse=True)
+def settled(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(digests_module, "now_ns", _settled)
 
 
 @pytest.fixture
@@ -67,11 +84,62 @@ def _memo(record_path: Path) -> dict[str, Any]:
     return memo
 
 
+def _ends(path: Path) -> str:
+    data = path.read_bytes()
+    return hashlib.sha256(data[:ENDS] + data[max(ENDS, len(data) - ENDS) :]).hexdigest()
+
+
 def test_making_remembers_the_digest_it_hashed(made: CacheFile) -> None:
     pte = made.path.parent / "model.pte"
     assert _memo(made.record_path) == {
-        str(pte): {"sha256": made.identity.pte_sha256, "stamp": stamp(pte.stat())}
+        str(pte): {
+            "sha256": made.identity.pte_sha256,
+            "stamp": stamp(pte.stat()),
+            "ends": _ends(pte),
+        }
     }
+
+
+def test_a_file_changed_just_before_its_hashing_is_remembered_only_later(
+    made: CacheFile, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hashed: list[str]
+) -> None:
+    pte, packed = _setup(made, tmp_path)
+    record_path = packed.with_name(packed.name + ".json")
+    changed = max(pte.stat().st_mtime_ns, pte.stat().st_ctime_ns)
+    monkeypatch.setattr(digests_module, "now_ns", lambda: changed + 50_000_000)  # 50 ms on
+    assert verify_cache(packed, pte=pte, full=False).path == packed
+    assert str(pte) not in _memo(record_path)  # a change in the same tick could hide
+    monkeypatch.setattr(digests_module, "now_ns", lambda: changed + 150_000_000)
+    assert verify_cache(packed, pte=pte, full=False).path == packed
+    assert str(pte) in _memo(record_path)
+    assert verify_cache(packed, pte=pte, full=False).path == packed
+    assert hashed == [str(pte)] * 2
+    # whole-second times (a file system that keeps no more): 2 s, not 100 ms
+    assert digests_module._racy(
+        {"mtime_ns": 7_000_000_000, "ctime_ns": 7_000_000_000}, 8_500_000_000
+    )
+    assert not digests_module._racy(
+        {"mtime_ns": 7_000_000_000, "ctime_ns": 7_000_000_001}, 7_200_000_001
+    )
+
+
+def test_a_remembered_digest_needs_the_same_ends_and_a_well_formed_digest(
+    made: CacheFile, tmp_path: Path, hashed: list[str]
+) -> None:
+    """Times set to fixed values (a reproducible image) keep a stamp; the ends differ."""
+    pte, packed = _setup(made, tmp_path)
+    record_path = packed.with_name(packed.name + ".json")
+    assert verify_cache(packed, pte=pte, full=False).path == packed
+    for bad in ({"ends": "0" * 64}, {"sha256": "zz"}, {"sha256": ""}):
+        record = json.loads(record_path.read_text())
+        record["artifacts"][str(pte)].update(bad)
+        os.chmod(record_path, 0o644)
+        record_path.write_text(json.dumps(record))
+        os.chmod(record_path, 0o444)
+        # not used: hashed again (and then remembered right)
+        assert verify_cache(packed, pte=pte, full=False).path == packed
+        assert _memo(record_path)[str(pte)]["sha256"] == made.identity.pte_sha256
+    assert hashed == [str(pte)] * 4
 
 
 def test_quick_checks_hash_the_artifact_once_per_version(
@@ -85,6 +153,7 @@ def test_quick_checks_hash_the_artifact_once_per_version(
     assert _memo(record_path)[str(pte)] == {
         "sha256": made.identity.pte_sha256,
         "stamp": stamp(pte.stat()),
+        "ends": _ends(pte),
     }
     # from now on no quick check hashes it: verify (what load() calls), find, make
     assert verify_cache(packed, pte=pte, full=False).path == packed
