@@ -348,7 +348,9 @@ class IntegrityError(StorageError):
 
 class PartialPublish(StorageError):
     """Of a .pte/.ptd pair, one file was published and the other was not (see
-    docs/concepts.md: rerun from the original sources)."""
+    docs/concepts.md: rerun from the original sources); or, from ``fetch
+    --xnnpack-cache``, the pair was and its packed-weight file was not (``published``
+    names what was)."""
 
     def __init__(self, message: str, *, published: tuple[str, ...] = ()) -> None:
         super().__init__(message)

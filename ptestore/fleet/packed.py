@@ -34,6 +34,7 @@ the device holds packed-weight files of earlier versions and the field names
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -282,42 +283,56 @@ def deliver(
     and its verified chunks for the next call to resume from. Without one it is
     downloaded whole, from the start. ``events`` says where each piece came from;
     ``installed_for`` is passed to :func:`~ptestore.xnnpack.adopt_cache`."""
+    from pathlib import Path
+
     from ..xnnpack import adopt_cache
+    from ..xnnpack.record import locked
     from .download import discard_part
     from .packed_chunks import download_delta, download_whole, recorded_chunks
 
-    dest = os.path.join(directory, f"xnnpack-download-{str(field.get('sha256'))[7:23]}.xpwc")
-    chunks = None
-    if field.get("chunks_root"):
-        chunks = recorded_chunks(field, _record_of_file(str(field["url"]), options, record))
-    try:
-        if chunks is not None:
-            digest = download_delta(
-                field, dest, chunks, options, bases, chunk_size, progress, events
+    sha = field.get("sha256")
+    if not isinstance(sha, str) or not re.fullmatch("sha256:[0-9a-f]{64}", sha):
+        raise FormatError(str(field.get("url")), "xnnpack.sha256", sha, "'sha256:<64 hex digits>'")
+    dest = os.path.join(directory, f"xnnpack-download-{sha[7:23]}.xpwc")
+    # One delivery of a file into a directory at a time: another (the same DEST fetched
+    # twice at once, two DESTs of one artifact) would resume this one's live .part.
+    with locked(Path(dest + ".lock"), remove=True):
+        chunks = None
+        if field.get("chunks_root"):
+            chunks = recorded_chunks(field, _record_of_file(str(field["url"]), options, record))
+        try:
+            if chunks is not None:
+                digest = download_delta(
+                    field, dest, chunks, options, bases, chunk_size, progress, events
+                )
+            else:
+                discard_part(dest)
+                digest = download_whole(
+                    field, dest + ".part", options, progress, chunk_size, events
+                )
+            made = adopt_cache(
+                dest + ".part",
+                pte=pte,
+                ptd=ptd,
+                directory=directory,
+                made_for=identity_claimed(field),
+                size=int(field["size"]),
+                sha256=digest,
+                pte_sha256=pte_sha256,
+                ptd_sha256=ptd_sha256,
+                what=str(field["url"]),
+                hashed=True,
+                installed_for=installed_for,
             )
-        else:
-            discard_part(dest)
-            digest = download_whole(field, dest + ".part", options, progress, chunk_size, events)
-        made = adopt_cache(
-            dest + ".part",
-            pte=pte,
-            ptd=ptd,
-            directory=directory,
-            made_for=identity_claimed(field),
-            size=int(field["size"]),
-            sha256=digest,
-            pte_sha256=pte_sha256,
-            ptd_sha256=ptd_sha256,
-            what=str(field["url"]),
-            hashed=True,
-            installed_for=installed_for,
-        )
-    except BaseException as exc:
-        if chunks is None or isinstance(exc, IntegrityError):
-            discard_part(dest)  # else kept: the next call resumes at its verified chunks
-        raise
-    discard_part(dest)  # its resume marker
-    return made
+        except BaseException as exc:
+            if chunks is None or isinstance(exc, IntegrityError):
+                discard_part(dest)  # else kept: the next call resumes at its verified chunks
+            else:  # adopt_cache may have made it read-only before it failed
+                with contextlib.suppress(OSError):
+                    os.chmod(dest + ".part", 0o600)
+            raise
+        discard_part(dest)  # its resume marker
+        return made
 
 
 def fetch_packed(
@@ -397,6 +412,19 @@ def fetch_packed(
         raise IntegrityError(
             f"{exc}; {pte['path']} was published, no XNNPACK packed-weight file was",
             published=True,
+        ) from exc
+    except (StorageError, FormatError) as exc:  # cut off: the next fetch resumes it
+        from ..errors import PartialPublish
+
+        raise PartialPublish(
+            f"{exc}; {pte['path']} was published, its XNNPACK packed-weight file was not "
+            "(fetch --xnnpack-cache again resumes its download)",
+            published=tuple(str(f["path"]) for f in files),
+        ) from exc
+    except KeyboardInterrupt as exc:
+        raise KeyboardInterrupt(
+            f"after publishing {pte['path']}; its XNNPACK packed-weight file was not "
+            "installed (fetch --xnnpack-cache again resumes its download)"
         ) from exc
     from pathlib import Path
 

@@ -32,9 +32,10 @@ from .record import (
     parse_file,
     paths,
     publish_file,
+    read_record,
     remove_stale,
 )
-from .users import add_user
+from .users import add_user, users_of
 from .xpwc import check_coverage, check_names
 
 __all__ = ["adopt_cache"]
@@ -101,6 +102,9 @@ def adopt_cache(
     path, record_path, lock_path, _ = paths(directory, identity)
     with locked(lock_path):
         found = found_checked(path, record_path, identity)
+        # A file already there that names no user was made here (or installed by an
+        # older ptestore): it stays one no update removes (see .users).
+        installed = found is None or bool(users_of(read_record(record_path)))
         if found is not None:
             tmp.unlink()
             if digests.learned:
@@ -110,6 +114,6 @@ def adopt_cache(
             found = publish_file(
                 tmp, directory, identity, size, digest, len(entries), digests.learned
             )
-        if installed_for is not None:
+        if installed_for is not None and installed:
             add_user(record_path, installed_for)
         return found

@@ -215,13 +215,33 @@ def found_checked(
 
 
 @contextlib.contextmanager
-def locked(lock_path: Path) -> Iterator[None]:
-    """The exclusive ``flock`` of whoever makes (or installs) a file."""
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+def locked(lock_path: Path, *, remove: bool = False) -> Iterator[None]:
+    """The exclusive ``flock`` of whoever makes (or installs) a file. Whoever holds it
+    may remove the lock file (``remove=True`` on the way out, or
+    :func:`ptestore.xnnpack.users.release`): a process that was waiting on the removed
+    file finds the path gone or another file there once it gets the lock, and tries
+    again, so two never hold the lock of one path at once."""
+    while True:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            held = os.fstat(fd)
+            try:
+                there = os.stat(lock_path)
+            except FileNotFoundError:
+                there = None
+        except BaseException:
+            os.close(fd)
+            raise
+        if there is not None and (there.st_dev, there.st_ino) == (held.st_dev, held.st_ino):
+            break
+        os.close(fd)  # removed while this process waited: lock the file there now
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
+        if remove:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(lock_path)
         os.close(fd)
 
 

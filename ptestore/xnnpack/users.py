@@ -9,7 +9,8 @@ file's record (``"installed_for"``: absolute paths; :func:`add_user`), and once 
 file is installed for that ``.pte``, :func:`release` removes the ``.pte`` from the
 records of the others and removes a file whose record then names none. A file made on
 this machine (:func:`~ptestore.xnnpack.make_cache`), or installed before records named
-their ``.pte``, names none to begin with and is never removed here: only what an
+their ``.pte``, names none to begin with and is never removed here, also when an
+installation finds it already there (it is left naming none): only what an
 installation added is taken away.
 """
 
@@ -22,13 +23,14 @@ from pathlib import Path
 from ..errors import PteStoreError
 from .record import locked, publish_read_only, read_record
 
-__all__ = ["USERS", "add_user", "release"]
+__all__ = ["USERS", "add_user", "release", "users_of"]
 
 #: The record's field naming the ``.pte`` files a file was installed for.
 USERS = "installed_for"
 
 
-def _users(record: dict[str, object]) -> list[str]:
+def users_of(record: dict[str, object]) -> list[str]:
+    """The ``.pte`` files a record names as those its file was installed for."""
     users = record.get(USERS)
     return [u for u in users if isinstance(u, str)] if isinstance(users, list) else []
 
@@ -36,7 +38,7 @@ def _users(record: dict[str, object]) -> list[str]:
 def add_user(record_path: Path, artifact: str) -> None:
     """Under the file's lock: name ``artifact`` (an absolute path) in its record."""
     record = read_record(record_path)
-    users = _users(record)
+    users = users_of(record)
     if artifact not in users:
         record[USERS] = [*users, artifact]
         publish_read_only(json.dumps(record, indent=1).encode(), record_path)
@@ -53,7 +55,7 @@ def release(directory: Path, artifact: str, keep: Path) -> list[Path]:
         if path.name == keep.name:
             continue
         try:
-            if artifact not in _users(read_record(record_path)):
+            if artifact not in users_of(read_record(record_path)):
                 continue
         except (OSError, PteStoreError):
             continue  # not a record of ours: left alone
@@ -63,15 +65,13 @@ def release(directory: Path, artifact: str, keep: Path) -> list[Path]:
                 record = read_record(record_path)
             except (OSError, PteStoreError):
                 continue
-            rest = [u for u in _users(record) if u != artifact]
+            rest = [u for u in users_of(record) if u != artifact]
             if rest:
                 record[USERS] = rest
                 publish_read_only(json.dumps(record, indent=1).encode(), record_path)
                 continue
-            for p in (record_path, path):
+            for p in (record_path, path, lock):  # the lock while held: see record.locked
                 with contextlib.suppress(FileNotFoundError):
                     p.unlink()
             removed.append(path)
-        with contextlib.suppress(FileNotFoundError):
-            lock.unlink()
     return removed

@@ -160,7 +160,8 @@ def test_a_fetch_cut_off_mid_file_resumes_at_its_verified_chunks(
     """The link drops after two chunks of the packed-weight file: the fetch fails (the
     pair is published), its ``.part`` and resume marker stay; the next fetch checks the
     two chunks again and downloads only the rest."""
-    from ptestore.errors import StorageError
+    from ptestore.cli.exits import error_message
+    from ptestore.errors import PartialPublish, StorageError
     from ptestore.fleet.ranged import PinnedReader
 
     index = packed_run(packed_job(tmp_path, model, str(tmp_path / "out"), "1"), capsys)
@@ -177,11 +178,21 @@ def test_a_fetch_cut_off_mid_file_resumes_at_its_verified_chunks(
         return real(self, start, end, piece)
 
     monkeypatch.setattr(PinnedReader, "stream", dropping)
-    with pytest.raises(StorageError, match=r"connection reset \(test\)"):
+    with pytest.raises(PartialPublish) as err:
         ptestore.fetch(
             index, dest, model="m", device=PHONE, xnnpack_cache=True, chunk_size=CHUNK_SIZE
         )
+    # it says what was published (the pair), not "nothing published"
+    assert str(err.value).endswith(
+        f"connection reset (test); {dest} was published, its XNNPACK packed-weight file "
+        "was not (fetch --xnnpack-cache again resumes its download)"
+    )
+    assert err.value.published == (str(dest),)
+    assert error_message("fetch", err.value, publishes=True).startswith(
+        "ptestore fetch: failed after a partial publish: "
+    )
     monkeypatch.setattr(PinnedReader, "stream", real)
+    assert not list(dest.parent.glob("*.lock"))  # the delivery's lock went with it
     (part,) = dest.parent.glob("xnnpack-download-*.xpwc.part")
     assert json.loads(Path(f"{part}.json").read_text())["verified"] == 2
     assert dest.is_file() and not list(dest.parent.glob("xnnpack-*.xpwc"))
@@ -202,6 +213,45 @@ def test_a_fetch_cut_off_mid_file_resumes_at_its_verified_chunks(
     assert got is not None and got["sha256"] == field["sha256"]
     assert moved == {"part": 2 * CHUNK_SIZE, "store": field["size"] - 2 * CHUNK_SIZE}
     assert got["received"] == field["size"] - 2 * CHUNK_SIZE
+    assert not list(dest.parent.glob("xnnpack-download-*"))
+
+
+def test_two_deliveries_of_one_file_into_one_directory_take_turns(
+    model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A second fetch of the same packed-weight file into the same directory (the same
+    DEST fetched twice at once) waits for the first's lock before it touches the
+    download's ``.part``, which the first is still filling (it would otherwise resume
+    it and cut off the chunks the first had written but not yet counted)."""
+    import threading
+
+    from support.locks import blocked_on, wait_until
+
+    from ptestore.xnnpack.record import locked
+
+    index = packed_run(packed_job(tmp_path, model, str(tmp_path / "out"), "1"), capsys)
+    field = _field(index)
+    dest = tmp_path / "dev" / "m.pte"
+    dest.parent.mkdir()
+    lock = dest.parent / f"xnnpack-download-{field['sha256'][7:23]}.xpwc.lock"
+    box: dict[str, Any] = {}
+
+    def second() -> None:
+        try:
+            box["got"] = ptestore.fetch(index, dest, model="m", device=PHONE, xnnpack_cache=True)
+        except BaseException as exc:  # reported below
+            box["error"] = exc
+
+    thread = threading.Thread(target=second, daemon=True)
+    with locked(lock):  # the first delivery, as far as the second can tell
+        thread.start()
+        wait_until(lambda: blocked_on(lock), "the second delivery to wait for the lock")
+        assert dest.is_file()  # its pair is published; its packed file waits
+        assert not list(dest.parent.glob("xnnpack-download-*.part*"))
+    thread.join(600)
+    assert "error" not in box, box.get("error")
+    got = box["got"].xnnpack
+    assert got is not None and got["sha256"] == field["sha256"]
     assert not list(dest.parent.glob("xnnpack-download-*"))
 
 
@@ -338,6 +388,29 @@ def test_an_update_removes_the_file_it_replaces_and_never_one_another_pte_uses(
     assert not list(d.glob(f"{v1.name}*"))
     (v2,) = [p for p in d.glob("xnnpack-*.xpwc") if p != mine.path]
     assert json.loads(Path(f"{v2}.json").read_text())[USERS] == [str(a), str(b)]
+    assert Path(mine.path).is_file() and Path(f"{mine.path}.json").is_file()
+
+
+def test_an_installation_onto_a_file_made_here_leaves_it_one_no_update_removes(
+    model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The device made DEST's packed-weight file itself; a fetch that delivers the same
+    file finds it there (verified) and keeps it as it is, naming no user: the next
+    version's fetch installs its own file and leaves the one made here."""
+    from ptestore.xnnpack import make_cache
+    from ptestore.xnnpack.users import USERS
+
+    out, d = str(tmp_path / "out"), tmp_path / "dev"
+    dest = d / "m.pte"
+    index = packed_run(packed_job(tmp_path, model, out, "1"), capsys)
+    assert ptestore.fetch(index, dest, model="m", device=PHONE).xnnpack is None
+    mine = make_cache(dest, directory=d)
+    got = ptestore.fetch(index, dest, model="m", device=PHONE, xnnpack_cache=True).xnnpack
+    assert got is not None and got["path"] == str(mine.path) and got["removed"] == []
+    assert USERS not in json.loads(Path(f"{mine.path}.json").read_text())
+    index = packed_run(packed_job(tmp_path, model, out, "2.5"), capsys)
+    got = ptestore.fetch(index, dest, model="m", device=PHONE, xnnpack_cache=True).xnnpack
+    assert got is not None and got["path"] != str(mine.path) and got["removed"] == []
     assert Path(mine.path).is_file() and Path(f"{mine.path}.json").is_file()
 
 
