@@ -160,6 +160,7 @@ def test_the_fleet_path_delivers_it_from_s3_to_a_devices_ensure_index(
     assert fetched.xnnpack is not None and fetched.xnnpack["sha256"] == field["sha256"]
     found = find_cache(dest, ptd=dest.with_suffix(".ptd"), directory=dest.parent)
     assert found is not None and str(found.path) == fetched.xnnpack["path"]
+
     # the installation remembered the artifact's digests it hashed: a quick check (what
     # an app's load(..., full=False) makes) hashes neither the .pte nor the .ptd again
     def no_hashing(path: object) -> str:
