@@ -152,7 +152,8 @@ def read_manifest(path: str, *, private: bool = False) -> dict[str, Any] | None:
     return data
 
 
-def _stamp_of(st: os.stat_result) -> dict[str, int]:
+def stamp_of(st: os.stat_result) -> dict[str, int]:
+    """:func:`file_stamp` of a ``stat`` result already taken."""
     return {
         "size": st.st_size,
         "ino": st.st_ino,
@@ -164,7 +165,7 @@ def _stamp_of(st: os.stat_result) -> dict[str, int]:
 def file_stamp(path: str) -> dict[str, int]:
     """What an entry's manifest records of one of its files: size, inode, ``mtime_ns``
     and ``ctime_ns`` (one ``stat``)."""
-    return _stamp_of(os.stat(path))
+    return stamp_of(os.stat(path))
 
 
 def files_intact(directory: str, manifest: dict[str, Any]) -> bool:
@@ -187,7 +188,7 @@ def files_intact(directory: str, manifest: dict[str, Any]) -> bool:
             return False
         if st.st_uid not in (me, 0) or st.st_mode & SHARED_WRITE:
             return False
-        now = _stamp_of(st)
+        now = stamp_of(st)
         keys = ("size", "ino", "mtime_ns", "ctime_ns") if "ctime_ns" in rec else _OLD_STAMP
         if any(now[k] != rec.get(k) for k in keys):
             return False

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._dataclass import replace
 from .artifact import Artifact
-from .cache import CacheLayout, _stamp_of, file_stamp, packed_weights_file
+from .cache import CacheLayout, file_stamp, packed_weights_file, stamp_of
 
 if TYPE_CHECKING:
     from ..xnnpack import CacheFile
@@ -89,7 +89,7 @@ def _share_digests(directory: str, artifact: Artifact, found: CacheFile) -> None
         stats = {role: os.stat(path) for role, path in files.items()}
         with open(os.path.join(directory, DIGESTS_NAME), encoding="utf-8") as f:
             record = json.load(f)
-        if record.get("stamps") != {role: _stamp_of(st) for role, st in stats.items()}:
+        if record.get("stamps") != {role: stamp_of(st) for role, st in stats.items()}:
             return  # not (or no longer) these files' digests
         learned: dict[str, Any] = {}
         for role, path in files.items():
