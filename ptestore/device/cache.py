@@ -152,8 +152,7 @@ def read_manifest(path: str, *, private: bool = False) -> dict[str, Any] | None:
     return data
 
 
-def stamp_of(st: os.stat_result) -> dict[str, int]:
-    """:func:`file_stamp` of a ``stat`` result already taken."""
+def stamp_of(st: os.stat_result) -> dict[str, int]:  # file_stamp of a stat result
     return {
         "size": st.st_size,
         "ino": st.st_ino,
