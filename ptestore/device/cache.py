@@ -152,7 +152,7 @@ def read_manifest(path: str, *, private: bool = False) -> dict[str, Any] | None:
     return data
 
 
-def stamp_of(st: os.stat_result) -> dict[str, int]:  # file_stamp of a stat result
+def _stamp_of(st: os.stat_result) -> dict[str, int]:
     return {
         "size": st.st_size,
         "ino": st.st_ino,
@@ -164,7 +164,7 @@ def stamp_of(st: os.stat_result) -> dict[str, int]:  # file_stamp of a stat resu
 def file_stamp(path: str) -> dict[str, int]:
     """What an entry's manifest records of one of its files: size, inode, ``mtime_ns``
     and ``ctime_ns`` (one ``stat``)."""
-    return stamp_of(os.stat(path))
+    return _stamp_of(os.stat(path))
 
 
 def files_intact(directory: str, manifest: dict[str, Any]) -> bool:
@@ -187,7 +187,7 @@ def files_intact(directory: str, manifest: dict[str, Any]) -> bool:
             return False
         if st.st_uid not in (me, 0) or st.st_mode & SHARED_WRITE:
             return False
-        now = stamp_of(st)
+        now = _stamp_of(st)
         keys = ("size", "ino", "mtime_ns", "ctime_ns") if "ctime_ns" in rec else _OLD_STAMP
         if any(now[k] != rec.get(k) for k in keys):
             return False

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._dataclass import replace
 from .artifact import Artifact
-from .cache import CacheLayout, file_stamp, packed_weights_file, stamp_of
+from .cache import CacheLayout, file_stamp, packed_weights_file
 
 if TYPE_CHECKING:
     from ..xnnpack import CacheFile
@@ -70,35 +70,20 @@ def _digests(directory: str, artifact: Artifact, compute: bool) -> tuple[str, st
     return sha["pte"], sha.get("ptd")
 
 
-def _share_digests(directory: str, artifact: Artifact, found: CacheFile) -> None:
-    """The entry's digests (``xnnpack.json``, hashed here) remembered in the file's own
-    record too (:mod:`ptestore.xnnpack.digests`), for the files as they are now: an app
-    that loads the entry with it and gives no digest (``ptestore.xnnpack.load(pte,
-    cache=path, full=False)``) then hashes nothing either."""
+def _share_digests(artifact: Artifact, found: CacheFile, digests: tuple[str, str | None]) -> None:
+    """The entry's digests (``xnnpack.json``, just checked or hashed under the entry's
+    lock) remembered in the record of the file made or delivered for it
+    (:mod:`ptestore.xnnpack.digests`): an app that loads the entry with it and gives no
+    digest (``ptestore.xnnpack.load(pte, cache=path, full=False)``) hashes nothing."""
     from pathlib import Path
 
     from ..xnnpack.digests import remember_quietly, vouched
-    from ..xnnpack.record import stamp
 
-    files = (
-        {"pte": artifact.pte}
-        if artifact.ptd is None
-        else {"pte": artifact.pte, "ptd": artifact.ptd}
-    )
-    try:
-        stats = {role: os.stat(path) for role, path in files.items()}
-        with open(os.path.join(directory, DIGESTS_NAME), encoding="utf-8") as f:
-            record = json.load(f)
-        if record.get("stamps") != {role: stamp_of(st) for role, st in stats.items()}:
-            return  # not (or no longer) these files' digests
-        learned: dict[str, Any] = {}
-        for role, path in files.items():
-            seen = vouched(path, str(record["sha256"][role]))
-            if any(e["stamp"] != stamp(stats[role]) for e in seen.values()):
-                return  # changed since the stat above
-            learned.update(seen)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return
+    learned: dict[str, Any] = {}
+    for path, digest in ((artifact.pte, digests[0]), (artifact.ptd, digests[1])):
+        if path is not None and digest is not None:
+            with contextlib.suppress(OSError):
+                learned.update(vouched(path, digest))
     remember_quietly(Path(found.record_path), learned)
 
 
@@ -219,7 +204,7 @@ def with_packed_weights(
                 )
                 return _refused(directory, artifact, digests, exc.reason)
             _remove(directory, _stale(directory, str(found.path)))
-    _share_digests(directory, artifact, found)
+            _share_digests(artifact, found, digests)
     if source == "index" and artifact.choice is not None:  # what the delivery moved
         fetched = {"received": moved.get("store", 0), "from_base": moved.get("base", 0)}
         artifact = replace(artifact, choice={**artifact.choice, "xnnpack_fetched": fetched})

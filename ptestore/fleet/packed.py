@@ -413,12 +413,16 @@ def fetch_packed(
             f"{exc}; {pte['path']} was published, no XNNPACK packed-weight file was",
             published=True,
         ) from exc
-    except (StorageError, FormatError) as exc:  # cut off: the next fetch resumes it
+    except (StorageError, FormatError) as exc:
         from ..errors import PartialPublish
 
+        again = (
+            ""
+            if isinstance(exc, FormatError)
+            else " (fetch --xnnpack-cache again resumes its download)"
+        )
         raise PartialPublish(
-            f"{exc}; {pte['path']} was published, its XNNPACK packed-weight file was not "
-            "(fetch --xnnpack-cache again resumes its download)",
+            f"{exc}; {pte['path']} was published, its XNNPACK packed-weight file was not{again}",
             published=tuple(str(f["path"]) for f in files),
         ) from exc
     except KeyboardInterrupt as exc:

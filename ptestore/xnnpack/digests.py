@@ -73,7 +73,7 @@ MEMO_LIMIT = 16
 @dataclass(frozen=True)
 class ArtifactDigests:
     """The ``.pte``'s and ``.ptd``'s SHA-256 (hex), and what of them this call hashed
-    (``learned``: absolute path -> ``{"sha256", "stamp"}``, to remember)."""
+    (``learned``: absolute path -> ``{"sha256", "stamp", "ends"}``, to remember)."""
 
     pte: str
     ptd: str | None
