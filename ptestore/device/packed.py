@@ -122,9 +122,32 @@ def _stale(directory: str, keep: str) -> list[str]:
 
 
 def _remove(directory: str, names: list[str]) -> None:
+    """``names`` removed; a packed-weight file with its record under the file's own
+    ``flock`` (record first, then the file, then the lock while held, as
+    :func:`ptestore.xnnpack.users.release` does): an app's check remembering digests in
+    that record (:func:`ptestore.xnnpack.digests.remember_quietly`) then either finishes
+    first or finds it gone, and never writes a removed record back."""
+    packed = [n for n in names if n.endswith(".xpwc")]
+    for name in packed:
+        _remove_packed(directory, name)
+    done = {f"{n}{suffix}" for n in packed for suffix in ("", ".json", ".lock")}
     for name in names:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(directory, name))
+        if name not in done:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(directory, name))
+
+
+def _remove_packed(directory: str, name: str) -> None:
+    from pathlib import Path
+
+    from ..xnnpack.record import locked
+
+    path = Path(directory, name)
+    lock = path.with_name(name + ".lock")
+    with locked(lock):
+        for p in (path.with_name(name + ".json"), path, lock):
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
 
 
 def _refused(

@@ -226,4 +226,7 @@ def remember_quietly(record_path: Path, learned: Mapping[str, dict[str, Any]]) -
         if _knows(read_record(record_path), learned):
             return
         with locked(lock):
+            if not record_path.exists():  # removed meanwhile, with its file: nothing to
+                lock.unlink()  # remember; the lock this made goes too (held: see locked)
+                return
             remember(record_path, learned)

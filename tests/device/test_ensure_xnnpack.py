@@ -154,3 +154,62 @@ def test_an_entry_whose_model_went_is_refused_not_hashed(tmp_path: Path) -> None
     with pytest.raises(StorageError) as err:
         with_packed_weights(CacheLayout(tmp_path), got)
     assert str(err.value) == f"{got.pte}: missing from its entry; call ensure again"
+
+
+def test_an_earlier_artifacts_file_is_removed_under_its_own_lock(tmp_path: Path) -> None:
+    """An app's check may be remembering digests in the record of an earlier artifact's
+    file (under that file's lock) while ensure removes it: ensure waits for the lock,
+    so the app never writes a removed record back (an orphan record without its file)."""
+    import fcntl
+    import threading
+
+    from support.locks import blocked_on, wait_until
+
+    first = ensure(MLP, cache_dir=tmp_path, xnnpack_cache=True)
+    entry = Path(first.pte).parent
+    old = entry / "xnnpack-0123456789abcdef.xpwc"  # an earlier artifact's, kept as a base
+    old.write_bytes(b"packed")
+    record = Path(f"{old}.json")
+    record.write_text("{}")
+    lock = Path(f"{old}.lock")
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # as remember_quietly holds it
+    errors: list[BaseException] = []
+
+    def hit() -> None:
+        try:
+            with_packed_weights(CacheLayout(tmp_path), first)
+        except BaseException as exc:  # reported by the test's thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=hit, daemon=True)
+    try:
+        thread.start()
+        wait_until(lambda: blocked_on(lock), "ensure to wait for the old file's lock")
+        assert record.exists() and old.exists()  # nothing removed under the holder
+    finally:
+        os.close(fd)
+    thread.join()
+    assert not errors
+    assert not record.exists() and not old.exists() and not lock.exists()
+    assert Path(str(first.xnnpack_cache)).exists()  # this artifact's file stays
+
+
+def test_a_digest_memo_for_a_removed_record_leaves_nothing_behind(tmp_path: Path) -> None:
+    from ptestore.xnnpack.digests import remember_quietly
+
+    record = tmp_path / "xnnpack-0123456789abcdef.xpwc.json"
+    learned = {"/m.pte": {"sha256": "0" * 64, "stamp": [1, 2, 3, 4, 5], "ends": "0" * 64}}
+    original = os.path.exists
+
+    def removed_meanwhile(path: object) -> bool:  # the record read, then removed by ensure
+        if str(path) == str(record):
+            return False
+        return original(path)  # type: ignore[arg-type]
+
+    record.write_text(json.dumps({"format": "ptestore-xnnpack-cache/1"}))
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(Path, "exists", lambda self: removed_meanwhile(self))
+        remember_quietly(record, learned)
+    assert json.loads(record.read_text()) == {"format": "ptestore-xnnpack-cache/1"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == [record.name]  # no lock left
