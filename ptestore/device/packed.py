@@ -140,7 +140,7 @@ def _remove(directory: str, names: list[str]) -> None:
 def _remove_packed(directory: str, name: str) -> None:
     from pathlib import Path
 
-    from ..xnnpack.record import locked
+    from ..storage.flock import locked
 
     path = Path(directory, name)
     lock = path.with_name(name + ".lock")

@@ -98,12 +98,13 @@ def _resumable(meta_path: str, state: dict[str, Any]) -> int:
     count = saved.pop("verified", None)
     if saved != state or not isinstance(count, int) or isinstance(count, bool) or count < 0:
         return 0
-    return count
+    return count  # past the last chunk: :func:`_recheck` keeps only the chunks there are
 
 
 def _recheck(part: str, chunks: ChunkDigests, count: int) -> tuple[int, list[dict[str, Any]]]:
     """How many of the first ``count`` chunks of ``part`` still have their digests;
     the first one that does not is named."""
+    count = min(count, len(chunks.digests))
     if count == 0:
         return 0, []
     loader = LocalFileLoader(part)

@@ -9,6 +9,9 @@ the published file, so a fetch needs the artifact's size on disk once, not twice
 two download files are opened in the destination's directory without following links
 (``O_NOFOLLOW``; a new ``.part`` with ``O_EXCL``): a symbolic link, or a file another
 user owns or that has other names, at either name is refused, never written through.
+One fetch into a destination at a time: each holds an ``flock`` on ``DEST.part.lock``
+from its first download to its last rename (:mod:`ptestore.storage.flock`). An index
+entry's fields are checked before the first request (:func:`_check_entry`).
 
 The check, per file:
 
@@ -38,6 +41,7 @@ published first, then the .pte: a failure between the two is a
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +56,7 @@ from ..errors import (
 from ..provenance.digest import content_digest
 from ..provenance.trailer import read_trailer
 from ..storage.atomic import rename
+from ..storage.flock import locked
 from ..storage.loaders import DataLoader, LocalFileLoader, open_loader
 from ..storage.routing import options_for_loader
 from ..storage.types import StorageURL
@@ -164,8 +169,11 @@ def _download(
     def run(loader: DataLoader, reader: PinnedReader, state: dict[str, Any]) -> dict[str, Any]:
         size = int(state["size"])
         record = pinned_record(want, size, reader)
-        if record is None:
-            return download_whole(want, dest, state, reader, bases, chunk_size, sink, _check)
+        if record is None:  # its .part also pinned to the bytes the index names
+            pins = {"sha256": want["sha256"], "trailer_sha256": want.get("trailer_sha256")}
+            return download_whole(
+                want, dest, {**state, **pins}, reader, bases, chunk_size, sink, _check
+            )
         chunks = record.chunks  # verified chunk by chunk (.chunked)
         got = download_chunks(
             url=url,
@@ -281,6 +289,8 @@ def fetch(
         ptd_want = _ptd_of(src, opts)
         if ptd_want is not None:
             files.append((ptd_want, ptd_beside(target)))
+    for want, _ in files:
+        _check_entry(want, src)
     result = FetchResult(choice)
     given = [] if base is None else [base] if isinstance(base, str | os.PathLike) else list(base)
     pte_bases = [os.fspath(b) for b in given]
@@ -288,25 +298,13 @@ def fetch(
     def sink(url: str, path: str, total: int) -> Sink:
         return Sink(url, path, total, progress, events)
 
-    check_space(files, pte_bases)
-    # Every file is downloaded and checked before any is published (a mismatch is an
-    # IntegrityError with nothing published), the pair's binding too; then the .ptd,
-    # then the .pte.
-    for want, path in sorted(files, key=lambda f: not f[1].endswith(".ptd")):
-        is_ptd = path.endswith(".ptd") and path != target
-        paths = [ptd_beside(b) for b in pte_bases] if is_ptd else pte_bases
-        bases = open_bases(paths, required=not is_ptd)
-        try:
-            result.files.append(_download(want, path, opts, chunk_size, bases, sink))
-        finally:
-            for b in bases:
-                b.close()
-    try:
-        _check_pair(result.files)
-    except IntegrityError:
-        _discard_parts(result.files)
-        raise
-    _publish_all(result.files)
+    check_space(files, pte_bases)  # before anything is made, the directory included
+    os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
+    refuse_link(target + ".part.lock")
+    # One fetch into a destination at a time: another would take over (or remove) this
+    # one's live .part, and this one would then publish bytes it never checked.
+    with locked(target + ".part.lock", remove=True):
+        _download_all(files, target, pte_bases, opts, chunk_size, sink, result)
     if xnnpack_cache:
         from .packed import fetch_packed
 
@@ -323,6 +321,64 @@ def fetch(
             events=events,
         )
     return result
+
+
+def _download_all(
+    files: list[tuple[dict[str, Any], str]],
+    target: str,
+    pte_bases: list[str],
+    opts: dict[str, Any],
+    chunk_size: int,
+    sink: Callable[[str, str, int], Sink],
+    result: FetchResult,
+) -> None:
+    """Every file downloaded and checked before any is published (a mismatch is an
+    IntegrityError with nothing published), the pair's binding too; then the .ptd, then
+    the .pte (:func:`_publish_all`)."""
+    for want, path in sorted(files, key=lambda f: not f[1].endswith(".ptd")):
+        is_ptd = path.endswith(".ptd") and path != target
+        paths = [ptd_beside(b) for b in pte_bases] if is_ptd else pte_bases
+        bases = open_bases(paths, required=not is_ptd)
+        try:
+            result.files.append(_download(want, path, opts, chunk_size, bases, sink))
+        finally:
+            for b in bases:
+                b.close()
+    try:
+        _check_pair(result.files)
+    except IntegrityError:
+        _discard_parts(result.files)
+        raise
+    _publish_all(result.files)
+
+
+_DIGEST = re.compile("sha256(?:-tree)?:[0-9a-f]{64}")
+_TRAILER = re.compile("sha256:[0-9a-f]{64}")
+
+
+def _check_entry(want: object, source: str) -> None:
+    """An index file entry (or what a direct URL's trailer gives) has the fields fetch
+    relies on, in their form, before the first request: a malformed one is a
+    :class:`~ptestore.errors.FormatError` naming the object and the field, never a
+    download checked against it afterwards."""
+    if not isinstance(want, dict):
+        raise FormatError(source, "file entry", want, "an object")
+    url = want.get("url")
+    if not isinstance(url, str) or not url:
+        raise FormatError(source, "file entry url", url, "a URL or path")
+    size = want.get("size")
+    if "size" in want and (not isinstance(size, int) or isinstance(size, bool) or size < 0):
+        raise FormatError(url, "index entry size", size, "a byte count >= 0")
+    sha = want.get("sha256")
+    if not isinstance(sha, str) or not _DIGEST.fullmatch(sha):
+        raise FormatError(
+            url, "index entry sha256", sha, "'sha256-tree:' or 'sha256:' and 64 lowercase hex"
+        )
+    trailer = want.get("trailer_sha256")
+    if trailer is not None and (not isinstance(trailer, str) or not _TRAILER.fullmatch(trailer)):
+        raise FormatError(
+            url, "index entry trailer_sha256", trailer, "null or 'sha256:' and 64 lowercase hex"
+        )
 
 
 def _publish_all(files: list[dict[str, Any]]) -> None:

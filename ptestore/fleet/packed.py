@@ -285,8 +285,8 @@ def deliver(
     ``installed_for`` is passed to :func:`~ptestore.xnnpack.adopt_cache`."""
     from pathlib import Path
 
+    from ..storage.flock import locked
     from ..xnnpack import adopt_cache
-    from ..xnnpack.record import locked
     from .download import discard_part
     from .packed_chunks import download_delta, download_whole, recorded_chunks
 

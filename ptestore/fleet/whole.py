@@ -64,6 +64,11 @@ def download_whole(
     source): downloaded (or resumed, or taken whole from a base of the same bytes), then
     checked whole (:func:`~.fetch._check`)."""
     url, size = str(want["url"]), int(state["size"])
+    if "size" in want and size != want["size"]:  # before a byte is downloaded
+        raise IntegrityError(
+            f"{url}: the object is {size} bytes, the index names {want['size']}",
+            published=False,
+        )
     part, meta_path = dest + ".part", dest + ".part.json"
     report = sink(url, dest, size)
     on_disk = 0

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import FormatError, IntegrityError
+from ..storage.flock import locked
 from .digests import artifact_digests, remember
 from .identity import Identity, file_sha256
 from .native import executorch_build
@@ -28,7 +29,6 @@ from .record import (
     CacheFile,
     PathLike,
     found_checked,
-    locked,
     parse_file,
     paths,
     publish_file,

@@ -42,6 +42,7 @@ from ..errors import (
     PackedWeightsRefused,
     StorageError,
 )
+from ..storage.flock import locked
 from .digests import artifact_digests, memo_of, remember, remember_quietly, remembered_in
 from .identity import Identity, file_sha256
 from .native import ExecutorchBuild, Shim, build_shim, executorch_build
@@ -51,7 +52,6 @@ from .record import (
     PathLike,
     check_file,
     found_checked,
-    locked,
     parse_file,
     paths,
     publish_file,

@@ -38,8 +38,9 @@ from typing import Any
 
 from .._dataclass import dataclass
 from ..errors import PteStoreError
+from ..storage.flock import locked
 from .identity import file_sha256
-from .record import PathLike, locked, publish_read_only, read_record, stamp
+from .record import PathLike, publish_read_only, read_record, stamp
 
 __all__ = [
     "MEMO",

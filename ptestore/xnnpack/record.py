@@ -12,13 +12,11 @@ writes a small read-only file (a record, a refusal) through
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import mmap
 import os
 import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +33,6 @@ __all__ = [
     "check_file",
     "found_checked",
     "identity_of",
-    "locked",
     "parse_file",
     "paths",
     "publish_file",
@@ -212,37 +209,6 @@ def found_checked(
         return None
     except PteStoreError:
         return None
-
-
-@contextlib.contextmanager
-def locked(lock_path: Path, *, remove: bool = False) -> Iterator[None]:
-    """The exclusive ``flock`` of whoever makes (or installs) a file. Whoever holds it
-    may remove the lock file (``remove=True`` on the way out, or
-    :func:`ptestore.xnnpack.users.release`): a process that was waiting on the removed
-    file finds the path gone or another file there once it gets the lock, and tries
-    again, so two never hold the lock of one path at once."""
-    while True:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            held = os.fstat(fd)
-            try:
-                there = os.stat(lock_path)
-            except FileNotFoundError:
-                there = None
-        except BaseException:
-            os.close(fd)
-            raise
-        if there is not None and (there.st_dev, there.st_ino) == (held.st_dev, held.st_ino):
-            break
-        os.close(fd)  # removed while this process waited: lock the file there now
-    try:
-        yield
-    finally:
-        if remove:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(lock_path)
-        os.close(fd)
 
 
 def remove_stale(directory: Path, identity: Identity) -> None:

@@ -21,7 +21,8 @@ import json
 from pathlib import Path
 
 from ..errors import PteStoreError
-from .record import locked, publish_read_only, read_record
+from ..storage.flock import locked
+from .record import publish_read_only, read_record
 
 __all__ = ["USERS", "add_user", "release", "users_of"]
 
@@ -70,7 +71,7 @@ def release(directory: Path, artifact: str, keep: Path) -> list[Path]:
                 record[USERS] = rest
                 publish_read_only(json.dumps(record, indent=1).encode(), record_path)
                 continue
-            for p in (record_path, path, lock):  # the lock while held: see record.locked
+            for p in (record_path, path, lock):  # the lock while held: see storage.flock.locked
                 with contextlib.suppress(FileNotFoundError):
                     p.unlink()
             removed.append(path)

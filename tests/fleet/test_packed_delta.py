@@ -227,7 +227,7 @@ def test_two_deliveries_of_one_file_into_one_directory_take_turns(
 
     from support.locks import blocked_on, wait_until
 
-    from ptestore.xnnpack.record import locked
+    from ptestore.storage.flock import locked
 
     index = packed_run(packed_job(tmp_path, model, str(tmp_path / "out"), "1"), capsys)
     field = _field(index)

@@ -1,4 +1,4 @@
-"""The maker's and installer's ``flock`` (``ptestore.xnnpack.record.locked``): whoever
+"""The maker's and installer's ``flock`` (``ptestore.storage.flock.locked``): whoever
 holds it may remove the lock file, and a process that waited on the removed file never
 holds a lock alongside one on the file now at the path."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from support.locks import blocked_on, wait_until
 
-from ptestore.xnnpack.record import locked
+from ptestore.storage.flock import locked
 
 
 def test_a_waiter_on_a_removed_lock_file_locks_the_one_at_the_path(tmp_path: Path) -> None:
