@@ -122,16 +122,31 @@ def _migrate(
             stats.conflicts += 1
         value, token = store.read_json(store.root)
         if value is not None and check_index(value, store.root)["version"] == 3:
+            won = check_layout(value, store.root)
+            if won["shards"] == layout["shards"]:  # this swap, its answer lost
+                stats.written = True
+                return sharded, info, [stats]
             store.remove_tree(sharded.directory)  # another migration won
-            return ShardedIndex(store, check_layout(value, store.root)), None, [stats]
+            return ShardedIndex(store, won), None, [stats]
         old = check_index(value, store.root) if value is not None else {"version": 2, "entries": []}
         now_by_model = _entries_by_model(old)
         stale = {
             m for m in set(written) | set(now_by_model) if written.get(m) != now_by_model.get(m)
         }
-        objects += sharded.write_static(old["entries"], stale)
-        for gone in stale - set(now_by_model):  # an index removed and made again
-            store.remove_tree(sharded.model_dir(gone))
+        # A model copied again starts from an empty directory: nodes of its earlier
+        # copy's trie (deeper than the new one, under what is now a leaf) would be taken
+        # by a later split for halves a helper made, and bring back the old entries.
+        # No root names this directory yet, so no one else writes into it.
+        for model in stale:
+            store.remove_tree(sharded.model_dir(model))
+        if any(store.list_names(sharded.model_dir(m)) for m in stale):
+            # Not removed (the removal is best effort): copy everything afresh.
+            store.remove_tree(sharded.directory)
+            layout = new_layout(sharded.leaf_bytes, sharded.listed)
+            sharded = ShardedIndex(store, layout)
+            objects = sharded.write_static(old["entries"])
+        else:
+            objects += sharded.write_static(old["entries"], stale)
         written = {m: dict(es) for m, es in now_by_model.items()}
     raise PreconditionFailed(
         f"{store.root}: the version 2 index changed under every one of "

@@ -16,7 +16,7 @@ import pytest
 
 from ptestore.backends import register_backend, unregister_backend
 from ptestore.backends.compat import DeviceProfile
-from ptestore.errors import ConfigurationError, FormatError, PreconditionFailed
+from ptestore.errors import ConfigurationError, FormatError
 from ptestore.fleet.index import (
     create_index,
     find_entry,
@@ -33,7 +33,7 @@ from ptestore.testing.fleet_index import SocBackend, device_name, soc_of, synthe
 from ptestore.testing.s3server import S3TestServer
 from ptestore.writers import versions
 
-from .indexkit import assert_catalogs_match_leaves, leaf_sizes
+from .indexkit import assert_catalogs_match_leaves, leaf_sizes, old_writer
 
 KEY = ("model", "device")
 
@@ -189,27 +189,7 @@ def test_select_reads_a_few_small_objects(
 # ---------------------------------------------------------------------------- migration
 
 
-def _old_writer(url: str, entries: list[dict[str, Any]]) -> None:
-    """What a ptestore before version 3 does to publish: read the index with its
-    version, refuse any version but 1 and 2, merge, publish if still that version."""
-    from ptestore.writers import open_writer
-
-    for _ in range(20):
-        got = versions.read_versioned(url)
-        old = json.loads(got.data) if got.version is not None else {"entries": []}
-        if got.version is not None and old.get("version") not in (1, 2):
-            raise FormatError(url, "index version", old.get("version"), "1 or 2")
-        kept = {(e["model"], e["device"]): e for e in old["entries"]}
-        kept.update({(e["model"], e["device"]): e for e in entries})
-        new = {"format": "ptestore.index", "version": 2, "entries": [kept[k] for k in sorted(kept)]}
-        w = open_writer(url, auto_mkdir=True)
-        w.write(json.dumps(new, indent=1).encode(), 0)
-        try:
-            w.publish(got.mode, expected=got.version)
-            return
-        except PreconditionFailed:
-            continue
-    raise AssertionError("the old writer never published")
+_old_writer = old_writer
 
 
 @pytest.mark.parametrize("version", [1, 2])
