@@ -48,6 +48,7 @@ from ..errors import FormatError
 from ..provenance import Provenance, read_trailer
 from ..storage.loaders import open_loader
 from ..storage.routing import options_for_loader
+from ..storage.types import absolute_local
 from .index_migrate import create_index, migrate_index
 from .index_store import IndexStore, ObjectStats
 from .index_v2 import INDEX_FORMAT, check_index, now, parse_index, publish_v2, update_v2
@@ -105,7 +106,7 @@ def artifact_entry(url: str, options: dict[str, Any]) -> tuple[dict[str, Any], P
         if prov.content is None:
             raise FormatError(url, "provenance content", None, "a digest of the bytes")
         return {
-            "url": url,
+            "url": absolute_local(url),
             "size": loader.size(),
             "sha256": prov.content.sha256,
             "trailer_sha256": "sha256:" + trailer.sha256,
@@ -118,7 +119,7 @@ def shared_entry(url: str, content: ContentDigest) -> dict[str, Any]:
     """The entry of a .ptd stored once at its content address ``url`` (no trailer: the
     .pte's record names its size and SHA-256)."""
     return {
-        "url": url,
+        "url": absolute_local(url),
         "size": content.size,
         "sha256": content.sha256,
         "trailer_sha256": None,

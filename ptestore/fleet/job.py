@@ -34,11 +34,11 @@ import string
 import sys
 from typing import Any
 
-from .._dataclass import dataclass, field
+from .._dataclass import dataclass, field, replace
 from ..backends.compat import DeviceProfile
 from ..errors import ConfigurationError
 from ..storage.routing import StorageOptions, options_for_loader
-from ..storage.types import StorageURL, strerror
+from ..storage.types import StorageURL, absolute_local, strerror
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -322,7 +322,7 @@ def parse_job(text: str, path: str = "<job>") -> Job:
     problem = check_destinations(job)
     if problem:
         raise fail(problem, None, "destination")
-    return job
+    return replace(job, destination=absolute_local(dest))  # the index names absolute files
 
 
 def _fingerprint_problem(value: object) -> str | None:

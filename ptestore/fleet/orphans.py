@@ -40,9 +40,9 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ..coordinator.targets import target_identity
-from ..errors import ObjectNotFound, PteStoreError
+from ..errors import FormatError, ObjectNotFound, PteStoreError
 from ..gc import GcEntry
-from ..storage.types import StorageURL
+from ..storage.types import StorageURL, is_relative_local
 from .index import INDEX_NAME, iter_entries
 from .packed import is_packed_url, read_record, record_url
 from .shared import is_shared_url
@@ -53,20 +53,32 @@ __all__ = ["DEFAULT_GRACE", "collect_orphans", "referenced"]
 DEFAULT_GRACE = 7 * 86400.0
 
 
-def referenced(index: dict[str, Any]) -> set[tuple[str, str]]:
+def referenced(index: dict[str, Any], source: str = "<index>") -> set[tuple[str, str]]:
     """The identities (:func:`~ptestore.coordinator.targets.target_identity`) of every
-    file the live (not retired) entries of ``index`` name."""
-    return _named(index.get("entries", []))
+    file the live (not retired) entries of ``index`` (read from ``source``) name;
+    :class:`FormatError` for an entry naming its artifact by a relative local path
+    (written by a run in a directory gc cannot know, so which file it names is unknown)."""
+    return _named(index.get("entries", []), source)
 
 
-def _named(entries: Iterable[Any]) -> set[tuple[str, str]]:
+def _named(entries: Iterable[Any], source: str) -> set[tuple[str, str]]:
     out: set[tuple[str, str]] = set()
     for e in entries:
         if not isinstance(e, dict) or e.get("retired"):
             continue
-        for role in ("pte", "ptd", "source", "ptd_source"):
+        for role in ("pte", "ptd", "xnnpack", "source", "ptd_source"):
             rec = e.get(role)
-            if isinstance(rec, dict) and isinstance(rec.get("url"), str):
+            if not isinstance(rec, dict) or not isinstance(rec.get("url"), str):
+                continue
+            if role in ("pte", "ptd", "xnnpack") and is_relative_local(rec["url"]):
+                raise FormatError(
+                    source,
+                    f"entry {e.get('model')}/{e.get('device')} {role}.url",
+                    rec["url"],
+                    "an absolute path or URL (a relative one names a file under the "
+                    "directory of the run that wrote it, unknown to gc)",
+                )
+            if role != "xnnpack":
                 out.add(target_identity(rec["url"]))
         packed, pte = e.get("xnnpack"), e.get("pte")
         if isinstance(packed, dict) and isinstance(pte, dict) and isinstance(pte.get("url"), str):
@@ -170,7 +182,7 @@ def _references(
     dirs: list[str] = []
     for url in indexes:
         try:
-            refs |= _named(iter_entries(url, **options))  # a shard at a time
+            refs |= _named(iter_entries(url, **options), url)  # a shard at a time
         except ObjectNotFound:
             continue
         except PteStoreError as exc:

@@ -17,6 +17,8 @@ __all__ = [
     "DataLoader",
     "StorageURL",
     "URLLike",
+    "absolute_local",
+    "is_relative_local",
     "load_into",
     "local_path",
     "split_url",
@@ -147,6 +149,25 @@ def local_path(url: str | os.PathLike[str] | StorageURL) -> str | None:
     None for a URL of any other scheme."""
     u = StorageURL.of(url)
     return u.path if u.local else None
+
+
+def is_relative_local(url: str | os.PathLike[str]) -> bool:
+    """A local path or ``file://``/``local://`` URL that is relative (to the current
+    directory of whoever reads it)."""
+    text = os.fspath(url)
+    match = _SCHEME.match(text)
+    if match is None:
+        return not os.path.isabs(text)
+    if _ALIASES.get(match.group(1).lower(), match.group(1).lower()) != "file":
+        return False
+    return not os.path.isabs(text[match.end() :])
+
+
+def absolute_local(url: str | os.PathLike[str]) -> str:
+    """``url`` with a relative local path made absolute (against the current
+    directory); any other URL as given."""
+    text = os.fspath(url)
+    return split_url(text)[1] if is_relative_local(text) else text
 
 
 #: What ``open_loader``, ``open_writer`` and the option routing take as a URL.

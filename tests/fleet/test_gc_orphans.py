@@ -295,3 +295,39 @@ def test_a_concurrent_runs_fresh_object_is_kept(
     assert str(fresh) in named
     assert main(["verify", "--job", str(job)]) == 0
     capsys.readouterr()
+
+
+def test_a_relative_destination_is_indexed_absolute_and_a_relative_url_stops_gc(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job whose destination is relative to the run's directory indexes absolute
+    URLs, so gc from anywhere keeps what the index names; an index written before that
+    (relative URLs) stops gc, naming the index and the URL, and nothing is removed."""
+    work = tmp_path / "work"
+    work.mkdir()
+    job = _job(work / "job.toml", "out", '[devices.d0]\nsoc = "s0"\n')
+    monkeypatch.chdir(work)
+    assert load_job(job).destination == str(work / "out/{device}/{model}.pte")
+    _run(job, capsys)
+    monkeypatch.chdir(tmp_path)
+    out, pte = work / "out", work / "out" / "d0" / "mlp.pte"
+    index = out / "ptestore-index.json"
+    [entry] = load_index(index)["entries"]
+    assert entry["pte"]["url"] == str(pte)
+    assert entry["ptd"]["url"].startswith(str(out / "_shared/sha256-tree") + "/")
+    _backdate(pte, WEEK + 60)
+    report = _gc([str(out), "--grace", "60s"], capsys)
+    assert "d0/mlp.pte" not in _actions(report, str(out) + "/")
+    assert pte.exists()
+    # An index an earlier ptestore wrote from ``work``: its URLs relative to it.
+    entry["pte"]["url"] = "out/d0/mlp.pte"
+    index.write_text(json.dumps({"format": "ptestore.index", "version": 2, "entries": [entry]}))
+    report = _gc([str(out), "--grace", "60s"], capsys, code=1)
+    [failed] = report["entries"]
+    assert (failed["kind"], failed["location"]) == ("index", str(index))
+    assert failed["action"] == (
+        f"failed: {index}: cannot read the index: {index}: entry mlp/d0 pte.url = "
+        "'out/d0/mlp.pte': must be an absolute path or URL (a relative one names a file "
+        "under the directory of the run that wrote it, unknown to gc)"
+    )
+    assert pte.exists()
