@@ -45,6 +45,7 @@ __all__ = [
     "collect_local",
     "collect_s3",
     "collect_stale",
+    "server_now",
 ]
 
 log = logging.getLogger("ptestore.gc")
@@ -214,7 +215,7 @@ def collect_s3(
             page = conn.request("ListMultipartUploads", "list_multipart_uploads", **kwargs)
         except Exception as exc:
             raise to_storage_error(exc, f"s3://{bucket}/{prefix}", "ListMultipartUploads") from exc
-        now = _server_now(page, now)
+        now = server_now(page, now)
         for up in page.get("Uploads", []):
             key, upload_id = up["Key"], up["UploadId"]
             where = f"s3://{bucket}/{key}?uploadId={upload_id}"
@@ -264,10 +265,10 @@ def collect_s3(
     return found
 
 
-def _server_now(page: dict[str, Any], client_now: datetime) -> datetime:
+def server_now(page: dict[str, Any], client_now: datetime) -> datetime:
     """The server's clock from a response's ``Date`` header when it disagrees with the
-    client's by more than :data:`CLOCK_SKEW_TOLERANCE` (upload ages are differences of
-    server times), else the client's."""
+    client's by more than :data:`CLOCK_SKEW_TOLERANCE` (upload ages and ``LastModified``
+    are server times), else the client's."""
     headers = page.get("ResponseMetadata", {}).get("HTTPHeaders", {})
     try:
         server_now = parsedate_to_datetime(str(headers["date"]))

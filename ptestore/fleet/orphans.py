@@ -20,9 +20,10 @@ objects that no index names. :func:`collect_orphans` removes them, and only them
   when it carries a provenance trailer recording the device it was made for (a portable
   source never does). Anything else is neither touched nor reported;
 - **when**: an orphan younger than the grace period (its modification time; on S3
-  ``LastModified``) is kept: a run may be about to name it in its index (a run stores
-  its objects before it publishes its index). The indexes are read again just before
-  the first removal, and an object named meanwhile is kept.
+  ``LastModified``, measured against the server's clock) is kept: a run may be about to
+  name it in its index (a run stores its objects before it publishes its index). The
+  indexes are read again just before the first removal, and an object named meanwhile
+  is kept.
 
 A run that *reuses* an old orphan (a shared ``.ptd`` it finds already stored) names it
 only when it publishes its index; keep the grace longer than a run lasts. Should gc win
@@ -155,6 +156,21 @@ class _Store:
             ts = when.timestamp() if hasattr(when, "timestamp") else float(when or 0.0)
             yield f"{scheme}://{path}", ts, int(info.get("size") or 0)
 
+    def now(self, root: str) -> float:
+        """The time to measure ages against: on S3 the server's (``LastModified`` is
+        its clock), from the ``Date`` of a listing when it differs from ours by more
+        than :data:`~ptestore.gc.CLOCK_SKEW_TOLERANCE`; locally ours."""
+        client = time.time()
+        if self.url.local:
+            return client
+        from datetime import datetime, timezone
+
+        from ..gc import server_now
+
+        bucket, _, prefix = root.partition("://")[2].partition("/")
+        page = self.fs.call_s3("list_objects_v2", Bucket=bucket, Prefix=prefix, MaxKeys=1)
+        return server_now(page, datetime.fromtimestamp(client, timezone.utc)).timestamp()
+
     def remove(self, url: str) -> None:
         if self.url.local:
             os.unlink(url)
@@ -243,7 +259,7 @@ def collect_orphans(
         return [GcEntry(error.split(": ", 1)[0], "index", 0.0, f"failed: {error}")]
     if not dirs:
         return []
-    now = time.time()
+    now = store.now(root)
     found: list[tuple[str, str, float, int]] = []
     for url, mtime, size in listed:
         name = url.rsplit("/", 1)[-1].rsplit(os.sep, 1)[-1]

@@ -23,6 +23,7 @@ from ptestore.fleet import load_job
 from ptestore.fleet.index import load_index
 from ptestore.fleet.orphans import collect_orphans, referenced
 from ptestore.fleet.retire import retire_dropped
+from ptestore.testing.moto import MotoS3
 from ptestore.testing.s3server import S3TestServer
 
 EXT = get_fixture("mlp_xnnpack_ext")
@@ -331,3 +332,31 @@ def test_a_relative_destination_is_indexed_absolute_and_a_relative_url_stops_gc(
         "under the directory of the run that wrote it, unknown to gc)"
     )
     assert pte.exists()
+
+
+def test_orphan_ages_on_s3_use_the_servers_clock(
+    moto_s3: MotoS3, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``LastModified`` is the server's time: with the client's clock two hours ahead,
+    an object a running job just stored is still younger than a grace of one hour."""
+    import types
+
+    from ptestore.fleet import orphans
+    from ptestore.fleet.index import publish_entries
+    from ptestore.testing.fleet_index import synthetic_entry
+    from ptestore.writers import open_writer
+
+    bucket, opts = moto_s3.new_bucket(), moto_s3.storage_options
+    root = f"s3://{bucket}/fleet"
+    publish_entries(f"{root}/ptestore-index.json", [synthetic_entry("m", "d", root=root)], opts)
+    fresh = f"{root}/_shared/sha256-tree/{'ab' * 32}.ptd"
+    w = open_writer(fresh, **opts)
+    w.write(b"x" * 100, 0)
+    w.publish("overwrite")
+    real = time.time
+    monkeypatch.setattr(orphans, "time", types.SimpleNamespace(time=lambda: real() + 7200))
+    [entry] = collect_orphans(root, grace=3600, **opts)
+    assert (entry.location, entry.action) == (fresh, "skipped: younger than the grace of 3600s")
+    assert entry.age < 600
+    listed = moto_s3.client().list_objects_v2(Bucket=bucket, Prefix="fleet/_shared/")
+    assert [o["Key"] for o in listed["Contents"]] == [fresh.split("/", 3)[3]]
