@@ -171,31 +171,57 @@ class ModelTrie:
     def locate(self, devices: list[str], lo: int, hi: int) -> dict[str, tuple[Node, list[str]]]:
         """The node holding each of ``devices``: ``{prefix: (node, devices)}``. Depths
         ``lo``..``hi`` are read at once (where the catalog says leaves are), then one
-        depth at a time below a split node."""
+        depth at a time below a split node. A node found missing below a split is read
+        again unless it was read after its parent was seen split: a split creates its
+        halves before it commits, so a half read before its parent may be one made since
+        (taken for an empty leaf, its entries would read as absent)."""
         out: dict[str, tuple[Node, list[str]]] = {}
         pending = list(dict.fromkeys(devices))
         depth, last = lo, max(lo, hi)
         known: dict[str, Node] = {}
+        after_split: set[str] = set()  # read after their parent was seen split
         while pending:
             want = {device_bits(d)[:k] for d in pending for k in range(depth, last + 1)}
-            known.update(self._read_many(want - set(known)))
+            split_before = {p for p, n in known.items() if n.kind == SPLIT}
+            got = self._read_many(want - set(known))
+            after_split.update(p for p in got if p and p[:-1] in split_before)
+            known.update(got)
             still = []
             for d in pending:
-                bits = device_bits(d)
-                for k in range(depth, 257):
-                    node = known.get(bits[:k])
-                    if node is None:
-                        still.append(d)
-                        break
-                    if node.kind == SPLIT:
-                        continue
-                    if node.kind == EMPTY and k > 0:
-                        node = self._holder(bits, k, known)
+                node = self._resolve(device_bits(d), depth, known, after_split)
+                if node is None:
+                    still.append(d)
+                else:
                     out.setdefault(node.prefix, (node, []))[1].append(d)
-                    break
             pending = still
             depth, last = last + 1, last + 1
         return out
+
+    def _resolve(
+        self, bits: str, depth: int, known: dict[str, Node], after_split: set[str]
+    ) -> Node | None:
+        """The node holding the device of ``bits`` from the nodes ``known`` (None: read
+        deeper first). An empty half of a split read with its parent is read again, and
+        below it, when it turns out split, each node of the path after its parent."""
+        for k in range(depth, 257):
+            node = known.get(bits[:k])
+            if node is None:
+                return None
+            if node.kind == SPLIT:
+                continue
+            if node.kind == EMPTY and k > 0:
+                node = self._holder(bits, k, known)
+            break
+        else:
+            return None
+        while node.kind == EMPTY and node.prefix and node.prefix not in after_split:
+            node = known[node.prefix] = self.read(node.prefix)
+            after_split.add(node.prefix)
+            while node.kind == SPLIT and len(node.prefix) < 256:
+                child = bits[: len(node.prefix) + 1]
+                node = known[child] = self.read(child)
+                after_split.add(child)
+        return node
 
     def _holder(self, bits: str, k: int, known: dict[str, Node]) -> Node:
         """The node that holds a device whose node at depth ``k`` does not exist: that
