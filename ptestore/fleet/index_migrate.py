@@ -41,7 +41,7 @@ from .index_v3 import (
     root_value,
 )
 
-__all__ = ["create_index", "migrate_index", "open_for_writing"]
+__all__ = ["check_entries", "create_index", "migrate_index", "open_for_writing"]
 
 
 def _entries_by_model(index: dict[str, Any]) -> dict[str, dict[tuple[str, str], Any]]:
@@ -50,6 +50,19 @@ def _entries_by_model(index: dict[str, Any]) -> dict[str, dict[tuple[str, str], 
         if isinstance(e, dict):
             out.setdefault(str(e.get("model")), {})[(str(e.get("model")), str(e.get("device")))] = e
     return out
+
+
+def check_entries(index: dict[str, Any], url: str) -> None:
+    """Every entry of the version 1/2 ``index`` (read from ``url``) is one a version 3
+    leaf can hold (an object with a string model and device, as
+    :meth:`~.index_trie.ModelTrie.parse` requires), else :class:`FormatError` naming the
+    index and the entry: checked before a migration writes anything."""
+    for i, e in enumerate(index["entries"]):
+        if not isinstance(e, dict):
+            raise FormatError(url, f"index entries[{i}]", e, "an object with a model and a device")
+        for name in ("model", "device"):
+            if not isinstance(e.get(name), str):
+                raise FormatError(url, f"index entries[{i}].{name}", e.get(name), "a string")
 
 
 def open_for_writing(
@@ -97,6 +110,7 @@ def _migrate(
     """Write ``old``'s entries as version 3 and swap the root (see the module docstring)."""
     from .._retry import CONFLICT_RETRY
 
+    check_entries(old, store.root)
     layout = new_layout()
     sharded = ShardedIndex(store, layout)
     written = {m: dict(es) for m, es in _entries_by_model(old).items()}
@@ -129,6 +143,11 @@ def _migrate(
             store.remove_tree(sharded.directory)  # another migration won
             return ShardedIndex(store, won), None, [stats]
         old = check_index(value, store.root) if value is not None else {"version": 2, "entries": []}
+        try:
+            check_entries(old, store.root)
+        except FormatError:
+            store.remove_tree(sharded.directory)  # never named: nothing else reads it
+            raise
         now_by_model = _entries_by_model(old)
         stale = {
             m for m in set(written) | set(now_by_model) if written.get(m) != now_by_model.get(m)

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from ptestore.fleet.index import load_index, publish_entries
+from ptestore.errors import FormatError
+from ptestore.fleet.index import find_entry, load_index, publish_entries
 from ptestore.fleet.index_store import IndexStore
 from ptestore.fleet.index_v3 import ShardedIndex, model_segment
 from ptestore.testing.fleet_index import device_name, synthetic_entry
@@ -60,3 +61,60 @@ def test_a_model_copied_again_keeps_no_node_of_its_first_copy(
     assert sorted(after) == sorted([e["device"] for e in big + new])
     assert [d for d, e in after.items() if not d.startswith("new-") and "source" in e] == []
     assert assert_catalogs_match_leaves(url) == 2
+
+
+def _v2(url: str, entries: list[Any]) -> None:
+    Path(url).write_text(json.dumps({"format": "ptestore.index", "version": 2, "entries": entries}))
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ({"model": "m"}, "index entries[1].device = None: must be a string"),
+        ("junk", "index entries[1] = 'junk': must be an object with a model and a device"),
+        ({**synthetic_entry("x", "a"), "model": 5}, "index entries[1].model = 5: must be a string"),
+        (
+            {**synthetic_entry("m", "z"), "device": 5},
+            "index entries[1].device = 5: must be a string",
+        ),
+    ],
+)
+def test_a_damaged_version_2_index_is_refused_before_anything_is_written(
+    tmp_path: Path, bad: Any, message: str
+) -> None:
+    url = str(tmp_path / "ptestore-index.json")
+    _v2(url, [synthetic_entry("m", "a"), bad])
+    with pytest.raises(FormatError) as caught:
+        publish_entries(url, [synthetic_entry("m", "b")], {})
+    assert str(caught.value) == f"{url}: {message}"
+    assert json.loads(Path(url).read_text())["version"] == 2
+    assert [p.name for p in tmp_path.iterdir() if not p.name.startswith(".")] == [
+        "ptestore-index.json"
+    ]
+    found = find_entry(url, "m", "a")
+    assert found is not None and found["device"] == "a"
+
+
+def test_an_entry_damaged_during_the_migration_is_refused_and_the_copy_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A damaged entry written between the copy and the root swap: the swap fails, the
+    index is read again and refused; the root stays version 2 and the copy is gone."""
+    url = str(tmp_path / "ptestore-index.json")
+    good = [synthetic_entry("m", device_name(i)) for i in range(3)]
+    _v2(url, good)
+    real = ShardedIndex.write_static
+
+    def then_damage(self: ShardedIndex, *args: Any, **kw: Any) -> int:
+        n = real(self, *args, **kw)
+        _v2(url, [*good, {"model": "m", "device": ["d"]}])
+        return n
+
+    monkeypatch.setattr(ShardedIndex, "write_static", then_damage)
+    with pytest.raises(FormatError) as caught:
+        publish_entries(url, [synthetic_entry("m", "b")], {})
+    assert str(caught.value) == f"{url}: index entries[3].device = ['d']: must be a string"
+    assert json.loads(Path(url).read_text())["version"] == 2
+    assert [p.name for p in tmp_path.iterdir() if not p.name.startswith(".")] == [
+        "ptestore-index.json"
+    ]
