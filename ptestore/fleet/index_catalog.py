@@ -98,19 +98,28 @@ def check_catalog(value: dict[str, Any], url: str) -> dict[str, Any]:
     if not isinstance(value.get(REBUILDING, ""), str):
         raise FormatError(url, f"index catalog {REBUILDING}", value[REBUILDING], "a string")
     leaves = value.get("leaves")
-    if not isinstance(leaves, dict) or not all(
-        isinstance(k, str) and k.isdigit() and isinstance(v, int) for k, v in leaves.items()
-    ):
+    if not isinstance(leaves, dict):
         raise FormatError(url, "index catalog leaves", leaves, "an object of depth: count")
+    for depth, count in leaves.items():
+        if not (depth.isascii() and depth.isdigit() and int(depth) <= 256):
+            raise FormatError(url, "index catalog leaves", depth, "a depth in 0..256")
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise FormatError(url, f"index catalog leaves.{depth}", count, "an int >= 0")
     classes = value.get("classes")
-    if not isinstance(classes, list) or not all(
-        isinstance(c, dict)
-        and isinstance(c.get("compatibility"), list)
-        and isinstance(c.get("devices"), list)
-        and all(isinstance(d, str) for d in c["devices"])
-        for c in classes
-    ):
+    if not isinstance(classes, list):
         raise FormatError(url, "index catalog classes", classes, "a list of classes")
+    for i, c in enumerate(classes):
+        field = f"index catalog classes[{i}]"
+        if not isinstance(c, dict):
+            raise FormatError(url, field, c, "an object")
+        stamps = c.get("compatibility")
+        if not isinstance(stamps, list) or not all(isinstance(x, dict) for x in stamps):
+            raise FormatError(url, f"{field}.compatibility", stamps, "a list of objects")
+        devices = c.get("devices")
+        if not isinstance(devices, list) or not all(isinstance(d, str) for d in devices):
+            raise FormatError(url, f"{field}.devices", devices, "a list of strings")
+        if not isinstance(c.get("more"), bool):
+            raise FormatError(url, f"{field}.more", c.get("more"), "a bool")
     return value
 
 

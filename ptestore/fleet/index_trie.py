@@ -212,8 +212,9 @@ class ModelTrie:
             if node.kind == EMPTY and k > 0:
                 node = self._holder(bits, k, known)
             break
-        else:
-            return None
+        else:  # a device hash has 256 bits: no node below that depth
+            url = self.url(bits[:256])
+            raise FormatError(url, "index shard state", SPLIT, "a leaf at depth 256")
         while node.kind == EMPTY and node.prefix and node.prefix not in after_split:
             node = known[node.prefix] = self.read(node.prefix)
             after_split.add(node.prefix)

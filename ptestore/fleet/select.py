@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._dataclass import dataclass, field
 from ..backends.compat import Compatibility, DeviceProfile
-from ..errors import ConfigurationError, PteStoreError
+from ..errors import ConfigurationError, FormatError, PteStoreError
 
 if TYPE_CHECKING:
     from ..backends.api import BackendInterface
@@ -180,6 +180,27 @@ def _own(entry: dict[str, Any], device: DeviceProfile, by_name: bool = False) ->
     return by_name or digest is None or digest == device.digest()
 
 
+def _checked(entry: dict[str, Any], source: str, *roles: str) -> dict[str, Any]:
+    """``entry`` (read from ``source``) when the fields ``select`` uses are sound: its
+    stamps a list of objects and each of ``roles`` an object with a ``url`` (the ``ptd``
+    ones may be null), else :class:`FormatError` naming the entry and field."""
+    name = f"entry {entry.get('model')}/{entry.get('device')}"
+    stamps = entry.get("compatibility")
+    if stamps is not None and (
+        not isinstance(stamps, list) or not all(isinstance(x, dict) for x in stamps)
+    ):
+        raise FormatError(source, f"{name} compatibility", stamps, "a list of objects")
+    for role in roles:
+        rec = entry.get(role)
+        if rec is None and role in ("ptd", "ptd_source"):
+            continue
+        if not isinstance(rec, dict):
+            raise FormatError(source, f"{name} {role}", rec, "an object")
+        if not isinstance(rec.get("url"), str) or not rec["url"]:
+            raise FormatError(source, f"{name} {role}.url", rec.get("url"), "a URL or path")
+    return entry
+
+
 def _rate(
     entry: dict[str, Any], device: DeviceProfile, raters: _Raters, by_name: bool
 ) -> tuple[str, str, bool]:
@@ -239,19 +260,21 @@ def select(
         options = own.get("device_options") if own is not None else None
         device = DeviceProfile(device, options or {})
     raters = _Raters()
-    rated = [(e, *_rate(e, device, raters, by_name)) for e in entries]
+    where = "<index>" if isinstance(index, dict) else os.fspath(index)
+    rated = [(e, *_rate(_checked(e, where), device, raters, by_name)) for e in entries]
     candidates = [
         {"made_for": e.get("device"), "rating": r, "eligible": ok, "reason": why}
         for e, r, why, ok in rated
     ]
-    where = {id(e): i for i, (e, *_) in enumerate(rated)}
+    position = {id(e): i for i, (e, *_) in enumerate(rated)}
     read = None if view.reads is None else view.reads
     fits = [x for x in rated if x[3]]
     fits.sort(key=lambda x: (-_RANK[x[1]], not _own(x[0], device, by_name)))
     for e, rating, why, _ in fits:
         full = view.resolve(e)
+        full = None if full is None else _checked(full, where, "pte", "ptd")
         if full is None:  # changed since the catalog was read: the next best
-            c = candidates[where[id(e)]]
+            c = candidates[position[id(e)]]
             c["eligible"] = False
             c["reason"] = f"{c['reason']}; changed in the index while it was read (not used)"
             continue
@@ -274,6 +297,7 @@ def select(
         raise ConfigurationError(
             f"index: every entry of model {model!r} changed while it was read; run again"
         )
+    _checked(first, where, "source", "ptd_source")
     why_not = "; ".join(f"{c['made_for']}: {c['reason']}" for c in candidates)
     return Choice(
         model,

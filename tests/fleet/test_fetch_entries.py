@@ -133,8 +133,8 @@ HEX = "0" * 64
         ({"size": -1}, "{url}: index entry size = -1: must be a byte count >= 0"),
         ({"size": "12"}, "{url}: index entry size = '12': must be a byte count >= 0"),
         ({"size": True}, "{url}: index entry size = True: must be a byte count >= 0"),
-        ({"url": ...}, "{index}: file entry url = None: must be a URL or path"),
-        ({"url": 3}, "{index}: file entry url = 3: must be a URL or path"),
+        ({"url": ...}, "{index}: entry m/a pte.url = None: must be a URL or path"),
+        ({"url": 3}, "{index}: entry m/a pte.url = 3: must be a URL or path"),
     ],
 )
 def test_a_malformed_entry_is_refused_before_the_first_request(

@@ -1,0 +1,156 @@
+"""Hostile index content reaching ``select`` and ``find_entry``: an entry's fields that
+select uses, a catalog's depths, counts and classes. Each is a FormatError naming the
+object and the field, never a raw Python exception, a silent wrong answer or a walk
+past the bottom of the trie."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ptestore.backends.compat import DeviceProfile
+from ptestore.errors import FormatError
+from ptestore.fleet.index import create_index, find_entry, publish_entries
+from ptestore.fleet.index_trie import device_bits
+from ptestore.fleet.index_v3 import model_segment
+from ptestore.fleet.select import select
+from ptestore.testing.fleet_index import synthetic_entry
+from ptestore.writers import open_writer
+from ptestore.writers.versions import read_versioned
+
+
+def _index(tmp_path: Path) -> tuple[str, Path]:
+    url = str(tmp_path / "ptestore-index.json")
+    root = create_index(url)
+    publish_entries(url, [synthetic_entry("m", "a"), synthetic_entry("m", "b")], {})
+    return url, tmp_path / root["layout"]["shards"] / "m" / model_segment("m")
+
+
+def _edit(path: Path, change: Callable[[dict[str, Any]], None]) -> None:
+    value = json.loads(path.read_text())
+    change(value)
+    path.write_text(json.dumps(value))
+
+
+def _each_entry(field: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    def change(leaf: dict[str, Any]) -> None:
+        for e in leaf["entries"]:
+            if value is ...:
+                e.pop(field)
+            else:
+                e[field] = value
+
+    return change
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "device", "message"),
+    [
+        ("pte", ..., "a", "entry m/a pte = None: must be an object"),
+        ("pte", {"url": 5}, "a", "entry m/a pte.url = 5: must be a URL or path"),
+        ("ptd", "x", "a", "entry m/a ptd = 'x': must be an object"),
+        ("compatibility", "abc", "a", "entry m/a compatibility = 'abc': must be a list of objects"),
+        ("compatibility", [5], "a", "entry m/a compatibility = [5]: must be a list of objects"),
+        ("source", 3, "zz", "entry m/a source = 3: must be an object"),
+        ("source", {"url": None}, "zz", "entry m/a source.url = None: must be a URL or path"),
+    ],
+)
+def test_an_entry_field_select_uses_is_checked(
+    tmp_path: Path, field: str, value: Any, device: str, message: str
+) -> None:
+    url, mdir = _index(tmp_path)
+    _edit(mdir / "t.json", _each_entry(field, value))
+    profile = DeviceProfile(device, {"soc": "nope"})  # "zz": nothing fits, the source
+    with pytest.raises(FormatError) as caught:
+        select(url, "m", profile if device == "zz" else device)
+    assert str(caught.value) == f"{url}: {message}"
+
+
+def test_an_entry_of_a_version_2_index_is_checked(tmp_path: Path) -> None:
+    url = str(tmp_path / "ptestore-index.json")
+    e = synthetic_entry("m", "a")
+    e.pop("pte")
+    Path(url).write_text(json.dumps({"format": "ptestore.index", "version": 2, "entries": [e]}))
+    with pytest.raises(FormatError) as caught:
+        select(url, "m", "a")
+    assert str(caught.value) == f"{url}: entry m/a pte = None: must be an object"
+    with pytest.raises(FormatError) as caught:
+        select({"entries": [e]}, "m", "a")
+    assert str(caught.value) == "<index>: entry m/a pte = None: must be an object"
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"leaves": {"300": 1}}, "index catalog leaves = '300': must be a depth in 0..256"),
+        ({"leaves": {"-1": 1}}, "index catalog leaves = '-1': must be a depth in 0..256"),
+        ({"leaves": {"0": -1}}, "index catalog leaves.0 = -1: must be an int >= 0"),
+        ({"leaves": {"0": True}}, "index catalog leaves.0 = True: must be an int >= 0"),
+        ({"leaves": [0]}, "index catalog leaves = [0]: must be an object of depth: count"),
+        ({"classes": {}}, "index catalog classes = {}: must be a list of classes"),
+        ({"classes": [5]}, "index catalog classes[0] = 5: must be an object"),
+        (
+            {"classes": [{"compatibility": [7], "devices": ["a"], "more": False}]},
+            "index catalog classes[0].compatibility = [7]: must be a list of objects",
+        ),
+        (
+            {"classes": [{"compatibility": [], "devices": [1], "more": False}]},
+            "index catalog classes[0].devices = [1]: must be a list of strings",
+        ),
+        (
+            {"classes": [{"compatibility": [], "devices": ["a"], "more": "yes"}]},
+            "index catalog classes[0].more = 'yes': must be a bool",
+        ),
+    ],
+)
+def test_a_catalog_is_checked(tmp_path: Path, change: dict[str, Any], message: str) -> None:
+    url, mdir = _index(tmp_path)
+    _edit(mdir / "catalog.json", lambda v: v.update(change))
+    for call in (lambda: select(url, "m", "a"), lambda: find_entry(url, "m", "a")):
+        with pytest.raises(FormatError) as caught:
+            call()
+        assert str(caught.value) == f"{mdir / 'catalog.json'}: {message}"
+
+
+def test_a_catalog_too_deep_in_memory_is_refused_not_an_absent_entry() -> None:
+    """On a store without a name-length limit a depth past 256 made the entry vanish."""
+    url = "memory://hostile-depths/ptestore-index.json"
+    root = create_index(url)
+    publish_entries(url, [synthetic_entry("m", "a")], {})
+    cat = f"memory://hostile-depths/{root['layout']['shards']}/m/{model_segment('m')}/catalog.json"
+    value = json.loads(read_versioned(cat).data)
+    _put(cat, {**value, "leaves": {"300": 1}})
+    with pytest.raises(FormatError) as caught:
+        find_entry(url, "m", "a")
+    assert str(caught.value) == f"{cat}: index catalog leaves = '300': must be a depth in 0..256"
+
+
+def _put(url: str, value: dict[str, Any]) -> None:
+    w = open_writer(url)
+    w.write(json.dumps(value).encode(), 0)
+    w.publish("overwrite")
+
+
+def test_a_split_marker_at_the_last_depth_is_refused() -> None:
+    """A device hash has 256 bits: a split node at depth 256 has nothing below it (in
+    memory: a local file name that long is refused by the file system first)."""
+    url = "memory://hostile-split/ptestore-index.json"
+    root = create_index(url)
+    publish_entries(url, [synthetic_entry("m", "a")], {})
+    mdir = f"memory://hostile-split/{root['layout']['shards']}/m/{model_segment('m')}"
+    bits = device_bits("a")
+    for depth in range(257):
+        prefix = bits[:depth]
+        marker = {"format": "ptestore.index-shard", "version": 3, "model": "m"}
+        _put(f"{mdir}/t{prefix}.json", {**marker, "prefix": prefix, "state": "split"})
+    value = json.loads(read_versioned(f"{mdir}/catalog.json").data)
+    _put(f"{mdir}/catalog.json", {**value, "leaves": {"256": 1}})
+    with pytest.raises(FormatError) as caught:
+        find_entry(url, "m", "a")
+    assert str(caught.value) == (
+        f"{mdir}/t{bits}.json: index shard state = 'split': must be a leaf at depth 256"
+    )
