@@ -1,0 +1,107 @@
+"""Delegate blobs and segments that cover the same bytes many times: the work done is
+bounded by the file, not multiplied by the number of segments. Counted by wrapping the
+functions that do the work, never timed."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support import synth
+from support.fixtures import all_fixtures, get_fixture
+
+from ptestore.errors import FormatError
+from ptestore.format import tensors
+from ptestore.format.reader import read_container
+from ptestore.format.tensors import describe_tensors, xnnpack_packed_weights, xnnpack_tensors
+from ptestore.inspection import describe
+from ptestore.storage.loaders import BytesLoader
+
+
+def _count(monkeypatch: pytest.MonkeyPatch, name: str) -> list[int]:
+    """Wrap ``ptestore.format.tensors.NAME``; the list holds its number of calls."""
+    calls = [0]
+    real = getattr(tensors, name)
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tensors, name, counted)
+    return calls
+
+
+def test_delegates_over_the_same_bytes_parse_one_graph(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    data = synth.overlapping_xnnpack(64, 50)
+    loader = BytesLoader(data, "o.pte")
+    parsed = read_container(loader)
+    assert len({(s.index, s.offset, s.size) for s in parsed.container.segments}) == 64
+    graphs = _count(monkeypatch, "parse_xnngraph")
+    packed = _count(monkeypatch, "parse_packed_weights")
+    assert xnnpack_tensors(parsed, loader) == []
+    assert xnnpack_packed_weights(parsed, loader) == []
+    assert (graphs[0], packed[0]) == (1, 1)
+    path = tmp_path / "o.pte"
+    path.write_bytes(data)
+    describe(str(path))  # what `ptestore inspect` shows
+    assert graphs[0] == 2
+
+
+def test_two_delegate_segments_made_to_cover_one_blob_parse_it_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # conv_xnnpack's two XNNPACK delegates own segments 1 and 2; point 2 at 1's bytes.
+    fx = get_fixture("conv_xnnpack")
+    assert fx.pte_path is not None
+    data = bytearray(fx.pte_path.read_bytes())
+    c = read_container(BytesLoader(bytes(data))).container
+    first, second = (c.segments[d.index] for d in c.delegates)
+    assert second.offset_pos is not None and second.size_pos is not None
+    struct.pack_into("<Q", data, second.offset_pos, first.offset)
+    struct.pack_into("<Q", data, second.size_pos, first.size)
+    loader = BytesLoader(bytes(data), "conv.pte")
+    parsed = read_container(loader)
+    graphs = _count(monkeypatch, "parse_xnngraph")
+    index = describe_tensors(parsed, loader)
+    assert graphs[0] == 1
+    assert {i.where.split(" ")[0] for i in index.values() if i.source == "xnnpack"} == {
+        "forward[0]"
+    }
+
+
+def test_distinct_graphs_over_one_root_share_the_file_budget() -> None:
+    # 16 segments at 8-byte steps, each a FlatBuffer of its own whose root is the same
+    # 200-xvalue table: each graph alone is fine, together they would read the blob 16
+    # times over.
+    data = synth.overlapping_xnnpack(16, 200, stride=8)
+    loader = BytesLoader(data, "o.pte")
+    parsed = read_container(loader)
+    assert len({(s.offset, s.size) for s in parsed.container.segments}) == 16
+    for parse in (xnnpack_tensors, xnnpack_packed_weights):
+        with pytest.raises(FormatError) as err:
+            parse(parsed, loader)  # type: ignore[operator]
+        assert str(err.value) == (
+            "o.pte (XnnpackBackend blob of forward[8], segment 8): XNNGraph [1216, 2156) = "
+            "'aliased data': must be at most 8408 element reads / bytes for the XNNPACK "
+            "graphs of a 2156-byte file (buffers overlap or share tables so often that "
+            "reading them would take unbounded work)"
+        )
+    assert len(data) == 2156
+
+
+def test_every_fixture_graph_fits_the_file_budget() -> None:
+    checked = 0
+    for fx in all_fixtures():
+        if fx.pte_path is None:
+            continue
+        loader = BytesLoader(fx.pte_path.read_bytes(), f"{fx.name}.pte")
+        parsed = read_container(loader)
+        if any(d.id == "XnnpackBackend" for d in parsed.container.delegates):
+            xnnpack_tensors(parsed, loader)
+            xnnpack_packed_weights(parsed, loader)
+            checked += 1
+    assert checked >= 4
