@@ -12,8 +12,10 @@ import pytest
 from support import synth
 from support.fixtures import all_fixtures, get_fixture
 
+from ptestore.cli import main
 from ptestore.errors import FormatError
 from ptestore.format import tensors
+from ptestore.format.layoutdiff import segment_hashes
 from ptestore.format.reader import read_container
 from ptestore.format.tensors import describe_tensors, xnnpack_packed_weights, xnnpack_tensors
 from ptestore.inspection import describe
@@ -105,3 +107,50 @@ def test_every_fixture_graph_fits_the_file_budget() -> None:
             xnnpack_packed_weights(parsed, loader)
             checked += 1
     assert checked >= 4
+
+
+class CountingLoader(BytesLoader):
+    """A BytesLoader that counts the bytes loaded."""
+
+    loaded = 0
+
+    def load(self, offset: int, size: int) -> Any:
+        self.loaded += size
+        return super().load(offset, size)
+
+
+def test_compare_hashes_each_distinct_range_once(tmp_path: Path) -> None:
+    data = synth.overlapping_xnnpack(64, 50)
+    path = tmp_path / "o.pte"
+    path.write_bytes(data)
+    desc = describe(str(path))
+    blob = desc["segments"][0]["size"]
+    loader = CountingLoader(data, "o.pte")
+    hashes = segment_hashes(loader, desc)
+    assert sorted(hashes) == list(range(64))
+    assert len(set(hashes.values())) == 1
+    assert loader.loaded == blob
+
+
+def test_compare_refuses_segments_that_overlap_over_and_over(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = synth.overlapping_xnnpack(16, 200, stride=8, backend="VendorNpuBackend")
+    path = tmp_path / "o.pte"
+    path.write_bytes(data)
+    desc = describe(str(path))
+    total = sum(s["size"] for s in desc["segments"])
+    assert (len(data), total) == (2156, 15104)
+    loader = CountingLoader(data, "o.pte")
+    with pytest.raises(FormatError) as err:
+        segment_hashes(loader, desc)
+    message = (
+        f"{path}: segments (distinct byte ranges to hash) = 15104: must be <= 4312 bytes "
+        "(twice the 2156-byte file) (segments overlap so often that comparing them would "
+        "read the file over and over)"
+    )
+    assert str(err.value) == message
+    assert loader.loaded == 0
+    capsys.readouterr()
+    assert main(["inspect", str(path), "--compare", str(path)]) == 2
+    assert message in capsys.readouterr().err

@@ -77,11 +77,14 @@ def xnngraph(k: int) -> bytes:
     return bytes(b.Output())
 
 
-def overlapping_xnnpack(n: int, k: int, *, stride: int = 0) -> bytes:
+def overlapping_xnnpack(
+    n: int, k: int, *, stride: int = 0, backend: str = "XnnpackBackend"
+) -> bytes:
     """A .pte with n XNNPACK delegates, delegate i in segment i, all over one k-xvalue
     graph. ``stride`` 0: every segment describes the same bytes. ``stride`` 8: segment i
     starts 8*i bytes later, at a FlatBuffer prefix (root offset, identifier) of its own
-    that leads to the same root table, so the n graphs are distinct byte ranges."""
+    that leads to the same root table, so the n graphs are distinct byte ranges.
+    ``backend``: the delegates' id (another one's blobs are not read as graphs)."""
     graph = xnngraph(k)
     if stride:
         assert stride == 8
@@ -97,7 +100,7 @@ def overlapping_xnnpack(n: int, k: int, *, stride: int = 0) -> bytes:
         b.PrependUint64Slot(1, len(blob) - stride * i, 0)
         segs.append(b.EndObject())
     segments = offsets_vector(b, segs)
-    bid = b.CreateString("XnnpackBackend")
+    bid = b.CreateString(backend)
     delegates = []
     for i in range(n):
         b.StartObject(2)  # BackendDelegateDataReference: SEGMENT i
