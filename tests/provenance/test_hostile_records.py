@@ -1,0 +1,170 @@
+"""Provenance records a hostile (or damaged, yet checksummed) trailer carries: every one
+is a FormatError naming the file, the field, the value and the limit, never a raw
+RecursionError, struct.error, ValueError or UnicodeEncodeError. Built from a real
+specialized file whose trailer is rewritten (its checksum made right again)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.fixtures import get_fixture
+
+import ptestore
+from ptestore.backends.compat import DeviceProfile
+from ptestore.cli import main
+from ptestore.errors import ConfigurationError, FormatError
+from ptestore.provenance import read_provenance, read_trailer
+from ptestore.provenance.trailer import FOOTER_SIZE, MAGIC, MAX_RECORD_DEPTH
+from ptestore.storage.loaders import BytesLoader
+
+MLP = get_fixture("mlp_xnnpack").pte_path
+assert MLP is not None
+
+
+@pytest.fixture(scope="module")
+def specialized(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    out = tmp_path_factory.mktemp("hostile") / "out.pte"
+    ptestore.specialize(
+        str(MLP), str(out), backends=["passthrough"], device=DeviceProfile("dev", {"a": 1})
+    )
+    return out.read_bytes()
+
+
+def record_of(data: bytes) -> dict[str, Any]:
+    trailer = read_trailer(BytesLoader(data))
+    assert trailer is not None
+    return trailer.record()
+
+
+def with_payload(data: bytes, payload: bytes) -> bytes:
+    """``data``'s container with ``payload`` as its trailer's (checksum right)."""
+    trailer = read_trailer(BytesLoader(data))
+    assert trailer is not None
+    content = data[: trailer.content_size]
+    footer = struct.pack(
+        "<QQ32sII8s",
+        len(content),
+        len(payload),
+        hashlib.sha256(payload).digest(),
+        2,
+        FOOTER_SIZE,
+        MAGIC,
+    )
+    return content + payload + footer
+
+
+def with_record(data: bytes, record: dict[str, Any]) -> bytes:
+    text = json.dumps(record, sort_keys=True, separators=(",", ":"))  # ASCII: escapes kept
+    return with_payload(data, text.encode())
+
+
+def refused(data: bytes, name: str = "h.pte") -> str:
+    with pytest.raises(FormatError) as err:
+        read_trailer(BytesLoader(data, name))
+    return str(err.value)
+
+
+def cli_refuses(tmp_path: Path, data: bytes, capsys: pytest.CaptureFixture[str]) -> str:
+    path = tmp_path / "h.pte"
+    path.write_bytes(data)
+    capsys.readouterr()
+    assert main(["inspect", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err
+
+
+# -- nesting (defect 3) ------------------------------------------------------------------
+
+
+def test_deeply_nested_payload_is_a_format_error(
+    specialized: bytes, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = with_payload(specialized, b"[" * 200_000)
+    assert refused(data) == (
+        "h.pte: provenance trailer payload (nesting depth) = 200000: must be <= 64 levels "
+        "of arrays and objects"
+    )
+    assert "nesting depth) = 200000" in cli_refuses(tmp_path, data, capsys)
+
+
+def test_nesting_past_the_limit_in_device_options_is_refused(specialized: bytes) -> None:
+    record = record_of(specialized)
+
+    def nested(levels: int) -> bytes:
+        # the record is level 1, device 2, options 3: the innermost list is ``levels``
+        record["device"]["options"] = {"a": json.loads("[" * (levels - 3) + "]" * (levels - 3))}
+        return with_record(specialized, record)
+
+    assert read_provenance(BytesLoader(nested(MAX_RECORD_DEPTH))) is not None
+    assert refused(nested(MAX_RECORD_DEPTH + 1)) == (
+        "h.pte: provenance trailer payload (nesting depth) = 65: must be <= 64 levels of "
+        "arrays and objects"
+    )
+    # strings are not brackets: a deep-looking string is fine
+    record["device"]["options"] = {"a": "[" * 1000}
+    assert read_provenance(BytesLoader(with_record(specialized, record))) is not None
+
+
+def test_the_payload_is_decoded_once(specialized: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = [0]
+    real = json.loads
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(json, "loads", counted)
+    trailer = read_trailer(BytesLoader(specialized))
+    assert trailer is not None
+    first = trailer.record()
+    first["created"] = "changed"  # a copy: the trailer's own is untouched
+    assert trailer.record()["created"] != "changed"
+    assert calls[0] == 1
+
+
+def test_device_options_nested_too_deep_to_record_are_refused() -> None:
+    DeviceProfile("d", {"a": json.loads("[" * 31 + "]" * 31)})  # 32 levels: fine
+    with pytest.raises(ConfigurationError) as err:
+        DeviceProfile("d", {"a": json.loads("[" * 32 + "]" * 32)})
+    assert str(err.value) == (
+        "device 'd': options nest more than 32 levels of lists and tables (provenance "
+        "records them as JSON)"
+    )
+    deep: list[Any] = []
+    for _ in range(5000):  # json.dumps would hit the recursion limit
+        deep = [deep]
+    with pytest.raises(ConfigurationError, match="options nest more than 32 levels"):
+        DeviceProfile("d", {"a": deep})
+
+
+# -- text that is not UTF-8 (defect 6) ---------------------------------------------------
+
+
+@pytest.mark.parametrize("field", ["created", "ptestore_version"])
+def test_a_lone_surrogate_in_a_record_string_is_refused(
+    specialized: bytes, field: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    record = record_of(specialized)
+    record[field] = "x\ud800"
+    data = with_record(specialized, record)
+    message = (
+        f"provenance {field} = 'x\\ud800': must be UTF-8 text (character '\\ud800' at "
+        "index 1 is a lone surrogate)"
+    )
+    assert refused(data) == f"h.pte: {message}"
+    assert message in cli_refuses(tmp_path, data, capsys)
+
+
+def test_a_lone_surrogate_in_a_nested_key_is_refused(specialized: bytes) -> None:
+    record = record_of(specialized)
+    record["device"]["options"] = {"ok": [{"\udcff": 1}]}
+    assert refused(with_record(specialized, record)) == (
+        "h.pte: provenance device.options.ok[0] (a key) = '\\udcff': must be UTF-8 text "
+        "(character '\\udcff' at index 0 is a lone surrogate)"
+    )
