@@ -77,6 +77,14 @@ def _get(d: dict[str, Any], key: str, kind: type, source: str, where: str) -> An
     return value
 
 
+def _size(d: dict[str, Any], key: str, source: str, where: str) -> int:
+    """A byte count: an integer in [0, 2**64) (what a file's size can be)."""
+    value: int = _get(d, key, int, source, where)
+    if not 0 <= value < 1 << 64:
+        raise FormatError(source, _field(where, key), value, "an integer in [0, 2**64)")
+    return value
+
+
 def _opt_str(d: dict[str, Any], key: str, source: str, where: str) -> str | None:
     value = d.get(key)
     if value is not None and not isinstance(value, str):
@@ -114,7 +122,7 @@ class SourceInfo:
             raise FormatError(source, f"provenance {where}", d, "an object")
         return cls(
             url=_get(d, "url", str, source, where),
-            size=_get(d, "size", int, source, where),
+            size=_size(d, "size", source, where),
             sha256=_get(d, "sha256", str, source, where),
             etag=_opt_str(d, "etag", source, where),
             version_id=_opt_str(d, "version_id", source, where),
@@ -196,7 +204,7 @@ class ContentDigest:
     def from_dict(cls, d: object, source: str, where: str) -> ContentDigest:
         if not isinstance(d, dict):
             raise FormatError(source, f"provenance {where}", d, "an object")
-        size = _get(d, "size", int, source, where)
+        size = _size(d, "size", source, where)
         chunks = None
         if d.get("chunks") is not None:
             from .chunks import ChunkDigests

@@ -5,6 +5,7 @@ specialized file whose trailer is rewritten (its checksum made right again)."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import struct
@@ -167,4 +168,54 @@ def test_a_lone_surrogate_in_a_nested_key_is_refused(specialized: bytes) -> None
     assert refused(with_record(specialized, record)) == (
         "h.pte: provenance device.options.ok[0] (a key) = '\\udcff': must be UTF-8 text "
         "(character '\\udcff' at index 0 is a lone surrogate)"
+    )
+
+
+# -- sizes (defect 4) --------------------------------------------------------------------
+
+
+def _content_claiming(record: dict[str, Any], size: int) -> None:
+    """``record``'s content claims ``size`` bytes with a chunk list of the right count
+    (so only the size itself can be wrong)."""
+    from ptestore.provenance.chunks import chunk_size_for
+
+    content = record["content"]
+    content["size"] = size
+    chunk = chunk_size_for(size)
+    count = max(0, -(-size // chunk))
+    content["chunks"]["size"] = chunk
+    content["chunks"]["sha256"] = base64.b64encode(bytes(32) * min(count, 1 << 14)).decode()
+    content.pop("crcs", None)
+
+
+@pytest.mark.parametrize("size", [-1, 1 << 64])
+def test_a_content_size_no_file_can_have_is_refused(
+    specialized: bytes, size: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    record = record_of(specialized)
+    _content_claiming(record, size)
+    data = with_record(specialized, record)
+    message = f"provenance content.size = {size}: must be an integer in [0, 2**64)"
+    with pytest.raises(FormatError) as err:
+        read_provenance(BytesLoader(data, "h.pte"))
+    assert str(err.value) == f"h.pte: {message}"
+    path = tmp_path / "h.pte"
+    path.write_bytes(data)
+    report = ptestore.verify(str(path))
+    assert (report.status, report.error) == ("invalid", f"{path}: {message}")
+    capsys.readouterr()
+    assert main(["verify", str(path)]) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("where", ["source", "ptd_output"])
+def test_other_recorded_sizes_are_checked_too(specialized: bytes, where: str) -> None:
+    record = record_of(specialized)
+    if where == "ptd_output":
+        record["ptd_output"] = dict(record["content"], chunks=None, crcs=None)
+    record[where]["size"] = -5
+    with pytest.raises(FormatError) as err:
+        read_provenance(BytesLoader(with_record(specialized, record), "h.pte"))
+    assert str(err.value) == (
+        f"h.pte: provenance {where}.size = -5: must be an integer in [0, 2**64)"
     )
