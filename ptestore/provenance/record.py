@@ -85,6 +85,25 @@ def _size(d: dict[str, Any], key: str, source: str, where: str) -> int:
     return value
 
 
+_HEX = frozenset("0123456789abcdef")
+
+
+def _digest(d: dict[str, Any], key: str, source: str, where: str) -> str:
+    """A digest that names bytes: ``sha256:`` or ``sha256-tree:`` and 64 lowercase hex
+    digits (what a check knows how to compute)."""
+    value: str = _get(d, key, str, source, where)
+    algorithm, _, hexdigits = value.partition(":")
+    known = algorithm in ("sha256", "sha256-tree")
+    if not known or len(hexdigits) != 64 or not _HEX.issuperset(hexdigits):
+        raise FormatError(
+            source,
+            _field(where, key),
+            value[:80],
+            "'sha256:' or 'sha256-tree:' followed by 64 lowercase hex digits",
+        )
+    return value
+
+
 def _opt_str(d: dict[str, Any], key: str, source: str, where: str) -> str | None:
     value = d.get(key)
     if value is not None and not isinstance(value, str):
@@ -123,7 +142,7 @@ class SourceInfo:
         return cls(
             url=_get(d, "url", str, source, where),
             size=_size(d, "size", source, where),
-            sha256=_get(d, "sha256", str, source, where),
+            sha256=_digest(d, "sha256", source, where),
             etag=_opt_str(d, "etag", source, where),
             version_id=_opt_str(d, "version_id", source, where),
         )
@@ -215,7 +234,7 @@ class ContentDigest:
             from .crcs import ContentCRCs
 
             crcs = ContentCRCs.from_dict(d["crcs"], size, source, where)
-        digest = _get(d, "sha256", str, source, where)
+        digest = _digest(d, "sha256", source, where)
         if digest.startswith("sha256-tree:") and (chunks is None or chunks.digest != digest):
             raise FormatError(
                 source,

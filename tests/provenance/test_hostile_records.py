@@ -219,3 +219,45 @@ def test_other_recorded_sizes_are_checked_too(specialized: bytes, where: str) ->
     assert str(err.value) == (
         f"h.pte: provenance {where}.size = -5: must be an integer in [0, 2**64)"
     )
+
+
+# -- digests (defect 5) ------------------------------------------------------------------
+
+DIGEST_RULE = "must be 'sha256:' or 'sha256-tree:' followed by 64 lowercase hex digits"
+
+
+@pytest.mark.parametrize(
+    "bad", ["md5:0123", "", "SHA256:" + "a" * 64, "sha256:" + "A" * 64, "sha256:" + "a" * 63]
+)
+def test_a_content_digest_no_check_can_compute_is_refused(
+    specialized: bytes, bad: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    record = record_of(specialized)
+    record["content"]["sha256"] = bad
+    path = tmp_path / "h.pte"
+    path.write_bytes(with_record(specialized, record))
+    message = f"provenance content.sha256 = {bad!r}: {DIGEST_RULE}"
+    report = ptestore.verify(str(path))
+    assert (report.status, report.error) == ("invalid", f"{path}: {message}")
+    capsys.readouterr()
+    assert main(["verify", str(path)]) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("where", ["source", "ptd_source", "ptd_output"])
+def test_other_recorded_digests_are_checked_too(specialized: bytes, where: str) -> None:
+    record = record_of(specialized)
+    if where == "ptd_source":
+        record["ptd_source"] = dict(record["source"])
+    if where == "ptd_output":
+        record["ptd_output"] = dict(record["content"], chunks=None, crcs=None)
+    record[where]["sha256"] = "sha1:" + "0" * 40
+    with pytest.raises(FormatError) as err:
+        read_provenance(BytesLoader(with_record(specialized, record), "h.pte"))
+    assert str(err.value) == f"h.pte: provenance {where}.sha256 = 'sha1:{'0' * 40}': {DIGEST_RULE}"
+
+
+def test_recorded_digests_of_every_version_are_accepted() -> None:
+    data_dir = Path(__file__).parent / "data"
+    for path in sorted(data_dir.iterdir()):
+        assert read_provenance(BytesLoader(path.read_bytes(), path.name)) is not None
