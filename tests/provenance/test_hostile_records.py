@@ -261,3 +261,38 @@ def test_recorded_digests_of_every_version_are_accepted() -> None:
     data_dir = Path(__file__).parent / "data"
     for path in sorted(data_dir.iterdir()):
         assert read_provenance(BytesLoader(path.read_bytes(), path.name)) is not None
+
+
+# -- a record claiming other bytes than its trailer (defect 7) -------------------------
+
+
+@pytest.mark.parametrize("extra", [10, 1 << 40])
+def test_a_record_claiming_more_bytes_than_precede_its_trailer_is_refused(
+    specialized: bytes, extra: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ptestore.provenance.check import check_bytes
+    from ptestore.provenance.chunks import ChunkDigests, chunk_size_for
+
+    real = len(specialized) - read_trailer(BytesLoader(specialized)).size  # type: ignore[union-attr]
+    claimed = real + extra
+    chunk = chunk_size_for(claimed)
+    chunks = ChunkDigests(chunk, claimed, (hashlib.sha256(b"x").digest(),) * -(-claimed // chunk))
+    record = record_of(specialized)
+    record["content"].update(size=claimed, sha256=chunks.digest, chunks=chunks.to_dict())
+    record["content"].pop("crcs", None)  # self-consistent: only the size lies
+    path = tmp_path / "h.pte"
+    path.write_bytes(with_record(specialized, record))
+    message = (
+        f"provenance content.size = {claimed}: must be {real}, the bytes before the "
+        "provenance trailer (its footer's content_size)"
+    )
+    for quick in (True, False):
+        report = ptestore.verify(str(path), quick=quick)
+        assert (report.status, report.error) == ("invalid", f"{path}: {message}")
+    with pytest.raises(FormatError) as err:
+        check_bytes(BytesLoader(path.read_bytes(), "h.pte"), (0, 100))
+    assert str(err.value) == f"h.pte: {message}"
+    capsys.readouterr()
+    for argv in (["--quick"], ["--range", "0:100"]):
+        assert main(["verify", *argv, str(path)]) == 2
+        assert message in capsys.readouterr().err
