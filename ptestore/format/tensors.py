@@ -127,31 +127,32 @@ def _xnnpack_graphs(
     for d in c.delegates:
         if d.id != XNNPACK_BACKEND_ID:
             continue
+        inline: memoryview | None = None
         if d.location == "segment":
             seg = c.segments[d.index]
             start, size = c.absolute(seg), seg.size
             where = f"segment {d.index}"
         else:
             start, size = c.inline_delegate_data[d.index]  # the metadata starts at byte 0
+            inline = memoryview(parsed.metadata)[start : start + size]
             where = f"inline data {d.index}"
         if (start, size) in blobs:
             continue
         blobs.add((start, size))
         src = _blob_source(c, d.method, d.position, where)
-        if d.location == "segment":
-            head = bytes(loader.load(start, min(size, XNN_HEADER_LENGTH)))
-            off, fb_size = xnngraph_span(head, size, src)
+        if inline is None:
+            head: bytes | memoryview = bytes(loader.load(start, min(size, XNN_HEADER_LENGTH)))
         else:
-            blob = memoryview(parsed.metadata)[start : start + size]
-            off, fb_size = xnngraph_span(blob[:XNN_HEADER_LENGTH], size, src)
+            head = inline[:XNN_HEADER_LENGTH]
+        off, fb_size = xnngraph_span(head, size, src)
         if (start + off, fb_size) in graphs:
             continue
         graphs.add((start + off, fb_size))
         budget.spend(src, 1, fb_size, f"XNNGraph [{start + off}, {start + off + fb_size})")
-        if d.location == "segment":
+        if inline is None:
             graph: bytes | bytearray | memoryview = loader.load(start + off, fb_size)
         else:
-            graph = blob[off : off + fb_size]
+            graph = inline[off : off + fb_size]
         yield graph, src, f"{d.method}[{d.position}]"
 
 

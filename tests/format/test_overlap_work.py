@@ -154,3 +154,22 @@ def test_compare_refuses_segments_that_overlap_over_and_over(
     capsys.readouterr()
     assert main(["inspect", str(path), "--compare", str(path)]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_delegates_sharing_an_inline_graph_parse_it_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    import flatbuffers
+
+    b = flatbuffers.Builder(0)
+    delegates = [synth.delegate(b, "XnnpackBackend", segment=False) for _ in range(8)]
+    plans = synth.offsets_vector(b, [synth.plan(b, "forward", synth.offsets_vector(b, delegates))])
+    blob = b.CreateByteVector(synth.xnngraph(20))
+    b.StartObject(1)  # BackendDelegateInlineData
+    b.PrependUOffsetTRelativeSlot(0, blob, 0)
+    inline = b.EndObject()
+    data = synth.finish_program(b, plans, inline=synth.offsets_vector(b, [inline]))
+    loader = BytesLoader(data, "i.pte")
+    parsed = read_container(loader)
+    assert [d.location for d in parsed.container.delegates] == ["inline"] * 8
+    graphs = _count(monkeypatch, "parse_xnngraph")
+    assert xnnpack_tensors(parsed, loader) == []
+    assert graphs[0] == 1
