@@ -42,14 +42,14 @@ _SCALARS: dict[str, struct.Struct] = {
 
 class WorkBudget:
     """Element visits and bytes materialized that the reads of several FlatBuffers of
-    one file may spend together: ``4096 + 2 * size`` of each, for a ``size``-byte file
-    (``what`` names it in the error, e.g. ``"the XNNPACK graphs of a 6048-byte file"``)."""
+    one file may spend together (``allowance`` of each), e.g. ``4096 + 4 * size`` for
+    the XNNPACK graphs of a ``size``-byte file (``what`` names it in the error)."""
 
-    def __init__(self, size: int, what: str) -> None:
-        self.allowance = 4096 + 2 * size
+    def __init__(self, allowance: int, what: str) -> None:
+        self.allowance = allowance
         self.what = what
-        self._visits_left = self.allowance
-        self._bytes_left = self.allowance
+        self._visits_left = allowance
+        self._bytes_left = allowance
 
     def spend(self, source: str, visits: int, nbytes: int, field: str) -> None:
         """Charge the budget; raise a FormatError naming ``source`` and ``field`` when

@@ -157,8 +157,11 @@ def _xnnpack_graphs(
 
 
 def _file_budget(parsed: ParsedFile) -> WorkBudget:
+    """What the XNNPACK graphs of a file may cost together: their bytes read once (at
+    most the file's size when they do not overlap) and each parse's own bound (twice its
+    graph), with room to spare."""
     size = parsed.container.file_size
-    return WorkBudget(size, f"the XNNPACK graphs of a {size}-byte file")
+    return WorkBudget(4096 + 4 * size, f"the XNNPACK graphs of a {size}-byte file")
 
 
 def xnnpack_tensors(parsed: ParsedFile, loader: DataLoader) -> list[tuple[str, TensorInfo]]:

@@ -87,8 +87,8 @@ def test_distinct_graphs_over_one_root_share_the_file_budget() -> None:
         with pytest.raises(FormatError) as err:
             parse(parsed, loader)  # type: ignore[operator]
         assert str(err.value) == (
-            "o.pte (XnnpackBackend blob of forward[8], segment 8): XNNGraph [1216, 2156) = "
-            "'aliased data': must be at most 8408 element reads / bytes for the XNNPACK "
+            "o.pte (XnnpackBackend blob of forward[13], segment 13): XNNGraph [1256, 2156) = "
+            "'aliased data': must be at most 12720 element reads / bytes for the XNNPACK "
             "graphs of a 2156-byte file (buffers overlap or share tables so often that "
             "reading them would take unbounded work)"
         )
