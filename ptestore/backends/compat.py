@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from importlib.metadata import Distribution
 
 __all__ = [
+    "MAX_OPTIONS_DEPTH",
     "Compatibility",
     "DeviceProfile",
     "canonical_json",
@@ -36,6 +37,9 @@ __all__ = [
 
 #: Version reported for a class no installed distribution provides.
 UNKNOWN_VERSION = "unknown"
+#: Levels of lists and tables a device's options may nest (the options mapping is
+#: level 1): provenance records them, and a reader refuses deeper records.
+MAX_OPTIONS_DEPTH = 32
 
 
 class Compatibility(enum.Enum):
@@ -47,6 +51,25 @@ class Compatibility(enum.Enum):
     PREFER_RESPECIALIZATION = "prefer_respecialization"
     #: It does not run on the device (or the backend cannot tell that it does).
     UNSUPPORTED = "unsupported"
+
+
+def _nesting(value: object) -> int:
+    """Levels of mappings and lists/tuples in ``value`` (walked without recursion; at
+    most ``MAX_OPTIONS_DEPTH + 1``: deeper is not looked at)."""
+    deepest = 0
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, Mapping):
+            children: list[object] = list(item.values())
+        elif isinstance(item, (list, tuple)):
+            children = list(item)
+        else:
+            continue
+        deepest = max(deepest, depth)
+        if depth <= MAX_OPTIONS_DEPTH:  # deeper is refused: no need to go on
+            stack.extend((c, depth + 1) for c in children)
+    return deepest
 
 
 def canonical_json(value: object) -> str:
@@ -74,6 +97,11 @@ class DeviceProfile:
             raise ConfigurationError(
                 f"device {self.name!r}: options must be a mapping, got "
                 f"{type(self.options).__name__}"
+            )
+        if _nesting(self.options) > MAX_OPTIONS_DEPTH:
+            raise ConfigurationError(
+                f"device {self.name!r}: options nest more than {MAX_OPTIONS_DEPTH} levels "
+                "of lists and tables (provenance records them as JSON)"
             )
         try:
             text = canonical_json(dict(self.options))

@@ -10,7 +10,9 @@ and the limit.
 
 It also enforces a work budget, so a hostile buffer whose tables all alias one huge
 vector cannot make a parse take quadratic time or materialize more bytes than the
-buffer holds many times over.
+buffer holds many times over. Views of several FlatBuffers of one file (its XNNPACK
+graphs) can also share one :class:`WorkBudget`, so buffers that overlap in the file
+cannot multiply the work either.
 
 Every byte range read is recorded in :attr:`FlatView.read_spans` (except reads made with
 ``track=False``: the fields the patch engine rewrites), so the parser can check that
@@ -25,7 +27,7 @@ from .._dataclass import dataclass
 from ..errors import FormatError
 from .header import I32, U8, U16, U32, U64, Buffer
 
-__all__ = ["FlatView", "TableView", "Vector"]
+__all__ = ["FlatView", "TableView", "Vector", "WorkBudget"]
 
 #: Scalar kinds a table field can be read as.
 _SCALARS: dict[str, struct.Struct] = {
@@ -38,16 +40,47 @@ _SCALARS: dict[str, struct.Struct] = {
 }
 
 
-class FlatView:
-    """A FlatBuffer in ``buf[0:limit]`` plus the source name used in errors."""
+class WorkBudget:
+    """Element visits and bytes materialized that the reads of several FlatBuffers of
+    one file may spend together (``allowance`` of each), e.g. ``4096 + 4 * size`` for
+    the XNNPACK graphs of a ``size``-byte file (``what`` names it in the error)."""
 
-    def __init__(self, buf: Buffer, source: str, *, limit: int) -> None:
+    def __init__(self, allowance: int, what: str) -> None:
+        self.allowance = allowance
+        self.what = what
+        self._visits_left = allowance
+        self._bytes_left = allowance
+
+    def spend(self, source: str, visits: int, nbytes: int, field: str) -> None:
+        """Charge the budget; raise a FormatError naming ``source`` and ``field`` when
+        the reads would exceed it."""
+        self._visits_left -= visits
+        self._bytes_left -= nbytes
+        if self._visits_left < 0 or self._bytes_left < 0:
+            raise FormatError(
+                source,
+                field,
+                "aliased data",
+                f"at most {self.allowance} element reads / bytes for {self.what}",
+                "buffers overlap or share tables so often that reading them would take "
+                "unbounded work",
+            )
+
+
+class FlatView:
+    """A FlatBuffer in ``buf[0:limit]`` plus the source name used in errors; ``budget``,
+    when given, is charged too (one shared by every FlatBuffer of a file)."""
+
+    def __init__(
+        self, buf: Buffer, source: str, *, limit: int, budget: WorkBudget | None = None
+    ) -> None:
         self.buf = buf
         self.source = source
         self.limit = limit
         # Work budget: element visits and bytes materialized, proportional to the input.
         self._visits_left = 4096 + 2 * limit
         self._bytes_left = 4096 + 2 * limit
+        self.budget = budget
         #: ``(position, size)`` of every tracked read.
         self.read_spans: set[tuple[int, int]] = set()
 
@@ -89,6 +122,8 @@ class FlatView:
                 "FlatBuffer",
                 "tables or vectors are shared so often that reading them would take unbounded work",
             )
+        if self.budget is not None:
+            self.budget.spend(self.source, visits, nbytes, field)
 
     # -- tables --------------------------------------------------------------------
     def root(self, field: str) -> TableView:

@@ -12,6 +12,8 @@ import hashlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..errors import FormatError
+
 if TYPE_CHECKING:
     from ..storage.types import DataLoader
 
@@ -101,16 +103,33 @@ def _covered(start: int, size: int, ranges: Sequence[tuple[int, int]]) -> bool:
 
 def segment_hashes(loader: DataLoader, desc: dict[str, Any]) -> dict[int, str]:
     """``segment index -> SHA-256`` of every segment of the file ``loader`` reads
-    (``desc``: its :func:`ptestore.describe` object), read in 8 MiB pieces."""
-    out: dict[int, str] = {}
+    (``desc``: its :func:`ptestore.describe` object), read in 8 MiB pieces.
+
+    Each distinct byte range is hashed once, however many segments describe it; distinct
+    ranges adding up to more than twice the file (segments that overlap over and over)
+    are refused with a FormatError before a byte is read."""
+    ranges: dict[tuple[int, int], list[int]] = {}
     for seg in desc["segments"]:
+        extent = (int(seg["absolute_offset"]), int(seg["size"]))
+        ranges.setdefault(extent, []).append(int(seg["index"]))
+    total, file_size = sum(size for _, size in ranges), int(desc["file_size"])
+    if total > 2 * file_size:
+        raise FormatError(
+            str(desc["source"]),
+            "segments (distinct byte ranges to hash)",
+            total,
+            f"<= {2 * file_size} bytes (twice the {file_size}-byte file)",
+            "segments overlap so often that comparing them would read the file over and over",
+        )
+    out: dict[int, str] = {}
+    for (pos, size), indices in ranges.items():
         h = hashlib.sha256()
-        pos, end = int(seg["absolute_offset"]), int(seg["absolute_offset"]) + int(seg["size"])
+        end = pos + size
         while pos < end:
             n = min(8 << 20, end - pos)
             h.update(loader.load(pos, n))
             pos += n
-        out[int(seg["index"])] = h.hexdigest()
+        out.update(dict.fromkeys(indices, h.hexdigest()))
     return out
 
 

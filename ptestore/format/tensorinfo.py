@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DTYPES",
+    "MAX_ARRAY_DIMS",
     "SCALAR_TYPE_NAMES",
     "DtypeSpec",
     "QuantParams",
@@ -36,6 +37,9 @@ __all__ = [
 ]
 
 TensorSource = Literal["ptd", "program", "xnnpack"]
+
+#: The most dimensions :func:`array_view` shapes an array into (numpy's own limit).
+MAX_ARRAY_DIMS = 64
 
 
 @dataclass(frozen=True)
@@ -279,8 +283,10 @@ def array_view(data: object, info: TensorInfo | None, key: str, source: str) -> 
     """A zero-copy, read-only numpy view of ``data`` as ``info`` describes it.
 
     No info (or a dtype of unknown element size): the whole value as ``uint8``. A value
-    shorter than ``info.nbytes`` raises
-    :class:`FormatError`; trailing bytes past ``info.nbytes`` are not part of the array.
+    shorter than ``info.nbytes`` raises :class:`FormatError`; trailing bytes past
+    ``info.nbytes`` are not part of the array. So does a described shape the array
+    cannot take: a dim < 0, more than :data:`MAX_ARRAY_DIMS` dims, or any other numpy
+    refuses (the error names the key and the description).
     """
     import numpy as np
 
@@ -288,24 +294,35 @@ def array_view(data: object, info: TensorInfo | None, key: str, source: str) -> 
     if info is None or (info.dtype not in DTYPES and info.nbytes == 0):
         arr = np.frombuffer(raw, dtype=np.uint8)
     else:
+        described = f"{info.dtype} {list(info.shape)}, described by {info.source} {info.where}"
         if raw.nbytes < info.nbytes:
             raise FormatError(
                 source,
                 f"named data {key!r} (size)",
                 raw.nbytes,
-                f">= {info.nbytes} bytes ({info.dtype} {list(info.shape)}, described by "
-                f"{info.source} {info.where})",
+                f">= {info.nbytes} bytes ({described})",
             )
         dtype = np.dtype(info.array_dtype)
         shape = info.array_shape
         count = info.nbytes // dtype.itemsize
         arr = np.frombuffer(raw, dtype=dtype, count=count)
         order = info.dim_order if shape == info.shape else None
-        if order is not None and sorted(order) == list(range(len(shape))):
-            physical = tuple(shape[d] for d in order)
-            inverse = [order.index(i) for i in range(len(order))]
-            arr = arr.reshape(physical).transpose(inverse)
-        else:
-            arr = arr.reshape(shape)
+        try:
+            if min(shape, default=0) < 0 or len(shape) > MAX_ARRAY_DIMS:
+                raise ValueError
+            if order is not None and sorted(order) == list(range(len(shape))):
+                physical = tuple(shape[d] for d in order)
+                inverse = [order.index(i) for i in range(len(order))]
+                arr = arr.reshape(physical).transpose(inverse)
+            else:
+                arr = arr.reshape(shape)
+        except (ValueError, OverflowError):
+            raise FormatError(
+                source,
+                f"named data {key!r} (shape)",
+                list(shape),
+                f"at most {MAX_ARRAY_DIMS} dims, each >= 0, that {count} {dtype} "
+                f"elements can take ({described})",
+            ) from None
     arr.flags.writeable = False
     return arr

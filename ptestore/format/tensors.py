@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping
 from .._dataclass import replace
 from ..errors import FormatError
 from ..storage.types import DataLoader
-from .flatbuf import FlatView, TableView
+from .flatbuf import FlatView, TableView, WorkBudget
 from .model import Container
 from .reader import ParsedFile
 from .tensorinfo import TensorInfo, info_from_layout, scalar_type_info
@@ -114,49 +114,77 @@ def _blob_source(c: Container, method: str, position: int, where: str) -> str:
 
 
 def _xnnpack_graphs(
-    parsed: ParsedFile, loader: DataLoader
+    parsed: ParsedFile, loader: DataLoader, budget: WorkBudget
 ) -> Iterator[tuple[bytes | bytearray | memoryview, str, str]]:
-    """``(XNNGraph FlatBuffer, source, where)`` of every unique XNNPACK delegate blob of
-    a .pte: only the blob's header and FlatBuffer are read."""
+    """``(XNNGraph FlatBuffer, source, where)`` of every XNNPACK delegate graph of a
+    .pte, one per distinct byte range of the file (delegates whose segments or inline
+    blobs cover the same bytes share it): only each blob's header and FlatBuffer are
+    read. The graph bytes read are charged to ``budget``, which the graphs' parses share
+    too, so overlapping blobs cannot multiply the work beyond the file's size."""
     c = parsed.container
-    seen: set[tuple[str, int]] = set()
+    blobs: set[tuple[int, int]] = set()
+    graphs: set[tuple[int, int]] = set()
     for d in c.delegates:
-        if d.id != XNNPACK_BACKEND_ID or (d.location, d.index) in seen:
+        if d.id != XNNPACK_BACKEND_ID:
             continue
-        seen.add((d.location, d.index))
+        inline: memoryview | None = None
         if d.location == "segment":
             seg = c.segments[d.index]
             start, size = c.absolute(seg), seg.size
-            src = _blob_source(c, d.method, d.position, f"segment {d.index}")
-            head = bytes(loader.load(start, min(size, XNN_HEADER_LENGTH)))
-            off, fb_size = xnngraph_span(head, size, src)
-            graph = loader.load(start + off, fb_size)
+            where = f"segment {d.index}"
         else:
-            pos, size = c.inline_delegate_data[d.index]
-            src = _blob_source(c, d.method, d.position, f"inline data {d.index}")
-            blob = memoryview(parsed.metadata)[pos : pos + size]
-            off, fb_size = xnngraph_span(blob[:XNN_HEADER_LENGTH], size, src)
-            graph = blob[off : off + fb_size]
+            start, size = c.inline_delegate_data[d.index]  # the metadata starts at byte 0
+            inline = memoryview(parsed.metadata)[start : start + size]
+            where = f"inline data {d.index}"
+        if (start, size) in blobs:
+            continue
+        blobs.add((start, size))
+        src = _blob_source(c, d.method, d.position, where)
+        if inline is None:
+            head: bytes | memoryview = bytes(loader.load(start, min(size, XNN_HEADER_LENGTH)))
+        else:
+            head = inline[:XNN_HEADER_LENGTH]
+        off, fb_size = xnngraph_span(head, size, src)
+        if (start + off, fb_size) in graphs:
+            continue
+        graphs.add((start + off, fb_size))
+        budget.spend(src, 1, fb_size, f"XNNGraph [{start + off}, {start + off + fb_size})")
+        if inline is None:
+            graph: bytes | bytearray | memoryview = loader.load(start + off, fb_size)
+        else:
+            graph = inline[off : off + fb_size]
         yield graph, src, f"{d.method}[{d.position}]"
+
+
+def _file_budget(parsed: ParsedFile) -> WorkBudget:
+    """What the XNNPACK graphs of a file may cost together: their bytes read once (at
+    most the file's size when they do not overlap) and each parse's own bound (twice its
+    graph), with room to spare."""
+    size = parsed.container.file_size
+    return WorkBudget(4096 + 4 * size, f"the XNNPACK graphs of a {size}-byte file")
 
 
 def xnnpack_tensors(parsed: ParsedFile, loader: DataLoader) -> list[tuple[str, TensorInfo]]:
     """``(key, info)`` for every named constant of every XNNPACK delegate blob of a .pte.
 
-    Each unique blob is read once, and only its header and XNNGraph FlatBuffer.
+    Each distinct graph is read once, and only its blob's header and XNNGraph
+    FlatBuffer; all of them together do work bounded by the file's size.
     """
     out: list[tuple[str, TensorInfo]] = []
-    for graph, src, where in _xnnpack_graphs(parsed, loader):
-        out += [(k.key, k.info) for k in parse_xnngraph(graph, src, where)]
+    budget = _file_budget(parsed)
+    for graph, src, where in _xnnpack_graphs(parsed, loader, budget):
+        out += [(k.key, k.info) for k in parse_xnngraph(graph, src, where, budget)]
     return out
 
 
 def xnnpack_packed_weights(parsed: ParsedFile, loader: DataLoader) -> list[PackedWeight]:
     """Every weight the XNNPACK delegate blobs of a .pte have XNNPACK pack at load time
-    (:func:`~ptestore.format.xnnpack.parse_packed_weights`), each blob read once."""
+    (:func:`~ptestore.format.xnnpack.parse_packed_weights`), each distinct graph read
+    once (work bounded as for :func:`xnnpack_tensors`)."""
     out: list[PackedWeight] = []
-    for graph, src, where in _xnnpack_graphs(parsed, loader):
-        out += parse_packed_weights(graph, src, where)
+    budget = _file_budget(parsed)
+    for graph, src, where in _xnnpack_graphs(parsed, loader, budget):
+        out += parse_packed_weights(graph, src, where, budget)
     return out
 
 

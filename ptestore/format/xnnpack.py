@@ -17,7 +17,7 @@ import struct
 
 from .._dataclass import dataclass
 from ..errors import FormatError
-from .flatbuf import FlatView, TableView
+from .flatbuf import FlatView, TableView, WorkBudget
 from .tensorinfo import QuantParams, TensorInfo
 
 __all__ = [
@@ -203,11 +203,11 @@ def _named(
 
 
 def _graph(
-    buf: bytes | bytearray | memoryview, source: str
+    buf: bytes | bytearray | memoryview, source: str, budget: WorkBudget | None
 ) -> tuple[TableView, list[tuple[str, int] | None]]:
     """The root table of the XNNGraph FlatBuffer ``buf`` (its file identifier checked)
     and its ``constant_data`` entries (:func:`_constant_data`)."""
-    view = FlatView(buf, source, limit=len(buf))
+    view = FlatView(buf, source, limit=len(buf), budget=budget)
     if len(buf) < 8 or bytes(buf[4:8]) not in XNN_IDENTIFIERS:
         raise FormatError(
             source, "XNNGraph file identifier (bytes 4..8)", bytes(buf[4:8]), "b'XN01' or b'XN00'"
@@ -217,11 +217,15 @@ def _graph(
 
 
 def parse_xnngraph(
-    buf: bytes | bytearray | memoryview, source: str, where: str = ""
+    buf: bytes | bytearray | memoryview,
+    source: str,
+    where: str = "",
+    budget: WorkBudget | None = None,
 ) -> list[XnnConstant]:
     """The named constants of the XNNGraph FlatBuffer ``buf`` (and of their scales), in
-    ``xvalues`` order. ``where`` prefixes each description's location."""
-    root, constants = _graph(buf, source)
+    ``xvalues`` order. ``where`` prefixes each description's location; ``budget`` is
+    charged too (the file's, shared by its graphs)."""
+    root, constants = _graph(buf, source, budget)
     xvalues = root.vector(_G_XVALUES, "xvalues", 4)
     out: list[XnnConstant] = []
     if xvalues is None:
@@ -385,11 +389,15 @@ def _value_keys(
 
 
 def parse_packed_weights(
-    buf: bytes | bytearray | memoryview, source: str, where: str = ""
+    buf: bytes | bytearray | memoryview,
+    source: str,
+    where: str = "",
+    budget: WorkBudget | None = None,
 ) -> list[PackedWeight]:
     """The weights the nodes of the XNNGraph FlatBuffer ``buf`` have XNNPACK pack
-    (:data:`PACKING_NODES` whose filter is a named constant), in ``xnodes`` order."""
-    root, constants = _graph(buf, source)
+    (:data:`PACKING_NODES` whose filter is a named constant), in ``xnodes`` order;
+    ``budget`` as for :func:`parse_xnngraph`."""
+    root, constants = _graph(buf, source, budget)
     keys = _value_keys(root, constants, source)
     xnodes = root.vector(_G_XNODES, "xnodes", 4)
     out: list[PackedWeight] = []

@@ -77,6 +77,33 @@ def _get(d: dict[str, Any], key: str, kind: type, source: str, where: str) -> An
     return value
 
 
+def _size(d: dict[str, Any], key: str, source: str, where: str) -> int:
+    """A byte count: an integer in [0, 2**64) (what a file's size can be)."""
+    value: int = _get(d, key, int, source, where)
+    if not 0 <= value < 1 << 64:
+        raise FormatError(source, _field(where, key), value, "an integer in [0, 2**64)")
+    return value
+
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def _digest(d: dict[str, Any], key: str, source: str, where: str) -> str:
+    """A digest that names bytes: ``sha256:`` or ``sha256-tree:`` and 64 lowercase hex
+    digits (what a check knows how to compute)."""
+    value: str = _get(d, key, str, source, where)
+    algorithm, _, hexdigits = value.partition(":")
+    known = algorithm in ("sha256", "sha256-tree")
+    if not known or len(hexdigits) != 64 or not _HEX.issuperset(hexdigits):
+        raise FormatError(
+            source,
+            _field(where, key),
+            value[:80],
+            "'sha256:' or 'sha256-tree:' followed by 64 lowercase hex digits",
+        )
+    return value
+
+
 def _opt_str(d: dict[str, Any], key: str, source: str, where: str) -> str | None:
     value = d.get(key)
     if value is not None and not isinstance(value, str):
@@ -114,8 +141,8 @@ class SourceInfo:
             raise FormatError(source, f"provenance {where}", d, "an object")
         return cls(
             url=_get(d, "url", str, source, where),
-            size=_get(d, "size", int, source, where),
-            sha256=_get(d, "sha256", str, source, where),
+            size=_size(d, "size", source, where),
+            sha256=_digest(d, "sha256", source, where),
             etag=_opt_str(d, "etag", source, where),
             version_id=_opt_str(d, "version_id", source, where),
         )
@@ -196,7 +223,7 @@ class ContentDigest:
     def from_dict(cls, d: object, source: str, where: str) -> ContentDigest:
         if not isinstance(d, dict):
             raise FormatError(source, f"provenance {where}", d, "an object")
-        size = _get(d, "size", int, source, where)
+        size = _size(d, "size", source, where)
         chunks = None
         if d.get("chunks") is not None:
             from .chunks import ChunkDigests
@@ -207,7 +234,7 @@ class ContentDigest:
             from .crcs import ContentCRCs
 
             crcs = ContentCRCs.from_dict(d["crcs"], size, source, where)
-        digest = _get(d, "sha256", str, source, where)
+        digest = _digest(d, "sha256", source, where)
         if digest.startswith("sha256-tree:") and (chunks is None or chunks.digest != digest):
             raise FormatError(
                 source,

@@ -17,7 +17,9 @@ Layout (all integers little-endian)::
 
 A reader looks at the last 64 bytes: no magic means no trailer; a magic with any
 inconsistent field (sizes that do not add up to the file size, a wrong checksum,
-unparsable JSON) is a corrupt trailer and raises :class:`~ptestore.errors.FormatError`.
+unparsable JSON, JSON nested more than :data:`MAX_RECORD_DEPTH` levels, a string that
+is not UTF-8 text such as a lone surrogate escape) is a corrupt trailer and raises
+:class:`~ptestore.errors.FormatError`. The payload is decoded once, when it is read.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from .._dataclass import dataclass
+from .._dataclass import dataclass, field
 from ..errors import ConfigurationError, FormatError, StorageError
 from ..storage.types import DataLoader, load_into
 
@@ -33,10 +35,12 @@ __all__ = [
     "FOOTER_SIZE",
     "MAGIC",
     "MAX_PAYLOAD_SIZE",
+    "MAX_RECORD_DEPTH",
     "TRAILER_VERSION",
     "ContentView",
     "Trailer",
     "decode_footer",
+    "decode_record",
     "encode_trailer",
     "read_trailer",
     "without_trailer",
@@ -49,6 +53,9 @@ READ_VERSIONS = (1, 2)
 FOOTER_SIZE = 64
 #: A trailer's JSON may not exceed this (it is metadata, not data).
 MAX_PAYLOAD_SIZE = 1 << 20
+#: Levels of JSON arrays and objects a record may nest (the record itself is level 1;
+#: a device's options, at level 3, may nest ``MAX_OPTIONS_DEPTH`` levels of their own).
+MAX_RECORD_DEPTH = 64
 #: Bytes read from the end at once: most trailers fit, so one ranged read is enough.
 _TAIL_READ = 4096
 
@@ -66,6 +73,8 @@ class Trailer:
     sha256: str
     #: The footer's format version (1 for a trailer written before chunk digests).
     version: int = TRAILER_VERSION
+    #: The payload decoded (by :func:`read_trailer`); None: decoded on first use.
+    decoded: dict[str, Any] | None = field(default=None, compare=False, repr=False)
 
     @property
     def size(self) -> int:
@@ -73,11 +82,13 @@ class Trailer:
         return len(self.payload) + FOOTER_SIZE
 
     def record(self) -> dict[str, Any]:
-        """The payload as a JSON object (checked when the trailer was read)."""
-        import json
+        """The payload as a JSON object (checked when the trailer was read); a copy the
+        caller may change."""
+        import copy
 
-        value: dict[str, Any] = json.loads(self.payload)
-        return value
+        if self.decoded is None:
+            return decode_record(self.payload, "<trailer>")
+        return copy.deepcopy(self.decoded)  # nesting bounded by MAX_RECORD_DEPTH
 
     def raw(self) -> bytes:
         """The trailer's bytes as they are in the file (payload and footer)."""
@@ -166,7 +177,6 @@ def read_trailer(loader: DataLoader) -> Trailer | None:
     else:
         payload = bytes(loader.load(content_size, payload_size))
     import hashlib  # a file with a trailer only: most sources have none
-    import json
 
     actual = hashlib.sha256(payload).digest()
     if actual != digest:
@@ -177,17 +187,87 @@ def read_trailer(loader: DataLoader) -> Trailer | None:
             f"the SHA-256 recorded in the footer ({digest.hex()})",
             "the trailer was damaged",
         )
+    value = decode_record(payload, loader.name)
+    return Trailer(content_size, payload, digest.hex(), version, value)
+
+
+def decode_record(payload: bytes, source: str) -> dict[str, Any]:
+    """The JSON object ``payload`` holds; :class:`~ptestore.errors.FormatError` for
+    anything else: invalid JSON, not an object, nested more than
+    :data:`MAX_RECORD_DEPTH` levels, or a string (or key) that is not UTF-8 text."""
+    import json
+
     try:
         value = json.loads(payload)
+    except RecursionError:
+        value, depth = None, _bracket_depth(payload)
     except ValueError as exc:
         raise FormatError(
-            loader.name, "provenance trailer payload", payload[:60], "a JSON object", str(exc)
+            source, "provenance trailer payload", payload[:60], "a JSON object", str(exc)
         ) from None
+    else:
+        depth = _check_text(value, source)
+    if depth > MAX_RECORD_DEPTH:
+        raise FormatError(
+            source,
+            "provenance trailer payload (nesting depth)",
+            depth,
+            f"<= {MAX_RECORD_DEPTH} levels of arrays and objects",
+        )
     if not isinstance(value, dict):
         raise FormatError(
-            loader.name, "provenance trailer payload", type(value).__name__, "a JSON object"
+            source, "provenance trailer payload", type(value).__name__, "a JSON object"
         )
-    return Trailer(content_size, payload, digest.hex(), version)
+    return value
+
+
+def _check_text(value: object, source: str) -> int:
+    """The nesting depth of the JSON value ``value`` (walked without recursion); raises
+    FormatError for a string or key that cannot be encoded as UTF-8."""
+    deepest = 0
+    stack: list[tuple[object, str, int]] = [(value, "provenance", 0)]
+    while stack:
+        item, path, depth = stack.pop()
+        if isinstance(item, str):
+            _utf8(item, path, source)
+            continue
+        if not isinstance(item, (dict, list)):
+            continue
+        deepest = max(deepest, depth + 1)
+        sep = " " if depth == 0 else "."
+        if isinstance(item, dict):
+            for key, sub in item.items():
+                _utf8(key, f"{path} (a key)", source)
+                stack.append((sub, f"{path}{sep}{key}", depth + 1))
+        else:
+            stack.extend((sub, f"{path}[{i}]", depth + 1) for i, sub in enumerate(item))
+    return deepest
+
+
+def _utf8(text: str, field: str, source: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise FormatError(
+            source,
+            field,
+            text[:60],
+            "UTF-8 text",
+            f"character {text[exc.start]!r} at index {exc.start} is a lone surrogate",
+        ) from None
+
+
+def _bracket_depth(payload: bytes) -> int:
+    """The nesting depth of the arrays and objects of the JSON text ``payload`` (for
+    text too deep for the decoder): brackets outside strings."""
+    import re
+
+    bare = re.sub(rb'"(?:[^"\\]|\\.)*"', b"", payload)
+    depth = deepest = 0
+    for ch in re.sub(rb"[^\[\]{}]", b"", bare):
+        depth += 1 if ch in b"[{" else -1
+        deepest = max(deepest, depth)
+    return deepest
 
 
 class ContentView:

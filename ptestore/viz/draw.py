@@ -146,6 +146,7 @@ def _bisect(points: list[int], value: int) -> int:
 
 
 def _table(fm: FileMap, index: int) -> str:
+    has_status = any("status" in x for x in fm.regions)  # once: not per row
     rows = []
     for r in fm.regions:
         tensors = r.get("tensors") or []
@@ -155,14 +156,12 @@ def _table(fm: FileMap, index: int) -> str:
             f'<tr data-id="{index}-{r["id"]}"><td class="mono">{esc(r["kind"])}</td>'
             f'<td>{esc(r["label"])}</td><td class="num">{r["start"]}</td>'
             f'<td class="num">{r["size"]}</td><td class="num">{esc(r.get("alignment", ""))}</td>'
-            f"<td>{esc(t)}</td>"
-            + (f"<td>{esc(status)}</td>" if any("status" in x for x in fm.regions) else "")
-            + "</tr>"
+            f"<td>{esc(t)}</td>" + (f"<td>{esc(status)}</td>" if has_status else "") + "</tr>"
         )
     head = (
         "<tr><th>kind</th><th>what</th><th class=num>offset</th><th class=num>size</th>"
         "<th class=num>align</th><th>dtype [shape]</th>"
-        + ("<th>change</th>" if any("status" in x for x in fm.regions) else "")
+        + ("<th>change</th>" if has_status else "")
         + "</tr>"
     )
     return (

@@ -35,6 +35,7 @@ from ptestore.backends import (
 )
 from ptestore.coordinator.named import MergedNamedDataMap, SourceFile
 from ptestore.errors import FormatError, InvalidReplacement
+from ptestore.format.flatbuf import FlatView
 from ptestore.format.reader import read_container
 from ptestore.format.tensorinfo import array_view, scalar_type_info
 from ptestore.format.tensors import TensorIndex, describe_tensors, named_data_json
@@ -304,6 +305,55 @@ def test_array_view_rules() -> None:
     assert odd.dtype == np.uint8 and odd.shape == (24,)
     c64 = array_view(raw[:16], scalar_type_info(9, (2,), (0,), "ptd", ""), "k", "f")
     assert c64.dtype == np.complex64 and c64.shape == (2,)
+
+
+def test_array_view_refuses_a_shape_the_array_cannot_take() -> None:
+    for shape, count in (((-1, 0), 0), ((0, -3), 0), ((1,) * 65, 1), ((2**31,) * 8 + (0,), 0)):
+        info = TensorInfo("uint8", shape, count, "ptd", "x")
+        with pytest.raises(FormatError) as err:
+            array_view(b"\0" * 8, info, "k", "f.ptd")
+        assert str(err.value) == (
+            f"f.ptd: named data 'k' (shape) = {list(shape)}: must be at most 64 dims, each "
+            f">= 0, that {count} uint8 elements can take (uint8 {list(shape)}, described by "
+            "ptd x)"
+        )
+    assert array_view(b"\0", TensorInfo("uint8", (1,) * 64, 1, "ptd"), "k", "f").ndim == 64
+
+
+def test_get_array_of_a_negative_described_dim_is_a_format_error() -> None:
+    # mlp_portable_ext's EXTERNAL tensor value for fc1.weight says sizes [-1, 0].
+    fx = get_fixture("mlp_portable_ext")
+    assert fx.pte_path is not None and fx.ptd_path is not None
+    pte = bytearray(fx.pte_path.read_bytes())
+    view = FlatView(
+        bytes(pte), "x", limit=read_container(BytesLoader(bytes(pte))).container.metadata_size
+    )
+    values = view.root("Program").vector(1, "plans", 4).table(0).vector(2, "values", 4)  # type: ignore[union-attr]
+    for i in range(values.length):  # type: ignore[union-attr]
+        t = values.table(i).table(1, "val")  # type: ignore[union-attr]
+        extra = None if t is None else t.table(9, "extra_tensor_info")
+        if extra is not None and extra.string(1, "fqn") == "fc1.weight":
+            sizes = t.vector(2, "sizes", 4)  # type: ignore[union-attr]
+            struct.pack_into("<ii", pte, sizes.start, -1, 0)  # type: ignore[union-attr]
+            break
+    else:
+        raise AssertionError("no fc1.weight")
+    files = []
+    for role, data, name in (
+        ("pte", bytes(pte), "m.pte"),
+        ("ptd", fx.ptd_path.read_bytes(), "m.ptd"),
+    ):
+        loader = BytesLoader(data, name)
+        files.append(SourceFile(role, loader, None, read_container(loader)))  # type: ignore[arg-type]
+    m = MergedNamedDataMap(files)
+    assert m.get_tensor_info("fc1.weight").shape == (-1, 0)  # type: ignore[union-attr]
+    with pytest.raises(FormatError) as err:
+        m.get_array("fc1.weight")
+    assert str(err.value) == (
+        "m.ptd: named data 'fc1.weight' (shape) = [-1, 0]: must be at most 64 dims, each >= 0, "
+        "that 0 float32 elements can take (float32 [-1, 0], described by program forward "
+        "values[0])"
+    )
 
 
 def _module_level_numpy_imports(tree: ast.Module) -> list[int]:

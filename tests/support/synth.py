@@ -5,6 +5,8 @@ Field ids follow schema/program.fbs declaration order.
 
 from __future__ import annotations
 
+import struct
+
 import flatbuffers
 
 
@@ -55,3 +57,71 @@ def finish_program(
     root = b.EndObject()
     b.Finish(root, file_identifier=b"ET12")
     return bytes(b.Output())
+
+
+def xnngraph(k: int) -> bytes:
+    """An XNNGraph FlatBuffer whose ``xvalues`` are k references to one tensor value
+    (no constant: nothing named)."""
+    b = flatbuffers.Builder(0)
+    b.StartObject(7)  # XNNTensorValue
+    b.PrependUint32Slot(6, 1, 0)  # id_out
+    tv = b.EndObject()
+    b.StartObject(2)  # XValue
+    b.PrependUint8Slot(0, 1, 0)  # xvalue_union_type = XNNTensorValue
+    b.PrependUOffsetTRelativeSlot(1, tv, 0)
+    xv = b.EndObject()
+    xvalues = offsets_vector(b, [xv] * k)
+    b.StartObject(9)  # XNNGraph
+    b.PrependUOffsetTRelativeSlot(2, xvalues, 0)
+    b.Finish(b.EndObject(), file_identifier=b"XN01")
+    return bytes(b.Output())
+
+
+def overlapping_xnnpack(
+    n: int, k: int, *, stride: int = 0, backend: str = "XnnpackBackend"
+) -> bytes:
+    """A .pte with n XNNPACK delegates, delegate i in segment i, all over one k-xvalue
+    graph. ``stride`` 0: every segment describes the same bytes. ``stride`` 8: segment i
+    starts 8*i bytes later, at a FlatBuffer prefix (root offset, identifier) of its own
+    that leads to the same root table, so the n graphs are distinct byte ranges.
+    ``backend``: the delegates' id (another one's blobs are not read as graphs)."""
+    graph = xnngraph(k)
+    if stride:
+        assert stride == 8
+        root = 8 * n + struct.unpack_from("<I", graph)[0]
+        blob = b"".join(struct.pack("<I", root - 8 * i) + b"XN01" for i in range(n)) + graph
+    else:
+        blob = graph
+    b = flatbuffers.Builder(0)
+    segs = []
+    for i in range(n):
+        b.StartObject(2)  # DataSegment
+        b.PrependUint64Slot(0, stride * i, 0)
+        b.PrependUint64Slot(1, len(blob) - stride * i, 0)
+        segs.append(b.EndObject())
+    segments = offsets_vector(b, segs)
+    bid = b.CreateString(backend)
+    delegates = []
+    for i in range(n):
+        b.StartObject(2)  # BackendDelegateDataReference: SEGMENT i
+        b.PrependUint8Slot(0, 1, 0)
+        b.PrependUint32Slot(1, i, 0)
+        ref = b.EndObject()
+        b.StartObject(3)
+        b.PrependUOffsetTRelativeSlot(0, bid, 0)
+        b.PrependUOffsetTRelativeSlot(1, ref, 0)
+        delegates.append(b.EndObject())
+    plans = offsets_vector(b, [plan(b, "forward", offsets_vector(b, delegates))])
+    fb = finish_program(b, plans, segments=segments)
+    return with_segments(fb, blob)
+
+
+def with_segments(fb: bytes, data: bytes) -> bytes:
+    """The Program FlatBuffer ``fb`` with a 32-byte extended header spliced in and
+    ``data`` as its segment bytes, at the next 128-byte boundary."""
+    program_size = len(fb) + 32
+    base = -(-program_size // 128) * 128
+    header = b"eh00" + struct.pack("<IQQQ", 32, program_size, base, len(data))
+    out = bytearray(fb[:8] + header + fb[8:])
+    struct.pack_into("<I", out, 0, struct.unpack_from("<I", fb)[0] + 32)
+    return bytes(out) + bytes(base - program_size) + data

@@ -372,3 +372,31 @@ def test_ptd_rows_show_their_tensor_layout() -> None:
     row["tensor_info"] = None
     (seg,) = [r for r in layout_regions(desc) if r.get("keys") == ["fc1.weight"]]
     assert seg["tensors"] == [{"dtype": "float32", "shape": row["tensor_layout"]["sizes"]}]
+
+
+class _CountedRegions(list):  # type: ignore[type-arg]
+    """A region list that counts the passes made over it."""
+
+    passes = 0
+
+    def __iter__(self) -> Any:
+        self.passes += 1
+        return super().__iter__()
+
+
+def test_the_page_makes_a_fixed_number_of_passes_over_the_regions() -> None:
+    # Not one pass per table row (65,536 tiny segments took many minutes).
+    from support import synth
+
+    from ptestore.format import parse
+    from ptestore.inspection import describe
+
+    def passes(n: int) -> int:
+        data = synth.overlapping_xnnpack(n, 1, backend="VendorNpuBackend")
+        desc = describe(parse(data, len(data), "o.pte"))
+        regions = _CountedRegions(layout_regions(desc))
+        assert sum(r["kind"] == "segment" for r in regions) == n
+        render_layout([FileMap("o.pte", "o.pte", len(data), regions)])
+        return regions.passes
+
+    assert passes(64) == passes(512)

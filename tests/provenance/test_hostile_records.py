@@ -1,0 +1,298 @@
+"""Provenance records a hostile (or damaged, yet checksummed) trailer carries: every one
+is a FormatError naming the file, the field, the value and the limit, never a raw
+RecursionError, struct.error, ValueError or UnicodeEncodeError. Built from a real
+specialized file whose trailer is rewritten (its checksum made right again)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.fixtures import get_fixture
+
+import ptestore
+from ptestore.backends.compat import DeviceProfile
+from ptestore.cli import main
+from ptestore.errors import ConfigurationError, FormatError
+from ptestore.provenance import read_provenance, read_trailer
+from ptestore.provenance.trailer import FOOTER_SIZE, MAGIC, MAX_RECORD_DEPTH
+from ptestore.storage.loaders import BytesLoader
+
+MLP = get_fixture("mlp_xnnpack").pte_path
+assert MLP is not None
+
+
+@pytest.fixture(scope="module")
+def specialized(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    out = tmp_path_factory.mktemp("hostile") / "out.pte"
+    ptestore.specialize(
+        str(MLP), str(out), backends=["passthrough"], device=DeviceProfile("dev", {"a": 1})
+    )
+    return out.read_bytes()
+
+
+def record_of(data: bytes) -> dict[str, Any]:
+    trailer = read_trailer(BytesLoader(data))
+    assert trailer is not None
+    return trailer.record()
+
+
+def with_payload(data: bytes, payload: bytes) -> bytes:
+    """``data``'s container with ``payload`` as its trailer's (checksum right)."""
+    trailer = read_trailer(BytesLoader(data))
+    assert trailer is not None
+    content = data[: trailer.content_size]
+    footer = struct.pack(
+        "<QQ32sII8s",
+        len(content),
+        len(payload),
+        hashlib.sha256(payload).digest(),
+        2,
+        FOOTER_SIZE,
+        MAGIC,
+    )
+    return content + payload + footer
+
+
+def with_record(data: bytes, record: dict[str, Any]) -> bytes:
+    text = json.dumps(record, sort_keys=True, separators=(",", ":"))  # ASCII: escapes kept
+    return with_payload(data, text.encode())
+
+
+def refused(data: bytes, name: str = "h.pte") -> str:
+    with pytest.raises(FormatError) as err:
+        read_trailer(BytesLoader(data, name))
+    return str(err.value)
+
+
+def cli_refuses(tmp_path: Path, data: bytes, capsys: pytest.CaptureFixture[str]) -> str:
+    path = tmp_path / "h.pte"
+    path.write_bytes(data)
+    capsys.readouterr()
+    assert main(["inspect", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err
+
+
+# -- nesting (defect 3) ------------------------------------------------------------------
+
+
+def test_deeply_nested_payload_is_a_format_error(
+    specialized: bytes, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = with_payload(specialized, b"[" * 200_000)
+    assert refused(data) == (
+        "h.pte: provenance trailer payload (nesting depth) = 200000: must be <= 64 levels "
+        "of arrays and objects"
+    )
+    assert "nesting depth) = 200000" in cli_refuses(tmp_path, data, capsys)
+
+
+def test_nesting_past_the_limit_in_device_options_is_refused(specialized: bytes) -> None:
+    record = record_of(specialized)
+
+    def nested(levels: int) -> bytes:
+        # the record is level 1, device 2, options 3: the innermost list is ``levels``
+        record["device"]["options"] = {"a": json.loads("[" * (levels - 3) + "]" * (levels - 3))}
+        return with_record(specialized, record)
+
+    assert read_provenance(BytesLoader(nested(MAX_RECORD_DEPTH))) is not None
+    assert refused(nested(MAX_RECORD_DEPTH + 1)) == (
+        "h.pte: provenance trailer payload (nesting depth) = 65: must be <= 64 levels of "
+        "arrays and objects"
+    )
+    # strings are not brackets: a deep-looking string is fine
+    record["device"]["options"] = {"a": "[" * 1000}
+    assert read_provenance(BytesLoader(with_record(specialized, record))) is not None
+
+
+def test_the_payload_is_decoded_once(specialized: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = [0]
+    real = json.loads
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(json, "loads", counted)
+    trailer = read_trailer(BytesLoader(specialized))
+    assert trailer is not None
+    first = trailer.record()
+    first["created"] = "changed"  # a copy: the trailer's own is untouched
+    assert trailer.record()["created"] != "changed"
+    assert calls[0] == 1
+
+
+def test_device_options_nested_too_deep_to_record_are_refused() -> None:
+    DeviceProfile("d", {"a": json.loads("[" * 31 + "]" * 31)})  # 32 levels: fine
+    with pytest.raises(ConfigurationError) as err:
+        DeviceProfile("d", {"a": json.loads("[" * 32 + "]" * 32)})
+    assert str(err.value) == (
+        "device 'd': options nest more than 32 levels of lists and tables (provenance "
+        "records them as JSON)"
+    )
+    deep: list[Any] = []
+    for _ in range(5000):  # json.dumps would hit the recursion limit
+        deep = [deep]
+    with pytest.raises(ConfigurationError, match="options nest more than 32 levels"):
+        DeviceProfile("d", {"a": deep})
+
+
+# -- text that is not UTF-8 (defect 6) ---------------------------------------------------
+
+
+@pytest.mark.parametrize("field", ["created", "ptestore_version"])
+def test_a_lone_surrogate_in_a_record_string_is_refused(
+    specialized: bytes, field: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    record = record_of(specialized)
+    record[field] = "x\ud800"
+    data = with_record(specialized, record)
+    message = (
+        f"provenance {field} = 'x\\ud800': must be UTF-8 text (character '\\ud800' at "
+        "index 1 is a lone surrogate)"
+    )
+    assert refused(data) == f"h.pte: {message}"
+    assert message in cli_refuses(tmp_path, data, capsys)
+
+
+def test_a_lone_surrogate_in_a_nested_key_is_refused(specialized: bytes) -> None:
+    record = record_of(specialized)
+    record["device"]["options"] = {"ok": [{"\udcff": 1}]}
+    assert refused(with_record(specialized, record)) == (
+        "h.pte: provenance device.options.ok[0] (a key) = '\\udcff': must be UTF-8 text "
+        "(character '\\udcff' at index 0 is a lone surrogate)"
+    )
+
+
+# -- sizes (defect 4) --------------------------------------------------------------------
+
+
+def _content_claiming(record: dict[str, Any], size: int) -> None:
+    """``record``'s content claims ``size`` bytes with a chunk list of the right count
+    (so only the size itself can be wrong)."""
+    from ptestore.provenance.chunks import chunk_size_for
+
+    content = record["content"]
+    content["size"] = size
+    chunk = chunk_size_for(size)
+    count = max(0, -(-size // chunk))
+    content["chunks"]["size"] = chunk
+    content["chunks"]["sha256"] = base64.b64encode(bytes(32) * min(count, 1 << 14)).decode()
+    content.pop("crcs", None)
+
+
+@pytest.mark.parametrize("size", [-1, 1 << 64])
+def test_a_content_size_no_file_can_have_is_refused(
+    specialized: bytes, size: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    record = record_of(specialized)
+    _content_claiming(record, size)
+    data = with_record(specialized, record)
+    message = f"provenance content.size = {size}: must be an integer in [0, 2**64)"
+    with pytest.raises(FormatError) as err:
+        read_provenance(BytesLoader(data, "h.pte"))
+    assert str(err.value) == f"h.pte: {message}"
+    path = tmp_path / "h.pte"
+    path.write_bytes(data)
+    report = ptestore.verify(str(path))
+    assert (report.status, report.error) == ("invalid", f"{path}: {message}")
+    capsys.readouterr()
+    assert main(["verify", str(path)]) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("where", ["source", "ptd_output"])
+def test_other_recorded_sizes_are_checked_too(specialized: bytes, where: str) -> None:
+    record = record_of(specialized)
+    if where == "ptd_output":
+        record["ptd_output"] = dict(record["content"], chunks=None, crcs=None)
+    record[where]["size"] = -5
+    with pytest.raises(FormatError) as err:
+        read_provenance(BytesLoader(with_record(specialized, record), "h.pte"))
+    assert str(err.value) == (
+        f"h.pte: provenance {where}.size = -5: must be an integer in [0, 2**64)"
+    )
+
+
+# -- digests (defect 5) ------------------------------------------------------------------
+
+DIGEST_RULE = "must be 'sha256:' or 'sha256-tree:' followed by 64 lowercase hex digits"
+
+
+@pytest.mark.parametrize(
+    "bad", ["md5:0123", "", "SHA256:" + "a" * 64, "sha256:" + "A" * 64, "sha256:" + "a" * 63]
+)
+def test_a_content_digest_no_check_can_compute_is_refused(
+    specialized: bytes, bad: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    record = record_of(specialized)
+    record["content"]["sha256"] = bad
+    path = tmp_path / "h.pte"
+    path.write_bytes(with_record(specialized, record))
+    message = f"provenance content.sha256 = {bad!r}: {DIGEST_RULE}"
+    report = ptestore.verify(str(path))
+    assert (report.status, report.error) == ("invalid", f"{path}: {message}")
+    capsys.readouterr()
+    assert main(["verify", str(path)]) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("where", ["source", "ptd_source", "ptd_output"])
+def test_other_recorded_digests_are_checked_too(specialized: bytes, where: str) -> None:
+    record = record_of(specialized)
+    if where == "ptd_source":
+        record["ptd_source"] = dict(record["source"])
+    if where == "ptd_output":
+        record["ptd_output"] = dict(record["content"], chunks=None, crcs=None)
+    record[where]["sha256"] = "sha1:" + "0" * 40
+    with pytest.raises(FormatError) as err:
+        read_provenance(BytesLoader(with_record(specialized, record), "h.pte"))
+    assert str(err.value) == f"h.pte: provenance {where}.sha256 = 'sha1:{'0' * 40}': {DIGEST_RULE}"
+
+
+def test_recorded_digests_of_every_version_are_accepted() -> None:
+    data_dir = Path(__file__).parent / "data"
+    for path in sorted(data_dir.iterdir()):
+        assert read_provenance(BytesLoader(path.read_bytes(), path.name)) is not None
+
+
+# -- a record claiming other bytes than its trailer (defect 7) -------------------------
+
+
+@pytest.mark.parametrize("extra", [10, 1 << 40])
+def test_a_record_claiming_more_bytes_than_precede_its_trailer_is_refused(
+    specialized: bytes, extra: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ptestore.provenance.check import check_bytes
+    from ptestore.provenance.chunks import ChunkDigests, chunk_size_for
+
+    real = len(specialized) - read_trailer(BytesLoader(specialized)).size  # type: ignore[union-attr]
+    claimed = real + extra
+    chunk = chunk_size_for(claimed)
+    chunks = ChunkDigests(chunk, claimed, (hashlib.sha256(b"x").digest(),) * -(-claimed // chunk))
+    record = record_of(specialized)
+    record["content"].update(size=claimed, sha256=chunks.digest, chunks=chunks.to_dict())
+    record["content"].pop("crcs", None)  # self-consistent: only the size lies
+    path = tmp_path / "h.pte"
+    path.write_bytes(with_record(specialized, record))
+    message = (
+        f"provenance content.size = {claimed}: must be {real}, the bytes before the "
+        "provenance trailer (its footer's content_size)"
+    )
+    for quick in (True, False):
+        report = ptestore.verify(str(path), quick=quick)
+        assert (report.status, report.error) == ("invalid", f"{path}: {message}")
+    with pytest.raises(FormatError) as err:
+        check_bytes(BytesLoader(path.read_bytes(), "h.pte"), (0, 100))
+    assert str(err.value) == f"h.pte: {message}"
+    capsys.readouterr()
+    for argv in (["--quick"], ["--range", "0:100"]):
+        assert main(["verify", *argv, str(path)]) == 2
+        assert message in capsys.readouterr().err
