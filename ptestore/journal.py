@@ -39,7 +39,7 @@ import errno
 import fcntl
 import os
 import struct
-from typing import Any
+from typing import Any, TypeGuard
 
 from . import journal_check
 from ._io import pread_all, pwrite_all
@@ -104,7 +104,7 @@ def check_journal(path: str) -> tuple[dict[str, Any] | None, str]:
     :func:`check_payload` (it needs the file)."""
     import json
 
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    fd = _open_journal(path)
     try:
         size = os.fstat(fd).st_size
         if size < FOOTER.size + COMMIT_RECORD.size:
@@ -129,14 +129,106 @@ def check_journal(path: str) -> tuple[dict[str, Any] | None, str]:
             )
         if not footer_ok:
             return None, "its footer is not a journal's"
-        plan: dict[str, Any] = json.loads(pread_all(fd, n, at))
-        if tag == COMMIT:
+        try:
+            plan = json.loads(pread_all(fd, n, at))
+        except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+            return None, f"its plan is not JSON ({exc})"
+        if tag == COMMIT and isinstance(plan, dict):
             plan.pop("check", None)  # its commit record covers the payload already
-        elif not isinstance(plan.get("check"), dict):
+        elif not isinstance(plan, dict) or not isinstance(plan.get("check"), dict):
             return None, "its plan does not say what its payload must be"
+        problem = _plan_problem(plan, at)
+        if problem:
+            return None, f"its plan {problem}"
         return plan, ""
     finally:
         os.close(fd)
+
+
+def _count(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _ranges(value: object, width: int) -> TypeGuard[list[list[int]]]:
+    return isinstance(value, list) and all(
+        isinstance(r, list) and len(r) == width and all(_count(x) for x in r) for r in value
+    )
+
+
+def _plan_problem(plan: dict[str, Any], payload: int) -> str:
+    """What makes a committed plan one no in-place run writes (its fields' types, its
+    writes outside the file or the journal's ``payload`` bytes, a size its check does
+    not account for), or ``""``: such a plan is never applied, whatever its commit
+    record says."""
+    ident, size, before = plan.get("ident"), plan.get("size"), plan.get("size_before")
+    if not isinstance(ident, str) or len(ident) != 8 or not _is_hex(ident):
+        return f"names identifier {ident!r}, not 4 bytes in hex"
+    if not _count(size) or not _count(before):
+        return f"names size {size!r} after and {before!r} before: not byte counts"
+    writes, punch = plan.get("writes"), plan.get("punch")
+    if not _ranges(writes, 3) or not _ranges(punch, 2):
+        return "has writes or released ranges that are not lists of byte counts"
+    for dst, src, n in writes:
+        if src + n > payload or dst + n > size:
+            return (
+                f"writes {n} bytes from journal offset {src} to file offset {dst}: outside "
+                f"its payload ({payload} bytes) or the file's new size ({size})"
+            )
+    for off, n in punch:
+        if off + n > max(size, before):
+            return f"releases bytes {off}..{off + n}, past the file ({max(size, before)})"
+    check = plan.get("check")
+    if check is None:  # an older journal: its commit record covers its payload
+        return ""
+    length, cs = check.get("length"), check.get("chunk_size")
+    if not _count(length) or not _count(cs) or cs == 0 or length > size:
+        return f"checks {length!r} bytes in chunks of {cs!r}, for a file of {size} bytes"
+    if not isinstance(check.get("chunks"), dict) or not isinstance(check.get("beyond"), dict):
+        return "checks chunks it does not list"
+    past = sorted((dst, dst + n) for dst, _, n in writes if dst + n > length)
+    end = length
+    for a, b in past:
+        if a < length:
+            return f"writes bytes {a}..{b} across the end of what it checks ({length})"
+        if a > end:
+            return f"leaves bytes {end}..{a} of the file unchecked"
+        end = max(end, b)
+    if end != size:
+        return f"leaves bytes {end}..{size} of the file unchecked"
+    return ""
+
+
+def _is_hex(text: str) -> bool:
+    try:
+        bytes.fromhex(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _open_journal(path: str) -> int:
+    """The journal opened for reading: a regular file, never through a link, never
+    blocking (a FIFO planted there would hang every open of the model); anything else
+    a :class:`StorageError` naming it."""
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        what = "a symbolic link" if exc.errno == errno.ELOOP else exc.strerror
+        raise StorageError(
+            f"{path}: cannot read this in-place journal: {what}; the file beside it is "
+            "left as it is (remove the journal if no in-place run left it)"
+        ) from exc
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise StorageError(
+            f"{path}: this in-place journal is not a regular file ({stat.filemode(mode)}); "
+            "the file beside it is left as it is (remove the journal if no in-place run "
+            "left it)"
+        )
+    return fd
 
 
 def _fallocate(fd: int, mode: int, offset: int, size: int) -> bool:

@@ -26,6 +26,7 @@ __all__ = [
     "check_payload",
     "check_target",
     "file_binding",
+    "file_stamps",
     "open_target",
     "painted",
     "payload_check",
@@ -59,6 +60,16 @@ def file_binding(fd: int, size_before: int, head: bytes) -> dict[str, Any]:
         "head_size": len(head),
         "head_sha256": hashlib.sha256(head).hexdigest(),
     }
+
+
+def file_stamps(fd: int) -> dict[str, int]:
+    """The file's modification and change times (``mtime_ns``, ``ctime_ns``), taken
+    into its binding once the journal is about to be committed (after the run's last
+    change to the file): a file rewritten since, in place, is then not the one bound,
+    though its inode, size and first bytes are (its untouched chunks would otherwise be
+    mixed with the plan's writes)."""
+    st = os.fstat(fd)
+    return {"mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns}
 
 
 def open_target(target: str, journal: str, flags: int) -> int:
@@ -124,27 +135,30 @@ def check_target(target: str, journal: str, plan: dict[str, Any]) -> None:
             f"device {bound['dev']} inode {bound['ino']}, {bound['size_before']} bytes, "
             f"sha256 {bound['head_sha256']} of its first {bound['head_size']} bytes"
         )
+        stamps = (bound.get("mtime_ns"), bound.get("ctime_ns"))
+        if stamps[0] is not None:
+            made += f", modified {stamps[0]} ns, changed {stamps[1]} ns"
         same_file = (st.st_dev, st.st_ino) == (bound["dev"], bound["ino"])
         if same_file and marked:
             return
         if same_file:
             n = int(bound["head_size"])
             head = pread_all(fd, n, 0)
-            if st.st_size == bound["size_before"] and (
-                hashlib.sha256(head).hexdigest() == bound["head_sha256"]
+            unchanged = stamps[0] is None or stamps == (st.st_mtime_ns, st.st_ctime_ns)
+            if (
+                unchanged
+                and st.st_size == bound["size_before"]
+                and (hashlib.sha256(head).hexdigest() == bound["head_sha256"])
             ):
                 return  # not started
-            jfd = os.open(journal, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                written = _head_written(plan, jfd, n)
-            finally:
-                os.close(jfd)
-            if written is None:  # the plan keeps the first bytes: they are the ones bound
-                kept = hashlib.sha256(head).hexdigest() == bound["head_sha256"]
-                if st.st_size == plan["size"] and kept:
-                    return  # applied, the journal not yet removed
-            elif st.st_size == plan["size"] and written == head:
-                return  # applied, the journal not yet removed
+            if stamps[0] is not None:
+                # changed since the commit: applied (every write in place, the journal
+                # not yet removed), or rewritten (not the version bound: never mixed)
+                now += f", modified {st.st_mtime_ns} ns, changed {st.st_ctime_ns} ns"
+                if st.st_size == plan["size"] and _writes_present(fd, journal, plan):
+                    return
+            elif _applied_before_stamps(fd, journal, plan, head, n, st.st_size, bound):
+                return
             now += f", sha256 {hashlib.sha256(head).hexdigest()} of its first {n} bytes"
         raise StorageError(
             f"{target}: not the file its journal {journal} was made for (the journal: "
@@ -153,6 +167,49 @@ def check_target(target: str, journal: str, plan: dict[str, Any]) -> None:
         )
     finally:
         os.close(fd)
+
+
+def _applied_before_stamps(
+    fd: int, journal: str, plan: dict[str, Any], head: bytes, n: int, size: int, bound: Any
+) -> bool:
+    """A journal bound without stamps (an older ptestore): applied when the file has
+    the plan's size and the first bytes it writes (or keeps)."""
+    import hashlib
+
+    jfd = os.open(journal, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        written = _head_written(plan, jfd, n)
+    finally:
+        os.close(jfd)
+    if written is None:  # the plan keeps the first bytes: they are the ones bound
+        kept = hashlib.sha256(head).hexdigest() == str(bound["head_sha256"])
+        return size == plan["size"] and kept
+    return size == plan["size"] and written == head
+
+
+def _writes_present(fd: int, journal: str, plan: dict[str, Any]) -> bool:
+    """Whether every write of the plan is in the file already (its identifier the
+    plan's): a run applied it and stopped before removing its journal."""
+    lo, hi = IDENT_RANGE
+    if bytes(pread_all(fd, hi - lo, lo)) != bytes.fromhex(plan["ident"]):
+        return False
+    jfd = os.open(journal, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        for dst, src, n in plan["writes"]:
+            done = 0
+            while done < n:
+                k = min(_PIECE, n - done)
+                have = bytearray(pread_all(fd, k, dst + done))
+                want = bytearray(pread_all(jfd, k, src + done))
+                start = dst + done
+                for i in range(max(lo, start), min(hi, start + k)):  # the identifier:
+                    have[i - start] = want[i - start]  # checked above
+                if have != want:
+                    return False
+                done += k
+    finally:
+        os.close(jfd)
+    return True
 
 
 def painted(

@@ -32,7 +32,7 @@ from ..journal import (
     recover_locked,
     reserve_tail,
 )
-from ..journal_check import file_binding
+from ..journal_check import file_binding, file_stamps
 
 if TYPE_CHECKING:
     from ..backends.compat import DeviceProfile
@@ -379,6 +379,7 @@ def _run(
         plan["check"] = _payload_check(loader, spool, plan, content, digest)
         loader.check_unchanged()
         _reserve(target, plan["size_before"], size)
+        plan["file"].update(file_stamps(loader.fileno()))  # after the run's last change
         commit_journal(spool, plan)
         committed = True
         spool.close()
