@@ -51,7 +51,8 @@ def temp_name(path: str) -> str:
     """A fresh temporary name beside ``path`` (``.NAME.ptestore-<16 hex>.tmp``, the
     writers' pattern, which ``ptestore gc`` collects)."""
     directory, name = os.path.split(path)
-    return os.path.join(directory, f".{name}.ptestore-{os.urandom(8).hex()}.tmp")
+    # the name cut as the writers' staging names are: under NAME_MAX for a long one
+    return os.path.join(directory, f".{name[:200]}.ptestore-{os.urandom(8).hex()}.tmp")
 
 
 def sync_file(fd: int) -> None:
@@ -159,7 +160,12 @@ def put_bytes(
             f"{url.text}: storage options {sorted(storage_options)} do not apply to local files"
         )
     path = url.path
-    view = memoryview(data).cast("B")
+    try:
+        view = memoryview(data).cast("B")
+    except TypeError:
+        raise ConfigurationError(
+            f"{path}: put_bytes needs a bytes-like object, got {type(data).__name__}"
+        ) from None
     tmp = temp_name(path)
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, permissions)

@@ -236,6 +236,20 @@ def test_bad_arguments_are_refused_before_anything_is_written(tmp_path: Path) ->
     assert _listing(tmp_path) == []
 
 
+def test_what_is_not_bytes_is_refused_and_a_long_name_is_published(tmp_path: Path) -> None:
+    target = tmp_path / "m.json"
+    for data in ("text", 123):
+        with pytest.raises(ConfigurationError) as err:
+            put_bytes(target, data)  # type: ignore[arg-type]
+        assert str(err.value) == (
+            f"{target}: put_bytes needs a bytes-like object, got {type(data).__name__}"
+        )
+    assert _listing(tmp_path) == []
+    long = tmp_path / ("n" * 244)  # with the temporary name's affixes, past NAME_MAX
+    put_bytes(long, b"abc")
+    assert long.read_bytes() == b"abc" and _listing(tmp_path) == [long.name]
+
+
 def test_get_bytes_refuses_what_is_missing_or_too_large(tmp_path: Path) -> None:
     target = tmp_path / "m.json"
     with pytest.raises(ObjectNotFound, match=rf"^{target}: no such file$"):

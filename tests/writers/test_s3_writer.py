@@ -154,6 +154,25 @@ def test_rewrite_without_spool_is_refused(s3_server: S3TestServer, url: str, par
     w.discard()
 
 
+def test_a_copy_through_the_client_over_an_uploaded_part_is_refused_whole(
+    s3_server: S3TestServer, s3_bucket: str, s3_client: Any, url: str, part: int, tmp_path: Any
+) -> None:
+    """A local source is copied in 8 MiB pieces: a copy that reaches a part already
+    uploaded (spool=False) is refused before its first piece, not after it."""
+    k = -(-(8 << 20) // part)  # the first part past the copy's first piece
+    source = tmp_path / "src.bin"
+    source.write_bytes(b"S" * ((k + 1) * part))
+    w = writer(s3_server, url)
+    w.write(b"W" * part, k * part)  # a whole part: uploaded
+    w.wait_uploads()
+    with pytest.raises(ConfigurationError, match=rf"part {k + 1} \(bytes {k * part}\.\."):
+        w.copy_from(open_loader(str(source)), 0, (k + 1) * part, 0)
+    assert w.state is WriterState.OPEN
+    w.publish()
+    data = s3_client.get_object(Bucket=s3_bucket, Key=key_of(url))["Body"].read()
+    assert b"S" not in data and data.endswith(b"W" * part)
+
+
 def test_metadata_and_additional_kwargs(
     s3_server: S3TestServer, s3_bucket: str, s3_client: Any, url: str, part: int
 ) -> None:

@@ -357,7 +357,8 @@ class S3Writer(DataWriter):
         # from memory now rather than read again by a GET at upload time.
         in_memory = getattr(loader, "in_memory", False) and size <= config.MIN_PART_SIZE
         source = None if in_memory else self.copy_source(loader)
-        if source is None:
+        if source is None:  # through the client, in pieces: refused whole, first
+            self._check_write(dst_offset, dst_offset + size)
             super()._copy_from(loader, src_offset, size, dst_offset)
             return
 
