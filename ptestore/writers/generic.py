@@ -39,7 +39,13 @@ import fsspec
 
 from .._io import pread_all, pwrite_all
 from .._retry import RETRY_OPTIONS, Category, RetryPolicy, classify, to_storage_error
-from ..errors import AlreadyExists, ConfigurationError, StorageError
+from ..errors import (
+    AlreadyExists,
+    ConfigurationError,
+    PublishUncertain,
+    StorageError,
+    describe_exception,
+)
 from ..storage._options import fsspec_options
 from ..storage.remote import FsspecLoader
 from ..storage.types import DataLoader, split_url, strerror
@@ -222,6 +228,7 @@ class FsspecWriter(DataWriter):
         fs, path, tmp = self.fs, self.path, self._st.path
         kwargs = {"mode": mode} if "mode" in inspect.signature(fs.put_file).parameters else {}
         src = self._src
+        sent = 0  # uploads at publish attempted
         try:
             whole = src is not None and self._is_whole_source(src, size)
             if whole and src is not None and self._copy_whole(src, mode):
@@ -233,14 +240,28 @@ class FsspecWriter(DataWriter):
             if mode == "create" and fs.exists(path):
                 raise already_exists(self.url)
             self._commit_point()
-            self.retry.call(
-                lambda: fs.put_file(tmp, path, **kwargs), what=f"{self.url}: upload at publish"
-            )
+
+            def upload() -> None:
+                nonlocal sent
+                sent += 1
+                fs.put_file(tmp, path, **kwargs)
+
+            self.retry.call(upload, what=f"{self.url}: upload at publish")
         except AlreadyExists:
             raise
         except Exception as exc:
-            if classify(exc) is Category.ALREADY_EXISTS:
+            category = classify(exc)
+            if category is Category.ALREADY_EXISTS and sent <= 1:
                 raise already_exists(self.url) from exc
+            if sent and category in (Category.TRANSIENT, Category.ALREADY_EXISTS):
+                # an attempt whose answer was lost may have stored the upload (a retried
+                # create then meets this writer's own object)
+                raise PublishUncertain(
+                    f"{self.url}: the upload at publish failed after {sent} attempt(s) "
+                    f"({describe_exception(exc)}): the destination holds either its "
+                    "previous content or the complete new output; check it before relying "
+                    "on either"
+                ) from exc
             raise to_storage_error(exc, self.url, "upload at publish") from exc
         self._st.cleanup()
         return PublishResult(url=self.url, size=size)

@@ -10,6 +10,7 @@ from typing import Any
 
 import fsspec
 import pytest
+from fsspec.implementations.memory import MemoryFileSystem
 from support.fixtures import get_fixture
 
 import ptestore
@@ -131,3 +132,47 @@ def test_passthrough_through_the_coordinator(
     )
     assert spy.calls == [("in.pte", "out.pte")]
     assert (tmp_path / "out.pte").read_bytes() == fx.pte_path.read_bytes()
+
+
+class _AnswerLost(MemoryFileSystem):  # type: ignore[misc]
+    """Stores each upload, then loses the answer of the first ``lose`` of them."""
+
+    protocol = "answerlost"
+    root_marker = "/"
+    lose = 1
+    calls = 0
+
+    def put_file(
+        self, lpath: str, rpath: str, callback: Any = None, mode: str = "overwrite", **kw: Any
+    ) -> None:
+        type(self).calls += 1
+        super().put_file(lpath, rpath, mode=mode, **kw)
+        if type(self).calls <= type(self).lose:
+            raise ConnectionResetError("connection reset after the upload was stored")
+
+
+@pytest.mark.parametrize(("mode", "lose"), [("create", 1), ("overwrite", 99)])
+def test_an_upload_whose_answer_was_lost_is_uncertain_not_failed(mode: str, lose: int) -> None:
+    """A retried ``create`` meets the writer's own object, an ``overwrite`` whose every
+    answer is lost may have stored it: neither says the publish failed."""
+    from ptestore.errors import PublishUncertain
+
+    fs = _AnswerLost(skip_instance_cache=True)
+    _AnswerLost.calls, _AnswerLost.lose = 0, lose
+    name = f"{uuid.uuid4().hex}.bin"
+    w = FsspecWriter(f"answerlost://{name}", fs=fs, retry_initial=0.001, retry_max=0.001)
+    w.write(b"NEW", 0)
+    with pytest.raises(PublishUncertain) as err:
+        w.publish(mode)  # type: ignore[arg-type]
+    cause = (
+        "FileExistsError"
+        if mode == "create"
+        else ("ConnectionResetError: connection reset after the upload was stored")
+    )
+    assert str(err.value) == (
+        f"answerlost://{name}: the upload at publish failed after {_AnswerLost.calls} "
+        f"attempt(s) ({cause}): the destination holds either its previous content or the "
+        "complete new output; check it before relying on either"
+    )
+    stored = [bytes(f.getvalue()) for key, f in fs.store.items() if key.endswith(name)]
+    assert _AnswerLost.calls >= 2 and stored == [b"NEW"]
