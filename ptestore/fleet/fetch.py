@@ -41,7 +41,6 @@ published first, then the .pte: a failure between the two is a
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +52,7 @@ from ..errors import (
     ObjectNotFound,
     PartialPublish,
 )
+from ..provenance.chunks import well_formed
 from ..provenance.digest import content_digest
 from ..provenance.trailer import read_trailer
 from ..storage.atomic import rename
@@ -290,7 +290,7 @@ def fetch(
         if ptd_want is not None:
             files.append((ptd_want, ptd_beside(target)))
     for want, _ in files:
-        _check_entry(want, src)
+        _check_entry(want)
     result = FetchResult(choice)
     given = [] if base is None else [base] if isinstance(base, str | os.PathLike) else list(base)
     pte_bases = [os.fspath(b) for b in given]
@@ -352,30 +352,23 @@ def _download_all(
     _publish_all(result.files)
 
 
-_DIGEST = re.compile("sha256(?:-tree)?:[0-9a-f]{64}")
-_TRAILER = re.compile("sha256:[0-9a-f]{64}")
-
-
-def _check_entry(want: object, source: str) -> None:
-    """An index file entry (or what a direct URL's trailer gives) has the fields fetch
-    relies on, in their form, before the first request: a malformed one is a
+def _check_entry(want: dict[str, Any]) -> None:
+    """An index file entry (its object and ``url`` checked by :func:`.select.select`;
+    what a direct URL's trailer gives) has the fields fetch relies on, in their form,
+    before the first request: a malformed one is a
     :class:`~ptestore.errors.FormatError` naming the object and the field, never a
     download checked against it afterwards."""
-    if not isinstance(want, dict):
-        raise FormatError(source, "file entry", want, "an object")
-    url = want.get("url")
-    if not isinstance(url, str) or not url:
-        raise FormatError(source, "file entry url", url, "a URL or path")
+    url = want["url"]
     size = want.get("size")
     if "size" in want and (not isinstance(size, int) or isinstance(size, bool) or size < 0):
         raise FormatError(url, "index entry size", size, "a byte count >= 0")
     sha = want.get("sha256")
-    if not isinstance(sha, str) or not _DIGEST.fullmatch(sha):
+    if not well_formed(sha):
         raise FormatError(
             url, "index entry sha256", sha, "'sha256-tree:' or 'sha256:' and 64 lowercase hex"
         )
     trailer = want.get("trailer_sha256")
-    if trailer is not None and (not isinstance(trailer, str) or not _TRAILER.fullmatch(trailer)):
+    if trailer is not None and not well_formed(trailer, ("sha256",)):
         raise FormatError(
             url, "index entry trailer_sha256", trailer, "null or 'sha256:' and 64 lowercase hex"
         )

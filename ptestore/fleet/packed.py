@@ -285,13 +285,14 @@ def deliver(
     ``installed_for`` is passed to :func:`~ptestore.xnnpack.adopt_cache`."""
     from pathlib import Path
 
+    from ..provenance.chunks import well_formed
     from ..storage.flock import locked
     from ..xnnpack import adopt_cache
     from .download import discard_part
     from .packed_chunks import download_delta, download_whole, recorded_chunks
 
     sha = field.get("sha256")
-    if not isinstance(sha, str) or not re.fullmatch("sha256:[0-9a-f]{64}", sha):
+    if not well_formed(sha, ("sha256",)):
         raise FormatError(str(field.get("url")), "xnnpack.sha256", sha, "'sha256:<64 hex digits>'")
     dest = os.path.join(directory, f"xnnpack-download-{sha[7:23]}.xpwc")
     # One delivery of a file into a directory at a time: another (the same DEST fetched

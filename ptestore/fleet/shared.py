@@ -36,6 +36,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import FormatError, ObjectNotFound
+from ..provenance.chunks import well_formed
 from ..provenance.digest import content_digest
 from ..storage.types import StorageURL
 from ..writers import open_writer
@@ -59,7 +60,6 @@ __all__ = [
     "shared_url",
 ]
 
-_HEX = re.compile(r"[0-9a-f]{64}")
 _NAME = re.compile(r"(^|/)" + SHARED_DIR + r"/(sha256|sha256-tree)/([0-9a-f]{64})\.ptd$")
 
 log = logging.getLogger("ptestore.fleet")
@@ -79,14 +79,14 @@ def shared_url(root: str, sha256: str) -> str:
     """The content address under ``root`` (``.../_shared/``) of bytes with the digest
     ``sha256`` (``sha256-tree:<hex>`` or ``sha256:<hex>``):
     ``<root><algorithm>/<hex>.ptd``."""
-    algorithm, _, hexd = sha256.partition(":")
-    if algorithm not in ("sha256", "sha256-tree") or not _HEX.fullmatch(hexd):
+    if not well_formed(sha256):
         raise FormatError(
             root,
             "ptd_output.sha256",
             sha256,
             "sha256-tree:<64 lowercase hex digits> (or sha256:<...>)",
         )
+    algorithm, _, hexd = sha256.partition(":")
     return f"{root}{algorithm}/{hexd}.ptd"
 
 

@@ -33,7 +33,7 @@ import hashlib
 import struct
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from .._dataclass import dataclass, field
 from ..errors import FormatError
@@ -47,6 +47,7 @@ __all__ = [
     "WHOLE",
     "algorithm",
     "tree_digest",
+    "well_formed",
     "MAX_CHUNKS",
     "ChunkDigests",
     "ChunkHasher",
@@ -76,6 +77,20 @@ def algorithm(digest: str) -> str:
     if digest.startswith(WHOLE):
         return "sha256"
     raise ValueError(f"digest {digest!r}: expected sha256-tree:<hex> or sha256:<hex>")
+
+
+def well_formed(
+    digest: object, algorithms: tuple[str, ...] = ("sha256", "sha256-tree")
+) -> TypeGuard[str]:
+    """Whether ``digest`` is ``<algorithm>:`` (one of ``algorithms``) and 64 lowercase
+    hex digits: a digest a check knows how to compute."""
+    if not isinstance(digest, str):
+        return False
+    algorithm, _, hexdigits = digest.partition(":")
+    return algorithm in algorithms and len(hexdigits) == 64 and _HEX.issuperset(hexdigits)
+
+
+_HEX = frozenset("0123456789abcdef")
 
 
 def tree_digest(data: bytes | bytearray | memoryview) -> str:

@@ -85,16 +85,13 @@ def _size(d: dict[str, Any], key: str, source: str, where: str) -> int:
     return value
 
 
-_HEX = frozenset("0123456789abcdef")
-
-
 def _digest(d: dict[str, Any], key: str, source: str, where: str) -> str:
     """A digest that names bytes: ``sha256:`` or ``sha256-tree:`` and 64 lowercase hex
     digits (what a check knows how to compute)."""
+    from .chunks import well_formed
+
     value: str = _get(d, key, str, source, where)
-    algorithm, _, hexdigits = value.partition(":")
-    known = algorithm in ("sha256", "sha256-tree")
-    if not known or len(hexdigits) != 64 or not _HEX.issuperset(hexdigits):
+    if not well_formed(value):
         raise FormatError(
             source,
             _field(where, key),
