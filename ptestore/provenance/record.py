@@ -42,6 +42,7 @@ from ..errors import FormatError
 if TYPE_CHECKING:
     from .chunks import ChunkDigests, Known
     from .crcs import ContentCRCs
+    from .trailer import Trailer
 
 __all__ = [
     "FORMAT",
@@ -339,6 +340,23 @@ class Provenance:
             "ptd_output": None if self.ptd_output is None else self.ptd_output.to_dict(),
             "job": None if self.job is None else self.job.to_dict(),
         }
+
+    @classmethod
+    def of_trailer(cls, trailer: Trailer, source: str) -> Provenance:
+        """The record ``trailer`` carries (:meth:`from_dict`), bound to it: a
+        ``content.size`` other than the trailer's own ``content_size`` (where it starts)
+        claims other bytes than precede it and is refused (:class:`FormatError`) before
+        anything relies on its size or its chunk digests."""
+        prov = cls.from_dict(trailer.record(), source)
+        if prov.content is not None and prov.content.size != trailer.content_size:
+            raise FormatError(
+                source,
+                "provenance content.size",
+                prov.content.size,
+                f"{trailer.content_size}, the bytes before the provenance trailer (its "
+                "footer's content_size)",
+            )
+        return prov
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], source: str) -> Provenance:
