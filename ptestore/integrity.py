@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Protocol
 from .errors import FormatError, ObjectNotFound
 from .format.reader import read_container
 from .provenance import Provenance, read_trailer
-from .provenance.check import check_content_size
 from .provenance.digest import content_digest
 from .provenance.trailer import ContentView, Trailer
 from .storage.loaders import open_loader
@@ -45,8 +44,7 @@ def read_checked(
             raise FormatError(
                 target, "provenance trailer", None, "present (an artifact made with provenance)"
             )
-        prov = Provenance.from_dict(trailer.record(), target)
-        check_content_size(prov, trailer, target)  # also with quick: nothing read yet
+        prov = Provenance.of_trailer(trailer, target)  # also with quick: nothing read yet
         if prov.content is None:
             report.stale(
                 "content.sha256",

@@ -197,7 +197,7 @@ def check_artifact(
             trailer = read_trailer(loader)
             if trailer is None:
                 return False, f"{url} has no provenance trailer"
-            prov = Provenance.from_dict(trailer.record(), loader.name)
+            prov = Provenance.of_trailer(trailer, loader.name)
             diff = prov.key().mismatches(want)
             if diff:
                 return False, f"stale: {'; '.join(diff)}"

@@ -372,8 +372,9 @@ def pinned_record(want: dict[str, Any], size: int, reader: PinnedReader) -> Reco
     trailer (a ranged GET of its tail, pinned to its version) and checked against the
     entry's ``size`` and ``trailer_sha256`` before any content byte is downloaded; None
     when the entry pins no trailer or the record has no chunk digests (a version-1
-    record: the file is checked whole). A trailer the entry does not name is an
-    :class:`~ptestore.errors.IntegrityError`."""
+    record: the file is checked whole). A trailer the entry does not name, or whose
+    record is invalid or claims other bytes than precede it (its ``content.size``), is
+    an :class:`~ptestore.errors.IntegrityError`."""
     from ..errors import FormatError
     from ..provenance.record import Provenance
     from ..provenance.trailer import read_trailer
@@ -396,10 +397,10 @@ def pinned_record(want: dict[str, Any], size: int, reader: PinnedReader) -> Reco
                 f"{url}: provenance trailer checksum {have}, the index names {pinned}",
                 published=False,
             )
-        content = Provenance.from_dict(trailer.record(), url).content
+        content = Provenance.of_trailer(trailer, url).content
     except FormatError as exc:
         raise IntegrityError(f"{url}: {exc}", published=False) from exc
-    if content is None or content.chunks is None or content.size != trailer.content_size:
+    if content is None or content.chunks is None:
         return None
     first = tail.reads[0] if tail.reads else (size, b"")
     return Record(trailer.raw(), content.chunks, content.sha256, first[0], first[1])

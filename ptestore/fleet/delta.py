@@ -98,10 +98,10 @@ def _recorded(loader: LocalFileLoader) -> ChunkDigests | None:
         trailer = read_trailer(loader)
         if trailer is None:
             return None
-        content = Provenance.from_dict(trailer.record(), loader.name).content
+        content = Provenance.of_trailer(trailer, loader.name).content
     except (FormatError, ValueError):
-        return None  # a damaged trailer: the base's bytes are hashed instead
-    if content is None or content.chunks is None or content.size != trailer.content_size:
+        return None  # a damaged trailer or record: the base's bytes are hashed instead
+    if content is None or content.chunks is None:
         return None
     return content.chunks
 

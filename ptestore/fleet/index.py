@@ -94,7 +94,8 @@ def index_url(job: Job) -> str:
 
 def artifact_entry(url: str, options: dict[str, Any]) -> tuple[dict[str, Any], Provenance]:
     """An artifact's entry (URL, size, SHA-256 of its content and of its trailer) and
-    its record; a file without a trailer naming its bytes is a :class:`FormatError`."""
+    its record; a file without a trailer naming its bytes (or whose record claims other
+    bytes than precede its trailer) is a :class:`FormatError`."""
     loader = open_loader(url, **options_for_loader(url, options, "dst"))
     try:
         trailer = read_trailer(loader)
@@ -102,7 +103,7 @@ def artifact_entry(url: str, options: dict[str, Any]) -> tuple[dict[str, Any], P
             raise FormatError(
                 url, "provenance trailer", None, "present (an artifact that names its bytes)"
             )
-        prov = Provenance.from_dict(trailer.record(), url)
+        prov = Provenance.of_trailer(trailer, url)
         if prov.content is None:
             raise FormatError(url, "provenance content", None, "a digest of the bytes")
         return {

@@ -91,14 +91,15 @@ __getattr__ = lazy_names(__name__, _LAZY)
 def read_provenance(loader: DataLoader) -> Provenance | None:
     """The provenance record of the object behind ``loader``; None if it has no trailer.
 
-    Raises :class:`~ptestore.errors.FormatError` for a damaged trailer or record."""
+    Raises :class:`~ptestore.errors.FormatError` for a damaged trailer or record, and
+    for a record whose ``content.size`` is not where its trailer starts."""
     from .record import Provenance
     from .trailer import read_trailer
 
     trailer = read_trailer(loader)
     if trailer is None:
         return None
-    return Provenance.from_dict(trailer.record(), loader.name)
+    return Provenance.of_trailer(trailer, loader.name)
 
 
 def provenance_json(loader: DataLoader) -> dict[str, Any] | None:
@@ -112,7 +113,7 @@ def provenance_json(loader: DataLoader) -> dict[str, Any] | None:
         trailer = read_trailer(loader)
         if trailer is None:
             return None
-        record = Provenance.from_dict(trailer.record(), loader.name).to_dict()
+        record = Provenance.of_trailer(trailer, loader.name).to_dict()
     except FormatError as exc:
         return {"error": str(exc)}
     record["trailer"] = {

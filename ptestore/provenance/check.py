@@ -11,31 +11,11 @@ not by range.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from .._dataclass import dataclass
 from ..errors import ConfigurationError, FormatError
 from ..storage.types import DataLoader
 
-if TYPE_CHECKING:
-    from .record import Provenance
-    from .trailer import Trailer
-
-__all__ = ["BytesChecked", "check_bytes", "check_content_size", "parse_range"]
-
-
-def check_content_size(prov: Provenance, trailer: Trailer, source: str) -> None:
-    """A record's ``content.size`` must be the trailer's own ``content_size`` (where
-    the trailer starts): a record claiming other bytes than precede it is refused
-    before anything relies on its size (a quick check, a byte range)."""
-    if prov.content is not None and prov.content.size != trailer.content_size:
-        raise FormatError(
-            source,
-            "provenance content.size",
-            prov.content.size,
-            f"{trailer.content_size}, the bytes before the provenance trailer (its "
-            "footer's content_size)",
-        )
+__all__ = ["BytesChecked", "check_bytes", "parse_range"]
 
 
 @dataclass(frozen=True)
@@ -78,9 +58,7 @@ def check_bytes(loader: DataLoader, byte_range: tuple[int, int] | None = None) -
     from .trailer import read_trailer
 
     trailer = read_trailer(loader)
-    prov = None if trailer is None else Provenance.from_dict(trailer.record(), loader.name)
-    if trailer is not None and prov is not None:
-        check_content_size(prov, trailer, loader.name)
+    prov = None if trailer is None else Provenance.of_trailer(trailer, loader.name)
     if trailer is None or prov is None or prov.content is None:
         raise ConfigurationError(
             f"{loader.name}: no provenance record names the digests of its bytes "

@@ -128,10 +128,10 @@ def _from_trailer(loader: DataLoader) -> tuple[ContentDigest, int] | None:
     if trailer is None:
         return None
     try:
-        content = Provenance.from_dict(trailer.record(), loader.name).content
+        content = Provenance.of_trailer(trailer, loader.name).content
     except FormatError:
-        return None
-    if content is None or content.chunks is None or content.size != trailer.content_size:
+        return None  # damaged, or claims other bytes than precede it: described instead
+    if content is None or content.chunks is None:
         return None
     return content, trailer.content_size
 

@@ -42,6 +42,7 @@ from ..errors import FormatError
 if TYPE_CHECKING:
     from .chunks import ChunkDigests, Known
     from .crcs import ContentCRCs
+    from .trailer import Trailer
 
 __all__ = [
     "FORMAT",
@@ -67,6 +68,9 @@ def _field(where: str, key: str) -> str:
     return f"provenance {where}.{key}" if where else f"provenance {key}"
 
 
+#: The digests that name bytes (``sha256-tree:`` since record version 3); a job file's
+#: and a device's options' digests are the whole SHA-256 (``sha256:``) only.
+_NAMES_BYTES = ("sha256", "sha256-tree")
 _KIND_WORDS = {int: "an integer", str: "a string", list: "a list", dict: "an object"}
 
 
@@ -85,19 +89,25 @@ def _size(d: dict[str, Any], key: str, source: str, where: str) -> int:
     return value
 
 
-def _digest(d: dict[str, Any], key: str, source: str, where: str) -> str:
-    """A digest that names bytes: ``sha256:`` or ``sha256-tree:`` and 64 lowercase hex
-    digits (what a check knows how to compute)."""
+def _digest(
+    d: dict[str, Any], key: str, source: str, where: str, kinds: tuple[str, ...] = _NAMES_BYTES
+) -> str:
+    """A digest: one of ``kinds`` (by default a digest that names bytes, ``sha256:`` or
+    ``sha256-tree:``: what a check knows how to compute), then 64 lowercase hex digits."""
     from .chunks import well_formed
 
     value: str = _get(d, key, str, source, where)
-    if not well_formed(value):
-        raise FormatError(
-            source,
-            _field(where, key),
-            value[:80],
-            "'sha256:' or 'sha256-tree:' followed by 64 lowercase hex digits",
-        )
+    if not well_formed(value, kinds):
+        allowed = " or ".join(f"'{k}:'" for k in kinds) + " followed by 64 lowercase hex digits"
+        raise FormatError(source, _field(where, key), value[:80], allowed)
+    return value
+
+
+def _crc32(d: dict[str, Any], source: str, where: str) -> int:
+    """A CRC-32: an integer in [0, 2**32)."""
+    value: int = _get(d, "crc32", int, source, where)
+    if not 0 <= value < 1 << 32:
+        raise FormatError(source, _field(where, "crc32"), value, "an integer in [0, 2**32)")
     return value
 
 
@@ -241,7 +251,7 @@ class ContentDigest:
                 if chunks is None
                 else f"{chunks.digest}, the root of its chunks",
             )
-        return cls(size, digest, _get(d, "crc32", int, source, where), chunks, crcs)
+        return cls(size, digest, _crc32(d, source, where), chunks, crcs)
 
 
 @dataclass(frozen=True)
@@ -341,6 +351,23 @@ class Provenance:
         }
 
     @classmethod
+    def of_trailer(cls, trailer: Trailer, source: str) -> Provenance:
+        """The record ``trailer`` carries (:meth:`from_dict`), bound to it: a
+        ``content.size`` other than the trailer's own ``content_size`` (where it starts)
+        claims other bytes than precede it and is refused (:class:`FormatError`) before
+        anything relies on its size or its chunk digests."""
+        prov = cls.from_dict(trailer.record(), source)
+        if prov.content is not None and prov.content.size != trailer.content_size:
+            raise FormatError(
+                source,
+                "provenance content.size",
+                prov.content.size,
+                f"{trailer.content_size}, the bytes before the provenance trailer (its "
+                "footer's content_size)",
+            )
+        return prov
+
+    @classmethod
     def from_dict(cls, d: dict[str, Any], source: str) -> Provenance:
         """Parse and check a payload; :class:`FormatError` names the bad field."""
         if d.get("format") != FORMAT:
@@ -386,7 +413,7 @@ class Provenance:
                 raise FormatError(source, "provenance device.options", opts, "an object or null")
             device = DeviceStamp(
                 _get(dev, "name", str, source, "device"),
-                _get(dev, "digest", str, source, "device"),
+                _digest(dev, "digest", source, "device", ("sha256",)),
                 opts,
             )
         content = d.get("content")
@@ -412,6 +439,7 @@ class Provenance:
             job=None
             if job is None
             else JobStamp(
-                _get(job, "path", str, source, "job"), _get(job, "sha256", str, source, "job")
+                _get(job, "path", str, source, "job"),
+                _digest(job, "sha256", source, "job", ("sha256",)),
             ),
         )

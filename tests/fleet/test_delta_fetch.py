@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from support.delta import big_job, differing, flip, program, trailer_size, version
 from support.fleetrun import fleet_run
+from support.forged import forge, record_digests
 
 import ptestore
 from ptestore.backends.compat import DeviceProfile
@@ -109,6 +110,23 @@ def test_a_flipped_byte_in_the_base_is_caught_named_and_fetched(
         f"{base}: bytes {lo}:{hi} (chunk 3) do not have the digest its own record names: "
         "damaged or changed since it was made; taken from the store instead"
     ) in caplog.messages
+
+
+def test_a_base_whose_record_claims_other_bytes_is_hashed_where_it_could_match(
+    versions: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    """The base's record names the target's chunk digests (chunk 1 included) for one
+    byte more than its content: not trusted (``Provenance.of_trailer``), so it is used
+    as a base without a record, and chunk 1 is downloaded without blaming the base."""
+    _, a, b = versions
+    base = tmp_path / "base.pte"
+    shutil.copyfile(a, base)
+    forge(base, 1, record_digests(b.read_bytes()))
+    dest = tmp_path / "dev" / "m.pte"
+    got = _one(ptestore.fetch(b, dest, base=base))
+    assert dest.read_bytes() == b.read_bytes()
+    assert got["base_damaged"] == []
+    assert got["from_base"] == _base_bytes(b) and got["received"] == CHUNK_SIZE + 4096
 
 
 def test_a_base_of_another_model_gives_nothing_and_costs_nothing(

@@ -296,3 +296,51 @@ def test_a_record_claiming_more_bytes_than_precede_its_trailer_is_refused(
     for argv in (["--quick"], ["--range", "0:100"]):
         assert main(["verify", *argv, str(path)]) == 2
         assert message in capsys.readouterr().err
+
+
+# -- the job file's and the device's digests, CRC-32s --------------------------------
+
+WHOLE_RULE = "must be 'sha256:' followed by 64 lowercase hex digits"
+
+
+@pytest.mark.parametrize(
+    "bad", ["sha256-tree:" + "a" * 64, "md5:0123", "", "sha256:" + "A" * 64, "sha256:" + "a" * 65]
+)
+@pytest.mark.parametrize("where", ["job.sha256", "device.digest"])
+def test_a_job_or_device_digest_of_another_form_is_refused(
+    specialized: bytes, where: str, bad: str
+) -> None:
+    record = record_of(specialized)
+    record["job"] = {"path": "fleet/job.toml", "sha256": "sha256:" + "0" * 64}
+    assert read_provenance(BytesLoader(with_record(specialized, record))) is not None
+    table, key = where.split(".")
+    record[table][key] = bad
+    with pytest.raises(FormatError) as err:
+        read_provenance(BytesLoader(with_record(specialized, record), "h.pte"))
+    assert str(err.value) == f"h.pte: provenance {where} = {bad!r}: {WHOLE_RULE}"
+
+
+@pytest.mark.parametrize("value", [-1, 1 << 32, 1 << 70])
+@pytest.mark.parametrize("where", ["content", "ptd_output"])
+def test_a_crc32_no_file_can_have_is_refused(
+    specialized: bytes, where: str, value: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    record = record_of(specialized)
+    if where == "ptd_output":
+        record["ptd_output"] = dict(record["content"], crcs=None)
+    for fine in (0, (1 << 32) - 1):
+        record[where]["crc32"] = fine
+        assert read_provenance(BytesLoader(with_record(specialized, record))) is not None
+    record[where]["crc32"] = value
+    data = with_record(specialized, record)
+    message = f"provenance {where}.crc32 = {value}: must be an integer in [0, 2**32)"
+    with pytest.raises(FormatError) as err:
+        read_provenance(BytesLoader(data, "h.pte"))
+    assert str(err.value) == f"h.pte: {message}"
+    path = tmp_path / "h.pte"
+    path.write_bytes(data)
+    report = ptestore.verify(str(path), quick=True)
+    assert (report.status, report.error) == ("invalid", f"{path}: {message}")
+    capsys.readouterr()
+    assert main(["verify", "--quick", str(path)]) == 2
+    assert message in capsys.readouterr().err
