@@ -11,7 +11,10 @@ marker, a page) so that a reader sees the old content or the new, never a prefix
   (``mode="overwrite"``) or ``link`` to it (``mode="create"``: never replaces anything),
   then ``fsync`` of the directory. ``durable=False`` skips both fsyncs (the file is
   still never seen half-written). An fsync error is fatal and never retried: the
-  temporary file is removed and nothing is published.
+  temporary file is removed and nothing is published. The file's mode: the caller's
+  ``permissions`` when given (less the umask, as for ``open``); else, replacing a
+  regular file, that file's mode (as the local writer keeps it); else ``0o666`` less
+  the umask.
 - **any other scheme**: the writer the scheme table names (:mod:`.schemes`, imported on
   first use), one ``write`` and one ``publish(mode)``: the store's atomic put.
 
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import sys
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -130,7 +134,7 @@ def put_bytes(
     *,
     mode: Literal["overwrite", "create"] = "overwrite",
     durable: bool = True,
-    permissions: int = 0o666,
+    permissions: int | None = None,
     storage_options: Mapping[str, Any] | None = None,
 ) -> None:
     """Publish ``data`` at ``target`` atomically (see the module docstring).
@@ -141,7 +145,12 @@ def put_bytes(
         mode: ``"overwrite"`` replaces what is there; ``"create"`` raises
             :class:`~ptestore.errors.AlreadyExists` if something is.
         durable: fsync the file before and its directory after the rename (local).
-        permissions: of a new local file (the umask applies, as for ``open``).
+        permissions: the local file's mode bits, less the umask (as for ``open``),
+            whether it is new or replaces one: XNNPACK's records are made 0444 so.
+            ``None`` (the default): a file that replaces an existing regular file
+            (``mode="overwrite"``, the target or what a link there names) keeps that
+            file's mode, as :class:`~ptestore.writers.LocalFileWriter` does; a new file
+            gets ``0o666`` less the umask.
         storage_options: for a remote target, the writer's options.
 
     Raises:
@@ -166,14 +175,25 @@ def put_bytes(
         raise ConfigurationError(
             f"{path}: put_bytes needs a bytes-like object, got {type(data).__name__}"
         ) from None
+    kept = _replaced_mode(path) if permissions is None and mode == "overwrite" else None
+    # a replaced file's mode is set exactly by fchmod below (the umask would take bits off)
+    created = 0o600 if kept is not None else 0o666 if permissions is None else permissions
     tmp = temp_name(path)
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, permissions)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, created)
     except OSError as exc:
         raise local_error(exc, f"{path}: cannot create a temporary file: {strerror(exc)}") from exc
     published = False
     try:
         try:
+            if kept is not None:
+                try:
+                    os.fchmod(fd, kept)
+                except OSError as exc:
+                    raise local_error(
+                        exc,
+                        f"{path}: cannot set mode {kept:o} on the temporary file: {strerror(exc)}",
+                    ) from exc
             done = 0
             while done < view.nbytes:
                 done += os.write(fd, view[done:])
@@ -217,6 +237,16 @@ def put_bytes(
                 f"{path}: published, but fsync of its directory failed: {strerror(exc)}; "
                 "it may not survive a crash (not retried)",
             ) from exc
+
+
+def _replaced_mode(path: str) -> int | None:
+    """The mode of the regular file at ``path`` (a link followed), None when there is
+    none or it cannot be seen (the put reports what fails then)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return stat.S_IMODE(st.st_mode) if stat.S_ISREG(st.st_mode) else None
 
 
 def _put_remote(url: StorageURL, data: Buffer, mode: str, options: dict[str, Any]) -> None:

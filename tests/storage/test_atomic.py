@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Callable
+import stat
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -214,6 +215,85 @@ def test_a_missing_directory_or_refused_access(
         PermissionDenied, match=rf"^{target}: cannot create a temporary file: Permission denied$"
     ):
         put_bytes(target, b"x")
+
+
+@pytest.fixture
+def umask_022() -> Iterator[None]:
+    """The process's umask is 022 while the test runs (what a new file's mode is less)."""
+    old = os.umask(0o022)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(os.lstat(path).st_mode)
+
+
+@pytest.mark.usefixtures("umask_022")
+@pytest.mark.parametrize("existing", [0o600, 0o755, 0o444], ids=oct)
+def test_an_overwrite_keeps_the_mode_of_the_file_it_replaces(tmp_path: Path, existing: int) -> None:
+    """No permissions given: the new file takes the replaced file's mode, not 0666 less
+    the umask (a private 0600 file stays private), as the local writer does; through a
+    symbolic link, the mode of the file it names (the link itself is replaced)."""
+    target = tmp_path / "m.json"
+    target.write_bytes(b"old")
+    target.chmod(existing)
+    put_bytes(target, b"new")
+    assert target.read_bytes() == b"new"
+    assert _mode(target) == existing
+    named = tmp_path / "named.json"
+    named.write_bytes(b"old")
+    named.chmod(existing)
+    link = tmp_path / "link.json"
+    link.symlink_to(named)
+    put_bytes(link, b"new")
+    assert not link.is_symlink() and link.read_bytes() == b"new"
+    assert _mode(link) == existing
+    assert _listing(tmp_path) == ["link.json", "m.json", "named.json"]
+
+
+@pytest.mark.usefixtures("umask_022")
+def test_a_new_file_gets_0666_less_the_umask(tmp_path: Path) -> None:
+    put_bytes(tmp_path / "m.json", b"x")
+    put_bytes(tmp_path / "n.json", b"x", mode="create")
+    assert _mode(tmp_path / "m.json") == _mode(tmp_path / "n.json") == 0o644
+
+
+@pytest.mark.usefixtures("umask_022")
+@pytest.mark.parametrize(
+    ("permissions", "expected"),
+    [(0o444, 0o444), (0o640, 0o640), (0o666, 0o644)],
+    ids=["0o444", "0o640", "0o666"],
+)
+def test_explicit_permissions_win_over_the_replaced_files_mode(
+    tmp_path: Path, permissions: int, expected: int
+) -> None:
+    """Given permissions are the file's, less the umask as for ``open``, whether it is
+    new or replaces a file of another mode (XNNPACK's records are made 0444 so)."""
+    target = tmp_path / "m.json"
+    target.write_bytes(b"old")
+    target.chmod(0o600)
+    put_bytes(target, b"new", permissions=permissions)
+    assert target.read_bytes() == b"new"
+    assert _mode(target) == expected
+    put_bytes(tmp_path / "n.json", b"new", permissions=permissions, mode="create")
+    assert _mode(tmp_path / "n.json") == expected
+
+
+def test_a_failing_chmod_publishes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "m.json"
+    target.write_bytes(b"old")
+    target.chmod(0o600)
+    monkeypatch.setattr(os, "fchmod", _failing(errno.EIO, os.fchmod))
+    with pytest.raises(
+        StorageError,
+        match=rf"^{target}: cannot set mode 600 on the temporary file: Input/output error$",
+    ):
+        put_bytes(target, b"new")
+    assert target.read_bytes() == b"old"
+    assert _listing(tmp_path) == ["m.json"]
 
 
 def test_bad_arguments_are_refused_before_anything_is_written(tmp_path: Path) -> None:

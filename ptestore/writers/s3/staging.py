@@ -1,7 +1,7 @@
 """What an S3 writer has staged: the pending multipart upload (created with its gc
-marker part by ``start()``), the upload pool and the local spool file. ``cleanup()``
-aborts the upload; it knows nothing of the writer (it runs from the writer's
-finalizer)."""
+marker part by ``start()``, which also aborts what a retried create left behind), the
+upload pool and the local spool file. ``cleanup()`` aborts the upload; it knows nothing
+of the writer (it runs from the writer's finalizer)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import os
 import secrets
 import tempfile
 import threading
+import time
 from typing import Any
 
 from ..._retry import Category, classify, error_code, to_storage_error
@@ -18,6 +19,7 @@ from ...storage.types import strerror
 from .checksum import param, part_checksum
 from .config import S3Connection
 from .marker import MARKER_PART_NUMBER, marker_bytes
+from .strays import abort_strays
 
 __all__ = ["S3Staging"]
 
@@ -47,17 +49,34 @@ class S3Staging:
 
     def start(self, metadata: dict[str, str], algorithm: str) -> str:
         """Create the multipart upload (with the object's metadata and a FULL_OBJECT
-        checksum of ``algorithm``) and upload its gc marker part."""
-        resp = self._request(
-            "CreateMultipartUpload",
-            "create_multipart_upload",
-            Bucket=self.bucket,
-            Key=self.key,
-            Metadata=metadata,
-            ChecksumAlgorithm=algorithm,
-            ChecksumType="FULL_OBJECT",
+        checksum of ``algorithm``) and upload its gc marker part. A create that needed
+        more than one attempt may have left uploads the service made for an earlier
+        attempt whose answer was lost: those are aborted (:mod:`.strays`)."""
+        retried = False
+
+        def note_retry() -> None:
+            nonlocal retried
+            retried = True
+
+        params = {
+            "Bucket": self.bucket,
+            "Key": self.key,
+            "Metadata": metadata,
+            "ChecksumAlgorithm": algorithm,
+            "ChecksumType": "FULL_OBJECT",
             **self.conn.create_extras,
-        )
+        }
+        started = time.monotonic()
+        try:
+            resp = self.conn.call(
+                "CreateMultipartUpload",
+                lambda: self.conn.invoke("create_multipart_upload", **params),
+                on_retry=note_retry,
+            )
+        except Exception as exc:
+            where = f"s3://{self.bucket}/{self.key}"
+            raise to_storage_error(exc, where, "CreateMultipartUpload") from exc
+        took = time.monotonic() - started
         upload_id: str = resp["UploadId"]
         self.upload_id = upload_id
         body = marker_bytes(self.key)
@@ -72,6 +91,8 @@ class S3Staging:
             **param(algorithm, part_checksum(algorithm, body)),  # a part of the upload's kind
             **self.conn.extras,
         )
+        if retried:  # after the marker: another writer's sweep never takes ours
+            abort_strays(self.conn, self.bucket, self.key, upload_id, took)
         return upload_id
 
     def spool(self, url: str, spool_dir: str | os.PathLike[str] | None) -> int:
