@@ -191,6 +191,7 @@ def collect_s3(
     """Abort ptestore's stale multipart uploads under ``s3://bucket/prefix``."""
     from ._retry import error_code, to_storage_error
     from .writers.s3.config import S3Connection, connection_options
+    from .writers.s3.listing import upload_pages
     from .writers.s3.marker import MARKER_PART_NUMBER, is_marker_part
 
     check_older_than(older_than)
@@ -204,19 +205,16 @@ def collect_s3(
     conn = S3Connection(url, storage_options)
     now = datetime.now(timezone.utc)
     found: list[GcEntry] = []
-    key_marker: str | None = None
-    upload_marker: str | None = None
+    pages = upload_pages(conn, bucket, prefix)
     while True:
-        kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
-        if key_marker is not None:
-            kwargs["KeyMarker"] = key_marker
-            kwargs["UploadIdMarker"] = upload_marker or ""
         try:
-            page = conn.request("ListMultipartUploads", "list_multipart_uploads", **kwargs)
+            page, uploads = next(pages)
+        except StopIteration:
+            break
         except Exception as exc:
             raise to_storage_error(exc, f"s3://{bucket}/{prefix}", "ListMultipartUploads") from exc
         now = server_now(page, now)
-        for up in page.get("Uploads", []):
+        for up in uploads:
             key, upload_id = up["Key"], up["UploadId"]
             where = f"s3://{bucket}/{key}?uploadId={upload_id}"
             initiated = up.get("Initiated")
@@ -250,18 +248,13 @@ def collect_s3(
                     Bucket=bucket,
                     Key=key,
                     UploadId=upload_id,
+                    **conn.plain_extras,
                 )
                 action = "removed"
             except Exception as exc:
                 gone = error_code(exc) == "NoSuchUpload"
                 action = "skipped: already gone" if gone else f"failed: {exc}"
             found.append(GcEntry(where, "multipart-upload", age, action, size))
-        if not page.get("IsTruncated"):
-            break
-        key_marker = page.get("NextKeyMarker")
-        upload_marker = page.get("NextUploadIdMarker")
-        if not key_marker:
-            break
     return found
 
 
@@ -289,7 +282,7 @@ def _list_all_parts(
     parts: list[dict[str, Any]] = []
     marker = 0
     while True:
-        kw: dict[str, Any] = {"Bucket": bucket, "Key": key, "UploadId": upload_id}
+        kw: dict[str, Any] = {"Bucket": bucket, "Key": key, "UploadId": upload_id, **conn.extras}
         if marker:
             kw["PartNumberMarker"] = marker
         page = conn.request("ListParts", "list_parts", **kw)

@@ -29,7 +29,8 @@ Modules: :mod:`.config` (the s3fs connection, limits), :mod:`.checksum` (the wri
 checksum algorithm; the arithmetic is :mod:`ptestore.checksums`), :mod:`.marker` (the
 gc marker), :mod:`.parts` (the part grid and its states), :mod:`.staging` (the pending
 upload and its abort), :mod:`.strays` (the uploads a retried create left behind),
-:mod:`.publish` (publish, reconcile, verify), :mod:`.transfer`
+:mod:`.listing` (pending uploads page by page), :mod:`.publish` (publish, reconcile,
+verify), :mod:`.transfer`
 (storing a part: upload or server-side copy), :mod:`.writer` (:class:`S3Writer`).
 
 Retries: one layer, :class:`ptestore._retry.RetryPolicy`; botocore's own retries are off

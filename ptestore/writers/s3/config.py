@@ -177,6 +177,11 @@ class S3Connection:
             self.extras["RequestPayer"] = "requester"
         #: Parameters of the requests that create the object (``s3_additional_kwargs``).
         self.create_extras: dict[str, Any] = {**additional, **self.extras}
+        #: Parameters of requests that take no SSE-C keys (``AbortMultipartUpload``, a
+        #: read of another object): requester pays only.
+        self.plain_extras: dict[str, Any] = {
+            k: v for k, v in self.extras.items() if k == "RequestPayer"
+        }
 
     def close(self) -> None:
         """Close the client's connections now, on s3fs's event loop. Left to garbage

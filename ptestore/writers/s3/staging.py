@@ -132,10 +132,13 @@ class S3Staging:
     def abort(self, upload_id: str) -> None:
         where = f"s3://{self.bucket}/{self.key}"
         params = {"Bucket": self.bucket, "Key": self.key, "UploadId": upload_id}
+        # AbortMultipartUpload takes no SSE-C keys (botocore refuses them before sending);
+        # ListParts of an SSE-C upload needs them.
+        abort = {**params, **self.conn.plain_extras}
         params.update(self.conn.extras)
         for _ in range(_ABORT_ROUNDS):
             try:
-                self.conn.request("AbortMultipartUpload", "abort_multipart_upload", **params)
+                self.conn.request("AbortMultipartUpload", "abort_multipart_upload", **abort)
             except Exception as exc:
                 if not _no_such_upload(exc):
                     detail = str(to_storage_error(exc, where, "AbortMultipartUpload"))

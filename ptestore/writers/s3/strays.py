@@ -37,6 +37,7 @@ from typing import Any
 
 from ..._retry import error_code
 from .config import S3Connection
+from .listing import upload_pages
 
 __all__ = ["SLACK", "abort_strays"]
 
@@ -95,19 +96,8 @@ def abort_strays(conn: S3Connection, bucket: str, key: str, keep: str, took: flo
 
 
 def _uploads(conn: S3Connection, bucket: str, key: str) -> Iterator[dict[str, Any]]:
-    kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": key}
-    if "RequestPayer" in conn.extras:
-        kwargs["RequestPayer"] = conn.extras["RequestPayer"]
-    for _ in range(MAX_PAGES):
-        page = conn.request("ListMultipartUploads", "list_multipart_uploads", **kwargs)
-        yield from page.get("Uploads", [])
-        following = page.get("NextKeyMarker")
-        if not page.get("IsTruncated") or not following:
-            return  # SeaweedFS says truncated without a marker: nothing more to ask
-        if following > key:
-            return  # listed by key: past this one
-        kwargs["KeyMarker"] = following
-        kwargs["UploadIdMarker"] = page.get("NextUploadIdMarker") or ""
+    for _, uploads in upload_pages(conn, bucket, key, max_pages=MAX_PAGES):
+        yield from uploads
 
 
 def _made_with(upload: dict[str, Any], kept: dict[str, Any], took: float) -> bool:
@@ -138,7 +128,6 @@ def _empty(conn: S3Connection, bucket: str, key: str, upload_id: str) -> bool:
 
 
 def _abort(conn: S3Connection, bucket: str, key: str, upload_id: str) -> bool:
-    extras = {k: v for k, v in conn.extras.items() if not k.startswith("SSECustomer")}
     try:
         conn.request(
             "AbortMultipartUpload",
@@ -146,7 +135,7 @@ def _abort(conn: S3Connection, bucket: str, key: str, upload_id: str) -> bool:
             Bucket=bucket,
             Key=key,
             UploadId=upload_id,
-            **extras,
+            **conn.plain_extras,
         )
     except Exception as exc:
         if error_code(exc) == "NoSuchUpload":

@@ -57,9 +57,7 @@ class PartTransfer:
         self.where = f"s3://{bucket}/{key}"
         #: Parameters of reads from a source (requester pays; never the destination's
         #: SSE-C keys).
-        self.read_extras: dict[str, Any] = {
-            k: v for k, v in conn.extras.items() if k == "RequestPayer"
-        }
+        self.read_extras: dict[str, Any] = conn.plain_extras
 
     def _request(self, what: str, operation: str, **params: Any) -> dict[str, Any]:
         try:
