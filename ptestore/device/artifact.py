@@ -9,7 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 from .._dataclass import dataclass
 from ..errors import PermissionDenied
-from .cache import CacheLayout, check_private, evict, files_intact, read_manifest, touch
+from .cache import CacheLayout, evict, files_intact, read_manifest, touch
+from .entryfiles import check_entry_dir
+from .keys import as_recorded
 from .manifest import Manifest, as_json
 
 if TYPE_CHECKING:
@@ -112,21 +114,28 @@ def lookup(
     """The entry ``key`` when its manifest records ``fingerprint`` (and, for a copy,
     its files are there as recorded); its last use is then set to now. None: a miss."""
     path = layout.manifest(key)
-    check_private(layout.entry_dir(key), "cache entry")
+    check_entry_dir(layout.entry_dir(key))  # a real directory, this user's alone
     try:
         manifest = read_manifest(path, private=True)
     except PermissionDenied:  # another user's, or writable by others: refused
         raise
     except Exception:  # unreadable or not a manifest: a miss, made again under the lock
         return None
-    if manifest is None or manifest.get("fingerprint") != as_json(fingerprint):
+    if manifest is None:
+        return None
+    recorded = manifest.get("fingerprint")
+    if recorded != as_recorded(as_json(fingerprint), recorded):
         return None
     if bool(manifest.get("in_place")) != in_place:
         return None
     if not in_place and not files_intact(layout.entry_dir(key), manifest):
         return None
+    try:
+        found = artifact_of(layout, {**manifest, "key": key}, False)
+    except Exception:  # a damaged field (its provenance record): a miss, made again
+        return None
     touch(path)
-    return artifact_of(layout, {**manifest, "key": key}, False)
+    return found
 
 
 def hit_or_make(

@@ -32,35 +32,50 @@ no data written, independent of ``atime`` and of mount options such as ``noatime
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
+import stat
 import time
 from typing import Any
 
 from .._dataclass import dataclass, field
-from ..errors import ConfigurationError, FormatError, PermissionDenied, StorageError
+from ..errors import ConfigurationError, FormatError, StorageError
 from ..storage.types import StorageURL
+from .entryfiles import (
+    MANIFEST,
+    MANIFEST_FORMAT,
+    MANIFEST_VERSION,
+    MAX_MANIFEST_BYTES,
+    check_entry_dir,
+    dir_bytes,
+    entry_dir_fd,
+    file_stamp,
+    files_intact,
+    is_key,
+    packed_weights_file,
+    read_manifest,
+)
 from .lock import KeyLock
-from .private import SHARED_WRITE, check_private
+from .orphans import remove_orphan_locks
+from .private import check_private
 
 __all__ = [
     "MANIFEST",
     "MANIFEST_FORMAT",
+    "MANIFEST_VERSION",
+    "MAX_MANIFEST_BYTES",
     "CacheEntry",
     "CacheLayout",
     "check_private",
     "clear",
     "evict",
+    "file_stamp",
+    "files_intact",
     "list_entries",
+    "packed_weights_file",
     "prune",
+    "read_manifest",
 ]
-
-MANIFEST = "manifest.json"
-MANIFEST_FORMAT = "ptestore.cache-entry"
-MANIFEST_VERSION = 1
-#: A manifest larger than this is not one of ours.
-MAX_MANIFEST_BYTES = 1 << 20
 
 
 #: The mode the cache creates its directories with (the umask may only remove bits).
@@ -101,8 +116,9 @@ class CacheLayout:
     def make_entry_dir(self, key: str) -> str:
         """Entry ``key``'s directory, created ``0o755`` where missing and checked."""
         directory = self.entry_dir(key)
+        check_entry_dir(directory)  # a link to elsewhere is refused before makedirs
         os.makedirs(directory, mode=PRIVATE_DIR_MODE, exist_ok=True)
-        check_private(directory, "cache entry")
+        check_entry_dir(directory)
         return directory
 
     def entry_dir(self, key: str) -> str:
@@ -115,87 +131,15 @@ class CacheLayout:
         return KeyLock(os.path.join(self.locks, key + ".lock"), shared=shared, blocking=blocking)
 
     def entry_keys(self) -> list[str]:
+        """The keys of the entries: the real directories under ``entries/`` named as a
+        key is (anything else there is not an entry, and left alone)."""
         try:
-            names = os.listdir(self.entries)
+            with os.scandir(self.entries) as it:
+                return sorted(
+                    e.name for e in it if is_key(e.name) and e.is_dir(follow_symlinks=False)
+                )
         except FileNotFoundError:
             return []
-        return sorted(n for n in names if not n.startswith("."))
-
-
-def read_manifest(path: str, *, private: bool = False) -> dict[str, Any] | None:
-    """The manifest at ``path``; None when there is none. One ``open`` and one read
-    (and with ``private``, one ``fstat``: :func:`check_private`).
-
-    Raises :class:`FormatError` for a file that is not a cache manifest."""
-    try:
-        with open(path, "rb") as f:
-            if private:
-                check_private(path, "cache entry's manifest", os.fstat(f.fileno()))
-            raw = f.read(MAX_MANIFEST_BYTES + 1)
-    except FileNotFoundError:
-        return None
-    except PermissionDenied:
-        raise
-    except OSError as exc:
-        raise StorageError(f"{path}: cannot read the cache manifest: {exc.strerror}") from exc
-    if len(raw) > MAX_MANIFEST_BYTES:
-        raise FormatError(path, "manifest size", len(raw), f"at most {MAX_MANIFEST_BYTES} bytes")
-    try:
-        data = json.loads(raw)
-    except ValueError as exc:
-        raise FormatError(path, "manifest", raw[:40], f"JSON ({exc})") from exc
-    if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
-        got = data.get("format") if isinstance(data, dict) else data
-        raise FormatError(path, "manifest format", got, repr(MANIFEST_FORMAT))
-    if data.get("version") != MANIFEST_VERSION:
-        raise FormatError(path, "manifest version", data.get("version"), str(MANIFEST_VERSION))
-    return data
-
-
-def _stamp_of(st: os.stat_result) -> dict[str, int]:
-    return {
-        "size": st.st_size,
-        "ino": st.st_ino,
-        "mtime_ns": st.st_mtime_ns,
-        "ctime_ns": st.st_ctime_ns,
-    }
-
-
-def file_stamp(path: str) -> dict[str, int]:
-    """What an entry's manifest records of one of its files: size, inode, ``mtime_ns``
-    and ``ctime_ns`` (one ``stat``)."""
-    return _stamp_of(os.stat(path))
-
-
-def files_intact(directory: str, manifest: dict[str, Any]) -> bool:
-    """Whether every file the manifest names is there as recorded (one ``stat`` each),
-    owned by this user (or root) and not writable by group or others. A manifest
-    written before ``ctime_ns`` was recorded is compared without it."""
-    files = manifest.get("files")
-    if not isinstance(files, dict) or "pte" not in files:
-        return False
-    me = os.geteuid()
-    for rec in files.values():
-        if not isinstance(rec, dict) or not isinstance(rec.get("name"), str):
-            return False
-        name = rec["name"]
-        if os.sep in name or name.startswith("."):
-            return False
-        try:
-            st = os.stat(os.path.join(directory, name))
-        except OSError:
-            return False
-        if st.st_uid not in (me, 0) or st.st_mode & SHARED_WRITE:
-            return False
-        now = _stamp_of(st)
-        keys = ("size", "ino", "mtime_ns", "ctime_ns") if "ctime_ns" in rec else _OLD_STAMP
-        if any(now[k] != rec.get(k) for k in keys):
-            return False
-    return True
-
-
-#: What manifests recorded of a file before ``ctime_ns``.
-_OLD_STAMP = ("size", "ino", "mtime_ns")
 
 
 @dataclass
@@ -240,24 +184,27 @@ class CacheEntry:
         return None
 
 
-def _dir_bytes(directory: str) -> int:
-    total = 0
+def _usable(manifest: dict[str, Any], path: str) -> bool:
+    """Whether an artifact can be built from ``manifest`` (what a hit returns): its
+    source named, its provenance record readable. A manifest whose provenance field is
+    damaged is broken: a hit on it is a miss, and prune removes it."""
+    if manifest.get("in_place") and not isinstance(manifest.get("source"), str):
+        return False
+    record = manifest.get("provenance")
+    if record is None:
+        return True
+    from ..provenance.record import Provenance
+
     try:
-        with os.scandir(directory) as it:
-            for e in it:
-                try:
-                    if e.is_file(follow_symlinks=False):
-                        total += e.stat(follow_symlinks=False).st_size
-                except OSError:
-                    continue
-    except OSError:
-        return 0
-    return total
+        Provenance.from_dict(record, path)
+    except Exception:  # any damage: not an artifact
+        return False
+    return True
 
 
 def load_entry(layout: CacheLayout, key: str) -> CacheEntry:
     directory = layout.entry_dir(key)
-    size = _dir_bytes(directory)
+    size = dir_bytes(directory)
     path = layout.manifest(key)
     try:
         manifest = read_manifest(path)
@@ -270,7 +217,8 @@ def load_entry(layout: CacheLayout, key: str) -> CacheEntry:
     except OSError:
         used = None
     in_place = bool(manifest.get("in_place"))
-    state = "ready" if (in_place or files_intact(directory, manifest)) else "broken"
+    intact = in_place or files_intact(directory, manifest)
+    state = "ready" if intact and _usable(manifest, path) else "broken"
     src = manifest.get("source")
     return CacheEntry(
         key,
@@ -295,26 +243,21 @@ def list_entries(cache_dir: str | os.PathLike[str]) -> list[CacheEntry]:
 def remove_entry_locked(layout: CacheLayout, key: str) -> int:
     """Remove entry ``key`` (its lock held exclusively by the caller): the manifest first,
     so that the entry stops being valid before any of its files goes. Returns the bytes
-    freed."""
+    freed. A path that is not a real directory (a link, a file) is not an entry: left
+    alone (0)."""
     directory = layout.entry_dir(key)
-    freed = _dir_bytes(directory)
-    try:
-        os.unlink(layout.manifest(key))
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        raise StorageError(f"{layout.manifest(key)}: cannot remove: {exc.strerror}") from exc
-    shutil.rmtree(directory, ignore_errors=True)
+    with entry_dir_fd(directory) as fd:
+        if fd is None:
+            return 0
+        freed = dir_bytes(directory)
+        try:
+            os.unlink(MANIFEST, dir_fd=fd)
+        except (FileNotFoundError, IsADirectoryError):  # none, or not one: the entry goes
+            pass
+        except OSError as exc:
+            raise StorageError(f"{layout.manifest(key)}: cannot remove: {exc.strerror}") from exc
+    shutil.rmtree(directory, ignore_errors=True)  # never through a link (rmtree refuses one)
     return freed
-
-
-def packed_weights_file(name: str) -> bool:
-    """Whether ``name`` is one of the XNNPACK packed-weight files ``ensure(...,
-    xnnpack_cache=True)`` keeps beside an entry (:mod:`.packed`)."""
-    return name == "xnnpack.json" or (
-        name.startswith("xnnpack-")
-        and name.endswith((".xpwc", ".xpwc.json", ".xpwc.lock", ".refused.json"))
-    )
 
 
 def clean_entry_locked(
@@ -325,10 +268,11 @@ def clean_entry_locked(
     keep_packed: bool = False,
 ) -> None:
     """Remove files of entry ``key`` that its manifest does not name (staging files of a
-    run that died; the caller holds the key exclusively, so no run is writing them);
-    ``keep_packed``: not the entry's XNNPACK packed-weight files (an entry made again
-    loses them: they were bound to the files it replaces)."""
-    directory = layout.entry_dir(key)
+    run that died, the work directory of an XNNPACK maker that was killed; the caller
+    holds the key exclusively, so no run is writing them); ``keep_packed``: not the
+    entry's XNNPACK packed-weight files (an entry made again loses them: they were bound
+    to the files it replaces). Only within the entry's real directory (never through a
+    link)."""
     keep = {MANIFEST}
     if manifest is not None and isinstance(manifest.get("files"), dict):
         keep |= {
@@ -336,14 +280,18 @@ def clean_entry_locked(
             for r in manifest["files"].values()
             if isinstance(r, dict) and isinstance(r.get("name"), str)
         }
-    try:
-        names = os.listdir(directory)
-    except FileNotFoundError:
-        return
-    for name in names:
-        if name not in keep and not (keep_packed and packed_weights_file(name)):
+    with entry_dir_fd(layout.entry_dir(key)) as fd:
+        if fd is None:
+            return
+        for name in os.listdir(fd):
+            if name in keep or (keep_packed and packed_weights_file(name)):
+                continue
             try:
-                os.unlink(os.path.join(directory, name))
+                if stat.S_ISDIR(os.lstat(name, dir_fd=fd).st_mode):
+                    if name.startswith(".xnnpack-"):  # a killed maker's work directory
+                        shutil.rmtree(os.path.join(layout.entry_dir(key), name), ignore_errors=True)
+                    continue
+                os.unlink(name, dir_fd=fd)
             except OSError:
                 pass
 
@@ -368,24 +316,45 @@ class Removed:
         }
 
 
-def _try_remove(layout: CacheLayout, key: str, out: Removed) -> bool:
-    lock = layout.lock(key, blocking=False)
+def _same(judged: CacheEntry, now: CacheEntry) -> bool:
+    return (judged.state, judged.last_used, judged.manifest) == (
+        now.state,
+        now.last_used,
+        now.manifest,
+    )
+
+
+def _try_remove(layout: CacheLayout, judged: CacheEntry, out: Removed) -> int | None:
+    """Remove the entry ``judged`` under its exclusive lock, taken without waiting (held:
+    busy). Under the lock it is read again: one made, remade or used since it was judged
+    (its state, last use or manifest changed) is kept. Returns the bytes freed, None when
+    kept."""
+    lock = layout.lock(judged.key, blocking=False)
     if not lock.acquire():
-        out.busy.append(key)
-        return False
+        out.busy.append(judged.key)
+        return None
+    removed = False
     try:
-        out.freed += remove_entry_locked(layout, key)
-        out.removed.append(key)
+        if not _same(judged, load_entry(layout, judged.key)):
+            return None  # an ensure made or used it meanwhile: judged again next time
+        freed = remove_entry_locked(layout, judged.key)
+        removed = True
     finally:
-        lock.remove()
-    return True
+        if removed:
+            lock.remove()
+        else:
+            lock.release()
+    out.freed += freed
+    out.removed.append(judged.key)
+    return freed
 
 
 def evict(cache_dir: str | os.PathLike[str], max_bytes: int, *, keep: str | None = None) -> Removed:
     """Remove least-recently-used entries until the cache holds at most ``max_bytes``.
 
     The entry ``keep`` (the one being returned to the caller) is never removed, nor is an
-    entry another process holds; broken and incomplete entries go first."""
+    entry another process holds, nor one used or made again since the listing; broken
+    and incomplete entries go first."""
     if not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < 0:
         raise ConfigurationError(f"max_bytes must be an integer >= 0, got {max_bytes!r}")
     layout = CacheLayout(cache_dir)
@@ -398,28 +367,31 @@ def evict(cache_dir: str | os.PathLike[str], max_bytes: int, *, keep: str | None
             break
         if e.key == keep:
             continue
-        if _try_remove(layout, e.key, out):
+        freed = _try_remove(layout, e, out)
+        if freed is not None:
             total -= e.bytes
     out.remaining = total
     return out
 
 
 def prune(cache_dir: str | os.PathLike[str], max_bytes: int | None = None) -> Removed:
-    """Remove broken and incomplete entries (and the leftovers of runs that died), then,
-    with ``max_bytes``, least-recently-used entries until the cache fits."""
+    """Remove broken and incomplete entries (and the leftovers of runs that died, lock
+    files of keys without an entry included), then, with ``max_bytes``,
+    least-recently-used entries until the cache fits."""
     layout = CacheLayout(cache_dir)
     out = Removed()
     for key in layout.entry_keys():
         e = load_entry(layout, key)
         if e.state != "ready":
-            _try_remove(layout, key, out)
+            _try_remove(layout, e, out)
             continue
         lock = layout.lock(key, blocking=False)
         if lock.acquire():
-            try:
-                clean_entry_locked(layout, key, e.manifest, keep_packed=True)
+            try:  # read again under the lock: the files the entry names now
+                clean_entry_locked(layout, key, load_entry(layout, key).manifest, keep_packed=True)
             finally:
                 lock.release()
+    remove_orphan_locks(layout.entries, layout.locks)
     if max_bytes is not None:
         more = evict(cache_dir, max_bytes)
         out.removed += more.removed
@@ -427,17 +399,22 @@ def prune(cache_dir: str | os.PathLike[str], max_bytes: int | None = None) -> Re
         out.busy += [k for k in more.busy if k not in out.busy]
         out.remaining = more.remaining
     else:
-        out.remaining = sum(_dir_bytes(layout.entry_dir(k)) for k in layout.entry_keys())
+        out.remaining = sum(dir_bytes(layout.entry_dir(k)) for k in layout.entry_keys())
     return out
 
 
 def clear(cache_dir: str | os.PathLike[str]) -> Removed:
-    """Remove every entry no other process holds."""
+    """Remove every entry no other process holds (and the lock files of keys without an
+    entry)."""
     layout = CacheLayout(cache_dir)
     out = Removed()
     for key in layout.entry_keys():
-        _try_remove(layout, key, out)
-    out.remaining = sum(_dir_bytes(layout.entry_dir(k)) for k in layout.entry_keys())
+        e = load_entry(layout, key)
+        if _try_remove(layout, e, out) is None and key not in out.busy:
+            # used or remade since it was read: still removed (clear removes every entry)
+            _try_remove(layout, load_entry(layout, key), out)
+    remove_orphan_locks(layout.entries, layout.locks)
+    out.remaining = sum(dir_bytes(layout.entry_dir(k)) for k in layout.entry_keys())
     return out
 
 

@@ -423,8 +423,24 @@ def _make(
         specialized=report.specialized,
         provenance=prov,
     )
-    manifest.publish(layout, src)
+    try:
+        manifest.publish(layout, src, replaced=old is not None)
+    except BaseException:
+        _unpublish(layout, key, names.values(), old is not None)
+        raise
     return artifact_of(layout, manifest, True)
+
+
+def _unpublish(layout: CacheLayout, key: str, names: Iterable[str], had_entry: bool) -> None:
+    """The files a run published, removed when its manifest could not be (a full disk):
+    nothing is left behind. An earlier entry's files were replaced by them, so its
+    manifest (naming those) goes too: the entry is made again by the next call."""
+    import contextlib
+
+    directory = layout.entry_dir(key)
+    for name in (*names, *(("manifest.json",) if had_entry else ())):
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(directory, name))
 
 
 def write_manifest(layout: CacheLayout, key: str, manifest: dict[str, Any], src: str) -> None:

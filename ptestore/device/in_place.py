@@ -4,13 +4,20 @@ coordinator) is imported when an entry is made, never for a hit."""
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigurationError, PteStoreError, StorageError
 from ..storage.types import StorageURL
 from .artifact import Artifact, artifact_of, hit_or_make, lookup
 from .cache import CacheLayout
-from .keys import backend_fingerprint, device_fingerprint, entry_key, source_identity
+from .keys import (
+    backend_fingerprint,
+    device_fingerprint,
+    entry_key,
+    identity_of,
+    source_identity,
+)
 from .manifest import Manifest, is_disk_full
 
 if TYPE_CHECKING:
@@ -72,8 +79,6 @@ def ensure_in_place(
 
 
 def _check_portable(src: str, portable: str) -> None:
-    import os
-
     p = StorageURL.of(portable)
     if p.local and os.path.realpath(p.path) == os.path.realpath(StorageURL.of(src).path):
         raise ConfigurationError(
@@ -103,19 +108,28 @@ def _make(
     from ..coordinator.respecialize import refuse_specialized_output
     from ..storage.loaders import LocalFileLoader
 
-    loader = LocalFileLoader(path)
+    # The file this call rewrites (or adopts), held open: its manifest records the
+    # identity of this very file (fstat), never of whatever the path names afterwards.
     try:
-        refuse_specialized_output(loader, path)  # what its trailer says, first
-    except AlreadySpecialized as exc:
-        record = exc.provenance
-        if record is None or not _adoptable(path, record, current(), device):
-            raise
-        return _publish(layout, key, src, path, current, True)  # made, not yet recorded
+        held = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as exc:
+        raise StorageError(f"{path}: cannot open: {exc.strerror}") from exc
+    try:
+        loader = LocalFileLoader(path)
+        try:
+            refuse_specialized_output(loader, path)  # what its trailer says, first
+        except AlreadySpecialized as exc:
+            record = exc.provenance
+            if record is None or not _adoptable(path, record, current(), device):
+                raise
+            return _publish(layout, key, src, path, current, True, held)  # not yet recorded
+        finally:
+            loader.close()
+        _refuse_recorded_output(layout, key, path, current())  # without a trailer
+        report = _specialize_in_place(path, backends, device, provenance, progress)
+        return _publish(layout, key, src, path, current, report.specialized, held)
     finally:
-        loader.close()
-    _refuse_recorded_output(layout, key, path, current())  # without a trailer
-    report = _specialize_in_place(path, backends, device, provenance, progress)
-    return _publish(layout, key, src, path, current, report.specialized)
+        os.close(held)
 
 
 def _specialize_in_place(
@@ -152,6 +166,7 @@ def _refuse_recorded_output(layout: CacheLayout, key: str, path: str, now: dict[
     without a trailer; refuse to specialize it again."""
     from ..errors import AlreadySpecialized
     from .cache import read_manifest
+    from .keys import as_recorded
     from .manifest import as_json
 
     try:
@@ -161,7 +176,7 @@ def _refuse_recorded_output(layout: CacheLayout, key: str, path: str, now: dict[
     if not old or not old.get("in_place") or not old.get("specialized", True):
         return  # not an in-place entry, or one whose run changed nothing
     was = old.get("fingerprint") or {}
-    want = as_json(now)
+    want = as_recorded(as_json(now), was)  # an older manifest: compared without ctime
     if was.get("source") != want["source"]:
         return  # another file now (a new download): a portable model again
     changed = [
@@ -250,11 +265,29 @@ def _publish(
     path: str,
     current: Callable[[], dict[str, Any]],
     specialized: bool,
+    held: int | None = None,
 ) -> Artifact:
-
+    """Record the entry. ``held``: a descriptor of the file the run rewrote; its
+    identity is taken from it (``fstat``), and a path that names another file by now
+    (replaced by an update meanwhile) is refused: that file was not specialized."""
     from ..provenance import read_provenance
     from ..storage.loaders import LocalFileLoader
 
+    fingerprint = current()
+    if held is not None:
+        st = os.fstat(held)
+        fingerprint["source"] = identity_of(path, st)
+        try:
+            there = os.stat(path)
+        except OSError:
+            there = None
+        if there is None or (there.st_dev, there.st_ino) != (st.st_dev, st.st_ino):
+            now = "gone" if there is None else f"inode {there.st_ino}"
+            raise StorageError(
+                f"{path}: replaced by another file while it was specialized in place (the "
+                f"rewritten file is inode {st.st_ino}, the path now names {now}); the new "
+                "file is not specialized and nothing was recorded: call ensure again"
+            )
     loader = LocalFileLoader(path)
     try:
         prov = read_provenance(loader)
@@ -263,7 +296,7 @@ def _publish(
     manifest = Manifest.of(
         key=key,
         source=path,
-        fingerprint=current(),
+        fingerprint=fingerprint,
         files={},
         specialized=specialized,
         provenance=prov,

@@ -26,7 +26,9 @@ if TYPE_CHECKING:
 __all__ = [
     "backend_fingerprint",
     "device_fingerprint",
+    "as_recorded",
     "entry_key",
+    "identity_of",
     "location",
     "source_identity",
     "spec_text",
@@ -40,9 +42,9 @@ def location(url: str) -> str:
 
 
 def source_identity(url: str) -> dict[str, Any]:
-    """The identity of the object at ``url``: for a local file one ``stat``; for a remote
-    object its size, ETag and version id (one metadata request), or its SHA-256 when the
-    store reports neither."""
+    """The identity of the object at ``url``: for a local file one ``stat``
+    (:func:`identity_of`); for a remote object its size, ETag and version id (one
+    metadata request), or its SHA-256 when the store reports neither."""
     u = StorageURL.of(url)
     if u.local:
         path = u.location
@@ -54,13 +56,7 @@ def source_identity(url: str) -> dict[str, Any]:
             raise StorageError(f"{url}: cannot stat: {exc.strerror}") from exc
         if not stat.S_ISREG(st.st_mode):
             raise ConfigurationError(f"{url}: not a regular file")
-        return {
-            "path": path,
-            "dev": st.st_dev,
-            "ino": st.st_ino,
-            "size": st.st_size,
-            "mtime_ns": st.st_mtime_ns,
-        }
+        return identity_of(path, st)
     from ..storage.loaders import open_loader
 
     loader = open_loader(u)
@@ -76,6 +72,38 @@ def source_identity(url: str) -> dict[str, Any]:
         return ident
     finally:
         loader.close()
+
+
+def identity_of(path: str, st: os.stat_result) -> dict[str, Any]:
+    """A local file's identity from its ``stat`` (or the ``fstat`` of a descriptor held
+    on it): device, inode, size, ``mtime_ns`` and ``ctime_ns``. ``ctime`` is what a
+    same-size rewrite that keeps its timestamps (``cp --preserve=timestamps`` into the
+    same inode, an archive's normalized ``mtime``) still changes: no call sets it back."""
+    return {
+        "path": path,
+        "dev": st.st_dev,
+        "ino": st.st_ino,
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "ctime_ns": st.st_ctime_ns,
+    }
+
+
+def as_recorded(now: Any, recorded: Any) -> Any:
+    """The identity (or fingerprint, with its ``source`` and ``ptd``) ``now`` as an
+    entry recorded before ``ctime_ns`` was part of it would have it: without
+    ``ctime_ns`` where ``recorded`` has none, so such an entry is compared as before
+    (size, inode, ``mtime_ns``) until it is made again."""
+    if not isinstance(now, dict) or not isinstance(recorded, dict):
+        return now
+    if "ino" in now and "ctime_ns" in now and "ctime_ns" not in recorded:
+        return {k: v for k, v in now.items() if k != "ctime_ns"}
+    if "source" in now:
+        out = dict(now)
+        for role in ("source", "ptd"):
+            out[role] = as_recorded(now.get(role), recorded.get(role))
+        return out
+    return now
 
 
 def spec_text(backend: BackendLike) -> str:

@@ -128,12 +128,10 @@ class KeyLock:
         limit, deadline = limited if limited is not None else (None, None)
         tries = 0
         while True:
-            try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            except OSError as exc:
-                raise StorageError(
-                    f"{self.path}: cannot open the cache lock file: {exc.strerror}"
-                ) from exc
+            fd = self._open()
+            if fd is None:  # a read-only cache without this lock file: nothing to hold
+                self._fd = -1
+                return True
             try:
                 fcntl.flock(fd, op)
             except OSError as exc:
@@ -158,6 +156,27 @@ class KeyLock:
                 return True
             os.close(fd)  # removed by its holder while we waited: lock the new one
 
+    def _open(self) -> int | None:
+        """The lock file opened (created where missing, never through a symbolic link).
+        On a read-only file system a shared lock opens it read-only (``flock`` needs no
+        write access), and holds nothing when it is missing: no process can make or
+        remove the entry through a read-only mount, so a hit is served."""
+        flags = os.O_CLOEXEC | os.O_NOFOLLOW
+        try:
+            return os.open(self.path, os.O_RDWR | os.O_CREAT | flags, 0o644)
+        except OSError as exc:
+            error = exc
+        if self.shared and error.errno in (errno.EROFS, errno.EACCES):
+            try:
+                return os.open(self.path, os.O_RDONLY | flags)
+            except FileNotFoundError:
+                if error.errno == errno.EROFS:
+                    return None
+            except OSError:
+                pass
+        why = "it is a symbolic link" if error.errno == errno.ELOOP else error.strerror
+        raise StorageError(f"{self.path}: cannot open the cache lock file: {why}") from error
+
     def _timed_out(self, limit: float | None) -> None:
         pid = holder_pid(self.path)
         who = f"process {pid}" if pid is not None else "another process (pid unknown)"
@@ -171,11 +190,12 @@ class KeyLock:
     def release(self) -> None:
         if self._fd is not None:
             fd, self._fd = self._fd, None
-            os.close(fd)  # closing the only descriptor releases the flock
+            if fd >= 0:  # -1: a read-only cache's missing lock file, nothing held
+                os.close(fd)  # closing the only descriptor releases the flock
 
     def remove(self) -> None:
         """Remove the lock file (only while holding it exclusively), then release."""
-        if self._fd is not None and not self.shared:
+        if self._fd is not None and self._fd >= 0 and not self.shared:
             try:
                 os.unlink(self.path)
             except FileNotFoundError:

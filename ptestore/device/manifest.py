@@ -126,10 +126,11 @@ class Manifest:
             out["choice"] = self.choice
         return out
 
-    def publish(self, layout: CacheLayout, src: str) -> None:
+    def publish(self, layout: CacheLayout, src: str, *, replaced: bool = False) -> None:
         """Publish as entry ``self.key``'s manifest, atomically and durably
         (:func:`~ptestore.storage.atomic.put_bytes`); a full file system raises the
-        cache's disk-full error naming ``src``."""
+        cache's disk-full error naming ``src`` (``replaced``: the files of an earlier
+        entry of the key were replaced, and the caller removes that entry)."""
         from ..storage.atomic import put_bytes
 
         data = json.dumps(self.to_dict(), indent=1, sort_keys=True).encode()
@@ -137,7 +138,9 @@ class Manifest:
             put_bytes(layout.manifest(self.key), data, permissions=0o644)
         except OSError as exc:  # StorageError is one
             if is_disk_full(exc):
-                raise disk_full_error(layout.root, src, len(data), exc) from exc
+                raise disk_full_error(
+                    layout.root, src, len(data), exc, replaced=replaced
+                ) from exc
             raise
 
 
@@ -153,8 +156,11 @@ def is_disk_full(exc: BaseException) -> bool:
     return False
 
 
-def disk_full_error(where: str, src: str, need: int, exc: BaseException) -> StorageError:
-    """The error for a cache whose file system is full, with what to do about it."""
+def disk_full_error(
+    where: str, src: str, need: int, exc: BaseException, *, replaced: bool = False
+) -> StorageError:
+    """The error for a cache whose file system is full, with what to do about it
+    (``replaced``: an earlier entry's files were replaced, and that entry was removed)."""
     try:
         st = os.statvfs(where)
         free = f"{st.f_bavail * st.f_frsize} bytes free"
@@ -162,7 +168,13 @@ def disk_full_error(where: str, src: str, need: int, exc: BaseException) -> Stor
         free = "free space unknown"
     return StorageError(
         f"{where}: no space left on the file system for the specialized copy of {src} "
-        f"(about {need} bytes needed, {free}); the cache and the source are unchanged. "
-        "Free space (`ptestore cache prune --max-bytes N`) or specialize in place "
+        f"(about {need} bytes needed, {free}); "
+        + (
+            "the source is unchanged; the entry's earlier version, whose files this run "
+            "had replaced, was removed (made again by the next call). "
+            if replaced
+            else "the cache and the source are unchanged. "
+        )
+        + "Free space (`ptestore cache prune --max-bytes N`) or specialize in place "
         f"(--in-place): {exc}"
     )

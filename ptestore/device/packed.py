@@ -26,8 +26,10 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from .._dataclass import replace
+from ..errors import StorageError
 from .artifact import Artifact
 from .cache import CacheLayout, file_stamp, packed_weights_file
+from .entryfiles import MAX_MANIFEST_BYTES, read_regular
 
 if TYPE_CHECKING:
     from ..xnnpack import CacheFile
@@ -51,13 +53,12 @@ def _digests(directory: str, artifact: Artifact, compute: bool) -> tuple[str, st
     except FileNotFoundError:  # the entry went (evicted): none here
         return None
     record_path = os.path.join(directory, DIGESTS_NAME)
-    try:
-        with open(record_path, encoding="utf-8") as f:
-            record = json.load(f)
+    try:  # not blocking on a FIFO, not through a link, not too deep to parse
+        record = json.loads(read_regular(record_path, MAX_MANIFEST_BYTES, "digest record"))
         if isinstance(record, dict) and record.get("stamps") == stamps:
             digests = record["sha256"]
             return digests["pte"], digests.get("ptd")
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, StorageError, ValueError, RecursionError, KeyError, TypeError):
         pass
     if not compute:
         return None
@@ -176,7 +177,7 @@ def with_packed_weights(
     the fleet's index it was fetched from (``storage_options`` for its store: see
     :func:`.indexed.packed_from_index`) or made now; or, refused by the runtime, with the
     reason (``xnnpack_refused``). ``xnnpack_from`` says which."""
-    from ..errors import PackedWeightsRefused, StorageError
+    from ..errors import PackedWeightsRefused
 
     directory = layout.entry_dir(artifact.key)
     with layout.lock(artifact.key, shared=True):

@@ -31,7 +31,7 @@ from .._dataclass import dataclass, field
 from ..errors import ConfigurationError, ObjectNotFound, PteStoreError
 from ..storage.types import StorageURL
 from .cache import CacheLayout, load_entry, read_manifest, remove_entry_locked
-from .keys import source_identity
+from .keys import as_recorded, source_identity
 from .manifest import as_json
 
 __all__ = ["StaleEntry", "StaleResult", "prune_stale", "why_stale"]
@@ -110,11 +110,12 @@ def _identity_changed(role: str, where: str, recorded: Any) -> str | None:
         return f"its {role} {where} is unusable: {exc}"  # no longer a regular file
     except PteStoreError as exc:
         raise _Unknown(f"its {role} {where} could not be checked: {exc}") from exc
-    if as_json(now) != recorded:
+    now = as_recorded(as_json(now), recorded)  # an older manifest: without ctime
+    if now != recorded:
         changed = sorted(
             k
             for k in set(now) | set(recorded if isinstance(recorded, dict) else {})
-            if not isinstance(recorded, dict) or as_json(now.get(k)) != recorded.get(k)
+            if not isinstance(recorded, dict) or now.get(k) != recorded.get(k)
         )
         return f"its {role} {where} changed ({', '.join(changed)})"
     return None

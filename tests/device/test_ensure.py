@@ -64,13 +64,15 @@ def test_first_call_specializes_later_calls_hit_without_reading_the_source(
     assert a.provenance.source.sha256 == tree(Path(src).read_bytes())
     assert a.provenance.requested[0].spec == SPEC
     made = Path(a.pte).read_bytes()
-    # Overwrite the source with garbage of the same size, same inode, same mtime: a hit
-    # trusts the identity and never reads the bytes (it would fail to parse them).
-    st = os.stat(src)
-    with open(src, "r+b") as f:
-        f.write(b"\xff" * st.st_size)
-    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns))
-    b = ptestore.ensure(src, cache_dir=cache, backends=[SPEC], device=DEVICE)
+    # A hit trusts the identity and never reads the bytes: no loader is opened.
+    from ptestore.storage.loaders import LocalFileLoader
+
+    def no_read(self: object, path: object, *args: object, **kw: object) -> None:
+        raise AssertionError(f"a hit read {path}")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(LocalFileLoader, "__init__", no_read)
+        b = ptestore.ensure(src, cache_dir=cache, backends=[SPEC], device=DEVICE)
     assert not b.created and b.pte == a.pte and ncalls(calls) == 1
     assert b.provenance == a.provenance and Path(b.pte).read_bytes() == made
 

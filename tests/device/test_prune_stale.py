@@ -55,7 +55,7 @@ def test_stale_copies_are_removed_current_ones_kept_and_a_dry_run_removes_nothin
     assert {e.action for e in dry.entries} == {"would remove"}
     assert by_key[gone].reason == f"its source {tmp_path / 'gone.pte'} is gone"
     assert by_key[changed].reason == (
-        f"its source {tmp_path / 'changed.pte'} changed (mtime_ns, size)"
+        f"its source {tmp_path / 'changed.pte'} changed (ctime_ns, mtime_ns, size)"
     )
     assert by_key[gone].bytes > 0
     assert len(list_entries(cache)) == 3  # nothing removed

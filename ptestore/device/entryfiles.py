@@ -1,0 +1,225 @@
+"""The files of a cache entry as the cache reads and checks them: the manifest (read
+without blocking and never through a link), the stamps of the entry's files, which names
+under ``entries/`` are entries at all, and what an entry's directory holds.
+
+An entry is a real directory (never a symbolic link) whose name is a key (32 lowercase
+hex digits, :func:`~ptestore.device.keys.entry_key`); anything else under ``entries/``
+(a stray file, a link to elsewhere) is not an entry: listed by nothing, never cleaned or
+removed through. :mod:`.cache` re-exports what it always offered from here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import stat
+from collections.abc import Iterator
+from typing import Any
+
+from ..errors import FormatError, PermissionDenied, StorageError
+from .private import SHARED_WRITE, check_private
+
+__all__ = [
+    "MANIFEST",
+    "MANIFEST_FORMAT",
+    "MANIFEST_VERSION",
+    "MAX_MANIFEST_BYTES",
+    "check_entry_dir",
+    "dir_bytes",
+    "entry_dir_fd",
+    "file_stamp",
+    "files_intact",
+    "is_key",
+    "packed_weights_file",
+    "read_manifest",
+    "read_regular",
+]
+
+MANIFEST = "manifest.json"
+MANIFEST_FORMAT = "ptestore.cache-entry"
+MANIFEST_VERSION = 1
+#: A manifest larger than this is not one of ours.
+MAX_MANIFEST_BYTES = 1 << 20
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def is_key(name: str) -> bool:
+    """Whether ``name`` has the form of a cache key (32 lowercase hex digits)."""
+    return len(name) == 32 and set(name) <= _HEX
+
+
+def read_regular(path: str, limit: int, what: str, *, private: bool = False) -> bytes:
+    """At most ``limit + 1`` bytes of the regular file ``path``: opened without blocking
+    and never through a symbolic link (a FIFO planted there would hang the reader), so
+    anything but a regular file is a :class:`StorageError` naming it (``what``: "cache
+    manifest"); with ``private``, the file must be this user's alone
+    (:func:`check_private`). :class:`FileNotFoundError` when there is none."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        why = "it is a symbolic link" if exc.errno == errno.ELOOP else exc.strerror
+        raise StorageError(f"{path}: cannot read the {what}: {why}") from exc
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise StorageError(
+                f"{path}: the {what} is not a regular file ({stat.filemode(st.st_mode)})"
+            )
+        if private:
+            check_private(path, f"{what}", st)
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read(limit + 1)
+    except (PermissionDenied, StorageError):
+        raise
+    except OSError as exc:
+        raise StorageError(f"{path}: cannot read the {what}: {exc.strerror}") from exc
+    finally:
+        os.close(fd)
+
+
+def read_manifest(path: str, *, private: bool = False) -> dict[str, Any] | None:
+    """The manifest at ``path``; None when there is none. One ``open`` (non-blocking,
+    not through a link), one ``fstat`` and one read (with ``private``, the manifest must
+    be this user's alone: :func:`check_private`).
+
+    Raises :class:`FormatError` for a file that is not a cache manifest (JSON nested too
+    deeply to read included), :class:`StorageError` for one that cannot be read or is not
+    a regular file."""
+    try:
+        raw = read_regular(path, MAX_MANIFEST_BYTES, "cache entry's manifest", private=private)
+    except FileNotFoundError:
+        return None
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise FormatError(path, "manifest size", len(raw), f"at most {MAX_MANIFEST_BYTES} bytes")
+    try:
+        data = json.loads(raw)
+    except RecursionError as exc:  # "[[[[..." under the size cap
+        raise FormatError(
+            path, "manifest", raw[:40], "JSON (it is nested too deeply to read)"
+        ) from exc
+    except ValueError as exc:
+        raise FormatError(path, "manifest", raw[:40], f"JSON ({exc})") from exc
+    if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
+        got = data.get("format") if isinstance(data, dict) else type(data).__name__
+        raise FormatError(path, "manifest format", got, repr(MANIFEST_FORMAT))
+    if data.get("version") != MANIFEST_VERSION:
+        raise FormatError(path, "manifest version", data.get("version"), str(MANIFEST_VERSION))
+    return data
+
+
+def check_entry_dir(directory: str) -> None:
+    """Refuse an entry path that is not a real directory (a symbolic link to elsewhere,
+    a file): the cache would read, clean and remove through it. Then
+    :func:`check_private`. A missing path is not checked."""
+    try:
+        st = os.lstat(directory)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise StorageError(f"{directory}: cannot stat the cache entry: {exc.strerror}") from exc
+    if not stat.S_ISDIR(st.st_mode):
+        kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else stat.filemode(st.st_mode)
+        raise PermissionDenied(
+            f"{directory}: the cache entry is {kind}, not a directory: ensure would read, "
+            "clean and remove files through it; ptestore uses only entry directories it "
+            f"made. Fix: rm {directory} (or use another --cache-dir)"
+        )
+    check_private(directory, "cache entry", st)
+
+
+@contextlib.contextmanager
+def entry_dir_fd(directory: str) -> Iterator[int | None]:
+    """A descriptor of the entry's directory, opened never through a link (None when it
+    is missing or not a real directory: not an entry); its names are then worked on
+    relative to it (``dir_fd=``), so nothing outside the entry is touched."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:  # missing, a link (ELOOP), a file (ENOTDIR): not an entry
+        yield None
+        return
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _stamp_of(st: os.stat_result) -> dict[str, int]:
+    return {
+        "size": st.st_size,
+        "ino": st.st_ino,
+        "mtime_ns": st.st_mtime_ns,
+        "ctime_ns": st.st_ctime_ns,
+    }
+
+
+def file_stamp(path: str) -> dict[str, int]:
+    """What an entry's manifest records of one of its files: size, inode, ``mtime_ns``
+    and ``ctime_ns`` (one ``stat``)."""
+    return _stamp_of(os.stat(path))
+
+
+#: What manifests recorded of a file before ``ctime_ns``.
+_OLD_STAMP = ("size", "ino", "mtime_ns")
+
+
+def files_intact(directory: str, manifest: dict[str, Any]) -> bool:
+    """Whether every file the manifest names is there as recorded (one ``lstat`` each: a
+    regular file, not a link), owned by this user (or root) and not writable by group or
+    others. A manifest written before ``ctime_ns`` was recorded is compared without it."""
+    files = manifest.get("files")
+    if not isinstance(files, dict) or "pte" not in files:
+        return False
+    me = os.geteuid()
+    for rec in files.values():
+        if not isinstance(rec, dict) or not isinstance(rec.get("name"), str):
+            return False
+        name = rec["name"]
+        if os.sep in name or name.startswith("."):
+            return False
+        try:
+            st = os.lstat(os.path.join(directory, name))
+        except OSError:
+            return False
+        if not stat.S_ISREG(st.st_mode):
+            return False
+        if st.st_uid not in (me, 0) or st.st_mode & SHARED_WRITE:
+            return False
+        now = _stamp_of(st)
+        keys = ("size", "ino", "mtime_ns", "ctime_ns") if "ctime_ns" in rec else _OLD_STAMP
+        if any(now[k] != rec.get(k) for k in keys):
+            return False
+    return True
+
+
+def dir_bytes(directory: str) -> int:
+    """The bytes of the regular files under ``directory`` (subdirectories included, links
+    not followed): what an entry holds against ``max_bytes``."""
+    try:
+        if not stat.S_ISDIR(os.lstat(directory).st_mode):
+            return 0
+    except OSError:
+        return 0
+    total = 0
+    for root, _dirs, files in os.walk(directory, followlinks=False):
+        for name in files:
+            try:
+                st = os.lstat(os.path.join(root, name))
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                total += st.st_size
+    return total
+
+
+def packed_weights_file(name: str) -> bool:
+    """Whether ``name`` is one of the XNNPACK packed-weight files ``ensure(...,
+    xnnpack_cache=True)`` keeps beside an entry (:mod:`.packed`)."""
+    return name == "xnnpack.json" or (
+        name.startswith("xnnpack-")
+        and name.endswith((".xpwc", ".xpwc.json", ".xpwc.lock", ".refused.json"))
+    )

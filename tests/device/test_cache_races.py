@@ -1,0 +1,247 @@
+"""The cache against what happens between two of its steps, each reproduced
+deterministically by a hook: an entry made or used between prune's or eviction's
+judgment and its lock; a model replaced right after its in-place rewrite; a same-size
+update that keeps its timestamps; a full disk at the manifest; lock files of keys
+without an entry, removed while another process opened one."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.fixtures import copy_pte
+
+import ptestore
+import ptestore.coordinator.inplace as inplace
+import ptestore.storage.atomic as atomic
+from ptestore.backends.compat import DeviceProfile
+from ptestore.device import cache, clear, evict, list_entries, prune
+from ptestore.device.cache import CacheLayout
+from ptestore.device.keys import entry_key
+from ptestore.device.lock import KeyLock
+from ptestore.device.stale import prune_stale
+from ptestore.errors import StorageError
+
+SPEC = "support.counting_backend:Counting=1.0"
+DEVICE = DeviceProfile("phone", {"scale": 2.0, "soc": "sm8650"})
+
+
+@pytest.fixture(autouse=True)
+def _no_hold(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PTESTORE_TEST_HOLD", raising=False)
+
+
+def _ensure(src: Path, cache_dir: Path, **kw: Any) -> ptestore.device.Artifact:
+    return ptestore.ensure(src, cache_dir=cache_dir, backends=[SPEC], device=DEVICE, **kw)
+
+
+def _after_first_judgment(monkeypatch: pytest.MonkeyPatch, key: str, action: Any) -> None:
+    """``action()`` runs right after the first ``load_entry`` of ``key`` (the listing's
+    judgment), before prune or evict takes the key's lock."""
+    orig = cache.load_entry
+    done = []
+
+    def judged(layout: CacheLayout, k: str) -> cache.CacheEntry:
+        entry = orig(layout, k)
+        if k == key and not done:
+            done.append(entry.state)
+            action()
+        return entry
+
+    monkeypatch.setattr(cache, "load_entry", judged)
+
+
+def test_prune_keeps_an_entry_made_after_it_was_judged_incomplete(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = copy_pte(tmp_path / "m.pte")
+    cache_dir = tmp_path / "cache"
+    layout = CacheLayout(cache_dir)
+    layout.create()
+    key = entry_key(str(src), None, [SPEC], DEVICE, False, True)
+    Path(layout.make_entry_dir(key), ".model.pte.staging").write_bytes(b"left by a killed run")
+    made: list[ptestore.device.Artifact] = []
+    _after_first_judgment(monkeypatch, key, lambda: made.append(_ensure(src, cache_dir)))
+    done = prune(cache_dir)
+    assert done.removed == [] and made and made[0].created
+    assert Path(made[0].pte).is_file()
+    (entry,) = list_entries(cache_dir)
+    assert entry.state == "ready"
+
+
+def test_evict_keeps_an_entry_used_after_the_listing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    one, two = copy_pte(tmp_path / "one.pte"), copy_pte(tmp_path / "two.pte")
+    cache_dir = tmp_path / "cache"
+    a, b = _ensure(one, cache_dir), _ensure(two, cache_dir)
+    old = 1_000_000_000
+    os.utime(Path(a.pte).parent / "manifest.json", (old, old))  # a: least recently used
+    _after_first_judgment(monkeypatch, a.key, lambda: _ensure(one, cache_dir))  # a hit
+    done = evict(cache_dir, os.path.getsize(a.pte) + 4096)
+    assert done.removed == [b.key]  # a was used since: b is now the least recent
+    assert Path(a.pte).is_file() and not Path(b.pte).exists()
+
+
+def test_an_in_place_file_replaced_after_its_rewrite_is_not_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = copy_pte(tmp_path / "m.pte")
+    cache_dir = tmp_path / "cache"
+    portable = src.read_bytes()
+    orig = inplace.specialize_in_place
+
+    def then_updated(path: Any, **kw: Any) -> Any:
+        report = orig(path, **kw)
+        rewritten = os.stat(path).st_ino
+        tmp = Path(str(path) + ".download")
+        tmp.write_bytes(portable)
+        os.replace(tmp, path)  # an app update lands right after the rewrite
+        then_updated.inodes = (rewritten, os.stat(path).st_ino)  # type: ignore[attr-defined]
+        return report
+
+    monkeypatch.setattr(inplace, "specialize_in_place", then_updated)
+    with pytest.raises(StorageError) as err:
+        _ensure(src, cache_dir, in_place=True)
+    rewritten, now = then_updated.inodes  # type: ignore[attr-defined]
+    assert str(err.value) == (
+        f"{src}: replaced by another file while it was specialized in place (the rewritten "
+        f"file is inode {rewritten}, the path now names inode {now}); the new file is not "
+        "specialized and nothing was recorded: call ensure again"
+    )
+    monkeypatch.setattr(inplace, "specialize_in_place", orig)
+    again = _ensure(src, cache_dir, in_place=True)
+    assert again.created and again.specialized and src.read_bytes() != portable
+
+
+def test_a_same_size_update_keeping_its_timestamps_is_made_again(tmp_path: Path) -> None:
+    src = copy_pte(tmp_path / "model.pte")
+    data = bytearray(src.read_bytes())
+    data[-1] ^= 1  # v2: another byte, the same size
+    v2 = tmp_path / "v2.pte"
+    v2.write_bytes(bytes(data))
+    t = 315532800 * 10**9  # 1980-01-01, as an archive restores it
+    os.utime(src, ns=(t, t))
+    os.utime(v2, ns=(t, t))
+    cache_dir = tmp_path / "cache"
+    a = _ensure(src, cache_dir)
+    subprocess.run(["cp", "--preserve=timestamps", str(v2), str(src)], check=True)
+    assert (os.stat(src).st_mtime_ns, os.stat(src).st_size) == (t, len(data))
+    (stale,) = prune_stale(cache_dir, dry_run=True).entries
+    assert stale.reason == f"its source {src} changed (ctime_ns)"
+    b = _ensure(src, cache_dir)
+    assert b.created and b.provenance.source.sha256 != a.provenance.source.sha256
+
+
+def test_a_manifest_recorded_without_ctime_is_compared_as_before(tmp_path: Path) -> None:
+    src = copy_pte(tmp_path / "m.pte")
+    cache_dir = tmp_path / "cache"
+    a = _ensure(src, cache_dir)
+    man = Path(a.pte).parent / "manifest.json"
+    data = json.loads(man.read_text())
+    del data["fingerprint"]["source"]["ctime_ns"]  # as an older ptestore wrote it
+    man.write_text(json.dumps(data))
+    os.chmod(src, 0o600)  # changes ctime only
+    hit = _ensure(src, cache_dir)
+    assert not hit.created and hit.pte == a.pte
+    assert prune_stale(cache_dir, dry_run=True).current == 1
+
+
+@pytest.mark.parametrize("earlier", [False, True])
+def test_a_full_disk_at_the_manifest_leaves_nothing_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, earlier: bool
+) -> None:
+    src = copy_pte(tmp_path / "m.pte")
+    cache_dir = tmp_path / "cache"
+    if earlier:
+        _ensure(src, cache_dir)
+        st = os.stat(src)
+        os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # a new version
+    orig = atomic.put_bytes
+
+    def full(path: Any, *args: Any, **kw: Any) -> Any:
+        if str(path).endswith("manifest.json"):
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return orig(path, *args, **kw)
+
+    monkeypatch.setattr(atomic, "put_bytes", full)
+    with pytest.raises(StorageError) as err:
+        _ensure(src, cache_dir)
+    said = (
+        "the source is unchanged; the entry's earlier version, whose files this run had "
+        "replaced, was removed (made again by the next call)."
+        if earlier
+        else "the cache and the source are unchanged."
+    )
+    assert said in str(err.value)
+    assert str(err.value).startswith(f"{cache_dir}: no space left on the file system")
+    (entry,) = os.listdir(cache_dir / "entries")
+    assert os.listdir(cache_dir / "entries" / entry) == []
+
+
+def _orphan(cache_dir: Path, src: Path) -> Path:
+    """A lock file with no entry, as an ensure that failed before its entry leaves."""
+    key = entry_key(str(src), None, [SPEC], DEVICE, True, True)
+    lock = CacheLayout(cache_dir).lock(key)
+    with lock:
+        pass
+    return Path(lock.path)
+
+
+def test_prune_and_clear_remove_lock_files_without_an_entry(tmp_path: Path) -> None:
+    cache_dir = tmp_path / "cache"
+    a = _ensure(copy_pte(tmp_path / "kept.pte"), cache_dir)
+    CacheLayout(cache_dir).create()
+    orphans = [_orphan(cache_dir, copy_pte(tmp_path / f"m{i}.pte")) for i in range(3)]
+    held = KeyLock(str(orphans[0]), blocking=False)
+    assert held.acquire()  # an ensure of that key running now
+    (cache_dir / "locks" / "not-a-key.lock").write_text("")
+    prune(cache_dir)
+    left = sorted(os.listdir(cache_dir / "locks"))
+    assert left == sorted([f"{a.key}.lock", orphans[0].name, "not-a-key.lock"])
+    held.release()
+    clear(cache_dir)
+    assert sorted(os.listdir(cache_dir / "locks")) == ["not-a-key.lock"]
+
+
+def test_a_waiter_on_a_removed_orphan_lock_locks_the_file_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An ensure opened the lock file; prune removes it before the ensure's ``flock``:
+    the ensure then finds the path gone and locks a new file there, so it never holds
+    a lock file no one else can find."""
+    cache_dir = tmp_path / "cache"
+    CacheLayout(cache_dir).create()
+    path = _orphan(cache_dir, copy_pte(tmp_path / "m.pte"))
+    import ptestore.device.lock as lockmod
+    from ptestore.device.orphans import remove_orphan_locks
+
+    real = lockmod.fcntl
+    removed: list[list[str]] = []
+
+    class Hooked:
+        LOCK_SH, LOCK_EX, LOCK_NB = real.LOCK_SH, real.LOCK_EX, real.LOCK_NB
+
+        @staticmethod
+        def flock(fd: int, op: int) -> None:
+            if not removed:  # the waiter's first flock: its file opened, not yet locked
+                removed.append([])  # (prune's own flock below is not hooked)
+                removed[0] += remove_orphan_locks(
+                    str(cache_dir / "entries"), str(cache_dir / "locks")
+                )
+            real.flock(fd, op)
+
+    monkeypatch.setattr(lockmod, "fcntl", Hooked)
+    waiter = KeyLock(str(path))
+    assert waiter.acquire()
+    try:
+        assert removed == [[path.name[: -len(".lock")]]]
+        assert path.is_file()  # locked anew at the path:
+        assert not KeyLock(str(path), blocking=False).acquire()  # others see it held
+    finally:
+        waiter.release()
