@@ -32,13 +32,13 @@ from typing import Any
 from .._dataclass import dataclass
 from .._io import pwrite_all
 from .._log import get_logger
-from ..errors import IntegrityError
+from ..errors import IntegrityError, PteStoreError
 from ..provenance.chunks import ChunkDigests, hash_chunks
 from ..storage.atomic import put_bytes, sync_file
 from ..storage.loaders import LocalFileLoader
 from .bases import CONTAINERS, Layouts, fill_from_bases
 from .delta import Base
-from .download import open_part, read_state
+from .download import download_error, open_part, read_state
 from .ranged import PinnedReader
 
 __all__ = ["FetchEvent", "Sink", "download_chunks"]
@@ -299,6 +299,10 @@ def download_chunks(
                 f"{url}: the download is {os.fstat(fd).st_size} bytes, the object {size}",
                 published=False,
             )
+    except PteStoreError:
+        raise
+    except OSError as exc:  # a full disk, an I/O error: what is verified is kept
+        raise download_error(exc, part, url) from exc
     finally:
         os.close(fd)
         if refused and verified == 0:  # nothing worth keeping for the next attempt

@@ -62,7 +62,7 @@ from ..storage.routing import options_for_loader
 from ..storage.types import StorageURL
 from .chunked import FetchEvent, Sink, download_chunks, pinned_record
 from .delta import Base, open_bases
-from .download import check_space, discard_part, refuse_link
+from .download import check_space, discard_part, local_writes, refuse_link
 from .job import ptd_beside
 from .ranged import PinnedReader, pinned_attempts
 from .select import Choice, select
@@ -195,7 +195,8 @@ def _download(
         got["sha256"] = record.sha256
         return got
 
-    return pinned_attempts(url, options, dest, run)
+    with local_writes(part, url):  # a full disk is a StorageError, never a raw OSError
+        return pinned_attempts(url, options, dest, run)
 
 
 def _publish(got: dict[str, Any]) -> None:
