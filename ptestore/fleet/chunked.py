@@ -4,8 +4,8 @@ An artifact whose provenance trailer records chunk digests (record version 2: a
 SHA-256 per 4 MiB chunk of the content and a root, :mod:`ptestore.provenance.chunks`)
 is checked **chunk by chunk as it arrives**, against that record. The record comes from
 the trailer, read first with a ranged GET of the object's tail and pinned by the
-index's ``trailer_sha256`` and ``size`` (:mod:`.fetch`), so nothing here depends on
-which content digest the index names.
+index's ``trailer_sha256`` and ``size`` (:mod:`.fetch`); the content digest the index
+names must be the one that record names.
 
 - Chunks a local *base* holds (:mod:`.delta`) are cloned or copied into ``DEST.part``
   and checked there; the others come from the store in ranged GETs, consecutive chunks
@@ -374,8 +374,8 @@ class Record:
 def pinned_record(want: dict[str, Any], size: int, reader: PinnedReader) -> Record | None:
     """The chunk record of the object ``want`` (an index file entry) names, read from its
     trailer (a ranged GET of its tail, pinned to its version) and checked against the
-    entry's ``size`` and ``trailer_sha256`` before any content byte is downloaded; None
-    when the entry pins no trailer or the record has no chunk digests (a version-1
+    entry's ``size``, ``trailer_sha256`` and ``sha256`` before any content byte is
+    downloaded; None when the entry pins no trailer or the record has no chunk digests (a version-1
     record: the file is checked whole). A trailer the entry does not name is an
     :class:`~ptestore.errors.IntegrityError`."""
     from ..errors import FormatError
@@ -405,5 +405,11 @@ def pinned_record(want: dict[str, Any], size: int, reader: PinnedReader) -> Reco
         raise IntegrityError(f"{url}: {exc}", published=False) from exc
     if content is None or content.chunks is None or content.size != trailer.content_size:
         return None
+    if want.get("sha256") not in (content.sha256, content.chunks.digest):
+        raise IntegrityError(  # the entry names other bytes than its pinned trailer does
+            f"{url}: the record in its trailer (the one the index pins) names its bytes "
+            f"{content.sha256}, the index names {want.get('sha256')}",
+            published=False,
+        )
     first = tail.reads[0] if tail.reads else (size, b"")
     return Record(trailer.raw(), content.chunks, content.sha256, first[0], first[1])
