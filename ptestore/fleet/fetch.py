@@ -277,6 +277,12 @@ def fetch(
     target = os.fspath(dest)
     if not StorageURL.of(target).local:
         raise ConfigurationError(f"{target}: fetch writes to local disk, not to a URL")
+    if target.endswith(".ptd"):
+        raise ConfigurationError(
+            f"{target}: fetch writes the .pte to DEST (its .ptd, when it has one, beside "
+            "it): a DEST ending in .ptd would name the .pte as external weights; give the "
+            ".pte's path"
+        )
     if chunk_size < 1:
         raise ConfigurationError(f"chunk_size must be >= 1, got {chunk_size}")
     opts = dict(storage_options or {})

@@ -356,3 +356,24 @@ def test_a_part_that_does_not_end_where_the_object_does_restarts(
     result = ptestore.fetch(pte, dest2, chunk_size=256)
     assert next(f for f in result.files if f["path"] == str(dest2))["resumed_from"] == size
     assert dest2.read_bytes() == pte.read_bytes()
+
+
+def test_a_destination_named_like_a_ptd_is_refused_before_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """DEST is the .pte's path: one ending in .ptd is refused up front (a
+    ``ConfigurationError``, exit 2), not after the whole download."""
+    from ptestore.errors import ConfigurationError
+
+    pte, _ = _pair(tmp_path, "a", 2.0)
+    dest = tmp_path / "dev" / "model.ptd"
+    message = (
+        f"{dest}: fetch writes the .pte to DEST (its .ptd, when it has one, beside it): a "
+        "DEST ending in .ptd would name the .pte as external weights; give the .pte's path"
+    )
+    with pytest.raises(ConfigurationError) as info:
+        ptestore.fetch(pte, dest)
+    assert str(info.value) == message
+    assert not dest.parent.exists()  # nothing made, nothing downloaded
+    assert main(["fetch", str(pte), str(dest)]) == 2
+    assert message in capsys.readouterr().err
