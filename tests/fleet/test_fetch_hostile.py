@@ -358,6 +358,47 @@ def test_a_part_that_does_not_end_where_the_object_does_restarts(
     assert dest2.read_bytes() == pte.read_bytes()
 
 
+def test_a_part_damaged_before_the_bytes_compared_is_downloaded_again(
+    tmp_path: Path, big: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A file checked whole resumes after comparing only the ``.part``'s last bytes: one
+    damaged earlier fails the check, and is downloaded once more from the start (named
+    in a warning) instead of being refused as a damaged object."""
+    import hashlib
+    import logging
+
+    data = big.read_bytes()  # as a version-1 record (no chunk digests): checked whole
+    trailer = read_trailer(BytesLoader(data))
+    assert trailer is not None
+    content, record = data[: trailer.content_size], trailer.record()
+    record["version"] = 1
+    record["content"] = {
+        "size": len(content),
+        "sha256": "sha256:" + hashlib.sha256(content).hexdigest(),
+        "crc32": record["content"]["crc32"],
+    }
+    record["source"].pop("chunks", None)
+    pte = tmp_path / "v1.pte"
+    pte.write_bytes(content + encode_trailer(record, len(content)))
+    dest = tmp_path / "dev" / "m.pte"
+    _interrupted(str(pte), dest)
+    part = Path(str(dest) + ".part")
+    resumed = part.stat().st_size
+    data = bytearray(part.read_bytes())
+    data[10] ^= 1  # bit rot, a torn write: far before the last 64 KiB
+    part.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING, "ptestore.fleet.whole"):
+        result = ptestore.fetch(pte, dest, chunk_size=256)
+    got = next(f for f in result.files if f["path"] == str(dest))
+    assert (got["resumed_from"], got["verified"]) == (0, "whole")
+    assert dest.read_bytes() == pte.read_bytes()
+    assert any(
+        m.startswith(f"{part}: the download resumed after {resumed} bytes does not check (")
+        and m.endswith("downloading it again from the start")
+        for m in caplog.messages
+    )
+
+
 def test_a_destination_named_like_a_ptd_is_refused_before_anything(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
