@@ -199,3 +199,27 @@ def test_ensure_index_on_a_full_disk_serves_the_entry_it_has(
         assert got.pte == first.pte and got.choice is not None
         assert "not enough free space to fetch" in got.choice["offline"]
         assert "nothing was downloaded" in got.choice["offline"]
+
+
+def test_a_clone_the_kernel_refuses_oddly_is_a_storage_error(
+    versions: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reflink clone of a base's range failing with an errno that does not mean "copy
+    instead" (EIO, ENOSPC from the ioctl) is a ``StorageError`` naming the ``.part`` and
+    the errno, never a raw ``OSError``."""
+    from ptestore.writers import _clone
+
+    def fails(*args: object) -> bool:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(_clone, "probe_clone_block_size", lambda *args: 4096)
+    monkeypatch.setattr(_clone, "clone_range", fails)
+    a, b = versions
+    dest = tmp_path / "m.pte"
+    with pytest.raises(StorageError) as info:
+        ptestore.fetch(b, dest, base=a)
+    assert info.value.errno == errno.EIO
+    assert str(info.value) == (
+        f"{dest}.part: the download of {b} stopped: Input/output error (EIO); a fetch run "
+        "again resumes it"
+    )
