@@ -207,6 +207,7 @@ def fetch_entry(
             device=device,
             storage_options=opts,
             base=bases,
+            require_base=False,  # another process may evict an entry meanwhile
             events=None if progress is None else _fetch_events(progress),
         )
     except PartialPublish as exc:

@@ -29,7 +29,8 @@ record alone:
 A stored checksum that differs from the prediction is a mismatch when S3 says which
 kind it is (``ChecksumType``, or the ``-N`` of a composite on parts S3 listed);
 otherwise (a server that names no type, a part grid inferred from part 1) the bytes are
-read to decide. The CRCs catch damage and any rewrite by ordinary tools; they are no
+read to decide, as is a stored value that is not the algorithm's (malformed: it proves
+nothing either way). The CRCs catch damage and any rewrite by ordinary tools; they are no
 defence against someone who can write the bucket and forges a matching CRC on purpose
 (``ptestore verify`` compares the SHA-256 with a full read).
 """
@@ -86,6 +87,8 @@ def trust_by_head(loader: DataLoader, expected: ExpectedChecksums) -> HeadVerdic
     if obj.size != expected.size:
         return verdict(False, f"{loader.name} has {obj.size} bytes, not {expected.size}")
     algorithm = stored.algorithm
+    if decode(algorithm, stored.value) is None:  # proves nothing either way: read
+        return verdict(None, f"the stored {algorithm} {stored.value!r} is malformed")
     if not stored.composite:
         want = expected.full(algorithm)
         if want is not None and encode(algorithm, want) == stored.value:

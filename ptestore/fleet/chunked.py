@@ -4,8 +4,8 @@ An artifact whose provenance trailer records chunk digests (record version 2: a
 SHA-256 per 4 MiB chunk of the content and a root, :mod:`ptestore.provenance.chunks`)
 is checked **chunk by chunk as it arrives**, against that record. The record comes from
 the trailer, read first with a ranged GET of the object's tail and pinned by the
-index's ``trailer_sha256`` and ``size`` (:mod:`.fetch`), so nothing here depends on
-which content digest the index names.
+index's ``trailer_sha256`` and ``size`` (:mod:`.fetch`); the content digest the index
+names must be the one that record names.
 
 - Chunks a local *base* holds (:mod:`.delta`) are cloned or copied into ``DEST.part``
   and checked there; the others come from the store in ranged GETs, consecutive chunks
@@ -32,13 +32,13 @@ from typing import Any
 from .._dataclass import dataclass
 from .._io import pwrite_all
 from .._log import get_logger
-from ..errors import IntegrityError
+from ..errors import IntegrityError, PteStoreError
 from ..provenance.chunks import ChunkDigests, hash_chunks
 from ..storage.atomic import put_bytes, sync_file
 from ..storage.loaders import LocalFileLoader
 from .bases import CONTAINERS, Layouts, fill_from_bases
 from .delta import Base
-from .download import open_part, read_state
+from .download import download_error, open_part, read_state
 from .ranged import PinnedReader
 
 __all__ = ["FetchEvent", "Sink", "download_chunks"]
@@ -299,6 +299,10 @@ def download_chunks(
                 f"{url}: the download is {os.fstat(fd).st_size} bytes, the object {size}",
                 published=False,
             )
+    except PteStoreError:
+        raise
+    except OSError as exc:  # a full disk, an I/O error: what is verified is kept
+        raise download_error(exc, part, url) from exc
     finally:
         os.close(fd)
         if refused and verified == 0:  # nothing worth keeping for the next attempt
@@ -370,11 +374,11 @@ class Record:
 def pinned_record(want: dict[str, Any], size: int, reader: PinnedReader) -> Record | None:
     """The chunk record of the object ``want`` (an index file entry) names, read from its
     trailer (a ranged GET of its tail, pinned to its version) and checked against the
-    entry's ``size`` and ``trailer_sha256`` before any content byte is downloaded; None
-    when the entry pins no trailer or the record has no chunk digests (a version-1
-    record: the file is checked whole). A trailer the entry does not name, or whose
-    record is invalid or claims other bytes than precede it (its ``content.size``), is
-    an :class:`~ptestore.errors.IntegrityError`."""
+    entry's ``size``, ``trailer_sha256`` and ``sha256`` before any content byte is
+    downloaded; None when the entry pins no trailer or the record has no chunk digests
+    (a version-1 record: the file is checked whole). A trailer the entry does not name,
+    or whose record is invalid or claims other bytes than precede it (its
+    ``content.size``), is an :class:`~ptestore.errors.IntegrityError`."""
     from ..errors import FormatError
     from ..provenance.record import Provenance
     from ..provenance.trailer import read_trailer
@@ -402,5 +406,11 @@ def pinned_record(want: dict[str, Any], size: int, reader: PinnedReader) -> Reco
         raise IntegrityError(f"{url}: {exc}", published=False) from exc
     if content is None or content.chunks is None:
         return None
+    if want.get("sha256") not in (content.sha256, content.chunks.digest):
+        raise IntegrityError(  # the entry names other bytes than its pinned trailer does
+            f"{url}: the record in its trailer (the one the index pins) names its bytes "
+            f"{content.sha256}, the index names {want.get('sha256')}",
+            published=False,
+        )
     first = tail.reads[0] if tail.reads else (size, b"")
     return Record(trailer.raw(), content.chunks, content.sha256, first[0], first[1])

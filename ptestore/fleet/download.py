@@ -10,15 +10,18 @@ import errno
 import json
 import os
 import stat
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
-from ..errors import PermissionDenied, StorageError, local_error
+from ..errors import PermissionDenied, PteStoreError, StorageError, local_error
 from ..storage.loaders import DataLoader, LocalFileLoader
 
 __all__ = [
     "check_space",
     "discard_part",
+    "download_error",
+    "local_writes",
     "open_part",
     "own_file",
     "pinned_version",
@@ -124,21 +127,55 @@ def _existing(path: str) -> str:
     return path
 
 
+def _clones(directory: str, base: str) -> bool:
+    """A file system that shares ``base``'s extents with a new file in ``directory``
+    (XFS, btrfs: a reflink probe between two unnamed files there; ext4, tmpfs: no)."""
+    from ..writers._clone import probe_clone_block_size
+
+    try:
+        src = os.open(base, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        dst = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        os.close(src)
+        return False
+    try:
+        return probe_clone_block_size(directory, src, dst) is not None
+    finally:
+        os.close(src)
+        os.close(dst)
+
+
+def _held(part: str, size: int) -> int:
+    """The bytes of the download a ``.part`` already holds: its allocated blocks, not its
+    length (a chunked download makes its ``.part`` full-size and sparse at once)."""
+    try:
+        st = os.lstat(part)
+    except OSError:
+        return 0
+    return min(size, st.st_size, st.st_blocks * 512)
+
+
 def check_space(files: Sequence[tuple[dict[str, Any], str]], bases: Sequence[str] = ()) -> None:
     """Refuse, before the first download request, a fetch whose destination's file
     system has no room for it: the files' sizes (as the index or their trailer names
-    them) less what their ``.part`` already holds, against the blocks free to this user
-    (``statvfs``), per file system: a :class:`~ptestore.errors.StorageError` ``errno``
-    ENOSPC naming the files, the directory, the bytes needed and free. A file system
-    that holds a ``base`` is not checked (a clone of the base's chunks takes no new
-    space); the destination's old file counts as used, since it is replaced only once
-    the download is checked."""
-    base_devices = set()
+    them) less the blocks their ``.part`` already holds (allocated, not its length: a
+    chunked ``.part`` is sparse), against the blocks free to this user (``statvfs``),
+    per file system: a :class:`~ptestore.errors.StorageError` ``errno`` ENOSPC naming
+    the files, the directory, the bytes needed and free. A file system that holds a
+    ``base`` and clones it (a reflink probe: XFS, btrfs) is not checked (a clone of the
+    base's chunks takes no new space); where it cannot clone (ext4, tmpfs) every chunk
+    taken from a base is a copy and counts. The destination's old file counts as used,
+    since it is replaced only once the download is checked."""
+    base_devices: dict[int, list[str]] = {}
     for b in bases:
         try:
-            base_devices.add(os.stat(b).st_dev)
+            base_devices.setdefault(os.stat(b).st_dev, []).append(b)
         except OSError:
             continue
+    clones: dict[int, bool] = {}
     wanted: dict[int, tuple[str, int, list[str]]] = {}  # device -> (directory, bytes, files)
     for want, path in files:
         size = want.get("size")
@@ -147,11 +184,11 @@ def check_space(files: Sequence[tuple[dict[str, Any], str]], bases: Sequence[str
         directory = _existing(os.path.dirname(os.path.abspath(path)))
         device = os.stat(directory).st_dev
         if device in base_devices:
-            continue
-        try:
-            have = os.lstat(path + ".part").st_size
-        except OSError:
-            have = 0
+            if device not in clones:
+                clones[device] = _clones(directory, base_devices[device][0])
+            if clones[device]:
+                continue
+        have = _held(path + ".part", size)
         where, total, names = wanted.get(device, (directory, 0, []))
         wanted[device] = (where, total + max(0, size - have), [*names, path])
     for directory, needed, names in wanted.values():
@@ -164,3 +201,28 @@ def check_space(files: Sequence[tuple[dict[str, Any], str]], bases: Sequence[str
                 "downloaded",
                 errno=errno.ENOSPC,
             )
+
+
+def download_error(exc: OSError, part: str, url: str) -> StorageError:
+    """A failure of the local file system while the download of ``url`` fills ``part``
+    (a full disk, an I/O error, a clone the kernel refuses) as a
+    :class:`~ptestore.errors.StorageError` naming the ``.part`` and its ``errno``
+    (:class:`~ptestore.errors.PermissionDenied` for access), never a raw ``OSError``:
+    the CLI's exit codes and ``ensure``'s offline fallback see it as what it is."""
+    code = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+    return local_error(
+        exc,
+        f"{part}: the download of {url} stopped: {exc.strerror or exc} ({code}); a fetch "
+        "run again resumes it",
+    )
+
+
+@contextmanager
+def local_writes(part: str, url: str) -> Iterator[None]:
+    """:func:`download_error` for what the block raises."""
+    try:
+        yield
+    except PteStoreError:
+        raise
+    except OSError as exc:
+        raise download_error(exc, part, url) from exc

@@ -62,7 +62,7 @@ from ..storage.routing import options_for_loader
 from ..storage.types import StorageURL
 from .chunked import FetchEvent, Sink, download_chunks, pinned_record
 from .delta import Base, open_bases
-from .download import check_space, discard_part, refuse_link
+from .download import check_space, discard_part, local_writes, refuse_link
 from .job import ptd_beside
 from .ranged import PinnedReader, pinned_attempts
 from .select import Choice, select
@@ -195,7 +195,8 @@ def _download(
         got["sha256"] = record.sha256
         return got
 
-    return pinned_attempts(url, options, dest, run)
+    with local_writes(part, url):  # a full disk is a StorageError, never a raw OSError
+        return pinned_attempts(url, options, dest, run)
 
 
 def _publish(got: dict[str, Any]) -> None:
@@ -256,6 +257,7 @@ def fetch(
     base: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None = None,
     events: Callable[[FetchEvent], None] | None = None,
     xnnpack_cache: bool = False,
+    require_base: bool = True,
 ) -> FetchResult:
     """Download what ``index_or_url`` selects for ``model`` on ``device`` (an index),
     or the artifact at ``index_or_url`` itself (a .pte: its .ptd beside it is fetched
@@ -266,13 +268,21 @@ def fetch(
     or copied, each verified against the artifact's record) and only the others are
     downloaded; a base's ``.ptd`` is the one beside it. ``progress(url, done, total)``
     and ``events(FetchEvent)`` report each piece put in place (``events`` says where it
-    came from). ``xnnpack_cache``: then also its XNNPACK packed-weight file for this
+    came from); a ``base`` that does not exist is a ConfigurationError, or with
+    ``require_base=False`` skipped (``ensure``'s bases: another process may evict one
+    meanwhile). ``xnnpack_cache``: then also its XNNPACK packed-weight file for this
     CPU and ExecuTorch build, when the fleet made one (:func:`.packed.fetch_packed`:
     verified, beside ``dest``). See the module docstring."""
     src = os.fspath(index_or_url)
     target = os.fspath(dest)
     if not StorageURL.of(target).local:
         raise ConfigurationError(f"{target}: fetch writes to local disk, not to a URL")
+    if target.endswith(".ptd"):
+        raise ConfigurationError(
+            f"{target}: fetch writes the .pte to DEST (its .ptd, when it has one, beside "
+            "it): a DEST ending in .ptd would name the .pte as external weights; give the "
+            ".pte's path"
+        )
     if chunk_size < 1:
         raise ConfigurationError(f"chunk_size must be >= 1, got {chunk_size}")
     opts = dict(storage_options or {})
@@ -304,7 +314,7 @@ def fetch(
     # One fetch into a destination at a time: another would take over (or remove) this
     # one's live .part, and this one would then publish bytes it never checked.
     with locked(target + ".part.lock", remove=True):
-        _download_all(files, target, pte_bases, opts, chunk_size, sink, result)
+        _download_all(files, target, pte_bases, opts, chunk_size, sink, result, require_base)
     if xnnpack_cache:
         from .packed import fetch_packed
 
@@ -331,6 +341,7 @@ def _download_all(
     chunk_size: int,
     sink: Callable[[str, str, int], Sink],
     result: FetchResult,
+    require_base: bool = True,
 ) -> None:
     """Every file downloaded and checked before any is published (a mismatch is an
     IntegrityError with nothing published), the pair's binding too; then the .ptd, then
@@ -338,7 +349,7 @@ def _download_all(
     for want, path in sorted(files, key=lambda f: not f[1].endswith(".ptd")):
         is_ptd = path.endswith(".ptd") and path != target
         paths = [ptd_beside(b) for b in pte_bases] if is_ptd else pte_bases
-        bases = open_bases(paths, required=not is_ptd)
+        bases = open_bases(paths, required=require_base and not is_ptd)
         try:
             result.files.append(_download(want, path, opts, chunk_size, bases, sink))
         finally:

@@ -7,7 +7,8 @@ versions. :meth:`PinnedReader.stream` reads ``[start, end)`` with **one** such r
 and hands its body over in pieces as it arrives (a run of many chunks costs one request
 and one piece of memory); a connection lost in the middle of a body, or a transient
 answer (5xx, throttling), is retried from the first byte not yet received, under the
-house retry policy (:mod:`ptestore._retry`). Other stores (a local file, ``memory://``,
+house retry policy (:mod:`ptestore._retry`: its attempts count failures in a row, so a
+long download with an occasional fault goes on). Other stores (a local file, ``memory://``,
 any fsspec filesystem) are read through their loader, one ``load`` per piece; the
 loader's own ``check_unchanged`` is what pins them (see :mod:`.fetch`).
 
@@ -145,6 +146,7 @@ class PinnedReader:
                     continue
                 self.received += n
                 offset += n
+                failures = 0  # the retries bound failures in a row, not in a whole download
                 yield data
         finally:
             if body is not None:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .._io import pwrite_all
+from .._log import get_logger
 from ..errors import IntegrityError
 from ..storage.atomic import put_bytes, sync_file
 from .chunked import Sink
@@ -26,6 +27,8 @@ from .download import discard_part, open_part, read_state
 from .ranged import ObjectChanged, PinnedReader
 
 __all__ = ["download_whole", "resume_point"]
+
+log = get_logger(__name__)
 
 
 #: Bytes at the end of a ``.part`` read again from the object and compared before a
@@ -103,11 +106,22 @@ def download_whole(
         os.close(fd)
     try:
         digest = check(part, want)
-    except IntegrityError:
+    except IntegrityError as exc:
         if from_base:  # the base was not those bytes after all: download them
             discard_part(dest)
             return download_whole(want, dest, state, reader, [], chunk_size, sink, check)
         discard_part(dest)
+        if resumed:  # only its last bytes were compared: the .part may be what is damaged
+            log.warning(
+                "%s: the download resumed after %d bytes does not check (%s); the .part "
+                "may have been damaged before its last %d bytes: downloading it again "
+                "from the start",
+                part,
+                resumed,
+                exc,
+                _OVERLAP,
+            )
+            return download_whole(want, dest, state, reader, bases, chunk_size, sink, check)
         raise
     if from_base:
         report.add("base", size)  # once it checks

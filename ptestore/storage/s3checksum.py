@@ -13,7 +13,9 @@ list them, 1,000 per page; AWS also gives each part's checksum) or, where it lis
 none (moto), from a ``HEAD`` of part 1 (``PartNumber=1``: its size and ``PartsCount``):
 then every part but the last is assumed to have part 1's size, as every common
 uploader makes them (``assumed``); a checksum computed on that grid that does not match
-proves nothing and the caller reads.
+proves nothing and the caller reads. A part count past S3's 10,000 (:data:`MAX_PARTS`),
+in ``PartsCount`` or a checksum's ``-N``, is not believed: nothing is reported (a read),
+and nothing is built per claimed part.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 from .._dataclass import dataclass
 from ..checksums import ALGORITHMS
 
-__all__ = ["ObjectParts", "S3Object", "StoredChecksum", "s3_object", "stored_checksum"]
+__all__ = ["MAX_PARTS", "ObjectParts", "S3Object", "StoredChecksum", "s3_object", "stored_checksum"]
 
 
 @dataclass(frozen=True)
@@ -69,12 +71,17 @@ def stored_checksum(answer: Mapping[str, Any]) -> StoredChecksum | None:
         value, dash, count = text.partition("-")
         parts = None
         if dash:
-            if not count.isdigit() or int(count) < 1:
+            if not (count.isascii() and count.isdigit() and len(count) <= 5):
+                continue  # no part count S3 could have made
+            if not 1 <= int(count) <= MAX_PARTS:
                 continue
             parts = int(count)
         return StoredChecksum(algorithm, value, kind, parts)
     return None
 
+
+#: The most parts S3 makes an object of: a server that claims more is not believed.
+MAX_PARTS = 10_000
 
 #: Pages of ``GetObjectAttributes`` asked for at most (1,000 parts each; S3 allows 10,000).
 _MAX_PAGES = 10
@@ -179,8 +186,8 @@ class S3Object:
         first = int(head.get("ContentLength", -1))
         count = int(head.get("PartsCount") or 0)
         size = self.size
-        if size is None or first <= 0 or count < 1:
-            return None
+        if size is None or first <= 0 or not 1 <= count <= MAX_PARTS:
+            return None  # a count S3 cannot have made is no grid (and no list that long)
         last = size - (count - 1) * first
         if not 0 < last <= first:
             return None

@@ -257,6 +257,38 @@ def test_ensure_index_takes_another_entry_of_the_model_as_base(
     assert Path(other.pte).read_bytes() == (tmp_path / "two" / "a" / "m.pte").read_bytes()
 
 
+def test_ensure_index_skips_a_base_another_process_evicts_while_it_fetches(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cache's other entries are not locked: one evicted between ``ensure`` listing
+    it as a base and the download opening it is skipped (no ``ConfigurationError`` "no
+    such base file (--base)"), and the download takes the store's bytes instead."""
+    import ptestore.fleet.fetch as fetch_module
+
+    cache = tmp_path / "cache"
+    one = fleet_run(big_job(tmp_path, str(tmp_path / "one"), "1"), capsys)
+    two = fleet_run(big_job(tmp_path, str(tmp_path / "two"), "2"), capsys)
+    first = ptestore.ensure(one, cache_dir=cache, model="m", device=A)
+    real = fetch_module.select
+
+    def select_then_evict(*args: Any, **kwargs: Any) -> Any:
+        got = real(*args, **kwargs)
+        Path(first.pte).unlink()  # another process's prune, while the index is read
+        return got
+
+    monkeypatch.setattr(fetch_module, "select", select_then_evict)
+    other = ptestore.ensure(two, cache_dir=cache, model="m", device=A)
+    assert other.choice is not None and other.choice["fetched"]["bases"] == []
+    want = (tmp_path / "two" / "a" / "m.pte").read_bytes()
+    assert other.choice["fetched"]["from_base"] == 0
+    assert other.choice["fetched"]["received"] >= len(want)
+    assert Path(other.pte).read_bytes() == want
+    # A base the user names stays required.
+    monkeypatch.undo()
+    with pytest.raises(ConfigurationError, match="no such base file"):
+        ptestore.fetch(two, tmp_path / "dev" / "m.pte", model="m", device=A, base=first.pte)
+
+
 def test_ensure_index_takes_the_portable_source_given_to_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -1,10 +1,11 @@
 """``fetch`` against index entries that lie and against itself: two fetches into one
 destination take turns (a second one waits on ``DEST.part.lock`` before it touches the
 first one's ``.part``); a malformed entry is refused before the first request; a
-whole-checked file whose size the index misnames is refused before a byte is
-downloaded; a whole download resumes only a ``.part`` of the bytes the index names; a
-resume marker that counts more chunks than there are keeps only those there are. A
-20 MiB artifact (six 4 MiB chunks) whose next version differs in one chunk."""
+whole-checked file whose size the index misnames, or an entry whose digest is not the
+one its pinned trailer records, is refused before a byte is downloaded; a whole
+download resumes only a ``.part`` of the bytes the index names; a resume marker that
+counts more chunks than there are keeps only those there are. A 20 MiB artifact (six
+4 MiB chunks) whose next version differs in one chunk."""
 
 from __future__ import annotations
 
@@ -168,6 +169,28 @@ def test_a_whole_checked_file_of_another_size_is_refused_before_a_byte(
         )
     assert str(err.value) == f"{b}: the object is {b.stat().st_size} bytes, the index names 1"
     assert moved == [] and err.value.published is False
+
+
+def test_an_entry_whose_digest_is_not_its_trailer_s_is_refused_before_a_byte(
+    versions: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The trailer the entry pins records the content's digest: an entry naming other
+    bytes (``sha256``) is refused once the trailer is read, before any content byte."""
+    _, b = versions
+    claimed = "sha256-tree:" + "ab" * 32
+    index = _index(tmp_path, b, sha256=claimed)
+    actual = entry_for(str(b), None, {})["pte"]["sha256"]
+    moved: list[int] = []
+    dest = tmp_path / "out" / "m.pte"
+    with pytest.raises(IntegrityError) as err:
+        ptestore.fetch(
+            index, dest, model="m", device="a", progress=lambda url, d, t: moved.append(d)
+        )
+    assert str(err.value) == (
+        f"{b}: the record in its trailer (the one the index pins) names its bytes {actual}, "
+        f"the index names {claimed}"
+    )
+    assert moved == [] and err.value.published is False and not dest.exists()
 
 
 def test_a_whole_download_resumes_only_a_part_of_the_bytes_the_index_names(

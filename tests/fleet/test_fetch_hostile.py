@@ -358,54 +358,63 @@ def test_a_part_that_does_not_end_where_the_object_does_restarts(
     assert dest2.read_bytes() == pte.read_bytes()
 
 
-# --- a destination with no room -------------------------------------------------------
-
-
-def test_a_fetch_the_disk_has_no_room_for_fails_before_any_download(tmp_path: Path) -> None:
-    """The pair's sizes against the destination file system's free blocks, before the
-    first request: ENOSPC naming the files, the bytes needed and free, the directory;
-    no ``.part`` left behind (a real 4 KiB tmpfs: one page)."""
-    import errno
-
-    from support.smallfs import tmpfs
-
-    from ptestore.errors import StorageError
-
-    pte, ptd = _pair(tmp_path, "a", 2.0)
-    total = pte.stat().st_size + ptd.stat().st_size
-    with tmpfs(tmp_path / "small", "4k") as mnt:
-        dest = mnt / "dev" / "m.pte"
-        with pytest.raises(StorageError) as info:
-            ptestore.fetch(pte, dest)
-        assert info.value.errno == errno.ENOSPC
-        message = str(info.value)
-        assert f"{dest}, {dest.with_suffix('.ptd')}: not enough free space to fetch" in message
-        assert f"{total} bytes needed, 4096 free in {mnt}" in message
-        assert "nothing was downloaded" in message
-        assert _leftovers(mnt) == []  # not even the directory: nothing was started
-        assert main(["fetch", str(pte), str(dest)]) == 1
-
-
-def test_the_space_check_counts_what_a_part_holds_and_trusts_a_base_s_clones(
-    tmp_path: Path,
+def test_a_part_damaged_before_the_bytes_compared_is_downloaded_again(
+    tmp_path: Path, big: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A resumed ``.part`` needs only the rest; a file system holding a base is not
-    refused (clones of the base take no new space); another file system is."""
-    from support.smallfs import tmpfs
+    """A file checked whole resumes after comparing only the ``.part``'s last bytes: one
+    damaged earlier fails the check, and is downloaded once more from the start (named
+    in a warning) instead of being refused as a damaged object."""
+    import hashlib
+    import logging
 
-    from ptestore.errors import StorageError
-    from ptestore.fleet.download import check_space
+    data = big.read_bytes()  # as a version-1 record (no chunk digests): checked whole
+    trailer = read_trailer(BytesLoader(data))
+    assert trailer is not None
+    content, record = data[: trailer.content_size], trailer.record()
+    record["version"] = 1
+    record["content"] = {
+        "size": len(content),
+        "sha256": "sha256:" + hashlib.sha256(content).hexdigest(),
+        "crc32": record["content"]["crc32"],
+    }
+    record["source"].pop("chunks", None)
+    pte = tmp_path / "v1.pte"
+    pte.write_bytes(content + encode_trailer(record, len(content)))
+    dest = tmp_path / "dev" / "m.pte"
+    _interrupted(str(pte), dest)
+    part = Path(str(dest) + ".part")
+    resumed = part.stat().st_size
+    data = bytearray(part.read_bytes())
+    data[10] ^= 1  # bit rot, a torn write: far before the last 64 KiB
+    part.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING, "ptestore.fleet.whole"):
+        result = ptestore.fetch(pte, dest, chunk_size=256)
+    got = next(f for f in result.files if f["path"] == str(dest))
+    assert (got["resumed_from"], got["verified"]) == (0, "whole")
+    assert dest.read_bytes() == pte.read_bytes()
+    assert any(
+        m.startswith(f"{part}: the download resumed after {resumed} bytes does not check (")
+        and m.endswith("downloading it again from the start")
+        for m in caplog.messages
+    )
 
-    with tmpfs(tmp_path / "small", "64k") as mnt:
-        dest = str(mnt / "m.pte")
-        (mnt / "m.pte.part").write_bytes(b"\0" * 50_000)  # 13 of the 16 pages
-        check_space([({"size": 60_000}, dest)])  # 10,000 more: room for it
-        with pytest.raises(StorageError, match="60000 bytes needed"):
-            check_space([({"size": 60_000}, str(mnt / "other.pte"))])
-        (mnt / "base.pte").write_bytes(b"\0" * 1000)
-        check_space([({"size": 60_000}, str(mnt / "other.pte"))], [str(mnt / "base.pte")])
-        elsewhere = tmp_path / "base.pte"
-        elsewhere.write_bytes(b"\0")
-        with pytest.raises(StorageError, match="not enough free space"):
-            check_space([({"size": 60_000}, str(mnt / "other.pte"))], [str(elsewhere)])
-        check_space([({}, str(mnt / "unknown.pte"))])  # no size named: nothing to check
+
+def test_a_destination_named_like_a_ptd_is_refused_before_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """DEST is the .pte's path: one ending in .ptd is refused up front (a
+    ``ConfigurationError``, exit 2), not after the whole download."""
+    from ptestore.errors import ConfigurationError
+
+    pte, _ = _pair(tmp_path, "a", 2.0)
+    dest = tmp_path / "dev" / "model.ptd"
+    message = (
+        f"{dest}: fetch writes the .pte to DEST (its .ptd, when it has one, beside it): a "
+        "DEST ending in .ptd would name the .pte as external weights; give the .pte's path"
+    )
+    with pytest.raises(ConfigurationError) as info:
+        ptestore.fetch(pte, dest)
+    assert str(info.value) == message
+    assert not dest.parent.exists()  # nothing made, nothing downloaded
+    assert main(["fetch", str(pte), str(dest)]) == 2
+    assert message in capsys.readouterr().err

@@ -1,0 +1,85 @@
+"""``PinnedReader`` on S3 (:mod:`ptestore.fleet.ranged`): a body cut off is read again
+from the first byte not received, and the retry policy's attempts bound failures in a
+row, not in a whole download: a long download with an occasional fault completes. The
+server is a stand-in for s3fs's request (a body that ends early every few pieces, as a
+connection lost mid-body does); the back-off is not waited."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import fsspec.asyn
+import pytest
+
+from ptestore._retry import DEFAULT_RETRY
+from ptestore.errors import StorageError
+from ptestore.fleet import ranged
+from ptestore.fleet.ranged import PinnedReader
+
+DATA = bytes(range(256)) * 64  # 16 KiB
+
+
+class Body:
+    """A response body that ends after ``pieces`` reads (the connection lost)."""
+
+    def __init__(self, data: bytes, pieces: int) -> None:
+        self.data, self.left = data, pieces
+
+    async def read(self, n: int) -> bytes:
+        if self.left == 0:
+            return b""
+        self.left -= 1
+        out, self.data = self.data[:n], self.data[n:]
+        return out
+
+    async def aclose(self) -> None:
+        pass
+
+
+class S3FileSystem:
+    """What :class:`PinnedReader` recognizes as s3fs (by the class name)."""
+
+    def __init__(self, pieces: int) -> None:
+        self.loop = fsspec.asyn.get_loop()
+        self.pieces = pieces
+        self.opened = 0
+
+    def split_path(self, path: str) -> tuple[str, str, None]:
+        return ("bucket", "key", None)
+
+    async def _call_s3(self, operation: str, **params: Any) -> dict[str, Any]:
+        assert operation == "get_object" and params["IfMatch"] == '"e"'
+        first, last = params["Range"].removeprefix("bytes=").split("-")
+        self.opened += 1
+        return {"Body": Body(DATA[int(first) : int(last) + 1], self.pieces)}
+
+
+class Loader:
+    name = "s3://bucket/key"
+    path = "bucket/key"
+
+    def __init__(self, fs: S3FileSystem) -> None:
+        self.fs = fs
+
+
+def test_occasional_faults_in_a_long_download_are_each_retried(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A body cut after every 2 pieces: 32 pieces need 16 requests, far more than the
+    policy's attempts, and every cut is retried from where it stopped."""
+    monkeypatch.setattr(ranged, "_backoff", lambda *args: None)
+    fs = S3FileSystem(pieces=2)
+    reader = PinnedReader(Loader(fs), '"e"')  # type: ignore[arg-type]
+    got = b"".join(reader.stream(0, len(DATA), 512))
+    assert got == DATA and reader.received == len(DATA)
+    assert fs.opened == len(DATA) // 512 // 2 > DEFAULT_RETRY.attempts
+
+
+def test_failures_in_a_row_still_give_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A body that never delivers: refused after the policy's attempts in a row."""
+    monkeypatch.setattr(ranged, "_backoff", lambda *args: None)
+    fs = S3FileSystem(pieces=0)
+    reader = PinnedReader(Loader(fs), '"e"')  # type: ignore[arg-type]
+    with pytest.raises(StorageError, match="short read: wanted 512 bytes at offset 0, got 0"):
+        b"".join(reader.stream(0, len(DATA), 512))
+    assert fs.opened == DEFAULT_RETRY.attempts
