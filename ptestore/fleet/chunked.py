@@ -403,7 +403,9 @@ def pinned_record(want: dict[str, Any], size: int, reader: PinnedReader) -> Reco
             )
         content = Provenance.of_trailer(trailer, url).content
     except FormatError as exc:
-        raise IntegrityError(f"{url}: {exc}", published=False) from exc
+        said = str(exc)  # a FormatError names its source (the URL) already
+        message = said if said.startswith(f"{url}:") else f"{url}: {said}"
+        raise IntegrityError(message, published=False) from exc
     if content is None or content.chunks is None:
         return None
     if want.get("sha256") not in (content.sha256, content.chunks.digest):
