@@ -170,3 +170,63 @@ def test_a_damaged_refusal_record_is_no_refusal(child, tmp_path: Path, damage: s
         )
     assert _make(directory).reason == f"{MAKING}: probe says no" and child.runs() == 1
     assert stat.S_ISREG(path.lstat().st_mode)  # replaced by the new refusal
+
+
+def _until(condition, what: str) -> None:  # type: ignore[no-untyped-def]
+    """Poll ``condition()`` until true; fail after a generous ceiling."""
+    import time
+
+    deadline = time.monotonic() + 120
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def test_the_child_dies_with_a_killed_maker(tmp_path: Path) -> None:
+    """The maker (a process of its own) is SIGKILLed while its child runs: the child
+    (a stand-in that asks :func:`~ptestore.xnnpack.child.die_with` what the real one
+    asks, then blocks on a FIFO no one writes) is killed with it instead of running on."""
+    import subprocess
+    import textwrap
+
+    pid_file, hold = tmp_path / "child.pid", tmp_path / "hold"
+    os.mkfifo(hold)
+    stand_in = tmp_path / "python"
+    code = (
+        "import json, os, sys; from ptestore.xnnpack.child import die_with; "
+        "die_with(json.load(open(sys.argv[-1]))['parent']); "
+        f"open('{pid_file}', 'w').write(str(os.getpid())); open('{hold}').read()"
+    )
+    stand_in.write_text(f'#!/bin/sh\nexec {sys.executable} -c "{code}" "$@"\n')
+    stand_in.chmod(0o755)
+    maker = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
+                import sys
+                sys.executable = {str(stand_in)!r}
+                from ptestore.xnnpack import make_cache
+                make_cache({str(MLP)!r}, directory={str(tmp_path / "d")!r})
+            """),
+        ],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    try:
+        _until(lambda: pid_file.exists() or maker.poll() is not None, "the child to start")
+        assert pid_file.exists(), "the maker ended before its child blocked"
+        _until(lambda: pid_file.read_text() != "", "the child's pid")
+        child_pid = int(pid_file.read_text())
+    finally:
+        maker.kill()
+        maker.wait()
+
+    def gone() -> bool:
+        try:
+            state = Path(f"/proc/{child_pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return True
+        return state == "Z"
+
+    _until(gone, "the child to end with its maker")
