@@ -390,15 +390,23 @@ def local_error(exc: OSError, message: str) -> StorageError:
 class PackedWeightsRefused(PteStoreError):
     """ptestore.xnnpack refused to make an XNNPACK packed-weight file for an artifact: the
     runtime crashed or failed with the cache on, outputs differed from a load without it,
-    or the graph cannot be cached. The artifact itself is still usable without one."""
+    or the graph cannot be cached. The artifact itself is still usable without one.
+    ``transient``: a failure that may pass (the runtime timed out, was killed, or exited
+    without saying why): not remembered, the next call tries again."""
 
-    def __init__(self, artifact: str, reason: str) -> None:
+    def __init__(self, artifact: str, reason: str, *, transient: bool = False) -> None:
         super().__init__(
             f"{artifact}: no XNNPACK packed-weight file: {reason} "
             "(the artifact still loads without one)"
         )
         self.artifact = artifact
         self.reason = reason
+        self.transient = transient
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.artifact, self.reason))
+        return (_refused, (self.artifact, self.reason, self.transient))
+
+
+def _refused(artifact: str, reason: str, transient: bool) -> PackedWeightsRefused:
+    """Unpickle a :class:`PackedWeightsRefused` (its ``transient`` is a keyword)."""
+    return PackedWeightsRefused(artifact, reason, transient=transient)

@@ -137,6 +137,20 @@ def add_ensure_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="also make (once) XNNPACK's packed-weight file beside the entry and print its "
         "path (the [xnnpack] extra; refused by the runtime: the model is still served)",
     )
+    p.add_argument(
+        "--xnnpack-retry",
+        action="store_true",
+        help="with --xnnpack-cache: make the packed-weight file again although the runtime "
+        "refused one before (here, or the fleet's)",
+    )
+    p.add_argument(
+        "--xnnpack-timeout",
+        type=_positive_seconds,
+        metavar="SECONDS",
+        help="with --xnnpack-cache: seconds each run of the runtime may take while the "
+        "packed-weight file is made (default: 3600); one that takes longer is stopped and "
+        "not remembered as a refusal",
+    )
     p.add_argument("--json", action="store_true", help="print the artifact (or error) as JSON")
     add_storage_options(p)
     add_common_flags(p)
@@ -152,6 +166,14 @@ def _seconds(text: str) -> float:
         value = -1.0
     if not 0 <= value < float("inf"):
         raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {text!r}")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    """``--xnnpack-timeout``: a number of seconds > 0."""
+    value = _seconds(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
     return value
 
 
@@ -198,4 +220,6 @@ def _ensure(args: argparse.Namespace, ensure: Any, device: Any, progress: Any = 
         lock_timeout=args.lock_timeout,
         progress=progress,
         **({"xnnpack_cache": True} if args.xnnpack_cache else {}),
+        **({"xnnpack_retry": True} if args.xnnpack_retry else {}),
+        **({} if args.xnnpack_timeout is None else {"xnnpack_timeout": args.xnnpack_timeout}),
     )

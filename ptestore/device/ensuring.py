@@ -49,6 +49,7 @@ from .manifest import (
     file_records,
     is_disk_full,
 )
+from .packed import check_packed_args
 
 if TYPE_CHECKING:
     from ..backends.registry import BackendLike
@@ -110,6 +111,8 @@ def ensure(
     lock_timeout: float | None = None,
     progress: Callable[[Event], None] | None = None,
     xnnpack_cache: bool = False,
+    xnnpack_retry: bool = False,
+    xnnpack_timeout: float | None = None,
 ) -> Artifact:
     """The specialized model for ``source`` on this device, made once and cached.
 
@@ -158,7 +161,9 @@ def ensure(
             file beside the entry and return its path as ``Artifact.xnnpack_cache``
             (needs the ``[xnnpack]`` extra; see docs/device.md). Refused by the runtime:
             the artifact is still returned, the reason in ``Artifact.xnnpack_refused``
-            (CLI: ``--xnnpack-cache``).
+            (CLI: ``--xnnpack-cache``); ``xnnpack_retry``: make it again although
+            refused before (``--xnnpack-retry``); ``xnnpack_timeout``: seconds for each
+            run of the runtime (None: 3600 s; ``--xnnpack-timeout``).
 
     Returns:
         An :class:`Artifact`: paths of the ``.pte`` and ``.ptd``, the provenance,
@@ -175,13 +180,7 @@ def ensure(
     _check_args(max_bytes, device)
     if not isinstance(provenance, bool):
         raise ConfigurationError(f"provenance must be True or False, got {provenance!r}")
-    if not isinstance(xnnpack_cache, bool):
-        raise ConfigurationError(f"xnnpack_cache must be True or False, got {xnnpack_cache!r}")
-    if xnnpack_cache and in_place:
-        raise ConfigurationError(
-            f"{os.fspath(source)}: xnnpack_cache=True applies to a copy in the cache, not to "
-            "in_place=True (CLI: --xnnpack-cache without --in-place)"
-        )
+    check_packed_args(source, in_place, xnnpack_cache, xnnpack_retry, xnnpack_timeout)
     if xnnpack_cache:
         from .cache import evict
         from .packed import with_packed_weights
@@ -200,9 +199,10 @@ def ensure(
             portable=portable,
             progress=progress,
         )
-        served = with_packed_weights(CacheLayout(cache_dir), plain, storage_options)
+        layout = CacheLayout(cache_dir)
+        served = with_packed_weights(layout, plain, storage_options, xnnpack_retry, xnnpack_timeout)
         if max_bytes is not None:  # the packed file counts in the entry's bytes
-            evict(CacheLayout(cache_dir).root, max_bytes, keep=served.key)
+            evict(layout.root, max_bytes, keep=served.key)
         return served
     src = os.fspath(source)
     ptd_src = None if ptd is None else os.fspath(ptd)

@@ -345,6 +345,7 @@ def packed_from_index(
     from ..fleet.packed import deliver, identity_claimed, runtime_build
     from ..fleet.packed_chunks import packed_bases
     from ..xnnpack.identity import cpu_fingerprint
+    from ..xnnpack.refusal import transient_reason
 
     field = (artifact.choice or {}).get("xnnpack")
     if not isinstance(field, dict):
@@ -353,7 +354,10 @@ def packed_from_index(
     if field.get("cpu") != cpu_fingerprint() or build is None or field.get("executorch") != build:
         return None, None  # made for another CPU or build: of no use here
     claimed = identity_claimed(field)
-    if field.get("refused") and (claimed["pte_sha256"], claimed["ptd_sha256"]) == digests:
+    refused = field.get("refused")
+    if isinstance(refused, str) and transient_reason(refused):
+        return None, None  # a passing failure an earlier fleet recorded: made here
+    if refused and (claimed["pte_sha256"], claimed["ptd_sha256"]) == digests:
         return None, f"{field['refused']} (refused by the fleet's runtime)"
     if not field.get("url"):
         return None, None

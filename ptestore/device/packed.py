@@ -7,7 +7,9 @@ under the shared lock with :func:`ptestore.xnnpack.find_cache` (``full=False``: 
 published with its record). Missing, corrupt or made for another artifact, runtime or
 CPU: it is made again. Refused by the runtime: the artifact is still served, the reason
 is logged (``ptestore.device``), returned (``Artifact.xnnpack_refused``) and remembered
-beside it (the maker's ``.refused.json``: not tried again for the same identity).
+beside it (the maker's ``.refused.json``: not tried again for the same identity unless
+``xnnpack_retry``), unless it may pass (a run of the runtime longer than
+``xnnpack_timeout``, 3600 s by default, a kill from outside: tried again next time).
 
 The artifact's digests, which bind the file to it, are hashed once and kept in
 ``xnnpack.json`` with the stamps (size, inode, mtime, ctime) of the files they were
@@ -26,7 +28,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from .._dataclass import replace
-from ..errors import StorageError
+from ..errors import ConfigurationError, StorageError
 from .artifact import Artifact
 from .cache import CacheLayout, file_stamp, packed_weights_file
 from .entryfiles import MAX_MANIFEST_BYTES, read_regular
@@ -34,7 +36,7 @@ from .entryfiles import MAX_MANIFEST_BYTES, read_regular
 if TYPE_CHECKING:
     from ..xnnpack import CacheFile
 
-__all__ = ["DIGESTS_NAME", "with_packed_weights"]
+__all__ = ["DIGESTS_NAME", "check_packed_args", "with_packed_weights"]
 
 #: The entry's record of its files' digests (for the packed file's identity).
 DIGESTS_NAME = "xnnpack.json"
@@ -170,14 +172,43 @@ def _refused(
     return replace(artifact, xnnpack_refused=why)
 
 
+def check_packed_args(
+    source: str | os.PathLike[str], in_place: bool, cache: object, retry: object, timeout: object
+) -> None:
+    """``ensure``'s ``xnnpack_*`` arguments, checked before anything is done."""
+    for name, value in (("xnnpack_cache", cache), ("xnnpack_retry", retry)):
+        if not isinstance(value, bool):
+            raise ConfigurationError(f"{name} must be True or False, got {value!r}")
+    if timeout is not None and (
+        not isinstance(timeout, (int, float))
+        or isinstance(timeout, bool)
+        or not 0 < timeout < float("inf")
+    ):
+        raise ConfigurationError(
+            f"xnnpack_timeout must be a number of seconds > 0 or None, got {timeout!r}"
+        )
+    if cache and in_place:
+        raise ConfigurationError(
+            f"{os.fspath(source)}: xnnpack_cache=True applies to a copy in the cache, not to "
+            "in_place=True (CLI: --xnnpack-cache without --in-place)"
+        )
+
+
 def with_packed_weights(
-    layout: CacheLayout, artifact: Artifact, storage_options: dict[str, Any] | None = None
+    layout: CacheLayout,
+    artifact: Artifact,
+    storage_options: dict[str, Any] | None = None,
+    retry: bool = False,
+    timeout: float | None = None,
 ) -> Artifact:
     """``artifact`` with its packed-weight file (``xnnpack_cache``), found, delivered from
     the fleet's index it was fetched from (``storage_options`` for its store: see
     :func:`.indexed.packed_from_index`) or made now; or, refused by the runtime, with the
-    reason (``xnnpack_refused``). ``xnnpack_from`` says which."""
+    reason (``xnnpack_refused``). ``xnnpack_from`` says which. ``retry``: made here again
+    although refused before (here or by the fleet's runtime); ``timeout``: seconds for
+    each run of the runtime (None: :data:`ptestore.xnnpack.refusal.DEFAULT_TIMEOUT`)."""
     from ..errors import PackedWeightsRefused
+    from ..xnnpack.refusal import DEFAULT_TIMEOUT
 
     directory = layout.entry_dir(artifact.key)
     with layout.lock(artifact.key, shared=True):
@@ -206,7 +237,7 @@ def with_packed_weights(
                 found, refused = packed_from_index(
                     artifact, directory, digests, dict(storage_options or {}), moved
                 )
-                if refused is not None:
+                if refused is not None and not retry:
                     return _refused(directory, artifact, digests, refused)
                 source = "index"
             try:
@@ -219,6 +250,8 @@ def with_packed_weights(
                         pte_sha256=digests[0],
                         ptd_sha256=digests[1],
                         full=False,
+                        timeout=DEFAULT_TIMEOUT if timeout is None else timeout,
+                        retry_refused=retry,
                     )
             except PackedWeightsRefused as exc:
                 from .._log import get_logger

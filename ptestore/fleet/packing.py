@@ -19,7 +19,9 @@ the CPU is that one:
   the record (:mod:`.packed`) with the file's chunk digests (:mod:`.packed_chunks`: a
   device holding an earlier version's file downloads only the chunks that differ). A
   refusal by the runtime (a graph it cannot cache, a crash) is recorded instead: the
-  artifact is published and served all the same.
+  artifact is published and served all the same. A failure that may pass (each run of
+  the runtime has :data:`ptestore.xnnpack.refusal.DEFAULT_TIMEOUT` seconds; a kill from
+  outside) is not recorded: the next run makes the file again.
 
 :func:`packed_state` says whether a pair's file is current (the record bound to the
 artifact, the device's CPU, the ExecuTorch build when it is known, the file there at its
@@ -125,7 +127,9 @@ def packed_state(
     """``(current, why)`` of the packed-weight file of the (current) artifact at
     ``destination`` for the CPU ``cpu`` and the ExecuTorch ``build`` (None: not
     compared): its record is bound to the artifact and names that CPU and build, and
-    its file is there at its recorded size, or the runtime's refusal is recorded."""
+    its file is there at its recorded size, or the runtime's refusal is recorded (not
+    one that may pass: :func:`ptestore.xnnpack.refusal.transient_reason`)."""
+    from ..xnnpack.refusal import transient_reason
     record = read_record(destination, options)
     if record is None:
         return False, f"no XNNPACK packed-weight record at {record_url(destination)}"
@@ -141,6 +145,8 @@ def packed_state(
             f"({made.get('git_version')}), not {build['version']} ({build['git_version']})"
         )
     if field.get("refused"):
+        if transient_reason(str(field["refused"])):  # recorded by an earlier version
+            return False, f"its XNNPACK refusal may pass, made again: {field['refused']}"
         return True, f"XNNPACK packed weights refused by the runtime: {field['refused']}"
     url = str(field.get("url"))
     try:
@@ -218,6 +224,7 @@ def make_packed(
     from ..xnnpack import Identity, make_cache
     from ..xnnpack.identity import cpu_fingerprint, file_sha256
     from ..xnnpack.native import executorch_build
+    from ..xnnpack.refusal import DEFAULT_TIMEOUT
     from .fetch import fetch
 
     build = executorch_build()
@@ -263,8 +270,11 @@ def make_packed(
                 directory=os.path.join(work, "xnnpack"),
                 pte_sha256=identity.pte_sha256,
                 ptd_sha256=identity.ptd_sha256,
+                timeout=DEFAULT_TIMEOUT,
             )
         except PackedWeightsRefused as exc:
+            if exc.transient:  # not recorded: the next run makes it again
+                return False, f"XNNPACK packed-weight file not made (tried again next run): {exc}"
             field["refused"] = exc.reason
             why = f"XNNPACK packed weights refused by the runtime (recorded): {exc.reason}"
         else:

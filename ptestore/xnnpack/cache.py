@@ -27,9 +27,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -55,10 +52,11 @@ from .record import (
     parse_file,
     paths,
     publish_file,
-    publish_read_only,
     read_record,
     remove_stale,
 )
+from .refusal import read_refusal, write_refusal
+from .runs import ChildRun
 from .xpwc import check_coverage, check_names
 
 if TYPE_CHECKING:
@@ -186,66 +184,6 @@ def _remembered(
     return None
 
 
-def _signal_name(code: int) -> str:
-    try:
-        return signal.Signals(code).name
-    except ValueError:
-        return f"signal {code}"
-
-
-class _Child:
-    """One run of :mod:`.child` and what it left."""
-
-    def __init__(self, work: Path, tag: str) -> None:
-        self.work = work
-        self.tag = tag
-        self.stderr_path = work / f"{tag}.stderr"
-
-    def run(self, req: dict[str, Any], artifact: str, what: str, timeout: float | None) -> None:
-        req_path = self.work / f"{self.tag}.json"
-        req_path.write_text(json.dumps(req), encoding="utf-8")
-        env = dict(os.environ)
-        env.setdefault("PYTHONWARNINGS", "ignore")
-        with open(self.stderr_path, "wb") as err:
-            try:
-                done = subprocess.run(
-                    [sys.executable, "-m", "ptestore.xnnpack.child", str(req_path)],
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL,
-                    stderr=err,
-                    env=env,
-                    timeout=timeout,
-                    check=False,
-                )
-            except subprocess.TimeoutExpired:
-                raise PackedWeightsRefused(
-                    artifact, f"the runtime did not finish {what} within {timeout} s"
-                ) from None
-        rc = done.returncode
-        if rc == 0:
-            return
-        if rc == 3 and (self.work / "error.json").is_file():
-            reason = json.loads((self.work / "error.json").read_text(encoding="utf-8"))["reason"]
-            raise PackedWeightsRefused(artifact, f"{what}: {reason}")
-        if rc < 0:
-            raise PackedWeightsRefused(
-                artifact,
-                f"the ExecuTorch runtime crashed ({_signal_name(-rc)}, exit {128 - rc}) "
-                f"{what}{self.tail()}",
-            )
-        raise PackedWeightsRefused(artifact, f"the runtime exited with {rc} {what}{self.tail()}")
-
-    def stderr(self) -> str:
-        try:
-            return self.stderr_path.read_text(encoding="utf-8", errors="replace")
-        except FileNotFoundError:
-            return ""
-
-    def tail(self) -> str:
-        lines = [ln for ln in self.stderr().splitlines() if ln.strip()][-5:]
-        return ("; its last messages: " + " | ".join(lines)) if lines else ""
-
-
 def _load_outputs(path: Path) -> dict[str, Any]:
     import numpy as np
 
@@ -288,7 +226,9 @@ def make_cache(
     Raises :class:`PackedWeightsRefused` naming the artifact and the reason when the
     runtime crashes or fails with the cache on, an output differs, or the graph cannot be
     cached; the refusal is remembered beside the file and raised again without running
-    anything (``retry_refused=True`` tries again). ``timeout``: seconds for each child;
+    anything (``retry_refused=True`` tries again), unless it may pass (``transient``: a
+    timeout, a kill from outside, an exit without the child's reason; see
+    :mod:`.refusal`). ``timeout``: seconds for each child (None: no limit);
     ``full``: as for :func:`verify_cache`, for a file found."""
     started = time.perf_counter()
     shim = build_shim()
@@ -309,18 +249,15 @@ def make_cache(
             if digests.learned:
                 remember(record_path, digests.learned)
             return found
-        if refused_path.is_file() and not retry_refused:
-            with contextlib.suppress(OSError, ValueError, KeyError):
-                reason = json.loads(refused_path.read_text(encoding="utf-8"))["reason"]
-                raise PackedWeightsRefused(artifact, f"{reason} (refused before)")
+        reason = None if retry_refused else read_refusal(refused_path)
+        if reason is not None:
+            raise PackedWeightsRefused(artifact, f"{reason} (refused before)")
         remove_stale(directory, identity)
         try:
             made = _make(pte, ptd, shim, identity, directory, artifact, timeout, digests.learned)
         except PackedWeightsRefused as exc:
-            publish_read_only(
-                json.dumps({"identity": identity.to_json(), "reason": exc.reason}).encode(),
-                refused_path,
-            )
+            if not exc.transient:  # one that may pass is tried again next time
+                write_refusal(refused_path, identity, exc)
             raise
         with contextlib.suppress(FileNotFoundError):
             refused_path.unlink()
@@ -367,7 +304,7 @@ def _make(
             "ptd": None if ptd is None else os.path.abspath(os.fspath(ptd)),
             "out": str(work),
         }
-        maker = _Child(work, "make")
+        maker = ChildRun(work, "make")
         maker.run(
             {
                 **base,
@@ -406,7 +343,7 @@ def _make(
         digest = file_sha256(tmp_file)
         size = tmp_file.stat().st_size
         os.chmod(tmp_file, 0o444)
-        checker = _Child(work, "reload")
+        checker = ChildRun(work, "reload")
         checker.run(
             {**base, "steps": [{"name": "reloaded", "cache": str(tmp_file)}]},
             artifact,

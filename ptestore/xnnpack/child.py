@@ -10,12 +10,15 @@ and what the shim saw to ``out/<name>.json``. A crash ends the process, which is
 point: the parent sees the signal, and nothing it cares about was touched.
 
 Exit status: 0 done; 3 the program cannot be probed or run (``out/error.json`` says why).
+With ``parent`` (the maker's pid) in ``REQ`` it ends with the maker (:func:`die_with`).
 """
 
 from __future__ import annotations
 
 import ctypes
 import json
+import os
+import signal
 import sys
 import time
 import zlib
@@ -124,8 +127,24 @@ def run_step(lib: Any, portable_lib: Any, pte: str, ptd: str | None, cache: str 
     return outputs, report
 
 
+#: ``prctl`` option: the signal this process gets when its parent ends.
+PR_SET_PDEATHSIG = 1
+
+
+def die_with(parent: int) -> None:
+    """End (SIGKILL) when the maker ``parent`` ends, killed too: the runtime never runs
+    on for a maker that is gone (Linux; elsewhere nothing is asked)."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # it ended before the request took effect
+        os._exit(1)
+
+
 def main(argv: list[str]) -> int:
     req = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
+    if isinstance(req.get("parent"), int):
+        die_with(req["parent"])
     out = Path(req["out"])
     import numpy as np
     import torch  # noqa: F401  (the bindings' libraries come with it)

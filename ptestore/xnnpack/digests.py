@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from .._dataclass import dataclass
-from ..errors import PteStoreError
+from ..errors import ObjectNotFound, PteStoreError
 from ..storage.flock import locked
 from .identity import file_sha256
 from .record import PathLike, publish_read_only, read_record, stamp
@@ -125,7 +125,10 @@ def _remembered(memo: Mapping[str, Any], path: PathLike) -> str | None:
 
 def _hashed(path: PathLike, learned: dict[str, dict[str, Any]]) -> str:
     started = now_ns()
-    before = _look(path)
+    try:
+        before = _look(path)
+    except FileNotFoundError:
+        raise ObjectNotFound(f"{os.fspath(path)}: no such file (the artifact)") from None
     digest = file_sha256(path)
     after = _look(path)
     if before == after and not _racy(after[0], started):
@@ -212,7 +215,7 @@ def _current(path: str, entry: object) -> bool:
     """Whether a remembered file is still there as it was (its stamp: one ``stat``)."""
     try:
         return isinstance(entry, dict) and entry.get("stamp") == stamp(os.stat(path))
-    except OSError:
+    except (OSError, ValueError):  # gone, or a path no file can have (a NUL in it)
         return False
 
 

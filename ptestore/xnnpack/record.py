@@ -12,10 +12,12 @@ writes a small read-only file (a record, a refusal) through
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import mmap
 import os
 import shutil
+import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -38,6 +40,7 @@ __all__ = [
     "publish_file",
     "publish_read_only",
     "read_record",
+    "read_small",
     "remove_stale",
     "stamp",
 ]
@@ -175,14 +178,46 @@ def parse_file(path: Path) -> list[Entry]:
                 view.release()
 
 
-def read_record(record_path: Path) -> dict[str, Any]:
-    """The JSON object at ``record_path``; ``FileNotFoundError`` when there is none,
-    :class:`FormatError` when it is not a JSON object."""
+#: A record is at most this many bytes (one names its entries' count, a few digests).
+MAX_RECORD_BYTES = 1 << 20
+
+
+def read_small(path: Path, limit: int, what: str) -> bytes:
+    """The bytes of the regular file ``path``, at most ``limit``: opened without blocking
+    and never through a symbolic link (a FIFO planted there would hang the reader).
+    ``FileNotFoundError`` when there is none; :class:`FormatError` naming the file, the
+    ``what`` and the limit for anything else (not a regular file, larger, unreadable)."""
     try:
-        data = json.loads(record_path.read_text(encoding="utf-8"))
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
         raise
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
+        why = "a symbolic link" if exc.errno == errno.ELOOP else exc.strerror
+        raise FormatError(str(path), what, why, "a regular file") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise FormatError(str(path), what, stat.filemode(st.st_mode), "a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(limit + 1)
+    except OSError as exc:
+        raise FormatError(str(path), what, exc.strerror, "a readable file") from None
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise FormatError(str(path), what, f"more than {limit} bytes", f"at most {limit} bytes")
+    return data
+
+
+def read_record(record_path: Path) -> dict[str, Any]:
+    """The JSON object at ``record_path`` (a regular file of at most
+    :data:`MAX_RECORD_BYTES`: :func:`read_small`); ``FileNotFoundError`` when there is
+    none, :class:`FormatError` when it is not a JSON object (nested too deeply to read
+    included)."""
+    raw = read_small(record_path, MAX_RECORD_BYTES, "record")
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:
         raise FormatError(str(record_path), "record", type(exc).__name__, "a JSON object") from None
     if not isinstance(data, dict):
         raise FormatError(str(record_path), "record", type(data).__name__, "a JSON object")

@@ -259,3 +259,47 @@ def test_the_watch_tells_when_no_worker_is_left_on_a_pairs_hosts() -> None:
             watch.poll()
         watch.poll()
         assert not watch.hosts_gone([here]) and not watch.hosts_gone(["198.51.100.7", here])
+
+
+def test_a_failure_that_may_pass_is_not_recorded_and_an_old_one_not_current(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A timeout (or a kill) of the runtime on the worker records nothing: the pair is
+    done, its ``xnnpack`` says so, and the next run makes the file; a refusal of that
+    kind recorded by an earlier version is not current, and a device does not follow it."""
+    import ptestore.xnnpack
+    from ptestore.errors import PackedWeightsRefused
+    from ptestore.fleet.packing import packed_state
+    from ptestore.xnnpack.native import executorch_build
+
+    timed_out = "the runtime did not finish while making the packed-weight file within 3600.0 s"
+    calls: list[float | None] = []
+
+    def make_cache(pte: object, **kwargs: object) -> object:
+        calls.append(kwargs["timeout"])  # type: ignore[arg-type]
+        raise PackedWeightsRefused(str(pte), timed_out, transient=True)
+
+    monkeypatch.setattr(ptestore.xnnpack, "make_cache", make_cache, raising=False)
+    job = load_job(_job(tmp_path, PORTABLE.pte_path, HERE))
+    result = run_job(job, workers=1)  # inline: the maker replaced here runs
+    phone = next(p for p in result.pairs if p.device == "phone")
+    assert phone.status == "done" and calls == [3600.0]
+    assert phone.xnnpack is not None and phone.xnnpack.startswith(
+        "XNNPACK packed-weight file not made (tried again next run): "
+    )
+    assert timed_out in phone.xnnpack
+    pte = tmp_path / "out" / "phone" / "m.pte"
+    assert not Path(record_url(str(pte))).exists()  # nothing recorded
+
+    monkeypatch.undo()
+    run_job(load_job(tmp_path / "job.toml"), workers=1)  # the real refusal: nothing to pack
+    record_path = Path(record_url(str(pte)))
+    record = json.loads(record_path.read_text())
+    assert record["xnnpack"]["refused"] == NOTHING_TO_PACK
+    record["xnnpack"]["refused"] = timed_out  # as an earlier version recorded it
+    record_path.write_text(json.dumps(record))
+    build = executorch_build().to_json()
+    assert packed_state(str(pte), HERE, build, {}) == (
+        False,
+        f"its XNNPACK refusal may pass, made again: {timed_out}",
+    )

@@ -1,0 +1,96 @@
+"""Which failures of the runtime are remembered as a refusal, and the refusal record.
+
+A refusal of the runtime is remembered beside the file (``xnnpack-<id>.refused.json``)
+only when making the file again would fail the same way: the child's own refusal (exit
+3: a method the probe cannot run, the runtime's error), outputs that differ, a graph
+the runtime does not persist, a file ptestore rejects, or a crash by a signal the
+program raises itself (:data:`DETERMINISTIC_SIGNALS`: SIGSEGV, SIGBUS, SIGILL,
+SIGABRT...). A failure that may pass is never remembered
+(:attr:`~ptestore.errors.PackedWeightsRefused.transient`): the child did not finish in
+time, was killed from outside (SIGKILL by the OOM killer, SIGTERM...), or exited with
+another status (an import error, a full disk in the child).
+
+A record written before this distinction has no ``"kind"``: its reason tells
+(:func:`transient_reason`), and one of a failure that may pass is not a refusal (the
+next call makes the file and replaces it). A record that is not a regular file, too
+large, not JSON or without a reason is not a refusal either.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+from pathlib import Path
+from typing import Any
+
+from ..errors import FormatError, PackedWeightsRefused
+from .identity import Identity
+from .record import publish_read_only, read_small
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "DETERMINISTIC_SIGNALS",
+    "read_refusal",
+    "signal_name",
+    "transient_reason",
+    "write_refusal",
+]
+
+#: Seconds each child of a make may take when ``ensure`` and the fleet make a file
+#: (:func:`~ptestore.xnnpack.make_cache` itself waits as long as it takes unless told).
+DEFAULT_TIMEOUT = 3600.0
+#: The signals a crash of the runtime raises itself: making the file again crashes again.
+DETERMINISTIC_SIGNALS = frozenset(
+    int(getattr(signal, name))
+    for name in ("SIGSEGV", "SIGBUS", "SIGILL", "SIGABRT", "SIGFPE", "SIGTRAP", "SIGSYS")
+    if hasattr(signal, name)
+)
+#: A refusal record is at most this many bytes.
+MAX_REFUSAL_BYTES = 64 << 10
+#: How the reasons of failures that may pass begin (records without a ``"kind"``).
+_TRANSIENT = re.compile(
+    r"the runtime did not finish |the runtime exited with -?\d+ "
+    r"|the ExecuTorch runtime crashed \((?!"
+    + "|".join(signal.Signals(s).name for s in sorted(DETERMINISTIC_SIGNALS))
+    + r")"
+)
+
+
+def signal_name(code: int) -> str:
+    try:
+        return signal.Signals(code).name
+    except ValueError:
+        return f"signal {code}"
+
+
+def transient_reason(reason: str) -> bool:
+    """Whether ``reason`` (a refusal's, as recorded by an earlier version or in a fleet's
+    index) is one of a failure that may pass: a timeout, a kill from outside, an exit
+    without the child's own reason."""
+    return _TRANSIENT.match(reason) is not None
+
+
+def read_refusal(path: Path) -> str | None:
+    """The reason remembered at ``path`` for refusing again without running anything;
+    None when there is none, or what is there is no refusal to keep (a failure that may
+    pass recorded by an earlier version, or a damaged record)."""
+    try:
+        data: Any = json.loads(read_small(path, MAX_REFUSAL_BYTES, "refusal record"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, RecursionError, FormatError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("reason"), str):
+        return None
+    reason: str = data["reason"]
+    if data.get("kind") != "deterministic" and transient_reason(reason):
+        return None
+    return reason
+
+
+def write_refusal(path: Path, identity: Identity, exc: PackedWeightsRefused) -> None:
+    """Remember ``exc`` at ``path`` (never a transient one: see the module)."""
+    assert not exc.transient
+    record = {"identity": identity.to_json(), "reason": exc.reason, "kind": "deterministic"}
+    publish_read_only(json.dumps(record).encode(), path)
