@@ -4,6 +4,7 @@ destination, and decide run or skip (and why)."""
 from __future__ import annotations
 
 import concurrent.futures as cf
+from collections import Counter
 from typing import Any
 
 from .._dataclass import dataclass, field
@@ -142,7 +143,8 @@ def plan_job(job: Job) -> Plan:
     # The ExecuTorch build a current packed-weight file must have been made with: this
     # machine's, when it has one (the workers compare their own before they skip one).
     build = runtime_build() if job.xnnpack_cpu else None
-    per_model = {m.name: sum(1 for p in job.pairs() if p.model.name == m.name) for m in job.models}
+    pairs = job.pairs()
+    per_model = Counter(p.model.name for p in pairs)
 
     def decide(pair: Pair) -> PlannedPair:
         share = read[pair.model.name] // max(1, per_model[pair.model.name])
@@ -195,7 +197,7 @@ def plan_job(job: Job) -> Plan:
 
     # Destination checks are small ranged reads: overlap their latency.
     with cf.ThreadPoolExecutor(max_workers=_CHECK_THREADS) as pool:
-        out = list(pool.map(decide, job.pairs()))
+        out = list(pool.map(decide, pairs))
     return Plan(job, out)
 
 
