@@ -195,8 +195,7 @@ def test_a_destination_never_takes_the_jobs_own_names(
     with pytest.raises(JobError) as info:
         parse_job(job(base + template, model(base + "src/a.pte", name), device("json")), "j")
     assert str(info.value) == (
-        f"j:1: destination: pair ({name}, json)'s destination {base}{dst} "
-        + why.format(base=base)
+        f"j:1: destination: pair ({name}, json)'s destination {base}{dst} " + why.format(base=base)
     )
 
 
@@ -220,7 +219,9 @@ def test_fleet_run_never_writes_over_its_index(
     src = tmp_path / "src.pte"
     src.write_bytes((FIXTURES / "mlp_xnnpack.pte").read_bytes())
     path = tmp_path / "job.toml"
-    path.write_text(job(f"{tmp_path}/out/{{model}}.{{device}}", model(str(src), "m"), device("json")))
+    path.write_text(
+        job(f"{tmp_path}/out/{{model}}.{{device}}", model(str(src), "m"), device("json"))
+    )
     assert main(["fleet", "run", str(path), "--quiet", "--workers", "1"]) == 0
     index = (tmp_path / "out" / "ptestore-index.json").read_bytes()
     path.write_text(
@@ -254,7 +255,9 @@ def test_a_job_loads_in_time_linear_in_its_pairs(monkeypatch: pytest.MonkeyPatch
 
     def text(m: int, d: int) -> str:
         models = "".join(model(f"s3://src/m{i}.pte", f"m{i}") for i in range(m))
-        return job("s3://b/out/{device}/{model}.pte", models, "".join(device(f"d{j}") for j in range(d)))
+        return job(
+            "s3://b/out/{device}/{model}.pte", models, "".join(device(f"d{j}") for j in range(d))
+        )
 
     parse_job(text(40, 10))
     assert calls[0] <= 40 + 40 * 10 + 2
