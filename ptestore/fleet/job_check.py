@@ -143,13 +143,13 @@ def destinations_problem(
             problem = _reserved(where, dst, root, segments)
             if problem:
                 return problem
-            src = by_identity.get(ident)
-            if src is None and by_inode:
+            found = by_identity.get(ident)
+            if found is None and by_inode:
                 inode = _inode(dst)
-                src = by_inode.get(inode) if inode is not None else None
-            if src is not None:
+                found = by_inode.get(inode) if inode is not None else None
+            if found is not None:
                 return (
-                    f"pair {where}'s destination {dst} is the source {src}: a destination "
+                    f"pair {where}'s destination {dst} is the source {found}: a destination "
                     "must never be one of the job's sources"
                 )
             if ident in seen:
