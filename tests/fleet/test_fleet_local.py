@@ -215,3 +215,36 @@ def test_a_run_inside_the_callers_own_dask_client_waits_through_its_own(
         result = run_job(job, scheduler=cluster.scheduler_address)
     assert [p.status for p in result.pairs] == ["done"] * 4, [p.error for p in result.pairs]
     assert seen and outer not in seen
+
+
+def test_a_dead_pool_worker_fails_only_its_own_pair(tmp_path: Path) -> None:
+    """A worker process that dies breaks the whole pool: the pairs it did not hold run
+    on a new pool, each pair that was running when it died runs again alone, and only
+    the one whose worker dies again is failed; the others are published and indexed."""
+    assert MLP.pte_path is not None
+    started = tmp_path / "blocked-started"
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'destination = "{tmp_path}/out/{{device}}/{{model}}.pte"\n'
+        'backends = ["support.dying_backend:Dying"]\n'
+        f'[[models]]\nname = "mlp"\nsource = "{MLP.pte_path}"\n'
+        f'[devices.dies]\ndie_when = "{started}"\n'
+        f'[devices.blocked]\nfirst_blocks = "{started}"\n'
+        "[devices.c]\n[devices.d]\n"
+    )
+    result = run_job(load_job(job), workers=2)
+    status = {p.device: (p.status, p.error) for p in result.pairs}
+    assert status["dies"][0] == "failed"
+    assert str(status["dies"][1]).startswith(
+        "its worker process died while it ran, and again when it ran alone: "
+        "BrokenProcessPool: "
+    )
+    assert {d: s for d, (s, _e) in status.items() if d != "dies"} == {
+        "blocked": "done",
+        "c": "done",
+        "d": "done",
+    }
+    assert result.index is not None and result.index_error is None
+    entries = ptestore.fleet.index.load_index(result.index)["entries"]
+    assert sorted(e["device"] for e in entries) == ["blocked", "c", "d"]
+    assert not (tmp_path / "out" / "dies" / "mlp.pte").exists()
