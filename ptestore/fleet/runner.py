@@ -65,7 +65,8 @@ class FleetResult:
     engine: str = "inline"
     #: URL of the index the run published (None when nothing is indexed).
     index: str | None = None
-    #: Why the index could not be published (the run's artifacts are unaffected).
+    #: Why the index could not be published (the run's artifacts are unaffected), or,
+    #: with ``index`` set, why some pairs were not indexed (:func:`.index.index_entries`).
     index_error: str | None = None
     #: What publishing the index did: its version, each shard touched with its
     #: compare-and-swap attempts and conflicts (``IndexReport.to_dict``).
@@ -120,7 +121,8 @@ class FleetResult:
             elif p.xnnpack is not None and "refused" in p.xnnpack:
                 lines.append(f"xnnpack: {p.model} on {p.device}: {p.xnnpack}")
         if self.index_error is not None:
-            lines.append(f"index not published: {self.index_error}")
+            what = "index not published" if self.index is None else "not indexed"
+            lines.append(f"{what}: {self.index_error}")
         lines += [f"lost: {why}" for why in self.lost_workers.values()]
         return "\n".join(lines)
 
