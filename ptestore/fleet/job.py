@@ -204,6 +204,10 @@ def parse_job(text: str, path: str = "<job>") -> Job:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise JobError(f"{path}: invalid TOML: {exc}") from None
+    except RecursionError:
+        raise JobError(
+            f"{path}: invalid TOML: arrays or tables nested deeper than the parser can read"
+        ) from None
 
     def fail(
         message: str, table: str | None, key: str | None, index: int | None = None

@@ -149,3 +149,40 @@ def test_cli_bad_job_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str
     job.write_text(GOOD.replace('["passthrough"]', '["no_such_backend"]'))
     assert main(["fleet", "plan", str(job)]) == 2
     assert "backends: backend 'no_such_backend': unknown name" in capsys.readouterr().err
+
+
+def test_deeply_nested_toml_is_a_job_error(tmp_path: Path) -> None:
+    """The TOML parser recurses per nesting level: a deep array is a JobError (exit 2
+    for every job command), never a RecursionError."""
+    text = (
+        'destination = "out/{device}/{model}.pte"\n[[models]]\nsource = "a.pte"\n'
+        "[devices.a]\nx = " + "[" * 5000 + "]" * 5000 + "\n"
+    )
+    with pytest.raises(JobError) as info:
+        parse_job(text, "deep.toml")
+    assert str(info.value) == (
+        "deep.toml: invalid TOML: arrays or tables nested deeper than the parser can read"
+    )
+    path = tmp_path / "deep.toml"
+    path.write_text(text)
+    for argv in (["fleet", "plan"], ["fleet", "retire"], ["verify", "--job"]):
+        assert main([*argv, str(path)]) == 2, argv
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--models", ""), ("--devices", ",")])
+def test_an_empty_filter_is_a_job_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, value: str
+) -> None:
+    """``--models ""`` (an empty shell list) names nothing: it never runs every pair."""
+    path = tmp_path / "job.toml"
+    path.write_text(
+        f'destination = "{tmp_path}/out/{{device}}/{{model}}.pte"\n'
+        '[[models]]\nname = "m"\nsource = "a.pte"\n[devices.a]\n[devices.b]\n'
+    )
+    assert main(["fleet", "plan", str(path), flag, value]) == 2
+    kind = flag[2:]
+    have = "m" if kind == "models" else "a, b"
+    assert capsys.readouterr().err.strip().endswith(
+        f"{path}: {flag} names no {kind[:-1]} (an empty list; {kind}: {have}): leave it out "
+        f"to take every {kind[:-1]}"
+    )
