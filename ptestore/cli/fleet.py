@@ -282,9 +282,16 @@ def run_fleet(args: argparse.Namespace) -> int:
             bar = None
         # The partial summary: which pairs were published, then exit 130.
         if args.json:
-            json.dump(stop.result.to_json(), sys.stdout, indent=2)
+            # One JSON document: the result (no error object after it, whose
+            # "published" could not say which pairs were), the message on stderr.
+            from .exits import EXIT_INTERRUPTED, error_message
+
+            json.dump({**stop.result.to_json(), "interrupted": True}, sys.stdout, indent=2)
             sys.stdout.write("\n")
-        elif not args.quiet:
+            sys.stdout.flush()
+            print(error_message("fleet", stop, publishes=True), file=sys.stderr)
+            return EXIT_INTERRUPTED
+        if not args.quiet:
             print(stop.result.summary())
         sys.stdout.flush()
         raise
