@@ -9,12 +9,13 @@ from typing import Any
 
 from .._dataclass import dataclass, field
 from ..backends.registry import load_backend
-from ..errors import ConfigurationError, PteStoreError
+from ..errors import ConfigurationError, ObjectNotFound, PteStoreError
 from ..provenance import ProvenanceKey, SourceInfo, describe_source
 from .estimate import Estimate, estimate_pair, human_bytes
 from .job import Job, Pair
 from .packed import runtime_build
 from .packing import packed_state
+from .retry import transient
 from .shared import shared_root
 from .work import PairResult, PairTask, check_destination, open_counted
 
@@ -27,7 +28,8 @@ _CHECK_THREADS = 16
 @dataclass
 class PlannedPair:
     """One pair and what a run would do with it: ``action`` is ``"run"``, ``"skip"``
-    or ``"fail"`` (its sources cannot be read)."""
+    or ``"fail"`` (its sources cannot be read, or its destination cannot for a reason
+    other than its absence or a transient failure: a run would fail it)."""
 
     pair: Pair
     action: str
@@ -180,7 +182,11 @@ def plan_job(job: Job) -> Plan:
                 urls, job.storage_options, key, counter, task.shared_root
             )
         except PteStoreError as exc:
-            current, reason = False, f"cannot read the destination: {exc}"
+            reason = f"cannot read the destination: {exc}"
+            if not (isinstance(exc, ObjectNotFound) or transient(exc)):
+                # A run would fail it the same way (a directory there, access refused).
+                return PlannedPair(pair, "fail", reason, task, share + counter[0])
+            current = False
         why: str | None = None
         if current and pair.xnnpack_cpu is not None:
             try:

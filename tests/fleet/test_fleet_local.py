@@ -248,3 +248,29 @@ def test_a_dead_pool_worker_fails_only_its_own_pair(tmp_path: Path) -> None:
     entries = ptestore.fleet.index.load_index(result.index)["entries"]
     assert sorted(e["device"] for e in entries) == ["blocked", "c", "d"]
     assert not (tmp_path / "out" / "dies" / "mlp.pte").exists()
+
+
+def test_plan_says_fail_for_a_destination_a_run_would_fail(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A directory at a pair's destination: the run fails the pair, so the plan says
+    ``fail`` and exits 1 (it said ``run`` and exited 0); a missing destination is still
+    ``run``."""
+    assert MLP.pte_path is not None
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'destination = "{tmp_path}/out/{{device}}/{{model}}.pte"\n'
+        f'[[models]]\nname = "m"\nsource = "{MLP.pte_path}"\n[devices.a]\n[devices.b]\n'
+    )
+    dst = tmp_path / "out" / "a" / "m.pte"
+    dst.mkdir(parents=True)
+    plan = plan_job(load_job(job))
+    (a, b) = plan.pairs
+    assert (b.action, a.action) == ("run", "fail")
+    assert a.reason.startswith(f"cannot read the destination: {dst}: is a directory")
+    assert main(["fleet", "plan", str(job)]) == 1
+    assert "2 pairs: 1 to run, 0 to skip, 1 failing" in capsys.readouterr().out
+    assert main(["fleet", "run", str(job), "--workers", "1", "--json"]) == 1
+    shown = json.loads(capsys.readouterr().out)
+    assert [(p["device"], p["status"]) for p in shown["pairs"]] == [("a", "failed"), ("b", "done")]
+    assert shown["pairs"][0]["error"] == a.reason
