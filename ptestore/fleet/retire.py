@@ -39,6 +39,7 @@ from typing import Any
 
 from .._dataclass import dataclass, field
 from ..errors import ConfigurationError, ObjectNotFound
+from ..storage.types import StorageURL
 from .index import index_url, iter_entries, update_index
 from .job import Job
 
@@ -93,10 +94,11 @@ def written_by(entry: dict[str, Any], job: Job) -> bool:
         return False
     if other == job.path:
         return True
-    if "://" in other or "://" in job.path:
+    mine, theirs = StorageURL.of(job.path), StorageURL.of(other)
+    if not (mine.local and theirs.local):
         return False
     try:
-        return os.path.realpath(other) == os.path.realpath(job.path)
+        return os.path.realpath(mine.path) == os.path.realpath(theirs.path)
     except (OSError, ValueError):
         return False
 
