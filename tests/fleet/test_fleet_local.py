@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -274,3 +275,20 @@ def test_plan_says_fail_for_a_destination_a_run_would_fail(
     shown = json.loads(capsys.readouterr().out)
     assert [(p["device"], p["status"]) for p in shown["pairs"]] == [("a", "failed"), ("b", "done")]
     assert shown["pairs"][0]["error"] == a.reason
+
+
+def test_a_failed_pair_leaves_no_folder_behind(tmp_path: Path) -> None:
+    """The directories a failed pair's writers made for it are removed (while empty):
+    "anything that fails before publish leaves no trace"."""
+    assert MLP.pte_path is not None
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'destination = "{tmp_path}/out/{{device}}/deep/{{model}}.pte"\n'
+        'backends = ["support.dying_backend:Dying"]\n'
+        f'[[models]]\nname = "m"\nsource = "{MLP.pte_path}"\n'
+        "[devices.bad]\nfail = true\n[devices.good]\n"
+    )
+    result = run_job(load_job(job), workers=1)
+    assert [p.status for p in result.pairs] == ["failed", "done"]
+    assert not (tmp_path / "out" / "bad").exists()
+    assert "good" in os.listdir(tmp_path / "out")

@@ -5,6 +5,7 @@ synchronized by files (never by time):
 - ``die_when = PATH``: wait until PATH exists, then ``os._exit(3)`` (every time);
 - ``first_blocks = PATH``: the first time (PATH absent) create PATH and wait for a file
   that never appears (the broken pool terminates the process); later runs go on;
+- ``fail = true``: raise (the pair fails, its writers discard);
 - otherwise: replace the first named key with its bytes reversed.
 """
 
@@ -30,6 +31,8 @@ class Dying(BackendInterface):
         for _ in context:
             pass
         options = context.device.options if context.device is not None else {}
+        if options.get("fail"):
+            raise RuntimeError("the backend failed on purpose")
         if "die_when" in options:
             _wait_for(options["die_when"])
             os._exit(3)
