@@ -28,6 +28,7 @@ Every error is a :class:`JobError` naming the file, the line and the key.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import re
 import string
@@ -300,6 +301,15 @@ def parse_job(text: str, path: str = "<job>") -> Job:
             if problem:
                 raise fail(problem, table, XNNPACK_CPU_KEY)
             cpus[dname] = cpu
+        non_finite = _non_finite(opts)
+        if non_finite is not None:
+            key, value = non_finite
+            raise fail(
+                f"{value!r}: device {dname!r} option {key!r} must be a finite number "
+                "(trailers and the index are JSON, which has no nan or inf)",
+                table,
+                key.split(".", 1)[0].split("[", 1)[0],
+            )
         devices.append(DeviceProfile(dname, _plain(opts)))
     version = data.get("index_version")
     if version is not None and (type(version) is not int or version not in (2, 3)):
@@ -380,6 +390,23 @@ def check_destinations(job: Job) -> str | None:
         for p in job.pairs()
     )
     return destinations_problem(job.destination, sources, pairs)
+
+
+def _non_finite(value: Any, where: str = "") -> tuple[str, float] | None:
+    """``(key, value)`` of the first float in ``value`` that is nan or infinite (a key
+    such as ``a.b[2]``), or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return where, value
+    items = value.items() if isinstance(value, dict) else ()
+    for k, v in items:
+        found = _non_finite(v, f"{where}.{k}" if where else str(k))
+        if found:
+            return found
+    for i, v in enumerate(value if isinstance(value, list) else ()):
+        found = _non_finite(v, f"{where}[{i}]")
+        if found:
+            return found
+    return None
 
 
 def _plain(value: Any) -> Any:

@@ -182,7 +182,35 @@ def test_an_empty_filter_is_a_job_error(
     assert main(["fleet", "plan", str(path), flag, value]) == 2
     kind = flag[2:]
     have = "m" if kind == "models" else "a, b"
-    assert capsys.readouterr().err.strip().endswith(
-        f"{path}: {flag} names no {kind[:-1]} (an empty list; {kind}: {have}): leave it out "
-        f"to take every {kind[:-1]}"
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .endswith(
+            f"{path}: {flag} names no {kind[:-1]} (an empty list; {kind}: {have}): leave it out "
+            f"to take every {kind[:-1]}"
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    ("option", "key", "shown"),
+    [
+        ("scale = nan", "scale", "nan"),
+        ("x = [1.0, -inf]", "x[1]", "-inf"),
+        ("y = {z = inf}", "y.z", "inf"),
+    ],
+)
+def test_non_finite_device_options_are_refused(option: str, key: str, shown: str) -> None:
+    """A trailer and the index are JSON, which has no NaN or Infinity: a device option
+    that is one (anywhere in it) is a JobError naming the device and the option."""
+    text = (
+        'destination = "o/{device}/{model}.pte"\n[[models]]\nsource = "a.pte"\n'
+        f'[devices.p]\nsoc = "s"\n{option}\n'
+    )
+    with pytest.raises(JobError) as info:
+        parse_job(text, "j.toml")
+    assert str(info.value) == (
+        f"j.toml:6: devices.p.{key.split('.')[0].split('[')[0]}: {shown}: device 'p' option "
+        f"{key!r} must be a finite number (trailers and the index are JSON, which has no "
+        "nan or inf)"
     )
