@@ -130,6 +130,7 @@ def verify(
     ptd: str | os.PathLike[str] | None = None,
     quick: bool = False,
     xnnpack_cpu: str | None = None,
+    ptd_source: str | os.PathLike[str] | None = None,
 ) -> VerifyReport:
     """Check the artifact at ``url`` (see the module docstring).
 
@@ -156,6 +157,9 @@ def verify(
             packed-weight file beside the artifact must have been made for it (a
             missing one is stale). Without it, a file found beside is checked all the
             same (its record bound to this artifact, its size and SHA-256).
+        ptd_source: for a ``.pte``, the .ptd source its .ptd should have been made from
+            (compared with the record's ``ptd_source``, as ``source`` is with
+            ``source``): a fleet job's model's ``ptd``.
 
     Returns:
         A :class:`VerifyReport`: ``status`` ``"intact"``, ``"current"``, ``"stale"`` (each finding
@@ -174,8 +178,11 @@ def verify(
     recover_if_local(target)  # an interrupted in-place specialization: finish it first
     opts = StorageOptions(storage_options)
     try:
-        opts.check([] if source is None else [source], [target])
+        opts.check([x for x in (source, ptd_source) if x is not None], [target])
         _check(report, target, source, backends, device, opts, ptd, quick)
+        prov = report.provenance
+        if ptd_source is not None and prov is not None and prov.role == "pte":
+            _compare_source(report, prov.ptd_source, ptd_source, "ptd_source.sha256", opts)
         if report.provenance is not None and report.provenance.role == "pte":
             from .fleet.packing import check_beside
 
@@ -210,21 +217,9 @@ def _check(
     if prov.role == "pte" and (ptd is not None or prov.ptd_output is not None):
         check_ptd(report, prov, target, ptd, opts, quick)
     if source is not None:
-        src = os.fspath(source)
-        src_loader = open_loader(src, **opts.for_loader(src, "src"))
-        try:
-            made = prov.ptd_source if prov.role == "ptd" else prov.source
-            info = describe_source(src_loader, like=None if made is None else made.sha256)
-        finally:
-            src_loader.close()
+        made = prov.ptd_source if prov.role == "ptd" else prov.source
         field_name = "ptd_source.sha256" if prov.role == "ptd" else "source.sha256"
-        if made is None or info.sha256 != made.sha256 or info.size != made.size:
-            was = "nothing" if made is None else f"{made.url} ({made.size} bytes, {made.sha256})"
-            report.stale(
-                field_name,
-                f"the artifact was made from {was}, not from {src} ({info.size} bytes, "
-                f"{info.sha256})",
-            )
+        _compare_source(report, made, source, field_name, opts)
     profile = device if isinstance(device, DeviceProfile) else None
     hint = ""
     if backends is not None:
@@ -245,6 +240,30 @@ def _check(
                 f"device {name!r} options digest is {have.digest}, expected "
                 f"{device.digest()} ({option_changes(have.options, dict(device.options))})",
             )
+
+
+def _compare_source(
+    report: VerifyReport,
+    made: Any,
+    source: str | os.PathLike[str],
+    field_name: str,
+    opts: StorageOptions,
+) -> None:
+    """Stale under ``field_name`` unless ``source`` is the source the record names
+    (``made``: its ``source`` or ``ptd_source``, or None) by size and SHA-256."""
+    src = os.fspath(source)
+    src_loader = open_loader(src, **opts.for_loader(src, "src"))
+    try:
+        info = describe_source(src_loader, like=None if made is None else made.sha256)
+    finally:
+        src_loader.close()
+    if made is None or info.sha256 != made.sha256 or info.size != made.size:
+        was = "nothing" if made is None else f"{made.url} ({made.size} bytes, {made.sha256})"
+        report.stale(
+            field_name,
+            f"the artifact was made from {was}, not from {src} ({info.size} bytes, "
+            f"{info.sha256})",
+        )
 
 
 def _named_profile(name: str, prov: Provenance) -> tuple[DeviceProfile, str]:

@@ -104,13 +104,19 @@ def add_fleet_parser(subparsers: Any) -> argparse.ArgumentParser:
     rt = sub.add_parser(
         "retire",
         help="retire the index entries of pairs the job no longer names",
-        description="Mark every entry of the job's index whose model or device the job "
-        "no longer names as retired: select, fetch and ensure never return it, and gc no "
-        "longer counts its files as referenced. Exit status: 0, 1 storage failure, 2 bad "
-        "job file.",
+        description="Mark every entry of the job's index that this job file wrote and "
+        "whose model or device the job no longer names as retired: select, fetch and "
+        "ensure never return it, and gc no longer counts its files as referenced. Entries "
+        "other job files wrote under the prefix are left (--all-jobs: retired too). Exit "
+        "status: 0, 1 storage failure, 2 bad job file.",
     )
     rt.add_argument("job", metavar="JOBFILE", help="the job file (TOML)")
     rt.add_argument("--dry-run", action="store_true", help="list them, change nothing")
+    rt.add_argument(
+        "--all-jobs",
+        action="store_true",
+        help="also retire entries other job files (or none) wrote under the prefix",
+    )
     rt.add_argument("--json", action="store_true", help="print the result as JSON")
     add_common_flags(rt)
     rt.set_defaults(func=run_retire)
@@ -175,7 +181,7 @@ def run_retire(args: argparse.Namespace) -> int:
     from ..fleet import load_job
     from ..fleet.retire import retire_dropped
 
-    done = retire_dropped(load_job(args.job), dry_run=args.dry_run)
+    done = retire_dropped(load_job(args.job), dry_run=args.dry_run, all_jobs=args.all_jobs)
     if args.json:
         json.dump(done.to_dict(), sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -186,7 +192,11 @@ def run_retire(args: argparse.Namespace) -> int:
     verb = "would retire" if args.dry_run else "retired"
     for e in done.retired:
         print(f"{verb} {e['model']}/{e['device']}: {e['reason']}")
-    print(f"{verb} {len(done.retired)} entries of {done.index} ({done.already} retired before)")
+    others = f", {done.others} of other jobs left" if done.others else ""
+    print(
+        f"{verb} {len(done.retired)} entries of {done.index} ({done.already} retired before"
+        f"{others})"
+    )
     return EXIT_OK
 
 
@@ -272,9 +282,16 @@ def run_fleet(args: argparse.Namespace) -> int:
             bar = None
         # The partial summary: which pairs were published, then exit 130.
         if args.json:
-            json.dump(stop.result.to_json(), sys.stdout, indent=2)
+            # One JSON document: the result (no error object after it, whose
+            # "published" could not say which pairs were), the message on stderr.
+            from .exits import EXIT_INTERRUPTED, error_message
+
+            json.dump({**stop.result.to_json(), "interrupted": True}, sys.stdout, indent=2)
             sys.stdout.write("\n")
-        elif not args.quiet:
+            sys.stdout.flush()
+            print(error_message("fleet", stop, publishes=True), file=sys.stderr)
+            return EXIT_INTERRUPTED
+        if not args.quiet:
             print(stop.result.summary())
         sys.stdout.flush()
         raise

@@ -180,12 +180,14 @@ class Parser(argparse.ArgumentParser):
             command = getattr(ns, "command", None)
             commands = self._command_parsers()
             target = commands.get(command, self) if isinstance(command, str) else self
-            flags = target.all_flags() if isinstance(target, Parser) else self.flags
+            chosen = _chosen(target, ns)  # ``fleet plan``: plan's flags, not run's
+            flags = chosen.all_flags() if isinstance(chosen, Parser) else self.flags
             message = "unrecognized arguments: " + " ".join(extras)
             for extra in extras:
                 if extra.startswith("-"):
-                    guess = nearest(extra.split("=", 1)[0], flags)
-                    if guess is not None:
+                    given = extra.split("=", 1)[0]
+                    guess = nearest(given, flags)
+                    if guess is not None and guess != given:
                         message += f" (did you mean {guess}?)"
                         break
             target.error(message)
@@ -200,3 +202,17 @@ class Parser(argparse.ArgumentParser):
                 message += f" (did you mean {guess!r}?)"
         self.print_usage(sys.stderr)
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _chosen(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> argparse.ArgumentParser:
+    """The deepest sub-command parser ``ns`` went through from ``parser`` (``fleet`` ->
+    ``fleet plan``): a typo is matched against that one's flags, not its siblings'."""
+    while isinstance(parser, Parser):
+        for action in parser._subparsers_actions:
+            chosen = getattr(ns, action.dest, None) if action.dest else None
+            if isinstance(chosen, str) and chosen in action.choices:
+                parser = action.choices[chosen]
+                break
+        else:
+            return parser
+    return parser

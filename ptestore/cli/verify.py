@@ -103,7 +103,7 @@ def run_verify(args: argparse.Namespace) -> int:
     if args.url is None:
         return _verify_job(args)
     try:
-        source, backends, device, options, cpu = _inputs(args)
+        source, backends, device, options, cpu, ptd_source = _inputs(args)
     except ConfigurationError as exc:
         report = VerifyReport(args.url, status="invalid", error=str(exc))
     else:
@@ -116,6 +116,7 @@ def run_verify(args: argparse.Namespace) -> int:
             ptd=args.ptd,
             quick=args.quick or args.range is not None,
             xnnpack_cpu=cpu,
+            ptd_source=ptd_source,
         )
     if args.range is not None and report.exit_code == 0:
         return _verify_range(args, report)
@@ -152,15 +153,20 @@ def _verify_range(args: argparse.Namespace, report: Any) -> int:
     return 0
 
 
-def _inputs(args: argparse.Namespace) -> tuple[Any, Any, Any, dict[str, Any], str | None]:
+def _inputs(
+    args: argparse.Namespace,
+) -> tuple[Any, Any, Any, dict[str, Any], str | None, str | None]:
+    """What to verify ``args.url`` against: ``(source, backends, device, options, cpu,
+    ptd_source)``; with ``--job``, from the pair whose destination the URL is."""
     options: dict[str, Any] = storage_options(args)
     source = args.source
     backends = args.backend
     device: Any = None
     cpu = None
+    ptd_source = None
     if args.job is None:
         # Without options only the name is compared (backends get a profile of that name).
-        return source, backends, device_or_name(args), options, None
+        return source, backends, device_or_name(args), options, None, None
     if args.device_option:
         raise ConfigurationError(
             "--device-option cannot be given with --job (the job file has the options)"
@@ -179,6 +185,8 @@ def _inputs(args: argparse.Namespace) -> tuple[Any, Any, Any, dict[str, Any], st
         if is_ptd or same_target(args.url, pair.destination):
             if source is None:
                 source = pair.model.ptd if is_ptd else pair.model.source
+                # A .pte's record names its .ptd's source too: compared as well.
+                ptd_source = None if is_ptd else pair.model.ptd
             if args.device is None:
                 device = pair.device
             if not is_ptd:
@@ -189,7 +197,7 @@ def _inputs(args: argparse.Namespace) -> tuple[Any, Any, Any, dict[str, Any], st
         cpu = job.xnnpack_cpu.get(args.device)
     if backends is None:
         backends = list(job.backends)
-    return source, backends, device, options, cpu
+    return source, backends, device, options, cpu, ptd_source
 
 
 def _verify_job(args: argparse.Namespace) -> int:
@@ -220,6 +228,7 @@ def _verify_job(args: argparse.Namespace) -> int:
             storage_options=options,
             quick=args.quick,
             xnnpack_cpu=pair.xnnpack_cpu,
+            ptd_source=pair.model.ptd,
         )
 
     with cf.ThreadPoolExecutor(max_workers=8) as pool:

@@ -352,9 +352,14 @@ def update_index(
     )
 
 
-def index_entries(job: Job, pairs: Iterable[tuple[str, str]]) -> list[dict[str, Any]]:
+def index_entries(
+    job: Job, pairs: Iterable[tuple[str, str]], skipped: list[str] | None = None
+) -> list[dict[str, Any]]:
     """The entries of ``job``'s ``(model, device)`` pairs (read from their trailers,
-    a few at once)."""
+    a few at once). An artifact whose trailer names another device, or other options
+    for it, than its pair's (another pair's artifact copied there, another job's) is
+    never indexed as the pair's: its reason is appended to ``skipped``, or, without a
+    list, raised as a :class:`FormatError`."""
     import concurrent.futures as cf
 
     wanted = set(pairs)
@@ -362,7 +367,7 @@ def index_entries(job: Job, pairs: Iterable[tuple[str, str]]) -> list[dict[str, 
 
     from .shared import shared_root
 
-    def one(p: Any) -> dict[str, Any]:
+    def one(p: Any) -> dict[str, Any] | FormatError:
         root = shared_root(job.destination) if p.ptd_destination is not None else None
         e = entry_for(
             p.destination,
@@ -372,28 +377,50 @@ def index_entries(job: Job, pairs: Iterable[tuple[str, str]]) -> list[dict[str, 
             xnnpack=p.xnnpack_cpu is not None,
         )
         e["model"] = p.model.name
+        digest = p.device.digest()
+        if e["device"] != p.device.name or e["device_digest"] != digest:
+            return FormatError(
+                p.destination,
+                "provenance device",
+                (e["device"], e["device_digest"]),
+                f"the pair ({p.model.name}, {p.device.name})'s device, "
+                f"({p.device.name!r}, {digest!r})",
+                "not indexed",
+            )
         return e
 
     with cf.ThreadPoolExecutor(max_workers=8) as pool:
-        return list(pool.map(one, todo))
+        got = list(pool.map(one, todo))
+    problems = [x for x in got if isinstance(x, FormatError)]
+    if problems and skipped is None:
+        raise problems[0]
+    if skipped is not None:
+        skipped += [str(x) for x in problems]
+    return [x for x in got if not isinstance(x, FormatError)]
 
 
 def publish_pairs(
     job: Job, pairs: list[tuple[str, str]]
 ) -> tuple[str | None, str | None, IndexReport | None]:
     """Index ``job``'s ``(model, device)`` pairs that are done or skipped: ``(url, None,
-    report)`` once published, ``(None, why, None)`` when the index could not be (the
-    run's artifacts are unaffected), ``(None, None, None)`` when there is nothing to
+    report)`` once published (``why`` instead of None: the pairs that were not indexed
+    because their artifact's trailer names another device, :func:`index_entries`),
+    ``(None, why, None)`` when the index could not be (the run's artifacts are
+    unaffected), ``(None, None, None)`` when there is nothing to
     index."""
     from ..errors import PteStoreError
 
     if not pairs:
         return None, None, None
     url = index_url(job)
+    skipped: list[str] = []
     try:
+        entries = index_entries(job, pairs, skipped)
+        if not entries:
+            return None, "; ".join(skipped), None
         report = publish_entries(
-            url, index_entries(job, pairs), dict(job.storage_options), version=job.index_version
+            url, entries, dict(job.storage_options), version=job.index_version
         )
     except PteStoreError as exc:
         return None, str(exc), None
-    return url, None, report
+    return url, "; ".join(skipped) or None, report

@@ -9,7 +9,10 @@ reach: a run killed between its leaf writes and its catalog placement, a catalog
 removed by hand or a lifecycle rule, a rebuild interrupted (or starved by writers)
 after it marked the catalog. The next run that touches the model repairs it; this
 check finds them without one, and ``repair`` rebuilds each from its leaves
-(:meth:`.index_v3.ShardedIndex.repair`, safe beside running writers).
+(:meth:`.index_v3.ShardedIndex.repair`, safe beside running writers). A damaged catalog
+(not JSON, a field of the wrong type: every publish of its model fails on it) is one
+problem, ``damaged catalog: ...``, and ``repair`` replaces it by compare-and-swap on
+the version read.
 
 Read while runs publish, a catalog can be behind its leaves for the moment between a
 run's leaf writes and its placement: check again before repairing a fleet that is busy.
@@ -22,6 +25,7 @@ from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from .._dataclass import dataclass, field
+from ..errors import FormatError
 
 if TYPE_CHECKING:
     from .index_v3 import ShardedIndex
@@ -83,7 +87,10 @@ def catalog_problems(sharded: ShardedIndex, model: str) -> tuple[list[str], bool
             stamps = live_stamps(entry)
             if stamps is not None:
                 members.setdefault(class_key(stamps), []).append(device)
-    catalog, _ = sharded.read_catalog(model)
+    try:
+        catalog, _ = sharded.read_catalog(model)
+    except FormatError as exc:
+        return [f"damaged catalog: {exc}"], False
     if catalog is None:
         return (["no catalog"] if members else [ABSENT]), False
     problems = []
@@ -126,7 +133,10 @@ def check_index(
 
     def one(job: tuple[str, bool]) -> tuple[str, list[str], bool, list[str] | None]:
         name, listed = job
-        model = (index.model_of(name) or name) if listed else name
+        try:
+            model = (index.model_of(name) or name) if listed else name
+        except FormatError as exc:  # a hashed name's catalog unreadable: not repairable
+            return name, [f"damaged catalog (its model name unreadable): {exc}"], False, None
         problems, mark = catalog_problems(index, model)
         if not (repair and (problems or mark)) or problems == [ABSENT]:
             return model, problems, mark, None

@@ -342,13 +342,18 @@ class ShardedIndex:
         since this one saw that), or a rebuild left its mark; with ``force``, whatever it
         holds. An existing catalog is marked first, then the leaves read, then the
         marked version replaced, each by compare-and-swap (:mod:`.index_catalog`: a
-        writer meanwhile fails the commit, and the leaves are read again)."""
+        writer meanwhile fails the commit, and the leaves are read again). A damaged
+        catalog (not JSON, a malformed field: no writer can commit over it) is replaced
+        by compare-and-swap on the version read."""
         from .._retry import CONFLICT_RETRY
 
         url = self.catalog_url(model)
         stats = stats or ObjectStats(url, "catalog")
         for _ in range(CONFLICT_RETRY.attempts):
-            value, version = self.read_catalog(model)
+            try:
+                value, version = self.read_catalog(model)
+            except FormatError:  # damaged (not JSON, a malformed field): rebuilt over it
+                value, version = None, self.store.read(url)[1]
             if value is not None:
                 if not (force or needs_rebuild(value) or REBUILDING in value):
                     return

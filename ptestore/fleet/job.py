@@ -28,6 +28,7 @@ Every error is a :class:`JobError` naming the file, the line and the key.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import re
 import string
@@ -39,6 +40,7 @@ from ..backends.compat import DeviceProfile
 from ..errors import ConfigurationError
 from ..storage.routing import StorageOptions, options_for_loader
 from ..storage.types import StorageURL, absolute_local, strerror
+from .job_check import SHARED_DIR, destinations_problem, template_root
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -57,11 +59,9 @@ __all__ = [
     "pair_options",
     "parse_job",
     "ptd_beside",
+    "template_root",
 ]
 
-#: The directory under the template's root where a job stores each .ptd once, by
-#: content (:mod:`ptestore.fleet.shared`); no destination may lie in it.
-SHARED_DIR = "_shared"
 #: The key of a ``[devices.NAME]`` table that declares the device's CPU fingerprint.
 XNNPACK_CPU_KEY = "xnnpack_cpu"
 
@@ -205,6 +205,10 @@ def parse_job(text: str, path: str = "<job>") -> Job:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise JobError(f"{path}: invalid TOML: {exc}") from None
+    except RecursionError:
+        raise JobError(
+            f"{path}: invalid TOML: arrays or tables nested deeper than the parser can read"
+        ) from None
 
     def fail(
         message: str, table: str | None, key: str | None, index: int | None = None
@@ -297,6 +301,15 @@ def parse_job(text: str, path: str = "<job>") -> Job:
             if problem:
                 raise fail(problem, table, XNNPACK_CPU_KEY)
             cpus[dname] = cpu
+        non_finite = _non_finite(opts)
+        if non_finite is not None:
+            key, value = non_finite
+            raise fail(
+                f"{value!r}: device {dname!r} option {key!r} must be a finite number "
+                "(trailers and the index are JSON, which has no nan or inf)",
+                table,
+                key.split(".", 1)[0].split("[", 1)[0],
+            )
         devices.append(DeviceProfile(dname, _plain(opts)))
     version = data.get("index_version")
     if version is not None and (type(version) is not int or version not in (2, 3)):
@@ -365,76 +378,34 @@ def _template_fields(dest: str, fail: Any) -> set[str]:
     return names
 
 
-def template_root(dest: str) -> str:
-    """The template's fixed part up to its last separator before the first field."""
-    prefix = dest[: dest.index("{")]
-    cut = prefix.rfind("/")
-    if StorageURL.of(dest).local:
-        cut = max(cut, prefix.rfind(os.sep))
-    return prefix[: cut + 1]
-
-
-def _under_root(url: str, root: str) -> bool:
-    """Whether ``url`` stays below ``root`` once both are normalized the way the store
-    will address them (dot segments resolved, separators folded)."""
-    from ..coordinator.targets import target_identity
-
-    u = StorageURL.of(url)
-    if u.local:
-        base = os.path.normpath(StorageURL.of(root or ".").path)
-        here = os.path.normpath(u.path)
-        return here.startswith(base.rstrip(os.sep) + os.sep)
-    base_id = target_identity(root)[1] if root.partition("://")[2].strip("/") else ""
-    here_id = target_identity(url)[1]
-    return not base_id or here_id.startswith(base_id.rstrip("/") + "/")
-
-
 def check_destinations(job: Job) -> str | None:
-    """Why the job's destinations are unsafe, or None: two destinations that are one
-    stored object (compared as the store will address them: local paths resolved, URLs
-    normalized), a destination that is one of the job's sources, or one outside the
-    template's root."""
-    from ..coordinator.targets import same_target, target_identity
+    """Why the job's destinations are unsafe, or None (:mod:`.job_check`): two
+    destinations that are one stored object (compared as the store will address them:
+    local paths resolved, URLs normalized), a destination that is one of the job's
+    sources, one outside the template's root, or one with a name the job keeps for its
+    own objects (``_shared/``, the index, the preflight's marker, XNNPACK's files)."""
+    sources = [s for m in job.models for s in (m.source, m.ptd) if s is not None]
+    pairs = (
+        (f"({p.model.name}, {p.device.name})", (p.destination, p.ptd_destination))
+        for p in job.pairs()
+    )
+    return destinations_problem(job.destination, sources, pairs)
 
-    root = template_root(job.destination)
-    sources: dict[tuple[str, str], str] = {}
-    for m in job.models:
-        for src in (m.source, m.ptd):
-            if src is not None:
-                sources.setdefault(target_identity(src), src)
-    seen: dict[tuple[str, str], tuple[Pair, str]] = {}
-    for pair in job.pairs():
-        where = f"({pair.model.name}, {pair.device.name})"
-        for dst in (pair.destination, pair.ptd_destination):
-            if dst is None:
-                continue
-            if not _under_root(dst, root):
-                return (
-                    f"pair {where}'s destination {dst} is outside the template's root "
-                    f"{root or os.curdir + os.sep}"
-                )
-            if _under_root(dst, root + SHARED_DIR + "/"):
-                return (
-                    f"pair {where}'s destination {dst} is in {root}{SHARED_DIR}/, where the "
-                    "job stores each .ptd once by its content"
-                )
-            ident = target_identity(dst)
-            src = sources.get(ident)
-            if src is None:
-                src = next((s for s in sources.values() if same_target(s, dst)), None)
-            if src is not None:
-                return (
-                    f"pair {where}'s destination {dst} is the source {src}: a destination "
-                    "must never be one of the job's sources"
-                )
-            if ident in seen:
-                other, other_dst = seen[ident]
-                shown = dst if dst == other_dst else f"{other_dst} and {dst}"
-                return (
-                    f"pairs ({other.model.name}, {other.device.name}) and {where} share "
-                    f"the destination {shown}"
-                )
-            seen[ident] = (pair, dst)
+
+def _non_finite(value: Any, where: str = "") -> tuple[str, float] | None:
+    """``(key, value)`` of the first float in ``value`` that is nan or infinite (a key
+    such as ``a.b[2]``), or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return where, value
+    items = value.items() if isinstance(value, dict) else ()
+    for k, v in items:
+        found = _non_finite(v, f"{where}.{k}" if where else str(k))
+        if found:
+            return found
+    for i, v in enumerate(value if isinstance(value, list) else ()):
+        found = _non_finite(v, f"{where}[{i}]")
+        if found:
+            return found
     return None
 
 

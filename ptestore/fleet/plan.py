@@ -4,16 +4,18 @@ destination, and decide run or skip (and why)."""
 from __future__ import annotations
 
 import concurrent.futures as cf
+from collections import Counter
 from typing import Any
 
 from .._dataclass import dataclass, field
 from ..backends.registry import load_backend
-from ..errors import ConfigurationError, PteStoreError
+from ..errors import ConfigurationError, ObjectNotFound, PteStoreError
 from ..provenance import ProvenanceKey, SourceInfo, describe_source
 from .estimate import Estimate, estimate_pair, human_bytes
 from .job import Job, Pair
 from .packed import runtime_build
 from .packing import packed_state
+from .retry import transient
 from .shared import shared_root
 from .work import PairResult, PairTask, check_destination, open_counted
 
@@ -26,7 +28,8 @@ _CHECK_THREADS = 16
 @dataclass
 class PlannedPair:
     """One pair and what a run would do with it: ``action`` is ``"run"``, ``"skip"``
-    or ``"fail"`` (its sources cannot be read)."""
+    or ``"fail"`` (its sources cannot be read, or its destination cannot for a reason
+    other than its absence or a transient failure: a run would fail it)."""
 
     pair: Pair
     action: str
@@ -142,7 +145,8 @@ def plan_job(job: Job) -> Plan:
     # The ExecuTorch build a current packed-weight file must have been made with: this
     # machine's, when it has one (the workers compare their own before they skip one).
     build = runtime_build() if job.xnnpack_cpu else None
-    per_model = {m.name: sum(1 for p in job.pairs() if p.model.name == m.name) for m in job.models}
+    pairs = job.pairs()
+    per_model = Counter(p.model.name for p in pairs)
 
     def decide(pair: Pair) -> PlannedPair:
         share = read[pair.model.name] // max(1, per_model[pair.model.name])
@@ -178,7 +182,11 @@ def plan_job(job: Job) -> Plan:
                 urls, job.storage_options, key, counter, task.shared_root
             )
         except PteStoreError as exc:
-            current, reason = False, f"cannot read the destination: {exc}"
+            reason = f"cannot read the destination: {exc}"
+            if not (isinstance(exc, ObjectNotFound) or transient(exc)):
+                # A run would fail it the same way (a directory there, access refused).
+                return PlannedPair(pair, "fail", reason, task, share + counter[0])
+            current = False
         why: str | None = None
         if current and pair.xnnpack_cpu is not None:
             try:
@@ -195,7 +203,7 @@ def plan_job(job: Job) -> Plan:
 
     # Destination checks are small ranged reads: overlap their latency.
     with cf.ThreadPoolExecutor(max_workers=_CHECK_THREADS) as pool:
-        out = list(pool.map(decide, job.pairs()))
+        out = list(pool.map(decide, pairs))
     return Plan(job, out)
 
 

@@ -24,12 +24,17 @@ MARKER_PREFIX = ".ptestore-preflight-"
 
 
 def filter_job(job: Job, models: list[str] | None, devices: list[str] | None) -> Job:
-    """``job`` with only the named models and devices (None: all); an unknown name is
-    a :class:`JobError` naming the ones there are."""
+    """``job`` with only the named models and devices (None: all); an unknown name, or
+    an empty list, is a :class:`JobError` naming the ones there are."""
 
     def pick(kind: str, have: list[str], want: list[str] | None) -> set[str] | None:
-        if not want:
+        if want is None:
             return None
+        if not want:
+            raise JobError(
+                f"{job.path}: --{kind} names no {kind[:-1]} (an empty list; {kind}: "
+                f"{', '.join(have)}): leave it out to take every {kind[:-1]}"
+            )
         unknown = [n for n in want if n not in have]
         if unknown:
             raise JobError(

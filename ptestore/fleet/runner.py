@@ -4,6 +4,9 @@ Each pair that must run is one call of :func:`~ptestore.fleet.work.run_pair`:
 
 - ``workers=1``: in this process, one after the other;
 - ``workers=N``: a :class:`concurrent.futures.ProcessPoolExecutor` (spawned processes);
+  a worker process that dies breaks the pool: the pairs not started run on a new one,
+  those it broke while running run again alone, and only a pair that dies again alone
+  fails (:func:`_run_pool`);
 - ``scheduler="tcp://host:port"`` (or ``PTESTORE_DASK_SCHEDULER``): one Dask task per
   pair on that cluster. Dask reschedules the tasks of a worker that dies (up to the
   scheduler's ``distributed.scheduler.allowed-failures``); a pair that still cannot run
@@ -62,7 +65,8 @@ class FleetResult:
     engine: str = "inline"
     #: URL of the index the run published (None when nothing is indexed).
     index: str | None = None
-    #: Why the index could not be published (the run's artifacts are unaffected).
+    #: Why the index could not be published (the run's artifacts are unaffected), or,
+    #: with ``index`` set, why some pairs were not indexed (:func:`.index.index_entries`).
     index_error: str | None = None
     #: What publishing the index did: its version, each shard touched with its
     #: compare-and-swap attempts and conflicts (``IndexReport.to_dict``).
@@ -117,7 +121,8 @@ class FleetResult:
             elif p.xnnpack is not None and "refused" in p.xnnpack:
                 lines.append(f"xnnpack: {p.model} on {p.device}: {p.xnnpack}")
         if self.index_error is not None:
-            lines.append(f"index not published: {self.index_error}")
+            what = "index not published" if self.index is None else "not indexed"
+            lines.append(f"{what}: {self.index_error}")
         lines += [f"lost: {why}" for why in self.lost_workers.values()]
         return "\n".join(lines)
 
@@ -287,16 +292,67 @@ def _check_this_machine(plan: Plan) -> None:
         check_packers(plan.job.path, wanted, {here: worker_cpu()})
 
 
+#: Pool breaks in a row in which no pair had started before the run gives up the pool.
+POOL_IDLE_BREAKS = 3
+
+_Item = tuple[int, PlannedPair, PairTask]
+
+
 def _run_pool(
-    todo: Iterable[tuple[int, PlannedPair, PairTask]],
+    todo: Iterable[_Item],
     workers: int,
     done: Callable[[int, PlannedPair, PairResult], None],
     stopped: Callable[[], bool],
 ) -> None:
+    """The pairs on a process pool. A worker process that dies breaks the whole pool
+    (every pending future fails): the pairs it had not started are submitted again to a
+    new pool, and each pair that had started and not finished runs again alone, in a
+    pool of one (it first checks its destination, so one a dead worker published is
+    skipped as current); a pair whose worker dies again when it runs alone is failed.
+    After :data:`POOL_IDLE_BREAKS` breaks in a row before any pair started, the rest
+    fail."""
+    pending = list(todo)
+    idle = 0
+    while pending and not stopped():
+        suspects, pending, death = _pool_round(pending, workers, done, stopped)
+        if death is None:
+            return
+        idle = 0 if suspects else idle + 1
+        if idle >= POOL_IDLE_BREAKS:
+            for i, p, _task in pending:
+                why = f"worker processes died {idle} times before any pair started: {death}"
+                done(i, p, p.result("failed", why))
+            return
+        for item in suspects:
+            if stopped():
+                return
+            _, _, again = _pool_round([item], 1, done, stopped)
+            if again is not None:
+                i, p, _task = item
+                why = (
+                    "its worker process died while it ran, and again when it ran alone: "
+                    f"{again}"
+                )
+                done(i, p, p.result("failed", why))
+
+
+def _pool_round(
+    items: list[_Item],
+    workers: int,
+    done: Callable[[int, PlannedPair, PairResult], None],
+    stopped: Callable[[], bool],
+) -> tuple[list[_Item], list[_Item], str | None]:
+    """``items`` on a new pool until it ends or breaks: ``(started, not started, why)``
+    of the pairs left unfinished by a break (``why`` None: no break)."""
+    from .worker import note_starts
+
     ctx = multiprocessing.get_context("spawn")
-    pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
+    began = ctx.SimpleQueue()
+    pool = cf.ProcessPoolExecutor(
+        max_workers=workers, mp_context=ctx, initializer=note_starts, initargs=(began,)
+    )
     try:
-        _drain_pool(pool, todo, done, stopped)
+        left, death = _drain_pool(pool, items, done, stopped)
     except WorkerUnfit:
         pool.shutdown(wait=True, cancel_futures=True)  # running pairs finish
         raise
@@ -309,26 +365,46 @@ def _run_pool(
             proc.terminate()
         raise
     pool.shutdown(wait=True)
+    started = set()
+    while not began.empty():
+        started.add(began.get())
+    began.close()
+    return (
+        [x for x in left if x[0] in started],
+        [x for x in left if x[0] not in started],
+        death,
+    )
 
 
 def _drain_pool(
     pool: cf.ProcessPoolExecutor,
-    todo: Iterable[tuple[int, PlannedPair, PairTask]],
+    items: list[_Item],
     done: Callable[[int, PlannedPair, PairResult], None],
     stopped: Callable[[], bool],
-) -> None:
-    futures = {pool.submit(run_pair_on_worker, task): (i, p) for i, p, task in todo}
+) -> tuple[list[_Item], str | None]:
+    """Run ``items`` on ``pool``: the items a break left unfinished and why."""
+    from .worker import run_noted_pair
+
+    futures = {pool.submit(run_noted_pair, i, task): (i, p, task) for i, p, task in items}
+    left: list[_Item] = []
+    death: str | None = None
     for fut in cf.as_completed(futures):
         if fut.cancelled():
             continue
-        i, p = futures[fut]
+        i, p, task = futures[fut]
         try:
             r = fut.result()
         except WorkerUnfit:
             raise
-        except Exception as exc:  # a worker process died (BrokenProcessPool)
+        except cf.process.BrokenProcessPool as exc:  # a worker process died
+            left.append((i, p, task))
+            death = f"{type(exc).__name__}: {exc}"
+            continue
+        except Exception as exc:  # the result could not come back
             r = p.result("failed", f"worker process failed: {type(exc).__name__}: {exc}")
         done(i, p, r)
         if stopped():
             for other in futures:
                 other.cancel()  # those not started; running ones finish
+    left.sort(key=lambda x: x[0])
+    return left, death

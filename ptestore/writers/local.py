@@ -54,6 +54,7 @@ from ..errors import (
 )
 from ..storage.types import DataLoader, strerror
 from ._clone import HasFileno, clone_range, probe_clone_block_size
+from ._dirs import make_parents, remove_made
 from ._staging import FileStaging
 from .base import (
     DataWriter,
@@ -137,15 +138,17 @@ class LocalFileWriter(DataWriter):
         self.directory, name = os.path.split(self.path)
         if not name or os.path.isdir(self.path):
             raise ConfigurationError(f"{self.path}: is a directory, not a file name")
-        if auto_mkdir:
+        #: Directories made for it (``auto_mkdir``), removed by a discard while empty.
+        self._made: list[str] = []
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+        retries = 3 if auto_mkdir else 0
+        while True:
             try:
-                os.makedirs(self.directory, exist_ok=True)
+                self._made += make_parents(self.directory) if auto_mkdir else []
             except OSError as exc:
                 raise local_error(
                     exc, f"{self.path}: cannot create directory {self.directory}: {strerror(exc)}"
                 ) from exc
-        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-        while True:
             tmp = os.path.join(self.directory, staging_name(name))
             try:
                 fd = os.open(tmp, flags, 0o600)
@@ -153,6 +156,9 @@ class LocalFileWriter(DataWriter):
             except FileExistsError:  # pragma: no cover - 64 random bits collided
                 continue
             except FileNotFoundError as exc:
+                if retries:  # another writer's discard removed it meanwhile: make it again
+                    retries -= 1
+                    continue
                 raise ObjectNotFound(
                     f"{self.path}: destination directory {self.directory} does not exist"
                 ) from exc
@@ -331,9 +337,18 @@ class LocalFileWriter(DataWriter):
             self._commit_point()
             self._rename_or_link(mode, tmp)
         self._st.mark_published()
+        self._made.clear()  # they hold the output now
         if self.durable:
             self._fsync_directory()
         return PublishResult(url=self.path, size=size)
+
+    def discard(self) -> None:
+        super().discard()
+        remove_made(self._made)  # a failed write leaves no empty folder (``_dirs.py``)
+
+    def _abandon(self, why: str) -> None:
+        super()._abandon(why)
+        remove_made(self._made)
 
     def _publish_if_match(self, tmp: str) -> None:
         """Compare and rename under the destination's lock (its commit point is before

@@ -668,6 +668,14 @@ def test_every_help_has_examples(capsys: pytest.CaptureFixture[str]) -> None:
             "ptestore fleet: error: unrecognized arguments: --jsn (did you mean --json?)",
         ),
         (["fleet", "rnu", "job.toml"], "(did you mean 'run'?)"),
+        (
+            ["fleet", "plan", "job.toml", "--fail-fast"],
+            "ptestore fleet: error: unrecognized arguments: --fail-fast\n",
+        ),
+        (
+            ["fleet", "plan", "job.toml", "--jsn"],
+            "ptestore fleet: error: unrecognized arguments: --jsn (did you mean --json?)",
+        ),
     ],
 )
 def test_typos_get_the_nearest_suggestion(

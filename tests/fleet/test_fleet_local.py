@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -215,3 +216,79 @@ def test_a_run_inside_the_callers_own_dask_client_waits_through_its_own(
         result = run_job(job, scheduler=cluster.scheduler_address)
     assert [p.status for p in result.pairs] == ["done"] * 4, [p.error for p in result.pairs]
     assert seen and outer not in seen
+
+
+def test_a_dead_pool_worker_fails_only_its_own_pair(tmp_path: Path) -> None:
+    """A worker process that dies breaks the whole pool: the pairs it did not hold run
+    on a new pool, each pair that was running when it died runs again alone, and only
+    the one whose worker dies again is failed; the others are published and indexed."""
+    assert MLP.pte_path is not None
+    started = tmp_path / "blocked-started"
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'destination = "{tmp_path}/out/{{device}}/{{model}}.pte"\n'
+        'backends = ["support.dying_backend:Dying"]\n'
+        f'[[models]]\nname = "mlp"\nsource = "{MLP.pte_path}"\n'
+        f'[devices.dies]\ndie_when = "{started}"\n'
+        f'[devices.blocked]\nfirst_blocks = "{started}"\n'
+        "[devices.c]\n[devices.d]\n"
+    )
+    result = run_job(load_job(job), workers=2)
+    status = {p.device: (p.status, p.error) for p in result.pairs}
+    assert status["dies"][0] == "failed"
+    assert str(status["dies"][1]).startswith(
+        "its worker process died while it ran, and again when it ran alone: "
+        "BrokenProcessPool: "
+    )
+    assert {d: s for d, (s, _e) in status.items() if d != "dies"} == {
+        "blocked": "done",
+        "c": "done",
+        "d": "done",
+    }
+    assert result.index is not None and result.index_error is None
+    entries = ptestore.fleet.index.load_index(result.index)["entries"]
+    assert sorted(e["device"] for e in entries) == ["blocked", "c", "d"]
+    assert not (tmp_path / "out" / "dies" / "mlp.pte").exists()
+
+
+def test_plan_says_fail_for_a_destination_a_run_would_fail(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A directory at a pair's destination: the run fails the pair, so the plan says
+    ``fail`` and exits 1 (it said ``run`` and exited 0); a missing destination is still
+    ``run``."""
+    assert MLP.pte_path is not None
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'destination = "{tmp_path}/out/{{device}}/{{model}}.pte"\n'
+        f'[[models]]\nname = "m"\nsource = "{MLP.pte_path}"\n[devices.a]\n[devices.b]\n'
+    )
+    dst = tmp_path / "out" / "a" / "m.pte"
+    dst.mkdir(parents=True)
+    plan = plan_job(load_job(job))
+    (a, b) = plan.pairs
+    assert (b.action, a.action) == ("run", "fail")
+    assert a.reason.startswith(f"cannot read the destination: {dst}: is a directory")
+    assert main(["fleet", "plan", str(job)]) == 1
+    assert "2 pairs: 1 to run, 0 to skip, 1 failing" in capsys.readouterr().out
+    assert main(["fleet", "run", str(job), "--workers", "1", "--json"]) == 1
+    shown = json.loads(capsys.readouterr().out)
+    assert [(p["device"], p["status"]) for p in shown["pairs"]] == [("a", "failed"), ("b", "done")]
+    assert shown["pairs"][0]["error"] == a.reason
+
+
+def test_a_failed_pair_leaves_no_folder_behind(tmp_path: Path) -> None:
+    """The directories a failed pair's writers made for it are removed (while empty):
+    "anything that fails before publish leaves no trace"."""
+    assert MLP.pte_path is not None
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'destination = "{tmp_path}/out/{{device}}/deep/{{model}}.pte"\n'
+        'backends = ["support.dying_backend:Dying"]\n'
+        f'[[models]]\nname = "m"\nsource = "{MLP.pte_path}"\n'
+        "[devices.bad]\nfail = true\n[devices.good]\n"
+    )
+    result = run_job(load_job(job), workers=1)
+    assert [p.status for p in result.pairs] == ["failed", "done"]
+    assert not (tmp_path / "out" / "bad").exists()
+    assert "good" in os.listdir(tmp_path / "out")

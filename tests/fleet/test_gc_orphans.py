@@ -360,3 +360,47 @@ def test_orphan_ages_on_s3_use_the_servers_clock(
     assert entry.age < 600
     listed = moto_s3.client().list_objects_v2(Bucket=bucket, Prefix="fleet/_shared/")
     assert [o["Key"] for o in listed["Contents"]] == [fresh.split("/", 3)[3]]
+
+
+def test_retire_leaves_the_entries_other_jobs_wrote(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two job files share one prefix: retiring A (which never named beta) leaves B's
+    entry live, select still returns it and gc --job A keeps its files; --all-jobs
+    judges by A's names alone."""
+    out = tmp_path / "out"
+    jobs = {}
+    for name, model in (("A", "alpha"), ("B", "beta")):
+        jobs[name] = tmp_path / f"{name}.toml"
+        jobs[name].write_text(
+            f'destination = "{out}/{{device}}/{{model}}.pte"\n'
+            f'[[models]]\nname = "{model}"\nsource = "{EXT.pte_path}"\n[devices.phone]\n'
+        )
+        _run(jobs[name], capsys)
+    index = out / "ptestore-index.json"
+    assert main(["fleet", "retire", str(jobs["A"])]) == 0
+    assert capsys.readouterr().out == (
+        f"retired 0 entries of {index} (0 retired before, 1 of other jobs left)\n"
+    )
+    assert main(["fleet", "retire", str(jobs["A"]), "--json"]) == 0
+    done = json.loads(capsys.readouterr().out)
+    assert (done["retired"], done["other_jobs"]) == ([], 1)
+    assert not any(e.get("retired") for e in load_index(index)["entries"])
+    choice = ptestore.select(str(index), model="beta", device="phone")
+    assert (choice.kind, choice.made_for) == ("artifact", "phone")
+    assert not any(
+        "beta" in e["location"]
+        for e in _gc(["--job", str(jobs["A"]), "--grace", "0s", "--dry-run"], capsys)["entries"]
+    )
+    assert main(["fleet", "retire", str(jobs["A"]), "--all-jobs", "--dry-run"]) == 0
+    assert capsys.readouterr().out == (
+        "would retire beta/phone: the job no longer names model 'beta'\n"
+        f"would retire 1 entries of {index} (0 retired before)\n"
+    )
+    # B drops beta: retiring B, named by another spelling of its path, retires it.
+    jobs["B"].write_text(jobs["B"].read_text().replace('"beta"', '"gamma"'))
+    assert main(["fleet", "retire", os.path.relpath(jobs["B"])]) == 0
+    assert capsys.readouterr().out == (
+        "retired beta/phone: the job no longer names model 'beta'\n"
+        f"retired 1 entries of {index} (0 retired before, 1 of other jobs left)\n"
+    )

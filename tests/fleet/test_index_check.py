@@ -135,3 +135,28 @@ def test_models_named_are_checked_alone(tmp_path: Path, capsys: pytest.CaptureFi
     assert set(found.problems) == {"m"} and found.marked == ["k"]  # the others untouched
     _, sharded, _ = open_index(url)
     assert sharded is not None and sharded.read_catalog("zz")[0] is None
+
+
+def test_a_damaged_catalog_is_a_problem_and_repaired(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A catalog that is not JSON, or whose field has the wrong type, is named (not an
+    exit 2 for the whole check) and --repair rebuilds it over the damaged version; then
+    the model can be published again."""
+    url = _index(tmp_path)
+    m, n = _catalog(url, "m"), _catalog(url, "n")
+    m.write_text("{truncated")
+    n.write_text(json.dumps({**json.loads(n.read_text()), "classes": "oops"}))
+    assert main(["fleet", "check-index", url]) == 1
+    assert capsys.readouterr().out.splitlines() == [
+        f"m: damaged catalog: {m}: index = b'{{truncated': must be JSON (Expecting property "
+        "name enclosed in double quotes: line 1 column 2 (char 1))",
+        f"n: damaged catalog: {n}: index catalog classes = 'oops': must be a list of classes",
+        f"{url}: 3 models, 2 catalogs wrong",
+    ]
+    assert main(["fleet", "check-index", url, "--repair", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["repaired"] == ["m", "n"] and got["left"] == {} and got["ok"]
+    assert main(["fleet", "check-index", url]) == 0
+    assert assert_catalogs_match_leaves(url) == 3
+    publish_entries(url, [synthetic_entry("m", device_name(99), socs=3)], {})

@@ -329,7 +329,7 @@ def test_retire_never_writes_back_an_older_copy(
     job = parse_job(
         f'destination = "{tmp_path}/out/{{device}}/{{model}}.pte"\n'
         '[[models]]\nname = "m"\nsource = "src/m.pte"\n[devices.a]\n',
-        str(tmp_path / "job.toml"),
+        "fleet/job.toml",  # the job stamp of synthetic entries: they are this job's
     )
     fresh = synthetic_entry("m", "b", generation=7)
     real = retire.retired_reason

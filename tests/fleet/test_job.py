@@ -149,3 +149,68 @@ def test_cli_bad_job_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str
     job.write_text(GOOD.replace('["passthrough"]', '["no_such_backend"]'))
     assert main(["fleet", "plan", str(job)]) == 2
     assert "backends: backend 'no_such_backend': unknown name" in capsys.readouterr().err
+
+
+def test_deeply_nested_toml_is_a_job_error(tmp_path: Path) -> None:
+    """The TOML parser recurses per nesting level: a deep array is a JobError (exit 2
+    for every job command), never a RecursionError."""
+    text = (
+        'destination = "out/{device}/{model}.pte"\n[[models]]\nsource = "a.pte"\n'
+        "[devices.a]\nx = " + "[" * 5000 + "]" * 5000 + "\n"
+    )
+    with pytest.raises(JobError) as info:
+        parse_job(text, "deep.toml")
+    assert str(info.value) == (
+        "deep.toml: invalid TOML: arrays or tables nested deeper than the parser can read"
+    )
+    path = tmp_path / "deep.toml"
+    path.write_text(text)
+    for argv in (["fleet", "plan"], ["fleet", "retire"], ["verify", "--job"]):
+        assert main([*argv, str(path)]) == 2, argv
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--models", ""), ("--devices", ",")])
+def test_an_empty_filter_is_a_job_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, value: str
+) -> None:
+    """``--models ""`` (an empty shell list) names nothing: it never runs every pair."""
+    path = tmp_path / "job.toml"
+    path.write_text(
+        f'destination = "{tmp_path}/out/{{device}}/{{model}}.pte"\n'
+        '[[models]]\nname = "m"\nsource = "a.pte"\n[devices.a]\n[devices.b]\n'
+    )
+    assert main(["fleet", "plan", str(path), flag, value]) == 2
+    kind = flag[2:]
+    have = "m" if kind == "models" else "a, b"
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .endswith(
+            f"{path}: {flag} names no {kind[:-1]} (an empty list; {kind}: {have}): leave it out "
+            f"to take every {kind[:-1]}"
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    ("option", "key", "shown"),
+    [
+        ("scale = nan", "scale", "nan"),
+        ("x = [1.0, -inf]", "x[1]", "-inf"),
+        ("y = {z = inf}", "y.z", "inf"),
+    ],
+)
+def test_non_finite_device_options_are_refused(option: str, key: str, shown: str) -> None:
+    """A trailer and the index are JSON, which has no NaN or Infinity: a device option
+    that is one (anywhere in it) is a JobError naming the device and the option."""
+    text = (
+        'destination = "o/{device}/{model}.pte"\n[[models]]\nsource = "a.pte"\n'
+        f'[devices.p]\nsoc = "s"\n{option}\n'
+    )
+    with pytest.raises(JobError) as info:
+        parse_job(text, "j.toml")
+    assert str(info.value) == (
+        f"j.toml:6: devices.p.{key.split('.')[0].split('[')[0]}: {shown}: device 'p' option "
+        f"{key!r} must be a finite number (trailers and the index are JSON, which has no "
+        "nan or inf)"
+    )

@@ -143,3 +143,121 @@ def test_fleet_run_refuses_a_job_that_would_overwrite_its_source(
     assert f"is the source {src}: a destination must never be one of the job's sources" in err
     assert src.read_bytes() == original
     assert sorted(os.listdir(tmp_path / "src")) == before
+
+
+@pytest.mark.parametrize("store", list(ROOTS))
+@pytest.mark.parametrize(
+    ("template", "name", "dst", "why"),
+    [
+        (
+            "{model}.{device}",
+            "ptestore-index",
+            "ptestore-index.json",
+            "has a name beginning ptestore-index ('ptestore-index.json'), which the job's "
+            "index takes ({base}ptestore-index.json and its shards)",
+        ),
+        (
+            "{model}/{device}.pte",
+            "ptestore-index.v3-1a2b3c4d",
+            "ptestore-index.v3-1a2b3c4d/json.pte",
+            "has a name beginning ptestore-index ('ptestore-index.v3-1a2b3c4d'), which the "
+            "job's index takes ({base}ptestore-index.json and its shards)",
+        ),
+        (
+            "{device}/{model}.pte",
+            ".ptestore-preflight-0",
+            "json/.ptestore-preflight-0.pte",
+            "has a name beginning .ptestore-preflight- ('.ptestore-preflight-0.pte'), which "
+            "the preflight's marker takes",
+        ),
+        (
+            "{device}/{model}",
+            "m.xpwc.json",
+            "json/m.xpwc.json",
+            "ends with .xpwc.json, which names XNNPACK's packed-weight files and their "
+            "records beside the artifacts",
+        ),
+        (
+            "{device}/{model}",
+            "m.xnnpack-0123.xpwc",
+            "json/m.xnnpack-0123.xpwc",
+            "ends with .xpwc, which names XNNPACK's packed-weight files and their records "
+            "beside the artifacts",
+        ),
+    ],
+)
+def test_a_destination_never_takes_the_jobs_own_names(
+    store: str, tmp_path: Path, template: str, name: str, dst: str, why: str
+) -> None:
+    """The index, its shards, the preflight's marker and XNNPACK's records are the job's
+    own objects: an artifact published over one of them would destroy it."""
+    base = root(store, tmp_path)
+    with pytest.raises(JobError) as info:
+        parse_job(job(base + template, model(base + "src/a.pte", name), device("json")), "j")
+    assert str(info.value) == (
+        f"j:1: destination: pair ({name}, json)'s destination {base}{dst} " + why.format(base=base)
+    )
+
+
+def test_the_reserved_names_are_the_ones_the_job_writes() -> None:
+    from ptestore.fleet import job_check
+    from ptestore.fleet.index import INDEX_NAME
+    from ptestore.fleet.packed import file_url, record_url
+    from ptestore.fleet.preflight import MARKER_PREFIX
+
+    assert INDEX_NAME.startswith(job_check.INDEX_PREFIX)
+    assert MARKER_PREFIX == job_check.PREFLIGHT_PREFIX
+    assert record_url("s/m.pte").endswith(job_check.XNNPACK_SUFFIXES)
+    assert file_url("s/m.pte", "xnnpack-" + "0" * 32).endswith(job_check.XNNPACK_SUFFIXES)
+
+
+def test_fleet_run_never_writes_over_its_index(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The reported run: a model named ptestore-index on a device named json, under a
+    template {model}.{device}, was published over the index: exit 2 now, index intact."""
+    src = tmp_path / "src.pte"
+    src.write_bytes((FIXTURES / "mlp_xnnpack.pte").read_bytes())
+    path = tmp_path / "job.toml"
+    path.write_text(
+        job(f"{tmp_path}/out/{{model}}.{{device}}", model(str(src), "m"), device("json"))
+    )
+    assert main(["fleet", "run", str(path), "--quiet", "--workers", "1"]) == 0
+    index = (tmp_path / "out" / "ptestore-index.json").read_bytes()
+    path.write_text(
+        job(
+            f"{tmp_path}/out/{{model}}.{{device}}",
+            model(str(src), "m") + model(str(src), "ptestore-index"),
+            device("json"),
+        )
+    )
+    capsys.readouterr()
+    assert main(["fleet", "run", str(path), "--quiet", "--workers", "1"]) == 2
+    assert "which the job's index takes" in capsys.readouterr().err
+    assert (tmp_path / "out" / "ptestore-index.json").read_bytes() == index
+
+
+def test_a_job_loads_in_time_linear_in_its_pairs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each destination is looked up, never compared with every source: the identity
+    calls grow with the pairs (counted, not timed)."""
+    from ptestore.coordinator import targets
+    from ptestore.fleet import job_check
+
+    calls = [0]
+    real = targets.target_identity
+
+    def counted(url: str) -> tuple[str, str]:
+        calls[0] += 1
+        return real(url)
+
+    monkeypatch.setattr(job_check, "target_identity", counted)
+    monkeypatch.setattr(targets, "same_target", lambda a, b: pytest.fail("pairwise compare"))
+
+    def text(m: int, d: int) -> str:
+        models = "".join(model(f"s3://src/m{i}.pte", f"m{i}") for i in range(m))
+        return job(
+            "s3://b/out/{device}/{model}.pte", models, "".join(device(f"d{j}") for j in range(d))
+        )
+
+    parse_job(text(40, 10))
+    assert calls[0] <= 40 + 40 * 10 + 2

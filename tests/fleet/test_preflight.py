@@ -153,8 +153,10 @@ def test_transient_failures_are_retried_per_pair(
     assert all(1 <= p["attempts"] <= 3 for p in shown["pairs"]), shown
 
 
-@pytest.mark.parametrize("workers", ["1", "2"])
-def test_ctrl_c_stops_promptly_with_a_partial_summary(tmp_path: Path, workers: str) -> None:
+@pytest.mark.parametrize(("workers", "as_json"), [("1", False), ("2", False), ("1", True)])
+def test_ctrl_c_stops_promptly_with_a_partial_summary(
+    tmp_path: Path, workers: str, as_json: bool
+) -> None:
     """Ctrl-C once ``a`` is done and a slow pair has started: the run stops at once
     (not after the hour the slow pairs would take) and reports ``a`` as done.
 
@@ -164,7 +166,8 @@ def test_ctrl_c_stops_promptly_with_a_partial_summary(tmp_path: Path, workers: s
     ``b`` started means ``a`` was recorded; with two, ``c`` starts in the worker that ran
     ``a`` as soon as ``a``'s result was *sent*, which the parent may not have recorded yet
     on a busy machine (it once reported ``a`` as interrupted): so the test also waits for
-    the parent's "pair mlp on a: done" line."""
+    the parent's "pair mlp on a: done" line. With ``--json`` stdout is one JSON document,
+    the partial result (never an error object after it)."""
     import queue
     import signal
     import subprocess
@@ -184,7 +187,8 @@ def test_ctrl_c_stops_promptly_with_a_partial_summary(tmp_path: Path, workers: s
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]))
     env["TQDM_DISABLE"] = "1"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ptestore", "fleet", "run", str(job), "--workers", workers, "-v"],
+        [sys.executable, "-m", "ptestore", "fleet", "run", str(job), "--workers", workers, "-v"]
+        + (["--json"] if as_json else []),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,
@@ -228,8 +232,14 @@ def test_ctrl_c_stops_promptly_with_a_partial_summary(tmp_path: Path, workers: s
     stderr = b"".join(err_lines)
     assert proc.returncode == 130, stderr.decode()
     text = stdout.decode()
-    assert "done                      1" in text and "failed                    2" in text
-    assert "interrupted before it finished" in text
+    if as_json:
+        shown = json.loads(text)
+        assert (shown["done"], shown["failed"], shown["interrupted"]) == (1, 2, True)
+        assert "error" not in shown
+        assert "interrupted before it finished" in {p["error"] for p in shown["pairs"]}
+    else:
+        assert "done                      1" in text and "failed                    2" in text
+        assert "interrupted before it finished" in text
     err = stderr.decode().strip().splitlines()[-1]
     assert err == "ptestore fleet: interrupted after 1 pair(s) were published (mlp on a)"
     from ptestore.fleet.index import load_index

@@ -98,3 +98,35 @@ def test_fetch_refuses_a_pinned_trailer_whose_record_claims_other_bytes(
         ptestore.fetch(index, dest, model="m", device="a")
     assert str(err.value) == message  # the URL once
     assert not dest.exists() and not dest.with_suffix(".ptd").exists()
+
+
+def test_an_artifact_of_another_device_is_never_indexed_as_the_pairs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Pair (m, a)'s destination holds pair (m, b)'s artifact (a copy, another job):
+    indexing (m, a) leaves (m, b)'s entry alone and says why (m, a) was not indexed;
+    the other pairs are indexed."""
+    from ptestore.backends.compat import DeviceProfile
+    from ptestore.fleet.index import find_entry
+
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'destination = "{tmp_path}/out/{{device}}/{{model}}.pte"\n'
+        f'[[models]]\nname = "m"\nsource = "{EXT.pte_path}"\n'
+        "[devices.a]\nx = 1\n[devices.b]\nx = 2\n[devices.c]\nx = 3\n"
+    )
+    index = fleet_run(job, capsys)
+    out = tmp_path / "out"
+    (out / "a" / "m.pte").write_bytes((out / "b" / "m.pte").read_bytes())
+    message = (
+        f"{out}/a/m.pte: provenance device = ('b', "
+        f"{DeviceProfile('b', {'x': 2}).digest()!r}): must be the pair (m, a)'s device, "
+        f"('a', {DeviceProfile('a', {'x': 1}).digest()!r}) (not indexed)"
+    )
+    url, why, _ = publish_pairs(load_job(job), [("m", "a"), ("m", "c")])
+    assert (url, why) == (index, message)
+    entry = find_entry(index, "m", "b")
+    assert entry is not None and entry["pte"]["url"] == f"{out}/b/m.pte"
+    entry = find_entry(index, "m", "a")
+    assert entry is not None and entry["pte"]["url"] == f"{out}/a/m.pte"
+    assert publish_pairs(load_job(job), [("m", "a")]) == (None, message, None)

@@ -237,3 +237,43 @@ def test_a_consistently_rewritten_digest_is_stale_against_the_source(
     _tamper_digit(artifact, fix_checksum=True)
     assert main(["verify", str(artifact), "--source", str(MLP.pte_path)]) == 1
     assert "stale: source" in capsys.readouterr().err
+
+
+def test_cli_with_a_job_compares_the_ptd_source(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A model's .ptd source is part of what its pairs were made from: once it changes,
+    ``verify --job`` and ``verify URL --job`` say stale (``ptd_source.sha256``), as
+    ``fleet plan`` does."""
+    ext = get_fixture("mlp_xnnpack_ext")
+    assert ext.pte_path is not None and ext.ptd_path is not None
+    (tmp_path / "m.pte").write_bytes(ext.pte_path.read_bytes())
+    ptd = tmp_path / "m.ptd"
+    ptd.write_bytes(ext.ptd_path.read_bytes())
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'destination = "{tmp_path}/out/{{device}}/{{model}}.pte"\n'
+        f'[[models]]\nname = "m"\nsource = "{tmp_path}/m.pte"\nptd = "{ptd}"\n[devices.a]\n'
+    )
+    assert main(["fleet", "run", str(job), "--workers", "1", "-q"]) == 0
+    assert main(["verify", "--job", str(job)]) == 0
+    capsys.readouterr()
+    made = "sha256-tree:" + tree_hex(ptd.read_bytes())
+    data = bytearray(ptd.read_bytes())
+    data[-1] ^= 0xFF  # a new export of the weights
+    ptd.write_bytes(bytes(data))
+    now = "sha256-tree:" + tree_hex(bytes(data))
+    finding = (
+        f"{tmp_path}/out/a/m.pte: stale: ptd_source.sha256: the artifact was made from "
+        f"{ptd} ({len(data)} bytes, {made}), not from {ptd} ({len(data)} bytes, {now})"
+    )
+    assert main(["verify", "--job", str(job)]) == 1
+    assert capsys.readouterr().err == finding + "\n"
+    assert main(["verify", f"{tmp_path}/out/a/m.pte", "--job", str(job)]) == 1
+    assert capsys.readouterr().err == finding + "\n"
+
+
+def tree_hex(data: bytes) -> str:
+    from support.digests import tree
+
+    return tree(data).partition(":")[2]

@@ -256,3 +256,31 @@ def test_report_path_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     err = capsys.readouterr().err
     assert "the report was not written: /proc/ptestore-report.html: cannot write the page" in err
     assert (tmp_path / "out" / "a" / "mlp.pte").exists()
+
+
+def test_models_named_like_object_properties_sort(browser: Browser, tmp_path: Path) -> None:
+    """Model names are plain names, so ``__proto__`` and ``constructor`` are names too:
+    the page's per-name tables never take them for an object's own properties."""
+    data = synthetic_fleet(3, 4)
+    names = {"model-00": "__proto__", "model-01": "constructor", "model-02": "plain"}
+    failed = {"__proto__": 0, "constructor": 2, "plain": 3}  # not the names' order
+    seen: dict[str, int] = {}
+    for p in data["pairs"]:
+        p["model"] = names[p["model"]]
+        n = seen[p["model"]] = seen.get(p["model"], 0) + 1
+        p["status"] = "failed" if n <= failed[p["model"]] else "done"
+    data["models"] = list(names.values())
+    page = tmp_path / "fleet.html"
+    page.write_text(matrix_html(data))
+    _open(browser, page)
+    for how, want in (("failed", ["plain", "constructor", "__proto__"]), ("name", None)):
+        browser.js(
+            "const s = document.getElementById('sort-model');"
+            f"s.value = {json.dumps(how)}; s.dispatchEvent(new Event('change'))"
+        )
+        rows = browser.js(
+            "return Array.from(document.querySelectorAll('#matrix tbody tr'))"
+            ".map(r => r.dataset.model)"
+        )
+        assert rows == (want or sorted(names.values())), how
+    assert browser.console_errors() == []

@@ -396,3 +396,52 @@ def test_start_writeback_is_a_hint_that_never_fails(tmp_path: Path) -> None:
         with pytest.raises(OSError) as info:  # a real failure is not "unsupported"
             fallocate(-1, 0, 0, 4096)
         assert info.value.errno == errno.EBADF
+
+
+def test_a_discard_removes_the_directories_it_made_while_empty(tmp_path: Path) -> None:
+    """``auto_mkdir``: a discarded (or failed) write leaves no empty folder behind; only
+    the directories this writer made, and only while nothing else is in them."""
+    (tmp_path / "kept").mkdir()  # there before: never removed
+    w = LocalFileWriter(tmp_path / "kept" / "a" / "b" / "m.pte", auto_mkdir=True)
+    w.write(b"x", 0)
+    w.discard()
+    assert os.listdir(tmp_path) == ["kept"] and os.listdir(tmp_path / "kept") == []
+    # Two writers share a directory the first made: its discard leaves it to the second.
+    first = LocalFileWriter(tmp_path / "kept" / "d" / "1.pte", auto_mkdir=True)
+    second = LocalFileWriter(tmp_path / "kept" / "d" / "2.pte", auto_mkdir=True)
+    first.discard()
+    assert os.path.isdir(tmp_path / "kept" / "d")
+    second.write(b"y", 0)
+    second.publish("create")
+    second.discard()
+    assert (tmp_path / "kept" / "d" / "2.pte").read_bytes() == b"y"
+    # An exception in the with block (the writer abandoned) removes them too.
+    with pytest.raises(RuntimeError), LocalFileWriter(
+        tmp_path / "kept" / "e" / "m.pte", auto_mkdir=True
+    ) as w:
+        raise RuntimeError("a backend failed")
+    assert sorted(os.listdir(tmp_path / "kept")) == ["d"]
+
+
+def test_a_directory_removed_under_a_new_writer_is_made_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another writer's discard may remove a directory this one found made: it makes
+    it again instead of failing (at most a few times)."""
+    from ptestore.writers import local
+
+    real = local.make_parents
+    calls: list[str] = []
+
+    def racing(directory: str) -> list[str]:
+        made = real(directory)
+        if not calls:  # the other writer's discard, right after this one's mkdir
+            os.rmdir(directory)
+        calls.append(directory)
+        return made
+
+    monkeypatch.setattr(local, "make_parents", racing)
+    w = LocalFileWriter(tmp_path / "d" / "m.pte", auto_mkdir=True)
+    assert len(calls) == 2 and os.path.isdir(tmp_path / "d")
+    w.discard()
+    assert os.listdir(tmp_path) == []

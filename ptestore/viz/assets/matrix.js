@@ -61,7 +61,7 @@
   }
   // per model / per device aggregates, for sorting
   function agg(key) {
-    var out = {};
+    var out = Object.create(null);  // keyed by names: "__proto__" is a name too
     pairs.forEach(function (c) {
       var a = out[c[key]] || (out[c[key]] = {failed: 0, seconds: 0, size: 0, bytes: 0});
       a.failed += c.status === "failed" ? 1 : 0; a.seconds += c.seconds || 0;
@@ -77,14 +77,14 @@
     return sorted;
   }
   function sortRows(names) {
-    var rows = {};
+    var rows = Object.create(null);
     Array.prototype.forEach.call(tbody.rows, function (tr) { rows[tr.dataset.model] = tr; });
     var frag = document.createDocumentFragment();
     names.forEach(function (n) { frag.appendChild(rows[n]); });
     tbody.appendChild(frag);
   }
   function sortColumns(names) {
-    var rank = {};
+    var rank = Object.create(null);
     names.forEach(function (n, i) { rank[n] = i; });
     function reorder(tr, selector) {
       var cells = Array.prototype.slice.call(tr.querySelectorAll(selector));
@@ -98,7 +98,7 @@
   }
   var statusRank = {"failed": 0, "would run": 1, "done": 2, "skipped": 3};
   function sortModelsByDevice(device) {
-    var s = {};
+    var s = Object.create(null);
     pairs.forEach(function (c) {
       if (c.device === device) { s[c.model] = statusRank[c.status]; }
     });
@@ -128,7 +128,7 @@
     var wanted = {};
     document.querySelectorAll("input[name=status]").forEach(function (el) {
       wanted[el.value] = el.checked; });
-    var shownDevices = {};
+    var shownDevices = Object.create(null);
     data.devices.forEach(function (d) { shownDevices[d] = dm(d); });
     table.querySelectorAll("th.dev").forEach(function (th) {
       th.hidden = !shownDevices[th.dataset.device]; });
