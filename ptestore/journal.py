@@ -210,24 +210,23 @@ def _open_journal(path: str) -> int:
     """The journal opened for reading: a regular file, never through a link, never
     blocking (a FIFO planted there would hang every open of the model); anything else
     a :class:`StorageError` naming it."""
-    import stat
+    from .storage.regular import NotRegular, open_regular
 
+    advice = "the file beside it is left as it is (remove the journal if no in-place run left it)"
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError as exc:
-        what = "a symbolic link" if exc.errno == errno.ELOOP else exc.strerror
+        fd, _ = open_regular(path)
+    except NotRegular as exc:
+        if exc.link:
+            raise StorageError(
+                f"{path}: cannot read this in-place journal: a symbolic link; {advice}"
+            ) from exc
         raise StorageError(
-            f"{path}: cannot read this in-place journal: {what}; the file beside it is "
-            "left as it is (remove the journal if no in-place run left it)"
+            f"{path}: this in-place journal is not a regular file ({exc.kind}); {advice}"
         ) from exc
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
+    except OSError as exc:
         raise StorageError(
-            f"{path}: this in-place journal is not a regular file ({stat.filemode(mode)}); "
-            "the file beside it is left as it is (remove the journal if no in-place run "
-            "left it)"
-        )
+            f"{path}: cannot read this in-place journal: {exc.strerror}; {advice}"
+        ) from exc
     return fd
 
 

@@ -11,7 +11,6 @@ removed through. :mod:`.cache` re-exports what it always offered from here.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import stat
@@ -19,6 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..errors import FormatError, PermissionDenied, StorageError
+from ..storage.regular import NotRegular, open_regular
 from .private import SHARED_WRITE, check_private
 
 __all__ = [
@@ -58,18 +58,16 @@ def read_regular(path: str, limit: int, what: str, *, private: bool = False) -> 
     manifest"); with ``private``, the file must be this user's alone
     (:func:`check_private`). :class:`FileNotFoundError` when there is none."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd, st = open_regular(path)
     except FileNotFoundError:
         raise
+    except NotRegular as exc:
+        if exc.link:
+            raise StorageError(f"{path}: cannot read the {what}: it is a symbolic link") from exc
+        raise StorageError(f"{path}: the {what} is not a regular file ({exc.kind})") from exc
     except OSError as exc:
-        why = "it is a symbolic link" if exc.errno == errno.ELOOP else exc.strerror
-        raise StorageError(f"{path}: cannot read the {what}: {why}") from exc
+        raise StorageError(f"{path}: cannot read the {what}: {exc.strerror}") from exc
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise StorageError(
-                f"{path}: the {what} is not a regular file ({stat.filemode(st.st_mode)})"
-            )
         if private:
             check_private(path, f"{what}", st)
         with os.fdopen(fd, "rb", closefd=False) as f:

@@ -12,18 +12,17 @@ writes a small read-only file (a record, a refusal) through
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import mmap
 import os
 import shutil
-import stat
 import time
 from pathlib import Path
 from typing import Any
 
 from .._dataclass import dataclass
 from ..errors import FormatError, IntegrityError, PteStoreError
+from ..storage.regular import NotRegular, open_regular
 from .identity import Identity, file_sha256
 from .native import ExecutorchBuild
 from .xpwc import Entry, parse_index
@@ -188,16 +187,14 @@ def read_small(path: Path, limit: int, what: str) -> bytes:
     ``FileNotFoundError`` when there is none; :class:`FormatError` naming the file, the
     ``what`` and the limit for anything else (not a regular file, larger, unreadable)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd, _ = open_regular(path)
     except FileNotFoundError:
         raise
+    except NotRegular as exc:
+        raise FormatError(str(path), what, exc.kind, "a regular file") from None
     except OSError as exc:
-        why = "a symbolic link" if exc.errno == errno.ELOOP else exc.strerror
-        raise FormatError(str(path), what, why, "a regular file") from None
+        raise FormatError(str(path), what, exc.strerror, "a regular file") from None
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise FormatError(str(path), what, stat.filemode(st.st_mode), "a regular file")
         with os.fdopen(fd, "rb", closefd=False) as f:
             data = f.read(limit + 1)
     except OSError as exc:
