@@ -57,6 +57,7 @@ from .record import (
 )
 from .refusal import read_refusal, write_refusal
 from .runs import ChildRun
+from .workdirs import remove_abandoned
 from .xpwc import check_coverage, check_names
 
 if TYPE_CHECKING:
@@ -253,6 +254,7 @@ def make_cache(
         if reason is not None:
             raise PackedWeightsRefused(artifact, f"{reason} (refused before)")
         remove_stale(directory, identity)
+        remove_abandoned(directory, identity.name)  # killed makers' of other identities
         try:
             made = _make(pte, ptd, shim, identity, directory, artifact, timeout, digests.learned)
         except PackedWeightsRefused as exc:

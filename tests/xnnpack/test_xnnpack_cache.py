@@ -214,6 +214,27 @@ def test_a_killed_maker_leaves_nothing_that_could_be_handed_out(
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
+def test_a_make_removes_what_killed_makers_of_other_artifacts_left(
+    made: CacheFile, tmp_path: Path
+) -> None:
+    import fcntl
+
+    gone, live = "xnnpack-" + "a" * 32, "xnnpack-" + "b" * 32
+    for name in (gone, live):
+        (tmp_path / f".{name}.k1").mkdir()
+        (tmp_path / f".{name}.k1" / "packed.xpwc").write_bytes(b"x" * 4096)
+        (tmp_path / f"{name}.xpwc.lock").touch()
+    fd = os.open(tmp_path / f"{live}.xpwc.lock", os.O_RDWR | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # its maker still works
+        again = make_cache(MLP, directory=tmp_path)
+    finally:
+        os.close(fd)
+    assert again.made and again.sha256 == made.sha256
+    # the killed maker's work directory (its lock free) is gone, the live one's kept
+    assert [p.name for p in tmp_path.iterdir() if p.is_dir()] == [f".{live}.k1"]
+
+
 @pytest.mark.slow
 def test_two_makers_at_once_end_correct(made: CacheFile, tmp_path: Path) -> None:
     procs = [
