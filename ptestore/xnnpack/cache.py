@@ -54,6 +54,7 @@ from .record import (
     publish_file,
     read_record,
     remove_stale,
+    stamp,
 )
 from .refusal import read_refusal, write_refusal
 from .runs import ChildRun
@@ -345,6 +346,7 @@ def _make(
         digest = file_sha256(tmp_file)
         size = tmp_file.stat().st_size
         os.chmod(tmp_file, 0o444)
+        before = stamp(tmp_file.stat())
         checker = ChildRun(work, "reload")
         checker.run(
             {**base, "steps": [{"name": "reloaded", "cache": str(tmp_file)}]},
@@ -352,6 +354,14 @@ def _make(
             "while loading with the finished file",
             timeout,
         )
+        # Loaded from the file: the child saw it mapped while its methods lived, and
+        # nothing rewrote it (a repack into it truncates it first).
+        if _report(work, "reloaded").get("cache_mapped") is not True:
+            raise PackedWeightsRefused(
+                artifact, "the runtime did not load the finished file on reload (not mapped)"
+            )
+        if stamp(tmp_file.stat()) != before:
+            raise PackedWeightsRefused(artifact, "the runtime rewrote the file on reload")
         log = checker.stderr()
         if "seed mismatch" in log:
             raise PackedWeightsRefused(
