@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import threading
-import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -47,31 +46,56 @@ def _shim() -> Any:
         return _lib
 
 
+class _Loaded:
+    """The module and the verified file's descriptor, released in that order (by
+    :meth:`XnnpackProgram.close`, or when the program is collected): the runtime keeps
+    one weights cache per path while methods use it, so the number ``/proc/self/fd/N``
+    names must not be another file's while this program's methods live."""
+
+    __slots__ = ("fd", "module")
+
+    def __init__(self, module: Any, fd: int | None) -> None:
+        self.module = module
+        self.fd = fd
+
+    def release(self) -> None:
+        self.module = None
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def __del__(self) -> None:
+        self.release()
+
+
 class XnnpackProgram:
     """A program loaded by the stock runtime, with (or without) a packed-weight file."""
 
     def __init__(
         self, module: Any, cache: CacheFile | None, lib: Any, held: int | None = None
     ) -> None:
-        self._module = module
+        self._loaded = _Loaded(module, held)
         self.cache = cache
         self._lib = lib
         self._checked = cache is None
-        # the verified file's descriptor (and its stamp), closed with the program
-        self._held = held
+        # the verified file's descriptor's stamp, checked before each first run
         self._stamp = None if held is None else stamp(os.fstat(held))
-        self._closer = None if held is None else weakref.finalize(self, os.close, held)
+
+    @property
+    def _module(self) -> Any:
+        return self._loaded.module
 
     def _runtime_path(self) -> bytes:
         """The path the runtime opens: the verified inode, still unchanged."""
-        assert self.cache is not None and self._held is not None
-        if stamp(os.fstat(self._held)) != self._stamp:  # a write, chmod, unlink, rename
+        fd = self._loaded.fd
+        assert self.cache is not None and fd is not None
+        if stamp(os.fstat(fd)) != self._stamp:  # a write, chmod, unlink, rename
             raise IntegrityError(
                 f"{self.cache.path}: removed, replaced or changed since load() verified it; "
                 "not handed to the runtime (load it again)",
                 published=False,
             )
-        proc = f"/proc/self/fd/{self._held}"
+        proc = f"/proc/self/fd/{fd}"
         if os.path.exists(proc):
             return os.fsencode(proc)
         try:  # no /proc: the path, while it still names the verified inode
@@ -123,9 +147,7 @@ class XnnpackProgram:
         return [as_array(r) for r in results]
 
     def close(self) -> None:
-        self._module = None
-        if self._closer is not None:
-            self._closer()
+        self._loaded.release()
 
     def __enter__(self) -> XnnpackProgram:
         return self

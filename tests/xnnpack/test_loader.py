@@ -41,12 +41,22 @@ SCRIPT = textwrap.dedent(
     elif then == "replace":  # the same bytes, another inode (as a second fetch leaves it)
         shutil.copy2(cache, cache + ".new"); os.replace(cache + ".new", cache)
     x = np.random.default_rng(0).standard_normal((2, 16), dtype=np.float32)
+    if then == "close":  # after a run: the methods, then the descriptor, released
+        program.run("forward", [x])
+        program.close()
     try:
         program.run("forward", [x])
         error = None
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"
-    print(json.dumps({"error": error}))
+    held = []
+    for n in os.listdir("/proc/self/fd"):
+        try:
+            held.append(os.readlink(f"/proc/self/fd/{n}"))
+        except OSError:
+            pass
+    mine = os.path.realpath(cache)
+    print(json.dumps({"error": error, "held": any(h.startswith(mine) for h in held)}))
     """
 )
 
@@ -67,7 +77,9 @@ def run_after(made: CacheFile, directory: Path, then: str) -> tuple[str | None, 
         check=False,
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    error: str | None = json.loads(out.stdout.strip().splitlines()[-1])["error"]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["held"] is (then != "close")  # the verified file held until close()
+    error: str | None = report["error"]
     return error, out.stderr
 
 
@@ -93,3 +105,10 @@ def test_a_file_removed_or_replaced_after_load_is_refused_not_recreated(
         assert sorted(p.name for p in tmp_path.iterdir()) == []
     else:
         assert path.stat().st_mode & 0o777 == 0o444 and path.stat().st_size == made.size
+
+
+def test_a_closed_program_releases_the_file_and_does_not_run(
+    made: CacheFile, tmp_path: Path
+) -> None:
+    error, _ = run_after(made, tmp_path, "close")
+    assert error == "ConfigurationError: the program was closed"
