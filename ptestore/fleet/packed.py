@@ -283,8 +283,6 @@ def deliver(
     and its verified chunks for the next call to resume from. Without one it is
     downloaded whole, from the start. ``events`` says where each piece came from;
     ``installed_for`` is passed to :func:`~ptestore.xnnpack.adopt_cache`."""
-    from pathlib import Path
-
     from ..provenance.chunks import well_formed
     from ..storage.flock import locked
     from ..xnnpack import adopt_cache
@@ -297,7 +295,7 @@ def deliver(
     dest = os.path.join(directory, f"xnnpack-download-{sha[7:23]}.xpwc")
     # One delivery of a file into a directory at a time: another (the same DEST fetched
     # twice at once, two DESTs of one artifact) would resume this one's live .part.
-    with locked(Path(dest + ".lock"), remove=True):
+    with locked(dest + ".lock", remove=True):
         chunks = None
         if field.get("chunks_root"):
             chunks = recorded_chunks(field, _record_of_file(str(field["url"]), options, record))
@@ -360,10 +358,13 @@ def fetch_packed(
     taken from earlier files, ``removed`` the earlier files installed for this .pte and
     for no other, removed once this one is installed (:mod:`ptestore.xnnpack.users`)."""
     from ..xnnpack.identity import cpu_fingerprint
+    from .job import ptd_beside
     from .packed_chunks import packed_bases
 
-    pte = next(f for f in files if not str(f["path"]).endswith(".ptd"))
-    ptd = next((f for f in files if str(f["path"]).endswith(".ptd")), None)
+    pte = next(  # by role: the .ptd is where fetch puts it, beside the .pte
+        f for f in files if all(g is f or g["path"] == ptd_beside(f["path"]) for g in files)
+    )
+    ptd = next((g for g in files if g is not pte), None)
     cpu = cpu_fingerprint()
     field = offered
     record = None

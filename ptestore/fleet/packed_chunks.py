@@ -36,13 +36,14 @@ record.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import mmap
 import os
 import stat
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._io import pread_all
@@ -229,10 +230,12 @@ def download_whole(
                 if not len(data):
                     raise StorageError(f"{url}: short read at offset {done}")
                 h.update(data)
-                pwrite_all(fd, memoryview(data), done)
+                with _local_writes(part, url):
+                    pwrite_all(fd, memoryview(data), done)
                 done += len(data)
                 sink.add("store", len(data))
-            sync_file(fd)
+            with _local_writes(part, url):
+                sync_file(fd)
         finally:
             os.close(fd)
         loader.check_unchanged()
@@ -245,6 +248,29 @@ def download_whole(
             published=False,
         )
     return h.hexdigest()
+
+
+@contextlib.contextmanager
+def _local_writes(part: str, url: str) -> Iterator[None]:
+    """A failure of the local file system while a whole download fills ``part`` (a full
+    disk, an I/O error) as a :class:`~ptestore.errors.StorageError` naming the ``.part``
+    and its ``errno``, never a raw ``OSError`` (a whole download starts again: it does
+    not resume)."""
+    import errno
+
+    from ..errors import PteStoreError, local_error
+
+    try:
+        yield
+    except PteStoreError:
+        raise
+    except OSError as exc:
+        code = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+        raise local_error(
+            exc,
+            f"{part}: the download of {url} stopped: {exc.strerror or exc} ({code}); a "
+            "fetch run again downloads it again",
+        ) from exc
 
 
 def download_delta(

@@ -33,9 +33,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
-import shutil
 import socket
-import tempfile
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -225,6 +223,7 @@ def make_packed(
     from ..xnnpack.identity import cpu_fingerprint, file_sha256
     from ..xnnpack.native import executorch_build
     from ..xnnpack.refusal import DEFAULT_TIMEOUT
+    from ..xnnpack.workdirs import held_work_dir
     from .fetch import fetch
 
     build = executorch_build()
@@ -239,8 +238,8 @@ def make_packed(
             f"declares {cpu!r}: its XNNPACK packed-weight file is made only where the CPU "
             "is the device's"
         )
-    work = tempfile.mkdtemp(prefix="ptestore-xnnpack-")
-    try:
+    # a scratch directory a killed worker's next run collects (not a bare mkdtemp)
+    with held_work_dir() as work:
         pte = os.path.join(work, "model.pte")
         got = fetch(destination, pte, storage_options=opts)
         counter[0] += sum(int(f["size"]) for f in got.files)
@@ -295,8 +294,6 @@ def make_packed(
             record["chunks"] = chunks.to_dict()
         _publish_record(record_url(destination), record, opts)
         return True, why
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def check_beside(

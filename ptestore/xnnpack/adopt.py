@@ -98,8 +98,9 @@ def adopt_cache(
         check_coverage(entries, weights, name)
     except FormatError as exc:
         raise refuse(f"not a packed-weight file for {os.fspath(pte)}: {exc}") from None
-    os.chmod(tmp, 0o444)
     path, record_path, lock_path, _ = paths(directory, identity)
+    # Read-only only under the lock, just before it is published: a process killed while
+    # it waits for the lock leaves its download writable, so the next one resumes it.
     with locked(lock_path):
         found = found_checked(path, record_path, identity)
         # A file already there that names no user was made here (or installed by an
@@ -111,6 +112,7 @@ def adopt_cache(
                 remember(record_path, digests.learned)
         else:
             remove_stale(directory, identity)
+            os.chmod(tmp, 0o444)
             found = publish_file(
                 tmp, directory, identity, size, digest, len(entries), digests.learned
             )

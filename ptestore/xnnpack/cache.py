@@ -54,9 +54,11 @@ from .record import (
     publish_file,
     read_record,
     remove_stale,
+    stamp,
 )
 from .refusal import read_refusal, write_refusal
 from .runs import ChildRun
+from .workdirs import remove_abandoned
 from .xpwc import check_coverage, check_names
 
 if TYPE_CHECKING:
@@ -253,6 +255,7 @@ def make_cache(
         if reason is not None:
             raise PackedWeightsRefused(artifact, f"{reason} (refused before)")
         remove_stale(directory, identity)
+        remove_abandoned(directory, identity.name)  # killed makers' of other identities
         try:
             made = _make(pte, ptd, shim, identity, directory, artifact, timeout, digests.learned)
         except PackedWeightsRefused as exc:
@@ -343,6 +346,7 @@ def _make(
         digest = file_sha256(tmp_file)
         size = tmp_file.stat().st_size
         os.chmod(tmp_file, 0o444)
+        before = stamp(tmp_file.stat())
         checker = ChildRun(work, "reload")
         checker.run(
             {**base, "steps": [{"name": "reloaded", "cache": str(tmp_file)}]},
@@ -350,6 +354,14 @@ def _make(
             "while loading with the finished file",
             timeout,
         )
+        # Loaded from the file: the child saw it mapped while its methods lived, and
+        # nothing rewrote it (a repack into it truncates it first).
+        if _report(work, "reloaded").get("cache_mapped") is not True:
+            raise PackedWeightsRefused(
+                artifact, "the runtime did not load the finished file on reload (not mapped)"
+            )
+        if stamp(tmp_file.stat()) != before:
+            raise PackedWeightsRefused(artifact, "the runtime rewrote the file on reload")
         log = checker.stderr()
         if "seed mismatch" in log:
             raise PackedWeightsRefused(

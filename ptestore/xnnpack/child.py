@@ -122,9 +122,35 @@ def run_step(lib: Any, portable_lib: Any, pte: str, ptd: str | None, cache: str 
         "loads_seen": lib.ptestore_xnn_count(0) - seen0,
         "loads_with_options": lib.ptestore_xnn_count(1) - added0,
         "load_and_first_run_s": first_run,
+        # the runtime maps the file it loaded while the methods live: the explicit sign
+        # that it took the packed weights from it (not a line of its log)
+        "cache_mapped": None if cache is None else mapped(cache),
     }
     del module
     return outputs, report
+
+
+def mapped(path: str) -> bool | None:
+    """Whether the file at ``path`` (its device and inode) is mapped into this process
+    (``/proc/self/maps``); None when that cannot be read."""
+    try:
+        st = os.stat(path)
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    want = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+    for line in lines:
+        fields = line.split(maxsplit=5)
+        if len(fields) < 5 or ":" not in fields[3]:
+            continue
+        major, minor = fields[3].split(":", 1)
+        try:
+            if (int(major, 16), int(minor, 16), int(fields[4])) == want:
+                return True
+        except ValueError:
+            continue
+    return False
 
 
 #: ``prctl`` option: the signal this process gets when its parent ends.

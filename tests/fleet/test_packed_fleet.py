@@ -303,3 +303,27 @@ def test_a_failure_that_may_pass_is_not_recorded_and_an_old_one_not_current(
         False,
         f"its XNNPACK refusal may pass, made again: {timed_out}",
     )
+
+
+def test_the_workers_scratch_directory_is_removed_and_a_killed_ones_collected(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker makes the file in ``<tmp>/ptestore-xnnpack-<uid>/<random>/`` (the
+    artifact fetched there, model-sized) and removes it when it ends; one a killed worker
+    left (its lock free, or no lock file) is removed by the next run."""
+    import tempfile
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    base = tmp / f"ptestore-xnnpack-{os.geteuid()}"
+    base.mkdir(mode=0o700)
+    for name in ("killed", "older"):
+        (base / name).mkdir()
+        (base / name / "model.pte").write_bytes(b"x" * 1000)
+    (base / "killed.lock").touch()  # its worker is gone: nobody holds it
+    job = load_job(_job(tmp_path, PORTABLE.pte_path, HERE))
+    result = run_job(job, workers=1)  # inline
+    assert {p.device: p.status for p in result.pairs} == {"phone": "done", "plain": "done"}
+    assert os.listdir(base) == [] and os.listdir(tmp) == [base.name]

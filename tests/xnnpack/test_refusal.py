@@ -230,3 +230,33 @@ def test_the_child_dies_with_a_killed_maker(tmp_path: Path) -> None:
         return state == "Z"
 
     _until(gone, "the child to end with its maker")
+
+
+SILENT_RELOAD = """#!{python}
+# The real child, except that the reload does not load the finished file and the runtime
+# logs nothing about its cache (as a build without its Info log would): the reload must
+# still be proven by the child's own report, never taken for one on silence.
+import json, os, subprocess, sys
+req_path = sys.argv[-1]
+req = json.loads(open(req_path).read())
+req["parent"] = os.getpid()  # the real child dies with this stand-in
+if [s["name"] for s in req["steps"]] == ["reloaded"]:
+    req["steps"][0]["cache"] = None
+open(req_path, "w").write(json.dumps(req))
+out = subprocess.run([{python!r}, *sys.argv[1:]], stderr=subprocess.PIPE, text=True)
+sys.stderr.write("".join(l for l in out.stderr.splitlines(True) if "packed weight" not in l))
+sys.exit(out.returncode)
+"""
+
+
+def test_a_reload_that_did_not_load_the_file_is_refused_without_its_log_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = tmp_path / "python-silent"
+    script.write_text(SILENT_RELOAD.format(python=sys.executable))
+    script.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(script))
+    refused = _make(tmp_path / "d")
+    assert refused.reason == "the runtime did not load the finished file on reload (not mapped)"
+    assert not refused.transient
+    assert not list((tmp_path / "d").glob("*.xpwc"))  # nothing published
