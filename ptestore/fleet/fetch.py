@@ -210,13 +210,14 @@ def _publish(got: dict[str, Any]) -> None:
         pass
 
 
-def _check_pair(files: list[dict[str, Any]]) -> None:
+def _check_pair(files: list[dict[str, Any]], target: str) -> None:
     """The .pte's record names its .ptd by SHA-256: the .ptd downloaded beside it must
-    be that one (checked before either is published)."""
+    be that one (checked before either is published). The .pte is the file at
+    ``target``, the .ptd the other (by role, not by how the names end)."""
     from ..provenance import read_provenance
 
-    pte = next(f for f in files if not f["path"].endswith(".ptd"))
-    ptd = next((f for f in files if f["path"].endswith(".ptd")), None)
+    pte = next(f for f in files if f["path"] == target)
+    ptd = next((f for f in files if f["path"] != target), None)
     loader = LocalFileLoader(pte["path"] + ".part")
     try:
         prov = read_provenance(loader)
@@ -346,8 +347,8 @@ def _download_all(
     """Every file downloaded and checked before any is published (a mismatch is an
     IntegrityError with nothing published), the pair's binding too; then the .ptd, then
     the .pte (:func:`_publish_all`)."""
-    for want, path in sorted(files, key=lambda f: not f[1].endswith(".ptd")):
-        is_ptd = path.endswith(".ptd") and path != target
+    for want, path in sorted(files, key=lambda f: f[1] == target):  # the .ptd first
+        is_ptd = path != target
         paths = [ptd_beside(b) for b in pte_bases] if is_ptd else pte_bases
         bases = open_bases(paths, required=require_base and not is_ptd)
         try:
@@ -356,7 +357,7 @@ def _download_all(
             for b in bases:
                 b.close()
     try:
-        _check_pair(result.files)
+        _check_pair(result.files, target)
     except IntegrityError:
         _discard_parts(result.files)
         raise
