@@ -101,6 +101,8 @@ def _run_backend(
             spec=report.implementation,
         ) from exc
     else:
+        if session.refused is not None:  # caught by the backend, which went on: the run stops
+            raise session.refused
         session.commit()
         if session.keys or session.blobs or isinstance(impl, PassthroughBackend):
             report.status = "specialized"

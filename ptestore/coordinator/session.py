@@ -59,6 +59,9 @@ class Session:
         # thread still running) and nothing is accepted after it.
         self._lock = threading.RLock()
         self._closed = False
+        #: The first rule a submission broke (raised to the backend): the run stops at
+        #: the call's end even if the backend caught it and went on.
+        self.refused: InvalidReplacement | None = None
 
     def close(self) -> None:
         """End of the backend's call: every later use of its context, writer or named
@@ -134,13 +137,16 @@ class Session:
 
     # -- validation --------------------------------------------------------------
     def _error(self, message: str, key: str | None = None) -> InvalidReplacement:
-        return InvalidReplacement(
+        error = InvalidReplacement(
             message,
             backend=self._backend_id,
             method=self.last_method,
             key=key,
             spec=self.report.implementation,
         )
+        if self.refused is None:
+            self.refused = error
+        return error
 
     def _check_data(self, data: object, what: str, key: str | None) -> tuple[memoryview, int]:
         if not isinstance(data, BackendData):
@@ -192,7 +198,9 @@ class Session:
         view, alignment = self._check_data(data, "write_named_data", key)
         f, index = self._check_layout(key, data)
         self._check_size(key, view.nbytes, data.allow_size_change)
-        self._check_dtype(key, data)
+        self._check_dtype(
+            key, data.data, data.allow_size_change, "write_named_data: the replacement"
+        )
         rep = self._spool(view, alignment, f"key {key!r}")
         self.pending.setdefault((f.role, index), []).append(rep)
         self.keys[key] = None
@@ -241,6 +249,9 @@ class Session:
             start = self.run.spool.size()
             total = 0
             for chunk in chunks:
+                self._check_dtype(
+                    key, chunk, template.allow_size_change, "write_named_data_chunks: a chunk"
+                )
                 view = _as_bytes_view(chunk)
                 if view is None:
                     raise self._error(
@@ -268,20 +279,21 @@ class Session:
             self.keys[key] = None
             self.run.emit(Event("replacement", backend=self._backend_id, key=key, nbytes=size))
 
-    def _check_dtype(self, key: str, data: BackendData) -> None:
-        """A numpy array of another dtype than the key's tensor info is a mistake (a
-        float64 array for float32 weights has the wrong bytes even at the same size),
-        unless the size change is declared (the backend's own format)."""
-        dtype = getattr(data.data, "dtype", None)
-        if type(data.data).__module__ != "numpy" or dtype is None or data.allow_size_change:
+    def _check_dtype(self, key: str, value: object, allowed: object, what: str) -> None:
+        """A numpy array (``value``: a replacement, or a chunk of one) of another dtype
+        than the key's tensor info is a mistake (a float64 array for float32 weights has
+        the wrong bytes even at the same size), unless the size change is declared
+        (``allowed``: the backend's own format)."""
+        dtype = getattr(value, "dtype", None)
+        if type(value).__module__ != "numpy" or dtype is None or allowed:
             return
         info = self.run.named.get_tensor_info(key)
         if info is None or info.array_dtype == "uint8" or str(dtype) == "uint8":
             return  # no description, or raw bytes: nothing to compare
         if str(dtype) != info.array_dtype:
             raise self._error(
-                f"write_named_data: the replacement is a numpy array of dtype {dtype}, the "
-                f"key holds {self.run.named.describe(key)}: convert it "
+                f"{what} is a numpy array of dtype {dtype}, the key holds "
+                f"{self.run.named.describe(key)}: convert it "
                 f"(array.astype(numpy.{info.array_dtype})), or pass "
                 "BackendData(..., allow_size_change=True) if it is your runtime's own format",
                 key,
@@ -403,6 +415,7 @@ class SessionNamedMap:
         return self._map.get_tensor_layout(key)
 
     def get_tensor_info(self, key: str) -> TensorInfo | None:
+        self._session.check_open("named_data_map.get_tensor_info")
         self._session.last_key = key
         return self._map.get_tensor_info(key)
 
@@ -415,4 +428,5 @@ class SessionNamedMap:
         return array_view(data, self._map.get_tensor_info(key), key, f.container.source)
 
     def get_shared_keys(self, key: str) -> tuple[str, ...]:
+        self._session.check_open("named_data_map.get_shared_keys")
         return self._map.get_shared_keys(key)

@@ -215,6 +215,25 @@ def test_an_array_of_another_dtype_is_refused(src: Path, tmp_path: Path) -> None
     assert "convert it (array.astype(numpy.float32))" in message
 
 
+def test_a_chunk_of_another_dtype_is_refused(src: Path, tmp_path: Path) -> None:
+    """The same rule for pieces (write_named_data_chunks): it was not checked there."""
+    import numpy as np
+
+    class WrongDtypeChunks(Quiet):
+        def initialize_backend_data(self, context: Any, output: Any) -> None:
+            named = context.get_named_data_map()
+            key = _first_float_key(named)
+            pieces = np.array_split(named.get_array(key).view(np.int32).ravel(), 2)
+            output.write_named_data_chunks(key, named.get_data_size(key), pieces)
+
+    with pytest.raises(BackendError) as info:
+        ptestore.specialize(src, tmp_path / "o.pte", backends=[WrongDtypeChunks()])
+    message = str(info.value)
+    assert "write_named_data_chunks: a chunk is a numpy array of dtype int32, the key " in message
+    assert "holds float32 [32, 16], 2048 bytes" in message
+    assert not (tmp_path / "o.pte").exists()
+
+
 def test_the_compatibility_example_in_the_docs_runs_with_and_without_a_device() -> None:
     import re
 

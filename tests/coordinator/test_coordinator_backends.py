@@ -381,6 +381,8 @@ def test_context_writer_and_map_are_dead_after_the_call(
         (lambda: ctx.replaced_keys, "context.replaced_keys"),
         (lambda: named.get_data(KEYS[0]), "named_data_map.get_data"),
         (lambda: named.get_tensor_layout(KEYS[0]), "named_data_map.get_tensor_layout"),
+        (lambda: named.get_tensor_info(KEYS[0]), "named_data_map.get_tensor_info"),
+        (lambda: named.get_shared_keys(KEYS[0]), "named_data_map.get_shared_keys"),
         (named.keys, "named_data_map.keys"),
         (lambda: len(named), "len() of the named data map"),
         (lambda: KEYS[0] in named, "'in' on the named data map"),
