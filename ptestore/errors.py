@@ -310,6 +310,22 @@ class BackendError(PteStoreError):
         super().__init__(f"{prefix}: {message}" if prefix else message)
         self.message = message
 
+    def name_backend(
+        self, backend: str, spec: str | None, method: str | None, key: str | None
+    ) -> None:
+        """Say whose error this is where it does not yet (raised by a backend's own code,
+        ``raise BackendError("vendor compiler failed")``): the backend it came from and,
+        where the error names none, the method and key it was working on."""
+        if self.backend is None:
+            BackendError.__init__(
+                self,
+                self.message,
+                backend=backend,
+                method=self.method if self.method is not None else method,
+                key=self.key if self.key is not None else key,
+                spec=spec,
+            )
+
     def __reduce__(self) -> tuple[object, ...]:
         return (
             _rebuild_backend_error,

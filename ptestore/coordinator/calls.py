@@ -88,7 +88,10 @@ def _run_backend(
     except NotSupported as exc:
         report.status = "not_supported"
         report.reason = str(exc) or "NotSupported raised with no message"
-    except (BackendError, KeyboardInterrupt):
+    except BackendError as exc:  # the session's own name the backend; one it raised may not
+        exc.name_backend(bid, report.implementation, session.last_method, session.last_key)
+        raise
+    except KeyboardInterrupt:
         raise
     except BaseException as exc:  # backend code is user code
         # SystemExit, GeneratorExit or a custom BaseException from a backend must not

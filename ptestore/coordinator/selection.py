@@ -16,7 +16,7 @@ from ..backends.registry import (
     load_backend,
     serving,
 )
-from ..errors import ConfigurationError
+from ..errors import BackendError, ConfigurationError, describe_exception
 from .report import BackendReport
 
 if TYPE_CHECKING:
@@ -91,7 +91,12 @@ def resolve_backends(backends: Iterable[BackendLike] | None, ids: list[str]) -> 
     for spec in backends:
         impl = load_backend(spec)
         label = backend_label(spec)
-        name = getattr(impl, "name", None)
+        try:
+            name = getattr(impl, "name", None)
+        except Exception as exc:  # a property of backend code: its failure is the backend's
+            raise BackendError(
+                f"reading its name failed: {describe_exception(exc)}", backend=label
+            ) from exc
         if name is None:
             raise ConfigurationError(
                 f"backend {label!r} has no name: set the class attribute name to the "

@@ -1,0 +1,84 @@
+"""An error a backend's own code raises names that backend the documented way
+(``backend 'ID' (SPEC)``, ``error.backend``/``spec``), as the errors ptestore raises do:
+a ``BackendError`` the backend raised itself reached the caller naming nobody, and a
+``name`` property that raised escaped as a raw exception."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.fixtures import get_fixture
+
+import ptestore
+from ptestore.backends import BackendInterface
+from ptestore.errors import BackendError, InvalidReplacement
+
+MLP = get_fixture("mlp_xnnpack")
+
+
+@pytest.fixture
+def src(tmp_path: Path) -> Path:
+    assert MLP.pte_path is not None
+    p = tmp_path / "model.pte"
+    p.write_bytes(MLP.pte_path.read_bytes())
+    return p
+
+
+class VendorFails(BackendInterface):
+    name = "XnnpackBackend"
+
+    def initialize_backend_data(self, context: Any, output: Any) -> None:
+        for _ in context:  # an input handed out: the method is known
+            raise BackendError("vendor compiler failed")
+
+
+class VendorRefuses(BackendInterface):
+    name = "XnnpackBackend"
+
+    def initialize_backend_data(self, context: Any, output: Any) -> None:
+        raise InvalidReplacement("its own rule", key="k0")
+
+
+class NameRaises(BackendInterface):
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        raise RuntimeError("hostile")
+
+    def initialize_backend_data(self, context: Any, output: Any) -> None:
+        raise AssertionError("never called")
+
+
+def _label(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def test_a_backend_error_of_the_backends_own_names_it(src: Path, tmp_path: Path) -> None:
+    with pytest.raises(BackendError) as err:
+        ptestore.specialize(src, tmp_path / "o.pte", backends=[VendorFails()])
+    e = err.value
+    assert (e.backend, e.spec, e.method) == ("XnnpackBackend", _label(VendorFails), "forward")
+    assert str(e) == (
+        f"backend 'XnnpackBackend' ({_label(VendorFails)}), method 'forward': "
+        "vendor compiler failed"
+    )
+    assert not (tmp_path / "o.pte").exists()
+
+
+def test_its_own_key_is_kept_and_its_type(src: Path, tmp_path: Path) -> None:
+    with pytest.raises(InvalidReplacement) as err:
+        ptestore.specialize(src, tmp_path / "o.pte", backends=[VendorRefuses()])
+    e = err.value
+    assert (e.backend, e.spec, e.key) == ("XnnpackBackend", _label(VendorRefuses), "k0")
+    assert str(e) == f"backend 'XnnpackBackend' ({_label(VendorRefuses)}), key 'k0': its own rule"
+
+
+def test_a_name_that_raises_is_a_backend_error(src: Path, tmp_path: Path) -> None:
+    with pytest.raises(BackendError) as err:
+        ptestore.specialize(src, tmp_path / "o.pte", backends=[NameRaises()])
+    assert err.value.backend == _label(NameRaises)
+    assert str(err.value) == (
+        f"backend {_label(NameRaises)!r}: reading its name failed: RuntimeError: hostile"
+    )
+    assert isinstance(err.value.__cause__, RuntimeError)
