@@ -226,7 +226,8 @@ def _child_main(jobs_path: str, results_path: str, start: int) -> int:  # pragma
         jobs: list[dict[str, Any]] = pickle.load(f)
     runtime = Runtime.get()
     keep_alive: list[Any] = []
-    tmpdir = tempfile.mkdtemp(prefix="ptestore-et-child-")
+    # inside the parent's temporary directory, which it removes whatever became of us
+    tmpdir = tempfile.mkdtemp(prefix="child-", dir=os.path.dirname(os.path.abspath(jobs_path)))
 
     def as_path(src: tuple[str, Any], name: str) -> str:
         kind, value = src
