@@ -26,6 +26,7 @@ from types import TracebackType
 from typing import ParamSpec, TypeVar
 
 from ..errors import ConfigurationError, LockTimeout, StorageError
+from ..storage.flock import still_at
 
 __all__ = ["KeyLock", "check_timeout", "holder_pid", "wait_limit", "with_lock_timeout"]
 
@@ -147,11 +148,7 @@ class KeyLock:
                 raise StorageError(
                     f"{self.path}: cannot lock the cache lock file: {exc.strerror}"
                 ) from exc
-            try:
-                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
+            if still_at(fd, self.path):
                 self._fd = fd
                 return True
             os.close(fd)  # removed by its holder while we waited: lock the new one

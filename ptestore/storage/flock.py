@@ -12,7 +12,7 @@ import fcntl
 import os
 from collections.abc import Iterator
 
-__all__ = ["locked"]
+__all__ = ["locked", "still_at", "try_lock"]
 
 
 @contextlib.contextmanager
@@ -26,15 +26,11 @@ def locked(lock_path: str | os.PathLike[str], *, remove: bool = False) -> Iterat
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            held = os.fstat(fd)
-            try:
-                there = os.stat(lock_path)
-            except FileNotFoundError:
-                there = None
+            here = still_at(fd, lock_path)
         except BaseException:
             os.close(fd)
             raise
-        if there is not None and (there.st_dev, there.st_ino) == (held.st_dev, held.st_ino):
+        if here:
             break
         os.close(fd)  # removed while this process waited: lock the file there now
     try:
@@ -44,3 +40,33 @@ def locked(lock_path: str | os.PathLike[str], *, remove: bool = False) -> Iterat
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(lock_path)
         os.close(fd)
+
+
+def still_at(fd: int, lock_path: str | os.PathLike[str]) -> bool:
+    """Whether the lock file open as ``fd`` is still the file at ``lock_path`` (same
+    device and inode, the path not followed): a holder may have removed it while this
+    process waited for its lock, and then the lock guards nothing."""
+    try:
+        there = os.stat(lock_path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (there.st_dev, there.st_ino) == (held.st_dev, held.st_ino)
+
+
+def try_lock(lock_path: str | os.PathLike[str]) -> int | None:
+    """The exclusive ``flock`` on the existing lock file at ``lock_path``, taken without
+    waiting (never made, never through a link): its descriptor (closing it releases the
+    lock), or None when it is missing, held by another, or was removed meanwhile."""
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if still_at(fd, lock_path):
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None

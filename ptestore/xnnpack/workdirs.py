@@ -28,27 +28,11 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from ..storage.flock import still_at, try_lock
+
 __all__ = ["held_work_dir", "remove_abandoned"]
 
 _WORK = re.compile(r"\.(xnnpack-[0-9a-f]{32})\.")
-
-
-def _try_lock(lock_path: Path) -> int | None:
-    """The lock file at ``lock_path`` locked without waiting (never made, never through
-    a link), or None: missing, held by someone, or replaced while it was taken."""
-    try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        held, there = os.fstat(fd), os.stat(lock_path, follow_symlinks=False)
-        if (there.st_dev, there.st_ino) == (held.st_dev, held.st_ino):
-            return fd
-    except OSError:
-        pass
-    os.close(fd)
-    return None
 
 
 def remove_abandoned(directory: Path, own: str) -> list[str]:
@@ -63,7 +47,7 @@ def remove_abandoned(directory: Path, own: str) -> list[str]:
         m = _WORK.match(name)
         if m is None or m.group(1) == own:
             continue
-        fd = _try_lock(directory / f"{m.group(1)}.xpwc.lock")
+        fd = try_lock(directory / f"{m.group(1)}.xpwc.lock")
         if fd is None:
             continue
         try:
@@ -97,7 +81,7 @@ def _collect(base: Path) -> None:
         names = {e.name for e in it}
     for name in sorted(names):
         if name.endswith(".lock"):
-            fd = _try_lock(base / name)
+            fd = try_lock(base / name)
             if fd is None:
                 continue
             try:
@@ -132,11 +116,8 @@ def held_work_dir(prefix: str = "ptestore-xnnpack-") -> Iterator[str]:
         except FileExistsError:
             continue
         fcntl.flock(fd, fcntl.LOCK_EX)
-        held = os.fstat(fd)
-        with contextlib.suppress(FileNotFoundError):
-            there = os.stat(lock, follow_symlinks=False)
-            if (there.st_dev, there.st_ino) == (held.st_dev, held.st_ino):
-                break
+        if still_at(fd, lock):
+            break
         os.close(fd)  # collected before it was locked: another name
     scratch = base / name
     try:
