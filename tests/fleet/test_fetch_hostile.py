@@ -16,10 +16,10 @@ import pytest
 from support.delta import big_job, program, version
 from support.digests import tree
 from support.fixtures import get_fixture
+from support.fleet_backend import specialized_pair
 from support.fleetrun import fleet_run
 
 import ptestore
-from ptestore.backends.compat import DeviceProfile
 from ptestore.cli import main
 from ptestore.errors import IntegrityError, PartialPublish, PermissionDenied
 from ptestore.provenance import read_provenance, read_trailer
@@ -33,21 +33,6 @@ DATA = Path(__file__).parents[1] / "provenance" / "data"
 SPEC = "support.fleet_backend:Scaler=1.0"
 
 
-def _pair(tmp: Path, name: str, scale: float) -> tuple[Path, Path]:
-    """A .pte/.ptd pair specialized for a device of ``scale`` (side by side)."""
-    assert EXT.pte_path is not None and EXT.ptd_path is not None
-    pte, ptd = tmp / name / "m.pte", tmp / name / "m.ptd"
-    pte.parent.mkdir()
-    ptestore.specialize(
-        EXT.pte_path,
-        pte,
-        ptd=(EXT.ptd_path, ptd),
-        backends=[SPEC],
-        device=DeviceProfile(name, {"soc": "x", "scale": scale}),
-    )
-    return pte, ptd
-
-
 def _content_sha(path: Path) -> str:
     data = path.read_bytes()
     trailer = read_trailer(BytesLoader(data))
@@ -57,8 +42,8 @@ def _content_sha(path: Path) -> str:
 
 def _mixed(tmp: Path) -> tuple[Path, Path, Path]:
     """``mixed/m.pte`` of device a beside ``mixed/m.ptd`` of device b; and a's .ptd."""
-    a_pte, a_ptd = _pair(tmp, "a", 2.0)
-    _, b_ptd = _pair(tmp, "b", 3.0)
+    a_pte, a_ptd = specialized_pair(tmp, "a", 2.0)
+    _, b_ptd = specialized_pair(tmp, "b", 3.0)
     assert _content_sha(a_ptd) != _content_sha(b_ptd)
     (tmp / "mixed").mkdir()
     shutil.copy(a_pte, tmp / "mixed" / "m.pte")
@@ -122,7 +107,7 @@ def test_fetch_s3_url_refuses_a_ptd_its_pte_was_not_made_with(
 def test_a_failure_between_the_ptd_and_the_pte_says_what_was_published(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    pte, ptd = _pair(tmp_path, "a", 2.0)
+    pte, ptd = specialized_pair(tmp_path, "a", 2.0)
     dest = tmp_path / "dev" / "m.pte"
     # The .pte cannot be published: its name is taken by a directory that is not empty.
     (dest / "x").mkdir(parents=True)
@@ -154,7 +139,7 @@ def test_a_failure_between_the_ptd_and_the_pte_says_what_was_published(
 def test_a_link_at_a_download_file_is_refused_and_never_written_through(
     tmp_path: Path, name: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    pte, _ = _pair(tmp_path, "a", 2.0)
+    pte, _ = specialized_pair(tmp_path, "a", 2.0)
     victim = tmp_path / "victim"
     victim.write_bytes(b"precious")
     dest = tmp_path / "dev" / "m.pte"
@@ -239,7 +224,7 @@ def test_a_hard_link_at_the_part_is_not_resumed_into(
 def test_the_published_file_is_the_download_itself(tmp_path: Path) -> None:
     """A fetch needs the artifact's size on disk once: the checked ``.part`` is renamed
     into place, not copied."""
-    pte, _ = _pair(tmp_path, "a", 2.0)
+    pte, _ = specialized_pair(tmp_path, "a", 2.0)
     dest = tmp_path / "dev" / "m.pte"
     inodes: dict[str, int] = {}
 
@@ -406,7 +391,7 @@ def test_a_destination_named_like_a_ptd_is_refused_before_anything(
     ``ConfigurationError``, exit 2), not after the whole download."""
     from ptestore.errors import ConfigurationError
 
-    pte, _ = _pair(tmp_path, "a", 2.0)
+    pte, _ = specialized_pair(tmp_path, "a", 2.0)
     dest = tmp_path / "dev" / "model.ptd"
     message = (
         f"{dest}: fetch writes the .pte to DEST (its .ptd, when it has one, beside it): a "

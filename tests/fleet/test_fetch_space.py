@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from support.delta import program, version
 from support.fixtures import get_fixture
+from support.fleet_backend import specialized_pair
 from support.smallfs import tmpfs
 
 import ptestore
@@ -24,21 +25,6 @@ from ptestore.fleet.download import check_space
 
 EXT = get_fixture("mlp_xnnpack_ext")
 SPEC = "support.fleet_backend:Scaler=1.0"
-
-
-def _pair(tmp: Path, name: str, scale: float) -> tuple[Path, Path]:
-    """A .pte/.ptd pair specialized for a device of ``scale`` (side by side)."""
-    assert EXT.pte_path is not None and EXT.ptd_path is not None
-    pte, ptd = tmp / name / "m.pte", tmp / name / "m.ptd"
-    pte.parent.mkdir()
-    ptestore.specialize(
-        EXT.pte_path,
-        pte,
-        ptd=(EXT.ptd_path, ptd),
-        backends=[SPEC],
-        device=DeviceProfile(name, {"soc": "x", "scale": scale}),
-    )
-    return pte, ptd
 
 
 def _leftovers(d: Path) -> list[str]:
@@ -57,7 +43,7 @@ def test_a_fetch_the_disk_has_no_room_for_fails_before_any_download(tmp_path: Pa
     """The pair's sizes against the destination file system's free blocks, before the
     first request: ENOSPC naming the files, the bytes needed and free, the directory;
     no ``.part`` left behind (a real 4 KiB tmpfs: one page)."""
-    pte, ptd = _pair(tmp_path, "a", 2.0)
+    pte, ptd = specialized_pair(tmp_path, "a", 2.0)
     total = pte.stat().st_size + ptd.stat().st_size
     with tmpfs(tmp_path / "small", "4k") as mnt:
         dest = mnt / "dev" / "m.pte"

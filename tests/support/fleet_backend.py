@@ -11,6 +11,8 @@ weight of the model it writes the weight times the device option ``scale`` (defa
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from ptestore.backends import BackendData, BackendInterface
@@ -53,3 +55,23 @@ class Scaler(BackendInterface):
         if parts.get("v") != self.version:
             return Compatibility.PREFER_RESPECIALIZATION
         return Compatibility.OPTIMAL
+
+
+def specialized_pair(tmp: Path, name: str, scale: float) -> tuple[Path, Path]:
+    """The real ``mlp_xnnpack_ext`` .pte/.ptd pair specialized by :class:`Scaler` for a
+    device ``name`` of ``scale``, side by side in ``tmp/name/``."""
+    import ptestore
+    from support.fixtures import get_fixture
+
+    ext = get_fixture("mlp_xnnpack_ext")
+    assert ext.pte_path is not None and ext.ptd_path is not None
+    pte, ptd = tmp / name / "m.pte", tmp / name / "m.ptd"
+    pte.parent.mkdir()
+    ptestore.specialize(
+        ext.pte_path,
+        pte,
+        ptd=(ext.ptd_path, ptd),
+        backends=["support.fleet_backend:Scaler=1.0"],
+        device=DeviceProfile(name, {"soc": "x", "scale": scale}),
+    )
+    return pte, ptd
