@@ -2,8 +2,9 @@
 ``ptestore fleet plan JOBFILE [--json]``, ``ptestore fleet retire JOBFILE`` and
 ``ptestore fleet check-index INDEX [--repair] [--models NAMES]``.
 
-Exit status of ``run``: 0 when every pair is done or skipped, 1 when any failed, 2 for
-a bad job file (the message names the line and key) or an unreachable scheduler.
+Exit status of ``run``: 0 when every pair is done or skipped and indexed, 1 when any
+failed or was left out of the index (``index_error``), 2 for a bad job file (the message
+names the line and key) or an unreachable scheduler.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ def add_fleet_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="run every pair that is not current",
         description="Specialize every (model, device) pair whose destination does not "
         "already hold an artifact with matching provenance. Exit status: 0 all done or "
-        "skipped, 1 a pair failed, 2 bad job file.",
+        "skipped and indexed, 1 a pair failed or was left out of the index, 2 bad job "
+        "file.",
     )
     r.add_argument("job", metavar="JOBFILE", help="the job file (TOML)")
     r.add_argument(
@@ -224,8 +226,9 @@ def _filters(p: argparse.ArgumentParser) -> None:
 
 @guarded("fleet", publishes=True)
 def run_fleet(args: argparse.Namespace) -> int:
-    """Run ``ptestore fleet run|plan``: exit 0 every pair done or skipped, 1 a pair
-    failed, 2 a bad job file or an unreachable scheduler."""
+    """Run ``ptestore fleet run|plan``: exit 0 every pair done or skipped (and, for
+    ``run``, indexed), 1 a pair failed (or was left out of the index), 2 a bad job file
+    or an unreachable scheduler."""
     from ..fleet import load_job, plan_job, run_plan
     from ..fleet.preflight import filter_job, preflight
 

@@ -111,6 +111,18 @@ class Job:
     xnnpack_cpu: dict[str, str] = field(default_factory=dict)
     #: The index version to write (None: version 3 where the store has compare-and-swap).
     index_version: int | None = None
+    #: The job file's absolute path (:func:`load_job`), or "" for a job parsed from
+    #: text: what its artifacts' job stamp records (:attr:`stamp_path`), so that the
+    #: stamp names the same file from any working directory (``path`` is kept as given,
+    #: for messages).
+    location: str = ""
+
+    @property
+    def stamp_path(self) -> str:
+        """The path an artifact's job stamp records: :attr:`location`, else ``path``.
+        Never compared by a plan (the provenance key leaves the job out); ``fleet
+        retire`` matches it (:func:`.retire.written_by`)."""
+        return self.location or self.path
 
     def pairs(self) -> list[Pair]:
         """Every (model, device) pair, models outer, in file order."""
@@ -196,7 +208,7 @@ def load_job(path: str | os.PathLike[str]) -> Job:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise JobError(f"{p}: not UTF-8 text at byte {exc.start}") from None
-    return parse_job(text, p)
+    return replace(parse_job(text, p), location=os.path.abspath(p))
 
 
 def parse_job(text: str, path: str = "<job>") -> Job:

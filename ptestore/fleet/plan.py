@@ -171,7 +171,7 @@ def plan_job(job: Job) -> Plan:
             storage_options=dict(job.storage_options),
             sources=infos,
             key=key,
-            job=(job.path, job.sha256) if job.sha256 else None,
+            job=(job.stamp_path, job.sha256) if job.sha256 else None,
             shared_root=shared_root(job.destination) if pair.model.ptd else None,
             xnnpack_cpu=pair.xnnpack_cpu,
         )

@@ -7,15 +7,16 @@ and deleted again.
 
 from __future__ import annotations
 
+import os
 import uuid
 from typing import Any
 
 from .._dataclass import replace
 from ..backends.registry import load_backend
-from ..errors import ConfigurationError, PteStoreError
+from ..errors import ConfigurationError, PteStoreError, local_error
 from ..storage.loaders import open_loader
 from ..storage.routing import StorageOptions, options_for_loader
-from ..storage.types import StorageURL
+from ..storage.types import StorageURL, strerror
 from .job import Job, JobError, pair_options
 
 __all__ = ["destination_prefix", "filter_job", "preflight"]
@@ -92,10 +93,25 @@ def preflight(job: Job, *, write: bool) -> None:
 
 
 def _writable(job: Job, prefix: str) -> None:
+    """Create and delete a marker under ``prefix``. The local directories made for it
+    are removed again (while empty, :mod:`ptestore.writers._dirs`): a run that fails
+    after its preflight leaves no empty destination root; its pairs' writers make the
+    directories they need."""
     from ..writers import open_writer
+    from ..writers._dirs import make_parents, remove_made
 
     marker = f"{prefix}{MARKER_PREFIX}{uuid.uuid4().hex}"
+    made: list[str] = []
     try:
+        u = StorageURL.of(marker)
+        if u.local:
+            directory = os.path.dirname(u.path)
+            try:
+                made = make_parents(directory)
+            except OSError as exc:
+                raise local_error(
+                    exc, f"{u.path}: cannot create directory {directory}: {strerror(exc)}"
+                ) from exc
         # The options a pair's writer gets (local destinations make their directories).
         w = open_writer(marker, **pair_options(marker, job.storage_options).for_writer(marker))
         try:
@@ -109,13 +125,13 @@ def _writable(job: Job, prefix: str) -> None:
             f"{job.path}: destination {prefix or '.'} is not writable (a marker could not "
             f"be created and deleted): {exc}"
         ) from exc
+    finally:
+        remove_made(made)
 
 
 def _remove(url: str, options: dict[str, Any]) -> None:
     u = StorageURL.of(url)
     if u.local:
-        import os
-
         os.unlink(u.path)
         return
     import fsspec

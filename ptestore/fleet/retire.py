@@ -3,7 +3,8 @@
 A model or device dropped from a job keeps its artifacts and its index entries: nothing
 in a run knows what it used to name. Retiring marks each entry of the job's index that
 this job wrote (its ``job`` stamp names this job file: the same path, or the same file
-once both paths are resolved from here) and whose ``(model, device)`` the job (all of
+once both paths are resolved; runs record the job file's absolute path, so this holds
+from any directory) and whose ``(model, device)`` the job (all of
 it: no ``--models``/``--devices`` filter applies) does not name with::
 
     "retired": {"at": "2026-12-02T15:00:00Z", "reason": "the job no longer names
@@ -85,16 +86,19 @@ def retired_reason(job: Job, model: object, device: object) -> str | None:
 
 
 def written_by(entry: dict[str, Any], job: Job) -> bool:
-    """Whether ``entry``'s job stamp names ``job``'s file: the same path, or (local
-    paths) the same file once both are resolved from the current directory. The job's
-    digest is not compared: retiring follows an edit of the job file."""
+    """Whether ``entry``'s job stamp names ``job``'s file: the same path (as given, or
+    the job file's absolute path, which runs record since they record one), or (local
+    paths) the same file once both are resolved. A stamp an earlier version recorded as
+    given (relative) is resolved from the current directory: it matches the job given
+    by that same path, or from the directory that run was started in. The job's digest
+    is not compared: retiring follows an edit of the job file."""
     stamp = entry.get("job")
     other = stamp.get("path") if isinstance(stamp, dict) else None
     if not isinstance(other, str) or not other:
         return False
-    if other == job.path:
+    if other in (job.path, job.stamp_path):
         return True
-    mine, theirs = StorageURL.of(job.path), StorageURL.of(other)
+    mine, theirs = StorageURL.of(job.stamp_path), StorageURL.of(other)
     if not (mine.local and theirs.local):
         return False
     try:
@@ -113,7 +117,7 @@ def retire_dropped(job: Job, *, dry_run: bool = False, all_jobs: bool = False) -
     url = index_url(job)
     out = RetireResult(url, dry_run)
     now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    stamp = {"path": job.path, "sha256": job.sha256}
+    stamp = {"path": job.stamp_path, "sha256": job.sha256}
     # Pairs of other jobs seen (a set: a compare-and-swap may call retire() again).
     others: set[tuple[str, str]] = set()
 

@@ -84,8 +84,10 @@ class FleetResult:
 
     @property
     def exit_code(self) -> int:
-        """0 when every pair is done or skipped, 1 when any failed."""
-        return 1 if self.count("failed") else 0
+        """0 when every pair is done or skipped and indexed; 1 when any failed, or when
+        a pair done or skipped was left out of the index (``index_error``: the index
+        could not be published, or a destination's trailer names another pair)."""
+        return 1 if self.count("failed") or self.index_error is not None else 0
 
     def to_json(self) -> dict[str, Any]:
         """The ``fleet run --json`` object."""

@@ -13,16 +13,18 @@ workers racing on one pair never leave a wrong artifact unreported.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import TYPE_CHECKING, Any
 
 from .._dataclass import dataclass, field
 from ..backends.registry import load_backend
-from ..errors import AlreadyExists, PteStoreError
+from ..errors import AlreadyExists, ConfigurationError, ObjectNotFound, PteStoreError
 from ..provenance import ProvenanceKey, ProvenanceRequest, SourceInfo
 from ..provenance.record import JobStamp
 from ..storage.loaders import DataLoader, open_loader
 from ..storage.routing import options_for_loader
+from ..storage.types import StorageURL
 from .job import pair_options
 
 if TYPE_CHECKING:
@@ -35,6 +37,7 @@ __all__ = [
     "PairTask",
     "check_destination",
     "open_counted",
+    "refuse_dangling_link",
     "run_pair",
 ]
 
@@ -133,6 +136,23 @@ def open_counted(url: str, options: dict[str, Any], counter: list[int]) -> DataL
     return CountingLoader(open_loader(url, **options_for_loader(url, options)), counter)
 
 
+def refuse_dangling_link(url: str) -> None:
+    """Raise a :class:`ConfigurationError` when a local ``url`` found missing is a
+    symbolic link to nothing: it is not an empty destination (a create would find the
+    name taken, and report a race that never happened)."""
+    u = StorageURL.of(url)
+    if not u.local or not os.path.islink(u.path):
+        return
+    try:
+        target = os.readlink(u.path)
+    except OSError:  # pragma: no cover - removed meanwhile: missing after all
+        return
+    raise ConfigurationError(
+        f"a dangling symbolic link at {u.path} (to {target!r}): a run neither writes "
+        "through it nor replaces it; remove it (or point it at a file)"
+    )
+
+
 def check_destination(
     urls: list[str],
     options: dict[str, Any],
@@ -147,7 +167,11 @@ def check_destination(
     from .binding import check_artifact
 
     def open_(url: str) -> DataLoader:
-        return open_counted(url, options, counter)
+        try:
+            return open_counted(url, options, counter)
+        except ObjectNotFound:
+            refuse_dangling_link(url)
+            raise
 
     if shared_root is None:
         return check_artifact(urls, open_, want)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -292,3 +293,84 @@ def test_a_failed_pair_leaves_no_folder_behind(tmp_path: Path) -> None:
     assert [p.status for p in result.pairs] == ["failed", "done"]
     assert not (tmp_path / "out" / "bad").exists()
     assert "good" in os.listdir(tmp_path / "out")
+
+
+def test_a_pair_left_out_of_the_index_fails_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every pair done, one left out of the index (its destination holds another
+    device's artifact by the time the index is written, or no index could be
+    published at all): the run exits 1, not 0, and says why."""
+    assert MLP.pte_path is not None
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'destination = "{tmp_path}/out/{{device}}/{{model}}.pte"\n'
+        f'[[models]]\nname = "m"\nsource = "{MLP.pte_path}"\n[devices.a]\nx = 1\n[devices.b]\n'
+    )
+    out = tmp_path / "out"
+
+    def copy_b_over_a(result: Any) -> None:  # after the last pair, before the index
+        if result.device == "b":
+            (out / "a" / "m.pte").write_bytes((out / "b" / "m.pte").read_bytes())
+
+    result = run_job(load_job(job), workers=1, progress=copy_b_over_a)
+    assert [p.status for p in result.pairs] == ["done", "done"]
+    assert result.index is not None and result.index_error is not None
+    assert result.index_error.startswith(f"{out}/a/m.pte: provenance device = ('b', ")
+    assert result.index_error.endswith("(not indexed)")
+    assert result.exit_code == 1
+    # No index at all (something else holds its name): every pair is left out.
+    shutil.rmtree(out)
+    (out / "ptestore-index.json").mkdir(parents=True)
+    assert main(["fleet", "run", str(job), "--workers", "1"]) == 1
+    summary = capsys.readouterr().out.splitlines()
+    assert summary[0] == "done                      2"
+    assert summary[-1].startswith("index not published: ")
+    assert main(["fleet", "run", str(job), "--workers", "1", "--json"]) == 1
+    shown = json.loads(capsys.readouterr().out)
+    assert (shown["skipped"], shown["index"]) == (2, None) and shown["index_error"]
+
+
+def test_a_dangling_link_at_a_destination_is_named_and_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A symbolic link to nothing at a pair's destination is not an empty destination
+    (the run's create found the name taken and reported "after a race"): the plan says
+    ``fail`` naming it, the run fails that pair alone and leaves the link as it was."""
+    assert MLP.pte_path is not None and EXT.pte_path is not None
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'destination = "{tmp_path}/out/{{device}}/{{model}}.pte"\n'
+        f'[[models]]\nname = "m"\nsource = "{MLP.pte_path}"\n'
+        f'[[models]]\nname = "e"\nsource = "{EXT.pte_path}"\nptd = "{EXT.ptd_path}"\n'
+        "[devices.a]\n[devices.b]\n"
+    )
+    out = tmp_path / "out"
+    (out / "a").mkdir(parents=True)
+    for name in ("m", "e"):  # created, and with a .ptd overwritten
+        (out / "a" / f"{name}.pte").symlink_to(tmp_path / f"nowhere-{name}.pte")
+    message = (
+        f"a dangling symbolic link at {out}/a/{{0}}.pte (to '{tmp_path}/nowhere-{{0}}.pte'): "
+        "a run neither writes through it nor replaces it; remove it (or point it at a file)"
+    )
+    plan = plan_job(load_job(job))
+    assert [(p.pair.model.name, p.pair.device.name, p.action) for p in plan.pairs] == [
+        ("m", "a", "fail"),
+        ("m", "b", "run"),
+        ("e", "a", "fail"),
+        ("e", "b", "run"),
+    ]
+    assert plan.pairs[0].reason == "cannot read the destination: " + message.format("m")
+    assert main(["fleet", "run", str(job), "--workers", "1", "--json"]) == 1
+    shown = json.loads(capsys.readouterr().out)
+    assert [p["status"] for p in shown["pairs"]] == ["failed", "done", "failed", "done"]
+    assert shown["pairs"][2]["error"] == "cannot read the destination: " + message.format("e")
+    for name in ("m", "e"):
+        assert os.readlink(out / "a" / f"{name}.pte") == str(tmp_path / f"nowhere-{name}.pte")
+    # A link that appears after the plan: the pair's own check names it.
+    task = plan.pairs[1].task
+    assert task is not None
+    os.unlink(out / "b" / "m.pte")
+    (out / "b" / "m.pte").symlink_to(tmp_path / "nowhere-m.pte")
+    result = run_pair(task)
+    assert (result.status, result.error) == ("failed", message.replace("/a/", "/b/").format("m"))

@@ -100,6 +100,29 @@ def test_fail_fast(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert (shown["done"], shown["failed"]) == (2, 1)
 
 
+def test_the_preflight_leaves_no_directory_behind(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The directories the preflight made for its marker are removed with it: a run
+    that then fails (every pair, or the whole run after the plan) leaves no empty
+    destination root; one that already existed stays."""
+    root = tmp_path / "new" / "deep"
+    devices = '[devices.bad]\nscale = "x"\n[devices.worse]\nscale = "y"\n'
+    job = _job(tmp_path, str(root), devices=devices)
+    assert main(["fleet", "run", str(job), "--workers", "1", "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["failed"] == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.toml"]
+    # Refused after the preflight and the plan: no worker has the device's CPU.
+    cpu = "aarch64/page=4096:asimd" if os.uname().machine != "aarch64" else "x86_64/page=4096:sse2"
+    job = _job(tmp_path, str(root), devices=f'[devices.phone]\nxnnpack_cpu = "{cpu}"\n')
+    assert main(["fleet", "run", str(job), "--workers", "1"]) == 2
+    assert "declares xnnpack_cpu" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.toml"]
+    root.mkdir(parents=True)  # not the preflight's: kept, and only its marker removed
+    assert main(["fleet", "run", str(job), "--workers", "1"]) == 2
+    assert root.is_dir() and list(root.iterdir()) == []
+
+
 @pytest.mark.s3
 def test_s3_option_typo_and_missing_bucket(
     s3_server: S3TestServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
