@@ -284,6 +284,11 @@ def apply_journal(target: str, journal: str, plan: dict[str, Any]) -> None:
     ident = bytes.fromhex(plan["ident"])
     fd = journal_check.open_target(target, journal, os.O_RDWR)
     try:
+        journal_check.check_bound(fd, target, journal, plan)  # every write through fd
+    except BaseException:
+        os.close(fd)
+        raise
+    try:
         jfd = os.open(journal, os.O_RDONLY | os.O_CLOEXEC)
         try:
             os.pwrite(fd, CHANGING, lo)  # 1. refused by the runtime from here

@@ -22,7 +22,9 @@ from .errors import StorageError
 __all__ = [
     "CHANGING",
     "IDENT_RANGE",
+    "OtherFile",
     "Painted",
+    "check_bound",
     "check_payload",
     "check_target",
     "file_binding",
@@ -91,6 +93,38 @@ def open_target(target: str, journal: str, flags: int) -> int:
             f"({stat.filemode(mode)})"
         )
     return fd
+
+
+class OtherFile(StorageError):
+    """The path names another file than the one a journal is bound to (replaced or
+    renamed over since the journal was made): nothing is applied to it. ``now``: what
+    the path names (``device D inode I``)."""
+
+    def __init__(self, message: str, now: str = "") -> None:
+        super().__init__(message)
+        self.now = now
+
+
+def check_bound(fd: int, target: str, journal: str, plan: dict[str, Any]) -> None:
+    """Refuse (:class:`OtherFile`) when the open ``fd`` (the file at ``target``, opened to
+    apply ``journal``) is not the device and inode the plan is bound to: the path was
+    renamed over after the journal's checks (or its commit). Every write of the apply
+    goes through ``fd``, so once this holds, a later rename leaves the new file alone.
+    A plan without a binding (an older ptestore's) is checked by size only, earlier
+    (:func:`check_target`)."""
+    bound = plan.get("file")
+    if bound is None:
+        return
+    st = os.fstat(fd)
+    if (st.st_dev, st.st_ino) != (bound["dev"], bound["ino"]):
+        now = f"device {st.st_dev} inode {st.st_ino}"
+        raise OtherFile(
+            f"{target}: not the file its journal {journal} was made for (the journal: "
+            f"device {bound['dev']} inode {bound['ino']}; the path now names {now}: "
+            f"replaced meanwhile); not applied, the file is left as it is. Remove "
+            f"{journal} if {target} was replaced on purpose",
+            now,
+        )
 
 
 def _head_written(plan: dict[str, Any], journal_fd: int, n: int) -> bytes | None:

@@ -27,12 +27,13 @@ from ..journal import (
     FileLock,
     PathLike,
     apply_journal,
+    fsync_dir,
     journal_path,
     local_path,
     recover_locked,
     reserve_tail,
 )
-from ..journal_check import file_binding, file_stamps
+from ..journal_check import OtherFile, file_binding, file_stamps
 
 if TYPE_CHECKING:
     from ..backends.compat import DeviceProfile
@@ -136,24 +137,48 @@ def _subtract(ranges: list[tuple[int, int]], live: list[tuple[int, int]]) -> lis
     return out
 
 
-def _reserve(target: str, old: int, new: int) -> None:
-    """Allocate the file's growth beyond its end before the commit (the size stays, so
-    the file is unchanged for its readers): a full disk fails here, with the file as it
-    was, not half-way through applying."""
-    if new <= old:
-        return
-    fd = os.open(target, os.O_WRONLY | os.O_CLOEXEC)
+def replaced_error(target: str, ran_on: os.stat_result, now: str, done: str) -> StorageError:
+    """The refusal of a run whose file was renamed over (an update landed) while it ran:
+    ``done`` says what became of its journal."""
+    return StorageError(
+        f"{target}: replaced by another file while it was specialized in place (the run "
+        f"read device {ran_on.st_dev} inode {ran_on.st_ino}; the path now names {now}); "
+        f"the file now at the path is left as it is, not specialized, and the file the "
+        f"run read was not changed ({done}): specialize it again"
+    )
+
+
+def _reserve(target: str, ran_on: int, old: int, new: int) -> None:
+    """Before the commit: refuse a path that names another file by now than ``ran_on``
+    (the run's descriptor: an update renamed over it meanwhile; nothing was changed),
+    and allocate the file's growth beyond its end (the size stays, so the file is
+    unchanged for its readers): a full disk fails here, with the file as it was, not
+    half-way through applying. Both through one descriptor checked to be the run's file
+    (a ``ftruncate`` of a file renamed over the path would cut the update)."""
+    ours = os.fstat(ran_on)
     try:
-        reserve_tail(fd, old, new - old)
+        fd = os.open(target, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except OSError as exc:
+        now = f"nothing it can open ({exc.strerror})"
+        raise replaced_error(target, ours, now, "its journal discarded") from exc
+    try:
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != (ours.st_dev, ours.st_ino):
+            now = f"device {st.st_dev} inode {st.st_ino}"
+            raise replaced_error(target, ours, now, "its journal discarded")
+        if new <= old:
+            return
         try:
-            os.ftruncate(fd, old)  # the same size: releases what was allocated past the end
-        except OSError:
-            pass
-        raise StorageError(
-            f"{target}: cannot allocate {new - old} bytes for the grown segments: "
-            f"{exc.strerror}; the file is unchanged"
-        ) from exc
+            reserve_tail(fd, old, new - old)
+        except OSError as exc:
+            try:
+                os.ftruncate(fd, old)  # the same size: releases what was allocated past the end
+            except OSError:
+                pass
+            raise StorageError(
+                f"{target}: cannot allocate {new - old} bytes for the grown segments: "
+                f"{exc.strerror}; the file is unchanged"
+            ) from exc
     finally:
         os.close(fd)
 
@@ -378,14 +403,20 @@ def _run(
         # the record has them where there is one, and the trailer's SHA-256.
         plan["check"] = _payload_check(loader, spool, plan, content, digest)
         loader.check_unchanged()
-        _reserve(target, plan["size_before"], size)
+        _reserve(target, loader.fileno(), plan["size_before"], size)
         plan["file"].update(file_stamps(loader.fileno()))  # after the run's last change
         commit_journal(spool, plan)
         committed = True
         spool.close()
         writer.mark_published()
         run.emit(Event("write", nbytes=sum(w[2] for w in writer.ops), url=target))
-        apply_uninterrupted(target, spool.path, plan)
+        try:
+            apply_uninterrupted(target, spool.path, plan)
+        except OtherFile as exc:  # renamed over after the commit: nothing applied
+            spool.remove()
+            fsync_dir(os.path.dirname(spool.path))
+            ours = os.fstat(loader.fileno())
+            raise replaced_error(target, ours, exc.now, "its journal removed") from exc
         from ..provenance.known import forget
 
         forget(loader)  # its bytes changed (within one tick of its modification time, maybe)
