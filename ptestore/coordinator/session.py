@@ -178,11 +178,24 @@ class Session:
                 key,
             )
         alignment = 1 if data.alignment is None else data.alignment
-        if (
-            not isinstance(alignment, int)
-            or not is_power_of_two(alignment)
-            or alignment > MAX_REQUESTED_ALIGNMENT
-        ):
+        if isinstance(alignment, bool) or not isinstance(alignment, int):
+            # As every integer argument of the API: an int, not a bool (True is not 1)
+            # nor a numpy integer.
+            kind = type(alignment)
+            name = kind.__qualname__
+            if kind.__module__ != "builtins":
+                name = f"{kind.__module__}.{name}"
+            fix = (
+                "pass int(alignment),"
+                if hasattr(kind, "__index__") and kind is not bool
+                else "give"
+            )
+            raise self._error(
+                f"{what}: alignment {data.alignment!r} is a {name}, not an int: {fix} a power "
+                f"of two in [1, {MAX_REQUESTED_ALIGNMENT}]",
+                key,
+            )
+        if not is_power_of_two(alignment) or alignment > MAX_REQUESTED_ALIGNMENT:
             raise self._error(
                 f"{what}: alignment {data.alignment!r} must be a power of two in "
                 f"[1, {MAX_REQUESTED_ALIGNMENT}]",
