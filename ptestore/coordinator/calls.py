@@ -68,6 +68,7 @@ def _run_backend(
     stamper: Stamper | None,
 ) -> None:
     session = Session(run, bid, report)
+    run.specs[bid] = report.implementation
     run.emit(Event("backend_start", backend=bid))
     t0 = time.perf_counter()
     context = BackendDataInitContext(session, device)

@@ -445,7 +445,8 @@ def test_inconsistent_aliases_are_refused(tmp_path: Path) -> None:
     with pytest.raises(InvalidReplacement) as info:
         ptestore.specialize(fx.pte_path, dst, backends=[one])
     assert re.fullmatch(
-        rf"backend 'XnnpackBackend', key '{shared[1]}': segment 3 of .*scale_alias_xnnpack\.pte "
+        rf"backend 'XnnpackBackend' \(coordinator\.test_coordinator:Backend\), "
+        rf"key '{shared[1]}': segment 3 of .*scale_alias_xnnpack\.pte "
         rf"is shared by key '{shared[0]}', key '{shared[1]}'; key '{shared[1]}' not replaced: "
         r"replace every alias with identical bytes",
         str(info.value),
