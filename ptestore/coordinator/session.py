@@ -51,8 +51,9 @@ class Session:
         self.keys: dict[str, None] = {}
         self.blobs: set[int] = set()
         # Held by each submission while it is checked and spooled (by a chunked write,
-        # chunk by chunk: never while the backend's own iterator runs). close() does not
-        # take it: a writer in flight fails at its next step, nothing waits for it.
+        # chunk by chunk: never while the backend's own iterator runs). close() takes it
+        # to wait for a chunk being spooled, never for the backend's code: a writer in
+        # flight fails at its next step.
         self._lock = threading.Condition(threading.RLock())
         self._closed = False
         self._writes_closed = False
@@ -67,14 +68,20 @@ class Session:
         """The backend's call returned: every later submission raises
         :class:`WriterStateError` (the context stays readable for the provenance's
         ``compatibility_info``, until :meth:`close`)."""
-        self._writes_closed = True
+        with self._lock:  # a chunk being spooled at most: never the backend's iterator
+            self._writes_closed = True
+            self._lock.notify_all()
 
     def close(self) -> None:
         """End of the backend's call: every later use of its context, writer or named
         data map raises :class:`WriterStateError`. Not waiting for a writer in flight
         (a chunked write pulling the backend's iterator, on a thread of its own): that
-        write fails at its next chunk."""
-        self._writes_closed = self._closed = True
+        write fails at its next chunk. It waits for a chunk being spooled, at most (the
+        lock is never held while the backend's code runs): once it returns, nothing of
+        this session writes to the run's spool, which the run may then close."""
+        with self._lock:
+            self._writes_closed = self._closed = True
+            self._lock.notify_all()
 
     def check_open(self, what: str, *, write: bool = False) -> None:
         if self._closed or (write and self._writes_closed):
