@@ -315,7 +315,8 @@ class BackendError(PteStoreError):
     ) -> None:
         """Say whose error this is where it does not yet (raised by a backend's own code,
         ``raise BackendError("vendor compiler failed")``): the backend it came from and,
-        where the error names none, the method and key it was working on."""
+        where the error names none, the method and key it was working on. An error that
+        names the backend by its id alone gets its spec."""
         if self.backend is None:
             BackendError.__init__(
                 self,
@@ -324,6 +325,10 @@ class BackendError(PteStoreError):
                 method=self.method if self.method is not None else method,
                 key=self.key if self.key is not None else key,
                 spec=spec,
+            )
+        elif self.backend == backend and self.spec is None and spec is not None:
+            BackendError.__init__(
+                self, self.message, backend=backend, method=self.method, key=self.key, spec=spec
             )
 
     def __reduce__(self) -> tuple[object, ...]:

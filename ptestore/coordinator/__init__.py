@@ -7,6 +7,7 @@ One module per step of the pipeline (:mod:`.pipeline` lists them in order):
 - :mod:`.named`: the files of a run and the merged named data map;
 - :mod:`.calls`: :func:`~.calls.run_backends`, every backend id called once;
 - :mod:`.session`: one backend's session, validating replacements as they arrive;
+  :mod:`.session_map`: the named data map it hands out;
 - :mod:`.spool`: the temporary file holding replacement bytes;
 - :mod:`.selection`: which implementation serves which backend id, and why nothing did;
 - :mod:`.aliases`: shared segments replaced consistently (users from

@@ -64,6 +64,17 @@ def _differ(run: Run, reps: list[Replacement]) -> bool:
     return len({r.sha256(run.spool) for r in reps}) > 1
 
 
+def _whose(run: Run, reps: list[Replacement]) -> tuple[str, str | None]:
+    """``(backend, spec)`` of an error about ``reps``: the id and spec of the one backend
+    that made them, or of several, their ids and ``ID: SPEC`` for each."""
+    ids = sorted({r.backend for r in reps})
+    specs = [run.specs.get(b) for b in ids]
+    if len(ids) == 1:
+        return ids[0], specs[0]
+    named = [f"{b}: {s}" for b, s in zip(ids, specs, strict=True) if s is not None and s != b]
+    return ", ".join(ids), ", ".join(named) or None
+
+
 def check_aliases(run: Run) -> None:
     """Raise :class:`InvalidReplacement` for a replaced segment that has users of more
     than one kind, or a shared segment replaced for some of its users only, or with
@@ -72,7 +83,7 @@ def check_aliases(run: Run) -> None:
         c = run.file(role).container
         typed = typed_users(run, role, index)
         users = [u for _, u in typed]
-        backends = sorted({r.backend for r in reps})
+        backend, spec = _whose(run, reps)
         key_users = [u for u in users if u.startswith("key ")]
         first_key = key_users[0][5:-1] if key_users else None
         kinds: dict[str, list[str]] = {}
@@ -85,7 +96,8 @@ def check_aliases(run: Run) -> None:
                 "replacing it would change the bytes of every one of them: refused (only a "
                 "segment whose users are all named-data keys, or all delegates of one "
                 "backend with the same compile specs, can be replaced)",
-                backend=", ".join(backends),
+                backend=backend,
+                spec=spec,
                 key=first_key,
             )
         replaced = {r.user for r in reps}
@@ -102,6 +114,7 @@ def check_aliases(run: Run) -> None:
             raise InvalidReplacement(
                 f"segment {index} of {c.source} is shared by {', '.join(users)}; "
                 f"{problem}: replace every alias with identical bytes",
-                backend=", ".join(backends),
+                backend=backend,
+                spec=spec,
                 key=missing_keys[0][5:-1] if missing_keys else None,
             )

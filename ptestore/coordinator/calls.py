@@ -68,6 +68,7 @@ def _run_backend(
     stamper: Stamper | None,
 ) -> None:
     session = Session(run, bid, report)
+    run.specs[bid] = report.implementation
     run.emit(Event("backend_start", backend=bid))
     t0 = time.perf_counter()
     context = BackendDataInitContext(session, device)
@@ -79,11 +80,18 @@ def _run_backend(
             try:
                 result = call(context, BackendDataWriter(session))
             except NotSupported:
+                session.end_writes()
                 _note(stamper, bid, impl, context)
                 raise
+            # From the return on, no submission is accepted (a thread of the backend's
+            # still running), while compatibility_info may still read the context.
+            session.end_writes()
             _note(stamper, bid, impl, context)
         finally:
-            session.close()  # the context and writer are valid only during the call
+            # The context and writer are valid only during the call. Not waiting for a
+            # writer in flight (a Ctrl-C while a thread pulls a chunk iterator): it fails
+            # at its next chunk.
+            session.close()
         _check_returned(result, bid, report.implementation)
     except NotSupported as exc:
         report.status = "not_supported"

@@ -60,6 +60,8 @@ class Run:
         self.replacements: dict[SegmentKey, list[Replacement]] = {}
         self.written_keys: dict[str, str] = {}  # key -> backend
         self.replaced_blobs: dict[int, str] = {}  # pte segment -> backend
+        #: backend id -> the spec of the implementation called for it (for messages)
+        self.specs: dict[str, str | None] = {}
 
     def file(self, role: str) -> SourceFile:
         return next(f for f in self.files if f.role == role)

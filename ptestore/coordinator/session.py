@@ -8,22 +8,17 @@ backend's call returns normally (:meth:`Session.commit`).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
 
 from ..backends.api import BackendData, DelegateInput, NamedDataMap
 from ..errors import InvalidReplacement, WriterStateError
 from ..format.header import is_power_of_two
-from ..format.model import Delegate, TensorLayout
-from .named import SourceFile, read_chunks, read_view
+from ..format.model import Delegate
+from .named import SourceFile, read_view
 from .report import BackendReport, Event
 from .run import Replacement, Run, SegmentKey
+from .session_map import SessionNamedMap
 from .spool import Buffer
-
-if TYPE_CHECKING:
-    import numpy as np
-
-    from ..format.tensorinfo import TensorInfo
 
 # ``Run``, ``Replacement`` and ``SegmentKey`` live in :mod:`.run` (also importable here).
 __all__ = ["MAX_REQUESTED_ALIGNMENT", "Replacement", "Run", "Session", "SegmentKey"]
@@ -55,22 +50,41 @@ class Session:
         self.pending: dict[SegmentKey, list[Replacement]] = {}
         self.keys: dict[str, None] = {}
         self.blobs: set[int] = set()
-        # Held by every use, so that close() waits for a use in progress (a backend's
-        # thread still running) and nothing is accepted after it.
-        self._lock = threading.RLock()
+        # Held by each submission while it is checked and spooled (by a chunked write,
+        # chunk by chunk: never while the backend's own iterator runs). close() takes it
+        # to wait for a chunk being spooled, never for the backend's code: a writer in
+        # flight fails at its next step.
+        self._lock = threading.Condition(threading.RLock())
         self._closed = False
+        self._writes_closed = False
+        #: ``(thread id, key)`` of a chunked write in progress: its chunks must be
+        #: contiguous in the spool, so other submissions wait for it to end.
+        self._chunking: tuple[int, str] | None = None
         #: The first rule a submission broke (raised to the backend): the run stops at
         #: the call's end even if the backend caught it and went on.
         self.refused: InvalidReplacement | None = None
 
+    def end_writes(self) -> None:
+        """The backend's call returned: every later submission raises
+        :class:`WriterStateError` (the context stays readable for the provenance's
+        ``compatibility_info``, until :meth:`close`)."""
+        with self._lock:  # a chunk being spooled at most: never the backend's iterator
+            self._writes_closed = True
+            self._lock.notify_all()
+
     def close(self) -> None:
         """End of the backend's call: every later use of its context, writer or named
-        data map raises :class:`WriterStateError`."""
+        data map raises :class:`WriterStateError`. Not waiting for a writer in flight
+        (a chunked write pulling the backend's iterator, on a thread of its own): that
+        write fails at its next chunk. It waits for a chunk being spooled, at most (the
+        lock is never held while the backend's code runs): once it returns, nothing of
+        this session writes to the run's spool, which the run may then close."""
         with self._lock:
-            self._closed = True
+            self._writes_closed = self._closed = True
+            self._lock.notify_all()
 
-    def check_open(self, what: str) -> None:
-        if self._closed:
+    def check_open(self, what: str, *, write: bool = False) -> None:
+        if self._closed or (write and self._writes_closed):
             raise WriterStateError(
                 f"backend {self._backend_id!r}: {what} used after initialize_backend_data "
                 "returned; the context, writer and named data map a backend gets are "
@@ -171,11 +185,24 @@ class Session:
                 key,
             )
         alignment = 1 if data.alignment is None else data.alignment
-        if (
-            not isinstance(alignment, int)
-            or not is_power_of_two(alignment)
-            or alignment > MAX_REQUESTED_ALIGNMENT
-        ):
+        if isinstance(alignment, bool) or not isinstance(alignment, int):
+            # As every integer argument of the API: an int, not a bool (True is not 1)
+            # nor a numpy integer.
+            kind = type(alignment)
+            name = kind.__qualname__
+            if kind.__module__ != "builtins":
+                name = f"{kind.__module__}.{name}"
+            fix = (
+                "pass int(alignment),"
+                if hasattr(kind, "__index__") and kind is not bool
+                else "give"
+            )
+            raise self._error(
+                f"{what}: alignment {data.alignment!r} is a {name}, not an int: {fix} a power "
+                f"of two in [1, {MAX_REQUESTED_ALIGNMENT}]",
+                key,
+            )
+        if not is_power_of_two(alignment) or alignment > MAX_REQUESTED_ALIGNMENT:
             raise self._error(
                 f"{what}: alignment {data.alignment!r} must be a power of two in "
                 f"[1, {MAX_REQUESTED_ALIGNMENT}]",
@@ -188,9 +215,28 @@ class Session:
         self.report.bytes_out += view.nbytes
         return Replacement(offset, view.nbytes, alignment, self._backend_id, user)
 
+    def _take_turn(self, what: str, key: object) -> None:
+        """Under the lock: refuse a submission after the call returned, or one made by a
+        chunked write's own iterator (its chunks must be contiguous in the spool); wait
+        while another thread's chunked write is in progress."""
+        while True:
+            self.check_open(what, write=True)
+            if self._chunking is None:
+                return
+            owner, chunk_key = self._chunking
+            if owner == threading.get_ident():
+                asked = f" (key {key!r})" if isinstance(key, str) else ""
+                raise self._error(
+                    f"{what}{asked} called while write_named_data_chunks of this key is "
+                    "reading its chunks (from inside its chunk iterator?): one submission "
+                    "at a time; submit it after write_named_data_chunks returns",
+                    chunk_key,
+                )
+            self._lock.wait()
+
     def replace_named(self, key: object, data: BackendData) -> None:
         with self._lock:
-            self.check_open("write_named_data")
+            self._take_turn("write_named_data", key)
             self._replace_named(key, data)
 
     def _replace_named(self, key: object, data: BackendData) -> None:
@@ -235,49 +281,61 @@ class Session:
         self, key: object, size: int, chunks: Iterable[Buffer], template: BackendData
     ) -> None:
         """Replace ``key`` with ``size`` bytes given in pieces, each spooled as it comes
-        (``template`` carries alignment, layout and ``allow_size_change``)."""
+        (``template`` carries alignment, layout and ``allow_size_change``). The lock is
+        held per chunk, never while the backend's iterator makes the next one."""
+        what = "write_named_data_chunks"
         with self._lock:
-            self.check_open("write_named_data_chunks")
+            self._take_turn(what, key)
             key = self._check_key(key)
-            _, alignment = self._check_data(template, "write_named_data_chunks", key)
+            _, alignment = self._check_data(template, what, key)
             f, index = self._check_layout(key, template)
             if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-                raise self._error(
-                    f"write_named_data_chunks: size {size!r} must be an int >= 0", key
-                )
+                raise self._error(f"{what}: size {size!r} must be an int >= 0", key)
             self._check_size(key, size, template.allow_size_change)
             start = self.run.spool.size()
+            self._chunking = (threading.get_ident(), key)
+        try:
             total = 0
-            for chunk in chunks:
-                self._check_dtype(
-                    key, chunk, template.allow_size_change, "write_named_data_chunks: a chunk"
-                )
-                view = _as_bytes_view(chunk)
-                if view is None:
-                    raise self._error(
-                        f"write_named_data_chunks: a chunk must be bytes-like, got "
-                        f"{type(chunk).__name__}",
-                        key,
+            for chunk in chunks:  # the backend's code: not under the lock
+                with self._lock:
+                    self.check_open(what, write=True)
+                    total += self._spool_chunk(
+                        key, size, chunk, total, start + total, template.allow_size_change
                     )
-                if total + view.nbytes > size:
-                    raise self._error(
-                        f"write_named_data_chunks: more than the declared {size} bytes "
-                        f"(got {total + view.nbytes} so far)",
-                        key,
-                    )
-                at = self.run.spool.add(view)
-                if at != start + total:  # pragma: no cover - the spool is append-only
-                    raise self._error("write_named_data_chunks: spool not contiguous", key)
-                total += view.nbytes
-            if total != size:
-                raise self._error(
-                    f"write_named_data_chunks: {total} bytes given, {size} declared", key
-                )
-            self.report.bytes_out += size
-            rep = Replacement(start, size, alignment, self._backend_id, f"key {key!r}")
-            self.pending.setdefault((f.role, index), []).append(rep)
-            self.keys[key] = None
-            self.run.emit(Event("replacement", backend=self._backend_id, key=key, nbytes=size))
+            with self._lock:
+                self.check_open(what, write=True)
+                if total != size:
+                    raise self._error(f"{what}: {total} bytes given, {size} declared", key)
+                self.report.bytes_out += size
+                rep = Replacement(start, size, alignment, self._backend_id, f"key {key!r}")
+                self.pending.setdefault((f.role, index), []).append(rep)
+                self.keys[key] = None
+                self.run.emit(Event("replacement", backend=self._backend_id, key=key, nbytes=size))
+        finally:
+            with self._lock:
+                self._chunking = None
+                self._lock.notify_all()
+
+    def _spool_chunk(
+        self, key: str, size: int, chunk: object, done: int, at: int, allowed: bool
+    ) -> int:
+        """Spool one chunk (after ``done`` bytes of ``size``) at spool offset ``at``;
+        its size."""
+        what = "write_named_data_chunks"
+        self._check_dtype(key, chunk, allowed, f"{what}: a chunk")
+        view = _as_bytes_view(chunk)
+        if view is None:
+            raise self._error(
+                f"{what}: a chunk must be bytes-like, got {type(chunk).__name__}", key
+            )
+        if done + view.nbytes > size:
+            raise self._error(
+                f"{what}: more than the declared {size} bytes (got {done + view.nbytes} so far)",
+                key,
+            )
+        if self.run.spool.add(view) != at:  # pragma: no cover - _take_turn keeps it so
+            raise self._error(f"{what}: spool not contiguous", key)
+        return view.nbytes
 
     def _check_dtype(self, key: str, value: object, allowed: object, what: str) -> None:
         """A numpy array (``value``: a replacement, or a chunk of one) of another dtype
@@ -316,7 +374,7 @@ class Session:
 
     def replace_processed(self, data: BackendData) -> None:
         with self._lock:
-            self.check_open("write_processed_data")
+            self._take_turn("write_processed_data", None)
             self._replace_processed(data)
 
     def _replace_processed(self, data: BackendData) -> None:
@@ -351,7 +409,12 @@ class Session:
         )
 
     def commit(self) -> None:
-        """Make this backend's replacements part of the run (its call returned)."""
+        """Make this backend's replacements part of the run (its call returned; a
+        submission still being spooled by another thread is waited for)."""
+        with self._lock:
+            self._commit()
+
+    def _commit(self) -> None:
         for k, reps in self.pending.items():
             self.run.replacements.setdefault(k, []).extend(reps)
         for key in self.keys:
@@ -360,73 +423,3 @@ class Session:
             self.run.replaced_blobs[blob] = self._backend_id
         self.report.keys_replaced = list(self.keys)
         self.report.blobs_replaced = len(self.blobs)
-
-
-class SessionNamedMap:
-    """The merged map as one backend sees it (counts the bytes it reads)."""
-
-    def __init__(self, session: Session) -> None:
-        self._session = session
-        self._map = session.run.named
-
-    def keys(self) -> list[str]:
-        self._session.check_open("named_data_map.keys")
-        return self._map.keys()
-
-    def __iter__(self) -> Iterator[str]:
-        self._session.check_open("iterating the named data map")
-        return iter(self._map.keys())
-
-    def __contains__(self, key: object) -> bool:
-        self._session.check_open("'in' on the named data map")
-        return key in self._map
-
-    def __len__(self) -> int:
-        self._session.check_open("len() of the named data map")
-        return len(self._map)
-
-    def get_data(self, key: str) -> Buffer:
-        self._session.check_open("named_data_map.get_data")
-        self._session.last_key = key
-        data = self._map.get_data(key)
-        self._session.report.bytes_in += len(data)
-        return data
-
-    def get_data_size(self, key: str) -> int:
-        self._session.check_open("named_data_map.get_data_size")
-        return self._map.stored_size(key)
-
-    def read_into(self, key: str, buffer: object, offset: int = 0) -> int:
-        self._session.check_open("named_data_map.read_into")
-        self._session.last_key = key
-        n = self._map.read_into(key, buffer, offset)
-        self._session.report.bytes_in += n
-        return n
-
-    def read_chunks(self, key: str, chunk_size: int) -> Iterator[memoryview]:
-        # Every piece is read through read_into: a generator resumed after the call
-        # returned raises there, and the bytes are counted as they are read.
-        self._session.check_open("named_data_map.read_chunks")
-        self._session.last_key = key
-        return read_chunks(self.read_into, key, self._map.stored_size(key), chunk_size)
-
-    def get_tensor_layout(self, key: str) -> TensorLayout | None:
-        self._session.check_open("named_data_map.get_tensor_layout")
-        return self._map.get_tensor_layout(key)
-
-    def get_tensor_info(self, key: str) -> TensorInfo | None:
-        self._session.check_open("named_data_map.get_tensor_info")
-        self._session.last_key = key
-        return self._map.get_tensor_info(key)
-
-    def get_array(self, key: str) -> np.ndarray:
-        self._session.last_key = key
-        f, _, _ = self._map.where(key)
-        data = self.get_data(key)
-        from ..format.tensorinfo import array_view
-
-        return array_view(data, self._map.get_tensor_info(key), key, f.container.source)
-
-    def get_shared_keys(self, key: str) -> tuple[str, ...]:
-        self._session.check_open("named_data_map.get_shared_keys")
-        return self._map.get_shared_keys(key)

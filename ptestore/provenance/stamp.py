@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Literal
 from .._background import Background
 from .._dataclass import dataclass, field
 from ..backends.registry import SPEC_ATTRIBUTE, BackendLike, load_backend
-from ..errors import BackendError, StorageError
+from ..errors import BackendError, StorageError, describe_exception
 from ..storage.types import DataLoader
 from .record import (
     BackendStamp,
@@ -44,6 +44,7 @@ __all__ = [
     "object_metadata",
     "recordable",
     "spec_text",
+    "version_of",
 ]
 
 _PIECE = 2 << 20  # the reused buffer of a loader that reads into memory it is given
@@ -128,6 +129,17 @@ def spec_text(backend: BackendLike) -> str:
         return backend.strip()
     cls = backend if isinstance(backend, type) else type(backend)
     return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def version_of(impl: BackendInterface, backend: str) -> str:
+    """``str(impl.version)``; a ``version`` property (or ``__str__``) that raises is a
+    :class:`BackendError` naming ``backend``."""
+    try:
+        return str(impl.version)
+    except Exception as exc:  # a property of backend code: its failure is the backend's
+        raise BackendError(
+            f"reading its version failed: {describe_exception(exc)}", backend=backend
+        ) from exc
 
 
 def _ptestore_version() -> str:
@@ -260,14 +272,15 @@ class Stamper:
     def note(
         self, backend_id: str, impl: BackendInterface, context: BackendDataInitContext
     ) -> None:
-        """Record that ``impl`` served ``backend_id`` and its compatibility string."""
+        """Record that ``impl`` served ``backend_id`` and its compatibility string (the
+        errors name the backend by its id: the run adds its spec)."""
         try:
             info = impl.compatibility_info(context)
-            version = impl.version
         except Exception as exc:
             raise BackendError(
-                f"compatibility_info failed: {type(exc).__name__}: {exc}", backend=backend_id
+                f"compatibility_info failed: {describe_exception(exc)}", backend=backend_id
             ) from exc
+        version = version_of(impl, backend_id)
         if not isinstance(info, str):
             raise BackendError(
                 f"compatibility_info returned {type(info).__name__}, not str", backend=backend_id
@@ -286,7 +299,7 @@ class Stamper:
                 f"{MAX_COMPATIBILITY_INFO} (provenance records it in the artifact)",
                 backend=backend_id,
             )
-        self.stamps.append(BackendStamp(backend_id, self.spec_of(impl), str(version), info))
+        self.stamps.append(BackendStamp(backend_id, self.spec_of(impl), version, info))
 
     def _pte_source(self) -> SourceInfo:
         info = self._source("pte")
@@ -302,7 +315,7 @@ class Stamper:
             role=role,
             source=self._pte_source(),
             ptd_source=self._source("ptd"),
-            requested=tuple(RequestedBackend(s, str(i.version)) for s, i in self.requested),
+            requested=tuple(RequestedBackend(s, version_of(i, s)) for s, i in self.requested),
             backends=tuple(self.stamps),
             device=None
             if self.device is None

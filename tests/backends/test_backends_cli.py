@@ -229,7 +229,9 @@ def test_command_backend(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     with pytest.raises(BackendError) as info:
         ptestore.specialize(MLP.pte_path, dst, backends=[spec])
     assert re.fullmatch(
-        rf"backend 'XnnpackBackend', key '{KEYS[1]}': command '.*compile.py' exited with "
+        # Named by its id and spec, as every error of a run names a backend.
+        rf"backend 'XnnpackBackend' \({re.escape(spec)}\), key '{KEYS[1]}': command "
+        rf"'.*compile.py' exited with "
         rf"status 3 on key '{KEYS[1]}': vendor compiler: unsupported op",
         str(info.value),
     ), str(info.value)

@@ -295,7 +295,8 @@ def test_two_keys_on_one_table_with_different_bytes_are_refused(tmp_path: Path) 
     with pytest.raises(InvalidReplacement) as info:
         run(p, backend)
     assert re.fullmatch(
-        r"backend 'XnnpackBackend', key '[0-9a-f]+': segment 2 of .*in\.pte is shared by "
+        r"backend 'XnnpackBackend' \(coordinator\.test_aliases:Writes\), key '[0-9a-f]+': "
+        r"segment 2 of .*in\.pte is shared by "
         rf"key '{k2}', key '{k3}'; replaced with different bytes: replace every alias with "
         r"identical bytes",
         str(info.value),

@@ -1,7 +1,8 @@
 """An error a backend's own code raises names that backend the documented way
 (``backend 'ID' (SPEC)``, ``error.backend``/``spec``), as the errors ptestore raises do:
-a ``BackendError`` the backend raised itself reached the caller naming nobody, and a
-``name`` property that raised escaped as a raw exception."""
+a ``BackendError`` the backend raised itself reached the caller naming nobody, a
+``name`` property that raised escaped as a raw exception, and a ``version`` property
+that raised was reported as ``compatibility_info failed`` without the spec."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from support.fixtures import get_fixture
 
 import ptestore
-from ptestore.backends import BackendInterface
+from ptestore.backends import BackendInterface, NotSupported
 from ptestore.errors import BackendError, InvalidReplacement
 
 MLP = get_fixture("mlp_xnnpack")
@@ -82,3 +83,53 @@ def test_a_name_that_raises_is_a_backend_error(src: Path, tmp_path: Path) -> Non
         f"backend {_label(NameRaises)!r}: reading its name failed: RuntimeError: hostile"
     )
     assert isinstance(err.value.__cause__, RuntimeError)
+
+
+class VersionRaises(BackendInterface):
+    name = "XnnpackBackend"
+
+    @property
+    def version(self) -> str:  # type: ignore[override]
+        raise RuntimeError("no version file")
+
+    def initialize_backend_data(self, context: Any, output: Any) -> None:
+        for _ in context:
+            pass
+
+
+class OtherVersionRaises(VersionRaises):
+    name = "NoSuchBackendId"  # serves no id of the program: only requested
+
+
+def test_a_version_that_raises_names_the_backend(src: Path, tmp_path: Path) -> None:
+    """It was reported as ``compatibility_info failed``, naming the id alone."""
+    with pytest.raises(BackendError) as err:
+        ptestore.specialize(src, tmp_path / "o.pte", backends=[VersionRaises()], provenance=True)
+    e = err.value
+    assert (e.backend, e.spec) == ("XnnpackBackend", _label(VersionRaises))
+    assert str(e) == (
+        f"backend 'XnnpackBackend' ({_label(VersionRaises)}): reading its version failed: "
+        "RuntimeError: no version file"
+    )
+    assert isinstance(e.__cause__, RuntimeError)
+    # A requested backend that serves no id is recorded with its version too.
+    with pytest.raises(BackendError) as err:
+        ptestore.specialize(
+            src,
+            tmp_path / "o.pte",
+            backends=[VendorPasses(), OtherVersionRaises()],
+            provenance=True,
+            allow_unchanged=True,
+        )
+    assert str(err.value) == (
+        f"backend {_label(OtherVersionRaises)!r}: reading its version failed: "
+        "RuntimeError: no version file"
+    )
+    assert not (tmp_path / "o.pte").exists()
+
+
+class VendorPasses(BackendInterface):
+    name = "XnnpackBackend"
+
+    def initialize_backend_data(self, context: Any, output: Any) -> None:
+        raise NotSupported("not this device")

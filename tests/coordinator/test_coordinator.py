@@ -336,6 +336,38 @@ def test_bad_alignment(src: Path, dst: Path, alignment: int) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("alignment", "said"),
+    [
+        # True is not 1: a bool is refused as a flag given where a number belongs.
+        (True, "True is a bool, not an int: give"),
+        (False, "False is a bool, not an int: give"),
+        # A numpy integer is refused as for every integer argument of the API.
+        (np.int64(64), "np.int64(64) is a numpy.int64, not an int: pass int(alignment),"),
+        ("64", "'64' is a str, not an int: give"),
+    ],
+)
+@pytest.mark.parametrize("chunked", [False, True])
+def test_alignment_is_an_int(
+    src: Path, dst: Path, alignment: object, said: str, chunked: bool
+) -> None:
+    def write(c: Any, o: Any) -> None:
+        size = c.get_named_data_map().get_data_size(MLP_KEYS[0])
+        if chunked:
+            o.write_named_data_chunks(MLP_KEYS[0], size, [b"x" * size], alignment=alignment)
+        else:
+            o.write_named_data(MLP_KEYS[0], BackendData(b"x" * size, alignment=alignment))  # type: ignore[arg-type]
+
+    what = "write_named_data_chunks" if chunked else "write_named_data"
+    run_failing(
+        src,
+        dst,
+        Backend(action=write),
+        rf".*key '{MLP_KEYS[0]}': {what}: alignment {re.escape(said)} a power of two in "
+        r"\[1, 1048576\]",
+    )
+
+
 def test_data_must_be_bytes_like(src: Path, dst: Path) -> None:
     run_failing(
         src,
@@ -413,7 +445,8 @@ def test_inconsistent_aliases_are_refused(tmp_path: Path) -> None:
     with pytest.raises(InvalidReplacement) as info:
         ptestore.specialize(fx.pte_path, dst, backends=[one])
     assert re.fullmatch(
-        rf"backend 'XnnpackBackend', key '{shared[1]}': segment 3 of .*scale_alias_xnnpack\.pte "
+        rf"backend 'XnnpackBackend' \(coordinator\.test_coordinator:Backend\), "
+        rf"key '{shared[1]}': segment 3 of .*scale_alias_xnnpack\.pte "
         rf"is shared by key '{shared[0]}', key '{shared[1]}'; key '{shared[1]}' not replaced: "
         r"replace every alias with identical bytes",
         str(info.value),

@@ -397,6 +397,10 @@ BLOB = b"blob" * 8
 WEIGHT = b"W" * 32
 
 
+#: How the refusals name backend 'A' (the alias check names its spec, as every error does).
+BACKEND_A = r"backend 'A' \(coordinator\.test_safety:Writes\)"
+
+
 def refused_kinds(tmp_path: Path, data: bytes, backends: list[Any], pattern: str) -> None:
     src, dst = tmp_path / "s.pte", tmp_path / "o.pte"
     src.write_bytes(data)
@@ -422,7 +426,7 @@ def test_key_on_the_constant_segment_is_refused(tmp_path: Path) -> None:
         tmp_path,
         data,
         [Writes("A", {"c": b"x" * 40})],
-        r"backend 'A', key 'c': segment 0 of .*s\.pte has users of different kinds "
+        BACKEND_A + r", key 'c': segment 0 of .*s\.pte has users of different kinds "
         r"\(named data: key 'c'; constant data: the program's constant segment\); replacing "
         r"it would change the bytes of every one of them: refused \(only a segment whose "
         r"users are all named-data keys, or all delegates of one backend with the same "
@@ -442,7 +446,7 @@ def test_key_on_a_mutable_data_segment_is_refused(tmp_path: Path) -> None:
         tmp_path,
         data,
         [Writes("A", {"w": b"y" * 32})],
-        r"backend 'A', key 'w': segment 2 of .*s\.pte has users of different kinds "
+        BACKEND_A + r", key 'w': segment 2 of .*s\.pte has users of different kinds "
         r"\(named data: key 'w'; mutable data: mutable data segment 0\); .*refused .*",
     )
 
@@ -458,7 +462,7 @@ def test_blob_shared_by_two_backends_is_refused(tmp_path: Path) -> None:
         tmp_path,
         data,
         [Writes("A", blob=b"for A only")],
-        r"backend 'A': segment 1 of .*s\.pte has users of different kinds \(delegates of "
+        BACKEND_A + r": segment 1 of .*s\.pte has users of different kinds \(delegates of "
         r"backend 'A' without compile specs: delegate forward\[0\]; delegates of backend "
         r"'B' without compile specs: delegate forward\[1\]\); .*refused .*",
     )
@@ -496,7 +500,7 @@ def test_blob_shared_with_different_compile_specs_is_refused(tmp_path: Path) -> 
         tmp_path,
         data,
         [Writes("A", blob=b"compiled for npu-v1")],
-        r"backend 'A': segment 1 of .*s\.pte has users of different kinds \(delegates of "
+        BACKEND_A + r": segment 1 of .*s\.pte has users of different kinds \(delegates of "
         r"backend 'A' with compile specs \{target=6e70752d7631\}: delegate forward\[0\]; "
         r"delegates of backend 'A' with compile specs \{target=6e70752d7632\}: delegate "
         r"other\[0\]\); .*refused .*",
@@ -511,9 +515,34 @@ def test_blob_and_key_on_one_segment_is_refused(tmp_path: Path) -> None:
         tmp_path,
         data,
         [Writes("A", blob=b"new blob")],
-        r"backend 'A', key 'k': segment 1 of .*s\.pte has users of different kinds \(named "
+        BACKEND_A + r", key 'k': segment 1 of .*s\.pte has users of different kinds \(named "
         r"data: key 'k'; delegates of backend 'A' without compile specs: delegate "
         r"forward\[0\]\); .*refused .*",
+    )
+
+
+class OtherWrites(Writes):
+    """A second implementation class (its own spec)."""
+
+
+def test_a_refusal_names_every_backend_involved_and_its_spec(tmp_path: Path) -> None:
+    """A segment replaced by two backends (A's blob, B's key on it): the refusal, raised
+    once every backend has run, names both ids and the spec of each."""
+    data = build_pte(
+        [CONST, BLOB, WEIGHT],
+        named=[("k", 1)],
+        delegates=[Deleg("A", 1), Deleg("B", 2)],
+        constant=(0, [0, 8]),
+    )
+    a, b = Writes("A", blob=b"new blob"), OtherWrites("B", {"k": b"K" * len(BLOB)})
+    refused_kinds(
+        tmp_path,
+        data,
+        [a, b],
+        r"backend 'A, B' \(A: coordinator\.test_safety:Writes, B: "
+        r"coordinator\.test_safety:OtherWrites\), key 'k': segment 1 of .*s\.pte has users of "
+        r"different kinds \(named data: key 'k'; delegates of backend 'A' without compile "
+        r"specs: delegate forward\[0\]\); .*refused .*",
     )
 
 

@@ -365,14 +365,20 @@ class RaisingCompat(BadCompat):
 
 
 def test_compatibility_info_errors_name_the_backend(tmp_path: Path) -> None:
-    with pytest.raises(
-        BackendError, match="backend 'XnnpackBackend': compatibility_info returned int, not str"
-    ):
+    with pytest.raises(BackendError) as err:
         ptestore.specialize(_path(MLP), tmp_path / "o.pte", backends=[BadCompat()], provenance=True)
-    with pytest.raises(BackendError, match="compatibility_info failed: RuntimeError: no SDK"):
+    assert str(err.value) == (
+        "backend 'XnnpackBackend' (provenance.test_provenance:BadCompat): "
+        "compatibility_info returned int, not str"
+    )
+    with pytest.raises(BackendError) as err:
         ptestore.specialize(
             _path(MLP), tmp_path / "o.pte", backends=[RaisingCompat()], provenance=True
         )
+    assert str(err.value) == (
+        "backend 'XnnpackBackend' (provenance.test_provenance:RaisingCompat): "
+        "compatibility_info failed: RuntimeError: no SDK"
+    )
     assert not (tmp_path / "o.pte").exists()
 
 
