@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._dataclass import dataclass
 from ..errors import StorageError
+from ..storage.types import StorageURL
 from .cache import MANIFEST_FORMAT, MANIFEST_VERSION, CacheLayout, file_stamp
 from .private import make_private
 
@@ -76,6 +77,10 @@ class Manifest:
     #: The job index it was fetched from, and what was chosen (index entries only).
     index: str | None = None
     choice: dict[str, Any] | None = None
+    #: The device (``st_dev``) of a local index's file system when the entry was made:
+    #: an index found missing later on another one is on a file system not mounted now
+    #: (``cache prune --stale`` keeps the entry), not gone.
+    index_device: int | None = None
 
     @classmethod
     def of(
@@ -105,6 +110,7 @@ class Manifest:
             in_place=in_place,
             index=index,
             choice=None if choice is None else as_json(dict(choice)),
+            index_device=None if index is None else _device_of(index),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -124,6 +130,8 @@ class Manifest:
             out["index"] = self.index
         if self.choice is not None:
             out["choice"] = self.choice
+        if self.index_device is not None:
+            out["index_device"] = self.index_device
         return out
 
     def publish(self, layout: CacheLayout, src: str, *, replaced: bool = False) -> None:
@@ -142,6 +150,17 @@ class Manifest:
                     layout.root, src, len(data), exc, replaced=replaced
                 ) from exc
             raise
+
+
+def _device_of(index: str) -> int | None:
+    """``st_dev`` of a local index (None for a URL, or one that cannot be stat'ed)."""
+    u = StorageURL.of(index)
+    if not u.local:
+        return None
+    try:
+        return os.stat(u.location).st_dev
+    except OSError:
+        return None
 
 
 def is_disk_full(exc: BaseException) -> bool:

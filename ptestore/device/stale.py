@@ -16,8 +16,14 @@ entry is judged against what it recorded, without reading any artifact:
   replaced the artifact.
 
 A source that cannot be reached (a network error, refused credentials) is *unknown*,
-never stale: the entry is kept and the reason reported. An entry another process holds
-(a running ``ensure`` of its key has its lock) is never removed: it is reported busy.
+never stale: the entry is kept and the reason reported. So is a local source, ``.ptd``
+or index that is missing while the nearest directory above it that exists is on another
+file system than the one it was recorded on (the source's identity records its device;
+an index's, ``index_device`` in the manifest): its file system is not mounted now, and
+an empty mount point says nothing about the file. (A bind mount of a directory of the
+same file system cannot be told from a removed file this way: such a source is gone.)
+An entry another process holds (a running ``ensure`` of its key has its lock) is never
+removed: it is reported busy.
 Under the key's exclusive lock the manifest is read again, and an entry remade since it
 was judged is judged again, so a run that refreshed it is never undone.
 """
@@ -99,10 +105,44 @@ class _Unknown(Exception):
     """The source could not be checked (not an answer about the entry)."""
 
 
+def _not_mounted(role: str, where: str, device: Any) -> _Unknown | None:
+    """For a local ``where`` found missing that was on file system ``device``: the
+    :class:`_Unknown` of a path whose nearest existing directory is on another file
+    system (the one it was on is not mounted now: an NFS share, a USB disk or an SD card
+    not mounted yet leave their empty mount point), else None (gone)."""
+    if not isinstance(device, int) or isinstance(device, bool):
+        return None
+    u = StorageURL.of(where)
+    if not u.local:
+        return None
+    here = os.path.abspath(u.path)
+    while True:
+        up = os.path.dirname(here)
+        if up == here:
+            return None
+        here = up
+        try:
+            st = os.stat(here)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:  # cannot tell: not an answer either
+            return _Unknown(f"its {role} {where} is missing and {here} cannot be checked: {exc}")
+        if st.st_dev == device:
+            return None
+        return _Unknown(
+            f"its {role} {where} is missing and its file system is not mounted (it was on "
+            f"device {device}; the nearest directory there, {here}, is on device {st.st_dev})"
+        )
+
+
 def _identity_changed(role: str, where: str, recorded: Any) -> str | None:
     try:
         now = source_identity(where)
-    except ObjectNotFound:
+    except ObjectNotFound as exc:
+        device = recorded.get("dev") if isinstance(recorded, dict) else None
+        unmounted = _not_mounted(role, where, device)
+        if unmounted is not None:
+            raise unmounted from exc
         return f"its {role} {where} is gone"
     except ConfigurationError as exc:
         if not StorageURL.of(where).local:  # options or an extra missing: not an answer
@@ -137,7 +177,10 @@ def _index_stale(manifest: dict[str, Any], options: dict[str, Any]) -> str | Non
             if isinstance(model, str) and isinstance(made_for, str)
             else None
         )
-    except ObjectNotFound:
+    except ObjectNotFound as exc:
+        unmounted = _not_mounted("index", index, manifest.get("index_device"))
+        if unmounted is not None:
+            raise unmounted from exc
         return f"its index {index} is gone"
     except PteStoreError as exc:
         raise _Unknown(f"its index {index} could not be read: {exc}") from exc

@@ -22,8 +22,17 @@ objects that no index names. :func:`collect_orphans` removes them, and only them
 - **when**: an orphan younger than the grace period (its modification time; on S3
   ``LastModified``, measured against the server's clock) is kept: a run may be about to
   name it in its index (a run stores its objects before it publishes its index). The
-  indexes are read again just before the first removal, and an object named meanwhile
-  is kept.
+  indexes are read again just before the first removal: an object named meanwhile is
+  kept, and so is one whose index is gone since (a directory without an index governs
+  nothing);
+- **which object**: only the one listed. Just before its removal the object is looked at
+  again (locally ``lstat``: device, inode, size, ``mtime_ns``; on S3 ``HEAD``: ETag,
+  ``LastModified``, size): one a run stored since the listing (a retired pair made
+  again, not yet in the run's index) is kept, reported ``skipped: changed since
+  listed``. On S3 the delete is also conditional (``If-Match`` on the listed ETag), so
+  an object of other bytes stored after that look is refused by the service; what is
+  left is a same-bytes rewrite (locally: any rewrite) landing between the look and the
+  delete.
 
 A run that *reuses* an old orphan (a shared ``.ptd`` it finds already stored) names it
 only when it publishes its index; keep the grace longer than a run lasts. Should gc win
@@ -52,6 +61,9 @@ __all__ = ["DEFAULT_GRACE", "collect_orphans", "referenced"]
 
 #: Default grace period (seconds): an unreferenced object younger than this is kept.
 DEFAULT_GRACE = 7 * 86400.0
+
+#: What tells an object from another stored at its URL since (:meth:`_Store.stamp`).
+Stamp = tuple[Any, ...]
 
 
 def referenced(index: dict[str, Any], source: str = "<index>") -> set[tuple[str, str]]:
@@ -131,8 +143,9 @@ class _Store:
             return None  # the bucket
         return f"{scheme}://{posixpath.dirname(rest)}"
 
-    def files(self, root: str) -> Iterator[tuple[str, float, int]]:
-        """``(url, modification time, size)`` of every file under ``root``."""
+    def files(self, root: str) -> Iterator[tuple[str, float, int, Stamp]]:
+        """``(url, modification time, size, stamp)`` of every file under ``root``; the
+        stamp (:meth:`stamp`) tells a file replaced since from the one listed."""
         if self.url.local:
             for dirpath, _dirs, names in os.walk(root):
                 for name in names:
@@ -142,7 +155,7 @@ class _Store:
                     except OSError:
                         continue
                     if stat.S_ISREG(st.st_mode):  # a symlink is never one of ours
-                        yield full, st.st_mtime, st.st_size
+                        yield full, st.st_mtime, st.st_size, _local_stamp(st)
             return
         scheme = self.url.protocol
         try:
@@ -154,7 +167,31 @@ class _Store:
                 continue
             when = info.get("LastModified") or info.get("mtime")
             ts = when.timestamp() if hasattr(when, "timestamp") else float(when or 0.0)
-            yield f"{scheme}://{path}", ts, int(info.get("size") or 0)
+            size = int(info.get("size") or 0)
+            yield f"{scheme}://{path}", ts, size, (info.get("ETag"), int(ts), size)
+
+    def stamp(self, url: str) -> Stamp | None:
+        """What tells this object from another stored at ``url`` since (None: none is
+        there): locally device, inode, size and ``mtime_ns`` (not following a link); on
+        S3 the ETag, ``LastModified`` (whole seconds: what a listing and a ``HEAD`` both
+        give) and size."""
+        if self.url.local:
+            try:
+                st = os.lstat(url)
+            except FileNotFoundError:
+                return None
+            return _local_stamp(st) if stat.S_ISREG(st.st_mode) else ("not a file",)
+        from .._retry import Category, classify
+
+        bucket, _, key = url.partition("://")[2].partition("/")
+        try:
+            head = self.fs.call_s3("head_object", Bucket=bucket, Key=key)
+        except Exception as exc:
+            if classify(exc) is Category.NOT_FOUND:
+                return None
+            raise
+        when = head["LastModified"]
+        return (head.get("ETag"), int(when.timestamp()), int(head.get("ContentLength") or 0))
 
     def now(self, root: str) -> float:
         """The time to measure ages against: on S3 the server's (``LastModified`` is
@@ -171,11 +208,41 @@ class _Store:
         page = self.fs.call_s3("list_objects_v2", Bucket=bucket, Prefix=prefix, MaxKeys=1)
         return server_now(page, datetime.fromtimestamp(client, timezone.utc)).timestamp()
 
-    def remove(self, url: str) -> None:
+    def remove(self, url: str, listed: Stamp) -> str:
+        """Remove the object at ``url`` if it is still the one listed with stamp
+        ``listed``; the action: ``"removed"``, ``"skipped: changed since listed"`` (a run
+        stored a new object there meanwhile: never removed) or ``"skipped: already
+        gone"``. On S3 the delete carries ``If-Match: <ETag>``: an object of other bytes
+        stored between the check and the delete is refused by the service (412)."""
+        now = self.stamp(url)
+        if now is None:
+            return "skipped: already gone"
+        if now != listed:
+            return "skipped: changed since listed"
         if self.url.local:
-            os.unlink(url)
-        else:
-            self.fs.rm_file(url.partition("://")[2])
+            try:
+                os.unlink(url)
+            except FileNotFoundError:
+                return "skipped: already gone"
+            return "removed"
+        from .._retry import Category, classify
+
+        bucket, _, key = url.partition("://")[2].partition("/")
+        cond = {} if listed[0] is None else {"IfMatch": listed[0]}
+        try:
+            self.fs.call_s3("delete_object", Bucket=bucket, Key=key, **cond)
+        except Exception as exc:
+            category = classify(exc)
+            if category is Category.PRECONDITION:  # SeaweedFS: also for a key now gone
+                return "skipped: changed since listed"
+            if category is Category.NOT_FOUND:
+                return "skipped: already gone"
+            raise
+        return "removed"
+
+
+def _local_stamp(st: os.stat_result) -> Stamp:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def _indexes(store: _Store, root: str, listed: list[str]) -> list[str]:
@@ -253,15 +320,15 @@ def collect_orphans(
     store = _Store(os.fspath(target), storage_options)
     root = store.root()
     listed = list(store.files(root))
-    urls = [u for u, _, _ in listed]
+    urls = [u for u, _, _, _ in listed]
     refs, dirs, error = _references(_indexes(store, root, urls), storage_options)
     if error is not None:
         return [GcEntry(error.split(": ", 1)[0], "index", 0.0, f"failed: {error}")]
     if not dirs:
         return []
     now = store.now(root)
-    found: list[tuple[str, str, float, int]] = []
-    for url, mtime, size in listed:
+    found: list[tuple[str, str, float, int, Stamp]] = []
+    for url, mtime, size, stamp_ in listed:
         name = url.rsplit("/", 1)[-1].rsplit(os.sep, 1)[-1]
         if not name.endswith((".pte", ".ptd", ".xpwc", ".xpwc.json")) or name.startswith("."):
             continue
@@ -269,26 +336,25 @@ def collect_orphans(
             continue
         kind = _ours(url, storage_options)
         if kind is not None:
-            found.append((url, kind, max(0.0, now - mtime), size))
+            found.append((url, kind, max(0.0, now - mtime), size, stamp_))
     out: list[GcEntry] = []
     due = [f for f in found if f[2] >= grace]
     if due and not dry_run:  # named since the first read (a run that just published)?
-        refs, _, error = _references(_indexes(store, root, urls), storage_options)
+        refs, dirs, error = _references(_indexes(store, root, urls), storage_options)
         if error is not None:
             return [GcEntry(error.split(": ", 1)[0], "index", 0.0, f"failed: {error}")]
-    for url, kind, age, size in found:
+    for url, kind, age, size, stamp_ in found:
         if age < grace:
             action = f"skipped: younger than the grace of {grace:g}s"
         elif target_identity(url) in refs:
             action = "skipped: an index names it now"
         elif dry_run:
             action = "would remove"
+        elif not any(url.startswith(d) for d in dirs):  # its index went since the first read
+            action = "skipped: no index governs it now"
         else:
-            try:
-                store.remove(url)
-                action = "removed"
-            except FileNotFoundError:
-                action = "skipped: already gone"
+            try:  # only the object listed, and only if still older than the grace
+                action = store.remove(url, stamp_)
             except Exception as exc:  # a refused or failed delete: reported, never silent
                 action = f"failed: {exc}"
         out.append(GcEntry(url, kind, age, action, size))

@@ -1,17 +1,22 @@
 """``ptestore cache prune --stale`` (``ptestore.device.prune_stale``): entries whose
 source is gone or changed are removed, current ones kept; a dry run removes nothing; an
 entry a running ``ensure`` holds is never removed; an in-place entry goes without its
-file; an entry fetched from a job index is stale once the index no longer names it."""
+file; an entry fetched from a job index is stale once the index no longer names it; a
+source, ``.ptd`` or index on a file system that is not mounted is unknown, not gone."""
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support.fixtures import copy_pte, get_fixture
+from support.smallfs import tmpfs
 
 import ptestore
 from ptestore.backends.compat import DeviceProfile
@@ -233,3 +238,90 @@ def test_prune_stale_arguments(tmp_path: Path) -> None:
         prune_stale(tmp_path / "nowhere")
     with pytest.raises(ConfigurationError, match=r"^dry_run must be True or False, got 1$"):
         prune_stale(tmp_path, dry_run=1)  # type: ignore[arg-type]
+
+
+@contextmanager
+def _bound(disk: Path, mnt: Path) -> Iterator[Callable[[bool], None]]:
+    """``disk`` bind-mounted at ``mnt``; the yielded ``mounted(on)`` mounts or unmounts it
+    (as a share or a card comes and goes); unmounted at the end whatever happened."""
+
+    def mounted(on: bool) -> None:
+        argv = ["mount", "--bind", str(disk), str(mnt)] if on else ["umount", str(mnt)]
+        r = subprocess.run(argv, check=False, capture_output=True, text=True)
+        assert r.returncode == 0, f"{argv}: {r.stderr} (mounting needs root, as CI runs)"
+
+    mnt.mkdir()
+    mounted(True)
+    try:
+        yield mounted
+    finally:
+        if os.path.ismount(mnt):
+            mounted(False)
+
+
+def test_a_source_on_a_file_system_not_mounted_is_unknown_not_gone(tmp_path: Path) -> None:
+    """The source's file system (a tmpfs bound at ``mnt``: another device than the
+    directory below) is not mounted when prune runs: the empty mount point says nothing
+    about the file, the entry is kept ``unknown``; mounted again, the same file is a hit.
+    A source removed from the mounted file system is still gone."""
+    cache = tmp_path / "cache"
+    with tmpfs(tmp_path / "disk", "8m") as disk, _bound(disk, tmp_path / "mnt") as mounted:
+        mnt = tmp_path / "mnt"
+        _model(disk, "model.pte")
+        _model(disk, "removed.pte")
+        made = ptestore.ensure(mnt / "model.pte", cache_dir=cache, backends=[SPEC])
+        removed = ptestore.ensure(mnt / "removed.pte", cache_dir=cache, backends=[SPEC])
+        device = (mnt / "model.pte").stat().st_dev
+        assert device != tmp_path.stat().st_dev
+        mounted(False)
+        judged = {e.key: e for e in prune_stale(cache).entries}
+        assert {k: e.action for k, e in judged.items()} == {
+            made.key: "kept: unknown",
+            removed.key: "kept: unknown",
+        }
+        assert judged[made.key].reason == (
+            f"its source {mnt / 'model.pte'} is missing and its file system is not mounted "
+            f"(it was on device {device}; the nearest directory there, {mnt}, is on device "
+            f"{tmp_path.stat().st_dev})"
+        )
+        assert {x.key for x in list_entries(cache)} == {made.key, removed.key}
+        mounted(True)
+        again = ptestore.ensure(mnt / "model.pte", cache_dir=cache, backends=[SPEC])
+        assert (again.key, again.created) == (made.key, False)
+        (disk / "removed.pte").unlink()  # gone from a mounted file system: stale
+        done = prune_stale(cache)
+        assert done.removed == [removed.key]
+        assert done.entries[0].reason == f"its source {mnt / 'removed.pte'} is gone"
+
+
+def test_a_ptd_and_an_index_on_a_file_system_not_mounted_are_unknown(tmp_path: Path) -> None:
+    """The same for a copy's ``.ptd`` (its ``.pte`` on the root file system) and for the
+    job index an entry was fetched from (the manifest records the index's device)."""
+    assert EXT.ptd_path is not None
+    cache = tmp_path / "cache"
+    with tmpfs(tmp_path / "disk", "8m") as disk, _bound(disk, tmp_path / "mnt") as mounted:
+        mnt = tmp_path / "mnt"
+        pte = tmp_path / "ext.pte"
+        pte.write_bytes(EXT.pte_path.read_bytes())
+        (disk / "ext.ptd").write_bytes(EXT.ptd_path.read_bytes())
+        copy = ptestore.ensure(pte, cache_dir=cache, backends=[FLEET_SPEC], ptd=mnt / "ext.ptd")
+        job = _job(tmp_path, 2.0)
+        job.write_text(job.read_text().replace(f"{tmp_path}/out/", f"{mnt}/out/"))
+        assert main(["fleet", "run", str(job), "--workers", "1", "-q"]) == 0
+        index = mnt / "out" / "ptestore-index.json"
+        fetched = ptestore.ensure(index, cache_dir=cache, model="m", device=A)
+        manifest = json.loads(Path(CacheLayout(cache).manifest(fetched.key)).read_text())
+        assert manifest["index_device"] == disk.stat().st_dev
+        assert prune_stale(cache).entries == []
+        mounted(False)
+        reasons = {e.key: (e.action, e.reason) for e in prune_stale(cache).entries}
+        dev = disk.stat().st_dev
+        off = f"is missing and its file system is not mounted (it was on device {dev}"
+        assert reasons == {
+            copy.key: ("kept: unknown", f"its .ptd {mnt / 'ext.ptd'} {off}; the nearest "
+                       f"directory there, {mnt}, is on device {tmp_path.stat().st_dev})"),
+            fetched.key: ("kept: unknown", f"its index {index} {off}; the nearest directory "
+                          f"there, {mnt}, is on device {tmp_path.stat().st_dev})"),
+        }  # fmt: skip
+        mounted(True)
+        assert prune_stale(cache).entries == []
