@@ -147,6 +147,52 @@ def test_entry_names_are_keys_or_a_weight_key_and_its_bias_key() -> None:
     )
 
 
+class _Name(str):
+    """An entry name that counts what is done with it (prefix tests, slices, searches)."""
+
+    ops = 0
+
+    def startswith(self, *args: object) -> bool:  # type: ignore[override]
+        _Name.ops += 1
+        return super().startswith(*args)  # type: ignore[arg-type]
+
+    def __getitem__(self, key: object) -> str:  # type: ignore[override]
+        _Name.ops += 1
+        return super().__getitem__(key)  # type: ignore[index]
+
+    def find(self, *args: object) -> int:  # type: ignore[override]
+        _Name.ops += 1
+        return super().find(*args)  # type: ignore[arg-type]
+
+
+def _work_on_names(entries: int, keys: int) -> int:
+    """What ``check_names`` does with the names of ``entries`` weight+bias entries of an
+    artifact with ``keys`` named-data keys (64 hex digits each, as the runtime's)."""
+    names = [f"{i:064x}" for i in range(keys)]
+    index = [
+        Entry(_Name(names[2 * i] + names[2 * i + 1]), i * PAGE, 1, 0) for i in range(entries)
+    ]
+    _Name.ops = 0
+    check_names(index, set(names), "f")
+    return _Name.ops
+
+
+def test_checking_the_names_does_not_grow_with_the_number_of_keys() -> None:
+    """Each name is split where a key can end, not tried against every key: the work per
+    name is the same with 100 keys or 4000 (entries x keys before)."""
+    few, many = _work_on_names(50, 100), _work_on_names(50, 4000)
+    assert few == many <= 2 * 50
+
+
+def test_a_name_is_split_at_every_length_a_key_has() -> None:
+    keys = {"ab", "abc", "d", "cd"}
+    entries = [Entry(n, 0, 1, 0) for n in ("abcd", "abd", "abc", "dcd")]
+    check_names(entries, keys, "f")  # abcd: ab+cd and abc+d; abd: ab+d
+    for bad in ("abcx", "ddx", "abcabcd", "x"):
+        with pytest.raises(FormatError, match=f"index entry name = '{bad}'"):
+            check_names([Entry(bad, 0, 1, 0)], keys | {""}, "f")
+
+
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 #: mlp_xnnpack's two Linear layers: the filter and bias keys of each, as the runtime
 #: names their entries (weight key, then bias key).
