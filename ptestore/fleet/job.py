@@ -342,7 +342,7 @@ def _fingerprint_problem(value: object) -> str | None:
     """Why ``value`` is not a CPU fingerprint as :func:`ptestore.xnnpack.cpu_fingerprint`
     writes it, or None."""
     if isinstance(value, str) and re.fullmatch(
-        r"[A-Za-z0-9_.-]+/page=[1-9][0-9]*:[a-z0-9_,]*", value
+        r"[A-Za-z0-9_.-]+/page=[1-9][0-9]*(/midr=0x[0-9a-f]{8,16})?:[a-z0-9_,]*", value
     ):
         return None
     return (

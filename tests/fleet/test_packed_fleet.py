@@ -57,6 +57,11 @@ def test_the_job_file_declares_a_devices_cpu_apart_from_its_options(tmp_path: Pa
         ("phone", PHONE),
         ("plain", None),
     ]
+    # an arm64 fingerprint names its first core's MIDR_EL1 when the kernel exposes it
+    midr = "aarch64/page=16384/midr=0x411fd4c0:asimd,asimddp,i8mm"
+    assert load_job(_job(tmp_path, MLP.pte_path, midr, name="midr.toml")).xnnpack_cpu == {
+        "phone": midr
+    }
     bad = _job(tmp_path, MLP.pte_path, "avx2", name="bad.toml")
     with pytest.raises(JobError) as err:
         load_job(bad)
@@ -65,6 +70,9 @@ def test_the_job_file_declares_a_devices_cpu_apart_from_its_options(tmp_path: Pa
         "as `python -m ptestore.xnnpack fingerprint` prints it on the device (e.g. "
         "'aarch64/page=4096:asimd,asimddp,i8mm')"
     )
+    for other in ("aarch64/page=4096/midr=410fd4c0:asimd", "aarch64/page=4096/midr=0x1:asimd"):
+        with pytest.raises(JobError, match="must be the device's CPU fingerprint"):
+            load_job(_job(tmp_path, MLP.pte_path, other, name="bad2.toml"))
 
 
 def _refusal(job: Path, workers: str) -> str:

@@ -6,6 +6,7 @@ XNNWeightsCache (regions, index, 20-byte footer) and every refusal's message is 
 
 from __future__ import annotations
 
+import os
 import struct
 from pathlib import Path
 
@@ -255,6 +256,44 @@ def test_the_cpu_fingerprint_names_the_kernel_picking_features_only() -> None:
     assert cpu_fingerprint(ARM, "aarch64").endswith(":asimd,asimddp,i8mm,sve")
     # one feature more or less is another fingerprint
     assert cpu_fingerprint(X86.replace(" amx_tile", ""), "x86_64") != x86
+
+
+def test_the_cpu_fingerprint_names_every_isa_xnnpack_dispatches_on() -> None:
+    """SSSE3, XOP and GFNI pick kernels too (GFNI: the AVX512-VNNI-GFNI ones)."""
+    flags = "flags\t\t: fpu ssse3 sse4_1 avx fma xop avx2 avx512f avx512_vnni gfni\n"
+    assert cpu_fingerprint(flags, "x86_64").endswith(
+        ":ssse3,sse4_1,avx,fma,xop,avx2,avx512f,avx512_vnni,gfni"
+    )
+    for flag in ("ssse3", "xop", "gfni"):
+        assert cpu_fingerprint(flags.replace(f" {flag}", ""), "x86_64") != cpu_fingerprint(
+            flags, "x86_64"
+        )
+
+
+def test_an_arm64_fingerprint_names_its_first_cores_midr() -> None:
+    page = os.sysconf("SC_PAGE_SIZE")
+    a76 = cpu_fingerprint(ARM, "aarch64", midr="0x00000000414fd0b1\n")
+    assert a76 == f"aarch64/page={page}/midr=0x414fd0b1:asimd,asimddp,i8mm,sve"
+    assert cpu_fingerprint(ARM, "aarch64", midr="0x00000000410fd050\n") != a76  # an A55
+    # no register exposed (an older kernel, a container), or not a number: no midr
+    for text in ("", "garbage\n"):
+        assert cpu_fingerprint(ARM, "aarch64", midr=text) == (
+            f"aarch64/page={page}:asimd,asimddp,i8mm,sve"
+        )
+    # x86 has none, whatever is given
+    assert "midr" not in cpu_fingerprint(X86, "x86_64", midr="0x410fd4c0")
+
+
+def test_a_record_of_an_earlier_fingerprint_is_another_cpus() -> None:
+    """A fingerprint is compared as a string: one an earlier version wrote (no ssse3, no
+    midr) names another file and another CPU, listed as such, never an error."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    now = cpu_fingerprint(ARM, "aarch64", midr="0x410fd4c0")
+    old = f"aarch64/page={page}:asimd,asimddp,i8mm,sve"
+    new_id = Identity("p" * 64, None, "1.4.1+cpu", "e4d0", now)
+    old_id = Identity("p" * 64, None, "1.4.1+cpu", "e4d0", old)
+    assert new_id.name != old_id.name
+    assert new_id.differences(old_id.to_json()) == [f"cpu: {old!r} != {now!r}"]
 
 
 def test_the_identity_names_the_file_and_lists_what_differs() -> None:
