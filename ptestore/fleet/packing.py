@@ -17,7 +17,10 @@ the CPU is that one:
   :func:`ptestore.xnnpack.make_cache`, stores it beside the artifact (created
   exclusively; an object already there is accepted only with the same bytes) and then
   the record (:mod:`.packed`) with the file's chunk digests (:mod:`.packed_chunks`: a
-  device holding an earlier version's file downloads only the chunks that differ). A
+  device holding an earlier version's file downloads only the chunks that differ). The
+  record is bound to the artifact it fetched (the trailer of the bytes downloaded), and
+  published only while the destination still holds that artifact: one replaced by
+  another run meanwhile gets no record (the next run makes its file). A
   refusal by the runtime (a graph it cannot cache, a crash) is recorded instead: the
   artifact is published and served all the same. A failure that may pass (each run of
   the runtime has :data:`ptestore.xnnpack.refusal.DEFAULT_TIMEOUT` seconds; a kill from
@@ -40,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import AlreadyExists, IntegrityError, PackedWeightsRefused, PteStoreError
 from ..storage.loaders import open_loader
 from ..storage.routing import options_for_loader
+from ..storage.types import absolute_local
 from .job import JobError, pair_options, ptd_beside
 from .packed import (
     RECORD_FORMAT,
@@ -244,7 +248,9 @@ def make_packed(
         got = fetch(destination, pte, storage_options=opts)
         counter[0] += sum(int(f["size"]) for f in got.files)
         ptd = ptd_beside(pte) if len(got.files) > 1 else None
-        entry, ptd_sha256 = _artifact(destination, opts)
+        # bound to the bytes fetched (their trailer), not to what the URL holds now
+        entry, ptd_sha256 = _artifact(pte, {})
+        entry["url"] = absolute_local(destination)
         identity = Identity.of(file_sha256(pte), None if ptd is None else file_sha256(ptd), build)
         field: dict[str, Any] = {
             "url": None,
@@ -292,6 +298,11 @@ def make_packed(
         }
         if chunks is not None:  # what a device's delta delivery checks (.packed_chunks)
             record["chunks"] = chunks.to_dict()
+        if not bound_to(record, *_artifact(destination, opts)):
+            return False, (
+                f"XNNPACK packed-weight file not recorded (tried again next run): the "
+                f"artifact at {destination} was replaced while it was made"
+            )
         _publish_record(record_url(destination), record, opts)
         return True, why
 
