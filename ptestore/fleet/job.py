@@ -65,7 +65,15 @@ __all__ = [
 #: The key of a ``[devices.NAME]`` table that declares the device's CPU fingerprint.
 XNNPACK_CPU_KEY = "xnnpack_cpu"
 
-_TOP_KEYS = {"destination", "backends", "storage_options", "models", "devices", "index_version"}
+_TOP_KEYS = {
+    "destination",
+    "backends",
+    "storage_options",
+    "models",
+    "devices",
+    "index_version",
+    "xnnpack_timeout",
+}
 _MODEL_KEYS = {"name", "source", "ptd"}
 _FIELDS = {"model", "device"}
 
@@ -111,6 +119,9 @@ class Job:
     xnnpack_cpu: dict[str, str] = field(default_factory=dict)
     #: The index version to write (None: version 3 where the store has compare-and-swap).
     index_version: int | None = None
+    #: Seconds each run of the XNNPACK runtime's child may take on a worker (None: the
+    #: default, :data:`ptestore.xnnpack.refusal.DEFAULT_TIMEOUT`).
+    xnnpack_timeout: float | None = None
 
     def pairs(self) -> list[Pair]:
         """Every (model, device) pair, models outer, in file order."""
@@ -314,6 +325,16 @@ def parse_job(text: str, path: str = "<job>") -> Job:
     version = data.get("index_version")
     if version is not None and (type(version) is not int or version not in (2, 3)):
         raise fail("must be 2 or 3 (the index version to write)", None, "index_version")
+    timeout = data.get("xnnpack_timeout")
+    if timeout is not None and (
+        type(timeout) not in (int, float) or not 0 < timeout < float("inf")
+    ):
+        raise fail(
+            f"{timeout!r}: must be a number of seconds > 0 (each run of the XNNPACK "
+            "runtime's child on a worker; default 3600)",
+            None,
+            "xnnpack_timeout",
+        )
     digest = "sha256:" + hashlib.sha256(text.encode()).hexdigest()
     job = Job(
         path,
@@ -325,6 +346,7 @@ def parse_job(text: str, path: str = "<job>") -> Job:
         digest,
         cpus,
         version,
+        None if timeout is None else float(timeout),
     )
     if any(m.ptd for m in models) and not dest.endswith(".pte"):
         raise fail(

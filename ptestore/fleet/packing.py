@@ -23,7 +23,8 @@ the CPU is that one:
   another run meanwhile gets no record (the next run makes its file). A
   refusal by the runtime (a graph it cannot cache, a crash) is recorded instead: the
   artifact is published and served all the same. A failure that may pass (each run of
-  the runtime has :data:`ptestore.xnnpack.refusal.DEFAULT_TIMEOUT` seconds; a kill from
+  the runtime has the job's ``xnnpack_timeout`` seconds, by default
+  :data:`ptestore.xnnpack.refusal.DEFAULT_TIMEOUT`; a kill from
   outside) is not recorded: the next run makes the file again.
 
 :func:`packed_state` says whether a pair's file is current (the record bound to the
@@ -217,12 +218,18 @@ def _publish_record(url: str, record: dict[str, Any], options: dict[str, Any]) -
 
 
 def make_packed(
-    destination: str, device: str, cpu: str, opts: dict[str, Any], counter: list[int]
+    destination: str,
+    device: str,
+    cpu: str,
+    opts: dict[str, Any],
+    counter: list[int],
+    timeout: float | None = None,
 ) -> tuple[bool, str]:
     """The packed-weight file of the artifact at ``destination`` (of ``device``, which
     declares the CPU ``cpu``), made when it is not current (see the module); ``(made or
     refused now, why)``. Runs on a worker with the device's CPU; ``counter[0]`` counts
-    the bytes it moves."""
+    the bytes it moves; ``timeout``: seconds for each run of the runtime (the job's
+    ``xnnpack_timeout``; None: :data:`~ptestore.xnnpack.refusal.DEFAULT_TIMEOUT`)."""
     from ..xnnpack import Identity, make_cache
     from ..xnnpack.identity import cpu_fingerprint, file_sha256
     from ..xnnpack.native import executorch_build
@@ -275,7 +282,7 @@ def make_packed(
                 directory=os.path.join(work, "xnnpack"),
                 pte_sha256=identity.pte_sha256,
                 ptd_sha256=identity.ptd_sha256,
-                timeout=DEFAULT_TIMEOUT,
+                timeout=DEFAULT_TIMEOUT if timeout is None else timeout,
             )
         except PackedWeightsRefused as exc:
             if exc.transient:  # not recorded: the next run makes it again

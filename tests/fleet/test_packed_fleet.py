@@ -384,3 +384,34 @@ def test_an_artifact_replaced_while_its_file_is_made_gets_no_record_of_the_other
         False,
         f"no XNNPACK packed-weight record at {record_url(str(pte))}",
     )
+
+
+def test_the_job_file_sets_the_runtimes_timeout_on_the_workers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``xnnpack_timeout`` (seconds) is what each run of the runtime's child gets on the
+    worker (3600 without it); anything but a number > 0 is refused naming the key."""
+    import ptestore.xnnpack
+    from ptestore.errors import PackedWeightsRefused
+
+    job = _job(tmp_path, PORTABLE.pte_path, HERE)
+    job.write_text("xnnpack_timeout = 12.5\n" + job.read_text())
+    assert load_job(job).xnnpack_timeout == 12.5
+    calls: list[object] = []
+
+    def make_cache(pte: object, **kwargs: object) -> object:
+        calls.append(kwargs["timeout"])
+        raise PackedWeightsRefused(str(pte), "the runtime did not finish", transient=True)
+
+    monkeypatch.setattr(ptestore.xnnpack, "make_cache", make_cache, raising=False)
+    run_job(load_job(job), workers=1)  # inline: the maker replaced here runs
+    assert calls == [12.5]
+    for bad in ("0", "-1", "inf", "nan", '"60"', "true"):
+        job.write_text(f"xnnpack_timeout = {bad}\n" + job.read_text().split("\n", 1)[1])
+        with pytest.raises(JobError) as err:
+            load_job(job)
+        value = {"inf": "inf", "nan": "nan", '"60"': "'60'", "true": "True"}.get(bad, bad)
+        assert str(err.value) == (
+            f"{job}:1: xnnpack_timeout: {value}: must be a number of seconds > 0 (each run "
+            "of the XNNPACK runtime's child on a worker; default 3600)"
+        )
