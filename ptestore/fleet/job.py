@@ -40,7 +40,7 @@ from ..backends.compat import DeviceProfile
 from ..errors import ConfigurationError
 from ..storage.routing import StorageOptions, options_for_loader
 from ..storage.types import StorageURL, absolute_local, strerror
-from .job_check import SHARED_DIR, destinations_problem, template_root
+from .job_check import SHARED_DIR, destinations_problem, fingerprint_problem, template_root
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -65,7 +65,15 @@ __all__ = [
 #: The key of a ``[devices.NAME]`` table that declares the device's CPU fingerprint.
 XNNPACK_CPU_KEY = "xnnpack_cpu"
 
-_TOP_KEYS = {"destination", "backends", "storage_options", "models", "devices", "index_version"}
+_TOP_KEYS = {
+    "destination",
+    "backends",
+    "storage_options",
+    "models",
+    "devices",
+    "index_version",
+    "xnnpack_timeout",
+}
 _MODEL_KEYS = {"name", "source", "ptd"}
 _FIELDS = {"model", "device"}
 
@@ -111,6 +119,9 @@ class Job:
     xnnpack_cpu: dict[str, str] = field(default_factory=dict)
     #: The index version to write (None: version 3 where the store has compare-and-swap).
     index_version: int | None = None
+    #: Seconds each run of the XNNPACK runtime's child may take on a worker (None: the
+    #: default, :data:`ptestore.xnnpack.refusal.DEFAULT_TIMEOUT`).
+    xnnpack_timeout: float | None = None
     #: The job file's absolute path (:func:`load_job`), or "" for a job parsed from
     #: text: what its artifacts' job stamp records (:attr:`stamp_path`), so that the
     #: stamp names the same file from any working directory (``path`` is kept as given,
@@ -309,7 +320,7 @@ def parse_job(text: str, path: str = "<job>") -> Job:
         opts = dict(opts)
         if XNNPACK_CPU_KEY in opts:
             cpu = opts.pop(XNNPACK_CPU_KEY)
-            problem = _fingerprint_problem(cpu)
+            problem = fingerprint_problem(cpu)
             if problem:
                 raise fail(problem, table, XNNPACK_CPU_KEY)
             cpus[dname] = cpu
@@ -326,6 +337,16 @@ def parse_job(text: str, path: str = "<job>") -> Job:
     version = data.get("index_version")
     if version is not None and (type(version) is not int or version not in (2, 3)):
         raise fail("must be 2 or 3 (the index version to write)", None, "index_version")
+    timeout = data.get("xnnpack_timeout")
+    if timeout is not None and (
+        type(timeout) not in (int, float) or not 0 < timeout < float("inf")
+    ):
+        raise fail(
+            f"{timeout!r}: must be a number of seconds > 0 (each run of the XNNPACK "
+            "runtime's child on a worker; default 3600)",
+            None,
+            "xnnpack_timeout",
+        )
     digest = "sha256:" + hashlib.sha256(text.encode()).hexdigest()
     job = Job(
         path,
@@ -337,6 +358,7 @@ def parse_job(text: str, path: str = "<job>") -> Job:
         digest,
         cpus,
         version,
+        None if timeout is None else float(timeout),
     )
     if any(m.ptd for m in models) and not dest.endswith(".pte"):
         raise fail(
@@ -348,19 +370,6 @@ def parse_job(text: str, path: str = "<job>") -> Job:
     if problem:
         raise fail(problem, None, "destination")
     return replace(job, destination=absolute_local(dest))  # the index names absolute files
-
-
-def _fingerprint_problem(value: object) -> str | None:
-    """Why ``value`` is not a CPU fingerprint as :func:`ptestore.xnnpack.cpu_fingerprint`
-    writes it, or None."""
-    if isinstance(value, str) and re.fullmatch(
-        r"[A-Za-z0-9_.-]+/page=[1-9][0-9]*:[a-z0-9_,]*", value
-    ):
-        return None
-    return (
-        f"{value!r}: must be the device's CPU fingerprint, as `python -m ptestore.xnnpack "
-        "fingerprint` prints it on the device (e.g. 'aarch64/page=4096:asimd,asimddp,i8mm')"
-    )
 
 
 def _plain_name(name: str) -> bool:

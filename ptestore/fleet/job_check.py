@@ -1,4 +1,5 @@
-"""Whether a job's destinations are safe, checked when the job is parsed (:mod:`.job`).
+"""Whether a job's destinations are safe (and its CPU fingerprints well formed), checked
+when the job is parsed (:mod:`.job`).
 
 No two destinations may be one stored object, no destination may be one of the job's
 sources, and every destination stays below the template's root and off the names the job
@@ -16,6 +17,7 @@ This module imports nothing of :mod:`.job` (which calls it).
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable
 
 from ..coordinator.targets import target_identity
@@ -27,6 +29,7 @@ __all__ = [
     "SHARED_DIR",
     "XNNPACK_SUFFIXES",
     "destinations_problem",
+    "fingerprint_problem",
     "template_root",
 ]
 
@@ -158,3 +161,16 @@ def destinations_problem(
                 return f"pairs {other} and {where} share the destination {shown}"
             seen[ident] = (where, dst)
     return None
+
+
+def fingerprint_problem(value: object) -> str | None:
+    """Why ``value`` is not a CPU fingerprint as :func:`ptestore.xnnpack.cpu_fingerprint`
+    writes it, or None."""
+    if isinstance(value, str) and re.fullmatch(
+        r"[A-Za-z0-9_.-]+/page=[1-9][0-9]*(/midr=0x[0-9a-f]{8,16})?:[a-z0-9_,]*", value
+    ):
+        return None
+    return (
+        f"{value!r}: must be the device's CPU fingerprint, as `python -m ptestore.xnnpack "
+        "fingerprint` prints it on the device (e.g. 'aarch64/page=4096:asimd,asimddp,i8mm')"
+    )

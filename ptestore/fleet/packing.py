@@ -17,10 +17,14 @@ the CPU is that one:
   :func:`ptestore.xnnpack.make_cache`, stores it beside the artifact (created
   exclusively; an object already there is accepted only with the same bytes) and then
   the record (:mod:`.packed`) with the file's chunk digests (:mod:`.packed_chunks`: a
-  device holding an earlier version's file downloads only the chunks that differ). A
+  device holding an earlier version's file downloads only the chunks that differ). The
+  record is bound to the artifact it fetched (the trailer of the bytes downloaded), and
+  published only while the destination still holds that artifact: one replaced by
+  another run meanwhile gets no record (the next run makes its file). A
   refusal by the runtime (a graph it cannot cache, a crash) is recorded instead: the
   artifact is published and served all the same. A failure that may pass (each run of
-  the runtime has :data:`ptestore.xnnpack.refusal.DEFAULT_TIMEOUT` seconds; a kill from
+  the runtime has the job's ``xnnpack_timeout`` seconds, by default
+  :data:`ptestore.xnnpack.refusal.DEFAULT_TIMEOUT`; a kill from
   outside) is not recorded: the next run makes the file again.
 
 :func:`packed_state` says whether a pair's file is current (the record bound to the
@@ -40,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import AlreadyExists, IntegrityError, PackedWeightsRefused, PteStoreError
 from ..storage.loaders import open_loader
 from ..storage.routing import options_for_loader
+from ..storage.types import absolute_local
 from .job import JobError, pair_options, ptd_beside
 from .packed import (
     RECORD_FORMAT,
@@ -213,12 +218,18 @@ def _publish_record(url: str, record: dict[str, Any], options: dict[str, Any]) -
 
 
 def make_packed(
-    destination: str, device: str, cpu: str, opts: dict[str, Any], counter: list[int]
+    destination: str,
+    device: str,
+    cpu: str,
+    opts: dict[str, Any],
+    counter: list[int],
+    timeout: float | None = None,
 ) -> tuple[bool, str]:
     """The packed-weight file of the artifact at ``destination`` (of ``device``, which
     declares the CPU ``cpu``), made when it is not current (see the module); ``(made or
     refused now, why)``. Runs on a worker with the device's CPU; ``counter[0]`` counts
-    the bytes it moves."""
+    the bytes it moves; ``timeout``: seconds for each run of the runtime (the job's
+    ``xnnpack_timeout``; None: :data:`~ptestore.xnnpack.refusal.DEFAULT_TIMEOUT`)."""
     from ..xnnpack import Identity, make_cache
     from ..xnnpack.identity import cpu_fingerprint, file_sha256
     from ..xnnpack.native import executorch_build
@@ -244,7 +255,9 @@ def make_packed(
         got = fetch(destination, pte, storage_options=opts)
         counter[0] += sum(int(f["size"]) for f in got.files)
         ptd = ptd_beside(pte) if len(got.files) > 1 else None
-        entry, ptd_sha256 = _artifact(destination, opts)
+        # bound to the bytes fetched (their trailer), not to what the URL holds now
+        entry, ptd_sha256 = _artifact(pte, {})
+        entry["url"] = absolute_local(destination)
         identity = Identity.of(file_sha256(pte), None if ptd is None else file_sha256(ptd), build)
         field: dict[str, Any] = {
             "url": None,
@@ -269,7 +282,7 @@ def make_packed(
                 directory=os.path.join(work, "xnnpack"),
                 pte_sha256=identity.pte_sha256,
                 ptd_sha256=identity.ptd_sha256,
-                timeout=DEFAULT_TIMEOUT,
+                timeout=DEFAULT_TIMEOUT if timeout is None else timeout,
             )
         except PackedWeightsRefused as exc:
             if exc.transient:  # not recorded: the next run makes it again
@@ -292,6 +305,11 @@ def make_packed(
         }
         if chunks is not None:  # what a device's delta delivery checks (.packed_chunks)
             record["chunks"] = chunks.to_dict()
+        if not bound_to(record, *_artifact(destination, opts)):
+            return False, (
+                f"XNNPACK packed-weight file not recorded (tried again next run): the "
+                f"artifact at {destination} was replaced while it was made"
+            )
         _publish_record(record_url(destination), record, opts)
         return True, why
 

@@ -174,6 +174,7 @@ def plan_job(job: Job) -> Plan:
             job=(job.stamp_path, job.sha256) if job.sha256 else None,
             shared_root=shared_root(job.destination) if pair.model.ptd else None,
             xnnpack_cpu=pair.xnnpack_cpu,
+            xnnpack_timeout=job.xnnpack_timeout,
         )
         counter = [0]
         urls = [pair.destination] + ([pair.ptd_destination] if pair.ptd_destination else [])

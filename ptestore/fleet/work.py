@@ -66,6 +66,8 @@ class PairTask:
     #: The device's CPU fingerprint when it asks for XNNPACK's packed-weight file
     #: (:mod:`.packing`: made on a worker with that CPU).
     xnnpack_cpu: str | None = None
+    #: Seconds each run of the runtime's child may take there (None: the default).
+    xnnpack_timeout: float | None = None
 
 
 @dataclass
@@ -205,6 +207,7 @@ def run_pair(task: PairTask) -> PairResult:
                     task.xnnpack_cpu,
                     task.storage_options,
                     counter,
+                    task.xnnpack_timeout,
                 )
                 if made and result.status == "skipped":
                     result.status = "done"  # the artifact was current, its file is new

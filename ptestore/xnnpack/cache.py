@@ -319,6 +319,7 @@ def _make(
             artifact,
             "while making the packed-weight file",
             timeout,
+            made=(tmp_file,),
         )
         if _report(work, "made")["loads_with_options"] < 1:
             raise ConfigurationError(

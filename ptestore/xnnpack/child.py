@@ -1,4 +1,5 @@
-"""The child process that runs the stock runtime: ``python -m ptestore.xnnpack.child REQ``.
+"""The child process that runs the stock runtime: ``python -m ptestore.xnnpack.child REQ``
+(the maker runs it with its own ptestore package: :func:`.runs.child_command`).
 
 ``REQ`` is a JSON file: ``shim`` and ``runtime`` (the native piece and the bindings'
 extension it forwards to), ``pte``, ``ptd`` (or null), ``out`` (a directory) and

@@ -6,9 +6,18 @@ XOR of shapes and tile sizes) names neither the XNNPACK version nor the CPU. pte
 names the file after all three, so a file made for another artifact, runtime or CPU is
 never found, let alone handed out.
 
-The CPU fingerprint is the machine, the page size (the file's regions are page-aligned)
+The CPU fingerprint is the machine, the page size (the file's regions are page-aligned),
+on arm64 the first core's ``MIDR_EL1`` (implementer, part, variant, revision: XNNPACK
+picks some kernels by the core's microarchitecture; read from
+``/sys/devices/system/cpu/cpu0/regs/identification/midr_el1`` when the kernel exposes it)
 and the ISA features that pick XNNPACK's kernels, read from ``/proc/cpuinfo`` (x86:
-``flags``; arm64: ``Features``).
+``flags``; arm64: ``Features``)::
+
+    x86_64/page=4096:ssse3,sse4_1,sse4_2,avx,f16c,fma,avx2
+    aarch64/page=4096/midr=0x410fd4c0:asimd,asimdhp,asimddp,fphp
+
+A fingerprint is compared as a string only: one written by an earlier version (fewer
+features, no ``midr``) is another CPU's, so its file is made again, never misread.
 """
 
 from __future__ import annotations
@@ -23,19 +32,24 @@ from .native import ExecutorchBuild
 
 __all__ = [
     "ARM64_FEATURES",
+    "MIDR_PATH",
     "X86_FEATURES",
     "Identity",
     "cpu_fingerprint",
     "file_sha256",
 ]
 
-#: x86 flags that change which XNNPACK microkernels run (or their packing).
+#: x86 flags that change which XNNPACK microkernels run (or their packing): each one
+#: XNNPACK's hardware configuration asks cpuinfo for (SSSE3, XOP and GFNI included: the
+#: AVX512-VNNI-GFNI and AVX256-VNNI-GFNI kernels need GFNI).
 X86_FEATURES = (
+    "ssse3",
     "sse4_1",
     "sse4_2",
     "avx",
     "f16c",
     "fma",
+    "xop",
     "avx2",
     "avx_vnni",
     "avx512f",
@@ -45,6 +59,7 @@ X86_FEATURES = (
     "avx512cd",
     "avx512vbmi",
     "avx512_vnni",
+    "gfni",
     "avx512_bf16",
     "avx512_fp16",
     "avx_vnni_int8",
@@ -78,20 +93,43 @@ def _cpu_flags(cpuinfo: str) -> set[str]:
     return set()
 
 
-def cpu_fingerprint(cpuinfo: str | None = None, machine: str | None = None) -> str:
-    """``"<machine>/page=<bytes>:<feature>,..."`` for this CPU (or for the given
-    ``/proc/cpuinfo`` text and machine name), the features in a fixed order."""
+#: Where Linux exposes the first core's ``MIDR_EL1`` (arm64).
+MIDR_PATH = "/sys/devices/system/cpu/cpu0/regs/identification/midr_el1"
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _midr(text: str | None) -> str:
+    """``/midr=0x<8 hex digits>`` of the register's text (``0x00000000410fd4c0``), or
+    nothing when it is absent or unreadable."""
+    try:
+        value = int((text or "").strip(), 16)
+    except ValueError:
+        return ""
+    return f"/midr=0x{value:08x}" if 0 < value < 1 << 64 else ""
+
+
+def cpu_fingerprint(
+    cpuinfo: str | None = None, machine: str | None = None, midr: str | None = None
+) -> str:
+    """``"<machine>/page=<bytes>[/midr=0x<hex>]:<feature>,..."`` for this CPU (or for the
+    given ``/proc/cpuinfo`` text, machine name and ``midr_el1`` text), the features in a
+    fixed order; ``midr`` on arm64 only (read from :data:`MIDR_PATH` unless given)."""
     machine = machine or platform.machine()
     if cpuinfo is None:
-        try:
-            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-                cpuinfo = f.read()
-        except OSError:
-            cpuinfo = ""
+        cpuinfo = _read("/proc/cpuinfo") or ""
     flags = _cpu_flags(cpuinfo)
-    known = ARM64_FEATURES if machine in ("aarch64", "arm64") else X86_FEATURES
+    arm64 = machine in ("aarch64", "arm64")
+    known = ARM64_FEATURES if arm64 else X86_FEATURES
     page = os.sysconf("SC_PAGE_SIZE")
-    return f"{machine}/page={page}:" + ",".join(f for f in known if f in flags)
+    core = _midr(midr if midr is not None else _read(MIDR_PATH)) if arm64 else ""
+    return f"{machine}/page={page}{core}:" + ",".join(f for f in known if f in flags)
 
 
 def file_sha256(path: str | os.PathLike[str]) -> str:

@@ -10,6 +10,13 @@ SIGABRT...). A failure that may pass is never remembered
 time, was killed from outside (SIGKILL by the OOM killer, SIGTERM...), or exited with
 another status (an import error, a full disk in the child).
 
+SIGABRT is also how the C++ runtime ends when an allocation fails (an uncaught
+``std::bad_alloc``), which may pass. So an abort is remembered only when it happens
+twice in a row (:mod:`.runs` runs the child once more at once, its half-made files
+removed) and neither run's messages name an allocation failure (:func:`out_of_memory`:
+``std::bad_alloc``, ``out of memory``, ``Cannot allocate memory``); an abort that names
+one is transient, whichever run it is.
+
 A record written before this distinction has no ``"kind"``: its reason tells
 (:func:`transient_reason`), and one of a failure that may pass is not a refusal (the
 next call makes the file and replaces it). A record that is not a regular file, too
@@ -31,6 +38,7 @@ from .record import publish_read_only, read_small
 __all__ = [
     "DEFAULT_TIMEOUT",
     "DETERMINISTIC_SIGNALS",
+    "out_of_memory",
     "read_refusal",
     "signal_name",
     "transient_reason",
@@ -46,11 +54,14 @@ DETERMINISTIC_SIGNALS = frozenset(
     for name in ("SIGSEGV", "SIGBUS", "SIGILL", "SIGABRT", "SIGFPE", "SIGTRAP", "SIGSYS")
     if hasattr(signal, name)
 )
+#: What the child's messages say when an allocation failed (libstdc++'s terminate handler
+#: names the ``std::bad_alloc``; C and Python runtimes say "out of memory" or ENOMEM's text).
+_OUT_OF_MEMORY = re.compile(r"std::bad_alloc|out of memory|cannot allocate memory", re.IGNORECASE)
 #: A refusal record is at most this many bytes.
 MAX_REFUSAL_BYTES = 64 << 10
 #: How the reasons of failures that may pass begin (records without a ``"kind"``).
 _TRANSIENT = re.compile(
-    r"the runtime did not finish |the runtime exited with -?\d+ "
+    r"the runtime did not finish |the runtime exited with -?\d+ |the runtime ran out of memory "
     r"|the ExecuTorch runtime crashed \((?!"
     + "|".join(signal.Signals(s).name for s in sorted(DETERMINISTIC_SIGNALS))
     + r")"
@@ -62,6 +73,11 @@ def signal_name(code: int) -> str:
         return signal.Signals(code).name
     except ValueError:
         return f"signal {code}"
+
+
+def out_of_memory(messages: str) -> bool:
+    """Whether the child's ``messages`` (its stderr) say an allocation failed."""
+    return _OUT_OF_MEMORY.search(messages) is not None
 
 
 def transient_reason(reason: str) -> bool:

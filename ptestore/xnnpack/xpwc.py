@@ -105,12 +105,14 @@ def parse_index(data: bytes | memoryview, source: str) -> list[Entry]:
 
 def check_names(entries: list[Entry], keys: Collection[str], source: str) -> None:
     """Every entry's name is one of the artifact's XNNPACK keys, or a key followed by
-    another (weight and bias); a :class:`FormatError` naming the first that is not."""
+    another (weight and bias); a :class:`FormatError` naming the first that is not.
+
+    Linear in entries and keys: a name is split only where a key can end (at most one
+    split per distinct key length shorter than the name), never compared with every key."""
     known = set(keys)
+    lengths = sorted({len(k) for k in known if k})
     for e in entries:
-        if e.name in known:
-            continue
-        if not any(e.name.startswith(k) and e.name[len(k) :] in known for k in known):
+        if e.name not in known and not _two_keys(e.name, known, lengths):
             raise FormatError(
                 source,
                 "index entry name",
@@ -118,6 +120,17 @@ def check_names(entries: list[Entry], keys: Collection[str], source: str) -> Non
                 "one of the artifact's XNNPACK named-data keys, or a weight key followed "
                 "by its bias key",
             )
+
+
+def _two_keys(name: str, known: set[str], lengths: list[int]) -> bool:
+    """Whether ``name`` is a key of ``known`` followed by another (``lengths``: the keys'
+    distinct lengths, ascending): tried only where a key can end inside the name."""
+    for n in lengths:
+        if n >= len(name):
+            return False
+        if name[:n] in known and name[n:] in known:
+            return True
+    return False
 
 
 def check_coverage(entries: list[Entry], weights: Iterable[PackedWeight], source: str) -> None:

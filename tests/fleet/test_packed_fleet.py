@@ -36,12 +36,14 @@ HERE = cpu_fingerprint()
 NOTHING_TO_PACK = "it has no XNNPACK delegate with named weights (nothing to pack)"
 
 
-def _job(tmp: Path, source: Path, cpu: str, *, name: str = "job.toml") -> Path:
+def _job(
+    tmp: Path, source: Path, cpu: str, *, name: str = "job.toml", scale: float = 2.0
+) -> Path:
     job = tmp / name
     job.write_text(
         f'destination = "{tmp}/out/{{device}}/{{model}}.pte"\nbackends = ["{SPEC}"]\n'
         f'[[models]]\nname = "m"\nsource = "{source}"\n'
-        f'[devices.phone]\nsoc = "x"\nscale = 2.0\nxnnpack_cpu = "{cpu}"\n'
+        f'[devices.phone]\nsoc = "x"\nscale = {scale}\nxnnpack_cpu = "{cpu}"\n'
         '[devices.plain]\nsoc = "y"\n'
     )
     return job
@@ -57,6 +59,11 @@ def test_the_job_file_declares_a_devices_cpu_apart_from_its_options(tmp_path: Pa
         ("phone", PHONE),
         ("plain", None),
     ]
+    # an arm64 fingerprint names its first core's MIDR_EL1 when the kernel exposes it
+    midr = "aarch64/page=16384/midr=0x411fd4c0:asimd,asimddp,i8mm"
+    assert load_job(_job(tmp_path, MLP.pte_path, midr, name="midr.toml")).xnnpack_cpu == {
+        "phone": midr
+    }
     bad = _job(tmp_path, MLP.pte_path, "avx2", name="bad.toml")
     with pytest.raises(JobError) as err:
         load_job(bad)
@@ -65,6 +72,9 @@ def test_the_job_file_declares_a_devices_cpu_apart_from_its_options(tmp_path: Pa
         "as `python -m ptestore.xnnpack fingerprint` prints it on the device (e.g. "
         "'aarch64/page=4096:asimd,asimddp,i8mm')"
     )
+    for other in ("aarch64/page=4096/midr=410fd4c0:asimd", "aarch64/page=4096/midr=0x1:asimd"):
+        with pytest.raises(JobError, match="must be the device's CPU fingerprint"):
+            load_job(_job(tmp_path, MLP.pte_path, other, name="bad2.toml"))
 
 
 def _refusal(job: Path, workers: str) -> str:
@@ -327,3 +337,81 @@ def test_the_workers_scratch_directory_is_removed_and_a_killed_ones_collected(
     result = run_job(job, workers=1)  # inline
     assert {p.device: p.status for p in result.pairs} == {"phone": "done", "plain": "done"}
     assert os.listdir(base) == [] and os.listdir(tmp) == [base.name]
+
+
+def test_an_artifact_replaced_while_its_file_is_made_gets_no_record_of_the_other(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another run replaces the artifact after the worker fetched it (here: right after
+    the fetch returns): the record of what was made from the fetched bytes is not
+    published for the artifact now there, which stays without one (made next run)."""
+    import shutil
+
+    import ptestore.fleet.fetch
+    from ptestore.fleet.index import artifact_entry
+
+    for run in ("a", "b"):
+        (tmp_path / run).mkdir()
+    from ptestore.fleet.packing import packed_state
+    from ptestore.xnnpack.native import executorch_build
+
+    run_job(load_job(_job(tmp_path / "b", PORTABLE.pte_path, HERE, scale=3.0)), workers=1)
+    other = tmp_path / "b" / "out" / "phone" / "m.pte"
+    pte = tmp_path / "a" / "out" / "phone" / "m.pte"
+    real_fetch = ptestore.fleet.fetch.fetch
+    replaced: list[str] = []
+
+    def fetch(source: str, target: str, **kwargs: object) -> object:
+        got = real_fetch(source, target, **kwargs)  # type: ignore[arg-type]
+        if source == str(pte) and not replaced:  # another run publishes its artifact
+            shutil.copyfile(other, f"{pte}.other")
+            os.replace(f"{pte}.other", pte)
+            replaced.append(source)
+        return got
+
+    monkeypatch.setattr(ptestore.fleet.fetch, "fetch", fetch)
+    result = run_job(load_job(_job(tmp_path / "a", PORTABLE.pte_path, HERE)), workers=1)
+    phone = next(p for p in result.pairs if p.device == "phone")
+    assert replaced == [str(pte)] and phone.status == "done"
+    assert phone.xnnpack == (
+        "XNNPACK packed-weight file not recorded (tried again next run): the artifact at "
+        f"{pte} was replaced while it was made"
+    )
+    assert artifact_entry(str(pte), {})[0]["trailer_sha256"] == (
+        artifact_entry(str(other), {})[0]["trailer_sha256"]
+    )
+    assert packed_state(str(pte), HERE, executorch_build().to_json(), {}) == (
+        False,
+        f"no XNNPACK packed-weight record at {record_url(str(pte))}",
+    )
+
+
+def test_the_job_file_sets_the_runtimes_timeout_on_the_workers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``xnnpack_timeout`` (seconds) is what each run of the runtime's child gets on the
+    worker (3600 without it); anything but a number > 0 is refused naming the key."""
+    import ptestore.xnnpack
+    from ptestore.errors import PackedWeightsRefused
+
+    job = _job(tmp_path, PORTABLE.pte_path, HERE)
+    job.write_text("xnnpack_timeout = 12.5\n" + job.read_text())
+    assert load_job(job).xnnpack_timeout == 12.5
+    calls: list[object] = []
+
+    def make_cache(pte: object, **kwargs: object) -> object:
+        calls.append(kwargs["timeout"])
+        raise PackedWeightsRefused(str(pte), "the runtime did not finish", transient=True)
+
+    monkeypatch.setattr(ptestore.xnnpack, "make_cache", make_cache, raising=False)
+    run_job(load_job(job), workers=1)  # inline: the maker replaced here runs
+    assert calls == [12.5]
+    for bad in ("0", "-1", "inf", "nan", '"60"', "true"):
+        job.write_text(f"xnnpack_timeout = {bad}\n" + job.read_text().split("\n", 1)[1])
+        with pytest.raises(JobError) as err:
+            load_job(job)
+        value = {"inf": "inf", "nan": "nan", '"60"': "'60'", "true": "True"}.get(bad, bad)
+        assert str(err.value) == (
+            f"{job}:1: xnnpack_timeout: {value}: must be a number of seconds > 0 (each run "
+            "of the XNNPACK runtime's child on a worker; default 3600)"
+        )

@@ -5,8 +5,10 @@ with a signal, exits 1, or refuses with exit 3 and a reason) and counts its runs
 failure that may pass (timeout, SIGKILL, SIGTERM, exit 1) is raised ``transient`` and
 not remembered: the next call runs the child again; a deterministic one (the child's own
 refusal, SIGSEGV) is remembered and raised again without a run until
-``retry_refused=True``. A refusal record of an earlier version (no ``"kind"``) of a
-failure that may pass, or a damaged one, is no refusal."""
+``retry_refused=True``. A real Python child that aborts (SIGABRT): after the message of
+a ``std::bad_alloc`` it may pass, else it is run once more and only a second abort is
+remembered. A refusal record of an earlier version (no ``"kind"``) of a failure that may
+pass, or a damaged one, is no refusal. The child imports the maker's ``ptestore``."""
 
 from __future__ import annotations
 
@@ -40,7 +42,22 @@ BEHAVIOUR = {
     "exit1": "echo 'ModuleNotFoundError: no torch' >&2; exit 1",
     "SIGSEGV": "kill -SEGV $$",
     "refuses": 'echo \'{"reason": "probe says no"}\' > "$(dirname "$3")/error.json"; exit 3',
+    # a real Python child that prints what it is told and calls os.abort()
+    "SIGABRT": 'exec "$PY" "$ABORTS" "ptestore xnnpack shim: an ExecuTorch runtime check failed"',
+    "bad_alloc": (
+        'exec "$PY" "$ABORTS" "terminate called after throwing an instance of '
+        "'std::bad_alloc'\" \"  what():  std::bad_alloc\""
+    ),
 }
+#: The first run half-makes the file and aborts; the next ones fail (exit 9) if they find
+#: that file, else refuse (exit 3 with a reason).
+BEHAVIOUR["abort_once"] = (
+    f'[ "$(wc -l < "$RUNS")" -gt 1 ] || {{ : > "$(dirname "$3")/packed.xpwc"; '
+    f'{BEHAVIOUR["SIGABRT"]}; }}\n[ -e "$(dirname "$3")/packed.xpwc" ] && exit 9\n'
+    f'{BEHAVIOUR["refuses"]}'
+)
+#: The child of the aborting runs: its arguments to stderr, then os.abort() (SIGABRT).
+ABORTS = "import os, sys\nfor line in sys.argv[1:]:\n    print(line, file=sys.stderr)\nos.abort()\n"
 
 
 @pytest.fixture
@@ -50,7 +67,12 @@ def child(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-u
     runs = tmp_path / "runs"
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
+    aborts = tmp_path / "aborts.py"
+    aborts.write_text(ABORTS)
     monkeypatch.setenv("FIFO", str(fifo))
+    monkeypatch.setenv("RUNS", str(runs))
+    monkeypatch.setenv("PY", sys.executable)
+    monkeypatch.setenv("ABORTS", str(aborts))
 
     class Child:
         @staticmethod
@@ -123,6 +145,75 @@ def test_a_deterministic_refusal_is_remembered_until_retried(
     assert child.runs() == 1  # nothing ran
     assert _make(tmp_path / "d", retry_refused=True).reason == reason
     assert child.runs() == 2
+
+
+def test_an_abort_that_names_an_allocation_failure_may_pass(child, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A real child that aborts (SIGABRT) after the C++ runtime's message of an uncaught
+    ``std::bad_alloc``: out of memory, which may pass; not remembered, not run again."""
+    child.set("bad_alloc")
+    first = _make(tmp_path / "d")
+    assert first.transient and first.reason == (
+        f"the runtime ran out of memory (SIGABRT, exit 134) {MAKING}; its last messages: "
+        "terminate called after throwing an instance of 'std::bad_alloc' |   what():  "
+        "std::bad_alloc"
+    )
+    assert child.runs() == 1 and not _refused_path(tmp_path / "d").exists()
+    assert _make(tmp_path / "d").reason == first.reason and child.runs() == 2
+
+
+def test_an_abort_is_remembered_only_when_it_happens_twice_in_a_row(child, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A real child that aborts without naming an allocation failure is run once more at
+    once; the second abort is remembered as the refusal."""
+    child.set("SIGABRT")
+    first = _make(tmp_path / "d")
+    reason = (
+        f"the ExecuTorch runtime crashed (SIGABRT, exit 134) {MAKING} (twice in a row); its "
+        "last messages: ptestore xnnpack shim: an ExecuTorch runtime check failed"
+    )
+    assert not first.transient and first.reason == reason and child.runs() == 2
+    record = json.loads(_refused_path(tmp_path / "d").read_text())
+    assert record["reason"] == reason and record["kind"] == "deterministic"
+    assert _make(tmp_path / "d").reason == f"{reason} (refused before)" and child.runs() == 2
+
+
+def test_an_abort_that_does_not_happen_again_is_not_the_refusal(child, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The first run half-makes the file and aborts; the second, which finds no file
+    (removed before it ran), ends its own way, and that is what counts."""
+    child.set("abort_once")
+    got = _make(tmp_path / "d")
+    assert got.reason == f"{MAKING}: probe says no" and child.runs() == 2
+
+
+def test_the_child_imports_the_makers_ptestore(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another ``ptestore`` first on the child's ``PYTHONPATH`` (as a maker that imported
+    its own through ``sys.path`` leaves it) is not the one the child runs: the real child
+    of this tree ends on the request it lacks (exit 1), the other's would refuse."""
+    from ptestore.xnnpack.runs import ChildRun
+
+    decoy = tmp_path / "decoy" / "ptestore"
+    (decoy / "xnnpack").mkdir(parents=True)
+    (decoy / "__init__.py").write_text("")
+    (decoy / "xnnpack" / "__init__.py").write_text("")
+    (decoy / "xnnpack" / "child.py").write_text(
+        "import json, sys\nfrom pathlib import Path\n"
+        "def main(argv):\n"
+        "    out = Path(argv[0]).parent / 'error.json'\n"
+        "    out.write_text(json.dumps({'reason': 'the decoy ran'}))\n"
+        "    return 3\n"
+        "if __name__ == '__main__':\n    sys.exit(main(sys.argv[1:]))\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", str(decoy.parent))
+    monkeypatch.chdir(decoy)  # not the working directory's either
+    work = tmp_path / "work"
+    work.mkdir()
+    with pytest.raises(PackedWeightsRefused) as info:
+        ChildRun(work, "t").run({}, "a.pte", "while testing", None)
+    assert info.value.transient and info.value.reason.startswith(
+        "the runtime exited with 1 while testing; its last messages: "
+    )
+    assert info.value.reason.endswith("KeyError: 'out'")
 
 
 @pytest.mark.parametrize(

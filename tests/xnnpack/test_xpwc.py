@@ -6,6 +6,7 @@ XNNWeightsCache (regions, index, 20-byte footer) and every refusal's message is 
 
 from __future__ import annotations
 
+import os
 import struct
 from pathlib import Path
 
@@ -147,6 +148,52 @@ def test_entry_names_are_keys_or_a_weight_key_and_its_bias_key() -> None:
     )
 
 
+class _Name(str):
+    """An entry name that counts what is done with it (prefix tests, slices, searches)."""
+
+    ops = 0
+
+    def startswith(self, *args: object) -> bool:  # type: ignore[override]
+        _Name.ops += 1
+        return super().startswith(*args)  # type: ignore[arg-type]
+
+    def __getitem__(self, key: object) -> str:  # type: ignore[override]
+        _Name.ops += 1
+        return super().__getitem__(key)  # type: ignore[index]
+
+    def find(self, *args: object) -> int:  # type: ignore[override]
+        _Name.ops += 1
+        return super().find(*args)  # type: ignore[arg-type]
+
+
+def _work_on_names(entries: int, keys: int) -> int:
+    """What ``check_names`` does with the names of ``entries`` weight+bias entries of an
+    artifact with ``keys`` named-data keys (64 hex digits each, as the runtime's)."""
+    names = [f"{i:064x}" for i in range(keys)]
+    index = [
+        Entry(_Name(names[2 * i] + names[2 * i + 1]), i * PAGE, 1, 0) for i in range(entries)
+    ]
+    _Name.ops = 0
+    check_names(index, set(names), "f")
+    return _Name.ops
+
+
+def test_checking_the_names_does_not_grow_with_the_number_of_keys() -> None:
+    """Each name is split where a key can end, not tried against every key: the work per
+    name is the same with 100 keys or 4000 (entries x keys before)."""
+    few, many = _work_on_names(50, 100), _work_on_names(50, 4000)
+    assert few == many <= 2 * 50
+
+
+def test_a_name_is_split_at_every_length_a_key_has() -> None:
+    keys = {"ab", "abc", "d", "cd"}
+    entries = [Entry(n, 0, 1, 0) for n in ("abcd", "abd", "abc", "dcd")]
+    check_names(entries, keys, "f")  # abcd: ab+cd and abc+d; abd: ab+d
+    for bad in ("abcx", "ddx", "abcabcd", "x"):
+        with pytest.raises(FormatError, match=f"index entry name = '{bad}'"):
+            check_names([Entry(bad, 0, 1, 0)], keys | {""}, "f")
+
+
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 #: mlp_xnnpack's two Linear layers: the filter and bias keys of each, as the runtime
 #: names their entries (weight key, then bias key).
@@ -209,6 +256,44 @@ def test_the_cpu_fingerprint_names_the_kernel_picking_features_only() -> None:
     assert cpu_fingerprint(ARM, "aarch64").endswith(":asimd,asimddp,i8mm,sve")
     # one feature more or less is another fingerprint
     assert cpu_fingerprint(X86.replace(" amx_tile", ""), "x86_64") != x86
+
+
+def test_the_cpu_fingerprint_names_every_isa_xnnpack_dispatches_on() -> None:
+    """SSSE3, XOP and GFNI pick kernels too (GFNI: the AVX512-VNNI-GFNI ones)."""
+    flags = "flags\t\t: fpu ssse3 sse4_1 avx fma xop avx2 avx512f avx512_vnni gfni\n"
+    assert cpu_fingerprint(flags, "x86_64").endswith(
+        ":ssse3,sse4_1,avx,fma,xop,avx2,avx512f,avx512_vnni,gfni"
+    )
+    for flag in ("ssse3", "xop", "gfni"):
+        assert cpu_fingerprint(flags.replace(f" {flag}", ""), "x86_64") != cpu_fingerprint(
+            flags, "x86_64"
+        )
+
+
+def test_an_arm64_fingerprint_names_its_first_cores_midr() -> None:
+    page = os.sysconf("SC_PAGE_SIZE")
+    a76 = cpu_fingerprint(ARM, "aarch64", midr="0x00000000414fd0b1\n")
+    assert a76 == f"aarch64/page={page}/midr=0x414fd0b1:asimd,asimddp,i8mm,sve"
+    assert cpu_fingerprint(ARM, "aarch64", midr="0x00000000410fd050\n") != a76  # an A55
+    # no register exposed (an older kernel, a container), or not a number: no midr
+    for text in ("", "garbage\n"):
+        assert cpu_fingerprint(ARM, "aarch64", midr=text) == (
+            f"aarch64/page={page}:asimd,asimddp,i8mm,sve"
+        )
+    # x86 has none, whatever is given
+    assert "midr" not in cpu_fingerprint(X86, "x86_64", midr="0x410fd4c0")
+
+
+def test_a_record_of_an_earlier_fingerprint_is_another_cpus() -> None:
+    """A fingerprint is compared as a string: one an earlier version wrote (no ssse3, no
+    midr) names another file and another CPU, listed as such, never an error."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    now = cpu_fingerprint(ARM, "aarch64", midr="0x410fd4c0")
+    old = f"aarch64/page={page}:asimd,asimddp,i8mm,sve"
+    new_id = Identity("p" * 64, None, "1.4.1+cpu", "e4d0", now)
+    old_id = Identity("p" * 64, None, "1.4.1+cpu", "e4d0", old)
+    assert new_id.name != old_id.name
+    assert new_id.differences(old_id.to_json()) == [f"cpu: {old!r} != {now!r}"]
 
 
 def test_the_identity_names_the_file_and_lists_what_differs() -> None:
