@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ._dataclass import dataclass, field
-from .backends.compat import Compatibility, DeviceProfile
+from .backends.compat import Compatibility, DeviceProfile, version_of
 from .backends.registry import BackendLike, load_backend
 from .errors import ConfigurationError, FormatError, ObjectNotFound, PteStoreError
 from .integrity import check_content_address, check_ptd, is_plain, read_checked
@@ -303,7 +303,7 @@ def _check_backends(
     hint: str = "",
 ) -> None:
     loaded = [(spec_text(b), load_backend(b)) for b in backends]
-    want = [(s, str(i.version)) for s, i in loaded]
+    want = [(s, version_of(i, s)) for s, i in loaded]
     have = [(b.spec, b.version) for b in prov.requested]
     if [s for s, _ in want] != [s for s, _ in have]:
         report.stale(

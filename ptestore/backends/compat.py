@@ -33,6 +33,7 @@ __all__ = [
     "canonical_json",
     "distribution_version",
     "parse_device_options",
+    "version_of",
 ]
 
 #: Version reported for a class no installed distribution provides.
@@ -292,6 +293,21 @@ def _dist_info_provides(path: str, top: str, *, record: bool = True) -> bool:
         return False
     listed = "\n" + (_read(path, "RECORD") or "")
     return f"\n{top}/" in listed or f"\n{top}.py," in listed
+
+
+def version_of(impl: Any, backend: str) -> str:
+    """``str(impl.version)`` of a backend implementation; a ``version`` property (or its
+    ``__str__``) that raises is a :class:`~ptestore.errors.BackendError` naming
+    ``backend`` (its id or SPEC), wherever a version is read (provenance, a fleet plan,
+    a worker's check, ``verify --job``, the device cache's key)."""
+    try:
+        return str(impl.version)
+    except Exception as exc:  # a property of backend code: its failure is the backend's
+        from ..errors import BackendError, describe_exception
+
+        raise BackendError(
+            f"reading its version failed: {describe_exception(exc)}", backend=backend
+        ) from exc
 
 
 def distribution_version(cls: type) -> str:

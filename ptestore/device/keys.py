@@ -15,7 +15,7 @@ import os
 import stat
 from typing import TYPE_CHECKING, Any
 
-from ..backends.compat import DeviceProfile, canonical_json
+from ..backends.compat import DeviceProfile, canonical_json, version_of
 from ..errors import ConfigurationError, ObjectNotFound, PteStoreError, StorageError
 from ..storage.types import StorageURL
 
@@ -157,7 +157,7 @@ def _backend_versions(backends: list[BackendLike] | None) -> list[list[str]]:
                 if inst.error is not None:
                     continue
                 try:
-                    version = str(load_backend(inst.name).version)
+                    version = version_of(load_backend(inst.name), inst.name)
                 except PteStoreError:  # one that needs an argument (command) is not a default
                     version = inst.version or ""
                 out.append([inst.name, version])
@@ -168,10 +168,10 @@ def _backend_versions(backends: list[BackendLike] | None) -> list[list[str]]:
         spec = spec_text(b)
         if isinstance(b, str):
             if spec not in _SPEC_VERSIONS:
-                _SPEC_VERSIONS[spec] = str(load_backend(b).version)
+                _SPEC_VERSIONS[spec] = version_of(load_backend(b), spec)
             version = _SPEC_VERSIONS[spec]
         else:
-            version = str(load_backend(b).version)
+            version = version_of(load_backend(b), spec)
         result.append([spec, version])
     return result
 

@@ -8,6 +8,7 @@ from collections import Counter
 from typing import Any
 
 from .._dataclass import dataclass, field
+from ..backends.compat import version_of
 from ..backends.registry import load_backend
 from ..errors import ConfigurationError, ObjectNotFound, PteStoreError
 from ..provenance import ProvenanceKey, SourceInfo, describe_source
@@ -117,7 +118,7 @@ def backend_versions(specs: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
     out = []
     for spec in specs:
         impl = load_backend(spec)
-        out.append((spec.strip(), str(impl.version)))
+        out.append((spec.strip(), version_of(impl, spec.strip())))
     return tuple(out)
 
 

@@ -18,6 +18,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from .._dataclass import dataclass, field
+from ..backends.compat import version_of
 from ..backends.registry import load_backend
 from ..errors import AlreadyExists, ConfigurationError, ObjectNotFound, PteStoreError
 from ..provenance import ProvenanceKey, ProvenanceRequest, SourceInfo
@@ -237,7 +238,8 @@ def _run(task: PairTask, counter: list[int]) -> tuple[str, str]:
         return "skipped", reason  # e.g. a retry after the first attempt had published
     impls = [load_backend(spec) for spec in task.backends]
     versions = tuple(
-        (spec.strip(), str(i.version)) for spec, i in zip(task.backends, impls, strict=True)
+        (spec.strip(), version_of(i, spec.strip()))
+        for spec, i in zip(task.backends, impls, strict=True)
     )
     if versions != task.key.backends:
         raise PteStoreError(

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Literal
 
 from .._background import Background
 from .._dataclass import dataclass, field
+from ..backends.compat import version_of
 from ..backends.registry import SPEC_ATTRIBUTE, BackendLike, load_backend
 from ..errors import BackendError, StorageError, describe_exception
 from ..storage.types import DataLoader
@@ -44,7 +45,6 @@ __all__ = [
     "object_metadata",
     "recordable",
     "spec_text",
-    "version_of",
 ]
 
 _PIECE = 2 << 20  # the reused buffer of a loader that reads into memory it is given
@@ -129,17 +129,6 @@ def spec_text(backend: BackendLike) -> str:
         return backend.strip()
     cls = backend if isinstance(backend, type) else type(backend)
     return f"{cls.__module__}:{cls.__qualname__}"
-
-
-def version_of(impl: BackendInterface, backend: str) -> str:
-    """``str(impl.version)``; a ``version`` property (or ``__str__``) that raises is a
-    :class:`BackendError` naming ``backend``."""
-    try:
-        return str(impl.version)
-    except Exception as exc:  # a property of backend code: its failure is the backend's
-        raise BackendError(
-            f"reading its version failed: {describe_exception(exc)}", backend=backend
-        ) from exc
 
 
 def _ptestore_version() -> str:
