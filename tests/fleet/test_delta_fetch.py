@@ -398,3 +398,44 @@ def test_s3_a_byte_flipped_in_transit_is_read_again_then_refused(
     )
     assert "; read twice: the object was damaged or changed after it was made" in str(info.value)
     assert info.value.published is False and not dest2.exists()
+
+
+@pytest.mark.s3
+def test_s3_another_range_than_the_one_asked_for_is_refused_as_such(
+    s3_server: S3TestServer, versions: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    """A server (or something between) that answers a ranged GET with another range
+    than the one asked for: the bytes are refused, and the error says so (the range
+    asked for and the ``Content-Range`` received), not that the object was damaged."""
+    from support.faulty_proxy import faulty_proxy
+
+    _, a, b = versions
+    size = b.stat().st_size
+    bucket = s3_server.new_bucket()
+    s3_server.client().put_object(Bucket=bucket, Key="m/b.pte", Body=b.read_bytes())
+    url = f"s3://{bucket}/m/b.pte"
+    asked = f"bytes={CHUNK_SIZE}-"
+
+    def answer(
+        method: str, path: str, asks: dict[str, str], headers: dict[str, str], body: bytes
+    ) -> tuple[dict[str, str], bytes]:
+        ranged = asks.get("Range", asks.get("range", ""))
+        if method != "GET" or not ranged.startswith(asked):
+            return headers, body
+        key = next(k for k in headers if k.lower() == "content-range")
+        last = ranged.removeprefix(asked)
+        return {**headers, key: f"bytes {CHUNK_SIZE + 8}-{last}/{size}"}, body[8:]
+
+    with faulty_proxy(s3_server.endpoint_url, every=0) as (endpoint, proxy):
+        proxy.answer = answer
+        opts = {**s3_server.storage_options, "endpoint_url": endpoint}
+        dest = tmp_path / "dev" / "m.pte"
+        with pytest.raises(IntegrityError) as info:
+            ptestore.fetch(url, dest, base=a, storage_options=opts)
+    last = 2 * CHUNK_SIZE - 1
+    assert str(info.value) == (
+        f"{url}: asked the server for Range: bytes={CHUNK_SIZE}-{last}, it answered "
+        f"Content-Range: bytes {CHUNK_SIZE + 8}-{last}/{size}: another range than the one "
+        "asked for; its bytes are refused"
+    )
+    assert info.value.published is False and not dest.exists()
