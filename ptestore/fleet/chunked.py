@@ -258,11 +258,12 @@ def download_chunks(
         for i, a, b, path in filled.lied:
             log.warning(
                 "%s: bytes %d:%d (chunk %d) do not have the digest its own record names: "
-                "damaged or changed since it was made; taken from the store instead",
+                "damaged or changed since it was made; taken from %s instead",
                 path,
                 a,
                 b,
                 i,
+                "another base" if i in filled.done else "the store",
             )
         done |= filled.done
 

@@ -112,6 +112,30 @@ def test_a_flipped_byte_in_the_base_is_caught_named_and_fetched(
     ) in caplog.messages
 
 
+def test_a_chunk_a_base_fails_is_tried_from_the_next_base_before_the_store(
+    versions: tuple[Path, Path, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Of two bases, the first claims chunk 3 (its own record) and its bytes are not the
+    target's; the second (the portable source) has it: the chunk is taken from the
+    second, not downloaded; the first is still named."""
+    src, a, b = versions
+    base = tmp_path / "base.pte"
+    shutil.copyfile(a, base)
+    flip(base, 3 * CHUNK_SIZE + 12345)
+    dest = tmp_path / "dev" / "m.pte"
+    with caplog.at_level(logging.WARNING, "ptestore.fleet.chunked"):
+        got = _one(ptestore.fetch(b, dest, base=[base, src]))
+    assert dest.read_bytes() == b.read_bytes()
+    lo, hi = 3 * CHUNK_SIZE, 4 * CHUNK_SIZE
+    assert got["base_damaged"] == [{"chunk": 3, "start": lo, "end": hi, "base": str(base)}]
+    assert got["received"] == CHUNK_SIZE + 4096 and got["from_base"] == _base_bytes(b)
+    assert got["bases"] == {str(base): _base_bytes(b, 3), str(src): CHUNK_SIZE}
+    assert (
+        f"{base}: bytes {lo}:{hi} (chunk 3) do not have the digest its own record names: "
+        "damaged or changed since it was made; taken from another base instead"
+    ) in caplog.messages
+
+
 def test_a_base_whose_record_claims_other_bytes_is_hashed_where_it_could_match(
     versions: tuple[Path, Path, Path], tmp_path: Path
 ) -> None:
