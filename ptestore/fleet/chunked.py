@@ -204,11 +204,19 @@ def download_chunks(
     part, meta_path = dest + ".part", dest + ".part.json"
     directory = os.path.dirname(os.path.abspath(dest))
     count = _resumable(meta_path, state) if os.path.lexists(part) else 0
+
+    def save(verified: int) -> None:
+        """The count written; a full disk there is named as at the ``.part``."""
+        try:
+            _save(meta_path, state, verified)
+        except OSError as exc:  # put_bytes's StorageError too
+            raise download_error(exc, dest, url, meta_path) from exc
+
     fd = open_part(part, count > 0)
     verified, refused = 0, False
     try:
         verified, damaged = _recheck(part, chunks, count)
-        _save(meta_path, state, verified)
+        save(verified)
         # Nothing past the verified chunks is kept; the file has its final size (sparse)
         # so that chunks land at their offsets in any order.
         os.ftruncate(fd, chunks.span(verified - 1)[1] if verified else 0)
@@ -276,7 +284,7 @@ def download_chunks(
         if new > verified:
             sync_file(fd)
             verified = new
-            _save(meta_path, state, verified)
+            save(verified)
         for i in todo:  # wholly inside the tail already read: no request
             a, b = chunks.span(i)
             data = tail[1][a - tail[0] : b - tail[0]] if a >= tail[0] else b""
@@ -290,7 +298,7 @@ def download_chunks(
             if new > verified:
                 sync_file(fd)
                 verified = new
-                _save(meta_path, state, verified)
+                save(verified)
         pwrite_all(fd, memoryview(trailer_bytes), chunks.length)
         sink.add("store", len(trailer_bytes))
         sync_file(fd)
@@ -303,7 +311,7 @@ def download_chunks(
     except PteStoreError:
         raise
     except OSError as exc:  # a full disk, an I/O error: what is verified is kept
-        raise download_error(exc, part, url) from exc
+        raise download_error(exc, dest, url, part) from exc
     finally:
         os.close(fd)
         if refused and verified == 0:  # nothing worth keeping for the next attempt

@@ -27,6 +27,7 @@ __all__ = [
     "pinned_version",
     "read_state",
     "refuse_link",
+    "save_state",
 ]
 
 
@@ -203,26 +204,41 @@ def check_space(files: Sequence[tuple[dict[str, Any], str]], bases: Sequence[str
             )
 
 
-def download_error(exc: OSError, part: str, url: str) -> StorageError:
-    """A failure of the local file system while the download of ``url`` fills ``part``
-    (a full disk, an I/O error, a clone the kernel refuses) as a
-    :class:`~ptestore.errors.StorageError` naming the ``.part`` and its ``errno``
+def download_error(exc: OSError, dest: str, url: str, failed: str) -> StorageError:
+    """A failure of the local file system while the download of ``url`` to ``dest``
+    writes ``failed`` (its ``.part`` or ``.part.json``: a full disk, an I/O error, a
+    clone the kernel refuses) as a :class:`~ptestore.errors.StorageError` naming the
+    destination first, then the ``errno`` and the file that failed
     (:class:`~ptestore.errors.PermissionDenied` for access), never a raw ``OSError``:
-    the CLI's exit codes and ``ensure``'s offline fallback see it as what it is."""
-    code = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+    the CLI's exit codes and ``ensure``'s offline fallback see it as what it is, and the
+    message does not depend on which of the download's threads hit it first."""
+    number = exc.errno or 0
+    code = errno.errorcode.get(number, str(exc.errno))
+    reason = exc.strerror or (os.strerror(number) if number else str(exc))
     return local_error(
         exc,
-        f"{part}: the download of {url} stopped: {exc.strerror or exc} ({code}); a fetch "
+        f"{dest}: the download of {url} stopped: {reason} ({code}, in {failed}); a fetch "
         "run again resumes it",
     )
 
 
 @contextmanager
-def local_writes(part: str, url: str) -> Iterator[None]:
-    """:func:`download_error` for what the block raises."""
+def local_writes(dest: str, url: str, failed: str) -> Iterator[None]:
+    """:func:`download_error` for what the block raises (writing ``failed``)."""
     try:
         yield
     except PteStoreError:
         raise
     except OSError as exc:
-        raise download_error(exc, part, url) from exc
+        raise download_error(exc, dest, url, failed) from exc
+
+
+def save_state(meta_path: str, data: bytes, dest: str, url: str) -> None:
+    """Write ``DEST.part.json`` (atomically); a failure (``put_bytes``'s
+    :class:`~ptestore.errors.StorageError` too) is :func:`download_error`."""
+    from ..storage.atomic import put_bytes
+
+    try:
+        put_bytes(meta_path, data)
+    except OSError as exc:
+        raise download_error(exc, dest, url, meta_path) from exc

@@ -195,7 +195,7 @@ def _download(
         got["sha256"] = record.sha256
         return got
 
-    with local_writes(part, url):  # a full disk is a StorageError, never a raw OSError
+    with local_writes(dest, url, part):  # a full disk: a StorageError, not an OSError
         return pinned_attempts(url, options, dest, run)
 
 

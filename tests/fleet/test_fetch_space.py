@@ -148,16 +148,11 @@ def test_a_disk_that_fills_during_the_download_is_a_storage_error(
             ptestore.fetch(b, dest, progress=progress, chunk_size=1 << 20, **kw)
         exc = info.value
         assert isinstance(exc, PteStoreError) and exc.errno == errno.ENOSPC
-        stopped = (
-            f"{dest}.part: the download of {b} stopped: No space left on device (ENOSPC); "
-            "a fetch run again resumes it"
-        )
-        if base:  # chunks copied in threads: a copy, or the count written after, fails
-            assert str(exc) == stopped or str(exc).startswith(
-                f"{dest}.part.json: cannot write: No space left on device"
-            )
-        else:
-            assert str(exc) == stopped
+        # Whichever write hit the full disk first (a chunk copied in a thread, or the
+        # count written after it): the message names the destination, then the file.
+        stopped = f"{dest}: the download of {b} stopped: No space left on device (ENOSPC, in "
+        tail = "); a fetch run again resumes it"
+        assert str(exc) in (f"{stopped}{dest}.part{tail}", f"{stopped}{dest}.part.json{tail}")
         assert not dest.exists() and os.path.exists(f"{dest}.part")
         filler.unlink()
         ptestore.fetch(b, dest, **kw)
@@ -208,6 +203,35 @@ def test_a_clone_the_kernel_refuses_oddly_is_a_storage_error(
         ptestore.fetch(b, dest, base=a)
     assert info.value.errno == errno.EIO
     assert str(info.value) == (
-        f"{dest}.part: the download of {b} stopped: Input/output error (EIO); a fetch run "
-        "again resumes it"
+        f"{dest}: the download of {b} stopped: Input/output error (EIO, in {dest}.part); a "
+        "fetch run again resumes it"
+    )
+
+
+def test_a_full_disk_at_the_resume_marker_names_the_destination_and_the_marker(
+    versions: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ENOSPC writing ``DEST.part.json`` (the verified-chunk count) says what a full
+    disk at the ``.part`` says, the destination first, then the file that failed."""
+    from ptestore.fleet import chunked
+    from ptestore.storage import atomic
+
+    real = atomic.put_bytes
+
+    def full(path: str, data: bytes) -> None:
+        if path.endswith(".part.json") and '"verified": 0' not in data.decode():
+            why = os.strerror(errno.ENOSPC)
+            raise StorageError(f"{path}: cannot write: {why}", errno=errno.ENOSPC)
+        real(path, data)
+
+    monkeypatch.setattr(atomic, "put_bytes", full)
+    monkeypatch.setattr(chunked, "put_bytes", full)  # the name chunked imported
+    a, b = versions
+    dest = tmp_path / "m.pte"
+    with pytest.raises(StorageError) as info:
+        ptestore.fetch(b, dest, base=a)
+    assert info.value.errno == errno.ENOSPC
+    assert str(info.value) == (
+        f"{dest}: the download of {b} stopped: No space left on device (ENOSPC, in "
+        f"{dest}.part.json); a fetch run again resumes it"
     )
