@@ -38,7 +38,7 @@ from ..storage.atomic import put_bytes, sync_file
 from ..storage.loaders import LocalFileLoader
 from .bases import CONTAINERS, Layouts, fill_from_bases
 from .delta import Base
-from .download import download_error, open_part, read_state
+from .download import check_room, clones_from, download_error, open_part, read_state
 from .ranged import PinnedReader
 
 __all__ = ["FetchEvent", "Sink", "download_chunks"]
@@ -292,7 +292,14 @@ def download_chunks(
                 pwrite_all(fd, memoryview(data), a)
                 done.add(i)
                 sink.add("store", b - a)
-        for run in _store_runs([i for i in todo if i not in done], chunks, request_size):
+        left = [i for i in todo if i not in done]
+        if left and clones_from(directory, [b.path for b in bases]):
+            # Before the first request the bases' clones were counted as free at best:
+            # what the store still has to send must fit now (only clones are free).
+            spans = [chunks.span(i) for i in left]
+            needed = sum(b - a for a, b in spans) + len(trailer_bytes)
+            check_room(dest, needed, filled.cloned)
+        for run in _store_runs(left, chunks, request_size):
             from_store(run)
             new = advance(verified)
             if new > verified:

@@ -23,7 +23,7 @@ from ..errors import IntegrityError
 from ..storage.atomic import sync_file
 from .chunked import Sink
 from .delta import Base, copy_whole
-from .download import discard_part, open_part, read_state, save_state
+from .download import check_room, clones_from, discard_part, open_part, read_state, save_state
 from .ranged import ObjectChanged, PinnedReader
 
 __all__ = ["download_whole", "resume_point"]
@@ -93,6 +93,9 @@ def download_whole(
             taken = _whole_from_base(want, dest, fd, size, bases)
             if taken is not None:
                 from_base[taken] = done = size
+        here = os.path.dirname(os.path.abspath(dest))
+        if done < size and clones_from(here, [b.path for b in bases]):
+            check_room(dest, size - done, 0)  # a base was counted as a free clone at best
         while done < size:
             end = min(done + chunk_size, size)
             for piece in reader.stream(done, end, min(chunk_size, 1 << 20)):
