@@ -448,3 +448,29 @@ def test_a_full_disk_at_the_manifest_of_a_fetched_entry_leaves_no_half_entry(
     assert sorted(os.listdir(entry)) == []
     monkeypatch.undo()
     assert ptestore.ensure(index, cache_dir=cache, model="m", device=A).created
+
+
+def test_an_entry_that_is_a_link_is_not_served_offline(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Offline, the entry is checked as everywhere else in the cache: a symbolic link at
+    the entry (to a copy elsewhere, this user's, its manifest intact) is refused, never
+    followed and served."""
+    import shutil
+
+    from ptestore.device.indexed import index_key
+    from ptestore.errors import PermissionDenied
+
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    index = fleet_run(_job(tmp_path, str(out)), capsys)
+    ptestore.ensure(index, cache_dir=cache, model="m", device=A)
+    entry = cache / "entries" / index_key(index, "m", A)
+    elsewhere = tmp_path / "elsewhere"
+    shutil.move(entry, elsewhere)
+    entry.symlink_to(elsewhere)
+    os.rename(index, tmp_path / "away.json")  # the index is gone: served offline, or not
+    with pytest.raises(PermissionDenied) as info:
+        ptestore.ensure(index, cache_dir=cache, model="m", device=A)
+    assert str(info.value).startswith(
+        f"{entry}: the cache entry is a symbolic link, not a directory: "
+    )
