@@ -233,6 +233,7 @@ def ensure(
             dict(storage_options or {}),
             progress,
             None if portable is None else os.fspath(portable),
+            ensure=ensure,
         )
     if storage_options:
         raise ConfigurationError(

@@ -12,13 +12,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .._dataclass import replace
-from ..backends.compat import DeviceProfile
 from ..errors import IntegrityError, PermissionDenied, StorageError
 from .artifact import Artifact, artifact_of, hit_or_make, lookup
 from .cache import CacheLayout, clean_entry_locked
 from .manifest import PTD_NAME, PTE_NAME, unpublish
 
 if TYPE_CHECKING:
+    from ..backends.compat import DeviceProfile
     from ..backends.registry import BackendLike
     from ..coordinator.report import Event
 
@@ -37,12 +37,14 @@ def ensure_from_index(
     opts: dict[str, Any],
     progress: Callable[[Event], None] | None = None,
     portable: str | None = None,
+    *,
+    ensure: Callable[..., Artifact],
 ) -> Artifact:
     """``ensure(index, model=...)`` (see :mod:`ptestore.device.indexed`): the artifact the
     index selects, fetched into the entry keyed on the index, the model and the device,
     current while the index still selects the same files (taking the chunks the cache or
     ``portable`` already holds from there); else the portable source, specialized
-    here."""
+    here by ``ensure`` (:func:`.ensuring.ensure`, passed in: no import loop)."""
     from ..backends.snapshot import using
     from .indexed import (
         check_source,
@@ -70,8 +72,6 @@ def ensure_from_index(
         return served
     assert device is not None  # choose refuses None
     if choice.kind == "source":
-        from .ensuring import ensure
-
         made = ensure(
             choice.pte["url"],
             cache_dir=cache_dir,
