@@ -18,11 +18,9 @@ import os
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from .._dataclass import replace
 from ..backends.compat import DeviceProfile
 from ..errors import (
     ConfigurationError,
-    IntegrityError,
     PermissionDenied,
     PteStoreError,
     StorageError,
@@ -48,6 +46,7 @@ from .manifest import (
     disk_full_error,
     file_records,
     is_disk_full,
+    unpublish,
 )
 from .packed import check_packed_args
 
@@ -222,7 +221,9 @@ def ensure(
                 f"{os.fspath(portable)}: no such file (portable=, CLI --portable: a local "
                 "copy of the model's portable source for the download to take chunks from)"
             )
-        return _ensure_from_index(
+        from .from_index import ensure_from_index
+
+        return ensure_from_index(
             src,
             cache_dir,
             model,
@@ -232,6 +233,7 @@ def ensure(
             dict(storage_options or {}),
             progress,
             None if portable is None else os.fspath(portable),
+            ensure=ensure,
         )
     if storage_options:
         raise ConfigurationError(
@@ -270,92 +272,6 @@ def ensure(
         lambda: lookup(layout, key, fingerprint),
         lambda: _make(layout, key, fingerprint, src, ptd_src, blist, device, provenance, progress),
     )
-
-
-def _ensure_from_index(
-    index: str,
-    cache_dir: PathOrUrl,
-    model: str,
-    device: DeviceProfile | None,
-    backends: list[BackendLike] | None,
-    max_bytes: int | None,
-    opts: dict[str, Any],
-    progress: Callable[[Event], None] | None = None,
-    portable: str | None = None,
-) -> Artifact:
-    """``ensure(index, model=...)`` (see :mod:`ptestore.device.indexed`): the artifact the
-    index selects, fetched into the entry keyed on the index, the model and the device,
-    current while the index still selects the same files (taking the chunks the cache or
-    ``portable`` already holds from there); else the portable source, specialized
-    here."""
-    from ..backends.snapshot import using
-    from .indexed import (
-        check_source,
-        choose,
-        fetch_entry,
-        index_fingerprint,
-        index_key,
-        offline_entry,
-    )
-
-    try:
-        # The backends installed here (select asks them to rate builds made for other
-        # profiles) through the cache's snapshot of the installed metadata: a hit from a
-        # fresh process whose installation is unchanged does not read it again.
-        with using(CacheLayout(cache_dir).snapshot):
-            choice = choose(index, model, device, opts)
-    except StorageError as exc:  # unreachable, gone, refused: the entry fetched before
-        served = (
-            None
-            if device is None
-            else offline_entry(CacheLayout(cache_dir), index, model, device, exc)
-        )
-        if served is None:
-            raise
-        return served
-    assert device is not None  # choose refuses None
-    if choice.kind == "source":
-        made = ensure(
-            choice.pte["url"],
-            cache_dir=cache_dir,
-            backends=backends,
-            device=device,
-            ptd=None if choice.ptd is None else choice.ptd["url"],
-            max_bytes=max_bytes,
-            progress=progress,
-        )
-        check_source(index, choice, made)
-        return replace(made, choice=choice.to_dict())
-    layout = CacheLayout(cache_dir)
-    layout.create()
-    key = index_key(index, model, device)
-    fingerprint = index_fingerprint(index, model, device, choice)
-
-    def fetched() -> Artifact:
-        layout.make_entry_dir(key)
-        manifest = fetch_entry(
-            layout, key, index, model, device, opts, (PTE_NAME, PTD_NAME), progress, portable
-        )
-        manifest.publish(layout, index)
-        # The previous files' leftovers; their packed-weight files stay until the new
-        # artifact's is delivered (with_packed_weights): the chunks it shares with them
-        # are taken from them, not downloaded.
-        clean_entry_locked(layout, key, manifest.to_dict(), keep_packed=True)
-        return artifact_of(layout, manifest, True)
-
-    try:
-        got = hit_or_make(layout, key, max_bytes, lambda: lookup(layout, key, fingerprint), fetched)
-        # What select chose now (a hit's manifest keeps the choice it was fetched for:
-        # the same files, but the index may list a packed-weight file since), with what
-        # the manifest adds to it (what the fetch moved).
-        return replace(got, choice={**(got.choice or {}), **choice.to_dict()})
-    except (IntegrityError, PermissionDenied):
-        raise
-    except StorageError as exc:  # the newer artifact cannot be downloaded now
-        served = offline_entry(layout, index, model, device, exc)
-        if served is None:
-            raise
-        return served
 
 
 def _make(
@@ -426,21 +342,9 @@ def _make(
     try:
         manifest.publish(layout, src, replaced=old is not None)
     except BaseException:
-        _unpublish(layout, key, names.values(), old is not None)
+        unpublish(layout, key, names.values(), old is not None)
         raise
     return artifact_of(layout, manifest, True)
-
-
-def _unpublish(layout: CacheLayout, key: str, names: Iterable[str], had_entry: bool) -> None:
-    """The files a run published, removed when its manifest could not be (a full disk):
-    nothing is left behind. An earlier entry's files were replaced by them, so its
-    manifest (naming those) goes too: the entry is made again by the next call."""
-    import contextlib
-
-    directory = layout.entry_dir(key)
-    for name in (*names, *(("manifest.json",) if had_entry else ())):
-        with contextlib.suppress(OSError):
-            os.unlink(os.path.join(directory, name))
 
 
 def write_manifest(layout: CacheLayout, key: str, manifest: dict[str, Any], src: str) -> None:

@@ -4,6 +4,7 @@ coordinator) is imported when an entry is made, never for a hit."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -233,14 +234,19 @@ def _from_portable(
     progress: Callable[[Event], None] | None = None,
 ) -> Artifact:
     """The portable source specialized into ``path`` (a staged copy beside it, renamed
-    over it: the output's size must be free), whatever ``path`` holds now."""
-    from ..coordinator import specialize
+    over it: the output's size must be free), whatever ``path`` holds now. The staged
+    copy is held open across the rename: the manifest records the identity of the file
+    this call put at ``path`` (``fstat``), and a path that names another file by then
+    is refused (:func:`_publish`), never recorded as specialized."""
+    from .. import coordinator
     from ..provenance.stamp import ProvenanceRequest
+    from ..storage.atomic import rename
 
+    staged = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.ptestore-portable")
     try:
-        report = specialize(
+        report = coordinator.specialize(
             portable,
-            path,
+            staged,
             backends=backends,
             device=device,
             provenance=ProvenanceRequest() if provenance else False,
@@ -255,7 +261,21 @@ def _from_portable(
                 f"over it); {path} is unchanged: {exc}"
             ) from exc
         raise
-    return _publish(layout, key, path, path, current, report.specialized)
+    try:
+        held = os.open(staged, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise StorageError(f"{staged}: cannot open the specialized copy: {exc.strerror}") from exc
+    try:
+        try:
+            os.fchmod(held, os.stat(path).st_mode & 0o7777)  # the mode the file had
+        except FileNotFoundError:
+            pass
+        rename(staged, path)
+        return _publish(layout, key, path, path, current, report.specialized, held)
+    finally:
+        os.close(held)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(staged)  # a rename that failed: the copy is not left beside it
 
 
 def _publish(

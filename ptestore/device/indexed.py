@@ -42,7 +42,8 @@ from ..errors import (
     StorageError,
 )
 from ..storage.types import StorageURL
-from .cache import CacheLayout, check_private, files_intact, read_manifest, touch
+from .cache import CacheLayout, files_intact, read_manifest, touch
+from .entryfiles import check_entry_dir
 from .manifest import PTE_NAME, Manifest, as_json, file_records
 
 if TYPE_CHECKING:
@@ -274,7 +275,7 @@ def offline_entry(
         return None
     layout.create()
     with layout.lock(key, shared=True):
-        check_private(layout.entry_dir(key), "cache entry")
+        check_entry_dir(layout.entry_dir(key))  # a real directory, this user's alone
         try:
             manifest = read_manifest(layout.manifest(key), private=True)
         except FormatError:

@@ -20,7 +20,7 @@ from .cache import MANIFEST_FORMAT, MANIFEST_VERSION, CacheLayout, file_stamp
 from .private import make_private
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Iterable, Mapping
 
     from ..provenance.record import Provenance
 
@@ -32,6 +32,7 @@ __all__ = [
     "disk_full_error",
     "file_records",
     "is_disk_full",
+    "unpublish",
 ]
 
 #: The names of an entry's files.
@@ -197,3 +198,15 @@ def disk_full_error(
         + "Free space (`ptestore cache prune --max-bytes N`) or specialize in place "
         f"(--in-place): {exc}"
     )
+
+
+def unpublish(layout: CacheLayout, key: str, names: Iterable[str], had_entry: bool) -> None:
+    """The files a run published in entry ``key``, removed when its manifest could not
+    be (a full disk): the cache keeps no half entry. An earlier entry's files were
+    replaced by them, so its manifest (naming those) goes too (``had_entry``): the entry
+    is made again by the next call."""
+    import contextlib
+
+    for name in (*names, *(("manifest.json",) if had_entry else ())):
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(layout.entry_dir(key), name))

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .._io import pread_all
 from ..errors import FormatError
-from .delta import Base, Filled, Match, fill, match_chunks
+from .delta import Base, Filled, Match, fill, fill_each, match_chunks
 from .shift import Moves, segment_moves
 
 if TYPE_CHECKING:
@@ -117,17 +117,22 @@ def fill_from_bases(
     did not move) or else from the store; a base the layout shows holds none of the
     download's parts is not tried for the others. The chunks a base's own record names
     are put in first (nothing to read), the rest once the layout is known (no base chunk
-    is hashed at an offset that cannot match).
+    is hashed at an offset that cannot match); a chunk whose bytes in one base do not
+    check is tried from the next base that could hold it (:func:`.delta.fill_each`)
+    before it is left to the store.
     ``done`` gains the chunks of the first pass (and those ``from_store`` downloads);
     the caller adds the returned ``Filled.done``."""
     if not bases or not todo:
         return Filled()
+    tried: dict[int, set[int]] = {}  # by chunk, the bases whose bytes for it did not check
     same = match_chunks(chunks, todo, bases)
     if all(layouts.of_base(b) is None for b in bases):
-        return fill(fd, directory, chunks, same, on_chunk)
+        return fill_each(fd, directory, chunks, todo, bases, on_chunk, tried=tried)
     head = layouts.first(chunks)
     first = [m for m in same if m.known]
     filled = fill(fd, directory, chunks, first, on_chunk)
+    for m in first:
+        tried[m.index] = {id(m.base)}
     done |= filled.done
     for i in sorted(head - done):  # the layout's chunks: each base in turn, same offsets
         start, end = chunks.span(i)
@@ -137,20 +142,18 @@ def fill_from_bases(
                 filled.add(got)
                 done |= got.done
     target = layouts.target(fd, chunks, done, from_store, url)
-    tried = {m.index for m in first} | head
-    rest = [i for i in todo if i not in done and i not in tried]
+    # A chunk a base's record named and its bytes did not have is tried from the others.
+    rest = [i for i in todo if i not in done and i not in head]
     if target is None:
-        left = set(rest)
-        again = [m for m in same if m.index in left]
-    else:
-        moves: list[Moves | None] = []
-        used: list[Base] = []
-        for b in bases:
-            layout = layouts.of_base(b)
-            mv = None if layout is None else layouts.moves(target, layout)
-            if layout is None or mv is not None:  # else it holds none of the target's parts
-                moves.append(mv)
-                used.append(b)
-        again = match_chunks(chunks, rest, used, moves)
-    filled.add(fill(fd, directory, chunks, again, on_chunk))
+        filled.add(fill_each(fd, directory, chunks, rest, bases, on_chunk, tried=tried))
+        return filled
+    moves: list[Moves | None] = []
+    used: list[Base] = []
+    for b in bases:
+        layout = layouts.of_base(b)
+        mv = None if layout is None else layouts.moves(target, layout)
+        if layout is None or mv is not None:  # else it holds none of the target's parts
+            moves.append(mv)
+            used.append(b)
+    filled.add(fill_each(fd, directory, chunks, rest, used, on_chunk, moves, tried))
     return filled

@@ -38,7 +38,7 @@ from ..storage.atomic import put_bytes, sync_file
 from ..storage.loaders import LocalFileLoader
 from .bases import CONTAINERS, Layouts, fill_from_bases
 from .delta import Base
-from .download import download_error, open_part, read_state
+from .download import check_room, clones_from, download_error, open_part, read_state
 from .ranged import PinnedReader
 
 __all__ = ["FetchEvent", "Sink", "download_chunks"]
@@ -204,11 +204,19 @@ def download_chunks(
     part, meta_path = dest + ".part", dest + ".part.json"
     directory = os.path.dirname(os.path.abspath(dest))
     count = _resumable(meta_path, state) if os.path.lexists(part) else 0
+
+    def save(verified: int) -> None:
+        """The count written; a full disk there is named as at the ``.part``."""
+        try:
+            _save(meta_path, state, verified)
+        except OSError as exc:  # put_bytes's StorageError too
+            raise download_error(exc, dest, url, meta_path) from exc
+
     fd = open_part(part, count > 0)
     verified, refused = 0, False
     try:
         verified, damaged = _recheck(part, chunks, count)
-        _save(meta_path, state, verified)
+        save(verified)
         # Nothing past the verified chunks is kept; the file has its final size (sparse)
         # so that chunks land at their offsets in any order.
         os.ftruncate(fd, chunks.span(verified - 1)[1] if verified else 0)
@@ -258,11 +266,12 @@ def download_chunks(
         for i, a, b, path in filled.lied:
             log.warning(
                 "%s: bytes %d:%d (chunk %d) do not have the digest its own record names: "
-                "damaged or changed since it was made; taken from the store instead",
+                "damaged or changed since it was made; taken from %s instead",
                 path,
                 a,
                 b,
                 i,
+                "another base" if i in filled.done else "the store",
             )
         done |= filled.done
 
@@ -275,7 +284,7 @@ def download_chunks(
         if new > verified:
             sync_file(fd)
             verified = new
-            _save(meta_path, state, verified)
+            save(verified)
         for i in todo:  # wholly inside the tail already read: no request
             a, b = chunks.span(i)
             data = tail[1][a - tail[0] : b - tail[0]] if a >= tail[0] else b""
@@ -283,13 +292,20 @@ def download_chunks(
                 pwrite_all(fd, memoryview(data), a)
                 done.add(i)
                 sink.add("store", b - a)
-        for run in _store_runs([i for i in todo if i not in done], chunks, request_size):
+        left = [i for i in todo if i not in done]
+        if left and clones_from(directory, [b.path for b in bases]):
+            # Before the first request the bases' clones were counted as free at best:
+            # what the store still has to send must fit now (only clones are free).
+            spans = [chunks.span(i) for i in left]
+            needed = sum(b - a for a, b in spans) + len(trailer_bytes)
+            check_room(dest, needed, filled.cloned)
+        for run in _store_runs(left, chunks, request_size):
             from_store(run)
             new = advance(verified)
             if new > verified:
                 sync_file(fd)
                 verified = new
-                _save(meta_path, state, verified)
+                save(verified)
         pwrite_all(fd, memoryview(trailer_bytes), chunks.length)
         sink.add("store", len(trailer_bytes))
         sync_file(fd)
@@ -302,7 +318,7 @@ def download_chunks(
     except PteStoreError:
         raise
     except OSError as exc:  # a full disk, an I/O error: what is verified is kept
-        raise download_error(exc, part, url) from exc
+        raise download_error(exc, dest, url, part) from exc
     finally:
         os.close(fd)
         if refused and verified == 0:  # nothing worth keeping for the next attempt

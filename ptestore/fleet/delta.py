@@ -20,8 +20,9 @@ Neither is trusted into the output. :func:`fill` puts each chunk into the ``.par
 (a reflink clone of the base's range where the file system shares extents, else a
 copy: read, hash, write) and checks the bytes that landed against the **target's**
 digest: a chunk whose bytes differ (a candidate that is not the same, or a base whose
-trailer claims a digest its bytes do not have) is left to the store, and the second kind
-is reported by name (:attr:`Filled.lied`).
+trailer claims a digest its bytes do not have) is tried from the next base that could
+hold it (:func:`fill_each`), and left to the store when none is left; the second kind is
+reported by name (:attr:`Filled.lied`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -43,7 +44,16 @@ if TYPE_CHECKING:
     from ..provenance.chunks import ChunkDigests
     from .shift import Moves, Piece
 
-__all__ = ["Base", "Filled", "Match", "fill", "match_chunks", "open_bases", "workers"]
+__all__ = [
+    "Base",
+    "Filled",
+    "Match",
+    "fill",
+    "fill_each",
+    "match_chunks",
+    "open_bases",
+    "workers",
+]
 
 
 def workers() -> int:
@@ -149,17 +159,22 @@ def match_chunks(
     todo: Sequence[int],
     bases: Sequence[Base],
     moves: Sequence[Moves | None] | None = None,
+    tried: Mapping[int, set[int]] | None = None,
 ) -> list[Match]:
     """For each chunk of ``todo``, the first base that could hold it (see the module);
     ``moves`` (one per base, :func:`.shift.segment_moves`) where the target's layout is
-    known."""
+    known; ``tried``: by chunk, the bases (``id``) whose bytes for it did not check
+    (not matched again)."""
     from .shift import chunk_pieces
 
     out: list[Match] = []
     for i in todo:
         a, b = record.span(i)
         found: Match | None = None
+        skip = tried.get(i, set()) if tried is not None else set()
         for k, base in enumerate(bases):
+            if id(base) in skip:
+                continue
             mv = moves[k] if moves is not None else None
             pieces = chunk_pieces(mv, a, b) if mv is not None else ((a, b, a),)
             if pieces is None:
@@ -370,6 +385,35 @@ def fill(
             for m in to_check
             if m.index in out.done
         )
+    return out
+
+
+def fill_each(
+    part_fd: int,
+    directory: str,
+    record: ChunkDigests,
+    todo: Sequence[int],
+    bases: Sequence[Base],
+    on_chunk: Callable[[int, int], None] | None = None,
+    moves: Sequence[Moves | None] | None = None,
+    tried: dict[int, set[int]] | None = None,
+) -> Filled:
+    """:func:`fill` the chunks of ``todo`` the bases hold (:func:`match_chunks`); a chunk
+    whose bytes in one base do not check is tried from the next base that could hold it,
+    until one does or none is left (then it is the store's). ``tried`` (by chunk, the
+    bases that failed it) is kept up to date across calls."""
+    tried = {} if tried is None else tried
+    out = Filled()
+    left = list(todo)
+    while left:
+        matches = match_chunks(record, left, bases, moves, tried)
+        if not matches:
+            break
+        got = fill(part_fd, directory, record, matches, on_chunk)
+        out.add(got)
+        for m in matches:
+            tried.setdefault(m.index, set()).add(id(m.base))
+        left = [m.index for m in matches if m.index not in got.done]
     return out
 
 

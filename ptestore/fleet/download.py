@@ -2,7 +2,8 @@
 destination's own directory, opened without following links (``O_NOFOLLOW``; a new
 ``.part`` with ``O_EXCL``), and resumed only when the ``.part`` is this user's own
 regular file with one name; what pins a download to one version of its object; and
-whether the destination has room for it at all (:func:`check_space`)."""
+whether the destination has room for it at all (:func:`check_space`, before the first
+request; :func:`check_room`, once the clones of its bases are in)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import errno
 import json
 import os
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -18,7 +19,9 @@ from ..errors import PermissionDenied, PteStoreError, StorageError, local_error
 from ..storage.loaders import DataLoader, LocalFileLoader
 
 __all__ = [
+    "check_room",
     "check_space",
+    "clones_from",
     "discard_part",
     "download_error",
     "local_writes",
@@ -27,6 +30,7 @@ __all__ = [
     "pinned_version",
     "read_state",
     "refuse_link",
+    "save_state",
 ]
 
 
@@ -148,6 +152,23 @@ def _clones(directory: str, base: str) -> bool:
         os.close(dst)
 
 
+def clones_from(directory: str, bases: Sequence[str]) -> bool:
+    """One of ``bases`` is on ``directory``'s file system and can be cloned there (its
+    chunks then take no new space: :func:`check_space` counts only what they cannot
+    give, and the download checks the rest once they are in, :func:`check_room`)."""
+    try:
+        device = os.stat(_existing(directory)).st_dev
+    except OSError:
+        return False
+    for b in bases:
+        try:
+            if os.stat(b).st_dev == device:
+                return _clones(_existing(directory), b)
+        except OSError:
+            continue
+    return False
+
+
 def _held(part: str, size: int) -> int:
     """The bytes of the download a ``.part`` already holds: its allocated blocks, not its
     length (a chunked download makes its ``.part`` full-size and sparse at once)."""
@@ -158,24 +179,23 @@ def _held(part: str, size: int) -> int:
     return min(size, st.st_size, st.st_blocks * 512)
 
 
-def check_space(files: Sequence[tuple[dict[str, Any], str]], bases: Sequence[str] = ()) -> None:
+def check_space(
+    files: Sequence[tuple[dict[str, Any], str]],
+    bases: Sequence[str] | Mapping[str, Sequence[str]] = (),
+) -> None:
     """Refuse, before the first download request, a fetch whose destination's file
     system has no room for it: the files' sizes (as the index or their trailer names
     them) less the blocks their ``.part`` already holds (allocated, not its length: a
     chunked ``.part`` is sparse), against the blocks free to this user (``statvfs``),
     per file system: a :class:`~ptestore.errors.StorageError` ``errno`` ENOSPC naming
-    the files, the directory, the bytes needed and free. A file system that holds a
-    ``base`` and clones it (a reflink probe: XFS, btrfs) is not checked (a clone of the
-    base's chunks takes no new space); where it cannot clone (ext4, tmpfs) every chunk
-    taken from a base is a copy and counts. The destination's old file counts as used,
-    since it is replaced only once the download is checked."""
-    base_devices: dict[int, list[str]] = {}
-    for b in bases:
-        try:
-            base_devices.setdefault(os.stat(b).st_dev, []).append(b)
-        except OSError:
-            continue
-    clones: dict[int, bool] = {}
+    the files, the directory, the bytes needed and free. ``bases``: the files' bases
+    (the same for every file, or by file path). Where a base is on the file system and
+    can be cloned there (a reflink probe: XFS, btrfs) a clone takes no new space: a file
+    counts only what its largest such base cannot give (the bytes still downloaded are
+    checked again once the clones are in, :func:`check_room`); where it cannot clone
+    (ext4, tmpfs) every chunk taken from a base is a copy and the whole size counts. The
+    destination's old file counts as used, since it is replaced only once the download
+    is checked."""
     wanted: dict[int, tuple[str, int, list[str]]] = {}  # device -> (directory, bytes, files)
     for want, path in files:
         size = want.get("size")
@@ -183,14 +203,14 @@ def check_space(files: Sequence[tuple[dict[str, Any], str]], bases: Sequence[str
             continue
         directory = _existing(os.path.dirname(os.path.abspath(path)))
         device = os.stat(directory).st_dev
-        if device in base_devices:
-            if device not in clones:
-                clones[device] = _clones(directory, base_devices[device][0])
-            if clones[device]:
-                continue
+        own = bases.get(path, ()) if isinstance(bases, Mapping) else bases
+        clonable = 0
+        if clones_from(directory, own):
+            sizes = [_size_on(b, device) for b in own]
+            clonable = max(sizes, default=0)
         have = _held(path + ".part", size)
         where, total, names = wanted.get(device, (directory, 0, []))
-        wanted[device] = (where, total + max(0, size - have), [*names, path])
+        wanted[device] = (where, total + max(0, size - have - clonable), [*names, path])
     for directory, needed, names in wanted.values():
         st = os.statvfs(directory)
         free = st.f_bavail * st.f_frsize
@@ -203,26 +223,68 @@ def check_space(files: Sequence[tuple[dict[str, Any], str]], bases: Sequence[str
             )
 
 
-def download_error(exc: OSError, part: str, url: str) -> StorageError:
-    """A failure of the local file system while the download of ``url`` fills ``part``
-    (a full disk, an I/O error, a clone the kernel refuses) as a
-    :class:`~ptestore.errors.StorageError` naming the ``.part`` and its ``errno``
+def _size_on(path: str, device: int) -> int:
+    """``path``'s size when it is on ``device``, else 0."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return 0
+    return st.st_size if st.st_dev == device else 0
+
+
+def check_room(dest: str, needed: int, cloned: int) -> None:
+    """Refuse to download the ``needed`` bytes a download to ``dest`` still lacks once
+    its bases' clones are in (``cloned`` bytes, which take no new space) when its file
+    system has not that much free: a :class:`~ptestore.errors.StorageError` ENOSPC
+    naming the destination, the bytes to download and free, before the store is asked
+    for them (what is in the ``.part`` is kept for a fetch run again)."""
+    directory = os.path.dirname(os.path.abspath(dest))
+    st = os.statvfs(directory)
+    free = st.f_bavail * st.f_frsize
+    if needed > free:
+        raise StorageError(
+            f"{dest}: not enough free space to fetch: {needed} bytes to download, {free} "
+            f"free in {directory} ({os.strerror(errno.ENOSPC)}); {cloned} bytes cloned from "
+            "the bases take none; nothing more was downloaded",
+            errno=errno.ENOSPC,
+        )
+
+
+def download_error(exc: OSError, dest: str, url: str, failed: str) -> StorageError:
+    """A failure of the local file system while the download of ``url`` to ``dest``
+    writes ``failed`` (its ``.part`` or ``.part.json``: a full disk, an I/O error, a
+    clone the kernel refuses) as a :class:`~ptestore.errors.StorageError` naming the
+    destination first, then the ``errno`` and the file that failed
     (:class:`~ptestore.errors.PermissionDenied` for access), never a raw ``OSError``:
-    the CLI's exit codes and ``ensure``'s offline fallback see it as what it is."""
-    code = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+    the CLI's exit codes and ``ensure``'s offline fallback see it as what it is, and the
+    message does not depend on which of the download's threads hit it first."""
+    number = exc.errno or 0
+    code = errno.errorcode.get(number, str(exc.errno))
+    reason = exc.strerror or (os.strerror(number) if number else str(exc))
     return local_error(
         exc,
-        f"{part}: the download of {url} stopped: {exc.strerror or exc} ({code}); a fetch "
+        f"{dest}: the download of {url} stopped: {reason} ({code}, in {failed}); a fetch "
         "run again resumes it",
     )
 
 
 @contextmanager
-def local_writes(part: str, url: str) -> Iterator[None]:
-    """:func:`download_error` for what the block raises."""
+def local_writes(dest: str, url: str, failed: str) -> Iterator[None]:
+    """:func:`download_error` for what the block raises (writing ``failed``)."""
     try:
         yield
     except PteStoreError:
         raise
     except OSError as exc:
-        raise download_error(exc, part, url) from exc
+        raise download_error(exc, dest, url, failed) from exc
+
+
+def save_state(meta_path: str, data: bytes, dest: str, url: str) -> None:
+    """Write ``DEST.part.json`` (atomically); a failure (``put_bytes``'s
+    :class:`~ptestore.errors.StorageError` too) is :func:`download_error`."""
+    from ..storage.atomic import put_bytes
+
+    try:
+        put_bytes(meta_path, data)
+    except OSError as exc:
+        raise download_error(exc, dest, url, meta_path) from exc

@@ -195,7 +195,7 @@ def _download(
         got["sha256"] = record.sha256
         return got
 
-    with local_writes(part, url):  # a full disk is a StorageError, never a raw OSError
+    with local_writes(dest, url, part):  # a full disk: a StorageError, not an OSError
         return pinned_attempts(url, options, dest, run)
 
 
@@ -309,7 +309,8 @@ def fetch(
     def sink(url: str, path: str, total: int) -> Sink:
         return Sink(url, path, total, progress, events)
 
-    check_space(files, pte_bases)  # before anything is made, the directory included
+    ptd_bases = [ptd_beside(b) for b in pte_bases]  # before anything is made:
+    check_space(files, {p: pte_bases if p == target else ptd_bases for _, p in files})
     os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
     refuse_link(target + ".part.lock")
     # One fetch into a destination at a time: another would take over (or remove) this

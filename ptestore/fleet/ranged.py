@@ -8,7 +8,10 @@ and hands its body over in pieces as it arrives (a run of many chunks costs one 
 and one piece of memory); a connection lost in the middle of a body, or a transient
 answer (5xx, throttling), is retried from the first byte not yet received, under the
 house retry policy (:mod:`ptestore._retry`: its attempts count failures in a row, so a
-long download with an occasional fault goes on). Other stores (a local file, ``memory://``,
+long download with an occasional fault goes on). A response that holds another range
+than the one asked for (its ``Content-Range``; a whole object where a part was asked
+for) is refused at once, as such: an :class:`~ptestore.errors.IntegrityError` naming
+both ranges, never bytes hashed against the wrong chunks. Other stores (a local file, ``memory://``,
 any fsspec filesystem) are read through their loader, one ``load`` per piece; the
 loader's own ``check_unchanged`` is what pins them (see :mod:`.fetch`).
 
@@ -22,7 +25,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from .._retry import DEFAULT_RETRY, Category, classify, to_storage_error
-from ..errors import StorageError
+from ..errors import IntegrityError, StorageError
 from ..storage.types import DataLoader
 
 __all__ = ["ObjectChanged", "PinnedReader", "pinned_attempts"]
@@ -104,7 +107,7 @@ class PinnedReader:
         async def open_body(first: int) -> Any:
             params = {**pin, "Range": f"bytes={first}-{end - 1}"}
             resp = await fs._call_s3("get_object", **params)
-            return resp["Body"]
+            return resp["Body"], _answered(resp, first, end)
 
         async def read_piece(b: Any, n: int) -> bytes:
             out = bytearray()
@@ -124,13 +127,22 @@ class PinnedReader:
                 try:
                     if body is None:
                         self.requests += 1
-                        body = run(open_body, offset)
+                        body, other = run(open_body, offset)
+                        if other is not None:
+                            raise _OtherRange(
+                                f"{self.name}: asked the server for Range: bytes={offset}-"
+                                f"{end - 1}, it answered {other}: another range than the one "
+                                "asked for; its bytes are refused",
+                                published=False,
+                            )
                     data = run(read_piece, body, n)
                     if len(data) != n:
                         raise StorageError(
                             f"{self.name}: short read: wanted {n} bytes at offset {offset}, "
                             f"got {len(data)}"
                         )
+                except _OtherRange:
+                    raise  # not the bytes asked for: refused, not asked again
                 except Exception as exc:
                     if _changed(exc):
                         raise ObjectChanged(f"{self.name}: {exc}") from exc
@@ -151,6 +163,25 @@ class PinnedReader:
         finally:
             if body is not None:
                 _quietly(run, close, body)
+
+
+class _OtherRange(IntegrityError):
+    """The server answered a ranged GET with another range than the one asked for."""
+
+
+def _answered(resp: dict[str, Any], first: int, end: int) -> str | None:
+    """None when the response to ``Range: bytes=first-(end-1)`` holds that range (its
+    ``Content-Range``; without one, the whole object, which must then be that range);
+    else what it holds, as the server said it."""
+    got = resp.get("ContentRange")
+    if got is None:
+        length = resp.get("ContentLength")
+        if first == 0 and length == end:
+            return None
+        return f"with no Content-Range ({length} bytes: the whole object)"
+    if not isinstance(got, str) or not got.startswith(f"bytes {first}-{end - 1}/"):
+        return f"Content-Range: {got}"
+    return None
 
 
 def _quietly(run: Callable[..., Any], fn: Callable[..., Any], *args: Any) -> None:

@@ -20,10 +20,10 @@ from typing import Any
 from .._io import pwrite_all
 from .._log import get_logger
 from ..errors import IntegrityError
-from ..storage.atomic import put_bytes, sync_file
+from ..storage.atomic import sync_file
 from .chunked import Sink
 from .delta import Base, copy_whole
-from .download import discard_part, open_part, read_state
+from .download import check_room, clones_from, discard_part, open_part, read_state, save_state
 from .ranged import ObjectChanged, PinnedReader
 
 __all__ = ["download_whole", "resume_point"]
@@ -80,7 +80,7 @@ def download_whole(
             on_disk = os.lstat(part).st_size
         except FileNotFoundError:
             on_disk = 0
-    put_bytes(meta_path, json.dumps(state).encode())
+    save_state(meta_path, json.dumps(state).encode(), dest, url)
     from_base: dict[str, int] = {}
     fd = open_part(part, on_disk > 0)
     try:
@@ -93,6 +93,9 @@ def download_whole(
             taken = _whole_from_base(want, dest, fd, size, bases)
             if taken is not None:
                 from_base[taken] = done = size
+        here = os.path.dirname(os.path.abspath(dest))
+        if done < size and clones_from(here, [b.path for b in bases]):
+            check_room(dest, size - done, 0)  # a base was counted as a free clone at best
         while done < size:
             end = min(done + chunk_size, size)
             for piece in reader.stream(done, end, min(chunk_size, 1 << 20)):

@@ -119,6 +119,44 @@ def test_an_in_place_file_replaced_after_its_rewrite_is_not_recorded(
     assert again.created and again.specialized and src.read_bytes() != portable
 
 
+def test_an_in_place_file_made_from_the_portable_source_then_replaced_is_not_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``ensure(in_place=True, portable=)``: the specialized copy renamed over the file,
+    then an app update lands there before the entry is recorded: refused (the identity
+    recorded is the renamed copy's, fstat of it held open, not whatever the path names
+    after the run), nothing recorded; the next call makes the entry."""
+    src = copy_pte(tmp_path / "m.pte")
+    portable = tmp_path / "portable.pte"
+    portable.write_bytes(src.read_bytes())
+    cache_dir = tmp_path / "cache"
+    orig = atomic.rename
+    inodes: list[int] = []
+
+    def then_updated(a: str, b: str, **kw: Any) -> None:
+        orig(a, b, **kw)
+        if b == str(src) and not inodes:
+            inodes.append(os.stat(src).st_ino)
+            tmp = tmp_path / "m.pte.download"
+            tmp.write_bytes(portable.read_bytes())
+            os.replace(tmp, src)  # an app update lands right after the rename
+            inodes.append(os.stat(src).st_ino)
+
+    monkeypatch.setattr(atomic, "rename", then_updated)
+    with pytest.raises(StorageError) as err:
+        _ensure(src, cache_dir, in_place=True, portable=portable)
+    assert str(err.value) == (
+        f"{src}: replaced by another file while it was specialized in place (the rewritten "
+        f"file is inode {inodes[0]}, the path now names inode {inodes[1]}); the new file is "
+        "not specialized and nothing was recorded: call ensure again"
+    )
+    assert [p.name for p in tmp_path.iterdir() if "ptestore" in p.name] == []
+    monkeypatch.setattr(atomic, "rename", orig)
+    again = _ensure(src, cache_dir, in_place=True, portable=portable)
+    assert again.created and again.specialized and src.read_bytes() != portable.read_bytes()
+    assert not _ensure(src, cache_dir, in_place=True).created
+
+
 def test_a_same_size_update_keeping_its_timestamps_is_made_again(tmp_path: Path) -> None:
     src = copy_pte(tmp_path / "model.pte")
     data = bytearray(src.read_bytes())

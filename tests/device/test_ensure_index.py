@@ -404,3 +404,73 @@ def test_a_failure_between_the_incoming_ptd_and_pte_leaves_the_entry_untouched(
     served = ptestore.ensure(index, cache_dir=cache, model="m", device=A)
     assert not served.created and served.pte == first.pte and served.choice is not None
     assert "nothing was published in the cache entry" in served.choice["offline"]
+
+
+@pytest.mark.parametrize("earlier", [False, True])
+def test_a_full_disk_at_the_manifest_of_a_fetched_entry_leaves_no_half_entry(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    earlier: bool,
+) -> None:
+    """The download is in the entry and its manifest cannot be published (a full disk):
+    the fetched files go too, and with them an earlier entry whose files they replaced
+    (its manifest named those); the error says which, as for a specialized entry."""
+    import errno
+
+    import ptestore.storage.atomic as atomic
+    from ptestore.device.indexed import index_key
+    from ptestore.errors import StorageError
+
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    index = fleet_run(_job(tmp_path, str(out)), capsys)
+    if earlier:
+        ptestore.ensure(index, cache_dir=cache, model="m", device=A)
+        fleet_run(_job(tmp_path, str(out), spec=NEWER), capsys)  # a newer artifact
+    real = atomic.put_bytes
+
+    def full(path: Any, *args: Any, **kw: Any) -> Any:
+        if str(path).endswith("manifest.json"):
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real(path, *args, **kw)
+
+    monkeypatch.setattr(atomic, "put_bytes", full)
+    with pytest.raises(StorageError) as info:
+        ptestore.ensure(index, cache_dir=cache, model="m", device=A)
+    said = (
+        "the entry's earlier version, whose files this run had replaced, was removed"
+        if earlier
+        else "the cache and the source are unchanged"
+    )
+    assert str(info.value).startswith(f"{cache}: no space left on the file system")
+    assert said in str(info.value)
+    entry = cache / "entries" / index_key(index, "m", A)
+    assert sorted(os.listdir(entry)) == []
+    monkeypatch.undo()
+    assert ptestore.ensure(index, cache_dir=cache, model="m", device=A).created
+
+
+def test_an_entry_that_is_a_link_is_not_served_offline(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Offline, the entry is checked as everywhere else in the cache: a symbolic link at
+    the entry (to a copy elsewhere, this user's, its manifest intact) is refused, never
+    followed and served."""
+    import shutil
+
+    from ptestore.device.indexed import index_key
+    from ptestore.errors import PermissionDenied
+
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    index = fleet_run(_job(tmp_path, str(out)), capsys)
+    ptestore.ensure(index, cache_dir=cache, model="m", device=A)
+    entry = cache / "entries" / index_key(index, "m", A)
+    elsewhere = tmp_path / "elsewhere"
+    shutil.move(entry, elsewhere)
+    entry.symlink_to(elsewhere)
+    os.rename(index, tmp_path / "away.json")  # the index is gone: served offline, or not
+    with pytest.raises(PermissionDenied) as info:
+        ptestore.ensure(index, cache_dir=cache, model="m", device=A)
+    assert str(info.value).startswith(
+        f"{entry}: the cache entry is a symbolic link, not a directory: "
+    )

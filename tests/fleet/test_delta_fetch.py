@@ -112,6 +112,30 @@ def test_a_flipped_byte_in_the_base_is_caught_named_and_fetched(
     ) in caplog.messages
 
 
+def test_a_chunk_a_base_fails_is_tried_from_the_next_base_before_the_store(
+    versions: tuple[Path, Path, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Of two bases, the first claims chunk 3 (its own record) and its bytes are not the
+    target's; the second (the portable source) has it: the chunk is taken from the
+    second, not downloaded; the first is still named."""
+    src, a, b = versions
+    base = tmp_path / "base.pte"
+    shutil.copyfile(a, base)
+    flip(base, 3 * CHUNK_SIZE + 12345)
+    dest = tmp_path / "dev" / "m.pte"
+    with caplog.at_level(logging.WARNING, "ptestore.fleet.chunked"):
+        got = _one(ptestore.fetch(b, dest, base=[base, src]))
+    assert dest.read_bytes() == b.read_bytes()
+    lo, hi = 3 * CHUNK_SIZE, 4 * CHUNK_SIZE
+    assert got["base_damaged"] == [{"chunk": 3, "start": lo, "end": hi, "base": str(base)}]
+    assert got["received"] == CHUNK_SIZE + 4096 and got["from_base"] == _base_bytes(b)
+    assert got["bases"] == {str(base): _base_bytes(b, 3), str(src): CHUNK_SIZE}
+    assert (
+        f"{base}: bytes {lo}:{hi} (chunk 3) do not have the digest its own record names: "
+        "damaged or changed since it was made; taken from another base instead"
+    ) in caplog.messages
+
+
 def test_a_base_whose_record_claims_other_bytes_is_hashed_where_it_could_match(
     versions: tuple[Path, Path, Path], tmp_path: Path
 ) -> None:
@@ -398,3 +422,44 @@ def test_s3_a_byte_flipped_in_transit_is_read_again_then_refused(
     )
     assert "; read twice: the object was damaged or changed after it was made" in str(info.value)
     assert info.value.published is False and not dest2.exists()
+
+
+@pytest.mark.s3
+def test_s3_another_range_than_the_one_asked_for_is_refused_as_such(
+    s3_server: S3TestServer, versions: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    """A server (or something between) that answers a ranged GET with another range
+    than the one asked for: the bytes are refused, and the error says so (the range
+    asked for and the ``Content-Range`` received), not that the object was damaged."""
+    from support.faulty_proxy import faulty_proxy
+
+    _, a, b = versions
+    size = b.stat().st_size
+    bucket = s3_server.new_bucket()
+    s3_server.client().put_object(Bucket=bucket, Key="m/b.pte", Body=b.read_bytes())
+    url = f"s3://{bucket}/m/b.pte"
+    asked = f"bytes={CHUNK_SIZE}-"
+
+    def answer(
+        method: str, path: str, asks: dict[str, str], headers: dict[str, str], body: bytes
+    ) -> tuple[dict[str, str], bytes]:
+        ranged = asks.get("Range", asks.get("range", ""))
+        if method != "GET" or not ranged.startswith(asked):
+            return headers, body
+        key = next(k for k in headers if k.lower() == "content-range")
+        last = ranged.removeprefix(asked)
+        return {**headers, key: f"bytes {CHUNK_SIZE + 8}-{last}/{size}"}, body[8:]
+
+    with faulty_proxy(s3_server.endpoint_url, every=0) as (endpoint, proxy):
+        proxy.answer = answer
+        opts = {**s3_server.storage_options, "endpoint_url": endpoint}
+        dest = tmp_path / "dev" / "m.pte"
+        with pytest.raises(IntegrityError) as info:
+            ptestore.fetch(url, dest, base=a, storage_options=opts)
+    last = 2 * CHUNK_SIZE - 1
+    assert str(info.value) == (
+        f"{url}: asked the server for Range: bytes={CHUNK_SIZE}-{last}, it answered "
+        f"Content-Range: bytes {CHUNK_SIZE + 8}-{last}/{size}: another range than the one "
+        "asked for; its bytes are refused"
+    )
+    assert info.value.published is False and not dest.exists()

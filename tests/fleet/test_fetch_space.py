@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from support.delta import program, version
+from support.delta import program, trailer_size, version
 from support.fixtures import get_fixture
 from support.fleet_backend import specialized_pair
 from support.smallfs import tmpfs
@@ -22,6 +22,7 @@ from ptestore.backends.compat import DeviceProfile
 from ptestore.cli import main
 from ptestore.errors import PteStoreError, StorageError
 from ptestore.fleet.download import check_space
+from ptestore.provenance.chunks import CHUNK_SIZE
 
 EXT = get_fixture("mlp_xnnpack_ext")
 SPEC = "support.fleet_backend:Scaler=1.0"
@@ -88,18 +89,60 @@ def test_the_space_check_counts_what_a_part_holds_and_a_base_that_cannot_clone(
         check_space([({}, str(mnt / "unknown.pte"))])  # no size named: nothing to check
 
 
-def test_a_base_on_a_file_system_that_clones_is_not_counted(tmp_path: Path) -> None:
-    """Where the base's file system shares extents (XFS with reflink), chunks taken from
-    it take no new space: its file system is not refused."""
+def test_a_base_on_a_file_system_that_clones_counts_only_what_it_cannot_give(
+    tmp_path: Path,
+) -> None:
+    """Where the base's file system shares extents (XFS with reflink), chunks cloned from
+    it take no new space, the bytes it cannot give do: a file larger than the base by
+    more than the free space is refused up front (the check was skipped there)."""
     from support.xfs import xfs_reflink_mount
 
     with xfs_reflink_mount("300M") as xfs:
         free = xfs.free_bytes()
         base = xfs.path / "base.pte"
-        base.write_bytes(b"\0" * 4096)
-        check_space([({"size": 2 * free}, str(xfs.path / "new.pte"))], [str(base)])
+        with open(base, "wb") as f:  # sparse: its size, no blocks
+            f.truncate(2 * free)
+        new = str(xfs.path / "new.pte")
+        check_space([({"size": 2 * free + free // 2}, new)], [str(base)])
+        with pytest.raises(StorageError, match=f"{2 * free} bytes needed, {free} free"):
+            check_space([({"size": 4 * free}, new)], [str(base)])
         with pytest.raises(StorageError, match="not enough free space"):
-            check_space([({"size": 2 * free}, str(xfs.path / "new.pte"))])
+            check_space([({"size": 2 * free}, new)])
+
+
+def test_what_the_store_sends_after_the_clones_must_fit(
+    versions: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """XFS with reflink: the base's chunks are cloned (free), the chunk that differs is
+    downloaded and takes space. With less free than that chunk, the fetch is refused
+    before the store is asked for it (ENOSPC naming the destination, the bytes to
+    download and free), not a write that fails halfway; with room, it completes."""
+    from support.xfs import xfs_reflink_mount
+
+    a, b = versions
+    with xfs_reflink_mount("300M") as xfs:
+        base = xfs.path / "old.pte"
+        shutil.copyfile(a, base)
+        dest = xfs.path / "m.pte"
+        filler = xfs.path / "filler"
+        with open(filler, "wb") as f:
+            f.write(bytes(xfs.free_bytes() - (2 << 20)))
+            os.fsync(f.fileno())
+        free = xfs.free_bytes()
+        with pytest.raises(StorageError) as info:
+            ptestore.fetch(b, dest, base=base)
+        assert info.value.errno == errno.ENOSPC
+        needed = CHUNK_SIZE + trailer_size(b)
+        message = str(info.value)
+        assert message.startswith(
+            f"{dest}: not enough free space to fetch: {needed} bytes to download, "
+        ), message
+        assert f"free in {xfs.path} (No space left on device); " in message
+        assert message.endswith(" cloned from the bases take none; nothing more was downloaded")
+        assert xfs.free_bytes() >= free - (1 << 20)  # the clones took (almost) nothing
+        filler.unlink()
+        got = ptestore.fetch(b, dest, base=base).files[0]
+        assert dest.read_bytes() == b.read_bytes() and got["received"] == CHUNK_SIZE + 4096
 
 
 def test_a_base_without_clones_on_a_full_disk_is_refused_up_front(
@@ -148,16 +191,11 @@ def test_a_disk_that_fills_during_the_download_is_a_storage_error(
             ptestore.fetch(b, dest, progress=progress, chunk_size=1 << 20, **kw)
         exc = info.value
         assert isinstance(exc, PteStoreError) and exc.errno == errno.ENOSPC
-        stopped = (
-            f"{dest}.part: the download of {b} stopped: No space left on device (ENOSPC); "
-            "a fetch run again resumes it"
-        )
-        if base:  # chunks copied in threads: a copy, or the count written after, fails
-            assert str(exc) == stopped or str(exc).startswith(
-                f"{dest}.part.json: cannot write: No space left on device"
-            )
-        else:
-            assert str(exc) == stopped
+        # Whichever write hit the full disk first (a chunk copied in a thread, or the
+        # count written after it): the message names the destination, then the file.
+        stopped = f"{dest}: the download of {b} stopped: No space left on device (ENOSPC, in "
+        tail = "); a fetch run again resumes it"
+        assert str(exc) in (f"{stopped}{dest}.part{tail}", f"{stopped}{dest}.part.json{tail}")
         assert not dest.exists() and os.path.exists(f"{dest}.part")
         filler.unlink()
         ptestore.fetch(b, dest, **kw)
@@ -208,6 +246,35 @@ def test_a_clone_the_kernel_refuses_oddly_is_a_storage_error(
         ptestore.fetch(b, dest, base=a)
     assert info.value.errno == errno.EIO
     assert str(info.value) == (
-        f"{dest}.part: the download of {b} stopped: Input/output error (EIO); a fetch run "
-        "again resumes it"
+        f"{dest}: the download of {b} stopped: Input/output error (EIO, in {dest}.part); a "
+        "fetch run again resumes it"
+    )
+
+
+def test_a_full_disk_at_the_resume_marker_names_the_destination_and_the_marker(
+    versions: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ENOSPC writing ``DEST.part.json`` (the verified-chunk count) says what a full
+    disk at the ``.part`` says, the destination first, then the file that failed."""
+    from ptestore.fleet import chunked
+    from ptestore.storage import atomic
+
+    real = atomic.put_bytes
+
+    def full(path: str, data: bytes) -> None:
+        if path.endswith(".part.json") and '"verified": 0' not in data.decode():
+            why = os.strerror(errno.ENOSPC)
+            raise StorageError(f"{path}: cannot write: {why}", errno=errno.ENOSPC)
+        real(path, data)
+
+    monkeypatch.setattr(atomic, "put_bytes", full)
+    monkeypatch.setattr(chunked, "put_bytes", full)  # the name chunked imported
+    a, b = versions
+    dest = tmp_path / "m.pte"
+    with pytest.raises(StorageError) as info:
+        ptestore.fetch(b, dest, base=a)
+    assert info.value.errno == errno.ENOSPC
+    assert str(info.value) == (
+        f"{dest}: the download of {b} stopped: No space left on device (ENOSPC, in "
+        f"{dest}.part.json); a fetch run again resumes it"
     )

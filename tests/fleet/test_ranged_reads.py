@@ -12,7 +12,7 @@ import fsspec.asyn
 import pytest
 
 from ptestore._retry import DEFAULT_RETRY
-from ptestore.errors import StorageError
+from ptestore.errors import IntegrityError, StorageError
 from ptestore.fleet import ranged
 from ptestore.fleet.ranged import PinnedReader
 
@@ -43,6 +43,7 @@ class S3FileSystem:
         self.loop = fsspec.asyn.get_loop()
         self.pieces = pieces
         self.opened = 0
+        self.whole = False
 
     def split_path(self, path: str) -> tuple[str, str, None]:
         return ("bucket", "key", None)
@@ -51,7 +52,10 @@ class S3FileSystem:
         assert operation == "get_object" and params["IfMatch"] == '"e"'
         first, last = params["Range"].removeprefix("bytes=").split("-")
         self.opened += 1
-        return {"Body": Body(DATA[int(first) : int(last) + 1], self.pieces)}
+        if self.whole:
+            return {"Body": Body(DATA, self.pieces), "ContentLength": len(DATA)}
+        body = Body(DATA[int(first) : int(last) + 1], self.pieces)
+        return {"Body": body, "ContentRange": f"bytes {first}-{last}/{len(DATA)}"}
 
 
 class Loader:
@@ -83,3 +87,20 @@ def test_failures_in_a_row_still_give_up(monkeypatch: pytest.MonkeyPatch) -> Non
     with pytest.raises(StorageError, match="short read: wanted 512 bytes at offset 0, got 0"):
         b"".join(reader.stream(0, len(DATA), 512))
     assert fs.opened == DEFAULT_RETRY.attempts
+
+
+def test_a_whole_object_for_a_part_asked_for_is_refused_as_such() -> None:
+    """The whole object where a range was asked for: refused at once (no retry), naming
+    the range asked for and what came; the whole object asked for is what it is."""
+    fs = S3FileSystem(pieces=1 << 20)
+    fs.whole = True  # a server that ignores Range: the whole object, no Content-Range
+    reader = PinnedReader(Loader(fs), '"e"')  # type: ignore[arg-type]
+    with pytest.raises(IntegrityError) as info:
+        b"".join(reader.stream(512, 1024, 512))
+    assert str(info.value) == (
+        "s3://bucket/key: asked the server for Range: bytes=512-1023, it answered with no "
+        f"Content-Range ({len(DATA)} bytes: the whole object): another range than the one "
+        "asked for; its bytes are refused"
+    )
+    assert info.value.published is False and fs.opened == 1 and reader.received == 0
+    assert b"".join(reader.stream(0, len(DATA), 4096)) == DATA

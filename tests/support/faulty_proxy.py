@@ -8,7 +8,9 @@ forwarded unchanged. ``enabled`` turns injection on and off; ``every=0`` injects
 
 It also counts what the store sent back (``sent``: response body bytes per method, the
 server's side of "bytes moved") and can change what it forwards: ``tamper(method, path,
-headers, body)`` returns the body the client gets (a byte flipped in transit).
+headers, body)`` returns the body the client gets (a byte flipped in transit); or
+``answer(method, path, request headers, response headers, body)`` returns the response
+headers and body it gets (another range than it asked for, its ``Content-Range`` too).
 """
 
 from __future__ import annotations
@@ -38,6 +40,12 @@ class FaultState:
     sent: dict[str, int] = field(default_factory=dict)
     #: ``(method, path, request headers, body) -> body``: what the client gets.
     tamper: Callable[[str, str, dict[str, str], bytes], bytes] | None = None
+    #: ``(method, path, request headers, response headers, body) -> (response headers,
+    #: body)``: the response the client gets (the request is signed: not rewritten).
+    answer: (
+        Callable[[str, str, dict[str, str], dict[str, str], bytes], tuple[dict[str, str], bytes]]
+        | None
+    ) = None
 
     def count(self, method: str, nbytes: int) -> None:
         with self.lock:
@@ -91,10 +99,13 @@ def _handler(target: str, state: FaultState) -> type[BaseHTTPRequestHandler]:
                 data = resp.read()
                 if state.tamper is not None:
                     data = state.tamper(self.command, self.path, dict(self.headers), data)
+                out = dict(resp.getheaders())
+                if state.answer is not None:
+                    out, data = state.answer(self.command, self.path, dict(self.headers), out, data)
                 if self.command != "HEAD":
                     state.count(self.command, len(data))
                 self.send_response(resp.status, resp.reason)
-                for k, v in resp.getheaders():
+                for k, v in out.items():
                     if k.lower() not in _HOP and k.lower() != "content-length":
                         self.send_header(k, v)
                 if self.command == "HEAD":

@@ -1,0 +1,120 @@
+"""``ensure(index, model=..., device=...)``'s steps (:mod:`.indexed` holds the pieces):
+select, then serve the entry while it is current, else fetch it (taking the chunks the
+cache holds of the model), else specialize the portable source the index names; the
+entry fetched before is served offline when the index or the download cannot be had.
+The fetched files are the entry's only once its manifest is published: a manifest that
+cannot be (a full disk) takes them with it (:func:`.manifest.unpublish`)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .._dataclass import replace
+from ..errors import IntegrityError, PermissionDenied, StorageError
+from .artifact import Artifact, artifact_of, hit_or_make, lookup
+from .cache import CacheLayout, clean_entry_locked
+from .manifest import PTD_NAME, PTE_NAME, unpublish
+
+if TYPE_CHECKING:
+    from ..backends.compat import DeviceProfile
+    from ..backends.registry import BackendLike
+    from ..coordinator.report import Event
+
+__all__ = ["ensure_from_index"]
+
+PathOrUrl = str | os.PathLike[str]
+
+
+def ensure_from_index(
+    index: str,
+    cache_dir: PathOrUrl,
+    model: str,
+    device: DeviceProfile | None,
+    backends: list[BackendLike] | None,
+    max_bytes: int | None,
+    opts: dict[str, Any],
+    progress: Callable[[Event], None] | None = None,
+    portable: str | None = None,
+    *,
+    ensure: Callable[..., Artifact],
+) -> Artifact:
+    """``ensure(index, model=...)`` (see :mod:`ptestore.device.indexed`): the artifact the
+    index selects, fetched into the entry keyed on the index, the model and the device,
+    current while the index still selects the same files (taking the chunks the cache or
+    ``portable`` already holds from there); else the portable source, specialized
+    here by ``ensure`` (:func:`.ensuring.ensure`, passed in: no import loop)."""
+    from ..backends.snapshot import using
+    from .indexed import (
+        check_source,
+        choose,
+        fetch_entry,
+        index_fingerprint,
+        index_key,
+        offline_entry,
+    )
+
+    try:
+        # The backends installed here (select asks them to rate builds made for other
+        # profiles) through the cache's snapshot of the installed metadata: a hit from a
+        # fresh process whose installation is unchanged does not read it again.
+        with using(CacheLayout(cache_dir).snapshot):
+            choice = choose(index, model, device, opts)
+    except StorageError as exc:  # unreachable, gone, refused: the entry fetched before
+        served = (
+            None
+            if device is None
+            else offline_entry(CacheLayout(cache_dir), index, model, device, exc)
+        )
+        if served is None:
+            raise
+        return served
+    assert device is not None  # choose refuses None
+    if choice.kind == "source":
+        made = ensure(
+            choice.pte["url"],
+            cache_dir=cache_dir,
+            backends=backends,
+            device=device,
+            ptd=None if choice.ptd is None else choice.ptd["url"],
+            max_bytes=max_bytes,
+            progress=progress,
+        )
+        check_source(index, choice, made)
+        return replace(made, choice=choice.to_dict())
+    layout = CacheLayout(cache_dir)
+    layout.create()
+    key = index_key(index, model, device)
+    fingerprint = index_fingerprint(index, model, device, choice)
+
+    def fetched() -> Artifact:
+        layout.make_entry_dir(key)
+        had = os.path.lexists(layout.manifest(key))  # an earlier entry, its files replaced
+        manifest = fetch_entry(
+            layout, key, index, model, device, opts, (PTE_NAME, PTD_NAME), progress, portable
+        )
+        try:
+            manifest.publish(layout, index, replaced=had)
+        except BaseException:  # a full disk: the fetched files go, no half entry stays
+            unpublish(layout, key, (PTE_NAME, PTD_NAME), had)
+            raise
+        # The previous files' leftovers; their packed-weight files stay until the new
+        # artifact's is delivered (with_packed_weights): the chunks it shares with them
+        # are taken from them, not downloaded.
+        clean_entry_locked(layout, key, manifest.to_dict(), keep_packed=True)
+        return artifact_of(layout, manifest, True)
+
+    try:
+        got = hit_or_make(layout, key, max_bytes, lambda: lookup(layout, key, fingerprint), fetched)
+        # What select chose now (a hit's manifest keeps the choice it was fetched for:
+        # the same files, but the index may list a packed-weight file since), with what
+        # the manifest adds to it (what the fetch moved).
+        return replace(got, choice={**(got.choice or {}), **choice.to_dict()})
+    except (IntegrityError, PermissionDenied):
+        raise
+    except StorageError as exc:  # the newer artifact cannot be downloaded now
+        served = offline_entry(layout, index, model, device, exc)
+        if served is None:
+            raise
+        return served
