@@ -7,12 +7,17 @@ published, so "nothing was published, retry" (``PreconditionFailed``,
 ``AlreadyExists``) would make a caller following the documented retry loop apply its
 change twice: it is ``PublishUncertain``. A first attempt the service turned away before
 doing anything (503 ``SlowDown``) leaves the plain conflict.
+
+And an interrupt (Ctrl-C) while CreateMultipartUpload is in flight: the service makes
+the upload all the same; the writer waits for the answer and aborts it.
 """
 
 from __future__ import annotations
 
 import random
 import re
+import signal
+import threading
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -33,7 +38,7 @@ from ptestore.writers import S3Writer, WriterState, open_writer
 from ptestore.writers.s3 import MIN_PART_SIZE
 from ptestore.writers.s3.publish import may_have_applied
 
-from .s3_faults import error_response
+from .s3_faults import error_response, fake_response
 
 FAST = {"retry_initial": 0.001, "retry_max": 0.01, "skip_instance_cache": True}
 LOST = re.escape("an earlier attempt's answer was lost (ReadTimeoutError: Read timeout on")
@@ -274,3 +279,41 @@ def _answer(status: int, code: str) -> ClientError:
 )
 def test_which_failures_may_have_published(exc: BaseException, applied: bool) -> None:
     assert may_have_applied(exc) is applied
+
+
+@pytest.mark.s3
+def test_an_interrupt_while_the_upload_is_created_aborts_it(env: Env) -> None:
+    """The request reaches the service (the upload exists), then SIGINT reaches the
+    waiting thread; only once its handler ran does the answer come back. The writer
+    raises the KeyboardInterrupt and leaves no pending upload (which, without its gc
+    marker part, no ``ptestore gc`` would remove)."""
+    w = env.writer()
+    http = urllib3.PoolManager()
+    interrupted = threading.Event()
+    main = threading.main_thread().ident
+    assert main is not None and threading.get_ident() == main  # signals go to this thread
+    created: list[str] = []
+
+    def on_sigint(_signum: int, _frame: object) -> None:
+        interrupted.set()
+        raise KeyboardInterrupt
+
+    def create(request: Any, **_kwargs: Any) -> Any:
+        body = request.body.read() if hasattr(request.body, "read") else request.body
+        r = http.request(request.method, request.url, body=body, headers=dict(request.headers))
+        created.extend(env.uploads())
+        signal.pthread_kill(main, signal.SIGINT)
+        assert interrupted.wait(timeout=60)  # a bound, not a delay: set by the handler
+        return fake_response(request.url, r.status, dict(r.headers), r.data)
+
+    w.client.meta.events.register("before-send.s3.CreateMultipartUpload", create)
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            w.write(env.payload(multipart=True)[: env.part], 0)  # a whole part: starts it
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert len(created) == 1  # the service made it
+    assert w.state is WriterState.DISCARDED
+    w.discard()
+    assert env.uploads() == []
