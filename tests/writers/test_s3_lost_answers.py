@@ -138,8 +138,9 @@ def test_put_lost_then_replaced_is_uncertain(env: Env, mode: str) -> None:
         _publish(w, mode, expected)
     assert hook.calls == 2
     message = str(info.value)
-    assert message.startswith(f"{env.url}: PutObject answered PreconditionFailed (HTTP 412)")
-    assert re.search(f"on a retry, but {LOST}", message)
+    prefix = f"{env.url}: a retry of PutObject was refused (PreconditionFailed (HTTP 412)"
+    assert message.startswith(prefix)
+    assert re.search(f"\\), but {LOST}", message)
     assert (
         f"and that attempt may have published this writer's output; the object there now "
         f"(ETag {theirs[0]}) is not this writer's: this writer's output may have been "
@@ -159,7 +160,7 @@ def test_put_lost_then_deleted_is_uncertain(env: Env) -> None:
     delete = lambda: env.client.delete_object(Bucket=env.bucket, Key=env.key)  # noqa: E731
     FirstAttempt("lost", delete).install(w, "PutObject")
     w.write(b"ours", 0)
-    with pytest.raises(PublishUncertain, match=f"on a retry, but {LOST}") as info:
+    with pytest.raises(PublishUncertain, match=f"\\), but {LOST}") as info:
         w.publish("if-match", expected=expected)
     assert "; there is no object there now: this writer's output may have been" in str(info.value)
     assert env.get() is None
@@ -178,9 +179,9 @@ def test_complete_lost_then_replaced_is_uncertain(env: Env, mode: str, retry: st
     hook = FirstAttempt("lost", lambda: theirs.append(env.put(b"theirs")), retry)
     hook.install(w, "CompleteMultipartUpload")
     w.write(env.payload(multipart=True), 0)
-    with pytest.raises(PublishUncertain, match=f"on a retry, but {LOST}") as info:
+    with pytest.raises(PublishUncertain, match=f"\\), but {LOST}") as info:
         _publish(w, mode, expected)
-    assert str(info.value).startswith(f"{env.url}: CompleteMultipartUpload answered ")
+    assert str(info.value).startswith(f"{env.url}: a retry of CompleteMultipartUpload was ")
     assert f"the object there now (ETag {theirs[0]}) is not this writer's" in str(info.value)
     assert hook.calls == 2
     assert env.get() == b"theirs"

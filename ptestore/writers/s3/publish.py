@@ -347,7 +347,7 @@ def _lost_message(
         else f"the object there now (ETag {head.get('ETag')}) is not this writer's"
     )
     return (
-        f"{where}: {operation} answered {_describe(exc)} on a retry, but an earlier "
+        f"{where}: a retry of {operation} was refused ({_describe(exc)}), but an earlier "
         f"attempt's answer was lost ({_describe(lost)}) and that attempt may have published "
         f"this writer's output; {found}: this writer's output may have been published and "
         "replaced or deleted since, or never published. Read the object before redoing "
