@@ -7,8 +7,8 @@ read with its version token (:func:`~ptestore.writers.versions.read_versioned`),
 by a *transform*, and published with ``publish(mode="if-match", expected=token)``, or
 ``mode="create"`` when there was no object; a conflict (another writer published first)
 reads again and redoes the change. The writers do the compare-and-swap (S3 ``If-Match``
-/ ``If-None-Match``, a hash check under an ``flock`` on local disks, a version counter in
-memory: docs/storage.md). Each object's attempts and conflicts are kept
+/ ``If-None-Match``, a hash check under an ``flock`` on local disks, a hash check under
+a lock in memory: docs/storage.md). Each object's attempts and conflicts are kept
 (:class:`ObjectStats`), and every read is counted (objects, bytes, requests), so a run
 can report its contention per shard and ``select`` what it read.
 """

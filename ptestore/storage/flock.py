@@ -1,9 +1,10 @@
 """Exclusive ``flock`` locks held on a lock file beside what they protect: the maker of
 an XNNPACK packed-weight file and its installer (:mod:`ptestore.xnnpack`), a delivery
-of one (:mod:`ptestore.fleet.packed`) and a ``fetch`` into one destination
-(:mod:`ptestore.fleet.fetch`). Advisory, between processes (and threads: each holder
-opens the file itself); released when the holder's descriptor closes, so a process
-that dies holds nothing."""
+of one (:mod:`ptestore.fleet.packed`), a ``fetch`` into one destination
+(:mod:`ptestore.fleet.fetch`) and a compare-and-swap of a local file
+(:mod:`ptestore.writers._local_cas`). Advisory, between processes (and threads: each
+holder opens the file itself); released when the holder's descriptor closes, so a
+process that dies holds nothing."""
 
 from __future__ import annotations
 
@@ -16,14 +17,17 @@ __all__ = ["locked", "still_at", "try_lock"]
 
 
 @contextlib.contextmanager
-def locked(lock_path: str | os.PathLike[str], *, remove: bool = False) -> Iterator[None]:
-    """The exclusive ``flock`` on the file at ``lock_path`` (made when missing; never
-    through a symbolic link: ``O_NOFOLLOW``). Whoever holds it may remove the lock file
-    (``remove=True`` on the way out, or by hand while holding it): a process that was
-    waiting on the removed file finds the path gone or another file there once it gets
-    the lock, and tries again, so two never hold the lock of one path at once."""
+def locked(
+    lock_path: str | os.PathLike[str], *, remove: bool = False, mode: int = 0o644
+) -> Iterator[None]:
+    """The exclusive ``flock`` on the file at ``lock_path`` (made when missing, with
+    ``mode`` less the umask; never through a symbolic link: ``O_NOFOLLOW``). Whoever
+    holds it may remove the lock file (``remove=True`` on the way out, or by hand while
+    holding it): a process that was waiting on the removed file finds the path gone or
+    another file there once it gets the lock, and tries again, so two never hold the
+    lock of one path at once."""
     while True:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             here = still_at(fd, lock_path)

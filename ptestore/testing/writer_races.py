@@ -52,6 +52,11 @@ class WriterHooks:
     increments: ClassVar[int] = 5
     #: Attempts one increment may take before the race test fails (a bound, not a wait).
     increment_attempts: ClassVar[int] = 400
+    #: Whether the writer's version tokens are derived from the bytes (equal bytes, one
+    #: token: local files, memory, S3's ETag), so that an ``if-match`` on a token read
+    #: before an identical republish still succeeds; False for a store whose versions
+    #: are generation numbers (a republish is a new version, the old token conflicts).
+    content_versions: ClassVar[bool] = True
 
     # -- hooks ------------------------------------------------------------------------
 
@@ -319,6 +324,30 @@ class WriterCompareAndSwap(WriterHooks):
         assert str(info.value) == _conflict_text(w.url, token, None)
         assert info.value.found is None
         assert self.get(dest) is None
+        assert self.leftovers(dest) == []
+
+    def test_if_match_after_an_identical_republish(self, dest: str) -> None:
+        """The same bytes published again: with content tokens (:attr:`content_versions`)
+        it is the same version, and an ``if-match`` on the token read before succeeds;
+        otherwise it is a new version, and that ``if-match`` is refused."""
+        self._needs_cas(dest)
+        self.put(dest, b"same")
+        read = self.read_versioned(dest)
+        again = self.make_writer(dest)
+        again.write(b"same", 0)
+        again.publish()
+        assert self.get(dest) == b"same"
+        w = self.make_writer(dest)
+        w.write(b"next", 0)
+        if self.content_versions:
+            assert self.read_versioned(dest).version == read.version
+            w.publish("if-match", expected=read.version)
+            assert self.get(dest) == b"next"
+        else:
+            assert self.read_versioned(dest).version != read.version
+            with pytest.raises(PreconditionFailed):
+                w.publish("if-match", expected=read.version)
+            assert self.get(dest) == b"same"
         assert self.leftovers(dest) == []
 
     def test_if_match_forced_interleaving(self, dest: str) -> None:

@@ -11,23 +11,37 @@ from the "same version". The cost is one read of the destination per conditional
 
 ``publish(mode="if-match")`` takes an exclusive ``flock`` on ``.<name>.ptestore.lock``
 in the destination's directory (created on first use and left there: removing a lock file
-others may hold is itself a race), hashes the destination under it, and renames only if
-the hash is the one expected. Every conditional publisher of the file takes the same lock.
+others may hold is itself a race; never opened through a symbolic link,
+:func:`ptestore.storage.flock.locked`), hashes the destination under it, and renames only
+if the hash is the one expected (:func:`swap`). Every conditional publisher of the file
+takes the same lock. A destination that is a symbolic link is refused: its hash is the
+linked file's, its lock would be the link's (not the one publishers through the file's
+own path take) and the rename would replace the link, so two publishers of one version,
+one through each name, would both succeed.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
+import errno
 import hashlib
 import os
-from collections.abc import Iterator
+import stat
+from collections.abc import Callable, Iterator
 
-from ..errors import local_error
+from ..errors import ConfigurationError, local_error
+from ..storage.flock import locked
 from ..storage.types import strerror
-from .base import Versioned
+from .base import Versioned, version_conflict
 
-__all__ = ["LOCK_SUFFIX", "file_version", "lock_path", "read_file_versioned", "version_lock"]
+__all__ = [
+    "LOCK_SUFFIX",
+    "file_version",
+    "lock_path",
+    "read_file_versioned",
+    "swap",
+    "version_lock",
+]
 
 #: The lock file of ``DIR/NAME`` is ``DIR/.NAME.ptestore.lock``.
 LOCK_SUFFIX = ".ptestore.lock"
@@ -74,17 +88,42 @@ def read_file_versioned(path: str) -> Versioned:
 def version_lock(path: str) -> Iterator[None]:
     """Hold the exclusive lock of ``path``'s conditional publishes."""
     where = lock_path(path)
-    try:
-        fd = os.open(where, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    held = contextlib.ExitStack()
+    try:  # 0o666 less the umask: publishers of other users in a shared group lock it too
+        held.enter_context(locked(where, mode=0o666))
     except OSError as exc:
-        raise local_error(
-            exc, f"{path}: cannot open the lock file {where}: {strerror(exc)}"
-        ) from exc
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError as exc:
-            raise local_error(exc, f"{path}: cannot lock {where} (flock): {strerror(exc)}") from exc
+        why = (
+            "it is a symbolic link, never followed (remove it)"
+            if exc.errno == errno.ELOOP
+            else strerror(exc)
+        )
+        raise local_error(exc, f"{path}: cannot lock {where}: {why}") from exc
+    with held:
         yield
-    finally:
-        os.close(fd)  # releases the flock
+
+
+def swap(
+    path: str, expected: str, commit_point: Callable[[], None], replace: Callable[[], None]
+) -> None:
+    """Under ``path``'s lock: refuse a symbolic link, compare the file's version with
+    ``expected`` (:class:`~ptestore.errors.PreconditionFailed` when it differs), then
+    ``commit_point()`` and ``replace()`` (the rename). An interrupt before the commit
+    point (waiting for the lock, hashing) publishes nothing."""
+    with version_lock(path):
+        try:
+            link = stat.S_ISLNK(os.lstat(path).st_mode)
+        except FileNotFoundError:
+            link = False
+        except OSError as exc:
+            raise local_error(exc, f"{path}: cannot stat it: {strerror(exc)}") from exc
+        if link:
+            raise ConfigurationError(
+                f"{path}: is a symbolic link (to {os.path.realpath(path)}); "
+                "publish(mode='if-match') compares and replaces the file at the path it is "
+                "given: publish to the file's own path instead"
+            )
+        found = file_version(path)
+        if found != expected:
+            raise version_conflict(path, expected, found)
+        commit_point()
+        replace()

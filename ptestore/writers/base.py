@@ -204,15 +204,16 @@ class DataWriter(abc.ABC):
         self._staging = _OwnedStaging(staging)
         self._finalizer = weakref.finalize(self, _finalize, self._staging, self.url, self._dirty)
 
-    def _commit_point(self) -> None:
+    def _commit_point(self, *, hook: bool = True) -> None:
         """Call right before the step that may make the output visible.
 
         From here on, a failure the writer did not classify itself (an interrupt such as
         ``KeyboardInterrupt``, an unexpected exception) may come after the output became
         visible: :meth:`publish` raises :class:`~ptestore.errors.PublishUncertain` for it,
-        never an error that says nothing was published.
+        never an error that says nothing was published. ``hook=False``: the writer ran
+        :attr:`commit_hook` itself, earlier (before a lock that its last checks need).
         """
-        if self.commit_hook is not None:
+        if hook and self.commit_hook is not None:
             self.commit_hook(self)
         self._committing = True
 

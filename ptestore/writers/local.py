@@ -21,8 +21,9 @@ Guarantees (POSIX filesystems such as ext4, XFS, btrfs, f2fs, APFS):
 - **Compare-and-swap**: ``publish(mode="if-match", expected=V)`` hashes the destination
   under an exclusive ``flock`` on ``.<name>.ptestore.lock`` beside it and renames only
   if it still is version ``V`` (its SHA-256, :mod:`._local_cas` says why not its stat
-  identity). Conditional publishers exclude each other, between processes and hosts
-  where the filesystem's ``flock`` works; an ``overwrite`` does not take the lock.
+  identity); a destination that is a symbolic link is refused. Conditional publishers
+  exclude each other, between processes and hosts where the filesystem's ``flock``
+  works; an ``overwrite`` does not take the lock.
 - **Free space**: :meth:`LocalFileWriter.ensure_space` compares the output's size with
   ``statvfs`` of the directory and refuses (``errno`` ENOSPC) before anything is written;
   every write or copy that grows the staging file by :data:`ROOM_CHECK` or more checks
@@ -62,7 +63,6 @@ from .base import (
     PublishResult,
     WriterGuarantees,
     already_exists,
-    version_conflict,
 )
 
 __all__ = ["ROOM_CHECK", "TEMP_NAME_RE", "WRITEBACK_PIECE", "LocalFileWriter", "staging_name"]
@@ -351,18 +351,16 @@ class LocalFileWriter(DataWriter):
         remove_made(self._made)
 
     def _publish_if_match(self, tmp: str) -> None:
-        """Compare and rename under the destination's lock (its commit point is before
-        the lock: a writer paused there must not hold the others up)."""
-        from ._local_cas import file_version, version_lock
+        """Compare and rename under the destination's lock (:func:`._local_cas.swap`).
+        The commit hook runs before the lock (a writer paused there must not hold the
+        others up); the commit point is once the lock is held and the version matched."""
+        from ._local_cas import swap
 
-        expected = self._expected
-        assert expected is not None
-        self._commit_point()
-        with version_lock(self.path):
-            found = file_version(self.path)
-            if found != expected:
-                raise version_conflict(self.path, expected, found)
-            self._rename_or_link("overwrite", tmp)
+        assert self._expected is not None
+        if self.commit_hook is not None:
+            self.commit_hook(self)
+        rename = lambda: self._rename_or_link("overwrite", tmp)  # noqa: E731
+        swap(self.path, self._expected, lambda: self._commit_point(hook=False), rename)
 
     def _rename_or_link(self, mode: PublishMode, tmp: str) -> None:
         if mode == "overwrite":

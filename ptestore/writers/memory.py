@@ -11,18 +11,18 @@ Guarantees (within one process, which is the whole world of ``memory://``):
 - **No-clobber**: ``mode="create"`` checks and installs under a module-level lock shared
   by every :class:`MemoryWriter`, so concurrent ptestore publishers see exactly one
   winner. (Other code writing the store directly does not take that lock.)
-- **Compare-and-swap**: an object's version token is a number from one process-wide
-  counter, recorded with the ``MemoryFile`` it names when a writer installs it (an
-  object someone else stored gets a fresh number when its version is first asked);
-  ``mode="if-match"`` compares and installs under the same lock. Numbers are never
-  reused, also across paths, so a deleted and re-created object never matches an old
-  token.
+- **Compare-and-swap**: an object's version token is ``"sha256:<hex>"`` of its bytes,
+  as for local files, computed when asked: a change made in place (fsspec's own
+  ``open(path, "ab")`` or ``"r+b"`` hand out the stored ``MemoryFile`` itself) is a new
+  version, and equal bytes are the same version (republished, or deleted and made
+  again), as they are locally and for S3's ETag. ``mode="if-match"`` compares and
+  installs under the same lock.
 - **Cleanup**: discard and garbage collection drop the buffer.
 """
 
 from __future__ import annotations
 
-import itertools
+import hashlib
 import threading
 from typing import ClassVar
 
@@ -43,37 +43,35 @@ __all__ = ["MemoryWriter", "memory_current_version", "memory_read_versioned"]
 
 #: Serializes every MemoryWriter publish (check + install) in this process.
 _PUBLISH_LOCK = threading.Lock()
-_VERSIONS = itertools.count(1)
-#: path -> (the MemoryFile installed, its version number); under _PUBLISH_LOCK.
-_VERSION_OF: dict[str, tuple[MemoryFile, int]] = {}
 
 
-def _version_locked(fs: MemoryFileSystem, path: str) -> tuple[MemoryFile | None, str | None]:
-    """The object at ``path`` and its version token (lock held)."""
+def _token(data: bytes | bytearray | memoryview) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def _version_locked(fs: MemoryFileSystem, path: str) -> str | None:
+    """The version token of the object at ``path`` (lock held; None: no object)."""
     obj = fs.store.get(path)
     if obj is None:
-        _VERSION_OF.pop(path, None)
-        return None, None
-    known = _VERSION_OF.get(path)
-    if known is None or known[0] is not obj:  # stored by someone else: a new number
-        known = _VERSION_OF[path] = (obj, next(_VERSIONS))
-    return obj, str(known[1])
+        return None
+    with obj.getbuffer() as view:  # released at once: the object stays resizable
+        return _token(view)
 
 
 def memory_read_versioned(url: str, fs: MemoryFileSystem | None = None) -> Versioned:
     """The bytes at ``memory://`` ``url`` and their version token, read at once."""
     fs = fs if fs is not None else MemoryFileSystem()
     with _PUBLISH_LOCK:
-        obj, version = _version_locked(fs, fs._strip_protocol(url))
-        data = b"" if obj is None else bytes(obj.getvalue())
-    return Versioned(data, version)
+        obj = fs.store.get(fs._strip_protocol(url))
+        data = None if obj is None else bytes(obj.getvalue())
+    return Versioned(b"", None) if data is None else Versioned(data, _token(data))
 
 
 def memory_current_version(url: str, fs: MemoryFileSystem | None = None) -> str | None:
     """The version token of the object at ``memory://`` ``url`` (None: no object)."""
     fs = fs if fs is not None else MemoryFileSystem()
     with _PUBLISH_LOCK:
-        return _version_locked(fs, fs._strip_protocol(url))[1]
+        return _version_locked(fs, fs._strip_protocol(url))
 
 
 class _MemoryStaging:
@@ -129,6 +127,7 @@ class MemoryWriter(DataWriter):
     def _publish(self, mode: PublishMode, size: int) -> PublishResult:
         fs, path = self.fs, self.path
         obj = MemoryFile(fs, path, bytes(self._st.buf))
+        version = _token(self._st.buf)
         self._commit_point()  # outside the lock: a paused writer must not block the others
         with _PUBLISH_LOCK:
             if path in fs.pseudo_dirs or any(k.startswith(path + "/") for k in fs.store):
@@ -141,12 +140,10 @@ class MemoryWriter(DataWriter):
             if mode == "create" and path in fs.store:
                 raise already_exists(self.url)
             if mode == "if-match":
-                found = _version_locked(fs, path)[1]
+                found = _version_locked(fs, path)
                 if found != self._expected:
                     assert self._expected is not None
                     raise version_conflict(self.url, self._expected, found)
-            version = next(_VERSIONS)
             fs.store[path] = obj  # the one step that makes the object visible
-            _VERSION_OF[path] = (obj, version)
         self._st.cleanup()
-        return PublishResult(url=self.url, size=size, etag=str(version))
+        return PublishResult(url=self.url, size=size, etag=version)

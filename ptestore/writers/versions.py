@@ -18,7 +18,7 @@ redo the change. What a token is, per store:
 store      version token
 =========  =================================================================
 local      ``"sha256:<hex>"`` of the file's bytes (:mod:`._local_cas` says why)
-memory     a number from one process-wide counter, never reused
+memory     ``"sha256:<hex>"`` of the object's bytes, as for local files
 S3         the object's ETag (as S3 returns it, quotes included)
 =========  =================================================================
 

@@ -8,9 +8,10 @@ import weakref
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
-from ptestore.errors import StorageError
+from ptestore.errors import PreconditionFailed, StorageError
 from ptestore.testing.writer_contract import WriterContract
 from ptestore.writers import DataWriter, MemoryWriter, WriterState, open_writer
+from ptestore.writers.versions import read_versioned
 
 
 class TestMemoryContract(WriterContract):
@@ -57,3 +58,28 @@ def test_a_write_too_large_for_memory_is_a_storage_error() -> None:
     ):
         w.write(b"x", 1 << 40)
     assert w.state is WriterState.DISCARDED
+
+
+@pytest.mark.parametrize("how", ["ab", "r+b"])
+def test_a_change_made_in_place_is_a_new_version(how: str) -> None:
+    """fsspec's own ``open(path, "ab")`` and ``"r+b"`` change the stored ``MemoryFile``
+    itself: the token is the content's, so it changes, and a stale if-match is refused
+    (it would drop that change)."""
+    url = f"memory://contract/{uuid.uuid4().hex}/index.json"
+    path = MemoryFileSystem._strip_protocol(url)
+    w = open_writer(url)
+    w.write(b"v0", 0)
+    w.publish()
+    read = read_versioned(url)
+    with MemoryFileSystem().open(path, how) as f:
+        if how == "r+b":
+            f.seek(1)
+        f.write(b"+theirs")
+    changed = read_versioned(url)
+    assert changed.version not in (None, read.version)
+    stale = open_writer(url)
+    stale.write(read.data + b"+mine", 0)
+    with pytest.raises(PreconditionFailed) as info:
+        stale.publish("if-match", expected=read.version)
+    assert (info.value.expected, info.value.found) == (read.version, changed.version)
+    assert read_versioned(url).data == changed.data

@@ -78,14 +78,20 @@ def test_a_store_without_tokens_is_named(tmp_path: Path) -> None:
     )
 
 
-def test_memory_token_survives_a_backdoor_write_as_a_new_number() -> None:
+def test_memory_token_is_the_content_s() -> None:
+    """Whoever stores the object (a backdoor ``pipe_file`` here), its token is the hash
+    of its bytes: equal bytes are the same version, other bytes another."""
+    import hashlib
+
     from fsspec.implementations.memory import MemoryFileSystem
 
     url = "memory://versions/one"
     MemoryFileSystem().pipe_file("/versions/one", b"a")
     first = current_version(url)
-    assert first is not None and current_version(url) == first
+    assert first == "sha256:" + hashlib.sha256(b"a").hexdigest()
     MemoryFileSystem().pipe_file("/versions/one", b"a")  # same bytes, another object
+    assert current_version(url) == first
+    MemoryFileSystem().pipe_file("/versions/one", b"b")
     assert current_version(url) not in (None, first)
     MemoryFileSystem().rm("/versions/one")
     assert current_version(url) is None

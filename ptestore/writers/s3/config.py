@@ -25,6 +25,7 @@ given in the options is used as it is.
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import logging
 import os
 import threading
@@ -205,6 +206,20 @@ class S3Connection:
         method = getattr(self.client, operation)
         result: dict[str, Any] = self._sync(self.fs.loop, method, **params)
         return result
+
+    def submit(self, operation: str, **params: Any) -> cf.Future[dict[str, Any]]:
+        """One attempt of ``client.<operation>(**params)`` started on s3fs's loop: its
+        future (what :meth:`invoke` waits for). A caller interrupted while it waits can
+        still learn what the request did."""
+        import asyncio
+
+        method = getattr(self.client, operation)
+
+        async def run() -> dict[str, Any]:
+            result: dict[str, Any] = await method(**params)
+            return result
+
+        return asyncio.run_coroutine_threadsafe(run(), self.fs.loop)
 
     def invoke_read(self, operation: str, **params: Any) -> tuple[dict[str, Any], bytes]:
         """One attempt of ``client.<operation>(**params)`` whose answer has a streaming

@@ -9,6 +9,11 @@ reconciliation of lost answers, and the verifying HEAD.
 - A retried call meeting ``PreconditionFailed`` or ``NoSuchUpload`` (the first attempt
   succeeded, its answer was lost) is reconciled with a ``HEAD`` looking for this
   writer's token (``x-amz-meta-ptestore-writer``).
+- Each attempt that failed in a way that may have taken effect (:func:`may_have_applied`:
+  its answer lost to a timeout or a connection closed after sending, a 5xx other than
+  503) is remembered. Once one did, a later refusal (412, 409, 404) whose ``HEAD`` does
+  not show this writer's token is :class:`~ptestore.errors.PublishUncertain`, never
+  "nothing was published": our object may have landed and been replaced since.
 - Afterwards a ``HEAD`` with ``ChecksumMode=ENABLED`` checks size, checksum (the
   writer's algorithm, :mod:`.checksum`) and token.
 """
@@ -16,23 +21,45 @@ reconciliation of lost answers, and the verifying HEAD.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..._retry import Category, classify, error_code, to_storage_error
-from ..._retry.classify import NOT_FOUND_CODES
+from ..._retry.classify import NOT_FOUND_CODES, TRANSIENT_CODES, find_error_info
 from ...errors import ConfigurationError, IntegrityError, PublishUncertain, StorageError
 from ..base import PublishMode, PublishResult, already_exists, version_conflict
 from .checksum import encode, param, part_checksum, published_checksum
 from .config import S3Connection
 
-__all__ = ["TOKEN_METADATA_KEY", "S3Publisher", "checked_metadata"]
+__all__ = ["TOKEN_METADATA_KEY", "S3Publisher", "checked_metadata", "may_have_applied"]
 
 log = logging.getLogger("ptestore.writers.s3")
 
 #: User-metadata key (``x-amz-meta-ptestore-writer``) holding the writer's token.
 TOKEN_METADATA_KEY = "ptestore-writer"
 _RECONCILABLE = ("PreconditionFailed", "NoSuchUpload", "ConditionalRequestConflict")
+#: Codes of a 5xx answer that may come after the request was carried out.
+_MAYBE_DONE_CODES = frozenset({"InternalError"})
+
+
+class _Attempts:
+    """The attempts of one publish call: the first failure that may have taken effect."""
+
+    def __init__(self) -> None:
+        self.retried = False
+        #: The first attempt's failure that may have published (None: none may have).
+        self.lost: BaseException | None = None
+
+    def run(self, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        try:
+            return fn()
+        except Exception as exc:
+            if self.lost is None and may_have_applied(exc):
+                self.lost = exc
+            raise
+
+    def note_retry(self) -> None:
+        self.retried = True
 
 
 class S3Publisher:
@@ -66,7 +93,7 @@ class S3Publisher:
         """Publish a small output with one PutObject; ``(answer, checksum)``."""
         size, crc = len(body), part_checksum(self.algorithm, body)
         extra: dict[str, Any] = {**self.conn.create_extras, **_condition(mode, expected)}
-        retried = [False]
+        attempts = _Attempts()
 
         def put() -> dict[str, Any]:
             return self.conn.invoke(
@@ -82,9 +109,11 @@ class S3Publisher:
             )
 
         try:
-            resp = self.conn.call("PutObject", put, on_retry=lambda: retried.__setitem__(0, True))
+            resp = self.conn.call(
+                "PutObject", lambda: attempts.run(put), on_retry=attempts.note_retry
+            )
         except Exception as exc:
-            resp = self._reconcile(exc, "PutObject", mode, size, retried[0], expected)
+            resp = self._reconcile(exc, "PutObject", mode, size, attempts, expected)
         return resp, crc
 
     def complete(
@@ -101,7 +130,7 @@ class S3Publisher:
         extra: dict[str, Any] = {**self.conn.extras, **_condition(mode, expected)}
         if crc is not None:
             extra.update(param(self.algorithm, crc))
-        retried = [False]
+        attempts = _Attempts()
 
         def complete() -> dict[str, Any]:
             resp = self.conn.invoke(
@@ -120,9 +149,9 @@ class S3Publisher:
 
         op = "CompleteMultipartUpload"
         try:
-            resp = self.conn.call(op, complete, on_retry=lambda: retried.__setitem__(0, True))
+            resp = self.conn.call(op, lambda: attempts.run(complete), on_retry=attempts.note_retry)
         except Exception as exc:
-            resp = self._reconcile(exc, op, mode, size, retried[0], expected)
+            resp = self._reconcile(exc, op, mode, size, attempts, expected)
         return resp
 
     def head(self) -> dict[str, Any] | None:
@@ -154,7 +183,7 @@ class S3Publisher:
         operation: str,
         mode: PublishMode,
         size: int,
-        retried: bool,
+        attempts: _Attempts,
         expected: str | None = None,
     ) -> dict[str, Any]:
         """A publish call failed: find out whether our object is there anyway."""
@@ -192,26 +221,29 @@ class S3Publisher:
             log.info("%s: %s answered %s, but our object is in place", where, operation, code)
             assert head is not None
             return head
+        if code == "NoSuchUpload":
+            raise PublishUncertain(
+                f"{where}: the multipart upload is gone (NoSuchUpload) and the object does not "
+                "carry this writer's token: either it completed and another writer replaced it "
+                "since, or the upload was aborted (by gc or a lifecycle rule)"
+                + (" after a retried Complete" if attempts.retried else "")
+            ) from exc
+        if attempts.lost is not None:  # a refusal of our retry, maybe of our own object
+            message = _lost_message(where, operation, exc, attempts.lost, head)
+            raise PublishUncertain(message) from exc
         if (
             code in ("PreconditionFailed", "ConditionalRequestConflict")
             and mode == "create"
             and (head is not None or code == "PreconditionFailed")
         ):
             raise already_exists(where) from exc
-        if conflict and code != "NoSuchUpload":
+        if conflict:
             assert expected is not None
             found = None if head is None else str(head.get("ETag"))
             reason = (
                 f"the service answered {code}: a concurrent write" if found == expected else None
             )
             raise version_conflict(where, expected, found, "storage", reason) from exc
-        if code == "NoSuchUpload":
-            raise PublishUncertain(
-                f"{where}: the multipart upload is gone (NoSuchUpload) and the object does not "
-                "carry this writer's token: either it completed and another writer replaced it "
-                "since, or the upload was aborted (by gc or a lifecycle rule)"
-                + (" after a retried Complete" if retried else "")
-            ) from exc
         raise to_storage_error(exc, where, operation) from exc
 
     def verify_published(
@@ -275,6 +307,52 @@ def _condition(mode: PublishMode, expected: str | None) -> dict[str, str]:
         assert expected is not None
         return {"IfMatch": expected}
     return {}
+
+
+def may_have_applied(exc: BaseException) -> bool:
+    """Whether a failed attempt of a publish call may have taken effect: its answer was
+    lost after the request was sent (:func:`_maybe_sent`), or the service answered a
+    server error that can come after the work was done (500 ``InternalError``, a 502 or
+    504 of a proxy in front of it). Not a 503 (``SlowDown``, ``ServiceUnavailable``), a
+    throttling code, 408/``RequestTimeout`` or any 4xx: the request was turned away
+    before anything was done."""
+    info = find_error_info(exc)
+    if info is None or (info.code is None and info.status is None):
+        return _maybe_sent(exc)
+    if info.code in _MAYBE_DONE_CODES:
+        return True
+    if info.code in TRANSIENT_CODES:
+        return False
+    return info.status is not None and info.status >= 500 and info.status != 503
+
+
+def _describe(exc: BaseException) -> str:
+    info = find_error_info(exc)
+    return info.describe() if info is not None else f"{type(exc).__name__}: {exc}"
+
+
+def _lost_message(
+    where: str,
+    operation: str,
+    exc: BaseException,
+    lost: BaseException,
+    head: dict[str, Any] | None,
+) -> str:
+    """The :class:`PublishUncertain` of a refusal (``exc``) met by a retry after an
+    attempt that may have published (``lost``): what the service answered, what was
+    lost, what is there now."""
+    found = (
+        "there is no object there now"
+        if head is None
+        else f"the object there now (ETag {head.get('ETag')}) is not this writer's"
+    )
+    return (
+        f"{where}: a retry of {operation} was refused ({_describe(exc)}), but an earlier "
+        f"attempt's answer was lost ({_describe(lost)}) and that attempt may have published "
+        f"this writer's output; {found}: this writer's output may have been published and "
+        "replaced or deleted since, or never published. Read the object before redoing "
+        "the change (a blind retry could apply it twice)"
+    )
 
 
 def _maybe_sent(exc: BaseException) -> bool:

@@ -1,11 +1,13 @@
 """What an S3 writer has staged: the pending multipart upload (created with its gc
-marker part by ``start()``, which also aborts what a retried create left behind), the
-upload pool and the local spool file. ``cleanup()`` aborts the upload; it knows nothing
-of the writer (it runs from the writer's finalizer)."""
+marker part by ``start()``, which also aborts what a retried create left behind, and the
+upload of a create interrupted while in flight), the upload pool and the local spool
+file. ``cleanup()`` aborts the upload; it knows nothing of the writer (it runs from the
+writer's finalizer)."""
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import logging
 import os
 import secrets
 import tempfile
@@ -21,10 +23,15 @@ from .config import S3Connection
 from .marker import MARKER_PART_NUMBER, marker_bytes
 from .strays import abort_strays
 
-__all__ = ["S3Staging"]
+__all__ = ["LATE_ANSWER", "S3Staging"]
+
+log = logging.getLogger("ptestore.writers.s3")
 
 #: Abort rounds: parts still arriving when Abort ran may survive it.
 _ABORT_ROUNDS = 3
+#: Seconds an interrupted writer waits for the answer of the CreateMultipartUpload it
+#: was waiting for, to abort the upload it made.
+LATE_ANSWER = 10.0
 
 
 class S3Staging:
@@ -66,13 +73,18 @@ class S3Staging:
             "ChecksumType": "FULL_OBJECT",
             **self.conn.create_extras,
         }
+        def create() -> dict[str, Any]:
+            future = self.conn.submit("create_multipart_upload", **params)
+            try:
+                return future.result()
+            except BaseException as exc:
+                if not isinstance(exc, Exception):  # interrupted while it was in flight
+                    self._abort_late(future)
+                raise
+
         started = time.monotonic()
         try:
-            resp = self.conn.call(
-                "CreateMultipartUpload",
-                lambda: self.conn.invoke("create_multipart_upload", **params),
-                on_retry=note_retry,
-            )
+            resp = self.conn.call("CreateMultipartUpload", create, on_retry=note_retry)
         except Exception as exc:
             where = f"s3://{self.bucket}/{self.key}"
             raise to_storage_error(exc, where, "CreateMultipartUpload") from exc
@@ -94,6 +106,37 @@ class S3Staging:
         if retried:  # after the marker: another writer's sweep never takes ours
             abort_strays(self.conn, self.bucket, self.key, upload_id, took)
         return upload_id
+
+    def _abort_late(self, future: cf.Future[dict[str, Any]]) -> None:
+        """An interrupt (Ctrl-C, or SIGTERM under ``termination_as_interrupt``) came
+        while CreateMultipartUpload was in flight: s3fs's loop finishes the request, and
+        the upload it makes would be named to nobody, with no gc marker part for
+        ``ptestore gc`` to prove it ptestore's. Wait up to :data:`LATE_ANSWER` seconds
+        for the answer and abort the upload it names (a second interrupt ends the wait)."""
+        where = f"s3://{self.bucket}/{self.key}"
+        try:
+            resp = future.result(timeout=LATE_ANSWER)
+        except cf.TimeoutError:
+            log.warning(
+                "%s: interrupted while CreateMultipartUpload was in flight, and its answer "
+                "did not come within %gs: the upload it may have made stays pending (it has "
+                "no gc marker part) until an AbortIncompleteMultipartUpload lifecycle rule "
+                "removes it",
+                where,
+                LATE_ANSWER,
+            )
+            return
+        except Exception:  # the create failed: there is no upload
+            return
+        upload_id = resp.get("UploadId")
+        if not isinstance(upload_id, str):
+            return
+        try:
+            self.abort(upload_id)
+        except Exception as exc:
+            log.warning("%s: interrupted while creating upload %s: %s", where, upload_id, exc)
+        else:
+            log.info("%s: interrupted; aborted upload %s, created meanwhile", where, upload_id)
 
     def spool(self, url: str, spool_dir: str | os.PathLike[str] | None) -> int:
         """The spool file's descriptor, created on first use (unlinked at once: it

@@ -1,0 +1,139 @@
+"""Local compare-and-swap (``publish(mode="if-match")``) around its lock: symbolic links
+(the destination, the lock file) and an interrupt while waiting for the lock."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ptestore.errors import ConfigurationError, PreconditionFailed, PublishUncertain, StorageError
+from ptestore.writers import LocalFileWriter, WriterState
+from ptestore.writers._local_cas import lock_path
+from ptestore.writers.local import TEMP_NAME_RE
+from ptestore.writers.versions import read_versioned
+
+
+def staging_files(directory: Path) -> list[str]:
+    return sorted(n for n in os.listdir(directory) if TEMP_NAME_RE.match(n))
+
+
+def test_if_match_through_a_symbolic_link_is_refused(tmp_path: Path) -> None:
+    """Through a link, the hash would be the linked file's, the lock the link's and the
+    rename would replace the link: a publisher through the file's own path takes
+    another lock, and both would win on one version. Refused; nothing changes."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    target, link = shared / "index.json", tmp_path / "index.json"
+    target.write_bytes(b"v0")
+    link.symlink_to(target)
+    read = read_versioned(str(link))
+    assert read.version == read_versioned(str(target)).version
+    a = LocalFileWriter(link)
+    a.write(b"v1 from a (through the link)", 0)
+    with pytest.raises(ConfigurationError) as info:
+        a.publish("if-match", expected=read.version)
+    assert str(info.value) == (
+        f"{link}: is a symbolic link (to {target}); publish(mode='if-match') compares and "
+        "replaces the file at the path it is given: publish to the file's own path instead"
+    )
+    assert a.state is WriterState.DISCARDED
+    assert link.is_symlink() and target.read_bytes() == b"v0"
+    assert staging_files(tmp_path) == []
+    b = LocalFileWriter(target)  # through the file's own path: the compare-and-swap
+    b.write(b"v1 from b", 0)
+    b.publish("if-match", expected=read.version)
+    assert link.is_symlink() and link.read_bytes() == b"v1 from b"
+
+
+def test_the_lock_file_is_never_opened_through_a_symbolic_link(tmp_path: Path) -> None:
+    """A link planted where the lock file goes is not followed (nothing is created where
+    it points): the publish fails, naming it, and publishes nothing."""
+    dest = tmp_path / "m.json"
+    dest.write_bytes(b"v0")
+    victim = tmp_path / "elsewhere"
+    os.symlink(victim, lock_path(str(dest)))
+    read = read_versioned(str(dest))
+    w = LocalFileWriter(dest)
+    w.write(b"v1", 0)
+    with pytest.raises(StorageError) as info:
+        w.publish("if-match", expected=read.version)
+    assert str(info.value) == (
+        f"{dest}: cannot lock {lock_path(str(dest))}: it is a symbolic link, never followed "
+        "(remove it)"
+    )
+    assert not isinstance(info.value, PublishUncertain)
+    assert not victim.exists()
+    assert dest.read_bytes() == b"v0"
+    assert staging_files(tmp_path) == []
+
+
+def test_an_interrupt_while_waiting_for_the_lock_publishes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another publisher holds the lock; Ctrl-C while this one waits for it is a plain
+    interrupt (nothing was published), not PublishUncertain."""
+    dest = tmp_path / "m.json"
+    dest.write_bytes(b"v0")
+    read = read_versioned(str(dest))
+    w = LocalFileWriter(dest)
+    w.write(b"v1", 0)
+    holder = os.open(lock_path(str(dest)), os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    real_flock = fcntl.flock
+    waited: list[bool] = []
+
+    def flock(fd: Any, operation: int) -> None:
+        if operation == fcntl.LOCK_EX:  # a wait: it would block, the user presses Ctrl-C
+            with pytest.raises(BlockingIOError):
+                real_flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            waited.append(True)
+            raise KeyboardInterrupt
+        real_flock(fd, operation)
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            w.publish("if-match", expected=read.version)
+    finally:
+        monkeypatch.undo()
+        os.close(holder)
+    assert waited == [True]
+    assert w.state is WriterState.DISCARDED
+    assert dest.read_bytes() == b"v0"
+    assert staging_files(tmp_path) == []
+
+
+def test_an_interrupt_at_the_rename_is_uncertain(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the lock is held and the version matched, the commit step has begun."""
+    dest = tmp_path / "m.json"
+    dest.write_bytes(b"v0")
+    read = read_versioned(str(dest))
+    w = LocalFileWriter(dest)
+    w.write(b"v1", 0)
+
+    def replace(src: Any, dst: Any) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(PublishUncertain, match="interrupted after its commit step began"):
+        w.publish("if-match", expected=read.version)
+
+
+def test_a_conflict_is_found_under_the_lock(tmp_path: Path) -> None:
+    """The commit hook runs before the lock (race tests pause a writer there) and the
+    version is compared after it: a change made meanwhile is a conflict."""
+    dest = tmp_path / "m.json"
+    dest.write_bytes(b"v0")
+    read = read_versioned(str(dest))
+    w = LocalFileWriter(dest)
+    w.write(b"v1", 0)
+    w.commit_hook = lambda _: dest.write_bytes(b"changed meanwhile")
+    with pytest.raises(PreconditionFailed, match="nothing was published"):
+        w.publish("if-match", expected=read.version)
+    assert dest.read_bytes() == b"changed meanwhile"
