@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .._dataclass import dataclass, field
-from ..errors import AlreadyExists, FormatError, PreconditionFailed
+from ..errors import AlreadyExists, FormatError, PreconditionFailed, PublishUncertain
 from ..storage.routing import options_for_loader, options_for_writer
 from ..storage.types import StorageURL, split_url
 
@@ -226,6 +226,12 @@ class IndexStore:
         read at, and whether this call published it. An exception ``transform`` raises
         (other than a conflict) ends the loop and is raised.
 
+        A write whose outcome is unknown (:class:`~ptestore.errors.PublishUncertain`: an
+        attempt's answer was lost, and a retry was refused by a version that is not
+        ours) is read again like a conflict: ``transform`` is idempotent, so what is there
+        now either holds the change (this call is then counted as having published it:
+        it may have) or gets it by a new compare-and-swap.
+
         ``transform`` returning None (nothing to change) on ``first`` ends the call as it
         is, unless ``confirm_unchanged``: then the object is read again and the answer
         taken from what is there now. A write made on a stale read fails its
@@ -236,6 +242,7 @@ class IndexStore:
 
         given = [first]
         out: list[Any] = [None, None, False]
+        maybe_ours = [False]  # an attempt whose write may have landed (PublishUncertain)
 
         def attempt() -> None:
             stats.attempts += 1
@@ -246,12 +253,17 @@ class IndexStore:
                 value, version = self.read_json(url)
                 new = transform(value, version)
             if new is None:
-                out[:] = [value, version, False]
+                out[:] = [value, version, maybe_ours[0]]
+                stats.written = stats.written or maybe_ours[0]
                 return
             try:
                 self.write(url, new, "create" if version is None else "if-match", version)
             except (PreconditionFailed, AlreadyExists):
                 stats.conflicts += 1
+                raise
+            except PublishUncertain:
+                stats.conflicts += 1
+                maybe_ours[0] = True
                 raise
             out[:] = [new, version, True]
             stats.written = True
@@ -260,7 +272,10 @@ class IndexStore:
             # Conflicts are expected when runs share shards, and each is reported (the
             # run's index_shards): logged at DEBUG, not once per retry as a warning.
             CONFLICT_RETRY.call(
-                attempt, what=f"{url}: index update", retry_on=is_conflict, level=logging.DEBUG
+                attempt,
+                what=f"{url}: index update",
+                retry_on=lambda exc: is_conflict(exc) or isinstance(exc, PublishUncertain),
+                level=logging.DEBUG,
             )
         except PreconditionFailed as exc:
             raise PreconditionFailed(

@@ -303,6 +303,9 @@ class ModelTrie:
         prefix = node.prefix
         stats = ObjectStats(self.url(prefix), "leaf", entries=len(changes))
         made: dict[str, tuple[dict[str, Any] | None, dict[str, Any]]] = {}
+        # The changes of the last write tried: a write whose outcome was unknown and that
+        # is found in place on the next read made them (the store says it may have).
+        tried: dict[str, tuple[dict[str, Any] | None, dict[str, Any]]] = {}
 
         def transform(value: dict[str, Any] | None, version: str | None) -> dict[str, Any] | None:
             current = self.parse(prefix, value, version)
@@ -317,6 +320,9 @@ class ModelTrie:
                     continue
                 entries[device] = new
                 made[device] = (old, new)
+            if made:
+                tried.clear()
+                tried.update(made)
             return self.shape(prefix, entries) if made else None
 
         try:
@@ -329,7 +335,7 @@ class ModelTrie:
             _record(out, stats)
             return True
         if written:
-            out_changes = dict(made)
+            out_changes = dict(made or tried)
             if value is not None and value.get("state") == SPLITTING:
                 now = self.read(prefix)
                 if now.kind == SPLITTING:
