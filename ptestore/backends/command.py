@@ -20,18 +20,31 @@ model, the program runs once with the bytes on stdin and these environment varia
 
 What it writes to stdout replaces the input. Empty stdout means "keep the input as it
 is"; a replacement may have any size (the program's output is its own format). A
-non-zero exit status fails the whole run cleanly (nothing is published) with
-the end of the program's stderr in the error. Every replacement asks for the
+non-zero exit status (or a signal) fails the whole run cleanly (nothing is published)
+with the end of the program's stderr in the error. Every replacement asks for the
 constructor's ``alignment`` (default: none beyond the original segment's).
+
+The program runs in a session of its own, with stdout and stderr sent to temporary
+files (only the last :data:`STDERR_TAIL` characters of stderr are read back): the run
+ends when the program exits, whatever it leaves running. ``timeout`` (the constructor's,
+or ``timeout=SECONDS`` leading the command line of a SPEC:
+``command@QnnBackend=timeout=600 qnn-compile``) bounds each run; a timeout, Ctrl-C,
+SIGTERM (as ``ptestore._signals`` raises it) or any other exception stops the program's
+whole process group: SIGTERM, :data:`STOP_GRACE` seconds, SIGKILL.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
+import shutil
+import signal
 import subprocess
+import tempfile
 from collections.abc import Sequence
+from typing import BinaryIO
 
 from ..errors import BackendError, ConfigurationError
 from .api import BackendData, BackendDataInitContext, BackendDataWriter, BackendInterface
@@ -66,8 +79,23 @@ class CommandBackend(BackendInterface):
                     f"the command backend cannot parse its command line {command!r}: {exc} "
                     "(close every quote; quote or escape arguments that contain spaces)"
                 ) from None
+            while self.argv and self.argv[0].startswith("timeout="):  # the SPEC's options
+                if timeout is not None:
+                    raise ConfigurationError(
+                        f"the command backend got two timeouts: {self.argv[0]!r} in its "
+                        f"command line {command!r} and timeout={timeout!r}"
+                    )
+                timeout = _seconds(self.argv.pop(0).partition("=")[2], command)
         else:
             self.argv = list(command)
+        if timeout is not None and (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, (int, float))
+            or not 0 < timeout < float("inf")
+        ):
+            raise ConfigurationError(
+                f"the command backend's timeout must be a number of seconds > 0, got {timeout!r}"
+            )
         if not self.argv:
             raise ConfigurationError(
                 f"the command backend needs a program, got {command!r}: use command=PROGRAM "
@@ -86,34 +114,60 @@ class CommandBackend(BackendInterface):
     ) -> bytes:
         full_env = dict(os.environ)
         full_env.update(env)
+        # stdout and stderr go to files, not pipes: a background process the program
+        # leaves behind with them open cannot hold the run up, and stderr costs only
+        # the tail that is read back
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            rc = self._wait(data, full_env, out, err, what, backend, where)
+            if rc != 0:
+                tail = _tail(err)
+                raise BackendError(
+                    f"command {shlex.join(self.argv)!r} {_ended(rc)} on {what}"
+                    + (f": {tail}" if tail else ""),
+                    backend=backend,
+                    **where,
+                )
+            out.seek(0)
+            return out.read()
+
+    def _wait(
+        self,
+        data: bytes,
+        env: dict[str, str],
+        out: BinaryIO,
+        err: BinaryIO,
+        what: str,
+        backend: str,
+        where: dict[str, str | None],
+    ) -> int:
+        """Run the program in a session of its own and return its exit status; a
+        timeout, Ctrl-C or any other exception stops its whole process group."""
         try:
-            proc = subprocess.run(
+            proc = subprocess.Popen(
                 self.argv,
-                input=data,
-                capture_output=True,
-                env=full_env,
-                timeout=self.timeout,
-                check=False,
+                stdin=subprocess.PIPE,
+                stdout=out,
+                stderr=err,
+                env=env,
+                start_new_session=True,  # its children too are stopped with it
             )
-        except FileNotFoundError:
-            raise BackendError(
-                f"command {self.argv[0]!r} not found", backend=backend, **where
-            ) from None
+        except OSError as exc:
+            raise BackendError(_not_started(self.argv[0], exc), backend=backend, **where) from None
+        try:
+            proc.communicate(data, timeout=self.timeout)
         except subprocess.TimeoutExpired:
+            _stop_group(proc)
+            tail = _tail(err)
             raise BackendError(
-                f"command {shlex.join(self.argv)!r} timed out after {self.timeout} s on {what}",
+                f"command {shlex.join(self.argv)!r} timed out after {self.timeout:g} s on "
+                f"{what} (stopped with its process group)" + (f": {tail}" if tail else ""),
                 backend=backend,
                 **where,
             ) from None
-        if proc.returncode != 0:
-            err = proc.stderr.decode("utf-8", "replace").strip()[-2000:]
-            raise BackendError(
-                f"command {shlex.join(self.argv)!r} exited with status {proc.returncode} "
-                f"on {what}" + (f": {err}" if err else ""),
-                backend=backend,
-                **where,
-            )
-        return proc.stdout
+        except BaseException:  # Ctrl-C, SIGTERM (as Terminated), anything: no orphans
+            _stop_group(proc)
+            raise
+        return proc.returncode
 
     def initialize_backend_data(
         self, context: BackendDataInitContext, output: BackendDataWriter
@@ -177,3 +231,87 @@ class CommandBackend(BackendInterface):
                 output.write_named_data(
                     key, BackendData(out, alignment=self.alignment, allow_size_change=True)
                 )
+
+
+def _seconds(text: str, command: str) -> float:
+    """``timeout=SECONDS`` at the start of a command line: a number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise ConfigurationError(
+            f"the command backend's timeout={text} (in {command!r}) must be a number of "
+            "seconds > 0 (e.g. command@QnnBackend=timeout=600 qnn-compile ...)"
+        )
+    return value
+
+
+#: Seconds a stopped program's process group has to end after SIGTERM (a timeout,
+#: Ctrl-C, SIGTERM to ptestore) before SIGKILL.
+STOP_GRACE = 2.0
+#: Characters of the program's stderr put into an error.
+STDERR_TAIL = 2000
+
+
+def _stop_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the program's process group (it leads one: ``start_new_session``), give
+    the program :data:`STOP_GRACE` seconds to end, then SIGKILL whatever is left of the
+    group (its own children included)."""
+    try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=STOP_GRACE)
+    finally:  # also when a second Ctrl-C cuts the grace short
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def _tail(err: BinaryIO) -> str:
+    """The last :data:`STDERR_TAIL` characters of the program's stderr (stripped): only
+    the end of the file is read."""
+    size = err.seek(0, os.SEEK_END)
+    err.seek(max(0, size - 4 * STDERR_TAIL))  # at most 4 bytes a character in UTF-8
+    return err.read().decode("utf-8", "replace").strip()[-STDERR_TAIL:]
+
+
+def _ended(rc: int) -> str:
+    """``exited with status 3`` or ``was killed by SIGKILL``."""
+    if rc >= 0:
+        return f"exited with status {rc}"
+    try:
+        name = signal.Signals(-rc).name
+    except ValueError:
+        name = f"signal {-rc}"
+    return f"was killed by {name}"
+
+
+def _not_started(program: str, exc: OSError) -> str:
+    """Why ``program`` could not be started: not found, or found but not executable
+    (execve's ENOENT for a script whose ``#!`` interpreter is missing)."""
+    if isinstance(exc, FileNotFoundError):
+        path = program if os.sep in program else shutil.which(program)
+        if path is None or not os.path.isfile(path):
+            return f"command {program!r} not found"
+        where = repr(program) + ("" if path == program else f" ({path})")
+        try:
+            with open(path, "rb") as f:
+                first = f.readline(1024)
+        except OSError:
+            first = b""
+        words = first[2:].split() if first.startswith(b"#!") else []
+        if words:
+            interpreter = os.fsdecode(words[0])
+            return (
+                f"command {where} exists but cannot be executed: the interpreter its #! "
+                f"line names, {interpreter!r}, is missing"
+            )
+        return (
+            f"command {where} exists but cannot be executed: {exc.strerror} "
+            "(is its interpreter or loader missing?)"
+        )
+    if isinstance(exc, PermissionError):
+        return f"command {program!r} cannot be executed: {exc.strerror} (is it executable?)"
+    return f"command {program!r} cannot be started: {exc.strerror or exc}"

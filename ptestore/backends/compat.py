@@ -74,10 +74,65 @@ def _nesting(value: object) -> int:
 
 
 def canonical_json(value: object) -> str:
-    """JSON with sorted keys and no spaces: the same value always gives the same text."""
+    """JSON with sorted keys and no spaces: the same value always gives the same text.
+    Standard JSON only: a nan or an infinity raises ``ValueError`` (other readers of a
+    trailer or an index, jq or a JSON parser in another language, refuse them)."""
     import json
 
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
+
+
+#: Why JSON has no room for a value, at the end of messages refusing one.
+_JSON_ONLY = "trailers and the index are JSON, which has no nan or inf"
+
+
+def _int_digits_limit() -> int:
+    """The most digits Python turns an int into text with (0: no limit)."""
+    import sys
+
+    get = getattr(sys, "get_int_max_str_digits", None)
+    return int(get()) if get is not None else 0
+
+
+def _unfit(device: str, value: object, where: str = "") -> str | None:
+    """Why an option value cannot be recorded as JSON (a message naming the option,
+    ``a.b[2]`` as a fleet job names it), or None: a nan or an infinity, an int of more
+    digits than Python turns into text, a key that is not a string."""
+    import math
+
+    if isinstance(value, float) and not math.isfinite(value):
+        return (
+            f"device {device!r} option {where!r} must be a finite number, got {value!r} "
+            f"({_JSON_ONLY})"
+        )
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            str(value)
+        except ValueError:  # "Exceeds the limit (4300 digits) for integer string conversion"
+            limit = _int_digits_limit()
+            return (
+                f"device {device!r} option {where!r} is an integer of more than {limit} "
+                "digits, which Python does not turn into text "
+                "(sys.get_int_max_str_digits()): give it as a string"
+            )
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                return (
+                    f"device {device!r} option {f'{where}.{k}' if where else str(k)!r}: keys "
+                    f"must be strings, got {type(k).__name__} {k!r} (JSON's are)"
+                )
+            found = _unfit(device, v, f"{where}.{k}" if where else k)
+            if found:
+                return found
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            found = _unfit(device, v, f"{where}[{i}]")
+            if found:
+                return found
+    return None
 
 
 @dataclass(frozen=True, eq=True)
@@ -94,6 +149,11 @@ class DeviceProfile:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
             raise ConfigurationError(f"device name must be a non-empty string, got {self.name!r}")
+        if "\x00" in self.name:
+            raise ConfigurationError(
+                f"device name {self.name!r} contains a NUL character (\\x00): programs get "
+                "it as text (the command backend's PTESTORE_DEVICE), which cannot hold one"
+            )
         if not isinstance(self.options, Mapping):
             raise ConfigurationError(
                 f"device {self.name!r}: options must be a mapping, got "
@@ -104,6 +164,9 @@ class DeviceProfile:
                 f"device {self.name!r}: options nest more than {MAX_OPTIONS_DEPTH} levels "
                 "of lists and tables (provenance records them as JSON)"
             )
+        unfit = _unfit(self.name, self.options)
+        if unfit is not None:
+            raise ConfigurationError(unfit)
         try:
             text = canonical_json(dict(self.options))
         except (TypeError, ValueError) as exc:
@@ -148,20 +211,60 @@ class DeviceProfile:
         return {"name": self.name, "options": dict(self.options), "digest": self.digest()}
 
 
+def _strict_json(value: str) -> Any:
+    """``json.loads(value)``, or ``ValueError`` when it is not JSON; a number JSON
+    cannot hold (``NaN``, ``Infinity``, ``1e999``, an integer of more digits than Python
+    converts) raises :class:`ConfigurationError` saying so (only once the whole text
+    parsed: ``NaNa`` is not JSON, so a string)."""
+    import json
+    import math
+
+    unfit: list[str] = []
+
+    def constant(text: str) -> float:
+        unfit.append(f"{text} is not a finite number ({_JSON_ONLY})")
+        return 0.0
+
+    def real(text: str) -> float:
+        number = float(text)
+        if not math.isfinite(number):
+            unfit.append(f"{text} is not a finite number ({_JSON_ONLY})")
+        return number
+
+    def integer(text: str) -> int:
+        try:
+            return int(text)
+        except ValueError:  # more digits than Python turns into a number
+            unfit.append(
+                f"an integer of {len(text.lstrip('-'))} digits is more than Python converts "
+                f"({_int_digits_limit()} digits, sys.get_int_max_str_digits()): give it as "
+                'a JSON string (KEY=\'"..."\') to keep it as text'
+            )
+            return 0
+
+    parsed = json.loads(value, parse_constant=constant, parse_float=real, parse_int=integer)
+    if unfit:
+        raise ConfigurationError(unfit[0])
+    return parsed
+
+
 def parse_device_options(pairs: list[str], where: str = "--device-option") -> dict[str, Any]:
     """``["soc=sm8650", "threads=4"]`` -> ``{"soc": "sm8650", "threads": 4}`` (a value is
-    parsed as JSON when it is valid JSON, else kept as a string)."""
+    parsed as JSON when it is valid JSON, else kept as a string). Standard JSON only:
+    ``NaN``, ``Infinity`` or a number out of range (``1e999``, an integer of more than
+    4300 digits) is refused, not kept as a string."""
     if not pairs:
         return {}
-    import json
-
     options: dict[str, Any] = {}
     for text in pairs:
         key, sep, value = text.partition("=")
         if not sep or not key.strip():
             raise ConfigurationError(f"{where}: expected KEY=VALUE, got {text!r}")
         try:
-            parsed: Any = json.loads(value)
+            parsed: Any = _strict_json(value)
+        except ConfigurationError as exc:
+            shown = text if len(text) <= 60 else text[:57] + "..."
+            raise ConfigurationError(f"{where} {shown!r}: {exc}") from None
         except ValueError:
             parsed = value
         options[key.strip()] = parsed

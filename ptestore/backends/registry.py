@@ -39,7 +39,13 @@ from .._dataclass import dataclass
 from ..errors import BackendError, ConfigurationError, describe_exception
 from .api import BackendInterface
 from .compat import distribution_version
-from .snapshot import active as active_snapshot
+from .entrypoints import (
+    BUILTIN_BACKENDS,
+    ENTRY_POINT_GROUP,
+    ambiguity,
+    entry_point_table,
+    load_entry_point,
+)
 
 if TYPE_CHECKING:
     from importlib.metadata import EntryPoint
@@ -59,19 +65,6 @@ __all__ = [
     "serving",
     "unregister_backend",
 ]
-
-ENTRY_POINT_GROUP = "ptestore.backends"
-
-#: ptestore's own backends: the entry points its distribution declares (pyproject.toml,
-#: checked by a test), resolved by name without reading any installed metadata
-#: (:mod:`importlib.metadata` and the entry points of every distribution cost tens of ms
-#: at start-up). A third party's entry point of the same name does not replace them.
-BUILTIN_BACKENDS: MappingProxyType[str, str] = MappingProxyType(
-    {
-        "passthrough": "ptestore.backends.passthrough:PassthroughBackend",
-        "command": "ptestore.backends.command:CommandBackend",
-    }
-)
 
 BackendFactory = Callable[..., BackendInterface]
 BackendLike = Union[str, BackendInterface, type[BackendInterface]]  # noqa: UP007
@@ -228,7 +221,8 @@ def _declared_version(obj: object, *, default: bool = True) -> str | None:
 def installed_backends() -> list[InstalledBackend]:
     """Every installed backend, registrations first, then entry points (an entry point
     shadowed by a registration of the same name is left out). Entry points are loaded
-    to learn what they serve; one that cannot be loaded is listed with its error."""
+    to learn what they serve; one that cannot be loaded is listed with its error, and so
+    is each declaration of a name several distributions declare (ambiguous)."""
     with _lock:
         registered = dict(_registry)
     out = [
@@ -237,38 +231,27 @@ def installed_backends() -> list[InstalledBackend]:
         )
         for name, obj in sorted(registered.items())
     ]
-    for name, (value, version) in sorted(_entry_point_table().items()):
+    for name, declarations in sorted(entry_point_table().items()):
         if name in registered:
             continue
+        if len(declarations) > 1:
+            why = ambiguity(name, declarations)
+            out.extend(
+                InstalledBackend(name, "*", d.value, "entry point", d.version, why)
+                for d in declarations
+            )
+            continue
+        value, version = declarations[0].value, declarations[0].version
         try:
-            obj = _load_entry_point(value, name)
+            obj = load_entry_point(value, name)
         except (ConfigurationError, BackendError) as exc:
             out.append(InstalledBackend(name, "*", value, "entry point", version, str(exc)))
             continue
-        # a version the class declares wins over its distribution's
-        declared = _declared_version(obj, default=False) if isinstance(obj, type) else None
-        out.append(InstalledBackend(name, _served(obj), value, "entry point", declared or version))
+        # what provenance records (the class's version, or its own distribution's); the
+        # declaring distribution's only for a factory, which cannot be asked
+        loaded = _declared_version(obj)
+        out.append(InstalledBackend(name, _served(obj), value, "entry point", loaded or version))
     return out
-
-
-def _entry_point_table() -> dict[str, tuple[str, str | None]]:
-    """Entry-point name -> (its ``module:attr`` value, the version of the distribution
-    declaring it): from the active snapshot when it has them (no metadata read, see
-    :mod:`.snapshot`), else from the installed metadata (and then recorded in it)."""
-    snap = active_snapshot()
-    if snap is not None and snap.entry_points is not None:
-        table = dict(snap.entry_points)
-    else:
-        table = {
-            name: (ep.value, getattr(ep.dist, "version", None) if ep.dist is not None else None)
-            for name, ep in _entry_points().items()
-        }
-        if snap is not None:
-            snap.learn_entry_points(table)
-    for name, value in BUILTIN_BACKENDS.items():  # ours, whatever else declares the name
-        if table.get(name, ("",))[0] != value:
-            table[name] = (value, None)
-    return table
 
 
 def _guarded(what: str, spec: str, action: Callable[[], object]) -> object:
@@ -332,32 +315,6 @@ def _import_path(ref: str, spec: str) -> object:
     return obj
 
 
-def _load_entry_point(value: str, spec: str) -> object:
-    """Load an entry point's ``module:attr.attr [extras]`` value as
-    ``EntryPoint.load`` does (extras are not checked, as there)."""
-
-    def load() -> object:
-        module_name, _, attr = value.partition("[")[0].partition(":")
-        obj: object = importlib.import_module(module_name.strip())
-        for part in attr.strip().split("."):
-            if part:
-                obj = getattr(obj, part)
-        return obj
-
-    try:
-        return load()
-    except (ImportError, AttributeError) as exc:
-        raise ConfigurationError(
-            f"backend {spec!r}: entry point {value!r} failed to load: {describe_exception(exc)}"
-        ) from exc
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:  # a module's import-time code is user code
-        raise BackendError(
-            f"entry point {value!r} failed to load: {describe_exception(exc)}", backend=spec
-        ) from exc
-
-
 def _resolve(ref: str, spec: str) -> object:
     if ":" in ref:
         return _import_path(ref, spec)
@@ -365,10 +322,12 @@ def _resolve(ref: str, spec: str) -> object:
         if ref in _registry:
             return _registry[ref]
     if ref in BUILTIN_BACKENDS:
-        return _load_entry_point(BUILTIN_BACKENDS[ref], spec)
-    eps = _entry_point_table()
+        return load_entry_point(BUILTIN_BACKENDS[ref], spec)
+    eps = entry_point_table()
     if ref in eps:
-        return _load_entry_point(eps[ref][0], spec)
+        if len(eps[ref]) > 1:
+            raise ConfigurationError(f"backend {spec!r}: {ambiguity(ref, eps[ref])}")
+        return load_entry_point(eps[ref][0].value, spec)
     known = sorted(set(eps) | set(_registry))
     raise ConfigurationError(
         f"backend {spec!r}: unknown name {ref!r}{did_you_mean(ref, known)}; known: "

@@ -55,7 +55,10 @@ EGG_INFO_FILES = (
     "SOURCES.txt",
     "installed-files.txt",
 )
-FORMAT = "ptestore.backends-snapshot/1"
+FORMAT = "ptestore.backends-snapshot/2"  # /2: every declaration of an entry-point name
+#: One entry point: its ``module:attr`` value, the version and the name of the
+#: distribution declaring it.
+Declared = tuple[str, str | None, str | None]
 #: A snapshot file larger than this is not one of ours.
 MAX_BYTES = 1 << 22
 
@@ -128,17 +131,19 @@ class Snapshot:
     def __init__(self, stamp: list[Any] | None, facts: dict[str, Any] | None = None) -> None:
         self.stamp = stamp
         given = facts or {}
-        #: Every entry point of the group ``ptestore.backends``: name -> (its
-        #: ``module:attr`` value, the version of the distribution declaring it), or None
-        #: when not read.
-        self.entry_points: dict[str, tuple[str, str | None]] | None = None
+        #: Every entry point of the group ``ptestore.backends``: name -> its declarations
+        #: (several when several distributions declare the name), each ``(module:attr
+        #: value, version and name of the distribution declaring it)``; None when not read.
+        self.entry_points: dict[str, list[Declared]] | None = None
         if given.get("entry_points") is not None:
-            self.entry_points = {k: (v[0], v[1]) for k, v in given["entry_points"].items()}
+            self.entry_points = {
+                k: [(d[0], d[1], d[2]) for d in v] for k, v in given["entry_points"].items()
+            }
         #: top-level package -> the version of the distribution providing it.
         self.versions: dict[str, str] = dict(given.get("versions") or {})
         self.changed = False
 
-    def learn_entry_points(self, values: dict[str, tuple[str, str | None]]) -> None:
+    def learn_entry_points(self, values: dict[str, list[Declared]]) -> None:
         if self.entry_points != values:
             self.entry_points = dict(values)
             self.changed = True
@@ -196,9 +201,14 @@ def _entry_map(value: object) -> bool:
     return isinstance(value, dict) and all(
         isinstance(k, str)
         and isinstance(v, list)
-        and len(v) == 2
-        and isinstance(v[0], str)
-        and (v[1] is None or isinstance(v[1], str))
+        and v
+        and all(
+            isinstance(d, list)
+            and len(d) == 3
+            and isinstance(d[0], str)
+            and all(x is None or isinstance(x, str) for x in d[1:])
+            for d in v
+        )
         for k, v in value.items()
     )
 

@@ -1,0 +1,124 @@
+"""Entry points of the group ``ptestore.backends`` as installed distributions declare
+them: a name two distributions declare is listed once per declaration, with an error,
+and refused by ``--backend NAME`` and the default selection, naming both; the version
+listed is what provenance records (the loaded class's)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+from support.fixtures import get_fixture
+
+import ptestore
+from ptestore.backends import installed_backends, load_backend
+from ptestore.backends.snapshot import using
+from ptestore.cli import main
+from ptestore.cli.exits import EXIT_FAILURE
+from ptestore.errors import ConfigurationError
+
+MLP = get_fixture("mlp_xnnpack")
+assert MLP.pte_path is not None
+
+BACKEND = """\
+from ptestore.backends import BackendInterface, NotSupported
+
+class {cls}(BackendInterface):
+    name = "XnnpackBackend"
+
+    def initialize_backend_data(self, context, output):
+        raise NotSupported("demo")
+
+def make():
+    return {cls}()
+"""
+
+
+def dist(site: Path, name: str, version: str, tops: list[str], eps: dict[str, str]) -> None:
+    info = site / f"{name}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    (info / "top_level.txt").write_text("".join(f"{t}\n" for t in tops))
+    (info / "RECORD").write_text("")
+    if eps:
+        lines = "".join(f"{k} = {v}\n" for k, v in eps.items())
+        (info / "entry_points.txt").write_text(f"[ptestore.backends]\n{lines}")
+
+
+def package(site: Path, top: str, cls: str) -> None:
+    (site / top).mkdir(parents=True)
+    (site / top / "__init__.py").write_text("")
+    (site / top / "ptestore.py").write_text(BACKEND.format(cls=cls))
+
+
+@pytest.fixture
+def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, str]:
+    """A site directory on ``sys.path`` and a unique suffix for its names (the version
+    lookups and imported modules of one test never answer for another's)."""
+    path = tmp_path / "site"
+    path.mkdir()
+    monkeypatch.syspath_prepend(str(path))
+    return path, uuid.uuid4().hex[:8]
+
+
+def test_a_name_two_distributions_declare_is_refused_naming_both(
+    site: tuple[Path, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, u = site
+    package(path, f"acme_npu_{u}", "Npu")
+    package(path, f"other_npu_{u}", "Other")
+    name = f"acme{u}"
+    dist(path, f"zz_plugin_{u}", "9.9", [f"other_npu_{u}"], {name: f"other_npu_{u}.ptestore:Other"})
+    dist(path, f"acme_plugin_{u}", "1.2", [], {name: f"acme_npu_{u}.ptestore:Npu"})
+    why = (
+        f"the entry point name {name!r} (group ptestore.backends) is declared by 2 "
+        f"distributions, acme_plugin_{u} 1.2 (acme_npu_{u}.ptestore:Npu) and zz_plugin_{u} "
+        f"9.9 (other_npu_{u}.ptestore:Other): which one is meant is unknown; uninstall "
+        "one, or name the class by its import path (package.module:attr)"
+    )
+    listed = [b for b in installed_backends() if b.name == name]
+    assert [(b.spec, b.version, b.error) for b in listed] == [
+        (f"acme_npu_{u}.ptestore:Npu", "1.2", why),
+        (f"other_npu_{u}.ptestore:Other", "9.9", why),
+    ]
+    with pytest.raises(ConfigurationError) as info:
+        load_backend(name)
+    assert str(info.value) == f"backend {name!r}: {why}"
+    with pytest.raises(ConfigurationError) as info:  # the default selection
+        ptestore.specialize(MLP.pte_path, tmp_path / "o.pte")
+    assert str(info.value) == f"backend {name!r}: {why}"
+    assert main(["backends", "--json"]) == EXIT_FAILURE
+    rows = [r for r in json.loads(capsys.readouterr().out) if r["name"] == name]
+    assert [r["error"] for r in rows] == [why, why]
+    # a snapshot remembers both declarations
+    snap = tmp_path / "backends.json"
+    for _ in range(2):
+        with using(str(snap)):
+            assert [b.error for b in installed_backends() if b.name == name] == [why, why]
+
+
+def test_the_version_listed_is_the_one_provenance_records(site: tuple[Path, str]) -> None:
+    path, u = site
+    package(path, f"acme_npu_{u}", "Npu")
+    dist(path, f"acme_npu_{u}", "3.4", [f"acme_npu_{u}"], {})
+    dist(
+        path,
+        f"acme_plugin_{u}",
+        "1.2",
+        [],
+        {
+            f"cls{u}": f"acme_npu_{u}.ptestore:Npu",
+            f"factory{u}": f"acme_npu_{u}.ptestore:make",
+            f"broken{u}": f"acme_npu_{u}.nowhere:Npu",
+        },
+    )
+    found = {b.name: b for b in installed_backends()}
+    # the class: its distribution's version, as BackendInterface.version says
+    assert found[f"cls{u}"].version == "3.4" == load_backend(f"cls{u}").version
+    # a factory cannot be asked without calling it, nor can an entry that does not load:
+    # the version of the distribution declaring them
+    assert found[f"factory{u}"].version == "1.2"
+    assert found[f"broken{u}"].version == "1.2"
+    assert found[f"broken{u}"].error is not None
