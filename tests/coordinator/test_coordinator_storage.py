@@ -243,7 +243,11 @@ def test_cli_names_the_real_backend_id_and_warns_about_unused(
     assert MLP.pte_path is not None
     dst = tmp_path / "o.pte"
     assert main(["specialize", str(MLP.pte_path), str(dst), "--backend", "command=false"]) == 1
-    assert "backend 'XnnpackBackend', method 'forward': command 'false'" in capsys.readouterr().err
+    assert capsys.readouterr().err == (
+        "ptestore specialize: failed, nothing published: backend 'XnnpackBackend' "
+        "(command=false), method 'forward': command 'false' exited with status 1 on a "
+        "delegate blob\n"
+    )
     spec = "passthrough@XNNPACKBackend"
     # A typo'd id serves nothing: nothing specialized, exit 2 (issue 8, item 4) ...
     assert main(["specialize", str(MLP.pte_path), str(dst), "--backend", spec, "--quiet"]) == 2
