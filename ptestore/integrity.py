@@ -54,6 +54,7 @@ def read_checked(
         elif not quick:
             got = content_digest(loader, trailer.content_size, like=prov.content.sha256)
             if got.size != prov.content.size or got.sha256 != prov.content.sha256:
+                loader.check_unchanged()  # replaced while it was read: not damage
                 raise FormatError(
                     target,
                     "content.sha256",

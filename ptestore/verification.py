@@ -19,6 +19,9 @@ Checks, in order, each adding findings to a :class:`VerifyReport`:
 ``status``: ``"intact"`` when nothing was given to compare with (only integrity was
 checked), ``"current"``, ``"stale"`` or ``"invalid"``. ``exit_code``: 0 intact or current,
 1 stale or mismatched (each finding names its field), 2 bad input or a corrupt artifact.
+An object replaced while it is read (S3 reads are pinned to the version first read) is
+neither: :func:`verify` raises :class:`~ptestore.errors.StorageError` ("changed while
+being verified"; the command exits 1).
 """
 
 from __future__ import annotations
@@ -30,7 +33,14 @@ from typing import Any
 from ._dataclass import dataclass, field
 from .backends.compat import Compatibility, DeviceProfile, version_of
 from .backends.registry import BackendLike, load_backend
-from .errors import ConfigurationError, FormatError, ObjectNotFound, PteStoreError
+from .errors import (
+    ConfigurationError,
+    FormatError,
+    ObjectNotFound,
+    PreconditionFailed,
+    PteStoreError,
+    StorageError,
+)
 from .integrity import check_content_address, check_ptd, is_plain, read_checked
 from .provenance import Provenance, spec_text
 from .provenance.stamp import describe_source
@@ -169,7 +179,9 @@ def verify(
     Raises:
         Nothing for a stale, corrupt or missing artifact or bad input (the report says
         so); storage failures other than a missing object (``StorageError``,
-        ``PermissionDenied``) propagate.
+        ``PermissionDenied``) propagate, among them a ``StorageError`` "changed while
+        being verified" when an object read (the artifact, its .ptd, the source) was
+        replaced during the check: nothing is said of its bytes, verify it again.
     """
     target = os.fspath(url)
     report = VerifyReport(target)
@@ -194,6 +206,10 @@ def verify(
     except (FormatError, ObjectNotFound, ConfigurationError) as exc:
         report.status = "invalid"
         report.error = str(exc)
+    except PreconditionFailed as exc:  # a read found another version than it started with
+        raise StorageError(
+            f"{target}: changed while being verified (verify it again): {exc}"
+        ) from exc
     return report
 
 
@@ -254,7 +270,11 @@ def _compare_source(
     src = os.fspath(source)
     src_loader = open_loader(src, **opts.for_loader(src, "src"))
     try:
-        info = describe_source(src_loader, like=None if made is None else made.sha256)
+        # The digest of these bytes, read now: not what the source's own trailer says
+        # of them (a damaged byte would not be seen), nor what this process knew before.
+        info = describe_source(
+            src_loader, like=None if made is None else made.sha256, trust_trailer=False
+        )
     finally:
         src_loader.close()
     if made is None or info.sha256 != made.sha256 or info.size != made.size:

@@ -2,7 +2,8 @@
 [--device-option K=V]... | --job JOB] [--ptd PTD] [--quick] [--range START:END] [--json]``.
 
 Exit status: 0 intact or current, 1 stale or mismatched (the message names the field),
-2 bad input or a corrupt artifact.
+or an object replaced while it was read ("changed while being verified"), 2 bad input
+or a corrupt artifact.
 """
 
 from __future__ import annotations
@@ -46,8 +47,9 @@ def add_verify_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--source, that the artifact was made from exactly it; given --backend, that the "
         "backends and their versions match and rate it optimal; given --device, that it "
         "was made for that profile. Without any of them only integrity is checked and the "
-        "answer is 'intact'. Exit status: 0 intact or current, 1 stale, 2 bad input or "
-        "corrupt (the bytes do not match the SHA-256 the provenance records).",
+        "answer is 'intact'. Exit status: 0 intact or current, 1 stale (or an object "
+        "changed while being verified), 2 bad input or corrupt (the bytes do not match "
+        "the SHA-256 the provenance records).",
         epilog=_EPILOG,
     )
     p.add_argument(
@@ -102,6 +104,7 @@ def run_verify(args: argparse.Namespace) -> int:
 
     if args.url is None:
         return _verify_job(args)
+    options: dict[str, Any] = {}
     try:
         source, backends, device, options, cpu, ptd_source = _inputs(args)
     except ConfigurationError as exc:
@@ -119,7 +122,7 @@ def run_verify(args: argparse.Namespace) -> int:
             ptd_source=ptd_source,
         )
     if args.range is not None and report.exit_code == 0:
-        return _verify_range(args, report)
+        return _verify_range(args, report, options)
     if args.json:
         json.dump(report.to_dict(), sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -129,14 +132,17 @@ def run_verify(args: argparse.Namespace) -> int:
     return report.exit_code
 
 
-def _verify_range(args: argparse.Namespace, report: Any) -> int:
+def _verify_range(args: argparse.Namespace, report: Any, options: dict[str, Any]) -> int:
     """``verify URL --range START:END`` once the artifact is intact or current
-    (structure and record, ``--quick``): the chunks covering the range."""
+    (structure and record, ``--quick``): the chunks covering the range. ``options``: the
+    storage options verify was given (a ``--job`` file's too), routed to URL as verify
+    routes them."""
     from ..provenance.check import check_bytes, parse_range
     from ..storage.loaders import open_loader
+    from ..storage.routing import options_for_loader
 
     byte_range = parse_range(args.range)
-    loader = open_loader(args.url, **storage_options(args))
+    loader = open_loader(args.url, **options_for_loader(args.url, options, "dst"))
     try:
         checked = check_bytes(loader, byte_range)
     finally:

@@ -52,7 +52,7 @@ def check_bytes(loader: DataLoader, byte_range: tuple[int, int] | None = None) -
     Raises :class:`~ptestore.errors.FormatError` naming the first damaged chunk and its
     range (field ``content.chunks[i]``), or the whole content's SHA-256 for a version-1
     record; :class:`~ptestore.errors.ConfigurationError` for a range outside the content,
-    a range of a version-1 record or an artifact without a record."""
+    an empty range, a range of a version-1 record or an artifact without a record."""
     from .chunks import iter_mismatches
     from .record import Provenance
     from .trailer import read_trailer
@@ -73,6 +73,11 @@ def check_bytes(loader: DataLoader, byte_range: tuple[int, int] | None = None) -
         raise ConfigurationError(
             f"{loader.name}: byte range {start}:{end} is outside the content: must be within "
             f"0:{size} (the bytes before the provenance trailer)"
+        )
+    if byte_range is not None and start == end:
+        raise ConfigurationError(
+            f"{loader.name}: byte range {start}:{end} is empty (END is exclusive): nothing "
+            f"to check; give START < END within 0:{size}"
         )
     chunks = content.chunks
     if chunks is None:

@@ -147,18 +147,21 @@ def describe_content(
     size: int | None = None,
     *,
     cancelled: threading.Event | None = None,
+    trust_trailer: bool = True,
 ) -> Known:
     """The chunk digests (their root, ``.chunks.digest``, names the bytes) and per-chunk
     CRCs of the first ``size`` bytes (all by default) of the object behind ``loader``,
     reading only what neither its trailer nor this process already knows; remembered
-    for the object's version."""
+    for the object's version. ``trust_trailer=False``: every byte is read and hashed,
+    neither the object's own trailer nor what this process described before is taken
+    (``verify --source``: the digest of exactly these bytes)."""
     from .chunks import chunk_size_for, reusable
     from .crcs import LOCAL_CRCS, STORE_CRCS
     from .digest import ContentHasher
 
     size = loader.size() if size is None else size
     key = version_key(loader)
-    if key is not None:
+    if key is not None and trust_trailer:
         with _LOCK:
             hit = _KNOWN.get(key)
         if hit is not None and hit.chunks.length == size:
@@ -167,7 +170,7 @@ def describe_content(
     known_crcs: dict[int, dict[str, int]] = {}
     algorithms: tuple[str, ...] = LOCAL_CRCS
     # An object of one chunk: that chunk holds the trailer, nothing to take from it
-    got = _from_trailer(loader) if size > chunk_size_for(size) else None
+    got = _from_trailer(loader) if trust_trailer and size > chunk_size_for(size) else None
     if got is not None:
         content, end = got
         assert content.chunks is not None

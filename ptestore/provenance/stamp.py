@@ -72,6 +72,7 @@ def describe_source(
     *,
     cancelled: threading.Event | None = None,
     like: str | None = None,
+    trust_trailer: bool = True,
 ) -> SourceInfo:
     """Size and digest of the whole object, with its entity tag and version id when the
     loader knows them. The digest is the root of its chunk digests (``sha256-tree:``,
@@ -79,7 +80,9 @@ def describe_source(
     names are not read); ``like`` a whole-file SHA-256 (``sha256:``, what records of
     versions 1 and 2 name): that, from one streaming read (into one reused buffer where
     the loader reads into memory it is given). ``cancelled``: stop early (raising
-    :class:`~ptestore._background.Cancelled`) once it is set."""
+    :class:`~ptestore._background.Cancelled`) once it is set. ``trust_trailer=False``:
+    the digest of every byte as read now, never taken from the object's own trailer nor
+    from what this process described before (``verify --source``)."""
     size = loader.size()
     if like is not None and like.startswith("sha256:"):
         import hashlib
@@ -96,7 +99,7 @@ def describe_source(
     else:
         from .known import describe_content
 
-        chunks = describe_content(loader, size, cancelled=cancelled)
+        chunks = describe_content(loader, size, cancelled=cancelled, trust_trailer=trust_trailer)
         digest = chunks.chunks.digest
     etag = getattr(loader, "etag", None)
     version = getattr(loader, "version_id", None)

@@ -30,7 +30,13 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from .._io import pread_all, preadinto_all
-from ..errors import ConfigurationError, ObjectNotFound, StorageError, local_error
+from ..errors import (
+    ConfigurationError,
+    ObjectNotFound,
+    PreconditionFailed,
+    StorageError,
+    local_error,
+)
 from ._options import check_options
 from .base import LoaderBase, check_range
 from .types import Buffer, DataLoader, StorageURL, split_url, strerror
@@ -144,13 +150,16 @@ class LocalFileLoader(LoaderBase):
         return self._size
 
     def check_unchanged(self) -> None:
-        """Raise if the file was modified in place since it was opened (a file renamed
-        over the path does not matter: reads go to the opened one)."""
+        """Raise :class:`~ptestore.errors.PreconditionFailed` if the file was modified in
+        place since it was opened (a file renamed over the path does not matter: reads
+        go to the opened one)."""
         st = os.fstat(self.fileno())
         if (st.st_size, st.st_mtime_ns) != self._stamp:
-            raise StorageError(
+            raise PreconditionFailed(
                 f"{self.name}: modified while being read (size {self._stamp[0]} -> "
-                f"{st.st_size}); its content may be a mix of two versions"
+                f"{st.st_size}); its content may be a mix of two versions",
+                url=self.name,
+                refused_by="ptestore",
             )
 
     def load(self, offset: int, size: int) -> bytes:

@@ -2,6 +2,13 @@
 ``s3://``, ...), with retries (:mod:`ptestore._retry`) and the small-object whole read
 (:data:`WHOLE_READ_LIMIT`). Imported by :func:`~ptestore.storage.loaders.open_loader` for
 the first remote URL only: a local run never loads it, nor fsspec, nor the retry policy.
+
+On S3 every read is a ``GetObject`` of the object's bucket and key, pinned to the
+version the loader opened (``If-Match: <ETag>``, and ``VersionId`` on a versioned
+bucket), and the ETag (and version) of each answer is compared with the pinned one: an
+object replaced while it is read, even by one put back before the end (A, B, A: same
+ETag), fails the read with :class:`~ptestore.errors.PreconditionFailed` ("replaced
+while being read"), never bytes of two versions. That is not retried.
 """
 
 from __future__ import annotations
@@ -10,7 +17,7 @@ import threading
 from typing import Any, ClassVar
 
 from .._retry import DEFAULT_RETRY, RETRY_OPTIONS, Category, RetryPolicy, classify, to_storage_error
-from ..errors import ConfigurationError, ObjectNotFound, StorageError
+from ..errors import ConfigurationError, ObjectNotFound, PreconditionFailed, StorageError
 from ._options import fsspec_options
 from ._s3source import S3Source, s3_source_of
 from .base import LoaderBase, check_range
@@ -20,6 +27,9 @@ __all__ = ["WHOLE_READ_LIMIT", "FsspecLoader", "S3Source", "fresh_info", "fs_cla
 
 #: A remote object no larger than this is read whole at its second read (one request).
 WHOLE_READ_LIMIT = 1 << 20
+
+#: What s3fs takes, in a key, for the start of a version id (``split_path``).
+_VERSION_IN_KEY = "?versionId="
 
 
 def fresh_info(fs: Any, path: str) -> dict[str, Any]:
@@ -66,6 +76,17 @@ class FsspecLoader(LoaderBase):
         self.path = path
         self.name = url
         self._retry = retry
+        #: ``(bucket, key)`` of an S3 object (read by GetObject, pinned), else None.
+        self._s3: tuple[str, str] | None = None
+        if _is_s3fs(fs):
+            if _VERSION_IN_KEY in path:
+                raise ConfigurationError(
+                    f"{url}: an S3 key containing {_VERSION_IN_KEY!r} cannot be read: s3fs "
+                    "takes what follows it for a version id of the key before it, and "
+                    "would read another object; rename the object"
+                )
+            bucket, _, key = path.lstrip("/").partition("/")
+            self._s3 = (bucket, key)
         info = self._info("no such object")
         if info.get("type") == "directory":
             raise StorageError(f"{url}: is a directory, not an object")
@@ -104,14 +125,27 @@ class FsspecLoader(LoaderBase):
         return info
 
     def check_unchanged(self) -> None:
-        """Raise if the object's size or entity tag changed since it was opened."""
+        """Raise :class:`~ptestore.errors.PreconditionFailed` if the object's size, entity
+        tag or version id changed since it was opened."""
         info = self._info("object disappeared while reading")
         etag = info.get("ETag") or info.get("etag")
-        if int(info["size"]) != self._size or (self.etag is not None and etag != self.etag):
-            raise StorageError(
+        version = info.get("VersionId") or None
+        if (
+            int(info["size"]) != self._size
+            or (self.etag is not None and etag != self.etag)
+            or (self.version_id is not None and version != self.version_id)
+        ):
+            versions = (
+                f", version {self.version_id} -> {version}" if self.version_id is not None else ""
+            )
+            raise PreconditionFailed(
                 f"{self.name}: replaced while being read (size {self._size} -> "
-                f"{info['size']}, etag {self.etag} -> {etag}); its content may be a mix of "
-                "two versions"
+                f"{info['size']}, etag {self.etag} -> {etag}{versions}); its content may be "
+                "a mix of two versions",
+                url=self.name,
+                expected=self.etag,
+                found=etag,
+                refused_by="ptestore",
             )
 
     def s3_source(self) -> S3Source | None:
@@ -134,24 +168,88 @@ class FsspecLoader(LoaderBase):
         return self._read(offset, size)
 
     def _read(self, offset: int, size: int) -> bytes:
-        def read() -> bytes:
+        def read() -> tuple[bytes, str | None, str | None]:
+            if self._s3 is not None:
+                return self._get(offset, size)
             data = self.fs.cat_file(self.path, start=offset, end=offset + size)
-            return bytes(data) if not isinstance(data, bytes) else data
+            return (bytes(data) if not isinstance(data, bytes) else data), None, None
 
         what = f"read of {size} bytes at offset {offset}"
         self.bytes_fetched += size
         try:
-            data = self._retry.call(read, what=f"{self.name}: {what}")
+            data, etag, version = self._retry.call(read, what=f"{self.name}: {what}")
         except Exception as exc:
-            if classify(exc) is Category.NOT_FOUND:
-                raise ObjectNotFound(f"{self.name}: object disappeared while reading") from exc
+            category = classify(exc)
+            if category is Category.PRECONDITION:  # 412: If-Match no longer holds
+                raise self._replaced(what, "answered 412", self._etag_now()) from exc
+            if category is Category.NOT_FOUND:
+                gone = "object" if self.version_id is None else f"version {self.version_id}"
+                raise ObjectNotFound(f"{self.name}: {gone} disappeared while reading") from exc
             raise to_storage_error(exc, self.name, what) from exc
+        if self.etag is not None and etag is not None and etag != self.etag:
+            raise self._replaced(what, "answered another ETag", etag)
+        if self.version_id is not None and version is not None and version != self.version_id:
+            raise self._replaced(what, f"answered version {version}", etag)
         if len(data) != size:
             raise StorageError(
                 f"{self.name}: short read: wanted {size} bytes at offset {offset}, "
                 f"got {len(data)} (object changed while reading?)"
             )
         return data
+
+    def _get(self, offset: int, size: int) -> tuple[bytes, str | None, str | None]:
+        """One ranged ``GetObject`` pinned to the version opened: the bytes, and the
+        ETag and version id the answer names."""
+        import fsspec.asyn
+
+        assert self._s3 is not None
+        bucket, key = self._s3
+        params: dict[str, Any] = {
+            "Bucket": bucket,
+            "Key": key,
+            "Range": f"bytes={offset}-{offset + size - 1}",
+        }
+        if self.etag is not None:
+            params["IfMatch"] = self.etag
+        if self.version_id is not None:
+            params["VersionId"] = self.version_id
+        fs = self.fs
+
+        async def get() -> tuple[bytes, str | None, str | None]:
+            resp = await fs._call_s3("get_object", **params)
+            body = resp["Body"]
+            try:
+                data: bytes = await body.read()
+            finally:
+                body.close()
+            return data, resp.get("ETag"), resp.get("VersionId")
+
+        got: tuple[bytes, str | None, str | None] = fsspec.asyn.sync(fs.loop, get)
+        return got
+
+    def _etag_now(self) -> str | None:
+        """The object's ETag now (for a message; None when it cannot be asked)."""
+        try:
+            info = fresh_info(self.fs, self.path)
+        except Exception:  # gone, or the store refuses: the message says "unknown"
+            return None
+        etag = info.get("ETag") or info.get("etag")
+        return etag if isinstance(etag, str) else None
+
+    def _replaced(self, what: str, answer: str, found: str | None) -> PreconditionFailed:
+        """The error of a read whose answer is not the version the loader opened."""
+        pinned = f"ETag {self.etag}"
+        if self.version_id is not None:
+            pinned += f", version {self.version_id}"
+        return PreconditionFailed(
+            f"{self.name}: replaced while being read: the {what}, pinned to {pinned}, "
+            f"{answer} (the object's ETag is now {found or 'unknown'}); the read stops "
+            "instead of mixing two versions",
+            url=self.name,
+            expected=self.etag,
+            found=found,
+            refused_by="storage" if answer == "answered 412" else "ptestore",
+        )
 
 
 def fs_class(url: StorageURL) -> type:

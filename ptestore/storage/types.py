@@ -48,7 +48,8 @@ class DataLoader(Protocol):
         ...
 
     def check_unchanged(self) -> None:
-        """Raise :class:`~ptestore.errors.StorageError` if the object was modified or
+        """Raise :class:`~ptestore.errors.StorageError` (ptestore's loaders: its subclass
+        :class:`~ptestore.errors.PreconditionFailed`) if the object was modified or
         replaced since the loader was opened (its bytes may then be a mix of two
         versions). Called before publishing anything derived from it."""
         ...
