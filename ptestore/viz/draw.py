@@ -56,12 +56,12 @@ STATUS_TEXT = {
 }
 
 
-def _colour(category: str, backends: list[str]) -> str:
+def _colour(category: str, backends: dict[str, int]) -> str:
+    """A region's fill; a delegate's by its backend id, numbered in order of first use
+    (``backends``: id -> number, one look-up per region whatever the ids' count)."""
     if category.startswith("delegate:"):
-        name = category.split(":", 1)[1]
-        if name not in backends:
-            backends.append(name)
-        return DELEGATE_COLOURS[backends.index(name) % len(DELEGATE_COLOURS)]
+        number = backends.setdefault(category.split(":", 1)[1], len(backends))
+        return DELEGATE_COLOURS[number % len(DELEGATE_COLOURS)]
     return COLOURS.get(category, "#999999")
 
 
@@ -86,7 +86,7 @@ def _readable_positions(regions: list[dict[str, Any]], size: int) -> dict[int, f
     return xs
 
 
-def _svg(fm: FileMap, index: int, backends: list[str]) -> str:
+def _svg(fm: FileMap, index: int, backends: dict[str, int]) -> str:
     size = max(1, fm.file_size)
     readable = _readable_positions(fm.regions, size)
     height = 46
@@ -171,13 +171,18 @@ def _table(fm: FileMap, index: int) -> str:
     )
 
 
-def _legend(maps: list[FileMap], backends: list[str]) -> str:
+#: Delegate backend ids the legend names one by one (a file may hold thousands).
+LEGEND_BACKENDS = 16
+
+
+def _legend(maps: list[FileMap], backends: dict[str, int]) -> str:
     used = {r["category"] for fm in maps for r in fm.regions}
     items = []
-    for name in backends:
-        items.append(
-            (DELEGATE_COLOURS[backends.index(name) % len(DELEGATE_COLOURS)], f"delegate {name}")
-        )
+    for name, number in list(backends.items())[:LEGEND_BACKENDS]:
+        items.append((DELEGATE_COLOURS[number % len(DELEGATE_COLOURS)], f"delegate {name}"))
+    if len(backends) > LEGEND_BACKENDS:
+        more = len(backends) - LEGEND_BACKENDS
+        items.append(("#999999", f"+{more} more delegate backend ids (hover a region)"))
     names = {
         "header": "header",
         "metadata": "FlatBuffer",
@@ -238,7 +243,7 @@ def render_layout(maps: Sequence[FileMap], *, title: str = "ptestore layout map"
     """The page drawing ``maps`` (one bar per file; regions from
     :func:`layout_regions`, optionally marked by :func:`compare_regions`)."""
     maps = list(maps)
-    backends: list[str] = []
+    backends: dict[str, int] = {}
     bars = []
     tables = []
     for i, fm in enumerate(maps):

@@ -400,3 +400,50 @@ def test_the_page_makes_a_fixed_number_of_passes_over_the_regions() -> None:
         return regions.passes
 
     assert passes(64) == passes(512)
+
+
+def test_many_delegate_backend_ids_keep_their_colours_and_a_short_legend() -> None:
+    """Each delegate backend id keeps the colour of its number in order of first use
+    (looked up, not searched for: a file of 32,000 ids took 24 s), and the legend names
+    the first 16 ids and counts the rest."""
+    import flatbuffers
+    from support import synth
+
+    from ptestore.format import parse
+    from ptestore.inspection import describe
+    from ptestore.viz.draw import DELEGATE_COLOURS, LEGEND_BACKENDS
+
+    n = 40
+    b = flatbuffers.Builder(0)
+    segments = []
+    for i in range(n):
+        b.StartObject(2)
+        b.PrependUint64Slot(0, 8 * i, 0)
+        b.PrependUint64Slot(1, 8, 0)
+        segments.append(b.EndObject())
+    segs = synth.offsets_vector(b, segments)
+    delegates = []
+    for i in range(n):
+        bid = b.CreateString(f"Vendor{i:02d}Backend")
+        b.StartObject(2)
+        b.PrependUint8Slot(0, 1, 0)
+        b.PrependUint32Slot(1, i, 0)
+        ref = b.EndObject()
+        b.StartObject(3)
+        b.PrependUOffsetTRelativeSlot(0, bid, 0)
+        b.PrependUOffsetTRelativeSlot(1, ref, 0)
+        delegates.append(b.EndObject())
+    plans = synth.offsets_vector(b, [synth.plan(b, "forward", synth.offsets_vector(b, delegates))])
+    data = synth.with_segments(synth.finish_program(b, plans, segments=segs), bytes(8 * n))
+    desc = describe(parse(data, len(data), "o.pte"))
+    html = render_layout([FileMap("o.pte", "o.pte", len(data), layout_regions(desc))])
+    named = [
+        f"delegate Vendor{i:02d}Backend"
+        for i in range(n)
+        if f"delegate Vendor{i:02d}Backend<" in html
+    ]
+    assert named == [f"delegate Vendor{i:02d}Backend" for i in range(LEGEND_BACKENDS)]
+    assert f"+{n - LEGEND_BACKENDS} more delegate backend ids (hover a region)" in html
+    fills = [DELEGATE_COLOURS[i % len(DELEGATE_COLOURS)] for i in range(LEGEND_BACKENDS)]
+    for i, fill in enumerate(fills):
+        assert f'background:{fill}"></span>delegate Vendor{i:02d}Backend<' in html

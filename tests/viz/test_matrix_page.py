@@ -284,3 +284,38 @@ def test_models_named_like_object_properties_sort(browser: Browser, tmp_path: Pa
         )
         assert rows == (want or sorted(names.values())), how
     assert browser.console_errors() == []
+
+
+def test_a_device_header_sorts_its_failed_pairs_first(browser: Browser, tmp_path: Path) -> None:
+    """A click on a device's header sorts the models by their status on it: failed first
+    (its rank is 0, which the page took for "no pair", ranked last), then done, skipped,
+    and models without a pair there."""
+    data = synthetic_fleet(5, 2)
+    device = data["devices"][0]
+    statuses = ["done", "failed", "skipped", "done"]
+    for p in data["pairs"]:
+        if p["device"] == device:
+            i = data["models"].index(p["model"])
+            p["status"] = statuses[i] if i < len(statuses) else "done"
+            p["error"] = "boom" if p["status"] == "failed" else None
+    data["pairs"] = [
+        p for p in data["pairs"] if not (p["device"] == device and p["model"] == data["models"][4])
+    ]
+    page = tmp_path / "fleet.html"
+    page.write_text(matrix_html(data))
+    _open(browser, page)
+    browser.js(f"document.querySelector('th.dev[data-device={json.dumps(device)}]').click()")
+    rows = browser.js(
+        "return Array.from(document.querySelectorAll('#matrix tbody tr')).map(r => r.dataset.model)"
+    )
+    m = data["models"]
+    assert rows == [m[1], m[0], m[3], m[2], m[4]]
+    # A long unbroken error or compatibility string wraps (64 KiB of it made the page
+    # 473,662 px wide).
+    wraps = browser.js(
+        "return ['details', 'failures'].map(id => getComputedStyle("
+        "id === 'details' ? document.getElementById(id) : document.querySelector('#failures td')"
+        ").overflowWrap)"
+    )
+    assert wraps == ["anywhere", "anywhere"]
+    assert browser.console_errors() == []

@@ -103,7 +103,8 @@
       if (c.device === device) { s[c.model] = statusRank[c.status]; }
     });
     var names = data.models.slice();
-    names.sort(function (a, b) { return ((s[a] || 9) - (s[b] || 9)) || (a < b ? -1 : 1); });
+    function rank(m) { return m in s ? s[m] : 9; }  // failed is 0: not "no pair" (9)
+    names.sort(function (a, b) { return (rank(a) - rank(b)) || (a < b ? -1 : 1); });
     sortRows(names);
   }
   document.getElementById("sort-model").addEventListener("change", function (ev) {
