@@ -13,6 +13,7 @@ from .errors import FormatError, ObjectNotFound
 from .format.reader import read_container
 from .provenance import Provenance, read_trailer
 from .provenance.digest import content_digest
+from .provenance.record import ContentDigest
 from .provenance.trailer import ContentView, Trailer
 from .storage.loaders import open_loader
 
@@ -84,8 +85,12 @@ def check_ptd(
     from .fleet.shared import is_shared_url, locate_shared
 
     url = ptd_beside(target) if ptd is None else os.fspath(ptd)
-    if ptd is None and prov.ptd_output is not None and not _exists(url, opts):
-        url = locate_shared(target, prov.ptd_output.sha256, lambda u: _exists(u, opts)) or url
+    if ptd is None and prov.ptd_output is not None:
+        # a .ptd beside it that is not its own (one an earlier version wrote per device
+        # beside a fleet's .pte) does not hide the copy stored by content above it
+        shared = locate_shared(target, prov.ptd_output.sha256, lambda u: _exists(u, opts))
+        if shared is not None and not _holds(url, prov.ptd_output, opts, quick):
+            url = shared
     report.ptd = url
     if prov.ptd_output is None:
         report.stale("ptd_output", f"the .pte was made without a .ptd, but {url} was given with it")
@@ -119,6 +124,26 @@ def _exists(url: str, opts: StorageOptions) -> bool:
     except ObjectNotFound:
         return False
     return True
+
+
+def _holds(url: str, want: ContentDigest, opts: StorageOptions, quick: bool) -> bool:
+    """Whether the .ptd at ``url`` is ``want``: what its trailer names, or (without a
+    trailer) its size and, unless ``quick``, the digest of its bytes; False when there
+    is none."""
+    try:
+        loader = open_loader(url, **opts.for_loader(url, "dst"))
+    except ObjectNotFound:
+        return False
+    try:
+        trailer = read_trailer(loader)
+        if trailer is not None:
+            return Provenance.of_trailer(trailer, url).content == want
+        size = loader.size()
+        if size != want.size:
+            return False
+        return quick or content_digest(loader, size, like=want.sha256).sha256 == want.sha256
+    finally:
+        loader.close()
 
 
 def is_plain(url: str, opts: StorageOptions) -> bool:
