@@ -28,6 +28,7 @@ class Findings(Protocol):
 
     content_checked: bool
     ptd: str | None
+    ptd_size_only: bool
 
     def stale(self, field_name: str, message: str) -> None: ...
 
@@ -164,7 +165,8 @@ def _check_plain_ptd(
 ) -> None:
     """A .ptd without a trailer (stored once by content, named by the SHA-256 of its
     bytes, or fetched from there): its name (at a content address), size and (unless
-    ``quick``) bytes are the ``ptd_output`` of the .pte."""
+    ``quick``) bytes are the ``ptd_output`` of the .pte. Elsewhere other bytes are
+    another pair's .ptd (stale); at a content address they are damage."""
     from .fleet.shared import shared_digest
 
     want = prov.ptd_output
@@ -185,18 +187,35 @@ def _check_plain_ptd(
     try:
         read_container(loader)  # structure: headers, FlatBuffer, segment bounds
         size = loader.size()
+        if size != want.size and named is None:
+            report.stale(
+                "ptd_output.sha256",
+                f"{url} holds {size} bytes, not the {want.size} of the .ptd this .pte was "
+                f"made with ({want.sha256}): it belongs to another pair or device",
+            )
+            return
         if size != want.size:
             raise FormatError(url, "size", size, f"{want.size} (ptd_output.size of the .pte)")
-        if not quick:
-            got = content_digest(loader, size, like=want.sha256)
-            if got.sha256 != want.sha256:
-                raise FormatError(
-                    url,
+        if quick:
+            report.ptd_size_only = True
+            return
+        got = content_digest(loader, size, like=want.sha256)
+        if got.sha256 != want.sha256:
+            loader.check_unchanged()  # replaced while it was read: not another .ptd
+            if named is None:
+                report.stale(
                     "ptd_output.sha256",
-                    got.sha256,
-                    f"{want.sha256}, the .ptd this .pte was made with",
-                    "the .ptd was damaged or changed after it was stored",
+                    f"{url} holds {got.sha256}, not the .ptd this .pte was made with "
+                    f"({want.sha256}): it belongs to another pair or device",
                 )
+                return
+            raise FormatError(
+                url,
+                "ptd_output.sha256",
+                got.sha256,
+                f"{want.sha256}, the .ptd this .pte was made with",
+                "the .ptd was damaged or changed after it was stored",
+            )
     finally:
         loader.close()
 
