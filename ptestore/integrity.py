@@ -13,11 +13,11 @@ from .errors import FormatError, ObjectNotFound
 from .format.reader import read_container
 from .provenance import Provenance, read_trailer
 from .provenance.digest import content_digest
-from .provenance.record import ContentDigest
 from .provenance.trailer import ContentView, Trailer
 from .storage.loaders import open_loader
 
 if TYPE_CHECKING:
+    from .provenance.record import ContentDigest
     from .storage.routing import StorageOptions
 
 __all__ = ["Findings", "check_content_address", "check_ptd", "is_plain", "read_checked"]

@@ -63,8 +63,7 @@ from .delta import Base, open_bases
 from .download import check_space, discard_part, local_writes, refuse_link
 from .job import ptd_beside
 from .ranged import PinnedReader, pinned_attempts
-from .select import Choice, select
-from .shared import ptd_entry_of
+from .select import Choice, ptd_entry_of, select
 from .whole import download_whole
 
 if TYPE_CHECKING:

@@ -55,7 +55,6 @@ __all__ = [
     "check_shared_ptd",
     "is_shared_url",
     "locate_shared",
-    "ptd_entry_of",
     "shared_digest",
     "shared_root",
     "shared_url",
@@ -147,49 +146,6 @@ def _open(url: str, options: dict[str, Any]) -> DataLoader:
     from ..storage.routing import options_for_loader
 
     return open_loader(url, **options_for_loader(url, options))
-
-
-def ptd_entry_of(url: str, options: dict[str, Any]) -> dict[str, Any] | None:
-    """What the .ptd of the artifact at ``url`` must be (an index entry), when its
-    record names one: the one beside it, else the one stored by content above it. One
-    beside it that is not the record's (one an earlier version wrote per device beside
-    a fleet's .pte) does not hide the copy stored by content."""
-    from ..provenance import read_provenance
-    from .index import artifact_entry, shared_entry
-    from .job import ptd_beside
-
-    loader = _open(url, options)
-    try:
-        prov = read_provenance(loader)
-    finally:
-        loader.close()
-    if prov is None or prov.ptd_output is None:
-        return None
-    beside = ptd_beside(url)
-    found = locate_shared(url, prov.ptd_output.sha256, lambda u: _exists(u, options))
-    if _exists(beside, options):
-        try:
-            entry = artifact_entry(beside, options)[0]
-        except FormatError:  # no trailer: only the copy stored by content can say
-            if found is None:
-                raise
-        else:
-            if entry["sha256"] == prov.ptd_output.sha256 or found is None:
-                return entry
-    if found is None:
-        raise ObjectNotFound(
-            f"{url}: its record names a .ptd ({prov.ptd_output.sha256}); there is none at "
-            f"{beside}, nor in a {SHARED_DIR}/ directory above it"
-        )
-    return shared_entry(found, prov.ptd_output)
-
-
-def _exists(url: str, options: dict[str, Any]) -> bool:
-    try:
-        _open(url, options).close()
-    except ObjectNotFound:
-        return False
-    return True
 
 
 def locate_shared(url: str, sha256: str, exists: Any) -> str | None:
