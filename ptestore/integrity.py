@@ -17,6 +17,7 @@ from .provenance.trailer import ContentView, Trailer
 from .storage.loaders import open_loader
 
 if TYPE_CHECKING:
+    from .provenance.record import ContentDigest
     from .storage.routing import StorageOptions
 
 __all__ = ["Findings", "check_content_address", "check_ptd", "is_plain", "read_checked"]
@@ -27,6 +28,7 @@ class Findings(Protocol):
 
     content_checked: bool
     ptd: str | None
+    ptd_size_only: bool
 
     def stale(self, field_name: str, message: str) -> None: ...
 
@@ -84,8 +86,12 @@ def check_ptd(
     from .fleet.shared import is_shared_url, locate_shared
 
     url = ptd_beside(target) if ptd is None else os.fspath(ptd)
-    if ptd is None and prov.ptd_output is not None and not _exists(url, opts):
-        url = locate_shared(target, prov.ptd_output.sha256, lambda u: _exists(u, opts)) or url
+    if ptd is None and prov.ptd_output is not None:
+        # a .ptd beside it that is not its own (one an earlier version wrote per device
+        # beside a fleet's .pte) does not hide the copy stored by content above it
+        shared = locate_shared(target, prov.ptd_output.sha256, lambda u: _exists(u, opts))
+        if shared is not None and not _holds(url, prov.ptd_output, opts, quick):
+            url = shared
     report.ptd = url
     if prov.ptd_output is None:
         report.stale("ptd_output", f"the .pte was made without a .ptd, but {url} was given with it")
@@ -121,6 +127,26 @@ def _exists(url: str, opts: StorageOptions) -> bool:
     return True
 
 
+def _holds(url: str, want: ContentDigest, opts: StorageOptions, quick: bool) -> bool:
+    """Whether the .ptd at ``url`` is ``want``: what its trailer names, or (without a
+    trailer) its size and, unless ``quick``, the digest of its bytes; False when there
+    is none."""
+    try:
+        loader = open_loader(url, **opts.for_loader(url, "dst"))
+    except ObjectNotFound:
+        return False
+    try:
+        trailer = read_trailer(loader)
+        if trailer is not None:
+            return Provenance.of_trailer(trailer, url).content == want
+        size = loader.size()
+        if size != want.size:
+            return False
+        return quick or content_digest(loader, size, like=want.sha256).sha256 == want.sha256
+    finally:
+        loader.close()
+
+
 def is_plain(url: str, opts: StorageOptions) -> bool:
     """Whether the .ptd at ``url`` has no trailer (a shared .ptd as a fleet stores it
     and fetch downloads it); False when there is none."""
@@ -139,7 +165,8 @@ def _check_plain_ptd(
 ) -> None:
     """A .ptd without a trailer (stored once by content, named by the SHA-256 of its
     bytes, or fetched from there): its name (at a content address), size and (unless
-    ``quick``) bytes are the ``ptd_output`` of the .pte."""
+    ``quick``) bytes are the ``ptd_output`` of the .pte. Elsewhere other bytes are
+    another pair's .ptd (stale); at a content address they are damage."""
     from .fleet.shared import shared_digest
 
     want = prov.ptd_output
@@ -160,18 +187,35 @@ def _check_plain_ptd(
     try:
         read_container(loader)  # structure: headers, FlatBuffer, segment bounds
         size = loader.size()
+        if size != want.size and named is None:
+            report.stale(
+                "ptd_output.sha256",
+                f"{url} holds {size} bytes, not the {want.size} of the .ptd this .pte was "
+                f"made with ({want.sha256}): it belongs to another pair or device",
+            )
+            return
         if size != want.size:
             raise FormatError(url, "size", size, f"{want.size} (ptd_output.size of the .pte)")
-        if not quick:
-            got = content_digest(loader, size, like=want.sha256)
-            if got.sha256 != want.sha256:
-                raise FormatError(
-                    url,
+        if quick:
+            report.ptd_size_only = True
+            return
+        got = content_digest(loader, size, like=want.sha256)
+        if got.sha256 != want.sha256:
+            loader.check_unchanged()  # replaced while it was read: not another .ptd
+            if named is None:
+                report.stale(
                     "ptd_output.sha256",
-                    got.sha256,
-                    f"{want.sha256}, the .ptd this .pte was made with",
-                    "the .ptd was damaged or changed after it was stored",
+                    f"{url} holds {got.sha256}, not the .ptd this .pte was made with "
+                    f"({want.sha256}): it belongs to another pair or device",
                 )
+                return
+            raise FormatError(
+                url,
+                "ptd_output.sha256",
+                got.sha256,
+                f"{want.sha256}, the .ptd this .pte was made with",
+                "the .ptd was damaged or changed after it was stored",
+            )
     finally:
         loader.close()
 

@@ -81,6 +81,8 @@ class VerifyReport:
     content_checked: bool = False
     #: The .ptd checked with a .pte (None when there was none).
     ptd: str | None = None
+    #: With ``quick``: the .ptd has no trailer, so only its size was compared.
+    ptd_size_only: bool = False
     #: The XNNPACK packed-weight file beside a fleet's .pte that was checked (None: none).
     xnnpack: str | None = None
 
@@ -105,6 +107,8 @@ class VerifyReport:
             return f"{self.url}: invalid: {self.error}"
         if not self.findings:
             quick = "" if self.content_checked else " (--quick: content SHA-256 not checked)"
+            if self.ptd_size_only:
+                quick += f"; {self.ptd} has no trailer: compared by size only"
             if self.xnnpack is not None:
                 quick += f"; its XNNPACK packed-weight file {self.xnnpack} checked"
             if self.status == "intact":

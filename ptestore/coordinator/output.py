@@ -310,31 +310,41 @@ def publish_in_order(
     original sources replaces (see docs/concepts.md); a failure of the second publish
     after the first took effect raises :class:`PartialPublish`.
     """
-    published: list[str] = []
     by_role = {r.role: r for r in reports}
+    todo = []
     for f in sorted(files, key=lambda f: 0 if f.role == "ptd" else 1):
         report = by_role.get(f.role)
         if report is not None and report.status in ("unchanged", "shared", "stored"):
             f.writer.discard()  # the source stays as it is: nothing to publish
-            continue
+        else:
+            todo.append(f)
+    published: list[str] = []
+    for f in todo:
+        report = by_role.get(f.role)
         t0 = time.perf_counter()
         try:
             result = f.writer.publish(mode)
-        except BaseException as exc:  # an interrupt too: the first file is published
-            if published:
-                raise PartialPublish(
-                    f"{', '.join(published)} was published, but publishing "
-                    f"{f.writer.url} failed: {exc}; rerun from the original sources",
-                    published=tuple(published),
-                ) from exc
-            raise
-        published.append(f.writer.url)
-        if report is not None and isinstance(result, PublishResult):
-            report.published_size = result.size
-            report.etag = result.etag
-            report.version_id = result.version_id
-            report.checksum = result.checksum
-        run.emit(Event("publish", url=f.writer.url, seconds=time.perf_counter() - t0))
+            published.append(f.writer.url)
+            if report is not None and isinstance(result, PublishResult):
+                report.published_size = result.size
+                report.etag = result.etag
+                report.version_id = result.version_id
+                report.checksum = result.checksum
+            run.emit(Event("publish", url=f.writer.url, seconds=time.perf_counter() - t0))
+        except BaseException as exc:  # an interrupt too, or a failing event tracer
+            if not published or len(published) == len(todo):
+                raise  # nothing published yet, or the whole pair
+            rest = ", ".join(g.writer.url for g in todo[len(published) :])
+            what = (
+                f"but publishing {rest} failed"
+                if f.writer.url not in published
+                else f"then the run failed before publishing {rest}"
+            )
+            raise PartialPublish(
+                f"{', '.join(published)} was published, {what}: "
+                f"{exc or type(exc).__name__}; rerun from the original sources",
+                published=tuple(published),
+            ) from exc
 
 
 def write_outputs(

@@ -49,7 +49,6 @@ from ..errors import (
     ConfigurationError,
     FormatError,
     IntegrityError,
-    ObjectNotFound,
     PartialPublish,
 )
 from ..provenance.chunks import well_formed
@@ -57,16 +56,14 @@ from ..provenance.digest import content_digest
 from ..provenance.trailer import read_trailer
 from ..storage.atomic import rename
 from ..storage.flock import locked
-from ..storage.loaders import DataLoader, LocalFileLoader, open_loader
-from ..storage.routing import options_for_loader
+from ..storage.loaders import DataLoader, LocalFileLoader
 from ..storage.types import StorageURL
 from .chunked import FetchEvent, Sink, download_chunks, pinned_record
 from .delta import Base, open_bases
 from .download import check_space, discard_part, local_writes, refuse_link
 from .job import ptd_beside
 from .ranged import PinnedReader, pinned_attempts
-from .select import Choice, select
-from .shared import SHARED_DIR
+from .select import Choice, ptd_entry_of, select
 from .whole import download_whole
 
 if TYPE_CHECKING:
@@ -297,7 +294,7 @@ def fetch(
             files.append((choice.ptd, ptd_beside(target)))
     else:
         files = [(_describe(src, opts), target)]
-        ptd_want = _ptd_of(src, opts)
+        ptd_want = ptd_entry_of(src, opts)
         if ptd_want is not None:
             files.append((ptd_want, ptd_beside(target)))
     for want, _ in files:
@@ -405,41 +402,6 @@ def _publish_all(files: list[dict[str, Any]]) -> None:
                 raise KeyboardInterrupt(f"after publishing {done[0]}; {text}") from exc
             raise PartialPublish(f"{text}: {exc}", published=tuple(done)) from exc
         done.append(str(got["path"]))
-
-
-def _ptd_of(url: str, options: dict[str, Any]) -> dict[str, Any] | None:
-    """What the .ptd of the artifact at ``url`` must be, when its record names one:
-    the one beside it, else the one stored by content above it (:mod:`.shared`)."""
-    from ..provenance import read_provenance
-
-    loader = open_loader(url, **options_for_loader(url, options))
-    try:
-        prov = read_provenance(loader)
-    finally:
-        loader.close()
-    if prov is None or prov.ptd_output is None:
-        return None
-    beside = ptd_beside(url)
-    if _exists(beside, options):
-        return _describe(beside, options)
-    from .index import shared_entry
-    from .shared import locate_shared
-
-    found = locate_shared(url, prov.ptd_output.sha256, lambda u: _exists(u, options))
-    if found is None:
-        raise ObjectNotFound(
-            f"{url}: its record names a .ptd ({prov.ptd_output.sha256}); there is none at "
-            f"{beside}, nor in a {SHARED_DIR}/ directory above it"
-        )
-    return shared_entry(found, prov.ptd_output)
-
-
-def _exists(url: str, options: dict[str, Any]) -> bool:
-    try:
-        open_loader(url, **options_for_loader(url, options)).close()
-    except ObjectNotFound:
-        return False
-    return True
 
 
 def _describe(url: str, options: dict[str, Any]) -> dict[str, Any]:

@@ -179,6 +179,37 @@ def test_partial_publish_is_reported(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert ptd_out.read_bytes() == EXT.ptd_path.read_bytes()
 
 
+@pytest.mark.parametrize("error", [RuntimeError("progress callback failed"), KeyboardInterrupt()])
+def test_a_failure_after_the_ptd_publish_is_a_partial_publish(
+    tmp_path: Path, error: BaseException
+) -> None:
+    """An event tracer (or the CLI's progress printer on a broken pipe, or Ctrl-C)
+    failing on the .ptd's publish event, before the .pte is published: the caller is
+    told the .ptd was published, never "nothing published"."""
+    assert EXT.pte_path is not None and EXT.ptd_path is not None
+    pte_out, ptd_out = tmp_path / "a.pte", tmp_path / "a.ptd"
+
+    def tracer(event: Any) -> None:
+        if event.kind == "publish" and event.url == str(ptd_out):
+            raise error
+
+    with pytest.raises(PartialPublish) as info:
+        ptestore.specialize(
+            EXT.pte_path,
+            pte_out,
+            ptd=(EXT.ptd_path, ptd_out),
+            backends=["passthrough@XnnpackBackend"],
+            allow_unchanged=True,
+            event_tracer=tracer,
+        )
+    assert info.value.published == (str(ptd_out),)
+    assert str(info.value) == (
+        f"{ptd_out} was published, then the run failed before publishing {pte_out}: "
+        f"{error or type(error).__name__}; rerun from the original sources"
+    )
+    assert info.value.__cause__ is error
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.ptd"]
+
 def test_source_modified_while_reading_is_refused(tmp_path: Path) -> None:
     assert MLP.pte_path is not None
     src = tmp_path / "in.pte"

@@ -267,3 +267,51 @@ def test_index_versions(tmp_path: Path) -> None:
     with pytest.raises(FormatError) as err:
         load_index(path)
     assert str(err.value) == f"{path}: index layout = None: must be an object"
+
+
+def test_an_old_ptd_beside_a_fleet_pte_does_not_hide_the_shared_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A per-device .ptd an earlier version wrote beside the .pte (docs/fleet.md: no
+    longer used, delete when convenient) is passed over for the shared copy the record
+    names: plan, verify, verify --job and fetch agree the pair is current; with the
+    shared copy gone, the old one is stale and fetch refuses it."""
+    assert EXT.pte_path is not None and EXT.ptd_path is not None
+    job = _local_job(tmp_path, '[devices.d0]\nsoc = "s0"\n')
+    out = tmp_path / "out" / "d0"
+    out.mkdir(parents=True)
+    ptestore.specialize(  # another version of the weights, written side by side
+        EXT.pte_path,
+        out / "mlp.pte",
+        ptd=(EXT.ptd_path, out / "mlp.ptd"),
+        backends=["support.doubling_backend:Doubling=mlp_xnnpack_ext"],
+    )
+    old = (out / "mlp.ptd").read_bytes()
+    assert run_job(load_job(job), workers=1).pairs[0].status == "done"
+    assert plan_job(load_job(job)).pairs[0].action == "skip"
+    shared = tmp_path / "out" / "_shared" / "sha256-tree" / (_sha(EXT.ptd_path.read_bytes()))
+    shared = shared.with_suffix(".ptd")
+    assert shared.is_file() and (out / "mlp.ptd").read_bytes() == old
+    report = ptestore.verify(out / "mlp.pte")
+    assert (report.status, report.ptd) == ("intact", str(shared))
+    assert ptestore.verify(out / "mlp.pte", quick=True).status == "intact"
+    assert main(["verify", "--job", str(job)]) == 0
+    assert "1 current, 0 stale, 0 invalid" in capsys.readouterr().out
+    result = ptestore.fetch(out / "mlp.pte", tmp_path / "dl" / "mlp.pte")
+    assert next(f["path"] for f in result.files) == str(tmp_path / "dl" / "mlp.ptd")
+    assert (tmp_path / "dl" / "mlp.ptd").read_bytes() == EXT.ptd_path.read_bytes()
+    # a .ptd without a trailer beside it (fetched from elsewhere): the shared one too
+    other = get_fixture("mlp_portable_ext").ptd_path
+    assert other is not None
+    (out / "mlp.ptd").write_bytes(other.read_bytes())
+    assert ptestore.verify(out / "mlp.pte").ptd == str(shared)
+    ptestore.fetch(out / "mlp.pte", tmp_path / "dl2" / "mlp.pte")
+    assert (tmp_path / "dl2" / "mlp.ptd").read_bytes() == EXT.ptd_path.read_bytes()
+    # neither matches: the one beside it is stale, and fetch refuses it
+    shared.unlink()
+    (out / "mlp.ptd").write_bytes(old)
+    report = ptestore.verify(out / "mlp.pte")
+    assert (report.status, report.ptd) == ("stale", str(out / "mlp.ptd"))
+    assert [f.field for f in report.findings] == ["ptd_output.sha256", "ptd_output.key"]
+    with pytest.raises(IntegrityError, match=r"is not the \.ptd .* was made with"):
+        ptestore.fetch(out / "mlp.pte", tmp_path / "dl3" / "mlp.pte")

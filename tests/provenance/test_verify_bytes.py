@@ -102,6 +102,50 @@ def test_a_flipped_byte_is_caught(
         assert verify(pte, quick=True).exit_code == 0
 
 
+def test_a_ptd_without_a_trailer_swapped_for_another_is_stale(
+    pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """At a path that is no content address, a .ptd without a trailer that is not the
+    one the .pte names (another size, or the same size and other bytes) is another
+    pair's: stale on ptd_output.sha256 (exit 1), not damage; --quick says it compared
+    such a .ptd by size only."""
+    pte, ptd = pair
+    assert EXT.ptd_path is not None
+    loader = open_loader(ptd)
+    trailer = read_trailer(loader)
+    loader.close()
+    assert trailer is not None
+    own = ptd.read_bytes()[: trailer.content_size]
+    other = get_fixture("mlp_portable_ext").ptd_path
+    assert other is not None and other.stat().st_size != len(own)
+    shutil.copyfile(EXT.ptd_path, ptd)  # the source's: same size, other bytes
+    assert EXT.ptd_path.stat().st_size == len(own)
+    report = verify(pte)
+    assert (report.status, report.exit_code) == ("stale", 1)
+    assert [f.field for f in report.findings] == ["ptd_output.sha256"]
+    assert report.findings[0].message.startswith(f"{ptd} holds sha256-tree:")
+    assert report.findings[0].message.endswith(": it belongs to another pair or device")
+    quick = verify(pte, quick=True)
+    assert quick.status == "intact"
+    assert f"; {ptd} has no trailer: compared by size only;" in quick.message()
+    made = quick.provenance
+    assert made is not None and made.ptd_output is not None
+    shutil.copyfile(other, ptd)  # another model's: another size
+    for q in (False, True):
+        report = verify(pte, quick=q)
+        assert (report.status, report.exit_code) == ("stale", 1)
+        assert [f.message for f in report.findings] == [
+            f"{ptd} holds {other.stat().st_size} bytes, not the {len(own)} of the .ptd this "
+            f".pte was made with ({made.ptd_output.sha256}): it belongs to another pair or "
+            "device"
+        ]
+    ptd.write_bytes(own)  # its own bytes, without the trailer (as fetch stores a shared one)
+    assert verify(pte).message() == (
+        f"{pte}: intact; nothing to compare with (give --source, --backend, --device or "
+        "--job to tell current from stale)"
+    )
+
+
 def test_a_ptd_of_another_device_is_stale(pair: tuple[Path, Path], tmp_path: Path) -> None:
     pte, ptd = pair
     _, other_ptd = _make(tmp_path, B)
