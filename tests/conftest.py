@@ -193,3 +193,16 @@ def pytest_deselected(items: list[pytest.Item]) -> None:
 def pytest_collection_finish(session: pytest.Session) -> None:
     if REQUIRE_INTEROP and not any(i.get_closest_marker("interop") for i in session.items):
         raise pytest.UsageError("PTESTORE_REQUIRE_INTEROP=1 but no interop test was collected")
+
+
+@pytest.fixture
+def src(tmp_path: Any) -> Any:
+    """A copy of the real ``mlp_xnnpack`` program (tests/fixtures) that a test may change,
+    as ``tmp_path / "model.pte"``; a module's own ``src`` fixture overrides it."""
+    from support.fixtures import get_fixture
+
+    fx = get_fixture("mlp_xnnpack")
+    assert fx.pte_path is not None
+    p = tmp_path / "model.pte"
+    p.write_bytes(fx.pte_path.read_bytes())
+    return p

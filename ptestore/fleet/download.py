@@ -212,15 +212,7 @@ def check_space(
         where, total, names = wanted.get(device, (directory, 0, []))
         wanted[device] = (where, total + max(0, size - have - clonable), [*names, path])
     for directory, needed, names in wanted.values():
-        st = os.statvfs(directory)
-        free = st.f_bavail * st.f_frsize
-        if needed > free:
-            raise StorageError(
-                f"{', '.join(names)}: not enough free space to fetch: {needed} bytes needed, "
-                f"{free} free in {directory} ({os.strerror(errno.ENOSPC)}); nothing was "
-                "downloaded",
-                errno=errno.ENOSPC,
-            )
+        _refuse_short(", ".join(names), directory, needed, "needed", "nothing was downloaded")
 
 
 def _size_on(path: str, device: int) -> int:
@@ -239,13 +231,20 @@ def check_room(dest: str, needed: int, cloned: int) -> None:
     naming the destination, the bytes to download and free, before the store is asked
     for them (what is in the ``.part`` is kept for a fetch run again)."""
     directory = os.path.dirname(os.path.abspath(dest))
+    after = f"{cloned} bytes cloned from the bases take none; nothing more was downloaded"
+    _refuse_short(dest, directory, needed, "to download", after)
+
+
+def _refuse_short(what: str, directory: str, needed: int, kind: str, after: str) -> None:
+    """A :class:`~ptestore.errors.StorageError` ENOSPC naming ``what``, the ``needed``
+    bytes (``kind``: needed, to download) and the free ones when ``directory``'s file
+    system has fewer free for this user; ``after``: what became of the download."""
     st = os.statvfs(directory)
     free = st.f_bavail * st.f_frsize
     if needed > free:
         raise StorageError(
-            f"{dest}: not enough free space to fetch: {needed} bytes to download, {free} "
-            f"free in {directory} ({os.strerror(errno.ENOSPC)}); {cloned} bytes cloned from "
-            "the bases take none; nothing more was downloaded",
+            f"{what}: not enough free space to fetch: {needed} bytes {kind}, {free} free in "
+            f"{directory} ({os.strerror(errno.ENOSPC)}); {after}",
             errno=errno.ENOSPC,
         )
 

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.fixtures import get_fixture
 from support.quiet_backend import Quiet
 
 import ptestore
@@ -19,17 +18,7 @@ from ptestore.backends import (
 from ptestore.cli import main
 from ptestore.errors import BackendError, ConfigurationError, NothingSpecialized
 
-MLP = get_fixture("mlp_xnnpack")
-assert MLP.pte_path is not None
 LABEL = "support.quiet_backend:Quiet"
-
-
-@pytest.fixture
-def src(tmp_path: Path) -> Path:
-    assert MLP.pte_path is not None
-    p = tmp_path / "model.pte"
-    p.write_bytes(MLP.pte_path.read_bytes())
-    return p
 
 
 # -- a backend that writes nothing declines, with the backend's own reason ----------

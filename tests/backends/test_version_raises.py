@@ -7,26 +7,15 @@ model because of one installed backend."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
-from support.fixtures import get_fixture
 
 import ptestore
 from ptestore.errors import BackendError
 
 SPEC = "support.broken_version:BrokenVersion"
 MESSAGE = f"backend {SPEC!r}: reading its version failed: RuntimeError: cannot read VERSION"
-FX = get_fixture("mlp_xnnpack")
-
-
-@pytest.fixture
-def src(tmp_path: Path) -> Path:
-    assert FX.pte_path is not None
-    out = tmp_path / "model.pte"
-    shutil.copyfile(FX.pte_path, out)
-    return out
 
 
 def test_ensure_names_the_backend(src: Path, tmp_path: Path) -> None:

@@ -10,21 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.fixtures import get_fixture
 
 import ptestore
 from ptestore.backends import BackendInterface, NotSupported
 from ptestore.errors import BackendError, InvalidReplacement
-
-MLP = get_fixture("mlp_xnnpack")
-
-
-@pytest.fixture
-def src(tmp_path: Path) -> Path:
-    assert MLP.pte_path is not None
-    p = tmp_path / "model.pte"
-    p.write_bytes(MLP.pte_path.read_bytes())
-    return p
 
 
 class VendorFails(BackendInterface):

@@ -36,14 +36,6 @@ class Swallows(BackendInterface):
             Swallows.caught.append(str(exc))
 
 
-@pytest.fixture
-def src(tmp_path: Path) -> Path:
-    assert MLP.pte_path is not None
-    p = tmp_path / "model.pte"
-    p.write_bytes(MLP.pte_path.read_bytes())
-    return p
-
-
 def test_a_refusal_the_backend_caught_stops_the_run(src: Path, tmp_path: Path) -> None:
     Swallows.caught.clear()
     dst = tmp_path / "out.pte"

@@ -67,14 +67,6 @@ def seg_bytes(data: bytes, index: int) -> bytes:
 
 
 @pytest.fixture
-def src(tmp_path: Path) -> Path:
-    assert MLP.pte_path is not None
-    p = tmp_path / "model.pte"
-    p.write_bytes(MLP.pte_path.read_bytes())
-    return p
-
-
-@pytest.fixture
 def dst(tmp_path: Path) -> Path:
     p = tmp_path / "out.pte"
     p.write_bytes(b"previous content")

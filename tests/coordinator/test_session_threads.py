@@ -71,14 +71,6 @@ def segment(data: bytes, key: str) -> bytes:
     return data[c.segment_base_offset + s.offset :][: s.size]
 
 
-@pytest.fixture
-def src(tmp_path: Path) -> Path:
-    assert MLP.pte_path is not None
-    p = tmp_path / "model.pte"
-    p.write_bytes(MLP.pte_path.read_bytes())
-    return p
-
-
 def test_ctrl_c_does_not_wait_for_a_thread_pulling_chunks(src: Path, tmp_path: Path) -> None:
     """The backend's call is interrupted while its worker thread's chunk iterator is
     blocked: the run ends at once; released afterwards, the write fails at its next
