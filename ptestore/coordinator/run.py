@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .._dataclass import dataclass
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, MissingNamedData
 from ..format.reader import read_container
 from ..provenance.trailer import without_trailer
 from .named import MergedNamedDataMap, SourceFile
@@ -91,4 +91,31 @@ def read_sources(
         files.append(SourceFile("ptd", ptd_loader, ptd_writer, read_container(ptd_loader)))
         if files[1].container.kind != "ptd":
             raise ConfigurationError(f"{ptd_loader.name}: expected a .ptd, found a .pte")
+        check_pair(files[0], files[1])
     return files
+
+
+def check_pair(pte: SourceFile, ptd: SourceFile) -> None:
+    """Refuse a pair whose .pte reads a named-data key neither file holds (a .ptd of
+    another model or export): the runtime cannot load it (error 0x20, or a crash of an
+    XNNPACK program), so nothing is written. Reads only the XNNPACK graphs' FlatBuffers."""
+    from ..format.tensors import unheld_keys  # only for a run with a .ptd
+
+    unheld = unheld_keys(pte.parsed, pte.loader, ptd.parsed)
+    if not unheld:
+        return
+    key, info = unheld[0]
+    user = (
+        f"the program's EXTERNAL tensor {info.where}"
+        if info.source == "program"
+        else f"the XnnpackBackend graph's {info.where}"
+    )
+    more = f" (and {len(unheld) - 1} other keys)" if len(unheld) > 1 else ""
+    names = (str(pte.container.source), str(ptd.container.source))
+    raise MissingNamedData(
+        f"{names[0]}: named data key {key!r}, read by {user}, is in neither {names[0]} nor "
+        f"{names[1]}{more}: is {names[1]} the .ptd this .pte was exported with? The runtime "
+        "cannot load this pair (a key it does not find is error 0x20)",
+        key=key,
+        files=names,
+    )

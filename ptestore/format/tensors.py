@@ -36,6 +36,7 @@ __all__ = [
     "layout_tensors",
     "named_data_json",
     "tensor_index_of",
+    "unheld_keys",
     "program_external_tensors",
     "xnnpack_packed_weights",
     "xnnpack_tensors",
@@ -227,6 +228,20 @@ def describe_tensors(
         if parsed is not None:
             described += layout_tensors(parsed)
     return TensorIndex(described)
+
+
+def unheld_keys(
+    pte: ParsedFile, pte_loader: DataLoader, ptd: ParsedFile
+) -> list[tuple[str, TensorInfo]]:
+    """``(key, info)`` for every key the .pte's XNNPACK graphs or EXTERNAL tensors read
+    from named data that neither file of the pair holds, each key once, in the order
+    found: the runtime cannot load such a pair (a key it does not find is error 0x20)."""
+    held = {e.key for parsed in (pte, ptd) for e in parsed.container.named_data}
+    out: dict[str, TensorInfo] = {}
+    for key, info in xnnpack_tensors(pte, pte_loader) + program_external_tensors(pte):
+        if key not in held:
+            out.setdefault(key, info)
+    return list(out.items())
 
 
 def layout_tensors(parsed: ParsedFile) -> list[tuple[str, TensorInfo]]:
