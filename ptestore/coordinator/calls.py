@@ -12,7 +12,7 @@ from .._log import get_logger
 from ..backends.api import BackendDataInitContext, BackendDataWriter, BackendInterface
 from ..backends.passthrough import PassthroughBackend
 from ..backends.registry import BackendLike, installed_backends
-from ..errors import BackendError, NotSupported, describe_exception
+from ..errors import BackendError, NotSupported, StorageError, describe_exception
 from .report import BackendReport, Event, SpecializationReport
 from .run import Run
 from .selection import resolve_backends, why_unchanged
@@ -100,6 +100,13 @@ def _run_backend(
         exc.name_backend(bid, report.implementation, session.last_method, session.last_key)
         raise
     except KeyboardInterrupt:
+        raise
+    except StorageError:
+        # A read of the model's files failing inside the call (a source replaced while
+        # read, a connection lost after the storage's own retries) is not the backend's
+        # failure: it stays what it is, so that the fleet runs the pair again where a
+        # storage error is transient, and the message names the file, not the backend.
+        log.info("backend %s (%s): a storage error ended its call", bid, report.implementation)
         raise
     except BaseException as exc:  # backend code is user code
         # SystemExit, GeneratorExit or a custom BaseException from a backend must not

@@ -13,7 +13,13 @@ import pytest
 
 import ptestore
 from ptestore.backends import BackendInterface, NotSupported
-from ptestore.errors import BackendError, InvalidReplacement
+from ptestore.errors import (
+    BackendError,
+    InvalidReplacement,
+    ObjectNotFound,
+    PreconditionFailed,
+    StorageError,
+)
 
 
 class VendorFails(BackendInterface):
@@ -122,3 +128,38 @@ class VendorPasses(BackendInterface):
 
     def initialize_backend_data(self, context: Any, output: Any) -> None:
         raise NotSupported("not this device")
+
+
+class ReadFails(BackendInterface):
+    """A read of the model's files failing inside the call (what ptestore's S3 loader
+    raises for a source replaced while read, or a connection lost after its retries)."""
+
+    name = "XnnpackBackend"
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def initialize_backend_data(self, context: Any, output: Any) -> None:
+        raise self.error
+
+
+@pytest.mark.parametrize(
+    ("error", "transient"),
+    [
+        (StorageError("s3://b/m.pte: connection lost after 5 attempts"), True),
+        (PreconditionFailed("s3://b/m.pte: replaced while being read"), True),
+        (ObjectNotFound("s3://b/m.pte: no such object"), False),
+    ],
+)
+def test_a_storage_error_in_the_call_stays_what_it_is(
+    src: Path, tmp_path: Path, error: Exception, transient: bool
+) -> None:
+    """It was wrapped as a BackendError blaming the backend, which the fleet treats as
+    final: a pair whose source read failed once was never run again."""
+    from ptestore.fleet.retry import transient as is_transient
+
+    with pytest.raises(StorageError) as err:
+        ptestore.specialize(src, tmp_path / "o.pte", backends=[ReadFails(error)])
+    assert err.value is error and not isinstance(err.value, BackendError)
+    assert is_transient(err.value) is transient
+    assert not (tmp_path / "o.pte").exists()
