@@ -68,7 +68,9 @@ class Finding:
 @dataclass
 class VerifyReport:
     """What :func:`verify` found. ``status`` is ``"intact"`` (nothing to compare with),
-    ``"current"``, ``"stale"`` or ``"invalid"`` (bad input or a corrupt artifact)."""
+    ``"current"``, ``"stale"`` or ``"invalid"`` (bad input or a corrupt artifact);
+    ``verify --job`` adds ``"unverified"`` for a pair whose storage failed (``error``
+    says how; exit 1: verifying again may succeed)."""
 
     url: str
     status: str = "current"
@@ -88,9 +90,12 @@ class VerifyReport:
 
     @property
     def exit_code(self) -> int:
-        return {"current": EXIT_CURRENT, "intact": EXIT_CURRENT, "stale": EXIT_STALE}.get(
-            self.status, EXIT_INVALID
-        )
+        return {
+            "current": EXIT_CURRENT,
+            "intact": EXIT_CURRENT,
+            "stale": EXIT_STALE,
+            "unverified": EXIT_STALE,
+        }.get(self.status, EXIT_INVALID)
 
     @property
     def ok(self) -> bool:
@@ -105,6 +110,8 @@ class VerifyReport:
         """One line per finding, or the verdict."""
         if self.status == "invalid":
             return f"{self.url}: invalid: {self.error}"
+        if self.status == "unverified":
+            return f"{self.url}: not verified: {self.error}"
         if not self.findings:
             quick = "" if self.content_checked else " (--quick: content SHA-256 not checked)"
             if self.ptd_size_only:

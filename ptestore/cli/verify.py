@@ -13,7 +13,7 @@ import json
 import sys
 from typing import Any
 
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, StorageError
 from .exits import guarded
 from .options import (
     add_backend_flag,
@@ -211,7 +211,7 @@ def _verify_job(args: argparse.Namespace) -> int:
     import concurrent.futures as cf
 
     from ..fleet import load_job
-    from ..verification import verify
+    from ..verification import VerifyReport, verify
 
     if args.job is None:
         raise ConfigurationError("verify needs URL, or --job JOB to check every pair of a job")
@@ -226,6 +226,12 @@ def _verify_job(args: argparse.Namespace) -> int:
     pairs = job.pairs()
 
     def one(pair: Any) -> Any:
+        try:
+            return checked(pair)
+        except StorageError as exc:  # this pair's storage, not the others': said per pair
+            return VerifyReport(str(pair.destination), status="unverified", error=str(exc))
+
+    def checked(pair: Any) -> Any:
         return verify(
             pair.destination,
             source=pair.model.source,
@@ -249,10 +255,12 @@ def _verify_job(args: argparse.Namespace) -> int:
         for r in reports:
             print(r.message(), file=sys.stdout if r.exit_code == 0 else sys.stderr)
         counts = {
-            s: sum(1 for r in reports if r.status == s) for s in ("current", "stale", "invalid")
+            s: sum(1 for r in reports if r.status == s)
+            for s in ("current", "stale", "invalid", "unverified")
         }
         print(
             f"{len(reports)} pairs: {counts['current']} current, {counts['stale']} stale, "
             f"{counts['invalid']} invalid"
+            + (f", {counts['unverified']} not verified" if counts["unverified"] else "")
         )
     return code

@@ -277,3 +277,45 @@ def tree_hex(data: bytes) -> str:
     from support.digests import tree
 
     return tree(data).partition(":")[2]
+
+
+def test_cli_with_a_job_reports_a_storage_failure_per_pair(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One pair's storage failing (here: its artifact replaced while verified, as
+    ``verify`` raises it) is that pair's line, exit 1; the other pairs are still checked
+    and reported (the first such error ended the whole command, no pair reported)."""
+    assert MLP.pte_path is not None
+    (tmp_path / "m.pte").write_bytes(MLP.pte_path.read_bytes())
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'destination = "{tmp_path}/out/{{device}}/{{model}}.pte"\n'
+        f'[[models]]\nname = "m"\nsource = "{tmp_path}/m.pte"\n[devices.a]\n[devices.b]\n'
+    )
+    assert main(["fleet", "run", str(job), "--workers", "1", "-q"]) == 0
+    import ptestore.verification as verification
+
+    real = verification.verify
+    failing = f"{tmp_path}/out/b/m.pte"
+    error = f"{failing}: changed while being verified (verify it again): replaced"
+
+    def verify_b_changes(url: str, **kwargs: object) -> verification.VerifyReport:
+        if str(url) == failing:
+            raise ptestore.StorageError(error)
+        return real(url, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(verification, "verify", verify_b_changes)
+    capsys.readouterr()
+    assert main(["verify", "--job", str(job)]) == 1
+    out, err = capsys.readouterr()
+    assert err == f"{failing}: not verified: {error}\n"
+    assert out == (
+        f"{tmp_path}/out/a/m.pte: current\n2 pairs: 1 current, 0 stale, 0 invalid, "
+        "1 not verified\n"
+    )
+    assert main(["verify", "--job", str(job), "--json"]) == 1
+    shown = json.loads(capsys.readouterr().out)
+    assert [(p["status"], p["exit_code"], p["error"]) for p in shown["pairs"]] == [
+        ("current", 0, None),
+        ("unverified", 1, error),
+    ]
