@@ -132,15 +132,28 @@ class MergedNamedDataMap:
         looked = " or ".join(names) or "the model"
         if any(f.role == "ptd" for f in self._files):
             hint = "neither file holds it"
-        else:
+        elif key in self._expected_from_ptd():
             hint = (
                 "no .ptd was given, and a key the .pte does not hold is in the model's .ptd "
                 "(its external weights): pass it (CLI: --ptd SRC_PTD DST_PTD; Python: "
                 "ptd=(src, dst))"
             )
+        else:  # not a key of the model at all: a .ptd would not help
+            expected = len(self._expected_from_ptd())
+            hint = (
+                f"the model has no such key (the .pte holds {len(self._entries)} and reads "
+                f"{expected or 'none'} from a .ptd; ptestore inspect lists them)"
+            )
         raise MissingNamedData(
             f"named data key {key!r} is not in {looked}: {hint}", key=key, files=names
         )
+
+    def _expected_from_ptd(self) -> frozenset[str]:
+        """The keys the .pte reads that it does not hold (an error path: parsed each time)."""
+        from ..format.tensors import unheld_keys
+
+        pte = next(f for f in self._files if f.role == "pte")
+        return frozenset(k for k, _ in unheld_keys(pte.parsed, pte.loader))
 
     def get_data(self, key: str) -> Buffer:
         if key not in self._entries:

@@ -231,12 +231,14 @@ def describe_tensors(
 
 
 def unheld_keys(
-    pte: ParsedFile, pte_loader: DataLoader, ptd: ParsedFile
+    pte: ParsedFile, pte_loader: DataLoader, ptd: ParsedFile | None = None
 ) -> list[tuple[str, TensorInfo]]:
     """``(key, info)`` for every key the .pte's XNNPACK graphs or EXTERNAL tensors read
-    from named data that neither file of the pair holds, each key once, in the order
-    found: the runtime cannot load such a pair (a key it does not find is error 0x20)."""
-    held = {e.key for parsed in (pte, ptd) for e in parsed.container.named_data}
+    from named data that neither the .pte nor the ``ptd`` given holds, each key once, in
+    the order found: the runtime cannot load such a pair (a key it does not find is error
+    0x20). Without ``ptd``: the keys the .pte expects from its .ptd."""
+    files = (pte,) if ptd is None else (pte, ptd)
+    held = {e.key for parsed in files for e in parsed.container.named_data}
     out: dict[str, TensorInfo] = {}
     for key, info in xnnpack_tensors(pte, pte_loader) + program_external_tensors(pte):
         if key not in held:

@@ -196,6 +196,8 @@ WRONG: dict[str, tuple[type[BackendContract], set[str]]] = {
             "test_keeps_keys_and_shared_bytes",
             "test_replacements_match_tensor_info",
             "test_loads_in_runtime",
+            # specializing the output again: a .ptd without a key its .pte reads is refused
+            "test_second_run_changes_nothing",
         },
     ),
 }

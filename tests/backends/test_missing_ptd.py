@@ -89,3 +89,19 @@ def test_the_cli_names_the_missing_ptd(tmp_path: Path, capsys: pytest.CaptureFix
         ptestore.backends.unregister_backend("reader")
     err = capsys.readouterr().err
     assert rc != 0 and _message(_external_keys()[0]) in err
+
+
+@pytest.mark.parametrize(
+    ("name", "counts"),
+    [("mlp_xnnpack", "holds 4 and reads none"), ("mlp_xnnpack_ext", "holds 0 and reads 4")],
+)
+def test_a_key_the_model_does_not_have_is_not_blamed_on_a_ptd(name: str, counts: str) -> None:
+    """A mistyped key: the message sent the user looking for a .ptd that does not exist
+    (mlp_xnnpack holds all its weights itself)."""
+    pte = get_fixture(name).pte_path
+    with pytest.raises(MissingNamedData) as info:
+        open_named_data(str(pte)).get_data("no-such-key")
+    assert str(info.value) == (
+        f"named data key 'no-such-key' is not in {pte}: the model has no such key (the .pte "
+        f"{counts} from a .ptd; ptestore inspect lists them)"
+    )
