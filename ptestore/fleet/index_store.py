@@ -30,10 +30,17 @@ __all__ = [
     "CAS_PROTOCOLS",
     "IndexStore",
     "ObjectStats",
+    "MAX_INDEX_DEPTH",
     "ReadCount",
     "dumps",
     "shards_line",
 ]
+
+#: Levels of JSON arrays and objects an index object may nest: a leaf is level 1, its
+#: entries 2, an entry 3, its ``device_options`` 4 and their own levels (at most
+#: :data:`~ptestore.backends.compat.MAX_OPTIONS_DEPTH`) below: the bound of a provenance
+#: record (:data:`~ptestore.provenance.trailer.MAX_RECORD_DEPTH`), whence they come.
+MAX_INDEX_DEPTH = 64
 
 #: Stores whose writers publish conditionally (``publish(mode="if-match")``).
 CAS_PROTOCOLS = ("file", "memory", "s3")
@@ -340,11 +347,11 @@ class IndexStore:
 
 
 def parse_object(data: bytes, url: str) -> dict[str, Any]:
-    """The JSON object in ``data`` (read from ``url``), else :class:`FormatError`."""
-    try:
-        value = json.loads(data)
-    except ValueError as exc:
-        raise FormatError(url, "index", data[:40], "JSON", str(exc)) from None
+    """The JSON object in ``data`` (read from ``url``), else :class:`FormatError` (not
+    JSON, nested more than :data:`MAX_INDEX_DEPTH` levels, not an object)."""
+    from .._jsondepth import load_bounded
+
+    value = load_bounded(data, url, "index", MAX_INDEX_DEPTH)
     if not isinstance(value, dict):
         raise FormatError(url, "index", type(value).__name__, "a JSON object")
     return value

@@ -10,12 +10,11 @@ unconditionally (last writer wins), as before.
 from __future__ import annotations
 
 import datetime as _dt
-import json
 from collections.abc import Callable
 from typing import Any
 
 from ..errors import FormatError, ObjectNotFound
-from .index_store import IndexStore, ObjectStats
+from .index_store import MAX_INDEX_DEPTH, IndexStore, ObjectStats
 
 __all__ = [
     "INDEX_FORMAT",
@@ -72,11 +71,9 @@ def check_index(value: object, url: str) -> dict[str, Any]:
 
 def parse_index(data: bytes, url: str) -> dict[str, Any]:
     """The index in ``data`` (read from ``url``), checked."""
-    try:
-        value = json.loads(data)
-    except ValueError as exc:
-        raise FormatError(url, "index", data[:40], "JSON", str(exc)) from None
-    return check_index(value, url)
+    from .._jsondepth import load_bounded
+
+    return check_index(load_bounded(data, url, "index", MAX_INDEX_DEPTH), url)
 
 
 def _v2(value: dict[str, Any], url: str) -> dict[str, Any]:

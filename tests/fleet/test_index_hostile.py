@@ -154,3 +154,52 @@ def test_a_split_marker_at_the_last_depth_is_refused() -> None:
     assert str(caught.value) == (
         f"{mdir}/t{bits}.json: index shard state = 'split': must be a leaf at depth 256"
     )
+
+
+_DEEP = b"[" * 100_000 + b"]" * 100_000
+
+
+@pytest.mark.parametrize("what", ["root", "catalog", "leaf"])
+def test_json_nested_too_deeply_is_a_format_error(tmp_path: Path, what: str) -> None:
+    """``[[[...]]]`` escaped as a RecursionError from every reader and writer."""
+    url, mdir = _index(tmp_path)
+    target = {"root": Path(url), "catalog": mdir / "catalog.json", "leaf": mdir / "t.json"}[what]
+    target.write_bytes(_DEEP)
+    calls: list[Callable[[], object]] = [
+        lambda: select(url, "m", "a"),
+        lambda: find_entry(url, "m", "a"),
+        lambda: publish_entries(url, [synthetic_entry("m", "c")], {}),
+    ]
+    for call in calls:
+        with pytest.raises(FormatError) as caught:
+            call()
+        assert str(caught.value) == (
+            f"{target}: index (nesting depth) = 100000: must be <= 64 levels of arrays and "
+            "objects"
+        )
+
+
+def test_json_nested_past_the_bound_but_readable_is_refused(tmp_path: Path) -> None:
+    url, mdir = _index(tmp_path)
+    _edit(mdir / "t.json", _each_entry("device_options", json.loads("[" * 70 + "]" * 70)))
+    with pytest.raises(FormatError) as caught:
+        select(url, "m", "a")
+    assert str(caught.value) == (
+        f"{mdir / 't.json'}: index (nesting depth) = 73: must be <= 64 levels of arrays and "
+        "objects"
+    )
+
+
+def test_a_catalog_nested_too_deeply_is_repaired(tmp_path: Path) -> None:
+    from ptestore.fleet.index_check import check_index
+
+    url, mdir = _index(tmp_path)
+    (mdir / "catalog.json").write_bytes(_DEEP)
+    report = check_index(url, None, repair=True)
+    assert report.problems == {
+        "m": [
+            f"damaged catalog: {mdir / 'catalog.json'}: index (nesting depth) = 100000: must "
+            "be <= 64 levels of arrays and objects"
+        ]
+    }
+    assert select(url, "m", "a").kind == "artifact"
