@@ -30,9 +30,18 @@ __all__ = [
     "CAS_PROTOCOLS",
     "IndexStore",
     "ObjectStats",
+    "ENTRY_ROOM",
+    "MAX_CATALOG_BYTES",
+    "MAX_ENTRY_BYTES",
     "MAX_INDEX_DEPTH",
+    "MAX_ROOT_BYTES",
+    "MAX_V2_BYTES",
     "ReadCount",
+    "check_entry_size",
+    "check_root_size",
     "dumps",
+    "oversize",
+    "read_plain",
     "shards_line",
 ]
 
@@ -41,6 +50,29 @@ __all__ = [
 #: :data:`~ptestore.backends.compat.MAX_OPTIONS_DEPTH`) below: the bound of a provenance
 #: record (:data:`~ptestore.provenance.trailer.MAX_RECORD_DEPTH`), whence they come.
 MAX_INDEX_DEPTH = 64
+
+# What a reader reads of one index object at most, checked from the size the store
+# gives before the body is read (S3's Content-Length; a local file or memory:// object
+# past it is never held): an object past its bound is refused as a FormatError naming
+# it, its size and the bound, never downloaded and parsed.
+#: A version 3 root: a few hundred bytes (format, version, created, layout, migrated).
+MAX_ROOT_BYTES = 64 << 10
+#: A version 1/2 index, one object holding every entry (about 1.4 KB an entry: 10^5
+#: pairs are 160 MB): what a legacy index of hundreds of thousands of pairs needs still
+#: reads. The root URL is read with this bound (the version is known once it is
+#: parsed); a version 3 root past :data:`MAX_ROOT_BYTES` is then refused.
+MAX_V2_BYTES = 1 << 30
+#: A catalog: one class per distinct kind of build of a model, a few hundred bytes each
+#: with its ``listed`` names (500 kinds: about 80 KB): tens of thousands of kinds of
+#: build, more than a fleet has distinct SoC, driver and backend versions for a model.
+MAX_CATALOG_BYTES = 16 << 20
+#: The largest entry a publish writes (compact JSON): its options and stamps come from
+#: a provenance record, at most 1 MiB (``MAX_PAYLOAD_SIZE``).
+MAX_ENTRY_BYTES = 2 << 20
+#: What a leaf may hold past its layout's ``leaf_bytes``: the entry that crossed it
+#: (until the leaf splits), or one entry alone with the leaf's own fields (which repeat
+#: its model name).
+ENTRY_ROOM = 2 * MAX_ENTRY_BYTES + 4096
 
 #: Stores whose writers publish conditionally (``publish(mode="if-match")``).
 CAS_PROTOCOLS = ("file", "memory", "s3")
@@ -115,6 +147,9 @@ class IndexStore:
         self.protocol = split_url(root)[0]
         self.cas = self.protocol in CAS_PROTOCOLS
         self.reads = ReadCount()
+        #: The bound of a trie node (:meth:`limit`): its layout's ``leaf_bytes`` plus one
+        #: entry, set by the sharded index that reads it (the largest layout until then).
+        self.leaf_limit = (1 << 24) + ENTRY_ROOM
         local = StorageURL.of(root).local
         # The version is read where the writer publishes: memory:// through the writer's
         # own store (it takes the writer's options), S3 with the reading side's options.
@@ -167,12 +202,26 @@ class IndexStore:
         return self.base() + relative
 
     # -- reading ----------------------------------------------------------------------
-    def read(self, url: str) -> tuple[bytes, str | None]:
-        """``(bytes, version)`` of the object at ``url``; ``(b"", None)`` when absent."""
+    def limit(self, url: str) -> tuple[int, str]:
+        """The most bytes the object at ``url`` may have, and what it is (the root may
+        be a version 1/2 index: :data:`MAX_V2_BYTES`)."""
+        if url == self.root:
+            return MAX_V2_BYTES, "index"
+        if url.endswith("/catalog.json"):
+            return MAX_CATALOG_BYTES, "index catalog"
+        return self.leaf_limit, "index shard"
+
+    def read(self, url: str, *, oversize_ok: bool = False) -> tuple[bytes, str | None]:
+        """``(bytes, version)`` of the object at ``url``; ``(b"", None)`` when absent.
+        :class:`FormatError` when it is larger than its bound (:meth:`limit`), unless
+        ``oversize_ok`` (then ``(b"", version)``: what replaces a damaged object needs)."""
         from ..writers.versions import read_versioned
 
-        got = read_versioned(url, **self.read_options)
+        cap, what = self.limit(url)
+        got = read_versioned(url, max_bytes=cap, **self.read_options)
         self.reads.add(None if got.version is None else len(got.data))
+        if got.oversize is not None and not oversize_ok:
+            raise oversize(url, what, got.oversize, cap)
         return got.data, got.version
 
     def read_json(self, url: str) -> tuple[dict[str, Any] | None, str | None]:
@@ -180,7 +229,10 @@ class IndexStore:
         data, version = self.read(url)
         if version is None:
             return None, None
-        return parse_object(data, url), version
+        value = parse_object(data, url)
+        if url == self.root:
+            check_root_size(value, len(data), url)
+        return value, version
 
     def read_many(self, urls: list[str]) -> dict[str, tuple[dict[str, Any] | None, str | None]]:
         """:meth:`read_json` of each of ``urls``, several at once."""
@@ -344,6 +396,49 @@ class IndexStore:
             fs.rm(u.path.rstrip("/"), recursive=True)
         except Exception:  # best effort: what is left is never read
             return
+
+
+def oversize(url: str, what: str, size: int, cap: int) -> FormatError:
+    """The error of an index object larger than its bound."""
+    return FormatError(url, f"{what} size", size, f"at most {cap} bytes", "not read")
+
+
+def check_root_size(value: dict[str, Any], size: int, url: str) -> None:
+    """A version 3 root of ``size`` bytes is at most :data:`MAX_ROOT_BYTES` (the root
+    URL is read with the bound of a version 1/2 index)."""
+    if value.get("version") == 3 and size > MAX_ROOT_BYTES:
+        raise FormatError(
+            url, "index size", size, f"at most {MAX_ROOT_BYTES} bytes", "a version 3 root"
+        )
+
+
+def check_entry_size(entry: dict[str, Any], url: str, field: str) -> None:
+    """An entry to publish is at most :data:`MAX_ENTRY_BYTES` (compact JSON): a leaf
+    holding it stays within what readers read (``leaf_bytes`` + :data:`ENTRY_ROOM`)."""
+    size = len(dumps(entry))
+    if size > MAX_ENTRY_BYTES:
+        raise FormatError(url, f"{field} size", size, f"at most {MAX_ENTRY_BYTES} bytes")
+
+
+def read_plain(store: IndexStore) -> tuple[bytes, str | None]:
+    """The index at ``store.root`` on a store without version tokens (``(b"", None)``
+    when absent; ``"-"`` for its version), at most :data:`MAX_V2_BYTES`."""
+    from ..errors import ObjectNotFound
+    from ..storage.loaders import open_loader
+
+    try:
+        loader = open_loader(store.root, **options_for_loader(store.root, store.options, "dst"))
+    except ObjectNotFound:
+        return b"", None
+    try:
+        size = loader.size()
+        if size > MAX_V2_BYTES:
+            raise oversize(store.root, "index", size, MAX_V2_BYTES)
+        data = bytes(loader.load(0, size))
+    finally:
+        loader.close()
+    store.reads.add(len(data))
+    return data, "-"
 
 
 def parse_object(data: bytes, url: str) -> dict[str, Any]:

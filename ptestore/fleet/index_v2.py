@@ -14,7 +14,13 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import FormatError, ObjectNotFound
-from .index_store import MAX_INDEX_DEPTH, IndexStore, ObjectStats
+from .index_store import (
+    MAX_INDEX_DEPTH,
+    IndexStore,
+    ObjectStats,
+    check_root_size,
+    read_plain,
+)
 
 __all__ = [
     "INDEX_FORMAT",
@@ -73,7 +79,9 @@ def parse_index(data: bytes, url: str) -> dict[str, Any]:
     """The index in ``data`` (read from ``url``), checked."""
     from .._jsondepth import load_bounded
 
-    return check_index(load_bounded(data, url, "index", MAX_INDEX_DEPTH), url)
+    value = check_index(load_bounded(data, url, "index", MAX_INDEX_DEPTH), url)
+    check_root_size(value, len(data), url)
+    return value
 
 
 def _v2(value: dict[str, Any], url: str) -> dict[str, Any]:
@@ -98,29 +106,12 @@ def publish_v2(store: IndexStore, entries: list[dict[str, Any]]) -> list[ObjectS
 
         store.update(store.root, transform, stats)
         return [stats]
-    data, version = _read_plain(store)
+    data, version = read_plain(store)
     old = None if version is None else _v2(parse_index(data, store.root), store.root)
     stats.attempts = 1
     store.write(store.root, merge_entries(old, entries), "overwrite")
     stats.written = True
     return [stats]
-
-
-def _read_plain(store: IndexStore) -> tuple[bytes, str | None]:
-    """The index of a store without version tokens (``(b"", None)`` when absent)."""
-    from ..storage.loaders import open_loader
-    from ..storage.routing import options_for_loader
-
-    try:
-        loader = open_loader(store.root, **options_for_loader(store.root, store.options, "dst"))
-    except ObjectNotFound:
-        return b"", None
-    try:
-        data = bytes(loader.load(0, loader.size()))
-    finally:
-        loader.close()
-    store.reads.add(len(data))
-    return data, "-"
 
 
 def update_v2(
@@ -151,7 +142,7 @@ def update_v2(
     if store.cas:
         store.update(store.root, transform, stats)
     else:
-        data, version = _read_plain(store)
+        data, version = read_plain(store)
         new = transform(None if version is None else parse_index(data, store.root), version)
         stats.attempts = 1
         if new is not None:

@@ -45,7 +45,7 @@ from .index_catalog import (
     needs_rebuild,
     rebuild,
 )
-from .index_store import IndexStore, ObjectStats
+from .index_store import ENTRY_ROOM, IndexStore, ObjectStats
 from .index_trie import Change, ModelTrie, Node
 from .index_v2 import INDEX_FORMAT, now
 
@@ -140,6 +140,7 @@ class ShardedIndex:
         self.directory = store.url(layout["shards"])
         self.leaf_bytes = int(layout["leaf_bytes"])
         self.listed = int(layout["listed"])
+        store.leaf_limit = self.leaf_bytes + ENTRY_ROOM
 
     # -- where ------------------------------------------------------------------------
     def model_dir(self, model: str) -> str:
@@ -353,7 +354,7 @@ class ShardedIndex:
             try:
                 value, version = self.read_catalog(model)
             except FormatError:  # damaged (not JSON, a malformed field): rebuilt over it
-                value, version = None, self.store.read(url)[1]
+                value, version = None, self.store.read(url, oversize_ok=True)[1]
             if value is not None:
                 if not (force or needs_rebuild(value) or REBUILDING in value):
                     return

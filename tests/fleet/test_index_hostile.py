@@ -6,6 +6,7 @@ past the bottom of the trie."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from ptestore.fleet.index_trie import device_bits
 from ptestore.fleet.index_v3 import model_segment
 from ptestore.fleet.select import select
 from ptestore.testing.fleet_index import synthetic_entry
+from ptestore.testing.s3server import S3TestServer
 from ptestore.writers import open_writer
 from ptestore.writers.versions import read_versioned
 
@@ -203,3 +205,108 @@ def test_a_catalog_nested_too_deeply_is_repaired(tmp_path: Path) -> None:
         ]
     }
     assert select(url, "m", "a").kind == "artifact"
+
+
+def _pad(path: Path, size: int, text: str) -> None:
+    """``path``'s object ``text`` padded (a field of its own) to ``size`` bytes."""
+    head = text.rstrip()[:-1] + ',"padding":"'
+    path.write_text(head + "x" * (size - len(head) - 2) + '"}')
+    assert path.stat().st_size == size
+
+
+@pytest.mark.parametrize(
+    ("what", "size", "message"),
+    [
+        (
+            "root",
+            (64 << 10) + 1,
+            "index size = 65537: must be at most 65536 bytes (a version 3 root)",
+        ),
+        (
+            "catalog",
+            (16 << 20) + 1,
+            "index catalog size = 16777217: must be at most 16777216 bytes (not read)",
+        ),
+        (
+            "leaf",
+            16384 + (4 << 20) + 4096 + 1,
+            "index shard size = 4214785: must be at most 4214784 bytes (not read)",
+        ),
+    ],
+)
+def test_an_object_past_its_bound_is_refused(
+    tmp_path: Path, what: str, size: int, message: str
+) -> None:
+    """Each object was read whole, however large, before anything was checked."""
+    url, mdir = _index(tmp_path)
+    target = {"root": Path(url), "catalog": mdir / "catalog.json", "leaf": mdir / "t.json"}[what]
+    text = target.read_text()
+    _pad(target, size - 1, text)
+    assert select(url, "m", "a").kind == "artifact"  # at its bound: read
+    _pad(target, size, text)
+    for call in (lambda: select(url, "m", "a"), lambda: find_entry(url, "m", "a")):
+        with pytest.raises(FormatError) as caught:
+            call()
+        assert str(caught.value) == f"{target}: {message}"
+
+
+def test_an_object_past_its_bound_in_memory_is_refused() -> None:
+    url = "memory://hostile-size/ptestore-index.json"
+    root = create_index(url)
+    publish_entries(url, [synthetic_entry("m", "a")], {})
+    cat = f"memory://hostile-size/{root['layout']['shards']}/m/{model_segment('m')}/catalog.json"
+    value = json.loads(read_versioned(cat).data)
+    _put(cat, {**value, "padding": "x" * (16 << 20)})
+    wanted = r"catalog.json: index catalog size = \d+: must be at most 16777216 bytes \(not read\)$"
+    with pytest.raises(FormatError, match=wanted):
+        find_entry(url, "m", "a")
+
+
+def test_a_catalog_past_its_bound_is_repaired(tmp_path: Path) -> None:
+    from ptestore.fleet.index_check import check_index
+
+    url, mdir = _index(tmp_path)
+    _pad(mdir / "catalog.json", (16 << 20) + 1, (mdir / "catalog.json").read_text())
+    check_index(url, None, repair=True)
+    assert (mdir / "catalog.json").stat().st_size < 4096
+    assert select(url, "m", "a").kind == "artifact"
+
+
+def test_a_version_2_index_past_the_version_3_bounds_is_read(tmp_path: Path) -> None:
+    """A version 2 index holds every entry in its one object: far past a version 3
+    root's or catalog's bound, it is still read (up to 1 GiB)."""
+    url = str(tmp_path / "ptestore-index.json")
+    entries = [synthetic_entry("m", f"d{i:04d}") for i in range(300)]
+    Path(url).write_text(json.dumps({"format": "ptestore.index", "version": 2, "entries": entries}))
+    assert Path(url).stat().st_size > 64 << 10
+    assert select(url, "m", "d0007").kind == "artifact"
+
+
+def test_an_entry_too_large_to_publish_is_refused(tmp_path: Path) -> None:
+    url = str(tmp_path / "ptestore-index.json")
+    big = synthetic_entry("m", "a")
+    big["device_options"] = {"blob": "x" * (2 << 20)}
+    with pytest.raises(FormatError) as caught:
+        publish_entries(url, [big], {})
+    assert re.fullmatch(
+        rf"{re.escape(url)}: index entry m/a size = \d+: must be at most 2097152 bytes",
+        str(caught.value),
+    )
+
+
+def test_a_leaf_past_its_bound_on_s3_is_refused_unread(s3_server: S3TestServer) -> None:
+    """On S3 the object's Content-Length decides: its body is never downloaded."""
+    bucket = s3_server.new_bucket()
+    opts: dict[str, Any] = dict(s3_server.storage_options)
+    url = f"s3://{bucket}/fleet/ptestore-index.json"
+    root = create_index(url, storage_options=opts)
+    publish_entries(url, [synthetic_entry("m", "a")], opts)
+    key = f"fleet/{root['layout']['shards']}/m/{model_segment('m')}/t.json"
+    client = s3_server.client()
+    client.put_object(Bucket=bucket, Key=key, Body=b"x" * (16384 + (4 << 20) + 4097))
+    with pytest.raises(FormatError) as caught:
+        select(url, "m", "a", storage_options=opts)
+    assert str(caught.value) == (
+        f"s3://{bucket}/{key}: index shard size = 4214785: must be at most 4214784 bytes "
+        "(not read)"
+    )
