@@ -91,8 +91,12 @@ def _empty(model: str) -> dict[str, Any]:
     }
 
 
-def check_catalog(value: dict[str, Any], url: str) -> dict[str, Any]:
-    """``value`` if it is a catalog, else :class:`FormatError` naming the field."""
+def check_catalog(value: dict[str, Any], url: str, listed: int) -> dict[str, Any]:
+    """``value`` if it is a catalog of a layout listing ``listed`` names per class,
+    else :class:`FormatError` naming the field. Its bounds are held: no class lists
+    more than ``listed`` names (``select`` reads a leaf per name it tries), and no leaf
+    is deeper than its leaf count can explain (a trie of n leaves is at most n - 1
+    deep: a device reads every depth from the shallowest to the deepest at once)."""
     if value.get("format") != CATALOG_FORMAT:
         raise FormatError(url, "index catalog format", value.get("format"), repr(CATALOG_FORMAT))
     if not isinstance(value.get(REBUILDING, ""), str):
@@ -105,6 +109,15 @@ def check_catalog(value: dict[str, Any], url: str) -> dict[str, Any]:
             raise FormatError(url, "index catalog leaves", depth, "a depth in 0..256")
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise FormatError(url, f"index catalog leaves.{depth}", count, "an int >= 0")
+    total = sum(leaves.values())
+    for depth, count in leaves.items():
+        if count and int(depth) > max(0, total - 1):
+            raise FormatError(
+                url,
+                "index catalog leaves",
+                depth,
+                f"a depth in 0..{max(0, total - 1)} (a trie of {total} leaves is no deeper)",
+            )
     classes = value.get("classes")
     if not isinstance(classes, list):
         raise FormatError(url, "index catalog classes", classes, "a list of classes")
@@ -118,6 +131,10 @@ def check_catalog(value: dict[str, Any], url: str) -> dict[str, Any]:
         devices = c.get("devices")
         if not isinstance(devices, list) or not all(isinstance(d, str) for d in devices):
             raise FormatError(url, f"{field}.devices", devices, "a list of strings")
+        if len(devices) > listed:
+            raise FormatError(
+                url, f"{field}.devices (names)", len(devices), f"at most {listed} (layout listed)"
+            )
         if not isinstance(c.get("more"), bool):
             raise FormatError(url, f"{field}.more", c.get("more"), "a bool")
     return value

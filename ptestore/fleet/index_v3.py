@@ -155,7 +155,7 @@ class ShardedIndex:
     def read_catalog(self, model: str) -> tuple[dict[str, Any] | None, str | None]:
         url = self.catalog_url(model)
         value, version = self.store.read_json(url)
-        return (None if value is None else check_catalog(value, url)), version
+        return (None if value is None else check_catalog(value, url, self.listed)), version
 
     def segments(self) -> list[str]:
         """The model directories (one listing)."""
@@ -323,7 +323,7 @@ class ShardedIndex:
         changed: set[str] = set()
 
         def transform(value: dict[str, Any] | None, _v: str | None) -> dict[str, Any] | None:
-            current = None if value is None else check_catalog(value, url)
+            current = None if value is None else check_catalog(value, url, self.listed)
             new, ch = apply_placements(current, model, placed, splits, self.listed)
             changed.clear()
             changed.update(ch)

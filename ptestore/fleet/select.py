@@ -295,7 +295,10 @@ def select(
     first = next((f for f in map(view.resolve, entries) if f is not None), None)
     if first is None:
         raise ConfigurationError(
-            f"index: every entry of model {model!r} changed while it was read; run again"
+            f"{where}: no entry of model {model!r} the catalog lists is in its leaves as "
+            "listed: changed while it was read, or the catalog disagrees with its leaves; "
+            f"run again, and if it persists, repair it: ptestore fleet check-index {where} "
+            "--repair"
         )
     _checked(first, where, "source", "ptd_source")
     why_not = "; ".join(f"{c['made_for']}: {c['reason']}" for c in candidates)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from ptestore.backends.compat import DeviceProfile
-from ptestore.errors import FormatError
+from ptestore.errors import ConfigurationError, FormatError
 from ptestore.fleet.index import create_index, find_entry, publish_entries
 from ptestore.fleet.index_trie import device_bits
 from ptestore.fleet.index_v3 import model_segment
@@ -107,6 +107,20 @@ def test_an_entry_of_a_version_2_index_is_checked(tmp_path: Path) -> None:
             {"classes": [{"compatibility": [], "devices": ["a"], "more": "yes"}]},
             "index catalog classes[0].more = 'yes': must be a bool",
         ),
+        (
+            {"classes": [{"compatibility": [], "devices": [f"d{i}" for i in range(9)]}]},
+            "index catalog classes[0].devices (names) = 9: must be at most 8 (layout listed)",
+        ),
+        (
+            {"leaves": {"0": 1, "200": 1}},
+            "index catalog leaves = '200': must be a depth in 0..1 (a trie of 2 leaves is no "
+            "deeper)",
+        ),
+        (
+            {"leaves": {"3": 1}},
+            "index catalog leaves = '3': must be a depth in 0..0 (a trie of 1 leaves is no "
+            "deeper)",
+        ),
     ],
 )
 def test_a_catalog_is_checked(tmp_path: Path, change: dict[str, Any], message: str) -> None:
@@ -150,7 +164,9 @@ def test_a_split_marker_at_the_last_depth_is_refused() -> None:
         marker = {"format": "ptestore.index-shard", "version": 3, "model": "m"}
         _put(f"{mdir}/t{prefix}.json", {**marker, "prefix": prefix, "state": "split"})
     value = json.loads(read_versioned(f"{mdir}/catalog.json").data)
-    _put(f"{mdir}/catalog.json", {**value, "leaves": {"256": 1}})
+    # As many leaves as a trie that deep has at least (a catalog's depths are bounded
+    # by its leaf count).
+    _put(f"{mdir}/catalog.json", {**value, "leaves": {"256": 257}})
     with pytest.raises(FormatError) as caught:
         find_entry(url, "m", "a")
     assert str(caught.value) == (
@@ -309,4 +325,18 @@ def test_a_leaf_past_its_bound_on_s3_is_refused_unread(s3_server: S3TestServer) 
     assert str(caught.value) == (
         f"s3://{bucket}/{key}: index shard size = 4214785: must be at most 4214784 bytes "
         "(not read)"
+    )
+
+
+def test_a_catalog_whose_stand_ins_all_fail_points_to_the_repair(tmp_path: Path) -> None:
+    """Every listed name missing from the leaves said "changed while it was read; run
+    again", which a catalog that disagrees with its leaves never stops doing."""
+    url, mdir = _index(tmp_path)
+    _edit(mdir / "catalog.json", lambda v: [c.update(devices=["x", "y"]) for c in v["classes"]])
+    with pytest.raises(ConfigurationError) as caught:
+        select(url, "m", "zz")
+    assert str(caught.value) == (
+        f"{url}: no entry of model 'm' the catalog lists is in its leaves as listed: changed "
+        "while it was read, or the catalog disagrees with its leaves; run again, and if it "
+        f"persists, repair it: ptestore fleet check-index {url} --repair"
     )
