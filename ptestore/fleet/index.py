@@ -50,7 +50,7 @@ from ..storage.loaders import open_loader
 from ..storage.routing import options_for_loader
 from ..storage.types import absolute_local
 from .index_migrate import create_index, migrate_index
-from .index_store import IndexStore, ObjectStats, check_entry_size
+from .index_store import IndexStore, ObjectStats, check_entry_size, check_name
 from .index_v2 import INDEX_FORMAT, check_index, now, parse_index, publish_v2, update_v2
 from .job import Job
 
@@ -283,6 +283,8 @@ def publish_entries(
         if not isinstance(e.get("model"), str) or not isinstance(e.get("device"), str):
             raise FormatError(url, "index entry", {k: e.get(k) for k in ("model", "device")},
                               "an entry with a model and a device name")  # fmt: skip
+        for name in ("model", "device"):
+            check_name(e[name], url, f"index entry {name}")
         check_entry_size(e, url, f"index entry {e['model']}/{e['device']}")
     store = IndexStore(url, dict(options))
     sharded, migrated, stats = open_for_writing(store, version=version)

@@ -42,6 +42,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..errors import FormatError
+from .index_store import check_name
 
 __all__ = [
     "CATALOG_FORMAT",
@@ -131,6 +132,8 @@ def check_catalog(value: dict[str, Any], url: str, listed: int) -> dict[str, Any
         devices = c.get("devices")
         if not isinstance(devices, list) or not all(isinstance(d, str) for d in devices):
             raise FormatError(url, f"{field}.devices", devices, "a list of strings")
+        for j, name in enumerate(devices):
+            check_name(name, url, f"{field}.devices[{j}]")
         if len(devices) > listed:
             raise FormatError(
                 url, f"{field}.devices (names)", len(devices), f"at most {listed} (layout listed)"

@@ -30,7 +30,7 @@ import os
 from typing import Any
 
 from ..errors import AlreadyExists, ConfigurationError, FormatError, PreconditionFailed
-from .index_store import IndexStore, ObjectStats, check_entry_size
+from .index_store import IndexStore, ObjectStats, check_entry_size, check_name
 from .index_v2 import check_index, now
 from .index_v3 import (
     DEFAULT_LEAF_BYTES,
@@ -63,6 +63,7 @@ def check_entries(index: dict[str, Any], url: str) -> None:
         for name in ("model", "device"):
             if not isinstance(e.get(name), str):
                 raise FormatError(url, f"index entries[{i}].{name}", e.get(name), "a string")
+            check_name(e[name], url, f"index entries[{i}].{name}")
         check_entry_size(e, url, f"index entries[{i}]")
 
 

@@ -38,6 +38,7 @@ __all__ = [
     "MAX_V2_BYTES",
     "ReadCount",
     "check_entry_size",
+    "check_name",
     "check_root_size",
     "dumps",
     "oversize",
@@ -410,6 +411,17 @@ def check_root_size(value: dict[str, Any], size: int, url: str) -> None:
         raise FormatError(
             url, "index size", size, f"at most {MAX_ROOT_BYTES} bytes", "a version 3 root"
         )
+
+
+def check_name(name: str, url: str, field: str) -> None:
+    """A model or device name is UTF-8 text (its hash places it: a lone surrogate such
+    as ``"\\ud800"``, valid JSON, has no UTF-8 form), else :class:`FormatError`."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise FormatError(
+            url, field, name[:60], "UTF-8 text", f"a lone surrogate at index {exc.start}"
+        ) from None
 
 
 def check_entry_size(entry: dict[str, Any], url: str, field: str) -> None:

@@ -112,6 +112,11 @@ def test_an_entry_of_a_version_2_index_is_checked(tmp_path: Path) -> None:
             "index catalog classes[0].devices (names) = 9: must be at most 8 (layout listed)",
         ),
         (
+            {"classes": [{"compatibility": [], "devices": ["\ud800"], "more": False}]},
+            "index catalog classes[0].devices[0] = '\\ud800': must be UTF-8 text (a lone "
+            "surrogate at index 0)",
+        ),
+        (
             {"leaves": {"0": 1, "200": 1}},
             "index catalog leaves = '200': must be a depth in 0..1 (a trie of 2 leaves is no "
             "deeper)",
@@ -339,4 +344,41 @@ def test_a_catalog_whose_stand_ins_all_fail_points_to_the_repair(tmp_path: Path)
         f"{url}: no entry of model 'm' the catalog lists is in its leaves as listed: changed "
         "while it was read, or the catalog disagrees with its leaves; run again, and if it "
         f"persists, repair it: ptestore fleet check-index {url} --repair"
+    )
+
+
+def test_a_leaf_entry_named_with_a_lone_surrogate_is_refused(tmp_path: Path) -> None:
+    """"\\ud800" is valid JSON but no UTF-8: hashing it escaped as UnicodeEncodeError."""
+    url, mdir = _index(tmp_path)
+    _edit(mdir / "t.json", lambda v: v["entries"][1].update(device="b\ud800"))
+    with pytest.raises(FormatError) as caught:
+        select(url, "m", "a")
+    assert str(caught.value) == (
+        f"{mdir / 't.json'}: index shard entry device = 'b\\ud800': must be UTF-8 text (a "
+        "lone surrogate at index 1)"
+    )
+
+
+@pytest.mark.parametrize("field", ["model", "device"])
+def test_a_version_2_entry_named_with_a_lone_surrogate_is_refused(
+    tmp_path: Path, field: str
+) -> None:
+    url = str(tmp_path / "ptestore-index.json")
+    bad = synthetic_entry("m", "a")
+    bad[field] = "x\ud800"
+    v2 = {"format": "ptestore.index", "version": 2, "entries": [synthetic_entry("m", "b"), bad]}
+    Path(url).write_text(json.dumps(v2))
+    with pytest.raises(FormatError) as caught:
+        publish_entries(url, [synthetic_entry("m", "c")], {})
+    assert str(caught.value) == (
+        f"{url}: index entries[1].{field} = 'x\\ud800': must be UTF-8 text (a lone surrogate "
+        "at index 1)"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ptestore-index.json"]
+    fresh = str(tmp_path / "new" / "ptestore-index.json")
+    with pytest.raises(FormatError) as caught:
+        publish_entries(fresh, [bad], {})
+    assert str(caught.value) == (
+        f"{fresh}: index entry {field} = 'x\\ud800': must be UTF-8 text (a lone surrogate at "
+        "index 1)"
     )
