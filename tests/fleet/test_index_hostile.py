@@ -59,6 +59,24 @@ def _each_entry(field: str, value: Any) -> Callable[[dict[str, Any]], None]:
         ("compatibility", [5], "a", "entry m/a compatibility = [5]: must be a list of objects"),
         ("source", 3, "zz", "entry m/a source = 3: must be an object"),
         ("source", {"url": None}, "zz", "entry m/a source.url = None: must be a URL or path"),
+        ("device_options", "x", "a", "entry m/a device_options = 'x': must be an object"),
+        ("device_options", [1, 2], "zz", "entry m/a device_options = [1, 2]: must be an object"),
+        (
+            "device_options",
+            {"memory_mb": float("nan")},
+            "a",
+            "entry m/a device_options = {'memory_mb': nan}: must be a device's options (device "
+            "'a' option 'memory_mb' must be a finite number, got nan (trailers and the index "
+            "are JSON, which has no nan or inf))",
+        ),
+        (
+            "device_options",
+            {"memory_mb": float("inf")},
+            "zz",
+            "entry m/a device_options = {'memory_mb': inf}: must be a device's options (device "
+            "'a' option 'memory_mb' must be a finite number, got inf (trailers and the index "
+            "are JSON, which has no nan or inf))",
+        ),
     ],
 )
 def test_an_entry_field_select_uses_is_checked(
