@@ -49,8 +49,9 @@ from ..provenance import Provenance, read_trailer
 from ..storage.loaders import open_loader
 from ..storage.routing import options_for_loader
 from ..storage.types import absolute_local
+from .index_bounds import check_entry_size, check_name
 from .index_migrate import create_index, migrate_index
-from .index_store import IndexStore, ObjectStats, check_entry_size, check_name
+from .index_store import IndexStore, ObjectStats
 from .index_v2 import INDEX_FORMAT, check_index, now, parse_index, publish_v2, update_v2
 from .job import Job
 

@@ -42,7 +42,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..errors import FormatError
-from .index_store import check_name
+from .index_bounds import check_name
 
 __all__ = [
     "CATALOG_FORMAT",

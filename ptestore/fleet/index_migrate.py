@@ -40,7 +40,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..errors import AlreadyExists, ConfigurationError, FormatError, PreconditionFailed
-from .index_store import IndexStore, ObjectStats, check_entry_size, check_name
+from .index_bounds import check_entry_size, check_name
+from .index_store import IndexStore, ObjectStats
 from .index_v2 import check_index, now
 from .index_v3 import (
     DEFAULT_LEAF_BYTES,

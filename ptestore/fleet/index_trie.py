@@ -37,7 +37,8 @@ from typing import Any
 
 from .._dataclass import dataclass, field
 from ..errors import FormatError
-from .index_store import IndexStore, ObjectStats, check_name, dumps
+from .index_bounds import check_name
+from .index_store import IndexStore, ObjectStats, dumps
 
 __all__ = [
     "LEAF",

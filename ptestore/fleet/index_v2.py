@@ -14,13 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import FormatError, ObjectNotFound
-from .index_store import (
-    MAX_INDEX_DEPTH,
-    IndexStore,
-    ObjectStats,
-    check_root_size,
-    read_plain,
-)
+from .index_bounds import MAX_INDEX_DEPTH, check_root_size
+from .index_store import IndexStore, ObjectStats, read_plain
 
 __all__ = [
     "INDEX_FORMAT",

@@ -35,6 +35,7 @@ from typing import Any
 
 from .._dataclass import dataclass, field
 from ..errors import AlreadyExists, FormatError, PreconditionFailed
+from .index_bounds import ENTRY_ROOM
 from .index_catalog import (
     REBUILDING,
     apply_placements,
@@ -45,7 +46,7 @@ from .index_catalog import (
     needs_rebuild,
     rebuild,
 )
-from .index_store import ENTRY_ROOM, IndexStore, ObjectStats
+from .index_store import IndexStore, ObjectStats
 from .index_trie import Change, ModelTrie, Node
 from .index_v2 import INDEX_FORMAT, now
 
