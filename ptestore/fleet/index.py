@@ -49,6 +49,7 @@ from ..provenance import Provenance, read_trailer
 from ..storage.loaders import open_loader
 from ..storage.routing import options_for_loader
 from ..storage.types import absolute_local
+from .index_bounds import check_entry_size, check_name
 from .index_migrate import create_index, migrate_index
 from .index_store import IndexStore, ObjectStats
 from .index_v2 import INDEX_FORMAT, check_index, now, parse_index, publish_v2, update_v2
@@ -216,12 +217,9 @@ def open_index(
     if store.cas:
         data, version = store.read(target)
     else:
-        loader = open_loader(target, **options_for_loader(target, store.options, "dst"))
-        try:
-            data, version = bytes(loader.load(0, loader.size())), "-"
-        finally:
-            loader.close()
-        store.reads.add(len(data))
+        from .index_store import read_plain
+
+        data, version = read_plain(store)
     if version is None:
         raise store.missing()
     root = parse_index(data, target)
@@ -286,6 +284,9 @@ def publish_entries(
         if not isinstance(e.get("model"), str) or not isinstance(e.get("device"), str):
             raise FormatError(url, "index entry", {k: e.get(k) for k in ("model", "device")},
                               "an entry with a model and a device name")  # fmt: skip
+        for name in ("model", "device"):
+            check_name(e[name], url, f"index entry {name}")
+        check_entry_size(e, url, f"index entry {e['model']}/{e['device']}")
     store = IndexStore(url, dict(options))
     sharded, migrated, stats = open_for_writing(store, version=version)
     if sharded is None:

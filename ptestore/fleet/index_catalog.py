@@ -42,6 +42,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..errors import FormatError
+from .index_bounds import check_name
 
 __all__ = [
     "CATALOG_FORMAT",
@@ -51,6 +52,7 @@ __all__ = [
     "class_key",
     "depth_range",
     "live_stamps",
+    "MAX_DEPTH_SPREAD",
     "marked",
     "needs_rebuild",
     "rebuild",
@@ -91,8 +93,12 @@ def _empty(model: str) -> dict[str, Any]:
     }
 
 
-def check_catalog(value: dict[str, Any], url: str) -> dict[str, Any]:
-    """``value`` if it is a catalog, else :class:`FormatError` naming the field."""
+def check_catalog(value: dict[str, Any], url: str, listed: int) -> dict[str, Any]:
+    """``value`` if it is a catalog of a layout listing ``listed`` names per class,
+    else :class:`FormatError` naming the field. No class lists more than ``listed``
+    names (``select`` reads a leaf per name it tries). Its depths are not held to its
+    leaf count: the counts are a summary that concurrent splits can leave short
+    (:func:`depth_range` bounds what a reader reads at once instead)."""
     if value.get("format") != CATALOG_FORMAT:
         raise FormatError(url, "index catalog format", value.get("format"), repr(CATALOG_FORMAT))
     if not isinstance(value.get(REBUILDING, ""), str):
@@ -118,18 +124,34 @@ def check_catalog(value: dict[str, Any], url: str) -> dict[str, Any]:
         devices = c.get("devices")
         if not isinstance(devices, list) or not all(isinstance(d, str) for d in devices):
             raise FormatError(url, f"{field}.devices", devices, "a list of strings")
+        for j, name in enumerate(devices):
+            check_name(name, url, f"{field}.devices[{j}]")
+        if len(devices) > listed:
+            raise FormatError(
+                url, f"{field}.devices (names)", len(devices), f"at most {listed} (layout listed)"
+            )
         if not isinstance(c.get("more"), bool):
             raise FormatError(url, f"{field}.more", c.get("more"), "a bool")
     return value
 
 
+#: Depths a reader reads at once from the shallowest the catalog names: a device hash
+#: spreads a model's leaves over a few depths; a catalog claiming a wider spread (stale,
+#: or ``{"0": 1, "200": 1}``) is read that far at once, then a depth at a time below a
+#: split marker, as for a catalog behind its leaves.
+MAX_DEPTH_SPREAD = 8
+
+
 def depth_range(catalog: dict[str, Any] | None) -> tuple[int, int]:
     """The shallowest and deepest depth the model's leaves are at (``(0, 0)`` without a
-    catalog)."""
+    catalog), at most :data:`MAX_DEPTH_SPREAD` apart."""
     if catalog is None:
         return 0, 0
     depths = [int(k) for k, v in catalog["leaves"].items() if v > 0]
-    return (min(depths), max(depths)) if depths else (0, 0)
+    if not depths:
+        return 0, 0
+    lo = min(depths)
+    return lo, min(max(depths), lo + MAX_DEPTH_SPREAD)
 
 
 def _place(cls: dict[str, Any], device: str, listed: int) -> bool:

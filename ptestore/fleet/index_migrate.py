@@ -12,13 +12,21 @@ object is replaced by the version 3 root **conditionally on the version read**. 
 that compare-and-swap succeeds, devices and older writers see the old index, whole. If
 it fails, someone published in between:
 
-- an older ptestore merged entries into the version 2 index (it writes with ``If-Match``
-  too): the index is read again, the models whose entries changed are written again
-  into the new directory, and the swap is retried. No entry such a writer published
+- an older ptestore merged entries into the version 2 index: the index is read again,
+  the models whose entries changed are written again into the new directory, and the
+  swap is retried. No entry such a writer published
   before the swap is lost; one that publishes after it finds a version 3 root, which it
   cannot read, and its run reports the index as not published (``index_error``: "index
   version = 3: must be 1 or 2") instead of overwriting it;
 - another migration won: its root is used and this directory is removed.
+
+How an older ptestore publishes: on S3 with ``If-Match``; on a local disk, one from
+before version tokens under an exclusive ``flock`` on ``<index>.lock``: it reads the
+index, merges and renames its copy over it, with no check at the rename. A local
+migration therefore holds that lock too around its compare-and-swap of the root
+(:func:`legacy_lock`): such a writer's read and rename never straddle the swap (its
+rename would replace the version 3 root with its version 2 copy, and the entries
+published into version 3 meanwhile would be lost).
 
 A writer of an older ptestore that writes unconditionally (a store without
 compare-and-swap) cannot be detected; such stores are never migrated.
@@ -26,10 +34,13 @@ compare-and-swap) cannot be detected; such stores are never migrated.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..errors import AlreadyExists, ConfigurationError, FormatError, PreconditionFailed
+from .index_bounds import check_entry_size, check_name
 from .index_store import IndexStore, ObjectStats
 from .index_v2 import check_index, now
 from .index_v3 import (
@@ -41,7 +52,50 @@ from .index_v3 import (
     root_value,
 )
 
-__all__ = ["check_entries", "create_index", "migrate_index", "open_for_writing"]
+__all__ = [
+    "LEGACY_LOCK_WAITS",
+    "check_entries",
+    "create_index",
+    "legacy_lock",
+    "migrate_index",
+    "open_for_writing",
+]
+
+#: Called (no arguments) when a migration finds the legacy lock held and waits for it:
+#: a test's deterministic hook.
+LEGACY_LOCK_WAITS: list[Callable[[], None]] = []
+
+
+@contextlib.contextmanager
+def legacy_lock(store: IndexStore) -> Iterator[None]:
+    """Hold the ``flock`` a ptestore from before version tokens took on ``<index>.lock``
+    to publish a local index (nothing for other stores)."""
+    from ..storage.types import StorageURL
+
+    u = StorageURL.of(store.root)
+    if not u.local:
+        yield
+        return
+    import fcntl
+
+    from ..errors import local_error
+    from ..storage.types import strerror
+
+    where = u.path + ".lock"
+    try:  # the file those writers open: made when missing, never through a link
+        fd = os.open(where, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o666)
+    except OSError as exc:
+        raise local_error(exc, f"{store.root}: cannot lock {where}: {strerror(exc)}") from exc
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            for hook in LEGACY_LOCK_WAITS:
+                hook()
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _entries_by_model(index: dict[str, Any]) -> dict[str, dict[tuple[str, str], Any]]:
@@ -63,6 +117,8 @@ def check_entries(index: dict[str, Any], url: str) -> None:
         for name in ("model", "device"):
             if not isinstance(e.get(name), str):
                 raise FormatError(url, f"index entries[{i}].{name}", e.get(name), "a string")
+            check_name(e[name], url, f"index entries[{i}].{name}")
+        check_entry_size(e, url, f"index entries[{i}]")
 
 
 def open_for_writing(
@@ -108,13 +164,27 @@ def _migrate(
     store: IndexStore, old: dict[str, Any], token: str | None, stats: ObjectStats
 ) -> tuple[ShardedIndex, dict[str, Any] | None, list[ObjectStats]]:
     """Write ``old``'s entries as version 3 and swap the root (see the module docstring)."""
+    check_entries(old, store.root)
+    sharded = ShardedIndex(store, new_layout())
+    objects = sharded.write_static(old["entries"])
+    with legacy_lock(store):
+        return _swap(store, old, token, stats, sharded, objects)
+
+
+def _swap(
+    store: IndexStore,
+    old: dict[str, Any],
+    token: str | None,
+    stats: ObjectStats,
+    sharded: ShardedIndex,
+    objects: int,
+) -> tuple[ShardedIndex, dict[str, Any] | None, list[ObjectStats]]:
+    """The root swapped to ``sharded``'s by compare-and-swap on ``token``, the version
+    2 entries copied again while another writer changes them (the module docstring)."""
     from .._retry import CONFLICT_RETRY
 
-    check_entries(old, store.root)
-    layout = new_layout()
-    sharded = ShardedIndex(store, layout)
+    layout = sharded.layout
     written = {m: dict(es) for m, es in _entries_by_model(old).items()}
-    objects = sharded.write_static(old["entries"])
     for _ in range(CONFLICT_RETRY.attempts):
         stats.attempts += 1
         info = {

@@ -25,6 +25,14 @@ from .._dataclass import dataclass, field
 from ..errors import AlreadyExists, FormatError, PreconditionFailed, PublishUncertain
 from ..storage.routing import options_for_loader, options_for_writer
 from ..storage.types import StorageURL, split_url
+from .index_bounds import (
+    ENTRY_ROOM,
+    MAX_CATALOG_BYTES,
+    MAX_INDEX_DEPTH,
+    MAX_V2_BYTES,
+    check_root_size,
+    oversize,
+)
 
 __all__ = [
     "CAS_PROTOCOLS",
@@ -32,6 +40,7 @@ __all__ = [
     "ObjectStats",
     "ReadCount",
     "dumps",
+    "read_plain",
     "shards_line",
 ]
 
@@ -108,6 +117,9 @@ class IndexStore:
         self.protocol = split_url(root)[0]
         self.cas = self.protocol in CAS_PROTOCOLS
         self.reads = ReadCount()
+        #: The bound of a trie node (:meth:`limit`): its layout's ``leaf_bytes`` plus one
+        #: entry, set by the sharded index that reads it (the largest layout until then).
+        self.leaf_limit = (1 << 24) + ENTRY_ROOM
         local = StorageURL.of(root).local
         # The version is read where the writer publishes: memory:// through the writer's
         # own store (it takes the writer's options), S3 with the reading side's options.
@@ -160,12 +172,26 @@ class IndexStore:
         return self.base() + relative
 
     # -- reading ----------------------------------------------------------------------
-    def read(self, url: str) -> tuple[bytes, str | None]:
-        """``(bytes, version)`` of the object at ``url``; ``(b"", None)`` when absent."""
+    def limit(self, url: str) -> tuple[int, str]:
+        """The most bytes the object at ``url`` may have, and what it is (the root may
+        be a version 1/2 index: :data:`MAX_V2_BYTES`)."""
+        if url == self.root:
+            return MAX_V2_BYTES, "index"
+        if url.endswith("/catalog.json"):
+            return MAX_CATALOG_BYTES, "index catalog"
+        return self.leaf_limit, "index shard"
+
+    def read(self, url: str, *, oversize_ok: bool = False) -> tuple[bytes, str | None]:
+        """``(bytes, version)`` of the object at ``url``; ``(b"", None)`` when absent.
+        :class:`FormatError` when it is larger than its bound (:meth:`limit`), unless
+        ``oversize_ok`` (then ``(b"", version)``: what replaces a damaged object needs)."""
         from ..writers.versions import read_versioned
 
-        got = read_versioned(url, **self.read_options)
+        cap, what = self.limit(url)
+        got = read_versioned(url, max_bytes=cap, **self.read_options)
         self.reads.add(None if got.version is None else len(got.data))
+        if got.oversize is not None and not oversize_ok:
+            raise oversize(url, what, got.oversize, cap)
         return got.data, got.version
 
     def read_json(self, url: str) -> tuple[dict[str, Any] | None, str | None]:
@@ -173,7 +199,10 @@ class IndexStore:
         data, version = self.read(url)
         if version is None:
             return None, None
-        return parse_object(data, url), version
+        value = parse_object(data, url)
+        if url == self.root:
+            check_root_size(value, len(data), url)
+        return value, version
 
     def read_many(self, urls: list[str]) -> dict[str, tuple[dict[str, Any] | None, str | None]]:
         """:meth:`read_json` of each of ``urls``, several at once."""
@@ -339,12 +368,33 @@ class IndexStore:
             return
 
 
-def parse_object(data: bytes, url: str) -> dict[str, Any]:
-    """The JSON object in ``data`` (read from ``url``), else :class:`FormatError`."""
+def read_plain(store: IndexStore) -> tuple[bytes, str | None]:
+    """The index at ``store.root`` on a store without version tokens (``(b"", None)``
+    when absent; ``"-"`` for its version), at most :data:`MAX_V2_BYTES`."""
+    from ..errors import ObjectNotFound
+    from ..storage.loaders import open_loader
+
     try:
-        value = json.loads(data)
-    except ValueError as exc:
-        raise FormatError(url, "index", data[:40], "JSON", str(exc)) from None
+        loader = open_loader(store.root, **options_for_loader(store.root, store.options, "dst"))
+    except ObjectNotFound:
+        return b"", None
+    try:
+        size = loader.size()
+        if size > MAX_V2_BYTES:
+            raise oversize(store.root, "index", size, MAX_V2_BYTES)
+        data = bytes(loader.load(0, size))
+    finally:
+        loader.close()
+    store.reads.add(len(data))
+    return data, "-"
+
+
+def parse_object(data: bytes, url: str) -> dict[str, Any]:
+    """The JSON object in ``data`` (read from ``url``), else :class:`FormatError` (not
+    JSON, nested more than :data:`MAX_INDEX_DEPTH` levels, not an object)."""
+    from .._jsondepth import load_bounded
+
+    value = load_bounded(data, url, "index", MAX_INDEX_DEPTH)
     if not isinstance(value, dict):
         raise FormatError(url, "index", type(value).__name__, "a JSON object")
     return value

@@ -37,6 +37,7 @@ from typing import Any
 
 from .._dataclass import dataclass, field
 from ..errors import FormatError
+from .index_bounds import check_name
 from .index_store import IndexStore, ObjectStats, dumps
 
 __all__ = [
@@ -152,6 +153,7 @@ class ModelTrie:
             for e in raw:
                 if not isinstance(e, dict) or not isinstance(e.get("device"), str):
                     raise FormatError(url, "index shard entry", e, "an object with a device")
+                check_name(e["device"], url, "index shard entry device")
                 if self.model and e.get("model") != self.model:
                     raise FormatError(
                         url, "index shard entry model", e.get("model"), repr(self.model)

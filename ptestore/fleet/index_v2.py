@@ -10,12 +10,12 @@ unconditionally (last writer wins), as before.
 from __future__ import annotations
 
 import datetime as _dt
-import json
 from collections.abc import Callable
 from typing import Any
 
 from ..errors import FormatError, ObjectNotFound
-from .index_store import IndexStore, ObjectStats
+from .index_bounds import MAX_INDEX_DEPTH, check_root_size
+from .index_store import IndexStore, ObjectStats, read_plain
 
 __all__ = [
     "INDEX_FORMAT",
@@ -72,11 +72,11 @@ def check_index(value: object, url: str) -> dict[str, Any]:
 
 def parse_index(data: bytes, url: str) -> dict[str, Any]:
     """The index in ``data`` (read from ``url``), checked."""
-    try:
-        value = json.loads(data)
-    except ValueError as exc:
-        raise FormatError(url, "index", data[:40], "JSON", str(exc)) from None
-    return check_index(value, url)
+    from .._jsondepth import load_bounded
+
+    value = check_index(load_bounded(data, url, "index", MAX_INDEX_DEPTH), url)
+    check_root_size(value, len(data), url)
+    return value
 
 
 def _v2(value: dict[str, Any], url: str) -> dict[str, Any]:
@@ -101,29 +101,12 @@ def publish_v2(store: IndexStore, entries: list[dict[str, Any]]) -> list[ObjectS
 
         store.update(store.root, transform, stats)
         return [stats]
-    data, version = _read_plain(store)
+    data, version = read_plain(store)
     old = None if version is None else _v2(parse_index(data, store.root), store.root)
     stats.attempts = 1
     store.write(store.root, merge_entries(old, entries), "overwrite")
     stats.written = True
     return [stats]
-
-
-def _read_plain(store: IndexStore) -> tuple[bytes, str | None]:
-    """The index of a store without version tokens (``(b"", None)`` when absent)."""
-    from ..storage.loaders import open_loader
-    from ..storage.routing import options_for_loader
-
-    try:
-        loader = open_loader(store.root, **options_for_loader(store.root, store.options, "dst"))
-    except ObjectNotFound:
-        return b"", None
-    try:
-        data = bytes(loader.load(0, loader.size()))
-    finally:
-        loader.close()
-    store.reads.add(len(data))
-    return data, "-"
 
 
 def update_v2(
@@ -154,7 +137,7 @@ def update_v2(
     if store.cas:
         store.update(store.root, transform, stats)
     else:
-        data, version = _read_plain(store)
+        data, version = read_plain(store)
         new = transform(None if version is None else parse_index(data, store.root), version)
         stats.attempts = 1
         if new is not None:

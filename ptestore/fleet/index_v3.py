@@ -35,6 +35,7 @@ from typing import Any
 
 from .._dataclass import dataclass, field
 from ..errors import AlreadyExists, FormatError, PreconditionFailed
+from .index_bounds import ENTRY_ROOM
 from .index_catalog import (
     REBUILDING,
     apply_placements,
@@ -140,6 +141,7 @@ class ShardedIndex:
         self.directory = store.url(layout["shards"])
         self.leaf_bytes = int(layout["leaf_bytes"])
         self.listed = int(layout["listed"])
+        store.leaf_limit = self.leaf_bytes + ENTRY_ROOM
 
     # -- where ------------------------------------------------------------------------
     def model_dir(self, model: str) -> str:
@@ -154,7 +156,7 @@ class ShardedIndex:
     def read_catalog(self, model: str) -> tuple[dict[str, Any] | None, str | None]:
         url = self.catalog_url(model)
         value, version = self.store.read_json(url)
-        return (None if value is None else check_catalog(value, url)), version
+        return (None if value is None else check_catalog(value, url, self.listed)), version
 
     def segments(self) -> list[str]:
         """The model directories (one listing)."""
@@ -322,7 +324,7 @@ class ShardedIndex:
         changed: set[str] = set()
 
         def transform(value: dict[str, Any] | None, _v: str | None) -> dict[str, Any] | None:
-            current = None if value is None else check_catalog(value, url)
+            current = None if value is None else check_catalog(value, url, self.listed)
             new, ch = apply_placements(current, model, placed, splits, self.listed)
             changed.clear()
             changed.update(ch)
@@ -353,7 +355,7 @@ class ShardedIndex:
             try:
                 value, version = self.read_catalog(model)
             except FormatError:  # damaged (not JSON, a malformed field): rebuilt over it
-                value, version = None, self.store.read(url)[1]
+                value, version = None, self.store.read(url, oversize_ok=True)[1]
             if value is not None:
                 if not (force or needs_rebuild(value) or REBUILDING in value):
                     return

@@ -190,6 +190,8 @@ def _checked(entry: dict[str, Any], source: str, *roles: str) -> dict[str, Any]:
         not isinstance(stamps, list) or not all(isinstance(x, dict) for x in stamps)
     ):
         raise FormatError(source, f"{name} compatibility", stamps, "a list of objects")
+    if "device_options" in entry:  # a whole entry (a catalog's stand-in has none)
+        _check_options(entry, source, name)
     for role in roles:
         rec = entry.get(role)
         if rec is None and role in ("ptd", "ptd_source"):
@@ -199,6 +201,24 @@ def _checked(entry: dict[str, Any], source: str, *roles: str) -> dict[str, Any]:
         if not isinstance(rec.get("url"), str) or not rec["url"]:
             raise FormatError(source, f"{name} {role}.url", rec.get("url"), "a URL or path")
     return entry
+
+
+def _check_options(entry: dict[str, Any], source: str, name: str) -> None:
+    """The entry's ``device_options`` are a device's options (null: none), as
+    :class:`DeviceProfile` takes them, else :class:`FormatError`."""
+    from ..errors import ConfigurationError
+
+    options = entry["device_options"]
+    if options is None:
+        return
+    if not isinstance(options, dict):
+        raise FormatError(source, f"{name} device_options", options, "an object")
+    try:
+        DeviceProfile(str(entry.get("device")), options)
+    except ConfigurationError as exc:
+        raise FormatError(
+            source, f"{name} device_options", options, "a device's options", str(exc)
+        ) from None
 
 
 def _rate(
@@ -255,12 +275,12 @@ def select(
             + f" (models: {listed or 'none'})"
         )
     by_name = isinstance(device, str)
+    where = "<index>" if isinstance(index, dict) else os.fspath(index)
     if isinstance(device, str):
         own = next((e for e in entries if e.get("device") == device), None)
-        options = own.get("device_options") if own is not None else None
+        options = _checked(own, where).get("device_options") if own is not None else None
         device = DeviceProfile(device, options or {})
     raters = _Raters()
-    where = "<index>" if isinstance(index, dict) else os.fspath(index)
     rated = [(e, *_rate(_checked(e, where), device, raters, by_name)) for e in entries]
     candidates = [
         {"made_for": e.get("device"), "rating": r, "eligible": ok, "reason": why}
@@ -295,7 +315,10 @@ def select(
     first = next((f for f in map(view.resolve, entries) if f is not None), None)
     if first is None:
         raise ConfigurationError(
-            f"index: every entry of model {model!r} changed while it was read; run again"
+            f"{where}: no entry of model {model!r} the catalog lists is in its leaves as "
+            "listed: changed while it was read, or the catalog disagrees with its leaves; "
+            f"run again, and if it persists, repair it: ptestore fleet check-index {where} "
+            "--repair"
         )
     _checked(first, where, "source", "ptd_source")
     why_not = "; ".join(f"{c['made_for']}: {c['reason']}" for c in candidates)

@@ -28,6 +28,7 @@ import struct
 from typing import Any
 
 from .._dataclass import dataclass, field
+from .._jsondepth import bracket_depth
 from ..errors import ConfigurationError, FormatError, StorageError
 from ..storage.types import DataLoader, load_into
 
@@ -200,7 +201,7 @@ def decode_record(payload: bytes, source: str) -> dict[str, Any]:
     try:
         value = json.loads(payload)
     except RecursionError:
-        value, depth = None, _bracket_depth(payload)
+        value, depth = None, bracket_depth(payload)
     except ValueError as exc:
         raise FormatError(
             source, "provenance trailer payload", payload[:60], "a JSON object", str(exc)
@@ -255,19 +256,6 @@ def _utf8(text: str, field: str, source: str) -> None:
             "UTF-8 text",
             f"character {text[exc.start]!r} at index {exc.start} is a lone surrogate",
         ) from None
-
-
-def _bracket_depth(payload: bytes) -> int:
-    """The nesting depth of the arrays and objects of the JSON text ``payload`` (for
-    text too deep for the decoder): brackets outside strings."""
-    import re
-
-    bare = re.sub(rb'"(?:[^"\\]|\\.)*"', b"", payload)
-    depth = deepest = 0
-    for ch in re.sub(rb"[^\[\]{}]", b"", bare):
-        depth += 1 if ch in b"[{" else -1
-        deepest = max(deepest, depth)
-    return deepest
 
 
 class ContentView:

@@ -72,11 +72,23 @@ def file_version(path: str) -> str | None:
     return _token(digest.hexdigest())
 
 
-def read_file_versioned(path: str) -> Versioned:
-    """The bytes of the file at ``path`` and their version token, from one open file."""
+def read_file_versioned(path: str, max_bytes: int | None = None) -> Versioned:
+    """The bytes of the file at ``path`` and their version token, from one open file;
+    a file larger than ``max_bytes`` is hashed a piece at a time, never held (its
+    ``oversize``)."""
     try:
         with open(path, "rb") as f:
-            data = f.read()
+            if max_bytes is None:
+                data = f.read()
+            else:
+                data = f.read(max_bytes + 1)
+                if len(data) > max_bytes:
+                    digest = hashlib.sha256(data)
+                    size = len(data)
+                    while piece := f.read(_PIECE):
+                        digest.update(piece)
+                        size += len(piece)
+                    return Versioned(b"", _token(digest.hexdigest()), size)
     except FileNotFoundError:
         return Versioned(b"", None)
     except OSError as exc:

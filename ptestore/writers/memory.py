@@ -58,13 +58,20 @@ def _version_locked(fs: MemoryFileSystem, path: str) -> str | None:
         return _token(view)
 
 
-def memory_read_versioned(url: str, fs: MemoryFileSystem | None = None) -> Versioned:
-    """The bytes at ``memory://`` ``url`` and their version token, read at once."""
+def memory_read_versioned(
+    url: str, fs: MemoryFileSystem | None = None, max_bytes: int | None = None
+) -> Versioned:
+    """The bytes at ``memory://`` ``url`` and their version token, read at once (none
+    of them past ``max_bytes``: its ``oversize``)."""
     fs = fs if fs is not None else MemoryFileSystem()
     with _PUBLISH_LOCK:
         obj = fs.store.get(fs._strip_protocol(url))
         data = None if obj is None else bytes(obj.getvalue())
-    return Versioned(b"", None) if data is None else Versioned(data, _token(data))
+    if data is None:
+        return Versioned(b"", None)
+    if max_bytes is not None and len(data) > max_bytes:
+        return Versioned(b"", _token(data), len(data))
+    return Versioned(data, _token(data))
 
 
 def memory_current_version(url: str, fs: MemoryFileSystem | None = None) -> str | None:

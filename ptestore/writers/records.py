@@ -89,6 +89,9 @@ class Versioned:
 
     data: bytes
     version: str | None
+    #: The object's size when a read with ``max_bytes`` found it larger: ``data`` then
+    #: holds none of it (``version`` is still the whole object's token); None otherwise.
+    oversize: int | None = None
 
     @property
     def mode(self) -> PublishMode:

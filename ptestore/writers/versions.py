@@ -85,7 +85,10 @@ _STORES: dict[str, Callable[[], _Pair]] = {
 
 
 def _dispatch(
-    url: str | os.PathLike[str] | StorageURL, which: int, storage_options: dict[str, Any]
+    url: str | os.PathLike[str] | StorageURL,
+    which: int,
+    storage_options: dict[str, Any],
+    **extra: Any,
 ) -> Any:
     """Call the store's function number ``which`` (0: read, 1: version) for ``url``."""
     u = StorageURL.of(url)
@@ -95,14 +98,22 @@ def _dispatch(
     fn = store()[which]
     if u.local:
         _no_options(u, storage_options)
-        return fn(u.path)
-    return fn(u.text, **storage_options)
+        return fn(u.path, **extra)
+    return fn(u.text, **extra, **storage_options)
 
 
-def read_versioned(url: str | os.PathLike[str] | StorageURL, **storage_options: Any) -> Versioned:
+def read_versioned(
+    url: str | os.PathLike[str] | StorageURL,
+    *,
+    max_bytes: int | None = None,
+    **storage_options: Any,
+) -> Versioned:
     """The object's bytes and their version token, read together (the bytes are those
-    of that version); ``Versioned(b"", None)`` when there is no object."""
-    result: Versioned = _dispatch(url, 0, storage_options)
+    of that version); ``Versioned(b"", None)`` when there is no object. An object larger
+    than ``max_bytes`` is not held: ``Versioned(b"", its version, oversize=its size)``
+    (S3: its body is not downloaded; a local file is hashed a piece at a time)."""
+    extra = {} if max_bytes is None else {"max_bytes": max_bytes}
+    result: Versioned = _dispatch(url, 0, storage_options, **extra)
     return result
 
 

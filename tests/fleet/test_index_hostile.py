@@ -6,6 +6,7 @@ past the bottom of the trie."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,12 +14,13 @@ from typing import Any
 import pytest
 
 from ptestore.backends.compat import DeviceProfile
-from ptestore.errors import FormatError
+from ptestore.errors import ConfigurationError, FormatError
 from ptestore.fleet.index import create_index, find_entry, publish_entries
 from ptestore.fleet.index_trie import device_bits
 from ptestore.fleet.index_v3 import model_segment
 from ptestore.fleet.select import select
 from ptestore.testing.fleet_index import synthetic_entry
+from ptestore.testing.s3server import S3TestServer
 from ptestore.writers import open_writer
 from ptestore.writers.versions import read_versioned
 
@@ -57,6 +59,24 @@ def _each_entry(field: str, value: Any) -> Callable[[dict[str, Any]], None]:
         ("compatibility", [5], "a", "entry m/a compatibility = [5]: must be a list of objects"),
         ("source", 3, "zz", "entry m/a source = 3: must be an object"),
         ("source", {"url": None}, "zz", "entry m/a source.url = None: must be a URL or path"),
+        ("device_options", "x", "a", "entry m/a device_options = 'x': must be an object"),
+        ("device_options", [1, 2], "zz", "entry m/a device_options = [1, 2]: must be an object"),
+        (
+            "device_options",
+            {"memory_mb": float("nan")},
+            "a",
+            "entry m/a device_options = {'memory_mb': nan}: must be a device's options (device "
+            "'a' option 'memory_mb' must be a finite number, got nan (trailers and the index "
+            "are JSON, which has no nan or inf))",
+        ),
+        (
+            "device_options",
+            {"memory_mb": float("inf")},
+            "zz",
+            "entry m/a device_options = {'memory_mb': inf}: must be a device's options (device "
+            "'a' option 'memory_mb' must be a finite number, got inf (trailers and the index "
+            "are JSON, which has no nan or inf))",
+        ),
     ],
 )
 def test_an_entry_field_select_uses_is_checked(
@@ -104,6 +124,15 @@ def test_an_entry_of_a_version_2_index_is_checked(tmp_path: Path) -> None:
         (
             {"classes": [{"compatibility": [], "devices": ["a"], "more": "yes"}]},
             "index catalog classes[0].more = 'yes': must be a bool",
+        ),
+        (
+            {"classes": [{"compatibility": [], "devices": [f"d{i}" for i in range(9)]}]},
+            "index catalog classes[0].devices (names) = 9: must be at most 8 (layout listed)",
+        ),
+        (
+            {"classes": [{"compatibility": [], "devices": ["\ud800"], "more": False}]},
+            "index catalog classes[0].devices[0] = '\\ud800': must be UTF-8 text (a lone "
+            "surrogate at index 0)",
         ),
     ],
 )
@@ -154,3 +183,218 @@ def test_a_split_marker_at_the_last_depth_is_refused() -> None:
     assert str(caught.value) == (
         f"{mdir}/t{bits}.json: index shard state = 'split': must be a leaf at depth 256"
     )
+
+
+_DEEP = b"[" * 100_000 + b"]" * 100_000
+
+
+@pytest.mark.parametrize("what", ["root", "catalog", "leaf"])
+def test_json_nested_too_deeply_is_a_format_error(tmp_path: Path, what: str) -> None:
+    """``[[[...]]]`` escaped as a RecursionError from every reader and writer."""
+    url, mdir = _index(tmp_path)
+    target = {"root": Path(url), "catalog": mdir / "catalog.json", "leaf": mdir / "t.json"}[what]
+    target.write_bytes(_DEEP)
+    calls: list[Callable[[], object]] = [
+        lambda: select(url, "m", "a"),
+        lambda: find_entry(url, "m", "a"),
+        lambda: publish_entries(url, [synthetic_entry("m", "c")], {}),
+    ]
+    for call in calls:
+        with pytest.raises(FormatError) as caught:
+            call()
+        assert str(caught.value) == (
+            f"{target}: index (nesting depth) = 100000: must be <= 64 levels of arrays and "
+            "objects"
+        )
+
+
+def test_json_nested_past_the_bound_but_readable_is_refused(tmp_path: Path) -> None:
+    url, mdir = _index(tmp_path)
+    _edit(mdir / "t.json", _each_entry("device_options", json.loads("[" * 70 + "]" * 70)))
+    with pytest.raises(FormatError) as caught:
+        select(url, "m", "a")
+    assert str(caught.value) == (
+        f"{mdir / 't.json'}: index (nesting depth) = 73: must be <= 64 levels of arrays and "
+        "objects"
+    )
+
+
+def test_a_catalog_nested_too_deeply_is_repaired(tmp_path: Path) -> None:
+    from ptestore.fleet.index_check import check_index
+
+    url, mdir = _index(tmp_path)
+    (mdir / "catalog.json").write_bytes(_DEEP)
+    report = check_index(url, None, repair=True)
+    assert report.problems == {
+        "m": [
+            f"damaged catalog: {mdir / 'catalog.json'}: index (nesting depth) = 100000: must "
+            "be <= 64 levels of arrays and objects"
+        ]
+    }
+    assert select(url, "m", "a").kind == "artifact"
+
+
+def _pad(path: Path, size: int, text: str) -> None:
+    """``path``'s object ``text`` padded (a field of its own) to ``size`` bytes."""
+    head = text.rstrip()[:-1] + ',"padding":"'
+    path.write_text(head + "x" * (size - len(head) - 2) + '"}')
+    assert path.stat().st_size == size
+
+
+@pytest.mark.parametrize(
+    ("what", "size", "message"),
+    [
+        (
+            "root",
+            (64 << 10) + 1,
+            "index size = 65537: must be at most 65536 bytes (a version 3 root)",
+        ),
+        (
+            "catalog",
+            (16 << 20) + 1,
+            "index catalog size = 16777217: must be at most 16777216 bytes (not read)",
+        ),
+        (
+            "leaf",
+            16384 + (4 << 20) + 4096 + 1,
+            "index shard size = 4214785: must be at most 4214784 bytes (not read)",
+        ),
+    ],
+)
+def test_an_object_past_its_bound_is_refused(
+    tmp_path: Path, what: str, size: int, message: str
+) -> None:
+    """Each object was read whole, however large, before anything was checked."""
+    url, mdir = _index(tmp_path)
+    target = {"root": Path(url), "catalog": mdir / "catalog.json", "leaf": mdir / "t.json"}[what]
+    text = target.read_text()
+    _pad(target, size - 1, text)
+    assert select(url, "m", "a").kind == "artifact"  # at its bound: read
+    _pad(target, size, text)
+    for call in (lambda: select(url, "m", "a"), lambda: find_entry(url, "m", "a")):
+        with pytest.raises(FormatError) as caught:
+            call()
+        assert str(caught.value) == f"{target}: {message}"
+
+
+def test_an_object_past_its_bound_in_memory_is_refused() -> None:
+    url = "memory://hostile-size/ptestore-index.json"
+    root = create_index(url)
+    publish_entries(url, [synthetic_entry("m", "a")], {})
+    cat = f"memory://hostile-size/{root['layout']['shards']}/m/{model_segment('m')}/catalog.json"
+    value = json.loads(read_versioned(cat).data)
+    _put(cat, {**value, "padding": "x" * (16 << 20)})
+    wanted = r"catalog.json: index catalog size = \d+: must be at most 16777216 bytes \(not read\)$"
+    with pytest.raises(FormatError, match=wanted):
+        find_entry(url, "m", "a")
+
+
+def test_a_catalog_past_its_bound_is_repaired(tmp_path: Path) -> None:
+    from ptestore.fleet.index_check import check_index
+
+    url, mdir = _index(tmp_path)
+    _pad(mdir / "catalog.json", (16 << 20) + 1, (mdir / "catalog.json").read_text())
+    check_index(url, None, repair=True)
+    assert (mdir / "catalog.json").stat().st_size < 4096
+    assert select(url, "m", "a").kind == "artifact"
+
+
+def test_a_version_2_index_past_the_version_3_bounds_is_read(tmp_path: Path) -> None:
+    """A version 2 index holds every entry in its one object: far past a version 3
+    root's or catalog's bound, it is still read (up to 1 GiB)."""
+    url = str(tmp_path / "ptestore-index.json")
+    entries = [synthetic_entry("m", f"d{i:04d}") for i in range(300)]
+    Path(url).write_text(json.dumps({"format": "ptestore.index", "version": 2, "entries": entries}))
+    assert Path(url).stat().st_size > 64 << 10
+    assert select(url, "m", "d0007").kind == "artifact"
+
+
+def test_an_entry_too_large_to_publish_is_refused(tmp_path: Path) -> None:
+    url = str(tmp_path / "ptestore-index.json")
+    big = synthetic_entry("m", "a")
+    big["device_options"] = {"blob": "x" * (2 << 20)}
+    with pytest.raises(FormatError) as caught:
+        publish_entries(url, [big], {})
+    assert re.fullmatch(
+        rf"{re.escape(url)}: index entry m/a size = \d+: must be at most 2097152 bytes",
+        str(caught.value),
+    )
+
+
+def test_a_leaf_past_its_bound_on_s3_is_refused_unread(s3_server: S3TestServer) -> None:
+    """On S3 the object's Content-Length decides: its body is never downloaded."""
+    bucket = s3_server.new_bucket()
+    opts: dict[str, Any] = dict(s3_server.storage_options)
+    url = f"s3://{bucket}/fleet/ptestore-index.json"
+    root = create_index(url, storage_options=opts)
+    publish_entries(url, [synthetic_entry("m", "a")], opts)
+    key = f"fleet/{root['layout']['shards']}/m/{model_segment('m')}/t.json"
+    client = s3_server.client()
+    client.put_object(Bucket=bucket, Key=key, Body=b"x" * (16384 + (4 << 20) + 4097))
+    with pytest.raises(FormatError) as caught:
+        select(url, "m", "a", storage_options=opts)
+    assert str(caught.value) == (
+        f"s3://{bucket}/{key}: index shard size = 4214785: must be at most 4214784 bytes "
+        "(not read)"
+    )
+
+
+def test_a_catalog_whose_stand_ins_all_fail_points_to_the_repair(tmp_path: Path) -> None:
+    """Every listed name missing from the leaves said "changed while it was read; run
+    again", which a catalog that disagrees with its leaves never stops doing."""
+    url, mdir = _index(tmp_path)
+    _edit(mdir / "catalog.json", lambda v: [c.update(devices=["x", "y"]) for c in v["classes"]])
+    with pytest.raises(ConfigurationError) as caught:
+        select(url, "m", "zz")
+    assert str(caught.value) == (
+        f"{url}: no entry of model 'm' the catalog lists is in its leaves as listed: changed "
+        "while it was read, or the catalog disagrees with its leaves; run again, and if it "
+        f"persists, repair it: ptestore fleet check-index {url} --repair"
+    )
+
+
+def test_a_leaf_entry_named_with_a_lone_surrogate_is_refused(tmp_path: Path) -> None:
+    """"\\ud800" is valid JSON but no UTF-8: hashing it escaped as UnicodeEncodeError."""
+    url, mdir = _index(tmp_path)
+    _edit(mdir / "t.json", lambda v: v["entries"][1].update(device="b\ud800"))
+    with pytest.raises(FormatError) as caught:
+        select(url, "m", "a")
+    assert str(caught.value) == (
+        f"{mdir / 't.json'}: index shard entry device = 'b\\ud800': must be UTF-8 text (a "
+        "lone surrogate at index 1)"
+    )
+
+
+@pytest.mark.parametrize("field", ["model", "device"])
+def test_a_version_2_entry_named_with_a_lone_surrogate_is_refused(
+    tmp_path: Path, field: str
+) -> None:
+    url = str(tmp_path / "ptestore-index.json")
+    bad = synthetic_entry("m", "a")
+    bad[field] = "x\ud800"
+    v2 = {"format": "ptestore.index", "version": 2, "entries": [synthetic_entry("m", "b"), bad]}
+    Path(url).write_text(json.dumps(v2))
+    with pytest.raises(FormatError) as caught:
+        publish_entries(url, [synthetic_entry("m", "c")], {})
+    assert str(caught.value) == (
+        f"{url}: index entries[1].{field} = 'x\\ud800': must be UTF-8 text (a lone surrogate "
+        "at index 1)"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ptestore-index.json"]
+    fresh = str(tmp_path / "new" / "ptestore-index.json")
+    with pytest.raises(FormatError) as caught:
+        publish_entries(fresh, [bad], {})
+    assert str(caught.value) == (
+        f"{fresh}: index entry {field} = 'x\\ud800': must be UTF-8 text (a lone surrogate at "
+        "index 1)"
+    )
+
+
+def test_a_catalog_depth_spread_is_read_a_bounded_width_at_once(tmp_path: Path) -> None:
+    """``{"0": 1, "200": 1}`` made a device request 201 depths at once (203 requests).
+    Not refused: concurrent splits can leave a sound index's counts short of its depths."""
+    url, mdir = _index(tmp_path)
+    _edit(mdir / "catalog.json", lambda v: v.update(leaves={"0": 1, "200": 1}))
+    choice = select(url, "m", "a")
+    assert choice.kind == "artifact" and choice.made_for == "a"
+    assert choice.index_read is not None and choice.index_read["requests"] <= 12

@@ -88,9 +88,8 @@ def test_a_damaged_version_2_index_is_refused_before_anything_is_written(
         publish_entries(url, [synthetic_entry("m", "b")], {})
     assert str(caught.value) == f"{url}: {message}"
     assert json.loads(Path(url).read_text())["version"] == 2
-    assert [p.name for p in tmp_path.iterdir() if not p.name.startswith(".")] == [
-        "ptestore-index.json"
-    ]
+    kept = [p.name for p in tmp_path.iterdir() if not p.name.startswith(".")]
+    assert [k for k in kept if k != "ptestore-index.json.lock"] == ["ptestore-index.json"]
     found = find_entry(url, "m", "a")
     assert found is not None and found["device"] == "a"
 
@@ -115,6 +114,57 @@ def test_an_entry_damaged_during_the_migration_is_refused_and_the_copy_removed(
         publish_entries(url, [synthetic_entry("m", "b")], {})
     assert str(caught.value) == f"{url}: index entries[3].device = ['d']: must be a string"
     assert json.loads(Path(url).read_text())["version"] == 2
-    assert [p.name for p in tmp_path.iterdir() if not p.name.startswith(".")] == [
-        "ptestore-index.json"
-    ]
+    kept = [p.name for p in tmp_path.iterdir() if not p.name.startswith(".")]
+    assert [k for k in kept if k != "ptestore-index.json.lock"] == ["ptestore-index.json"]
+
+
+def _legacy_local_writer(url: str, entry: dict[str, Any], read: Any, go: Any) -> None:
+    """What ptestore did before version tokens to publish a local index: flock
+    ``<index>.lock``, read, merge, rename over it, with no check at the rename (here it
+    waits for ``go`` between its read and its rename)."""
+    import fcntl
+    import os
+
+    with open(url + ".lock", "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        old = json.loads(Path(url).read_text())
+        read.set()
+        go.wait()
+        assert old["version"] in (1, 2)
+        old["entries"].append(entry)
+        Path(url + ".tmp").write_text(json.dumps(old, indent=1))
+        os.replace(url + ".tmp", url)
+
+
+def test_a_legacy_local_writer_racing_the_migration_loses_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A legacy writer read the version 2 index, the migration swapped the root, then
+    the writer renamed its version 2 copy over it: the entries published into version 3
+    meanwhile were lost for good. The migration now takes the writer's lock: it waits
+    for the rename (the hook lets the writer go on once it waits), then migrates what
+    the writer left."""
+    import threading
+
+    from ptestore.fleet import index_migrate
+    from ptestore.fleet.index import migrate_index
+
+    url = str(tmp_path / "ptestore-index.json")
+    _v2(url, [synthetic_entry("m", "old-a")])
+    read, go = threading.Event(), threading.Event()
+    monkeypatch.setattr(index_migrate, "LEGACY_LOCK_WAITS", [go.set], raising=False)
+    writer = threading.Thread(
+        target=_legacy_local_writer, args=(url, synthetic_entry("m", "old-c"), read, go)
+    )
+    writer.start()
+    read.wait()
+    try:
+        migrate_index(url)
+        publish_entries(url, [synthetic_entry("m", "new-b")], {})
+    finally:
+        go.set()  # without the lock the migration never waits: the writer goes on now
+        writer.join()
+    publish_entries(url, [synthetic_entry("m", "new-d")], {})
+    got = sorted(e["device"] for e in load_index(url)["entries"])
+    assert got == ["new-b", "new-d", "old-a", "old-c"]
+    assert len(list(tmp_path.glob("ptestore-index.v3-*"))) == 1

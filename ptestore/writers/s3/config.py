@@ -221,16 +221,30 @@ class S3Connection:
 
         return asyncio.run_coroutine_threadsafe(run(), self.fs.loop)
 
-    def invoke_read(self, operation: str, **params: Any) -> tuple[dict[str, Any], bytes]:
+    def invoke_read(
+        self, operation: str, max_bytes: int | None = None, **params: Any
+    ) -> tuple[dict[str, Any], bytes]:
         """One attempt of ``client.<operation>(**params)`` whose answer has a streaming
-        ``Body`` (``get_object``): the answer and the body, read on s3fs's loop."""
+        ``Body`` (``get_object``): the answer and the body, read on s3fs's loop (with
+        ``max_bytes``: not read when its ``ContentLength`` is larger, else at most
+        ``max_bytes + 1`` bytes of it)."""
         method = getattr(self.client, operation)
 
         async def run() -> tuple[dict[str, Any], bytes]:
             resp: dict[str, Any] = await method(**params)
             body = resp.pop("Body")
             async with body:
-                data: bytes = await body.read()
+                if max_bytes is None:
+                    data: bytes = await body.read()
+                elif int(resp.get("ContentLength", 0)) > max_bytes:
+                    data = b""
+                else:  # read(n) may answer with less than n before the end
+                    parts: list[bytes] = []
+                    got = 0
+                    while got <= max_bytes and (part := await body.read(max_bytes + 1 - got)):
+                        parts.append(part)
+                        got += len(part)
+                    data = b"".join(parts)
             return resp, data
 
         result: tuple[dict[str, Any], bytes] = self._sync(self.fs.loop, run)

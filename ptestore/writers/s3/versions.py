@@ -21,13 +21,16 @@ def _connect(url: str, options: dict[str, Any]) -> tuple[S3Connection, str, str]
     return S3Connection(url, dict(options)), bucket, key
 
 
-def s3_read_versioned(url: str, **storage_options: Any) -> Versioned:
-    """The object's bytes and the ETag they came with (one GetObject)."""
+def s3_read_versioned(url: str, max_bytes: int | None = None, **storage_options: Any) -> Versioned:
+    """The object's bytes and the ETag they came with (one GetObject); the body of an
+    object larger than ``max_bytes`` (its ``Content-Length``) is never read."""
     conn, bucket, key = _connect(url, storage_options)
     try:
         resp, data = conn.call(
             "GetObject",
-            lambda: conn.invoke_read("get_object", Bucket=bucket, Key=key, **conn.extras),
+            lambda: conn.invoke_read(
+                "get_object", max_bytes=max_bytes, Bucket=bucket, Key=key, **conn.extras
+            ),
         )
     except Exception as exc:
         if classify(exc) is Category.NOT_FOUND and error_code(exc) != "NoSuchBucket":
@@ -35,6 +38,9 @@ def s3_read_versioned(url: str, **storage_options: Any) -> Versioned:
         raise to_storage_error(exc, f"s3://{bucket}/{key}", "GetObject") from exc
     finally:
         conn.close()
+    size = int(resp.get("ContentLength", len(data)))
+    if max_bytes is not None and max(size, len(data)) > max_bytes:
+        return Versioned(b"", str(resp["ETag"]), max(size, len(data)))
     return Versioned(bytes(data), str(resp["ETag"]))
 
 

@@ -1,0 +1,86 @@
+"""The bounds a fleet index's readers hold its objects to, and the checks of what a
+publish writes that keep every object within them (docs/fleet.md, "Bounds")."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import FormatError
+
+__all__ = [
+    "ENTRY_ROOM",
+    "MAX_CATALOG_BYTES",
+    "MAX_ENTRY_BYTES",
+    "MAX_INDEX_DEPTH",
+    "MAX_ROOT_BYTES",
+    "MAX_V2_BYTES",
+    "check_entry_size",
+    "check_name",
+    "check_root_size",
+    "oversize",
+]
+
+#: Levels of JSON arrays and objects an index object may nest: a leaf is level 1, its
+#: entries 2, an entry 3, its ``device_options`` 4 and their own levels (at most
+#: :data:`~ptestore.backends.compat.MAX_OPTIONS_DEPTH`) below: the bound of a provenance
+#: record (:data:`~ptestore.provenance.trailer.MAX_RECORD_DEPTH`), whence they come.
+MAX_INDEX_DEPTH = 64
+
+# What a reader reads of one index object at most, checked from the size the store
+# gives before the body is read (S3's Content-Length; a local file or memory:// object
+# past it is never held): an object past its bound is refused as a FormatError naming
+# it, its size and the bound, never downloaded and parsed.
+#: A version 3 root: a few hundred bytes (format, version, created, layout, migrated).
+MAX_ROOT_BYTES = 64 << 10
+#: A version 1/2 index, one object holding every entry (about 1.4 KB an entry: 10^5
+#: pairs are 160 MB): what a legacy index of hundreds of thousands of pairs needs still
+#: reads. The root URL is read with this bound (the version is known once it is
+#: parsed); a version 3 root past :data:`MAX_ROOT_BYTES` is then refused.
+MAX_V2_BYTES = 1 << 30
+#: A catalog: one class per distinct kind of build of a model, a few hundred bytes each
+#: with its ``listed`` names (500 kinds: about 80 KB): tens of thousands of kinds of
+#: build, more than a fleet has distinct SoC, driver and backend versions for a model.
+MAX_CATALOG_BYTES = 16 << 20
+#: The largest entry a publish writes (compact JSON): its options and stamps come from
+#: a provenance record, at most 1 MiB (``MAX_PAYLOAD_SIZE``).
+MAX_ENTRY_BYTES = 2 << 20
+#: What a leaf may hold past its layout's ``leaf_bytes``: the entry that crossed it
+#: (until the leaf splits), or one entry alone with the leaf's own fields (which repeat
+#: its model name).
+ENTRY_ROOM = 2 * MAX_ENTRY_BYTES + 4096
+
+
+
+def oversize(url: str, what: str, size: int, cap: int) -> FormatError:
+    """The error of an index object larger than its bound."""
+    return FormatError(url, f"{what} size", size, f"at most {cap} bytes", "not read")
+
+
+def check_root_size(value: dict[str, Any], size: int, url: str) -> None:
+    """A version 3 root of ``size`` bytes is at most :data:`MAX_ROOT_BYTES` (the root
+    URL is read with the bound of a version 1/2 index)."""
+    if value.get("version") == 3 and size > MAX_ROOT_BYTES:
+        raise FormatError(
+            url, "index size", size, f"at most {MAX_ROOT_BYTES} bytes", "a version 3 root"
+        )
+
+
+def check_name(name: str, url: str, field: str) -> None:
+    """A model or device name is UTF-8 text (its hash places it: a lone surrogate such
+    as ``"\\ud800"``, valid JSON, has no UTF-8 form), else :class:`FormatError`."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise FormatError(
+            url, field, name[:60], "UTF-8 text", f"a lone surrogate at index {exc.start}"
+        ) from None
+
+
+def check_entry_size(entry: dict[str, Any], url: str, field: str) -> None:
+    """An entry to publish is at most :data:`MAX_ENTRY_BYTES` (compact JSON): a leaf
+    holding it stays within what readers read (``leaf_bytes`` + :data:`ENTRY_ROOM`)."""
+    import json
+
+    size = len(json.dumps(entry, separators=(",", ":")).encode())  # as a leaf holds it
+    if size > MAX_ENTRY_BYTES:
+        raise FormatError(url, f"{field} size", size, f"at most {MAX_ENTRY_BYTES} bytes")
