@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DTYPES",
     "MAX_ARRAY_DIMS",
+    "MAX_OTHER_USES",
     "SCALAR_TYPE_NAMES",
     "DtypeSpec",
     "QuantParams",
@@ -40,6 +41,9 @@ TensorSource = Literal["ptd", "program", "xnnpack"]
 
 #: The most dimensions :func:`array_view` shapes an array into (numpy's own limit).
 MAX_ARRAY_DIMS = 64
+#: The most other descriptions of one key :attr:`TensorInfo.other_uses` lists (a key
+#: that many graphs describe differently cannot make every report that large).
+MAX_OTHER_USES = 8
 
 
 @dataclass(frozen=True)
@@ -177,7 +181,8 @@ class TensorInfo:
     value and ``"scale"`` for the quantization scales of another tensor (whose key is
     ``scales_for``). ``other_uses`` lists other, *different* descriptions of the same
     key (identical bytes used as, say, an int8 weight and a float32 bias); it is empty
-    in the common case and a careful backend leaves such keys alone.
+    in the common case and a careful backend leaves such keys alone. It lists at most
+    :data:`MAX_OTHER_USES`; ``more_uses`` counts the different descriptions past those.
     """
 
     dtype: str
@@ -191,6 +196,7 @@ class TensorInfo:
     role: Literal["tensor", "scale"] = "tensor"
     scales_for: str | None = None
     other_uses: tuple[TensorInfo, ...] = field(default=())
+    more_uses: int = 0
 
     @property
     def numel(self) -> int:
@@ -218,13 +224,14 @@ class TensorInfo:
     def _elementwise(self, spec: DtypeSpec) -> bool:
         return spec.bits is not None and self.numel * spec.bits == 8 * self.nbytes
 
+    def description(self) -> tuple[object, ...]:
+        """What the description says, without where it came from (hashable: equal for
+        two descriptions that say the same)."""
+        return (self.dtype, self.shape, self.nbytes, self.dim_order, self.quantization, self.role)
+
     def same_description(self, other: TensorInfo) -> bool:
         """Equal up to where the description came from."""
-
-        def fields(i: TensorInfo) -> tuple[object, ...]:
-            return (i.dtype, i.shape, i.nbytes, i.dim_order, i.quantization, i.role)
-
-        return fields(self) == fields(other)
+        return self.description() == other.description()
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -238,6 +245,7 @@ class TensorInfo:
             "role": self.role,
             "scales_for": self.scales_for,
             "other_uses": [o.to_json() for o in self.other_uses],
+            "more_uses": self.more_uses,
         }
 
 

@@ -3,6 +3,7 @@ value and limit. Messages are pinned here."""
 
 from __future__ import annotations
 
+import json
 import re
 import struct
 from collections.abc import Callable
@@ -438,4 +439,44 @@ def test_inspect_short_program_exits_2(tmp_path: Path, capsys: pytest.CaptureFix
     assert main(["inspect", str(bad)]) == 2
     assert capsys.readouterr().err == (
         f"ptestore inspect: error: {bad}: Program (table position) = 60: must be in [8, 45]\n"
+    )
+
+
+# A key listed twice in one container. Exporters write each key once; a hostile .ptd that
+# repeated one key N times, each with its own layout, made inspect quadratic (1000
+# entries, 56 KB: 87 s and 400 MB of JSON).
+
+
+def test_a_ptd_key_listed_twice_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = synth.flat_tensor([("a", (6, [4], [0])), ("b", None), ("a", (6, [2], [0]))])
+    with pytest.raises(FormatError) as info:
+        parse(data, len(data), "w.ptd")
+    assert str(info.value) == (
+        "w.ptd: FlatTensor.named_data[2].key = 'a': must be a key no other entry has "
+        "(FlatTensor.named_data[0] has it too) (a named-data key is listed once in a container)"
+    )
+    path = tmp_path / "dup.ptd"
+    path.write_bytes(synth.flat_tensor([("w", (6, [i], [0])) for i in range(1000)]))
+    assert main(["inspect", "--json", str(path)]) == 2
+    error = json.loads(capsys.readouterr().out)["error"]
+    assert error["exit_code"] == 2
+    assert "FlatTensor.named_data[1].key = 'w': must be a key no other" in error["message"]
+
+
+def test_a_pte_key_listed_twice_is_refused() -> None:
+    data = pte()
+    c = parse(bytes(data), len(data), "m.pte")
+    first, second = (e.key.encode() for e in c.named_data[:2])
+    assert len(first) == len(second) == 64
+    at = data.index(second)
+    data[at : at + 64] = first
+    raises(
+        data,
+        re.escape(
+            f"model.pte: Program.named_data[1].key = '{first.decode()}': must be a key no other "
+            "entry has (Program.named_data[0] has it too) (a named-data key is listed once in a "
+            "container)"
+        ),
     )

@@ -37,7 +37,7 @@ from ptestore.coordinator.named import MergedNamedDataMap, SourceFile
 from ptestore.errors import FormatError, InvalidReplacement
 from ptestore.format.flatbuf import FlatView
 from ptestore.format.reader import read_container
-from ptestore.format.tensorinfo import array_view, scalar_type_info
+from ptestore.format.tensorinfo import MAX_OTHER_USES, array_view, scalar_type_info
 from ptestore.format.tensors import TensorIndex, describe_tensors, named_data_json
 from ptestore.format.xnnpack import parse_xnn_header, parse_xnngraph, xnngraph_span
 from ptestore.storage.loaders import BytesLoader, LocalFileLoader
@@ -230,6 +230,23 @@ def test_conflicting_descriptions_are_kept_as_other_uses() -> None:
     assert index["k"].dtype == "float32"
     assert index["j"].other_uses == ()
     assert len(index) == 2 and set(index) == {"k", "j"}
+
+
+def test_many_descriptions_of_one_key_are_capped() -> None:
+    # A key that thousands of descriptions name differently (XNNPACK graphs of one .pte
+    # can) lists the first MAX_OTHER_USES of them and counts the rest: the merge used to
+    # compare each with every earlier one and list them all in every report.
+    descs = [
+        ("k", TensorInfo("float32", (i,), 4 * i, "xnnpack", f"g xvalues[{i}]"))
+        for i in range(3000)
+    ]
+    index = TensorIndex(descs + descs)
+    info = index["k"]
+    assert info.shape == (0,)
+    assert [o.shape for o in info.other_uses] == [(i,) for i in range(1, MAX_OTHER_USES + 1)]
+    assert info.more_uses == 3000 - 1 - MAX_OTHER_USES
+    obj = info.to_json()
+    assert len(obj["other_uses"]) == MAX_OTHER_USES and obj["more_uses"] == info.more_uses  # type: ignore[arg-type]
 
 
 def test_tensor_info_json() -> None:
