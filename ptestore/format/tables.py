@@ -18,6 +18,7 @@ from ..errors import FormatError
 from .flatbuf import TableView, Vector
 from .header import Kind
 from .model import CompileSpec, Delegate, NamedDataEntry, Segment, SubsegmentOffsets, TensorLayout
+from .tensorinfo import read_dims
 
 __all__ = [
     "MAX_NAMED_DATA",
@@ -168,11 +169,11 @@ def read_named_data(root: TableView, kind: Kind, seg_of: SegmentMap) -> tuple[Na
         if kind == "ptd":
             lt = t.table(_NAMED_TENSOR_LAYOUT, "tensor_layout")
             if lt is not None:
-                sizes = lt.vector(_LAYOUT_SIZES, "sizes", 4)
+                sizes = read_dims(lt.vector(_LAYOUT_SIZES, "sizes", 4))
                 dims = lt.vector(_LAYOUT_DIM_ORDER, "dim_order", 1)
                 layout = TensorLayout(
                     scalar_type=lt.scalar(_LAYOUT_SCALAR_TYPE, "scalar_type", "i8"),
-                    sizes=tuple(sizes.i32s()) if sizes else (),
+                    sizes=sizes,
                     dim_order=tuple(dims.u8s()) if dims else (),
                 )
         out.append(NamedDataEntry(key, seg_of[idx], layout))

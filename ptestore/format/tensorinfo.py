@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Literal
 
 from .._dataclass import dataclass, field
 from ..errors import FormatError
+from .flatbuf import Vector
 from .model import TensorLayout
 
 if TYPE_CHECKING:
@@ -34,13 +35,20 @@ __all__ = [
     "TensorInfo",
     "array_view",
     "info_from_layout",
+    "read_dims",
     "scalar_type_info",
 ]
 
 TensorSource = Literal["ptd", "program", "xnnpack"]
 
-#: The most dimensions :func:`array_view` shapes an array into (numpy's own limit).
+#: The most dims a tensor description may have (:func:`read_dims` refuses more) and
+#: :func:`array_view` shapes an array into: numpy's own limit. ExecuTorch's runtime takes
+#: far fewer (``kTensorDimensionLimit`` = 16), XNNPACK 6 (``XNN_MAX_TENSOR_DIMS``), so
+#: no loadable file is refused; without a limit a 1 MB sizes vector of 250,000 dims made
+#: every element count a growing big-int product (minutes).
 MAX_ARRAY_DIMS = 64
+#: Element counts from here on are refused: no file holds a tensor that large.
+_MAX_NUMEL = 1 << 64
 #: The most other descriptions of one key :attr:`TensorInfo.other_uses` lists (a key
 #: that many graphs describe differently cannot make every report that large).
 MAX_OTHER_USES = 8
@@ -257,6 +265,40 @@ def _nbytes(dtype: str, shape: tuple[int, ...]) -> int:
     if spec is None or spec.bits is None:
         return 0
     return (n * spec.bits + 7) // 8
+
+
+def read_dims(vec: Vector | None, *, unsigned: bool = False) -> tuple[int, ...]:
+    """The dims of a tensor's sizes vector (int32 each; ``unsigned``: uint32), () when it
+    is absent. :class:`FormatError` naming the file and field for more than
+    :data:`MAX_ARRAY_DIMS` dims (checked before reading them) and for dims, all > 0,
+    whose product reaches 2**64 (the product stops there)."""
+    if vec is None:
+        return ()
+    source = vec.view.source
+    if vec.length > MAX_ARRAY_DIMS:
+        raise FormatError(
+            source,
+            f"{vec.field} (length)",
+            vec.length,
+            f"<= {MAX_ARRAY_DIMS} dims",
+            "ptestore's limit; ExecuTorch's runtime takes at most 16",
+        )
+    dims = tuple(vec.i32s())
+    if unsigned:
+        dims = tuple(d & 0xFFFFFFFF for d in dims)
+    if min(dims, default=0) > 0:
+        n = 1
+        for d in dims:
+            n *= d
+            if n >= _MAX_NUMEL:
+                raise FormatError(
+                    source,
+                    vec.field,
+                    list(dims),
+                    "dims whose product (the element count) is < 2**64",
+                    "a tensor larger than any file",
+                )
+    return dims
 
 
 def scalar_type_info(

@@ -21,7 +21,13 @@ from ..storage.types import DataLoader
 from .flatbuf import FlatView, TableView, WorkBudget
 from .model import Container
 from .reader import ParsedFile
-from .tensorinfo import MAX_OTHER_USES, TensorInfo, info_from_layout, scalar_type_info
+from .tensorinfo import (
+    MAX_OTHER_USES,
+    TensorInfo,
+    info_from_layout,
+    read_dims,
+    scalar_type_info,
+)
 from .xnnpack import (
     XNN_HEADER_LENGTH,
     PackedWeight,
@@ -94,14 +100,14 @@ def program_external_tensors(parsed: ParsedFile) -> list[tuple[str, TensorInfo]]
                 fqn,
                 "a non-empty string (the key of an EXTERNAL tensor)",
             )
-        sizes = t.vector(_T_SIZES, "sizes", 4)
+        sizes = read_dims(t.vector(_T_SIZES, "sizes", 4))
         order = t.vector(_T_DIM_ORDER, "dim_order", 1)
         out.append(
             (
                 fqn,
                 scalar_type_info(
                     t.scalar(_T_SCALAR_TYPE, "scalar_type", "i8"),
-                    tuple(sizes.i32s()) if sizes else (),
+                    sizes,
                     tuple(order.u8s()) if order else (),
                     "program",
                     f"{method} values[{i}]",
