@@ -15,6 +15,7 @@ dtype names are lowercase: the ExecuTorch scalar types (``float32``, ``bfloat16`
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Literal
 
 from .._dataclass import dataclass, field
@@ -145,6 +146,10 @@ SCALAR_TYPE_NAMES: dict[int, str] = {
 }
 
 
+def _json_float(x: float) -> float | str:
+    return x if math.isfinite(x) else str(x)  # "nan", "inf", "-inf"
+
+
 @dataclass(frozen=True)
 class QuantParams:
     """Quantization parameters of a quantized tensor.
@@ -167,9 +172,11 @@ class QuantParams:
     scale_dtype: str | None = None
 
     def to_json(self) -> dict[str, object]:
+        """A JSON object; a scale that is not finite (a file can hold any float) is the
+        string ``"nan"``, ``"inf"`` or ``"-inf"``: JSON has no such numbers."""
         return {
             "scheme": self.scheme,
-            "scale": list(self.scale),
+            "scale": [_json_float(x) for x in self.scale],
             "zero_point": list(self.zero_point),
             "channel_axis": self.channel_axis,
             "group_size": self.group_size,

@@ -78,14 +78,19 @@ def xnngraph(k: int) -> bytes:
 
 
 def overlapping_xnnpack(
-    n: int, k: int, *, stride: int = 0, backend: str = "XnnpackBackend"
+    n: int,
+    k: int,
+    *,
+    stride: int = 0,
+    backend: str = "XnnpackBackend",
+    graph: bytes | None = None,
 ) -> bytes:
     """A .pte with n XNNPACK delegates, delegate i in segment i, all over one k-xvalue
-    graph. ``stride`` 0: every segment describes the same bytes. ``stride`` 8: segment i
-    starts 8*i bytes later, at a FlatBuffer prefix (root offset, identifier) of its own
+    graph (or over ``graph``, an XNNGraph FlatBuffer). ``stride`` 0: every segment
+    describes the same bytes. ``stride`` 8: segment i starts 8*i bytes later, at a FlatBuffer prefix (root offset, identifier) of its own
     that leads to the same root table, so the n graphs are distinct byte ranges.
     ``backend``: the delegates' id (another one's blobs are not read as graphs)."""
-    graph = xnngraph(k)
+    graph = xnngraph(k) if graph is None else graph
     if stride:
         assert stride == 8
         root = 8 * n + struct.unpack_from("<I", graph)[0]
