@@ -87,8 +87,9 @@ def overlapping_xnnpack(
 ) -> bytes:
     """A .pte with n XNNPACK delegates, delegate i in segment i, all over one k-xvalue
     graph (or over ``graph``, an XNNGraph FlatBuffer). ``stride`` 0: every segment
-    describes the same bytes. ``stride`` 8: segment i starts 8*i bytes later, at a FlatBuffer prefix (root offset, identifier) of its own
-    that leads to the same root table, so the n graphs are distinct byte ranges.
+    describes the same bytes. ``stride`` 8: segment i starts 8*i bytes later, at a
+    FlatBuffer prefix (root offset, identifier) of its own that leads to the same root
+    table, so the n graphs are distinct byte ranges.
     ``backend``: the delegates' id (another one's blobs are not read as graphs)."""
     graph = xnngraph(k) if graph is None else graph
     if stride:
