@@ -10,6 +10,8 @@ enough to understand what went wrong without a debugger.
 
 from __future__ import annotations
 
+from ._text import shown
+
 __all__ = [
     "AlreadyExists",
     "AlreadySpecialized",
@@ -35,6 +37,7 @@ __all__ = [
 ]
 
 
+
 class PteStoreError(Exception):
     """Base class of every error ptestore raises deliberately."""
 
@@ -49,7 +52,8 @@ class FormatError(PteStoreError, ValueError):
     field:
         The header or FlatBuffer field that is wrong, e.g. ``"Program.segments[3].offset"``.
     value:
-        The offending value.
+        The offending value (the message shows it cut to about 80 characters,
+        :func:`shown`).
     limit:
         What the value must satisfy, in words (e.g. ``"<= 6048 (file size)"``).
     """
@@ -67,7 +71,7 @@ class FormatError(PteStoreError, ValueError):
         self.value = value
         self.limit = limit
         self.detail = detail
-        msg = f"{source}: {field} = {value!r}: must be {limit}"
+        msg = f"{source}: {field} = {shown(value)}: must be {limit}"
         if detail:
             msg += f" ({detail})"
         super().__init__(msg)

@@ -382,6 +382,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "ptestore._background",
             "ptestore._dataclass",
             "ptestore._lazy",
+            "ptestore._text",
             "ptestore._retry",
             "ptestore.checksums",
             "=ptestore.storage",  # its __init__ imports nothing

@@ -480,3 +480,21 @@ def test_a_pte_key_listed_twice_is_refused() -> None:
             "container)"
         ),
     )
+
+
+def test_a_long_value_is_shown_cut() -> None:
+    # Every FormatError shows its value as :func:`ptestore._text.shown` does: about 80
+    # characters and the whole value's size, whatever a hostile file holds.
+    assert str(FormatError("f", "k", "ab" * 50, "short")) == (
+        f"f: k = '{'ab' * 40}'... (100 characters): must be short"
+    )
+    assert str(FormatError("f", "k", bytes(100), "short")) == (
+        f"f: k = {bytes(80)!r}... (100 bytes): must be short"
+    )
+    assert str(FormatError("f", "k", list(range(100)), "short")) == (
+        f"f: k = {str(list(range(100)))[:80]}... (390 characters): must be short"
+    )
+    assert str(FormatError("f", "k", [10**5000], "short")) == (
+        "f: k = <list too large to show>: must be short"
+    )
+    assert str(FormatError("f", "k", "a" * 80, "short")) == f"f: k = '{'a' * 80}': must be short"
