@@ -10,8 +10,6 @@ enough to understand what went wrong without a debugger.
 
 from __future__ import annotations
 
-from ._text import shown
-
 __all__ = [
     "AlreadyExists",
     "AlreadySpecialized",
@@ -71,6 +69,8 @@ class FormatError(PteStoreError, ValueError):
         self.value = value
         self.limit = limit
         self.detail = detail
+        from ._text import shown  # here: ``import ptestore`` loads errors.py alone
+
         msg = f"{source}: {field} = {shown(value)}: must be {limit}"
         if detail:
             msg += f" ({detail})"
