@@ -315,3 +315,56 @@ def test_a_non_finite_scale_is_a_string_in_strict_json(
     out = json.loads(capsys.readouterr().out, parse_constant=pytest.fail)
     (key,) = [k for k in out["keys"] if k["key"] == "k"]
     assert key["tensor_info"]["quantization"]["scale"] == [scale]
+
+
+# -- strings from the file are one printable line in text reports --------------------------
+
+HOSTILE_KEY = "\x1b]0;owned\x07\x1b[2J\nprovenance: ptestore 0.1.0, device pixel9 (trusted)"
+
+
+def test_a_hostile_key_is_escaped_in_the_text_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Printed raw, the key's newline forged a report line and its escape sequences set
+    # the terminal's title and cleared the screen.
+    path = tmp_path / "k.ptd"
+    path.write_bytes(synth.flat_tensor([(HOSTILE_KEY, (6, [4], [0])), ("fc1.weight", None)]))
+    assert main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out
+    assert "\nprovenance: ptestore" not in out
+    escaped = "\\x1b]0;owned\\x07\\x1b[2J\\nprovenance: ptestore 0.1.0, device pixel9 (trusted)"
+    rows = [line for line in out.splitlines() if line.startswith("  ") and "segment" not in line]
+    assert any(line.startswith(f"  {escaped}  ") for line in rows), out
+    assert any(line.startswith("  fc1.weight  ") for line in rows), out
+    assert out.rstrip().endswith("provenance: none")
+    assert main(["inspect", str(path), "--compare", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and f"{escaped}, fc1.weight" in out, out
+
+
+def test_printable_keeps_ordinary_text_and_escapes_the_rest() -> None:
+    from ptestore._text import printable
+
+    for text in ("fc1.weight", "a b", "9eed8098f924", "poids ü €", "C:\\path"):
+        assert printable(text) == text
+    assert printable("a\\b\n") == "a\\\\b\\n"
+    assert printable("x\u2028y\tz\x00") == "x\\u2028y\\tz\\x00"
+
+
+def test_a_hostile_backend_id_is_escaped_in_the_specialize_messages(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    b = flatbuffers.Builder(0)
+    d = synth.delegate(b, "Evil\x1b[2J\nBackend", segment=True)
+    plans = synth.offsets_vector(b, [synth.plan(b, "forward", synth.offsets_vector(b, [d]))])
+    b.StartObject(2)  # DataSegment (empty)
+    segments = synth.offsets_vector(b, [b.EndObject()])
+    src = tmp_path / "evil.pte"
+    src.write_bytes(synth.finish_program(b, plans, segments=segments))
+    dst = tmp_path / "out.pte"
+    assert main(["specialize", str(src), str(dst), "--allow-unchanged", "--no-progress"]) == 0
+    out, err = capsys.readouterr()
+    assert "\x1b" not in out + err
+    assert "backend Evil\\x1b[2J\\nBackend: no implementation (data kept as is)" in out
+    assert "Backend ids in the program: Evil\\x1b[2J\\nBackend." in err

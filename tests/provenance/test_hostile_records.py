@@ -384,3 +384,26 @@ def test_a_huge_object_is_shown_cut_in_messages(specialized: bytes) -> None:
         f"h.pte: provenance source = {shown[:80]}... ({len(shown)} characters): must be an "
         "object"
     )
+
+
+def test_record_strings_are_escaped_in_verify_findings(
+    specialized: bytes, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A finding quotes the record: a spec holding a newline and escape sequences forged
+    # a second verdict line and drove the terminal.
+    record = record_of(specialized)
+    record["requested"][0]["spec"] = "x\x1b[2J\nh.pte: current"
+    record["backends"][0]["spec"] = "y\x1b[2J\nsource: forged"
+    path = tmp_path / "h.pte"
+    path.write_bytes(with_record(specialized, record))
+    assert main(["verify", str(path), "--backend", "passthrough"]) == 1
+    out, err = capsys.readouterr()
+    assert "\x1b" not in out + err
+    assert f"{path}: stale: backends.spec: made with [x\\x1b[2J\\nh.pte: current], expected " in (
+        out + err
+    )
+    assert "\nh.pte: current" not in out + err
+    assert main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\nsource: forged" not in out
+    assert "  backend XnnpackBackend: y\\x1b[2J\\nsource: forged 0.1.0\n" in out
