@@ -498,3 +498,27 @@ def test_a_long_value_is_shown_cut() -> None:
         "f: k = <list too large to show>: must be short"
     )
     assert str(FormatError("f", "k", "a" * 80, "short")) == f"f: k = '{'a' * 80}': must be short"
+
+
+def test_a_string_without_its_nul_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Only the terminator's position was checked: a key whose NUL was 'A' was parsed and
+    # published, and the runtime's verifier refused the output (error 0x23).
+    data = pte()
+    key = parse(bytes(data), len(data), "m.pte").named_data[0].key.encode()
+    end = data.index(key) + len(key)
+    assert data[end] == 0
+    data[end] = ord("A")
+    raises(
+        data,
+        re.escape(
+            f"model.pte: Program.named_data[0].key (string terminator at {end}) = 65: must be 0 "
+            "(a FlatBuffer string ends with a NUL byte)"
+        ),
+    )
+    src, dst = tmp_path / "nonul.pte", tmp_path / "out.pte"
+    src.write_bytes(data)
+    assert main(["specialize", str(src), str(dst), "--backend", "passthrough", "-q"]) == 2
+    assert "(string terminator at" in capsys.readouterr().err
+    assert not dst.exists()
