@@ -49,7 +49,8 @@ class FormatError(PteStoreError, ValueError):
     field:
         The header or FlatBuffer field that is wrong, e.g. ``"Program.segments[3].offset"``.
     value:
-        The offending value.
+        The offending value (the message shows it cut to about 80 characters,
+        :func:`shown`).
     limit:
         What the value must satisfy, in words (e.g. ``"<= 6048 (file size)"``).
     """
@@ -67,7 +68,9 @@ class FormatError(PteStoreError, ValueError):
         self.value = value
         self.limit = limit
         self.detail = detail
-        msg = f"{source}: {field} = {value!r}: must be {limit}"
+        from ._text import shown  # here: ``import ptestore`` loads errors.py alone
+
+        msg = f"{source}: {field} = {shown(value)}: must be {limit}"
         if detail:
             msg += f" ({detail})"
         super().__init__(msg)

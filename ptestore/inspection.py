@@ -7,6 +7,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from ._text import printable
 from .format.model import Container, inferred_alignment
 from .format.summary import NamedRow, header_json, key_rows, size_warnings, waste
 from .format.users import segment_users as segment_records
@@ -233,6 +234,8 @@ def describe_container(c: Container, named: Sequence[NamedRow] | None = None) ->
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
+    # Cells hold keys, method names, backend ids and labels from the file: escaped.
+    rows = [[printable(cell) for cell in r] for r in rows]
     widths = [len(h) for h in headers]
     for r in rows:
         for i, cell in enumerate(r):
@@ -284,7 +287,7 @@ def render_files(d: dict[str, Any]) -> str:
         ]
         out.extend("  " + line for line in _table(["key", "in", "size", "dtype [shape]"], rows))
     for warning in size_warnings(keys or []):
-        out.append(f"warning: {warning}")
+        out.append(f"warning: {printable(warning)}")
     if "ptd" in d:
         out.append("")
         out.append(render_files(d["ptd"]))
@@ -295,7 +298,7 @@ def _render_provenance(p: dict[str, Any] | None) -> str:
     if p is None:
         return "provenance: none"
     if "error" in p:
-        return f"provenance: unreadable: {p['error']}"
+        return f"provenance: unreadable: {printable(str(p['error']))}"
     lines = [f"provenance: made by ptestore {p.get('ptestore_version')} at {p.get('created')}"]
     src = p.get("source") or {}
     lines.append(f"  source: {src.get('url')} ({src.get('sha256')})")
@@ -304,7 +307,8 @@ def _render_provenance(p: dict[str, Any] | None) -> str:
         lines.append(f"  backend {b.get('id')}: {b.get('spec')} {b.get('version')}{compat}")
     dev = p.get("device")
     lines.append("  device: none" if dev is None else f"  device: {dev['name']} ({dev['digest']})")
-    return "\n".join(lines)
+    # Every string here is the record's (the file's): one printable line each.
+    return "\n".join(printable(line) for line in lines)
 
 
 def render_table(c: Container, named: Sequence[NamedRow] | None = None) -> str:
@@ -321,7 +325,7 @@ def render_table(c: Container, named: Sequence[NamedRow] | None = None) -> str:
     out.append(f"metadata: {c.metadata_size} bytes")
     if c.kind == "pte":
         out.append("")
-        out.append(f"methods ({len(c.methods)}): " + ", ".join(c.methods))
+        out.append(f"methods ({len(c.methods)}): " + ", ".join(map(printable, c.methods)))
         out.append("")
         out.append(f"delegates ({len(c.delegates)}):")
         if c.delegates:
@@ -385,5 +389,5 @@ def render_table(c: Container, named: Sequence[NamedRow] | None = None) -> str:
         + f"; total {w['total']} bytes ({100.0 * w['total'] / max(1, c.file_size):.1f}%)"
     )
     for warning in c.warnings:
-        out.append(f"warning: {warning}")
+        out.append(f"warning: {printable(warning)}")
     return "\n".join(out)

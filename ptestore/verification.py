@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ._dataclass import dataclass, field
+from ._text import printable
 from .backends.compat import Compatibility, DeviceProfile, version_of
 from .backends.registry import BackendLike, load_backend
 from .errors import (
@@ -124,7 +125,10 @@ class VerifyReport:
                     "--backend, --device or --job to tell current from stale)"
                 )
             return f"{self.url}: current{quick}"
-        return "\n".join(f"{self.url}: stale: {f.field}: {f.message}" for f in self.findings)
+        # A finding quotes the record (specs, versions, names): one printable line each.
+        return "\n".join(
+            f"{self.url}: stale: {f.field}: {printable(f.message)}" for f in self.findings
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -23,6 +23,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from .._text import shown
 from ..errors import (
     AlreadyExists,
     ConfigurationError,
@@ -174,7 +175,7 @@ def error_json(
             continue
         err[name] = list(value) if isinstance(value, tuple) else value
     if isinstance(exc, FormatError):
-        err["value"] = repr(exc.value)
+        err["value"] = shown(exc.value)
     cause = exc.__cause__
     if cause is None and not exc.__suppress_context__:
         cause = exc.__context__

@@ -73,6 +73,14 @@ def add_inspect_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
+def _print_json(obj: object) -> None:
+    """``obj`` as JSON on stdout, the whole text made before any of it is written (an
+    error while making it leaves stdout empty for the error's own object) and strict
+    JSON (a NaN or infinity is refused, not written as ``NaN``)."""
+    text = json.dumps(obj, indent=2, allow_nan=False)
+    sys.stdout.write(text + "\n")
+
+
 @guarded("inspect")
 def run_inspect(args: argparse.Namespace) -> int:
     """Run ``ptestore inspect`` with parsed arguments; returns the exit status."""
@@ -108,8 +116,7 @@ def run_inspect(args: argparse.Namespace) -> int:
             **storage_options(args),
         )
         if args.json:
-            json.dump(changes, sys.stdout, indent=2)
-            sys.stdout.write("\n")
+            _print_json(changes)
             return EXIT_OK
         texts = [render_changes(changes, file=changes["file"], source=changes["source"])]
         if "ptd" in changes:
@@ -119,8 +126,7 @@ def run_inspect(args: argparse.Namespace) -> int:
         return EXIT_OK
     files = read_files(args.url, args.ptd, **storage_options(args))
     if args.json:
-        json.dump(describe_files(files), sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        _print_json(describe_files(files))
     else:
         print(render_files(files))
     return EXIT_OK

@@ -23,6 +23,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, TextIO
 
+from .._text import printable
 from .options import human_bytes
 
 if TYPE_CHECKING:
@@ -100,16 +101,19 @@ class Progress:
 
     def __call__(self, event: Event) -> None:
         kind = event.kind
+        # Backend ids, keys and method names are the file's: one printable line each.
+        backend = printable(str(event.backend))
         if kind == "backend_start":
-            self._open(f"backend:{event.backend}", f"backend {event.backend}", None)
+            self._open(f"backend:{event.backend}", f"backend {backend}", None)
         elif kind in ("input", "replacement"):
-            bar = self._open(f"backend:{event.backend}", f"backend {event.backend}", None)
+            bar = self._open(f"backend:{event.backend}", f"backend {backend}", None)
             what = "input" if kind == "input" else "replaced"
             label = event.key if event.key is not None else f"{event.method} blob"
+            label = printable(label)
             self._label = f"{what} {label}"[:48]
             self._advance(bar, event.nbytes)
         elif kind == "backend_end":
-            bar = self._open(f"backend:{event.backend}", f"backend {event.backend}", None)
+            bar = self._open(f"backend:{event.backend}", f"backend {backend}", None)
             self._label = f"{event.status} in {event.seconds:.2f} s"
             self._advance(bar, 0, refresh=True)
             self._close_bar()

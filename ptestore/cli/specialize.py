@@ -7,6 +7,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
+from .._text import printable
 from .exits import EXIT_OK, guarded
 from .options import (
     add_backend_flag,
@@ -138,17 +139,18 @@ def format_summary(report: SpecializationReport) -> str:
         lines.append(f"  published: {_published(f)}")
     for b in report.backends:
         impl = f" ({b.implementation})" if b.implementation else ""
+        bid = printable(b.backend_id)  # the file's delegate id
         if b.status == "specialized":
             lines.append(
-                f"backend {b.backend_id}{impl}: {b.inputs_seen} inputs, {len(b.keys_replaced)} "
+                f"backend {bid}{impl}: {b.inputs_seen} inputs, {len(b.keys_replaced)} "
                 f"keys and {b.blobs_replaced} blobs replaced, {human_bytes(b.bytes_in)} in, "
                 f"{human_bytes(b.bytes_out)} out, {b.seconds:.3f} s"
             )
         elif b.status == "not_supported":
             why = f": {b.reason}" if b.reason else ""
-            lines.append(f"backend {b.backend_id}{impl}: declined{why} (data kept as is)")
+            lines.append(f"backend {bid}{impl}: declined{why} (data kept as is)")
         else:
-            lines.append(f"backend {b.backend_id}: no implementation (data kept as is)")
+            lines.append(f"backend {bid}: no implementation (data kept as is)")
     if not report.specialized:
         lines.append(f"unchanged: {report.unchanged_reason}")
     lines.append(f"published in {report.seconds:.3f} s")
@@ -214,7 +216,7 @@ def _report(args: argparse.Namespace, report: SpecializationReport, message: str
             file=sys.stderr,
         )
     if message is not None:  # only with --allow-unchanged: strict runs raise instead
-        print(f"ptestore specialize: warning: {message}", file=sys.stderr)
+        print(f"ptestore specialize: warning: {printable(message)}", file=sys.stderr)
     if args.json:
         import json
 

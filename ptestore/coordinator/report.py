@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .._dataclass import dataclass, field
+from .._text import printable
 
 __all__ = [
     "BackendReport",
@@ -149,7 +150,7 @@ def nothing_specialized_message(report: SpecializationReport) -> str | None:
     :class:`~ptestore.errors.NothingSpecialized` under ``strict=True``."""
     if report.unchanged_reason is None:
         return None
-    ids = ", ".join(b.backend_id for b in report.backends) or "none"
+    ids = ", ".join(printable(b.backend_id) for b in report.backends) or "none"  # the file's
     installed = "; ".join(report.installed_backends) or "none"
     where = f" in {report.source}" if report.source else ""
     msg = (

@@ -217,7 +217,16 @@ def _read_string(view: FlatView, pos: int, field: str) -> str:
         )
     view.spend(1, n, field)
     view.read_spans.add((pos + 4, n + 1))
-    raw = bytes(view.buf[pos + 4 : pos + 4 + n])
+    end = pos + 4 + n
+    if view.buf[end] != 0:
+        # The runtime's verifier (InternalConsistency) refuses such a file: error 0x23.
+        raise FormatError(
+            view.source,
+            f"{field} (string terminator at {end})",
+            view.buf[end],
+            "0 (a FlatBuffer string ends with a NUL byte)",
+        )
+    raw = bytes(view.buf[pos + 4 : end])
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -12,6 +12,7 @@ import hashlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from .._text import printable
 from ..errors import FormatError
 
 if TYPE_CHECKING:
@@ -245,7 +246,7 @@ def render_changes(d: dict[str, Any], *, file: str = "", source: str = "") -> st
                 s["status"],
                 _span(s["start"], s["size"]),
                 "-" if was is None else f"{_span(was['start'], was['size'])} (#{was['segment']})",
-                ", ".join(s["keys"] or s["users"]) or "-",
+                printable(", ".join(s["keys"] or s["users"])) or "-",  # the files' keys
             ]
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -253,5 +254,5 @@ def render_changes(d: dict[str, Any], *, file: str = "", source: str = "") -> st
         lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
     for group, names in d["keys"].items():
         if names and group != "unchanged":
-            lines.append(f"  keys {group}: {', '.join(names)}")
+            lines.append(f"  keys {group}: {printable(', '.join(names))}")
     return "\n".join(lines)

@@ -18,6 +18,7 @@ from ..errors import FormatError
 from .flatbuf import TableView, Vector
 from .header import Kind
 from .model import CompileSpec, Delegate, NamedDataEntry, Segment, SubsegmentOffsets, TensorLayout
+from .tensorinfo import read_dims
 
 __all__ = [
     "MAX_NAMED_DATA",
@@ -128,7 +129,8 @@ def _check_count(root: TableView, n: int, name: str, limit: int) -> None:
 
 def read_named_data(root: TableView, kind: Kind, seg_of: SegmentMap) -> tuple[NamedDataEntry, ...]:
     """``Program.named_data`` / ``FlatTensor.named_data``: key -> segment index (and, in a
-    .ptd, the tensor layout)."""
+    .ptd, the tensor layout). A key listed twice is refused (:class:`FormatError`
+    naming both entries)."""
     n_segments = len(seg_of)
     fid = _PROGRAM_NAMED_DATA if kind == "pte" else _FT_NAMED_DATA
     vec = root.vector(fid, "named_data", 4)
@@ -137,11 +139,24 @@ def read_named_data(root: TableView, kind: Kind, seg_of: SegmentMap) -> tuple[Na
     _check_count(root, vec.length, "named_data", MAX_NAMED_DATA)
     source = root.view.source
     out = []
+    first: dict[str, int] = {}  # key -> index of the entry that has it
     for i in range(vec.length):
         t = vec.table(i)
         key = t.string(_NAMED_KEY, "key")
         if key is None:
             raise FormatError(source, f"{t.field}.key", None, "present (a string)")
+        j = first.setdefault(key, i)
+        if j != i:
+            # Exporters write each key once (NamedDataStore keys a dict); the runtime
+            # would read the first entry only, and every later one is a second meaning
+            # of the key that ptestore would have to describe and keep apart.
+            raise FormatError(
+                source,
+                f"{t.field}.key",
+                key,
+                f"a key no other entry has ({vec.field}[{j}] has it too)",
+                "a named-data key is listed once in a container",
+            )
         idx = t.scalar(_NAMED_SEGMENT_INDEX, "segment_index", "u32")
         if idx >= n_segments:
             raise FormatError(
@@ -154,11 +169,11 @@ def read_named_data(root: TableView, kind: Kind, seg_of: SegmentMap) -> tuple[Na
         if kind == "ptd":
             lt = t.table(_NAMED_TENSOR_LAYOUT, "tensor_layout")
             if lt is not None:
-                sizes = lt.vector(_LAYOUT_SIZES, "sizes", 4)
+                sizes = read_dims(lt.vector(_LAYOUT_SIZES, "sizes", 4))
                 dims = lt.vector(_LAYOUT_DIM_ORDER, "dim_order", 1)
                 layout = TensorLayout(
                     scalar_type=lt.scalar(_LAYOUT_SCALAR_TYPE, "scalar_type", "i8"),
-                    sizes=tuple(sizes.i32s()) if sizes else (),
+                    sizes=sizes,
                     dim_order=tuple(dims.u8s()) if dims else (),
                 )
         out.append(NamedDataEntry(key, seg_of[idx], layout))

@@ -15,10 +15,12 @@ dtype names are lowercase: the ExecuTorch scalar types (``float32``, ``bfloat16`
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Literal
 
 from .._dataclass import dataclass, field
 from ..errors import FormatError
+from .flatbuf import Vector
 from .model import TensorLayout
 
 if TYPE_CHECKING:
@@ -27,19 +29,30 @@ if TYPE_CHECKING:
 __all__ = [
     "DTYPES",
     "MAX_ARRAY_DIMS",
+    "MAX_OTHER_USES",
     "SCALAR_TYPE_NAMES",
     "DtypeSpec",
     "QuantParams",
     "TensorInfo",
     "array_view",
     "info_from_layout",
+    "read_dims",
     "scalar_type_info",
 ]
 
 TensorSource = Literal["ptd", "program", "xnnpack"]
 
-#: The most dimensions :func:`array_view` shapes an array into (numpy's own limit).
+#: The most dims a tensor description may have (:func:`read_dims` refuses more) and
+#: :func:`array_view` shapes an array into: numpy's own limit. ExecuTorch's runtime takes
+#: far fewer (``kTensorDimensionLimit`` = 16), XNNPACK 6 (``XNN_MAX_TENSOR_DIMS``), so
+#: no loadable file is refused; without a limit a 1 MB sizes vector of 250,000 dims made
+#: every element count a growing big-int product (minutes).
 MAX_ARRAY_DIMS = 64
+#: Element counts from here on are refused: no file holds a tensor that large.
+_MAX_NUMEL = 1 << 64
+#: The most other descriptions of one key :attr:`TensorInfo.other_uses` lists (a key
+#: that many graphs describe differently cannot make every report that large).
+MAX_OTHER_USES = 8
 
 
 @dataclass(frozen=True)
@@ -133,6 +146,10 @@ SCALAR_TYPE_NAMES: dict[int, str] = {
 }
 
 
+def _json_float(x: float) -> float | str:
+    return x if math.isfinite(x) else str(x)  # "nan", "inf", "-inf"
+
+
 @dataclass(frozen=True)
 class QuantParams:
     """Quantization parameters of a quantized tensor.
@@ -155,9 +172,11 @@ class QuantParams:
     scale_dtype: str | None = None
 
     def to_json(self) -> dict[str, object]:
+        """A JSON object; a scale that is not finite (a file can hold any float) is the
+        string ``"nan"``, ``"inf"`` or ``"-inf"``: JSON has no such numbers."""
         return {
             "scheme": self.scheme,
-            "scale": list(self.scale),
+            "scale": [_json_float(x) for x in self.scale],
             "zero_point": list(self.zero_point),
             "channel_axis": self.channel_axis,
             "group_size": self.group_size,
@@ -177,7 +196,8 @@ class TensorInfo:
     value and ``"scale"`` for the quantization scales of another tensor (whose key is
     ``scales_for``). ``other_uses`` lists other, *different* descriptions of the same
     key (identical bytes used as, say, an int8 weight and a float32 bias); it is empty
-    in the common case and a careful backend leaves such keys alone.
+    in the common case and a careful backend leaves such keys alone. It lists at most
+    :data:`MAX_OTHER_USES`; ``more_uses`` counts the different descriptions past those.
     """
 
     dtype: str
@@ -191,6 +211,7 @@ class TensorInfo:
     role: Literal["tensor", "scale"] = "tensor"
     scales_for: str | None = None
     other_uses: tuple[TensorInfo, ...] = field(default=())
+    more_uses: int = 0
 
     @property
     def numel(self) -> int:
@@ -218,13 +239,14 @@ class TensorInfo:
     def _elementwise(self, spec: DtypeSpec) -> bool:
         return spec.bits is not None and self.numel * spec.bits == 8 * self.nbytes
 
+    def description(self) -> tuple[object, ...]:
+        """What the description says, without where it came from (hashable: equal for
+        two descriptions that say the same)."""
+        return (self.dtype, self.shape, self.nbytes, self.dim_order, self.quantization, self.role)
+
     def same_description(self, other: TensorInfo) -> bool:
         """Equal up to where the description came from."""
-
-        def fields(i: TensorInfo) -> tuple[object, ...]:
-            return (i.dtype, i.shape, i.nbytes, i.dim_order, i.quantization, i.role)
-
-        return fields(self) == fields(other)
+        return self.description() == other.description()
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -238,6 +260,7 @@ class TensorInfo:
             "role": self.role,
             "scales_for": self.scales_for,
             "other_uses": [o.to_json() for o in self.other_uses],
+            "more_uses": self.more_uses,
         }
 
 
@@ -249,6 +272,40 @@ def _nbytes(dtype: str, shape: tuple[int, ...]) -> int:
     if spec is None or spec.bits is None:
         return 0
     return (n * spec.bits + 7) // 8
+
+
+def read_dims(vec: Vector | None, *, unsigned: bool = False) -> tuple[int, ...]:
+    """The dims of a tensor's sizes vector (int32 each; ``unsigned``: uint32), () when it
+    is absent. :class:`FormatError` naming the file and field for more than
+    :data:`MAX_ARRAY_DIMS` dims (checked before reading them) and for dims, all > 0,
+    whose product reaches 2**64 (the product stops there)."""
+    if vec is None:
+        return ()
+    source = vec.view.source
+    if vec.length > MAX_ARRAY_DIMS:
+        raise FormatError(
+            source,
+            f"{vec.field} (length)",
+            vec.length,
+            f"<= {MAX_ARRAY_DIMS} dims",
+            "ptestore's limit; ExecuTorch's runtime takes at most 16",
+        )
+    dims = tuple(vec.i32s())
+    if unsigned:
+        dims = tuple(d & 0xFFFFFFFF for d in dims)
+    if min(dims, default=0) > 0:
+        n = 1
+        for d in dims:
+            n *= d
+            if n >= _MAX_NUMEL:
+                raise FormatError(
+                    source,
+                    vec.field,
+                    list(dims),
+                    "dims whose product (the element count) is < 2**64",
+                    "a tensor larger than any file",
+                )
+    return dims
 
 
 def scalar_type_info(

@@ -7,7 +7,8 @@
 3. the .ptd tensor layouts (``source="ptd"``).
 
 The first description found in that order is the key's :class:`TensorInfo`; different
-descriptions of the same key are kept in its ``other_uses``.
+descriptions of the same key are kept in its ``other_uses`` (the first
+:data:`~.tensorinfo.MAX_OTHER_USES`, and a count of the rest in ``more_uses``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,13 @@ from ..storage.types import DataLoader
 from .flatbuf import FlatView, TableView, WorkBudget
 from .model import Container
 from .reader import ParsedFile
-from .tensorinfo import TensorInfo, info_from_layout, scalar_type_info
+from .tensorinfo import (
+    MAX_OTHER_USES,
+    TensorInfo,
+    info_from_layout,
+    read_dims,
+    scalar_type_info,
+)
 from .xnnpack import (
     XNN_HEADER_LENGTH,
     PackedWeight,
@@ -93,14 +100,14 @@ def program_external_tensors(parsed: ParsedFile) -> list[tuple[str, TensorInfo]]
                 fqn,
                 "a non-empty string (the key of an EXTERNAL tensor)",
             )
-        sizes = t.vector(_T_SIZES, "sizes", 4)
+        sizes = read_dims(t.vector(_T_SIZES, "sizes", 4))
         order = t.vector(_T_DIM_ORDER, "dim_order", 1)
         out.append(
             (
                 fqn,
                 scalar_type_info(
                     t.scalar(_T_SCALAR_TYPE, "scalar_type", "i8"),
-                    tuple(sizes.i32s()) if sizes else (),
+                    sizes,
                     tuple(order.u8s()) if order else (),
                     "program",
                     f"{method} values[{i}]",
@@ -194,18 +201,25 @@ class TensorIndex(Mapping[str, TensorInfo]):
     missing from the files, e.g. an EXTERNAL tensor whose .ptd was not given)."""
 
     def __init__(self, described: list[tuple[str, TensorInfo]]) -> None:
-        found: dict[str, list[TensorInfo]] = {}
+        # Linear in the descriptions: each is looked up by what it says (a set per key).
+        found: dict[str, tuple[list[TensorInfo], set[tuple[object, ...]], list[int]]] = {}
         for key, info in described:
-            infos = found.setdefault(key, [])
-            if not any(info.same_description(o) for o in infos):
+            infos, seen, more = found.setdefault(key, ([], set(), [0]))
+            said = info.description()
+            if said in seen:
+                continue
+            seen.add(said)
+            if len(infos) <= MAX_OTHER_USES:
                 infos.append(info)
+            else:
+                more[0] += 1
         self._infos = {
             key: (
                 infos[0]
                 if len(infos) == 1
-                else replace(infos[0], other_uses=tuple(infos[1:]))
+                else replace(infos[0], other_uses=tuple(infos[1:]), more_uses=more[0])
             )
-            for key, infos in found.items()
+            for key, (infos, _, more) in found.items()
         }
 
     def __getitem__(self, key: str) -> TensorInfo:

@@ -18,7 +18,7 @@ import struct
 from .._dataclass import dataclass
 from ..errors import FormatError
 from .flatbuf import FlatView, TableView, WorkBudget
-from .tensorinfo import QuantParams, TensorInfo
+from .tensorinfo import QuantParams, TensorInfo, read_dims
 
 __all__ = [
     "XNN_DATATYPES",
@@ -161,13 +161,6 @@ def _f32s(t: TableView, fid: int, name: str) -> tuple[float, ...]:
     return tuple(float(v) for v in struct.unpack_from(f"<{vec.length}f", t.view.buf, vec.start))
 
 
-def _u32s(t: TableView, fid: int, name: str) -> tuple[int, ...]:
-    vec = t.vector(fid, name, 4)
-    if vec is None:
-        return ()
-    return tuple(v & 0xFFFFFFFF for v in vec.i32s())
-
-
 def _constant_data(view: FlatView, root: TableView) -> list[tuple[str, int] | None]:
     """Per constant_data entry: (named key, size), or None for in-blob / empty entries."""
     vec = root.vector(_G_CONSTANT_DATA, "constant_data", 4)
@@ -252,7 +245,7 @@ def parse_xnngraph(
             continue
         key, size = entry
         dtype_code = _i16(tensor, _TV_DATATYPE, "datatype")
-        dims = _u32s(tensor, _TV_DIMS, "dims")
+        dims = read_dims(tensor.vector(_TV_DIMS, "dims", 4), unsigned=True)
         num_dims = tensor.scalar(_TV_NUM_DIMS, "num_dims", "u32")
         if num_dims != len(dims):
             raise FormatError(

@@ -99,7 +99,7 @@ def _digest(
     value: str = _get(d, key, str, source, where)
     if not well_formed(value, kinds):
         allowed = " or ".join(f"'{k}:'" for k in kinds) + " followed by 64 lowercase hex digits"
-        raise FormatError(source, _field(where, key), value[:80], allowed)
+        raise FormatError(source, _field(where, key), value, allowed)
     return value
 
 

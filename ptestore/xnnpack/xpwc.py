@@ -141,10 +141,11 @@ def check_coverage(entries: list[Entry], weights: Iterable[PackedWeight], source
     names = {e.name for e in entries}
     for w in weights:
         if w.entry_name not in names and w.filter_key not in names:
+            bias = f" with its bias {w.bias_key!r}" if w.bias_key else ""
             raise FormatError(
                 source,
-                "index entries",
-                f"no entry for the weight {w.filter_key!r}"
-                + (f" with its bias {w.bias_key!r}" if w.bias_key else ""),
-                f"an entry for every weight XNNPACK packs ({w.node} {w.where})",
+                "index entries (weight)",
+                w.filter_key,  # the value: a message shows 80 characters of it
+                f"a weight with an entry (XNNPACK packs every weight: none for this "
+                f"one{bias}, {w.node} {w.where})",
             )

@@ -383,6 +383,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "ptestore._dataclass",
             "ptestore._lazy",
             "ptestore._jsondepth",
+            "ptestore._text",
             "ptestore._retry",
             "ptestore.checksums",
             "=ptestore.storage",  # its __init__ imports nothing

@@ -8,7 +8,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+import flatbuffers
 import pytest
+from support import synth
 from support.fixtures import get_fixture
 
 import ptestore
@@ -226,3 +228,143 @@ def test_compare_ptd_needs_compare(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*argv, "--compare-ptd", str(EXT.ptd_path)]) == 2
     err = capsys.readouterr().err
     assert "--compare-ptd SRC_PTD needs --compare SRC (or --html FILE)" in err
+
+
+# -- inspect --json writes one strict JSON document or nothing ----------------------------
+
+
+def test_json_of_a_hostile_file_is_one_error_document(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 600 dims of 2**31-1: the byte size had more than 4300 digits, json.dump raised a
+    # bare ValueError half-way through the document (exit 1, half a JSON object out).
+    path = tmp_path / "dims.ptd"
+    path.write_bytes(synth.flat_tensor([("w", (6, [2**31 - 1] * 600, []))]))
+    assert main(["inspect", "--json", str(path)]) == 2
+    out = json.loads(capsys.readouterr().out)
+    assert out["error"]["exit_code"] == 2 and out["error"]["type"] == "FormatError"
+    assert out["error"]["message"] == (
+        f"{path}: FlatTensor.named_data[0].tensor_layout.sizes (length) = 600: must be <= 64 "
+        "dims (ptestore's limit; ExecuTorch's runtime takes at most 16)"
+    )
+
+
+@pytest.mark.parametrize("late", [object(), float("nan")], ids=["unserializable", "nan"])
+def test_json_is_made_whole_before_any_is_written(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], late: object
+) -> None:
+    import ptestore.inspection
+
+    monkeypatch.setattr(
+        ptestore.inspection, "describe_files", lambda files: {"a": list(range(50)), "z": late}
+    )
+    with pytest.raises((TypeError, ValueError)):
+        main(["inspect", "--json", str(MLP.pte_path)])
+    assert capsys.readouterr().out == ""
+
+
+def _xnnpack_pte(scale: float) -> bytes:
+    """A .pte whose XNNPACK graph has one per-tensor quantized constant ``k`` (a named
+    key) of the given scale."""
+    b = flatbuffers.Builder(0)
+    key = b.CreateString("k")
+    b.StartObject(3)  # ConstantDataOffset: offset UINT64_MAX, size 4, named_key
+    b.PrependUint64Slot(0, (1 << 64) - 1, 0)
+    b.PrependUint64Slot(1, 4, 0)
+    b.PrependUOffsetTRelativeSlot(2, key, 0)
+    named = b.EndObject()
+    b.StartObject(3)
+    constants = synth.offsets_vector(b, [b.EndObject(), named])
+    b.StartVector(4, 1, 4)
+    b.PrependUint32(4)
+    dims = b.EndVector()
+    b.StartObject(7)  # XNNTensorValue: datatype qint8, num_dims 1, constant_buffer_idx 1
+    b.PrependInt16Slot(0, 3, 0)
+    b.PrependUint32Slot(1, 1, 0)
+    b.PrependUOffsetTRelativeSlot(2, dims, 0)
+    b.PrependUint32Slot(3, 1, 0)
+    b.PrependUint32Slot(6, 7, 0)
+    tensor = b.EndObject()
+    b.StartObject(2)  # PerTensorQuant
+    b.PrependFloat32Slot(0, scale, 1.0)
+    b.PrependInt32Slot(1, 0, 1)
+    quant = b.EndObject()
+    b.StartObject(3)  # XNNQuantizedTensorValue
+    b.PrependUOffsetTRelativeSlot(0, tensor, 0)
+    b.PrependUint8Slot(1, 2, 0)
+    b.PrependUOffsetTRelativeSlot(2, quant, 0)
+    qtv = b.EndObject()
+    b.StartObject(2)  # XValue
+    b.PrependUint8Slot(0, 2, 0)
+    b.PrependUOffsetTRelativeSlot(1, qtv, 0)
+    xvalues = synth.offsets_vector(b, [b.EndObject()])
+    b.StartObject(9)  # XNNGraph
+    b.PrependUOffsetTRelativeSlot(2, xvalues, 0)
+    b.PrependUOffsetTRelativeSlot(8, constants, 0)
+    b.Finish(b.EndObject(), file_identifier=b"XN01")
+    return synth.overlapping_xnnpack(1, 0, graph=bytes(b.Output()))
+
+
+@pytest.mark.parametrize("scale", ["nan", "inf", "-inf"])
+def test_a_non_finite_scale_is_a_string_in_strict_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], scale: str
+) -> None:
+    path = tmp_path / "q.pte"
+    path.write_bytes(_xnnpack_pte(float(scale)))
+    assert main(["inspect", "--json", str(path)]) == 0
+    out = json.loads(capsys.readouterr().out, parse_constant=pytest.fail)
+    (key,) = [k for k in out["keys"] if k["key"] == "k"]
+    assert key["tensor_info"]["quantization"]["scale"] == [scale]
+
+
+# -- strings from the file are one printable line in text reports --------------------------
+
+HOSTILE_KEY = "\x1b]0;owned\x07\x1b[2J\nprovenance: ptestore 0.1.0, device pixel9 (trusted)"
+
+
+def test_a_hostile_key_is_escaped_in_the_text_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Printed raw, the key's newline forged a report line and its escape sequences set
+    # the terminal's title and cleared the screen.
+    path = tmp_path / "k.ptd"
+    path.write_bytes(synth.flat_tensor([(HOSTILE_KEY, (6, [4], [0])), ("fc1.weight", None)]))
+    assert main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out
+    assert "\nprovenance: ptestore" not in out
+    escaped = "\\x1b]0;owned\\x07\\x1b[2J\\nprovenance: ptestore 0.1.0, device pixel9 (trusted)"
+    rows = [line for line in out.splitlines() if line.startswith("  ") and "segment" not in line]
+    assert any(line.startswith(f"  {escaped}  ") for line in rows), out
+    assert any(line.startswith("  fc1.weight  ") for line in rows), out
+    assert out.rstrip().endswith("provenance: none")
+    assert main(["inspect", str(path), "--compare", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and f"{escaped}, fc1.weight" in out, out
+
+
+def test_printable_keeps_ordinary_text_and_escapes_the_rest() -> None:
+    from ptestore._text import printable
+
+    for text in ("fc1.weight", "a b", "9eed8098f924", "poids ü €", "C:\\path"):
+        assert printable(text) == text
+    assert printable("a\\b\n") == "a\\\\b\\n"
+    assert printable("x\u2028y\tz\x00") == "x\\u2028y\\tz\\x00"
+
+
+def test_a_hostile_backend_id_is_escaped_in_the_specialize_messages(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    b = flatbuffers.Builder(0)
+    d = synth.delegate(b, "Evil\x1b[2J\nBackend", segment=True)
+    plans = synth.offsets_vector(b, [synth.plan(b, "forward", synth.offsets_vector(b, [d]))])
+    b.StartObject(2)  # DataSegment (empty)
+    segments = synth.offsets_vector(b, [b.EndObject()])
+    src = tmp_path / "evil.pte"
+    src.write_bytes(synth.finish_program(b, plans, segments=segments))
+    dst = tmp_path / "out.pte"
+    assert main(["specialize", str(src), str(dst), "--allow-unchanged", "--no-progress"]) == 0
+    out, err = capsys.readouterr()
+    assert "\x1b" not in out + err
+    assert "backend Evil\\x1b[2J\\nBackend: no implementation (data kept as is)" in out
+    assert "Backend ids in the program: Evil\\x1b[2J\\nBackend." in err

@@ -405,17 +405,21 @@ def _repoint(data: bytes, vec: Any, entry: int, at: int) -> bytes:
     return bytes(out)
 
 
-def test_named_data_entries_on_one_table_are_one_key(tmp_path: Path) -> None:
+def test_named_data_entries_on_one_table_are_refused(tmp_path: Path) -> None:
+    # Two entries on one NamedData table list one key twice: refused as any repeated key
+    # is (exporters write each key once; the runtime would read the first entry only).
     src = MLP.pte_path.read_bytes()  # type: ignore[union-attr]
     _, root = _root(src)
     data = _repoint(src, root.vector(_NAMED["pte"], "named_data", 4), 1, 0)
-    (k0, i0), (k1, i1) = raw_named(data)[:2]
-    assert (k0, i0) == (k1, i1)
+    k0 = raw_named(src)[0][0]
     p = files(tmp_path, data)
-    run(p, Writes(named={k0: BackendData(b"\5" * 100, allow_size_change=True)}))
-    out = p["dst"].read_bytes()
-    assert key_bytes(out)[k0] == b"\5" * 100
-    assert [i for _, i in raw_named(out)][:2] == [i0, i0]
+    with pytest.raises(FormatError) as err:
+        run(p, Writes(named={k0: BackendData(b"\5" * 100, allow_size_change=True)}))
+    assert str(err.value) == (
+        f"{p['src']}: Program.named_data[1].key = {k0!r}: must be a key no other entry has "
+        "(Program.named_data[0] has it too) (a named-data key is listed once in a container)"
+    )
+    assert p["dst"].read_bytes() == b"previous content"  # nothing published
 
 
 def test_delegates_on_one_delegate_table_are_one_input(tmp_path: Path) -> None:

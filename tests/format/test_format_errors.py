@@ -3,6 +3,7 @@ value and limit. Messages are pinned here."""
 
 from __future__ import annotations
 
+import json
 import re
 import struct
 from collections.abc import Callable
@@ -439,3 +440,85 @@ def test_inspect_short_program_exits_2(tmp_path: Path, capsys: pytest.CaptureFix
     assert capsys.readouterr().err == (
         f"ptestore inspect: error: {bad}: Program (table position) = 60: must be in [8, 45]\n"
     )
+
+
+# A key listed twice in one container. Exporters write each key once; a hostile .ptd that
+# repeated one key N times, each with its own layout, made inspect quadratic (1000
+# entries, 56 KB: 87 s and 400 MB of JSON).
+
+
+def test_a_ptd_key_listed_twice_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = synth.flat_tensor([("a", (6, [4], [0])), ("b", None), ("a", (6, [2], [0]))])
+    with pytest.raises(FormatError) as info:
+        parse(data, len(data), "w.ptd")
+    assert str(info.value) == (
+        "w.ptd: FlatTensor.named_data[2].key = 'a': must be a key no other entry has "
+        "(FlatTensor.named_data[0] has it too) (a named-data key is listed once in a container)"
+    )
+    path = tmp_path / "dup.ptd"
+    path.write_bytes(synth.flat_tensor([("w", (6, [i], [0])) for i in range(1000)]))
+    assert main(["inspect", "--json", str(path)]) == 2
+    error = json.loads(capsys.readouterr().out)["error"]
+    assert error["exit_code"] == 2
+    assert "FlatTensor.named_data[1].key = 'w': must be a key no other" in error["message"]
+
+
+def test_a_pte_key_listed_twice_is_refused() -> None:
+    data = pte()
+    c = parse(bytes(data), len(data), "m.pte")
+    first, second = (e.key.encode() for e in c.named_data[:2])
+    assert len(first) == len(second) == 64
+    at = data.index(second)
+    data[at : at + 64] = first
+    raises(
+        data,
+        re.escape(
+            f"model.pte: Program.named_data[1].key = '{first.decode()}': must be a key no other "
+            "entry has (Program.named_data[0] has it too) (a named-data key is listed once in a "
+            "container)"
+        ),
+    )
+
+
+def test_a_long_value_is_shown_cut() -> None:
+    # Every FormatError shows its value as :func:`ptestore._text.shown` does: about 80
+    # characters and the whole value's size, whatever a hostile file holds.
+    assert str(FormatError("f", "k", "ab" * 50, "short")) == (
+        f"f: k = '{'ab' * 40}'... (100 characters): must be short"
+    )
+    assert str(FormatError("f", "k", bytes(100), "short")) == (
+        f"f: k = {bytes(80)!r}... (100 bytes): must be short"
+    )
+    assert str(FormatError("f", "k", list(range(100)), "short")) == (
+        f"f: k = {str(list(range(100)))[:80]}... (390 characters): must be short"
+    )
+    assert str(FormatError("f", "k", [10**5000], "short")) == (
+        "f: k = <list too large to show>: must be short"
+    )
+    assert str(FormatError("f", "k", "a" * 80, "short")) == f"f: k = '{'a' * 80}': must be short"
+
+
+def test_a_string_without_its_nul_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Only the terminator's position was checked: a key whose NUL was 'A' was parsed and
+    # published, and the runtime's verifier refused the output (error 0x23).
+    data = pte()
+    key = parse(bytes(data), len(data), "m.pte").named_data[0].key.encode()
+    end = data.index(key) + len(key)
+    assert data[end] == 0
+    data[end] = ord("A")
+    raises(
+        data,
+        re.escape(
+            f"model.pte: Program.named_data[0].key (string terminator at {end}) = 65: must be 0 "
+            "(a FlatBuffer string ends with a NUL byte)"
+        ),
+    )
+    src, dst = tmp_path / "nonul.pte", tmp_path / "out.pte"
+    src.write_bytes(data)
+    assert main(["specialize", str(src), str(dst), "--backend", "passthrough", "-q"]) == 2
+    assert "(string terminator at" in capsys.readouterr().err
+    assert not dst.exists()

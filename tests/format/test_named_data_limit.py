@@ -19,12 +19,12 @@ HEADER = 40
 
 
 def hostile_ptd(keys: int, segments: int = 1) -> bytes:
-    """A valid FlatTensor .ptd with ``keys`` named-data entries (distinct tables sharing
-    one key string) and ``segments`` segments, all pointing at 16 bytes of data."""
-    b = flatbuffers.Builder(1024 + 16 * (keys + segments))
-    key = b.CreateString("k")
+    """A valid FlatTensor .ptd with ``keys`` named-data entries (``k0``, ``k1``, ...) and
+    ``segments`` segments, all pointing at 16 bytes of data."""
+    b = flatbuffers.Builder(1024 + 32 * (keys + segments))
     tables = []
-    for _ in range(keys):
+    for i in range(keys):
+        key = b.CreateString(f"k{i}")
         b.StartObject(3)
         b.PrependUOffsetTRelativeSlot(0, key, 0)
         b.PrependUint32Slot(1, 0, 1)

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support import synth
 from support.fixtures import all_fixtures, get_fixture
 
 import ptestore
@@ -33,11 +34,17 @@ from ptestore.backends import (
     QuantParams,
     TensorInfo,
 )
+from ptestore.cli import main
 from ptestore.coordinator.named import MergedNamedDataMap, SourceFile
 from ptestore.errors import FormatError, InvalidReplacement
 from ptestore.format.flatbuf import FlatView
 from ptestore.format.reader import read_container
-from ptestore.format.tensorinfo import array_view, scalar_type_info
+from ptestore.format.tensorinfo import (
+    MAX_ARRAY_DIMS,
+    MAX_OTHER_USES,
+    array_view,
+    scalar_type_info,
+)
 from ptestore.format.tensors import TensorIndex, describe_tensors, named_data_json
 from ptestore.format.xnnpack import parse_xnn_header, parse_xnngraph, xnngraph_span
 from ptestore.storage.loaders import BytesLoader, LocalFileLoader
@@ -232,6 +239,23 @@ def test_conflicting_descriptions_are_kept_as_other_uses() -> None:
     assert len(index) == 2 and set(index) == {"k", "j"}
 
 
+def test_many_descriptions_of_one_key_are_capped() -> None:
+    # A key that thousands of descriptions name differently (XNNPACK graphs of one .pte
+    # can) lists the first MAX_OTHER_USES of them and counts the rest: the merge used to
+    # compare each with every earlier one and list them all in every report.
+    descs = [
+        ("k", TensorInfo("float32", (i,), 4 * i, "xnnpack", f"g xvalues[{i}]"))
+        for i in range(3000)
+    ]
+    index = TensorIndex(descs + descs)
+    info = index["k"]
+    assert info.shape == (0,)
+    assert [o.shape for o in info.other_uses] == [(i,) for i in range(1, MAX_OTHER_USES + 1)]
+    assert info.more_uses == 3000 - 1 - MAX_OTHER_USES
+    obj = info.to_json()
+    assert len(obj["other_uses"]) == MAX_OTHER_USES and obj["more_uses"] == info.more_uses  # type: ignore[arg-type]
+
+
 def test_tensor_info_json() -> None:
     m = merged("quant_xnnpack")
     info = next(i for i in map(m.get_tensor_info, m) if i and i.quantization)
@@ -312,8 +336,11 @@ def test_array_view_refuses_a_shape_the_array_cannot_take() -> None:
         info = TensorInfo("uint8", shape, count, "ptd", "x")
         with pytest.raises(FormatError) as err:
             array_view(b"\0" * 8, info, "k", "f.ptd")
+        value = str(list(shape))  # the message shows 80 characters of a longer one
+        if len(value) > 80:
+            value = f"{value[:80]}... ({len(value)} characters)"
         assert str(err.value) == (
-            f"f.ptd: named data 'k' (shape) = {list(shape)}: must be at most 64 dims, each "
+            f"f.ptd: named data 'k' (shape) = {value}: must be at most 64 dims, each "
             f">= 0, that {count} uint8 elements can take (uint8 {list(shape)}, described by "
             "ptd x)"
         )
@@ -672,6 +699,84 @@ def test_hostile_blob_surfaces_as_format_error_from_get_tensor_info() -> None:
         "bad.pte (XnnpackBackend blob of forward[0], segment 1): XNNHeader.flatbuffer_size = "
     )
     assert "tensor info unavailable: bad.pte" in m.describe(m.keys()[0])
+
+
+# -- how many dims a description may have --------------------------------------------------
+# A 1 MB .ptd whose one layout had 250,000 dims of 2**31-1 made inspect take 130 s (the
+# element count a growing big-int product); 600 such dims made inspect --json crash.
+
+
+def test_a_layout_with_too_many_dims_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ok = synth.flat_tensor([("w", (6, [1] * MAX_ARRAY_DIMS, []))])
+    assert read_container(BytesLoader(ok)).container.named_data[0].tensor_layout.sizes == (  # type: ignore[union-attr]
+        (1,) * MAX_ARRAY_DIMS
+    )
+    path = tmp_path / "dims.ptd"
+    path.write_bytes(synth.flat_tensor([("w", (6, [2**31 - 1] * 1000, []))]))
+    assert main(["inspect", str(path)]) == 2
+    assert capsys.readouterr().err == (
+        f"ptestore inspect: error: {path}: FlatTensor.named_data[0].tensor_layout.sizes "
+        "(length) = 1000: must be <= 64 dims (ptestore's limit; ExecuTorch's runtime takes "
+        "at most 16)\n"
+    )
+
+
+def test_a_layout_larger_than_any_file_is_refused() -> None:
+    ok = synth.flat_tensor([("w", (6, [2**31 - 1, 2**31 - 1, 0], []))])  # no elements
+    assert read_container(BytesLoader(ok)).container.named_data[0].key == "w"
+    data = synth.flat_tensor([("w", (6, [2**31 - 1] * 3, []))])
+    with pytest.raises(FormatError) as err:
+        read_container(BytesLoader(data, name="big.ptd"))
+    assert str(err.value) == (
+        "big.ptd: FlatTensor.named_data[0].tensor_layout.sizes = [2147483647, 2147483647, "
+        "2147483647]: must be dims whose product (the element count) is < 2**64 (a tensor "
+        "larger than any file)"
+    )
+
+
+def _sizes_length_at(data: bytes, external: bool) -> int:
+    """Where the length of the first EXTERNAL tensor value's sizes vector of a .pte is."""
+    c = read_container(BytesLoader(data)).container
+    plan = FlatView(data, "x", limit=c.metadata_size).root("Program").vector(1, "p", 4)
+    values = plan.table(0).vector(2, "values", 4)  # type: ignore[union-attr]
+    for i in range(values.length):  # type: ignore[union-attr]
+        t = values.table(i).table(1, "val")  # type: ignore[union-attr]
+        extra = None if t is None else t.table(9, "extra")
+        if extra is not None and extra.scalar(2, "location", "u8") == int(external):
+            return t.vector(2, "sizes", 4).start - 4  # type: ignore[union-attr]
+    raise AssertionError("no such tensor")
+
+
+def test_program_and_xnnpack_dims_past_the_limit_are_refused() -> None:
+    fx = get_fixture("mlp_portable_ext")
+    assert fx.pte_path is not None
+    data = bytearray(fx.pte_path.read_bytes())
+    struct.pack_into("<I", data, _sizes_length_at(bytes(data), True), 65)
+    loader = BytesLoader(bytes(data), name="ext.pte")
+    with pytest.raises(FormatError) as err:
+        describe_tensors(read_container(loader), loader)
+    assert re.fullmatch(
+        r"ext.pte: Program.execution_plan\[0\].values\[\d+\].val.sizes \(length\) = 65: must be "
+        r"<= 64 dims \(ptestore's limit; ExecuTorch's runtime takes at most 16\)",
+        str(err.value),
+    ), str(err.value)
+    graph = bytearray(_graph("mlp_xnnpack") + bytes(256))  # room for 65 dims
+    xv = FlatView(graph, "g", limit=len(graph)).root("XNNGraph").vector(2, "xvalues", 4)
+    for i in range(xv.length):  # type: ignore[union-attr]
+        value = xv.table(i).table(1, "xvalue_union")  # type: ignore[union-attr]
+        dims = None if value is None else value.vector(2, "dims", 4)
+        if dims is not None and value is not None and value.scalar(3, "idx", "u32"):
+            struct.pack_into("<I", graph, dims.start - 4, 65)
+            break
+    with pytest.raises(FormatError) as err:
+        parse_xnngraph(bytes(graph), "m.pte (blob)")
+    assert re.fullmatch(
+        r"m.pte \(blob\): XNNGraph.xvalues\[\d+\].xvalue_union.dims \(length\) = 65: must be "
+        r"<= 64 dims \(ptestore's limit; ExecuTorch's runtime takes at most 16\)",
+        str(err.value),
+    ), str(err.value)
 
 
 # -- what inspect --json shows -----------------------------------------------------------

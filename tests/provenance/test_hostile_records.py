@@ -344,3 +344,66 @@ def test_a_crc32_no_file_can_have_is_refused(
     capsys.readouterr()
     assert main(["verify", "--quick", str(path)]) == 2
     assert message in capsys.readouterr().err
+
+
+# -- values too large to show whole --------------------------------------------------------
+# A record field holding 1 MB made a 1 MB error message: verify printed a 1,000,149-char
+# line and inspect a 1 MB report. Messages show a value's first 80 characters and its size.
+
+
+def test_a_huge_value_is_shown_cut_in_messages(
+    specialized: bytes, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    record = record_of(specialized)
+    record["format"] = "x" * 1_000_000
+    path = tmp_path / "h.pte"
+    path.write_bytes(with_record(specialized, record))
+    message = (
+        f"{path}: provenance format = '{'x' * 80}'... (1000000 characters): must be "
+        "'ptestore.provenance'"
+    )
+    with pytest.raises(FormatError) as err:
+        read_provenance(BytesLoader(path.read_bytes(), str(path)))
+    assert str(err.value) == message
+    assert main(["verify", str(path)]) == 2
+    assert capsys.readouterr().err == f"{path}: invalid: {message}\n"
+    assert main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert message in out and len(out) < 4000
+    assert main(["verify", "--json", str(path)]) == 2
+    assert len(capsys.readouterr().out) < 4000
+
+
+def test_a_huge_object_is_shown_cut_in_messages(specialized: bytes) -> None:
+    record = record_of(specialized)
+    record["source"] = ["z" * 10] * 50_000
+    with pytest.raises(FormatError) as err:
+        read_provenance(BytesLoader(with_record(specialized, record), "h.pte"))
+    shown = repr(["z" * 10] * 50_000)
+    assert str(err.value) == (
+        f"h.pte: provenance source = {shown[:80]}... ({len(shown)} characters): must be an "
+        "object"
+    )
+
+
+def test_record_strings_are_escaped_in_verify_findings(
+    specialized: bytes, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A finding quotes the record: a spec holding a newline and escape sequences forged
+    # a second verdict line and drove the terminal.
+    record = record_of(specialized)
+    record["requested"][0]["spec"] = "x\x1b[2J\nh.pte: current"
+    record["backends"][0]["spec"] = "y\x1b[2J\nsource: forged"
+    path = tmp_path / "h.pte"
+    path.write_bytes(with_record(specialized, record))
+    assert main(["verify", str(path), "--backend", "passthrough"]) == 1
+    out, err = capsys.readouterr()
+    assert "\x1b" not in out + err
+    assert f"{path}: stale: backends.spec: made with [x\\x1b[2J\\nh.pte: current], expected " in (
+        out + err
+    )
+    assert "\nh.pte: current" not in out + err
+    assert main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\nsource: forged" not in out
+    assert "  backend XnnpackBackend: y\\x1b[2J\\nsource: forged 0.1.0\n" in out

@@ -78,14 +78,20 @@ def xnngraph(k: int) -> bytes:
 
 
 def overlapping_xnnpack(
-    n: int, k: int, *, stride: int = 0, backend: str = "XnnpackBackend"
+    n: int,
+    k: int,
+    *,
+    stride: int = 0,
+    backend: str = "XnnpackBackend",
+    graph: bytes | None = None,
 ) -> bytes:
     """A .pte with n XNNPACK delegates, delegate i in segment i, all over one k-xvalue
-    graph. ``stride`` 0: every segment describes the same bytes. ``stride`` 8: segment i
-    starts 8*i bytes later, at a FlatBuffer prefix (root offset, identifier) of its own
-    that leads to the same root table, so the n graphs are distinct byte ranges.
+    graph (or over ``graph``, an XNNGraph FlatBuffer). ``stride`` 0: every segment
+    describes the same bytes. ``stride`` 8: segment i starts 8*i bytes later, at a
+    FlatBuffer prefix (root offset, identifier) of its own that leads to the same root
+    table, so the n graphs are distinct byte ranges.
     ``backend``: the delegates' id (another one's blobs are not read as graphs)."""
-    graph = xnngraph(k)
+    graph = xnngraph(k) if graph is None else graph
     if stride:
         assert stride == 8
         root = 8 * n + struct.unpack_from("<I", graph)[0]
@@ -125,3 +131,53 @@ def with_segments(fb: bytes, data: bytes) -> bytes:
     out = bytearray(fb[:8] + header + fb[8:])
     struct.pack_into("<I", out, 0, struct.unpack_from("<I", fb)[0] + 32)
     return bytes(out) + bytes(base - program_size) + data
+
+
+#: A ``TensorLayout``: scalar type, sizes and dim order.
+Layout = tuple[int, list[int], list[int]]
+
+
+def flat_tensor(entries: list[tuple[str | bytes, Layout | None]], data: bytes = bytes(16)) -> bytes:
+    """A FlatTensor .ptd (40-byte FH01 header) with one segment holding ``data`` and a
+    named-data entry per ``(key, layout)`` on it, in that order (keys may repeat, hold
+    any bytes; a layout None is absent)."""
+    b = flatbuffers.Builder(0)
+    named = []
+    for key, layout in entries:
+        lt = None
+        if layout is not None:
+            scalar_type, sizes, dim_order = layout
+            b.StartVector(4, len(sizes), 4)
+            for s in reversed(sizes):
+                b.PrependInt32(s)
+            sv = b.EndVector()
+            dv = b.CreateByteVector(bytes(dim_order))
+            b.StartObject(3)  # TensorLayout
+            b.PrependInt8Slot(0, scalar_type, 0)
+            b.PrependUOffsetTRelativeSlot(1, sv, 0)
+            b.PrependUOffsetTRelativeSlot(2, dv, 0)
+            lt = b.EndObject()
+        k = b.CreateString(key)
+        b.StartObject(3)  # NamedData: key, segment_index 0, tensor_layout
+        b.PrependUOffsetTRelativeSlot(0, k, 0)
+        b.PrependUint32Slot(1, 0, 1)
+        if lt is not None:
+            b.PrependUOffsetTRelativeSlot(2, lt, 0)
+        named.append(b.EndObject())
+    b.StartObject(2)  # DataSegment: offset 0, size
+    b.PrependUint64Slot(0, 0, 1)
+    b.PrependUint64Slot(1, len(data), 0)
+    segments = offsets_vector(b, [b.EndObject()])
+    named_vec = offsets_vector(b, named)
+    b.StartObject(3)
+    b.PrependUOffsetTRelativeSlot(1, segments, 0)
+    b.PrependUOffsetTRelativeSlot(2, named_vec, 0)
+    b.Finish(b.EndObject(), file_identifier=b"FT01")
+    fb = bytes(b.Output())
+    # The FH01 header goes after the first 8 bytes (the root offset moves by its size).
+    meta_len = len(fb) + 40
+    base = -(-meta_len // 16) * 16
+    head = struct.pack("<I", struct.unpack_from("<I", fb)[0] + 40) + fb[4:8]
+    header = b"FH01" + struct.pack("<IQQQQ", 40, 48, meta_len - 48, base, len(data))
+    out = head + header + fb[8:]
+    return out + bytes(base - len(out)) + data

@@ -224,8 +224,8 @@ def test_every_weight_xnnpack_packs_needs_an_entry() -> None:
     with pytest.raises(FormatError) as err:
         check_coverage(one, weights, "f")
     assert str(err.value) == (
-        f"f: index entries = \"no entry for the weight '{FC1[0]}' with its bias "
-        f"'{FC1[1]}'\": must be an entry for every weight XNNPACK packs (FullyConnected "
+        f"f: index entries (weight) = '{FC1[0]}': must be a weight with an entry (XNNPACK "
+        f"packs every weight: none for this one with its bias '{FC1[1]}', FullyConnected "
         "forward[0] xnodes[0])"
     )
 

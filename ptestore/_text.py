@@ -1,0 +1,45 @@
+"""How strings and values from a file appear in messages and reports.
+
+A hostile file's fields are data, never layout: :func:`shown` cuts a value to about
+80 characters (a 1 MB field makes a one-line error message, not a 1 MB one), and
+:func:`printable` escapes the control characters of a key or name a text report prints
+(a newline cannot forge a report line, an escape sequence cannot drive the terminal).
+"""
+
+from __future__ import annotations
+
+__all__ = ["SHOWN_CHARS", "printable", "shown"]
+
+#: How many characters of a value a message shows (:func:`shown`).
+SHOWN_CHARS = 80
+
+
+def shown(value: object, limit: int = SHOWN_CHARS) -> str:
+    """``repr(value)`` for a message, at most about ``limit`` characters: a string or
+    bytes value longer than ``limit`` shows the repr of its first ``limit`` and ``... (N
+    characters)`` (``bytes`` for bytes), anything else its repr cut at ``limit`` followed
+    by the repr's length. A hostile file's 1 MB field then makes a one-line message, not
+    a 1 MB one."""
+    if isinstance(value, (str, bytes, bytearray)):
+        if len(value) <= limit:
+            return repr(value)
+        unit = "characters" if isinstance(value, str) else "bytes"
+        return f"{value[:limit]!r}... ({len(value)} {unit})"
+    try:
+        text = repr(value)
+    except ValueError:  # an int past the digits Python converts (4300), or one inside
+        return f"<{type(value).__name__} too large to show>"
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text)} characters)"
+
+
+def printable(text: str) -> str:
+    """``text`` as a text report prints a string from a file: unchanged when every
+    character is printable (``str.isprintable``: ordinary keys, names with spaces),
+    else with each non-printable character (a newline, an escape, a tab, U+2028, ...)
+    and each backslash written as ``repr`` writes it (``\\n``, ``\\x1b``,
+    ``\\\\``), so the result is one line of printable characters."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() and c != "\\" else repr(c)[1:-1] for c in text)
