@@ -18,7 +18,6 @@ from ..errors import FormatError
 from .flatbuf import TableView, Vector
 from .header import Kind
 from .model import CompileSpec, Delegate, NamedDataEntry, Segment, SubsegmentOffsets, TensorLayout
-from .tensorinfo import read_dims
 
 __all__ = [
     "MAX_NAMED_DATA",
@@ -169,6 +168,8 @@ def read_named_data(root: TableView, kind: Kind, seg_of: SegmentMap) -> tuple[Na
         if kind == "ptd":
             lt = t.table(_NAMED_TENSOR_LAYOUT, "tensor_layout")
             if lt is not None:
+                from .tensorinfo import read_dims  # a .ptd's layouts only: start-up
+
                 sizes = read_dims(lt.vector(_LAYOUT_SIZES, "sizes", 4))
                 dims = lt.vector(_LAYOUT_DIM_ORDER, "dim_order", 1)
                 layout = TensorLayout(
