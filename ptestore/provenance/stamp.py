@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Literal
 
 from .._background import Background
 from .._dataclass import dataclass, field
-from ..backends.compat import version_of
 from ..backends.registry import SPEC_ATTRIBUTE, BackendLike, load_backend
-from ..errors import BackendError, StorageError, describe_exception
+from ..backends.versions import MAX_SPEC, unrecordable, version_of
+from ..errors import BackendError, ConfigurationError, StorageError, describe_exception
 from ..storage.types import DataLoader
 from .record import (
     BackendStamp,
@@ -134,6 +134,18 @@ def spec_text(backend: BackendLike) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
+def _check_spec(backend: BackendLike) -> None:
+    """A SPEC string provenance cannot record (it is the user's input: a
+    :class:`ConfigurationError`)."""
+    if not isinstance(backend, str):
+        return
+    text = backend.strip()
+    problem = unrecordable(text, "its SPEC is", MAX_SPEC, "provenance records it")
+    if problem is not None:
+        shown = text if len(text) <= 80 else text[:77] + "..."
+        raise ConfigurationError(f"backend {shown!r}: {problem}")
+
+
 def _ptestore_version() -> str:
     from .._version import __version__
 
@@ -168,6 +180,7 @@ class Stamper:
         self._given = backends is not None
         if backends is not None:
             for b in backends:
+                _check_spec(b)
                 impl = load_backend(b)
                 if isinstance(b, str):
                     try:  # messages then name the SPEC as given
@@ -277,20 +290,14 @@ class Stamper:
             raise BackendError(
                 f"compatibility_info returned {type(info).__name__}, not str", backend=backend_id
             )
-        try:
-            encoded = info.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise BackendError(
-                f"compatibility_info returned text that is not valid UTF-8 (character "
-                f"{info[exc.start]!r} at index {exc.start}); provenance records it as JSON",
-                backend=backend_id,
-            ) from None
-        if len(encoded) > MAX_COMPATIBILITY_INFO:
-            raise BackendError(
-                f"compatibility_info returned {len(encoded)} bytes; the limit is "
-                f"{MAX_COMPATIBILITY_INFO} (provenance records it in the artifact)",
-                backend=backend_id,
-            )
+        problem = unrecordable(
+            info,
+            "compatibility_info returned",
+            MAX_COMPATIBILITY_INFO,
+            "provenance records it in the artifact",
+        )
+        if problem is not None:
+            raise BackendError(problem, backend=backend_id)
         self.stamps.append(BackendStamp(backend_id, self.spec_of(impl), version, info))
 
     def _pte_source(self) -> SourceInfo:
