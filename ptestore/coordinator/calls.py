@@ -77,6 +77,8 @@ def _run_backend(
             # Typed to return None, but a generator function or an async def returns
             # an object whose body never ran: look at what really came back.
             call: Callable[..., object] = impl.initialize_backend_data
+            if stamper is not None:  # once per run, before the call (recorded as read)
+                stamper.version(impl, bid)
             try:
                 result = call(context, BackendDataWriter(session))
             except NotSupported:

@@ -189,6 +189,8 @@ class Stamper:
                         pass
                 self.requested.append((spec_text(b), impl))
         self.stamps: list[BackendStamp] = []
+        #: Each implementation's version, read once per run (:meth:`version`).
+        self._versions: list[tuple[BackendInterface, str]] = []
         self.sources: dict[str, SourceInfo] = {}
         #: Sources being described in threads: role -> (the work, the source's name).
         self._describing: dict[str, tuple[Background[SourceInfo], str]] = {}
@@ -274,6 +276,18 @@ class Stamper:
                 return spec
         return spec_text(impl) if impl.name == "*" else impl.name
 
+    def version(self, impl: BackendInterface, backend: str) -> str:
+        """``impl``'s version, read once per run (the run reads it before the backend's
+        call: what a fresh instance reports, which is what ``verify``, a fleet plan and
+        the device cache compare) and recorded alike in ``requested`` and ``backends``;
+        errors name ``backend``."""
+        for known, version in self._versions:
+            if known is impl:
+                return version
+        version = version_of(impl, backend)
+        self._versions.append((impl, version))
+        return version
+
     def note(
         self, backend_id: str, impl: BackendInterface, context: BackendDataInitContext
     ) -> None:
@@ -285,7 +299,7 @@ class Stamper:
             raise BackendError(
                 f"compatibility_info failed: {describe_exception(exc)}", backend=backend_id
             ) from exc
-        version = version_of(impl, backend_id)
+        version = self.version(impl, backend_id)
         if not isinstance(info, str):
             raise BackendError(
                 f"compatibility_info returned {type(info).__name__}, not str", backend=backend_id
@@ -314,7 +328,7 @@ class Stamper:
             role=role,
             source=self._pte_source(),
             ptd_source=self._source("ptd"),
-            requested=tuple(RequestedBackend(s, version_of(i, s)) for s, i in self.requested),
+            requested=tuple(RequestedBackend(s, self.version(i, s)) for s, i in self.requested),
             backends=tuple(self.stamps),
             device=None
             if self.device is None
