@@ -46,6 +46,7 @@ from .entrypoints import (
     entry_point_table,
     load_entry_point,
 )
+from .versions import version_of, version_text
 
 if TYPE_CHECKING:
     from importlib.metadata import EntryPoint
@@ -197,25 +198,25 @@ def _served(obj: object) -> str:
     return name if isinstance(name, str) and name and name != "*" else "*"
 
 
-def _declared_version(obj: object, *, default: bool = True) -> str | None:
-    """The version a registered object reports: an instance's ``version``, a class's
-    ``version`` class attribute (or the default, its distribution's version); None for a
-    factory function, which cannot be asked without calling it."""
+def _declared_version(obj: object, name: str) -> str | None:
+    """The version a registered object reports, as provenance records it
+    (:func:`~.versions.version_text`: ``version = 2`` is ``"2"``): an instance's
+    ``version``, a class's ``version`` class attribute (or, for a property, the default:
+    its distribution's version); None for a factory function, which cannot be asked
+    without calling it, or for a version that cannot be read or recorded."""
     try:
         if isinstance(obj, BackendInterface):
-            version: object = obj.version
-        elif isinstance(obj, type) and issubclass(obj, BackendInterface):
+            return version_of(obj, name)
+        if isinstance(obj, type) and issubclass(obj, BackendInterface):
             import inspect
 
-            declared = inspect.getattr_static(obj, "version", None)
-            if isinstance(declared, str) or not default:
-                return declared if isinstance(declared, str) else None
-            version = distribution_version(obj)
-        else:
-            return None
+            declared = inspect.getattr_static(obj, "version", property())
+            if hasattr(type(declared), "__get__"):  # a property: read only on an instance
+                return distribution_version(obj)
+            return version_text(declared, name)
     except Exception:  # a hostile property: no version rather than no listing
         return None
-    return version if isinstance(version, str) else None
+    return None
 
 
 def installed_backends() -> list[InstalledBackend]:
@@ -227,7 +228,7 @@ def installed_backends() -> list[InstalledBackend]:
         registered = dict(_registry)
     out = [
         InstalledBackend(
-            name, _served(obj), object_label(obj), "registered", _declared_version(obj)
+            name, _served(obj), object_label(obj), "registered", _declared_version(obj, name)
         )
         for name, obj in sorted(registered.items())
     ]
@@ -249,7 +250,7 @@ def installed_backends() -> list[InstalledBackend]:
             continue
         # what provenance records (the class's version, or its own distribution's); the
         # declaring distribution's only for a factory, which cannot be asked
-        loaded = _declared_version(obj)
+        loaded = _declared_version(obj, name)
         out.append(InstalledBackend(name, _served(obj), value, "entry point", loaded or version))
     return out
 

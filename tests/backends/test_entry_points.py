@@ -1,7 +1,8 @@
 """Entry points of the group ``ptestore.backends`` as installed distributions declare
 them: a name two distributions declare is listed once per declaration, with an error,
 and refused by ``--backend NAME`` and the default selection, naming both; the version
-listed is what provenance records (the loaded class's)."""
+listed is what provenance records (the loaded class's, converted by the same function:
+``version = 2`` is "2" in both)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,20 @@ import pytest
 from support.fixtures import get_fixture
 
 import ptestore
-from ptestore.backends import installed_backends, load_backend
+from ptestore.backends import (
+    BackendData,
+    BackendInterface,
+    installed_backends,
+    load_backend,
+    register_backend,
+    unregister_backend,
+)
 from ptestore.backends.snapshot import using
 from ptestore.cli import main
 from ptestore.cli.exits import EXIT_FAILURE
 from ptestore.errors import ConfigurationError
+from ptestore.provenance import read_provenance
+from ptestore.storage.loaders import open_loader
 
 MLP = get_fixture("mlp_xnnpack")
 assert MLP.pte_path is not None
@@ -122,3 +132,52 @@ def test_the_version_listed_is_the_one_provenance_records(site: tuple[Path, str]
     assert found[f"factory{u}"].version == "1.2"
     assert found[f"broken{u}"].version == "1.2"
     assert found[f"broken{u}"].error is not None
+
+
+class IntVersion(BackendInterface):
+    """``version = 2``: an int (or a tuple, or a ``packaging`` Version)."""
+
+    name = "XnnpackBackend"
+    version = 2  # type: ignore[assignment]
+
+    def initialize_backend_data(self, context: object, output: object) -> None:
+        named = context.get_named_data_map()  # type: ignore[attr-defined]
+        key = sorted(named)[0]
+        output.write_named_data(  # type: ignore[attr-defined]
+            key, BackendData(bytes(named.get_data(key))[::-1])
+        )
+
+
+class PropertyVersion(IntVersion):
+    @property
+    def version(self) -> str:  # type: ignore[override]
+        return "from-a-property"  # read on an instance only
+
+
+def test_a_version_that_is_not_a_str_is_listed_as_provenance_records_it(
+    tmp_path: Path,
+) -> None:
+    """``installed_backends()`` listed ``version = 2`` as the distribution's version
+    ('unknown'), provenance recorded '2': one conversion for both."""
+    registered = {"int-class": IntVersion, "int-instance": IntVersion(), "prop": PropertyVersion}
+    for name, obj in registered.items():
+        register_backend(obj, name)
+    try:
+        found = {b.name: b.version for b in installed_backends() if b.name in registered}
+        out = tmp_path / "o.pte"
+        ptestore.specialize(MLP.pte_path, out, backends=["int-class"])  # type: ignore[arg-type]
+        loader = open_loader(str(out))
+        try:
+            record = read_provenance(loader)
+        finally:
+            loader.close()
+    finally:
+        for name in registered:
+            unregister_backend(name)
+    assert record is not None
+    assert [r.version for r in record.requested] == [b.version for b in record.backends]
+    assert found["int-class"] == record.requested[0].version == "2"
+    assert found["int-instance"] == "2"
+    # a property cannot be read on a class: the default (no distribution provides the
+    # tests' modules)
+    assert found["prop"] == "unknown"
