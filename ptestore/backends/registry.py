@@ -45,6 +45,7 @@ from .entrypoints import (
     ambiguity,
     entry_point_table,
     load_entry_point,
+    shadowed,
 )
 from .versions import version_of, version_text
 
@@ -223,7 +224,9 @@ def installed_backends() -> list[InstalledBackend]:
     """Every installed backend, registrations first, then entry points (an entry point
     shadowed by a registration of the same name is left out). Entry points are loaded
     to learn what they serve; one that cannot be loaded is listed with its error, and so
-    is each declaration of a name several distributions declare (ambiguous)."""
+    is each declaration of a name several distributions declare (ambiguous) and another
+    distribution's entry point named as a built-in (never used: the built-in keeps the
+    name)."""
     with _lock:
         registered = dict(_registry)
     out = [
@@ -252,6 +255,8 @@ def installed_backends() -> list[InstalledBackend]:
         # declaring distribution's only for a factory, which cannot be asked
         loaded = _declared_version(obj, name)
         out.append(InstalledBackend(name, _served(obj), value, "entry point", loaded or version))
+    for name, d, why in shadowed():  # listed, never used: the built-in keeps its name
+        out.append(InstalledBackend(name, "*", d.value, "entry point", d.version, why))
     return out
 
 

@@ -2,7 +2,9 @@
 them: a name two distributions declare is listed once per declaration, with an error,
 and refused by ``--backend NAME`` and the default selection, naming both; the version
 listed is what provenance records (the loaded class's, converted by the same function:
-``version = 2`` is "2" in both)."""
+``version = 2`` is "2" in both); another distribution's entry point named as a
+built-in (``passthrough``, ``command``) is listed with why it is not used (it was
+dropped silently), and the built-in keeps the name."""
 
 from __future__ import annotations
 
@@ -22,6 +24,9 @@ from ptestore.backends import (
     register_backend,
     unregister_backend,
 )
+from ptestore.backends.command import CommandBackend
+from ptestore.backends.passthrough import PassthroughBackend
+from ptestore.backends.registry import BUILTIN_BACKENDS
 from ptestore.backends.snapshot import using
 from ptestore.cli import main
 from ptestore.cli.exits import EXIT_FAILURE
@@ -181,3 +186,27 @@ def test_a_version_that_is_not_a_str_is_listed_as_provenance_records_it(
     # a property cannot be read on a class: the default (no distribution provides the
     # tests' modules)
     assert found["prop"] == "unknown"
+
+
+def test_an_entry_point_named_as_a_built_in_is_listed_and_the_built_in_keeps_the_name(
+    site: tuple[Path, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, u = site
+    package(path, f"acme_npu_{u}", "Npu")
+    value = f"acme_npu_{u}.ptestore:Npu"
+    dist(path, f"acme_plugin_{u}", "1.2", [], {"passthrough": value, "command": value})
+    found = [(b.name, b.spec, b.error) for b in installed_backends()]
+    for name in ("passthrough", "command"):
+        assert (name, BUILTIN_BACKENDS[name], None) in found
+        assert (
+            name,
+            value,
+            f"the name {name!r} is ptestore's built-in backend ({BUILTIN_BACKENDS[name]}), "
+            f"which keeps it: this entry point of acme_plugin_{u} 1.2 ({value}) is not "
+            f"used; give it by its import path ({value}) or declare it under another name",
+        ) in found
+    assert isinstance(load_backend("passthrough"), PassthroughBackend)
+    assert isinstance(load_backend("command=true"), CommandBackend)
+    # the listing says it (and fails, as for any entry point that is not used)
+    assert main(["backends"]) == EXIT_FAILURE
+    assert f"is not used; give it by its import path ({value})" in capsys.readouterr().out
