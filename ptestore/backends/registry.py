@@ -288,6 +288,11 @@ def _import_path(ref: str, spec: str) -> object:
     module_name, _, attr = ref.partition(":")
     if not module_name or not attr:
         raise ConfigurationError(f"backend {spec!r}: expected package.module:attr")
+    if module_name.startswith("."):  # import_module raises TypeError: not the backend's
+        raise ConfigurationError(
+            f"backend {spec!r}: {module_name!r} is a relative module name; give the "
+            "absolute one (package.module:attr), importable from sys.path"
+        )
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:

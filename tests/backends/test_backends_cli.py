@@ -153,6 +153,11 @@ def test_a_builtin_name_resolves_without_reading_metadata_and_cannot_be_shadowed
     [
         ("nosuch", r"backend 'nosuch': unknown name 'nosuch'; known: .*command.*passthrough.*"),
         ("no.such.module:X", r"backend 'no.such.module:X': cannot import 'no.such.module': .*"),
+        (  # was a BackendError (exit 1): import_module's TypeError blamed the backend
+            ".good:NegateTwice",
+            r"backend '\.good:NegateTwice': '\.good' is a relative module name; give the "
+            r"absolute one \(package\.module:attr\), importable from sys\.path",
+        ),
         (
             "ptestore.backends:Nope",
             r"backend 'ptestore.backends:Nope': module 'ptestore.backends' "
