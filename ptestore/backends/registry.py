@@ -58,6 +58,7 @@ __all__ = [
     "BackendLike",
     "InstalledBackend",
     "backend_label",
+    "declared_backends",
     "did_you_mean",
     "installed_backends",
     "load_backend",
@@ -257,6 +258,24 @@ def installed_backends() -> list[InstalledBackend]:
         out.append(InstalledBackend(name, _served(obj), value, "entry point", loaded or version))
     for name, d, why in shadowed():  # listed, never used: the built-in keeps its name
         out.append(InstalledBackend(name, "*", d.value, "entry point", d.version, why))
+    return out
+
+
+def declared_backends() -> list[str]:
+    """The installed backends as a message lists them, from what is known without
+    importing any module: each registration as ``name (spec, serves ID)`` (its object
+    is in memory), each entry-point declaration as ``name (module:attr)`` (from the
+    metadata; what it serves would need its import, and a vendor's import-time code
+    has no business running for an error message)."""
+    with _lock:
+        registered = dict(_registry)
+    out = [
+        InstalledBackend(name, _served(obj), object_label(obj), "registered").describe()
+        for name, obj in sorted(registered.items())
+    ]
+    for name, declarations in sorted(entry_point_table().items()):
+        if name not in registered:
+            out.extend(f"{name} ({d.value})" for d in declarations)
     return out
 
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from .._log import get_logger
 from ..backends.api import BackendDataInitContext, BackendDataWriter, BackendInterface
 from ..backends.passthrough import PassthroughBackend
-from ..backends.registry import BackendLike, installed_backends
+from ..backends.registry import BackendLike, declared_backends
 from ..errors import BackendError, NotSupported, StorageError, describe_exception
 from .report import BackendReport, Event, SpecializationReport
 from .run import Run
@@ -55,7 +55,7 @@ def run_backends(
     if reason is not None:
         log.info("nothing specialized: %s", reason)
         summary.unchanged_reason, summary.hint = reason, hint
-        summary.installed_backends = [i.describe() for i in installed_backends()]
+        summary.installed_backends = declared_backends()  # imports nothing more
     return summary
 
 
