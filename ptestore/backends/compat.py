@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from .._dataclass import dataclass, field
 from ..errors import ConfigurationError
 from .snapshot import active as active_snapshot
+from .versions import version_of  # re-exported: where callers have always found it
 
 if TYPE_CHECKING:
     from importlib.metadata import Distribution
@@ -396,21 +397,6 @@ def _dist_info_provides(path: str, top: str, *, record: bool = True) -> bool:
         return False
     listed = "\n" + (_read(path, "RECORD") or "")
     return f"\n{top}/" in listed or f"\n{top}.py," in listed
-
-
-def version_of(impl: Any, backend: str) -> str:
-    """``str(impl.version)`` of a backend implementation; a ``version`` property (or its
-    ``__str__``) that raises is a :class:`~ptestore.errors.BackendError` naming
-    ``backend`` (its id or SPEC), wherever a version is read (provenance, a fleet plan,
-    a worker's check, ``verify --job``, the device cache's key)."""
-    try:
-        return str(impl.version)
-    except Exception as exc:  # a property of backend code: its failure is the backend's
-        from ..errors import BackendError, describe_exception
-
-        raise BackendError(
-            f"reading its version failed: {describe_exception(exc)}", backend=backend
-        ) from exc
 
 
 def distribution_version(cls: type) -> str:

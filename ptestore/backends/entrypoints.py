@@ -23,6 +23,7 @@ __all__ = [
     "ambiguity",
     "entry_point_table",
     "load_entry_point",
+    "shadowed",
 ]
 
 ENTRY_POINT_GROUP = "ptestore.backends"
@@ -85,21 +86,47 @@ def _read_installed() -> dict[str, list[Declaration]]:
     return table
 
 
-def entry_point_table() -> dict[str, list[Declaration]]:
-    """Entry-point name -> its declarations (one, or several: ambiguous), from the
-    active snapshot when it has them (no metadata read), else from the installed
-    metadata (and then recorded in it)."""
+def _declared() -> dict[str, list[Declaration]]:
+    """Every declaration of the group, ptestore's own and those of other distributions
+    under the same names included: from the active snapshot when it has them (no
+    metadata read), else from the installed metadata (and then recorded in it)."""
     snap = active_snapshot()
     if snap is not None and snap.entry_points is not None:
-        table = {name: [Declaration(*d) for d in ds] for name, ds in snap.entry_points.items()}
-    else:
-        table = _read_installed()
-        if snap is not None:
-            snap.learn_entry_points({name: [(*d,) for d in ds] for name, ds in table.items()})
+        return {name: [Declaration(*d) for d in ds] for name, ds in snap.entry_points.items()}
+    table = _read_installed()
+    if snap is not None:
+        snap.learn_entry_points({name: [(*d,) for d in ds] for name, ds in table.items()})
+    return table
+
+
+def entry_point_table() -> dict[str, list[Declaration]]:
+    """Entry-point name -> its declarations (one, or several: ambiguous). A built-in's
+    name is ptestore's backend alone, whatever else declares it (:func:`shadowed`)."""
+    table = _declared()
     for name, value in BUILTIN_BACKENDS.items():  # ours, whatever else declares the name
         ours = [d for d in table.get(name, []) if d.value == value]
         table[name] = ours[:1] or [Declaration(value, None, None)]
     return table
+
+
+def shadowed() -> list[tuple[str, Declaration, str]]:
+    """Other distributions' entry points named as a built-in (``passthrough``,
+    ``command``): ``(name, declaration, why it is not used)``. The built-in keeps the
+    name (a plugin cannot replace what ``--backend passthrough`` means); listing them
+    says so instead of dropping them silently."""
+    table = _declared()
+    return [
+        (
+            name,
+            d,
+            f"the name {name!r} is ptestore's built-in backend ({value}), which keeps it: "
+            f"this entry point of {d.describe()} is not used; give it by its import path "
+            f"({d.value.partition('[')[0].strip()}) or declare it under another name",
+        )
+        for name, value in BUILTIN_BACKENDS.items()
+        for d in table.get(name, [])
+        if d.value != value
+    ]
 
 
 def load_entry_point(value: str, spec: str) -> object:

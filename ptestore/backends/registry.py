@@ -45,7 +45,9 @@ from .entrypoints import (
     ambiguity,
     entry_point_table,
     load_entry_point,
+    shadowed,
 )
+from .versions import version_of, version_text
 
 if TYPE_CHECKING:
     from importlib.metadata import EntryPoint
@@ -56,6 +58,7 @@ __all__ = [
     "BackendLike",
     "InstalledBackend",
     "backend_label",
+    "declared_backends",
     "did_you_mean",
     "installed_backends",
     "load_backend",
@@ -197,37 +200,39 @@ def _served(obj: object) -> str:
     return name if isinstance(name, str) and name and name != "*" else "*"
 
 
-def _declared_version(obj: object, *, default: bool = True) -> str | None:
-    """The version a registered object reports: an instance's ``version``, a class's
-    ``version`` class attribute (or the default, its distribution's version); None for a
-    factory function, which cannot be asked without calling it."""
+def _declared_version(obj: object, name: str) -> str | None:
+    """The version a registered object reports, as provenance records it
+    (:func:`~.versions.version_text`: ``version = 2`` is ``"2"``): an instance's
+    ``version``, a class's ``version`` class attribute (or, for a property, the default:
+    its distribution's version); None for a factory function, which cannot be asked
+    without calling it, or for a version that cannot be read or recorded."""
     try:
         if isinstance(obj, BackendInterface):
-            version: object = obj.version
-        elif isinstance(obj, type) and issubclass(obj, BackendInterface):
+            return version_of(obj, name)
+        if isinstance(obj, type) and issubclass(obj, BackendInterface):
             import inspect
 
-            declared = inspect.getattr_static(obj, "version", None)
-            if isinstance(declared, str) or not default:
-                return declared if isinstance(declared, str) else None
-            version = distribution_version(obj)
-        else:
-            return None
+            declared = inspect.getattr_static(obj, "version", property())
+            if hasattr(type(declared), "__get__"):  # a property: read only on an instance
+                return distribution_version(obj)
+            return version_text(declared, name)
     except Exception:  # a hostile property: no version rather than no listing
         return None
-    return version if isinstance(version, str) else None
+    return None
 
 
 def installed_backends() -> list[InstalledBackend]:
     """Every installed backend, registrations first, then entry points (an entry point
     shadowed by a registration of the same name is left out). Entry points are loaded
     to learn what they serve; one that cannot be loaded is listed with its error, and so
-    is each declaration of a name several distributions declare (ambiguous)."""
+    is each declaration of a name several distributions declare (ambiguous) and another
+    distribution's entry point named as a built-in (never used: the built-in keeps the
+    name)."""
     with _lock:
         registered = dict(_registry)
     out = [
         InstalledBackend(
-            name, _served(obj), object_label(obj), "registered", _declared_version(obj)
+            name, _served(obj), object_label(obj), "registered", _declared_version(obj, name)
         )
         for name, obj in sorted(registered.items())
     ]
@@ -249,8 +254,28 @@ def installed_backends() -> list[InstalledBackend]:
             continue
         # what provenance records (the class's version, or its own distribution's); the
         # declaring distribution's only for a factory, which cannot be asked
-        loaded = _declared_version(obj)
+        loaded = _declared_version(obj, name)
         out.append(InstalledBackend(name, _served(obj), value, "entry point", loaded or version))
+    for name, d, why in shadowed():  # listed, never used: the built-in keeps its name
+        out.append(InstalledBackend(name, "*", d.value, "entry point", d.version, why))
+    return out
+
+
+def declared_backends() -> list[str]:
+    """The installed backends as a message lists them, from what is known without
+    importing any module: each registration as ``name (spec, serves ID)`` (its object
+    is in memory), each entry-point declaration as ``name (module:attr)`` (from the
+    metadata; what it serves would need its import, and a vendor's import-time code
+    has no business running for an error message)."""
+    with _lock:
+        registered = dict(_registry)
+    out = [
+        InstalledBackend(name, _served(obj), object_label(obj), "registered").describe()
+        for name, obj in sorted(registered.items())
+    ]
+    for name, declarations in sorted(entry_point_table().items()):
+        if name not in registered:
+            out.extend(f"{name} ({d.value})" for d in declarations)
     return out
 
 
@@ -282,6 +307,11 @@ def _import_path(ref: str, spec: str) -> object:
     module_name, _, attr = ref.partition(":")
     if not module_name or not attr:
         raise ConfigurationError(f"backend {spec!r}: expected package.module:attr")
+    if module_name.startswith("."):  # import_module raises TypeError: not the backend's
+        raise ConfigurationError(
+            f"backend {spec!r}: {module_name!r} is a relative module name; give the "
+            "absolute one (package.module:attr), importable from sys.path"
+        )
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:

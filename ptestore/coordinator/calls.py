@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from .._log import get_logger
 from ..backends.api import BackendDataInitContext, BackendDataWriter, BackendInterface
 from ..backends.passthrough import PassthroughBackend
-from ..backends.registry import BackendLike, installed_backends
+from ..backends.registry import BackendLike, declared_backends
 from ..errors import BackendError, NotSupported, StorageError, describe_exception
 from .report import BackendReport, Event, SpecializationReport
 from .run import Run
@@ -55,7 +55,7 @@ def run_backends(
     if reason is not None:
         log.info("nothing specialized: %s", reason)
         summary.unchanged_reason, summary.hint = reason, hint
-        summary.installed_backends = [i.describe() for i in installed_backends()]
+        summary.installed_backends = declared_backends()  # imports nothing more
     return summary
 
 
@@ -77,6 +77,8 @@ def _run_backend(
             # Typed to return None, but a generator function or an async def returns
             # an object whose body never ran: look at what really came back.
             call: Callable[..., object] = impl.initialize_backend_data
+            if stamper is not None:  # once per run, before the call (recorded as read)
+                stamper.version(impl, bid)
             try:
                 result = call(context, BackendDataWriter(session))
             except NotSupported:

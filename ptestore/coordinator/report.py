@@ -127,8 +127,9 @@ class SpecializationReport:
     unchanged_reason: str | None = None
     #: What to do about it, when something specific is known.
     hint: str | None = None
-    #: The installed backends as ``"name (spec, serves ID)"``; filled in only when
-    #: nothing was specialized.
+    #: The installed backends as ``"name (spec, serves ID)"`` for a registration and
+    #: ``"name (module:attr)"`` for an entry point (from the metadata: no module is
+    #: imported for it); filled in only when nothing was specialized.
     installed_backends: list[str] = field(default_factory=list)
 
     @property

@@ -26,6 +26,12 @@ __all__ = ["MAX_REQUESTED_ALIGNMENT", "Replacement", "Run", "Session", "SegmentK
 #: The largest alignment a backend may ask for.
 MAX_REQUESTED_ALIGNMENT = 1 << 20
 
+#: Empty chunks a chunked write accepts in a row: one more is refused. A chunk iterator
+#: that never stops (``while True: n = f.readinto(buf); yield buf[:n]`` without a return
+#: at ``n == 0``) yields empty chunks for ever, before or after the declared size; a
+#: non-empty chunk adds at least one byte of at most ``size``, so the write always ends.
+MAX_EMPTY_CHUNKS = 16
+
 
 def _as_bytes_view(data: object) -> memoryview | None:
     try:
@@ -295,13 +301,23 @@ class Session:
             start = self.run.spool.size()
             self._chunking = (threading.get_ident(), key)
         try:
-            total = 0
+            total = empty = 0
             for chunk in chunks:  # the backend's code: not under the lock
                 with self._lock:
                     self.check_open(what, write=True)
-                    total += self._spool_chunk(
+                    n = self._spool_chunk(
                         key, size, chunk, total, start + total, template.allow_size_change
                     )
+                    total += n
+                    empty = 0 if n else empty + 1
+                    if empty > MAX_EMPTY_CHUNKS:
+                        raise self._error(
+                            f"{what}: more than {MAX_EMPTY_CHUNKS} empty chunks in a row "
+                            f"({total} of the declared {size} bytes given): a chunk "
+                            "iterator must stop at the end of its data (return when a "
+                            "read gives 0 bytes)",
+                            key,
+                        )
             with self._lock:
                 self.check_open(what, write=True)
                 if total != size:

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Literal
 
 from .._background import Background
 from .._dataclass import dataclass, field
-from ..backends.compat import version_of
 from ..backends.registry import SPEC_ATTRIBUTE, BackendLike, load_backend
-from ..errors import BackendError, StorageError, describe_exception
+from ..backends.versions import MAX_SPEC, unrecordable, version_of
+from ..errors import BackendError, ConfigurationError, StorageError, describe_exception
 from ..storage.types import DataLoader
 from .record import (
     BackendStamp,
@@ -134,6 +134,18 @@ def spec_text(backend: BackendLike) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
+def _check_spec(backend: BackendLike) -> None:
+    """A SPEC string provenance cannot record (it is the user's input: a
+    :class:`ConfigurationError`)."""
+    if not isinstance(backend, str):
+        return
+    text = backend.strip()
+    problem = unrecordable(text, "its SPEC is", MAX_SPEC, "provenance records it")
+    if problem is not None:
+        shown = text if len(text) <= 80 else text[:77] + "..."
+        raise ConfigurationError(f"backend {shown!r}: {problem}")
+
+
 def _ptestore_version() -> str:
     from .._version import __version__
 
@@ -168,6 +180,7 @@ class Stamper:
         self._given = backends is not None
         if backends is not None:
             for b in backends:
+                _check_spec(b)
                 impl = load_backend(b)
                 if isinstance(b, str):
                     try:  # messages then name the SPEC as given
@@ -176,6 +189,8 @@ class Stamper:
                         pass
                 self.requested.append((spec_text(b), impl))
         self.stamps: list[BackendStamp] = []
+        #: Each implementation's version, read once per run (:meth:`version`).
+        self._versions: list[tuple[BackendInterface, str]] = []
         self.sources: dict[str, SourceInfo] = {}
         #: Sources being described in threads: role -> (the work, the source's name).
         self._describing: dict[str, tuple[Background[SourceInfo], str]] = {}
@@ -261,6 +276,18 @@ class Stamper:
                 return spec
         return spec_text(impl) if impl.name == "*" else impl.name
 
+    def version(self, impl: BackendInterface, backend: str) -> str:
+        """``impl``'s version, read once per run (the run reads it before the backend's
+        call: what a fresh instance reports, which is what ``verify``, a fleet plan and
+        the device cache compare) and recorded alike in ``requested`` and ``backends``;
+        errors name ``backend``."""
+        for known, version in self._versions:
+            if known is impl:
+                return version
+        version = version_of(impl, backend)
+        self._versions.append((impl, version))
+        return version
+
     def note(
         self, backend_id: str, impl: BackendInterface, context: BackendDataInitContext
     ) -> None:
@@ -272,25 +299,19 @@ class Stamper:
             raise BackendError(
                 f"compatibility_info failed: {describe_exception(exc)}", backend=backend_id
             ) from exc
-        version = version_of(impl, backend_id)
+        version = self.version(impl, backend_id)
         if not isinstance(info, str):
             raise BackendError(
                 f"compatibility_info returned {type(info).__name__}, not str", backend=backend_id
             )
-        try:
-            encoded = info.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise BackendError(
-                f"compatibility_info returned text that is not valid UTF-8 (character "
-                f"{info[exc.start]!r} at index {exc.start}); provenance records it as JSON",
-                backend=backend_id,
-            ) from None
-        if len(encoded) > MAX_COMPATIBILITY_INFO:
-            raise BackendError(
-                f"compatibility_info returned {len(encoded)} bytes; the limit is "
-                f"{MAX_COMPATIBILITY_INFO} (provenance records it in the artifact)",
-                backend=backend_id,
-            )
+        problem = unrecordable(
+            info,
+            "compatibility_info returned",
+            MAX_COMPATIBILITY_INFO,
+            "provenance records it in the artifact",
+        )
+        if problem is not None:
+            raise BackendError(problem, backend=backend_id)
         self.stamps.append(BackendStamp(backend_id, self.spec_of(impl), version, info))
 
     def _pte_source(self) -> SourceInfo:
@@ -307,7 +328,7 @@ class Stamper:
             role=role,
             source=self._pte_source(),
             ptd_source=self._source("ptd"),
-            requested=tuple(RequestedBackend(s, version_of(i, s)) for s, i in self.requested),
+            requested=tuple(RequestedBackend(s, self.version(i, s)) for s, i in self.requested),
             backends=tuple(self.stamps),
             device=None
             if self.device is None

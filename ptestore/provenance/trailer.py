@@ -111,7 +111,15 @@ def encode_trailer(payload: dict[str, Any], content_size: int) -> bytes:
     import hashlib
     import json
 
-    body = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    text = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    try:
+        body = text.encode()
+    except UnicodeEncodeError:  # a string the record's makers did not check (a backstop)
+        raise ConfigurationError(
+            f"provenance field {_not_utf8(payload)} is not valid UTF-8 text (a lone "
+            "surrogate: bytes that were not UTF-8, decoded with surrogateescape); "
+            "provenance records JSON"
+        ) from None
     if len(body) > MAX_PAYLOAD_SIZE:
         raise ConfigurationError(
             f"provenance payload is {len(body)} bytes; the limit is {MAX_PAYLOAD_SIZE}"
@@ -125,6 +133,30 @@ def encode_trailer(payload: dict[str, Any], content_size: int) -> bytes:
         MAGIC,
     )
     return body + footer
+
+
+def _not_utf8(payload: dict[str, Any]) -> str:
+    """Where the first string (a key or a value) of ``payload`` that is not UTF-8 is:
+    ``requested[0].spec (character '\\udcff' at index 3)``."""
+    todo: list[tuple[str, object]] = [("", payload)]
+    while todo:
+        path, value = todo.pop()
+        items: list[tuple[str, object]] = []
+        if isinstance(value, dict):
+            for k, v in value.items():
+                name = str(k).encode("utf-8", "backslashreplace").decode()  # printable
+                name = f"{path}.{name}" if path else name
+                items += [(name, k), (name, v)]
+        elif isinstance(value, (list, tuple)):
+            items = [(f"{path}[{i}]", v) for i, v in enumerate(value)]
+        elif isinstance(value, str):
+            try:
+                value.encode()
+            except UnicodeEncodeError as exc:
+                at = exc.start
+                return f"{path or '(the record)'} (character {value[at]!r} at index {at})"
+        todo.extend(reversed(items))
+    return "(unknown)"
 
 
 def decode_footer(

@@ -29,6 +29,10 @@ delegates, two methods, weights in a ``.ptd``):
   gives the reference outputs within tolerance (skipped, with the reason, when
   ExecuTorch is not installed);
 - ``test_deterministic``: two runs with fresh instances give identical bytes;
+- ``test_records_a_stable_version``: the version the artifact records is what a fresh
+  instance reports, read twice, and what the run's instance still reports after its
+  call (verify, a fleet plan and the device cache compare versions: one that changes
+  makes every artifact stale at once);
 - ``test_compatibility_round_trip``: ``compatibility_info`` is a string stamped into the
   provenance, and ``check_compatibility`` on it returns a :class:`Compatibility`
   (``OPTIMAL`` for the device the artifact was made for), with and without a device.
@@ -41,9 +45,11 @@ serve one id, as ``SPEC@ID`` does), ``changes_sizes`` and ``declines_on_purpose`
 
 ``tests/backends/test_backend_kit_meta.py`` runs the kit over wrong backends (one that
 does nothing, a typo that declines everywhere, nondeterministic, not idempotent, one
-that changes what the model computes, an output that lost a key) and checks that each
-is failed by the check meant to catch it, and that disabling any check is noticed.
+that changes what the model computes, an output that lost a key, a version that changes
+between reads or during the call) and checks that each is failed by the check meant to
+catch it, and that disabling any check is noticed.
 
+A failed run's message shows the backend's own traceback (its file and line).
 Each program is specialized a few times per class (first run, second run, a determinism
 run, a run without a device) and the results are shared by the checks.
 """
@@ -57,52 +63,28 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import pytest
 
-from .._dataclass import dataclass, field
 from ..backends.api import BackendInterface
 from ..backends.compat import Compatibility, DeviceProfile
 from ..backends.registry import object_label, serving
+from ..backends.versions import version_of
 from ..errors import PteStoreError
 from ..provenance import read_provenance
-from ..provenance.trailer import read_trailer
 from ..storage.loaders import BytesLoader
-from .named_data import NamedData
+from .contract_outcomes import (
+    Outcome,
+    allow_unchanged,
+    describe_failure,
+    named_outputs,
+    read_optional,
+    said_why,
+)
 from .programs import Program, shipped_programs
 from .runtime import compare_outputs, run_in_runtime, runtime_unavailable
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from ..coordinator.report import SpecializationReport
-
-__all__ = ["BackendContract", "Outcome"]
-
-
-@dataclass
-class Outcome:
-    """One specialization run of the contract."""
-
-    report: SpecializationReport | None = None
-    error: BaseException | None = None
-    pte: bytes = b""
-    ptd: bytes | None = None
-    #: backend id -> why it declined
-    declined: dict[str, str] = field(default_factory=dict)
-
-    def content(self) -> tuple[bytes, bytes | None]:
-        """The files without ptestore's provenance trailer (whose time stamp differs)."""
-        return _content(self.pte), None if self.ptd is None else _content(self.ptd)
-
-
-def _content(data: bytes) -> bytes:
-    trailer = read_trailer(BytesLoader(data))
-    return data if trailer is None else data[: trailer.content_size]
-
-
-def _named(pte: bytes, ptd: bytes | None) -> NamedData:
-    loaders = [BytesLoader(pte, "<output .pte>")]
-    if ptd is not None:
-        loaders.append(BytesLoader(ptd, "<output .ptd>"))
-    return NamedData(list(loaders))
+__all__ = ["BackendContract", "Outcome"]  # Outcome: from .contract_outcomes
 
 
 #: (contract class, program, run) -> outcome, shared by the checks of one class.
@@ -196,15 +178,16 @@ class BackendContract:
                     with open(src_ptd, "wb") as f:
                         f.write(ptd)
             dst, dst_ptd = os.path.join(tmp, "out.pte"), os.path.join(tmp, "out.ptd")
+            outcome.backend = backend = self._backend()
             try:
                 report = specialize(
                     src,
                     dst,
                     ptd=None if src_ptd is None else (src_ptd, dst_ptd),
-                    backends=[self._backend()],
+                    backends=[backend],
                     device=self.make_device() if device else None,
                     provenance=True,
-                    **_allow_unchanged(),
+                    **allow_unchanged(),
                 )
             except PteStoreError as exc:
                 outcome.error = exc
@@ -217,7 +200,7 @@ class BackendContract:
                         outcome.ptd = f.read()
                 for b in report.backends:
                     if b.status == "not_supported":
-                        outcome.declined[b.backend_id] = _said_why(b.reason)
+                        outcome.declined[b.backend_id] = said_why(b.reason)
         _OUTCOMES[cache_key] = outcome
         return outcome
 
@@ -225,8 +208,7 @@ class BackendContract:
         outcome = self._run(program, "first")
         if outcome.error is not None:
             pytest.fail(
-                f"{program.name}: specializing failed: {type(outcome.error).__name__}: "
-                f"{outcome.error}",
+                f"{program.name}: specializing failed: {describe_failure(outcome.error)}",
                 pytrace=False,
             )
         return outcome
@@ -274,8 +256,8 @@ class BackendContract:
     def test_keeps_keys_and_shared_bytes(self, program: Program) -> None:
         outcome = self._first(program)
         with (
-            _named(program.pte.read_bytes(), _read(program.ptd)) as src,
-            _named(outcome.pte, outcome.ptd) as out,
+            named_outputs(program.pte.read_bytes(), read_optional(program.ptd)) as src,
+            named_outputs(outcome.pte, outcome.ptd) as out,
         ):
             have, want = set(out.keys()), set(src.keys())
             assert have == want, (
@@ -295,7 +277,7 @@ class BackendContract:
         second = self._run(program, "second", first.pte, first.ptd)
         assert second.error is None, (
             f"{program.name}: specializing the output again failed: "
-            f"{type(second.error).__name__}: {second.error}"
+            f"{describe_failure(second.error)}"
         )
         if self.rerun_changes(program) is None:
             assert second.content() == first.content(), (
@@ -310,8 +292,8 @@ class BackendContract:
         assert outcome.report is not None
         replaced = {k for b in outcome.report.backends for k in b.keys_replaced}
         with (
-            _named(program.pte.read_bytes(), _read(program.ptd)) as src,
-            _named(outcome.pte, outcome.ptd) as out,
+            named_outputs(program.pte.read_bytes(), read_optional(program.ptd)) as src,
+            named_outputs(outcome.pte, outcome.ptd) as out,
         ):
             for key in sorted(replaced):
                 info = src.get_tensor_info(key)
@@ -359,15 +341,45 @@ class BackendContract:
     def test_deterministic(self, program: Program) -> None:
         first = self._first(program)
         again = self._run(program, "again")
-        assert again.error is None, f"{program.name}: the second run failed: {again.error}"
+        assert again.error is None, (
+            f"{program.name}: the second run failed: {describe_failure(again.error)}"
+        )
         assert again.content() == first.content(), (
             f"{program.name}: two runs with fresh backend instances gave different bytes"
+        )
+
+    def test_records_a_stable_version(self, program: Program) -> None:
+        outcome = self._first(program)
+        record = read_provenance(BytesLoader(outcome.pte))
+        assert record is not None and outcome.backend is not None
+        fresh = self._backend()
+        label = object_label(fresh)
+        first, second = version_of(fresh, label), version_of(fresh, label)
+        assert first == second, (
+            f"the backend's version changed between two reads of one fresh instance "
+            f"({first!r}, then {second!r}): make version one value per instance (a class "
+            "attribute, or computed once in __init__)"
+        )
+        versions = [b.version for b in record.backends] + [r.version for r in record.requested]
+        recorded = sorted(set(versions))
+        assert recorded == [first], (
+            f"{program.name}: the artifact records version {', '.join(recorded)}, a fresh "
+            f"instance reports {first!r}: verify, a fleet plan and the device cache compare "
+            "the recorded version with a fresh instance's, so the artifact would be stale "
+            "at once; make version one value per instance"
+        )
+        after = version_of(outcome.backend, label)
+        assert after == first, (
+            f"{program.name}: the backend's version changed during its run ({first!r} "
+            f"when the run read it, before initialize_backend_data; {after!r} after): "
+            "compute it in __init__ (load what it names there), not in "
+            "initialize_backend_data"
         )
 
     @pytest.mark.parametrize("with_device", [True, False], ids=["device", "no-device"])
     def test_compatibility_round_trip(self, program: Program, with_device: bool) -> None:
         outcome = self._first(program) if with_device else self._run(program, "nodev", device=False)
-        assert outcome.error is None, f"{program.name}: {outcome.error}"
+        assert outcome.error is None, f"{program.name}: {describe_failure(outcome.error)}"
         assert outcome.report is not None
         device = self.make_device() if with_device else None
         record = read_provenance(BytesLoader(outcome.pte))
@@ -389,26 +401,3 @@ class BackendContract:
                         f"was made for ({'none' if device is None else device.name}); "
                         f"compatibility_info gave {stamp.compatibility!r}"
                     )
-
-
-def _read(path: os.PathLike[str] | None) -> bytes | None:
-    if path is None:
-        return None
-    with open(path, "rb") as f:
-        return f.read()
-
-
-#: How ptestore reports a backend that returned without writing anything (not a reason
-#: the backend gave).
-_SILENT = "returned without writing anything ("
-
-
-def _said_why(reason: str | None) -> str:
-    """The reason a backend gave for declining ("" when it gave none: ptestore's own
-    note that it wrote nothing is not the backend saying why)."""
-    return "" if not reason or reason.startswith(_SILENT) else reason
-
-
-def _allow_unchanged() -> dict[str, Any]:
-    """Publish an unchanged copy when the backend declines (the contract looks at it)."""
-    return {"allow_unchanged": True}

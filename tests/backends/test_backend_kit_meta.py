@@ -6,8 +6,14 @@ The wrong backends: one that does nothing, a one-word typo that makes it decline
 everywhere, one that declines everywhere saying why (passes only with
 ``declines_on_purpose``), nondeterministic, not idempotent, one that changes what the
 model computes, one that writes non-finite weights, one that rates its own build
-unsupported, and an output that lost a key (what a broken writer would give: a backend
-cannot drop keys through the API, so the kit's key check guards ptestore itself)."""
+unsupported, an output that lost a key (what a broken writer would give: a backend
+cannot drop keys through the API, so the kit's key check guards ptestore itself), a
+version that differs on each read and one that changes during the call (the SDK it
+names loaded by ``initialize_backend_data``): both made artifacts stale at once and
+passed the kit.
+
+A run that fails shows the backend's own traceback (its file and line), which the kit
+hid (``pytest.fail(..., pytrace=False)`` with ptestore's message alone)."""
 
 from __future__ import annotations
 
@@ -127,6 +133,49 @@ class RatesItsOwnBuildUnsupported(_Rewrite):
         return Compatibility.UNSUPPORTED
 
 
+class VersionChanges(_Rewrite):
+    """A version that differs on each read (an SDK queried anew, a clock)."""
+
+    reads = 0
+
+    @property
+    def version(self) -> str:  # type: ignore[override]
+        self.reads += 1
+        return f"1.{self.reads}"
+
+
+class LazyVersion(_Rewrite):
+    """``"sdk-unknown"`` until ``initialize_backend_data`` loads the SDK it names."""
+
+    sdk: str | None = None
+
+    @property
+    def version(self) -> str:  # type: ignore[override]
+        return self.sdk or "sdk-unknown"
+
+    def initialize_backend_data(
+        self, context: BackendDataInitContext, output: BackendDataWriter
+    ) -> None:
+        self.sdk = "sdk-2.0"
+        super().initialize_backend_data(context, output)
+
+
+class Raises(_Rewrite):
+    def change(self, values: np.ndarray) -> np.ndarray:
+        return deep_inside_the_backend(values)
+
+
+def deep_inside_the_backend(values: np.ndarray) -> np.ndarray:
+    raise ZeroDivisionError("the backend's own error")  # RAISES
+
+
+class RefusedWrite(_Rewrite):
+    def initialize_backend_data(
+        self, context: BackendDataInitContext, output: BackendDataWriter
+    ) -> None:
+        output.write_named_data("no such key", BackendData(b"x"))  # REFUSED
+
+
 class _Kit(BackendContract):
     backend: ClassVar[type[BackendInterface]] = _Rewrite
 
@@ -189,6 +238,8 @@ WRONG: dict[str, tuple[type[BackendContract], set[str]]] = {
         _kit(RatesItsOwnBuildUnsupported),
         {"test_compatibility_round_trip"},
     ),
+    "version-changes": (_kit(VersionChanges), {"test_records_a_stable_version"}),
+    "lazy-version": (_kit(LazyVersion), {"test_records_a_stable_version"}),
     "lost-key": (
         _LostKey,
         {
@@ -232,6 +283,7 @@ def test_the_checks_of_the_kit_are_the_ones_meta_tested() -> None:
         "test_deterministic",
         "test_keeps_keys_and_shared_bytes",
         "test_loads_in_runtime",
+        "test_records_a_stable_version",
         "test_replacements_match_tensor_info",
         "test_runs_or_declines",
         "test_second_run_changes_nothing",
@@ -277,6 +329,23 @@ def test_what_the_kit_says() -> None:
         "specializing the output again changed it" in m
         for m in failures(WRONG["not-idempotent"][0], "test_second_run_changes_nothing")
     )
+    # (the kit's asserts are rewritten: pytest adds the comparison after the message)
+    changes = failures(WRONG["version-changes"][0], "test_records_a_stable_version")
+    assert len(changes) == len(PROGRAMS) and all(
+        m.startswith(
+            "the backend's version changed between two reads of one fresh instance ('1.1', "
+            "then '1.2'): make version one value per instance (a class attribute, or "
+            "computed once in __init__)"
+        )
+        for m in changes
+    ), changes
+    lazy = failures(WRONG["lazy-version"][0], "test_records_a_stable_version")
+    assert [m.split("\n")[0] for m in lazy] == [
+        f"{p.name}: the backend's version changed during its run ('sdk-unknown' when the "
+        "run read it, before initialize_backend_data; 'sdk-2.0' after): compute it in "
+        "__init__ (load what it names there), not in initialize_backend_data"
+        for p in PROGRAMS
+    ], lazy
     lost = failures(_LostKey, "test_keeps_keys_and_shared_bytes")
     assert len(lost) == 2
     assert all(": the output's keys are not the source's: missing ['" in m for m in lost)
@@ -289,3 +358,35 @@ def test_disabling_a_check_is_noticed(check: str, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(BackendContract, check, lambda self, *a, **k: None)
     with pytest.raises(AssertionError):
         test_the_kit_fails_each_wrong_backend(name)
+
+
+def _line(marker: str) -> int:
+    """The line of this file that holds ``marker`` (in a comment)."""
+    lines = open(__file__).read().splitlines()
+    return next(i for i, text in enumerate(lines, 1) if text.rstrip().endswith(f"# {marker}"))
+
+
+@pytest.mark.parametrize(
+    ("backend", "marker", "where"),
+    [
+        (Raises, "RAISES", "in deep_inside_the_backend"),
+        (RefusedWrite, "REFUSED", "in initialize_backend_data"),
+    ],
+    ids=["raises", "refused-write"],
+)
+def test_a_failed_run_shows_the_backends_own_traceback(
+    backend: type[BackendInterface], marker: str, where: str
+) -> None:
+    """Its file and line: the kit showed ptestore's message alone."""
+    kit = _kit(backend)
+    here = f'File "{__file__}", line {_line(marker)}, {where}'
+    for check in ("test_runs_or_declines", "test_deterministic"):
+        said = failures(kit, check)
+        assert said and all(here in m for m in said), said
+    (first, *_) = failures(kit, "test_runs_or_declines")
+    if backend is Raises:
+        assert "ZeroDivisionError: the backend's own error" in first
+        assert "The backend's exception:\nTraceback (most recent call last):" in first
+    else:
+        assert "InvalidReplacement: backend 'XnnpackBackend'" in first
+        assert "Where the backend made the call:\n" in first

@@ -108,7 +108,8 @@ def test_a_builtin_name_resolves_without_reading_metadata_and_cannot_be_shadowed
     tmp_path: Path,
 ) -> None:
     """``passthrough`` loads without :mod:`importlib.metadata`; another distribution's
-    entry point of the same name neither replaces it nor is listed in its place."""
+    entry point of the same name neither replaces it nor is imported: it is listed
+    beside it with why it is not used (it was dropped silently)."""
     info = tmp_path / "shadow-1.0.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: shadow\nVersion: 1.0\n")
@@ -122,7 +123,7 @@ def test_a_builtin_name_resolves_without_reading_metadata_and_cannot_be_shadowed
         ok = isinstance(load_backend("passthrough"), PassthroughBackend)
         read = "importlib.metadata" in sys.modules
         from ptestore.backends.registry import installed_backends
-        listed = [b.spec for b in installed_backends() if b.name == "passthrough"]
+        listed = [[b.spec, b.error] for b in installed_backends() if b.name == "passthrough"]
         print(json.dumps({"ok": ok, "metadata": read, "listed": listed}))
         """
     )
@@ -134,7 +135,16 @@ def test_a_builtin_name_resolves_without_reading_metadata_and_cannot_be_shadowed
     assert json.loads(done.stdout) == {
         "ok": True,
         "metadata": False,
-        "listed": ["ptestore.backends.passthrough:PassthroughBackend"],
+        "listed": [
+            ["ptestore.backends.passthrough:PassthroughBackend", None],
+            [
+                "shadow_mod:Evil",
+                "the name 'passthrough' is ptestore's built-in backend "
+                "(ptestore.backends.passthrough:PassthroughBackend), which keeps it: this "
+                "entry point of shadow 1.0 (shadow_mod:Evil) is not used; give it by its "
+                "import path (shadow_mod:Evil) or declare it under another name",
+            ],
+        ],
     }
 
 
@@ -143,6 +153,11 @@ def test_a_builtin_name_resolves_without_reading_metadata_and_cannot_be_shadowed
     [
         ("nosuch", r"backend 'nosuch': unknown name 'nosuch'; known: .*command.*passthrough.*"),
         ("no.such.module:X", r"backend 'no.such.module:X': cannot import 'no.such.module': .*"),
+        (  # was a BackendError (exit 1): import_module's TypeError blamed the backend
+            ".good:NegateTwice",
+            r"backend '\.good:NegateTwice': '\.good' is a relative module name; give the "
+            r"absolute one \(package\.module:attr\), importable from sys\.path",
+        ),
         (
             "ptestore.backends:Nope",
             r"backend 'ptestore.backends:Nope': module 'ptestore.backends' "

@@ -1,7 +1,10 @@
 """Entry points of the group ``ptestore.backends`` as installed distributions declare
 them: a name two distributions declare is listed once per declaration, with an error,
 and refused by ``--backend NAME`` and the default selection, naming both; the version
-listed is what provenance records (the loaded class's)."""
+listed is what provenance records (the loaded class's, converted by the same function:
+``version = 2`` is "2" in both); another distribution's entry point named as a
+built-in (``passthrough``, ``command``) is listed with why it is not used (it was
+dropped silently), and the built-in keeps the name."""
 
 from __future__ import annotations
 
@@ -13,11 +16,23 @@ import pytest
 from support.fixtures import get_fixture
 
 import ptestore
-from ptestore.backends import installed_backends, load_backend
+from ptestore.backends import (
+    BackendData,
+    BackendInterface,
+    installed_backends,
+    load_backend,
+    register_backend,
+    unregister_backend,
+)
+from ptestore.backends.command import CommandBackend
+from ptestore.backends.passthrough import PassthroughBackend
+from ptestore.backends.registry import BUILTIN_BACKENDS
 from ptestore.backends.snapshot import using
 from ptestore.cli import main
 from ptestore.cli.exits import EXIT_FAILURE
 from ptestore.errors import ConfigurationError
+from ptestore.provenance import read_provenance
+from ptestore.storage.loaders import open_loader
 
 MLP = get_fixture("mlp_xnnpack")
 assert MLP.pte_path is not None
@@ -122,3 +137,76 @@ def test_the_version_listed_is_the_one_provenance_records(site: tuple[Path, str]
     assert found[f"factory{u}"].version == "1.2"
     assert found[f"broken{u}"].version == "1.2"
     assert found[f"broken{u}"].error is not None
+
+
+class IntVersion(BackendInterface):
+    """``version = 2``: an int (or a tuple, or a ``packaging`` Version)."""
+
+    name = "XnnpackBackend"
+    version = 2  # type: ignore[assignment]
+
+    def initialize_backend_data(self, context: object, output: object) -> None:
+        named = context.get_named_data_map()  # type: ignore[attr-defined]
+        key = sorted(named)[0]
+        output.write_named_data(  # type: ignore[attr-defined]
+            key, BackendData(bytes(named.get_data(key))[::-1])
+        )
+
+
+class PropertyVersion(IntVersion):
+    @property
+    def version(self) -> str:  # type: ignore[override]
+        return "from-a-property"  # read on an instance only
+
+
+def test_a_version_that_is_not_a_str_is_listed_as_provenance_records_it(
+    tmp_path: Path,
+) -> None:
+    """``installed_backends()`` listed ``version = 2`` as the distribution's version
+    ('unknown'), provenance recorded '2': one conversion for both."""
+    registered = {"int-class": IntVersion, "int-instance": IntVersion(), "prop": PropertyVersion}
+    for name, obj in registered.items():
+        register_backend(obj, name)
+    try:
+        found = {b.name: b.version for b in installed_backends() if b.name in registered}
+        out = tmp_path / "o.pte"
+        ptestore.specialize(MLP.pte_path, out, backends=["int-class"])  # type: ignore[arg-type]
+        loader = open_loader(str(out))
+        try:
+            record = read_provenance(loader)
+        finally:
+            loader.close()
+    finally:
+        for name in registered:
+            unregister_backend(name)
+    assert record is not None
+    assert [r.version for r in record.requested] == [b.version for b in record.backends]
+    assert found["int-class"] == record.requested[0].version == "2"
+    assert found["int-instance"] == "2"
+    # a property cannot be read on a class: the default (no distribution provides the
+    # tests' modules)
+    assert found["prop"] == "unknown"
+
+
+def test_an_entry_point_named_as_a_built_in_is_listed_and_the_built_in_keeps_the_name(
+    site: tuple[Path, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, u = site
+    package(path, f"acme_npu_{u}", "Npu")
+    value = f"acme_npu_{u}.ptestore:Npu"
+    dist(path, f"acme_plugin_{u}", "1.2", [], {"passthrough": value, "command": value})
+    found = [(b.name, b.spec, b.error) for b in installed_backends()]
+    for name in ("passthrough", "command"):
+        assert (name, BUILTIN_BACKENDS[name], None) in found
+        assert (
+            name,
+            value,
+            f"the name {name!r} is ptestore's built-in backend ({BUILTIN_BACKENDS[name]}), "
+            f"which keeps it: this entry point of acme_plugin_{u} 1.2 ({value}) is not "
+            f"used; give it by its import path ({value}) or declare it under another name",
+        ) in found
+    assert isinstance(load_backend("passthrough"), PassthroughBackend)
+    assert isinstance(load_backend("command=true"), CommandBackend)
+    # the listing says it (and fails, as for any entry point that is not used)
+    assert main(["backends"]) == EXIT_FAILURE
+    assert f"is not used; give it by its import path ({value})" in capsys.readouterr().out

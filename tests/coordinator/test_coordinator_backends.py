@@ -9,7 +9,10 @@
   program, whatever its entry point is called;
 - a run that specializes nothing says why (``strict=True`` raises
   ``NothingSpecialized``); the report names backends by spec and records what each
-  publish returned.
+  publish returned;
+- a backend's ``version`` is read once per run, before its call, and that one value is
+  recorded in ``requested`` and ``backends`` of every record of the run (a version that
+  changed between reads gave a record saying two versions, stale at once).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import gc
 import json
 import pickle
 import re
+import sys
 import textwrap
 import threading
 import uuid
@@ -41,7 +45,7 @@ from ptestore.backends import (
     register_backend,
     unregister_backend,
 )
-from ptestore.backends.registry import InstalledBackend, installed_backends
+from ptestore.backends.registry import InstalledBackend, declared_backends, installed_backends
 from ptestore.coordinator import Event
 from ptestore.coordinator.report import nothing_specialized_message
 from ptestore.errors import (
@@ -51,6 +55,7 @@ from ptestore.errors import (
     WriterStateError,
 )
 from ptestore.format import parse
+from ptestore.provenance import read_provenance
 from ptestore.storage.loaders import open_loader
 from ptestore.writers import open_writer
 
@@ -481,7 +486,7 @@ def test_two_installed_backends_for_one_id_are_refused(
 
 # ------------------------------------------------------------------ 8.4 no silent no-op
 def installed_text() -> str:
-    return "; ".join(i.describe() for i in installed_backends())
+    return "; ".join(declared_backends())
 
 
 def strict_refuses(src: Path, dst: Path, message: str, **kwargs: Any) -> NothingSpecialized:
@@ -505,16 +510,41 @@ def test_nothing_installed_for_the_program(src: Path, dst: Path) -> None:
         f"program. Backend ids in the program: XnnpackBackend. Installed backends: "
         f"{installed_text()}. {hint}"
     )
-    assert (
-        "passthrough (ptestore.backends.passthrough:PassthroughBackend, serves any id it "
-        "is named for)" in message
-    )
+    assert "passthrough (ptestore.backends.passthrough:PassthroughBackend)" in message
     assert (report.specialized, report.hint) == (False, hint)
     assert nothing_specialized_message(report) == message
     assert report.to_dict()["specialized"] is False
     err = strict_refuses(src, dst, message)
     assert (err.backend_ids, err.hint) == (("XnnpackBackend",), hint)
     assert pickle.loads(pickle.dumps(err)).backend_ids == ("XnnpackBackend",)
+
+
+def test_why_nothing_was_specialized_imports_no_installed_backend(
+    plugins: Plugins, src: Path, dst: Path
+) -> None:
+    """The message lists the installed backends from the metadata: it imported every
+    one (3.2 s against 0.28 s with a heavy SDK, and a vendor's import-time code ran,
+    a ``sys.exit`` at import included)."""
+    vendor = plugins.module("class Npu:\n    name = 'VendorNpuBackend'\n")
+    plugins.entry_point("vendor-npu", f"{vendor}:Npu")
+    exits = plugins.module("import sys\nsys.exit('imported for an error message')\n")
+    plugins.entry_point("vendor-exits", f"{exits}:Npu")
+    registered = Backend("VendorNpuBackend")
+    register_backend(registered, "vendor-registered")
+    try:
+        report = ptestore.specialize(
+            src, dst, backends=[Backend("OtherBackend")], allow_unchanged=True
+        )
+    finally:
+        unregister_backend("vendor-registered")
+    assert vendor not in sys.modules  # never imported
+    assert f"vendor-npu ({vendor}:Npu)" in report.installed_backends
+    assert f"vendor-exits ({exits}:Npu)" in report.installed_backends
+    assert f"vendor-registered ({LABEL}, serves 'VendorNpuBackend')" in (
+        report.installed_backends
+    )
+    message = nothing_specialized_message(report) or ""
+    assert f"Installed backends: {'; '.join(report.installed_backends)}." in message
 
 
 def test_backend_given_serves_no_id(src: Path, dst: Path) -> None:
@@ -697,3 +727,79 @@ def test_cli_does_not_exit_0_on_a_backend_sys_exit(
         assert main(["specialize", str(src), str(out), "--backend", spec, "--quiet"]) == 1
         assert text in capsys.readouterr().err
         assert not out.exists()
+
+
+# ------------------------------------------------------------------ one version per run
+class VersionChanges(Backend):
+    """A version that differs on each read (a clock, a counter, an SDK queried anew)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+
+    @property
+    def version(self) -> str:  # type: ignore[override]
+        self.reads += 1
+        return f"1.{self.reads - 1}"
+
+
+class LazyVersion(Backend):
+    """``"sdk-unknown"`` until its call loads the SDK."""
+
+    sdk: str | None = None
+
+    def __init__(self) -> None:
+        super().__init__(action=lambda context, output: self.load_sdk(context, output))
+
+    def load_sdk(self, context: BackendDataInitContext, output: BackendDataWriter) -> None:
+        self.sdk = "sdk-2.0"
+        named = context.get_named_data_map()
+        key = sorted(named)[0]
+        output.write_named_data(key, BackendData(bytes(named.get_data(key))[::-1]))
+
+    @property
+    def version(self) -> str:  # type: ignore[override]
+        return self.sdk or "sdk-unknown"
+
+
+def _versions(path: Path) -> tuple[list[str], list[str]]:
+    loader = open_loader(str(path))
+    try:
+        record = read_provenance(loader)
+    finally:
+        loader.close()
+    assert record is not None
+    return [r.version for r in record.requested], [b.version for b in record.backends]
+
+
+def test_a_run_reads_a_backends_version_once_and_records_it_everywhere(
+    tmp_path: Path,
+) -> None:
+    assert EXT.pte_path is not None and EXT.ptd_path is not None
+    changes = VersionChanges()
+    changes.action = LazyVersion().load_sdk  # replaces something: a run with two records
+    out, out_ptd = tmp_path / "o.pte", tmp_path / "o.ptd"
+    ptestore.specialize(
+        EXT.pte_path, out, ptd=(EXT.ptd_path, out_ptd), backends=[changes], provenance=True
+    )
+    assert changes.reads == 1
+    assert _versions(out) == _versions(out_ptd) == (["1.0"], ["1.0"])
+
+
+@pytest.mark.parametrize("given", [True, False], ids=["given", "default-selection"])
+def test_the_version_recorded_is_the_one_read_before_the_call(
+    src: Path, tmp_path: Path, given: bool
+) -> None:
+    """What a fresh instance reports, which is what verify, a fleet plan and the device
+    cache compare (the kit fails a backend whose version changes during its call)."""
+    lazy = LazyVersion()
+    if given:
+        ptestore.specialize(src, tmp_path / "o.pte", backends=[lazy])
+    else:
+        register_backend(lazy, "lazy-version")
+        try:
+            ptestore.specialize(src, tmp_path / "o.pte")
+        finally:
+            unregister_backend("lazy-version")
+    assert lazy.sdk == "sdk-2.0"  # it ran
+    assert _versions(tmp_path / "o.pte") == (["sdk-unknown"] if given else [], ["sdk-unknown"])

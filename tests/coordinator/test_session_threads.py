@@ -8,13 +8,17 @@
   backend and the key (it was the internal "spool not contiguous");
 - another thread's submission during a chunked write waits for it and is kept;
 - a submission from another thread once the call returned is refused, also while the
-  provenance still reads the context (``compatibility_info``): it was committed.
+  provenance still reads the context (``compatibility_info``): it was committed;
+- a chunk iterator that never stops (empty chunks for ever: the classic EOF bug) is
+  refused after ``MAX_EMPTY_CHUNKS`` of them in a row, naming backend and key (the run
+  hung at 100% CPU); a few empty chunks (a trailing one) are accepted.
 
 Every wait is on an event; the 120 s ceilings are only for a hang.
 """
 
 from __future__ import annotations
 
+import io
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +30,7 @@ from support.fixtures import get_fixture
 import ptestore
 from ptestore.backends import BackendData, BackendInterface
 from ptestore.coordinator import Event
+from ptestore.coordinator.session import MAX_EMPTY_CHUNKS
 from ptestore.errors import InvalidReplacement, WriterStateError
 from ptestore.format import parse
 
@@ -226,3 +231,59 @@ def test_a_write_after_the_return_is_refused_while_provenance_reads_the_context(
     assert report.backends[0].keys_replaced == [KEYS[3]]
     out, before = dst.read_bytes(), src.read_bytes()
     assert segment(out, KEYS[1]) == segment(before, KEYS[1])
+
+
+PULL_CEILING = 100_000  # empty chunks the test's iterator yields before it gives up
+
+
+@pytest.mark.parametrize("short", [0, 8], ids=["after-the-size", "short-source"])
+def test_a_chunk_iterator_yielding_empty_chunks_for_ever_is_refused(
+    src: Path, tmp_path: Path, short: int
+) -> None:
+    """``while True: n = f.readinto(buf); yield buf[:n]`` with no return at ``n == 0``:
+    after the data (or a source ``short`` bytes shorter than declared) it yields empty
+    chunks for ever. The run pulled them for ever; now it stops after MAX_EMPTY_CHUNKS
+    in a row (this iterator gives up after PULL_CEILING, so the old code fails, not
+    hangs)."""
+    pulled: list[int] = []
+
+    def action(ctx: Any, out: Any) -> None:
+        named = ctx.get_named_data_map()
+        size = named.get_data_size(KEYS[0])
+        f = io.BytesIO(bytes(named.get_data(KEYS[0]))[: size - short])
+        buf = bytearray(64)
+
+        def chunks() -> Iterator[memoryview]:
+            for _ in range(PULL_CEILING):  # the bug: `while True`, no stop at n == 0
+                n = f.readinto(buf)
+                pulled.append(n)
+                yield memoryview(buf)[:n]
+            raise AssertionError(f"the run pulled {PULL_CEILING} chunks")
+
+        out.write_named_data_chunks(KEYS[0], size, chunks())
+
+    with pytest.raises(InvalidReplacement) as err:
+        ptestore.specialize(src, tmp_path / "o.pte", backends=[Calls(action)], provenance=False)
+    size = len(segment(src.read_bytes(), KEYS[0]))
+    assert (err.value.backend, err.value.key) == ("XnnpackBackend", KEYS[0])
+    assert str(err.value) == (
+        f"backend 'XnnpackBackend' ({SPEC}), key '{KEYS[0]}': write_named_data_chunks: "
+        f"more than {MAX_EMPTY_CHUNKS} empty chunks in a row ({size - short} of the declared "
+        f"{size} bytes given): a chunk iterator must stop at the end of its data (return "
+        "when a read gives 0 bytes)"
+    )
+    # Refused at the first empty chunk past the limit: the data, then exactly that many.
+    assert sum(pulled) == size - short and pulled[-MAX_EMPTY_CHUNKS - 2] > 0
+    assert pulled[-MAX_EMPTY_CHUNKS - 1 :] == [0] * (MAX_EMPTY_CHUNKS + 1)
+    assert not (tmp_path / "o.pte").exists()
+
+
+def test_a_few_empty_chunks_are_accepted(src: Path, tmp_path: Path) -> None:
+    def action(ctx: Any, out: Any) -> None:
+        size = ctx.get_named_data_map().get_data_size(KEYS[0])
+        empties = [b""] * MAX_EMPTY_CHUNKS
+        out.write_named_data_chunks(KEYS[0], size, [*empties, b"\1" * size, *empties])
+
+    dst = tmp_path / "o.pte"
+    ptestore.specialize(src, dst, backends=[Calls(action)], provenance=False)
+    assert segment(dst.read_bytes(), KEYS[0]) == b"\1" * len(segment(src.read_bytes(), KEYS[0]))

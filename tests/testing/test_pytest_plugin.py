@@ -169,9 +169,9 @@ def test_a_vendors_backend_test_runs_the_contract(tmp_path: Path) -> None:
         "test_backend.py::TestVendorBackend::test_loads_in_runtime[mlp_xnnpack]",
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    # the kit's checks over one program (compatibility with and without a device, and
-    # that it specializes something unless it declines on purpose)
-    assert "8 passed, 1 deselected" in done.stdout, done.stdout
+    # the kit's checks over one program (compatibility with and without a device, the
+    # recorded version, and that it specializes something unless it declines on purpose)
+    assert "9 passed, 1 deselected" in done.stdout, done.stdout
 
 
 def test_markers_fixtures_and_rewriting_through_p(tmp_path: Path) -> None:
