@@ -57,7 +57,7 @@ from ..provenance.trailer import read_trailer
 from ..storage.atomic import rename
 from ..storage.flock import locked
 from ..storage.loaders import DataLoader, LocalFileLoader
-from ..storage.types import StorageURL
+from ..storage.types import file_path
 from .chunked import FetchEvent, Sink, download_chunks, pinned_record
 from .delta import Base, open_bases
 from .download import check_space, discard_part, local_writes, refuse_link
@@ -272,12 +272,13 @@ def fetch(
     CPU and ExecuTorch build, when the fleet made one (:func:`.packed.fetch_packed`:
     verified, beside ``dest``). See the module docstring."""
     src = os.fspath(index_or_url)
-    target = os.fspath(dest)
-    if not StorageURL.of(target).local:
-        raise ConfigurationError(f"{target}: fetch writes to local disk, not to a URL")
+    given_dest = os.fspath(dest)
+    target = file_path(given_dest)  # file:///x/m.pte is /x/m.pte from here on
+    if target is None:
+        raise ConfigurationError(f"{given_dest}: fetch writes to local disk, not to a URL")
     if target.endswith(".ptd"):
         raise ConfigurationError(
-            f"{target}: fetch writes the .pte to DEST (its .ptd, when it has one, beside "
+            f"{given_dest}: fetch writes the .pte to DEST (its .ptd, when it has one, beside "
             "it): a DEST ending in .ptd would name the .pte as external weights; give the "
             ".pte's path"
         )
@@ -301,7 +302,7 @@ def fetch(
         _check_entry(want)
     result = FetchResult(choice)
     given = [] if base is None else [base] if isinstance(base, str | os.PathLike) else list(base)
-    pte_bases = [os.fspath(b) for b in given]
+    pte_bases = [file_path(b) or os.fspath(b) for b in given]  # a URL: no such base file
 
     def sink(url: str, path: str, total: int) -> Sink:
         return Sink(url, path, total, progress, events)

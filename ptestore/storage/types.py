@@ -18,6 +18,7 @@ __all__ = [
     "StorageURL",
     "URLLike",
     "absolute_local",
+    "file_path",
     "is_relative_local",
     "load_into",
     "local_path",
@@ -150,6 +151,18 @@ def local_path(url: str | os.PathLike[str] | StorageURL) -> str | None:
     None for a URL of any other scheme."""
     u = StorageURL.of(url)
     return u.path if u.local else None
+
+
+def file_path(url: str | os.PathLike[str] | StorageURL) -> str | None:
+    """The path the OS is given for a local ``url``: a plain path as it is given (a
+    relative one stays relative, resolved against the current directory as
+    :func:`split_url` resolves it), the path a ``file://`` or ``local://`` URL names
+    (:attr:`StorageURL.path`); None for a URL of any other scheme. What code that opens,
+    makes or renames local files itself (not through a loader or a writer) takes."""
+    u = StorageURL.of(url)
+    if not u.local:
+        return None
+    return u.text if _SCHEME.match(u.text) is None else u.path
 
 
 def is_relative_local(url: str | os.PathLike[str]) -> bool:

@@ -258,3 +258,21 @@ def test_a_marker_counting_more_chunks_than_there_are_keeps_those_there_are(
     got = ptestore.fetch(b, dest)
     assert got.files[0]["resumed_from"] == 2 * CHUNK_SIZE
     assert dest.read_bytes() == b.read_bytes()
+
+
+def test_a_file_url_dest_and_base_are_the_local_paths_they_name(
+    versions: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``file:///x/m.pte`` as DEST (and as --base) is ``/x/m.pte``: the download, its
+    resume marker and its lock are there, nothing under the current directory."""
+    a, b = versions
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    dest = tmp_path / "dev" / "m.pte"
+    result = ptestore.fetch(b, f"file://{dest}", base=f"file://{a}")
+    assert dest.read_bytes() == b.read_bytes()
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["m.pte"]
+    assert list(cwd.iterdir()) == []
+    assert result.files[0]["path"] == str(dest)
+    assert result.from_base == result.files[0]["bases"][str(a)] > 0
