@@ -57,7 +57,7 @@ from ..provenance.trailer import read_trailer
 from ..storage.atomic import rename
 from ..storage.flock import locked
 from ..storage.loaders import DataLoader, LocalFileLoader
-from ..storage.types import file_path
+from ..storage.types import absolute_path, file_path
 from .chunked import FetchEvent, Sink, download_chunks, pinned_record
 from .delta import Base, open_bases
 from .download import check_space, discard_part, local_writes, refuse_link
@@ -159,7 +159,7 @@ def _download(
 ) -> dict[str, Any]:
     url = str(want["url"])
     part, meta_path = dest + ".part", dest + ".part.json"
-    os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
+    os.makedirs(os.path.dirname(absolute_path(dest)), exist_ok=True)
     for name in (part, meta_path):
         refuse_link(name)
 
@@ -276,6 +276,8 @@ def fetch(
     target = file_path(given_dest)  # file:///x/m.pte is /x/m.pte from here on
     if target is None:
         raise ConfigurationError(f"{given_dest}: fetch writes to local disk, not to a URL")
+    if target.endswith("/"):
+        raise ConfigurationError(f"{given_dest}: names a directory (it ends in '/'), not a file")
     if target.endswith(".ptd"):
         raise ConfigurationError(
             f"{given_dest}: fetch writes the .pte to DEST (its .ptd, when it has one, beside "
@@ -309,7 +311,7 @@ def fetch(
 
     ptd_bases = [ptd_beside(b) for b in pte_bases]  # before anything is made:
     check_space(files, {p: pte_bases if p == target else ptd_bases for _, p in files})
-    os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
+    os.makedirs(os.path.dirname(absolute_path(target)), exist_ok=True)
     refuse_link(target + ".part.lock")
     # One fetch into a destination at a time: another would take over (or remove) this
     # one's live .part, and this one would then publish bytes it never checked.
@@ -327,7 +329,7 @@ def fetch(
             chunk_size,
             progress,
             indexed=choice is not None,
-            base_dirs=[os.path.dirname(os.path.abspath(b)) for b in pte_bases],
+            base_dirs=[os.path.dirname(absolute_path(b)) for b in pte_bases],
             events=events,
         )
     return result

@@ -18,6 +18,7 @@ __all__ = [
     "StorageURL",
     "URLLike",
     "absolute_local",
+    "absolute_path",
     "file_path",
     "is_relative_local",
     "load_into",
@@ -82,14 +83,26 @@ LOCAL_SCHEMES = frozenset({"file", "local"})
 _ALIASES = {"local": "file", "s3a": "s3"}
 
 
+def absolute_path(path: str) -> str:
+    """``path`` made absolute against the current directory WITHOUT normalizing it: a
+    ``..`` stays for the kernel to resolve after the symbolic link before it
+    (``lnk/../m.pte`` with ``lnk -> real/sub`` is ``real/m.pte``, where
+    ``os.path.abspath`` would say ``m.pte``), and so does a trailing ``/``."""
+    if not path:  # file:// alone: the current directory
+        return os.getcwd()
+    return path if os.path.isabs(path) else os.path.join(os.getcwd(), path)
+
+
 def split_url(url: str | os.PathLike[str]) -> tuple[str, str]:
     """Return ``(protocol, path)``: THE classification of a path or URL (see
     :class:`StorageURL`, which holds its result).
 
     - A plain path, and ``file://`` / ``local://`` in any letter case, give
-      ``("file", abspath)``; what follows ``file://`` is a local path, so
-      ``file:///abs/m.pte`` is ``/abs/m.pte`` and ``file://rel/m.pte`` is ``rel/m.pte``
-      under the current directory, as for a plain path (and as fsspec reads it).
+      ``("file", absolute path)`` (:func:`absolute_path`: not normalized, the file
+      system resolves ``.``, ``..`` and symbolic links); what follows ``file://`` is a
+      local path, so ``file:///abs/m.pte`` is ``/abs/m.pte`` and ``file://rel/m.pte`` is
+      ``rel/m.pte`` under the current directory, as for a plain path (and as fsspec
+      reads it).
     - ``s3://`` and ``s3a://`` give ``("s3", "bucket/key")``; ``memory://x`` gives
       ``("memory", "/x")``; any other scheme gives ``(scheme, url)`` (lower-cased
       scheme, the URL as given).
@@ -97,12 +110,12 @@ def split_url(url: str | os.PathLike[str]) -> tuple[str, str]:
     text = os.fspath(url)
     match = _SCHEME.match(text)
     if match is None:
-        return "file", os.path.abspath(text)
+        return "file", absolute_path(text)
     scheme = match.group(1).lower()
     protocol = _ALIASES.get(scheme, scheme)
     rest = text[match.end() :]
     if protocol == "file":
-        return "file", os.path.abspath(rest)
+        return "file", absolute_path(rest)
     if protocol == "s3":
         return "s3", rest
     if protocol == "memory":
