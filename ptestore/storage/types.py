@@ -1,8 +1,9 @@
 """The storage types every layer shares: what a loader is, what a buffer is, how a URL splits.
 
-This module imports only the standard library, so ``format/``, ``writers/``,
-``provenance/`` and the coordinator take their types from here, never from an
-implementation module (:mod:`ptestore.storage.loaders` imports fsspec).
+This module imports only the standard library (and, to refuse a name, ptestore's errors
+and how a value is shown, both standard library only themselves), so ``format/``,
+``writers/``, ``provenance/`` and the coordinator take their types from here, never from
+an implementation module (:mod:`ptestore.storage.loaders` imports fsspec).
 """
 
 from __future__ import annotations
@@ -140,10 +141,20 @@ class StorageURL(NamedTuple):
 
     @classmethod
     def of(cls, url: str | os.PathLike[str] | StorageURL) -> StorageURL:
-        """``url`` split (a :class:`StorageURL` is returned as it is)."""
+        """``url`` split (a :class:`StorageURL` is returned as it is). A NUL byte in it is
+        a :class:`~ptestore.errors.ConfigurationError` naming the value (escaped), before
+        anything opens it (the OS would raise a bare ``ValueError``)."""
         if isinstance(url, StorageURL):
             return url
         text = os.fspath(url)
+        if "\x00" in text:  # the kernel takes none, a store's key neither: refused here
+            from .._text import shown
+            from ..errors import ConfigurationError
+
+            raise ConfigurationError(
+                f"{shown(text)}: contains a NUL byte ('\\x00', at character "
+                f"{text.index(chr(0))}): no path or URL can hold one"
+            )
         return cls(text, *split_url(text))
 
     @property

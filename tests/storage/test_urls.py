@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -99,6 +100,33 @@ def test_dot_dot_after_a_link_is_the_kernels(linked: Path) -> None:
     writer.write(b"out", 0)
     writer.publish("create")
     assert (d / "real" / "o.pte").read_bytes() == b"out" and not (d / "o.pte").exists()
+
+
+def test_a_nul_in_a_name_is_refused_where_it_is_split(tmp_path: Path) -> None:
+    """Every entry point splits its names by ``StorageURL.of``: a NUL byte is one
+    ConfigurationError naming the value, escaped (the OS raised a bare ValueError)."""
+    import ptestore
+
+    good = tmp_path / "m.pte"
+    good.write_bytes(b"x")
+    for bad in (f"{tmp_path}/nul\x00.pte", "s3://b/nul\x00.pte", "memory://x/\x00"):
+        message = (
+            f"{bad!r}: contains a NUL byte ('\\x00', at character {bad.index(chr(0))}): "
+            "no path or URL can hold one"
+        )
+        calls: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = [
+            (open_loader, (bad,), {}),
+            (open_writer, (bad,), {}),
+            (ptestore.describe, (bad,), {}),
+            (ptestore.verify, (bad,), {}),
+            (ptestore.specialize, (bad, tmp_path / "o.pte"), {"backends": ["passthrough"]}),
+            (ptestore.specialize, (good, bad), {"backends": ["passthrough"]}),
+        ]
+        for call, args, kwargs in calls:
+            with pytest.raises(ConfigurationError) as info:
+                call(*args, **kwargs)
+            assert str(info.value) == message
+    assert sorted(os.listdir(tmp_path)) == ["m.pte"]
 
 
 def test_a_local_destination_ending_in_a_slash_is_refused(linked: Path) -> None:
