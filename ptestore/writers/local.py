@@ -54,7 +54,7 @@ from ..errors import (
 )
 from ..storage.types import DataLoader, absolute_path, strerror
 from ._clone import HasFileno, clone_range, probe_clone_block_size
-from ._dirs import make_parents, remove_made
+from ._dirs import check_name_lengths, make_parents, remove_made
 from ._staging import FileStaging, current_umask
 from .base import (
     DataWriter,
@@ -126,6 +126,7 @@ class LocalFileWriter(DataWriter):
             )
         if os.path.isdir(self.path):
             raise ConfigurationError(f"{self.path}: is a directory, not a file name")
+        check_name_lengths(self.path)  # not at publish, after all the work
         #: Directories made for it (``auto_mkdir``), removed by a discard while empty.
         self._made: list[str] = []
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
