@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from ._dataclass import dataclass
 from .errors import ConfigurationError
 from .storage._options import check_options
-from .storage.types import StorageURL, split_url, strerror
+from .storage.types import StorageURL, absolute_path, split_url, strerror
 from .writers.local import TEMP_NAME_RE
 
 if TYPE_CHECKING:
@@ -136,7 +136,7 @@ def collect_local(
     destination file (only its own staging files are considered).
     """
     check_older_than(older_than)
-    root = os.path.abspath(os.fspath(path))
+    root = absolute_path(os.fspath(path))  # 'lnk/..' as the kernel resolves it
     only_name: str | None = None
     found: list[GcEntry] = []
 

@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 from ..errors import ConfigurationError, ObjectNotFound
+from ..storage.types import file_path
 from .ensure import parse_size
 from .exits import EXIT_OK, guarded
 from .options import add_storage_options, human_bytes, storage_options
@@ -80,8 +81,10 @@ def run_cache(args: argparse.Namespace) -> int:
     """Run ``ptestore cache ACTION``; returns the exit status."""
     from ..device import cache
 
-    if not os.path.isdir(args.cache_dir):
+    local = file_path(args.cache_dir)  # file:///x is /x; a remote URL is no directory
+    if local is None or not os.path.isdir(local):
         raise ObjectNotFound(f"{args.cache_dir}: no such cache directory")
+    args.cache_dir = local
     if args.action != "prune" and (args.stale or args.dry_run):
         flag = "--stale" if args.stale else "--dry-run"
         raise ConfigurationError(f"{flag} applies to `cache prune`, not `cache {args.action}`")

@@ -25,6 +25,7 @@ from ..errors import (
     PteStoreError,
     StorageError,
 )
+from ..storage.types import file_path
 from .artifact import Artifact, artifact_of, hit_or_make, lookup
 from .cache import CacheLayout, clean_entry_locked, read_manifest
 from .keys import (
@@ -216,7 +217,8 @@ def ensure(
     if from_index:
         _check_index_args(src, model, ptd_src, in_place, provenance)
         assert model is not None
-        if portable is not None and not os.path.isfile(portable):
+        local = None if portable is None else file_path(portable)
+        if portable is not None and (local is None or not os.path.isfile(local)):
             raise ConfigurationError(
                 f"{os.fspath(portable)}: no such file (portable=, CLI --portable: a local "
                 "copy of the model's portable source for the download to take chunks from)"
@@ -232,7 +234,7 @@ def ensure(
             max_bytes,
             dict(storage_options or {}),
             progress,
-            None if portable is None else os.fspath(portable),
+            local,
             ensure=ensure,
         )
     if storage_options:

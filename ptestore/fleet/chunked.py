@@ -36,6 +36,7 @@ from ..errors import IntegrityError, PteStoreError
 from ..provenance.chunks import ChunkDigests, hash_chunks
 from ..storage.atomic import put_bytes, sync_file
 from ..storage.loaders import LocalFileLoader
+from ..storage.types import absolute_path
 from .bases import CONTAINERS, Layouts, fill_from_bases
 from .delta import Base
 from .download import check_room, clones_from, download_error, open_part, read_state
@@ -202,7 +203,7 @@ def download_chunks(
     found (:mod:`.bases`). Raises
     :class:`~.ranged.ObjectChanged` when the object's version changed (start again)."""
     part, meta_path = dest + ".part", dest + ".part.json"
-    directory = os.path.dirname(os.path.abspath(dest))
+    directory = os.path.dirname(absolute_path(dest))
     count = _resumable(meta_path, state) if os.path.lexists(part) else 0
 
     def save(verified: int) -> None:

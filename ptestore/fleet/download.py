@@ -17,6 +17,7 @@ from typing import Any
 
 from ..errors import PermissionDenied, PteStoreError, StorageError, local_error
 from ..storage.loaders import DataLoader, LocalFileLoader
+from ..storage.types import absolute_path
 
 __all__ = [
     "check_room",
@@ -201,7 +202,7 @@ def check_space(
         size = want.get("size")
         if not isinstance(size, int) or size <= 0:
             continue
-        directory = _existing(os.path.dirname(os.path.abspath(path)))
+        directory = _existing(os.path.dirname(absolute_path(path)))
         device = os.stat(directory).st_dev
         own = bases.get(path, ()) if isinstance(bases, Mapping) else bases
         clonable = 0
@@ -230,7 +231,7 @@ def check_room(dest: str, needed: int, cloned: int) -> None:
     system has not that much free: a :class:`~ptestore.errors.StorageError` ENOSPC
     naming the destination, the bytes to download and free, before the store is asked
     for them (what is in the ``.part`` is kept for a fetch run again)."""
-    directory = os.path.dirname(os.path.abspath(dest))
+    directory = os.path.dirname(absolute_path(dest))
     after = f"{cloned} bytes cloned from the bases take none; nothing more was downloaded"
     _refuse_short(dest, directory, needed, "to download", after)
 

@@ -57,7 +57,7 @@ from ..provenance.trailer import read_trailer
 from ..storage.atomic import rename
 from ..storage.flock import locked
 from ..storage.loaders import DataLoader, LocalFileLoader
-from ..storage.types import StorageURL
+from ..storage.types import absolute_path, file_path
 from .chunked import FetchEvent, Sink, download_chunks, pinned_record
 from .delta import Base, open_bases
 from .download import check_space, discard_part, local_writes, refuse_link
@@ -159,7 +159,7 @@ def _download(
 ) -> dict[str, Any]:
     url = str(want["url"])
     part, meta_path = dest + ".part", dest + ".part.json"
-    os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
+    os.makedirs(os.path.dirname(absolute_path(dest)), exist_ok=True)
     for name in (part, meta_path):
         refuse_link(name)
 
@@ -272,12 +272,15 @@ def fetch(
     CPU and ExecuTorch build, when the fleet made one (:func:`.packed.fetch_packed`:
     verified, beside ``dest``). See the module docstring."""
     src = os.fspath(index_or_url)
-    target = os.fspath(dest)
-    if not StorageURL.of(target).local:
-        raise ConfigurationError(f"{target}: fetch writes to local disk, not to a URL")
+    given_dest = os.fspath(dest)
+    target = file_path(given_dest)  # file:///x/m.pte is /x/m.pte from here on
+    if target is None:
+        raise ConfigurationError(f"{given_dest}: fetch writes to local disk, not to a URL")
+    if target.endswith("/"):
+        raise ConfigurationError(f"{given_dest}: names a directory (it ends in '/'), not a file")
     if target.endswith(".ptd"):
         raise ConfigurationError(
-            f"{target}: fetch writes the .pte to DEST (its .ptd, when it has one, beside "
+            f"{given_dest}: fetch writes the .pte to DEST (its .ptd, when it has one, beside "
             "it): a DEST ending in .ptd would name the .pte as external weights; give the "
             ".pte's path"
         )
@@ -301,14 +304,14 @@ def fetch(
         _check_entry(want)
     result = FetchResult(choice)
     given = [] if base is None else [base] if isinstance(base, str | os.PathLike) else list(base)
-    pte_bases = [os.fspath(b) for b in given]
+    pte_bases = [file_path(b) or os.fspath(b) for b in given]  # a URL: no such base file
 
     def sink(url: str, path: str, total: int) -> Sink:
         return Sink(url, path, total, progress, events)
 
     ptd_bases = [ptd_beside(b) for b in pte_bases]  # before anything is made:
     check_space(files, {p: pte_bases if p == target else ptd_bases for _, p in files})
-    os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
+    os.makedirs(os.path.dirname(absolute_path(target)), exist_ok=True)
     refuse_link(target + ".part.lock")
     # One fetch into a destination at a time: another would take over (or remove) this
     # one's live .part, and this one would then publish bytes it never checked.
@@ -326,7 +329,7 @@ def fetch(
             chunk_size,
             progress,
             indexed=choice is not None,
-            base_dirs=[os.path.dirname(os.path.abspath(b)) for b in pte_bases],
+            base_dirs=[os.path.dirname(absolute_path(b)) for b in pte_bases],
             events=events,
         )
     return result

@@ -222,6 +222,9 @@ def load_job(path: str | os.PathLike[str]) -> Job:
     return replace(parse_job(text, p), location=os.path.abspath(p))
 
 
+_NUL = "contains a NUL byte ('\\x00'): no path or URL can hold one"
+
+
 def parse_job(text: str, path: str = "<job>") -> Job:
     """Parse job TOML ``text`` (``path`` names it in errors)."""
     try:
@@ -253,6 +256,8 @@ def parse_job(text: str, path: str = "<job>") -> Job:
             None,
             "destination",
         )
+    if "\x00" in dest:
+        raise fail(_NUL, None, "destination")
     names = _template_fields(dest, lambda m: fail(m, None, "destination"))
     if names - _FIELDS or not {"model", "device"} <= names:
         raise fail(
@@ -287,6 +292,9 @@ def parse_job(text: str, path: str = "<job>") -> Job:
         ptd = m.get("ptd")
         if ptd is not None and (not isinstance(ptd, str) or not ptd.strip()):
             raise fail("must be the URL or path of the model's .ptd", "models", "ptd", i)
+        for field_name, given in (("source", src), ("ptd", ptd)):
+            if given is not None and "\x00" in given:
+                raise fail(_NUL, "models", field_name, i)
         name = m.get("name")
         if name is None:
             name = os.path.splitext(os.path.basename(src.rstrip("/")))[0]

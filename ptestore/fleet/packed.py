@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import FormatError, IntegrityError, ObjectNotFound, StorageError
 from ..storage.loaders import open_loader
 from ..storage.routing import options_for_loader
+from ..storage.types import absolute_path
 
 if TYPE_CHECKING:
     from ..xnnpack import CacheFile
@@ -387,7 +388,7 @@ def fetch_packed(
     if reason is not None or field is None:
         none = {"path": None, "url": None, "size": None, "sha256": None, "reason": reason}
         return {**none, "received": 0, "from_base": 0, "removed": []}
-    artifact = os.path.abspath(str(pte["path"]))
+    artifact = absolute_path(str(pte["path"]))
     directory = os.path.dirname(artifact)
     moved = {"store": 0, "base": 0}
 

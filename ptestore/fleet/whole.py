@@ -21,6 +21,7 @@ from .._io import pwrite_all
 from .._log import get_logger
 from ..errors import IntegrityError
 from ..storage.atomic import sync_file
+from ..storage.types import absolute_path
 from .chunked import Sink
 from .delta import Base, copy_whole
 from .download import check_room, clones_from, discard_part, open_part, read_state, save_state
@@ -93,7 +94,7 @@ def download_whole(
             taken = _whole_from_base(want, dest, fd, size, bases)
             if taken is not None:
                 from_base[taken] = done = size
-        here = os.path.dirname(os.path.abspath(dest))
+        here = os.path.dirname(absolute_path(dest))
         if done < size and clones_from(here, [b.path for b in bases]):
             check_room(dest, size - done, 0)  # a base was counted as a free clone at best
         while done < size:
@@ -151,7 +152,7 @@ def _whole_from_base(
     from ..errors import FormatError
     from ..provenance.trailer import read_trailer
 
-    directory = os.path.dirname(os.path.abspath(dest))
+    directory = os.path.dirname(absolute_path(dest))
     pinned = want.get("trailer_sha256")
     for base in bases:
         if base.size != size:

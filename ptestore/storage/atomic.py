@@ -32,7 +32,7 @@ import sys
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import AlreadyExists, ConfigurationError, ObjectNotFound, StorageError, local_error
-from .types import Buffer, StorageURL, URLLike, strerror
+from .types import Buffer, StorageURL, URLLike, absolute_path, strerror
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -97,7 +97,7 @@ def rename(src: str, dst: str, *, durable: bool = True) -> None:
     except OSError as exc:
         raise local_error(exc, f"{src}: cannot rename to {dst}: {strerror(exc)}") from exc
     if durable:
-        directories = {os.path.dirname(os.path.abspath(p)) for p in (dst, src)}
+        directories = {os.path.dirname(absolute_path(p)) for p in (dst, src)}
         for directory in sorted(directories):
             try:
                 sync_directory(directory)

@@ -86,6 +86,12 @@ class FsspecLoader(LoaderBase):
                     "would read another object; rename the object"
                 )
             bucket, _, key = path.lstrip("/").partition("/")
+            if key.endswith("/"):  # as S3Writer refuses such a destination
+                raise ConfigurationError(
+                    f"{url}: an S3 key ending in '/' cannot be read: s3fs asks for the "
+                    "key without its '/' (another object, or none) where a read asks "
+                    "for the key itself; rename the object"
+                )
             self._s3 = (bucket, key)
         info = self._info("no such object")
         if info.get("type") == "directory":

@@ -1,8 +1,9 @@
 """The storage types every layer shares: what a loader is, what a buffer is, how a URL splits.
 
-This module imports only the standard library, so ``format/``, ``writers/``,
-``provenance/`` and the coordinator take their types from here, never from an
-implementation module (:mod:`ptestore.storage.loaders` imports fsspec).
+This module imports only the standard library (and, to refuse a name, ptestore's errors
+and how a value is shown, both standard library only themselves), so ``format/``,
+``writers/``, ``provenance/`` and the coordinator take their types from here, never from
+an implementation module (:mod:`ptestore.storage.loaders` imports fsspec).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ __all__ = [
     "StorageURL",
     "URLLike",
     "absolute_local",
+    "absolute_path",
+    "file_path",
     "is_relative_local",
     "load_into",
     "local_path",
@@ -81,14 +84,26 @@ LOCAL_SCHEMES = frozenset({"file", "local"})
 _ALIASES = {"local": "file", "s3a": "s3"}
 
 
+def absolute_path(path: str) -> str:
+    """``path`` made absolute against the current directory WITHOUT normalizing it: a
+    ``..`` stays for the kernel to resolve after the symbolic link before it
+    (``lnk/../m.pte`` with ``lnk -> real/sub`` is ``real/m.pte``, where
+    ``os.path.abspath`` would say ``m.pte``), and so does a trailing ``/``."""
+    if not path:  # file:// alone: the current directory
+        return os.getcwd()
+    return path if os.path.isabs(path) else os.path.join(os.getcwd(), path)
+
+
 def split_url(url: str | os.PathLike[str]) -> tuple[str, str]:
     """Return ``(protocol, path)``: THE classification of a path or URL (see
     :class:`StorageURL`, which holds its result).
 
     - A plain path, and ``file://`` / ``local://`` in any letter case, give
-      ``("file", abspath)``; what follows ``file://`` is a local path, so
-      ``file:///abs/m.pte`` is ``/abs/m.pte`` and ``file://rel/m.pte`` is ``rel/m.pte``
-      under the current directory, as for a plain path (and as fsspec reads it).
+      ``("file", absolute path)`` (:func:`absolute_path`: not normalized, the file
+      system resolves ``.``, ``..`` and symbolic links); what follows ``file://`` is a
+      local path, so ``file:///abs/m.pte`` is ``/abs/m.pte`` and ``file://rel/m.pte`` is
+      ``rel/m.pte`` under the current directory, as for a plain path (and as fsspec
+      reads it).
     - ``s3://`` and ``s3a://`` give ``("s3", "bucket/key")``; ``memory://x`` gives
       ``("memory", "/x")``; any other scheme gives ``(scheme, url)`` (lower-cased
       scheme, the URL as given).
@@ -96,12 +111,12 @@ def split_url(url: str | os.PathLike[str]) -> tuple[str, str]:
     text = os.fspath(url)
     match = _SCHEME.match(text)
     if match is None:
-        return "file", os.path.abspath(text)
+        return "file", absolute_path(text)
     scheme = match.group(1).lower()
     protocol = _ALIASES.get(scheme, scheme)
     rest = text[match.end() :]
     if protocol == "file":
-        return "file", os.path.abspath(rest)
+        return "file", absolute_path(rest)
     if protocol == "s3":
         return "s3", rest
     if protocol == "memory":
@@ -126,10 +141,20 @@ class StorageURL(NamedTuple):
 
     @classmethod
     def of(cls, url: str | os.PathLike[str] | StorageURL) -> StorageURL:
-        """``url`` split (a :class:`StorageURL` is returned as it is)."""
+        """``url`` split (a :class:`StorageURL` is returned as it is). A NUL byte in it is
+        a :class:`~ptestore.errors.ConfigurationError` naming the value (escaped), before
+        anything opens it (the OS would raise a bare ``ValueError``)."""
         if isinstance(url, StorageURL):
             return url
         text = os.fspath(url)
+        if "\x00" in text:  # the kernel takes none, a store's key neither: refused here
+            from .._text import shown
+            from ..errors import ConfigurationError
+
+            raise ConfigurationError(
+                f"{shown(text)}: contains a NUL byte ('\\x00', at character "
+                f"{text.index(chr(0))}): no path or URL can hold one"
+            )
         return cls(text, *split_url(text))
 
     @property
@@ -150,6 +175,18 @@ def local_path(url: str | os.PathLike[str] | StorageURL) -> str | None:
     None for a URL of any other scheme."""
     u = StorageURL.of(url)
     return u.path if u.local else None
+
+
+def file_path(url: str | os.PathLike[str] | StorageURL) -> str | None:
+    """The path the OS is given for a local ``url``: a plain path as it is given (a
+    relative one stays relative, resolved against the current directory as
+    :func:`split_url` resolves it), the path a ``file://`` or ``local://`` URL names
+    (:attr:`StorageURL.path`); None for a URL of any other scheme. What code that opens,
+    makes or renames local files itself (not through a loader or a writer) takes."""
+    u = StorageURL.of(url)
+    if not u.local:
+        return None
+    return u.text if _SCHEME.match(u.text) is None else u.path
 
 
 def is_relative_local(url: str | os.PathLike[str]) -> bool:

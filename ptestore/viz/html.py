@@ -111,10 +111,12 @@ def check_output_path(path: str | os.PathLike[str], flag: str) -> None:
     file in a directory that does not exist. Raises
     :class:`~ptestore.errors.ConfigurationError` naming ``flag`` and ``path``."""
     from ..errors import ConfigurationError
+    from ..storage.types import absolute_path, file_path
 
     path = os.fspath(path)
-    if os.path.isdir(path):
+    local = file_path(path) or path  # file:///x/page.html is /x/page.html
+    if os.path.isdir(local):
         raise ConfigurationError(f"{flag} {path}: is a directory (give a file name)")
-    parent = os.path.dirname(os.path.abspath(path))
+    parent = os.path.dirname(absolute_path(local))
     if not os.path.isdir(parent):
         raise ConfigurationError(f"{flag} {path}: the directory {parent} does not exist")

@@ -3,11 +3,29 @@
 from __future__ import annotations
 
 import os
+import threading
 
 from ..errors import StorageError, local_error
 from ..storage.types import strerror
 
-__all__ = ["FileStaging"]
+__all__ = ["FileStaging", "current_umask"]
+
+_umask_lock = threading.Lock()
+
+
+def current_umask() -> int:
+    """The process's umask (from ``/proc``, else read by setting it, under a lock)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    with _umask_lock:  # os.umask can only be read by setting it
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return mask
 
 
 class FileStaging:

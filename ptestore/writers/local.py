@@ -42,7 +42,6 @@ import os
 import re
 import stat
 import sys
-import threading
 from typing import ClassVar
 
 from .._io import pwrite_all
@@ -53,10 +52,10 @@ from ..errors import (
     StorageError,
     local_error,
 )
-from ..storage.types import DataLoader, strerror
+from ..storage.types import DataLoader, absolute_path, strerror
 from ._clone import HasFileno, clone_range, probe_clone_block_size
-from ._dirs import make_parents, remove_made
-from ._staging import FileStaging
+from ._dirs import check_name_lengths, make_parents, remove_made
+from ._staging import FileStaging, current_umask
 from .base import (
     DataWriter,
     PublishMode,
@@ -82,26 +81,11 @@ _FALLBACK_ERRNOS = frozenset(
     {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.EBADF, errno.EPERM}
 )
 _NO_LINK_ERRNOS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EXDEV})
-_umask_lock = threading.Lock()
 
 
 def staging_name(dest_name: str) -> str:
     """A fresh hidden staging name for a destination file name."""
     return f".{dest_name[:_MAX_PREFIX]}.ptestore-{os.urandom(8).hex()}.tmp"
-
-
-def _current_umask() -> int:
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    with _umask_lock:  # os.umask can only be read by setting it
-        mask = os.umask(0o022)
-        os.umask(mask)
-    return mask
 
 
 def _full_fsync(fd: int) -> None:
@@ -132,12 +116,17 @@ class LocalFileWriter(DataWriter):
     def __init__(
         self, path: str | os.PathLike[str], *, durable: bool = True, auto_mkdir: bool = False
     ) -> None:
-        self.path = os.path.abspath(os.fspath(path))
+        self.path = absolute_path(os.fspath(path))  # '..' is the kernel's to resolve
         super().__init__(self.path)
         self.durable = durable
         self.directory, name = os.path.split(self.path)
-        if not name or os.path.isdir(self.path):
+        if not name:
+            raise ConfigurationError(
+                f"{self.path}: names a directory (it ends in '/'), not a file"
+            )
+        if os.path.isdir(self.path):
             raise ConfigurationError(f"{self.path}: is a directory, not a file name")
+        check_name_lengths(self.path)  # not at publish, after all the work
         #: Directories made for it (``auto_mkdir``), removed by a discard while empty.
         self._made: list[str] = []
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
@@ -320,7 +309,7 @@ class LocalFileWriter(DataWriter):
         try:
             perm = stat.S_IMODE(os.stat(self.path).st_mode)
         except FileNotFoundError:
-            perm = 0o666 & ~_current_umask()
+            perm = 0o666 & ~current_umask()
         except OSError as exc:
             raise local_error(
                 exc, f"{self.path}: cannot stat destination: {strerror(exc)}"

@@ -29,6 +29,7 @@ from typing import ClassVar
 from fsspec.implementations.memory import MemoryFile, MemoryFileSystem
 
 from ..errors import StorageError
+from ..storage.types import StorageURL
 from .base import (
     DataWriter,
     PublishMode,
@@ -49,6 +50,17 @@ def _token(data: bytes | bytearray | memoryview) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
+def _key(fs: MemoryFileSystem, url: str) -> str:
+    """The store key of ``url`` as the loader reads it: the path
+    :func:`~ptestore.storage.types.split_url` gives (``MEMORY://x/m.pte`` is
+    ``/x/m.pte`` in any letter case, where fsspec's ``_strip_protocol`` strips a
+    lower-case ``memory://`` only), as fsspec's methods then take it; a bare path as
+    fsspec takes it."""
+    u = StorageURL.of(url)
+    key: str = fs._strip_protocol(u.path if u.protocol == "memory" else url)
+    return key
+
+
 def _version_locked(fs: MemoryFileSystem, path: str) -> str | None:
     """The version token of the object at ``path`` (lock held; None: no object)."""
     obj = fs.store.get(path)
@@ -65,7 +77,7 @@ def memory_read_versioned(
     of them past ``max_bytes``: its ``oversize``)."""
     fs = fs if fs is not None else MemoryFileSystem()
     with _PUBLISH_LOCK:
-        obj = fs.store.get(fs._strip_protocol(url))
+        obj = fs.store.get(_key(fs, url))
         data = None if obj is None else bytes(obj.getvalue())
     if data is None:
         return Versioned(b"", None)
@@ -78,7 +90,7 @@ def memory_current_version(url: str, fs: MemoryFileSystem | None = None) -> str 
     """The version token of the object at ``memory://`` ``url`` (None: no object)."""
     fs = fs if fs is not None else MemoryFileSystem()
     with _PUBLISH_LOCK:
-        return _version_locked(fs, fs._strip_protocol(url))
+        return _version_locked(fs, _key(fs, url))
 
 
 class _MemoryStaging:
@@ -108,7 +120,7 @@ class MemoryWriter(DataWriter):
 
     def __init__(self, url: str, *, fs: MemoryFileSystem | None = None) -> None:
         self.fs: MemoryFileSystem = fs if fs is not None else MemoryFileSystem()
-        self.path: str = self.fs._strip_protocol(url)
+        self.path: str = _key(self.fs, url)
         super().__init__(url if "://" in url else f"memory://{self.path.lstrip('/')}")
         self._st = _MemoryStaging()
         self._track_staging(self._st)

@@ -104,6 +104,25 @@ def test_cli_errors(
     assert capsys.readouterr().err.splitlines()[0] == message.replace("{tmp}", str(tmp_path))
 
 
+def test_cache_dir_as_a_file_url(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--cache-dir file:///x`` is the directory ``/x`` (not a path under the current
+    directory); a URL of another scheme is no cache directory."""
+    src, cache = _src(tmp_path), tmp_path / "cache"
+    argv = ["ensure", str(src), "--cache-dir", str(cache), "--backend", SPEC]
+    assert main([*argv, "--device", "phone", "--device-option", "scale=2"]) == 0
+    capsys.readouterr()
+    monkeypatch.chdir(tmp_path / "cache")
+    assert main(["cache", "ls", "--cache-dir", f"file://{cache}"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1].startswith("1 entries, ") and lines[0].endswith("model.pte")
+    assert main(["cache", "ls", "--cache-dir", "memory://cache"]) == 2
+    assert capsys.readouterr().err == (
+        "ptestore cache: error: memory://cache: no such cache directory\n"
+    )
+
+
 def test_max_bytes_takes_units_and_refuses_nonsense(capsys: pytest.CaptureFixture[str]) -> None:
     from ptestore.cli.ensure import parse_size
 

@@ -325,6 +325,11 @@ def test_ensure_index_takes_the_portable_source_given_to_it(
     assert made["choice"]["fetched"]["from_base"] == _base_bytes(out / "a" / "m.pte")
     assert made["choice"]["fetched"]["bases"] == [str(program(tmp_path))]
     assert Path(made["pte"]).read_bytes() == (out / "a" / "m.pte").read_bytes()
+    # --portable file:///x/m.pte is the local file /x/m.pte (a fresh cache: no hit).
+    argv[argv.index(str(cache))] = str(tmp_path / "cache2")
+    assert main([*argv, "--portable", f"file://{program(tmp_path)}", "--json"]) == 0
+    made = json.loads(capsys.readouterr().out)
+    assert made["choice"]["fetched"]["from_base"] == _base_bytes(out / "a" / "m.pte")
     assert main([*argv, "--portable", str(tmp_path / "nope.pte")]) == 2
     assert capsys.readouterr().err == (
         f"ptestore ensure: error: {tmp_path / 'nope.pte'}: no such file (portable=, CLI "

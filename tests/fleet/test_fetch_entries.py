@@ -22,7 +22,7 @@ from support.digests import tree
 from support.locks import blocked_on, wait_until
 
 import ptestore
-from ptestore.errors import FormatError, IntegrityError, StorageError
+from ptestore.errors import ConfigurationError, FormatError, IntegrityError, StorageError
 from ptestore.fleet import chunked
 from ptestore.fleet.fetch import FetchResult
 from ptestore.fleet.index import entry_for
@@ -258,3 +258,33 @@ def test_a_marker_counting_more_chunks_than_there_are_keeps_those_there_are(
     got = ptestore.fetch(b, dest)
     assert got.files[0]["resumed_from"] == 2 * CHUNK_SIZE
     assert dest.read_bytes() == b.read_bytes()
+
+
+def test_a_file_url_dest_and_base_are_the_local_paths_they_name(
+    versions: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``file:///x/m.pte`` as DEST (and as --base) is ``/x/m.pte``: the download, its
+    resume marker and its lock are there, nothing under the current directory."""
+    a, b = versions
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    dest = tmp_path / "dev" / "m.pte"
+    result = ptestore.fetch(b, f"file://{dest}", base=f"file://{a}")
+    assert dest.read_bytes() == b.read_bytes()
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["m.pte"]
+    assert list(cwd.iterdir()) == []
+    assert result.files[0]["path"] == str(dest)
+    assert result.from_base == result.files[0]["bases"][str(a)] > 0
+
+
+def test_a_dest_ending_in_a_slash_is_refused(versions: tuple[Path, Path], tmp_path: Path) -> None:
+    """``DEST/`` names a directory: refused before anything is made (before, the
+    download went to ``DEST/.part`` in a directory made for it)."""
+    _, b = versions
+    with pytest.raises(ConfigurationError) as info:
+        ptestore.fetch(b, f"{tmp_path}/dev/m.pte/")
+    assert str(info.value) == (
+        f"{tmp_path}/dev/m.pte/: names a directory (it ends in '/'), not a file"
+    )
+    assert not (tmp_path / "dev").exists()

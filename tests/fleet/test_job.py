@@ -129,6 +129,41 @@ def test_errors_name_line_and_key(text: str, message: str) -> None:
     assert message in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        (
+            'destination = "o\\u0000/{device}/{model}.pte"\n[[models]]\nsource = "a.pte"\n'
+            "[devices.a]\n",
+            "job.toml:1: destination",
+        ),
+        (
+            'destination = "{device}/{model}.pte"\n[[models]]\nsource = "a\\u0000.pte"\n'
+            "[devices.a]\n",
+            "job.toml:3: models[0].source",
+        ),
+        (
+            'destination = "{device}/{model}.pte"\n[[models]]\nsource = "a.pte"\n'
+            'ptd = "a\\u0000.ptd"\n[devices.a]\n',
+            "job.toml:4: models[0].ptd",
+        ),
+    ],
+)
+def test_a_nul_in_a_path_is_a_job_error(
+    text: str, where: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A ``\\u0000`` in a source, .ptd or destination: a JobError naming the key (exit
+    2), not a ValueError from the OS and a traceback."""
+    message = f"{where}: contains a NUL byte ('\\x00'): no path or URL can hold one"
+    with pytest.raises(JobError) as info:
+        parse_job(text, "job.toml")
+    assert str(info.value) == message
+    job = tmp_path / "job.toml"
+    job.write_text(text)
+    assert main(["fleet", "plan", str(job)]) == 2
+    assert capsys.readouterr().err == f"ptestore fleet: error: {tmp_path}/{message}\n"
+
+
 def test_load_job_errors(tmp_path: Path) -> None:
     with pytest.raises(JobError, match=f"{tmp_path / 'none.toml'}: job file not found"):
         load_job(tmp_path / "none.toml")

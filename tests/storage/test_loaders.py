@@ -287,6 +287,27 @@ def test_s3_loader_reads_ranges_only(s3_server: S3TestServer) -> None:
 
 
 @pytest.mark.s3
+def test_an_s3_key_ending_in_a_slash_is_refused(s3_server: S3TestServer) -> None:
+    """s3fs asks HEAD of ``tk`` for ``tk/`` while a GET asks for ``tk/``: with both
+    objects the read said "replaced while being read", with ``solo`` alone "object
+    disappeared". Refused before any request, as S3Writer refuses such a destination."""
+    bucket = s3_server.new_bucket()
+    client = s3_server.client()
+    client.put_object(Bucket=bucket, Key="tk", Body=DATA)
+    client.put_object(Bucket=bucket, Key="solo", Body=DATA)
+    client.put_object(Bucket=bucket, Key="tk/", Body=DATA + b"other")
+    for key in ("tk/", "solo/"):
+        url = f"s3://{bucket}/{key}"
+        with pytest.raises(ConfigurationError) as info:
+            open_loader(url, **s3_server.storage_options)
+        assert str(info.value) == (
+            f"{url}: an S3 key ending in '/' cannot be read: s3fs asks for the key without "
+            "its '/' (another object, or none) where a read asks for the key itself; rename "
+            "the object"
+        )
+
+
+@pytest.mark.s3
 def test_a_small_s3_object_is_read_whole_at_its_second_read(s3_server: S3TestServer) -> None:
     bucket = s3_server.new_bucket()
     s3_server.client().put_object(Bucket=bucket, Key="m.pte", Body=DATA)

@@ -8,13 +8,14 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from ptestore.coordinator.targets import target_identity
 from ptestore.device.cache import CacheLayout
 from ptestore.device.keys import entry_key
-from ptestore.errors import ConfigurationError
+from ptestore.errors import ConfigurationError, ObjectNotFound, StorageError
 from ptestore.journal import local_path as journal_local_path
 from ptestore.storage.loaders import LocalFileLoader, loader_options, open_loader
 from ptestore.storage.routing import StorageOptions
@@ -29,7 +30,7 @@ from ptestore.writers import LocalFileWriter, open_writer, writer_options
         ("/abs/m.pte", "file", "/abs/m.pte"),
         ("file:///abs/m.pte", "file", "/abs/m.pte"),
         ("FILE:///abs/m.pte", "file", "/abs/m.pte"),
-        ("File:///abs/../abs/m.pte", "file", "/abs/m.pte"),
+        ("File:///abs/../abs/m.pte", "file", "/abs/../abs/m.pte"),  # '..': the kernel's
         ("local:///abs/m.pte", "file", "/abs/m.pte"),
         ("LOCAL:///abs/m.pte", "file", "/abs/m.pte"),
         ("s3://bucket/k/m.pte", "s3", "bucket/k/m.pte"),
@@ -63,7 +64,81 @@ def test_a_path_with_a_colon_slash_slash_inside_is_a_path(
     """Only an RFC 3986 scheme before ``://`` makes a URL."""
     monkeypatch.chdir(tmp_path)
     for text in ("dir/a://b", "1x://b", "_x://b"):
-        assert split_url(text) == ("file", os.path.abspath(text)), text
+        assert split_url(text) == ("file", os.path.join(tmp_path, text)), text
+
+
+@pytest.fixture
+def linked(tmp_path: Path) -> Path:
+    """``d/m.pte`` and ``d/real/m.pte`` (other bytes), ``d/lnk -> real/sub``: the kernel
+    resolves ``d/lnk/..`` to ``d/real``, text would say ``d``."""
+    (tmp_path / "real" / "sub").mkdir(parents=True)
+    (tmp_path / "m.pte").write_bytes(b"top")
+    (tmp_path / "real" / "m.pte").write_bytes(b"real")
+    (tmp_path / "lnk").symlink_to("real/sub", target_is_directory=True)
+    return tmp_path
+
+
+def test_dot_dot_after_a_link_is_the_kernels(linked: Path) -> None:
+    """A local path is made absolute, never normalized: ``lnk/../m.pte`` is read and
+    written where the kernel resolves it, ``nonexist/../m.pte`` does not exist, a
+    source ``m.pte/`` is no directory, as ``open(2)`` says of each."""
+    d = linked
+    assert split_url(f"{d}/lnk/../m.pte") == ("file", f"{d}/lnk/../m.pte")
+    assert StorageURL.of(f"file://{d}/lnk/../m.pte").location == str(d / "real" / "m.pte")
+    loader = open_loader(f"{d}/lnk/../m.pte")
+    try:
+        assert bytes(loader.load(0, 4)) == b"real"
+    finally:
+        loader.close()
+    with pytest.raises(ObjectNotFound, match=rf"^{d}/nonexist/\.\./m.pte: no such file$"):
+        open_loader(f"{d}/nonexist/../m.pte")
+    with pytest.raises(
+        StorageError, match=rf"^{d}/m.pte/: cannot open for reading: Not a directory$"
+    ):
+        open_loader(f"{d}/m.pte/")
+    writer = open_writer(f"{d}/lnk/../o.pte")
+    writer.write(b"out", 0)
+    writer.publish("create")
+    assert (d / "real" / "o.pte").read_bytes() == b"out" and not (d / "o.pte").exists()
+
+
+def test_a_nul_in_a_name_is_refused_where_it_is_split(tmp_path: Path) -> None:
+    """Every entry point splits its names by ``StorageURL.of``: a NUL byte is one
+    ConfigurationError naming the value, escaped (the OS raised a bare ValueError)."""
+    import ptestore
+
+    good = tmp_path / "m.pte"
+    good.write_bytes(b"x")
+    for bad in (f"{tmp_path}/nul\x00.pte", "s3://b/nul\x00.pte", "memory://x/\x00"):
+        message = (
+            f"{bad!r}: contains a NUL byte ('\\x00', at character {bad.index(chr(0))}): "
+            "no path or URL can hold one"
+        )
+        calls: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = [
+            (open_loader, (bad,), {}),
+            (open_writer, (bad,), {}),
+            (ptestore.describe, (bad,), {}),
+            (ptestore.verify, (bad,), {}),
+            (ptestore.specialize, (bad, tmp_path / "o.pte"), {"backends": ["passthrough"]}),
+            (ptestore.specialize, (good, bad), {"backends": ["passthrough"]}),
+        ]
+        for call, args, kwargs in calls:
+            with pytest.raises(ConfigurationError) as info:
+                call(*args, **kwargs)
+            assert str(info.value) == message
+    assert sorted(os.listdir(tmp_path)) == ["m.pte"]
+
+
+def test_a_local_destination_ending_in_a_slash_is_refused(linked: Path) -> None:
+    """``out.pte/`` names a directory: refused before anything is made (before, the
+    trailing '/' was dropped as text and ``out.pte`` published)."""
+    d = linked
+    for dest in (f"{d}/out.pte/", f"file://{d}/out.pte/", f"{d}/real/"):
+        with pytest.raises(ConfigurationError) as info:
+            open_writer(dest)
+        shown = dest.removeprefix("file://")
+        assert str(info.value) == f"{shown}: names a directory (it ends in '/'), not a file"
+    assert sorted(os.listdir(d)) == ["lnk", "m.pte", "real"]
 
 
 def test_location_resolves_symlinks_of_local_files_only(tmp_path: Path) -> None:

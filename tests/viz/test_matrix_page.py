@@ -227,6 +227,23 @@ def test_a_50_by_100_fleet_stays_usable(browser: Browser, tmp_path: Path) -> Non
     )
 
 
+def test_report_path_as_a_file_url(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--report file:///x/page.html`` is checked (and written) as ``/x/page.html``,
+    not as a path under the current directory."""
+    job = _job(tmp_path)
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    assert main(["fleet", "plan", str(job), "--report", f"file://{tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert f"--report file://{tmp_path}: is a directory (give a file name)" in err
+    page = tmp_path / "plan.html"
+    assert main(["fleet", "plan", str(job), "--report", f"file://{page}"]) == 0
+    assert page.read_text().startswith("<!DOCTYPE html>")
+    assert list((tmp_path / "cwd").iterdir()) == []
+
+
 def test_report_path_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     job = _job(tmp_path)
     assert main(["fleet", "plan", str(job), "--report", str(tmp_path)]) == 2

@@ -58,6 +58,20 @@ def test_local_gc_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert report["entries"][0]["size"] == 7
 
 
+def test_local_gc_of_dot_dot_after_a_link_scans_where_the_kernel_resolves(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``gc lnk/..`` (``lnk -> real/sub``) is ``real``, not ``tmp_path`` (text)."""
+    (tmp_path / "real" / "sub").mkdir(parents=True)
+    (tmp_path / "lnk").symlink_to("real/sub", target_is_directory=True)
+    top = crashed_writer(tmp_path / "top.pte")
+    real = crashed_writer(tmp_path / "real" / "m.pte")
+    assert run(["gc", f"{tmp_path}/lnk/..", "--older-than", "0", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "would remove 1 of 1 leftover(s) older than 0s; 0 failed" in out
+    assert Path(real.staging_path).name in out and Path(top.staging_path).name not in out
+
+
 def test_gc_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert run(["gc", "memory://x"]) == 2
     assert "ptestore gc: error: memory://x: gc supports local paths and s3:// prefixes" in (

@@ -83,3 +83,29 @@ def test_a_change_made_in_place_is_a_new_version(how: str) -> None:
         stale.publish("if-match", expected=read.version)
     assert (info.value.expected, info.value.found) == (read.version, changed.version)
     assert read_versioned(url).data == changed.data
+
+
+def test_a_scheme_in_upper_case_is_the_same_object() -> None:
+    """``MEMORY://x/m.pte`` is the object a loader reads at that URL, ``/x/m.pte``
+    (before, the writer stored it under the literal key ``MEMORY://x/m.pte``, where no
+    loader looks and ``create`` did not see an existing object)."""
+    from ptestore.errors import AlreadyExists
+    from ptestore.storage.loaders import open_loader
+
+    base = f"upper/{uuid.uuid4().hex}"
+    w = open_writer(f"MEMORY://{base}/m.pte")
+    w.write(b"first", 0)
+    w.publish("create")
+    assert bytes(MemoryFileSystem.store[f"/{base}/m.pte"].getvalue()) == b"first"
+    assert not any(k.startswith("MEMORY") for k in MemoryFileSystem.store)
+    for url in (f"MEMORY://{base}/m.pte", f"memory://{base}/m.pte"):
+        loader = open_loader(url)
+        try:
+            assert bytes(loader.load(0, 5)) == b"first"
+        finally:
+            loader.close()
+    again = open_writer(f"Memory:///{base}/m.pte")
+    again.write(b"second", 0)
+    with pytest.raises(AlreadyExists):
+        again.publish("create")
+    assert read_versioned(f"MEMORY://{base}/m.pte").data == b"first"

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
-from ptestore.errors import AlreadyExists, StorageError
+from ptestore.errors import AlreadyExists, ConfigurationError, StorageError
 from ptestore.writers import LocalFileWriter, MemoryWriter, WriterState, open_writer
 
 
@@ -113,6 +113,33 @@ def test_local_publish_failures_name_the_step(
     assert w.state is WriterState.DISCARDED
     assert not dest.exists()
     assert not os.path.exists(tmp)
+
+
+def test_a_name_over_the_file_systems_limit_is_refused_when_the_writer_opens(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A destination name longer than NAME_MAX (bytes, as ``pathconf`` says, else 255)
+    is refused before anything is written: the staging name is cut to fit, so before
+    only the publish failed ("File name too long"), after all the work."""
+    name = "x" * 300 + ".pte"
+    for dest in (tmp_path / name, tmp_path / ("d" * 256) / "m.pte"):
+        long = max(dest.parts, key=len)
+        with pytest.raises(ConfigurationError) as info:
+            LocalFileWriter(dest, auto_mkdir=True)
+        assert str(info.value) == (
+            f"{dest}: the name {long[:40]!r}... ({len(long)} characters) is {len(long)} "
+            "bytes long, over the file system's limit of 255 bytes per name (NAME_MAX)"
+        )
+    assert list(tmp_path.iterdir()) == []
+    accented = "\u00e9" * 128 + ".pte"  # 260 bytes in UTF-8, 132 characters
+    with pytest.raises(ConfigurationError, match=r" is 260 bytes long, over .* of 255 bytes"):
+        LocalFileWriter(tmp_path / accented)
+    monkeypatch.setattr(os, "pathconf", lambda path, name: 20)  # a file system's own
+    with pytest.raises(ConfigurationError, match=r" is 21 bytes long, over .* of 20 bytes"):
+        LocalFileWriter(tmp_path / ("y" * 17 + ".pte"))
+    w = LocalFileWriter(tmp_path / ("y" * 16 + ".pte"))
+    w.write(b"ok", 0)
+    w.publish()
 
 
 def test_a_failed_publish_does_not_warn_at_garbage_collection(tmp_path: Path) -> None:
