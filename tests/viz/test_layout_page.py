@@ -447,3 +447,21 @@ def test_many_delegate_backend_ids_keep_their_colours_and_a_short_legend() -> No
     fills = [DELEGATE_COLOURS[i % len(DELEGATE_COLOURS)] for i in range(LEGEND_BACKENDS)]
     for i, fill in enumerate(fills):
         assert f'background:{fill}"></span>delegate Vendor{i:02d}Backend<' in html
+
+
+def test_only_the_pages_own_script_runs(browser: Browser, tmp_path: Path) -> None:
+    """The Content-Security-Policy names the page's one script by its SHA-256 (it said
+    'unsafe-inline'): a script that found its way into the body would not run."""
+    from ptestore.viz.html import page
+
+    text = page(
+        "t",
+        '<p id="p">body</p><script>document.getElementById("p").dataset.injected = "1"'
+        "</script>",
+        script='document.getElementById("p").dataset.own = "1"; document.body.dataset.ready = "1";',
+    )
+    assert "script-src 'unsafe-inline'" not in text and "script-src 'sha256-" in text
+    (tmp_path / "p.html").write_text(text)
+    browser.open(tmp_path / "p.html")
+    dataset = browser.js("return Object.assign({}, document.getElementById('p').dataset)")
+    assert dataset == {"own": "1"}
