@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .._dataclass import dataclass
-from ..errors import ConfigurationError, MissingNamedData
+from ..errors import ConfigurationError, FormatError, MissingNamedData
 from ..format.reader import read_container
 from ..provenance.trailer import without_trailer
 from .named import MergedNamedDataMap, SourceFile
@@ -14,6 +14,7 @@ from .report import Event, EventTracer
 from .spool import Spool
 
 if TYPE_CHECKING:
+    from ..format.tensorinfo import TensorInfo
     from ..storage.types import DataLoader
     from ..writers.base import DataWriter
 
@@ -96,26 +97,47 @@ def read_sources(
 
 
 def check_pair(pte: SourceFile, ptd: SourceFile) -> None:
-    """Refuse a pair whose .pte reads a named-data key neither file holds (a .ptd of
-    another model or export): the runtime cannot load it (error 0x20, or a crash of an
-    XNNPACK program), so nothing is written. Reads only the XNNPACK graphs' FlatBuffers."""
-    from ..format.tensors import unheld_keys  # only for a run with a .ptd
+    """Refuse a pair the runtime cannot load or would read wrongly, before any backend
+    runs: a named-data key the .pte reads that neither file holds (a .ptd of another
+    model or export: error 0x20, or a crash of an XNNPACK program), and a value shorter
+    than a description of its key (the runtime reads past its end: other bytes as
+    weights, or a crash). Reads only the XNNPACK graphs' FlatBuffers."""
+    # only for a run with a .ptd
+    from ..format.tensors import layout_tensors, read_tensors, short_values, unheld_keys
 
-    unheld = unheld_keys(pte.parsed, pte.loader, ptd.parsed)
-    if not unheld:
-        return
-    key, info = unheld[0]
-    user = (
-        f"the program's EXTERNAL tensor {info.where}"
-        if info.source == "program"
-        else f"the XnnpackBackend graph's {info.where}"
-    )
-    more = f" (and {len(unheld) - 1} other keys)" if len(unheld) > 1 else ""
+    described = read_tensors(pte.parsed, pte.loader)
+    unheld = unheld_keys(pte.parsed, pte.loader, ptd.parsed, described)
     names = (str(pte.container.source), str(ptd.container.source))
-    raise MissingNamedData(
-        f"{names[0]}: named data key {key!r}, read by {user}, is in neither {names[0]} nor "
-        f"{names[1]}{more}: is {names[1]} the .ptd this .pte was exported with? The runtime "
-        "cannot load this pair (a key it does not find is error 0x20)",
-        key=key,
-        files=names,
-    )
+    if unheld:
+        key, info = unheld[0]
+        more = f" (and {len(unheld) - 1} other keys)" if len(unheld) > 1 else ""
+        raise MissingNamedData(
+            f"{names[0]}: named data key {key!r}, read by {described_by(info)}, is in "
+            f"neither {names[0]} nor {names[1]}{more}: is {names[1]} the .ptd this .pte "
+            "was exported with? The runtime cannot load this pair (a key it does not find "
+            "is error 0x20)",
+            key=key,
+            files=names,
+        )
+    short = short_values(pte.parsed, ptd.parsed, described + layout_tensors(ptd.parsed))
+    if short:
+        key, parsed, size, info = short[0]
+        more = f"; {len(short) - 1} other values are short too" if len(short) > 1 else ""
+        raise FormatError(
+            str(parsed.container.source),
+            f"named data {key!r} (size)",
+            size,
+            f">= {info.nbytes} bytes: {info.dtype} {list(info.shape)}, as {described_by(info)} "
+            "says",
+            f"the runtime reads {info.nbytes} bytes from the value's start, past its end{more}",
+        )
+
+
+def described_by(info: TensorInfo) -> str:
+    """Who describes a key, for messages: the program's EXTERNAL tensor, an XNNPACK
+    graph, or a .ptd's tensor layout."""
+    if info.source == "program":
+        return f"the program's EXTERNAL tensor {info.where}"
+    if info.source == "ptd":
+        return f"the tensor layout of {info.where}"
+    return f"the XnnpackBackend graph's {info.where}"
