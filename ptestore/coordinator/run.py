@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from .._dataclass import dataclass
 from ..errors import ConfigurationError, FormatError, MissingNamedData
 from ..format.reader import read_container
+from ..format.xnnheader import check_xnnpack_blobs
 from ..provenance.trailer import without_trailer
 from .named import MergedNamedDataMap, SourceFile
 from .report import Event, EventTracer
@@ -82,11 +83,15 @@ def read_sources(
     ptd_writer: DataWriter | None,
 ) -> list[SourceFile]:
     """The .pte (and .ptd) of a run, their metadata read through their loaders (ranged
-    reads only); a trailer a source may end with is hidden (not part of its container)."""
+    reads only); a trailer a source may end with is hidden (not part of its container).
+    The first bytes of every XNNPACK blob are checked as the runtime checks them
+    (:func:`~ptestore.format.xnnheader.check_xnnpack_blobs`), and a pair by
+    :func:`check_pair`: all before any backend runs."""
     pte_loader = without_trailer(pte_loader)
     files = [SourceFile("pte", pte_loader, pte_writer, read_container(pte_loader))]
     if files[0].container.kind != "pte":
         raise ConfigurationError(f"{pte_loader.name}: expected a .pte, found a .ptd")
+    check_xnnpack_blobs(files[0].container, files[0].parsed.metadata, pte_loader)
     if ptd_loader is not None and ptd_writer is not None:
         ptd_loader = without_trailer(ptd_loader)
         files.append(SourceFile("ptd", ptd_loader, ptd_writer, read_container(ptd_loader)))

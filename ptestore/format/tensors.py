@@ -19,7 +19,6 @@ from .._dataclass import replace
 from ..errors import FormatError
 from ..storage.types import DataLoader
 from .flatbuf import FlatView, TableView, WorkBudget
-from .model import Container
 from .reader import ParsedFile
 from .tensorinfo import (
     MAX_OTHER_USES,
@@ -28,13 +27,8 @@ from .tensorinfo import (
     read_dims,
     scalar_type_info,
 )
-from .xnnpack import (
-    XNN_HEADER_LENGTH,
-    PackedWeight,
-    parse_packed_weights,
-    parse_xnngraph,
-    xnngraph_span,
-)
+from .xnnheader import XNN_HEADER_LENGTH, XNNPACK_BACKEND_ID, blob_source, xnngraph_span
+from .xnnpack import PackedWeight, parse_packed_weights, parse_xnngraph
 
 __all__ = [
     "XNNPACK_BACKEND_ID",
@@ -50,8 +44,6 @@ __all__ = [
     "xnnpack_packed_weights",
     "xnnpack_tensors",
 ]
-
-XNNPACK_BACKEND_ID = "XnnpackBackend"
 
 # schema/program.fbs field ids
 _PROGRAM_EXECUTION_PLAN = 1
@@ -119,10 +111,6 @@ def program_external_tensors(parsed: ParsedFile) -> list[tuple[str, TensorInfo]]
     return out
 
 
-def _blob_source(c: Container, method: str, position: int, where: str) -> str:
-    return f"{c.source} ({XNNPACK_BACKEND_ID} blob of {method}[{position}], {where})"
-
-
 def _xnnpack_graphs(
     parsed: ParsedFile, loader: DataLoader, budget: WorkBudget
 ) -> Iterator[tuple[bytes | bytearray | memoryview, str, str]]:
@@ -149,7 +137,7 @@ def _xnnpack_graphs(
         if (start, size) in blobs:
             continue
         blobs.add((start, size))
-        src = _blob_source(c, d.method, d.position, where)
+        src = blob_source(c, d, where)
         if inline is None:
             head: bytes | memoryview = bytes(loader.load(start, min(size, XNN_HEADER_LENGTH)))
         else:
