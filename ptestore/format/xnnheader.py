@@ -52,9 +52,10 @@ class XnnHeader:
 
 
 def parse_xnn_header(
-    head: bytes | bytearray | memoryview, blob_size: int, source: str
+    head: bytes | bytearray | memoryview, blob_size: int, source: str, *, strict: bool = True
 ) -> XnnHeader | None:
-    """The ``XH00`` header from the first bytes of a blob; None when the blob has none."""
+    """The ``XH00`` header from the first bytes of a blob; None when the blob has none.
+    ``strict=False``: a header length below 30 is not refused (the runtime ignores it)."""
     if len(head) < 8 or bytes(head[4:8]) != XNN_HEADER_MAGIC:
         return None
     if blob_size < XNN_HEADER_LENGTH or len(head) < XNN_HEADER_LENGTH:
@@ -62,7 +63,7 @@ def parse_xnn_header(
             source, "XNNHeader (blob size)", blob_size, f">= {XNN_HEADER_LENGTH} bytes"
         )
     length, fb_off, fb_size, cd_off, cd_size = struct.unpack_from("<HIIIQ", head, 8)
-    if length < XNN_HEADER_LENGTH:
+    if strict and length < XNN_HEADER_LENGTH:
         raise FormatError(source, "XNNHeader.length", length, f">= {XNN_HEADER_LENGTH}")
     if fb_size < 8 or fb_off + fb_size > blob_size:
         raise FormatError(
@@ -87,10 +88,11 @@ def parse_xnn_header(
 
 
 def xnngraph_span(
-    head: bytes | bytearray | memoryview, blob_size: int, source: str
+    head: bytes | bytearray | memoryview, blob_size: int, source: str, *, strict: bool = True
 ) -> tuple[int, int]:
-    """``(offset, size)`` of the XNNGraph FlatBuffer inside a blob of ``blob_size`` bytes."""
-    hdr = parse_xnn_header(head, blob_size, source)
+    """``(offset, size)`` of the XNNGraph FlatBuffer inside a blob of ``blob_size`` bytes
+    (``strict``: as for :func:`parse_xnn_header`)."""
+    hdr = parse_xnn_header(head, blob_size, source, strict=strict)
     if hdr is None:
         return 0, blob_size
     return hdr.flatbuffer_offset, hdr.flatbuffer_size
@@ -119,7 +121,8 @@ def check_xnnpack_blobs(c: Container, metadata: Buffer, loader: DataLoader) -> N
     ``metadata``), as the runtime does when it loads the method: a blob it refuses
     (another magic, a FlatBuffer or constant data outside the blob or overlapping, an
     identifier other than ``XN01``/``XN00``, a delegate pointing at a weight) is a
-    :class:`FormatError` naming the blob, field, value and limit."""
+    :class:`FormatError` naming the blob, field, value and limit. A header length
+    below 30 the runtime does not check: nor does this (``inspect`` does)."""
     seen: set[tuple[int, int]] = set()
     for d in c.delegates:
         if d.id != XNNPACK_BACKEND_ID:
@@ -138,7 +141,7 @@ def check_xnnpack_blobs(c: Container, metadata: Buffer, loader: DataLoader) -> N
         src = blob_source(c, d, where)
         n = min(size, XNN_HEADER_LENGTH)
         head = inline[:n] if inline is not None else bytes(loader.load(start, n))
-        off, fb_size = xnngraph_span(head, size, src)
+        off, fb_size = xnngraph_span(head, size, src, strict=False)
         n = min(fb_size, 8)
         if inline is not None:
             first: Buffer = inline[off : off + n]

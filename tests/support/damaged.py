@@ -201,12 +201,13 @@ PTD_DATA_SIZE = [
         f"{fx}_ptd_data_size_{v}",
         f"mlp_{fx}_ext",
         _data_size(v),
-        f": FlatTensor.segments[0].offset + size = 2048: must be <= {v} (the header's "
-        "segment_data_size: a .ptd segment must end inside it)",
+        f": FlatTensor.segments[0].offset + size = 2048: must be <= {base + v} "
+        f"(segment_base_offset {base} + the header's segment_data_size {v}: the runtime's "
+        "bound for a .ptd segment)",
         "malformed PTD file",
         in_ptd=True,
     )
-    for fx in ("portable", "xnnpack")
+    for fx, base in (("portable", 512), ("xnnpack", 640))
     for v in (0, 1000)
 ]
 ALL = XNNPACK_BLOBS + PROGRAM + PTD_DATA_SIZE
