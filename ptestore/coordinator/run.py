@@ -6,14 +6,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .._dataclass import dataclass
-from ..errors import ConfigurationError, MissingNamedData
+from ..errors import ConfigurationError, FormatError, MissingNamedData
 from ..format.reader import read_container
+from ..format.xnnheader import check_xnnpack_blobs
 from ..provenance.trailer import without_trailer
 from .named import MergedNamedDataMap, SourceFile
 from .report import Event, EventTracer
 from .spool import Spool
 
 if TYPE_CHECKING:
+    from ..format.tensorinfo import TensorInfo
     from ..storage.types import DataLoader
     from ..writers.base import DataWriter
 
@@ -81,11 +83,15 @@ def read_sources(
     ptd_writer: DataWriter | None,
 ) -> list[SourceFile]:
     """The .pte (and .ptd) of a run, their metadata read through their loaders (ranged
-    reads only); a trailer a source may end with is hidden (not part of its container)."""
+    reads only); a trailer a source may end with is hidden (not part of its container).
+    The first bytes of every XNNPACK blob are checked as the runtime checks them
+    (:func:`~ptestore.format.xnnheader.check_xnnpack_blobs`), and a pair by
+    :func:`check_pair`: all before any backend runs."""
     pte_loader = without_trailer(pte_loader)
     files = [SourceFile("pte", pte_loader, pte_writer, read_container(pte_loader))]
     if files[0].container.kind != "pte":
         raise ConfigurationError(f"{pte_loader.name}: expected a .pte, found a .ptd")
+    check_xnnpack_blobs(files[0].container, files[0].parsed.metadata, pte_loader)
     if ptd_loader is not None and ptd_writer is not None:
         ptd_loader = without_trailer(ptd_loader)
         files.append(SourceFile("ptd", ptd_loader, ptd_writer, read_container(ptd_loader)))
@@ -96,26 +102,47 @@ def read_sources(
 
 
 def check_pair(pte: SourceFile, ptd: SourceFile) -> None:
-    """Refuse a pair whose .pte reads a named-data key neither file holds (a .ptd of
-    another model or export): the runtime cannot load it (error 0x20, or a crash of an
-    XNNPACK program), so nothing is written. Reads only the XNNPACK graphs' FlatBuffers."""
-    from ..format.tensors import unheld_keys  # only for a run with a .ptd
+    """Refuse a pair the runtime cannot load or would read wrongly, before any backend
+    runs: a named-data key the .pte reads that neither file holds (a .ptd of another
+    model or export: error 0x20, or a crash of an XNNPACK program), and a value shorter
+    than a description of its key (the runtime reads past its end: other bytes as
+    weights, or a crash). Reads only the XNNPACK graphs' FlatBuffers."""
+    # only for a run with a .ptd
+    from ..format.tensors import layout_tensors, read_tensors, short_values, unheld_keys
 
-    unheld = unheld_keys(pte.parsed, pte.loader, ptd.parsed)
-    if not unheld:
-        return
-    key, info = unheld[0]
-    user = (
-        f"the program's EXTERNAL tensor {info.where}"
-        if info.source == "program"
-        else f"the XnnpackBackend graph's {info.where}"
-    )
-    more = f" (and {len(unheld) - 1} other keys)" if len(unheld) > 1 else ""
+    described = read_tensors(pte.parsed, pte.loader)
+    unheld = unheld_keys(pte.parsed, pte.loader, ptd.parsed, described)
     names = (str(pte.container.source), str(ptd.container.source))
-    raise MissingNamedData(
-        f"{names[0]}: named data key {key!r}, read by {user}, is in neither {names[0]} nor "
-        f"{names[1]}{more}: is {names[1]} the .ptd this .pte was exported with? The runtime "
-        "cannot load this pair (a key it does not find is error 0x20)",
-        key=key,
-        files=names,
-    )
+    if unheld:
+        key, info = unheld[0]
+        more = f" (and {len(unheld) - 1} other keys)" if len(unheld) > 1 else ""
+        raise MissingNamedData(
+            f"{names[0]}: named data key {key!r}, read by {described_by(info)}, is in "
+            f"neither {names[0]} nor {names[1]}{more}: is {names[1]} the .ptd this .pte "
+            "was exported with? The runtime cannot load this pair (a key it does not find "
+            "is error 0x20)",
+            key=key,
+            files=names,
+        )
+    short = short_values(pte.parsed, ptd.parsed, described + layout_tensors(ptd.parsed))
+    if short:
+        key, parsed, size, info = short[0]
+        more = f"; {len(short) - 1} other values are short too" if len(short) > 1 else ""
+        raise FormatError(
+            str(parsed.container.source),
+            f"named data {key!r} (size)",
+            size,
+            f">= {info.nbytes} bytes: {info.dtype} {list(info.shape)}, as {described_by(info)} "
+            "says",
+            f"the runtime reads {info.nbytes} bytes from the value's start, past its end{more}",
+        )
+
+
+def described_by(info: TensorInfo) -> str:
+    """Who describes a key, for messages: the program's EXTERNAL tensor, an XNNPACK
+    graph, or a .ptd's tensor layout."""
+    if info.source == "program":
+        return f"the program's EXTERNAL tensor {info.where}"
+    if info.source == "ptd":
+        return f"the tensor layout of {info.where}"
+    return f"the XnnpackBackend graph's {info.where}"

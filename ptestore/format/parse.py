@@ -186,7 +186,8 @@ def _merged(spans: set[tuple[int, int]]) -> tuple[list[int], list[int]]:
 def _check_segments(
     head: FileHead, segments: tuple[Segment, ...], base: int, table: str
 ) -> tuple[str, ...]:
-    """Every segment inside the file; warnings for segments past segment_data_size."""
+    """Every segment inside the file, and a .ptd's inside its segment_data_size;
+    warnings for a .pte's segments past segment_data_size."""
     source, file_size = head.source, head.file_size
     has_header = head.header is not None
     data_size = None if head.header is None else head.header.segment_data_size
@@ -214,6 +215,19 @@ def _check_segments(
                 s.offset + s.size,
                 f"<= {file_size - base} (segment_base_offset {base} + offset + size must not "
                 f"pass the end of the {file_size}-byte file)",
+            )
+        if head.kind == "ptd" and data_size is not None and s.offset + s.size > base + data_size:
+            # The runtime refuses it (flat_tensor_data_map.cpp: "Invalid segment offset
+            # ... malformed PTD file", 0x24 when a key in it is read), comparing the
+            # segment's end with base + segment_data_size (measured: a .ptd whose
+            # segment_data_size is 32 bytes short loads); a .pte's segment_data_size it
+            # does not check, hence only the warning below.
+            raise FormatError(
+                source,
+                f"{name}.offset + size",
+                s.offset + s.size,
+                f"<= {base + data_size} (segment_base_offset {base} + the header's "
+                f"segment_data_size {data_size}: the runtime's bound for a .ptd segment)",
             )
         if data_size and s.offset + s.size > data_size:
             warnings.append(

@@ -210,7 +210,14 @@ def read_methods(
         methods.append(name)
         dvec = plan.vector(_PLAN_DELEGATES, "delegates", 4)
         if dvec is None:
-            continue
+            # The runtime refuses to load such a method (method.cpp: "Missing delegates
+            # field", 0x23); exporters write an empty vector for a method without any.
+            raise FormatError(
+                root.view.source,
+                f"{plan.field}.delegates",
+                None,
+                f"present (an empty vector when method {name!r} has no delegate)",
+            )
         for d in range(dvec.length):
             delegates.append(_delegate(dvec, d, name, seg_of, n_inline))
     return tuple(methods), tuple(delegates)

@@ -19,7 +19,6 @@ from .._dataclass import replace
 from ..errors import FormatError
 from ..storage.types import DataLoader
 from .flatbuf import FlatView, TableView, WorkBudget
-from .model import Container
 from .reader import ParsedFile
 from .tensorinfo import (
     MAX_OTHER_USES,
@@ -28,13 +27,8 @@ from .tensorinfo import (
     read_dims,
     scalar_type_info,
 )
-from .xnnpack import (
-    XNN_HEADER_LENGTH,
-    PackedWeight,
-    parse_packed_weights,
-    parse_xnngraph,
-    xnngraph_span,
-)
+from .xnnheader import XNN_HEADER_LENGTH, XNNPACK_BACKEND_ID, blob_source, xnngraph_span
+from .xnnpack import PackedWeight, parse_packed_weights, parse_xnngraph
 
 __all__ = [
     "XNNPACK_BACKEND_ID",
@@ -45,11 +39,11 @@ __all__ = [
     "tensor_index_of",
     "unheld_keys",
     "program_external_tensors",
+    "read_tensors",
+    "short_values",
     "xnnpack_packed_weights",
     "xnnpack_tensors",
 ]
-
-XNNPACK_BACKEND_ID = "XnnpackBackend"
 
 # schema/program.fbs field ids
 _PROGRAM_EXECUTION_PLAN = 1
@@ -117,10 +111,6 @@ def program_external_tensors(parsed: ParsedFile) -> list[tuple[str, TensorInfo]]
     return out
 
 
-def _blob_source(c: Container, method: str, position: int, where: str) -> str:
-    return f"{c.source} ({XNNPACK_BACKEND_ID} blob of {method}[{position}], {where})"
-
-
 def _xnnpack_graphs(
     parsed: ParsedFile, loader: DataLoader, budget: WorkBudget
 ) -> Iterator[tuple[bytes | bytearray | memoryview, str, str]]:
@@ -147,7 +137,7 @@ def _xnnpack_graphs(
         if (start, size) in blobs:
             continue
         blobs.add((start, size))
-        src = _blob_source(c, d.method, d.position, where)
+        src = blob_source(c, d, where)
         if inline is None:
             head: bytes | memoryview = bytes(loader.load(start, min(size, XNN_HEADER_LENGTH)))
         else:
@@ -244,20 +234,57 @@ def describe_tensors(
     return TensorIndex(described)
 
 
+def read_tensors(pte: ParsedFile, pte_loader: DataLoader) -> list[tuple[str, TensorInfo]]:
+    """``(key, info)`` for every named-data value a .pte reads: its XNNPACK graphs'
+    constants and its EXTERNAL tensors (reads only the graphs' FlatBuffers)."""
+    return xnnpack_tensors(pte, pte_loader) + program_external_tensors(pte)
+
+
 def unheld_keys(
-    pte: ParsedFile, pte_loader: DataLoader, ptd: ParsedFile | None = None
+    pte: ParsedFile,
+    pte_loader: DataLoader,
+    ptd: ParsedFile | None = None,
+    described: list[tuple[str, TensorInfo]] | None = None,
 ) -> list[tuple[str, TensorInfo]]:
     """``(key, info)`` for every key the .pte's XNNPACK graphs or EXTERNAL tensors read
     from named data that neither the .pte nor the ``ptd`` given holds, each key once, in
     the order found: the runtime cannot load such a pair (a key it does not find is error
-    0x20). Without ``ptd``: the keys the .pte expects from its .ptd."""
+    0x20). Without ``ptd``: the keys the .pte expects from its .ptd. ``described``: what
+    :func:`read_tensors` returned for the .pte, when the caller has it."""
     files = (pte,) if ptd is None else (pte, ptd)
     held = {e.key for parsed in files for e in parsed.container.named_data}
     out: dict[str, TensorInfo] = {}
-    for key, info in xnnpack_tensors(pte, pte_loader) + program_external_tensors(pte):
+    for key, info in read_tensors(pte, pte_loader) if described is None else described:
         if key not in held:
             out.setdefault(key, info)
     return list(out.items())
+
+
+def short_values(
+    pte: ParsedFile, ptd: ParsedFile | None, described: list[tuple[str, TensorInfo]]
+) -> list[tuple[str, ParsedFile, int, TensorInfo]]:
+    """``(key, file, stored size, info)`` for every held value shorter than the largest
+    description of its key in ``described`` (the value the runtime reads: the .ptd's
+    when both files hold the key), in the order found. The runtime reads as many bytes
+    as the description says from the value's start, past its end (into whatever
+    follows, or out of the file: a crash). A longer value is fine (its tail is unread)."""
+    holders: dict[str, tuple[ParsedFile, int]] = {}
+    for parsed in (ptd, pte):
+        if parsed is not None:
+            for e in parsed.container.named_data:
+                holders.setdefault(e.key, (parsed, e.segment_index))
+    largest: dict[str, TensorInfo] = {}
+    for key, info in described:
+        best = largest.get(key)
+        if key in holders and (best is None or info.nbytes > best.nbytes):
+            largest[key] = info
+    out = []
+    for key, info in largest.items():
+        parsed, index = holders[key]
+        size = parsed.container.segments[index].size
+        if size < info.nbytes:
+            out.append((key, parsed, size, info))
+    return out
 
 
 def layout_tensors(parsed: ParsedFile) -> list[tuple[str, TensorInfo]]:

@@ -1,11 +1,10 @@
 """The XNNPACK delegate blob: its ``XH00`` header and the XNNGraph tensor values.
 
-Layout (backends/xnnpack/serialization/xnnpack_graph_serialize.py, runtime XNNHeader.cpp):
-4 zero bytes, magic ``XH00``, u16 header length (30), u32 flatbuffer offset, u32
-flatbuffer size, u32 constant data offset, u64 constant data size. Without the magic the
-whole blob is the FlatBuffer. The XNNGraph (schema.fbs, identifier ``XN01``/``XN00``)
-lists ``xvalues``; a constant tensor has ``constant_buffer_idx`` into ``constant_data``,
-whose entry names the named-data key (offset UINT64_MAX) and the byte size.
+The header (its layout and checks: :mod:`.xnnheader`, re-exported here) says where the
+FlatBuffer is; without it the whole blob is the FlatBuffer. The XNNGraph (schema.fbs,
+identifier ``XN01``/``XN00``) lists ``xvalues``; a constant tensor has
+``constant_buffer_idx`` into ``constant_data``, whose entry names the named-data key
+(offset UINT64_MAX) and the byte size.
 
 Read with the same bounds-checked :class:`~ptestore.format.flatbuf.FlatView` as the
 container; every violation is a :class:`~ptestore.errors.FormatError`.
@@ -19,6 +18,14 @@ from .._dataclass import dataclass
 from ..errors import FormatError
 from .flatbuf import FlatView, TableView, WorkBudget
 from .tensorinfo import QuantParams, TensorInfo, read_dims
+from .xnnheader import (
+    XNN_HEADER_LENGTH,
+    XNN_HEADER_MAGIC,
+    XnnHeader,
+    check_identifier,
+    parse_xnn_header,
+    xnngraph_span,
+)
 
 __all__ = [
     "XNN_DATATYPES",
@@ -34,9 +41,6 @@ __all__ = [
     "xnngraph_span",
 ]
 
-XNN_HEADER_MAGIC = b"XH00"
-XNN_HEADER_LENGTH = 30
-XNN_IDENTIFIERS = (b"XN01", b"XN00")
 _UINT64_MAX = (1 << 64) - 1
 
 #: XNNDatatype -> dtype name.
@@ -76,59 +80,6 @@ _Q_PER_CHANNEL, _Q_PER_TENSOR, _Q_PER_TOKEN, _Q_GROUP = 1, 2, 3, 4
 # PerTensorQuant: scale 0 (float), zero_point 1
 _F32 = struct.Struct("<f")
 _I16 = struct.Struct("<h")
-
-
-@dataclass(frozen=True)
-class XnnHeader:
-    flatbuffer_offset: int
-    flatbuffer_size: int
-    constant_data_offset: int
-    constant_data_size: int
-
-
-def parse_xnn_header(
-    head: bytes | bytearray | memoryview, blob_size: int, source: str
-) -> XnnHeader | None:
-    """The ``XH00`` header from the first bytes of a blob; None when the blob has none."""
-    if len(head) < 8 or bytes(head[4:8]) != XNN_HEADER_MAGIC:
-        return None
-    if blob_size < XNN_HEADER_LENGTH or len(head) < XNN_HEADER_LENGTH:
-        raise FormatError(
-            source, "XNNHeader (blob size)", blob_size, f">= {XNN_HEADER_LENGTH} bytes"
-        )
-    length, fb_off, fb_size, cd_off, cd_size = struct.unpack_from("<HIIIQ", head, 8)
-    if length < XNN_HEADER_LENGTH:
-        raise FormatError(source, "XNNHeader.length", length, f">= {XNN_HEADER_LENGTH}")
-    if fb_size < 8 or fb_off + fb_size > blob_size:
-        raise FormatError(
-            source,
-            "XNNHeader.flatbuffer_size",
-            fb_size,
-            f">= 8 with flatbuffer_offset {fb_off} + size inside the {blob_size}-byte blob",
-        )
-    if fb_off < length:
-        raise FormatError(
-            source, "XNNHeader.flatbuffer_offset", fb_off, f">= the header length {length}"
-        )
-    if cd_off < fb_off + fb_size or cd_off + cd_size > blob_size:
-        raise FormatError(
-            source,
-            "XNNHeader.constant_data_offset",
-            cd_off,
-            f"after the FlatBuffer (>= {fb_off + fb_size}) with the {cd_size}-byte constant "
-            f"data inside the {blob_size}-byte blob",
-        )
-    return XnnHeader(fb_off, fb_size, cd_off, cd_size)
-
-
-def xnngraph_span(
-    head: bytes | bytearray | memoryview, blob_size: int, source: str
-) -> tuple[int, int]:
-    """``(offset, size)`` of the XNNGraph FlatBuffer inside a blob of ``blob_size`` bytes."""
-    hdr = parse_xnn_header(head, blob_size, source)
-    if hdr is None:
-        return 0, blob_size
-    return hdr.flatbuffer_offset, hdr.flatbuffer_size
 
 
 @dataclass(frozen=True)
@@ -201,10 +152,7 @@ def _graph(
     """The root table of the XNNGraph FlatBuffer ``buf`` (its file identifier checked)
     and its ``constant_data`` entries (:func:`_constant_data`)."""
     view = FlatView(buf, source, limit=len(buf), budget=budget)
-    if len(buf) < 8 or bytes(buf[4:8]) not in XNN_IDENTIFIERS:
-        raise FormatError(
-            source, "XNNGraph file identifier (bytes 4..8)", bytes(buf[4:8]), "b'XN01' or b'XN00'"
-        )
+    check_identifier(buf[:8], source)
     root = view.root("XNNGraph")
     return root, _constant_data(view, root)
 

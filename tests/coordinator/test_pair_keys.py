@@ -6,15 +6,21 @@ runtime: error 0x20 for an XNNPACK graph's constant and for a program's EXTERNAL
 from __future__ import annotations
 
 import re
+import struct
 from pathlib import Path
 
 import numpy as np
 import pytest
-from support.et_runtime import Job, run_one
+from support.et_runtime import Job, run_one, run_programs
 from support.fixtures import get_fixture
 
 import ptestore
-from ptestore.errors import MissingNamedData
+from ptestore.backends import BackendDataInitContext, BackendDataWriter, BackendInterface
+from ptestore.coordinator.run import described_by
+from ptestore.errors import FormatError, MissingNamedData
+from ptestore.format.reader import read_container
+from ptestore.format.tensors import layout_tensors, short_values
+from ptestore.storage.loaders import BytesLoader
 
 
 def _paths(name: str) -> tuple[Path, Path]:
@@ -94,3 +100,84 @@ def test_the_runtime_refuses_what_is_refused(pte: Path, ptd: Path) -> None:
     result = run_one(Job(pte=pte, ptd=ptd, method="forward", inputs=[x]))
     assert not result.ok and not result.crashed
     assert result.error is not None and result.error.endswith("error: 0x20"), result.describe()
+
+
+def _cut(src: Path, key: str, size: int, dst: Path) -> Path:
+    """``src`` with the stored size of ``key``'s segment set to ``size`` (its bytes and
+    every other byte left where they are)."""
+    data = bytearray(src.read_bytes())
+    c = read_container(BytesLoader(bytes(data), name=str(src))).container
+    seg = c.segments[next(e.segment_index for e in c.named_data if e.key == key)]
+    assert seg.size_pos is not None
+    struct.pack_into("<Q", data, seg.size_pos, size)
+    dst.write_bytes(data)
+    return dst
+
+
+class Recorder(BackendInterface):
+    """Serves XnnpackBackend and counts its calls."""
+
+    name = "XnnpackBackend"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def initialize_backend_data(
+        self, context: BackendDataInitContext, output: BackendDataWriter
+    ) -> None:
+        self.calls += 1
+
+
+XNN_BIAS = "3bf604f25ef5fac19ec896e5dd1421db740d59bb3ff76838ded16846172d0ee5"
+
+
+@pytest.mark.parametrize(
+    ("pte", "ptd", "key", "size", "said"),
+    [
+        (PORT_PTE, PORT_PTD, "fc2.bias", 16, "the program's EXTERNAL tensor forward values[3]"),
+        (PORT_PTE, PORT_PTD, "fc2.bias", 0, "the program's EXTERNAL tensor forward values[3]"),
+        (XNN_PTE, XNN_PTD, XNN_BIAS, 0, "the XnnpackBackend graph's forward[0] xvalues[5]"),
+    ],
+)
+def test_a_value_shorter_than_its_tensor_is_refused_before_any_backend(
+    tmp_path: Path, pte: Path, ptd: Path, key: str, size: int, said: str
+) -> None:
+    """The runtime reads as many bytes as the tensor says from the value's start: past
+    the end of a short value (the bytes after it as weights, or a crash)."""
+    cut = _cut(ptd, key, size, tmp_path / "in.ptd")
+    out = tmp_path / "o.pte"
+    backend = Recorder()
+    with pytest.raises(FormatError) as info:
+        ptestore.specialize(
+            pte, out, ptd=(cut, tmp_path / "o.ptd"), backends=[backend], allow_unchanged=True
+        )
+    assert backend.calls == 0
+    assert str(info.value) == (
+        f"{cut}: named data {key!r} (size) = {size}: must be >= 32 bytes: float32 [8], as "
+        f"{said} says (the runtime reads 32 bytes from the value's start, past its end)"
+    )
+    assert not out.exists() and not (tmp_path / "o.ptd").exists()
+
+
+def test_a_ptd_layout_longer_than_the_value_is_refused(tmp_path: Path) -> None:
+    """The .ptd's own tensor layout describes its values too (float32 [8]: 32 bytes)."""
+    cut = _cut(PORT_PTD, "fc2.bias", 16, tmp_path / "in.ptd")
+    parsed = read_container(BytesLoader(cut.read_bytes(), name=str(cut)))
+    described = [(k, i) for k, i in layout_tensors(parsed) if k == "fc2.bias"]
+    [(key, held, size, info)] = short_values(parsed, None, described)
+    assert (key, held is parsed, size, info.source) == ("fc2.bias", True, 16, "ptd")
+    assert described_by(info) == f"the tensor layout of {cut} named_data 'fc2.bias'"
+
+
+def test_the_runtime_reads_past_a_short_value(tmp_path: Path) -> None:
+    """Why: with fc2.bias cut to 16 of its 32 bytes (the bytes after it unchanged), the
+    runtime computes exactly what it computes with the whole value: it read 32 bytes."""
+    fx = get_fixture("mlp_portable_ext")
+    cut = _cut(PORT_PTD, "fc2.bias", 16, tmp_path / "in.ptd")
+    x = fx.inputs["forward"]
+    whole, short = run_programs(
+        [Job(pte=PORT_PTE, ptd=PORT_PTD, inputs=x), Job(pte=PORT_PTE, ptd=cut, inputs=x)]
+    )
+    assert whole.ok and short.ok, (whole.describe(), short.describe())
+    assert whole.outputs is not None and short.outputs is not None
+    assert np.array_equal(whole.outputs[0], short.outputs[0])
