@@ -258,6 +258,10 @@ def find_entry(
 ) -> dict[str, Any] | None:
     """The entry of ``(model, device)`` in the index at ``url`` (None: none); a version
     3 index reads the model's catalog and the entry's leaf only."""
+    from .index_bounds import check_asked
+
+    check_asked("model", model)
+    check_asked("device", device)
     root, sharded, _ = open_index(url, storage_options)
     if sharded is not None:
         return sharded.find(model, device)

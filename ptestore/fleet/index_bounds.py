@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import FormatError
+from ..errors import ConfigurationError, FormatError
 
 __all__ = [
     "ENTRY_ROOM",
@@ -73,6 +73,20 @@ def check_name(name: str, url: str, field: str) -> None:
     except UnicodeEncodeError as exc:
         raise FormatError(
             url, field, name[:60], "UTF-8 text", f"a lone surrogate at index {exc.start}"
+        ) from None
+
+
+def check_asked(what: str, name: str) -> None:
+    """A model or device name a caller asks an index for is UTF-8 text (a command-line
+    argument of bytes that are not UTF-8 arrives as lone surrogates), else
+    :class:`ConfigurationError` naming it: hashing it to find its shard raised a bare
+    ``UnicodeEncodeError``."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ConfigurationError(
+            f"{what} {name!r}: not valid UTF-8 text (character {name[exc.start]!r} at index "
+            f"{exc.start}): an index names models and devices in UTF-8"
         ) from None
 
 

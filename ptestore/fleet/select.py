@@ -257,9 +257,12 @@ def select(
     no such model. ``cpu``: the CPU fingerprint the packed-weight file must have been
     made for to be reported (default: this machine's). From a sharded index (version 3)
     it reads a few small objects (:mod:`.index_view`), whatever the size of the fleet."""
+    from .index_bounds import check_asked
     from .index_view import model_view
 
     name = device if isinstance(device, str) else device.name
+    check_asked("model", model)
+    check_asked("device", name)
     view = model_view(index, model, name, storage_options)
     entries = view.entries
     if not entries:

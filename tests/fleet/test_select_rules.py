@@ -277,3 +277,39 @@ def test_a_hostile_spec_is_rated_by_the_backend_installed_for_its_id(
     assert (got.kind, got.made_for, got.rating) == ("artifact", "a", "optimal")
     assert "NpuBackend: installed 'npu' rates it optimal" in got.reason
     assert not marker.exists()
+
+
+def test_a_name_asked_for_that_is_not_utf8_is_bad_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A command-line argument of bytes that are not UTF-8 arrives as lone surrogates:
+    hashing it to find its shard raised a bare UnicodeEncodeError (a traceback, exit 1)
+    from select, fetch and ensure INDEX."""
+    from ptestore.errors import ConfigurationError
+    from ptestore.fleet.index import find_entry
+
+    mlp = get_fixture("mlp_xnnpack").pte_path
+    assert mlp is not None
+    (tmp_path / "m.pte").write_bytes(mlp.read_bytes())
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'destination = "{tmp_path}/out/{{device}}/{{model}}.pte"\n'
+        f'[[models]]\nname = "m"\nsource = "{tmp_path}/m.pte"\n[devices.a]\n'
+    )
+    assert main(["fleet", "run", str(job), "--workers", "1", "-q"]) == 0
+    index = str(tmp_path / "out" / "ptestore-index.json")
+    capsys.readouterr()
+    message = (
+        "{what} '\\udcff': not valid UTF-8 text (character '\\udcff' at index 0): an index "
+        "names models and devices in UTF-8"
+    )
+    for what, model, device in (("model", "\udcff", "a"), ("device", "m", "\udcff")):
+        assert main(["select", index, "--model", model, "--device", device]) == 2
+        err = capsys.readouterr().err
+        assert err == f"ptestore select: error: {message.format(what=what)}\n"
+        dest = str(tmp_path / "f.pte")
+        assert main(["fetch", index, dest, "--model", model, "--device", device]) == 2
+        assert message.format(what=what) in capsys.readouterr().err
+        with pytest.raises(ConfigurationError, match="not valid UTF-8 text"):
+            find_entry(index, model, device)
+    assert not (tmp_path / "f.pte").exists()
