@@ -11,11 +11,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.counting_backend import Recorder
 from support.et_runtime import Job, run_one, run_programs
 from support.fixtures import get_fixture
 
 import ptestore
-from ptestore.backends import BackendDataInitContext, BackendDataWriter, BackendInterface
 from ptestore.coordinator.run import described_by
 from ptestore.errors import FormatError, MissingNamedData
 from ptestore.format.reader import read_container
@@ -112,20 +112,6 @@ def _cut(src: Path, key: str, size: int, dst: Path) -> Path:
     struct.pack_into("<Q", data, seg.size_pos, size)
     dst.write_bytes(data)
     return dst
-
-
-class Recorder(BackendInterface):
-    """Serves XnnpackBackend and counts its calls."""
-
-    name = "XnnpackBackend"
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def initialize_backend_data(
-        self, context: BackendDataInitContext, output: BackendDataWriter
-    ) -> None:
-        self.calls += 1
 
 
 XNN_BIAS = "3bf604f25ef5fac19ec896e5dd1421db740d59bb3ff76838ded16846172d0ee5"

@@ -12,26 +12,12 @@ import struct
 from pathlib import Path
 
 import pytest
+from support.counting_backend import Recorder
 from support.damaged import ALL, Damaged
 from support.fixtures import get_fixture
 
 import ptestore
-from ptestore.backends import BackendDataInitContext, BackendDataWriter, BackendInterface
 from ptestore.errors import FormatError
-
-
-class Recorder(BackendInterface):
-    """Serves XnnpackBackend and counts its calls."""
-
-    name = "XnnpackBackend"
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def initialize_backend_data(
-        self, context: BackendDataInitContext, output: BackendDataWriter
-    ) -> None:
-        self.calls += 1
 
 
 @pytest.mark.parametrize("case", ALL, ids=[c.name for c in ALL])
