@@ -65,15 +65,21 @@ def check_root_size(value: dict[str, Any], size: int, url: str) -> None:
         )
 
 
-def check_name(name: str, url: str, field: str) -> None:
-    """A model or device name is UTF-8 text (its hash places it: a lone surrogate such
-    as ``"\\ud800"``, valid JSON, has no UTF-8 form), else :class:`FormatError`."""
+def _not_utf8_at(name: str) -> int | None:
+    """Where ``name`` stops having a UTF-8 form (a lone surrogate), or None."""
     try:
         name.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise FormatError(
-            url, field, name[:60], "UTF-8 text", f"a lone surrogate at index {exc.start}"
-        ) from None
+        return exc.start
+    return None
+
+
+def check_name(name: str, url: str, field: str) -> None:
+    """A model or device name is UTF-8 text (its hash places it: a lone surrogate such
+    as ``"\\ud800"``, valid JSON, has no UTF-8 form), else :class:`FormatError`."""
+    at = _not_utf8_at(name)
+    if at is not None:
+        raise FormatError(url, field, name[:60], "UTF-8 text", f"a lone surrogate at index {at}")
 
 
 def check_asked(what: str, name: str) -> None:
@@ -81,13 +87,12 @@ def check_asked(what: str, name: str) -> None:
     argument of bytes that are not UTF-8 arrives as lone surrogates), else
     :class:`ConfigurationError` naming it: hashing it to find its shard raised a bare
     ``UnicodeEncodeError``."""
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError as exc:
+    at = _not_utf8_at(name)
+    if at is not None:
         raise ConfigurationError(
-            f"{what} {name!r}: not valid UTF-8 text (character {name[exc.start]!r} at index "
-            f"{exc.start}): an index names models and devices in UTF-8"
-        ) from None
+            f"{what} {name!r}: not valid UTF-8 text (character {name[at]!r} at index {at}): "
+            "an index names models and devices in UTF-8"
+        )
 
 
 def check_entry_size(entry: dict[str, Any], url: str, field: str) -> None:
