@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["pread_all", "preadinto_all", "pwrite_all"]
+__all__ = ["HASH_PIECE", "pread_all", "preadinto_all", "pwrite_all"]
+
+#: The buffer a file is read into to be hashed: small enough to stay in the core's
+#: cache between the kernel's copy into it and the hash reading it back. Measured here
+#: (2 vCPUs, a VM) on 1 GiB just written, SHA-256 and CRC-32 on two threads: pieces of
+#: 64-128 KiB read in 0.07-0.11 s of system time, pieces of 192 KiB to 8 MiB in
+#: 0.42-0.66 s (0.58 s of wall time in all against 0.76-0.96 s; SHA-256 alone on one
+#: thread, 128 KiB against 2 MiB: 0.80 against 1.18 s). A fresh buffer's pages also
+#: cost their first touch.
+HASH_PIECE = 128 << 10
 
 
 def pwrite_all(fd: int, data: memoryview, offset: int) -> None:

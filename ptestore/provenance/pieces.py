@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from .._background import Cancelled
 from .._background import check as check_cancelled
+from .._io import HASH_PIECE
 from ..storage.types import DataLoader, load_into
 
 __all__ = [
@@ -33,9 +34,8 @@ __all__ = [
 ]
 
 _CHUNK = 8 << 20
-#: The buffer each thread reads into: small, since a fresh buffer's pages cost their
-#: first touch (4 MiB: 2.6 ms in a VM) and hashing is no faster in larger pieces.
-_READ_PIECE = 1 << 20
+#: The buffer each thread reads into (:data:`ptestore._io.HASH_PIECE`).
+_READ_PIECE = HASH_PIECE
 _ZEROS = bytes(1 << 20)
 
 

@@ -47,7 +47,6 @@ __all__ = [
     "spec_text",
 ]
 
-_PIECE = 2 << 20  # the reused buffer of a loader that reads into memory it is given
 #: Prefix of the S3 user-metadata keys (``x-amz-meta-ptestore-*``).
 METADATA_PREFIX = "ptestore-"
 
@@ -87,12 +86,13 @@ def describe_source(
     if like is not None and like.startswith("sha256:"):
         import hashlib
 
+        from .._io import HASH_PIECE
         from .digest import read_pieces
 
         h = hashlib.sha256()
-        # 2 MiB pieces hash as fast as 8 MiB ones here, and the buffer may live beside
-        # a backend's own (the description runs while backends do, see CONCURRENT_MIN)
-        for piece in read_pieces(loader, 0, size, cancelled=cancelled, buffer_size=_PIECE):
+        # a small buffer (the kernel's copy and the hash stay in the core's cache), and
+        # it may live beside a backend's own (the description runs while backends do)
+        for piece in read_pieces(loader, 0, size, cancelled=cancelled, buffer_size=HASH_PIECE):
             h.update(piece)
         digest = "sha256:" + h.hexdigest()
         chunks = None

@@ -133,10 +133,12 @@ def cpu_fingerprint(
 
 
 def file_sha256(path: str | os.PathLike[str]) -> str:
-    """The SHA-256 of a file, read in 4 MiB pieces."""
+    """The SHA-256 of a file, read in small pieces (:data:`ptestore._io.HASH_PIECE`)."""
+    from .._io import HASH_PIECE
+
     h = hashlib.sha256()
     with open(path, "rb", buffering=0) as f:
-        buf = bytearray(4 << 20)
+        buf = bytearray(HASH_PIECE)
         view = memoryview(buf)
         while n := f.readinto(buf):
             h.update(view[:n])
