@@ -435,6 +435,7 @@ def _run(
                 bytes_copied=0,
                 bytes_replaced=replaced_bytes,
                 published_size=size,
+                content_digest=None if digest is None else digest.sha256,
             )
         ]
         summary.seconds = time.perf_counter() - started

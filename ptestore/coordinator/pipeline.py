@@ -389,6 +389,11 @@ class _Pipeline:
             publish_shared(store, run.files[1], shared[0], reports[1])
         publish_in_order(run, run.files, self.options.mode, reports)
         log.info("published in %.3f s", time.perf_counter() - t_publish)
+        if self.stamper is not None:
+            for report in reports:
+                content = self.stamper.contents.get(report.role)
+                if content is not None and report.status != "unchanged":
+                    report.content_digest = content.sha256
 
 
 def _spool_home(writer: DataWriter) -> str | None:

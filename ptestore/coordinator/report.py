@@ -109,6 +109,9 @@ class FileReport:
     etag: str | None = None
     version_id: str | None = None
     checksum: str | None = None
+    #: The digest of the bytes before the trailer, as the file's provenance record names
+    #: it (``sha256-tree:<hex>``): None without provenance or when nothing was written.
+    content_digest: str | None = None
 
 
 @dataclass

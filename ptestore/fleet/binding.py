@@ -37,7 +37,7 @@ defence against someone who can write the bucket and forges a matching CRC on pu
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from .._dataclass import dataclass
 from ..checksums import CRC_ALGORITHMS, ExpectedChecksums, combine_all, composite, decode, encode
@@ -183,12 +183,17 @@ def check_artifact(
     open_: Callable[[str], DataLoader],
     want: ProvenanceKey,
     ptd_check: Callable[[str, Provenance], tuple[bool, str]] | None = None,
+    published: Mapping[str, str] | None = None,
 ) -> tuple[bool, str]:
     """``(current, reason)`` for the artifact at ``urls`` (the .pte, then its .ptd):
     each file has a valid trailer whose key is ``want`` and whose bytes are the ones it
     names, and the .pte's record names this very .ptd. With ``ptd_check``, ``urls`` is
     the .pte alone and ``ptd_check(url, record)`` checks the .ptd its record names
-    (one stored once by content, :func:`.shared.check_shared_ptd`)."""
+    (one stored once by content, :func:`.shared.check_shared_ptd`). ``published``: the
+    content digest this process just published at a URL (``{url: "sha256-tree:..."}``):
+    a file there whose record names that digest is taken as the bytes the run wrote,
+    not read again (a run that publishes a 1 GiB local file would otherwise read and
+    hash all of it a second time; another run's file has another record)."""
     contents: list[ContentDigest | None] = []
     records: list[Provenance] = []
     for url in urls:
@@ -204,9 +209,11 @@ def check_artifact(
             diff = prov.key().mismatches(want)
             if diff:
                 return False, f"stale: {'; '.join(diff)}"
-            bad = bytes_mismatch(loader, trailer, prov)
-            if bad is not None:
-                return False, bad
+            written = None if published is None else published.get(url)
+            if prov.content is None or written != prov.content.sha256:
+                bad = bytes_mismatch(loader, trailer, prov)
+                if bad is not None:
+                    return False, bad
         except FormatError as exc:
             return False, f"damaged provenance trailer: {exc}"
         finally:

@@ -8,7 +8,8 @@ Publishing is create-or-verify: a pair whose destination is empty publishes with
 ``mode="create"`` (no-clobber); when another worker won the race, the artifact it
 published is accepted only if its provenance key is the one this pair wants. After
 every publish the destination's trailer is read back and checked the same way, so two
-workers racing on one pair never leave a wrong artifact unreported.
+workers racing on one pair never leave a wrong artifact unreported (its bytes are read
+only when its record names another digest than the one this run published).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from ..storage.types import StorageURL
 from .job import pair_options
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from ..backends.compat import DeviceProfile
     from ..writers.base import PublishMode
 
@@ -162,11 +165,13 @@ def check_destination(
     want: ProvenanceKey,
     counter: list[int],
     shared_root: str | None = None,
+    published: Mapping[str, str] | None = None,
 ) -> tuple[bool, str]:
     """``(current, reason)`` for the artifact at ``urls`` (the .pte, then a .ptd): its
     provenance key is ``want`` and its bytes are the ones the record names (see
     :mod:`.binding`). With ``shared_root`` the .ptd is the one stored under it by the
-    content address the .pte's record names (:mod:`.shared`), not ``urls[1]``."""
+    content address the .pte's record names (:mod:`.shared`), not ``urls[1]``.
+    ``published``: what this run just published (:func:`~.binding.check_artifact`)."""
     from .binding import check_artifact
 
     def open_(url: str) -> DataLoader:
@@ -177,7 +182,7 @@ def check_destination(
             raise
 
     if shared_root is None:
-        return check_artifact(urls, open_, want)
+        return check_artifact(urls, open_, want, published=published)
     from .shared import check_shared_ptd
 
     return check_artifact(
@@ -185,6 +190,7 @@ def check_destination(
         open_,
         want,
         ptd_check=lambda pte, prov: check_shared_ptd(pte, prov, open_, shared_root),
+        published=published,
     )
 
 
@@ -280,10 +286,18 @@ def _run(task: PairTask, counter: list[int]) -> tuple[str, str]:
         # A .ptd found stored at its content address was not written again.
         counter[0] += sum(f.size_after for f in report.files if f.status != "stored")
         outcome = "published"
+        # The digests the run just published, by URL: a destination whose record names
+        # the same one is the run's own file, not read and hashed again.
+        by_role = {f.role: f.content_digest for f in report.files if f.status == "written"}
+        digests = (by_role.get(role) for role in ("pte", "ptd")[: len(urls)])
+        published = {
+            url: digest for url, digest in zip(urls, digests, strict=True) if digest is not None
+        }
     except AlreadyExists:
         outcome = "raced"  # another worker published first: verify what it left
+        published = {}
     current, reason = check_destination(
-        urls, task.storage_options, task.key, counter, task.shared_root
+        urls, task.storage_options, task.key, counter, task.shared_root, published
     )
     if not current:
         raise PteStoreError(
