@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["HASH_PIECE", "pread_all", "preadinto_all", "pwrite_all"]
+__all__ = ["HASH_PIECE", "free_bytes", "pread_all", "preadinto_all", "pwrite_all"]
 
 #: The buffer a file is read into to be hashed: small enough to stay in the core's
 #: cache between the kernel's copy into it and the hash reading it back. Measured here
@@ -57,3 +57,14 @@ def preadinto_all(fd: int, view: memoryview, offset: int) -> int:
 
 
 _PREADV = getattr(os, "preadv", None)
+
+
+def free_bytes(path: str) -> int | None:
+    """Bytes this user may still allocate on the file system of ``path`` (a directory
+    or a file on it): ``f_bavail * f_frsize``, not the blocks kept for root. None when
+    the system does not say (``statvfs`` failed)."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize

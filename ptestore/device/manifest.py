@@ -181,11 +181,10 @@ def disk_full_error(
 ) -> StorageError:
     """The error for a cache whose file system is full, with what to do about it
     (``replaced``: an earlier entry's files were replaced, and that entry was removed)."""
-    try:
-        st = os.statvfs(where)
-        free = f"{st.f_bavail * st.f_frsize} bytes free"
-    except OSError:
-        free = "free space unknown"
+    from .._io import free_bytes
+
+    left = free_bytes(where)
+    free = "free space unknown" if left is None else f"{left} bytes free"
     return StorageError(
         f"{where}: no space left on the file system for the specialized copy of {src} "
         f"(about {need} bytes needed, {free}); "

@@ -240,9 +240,10 @@ def _refuse_short(what: str, directory: str, needed: int, kind: str, after: str)
     """A :class:`~ptestore.errors.StorageError` ENOSPC naming ``what``, the ``needed``
     bytes (``kind``: needed, to download) and the free ones when ``directory``'s file
     system has fewer free for this user; ``after``: what became of the download."""
-    st = os.statvfs(directory)
-    free = st.f_bavail * st.f_frsize
-    if needed > free:
+    from .._io import free_bytes
+
+    free = free_bytes(directory)
+    if free is not None and needed > free:
         raise StorageError(
             f"{what}: not enough free space to fetch: {needed} bytes {kind}, {free} free in "
             f"{directory} ({os.strerror(errno.ENOSPC)}); {after}",

@@ -44,7 +44,7 @@ import stat
 import sys
 from typing import ClassVar
 
-from .._io import pwrite_all
+from .._io import free_bytes, pwrite_all
 from ..errors import (
     ConfigurationError,
     ObjectNotFound,
@@ -402,11 +402,7 @@ class LocalFileWriter(DataWriter):
     def _free_bytes(self) -> int | None:
         """Bytes this user may still allocate on the destination's file system (None:
         it does not say)."""
-        try:
-            st = os.statvfs(self.directory)
-        except OSError:
-            return None
-        return st.f_bavail * st.f_frsize
+        return free_bytes(self.directory)
 
     def _no_room(self, what: str, needed: int, free: int) -> StorageError:
         return StorageError(
