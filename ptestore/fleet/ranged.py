@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 from .._retry import DEFAULT_RETRY, Category, classify, to_storage_error
 from ..errors import IntegrityError, StorageError
+from ..storage.pinned import answered_range, get_params, other_range_message
 from ..storage.types import DataLoader
 
 __all__ = ["ObjectChanged", "PinnedReader", "pinned_attempts"]
@@ -53,14 +54,12 @@ class PinnedReader:
         self.received = 0
         fs: Any = getattr(loader, "fs", None)
         path = getattr(loader, "path", None)
-        self._s3: tuple[Any, dict[str, Any]] | None = None
+        #: ``(filesystem, bucket, key, ETag, version id)`` of an S3 object.
+        self._s3: tuple[Any, str, str, str, str | None] | None = None
         s3 = fs is not None and type(fs).__name__ == "S3FileSystem"
         if etag and s3 and isinstance(path, str):
             bucket, key, version = fs.split_path(path)
-            params: dict[str, Any] = {"Bucket": bucket, "Key": key, "IfMatch": etag}
-            if version:
-                params["VersionId"] = version
-            self._s3 = (fs, params)
+            self._s3 = (fs, bucket, key, etag, version or None)
 
     def read(self, offset: int, size: int) -> bytes:
         """``size`` bytes at ``offset``, in one request."""
@@ -96,7 +95,7 @@ class PinnedReader:
         import fsspec.asyn
 
         assert self._s3 is not None
-        fs, pin = self._s3
+        fs, bucket, key, etag, version = self._s3
         offset = start
         body: Any = None
         failures = 0
@@ -105,9 +104,9 @@ class PinnedReader:
             return fsspec.asyn.sync(fs.loop, fn, *args)
 
         async def open_body(first: int) -> Any:
-            params = {**pin, "Range": f"bytes={first}-{end - 1}"}
+            params = get_params(bucket, key, etag, version, first, end)
             resp = await fs._call_s3("get_object", **params)
-            return resp["Body"], _answered(resp, first, end)
+            return resp["Body"], answered_range(resp, first, end)
 
         async def read_piece(b: Any, n: int) -> bytes:
             out = bytearray()
@@ -130,9 +129,7 @@ class PinnedReader:
                         body, other = run(open_body, offset)
                         if other is not None:
                             raise _OtherRange(
-                                f"{self.name}: asked the server for Range: bytes={offset}-"
-                                f"{end - 1}, it answered {other}: another range than the one "
-                                "asked for; its bytes are refused",
+                                other_range_message(self.name, offset, end, other),
                                 published=False,
                             )
                     data = run(read_piece, body, n)
@@ -167,21 +164,6 @@ class PinnedReader:
 
 class _OtherRange(IntegrityError):
     """The server answered a ranged GET with another range than the one asked for."""
-
-
-def _answered(resp: dict[str, Any], first: int, end: int) -> str | None:
-    """None when the response to ``Range: bytes=first-(end-1)`` holds that range (its
-    ``Content-Range``; without one, the whole object, which must then be that range);
-    else what it holds, as the server said it."""
-    got = resp.get("ContentRange")
-    if got is None:
-        length = resp.get("ContentLength")
-        if first == 0 and length == end:
-            return None
-        return f"with no Content-Range ({length} bytes: the whole object)"
-    if not isinstance(got, str) or not got.startswith(f"bytes {first}-{end - 1}/"):
-        return f"Content-Range: {got}"
-    return None
 
 
 def _quietly(run: Callable[..., Any], fn: Callable[..., Any], *args: Any) -> None:

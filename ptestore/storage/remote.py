@@ -17,7 +17,13 @@ import threading
 from typing import Any, ClassVar
 
 from .._retry import DEFAULT_RETRY, RETRY_OPTIONS, Category, RetryPolicy, classify, to_storage_error
-from ..errors import ConfigurationError, ObjectNotFound, PreconditionFailed, StorageError
+from ..errors import (
+    ConfigurationError,
+    IntegrityError,
+    ObjectNotFound,
+    PreconditionFailed,
+    StorageError,
+)
 from ._options import fsspec_options
 from ._s3source import S3Source, s3_source_of
 from .base import LoaderBase, check_range
@@ -174,16 +180,16 @@ class FsspecLoader(LoaderBase):
         return self._read(offset, size)
 
     def _read(self, offset: int, size: int) -> bytes:
-        def read() -> tuple[bytes, str | None, str | None]:
+        def read() -> tuple[bytes, str | None, str | None, str | None]:
             if self._s3 is not None:
                 return self._get(offset, size)
             data = self.fs.cat_file(self.path, start=offset, end=offset + size)
-            return (bytes(data) if not isinstance(data, bytes) else data), None, None
+            return (bytes(data) if not isinstance(data, bytes) else data), None, None, None
 
         what = f"read of {size} bytes at offset {offset}"
         self.bytes_fetched += size
         try:
-            data, etag, version = self._retry.call(read, what=f"{self.name}: {what}")
+            data, etag, version, other = self._retry.call(read, what=f"{self.name}: {what}")
         except Exception as exc:
             category = classify(exc)
             if category is Category.PRECONDITION:  # 412: If-Match no longer holds
@@ -196,6 +202,11 @@ class FsspecLoader(LoaderBase):
             raise self._replaced(what, "answered another ETag", etag)
         if self.version_id is not None and version is not None and version != self.version_id:
             raise self._replaced(what, f"answered version {version}", etag)
+        if other is not None:  # not the bytes asked for: refused, never read as them
+            from .pinned import other_range_message
+
+            message = other_range_message(self.name, offset, offset + size, other)
+            raise IntegrityError(message, published=False)
         if len(data) != size:
             raise StorageError(
                 f"{self.name}: short read: wanted {size} bytes at offset {offset}, "
@@ -203,34 +214,30 @@ class FsspecLoader(LoaderBase):
             )
         return data
 
-    def _get(self, offset: int, size: int) -> tuple[bytes, str | None, str | None]:
-        """One ranged ``GetObject`` pinned to the version opened: the bytes, and the
-        ETag and version id the answer names."""
+    def _get(self, offset: int, size: int) -> tuple[bytes, str | None, str | None, str | None]:
+        """One ranged ``GetObject`` pinned to the version opened: the bytes, the ETag and
+        version id the answer names, and what it holds when that is another range than
+        the one asked for (:func:`.pinned.answered_range`; None when it is the range)."""
         import fsspec.asyn
+
+        from .pinned import answered_range, get_params
 
         assert self._s3 is not None
         bucket, key = self._s3
-        params: dict[str, Any] = {
-            "Bucket": bucket,
-            "Key": key,
-            "Range": f"bytes={offset}-{offset + size - 1}",
-        }
-        if self.etag is not None:
-            params["IfMatch"] = self.etag
-        if self.version_id is not None:
-            params["VersionId"] = self.version_id
+        params = get_params(bucket, key, self.etag, self.version_id, offset, offset + size)
         fs = self.fs
 
-        async def get() -> tuple[bytes, str | None, str | None]:
+        async def get() -> tuple[bytes, str | None, str | None, str | None]:
             resp = await fs._call_s3("get_object", **params)
             body = resp["Body"]
             try:
                 data: bytes = await body.read()
             finally:
                 body.close()
-            return data, resp.get("ETag"), resp.get("VersionId")
+            other = answered_range(resp, offset, offset + size)
+            return data, resp.get("ETag"), resp.get("VersionId"), other
 
-        got: tuple[bytes, str | None, str | None] = fsspec.asyn.sync(fs.loop, get)
+        got: tuple[bytes, str | None, str | None, str | None] = fsspec.asyn.sync(fs.loop, get)
         return got
 
     def _etag_now(self) -> str | None:

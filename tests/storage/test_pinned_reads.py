@@ -135,6 +135,33 @@ def test_a_server_that_ignores_if_match_is_caught_by_the_answers_etag(
     assert info.value.refused_by == "ptestore"
 
 
+def test_an_answer_holding_another_range_is_refused_as_such(s3_server: S3TestServer) -> None:
+    """A ranged read answered with another range of the same length (something between
+    the client and the store that shifts it): its bytes are refused, naming the range
+    asked for and the one received, never returned as the bytes asked for."""
+    from ptestore.errors import IntegrityError
+
+    client = s3_server.client()
+    bucket = s3_server.new_bucket()
+    client.put_object(Bucket=bucket, Key="m.pte", Body=A)
+    loader = _open(s3_server, bucket)
+
+    def shift(params: dict[str, Any], **_: Any) -> None:  # bytes=100-4195 -> 108-4203
+        first, last = (int(x) for x in params["Range"].removeprefix("bytes=").split("-"))
+        params["Range"] = f"bytes={first + 8}-{last + 8}"
+
+    loader.fs.s3.meta.events.register("before-parameter-build.s3.GetObject", shift)
+    sent = _sends(loader)
+    with pytest.raises(IntegrityError) as info:
+        loader.load(100, 4096)
+    assert str(info.value) == (
+        f"s3://{bucket}/m.pte: asked the server for Range: bytes=100-4195, it answered "
+        f"Content-Range: bytes 108-4203/{SIZE}: another range than the one asked for; its "
+        "bytes are refused"
+    )
+    assert info.value.published is False and len(sent) == 1  # not asked again
+
+
 def test_a_versioned_source_is_read_at_its_version(s3_server: S3TestServer) -> None:
     """A newer version stored (and deleted again) while the source is read: every read
     still gets the version opened; a new version of the same bytes is a change."""
