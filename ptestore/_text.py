@@ -3,12 +3,13 @@
 A hostile file's fields are data, never layout: :func:`shown` cuts a value to about
 80 characters (a 1 MB field makes a one-line error message, not a 1 MB one), and
 :func:`printable` escapes the control characters of a key or name a text report prints
-(a newline cannot forge a report line, an escape sequence cannot drive the terminal).
+(a newline cannot forge a report line, an escape sequence cannot drive the terminal);
+:func:`for_terminal` does the same for a whole message, its own line breaks kept.
 """
 
 from __future__ import annotations
 
-__all__ = ["SHOWN_CHARS", "printable", "shown"]
+__all__ = ["SHOWN_CHARS", "for_terminal", "printable", "shown"]
 
 #: How many characters of a value a message shows (:func:`shown`).
 SHOWN_CHARS = 80
@@ -43,3 +44,14 @@ def printable(text: str) -> str:
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() and c != "\\" else repr(c)[1:-1] for c in text)
+
+
+def for_terminal(message: str) -> str:
+    """``message`` as the CLI prints it on a terminal: each non-printable character but
+    a line break (an escape, a carriage return, a backspace, U+2028, ...) written as
+    ``repr`` writes it (``\\x1b``, ``\\r``), so a name from a file that a message
+    embeds as it is cannot drive the terminal or overwrite the line. Backslashes are
+    kept (a message's ``repr`` of a value has escaped its own already)."""
+    if message.isprintable():
+        return message
+    return "".join(c if c.isprintable() or c == "\n" else repr(c)[1:-1] for c in message)

@@ -36,7 +36,7 @@ from ptestore.cli.exits import (
     guarded,
 )
 from ptestore.cli.options import human_bytes, parse_storage_option
-from ptestore.errors import BackendError, ConfigurationError
+from ptestore.errors import BackendError, ConfigurationError, PteStoreError
 from ptestore.format import parse
 from ptestore.inspection import describe
 
@@ -456,6 +456,25 @@ def test_exit_code_mapping(
     captured = capsys.readouterr()
     assert captured.err == message + "\n"
     assert captured.out == ""
+
+
+def test_an_error_line_cannot_drive_the_terminal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A name with an escape sequence or a carriage return (a file's, or a path given)
+    is printed escaped in the error line: it cannot clear the screen or overwrite the
+    line; the message's own line breaks stay."""
+    from ptestore.cli import main
+
+    name = tmp_path / "m\x1b[2J\r.pte"
+    assert main(["inspect", str(name)]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    shown = f"{tmp_path}/m\\x1b[2J\\r.pte"
+    assert err.splitlines()[0] == f"ptestore inspect: error: {shown}: no such file"
+    assert "\x1b" not in err and "\r" not in err
+    run = guarded("x")(_raising(PteStoreError("first line\nsecond \x07line")))
+    assert run(argparse.Namespace()) == EXIT_FAILURE
+    assert capsys.readouterr().err == "ptestore x: error: first line\nsecond \\x07line\n"
 
 
 def test_exit_codes_are_the_documented_numbers() -> None:
