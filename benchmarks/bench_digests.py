@@ -131,10 +131,13 @@ def _quiet(*absent: Path) -> None:
     os.sync()
 
 
-def _timed(cmd: list[str], env: dict[str, str], dst: Path | None = None) -> float:
+def _timed(cmd: list[str], env: dict[str, str], cwd: Path, dst: Path | None = None) -> float:
+    """Seconds of ``cmd`` run in ``cwd``: a directory without a ``ptestore`` package, since
+    ``python -m`` puts the current directory first on the path (run from this tree's root,
+    every case imported the tree, not the environment's ptestore)."""
     _quiet(*([dst] if dst is not None else []))
     t = time.perf_counter()
-    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
+    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, cwd=cwd)
     return time.perf_counter() - t
 
 
@@ -190,12 +193,14 @@ def _cases(
         cases[f"passthrough:{label}"] = lambda src=src: _timed(
             [*spec, str(src), str(out), "--backend", "passthrough", "--allow-unchanged"],
             env,
+            store,
             out,
         )
         if xfs:
             cases[f"replace1:{label}"] = lambda src=src: _timed(
                 [*spec, str(src), str(out), "--backend", "bench_digests_backend:Reverse"],
                 env,
+                store,
                 out,
             )
         else:
@@ -214,6 +219,7 @@ def _cases(
                         "bench_digests_backend:Reverse",
                     ],
                     env,
+                    store,
                 )
 
             cases[f"inplace:{label}"] = inplace

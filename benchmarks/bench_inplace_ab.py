@@ -43,7 +43,9 @@ def _run(tree: Path, work: Path, src: Path, env: dict[str, str]) -> tuple[float,
     run_env = {**env, "PYTHONPATH": os.pathsep.join([str(tree), str(work)])}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
-    subprocess.run(cmd, check=True, env=run_env, stdout=subprocess.DEVNULL)
+    # in ``work``: ``python -m`` puts the current directory first on the path, so run from
+    # this tree's root both trees were this one
+    subprocess.run(cmd, check=True, env=run_env, stdout=subprocess.DEVNULL, cwd=work)
     wall = time.perf_counter() - t
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)

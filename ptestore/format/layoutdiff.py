@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._text import printable
 from ..errors import FormatError
+from ..storage.types import load_into
 
 if TYPE_CHECKING:
     from ..storage.types import DataLoader
@@ -122,13 +123,24 @@ def segment_hashes(loader: DataLoader, desc: dict[str, Any]) -> dict[int, str]:
             f"<= {2 * file_size} bytes (twice the {file_size}-byte file)",
             "segments overlap so often that comparing them would read the file over and over",
         )
+    from .._io import HASH_PIECE
+
+    # a local file into one small reused buffer (:data:`~ptestore._io.HASH_PIECE`: the
+    # kernel's copy and the hash stay in the cache), anything else 8 MiB per request
+    buffered = hasattr(loader, "readinto")
+    piece = HASH_PIECE if buffered else 8 << 20
+    buffer = memoryview(bytearray(piece if buffered else 0))
     out: dict[int, str] = {}
     for (pos, size), indices in ranges.items():
         h = hashlib.sha256()
         end = pos + size
         while pos < end:
-            n = min(8 << 20, end - pos)
-            h.update(loader.load(pos, n))
+            n = min(piece, end - pos)
+            if buffered:
+                load_into(loader, pos, buffer[:n])
+                h.update(buffer[:n])
+            else:
+                h.update(loader.load(pos, n))
             pos += n
         out.update(dict.fromkeys(indices, h.hexdigest()))
     return out
