@@ -133,9 +133,18 @@ def load_entry_point(value: str, spec: str) -> object:
     """Load an entry point's ``module:attr.attr [extras]`` value as
     ``EntryPoint.load`` does (extras are not checked, as there)."""
 
+    module_name, _, attr = value.partition("[")[0].partition(":")
+    module_name = module_name.strip()
+    if not module_name or module_name.startswith("."):
+        # import_module raises TypeError or ValueError: not the backend's code failing
+        raise ConfigurationError(
+            f"backend {spec!r}: entry point {value!r} names no absolute module "
+            "(package.module:attr, importable from sys.path): its distribution declares "
+            "it wrongly"
+        )
+
     def load() -> object:
-        module_name, _, attr = value.partition("[")[0].partition(":")
-        obj: object = importlib.import_module(module_name.strip())
+        obj: object = importlib.import_module(module_name)
         for part in attr.strip().split("."):
             if part:
                 obj = getattr(obj, part)

@@ -210,3 +210,27 @@ def test_an_entry_point_named_as_a_built_in_is_listed_and_the_built_in_keeps_the
     # the listing says it (and fails, as for any entry point that is not used)
     assert main(["backends"]) == EXIT_FAILURE
     assert f"is not used; give it by its import path ({value})" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("value", [".npu:Npu", ":Npu", " .npu.sub : Npu [extra]"])
+def test_an_entry_point_without_an_absolute_module_is_bad_input(
+    site: tuple[Path, str], tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    """A value naming a relative module or none (``importlib`` raised TypeError or
+    ValueError, reported as the backend's failure, exit 1): the distribution's
+    declaration is wrong, a ConfigurationError (exit 2) naming the entry point."""
+    path, u = site
+    name = f"rel{u}"
+    dist(path, f"rel_plugin_{u}", "1.0", [], {name: value})
+    why = (
+        f"backend {name!r}: entry point {value.strip()!r} names no absolute module "
+        "(package.module:attr, importable from sys.path): its distribution declares it "
+        "wrongly"
+    )
+    with pytest.raises(ConfigurationError) as info:
+        load_backend(name)
+    assert str(info.value) == why
+    out = tmp_path / "o.pte"
+    assert main(["specialize", str(MLP.pte_path), str(out), "--backend", name]) == 2
+    assert capsys.readouterr().err.splitlines()[0] == f"ptestore specialize: error: {why}"
+    assert not out.exists()
