@@ -13,7 +13,10 @@ until it must:
 - ``warning`` and above always reach the real logger (unconfigured, its last-resort
   handler prints them on stderr), so nothing a user should see is lost.
 
-Records name the caller's line, as with a plain logger (``stacklevel``).
+Records name the caller's line, as with a plain logger (``stacklevel``). While the
+command line runs a command (:data:`TERMINAL`), a record's string and exception
+arguments are escaped for a terminal (:func:`ptestore._text.for_terminal`): a path or a
+name from a file cannot drive the terminal from a warning either.
 """
 
 from __future__ import annotations
@@ -24,7 +27,26 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import logging
 
-__all__ = ["Logger", "get_logger"]
+__all__ = ["TERMINAL", "Logger", "get_logger"]
+
+#: Whether records reach a terminal: set by the command line while a command runs
+#: (:func:`ptestore.cli.exits.guarded`), never by the library itself.
+TERMINAL = False
+
+
+def _shown(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``args`` as a record on a terminal takes them (:data:`TERMINAL`): strings and
+    exceptions (``%s``) with what would act on the terminal escaped."""
+    if not TERMINAL:
+        return args
+    from ._text import for_terminal
+
+    def one(a: Any) -> Any:
+        if isinstance(a, (str, BaseException)):
+            return for_terminal(str(a))
+        return a
+
+    return tuple(one(a) for a in args)
 
 
 class Logger:
@@ -47,17 +69,17 @@ class Logger:
 
     def debug(self, msg: str, *args: Any) -> None:
         if "logging" in sys.modules:
-            self.logger.debug(msg, *args, stacklevel=2)
+            self.logger.debug(msg, *_shown(args), stacklevel=2)
 
     def info(self, msg: str, *args: Any) -> None:
         if "logging" in sys.modules:
-            self.logger.info(msg, *args, stacklevel=2)
+            self.logger.info(msg, *_shown(args), stacklevel=2)
 
     def warning(self, msg: str, *args: Any) -> None:
-        self.logger.warning(msg, *args, stacklevel=2)
+        self.logger.warning(msg, *_shown(args), stacklevel=2)
 
     def error(self, msg: str, *args: Any) -> None:
-        self.logger.error(msg, *args, stacklevel=2)
+        self.logger.error(msg, *_shown(args), stacklevel=2)
 
 
 def get_logger(name: str) -> Logger:

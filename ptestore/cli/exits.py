@@ -196,8 +196,16 @@ def configure_logging(args: argparse.Namespace) -> logging.Handler | None:
         return None
     import logging  # here: ``ptestore --help`` does not pay for it
 
+    from .._text import for_terminal
+
+    class Escaped(logging.Formatter):
+        """A record as a terminal shows it: what would act on it escaped."""
+
+        def format(self, record: logging.LogRecord) -> str:
+            return for_terminal(super().format(record))
+
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(name)s: %(levelname)s: %(message)s"))
+    handler.setFormatter(Escaped("%(name)s: %(levelname)s: %(message)s"))
     logger = logging.getLogger("ptestore")
     logger.addHandler(handler)
     logger.setLevel(logging.DEBUG if debug or verbose > 1 else logging.INFO)
@@ -223,6 +231,9 @@ def guarded(command: str, *, publishes: bool = False) -> Callable[[Command], Com
         @functools.wraps(run)
         def guarded_run(args: argparse.Namespace) -> int:
             handler = configure_logging(args)
+            from .. import _log
+
+            terminal, _log.TERMINAL = _log.TERMINAL, True  # records escaped (ptestore._log)
             try:
                 if publishes:  # SIGTERM/SIGHUP take Ctrl-C's path (ptestore._signals)
                     from .._signals import termination_as_interrupt
@@ -264,6 +275,7 @@ def guarded(command: str, *, publishes: bool = False) -> Callable[[Command], Com
                     sys.stdout.flush()
                 return code
             finally:
+                _log.TERMINAL = terminal
                 if handler is not None:
                     import logging
 

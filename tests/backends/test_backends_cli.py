@@ -477,6 +477,37 @@ def test_an_error_line_cannot_drive_the_terminal(
     assert capsys.readouterr().err == "ptestore x: error: first line\nsecond \\x07line\n"
 
 
+def test_warnings_of_a_command_cannot_drive_the_terminal(
+    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """While a command runs, a warning's string and exception arguments are escaped
+    (ptestore._log); with -v every record is (the handler's formatter); the library
+    outside a command leaves them as they are."""
+    import logging
+
+    from ptestore._log import get_logger
+
+    hostile = "s3://b/k\x1b[2J\rforged"
+
+    def run(args: argparse.Namespace) -> int:
+        get_logger("ptestore.test").warning("%s: %s", hostile, PteStoreError("why\x07"))
+        logging.getLogger("ptestore.test.plain").warning("plain %s", hostile)
+        return 0
+
+    caplog.set_level(logging.WARNING, logger="ptestore")
+    assert guarded("x")(run)(argparse.Namespace(verbose=1)) == 0
+    err = capsys.readouterr().err
+    assert "ptestore.test: WARNING: s3://b/k\\x1b[2J\\rforged: why\\x07" in err
+    assert "ptestore.test.plain: WARNING: plain s3://b/k\\x1b[2J\\rforged" in err
+    assert "\x1b" not in err and "\r" not in err and "\x07" not in err
+    # the arguments themselves (what any handler gets), not only the CLI's formatter
+    mine = [r.getMessage() for r in caplog.records if r.name == "ptestore.test"]
+    assert mine == ["s3://b/k\\x1b[2J\\rforged: why\\x07"]
+    caplog.clear()
+    get_logger("ptestore.test").warning("%s", hostile)  # not in a command: as it is
+    assert caplog.records[-1].getMessage() == hostile
+
+
 def test_exit_codes_are_the_documented_numbers() -> None:
     assert (EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_INTERRUPTED) == (0, 1, 2, 130)
 
