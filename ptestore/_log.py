@@ -81,6 +81,12 @@ class Logger:
     def error(self, msg: str, *args: Any) -> None:
         self.logger.error(msg, *_shown(args), stacklevel=2)
 
+    def log(self, level: int, msg: str, *args: Any) -> None:
+        """A record at ``level`` (a :mod:`logging` level number): as :meth:`warning` for
+        ``WARNING`` (30) and above, as :meth:`debug` below."""
+        if level >= 30 or "logging" in sys.modules:
+            self.logger.log(level, msg, *_shown(args), stacklevel=2)
+
 
 def get_logger(name: str) -> Logger:
     """The :class:`Logger` for ``name`` (a ``ptestore.*`` logger name)."""

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import logging
 import math
 import os
 import stat
@@ -30,6 +29,7 @@ from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any
 
 from ._dataclass import dataclass
+from ._log import get_logger
 from .errors import ConfigurationError
 from .storage._options import check_options
 from .storage.types import StorageURL, absolute_path, split_url, strerror
@@ -48,7 +48,7 @@ __all__ = [
     "server_now",
 ]
 
-log = logging.getLogger("ptestore.gc")
+log = get_logger("ptestore.gc")
 
 #: Beyond this many seconds between the client's clock and a response's ``Date``
 #: header, ages of S3 uploads are measured against the server's clock.

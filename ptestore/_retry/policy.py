@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._dataclass import dataclass
+from .._log import get_logger
 from ..errors import ConfigurationError
 from .classify import find_error_info, is_transient
 
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 
 __all__ = ["CONFLICT_RETRY", "DEFAULT_RETRY", "RETRY_OPTIONS", "RetryPolicy"]
 
-log = logging.getLogger("ptestore.retry")
+log = get_logger("ptestore.retry")
 T = TypeVar("T")
 
 #: Storage options that configure :class:`RetryPolicy` (accepted by every remote

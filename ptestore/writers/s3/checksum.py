@@ -14,10 +14,10 @@ chosen (stores that lack CRC64NVME). The arithmetic lives in :mod:`ptestore.chec
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ..._log import get_logger
 from ...checksums import ALGORITHMS, available, combine_all, crc, crc_combine, decode, encode
 from ...errors import ConfigurationError
 
@@ -34,7 +34,7 @@ __all__ = [
     "writer_algorithm",
 ]
 
-log = logging.getLogger("ptestore.writers.s3")
+log = get_logger("ptestore.writers.s3")
 
 #: Algorithms S3 takes as a multipart object's FULL_OBJECT checksum.
 WRITER_ALGORITHMS = ("CRC64NVME", "CRC32", "CRC32C")

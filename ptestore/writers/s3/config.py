@@ -26,13 +26,13 @@ given in the options is used as it is.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import logging
 import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from ..._log import get_logger
 from ..._retry import RETRY_OPTIONS, RetryPolicy
 from ...errors import ConfigurationError
 from ...storage._options import fsspec_options
@@ -51,7 +51,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-log = logging.getLogger("ptestore.writers.s3")
+log = get_logger("ptestore.writers.s3")
 
 #: S3's smallest part (every part but the last), 5 MiB.
 MIN_PART_SIZE = 5 << 20

@@ -24,6 +24,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ..._log import get_logger
 from ..._retry import Category, classify, error_code, to_storage_error
 from ..._retry.classify import NOT_FOUND_CODES, TRANSIENT_CODES, find_error_info
 from ...errors import ConfigurationError, IntegrityError, PublishUncertain, StorageError
@@ -33,7 +34,7 @@ from .config import S3Connection
 
 __all__ = ["TOKEN_METADATA_KEY", "S3Publisher", "checked_metadata", "may_have_applied"]
 
-log = logging.getLogger("ptestore.writers.s3")
+log = get_logger("ptestore.writers.s3")
 
 #: User-metadata key (``x-amz-meta-ptestore-writer``) holding the writer's token.
 TOKEN_METADATA_KEY = "ptestore-writer"

@@ -7,7 +7,6 @@ writer's finalizer)."""
 from __future__ import annotations
 
 import concurrent.futures as cf
-import logging
 import os
 import secrets
 import tempfile
@@ -15,6 +14,7 @@ import threading
 import time
 from typing import Any
 
+from ..._log import get_logger
 from ..._retry import Category, classify, error_code, to_storage_error
 from ...errors import StorageError
 from ...storage.types import strerror
@@ -25,7 +25,7 @@ from .strays import abort_strays
 
 __all__ = ["LATE_ANSWER", "S3Staging"]
 
-log = logging.getLogger("ptestore.writers.s3")
+log = get_logger("ptestore.writers.s3")
 
 #: Abort rounds: parts still arriving when Abort ran may survive it.
 _ABORT_ROUNDS = 3

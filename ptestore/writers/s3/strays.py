@@ -30,18 +30,18 @@ a warning, and what it leaves is the lifecycle rule's.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
+from ..._log import get_logger
 from ..._retry import error_code
 from .config import S3Connection
 from .listing import upload_pages
 
 __all__ = ["SLACK", "abort_strays"]
 
-log = logging.getLogger("ptestore.writers.s3")
+log = get_logger("ptestore.writers.s3")
 
 #: Seconds allowed either side of the window an orphan's ``Initiated`` must lie in:
 #: SeaweedFS reports it to the second, and a distributed service's nodes' clocks differ

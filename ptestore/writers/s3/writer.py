@@ -14,12 +14,12 @@ one source range are copied by the service (:mod:`.transfer`).
 from __future__ import annotations
 
 import concurrent.futures as cf
-import logging
 import os
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
+from ..._log import get_logger
 from ..._retry import RETRY_OPTIONS
 from ...errors import ConfigurationError, StorageError, WriterStateError
 from ...storage._s3source import S3Source, matching_source, s3_identity
@@ -35,7 +35,7 @@ from .publish import TOKEN_METADATA_KEY, S3Publisher, checked_metadata
 from .staging import S3Staging
 from .transfer import PartTransfer
 
-log = logging.getLogger("ptestore.writers.s3")
+log = get_logger("ptestore.writers.s3")
 
 __all__ = ["S3Writer"]
 
