@@ -69,23 +69,29 @@ class Logger:
 
     def debug(self, msg: str, *args: Any) -> None:
         if "logging" in sys.modules:
-            self.logger.debug(msg, *_shown(args), stacklevel=2)
+            self._emit(10, msg, args)
 
     def info(self, msg: str, *args: Any) -> None:
         if "logging" in sys.modules:
-            self.logger.info(msg, *_shown(args), stacklevel=2)
+            self._emit(20, msg, args)
 
     def warning(self, msg: str, *args: Any) -> None:
-        self.logger.warning(msg, *_shown(args), stacklevel=2)
+        self._emit(30, msg, args)
 
     def error(self, msg: str, *args: Any) -> None:
-        self.logger.error(msg, *_shown(args), stacklevel=2)
+        self._emit(40, msg, args)
 
     def log(self, level: int, msg: str, *args: Any) -> None:
         """A record at ``level`` (a :mod:`logging` level number): as :meth:`warning` for
         ``WARNING`` (30) and above, as :meth:`debug` below."""
         if level >= 30 or "logging" in sys.modules:
-            self.logger.log(level, msg, *_shown(args), stacklevel=2)
+            self._emit(level, msg, args)
+
+    def _emit(self, level: int, msg: str, args: tuple[Any, ...]) -> None:
+        # the arguments are escaped (a str() each) only for a record the logger keeps
+        logger = self.logger
+        if logger.isEnabledFor(level):
+            logger.log(level, msg, *_shown(args), stacklevel=3)
 
 
 def get_logger(name: str) -> Logger:

@@ -489,7 +489,16 @@ def test_warnings_of_a_command_cannot_drive_the_terminal(
 
     hostile = "s3://b/k\x1b[2J\rforged"
 
+    shown: list[str] = []
+
+    class Costly(Exception):
+        def __str__(self) -> str:
+            shown.append("str")
+            return "costly"
+
     def run(args: argparse.Namespace) -> int:
+        logging.getLogger("ptestore.test").setLevel(logging.INFO)
+        get_logger("ptestore.test").debug("%s", Costly())  # dropped: never formatted
         get_logger("ptestore.test").warning("%s: %s", hostile, PteStoreError("why\x07"))
         logging.getLogger("ptestore.test.plain").warning("plain %s", hostile)
         return 0
@@ -503,6 +512,8 @@ def test_warnings_of_a_command_cannot_drive_the_terminal(
     # the arguments themselves (what any handler gets), not only the CLI's formatter
     mine = [r.getMessage() for r in caplog.records if r.name == "ptestore.test"]
     assert mine == ["s3://b/k\\x1b[2J\\rforged: why\\x07"]
+    assert shown == []  # logging stays lazy: a record dropped is never formatted
+    logging.getLogger("ptestore.test").setLevel(logging.NOTSET)
     caplog.clear()
     get_logger("ptestore.test").warning("%s", hostile)  # not in a command: as it is
     assert caplog.records[-1].getMessage() == hostile
