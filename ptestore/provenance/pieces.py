@@ -34,8 +34,6 @@ __all__ = [
 ]
 
 _CHUNK = 8 << 20
-#: The buffer each thread reads into (:data:`ptestore._io.HASH_PIECE`).
-_READ_PIECE = HASH_PIECE
 _ZEROS = bytes(1 << 20)
 
 
@@ -102,7 +100,7 @@ def describe_chunks(
     lock = threading.Lock()
     stop = threading.Event()  # set on the first error: the others stop between pieces
     largest = max((n for _, ps, _ in spans for src, _, n in ps if is_loader(src)), default=0)
-    size = min(_READ_PIECE, largest)
+    size = min(HASH_PIECE, largest)  # each thread's buffer
 
     def one(buffer: memoryview | None, span: Span) -> None:
         index, pieces, sha = span

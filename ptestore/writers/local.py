@@ -383,7 +383,7 @@ class LocalFileWriter(DataWriter):
         file system has no room for (``statvfs``: the blocks available to this user),
         with :class:`~ptestore.errors.StorageError` ``errno`` ENOSPC naming the bytes
         needed, the bytes free and the directory. Bytes staged already count as room."""
-        free = self._free_bytes()
+        free = free_bytes(self.directory)
         needed = size - os.fstat(self._fd()).st_blocks * 512
         if free is not None and needed > free:
             raise self._no_room(f"an output of {size} bytes", needed, free)
@@ -395,14 +395,9 @@ class LocalFileWriter(DataWriter):
         grows = min(size, offset + size - self._size)
         if grows < ROOM_CHECK:
             return
-        free = self._free_bytes()
+        free = free_bytes(self.directory)
         if free is not None and grows > free:
             raise self._no_room(f"{what} at offset {offset}", grows, free)
-
-    def _free_bytes(self) -> int | None:
-        """Bytes this user may still allocate on the destination's file system (None:
-        it does not say)."""
-        return free_bytes(self.directory)
 
     def _no_room(self, what: str, needed: int, free: int) -> StorageError:
         return StorageError(
