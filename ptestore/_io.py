@@ -3,8 +3,23 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
-__all__ = ["HASH_PIECE", "free_bytes", "pread_all", "preadinto_all", "pwrite_all"]
+if TYPE_CHECKING:
+    import threading
+    from collections.abc import Iterator
+
+    from .storage.types import DataLoader
+
+__all__ = [
+    "HASH_PIECE",
+    "REQUEST_PIECE",
+    "free_bytes",
+    "pread_all",
+    "preadinto_all",
+    "pwrite_all",
+    "read_pieces",
+]
 
 #: The buffer a file is read into to be hashed: small enough to stay in the core's
 #: cache between the kernel's copy into it and the hash reading it back. Measured here
@@ -14,6 +29,9 @@ __all__ = ["HASH_PIECE", "free_bytes", "pread_all", "preadinto_all", "pwrite_all
 #: thread, 128 KiB against 2 MiB: 0.80 against 1.18 s). A fresh buffer's pages also
 #: cost their first touch.
 HASH_PIECE = 128 << 10
+#: What :func:`read_pieces` asks a loader without ``readinto`` for at a time (one
+#: request each: what ``fleet plan`` counts).
+REQUEST_PIECE = 8 << 20
 
 
 def pwrite_all(fd: int, data: memoryview, offset: int) -> None:
@@ -68,3 +86,42 @@ def free_bytes(path: str) -> int | None:
     except OSError:
         return None
     return st.f_bavail * st.f_frsize
+
+
+def read_pieces(
+    loader: DataLoader,
+    offset: int,
+    size: int,
+    *,
+    cancelled: threading.Event | None = None,
+    buffer_size: int = REQUEST_PIECE,
+    buffers: int = 1,
+) -> Iterator[bytes | bytearray | memoryview]:
+    """``size`` bytes of ``loader`` from ``offset``, in order, in pieces: a loader that
+    reads into memory it is given (``readinto``: local files) fills one reused buffer of
+    ``buffer_size`` bytes, so a multi-GB file costs one piece of memory (each piece is
+    valid until the next); any other gives one ``load`` of :data:`REQUEST_PIECE` bytes
+    per piece. ``buffers``: how many buffers the pieces take turns in (with 2, a piece
+    stays valid until the next but one: the caller may still be hashing it in another
+    thread). ``cancelled``: stop (:class:`~ptestore._background.Cancelled`) between
+    pieces once it is set. The one read loop of every hash of a loader's bytes (the
+    provenance digests, ``inspect --compare``'s segment digests)."""
+    from ._background import check
+    from .storage.types import load_into
+
+    end = offset + size
+    buffered = hasattr(loader, "readinto")
+    piece = buffer_size if buffered else REQUEST_PIECE
+    pool = [memoryview(bytearray(min(piece, size))) for _ in range(buffers if buffered else 0)]
+    k = 0
+    while offset < end:
+        check(cancelled)
+        n = min(piece, end - offset)
+        if not pool:
+            yield loader.load(offset, n)
+        else:
+            buffer = pool[k % len(pool)][:n]
+            load_into(loader, offset, buffer)
+            yield buffer
+        offset += n
+        k += 1

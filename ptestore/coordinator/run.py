@@ -41,7 +41,7 @@ class Replacement:
         cost a pass over all of a backend's output, 10 ms per 16 MiB)."""
         import hashlib
 
-        from ..provenance.digest import read_pieces
+        from .._io import read_pieces
 
         h = hashlib.sha256()
         for piece in read_pieces(spool, self.spool_offset, self.size):

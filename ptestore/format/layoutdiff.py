@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 from .._text import printable
 from ..errors import FormatError
-from ..storage.types import load_into
 
 if TYPE_CHECKING:
     from ..storage.types import DataLoader
@@ -105,7 +104,8 @@ def _covered(start: int, size: int, ranges: Sequence[tuple[int, int]]) -> bool:
 
 def segment_hashes(loader: DataLoader, desc: dict[str, Any]) -> dict[int, str]:
     """``segment index -> SHA-256`` of every segment of the file ``loader`` reads
-    (``desc``: its :func:`ptestore.describe` object), read in 8 MiB pieces.
+    (``desc``: its :func:`ptestore.describe` object), read in pieces
+    (:func:`ptestore._io.read_pieces`).
 
     Each distinct byte range is hashed once, however many segments describe it; distinct
     ranges adding up to more than twice the file (segments that overlap over and over)
@@ -123,25 +123,15 @@ def segment_hashes(loader: DataLoader, desc: dict[str, Any]) -> dict[int, str]:
             f"<= {2 * file_size} bytes (twice the {file_size}-byte file)",
             "segments overlap so often that comparing them would read the file over and over",
         )
-    from .._io import HASH_PIECE
+    from .._io import HASH_PIECE, read_pieces
 
     # a local file into one small reused buffer (:data:`~ptestore._io.HASH_PIECE`: the
     # kernel's copy and the hash stay in the cache), anything else 8 MiB per request
-    buffered = hasattr(loader, "readinto")
-    piece = HASH_PIECE if buffered else 8 << 20
-    buffer = memoryview(bytearray(piece if buffered else 0))
     out: dict[int, str] = {}
     for (pos, size), indices in ranges.items():
         h = hashlib.sha256()
-        end = pos + size
-        while pos < end:
-            n = min(piece, end - pos)
-            if buffered:
-                load_into(loader, pos, buffer[:n])
-                h.update(buffer[:n])
-            else:
-                h.update(loader.load(pos, n))
-            pos += n
+        for piece in read_pieces(loader, pos, size, buffer_size=HASH_PIECE):
+            h.update(piece)
         out.update(dict.fromkeys(indices, h.hexdigest()))
     return out
 

@@ -18,8 +18,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from .._background import Pending, Worker
-from .._background import check as check_cancelled
-from ..storage.types import DataLoader, load_into
+from .._io import read_pieces
+from ..storage.types import DataLoader
 from . import pieces
 from .pieces import Piece, is_memory
 from .record import ContentDigest
@@ -31,43 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ContentHasher", "content_digest", "object_crc32", "read_pieces"]
 
-_CHUNK = 8 << 20
 _ZEROS = bytes(1 << 20)
-
-
-def read_pieces(
-    loader: DataLoader,
-    offset: int,
-    size: int,
-    *,
-    cancelled: threading.Event | None = None,
-    buffer_size: int = _CHUNK,
-    buffers: int = 1,
-) -> Iterator[bytes | bytearray | memoryview]:
-    """``size`` bytes of ``loader`` from ``offset``, in order, in pieces: a loader that
-    reads into memory it is given (``readinto``: local files) fills one reused buffer of
-    ``buffer_size`` bytes, so a multi-GB file costs one piece of memory (each piece is
-    valid until the next); any other gives one ``load`` of 8 MiB per piece (one request
-    each: what ``fleet plan`` counts). ``buffers``: how many buffers the pieces take
-    turns in (with 2, a piece stays valid until the next but one: the caller may still
-    be hashing it in another thread). ``cancelled``: stop
-    (:class:`~ptestore._background.Cancelled`) between pieces once it is set."""
-    end = offset + size
-    buffered = hasattr(loader, "readinto")
-    piece = buffer_size if buffered else _CHUNK
-    pool = [memoryview(bytearray(min(piece, size))) for _ in range(buffers if buffered else 0)]
-    k = 0
-    while offset < end:
-        check_cancelled(cancelled)
-        n = min(piece, end - offset)
-        if not pool:
-            yield loader.load(offset, n)
-        else:
-            buffer = pool[k % len(pool)][:n]
-            load_into(loader, offset, buffer)
-            yield buffer
-        offset += n
-        k += 1
 
 
 #: A piece at least this large has its chunk digests computed in a second thread

@@ -86,8 +86,7 @@ def describe_source(
     if like is not None and like.startswith("sha256:"):
         import hashlib
 
-        from .._io import HASH_PIECE
-        from .digest import read_pieces
+        from .._io import HASH_PIECE, read_pieces
 
         h = hashlib.sha256()
         # a small buffer (the kernel's copy and the hash stay in the core's cache), and
