@@ -237,12 +237,17 @@ def _from_portable(
     over it: the output's size must be free), whatever ``path`` holds now. The staged
     copy is held open across the rename: the manifest records the identity of the file
     this call put at ``path`` (``fstat``), and a path that names another file by then
-    is refused (:func:`_publish`), never recorded as specialized."""
+    is refused (:func:`_publish`), never recorded as specialized. The staged copy is
+    named as the writers name their staging files (``.NAME.ptestore-<16 hex>.tmp``) and
+    locked as theirs are while it is held: one a crash leaves between the publish and
+    the rename is collected by ``ptestore gc``, one in use never is."""
+    import fcntl
+
     from .. import coordinator
     from ..provenance.stamp import ProvenanceRequest
-    from ..storage.atomic import rename
+    from ..storage.atomic import rename, temp_name
 
-    staged = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.ptestore-portable")
+    staged = temp_name(path)
     try:
         report = coordinator.specialize(
             portable,
@@ -265,6 +270,10 @@ def _from_portable(
         held = os.open(staged, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
         raise StorageError(f"{staged}: cannot open the specialized copy: {exc.strerror}") from exc
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # gc leaves a locked one alone
+    except OSError:
+        pass  # a file system without flock: gc's age limit still protects a fresh copy
     try:
         try:
             os.fchmod(held, os.stat(path).st_mode & 0o7777)  # the mode the file had

@@ -21,7 +21,7 @@ from support.fixtures import get_fixture
 from support.large import ReplaceKey, inflate
 
 import ptestore
-from ptestore.backends import BackendData, BackendInterface
+from ptestore.backends import BackendData, BackendInterface, DeviceProfile
 from ptestore.errors import ConfigurationError, StorageError
 from ptestore.journal import CHANGING, COMMIT, COMMIT_RECORD, journal_path, read_plan
 from ptestore.provenance import check_bytes, read_trailer
@@ -1091,6 +1091,60 @@ def test_cli_ensure_in_place_portable(tmp_path: Path, capsys: pytest.CaptureFixt
     assert src.read_bytes()[: len(want)] == want
     assert main(argv) == 0  # a hit now, without --portable
     assert capsys.readouterr().out.strip() == str(src)
+
+
+def test_a_staged_portable_copy_a_crash_leaves_is_collected_by_gc(tmp_path: Path) -> None:
+    """Killed between the coordinator's publish of the staged copy and its rename over
+    the model: the copy left beside the model is named as a writer's staging file, so
+    ``ptestore gc`` collects it; the model is unchanged. While an ensure holds it, gc
+    leaves it alone (it is locked as a writer's is)."""
+    from ptestore.gc import collect_local
+    from ptestore.writers.local import TEMP_NAME_RE
+
+    src, cache = copy(tmp_path), tmp_path / "cache"
+    portable = copy(tmp_path, "portable.pte")
+    ptestore.ensure(src, cache_dir=cache, backends=[SPEC], in_place=True)
+    ptestore.device.clear(cache)
+    before = src.read_bytes()
+    seen: list[list[str]] = []
+
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        import ptestore.storage.atomic as atomic
+
+        def killed(a: str, b: str) -> None:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        atomic.rename = killed  # type: ignore[assignment]
+        try:
+            ptestore.ensure(
+                src,
+                cache_dir=cache,
+                backends=[SPEC],
+                in_place=True,
+                portable=portable,
+                device=DeviceProfile("phone"),
+            )
+        finally:
+            os._exit(99)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, status
+    assert src.read_bytes() == before
+    left = [p.name for p in tmp_path.iterdir() if p.name.startswith(".model.pte.")]
+    assert len(left) == 1 and TEMP_NAME_RE.match(left[0]), left
+    held = os.open(tmp_path / left[0], os.O_RDONLY)  # as a live ensure holds it
+    try:
+        import fcntl
+
+        fcntl.flock(held, fcntl.LOCK_EX)
+        found = collect_local(tmp_path, older_than=0)
+        seen.append([e.action for e in found if e.location.endswith(left[0])])
+    finally:
+        os.close(held)
+    assert seen == [["skipped: in use by a live writer"]]
+    found = collect_local(src, older_than=0)  # gc given the model's own path
+    assert [(Path(e.location).name, e.action) for e in found] == [(left[0], "removed")]
+    assert src.read_bytes() == before and not (tmp_path / left[0]).exists()
 
 
 # ------------------------------------------ Ctrl-C while applying (issue 29 item 2)
