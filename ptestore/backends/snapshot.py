@@ -163,10 +163,8 @@ class Snapshot:
         if stamp is None:
             return cls(None)
         try:
-            with open(path, "rb") as f:
-                raw = f.read(MAX_BYTES + 1)
-            data = json.loads(raw) if len(raw) <= MAX_BYTES else None
-        except (OSError, ValueError):
+            data = json.loads(raw) if (raw := _read_private(path)) is not None else None
+        except ValueError:
             data = None
         if (
             isinstance(data, dict)
@@ -193,8 +191,43 @@ class Snapshot:
         facts = {"entry_points": self.entry_points, "versions": self.versions}
         data = json.dumps({"format": FORMAT, "stamp": self.stamp, "facts": facts}).encode()
         # Not durable: a snapshot lost to a crash is read again from the installation.
+        # Without group or others' write, whatever the umask: the cache is this user's
+        # alone, and an entry point named here is imported (see :func:`_read_private`).
         with contextlib.suppress(OSError):  # StorageError is one
-            put_bytes(path, data, durable=False)
+            put_bytes(path, data, durable=False, permissions=0o644)
+
+
+def _read_private(path: str) -> bytes | None:
+    """The snapshot's bytes if the file at ``path`` is this user's alone (a regular file
+    owned by this user or root, not writable by group or others, as the cache's manifests
+    must be) and at most :data:`MAX_BYTES`; else None (read from the installation again,
+    and the file replaced by one of this user's). An entry point it names is imported:
+    one planted by another user through a group-writable file (a cache made under umask
+    002 before the snapshot was written ``0o644``) must not be."""
+    import os
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        shared = stat.S_IWGRP | stat.S_IWOTH
+        if (
+            not stat.S_ISREG(st.st_mode)
+            or st.st_uid not in (os.geteuid(), 0)
+            or st.st_mode & shared
+            or st.st_size > MAX_BYTES
+        ):
+            return None
+        with open(fd, "rb", closefd=False) as f:
+            raw = f.read(MAX_BYTES + 1)
+        return raw if len(raw) <= MAX_BYTES else None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _entry_map(value: object) -> bool:

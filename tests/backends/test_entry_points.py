@@ -9,6 +9,8 @@ dropped silently), and the built-in keeps the name."""
 from __future__ import annotations
 
 import json
+import os
+import stat
 import uuid
 from pathlib import Path
 
@@ -234,3 +236,36 @@ def test_an_entry_point_without_an_absolute_module_is_bad_input(
     assert main(["specialize", str(MLP.pte_path), str(out), "--backend", name]) == 2
     assert capsys.readouterr().err.splitlines()[0] == f"ptestore specialize: error: {why}"
     assert not out.exists()
+
+
+def test_a_snapshot_others_could_write_is_not_trusted(
+    site: tuple[Path, str], tmp_path: Path
+) -> None:
+    """The cache's ``backends.json`` names entry points that get imported: it is written
+    without group or others' write whatever the umask, and one that group or others can
+    write (a cache made under umask 002 before that) is read from the installation
+    again and replaced, so an entry point planted in it is never listed or imported."""
+    path, u = site
+    package(path, f"acme_npu_{u}", "Npu")
+    dist(path, f"acme_plugin_{u}", "1.2", [], {f"acme{u}": f"acme_npu_{u}.ptestore:Npu"})
+    for p in [path, *path.rglob("*")]:  # settled: a stamp newer than a few seconds is not kept
+        os.utime(p, (1e9, 1e9))
+    snap = tmp_path / "backends.json"
+    old = os.umask(0o002)
+    try:
+        with using(str(snap)):
+            installed_backends()
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(snap.stat().st_mode) == 0o644
+    planted = json.loads(snap.read_text())
+    evil = f"evil{u}"
+    planted["facts"]["entry_points"][evil] = [[f"evil_{u}:E", "1.0", "evil"]]
+    snap.write_text(json.dumps(planted))
+    with using(str(snap)):  # this user's alone: trusted as it is
+        assert evil in [b.name for b in installed_backends()]
+    snap.chmod(0o664)
+    with using(str(snap)):
+        assert evil not in [b.name for b in installed_backends()]
+    assert stat.S_IMODE(snap.stat().st_mode) == 0o644  # replaced by this user's
+    assert evil not in snap.read_text()
