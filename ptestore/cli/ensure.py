@@ -20,6 +20,7 @@ from .options import (
     add_device_flags,
     add_ptd_flag,
     add_storage_options,
+    device_or_name,
     device_profile,
     storage_options,
 )
@@ -186,7 +187,10 @@ def run_ensure(args: argparse.Namespace) -> int:
     show = args.progress or (args.progress is None and progress_wanted(disabled=args.json))
     progress = Progress() if show else None
     try:
-        artifact = _ensure(args, ensure, device_profile(args), progress)
+        # From an index, a name alone takes the options the index records for it, as
+        # select does; for a model file, the profile of the name and options given.
+        device = device_or_name(args) if args.model is not None else device_profile(args)
+        artifact = _ensure(args, ensure, device, progress)
     finally:
         if progress is not None:
             progress.close()

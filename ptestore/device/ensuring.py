@@ -60,14 +60,19 @@ __all__ = ["Artifact", "ensure", "entry_key", "source_identity"]
 PathOrUrl = str | os.PathLike[str]
 
 
-def _check_args(max_bytes: int | None, device: DeviceProfile | None) -> None:
+def _check_args(
+    max_bytes: int | None, device: DeviceProfile | str | None, from_index: bool
+) -> None:
     if max_bytes is not None and (
         not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < 0
     ):
         raise ConfigurationError(f"max_bytes must be an integer >= 0 or None, got {max_bytes!r}")
+    if isinstance(device, str) and from_index:
+        return  # a name: the options the index records for it, as select takes them
     if device is not None and not isinstance(device, DeviceProfile):
         raise ConfigurationError(
             f"device must be a DeviceProfile or None, got {type(device).__name__}"
+            + (" (a name alone only with an index, model=)" if isinstance(device, str) else "")
         )
 
 
@@ -100,7 +105,7 @@ def ensure(
     *,
     cache_dir: PathOrUrl,
     backends: Iterable[BackendLike] | None = None,
-    device: DeviceProfile | None = None,
+    device: DeviceProfile | str | None = None,
     ptd: PathOrUrl | None = None,
     max_bytes: int | None = None,
     in_place: bool = False,
@@ -126,7 +131,9 @@ def ensure(
         cache_dir: a local directory for the cache (created if missing).
         backends: as for :func:`ptestore.specialize` (None: every installed backend
             whose name is a backend id of the program).
-        device: the device profile handed to the backends.
+        device: the device profile handed to the backends; with an index, also a
+            device's name alone: then, as :func:`ptestore.select` takes it, with the
+            options the index records for that name.
         ptd: the model's external weights (``.ptd``), if any.
         max_bytes: after making an entry, evict least-recently-used entries until the
             cache holds at most this many bytes (never the entry returned, never one
@@ -177,7 +184,7 @@ def ensure(
         ConfigurationError, ObjectNotFound, FormatError, BackendError: as for
             :func:`ptestore.specialize`.
     """
-    _check_args(max_bytes, device)
+    _check_args(max_bytes, device, model is not None or os.fspath(source).endswith(".json"))
     if not isinstance(provenance, bool):
         raise ConfigurationError(f"provenance must be True or False, got {provenance!r}")
     check_packed_args(source, in_place, xnnpack_cache, xnnpack_retry, xnnpack_timeout)
@@ -241,6 +248,7 @@ def ensure(
         raise ConfigurationError(
             f"{src}: storage_options apply to a job index (with model=), not to a .pte"
         )
+    assert not isinstance(device, str)  # _check_args: a name only with an index
     if in_place:
         from .in_place import ensure_in_place
 

@@ -31,7 +31,7 @@ def ensure_from_index(
     index: str,
     cache_dir: PathOrUrl,
     model: str,
-    device: DeviceProfile | None,
+    device: DeviceProfile | str | None,
     backends: list[BackendLike] | None,
     max_bytes: int | None,
     opts: dict[str, Any],
@@ -71,6 +71,10 @@ def ensure_from_index(
             raise
         return served
     assert device is not None  # choose refuses None
+    if isinstance(device, str):  # a name: the options select rated the builds for
+        from ..backends.compat import DeviceProfile
+
+        device = DeviceProfile(device, choice.device_options)
     if choice.kind == "source":
         made = ensure(
             choice.pte["url"],

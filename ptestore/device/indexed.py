@@ -74,13 +74,17 @@ def _location(url: str) -> str:
     return StorageURL.of(url).location
 
 
-def index_key(index: str, model: str, device: DeviceProfile) -> str:
-    """The cache key of ``model`` for ``device`` from the index at ``index``."""
-    material = ["ptestore.ensure-index/1", _location(index), model, device.name]
+def index_key(index: str, model: str, device: DeviceProfile | str) -> str:
+    """The cache key of ``model`` for ``device`` (a profile or a name: only the name
+    counts) from the index at ``index``."""
+    name = device if isinstance(device, str) else device.name
+    material = ["ptestore.ensure-index/1", _location(index), model, name]
     return hashlib.sha256(canonical_json(material).encode()).hexdigest()[:32]
 
 
-def choose(index: str, model: str, device: DeviceProfile | None, opts: dict[str, Any]) -> Choice:
+def choose(
+    index: str, model: str, device: DeviceProfile | str | None, opts: dict[str, Any]
+) -> Choice:
     """What :func:`~ptestore.select` picks for ``model`` on ``device`` in ``index``."""
     from ..fleet.select import select
 
@@ -261,11 +265,16 @@ def fetch_entry(
 
 
 def offline_entry(
-    layout: CacheLayout, index: str, model: str, device: DeviceProfile, exc: BaseException
+    layout: CacheLayout,
+    index: str,
+    model: str,
+    device: DeviceProfile | str,
+    exc: BaseException,
 ) -> Artifact | None:
     """The entry fetched from ``index`` for ``model`` on ``device`` before, served while
     the index (or the artifact it now names) cannot be read (``exc`` says why); None when
-    there is none, its files changed, or it was made for another profile of the device."""
+    there is none, its files changed, or it was made for another profile of the device
+    (a device given by name alone: the profile the index recorded for that name then)."""
     from .._dataclass import replace
     from .._log import get_logger
     from .artifact import artifact_of
@@ -285,7 +294,11 @@ def offline_entry(
         fp = manifest.get("fingerprint")
         if not isinstance(fp, dict) or fp.get("model") != model:
             return None
-        if fp.get("device") != [device.name, device.digest()]:
+        recorded = fp.get("device")
+        if isinstance(device, str):
+            if not isinstance(recorded, list) or recorded[:1] != [device]:
+                return None
+        elif recorded != [device.name, device.digest()]:
             return None
         if not files_intact(layout.entry_dir(key), manifest):
             return None

@@ -90,6 +90,10 @@ class Choice:
     #: Kinds of build (distinct compatibility stamps) with more devices than a sharded
     #: index lists: ``candidates`` names the first of each, not every one.
     unlisted: int = 0
+    #: The options of the device the candidates were rated for: those given, or for a
+    #: device given by name, those the index records for that name (not in
+    #: :meth:`to_dict`; ``ensure`` keys and specializes with them).
+    device_options: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -263,6 +267,14 @@ def select(
     name = device if isinstance(device, str) else device.name
     check_asked("model", model)
     check_asked("device", name)
+    if storage_options and not isinstance(index, dict):
+        from ..storage.types import StorageURL
+
+        if StorageURL.of(index).local:  # select reads the index only
+            raise ConfigurationError(
+                f"{os.fspath(index)}: storage options {sorted(storage_options)} do not "
+                "apply to local files (select reads only the index)"
+            )
     view = model_view(index, model, name, storage_options)
     entries = view.entries
     if not entries:
@@ -314,6 +326,7 @@ def select(
             _packed_for(full.get("xnnpack"), cpu),
             None if read is None else read.to_dict(),
             view.unlisted,
+            dict(device.options),
         )
     first = next((f for f in map(view.resolve, entries) if f is not None), None)
     if first is None:
@@ -340,6 +353,7 @@ def select(
         None,
         None if read is None else read.to_dict(),
         view.unlisted,
+        dict(device.options),
     )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -292,6 +293,40 @@ def test_a_cached_entry_is_served_offline_and_only_for_its_profile(
         f.write(b"\0")
     with pytest.raises(ptestore.errors.ObjectNotFound):
         ptestore.ensure(index, cache_dir=cache, model="m", device=A)
+
+
+def test_a_device_named_alone_gets_what_select_picks_for_the_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``ensure(index, model=..., device="a")`` (CLI ``--device a`` without options)
+    takes the options the index records for ``a``, as ``select`` does: the device's own
+    build, the same entry as its full profile, served offline by name too. (The CLI
+    took a name alone as a profile without options: the portable source, unspecialized.)"""
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    index = fleet_run(_job(tmp_path, str(out)), capsys)
+    picked = ptestore.select(index, "m", "a")
+    assert picked.kind == "artifact" and picked.made_for == "a"
+    assert picked.device_options == {"soc": "x", "scale": 2.0}
+    named = ptestore.ensure(index, cache_dir=cache, model="m", device="a")
+    assert named.created and named.choice is not None
+    assert named.choice["kind"] == "artifact" and named.choice["pte"] == picked.pte
+    full = ptestore.ensure(index, cache_dir=cache, model="m", device=A)
+    assert not full.created and (full.key, full.pte) == (named.key, named.pte)
+    argv = ["ensure", index, "--cache-dir", str(cache), "--model", "m", "--device", "a"]
+    assert main([*argv, "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["choice"]["kind"] == "artifact" and got["pte"] == named.pte
+    os.rename(index, tmp_path / "away.json")  # offline: the entry of that name is served
+    served = ptestore.ensure(index, cache_dir=cache, model="m", device="a")
+    assert not served.created and served.pte == named.pte
+    with pytest.raises(
+        ConfigurationError,
+        match=re.escape(
+            "device must be a DeviceProfile or None, got str (a name alone only with an index, "
+            "model=)"
+        ),
+    ):
+        ptestore.ensure(EXT.pte_path, cache_dir=cache, device="a")
 
 
 def test_the_entry_is_served_when_the_newer_artifact_cannot_be_downloaded(
