@@ -53,6 +53,7 @@ __all__ = [
     "error_message",
     "exit_code",
     "guarded",
+    "with_verdict",
 ]
 
 EXIT_OK = 0
@@ -160,9 +161,12 @@ def error_json(
     ``source``/``field``/``value``/``limit`` of a :class:`FormatError`, ...), the
     chained cause (``cause``: ``"Type: message"``) and, for commands that publish,
     ``published``: ``"nothing"``, ``"partial"``, ``"uncertain"`` or ``"published"``."""
+    message = str(exc) or type(exc).__name__
+    if isinstance(exc, KeyboardInterrupt):  # what stderr says: "interrupted by SIGTERM; ..."
+        message = error_message(command, exc, publishes=publishes).partition(": ")[2]
     err: dict[str, Any] = {
         "type": type(exc).__name__,
-        "message": str(exc) or type(exc).__name__,
+        "message": message,
         "exit_code": code,
         "command": command,
     }
@@ -210,6 +214,18 @@ def configure_logging(args: argparse.Namespace) -> logging.Handler | None:
     logger.addHandler(handler)
     logger.setLevel(logging.DEBUG if debug or verbose > 1 else logging.INFO)
     return handler
+
+
+def with_verdict(code: int, write: Callable[[], None]) -> int:
+    """``write()`` a verdict's output and return its exit status ``code``, also when the
+    reader of stdout went away (``| head``, ``| true``): a verdict's status is the
+    answer, not the printing of it, so a failed check never turns into a success."""
+    try:
+        write()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _silence_stdout()
+    return code
 
 
 def _silence_stdout() -> None:

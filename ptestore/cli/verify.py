@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 from ..errors import ConfigurationError, StorageError
-from .exits import guarded
+from .exits import guarded, with_verdict
 from .options import (
     add_backend_flag,
     add_device_flags,
@@ -123,13 +123,16 @@ def run_verify(args: argparse.Namespace) -> int:
         )
     if args.range is not None and report.exit_code == 0:
         return _verify_range(args, report, options)
-    if args.json:
-        json.dump(report.to_dict(), sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        out = sys.stdout if report.exit_code == 0 else sys.stderr
-        print(report.message(), file=out)
-    return report.exit_code
+
+    def write() -> None:
+        if args.json:
+            json.dump(report.to_dict(), sys.stdout, indent=2)
+            sys.stdout.write("\n")
+        else:
+            out = sys.stdout if report.exit_code == 0 else sys.stderr
+            print(report.message(), file=out)
+
+    return with_verdict(report.exit_code, write)
 
 
 def _verify_range(args: argparse.Namespace, report: Any, options: dict[str, Any]) -> int:
@@ -180,8 +183,9 @@ def _inputs(
     from ..fleet import load_job
 
     job = load_job(args.job)
-    # The job's options, as the fleet used them: verify routes them to each side.
-    options = {**job.storage_options, **options}
+    # The job's options, as the fleet used them: verify routes them to each side (those
+    # given here, checked against what is verified; the job's, where they can apply).
+    given = options
     from ..coordinator.targets import same_target
 
     # Any spelling of a destination (relative or absolute, repeated slashes, file://,
@@ -203,7 +207,20 @@ def _inputs(
         cpu = job.xnnpack_cpu.get(args.device)
     if backends is None:
         backends = list(job.backends)
+    from ..storage.types import StorageURL
+
+    urls = [u for u in (args.url, source, ptd_source) if u is not None]
+    if any(not StorageURL.of(u).local for u in urls):
+        options = {**job.storage_options, **given}
     return source, backends, device, options, cpu, ptd_source
+
+
+def _any_remote(pair: Any) -> bool:
+    """Whether a job's pair reads or writes any remote URL (its options apply to it)."""
+    from ..storage.types import StorageURL
+
+    urls = (pair.model.source, pair.model.ptd, pair.destination, pair.ptd_destination)
+    return any(u is not None and not StorageURL.of(u).local for u in urls)
 
 
 def _verify_job(args: argparse.Namespace) -> int:
@@ -221,9 +238,18 @@ def _verify_job(args: argparse.Namespace) -> int:
             "the job: --source, --backend, --device, --device-option and --ptd do not apply"
         )
     job = load_job(args.job)
-    # The job's options as the fleet used them: verify routes them to each side.
+    # The job's options as the fleet used them: verify routes them to each side. Checked
+    # once against the whole job (as the fleet's preflight does), then given to the
+    # pairs they can apply to: a local pair of a job that also has remote ones takes none.
     options = {**job.storage_options, **storage_options(args)}
     pairs = job.pairs()
+    if options:
+        from ..storage.routing import StorageOptions
+
+        StorageOptions(options).check(
+            [u for p in pairs for u in (p.model.source, p.model.ptd) if u is not None],
+            [u for p in pairs for u in (p.destination, p.ptd_destination) if u is not None],
+        )
 
     def one(pair: Any) -> Any:
         try:
@@ -237,7 +263,7 @@ def _verify_job(args: argparse.Namespace) -> int:
             source=pair.model.source,
             backends=list(job.backends),
             device=pair.device,
-            storage_options=options,
+            storage_options=options if _any_remote(pair) else {},
             quick=args.quick,
             xnnpack_cpu=pair.xnnpack_cpu,
             ptd_source=pair.model.ptd,
@@ -246,12 +272,13 @@ def _verify_job(args: argparse.Namespace) -> int:
     with cf.ThreadPoolExecutor(max_workers=8) as pool:
         reports = list(pool.map(one, pairs))
     code = max((r.exit_code for r in reports), default=0)
-    if args.json:
-        json.dump(
-            {"exit_code": code, "pairs": [r.to_dict() for r in reports]}, sys.stdout, indent=2
-        )
-        sys.stdout.write("\n")
-    else:
+
+    def write() -> None:
+        if args.json:
+            obj = {"exit_code": code, "pairs": [r.to_dict() for r in reports]}
+            json.dump(obj, sys.stdout, indent=2)
+            sys.stdout.write("\n")
+            return
         for r in reports:
             print(r.message(), file=sys.stdout if r.exit_code == 0 else sys.stderr)
         counts = {
@@ -263,4 +290,5 @@ def _verify_job(args: argparse.Namespace) -> int:
             f"{counts['invalid']} invalid"
             + (f", {counts['unverified']} not verified" if counts["unverified"] else "")
         )
-    return code
+
+    return with_verdict(code, write)

@@ -83,7 +83,8 @@ def specialize_pair(
     """
     pairs = split_pairs(source, destination, ptd)
     opts = options if options is not None else StorageOptions()
-    opts.check([s for s, _ in pairs], [d for _, d in pairs])
+    # a fleet's pair: the job's options are for its remote pairs (the job was checked)
+    opts.check([s for s, _ in pairs], [d for _, d in pairs], local_ok=True)
     loaders: list[DataLoader] = []
     writers: list[DataWriter] = []
     try:

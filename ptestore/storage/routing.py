@@ -51,18 +51,37 @@ class StorageOptions:
         self.dst = dict(dst or {})
         self._checked: tuple[tuple[str, ...], tuple[str, ...]] | None = None
 
-    def check(self, sources: Iterable[URLLike], destinations: Iterable[URLLike] = ()) -> None:
+    def check(
+        self,
+        sources: Iterable[URLLike],
+        destinations: Iterable[URLLike] = (),
+        *,
+        local_ok: bool = False,
+    ) -> None:
         """Refuse a common option that applies to no URL of the run: not to reading any
         source or destination, not to writing any destination. Local paths take none,
-        so a run on local paths only checks nothing."""
+        so any common option given for a run on local paths only is refused too, unless
+        ``local_ok`` (one pair of a fleet job: the job's options are for its remote
+        pairs, and the job as a whole was checked)."""
         srcs = [StorageURL.of(u) for u in sources]
         dsts = [StorageURL.of(u) for u in destinations]
         run = (tuple(u.text for u in srcs), tuple(u.text for u in dsts))
         if run == self._checked:
             return  # the front end checks before its probes, the pair runner again
         remote = [u.text for u in (*srcs, *dsts) if not u.local]
-        if not self.common or not remote:
+        if not self.common:
             return
+        if not remote:
+            if local_ok:
+                return
+            urls = list(dict.fromkeys(u.text for u in (*srcs, *dsts)))
+            named = ", ".join(urls[:_URLS_NAMED]) + (
+                f" and {len(urls) - _URLS_NAMED} more" if len(urls) > _URLS_NAMED else ""
+            )
+            raise ConfigurationError(
+                f"storage options {sorted(self.common)} do not apply to local files "
+                f"({named}): they are for remote URLs (s3://..., memory://...)"
+            )
         accepted: set[str] = set()
         for u in (*srcs, *dsts):
             if not u.local:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import subprocess
 import sys
 import textwrap
@@ -746,3 +747,33 @@ def test_every_public_name_resolves_lazily() -> None:
         "True ptestore.inspection DataWriter",
         "module 'ptestore' has no attribute 'nope'",
     ]
+
+
+def test_a_verdict_piped_away_keeps_its_exit_status(tmp_path: Path) -> None:
+    """``verify ... | true``: the reader of stdout went away, and the status is still the
+    verdict's (it was 0, the "reader went away" success, for an invalid artifact)."""
+    out = tmp_path / "out.pte"
+    ptestore.specialize(SRC, out, backends=["passthrough"])
+    data = bytearray(out.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # a byte of a segment: the record no longer matches
+    bad = tmp_path / "bad.pte"
+    bad.write_bytes(bytes(data))
+
+    def piped_away(*argv: str) -> subprocess.CompletedProcess[str]:
+        read, write = os.pipe()
+        os.close(read)  # nobody reads: the first write fails with EPIPE
+        try:
+            return subprocess.run(
+                [sys.executable, "-m", "ptestore", *argv],
+                stdout=write,
+                stderr=subprocess.PIPE,
+                text=True,
+                timeout=120,
+            )
+        finally:
+            os.close(write)
+
+    for json_flag in ([], ["--json"]):
+        assert piped_away("verify", str(out), *json_flag).returncode == 0
+        done = piped_away("verify", str(bad), *json_flag)
+        assert done.returncode == 2, done.stderr

@@ -156,3 +156,48 @@ def test_an_option_no_side_takes_is_refused_alike_by_all_three() -> None:
     fs = fsspec.filesystem("memory")
     assert not fs.exists("/routing-bad/front/mlp.pte")
     assert not fs.exists("/routing-bad/fleet/d/mlp.pte")
+
+
+def test_options_for_a_run_on_local_files_only_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Local files take no common option: specialize, verify and select refuse one given
+    for local files only (the CLI as the library, exit 2), before any work; a fleet job
+    that also has a remote pair is checked as a whole and its local pairs take none."""
+    from ptestore.cli import main
+
+    assert MLP.pte_path is not None
+    src, dst = str(MLP.pte_path), str(tmp_path / "o.pte")
+    why = "do not apply to local files"
+    with pytest.raises(ptestore.ConfigurationError) as info:
+        ptestore.specialize(src, dst, backends=[SPEC], storage_options={"anon": True})
+    assert str(info.value) == (
+        f"storage options ['anon'] {why} ({src}, {dst}): they are for remote URLs "
+        "(s3://..., memory://...)"
+    )
+    argv = ["specialize", src, dst, "--backend", SPEC, "-o", "endpoint_url=http://x"]
+    assert main(argv) == 2 and not Path(dst).exists()
+    assert f"storage options ['endpoint_url'] {why} ({src}, {dst})" in capsys.readouterr().err
+    ptestore.specialize(src, dst, backends=[SPEC])
+    verdict = ptestore.verify(dst, storage_options={"anon": True})
+    assert verdict.status == "invalid" and why in (verdict.error or "")
+    assert main(["verify", dst, "-o", "anon=true"]) == 2
+    assert f"storage options ['anon'] {why} ({dst})" in capsys.readouterr().err
+    # a job with a local pair and a remote one: checked as a whole, then pair by pair
+    remote = _memory_source("routing-mixed")
+    text = _job_text(remote, str(tmp_path / "fleet/{device}/{model}.pte"), {"retry_attempts": 2})
+    text += f'[[models]]\nname = "local"\nsource = "{src}"\n'
+    job = tmp_path / "job.toml"
+    job.write_text(text)
+    result = run_job(parse_job(text), workers=1)  # in this process: memory:// is its own
+    assert [(p.status, p.error) for p in result.pairs] == [("done", None)] * 2
+    assert main(["verify", "--job", str(job)]) == 0, capsys.readouterr()
+    capsys.readouterr()
+    assert main(["verify", str(tmp_path / "fleet/d/local.pte"), "--job", str(job)]) == 0
+    index = tmp_path / "fleet" / "ptestore-index.json"
+    assert ptestore.select(index, "local", "d").kind == "artifact"
+    with pytest.raises(ptestore.ConfigurationError) as info:
+        ptestore.select(index, "local", "d", storage_options={"anon": True})
+    assert str(info.value) == (
+        f"{index}: storage options ['anon'] {why} (select reads only the index)"
+    )
