@@ -88,6 +88,11 @@ def run_cache(args: argparse.Namespace) -> int:
     if args.action != "prune" and (args.stale or args.dry_run):
         flag = "--stale" if args.stale else "--dry-run"
         raise ConfigurationError(f"{flag} applies to `cache prune`, not `cache {args.action}`")
+    if args.action != "prune" and args.max_bytes is not None:
+        raise ConfigurationError(
+            f"--max-bytes applies to `cache prune`, not `cache {args.action}`"
+            + (" (clear removes every entry)" if args.action == "clear" else "")
+        )
     if args.dry_run and not args.stale:
         raise ConfigurationError("--dry-run lists what --stale would remove: add --stale")
     if args.action == "prune" and args.stale:

@@ -124,3 +124,27 @@ def test_cli_reports_an_uncertain_publish_as_such(
     )
     assert "nothing published" not in err
     assert out.exists()
+
+
+def test_cli_json_error_of_an_interrupt_says_what_stderr_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--json``'s error ``message`` is the line stderr shows, without the command's
+    name (it was the exception's type alone: "KeyboardInterrupt", "Terminated")."""
+    import json
+
+    from ptestore.coordinator import pipeline
+
+    assert MLP.pte_path is not None
+    out = tmp_path / "out.pte"
+
+    def close(self: Any) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline.Spool, "close", close)
+    argv = ["specialize", str(MLP.pte_path), str(out), "--backend", "passthrough", "--json"]
+    assert main(argv) == 130
+    captured = capsys.readouterr()
+    err = json.loads(captured.out)["error"]
+    assert err["message"] == f"interrupted after {out} was published"
+    assert captured.err.strip() == f"ptestore specialize: {err['message']}"

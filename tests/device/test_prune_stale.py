@@ -231,6 +231,15 @@ def test_cli_stale_with_another_action(tmp_path: Path, capsys: pytest.CaptureFix
     assert capsys.readouterr().err == (
         "ptestore cache: error: --stale applies to `cache prune`, not `cache ls`\n"
     )
+    entry = tmp_path / "cache" / "entries" / ("0" * 32)
+    entry.mkdir(parents=True)  # an incomplete entry: prune or clear would remove it
+    for action, why in (("clear", " (clear removes every entry)"), ("ls", "")):
+        argv = ["cache", action, "--cache-dir", str(tmp_path / "cache"), "--max-bytes", "1G"]
+        assert main(argv) == 2 and entry.is_dir()
+        assert capsys.readouterr().err == (
+            f"ptestore cache: error: --max-bytes applies to `cache prune`, not `cache "
+            f"{action}`{why}\n"
+        )
 
 
 def test_prune_stale_arguments(tmp_path: Path) -> None:
