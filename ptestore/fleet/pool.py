@@ -27,7 +27,9 @@ __all__ = ["POOL_IDLE_BREAKS", "STOP_GRACE", "run_pool", "stop_processes"]
 #: Pool breaks in a row in which no pair had started before the run gives up the pool.
 POOL_IDLE_BREAKS = 3
 #: Seconds a worker process has to end after SIGTERM (its pair's writers discard, a
-#: command backend stops its program) before it is killed (SIGKILL).
+#: command backend stops its program) before it is killed (SIGKILL): longer than the
+#: command backend's own grace for its program (``backends.command.STOP_GRACE``), so
+#: that a program deaf to SIGTERM is killed by the worker, never left running.
 STOP_GRACE = 5.0
 
 

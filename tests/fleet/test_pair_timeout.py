@@ -10,6 +10,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
+import sys
+import textwrap
+import uuid
 from pathlib import Path
 
 import pytest
@@ -127,6 +131,66 @@ def test_a_pair_deaf_to_sigterm_is_killed_and_gc_collects_its_staging_file(
     collected = collect_local(out, older_than=0)
     assert [(e.location, e.action) for e in collected] == [(left, "removed")]
     assert _staging(out) == []
+
+
+#: A vendor compiler for the ``command`` backend: for device ``hang`` it starts a
+#: grandchild (MARKER in its argv), writes its pid to PIDFILE and never returns; for any
+#: other device it keeps its input (empty stdout).
+COMPILER = textwrap.dedent(
+    """
+    import os, subprocess, sys, time
+    sys.stdin.buffer.read()
+    marker, pidfile = sys.argv[1], sys.argv[2]
+    if os.environ["PTESTORE_DEVICE"] == "hang":
+        gc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)", marker])
+        with open(pidfile + ".tmp", "w") as f:
+            f.write("%d %d" % (os.getpid(), gc.pid))
+        os.rename(pidfile + ".tmp", pidfile)
+        time.sleep(3600)
+    """
+)
+
+
+def _gone(pid: int) -> bool:
+    """Whether process ``pid`` ends (waited for on a pidfd; the bound only turns a
+    defect into a failure)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(select.select([fd], [], [], 120)[0])
+    finally:
+        os.close(fd)
+
+
+def test_a_hung_command_backend_leaves_no_program_running(tmp_path: Path) -> None:
+    """The motivating case: a vendor compiler run by the ``command`` backend never
+    returns. SIGTERM to the worker stops the program's whole process group (its own
+    children included) before the worker ends: nothing is left running, nothing
+    published; the other pair is."""
+    compiler = tmp_path / "compiler.py"
+    compiler.write_text(COMPILER)
+    marker, pidfile = f"ptestore-test-{uuid.uuid4().hex}", tmp_path / "compiler.pids"
+    assert MLP.pte_path is not None
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'destination = "{tmp_path}/out/{{device}}/{{model}}.pte"\n'
+        f'backends = ["command@XnnpackBackend={sys.executable} {compiler} {marker} {pidfile}"]\n'
+        f'[[models]]\nname = "mlp"\nsource = "{MLP.pte_path}"\n[devices.hang]\n[devices.a]\n'
+    )
+    result = run_job(load_job(job), workers=1, pair_timeout=LIMIT)
+    assert [(p.device, p.status) for p in result.pairs] == [("hang", "failed"), ("a", "done")]
+    assert result.pairs[0].error is not None
+    assert result.pairs[0].error.endswith("was stopped (SIGTERM); the pair is not run again")
+    program, grandchild = (int(pid) for pid in pidfile.read_text().split())
+    assert _gone(program) and _gone(grandchild)
+    # A program deaf to SIGTERM: the worker's grace outlasts the backend's, which kills it.
+    import ptestore.backends.command
+    import ptestore.fleet.pool
+
+    assert ptestore.fleet.pool.STOP_GRACE > ptestore.backends.command.STOP_GRACE + 1
+    assert not (tmp_path / "out" / "hang").exists() and _staging(tmp_path / "out") == []
 
 
 @pytest.mark.parametrize("value", [0, -1.0, float("nan"), float("inf"), True, "5"])
