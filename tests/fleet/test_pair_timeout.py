@@ -3,7 +3,8 @@ run past the limit, its worker process stopped (SIGTERM, then SIGKILL); the othe
 published, a pair the pool's break stopped runs again alone, the hung pair does not.
 
 The limits leave the normal pairs (one tiny model each) far more time than they take,
-and nothing here asserts how long a run took: only what it reports and leaves."""
+and nothing here asserts how long a run took: only what it reports and leaves. The
+runs wait out their limit (12 s each, mostly idle): ``slow``, out of the fast loop."""
 
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ def _staging(root: Path) -> list[str]:
     )
 
 
+@pytest.mark.slow  # waits out its limit: 12 s, mostly idle
 def test_a_hung_pair_fails_past_the_limit_and_the_others_are_published(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -102,6 +104,7 @@ def test_a_hung_pair_fails_past_the_limit_and_the_others_are_published(
     ]
 
 
+@pytest.mark.slow  # waits out its limit: 12 s, mostly idle
 def test_a_pair_deaf_to_sigterm_is_killed_and_gc_collects_its_staging_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -164,6 +167,7 @@ def _gone(pid: int) -> bool:
         os.close(fd)
 
 
+@pytest.mark.slow  # waits out its limit: 12 s, mostly idle
 def test_a_hung_command_backend_leaves_no_program_running(tmp_path: Path) -> None:
     """The motivating case: a vendor compiler run by the ``command`` backend never
     returns. SIGTERM to the worker stops the program's whole process group (its own
