@@ -1,4 +1,5 @@
-"""``ptestore fleet run JOBFILE [--workers N] [--scheduler ADDRESS] [--json] [--quiet]``,
+"""``ptestore fleet run JOBFILE [--workers N] [--scheduler ADDRESS] [--pair-timeout SECONDS]
+[--json] [--quiet]``,
 ``ptestore fleet plan JOBFILE [--json]``, ``ptestore fleet retire JOBFILE`` and
 ``ptestore fleet check-index INDEX [--repair] [--models NAMES]``.
 
@@ -54,7 +55,8 @@ def add_fleet_parser(subparsers: Any) -> argparse.ArgumentParser:
         type=int,
         default=None,
         metavar="N",
-        help="local worker processes (default: the CPU count; 1 runs inline)",
+        help="local worker processes (default: the CPU count; 1 runs inline, or in one "
+        "worker process with --pair-timeout)",
     )
     r.add_argument(
         "--scheduler",
@@ -62,6 +64,15 @@ def add_fleet_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=None,
         help="run on a Dask distributed scheduler (tcp://host:port; default: "
         "$PTESTORE_DASK_SCHEDULER)",
+    )
+    r.add_argument(
+        "--pair-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="fail a pair still running after SECONDS and stop its worker process "
+        "(SIGTERM, then SIGKILL); the pair is not run again; not with --scheduler "
+        "(default: no limit)",
     )
     _filters(r)
     r.add_argument(
@@ -237,6 +248,10 @@ def run_fleet(args: argparse.Namespace) -> int:
 
         check_output_path(args.report, "--report")
 
+    if args.fleet_command == "run":  # before the job is read and planned
+        from ..fleet.runner import check_pair_timeout
+
+        check_pair_timeout(args.pair_timeout, args.scheduler)
     job = filter_job(load_job(args.job), _names(args.models), _names(args.devices))
     # A job-wide mistake (a backend, an option, a source, an unwritable destination)
     # is one message and exit 2, before any pair.
@@ -278,6 +293,7 @@ def run_fleet(args: argparse.Namespace) -> int:
             scheduler=args.scheduler,
             progress=progress,
             fail_fast=args.fail_fast,
+            pair_timeout=args.pair_timeout,
         )
     except FleetInterrupted as stop:
         if bar is not None:

@@ -6,14 +6,17 @@ Each pair that must run is one call of :func:`~ptestore.fleet.work.run_pair`:
 - ``workers=N``: a :class:`concurrent.futures.ProcessPoolExecutor` (spawned processes);
   a worker process that dies breaks the pool: the pairs not started run on a new one,
   those it broke while running run again alone, and only a pair that dies again alone
-  fails (:func:`_run_pool`);
+  fails (:mod:`.pool`). With ``pair_timeout`` a pair that runs longer is failed and its
+  worker process stopped (SIGTERM, then SIGKILL), and ``workers=1`` runs the pairs on
+  a pool of one (a pair inline could not be stopped);
 - ``scheduler="tcp://host:port"`` (or ``PTESTORE_DASK_SCHEDULER``): one Dask task per
   pair on that cluster. Dask reschedules the tasks of a worker that dies (up to the
   scheduler's ``distributed.scheduler.allowed-failures``); a pair that still cannot run
   is reported failed. A worker that stops sending heartbeats (killed, hung, cut off) is
   removed after ``missed_heartbeats`` of them, not after the scheduler's 5 minutes, and
   pairs no worker is left to run fail (:mod:`.watch`). ``dask[distributed]`` is
-  imported only here (``ptestore[fleet]``).
+  imported only here (``ptestore[fleet]``). ``pair_timeout`` is refused there: a
+  running task cannot be stopped.
 
 A pool or Dask worker checks, once per process, that every backend of the job loads
 there (:func:`run_pair_on_worker`): one that does not ends the whole run with one
@@ -22,11 +25,10 @@ there (:func:`run_pair_on_worker`): one that does not ends the whole run with on
 
 from __future__ import annotations
 
-import concurrent.futures as cf
-import multiprocessing
+import math
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from .._dataclass import dataclass, field
@@ -36,6 +38,7 @@ from .estimate import human_bytes
 from .index_store import shards_line
 from .job import Job, JobError
 from .plan import Plan, PlannedPair, plan_job
+from .pool import run_pool
 from .watch import MISSED_HEARTBEATS
 from .work import PairResult, PairTask, run_pair
 from .worker import WorkerUnfit, run_pair_on_worker
@@ -46,6 +49,7 @@ __all__ = [
     "SCHEDULER_ENV",
     "FleetResult",
     "WorkerUnfit",
+    "check_pair_timeout",
     "run_job",
     "run_pair_on_worker",
     "run_plan",
@@ -153,11 +157,13 @@ def run_job(
     connect_timeout: float = 30.0,
     fail_fast: bool = False,
     missed_heartbeats: int = MISSED_HEARTBEATS,
+    pair_timeout: float | None = None,
 ) -> FleetResult:
     """Preflight and plan ``job``, then run every pair that is not current (see
     :func:`run_plan` and :func:`~.preflight.preflight`)."""
     from .preflight import preflight
 
+    check_pair_timeout(pair_timeout, scheduler)
     preflight(job, write=True)
     return run_plan(
         plan_job(job),
@@ -167,7 +173,33 @@ def run_job(
         connect_timeout=connect_timeout,
         fail_fast=fail_fast,
         missed_heartbeats=missed_heartbeats,
+        pair_timeout=pair_timeout,
     )
+
+
+def check_pair_timeout(pair_timeout: object, scheduler: str | None = None) -> None:
+    """Refuse a ``pair_timeout`` (``--pair-timeout``) that is not None nor a finite
+    number of seconds > 0, and one for a run on Dask (``scheduler``, or
+    ``$PTESTORE_DASK_SCHEDULER``): a Dask task cannot be stopped while it runs."""
+    if pair_timeout is None:
+        return
+    if (
+        isinstance(pair_timeout, bool)
+        or not isinstance(pair_timeout, (int, float))
+        or not math.isfinite(pair_timeout)
+        or pair_timeout <= 0
+    ):
+        raise ConfigurationError(
+            f"--pair-timeout must be a finite number of seconds > 0, got {pair_timeout!r}"
+        )
+    where = scheduler or os.environ.get(SCHEDULER_ENV)
+    if where:
+        origin = f"--scheduler {where}" if scheduler else f"${SCHEDULER_ENV}={where}"
+        raise ConfigurationError(
+            f"--pair-timeout {pair_timeout:g} cannot be kept on Dask ({origin}): a Dask "
+            "task cannot be stopped while it runs; run the job on the local process pool "
+            "(--workers N), or bound the backend itself (the command backend's timeout)"
+        )
 
 
 def run_plan(
@@ -179,13 +211,18 @@ def run_plan(
     connect_timeout: float = 30.0,
     fail_fast: bool = False,
     missed_heartbeats: int = MISSED_HEARTBEATS,
+    pair_timeout: float | None = None,
 ) -> FleetResult:
     """Run the pairs of ``plan`` marked ``run``; ``progress`` is called once per pair
     (skipped ones first). ``connect_timeout`` bounds the wait for a Dask scheduler;
     ``missed_heartbeats`` how long a run waits for a Dask worker that stopped sending
     heartbeats (then it is removed and its pairs rescheduled; see :mod:`.watch`).
     With ``fail_fast`` the first failed pair stops the run: pairs not started yet are
-    reported failed (``not started: ...``)."""
+    reported failed (``not started: ...``). With ``pair_timeout`` (seconds, None: no
+    limit; not on Dask: :func:`check_pair_timeout`) the pairs run on the process pool,
+    one worker process at least, and a pair that runs longer is failed, its worker
+    process stopped (:mod:`.pool`)."""
+    check_pair_timeout(pair_timeout, scheduler)
     if workers is not None and workers < 1:
         raise ConfigurationError(f"--workers must be >= 1, got {workers}")
     if isinstance(missed_heartbeats, bool) or not isinstance(missed_heartbeats, int):
@@ -224,7 +261,9 @@ def run_plan(
         return bool(stop)
 
     n = workers or min(len(todo), os.cpu_count() or 1) or 1
-    engine = f"dask {scheduler}" if scheduler else ("inline" if n == 1 else f"{n} processes")
+    inline = n == 1 and pair_timeout is None  # a pair inline cannot be stopped
+    processes = f"{n} process" + ("es" if n > 1 else "")
+    engine = f"dask {scheduler}" if scheduler else ("inline" if inline else processes)
     interrupted = False
     lost: dict[str, str] = {}
     try:
@@ -241,13 +280,13 @@ def run_plan(
                 lost,
                 plan.job.path,
             )
-        elif n == 1:
+        elif inline:
             for i, p, task in todo:
                 if stopped():
                     break
                 done(i, p, run_pair(task))
         else:
-            _run_pool(todo, n, done, stopped)
+            run_pool(todo, n, done, stopped, pair_timeout)
     except KeyboardInterrupt:
         interrupted = True  # the pool and Dask tasks are cancelled: report what finished
     except WorkerUnfit as exc:  # the pool and Dask tasks are cancelled
@@ -292,121 +331,3 @@ def _check_this_machine(plan: Plan) -> None:
 
         here = f"this machine ({socket.gethostname()})"
         check_packers(plan.job.path, wanted, {here: worker_cpu()})
-
-
-#: Pool breaks in a row in which no pair had started before the run gives up the pool.
-POOL_IDLE_BREAKS = 3
-
-_Item = tuple[int, PlannedPair, PairTask]
-
-
-def _run_pool(
-    todo: Iterable[_Item],
-    workers: int,
-    done: Callable[[int, PlannedPair, PairResult], None],
-    stopped: Callable[[], bool],
-) -> None:
-    """The pairs on a process pool. A worker process that dies breaks the whole pool
-    (every pending future fails): the pairs it had not started are submitted again to a
-    new pool, and each pair that had started and not finished runs again alone, in a
-    pool of one (it first checks its destination, so one a dead worker published is
-    skipped as current); a pair whose worker dies again when it runs alone is failed.
-    After :data:`POOL_IDLE_BREAKS` breaks in a row before any pair started, the rest
-    fail."""
-    pending = list(todo)
-    idle = 0
-    while pending and not stopped():
-        suspects, pending, death = _pool_round(pending, workers, done, stopped)
-        if death is None:
-            return
-        idle = 0 if suspects else idle + 1
-        if idle >= POOL_IDLE_BREAKS:
-            for i, p, _task in pending:
-                why = f"worker processes died {idle} times before any pair started: {death}"
-                done(i, p, p.result("failed", why))
-            return
-        for item in suspects:
-            if stopped():
-                return
-            _, _, again = _pool_round([item], 1, done, stopped)
-            if again is not None:
-                i, p, _task = item
-                why = (
-                    "its worker process died while it ran, and again when it ran alone: "
-                    f"{again}"
-                )
-                done(i, p, p.result("failed", why))
-
-
-def _pool_round(
-    items: list[_Item],
-    workers: int,
-    done: Callable[[int, PlannedPair, PairResult], None],
-    stopped: Callable[[], bool],
-) -> tuple[list[_Item], list[_Item], str | None]:
-    """``items`` on a new pool until it ends or breaks: ``(started, not started, why)``
-    of the pairs left unfinished by a break (``why`` None: no break)."""
-    from .worker import note_starts
-
-    ctx = multiprocessing.get_context("spawn")
-    began = ctx.SimpleQueue()
-    pool = cf.ProcessPoolExecutor(
-        max_workers=workers, mp_context=ctx, initializer=note_starts, initargs=(began,)
-    )
-    try:
-        left, death = _drain_pool(pool, items, done, stopped)
-    except WorkerUnfit:
-        pool.shutdown(wait=True, cancel_futures=True)  # running pairs finish
-        raise
-    except KeyboardInterrupt:
-        # Stop promptly: nothing pending starts, running workers are terminated (a pair
-        # killed before its publish leaves no trace; see docs/fleet.md on crashes).
-        processes = list(getattr(pool, "_processes", {}).values())
-        pool.shutdown(wait=False, cancel_futures=True)
-        for proc in processes:
-            proc.terminate()
-        raise
-    pool.shutdown(wait=True)
-    started = set()
-    while not began.empty():
-        started.add(began.get())
-    began.close()
-    return (
-        [x for x in left if x[0] in started],
-        [x for x in left if x[0] not in started],
-        death,
-    )
-
-
-def _drain_pool(
-    pool: cf.ProcessPoolExecutor,
-    items: list[_Item],
-    done: Callable[[int, PlannedPair, PairResult], None],
-    stopped: Callable[[], bool],
-) -> tuple[list[_Item], str | None]:
-    """Run ``items`` on ``pool``: the items a break left unfinished and why."""
-    from .worker import run_noted_pair
-
-    futures = {pool.submit(run_noted_pair, i, task): (i, p, task) for i, p, task in items}
-    left: list[_Item] = []
-    death: str | None = None
-    for fut in cf.as_completed(futures):
-        if fut.cancelled():
-            continue
-        i, p, task = futures[fut]
-        try:
-            r = fut.result()
-        except WorkerUnfit:
-            raise
-        except cf.process.BrokenProcessPool as exc:  # a worker process died
-            left.append((i, p, task))
-            death = f"{type(exc).__name__}: {exc}"
-            continue
-        except Exception as exc:  # the result could not come back
-            r = p.result("failed", f"worker process failed: {type(exc).__name__}: {exc}")
-        done(i, p, r)
-        if stopped():
-            for other in futures:
-                other.cancel()  # those not started; running ones finish
-    left.sort(key=lambda x: x[0])
-    return left, death
