@@ -126,6 +126,11 @@ class FleetResult:
                 lines.append(f"failed: {p.model} on {p.device} -> {p.destination}: {p.error}")
             elif p.xnnpack is not None and "refused" in p.xnnpack:
                 lines.append(f"xnnpack: {p.model} on {p.device}: {p.xnnpack}")
+            if p.unspecialized is not None:
+                lines.append(
+                    f"unspecialized: {p.model} on {p.device} -> {p.destination}: published "
+                    f"as the portable source, {p.unspecialized}"
+                )
         if self.index_error is not None:
             what = "index not published" if self.index is None else "not indexed"
             lines.append(f"{what}: {self.index_error}")

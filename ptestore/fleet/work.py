@@ -93,6 +93,9 @@ class PairResult:
     #: For a device that declares ``xnnpack_cpu``: what became of the artifact's XNNPACK
     #: packed-weight file (made, current, or why the runtime refused one).
     xnnpack: str | None = None
+    #: Why no backend changed the artifact this run published (a copy of the portable
+    #: source, made for no backend: ``select`` offers it to every device), else None.
+    unspecialized: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -107,6 +110,8 @@ class PairResult:
         }
         if self.xnnpack is not None:
             out["xnnpack"] = self.xnnpack
+        if self.unspecialized is not None:
+            out["unspecialized"] = self.unspecialized
         return out
 
 
@@ -204,7 +209,9 @@ def run_pair(task: PairTask) -> PairResult:
     for attempt in range(1, PAIR_ATTEMPTS + 1):
         result.attempts = attempt
         try:
-            result.status, result.reason = _run(task, counter)
+            unchanged: list[str] = []
+            result.status, result.reason = _run(task, counter, unchanged)
+            result.unspecialized = unchanged[0] if unchanged else None
             if task.xnnpack_cpu is not None:
                 from .packing import make_packed
 
@@ -233,7 +240,7 @@ def run_pair(task: PairTask) -> PairResult:
     return result
 
 
-def _run(task: PairTask, counter: list[int]) -> tuple[str, str]:
+def _run(task: PairTask, counter: list[int], unchanged: list[str]) -> tuple[str, str]:
     from ..coordinator import specialize_pair
 
     urls = [task.destination] + ([task.ptd_destination] if task.ptd_destination else [])
@@ -285,6 +292,8 @@ def _run(task: PairTask, counter: list[int]) -> tuple[str, str]:
         )
         # A .ptd found stored at its content address was not written again.
         counter[0] += sum(f.size_after for f in report.files if f.status != "stored")
+        if report.unchanged_reason is not None:  # published all the same: said, not silent
+            unchanged.append(report.unchanged_reason)
         outcome = "published"
         # The digests the run just published, by URL: a destination whose record names
         # the same one is the run's own file, not read and hashed again.

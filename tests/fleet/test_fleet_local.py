@@ -409,3 +409,27 @@ def test_a_dangling_link_at_a_destination_is_named_and_refused(
     (out / "b" / "m.pte").symlink_to(tmp_path / "nowhere-m.pte")
     result = run_pair(task)
     assert (result.status, result.error) == ("failed", message.replace("/a/", "/b/").format("m"))
+
+
+def test_a_pair_no_backend_changed_is_published_and_said(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A job whose backends change nothing of a pair (here: a backend bound to an id the
+    program does not have, a case typo) publishes the portable copy, as a job does, but
+    says so: the summary names the pair and why, ``--json`` has ``unspecialized`` (it was
+    "done" and nothing else: a generic artifact select offers every device)."""
+    job = _job(tmp_path, backends='"support.fleet_backend:Scaler@XNNPACKBackend"')
+    assert main(["fleet", "run", str(job), "--workers", "1", "--models", "mlp"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    said = [line for line in lines if line.startswith("unspecialized: ")]
+    out = tmp_path / "out"
+    assert [line.split(": published as")[0] for line in said] == [
+        f"unspecialized: mlp on a -> {out}/a/mlp.pte",
+        f"unspecialized: mlp on b -> {out}/b/mlp.pte",
+    ]
+    assert all("XNNPACKBackend" in line for line in said), said
+    (out / "a" / "mlp.pte").unlink()
+    assert main(["fleet", "run", str(job), "--workers", "1", "--models", "mlp", "--json"]) == 0
+    pairs = {p["device"]: p for p in json.loads(capsys.readouterr().out)["pairs"]}
+    assert pairs["a"]["status"] == "done" and "XNNPACKBackend" in pairs["a"]["unspecialized"]
+    assert pairs["b"]["status"] == "skipped" and "unspecialized" not in pairs["b"]
