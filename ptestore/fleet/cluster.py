@@ -137,8 +137,7 @@ def _drain_dask(
                 raise
             except Exception as exc:  # KilledWorker after too many worker losses, ...
                 why_lost = watch.describe()
-                r = p.result(
-                    "failed",
+                r = p.lost(
                     f"Dask task failed: {type(exc).__name__}: {exc}"
                     + (f" (lost workers: {why_lost})" if why_lost else ""),
                 )
@@ -152,7 +151,7 @@ def _drain_dask(
             client.cancel(list(pending))
             for fut in sorted(pending, key=lambda f: futures[f][0]):
                 i, p = futures[fut]
-                done(i, p, p.result("failed", why))
+                done(i, p, p.lost(why))
             return
         gone = [f for f in pending if f in restricted and watch.hosts_gone(restricted[f][1])]
         for fut in sorted(gone, key=lambda f: futures[f][0]):
@@ -163,8 +162,7 @@ def _drain_dask(
             done(
                 i,
                 p,
-                p.result(
-                    "failed",
+                p.lost(
                     f"no Dask worker of {scheduler} is left on {', '.join(hosts)} (the hosts "
                     f"with the CPU {cpu!r}) and none joined there within {watch.missed} "
                     f"heartbeat intervals ({watch.limit:g} s): its XNNPACK packed-weight "

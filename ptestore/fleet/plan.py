@@ -68,6 +68,14 @@ class PlannedPair:
             xnnpack=self.xnnpack,
         )
 
+    def lost(self, error: str) -> PairResult:
+        """This pair's result when its run was lost (a worker died, a task failed, it
+        ran too long): failed with ``error``, as a worker's result is before the runner
+        adds the planner's bytes (counted once)."""
+        r = self.result("failed", error)
+        r.bytes = 0
+        return r
+
 
 @dataclass
 class Plan:

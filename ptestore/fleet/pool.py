@@ -59,7 +59,7 @@ def run_pool(
         if idle >= POOL_IDLE_BREAKS:
             for i, p, _task in pending:
                 why = f"worker processes died {idle} times before any pair started: {death}"
-                done(i, p, p.result("failed", why))
+                done(i, p, p.lost(why))
             return
         for item in suspects:
             if stopped():
@@ -67,11 +67,8 @@ def run_pool(
             started, waiting, again, _ = _pool_round([item], 1, done, stopped, limit)
             if again is not None and (started or waiting):  # not: failed as timed out
                 i, p, _task = item
-                why = (
-                    "its worker process died while it ran, and again when it ran alone: "
-                    f"{again}"
-                )
-                done(i, p, p.result("failed", why))
+                why = f"its worker process died while it ran, and again when it ran alone: {again}"
+                done(i, p, p.lost(why))
 
 
 def _pool_round(
@@ -159,7 +156,7 @@ def _drain_pool(
                 r = (
                     watch.failure(p, i)
                     if i in watch.timed_out
-                    else p.result("failed", f"worker process failed: {type(exc).__name__}: {exc}")
+                    else p.lost(f"worker process failed: {type(exc).__name__}: {exc}")
                 )
             done(i, p, r)
             if stopped():
@@ -219,7 +216,8 @@ class _Watch:
         overdue = {
             i: now - self.starts[i][1]
             for i in running
-            if i in self.starts and i not in self.timed_out
+            if i in self.starts
+            and i not in self.timed_out
             and now - self.starts[i][1] >= self.limit
         }
         if not overdue:
@@ -240,7 +238,7 @@ class _Watch:
     def failure(self, p: PlannedPair, i: int) -> PairResult:
         """The result of pair ``i``, stopped for running too long."""
         why, seconds = self.timed_out[i]
-        r = p.result("failed", why)
+        r = p.lost(why)
         r.seconds = seconds
         return r
 

@@ -433,3 +433,14 @@ def test_a_pair_no_backend_changed_is_published_and_said(
     pairs = {p["device"]: p for p in json.loads(capsys.readouterr().out)["pairs"]}
     assert pairs["a"]["status"] == "done" and "XNNPACKBackend" in pairs["a"]["unspecialized"]
     assert pairs["b"]["status"] == "skipped" and "unspecialized" not in pairs["b"]
+
+
+def test_a_lost_pair_counts_the_planner_s_bytes_once(tmp_path: Path) -> None:
+    """The runner adds the planner's bytes to every result a worker or the pool reports;
+    a pair whose run was lost (its worker died, its Dask task failed, it ran too long) is
+    reported by ``PlannedPair.lost``, without them (``result`` has them: it is recorded
+    as it is, for a pair that did not run), so they are counted once, not twice."""
+    planned = dataclasses.replace(plan_job(load_job(_job(tmp_path))).pairs[0], bytes=1234)
+    assert planned.result("failed", "why").bytes == 1234
+    lost = planned.lost("its worker process died")
+    assert (lost.status, lost.error, lost.bytes) == ("failed", "its worker process died", 0)
