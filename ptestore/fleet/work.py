@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .._dataclass import dataclass, field
@@ -138,7 +139,18 @@ class CountingLoader:
         self.inner.close()
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
+        value = getattr(self.inner, name)
+        if name in ("readinto", "view"):  # a local file's reads: counted as loads are
+            return self._counted(name, value)
+        return value
+
+    def _counted(self, name: str, read: Callable[..., Any]) -> Callable[..., Any]:
+        def counted(offset: int, arg: Any) -> Any:
+            out = read(offset, arg)
+            self._counter[0] += memoryview(arg).nbytes if name == "readinto" else int(arg)
+            return out
+
+        return counted
 
 
 def open_counted(url: str, options: dict[str, Any], counter: list[int]) -> DataLoader:

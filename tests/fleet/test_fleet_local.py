@@ -444,3 +444,25 @@ def test_a_lost_pair_counts_the_planner_s_bytes_once(tmp_path: Path) -> None:
     assert planned.result("failed", "why").bytes == 1234
     lost = planned.lost("its worker process died")
     assert (lost.status, lost.error, lost.bytes) == ("failed", "its worker process died", 0)
+
+
+def test_a_local_pair_counts_its_local_reads(tmp_path: Path) -> None:
+    """``bytes`` counts a local source's reads too: the planner reads a local file into
+    its own buffers (``readinto``) and backends read ``view``s of it, both around the
+    counting loader until now (an 8 MiB pass-through counted about its output alone,
+    not the source's read as fleet.md says)."""
+    from support.large import inflated
+
+    src = tmp_path / "big.pte"
+    inflated(src, 2 << 20)  # the real mlp_xnnpack program, its 4 values 2 MiB each
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'destination = "{tmp_path}/out/{{device}}/{{model}}.pte"\nbackends = ["passthrough"]\n'
+        f'[[models]]\nname = "mlp"\nsource = "{src}"\n[devices.a]\n'
+    )
+    result = run_job(load_job(job), workers=1)
+    [pair] = result.pairs
+    out = tmp_path / "out" / "a" / "mlp.pte"
+    assert pair.status == "done", pair.error
+    # the planner's read of the source, and the artifact written
+    assert pair.bytes >= src.stat().st_size + out.stat().st_size
