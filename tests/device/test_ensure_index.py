@@ -474,3 +474,26 @@ def test_an_entry_that_is_a_link_is_not_served_offline(
     assert str(info.value).startswith(
         f"{entry}: the cache entry is a symbolic link, not a directory: "
     )
+
+
+@pytest.mark.parametrize("pte_record", ["model.pte", ["model.pte"], 7])
+def test_a_malformed_manifest_of_another_entry_is_not_a_base(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], pte_record: object
+) -> None:
+    """Another entry of the model (another index) whose manifest's ``files.pte`` is not
+    an object is skipped as a base, as an unreadable manifest is (it raised
+    ``AttributeError``); the download takes the store's bytes."""
+    cache = tmp_path / "cache"
+    one = fleet_run(_job(tmp_path, str(tmp_path / "one")), capsys)
+    two = fleet_run(_job(tmp_path, str(tmp_path / "two"), spec=NEWER), capsys)
+    first = ptestore.ensure(one, cache_dir=cache, model="m", device=A)
+    manifest = Path(first.pte).parent / "manifest.json"
+    doc = json.loads(manifest.read_text())
+    doc["files"]["pte"] = pte_record
+    with open(manifest, "r+") as f:  # the same file: its owner and mode kept
+        f.write(json.dumps(doc))
+        f.truncate()
+    other = ptestore.ensure(two, cache_dir=cache, model="m", device=A)
+    assert other.created and other.choice is not None
+    assert other.choice["fetched"]["bases"] == []
+    assert Path(other.pte).read_bytes() == (tmp_path / "two" / "a" / "m.pte").read_bytes()
