@@ -219,6 +219,8 @@ def fetch_entry(
             f"{exc.__cause__ or exc}; nothing was published in the cache entry (the "
             "incoming files were removed)"
         ) from exc
+    except ConfigurationError as exc:  # a directory at an incoming name: the cache's
+        raise StorageError(f"{exc}; nothing was published in the cache entry") from exc
     except BaseException:
         _discard(incoming)
         raise

@@ -371,16 +371,28 @@ def test_the_portable_source_must_be_the_one_the_index_records(
 
 
 def test_a_failure_between_the_incoming_ptd_and_pte_leaves_the_entry_untouched(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import shutil
+
     from ptestore.device.indexed import index_key
     from ptestore.errors import StorageError
+    from ptestore.fleet import fetch as fetch_module
 
     out, cache = tmp_path / "out", tmp_path / "cache"
     index = fleet_run(_job(tmp_path, str(out)), capsys)
     entry = cache / "entries" / index_key(index, "m", A)
-    # The incoming .pte cannot be published: its name is taken by a directory.
-    (entry / "incoming.pte" / "x").mkdir(parents=True)
+    incoming = entry / "incoming.pte"
+    real_rename = fetch_module.rename
+
+    def rename(src: str, dst: str, *args: Any, **kwargs: Any) -> None:
+        # The incoming .pte cannot be published: once its .ptd is, its name is taken by
+        # a directory (made after fetch checked its destination).
+        if dst == str(incoming) and not incoming.exists():
+            (incoming / "x").mkdir(parents=True)
+        real_rename(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(fetch_module, "rename", rename)
     with pytest.raises(StorageError) as info:
         ptestore.ensure(index, cache_dir=cache, model="m", device=A)
     text = str(info.value)
@@ -392,17 +404,26 @@ def test_a_failure_between_the_incoming_ptd_and_pte_leaves_the_entry_untouched(
     assert not (entry / "incoming.ptd").exists() and not (entry / "manifest.json").exists()
     argv = ["ensure", index, "--cache-dir", str(cache), "--model", "m", "--device", "a"]
     argv += ["--device-option", "soc=x", "--device-option", "scale=2.0"]
+    shutil.rmtree(incoming)
     assert main(argv) == 1
     assert capsys.readouterr().err.startswith("ptestore ensure: failed, nothing published: ")
-    # Once the name is free the entry is made; a later failure of that kind serves it.
-    (entry / "incoming.pte" / "x").rmdir()
-    (entry / "incoming.pte").rmdir()
+    # Once the name is free the entry is made; a later failure of that kind serves it,
+    # and so does a directory there before the fetch (refused up front, in the cache).
+    monkeypatch.undo()
+    shutil.rmtree(incoming)
     first = ptestore.ensure(index, cache_dir=cache, model="m", device=A)
     assert first.created
     fleet_run(_job(tmp_path, str(out), spec=NEWER), capsys)
-    (entry / "incoming.pte" / "x").mkdir(parents=True)
+    monkeypatch.setattr(fetch_module, "rename", rename)
     served = ptestore.ensure(index, cache_dir=cache, model="m", device=A)
     assert not served.created and served.pte == first.pte and served.choice is not None
+    assert "nothing was published in the cache entry" in served.choice["offline"]
+    monkeypatch.undo()
+    served = ptestore.ensure(index, cache_dir=cache, model="m", device=A)
+    assert not served.created and served.pte == first.pte and served.choice is not None
+    assert served.choice["offline"].startswith(
+        f"served from the cache offline: {incoming}: is a directory; DEST is the path of "
+    )
     assert "nothing was published in the cache entry" in served.choice["offline"]
 
 
