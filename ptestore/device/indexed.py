@@ -164,7 +164,8 @@ def cached_bases(
         files = None if manifest is None else manifest.get("files")
         if not isinstance(fp, dict) or fp.get("model") != model or not isinstance(files, dict):
             continue
-        name = (files.get("pte") or {}).get("name")
+        pte = files.get("pte")  # a malformed manifest: not a base, as an unreadable one
+        name = pte.get("name") if isinstance(pte, dict) else None
         if isinstance(name, str) and os.sep not in name:
             same = isinstance(fp.get("device"), list) and fp["device"][:1] == [device.name]
             others.append((not same, os.path.join(layout.entry_dir(other), name)))
@@ -222,6 +223,8 @@ def fetch_entry(
             f"{exc.__cause__ or exc}; nothing was published in the cache entry (the "
             "incoming files were removed)"
         ) from exc
+    except ConfigurationError as exc:  # a directory at an incoming name: the cache's
+        raise StorageError(f"{exc}; nothing was published in the cache entry") from exc
     except BaseException:
         _discard(incoming)
         raise

@@ -76,8 +76,9 @@ def target_layout(
     fd: int, chunks: ChunkDigests, done: set[int], from_store: FromStore, url: str
 ) -> Container | None:
     """The download's layout, parsed from its first chunks in the ``.part`` (those not
-    there yet downloaded first: they hold the metadata a moved layout rewrote, so no
-    base has them); None when it is not a container ptestore reads."""
+    there yet asked of ``from_store`` first: :func:`fill_from_bases` tries the bases at
+    the same offsets before the store); None when it is not a container ptestore
+    reads."""
     from ..format.header import HEAD_BYTES, FileHead
     from ..format.parse import parse_metadata
 
@@ -134,14 +135,22 @@ def fill_from_bases(
     for m in first:
         tried[m.index] = {id(m.base)}
     done |= filled.done
-    for i in sorted(head - done):  # the layout's chunks: each base in turn, same offsets
-        start, end = chunks.span(i)
-        for base in bases:
-            if i not in done and end <= base.size:
-                got = fill(fd, directory, chunks, [Match(i, base, start, False)], on_chunk)
-                filled.add(got)
-                done |= got.done
-    target = layouts.target(fd, chunks, done, from_store, url)
+
+    def layout_chunks(run: list[int]) -> None:
+        """The chunks that hold the layout: each base in turn at the same offsets (the
+        layout did not move), then the store for those no base has."""
+        for i in run:
+            start, end = chunks.span(i)
+            for base in bases:
+                if i not in done and end <= base.size:
+                    got = fill(fd, directory, chunks, [Match(i, base, start, False)], on_chunk)
+                    filled.add(got)
+                    done.update(got.done)
+        if left := [i for i in run if i not in done]:
+            from_store(left)
+
+    layout_chunks(sorted(head - done))
+    target = layouts.target(fd, chunks, done, layout_chunks, url)
     # A chunk a base's record named and its bytes did not have is tried from the others.
     rest = [i for i in todo if i not in done and i not in head]
     if target is None:

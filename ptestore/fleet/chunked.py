@@ -40,6 +40,7 @@ from ..storage.types import absolute_path
 from .bases import CONTAINERS, Layouts, fill_from_bases
 from .delta import Base
 from .download import check_room, clones_from, download_error, open_part, read_state
+from .fetch_checks import EntryMismatch, named
 from .ranged import PinnedReader
 
 __all__ = ["FetchEvent", "Sink", "download_chunks"]
@@ -405,17 +406,16 @@ def pinned_record(want: dict[str, Any], size: int, reader: PinnedReader) -> Reco
         return None
     url = str(want["url"])
     if "size" in want and size != want["size"]:
-        raise IntegrityError(
-            f"{url}: the object is {size} bytes, the index names {want['size']}",
-            published=False,
+        raise EntryMismatch(
+            f"{url}: the object is {size} bytes, {named(want, want['size'])}", published=False
         )
     tail = _Tail(reader, size)
     try:
         trailer = read_trailer(tail)
         have = None if trailer is None else "sha256:" + trailer.sha256
         if trailer is None or have != pinned:
-            raise IntegrityError(
-                f"{url}: provenance trailer checksum {have}, the index names {pinned}",
+            raise EntryMismatch(
+                f"{url}: provenance trailer checksum {have}, {named(want, pinned)}",
                 published=False,
             )
         content = Provenance.of_trailer(trailer, url).content

@@ -37,11 +37,11 @@ from typing import TYPE_CHECKING
 from .._dataclass import dataclass, field
 from .._io import pread_all, preadinto_all, pwrite_all
 from ..errors import ConfigurationError, FormatError, PteStoreError
-from ..storage.loaders import LocalFileLoader
 
 if TYPE_CHECKING:
     from ..format.model import Container
     from ..provenance.chunks import ChunkDigests
+    from ..storage.loaders import LocalFileLoader
     from .shift import Moves, Piece
 
 __all__ = [
@@ -117,26 +117,21 @@ def _recorded(loader: LocalFileLoader) -> ChunkDigests | None:
 
 
 def open_bases(paths: Sequence[str], *, required: bool) -> list[Base]:
-    """Open each base (a regular local file) and read its chunk record; a missing one is
-    a :class:`ConfigurationError` when ``required`` (given by the user), else skipped."""
+    """Open each base (a regular local file: :func:`.fetch_checks.open_base`) and read
+    its chunk record; one that is missing or cannot be used is a
+    :class:`ConfigurationError` when ``required`` (given by the user), else skipped."""
+    from .fetch_checks import open_base
+
     out: list[Base] = []
     for path in paths:
         try:
-            loader = LocalFileLoader(path)
-        except FileNotFoundError:
-            loader = None
-        except Exception as exc:
-            if required:
-                for b in out:
-                    b.close()
-                raise ConfigurationError(f"{path}: cannot be used as a base: {exc}") from exc
-            continue
-        if loader is None or not os.path.exists(path):
-            if required:
-                for b in out:
-                    b.close()
-                raise ConfigurationError(f"{path}: no such base file (--base)")
-            continue
+            loader = open_base(path)
+        except ConfigurationError:
+            if not required:
+                continue
+            for b in out:
+                b.close()
+            raise
         out.append(Base(path, loader, loader.size(), _recorded(loader)))
     return out
 

@@ -134,12 +134,17 @@ def _existing(path: str) -> str:
 
 def _clones(directory: str, base: str) -> bool:
     """A file system that shares ``base``'s extents with a new file in ``directory``
-    (XFS, btrfs: a reflink probe between two unnamed files there; ext4, tmpfs: no)."""
+    (XFS, btrfs: a reflink probe between two unnamed files there; ext4, tmpfs: no);
+    False when ``base`` is not a regular file."""
     from ..writers._clone import probe_clone_block_size
 
+    # O_NONBLOCK: a FIFO (or a device) there is never waited on, and not a base.
     try:
-        src = os.open(base, os.O_RDONLY | os.O_CLOEXEC)
+        src = os.open(base, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
     except OSError:
+        return False
+    if not stat.S_ISREG(os.fstat(src).st_mode):
+        os.close(src)
         return False
     try:
         dst = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)

@@ -10,8 +10,12 @@ two download files are opened in the destination's directory without following l
 (``O_NOFOLLOW``; a new ``.part`` with ``O_EXCL``): a symbolic link, or a file another
 user owns or that has other names, at either name is refused, never written through.
 One fetch into a destination at a time: each holds an ``flock`` on ``DEST.part.lock``
-from its first download to its last rename (:mod:`ptestore.storage.flock`). An index
-entry's fields are checked before the first request (:func:`_check_entry`).
+from its first download to its last rename (:mod:`ptestore.storage.flock`). Before the
+first request (:mod:`.fetch_checks`): ``DEST`` and its ``.ptd``'s path are not
+directories, every base given is a local regular file, an index entry's fields are in
+their form (and, when the destination has no room for them, its sizes are its objects').
+A URL fetched directly is described from its trailer; an object replaced between that
+and its download is described again and fetched from the start, once.
 
 The check, per file:
 
@@ -45,22 +49,32 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._dataclass import dataclass, field
+from .._log import get_logger
 from ..errors import (
     ConfigurationError,
     FormatError,
     IntegrityError,
     PartialPublish,
 )
-from ..provenance.chunks import well_formed
 from ..provenance.digest import content_digest
 from ..provenance.trailer import read_trailer
 from ..storage.atomic import rename
-from ..storage.flock import locked
 from ..storage.loaders import DataLoader, LocalFileLoader
-from ..storage.types import absolute_path, file_path
+from ..storage.types import absolute_path
 from .chunked import FetchEvent, Sink, download_chunks, pinned_record
 from .delta import Base, open_bases
-from .download import check_space, discard_part, local_writes, refuse_link
+from .download import discard_part, local_writes, refuse_link
+from .fetch_checks import (
+    EntryMismatch,
+    base_paths,
+    check_bases,
+    check_dest,
+    check_entry,
+    check_paths,
+    check_room_for,
+    dest_lock,
+    named,
+)
 from .job import ptd_beside
 from .ranged import PinnedReader, pinned_attempts
 from .select import Choice, ptd_entry_of, select
@@ -70,6 +84,8 @@ if TYPE_CHECKING:
     from ..backends.compat import DeviceProfile
 
 __all__ = ["FetchEvent", "FetchResult", "fetch"]
+
+log = get_logger(__name__)
 
 #: The most bytes asked of the store in one request (a ranged GET): consecutive chunks
 #: are coalesced up to this, read and written in pieces of at most 1 MiB.
@@ -122,16 +138,16 @@ def _check(path: str, want: dict[str, Any]) -> str:
         size = loader.size()
         if "size" in want and size != want["size"]:
             raise IntegrityError(
-                f"{want['url']}: downloaded {size} bytes, the index names {want['size']}",
+                f"{want['url']}: downloaded {size} bytes, {named(want, want['size'])}",
                 published=False,
             )
         if want.get("trailer_sha256") is not None:
             trailer = read_trailer(loader)
             if trailer is None or "sha256:" + trailer.sha256 != want["trailer_sha256"]:
                 have = None if trailer is None else "sha256:" + trailer.sha256
-                raise IntegrityError(
-                    f"{want['url']}: provenance trailer checksum {have}, the index names "
-                    f"{want['trailer_sha256']}",
+                raise EntryMismatch(
+                    f"{want['url']}: provenance trailer checksum {have}, "
+                    f"{named(want, want['trailer_sha256'])}",
                     published=False,
                 )
             got = content_digest(loader, trailer.content_size, like=want["sha256"]).sha256
@@ -139,7 +155,7 @@ def _check(path: str, want: dict[str, Any]) -> str:
             got = content_digest(loader, size, like=want["sha256"]).sha256
         if got != want["sha256"]:
             raise IntegrityError(
-                f"{want['url']}: downloaded bytes have {got}, the index names {want['sha256']}",
+                f"{want['url']}: downloaded bytes have {got}, {named(want, want['sha256'])}",
                 published=False,
             )
         return got
@@ -159,7 +175,6 @@ def _download(
 ) -> dict[str, Any]:
     url = str(want["url"])
     part, meta_path = dest + ".part", dest + ".part.json"
-    os.makedirs(os.path.dirname(absolute_path(dest)), exist_ok=True)
     for name in (part, meta_path):
         refuse_link(name)
 
@@ -188,6 +203,8 @@ def _download(
             bases=bases,
             request_size=chunk_size,
             sink=sink(url, dest, size),
+            record_name="the record in its trailer"
+            + ("" if want.get("named_by") else " (the one the index names)"),
         )
         got["sha256"] = record.sha256
         return got
@@ -272,51 +289,31 @@ def fetch(
     CPU and ExecuTorch build, when the fleet made one (:func:`.packed.fetch_packed`:
     verified, beside ``dest``). See the module docstring."""
     src = os.fspath(index_or_url)
-    given_dest = os.fspath(dest)
-    target = file_path(given_dest)  # file:///x/m.pte is /x/m.pte from here on
-    if target is None:
-        raise ConfigurationError(f"{given_dest}: fetch writes to local disk, not to a URL")
-    if target.endswith("/"):
-        raise ConfigurationError(f"{given_dest}: names a directory (it ends in '/'), not a file")
-    if target.endswith(".ptd"):
-        raise ConfigurationError(
-            f"{given_dest}: fetch writes the .pte to DEST (its .ptd, when it has one, beside "
-            "it): a DEST ending in .ptd would name the .pte as external weights; give the "
-            ".pte's path"
-        )
+    target = check_dest(os.fspath(dest))
     if chunk_size < 1:
         raise ConfigurationError(f"chunk_size must be >= 1, got {chunk_size}")
+    if src.endswith(".json") and (model is None or device is None):
+        raise ConfigurationError(f"{src}: fetching from an index needs --model and --device")
     opts = dict(storage_options or {})
-    choice: Choice | None = None
-    if src.endswith(".json"):
-        if model is None or device is None:
-            raise ConfigurationError(f"{src}: fetching from an index needs --model and --device")
-        choice = select(src, model, device, storage_options=opts)
-        files = [(choice.pte, target)]
-        if choice.ptd is not None:
-            files.append((choice.ptd, ptd_beside(target)))
-    else:
-        files = [(_describe(src, opts), target)]
-        ptd_want = ptd_entry_of(src, opts)
-        if ptd_want is not None:
-            files.append((ptd_want, ptd_beside(target)))
-    for want, _ in files:
-        _check_entry(want)
-    result = FetchResult(choice)
     given = [] if base is None else [base] if isinstance(base, str | os.PathLike) else list(base)
-    pte_bases = [file_path(b) or os.fspath(b) for b in given]  # a URL: no such base file
+    pte_bases = base_paths(given)
+    if require_base:  # before the first request
+        check_bases(pte_bases)
 
     def sink(url: str, path: str, total: int) -> Sink:
         return Sink(url, path, total, progress, events)
 
-    ptd_bases = [ptd_beside(b) for b in pte_bases]  # before anything is made:
-    check_space(files, {p: pte_bases if p == target else ptd_bases for _, p in files})
-    os.makedirs(os.path.dirname(absolute_path(target)), exist_ok=True)
-    refuse_link(target + ".part.lock")
-    # One fetch into a destination at a time: another would take over (or remove) this
-    # one's live .part, and this one would then publish bytes it never checked.
-    with locked(target + ".part.lock", remove=True):
-        _download_all(files, target, pte_bases, opts, chunk_size, sink, result, require_base)
+    choice, files = _files(src, target, model, device, opts)
+    for again in (False, True):
+        result = FetchResult(choice)
+        try:
+            _fetch_files(files, target, pte_bases, opts, chunk_size, sink, result, require_base)
+            break
+        except EntryMismatch as exc:
+            if choice is not None or again:
+                raise
+            log.warning("%s; reading its trailer again and fetching it from the start", exc)
+            choice, files = _files(src, target, model, device, opts)
     if xnnpack_cache:
         from .packed import fetch_packed
 
@@ -333,6 +330,55 @@ def fetch(
             events=events,
         )
     return result
+
+
+def _files(
+    src: str,
+    target: str,
+    model: str | None,
+    device: DeviceProfile | str | None,
+    opts: dict[str, Any],
+) -> tuple[Choice | None, list[tuple[dict[str, Any], str]]]:
+    """What to fetch: the choice of the index ``src`` and its files, or the artifact at
+    the URL ``src`` (its entry what its trailer says now: ``named_by``) and the .ptd its
+    record names; each with the path it is published at."""
+    if src.endswith(".json"):
+        assert model is not None and device is not None  # checked by fetch
+        choice = select(src, model, device, storage_options=opts)
+        files = [(choice.pte, target)]
+        if choice.ptd is not None:
+            files.append((choice.ptd, ptd_beside(target)))
+        return choice, files
+    files = [({**_describe(src, opts), "named_by": "trailer"}, target)]
+    ptd_want = ptd_entry_of(src, opts)
+    if ptd_want is not None:
+        by = "record" if ptd_want.get("shared") else "trailer"
+        files.append(({**ptd_want, "named_by": by}, ptd_beside(target)))
+    return None, files
+
+
+def _fetch_files(
+    files: list[tuple[dict[str, Any], str]],
+    target: str,
+    pte_bases: list[str],
+    opts: dict[str, Any],
+    chunk_size: int,
+    sink: Callable[[str, str, int], Sink],
+    result: FetchResult,
+    require_base: bool,
+) -> None:
+    """The entries and the destination checked, and room for the files
+    (:mod:`.fetch_checks`), before anything is downloaded; then, under the destination's
+    lock, :func:`_download_all`."""
+    for want, _ in files:
+        check_entry(want)
+    check_paths([p for _, p in files], target)
+    ptd_bases = [ptd_beside(b) for b in pte_bases]
+    check_room_for(files, {p: pte_bases if p == target else ptd_bases for _, p in files}, opts)
+    # One fetch into a destination at a time: another would take over (or remove) this
+    # one's live .part, and this one would then publish bytes it never checked.
+    with dest_lock(target):
+        _download_all(files, target, pte_bases, opts, chunk_size, sink, result, require_base)
 
 
 def _download_all(
@@ -363,28 +409,6 @@ def _download_all(
         _discard_parts(result.files)
         raise
     _publish_all(result.files)
-
-
-def _check_entry(want: dict[str, Any]) -> None:
-    """An index file entry (its object and ``url`` checked by :func:`.select.select`;
-    what a direct URL's trailer gives) has the fields fetch relies on, in their form,
-    before the first request: a malformed one is a
-    :class:`~ptestore.errors.FormatError` naming the object and the field, never a
-    download checked against it afterwards."""
-    url = want["url"]
-    size = want.get("size")
-    if "size" in want and (not isinstance(size, int) or isinstance(size, bool) or size < 0):
-        raise FormatError(url, "index entry size", size, "a byte count >= 0")
-    sha = want.get("sha256")
-    if not well_formed(sha):
-        raise FormatError(
-            url, "index entry sha256", sha, "'sha256-tree:' or 'sha256:' and 64 lowercase hex"
-        )
-    trailer = want.get("trailer_sha256")
-    if trailer is not None and not well_formed(trailer, ("sha256",)):
-        raise FormatError(
-            url, "index entry trailer_sha256", trailer, "null or 'sha256:' and 64 lowercase hex"
-        )
 
 
 def _publish_all(files: list[dict[str, Any]]) -> None:

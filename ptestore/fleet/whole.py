@@ -25,6 +25,7 @@ from ..storage.types import absolute_path
 from .chunked import Sink
 from .delta import Base, copy_whole
 from .download import check_room, clones_from, discard_part, open_part, read_state, save_state
+from .fetch_checks import EntryMismatch, named
 from .ranged import ObjectChanged, PinnedReader
 
 __all__ = ["download_whole", "resume_point"]
@@ -69,9 +70,8 @@ def download_whole(
     checked whole (:func:`~.fetch._check`)."""
     url, size = str(want["url"]), int(state["size"])
     if "size" in want and size != want["size"]:  # before a byte is downloaded
-        raise IntegrityError(
-            f"{url}: the object is {size} bytes, the index names {want['size']}",
-            published=False,
+        raise EntryMismatch(
+            f"{url}: the object is {size} bytes, {named(want, want['size'])}", published=False
         )
     part, meta_path = dest + ".part", dest + ".part.json"
     report = sink(url, dest, size)

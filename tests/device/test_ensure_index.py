@@ -406,16 +406,28 @@ def test_the_portable_source_must_be_the_one_the_index_records(
 
 
 def test_a_failure_between_the_incoming_ptd_and_pte_leaves_the_entry_untouched(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import shutil
+
     from ptestore.device.indexed import index_key
     from ptestore.errors import StorageError
+    from ptestore.fleet import fetch as fetch_module
 
     out, cache = tmp_path / "out", tmp_path / "cache"
     index = fleet_run(_job(tmp_path, str(out)), capsys)
     entry = cache / "entries" / index_key(index, "m", A)
-    # The incoming .pte cannot be published: its name is taken by a directory.
-    (entry / "incoming.pte" / "x").mkdir(parents=True)
+    incoming = entry / "incoming.pte"
+    real_rename = fetch_module.rename
+
+    def rename(src: str, dst: str, *args: Any, **kwargs: Any) -> None:
+        # The incoming .pte cannot be published: once its .ptd is, its name is taken by
+        # a directory (made after fetch checked its destination).
+        if dst == str(incoming) and not incoming.exists():
+            (incoming / "x").mkdir(parents=True)
+        real_rename(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(fetch_module, "rename", rename)
     with pytest.raises(StorageError) as info:
         ptestore.ensure(index, cache_dir=cache, model="m", device=A)
     text = str(info.value)
@@ -427,17 +439,26 @@ def test_a_failure_between_the_incoming_ptd_and_pte_leaves_the_entry_untouched(
     assert not (entry / "incoming.ptd").exists() and not (entry / "manifest.json").exists()
     argv = ["ensure", index, "--cache-dir", str(cache), "--model", "m", "--device", "a"]
     argv += ["--device-option", "soc=x", "--device-option", "scale=2.0"]
+    shutil.rmtree(incoming)
     assert main(argv) == 1
     assert capsys.readouterr().err.startswith("ptestore ensure: failed, nothing published: ")
-    # Once the name is free the entry is made; a later failure of that kind serves it.
-    (entry / "incoming.pte" / "x").rmdir()
-    (entry / "incoming.pte").rmdir()
+    # Once the name is free the entry is made; a later failure of that kind serves it,
+    # and so does a directory there before the fetch (refused up front, in the cache).
+    monkeypatch.undo()
+    shutil.rmtree(incoming)
     first = ptestore.ensure(index, cache_dir=cache, model="m", device=A)
     assert first.created
     fleet_run(_job(tmp_path, str(out), spec=NEWER), capsys)
-    (entry / "incoming.pte" / "x").mkdir(parents=True)
+    monkeypatch.setattr(fetch_module, "rename", rename)
     served = ptestore.ensure(index, cache_dir=cache, model="m", device=A)
     assert not served.created and served.pte == first.pte and served.choice is not None
+    assert "nothing was published in the cache entry" in served.choice["offline"]
+    monkeypatch.undo()
+    served = ptestore.ensure(index, cache_dir=cache, model="m", device=A)
+    assert not served.created and served.pte == first.pte and served.choice is not None
+    assert served.choice["offline"].startswith(
+        f"served from the cache offline: {incoming}: is a directory; DEST is the path of "
+    )
     assert "nothing was published in the cache entry" in served.choice["offline"]
 
 
@@ -509,3 +530,26 @@ def test_an_entry_that_is_a_link_is_not_served_offline(
     assert str(info.value).startswith(
         f"{entry}: the cache entry is a symbolic link, not a directory: "
     )
+
+
+@pytest.mark.parametrize("pte_record", ["model.pte", ["model.pte"], 7])
+def test_a_malformed_manifest_of_another_entry_is_not_a_base(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], pte_record: object
+) -> None:
+    """Another entry of the model (another index) whose manifest's ``files.pte`` is not
+    an object is skipped as a base, as an unreadable manifest is (it raised
+    ``AttributeError``); the download takes the store's bytes."""
+    cache = tmp_path / "cache"
+    one = fleet_run(_job(tmp_path, str(tmp_path / "one")), capsys)
+    two = fleet_run(_job(tmp_path, str(tmp_path / "two"), spec=NEWER), capsys)
+    first = ptestore.ensure(one, cache_dir=cache, model="m", device=A)
+    manifest = Path(first.pte).parent / "manifest.json"
+    doc = json.loads(manifest.read_text())
+    doc["files"]["pte"] = pte_record
+    with open(manifest, "r+") as f:  # the same file: its owner and mode kept
+        f.write(json.dumps(doc))
+        f.truncate()
+    other = ptestore.ensure(two, cache_dir=cache, model="m", device=A)
+    assert other.created and other.choice is not None
+    assert other.choice["fetched"]["bases"] == []
+    assert Path(other.pte).read_bytes() == (tmp_path / "two" / "a" / "m.pte").read_bytes()

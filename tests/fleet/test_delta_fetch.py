@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import shutil
 from pathlib import Path
 from typing import Any
@@ -163,6 +164,39 @@ def test_a_base_of_another_model_gives_nothing_and_costs_nothing(
     got = _one(ptestore.fetch(b, dest, base=other))
     assert dest.read_bytes() == b.read_bytes()
     assert got["from_base"] == 0 and got["bases"] == {}
+
+
+def test_metadata_past_the_first_chunk_is_taken_from_a_base_that_holds_it(
+    tmp_path: Path,
+) -> None:
+    """A program whose metadata spans three chunks (an 11 MiB delegate blob inline in
+    the FlatBuffer): with its bytes as base (the exporter's file, without a trailer),
+    every chunk of the layout is taken from the base at the same offsets, verified, and
+    the store sends only the tail read with the trailer (chunks 1 and 2 were always
+    downloaded to read the layout)."""
+    import flatbuffers
+    from support import synth
+
+    b = flatbuffers.Builder(0)
+    d = synth.delegate(b, "VendorNpuBackend", segment=False)
+    plans = synth.offsets_vector(b, [synth.plan(b, "forward", synth.offsets_vector(b, [d]))])
+    blob = b.CreateByteVector(random.Random(7).randbytes(11 << 20))
+    b.StartObject(1)  # BackendDelegateInlineData
+    b.PrependUOffsetTRelativeSlot(0, blob, 0)
+    inline = b.EndObject()
+    fb = synth.finish_program(b, plans, inline=synth.offsets_vector(b, [inline]))
+    src = tmp_path / "src.pte"
+    src.write_bytes(synth.with_segments(fb, b""))
+    target = tmp_path / "store" / "m.pte"
+    target.parent.mkdir()
+    ptestore.specialize(src, target, allow_unchanged=True)  # its bytes and a trailer
+    content = target.stat().st_size - trailer_size(target)
+    assert target.read_bytes()[:content] == src.read_bytes() and content > 2 * CHUNK_SIZE
+    dest = tmp_path / "dev" / "m.pte"
+    got = _one(ptestore.fetch(target, dest, base=src))
+    assert dest.read_bytes() == target.read_bytes()
+    assert got["bases"] == {str(src): content} and got["from_base"] == content
+    assert got["received"] == 4096 and got["requests"] == 1
 
 
 def test_base_refusals(versions: tuple[Path, Path, Path], tmp_path: Path) -> None:

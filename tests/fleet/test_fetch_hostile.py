@@ -105,12 +105,23 @@ def test_fetch_s3_url_refuses_a_ptd_its_pte_was_not_made_with(
 
 
 def test_a_failure_between_the_ptd_and_the_pte_says_what_was_published(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from ptestore.fleet import fetch as fetch_module
+
     pte, ptd = specialized_pair(tmp_path, "a", 2.0)
     dest = tmp_path / "dev" / "m.pte"
-    # The .pte cannot be published: its name is taken by a directory that is not empty.
-    (dest / "x").mkdir(parents=True)
+    real_rename = fetch_module.rename
+
+    def rename(src: str, dst: str, *args: Any, **kwargs: Any) -> None:
+        # The .pte cannot be published: once the .ptd is, its name is taken by a
+        # directory that is not empty (made after fetch checked DEST: a directory there
+        # before is refused up front, test_a_directory_at_dest_is_refused_up_front).
+        if dst == str(dest) and not dest.exists():
+            (dest / "x").mkdir(parents=True)
+        real_rename(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(fetch_module, "rename", rename)
     with pytest.raises(PartialPublish) as info:
         ptestore.fetch(pte, dest)
     ptd_dest = tmp_path / "dev" / "m.ptd"
@@ -120,15 +131,18 @@ def test_a_failure_between_the_ptd_and_the_pte_says_what_was_published(
         "or nothing): the pair is torn until the fetch is run again: "
     )
     assert ptd_dest.read_bytes() == ptd.read_bytes()
+    shutil.rmtree(dest)
     assert main(["fetch", str(pte), str(dest), "--json"]) == 1
     err = json.loads(capsys.readouterr().out)["error"]
     assert (err["type"], err["published"]) == ("PartialPublish", "partial")
     assert err["published_files"] == [str(ptd_dest)]
     assert err["message"].startswith(f"{ptd_dest} was published, {dest} was not")
+    shutil.rmtree(dest)
     assert main(["fetch", str(pte), str(dest)]) == 1
     line = capsys.readouterr().err
     assert line.startswith(f"ptestore fetch: failed after a partial publish: {ptd_dest} was ")
     # Once the name is free, the fetch completes the pair.
+    monkeypatch.undo()
     shutil.rmtree(dest)
     ptestore.fetch(pte, dest)
     assert dest.read_bytes() == pte.read_bytes()
