@@ -77,7 +77,7 @@ def _tensor_values(view: FlatView, root: TableView) -> Iterator[tuple[str, int, 
 def program_external_tensors(parsed: ParsedFile) -> list[tuple[str, TensorInfo]]:
     """``(key, info)`` for every EXTERNAL tensor value of a .pte's execution plans."""
     c = parsed.container
-    view = FlatView(parsed.metadata, c.source, limit=c.metadata_size)
+    view = FlatView(parsed.metadata, c.source, limit=c.metadata_size, track=False)
     root = view.root("Program")
     out: list[tuple[str, TensorInfo]] = []
     for method, i, t in _tensor_values(view, root):

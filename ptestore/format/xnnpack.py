@@ -151,7 +151,7 @@ def _graph(
 ) -> tuple[TableView, list[tuple[str, int] | None]]:
     """The root table of the XNNGraph FlatBuffer ``buf`` (its file identifier checked)
     and its ``constant_data`` entries (:func:`_constant_data`)."""
-    view = FlatView(buf, source, limit=len(buf), budget=budget)
+    view = FlatView(buf, source, limit=len(buf), budget=budget, track=False)
     check_identifier(buf[:8], source)
     root = view.root("XNNGraph")
     return root, _constant_data(view, root)
