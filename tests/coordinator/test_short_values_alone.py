@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from support import synth
 from support.counting_backend import Recorder
 from support.damaged import cut_value, unused_constant
 from support.fixtures import get_fixture
@@ -136,3 +137,25 @@ def test_a_longer_value_and_a_pte_without_named_data_are_accepted(tmp_path: Path
         portable, tmp_path / "p.pte", backends=["passthrough"], allow_unchanged=True
     )
     assert (tmp_path / "o.pte").is_file() and (tmp_path / "p.pte").is_file()
+
+
+def test_an_external_tensor_s_value_the_pte_holds_is_checked_too(tmp_path: Path) -> None:
+    """A program's EXTERNAL tensor whose key the .pte holds itself (synthetic: no
+    exporter at hand writes one): its byte count needs its dtype, so sizes alone cannot
+    clear it and the tensors are described; float32 [8] over 16 bytes is refused, over
+    32 accepted."""
+    src, out = tmp_path / "in.pte", tmp_path / "o.pte"
+    src.write_bytes(synth.external_program("w", 16, [8]))
+    with pytest.raises(FormatError) as info:
+        ptestore.specialize(src, out, backends=["passthrough"], allow_unchanged=True)
+    assert str(info.value) == (
+        f"{src}: named data 'w' (size) = 16: must be >= 32 bytes: float32 [8], as the "
+        "program's EXTERNAL tensor forward values[0] says (the runtime reads 32 bytes from "
+        "the value's start, past its end)"
+    )
+    assert not out.exists()
+    data = synth.external_program("w", 32, [8])
+    assert may_be_short(read_container(BytesLoader(data)), BytesLoader(data))
+    src.write_bytes(data)
+    ptestore.specialize(src, out, backends=["passthrough"], allow_unchanged=True)
+    assert out.is_file()
