@@ -15,6 +15,7 @@ from .report import Event, EventTracer
 from .spool import Spool
 
 if TYPE_CHECKING:
+    from ..format.reader import ParsedFile
     from ..format.tensorinfo import TensorInfo
     from ..storage.types import DataLoader
     from ..writers.base import DataWriter
@@ -85,8 +86,9 @@ def read_sources(
     """The .pte (and .ptd) of a run, their metadata read through their loaders (ranged
     reads only); a trailer a source may end with is hidden (not part of its container).
     The first bytes of every XNNPACK blob are checked as the runtime checks them
-    (:func:`~ptestore.format.xnnheader.check_xnnpack_blobs`), and a pair by
-    :func:`check_pair`: all before any backend runs."""
+    (:func:`~ptestore.format.xnnheader.check_xnnpack_blobs`), a pair by
+    :func:`check_pair` and a .pte alone by :func:`check_alone`: all before any backend
+    runs."""
     pte_loader = without_trailer(pte_loader)
     files = [SourceFile("pte", pte_loader, pte_writer, read_container(pte_loader))]
     if files[0].container.kind != "pte":
@@ -98,7 +100,28 @@ def read_sources(
         if files[1].container.kind != "ptd":
             raise ConfigurationError(f"{ptd_loader.name}: expected a .ptd, found a .pte")
         check_pair(files[0], files[1])
+    else:
+        check_alone(files[0])
     return files
+
+
+def check_alone(pte: SourceFile) -> None:
+    """Refuse a .pte run without a .ptd whose own named-data value is shorter than a
+    description of its key (an XNNPACK graph's constant, an EXTERNAL tensor), as
+    :func:`check_pair` does for a pair: the runtime reads past the value's end (a crash,
+    or other bytes as weights). A .pte that holds no named data has nothing to check;
+    else the sizes its graphs say are read (:func:`~ptestore.format.sizes.may_be_short`),
+    and the tensors described only for a value that may be short: a local run imports
+    no tensor descriptions (tests/device/test_startup.py)."""
+    if not pte.container.named_data:
+        return
+    from ..format.sizes import may_be_short  # a .pte that holds named data only
+
+    if may_be_short(pte.parsed, pte.loader):
+        from ..format.tensors import read_tensors, short_values
+
+        described = read_tensors(pte.parsed, pte.loader, strict=False)
+        refuse_short(short_values(pte.parsed, None, described))
 
 
 def check_pair(pte: SourceFile, ptd: SourceFile) -> None:
@@ -110,7 +133,7 @@ def check_pair(pte: SourceFile, ptd: SourceFile) -> None:
     # only for a run with a .ptd
     from ..format.tensors import layout_tensors, read_tensors, short_values, unheld_keys
 
-    described = read_tensors(pte.parsed, pte.loader)
+    described = read_tensors(pte.parsed, pte.loader, strict=False)  # as the runtime
     unheld = unheld_keys(pte.parsed, pte.loader, ptd.parsed, described)
     names = (str(pte.container.source), str(ptd.container.source))
     if unheld:
@@ -124,7 +147,12 @@ def check_pair(pte: SourceFile, ptd: SourceFile) -> None:
             key=key,
             files=names,
         )
-    short = short_values(pte.parsed, ptd.parsed, described + layout_tensors(ptd.parsed))
+    refuse_short(short_values(pte.parsed, ptd.parsed, described + layout_tensors(ptd.parsed)))
+
+
+def refuse_short(short: list[tuple[str, ParsedFile, int, TensorInfo]]) -> None:
+    """The error for the values :func:`~ptestore.format.tensors.short_values` found
+    shorter than their descriptions (the first named, the others counted), if any."""
     if short:
         key, parsed, size, info = short[0]
         more = f"; {len(short) - 1} other values are short too" if len(short) > 1 else ""

@@ -16,10 +16,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 
 from .._dataclass import replace
-from ..errors import FormatError
 from ..storage.types import DataLoader
-from .flatbuf import FlatView, TableView, WorkBudget
 from .reader import ParsedFile
+from .sizes import external_name, file_budget, program_root, tensor_values, xnnpack_graphs
 from .tensorinfo import (
     MAX_OTHER_USES,
     TensorInfo,
@@ -27,7 +26,7 @@ from .tensorinfo import (
     read_dims,
     scalar_type_info,
 )
-from .xnnheader import XNN_HEADER_LENGTH, XNNPACK_BACKEND_ID, blob_source, xnngraph_span
+from .xnnheader import XNNPACK_BACKEND_ID
 from .xnnpack import PackedWeight, parse_packed_weights, parse_xnngraph
 
 __all__ = [
@@ -45,55 +44,17 @@ __all__ = [
     "xnnpack_tensors",
 ]
 
-# schema/program.fbs field ids
-_PROGRAM_EXECUTION_PLAN = 1
-_PLAN_NAME, _PLAN_VALUES = 0, 2
-_EVALUE_TYPE, _EVALUE_VAL = 0, 1
-_KERNEL_TYPE_TENSOR = 5
-_T_SCALAR_TYPE, _T_SIZES, _T_DIM_ORDER, _T_EXTRA = 0, 2, 3, 9
-_EXTRA_FQN, _EXTRA_LOCATION = 1, 2
-_LOCATION_EXTERNAL = 1
-
-
-def _tensor_values(view: FlatView, root: TableView) -> Iterator[tuple[str, int, TableView]]:
-    plans = root.vector(_PROGRAM_EXECUTION_PLAN, "execution_plan", 4)
-    if plans is None:
-        return
-    for p in range(plans.length):
-        plan = plans.table(p)
-        name = plan.string(_PLAN_NAME, "name") or f"execution_plan[{p}]"
-        values = plan.vector(_PLAN_VALUES, "values", 4)
-        if values is None:
-            continue
-        for i in range(values.length):
-            ev = values.table(i)
-            if ev.scalar(_EVALUE_TYPE, "val_type", "u8") != _KERNEL_TYPE_TENSOR:
-                continue
-            t = ev.table(_EVALUE_VAL, "val")
-            if t is not None:
-                yield name, i, t
+# schema/program.fbs: Tensor
+_T_SCALAR_TYPE, _T_SIZES, _T_DIM_ORDER = 0, 2, 3
 
 
 def program_external_tensors(parsed: ParsedFile) -> list[tuple[str, TensorInfo]]:
     """``(key, info)`` for every EXTERNAL tensor value of a .pte's execution plans."""
-    c = parsed.container
-    view = FlatView(parsed.metadata, c.source, limit=c.metadata_size)
-    root = view.root("Program")
     out: list[tuple[str, TensorInfo]] = []
-    for method, i, t in _tensor_values(view, root):
-        extra = t.table(_T_EXTRA, "extra_tensor_info")
-        if extra is None:
+    for method, i, t in tensor_values(program_root(parsed)):
+        fqn = external_name(t)
+        if fqn is None:
             continue
-        if extra.scalar(_EXTRA_LOCATION, "location", "u8") != _LOCATION_EXTERNAL:
-            continue
-        fqn = extra.string(_EXTRA_FQN, "fully_qualified_name")
-        if not fqn:
-            raise FormatError(
-                c.source,
-                f"{extra.field}.fully_qualified_name",
-                fqn,
-                "a non-empty string (the key of an EXTERNAL tensor)",
-            )
         sizes = read_dims(t.vector(_T_SIZES, "sizes", 4))
         order = t.vector(_T_DIM_ORDER, "dim_order", 1)
         out.append(
@@ -111,66 +72,18 @@ def program_external_tensors(parsed: ParsedFile) -> list[tuple[str, TensorInfo]]
     return out
 
 
-def _xnnpack_graphs(
-    parsed: ParsedFile, loader: DataLoader, budget: WorkBudget
-) -> Iterator[tuple[bytes | bytearray | memoryview, str, str]]:
-    """``(XNNGraph FlatBuffer, source, where)`` of every XNNPACK delegate graph of a
-    .pte, one per distinct byte range of the file (delegates whose segments or inline
-    blobs cover the same bytes share it): only each blob's header and FlatBuffer are
-    read. The graph bytes read are charged to ``budget``, which the graphs' parses share
-    too, so overlapping blobs cannot multiply the work beyond the file's size."""
-    c = parsed.container
-    blobs: set[tuple[int, int]] = set()
-    graphs: set[tuple[int, int]] = set()
-    for d in c.delegates:
-        if d.id != XNNPACK_BACKEND_ID:
-            continue
-        inline: memoryview | None = None
-        if d.location == "segment":
-            seg = c.segments[d.index]
-            start, size = c.absolute(seg), seg.size
-            where = f"segment {d.index}"
-        else:
-            start, size = c.inline_delegate_data[d.index]  # the metadata starts at byte 0
-            inline = memoryview(parsed.metadata)[start : start + size]
-            where = f"inline data {d.index}"
-        if (start, size) in blobs:
-            continue
-        blobs.add((start, size))
-        src = blob_source(c, d, where)
-        if inline is None:
-            head: bytes | memoryview = bytes(loader.load(start, min(size, XNN_HEADER_LENGTH)))
-        else:
-            head = inline[:XNN_HEADER_LENGTH]
-        off, fb_size = xnngraph_span(head, size, src)
-        if (start + off, fb_size) in graphs:
-            continue
-        graphs.add((start + off, fb_size))
-        budget.spend(src, 1, fb_size, f"XNNGraph [{start + off}, {start + off + fb_size})")
-        if inline is None:
-            graph: bytes | bytearray | memoryview = loader.load(start + off, fb_size)
-        else:
-            graph = inline[off : off + fb_size]
-        yield graph, src, f"{d.method}[{d.position}]"
-
-
-def _file_budget(parsed: ParsedFile) -> WorkBudget:
-    """What the XNNPACK graphs of a file may cost together: their bytes read once (at
-    most the file's size when they do not overlap) and each parse's own bound (twice its
-    graph), with room to spare."""
-    size = parsed.container.file_size
-    return WorkBudget(4096 + 4 * size, f"the XNNPACK graphs of a {size}-byte file")
-
-
-def xnnpack_tensors(parsed: ParsedFile, loader: DataLoader) -> list[tuple[str, TensorInfo]]:
+def xnnpack_tensors(
+    parsed: ParsedFile, loader: DataLoader, *, strict: bool = True
+) -> list[tuple[str, TensorInfo]]:
     """``(key, info)`` for every named constant of every XNNPACK delegate blob of a .pte.
 
     Each distinct graph is read once, and only its blob's header and XNNGraph
-    FlatBuffer; all of them together do work bounded by the file's size.
+    FlatBuffer; all of them together do work bounded by the file's size. ``strict``
+    as for :func:`~.sizes.xnnpack_graphs` (False: a run's checks).
     """
     out: list[tuple[str, TensorInfo]] = []
-    budget = _file_budget(parsed)
-    for graph, src, where in _xnnpack_graphs(parsed, loader, budget):
+    budget = file_budget(parsed)
+    for graph, src, where in xnnpack_graphs(parsed, loader, budget, strict=strict):
         out += [(k.key, k.info) for k in parse_xnngraph(graph, src, where, budget)]
     return out
 
@@ -180,8 +93,8 @@ def xnnpack_packed_weights(parsed: ParsedFile, loader: DataLoader) -> list[Packe
     (:func:`~ptestore.format.xnnpack.parse_packed_weights`), each distinct graph read
     once (work bounded as for :func:`xnnpack_tensors`)."""
     out: list[PackedWeight] = []
-    budget = _file_budget(parsed)
-    for graph, src, where in _xnnpack_graphs(parsed, loader, budget):
+    budget = file_budget(parsed)
+    for graph, src, where in xnnpack_graphs(parsed, loader, budget):
         out += parse_packed_weights(graph, src, where, budget)
     return out
 
@@ -234,10 +147,13 @@ def describe_tensors(
     return TensorIndex(described)
 
 
-def read_tensors(pte: ParsedFile, pte_loader: DataLoader) -> list[tuple[str, TensorInfo]]:
+def read_tensors(
+    pte: ParsedFile, pte_loader: DataLoader, *, strict: bool = True
+) -> list[tuple[str, TensorInfo]]:
     """``(key, info)`` for every named-data value a .pte reads: its XNNPACK graphs'
-    constants and its EXTERNAL tensors (reads only the graphs' FlatBuffers)."""
-    return xnnpack_tensors(pte, pte_loader) + program_external_tensors(pte)
+    constants and its EXTERNAL tensors (reads only the graphs' FlatBuffers). ``strict``
+    as for :func:`xnnpack_tensors`."""
+    return xnnpack_tensors(pte, pte_loader, strict=strict) + program_external_tensors(pte)
 
 
 def unheld_keys(

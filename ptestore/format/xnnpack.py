@@ -16,13 +16,13 @@ import struct
 
 from .._dataclass import dataclass
 from ..errors import FormatError
-from .flatbuf import FlatView, TableView, WorkBudget
+from .flatbuf import TableView, WorkBudget
+from .sizes import ConstantEntry, graph_root
 from .tensorinfo import QuantParams, TensorInfo, read_dims
 from .xnnheader import (
     XNN_HEADER_LENGTH,
     XNN_HEADER_MAGIC,
     XnnHeader,
-    check_identifier,
     parse_xnn_header,
     xnngraph_span,
 )
@@ -40,8 +40,6 @@ __all__ = [
     "parse_xnngraph",
     "xnngraph_span",
 ]
-
-_UINT64_MAX = (1 << 64) - 1
 
 #: XNNDatatype -> dtype name.
 XNN_DATATYPES: dict[int, str] = {
@@ -65,8 +63,6 @@ XNN_DATATYPES: dict[int, str] = {
 # Field ids (declaration order; a union takes two: type, then value).
 _G_XNODES = 1
 _G_XVALUES = 2
-_G_CONSTANT_DATA = 8
-_CD_OFFSET, _CD_SIZE, _CD_NAMED_KEY = 0, 1, 2
 _XV_TYPE, _XV_VALUE = 0, 1
 _XV_TENSOR, _XV_QUANTIZED = 1, 2
 _TV_DATATYPE, _TV_NUM_DIMS, _TV_DIMS, _TV_CONSTANT_BUFFER_IDX = 0, 1, 2, 3
@@ -112,30 +108,8 @@ def _f32s(t: TableView, fid: int, name: str) -> tuple[float, ...]:
     return tuple(float(v) for v in struct.unpack_from(f"<{vec.length}f", t.view.buf, vec.start))
 
 
-def _constant_data(view: FlatView, root: TableView) -> list[tuple[str, int] | None]:
-    """Per constant_data entry: (named key, size), or None for in-blob / empty entries."""
-    vec = root.vector(_G_CONSTANT_DATA, "constant_data", 4)
-    if vec is None:
-        return []
-    out: list[tuple[str, int] | None] = []
-    for i in range(vec.length):
-        t = vec.table(i)
-        key = t.string(_CD_NAMED_KEY, "named_key") or ""
-        offset = t.scalar(_CD_OFFSET, "offset", "u64")
-        size = t.scalar(_CD_SIZE, "size", "u64")
-        if key and offset != _UINT64_MAX:
-            raise FormatError(
-                view.source,
-                f"{t.field}.offset",
-                offset,
-                f"UINT64_MAX for an entry with a named_key ({key!r})",
-            )
-        out.append((key, size) if key else None)
-    return out
-
-
 def _named(
-    constants: list[tuple[str, int] | None], idx: int, field: str, source: str
+    constants: list[ConstantEntry], idx: int, field: str, source: str
 ) -> tuple[str, int] | None:
     if idx == 0:
         return None
@@ -144,17 +118,6 @@ def _named(
             source, field, idx, f"< {len(constants)} (entries in XNNGraph.constant_data)"
         )
     return constants[idx]
-
-
-def _graph(
-    buf: bytes | bytearray | memoryview, source: str, budget: WorkBudget | None
-) -> tuple[TableView, list[tuple[str, int] | None]]:
-    """The root table of the XNNGraph FlatBuffer ``buf`` (its file identifier checked)
-    and its ``constant_data`` entries (:func:`_constant_data`)."""
-    view = FlatView(buf, source, limit=len(buf), budget=budget)
-    check_identifier(buf[:8], source)
-    root = view.root("XNNGraph")
-    return root, _constant_data(view, root)
 
 
 def parse_xnngraph(
@@ -166,7 +129,7 @@ def parse_xnngraph(
     """The named constants of the XNNGraph FlatBuffer ``buf`` (and of their scales), in
     ``xvalues`` order. ``where`` prefixes each description's location; ``budget`` is
     charged too (the file's, shared by its graphs)."""
-    root, constants = _graph(buf, source, budget)
+    root, constants = graph_root(buf, source, budget)
     xvalues = root.vector(_G_XVALUES, "xvalues", 4)
     out: list[XnnConstant] = []
     if xvalues is None:
@@ -222,7 +185,7 @@ def parse_xnngraph(
 def _quant(
     q: TableView | None,
     qkind: int,
-    constants: list[tuple[str, int] | None],
+    constants: list[ConstantEntry],
     source: str,
     key: str,
     where: str,
@@ -305,9 +268,7 @@ class PackedWeight:
         return self.filter_key + (self.bias_key or "")
 
 
-def _value_keys(
-    root: TableView, constants: list[tuple[str, int] | None], source: str
-) -> dict[int, str]:
+def _value_keys(root: TableView, constants: list[ConstantEntry], source: str) -> dict[int, str]:
     """``id_out`` -> named-data key of every named constant value of the graph."""
     xvalues = root.vector(_G_XVALUES, "xvalues", 4)
     out: dict[int, str] = {}
@@ -338,7 +299,7 @@ def parse_packed_weights(
     """The weights the nodes of the XNNGraph FlatBuffer ``buf`` have XNNPACK pack
     (:data:`PACKING_NODES` whose filter is a named constant), in ``xnodes`` order;
     ``budget`` as for :func:`parse_xnngraph`."""
-    root, constants = _graph(buf, source, budget)
+    root, constants = graph_root(buf, source, budget)
     keys = _value_keys(root, constants, source)
     xnodes = root.vector(_G_XNODES, "xnodes", 4)
     out: list[PackedWeight] = []

@@ -6,12 +6,12 @@ runtime: error 0x20 for an XNNPACK graph's constant and for a program's EXTERNAL
 from __future__ import annotations
 
 import re
-import struct
 from pathlib import Path
 
 import numpy as np
 import pytest
 from support.counting_backend import Recorder
+from support.damaged import cut_value
 from support.et_runtime import Job, run_one, run_programs
 from support.fixtures import get_fixture
 
@@ -105,12 +105,7 @@ def test_the_runtime_refuses_what_is_refused(pte: Path, ptd: Path) -> None:
 def _cut(src: Path, key: str, size: int, dst: Path) -> Path:
     """``src`` with the stored size of ``key``'s segment set to ``size`` (its bytes and
     every other byte left where they are)."""
-    data = bytearray(src.read_bytes())
-    c = read_container(BytesLoader(bytes(data), name=str(src))).container
-    seg = c.segments[next(e.segment_index for e in c.named_data if e.key == key)]
-    assert seg.size_pos is not None
-    struct.pack_into("<Q", data, seg.size_pos, size)
-    dst.write_bytes(data)
+    dst.write_bytes(cut_value(src.read_bytes(), key, size))
     return dst
 
 

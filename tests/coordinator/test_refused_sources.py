@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from support.counting_backend import Recorder
-from support.damaged import ALL, Damaged
+from support.damaged import ALL, Damaged, xh29_pair
 from support.fixtures import get_fixture
 
 import ptestore
@@ -60,7 +60,8 @@ def test_what_the_runtime_loads_is_not_refused(tmp_path: Path) -> None:
     """Measured with the runtime in the differential review: a .ptd whose
     segment_data_size is 32 bytes short of its last segment's end (3200 of 3232; the
     runtime's bound is segment_base_offset + segment_data_size), and an XNNPACK header
-    whose length field says 29 (the runtime does not read it), both load."""
+    whose length field says 29 (the runtime does not read it), both load; the latter in
+    a pair too (tests/interop/test_refused_sources_runtime.py)."""
     fx = get_fixture("mlp_portable_ext")
     assert fx.pte_path is not None and fx.ptd_path is not None
     ptd = bytearray(Path(fx.ptd_path).read_bytes())
@@ -73,3 +74,5 @@ def test_what_the_runtime_loads_is_not_refused(tmp_path: Path) -> None:
     assert data[start + 4 : start + 8] == b"XH00"
     struct.pack_into("<H", data, start + 8, 29)
     _accepted(tmp_path / "xh", bytes(data), None)
+    # the same header in a pair: the pair's check reads the graphs as the runtime does
+    _accepted(tmp_path / "xh_pair", *xh29_pair())

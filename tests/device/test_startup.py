@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from support.fixtures import copy_pte
 
+import ptestore
 from ptestore.backends.snapshot import Snapshot, environment_stamp
 
 #: What a local run must not import (numpy: no backend here uses it).
@@ -31,12 +32,15 @@ print(json.dumps({"status": status, "modules": sorted(sys.modules)}), file=sys.s
 """
 
 
+#: The tree of the ptestore under test: a fresh interpreter imports it, not the one an
+#: editable install points at (a worktree's tests measured main's code).
+TREE = Path(ptestore.__file__).resolve().parents[1]
+
+
 def _fresh(argv: list[str], cwd: Path, pythonpath: Path | None = None) -> tuple[dict, str]:
     """Run ``ptestore ARGV`` in a fresh interpreter; (its probe record, its stdout)."""
     env = dict(os.environ)
-    env.pop("PYTHONPATH", None)
-    if pythonpath is not None:
-        env["PYTHONPATH"] = str(pythonpath)
+    env["PYTHONPATH"] = os.pathsep.join(str(p) for p in (pythonpath, TREE) if p is not None)
     done = subprocess.run(
         [sys.executable, "-c", PROBE, *argv],
         cwd=cwd,
@@ -83,7 +87,8 @@ def test_a_hit_with_the_default_backends_reads_no_metadata_either(tmp_path: Path
 #: What a local passthrough does not need, so does not import: the installed metadata
 #: (``passthrough`` is ptestore's own, its version is in the code), the remote loader and
 #: the retry policy, logging (nothing configured it), the provenance stamper, record and
-#: clock without provenance, tensor descriptions (no backend asked), tempfile (the spool
+#: clock without provenance, tensor descriptions (no backend asked; the check of the
+#: .pte's own values reads their sizes only, ``ptestore.format.sizes``), tempfile (the spool
 #: is an ``O_TMPFILE``), shutil (argparse's terminal width), hashlib (no replacement, no
 #: journal, no trailer), dataclasses and inspect (ptestore's classes are made by
 #: ``ptestore._dataclass``: 25 ms).
@@ -110,6 +115,7 @@ def test_a_local_passthrough_specialize_imports_only_what_it_uses(tmp_path: Path
     assert (tmp_path / "out.pte").is_file()
     imported = record["modules"]
     assert [m for m in (*HEAVY, *LOCAL_RUN_SKIPS, *NO_PROVENANCE_SKIPS) if m in imported] == []
+    assert "ptestore.format.sizes" in imported  # its values were checked (it holds them)
     # the command line's default: a provenance trailer, still without the metadata
     record, _ = _fresh([*argv, "--quiet"], tmp_path)
     assert "ptestore.provenance.stamp" in record["modules"]

@@ -238,6 +238,55 @@ def test_pte_error_messages(name: str, make: Callable[[], bytearray], pattern: s
     raises(make(), pattern)
 
 
+def _walk(data: bytes, track: bool) -> tuple[object, set[tuple[int, int]]]:
+    """What the table decoders read of ``data`` through a view that records its reads
+    or not: their result or the error's message, and the spans recorded."""
+    from ptestore.format.tables import (
+        read_constant_segment,
+        read_inline_data,
+        read_methods,
+        read_named_data,
+        read_segments,
+    )
+
+    try:
+        limit = metadata_size(data[:64], len(data), "model.pte")
+    except FormatError as exc:
+        return str(exc), set()
+    view = FlatView(data, "model.pte", limit=limit, track=track)
+    try:
+        root = view.root("Program")
+        segments, seg_of = read_segments(root, "pte")
+        inline = read_inline_data(root)
+        found: object = (
+            segments,
+            read_named_data(root, "pte", seg_of),
+            read_methods(root, seg_of, len(inline)),
+            read_constant_segment(root, segments, seg_of),
+        )
+    except FormatError as exc:
+        found = str(exc)
+    return found, view.read_spans
+
+
+@pytest.mark.parametrize(
+    "make", [pte, *(c[1] for c in CASES)], ids=["whole", *(c[0] for c in CASES)]
+)
+def test_a_view_that_records_no_reads_reads_and_refuses_the_same(
+    make: Callable[[], bytearray],
+) -> None:
+    """``track=False`` (the tensor walks: nothing patches what they read) skips only the
+    record of spans: the same values and, for every damaged program above, the same
+    error."""
+    data = bytes(make())
+    tracked, spans = _walk(data, True)
+    untracked, none = _walk(data, False)
+    assert untracked == tracked
+    assert none == set()
+    if make is pte:
+        assert spans and not isinstance(tracked, str)
+
+
 PTD_CASES: list[tuple[str, Callable[[], bytes | bytearray], str]] = [
     (
         "bad magic",

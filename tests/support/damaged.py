@@ -211,3 +211,38 @@ PTD_DATA_SIZE = [
     for v in (0, 1000)
 ]
 ALL = XNNPACK_BLOBS + PROGRAM + PTD_DATA_SIZE
+
+
+def cut_value(data: bytes | bytearray, key: str, size: int) -> bytes:
+    """``data`` (a .pte or .ptd) with the stored size of ``key``'s segment set to ``size``
+    (its bytes and every other byte left where they are): a value shorter than its
+    tensor when ``size`` is below the description's byte count."""
+    out = bytearray(data)
+    c = read_container(BytesLoader(bytes(out))).container
+    _set_segment_size(out, next(e.segment_index for e in c.named_data if e.key == key), size)
+    return bytes(out)
+
+
+def unused_constant(data: bytes | bytearray, xvalue: int) -> bytes:
+    """``data`` (the ``mlp_xnnpack`` .pte) with ``xvalues[xvalue]`` of its graph no
+    longer a constant (``constant_buffer_idx`` 0): its ``constant_data`` entry stays,
+    used by no value of the graph, so the runtime never reads its key."""
+    out = bytearray(data)
+    start, _ = _blob(out)
+    (fb_off,) = struct.unpack_from("<I", out, start + 10)  # XNNHeader.flatbuffer_offset
+    graph = start + fb_off
+    xv = _ref(out, graph + _u32(out, graph), 2, xvalue)  # XNNGraph.xvalues[xvalue]
+    assert out[_field(out, xv, 0)] == 1  # XValueUnion: XNNTensorValue
+    tensor = _ref(out, xv, 1)
+    struct.pack_into("<I", out, _field(out, tensor, 3), 0)  # constant_buffer_idx
+    return bytes(out)
+
+
+def xh29_pair() -> tuple[bytes, bytes]:
+    """The ``mlp_xnnpack_ext`` pair, its blob's XNNHeader length field 29: the runtime
+    does not read that field and loads the pair."""
+    pte, ptd = _bytes("mlp_xnnpack_ext"), _bytes("mlp_xnnpack_ext", "ptd")
+    start, _ = _blob(pte)
+    assert pte[start + 4 : start + 8] == b"XH00"
+    struct.pack_into("<H", pte, start + 8, 29)
+    return bytes(pte), bytes(ptd)

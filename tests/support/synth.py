@@ -181,3 +181,48 @@ def flat_tensor(entries: list[tuple[str | bytes, Layout | None]], data: bytes = 
     header = b"FH01" + struct.pack("<IQQQQ", 40, 48, meta_len - 48, base, len(data))
     out = head + header + fb[8:]
     return out + bytes(base - len(out)) + data
+
+
+def external_program(key: str, held: int, sizes: list[int]) -> bytes:
+    """A .pte whose method ``forward`` has one float32 Tensor value of ``sizes`` whose data
+    is EXTERNAL under ``key``, and which holds named data ``key`` itself: ``held`` bytes
+    (of 64 zero bytes of segment data)."""
+    b = flatbuffers.Builder(0)
+    fqn = b.CreateString(key)
+    b.StartObject(3)  # ExtraTensorInfo
+    b.PrependUOffsetTRelativeSlot(1, fqn, 0)
+    b.PrependUint8Slot(2, 1, 0)  # location EXTERNAL
+    extra = b.EndObject()
+    b.StartVector(4, len(sizes), 4)
+    for d in reversed(sizes):
+        b.PrependInt32(d)
+    dims = b.EndVector()
+    b.StartObject(10)  # Tensor
+    b.PrependInt8Slot(0, 6, 0)  # float32
+    b.PrependUOffsetTRelativeSlot(2, dims, 0)
+    b.PrependUOffsetTRelativeSlot(9, extra, 0)
+    tensor = b.EndObject()
+    b.StartObject(2)  # EValue
+    b.PrependUint8Slot(0, 5, 0)  # KernelTypes.Tensor
+    b.PrependUOffsetTRelativeSlot(1, tensor, 0)
+    values = offsets_vector(b, [b.EndObject()])
+    name = b.CreateString("forward")
+    delegates = offsets_vector(b, [])
+    b.StartObject(8)  # ExecutionPlan
+    b.PrependUOffsetTRelativeSlot(0, name, 0)
+    b.PrependUOffsetTRelativeSlot(2, values, 0)
+    b.PrependUOffsetTRelativeSlot(7, delegates, 0)
+    plans = offsets_vector(b, [b.EndObject()])
+    b.StartObject(2)  # DataSegment 0: the value
+    b.PrependUint64Slot(1, held, 0)
+    segments = offsets_vector(b, [b.EndObject()])
+    named_key = b.CreateString(key)
+    b.StartObject(2)  # NamedData
+    b.PrependUOffsetTRelativeSlot(0, named_key, 0)
+    named = offsets_vector(b, [b.EndObject()])
+    b.StartObject(8)  # Program
+    b.PrependUOffsetTRelativeSlot(1, plans, 0)
+    b.PrependUOffsetTRelativeSlot(4, segments, 0)
+    b.PrependUOffsetTRelativeSlot(7, named, 0)
+    b.Finish(b.EndObject(), file_identifier=b"ET12")
+    return with_segments(bytes(b.Output()), bytes(64))
