@@ -131,31 +131,36 @@ def check_index(
         return out
     index = sharded
 
-    def one(job: tuple[str, bool]) -> tuple[str, list[str], bool, list[str] | None]:
+    def one(job: tuple[str, bool]) -> tuple[str, list[str], bool, list[str] | None, bool]:
+        """A model's problems, its mark, what is left after a repair (None: none tried)
+        and whether its catalog was rebuilt."""
         name, listed = job
         try:
             model = (index.model_of(name) or name) if listed else name
         except FormatError as exc:  # a hashed name's catalog unreadable: not repairable
-            return name, [f"damaged catalog (its model name unreadable): {exc}"], False, None
+            return name, [f"damaged catalog (its model name unreadable): {exc}"], False, None, False
         problems, mark = catalog_problems(index, model)
         if not (repair and (problems or mark)) or problems == [ABSENT]:
-            return model, problems, mark, None
-        index.repair(model, force=True)
-        return model, problems, mark, catalog_problems(index, model)[0]
+            return model, problems, mark, None, False
+        try:
+            index.repair(model, force=True)
+        except FormatError as exc:  # a rebuilt catalog too large to read: not written
+            return model, problems, mark, [f"not repaired: {exc}"], False
+        return model, problems, mark, catalog_problems(index, model)[0], True
 
     if models is None:
         jobs = [(segment, True) for segment in index.segments()]
     else:
         jobs = [(model, False) for model in dict.fromkeys(models)]
     with ThreadPoolExecutor(max(1, min(workers, len(jobs))), "ptestore-check") as pool:
-        for model, problems, mark, again in pool.map(one, jobs):
+        for model, problems, mark, again, rebuilt in pool.map(one, jobs):
             out.models += 1
             if problems:
                 out.problems[model] = problems
             if mark:
                 out.marked.append(model)
-            if again is not None:
+            if rebuilt:
                 out.repaired.append(model)
-                if again:
-                    out.left[model] = again
+            if again:
+                out.left[model] = again
     return out

@@ -183,9 +183,9 @@ def _swap(
     2 entries copied again while another writer changes them (the module docstring)."""
     from .._retry import CONFLICT_RETRY
 
-    layout = sharded.layout
     written = {m: dict(es) for m, es in _entries_by_model(old).items()}
     for _ in range(CONFLICT_RETRY.attempts):
+        layout = sharded.layout
         stats.attempts += 1
         info = {
             "from_version": old["version"],
@@ -214,34 +214,44 @@ def _swap(
             return ShardedIndex(store, won), None, [stats]
         old = check_index(value, store.root) if value is not None else {"version": 2, "entries": []}
         try:
-            check_entries(old, store.root)
+            sharded, objects, written = _copy_again(store, old, sharded, objects, written)
         except FormatError:
             store.remove_tree(sharded.directory)  # never named: nothing else reads it
             raise
-        now_by_model = _entries_by_model(old)
-        stale = {
-            m for m in set(written) | set(now_by_model) if written.get(m) != now_by_model.get(m)
-        }
-        # A model copied again starts from an empty directory: nodes of its earlier
-        # copy's trie (deeper than the new one, under what is now a leaf) would be taken
-        # by a later split for halves a helper made, and bring back the old entries.
-        # No root names this directory yet, so no one else writes into it.
-        for model in stale:
-            store.remove_tree(sharded.model_dir(model))
-        if any(store.list_names(sharded.model_dir(m)) for m in stale):
-            # Not removed (the removal is best effort): copy everything afresh.
-            store.remove_tree(sharded.directory)
-            layout = new_layout(sharded.leaf_bytes, sharded.listed)
-            sharded = ShardedIndex(store, layout)
-            objects = sharded.write_static(old["entries"])
-        else:
-            objects += sharded.write_static(old["entries"], stale)
-        written = {m: dict(es) for m, es in now_by_model.items()}
     raise PreconditionFailed(
         f"{store.root}: the version 2 index changed under every one of "
         f"{CONFLICT_RETRY.attempts} attempts to migrate it to version 3",
         url=store.root,
     )
+
+
+def _copy_again(
+    store: IndexStore,
+    old: dict[str, Any],
+    sharded: ShardedIndex,
+    objects: int,
+    written: dict[str, dict[tuple[str, str], Any]],
+) -> tuple[ShardedIndex, int, dict[str, dict[tuple[str, str], Any]]]:
+    """The models of ``old`` (the version 2 index read again) whose entries differ from
+    those ``written`` copied again into ``sharded``'s directory (or everything into a new
+    one); :class:`FormatError` for an entry or an object it cannot hold."""
+    check_entries(old, store.root)
+    now_by_model = _entries_by_model(old)
+    stale = {m for m in set(written) | set(now_by_model) if written.get(m) != now_by_model.get(m)}
+    # A model copied again starts from an empty directory: nodes of its earlier copy's
+    # trie (deeper than the new one, under what is now a leaf) would be taken by a later
+    # split for halves a helper made, and bring back the old entries. No root names this
+    # directory yet, so no one else writes into it.
+    for model in stale:
+        store.remove_tree(sharded.model_dir(model))
+    if any(store.list_names(sharded.model_dir(m)) for m in stale):
+        # Not removed (the removal is best effort): copy everything afresh.
+        store.remove_tree(sharded.directory)
+        sharded = ShardedIndex(store, new_layout(sharded.leaf_bytes, sharded.listed))
+        objects = sharded.write_static(old["entries"])
+    else:
+        objects += sharded.write_static(old["entries"], stale)
+    return sharded, objects, {m: dict(es) for m, es in now_by_model.items()}
 
 
 def create_index(

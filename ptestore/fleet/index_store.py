@@ -219,18 +219,35 @@ class IndexStore:
         self, url: str, value: dict[str, Any], mode: str, expected: str | None = None
     ) -> None:
         """Publish ``value`` at ``url`` (``"create"``, ``"if-match"`` with ``expected``,
-        or ``"overwrite"``)."""
+        or ``"overwrite"``); :class:`FormatError` when it is larger than its bound
+        (:meth:`check_size`), before anything is written."""
         from ..writers import open_writer
 
+        data = dumps(value, compact=url != self.root)
+        self.check_size(url, data)
         w = open_writer(url, **self.write_options)
         try:
-            w.write(dumps(value, compact=url != self.root), 0)
+            w.write(data, 0)
             if mode == "if-match":
                 w.publish("if-match", expected=expected)
             else:
                 w.publish("create" if mode == "create" else "overwrite")
         finally:
             w.discard()  # a no-op once published
+
+    def check_size(self, url: str, data: bytes) -> None:
+        """:class:`FormatError` when ``data``, to be published at ``url``, is larger than
+        a reader reads there (:meth:`limit`): ptestore never publishes an object it
+        would refuse to read."""
+        cap, what = self.limit(url)
+        if len(data) > cap:
+            raise FormatError(
+                url,
+                f"{what} size",
+                len(data),
+                f"at most {cap} bytes",
+                "not written: a reader of the index refuses a larger one",
+            )
 
     def create(self, url: str, value: dict[str, Any]) -> bool:
         """Create the object at ``url``; False when one is there already."""

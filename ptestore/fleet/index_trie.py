@@ -274,8 +274,11 @@ class ModelTrie:
         workers: int = 8,
     ) -> LeafOutcome:
         """Apply ``changes`` (device -> change of its entry) leaf by leaf, each by
-        compare-and-swap; leaves that grow past the bound are split. ``located`` is where
-        the devices were found already (a walk)."""
+        compare-and-swap; leaves that grow past the bound are split. A leaf takes the
+        changes that keep it within what readers read of a node (``leaf_bytes`` plus
+        :data:`~.index_bounds.ENTRY_ROOM`), the others after its split: a publish of
+        thousands of entries at once into one leaf froze them all in one node readers
+        refused. ``located`` is where the devices were found already (a walk)."""
         out = LeafOutcome()
         if located is None:
             located = self.locate(list(changes), lo, hi)
@@ -291,20 +294,23 @@ class ModelTrie:
                     for node, devs in located.values()
                 }
                 for fut in cf.as_completed(futures):
-                    if fut.result():
-                        moved.append(futures[fut])
+                    if later := fut.result():
+                        moved.append((futures[fut][0], later))
             located = {}
-            for prefix, devs in moved:  # split meanwhile: below it
+            for prefix, devs in moved:  # split since, or by this change: below it
                 depth = len(prefix) + 1
                 for p, (node, ds) in self.locate(devs, depth, depth).items():
                     located.setdefault(p, (node, []))[1].extend(ds)
         return out
 
-    def _update_leaf(self, node: Node, changes: dict[str, Change], out: LeafOutcome) -> bool:
-        """Update one leaf; True when it turned out to be split (look below it)."""
+    def _update_leaf(self, node: Node, changes: dict[str, Change], out: LeafOutcome) -> list[str]:
+        """Update one leaf; returns the devices to look for below it (it turned out to
+        be split, or this update split it before their changes)."""
         prefix = node.prefix
         stats = ObjectStats(self.url(prefix), "leaf", entries=len(changes))
         made: dict[str, tuple[dict[str, Any] | None, dict[str, Any]]] = {}
+        later: list[str] = []  # changes left for after the split this update makes
+        room = self.store.limit(self.url(prefix))[0]  # what readers read of a node
         # The changes of the last write tried: a write whose outcome was unknown and that
         # is found in place on the next read made them (the store says it may have).
         tried: dict[str, tuple[dict[str, Any] | None, dict[str, Any]]] = {}
@@ -315,13 +321,20 @@ class ModelTrie:
                 raise _Moved(current)
             entries = dict(current.entries)
             made.clear()
+            later.clear()
+            size = len(dumps(self.value(prefix, entries, SPLITTING)))
             for device, change in changes.items():
                 old = entries.get(device)
                 new = change(old)
                 if new is None or new == old:
                     continue
+                grown = size + len(dumps(new)) + 1 - (0 if old is None else len(dumps(old)) + 1)
+                if made and grown > room and len(prefix) < 256:
+                    later.append(device)  # past what readers read: after the split
+                    continue
                 entries[device] = new
                 made[device] = (old, new)
+                size = grown
             if made:
                 tried.clear()
                 tried.update(made)
@@ -335,7 +348,7 @@ class ModelTrie:
             if moved.node.kind == SPLITTING:
                 stats.splits += self._settle(moved.node, out)
             _record(out, stats)
-            return True
+            return list(changes)
         if written:
             out_changes = dict(made or tried)
             if value is not None and value.get("state") == SPLITTING:
@@ -345,7 +358,7 @@ class ModelTrie:
             with _LOCK:
                 out.changes.update(out_changes)
         _record(out, stats)
-        return False
+        return list(later)
 
     def _settle(self, node: Node, out: LeafOutcome) -> int:
         """Finish splitting ``node`` (see the module docstring); returns the splits this

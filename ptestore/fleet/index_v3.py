@@ -46,7 +46,7 @@ from .index_catalog import (
     needs_rebuild,
     rebuild,
 )
-from .index_store import IndexStore, ObjectStats
+from .index_store import IndexStore, ObjectStats, dumps
 from .index_trie import Change, ModelTrie, Node
 from .index_v2 import INDEX_FORMAT, now
 
@@ -267,6 +267,12 @@ class ShardedIndex:
         catalog a crashed run left behind)."""
         trie = self.trie(model)
         catalog, version = self.read_catalog(model)
+        if placements:  # a catalog it would make too large to read: before any leaf
+            grown, _ = apply_placements(
+                catalog, model, {d: live_stamps(e) for d, e in placements.items()}, [], self.listed
+            )
+            if grown is not None:
+                self.store.check_size(self.catalog_url(model), dumps(grown))
         lo, hi = depth_range(catalog)
         outcome = trie.update(changes, lo, hi, located=located)
         if made is not None:
@@ -387,7 +393,9 @@ class ShardedIndex:
     def write_static(self, entries: list[dict[str, Any]], models: set[str] | None = None) -> int:
         """Write the tries and catalogs of ``entries`` (of ``models`` only, when given)
         into this index's directory, unconditionally: for a directory no root names yet
-        (a migration). Returns the number of objects written."""
+        (a migration). Returns the number of objects written. An object larger than a
+        reader reads (a catalog past 16 MiB) is a :class:`FormatError` before any is
+        written."""
         by_model: dict[str, dict[str, dict[str, Any]]] = {}
         for e in entries:
             if models is None or e["model"] in models:
@@ -399,6 +407,8 @@ class ShardedIndex:
             objects += [(trie.url(p), v) for p, v in nodes]
             catalog = rebuild(model, group.values(), leaves, self.listed)
             objects.append((self.catalog_url(model), catalog))
+        for url, value in objects:  # every one readable, before any is written
+            self.store.check_size(url, dumps(value))
         with cf.ThreadPoolExecutor(max_workers=16) as pool:
             list(pool.map(lambda o: self.store.write(o[0], o[1], "overwrite"), objects))
         return len(objects)
