@@ -244,9 +244,14 @@ class ModelTrie:
 
     def lookup(self, device: str, lo: int, hi: int) -> dict[str, Any] | None:
         """The entry of ``device`` (None when there is none)."""
+        return self.find(device, lo, hi)[0]
+
+    def find(self, device: str, lo: int, hi: int) -> tuple[dict[str, Any] | None, str]:
+        """The entry of ``device`` (None when there is none) and the URL of the leaf
+        that holds it (or would)."""
         for node, _ in self.locate([device], lo, hi).values():
-            return node.entries.get(device)
-        return None
+            return node.entries.get(device), self.url(node.prefix)
+        return None, self.url("")
 
     def walk(self, *, empty: bool = False) -> Iterator[Node]:
         """Every leaf from the top (split markers followed; nodes left unreachable by an

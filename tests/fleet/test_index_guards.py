@@ -139,3 +139,53 @@ def test_a_publish_of_more_than_a_leaf_holds_splits_within_what_readers_read(
     assert sum(s.splits for s in report.stats) >= 1
     assert 0 < max(written) <= 16384 + (4 << 20) + 4096
     assert load_index(url)["entries"] == sorted(entries, key=lambda e: e["device"])
+
+
+def _put(url: str, value: dict[str, Any]) -> None:
+    from ptestore.writers import open_writer
+
+    w = open_writer(url)
+    w.write(json.dumps(value).encode(), 0)
+    w.publish("overwrite")
+
+
+def _get(url: str) -> dict[str, Any]:
+    from ptestore.writers.versions import read_versioned
+
+    value: dict[str, Any] = json.loads(read_versioned(url).data)
+    return value
+
+
+def test_malformed_device_options_name_the_leaf_that_holds_them() -> None:
+    """In a trie of several leaves (in memory): the device's own entry and another
+    device's entry read for the model's source are each named by their leaf, and by the
+    field."""
+    from ptestore.backends.compat import DeviceProfile
+    from ptestore.fleet.index import open_index
+    from ptestore.fleet.select import select
+
+    url = "memory://guards-options/ptestore-index.json"
+    create_index(url, leaf_bytes=1024)  # one entry a leaf
+    publish_entries(url, [synthetic_entry("m", f"d{i}", socs=1) for i in range(8)], {})
+    _, sharded, _ = open_index(url)
+    assert sharded is not None
+    leaves = {d: sharded.trie("m").find(d, 0, 0)[1] for d in ("d0", "d3")}
+    assert len(set(leaves.values())) == 2
+    assert f"{sharded.model_dir('m')}/t.json" not in leaves.values()
+    for device, options in (("d0", "x"), ("d3", {"memory_mb": float("nan")})):
+        value = _get(leaves[device])
+        [entry] = value["entries"]
+        entry["device_options"] = options
+        _put(leaves[device], value)
+    with pytest.raises(FormatError) as caught:  # its own entry
+        select(url, "m", "d3")
+    assert str(caught.value) == (
+        f"{leaves['d3']}: entry m/d3 device_options = {{'memory_mb': nan}}: must be a "
+        "device's options (device 'd3' option 'memory_mb' must be a finite number, got nan "
+        "(trailers and the index are JSON, which has no nan or inf))"
+    )
+    with pytest.raises(FormatError) as caught:  # nothing fits: d0's entry names the source
+        select(url, "m", DeviceProfile("newcomer", {"soc": "soc0"}))
+    assert str(caught.value) == (
+        f"{leaves['d0']}: entry m/d0 device_options = 'x': must be an object"
+    )

@@ -82,12 +82,14 @@ def _each_entry(field: str, value: Any) -> Callable[[dict[str, Any]], None]:
 def test_an_entry_field_select_uses_is_checked(
     tmp_path: Path, field: str, value: Any, device: str, message: str
 ) -> None:
+    """Named by the leaf that holds the entry (they named the index's root, which holds
+    no entry), whether the entry is the device's own or another's read for its build."""
     url, mdir = _index(tmp_path)
     _edit(mdir / "t.json", _each_entry(field, value))
     profile = DeviceProfile(device, {"soc": "nope"})  # "zz": nothing fits, the source
     with pytest.raises(FormatError) as caught:
         select(url, "m", profile if device == "zz" else device)
-    assert str(caught.value) == f"{url}: {message}"
+    assert str(caught.value) == f"{mdir / 't.json'}: {message}"
 
 
 def test_an_entry_of_a_version_2_index_is_checked(tmp_path: Path) -> None:
