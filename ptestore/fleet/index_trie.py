@@ -28,8 +28,6 @@ until it splits), or one entry.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import functools
-import hashlib
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -38,6 +36,7 @@ from typing import Any
 from .._dataclass import dataclass, field
 from ..errors import FormatError
 from .index_bounds import check_name
+from .index_place import check_place, device_bits
 from .index_store import IndexStore, ObjectStats, dumps
 
 __all__ = [
@@ -59,13 +58,6 @@ _STATES = (LEAF, SPLITTING, SPLIT)
 
 #: ``change(old entry or None) -> new entry`` (None: leave it as it is).
 Change = Callable[[dict[str, Any] | None], dict[str, Any] | None]
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def device_bits(device: str) -> str:
-    """The SHA-256 of ``device`` (UTF-8) as 256 binary digits."""
-    digest = hashlib.sha256(device.encode()).digest()
-    return format(int.from_bytes(digest, "big"), "0256b")
 
 
 @dataclass
@@ -154,11 +146,8 @@ class ModelTrie:
                 if not isinstance(e, dict) or not isinstance(e.get("device"), str):
                     raise FormatError(url, "index shard entry", e, "an object with a device")
                 check_name(e["device"], url, "index shard entry device")
-                if self.model and e.get("model") != self.model:
-                    raise FormatError(
-                        url, "index shard entry model", e.get("model"), repr(self.model)
-                    )
                 entries[e["device"]] = e
+        check_place(value, url, prefix, self.directory.rsplit("/", 1)[-1], entries)
         return Node(prefix, str(state), entries, version, value)
 
     def read(self, prefix: str) -> Node:

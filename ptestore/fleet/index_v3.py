@@ -25,7 +25,6 @@ build wins, that build's leaf (:mod:`.index_view`).
 from __future__ import annotations
 
 import concurrent.futures as cf
-import hashlib
 import re
 import secrets
 import threading
@@ -46,6 +45,7 @@ from .index_catalog import (
     needs_rebuild,
     rebuild,
 )
+from .index_place import model_segment
 from .index_store import IndexStore, ObjectStats, dumps
 from .index_trie import Change, ModelTrie, Node
 from .index_v2 import INDEX_FORMAT, now
@@ -63,7 +63,6 @@ __all__ = [
 
 DEFAULT_LEAF_BYTES = 16 * 1024
 DEFAULT_LISTED = 8
-_PLAIN = re.compile(r"[A-Za-z0-9._-]{1,100}")
 _SHARDS = re.compile(r"ptestore-index\.v3-[0-9a-f]{8,32}")
 #: Guards the reports the threads of an update fill.
 _LOCK = threading.Lock()
@@ -109,15 +108,6 @@ def check_layout(root: dict[str, Any], url: str) -> dict[str, Any]:
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
             raise FormatError(url, f"index layout.{name}", value, f"an int in [{low}, {high}]")
     return layout
-
-
-def model_segment(model: str) -> str:
-    """The directory of ``model``'s shards: its name and a hash (two names that differ
-    only in letter case stay apart on a case-insensitive disk)."""
-    digest = hashlib.sha256(model.encode()).hexdigest()
-    if _PLAIN.fullmatch(model) and model not in (".", ".."):
-        return f"{model}~{digest[:8]}"
-    return f"~{digest[:16]}"
 
 
 @dataclass

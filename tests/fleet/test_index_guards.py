@@ -189,3 +189,87 @@ def test_malformed_device_options_name_the_leaf_that_holds_them() -> None:
     assert str(caught.value) == (
         f"{leaves['d0']}: entry m/d0 device_options = 'x': must be an object"
     )
+
+
+def _split_index(tmp_path: Path) -> tuple[str, Any, dict[str, Path]]:
+    """An index of model m whose leaves hold one entry each (d0..d7), its sharded view,
+    and the leaf file of each device."""
+    from ptestore.fleet.index import open_index
+
+    url = str(tmp_path / "ptestore-index.json")
+    create_index(url, leaf_bytes=1024)
+    publish_entries(url, [synthetic_entry("m", f"d{i}") for i in range(8)], {})
+    _, sharded, _ = open_index(url)
+    assert sharded is not None
+    leaves = {f"d{i}": Path(sharded.trie("m").find(f"d{i}", 0, 0)[1]) for i in range(8)}
+    assert len(set(leaves.values())) == 8
+    return url, sharded, leaves
+
+
+def test_a_leaf_read_from_another_place_than_it_says_is_refused_by_every_reader(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """d1's leaf copied over d0's: load_index listed d1's entry twice and d0's not at all,
+    select found d1's at its own leaf; now every reader refuses the misplaced leaf."""
+    from ptestore.fleet.index import find_entry, iter_entries
+    from ptestore.fleet.select import select
+
+    url, _, leaves = _split_index(tmp_path)
+    here, there = leaves["d0"], leaves["d1"]
+    here.write_bytes(there.read_bytes())
+    found, wanted = (p.name.removeprefix("t").removesuffix(".json") for p in (there, here))
+    message = (
+        f"{here}: index shard prefix = {found!r}: must be {wanted!r} (the prefix its name "
+        "t<bits>.json gives)"
+    )
+    for read in (
+        lambda: select(url, "m", "d0"),
+        lambda: find_entry(url, "m", "d0"),
+        lambda: load_index(url),
+        lambda: list(iter_entries(url)),
+        lambda: publish_entries(url, [synthetic_entry("m", "d0", generation=1)], {}),
+    ):
+        with pytest.raises(FormatError) as caught:
+            read()
+        assert str(caught.value) == message
+    assert select(url, "m", "d1").made_for == "d1"  # a reader of another leaf is unaffected
+    for repair in ([], ["--repair"]):
+        assert main(["fleet", "check-index", url, *repair]) == 1
+        out = capsys.readouterr().out.splitlines()
+        expected = [f"m: damaged leaf: {message}"]
+        if repair:
+            expected.append(
+                "m: not repaired: a catalog is rebuilt from its leaves: restore or remove the "
+                "damaged one"
+            )
+        summary = f"{url}: 1 models, 1 catalogs wrong" + (", 0 repaired" if repair else "")
+        assert out == [*expected, summary]
+
+
+def test_a_leaf_of_another_model_or_an_entry_off_its_prefix_is_refused(tmp_path: Path) -> None:
+    from ptestore.fleet.index import find_entry
+    from ptestore.fleet.index_v3 import model_segment
+
+    url, sharded, leaves = _split_index(tmp_path)
+    leaf = leaves["d0"]
+    good = json.loads(leaf.read_text())
+    # The entry of d1 (its hash under another prefix) put into d0's leaf.
+    stray = json.loads(leaves["d1"].read_text())["entries"][0]
+    leaf.write_text(json.dumps({**good, "entries": [*good["entries"], stray]}))
+    with pytest.raises(FormatError) as caught:
+        find_entry(url, "m", "d0")
+    prefix = leaf.name.removeprefix("t").removesuffix(".json")
+    assert str(caught.value) == (
+        f"{leaf}: index shard entry device = 'd1': must be a device whose hash starts with "
+        f"the leaf's prefix {prefix!r}"
+    )
+    # A leaf of model n (its prefix this one's) put in model m's directory.
+    other = {**good, "model": "n", "entries": [{**good["entries"][0], "model": "n"}]}
+    leaf.write_text(json.dumps(other))
+    with pytest.raises(FormatError) as caught:
+        load_index(url)
+    assert str(caught.value) == (
+        f"{leaf}: index shard model = 'n': must be the model of its directory "
+        f"{model_segment('m')!r}"
+    )
+    assert sharded.model_dir("m").endswith(model_segment("m"))
