@@ -217,7 +217,7 @@ def open_index(
     if store.cas:
         data, version = store.read(target)
     else:
-        from .index_store import read_plain
+        from .index_v2 import read_plain
 
         data, version = read_plain(store)
     if version is None:

@@ -34,8 +34,8 @@ MAX_INDEX_DEPTH = 64
 MAX_ROOT_BYTES = 64 << 10
 #: A version 1/2 index, one object holding every entry (about 1.4 KB an entry: 10^5
 #: pairs are 160 MB): what a legacy index of hundreds of thousands of pairs needs still
-#: reads. The root URL is read with this bound (the version is known once it is
-#: parsed); a version 3 root past :data:`MAX_ROOT_BYTES` is then refused.
+#: reads. An object at the root URL past :data:`MAX_ROOT_BYTES` is read with this bound
+#: only once its first bytes show a version 1/2 index (:mod:`.index_root`).
 MAX_V2_BYTES = 1 << 30
 #: A catalog: one class per distinct kind of build of a model, a few hundred bytes each
 #: with its ``listed`` names (500 kinds: about 80 KB): tens of thousands of kinds of
@@ -57,8 +57,9 @@ def oversize(url: str, what: str, size: int, cap: int) -> FormatError:
 
 
 def check_root_size(value: dict[str, Any], size: int, url: str) -> None:
-    """A version 3 root of ``size`` bytes is at most :data:`MAX_ROOT_BYTES` (the root
-    URL is read with the bound of a version 1/2 index)."""
+    """A version 3 root of ``size`` bytes is at most :data:`MAX_ROOT_BYTES`, once parsed
+    (one whose first bytes showed no version, only entries, was read as a version 1/2
+    index may be: :mod:`.index_root`)."""
     if value.get("version") == 3 and size > MAX_ROOT_BYTES:
         raise FormatError(
             url, "index size", size, f"at most {MAX_ROOT_BYTES} bytes", "a version 3 root"

@@ -29,6 +29,7 @@ from .index_bounds import (
     ENTRY_ROOM,
     MAX_CATALOG_BYTES,
     MAX_INDEX_DEPTH,
+    MAX_ROOT_BYTES,
     MAX_V2_BYTES,
     check_root_size,
     oversize,
@@ -40,7 +41,6 @@ __all__ = [
     "ObjectStats",
     "ReadCount",
     "dumps",
-    "read_plain",
     "shards_line",
 ]
 
@@ -103,6 +103,12 @@ class ReadCount:
             if size is not None:
                 self.objects += 1
                 self.bytes += size
+
+    def part(self, size: int) -> None:
+        """A read of part of an object (counted whole by another: a large root's head)."""
+        with self.lock:
+            self.requests += 1
+            self.bytes += size
 
     def to_dict(self) -> dict[str, int]:
         return {"objects": self.objects, "bytes": self.bytes, "requests": self.requests}
@@ -184,14 +190,47 @@ class IndexStore:
     def read(self, url: str, *, oversize_ok: bool = False) -> tuple[bytes, str | None]:
         """``(bytes, version)`` of the object at ``url``; ``(b"", None)`` when absent.
         :class:`FormatError` when it is larger than its bound (:meth:`limit`), unless
-        ``oversize_ok`` (then ``(b"", version)``: what replaces a damaged object needs)."""
+        ``oversize_ok`` (then ``(b"", version)``: what replaces a damaged object needs).
+        The root URL is read as :meth:`read_root` says."""
         from ..writers.versions import read_versioned
 
+        if url == self.root:
+            return self.read_root()
         cap, what = self.limit(url)
         got = read_versioned(url, max_bytes=cap, **self.read_options)
         self.reads.add(None if got.version is None else len(got.data))
         if got.oversize is not None and not oversize_ok:
             raise oversize(url, what, got.oversize, cap)
+        return got.data, got.version
+
+    def read_root(self) -> tuple[bytes, str | None]:
+        """The root URL's bytes and version: within a version 3 root's bound in one read;
+        an object larger than that only once its first bytes show a version 1/2 index
+        (:mod:`.index_root`: a padded version 3 root is refused from them), then within
+        :data:`MAX_V2_BYTES`."""
+        from ..writers.versions import read_versioned
+        from .index_root import check_root_head, local_size, read_head
+
+        url = self.root
+        size = local_size(url)  # a local file is not read (hashed) to learn it is large
+        if size is None or size <= MAX_ROOT_BYTES:
+            got = read_versioned(url, max_bytes=MAX_ROOT_BYTES, **self.read_options)
+            if got.oversize is None:
+                self.reads.add(None if got.version is None else len(got.data))
+                return got.data, got.version
+            self.reads.part(0)  # S3: its body not read
+            size = got.oversize
+        if size > MAX_V2_BYTES:
+            raise oversize(url, "index", size, MAX_V2_BYTES)
+        head = read_head(url, options_for_loader(url, self.options, "dst"))
+        if head is None:
+            return b"", None  # removed meanwhile
+        self.reads.part(len(head[0]))
+        check_root_head(*head, url)
+        got = read_versioned(url, max_bytes=MAX_V2_BYTES, **self.read_options)
+        self.reads.add(None if got.version is None else len(got.data))
+        if got.oversize is not None:
+            raise oversize(url, "index", got.oversize, MAX_V2_BYTES)
         return got.data, got.version
 
     def read_json(self, url: str) -> tuple[dict[str, Any] | None, str | None]:
@@ -383,27 +422,6 @@ class IndexStore:
             fs.rm(u.path.rstrip("/"), recursive=True)
         except Exception:  # best effort: what is left is never read
             return
-
-
-def read_plain(store: IndexStore) -> tuple[bytes, str | None]:
-    """The index at ``store.root`` on a store without version tokens (``(b"", None)``
-    when absent; ``"-"`` for its version), at most :data:`MAX_V2_BYTES`."""
-    from ..errors import ObjectNotFound
-    from ..storage.loaders import open_loader
-
-    try:
-        loader = open_loader(store.root, **options_for_loader(store.root, store.options, "dst"))
-    except ObjectNotFound:
-        return b"", None
-    try:
-        size = loader.size()
-        if size > MAX_V2_BYTES:
-            raise oversize(store.root, "index", size, MAX_V2_BYTES)
-        data = bytes(loader.load(0, size))
-    finally:
-        loader.close()
-    store.reads.add(len(data))
-    return data, "-"
 
 
 def parse_object(data: bytes, url: str) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from ptestore.fleet.index_bounds import MAX_CATALOG_BYTES
 from ptestore.fleet.index_check import check_index
 from ptestore.fleet.index_v3 import model_segment
 from ptestore.testing.fleet_index import synthetic_entry
+from ptestore.testing.s3server import S3TestServer
 
 #: A stamp string that makes an entry about 1.9 MB (an entry may be 2 MiB): nine kinds
 #: of build with such stamps make a catalog past 16 MiB.
@@ -273,3 +274,152 @@ def test_a_leaf_of_another_model_or_an_entry_off_its_prefix_is_refused(tmp_path:
         f"{model_segment('m')!r}"
     )
     assert sharded.model_dir("m").endswith(model_segment("m"))
+
+
+# -- the root URL: a version 3 root read no further than its first bytes ---------------
+
+_PADDED = 64 << 20
+
+
+def _padded(text: str, size: int, *, first: bool = False) -> bytes:
+    """The JSON object ``text`` padded to ``size`` bytes by a string field of its own,
+    after its other fields (``first``: before them)."""
+    body = text.strip()
+    if first:
+        head = '{"padding": "'
+        tail = '", ' + body[1:]
+    else:
+        head = body[:-1] + ', "padding": "'
+        tail = '"}'
+    return (head + "x" * (size - len(head) - len(tail)) + tail).encode()
+
+
+def _rchar() -> int:
+    """The bytes this process has read by system calls (Linux's /proc/self/io)."""
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    raise AssertionError("no rchar in /proc/self/io")
+
+
+_ROOT_REFUSED = (
+    "{url}: index size = {size}: must be at most 65536 bytes (a version 3 root: not read "
+    "past its first 65536 bytes)"
+)
+
+
+@pytest.mark.skipif(not Path("/proc/self/io").exists(), reason="counts reads by /proc/self/io")
+def test_a_padded_version_3_root_is_refused_from_its_first_bytes(tmp_path: Path) -> None:
+    """A version 3 root padded to 64 MiB was read whole (the root URL's bound is a
+    version 2 index's 1 GiB), then refused once parsed: 64 MiB read from the file (on S3,
+    downloaded). Its first 64 KiB say version 3: refused from them, by every reader."""
+    from ptestore.fleet.index import find_entry, migrate_index
+    from ptestore.fleet.select import select
+
+    url = str(tmp_path / "ptestore-index.json")
+    create_index(url)
+    publish_entries(url, [synthetic_entry("m", "a")], {})
+    Path(url).write_bytes(_padded(Path(url).read_text(), _PADDED))
+    message = _ROOT_REFUSED.format(url=url, size=_PADDED)
+    for read in (
+        lambda: select(url, "m", "a"),
+        lambda: find_entry(url, "m", "a"),
+        lambda: load_index(url),
+        lambda: check_index(url),
+        lambda: publish_entries(url, [synthetic_entry("m", "b")], {}),
+        lambda: migrate_index(url),
+    ):
+        with pytest.raises(FormatError) as caught:
+            read()
+        assert str(caught.value) == message
+    before = _rchar()
+    with pytest.raises(FormatError):
+        select(url, "m", "a")
+    assert _rchar() - before < 256 << 10  # was 64 MiB: the whole file
+
+
+def test_a_large_object_at_the_root_url_is_read_by_what_its_first_bytes_say(
+    tmp_path: Path,
+) -> None:
+    """Past a version 3 root's bound, the root URL's object is read on only as a
+    version 1/2 index: its version first (as ptestore writes it), or its entries before
+    its version (keys sorted by a tool); padding before any of them is refused unread."""
+    from ptestore.fleet.select import select
+
+    url = tmp_path / "ptestore-index.json"
+    entries = [synthetic_entry("m", f"d{i:03d}") for i in range(100)]
+    v2 = {"format": "ptestore.index", "version": 2, "entries": entries}
+    for text in (json.dumps(v2), json.dumps(v2, sort_keys=True)):
+        url.write_text(text)
+        assert url.stat().st_size > 64 << 10
+        assert select(str(url), "m", "d042").made_for == "d042"
+    url.write_bytes(_padded(json.dumps(v2), 1 << 20, first=True))
+    with pytest.raises(FormatError) as caught:
+        select(str(url), "m", "d042")
+    assert str(caught.value) == (
+        f"{url}: index size = 1048576: must be at most 65536 bytes (a version 3 root; its first "
+        "65536 bytes show no version 1 or 2 index, neither a version nor entries: not read "
+        "further)"
+    )
+    url.write_bytes(_padded(json.dumps({**v2, "version": 7}), 1 << 20))
+    with pytest.raises(FormatError) as caught:
+        select(str(url), "m", "d042")
+    assert str(caught.value) == f"{url}: index version = 7: must be 1, 2 or 3"
+
+
+def test_a_padded_version_3_root_in_memory_is_refused() -> None:
+    from ptestore.fleet.index import find_entry
+
+    url = "memory://guards-root/ptestore-index.json"
+    create_index(url)
+    publish_entries(url, [synthetic_entry("m", "a")], {})
+    from ptestore.writers.versions import read_versioned
+
+    padded = _padded(read_versioned(url).data.decode(), 8 << 20)
+    from ptestore.writers import open_writer
+
+    w = open_writer(url)
+    w.write(padded, 0)
+    w.publish("overwrite")
+    with pytest.raises(FormatError) as caught:
+        find_entry(url, "m", "a")
+    assert str(caught.value) == _ROOT_REFUSED.format(url=url, size=8 << 20)
+
+
+@pytest.mark.s3
+def test_a_padded_version_3_root_on_s3_is_refused_from_its_first_bytes(
+    s3_server: S3TestServer,
+) -> None:
+    """On S3 the root URL was downloaded whole (8 MiB here) before it was refused. Now,
+    counted by the client's own event hooks: the first GetObject's body is not read (its
+    Content-Length is past a version 3 root's bound), then one ranged read of 64 KiB."""
+    import aiobotocore.session
+
+    from ptestore.fleet.select import select
+    from ptestore.testing.s3_traffic import Traffic
+
+    bucket = s3_server.new_bucket()
+    opts: dict[str, Any] = dict(s3_server.storage_options)
+    url = f"s3://{bucket}/fleet/ptestore-index.json"
+    create_index(url, storage_options=opts)
+    publish_entries(url, [synthetic_entry("m", "a")], opts)
+    client = s3_server.client()
+    key = "fleet/ptestore-index.json"
+    text = client.get_object(Bucket=bucket, Key=key)["Body"].read().decode()
+    client.put_object(Bucket=bucket, Key=key, Body=_padded(text, 8 << 20))
+    traffic = Traffic()
+    session = aiobotocore.session.AioSession()
+    traffic.attach(session)
+    with pytest.raises(FormatError) as caught:
+        select(url, "m", "a", storage_options={**opts, "session": session})
+    assert str(caught.value) == _ROOT_REFUSED.format(url=url, size=8 << 20)
+    ranges = [p.get("Range") for p in traffic.params["GetObject"]]
+    assert ranges == [None, "bytes=0-65535"], ranges
+    # A version 2 index past a version 3 root's bound is still read, from its first bytes.
+    entries = [synthetic_entry("m", f"d{i:03d}") for i in range(100)]
+    v2 = json.dumps({"format": "ptestore.index", "version": 2, "entries": entries})
+    client.put_object(Bucket=bucket, Key=key, Body=v2.encode())
+    assert len(v2) > 64 << 10
+    choice = select(url, "m", "d042", storage_options=opts)
+    assert choice.made_for == "d042" and choice.index_read is not None
+    assert choice.index_read["objects"] == 1 and choice.index_read["bytes"] == len(v2) + 65536

@@ -190,12 +190,15 @@ def test_a_split_marker_at_the_last_depth_is_refused() -> None:
 _DEEP = b"[" * 100_000 + b"]" * 100_000
 
 
-@pytest.mark.parametrize("what", ["root", "catalog", "leaf"])
+@pytest.mark.parametrize("what", ["root", "catalog", "leaf", "large root"])
 def test_json_nested_too_deeply_is_a_format_error(tmp_path: Path, what: str) -> None:
-    """``[[[...]]]`` escaped as a RecursionError from every reader and writer."""
+    """``[[[...]]]`` escaped as a RecursionError from every reader and writer. At the
+    root URL, text past a version 3 root's bound whose first 64 KiB are no version 1/2
+    index is refused from them, unread further."""
     url, mdir = _index(tmp_path)
-    target = {"root": Path(url), "catalog": mdir / "catalog.json", "leaf": mdir / "t.json"}[what]
-    target.write_bytes(_DEEP)
+    target = {"catalog": mdir / "catalog.json", "leaf": mdir / "t.json"}.get(what, Path(url))
+    deep = b"[" * 30_000 + b"]" * 30_000 if what == "root" else _DEEP
+    target.write_bytes(deep)
     calls: list[Callable[[], object]] = [
         lambda: select(url, "m", "a"),
         lambda: find_entry(url, "m", "a"),
@@ -205,8 +208,12 @@ def test_json_nested_too_deeply_is_a_format_error(tmp_path: Path, what: str) -> 
         with pytest.raises(FormatError) as caught:
             call()
         assert str(caught.value) == (
-            f"{target}: index (nesting depth) = 100000: must be <= 64 levels of arrays and "
-            "objects"
+            f"{target}: index size = 200000: must be at most 65536 bytes (a version 3 root; "
+            "its first 65536 bytes show no version 1 or 2 index, neither a version nor "
+            "entries: not read further)"
+            if what == "large root"
+            else f"{target}: index (nesting depth) = {len(deep) // 2}: must be <= 64 levels "
+            "of arrays and objects"
         )
 
 
@@ -249,7 +256,8 @@ def _pad(path: Path, size: int, text: str) -> None:
         (
             "root",
             (64 << 10) + 1,
-            "index size = 65537: must be at most 65536 bytes (a version 3 root)",
+            "index size = 65537: must be at most 65536 bytes (a version 3 root: not read past "
+            "its first 65536 bytes)",
         ),
         (
             "catalog",
