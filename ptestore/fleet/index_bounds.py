@@ -18,6 +18,7 @@ __all__ = [
     "check_name",
     "check_root_size",
     "oversize",
+    "parse_object",
 ]
 
 #: Levels of JSON arrays and objects an index object may nest: a leaf is level 1, its
@@ -104,3 +105,14 @@ def check_entry_size(entry: dict[str, Any], url: str, field: str) -> None:
     size = len(json.dumps(entry, separators=(",", ":")).encode())  # as a leaf holds it
     if size > MAX_ENTRY_BYTES:
         raise FormatError(url, f"{field} size", size, f"at most {MAX_ENTRY_BYTES} bytes")
+
+
+def parse_object(data: bytes, url: str) -> dict[str, Any]:
+    """The JSON object in ``data`` (read from ``url``), else :class:`FormatError` (not
+    JSON, nested more than :data:`MAX_INDEX_DEPTH` levels, not an object)."""
+    from .._jsondepth import load_bounded
+
+    value = load_bounded(data, url, "index", MAX_INDEX_DEPTH)
+    if not isinstance(value, dict):
+        raise FormatError(url, "index", type(value).__name__, "a JSON object")
+    return value

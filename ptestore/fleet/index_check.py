@@ -135,7 +135,7 @@ def check_index(
     from .index import open_index
 
     target = os.fspath(url)
-    root, sharded, _ = open_index(target, options)
+    root, sharded, _ = open_index(target, options, whole=True)
     out = IndexCheck(target, int(root["version"]))
     if sharded is None:
         return out

@@ -1,5 +1,6 @@
 """The object at an index's root URL, read no further than what its first bytes say it
-is (docs/fleet.md, "Bounds").
+is (docs/fleet.md, "Bounds"); and the version 3 shard directories beside a version 1/2
+root that a root once named (docs/fleet.md, "Versions 1 and 2").
 
 The root URL holds a version 3 root (a few hundred bytes, at most
 :data:`~.index_bounds.MAX_ROOT_BYTES`) or a version 1/2 index, one object holding every
@@ -15,6 +16,15 @@ lets the rest be read, the whole object then parsed and checked as before; a ver
 (or any other version), or neither within the first bytes, is refused without reading
 further. An object whose ``entries`` come before a version 3 is still read whole and
 refused once parsed: no version 3 root ptestore writes has entries.
+
+A directory of shards is named by a version 3 root; the writers that create, migrate or
+publish into it leave a copy of that root in it (:data:`NAMED`). A version 1/2 root
+beside a directory holding that copy is one an older ptestore wrote over a migrated
+index (its read of the version 2 index and its rename straddled the migration's swap: a
+local writer on another machine, whose ``flock`` did not reach over NFS): what was
+published into version 3 since is only in that directory. A directory without the copy
+is a migration's private one, under way, or left by one that crashed or lost its race
+(never read). :func:`overwritten` says so.
 """
 
 from __future__ import annotations
@@ -28,10 +38,26 @@ from typing import Any
 from ..errors import FormatError
 from .index_bounds import MAX_ROOT_BYTES
 
-__all__ = ["HEAD_BYTES", "check_root_head", "local_size", "read_head", "top_members"]
+__all__ = [
+    "HEAD_BYTES",
+    "NAMED",
+    "SHARDS",
+    "SHARDS_PREFIX",
+    "check_root_head",
+    "local_size",
+    "overwritten",
+    "read_head",
+    "top_members",
+]
 
 #: What is read of a root URL's object larger than a version 3 root before the rest.
 HEAD_BYTES = MAX_ROOT_BYTES
+#: The name of a directory of shards (``layout.shards`` of a version 3 root), and how
+#: every one begins.
+SHARDS_PREFIX = "ptestore-index.v3-"
+SHARDS = re.compile(r"ptestore-index\.v3-[0-9a-f]{8,32}")
+#: The copy of the version 3 root that named a directory of shards, in that directory.
+NAMED = "root.json"
 
 _WS = re.compile(r"[ \t\n\r]*")
 _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
@@ -169,3 +195,19 @@ def read_head(url: str, options: dict[str, Any]) -> tuple[bytes, int] | None:
         return bytes(loader.load(0, min(size, HEAD_BYTES))), size
     finally:
         loader.close()
+
+
+def overwritten(url: str, version: object, named: list[str]) -> FormatError:
+    """The error (or, for a reader that looks one entry up, the warning) of the version
+    ``version`` index at ``url`` beside the shard directories ``named``, each named by a
+    version 3 root once."""
+    return FormatError(
+        url,
+        "index version",
+        version,
+        "3",
+        f"beside it, {', '.join(named)} holds {NAMED}, the copy of the version 3 root that "
+        f"named it: an older ptestore wrote this version {version} index over the migrated "
+        "one, and what was published into version 3 since is only there; see "
+        "docs/fleet.md, Versions 1 and 2",
+    )

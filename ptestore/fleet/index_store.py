@@ -28,11 +28,11 @@ from ..storage.types import StorageURL, split_url
 from .index_bounds import (
     ENTRY_ROOM,
     MAX_CATALOG_BYTES,
-    MAX_INDEX_DEPTH,
     MAX_ROOT_BYTES,
     MAX_V2_BYTES,
     check_root_size,
     oversize,
+    parse_object,
 )
 
 __all__ = [
@@ -374,15 +374,16 @@ class IndexStore:
         return out[0], out[1], out[2]
 
     # -- listing ----------------------------------------------------------------------
-    def list_names(self, url: str) -> list[str]:
+    def list_names(self, url: str, prefix: str = "") -> list[str]:
         """The names of the entries (files and directories) directly under the
-        directory ``url`` (none when it does not exist)."""
+        directory ``url`` that begin with ``prefix`` (none when it does not exist; on S3
+        the listing asks for that prefix alone)."""
         u = StorageURL.of(url)
         if u.local:
             import os
 
             try:
-                return sorted(os.listdir(u.path))
+                return sorted(n for n in os.listdir(u.path or ".") if n.startswith(prefix))
             except FileNotFoundError:
                 return []
         import fsspec
@@ -390,10 +391,14 @@ class IndexStore:
         fs = fsspec.filesystem(self.protocol, **self._fs_options())
         path = u.path.rstrip("/")
         try:
-            found = fs.ls(path, detail=False)
+            if prefix and self.protocol == "s3":
+                found = fs.find(path, maxdepth=1, withdirs=True, prefix=prefix)
+            else:
+                found = fs.ls(path, detail=False)
         except FileNotFoundError:
             return []
-        return sorted({str(p).rstrip("/").rsplit("/", 1)[-1] for p in found})
+        names = {str(p).rstrip("/").rsplit("/", 1)[-1] for p in found}
+        return sorted(n for n in names if n.startswith(prefix))
 
     def _fs_options(self) -> dict[str, Any]:
         """The fsspec filesystem options of listings and removals (the read side's,
@@ -422,17 +427,6 @@ class IndexStore:
             fs.rm(u.path.rstrip("/"), recursive=True)
         except Exception:  # best effort: what is left is never read
             return
-
-
-def parse_object(data: bytes, url: str) -> dict[str, Any]:
-    """The JSON object in ``data`` (read from ``url``), else :class:`FormatError` (not
-    JSON, nested more than :data:`MAX_INDEX_DEPTH` levels, not an object)."""
-    from .._jsondepth import load_bounded
-
-    value = load_bounded(data, url, "index", MAX_INDEX_DEPTH)
-    if not isinstance(value, dict):
-        raise FormatError(url, "index", type(value).__name__, "a JSON object")
-    return value
 
 
 def shards_line(shards: dict[str, Any]) -> str:

@@ -25,7 +25,6 @@ build wins, that build's leaf (:mod:`.index_view`).
 from __future__ import annotations
 
 import concurrent.futures as cf
-import re
 import secrets
 import threading
 from collections import Counter
@@ -46,6 +45,7 @@ from .index_catalog import (
     rebuild,
 )
 from .index_place import model_segment
+from .index_root import SHARDS
 from .index_store import IndexStore, ObjectStats, dumps
 from .index_trie import Change, ModelTrie, Node
 from .index_v2 import INDEX_FORMAT, now
@@ -63,7 +63,6 @@ __all__ = [
 
 DEFAULT_LEAF_BYTES = 16 * 1024
 DEFAULT_LISTED = 8
-_SHARDS = re.compile(r"ptestore-index\.v3-[0-9a-f]{8,32}")
 #: Guards the reports the threads of an update fill.
 _LOCK = threading.Lock()
 
@@ -101,7 +100,7 @@ def check_layout(root: dict[str, Any], url: str) -> dict[str, Any]:
     if not isinstance(layout, dict):
         raise FormatError(url, "index layout", layout, "an object")
     shards = layout.get("shards")
-    if not isinstance(shards, str) or not _SHARDS.fullmatch(shards):
+    if not isinstance(shards, str) or not SHARDS.fullmatch(shards):
         raise FormatError(url, "index layout.shards", shards, "ptestore-index.v3-<hex>")
     for name, low, high in (("leaf_bytes", 1024, 1 << 24), ("listed", 1, 1000)):
         value = layout.get(name)

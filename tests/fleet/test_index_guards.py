@@ -418,8 +418,132 @@ def test_a_padded_version_3_root_on_s3_is_refused_from_its_first_bytes(
     # A version 2 index past a version 3 root's bound is still read, from its first bytes.
     entries = [synthetic_entry("m", f"d{i:03d}") for i in range(100)]
     v2 = json.dumps({"format": "ptestore.index", "version": 2, "entries": entries})
-    client.put_object(Bucket=bucket, Key=key, Body=v2.encode())
+    client.put_object(Bucket=bucket, Key="v2/ptestore-index.json", Body=v2.encode())
     assert len(v2) > 64 << 10
+    url = f"s3://{bucket}/v2/ptestore-index.json"
     choice = select(url, "m", "d042", storage_options=opts)
     assert choice.made_for == "d042" and choice.index_read is not None
     assert choice.index_read["objects"] == 1 and choice.index_read["bytes"] == len(v2) + 65536
+
+
+# -- a version 2 root beside a shard directory a version 3 root named -------------------
+
+
+def _overwritten(url: str, options: dict[str, Any] | None = None) -> tuple[str, list[Any]]:
+    """A version 3 index of m/a, m/b, then a version 2 index of m/a written over its root
+    (an older ptestore's copy, read before the migration, renamed over it): returns the
+    shard directory and the version 2 entries."""
+    from ptestore.writers import open_writer
+
+    opts = dict(options or {})
+    root = create_index(url, storage_options=opts)
+    old = [synthetic_entry("m", "a")]
+    publish_entries(url, [*old, synthetic_entry("m", "b")], opts)
+    v2 = {"format": "ptestore.index", "version": 2, "entries": old}
+    w = open_writer(url, **({"auto_mkdir": True} if "://" not in url else opts))
+    w.write(json.dumps(v2).encode(), 0)
+    w.publish("overwrite")
+    return str(root["layout"]["shards"]), old
+
+
+def _overwritten_message(url: str, shards: str) -> str:
+    return (
+        f"{url}: index version = 2: must be 3 (beside it, {shards} holds root.json, the copy "
+        "of the version 3 root that named it: an older ptestore wrote this version 2 index "
+        "over the migrated one, and what was published into version 3 since is only there; "
+        "see docs/fleet.md, Versions 1 and 2)"
+    )
+
+
+def _refused_and_warned(
+    url: str, shards: str, old: list[Any], caplog: pytest.LogCaptureFixture, **opts: Any
+) -> None:
+    """Readers of every entry and writers refuse the index; a device's look-up answers
+    from the version 2 index with a warning."""
+    from ptestore.fleet.index import find_entry, iter_entries, migrate_index
+    from ptestore.fleet.select import select
+
+    message = _overwritten_message(url, shards)
+    for call in (
+        lambda: load_index(url, **opts),
+        lambda: list(iter_entries(url, **opts)),
+        lambda: publish_entries(url, [synthetic_entry("m", "c")], opts),
+        lambda: update_index(url, lambda e: None, storage_options=opts),
+        lambda: migrate_index(url, storage_options=opts),
+        lambda: check_index(url, opts),
+    ):
+        with pytest.raises(FormatError) as caught:
+            call()
+        assert str(caught.value) == message
+    for look_up in (
+        lambda: select(url, "m", "a", storage_options=opts).made_for,
+        lambda: (find_entry(url, "m", "a", **opts) or {}).get("device"),
+    ):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="ptestore.fleet.index"):
+            assert look_up() == "a"
+        assert [r.getMessage() for r in caplog.records] == [message]
+    # m/b's entry is only in the version 3 shards: b gets what the version 2 index has.
+    assert select(url, "m", "b", storage_options=opts).made_for != "b"
+
+
+def test_a_version_2_root_over_a_migrated_index_is_found(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from ptestore.fleet.orphans import collect_orphans
+
+    url = str(tmp_path / "ptestore-index.json")
+    shards, old = _overwritten(url)
+    _refused_and_warned(url, shards, old, caplog)
+    # gc needs every entry: it removes nothing (m/b's files are named in the shards only).
+    [failed] = collect_orphans(tmp_path, grace=0)
+    assert failed.action == f"failed: {url}: cannot read the index: " + _overwritten_message(
+        url, shards
+    )
+
+
+def test_a_version_2_root_over_a_migrated_index_is_found_in_memory(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    url = "memory://guards-beside/ptestore-index.json"
+    shards, old = _overwritten(url)
+    _refused_and_warned(url, shards, old, caplog)
+
+
+@pytest.mark.s3
+def test_a_version_2_root_over_a_migrated_index_is_found_on_s3(
+    s3_server: S3TestServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    bucket = s3_server.new_bucket()
+    opts: dict[str, Any] = dict(s3_server.storage_options)
+    url = f"s3://{bucket}/fleet/ptestore-index.json"
+    shards, old = _overwritten(url, opts)
+    _refused_and_warned(url, shards, old, caplog, **opts)
+
+
+def test_a_migrations_private_copy_beside_a_version_2_root_is_no_finding(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A directory no root named (a migration under way, or one that crashed or lost its
+    race: never read) beside a version 2 index: no warning, and the next publish
+    migrates as before. An index a ptestore before the copy made gets it from its next
+    publish."""
+    from ptestore.fleet.select import select
+
+    url = tmp_path / "ptestore-index.json"
+    entries = [synthetic_entry("m", "a")]
+    url.write_text(json.dumps({"format": "ptestore.index", "version": 2, "entries": entries}))
+    private = tmp_path / "ptestore-index.v3-0123abcd" / "m" / model_segment("m")
+    private.mkdir(parents=True)
+    (private / "t.json").write_text("{}")
+    with caplog.at_level("DEBUG", logger="ptestore"):
+        assert select(str(url), "m", "a").made_for == "a"
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+    report = publish_entries(str(url), [synthetic_entry("m", "b")], {})
+    assert report.migrated is not None
+    shards = json.loads(url.read_text())["layout"]["shards"]
+    named = tmp_path / shards / "root.json"
+    assert json.loads(named.read_text()) == json.loads(url.read_text())
+    named.unlink()  # as a ptestore before the copy left it
+    publish_entries(str(url), [synthetic_entry("m", "c")], {})
+    assert json.loads(named.read_text()) == json.loads(url.read_text())
