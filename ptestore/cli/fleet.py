@@ -180,10 +180,14 @@ def run_check_index(args: argparse.Namespace) -> int:
     for model in found.repaired:
         left = found.left.get(model)
         print(f"{model}: rebuilt" + (f", still: {'; '.join(left)}" if left else ""))
+    for model, left in found.left.items():
+        if model not in found.repaired:  # a rebuild that could not be written
+            print(f"{model}: {'; '.join(left)}")
     wrong = len(set(found.problems) | set(found.marked))
+    fixed = [m for m in found.repaired if m not in found.left]
     print(
         f"{found.index}: {found.models} models, {wrong} catalogs wrong"
-        + (f", {len(found.repaired) - len(found.left)} repaired" if found.repaired else "")
+        + (f", {len(fixed)} repaired" if args.repair and (found.problems or found.marked) else "")
     )
     return EXIT_OK if found.ok else EXIT_FAILURE
 

@@ -50,7 +50,8 @@ from ..storage.loaders import open_loader
 from ..storage.routing import options_for_loader
 from ..storage.types import absolute_local
 from .index_bounds import check_entry_size, check_name
-from .index_migrate import create_index, migrate_index
+from .index_migrate import create_index, migrate_index, named_beside
+from .index_root import overwritten
 from .index_store import IndexStore, ObjectStats
 from .index_v2 import INDEX_FORMAT, check_index, now, parse_index, publish_v2, update_v2
 from .job import Job
@@ -207,23 +208,36 @@ class IndexReport:
 
 
 def open_index(
-    url: str | os.PathLike[str], options: dict[str, Any] | None = None
+    url: str | os.PathLike[str], options: dict[str, Any] | None = None, *, whole: bool = False
 ) -> tuple[dict[str, Any], ShardedIndex | None, IndexStore]:
     """The index at ``url`` to read: its root (a version 1/2 index holds its entries),
     the sharded index of a version 3 root (else None), and the store (it counts what
-    was read). :class:`~ptestore.errors.ObjectNotFound` when there is no index."""
+    was read). :class:`~ptestore.errors.ObjectNotFound` when there is no index.
+
+    A version 1/2 index beside a shard directory a version 3 root named (an older
+    ptestore wrote it over a migrated index: :mod:`.index_root`) is not the whole index:
+    with ``whole`` (a reader of every entry: ``load_index``, ``iter_entries``, so gc and
+    ``fleet retire``) a :class:`FormatError`, else (a device looking its entry up) a
+    warning, and its answer is this index's."""
     target = os.fspath(url)
     store = IndexStore(target, dict(options or {}))
     if store.cas:
         data, version = store.read(target)
     else:
-        from .index_store import read_plain
+        from .index_v2 import read_plain
 
         data, version = read_plain(store)
     if version is None:
         raise store.missing()
     root = parse_index(data, target)
     if root["version"] != 3:
+        if store.cas and (named := named_beside(store)):
+            problem = overwritten(target, root["version"], named)
+            if whole:
+                raise problem
+            from .._log import get_logger
+
+            get_logger(__name__).warning("%s", problem)
         return root, None, store
     from .index_v3 import ShardedIndex, check_layout
 
@@ -236,7 +250,7 @@ def load_index(url: str | os.PathLike[str], **storage_options: Any) -> dict[str,
     sorted by model and device, under ``"entries"``; its root under ``"sharded"``), which
     ``select`` and any reader of version 2 read as it is. It reads every shard: for tools
     and tests (a device reads a few objects, :mod:`.index_view`)."""
-    root, sharded, _ = open_index(url, storage_options)
+    root, sharded, _ = open_index(url, storage_options, whole=True)
     if sharded is None:
         return root
     entries = sorted(sharded.iter_entries(), key=lambda e: (str(e["model"]), str(e["device"])))
@@ -246,7 +260,7 @@ def load_index(url: str | os.PathLike[str], **storage_options: Any) -> dict[str,
 
 def iter_entries(url: str | os.PathLike[str], **storage_options: Any) -> Iterator[dict[str, Any]]:
     """Every entry of the index at ``url``, a shard at a time (model by model)."""
-    root, sharded, _ = open_index(url, storage_options)
+    root, sharded, _ = open_index(url, storage_options, whole=True)
     if sharded is None:
         yield from (e for e in root["entries"] if isinstance(e, dict))
     else:
@@ -337,7 +351,7 @@ def update_index(
             )
         return new
 
-    open_index(target, store.options)  # ObjectNotFound for no index
+    open_index(target, store.options, whole=True)  # ObjectNotFound for no index
     sharded, migrated, stats = open_for_writing(store, version=version)
     if sharded is None:
         wanted = None if models is None else set(models)

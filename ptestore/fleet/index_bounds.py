@@ -18,6 +18,7 @@ __all__ = [
     "check_name",
     "check_root_size",
     "oversize",
+    "parse_object",
 ]
 
 #: Levels of JSON arrays and objects an index object may nest: a leaf is level 1, its
@@ -34,8 +35,8 @@ MAX_INDEX_DEPTH = 64
 MAX_ROOT_BYTES = 64 << 10
 #: A version 1/2 index, one object holding every entry (about 1.4 KB an entry: 10^5
 #: pairs are 160 MB): what a legacy index of hundreds of thousands of pairs needs still
-#: reads. The root URL is read with this bound (the version is known once it is
-#: parsed); a version 3 root past :data:`MAX_ROOT_BYTES` is then refused.
+#: reads. An object at the root URL past :data:`MAX_ROOT_BYTES` is read with this bound
+#: only once its first bytes show a version 1/2 index (:mod:`.index_root`).
 MAX_V2_BYTES = 1 << 30
 #: A catalog: one class per distinct kind of build of a model, a few hundred bytes each
 #: with its ``listed`` names (500 kinds: about 80 KB): tens of thousands of kinds of
@@ -57,8 +58,9 @@ def oversize(url: str, what: str, size: int, cap: int) -> FormatError:
 
 
 def check_root_size(value: dict[str, Any], size: int, url: str) -> None:
-    """A version 3 root of ``size`` bytes is at most :data:`MAX_ROOT_BYTES` (the root
-    URL is read with the bound of a version 1/2 index)."""
+    """A version 3 root of ``size`` bytes is at most :data:`MAX_ROOT_BYTES`, once parsed
+    (one whose first bytes showed no version, only entries, was read as a version 1/2
+    index may be: :mod:`.index_root`)."""
     if value.get("version") == 3 and size > MAX_ROOT_BYTES:
         raise FormatError(
             url, "index size", size, f"at most {MAX_ROOT_BYTES} bytes", "a version 3 root"
@@ -103,3 +105,14 @@ def check_entry_size(entry: dict[str, Any], url: str, field: str) -> None:
     size = len(json.dumps(entry, separators=(",", ":")).encode())  # as a leaf holds it
     if size > MAX_ENTRY_BYTES:
         raise FormatError(url, f"{field} size", size, f"at most {MAX_ENTRY_BYTES} bytes")
+
+
+def parse_object(data: bytes, url: str) -> dict[str, Any]:
+    """The JSON object in ``data`` (read from ``url``), else :class:`FormatError` (not
+    JSON, nested more than :data:`MAX_INDEX_DEPTH` levels, not an object)."""
+    from .._jsondepth import load_bounded
+
+    value = load_bounded(data, url, "index", MAX_INDEX_DEPTH)
+    if not isinstance(value, dict):
+        raise FormatError(url, "index", type(value).__name__, "a JSON object")
+    return value

@@ -12,7 +12,9 @@ check finds them without one, and ``repair`` rebuilds each from its leaves
 (:meth:`.index_v3.ShardedIndex.repair`, safe beside running writers). A damaged catalog
 (not JSON, a field of the wrong type: every publish of its model fails on it) is one
 problem, ``damaged catalog: ...``, and ``repair`` replaces it by compare-and-swap on
-the version read.
+the version read. A leaf no reader reads (not JSON, past its bound, or read from another
+place than it says it belongs: :mod:`.index_place`) is ``damaged leaf: ...``, left by
+``repair`` (a catalog is rebuilt from the leaves): restore or remove it by hand.
 
 Read while runs publish, a catalog can be behind its leaves for the moment between a
 run's leaf writes and its placement: check again before repairing a fleet that is busy.
@@ -30,11 +32,16 @@ from ..errors import FormatError
 if TYPE_CHECKING:
     from .index_v3 import ShardedIndex
 
-__all__ = ["ABSENT", "IndexCheck", "catalog_problems", "check_index"]
+__all__ = ["ABSENT", "DAMAGED_LEAF", "IndexCheck", "catalog_problems", "check_index"]
 
 #: The problem of a model named to :func:`check_index` that has neither a catalog nor a
 #: live entry in the index (nothing to repair).
 ABSENT = "not in this index (no catalog, no live entry)"
+#: The problem of a model with a leaf no reader reads (not JSON, past its bound, read
+#: from another place than it says it belongs: :mod:`.index_place`): its catalog cannot
+#: be checked or rebuilt until the leaf is restored or removed.
+DAMAGED_LEAF = "damaged leaf"
+UNREPAIRED_LEAF = "a catalog is rebuilt from its leaves: restore or remove the damaged one"
 
 
 @dataclass
@@ -82,11 +89,14 @@ def catalog_problems(sharded: ShardedIndex, model: str) -> tuple[list[str], bool
     from .index_catalog import REBUILDING, class_key, live_stamps
 
     members: dict[str, list[str]] = {}
-    for node in sharded.trie(model).walk():
-        for device, entry in node.entries.items():
-            stamps = live_stamps(entry)
-            if stamps is not None:
-                members.setdefault(class_key(stamps), []).append(device)
+    try:
+        for node in sharded.trie(model).walk():
+            for device, entry in node.entries.items():
+                stamps = live_stamps(entry)
+                if stamps is not None:
+                    members.setdefault(class_key(stamps), []).append(device)
+    except FormatError as exc:  # the leaves are what a catalog is checked against
+        return [f"{DAMAGED_LEAF}: {exc}"], False
     try:
         catalog, _ = sharded.read_catalog(model)
     except FormatError as exc:
@@ -125,37 +135,44 @@ def check_index(
     from .index import open_index
 
     target = os.fspath(url)
-    root, sharded, _ = open_index(target, options)
+    root, sharded, _ = open_index(target, options, whole=True)
     out = IndexCheck(target, int(root["version"]))
     if sharded is None:
         return out
     index = sharded
 
-    def one(job: tuple[str, bool]) -> tuple[str, list[str], bool, list[str] | None]:
+    def one(job: tuple[str, bool]) -> tuple[str, list[str], bool, list[str] | None, bool]:
+        """A model's problems, its mark, what is left after a repair (None: none tried)
+        and whether its catalog was rebuilt."""
         name, listed = job
         try:
             model = (index.model_of(name) or name) if listed else name
         except FormatError as exc:  # a hashed name's catalog unreadable: not repairable
-            return name, [f"damaged catalog (its model name unreadable): {exc}"], False, None
+            return name, [f"damaged catalog (its model name unreadable): {exc}"], False, None, False
         problems, mark = catalog_problems(index, model)
         if not (repair and (problems or mark)) or problems == [ABSENT]:
-            return model, problems, mark, None
-        index.repair(model, force=True)
-        return model, problems, mark, catalog_problems(index, model)[0]
+            return model, problems, mark, None, False
+        if problems and problems[0].startswith(DAMAGED_LEAF):  # nothing to rebuild from
+            return model, problems, mark, [f"not repaired: {UNREPAIRED_LEAF}"], False
+        try:
+            index.repair(model, force=True)
+        except FormatError as exc:  # a rebuilt catalog too large to read: not written
+            return model, problems, mark, [f"not repaired: {exc}"], False
+        return model, problems, mark, catalog_problems(index, model)[0], True
 
     if models is None:
         jobs = [(segment, True) for segment in index.segments()]
     else:
         jobs = [(model, False) for model in dict.fromkeys(models)]
     with ThreadPoolExecutor(max(1, min(workers, len(jobs))), "ptestore-check") as pool:
-        for model, problems, mark, again in pool.map(one, jobs):
+        for model, problems, mark, again, rebuilt in pool.map(one, jobs):
             out.models += 1
             if problems:
                 out.problems[model] = problems
             if mark:
                 out.marked.append(model)
-            if again is not None:
+            if rebuilt:
                 out.repaired.append(model)
-                if again:
-                    out.left[model] = again
+            if again:
+                out.left[model] = again
     return out

@@ -28,6 +28,14 @@ migration therefore holds that lock too around its compare-and-swap of the root
 rename would replace the version 3 root with its version 2 copy, and the entries
 published into version 3 meanwhile would be lost).
 
+A local writer on another machine, whose ``flock`` does not reach over NFS, can still
+rename its version 2 copy over the migrated root. Every root that names a directory
+leaves a copy of itself there (:func:`mark_named`, before anything is published into
+it), so a version 1/2 root beside a directory that holds one is found where the index
+is opened (:func:`named_beside`): a writer refuses to migrate it (the entries published
+into that directory would be left out for good), as do the readers of every entry; a
+device's look-up warns (:func:`~.index.open_index`).
+
 A writer of an older ptestore that writes unconditionally (a store without
 compare-and-swap) cannot be detected; such stores are never migrated.
 """
@@ -41,6 +49,7 @@ from typing import Any
 
 from ..errors import AlreadyExists, ConfigurationError, FormatError, PreconditionFailed
 from .index_bounds import check_entry_size, check_name
+from .index_root import NAMED, SHARDS, SHARDS_PREFIX, overwritten
 from .index_store import IndexStore, ObjectStats
 from .index_v2 import check_index, now
 from .index_v3 import (
@@ -57,7 +66,9 @@ __all__ = [
     "check_entries",
     "create_index",
     "legacy_lock",
+    "mark_named",
     "migrate_index",
+    "named_beside",
     "open_for_writing",
 ]
 
@@ -96,6 +107,40 @@ def legacy_lock(store: IndexStore) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+def mark_named(store: IndexStore, root: dict[str, Any]) -> None:
+    """Leave a copy of the version 3 root ``root`` in the directory it names, what tells
+    a directory a root named from a migration's private copy (:mod:`.index_root`): read,
+    and created when missing (every writer that opens the index marks one an earlier
+    ptestore made, before it publishes into it). Best effort: a failure is logged, and
+    the next writer marks it."""
+    from .._log import get_logger
+    from ..errors import PteStoreError
+
+    url = f"{store.url(root['layout']['shards'])}/{NAMED}"
+    try:
+        if store.read(url)[1] is None:
+            store.create(url, root)
+    except PteStoreError as exc:
+        get_logger(__name__).debug("%s: not written: %s", url, exc)
+
+
+def named_beside(store: IndexStore) -> list[str]:
+    """The shard directories beside the root URL (a version 1/2 index) that a version 3
+    root named: one listing, and a read of each directory's copy of its root. None where
+    the store does not let them be listed or read (a device's credentials may allow
+    reads only): it is a check, not a read of the index."""
+    from .._log import get_logger
+    from ..errors import PteStoreError
+
+    try:
+        found = store.list_names(store.base() or ".", SHARDS_PREFIX)
+        dirs = [n for n in found if SHARDS.fullmatch(n)]
+        return [n for n in dirs if store.read(f"{store.url(n)}/{NAMED}")[1] is not None]
+    except (PteStoreError, OSError) as exc:
+        get_logger(__name__).debug("%s: the directories beside it not checked: %s", store.root, exc)
+        return []
 
 
 def _entries_by_model(index: dict[str, Any]) -> dict[str, dict[tuple[str, str], Any]]:
@@ -141,14 +186,19 @@ def open_for_writing(
                         f"{store.root}: is a version 3 (sharded) index; it is never written "
                         "as version 2"
                     )
-                return ShardedIndex(store, check_layout(root, store.root)), None, [stats]
+                sharded = ShardedIndex(store, check_layout(root, store.root))
+                mark_named(store, root)
+                return sharded, None, [stats]
+            if store.cas and (named := named_beside(store)):
+                raise overwritten(store.root, root["version"], named)
         if not store.cas or version == 2:
             return None, None, []
         if value is None:  # a new index: its root first, then its shards
             stats.attempts += 1
             layout = new_layout()
-            if store.create(store.root, root_value(layout)):
+            if store.create(store.root, made := root_value(layout)):
                 stats.written = True
+                mark_named(store, made)
                 return ShardedIndex(store, layout), None, [stats]
             stats.conflicts += 1
             continue
@@ -183,9 +233,9 @@ def _swap(
     2 entries copied again while another writer changes them (the module docstring)."""
     from .._retry import CONFLICT_RETRY
 
-    layout = sharded.layout
     written = {m: dict(es) for m, es in _entries_by_model(old).items()}
     for _ in range(CONFLICT_RETRY.attempts):
+        layout = sharded.layout
         stats.attempts += 1
         info = {
             "from_version": old["version"],
@@ -196,11 +246,12 @@ def _swap(
         try:
             store.write(
                 store.root,
-                root_value(layout, info),
+                made := root_value(layout, info),
                 "create" if token is None else "if-match",
                 token,
             )
             stats.written = True
+            mark_named(store, made)
             return sharded, info, [stats]
         except (PreconditionFailed, AlreadyExists):
             stats.conflicts += 1
@@ -209,39 +260,50 @@ def _swap(
             won = check_layout(value, store.root)
             if won["shards"] == layout["shards"]:  # this swap, its answer lost
                 stats.written = True
+                mark_named(store, value)
                 return sharded, info, [stats]
             store.remove_tree(sharded.directory)  # another migration won
             return ShardedIndex(store, won), None, [stats]
         old = check_index(value, store.root) if value is not None else {"version": 2, "entries": []}
         try:
-            check_entries(old, store.root)
+            sharded, objects, written = _copy_again(store, old, sharded, objects, written)
         except FormatError:
             store.remove_tree(sharded.directory)  # never named: nothing else reads it
             raise
-        now_by_model = _entries_by_model(old)
-        stale = {
-            m for m in set(written) | set(now_by_model) if written.get(m) != now_by_model.get(m)
-        }
-        # A model copied again starts from an empty directory: nodes of its earlier
-        # copy's trie (deeper than the new one, under what is now a leaf) would be taken
-        # by a later split for halves a helper made, and bring back the old entries.
-        # No root names this directory yet, so no one else writes into it.
-        for model in stale:
-            store.remove_tree(sharded.model_dir(model))
-        if any(store.list_names(sharded.model_dir(m)) for m in stale):
-            # Not removed (the removal is best effort): copy everything afresh.
-            store.remove_tree(sharded.directory)
-            layout = new_layout(sharded.leaf_bytes, sharded.listed)
-            sharded = ShardedIndex(store, layout)
-            objects = sharded.write_static(old["entries"])
-        else:
-            objects += sharded.write_static(old["entries"], stale)
-        written = {m: dict(es) for m, es in now_by_model.items()}
     raise PreconditionFailed(
         f"{store.root}: the version 2 index changed under every one of "
         f"{CONFLICT_RETRY.attempts} attempts to migrate it to version 3",
         url=store.root,
     )
+
+
+def _copy_again(
+    store: IndexStore,
+    old: dict[str, Any],
+    sharded: ShardedIndex,
+    objects: int,
+    written: dict[str, dict[tuple[str, str], Any]],
+) -> tuple[ShardedIndex, int, dict[str, dict[tuple[str, str], Any]]]:
+    """The models of ``old`` (the version 2 index read again) whose entries differ from
+    those ``written`` copied again into ``sharded``'s directory (or everything into a new
+    one); :class:`FormatError` for an entry or an object it cannot hold."""
+    check_entries(old, store.root)
+    now_by_model = _entries_by_model(old)
+    stale = {m for m in set(written) | set(now_by_model) if written.get(m) != now_by_model.get(m)}
+    # A model copied again starts from an empty directory: nodes of its earlier copy's
+    # trie (deeper than the new one, under what is now a leaf) would be taken by a later
+    # split for halves a helper made, and bring back the old entries. No root names this
+    # directory yet, so no one else writes into it.
+    for model in stale:
+        store.remove_tree(sharded.model_dir(model))
+    if any(store.list_names(sharded.model_dir(m)) for m in stale):
+        # Not removed (the removal is best effort): copy everything afresh.
+        store.remove_tree(sharded.directory)
+        sharded = ShardedIndex(store, new_layout(sharded.leaf_bytes, sharded.listed))
+        objects = sharded.write_static(old["entries"])
+    else:
+        objects += sharded.write_static(old["entries"], stale)
+    return sharded, objects, {m: dict(es) for m, es in now_by_model.items()}
 
 
 def create_index(
@@ -273,6 +335,7 @@ def create_index(
         ) from None
     if not store.create(target, root):
         raise AlreadyExists(f"{target}: an index exists already")
+    mark_named(store, root)
     return root
 
 

@@ -28,10 +28,11 @@ from ..storage.types import StorageURL, split_url
 from .index_bounds import (
     ENTRY_ROOM,
     MAX_CATALOG_BYTES,
-    MAX_INDEX_DEPTH,
+    MAX_ROOT_BYTES,
     MAX_V2_BYTES,
     check_root_size,
     oversize,
+    parse_object,
 )
 
 __all__ = [
@@ -40,7 +41,6 @@ __all__ = [
     "ObjectStats",
     "ReadCount",
     "dumps",
-    "read_plain",
     "shards_line",
 ]
 
@@ -103,6 +103,12 @@ class ReadCount:
             if size is not None:
                 self.objects += 1
                 self.bytes += size
+
+    def part(self, size: int) -> None:
+        """A read of part of an object (counted whole by another: a large root's head)."""
+        with self.lock:
+            self.requests += 1
+            self.bytes += size
 
     def to_dict(self) -> dict[str, int]:
         return {"objects": self.objects, "bytes": self.bytes, "requests": self.requests}
@@ -184,14 +190,47 @@ class IndexStore:
     def read(self, url: str, *, oversize_ok: bool = False) -> tuple[bytes, str | None]:
         """``(bytes, version)`` of the object at ``url``; ``(b"", None)`` when absent.
         :class:`FormatError` when it is larger than its bound (:meth:`limit`), unless
-        ``oversize_ok`` (then ``(b"", version)``: what replaces a damaged object needs)."""
+        ``oversize_ok`` (then ``(b"", version)``: what replaces a damaged object needs).
+        The root URL is read as :meth:`read_root` says."""
         from ..writers.versions import read_versioned
 
+        if url == self.root:
+            return self.read_root()
         cap, what = self.limit(url)
         got = read_versioned(url, max_bytes=cap, **self.read_options)
         self.reads.add(None if got.version is None else len(got.data))
         if got.oversize is not None and not oversize_ok:
             raise oversize(url, what, got.oversize, cap)
+        return got.data, got.version
+
+    def read_root(self) -> tuple[bytes, str | None]:
+        """The root URL's bytes and version: within a version 3 root's bound in one read;
+        an object larger than that only once its first bytes show a version 1/2 index
+        (:mod:`.index_root`: a padded version 3 root is refused from them), then within
+        :data:`MAX_V2_BYTES`."""
+        from ..writers.versions import read_versioned
+        from .index_root import check_root_head, local_size, read_head
+
+        url = self.root
+        size = local_size(url)  # a local file is not read (hashed) to learn it is large
+        if size is None or size <= MAX_ROOT_BYTES:
+            got = read_versioned(url, max_bytes=MAX_ROOT_BYTES, **self.read_options)
+            if got.oversize is None:
+                self.reads.add(None if got.version is None else len(got.data))
+                return got.data, got.version
+            self.reads.part(0)  # S3: its body not read
+            size = got.oversize
+        if size > MAX_V2_BYTES:
+            raise oversize(url, "index", size, MAX_V2_BYTES)
+        head = read_head(url, options_for_loader(url, self.options, "dst"))
+        if head is None:
+            return b"", None  # removed meanwhile
+        self.reads.part(len(head[0]))
+        check_root_head(*head, url)
+        got = read_versioned(url, max_bytes=MAX_V2_BYTES, **self.read_options)
+        self.reads.add(None if got.version is None else len(got.data))
+        if got.oversize is not None:
+            raise oversize(url, "index", got.oversize, MAX_V2_BYTES)
         return got.data, got.version
 
     def read_json(self, url: str) -> tuple[dict[str, Any] | None, str | None]:
@@ -219,18 +258,35 @@ class IndexStore:
         self, url: str, value: dict[str, Any], mode: str, expected: str | None = None
     ) -> None:
         """Publish ``value`` at ``url`` (``"create"``, ``"if-match"`` with ``expected``,
-        or ``"overwrite"``)."""
+        or ``"overwrite"``); :class:`FormatError` when it is larger than its bound
+        (:meth:`check_size`), before anything is written."""
         from ..writers import open_writer
 
+        data = dumps(value, compact=url != self.root)
+        self.check_size(url, data)
         w = open_writer(url, **self.write_options)
         try:
-            w.write(dumps(value, compact=url != self.root), 0)
+            w.write(data, 0)
             if mode == "if-match":
                 w.publish("if-match", expected=expected)
             else:
                 w.publish("create" if mode == "create" else "overwrite")
         finally:
             w.discard()  # a no-op once published
+
+    def check_size(self, url: str, data: bytes) -> None:
+        """:class:`FormatError` when ``data``, to be published at ``url``, is larger than
+        a reader reads there (:meth:`limit`): ptestore never publishes an object it
+        would refuse to read."""
+        cap, what = self.limit(url)
+        if len(data) > cap:
+            raise FormatError(
+                url,
+                f"{what} size",
+                len(data),
+                f"at most {cap} bytes",
+                "not written: a reader of the index refuses a larger one",
+            )
 
     def create(self, url: str, value: dict[str, Any]) -> bool:
         """Create the object at ``url``; False when one is there already."""
@@ -318,15 +374,16 @@ class IndexStore:
         return out[0], out[1], out[2]
 
     # -- listing ----------------------------------------------------------------------
-    def list_names(self, url: str) -> list[str]:
+    def list_names(self, url: str, prefix: str = "") -> list[str]:
         """The names of the entries (files and directories) directly under the
-        directory ``url`` (none when it does not exist)."""
+        directory ``url`` that begin with ``prefix`` (none when it does not exist; on S3
+        the listing asks for that prefix alone)."""
         u = StorageURL.of(url)
         if u.local:
             import os
 
             try:
-                return sorted(os.listdir(u.path))
+                return sorted(n for n in os.listdir(u.path or ".") if n.startswith(prefix))
             except FileNotFoundError:
                 return []
         import fsspec
@@ -334,10 +391,14 @@ class IndexStore:
         fs = fsspec.filesystem(self.protocol, **self._fs_options())
         path = u.path.rstrip("/")
         try:
-            found = fs.ls(path, detail=False)
+            if prefix and self.protocol == "s3":
+                found = fs.find(path, maxdepth=1, withdirs=True, prefix=prefix)
+            else:
+                found = fs.ls(path, detail=False)
         except FileNotFoundError:
             return []
-        return sorted({str(p).rstrip("/").rsplit("/", 1)[-1] for p in found})
+        names = {str(p).rstrip("/").rsplit("/", 1)[-1] for p in found}
+        return sorted(n for n in names if n.startswith(prefix))
 
     def _fs_options(self) -> dict[str, Any]:
         """The fsspec filesystem options of listings and removals (the read side's,
@@ -366,38 +427,6 @@ class IndexStore:
             fs.rm(u.path.rstrip("/"), recursive=True)
         except Exception:  # best effort: what is left is never read
             return
-
-
-def read_plain(store: IndexStore) -> tuple[bytes, str | None]:
-    """The index at ``store.root`` on a store without version tokens (``(b"", None)``
-    when absent; ``"-"`` for its version), at most :data:`MAX_V2_BYTES`."""
-    from ..errors import ObjectNotFound
-    from ..storage.loaders import open_loader
-
-    try:
-        loader = open_loader(store.root, **options_for_loader(store.root, store.options, "dst"))
-    except ObjectNotFound:
-        return b"", None
-    try:
-        size = loader.size()
-        if size > MAX_V2_BYTES:
-            raise oversize(store.root, "index", size, MAX_V2_BYTES)
-        data = bytes(loader.load(0, size))
-    finally:
-        loader.close()
-    store.reads.add(len(data))
-    return data, "-"
-
-
-def parse_object(data: bytes, url: str) -> dict[str, Any]:
-    """The JSON object in ``data`` (read from ``url``), else :class:`FormatError` (not
-    JSON, nested more than :data:`MAX_INDEX_DEPTH` levels, not an object)."""
-    from .._jsondepth import load_bounded
-
-    value = load_bounded(data, url, "index", MAX_INDEX_DEPTH)
-    if not isinstance(value, dict):
-        raise FormatError(url, "index", type(value).__name__, "a JSON object")
-    return value
 
 
 def shards_line(shards: dict[str, Any]) -> str:

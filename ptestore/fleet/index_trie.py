@@ -28,8 +28,6 @@ until it splits), or one entry.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import functools
-import hashlib
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -38,6 +36,7 @@ from typing import Any
 from .._dataclass import dataclass, field
 from ..errors import FormatError
 from .index_bounds import check_name
+from .index_place import check_place, device_bits
 from .index_store import IndexStore, ObjectStats, dumps
 
 __all__ = [
@@ -59,13 +58,6 @@ _STATES = (LEAF, SPLITTING, SPLIT)
 
 #: ``change(old entry or None) -> new entry`` (None: leave it as it is).
 Change = Callable[[dict[str, Any] | None], dict[str, Any] | None]
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def device_bits(device: str) -> str:
-    """The SHA-256 of ``device`` (UTF-8) as 256 binary digits."""
-    digest = hashlib.sha256(device.encode()).digest()
-    return format(int.from_bytes(digest, "big"), "0256b")
 
 
 @dataclass
@@ -154,11 +146,8 @@ class ModelTrie:
                 if not isinstance(e, dict) or not isinstance(e.get("device"), str):
                     raise FormatError(url, "index shard entry", e, "an object with a device")
                 check_name(e["device"], url, "index shard entry device")
-                if self.model and e.get("model") != self.model:
-                    raise FormatError(
-                        url, "index shard entry model", e.get("model"), repr(self.model)
-                    )
                 entries[e["device"]] = e
+        check_place(value, url, prefix, self.directory.rsplit("/", 1)[-1], entries)
         return Node(prefix, str(state), entries, version, value)
 
     def read(self, prefix: str) -> Node:
@@ -244,9 +233,14 @@ class ModelTrie:
 
     def lookup(self, device: str, lo: int, hi: int) -> dict[str, Any] | None:
         """The entry of ``device`` (None when there is none)."""
+        return self.find(device, lo, hi)[0]
+
+    def find(self, device: str, lo: int, hi: int) -> tuple[dict[str, Any] | None, str]:
+        """The entry of ``device`` (None when there is none) and the URL of the leaf
+        that holds it (or would)."""
         for node, _ in self.locate([device], lo, hi).values():
-            return node.entries.get(device)
-        return None
+            return node.entries.get(device), self.url(node.prefix)
+        return None, self.url("")
 
     def walk(self, *, empty: bool = False) -> Iterator[Node]:
         """Every leaf from the top (split markers followed; nodes left unreachable by an
@@ -274,8 +268,11 @@ class ModelTrie:
         workers: int = 8,
     ) -> LeafOutcome:
         """Apply ``changes`` (device -> change of its entry) leaf by leaf, each by
-        compare-and-swap; leaves that grow past the bound are split. ``located`` is where
-        the devices were found already (a walk)."""
+        compare-and-swap; leaves that grow past the bound are split. A leaf takes the
+        changes that keep it within what readers read of a node (``leaf_bytes`` plus
+        :data:`~.index_bounds.ENTRY_ROOM`), the others after its split: a publish of
+        thousands of entries at once into one leaf froze them all in one node readers
+        refused. ``located`` is where the devices were found already (a walk)."""
         out = LeafOutcome()
         if located is None:
             located = self.locate(list(changes), lo, hi)
@@ -291,20 +288,23 @@ class ModelTrie:
                     for node, devs in located.values()
                 }
                 for fut in cf.as_completed(futures):
-                    if fut.result():
-                        moved.append(futures[fut])
+                    if later := fut.result():
+                        moved.append((futures[fut][0], later))
             located = {}
-            for prefix, devs in moved:  # split meanwhile: below it
+            for prefix, devs in moved:  # split since, or by this change: below it
                 depth = len(prefix) + 1
                 for p, (node, ds) in self.locate(devs, depth, depth).items():
                     located.setdefault(p, (node, []))[1].extend(ds)
         return out
 
-    def _update_leaf(self, node: Node, changes: dict[str, Change], out: LeafOutcome) -> bool:
-        """Update one leaf; True when it turned out to be split (look below it)."""
+    def _update_leaf(self, node: Node, changes: dict[str, Change], out: LeafOutcome) -> list[str]:
+        """Update one leaf; returns the devices to look for below it (it turned out to
+        be split, or this update split it before their changes)."""
         prefix = node.prefix
         stats = ObjectStats(self.url(prefix), "leaf", entries=len(changes))
         made: dict[str, tuple[dict[str, Any] | None, dict[str, Any]]] = {}
+        later: list[str] = []  # changes left for after the split this update makes
+        room = self.store.limit(self.url(prefix))[0]  # what readers read of a node
         # The changes of the last write tried: a write whose outcome was unknown and that
         # is found in place on the next read made them (the store says it may have).
         tried: dict[str, tuple[dict[str, Any] | None, dict[str, Any]]] = {}
@@ -315,13 +315,20 @@ class ModelTrie:
                 raise _Moved(current)
             entries = dict(current.entries)
             made.clear()
+            later.clear()
+            size = len(dumps(self.value(prefix, entries, SPLITTING)))
             for device, change in changes.items():
                 old = entries.get(device)
                 new = change(old)
                 if new is None or new == old:
                     continue
+                grown = size + len(dumps(new)) + 1 - (0 if old is None else len(dumps(old)) + 1)
+                if made and grown > room and len(prefix) < 256:
+                    later.append(device)  # past what readers read: after the split
+                    continue
                 entries[device] = new
                 made[device] = (old, new)
+                size = grown
             if made:
                 tried.clear()
                 tried.update(made)
@@ -335,7 +342,7 @@ class ModelTrie:
             if moved.node.kind == SPLITTING:
                 stats.splits += self._settle(moved.node, out)
             _record(out, stats)
-            return True
+            return list(changes)
         if written:
             out_changes = dict(made or tried)
             if value is not None and value.get("state") == SPLITTING:
@@ -345,7 +352,7 @@ class ModelTrie:
             with _LOCK:
                 out.changes.update(out_changes)
         _record(out, stats)
-        return False
+        return list(later)
 
     def _settle(self, node: Node, out: LeafOutcome) -> int:
         """Finish splitting ``node`` (see the module docstring); returns the splits this

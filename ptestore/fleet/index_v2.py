@@ -14,8 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import FormatError, ObjectNotFound
-from .index_bounds import MAX_INDEX_DEPTH, check_root_size
-from .index_store import IndexStore, ObjectStats, read_plain
+from .index_bounds import MAX_INDEX_DEPTH, MAX_ROOT_BYTES, MAX_V2_BYTES, check_root_size, oversize
+from .index_store import IndexStore, ObjectStats
 
 __all__ = [
     "INDEX_FORMAT",
@@ -25,6 +25,7 @@ __all__ = [
     "now",
     "parse_index",
     "publish_v2",
+    "read_plain",
     "update_v2",
 ]
 
@@ -144,3 +145,29 @@ def update_v2(
             store.write(store.root, new, "overwrite")
             stats.written = True
     return list(made), [stats], seen[0], seen[1]
+
+
+def read_plain(store: IndexStore) -> tuple[bytes, str | None]:
+    """The index at ``store.root`` on a store without version tokens (``(b"", None)``
+    when absent; ``"-"`` for its version), at most :data:`MAX_V2_BYTES`, an object larger
+    than a version 3 root only once its first bytes show a version 1/2 index
+    (:mod:`.index_root`)."""
+    from ..storage.loaders import open_loader
+    from ..storage.routing import options_for_loader
+    from .index_root import HEAD_BYTES, check_root_head
+
+    try:
+        loader = open_loader(store.root, **options_for_loader(store.root, store.options, "dst"))
+    except ObjectNotFound:
+        return b"", None
+    try:
+        size = loader.size()
+        if size > MAX_V2_BYTES:
+            raise oversize(store.root, "index", size, MAX_V2_BYTES)
+        if size > MAX_ROOT_BYTES:
+            check_root_head(bytes(loader.load(0, HEAD_BYTES)), size, store.root)
+        data = bytes(loader.load(0, size))
+    finally:
+        loader.close()
+    store.reads.add(len(data))
+    return data, "-"

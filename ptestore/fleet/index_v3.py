@@ -25,8 +25,6 @@ build wins, that build's leaf (:mod:`.index_view`).
 from __future__ import annotations
 
 import concurrent.futures as cf
-import hashlib
-import re
 import secrets
 import threading
 from collections import Counter
@@ -46,7 +44,9 @@ from .index_catalog import (
     needs_rebuild,
     rebuild,
 )
-from .index_store import IndexStore, ObjectStats
+from .index_place import model_segment
+from .index_root import SHARDS
+from .index_store import IndexStore, ObjectStats, dumps
 from .index_trie import Change, ModelTrie, Node
 from .index_v2 import INDEX_FORMAT, now
 
@@ -63,8 +63,6 @@ __all__ = [
 
 DEFAULT_LEAF_BYTES = 16 * 1024
 DEFAULT_LISTED = 8
-_PLAIN = re.compile(r"[A-Za-z0-9._-]{1,100}")
-_SHARDS = re.compile(r"ptestore-index\.v3-[0-9a-f]{8,32}")
 #: Guards the reports the threads of an update fill.
 _LOCK = threading.Lock()
 
@@ -102,22 +100,13 @@ def check_layout(root: dict[str, Any], url: str) -> dict[str, Any]:
     if not isinstance(layout, dict):
         raise FormatError(url, "index layout", layout, "an object")
     shards = layout.get("shards")
-    if not isinstance(shards, str) or not _SHARDS.fullmatch(shards):
+    if not isinstance(shards, str) or not SHARDS.fullmatch(shards):
         raise FormatError(url, "index layout.shards", shards, "ptestore-index.v3-<hex>")
     for name, low, high in (("leaf_bytes", 1024, 1 << 24), ("listed", 1, 1000)):
         value = layout.get(name)
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
             raise FormatError(url, f"index layout.{name}", value, f"an int in [{low}, {high}]")
     return layout
-
-
-def model_segment(model: str) -> str:
-    """The directory of ``model``'s shards: its name and a hash (two names that differ
-    only in letter case stay apart on a case-insensitive disk)."""
-    digest = hashlib.sha256(model.encode()).hexdigest()
-    if _PLAIN.fullmatch(model) and model not in (".", ".."):
-        return f"{model}~{digest[:8]}"
-    return f"~{digest[:16]}"
 
 
 @dataclass
@@ -267,6 +256,12 @@ class ShardedIndex:
         catalog a crashed run left behind)."""
         trie = self.trie(model)
         catalog, version = self.read_catalog(model)
+        if placements:  # a catalog it would make too large to read: before any leaf
+            grown, _ = apply_placements(
+                catalog, model, {d: live_stamps(e) for d, e in placements.items()}, [], self.listed
+            )
+            if grown is not None:
+                self.store.check_size(self.catalog_url(model), dumps(grown))
         lo, hi = depth_range(catalog)
         outcome = trie.update(changes, lo, hi, located=located)
         if made is not None:
@@ -387,7 +382,9 @@ class ShardedIndex:
     def write_static(self, entries: list[dict[str, Any]], models: set[str] | None = None) -> int:
         """Write the tries and catalogs of ``entries`` (of ``models`` only, when given)
         into this index's directory, unconditionally: for a directory no root names yet
-        (a migration). Returns the number of objects written."""
+        (a migration). Returns the number of objects written. An object larger than a
+        reader reads (a catalog past 16 MiB) is a :class:`FormatError` before any is
+        written."""
         by_model: dict[str, dict[str, dict[str, Any]]] = {}
         for e in entries:
             if models is None or e["model"] in models:
@@ -399,6 +396,8 @@ class ShardedIndex:
             objects += [(trie.url(p), v) for p, v in nodes]
             catalog = rebuild(model, group.values(), leaves, self.listed)
             objects.append((self.catalog_url(model), catalog))
+        for url, value in objects:  # every one readable, before any is written
+            self.store.check_size(url, dumps(value))
         with cf.ThreadPoolExecutor(max_workers=16) as pool:
             list(pool.map(lambda o: self.store.write(o[0], o[1], "overwrite"), objects))
         return len(objects)

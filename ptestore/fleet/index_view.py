@@ -50,6 +50,13 @@ class ModelView:
     sharded: ShardedIndex | None = None
     depths: tuple[int, int] = (0, 0)
     stand_ins: set[int] = field(default_factory=set)
+    #: The URL of the leaf each device's whole entry was read from (a sharded index).
+    leaves: dict[str, str] = field(default_factory=dict)
+
+    def source(self, entry: dict[str, Any], index: str) -> str:
+        """Where ``entry`` was read: its leaf, else ``index`` (the index's URL, or how
+        an index given as a dict is named)."""
+        return self.leaves.get(str(entry.get("device")), index)
 
     def resolve(self, entry: dict[str, Any]) -> dict[str, Any] | None:
         """The whole entry ``entry`` stands for: itself, or, for a stand-in, the entry
@@ -57,7 +64,8 @@ class ModelView:
         since the catalog was read)."""
         if id(entry) not in self.stand_ins or self.sharded is None:
             return entry
-        found = self.sharded.trie(self.model).lookup(str(entry["device"]), *self.depths)
+        found, leaf = self.sharded.trie(self.model).find(str(entry["device"]), *self.depths)
+        self.leaves[str(entry["device"])] = leaf
         stamps = live_stamps(found)
         if (
             found is None
@@ -113,11 +121,12 @@ def model_view(
         return view
     catalog, _ = sharded.read_catalog(model)
     depths = depth_range(catalog)
-    own = sharded.trie(model).lookup(device, *depths)
+    own, leaf = sharded.trie(model).find(device, *depths)
     entries: list[dict[str, Any]] = []
     if own is not None and not own.get("retired"):
         entries.append(own)
     view = ModelView(model, entries, reads=store.reads, sharded=sharded, depths=depths)
+    view.leaves[device] = leaf
     for cls in (catalog or {}).get("classes", []):
         for name in cls["devices"]:
             if name == device:

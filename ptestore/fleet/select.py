@@ -293,10 +293,13 @@ def select(
     where = "<index>" if isinstance(index, dict) else os.fspath(index)
     if isinstance(device, str):
         own = next((e for e in entries if e.get("device") == device), None)
-        options = _checked(own, where).get("device_options") if own is not None else None
+        mine = None if own is None else _checked(own, view.source(own, where))
+        options = None if mine is None else mine.get("device_options")
         device = DeviceProfile(device, options or {})
     raters = _Raters()
-    rated = [(e, *_rate(_checked(e, where), device, raters, by_name)) for e in entries]
+    rated = [
+        (e, *_rate(_checked(e, view.source(e, where)), device, raters, by_name)) for e in entries
+    ]
     candidates = [
         {"made_for": e.get("device"), "rating": r, "eligible": ok, "reason": why}
         for e, r, why, ok in rated
@@ -307,7 +310,7 @@ def select(
     fits.sort(key=lambda x: (-_RANK[x[1]], not _own(x[0], device, by_name)))
     for e, rating, why, _ in fits:
         full = view.resolve(e)
-        full = None if full is None else _checked(full, where, "pte", "ptd")
+        full = None if full is None else _checked(full, view.source(full, where), "pte", "ptd")
         if full is None:  # changed since the catalog was read: the next best
             c = candidates[position[id(e)]]
             c["eligible"] = False
@@ -336,7 +339,7 @@ def select(
             f"run again, and if it persists, repair it: ptestore fleet check-index {where} "
             "--repair"
         )
-    _checked(first, where, "source", "ptd_source")
+    _checked(first, view.source(first, where), "source", "ptd_source")
     why_not = "; ".join(f"{c['made_for']}: {c['reason']}" for c in candidates)
     return Choice(
         model,

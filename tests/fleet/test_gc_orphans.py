@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -320,7 +321,10 @@ def test_a_relative_destination_is_indexed_absolute_and_a_relative_url_stops_gc(
     report = _gc([str(out), "--grace", "60s"], capsys)
     assert "d0/mlp.pte" not in _actions(report, str(out) + "/")
     assert pte.exists()
-    # An index an earlier ptestore wrote from ``work``: its URLs relative to it.
+    # An index an earlier ptestore wrote from ``work``: its URLs relative to it (and
+    # no version 3 shards beside it, which would say it was written over a migrated one).
+    for shards in out.glob("ptestore-index.v3-*"):
+        shutil.rmtree(shards)
     entry["pte"]["url"] = "out/d0/mlp.pte"
     index.write_text(json.dumps({"format": "ptestore.index", "version": 2, "entries": [entry]}))
     report = _gc([str(out), "--grace", "60s"], capsys, code=1)

@@ -82,12 +82,14 @@ def _each_entry(field: str, value: Any) -> Callable[[dict[str, Any]], None]:
 def test_an_entry_field_select_uses_is_checked(
     tmp_path: Path, field: str, value: Any, device: str, message: str
 ) -> None:
+    """Named by the leaf that holds the entry (they named the index's root, which holds
+    no entry), whether the entry is the device's own or another's read for its build."""
     url, mdir = _index(tmp_path)
     _edit(mdir / "t.json", _each_entry(field, value))
     profile = DeviceProfile(device, {"soc": "nope"})  # "zz": nothing fits, the source
     with pytest.raises(FormatError) as caught:
         select(url, "m", profile if device == "zz" else device)
-    assert str(caught.value) == f"{url}: {message}"
+    assert str(caught.value) == f"{mdir / 't.json'}: {message}"
 
 
 def test_an_entry_of_a_version_2_index_is_checked(tmp_path: Path) -> None:
@@ -188,12 +190,15 @@ def test_a_split_marker_at_the_last_depth_is_refused() -> None:
 _DEEP = b"[" * 100_000 + b"]" * 100_000
 
 
-@pytest.mark.parametrize("what", ["root", "catalog", "leaf"])
+@pytest.mark.parametrize("what", ["root", "catalog", "leaf", "large root"])
 def test_json_nested_too_deeply_is_a_format_error(tmp_path: Path, what: str) -> None:
-    """``[[[...]]]`` escaped as a RecursionError from every reader and writer."""
+    """``[[[...]]]`` escaped as a RecursionError from every reader and writer. At the
+    root URL, text past a version 3 root's bound whose first 64 KiB are no version 1/2
+    index is refused from them, unread further."""
     url, mdir = _index(tmp_path)
-    target = {"root": Path(url), "catalog": mdir / "catalog.json", "leaf": mdir / "t.json"}[what]
-    target.write_bytes(_DEEP)
+    target = {"catalog": mdir / "catalog.json", "leaf": mdir / "t.json"}.get(what, Path(url))
+    deep = b"[" * 30_000 + b"]" * 30_000 if what == "root" else _DEEP
+    target.write_bytes(deep)
     calls: list[Callable[[], object]] = [
         lambda: select(url, "m", "a"),
         lambda: find_entry(url, "m", "a"),
@@ -203,8 +208,12 @@ def test_json_nested_too_deeply_is_a_format_error(tmp_path: Path, what: str) -> 
         with pytest.raises(FormatError) as caught:
             call()
         assert str(caught.value) == (
-            f"{target}: index (nesting depth) = 100000: must be <= 64 levels of arrays and "
-            "objects"
+            f"{target}: index size = 200000: must be at most 65536 bytes (a version 3 root; "
+            "its first 65536 bytes show no version 1 or 2 index, neither a version nor "
+            "entries: not read further)"
+            if what == "large root"
+            else f"{target}: index (nesting depth) = {len(deep) // 2}: must be <= 64 levels "
+            "of arrays and objects"
         )
 
 
@@ -247,7 +256,8 @@ def _pad(path: Path, size: int, text: str) -> None:
         (
             "root",
             (64 << 10) + 1,
-            "index size = 65537: must be at most 65536 bytes (a version 3 root)",
+            "index size = 65537: must be at most 65536 bytes (a version 3 root: not read past "
+            "its first 65536 bytes)",
         ),
         (
             "catalog",

@@ -387,7 +387,7 @@ def test_index_errors_name_the_object_the_field_and_the_limit(tmp_path: Path) ->
     model_dir = tmp_path / root["layout"]["shards"] / "m" / model_segment("m")
     leaf = model_dir / "t.json"
     good = leaf.read_text()
-    leaf.write_text(good.replace('"model":"m"', '"model":"other"'))
+    leaf.write_text(good.replace('"model":"m","device"', '"model":"other","device"'))
     with pytest.raises(FormatError) as bad:
         select(url, "m", "a")
     assert str(bad.value) == f"{leaf}: index shard entry model = 'other': must be 'm'"
