@@ -242,7 +242,6 @@ def with_packed_weights(
                 source = "index"
             try:
                 if found is None:
-                    source = "made"
                     found = make_cache(
                         artifact.pte,
                         ptd=artifact.ptd,
@@ -253,6 +252,9 @@ def with_packed_weights(
                         timeout=DEFAULT_TIMEOUT if timeout is None else timeout,
                         retry_refused=retry,
                     )
+                    # made now, or found: another process made it while this one waited
+                    # for the entry's lock (its xnnpack.json then not yet read here)
+                    source = "made" if found.made else "found"
             except PackedWeightsRefused as exc:
                 from .._log import get_logger
 

@@ -1,16 +1,27 @@
 """A packed-weight file made elsewhere (by a fleet's worker with this CPU and this
 ExecuTorch build) installed as this machine's file for an artifact.
 
-:func:`adopt_cache` checks the file as if it had been made here, before anything could
-hand it out: the identity it was made for is this artifact's, this runtime's and this
-CPU's (a file for another one is refused, naming the fields that differ); its size and
-SHA-256 are the ones its maker recorded; its index parses (footer, bounds, no overlap),
-names only the artifact's XNNPACK keys and has an entry for every weight XNNPACK packs.
-Only then is it published in ``directory`` under the maker's lock exactly as
-:func:`~ptestore.xnnpack.make_cache` publishes a file it made (read-only, fsync, rename,
-then the record), so :func:`~ptestore.xnnpack.find_cache` and
-:func:`~ptestore.xnnpack.verify_cache` treat it as any other. A verified file already
-there is kept (the offered one is removed).
+:func:`adopt_cache` checks the file before anything could hand it out: the identity it
+was made for is this artifact's, this runtime's and this CPU's (a file for another one is
+refused, naming the fields that differ); its size and SHA-256 are the ones its maker
+recorded; its index parses (footer, bounds, no overlap), names only the artifact's
+XNNPACK keys and has an entry for every weight XNNPACK packs. Only then is it published
+in ``directory`` under the maker's lock exactly as :func:`~ptestore.xnnpack.make_cache`
+publishes a file it made (read-only, fsync, rename, then the record), so
+:func:`~ptestore.xnnpack.find_cache` and :func:`~ptestore.xnnpack.verify_cache` treat it
+as any other. A verified file already there is kept (the offered one is removed).
+
+What it does not check is what only the runtime can: a file made here is also loaded by
+the runtime in a child process and its outputs compared with a load without it; an
+adopted one is not run here. Its bytes are the maker's (the SHA-256 its maker recorded,
+which the fleet's index names), and the fleet's maker ran those checks on a machine with
+this CPU and build; but XNNPACK reads each packed weight at the size its kernels expect,
+which no entry records (the runtime checks an entry's bounds, not its size), so a file
+forged with matching digests (by whoever can write the index and the store) can make the
+runtime read out of bounds and crash the process that loads it. That is the trust the
+artifact from the same index already needs (a forged ``.pte`` runs in that process too):
+adopt files from where the artifact comes from, and make one here
+(:func:`~ptestore.xnnpack.make_cache`) for anything less trusted.
 """
 
 from __future__ import annotations
@@ -25,6 +36,7 @@ from ..storage.flock import locked
 from .digests import artifact_digests, remember
 from .identity import Identity, file_sha256
 from .native import executorch_build
+from .pinned import PinnedArtifact
 from .record import (
     CacheFile,
     PathLike,
@@ -67,13 +79,44 @@ def adopt_cache(
     ``installed_for``: the ``.pte``'s absolute path, named in the file's record (see
     :mod:`.users`: a newer file installed for it later removes this one).
 
-    Raises :class:`IntegrityError` (the file is removed) when a check fails."""
+    Raises :class:`IntegrityError` (the file is removed) when a check fails. The runtime
+    does not load it here: see the module's description for what that leaves to trust."""
+    tmp = Path(file)
+    directory = Path(directory).absolute()
+    # the keys checked are those of the bytes hashed for the identity (.pinned)
+    with PinnedArtifact(pte, ptd) as artifact:
+        return _adopt(
+            tmp,
+            artifact,
+            directory,
+            made_for,
+            size,
+            sha256,
+            pte_sha256,
+            ptd_sha256,
+            what or str(tmp),
+            hashed,
+            installed_for,
+        )
+
+
+def _adopt(
+    tmp: Path,
+    artifact: PinnedArtifact,
+    directory: Path,
+    made_for: dict[str, Any],
+    size: int,
+    sha256: str,
+    pte_sha256: str | None,
+    ptd_sha256: str | None,
+    name: str,
+    hashed: bool,
+    installed_for: str | None,
+) -> CacheFile:
     from .cache import artifact_weights
 
-    tmp = Path(file)
-    name = what or str(tmp)
-    directory = Path(directory).absolute()
-    digests = artifact_digests(pte, ptd, pte_sha256, ptd_sha256)
+    pte, ptd = artifact.pte, artifact.ptd
+    digests = artifact_digests(pte, ptd, pte_sha256, ptd_sha256, pinned=artifact)
     assert digests is not None  # hashed when not given
     identity = Identity.of(digests.pte, digests.ptd, executorch_build())
 
@@ -91,13 +134,13 @@ def adopt_cache(
     digest = sha256 if hashed else file_sha256(tmp)
     if digest != sha256:
         raise refuse(f"SHA-256 {digest}, its maker recorded {sha256}")
-    keys, weights = artifact_weights(pte)
+    keys, weights = artifact_weights(artifact.pte_path, name=pte)
     try:
         entries = parse_file(tmp)
         check_names(entries, keys, name)
         check_coverage(entries, weights, name)
     except FormatError as exc:
-        raise refuse(f"not a packed-weight file for {os.fspath(pte)}: {exc}") from None
+        raise refuse(f"not a packed-weight file for {pte}: {exc}") from None
     path, record_path, lock_path, _ = paths(directory, identity)
     # Read-only only under the lock, just before it is published: a process killed while
     # it waits for the lock leaves its download writable, so the next one resumes it.

@@ -9,11 +9,14 @@ One file per identity (:mod:`.identity`) in a directory, beside it a record and 
 
 :func:`make_cache` (under the lock): a verified file is returned as is; anything else
 under the name (missing, corrupt, stale, half made by a killed maker) is removed and made
-again. Making runs the stock runtime in a child process twice: once loading every method
-without the cache (the reference) and then with the cache at a private temporary path,
-and once more in a fresh child with the finished file; the file must parse (footer,
-index in bounds, entry names made of the artifact's XNNPACK keys) before any runtime is
-pointed at it, and every output of every method must equal the reference bit for bit.
+again. The ``.pte`` and ``.ptd`` are opened once (:mod:`.pinned`): hashed for the
+identity, parsed and run by the children through those inodes, so the file is the
+packed weights of the bytes its identity names. Making runs the stock runtime in a child
+process twice: once loading every method without the cache (the reference) and then
+with the cache at a private temporary path, and once more in a fresh child with the
+finished file; the file must parse (footer, index in bounds, entry names made of the
+artifact's XNNPACK keys) before any runtime is pointed at it, and every output of every
+method must equal the reference bit for bit.
 Only then is it published: fsync, 0444, rename into the directory, then the record the
 same way (the record is what makes a file findable), through
 :mod:`ptestore.storage.atomic`. :func:`find_cache` and :func:`verify_cache` hand a file
@@ -43,6 +46,7 @@ from ..storage.flock import locked
 from .digests import artifact_digests, memo_of, remember, remember_quietly, remembered_in
 from .identity import Identity, file_sha256
 from .native import ExecutorchBuild, Shim, build_shim, executorch_build
+from .pinned import PinnedArtifact
 from .record import (
     RECORD_FORMAT,
     CacheFile,
@@ -80,14 +84,19 @@ def artifact_keys(pte: PathLike) -> set[str]:
     return artifact_weights(pte)[0]
 
 
-def artifact_weights(pte: PathLike) -> tuple[set[str], list[PackedWeight]]:
+def artifact_weights(
+    pte: PathLike, *, name: str | None = None
+) -> tuple[set[str], list[PackedWeight]]:
     """The named-data keys the XNNPACK delegate graphs of a .pte refer to, and the
-    weights they have XNNPACK pack at load time (each needs an entry in the file)."""
+    weights they have XNNPACK pack at load time (each needs an entry in the file).
+    ``name``: the file's name in errors (default: ``pte``)."""
     from ..format.reader import read_container
     from ..format.tensors import xnnpack_packed_weights, xnnpack_tensors
     from ..storage.loaders import LocalFileLoader
 
     loader = LocalFileLoader(os.fspath(pte))
+    if name is not None:
+        loader.name = name
     try:
         parsed = read_container(loader)
         keys = {key for key, _ in xnnpack_tensors(parsed, loader)}
@@ -113,6 +122,20 @@ def verify_cache(
     (device, inode, size, mtime, ctime as recorded); any other file is hashed. So is the
     artifact's, taken from the record while the ``.pte`` and ``.ptd`` are unchanged
     since they were hashed for it (:mod:`.digests`)."""
+    with PinnedArtifact(pte, ptd) as artifact:
+        return verify_pinned(path, artifact, pte_sha256, ptd_sha256, full)
+
+
+def verify_pinned(
+    path: PathLike,
+    artifact: PinnedArtifact,
+    pte_sha256: str | None,
+    ptd_sha256: str | None,
+    full: bool,
+) -> CacheFile:
+    """:func:`verify_cache` of the artifact held open (:mod:`.pinned`): its files are
+    hashed through the inodes held (:func:`~ptestore.xnnpack.load` then hands the runtime
+    the same ones)."""
     build = executorch_build()
     p = Path(path)
     record_path = p.with_name(p.name + ".json")
@@ -122,7 +145,10 @@ def verify_cache(
         raise IntegrityError(
             f"{p}: no record beside it ({record_path.name})", published=False
         ) from None
-    digests = artifact_digests(pte, ptd, pte_sha256, ptd_sha256, None if full else memo_of(record))
+    memo = None if full else memo_of(record)
+    digests = artifact_digests(
+        artifact.pte, artifact.ptd, pte_sha256, ptd_sha256, memo, pinned=artifact
+    )
     assert digests is not None  # hashed when not known
     verified = check_file(p, record, Identity.of(digests.pte, digests.ptd, build), full)
     remember_quietly(record_path, digests.learned)
@@ -231,7 +257,8 @@ def make_cache(
     anything (``retry_refused=True`` tries again), unless it may pass (``transient``: a
     timeout, a kill from outside, an exit without the child's reason; see
     :mod:`.refusal`). ``timeout``: seconds for each child (None: no limit);
-    ``full``: as for :func:`verify_cache`, for a file found."""
+    ``full``: as for :func:`verify_cache`, for a file found. An artifact written in
+    place while it was made is :class:`IntegrityError` (nothing published)."""
     started = time.perf_counter()
     shim = build_shim()
     directory = Path(directory).absolute()
@@ -240,11 +267,31 @@ def make_cache(
         quick = _remembered(pte, ptd, directory, pte_sha256, ptd_sha256, shim.build)
         if quick is not None:
             return quick
-    digests = artifact_digests(pte, ptd, pte_sha256, ptd_sha256)
+    # Opened once: hashed, parsed and run through these inodes (see .pinned), so the
+    # file made is the packed weights of the bytes its identity names.
+    with PinnedArtifact(pte, ptd) as pinned:
+        return _found_or_made(
+            pinned, pte_sha256, ptd_sha256, directory, shim, timeout, retry_refused, full, started
+        )
+
+
+def _found_or_made(
+    pinned: PinnedArtifact,
+    pte_sha256: str | None,
+    ptd_sha256: str | None,
+    directory: Path,
+    shim: Shim,
+    timeout: float | None,
+    retry_refused: bool,
+    full: bool,
+    started: float,
+) -> CacheFile:
+    pte, ptd = pinned.pte, pinned.ptd
+    digests = artifact_digests(pte, ptd, pte_sha256, ptd_sha256, pinned=pinned)
     assert digests is not None  # hashed when not known
     identity = Identity.of(digests.pte, digests.ptd, shim.build)
     path, record_path, lock_path, refused_path = paths(directory, identity)
-    artifact = os.fspath(pte) if ptd is None else f"{os.fspath(pte)} (+ {os.fspath(ptd)})"
+    artifact = pte if ptd is None else f"{pte} (+ {ptd})"
     with locked(lock_path):
         found = found_checked(path, record_path, identity, full)
         if found is not None:
@@ -257,7 +304,7 @@ def make_cache(
         remove_stale(directory, identity)
         remove_abandoned(directory, identity.name)  # killed makers' of other identities
         try:
-            made = _make(pte, ptd, shim, identity, directory, artifact, timeout, digests.learned)
+            made = _make(pinned, shim, identity, directory, artifact, timeout, digests.learned)
         except PackedWeightsRefused as exc:
             if not exc.transient:  # one that may pass is tried again next time
                 write_refusal(refused_path, identity, exc)
@@ -277,8 +324,7 @@ def make_cache(
 
 
 def _make(
-    pte: PathLike,
-    ptd: PathLike | None,
+    pinned: PinnedArtifact,
     shim: Shim,
     identity: Identity,
     directory: Path,
@@ -286,7 +332,7 @@ def _make(
     timeout: float | None,
     learned: dict[str, Any],
 ) -> CacheFile:
-    keys, weights = artifact_weights(pte)
+    keys, weights = artifact_weights(pinned.pte_path, name=pinned.pte)
     if not keys:
         raise PackedWeightsRefused(
             artifact, "it has no XNNPACK delegate with named weights (nothing to pack)"
@@ -303,8 +349,9 @@ def _make(
         base = {
             "shim": str(shim.path),
             "runtime": str(shim.build.runtime_library),
-            "pte": os.path.abspath(os.fspath(pte)),
-            "ptd": None if ptd is None else os.path.abspath(os.fspath(ptd)),
+            # the inodes hashed for the identity, inherited by the child (pass_fds)
+            "pte": pinned.pte_path,
+            "ptd": pinned.ptd_path,
             "out": str(work),
         }
         maker = ChildRun(work, "make")
@@ -320,6 +367,7 @@ def _make(
             "while making the packed-weight file",
             timeout,
             made=(tmp_file,),
+            pass_fds=pinned.fds,
         )
         if _report(work, "made")["loads_with_options"] < 1:
             raise ConfigurationError(
@@ -354,6 +402,7 @@ def _make(
             artifact,
             "while loading with the finished file",
             timeout,
+            pass_fds=pinned.fds,
         )
         # Loaded from the file: the child saw it mapped while its methods lived, and
         # nothing rewrote it (a repack into it truncates it first).
@@ -382,6 +431,7 @@ def _make(
             )
         if tmp_file.stat().st_size != size or file_sha256(tmp_file) != digest:
             raise PackedWeightsRefused(artifact, "the runtime changed the file while loading it")
+        pinned.check_unchanged(identity.pte_sha256, identity.ptd_sha256)
         # The large file is published as the runtime wrote it (0444 already).
         made = publish_file(tmp_file, directory, identity, size, digest, len(entries), learned)
     except StorageError:
@@ -391,3 +441,4 @@ def _make(
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return made
+

@@ -49,6 +49,8 @@ def open_shim(shim: str, runtime: str) -> Any:
     lib.ptestore_xnn_set_runtime.restype = ctypes.c_int
     lib.ptestore_xnn_count.argtypes = [ctypes.c_int]
     lib.ptestore_xnn_count.restype = ctypes.c_long
+    lib.ptestore_xnn_max_path.restype = ctypes.c_long
+    lib.ptestore_xnn_configs.restype = ctypes.c_long
     if lib.ptestore_xnn_set_runtime(runtime.encode()) != 0:
         raise ProbeError(f"{runtime}: path too long for the shim")
     return lib

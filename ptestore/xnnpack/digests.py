@@ -34,13 +34,16 @@ import re
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._dataclass import dataclass
 from ..errors import ObjectNotFound, PteStoreError
 from ..storage.flock import locked
 from .identity import file_sha256
 from .record import PathLike, publish_read_only, read_record, stamp
+
+if TYPE_CHECKING:
+    from .pinned import PinnedArtifact
 
 __all__ = [
     "MEMO",
@@ -109,7 +112,7 @@ def _racy(at: dict[str, int], started_ns: int) -> bool:
     return started_ns - changed < (RACY_COARSE_NS if coarse else RACY_NS)
 
 
-def _remembered(memo: Mapping[str, Any], path: PathLike) -> str | None:
+def _remembered(memo: Mapping[str, Any], path: PathLike, read: PathLike) -> str | None:
     entry = memo.get(os.path.abspath(os.fspath(path)))
     if not isinstance(entry, dict):
         return None
@@ -117,20 +120,20 @@ def _remembered(memo: Mapping[str, Any], path: PathLike) -> str | None:
     if not isinstance(digest, str) or not _HEX64.fullmatch(digest):
         return None
     try:
-        now, ends = _look(path)
+        now, ends = _look(read)
     except OSError:
         return None
     return digest if (entry.get("stamp"), entry.get("ends")) == (now, ends) else None
 
 
-def _hashed(path: PathLike, learned: dict[str, dict[str, Any]]) -> str:
+def _hashed(path: PathLike, learned: dict[str, dict[str, Any]], read: PathLike) -> str:
     started = now_ns()
     try:
-        before = _look(path)
+        before = _look(read)
     except FileNotFoundError:
         raise ObjectNotFound(f"{os.fspath(path)}: no such file (the artifact)") from None
-    digest = file_sha256(path)
-    after = _look(path)
+    digest = file_sha256(read)
+    after = _look(read)
     if before == after and not _racy(after[0], started):
         key = os.path.abspath(os.fspath(path))
         learned[key] = {"sha256": digest, "stamp": after[0], "ends": after[1]}
@@ -154,23 +157,28 @@ def artifact_digests(
     memo: Mapping[str, Any] | None = None,
     *,
     hash_missing: bool = True,
+    pinned: PinnedArtifact | None = None,
 ) -> ArtifactDigests | None:
     """The artifact's digests: given, else remembered in ``memo`` for its current stamp,
-    else (``hash_missing``) hashed now; None when one is missing and not hashed."""
+    else (``hash_missing``) hashed now; None when one is missing and not hashed.
+    ``pinned``: the artifact held open (:mod:`.pinned`, the same ``pte`` and ``ptd``):
+    its files are looked at and hashed through the inodes held, not their paths."""
     memo = memo or {}
     learned: dict[str, dict[str, Any]] = {}
-    pte_digest = pte_sha256 or _remembered(memo, pte)
+    pte_read = pte if pinned is None else pinned.pte_path
+    pte_digest = pte_sha256 or _remembered(memo, pte, pte_read)
     if pte_digest is None:
         if not hash_missing:
             return None
-        pte_digest = _hashed(pte, learned)
+        pte_digest = _hashed(pte, learned, pte_read)
     ptd_digest = None
     if ptd is not None:
-        ptd_digest = ptd_sha256 or _remembered(memo, ptd)
+        ptd_read = ptd if pinned is None or pinned.ptd_path is None else pinned.ptd_path
+        ptd_digest = ptd_sha256 or _remembered(memo, ptd, ptd_read)
         if ptd_digest is None:
             if not hash_missing:
                 return None
-            ptd_digest = _hashed(ptd, learned)
+            ptd_digest = _hashed(ptd, learned, ptd_read)
     return ArtifactDigests(pte_digest, ptd_digest, learned)
 
 

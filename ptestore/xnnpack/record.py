@@ -16,6 +16,7 @@ import json
 import mmap
 import os
 import shutil
+import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -119,7 +120,8 @@ def stamp(st: os.stat_result) -> dict[str, int]:
 def check_file(
     path: Path, record: dict[str, Any], identity: Identity, full: bool = True
 ) -> CacheFile:
-    """The checks before a file is handed out; raises what is wrong. ``full=False``
+    """The checks before a file is handed out; raises what is wrong (a symbolic link at
+    ``path`` included: it is not followed). ``full=False``
     skips the SHA-256 when the file is still the inode published with the record, never
     changed since (device, inode, size, mtime and ctime as recorded: any write, chmod,
     copy or replacement changes one of them)."""
@@ -137,9 +139,15 @@ def check_file(
         )
     size, digest = record.get("size"), record.get("sha256")
     try:
-        st = path.stat()
+        st = path.lstat()
     except FileNotFoundError:
         raise IntegrityError(f"{source}: recorded but missing", published=False) from None
+    if stat.S_ISLNK(st.st_mode):  # load() opens it without following: refused everywhere
+        raise IntegrityError(
+            f"{source}: a symbolic link; a packed-weight file is handed out only as the "
+            "file itself (give its real path)",
+            published=False,
+        )
     if st.st_size != size:
         raise IntegrityError(f"{source}: size {st.st_size} != recorded {size}", published=False)
     if st.st_mode & 0o222:

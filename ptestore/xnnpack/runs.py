@@ -60,6 +60,7 @@ class ChildRun:
         self.work = work
         self.tag = tag
         self.stderr_path = work / f"{tag}.stderr"
+        self.pass_fds: tuple[int, ...] = ()
 
     def run(
         self,
@@ -68,12 +69,16 @@ class ChildRun:
         what: str,
         timeout: float | None,
         made: tuple[Path, ...] = (),
+        pass_fds: tuple[int, ...] = (),
     ) -> None:
         """Run the child on ``req``; raises :class:`PackedWeightsRefused` when it fails.
+        ``pass_fds``: descriptors the child inherits at the same numbers (the artifact
+        held open, named ``/proc/self/fd/N`` in ``req``: :mod:`.pinned`).
 
         An abort (SIGABRT) whose messages name no allocation failure runs the child once
         more (``made``, the files it writes, removed first): only a second abort is
         deterministic (:mod:`.refusal`)."""
+        self.pass_fds = pass_fds
         rc = self._once(req, artifact, what, timeout)
         if rc == -signal.SIGABRT and not out_of_memory(self.stderr()):
             for path in (*made, self.work / "error.json"):
@@ -121,6 +126,7 @@ class ChildRun:
                     env=env,
                     timeout=timeout,
                     check=False,
+                    pass_fds=self.pass_fds,
                 )
             except subprocess.TimeoutExpired:
                 raise PackedWeightsRefused(

@@ -23,7 +23,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
+#include <string>
 
 namespace et = ::executorch::runtime;
 
@@ -35,17 +37,24 @@ constexpr char kXnnpackBackendId[] = "XnnpackBackend";
 constexpr char kWeightCacheKey[] = "weight_cache_enabled";
 constexpr char kPackedPathKey[] = "packed_cache_path";
 
-// One configuration: its options must outlive every method loaded with it (the runtime
-// keeps no copy), so a configuration is never freed; a new path makes a new one.
+// One configuration per path: its options must outlive every method loaded with it (the
+// runtime keeps no copy), so a configuration is never freed; configuring a path again
+// reuses its configuration (memory bounded by the distinct paths, not by the calls).
 struct Config {
   et::BackendOptions<2> options;
   et::LoadBackendOptionsMap map;  // XNNPACK's options alone, for callers that pass none
 };
 
-std::mutex g_mutex;
-Config* g_config = nullptr;  // null: loads pass through unchanged
+std::mutex g_mutex;  // guards g_configs and g_runtime
+std::map<std::string, Config*> g_configs;
+// The configuration of the loads that follow in this thread (null: they pass through
+// unchanged). Per thread: a method loaded meanwhile by another thread (plain bindings,
+// another program) never gets this path.
+thread_local Config* t_config = nullptr;
 std::atomic<long> g_seen{0};  // load_method calls that went through this shim
 std::atomic<long> g_added{0};  // of those, the ones given the XNNPACK options
+thread_local long t_seen = 0;  // the same two, of the calling thread's loads
+thread_local long t_added = 0;
 
 using LoadMethodFn = et::Result<et::Method> (*)(
     const et::Program*,
@@ -89,17 +98,23 @@ LoadMethodFn next_load_method() {
 
 extern "C" {
 
-// Configure the packed-weight cache for the loads that follow: a path enables it there,
-// null or "" turns it off. Returns 0, or -1 when the path does not fit the runtime's
-// option value (kMaxOptionValueLength - 1 bytes).
+// Configure the packed-weight cache for the loads that follow in the calling thread: a
+// path enables it there, null or "" turns it off. Returns 0, or -1 when the path does not
+// fit the runtime's option value (kMaxOptionValueLength - 1 bytes); the configuration
+// is then off.
 __attribute__((visibility("default"))) int ptestore_xnn_configure(const char* path) {
-  std::lock_guard<std::mutex> lock(g_mutex);
+  t_config = nullptr;
   if (path == nullptr || path[0] == '\0') {
-    g_config = nullptr;
     return 0;
   }
   if (std::strlen(path) >= et::kMaxOptionValueLength) {
     return -1;
+  }
+  std::lock_guard<std::mutex> lock(g_mutex);
+  auto found = g_configs.find(path);
+  if (found != g_configs.end()) {
+    t_config = found->second;
+    return 0;
   }
   Config* config = new Config();
   if (config->options.set_option(kWeightCacheKey, true) != et::Error::Ok ||
@@ -108,8 +123,15 @@ __attribute__((visibility("default"))) int ptestore_xnn_configure(const char* pa
     delete config;
     return -1;
   }
-  g_config = config;
+  g_configs.emplace(path, config);
+  t_config = config;
   return 0;
+}
+
+// How many distinct paths have a configuration (each kept for the process's life).
+__attribute__((visibility("default"))) long ptestore_xnn_configs() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return static_cast<long>(g_configs.size());
 }
 
 // Name the bindings' extension (its path) whose Program::load_method this library
@@ -129,9 +151,19 @@ __attribute__((visibility("default"))) long ptestore_xnn_max_path() {
 }
 
 // How many load_method calls went through the shim (which = 0) and how many of them
-// were given the XNNPACK options (which = 1): proof that the interposition holds.
+// were given the XNNPACK options (which = 1): proof that the interposition holds. The
+// same of the calling thread's loads alone: which = 2 and 3.
 __attribute__((visibility("default"))) long ptestore_xnn_count(int which) {
-  return which == 0 ? g_seen.load() : g_added.load();
+  switch (which) {
+    case 0:
+      return g_seen.load();
+    case 1:
+      return g_added.load();
+    case 2:
+      return t_seen;
+    default:
+      return t_added;
+  }
 }
 
 }  // extern "C"
@@ -154,11 +186,8 @@ __attribute__((visibility("default"))) Result<Method> Program::load_method(
     const LoadBackendOptionsMap* backend_options,
     Span<const Kernel> kernels) const {
   g_seen.fetch_add(1);
-  Config* config;
-  {
-    std::lock_guard<std::mutex> lock(g_mutex);
-    config = g_config;
-  }
+  ++t_seen;
+  Config* config = t_config;
   if (config == nullptr || (backend_options != nullptr &&
                             backend_options->has_options(kXnnpackBackendId))) {
     // Off, or the caller chose XNNPACK's options itself: leave them alone.
@@ -167,6 +196,7 @@ __attribute__((visibility("default"))) Result<Method> Program::load_method(
         backend_options, kernels);
   }
   g_added.fetch_add(1);
+  ++t_added;
   if (backend_options == nullptr) {  // the bindings' case: the configuration's own map
     return next_load_method()(
         this, method_name, memory_manager, event_tracer, named_data_map, &config->map,

@@ -214,3 +214,20 @@ def test_a_digest_memo_for_a_removed_record_leaves_nothing_behind(tmp_path: Path
         remember_quietly(record, learned)
     assert json.loads(record.read_text()) == {"format": "ptestore-xnnpack-cache/1"}
     assert sorted(p.name for p in tmp_path.iterdir()) == [record.name]  # no lock left
+
+
+def test_a_file_another_process_made_meanwhile_is_reported_found(tmp_path: Path) -> None:
+    """Two ``ensure --xnnpack-cache`` at once: both look under the entry's shared lock and
+    find none; one makes the file, the other waits for the exclusive lock, and its
+    make_cache finds that file (made=False). It said ``xnnpack_from="made"``. The state
+    it finds is set up here directly: the file made in the entry by another caller, and
+    not yet looked up through the entry's digests."""
+    from ptestore.xnnpack import make_cache
+
+    cache_dir = tmp_path / "cache"
+    plain = ensure(MLP, cache_dir=cache_dir)  # the entry, no packed-weight file yet
+    other = make_cache(plain.pte, directory=Path(plain.pte).parent)  # the other caller's
+    assert other.made
+    second = ensure(MLP, cache_dir=cache_dir, xnnpack_cache=True)
+    assert second.xnnpack_cache == str(other.path)
+    assert second.xnnpack_from == "found"

@@ -17,7 +17,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-__all__ = ["REPO", "env", "flip", "fresh_load"]
+__all__ = ["REPO", "env", "flip", "fresh_load", "rewrite_weights"]
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -92,3 +92,23 @@ def flip(path: str | os.PathLike[str], offset: int = 100) -> None:
         f.seek(offset)
         f.write(bytes([b[0] ^ 0x40]))
     os.chmod(path, 0o444)
+
+
+def rewrite_weights(src: Path, dst: Path, *, pte: Path | None = None) -> None:
+    """``dst``: ``src`` with every XNNPACK weight's bytes changed and the keys kept, as
+    ``write_named_data(key, ...)`` leaves them (the stale-weights hazard). ``src`` is a
+    ``.pte``, or the ``.ptd`` of ``pte``."""
+    import numpy as np
+
+    from ptestore.testing.named_data import open_named_data
+
+    data = bytearray(src.read_bytes())
+    files = (str(src),) if pte is None else (str(pte), str(src))
+    with open_named_data(*files) as named:
+        for key in named:
+            old = bytes(named.get_data(key))
+            new = (np.frombuffer(old, dtype=np.float32) * 2).tobytes()
+            at = data.find(old)
+            assert at >= 0 and data.find(old, at + 1) < 0, key
+            data[at : at + len(old)] = new
+    dst.write_bytes(bytes(data))

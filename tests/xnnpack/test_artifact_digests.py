@@ -57,12 +57,14 @@ def settled(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def hashed(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The artifact files hashed from now on (their paths)."""
+    """The artifact files hashed from now on (their paths: the file a descriptor held
+    open names, for ``/proc/self/fd/N``)."""
     seen: list[str] = []
     real = digests_module.file_sha256
 
     def counting(path: Any) -> str:
-        seen.append(os.fspath(path))
+        name = os.fspath(path)
+        seen.append(os.readlink(name) if name.startswith("/proc/self/fd/") else name)
         return real(path)
 
     monkeypatch.setattr(digests_module, "file_sha256", counting)

@@ -95,3 +95,34 @@ def test_a_missing_artifact_is_object_not_found(
     assert str(info.value) == f"{missing}: no such file (the artifact)"
     assert main(["make", str(missing), "--dir", str(tmp_path / "d")]) == 1
     assert capsys.readouterr().err == f"error: {missing}: no such file (the artifact)\n"
+
+
+@pytest.mark.interop
+@needs_runtime
+def test_a_packed_weight_file_that_is_a_link_is_refused_everywhere(tmp_path: Path) -> None:
+    """verify_cache and find_cache followed a link that load() refuses (it opens without
+    following): load() then said the file was "removed, replaced or changed while load()
+    verified it", which it was not. Each now says it is a link."""
+    from ptestore.errors import IntegrityError
+    from ptestore.xnnpack import find_cache, load, make_cache, verify_cache
+
+    made = make_cache(MLP, directory=tmp_path / "made")
+    d = tmp_path / "linked"
+    d.mkdir()
+    link = d / made.path.name
+    link.symlink_to(made.path)
+    shutil.copy2(made.record_path, d / made.record_path.name)
+    message = (
+        f"{link}: a symbolic link; a packed-weight file is handed out only as the file "
+        "itself (give its real path)"
+    )
+    for check in (
+        lambda: verify_cache(link, pte=MLP),
+        lambda: verify_cache(link, pte=MLP, full=False),
+        lambda: load(MLP, cache=link),  # refused before the runtime is loaded
+    ):
+        with pytest.raises(IntegrityError) as info:
+            check()
+        assert str(info.value) == message
+    assert find_cache(MLP, directory=d) is None
+    assert find_cache(MLP, directory=d, full=False) is None

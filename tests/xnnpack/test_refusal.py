@@ -334,7 +334,9 @@ req["parent"] = os.getpid()  # the real child dies with this stand-in
 if [s["name"] for s in req["steps"]] == ["reloaded"]:
     req["steps"][0]["cache"] = None
 open(req_path, "w").write(json.dumps(req))
-out = subprocess.run([{python!r}, *sys.argv[1:]], stderr=subprocess.PIPE, text=True)
+out = subprocess.run(  # the artifact's descriptors passed on (its /proc/self/fd/N)
+    [{python!r}, *sys.argv[1:]], stderr=subprocess.PIPE, text=True, close_fds=False
+)
 sys.stderr.write("".join(l for l in out.stderr.splitlines(True) if "packed weight" not in l))
 sys.exit(out.returncode)
 """

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support.xnnpack_probe import REPO, env, flip, fresh_load
+from support.xnnpack_probe import REPO, env, flip, fresh_load, rewrite_weights
 
 from ptestore.errors import IntegrityError, PackedWeightsRefused
 from ptestore.testing.runtime import runtime_unavailable
@@ -89,24 +89,6 @@ def test_a_fresh_process_loads_with_it_bit_identically(made: CacheFile) -> None:
     assert "Loaded packed weight cache: /proc/self/fd/" in stderr  # the inode load() checked
     assert "(2 entries)" in stderr
     assert verify_cache(made.path, pte=MLP).sha256 == made.sha256
-
-
-def rewrite_weights(src: Path, dst: Path) -> None:
-    """``dst``: ``src`` with every XNNPACK weight's bytes changed and the keys kept, as
-    ``write_named_data(key, ...)`` leaves them (the stale-weights hazard)."""
-    import numpy as np
-
-    from ptestore.testing.named_data import open_named_data
-
-    data = bytearray(src.read_bytes())
-    with open_named_data(str(src)) as named:
-        for key in named:
-            old = bytes(named.get_data(key))
-            new = (np.frombuffer(old, dtype=np.float32) * 2).tobytes()
-            at = data.find(old)
-            assert at >= 0 and data.find(old, at + 1) < 0, key
-            data[at : at + len(old)] = new
-    dst.write_bytes(bytes(data))
 
 
 def test_a_rewritten_artifact_gets_a_new_file_never_the_old_one(
