@@ -6,16 +6,17 @@
 For each program (exported into ``--workdir`` by scripts/make_xnnpack_models.py on first
 use; never committed): the one-time cost of making the file (``make_cache``: three
 runtime loads in two child processes, checks included), its size against the program's,
-then ``--repeats`` fresh processes per mode, each timing ``load`` + the first run of
-``forward`` inside the process (interpreter and torch import excluded) and reporting its
-peak RSS. The file is checked before the load as ptestore checks it before it hands it
-out, timed on its own: the quick check (record, identity, size, mode, index, and the
-inode stamp recorded at publish; ``verify_cache(full=False)``) in every measured run, the
-full one (the SHA-256 of the whole file) in two extra warm runs. The artifact's digest is
-passed in, as the device cache does (it knows its entry's). The page cache is warm (one
-unmeasured run first); ``--cold`` (root) also drops it (``echo 3 >
-/proc/sys/vm/drop_caches``) before each run. The 1-minute load average is printed beside
-each figure: the machine may be shared. Output: one JSON line per measurement,
+then ``--repeats`` fresh processes per mode, each timing :func:`ptestore.xnnpack.load`
+(with a file: its check included, as an app pays it) + the first run of ``forward``
+inside the process (interpreter and torch import excluded) and reporting its peak RSS.
+The file's check (as ptestore checks it before it hands it out) is also timed on its
+own: the quick check (record, identity, size, mode, index, and the inode stamp recorded
+at publish; ``verify_cache(full=False)``) in every measured run, the full one (the
+SHA-256 of the whole file) in two extra warm runs. The artifact's digest is passed in,
+as the device cache does (it knows its entry's). The page cache is warm (one unmeasured
+run first); ``--cold`` (root) also drops it (``echo 3 > /proc/sys/vm/drop_caches``)
+before each run. The 1-minute load average is printed beside each figure: the machine
+may be shared. Output: one JSON line per measurement,
 then a Markdown table.
 """
 
@@ -59,21 +60,22 @@ CHILD = r"""
 import json, resource, sys, time
 import numpy as np
 import torch
-from ptestore.xnnpack.loader import XnnpackProgram, _shim
-from ptestore.xnnpack.native import bindings
+from ptestore.xnnpack import load
 from ptestore.xnnpack.cache import verify_cache
 pte, cache, dim, mode, digest = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
-lib = _shim()
-portable_lib = bindings()
+full = mode == "full"
 rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-verified, verify_s = None, None
-if cache != "-":
+verify_s = None
+if cache != "-":  # the check alone, timed apart (load() makes it again, as an app does)
     t = time.perf_counter()
-    verified = verify_cache(cache, pte=pte, pte_sha256=digest, full=mode == "full")
+    verify_cache(cache, pte=pte, pte_sha256=digest, full=full)
     verify_s = time.perf_counter() - t
 x = np.random.default_rng(0).standard_normal((1, dim), dtype=np.float32)
 t = time.perf_counter()
-prog = XnnpackProgram(portable_lib._load_for_executorch(pte), verified, lib)
+if cache == "-":
+    prog = load(pte)
+else:
+    prog = load(pte, cache=cache, pte_sha256=digest, full=full)
 out = prog.run("forward", [x])
 load_s = time.perf_counter() - t
 print(json.dumps({"load_first_run_s": load_s, "verify_s": verify_s,
