@@ -301,6 +301,10 @@ def _found_or_made(
         reason = None if retry_refused else read_refusal(refused_path)
         if reason is not None:
             raise PackedWeightsRefused(artifact, f"{reason} (refused before)")
+        if pte_sha256 is not None or ptd_sha256 is not None:
+            from .digests import check_given  # making costs far more than hashing
+
+            check_given(pinned, digests)
         remove_stale(directory, identity)
         remove_abandoned(directory, identity.name)  # killed makers' of other identities
         try:
@@ -441,4 +445,3 @@ def _make(
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return made
-

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._dataclass import dataclass
-from ..errors import ObjectNotFound, PteStoreError
+from ..errors import IntegrityError, ObjectNotFound, PteStoreError
 from ..storage.flock import locked
 from .identity import file_sha256
 from .record import PathLike, publish_read_only, read_record, stamp
@@ -49,6 +49,7 @@ __all__ = [
     "MEMO",
     "ArtifactDigests",
     "artifact_digests",
+    "check_given",
     "memo_of",
     "remember",
     "remember_quietly",
@@ -242,3 +243,20 @@ def remember_quietly(record_path: Path, learned: Mapping[str, dict[str, Any]]) -
                 lock.unlink()  # remember; the lock this made goes too (held: see locked)
                 return
             remember(record_path, learned)
+
+
+def check_given(pinned: PinnedArtifact, given: ArtifactDigests) -> None:
+    """Before a file is made under digests the caller gave (``ensure`` gives its
+    entry's): the inodes held are those bytes, or :class:`IntegrityError` (a file
+    replaced between the caller's hashing and this call's open), nothing made."""
+    held = artifact_digests(pinned.pte, pinned.ptd, None, None, pinned=pinned)
+    assert held is not None  # hashed
+    for name, want, got in (
+        (pinned.pte, given.pte, held.pte),
+        (pinned.ptd, given.ptd, held.ptd),
+    ):
+        if name is not None and want != got:
+            raise IntegrityError(
+                f"{name}: its SHA-256 is {got}, not {want}, the digest the packed-weight "
+                "file was asked for (replaced since it was hashed?); nothing made"
+            )

@@ -254,3 +254,21 @@ def test_with_a_ptd_both_are_remembered(tmp_path: Path, hashed: list[str]) -> No
     # without its .ptd the same .pte is another artifact, remembered or not
     with pytest.raises(IntegrityError, match="ptd_sha256: "):
         verify_cache(made.path, pte=pte, full=False)
+
+
+def test_a_given_digest_is_checked_before_a_file_is_made_for_it(tmp_path: Path) -> None:
+    """``make_cache(..., pte_sha256=D)`` (``ensure`` gives its entry's digest): a file
+    replaced between the caller's hashing and the maker's open is not packed under D;
+    nothing is made. A found file is served under the digest as before (its check at
+    load compares the artifact)."""
+    pte = tmp_path / "model.pte"
+    shutil.copyfile(FIXTURES / "mlp_xnnpack.pte", pte)
+    real = hashlib.sha256(pte.read_bytes()).hexdigest()
+    wrong = "0" * 64
+    with pytest.raises(IntegrityError) as info:
+        make_cache(pte, directory=tmp_path / "c", pte_sha256=wrong)
+    assert str(info.value) == (
+        f"{pte}: its SHA-256 is {real}, not {wrong}, the digest the packed-weight file was "
+        "asked for (replaced since it was hashed?); nothing made"
+    )
+    assert [p.name for p in (tmp_path / "c").iterdir() if p.suffix == ".xpwc"] == []
