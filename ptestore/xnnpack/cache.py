@@ -258,7 +258,9 @@ def make_cache(
     timeout, a kill from outside, an exit without the child's reason; see
     :mod:`.refusal`). ``timeout``: seconds for each child (None: no limit);
     ``full``: as for :func:`verify_cache`, for a file found. An artifact written in
-    place while it was made is :class:`IntegrityError` (nothing published)."""
+    place while it was made, or whose bytes are not the ``pte_sha256``/``ptd_sha256``
+    given (checked before a file is made under them), is :class:`IntegrityError`
+    (nothing published)."""
     started = time.perf_counter()
     shim = build_shim()
     directory = Path(directory).absolute()
