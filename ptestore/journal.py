@@ -39,9 +39,9 @@ import errno
 import fcntl
 import os
 import struct
-from typing import Any, TypeGuard
+from typing import Any
 
-from . import journal_check
+from . import journal_binding, journal_check
 from ._io import pread_all, pwrite_all
 from .errors import ConfigurationError, ObjectNotFound, StorageError
 from .journal_check import CHANGING, IDENT_RANGE
@@ -137,73 +137,12 @@ def check_journal(path: str) -> tuple[dict[str, Any] | None, str]:
             plan.pop("check", None)  # its commit record covers the payload already
         elif not isinstance(plan, dict) or not isinstance(plan.get("check"), dict):
             return None, "its plan does not say what its payload must be"
-        problem = _plan_problem(plan, at)
+        problem = journal_check.plan_problem(plan, at)
         if problem:
             return None, f"its plan {problem}"
         return plan, ""
     finally:
         os.close(fd)
-
-
-def _count(value: object) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _ranges(value: object, width: int) -> TypeGuard[list[list[int]]]:
-    return isinstance(value, list) and all(
-        isinstance(r, list) and len(r) == width and all(_count(x) for x in r) for r in value
-    )
-
-
-def _plan_problem(plan: dict[str, Any], payload: int) -> str:
-    """What makes a committed plan one no in-place run writes (its fields' types, its
-    writes outside the file or the journal's ``payload`` bytes, a size its check does
-    not account for), or ``""``: such a plan is never applied, whatever its commit
-    record says."""
-    ident, size, before = plan.get("ident"), plan.get("size"), plan.get("size_before")
-    if not isinstance(ident, str) or len(ident) != 8 or not _is_hex(ident):
-        return f"names identifier {ident!r}, not 4 bytes in hex"
-    if not _count(size) or not _count(before):
-        return f"names size {size!r} after and {before!r} before: not byte counts"
-    writes, punch = plan.get("writes"), plan.get("punch")
-    if not _ranges(writes, 3) or not _ranges(punch, 2):
-        return "has writes or released ranges that are not lists of byte counts"
-    for dst, src, n in writes:
-        if src + n > payload or dst + n > size:
-            return (
-                f"writes {n} bytes from journal offset {src} to file offset {dst}: outside "
-                f"its payload ({payload} bytes) or the file's new size ({size})"
-            )
-    for off, n in punch:
-        if off + n > max(size, before):
-            return f"releases bytes {off}..{off + n}, past the file ({max(size, before)})"
-    check = plan.get("check")
-    if check is None:  # an older journal: its commit record covers its payload
-        return ""
-    length, cs = check.get("length"), check.get("chunk_size")
-    if not _count(length) or not _count(cs) or cs == 0 or length > size:
-        return f"checks {length!r} bytes in chunks of {cs!r}, for a file of {size} bytes"
-    if not isinstance(check.get("chunks"), dict) or not isinstance(check.get("beyond"), dict):
-        return "checks chunks it does not list"
-    past = sorted((dst, dst + n) for dst, _, n in writes if dst + n > length)
-    end = length
-    for a, b in past:
-        if a < length:
-            return f"writes bytes {a}..{b} across the end of what it checks ({length})"
-        if a > end:
-            return f"leaves bytes {end}..{a} of the file unchecked"
-        end = max(end, b)
-    if end != size:
-        return f"leaves bytes {end}..{size} of the file unchecked"
-    return ""
-
-
-def _is_hex(text: str) -> bool:
-    try:
-        bytes.fromhex(text)
-    except ValueError:
-        return False
-    return True
 
 
 def _open_journal(path: str) -> int:
@@ -282,9 +221,9 @@ def apply_journal(target: str, journal: str, plan: dict[str, Any]) -> None:
     """Apply a committed journal to ``target`` (idempotent; see the module docstring)."""
     lo, hi = IDENT_RANGE
     ident = bytes.fromhex(plan["ident"])
-    fd = journal_check.open_target(target, journal, os.O_RDWR)
+    fd = journal_binding.open_target(target, journal, os.O_RDWR)
     try:
-        journal_check.check_bound(fd, target, journal, plan)  # every write through fd
+        journal_binding.check_bound(fd, target, journal, plan)  # every write through fd
     except BaseException:
         os.close(fd)
         raise
@@ -392,7 +331,7 @@ def recover_locked(path: str) -> str | None:
     plan, why = check_journal(journal)
     if plan is not None:
         # another file: refused, whatever its journal
-        journal_check.check_target(path, journal, plan)
+        journal_binding.check_target(path, journal, plan)
         why = journal_check.check_payload(path, journal, plan)
         if why:
             plan = None

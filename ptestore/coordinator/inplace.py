@@ -33,7 +33,7 @@ from ..journal import (
     recover_locked,
     reserve_tail,
 )
-from ..journal_check import OtherFile, file_binding, file_stamps
+from ..journal_binding import OtherFile, file_binding, file_stamps
 
 if TYPE_CHECKING:
     from ..backends.compat import DeviceProfile
@@ -396,7 +396,7 @@ def _run(
             "ident": bytes(patched.metadata[IDENT_RANGE[0] : IDENT_RANGE[1]]).hex(),
             "writes": [list(w) for w in writer.ops],
             "punch": punch,
-            # The file it is for (recover refuses another): see journal_check.check_target.
+            # The file it is for (recover refuses another): see journal_binding.check_target.
             "file": file_binding(loader.fileno(), size_before, head),
         }
         # What the payload must be (recover checks it): the chunks the writes touch, as
