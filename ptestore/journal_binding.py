@@ -75,20 +75,25 @@ def open_target(target: str, journal: str, flags: int) -> int:
 
 class OtherFile(StorageError):
     """The path names another file than the one a journal is bound to (replaced or
-    renamed over since the journal was made): nothing is applied to it. ``now``: what
-    the path names (``device D inode I``)."""
+    renamed over since the journal was made), or the same file rewritten since
+    (``rewritten``): nothing is applied to it. ``now``: what the path names (``device
+    D inode I``, or the rewritten file's size and times)."""
 
-    def __init__(self, message: str, now: str = "") -> None:
+    def __init__(self, message: str, now: str = "", rewritten: bool = False) -> None:
         super().__init__(message)
         self.now = now
+        self.rewritten = rewritten
 
 
 def check_bound(fd: int, target: str, journal: str, plan: dict[str, Any]) -> None:
     """Refuse (:class:`OtherFile`) when the open ``fd`` (the file at ``target``, opened to
-    apply ``journal``) is not the device and inode the plan is bound to: the path was
-    renamed over after the journal's checks (or its commit). Every write of the apply
-    goes through ``fd``, so once this holds, a later rename leaves the new file alone.
-    A plan without a binding (an older ptestore's) is checked by size only, earlier
+    apply ``journal``) is not the device and inode the plan is bound to (the path was
+    renamed over after the journal's checks, or its commit), or, not yet marked
+    :data:`CHANGING`, no longer has the size and the modification and change times the
+    plan recorded (rewritten in place since the run's last check of it: applying would
+    mix the plan's writes with the rewrite's other bytes). Every write of the apply goes
+    through ``fd``, so once this holds, a later rename leaves the new file alone. A plan
+    without a binding (an older ptestore's) is checked by size only, earlier
     (:func:`check_target`)."""
     bound = plan.get("file")
     if bound is None:
@@ -102,6 +107,22 @@ def check_bound(fd: int, target: str, journal: str, plan: dict[str, Any]) -> Non
             f"replaced meanwhile); not applied, the file is left as it is. Remove "
             f"{journal} if {target} was replaced on purpose",
             now,
+        )
+    if bound.get("mtime_ns") is None:  # bound without times (an older ptestore)
+        return
+    lo, hi = IDENT_RANGE
+    if pread_all(fd, hi - lo, lo) == CHANGING:
+        return  # this plan's apply began (only ptestore writes the mark)
+    was = (bound["size_before"], bound["mtime_ns"], bound["ctime_ns"])
+    if (st.st_size, st.st_mtime_ns, st.st_ctime_ns) != was:
+        now = f"{st.st_size} bytes, modified {st.st_mtime_ns} ns, changed {st.st_ctime_ns} ns"
+        raise OtherFile(
+            f"{target}: modified since its journal {journal} was committed (the journal: "
+            f"{was[0]} bytes, modified {was[1]} ns, changed {was[2]} ns; the file now: "
+            f"{now}); not applied, the file is left as it is. Remove {journal} if "
+            f"{target} was rewritten on purpose",
+            now,
+            rewritten=True,
         )
 
 
@@ -120,12 +141,13 @@ def _head_written(plan: dict[str, Any], journal_fd: int, n: int) -> bytes | None
     return None
 
 
-def check_target(target: str, journal: str, plan: dict[str, Any]) -> None:
+def check_target(target: str, journal: str, plan: dict[str, Any]) -> bool:
     """Refuse (:class:`StorageError` naming both) to apply ``journal`` to a file that is
     not the one it was made for: another inode (a replaced or re-downloaded file), or
     the same inode with other bytes where the plan writes first and a size that is
     neither the size before nor after. A file marked :data:`CHANGING` on the same inode
-    is the one being changed."""
+    is the one being changed. True when the file holds every write of the plan already
+    (applied, its journal not yet removed: nothing to apply again)."""
     import hashlib
 
     bound = plan.get("file")
@@ -136,7 +158,7 @@ def check_target(target: str, journal: str, plan: dict[str, Any]) -> None:
         marked = pread_all(fd, hi - lo, lo) == CHANGING
         if bound is None:  # a journal of an older ptestore: its size only
             if marked or st.st_size == plan["size_before"]:
-                return
+                return False
             raise StorageError(
                 f"{target}: not the file its journal {journal} was made for (size "
                 f"{st.st_size}, the journal's {plan['size_before']} before); not applied. "
@@ -152,7 +174,7 @@ def check_target(target: str, journal: str, plan: dict[str, Any]) -> None:
             made += f", modified {stamps[0]} ns, changed {stamps[1]} ns"
         same_file = (st.st_dev, st.st_ino) == (bound["dev"], bound["ino"])
         if same_file and marked:
-            return
+            return False
         if same_file:
             n = int(bound["head_size"])
             head = pread_all(fd, n, 0)
@@ -162,15 +184,15 @@ def check_target(target: str, journal: str, plan: dict[str, Any]) -> None:
                 and st.st_size == bound["size_before"]
                 and (hashlib.sha256(head).hexdigest() == bound["head_sha256"])
             ):
-                return  # not started
+                return False  # not started
             if stamps[0] is not None:
                 # changed since the commit: applied (every write in place, the journal
                 # not yet removed), or rewritten (not the version bound: never mixed)
                 now += f", modified {st.st_mtime_ns} ns, changed {st.st_ctime_ns} ns"
                 if st.st_size == plan["size"] and _writes_present(fd, journal, plan):
-                    return
+                    return True
             elif _applied_before_stamps(fd, journal, plan, head, n, st.st_size, bound):
-                return
+                return _writes_present(fd, journal, plan)  # else applied again, as before
             now += f", sha256 {hashlib.sha256(head).hexdigest()} of its first {n} bytes"
         raise StorageError(
             f"{target}: not the file its journal {journal} was made for (the journal: "

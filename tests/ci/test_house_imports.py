@@ -405,6 +405,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "ptestore.journal",
             "ptestore.journal_check",
             "ptestore.journal_binding",
+            "ptestore.journal_read",
         ),
     ),
     ("writers", ("ptestore.writers",)),
