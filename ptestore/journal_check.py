@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any, TypeGuard
 
 from ._io import pread_all
+from ._text import shown
 from .errors import StorageError
 
 __all__ = [
@@ -75,14 +76,21 @@ def plan_problem(plan: dict[str, Any], payload: int) -> str:
     for off, n in punch:
         if off + n > max(size, before):
             return f"releases bytes {off}..{off + n}, past the file ({max(size, before)})"
+    problem = _binding_problem(plan.get("file"), before)
+    if problem:
+        return problem
     check = plan.get("check")
     if check is None:  # an older journal: its commit record covers its payload
         return ""
     length, cs = check.get("length"), check.get("chunk_size")
     if not _count(length) or not _count(cs) or cs == 0 or length > size:
         return f"checks {length!r} bytes in chunks of {cs!r}, for a file of {size} bytes"
-    if not isinstance(check.get("chunks"), dict) or not isinstance(check.get("beyond"), dict):
-        return "checks chunks it does not list"
+    chunks, beyond = check.get("chunks"), check.get("beyond")
+    if not _digests(chunks, None) or not _digests(beyond, len(writes)):
+        return (
+            f"checks chunks {shown(chunks)} and writes past the content {shown(beyond)}: "
+            "not digests (64 hex digits) by index"
+        )
     past = sorted((dst, dst + n) for dst, _, n in writes if dst + n > length)
     end = length
     for a, b in past:
@@ -96,12 +104,55 @@ def plan_problem(plan: dict[str, Any], payload: int) -> str:
     return ""
 
 
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+
 def _is_hex(text: str) -> bool:
-    try:
-        bytes.fromhex(text)
-    except ValueError:
+    """Hex digits only (``bytes.fromhex`` would take spaces too)."""
+    return len(text) % 2 == 0 and all(c in _HEX for c in text)
+
+
+def _digests(value: object, count: int | None) -> bool:
+    """A JSON object of SHA-256 digests (64 hex digits) by index (a decimal string; below
+    ``count`` when given)."""
+    if not isinstance(value, dict):
         return False
+    for k, d in value.items():
+        if not (isinstance(k, str) and k.isascii() and k.isdigit() and len(k) < 20):
+            return False
+        if count is not None and int(k) >= count:
+            return False
+        if not (isinstance(d, str) and len(d) == 64 and _is_hex(d)):
+            return False
     return True
+
+
+def _binding_problem(bound: object, before: int) -> str:
+    """What is wrong with a plan's binding to its file (``plan["file"]``; None: an older
+    ptestore's plan, bound by its size only), or ``""``."""
+    if bound is None:
+        return ""
+    counts = ("dev", "ino", "size_before", "head_size")
+    if not (
+        isinstance(bound, dict)
+        and all(_count(bound.get(k)) for k in counts)
+        and isinstance(bound.get("head_sha256"), str)
+        and len(bound["head_sha256"]) == 64
+        and _is_hex(bound["head_sha256"])
+        and all(_time(bound.get(k)) for k in ("mtime_ns", "ctime_ns"))
+        and ("mtime_ns" in bound) == ("ctime_ns" in bound)
+    ):
+        return (
+            f"binds it to a file described as {shown(bound)}: not a device, an inode, "
+            "sizes, a SHA-256 and times"
+        )
+    if bound["size_before"] != before:
+        return f"binds it to a file of {bound['size_before']} bytes, its size before {before}"
+    return ""
+
+
+def _time(value: object) -> bool:
+    return value is None or (isinstance(value, int) and not isinstance(value, bool))
 
 
 def painted(
