@@ -30,7 +30,15 @@ again after a crash at any point gives the same file:
    only where it changed, still with :data:`CHANGING` in place of the identifier) and
    the new size (``ftruncate``), then ``fsync``;
 4. the real identifier, ``fsync``: the runtime loads the new file;
-5. the journal is removed and the directory ``fsync``-ed.
+5. the journal is removed and the directory ``fsync``-ed (a removal refused is an error
+   saying the file is complete; a journal whose writes are all in the file already is
+   not applied again).
+
+Reading one is :mod:`ptestore.journal_read`'s (a journal another user wrote, or one
+writable by others, is refused there: never applied nor removed); what is checked before
+it is applied, :mod:`ptestore.journal_check`'s (its plan, its payload) and
+:mod:`ptestore.journal_binding`'s (its file: the apply checks it again, on the descriptor
+it writes through, right before marking it).
 """
 
 from __future__ import annotations

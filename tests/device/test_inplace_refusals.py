@@ -323,3 +323,112 @@ def test_the_space_reserved_is_given_back_when_the_commit_fails(
     assert reserved[0] >= blocks + (256 if how == "sparse" else 500)  # 512-byte blocks
     assert model.read_bytes() == before and model.stat().st_blocks == blocks
     assert not Path(journal_path(str(model))).exists()
+
+
+def test_a_socket_is_refused_without_blocking(tmp_path: Path) -> None:
+    import socket
+
+    path = tmp_path / "model.pte"
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(path))
+        err = _without_blocking(
+            lambda: ptestore.specialize(path, path, backends=[SPEC], in_place=True)
+        )
+    assert isinstance(err, ConfigurationError)
+    assert str(err) == (
+        f"{path}: not a regular file; in-place specialization works on a regular file only"
+    )
+
+
+class ChmodFirst(ReplaceKey):
+    """Makes the file read-only while it runs (as another program might), then replaces
+    its key."""
+
+    def __init__(self, target: Path) -> None:
+        super().__init__("XnnpackBackend", KEY)
+        self.target = target
+
+    def initialize_backend_data(self, context: Any, output: Any) -> None:
+        os.chmod(self.target, 0o444)
+        super().initialize_backend_data(context, output)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+def test_a_file_made_read_only_while_it_runs_is_not_called_replaced() -> None:
+    d = Path(tempfile.mkdtemp(prefix="ptestore-readonly-"))
+    try:
+        os.chmod(d, 0o755)
+        os.chown(d, 65534, 65534)
+        model = _copy(d)
+        os.chown(model, 65534, 65534)
+        before = model.read_bytes()
+        got = _as_nobody(
+            lambda: ptestore.specialize(model, model, backends=[ChmodFirst(model)], in_place=True)
+        )
+        assert got == (
+            f"{PermissionDenied.__name__}: {model}: cannot be written (Permission denied); "
+            "the file is unchanged"
+        )
+        assert model.read_bytes() == before and sorted(os.listdir(d)) == ["model.pte"]
+    finally:
+        shutil.rmtree(d)
+
+
+def test_a_size_change_while_the_space_is_allocated_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = _copy(tmp_path)
+    real = commit_module.reserve_tail
+    grown: list[os.stat_result] = []
+
+    def appended_meanwhile(fd: int, offset: int, size: int) -> bool:
+        if not grown:
+            grown.append(os.stat(model))
+            with open(model, "ab") as f:
+                f.write(b"\0")
+        return real(fd, offset, size)
+
+    monkeypatch.setattr(commit_module, "reserve_tail", appended_meanwhile)
+    backend = ReplaceKey("XnnpackBackend", KEY, extra=8192, alignment=64)
+    with pytest.raises(StorageError) as err:
+        ptestore.specialize(model, model, backends=[backend], in_place=True, provenance=False)
+    was, st = grown[0], model.stat()
+    assert str(err.value) == (
+        f"{model}: modified while being specialized in place (the run bound it as "
+        f"{was.st_size} bytes, modified {was.st_mtime_ns} ns, changed {was.st_ctime_ns} ns; "
+        f"it is now {st.st_size} bytes, modified {st.st_mtime_ns} ns, changed "
+        f"{st.st_ctime_ns} ns); not applied: the file is left as it was rewritten, not "
+        "specialized (its journal discarded): specialize it again"
+    )
+    assert st.st_size == was.st_size + 1 and not Path(journal_path(str(model))).exists()
+
+
+def test_an_apply_that_fails_before_marking_says_the_journal_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first write of the apply fails (an I/O error): the file is not changed, the
+    journal is committed and kept, and ``recover`` applies it."""
+    import errno
+
+    model = _copy(tmp_path)
+    before = model.read_bytes()
+    real = os.pwrite
+
+    def failing(fd: int, data: Any, offset: int) -> int:
+        if os.readlink(f"/proc/self/fd/{fd}") == str(model):
+            raise OSError(errno.EIO, "Input/output error")
+        return real(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", failing)
+    journal = journal_path(str(model))
+    with pytest.raises(StorageError) as err:
+        ptestore.specialize(model, model, backends=[SPEC], in_place=True, provenance=False)
+    monkeypatch.undo()
+    assert str(err.value) == (
+        f"{model}: applying its committed in-place journal {journal} failed: Input/output "
+        "error; the file is not changed yet, but the journal is committed and kept: run "
+        "ptestore.recover() on it (or `ptestore inspect` it, or the next ensure) to "
+        "complete the change"
+    )
+    assert model.read_bytes() == before and Path(journal).exists()
+    assert ptestore.recover(model) == "rolled forward" and model.read_bytes() != before
