@@ -171,14 +171,21 @@ def check_owner(journal: str, st: os.stat_result, target: str | None) -> None:
         who = f"this process's user (uid {euid})"
         who = f"not {who}" if owner is None else f"neither {who} nor {target}'s owner (uid {owner})"
         why = f"owned by uid {st.st_uid} (mode {mode}), {who}"
+        then = (
+            f"Recover it as uid {st.st_uid} if an in-place run of that user left it; "
+            "else another user put it there: remove it"
+        )
     elif st.st_mode & 0o022:
         why = f"writable by others than its owner (uid {st.st_uid}, mode {mode})"
+        then = (
+            "If an in-place run left it, make it writable by its owner only (chmod go-w) "
+            "and recover again; else remove it"
+        )
     else:
         return
     beside = "the file beside it" if target is None else target
     raise PermissionDenied(
         f"{journal}: refusing this in-place journal: {why}; it is neither applied nor "
-        f"removed, and {beside} is left as it is. Another user may have put it there: "
-        "remove it if no in-place run of yours left it",
+        f"removed, and {beside} is left as it is. {then}",
         errno=errno.EPERM,
     )

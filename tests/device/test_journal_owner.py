@@ -141,8 +141,9 @@ def test_a_committed_journal_planted_by_another_user_is_never_applied(shared: Pa
     want = (
         f"{journal}: refusing this in-place journal: owned by uid {NOBODY} (mode "
         f"-rw-r--r--), neither this process's user (uid 0) nor {model}'s owner (uid 0); "
-        f"it is neither applied nor removed, and {model} is left as it is. Another user "
-        "may have put it there: remove it if no in-place run of yours left it"
+        f"it is neither applied nor removed, and {model} is left as it is. Recover it as "
+        f"uid {NOBODY} if an in-place run of that user left it; else another user put it "
+        "there: remove it"
     )
     for call in (ptestore.verify, ptestore.recover, ptestore.describe):
         with pytest.raises(PermissionDenied) as err:
@@ -183,8 +184,8 @@ def test_a_journal_writable_by_others_is_refused(tmp_path: Path) -> None:
     assert str(err.value) == (
         f"{journal}: refusing this in-place journal: writable by others than its owner "
         f"(uid 0, mode -rw-rw-rw-); it is neither applied nor removed, and {model} is left "
-        "as it is. Another user may have put it there: remove it if no in-place run of "
-        "yours left it"
+        "as it is. If an in-place run left it, make it writable by its owner only (chmod "
+        "go-w) and recover again; else remove it"
     )
     assert model.read_bytes() == before and journal.exists()
     os.chmod(journal, 0o600)  # root's own, as a run writes it: applied
