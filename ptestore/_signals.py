@@ -21,6 +21,12 @@ every publishing sub-command (``guarded(..., publishes=True)``: ``specialize``,
 Only the process and thread that entered it are affected: a forked worker or another
 thread gets the previous behaviour (the handler re-delivers the signal with the
 default action in any other process).
+
+:func:`signals_held` is the opposite, for a step that must not stop half-way (an
+in-place run from its journal's commit to the end of its apply): Ctrl-C, SIGTERM and
+SIGHUP are held while inside and delivered on the way out, as they would have been,
+with a message saying what was completed; inside :func:`deferred_signals` (``ensure``
+recording the file it rewrote), they are delivered when that scope ends instead.
 """
 
 from __future__ import annotations
@@ -33,7 +39,13 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
-__all__ = ["SIGNALS", "Terminated", "termination_as_interrupt"]
+__all__ = [
+    "SIGNALS",
+    "Terminated",
+    "deferred_signals",
+    "signals_held",
+    "termination_as_interrupt",
+]
 
 #: The signals handled as Ctrl-C.
 SIGNALS: tuple[signal.Signals, ...] = tuple(
@@ -90,3 +102,94 @@ def termination_as_interrupt() -> Iterator[None]:
                 signal.signal(s, h)
         with _lock:
             _depth -= 1
+
+
+class _Hold:
+    """Ctrl-C, SIGTERM and SIGHUP caught and kept (their previous handlers saved)."""
+
+    def __init__(self, message: str) -> None:
+        self.held: list[int] = []
+        self.message = message
+        self.previous = {s: signal.signal(s, self._catch) for s in (signal.SIGINT, *SIGNALS)}
+
+    def _catch(self, signum: int, frame: FrameType | None) -> None:
+        self.held.append(signum)
+
+    def restore(self) -> None:
+        for s, h in self.previous.items():
+            signal.signal(s, h)
+
+    def deliver(self) -> None:
+        """The first signal held, delivered as its previous handler would have taken it
+        (a :class:`KeyboardInterrupt` without a message gets :attr:`message`)."""
+        if not self.held:
+            return
+        signum = self.held[0]
+        handler = self.previous[signal.Signals(signum)]
+        if handler is signal.SIG_IGN:
+            return
+        if not callable(handler):  # the default action (SIGTERM without our handler)
+            os.kill(os.getpid(), signum)
+            raise KeyboardInterrupt(self.message)  # SIGINT's default, should the kill return
+        try:
+            handler(signum, None)
+        except KeyboardInterrupt as exc:
+            if not exc.args:
+                exc.args = (self.message,)
+            raise
+
+
+_hold: _Hold | None = None
+_deferring = 0
+
+
+@contextlib.contextmanager
+def signals_held(message: str) -> Iterator[None]:
+    """Hold Ctrl-C, SIGTERM and SIGHUP while inside (in the main thread; elsewhere this
+    does nothing), then deliver the first one held as it would have been, a
+    :class:`KeyboardInterrupt` saying ``message`` (``while ...``: the CLI prints
+    ``interrupted while ...``). When the body raises, the held signal is dropped (the
+    error ends the call anyway). Nested, the outermost scope delivers, with the
+    innermost message; inside :func:`deferred_signals`, that scope does."""
+    global _hold
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    owner = _hold is None
+    if _hold is None:
+        _hold = _Hold(message)
+    hold = _hold
+    hold.message = message
+    done = False
+    try:
+        yield
+        done = True
+    finally:
+        if owner and not _deferring:
+            _hold = None
+            hold.restore()
+            if done:
+                hold.deliver()
+
+
+@contextlib.contextmanager
+def deferred_signals() -> Iterator[None]:
+    """Signals held by a :func:`signals_held` inside stay held until this scope ends
+    (what the body does after that step, recording its result, is not interrupted
+    either), and are delivered then, unless the body raised."""
+    global _hold, _deferring
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _deferring += 1
+    done = False
+    try:
+        yield
+        done = True
+    finally:
+        _deferring -= 1
+        if not _deferring and _hold is not None:
+            hold, _hold = _hold, None
+            hold.restore()
+            if done:
+                hold.deliver()

@@ -30,7 +30,15 @@ again after a crash at any point gives the same file:
    only where it changed, still with :data:`CHANGING` in place of the identifier) and
    the new size (``ftruncate``), then ``fsync``;
 4. the real identifier, ``fsync``: the runtime loads the new file;
-5. the journal is removed and the directory ``fsync``-ed.
+5. the journal is removed and the directory ``fsync``-ed (a removal refused is an error
+   saying the file is complete; a journal whose writes are all in the file already is
+   not applied again).
+
+Reading one is :mod:`ptestore.journal_read`'s (a journal another user wrote, or one
+writable by others, is refused there: never applied nor removed); what is checked before
+it is applied, :mod:`ptestore.journal_check`'s (its plan, its payload) and
+:mod:`ptestore.journal_binding`'s (its file: the apply checks it again, on the descriptor
+it writes through, right before marking it).
 """
 
 from __future__ import annotations
@@ -38,19 +46,35 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import struct
-from typing import Any, TypeGuard
+from typing import Any, NoReturn
 
-from . import journal_check
+from . import journal_binding, journal_check
 from ._io import pread_all, pwrite_all
 from .errors import ConfigurationError, ObjectNotFound, StorageError
 from .journal_check import CHANGING, IDENT_RANGE
+from .journal_read import (
+    COMMIT,
+    COMMIT_RECORD,
+    COMMIT_V2,
+    FOOTER,
+    MAGIC,
+    check_journal,
+    journal_path,
+    read_plan,
+    target_of,
+)
 from .storage.atomic import sync_directory, sync_file
 from .storage.types import StorageURL
 
 __all__ = [
+    "COMMIT",
+    "COMMIT_RECORD",
+    "COMMIT_V2",
+    "FOOTER",
+    "MAGIC",
     "CHANGING",
     "IDENT_RANGE",
+    "ApplyFailed",
     "apply_journal",
     "check_journal",
     "journal_path",
@@ -58,16 +82,11 @@ __all__ = [
     "read_plan",
     "recover",
     "recover_if_local",
+    "remove_journal",
     "reserve_tail",
+    "target_of",
 ]
 
-MAGIC = b"PTESTORE-JRNL-v1"
-#: The commit record of older journals (``PTESTORE-COMMIT!``): the SHA-256 of all before it.
-COMMIT = b"PTESTORE-COMMIT!"
-#: The commit record: the SHA-256 of the plan and the footer (the plan checks the rest).
-COMMIT_V2 = b"PTESTORE-COMMIT2"
-FOOTER = struct.Struct("<16sQQ")
-COMMIT_RECORD = struct.Struct("<16s32s")
 _CHUNK = 8 << 20
 _FALLOC_FL_KEEP_SIZE = 0x01
 _FALLOC_FL_PUNCH_HOLE = 0x02
@@ -76,158 +95,6 @@ _FALLOC_FL_PUNCH_HOLE = 0x02
 #: The journal is a data file written in place (never a temporary file renamed), so it
 #: is made durable with the storage layer's primitives themselves.
 fsync_dir = sync_directory
-
-
-def read_plan(path: str) -> dict[str, Any] | None:
-    """The plan of a committed journal; None when the journal is incomplete (its commit
-    record missing or not matching: the file was never touched)."""
-    return check_journal(path)[0]
-
-
-def _commit_digest_ok(fd: int, start: int, body: int, digest: bytes) -> bool:
-    """Whether the SHA-256 of the journal's bytes ``[start, body)`` is ``digest``."""
-    import hashlib  # only when a journal exists: every run of a local path asks
-
-    h = hashlib.sha256()
-    done = start
-    while done < body:
-        n = min(_CHUNK, body - done)
-        h.update(pread_all(fd, n, done))
-        done += n
-    return h.digest() == digest
-
-
-def check_journal(path: str) -> tuple[dict[str, Any] | None, str]:
-    """``(plan, "")`` for a committed journal, else ``(None, why)``: what is wrong with
-    it (no commit record, a commit digest that does not match, a bad footer). The
-    payload of a journal committed by :data:`COMMIT_V2` is checked against its plan by
-    :func:`check_payload` (it needs the file)."""
-    import json
-
-    fd = _open_journal(path)
-    try:
-        size = os.fstat(fd).st_size
-        if size < FOOTER.size + COMMIT_RECORD.size:
-            return None, f"{size} bytes, shorter than a commit record"
-        record = pread_all(fd, COMMIT_RECORD.size, size - COMMIT_RECORD.size)
-        tag, digest = COMMIT_RECORD.unpack(record)
-        if tag not in (COMMIT, COMMIT_V2):
-            return None, "no commit record at its end"
-        body = size - COMMIT_RECORD.size
-        magic, at, n = FOOTER.unpack(pread_all(fd, FOOTER.size, body - FOOTER.size))
-        footer_ok = magic == MAGIC and at + n == body - FOOTER.size
-        if tag == COMMIT:  # an older journal: the digest covers the payload too
-            if not _commit_digest_ok(fd, 0, body, digest):
-                return (
-                    None,
-                    f"the SHA-256 of its first {body} bytes does not match its commit record",
-                )
-        elif not footer_ok or not _commit_digest_ok(fd, at, body, digest):
-            return None, (
-                f"the SHA-256 of its plan and footer (bytes {at if footer_ok else '?'}.."
-                f"{body}) does not match its commit record"
-            )
-        if not footer_ok:
-            return None, "its footer is not a journal's"
-        try:
-            plan = json.loads(pread_all(fd, n, at))
-        except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
-            return None, f"its plan is not JSON ({exc})"
-        if tag == COMMIT and isinstance(plan, dict):
-            plan.pop("check", None)  # its commit record covers the payload already
-        elif not isinstance(plan, dict) or not isinstance(plan.get("check"), dict):
-            return None, "its plan does not say what its payload must be"
-        problem = _plan_problem(plan, at)
-        if problem:
-            return None, f"its plan {problem}"
-        return plan, ""
-    finally:
-        os.close(fd)
-
-
-def _count(value: object) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _ranges(value: object, width: int) -> TypeGuard[list[list[int]]]:
-    return isinstance(value, list) and all(
-        isinstance(r, list) and len(r) == width and all(_count(x) for x in r) for r in value
-    )
-
-
-def _plan_problem(plan: dict[str, Any], payload: int) -> str:
-    """What makes a committed plan one no in-place run writes (its fields' types, its
-    writes outside the file or the journal's ``payload`` bytes, a size its check does
-    not account for), or ``""``: such a plan is never applied, whatever its commit
-    record says."""
-    ident, size, before = plan.get("ident"), plan.get("size"), plan.get("size_before")
-    if not isinstance(ident, str) or len(ident) != 8 or not _is_hex(ident):
-        return f"names identifier {ident!r}, not 4 bytes in hex"
-    if not _count(size) or not _count(before):
-        return f"names size {size!r} after and {before!r} before: not byte counts"
-    writes, punch = plan.get("writes"), plan.get("punch")
-    if not _ranges(writes, 3) or not _ranges(punch, 2):
-        return "has writes or released ranges that are not lists of byte counts"
-    for dst, src, n in writes:
-        if src + n > payload or dst + n > size:
-            return (
-                f"writes {n} bytes from journal offset {src} to file offset {dst}: outside "
-                f"its payload ({payload} bytes) or the file's new size ({size})"
-            )
-    for off, n in punch:
-        if off + n > max(size, before):
-            return f"releases bytes {off}..{off + n}, past the file ({max(size, before)})"
-    check = plan.get("check")
-    if check is None:  # an older journal: its commit record covers its payload
-        return ""
-    length, cs = check.get("length"), check.get("chunk_size")
-    if not _count(length) or not _count(cs) or cs == 0 or length > size:
-        return f"checks {length!r} bytes in chunks of {cs!r}, for a file of {size} bytes"
-    if not isinstance(check.get("chunks"), dict) or not isinstance(check.get("beyond"), dict):
-        return "checks chunks it does not list"
-    past = sorted((dst, dst + n) for dst, _, n in writes if dst + n > length)
-    end = length
-    for a, b in past:
-        if a < length:
-            return f"writes bytes {a}..{b} across the end of what it checks ({length})"
-        if a > end:
-            return f"leaves bytes {end}..{a} of the file unchecked"
-        end = max(end, b)
-    if end != size:
-        return f"leaves bytes {end}..{size} of the file unchecked"
-    return ""
-
-
-def _is_hex(text: str) -> bool:
-    try:
-        bytes.fromhex(text)
-    except ValueError:
-        return False
-    return True
-
-
-def _open_journal(path: str) -> int:
-    """The journal opened for reading: a regular file, never through a link, never
-    blocking (a FIFO planted there would hang every open of the model); anything else
-    a :class:`StorageError` naming it."""
-    from .storage.regular import NotRegular, open_regular
-
-    advice = "the file beside it is left as it is (remove the journal if no in-place run left it)"
-    try:
-        fd, _ = open_regular(path)
-    except NotRegular as exc:
-        if exc.link:
-            raise StorageError(
-                f"{path}: cannot read this in-place journal: a symbolic link; {advice}"
-            ) from exc
-        raise StorageError(
-            f"{path}: this in-place journal is not a regular file ({exc.kind}); {advice}"
-        ) from exc
-    except OSError as exc:
-        raise StorageError(
-            f"{path}: cannot read this in-place journal: {exc.strerror}; {advice}"
-        ) from exc
-    return fd
 
 
 def _fallocate(fd: int, mode: int, offset: int, size: int) -> bool:
@@ -278,20 +145,45 @@ def _copy_range(src_fd: int, src: int, dst_fd: int, dst: int, n: int, journal: s
         done += k
 
 
+class ApplyFailed(StorageError):
+    """Applying a committed journal failed part-way (a full disk, an I/O error): the
+    journal is kept, and :func:`recover` completes the file once the cause is gone.
+    ``marked``: whether the file was marked :data:`CHANGING` already."""
+
+    def __init__(self, target: str, journal: str, exc: OSError, marked: bool) -> None:
+        full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+        then = "free space on its file system, then " if full else ""
+        state = (
+            f"the file is marked as being changed ({CHANGING.decode()}: the ExecuTorch "
+            "runtime refuses it) until the journal is applied"
+            if marked
+            else "the file is not changed yet, but the journal is committed and kept"
+        )
+        super().__init__(
+            f"{target}: applying its committed in-place journal {journal} failed: "
+            f"{exc.strerror}; {state}: {then}run ptestore.recover() on it (or `ptestore "
+            "inspect` it, or the next ensure) to complete the change",
+            errno=exc.errno,
+        )
+        self.marked = marked
+
+
 def apply_journal(target: str, journal: str, plan: dict[str, Any]) -> None:
     """Apply a committed journal to ``target`` (idempotent; see the module docstring)."""
     lo, hi = IDENT_RANGE
     ident = bytes.fromhex(plan["ident"])
-    fd = journal_check.open_target(target, journal, os.O_RDWR)
+    fd = journal_binding.open_target(target, journal, os.O_RDWR)
     try:
-        journal_check.check_bound(fd, target, journal, plan)  # every write through fd
+        journal_binding.check_bound(fd, target, journal, plan)  # every write through fd
     except BaseException:
         os.close(fd)
         raise
+    marked = False
     try:
         jfd = os.open(journal, os.O_RDONLY | os.O_CLOEXEC)
         try:
             os.pwrite(fd, CHANGING, lo)  # 1. refused by the runtime from here
+            marked = True
             sync_file(fd)
             for off, n in plan["punch"]:  # 2. zeros, whether or not the fs can punch
                 if not punch_hole(fd, off, n):
@@ -318,21 +210,37 @@ def apply_journal(target: str, journal: str, plan: dict[str, Any]) -> None:
             sync_file(fd)
         finally:
             os.close(jfd)
+    except StorageError:
+        raise
     except OSError as exc:
-        raise StorageError(
-            f"{target}: applying the journal {journal} failed: {exc.strerror}; the file is "
-            "refused by the runtime until ptestore.recover() completes it"
-        ) from exc
+        raise ApplyFailed(target, journal, exc, marked) from exc
     finally:
         os.close(fd)
-    os.unlink(journal)  # 5.
+    remove_journal(journal, target, applied=True)  # 5.
+
+
+def remove_journal(journal: str, target: str, applied: bool) -> None:
+    """Remove ``journal`` and ``fsync`` its directory; a removal refused (another
+    user's directory) is an error saying what became of the file (``applied``: it is
+    complete; else it was never touched) and to remove the journal by hand."""
+    from .errors import local_error
+
+    try:
+        os.unlink(journal)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        state = (
+            "the change is complete (its in-place journal was applied)"
+            if applied
+            else "not changed (its in-place journal was never committed)"
+        )
+        raise local_error(
+            exc,
+            f"{target}: {state}, but the journal {journal} cannot be removed: "
+            f"{exc.strerror}; remove it by hand (as its owner, or the directory's)",
+        ) from exc
     fsync_dir(os.path.dirname(os.path.abspath(journal)))
-
-
-def journal_path(path: str) -> str:
-    """The journal of the file at ``path``: ``.<name>.ptestore-journal`` beside it."""
-    d, name = os.path.split(os.path.abspath(path))
-    return os.path.join(d, f".{name}.ptestore-journal")
 
 
 def recover_if_local(url: str | os.PathLike[str]) -> None:
@@ -357,16 +265,37 @@ def local_path(path: PathLike, what: str) -> str:
 
 
 class FileLock:
-    """``flock`` on the file itself: one in-place run or recovery at a time."""
+    """``flock`` on the file itself: one in-place run or recovery at a time. The file
+    must be a regular file: opened without blocking (a FIFO would wait for a writer),
+    anything else refused: a :class:`~ptestore.errors.ConfigurationError` for an
+    in-place run, a :class:`~ptestore.errors.StorageError` naming the ``journal`` to
+    apply for a recovery."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, journal: str | None = None) -> None:
+        import stat
+
         try:
-            self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
         except FileNotFoundError as exc:
             raise ObjectNotFound(f"{path}: no such file") from exc
         except OSError as exc:
-            raise StorageError(f"{path}: cannot open: {exc.strerror}") from exc
+            if exc.errno != errno.ENXIO:  # ENXIO: a socket, a device without its driver
+                raise StorageError(f"{path}: cannot open: {exc.strerror}") from exc
+            self._refuse(path, journal, "not a regular file")
+        st = os.fstat(self.fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(self.fd)
+            self._refuse(path, journal, f"not a regular file ({stat.filemode(st.st_mode)})")
+        self.stat = st
         fcntl.flock(self.fd, fcntl.LOCK_EX)
+
+    @staticmethod
+    def _refuse(path: str, journal: str | None, what: str) -> NoReturn:
+        if journal is not None:
+            raise StorageError(f"{path}: cannot apply its journal {journal}: {what}")
+        raise ConfigurationError(
+            f"{path}: {what}; in-place specialization works on a regular file only"
+        )
 
     def close(self) -> None:
         os.close(self.fd)
@@ -376,11 +305,13 @@ def _is_marked(path: str) -> bool:
     """Whether the file carries :data:`CHANGING` as its identifier (torn by a run)."""
     lo, hi = IDENT_RANGE
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError:
         return False
     try:
         return pread_all(fd, hi - lo, lo) == CHANGING
+    except OSError:
+        return False
     finally:
         os.close(fd)
 
@@ -390,10 +321,11 @@ def recover_locked(path: str) -> str | None:
     if not os.path.lexists(journal):
         return None
     plan, why = check_journal(journal)
+    applied = False
     if plan is not None:
         # another file: refused, whatever its journal
-        journal_check.check_target(path, journal, plan)
-        why = journal_check.check_payload(path, journal, plan)
+        applied = journal_binding.check_target(path, journal, plan)
+        why = "" if applied else journal_check.check_payload(path, journal, plan)
         if why:
             plan = None
     if plan is None:
@@ -405,9 +337,12 @@ def recover_locked(path: str) -> str | None:
                 "be completed. Restore the model from its portable source (a new copy of "
                 f"the original .pte) and remove {journal}"
             )
-        os.unlink(journal)  # never committed: the file was not touched
+        remove_journal(journal, path, applied=False)  # never committed: not touched
         return "discarded"
-    apply_journal(path, journal, plan)
+    if applied:  # every write is in the file: only the journal's removal was left
+        remove_journal(journal, path, applied=True)
+    else:
+        apply_journal(path, journal, plan)
     return "rolled forward"
 
 
@@ -424,7 +359,7 @@ def recover(path: PathLike) -> str | None:
     if not os.path.lexists(journal):
         return None
     try:
-        lock = FileLock(target)
+        lock = FileLock(target, journal)
     except ObjectNotFound as exc:
         raise ObjectNotFound(
             f"{target}: no such file, but its in-place journal {journal} is there: the "

@@ -1,8 +1,9 @@
-"""What is checked before a journal (:mod:`ptestore.journal`) is applied: that it is
-for this file (:func:`check_target`, against the binding its plan records,
-:func:`file_binding`) and that its payload is what its plan says (:func:`check_payload`,
-against ``plan["check"]``: the SHA-256 of each chunk of the file's content the writes
-touch, as the file will have them, and of each write past the content).
+"""What is checked before a journal (:mod:`ptestore.journal`) is applied: that its plan
+is one a run writes (:func:`plan_problem`: every field's type and range) and that its
+payload is what its plan says (:func:`check_payload`, against ``plan["check"]``: the
+SHA-256 of each chunk of the file's content the writes touch, as the file will have
+them, and of each write past the content). That it is for this file is
+:mod:`ptestore.journal_binding`'s.
 
 The chunks are those of :mod:`ptestore.provenance.chunks` (their size is in the plan),
 so a run with a trailer takes them from its record's chunk digests: the payload costs
@@ -14,25 +15,21 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 from ._io import pread_all
+from ._text import shown
 from .errors import StorageError
 
 __all__ = [
     "CHANGING",
     "IDENT_RANGE",
-    "OtherFile",
     "Painted",
-    "check_bound",
     "check_payload",
-    "check_target",
-    "file_binding",
-    "file_stamps",
-    "open_target",
     "painted",
     "payload_check",
     "payload_digests",
+    "plan_problem",
     "touched_chunks",
 ]
 
@@ -47,203 +44,115 @@ Painted = tuple[int, int, str, int]
 _PIECE = 1 << 20
 
 
-def file_binding(fd: int, size_before: int, head: bytes) -> dict[str, Any]:
-    """What binds a journal to the file it is made for (recorded in its plan): the
-    file's device and inode, its size, and the SHA-256 of its first bytes, ``head``
-    (as many as the new metadata has: those the plan's write at offset 0 overwrites, or
-    keeps when the metadata did not change and the plan has no such write)."""
-    import hashlib
-
-    st = os.fstat(fd)
-    return {
-        "dev": st.st_dev,
-        "ino": st.st_ino,
-        "size_before": size_before,
-        "head_size": len(head),
-        "head_sha256": hashlib.sha256(head).hexdigest(),
-    }
+def _count(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def file_stamps(fd: int) -> dict[str, int]:
-    """The file's modification and change times (``mtime_ns``, ``ctime_ns``), taken
-    into its binding once the journal is about to be committed (after the run's last
-    change to the file): a file rewritten since, in place, is then not the one bound,
-    though its inode, size and first bytes are (its untouched chunks would otherwise be
-    mixed with the plan's writes)."""
-    st = os.fstat(fd)
-    return {"mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns}
+def _ranges(value: object, width: int) -> TypeGuard[list[list[int]]]:
+    return isinstance(value, list) and all(
+        isinstance(r, list) and len(r) == width and all(_count(x) for x in r) for r in value
+    )
 
 
-def open_target(target: str, journal: str, flags: int) -> int:
-    """``os.open`` of the file a journal is for (a regular file), or a
-    :class:`StorageError` naming both."""
-    import stat
-
-    try:
-        fd = os.open(target, flags | os.O_CLOEXEC)
-    except OSError as exc:
-        raise StorageError(
-            f"{target}: cannot open to apply its journal {journal}: {exc.strerror}"
-        ) from exc
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        raise StorageError(
-            f"{target}: cannot apply its journal {journal}: not a regular file "
-            f"({stat.filemode(mode)})"
-        )
-    return fd
-
-
-class OtherFile(StorageError):
-    """The path names another file than the one a journal is bound to (replaced or
-    renamed over since the journal was made): nothing is applied to it. ``now``: what
-    the path names (``device D inode I``)."""
-
-    def __init__(self, message: str, now: str = "") -> None:
-        super().__init__(message)
-        self.now = now
-
-
-def check_bound(fd: int, target: str, journal: str, plan: dict[str, Any]) -> None:
-    """Refuse (:class:`OtherFile`) when the open ``fd`` (the file at ``target``, opened to
-    apply ``journal``) is not the device and inode the plan is bound to: the path was
-    renamed over after the journal's checks (or its commit). Every write of the apply
-    goes through ``fd``, so once this holds, a later rename leaves the new file alone.
-    A plan without a binding (an older ptestore's) is checked by size only, earlier
-    (:func:`check_target`)."""
-    bound = plan.get("file")
-    if bound is None:
-        return
-    st = os.fstat(fd)
-    if (st.st_dev, st.st_ino) != (bound["dev"], bound["ino"]):
-        now = f"device {st.st_dev} inode {st.st_ino}"
-        raise OtherFile(
-            f"{target}: not the file its journal {journal} was made for (the journal: "
-            f"device {bound['dev']} inode {bound['ino']}; the path now names {now}: "
-            f"replaced meanwhile); not applied, the file is left as it is. Remove "
-            f"{journal} if {target} was replaced on purpose",
-            now,
-        )
-
-
-def _head_written(plan: dict[str, Any], journal_fd: int, n: int) -> bytes | None:
-    """The first ``n`` bytes the plan writes at offset 0 (with :data:`CHANGING` as the
-    identifier, as applying leaves them until its step 4), from the journal; None
-    where it writes none of them (the metadata did not change: the file keeps its
-    first bytes)."""
-    for dst, src, size in plan["writes"]:
-        if dst == 0 and size >= n:
-            data = bytearray(pread_all(journal_fd, n, src))
-            lo, hi = IDENT_RANGE
-            if n >= hi:
-                data[lo:hi] = bytes.fromhex(plan["ident"])
-            return bytes(data)
-    return None
-
-
-def check_target(target: str, journal: str, plan: dict[str, Any]) -> None:
-    """Refuse (:class:`StorageError` naming both) to apply ``journal`` to a file that is
-    not the one it was made for: another inode (a replaced or re-downloaded file), or
-    the same inode with other bytes where the plan writes first and a size that is
-    neither the size before nor after. A file marked :data:`CHANGING` on the same inode
-    is the one being changed."""
-    import hashlib
-
-    bound = plan.get("file")
-    fd = open_target(target, journal, os.O_RDONLY)
-    try:
-        st = os.fstat(fd)
-        lo, hi = IDENT_RANGE
-        marked = pread_all(fd, hi - lo, lo) == CHANGING
-        if bound is None:  # a journal of an older ptestore: its size only
-            if marked or st.st_size == plan["size_before"]:
-                return
-            raise StorageError(
-                f"{target}: not the file its journal {journal} was made for (size "
-                f"{st.st_size}, the journal's {plan['size_before']} before); not applied. "
-                f"Remove {journal} if {target} was replaced on purpose"
+def plan_problem(plan: dict[str, Any], payload: int) -> str:
+    """What makes a committed plan one no in-place run writes (its fields' types, its
+    writes outside the file or the journal's ``payload`` bytes, a size its check does
+    not account for), or ``""``: such a plan is never applied, whatever its commit
+    record says."""
+    ident, size, before = plan.get("ident"), plan.get("size"), plan.get("size_before")
+    if not isinstance(ident, str) or len(ident) != 8 or not _is_hex(ident):
+        return f"names identifier {ident!r}, not 4 bytes in hex"
+    if not _count(size) or not _count(before):
+        return f"names size {size!r} after and {before!r} before: not byte counts"
+    writes, punch = plan.get("writes"), plan.get("punch")
+    if not _ranges(writes, 3) or not _ranges(punch, 2):
+        return "has writes or released ranges that are not lists of byte counts"
+    for dst, src, n in writes:
+        if src + n > payload or dst + n > size:
+            return (
+                f"writes {n} bytes from journal offset {src} to file offset {dst}: outside "
+                f"its payload ({payload} bytes) or the file's new size ({size})"
             )
-        now = f"device {st.st_dev} inode {st.st_ino}, {st.st_size} bytes"
-        made = (
-            f"device {bound['dev']} inode {bound['ino']}, {bound['size_before']} bytes, "
-            f"sha256 {bound['head_sha256']} of its first {bound['head_size']} bytes"
+    for off, n in punch:
+        if off + n > max(size, before):
+            return f"releases bytes {off}..{off + n}, past the file ({max(size, before)})"
+    problem = _binding_problem(plan.get("file"), before)
+    if problem:
+        return problem
+    check = plan.get("check")
+    if check is None:  # an older journal: its commit record covers its payload
+        return ""
+    length, cs = check.get("length"), check.get("chunk_size")
+    if not _count(length) or not _count(cs) or cs == 0 or length > size:
+        return f"checks {length!r} bytes in chunks of {cs!r}, for a file of {size} bytes"
+    chunks, beyond = check.get("chunks"), check.get("beyond")
+    if not _digests(chunks, None) or not _digests(beyond, len(writes)):
+        return (
+            f"checks chunks {shown(chunks)} and writes past the content {shown(beyond)}: "
+            "not digests (64 hex digits) by index"
         )
-        stamps = (bound.get("mtime_ns"), bound.get("ctime_ns"))
-        if stamps[0] is not None:
-            made += f", modified {stamps[0]} ns, changed {stamps[1]} ns"
-        same_file = (st.st_dev, st.st_ino) == (bound["dev"], bound["ino"])
-        if same_file and marked:
-            return
-        if same_file:
-            n = int(bound["head_size"])
-            head = pread_all(fd, n, 0)
-            unchanged = stamps[0] is None or stamps == (st.st_mtime_ns, st.st_ctime_ns)
-            if (
-                unchanged
-                and st.st_size == bound["size_before"]
-                and (hashlib.sha256(head).hexdigest() == bound["head_sha256"])
-            ):
-                return  # not started
-            if stamps[0] is not None:
-                # changed since the commit: applied (every write in place, the journal
-                # not yet removed), or rewritten (not the version bound: never mixed)
-                now += f", modified {st.st_mtime_ns} ns, changed {st.st_ctime_ns} ns"
-                if st.st_size == plan["size"] and _writes_present(fd, journal, plan):
-                    return
-            elif _applied_before_stamps(fd, journal, plan, head, n, st.st_size, bound):
-                return
-            now += f", sha256 {hashlib.sha256(head).hexdigest()} of its first {n} bytes"
-        raise StorageError(
-            f"{target}: not the file its journal {journal} was made for (the journal: "
-            f"{made}; the file now: {now}); not applied, the file is left as it is. "
-            f"Remove {journal} if {target} was replaced on purpose"
-        )
-    finally:
-        os.close(fd)
+    past = sorted((dst, dst + n) for dst, _, n in writes if dst + n > length)
+    end = length
+    for a, b in past:
+        if a < length:
+            return f"writes bytes {a}..{b} across the end of what it checks ({length})"
+        if a > end:
+            return f"leaves bytes {end}..{a} of the file unchecked"
+        end = max(end, b)
+    if end != size:
+        return f"leaves bytes {end}..{size} of the file unchecked"
+    return ""
 
 
-def _applied_before_stamps(
-    fd: int, journal: str, plan: dict[str, Any], head: bytes, n: int, size: int, bound: Any
-) -> bool:
-    """A journal bound without stamps (an older ptestore): applied when the file has
-    the plan's size and the first bytes it writes (or keeps)."""
-    import hashlib
-
-    jfd = os.open(journal, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        written = _head_written(plan, jfd, n)
-    finally:
-        os.close(jfd)
-    if written is None:  # the plan keeps the first bytes: they are the ones bound
-        kept = hashlib.sha256(head).hexdigest() == str(bound["head_sha256"])
-        return size == plan["size"] and kept
-    return size == plan["size"] and written == head
+_HEX = frozenset("0123456789abcdefABCDEF")
 
 
-def _writes_present(fd: int, journal: str, plan: dict[str, Any]) -> bool:
-    """Whether every write of the plan is in the file already (its identifier the
-    plan's): a run applied it and stopped before removing its journal."""
-    lo, hi = IDENT_RANGE
-    if bytes(pread_all(fd, hi - lo, lo)) != bytes.fromhex(plan["ident"]):
+def _is_hex(text: str) -> bool:
+    """Hex digits only (``bytes.fromhex`` would take spaces too)."""
+    return len(text) % 2 == 0 and all(c in _HEX for c in text)
+
+
+def _digests(value: object, count: int | None) -> bool:
+    """A JSON object of SHA-256 digests (64 hex digits) by index (a decimal string; below
+    ``count`` when given)."""
+    if not isinstance(value, dict):
         return False
-    jfd = os.open(journal, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        for dst, src, n in plan["writes"]:
-            done = 0
-            while done < n:
-                k = min(_PIECE, n - done)
-                have = bytearray(pread_all(fd, k, dst + done))
-                want = bytearray(pread_all(jfd, k, src + done))
-                start = dst + done
-                for i in range(max(lo, start), min(hi, start + k)):  # the identifier:
-                    have[i - start] = want[i - start]  # checked above
-                if have != want:
-                    return False
-                done += k
-    finally:
-        os.close(jfd)
+    for k, d in value.items():
+        if not (isinstance(k, str) and k.isascii() and k.isdigit() and len(k) < 20):
+            return False
+        if count is not None and int(k) >= count:
+            return False
+        if not (isinstance(d, str) and len(d) == 64 and _is_hex(d)):
+            return False
     return True
+
+
+def _binding_problem(bound: object, before: int) -> str:
+    """What is wrong with a plan's binding to its file (``plan["file"]``; None: an older
+    ptestore's plan, bound by its size only), or ``""``."""
+    if bound is None:
+        return ""
+    counts = ("dev", "ino", "size_before", "head_size")
+    if not (
+        isinstance(bound, dict)
+        and all(_count(bound.get(k)) for k in counts)
+        and isinstance(bound.get("head_sha256"), str)
+        and len(bound["head_sha256"]) == 64
+        and _is_hex(bound["head_sha256"])
+        and all(_time(bound.get(k)) for k in ("mtime_ns", "ctime_ns"))
+        and ("mtime_ns" in bound) == ("ctime_ns" in bound)
+    ):
+        return (
+            f"binds it to a file described as {shown(bound)}: not a device, an inode, "
+            "sizes, a SHA-256 and times"
+        )
+    if bound["size_before"] != before:
+        return f"binds it to a file of {bound['size_before']} bytes, its size before {before}"
+    return ""
+
+
+def _time(value: object) -> bool:
+    return value is None or (isinstance(value, int) and not isinstance(value, bool))
 
 
 def painted(

@@ -23,6 +23,7 @@ One module per step of the pipeline (:mod:`.pipeline` lists them in order):
 - :mod:`.frontend`: :func:`specialize`, the URL front end (checks, then the pair runner);
 - :mod:`.inplace` and :mod:`.journal_writer`: ``specialize(src, src, in_place=True)``,
   the run whose writer is a journal beside the file (:mod:`ptestore.journal`);
+  :mod:`.inplace_commit`: its end, from its last check of the file to the apply;
 - :mod:`.respecialize`: what a file's own trailer says about it; in place never
   specializes an output again (:class:`~ptestore.errors.AlreadySpecialized`).
 """

@@ -20,20 +20,25 @@ from .._io import pread_all
 from ..errors import (
     ConfigurationError,
     NotSupported,
-    StorageError,
 )
 from ..journal import (
     IDENT_RANGE,
     FileLock,
     PathLike,
-    apply_journal,
     fsync_dir,
     journal_path,
     local_path,
     recover_locked,
-    reserve_tail,
 )
-from ..journal_check import OtherFile, file_binding, file_stamps
+from ..journal_binding import OtherFile, file_binding, file_stamps
+from .inplace_commit import (
+    Reservation,
+    apply_uninterrupted,
+    check_rewritable,
+    interrupted_message,
+    modified_error,
+    replaced_error,
+)
 
 if TYPE_CHECKING:
     from ..backends.compat import DeviceProfile
@@ -137,99 +142,6 @@ def _subtract(ranges: list[tuple[int, int]], live: list[tuple[int, int]]) -> lis
     return out
 
 
-def replaced_error(target: str, ran_on: os.stat_result, now: str, done: str) -> StorageError:
-    """The refusal of a run whose file was renamed over (an update landed) while it ran:
-    ``done`` says what became of its journal."""
-    return StorageError(
-        f"{target}: replaced by another file while it was specialized in place (the run "
-        f"read device {ran_on.st_dev} inode {ran_on.st_ino}; the path now names {now}); "
-        f"the file now at the path is left as it is, not specialized, and the file the "
-        f"run read was not changed ({done}): specialize it again"
-    )
-
-
-def _reserve(target: str, ran_on: int, old: int, new: int) -> None:
-    """Before the commit: refuse a path that names another file by now than ``ran_on``
-    (the run's descriptor: an update renamed over it meanwhile; nothing was changed),
-    and allocate the file's growth beyond its end (the size stays, so the file is
-    unchanged for its readers): a full disk fails here, with the file as it was, not
-    half-way through applying. Both through one descriptor checked to be the run's file
-    (a ``ftruncate`` of a file renamed over the path would cut the update)."""
-    ours = os.fstat(ran_on)
-    try:
-        fd = os.open(target, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except OSError as exc:
-        now = f"nothing it can open ({exc.strerror})"
-        raise replaced_error(target, ours, now, "its journal discarded") from exc
-    try:
-        st = os.fstat(fd)
-        if (st.st_dev, st.st_ino) != (ours.st_dev, ours.st_ino):
-            now = f"device {st.st_dev} inode {st.st_ino}"
-            raise replaced_error(target, ours, now, "its journal discarded")
-        if new <= old:
-            return
-        try:
-            reserve_tail(fd, old, new - old)
-        except OSError as exc:
-            try:
-                os.ftruncate(fd, old)  # the same size: releases what was allocated past the end
-            except OSError:
-                pass
-            raise StorageError(
-                f"{target}: cannot allocate {new - old} bytes for the grown segments: "
-                f"{exc.strerror}; the file is unchanged"
-            ) from exc
-    finally:
-        os.close(fd)
-
-
-def apply_uninterrupted(target: str, journal: str, plan: dict[str, Any]) -> None:
-    """Apply the committed ``journal``, holding Ctrl-C, SIGTERM and SIGHUP until it is
-    done (in the main thread): an interrupt there would leave the file torn (refused by
-    the runtime), and completing it is safe (the journal is durable, applying is
-    idempotent). A held signal is then delivered as it would have been, a
-    :class:`KeyboardInterrupt` saying that the file was completed."""
-    import signal
-    import threading
-
-    from .._signals import SIGNALS
-
-    if threading.current_thread() is not threading.main_thread():
-        apply_journal(target, journal, plan)
-        return
-    held: list[int] = []
-
-    def hold(signum: int, frame: object) -> None:
-        held.append(signum)
-
-    previous = {s: signal.signal(s, hold) for s in (signal.SIGINT, *SIGNALS)}
-    try:
-        apply_journal(target, journal, plan)
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
-    if not held:
-        return
-    signum = held[0]
-    message = (
-        f"while {target} was rewritten in place: the change was completed first (its "
-        "journal was committed, so it was applied to the end): the file is the "
-        "specialized model, loadable"
-    )
-    handler = previous[signal.Signals(signum)]
-    if handler is signal.SIG_IGN:
-        return
-    if not callable(handler):  # the default action (SIGTERM without ptestore's handler)
-        os.kill(os.getpid(), signum)
-        raise KeyboardInterrupt(message)  # SIGINT's default, should the kill return
-    try:
-        handler(signum, None)
-    except KeyboardInterrupt as exc:
-        if not exc.args:
-            exc.args = (message,)
-        raise
-
-
 def specialize_in_place(
     path: PathLike,
     *,
@@ -258,6 +170,7 @@ def specialize_in_place(
     lock = FileLock(target)
     try:
         recover_locked(target)
+        check_rewritable(target, os.fstat(lock.fd))
         return _run(target, backends, device, provenance, event_tracer, strict)
     finally:
         lock.close()
@@ -272,6 +185,7 @@ def _run(
     strict: bool,
 ) -> SpecializationReport:
     from .._align import align_up
+    from .._signals import signals_held
     from ..format.model import inferred_alignment
     from ..format.patch import patch_metadata
     from ..storage.loaders import LocalFileLoader
@@ -293,6 +207,7 @@ def _run(
     spool = JournalSpool(journal_path(target))
     committed = False
     stamper = None
+    reservation: Reservation | None = None
     try:
         stamper = start_provenance(provenance, backends, device, [("pte", loader)])
         if stamper is not None:
@@ -396,27 +311,45 @@ def _run(
             "ident": bytes(patched.metadata[IDENT_RANGE[0] : IDENT_RANGE[1]]).hex(),
             "writes": [list(w) for w in writer.ops],
             "punch": punch,
-            # The file it is for (recover refuses another): see journal_check.check_target.
+            # The file it is for (recover refuses another): see journal_binding.check_target.
             "file": file_binding(loader.fileno(), size_before, head),
         }
         # What the payload must be (recover checks it): the chunks the writes touch, as
         # the record has them where there is one, and the trailer's SHA-256.
         plan["check"] = _payload_check(loader, spool, plan, content, digest)
         loader.check_unchanged()
-        _reserve(target, loader.fileno(), plan["size_before"], size)
-        plan["file"].update(file_stamps(loader.fileno()))  # after the run's last change
-        commit_journal(spool, plan)
-        committed = True
-        spool.close()
-        writer.mark_published()
-        run.emit(Event("write", nbytes=sum(w[2] for w in writer.ops), url=target))
-        try:
-            apply_uninterrupted(target, spool.path, plan)
-        except OtherFile as exc:  # renamed over after the commit: nothing applied
-            spool.remove()
-            fsync_dir(os.path.dirname(spool.path))
-            ours = os.fstat(loader.fileno())
-            raise replaced_error(target, ours, exc.now, "its journal removed") from exc
+        reservation = Reservation(target, loader.fileno())
+        old = plan["size_before"]
+        allocated = reservation.reserve(writer.ops, old, size, loader.check_unchanged)
+        # What the apply checks the file against before marking it (a rewrite since,
+        # the same inode, is refused): its times after the run's last change to it
+        plan["file"].update(file_stamps(loader.fileno()))
+        if allocated:
+            reservation.check_size()  # its times moved: its size at least is the same
+        else:
+            loader.check_unchanged()  # its times too: not changed before the stamps
+        # From the commit, the change is made to the end: Ctrl-C, SIGTERM, SIGHUP held
+        with signals_held(interrupted_message(target)):
+            commit_journal(spool, plan)
+            committed = True
+            reservation.close()
+            spool.close()
+            writer.mark_published()
+            run.emit(Event("write", nbytes=sum(w[2] for w in writer.ops), url=target))
+            try:
+                apply_uninterrupted(target, spool.path, plan)
+            except OtherFile as exc:  # renamed over or rewritten: nothing applied
+                spool.remove()
+                fsync_dir(os.path.dirname(spool.path))
+                ours = os.fstat(loader.fileno())
+                if exc.rewritten:
+                    was = plan["file"]
+                    bound = (
+                        f"{was['size_before']} bytes, modified {was['mtime_ns']} ns, "
+                        f"changed {was['ctime_ns']} ns"
+                    )
+                    raise modified_error(target, bound, exc.now, "its journal removed") from exc
+                raise replaced_error(target, ours, exc.now, "its journal removed") from exc
         from ..provenance.known import forget
 
         forget(loader)  # its bytes changed (within one tick of its modification time, maybe)
@@ -445,4 +378,6 @@ def _run(
             stamper.close()  # a source description still running: stop it first
         loader.close()
         if not committed:
+            if reservation is not None:
+                reservation.release()  # the space allocated for the writes given back
             spool.remove()

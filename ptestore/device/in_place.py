@@ -127,8 +127,14 @@ def _make(
         finally:
             loader.close()
         _refuse_recorded_output(layout, key, path, current())  # without a trailer
-        report = _specialize_in_place(path, backends, device, provenance, progress)
-        return _publish(layout, key, src, path, current, report.specialized, held)
+        from .._signals import deferred_signals
+
+        # A Ctrl-C (SIGTERM, SIGHUP) held from the journal's commit is delivered once
+        # the rewritten file is recorded: without a trailer, the manifest is what tells
+        # the next call that the file is an output already.
+        with deferred_signals():
+            report = _specialize_in_place(path, backends, device, provenance, progress)
+            return _publish(layout, key, src, path, current, report.specialized, held)
     finally:
         os.close(held)
 
@@ -153,12 +159,16 @@ def _specialize_in_place(
             strict=False,  # an app's cache keeps what it was given when nothing applies
         )
     except (PteStoreError, OSError) as exc:
-        if is_disk_full(exc):
+        from ..journal import ApplyFailed
+
+        if is_disk_full(exc) and not isinstance(exc, ApplyFailed):  # before the commit
             raise StorageError(
                 f"{path}: no space left on the file system for the in-place journal "
-                f"(the replaced bytes and the new metadata); the file is unchanged: {exc}"
+                f"(the replaced bytes and the new metadata) or the space its writes "
+                f"need; the file is unchanged: {exc}",
+                errno=exc.errno if isinstance(exc, OSError) else None,
             ) from exc
-        raise
+        raise  # an apply that failed says that its journal is committed, and what to do
 
 
 def _refuse_recorded_output(layout: CacheLayout, key: str, path: str, now: dict[str, Any]) -> None:

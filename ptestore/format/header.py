@@ -321,7 +321,18 @@ def detect_kind(buf: Buffer, file_size: int, source: str) -> Kind:
         "file identifier (bytes 4..8)",
         ident,
         f"{PTE_FILE_IDENTIFIER!r} (.pte Program) or {PTD_FILE_IDENTIFIER!r} (.ptd FlatTensor)",
+        _CHANGING_HINT if ident == CHANGING_IDENTIFIER else None,
     )
+
+
+#: What ptestore's in-place run writes in place of the identifier while it changes the
+#: file (``ptestore.journal_check.CHANGING``; the format floor cannot import it).
+CHANGING_IDENTIFIER = b"PTJ~"
+_CHANGING_HINT = (
+    "marked as being changed in place: an in-place run was interrupted while it rewrote "
+    "the file; ptestore.recover() on the name the run used (its journal, "
+    ".NAME.ptestore-journal, is beside that name) completes it"
+)
 
 
 @dataclass(frozen=True)

@@ -398,7 +398,16 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     # the container model: parse, lay out, patch; no I/O beyond a DataLoader
     ("format", ("ptestore.format",)),
     # the loaders and the option routing; the journal's format and recovery
-    ("storage", ("ptestore.storage", "ptestore.journal", "ptestore.journal_check")),
+    (
+        "storage",
+        (
+            "ptestore.storage",
+            "ptestore.journal",
+            "ptestore.journal_check",
+            "ptestore.journal_binding",
+            "ptestore.journal_read",
+        ),
+    ),
     ("writers", ("ptestore.writers",)),
     # the backend API and registry (read the model, never write)
     ("backends", ("ptestore.backends",)),

@@ -1196,8 +1196,9 @@ def test_ctrl_c_while_applying_completes_the_file_and_says_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, signum: int, by: str
 ) -> None:
     """Interrupted between the file's mark and its identifier: the journal is committed,
-    so the change is completed before the CLI exits 130, saying so (not "nothing was
-    published" with a torn file and a journal beside it); the next ensure adopts it."""
+    so the change is completed, and recorded in the cache, before the CLI exits 130,
+    saying so (not "nothing was published" with a torn file and a journal beside it);
+    the next ensure is a hit."""
     calls = tmp_path / "calls"
     monkeypatch.setenv("PTESTORE_TEST_CALLS", str(calls))
     once = _specialized_once(tmp_path)
@@ -1212,7 +1213,7 @@ def test_ctrl_c_while_applying_completes_the_file_and_says_so(
     assert src.read_bytes()[4:8] == FX.pte_path.read_bytes()[4:8]  # type: ignore[union-attr]
     assert _content(src) == once and _calls(calls) == 2
     a = ptestore.ensure(src, cache_dir=cache, backends=[SPEC], in_place=True)
-    assert a.created and _calls(calls) == 2 and _content(src) == once
+    assert not a.created and _calls(calls) == 2 and _content(src) == once
 
 
 class GrownDoubling(BackendInterface):

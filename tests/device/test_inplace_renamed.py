@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,15 +41,22 @@ class RenamedOver(ReplaceKey):
         super().initialize_backend_data(context, output)
 
 
-def _model(tmp_path: Path) -> tuple[Path, Path, Path, bytes, bytes]:
-    """The model, a hard link to the same file (to see what became of it once the path
-    names the update), the update waiting beside it, and both files' bytes."""
+@pytest.fixture
+def files(tmp_path: Path) -> Iterator[tuple[Path, Path, Path, bytes, bytes]]:
+    """The model, a path to the same file through a descriptor held on it
+    (``/proc/self/fd/N``: to see what became of it once the path names the update; not a
+    hard link, which in place refuses), the update waiting beside it, and both files'
+    bytes."""
     assert FX.pte_path is not None and UPDATE.pte_path is not None
-    model, held, update = tmp_path / "model.pte", tmp_path / "held.pte", tmp_path / ".dl"
+    model, update = tmp_path / "model.pte", tmp_path / ".dl"
     shutil.copyfile(FX.pte_path, model)
-    os.link(model, held)
-    shutil.copyfile(UPDATE.pte_path, update)
-    return model, held, update, model.read_bytes(), update.read_bytes()
+    fd = os.open(model, os.O_RDONLY)
+    try:
+        held = Path(f"/proc/self/fd/{fd}")
+        shutil.copyfile(UPDATE.pte_path, update)
+        yield model, held, update, model.read_bytes(), update.read_bytes()
+    finally:
+        os.close(fd)
 
 
 def _message(model: Path, held: Path, journal: str) -> str:
@@ -63,8 +71,10 @@ def _message(model: Path, held: Path, journal: str) -> str:
 
 
 @pytest.mark.parametrize("extra", [0, 8192], ids=["same size", "grown (space reserved)"])
-def test_an_update_landing_while_the_backends_run_is_left_alone(tmp_path: Path, extra: int) -> None:
-    model, held, update, original, new = _model(tmp_path)
+def test_an_update_landing_while_the_backends_run_is_left_alone(
+    files: tuple[Path, Path, Path, bytes, bytes], extra: int
+) -> None:
+    model, held, update, original, new = files
     backend = RenamedOver(model, update, extra)
     with pytest.raises(StorageError) as err:
         ptestore.specialize(model, model, backends=[backend], in_place=True)
@@ -76,11 +86,11 @@ def test_an_update_landing_while_the_backends_run_is_left_alone(tmp_path: Path, 
 
 
 def test_an_update_landing_after_the_commit_is_left_alone(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    files: tuple[Path, Path, Path, bytes, bytes], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from ptestore.coordinator import journal_writer
 
-    model, held, update, original, new = _model(tmp_path)
+    model, held, update, original, new = files
     commit = journal_writer.commit_journal
 
     def then_renamed(spool: Any, plan: dict[str, Any]) -> None:
@@ -102,7 +112,7 @@ def test_an_update_landing_after_the_commit_is_left_alone(
 
 
 def test_recover_never_applies_to_a_file_renamed_over_after_its_check(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    files: tuple[Path, Path, Path, bytes, bytes], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The apply checks the file it opened against the journal's binding itself: a rename
     between recover's checks of the path (the binding, the payload) and its apply is
@@ -110,7 +120,7 @@ def test_recover_never_applies_to_a_file_renamed_over_after_its_check(
     from ptestore import journal
     from ptestore.coordinator import inplace
 
-    model, held, update, original, new = _model(tmp_path)
+    model, held, update, original, new = files
 
     class Killed(Exception):
         pass

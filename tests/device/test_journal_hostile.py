@@ -94,6 +94,38 @@ FORGERIES: list[tuple[str, Callable[[Path], None], str]] = [
         "writes 2048 bytes from journal offset 1073741824 to file offset ",
     ),
     ("punch", _forged(_set("punch", [[6000, 4096]])), "releases bytes 6000..10096, past the "),
+    ("spaced identifier", _forged(_set("ident", "aa bb cc")), "names identifier 'aa bb cc', "),
+    ("binding 5", _forged(_set("file", 5)), "binds it to a file described as 5: not a device, "),
+    (
+        "binding without its inode",
+        _forged(lambda p: p["file"].pop("ino")),
+        "binds it to a file described as {'ctime_ns': ",
+    ),
+    (
+        "binding's device a string",
+        _forged(lambda p: p["file"].__setitem__("dev", "sda")),
+        "an inode, sizes, a SHA-256 and times",
+    ),
+    (
+        "binding of another size",
+        _forged(lambda p: p["file"].__setitem__("size_before", 1)),
+        "binds it to a file of 1 bytes, its size before 6048",
+    ),
+    (
+        "chunk index",
+        _forged(lambda p: p["check"]["chunks"].__setitem__("x", "00" * 32)),
+        "not digests (64 hex digits) by index",
+    ),
+    (
+        "chunk digest",
+        _forged(lambda p: p["check"].__setitem__("chunks", {"0": 5})),
+        "checks chunks {'0': 5} and writes past the content {}: not digests",
+    ),
+    (
+        "write index past the writes",
+        _forged(lambda p: p["check"].__setitem__("beyond", {"7": "00" * 32})),
+        "not digests (64 hex digits) by index",
+    ),
     ("a list", lambda j: _recommit(j, b"[1, 2]"), "does not say what its payload must be"),
     ("not JSON", lambda j: _recommit(j, b"\xff{"), "is not JSON ("),
 ]
