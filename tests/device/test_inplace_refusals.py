@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.as_user import NOBODY, as_user
 from support.fixtures import get_fixture
 from support.large import ReplaceKey, inflate
 
@@ -119,28 +120,7 @@ def test_a_marked_file_without_its_journal_says_how_to_complete_it(tmp_path: Pat
 
 
 def _as_nobody(work: Callable[[], object]) -> str:
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - child
-        os.close(r)
-        out = "child did not report"
-        try:
-            os.setgroups([])
-            os.setresgid(65534, 65534, 65534)
-            os.setresuid(65534, 65534, 65534)
-            out = f"ok: {work()}"
-        except BaseException as exc:
-            out = f"{type(exc).__name__}: {exc}"
-        finally:
-            os.write(w, out.encode())
-            os._exit(0)
-    os.close(w)
-    os.waitpid(pid, 0)
-    got = b""
-    while chunk := os.read(r, 1 << 16):
-        got += chunk
-    os.close(r)
-    return got.decode()
+    return as_user(NOBODY, work)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")

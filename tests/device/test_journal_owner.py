@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.as_user import as_user
 from support.fixtures import get_fixture
 
 import ptestore
@@ -65,33 +66,6 @@ def _committed_bytes(model: Path, backend: BackendInterface) -> bytes:
     return data
 
 
-def _as_user(uid: int, work: Callable[[], object]) -> str:
-    """``work()`` in a forked child running as ``uid`` (and gid): ``"ok: <result>"`` or
-    ``"<exception class>: <message>"``."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - child
-        os.close(r)
-        out = "child did not report"
-        try:
-            os.setgroups([])
-            os.setresgid(uid, uid, uid)
-            os.setresuid(uid, uid, uid)
-            out = f"ok: {work()}"
-        except BaseException as exc:
-            out = f"{type(exc).__name__}: {exc}"
-        finally:
-            os.write(w, out.encode())
-            os._exit(0)
-    os.close(w)
-    os.waitpid(pid, 0)
-    got = b""
-    while chunk := os.read(r, 1 << 16):
-        got += chunk
-    os.close(r)
-    return got.decode()
-
-
 def _directory(mode: int) -> Iterator[Path]:
     """A directory of root's with ``mode``, reachable by every user (pytest's own are
     not: 0700), removed afterwards."""
@@ -137,7 +111,7 @@ def test_a_committed_journal_planted_by_another_user_is_never_applied(shared: Pa
     before = model.read_bytes()
     planted = _committed_bytes(model, Attacker())
     journal = Path(journal_path(str(model)))
-    assert _as_user(NOBODY, _plant(journal, planted)) == f"ok: {NOBODY}"
+    assert as_user(NOBODY, _plant(journal, planted)) == f"ok: {NOBODY}"
     want = (
         f"{journal}: refusing this in-place journal: owned by uid {NOBODY} (mode "
         f"-rw-r--r--), neither this process's user (uid 0) nor {model}'s owner (uid 0); "
@@ -163,7 +137,7 @@ def test_an_uncommitted_journal_planted_by_another_user_is_named_not_removed(
     model = shared / "model.pte"
     shutil.copyfile(FX.pte_path, model)  # type: ignore[arg-type]
     journal = Path(journal_path(str(model)))
-    assert _as_user(NOBODY, _plant(journal, b"\0" * 100, 0o600)) == f"ok: {NOBODY}"
+    assert as_user(NOBODY, _plant(journal, b"\0" * 100, 0o600)) == f"ok: {NOBODY}"
     with pytest.raises(PermissionDenied) as err:
         ptestore.verify(model)
     assert str(err.value).startswith(
@@ -203,15 +177,15 @@ def test_the_file_owner_s_uncommitted_journal_another_user_cannot_remove(
     os.chmod(model, 0o644)
     os.chown(model, NOBODY, NOBODY)
     journal = Path(journal_path(str(model)))
-    assert _as_user(NOBODY, _plant(journal, b"\0" * 100)) == f"ok: {NOBODY}"
-    got = _as_user(OTHER, lambda: ptestore.verify(model).status)
+    assert as_user(NOBODY, _plant(journal, b"\0" * 100)) == f"ok: {NOBODY}"
+    got = as_user(OTHER, lambda: ptestore.verify(model).status)
     assert got == (
         f"PermissionDenied: {model}: not changed (its in-place journal was never "
         f"committed), but the journal {journal} cannot be removed: Operation not "
         "permitted; remove it by hand (as its owner, or the directory's)"
     )
     assert journal.exists()
-    assert _as_user(NOBODY, lambda: ptestore.recover(model)) == "ok: discarded"
+    assert as_user(NOBODY, lambda: ptestore.recover(model)) == "ok: discarded"
 
 
 def test_a_journal_that_cannot_be_removed_is_applied_once(closed: Path) -> None:
@@ -246,7 +220,7 @@ def test_a_journal_that_cannot_be_removed_is_applied_once(closed: Path) -> None:
                 outcomes.append(str(exc))
         return [*applied, *outcomes]
 
-    got = _as_user(NOBODY, twice)
+    got = as_user(NOBODY, twice)
     message = (
         f"{model}: the change is complete (its in-place journal was applied), but the "
         f"journal {journal} cannot be removed: Permission denied; remove it by hand (as "

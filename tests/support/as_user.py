@@ -1,0 +1,39 @@
+"""Run a piece of a test as another user (the tests run as root): in a forked child that
+drops to that uid and gid, its outcome reported back through a pipe."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+__all__ = ["NOBODY", "as_user"]
+
+#: The uid (and gid) of ``nobody`` on Linux.
+NOBODY = 65534
+
+
+def as_user(uid: int, work: Callable[[], object]) -> str:
+    """``work()`` in a forked child running as ``uid`` (and gid): ``"ok: <result>"`` or
+    ``"<exception class>: <message>"``."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        os.close(r)
+        out = "child did not report"
+        try:
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+            out = f"ok: {work()}"
+        except BaseException as exc:
+            out = f"{type(exc).__name__}: {exc}"
+        finally:
+            os.write(w, out.encode())
+            os._exit(0)
+    os.close(w)
+    os.waitpid(pid, 0)
+    got = b""
+    while chunk := os.read(r, 1 << 16):
+        got += chunk
+    os.close(r)
+    return got.decode()
