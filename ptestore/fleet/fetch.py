@@ -377,7 +377,7 @@ def _fetch_files(
     check_room_for(files, {p: pte_bases if p == target else ptd_bases for _, p in files}, opts)
     # One fetch into a destination at a time: another would take over (or remove) this
     # one's live .part, and this one would then publish bytes it never checked.
-    with dest_lock(target):
+    with dest_lock(target, [p for _, p in files]):
         _download_all(files, target, pte_bases, opts, chunk_size, sink, result, require_base)
 
 

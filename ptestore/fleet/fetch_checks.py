@@ -24,7 +24,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
@@ -208,12 +208,16 @@ def check_size(want: dict[str, Any], options: dict[str, Any]) -> None:
 
 
 @contextmanager
-def dest_lock(target: str) -> Iterator[None]:
+def dest_lock(target: str, others: Iterable[str] = ()) -> Iterator[None]:
     """``target``'s directory made and the fetch's ``DEST.part.lock`` held (one fetch
     into a destination at a time; :func:`ptestore.storage.flock.locked`, removed on the
-    way out); a directory that cannot be made or a lock that cannot be taken (a
-    read-only directory, a file where a directory should be) is a
-    :class:`~ptestore.errors.StorageError` naming the path, never a raw ``OSError``."""
+    way out), then ``PATH.part.lock`` of every other file it writes (``others``: its
+    ``.ptd``, which the fetch into ``/x/m`` and the one into ``/x/m.pte`` share; no two
+    fetches wait for each other's: a ``.ptd`` beside a destination is never the
+    destination of the fetch whose ``.ptd`` would be that destination); a directory that
+    cannot be made or a lock that cannot be taken (a read-only directory, a file where a
+    directory should be) is a :class:`~ptestore.errors.StorageError` naming the path,
+    never a raw ``OSError``."""
     from ..storage.flock import locked
 
     directory = os.path.dirname(absolute_path(target))
@@ -224,15 +228,17 @@ def dest_lock(target: str) -> Iterator[None]:
         raise local_error(
             exc, f"{target}: cannot make its directory {directory}: {reason}"
         ) from exc
-    lock = target + ".part.lock"
-    refuse_link(lock)
+    paths = [target, *sorted(set(others) - {target})]
     with ExitStack() as stack:
-        try:
-            stack.enter_context(locked(lock, remove=True))
-        except PteStoreError:
-            raise
-        except OSError as exc:
-            raise local_error(
-                exc, f"{lock}: cannot lock the fetch into {target}: {strerror(exc)}"
-            ) from exc
+        for path in paths:
+            lock = path + ".part.lock"
+            refuse_link(lock)
+            try:
+                stack.enter_context(locked(lock, remove=True))
+            except PteStoreError:
+                raise
+            except OSError as exc:
+                raise local_error(
+                    exc, f"{lock}: cannot lock the fetch into {target}: {strerror(exc)}"
+                ) from exc
         yield

@@ -296,3 +296,50 @@ def test_a_url_replaced_after_fetch_read_its_trailer_is_read_again_once(
         "its trailer (the object was replaced since)"
     )
     assert info.value.published is False and not (tmp_path / "dev2" / "m.pte").exists()
+
+
+def test_fetches_into_two_names_that_share_a_ptd_take_turns(
+    pairs: dict[str, tuple[Path, Path]], tmp_path: Path
+) -> None:
+    """DEST ``x/m`` and DEST ``x/m.pte`` both put their ``.ptd`` at ``x/m.ptd``: each fetch
+    also holds ``x/m.ptd.part.lock``, so the second waits for the first instead of writing
+    into the same ``.ptd.part`` (they took different ``DEST.part.lock`` only)."""
+    from support.locks import blocked_on, wait_until
+
+    from ptestore.fleet import chunked
+
+    pte, _ = pairs["a"]
+    out = tmp_path / "x"
+    paused, go = threading.Event(), threading.Event()
+    real = chunked._fetch_run
+    outcomes: dict[str, object] = {}
+
+    def first_pauses(*args: Any) -> Any:
+        if threading.current_thread().name == "first" and not paused.is_set():
+            paused.set()  # mid-download of its .ptd (fetched first), nothing verified yet
+            assert go.wait(120)
+        return real(*args)
+
+    def run(name: str, dest: Path) -> None:
+        try:
+            outcomes[name] = ptestore.fetch(pte, dest)
+        except BaseException as exc:  # reported below
+            outcomes[name] = exc
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(chunked, "_fetch_run", first_pauses)
+        first = threading.Thread(target=run, args=("first", out / "m"), name="first")
+        first.start()
+        wait_until(paused.is_set, "the first fetch to start downloading")
+        part = out / "m.ptd.part"
+        inode = part.stat().st_ino
+        second = threading.Thread(target=run, args=("second", out / "m.pte"), name="second")
+        second.start()
+        lock = out / "m.ptd.part.lock"
+        wait_until(lambda: blocked_on(lock), "the second fetch to wait for the first")
+        assert part.stat().st_ino == inode  # the first one's .ptd.part, untouched
+        go.set()
+        first.join()
+        second.join()
+    assert all(not isinstance(o, BaseException) for o in outcomes.values()), outcomes
+    assert sorted(p.name for p in out.iterdir()) == ["m", "m.ptd", "m.pte"]
