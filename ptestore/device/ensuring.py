@@ -184,7 +184,9 @@ def ensure(
         ConfigurationError, ObjectNotFound, FormatError, BackendError: as for
             :func:`ptestore.specialize`.
     """
-    _check_args(max_bytes, device, model is not None or os.fspath(source).endswith(".json"))
+    src = os.fspath(source)
+    from_index = model is not None or src.endswith(".json")
+    _check_args(max_bytes, device, from_index)
     if not isinstance(provenance, bool):
         raise ConfigurationError(f"provenance must be True or False, got {provenance!r}")
     check_packed_args(source, in_place, xnnpack_cache, xnnpack_retry, xnnpack_timeout)
@@ -211,10 +213,8 @@ def ensure(
         if max_bytes is not None:  # the packed file counts in the entry's bytes
             evict(layout.root, max_bytes, keep=served.key)
         return served
-    src = os.fspath(source)
     ptd_src = None if ptd is None else os.fspath(ptd)
     blist = None if backends is None else list(backends)
-    from_index = model is not None or src.endswith(".json")
     if portable is not None and not in_place and not from_index:
         raise ConfigurationError(
             f"{src}: portable= is the source an in-place entry is made from; it applies "
