@@ -13,7 +13,8 @@ S3 stores one checksum per object, of one of these algorithms (its names):
 Values are integers for CRCs and raw digests for SHA-*; S3 writes them as base64 of the
 big-endian bytes (:func:`encode`, :func:`decode`).
 
-CRC-32 needs nothing beyond :mod:`zlib`. CRC-32C and CRC64NVME are computed by
+CRC-32 needs nothing beyond :mod:`zlib` (libdeflate computes it where the system has
+it: :mod:`ptestore._crc32`). CRC-32C and CRC64NVME are computed by
 ``awscrt`` (the AWS Common Runtime botocore itself uses for them, ``botocore[crt]``;
 installed by ``pip install 'ptestore[s3]'``), imported on first use: hardware
 accelerated, about 25 GB/s here, where pure Python would take minutes per GiB. Without
@@ -35,11 +36,11 @@ import base64
 import binascii
 import functools
 import hashlib
-import zlib
 from collections.abc import Mapping, Sequence
 from types import ModuleType
 from typing import Any, Literal
 
+from ._crc32 import crc32
 from ._dataclass import dataclass, field
 from .errors import PteStoreError
 
@@ -120,7 +121,7 @@ def crc(algorithm: str, data: Any, previous: int = 0) -> int:
     bytes before it). :class:`ChecksumUnavailable` when ``awscrt`` is missing for
     CRC-32C and CRC64NVME."""
     if algorithm == "CRC32":
-        return zlib.crc32(data, previous)
+        return crc32(data, previous)
     if algorithm not in ("CRC32C", "CRC64NVME"):
         raise ValueError(f"{algorithm!r} is not a CRC: one of {CRC_ALGORITHMS}")
     crt = crt_module()

@@ -18,6 +18,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from .._background import Pending, Worker
+from .._crc32 import crc32
 from .._io import read_pieces
 from ..storage.types import DataLoader
 from . import pieces
@@ -126,7 +127,7 @@ class ContentHasher:
         if self._grid is not None:
             self._grid.update(data)
         else:
-            self._crc = zlib.crc32(data, self._crc)
+            self._crc = crc32(data, self._crc)
 
     def _skippable(self, index: int) -> bool:
         return (

@@ -379,6 +379,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "ptestore._align",
             "ptestore._io",
             "ptestore._libc",
+            "ptestore._crc32",
             "ptestore._log",
             "ptestore._signals",
             "ptestore._background",

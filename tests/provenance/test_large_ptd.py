@@ -16,10 +16,10 @@ import ptestore
 from ptestore.backends import BackendData, BackendInterface
 from ptestore.errors import IntegrityError
 from ptestore.format.reader import read_container
-from ptestore.loaders import open_loader
 from ptestore.provenance import read_trailer
 from ptestore.provenance.chunks import CHUNK_SIZE
 from ptestore.provenance.trailer import ContentView
+from ptestore.storage.loaders import open_loader
 
 EXT = get_fixture("mlp_xnnpack_ext")
 MIB = 1 << 20
