@@ -11,6 +11,7 @@ __all__ = [
     "ENTRY_ROOM",
     "MAX_CATALOG_BYTES",
     "MAX_ENTRY_BYTES",
+    "MAX_ENTRY_DEPTH",
     "MAX_INDEX_DEPTH",
     "MAX_ROOT_BYTES",
     "MAX_V2_BYTES",
@@ -97,14 +98,33 @@ def check_asked(what: str, name: str) -> None:
         )
 
 
+#: Levels an entry may nest (:func:`check_entry_size`): the object holding it (a leaf,
+#: a version 2 index) and its ``entries`` array are two more.
+MAX_ENTRY_DEPTH = MAX_INDEX_DEPTH - 2
+
+
 def check_entry_size(entry: dict[str, Any], url: str, field: str) -> None:
-    """An entry to publish is at most :data:`MAX_ENTRY_BYTES` (compact JSON): a leaf
-    holding it stays within what readers read (``leaf_bytes`` + :data:`ENTRY_ROOM`)."""
+    """An entry to publish is at most :data:`MAX_ENTRY_BYTES` (compact JSON) and nests
+    at most :data:`MAX_ENTRY_DEPTH` levels: a leaf holding it stays within what readers
+    read (``leaf_bytes`` + :data:`ENTRY_ROOM`, :data:`MAX_INDEX_DEPTH` levels). One
+    deeper was written, and every reader then refused its leaf: every device of its
+    model."""
     import json
+
+    from .._jsondepth import json_depth
 
     size = len(json.dumps(entry, separators=(",", ":")).encode())  # as a leaf holds it
     if size > MAX_ENTRY_BYTES:
         raise FormatError(url, f"{field} size", size, f"at most {MAX_ENTRY_BYTES} bytes")
+    depth = json_depth(entry)
+    if depth > MAX_ENTRY_DEPTH:
+        raise FormatError(
+            url,
+            f"{field} (nesting depth)",
+            depth,
+            f"at most {MAX_ENTRY_DEPTH} levels of arrays and objects",
+            f"the index's objects nest at most {MAX_INDEX_DEPTH}",
+        )
 
 
 def parse_object(data: bytes, url: str) -> dict[str, Any]:

@@ -331,6 +331,31 @@ def test_an_entry_too_large_to_publish_is_refused(tmp_path: Path) -> None:
     )
 
 
+def test_an_entry_nested_too_deep_to_read_is_refused_and_its_leaf_kept(tmp_path: Path) -> None:
+    """One such entry was written, and every reader refused its leaf after: every
+    device of the model (the leaf and its ``entries`` array are two more levels)."""
+    url = str(tmp_path / "ptestore-index.json")
+    publish_entries(url, [synthetic_entry("m", "ok")], {})
+    deep = synthetic_entry("m", "deep")
+    nested: dict[str, Any] = {}
+    deep["job"] = nested
+    for _ in range(60):  # the entry: 62 levels, the most a leaf's 64 hold
+        nested["a"] = {}
+        nested = nested["a"]
+    publish_entries(url, [deep], {})
+    assert select(url, "m", "deep").kind == "artifact"
+    nested["a"] = {}  # 63
+    deeper = {**deep, "device": "deeper"}
+    with pytest.raises(FormatError) as caught:
+        publish_entries(url, [deeper], {})
+    assert str(caught.value) == (
+        f"{url}: index entry m/deeper (nesting depth) = 63: must be at most 62 levels of "
+        "arrays and objects (the index's objects nest at most 64)"
+    )
+    assert select(url, "m", "ok").kind == "artifact"
+    assert select(url, "m", "deep").kind == "artifact"
+
+
 def test_a_leaf_past_its_bound_on_s3_is_refused_unread(s3_server: S3TestServer) -> None:
     """On S3 the object's Content-Length decides: its body is never downloaded."""
     bucket = s3_server.new_bucket()
