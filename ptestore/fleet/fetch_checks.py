@@ -65,12 +65,15 @@ class EntryMismatch(IntegrityError):
 def named(want: dict[str, Any], value: object) -> str:
     """What the entry ``want`` says of a field (``value``), as an error shows it: ``the
     index names V``; for a URL fetched directly, what its trailer said when fetch read it
-    first (the object replaced since), or what the ``.pte``'s record names."""
+    first (the object replaced since), or what the ``.pte``'s record names, or (a
+    packed-weight file of an artifact fetched by URL) the XNNPACK record beside it."""
     by = want.get("named_by")
     if by == "trailer":
         return f"it was {value} when fetch first read its trailer (the object was replaced since)"
     if by == "record":
         return f"the .pte's record names {value}"
+    if by == "xnnpack record":
+        return f"the XNNPACK record beside {want.get('named_in')} names {value}"
     return f"the index names {value}"
 
 

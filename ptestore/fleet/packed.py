@@ -380,7 +380,7 @@ def fetch_packed(
             and record.get("ptd_sha256") == ptd_sha256
             and record["xnnpack"].get("cpu") == cpu
         ):
-            field = record["xnnpack"]
+            field = {**record["xnnpack"], "named_by": "xnnpack record", "named_in": src}
     build = runtime_build()
     reason = why_not(field, cpu, build)
     if reason is None and build is None:
@@ -408,7 +408,7 @@ def fetch_packed(
             chunk_size=chunk_size,
             bases=packed_bases([directory, *base_dirs], artifact),
             events=count,
-            record=record if record is not None and record["xnnpack"] is field else None,
+            record=record if field.get("named_by") == "xnnpack record" else None,
             installed_for=artifact,
         )
     except IntegrityError as exc:

@@ -50,6 +50,7 @@ from .._io import pread_all
 from .._log import get_logger
 from ..errors import FormatError, IntegrityError, StorageError
 from ..provenance.chunks import ChunkDigests
+from .fetch_checks import named
 from .shift import Moves
 
 if TYPE_CHECKING:
@@ -87,11 +88,11 @@ def recorded_chunks(field: dict[str, Any], record: dict[str, Any] | None) -> Chu
         return None
     if chunks.digest != root:
         log.info(
-            "%s: the chunk record beside it has the root %s, the index names %s (a later "
-            "run replaced it): downloaded whole",
+            "%s: the chunk record beside it has the root %s, %s (a later run replaced "
+            "it): downloaded whole",
             url,
             chunks.digest,
-            root,
+            named(field, root),
         )
         return None
     return chunks
@@ -218,7 +219,7 @@ def download_whole(
         size = loader.size()
         if size != field.get("size"):
             raise IntegrityError(
-                f"{url}: {size} bytes, the index names {field.get('size')}", published=False
+                f"{url}: {size} bytes, {named(field, field.get('size'))}", published=False
             )
         h = hashlib.sha256()
         sink = Sink(url, part[: -len(".part")], size, progress, events)
@@ -244,7 +245,7 @@ def download_whole(
     got = "sha256:" + h.hexdigest()
     if got != field.get("sha256"):
         raise IntegrityError(
-            f"{url}: downloaded bytes have {got}, the index names {field.get('sha256')}",
+            f"{url}: downloaded bytes have {got}, {named(field, field.get('sha256'))}",
             published=False,
         )
     return h.hexdigest()
@@ -297,7 +298,7 @@ def download_delta(
         size = int(state["size"])
         if size != chunks.length:
             raise IntegrityError(
-                f"{url}: {size} bytes, the index names {chunks.length}", published=False
+                f"{url}: {size} bytes, {named(field, chunks.length)}", published=False
             )
         opened = open_bases(list(bases), required=False)
         try:

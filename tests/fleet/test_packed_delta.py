@@ -524,6 +524,29 @@ def test_a_damaged_stored_chunk_is_refused_and_one_the_base_holds_never_read(
     )
 
 
+def test_a_packed_file_fetched_by_url_is_checked_against_the_record_beside_it(
+    model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Fetched by the artifact's URL (no index), the packed-weight file is the one the
+    XNNPACK record beside the artifact names, and an error says so (it said "the index
+    names")."""
+    from ptestore.errors import IntegrityError
+
+    out, dest = tmp_path / "out", tmp_path / "dev" / "m.pte"
+    index = packed_run(packed_job(tmp_path, model, str(out), "1"), capsys)
+    (entry,) = load_index(index)["entries"]
+    field, src = entry["xnnpack"], entry["pte"]["url"]
+    stored = Path(field["url"])
+    stored.chmod(0o644)
+    stored.write_bytes(stored.read_bytes()[:-1])
+    with pytest.raises(IntegrityError) as err:
+        ptestore.fetch(src, dest, xnnpack_cache=True)
+    assert str(err.value) == (
+        f"{field['url']}: {field['size'] - 1} bytes, the XNNPACK record beside {src} names "
+        f"{field['size']}; {dest} was published, no XNNPACK packed-weight file was"
+    )
+
+
 @pytest.mark.s3
 def test_s3_only_the_changed_chunks_cross_the_wire(
     model: Path, s3_server: S3TestServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
