@@ -20,10 +20,13 @@ if TYPE_CHECKING:
 __all__ = ["planned_digest"]
 
 
-#: Digests of outputs that reproduce their source, by the source object's version
-#: (``(name, ETag, size)``): a fleet worker making one .ptd for many devices reads
-#: the source's bytes for it once, not once per device.
-_IDENTITY: dict[tuple[str, str, int], ContentDigest] = {}
+#: Digests of outputs that reproduce their source, by the source object's version and
+#: the CRCs recorded (``(name, ETag, size, whether the store keeps a checksum)``: a
+#: record's CRCs follow its destination, never what ran before it in the process): a
+#: fleet worker making one .ptd for many devices reads the source's bytes for it once,
+#: not once per device. The oldest go past :data:`_MAX_IDENTITY` (a long-lived worker).
+_IDENTITY: dict[tuple[str, str, int, bool], ContentDigest] = {}
+_MAX_IDENTITY = 256
 _LOCK = threading.Lock()
 
 
@@ -42,11 +45,13 @@ def planned_digest(
         and is_identity(f, layout)
         and not any(role == f.role for role, _ in run.replacements)
     ):
-        key = (f.loader.name, etag, f.container.file_size)
+        key = (f.loader.name, etag, f.container.file_size, bool(f.writer.stored_checksum))
         with _LOCK:
             got = _IDENTITY.get(key)
             if got is None:
                 got = _IDENTITY[key] = _digest(run, f, layout, cancelled)
+                while len(_IDENTITY) > _MAX_IDENTITY:
+                    del _IDENTITY[next(iter(_IDENTITY))]
         return got
     return _digest(run, f, layout, cancelled)
 

@@ -31,6 +31,7 @@ from ptestore.provenance.crcs import (
 from ptestore.provenance.digest import ContentHasher
 from ptestore.provenance.record import ContentDigest
 from ptestore.storage.loaders import open_loader
+from ptestore.testing.s3server import S3TestServer
 
 FX = get_fixture("mlp_xnnpack")
 MiB = 1 << 20
@@ -162,3 +163,35 @@ def test_no_chunk_crcs_past_the_limit() -> None:
     crcs = ContentCRCs.from_grid(grid, len(data))
     assert len(data) > MAX_CRC_CHUNKS and crcs.chunks == {}
     assert crcs.full["CRC64NVME"] == _independent("CRC64NVME", data)
+
+
+@pytest.mark.s3
+def test_a_reproduced_s3_source_records_what_each_destination_needs(
+    s3_server: S3TestServer, tmp_path: Path
+) -> None:
+    """An output that reproduces an S3 source (its digest kept per source version, so a
+    job's many devices read it once) records the CRCs of its own destination, whatever
+    ran before it in the process: an output to S3 after a local one got the local set
+    (CRC-32 only), and its object, stored with CRC64NVME, could not be trusted by HEAD;
+    a local one after an S3 one got every CRC."""
+    assert FX.pte_path is not None
+    bucket = s3_server.new_bucket()
+    opts = dict(s3_server.storage_options)
+    s3_server.client().put_object(Bucket=bucket, Key="src.pte", Body=FX.pte_path.read_bytes())
+    src = f"s3://{bucket}/src.pte"
+
+    def recorded(dst: str, **kw: Any) -> tuple[list[str], list[str]]:
+        ptestore.specialize(src, dst, allow_unchanged=True, src_storage_options=opts, **kw)
+        loader = open_loader(dst, **(opts if dst.startswith("s3://") else {}))
+        try:
+            prov = read_provenance(loader)
+        finally:
+            loader.close()
+        assert prov is not None and prov.content is not None and prov.content.crcs is not None
+        return sorted(prov.content.crcs.full), sorted(prov.content.crcs.chunks)
+
+    everything = (["CRC32C", "CRC64NVME"], ["CRC32", "CRC32C", "CRC64NVME"])
+    local = ([], ["CRC32"])
+    assert recorded(str(tmp_path / "a.pte")) == local
+    assert recorded(f"s3://{bucket}/a.pte", storage_options=opts) == everything
+    assert recorded(str(tmp_path / "b.pte")) == local
