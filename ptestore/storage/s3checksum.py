@@ -2,7 +2,8 @@
 (``HEAD`` with ``ChecksumMode=ENABLED``) and, for a multipart object, its parts.
 
 Used to trust an object by its checksum (:mod:`ptestore.fleet.binding`). Every request
-asks for the version the loader opened (``VersionId``), and a checksum or part list
+asks for the version the loader opened (``VersionId``: the one the loader's ``HEAD``
+reported, on a versioned bucket), and a checksum or part list
 whose ETag is not the one the loader read means the object was replaced: nothing is
 reported then, so the caller reads the bytes instead. Any failure (no permission for
 ``GetObjectAttributes``, a server without it) also reports nothing: a checksum that
@@ -101,9 +102,10 @@ class ObjectParts:
 class S3Object:
     """One version of an S3 object as a loader opened it (s3fs filesystem and path)."""
 
-    def __init__(self, fs: Any, path: str, etag: str | None) -> None:
+    def __init__(self, fs: Any, path: str, etag: str | None, version: str | None = None) -> None:
         self.fs = fs
-        self.bucket, self.key, self.version = fs.split_path(path)
+        self.bucket, self.key, in_path = fs.split_path(path)
+        self.version = version or in_path
         self.etag = etag
         self.size: int | None = None
         self.requests = 0
@@ -202,4 +204,10 @@ def s3_object(loader: object) -> S3Object | None:
     if fs is None or not isinstance(path, str) or type(fs).__name__ != "S3FileSystem":
         return None
     etag = getattr(loader, "etag", None)
-    return S3Object(fs, path, etag if isinstance(etag, str) else None)
+    version = getattr(loader, "version_id", None)  # the one it opened (versioned buckets)
+    return S3Object(
+        fs,
+        path,
+        etag if isinstance(etag, str) else None,
+        version if isinstance(version, str) else None,
+    )

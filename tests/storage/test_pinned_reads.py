@@ -186,6 +186,25 @@ def test_a_versioned_source_is_read_at_its_version(s3_server: S3TestServer) -> N
     )
 
 
+def test_the_checksum_head_of_a_versioned_source_asks_for_the_version_opened(
+    s3_server: S3TestServer,
+) -> None:
+    """The stored checksum a source is trusted by is the opened version's: a newer
+    version stored since answered the HEAD (another ETag), and a read followed."""
+    from ptestore.storage.s3checksum import s3_object
+
+    client = s3_server.client()
+    bucket = s3_server.new_bucket()
+    client.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+    first = client.put_object(Bucket=bucket, Key="m.pte", Body=A, ChecksumAlgorithm="CRC32")
+    loader = _open(s3_server, bucket)
+    client.put_object(Bucket=bucket, Key="m.pte", Body=B, ChecksumAlgorithm="CRC32")
+    obj = s3_object(loader)
+    assert obj is not None and obj.version == first["VersionId"]
+    stored = obj.checksum()
+    assert stored is not None and stored.value == first["ChecksumCRC32"]
+
+
 def test_a_transient_failure_of_a_pinned_read_is_retried(s3_server: S3TestServer) -> None:
     client = s3_server.client()
     bucket = s3_server.new_bucket()
