@@ -97,8 +97,10 @@ def check_catalog(value: dict[str, Any], url: str, listed: int) -> dict[str, Any
     """``value`` if it is a catalog of a layout listing ``listed`` names per class,
     else :class:`FormatError` naming the field. No class lists more than ``listed``
     names (``select`` reads a leaf per name it tries). Its depths are not held to its
-    leaf count: the counts are a summary that concurrent splits can leave short
-    (:func:`depth_range` bounds what a reader reads at once instead)."""
+    leaf count: the counts are a summary that concurrent splits can leave short, and a
+    write whose outcome was unknown, that landed and was replaced before it was read
+    again, long (its splits counted twice: :meth:`~.index_store.IndexStore.update`);
+    :func:`depth_range` bounds what a reader reads at once instead."""
     if value.get("format") != CATALOG_FORMAT:
         raise FormatError(url, "index catalog format", value.get("format"), repr(CATALOG_FORMAT))
     if not isinstance(value.get(REBUILDING, ""), str):
