@@ -21,8 +21,10 @@ with its devices.
 
 The leaves are the truth: a writer updates its leaves first, then the catalog (by
 compare-and-swap, with *set* semantics: "device d is a member of class C, of no other"),
-and checks again the entries whose placement it changed (:mod:`.index_v3`). ``select``
-checks the entry it picks against its leaf.
+and checks again the entries whose placement it changed (:mod:`.index_v3`). An entry an
+update retires is the exception: taken out of the catalog before its leaf is written, so
+no crash leaves a retired entry listed (``select`` lists the catalog's devices as
+candidates, and checks only the entry it picks against its leaf).
 
 A placement that leaves the catalog as it is writes nothing, so a rebuild could commit
 a catalog made from leaves read before such a writer's leaf write. A rebuild therefore
