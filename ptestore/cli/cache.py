@@ -34,7 +34,8 @@ fetched from no longer naming it; --dry-run lists them and removes nothing). A s
 that cannot be reached is kept and reported. clear removes every entry. An entry another process is
 using right now is never removed (it is reported as busy).
 
-Exit status: 0 success; 1 storage failure; 2 bad input (no such cache directory)."""
+Exit status: 0 success; 1 storage failure; 2 bad input (no such cache directory, an -o
+option that applies to none of the entries' remote indexes)."""
 
 
 def add_cache_parser(subparsers: Any) -> argparse.ArgumentParser:

@@ -234,7 +234,9 @@ def prune_stale(
 ) -> StaleResult:
     """Remove the entries of ``cache_dir`` whose source is gone or changed (see the
     module docstring); with ``dry_run`` only list them. ``storage_options`` reach the
-    job indexes of entries fetched from one (as ``ensure(storage_options=...)``).
+    job indexes of entries fetched from one (as ``ensure(storage_options=...)``); one
+    that applies to none of the remote ones is a :class:`ConfigurationError`, raised
+    before any index is read (none is refused when every index is local).
 
     Broken and incomplete entries are :func:`~ptestore.device.prune`'s (``ptestore cache
     prune`` without ``--stale`` removes them too)."""
@@ -244,11 +246,12 @@ def prune_stale(
     if not os.path.isdir(layout.root):
         raise ObjectNotFound(f"{layout.root}: no such cache directory")
     options = dict(storage_options or {})
+    ready = [e for e in (load_entry(layout, k) for k in layout.entry_keys()) if e.state == "ready"]
+    if options:
+        _check_options(options, [e.manifest.get("index") for e in ready])
     out = StaleResult(dry_run)
-    for key in layout.entry_keys():
-        entry = load_entry(layout, key)
-        if entry.state != "ready":
-            continue
+    for entry in ready:
+        key = entry.key
         manifest = entry.manifest
         source = manifest.get("index") or entry.source
         reason, known = why_stale(manifest, options)
@@ -263,6 +266,26 @@ def prune_stale(
             continue
         out.entries.append(_remove(layout, key, manifest, source, reason, entry.bytes, options))
     return out
+
+
+def _check_options(options: dict[str, Any], indexes: list[Any]) -> None:
+    """Refuse a storage option that applies to none of the job indexes the entries were
+    fetched from (:meth:`~ptestore.storage.routing.StorageOptions.check`: "did you mean
+    'endpoint_url'?"), before any is read. Options are used for no other URL here, and
+    are left unused when every index is local (a cache may hold only local ones today).
+    An index whose protocol cannot be read is left out: its entry is judged unknown,
+    with the reason."""
+    from ..storage.routing import StorageOptions
+    from ..storage.schemes import loader_options
+
+    readable: list[str] = []
+    for index in dict.fromkeys(str(i) for i in indexes if i is not None):
+        try:
+            loader_options(index)
+        except PteStoreError:
+            continue
+        readable.append(index)
+    StorageOptions(options).check(readable, local_ok=True)
 
 
 def _remove(

@@ -21,8 +21,10 @@ with its devices.
 
 The leaves are the truth: a writer updates its leaves first, then the catalog (by
 compare-and-swap, with *set* semantics: "device d is a member of class C, of no other"),
-and checks again the entries whose placement it changed (:mod:`.index_v3`). ``select``
-checks the entry it picks against its leaf.
+and checks again the entries whose placement it changed (:mod:`.index_v3`). An entry an
+update retires is the exception: taken out of the catalog before its leaf is written, so
+no crash leaves a retired entry listed (``select`` lists the catalog's devices as
+candidates, and checks only the entry it picks against its leaf).
 
 A placement that leaves the catalog as it is writes nothing, so a rebuild could commit
 a catalog made from leaves read before such a writer's leaf write. A rebuild therefore
@@ -97,8 +99,10 @@ def check_catalog(value: dict[str, Any], url: str, listed: int) -> dict[str, Any
     """``value`` if it is a catalog of a layout listing ``listed`` names per class,
     else :class:`FormatError` naming the field. No class lists more than ``listed``
     names (``select`` reads a leaf per name it tries). Its depths are not held to its
-    leaf count: the counts are a summary that concurrent splits can leave short
-    (:func:`depth_range` bounds what a reader reads at once instead)."""
+    leaf count: the counts are a summary that concurrent splits can leave short, and a
+    write whose outcome was unknown, that landed and was replaced before it was read
+    again, long (its splits counted twice: :meth:`~.index_store.IndexStore.update`);
+    :func:`depth_range` bounds what a reader reads at once instead."""
     if value.get("format") != CATALOG_FORMAT:
         raise FormatError(url, "index catalog format", value.get("format"), repr(CATALOG_FORMAT))
     if not isinstance(value.get(REBUILDING, ""), str):

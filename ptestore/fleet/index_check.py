@@ -5,7 +5,8 @@ A catalog (:mod:`.index_catalog`) is what ``select`` rates instead of every entr
 distinct compatibility stamps, the first device names (sorted) of the live entries the
 model's leaves hold, and ``more`` when there are others. The runs that publish keep it
 so by compare-and-swap; what can still leave one behind its leaves is outside their
-reach: a run killed between its leaf writes and its catalog placement, a catalog object
+reach: a run killed between its leaf writes and its catalog placement (or a retire
+between taking its entries out of the catalog and its leaf writes), a catalog object
 removed by hand or a lifecycle rule, a rebuild interrupted (or starved by writers)
 after it marked the catalog. The next run that touches the model repairs it; this
 check finds them without one, and ``repair`` rebuilds each from its leaves

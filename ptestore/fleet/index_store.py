@@ -9,19 +9,17 @@ by a *transform*, and published with ``publish(mode="if-match", expected=token)`
 reads again and redoes the change. The writers do the compare-and-swap (S3 ``If-Match``
 / ``If-None-Match``, a hash check under an ``flock`` on local disks, a hash check under
 a lock in memory: docs/storage.md). Each object's attempts and conflicts are kept
-(:class:`ObjectStats`), and every read is counted (objects, bytes, requests), so a run
-can report its contention per shard and ``select`` what it read.
+(:class:`ObjectStats`, :mod:`.index_stats`), and every read is counted (objects, bytes,
+requests), so a run can report its contention per shard and ``select`` what it read.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import threading
 from collections.abc import Callable
 from typing import Any
 
-from .._dataclass import dataclass, field
 from ..errors import AlreadyExists, FormatError, PreconditionFailed, PublishUncertain
 from ..storage.routing import options_for_loader, options_for_writer
 from ..storage.types import StorageURL, split_url
@@ -34,6 +32,7 @@ from .index_bounds import (
     oversize,
     parse_object,
 )
+from .index_stats import ObjectStats, ReadCount, shards_line
 
 __all__ = [
     "CAS_PROTOCOLS",
@@ -56,62 +55,6 @@ def dumps(value: dict[str, Any], *, compact: bool = True) -> bytes:
     if compact:
         return json.dumps(value, separators=(",", ":")).encode()
     return json.dumps(value, indent=1).encode()
-
-
-@dataclass
-class ObjectStats:
-    """One object a run updated: how many attempts its compare-and-swap took."""
-
-    url: str
-    kind: str
-    #: Read-modify-write attempts (1 when nobody else wrote it meanwhile).
-    attempts: int = 0
-    #: Attempts lost to another writer (412 / ``PreconditionFailed`` / ``AlreadyExists``).
-    conflicts: int = 0
-    #: Whether this run published a new version (False: nothing to change).
-    written: bool = False
-    #: Entries of the run's pairs in it (a leaf).
-    entries: int = 0
-    #: Splits this run committed (a leaf that grew past the bound).
-    splits: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "shard": self.url,
-            "kind": self.kind,
-            "entries": self.entries,
-            "attempts": self.attempts,
-            "conflicts": self.conflicts,
-            "written": self.written,
-            "splits": self.splits,
-        }
-
-
-@dataclass
-class ReadCount:
-    """What an operation read: objects found, bytes, requests (a missing object is a
-    request that found nothing)."""
-
-    objects: int = 0
-    bytes: int = 0
-    requests: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
-
-    def add(self, size: int | None) -> None:
-        with self.lock:
-            self.requests += 1
-            if size is not None:
-                self.objects += 1
-                self.bytes += size
-
-    def part(self, size: int) -> None:
-        """A read of part of an object (counted whole by another: a large root's head)."""
-        with self.lock:
-            self.requests += 1
-            self.bytes += size
-
-    def to_dict(self) -> dict[str, int]:
-        return {"objects": self.objects, "bytes": self.bytes, "requests": self.requests}
 
 
 class IndexStore:
@@ -313,9 +256,15 @@ class IndexStore:
 
         A write whose outcome is unknown (:class:`~ptestore.errors.PublishUncertain`: an
         attempt's answer was lost, and a retry was refused by a version that is not
-        ours) is read again like a conflict: ``transform`` is idempotent, so what is there
-        now either holds the change (this call is then counted as having published it:
-        it may have) or gets it by a new compare-and-swap.
+        ours) is read again like a conflict. When what is there now is what that attempt
+        wrote, it landed: the call ends as having published it, and ``transform`` is not
+        run on it again (a catalog's transform counts the splits it is given: run again
+        on its own output it would count them twice). Otherwise ``transform`` is run on
+        what is there, as after a conflict: a change it makes by set semantics (an entry,
+        a placement) is right whether or not the uncertain write landed first, a count
+        (splits) is counted again when that write landed and another writer replaced it
+        since (a catalog's leaf counts are a hint its readers check: :mod:`.index_catalog`).
+        If nothing is left to change, the call counts as having published (it may have).
 
         ``transform`` returning None (nothing to change) on ``first`` ends the call as it
         is, unless ``confirm_unchanged``: then the object is read again and the answer
@@ -328,11 +277,17 @@ class IndexStore:
         given = [first]
         out: list[Any] = [None, None, False]
         maybe_ours = [False]  # an attempt whose write may have landed (PublishUncertain)
+        # What that attempt wrote, as a reader parses it back.
+        uncertain: list[dict[str, Any] | None] = [None]
 
         def attempt() -> None:
             stats.attempts += 1
             got, given[0] = given[0], None
             value, version = got if got is not None else self.read_json(url)
+            if uncertain[0] is not None and value == uncertain[0]:
+                out[:] = [value, version, True]  # it landed, and is still there
+                stats.written = True
+                return
             new = transform(value, version)
             if new is None and got is not None and confirm_unchanged:
                 value, version = self.read_json(url)
@@ -348,7 +303,9 @@ class IndexStore:
                 raise
             except PublishUncertain:
                 stats.conflicts += 1
+                stats.uncertain += 1
                 maybe_ours[0] = True
+                uncertain[0] = json.loads(dumps(new))
                 raise
             out[:] = [new, version, True]
             stats.written = True
@@ -427,18 +384,3 @@ class IndexStore:
             fs.rm(u.path.rstrip("/"), recursive=True)
         except Exception:  # best effort: what is left is never read
             return
-
-
-def shards_line(shards: dict[str, Any]) -> str:
-    """The ``index shards`` line of a run's summary, from ``IndexReport.to_dict()``:
-    version, objects, writes, conflicts (and the kinds of object they were in)."""
-    hot = [s for s in shards["shards"] if s["conflicts"]]
-    text = (
-        f"v{shards['version']}: {shards['objects']} objects, {shards['written']} written, "
-        f"{shards['conflicts']} conflicts"
-    )
-    if hot:
-        text += f" retried in {len(hot)} ({', '.join(sorted({s['kind'] for s in hot}))})"
-    if shards.get("migrated"):
-        text += f"; migrated from v{shards['migrated']['from_version']}"
-    return text

@@ -58,6 +58,8 @@ _STATES = (LEAF, SPLITTING, SPLIT)
 
 #: ``change(old entry or None) -> new entry`` (None: leave it as it is).
 Change = Callable[[dict[str, Any] | None], dict[str, Any] | None]
+#: device -> (entry before, entry published) of the changes an update made.
+Made = dict[str, tuple[dict[str, Any] | None, dict[str, Any]]]
 
 
 @dataclass
@@ -87,8 +89,7 @@ class _Moved(Exception):
 class LeafOutcome:
     """What the updates of one model's leaves did."""
 
-    #: device -> (entry before, entry published), for the entries this call changed.
-    changes: dict[str, tuple[dict[str, Any] | None, dict[str, Any]]] = field(default_factory=dict)
+    changes: Made = field(default_factory=dict)  # the entries this call changed
     #: The depth of each split this call committed.
     splits: list[int] = field(default_factory=list)
     stats: list[ObjectStats] = field(default_factory=list)
@@ -277,18 +278,25 @@ class ModelTrie:
         if located is None:
             located = self.locate(list(changes), lo, hi)
         out.fresh = all(n.prefix == "" and n.kind == EMPTY for n, _ in located.values())
+        carried: Made = {}  # what an uncertain write may have made above a split since
         while located:
             moved: list[tuple[str, list[str]]] = []
             with cf.ThreadPoolExecutor(max_workers=max(1, min(workers, len(located)))) as pool:
                 futures = {
-                    pool.submit(self._update_leaf, node, {d: changes[d] for d in devs}, out): (
-                        node.prefix,
-                        devs,
-                    )
+                    pool.submit(
+                        self._update_leaf,
+                        node,
+                        {d: changes[d] for d in devs},
+                        out,
+                        {d: carried[d] for d in devs if d in carried},
+                    ): (node.prefix, devs)
                     for node, devs in located.values()
                 }
+                carried = {}
                 for fut in cf.as_completed(futures):
-                    if later := fut.result():
+                    later, carry = fut.result()
+                    carried.update(carry)
+                    if later:
                         moved.append((futures[fut][0], later))
             located = {}
             for prefix, devs in moved:  # split since, or by this change: below it
@@ -297,17 +305,23 @@ class ModelTrie:
                     located.setdefault(p, (node, []))[1].extend(ds)
         return out
 
-    def _update_leaf(self, node: Node, changes: dict[str, Change], out: LeafOutcome) -> list[str]:
+    def _update_leaf(
+        self, node: Node, changes: dict[str, Change], out: LeafOutcome, carried: Made
+    ) -> tuple[list[str], Made]:
         """Update one leaf; returns the devices to look for below it (it turned out to
-        be split, or this update split it before their changes)."""
+        be split, or this update split it before their changes), and the changes a
+        write of this call whose outcome was unknown may have made to them (``carried``
+        from above: an entry found as such a write made it is recorded as this call's
+        change, which a retire's catalog placement and report need)."""
         prefix = node.prefix
         stats = ObjectStats(self.url(prefix), "leaf", entries=len(changes))
-        made: dict[str, tuple[dict[str, Any] | None, dict[str, Any]]] = {}
+        made: Made = {}
+        landed: Made = {}
         later: list[str] = []  # changes left for after the split this update makes
         room = self.store.limit(self.url(prefix))[0]  # what readers read of a node
         # The changes of the last write tried: a write whose outcome was unknown and that
         # is found in place on the next read made them (the store says it may have).
-        tried: dict[str, tuple[dict[str, Any] | None, dict[str, Any]]] = {}
+        tried: Made = {}
 
         def transform(value: dict[str, Any] | None, version: str | None) -> dict[str, Any] | None:
             current = self.parse(prefix, value, version)
@@ -315,12 +329,15 @@ class ModelTrie:
                 raise _Moved(current)
             entries = dict(current.entries)
             made.clear()
+            landed.clear()
             later.clear()
             size = len(dumps(self.value(prefix, entries, SPLITTING)))
             for device, change in changes.items():
                 old = entries.get(device)
                 new = change(old)
                 if new is None or new == old:
+                    if device in carried and old == carried[device][1]:
+                        landed[device] = carried[device]  # made above, before its split
                     continue
                 grown = size + len(dumps(new)) + 1 - (0 if old is None else len(dumps(old)) + 1)
                 if made and grown > room and len(prefix) < 256:
@@ -342,7 +359,12 @@ class ModelTrie:
             if moved.node.kind == SPLITTING:
                 stats.splits += self._settle(moved.node, out)
             _record(out, stats)
-            return list(changes)
+            # A write of this call whose outcome was unknown may have landed before the
+            # split (it may have caused it): its changes are in the halves now.
+            carry = {**carried, **(tried if stats.uncertain else {})}
+            return list(changes), {d: c for d, c in carry.items() if d in changes}
+        with _LOCK:
+            out.changes.update(landed)
         if written:
             out_changes = dict(made or tried)
             if value is not None and value.get("state") == SPLITTING:
@@ -352,7 +374,7 @@ class ModelTrie:
             with _LOCK:
                 out.changes.update(out_changes)
         _record(out, stats)
-        return list(later)
+        return list(later), {d: carried[d] for d in later if d in carried}
 
     def _settle(self, node: Node, out: LeafOutcome) -> int:
         """Finish splitting ``node`` (see the module docstring); returns the splits this

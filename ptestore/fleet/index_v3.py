@@ -209,19 +209,25 @@ class ShardedIndex:
         def one(model: str) -> list[ObjectStats]:
             trie = self.trie(model)
             located: dict[str, tuple[Node, list[str]]] = {}
+            leaving: set[str] = set()  # live entries the change, as they are, retires
             for node in trie.walk():
                 located[node.prefix] = (node, list(node.entries))
                 seen = list(node.entries.values())
                 with _LOCK:
                     report.examined += len(seen)
                     report.retired += sum(1 for e in seen if e.get("retired"))
+                for device, entry in node.entries.items():
+                    if live_stamps(entry) is not None:
+                        new = change(entry)
+                        if new is not None and live_stamps(new) is None:
+                            leaving.add(device)
             changes = {
                 d: (lambda old: None if old is None else change(old))
                 for _, ds in located.values()
                 for d in ds
             }
             made: list[dict[str, Any]] = []
-            stats = self._update_model(model, changes, located=located, made=made)
+            stats = self._update_model(model, changes, located=located, made=made, leaving=leaving)
             with _LOCK:
                 report.changed.extend(made)
             return stats
@@ -250,10 +256,13 @@ class ShardedIndex:
         placements: dict[str, dict[str, Any]] | None = None,
         located: dict[str, tuple[Node, list[str]]] | None = None,
         made: list[dict[str, Any]] | None = None,
+        leaving: set[str] | None = None,
     ) -> list[ObjectStats]:
         """Leaves first, then the catalog; ``placements`` are entries known to be the
         pairs' own (a publish: placed in the catalog even when unchanged, which repairs a
-        catalog a crashed run left behind)."""
+        catalog a crashed run left behind). ``leaving``: devices whose live entry the
+        change is expected to retire (an update's walk), taken out of the catalog before
+        any leaf is written, with those ``placements`` retire (see below)."""
         trie = self.trie(model)
         catalog, version = self.read_catalog(model)
         if placements:  # a catalog it would make too large to read: before any leaf
@@ -263,16 +272,34 @@ class ShardedIndex:
             if grown is not None:
                 self.store.check_size(self.catalog_url(model), dumps(grown))
         lo, hi = depth_range(catalog)
+        cat_stats = ObjectStats(self.catalog_url(model), "catalog")
+        first: tuple[dict[str, Any] | None, str | None] | None = (catalog, version)
+        leaving = set(leaving or ()) | {
+            d for d, e in (placements or {}).items() if live_stamps(e) is None
+        }
+        if leaving and catalog is not None:
+            # An entry about to be retired leaves the catalog before its leaf says so:
+            # the catalog is what select lists as candidates (it reads the leaf of the
+            # one it picks only), and a run killed between its leaf writes and its
+            # placement would leave it listing a retired entry. Killed between this
+            # and the leaf, it leaves a live entry unlisted (as the retire wanted; the
+            # device's own select reads its leaf), and the retire run again ends it.
+            # Not re-checked: the leaves still hold these entries live.
+            self._place(model, dict.fromkeys(leaving), [], cat_stats, first, False)
+            if cat_stats.written:
+                first = None  # the placement below reads the version this wrote
         outcome = trie.update(changes, lo, hi, located=located)
         if made is not None:
             made.extend(new for _, new in outcome.changes.values())
         placed = {d: live_stamps(e) for d, e in (placements or {}).items()}
         placed.update({d: live_stamps(new) for d, (_, new) in outcome.changes.items()})
+        unsettled = leaving - set(placed)  # expected to retire, left as they were
+        if unsettled and catalog is not None:
+            for node, devs in trie.locate(sorted(unsettled), lo, hi).values():
+                placed.update({d: live_stamps(node.entries.get(d)) for d in devs})
         stats = list(outcome.stats)
         value = catalog
-        cat_stats = ObjectStats(self.catalog_url(model), "catalog")
         stats.append(cat_stats)
-        first: tuple[dict[str, Any] | None, str | None] | None = (catalog, version)
         splits = list(outcome.splits)
         if catalog is None and not outcome.fresh:  # a trie without its catalog (a crash)
             # Forced: another run may have made the catalog since, from leaves read

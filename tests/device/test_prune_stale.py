@@ -334,3 +334,38 @@ def test_a_ptd_and_an_index_on_a_file_system_not_mounted_are_unknown(tmp_path: P
         }  # fmt: skip
         mounted(True)
         assert prune_stale(cache).entries == []
+
+
+@pytest.mark.parametrize(
+    ("option", "hint"),
+    [
+        ("endpoint_ulr=http://127.0.0.1:1", "(did you mean 'endpoint_url'?)"),
+        ("bogus_option=1", "(accepted: ["),
+    ],
+)
+def test_cli_prune_stale_refuses_an_option_for_none_of_the_indexes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str, hint: str
+) -> None:
+    """An option that applies to none of the indexes the entries name is bad input (exit
+    2, the nearest accepted name), before any index is read; with every index local,
+    options are left unused (the cache's URLs decide, as for fetch)."""
+    cache = tmp_path / "cache"
+    assert main(["fleet", "run", str(_job(tmp_path, 2.0)), "--workers", "1", "-q"]) == 0
+    index = tmp_path / "out" / "ptestore-index.json"
+    made = ptestore.ensure(index, cache_dir=cache, model="m", device=A)
+    argv = ["cache", "prune", "--stale", "--dry-run", "--cache-dir", str(cache), "-o", option]
+    assert main(argv) == 0  # a local index only: left unused
+    assert capsys.readouterr().out.splitlines()[-1] == "would remove 0 stale entries; 1 current"
+    manifest = CacheLayout(cache).manifest(made.key)
+    doc = json.loads(Path(manifest).read_text())
+    remote = "s3://bucket/out/ptestore-index.json"
+    Path(manifest).write_text(json.dumps({**doc, "index": remote}))
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    name = option.split("=")[0]
+    assert err.startswith(
+        f"ptestore cache: error: storage options ['{name}'] apply to none of {remote} {hint}"
+    ), err
+    with pytest.raises(ConfigurationError, match=rf"^storage options \['{name}'\] apply to"):
+        prune_stale(cache, dry_run=True, storage_options=dict([option.split("=")]))
+    assert [e.key for e in list_entries(cache)] == [made.key]

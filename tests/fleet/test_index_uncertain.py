@@ -6,32 +6,51 @@ exited 1 with the index not published)."""
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ptestore.errors import PublishUncertain
-from ptestore.fleet.index import create_index, load_index, publish_entries, update_index
-from ptestore.fleet.index_store import IndexStore
+from ptestore.fleet.index import (
+    create_index,
+    load_index,
+    open_index,
+    publish_entries,
+    update_index,
+)
+from ptestore.fleet.index_store import IndexStore, dumps
+from ptestore.fleet.index_trie import SPLITTING, LeafOutcome
+from ptestore.fleet.index_v3 import ShardedIndex
 from ptestore.testing.fleet_index import device_name, synthetic_entry
 
 from .indexkit import assert_catalogs_match_leaves
 
 
-def _uncertain_writes(monkeypatch: pytest.MonkeyPatch, landed: bool, times: int = 1) -> list[str]:
-    """The first ``times`` index writes raise PublishUncertain, after writing
-    (``landed``: the lost answer of a write that took effect) or without."""
+def _uncertain_writes(
+    monkeypatch: pytest.MonkeyPatch,
+    landed: bool,
+    times: int = 1,
+    which: Callable[[str, dict[str, Any]], bool] = lambda url, value: True,
+    then: Callable[[], None] = lambda: None,
+) -> list[str]:
+    """The first ``times`` index writes (of those ``which`` picks) raise
+    PublishUncertain, after writing (``landed``: the lost answer of a write that took
+    effect; ``then`` runs after it, as another writer would before the retry) or
+    without."""
     real = IndexStore.write
     hit: list[str] = []
 
     def write(
         self: IndexStore, url: str, value: dict[str, Any], mode: str, expected: Any = None
     ) -> None:
-        if len(hit) < times:
+        if len(hit) < times and which(url, value):
             hit.append(url)
             if landed:
                 real(self, url, value, mode, expected)
+                then()
             raise PublishUncertain(f"{url}: a retry of PutObject was refused (stand-in)")
         real(self, url, value, mode, expected)
 
@@ -71,3 +90,105 @@ def test_a_retire_whose_write_is_uncertain_is_read_again(
     retired = [e["device"] for e in load_index(url)["entries"] if e.get("retired")]
     assert retired == [gone]
     assert assert_catalogs_match_leaves(url, {}) == 1
+
+
+def _sharded(url: str) -> ShardedIndex:
+    _, sharded, _ = open_index(url, {})
+    assert sharded is not None
+    return sharded
+
+
+def _leaves(url: str, model: str) -> dict[str, int]:
+    """The leaves of ``model``'s trie per depth, counted by walking it (what a rebuild
+    of its catalog records)."""
+    nodes = _sharded(url).trie(model).walk(empty=True)
+    counts = Counter(len(n.prefix) for n in nodes)
+    return {str(k): counts[k] for k in sorted(counts)}
+
+
+def test_a_split_a_catalog_write_counted_is_counted_once_when_the_write_landed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The catalog write that counts a publish's splits lands, its answer lost: read
+    again, it is found in place and not counted again (it was: {"1": 2, "2": 4} for
+    the trie's {"1": 1, "2": 2})."""
+    url = str(tmp_path / "ptestore-index.json")
+    create_index(url, leaf_bytes=4096)
+    publish_entries(url, [synthetic_entry("m", device_name(i), socs=2) for i in range(2)], {})
+    assert _leaves(url, "m") == {"0": 1}
+    hit = _uncertain_writes(
+        monkeypatch, landed=True, which=lambda url, _: url.endswith("/catalog.json")
+    )
+    more = [synthetic_entry("m", device_name(i), socs=2) for i in range(2, 6)]
+    report = publish_entries(url, more, {})
+    assert len(hit) == 1 and sum(s.splits for s in report.stats) == 2
+    catalog, _ = _sharded(url).read_catalog("m")
+    assert catalog is not None
+    assert catalog["leaves"] == _leaves(url, "m") == {"1": 1, "2": 2}
+
+
+def _two_in_a_full_leaf(tmp_path: Path) -> tuple[str, list[dict[str, Any]]]:
+    """An index whose model ``m`` has two entries in one leaf with 100 bytes to spare
+    (retiring one with a long reason makes it split)."""
+    entries = [synthetic_entry("m", device_name(i), socs=1) for i in range(2)]
+    leaf = {"format": "ptestore.index-shard", "version": 3, "model": "m", "prefix": ""}
+    size = len(dumps({**leaf, "state": "leaf", "entries": entries}))
+    url = str(tmp_path / "ptestore-index.json")
+    create_index(url, leaf_bytes=size + 100)
+    publish_entries(url, entries, {})
+    assert _leaves(url, "m") == {"0": 1}
+    return url, entries
+
+
+@pytest.mark.parametrize("since", ["in place", "split since"])
+def test_a_retire_whose_uncertain_leaf_write_landed_and_split_it_is_reported_and_unlisted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, since: str
+) -> None:
+    """The leaf write that retires an entry lands (and makes the leaf splitting), its
+    answer lost; read again, the leaf is still that (``in place``) or another writer
+    has split it since (``split since``). Either way the retire is this run's: reported,
+    and the entry taken out of the catalog (before, the change was found already made,
+    so neither: the catalog kept listing the retired device as a candidate)."""
+    url, _ = _two_in_a_full_leaf(tmp_path)
+    gone = device_name(1)
+
+    def split_by_another_writer() -> None:
+        if since == "split since":
+            trie = _sharded(url).trie("m")
+            trie._settle(trie.read(""), LeafOutcome())
+
+    hit = _uncertain_writes(
+        monkeypatch,
+        landed=True,
+        which=lambda _, value: value.get("state") == SPLITTING,
+        then=split_by_another_writer,
+    )
+    done = update_index(
+        url, lambda e: {**e, "retired": {"reason": "r" * 300}} if e["device"] == gone else None
+    )
+    assert len(hit) == 1
+    assert [e["device"] for e in done.changed] == [gone]
+    retired = [e["device"] for e in load_index(url)["entries"] if e.get("retired")]
+    assert retired == [gone]
+    assert assert_catalogs_match_leaves(url, {}) == 1
+    catalog, _ = _sharded(url).read_catalog("m")
+    assert catalog is not None
+    assert [c["devices"] for c in catalog["classes"]] == [[device_name(0)]]
+
+
+def test_a_retire_of_a_version_2_index_whose_write_landed_is_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Read again after its uncertain write landed, the change is found made: it is
+    still this run's (reported; before, the retire said it retired nothing)."""
+    url = str(tmp_path / "ptestore-index.json")
+    publish_entries(url, [synthetic_entry("m", device_name(i)) for i in range(3)], {}, version=2)
+    gone = device_name(1)
+    _uncertain_writes(monkeypatch, landed=True)
+    done = update_index(
+        url,
+        lambda e: {**e, "retired": {"reason": "test"}} if e["device"] == gone else None,
+        version=2,
+    )
+    assert done.version == 2 and [e["device"] for e in done.changed] == [gone]
+    assert [e["device"] for e in load_index(url)["entries"] if e.get("retired")] == [gone]

@@ -1,0 +1,87 @@
+"""What the operations on a fleet index did: each object a run updated
+(:class:`ObjectStats`: attempts, conflicts, writes, splits), what a reader read
+(:class:`ReadCount`), and the one-line summary of a run's index objects
+(:func:`shards_line`). Kept by :mod:`.index_store`, which re-exports them."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from .._dataclass import dataclass, field
+
+__all__ = ["ObjectStats", "ReadCount", "shards_line"]
+
+
+@dataclass
+class ObjectStats:
+    """One object a run updated: how many attempts its compare-and-swap took."""
+
+    url: str
+    kind: str
+    #: Read-modify-write attempts (1 when nobody else wrote it meanwhile).
+    attempts: int = 0
+    #: Attempts lost to another writer (412 / ``PreconditionFailed`` / ``AlreadyExists``).
+    conflicts: int = 0
+    #: Whether this run published a new version (False: nothing to change).
+    written: bool = False
+    #: Entries of the run's pairs in it (a leaf).
+    entries: int = 0
+    #: Splits this run committed (a leaf that grew past the bound).
+    splits: int = 0
+    #: Attempts whose write may or may not have landed (``PublishUncertain``; counted
+    #: in ``conflicts`` too, not reported on its own).
+    uncertain: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "shard": self.url,
+            "kind": self.kind,
+            "entries": self.entries,
+            "attempts": self.attempts,
+            "conflicts": self.conflicts,
+            "written": self.written,
+            "splits": self.splits,
+        }
+
+
+@dataclass
+class ReadCount:
+    """What an operation read: objects found, bytes, requests (a missing object is a
+    request that found nothing)."""
+
+    objects: int = 0
+    bytes: int = 0
+    requests: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, size: int | None) -> None:
+        with self.lock:
+            self.requests += 1
+            if size is not None:
+                self.objects += 1
+                self.bytes += size
+
+    def part(self, size: int) -> None:
+        """A read of part of an object (counted whole by another: a large root's head)."""
+        with self.lock:
+            self.requests += 1
+            self.bytes += size
+
+    def to_dict(self) -> dict[str, int]:
+        return {"objects": self.objects, "bytes": self.bytes, "requests": self.requests}
+
+
+def shards_line(shards: dict[str, Any]) -> str:
+    """The ``index shards`` line of a run's summary, from ``IndexReport.to_dict()``:
+    version, objects, writes, conflicts (and the kinds of object they were in)."""
+    hot = [s for s in shards["shards"] if s["conflicts"]]
+    text = (
+        f"v{shards['version']}: {shards['objects']} objects, {shards['written']} written, "
+        f"{shards['conflicts']} conflicts"
+    )
+    if hot:
+        text += f" retried in {len(hot)} ({', '.join(sorted({s['kind'] for s in hot}))})"
+    if shards.get("migrated"):
+        text += f"; migrated from v{shards['migrated']['from_version']}"
+    return text
