@@ -3,11 +3,13 @@ publish writes that keep every object within them (docs/fleet.md, "Bounds")."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from ..errors import ConfigurationError, FormatError
 
 __all__ = [
+    "ENTRY_FILES",
     "ENTRY_ROOM",
     "MAX_CATALOG_BYTES",
     "MAX_ENTRY_BYTES",
@@ -16,6 +18,7 @@ __all__ = [
     "MAX_ROOT_BYTES",
     "MAX_V2_BYTES",
     "check_entry_size",
+    "check_files",
     "check_name",
     "check_root_size",
     "oversize",
@@ -125,6 +128,26 @@ def check_entry_size(entry: dict[str, Any], url: str, field: str) -> None:
             f"at most {MAX_ENTRY_DEPTH} levels of arrays and objects",
             f"the index's objects nest at most {MAX_INDEX_DEPTH}",
         )
+
+
+#: The fields of an entry that name its files, and those of them that may be null.
+ENTRY_FILES = ("pte", "ptd", "source", "ptd_source")
+_NULLABLE = ("ptd", "ptd_source")
+
+
+def check_files(entry: dict[str, Any], source: str, name: str, roles: Iterable[str]) -> None:
+    """Each of ``roles`` (of :data:`ENTRY_FILES`) of ``entry`` (``name`` in messages,
+    read from ``source``) is an object with a ``url`` (a non-empty string), the ``ptd``
+    ones an object or null, else :class:`FormatError` naming the entry and the field:
+    what ``select`` and gc hold an entry's files to."""
+    for role in roles:
+        rec = entry.get(role)
+        if rec is None and role in _NULLABLE:
+            continue
+        if not isinstance(rec, dict):
+            raise FormatError(source, f"{name} {role}", rec, "an object")
+        if not isinstance(rec.get("url"), str) or not rec["url"]:
+            raise FormatError(source, f"{name} {role}.url", rec.get("url"), "a URL or path")
 
 
 def parse_object(data: bytes, url: str) -> dict[str, Any]:

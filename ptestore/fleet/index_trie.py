@@ -40,6 +40,7 @@ from .index_place import check_place, device_bits
 from .index_store import IndexStore, ObjectStats, dumps
 
 __all__ = [
+    "EMPTY",
     "LEAF",
     "Change",
     "SHARD_FORMAT",

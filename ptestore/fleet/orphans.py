@@ -6,12 +6,16 @@ A fleet job leaves, under its destination root (where its index lives), per-devi
 job (and retired, :mod:`.retire`), or a newer run that stored another ``.ptd``, leaves
 objects that no index names. :func:`collect_orphans` removes them, and only them:
 
-- **which indexes**: every ``ptestore-index.json`` under the prefix, and the one of each
+- **which indexes**: every ``ptestore-index.json`` under the prefix (the directory the
+  kernel resolves it to: ``lnk/..`` is ``lnk``'s target's parent), and the one of each
   directory above it (a job rooted above the prefix references files in it); a sharded
   (version 3) index is read shard by shard, all of them. Every entry
   that is not retired references its ``.pte``, its ``.ptd`` (per device or shared), its
-  source and its ``.ptd`` source. An index that cannot be read stops the collection:
-  nothing is removed when a reference may be missed;
+  source and its ``.ptd`` source. An index that cannot be read whole stops the
+  collection: nothing is removed when a reference may be missed (:mod:`.orphan_refs`: a
+  missing shard directory or leaf, a catalog its leaves disagree with, a malformed live
+  entry, an entry whose ``.pte`` is outside the index's directory: an index moved or
+  copied from elsewhere; a path that is not a regular file is never waited on);
 - **which files**: only below the directory of one of those indexes (a prefix without an
   index governs nothing), only ``.pte``/``.ptd`` files and XNNPACK packed-weight files
   with their records (:mod:`.packed`; an entry's ``xnnpack`` field references both), and
@@ -46,15 +50,16 @@ import os
 import posixpath
 import stat
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from ..coordinator.targets import target_identity
-from ..errors import FormatError, ObjectNotFound, PteStoreError
+from ..errors import PteStoreError
 from ..gc import GcEntry
-from ..storage.types import StorageURL, is_relative_local
-from .index import INDEX_NAME, iter_entries
-from .packed import is_packed_url, read_record, record_url
+from ..storage.types import StorageURL
+from .index import INDEX_NAME
+from .orphan_refs import index_references, referenced
+from .packed import is_packed_url, read_record
 from .shared import is_shared_url
 
 __all__ = ["DEFAULT_GRACE", "collect_orphans", "referenced"]
@@ -64,41 +69,6 @@ DEFAULT_GRACE = 7 * 86400.0
 
 #: What tells an object from another stored at its URL since (:meth:`_Store.stamp`).
 Stamp = tuple[Any, ...]
-
-
-def referenced(index: dict[str, Any], source: str = "<index>") -> set[tuple[str, str]]:
-    """The identities (:func:`~ptestore.coordinator.targets.target_identity`) of every
-    file the live (not retired) entries of ``index`` (read from ``source``) name;
-    :class:`FormatError` for an entry naming its artifact by a relative local path
-    (written by a run in a directory gc cannot know, so which file it names is unknown)."""
-    return _named(index.get("entries", []), source)
-
-
-def _named(entries: Iterable[Any], source: str) -> set[tuple[str, str]]:
-    out: set[tuple[str, str]] = set()
-    for e in entries:
-        if not isinstance(e, dict) or e.get("retired"):
-            continue
-        for role in ("pte", "ptd", "xnnpack", "source", "ptd_source"):
-            rec = e.get(role)
-            if not isinstance(rec, dict) or not isinstance(rec.get("url"), str):
-                continue
-            if role in ("pte", "ptd", "xnnpack") and is_relative_local(rec["url"]):
-                raise FormatError(
-                    source,
-                    f"entry {e.get('model')}/{e.get('device')} {role}.url",
-                    rec["url"],
-                    "an absolute path or URL (a relative one names a file under the "
-                    "directory of the run that wrote it, unknown to gc)",
-                )
-            if role != "xnnpack":
-                out.add(target_identity(rec["url"]))
-        packed, pte = e.get("xnnpack"), e.get("pte")
-        if isinstance(packed, dict) and isinstance(pte, dict) and isinstance(pte.get("url"), str):
-            out.add(target_identity(record_url(pte["url"])))  # the record beside the .pte
-            if isinstance(packed.get("url"), str):
-                out.add(target_identity(packed["url"]))
-    return out
 
 
 class _Store:
@@ -123,9 +93,11 @@ class _Store:
 
     def root(self) -> str:
         """The prefix as a directory URL without its trailing separator."""
-        if self.url.local:
-            path = os.path.abspath(self.url.path)
-            return os.path.dirname(path) if os.path.basename(path) == INDEX_NAME else path
+        if self.url.local:  # 'lnk/..' as the kernel resolves it, as the staging gc
+            path = self.url.path  # absolute, never normalized (storage.types)
+            if os.path.basename(path) == INDEX_NAME:
+                path = os.path.dirname(path)
+            return os.path.realpath(path)
         rest = self.url.path.rstrip("/")
         if rest.endswith("/" + INDEX_NAME):
             rest = rest[: -len(INDEX_NAME) - 1]
@@ -162,6 +134,10 @@ class _Store:
             found = self.fs.find(root.partition("://")[2], detail=True)
         except FileNotFoundError:
             return
+        except Exception as exc:  # the network, the credentials: one line, exit 1
+            from .._retry import to_storage_error
+
+            raise to_storage_error(exc, root + "/", "ListObjectsV2") from exc
         for path, info in sorted(found.items()):
             if info.get("type") == "directory":
                 continue
@@ -202,10 +178,14 @@ class _Store:
             return client
         from datetime import datetime, timezone
 
+        from .._retry import to_storage_error
         from ..gc import server_now
 
         bucket, _, prefix = root.partition("://")[2].partition("/")
-        page = self.fs.call_s3("list_objects_v2", Bucket=bucket, Prefix=prefix, MaxKeys=1)
+        try:
+            page = self.fs.call_s3("list_objects_v2", Bucket=bucket, Prefix=prefix, MaxKeys=1)
+        except Exception as exc:
+            raise to_storage_error(exc, root + "/", "ListObjectsV2") from exc
         return server_now(page, datetime.fromtimestamp(client, timezone.utc)).timestamp()
 
     def remove(self, url: str, listed: Stamp) -> str:
@@ -265,12 +245,12 @@ def _references(
     dirs: list[str] = []
     for url in indexes:
         try:
-            refs |= _named(iter_entries(url, **options), url)  # a shard at a time
-        except ObjectNotFound:
-            continue
+            found = index_references(url, options)
         except PteStoreError as exc:
             return refs, dirs, f"{url}: cannot read the index: {exc}"
-        dirs.append(url[: -len(INDEX_NAME)])
+        if found is not None:
+            refs |= found
+            dirs.append(url[: -len(INDEX_NAME)])
     return refs, dirs, None
 
 

@@ -196,14 +196,9 @@ def _checked(entry: dict[str, Any], source: str, *roles: str) -> dict[str, Any]:
         raise FormatError(source, f"{name} compatibility", stamps, "a list of objects")
     if "device_options" in entry:  # a whole entry (a catalog's stand-in has none)
         _check_options(entry, source, name)
-    for role in roles:
-        rec = entry.get(role)
-        if rec is None and role in ("ptd", "ptd_source"):
-            continue
-        if not isinstance(rec, dict):
-            raise FormatError(source, f"{name} {role}", rec, "an object")
-        if not isinstance(rec.get("url"), str) or not rec["url"]:
-            raise FormatError(source, f"{name} {role}.url", rec.get("url"), "a URL or path")
+    from .index_bounds import check_files
+
+    check_files(entry, source, name, roles)
     return entry
 
 

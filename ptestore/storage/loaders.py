@@ -39,6 +39,7 @@ from ..errors import (
 )
 from ._options import check_options
 from .base import LoaderBase, check_range
+from .regular import file_kind
 from .types import Buffer, DataLoader, StorageURL, split_url, strerror
 
 if TYPE_CHECKING:
@@ -74,22 +75,9 @@ class BytesLoader(LoaderBase):
         """Nothing to check: the caller owns the buffer."""
 
 
-def _kind(mode: int) -> str:
-    for test, what in (
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISFIFO, "a FIFO (named pipe)"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-    ):
-        if test(mode):
-            return what
-    return f"not a regular file (mode {stat.filemode(mode)})"
-
-
 def _kind_of(path: str) -> str:
     try:
-        return _kind(os.stat(path).st_mode)
+        return file_kind(os.stat(path).st_mode)
     except OSError:
         return "not a regular file"
 
@@ -134,7 +122,7 @@ class LocalFileLoader(LoaderBase):
         if not stat.S_ISREG(st.st_mode):
             os.close(self._fd)
             self._fd = None
-            raise _not_regular(self.path, _kind(st.st_mode))
+            raise _not_regular(self.path, file_kind(st.st_mode))
         os.set_blocking(self._fd, True)
         self._size = st.st_size
         self._stamp = (st.st_size, st.st_mtime_ns)

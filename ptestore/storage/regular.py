@@ -10,7 +10,7 @@ import errno
 import os
 import stat
 
-__all__ = ["NotRegular", "open_regular"]
+__all__ = ["NotRegular", "file_kind", "open_regular"]
 
 
 class NotRegular(OSError):
@@ -22,6 +22,22 @@ class NotRegular(OSError):
         super().__init__(errno.ELOOP if link else errno.EINVAL, kind, path)
         self.kind = kind
         self.link = link
+
+
+def file_kind(mode: int) -> str:
+    """What a file of ``mode`` (``st_mode``) that is not a regular one is, in words:
+    ``"a FIFO (named pipe)"``, ``"a character device"``, ...; a mode it does not name as
+    ``ls -l`` shows it."""
+    for test, what in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return what
+    return f"not a regular file (mode {stat.filemode(mode)})"
 
 
 def open_regular(

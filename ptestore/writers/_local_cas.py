@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator
 
 from ..errors import ConfigurationError, local_error
 from ..storage.flock import locked
+from ..storage.regular import file_kind
 from ..storage.types import strerror
 from .base import Versioned, version_conflict
 
@@ -75,9 +76,11 @@ def file_version(path: str) -> str | None:
 def read_file_versioned(path: str, max_bytes: int | None = None) -> Versioned:
     """The bytes of the file at ``path`` and their version token, from one open file;
     a file larger than ``max_bytes`` is hashed a piece at a time, never held (its
-    ``oversize``)."""
+    ``oversize``). Anything but a regular file (a FIFO, a device, a directory) is a
+    :class:`~ptestore.errors.ConfigurationError`, never waited on nor read: opened
+    without blocking, then looked at."""
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(_open_regular(path), "rb") as f:
             if max_bytes is None:
                 data = f.read()
             else:
@@ -94,6 +97,34 @@ def read_file_versioned(path: str, max_bytes: int | None = None) -> Versioned:
     except OSError as exc:
         raise local_error(exc, f"{path}: cannot read: {strerror(exc)}") from exc
     return Versioned(data, _token(hashlib.sha256(data).hexdigest()))
+
+
+def _open_regular(path: str) -> int:
+    """A descriptor of the regular file at ``path`` (followed through a link), opened
+    without blocking: a FIFO would wait for a writer, a device answer forever."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError as exc:
+        if exc.errno != errno.ENXIO:  # a socket (or a FIFO/device without a peer)
+            raise
+        try:
+            kind = file_kind(os.stat(path).st_mode)
+        except OSError:
+            kind = "not a regular file"
+        raise _not_regular(path, kind) from exc
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _not_regular(path, file_kind(st.st_mode))
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _not_regular(path: str, kind: str) -> ConfigurationError:
+    return ConfigurationError(f"{path}: is {kind}, not a regular file; refusing to read it")
 
 
 @contextlib.contextmanager

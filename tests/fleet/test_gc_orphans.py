@@ -176,15 +176,21 @@ def test_gc_needs_an_index_and_a_readable_one(
 
 
 def test_referenced_skips_retired_entries() -> None:
+    src = {"url": "s3://b/src/m.pte"}
     entries = [
-        {"pte": {"url": "s3://b/x/d0/m.pte"}, "ptd": {"url": "s3://b/x/_shared/sha256-tree/a.ptd"}},
+        {
+            "pte": {"url": "s3://b/x/d0/m.pte"},
+            "ptd": {"url": "s3://b/x/_shared/sha256-tree/a.ptd"},
+            "source": src,
+        },
         {"pte": {"url": "s3://b/x/d1/m.pte"}, "retired": {"reason": "dropped"}},
-        {"source": {"url": "s3://b//src/m.pte"}, "ptd": None},
+        {"pte": {"url": "s3://b/x/d2/m.pte"}, "source": {"url": "s3://b//src/m.pte"}, "ptd": None},
     ]
     assert referenced({"entries": entries}) == {
         ("s3", "b/x/d0/m.pte"),
         ("s3", "b/x/_shared/sha256-tree/a.ptd"),
         ("s3", "b/src/m.pte"),
+        ("s3", "b/x/d2/m.pte"),
     }
 
 

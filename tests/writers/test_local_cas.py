@@ -137,3 +137,28 @@ def test_a_conflict_is_found_under_the_lock(tmp_path: Path) -> None:
     with pytest.raises(PreconditionFailed, match="nothing was published"):
         w.publish("if-match", expected=read.version)
     assert dest.read_bytes() == b"changed meanwhile"
+
+
+def test_a_versioned_read_of_anything_but_a_regular_file_is_refused_at_once(
+    tmp_path: Path,
+) -> None:
+    """A FIFO was opened and waited on (a writer never comes), a character device read
+    and hashed forever: every reader of an index (gc, select, a publish) hung. Opened
+    without blocking, looked at, refused; through a link to a regular file, read."""
+    fifo, directory, device = tmp_path / "fifo.json", tmp_path / "dir.json", tmp_path / "z.json"
+    os.mkfifo(fifo)
+    directory.mkdir()
+    device.symlink_to("/dev/zero")
+    for path, what in (
+        (fifo, "a FIFO (named pipe)"),
+        (directory, "a directory"),
+        (device, "a character device"),
+    ):
+        with pytest.raises(ConfigurationError) as info:
+            read_versioned(str(path), max_bytes=1 << 16)
+        assert str(info.value) == f"{path}: is {what}, not a regular file; refusing to read it"
+    regular, link = tmp_path / "r.json", tmp_path / "l.json"
+    regular.write_bytes(b"{}")
+    link.symlink_to(regular)
+    assert read_versioned(str(link)).data == b"{}"
+    assert read_versioned(str(tmp_path / "none.json")).version is None

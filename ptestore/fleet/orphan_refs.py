@@ -1,0 +1,219 @@
+"""What the indexes ``gc`` reads reference (:mod:`.orphans`): every live entry of an
+index, read so that a part that is missing or malformed stops gc. Whatever an index names
+that gc does not see, it removes: a reader that took a missing shard for "no entry", or
+skipped an entry it could not make sense of, made gc remove the files of those entries.
+
+- **an entry** that is not retired is held to what ``select`` holds it to
+  (:func:`~.index_bounds.check_files`): its ``pte`` and ``source`` objects with a URL,
+  its ``ptd`` and ``ptd_source`` the same or null, and its ``xnnpack`` an object (whose
+  ``url`` is a URL or null) or null. Its ``.pte``, ``.ptd`` and packed-weight URLs are
+  absolute (a relative one names a file under the directory of the run that wrote it),
+  and its ``.pte`` is under the index's own directory (the run writes its index there):
+  an index whose artifacts are elsewhere was moved, copied or mounted from another place
+  and does not describe the files beside it, which it would leave unnamed, every one;
+- **a version 3 index** (:mod:`.index_v3`): its shard directory holds ``root.json``
+  (the copy of the root every writer leaves there: without it, the directory is gone or
+  was never this root's); each model's catalog, read before its leaves, agrees with
+  them: a catalog that lists live builds has a live entry in its leaves, and every
+  device it lists has an entry in one (a writer updates the leaves first, and entries
+  are never removed); every split node has below it at least the two entries it split
+  (a split creates each half that gets an entry). A leaf that does not exist reads as
+  an empty one: these are what tell a lost one.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from ..coordinator.targets import target_identity
+from ..errors import FormatError, ObjectNotFound, PteStoreError
+from ..storage.types import is_relative_local
+from .index import INDEX_NAME, open_index
+from .index_bounds import ENTRY_FILES, check_files
+from .index_catalog import check_catalog
+from .index_root import NAMED
+from .index_trie import EMPTY, SPLIT, ModelTrie, Node
+from .packed import record_url
+
+if TYPE_CHECKING:
+    from .index_v3 import ShardedIndex
+
+__all__ = ["Identity", "index_references", "named", "referenced"]
+
+#: A stored object as :func:`~ptestore.coordinator.targets.target_identity` names it.
+Identity = tuple[str, str]
+
+_ABSOLUTE = "an absolute path or URL (a relative one names a file under the directory of "
+_ABSOLUTE += "the run that wrote it, unknown to gc)"
+
+
+def referenced(index: dict[str, Any], source: str = "<index>") -> set[Identity]:
+    """The identities of every file the live (not retired) entries of ``index`` (read
+    from ``source``) name; :class:`FormatError` for an entry that does not say which
+    (see :func:`named`)."""
+    return named(index.get("entries", []), source)
+
+
+def named(entries: Iterable[Any], source: str, base: str | None = None) -> set[Identity]:
+    """The identities of every file the live entries of ``entries`` (read from the index
+    ``source``, whose directory is ``base``: a URL ending with ``/``) name: its ``.pte``,
+    ``.ptd``, source, ``.ptd`` source, packed-weight file and the record beside its
+    ``.pte``. :class:`FormatError` for an entry that is not an object, a live one whose
+    files are not named as ``select`` reads them, a relative ``.pte``/``.ptd``/
+    packed-weight URL, or (with ``base``) a ``.pte`` outside ``base``."""
+    out: set[Identity] = set()
+    home = None if base is None else target_identity(base)
+    for e in entries:
+        if not isinstance(e, dict):
+            raise FormatError(source, "index entry", e, "an object")
+        if e.get("retired"):
+            continue
+        name = f"entry {e.get('model')}/{e.get('device')}"
+        check_files(e, source, name, ENTRY_FILES)
+        packed = e.get("xnnpack")
+        if packed is not None and not isinstance(packed, dict):
+            raise FormatError(source, f"{name} xnnpack", packed, "an object or null")
+        urls = {role: e[role]["url"] for role in ENTRY_FILES if e.get(role) is not None}
+        if packed is not None:
+            url = packed.get("url")
+            if url is not None and (not isinstance(url, str) or not url):
+                raise FormatError(source, f"{name} xnnpack.url", url, "a URL or path, or null")
+            if url is not None:
+                urls["xnnpack"] = url
+        for role in ("pte", "ptd", "xnnpack"):
+            if role in urls and is_relative_local(urls[role]):
+                raise FormatError(source, f"{name} {role}.url", urls[role], _ABSOLUTE)
+        pte = target_identity(urls["pte"])
+        if home is not None and not _under(pte, home):
+            raise FormatError(
+                source,
+                f"{name} pte.url",
+                urls["pte"],
+                f"a file under {base} (the index's own directory)",
+                "an index naming its artifacts elsewhere was moved, copied or mounted from "
+                "another place: it does not describe the files beside it, and gc would "
+                "remove every one",
+            )
+        out.update(target_identity(u) for u in urls.values())
+        if packed is not None:
+            out.add(target_identity(record_url(urls["pte"])))  # the record beside the .pte
+    return out
+
+
+def _under(ident: Identity, directory: Identity) -> bool:
+    top = directory[1].rstrip("/")
+    return ident[0] == directory[0] and ident[1].startswith(top + "/")
+
+
+def index_references(url: str, options: dict[str, Any]) -> set[Identity] | None:
+    """The identities the live entries of the index at ``url`` name (None: there is no
+    index there), read whole (module docstring); a :class:`PteStoreError` when it cannot
+    be."""
+    try:
+        root, sharded, _ = open_index(url, options, whole=True)
+    except ObjectNotFound:
+        return None
+    base = url[: -len(INDEX_NAME)]
+    if sharded is None:
+        return named(root["entries"], url, base)
+    return named(_sharded_entries(sharded, url), url, base)
+
+
+def _sharded_entries(index: ShardedIndex, url: str) -> Iterator[dict[str, Any]]:
+    """Every entry of the version 3 ``index`` (at ``url``), model by model, checked."""
+    if index.store.read(f"{index.directory}/{NAMED}")[1] is None:
+        raise FormatError(
+            url,
+            "index layout.shards",
+            index.layout["shards"],
+            f"a directory holding {NAMED}, the copy of this root its writers leave there",
+            f"there is none at {index.directory}/{NAMED}: its shards were removed or moved, "
+            "and the entries they held are unknown. Restore them; an index an earlier "
+            "ptestore made without the copy gets it from its next fleet run",
+        )
+    try:
+        segments = index.segments()
+    except PteStoreError:
+        raise
+    except Exception as exc:  # a listing that failed (S3: the network): one line
+        from .._retry import to_storage_error
+
+        raise to_storage_error(exc, f"{index.directory}/m/", "listing the models") from exc
+
+    def one(segment: str) -> list[dict[str, Any]]:
+        return _model_entries(index, segment)
+
+    with cf.ThreadPoolExecutor(max_workers=4) as pool:
+        for start in range(0, len(segments), 16):
+            for entries in pool.map(one, segments[start : start + 16]):
+                yield from entries
+
+
+def _model_entries(index: ShardedIndex, segment: str) -> list[dict[str, Any]]:
+    """The entries of one model's directory, its catalog read first, then checked
+    against its leaves."""
+    directory = f"{index.directory}/m/{segment}"
+    where = f"{directory}/catalog.json"
+    value, _ = index.store.read_json(where)
+    catalog = None if value is None else check_catalog(value, where, index.listed)
+    trie = ModelTrie(index.store, directory, "", index.leaf_bytes)
+    leaves = list(trie.walk(empty=True))
+    _check_splits(trie, leaves)
+    held = {d: e for node in leaves for d, e in node.entries.items()}
+    if catalog is not None:
+        _check_catalog(catalog, where, held)
+    return [held[d] for d in sorted(held)]
+
+
+def _check_splits(trie: ModelTrie, leaves: list[Node]) -> None:
+    """Every split node above ``leaves`` (the walk's, empty ones included) has at least
+    two entries below it; the deepest that has not is named."""
+    below: Counter[str] = Counter()
+    for node in leaves:
+        for depth in range(len(node.prefix)):  # each node above a leaf is split
+            below[node.prefix[:depth]] += len(node.entries)
+    for prefix in sorted(below, key=len, reverse=True):  # the split nearest the loss
+        if below[prefix] < 2:
+            lost = [
+                trie.url(n.prefix)
+                for n in leaves
+                if n.kind == EMPTY and n.prefix.startswith(prefix)
+            ]
+            raise FormatError(
+                trie.url(prefix),
+                "index shard state",
+                SPLIT,
+                "a node whose halves hold the entries it split (at least 2)",
+                f"they hold {below[prefix]}: a leaf is missing ({', '.join(lost)} not found)",
+            )
+
+
+def _check_catalog(catalog: dict[str, Any], where: str, held: dict[str, Any]) -> None:
+    """The catalog at ``where`` agrees with the entries ``held`` in its model's leaves
+    (read after it)."""
+    classes = catalog["classes"]
+    if classes and not any(not e.get("retired") for e in held.values()):
+        raise FormatError(
+            where,
+            "index catalog classes (live builds)",
+            len(classes),
+            "none while the model's leaves hold no live entry",
+            f"they hold {len(held)} entries, none live: a leaf is missing, or the catalog "
+            "is behind its leaves (a run retired them meanwhile: run gc again). `ptestore "
+            "fleet check-index` says which; restore any missing leaf before a --repair, "
+            "which rebuilds the catalog from the leaves as they are",
+        )
+    for i, c in enumerate(classes):
+        for j, device in enumerate(c["devices"]):
+            if device not in held:
+                raise FormatError(
+                    where,
+                    f"index catalog classes[{i}].devices[{j}]",
+                    device,
+                    "a device whose entry is in one of the model's leaves",
+                    "none holds it: a leaf is missing (a writer updates the leaves before "
+                    "the catalog, and never removes an entry)",
+                )
