@@ -67,8 +67,9 @@ class GcEntry:
     #: ``"staging-file"``, ``"multipart-upload"``, ``"directory"`` (one gc could not
     #: list: always ``"failed: ..."``); for the fleet's orphans
     #: (:mod:`ptestore.fleet.orphans`) ``"shared-object"``, ``"artifact"``,
-    #: ``"packed-weights"``, ``"packed-record"`` (:mod:`ptestore.fleet.packed`) or ``"index"``
-    #: (one that could not be read: ``"failed: ..."``, nothing removed).
+    #: ``"packed-weights"``, ``"packed-record"`` (:mod:`ptestore.fleet.packed`), ``"hold"``
+    #: (:mod:`ptestore.fleet.holds`) or ``"index"`` (one that could not be read:
+    #: ``"failed: ..."``, nothing removed).
     kind: str
     #: Age in seconds.
     age: float

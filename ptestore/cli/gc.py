@@ -58,9 +58,10 @@ examples:
 Under a fleet index (--job JOB, or a prefix holding or below a ptestore-index.json),
 gc also removes the job's artifacts no index entry names any more (shared
 _shared/sha256-tree/<hex>.ptd objects, per-device .pte/.ptd files of retired or replaced
-pairs) once older than --grace (default 7d: a run may be about to name a younger one).
-An object an index under the prefix (or in a directory above it) names is never
-removed; indexes elsewhere are not read.
+pairs) once older than --grace (default 7d: a run may be about to name a younger one;
+one a running job reuses is kept while its hold, <object>.ptestore-hold, is younger,
+and a hold older than the grace is removed). An object an index under the prefix (or
+in a directory above it) names is never removed; indexes elsewhere are not read.
 
 DURATION is a number with an optional unit: s (the default), m, h, d or w
 (90s, 30m, 12h, 7d, 1.5h).

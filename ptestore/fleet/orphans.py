@@ -38,10 +38,13 @@ objects that no index names. :func:`collect_orphans` removes them, and only them
   left is a same-bytes rewrite (locally: any rewrite) landing between the look and the
   delete.
 
-A run that *reuses* an old orphan (a shared ``.ptd`` it finds already stored) names it
-only when it publishes its index; keep the grace longer than a run lasts. Should gc win
-that race, the index names a missing ``.ptd``: ``verify --job`` reports the pair stale
-and the next ``fleet run`` stores it again.
+A run that *reuses* an old orphan (a retired pair named again and found current, a
+shared ``.ptd`` found stored) names it only when it publishes its index: before it
+relies on it, it writes the object's *hold* beside it (:mod:`.holds`). An object held
+within the grace is kept (``skipped: a run held it within the grace``) whatever its own
+age, and one held since the listing is kept too (its hold is looked at again just
+before the removal); a hold older than the grace holds nothing and is removed like an
+orphan (kind ``"hold"``). Keep the grace longer than the longest run.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ from ..coordinator.targets import target_identity
 from ..errors import PteStoreError
 from ..gc import GcEntry
 from ..storage.types import StorageURL
+from .holds import hold_url, is_hold
 from .index import INDEX_NAME
 from .orphan_refs import index_references, referenced
 from .packed import is_packed_url, read_record
@@ -301,6 +305,7 @@ def collect_orphans(
     root = store.root()
     listed = list(store.files(root))
     urls = [u for u, _, _, _ in listed]
+    holds = {u: (t, s) for u, t, _, s in listed if is_hold(u)}  # by the hold's URL
     refs, dirs, error = _references(_indexes(store, root, urls), storage_options)
     if error is not None:
         return [GcEntry(error.split(": ", 1)[0], "index", 0.0, f"failed: {error}")]
@@ -310,11 +315,14 @@ def collect_orphans(
     found: list[tuple[str, str, float, int, Stamp]] = []
     for url, mtime, size, stamp_ in listed:
         name = url.rsplit("/", 1)[-1].rsplit(os.sep, 1)[-1]
-        if not name.endswith((".pte", ".ptd", ".xpwc", ".xpwc.json")) or name.startswith("."):
+        held = is_hold(name)  # a run's hold (:mod:`.holds`)
+        if not (held or name.endswith((".pte", ".ptd", ".xpwc", ".xpwc.json"))):
+            continue
+        if name.startswith("."):
             continue
         if not any(url.startswith(d) for d in dirs) or target_identity(url) in refs:
             continue
-        kind = _ours(url, storage_options)
+        kind = "hold" if held else _ours(url, storage_options)
         if kind is not None:
             found.append((url, kind, max(0.0, now - mtime), size, stamp_))
     out: list[GcEntry] = []
@@ -324,8 +332,11 @@ def collect_orphans(
         if error is not None:
             return [GcEntry(error.split(": ", 1)[0], "index", 0.0, f"failed: {error}")]
     for url, kind, age, size, stamp_ in found:
+        held_at, held_stamp = holds.get(hold_url(url), (None, None))
         if age < grace:
             action = f"skipped: younger than the grace of {grace:g}s"
+        elif held_at is not None and now - held_at < grace:  # a run relies on it
+            action = f"skipped: a run held it within the grace of {grace:g}s"
         elif target_identity(url) in refs:
             action = "skipped: an index names it now"
         elif dry_run:
@@ -334,7 +345,10 @@ def collect_orphans(
             action = "skipped: no index governs it now"
         else:
             try:  # only the object listed, and only if still older than the grace
-                action = store.remove(url, stamp_)
+                if kind != "hold" and store.stamp(hold_url(url)) != held_stamp:
+                    action = "skipped: a run held it since listed"
+                else:
+                    action = store.remove(url, stamp_)
             except Exception as exc:  # a refused or failed delete: reported, never silent
                 action = f"failed: {exc}"
         out.append(GcEntry(url, kind, age, action, size))

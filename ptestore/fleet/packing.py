@@ -45,6 +45,7 @@ from ..errors import AlreadyExists, IntegrityError, PackedWeightsRefused, PteSto
 from ..storage.loaders import open_loader
 from ..storage.routing import options_for_loader
 from ..storage.types import absolute_local
+from .holds import hold
 from .job import JobError, pair_options, ptd_beside
 from .packed import (
     RECORD_FORMAT,
@@ -125,17 +126,24 @@ def _artifact(destination: str, options: dict[str, Any]) -> tuple[dict[str, Any]
 
 
 def packed_state(
-    destination: str, cpu: str, build: dict[str, str] | None, options: dict[str, Any]
+    destination: str,
+    cpu: str,
+    build: dict[str, str] | None,
+    options: dict[str, Any],
+    opened: list[str] | None = None,
 ) -> tuple[bool, str]:
     """``(current, why)`` of the packed-weight file of the (current) artifact at
     ``destination`` for the CPU ``cpu`` and the ExecuTorch ``build`` (None: not
     compared): its record is bound to the artifact and names that CPU and build, and
     its file is there at its recorded size, or the runtime's refusal is recorded (not
-    one that may pass: :func:`ptestore.xnnpack.refusal.transient_reason`)."""
+    one that may pass: :func:`ptestore.xnnpack.refusal.transient_reason`). ``opened``:
+    the record and the file found are appended to it."""
     from ..xnnpack.refusal import transient_reason
     record = read_record(destination, options)
     if record is None:
         return False, f"no XNNPACK packed-weight record at {record_url(destination)}"
+    if opened is not None:
+        opened.append(record_url(destination))
     if not bound_to(record, *_artifact(destination, options)):
         return False, "its XNNPACK packed-weight file was made for an earlier artifact"
     field = record["xnnpack"]
@@ -162,6 +170,8 @@ def packed_state(
         loader.close()
     if size != field.get("size"):
         return False, f"{url}: {size} bytes, its record names {field.get('size')}"
+    if opened is not None:
+        opened.append(url)
     return True, "XNNPACK packed-weight file current"
 
 
@@ -238,8 +248,10 @@ def make_packed(
     from .fetch import fetch
 
     build = executorch_build()
-    current, why = packed_state(destination, cpu, build.to_json(), opts)
-    if current:
+    found: list[str] = []
+    current, why = packed_state(destination, cpu, build.to_json(), opts, found)
+    # reused, not made: held against gc until the run's index names it (:mod:`.holds`)
+    if current and not hold(found, opts):
         return False, why
     here = cpu_fingerprint()
     if here != cpu:

@@ -42,6 +42,10 @@ class PlannedPair:
     estimate: Estimate = field(default_factory=Estimate)
     #: For a device that declares ``xnnpack_cpu``: the state of its packed-weight file.
     xnnpack: str | None = None
+    #: For a pair to skip: the objects it relies on (its .pte, its .ptd or the shared
+    #: one, its packed-weight file and record), held before the run starts
+    #: (:mod:`.reuse`).
+    relies: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -186,10 +190,11 @@ def plan_job(job: Job) -> Plan:
             xnnpack_timeout=job.xnnpack_timeout,
         )
         counter = [0]
+        opened: list[str] = []  # the objects the checks found
         urls = [pair.destination] + ([pair.ptd_destination] if pair.ptd_destination else [])
         try:
             current, reason = check_destination(
-                urls, job.storage_options, key, counter, task.shared_root
+                urls, job.storage_options, key, counter, task.shared_root, opened=opened
             )
         except PteStoreError as exc:
             reason = f"cannot read the destination: {exc}"
@@ -201,13 +206,15 @@ def plan_job(job: Job) -> Plan:
         if current and pair.xnnpack_cpu is not None:
             try:
                 current, why = packed_state(
-                    pair.destination, pair.xnnpack_cpu, build, job.storage_options
+                    pair.destination, pair.xnnpack_cpu, build, job.storage_options, opened
                 )
             except PteStoreError as exc:
                 current, why = False, f"cannot read its XNNPACK packed-weight record: {exc}"
             reason = f"{reason}; {why}" if current else f"current, but {why}"
         planned = PlannedPair(pair, "skip" if current else "run", reason, task, share + counter[0])
         planned.xnnpack = why
+        if current:
+            planned.relies = tuple(dict.fromkeys(opened))
         planned.estimate = estimate_pair(task, planned.action, reason, job)
         return planned
 

@@ -235,9 +235,12 @@ def run_plan(
     if missed_heartbeats < 1:
         raise ConfigurationError(f"missed_heartbeats must be >= 1, got {missed_heartbeats}")
     scheduler = scheduler or os.environ.get(SCHEDULER_ENV) or None
+    from .reuse import hold_reused
+
+    started = time.perf_counter()
+    hold_reused(plan)  # what the skipped pairs reuse, kept from gc until it is indexed
     if not scheduler:  # this machine makes the packed-weight files: it must have the CPU
         _check_this_machine(plan)
-    started = time.perf_counter()
     results: dict[int, PairResult] = {}
     todo: list[tuple[int, PlannedPair, PairTask]] = []
     for i, p in enumerate(plan.pairs):

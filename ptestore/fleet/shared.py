@@ -35,6 +35,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ..coordinator.targets import target_identity
 from ..errors import FormatError, ObjectNotFound
 from ..provenance.chunks import well_formed
 from ..provenance.digest import content_digest
@@ -202,14 +203,21 @@ class SharedStore:
     """The job's content-addressed store (a
     :class:`~ptestore.coordinator.output.ContentStore`): ``find`` checks an object at
     an address, ``writer`` opens one to store it; ``open_`` opens a loader (the fleet
-    counts the bytes it reads)."""
+    counts the bytes it reads). An object ``find`` finds among ``hold_shared`` (the
+    identities of those no live index entry named when the run started, :mod:`.reuse`;
+    None: any) is held before it is relied on (:mod:`.holds`)."""
 
     def __init__(
-        self, root: str, options: dict[str, Any], open_: Callable[[str], DataLoader] | None = None
+        self,
+        root: str,
+        options: dict[str, Any],
+        open_: Callable[[str], DataLoader] | None = None,
+        hold_shared: frozenset[tuple[str, str]] | None = None,
     ) -> None:
         self.root = root
         self.options = options
         self.open = open_ or (lambda url: _open(url, options))
+        self.hold_shared = hold_shared
         #: Content addresses found holding other bytes (damaged): why, by URL.
         self.damaged: dict[str, str] = {}
 
@@ -230,7 +238,13 @@ class SharedStore:
             log.warning("%s: damaged, stored again: %s", url, bad)
             self.damaged[url] = bad
             return None
-        return url
+        if self.hold_shared is not None and target_identity(url) not in self.hold_shared:
+            return url  # named by an index, or stored since the run started: kept by gc
+        # Reused, not stored again, old and unreferenced: held against gc until the
+        # run's index names it; one gone meanwhile is stored again.
+        from .holds import hold
+
+        return None if hold([url], self.options) else url
 
     def writer(self, content: ContentDigest) -> DataWriter:
         url = self.url(content)

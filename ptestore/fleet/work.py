@@ -73,6 +73,10 @@ class PairTask:
     xnnpack_cpu: str | None = None
     #: Seconds each run of the runtime's child may take there (None: the default).
     xnnpack_timeout: float | None = None
+    #: The shared objects stored when the run started that no live index entry named
+    #: (their identities, :mod:`.reuse`): one found stored is held before it is relied
+    #: on (:mod:`.holds`). None (a task made outside a run): any one found is held.
+    hold_shared: frozenset[tuple[str, str]] | None = None
 
 
 @dataclass
@@ -183,20 +187,25 @@ def check_destination(
     counter: list[int],
     shared_root: str | None = None,
     published: Mapping[str, str] | None = None,
+    opened: list[str] | None = None,
 ) -> tuple[bool, str]:
     """``(current, reason)`` for the artifact at ``urls`` (the .pte, then a .ptd): its
     provenance key is ``want`` and its bytes are the ones the record names (see
     :mod:`.binding`). With ``shared_root`` the .ptd is the one stored under it by the
     content address the .pte's record names (:mod:`.shared`), not ``urls[1]``.
-    ``published``: what this run just published (:func:`~.binding.check_artifact`)."""
+    ``published``: what this run just published (:func:`~.binding.check_artifact`).
+    ``opened``: each object found is appended to it (what a current artifact is)."""
     from .binding import check_artifact
 
     def open_(url: str) -> DataLoader:
         try:
-            return open_counted(url, options, counter)
+            loader = open_counted(url, options, counter)
         except ObjectNotFound:
             refuse_dangling_link(url)
             raise
+        if opened is not None:
+            opened.append(url)
+        return loader
 
     if shared_root is None:
         return check_artifact(urls, open_, want, published=published)
@@ -256,11 +265,18 @@ def _run(task: PairTask, counter: list[int], unchanged: list[str]) -> tuple[str,
     from ..coordinator import specialize_pair
 
     urls = [task.destination] + ([task.ptd_destination] if task.ptd_destination else [])
+    found: list[str] = []
     current, reason = check_destination(
-        urls, task.storage_options, task.key, counter, task.shared_root
+        urls, task.storage_options, task.key, counter, task.shared_root, opened=found
     )
-    if current:
-        return "skipped", reason  # e.g. a retry after the first attempt had published
+    if current:  # e.g. a retry after the first attempt had published
+        from .holds import hold
+
+        # reused, not written: held against gc until the run's index names it
+        gone = hold(found, task.storage_options)
+        if not gone:
+            return "skipped", reason
+        reason = f"current, but {gone[0]} is gone since: made again"
     impls = [load_backend(spec) for spec in task.backends]
     versions = tuple(
         (spec.strip(), version_of(i, spec.strip()))
@@ -284,6 +300,7 @@ def _run(task: PairTask, counter: list[int], unchanged: list[str]) -> tuple[str,
                 task.shared_root,
                 task.storage_options,
                 lambda url: open_counted(url, task.storage_options, counter),
+                task.hold_shared,
             )
     try:
         report = specialize_pair(

@@ -215,6 +215,25 @@ def test_gc_removes_a_packed_weight_record_once_the_job_no_longer_asks_for_it(
     assert not record.exists() and pte.is_file()
 
 
+def test_what_a_current_packed_weight_pair_reuses_is_held(tmp_path: Path) -> None:
+    """The plan of a current pair names its record among what it relies on; a worker
+    that finds the pair current (a retry, another run's work) holds the artifact and
+    the record it reuses against gc (``<object>.ptestore-hold``, fleet/holds.py)."""
+    from ptestore.fleet import plan_job, run_pair
+
+    job = _job(tmp_path, PORTABLE.pte_path, HERE)
+    assert main(["fleet", "run", str(job), "--workers", "1", "--quiet"]) == 0
+    pte = tmp_path / "out" / "phone" / "m.pte"
+    record = record_url(str(pte))
+    phone = next(p for p in plan_job(load_job(job)).pairs if p.pair.device.name == "phone")
+    assert phone.action == "skip" and phone.relies == (str(pte), record)
+    assert not list((tmp_path / "out").rglob("*.ptestore-hold"))  # indexed: no hold
+    assert phone.task is not None
+    assert run_pair(phone.task).status == "skipped"
+    held = sorted(p.name for p in (tmp_path / "out").rglob("*.ptestore-hold"))
+    assert held == ["m.pte.ptestore-hold", "m.xpwc.json.ptestore-hold"]
+
+
 def test_a_malformed_record_is_refused_naming_its_field(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

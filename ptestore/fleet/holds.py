@@ -1,0 +1,106 @@
+"""Holds: how a fleet run keeps ``gc`` from removing an old object it relies on.
+
+gc (:mod:`.orphans`) removes an object no live index entry names once it is older than
+the grace. A run names its objects only when it publishes its index, at its end, and
+an object it *reuses* rather than writes can be old and unreferenced until then: a
+retired pair the job names again, found current and skipped; a shared ``.ptd`` found
+stored at its content address; a packed-weight file found current. Its age says when it
+was written, not when a run last relied on it.
+
+So before a run relies on such an object it writes the object's *hold*, a small file
+beside it (``<object>.ptestore-hold``: a JSON record naming the object, the time and a
+fresh token, so two holds never have the same bytes), then looks at the object again
+(:func:`hold`): one gone meanwhile (gc removed it before the hold was there) is made
+again instead of relied on. gc counts an object held within the grace as young, and
+looks at its hold again just before it removes it. A hold older than the grace holds
+nothing, and gc removes it like an orphan. Keep the grace longer than the longest run:
+a hold is written once, when the run starts relying on the object.
+
+The object itself is never touched: not its bytes, not its time, not its metadata
+(what pins a version elsewhere, the local ``mtime``/``ctime`` and inode, the ETag,
+S3's stored checksum and part layout, stays as it was; :mod:`.binding`, ``fetch``'s
+resume and the device cache rely on them). On S3 a hold is one ``PutObject`` and the
+look a ``HEAD``; locally a small file renamed into place and an ``lstat``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import datetime as _dt
+import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..errors import ObjectNotFound
+from ..storage.types import StorageURL
+
+__all__ = ["HOLD_SUFFIX", "HOLD_THREADS", "hold", "hold_url", "is_hold"]
+
+#: What a hold's name adds to its object's.
+HOLD_SUFFIX = ".ptestore-hold"
+
+#: Holds written (and objects looked at) at once.
+HOLD_THREADS = 16
+
+#: The names of the objects gc may remove, whose holds it honours (:mod:`.orphans`).
+_HELD_KINDS = (".pte", ".ptd", ".xpwc", ".xpwc.json")
+
+
+def hold_url(url: str) -> str:
+    """Where the hold of the object at ``url`` is: beside it, its name +
+    :data:`HOLD_SUFFIX`."""
+    return url + HOLD_SUFFIX
+
+
+def is_hold(name: str) -> bool:
+    """Whether the file name (or URL) ``name`` is a hold of an object gc may remove."""
+    return name.endswith(HOLD_SUFFIX) and name[: -len(HOLD_SUFFIX)].endswith(_HELD_KINDS)
+
+
+def hold(urls: Sequence[str], options: Mapping[str, Any]) -> list[str]:
+    """Write the hold of each object in ``urls`` (storage ``options`` as a job's), then
+    look at each object again; returns those that are gone (removed before their hold
+    was written: not to be relied on). A hold that cannot be written raises (a
+    :class:`~ptestore.errors.StorageError` naming it): nothing is relied on unheld."""
+    todo = list(dict.fromkeys(urls))
+    if len(todo) < 2:
+        for url in todo:
+            _write(url, options)
+        return [u for u in todo if not _exists(u, options)]
+    with cf.ThreadPoolExecutor(max_workers=min(HOLD_THREADS, len(todo))) as pool:
+        list(pool.map(lambda u: _write(u, options), todo))
+        there = list(pool.map(lambda u: _exists(u, options), todo))
+    return [u for u, ok in zip(todo, there, strict=True) if not ok]
+
+
+def _write(url: str, options: Mapping[str, Any]) -> None:
+    from ..storage.atomic import put_bytes
+    from ..storage.routing import options_for_writer
+
+    record = {
+        "format": "ptestore.hold",
+        "object": url,
+        "at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        "token": os.urandom(8).hex(),  # every hold's bytes differ: its ETag changes too
+    }
+    target = hold_url(url)
+    local = StorageURL.of(target).local
+    put_bytes(
+        target,
+        json.dumps(record, sort_keys=True).encode(),
+        durable=False,  # a hold lost in a crash held nothing: its run died too
+        storage_options=None if local else options_for_writer(target, options),
+    )
+
+
+def _exists(url: str, options: Mapping[str, Any]) -> bool:
+    from ..storage.loaders import open_loader
+    from ..storage.routing import options_for_loader
+
+    try:
+        loader = open_loader(url, **options_for_loader(url, options, "dst"))
+    except ObjectNotFound:
+        return False
+    loader.close()
+    return True
