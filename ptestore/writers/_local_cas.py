@@ -60,10 +60,11 @@ def _token(hexdigest: str) -> str:
 
 
 def file_version(path: str) -> str | None:
-    """The version token of the file at ``path`` (None: no file)."""
+    """The version token of the file at ``path`` (None: no file); anything but a regular
+    file is refused as :func:`read_file_versioned` refuses it (a FIFO was waited on)."""
     digest = hashlib.sha256()
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(_open_regular(path), "rb") as f:
             while piece := f.read(_PIECE):
                 digest.update(piece)
     except FileNotFoundError:

@@ -14,7 +14,7 @@ from ptestore.errors import ConfigurationError, PreconditionFailed, PublishUncer
 from ptestore.writers import LocalFileWriter, WriterState
 from ptestore.writers._local_cas import lock_path
 from ptestore.writers.local import TEMP_NAME_RE
-from ptestore.writers.versions import read_versioned
+from ptestore.writers.versions import current_version, read_versioned
 
 
 def staging_files(directory: Path) -> list[str]:
@@ -162,3 +162,22 @@ def test_a_versioned_read_of_anything_but_a_regular_file_is_refused_at_once(
     link.symlink_to(regular)
     assert read_versioned(str(link)).data == b"{}"
     assert read_versioned(str(tmp_path / "none.json")).version is None
+
+
+def test_the_version_of_a_fifo_is_refused_at_once_and_a_publish_over_it_too(
+    tmp_path: Path,
+) -> None:
+    """The version a compare-and-swap compares (``current_version``, and a publish's
+    check before its swap) opened a FIFO and waited for a writer that never comes."""
+    fifo = tmp_path / "ptestore-index.json"
+    os.mkfifo(fifo)
+    message = f"{fifo}: is a FIFO (named pipe), not a regular file; refusing to read it"
+    with pytest.raises(ConfigurationError) as info:
+        current_version(str(fifo))
+    assert str(info.value) == message
+    w = LocalFileWriter(str(fifo))
+    w.write(b"{}", 0)
+    with pytest.raises(ConfigurationError) as info:
+        w.publish("if-match", expected="sha256:" + "0" * 64)
+    assert str(info.value) == message
+    assert fifo.is_fifo()
