@@ -146,7 +146,9 @@ def ensure(
             A source that nothing changes, rewritten in place, is still left as it was.
         model: the model's name in the index ``source`` (only with an index).
         storage_options: fsspec/s3fs options for the index and the files it names
-            (only with an index).
+            (only with an index); one that applies to none of them is a
+            :class:`~ptestore.errors.ConfigurationError`, before the index is read (a
+            local index's once it is read, against the files it names).
         portable: with ``in_place=True``, the portable source (the original ``.pte``)
             to specialize into ``source`` when ``source`` is already a specialized
             output that is not current (a backend upgraded, another device; CLI:
@@ -230,8 +232,13 @@ def ensure(
                 f"{os.fspath(portable)}: no such file (portable=, CLI --portable: a local "
                 "copy of the model's portable source for the download to take chunks from)"
             )
+        from ..fleet.index_store import check_index_options
         from .from_index import ensure_from_index
 
+        # Before the index is read; a local one's options reach the files it names
+        # (checked once it is read: ensure_from_index).
+        given = [os.fspath(cache_dir), *([] if local is None else [local])]
+        check_index_options(storage_options, src, given=given, local_ok=True)
         return ensure_from_index(
             src,
             cache_dir,

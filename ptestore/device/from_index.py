@@ -75,6 +75,11 @@ def ensure_from_index(
         from ..backends.compat import DeviceProfile
 
         device = DeviceProfile(device, choice.device_options)
+    if choice.kind == "artifact":  # a local index is read: the files it names
+        from ..fleet.index_store import check_named_options
+
+        named = [str(f["url"]) for f in (choice.pte, choice.ptd) if f is not None]
+        check_named_options(opts, index, named)
     if choice.kind == "source":
         made = ensure(
             choice.pte["url"],

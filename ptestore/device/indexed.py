@@ -85,14 +85,15 @@ def index_key(index: str, model: str, device: DeviceProfile | str) -> str:
 def choose(
     index: str, model: str, device: DeviceProfile | str | None, opts: dict[str, Any]
 ) -> Choice:
-    """What :func:`~ptestore.select` picks for ``model`` on ``device`` in ``index``."""
-    from ..fleet.select import select
+    """What :func:`~ptestore.select` picks for ``model`` on ``device`` in ``index``
+    (``opts`` checked by ``ensure`` before)."""
+    from ..fleet.select import select_from
 
     if not isinstance(model, str) or not model:
         raise ConfigurationError(f"{index}: model must be a model name of the index, got {model!r}")
     if device is None:
         raise ConfigurationError(f"{index}: ensure from an index needs device= (CLI: --device)")
-    return select(index, model, device, storage_options=opts)
+    return select_from(index, model, device, storage_options=opts)
 
 
 def index_fingerprint(

@@ -68,8 +68,10 @@ from .fetch_checks import (
     EntryMismatch,
     base_paths,
     check_bases,
+    check_chosen_options,
     check_dest,
     check_entry,
+    check_options,
     check_paths,
     check_room_for,
     dest_lock,
@@ -77,7 +79,7 @@ from .fetch_checks import (
 )
 from .job import ptd_beside
 from .ranged import PinnedReader, pinned_attempts
-from .select import Choice, ptd_entry_of, select
+from .select import Choice, ptd_entry_of, select_from
 from .whole import download_whole
 
 if TYPE_CHECKING:
@@ -287,7 +289,9 @@ def fetch(
     ``require_base=False`` skipped (``ensure``'s bases: another process may evict one
     meanwhile). ``xnnpack_cache``: then also its XNNPACK packed-weight file for this
     CPU and ExecuTorch build, when the fleet made one (:func:`.packed.fetch_packed`:
-    verified, beside ``dest``). See the module docstring."""
+    verified, beside ``dest``). ``storage_options``: for the index and the files it
+    names, or the URL fetched; one that applies to none of them is refused before they
+    are read (:func:`.fetch_checks.check_options`). See the module docstring."""
     src = os.fspath(index_or_url)
     target = check_dest(os.fspath(dest))
     if chunk_size < 1:
@@ -297,6 +301,7 @@ def fetch(
     opts = dict(storage_options or {})
     given = [] if base is None else [base] if isinstance(base, str | os.PathLike) else list(base)
     pte_bases = base_paths(given)
+    check_options(src, target, pte_bases, opts)  # before the first read
     if require_base:  # before the first request
         check_bases(pte_bases)
 
@@ -304,6 +309,9 @@ def fetch(
         return Sink(url, path, total, progress, events)
 
     choice, files = _files(src, target, model, device, opts)
+    if choice is not None:  # a local index is read: the files it names
+        packed = choice.xnnpack if xnnpack_cache else None
+        check_chosen_options(src, [choice.pte, choice.ptd, packed], opts)
     for again in (False, True):
         result = FetchResult(choice)
         try:
@@ -344,7 +352,7 @@ def _files(
     record names; each with the path it is published at."""
     if src.endswith(".json"):
         assert model is not None and device is not None  # checked by fetch
-        choice = select(src, model, device, storage_options=opts)
+        choice = select_from(src, model, device, storage_options=opts)  # checked
         files = [(choice.pte, target)]
         if choice.ptd is not None:
             files.append((choice.ptd, ptd_beside(target)))

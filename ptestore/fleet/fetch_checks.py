@@ -1,6 +1,9 @@
 """What :mod:`.fetch` checks before its first request, and how its errors name what an
 entry says.
 
+- the storage options (:func:`check_options`), before anything is read: an index's
+  against the index (a local one's, once read, against the files it names:
+  :func:`check_chosen_options`), a URL's fetched directly against it;
 - ``DEST`` (:func:`check_dest`): a local path, not a directory (nor the ``.ptd`` path
   beside it, :func:`check_paths`): the download is renamed over it once checked, and a
   directory there would fail only then, after the ``.ptd`` was published;
@@ -45,8 +48,10 @@ __all__ = [
     "EntryMismatch",
     "base_paths",
     "check_bases",
+    "check_chosen_options",
     "check_dest",
     "check_entry",
+    "check_options",
     "check_paths",
     "check_room_for",
     "dest_lock",
@@ -147,6 +152,34 @@ def check_bases(paths: Sequence[str]) -> None:
     request: a wrong one is not found only after the ``.ptd`` was downloaded."""
     for path in paths:
         open_base(path).close()
+
+
+def check_options(src: str, target: str, bases: Sequence[str], options: Mapping[str, Any]) -> None:
+    """Refuse a storage option that applies to none of the URLs a fetch is given (the
+    one check, :meth:`~ptestore.storage.routing.StorageOptions.check`), before the first
+    read: with an index (``src`` a ``.json``) the index, as it is read (options for a
+    local one alone wait for the files it names: :func:`check_chosen_options`); else
+    the URL fetched, ``DEST`` and the bases (options for local files only refused)."""
+    if not options:
+        return
+    if src.endswith(".json"):
+        from .index_store import check_index_options
+
+        check_index_options(options, src, given=[target, *bases], local_ok=True)
+    else:
+        from ..storage.routing import StorageOptions
+
+        StorageOptions(options).check([src, *bases], [target])
+
+
+def check_chosen_options(src: str, files: Sequence[object], options: Mapping[str, Any]) -> None:
+    """Once the local index ``src`` is read: refuse a storage option that applies to
+    none of the remote ``files`` chosen there to fetch (their entries; None: no such
+    file) (:func:`.index_store.check_named_options`; unused when they are all local)."""
+    from .index_store import check_named_options
+
+    urls = [str(f["url"]) for f in files if isinstance(f, dict) and f.get("url")]
+    check_named_options(options, src, urls)
 
 
 def check_entry(want: dict[str, Any]) -> None:

@@ -130,12 +130,16 @@ def check_index(
     """Check every model's catalog of the index at ``url`` against its leaves (``models``:
     only those, without listing the index), ``workers`` models at a time; with
     ``repair``, rebuild each that disagrees or carries a mark, then check it again.
-    :class:`~ptestore.errors.ObjectNotFound` when there is no index."""
+    :class:`~ptestore.errors.ObjectNotFound` when there is no index; a storage option
+    that applies to none of it (as read, and written with ``repair``; any, for a local
+    index) a :class:`~ptestore.errors.ConfigurationError` before it is read."""
     from concurrent.futures import ThreadPoolExecutor
 
     from .index import open_index
+    from .index_store import check_index_options
 
     target = os.fspath(url)
+    check_index_options(options, target, write=repair)
     root, sharded, _ = open_index(target, options, whole=True)
     out = IndexCheck(target, int(root["version"]))
     if sharded is None:

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ..errors import AlreadyExists, FormatError, PreconditionFailed, PublishUncertain
-from ..storage.routing import options_for_loader, options_for_writer
+from ..storage.routing import StorageOptions, options_for_loader, options_for_writer
 from ..storage.types import StorageURL, split_url
 from .index_bounds import (
     ENTRY_ROOM,
@@ -39,6 +39,8 @@ __all__ = [
     "IndexStore",
     "ObjectStats",
     "ReadCount",
+    "check_index_options",
+    "check_named_options",
     "dumps",
     "shards_line",
 ]
@@ -55,6 +57,45 @@ def dumps(value: dict[str, Any], *, compact: bool = True) -> bytes:
     if compact:
         return json.dumps(value, separators=(",", ":")).encode()
     return json.dumps(value, indent=1).encode()
+
+
+def check_index_options(
+    options: Mapping[str, Any] | None,
+    index: str,
+    *,
+    write: bool = False,
+    given: Iterable[str] = (),
+    local_ok: bool = False,
+) -> None:
+    """Refuse, before the index at ``index`` is read, a storage option that applies to
+    none of it (as :class:`IndexStore` reads it and, with ``write``, writes it) and of
+    the command's other URLs ``given``: the one check
+    (:meth:`~ptestore.storage.routing.StorageOptions.check`): the store passes on
+    only the options its URL takes, so ``-o endpoint_ulr=...`` would otherwise be
+    dropped unsaid and the index read from AWS's endpoint. A memory:// index is read
+    through its writer's store (it takes the writer's ``fs``): it counts as written.
+    Options for a local index alone are refused, unless ``local_ok`` (``fetch``,
+    ``ensure``: they reach the files it names, :func:`check_named_options`)."""
+    if not options:
+        return
+    written = write or split_url(index)[0] == "memory"
+    read = [] if written else [index]
+    StorageOptions(options).check([*read, *given], [index] if written else [], local_ok=local_ok)
+
+
+def check_named_options(options: Mapping[str, Any] | None, index: str, urls: Iterable[str]) -> None:
+    """Once a local index is read, before any of the files it names is: refuse a
+    storage option that applies to none of the remote ``urls`` it names (the files a
+    ``fetch`` reads), naming the index; left unused when those are all local. Options
+    for a remote index were checked before it was read (:func:`check_index_options`)."""
+    from ..errors import ConfigurationError
+
+    if not options or not StorageURL.of(index).local:
+        return
+    try:
+        StorageOptions(options).check(urls, local_ok=True)
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"{index}: the files it names: {exc}") from None
 
 
 class IndexStore:

@@ -19,7 +19,7 @@ from ..storage.routing import StorageOptions, options_for_loader
 from ..storage.types import StorageURL, strerror
 from .job import Job, JobError, pair_options
 
-__all__ = ["destination_prefix", "filter_job", "preflight"]
+__all__ = ["check_job_options", "destination_prefix", "filter_job", "preflight"]
 
 MARKER_PREFIX = ".ptestore-preflight-"
 
@@ -64,15 +64,21 @@ def destination_prefix(job: Job) -> str:
     return _prefix(job.destination)
 
 
-def preflight(job: Job, *, write: bool) -> None:
-    """Raise :class:`JobError` (exit 2) for the first job-wide mistake found."""
-    # A misspelt option (one no URL of the job accepts) is named, once, before any I/O.
+def check_job_options(job: Job, *also: str) -> None:
+    """A misspelt option (one no URL of the job accepts: its sources, its destinations,
+    and ``also``, destinations of its own such as its index) is named, once, before any
+    I/O: :class:`JobError` (exit 2)."""
     sources = [u for m in job.models for u in (m.source, m.ptd) if u]
     destinations = [d for p in job.pairs() for d in (p.destination, p.ptd_destination) if d]
     try:
-        StorageOptions(job.storage_options).check(sources, destinations)
+        StorageOptions(job.storage_options).check(sources, [*destinations, *also])
     except ConfigurationError as exc:
         raise JobError(f"{job.path}: storage_options: {exc}") from exc
+
+
+def preflight(job: Job, *, write: bool) -> None:
+    """Raise :class:`JobError` (exit 2) for the first job-wide mistake found."""
+    check_job_options(job)
     for spec in job.backends:
         try:
             load_backend(spec)

@@ -115,6 +115,9 @@ def retire_dropped(job: Job, *, dry_run: bool = False, all_jobs: bool = False) -
         if not isinstance(value, bool):
             raise ConfigurationError(f"{name} must be True or False, got {value!r}")
     url = index_url(job)
+    from .preflight import check_job_options
+
+    check_job_options(job, url)  # as fleet run checks them, before the index is read
     out = RetireResult(url, dry_run)
     now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     stamp = {"path": job.stamp_path, "sha256": job.sha256}

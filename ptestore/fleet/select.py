@@ -42,7 +42,7 @@ from ..errors import ConfigurationError, FormatError, ObjectNotFound, PteStoreEr
 if TYPE_CHECKING:
     from ..backends.api import BackendInterface
 
-__all__ = ["NO_OPINION", "Choice", "combine", "ptd_entry_of", "select"]
+__all__ = ["NO_OPINION", "Choice", "combine", "ptd_entry_of", "select", "select_from"]
 
 #: The rating of a backend that has no compatibility check (or is not installed here).
 NO_OPINION = "no_opinion"
@@ -255,21 +255,38 @@ def select(
     index, if any, else none). Raises :class:`ConfigurationError` when the index has
     no such model. ``cpu``: the CPU fingerprint the packed-weight file must have been
     made for to be reported (default: this machine's). From a sharded index (version 3)
-    it reads a few small objects (:mod:`.index_view`), whatever the size of the fleet."""
+    it reads a few small objects (:mod:`.index_view`), whatever the size of the fleet.
+    ``storage_options`` are for the index: one that applies to none of it (any, for a
+    local index) is a :class:`ConfigurationError` before it is read."""
+    if isinstance(index, dict):
+        if storage_options:
+            raise ConfigurationError(
+                f"storage options {sorted(storage_options)} apply to no URL: the index "
+                "was given as an object, not read"
+            )
+    else:  # select reads the index only: options apply to it, before it is read
+        from .index_store import check_index_options
+
+        check_index_options(storage_options, os.fspath(index))
+    return select_from(index, model, device, storage_options=storage_options, cpu=cpu)
+
+
+def select_from(
+    index: dict[str, Any] | str | os.PathLike[str],
+    model: str,
+    device: DeviceProfile | str,
+    *,
+    storage_options: dict[str, Any] | None = None,
+    cpu: str | None = None,
+) -> Choice:
+    """:func:`select`, its ``storage_options`` already checked by the caller (``fetch``
+    and ``ensure`` check them against their own URLs too)."""
     from .index_bounds import check_asked
     from .index_view import model_view
 
     name = device if isinstance(device, str) else device.name
     check_asked("model", model)
     check_asked("device", name)
-    if storage_options and not isinstance(index, dict):
-        from ..storage.types import StorageURL
-
-        if StorageURL.of(index).local:  # select reads the index only
-            raise ConfigurationError(
-                f"{os.fspath(index)}: storage options {sorted(storage_options)} do not "
-                "apply to local files (select reads only the index)"
-            )
     view = model_view(index, model, name, storage_options)
     entries = view.entries
     if not entries:

@@ -327,14 +327,14 @@ def test_ensure_index_skips_a_base_another_process_evicts_while_it_fetches(
     one = fleet_run(big_job(tmp_path, str(tmp_path / "one"), "1"), capsys)
     two = fleet_run(big_job(tmp_path, str(tmp_path / "two"), "2"), capsys)
     first = ptestore.ensure(one, cache_dir=cache, model="m", device=A)
-    real = fetch_module.select
+    real = fetch_module.select_from
 
     def select_then_evict(*args: Any, **kwargs: Any) -> Any:
         got = real(*args, **kwargs)
         Path(first.pte).unlink()  # another process's prune, while the index is read
         return got
 
-    monkeypatch.setattr(fetch_module, "select", select_then_evict)
+    monkeypatch.setattr(fetch_module, "select_from", select_then_evict)
     other = ptestore.ensure(two, cache_dir=cache, model="m", device=A)
     assert other.choice is not None and other.choice["fetched"]["bases"] == []
     want = (tmp_path / "two" / "a" / "m.pte").read_bytes()

@@ -161,9 +161,10 @@ def test_an_option_no_side_takes_is_refused_alike_by_all_three() -> None:
 def test_options_for_a_run_on_local_files_only_are_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Local files take no common option: specialize, verify and select refuse one given
-    for local files only (the CLI as the library, exit 2), before any work; a fleet job
-    that also has a remote pair is checked as a whole and its local pairs take none."""
+    """Local files take no common option: specialize, verify and select (its index
+    alone) refuse one given for local files only (the CLI as the library, exit 2),
+    before any work; a fleet job that also has a remote pair is checked as a whole and
+    its local pairs take none."""
     from ptestore.cli import main
 
     assert MLP.pte_path is not None
@@ -199,5 +200,6 @@ def test_options_for_a_run_on_local_files_only_are_refused(
     with pytest.raises(ptestore.ConfigurationError) as info:
         ptestore.select(index, "local", "d", storage_options={"anon": True})
     assert str(info.value) == (
-        f"{index}: storage options ['anon'] {why} (select reads only the index)"
+        f"storage options ['anon'] {why} ({index}): they are for remote URLs "
+        "(s3://..., memory://...)"
     )
