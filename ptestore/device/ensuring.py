@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..backends.compat import DeviceProfile
@@ -146,7 +146,8 @@ def ensure(
             A source that nothing changes, rewritten in place, is still left as it was.
         model: the model's name in the index ``source`` (only with an index).
         storage_options: fsspec/s3fs options for the index and the files it names
-            (only with an index); one that applies to none of them is a
+            (only with an index): the artifact, or the portable source (and its
+            ``.ptd``) specialized when nothing fits; one that applies to none of them is a
             :class:`~ptestore.errors.ConfigurationError`, before the index is read (a
             local index's once it is read, against the files it names).
         portable: with ``in_place=True``, the portable source (the original ``.pte``)
@@ -249,7 +250,7 @@ def ensure(
             dict(storage_options or {}),
             progress,
             local,
-            ensure=ensure,
+            ensure=_ensure_copy,
         )
     if storage_options:
         raise ConfigurationError(
@@ -270,24 +271,64 @@ def ensure(
             None if portable is None else os.fspath(portable),
             progress,
         )
+    return _ensure_copy(
+        src,
+        cache_dir=cache_dir,
+        backends=blist,
+        device=device,
+        ptd=ptd_src,
+        max_bytes=max_bytes,
+        provenance=provenance,
+        progress=progress,
+    )
+
+
+def _ensure_copy(
+    src: str,
+    *,
+    cache_dir: PathOrUrl,
+    backends: list[BackendLike] | None,
+    device: DeviceProfile | None,
+    ptd: str | None,
+    max_bytes: int | None,
+    provenance: bool = True,
+    progress: Callable[[Event], None] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> Artifact:
+    """``ensure(src)`` once its arguments are checked: the copy of ``src`` (and ``ptd``)
+    specialized into the cache, or the entry made before. ``storage_options`` are those
+    of ``ensure(index, ...)`` whose portable source this is (:mod:`.from_index`): they
+    reach the source and its .ptd wherever they are read (their identity, the run), as
+    routed to each (:func:`~ptestore.storage.routing.options_for_loader`: none to a
+    local file); the public ``ensure`` of a source takes none."""
     from ..journal import recover_if_local
 
     recover_if_local(src)  # an interrupted in-place run of the source: finish it first
+    routed: dict[str, dict[str, Any]] = {src: {}, **({} if ptd is None else {ptd: {}})}
+    if storage_options:
+        from ..storage.routing import options_for_loader
+
+        routed = {url: options_for_loader(url, storage_options) for url in routed}
     layout = CacheLayout(cache_dir)
     layout.create()
-    key = entry_key(src, ptd_src, blist, device, False, provenance)
+    key = entry_key(src, ptd, backends, device, False, provenance)
     fingerprint = {
-        "source": source_identity(src),
-        "ptd": None if ptd_src is None else source_identity(ptd_src),
-        "backends": backend_fingerprint(blist, layout),
+        "source": source_identity(src, routed[src]),
+        "ptd": None if ptd is None else source_identity(ptd, routed[ptd]),
+        "backends": backend_fingerprint(backends, layout),
         "device": device_fingerprint(device),
     }
+    # The options of the remote sources, as common ones: the run routes them to those
+    # (never to a local file, nor to the cache's local destinations).
+    common = {k: v for opts in routed.values() for k, v in opts.items()}
     return hit_or_make(
         layout,
         key,
         max_bytes,
         lambda: lookup(layout, key, fingerprint),
-        lambda: _make(layout, key, fingerprint, src, ptd_src, blist, device, provenance, progress),
+        lambda: _make(
+            layout, key, fingerprint, src, ptd, backends, device, provenance, progress, common
+        ),
     )
 
 
@@ -301,6 +342,7 @@ def _make(
     device: DeviceProfile | None,
     provenance: bool = True,
     progress: Callable[[Event], None] | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> Artifact:
     from ..coordinator import specialize
     from ..provenance.stamp import ProvenanceRequest
@@ -330,6 +372,7 @@ def _make(
             provenance=ProvenanceRequest() if provenance else False,
             strict=False,
             event_tracer=progress,
+            storage_options=storage_options or None,
         )
     except (PteStoreError, OSError) as exc:  # a backend's spool write too
         if is_disk_full(exc):

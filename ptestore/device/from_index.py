@@ -44,7 +44,8 @@ def ensure_from_index(
     index selects, fetched into the entry keyed on the index, the model and the device,
     current while the index still selects the same files (taking the chunks the cache or
     ``portable`` already holds from there); else the portable source, specialized
-    here by ``ensure`` (:func:`.ensuring.ensure`, passed in: no import loop)."""
+    here by ``ensure`` (the copy path of :func:`.ensuring.ensure`, passed in: no import
+    loop), read with ``opts`` (the storage options given for the index)."""
     from ..backends.snapshot import using
     from .indexed import (
         check_source,
@@ -75,20 +76,24 @@ def ensure_from_index(
         from ..backends.compat import DeviceProfile
 
         device = DeviceProfile(device, choice.device_options)
-    if choice.kind == "artifact":  # a local index is read: the files it names
-        from ..fleet.index_store import check_named_options
+    # A local index is read: the files it names (the artifact, or the portable source),
+    # before any of them is read.
+    from ..fleet.index_store import check_named_options
 
-        named = [str(f["url"]) for f in (choice.pte, choice.ptd) if f is not None]
-        check_named_options(opts, index, named)
+    named = [str(f["url"]) for f in (choice.pte, choice.ptd) if f is not None]
+    check_named_options(opts, index, named)
     if choice.kind == "source":
+        # Read with the index's options, as routed to each of its URLs (its store's
+        # endpoint and credentials; none to a local file): its identity, the hit, the run.
         made = ensure(
-            choice.pte["url"],
+            str(choice.pte["url"]),
             cache_dir=cache_dir,
             backends=backends,
             device=device,
-            ptd=None if choice.ptd is None else choice.ptd["url"],
+            ptd=None if choice.ptd is None else str(choice.ptd["url"]),
             max_bytes=max_bytes,
             progress=progress,
+            storage_options=opts,
         )
         check_source(index, choice, made)
         return replace(made, choice=choice.to_dict())

@@ -20,6 +20,8 @@ from ..errors import ConfigurationError, ObjectNotFound, PteStoreError, StorageE
 from ..storage.types import StorageURL
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from ..backends.registry import BackendLike
     from .cache import CacheLayout
 
@@ -41,10 +43,12 @@ def location(url: str) -> str:
     return StorageURL.of(url).location
 
 
-def source_identity(url: str) -> dict[str, Any]:
+def source_identity(url: str, options: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The identity of the object at ``url``: for a local file one ``stat``
     (:func:`identity_of`); for a remote object its size, ETag and version id (one
-    metadata request), or its SHA-256 when the store reports neither."""
+    metadata request, opened with the loader's ``options``: those that apply to ``url``,
+    :func:`~ptestore.storage.routing.options_for_loader`), or its SHA-256 when the store
+    reports neither."""
     u = StorageURL.of(url)
     if u.local:
         path = u.location
@@ -59,7 +63,7 @@ def source_identity(url: str) -> dict[str, Any]:
         return identity_of(path, st)
     from ..storage.loaders import open_loader
 
-    loader = open_loader(u)
+    loader = open_loader(u, **(options or {}))
     try:
         etag = getattr(loader, "etag", None)
         version = getattr(loader, "version_id", None)

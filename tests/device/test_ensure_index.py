@@ -32,11 +32,19 @@ NEWER = "support.fleet_backend:Scaler=2.0"
 A = DeviceProfile("a", {"soc": "x", "scale": 2.0})
 
 
-def _job(tmp: Path, dest: str, scale: float = 2.0, extra: str = "", spec: str = SPEC) -> Path:
+def _job(
+    tmp: Path,
+    dest: str,
+    scale: float = 2.0,
+    extra: str = "",
+    spec: str = SPEC,
+    source: tuple[str, str] = (str(EXT.pte_path), str(EXT.ptd_path)),
+) -> Path:
     job = tmp / f"job{len(list(tmp.glob('job*.toml')))}.toml"
+    pte, ptd = source
     job.write_text(
         f'destination = "{dest}/{{device}}/{{model}}.pte"\nbackends = ["{spec}"]\n{extra}'
-        f'[[models]]\nname = "m"\nsource = "{EXT.pte_path}"\nptd = "{EXT.ptd_path}"\n'
+        f'[[models]]\nname = "m"\nsource = "{pte}"\nptd = "{ptd}"\n'
         f'[devices.a]\nsoc = "x"\nscale = {scale}\n[devices.b]\nsoc = "y"\nscale = 3.0\n'
     )
     return job
@@ -157,8 +165,100 @@ def test_nothing_fits_specializes_the_portable_source_here(
     assert made.provenance.source.sha256 == want
     assert made.ptd is not None and made.provenance.device is not None
     assert made.provenance.device.options == {"soc": "q", "scale": 5.0}
-    again = ptestore.ensure(index, cache_dir=cache, model="m", device=z, backends=[SPEC])
+    # Storage options given for a local index naming a local source are left unused.
+    again = ptestore.ensure(
+        index, cache_dir=cache, model="m", device=z, backends=[SPEC], storage_options={"anon": True}
+    )
     assert not again.created and again.pte == made.pte and again.choice is not None
+
+
+def _source_on_s3(server: S3TestServer) -> tuple[str, tuple[str, str]]:
+    """A new bucket of ``server`` holding the fixture's .pte and .ptd: the bucket and
+    their URLs."""
+    assert EXT.pte_path is not None and EXT.ptd_path is not None
+    bucket = server.new_bucket()
+    client = server.client()
+    client.put_object(Bucket=bucket, Key="src/m.pte", Body=EXT.pte_path.read_bytes())
+    client.put_object(Bucket=bucket, Key="src/m.ptd", Body=EXT.ptd_path.read_bytes())
+    return bucket, (f"s3://{bucket}/src/m.pte", f"s3://{bucket}/src/m.ptd")
+
+
+def _flags(opts: dict[str, Any]) -> list[str]:
+    """``opts`` as the CLI's ``-o KEY=VALUE`` flags."""
+    return [
+        x
+        for k, v in opts.items()
+        for x in ("-o", f"{k}={v if isinstance(v, str) else json.dumps(v)}")
+    ]
+
+
+@pytest.mark.s3
+def test_nothing_fits_specializes_a_portable_source_on_the_index_s_store(
+    s3_server: S3TestServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The portable source and its .ptd on the S3 server the index is on (its endpoint,
+    its credentials): the options given for the index reach them, to fingerprint the
+    source, to find the hit and to specialize it; ``ptestore ensure -o`` too."""
+    bucket, source = _source_on_s3(s3_server)
+    extra = s3_options_toml(s3_server.storage_options)
+    index = fleet_run(_job(tmp_path, f"s3://{bucket}/fleet", extra=extra, source=source), capsys)
+    assert index.startswith(f"s3://{bucket}/")
+    opts = s3_server.storage_options
+    z = DeviceProfile("z", {"soc": "q", "scale": 5.0})
+    cache = tmp_path / "cache"
+    kwargs: dict[str, Any] = {"model": "m", "device": z, "backends": [SPEC]}
+    made = ptestore.ensure(index, cache_dir=cache, storage_options=opts, **kwargs)
+    assert made.created and made.specialized and made.choice is not None
+    assert made.choice["kind"] == "source"
+    assert made.provenance is not None and made.provenance.device is not None
+    assert made.provenance.device.options == {"soc": "q", "scale": 5.0}
+    assert made.provenance.source.url == source[0]
+    assert made.provenance.ptd_source is not None
+    assert made.provenance.ptd_source.url == source[1]
+    assert EXT.pte_path is not None
+    assert made.provenance.source.sha256 == tree(EXT.pte_path.read_bytes())
+    assert [e.source for e in list_entries(cache)] == [source[0]]
+    again = ptestore.ensure(index, cache_dir=cache, storage_options=opts, **kwargs)
+    assert not again.created and (again.pte, again.key) == (made.pte, made.key)
+
+    argv = ["ensure", index, "--cache-dir", str(tmp_path / "cli"), "--model", "m"]
+    argv += ["--device", "z", "--device-option", "soc=q", "--device-option", "scale=5.0"]
+    argv += ["--backend", SPEC, *_flags(opts), "--json"]
+    assert main(argv) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert first["created"] is True and first["choice"]["kind"] == "source"
+    assert Path(first["pte"]).read_bytes() == Path(made.pte).read_bytes()
+    assert main(argv) == 0
+    hit = json.loads(capsys.readouterr().out)
+    assert hit["created"] is False and hit["pte"] == first["pte"]
+
+
+@pytest.mark.s3
+def test_a_local_index_s_options_reach_the_portable_source_it_names(
+    s3_server: S3TestServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A local index naming a portable source on S3: the options reach the source; one
+    that applies to none of the source's URLs is refused once the index is read, before
+    the source is (as for the artifacts it names)."""
+    _, source = _source_on_s3(s3_server)
+    extra = s3_options_toml(s3_server.storage_options)
+    index = fleet_run(_job(tmp_path, str(tmp_path / "out"), extra=extra, source=source), capsys)
+    opts = s3_server.storage_options
+    z = DeviceProfile("z", {"soc": "q", "scale": 5.0})
+    cache = tmp_path / "cache"
+    kwargs: dict[str, Any] = {"model": "m", "device": z, "backends": [SPEC]}
+    typo = {**opts, "endpoint_ulr": opts["endpoint_url"]}
+    with pytest.raises(ConfigurationError) as info:
+        ptestore.ensure(index, cache_dir=cache, storage_options=typo, **kwargs)
+    assert str(info.value) == (
+        f"{index}: the files it names: storage options ['endpoint_ulr'] apply to none of "
+        f"{source[0]}, {source[1]} (did you mean 'endpoint_url'?)"
+    )
+    assert list_entries(cache) == []
+    made = ptestore.ensure(index, cache_dir=cache, storage_options=opts, **kwargs)
+    assert made.created and made.choice is not None and made.choice["kind"] == "source"
+    again = ptestore.ensure(index, cache_dir=cache, storage_options=opts, **kwargs)
+    assert not again.created and again.pte == made.pte
 
 
 def test_index_arguments_are_checked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -192,12 +292,7 @@ def test_cli_ensure_from_an_index_on_s3(
     s3_server: S3TestServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     bucket, index = _fleet_run_on_s3(s3_server, tmp_path, capsys)
-    opts = s3_server.storage_options
-    flags = [
-        x
-        for k, v in opts.items()
-        for x in ("-o", f"{k}={v if isinstance(v, str) else json.dumps(v)}")
-    ]
+    flags = _flags(s3_server.storage_options)
     argv = ["ensure", index, "--cache-dir", str(tmp_path / "cache"), "--model", "m"]
     argv += ["--device", "a", "--device-option", "soc=x", "--device-option", "scale=2.0"]
     assert main([*argv, *flags, "--json"]) == 0
