@@ -16,9 +16,14 @@ skipped an entry it could not make sense of, made gc remove the files of those e
   was never this root's); each model's catalog, read before its leaves, agrees with
   them: a catalog that lists live builds has a live entry in its leaves, and every
   device it lists has an entry in one (a writer updates the leaves first, and entries
-  are never removed); every split node has below it at least the two entries it split
-  (a split creates each half that gets an entry). A leaf that does not exist reads as
-  an empty one: these are what tell a lost one.
+  are never removed); every split node has below it at least the two entries it split,
+  and a half of it that does not exist has a sibling that is split (a split creates each
+  half that gets an entry; a half that got none left all of them to the other, which
+  was split in turn). A leaf that does not exist reads as an empty one: these are what
+  tell a lost one. They cannot tell a model's lost directory from a model never
+  published, nor a lost leaf beside a split node, whose devices the catalog does not
+  list, from an empty half: ``gc --job`` checks that every pair of the job has an entry
+  (``pairs``, :func:`index_references`).
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from .index import INDEX_NAME, open_index
 from .index_bounds import ENTRY_FILES, check_files
 from .index_catalog import check_catalog
 from .index_root import NAMED
-from .index_trie import EMPTY, SPLIT, ModelTrie, Node
+from .index_trie import EMPTY, LEAF, SPLIT, ModelTrie, Node
 from .packed import record_url
 
 if TYPE_CHECKING:
@@ -108,18 +113,27 @@ def _under(ident: Identity, directory: Identity) -> bool:
     return ident[0] == directory[0] and ident[1].startswith(top + "/")
 
 
-def index_references(url: str, options: dict[str, Any]) -> set[Identity] | None:
+def index_references(
+    url: str, options: dict[str, Any], pairs: set[tuple[str, str]] | None = None
+) -> set[Identity] | None:
     """The identities the live entries of the index at ``url`` name (None: there is no
     index there), read whole (module docstring); a :class:`PteStoreError` when it cannot
-    be."""
+    be. ``pairs``, when given, gets the ``(model, device)`` of every entry, retired ones
+    included."""
     try:
         root, sharded, _ = open_index(url, options, whole=True)
     except ObjectNotFound:
         return None
     base = url[: -len(INDEX_NAME)]
-    if sharded is None:
-        return named(root["entries"], url, base)
-    return named(_sharded_entries(sharded, url), url, base)
+    entries = root["entries"] if sharded is None else _sharded_entries(sharded, url)
+    return named(entries if pairs is None else _noting(entries, pairs), url, base)
+
+
+def _noting(entries: Iterable[Any], pairs: set[tuple[str, str]]) -> Iterator[Any]:
+    for e in entries:
+        if isinstance(e, dict):
+            pairs.add((str(e.get("model")), str(e.get("device"))))
+        yield e
 
 
 def _sharded_entries(index: ShardedIndex, url: str) -> Iterator[dict[str, Any]]:
@@ -170,7 +184,10 @@ def _model_entries(index: ShardedIndex, segment: str) -> list[dict[str, Any]]:
 
 def _check_splits(trie: ModelTrie, leaves: list[Node]) -> None:
     """Every split node above ``leaves`` (the walk's, empty ones included) has at least
-    two entries below it; the deepest that has not is named."""
+    two entries below it (the deepest that has not is named), and a half of one that
+    does not exist has a split (or splitting) sibling: a split creates each half that
+    gets an entry, and a node is never removed, so a half found missing got none of the
+    entries, its sibling all of them (more than a leaf holds: it was split in turn)."""
     below: Counter[str] = Counter()
     for node in leaves:
         for depth in range(len(node.prefix)):  # each node above a leaf is split
@@ -188,6 +205,22 @@ def _check_splits(trie: ModelTrie, leaves: list[Node]) -> None:
                 SPLIT,
                 "a node whose halves hold the entries it split (at least 2)",
                 f"they hold {below[prefix]}: a leaf is missing ({', '.join(lost)} not found)",
+            )
+    kinds = {n.prefix: n.kind for n in leaves}  # a split node is not among them
+    for node in leaves:
+        if node.kind != EMPTY or not node.prefix:
+            continue
+        sibling = node.prefix[:-1] + "10"[int(node.prefix[-1])]
+        if kinds.get(sibling) in (LEAF, EMPTY):
+            state = "not found either" if kinds[sibling] == EMPTY else "a leaf"
+            raise FormatError(
+                trie.url(node.prefix[:-1]),
+                "index shard state",
+                SPLIT,
+                "a node whose halves both exist, unless one got none of the entries it "
+                "split (the other got them all, and was split in turn)",
+                f"{trie.url(node.prefix)} is not found and {trie.url(sibling)} is {state}: "
+                "a leaf is missing",
             )
 
 

@@ -100,7 +100,17 @@ def test_gc_keeps_what_a_running_job_reuses(
     try:
         wait_until(lambda: started.exists() or proc.poll() is not None, "d3 to start")
         assert proc.poll() is None, proc.communicate()
-        report = _gc(["--job", str(job), "--grace", "7d"], capsys)
+        # gc --job stops while the job names a pair its index has no entry for (d3):
+        # what a lost shard looks like too. gc of the prefix collects as it would.
+        assert main(["gc", "--job", str(job), "--grace", "7d", "--json"]) == 1
+        entries = json.loads(capsys.readouterr().out)["entries"]
+        [failed] = [e for e in entries if e["kind"] == "index"]  # staging files besides
+        assert not any(e["action"] == "removed" for e in entries)
+        assert failed["action"].startswith(
+            f"failed: {out / 'ptestore-index.json'}: the job names mlp/d3, which has no "
+            "entry in the index, live or retired: "
+        )
+        report = _gc([str(out), "--grace", "7d"], capsys)
     finally:
         gate.touch()
         stdout, stderr = proc.communicate(timeout=300)
@@ -162,7 +172,7 @@ def test_gc_keeps_a_shared_ptd_a_running_pair_finds_stored(
     try:
         wait_until(lambda: started.exists() or proc.poll() is not None, "d3 to start")
         assert proc.poll() is None, proc.communicate()
-        report = _gc(["--job", str(job), "--grace", "7d"], capsys)
+        report = _gc([str(out), "--grace", "7d"], capsys)  # --job: d3 has no entry yet
     finally:
         gate.touch()
         stdout, stderr = proc.communicate(timeout=300)
