@@ -8,7 +8,8 @@ skipped an entry it could not make sense of, made gc remove the files of those e
   its ``ptd`` and ``ptd_source`` the same or null, and its ``xnnpack`` an object (whose
   ``url`` is a URL or null) or null. Its ``.pte``, ``.ptd`` and packed-weight URLs are
   absolute (a relative one names a file under the directory of the run that wrote it),
-  and its ``.pte`` is under the index's own directory (the run writes its index there):
+  and its ``.pte`` is under the index's own directory (the run writes its index there;
+  locally its path as written, so a device directory that is a symbolic link is):
   an index whose artifacts are elsewhere was moved, copied or mounted from another place
   and does not describe the files beside it, which it would leave unnamed, every one;
 - **a version 3 index** (:mod:`.index_v3`): its shard directory holds ``root.json``
@@ -29,13 +30,14 @@ skipped an entry it could not make sense of, made gc remove the files of those e
 from __future__ import annotations
 
 import concurrent.futures as cf
+import os
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..coordinator.targets import target_identity
 from ..errors import FormatError, ObjectNotFound, PteStoreError
-from ..storage.types import is_relative_local
+from ..storage.types import StorageURL, is_relative_local
 from .index import INDEX_NAME, open_index
 from .index_bounds import ENTRY_FILES, check_files
 from .index_catalog import check_catalog
@@ -71,6 +73,7 @@ def named(entries: Iterable[Any], source: str, base: str | None = None) -> set[I
     packed-weight URL, or (with ``base``) a ``.pte`` outside ``base``."""
     out: set[Identity] = set()
     home = None if base is None else target_identity(base)
+    resolved: dict[str, str] = {}  # a local ancestor as written -> as the kernel resolves it
     for e in entries:
         if not isinstance(e, dict):
             raise FormatError(source, "index entry", e, "an object")
@@ -92,7 +95,7 @@ def named(entries: Iterable[Any], source: str, base: str | None = None) -> set[I
             if role in urls and is_relative_local(urls[role]):
                 raise FormatError(source, f"{name} {role}.url", urls[role], _ABSOLUTE)
         pte = target_identity(urls["pte"])
-        if home is not None and not _under(pte, home):
+        if home is not None and not _under(urls["pte"], pte, home, resolved):
             raise FormatError(
                 source,
                 f"{name} pte.url",
@@ -108,9 +111,32 @@ def named(entries: Iterable[Any], source: str, base: str | None = None) -> set[I
     return out
 
 
-def _under(ident: Identity, directory: Identity) -> bool:
+def _under(url: str, ident: Identity, directory: Identity, resolved: dict[str, str]) -> bool:
+    """Whether the object at ``url`` (``ident``) lies under ``directory`` (an identity:
+    locally a real path). Locally by its path as written: one of its ancestors is the
+    directory as the kernel resolves it, and no ``..`` follows that ancestor. A
+    directory below it may be a symbolic link (``out/d1 -> /disk2/d1``: the run wrote
+    its files through it, and gc never lists below a link); a tree moved or copied
+    elsewhere names none of its ancestors. ``resolved`` caches the ancestors."""
     top = directory[1].rstrip("/")
-    return ident[0] == directory[0] and ident[1].startswith(top + "/")
+    if ident[0] != directory[0]:
+        return False
+    u = StorageURL.of(url)
+    if not u.local:
+        return ident[1].startswith(top + "/")
+    path = u.path
+    up = os.path.dirname(path)
+    while True:
+        if ".." not in path[len(up) :].split(os.sep):
+            real = resolved.get(up)
+            if real is None:
+                real = resolved[up] = os.path.realpath(up)
+            if real == (top or os.sep):
+                return True
+        parent = os.path.dirname(up)
+        if parent == up:
+            return False
+        up = parent
 
 
 def index_references(

@@ -366,6 +366,49 @@ def test_an_index_tree_moved_or_copied_elsewhere_stops_gc(
         assert json.loads(capsys.readouterr().out)["entries"] == []
 
 
+def test_a_device_directory_that_is_a_link_is_under_the_index(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``out/d1 -> disk2/d1``: the run wrote d1's files through the link, and its entry
+    names ``out/d1/mlp.pte``. gc resolved the link and refused every gc of the tree (the
+    entry's .pte "not under" the index's directory); it is, as written, and gc never
+    lists below a link. A path whose ``..`` leaves the directory still is not."""
+    from ptestore.fleet.orphan_refs import named
+
+    out = tmp_path / "out"
+    (tmp_path / "disk2" / "d1").mkdir(parents=True)
+    out.mkdir()
+    (out / "d1").symlink_to(tmp_path / "disk2" / "d1")
+    job = _job(tmp_path / "job.toml", out)
+    _run(job, capsys)
+    _run(_job(job, out, TWO), capsys)
+    assert main(["fleet", "retire", str(job)]) == 0
+    capsys.readouterr()
+    _backdate(out)
+    _backdate(tmp_path / "disk2")
+    assert (tmp_path / "disk2" / "d1" / "mlp.pte").exists()
+    assert main(["gc", str(out), "--grace", "1d", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    removed = {e["location"] for e in report["entries"] if e["action"] == "removed"}
+    assert str(out / "d2" / "mlp.pte") in removed and len(removed) == 2  # its scaled .ptd
+    assert (tmp_path / "disk2" / "d1" / "mlp.pte").exists() and (out / "d0" / "mlp.pte").exists()
+    assert main(["verify", "--job", str(job)]) == 0
+    capsys.readouterr()
+    entry = next(
+        e for e in load_index(out / "ptestore-index.json")["entries"] if e["device"] == "d0"
+    )
+    escaped = f"{out}/d1/../d0/mlp.pte"  # the kernel: disk2/d0/mlp.pte, not in out
+    entry["pte"]["url"] = escaped
+    with pytest.raises(Exception, match="must be a file under") as info:
+        named([entry], "idx", f"{out}/")
+    assert str(info.value) == (
+        f"idx: entry mlp/d0 pte.url = {shown(escaped)}: must be a file under {out}/ (the "
+        "index's own directory) (an index naming its artifacts elsewhere was moved, copied "
+        "or mounted from another place: it does not describe the files beside it, and gc "
+        "would remove every one)"
+    )
+
+
 # ------------------------------------------------------------ where gc looks
 
 
