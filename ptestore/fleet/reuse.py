@@ -11,7 +11,8 @@ leaves, as the final publish does) and:
   record, as the plan found them) that its own live entry does not name: a pair
   retired and named again, one whose entry is gone or names other objects. A pair whose
   object is gone by the time its hold is written (removed between the plan and the
-  hold) is run instead; one whose hold cannot be written fails, with the reason;
+  hold) is run instead; one whose hold cannot be written fails, with that hold's
+  error (the pairs that do not rely on it go on);
 - **pairs to run** with a shared ``.ptd``: lists the shared objects stored when the run
   starts and gives each task those no live entry names
   (:attr:`~.work.PairTask.hold_shared`): a pair that finds one of them stored holds it
@@ -34,7 +35,7 @@ from .._log import get_logger
 from ..coordinator.targets import target_identity
 from ..errors import ObjectNotFound, PteStoreError
 from ..storage.types import StorageURL
-from .holds import hold
+from .holds import hold_each
 
 if TYPE_CHECKING:
     from .job import Job
@@ -79,16 +80,15 @@ def hold_reused(plan: Plan) -> int:
                 need.setdefault(url, []).append(p)
     if not need:
         return 0
-    try:
-        gone = hold(list(need), job.storage_options)
-    except PteStoreError as exc:
-        for p in {id(p): p for ps in need.values() for p in ps}.values():
-            p.action = "fail"
-            p.reason = (
-                "current, but what it reuses cannot be held against ptestore gc "
-                f"(a hold beside each object): {exc}"
-            )
-        return 0
+    gone, failed = hold_each(list(need), job.storage_options)
+    for url, why in failed.items():  # only the pairs that rely on it, each with its own
+        for p in need[url]:
+            if p.action != "fail":
+                p.action = "fail"
+                p.reason = (
+                    "current, but what it reuses cannot be held against ptestore gc "
+                    f"(a hold beside each object): {why}"
+                )
     from .estimate import estimate_pair
 
     for url in gone:
@@ -97,8 +97,9 @@ def hold_reused(plan: Plan) -> int:
                 p.action = "run"
                 p.reason = f"current when planned, but {url} is gone since: made again"
                 p.estimate = estimate_pair(p.task, "run", p.reason, job)
-    log.info("%s: held %d reused objects no live index entry names", job.path, len(need))
-    return len(need)
+    held = len(need) - len(failed)
+    log.info("%s: held %d reused objects no live index entry names", job.path, held)
+    return held
 
 
 def _give_unnamed_shared(

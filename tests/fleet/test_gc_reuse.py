@@ -258,6 +258,53 @@ def test_a_hold_that_cannot_be_written_fails_the_pair(
     assert find_entry(str(out / "ptestore-index.json"), "mlp", "d0") is not None
 
 
+def test_a_hold_that_cannot_be_written_fails_only_the_pairs_relying_on_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """d1 and d2 retired, named again: each reuses its own .pte. d1's hold cannot be
+    written: d1 fails with its own hold's error. d2 used to fail too, with d1's error
+    (the first hold that failed failed every pair that needed one)."""
+    from ptestore.fleet import run_plan
+
+    out = tmp_path / "out"
+    job = _job(tmp_path / "job.toml", str(out), THREE)
+    assert main(["fleet", "run", str(job), "--workers", "1", "-q"]) == 0
+    _job(job, str(out), '[devices.d0]\nsoc = "s0"\n')
+    assert main(["fleet", "retire", str(job)]) == 0
+    capsys.readouterr()
+    _backdate_tree(out, MONTH)
+    _job(job, str(out), THREE)
+    blocked = out / "d1" / f"mlp.pte{HOLD}"
+    blocked.mkdir()
+    plan, _ = _planned(job, "d1")
+    result = run_plan(plan, workers=1)
+    status = {p.device: (p.status, p.error) for p in result.pairs}
+    assert status["d2"] == ("skipped", None)
+    assert status["d1"][0] == "failed"
+    assert str(status["d1"][1]).startswith(
+        "current, but what it reuses cannot be held against ptestore gc (a hold beside "
+        f"each object): {blocked}: "
+    ), status
+    index = str(out / "ptestore-index.json")
+    entry = find_entry(index, "mlp", "d2")
+    assert entry is not None and not entry.get("retired")  # indexed again
+    assert Path(f"{out}/d2/mlp.pte{HOLD}").is_file()
+
+
+def test_only_objects_gc_may_remove_are_held(tmp_path: Path) -> None:
+    """gc removes .pte, .ptd and packed-weight files and records, and honours holds of
+    those alone: a hold beside anything else (a job whose destination is
+    ``{device}/{model}.bin``) was written and never removed."""
+    from ptestore.fleet.holds import hold
+
+    names = ["mlp.bin", "mlp.pte", "mlp.ptd", "mlp.xnnpack-ab.xpwc", "mlp.xpwc.json", ".x.pte"]
+    for name in names:
+        (tmp_path / name).write_bytes(b"x")
+    assert hold([str(tmp_path / n) for n in names], {}) == []
+    held = sorted(p.name for p in tmp_path.glob(f"*{HOLD}"))
+    assert held == [f"{n}{HOLD}" for n in sorted(names[1:5])]
+
+
 def test_a_worker_that_finds_its_pair_current_holds_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
