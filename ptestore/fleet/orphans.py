@@ -350,6 +350,10 @@ def collect_orphans(
         kind = "hold" if held else _ours(url, storage_options)
         if kind is not None:
             found.append((url, kind, max(0.0, now - mtime), size, stamp_))
+    # Objects before holds: a hold this gc removes is looked at again with its object,
+    # which would then be kept "held since listed" (a local listing's order is the
+    # directory's).
+    found.sort(key=lambda f: f[1] == "hold")
     out: list[GcEntry] = []
     due = [f for f in found if f[2] >= grace]
     if due and not dry_run:  # named since the first read (a run that just published)?
