@@ -426,6 +426,32 @@ def test_on_s3_an_object_held_after_gc_listed_it_is_kept(
     capsys.readouterr()
 
 
+def test_many_unnamed_shared_objects_are_not_carried_by_every_task(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every pair task carried the whole set of unnamed shared objects, up to 4096 of
+    them (about 450 KB pickled per pair, every task submitted at once on Dask): past
+    MAX_HOLD_SHARED the tasks get None (every find holds what it finds)."""
+    from ptestore.fleet.reuse import MAX_HOLD_SHARED, hold_reused
+
+    assert MAX_HOLD_SHARED == 64
+    out = tmp_path / "out"
+    job = _job(tmp_path / "job.toml", str(out), TWO)
+    assert main(["fleet", "run", str(job), "--workers", "1", "-q"]) == 0
+    capsys.readouterr()
+    shared = out / "_shared" / "sha256-tree"
+    _job(job, str(out), TWO + "[devices.d2]\nscale = 2.0\n")
+    for i in range(MAX_HOLD_SHARED):
+        (shared / f"{i:064x}.ptd").write_bytes(b"orphan")
+    plan, d2 = _planned(job, "d2")
+    hold_reused(plan)
+    assert d2.task.hold_shared is not None and len(d2.task.hold_shared) == MAX_HOLD_SHARED
+    (shared / f"{MAX_HOLD_SHARED:064x}.ptd").write_bytes(b"orphan")
+    plan, d2 = _planned(job, "d2")
+    hold_reused(plan)
+    assert d2.task.hold_shared is None
+
+
 def test_an_unreadable_index_names_nothing_and_an_unlistable_store_holds_every_find(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
