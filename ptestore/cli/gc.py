@@ -161,6 +161,7 @@ def run_gc(args: argparse.Namespace) -> int:
     from ..storage.types import StorageURL
 
     options = storage_options(args)
+    pairs = None
     if args.job is not None:
         from ..fleet import load_job
         from ..fleet.preflight import destination_prefix
@@ -170,6 +171,7 @@ def run_gc(args: argparse.Namespace) -> int:
             raise ConfigurationError("gc takes PATH_OR_S3_PREFIX or --job JOB, not both")
         job = load_job(args.job)
         args.target = destination_prefix(job) or "."
+        pairs = [(p.model.name, p.device.name) for p in job.pairs()]
         options = {**options_for_loader(args.target, job.storage_options), **options}
     elif args.target is None:
         raise ConfigurationError("gc needs PATH_OR_S3_PREFIX, or --job JOB")
@@ -181,7 +183,9 @@ def run_gc(args: argparse.Namespace) -> int:
     )
     from ..fleet.orphans import collect_orphans
 
-    orphans = collect_orphans(args.target, grace=args.grace, dry_run=args.dry_run, **options)
+    orphans = collect_orphans(
+        args.target, grace=args.grace, dry_run=args.dry_run, pairs=pairs, **options
+    )
     entries += orphans
     url = StorageURL.of(args.target)
     path = url.path

@@ -14,7 +14,9 @@ fresh token, so two holds never have the same bytes), then looks at the object a
 again instead of relied on. gc counts an object held within the grace as young, and
 looks at its hold again just before it removes it. A hold older than the grace holds
 nothing, and gc removes it like an orphan. Keep the grace longer than the longest run:
-a hold is written once, when the run starts relying on the object.
+a hold is written once, when the run starts relying on the object. Only the kinds of
+object gc may remove (``.pte``, ``.ptd``, packed-weight files and records) are held:
+a hold beside anything else would hold nothing and never be removed.
 
 The object itself is never touched: not its bytes, not its time, not its metadata
 (what pins a version elsewhere, the local ``mtime``/``ctime`` and inode, the ETag,
@@ -29,19 +31,22 @@ import concurrent.futures as cf
 import datetime as _dt
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from ..errors import ObjectNotFound
+from ..errors import ObjectNotFound, PteStoreError
 from ..storage.types import StorageURL
 
-__all__ = ["HOLD_SUFFIX", "HOLD_THREADS", "hold", "hold_url", "is_hold"]
+__all__ = ["HOLD_SUFFIX", "HOLD_THREADS", "hold", "hold_each", "hold_url", "held_kind", "is_hold"]
 
 #: What a hold's name adds to its object's.
 HOLD_SUFFIX = ".ptestore-hold"
 
 #: Holds written (and objects looked at) at once.
 HOLD_THREADS = 16
+
+#: An object as :func:`~ptestore.coordinator.targets.target_identity` names it.
+Identity = tuple[str, str]
 
 #: The names of the objects gc may remove, whose holds it honours (:mod:`.orphans`).
 _HELD_KINDS = (".pte", ".ptd", ".xpwc", ".xpwc.json")
@@ -58,20 +63,55 @@ def is_hold(name: str) -> bool:
     return name.endswith(HOLD_SUFFIX) and name[: -len(HOLD_SUFFIX)].endswith(_HELD_KINDS)
 
 
-def hold(urls: Sequence[str], options: Mapping[str, Any]) -> list[str]:
+def hold(
+    urls: Sequence[str], options: Mapping[str, Any], named: Collection[Identity] | None = None
+) -> list[str]:
     """Write the hold of each object in ``urls`` (storage ``options`` as a job's), then
     look at each object again; returns those that are gone (removed before their hold
     was written: not to be relied on). A hold that cannot be written raises (a
-    :class:`~ptestore.errors.StorageError` naming it): nothing is relied on unheld."""
-    todo = list(dict.fromkeys(urls))
+    :class:`~ptestore.errors.StorageError` naming it): nothing is relied on unheld.
+    Only objects gc may remove are held, and none that ``named`` (identities the live
+    index entry of the pair relying on them names) holds: gc keeps those anyway."""
+    gone, failed = hold_each(urls, options, named)
+    for exc in failed.values():
+        raise exc
+    return gone
+
+
+def hold_each(
+    urls: Sequence[str], options: Mapping[str, Any], named: Collection[Identity] | None = None
+) -> tuple[list[str], dict[str, PteStoreError]]:
+    """:func:`hold`, each object on its own: ``(those gone, {url: why its hold cannot be
+    written})``; an object whose hold failed is not looked at again."""
+    todo = [u for u in dict.fromkeys(urls) if held_kind(u)]
+    if named:
+        from ..coordinator.targets import target_identity
+
+        todo = [u for u in todo if target_identity(u) not in named]
+    failed: dict[str, PteStoreError] = {}
+
+    def write(url: str) -> None:
+        try:
+            _write(url, options)
+        except PteStoreError as exc:
+            failed[url] = exc
+
     if len(todo) < 2:
         for url in todo:
-            _write(url, options)
-        return [u for u in todo if not _exists(u, options)]
+            write(url)
+        return [u for u in todo if u not in failed and not _exists(u, options)], failed
     with cf.ThreadPoolExecutor(max_workers=min(HOLD_THREADS, len(todo))) as pool:
-        list(pool.map(lambda u: _write(u, options), todo))
-        there = list(pool.map(lambda u: _exists(u, options), todo))
-    return [u for u, ok in zip(todo, there, strict=True) if not ok]
+        list(pool.map(write, todo))
+        written = [u for u in todo if u not in failed]
+        there = list(pool.map(lambda u: _exists(u, options), written))
+    failed = {u: failed[u] for u in todo if u in failed}  # in the order given
+    return [u for u, ok in zip(written, there, strict=True) if not ok], failed
+
+
+def held_kind(url: str) -> bool:
+    """Whether the object at ``url`` is of a kind gc may remove (and so is held)."""
+    name = url.rstrip("/").rsplit("/", 1)[-1].rsplit(os.sep, 1)[-1]
+    return name.endswith(_HELD_KINDS) and not name.startswith(".")
 
 
 def _write(url: str, options: Mapping[str, Any]) -> None:

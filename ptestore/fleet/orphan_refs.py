@@ -8,7 +8,8 @@ skipped an entry it could not make sense of, made gc remove the files of those e
   its ``ptd`` and ``ptd_source`` the same or null, and its ``xnnpack`` an object (whose
   ``url`` is a URL or null) or null. Its ``.pte``, ``.ptd`` and packed-weight URLs are
   absolute (a relative one names a file under the directory of the run that wrote it),
-  and its ``.pte`` is under the index's own directory (the run writes its index there):
+  and its ``.pte`` is under the index's own directory (the run writes its index there;
+  locally its path as written, so a device directory that is a symbolic link is):
   an index whose artifacts are elsewhere was moved, copied or mounted from another place
   and does not describe the files beside it, which it would leave unnamed, every one;
 - **a version 3 index** (:mod:`.index_v3`): its shard directory holds ``root.json``
@@ -16,26 +17,32 @@ skipped an entry it could not make sense of, made gc remove the files of those e
   was never this root's); each model's catalog, read before its leaves, agrees with
   them: a catalog that lists live builds has a live entry in its leaves, and every
   device it lists has an entry in one (a writer updates the leaves first, and entries
-  are never removed); every split node has below it at least the two entries it split
-  (a split creates each half that gets an entry). A leaf that does not exist reads as
-  an empty one: these are what tell a lost one.
+  are never removed); every split node has below it at least the two entries it split,
+  and a half of it that does not exist has a sibling that is split (a split creates each
+  half that gets an entry; a half that got none left all of them to the other, which
+  was split in turn). A leaf that does not exist reads as an empty one: these are what
+  tell a lost one. They cannot tell a model's lost directory from a model never
+  published, nor a lost leaf beside a split node, whose devices the catalog does not
+  list, from an empty half: ``gc --job`` checks that every pair of the job has an entry
+  (``pairs``, :func:`index_references`).
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import os
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..coordinator.targets import target_identity
 from ..errors import FormatError, ObjectNotFound, PteStoreError
-from ..storage.types import is_relative_local
+from ..storage.types import StorageURL, is_relative_local
 from .index import INDEX_NAME, open_index
 from .index_bounds import ENTRY_FILES, check_files
 from .index_catalog import check_catalog
 from .index_root import NAMED
-from .index_trie import EMPTY, SPLIT, ModelTrie, Node
+from .index_trie import EMPTY, LEAF, SPLIT, ModelTrie, Node
 from .packed import record_url
 
 if TYPE_CHECKING:
@@ -66,6 +73,7 @@ def named(entries: Iterable[Any], source: str, base: str | None = None) -> set[I
     packed-weight URL, or (with ``base``) a ``.pte`` outside ``base``."""
     out: set[Identity] = set()
     home = None if base is None else target_identity(base)
+    resolved: dict[str, str] = {}  # a local ancestor as written -> as the kernel resolves it
     for e in entries:
         if not isinstance(e, dict):
             raise FormatError(source, "index entry", e, "an object")
@@ -87,7 +95,7 @@ def named(entries: Iterable[Any], source: str, base: str | None = None) -> set[I
             if role in urls and is_relative_local(urls[role]):
                 raise FormatError(source, f"{name} {role}.url", urls[role], _ABSOLUTE)
         pte = target_identity(urls["pte"])
-        if home is not None and not _under(pte, home):
+        if home is not None and not _under(urls["pte"], pte, home, resolved):
             raise FormatError(
                 source,
                 f"{name} pte.url",
@@ -103,23 +111,55 @@ def named(entries: Iterable[Any], source: str, base: str | None = None) -> set[I
     return out
 
 
-def _under(ident: Identity, directory: Identity) -> bool:
+def _under(url: str, ident: Identity, directory: Identity, resolved: dict[str, str]) -> bool:
+    """Whether the object at ``url`` (``ident``) lies under ``directory`` (an identity:
+    locally a real path). Locally by its path as written: one of its ancestors is the
+    directory as the kernel resolves it, and no ``..`` follows that ancestor. A
+    directory below it may be a symbolic link (``out/d1 -> /disk2/d1``: the run wrote
+    its files through it, and gc never lists below a link); a tree moved or copied
+    elsewhere names none of its ancestors. ``resolved`` caches the ancestors."""
     top = directory[1].rstrip("/")
-    return ident[0] == directory[0] and ident[1].startswith(top + "/")
+    if ident[0] != directory[0]:
+        return False
+    u = StorageURL.of(url)
+    if not u.local:
+        return ident[1].startswith(top + "/")
+    path = u.path
+    up = os.path.dirname(path)
+    while True:
+        if ".." not in path[len(up) :].split(os.sep):
+            real = resolved.get(up)
+            if real is None:
+                real = resolved[up] = os.path.realpath(up)
+            if real == (top or os.sep):
+                return True
+        parent = os.path.dirname(up)
+        if parent == up:
+            return False
+        up = parent
 
 
-def index_references(url: str, options: dict[str, Any]) -> set[Identity] | None:
+def index_references(
+    url: str, options: dict[str, Any], pairs: set[tuple[str, str]] | None = None
+) -> set[Identity] | None:
     """The identities the live entries of the index at ``url`` name (None: there is no
     index there), read whole (module docstring); a :class:`PteStoreError` when it cannot
-    be."""
+    be. ``pairs``, when given, gets the ``(model, device)`` of every entry, retired ones
+    included."""
     try:
         root, sharded, _ = open_index(url, options, whole=True)
     except ObjectNotFound:
         return None
     base = url[: -len(INDEX_NAME)]
-    if sharded is None:
-        return named(root["entries"], url, base)
-    return named(_sharded_entries(sharded, url), url, base)
+    entries = root["entries"] if sharded is None else _sharded_entries(sharded, url)
+    return named(entries if pairs is None else _noting(entries, pairs), url, base)
+
+
+def _noting(entries: Iterable[Any], pairs: set[tuple[str, str]]) -> Iterator[Any]:
+    for e in entries:
+        if isinstance(e, dict):
+            pairs.add((str(e.get("model")), str(e.get("device"))))
+        yield e
 
 
 def _sharded_entries(index: ShardedIndex, url: str) -> Iterator[dict[str, Any]]:
@@ -170,7 +210,10 @@ def _model_entries(index: ShardedIndex, segment: str) -> list[dict[str, Any]]:
 
 def _check_splits(trie: ModelTrie, leaves: list[Node]) -> None:
     """Every split node above ``leaves`` (the walk's, empty ones included) has at least
-    two entries below it; the deepest that has not is named."""
+    two entries below it (the deepest that has not is named), and a half of one that
+    does not exist has a split (or splitting) sibling: a split creates each half that
+    gets an entry, and a node is never removed, so a half found missing got none of the
+    entries, its sibling all of them (more than a leaf holds: it was split in turn)."""
     below: Counter[str] = Counter()
     for node in leaves:
         for depth in range(len(node.prefix)):  # each node above a leaf is split
@@ -188,6 +231,22 @@ def _check_splits(trie: ModelTrie, leaves: list[Node]) -> None:
                 SPLIT,
                 "a node whose halves hold the entries it split (at least 2)",
                 f"they hold {below[prefix]}: a leaf is missing ({', '.join(lost)} not found)",
+            )
+    kinds = {n.prefix: n.kind for n in leaves}  # a split node is not among them
+    for node in leaves:
+        if node.kind != EMPTY or not node.prefix:
+            continue
+        sibling = node.prefix[:-1] + "10"[int(node.prefix[-1])]
+        if kinds.get(sibling) in (LEAF, EMPTY):
+            state = "not found either" if kinds[sibling] == EMPTY else "a leaf"
+            raise FormatError(
+                trie.url(node.prefix[:-1]),
+                "index shard state",
+                SPLIT,
+                "a node whose halves both exist, unless one got none of the entries it "
+                "split (the other got them all, and was split in turn)",
+                f"{trie.url(node.prefix)} is not found and {trie.url(sibling)} is {state}: "
+                "a leaf is missing",
             )
 
 

@@ -15,7 +15,9 @@ objects that no index names. :func:`collect_orphans` removes them, and only them
   collection: nothing is removed when a reference may be missed (:mod:`.orphan_refs`: a
   missing shard directory or leaf, a catalog its leaves disagree with, a malformed live
   entry, an entry whose ``.pte`` is outside the index's directory: an index moved or
-  copied from elsewhere; a path that is not a regular file is never waited on);
+  copied from elsewhere; a path that is not a regular file is never waited on). With
+  the job's pairs (``gc --job``), a pair without an entry in the job's index stops it
+  too: a lost model directory or leaf the index's own structure cannot show;
 - **which files**: only below the directory of one of those indexes (a prefix without an
   index governs nothing), only ``.pte``/``.ptd`` files and XNNPACK packed-weight files
   with their records (:mod:`.packed`; an entry's ``xnnpack`` field references both), and
@@ -53,7 +55,7 @@ import os
 import posixpath
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Any
 
 from ..coordinator.targets import target_identity
@@ -70,6 +72,9 @@ __all__ = ["DEFAULT_GRACE", "collect_orphans", "referenced"]
 
 #: Default grace period (seconds): an unreferenced object younger than this is kept.
 DEFAULT_GRACE = 7 * 86400.0
+
+#: A job's ``(model, device)``.
+Pair = tuple[str, str]
 
 #: What tells an object from another stored at its URL since (:meth:`_Store.stamp`).
 Stamp = tuple[Any, ...]
@@ -242,19 +247,35 @@ def _indexes(store: _Store, root: str, listed: list[str]) -> list[str]:
 
 
 def _references(
-    indexes: list[str], options: dict[str, Any]
+    indexes: list[str], options: dict[str, Any], job: tuple[str, Collection[Pair]] | None
 ) -> tuple[set[Any], list[str], str | None]:
-    """``(referenced identities, the directories of the indexes that exist, an error)``."""
+    """``(referenced identities, the directories of the indexes that exist, an error)``;
+    ``job``: the index of a job and the pairs it names, each of which must have an entry
+    there (when there is one)."""
     refs: set[tuple[str, str]] = set()
     dirs: list[str] = []
     for url in indexes:
+        entries: set[Pair] | None = None if job is None or url != job[0] else set()
         try:
-            found = index_references(url, options)
+            found = index_references(url, options, entries)
         except PteStoreError as exc:
             return refs, dirs, f"{url}: cannot read the index: {exc}"
-        if found is not None:
-            refs |= found
-            dirs.append(url[: -len(INDEX_NAME)])
+        if found is None:
+            continue
+        if job is not None and entries is not None:
+            missing = [p for p in job[1] if p not in entries]
+            if missing:
+                more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+                error = (
+                    f"{url}: the job names {missing[0][0]}/{missing[0][1]}{more}, which has no "
+                    "entry in the index, live or retired: the index is incomplete (its shards "
+                    "lost the entry) or the job's run never published it, and gc would take "
+                    "that pair's files for orphans. Run `ptestore fleet run JOB` (or "
+                    "`ptestore fleet check-index`) first"
+                )
+                return refs, dirs, error
+        refs |= found
+        dirs.append(url[: -len(INDEX_NAME)])
     return refs, dirs, None
 
 
@@ -293,11 +314,14 @@ def collect_orphans(
     *,
     grace: float = DEFAULT_GRACE,
     dry_run: bool = False,
+    pairs: Collection[Pair] | None = None,
     **storage_options: Any,
 ) -> list[GcEntry]:
     """Remove the fleet artifacts under ``target`` (a directory, an S3 prefix or an
     index's URL) that no index references, once older than ``grace`` seconds (see the
-    module docstring); with ``dry_run`` only list them."""
+    module docstring); with ``dry_run`` only list them. ``pairs``: the ``(model,
+    device)`` pairs of the job whose index is the one of ``target`` (``gc --job``): one
+    without an entry there stops the collection."""
     from ..gc import check_older_than
 
     check_older_than(grace, "grace")
@@ -306,7 +330,8 @@ def collect_orphans(
     listed = list(store.files(root))
     urls = [u for u, _, _, _ in listed]
     holds = {u: (t, s) for u, t, _, s in listed if is_hold(u)}  # by the hold's URL
-    refs, dirs, error = _references(_indexes(store, root, urls), storage_options)
+    job = None if pairs is None else (store.join(root, INDEX_NAME), pairs)
+    refs, dirs, error = _references(_indexes(store, root, urls), storage_options, job)
     if error is not None:
         return [GcEntry(error.split(": ", 1)[0], "index", 0.0, f"failed: {error}")]
     if not dirs:
@@ -325,10 +350,14 @@ def collect_orphans(
         kind = "hold" if held else _ours(url, storage_options)
         if kind is not None:
             found.append((url, kind, max(0.0, now - mtime), size, stamp_))
+    # Objects before holds: a hold this gc removes is looked at again with its object,
+    # which would then be kept "held since listed" (a local listing's order is the
+    # directory's).
+    found.sort(key=lambda f: f[1] == "hold")
     out: list[GcEntry] = []
     due = [f for f in found if f[2] >= grace]
     if due and not dry_run:  # named since the first read (a run that just published)?
-        refs, dirs, error = _references(_indexes(store, root, urls), storage_options)
+        refs, dirs, error = _references(_indexes(store, root, urls), storage_options, job)
         if error is not None:
             return [GcEntry(error.split(": ", 1)[0], "index", 0.0, f"failed: {error}")]
     for url, kind, age, size, stamp_ in found:

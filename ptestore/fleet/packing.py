@@ -38,7 +38,7 @@ import datetime as _dt
 import json
 import os
 import socket
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import AlreadyExists, IntegrityError, PackedWeightsRefused, PteStoreError
@@ -139,6 +139,7 @@ def packed_state(
     one that may pass: :func:`ptestore.xnnpack.refusal.transient_reason`). ``opened``:
     the record and the file found are appended to it."""
     from ..xnnpack.refusal import transient_reason
+
     record = read_record(destination, options)
     if record is None:
         return False, f"no XNNPACK packed-weight record at {record_url(destination)}"
@@ -234,12 +235,15 @@ def make_packed(
     opts: dict[str, Any],
     counter: list[int],
     timeout: float | None = None,
+    named: Collection[tuple[str, str]] | None = None,
 ) -> tuple[bool, str]:
     """The packed-weight file of the artifact at ``destination`` (of ``device``, which
     declares the CPU ``cpu``), made when it is not current (see the module); ``(made or
     refused now, why)``. Runs on a worker with the device's CPU; ``counter[0]`` counts
     the bytes it moves; ``timeout``: seconds for each run of the runtime (the job's
-    ``xnnpack_timeout``; None: :data:`~ptestore.xnnpack.refusal.DEFAULT_TIMEOUT`)."""
+    ``xnnpack_timeout``; None: :data:`~ptestore.xnnpack.refusal.DEFAULT_TIMEOUT`);
+    ``named``: what the pair's live index entry names (a current file among them is not
+    held: gc keeps it)."""
     from ..xnnpack import Identity, make_cache
     from ..xnnpack.identity import cpu_fingerprint, file_sha256
     from ..xnnpack.native import executorch_build
@@ -251,7 +255,7 @@ def make_packed(
     found: list[str] = []
     current, why = packed_state(destination, cpu, build.to_json(), opts, found)
     # reused, not made: held against gc until the run's index names it (:mod:`.holds`)
-    if current and not hold(found, opts):
+    if current and not hold(found, opts, named):
         return False, why
     here = cpu_fingerprint()
     if here != cpu:

@@ -11,12 +11,18 @@ leaves, as the final publish does) and:
   record, as the plan found them) that its own live entry does not name: a pair
   retired and named again, one whose entry is gone or names other objects. A pair whose
   object is gone by the time its hold is written (removed between the plan and the
-  hold) is run instead; one whose hold cannot be written fails, with the reason;
+  hold) is run instead; one whose hold cannot be written fails, with that hold's
+  error (the pairs that do not rely on it go on);
 - **pairs to run** with a shared ``.ptd``: lists the shared objects stored when the run
   starts and gives each task those no live entry names
   (:attr:`~.work.PairTask.hold_shared`): a pair that finds one of them stored holds it
   before it relies on it (:class:`~.shared.SharedStore`). An object stored during the
   run (by a sibling pair) or named by an entry needs no hold: young, or referenced.
+  Only the entries of the plan's pairs are read (never the whole index): a filtered
+  run holds a shared object only other pairs' entries name when it finds it;
+- **pairs to run** with a shared ``.ptd`` or a packed-weight file: each task gets what
+  its pair's live entry names (:attr:`~.work.PairTask.named`): a worker that finds its
+  artifact current (a re-pack, a retry) does not hold those.
 
 In the common case (every pair indexed as it is, no shared orphan) nothing is written.
 An index that cannot be read is taken as naming nothing; a listing that cannot be made
@@ -34,7 +40,7 @@ from .._log import get_logger
 from ..coordinator.targets import target_identity
 from ..errors import ObjectNotFound, PteStoreError
 from ..storage.types import StorageURL
-from .holds import hold
+from .holds import hold_each
 
 if TYPE_CHECKING:
     from .job import Job
@@ -44,9 +50,11 @@ __all__ = ["MAX_HOLD_SHARED", "hold_reused", "live_entries"]
 
 log = get_logger(__name__)
 
-#: Shared objects no live entry names, given to each task at most; more (a prefix whose
-#: orphans gc has not removed yet): every find holds what it finds.
-MAX_HOLD_SHARED = 4096
+#: Shared objects no live entry names, given to each task at most (each task carries
+#: them: about 110 bytes pickled each, and a Dask run submits every task at once); more
+#: (a prefix whose orphans gc has not removed yet): every find holds what it finds (one
+#: more hold per shared object a pair finds stored).
+MAX_HOLD_SHARED = 64
 
 Identity = tuple[str, str]
 
@@ -60,10 +68,13 @@ def hold_reused(plan: Plan) -> int:
     job = plan.job
     skipped = [p for p in plan.pairs if p.action == "skip" and p.relies]
     sharing = [p for p in plan.pairs if p.action == "run" and p.task and p.task.shared_root]
-    if not skipped and not sharing:
+    # pairs whose worker may find their artifact current and hold it (a re-pack)
+    packing = [p for p in plan.pairs if p.action == "run" and p.task and p.task.xnnpack_cpu]
+    running = list({id(p): p for p in sharing + packing}.values())
+    if not skipped and not running:
         return 0
     try:
-        entries = live_entries(job, [_key(p) for p in skipped + sharing])
+        entries = live_entries(job, [_key(p) for p in skipped + running])
     except ObjectNotFound:
         entries = {}  # no index yet: nothing is named
     except PteStoreError as exc:
@@ -71,6 +82,9 @@ def hold_reused(plan: Plan) -> int:
         entries = {}
     if sharing:
         _give_unnamed_shared(job, sharing, entries)
+    for p in running:  # a worker does not hold what its own live entry names
+        assert p.task is not None
+        p.task = replace(p.task, named=frozenset(_named(entries.get(_key(p)))))
     need: dict[str, list[PlannedPair]] = {}
     for p in skipped:
         named = _named(entries.get(_key(p)))
@@ -79,16 +93,15 @@ def hold_reused(plan: Plan) -> int:
                 need.setdefault(url, []).append(p)
     if not need:
         return 0
-    try:
-        gone = hold(list(need), job.storage_options)
-    except PteStoreError as exc:
-        for p in {id(p): p for ps in need.values() for p in ps}.values():
-            p.action = "fail"
-            p.reason = (
-                "current, but what it reuses cannot be held against ptestore gc "
-                f"(a hold beside each object): {exc}"
-            )
-        return 0
+    gone, failed = hold_each(list(need), job.storage_options)
+    for url, why in failed.items():  # only the pairs that rely on it, each with its own
+        for p in need[url]:
+            if p.action != "fail":
+                p.action = "fail"
+                p.reason = (
+                    "current, but what it reuses cannot be held against ptestore gc "
+                    f"(a hold beside each object): {why}"
+                )
     from .estimate import estimate_pair
 
     for url in gone:
@@ -97,8 +110,9 @@ def hold_reused(plan: Plan) -> int:
                 p.action = "run"
                 p.reason = f"current when planned, but {url} is gone since: made again"
                 p.estimate = estimate_pair(p.task, "run", p.reason, job)
-    log.info("%s: held %d reused objects no live index entry names", job.path, len(need))
-    return len(need)
+    held = len(need) - len(failed)
+    log.info("%s: held %d reused objects no live index entry names", job.path, held)
+    return held
 
 
 def _give_unnamed_shared(

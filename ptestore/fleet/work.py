@@ -77,6 +77,10 @@ class PairTask:
     #: (their identities, :mod:`.reuse`): one found stored is held before it is relied
     #: on (:mod:`.holds`). None (a task made outside a run): any one found is held.
     hold_shared: frozenset[tuple[str, str]] | None = None
+    #: The identities the pair's live index entry named when the run started
+    #: (:mod:`.reuse`): what a worker finds current among them is not held (gc keeps
+    #: it). None (a task made outside a run): unknown.
+    named: frozenset[tuple[str, str]] | None = None
 
 
 @dataclass
@@ -243,6 +247,7 @@ def run_pair(task: PairTask) -> PairResult:
                     task.storage_options,
                     counter,
                     task.xnnpack_timeout,
+                    task.named,
                 )
                 if made and result.status == "skipped":
                     result.status = "done"  # the artifact was current, its file is new
@@ -273,7 +278,7 @@ def _run(task: PairTask, counter: list[int], unchanged: list[str]) -> tuple[str,
         from .holds import hold
 
         # reused, not written: held against gc until the run's index names it
-        gone = hold(found, task.storage_options)
+        gone = hold(found, task.storage_options, task.named)
         if not gone:
             return "skipped", reason
         reason = f"current, but {gone[0]} is gone since: made again"

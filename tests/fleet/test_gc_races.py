@@ -149,6 +149,36 @@ def test_a_file_replaced_after_the_listing_is_kept_and_an_unchanged_one_goes(
     assert d2.exists()
 
 
+def test_an_object_and_its_old_hold_both_go_whatever_the_listing_order(
+    tmp_path: Path,
+) -> None:
+    """Orphans with holds older than the grace: gc removed a hold listed before its
+    object first, then kept the object "held since listed" (its hold no longer the one
+    listed), while --dry-run said both would go. 16 of them, in the directory's order:
+    some hold comes before its object (the precondition is checked)."""
+    out = tmp_path / "out"
+    _retired_d2(tmp_path, str(out))
+    names = [f"m{i}.xnnpack-{i:032x}.xpwc" for i in range(16)]
+    for name in names:
+        (out / name).write_bytes(b"orphan")
+        (out / f"{name}.ptestore-hold").write_bytes(b"{}")
+    listed = os.listdir(out)
+    assert any(listed.index(f"{n}.ptestore-hold") < listed.index(n) for n in names)
+    for p in out.rglob("*"):
+        if p.is_file():
+            _backdate(p, 2 * WEEK)
+    dry = collect_orphans(out, grace=WEEK, dry_run=True)
+    mine = {str(out / n) for n in names} | {str(out / f"{n}.ptestore-hold") for n in names}
+    assert {e.location: e.action for e in dry if e.location in mine} == dict.fromkeys(
+        mine, "would remove"
+    )
+    done = collect_orphans(out, grace=WEEK)
+    assert {e.location: e.action for e in done if e.location in mine} == dict.fromkeys(
+        mine, "removed"
+    )
+    assert not any((out / n).exists() for n in names)
+
+
 def test_an_index_gone_between_the_two_reads_governs_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

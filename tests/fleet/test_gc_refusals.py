@@ -74,10 +74,12 @@ def _artifacts(root: Path) -> set[str]:
     return {p.relative_to(root).as_posix() for p in root.rglob("*") if p.suffix in (".pte", ".ptd")}
 
 
-def _refused(target: Path, capsys: pytest.CaptureFixture[str], grace: str = "1d") -> str:
+def _refused(
+    target: Path, capsys: pytest.CaptureFixture[str], grace: str = "1d", artifacts: int = 5
+) -> str:
     """gc of ``target`` fails on one index, removes nothing: its action."""
     before = _artifacts(target)
-    assert len(before) == 5  # d0, d1, d2's .pte; the source's .ptd and d2's scaled one
+    assert len(before) == artifacts  # d0, d1, d2's .pte; the source's .ptd, d2's scaled one
     assert main(["gc", str(target), "--grace", grace, "--json"]) == 1
     report = json.loads(capsys.readouterr().out)
     [failed] = report["entries"]
@@ -188,6 +190,113 @@ def test_a_leaf_missing_below_a_split_stops_gc(
     )
 
 
+TWENTY = "".join(f'[devices.d{i:02d}]\nsoc = "s"\n' for i in range(20))
+
+
+def _twenty(tmp_path: Path, capsys: pytest.CaptureFixture[str], models: str = "") -> Path:
+    """A run of 20 devices of one class (the catalog lists 8 of them) into leaves of
+    4 KiB (every file 30 days old)."""
+    out = tmp_path / "out"
+    create_index(out / "ptestore-index.json", leaf_bytes=4096)
+    _run(_job(tmp_path / "job.toml", out, models + TWENTY), capsys)
+    _backdate(out)
+    return out
+
+
+def _leaves(model: Path) -> dict[str, list[str]]:
+    """``{prefix: devices}`` of a model's leaves that exist."""
+    out = {}
+    for prefix, (state, _) in _nodes(model).items():
+        if state == "leaf":
+            value = json.loads((model / f"t{prefix}.json").read_text())
+            out[prefix] = [e["device"] for e in value["entries"]]
+    return out
+
+
+def test_a_leaf_missing_beside_a_leaf_stops_gc(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A leaf of one device the catalog does not list, beside a leaf of two: every split
+    above it still holds 2 entries, and it read as an empty half. A split creates each
+    half that gets an entry, so a missing half's sibling got them all (and was split)."""
+    out = _twenty(tmp_path, capsys)
+    [model] = (_shards(out) / "m").iterdir()
+    listed = json.loads((model / "catalog.json").read_text())["classes"][0]["devices"]
+    leaves = _leaves(model)
+    lost = next(
+        p
+        for p, devices in sorted(leaves.items())
+        if len(devices) == 1
+        and devices[0] not in listed
+        and len(leaves.get(p[:-1] + "10"[int(p[-1])], [])) >= 2
+    )
+    sibling = lost[:-1] + "10"[int(lost[-1])]
+    [device] = leaves[lost]
+    (model / f"t{lost}.json").unlink()
+    index = out / "ptestore-index.json"
+    assert _refused(out, capsys, artifacts=21) == (
+        f"failed: {index}: {REST}: {model}/t{lost[:-1]}.json: index shard state = 'split': "
+        "must be a node whose halves both exist, unless one got none of the entries it split "
+        f"(the other got them all, and was split in turn) ({model}/t{lost}.json is not found "
+        f"and {model}/t{sibling}.json is a leaf: a leaf is missing)"
+    )
+    assert (out / device / "mlp.pte").exists()
+
+
+def test_gc_job_stops_at_a_pair_the_index_has_no_entry_for(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A leaf of one device the catalog does not list, beside a split node: the index
+    reads as a whole one without that device (a split's half that got no entry is never
+    created). A model's whole shard directory: the index reads as one without the
+    model. gc removed their files; with the job, every pair it names has an entry (live
+    or retired), or gc stops."""
+    other = f'[[models]]\nname = "other"\nsource = "{EXT.pte_path}"\n'
+    out = _twenty(tmp_path, capsys, other)
+    job = tmp_path / "job.toml"
+    index = out / "ptestore-index.json"
+    [model] = (_shards(out) / "m").glob("mlp~*")
+    listed = json.loads((model / "catalog.json").read_text())["classes"][0]["devices"]
+    leaves = _leaves(model)
+    lost = next(
+        p
+        for p, devices in sorted(leaves.items())
+        if len(devices) == 1
+        and devices[0] not in listed
+        and p[:-1] + "10"[int(p[-1])] not in leaves
+    )
+    [device] = leaves[lost]
+    before = _artifacts(out)
+    (model / f"t{lost}.json").unlink()
+    assert main(["gc", str(out), "--grace", "0s", "--dry-run", "--json"]) == 0
+    shown = {e["location"] for e in json.loads(capsys.readouterr().out)["entries"]}
+    assert shown == {str(out / device / "mlp.pte")}  # what gc INDEX_PREFIX cannot tell
+
+    def refused() -> str:
+        assert main(["gc", "--job", str(job), "--grace", "0s", "--json"]) == 1
+        [failed] = json.loads(capsys.readouterr().out)["entries"]
+        assert (failed["location"], failed["kind"]) == (str(index), "index")
+        assert _artifacts(out) == before
+        action: str = failed["action"]
+        return action
+
+    hint = (
+        "which has no entry in the index, live or retired: the index is incomplete (its "
+        "shards lost the entry) or the job's run never published it, and gc would take that "
+        "pair's files for orphans. Run `ptestore fleet run JOB` (or `ptestore fleet "
+        "check-index`) first"
+    )
+    assert refused() == f"failed: {index}: the job names mlp/{device}, {hint}"
+    [gone] = (_shards(out) / "m").glob("other~*")
+    shutil.rmtree(gone)
+    assert refused() == f"failed: {index}: the job names mlp/{device} (and 20 more), {hint}"
+    _run(job, capsys)  # the run publishes them again
+    assert main(["gc", "--job", str(job), "--grace", "0s", "--json"]) == 0
+    removed = json.loads(capsys.readouterr().out)["entries"]
+    assert {e["kind"] for e in removed} == {"hold"}  # what the run held, reused: no more
+    assert _artifacts(out) == before
+
+
 # ------------------------------------------------------------ an entry gc cannot read
 
 
@@ -255,6 +364,49 @@ def test_an_index_tree_moved_or_copied_elsewhere_stops_gc(
     if how == "copied":  # the original is whole
         assert main(["gc", str(out), "--grace", "1d", "--json"]) == 0
         assert json.loads(capsys.readouterr().out)["entries"] == []
+
+
+def test_a_device_directory_that_is_a_link_is_under_the_index(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``out/d1 -> disk2/d1``: the run wrote d1's files through the link, and its entry
+    names ``out/d1/mlp.pte``. gc resolved the link and refused every gc of the tree (the
+    entry's .pte "not under" the index's directory); it is, as written, and gc never
+    lists below a link. A path whose ``..`` leaves the directory still is not."""
+    from ptestore.fleet.orphan_refs import named
+
+    out = tmp_path / "out"
+    (tmp_path / "disk2" / "d1").mkdir(parents=True)
+    out.mkdir()
+    (out / "d1").symlink_to(tmp_path / "disk2" / "d1")
+    job = _job(tmp_path / "job.toml", out)
+    _run(job, capsys)
+    _run(_job(job, out, TWO), capsys)
+    assert main(["fleet", "retire", str(job)]) == 0
+    capsys.readouterr()
+    _backdate(out)
+    _backdate(tmp_path / "disk2")
+    assert (tmp_path / "disk2" / "d1" / "mlp.pte").exists()
+    assert main(["gc", str(out), "--grace", "1d", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    removed = {e["location"] for e in report["entries"] if e["action"] == "removed"}
+    assert str(out / "d2" / "mlp.pte") in removed and len(removed) == 2  # its scaled .ptd
+    assert (tmp_path / "disk2" / "d1" / "mlp.pte").exists() and (out / "d0" / "mlp.pte").exists()
+    assert main(["verify", "--job", str(job)]) == 0
+    capsys.readouterr()
+    entry = next(
+        e for e in load_index(out / "ptestore-index.json")["entries"] if e["device"] == "d0"
+    )
+    escaped = f"{out}/d1/../d0/mlp.pte"  # the kernel: disk2/d0/mlp.pte, not in out
+    entry["pte"]["url"] = escaped
+    with pytest.raises(Exception, match="must be a file under") as info:
+        named([entry], "idx", f"{out}/")
+    assert str(info.value) == (
+        f"idx: entry mlp/d0 pte.url = {shown(escaped)}: must be a file under {out}/ (the "
+        "index's own directory) (an index naming its artifacts elsewhere was moved, copied "
+        "or mounted from another place: it does not describe the files beside it, and gc "
+        "would remove every one)"
+    )
 
 
 # ------------------------------------------------------------ where gc looks

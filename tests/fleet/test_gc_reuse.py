@@ -100,7 +100,17 @@ def test_gc_keeps_what_a_running_job_reuses(
     try:
         wait_until(lambda: started.exists() or proc.poll() is not None, "d3 to start")
         assert proc.poll() is None, proc.communicate()
-        report = _gc(["--job", str(job), "--grace", "7d"], capsys)
+        # gc --job stops while the job names a pair its index has no entry for (d3):
+        # what a lost shard looks like too. gc of the prefix collects as it would.
+        assert main(["gc", "--job", str(job), "--grace", "7d", "--json"]) == 1
+        entries = json.loads(capsys.readouterr().out)["entries"]
+        [failed] = [e for e in entries if e["kind"] == "index"]  # staging files besides
+        assert not any(e["action"] == "removed" for e in entries)
+        assert failed["action"].startswith(
+            f"failed: {out / 'ptestore-index.json'}: the job names mlp/d3, which has no "
+            "entry in the index, live or retired: "
+        )
+        report = _gc([str(out), "--grace", "7d"], capsys)
     finally:
         gate.touch()
         stdout, stderr = proc.communicate(timeout=300)
@@ -162,7 +172,7 @@ def test_gc_keeps_a_shared_ptd_a_running_pair_finds_stored(
     try:
         wait_until(lambda: started.exists() or proc.poll() is not None, "d3 to start")
         assert proc.poll() is None, proc.communicate()
-        report = _gc(["--job", str(job), "--grace", "7d"], capsys)
+        report = _gc([str(out), "--grace", "7d"], capsys)  # --job: d3 has no entry yet
     finally:
         gate.touch()
         stdout, stderr = proc.communicate(timeout=300)
@@ -246,6 +256,53 @@ def test_a_hold_that_cannot_be_written_fails_the_pair(
     entry = find_entry(str(out / "ptestore-index.json"), "mlp", "d2")
     assert entry is not None and entry.get("retired")  # not indexed again
     assert find_entry(str(out / "ptestore-index.json"), "mlp", "d0") is not None
+
+
+def test_a_hold_that_cannot_be_written_fails_only_the_pairs_relying_on_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """d1 and d2 retired, named again: each reuses its own .pte. d1's hold cannot be
+    written: d1 fails with its own hold's error. d2 used to fail too, with d1's error
+    (the first hold that failed failed every pair that needed one)."""
+    from ptestore.fleet import run_plan
+
+    out = tmp_path / "out"
+    job = _job(tmp_path / "job.toml", str(out), THREE)
+    assert main(["fleet", "run", str(job), "--workers", "1", "-q"]) == 0
+    _job(job, str(out), '[devices.d0]\nsoc = "s0"\n')
+    assert main(["fleet", "retire", str(job)]) == 0
+    capsys.readouterr()
+    _backdate_tree(out, MONTH)
+    _job(job, str(out), THREE)
+    blocked = out / "d1" / f"mlp.pte{HOLD}"
+    blocked.mkdir()
+    plan, _ = _planned(job, "d1")
+    result = run_plan(plan, workers=1)
+    status = {p.device: (p.status, p.error) for p in result.pairs}
+    assert status["d2"] == ("skipped", None)
+    assert status["d1"][0] == "failed"
+    assert str(status["d1"][1]).startswith(
+        "current, but what it reuses cannot be held against ptestore gc (a hold beside "
+        f"each object): {blocked}: "
+    ), status
+    index = str(out / "ptestore-index.json")
+    entry = find_entry(index, "mlp", "d2")
+    assert entry is not None and not entry.get("retired")  # indexed again
+    assert Path(f"{out}/d2/mlp.pte{HOLD}").is_file()
+
+
+def test_only_objects_gc_may_remove_are_held(tmp_path: Path) -> None:
+    """gc removes .pte, .ptd and packed-weight files and records, and honours holds of
+    those alone: a hold beside anything else (a job whose destination is
+    ``{device}/{model}.bin``) was written and never removed."""
+    from ptestore.fleet.holds import hold
+
+    names = ["mlp.bin", "mlp.pte", "mlp.ptd", "mlp.xnnpack-ab.xpwc", "mlp.xpwc.json", ".x.pte"]
+    for name in names:
+        (tmp_path / name).write_bytes(b"x")
+    assert hold([str(tmp_path / n) for n in names], {}) == []
+    held = sorted(p.name for p in tmp_path.glob(f"*{HOLD}"))
+    assert held == [f"{n}{HOLD}" for n in sorted(names[1:5])]
 
 
 def test_a_worker_that_finds_its_pair_current_holds_it(
@@ -367,6 +424,32 @@ def test_on_s3_an_object_held_after_gc_listed_it_is_kept(
     assert run_plan(plan, workers=1).exit_code == 0
     assert main(["verify", "--job", str(job)]) == 0
     capsys.readouterr()
+
+
+def test_many_unnamed_shared_objects_are_not_carried_by_every_task(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every pair task carried the whole set of unnamed shared objects, up to 4096 of
+    them (about 450 KB pickled per pair, every task submitted at once on Dask): past
+    MAX_HOLD_SHARED the tasks get None (every find holds what it finds)."""
+    from ptestore.fleet.reuse import MAX_HOLD_SHARED, hold_reused
+
+    assert MAX_HOLD_SHARED == 64
+    out = tmp_path / "out"
+    job = _job(tmp_path / "job.toml", str(out), TWO)
+    assert main(["fleet", "run", str(job), "--workers", "1", "-q"]) == 0
+    capsys.readouterr()
+    shared = out / "_shared" / "sha256-tree"
+    _job(job, str(out), TWO + "[devices.d2]\nscale = 2.0\n")
+    for i in range(MAX_HOLD_SHARED):
+        (shared / f"{i:064x}.ptd").write_bytes(b"orphan")
+    plan, d2 = _planned(job, "d2")
+    hold_reused(plan)
+    assert d2.task.hold_shared is not None and len(d2.task.hold_shared) == MAX_HOLD_SHARED
+    (shared / f"{MAX_HOLD_SHARED:064x}.ptd").write_bytes(b"orphan")
+    plan, d2 = _planned(job, "d2")
+    hold_reused(plan)
+    assert d2.task.hold_shared is None
 
 
 def test_an_unreadable_index_names_nothing_and_an_unlistable_store_holds_every_find(

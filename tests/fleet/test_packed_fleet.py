@@ -234,6 +234,21 @@ def test_what_a_current_packed_weight_pair_reuses_is_held(tmp_path: Path) -> Non
     assert held == ["m.pte.ptestore-hold", "m.xpwc.json.ptestore-hold"]
 
 
+def test_a_re_pack_run_holds_nothing_its_own_live_entry_names(tmp_path: Path) -> None:
+    """The record gone: the plan runs the pair (its .pte current), and its worker finds
+    the .pte current and held it, though the pair's live entry names it (a PUT per pair,
+    a hold left for gc). The run gives each task what its entry names."""
+    job = _job(tmp_path, PORTABLE.pte_path, HERE)
+    assert main(["fleet", "run", str(job), "--workers", "1", "--quiet"]) == 0
+    pte = tmp_path / "out" / "phone" / "m.pte"
+    Path(record_url(str(pte))).unlink()
+    result = run_job(load_job(job), workers=1)
+    assert result.exit_code == 0
+    [phone] = [p for p in result.pairs if p.device == "phone"]
+    assert phone.status == "done" and Path(record_url(str(pte))).is_file()
+    assert not list((tmp_path / "out").rglob("*.ptestore-hold"))
+
+
 def test_a_malformed_record_is_refused_naming_its_field(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
