@@ -171,7 +171,7 @@ def run_gc(args: argparse.Namespace) -> int:
             raise ConfigurationError("gc takes PATH_OR_S3_PREFIX or --job JOB, not both")
         job = load_job(args.job)
         args.target = destination_prefix(job) or "."
-        pairs = [(p.model.name, p.device.name) for p in job.pairs()]
+        pairs = {(p.model.name, p.device.name): p.destination for p in job.pairs()}
         options = {**options_for_loader(args.target, job.storage_options), **options}
     elif args.target is None:
         raise ConfigurationError("gc needs PATH_OR_S3_PREFIX, or --job JOB")

@@ -55,7 +55,7 @@ import os
 import posixpath
 import stat
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
 from ..coordinator.targets import target_identity
@@ -251,7 +251,7 @@ def _references(
 ) -> tuple[set[Any], list[str], str | None]:
     """``(referenced identities, the directories of the indexes that exist, an error)``;
     ``job``: the index of a job and the pairs it names, each of which must have an entry
-    there (when there is one)."""
+    there (when there is one) if it was made (:func:`_made`)."""
     refs: set[tuple[str, str]] = set()
     dirs: list[str] = []
     for url in indexes:
@@ -263,7 +263,7 @@ def _references(
         if found is None:
             continue
         if job is not None and entries is not None:
-            missing = [p for p in job[1] if p not in entries]
+            missing = [p for p in job[1] if p not in entries and _made(job[1], p)]
             if missing:
                 more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
                 error = (
@@ -277,6 +277,31 @@ def _references(
         refs |= found
         dirs.append(url[: -len(INDEX_NAME)])
     return refs, dirs, None
+
+
+def _made(pairs: Collection[Pair], pair: Pair) -> bool:
+    """Whether the job's ``pair`` was made: its destination is among the files listed,
+    or (a local one, spelled through a link) exists, when ``pairs`` maps each pair to
+    its destination and the files listed (:class:`_JobPairs`); True when they are not
+    known. A pair never made (its backend always fails, a run still going) leaves no
+    file an entry of it could name; one made without an entry is an index that lost it
+    (or a run not published yet), and gc stops."""
+    if not isinstance(pairs, _JobPairs):
+        return True
+    dst = pairs.destinations[pair]
+    if target_identity(dst) in pairs.listed:
+        return True
+    return StorageURL.of(dst).local and os.path.lexists(dst)
+
+
+class _JobPairs(dict[Pair, str]):
+    """The pairs of ``gc --job``'s job, each with its destination, and the identities
+    of the files gc listed (:func:`_made`)."""
+
+    def __init__(self, destinations: Mapping[Pair, str], listed: set[Any]) -> None:
+        super().__init__(destinations)
+        self.destinations = dict(destinations)
+        self.listed = listed
 
 
 def _ours(url: str, options: dict[str, Any]) -> str | None:
@@ -314,14 +339,17 @@ def collect_orphans(
     *,
     grace: float = DEFAULT_GRACE,
     dry_run: bool = False,
-    pairs: Collection[Pair] | None = None,
+    pairs: Collection[Pair] | Mapping[Pair, str] | None = None,
     **storage_options: Any,
 ) -> list[GcEntry]:
     """Remove the fleet artifacts under ``target`` (a directory, an S3 prefix or an
     index's URL) that no index references, once older than ``grace`` seconds (see the
     module docstring); with ``dry_run`` only list them. ``pairs``: the ``(model,
     device)`` pairs of the job whose index is the one of ``target`` (``gc --job``): one
-    without an entry there stops the collection."""
+    without an entry there stops the collection; given as a mapping to each pair's
+    destination (what ``gc --job`` passes), only one whose destination exists (it was
+    made: a pair that always fails, or one a running job has not made yet, is not a
+    lost entry)."""
     from ..gc import check_older_than
 
     check_older_than(grace, "grace")
@@ -330,6 +358,8 @@ def collect_orphans(
     listed = list(store.files(root))
     urls = [u for u, _, _, _ in listed]
     holds = {u: (t, s) for u, t, _, s in listed if is_hold(u)}  # by the hold's URL
+    if isinstance(pairs, Mapping):  # each pair's destination: a pair never made is no loss
+        pairs = _JobPairs(pairs, {target_identity(u) for u in urls})
     job = None if pairs is None else (store.join(root, INDEX_NAME), pairs)
     refs, dirs, error = _references(_indexes(store, root, urls), storage_options, job)
     if error is not None:

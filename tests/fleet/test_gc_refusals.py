@@ -291,6 +291,11 @@ def test_gc_job_stops_at_a_pair_the_index_has_no_entry_for(
     shutil.rmtree(gone)
     assert refused() == f"failed: {index}: the job names mlp/{device} (and 20 more), {hint}"
     _run(job, capsys)  # the run publishes them again
+    # A pair the job names that was never made (no file at its destination: a backend
+    # that always fails it, a run not there yet) is no lost entry: gc --job goes on.
+    text = job.read_text()
+    job.write_text(text + '[devices.never]\nsoc = "s"\n')
+    assert not (out / "never").exists()
     assert main(["gc", "--job", str(job), "--grace", "0s", "--json"]) == 0
     removed = json.loads(capsys.readouterr().out)["entries"]
     assert {e["kind"] for e in removed} == {"hold"}  # what the run held, reused: no more
