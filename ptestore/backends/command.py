@@ -107,7 +107,19 @@ class CommandBackend(BackendInterface):
         self.timeout = timeout
 
     def __repr__(self) -> str:
-        return f"CommandBackend({shlex.join(self.argv)!r}, name={self.name!r})"
+        """Its command, the id it serves and its options other than the defaults (what
+        the device cache keys an instance's settings by)."""
+        shown = [f"name={self.name!r}"]
+        for option, default in (
+            ("named_data", True),
+            ("processed", True),
+            ("alignment", None),
+            ("timeout", None),
+        ):
+            value = getattr(self, option)
+            if value != default:
+                shown.append(f"{option}={value!r}")
+        return f"CommandBackend({shlex.join(self.argv)!r}, {', '.join(shown)})"
 
     def _run(
         self, data: bytes, env: dict[str, str], what: str, backend: str, **where: str | None

@@ -39,6 +39,7 @@ import time
 from typing import Any
 
 from .._dataclass import dataclass, field
+from .._log import get_logger
 from ..errors import ConfigurationError, FormatError, StorageError
 from ..storage.types import StorageURL
 from .entryfiles import (
@@ -58,6 +59,8 @@ from .entryfiles import (
 from .lock import KeyLock
 from .orphans import remove_orphan_locks
 from .private import check_private
+
+log = get_logger(__name__)
 
 __all__ = [
     "MANIFEST",
@@ -367,7 +370,12 @@ def evict(cache_dir: str | os.PathLike[str], max_bytes: int, *, keep: str | None
             break
         if e.key == keep:
             continue
-        freed = _try_remove(layout, e, out)
+        try:
+            freed = _try_remove(layout, e, out)
+        except StorageError as exc:  # its lock or files cannot be handled: kept, said
+            # (after a make, the entry made is returned all the same)
+            log.warning("%s: not evicted: %s", layout.entry_dir(e.key), exc)
+            continue
         if freed is not None:
             total -= e.bytes
     out.remaining = total

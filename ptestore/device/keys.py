@@ -16,7 +16,14 @@ import stat
 from typing import TYPE_CHECKING, Any
 
 from ..backends.compat import DeviceProfile, canonical_json, version_of
-from ..errors import ConfigurationError, ObjectNotFound, PteStoreError, StorageError
+from ..errors import (
+    BackendError,
+    ConfigurationError,
+    ObjectNotFound,
+    PteStoreError,
+    StorageError,
+    describe_exception,
+)
 from ..storage.types import StorageURL
 
 if TYPE_CHECKING:
@@ -110,13 +117,37 @@ def as_recorded(now: Any, recorded: Any) -> Any:
     return now
 
 
+#: A backend instance's settings (its ``repr``) longer than this are keyed by their
+#: SHA-256.
+_MAX_SETTINGS = 200
+
+
 def spec_text(backend: BackendLike) -> str:
-    """How a backend is named in keys and provenance (as
-    :func:`ptestore.provenance.stamp.spec_text`, without importing the storage layer)."""
+    """How a backend is named in the cache's keys and fingerprints: a SPEC as given, a
+    class by its name (as :func:`ptestore.provenance.stamp.spec_text` records them); an
+    instance by its class and, when its class says them (a ``__repr__`` of its own:
+    ``CommandBackend``'s command and options, a dataclass's fields), its settings, so
+    that two instances of one class set up differently (``CommandBackend("cat")`` and
+    ``CommandBackend("gzip")``) make two entries: they made one, the second call served
+    the first's file."""
     if isinstance(backend, str):
         return backend.strip()
     cls = backend if isinstance(backend, type) else type(backend)
-    return f"{cls.__module__}:{cls.__qualname__}"
+    text = f"{cls.__module__}:{cls.__qualname__}"
+    if backend is cls or cls.__repr__ is object.__repr__:  # no settings it can say
+        return text
+    try:
+        settings = repr(backend)
+    except Exception as exc:  # backend code: its failure is the backend's
+        raise BackendError(
+            f"its repr (what the device cache keys its settings by) failed: "
+            f"{describe_exception(exc)}",
+            backend=text,
+        ) from exc
+    if len(settings) > _MAX_SETTINGS:
+        digest = hashlib.sha256(settings.encode("utf-8", "backslashreplace")).hexdigest()
+        settings = f"sha256:{digest}"
+    return f"{text} {settings}"
 
 
 def device_fingerprint(device: DeviceProfile | None) -> list[str] | None:

@@ -358,3 +358,68 @@ def test_provenance_is_the_default_and_no_provenance_is_an_entry_of_its_own(
     with pytest.raises(ConfigurationError) as info:
         ptestore.ensure(src, cache_dir=cache, provenance="no")  # type: ignore[arg-type]
     assert str(info.value) == "provenance must be True or False, got 'no'"
+
+
+# --- what review 74 found (stop 46) ---------------------------------------------------
+
+
+def test_backend_instances_set_up_differently_make_two_entries(tmp_path: Path) -> None:
+    """The key named an instance by its class only: ``CommandBackend("cat")`` made the
+    entry, and one whose command appends bytes was served that file. An instance is
+    keyed by its settings where its class says them (its ``repr``); two set up alike
+    share the entry."""
+    from ptestore.backends.command import CommandBackend
+
+    src = copy_pte(tmp_path / "m.pte")
+    cache = tmp_path / "cache"
+    plain = ptestore.ensure(src, cache_dir=cache, backends=[CommandBackend("cat")])
+    extra = CommandBackend(["sh", "-c", "cat; printf EXTRA"])
+    other = ptestore.ensure(src, cache_dir=cache, backends=[extra])
+    assert plain.created and other.created and plain.key != other.key
+    assert Path(plain.pte).read_bytes() != Path(other.pte).read_bytes()
+    again = ptestore.ensure(src, cache_dir=cache, backends=[CommandBackend("cat")])
+    assert not again.created and again.key == plain.key
+    aligned = CommandBackend("cat", alignment=64)
+    assert repr(aligned) == "CommandBackend('cat', name='*', alignment=64)"
+    assert ptestore.ensure(src, cache_dir=cache, backends=[aligned]).key != plain.key
+
+
+def test_an_entry_directory_that_cannot_be_made_is_a_storage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It was an ``UnboundLocalError`` (the message named a variable never set)."""
+    import errno as errno_
+
+    from ptestore.device.cache import CacheLayout
+
+    src = copy_pte(tmp_path / "m.pte")
+    cache = tmp_path / "cache"
+
+    def refused(self: CacheLayout, key: str) -> str:
+        raise PermissionError(errno_.EACCES, "Permission denied")
+
+    monkeypatch.setattr(CacheLayout, "make_entry_dir", refused)
+    with pytest.raises(StorageError) as info:
+        ptestore.ensure(src, cache_dir=cache, backends=[SPEC], device=DEVICE)
+    [key] = [p.name[: -len(".lock")] for p in (cache / "locks").iterdir()]
+    assert str(info.value) == f"{cache / 'entries' / key}: cannot create: Permission denied"
+
+
+def test_an_entry_that_cannot_be_evicted_is_kept_and_the_new_one_returned(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A lock file replaced by a link in another entry made ``ensure --max-bytes`` fail
+    "nothing published" after it had made its own entry."""
+    first = copy_pte(tmp_path / "a.pte")
+    second = copy_pte(tmp_path / "b.pte")
+    cache = tmp_path / "cache"
+    old = ptestore.ensure(first, cache_dir=cache, backends=[SPEC], device=DEVICE)
+    lock = cache / "locks" / f"{old.key}.lock"
+    lock.unlink(missing_ok=True)
+    lock.symlink_to(tmp_path / "elsewhere")
+    new = ptestore.ensure(
+        second, cache_dir=cache, backends=[SPEC], device=DEVICE, max_bytes=1
+    )
+    assert new.created and Path(new.pte).is_file() and Path(old.pte).is_file()
+    [warning] = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warning.startswith(f"{cache / 'entries' / old.key}: not evicted: ")
