@@ -116,6 +116,14 @@ class CacheLayout:
                 ) from exc
             check_private(d, "cache directory" if d == self.root else "cache directory's")
 
+    def check(self) -> None:
+        """The cache's directories that exist are this user's alone
+        (:func:`check_private`), before anything in them is removed: a ``cache
+        prune``/``clear`` (or an eviction) of a cache others can write to would follow
+        what they planted there (``entries`` a link to another directory)."""
+        for d in (self.root, self.entries, self.locks):
+            check_private(d, "cache directory" if d == self.root else "cache directory's")
+
     def make_entry_dir(self, key: str) -> str:
         """Entry ``key``'s directory, created ``0o755`` where missing and checked."""
         directory = self.entry_dir(key)
@@ -361,6 +369,7 @@ def evict(cache_dir: str | os.PathLike[str], max_bytes: int, *, keep: str | None
     if not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < 0:
         raise ConfigurationError(f"max_bytes must be an integer >= 0, got {max_bytes!r}")
     layout = CacheLayout(cache_dir)
+    layout.check()
     entries = [load_entry(layout, k) for k in layout.entry_keys()]
     total = sum(e.bytes for e in entries)
     out = Removed()
@@ -387,6 +396,7 @@ def prune(cache_dir: str | os.PathLike[str], max_bytes: int | None = None) -> Re
     files of keys without an entry included), then, with ``max_bytes``,
     least-recently-used entries until the cache fits."""
     layout = CacheLayout(cache_dir)
+    layout.check()
     out = Removed()
     for key in layout.entry_keys():
         e = load_entry(layout, key)
@@ -415,6 +425,7 @@ def clear(cache_dir: str | os.PathLike[str]) -> Removed:
     """Remove every entry no other process holds (and the lock files of keys without an
     entry)."""
     layout = CacheLayout(cache_dir)
+    layout.check()
     out = Removed()
     for key in layout.entry_keys():
         e = load_entry(layout, key)

@@ -148,3 +148,28 @@ def test_a_same_size_overwrite_with_its_mtime_set_back_is_not_a_hit(tmp_path: Pa
     # the same model made again (its record's time, to the second, may differ)
     assert content_of(Path(again.pte).read_bytes()) == content_of(good)
     assert not _ensure(cache).created
+
+
+@pytest.mark.parametrize("where", ["", "entries", "locks"])
+def test_prune_and_clear_refuse_a_cache_others_can_write(tmp_path: Path, where: str) -> None:
+    """``cache prune``/``clear`` (and an eviction) removed entries without the check
+    ``ensure`` makes: a cache directory others can write to, or an ``entries`` link
+    they planted, was followed by root's ``clear``. Refused before anything is removed."""
+    from ptestore.device import clear, evict, prune
+
+    cache = tmp_path / "cache"
+    made = _ensure(cache)
+    path = cache / where
+    mode = stat.S_IMODE(path.stat().st_mode) | stat.S_IWOTH
+    os.chmod(path, mode)
+    want = _refusal(
+        path,
+        "cache directory" if not where else "cache directory's",
+        f"is writable by others (mode {mode:04o})",
+        f"chmod go-w {path}",
+    )
+    for call in (lambda: clear(cache), lambda: prune(cache), lambda: evict(cache, 0)):
+        with pytest.raises(PermissionDenied) as info:
+            call()
+        assert str(info.value) == want
+    assert Path(made.pte).is_file()
