@@ -112,10 +112,11 @@ class VerifyReport:
 
     def message(self) -> str:
         """One line per finding, or the verdict."""
+        # An error may quote the file (a record's key in a field name): printable, one line.
         if self.status == "invalid":
-            return f"{self.url}: invalid: {self.error}"
+            return f"{self.url}: invalid: {printable(str(self.error))}"
         if self.status == "unverified":
-            return f"{self.url}: not verified: {self.error}"
+            return f"{self.url}: not verified: {printable(str(self.error))}"
         if not self.findings:
             quick = "" if self.content_checked else " (--quick: content SHA-256 not checked)"
             if self.ptd_size_only:

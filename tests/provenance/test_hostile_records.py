@@ -407,3 +407,40 @@ def test_record_strings_are_escaped_in_verify_findings(
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\nsource: forged" not in out
     assert "  backend XnnpackBackend: y\\x1b[2J\\nsource: forged 0.1.0\n" in out
+
+
+# -- control characters in a verify verdict ------------------------------------------------
+
+
+def test_a_record_key_with_control_characters_is_escaped_in_verify(
+    specialized: bytes, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An "invalid" verdict quotes the record (a key in the field name): its control
+    characters are escaped as a stale finding's are (they were printed as they were,
+    driving the terminal), alone and with ``--job``."""
+    key = "\x1b[2J\x1b[31mOWNED\r"
+    record = record_of(specialized)
+    record[key] = "\ud800"  # a lone surrogate: refused, the field naming the key
+    path = tmp_path / "h.pte"
+    path.write_bytes(with_record(specialized, record))  # json.dumps: ASCII, escapes kept
+    said = (
+        f"{path}: invalid: {path}: provenance \\x1b[2J\\x1b[31mOWNED\\r = '\\\\ud800': must "
+        "be UTF-8 text (character '\\\\ud800' at index 0 is a lone surrogate)"
+    )
+    report = ptestore.verify(path)
+    assert report.status == "invalid" and key in str(report.error)
+    assert report.message() == said
+    capsys.readouterr()
+    assert main(["verify", str(path)]) == 2
+    assert capsys.readouterr().err == said + "\n"
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'destination = "{tmp_path}/{{device}}/{{model}}.pte"\nbackends = ["passthrough"]\n'
+        f'[[models]]\nname = "m"\nsource = "{MLP}"\n[devices.d]\na = 1\n'
+    )
+    (tmp_path / "d").mkdir()
+    path.rename(tmp_path / "d" / "m.pte")
+    assert main(["verify", "--job", str(job)]) == 2
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\r" not in err
+    assert "provenance \\x1b[2J\\x1b[31mOWNED\\r = " in err
