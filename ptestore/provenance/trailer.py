@@ -24,6 +24,7 @@ is not UTF-8 text such as a lone surrogate escape) is a corrupt trailer and rais
 
 from __future__ import annotations
 
+import math
 import struct
 from typing import Any
 
@@ -227,11 +228,13 @@ def read_trailer(loader: DataLoader) -> Trailer | None:
 def decode_record(payload: bytes, source: str) -> dict[str, Any]:
     """The JSON object ``payload`` holds; :class:`~ptestore.errors.FormatError` for
     anything else: invalid JSON, not an object, nested more than
-    :data:`MAX_RECORD_DEPTH` levels, or a string (or key) that is not UTF-8 text."""
+    :data:`MAX_RECORD_DEPTH` levels, a string (or key) that is not UTF-8 text, or a
+    number that is not finite (``NaN``, ``Infinity``, ``1e999``: Python's ``json`` reads
+    them, JSON has none, and a report could not write them back as JSON)."""
     import json
 
     try:
-        value = json.loads(payload)
+        value = json.loads(payload, parse_constant=_NonFinite, parse_float=_finite_float)
     except RecursionError:
         value, depth = None, bracket_depth(payload)
     except ValueError as exc:
@@ -254,9 +257,23 @@ def decode_record(payload: bytes, source: str) -> dict[str, Any]:
     return value
 
 
+class _NonFinite:
+    """A number :func:`decode_record` read that is not finite (its text, as written):
+    refused by :func:`_check_text`, which knows its field."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+def _finite_float(text: str) -> float | _NonFinite:
+    number = float(text)
+    return number if math.isfinite(number) else _NonFinite(text)
+
+
 def _check_text(value: object, source: str) -> int:
     """The nesting depth of the JSON value ``value`` (walked without recursion); raises
-    FormatError for a string or key that cannot be encoded as UTF-8."""
+    FormatError for a string or key that cannot be encoded as UTF-8, or a number that
+    is not finite."""
     deepest = 0
     stack: list[tuple[object, str, int]] = [(value, "provenance", 0)]
     while stack:
@@ -264,6 +281,14 @@ def _check_text(value: object, source: str) -> int:
         if isinstance(item, str):
             _utf8(item, path, source)
             continue
+        if isinstance(item, _NonFinite):
+            raise FormatError(
+                source,
+                path,
+                item.text,
+                "a finite number",
+                "JSON has no NaN or Infinity, and a provenance record is JSON",
+            )
         if not isinstance(item, (dict, list)):
             continue
         deepest = max(deepest, depth + 1)

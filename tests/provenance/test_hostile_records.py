@@ -444,3 +444,44 @@ def test_a_record_key_with_control_characters_is_escaped_in_verify(
     err = capsys.readouterr().err
     assert "\x1b" not in err and "\r" not in err
     assert "provenance \\x1b[2J\\x1b[31mOWNED\\r = " in err
+
+
+# -- non-finite numbers --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("literal", "field"),
+    [
+        ("NaN", "device.options.a"),
+        ("-Infinity", "device.options.a"),
+        ("[1e999]", "device.options.a[0]"),
+    ],
+)
+def test_a_non_finite_number_in_a_record_is_refused(
+    specialized: bytes,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    literal: str,
+    field: str,
+) -> None:
+    """JSON has no NaN or Infinity (Python's json reads them, and 1e999 as inf): a record
+    holding one is refused naming the field (``inspect --json`` ended in a traceback
+    writing it back, ``verify --json`` printed ``NaN``, which is not JSON)."""
+    text = json.dumps(record_of(specialized), sort_keys=True)
+    assert '"a": 1' in text
+    data = with_payload(specialized, text.replace('"a": 1', f'"a": {literal}').encode())
+    value = literal.strip("[]")
+    said = (
+        f"h.pte: provenance {field} = {value!r}: must be a finite number (JSON has no NaN "
+        "or Infinity, and a provenance record is JSON)"
+    )
+    assert refused(data) == said
+    path = tmp_path / "h.pte"
+    path.write_bytes(data)
+    capsys.readouterr()
+    assert main(["verify", str(path), "--json"]) == 2
+    out = json.loads(capsys.readouterr().out, parse_constant=pytest.fail)  # strict JSON
+    assert (out["status"], out["error"]) == ("invalid", said.replace("h.pte", str(path), 1))
+    assert main(["inspect", str(path), "--json"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and f"provenance {field} = {value!r}" in err
