@@ -45,6 +45,7 @@ __all__ = [
     "decode_record",
     "encode_trailer",
     "read_trailer",
+    "without_any_trailer",
     "without_trailer",
 ]
 
@@ -370,3 +371,21 @@ def without_trailer(loader: DataLoader) -> DataLoader:
     if trailer is None:
         return loader
     return ContentView(loader, trailer.content_size, trailer)
+
+
+def without_any_trailer(loader: DataLoader) -> DataLoader:
+    """:func:`without_trailer` for a reader that shows a file whatever its trailer is
+    (``inspect``): a damaged trailer (wrong checksum, unknown footer version, an invalid
+    record) hides what its footer says precedes it when that is within the file, else
+    nothing (the whole file); what is wrong with it is for the caller to say
+    (:func:`~ptestore.provenance.provenance_json` reports it)."""
+    try:
+        return without_trailer(loader)
+    except FormatError:
+        size = loader.size()  # >= FOOTER_SIZE: a smaller object has no trailer to damage
+        content_size, _, _, _, _, magic = _FOOTER.unpack(
+            bytes(loader.load(size - FOOTER_SIZE, FOOTER_SIZE))
+        )  # decode_footer refused it: read as it is, the magic there (checked below)
+        if magic == MAGIC and content_size <= size - FOOTER_SIZE:
+            return ContentView(loader, content_size)
+        return loader
