@@ -13,7 +13,7 @@ import json
 import sys
 from typing import Any
 
-from ..errors import ConfigurationError, StorageError
+from ..errors import ConfigurationError, PreconditionFailed, StorageError
 from .exits import guarded, with_verdict
 from .options import (
     add_backend_flag,
@@ -148,6 +148,10 @@ def _verify_range(args: argparse.Namespace, report: Any, options: dict[str, Any]
     loader = open_loader(args.url, **options_for_loader(args.url, options, "dst"))
     try:
         checked = check_bytes(loader, byte_range)
+    except PreconditionFailed as exc:  # as verify() says it: not damage, verify it again
+        raise StorageError(
+            f"{args.url}: changed while being verified (verify it again): {exc}"
+        ) from exc
     finally:
         loader.close()
     n = checked.chunks
