@@ -41,6 +41,11 @@ def parse_range(text: str) -> tuple[int, int]:
         raise ConfigurationError(
             f"byte range {text!r}: expected START:END (bytes, END exclusive), e.g. 0:4194304"
         ) from None
+    if start < 0 or (tail.strip() and end < 0):  # -1 is the end only when left empty
+        raise ConfigurationError(
+            f"byte range {text!r}: START and END must be >= 0 (byte offsets in the content; "
+            "leave END empty for the end)"
+        )
     return start, end
 
 

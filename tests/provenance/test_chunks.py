@@ -287,6 +287,35 @@ def test_range_refusals(big: Path, tmp_path: Path) -> None:
     for bad in ("", "1", "a:b", "1:2:3"):
         with pytest.raises(ConfigurationError, match="expected START:END"):
             parse_range(bad)
+    for bad in ("100:-1", "-5:", "-1:-1"):  # -1 is the end only when END is left empty
+        with pytest.raises(ConfigurationError) as err:
+            parse_range(bad)
+        assert str(err.value) == (
+            f"byte range {bad!r}: START and END must be >= 0 (byte offsets in the content; "
+            "leave END empty for the end)"
+        )
+
+
+def test_a_bad_range_is_refused_before_anything_is_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--range`` is parsed before the artifact is read: a stale verdict no longer
+    hides a malformed range (exit 1, the range not mentioned), and a negative END is no
+    longer taken as "to the end"."""
+    import ptestore.verification
+
+    def not_read(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("verify read the artifact before refusing the range")
+
+    monkeypatch.setattr(ptestore.verification, "verify", not_read)
+    missing = tmp_path / "nothing.pte"
+    for bad, said in (
+        ("abc", "expected START:END"),
+        ("100:-1", "START and END must be >= 0"),
+    ):
+        assert main(["verify", str(missing), "--device", "other", "--range", bad]) == 2
+        err = capsys.readouterr().err
+        assert f"byte range {bad!r}: {said}" in err
 
 
 def test_a_version_1_trailer_made_by_the_old_code_still_reads_and_verifies(
