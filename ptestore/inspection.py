@@ -62,7 +62,7 @@ def read_files(
     from .format.tensors import describe_tensors, named_data_json, tensor_index_of
     from .journal import recover_if_local
     from .provenance import provenance_json
-    from .provenance.trailer import without_trailer
+    from .provenance.trailer import without_any_trailer
     from .storage.loaders import open_loader
 
     recover_if_local(url)  # an interrupted in-place specialization: finish it first
@@ -72,7 +72,8 @@ def read_files(
             loaders.append(open_loader(ptd, **storage_options))
         parts: list[dict[str, Any]] = []
         for loader in loaders:
-            hidden = without_trailer(loader)
+            # A damaged trailer: the container all the same, provenance says what is wrong.
+            hidden = without_any_trailer(loader)
             parsed = read_container(hidden)
             parts.append(
                 {

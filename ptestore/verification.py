@@ -88,6 +88,9 @@ class VerifyReport:
     ptd_size_only: bool = False
     #: The XNNPACK packed-weight file beside a fleet's .pte that was checked (None: none).
     xnnpack: str | None = None
+    #: A fleet's shared content-addressed .ptd: it has no record, so nothing given
+    #: (source, backends, device) could be compared; it is at most intact.
+    shared: bool = False
 
     @property
     def exit_code(self) -> int:
@@ -109,16 +112,23 @@ class VerifyReport:
 
     def message(self) -> str:
         """One line per finding, or the verdict."""
+        # An error may quote the file (a record's key in a field name): printable, one line.
         if self.status == "invalid":
-            return f"{self.url}: invalid: {self.error}"
+            return f"{self.url}: invalid: {printable(str(self.error))}"
         if self.status == "unverified":
-            return f"{self.url}: not verified: {self.error}"
+            return f"{self.url}: not verified: {printable(str(self.error))}"
         if not self.findings:
             quick = "" if self.content_checked else " (--quick: content SHA-256 not checked)"
             if self.ptd_size_only:
                 quick += f"; {self.ptd} has no trailer: compared by size only"
             if self.xnnpack is not None:
                 quick += f"; its XNNPACK packed-weight file {self.xnnpack} checked"
+            if self.status == "intact" and self.shared:
+                return (
+                    f"{self.url}: intact{quick}; a shared content-addressed .ptd has no "
+                    "record of its own: nothing given could be compared with it (verify "
+                    "the .pte files that use it)"
+                )
             if self.status == "intact":
                 return (
                     f"{self.url}: intact{quick}; nothing to compare with (give --source, "
@@ -139,6 +149,7 @@ class VerifyReport:
             "content_checked": self.content_checked,
             "ptd": self.ptd,
             "xnnpack": self.xnnpack,
+            "shared": self.shared,
             "findings": [f.to_dict() for f in self.findings],
             "compatibility": {k: v.value for k, v in self.compatibility.items()},
             "provenance": None if self.provenance is None else self.provenance.to_dict(),
@@ -216,7 +227,8 @@ def verify(
             found, report.xnnpack = check_beside(target, opts.common, quick=quick, cpu=xnnpack_cpu)
             for field_name, message in found:
                 report.stale(field_name, message)
-        if report.status == "current" and source is None and backends is None and device is None:
+        nothing_given = source is None and backends is None and device is None
+        if report.status == "current" and (nothing_given or report.shared):
             report.status = "intact"
     except (FormatError, ObjectNotFound, ConfigurationError) as exc:
         report.status = "invalid"
@@ -242,6 +254,7 @@ def _check(
 
     if is_shared_url(target) and is_plain(target, opts):
         check_content_address(report, target, opts, quick)
+        report.shared = True  # no record: nothing to compare, at most intact
         return
     prov, _ = read_checked(report, target, opts, quick)
     report.provenance = prov

@@ -13,7 +13,7 @@ import json
 import sys
 from typing import Any
 
-from ..errors import ConfigurationError, StorageError
+from ..errors import ConfigurationError, PreconditionFailed, StorageError
 from .exits import guarded, with_verdict
 from .options import (
     add_backend_flag,
@@ -104,8 +104,13 @@ def run_verify(args: argparse.Namespace) -> int:
 
     if args.url is None:
         return _verify_job(args)
+    from ..provenance.check import parse_range
+
     options: dict[str, Any] = {}
+    byte_range = None
     try:
+        if args.range is not None:  # refused before anything is read
+            byte_range = parse_range(args.range)
         source, backends, device, options, cpu, ptd_source = _inputs(args)
     except ConfigurationError as exc:
         report = VerifyReport(args.url, status="invalid", error=str(exc))
@@ -121,8 +126,8 @@ def run_verify(args: argparse.Namespace) -> int:
             xnnpack_cpu=cpu,
             ptd_source=ptd_source,
         )
-    if args.range is not None and report.exit_code == 0:
-        return _verify_range(args, report, options)
+    if byte_range is not None and report.exit_code == 0:
+        return _verify_range(args, report, options, byte_range)
 
     def write() -> None:
         if args.json:
@@ -135,19 +140,24 @@ def run_verify(args: argparse.Namespace) -> int:
     return with_verdict(report.exit_code, write)
 
 
-def _verify_range(args: argparse.Namespace, report: Any, options: dict[str, Any]) -> int:
+def _verify_range(
+    args: argparse.Namespace, report: Any, options: dict[str, Any], byte_range: tuple[int, int]
+) -> int:
     """``verify URL --range START:END`` once the artifact is intact or current
     (structure and record, ``--quick``): the chunks covering the range. ``options``: the
     storage options verify was given (a ``--job`` file's too), routed to URL as verify
     routes them."""
-    from ..provenance.check import check_bytes, parse_range
+    from ..provenance.check import check_bytes
     from ..storage.loaders import open_loader
     from ..storage.routing import options_for_loader
 
-    byte_range = parse_range(args.range)
     loader = open_loader(args.url, **options_for_loader(args.url, options, "dst"))
     try:
         checked = check_bytes(loader, byte_range)
+    except PreconditionFailed as exc:  # as verify() says it: not damage, verify it again
+        raise StorageError(
+            f"{args.url}: changed while being verified (verify it again): {exc}"
+        ) from exc
     finally:
         loader.close()
     n = checked.chunks

@@ -41,6 +41,11 @@ def parse_range(text: str) -> tuple[int, int]:
         raise ConfigurationError(
             f"byte range {text!r}: expected START:END (bytes, END exclusive), e.g. 0:4194304"
         ) from None
+    if start < 0 or (tail.strip() and end < 0):  # -1 is the end only when left empty
+        raise ConfigurationError(
+            f"byte range {text!r}: START and END must be >= 0 (byte offsets in the content; "
+            "leave END empty for the end)"
+        )
     return start, end
 
 
@@ -51,8 +56,10 @@ def check_bytes(loader: DataLoader, byte_range: tuple[int, int] | None = None) -
 
     Raises :class:`~ptestore.errors.FormatError` naming the first damaged chunk and its
     range (field ``content.chunks[i]``), or the whole content's SHA-256 for a version-1
-    record; :class:`~ptestore.errors.ConfigurationError` for a range outside the content,
-    an empty range, a range of a version-1 record or an artifact without a record."""
+    record (:class:`~ptestore.errors.PreconditionFailed` instead when the object was
+    modified or replaced while it was read: nothing is said of its bytes);
+    :class:`~ptestore.errors.ConfigurationError` for a range outside the content, an
+    empty range, a range of a version-1 record or an artifact without a record."""
     from .chunks import iter_mismatches
     from .record import Provenance
     from .trailer import read_trailer
@@ -90,6 +97,7 @@ def check_bytes(loader: DataLoader, byte_range: tuple[int, int] | None = None) -
 
         got = content_digest(loader, size, like=content.sha256)
         if got.sha256 != content.sha256:
+            loader.check_unchanged()  # modified or replaced while it was read: not damage
             raise FormatError(
                 loader.name,
                 "content.sha256",
@@ -99,6 +107,7 @@ def check_bytes(loader: DataLoader, byte_range: tuple[int, int] | None = None) -
             )
         return BytesChecked(0, size, 0)
     for i, a, b, got_chunk in iter_mismatches(loader, chunks, start, end):
+        loader.check_unchanged()  # modified or replaced while it was read: not damage
         raise FormatError(
             loader.name,
             f"content.chunks[{i}]",

@@ -24,6 +24,7 @@ is not UTF-8 text such as a lone surrogate escape) is a corrupt trailer and rais
 
 from __future__ import annotations
 
+import math
 import struct
 from typing import Any
 
@@ -44,6 +45,7 @@ __all__ = [
     "decode_record",
     "encode_trailer",
     "read_trailer",
+    "without_any_trailer",
     "without_trailer",
 ]
 
@@ -227,11 +229,13 @@ def read_trailer(loader: DataLoader) -> Trailer | None:
 def decode_record(payload: bytes, source: str) -> dict[str, Any]:
     """The JSON object ``payload`` holds; :class:`~ptestore.errors.FormatError` for
     anything else: invalid JSON, not an object, nested more than
-    :data:`MAX_RECORD_DEPTH` levels, or a string (or key) that is not UTF-8 text."""
+    :data:`MAX_RECORD_DEPTH` levels, a string (or key) that is not UTF-8 text, or a
+    number that is not finite (``NaN``, ``Infinity``, ``1e999``: Python's ``json`` reads
+    them, JSON has none, and a report could not write them back as JSON)."""
     import json
 
     try:
-        value = json.loads(payload)
+        value = json.loads(payload, parse_constant=_NonFinite, parse_float=_finite_float)
     except RecursionError:
         value, depth = None, bracket_depth(payload)
     except ValueError as exc:
@@ -254,9 +258,23 @@ def decode_record(payload: bytes, source: str) -> dict[str, Any]:
     return value
 
 
+class _NonFinite:
+    """A number :func:`decode_record` read that is not finite (its text, as written):
+    refused by :func:`_check_text`, which knows its field."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+def _finite_float(text: str) -> float | _NonFinite:
+    number = float(text)
+    return number if math.isfinite(number) else _NonFinite(text)
+
+
 def _check_text(value: object, source: str) -> int:
     """The nesting depth of the JSON value ``value`` (walked without recursion); raises
-    FormatError for a string or key that cannot be encoded as UTF-8."""
+    FormatError for a string or key that cannot be encoded as UTF-8, or a number that
+    is not finite."""
     deepest = 0
     stack: list[tuple[object, str, int]] = [(value, "provenance", 0)]
     while stack:
@@ -264,6 +282,14 @@ def _check_text(value: object, source: str) -> int:
         if isinstance(item, str):
             _utf8(item, path, source)
             continue
+        if isinstance(item, _NonFinite):
+            raise FormatError(
+                source,
+                path,
+                item.text,
+                "a finite number",
+                "JSON has no NaN or Infinity, and a provenance record is JSON",
+            )
         if not isinstance(item, (dict, list)):
             continue
         deepest = max(deepest, depth + 1)
@@ -345,3 +371,21 @@ def without_trailer(loader: DataLoader) -> DataLoader:
     if trailer is None:
         return loader
     return ContentView(loader, trailer.content_size, trailer)
+
+
+def without_any_trailer(loader: DataLoader) -> DataLoader:
+    """:func:`without_trailer` for a reader that shows a file whatever its trailer is
+    (``inspect``): a damaged trailer (wrong checksum, unknown footer version, an invalid
+    record) hides what its footer says precedes it when that is within the file, else
+    nothing (the whole file); what is wrong with it is for the caller to say
+    (:func:`~ptestore.provenance.provenance_json` reports it)."""
+    try:
+        return without_trailer(loader)
+    except FormatError:
+        size = loader.size()  # >= FOOTER_SIZE: a smaller object has no trailer to damage
+        content_size, _, _, _, _, magic = _FOOTER.unpack(
+            bytes(loader.load(size - FOOTER_SIZE, FOOTER_SIZE))
+        )  # decode_footer refused it: read as it is, the magic there (checked below)
+        if magic == MAGIC and content_size <= size - FOOTER_SIZE:
+            return ContentView(loader, content_size)
+        return loader

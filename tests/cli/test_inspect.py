@@ -368,3 +368,57 @@ def test_a_hostile_backend_id_is_escaped_in_the_specialize_messages(
     assert "\x1b" not in out + err
     assert "backend Evil\\x1b[2J\\nBackend: no implementation (data kept as is)" in out
     assert "Backend ids in the program: Evil\\x1b[2J\\nBackend." in err
+
+
+def _with_footer(data: bytes, *, version: int | None = None, flip_payload: bool = False) -> bytes:
+    """``data`` (a file with a trailer) with its footer's version replaced, or a byte
+    of its payload flipped (the checksum then wrong)."""
+    import struct
+
+    from ptestore.provenance.trailer import FOOTER_SIZE
+
+    out = bytearray(data)
+    if version is not None:
+        struct.pack_into("<I", out, len(out) - FOOTER_SIZE + 48, version)
+    if flip_payload:
+        out[len(out) - FOOTER_SIZE - 2] ^= 0x01
+    return bytes(out)
+
+
+@pytest.mark.parametrize(
+    ("damage", "said"),
+    [
+        ({"flip_payload": True}, "provenance trailer checksum = "),
+        ({"version": 9}, "provenance trailer version = 9: must be 1 or 2"),
+    ],
+)
+def test_a_damaged_trailer_still_shows_the_container(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: dict[str, Any], said: str
+) -> None:
+    """A damaged trailer (wrong checksum, unknown footer version) is the provenance
+    line's ``unreadable: ...`` (``{"error": ...}`` in --json); the container is shown
+    all the same, up to where the footer says it ends (inspect failed with exit 2)."""
+    made = tmp_path / "made.pte"
+    ptestore.specialize(
+        MLP.pte_path,
+        made,
+        backends=["ptestore.backends.passthrough:PassthroughBackend@XnnpackBackend"],
+        device=DeviceProfile("npu", {"soc": "x"}),
+        allow_unchanged=True,
+    )
+    path = tmp_path / "a.pte"
+    path.write_bytes(_with_footer(made.read_bytes(), **damage))
+    capsys.readouterr()
+    assert main(["inspect", str(path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    whole = json.loads(json.dumps(ptestore.describe(made)))
+    assert set(out["provenance"]) == {"error"} and said in out["provenance"]["error"]
+    assert out["provenance"]["error"].startswith(f"{path}: ")
+    assert out["segments"] == whole["segments"] and out["named_data"] == whole["named_data"]
+    assert out["file_size"] == path.stat().st_size
+    assert main(["inspect", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert f"\nprovenance: unreadable: {path}: " in text and said in text
+    assert "provenance trailer: " in text  # the bytes after the container, not waste
+    assert main(["inspect", str(path), "--html", str(tmp_path / "map.html")]) == 0
+    assert said in (tmp_path / "map.html").read_text()

@@ -15,6 +15,7 @@ import os
 import shutil
 import struct
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -286,6 +287,35 @@ def test_range_refusals(big: Path, tmp_path: Path) -> None:
     for bad in ("", "1", "a:b", "1:2:3"):
         with pytest.raises(ConfigurationError, match="expected START:END"):
             parse_range(bad)
+    for bad in ("100:-1", "-5:", "-1:-1"):  # -1 is the end only when END is left empty
+        with pytest.raises(ConfigurationError) as err:
+            parse_range(bad)
+        assert str(err.value) == (
+            f"byte range {bad!r}: START and END must be >= 0 (byte offsets in the content; "
+            "leave END empty for the end)"
+        )
+
+
+def test_a_bad_range_is_refused_before_anything_is_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--range`` is parsed before the artifact is read: a stale verdict no longer
+    hides a malformed range (exit 1, the range not mentioned), and a negative END is no
+    longer taken as "to the end"."""
+    import ptestore.verification
+
+    def not_read(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("verify read the artifact before refusing the range")
+
+    monkeypatch.setattr(ptestore.verification, "verify", not_read)
+    missing = tmp_path / "nothing.pte"
+    for bad, said in (
+        ("abc", "expected START:END"),
+        ("100:-1", "START and END must be >= 0"),
+    ):
+        assert main(["verify", str(missing), "--device", "other", "--range", bad]) == 2
+        err = capsys.readouterr().err
+        assert f"byte range {bad!r}: {said}" in err
 
 
 def test_a_version_1_trailer_made_by_the_old_code_still_reads_and_verifies(
@@ -776,3 +806,36 @@ def test_chunk_digests_of_pieces_are_those_of_their_bytes(tmp_path: Path) -> Non
     assert chunk_digests(parts, len(data), CHUNK_SIZE, [0, 2, 3]) == want
     assert chunk_digests(parts, len(data), CHUNK_SIZE, []) == {}
     loader.close()
+
+
+def test_verify_range_of_a_file_modified_while_read_is_not_damage(
+    big: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file modified in place while ``--range`` hashes it is "changed while being
+    verified" (exit 1, verify it again), not a damaged artifact (it was a FormatError,
+    exit 2): the mismatch is checked against the file's stamp before it is reported."""
+    import ptestore.provenance.chunks as chunks_module
+
+    out = tmp_path / "out.pte"
+    ptestore.specialize(big, out, backends=[ReplaceKey("XnnpackBackend", _key(big))])
+    hashed = chunks_module.iter_mismatches
+
+    def modified_first(*args: Any, **kwargs: Any) -> Any:
+        st = out.stat()
+        flip(out, CHUNK_SIZE + 10)  # in place, before the chunks are hashed (another writer)
+        os.utime(out, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # a coarse clock
+        return hashed(*args, **kwargs)
+
+    monkeypatch.setattr(chunks_module, "iter_mismatches", modified_first)
+    span = f"{CHUNK_SIZE}:{CHUNK_SIZE + 100}"
+    capsys.readouterr()
+    assert main(["verify", str(out), "--range", span]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"ptestore verify: error: {out}: changed while being verified (verify it again): "
+        f"{out}: modified while being read"
+    )
+    assert "content.chunks" not in err
+    monkeypatch.setattr(chunks_module, "iter_mismatches", hashed)
+    assert main(["verify", str(out), "--range", span]) == 2  # now damaged: it was flipped
+    assert "content.chunks[1]" in capsys.readouterr().err

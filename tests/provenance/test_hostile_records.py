@@ -71,13 +71,17 @@ def refused(data: bytes, name: str = "h.pte") -> str:
 
 
 def cli_refuses(tmp_path: Path, data: bytes, capsys: pytest.CaptureFixture[str]) -> str:
+    """What ``inspect`` says of the record: the container is shown, the provenance line
+    says the trailer is unreadable (and ``verify`` refuses it, exit 2)."""
     path = tmp_path / "h.pte"
     path.write_bytes(data)
     capsys.readouterr()
-    assert main(["inspect", str(path)]) == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    return err
+    assert main(["inspect", str(path)]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and "\nsegments" in out
+    assert main(["verify", str(path)]) == 2
+    assert "Traceback" not in capsys.readouterr().err
+    return out.partition("\nprovenance: unreadable: ")[2]
 
 
 # -- nesting (defect 3) ------------------------------------------------------------------
@@ -407,3 +411,81 @@ def test_record_strings_are_escaped_in_verify_findings(
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\nsource: forged" not in out
     assert "  backend XnnpackBackend: y\\x1b[2J\\nsource: forged 0.1.0\n" in out
+
+
+# -- control characters in a verify verdict ------------------------------------------------
+
+
+def test_a_record_key_with_control_characters_is_escaped_in_verify(
+    specialized: bytes, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An "invalid" verdict quotes the record (a key in the field name): its control
+    characters are escaped as a stale finding's are (they were printed as they were,
+    driving the terminal), alone and with ``--job``."""
+    key = "\x1b[2J\x1b[31mOWNED\r"
+    record = record_of(specialized)
+    record[key] = "\ud800"  # a lone surrogate: refused, the field naming the key
+    path = tmp_path / "h.pte"
+    path.write_bytes(with_record(specialized, record))  # json.dumps: ASCII, escapes kept
+    said = (
+        f"{path}: invalid: {path}: provenance \\x1b[2J\\x1b[31mOWNED\\r = '\\\\ud800': must "
+        "be UTF-8 text (character '\\\\ud800' at index 0 is a lone surrogate)"
+    )
+    report = ptestore.verify(path)
+    assert report.status == "invalid" and key in str(report.error)
+    assert report.message() == said
+    capsys.readouterr()
+    assert main(["verify", str(path)]) == 2
+    assert capsys.readouterr().err == said + "\n"
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'destination = "{tmp_path}/{{device}}/{{model}}.pte"\nbackends = ["passthrough"]\n'
+        f'[[models]]\nname = "m"\nsource = "{MLP}"\n[devices.d]\na = 1\n'
+    )
+    (tmp_path / "d").mkdir()
+    path.rename(tmp_path / "d" / "m.pte")
+    assert main(["verify", "--job", str(job)]) == 2
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\r" not in err
+    assert "provenance \\x1b[2J\\x1b[31mOWNED\\r = " in err
+
+
+# -- non-finite numbers --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("literal", "field"),
+    [
+        ("NaN", "device.options.a"),
+        ("-Infinity", "device.options.a"),
+        ("[1e999]", "device.options.a[0]"),
+    ],
+)
+def test_a_non_finite_number_in_a_record_is_refused(
+    specialized: bytes,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    literal: str,
+    field: str,
+) -> None:
+    """JSON has no NaN or Infinity (Python's json reads them, and 1e999 as inf): a record
+    holding one is refused naming the field (``inspect --json`` ended in a traceback
+    writing it back, ``verify --json`` printed ``NaN``, which is not JSON)."""
+    text = json.dumps(record_of(specialized), sort_keys=True)
+    assert '"a": 1' in text
+    data = with_payload(specialized, text.replace('"a": 1', f'"a": {literal}').encode())
+    value = literal.strip("[]")
+    said = (
+        f"h.pte: provenance {field} = {value!r}: must be a finite number (JSON has no NaN "
+        "or Infinity, and a provenance record is JSON)"
+    )
+    assert refused(data) == said
+    path = tmp_path / "h.pte"
+    path.write_bytes(data)
+    capsys.readouterr()
+    assert main(["verify", str(path), "--json"]) == 2
+    out = json.loads(capsys.readouterr().out, parse_constant=pytest.fail)  # strict JSON
+    assert (out["status"], out["error"]) == ("invalid", said.replace("h.pte", str(path), 1))
+    assert main(["inspect", str(path), "--json"]) == 0  # the container, the record's error
+    shown = json.loads(capsys.readouterr().out, parse_constant=pytest.fail)
+    assert shown["provenance"] == {"error": said.replace("h.pte", str(path), 1)}

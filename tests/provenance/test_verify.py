@@ -319,3 +319,32 @@ def test_cli_with_a_job_reports_a_storage_failure_per_pair(
         ("current", 0, None),
         ("unverified", 1, error),
     ]
+
+
+def test_a_shared_ptd_is_at_most_intact_whatever_is_given(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A fleet's content-addressed .ptd has no record: given a source, backends or a
+    device, nothing can be compared with it, so it is intact, never current (it said
+    "current", exit 0, having compared nothing)."""
+    ext = get_fixture("mlp_xnnpack_ext")
+    assert ext.ptd_path is not None
+    data = ext.ptd_path.read_bytes()
+    shared = tmp_path / "_shared" / "sha256-tree" / f"{tree_hex(data)}.ptd"
+    shared.parent.mkdir(parents=True)
+    shared.write_bytes(data)
+    report = verify(shared, source=ext.ptd_path, backends=[SPEC], device=DEVICE)
+    assert report.status == "intact" and report.exit_code == 0 and report.shared
+    assert report.findings == [] and report.content_checked
+    said = (
+        f"{shared}: intact; a shared content-addressed .ptd has no record of its own: "
+        "nothing given could be compared with it (verify the .pte files that use it)"
+    )
+    assert report.message() == said
+    assert verify(shared).message() == said  # nothing given: the same answer
+    args = ["verify", str(shared), "--source", str(ext.ptd_path), "--device", "pixel9"]
+    assert main(args) == 0
+    assert capsys.readouterr().out == said + "\n"
+    assert main([*args, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["status"], out["exit_code"], out["shared"]) == ("intact", 0, True)
