@@ -288,7 +288,7 @@ def _made(pairs: Collection[Pair], pair: Pair) -> bool:
     (or a run not published yet), and gc stops."""
     if not isinstance(pairs, _JobPairs):
         return True
-    dst = pairs.destinations[pair]
+    dst = pairs[pair]
     if target_identity(dst) in pairs.listed:
         return True
     return StorageURL.of(dst).local and os.path.lexists(dst)
@@ -300,7 +300,6 @@ class _JobPairs(dict[Pair, str]):
 
     def __init__(self, destinations: Mapping[Pair, str], listed: set[Any]) -> None:
         super().__init__(destinations)
-        self.destinations = dict(destinations)
         self.listed = listed
 
 

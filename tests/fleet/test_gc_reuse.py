@@ -33,6 +33,20 @@ MONTH = 30 * 86400
 HOLD = ".ptestore-hold"
 
 
+def _start_run(job: Path) -> subprocess.Popen[str]:
+    """``fleet run JOB`` in a process of its own (``tests/`` on its path, for the job's
+    backends), its JSON report on stdout."""
+    tests = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]))
+    return subprocess.Popen(
+        [sys.executable, "-m", "ptestore", "fleet", "run", str(job), "--workers", "1", "--json"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 def _job(path: Path, dest: str, devices: str, options: str = "") -> Path:
     path.write_text(
         f'destination = "{dest}/{{device}}/{{model}}.pte"\nbackends = ["{SPEC}"]\n{options}'
@@ -82,21 +96,14 @@ def test_gc_keeps_what_a_running_job_reuses(
     shared = out / "_shared" / "sha256-tree"
     d2 = out / "d2" / "mlp.pte"
     scaled = {p.name for p in shared.iterdir()} - {
-        Path(e["ptd"]["url"]).name for e in load_index(out / "ptestore-index.json")["entries"]
+        Path(e["ptd"]["url"]).name
+        for e in load_index(out / "ptestore-index.json")["entries"]
         if e["device"] != "d2"
     }
     assert len(scaled) == 1
     started, gate = tmp_path / "started", tmp_path / "gate"
     _job(job, str(out), THREE + f'[devices.d3]\nstarted = "{started}"\nafter = "{gate}"\n')
-    tests = str(Path(__file__).resolve().parents[1])
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ptestore", "fleet", "run", str(job), "--workers", "1", "--json"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = _start_run(job)
     try:
         wait_until(lambda: started.exists() or proc.poll() is not None, "d3 to start")
         assert proc.poll() is None, proc.communicate()
@@ -156,19 +163,11 @@ def test_gc_keeps_a_shared_ptd_a_running_pair_finds_stored(
     started, gate = tmp_path / "started", tmp_path / "gate"
     again = THREE.replace("scale = 2.0", 'scale = 2.0\nsoc = "s2"')
     _job(job, str(out), again + f'[devices.d3]\nstarted = "{started}"\nafter = "{gate}"\n')
-    tests = str(Path(__file__).resolve().parents[1])
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ptestore", "fleet", "run", str(job), "--workers", "1", "--json"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = _start_run(job)
     try:
         wait_until(lambda: started.exists() or proc.poll() is not None, "d3 to start")
         assert proc.poll() is None, proc.communicate()
-        report = _gc([str(out), "--grace", "7d"], capsys)  # --job: d3 has no entry yet
+        report = _gc([str(out), "--grace", "7d"], capsys)
     finally:
         gate.touch()
         stdout, stderr = proc.communicate(timeout=300)
@@ -471,9 +470,7 @@ def test_an_unreadable_index_names_nothing_and_an_unlistable_store_holds_every_f
         assert hold_reused(plan) == 3  # d0's .pte, d1's .pte, their one shared .ptd
     warned = [r.getMessage() for r in caplog.records]
     assert warned[0].startswith(f"{job}: cannot read the index, taken as naming nothing: ")
-    assert warned[1].startswith(
-        f"{job}: cannot list the shared objects, each one found is held: "
-    )
+    assert warned[1].startswith(f"{job}: cannot list the shared objects, each one found is held: ")
     assert d2.task.hold_shared is None
     holds = sorted(str(p.relative_to(out)) for p in out.rglob(f"*{HOLD}"))
     assert holds[0].startswith("_shared/sha256-tree/") and holds[0].endswith(f".ptd{HOLD}")
