@@ -130,9 +130,11 @@ def run_verify(args: argparse.Namespace) -> int:
         return _verify_range(args, report, options, byte_range)
 
     def write() -> None:
-        if args.json:
+        if args.json:  # the report on stdout; the reason of a failed verdict on stderr too
             json.dump(report.to_dict(), sys.stdout, indent=2)
             sys.stdout.write("\n")
+            if report.exit_code != 0:
+                print(report.message(), file=sys.stderr)
         else:
             out = sys.stdout if report.exit_code == 0 else sys.stderr
             print(report.message(), file=out)
@@ -284,10 +286,13 @@ def _verify_job(args: argparse.Namespace) -> int:
     code = max((r.exit_code for r in reports), default=0)
 
     def write() -> None:
-        if args.json:
+        if args.json:  # the reports on stdout; each failed pair's reason on stderr too
             obj = {"exit_code": code, "pairs": [r.to_dict() for r in reports]}
             json.dump(obj, sys.stdout, indent=2)
             sys.stdout.write("\n")
+            for r in reports:
+                if r.exit_code != 0:
+                    print(r.message(), file=sys.stderr)
             return
         for r in reports:
             print(r.message(), file=sys.stdout if r.exit_code == 0 else sys.stderr)
