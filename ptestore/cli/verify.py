@@ -153,6 +153,14 @@ def _verify_range(
     from ..storage.loaders import open_loader
     from ..storage.routing import options_for_loader
 
+    if report.shared:  # check_bytes would say "no provenance record" without why
+        raise ConfigurationError(
+            f"{args.url}: --range checks bytes against the chunk digests of a provenance "
+            "record, and a shared content-addressed .ptd carries none by design (a fleet "
+            "stores it once, named by the digest of its bytes, without a trailer): verify "
+            "it without --range (all its bytes against its content address), or verify "
+            "the .pte files that use it"
+        )
     loader = open_loader(args.url, **options_for_loader(args.url, options, "dst"))
     try:
         checked = check_bytes(loader, byte_range)

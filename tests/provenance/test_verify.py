@@ -350,6 +350,19 @@ def test_a_shared_ptd_is_at_most_intact_whatever_is_given(
     assert main([*args, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert (out["status"], out["exit_code"], out["shared"]) == ("intact", 0, True)
+    # --range: the digests of a range are a record's, which a shared .ptd has none of
+    # by design; it said "no provenance record ... (made without provenance, or by an
+    # older ptestore)", which is not why.
+    assert main(["verify", str(shared), "--range", "0:100"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == (
+        f"ptestore verify: error: {shared}: --range checks bytes against the chunk digests "
+        "of a provenance record, and a shared content-addressed .ptd carries none by "
+        "design (a fleet stores it once, named by the digest of its bytes, without a "
+        "trailer): verify it without --range (all its bytes against its content "
+        "address), or verify the .pte files that use it\n"
+    )
 
 
 def test_json_says_the_reason_of_a_failed_verdict_on_stderr_too(
