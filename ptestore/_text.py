@@ -5,11 +5,12 @@ A hostile file's fields are data, never layout: :func:`shown` cuts a value to ab
 :func:`printable` escapes the control characters of a key or name a text report prints
 (a newline cannot forge a report line, an escape sequence cannot drive the terminal);
 :func:`for_terminal` does the same for a whole message, its own line breaks kept.
+:func:`head_bytes` cuts a file name to a number of bytes, at a character.
 """
 
 from __future__ import annotations
 
-__all__ = ["SHOWN_CHARS", "for_terminal", "printable", "shown"]
+__all__ = ["SHOWN_CHARS", "for_terminal", "head_bytes", "printable", "shown"]
 
 #: How many characters of a value a message shows (:func:`shown`).
 SHOWN_CHARS = 80
@@ -55,3 +56,18 @@ def for_terminal(message: str) -> str:
     if message.isprintable():
         return message
     return "".join(c if c.isprintable() or c == "\n" else repr(c)[1:-1] for c in message)
+
+
+def head_bytes(name: str, limit: int) -> str:
+    """The longest head of the file name ``name`` that takes at most ``limit`` bytes as
+    the OS is given it (UTF-8, undecodable bytes as ``os.fsencode`` gives them back),
+    cut at a character, never inside one: what a name built from another is cut to,
+    so that it stays under NAME_MAX whatever the characters (a name's length in
+    characters says nothing of its bytes: ``é`` takes two)."""
+    data = name.encode("utf-8", "surrogateescape")
+    if len(data) <= limit:
+        return name
+    head = data[:limit].decode("utf-8", "surrogateescape")
+    while not name.startswith(head):  # the bytes of a character cut in two: dropped
+        head = head[:-1]
+    return head

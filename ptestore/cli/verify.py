@@ -130,9 +130,11 @@ def run_verify(args: argparse.Namespace) -> int:
         return _verify_range(args, report, options, byte_range)
 
     def write() -> None:
-        if args.json:
+        if args.json:  # the report on stdout; the reason of a failed verdict on stderr too
             json.dump(report.to_dict(), sys.stdout, indent=2)
             sys.stdout.write("\n")
+            if report.exit_code != 0:
+                print(report.message(), file=sys.stderr)
         else:
             out = sys.stdout if report.exit_code == 0 else sys.stderr
             print(report.message(), file=out)
@@ -151,6 +153,14 @@ def _verify_range(
     from ..storage.loaders import open_loader
     from ..storage.routing import options_for_loader
 
+    if report.shared:  # check_bytes would say "no provenance record" without why
+        raise ConfigurationError(
+            f"{args.url}: --range checks bytes against the chunk digests of a provenance "
+            "record, and a shared content-addressed .ptd carries none by design (a fleet "
+            "stores it once, named by the digest of its bytes, without a trailer): verify "
+            "it without --range (all its bytes against its content address), or verify "
+            "the .pte files that use it"
+        )
     loader = open_loader(args.url, **options_for_loader(args.url, options, "dst"))
     try:
         checked = check_bytes(loader, byte_range)
@@ -284,10 +294,13 @@ def _verify_job(args: argparse.Namespace) -> int:
     code = max((r.exit_code for r in reports), default=0)
 
     def write() -> None:
-        if args.json:
+        if args.json:  # the reports on stdout; each failed pair's reason on stderr too
             obj = {"exit_code": code, "pairs": [r.to_dict() for r in reports]}
             json.dump(obj, sys.stdout, indent=2)
             sys.stdout.write("\n")
+            for r in reports:
+                if r.exit_code != 0:
+                    print(r.message(), file=sys.stderr)
             return
         for r in reports:
             print(r.message(), file=sys.stdout if r.exit_code == 0 else sys.stderr)

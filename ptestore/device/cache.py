@@ -50,8 +50,10 @@ from .entryfiles import (
     check_entry_dir,
     dir_bytes,
     entry_dir_fd,
+    entry_files,
     file_stamp,
     files_intact,
+    freed_since,
     is_key,
     packed_weights_file,
     read_manifest,
@@ -254,13 +256,13 @@ def list_entries(cache_dir: str | os.PathLike[str]) -> list[CacheEntry]:
 def remove_entry_locked(layout: CacheLayout, key: str) -> int:
     """Remove entry ``key`` (its lock held exclusively by the caller): the manifest first,
     so that the entry stops being valid before any of its files goes. Returns the bytes
-    freed. A path that is not a real directory (a link, a file) is not an entry: left
-    alone (0)."""
+    freed on the file system (:func:`.freed_since`: a file linked elsewhere, or left,
+    frees nothing). A link or a file at its path is not an entry: left alone (0)."""
     directory = layout.entry_dir(key)
     with entry_dir_fd(directory) as fd:
         if fd is None:
             return 0
-        freed = dir_bytes(directory)
+        files = entry_files(directory)
         try:
             os.unlink(MANIFEST, dir_fd=fd)
         except (FileNotFoundError, IsADirectoryError):  # none, or not one: the entry goes
@@ -268,7 +270,9 @@ def remove_entry_locked(layout: CacheLayout, key: str) -> int:
         except OSError as exc:
             raise StorageError(f"{layout.manifest(key)}: cannot remove: {exc.strerror}") from exc
     shutil.rmtree(directory, ignore_errors=True)  # never through a link (rmtree refuses one)
-    return freed
+    if left := dir_bytes(directory):  # a prune removes the rest once it can
+        log.warning("%s: removed, but %d bytes of its files could not be", directory, left)
+    return freed_since(files, directory)
 
 
 def clean_entry_locked(
@@ -385,8 +389,8 @@ def evict(cache_dir: str | os.PathLike[str], max_bytes: int, *, keep: str | None
             # (after a make, the entry made is returned all the same)
             log.warning("%s: not evicted: %s", layout.entry_dir(e.key), exc)
             continue
-        if freed is not None:
-            total -= e.bytes
+        if freed is not None:  # what left the cache (a file not removed is still there)
+            total -= e.bytes - dir_bytes(layout.entry_dir(e.key))
     out.remaining = total
     return out
 

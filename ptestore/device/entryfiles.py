@@ -29,8 +29,10 @@ __all__ = [
     "check_entry_dir",
     "dir_bytes",
     "entry_dir_fd",
+    "entry_files",
     "file_stamp",
     "files_intact",
+    "freed_since",
     "is_key",
     "packed_weights_file",
     "read_manifest",
@@ -212,6 +214,41 @@ def dir_bytes(directory: str) -> int:
             if stat.S_ISREG(st.st_mode):
                 total += st.st_size
     return total
+
+
+#: A file as :func:`entry_files` finds it: ``(st_dev, st_ino)``.
+Inode = tuple[int, int]
+
+
+def entry_files(directory: str) -> dict[Inode, tuple[int, int, int]]:
+    """The regular files under ``directory`` (links not followed), each file once:
+    ``(st_dev, st_ino) -> (size, its links (st_nlink), its paths under directory)``;
+    what :func:`freed_since` compares after a removal."""
+    out: dict[Inode, tuple[int, int, int]] = {}
+    for root, _dirs, files in os.walk(directory, followlinks=False):
+        for name in files:
+            try:
+                st = os.lstat(os.path.join(root, name))
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                known = out.get((st.st_dev, st.st_ino))
+                paths = 1 if known is None else known[2] + 1
+                out[(st.st_dev, st.st_ino)] = (st.st_size, st.st_nlink, paths)
+    return out
+
+
+def freed_since(before: dict[Inode, tuple[int, int, int]], directory: str) -> int:
+    """The bytes the removal of ``directory``'s files freed on the file system, of the
+    files ``before`` (:func:`entry_files`) found there: each file once, and only one
+    whose every link was under ``directory`` and is gone now (a file also linked
+    elsewhere frees nothing; one that could not be removed neither)."""
+    left = set(entry_files(directory))
+    return sum(
+        size
+        for inode, (size, links, paths) in before.items()
+        if inode not in left and links <= paths
+    )
 
 
 def packed_weights_file(name: str) -> bool:

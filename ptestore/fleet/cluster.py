@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from .plan import PlannedPair
     from .work import PairResult, PairTask
 
-__all__ = ["packer_hosts", "run_dask"]
+__all__ = ["connect", "packer_hosts", "run_dask"]
 
 
 def packer_hosts(client: Any, job_path: str, tasks: list[PairTask]) -> dict[str, list[str]]:
@@ -36,20 +36,11 @@ def packer_hosts(client: Any, job_path: str, tasks: list[PairTask]) -> dict[str,
     return {cpu: sorted({get_address_host(a) for a in addrs}) for cpu, addrs in able.items()}
 
 
-def run_dask(
-    todo: list[tuple[int, PlannedPair, PairTask]],
-    scheduler: str,
-    done: Callable[[int, PlannedPair, PairResult], None],
-    connect_timeout: float,
-    stopped: Callable[[], bool],
-    missed_heartbeats: int,
-    lost: dict[str, str],
-    job_path: str,
-) -> None:
-    """Run ``todo`` on the Dask cluster at ``scheduler``, one task per pair (see
-    :mod:`.runner`); ``done`` gets each result. A pair whose device asks for XNNPACK's
-    packed-weight file runs only on the hosts of workers with its CPU
-    (:func:`packer_hosts`)."""
+def connect(scheduler: str, connect_timeout: float) -> Any:
+    """A client of the Dask scheduler at ``scheduler``; a
+    :class:`~ptestore.errors.ConfigurationError` when Dask distributed is not installed
+    or the scheduler cannot be reached within ``connect_timeout`` seconds. The caller
+    closes it."""
     try:
         from distributed import Client
     except ImportError as exc:
@@ -58,17 +49,33 @@ def run_dask(
             f"ptestore[fleet] ({exc})"
         ) from exc
     try:
-        client = Client(scheduler, timeout=connect_timeout)  # type: ignore[no-untyped-call]
+        return Client(scheduler, timeout=connect_timeout)  # type: ignore[no-untyped-call]
     except OSError as exc:
         raise ConfigurationError(
             f"--scheduler {scheduler}: cannot reach the Dask scheduler within "
             f"{connect_timeout:g} s: {exc}"
         ) from exc
+
+
+def run_dask(
+    todo: list[tuple[int, PlannedPair, PairTask]],
+    client: Any,
+    scheduler: str,
+    done: Callable[[int, PlannedPair, PairResult], None],
+    stopped: Callable[[], bool],
+    missed_heartbeats: int,
+    lost: dict[str, str],
+    hosts: dict[str, list[str]],
+) -> None:
+    """Run ``todo`` on the Dask cluster of ``client`` (:func:`connect`: the caller
+    closes it), one task per pair (see :mod:`.runner`); ``done`` gets each result. A
+    pair whose device asks for XNNPACK's packed-weight file runs only on the ``hosts``
+    of workers with its CPU (:func:`packer_hosts`, asked before the run: every
+    fingerprint of ``todo`` is there)."""
     run_id = uuid.uuid4().hex[:8]
     futures: dict[Any, tuple[int, PlannedPair]] = {}
     restricted: dict[Any, tuple[str, list[str]]] = {}
     try:
-        hosts = packer_hosts(client, job_path, [task for _, _, task in todo])
         for i, p, task in todo:
             key = f"ptestore-pair-{run_id}-{i}-{task.model}-{task.device.name}"
             where: dict[str, Any] = {}
@@ -87,10 +94,8 @@ def run_dask(
                 client, futures, scheduler, done, stopped, missed_heartbeats, lost, restricted
             )
     except KeyboardInterrupt:
-        client.cancel([f for f in futures if not f.done()])  # type: ignore[no-untyped-call]
+        client.cancel([f for f in futures if not f.done()])
         raise
-    finally:
-        client.close()  # type: ignore[no-untyped-call]
 
 
 def _drain_dask(

@@ -9,7 +9,8 @@ was written, not when a run last relied on it.
 
 So before a run relies on such an object it writes the object's *hold*, a small file
 beside it (``<object>.ptestore-hold``: a JSON record naming the object, the time and a
-fresh token, so two holds never have the same bytes), then looks at the object again
+fresh token, so two holds never have the same bytes; a shortened name for an object
+whose name is too long for that, :func:`hold_url`), then looks at the object again
 (:func:`hold`): one gone meanwhile (gc removed it before the hold was there) is made
 again instead of relied on. gc counts an object held within the grace as young, and
 looks at its hold again just before it removes it. A hold older than the grace holds
@@ -29,18 +30,40 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import datetime as _dt
+import hashlib
 import json
 import os
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from ..errors import ObjectNotFound, PteStoreError
+from ..errors import ObjectNotFound, PteStoreError, StorageError
 from ..storage.types import StorageURL
 
-__all__ = ["HOLD_SUFFIX", "HOLD_THREADS", "hold", "hold_each", "hold_url", "held_kind", "is_hold"]
+__all__ = [
+    "HOLD_SUFFIX",
+    "HOLD_THREADS",
+    "NAME_MAX",
+    "S3_KEY_MAX",
+    "hold",
+    "hold_each",
+    "hold_url",
+    "held_kind",
+    "is_hold",
+]
 
 #: What a hold's name adds to its object's.
 HOLD_SUFFIX = ".ptestore-hold"
+
+#: The longest name of a local file a hold's name is kept under, in bytes (NAME_MAX:
+#: Linux's and macOS's). A fixed number, not the file system's ``pathconf``: the run
+#: that writes a hold and gc that looks for it must name it alike.
+NAME_MAX = 255
+
+#: The longest S3 key, in bytes (UTF-8): a hold's key is kept under it.
+S3_KEY_MAX = 1024
+
+#: Hex digits of the SHA-256 of an object's name a shortened hold name carries.
+_DIGEST_HEX = 32
 
 #: Holds written (and objects looked at) at once.
 HOLD_THREADS = 16
@@ -54,13 +77,73 @@ _HELD_KINDS = (".pte", ".ptd", ".xpwc", ".xpwc.json")
 
 def hold_url(url: str) -> str:
     """Where the hold of the object at ``url`` is: beside it, its name +
-    :data:`HOLD_SUFFIX`."""
-    return url + HOLD_SUFFIX
+    :data:`HOLD_SUFFIX`; when that is too long for its store (a local name over
+    :data:`NAME_MAX` bytes, an S3 key over :data:`S3_KEY_MAX`), a shortened name:
+    ``<head>~<digest><kind>.ptestore-hold``, the head of the object's name (cut to fit),
+    the first 32 hex digits of the SHA-256 of its whole name (UTF-8) and its kind
+    (``.pte``, ``.ptd``, ...), which :func:`is_hold` knows as a hold. Only the name is
+    digested, so the run (the job's spelling of the URL) and gc (its listing's) find the
+    same hold. An S3 key too long even for the shortest such name is returned as
+    :data:`HOLD_SUFFIX` makes it, refused when a hold is written there
+    (:func:`_check_length`)."""
+    plain = url + HOLD_SUFFIX
+    room = _room(url)
+    if room is None or room >= 0:
+        return plain
+    directory, sep, name = url.rpartition("/")
+    kind = max((k for k in _HELD_KINDS if name.endswith(k)), key=len, default="")
+    tail = f"~{_digest(name)}{kind}{HOLD_SUFFIX}"
+    # the head's room: what the plain hold name takes, less what it is over by
+    budget = _size(name + HOLD_SUFFIX) + room - _size(tail)
+    if budget < 0:
+        return plain
+    from .._text import head_bytes
+
+    return f"{directory}{sep}{head_bytes(name[: len(name) - len(kind)], budget)}{tail}"
 
 
 def is_hold(name: str) -> bool:
-    """Whether the file name (or URL) ``name`` is a hold of an object gc may remove."""
+    """Whether the file name (or URL) ``name`` is a hold of an object gc may remove (its
+    name + :data:`HOLD_SUFFIX`, or the shortened name :func:`hold_url` gives a long
+    one: it keeps the object's kind)."""
     return name.endswith(HOLD_SUFFIX) and name[: -len(HOLD_SUFFIX)].endswith(_HELD_KINDS)
+
+
+def _digest(name: str) -> str:
+    return hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()[:_DIGEST_HEX]
+
+
+def _size(text: str) -> int:
+    """The bytes ``text`` takes in a file name (as ``os.fsencode`` gives it) or a key."""
+    return len(text.encode("utf-8", "surrogateescape"))
+
+
+def _room(url: str) -> int | None:
+    """How many bytes the plain hold name of the object at ``url`` has to spare under
+    its store's limit (negative: over it by that much); None for a store without one."""
+    u = StorageURL.of(url)
+    if u.local:
+        name = os.path.basename(u.path)
+        return NAME_MAX - _size(name + HOLD_SUFFIX)
+    if u.protocol == "s3":
+        key = u.path.partition("/")[2]
+        return S3_KEY_MAX - _size(key + HOLD_SUFFIX)
+    return None
+
+
+def _check_length(target: str, url: str) -> None:
+    """Refuse (:class:`~ptestore.errors.StorageError`) writing the hold ``target`` of the
+    object at ``url`` when its key is over the store's limit even shortened (an S3 key
+    whose directory leaves no room; a local name always fits once shortened)."""
+    room = _room(url) if target == url + HOLD_SUFFIX else None
+    if room is None or room >= 0:
+        return
+    key = StorageURL.of(target).path.partition("/")[2]
+    raise StorageError(
+        f"{target}: the hold's key would be {_size(key)} bytes, over S3's limit "
+        f"of {S3_KEY_MAX} bytes per key, and its directory leaves no room for a shortened "
+        "name: a shorter destination prefix makes it fit"
+    )
 
 
 def hold(
@@ -125,6 +208,7 @@ def _write(url: str, options: Mapping[str, Any]) -> None:
         "token": os.urandom(8).hex(),  # every hold's bytes differ: its ETag changes too
     }
     target = hold_url(url)
+    _check_length(target, url)
     local = StorageURL.of(target).local
     put_bytes(
         target,

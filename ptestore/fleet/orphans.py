@@ -46,7 +46,10 @@ relies on it, it writes the object's *hold* beside it (:mod:`.holds`). An object
 within the grace is kept (``skipped: a run held it within the grace``) whatever its own
 age, and one held since the listing is kept too (its hold is looked at again just
 before the removal); a hold older than the grace holds nothing and is removed like an
-orphan (kind ``"hold"``). Keep the grace longer than the longest run.
+orphan (kind ``"hold"``). Keep the grace longer than the longest run. gc finds an
+object's hold by the same :func:`~.holds.hold_url` the run wrote it at (a shortened name
+for a long one: both take it from the object's name alone) and knows a hold by
+:func:`~.holds.is_hold`.
 """
 
 from __future__ import annotations

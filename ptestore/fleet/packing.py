@@ -10,7 +10,8 @@ the CPU is that one:
   run, the workers with its fingerprint and the ExecuTorch runtime (on Dask, asked of
   every worker with :func:`worker_cpu`; inline and on the process pool, this machine),
   and refuses the run (one :class:`~.job.JobError`, exit 2) naming the device, its
-  fingerprint and what the workers have, when there is none;
+  fingerprint and what the workers have, when there is none; before the run holds
+  anything (:mod:`.reuse`);
 - the pair's task then runs only there (Dask: restricted to those workers' hosts), and
   :func:`make_packed`, after the artifact is published (or found current), downloads it
   (verified, :func:`~.fetch.fetch`), makes the file with

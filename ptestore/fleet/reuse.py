@@ -32,7 +32,7 @@ leaves every find to hold what it finds.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from .._dataclass import replace
@@ -59,12 +59,17 @@ MAX_HOLD_SHARED = 64
 Identity = tuple[str, str]
 
 
-def hold_reused(plan: Plan) -> int:
+def hold_reused(plan: Plan, unable: Callable[[PlannedPair], str | None] | None = None) -> int:
     """Hold what the skipped pairs of ``plan`` rely on and their live index entries do
     not name, and give each pair to run the shared objects it must hold if it finds
     them (see the module docstring); changes the skipped pairs whose objects are gone to
-    ``"run"`` and those whose holds cannot be written to ``"fail"``. Returns how many
-    objects it held."""
+    ``"run"`` and those whose holds cannot be written to ``"fail"``. ``unable`` says why
+    the run cannot make a pair again (its workers lack the device's CPU), or None: a
+    pair whose object is gone and that the run cannot make again fails with that
+    reason. Returns how many objects it held.
+
+    Call it once whatever refuses the whole run has passed: the holds it writes stay
+    (gc removes them after the grace)."""
     job = plan.job
     skipped = [p for p in plan.pairs if p.action == "skip" and p.relies]
     sharing = [p for p in plan.pairs if p.action == "run" and p.task and p.task.shared_root]
@@ -107,6 +112,13 @@ def hold_reused(plan: Plan) -> int:
     for url in gone:
         for p in need[url]:
             if p.action == "skip" and p.task is not None:
+                if unable is not None and (cannot := unable(p)) is not None:
+                    p.action = "fail"
+                    p.reason = (
+                        f"current when planned, but {url} is gone since, and this run "
+                        f"cannot make it again: {cannot}"
+                    )
+                    continue
                 p.action = "run"
                 p.reason = f"current when planned, but {url} is gone since: made again"
                 p.estimate = estimate_pair(p.task, "run", p.reason, job)

@@ -235,12 +235,53 @@ def run_plan(
     if missed_heartbeats < 1:
         raise ConfigurationError(f"missed_heartbeats must be >= 1, got {missed_heartbeats}")
     scheduler = scheduler or os.environ.get(SCHEDULER_ENV) or None
+    started = time.perf_counter()
+    client = None
+    if scheduler:
+        from .cluster import connect
+
+        client = connect(scheduler, connect_timeout)
+    try:
+        return _run(
+            plan, started, client, scheduler, workers, progress, fail_fast,
+            missed_heartbeats, pair_timeout,
+        )  # fmt: skip
+    finally:
+        if client is not None:
+            client.close()
+
+
+def _run(
+    plan: Plan,
+    started: float,
+    client: Any,
+    scheduler: str | None,
+    workers: int | None,
+    progress: Progress | None,
+    fail_fast: bool,
+    missed_heartbeats: int,
+    pair_timeout: float | None,
+) -> FleetResult:
+    """:func:`run_plan` once its arguments are checked and its Dask ``client`` (None:
+    inline or the process pool) connected. What refuses the whole run (no worker with a
+    device's CPU) does so before any hold is written: a refused run holds nothing."""
     from .reuse import hold_reused
 
-    started = time.perf_counter()
-    hold_reused(plan)  # what the skipped pairs reuse, kept from gc until it is indexed
-    if not scheduler:  # this machine makes the packed-weight files: it must have the CPU
-        _check_this_machine(plan)
+    hosts = _packers(plan, [p for p in plan.pairs if p.action == "run"], client)
+
+    def unable(p: PlannedPair) -> str | None:
+        """Why this run cannot make ``p`` again (a skipped pair whose object is gone
+        since the plan), or None: only its device's CPU can be missing."""
+        cpu = p.pair.xnnpack_cpu
+        if cpu is None or cpu in hosts:
+            return None
+        try:
+            hosts.update(_packers(plan, [p], client))
+        except JobError as exc:
+            return str(exc)
+        return None
+
+    hold_reused(plan, unable)  # what the skipped pairs reuse, kept from gc until indexed
     results: dict[int, PairResult] = {}
     todo: list[tuple[int, PlannedPair, PairTask]] = []
     for i, p in enumerate(plan.pairs):
@@ -278,16 +319,7 @@ def run_plan(
         if scheduler:
             from .cluster import run_dask
 
-            run_dask(
-                todo,
-                scheduler,
-                done,
-                connect_timeout,
-                stopped,
-                missed_heartbeats,
-                lost,
-                plan.job.path,
-            )
+            run_dask(todo, client, scheduler, done, stopped, missed_heartbeats, lost, hosts)
         elif inline:
             for i, p, task in todo:
                 if stopped():
@@ -323,19 +355,24 @@ def run_plan(
     return result
 
 
-def _check_this_machine(plan: Plan) -> None:
-    """Inline and on the process pool, the pairs whose device asks for XNNPACK's
-    packed-weight file run here: a :class:`JobError` before any pair runs when this
-    machine does not have the device's CPU (:func:`~.packing.check_packers`)."""
+def _packers(plan: Plan, pairs: list[PlannedPair], client: Any) -> dict[str, list[str]]:
+    """For every CPU fingerprint ``pairs`` ask packed-weight files for, where they are
+    made: on Dask (``client``) the hosts of the workers with that CPU and the ExecuTorch
+    runtime (:func:`~.cluster.packer_hosts`), inline and on the process pool this
+    machine; a :class:`JobError` when a fingerprint has none
+    (:func:`~.packing.check_packers`)."""
+    if client is not None:
+        from .cluster import packer_hosts
+
+        return packer_hosts(client, plan.job.path, [p.task for p in pairs if p.task])
     wanted = [
-        (p.pair.device.name, p.pair.xnnpack_cpu)
-        for p in plan.pairs
-        if p.action == "run" and p.pair.xnnpack_cpu is not None
+        (p.pair.device.name, p.pair.xnnpack_cpu) for p in pairs if p.pair.xnnpack_cpu is not None
     ]
-    if wanted:
-        import socket
+    if not wanted:
+        return {}
+    import socket
 
-        from .packing import check_packers, worker_cpu
+    from .packing import check_packers, worker_cpu
 
-        here = f"this machine ({socket.gethostname()})"
-        check_packers(plan.job.path, wanted, {here: worker_cpu()})
+    here = f"this machine ({socket.gethostname()})"
+    return check_packers(plan.job.path, wanted, {here: worker_cpu()})

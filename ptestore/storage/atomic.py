@@ -54,9 +54,12 @@ DEFAULT_LIMIT = 1 << 20
 def temp_name(path: str) -> str:
     """A fresh temporary name beside ``path`` (``.NAME.ptestore-<16 hex>.tmp``, the
     writers' pattern, which ``ptestore gc`` collects)."""
+    from .._text import head_bytes
+
     directory, name = os.path.split(path)
     # the name cut as the writers' staging names are: under NAME_MAX for a long one
-    return os.path.join(directory, f".{name[:200]}.ptestore-{os.urandom(8).hex()}.tmp")
+    head = head_bytes(name, 200)
+    return os.path.join(directory, f".{head}.ptestore-{os.urandom(8).hex()}.tmp")
 
 
 def sync_file(fd: int) -> None:

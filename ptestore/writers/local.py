@@ -69,7 +69,7 @@ __all__ = ["ROOM_CHECK", "TEMP_NAME_RE", "WRITEBACK_PIECE", "LocalFileWriter", "
 #: Matches the names of ptestore's own staging files (and nothing a user would create).
 TEMP_NAME_RE = re.compile(r"^\.(?P<name>.*)\.ptestore-(?P<token>[0-9a-f]{16})\.tmp$", re.DOTALL)
 
-_MAX_PREFIX = 200  # keep staging names under NAME_MAX (255) for long destination names
+_MAX_PREFIX = 200  # bytes: keep staging names under NAME_MAX (255) for long destination names
 #: A durable writer starts the writeback of every this many bytes written in a row (and
 #: copies in pieces of this size): 8-64 MiB gave the same times on ext4 here, 128 MiB
 #: less overlap.
@@ -84,8 +84,11 @@ _NO_LINK_ERRNOS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.
 
 
 def staging_name(dest_name: str) -> str:
-    """A fresh hidden staging name for a destination file name."""
-    return f".{dest_name[:_MAX_PREFIX]}.ptestore-{os.urandom(8).hex()}.tmp"
+    """A fresh hidden staging name for a destination file name (its head cut to
+    ``_MAX_PREFIX`` bytes, at a character: under NAME_MAX whatever its characters)."""
+    from .._text import head_bytes
+
+    return f".{head_bytes(dest_name, _MAX_PREFIX)}.ptestore-{os.urandom(8).hex()}.tmp"
 
 
 def _full_fsync(fd: int) -> None:

@@ -314,7 +314,9 @@ def test_cli_with_a_job_reports_a_storage_failure_per_pair(
         "1 not verified\n"
     )
     assert main(["verify", "--job", str(job), "--json"]) == 1
-    shown = json.loads(capsys.readouterr().out)
+    out, err = capsys.readouterr()
+    assert err == f"{failing}: not verified: {error}\n"  # as without --json
+    shown = json.loads(out)
     assert [(p["status"], p["exit_code"], p["error"]) for p in shown["pairs"]] == [
         ("current", 0, None),
         ("unverified", 1, error),
@@ -348,3 +350,44 @@ def test_a_shared_ptd_is_at_most_intact_whatever_is_given(
     assert main([*args, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert (out["status"], out["exit_code"], out["shared"]) == ("intact", 0, True)
+    # --range: the digests of a range are a record's, which a shared .ptd has none of
+    # by design; it said "no provenance record ... (made without provenance, or by an
+    # older ptestore)", which is not why.
+    assert main(["verify", str(shared), "--range", "0:100"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == (
+        f"ptestore verify: error: {shared}: --range checks bytes against the chunk digests "
+        "of a provenance record, and a shared content-addressed .ptd carries none by "
+        "design (a fleet stores it once, named by the digest of its bytes, without a "
+        "trailer): verify it without --range (all its bytes against its content "
+        "address), or verify the .pte files that use it\n"
+    )
+
+
+def test_json_says_the_reason_of_a_failed_verdict_on_stderr_too(
+    artifact: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``verify --json`` printed a failed verdict's report on stdout and nothing on
+    stderr, unlike the text output and every other command's ``--json`` (whose one-line
+    message stays on stderr): its lines are on stderr now, as without ``--json``."""
+    missing = tmp_path / "none.pte"
+    assert main(["verify", str(missing), "--json"]) == 2
+    out, err = capsys.readouterr()
+    shown = json.loads(out)
+    assert (shown["status"], shown["error"]) == ("invalid", f"{missing}: no such file")
+    assert err == f"{missing}: invalid: {missing}: no such file\n"
+    assert main(["verify", str(missing)]) == 2
+    assert capsys.readouterr() == ("", err)  # the same line as the text output's
+    # stale: one line per finding, as the text output
+    assert CONV.pte_path is not None
+    args = ["verify", str(artifact), "--source", str(CONV.pte_path)]
+    assert main(args) == 1
+    text_err = capsys.readouterr().err
+    assert text_err.startswith(f"{artifact}: stale: source.sha256: the artifact was made from")
+    assert main([*args, "--json"]) == 1
+    out, err = capsys.readouterr()
+    assert json.loads(out)["status"] == "stale" and err == text_err
+    # intact or current: nothing on stderr
+    assert main(["verify", str(artifact), "--json"]) == 0
+    assert capsys.readouterr().err == ""

@@ -330,6 +330,26 @@ def test_what_is_not_bytes_is_refused_and_a_long_name_is_published(tmp_path: Pat
     assert long.read_bytes() == b"abc" and _listing(tmp_path) == [long.name]
 
 
+@pytest.mark.parametrize("char", ["é", "€", "😀"])
+def test_a_long_name_of_wide_characters_is_published(tmp_path: Path, char: str) -> None:
+    """The temporary name is cut in bytes, at a character: a name of 2-, 3- and 4-byte
+    characters close to NAME_MAX used to be cut at 200 *characters* (up to 800 bytes),
+    and the temporary file could not be made (``File name too long``)."""
+    from ptestore._text import head_bytes
+    from ptestore.storage.atomic import temp_name
+
+    name = char * (240 // len(char.encode())) + ".json"
+    target = tmp_path / name
+    put_bytes(target, b"abc")
+    assert target.read_bytes() == b"abc" and _listing(tmp_path) == [name]
+    tmp = os.path.basename(temp_name(str(target)))
+    assert len(os.fsencode(tmp)) <= 255 and tmp.startswith("." + char)
+    head = head_bytes(name, 200)
+    assert name.startswith(head) and 200 - len(char.encode()) < len(head.encode()) <= 200
+    undecodable = os.fsdecode(b"a\xff" + char.encode() * 100)
+    assert head_bytes(undecodable, 3) == os.fsdecode(b"a\xff")  # the 2nd char not cut
+
+
 def test_get_bytes_refuses_what_is_missing_or_too_large(tmp_path: Path) -> None:
     target = tmp_path / "m.json"
     with pytest.raises(ObjectNotFound, match=rf"^{target}: no such file$"):

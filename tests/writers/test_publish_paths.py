@@ -18,6 +18,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 from ptestore.errors import AlreadyExists, ConfigurationError, StorageError
 from ptestore.writers import LocalFileWriter, MemoryWriter, WriterState, open_writer
+from ptestore.writers.local import TEMP_NAME_RE
 
 
 def _current_umask() -> int:
@@ -140,6 +141,24 @@ def test_a_name_over_the_file_systems_limit_is_refused_when_the_writer_opens(
     w = LocalFileWriter(tmp_path / ("y" * 16 + ".pte"))
     w.write(b"ok", 0)
     w.publish()
+
+
+@pytest.mark.parametrize("char", ["\u00e9", "\u20ac", "\U0001f600"])
+def test_a_name_of_wide_characters_under_the_limit_is_published(
+    tmp_path: Path, char: str
+) -> None:
+    """A destination name under NAME_MAX in bytes but of 2-, 3- or 4-byte characters:
+    its staging name is cut to 200 bytes, at a character (it was cut to 200 characters,
+    up to 800 bytes, and the staging file could not be made: ``File name too long``)."""
+    name = char * (250 // len(char.encode())) + ".pte"
+    assert len(name.encode()) <= 255
+    w = LocalFileWriter(tmp_path / name)
+    staging = os.path.basename(w.staging_path)
+    assert len(staging.encode()) <= 255 and TEMP_NAME_RE.match(staging)
+    w.write(b"ok", 0)
+    w.publish()
+    assert [p.name for p in tmp_path.iterdir()] == [name]
+    assert (tmp_path / name).read_bytes() == b"ok"
 
 
 def test_a_failed_publish_does_not_warn_at_garbage_collection(tmp_path: Path) -> None:

@@ -1,0 +1,110 @@
+"""What eviction, ``prune`` and ``clear`` report as freed is what the file system got
+back (:func:`ptestore.device.entryfiles.freed_since`): they used to report the bytes
+they listed, so a file of an entry also hard-linked elsewhere (the user's own link to a
+``.pte`` ``ensure`` returned), a file linked twice in an entry, or a file that could not
+be removed was counted as freed, and ``remaining`` left out what could not be removed."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+from support.as_user import NOBODY, as_user
+from support.fixtures import copy_pte
+
+import ptestore
+from ptestore.backends.compat import DeviceProfile
+from ptestore.cli import main
+from ptestore.device import evict, list_entries
+from ptestore.device.entryfiles import dir_bytes
+
+SPEC = "support.fleet_backend:Scaler=1.0"
+DEVICE = DeviceProfile("phone", {"scale": 2.0})
+
+
+def _two_entries(root: Path) -> tuple[Path, ptestore.device.Artifact, ptestore.device.Artifact]:
+    cache = root / "cache"
+    a = ptestore.ensure(copy_pte(root / "a.pte"), cache_dir=cache, backends=[SPEC], device=DEVICE)
+    b = ptestore.ensure(copy_pte(root / "b.pte"), cache_dir=cache, backends=[SPEC], device=DEVICE)
+    return cache, a, b
+
+
+def test_a_file_linked_elsewhere_or_twice_is_not_freed_twice(tmp_path: Path) -> None:
+    """a's .pte also linked outside the cache frees nothing; b's .pte linked twice in
+    its entry is freed once. The cache holds nothing afterwards."""
+    cache, a, b = _two_entries(tmp_path)
+    kept = tmp_path / "kept.pte"
+    os.link(a.pte, kept)
+    os.link(b.pte, Path(b.pte).parent / "again.pte")
+    listed = {e.key: e.bytes for e in list_entries(cache)}
+    a_pte, b_pte = Path(a.pte).stat().st_size, Path(b.pte).stat().st_size
+    assert listed[b.key] == dir_bytes(str(Path(b.pte).parent))  # b.pte counted twice
+    kept_bytes = kept.read_bytes()
+    done = evict(cache, 0)
+    assert sorted(done.removed) == sorted([a.key, b.key])
+    assert done.freed == listed[a.key] - a_pte + listed[b.key] - b_pte
+    assert done.remaining == 0 and list_entries(cache) == []
+    assert kept.read_bytes() == kept_bytes and kept.stat().st_nlink == 1
+
+
+def test_cache_prune_reports_what_it_freed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``cache prune --max-bytes 0 --json``: ``freed`` leaves out the .pte the user
+    linked elsewhere."""
+    cache, a, _ = _two_entries(tmp_path)
+    os.link(a.pte, tmp_path / "kept.pte")
+    listed = {e.key: e.bytes for e in list_entries(cache)}
+    argv = ["cache", "prune", "--cache-dir", str(cache), "--max-bytes", "0", "--json"]
+    assert main(argv) == 0
+    done = json.loads(capsys.readouterr().out)
+    assert done["freed"] == sum(listed.values()) - (tmp_path / "kept.pte").stat().st_size
+    assert done["remaining"] == 0 and sorted(done["removed"]) == sorted(listed)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+def test_a_file_that_cannot_be_removed_is_not_freed_and_still_in_the_cache() -> None:
+    """Eviction by ``nobody`` of an entry holding a directory of root's (a file it cannot
+    remove): the entry goes (its manifest first), the file's bytes are not freed but
+    still in ``remaining``, and a warning names the entry and the bytes left."""
+    root = Path(tempfile.mkdtemp(prefix="ptestore-freed-"))
+    try:
+        os.chmod(root, 0o755)
+        cache, a, b = _two_entries(root)
+        for d, dirs, files in os.walk(cache):
+            for name in [d, *(os.path.join(d, n) for n in dirs + files)]:
+                os.chown(name, NOBODY, NOBODY)
+        stuck = Path(a.pte).parent / "stuck"
+        stuck.mkdir(mode=0o755)  # root's: nobody cannot remove what is in it
+        (stuck / "x").write_bytes(b"x" * 1000)
+        listed = {e.key: e.bytes for e in list_entries(cache)}
+        assert listed[a.key] == dir_bytes(str(Path(a.pte).parent))
+
+        def work() -> str:
+            seen: list[str] = []
+
+            class Keep(logging.Handler):
+                def emit(self, record: logging.LogRecord) -> None:
+                    seen.append(record.getMessage())
+
+            logging.getLogger("ptestore.device.cache").addHandler(Keep())
+            return json.dumps({"done": evict(cache, 0).to_dict(), "warnings": seen})
+
+        got = as_user(NOBODY, work)
+        assert got.startswith("ok: "), got
+        out = json.loads(got[len("ok: ") :])
+        done = out["done"]
+        assert sorted(done["removed"]) == sorted([a.key, b.key])
+        assert done["freed"] == sum(listed.values()) - 1000
+        assert done["remaining"] == 1000
+        assert out["warnings"] == [
+            f"{Path(a.pte).parent}: removed, but 1000 bytes of its files could not be"
+        ]
+        assert (stuck / "x").exists() and not Path(a.pte).exists()
+    finally:
+        shutil.rmtree(root)
