@@ -247,6 +247,12 @@ def _verify_job(args: argparse.Namespace) -> int:
             "verify --job without URL takes each pair's source, backends and device from "
             "the job: --source, --backend, --device, --device-option and --ptd do not apply"
         )
+    if args.range is not None:  # the bytes of one file: each pair's are others
+        raise ConfigurationError(
+            f"verify --job without URL checks every pair of the job: --range {args.range} "
+            "names bytes of one artifact (give its URL: verify URL --job JOB --range "
+            "START:END); --quick checks every pair without reading its bytes"
+        )
     job = load_job(args.job)
     # The job's options as the fleet used them: verify routes them to each side. Checked
     # once against the whole job (as the fleet's preflight does), then given to the
