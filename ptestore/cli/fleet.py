@@ -1,6 +1,6 @@
 """``ptestore fleet run JOBFILE [--workers N] [--scheduler ADDRESS] [--pair-timeout SECONDS]
-[--json] [--quiet]``,
-``ptestore fleet plan JOBFILE [--json]``, ``ptestore fleet retire JOBFILE`` and
+[--json] [--quiet] [--no-progress] [--report FILE]``,
+``ptestore fleet plan JOBFILE [--json] [--report FILE]``, ``ptestore fleet retire JOBFILE`` and
 ``ptestore fleet check-index INDEX [--repair] [--models NAMES]``.
 
 Exit status of ``run``: 0 when every pair is done or skipped and indexed, 1 when any
