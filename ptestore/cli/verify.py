@@ -168,7 +168,10 @@ def _verify_range(
         json.dump(out, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        print(f"{args.url}: bytes {checked.start}:{checked.end} intact ({what} checked)")
+        from .._text import printable
+
+        url = printable(args.url)
+        print(f"{url}: bytes {checked.start}:{checked.end} intact ({what} checked)")
     return 0
 
 
