@@ -42,8 +42,10 @@ def add_select_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="Rate every artifact of the model in the index with the backends' "
         "check_compatibility for the device; print the best (optimal, else prefer "
         "re-specialization), or the portable source when none fits, and why.",
-        epilog="example:\n  ptestore select s3://models/fleet/ptestore-index.json "
-        "--model mlp --device pixel9",
+        epilog="examples:\n  ptestore select s3://models/fleet/ptestore-index.json "
+        "--model mlp --device pixel9\n"
+        "  ptestore select out/ptestore-index.json --model mlp --device pixel9 "
+        "--device-option soc=sm8650 --json",
     )
     p.add_argument("index", metavar="INDEX", help="the index (path or URL)")
     _index_flags(p, required=True)

@@ -643,7 +643,16 @@ def test_public_functions_document_arguments_returns_and_raises(function: str) -
 
 
 def test_every_help_has_examples(capsys: pytest.CaptureFixture[str]) -> None:
-    for argv in ([], ["inspect"], ["specialize"], ["gc"], ["backends"], ["verify"], ["fleet"]):
+    """``ptestore COMMAND --help`` (``fleet``'s sub-commands included) ends with examples,
+    as cli.md says (the ``fleet`` sub-commands had none)."""
+    parser = build_parser()
+    commands = [[c] for c in parser.commands]  # every command, new ones too
+    (actions,) = [
+        a.choices for a in parser.commands["fleet"]._actions if isinstance(a.choices, dict)
+    ]
+    fleet = [["fleet", action] for action in actions]
+    assert len(fleet) == 4, fleet
+    for argv in ([], *commands, *fleet):
         with pytest.raises(SystemExit) as info:
             main([*argv, "--help"])
         assert info.value.code == EXIT_OK
