@@ -80,8 +80,9 @@ def add_verify_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--range",
         metavar="START:END",
         default=None,
-        help="check only the bytes in START:END (END exclusive; either may be empty) "
-        "against the record's chunk digests, widened to whole chunks (as --quick otherwise)",
+        help="check only the bytes in START:END (END exclusive; either may be empty; an END "
+        "past the content is its end) against the record's chunk digests, widened to whole "
+        "chunks (as --quick otherwise)",
     )
     p.add_argument(
         "--job",
