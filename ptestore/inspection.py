@@ -317,7 +317,7 @@ def render_table(c: Container, named: Sequence[NamedRow] | None = None) -> str:
     :func:`describe_container` adds a dtype/shape column to the named data."""
     out: list[str] = []
     kind = ".pte (ExecuTorch Program)" if c.kind == "pte" else ".ptd (FlatTensor data)"
-    out.append(f"{c.source}: {kind}, {c.file_size} bytes")
+    out.append(f"{printable(c.source)}: {kind}, {c.file_size} bytes")
     h = header_json(c)
     if h is None:
         out.append("header: none (no segment data)")

@@ -112,32 +112,33 @@ class VerifyReport:
 
     def message(self) -> str:
         """One line per finding, or the verdict."""
+        url = printable(self.url)  # as given: a name cannot drive the terminal either
         # An error may quote the file (a record's key in a field name): printable, one line.
         if self.status == "invalid":
-            return f"{self.url}: invalid: {printable(str(self.error))}"
+            return f"{url}: invalid: {printable(str(self.error))}"
         if self.status == "unverified":
-            return f"{self.url}: not verified: {printable(str(self.error))}"
+            return f"{url}: not verified: {printable(str(self.error))}"
         if not self.findings:
             quick = "" if self.content_checked else " (--quick: content SHA-256 not checked)"
             if self.ptd_size_only:
-                quick += f"; {self.ptd} has no trailer: compared by size only"
+                quick += f"; {printable(str(self.ptd))} has no trailer: compared by size only"
             if self.xnnpack is not None:
-                quick += f"; its XNNPACK packed-weight file {self.xnnpack} checked"
+                quick += f"; its XNNPACK packed-weight file {printable(self.xnnpack)} checked"
             if self.status == "intact" and self.shared:
                 return (
-                    f"{self.url}: intact{quick}; a shared content-addressed .ptd has no "
+                    f"{url}: intact{quick}; a shared content-addressed .ptd has no "
                     "record of its own: nothing given could be compared with it (verify "
                     "the .pte files that use it)"
                 )
             if self.status == "intact":
                 return (
-                    f"{self.url}: intact{quick}; nothing to compare with (give --source, "
+                    f"{url}: intact{quick}; nothing to compare with (give --source, "
                     "--backend, --device or --job to tell current from stale)"
                 )
-            return f"{self.url}: current{quick}"
+            return f"{url}: current{quick}"
         # A finding quotes the record (specs, versions, names): one printable line each.
         return "\n".join(
-            f"{self.url}: stale: {f.field}: {printable(f.message)}" for f in self.findings
+            f"{url}: stale: {f.field}: {printable(f.message)}" for f in self.findings
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -14,6 +14,7 @@ import re
 import sys
 from typing import Any
 
+from ..errors import ConfigurationError
 from .exits import EXIT_OK, guarded
 from .options import (
     add_backend_flag,
@@ -178,11 +179,22 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
+#: The flags of ``--xnnpack-cache``'s file, by their attribute.
+_PACKED_FLAGS = {"--xnnpack-retry": "xnnpack_retry", "--xnnpack-timeout": "xnnpack_timeout"}
+
+
 @guarded("ensure", publishes=True)
 def run_ensure(args: argparse.Namespace) -> int:
     """Run ``ptestore ensure``; returns the exit status."""
     from ..device import ensure
     from .progress import Progress, progress_wanted
+
+    packed = [f for f, given in _PACKED_FLAGS.items() if getattr(args, given) not in (None, False)]
+    if packed and not args.xnnpack_cache:  # never ignored: refused, as cache refuses its own
+        raise ConfigurationError(
+            f"{' and '.join(packed)} appl{'y' if len(packed) > 1 else 'ies'} to the XNNPACK "
+            "packed-weight file --xnnpack-cache makes: add --xnnpack-cache"
+        )
 
     show = args.progress or (args.progress is None and progress_wanted(disabled=args.json))
     progress = Progress() if show else None

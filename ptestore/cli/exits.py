@@ -286,9 +286,12 @@ def guarded(command: str, *, publishes: bool = False) -> Callable[[Command], Com
                     obj = error_json(command, exc, code, publishes=publishes)
                     import json
 
-                    json.dump(obj, sys.stdout, indent=2)
-                    sys.stdout.write("\n")
-                    sys.stdout.flush()
+                    def write() -> None:
+                        json.dump(obj, sys.stdout, indent=2)
+                        sys.stdout.write("\n")
+
+                    # the reader of stdout gone (``| true``): still the error's status
+                    return with_verdict(code, write)
                 return code
             finally:
                 _log.TERMINAL = terminal

@@ -1,6 +1,6 @@
 """``ptestore fleet run JOBFILE [--workers N] [--scheduler ADDRESS] [--pair-timeout SECONDS]
-[--json] [--quiet]``,
-``ptestore fleet plan JOBFILE [--json]``, ``ptestore fleet retire JOBFILE`` and
+[--json] [--quiet] [--no-progress] [--report FILE]``,
+``ptestore fleet plan JOBFILE [--json] [--report FILE]``, ``ptestore fleet retire JOBFILE`` and
 ``ptestore fleet check-index INDEX [--repair] [--models NAMES]``.
 
 Exit status of ``run``: 0 when every pair is done or skipped and indexed, 1 when any
@@ -28,7 +28,33 @@ examples:
   ptestore fleet run job.toml --workers 4
   ptestore fleet run job.toml --scheduler tcp://scheduler:8786 --json
   ptestore fleet retire job.toml --dry-run
-  ptestore fleet check-index s3://models/fleet/index.json --repair"""
+  ptestore fleet check-index s3://models/fleet/ptestore-index.json --repair"""
+
+_RUN_EPILOG = """\
+examples:
+  ptestore fleet run job.toml                # every pair not current, a worker per CPU
+  ptestore fleet run job.toml --workers 4 --report matrix.html
+  ptestore fleet run job.toml --models mlp --devices pixel9,galaxy-s24 --fail-fast
+  ptestore fleet run job.toml --pair-timeout 600 --json
+  ptestore fleet run job.toml --scheduler tcp://scheduler:8786 --no-progress"""
+
+_PLAN_EPILOG = """\
+examples:
+  ptestore fleet plan job.toml               # run or skip each pair, and why
+  ptestore fleet plan job.toml --devices pixel9 --json
+  ptestore fleet plan job.toml --report plan.json"""
+
+_RETIRE_EPILOG = """\
+examples:
+  ptestore fleet retire job.toml --dry-run   # the entries it would retire
+  ptestore fleet retire job.toml
+  ptestore fleet retire job.toml --all-jobs --json"""
+
+_CHECK_INDEX_EPILOG = """\
+examples:
+  ptestore fleet check-index s3://models/fleet/ptestore-index.json
+  ptestore fleet check-index s3://models/fleet/ptestore-index.json --repair --models mlp
+  ptestore fleet check-index out/ptestore-index.json --json"""
 
 
 def add_fleet_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -48,6 +74,7 @@ def add_fleet_parser(subparsers: Any) -> argparse.ArgumentParser:
         "already hold an artifact with matching provenance. Exit status: 0 all done or "
         "skipped and indexed, 1 a pair failed or was left out of the index, 2 bad job "
         "file.",
+        epilog=_RUN_EPILOG,
     )
     r.add_argument("job", metavar="JOBFILE", help="the job file (TOML)")
     r.add_argument(
@@ -101,6 +128,7 @@ def add_fleet_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="list what a run would do, without doing it",
         description="For every pair: run or skip, and why. Reads each source once and "
         "each destination's trailer; writes nothing.",
+        epilog=_PLAN_EPILOG,
     )
     pl.add_argument("job", metavar="JOBFILE", help="the job file (TOML)")
     _filters(pl)
@@ -122,6 +150,7 @@ def add_fleet_parser(subparsers: Any) -> argparse.ArgumentParser:
         "ensure never return it, and gc no longer counts its files as referenced. Entries "
         "other job files wrote under the prefix are left (--all-jobs: retired too). Exit "
         "status: 0, 1 storage failure, 2 bad job file.",
+        epilog=_RETIRE_EPILOG,
     )
     rt.add_argument("job", metavar="JOBFILE", help="the job file (TOML)")
     rt.add_argument("--dry-run", action="store_true", help="list them, change nothing")
@@ -141,8 +170,11 @@ def add_fleet_parser(subparsers: Any) -> argparse.ArgumentParser:
         "that does not, or that an interrupted rebuild left marked, from its leaves (safe "
         "beside running fleet runs). Exit status: 0 every catalog agrees (or was "
         "repaired), 1 some do not, 2 no index there.",
+        epilog=_CHECK_INDEX_EPILOG,
     )
-    ci.add_argument("index", metavar="INDEX", help="the index (path or URL of index.json)")
+    ci.add_argument(
+        "index", metavar="INDEX", help="the index (path or URL of its ptestore-index.json)"
+    )
     ci.add_argument("--repair", action="store_true", help="rebuild the catalogs found wrong")
     ci.add_argument(
         "--models",

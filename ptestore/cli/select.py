@@ -14,6 +14,7 @@ import json
 import sys
 from typing import Any
 
+from .._text import printable
 from .exits import EXIT_OK, guarded
 from .options import add_device_flags, add_storage_options, device_or_name, storage_options
 from .parser import add_common_flags
@@ -41,8 +42,10 @@ def add_select_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="Rate every artifact of the model in the index with the backends' "
         "check_compatibility for the device; print the best (optimal, else prefer "
         "re-specialization), or the portable source when none fits, and why.",
-        epilog="example:\n  ptestore select s3://models/fleet/ptestore-index.json "
-        "--model mlp --device pixel9",
+        epilog="examples:\n  ptestore select s3://models/fleet/ptestore-index.json "
+        "--model mlp --device pixel9\n"
+        "  ptestore select out/ptestore-index.json --model mlp --device pixel9 "
+        "--device-option soc=sm8650 --json",
     )
     p.add_argument("index", metavar="INDEX", help="the index (path or URL)")
     _index_flags(p, required=True)
@@ -103,12 +106,15 @@ def run_select(args: argparse.Namespace) -> int:
     device = device_or_name(args)
     assert device is not None  # --device is required
     choice = select(args.index, args.model, device, storage_options=storage_options(args))
-    files = choice.pte["url"] + (f" + {choice.ptd['url']}" if choice.ptd else "")
+    # URLs from the index, paths given: one printable line each (ptestore._text)
+    files = printable(choice.pte["url"]) + (
+        f" + {printable(choice.ptd['url'])}" if choice.ptd else ""
+    )
     text = f"{choice.kind}: {files}\n{choice.reason}"
     packed = choice.xnnpack
     if packed is not None:  # made for this machine's CPU
         text += "\nxnnpack: " + (
-            f"{packed['url']} ({packed['size']} bytes, ExecuTorch "
+            f"{printable(packed['url'])} ({packed['size']} bytes, ExecuTorch "
             f"{(packed.get('executorch') or {}).get('version')})"
             if packed.get("url")
             else f"refused by the fleet's runtime: {packed.get('refused')}"
@@ -121,9 +127,10 @@ def _file_line(f: dict[str, Any]) -> str:
     how = "chunk by chunk" if f.get("verified") == "chunks" else "whole"
     moved = f"{f.get('received', 0)} received from the store"
     if f.get("from_base"):
-        moved += f", {f['from_base']} taken from {', '.join(f.get('bases', {}))}"
+        moved += f", {f['from_base']} taken from {', '.join(map(printable, f.get('bases', {})))}"
     resumed = f", resumed at {f['resumed_from']}" if f.get("resumed_from") else ""
-    return f"{f['url']} -> {f['path']}: {f['size']} bytes verified {how} ({moved}{resumed})"
+    where = f"{printable(f['url'])} -> {printable(f['path'])}"
+    return f"{where}: {f['size']} bytes verified {how} ({moved}{resumed})"
 
 
 @guarded("fetch", publishes=True)
@@ -145,7 +152,8 @@ def run_fetch(args: argparse.Namespace) -> int:
         lines.insert(0, f"{result.choice.kind}: {result.choice.reason}")
     packed = result.xnnpack
     if packed is not None and packed["path"] is not None:
-        line = f"{packed['url']} -> {packed['path']}: {packed['size']} bytes verified"
+        where = f"{printable(packed['url'])} -> {printable(packed['path'])}"
+        line = f"{where}: {packed['size']} bytes verified"
         if packed.get("from_base"):
             line += (
                 f" ({packed['received']} received from the store, {packed['from_base']} "
@@ -153,7 +161,8 @@ def run_fetch(args: argparse.Namespace) -> int:
             )
         lines.append(line)
         lines += [
-            f"removed {p}: the earlier packed-weight file of this .pte" for p in packed["removed"]
+            f"removed {printable(p)}: the earlier packed-weight file of this .pte"
+            for p in packed["removed"]
         ]
     elif packed is not None:
         lines.append(f"no XNNPACK packed-weight file: {packed['reason']}")

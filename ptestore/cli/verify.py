@@ -80,8 +80,9 @@ def add_verify_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--range",
         metavar="START:END",
         default=None,
-        help="check only the bytes in START:END (END exclusive; either may be empty) "
-        "against the record's chunk digests, widened to whole chunks (as --quick otherwise)",
+        help="check only the bytes in START:END (END exclusive; either may be empty; an END "
+        "past the content is its end) against the record's chunk digests, widened to whole "
+        "chunks (as --quick otherwise)",
     )
     p.add_argument(
         "--job",
@@ -178,7 +179,10 @@ def _verify_range(
         json.dump(out, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        print(f"{args.url}: bytes {checked.start}:{checked.end} intact ({what} checked)")
+        from .._text import printable
+
+        url = printable(args.url)
+        print(f"{url}: bytes {checked.start}:{checked.end} intact ({what} checked)")
     return 0
 
 
@@ -256,6 +260,12 @@ def _verify_job(args: argparse.Namespace) -> int:
         raise ConfigurationError(
             "verify --job without URL takes each pair's source, backends and device from "
             "the job: --source, --backend, --device, --device-option and --ptd do not apply"
+        )
+    if args.range is not None:  # the bytes of one file: each pair's are others
+        raise ConfigurationError(
+            f"verify --job without URL checks every pair of the job: --range {args.range} "
+            "names bytes of one artifact (give its URL: verify URL --job JOB --range "
+            "START:END); --quick checks every pair without reading its bytes"
         )
     job = load_job(args.job)
     # The job's options as the fleet used them: verify routes them to each side. Checked

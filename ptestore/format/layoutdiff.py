@@ -231,7 +231,7 @@ def render_changes(d: dict[str, Any], *, file: str = "", source: str = "") -> st
         return f" (provenance trailer {n})" if n is not None else ""
 
     lines = [
-        f"{file or 'file'} compared with its source {source or ''}".rstrip(),
+        f"{printable(file) or 'file'} compared with its source {printable(source)}".rstrip(),
         f"  size {d['file_size']} bytes{trailer(d['trailer_size'])}, source "
         f"{d['source_size']} bytes{trailer(d['source_trailer_size'])}",
         "  segments: "

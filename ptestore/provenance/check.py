@@ -21,7 +21,8 @@ __all__ = ["BytesChecked", "check_bytes", "parse_range"]
 @dataclass(frozen=True)
 class BytesChecked:
     """What :func:`check_bytes` read: ``[start, end)`` of the content, widened to whole
-    chunks (``chunks`` of them; 0 for a version-1 record, checked whole)."""
+    chunks (``chunks`` of them; 0 for a version-1 record, checked whole) and never past
+    the content's end."""
 
     start: int
     end: int
@@ -58,8 +59,10 @@ def check_bytes(loader: DataLoader, byte_range: tuple[int, int] | None = None) -
     range (field ``content.chunks[i]``), or the whole content's SHA-256 for a version-1
     record (:class:`~ptestore.errors.PreconditionFailed` instead when the object was
     modified or replaced while it was read: nothing is said of its bytes);
-    :class:`~ptestore.errors.ConfigurationError` for a range outside the content, an
-    empty range, a range of a version-1 record or an artifact without a record."""
+    :class:`~ptestore.errors.ConfigurationError` for a range that starts at or past the
+    content's end (an END past it is clipped to it: the result names the bytes checked)
+    or ends before it starts, an empty range, a range of a version-1 record or an
+    artifact without a record."""
     from .chunks import iter_mismatches
     from .record import Provenance
     from .trailer import read_trailer
@@ -76,7 +79,7 @@ def check_bytes(loader: DataLoader, byte_range: tuple[int, int] | None = None) -
     start, end = (0, size) if byte_range is None else byte_range
     if end == -1:
         end = size
-    if not 0 <= start <= end <= size:
+    if start < 0 or end < start or (start >= size and end > start):
         raise ConfigurationError(
             f"{loader.name}: byte range {start}:{end} is outside the content: must be within "
             f"0:{size} (the bytes before the provenance trailer)"
@@ -86,6 +89,7 @@ def check_bytes(loader: DataLoader, byte_range: tuple[int, int] | None = None) -
             f"{loader.name}: byte range {start}:{end} is empty (END is exclusive): nothing "
             f"to check; give START < END within 0:{size}"
         )
+    end = min(end, size)  # an END past the content is its end, as an empty END is
     chunks = content.chunks
     if chunks is None:
         if byte_range is not None and (start, end) != (0, size):

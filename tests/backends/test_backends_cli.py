@@ -477,6 +477,46 @@ def test_an_error_line_cannot_drive_the_terminal(
     assert capsys.readouterr().err == "ptestore x: error: first line\nsecond \\x07line\n"
 
 
+def test_a_name_in_a_report_line_cannot_drive_the_terminal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The URL or path given, in verify's verdict lines (intact, current, stale,
+    invalid, a --range), inspect's first report line (and --compare's) and fetch's
+    summary, is printed escaped as the error line prints it (it was printed raw: an
+    escape sequence in a file name cleared the screen)."""
+    name = tmp_path / "a\x1b[2Jb.pte"
+    spec = "passthrough@XnnpackBackend"
+    ptestore.specialize(MLP.pte_path, name, backends=[spec], allow_unchanged=True)
+    shown = f"{tmp_path}/a\\x1b[2Jb.pte"
+    printed: list[str] = []
+
+    def said(argv: list[str], code: int) -> str:
+        assert main(argv) == code
+        out, err = capsys.readouterr()
+        printed.append(out + err)
+        return out + err
+
+    assert said(["verify", str(name)], 0).startswith(f"{shown}: intact; nothing to compare")
+    assert said(["verify", str(name), "--backend", spec], 0) == f"{shown}: current\n"
+    assert said(["verify", str(name), "--device", "x"], 1).startswith(
+        f"{shown}: stale: device.name: "
+    )
+    assert said(["verify", str(name), "--range", "0:100"], 0).startswith(f"{shown}: bytes 0:")
+    damaged = tmp_path / "d\x1b[2J.pte"
+    data = bytearray(name.read_bytes())
+    data[8] ^= 0xFF  # the FlatBuffer's identifier: not a .pte any more
+    damaged.write_bytes(bytes(data))
+    assert said(["verify", str(damaged)], 2).startswith(f"{tmp_path}/d\\x1b[2J.pte: invalid: ")
+    assert said(["inspect", str(name)], 0).startswith(f"{shown}: .pte (ExecuTorch Program), ")
+    assert said(["inspect", str(name), "--compare", str(MLP.pte_path)], 0).startswith(
+        f"{shown} compared with its source {MLP.pte_path}\n"
+    )
+    dest = tmp_path / "f\x1b[2J.pte"
+    assert f"{shown} -> {tmp_path}/f\\x1b[2J.pte: " in said(["fetch", str(name), str(dest)], 0)
+    assert dest.read_bytes() == name.read_bytes()
+    assert not [text for text in printed if "\x1b" in text], printed
+
+
 def test_warnings_of_a_command_cannot_drive_the_terminal(
     capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -1,7 +1,9 @@
 """The command line reference stays true to the parser: every option of every command
-(sub-commands of ``fleet`` and ``cache`` included) is documented in the page that
-describes its command, and every ``--flag`` those pages name is one the parser takes
-(or is listed below as what it is: another program's flag, a deliberate misspelling)."""
+(sub-commands of ``fleet`` and ``cache`` included) is documented in each section that
+describes its command (not only somewhere on the page: ``fleet run --no-progress`` went
+unnoticed because the ``specialize`` section names ``--no-progress``), and every
+``--flag`` those pages name is one the parser takes (or is listed below as what it is:
+another program's flag, a deliberate misspelling)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,36 @@ PAGES = {
     "ensure": ("cli.md", "device.md"),
     "cache": ("cli.md", "device.md"),
 }
+
+_SHARED = ("cli.md", "## `ptestore verify`, `fleet`, `select`, `fetch`")
+_FLEET_RUN = (_SHARED, ("fleet.md", "## Running"))
+
+#: The sections that describe each command, by their heading (or its start, ending with
+#: a space); a section runs to the next heading of its level or above, its sub-sections
+#: part of it. An option must be named in every one. None: the whole page (device.md
+#: describes ``ensure`` and ``cache`` throughout, not in a section of their own).
+SECTIONS: dict[tuple[str, ...], tuple[tuple[str, str | None], ...]] = {
+    (): (("cli.md", "## Options every command takes"),),
+    ("inspect",): (("cli.md", "## `ptestore inspect "),),
+    ("specialize",): (("cli.md", "## `ptestore specialize "),),
+    ("gc",): (("cli.md", "## `ptestore gc "),),
+    ("backends",): (("cli.md", "## `ptestore backends "),),
+    ("verify",): (_SHARED, ("fleet.md", "## verify")),
+    ("fleet",): (_SHARED,),
+    ("fleet", "run"): _FLEET_RUN,
+    ("fleet", "plan"): _FLEET_RUN,
+    ("fleet", "retire"): (_SHARED, ("fleet.md", "## Life cycle: retire and gc")),
+    ("fleet", "check-index"): (_SHARED, ("fleet.md", "### The index")),
+    ("select",): (_SHARED, ("fleet.md", "### select")),
+    ("fetch",): (_SHARED, ("fleet.md", "### fetch")),
+    ("ensure",): (("cli.md", "## `ptestore ensure "), ("device.md", None)),
+    ("cache",): (("cli.md", "## `ptestore cache "), ("device.md", None)),
+}
+
+#: Options every command takes, described once for all (cli.md's start and its
+#: "Options every command takes").
+COMMON = {"-h", "--help", "-v", "--verbose", "--debug", "-o", "--storage-option"}
+_COMMON_TEXT = ("cli.md", "## `ptestore inspect ")  # everything before this heading
 
 #: ``--flags`` in those pages that are not ptestore's, and why.
 NOT_OURS = {
@@ -54,15 +86,68 @@ def _documented(option: str, text: str) -> bool:
     return re.search(re.escape(option) + r"(?![\w-])", text) is not None
 
 
+def _headings(lines: list[str]) -> Iterator[tuple[int, int]]:
+    """``(line number, level)`` of each Markdown heading, code blocks skipped."""
+    fenced = False
+    for i, line in enumerate(lines):
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and (m := re.match(r"(#+) ", line)):
+            yield i, len(m.group(1))
+
+
+def _heads(line: str, heading: str) -> bool:
+    """``heading`` ending with a space starts the line; else it is the whole line."""
+    return line.startswith(heading) if heading.endswith(" ") else line == heading
+
+
+def _section(page: str, heading: str | None) -> str:
+    """The section of ``page`` under ``heading`` (exactly one, see :func:`_heads`), up
+    to the next heading of its level or above; None: the whole page."""
+    text = _text(page)
+    if heading is None:
+        return text
+    lines = text.splitlines()
+    heads = list(_headings(lines))
+    found = [(i, level) for i, level in heads if _heads(lines[i], heading)]
+    assert len(found) == 1, f"docs/{page}: {len(found)} headings start with {heading!r}"
+    start, level = found[0]
+    end = next((i for i, lv in heads if i > start and lv <= level), len(lines))
+    return "\n".join(lines[start:end])
+
+
+def _common_text() -> str:
+    page, heading = _COMMON_TEXT
+    text = _text(page)
+    return text[: text.index("\n" + heading)]
+
+
 def test_every_option_of_every_command_is_documented() -> None:
     undocumented = []
     for path, action in _options(build_parser()):
-        pages = PAGES.get(path[0], ("cli.md",)) if path else ("cli.md",)
-        text = _text(*pages)
-        if not any(_documented(o, text) for o in action.option_strings):
-            where = " ".join(("ptestore", *path))
-            undocumented.append(f"{where} {'/'.join(action.option_strings)} ({', '.join(pages)})")
+        names = action.option_strings
+        if set(names) & COMMON:
+            where: tuple[tuple[str, str | None], ...] = (("cli.md", "(its start)"),)
+            texts = [_common_text()]
+        else:
+            where = SECTIONS[path]
+            texts = [_section(page, heading) for page, heading in where]
+        for (page, heading), text in zip(where, texts, strict=True):
+            if not any(_documented(o, text) for o in names):
+                undocumented.append(
+                    f"{' '.join(('ptestore', *path))} {'/'.join(names)} "
+                    f"(docs/{page}, {heading or 'the page'})"
+                )
     assert not undocumented, "options missing from docs/: " + "; ".join(undocumented)
+
+
+def test_every_command_has_its_sections() -> None:
+    """A new command (or ``fleet`` sub-command) is given its sections here."""
+    commands = {path for path, _ in _options(build_parser())}
+    assert commands == set(SECTIONS)
+    for where in SECTIONS.values():
+        for page, heading in where:
+            assert _section(page, heading)
 
 
 def test_every_flag_the_reference_names_exists() -> None:
@@ -86,3 +171,9 @@ def test_the_check_finds_a_missing_option() -> None:
     assert not _documented("--brand-new-flag", _text("cli.md"))
     assert _documented("--dry-run", _text("cli.md"))
     assert not _documented("--dry", _text("cli.md"))
+    # Per section: named on the page, for another command, is not documented for this one.
+    gc = _section("cli.md", "## `ptestore gc ")
+    assert _documented("--allow-unchanged", _text("cli.md"))
+    assert not _documented("--allow-unchanged", gc)
+    assert _documented("--older-than", gc)
+    assert "## `ptestore ensure " not in gc  # the section ends at the next heading

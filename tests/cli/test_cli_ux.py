@@ -643,7 +643,16 @@ def test_public_functions_document_arguments_returns_and_raises(function: str) -
 
 
 def test_every_help_has_examples(capsys: pytest.CaptureFixture[str]) -> None:
-    for argv in ([], ["inspect"], ["specialize"], ["gc"], ["backends"], ["verify"], ["fleet"]):
+    """``ptestore COMMAND --help`` (``fleet``'s sub-commands included) ends with examples,
+    as cli.md says (the ``fleet`` sub-commands had none)."""
+    parser = build_parser()
+    commands = [[c] for c in parser.commands]  # every command, new ones too
+    (actions,) = [
+        a.choices for a in parser.commands["fleet"]._actions if isinstance(a.choices, dict)
+    ]
+    fleet = [["fleet", action] for action in actions]
+    assert len(fleet) == 4, fleet
+    for argv in ([], *commands, *fleet):
         with pytest.raises(SystemExit) as info:
             main([*argv, "--help"])
         assert info.value.code == EXIT_OK
@@ -759,21 +768,52 @@ def test_a_verdict_piped_away_keeps_its_exit_status(tmp_path: Path) -> None:
     bad = tmp_path / "bad.pte"
     bad.write_bytes(bytes(data))
 
-    def piped_away(*argv: str) -> subprocess.CompletedProcess[str]:
-        read, write = os.pipe()
-        os.close(read)  # nobody reads: the first write fails with EPIPE
-        try:
-            return subprocess.run(
-                [sys.executable, "-m", "ptestore", *argv],
-                stdout=write,
-                stderr=subprocess.PIPE,
-                text=True,
-                timeout=120,
-            )
-        finally:
-            os.close(write)
-
     for json_flag in ([], ["--json"]):
-        assert piped_away("verify", str(out), *json_flag).returncode == 0
-        done = piped_away("verify", str(bad), *json_flag)
+        assert _piped_away("verify", str(out), *json_flag).returncode == 0
+        done = _piped_away("verify", str(bad), *json_flag)
         assert done.returncode == 2, done.stderr
+
+
+def _piped_away(*argv: str) -> subprocess.CompletedProcess[str]:
+    """``ptestore ARGV`` with a stdout nobody reads: its reader closed before it starts,
+    so the first write to stdout fails with EPIPE (no race, no wait)."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "ptestore", *argv],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        os.close(write)
+
+
+def test_a_json_error_piped_away_keeps_its_exit_status(tmp_path: Path) -> None:
+    """``... --json | true`` for a failing command: the error object cannot be written,
+    and the status is still the error's (it was 1 after a BrokenPipeError traceback, which
+    a script retrying on 1 takes for "rerunning may succeed")."""
+    missing = str(tmp_path / "missing.pte")
+    out = tmp_path / "out.pte"
+    ptestore.specialize(SRC, out, backends=["passthrough"])
+    data = bytearray(out.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # a byte of a segment: the first chunk's digest differs
+    bad = tmp_path / "bad.pte"
+    bad.write_bytes(bytes(data))
+    for argv, line in [
+        (
+            ["specialize", missing, str(tmp_path / "o.pte")],
+            f"ptestore specialize: error: {missing}: no such file",
+        ),
+        (["inspect", missing], f"ptestore inspect: error: {missing}: no such file"),
+        (
+            ["verify", str(bad), "--range", "0:100"],
+            f"ptestore verify: error: {bad}: content.chunks[0] = ",
+        ),
+    ]:
+        done = _piped_away(*argv, "--json")
+        assert done.returncode == EXIT_BAD_INPUT, done.stderr
+        assert "Traceback" not in done.stderr, done.stderr
+        assert done.stderr.startswith(line), done.stderr

@@ -41,6 +41,34 @@ def test_the_cli_refuses_a_timeout_of_zero(
     assert "expected a number of seconds > 0, got '0'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--xnnpack-retry"], "--xnnpack-retry applies"),
+        (["--xnnpack-timeout", "60"], "--xnnpack-timeout applies"),
+        (
+            ["--xnnpack-retry", "--xnnpack-timeout", "60"],
+            "--xnnpack-retry and --xnnpack-timeout apply",
+        ),
+    ],
+)
+def test_the_cli_refuses_retry_and_timeout_without_the_cache(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], named: str
+) -> None:
+    """Without --xnnpack-cache they were accepted and ignored; refused (exit 2, before
+    anything is done), as ``cache`` refuses a flag of another action."""
+    cache_dir = tmp_path / "c"
+    cache_dir.mkdir()
+    assert main(["ensure", str(MLP), "--cache-dir", str(cache_dir), *flags]) == 2
+    out, err = capsys.readouterr()
+    assert (out, err) == (
+        "",
+        f"ptestore ensure: error: {named} to the XNNPACK packed-weight file "
+        "--xnnpack-cache makes: add --xnnpack-cache\n",
+    )
+    assert list(cache_dir.iterdir()) == []
+
+
 def test_the_timeout_and_retry_reach_the_maker(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -168,3 +168,12 @@ def test_verify_job_checks_every_pair(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "--source, --backend, --device, --device-option and --ptd do not apply" in (
         capsys.readouterr().err
     )
+    for given in ("0:100", "abc", "7:7"):  # refused, never ignored after the full checks
+        assert main(["verify", "--job", str(job), "--range", given]) == 2
+        out, err = capsys.readouterr()
+        assert (out, err) == (
+            "",
+            f"ptestore verify: error: verify --job without URL checks every pair of the job: "
+            f"--range {given} names bytes of one artifact (give its URL: verify URL --job JOB "
+            "--range START:END); --quick checks every pair without reading its bytes\n",
+        )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import itertools
+import json
 import os
 import shutil
 import struct
@@ -265,16 +266,55 @@ def test_verify_range_on_the_command_line(
     assert "byte range 'x': expected START:END" in capsys.readouterr().err
 
 
+def test_an_end_past_the_content_is_its_end(
+    big: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """END past the content is clipped to it, as an empty END reaches it (verify --help's
+    own example, 0:4194304, was refused on every file smaller than 4 MiB); the verdict
+    names the bytes checked, and a damaged chunk in them is still found."""
+    out = tmp_path / "out.pte"
+    ptestore.specialize(big, out, backends=[ReplaceKey("XnnpackBackend", _key(big))])
+    size = _content(out)[1].size
+    n = -(-size // CHUNK_SIZE)
+    last = (n - 1) * CHUNK_SIZE  # the last chunk, short
+    whole = ptestore.provenance.BytesChecked(0, size, n)
+    assert check_bytes(open_loader(out), (0, size + 1)) == whole
+    assert check_bytes(open_loader(out), (0, 1 << 40)) == whole
+    tail = ptestore.provenance.BytesChecked(last, size, 1)
+    assert check_bytes(open_loader(out), (size - 1, size + CHUNK_SIZE)) == tail
+    assert main(["verify", str(out), "--range", f"{last + 1}:{size + CHUNK_SIZE}"]) == 0
+    assert capsys.readouterr().out == (
+        f"{out}: bytes {last}:{size} intact (1 chunk of the record checked)\n"
+    )
+    assert main(["verify", str(out), "--range", f"0:{1 << 40}", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)["range"]
+    assert shown == {"start": 0, "end": size, "chunks": n}
+    small = tmp_path / "small.pte"  # smaller than a chunk, as the README's example
+    ptestore.specialize(FX.pte_path, small, backends=["passthrough"], allow_unchanged=True)
+    small_size = _content(small)[1].size
+    assert small_size < CHUNK_SIZE
+    assert main(["verify", str(small), "--range", "0:4194304"]) == 0  # verify --help's example
+    assert capsys.readouterr().out == (
+        f"{small}: bytes 0:{small_size} intact (1 chunk of the record checked)\n"
+    )
+    flip(out, size - 1)
+    with pytest.raises(FormatError, match=rf"content.chunks\[{n - 1}\]"):
+        check_bytes(open_loader(out), (last, size + 1))
+    assert main(["verify", str(out), "--range", f"{size - 1}:{size + 1}"]) == 2
+    assert f"content.chunks[{n - 1}]" in capsys.readouterr().err
+
+
 def test_range_refusals(big: Path, tmp_path: Path) -> None:
     out = tmp_path / "out.pte"
     ptestore.specialize(big, out, backends=[ReplaceKey("XnnpackBackend", _key(big))])
     size = _content(out)[1].size
-    with pytest.raises(ConfigurationError) as err:
-        check_bytes(open_loader(out), (0, size + 1))
-    assert str(err.value) == (
-        f"{out}: byte range 0:{size + 1} is outside the content: must be within 0:{size} "
-        "(the bytes before the provenance trailer)"
-    )
+    for start in (size, size + 1):  # at or past the content's end: nothing of it to check
+        with pytest.raises(ConfigurationError) as err:
+            check_bytes(open_loader(out), (start, size + 10))
+        assert str(err.value) == (
+            f"{out}: byte range {start}:{size + 10} is outside the content: must be within "
+            f"0:{size} (the bytes before the provenance trailer)"
+        )
     with pytest.raises(ConfigurationError, match=r"byte range 5:4 is outside"):
         check_bytes(open_loader(out), (5, 4))
     with pytest.raises(ConfigurationError) as err:
