@@ -351,7 +351,11 @@ def update_index(
             )
         return new
 
-    open_index(target, store.options, whole=True)  # ObjectNotFound for no index
+    _, whole, _ = open_index(target, store.options, whole=True)  # ObjectNotFound: none
+    if whole is not None and models is None:  # its shards there, before a writer marks them
+        from .index_whole import model_segments
+
+        models = [m for m in map(whole.model_of, model_segments(whole)) if m]
     sharded, migrated, stats = open_for_writing(store, version=version)
     if sharded is None:
         wanted = None if models is None else set(models)

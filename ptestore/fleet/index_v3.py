@@ -47,8 +47,9 @@ from .index_catalog import (
 from .index_place import model_segment
 from .index_root import SHARDS
 from .index_store import IndexStore, ObjectStats, dumps
-from .index_trie import Change, ModelTrie, Node
+from .index_trie import EMPTY, Change, ModelTrie, Node
 from .index_v2 import INDEX_FORMAT, now
+from .index_whole import model_nodes, model_segments
 
 __all__ = [
     "DEFAULT_LEAF_BYTES",
@@ -168,12 +169,13 @@ class ShardedIndex:
         return self.trie(model).lookup(device, lo, hi)
 
     def iter_entries(self) -> Iterator[dict[str, Any]]:
-        """Every entry, model by model (each model's in device order)."""
-        segments = self.segments()
+        """Every entry, model by model (each model's in device order); a missing part of
+        the index is a :class:`FormatError`, never "no entries" (:mod:`.index_whole`)."""
+        segments = model_segments(self)
 
         def one(segment: str) -> list[dict[str, Any]]:
             trie = ModelTrie(self.store, f"{self.directory}/m/{segment}", "", self.leaf_bytes)
-            found = [e for node in trie.walk() for e in node.entries.values()]
+            found = [e for node in model_nodes(self, trie) for e in node.entries.values()]
             return sorted(found, key=lambda e: str(e.get("device")))
 
         with cf.ThreadPoolExecutor(max_workers=4) as pool:
@@ -200,17 +202,22 @@ class ShardedIndex:
         self, change: EntryChange, *, models: list[str] | None = None, workers: int = 8
     ) -> UpdateReport:
         """Apply ``change`` to every entry (of ``models``), each inside the
-        compare-and-swap of its leaf (so it sees the entry as it is then)."""
+        compare-and-swap of its leaf (so it sees the entry as it is then), once the
+        model's leaves are read whole (a missing part: :mod:`.index_whole`)."""
         report = UpdateReport()
         names = (
-            models if models is not None else [m for m in map(self.model_of, self.segments()) if m]
+            models
+            if models is not None
+            else [m for m in map(self.model_of, model_segments(self)) if m]
         )
 
         def one(model: str) -> list[ObjectStats]:
             trie = self.trie(model)
             located: dict[str, tuple[Node, list[str]]] = {}
             leaving: set[str] = set()  # live entries the change, as they are, retires
-            for node in trie.walk():
+            for node in model_nodes(self, trie):
+                if node.kind == EMPTY:
+                    continue
                 located[node.prefix] = (node, list(node.entries))
                 seen = list(node.entries.values())
                 with _LOCK:
