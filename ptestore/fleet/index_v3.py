@@ -44,6 +44,7 @@ from .index_catalog import (
     needs_rebuild,
     rebuild,
 )
+from .index_pins import EntryGuard, replacing
 from .index_place import model_segment
 from .index_root import SHARDS
 from .index_store import IndexStore, ObjectStats, dumps
@@ -184,17 +185,21 @@ class ShardedIndex:
                     yield from entries
 
     # -- writing ----------------------------------------------------------------------
-    def publish(self, entries: list[dict[str, Any]], *, workers: int = 8) -> list[ObjectStats]:
+    def publish(
+        self, entries: list[dict[str, Any]], *, workers: int = 8, guard: EntryGuard | None = None
+    ) -> list[ObjectStats]:
         """Merge ``entries`` (keyed by model and device; each replaces the entry of its
-        pair) into their leaves, then their models' catalogs."""
+        pair) into their leaves, then their models' catalogs; with ``guard``, not one
+        whose artifact another run replaced since (:mod:`.index_pins`)."""
         by_model: dict[str, dict[str, dict[str, Any]]] = {}
         for e in entries:
             by_model.setdefault(str(e["model"]), {})[str(e["device"])] = e
 
         def one(model: str) -> list[ObjectStats]:
             wanted = by_model[model]
-            changes: dict[str, Change] = {d: _replace_with(e) for d, e in wanted.items()}
-            return self._update_model(model, changes, placements=wanted)
+            changes: dict[str, Change] = {d: replacing(e, guard) for d, e in wanted.items()}
+            left = set() if guard is None else guard.left_out(model)
+            return self._update_model(model, changes, placements=wanted, left=left)
 
         return self._each(list(by_model), one, workers)
 
@@ -264,12 +269,14 @@ class ShardedIndex:
         located: dict[str, tuple[Node, list[str]]] | None = None,
         made: list[dict[str, Any]] | None = None,
         leaving: set[str] | None = None,
+        left: set[str] | frozenset[str] = frozenset(),
     ) -> list[ObjectStats]:
         """Leaves first, then the catalog; ``placements`` are entries known to be the
         pairs' own (a publish: placed in the catalog even when unchanged, which repairs a
-        catalog a crashed run left behind). ``leaving``: devices whose live entry the
-        change is expected to retire (an update's walk), taken out of the catalog before
-        any leaf is written, with those ``placements`` retire (see below)."""
+        catalog a crashed run left behind), but those ``left`` out of their leaves (filled
+        as they are written: another run's entry is there). ``leaving``: devices whose
+        live entry the change is expected to retire (an update's walk), taken out of the
+        catalog before any leaf is written, with those ``placements`` retire (see below)."""
         trie = self.trie(model)
         catalog, version = self.read_catalog(model)
         if placements:  # a catalog it would make too large to read: before any leaf
@@ -298,7 +305,7 @@ class ShardedIndex:
         outcome = trie.update(changes, lo, hi, located=located)
         if made is not None:
             made.extend(new for _, new in outcome.changes.values())
-        placed = {d: live_stamps(e) for d, e in (placements or {}).items()}
+        placed = {d: live_stamps(e) for d, e in (placements or {}).items() if d not in left}
         placed.update({d: live_stamps(new) for d, (_, new) in outcome.changes.items()})
         unsettled = leaving - set(placed)  # expected to retire, left as they were
         if unsettled and catalog is not None:
@@ -435,12 +442,3 @@ class ShardedIndex:
         with cf.ThreadPoolExecutor(max_workers=16) as pool:
             list(pool.map(lambda o: self.store.write(o[0], o[1], "overwrite"), objects))
         return len(objects)
-
-
-def _replace_with(entry: dict[str, Any]) -> Change:
-    """The change that makes an entry ``entry`` (whatever it was)."""
-
-    def change(_old: dict[str, Any] | None) -> dict[str, Any]:
-        return entry
-
-    return change
