@@ -43,7 +43,6 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from .._dataclass import dataclass, field
 from ..errors import FormatError
 from ..provenance import Provenance, read_trailer
 from ..storage.loaders import open_loader
@@ -51,8 +50,10 @@ from ..storage.routing import options_for_loader
 from ..storage.types import absolute_local
 from .index_bounds import check_entry_size, check_name
 from .index_migrate import create_index, migrate_index, named_beside
+from .index_pins import ArtifactPin, EntryGuard, pin_of, superseded_line
 from .index_root import overwritten
-from .index_store import IndexStore, ObjectStats
+from .index_stats import IndexReport
+from .index_store import IndexStore
 from .index_v2 import INDEX_FORMAT, check_index, now, parse_index, publish_v2, update_v2
 from .job import Job
 
@@ -94,11 +95,15 @@ def index_url(job: Job) -> str:
     return (head[: cut + 1] if cut >= 0 else "") + INDEX_NAME
 
 
-def artifact_entry(url: str, options: dict[str, Any]) -> tuple[dict[str, Any], Provenance]:
+def artifact_entry(
+    url: str, options: dict[str, Any], pins: list[ArtifactPin] | None = None
+) -> tuple[dict[str, Any], Provenance]:
     """An artifact's entry (URL, size, SHA-256 of its content and of its trailer) and
     its record; a file without a trailer naming its bytes (or whose record claims other
-    bytes than precede its trailer) is a :class:`FormatError`."""
-    loader = open_loader(url, **options_for_loader(url, options, "dst"))
+    bytes than precede its trailer) is a :class:`FormatError`. The version read is
+    appended to ``pins``, when given and the store gives one (:mod:`.index_pins`)."""
+    loader_options = options_for_loader(url, options, "dst")
+    loader = open_loader(url, **loader_options)
     try:
         trailer = read_trailer(loader)
         if trailer is None:
@@ -108,6 +113,8 @@ def artifact_entry(url: str, options: dict[str, Any]) -> tuple[dict[str, Any], P
         prov = Provenance.of_trailer(trailer, url)
         if prov.content is None:
             raise FormatError(url, "provenance content", None, "a digest of the bytes")
+        if pins is not None and (pin := pin_of(loader, url, loader_options)) is not None:
+            pins.append(pin)
         return {
             "url": absolute_local(url),
             "size": loader.size(),
@@ -137,20 +144,22 @@ def entry_for(
     shared_root: str | None = None,
     *,
     xnnpack: bool = False,
+    pins: list[ArtifactPin] | None = None,
 ) -> dict[str, Any]:
     """The index entry of the artifact at ``pte_url`` (and its ``ptd_url``, or with
     ``shared_root`` the .ptd stored there by content, :mod:`.shared`), from its
     trailers (ranged reads only); with ``xnnpack`` (its device declares a CPU
     fingerprint) also its ``"xnnpack"`` field (:func:`.packed.xnnpack_entry`: the
-    packed-weight file beside it, or null)."""
-    pte, prov = artifact_entry(pte_url, options)
+    packed-weight file beside it, or null). ``pins`` gets the versions of the files
+    read that a run replaces at their URL (not a shared .ptd: :mod:`.index_pins`)."""
+    pte, prov = artifact_entry(pte_url, options, pins)
     ptd = None
     if shared_root is not None and prov.ptd_output is not None:
         from .shared import shared_url
 
         ptd = shared_entry(shared_url(shared_root, prov.ptd_output.sha256), prov.ptd_output)
     elif ptd_url is not None:
-        ptd = artifact_entry(ptd_url, options)[0]
+        ptd = artifact_entry(ptd_url, options, pins)[0]
     dev = prov.device
     entry: dict[str, Any] = {
         "model": None,
@@ -174,37 +183,6 @@ def entry_for(
         ptd_sha256 = None if prov.ptd_output is None else prov.ptd_output.sha256
         entry["xnnpack"] = xnnpack_entry(pte_url, pte, ptd_sha256, options)
     return entry
-
-
-@dataclass
-class IndexReport:
-    """What publishing or updating an index did: its version, and every object it
-    touched with its compare-and-swap attempts and conflicts."""
-
-    url: str
-    version: int
-    stats: list[ObjectStats] = field(default_factory=list)
-    #: What a migration from version 1/2 did (None: no migration).
-    migrated: dict[str, Any] | None = None
-    #: The entries an update changed (as published), and how many it examined.
-    changed: list[dict[str, Any]] = field(default_factory=list)
-    examined: int = 0
-    retired: int = 0
-
-    @property
-    def conflicts(self) -> int:
-        return sum(s.conflicts for s in self.stats)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The ``index_shards`` of ``fleet run --json``: per object, and the totals."""
-        return {
-            "version": self.version,
-            "migrated": self.migrated,
-            "objects": len(self.stats),
-            "written": sum(1 for s in self.stats if s.written),
-            "conflicts": self.conflicts,
-            "shards": [s.to_dict() for s in self.stats],
-        }
 
 
 def open_index(
@@ -291,10 +269,14 @@ def publish_entries(
     options: dict[str, Any],
     *,
     version: int | None = None,
+    pins: dict[tuple[str, str], list[ArtifactPin]] | None = None,
 ) -> IndexReport:
     """Merge ``entries`` into the index at ``url`` (created when there is none; a
     version 1/2 index on a store with compare-and-swap is migrated to version 3 first,
-    unless ``version=2``)."""
+    unless ``version=2``). ``pins``: per ``(model, device)``, the versions of the
+    artifacts its entry was made from (:func:`entry_for`); an entry that would replace
+    one naming other bytes while an artifact of it was replaced since is left out,
+    and named in the report's ``superseded`` (:mod:`.index_pins`)."""
     from .index_migrate import open_for_writing
 
     new = list(entries)
@@ -307,9 +289,18 @@ def publish_entries(
         check_entry_size(e, url, f"index entry {e['model']}/{e['device']}")
     store = IndexStore(url, dict(options))
     sharded, migrated, stats = open_for_writing(store, version=version)
+    guard = None if pins is None else EntryGuard(pins)
     if sharded is None:
-        return IndexReport(url, 2, stats + publish_v2(store, new))
-    return IndexReport(url, 3, stats + sharded.publish(new), migrated)
+        report = IndexReport(url, 2, stats + publish_v2(store, new, guard))
+    else:
+        report = IndexReport(url, 3, stats + sharded.publish(new, guard=guard), migrated)
+    if guard is not None:
+        report.superseded = guard.superseded()
+        for s in report.superseded:
+            from .._log import get_logger
+
+            get_logger(__name__).warning("%s: %s", url, superseded_line(s))
+    return report
 
 
 def publish_index(url: str, entries: Iterable[dict[str, Any]], options: dict[str, Any]) -> str:
@@ -351,7 +342,11 @@ def update_index(
             )
         return new
 
-    open_index(target, store.options, whole=True)  # ObjectNotFound for no index
+    _, whole, _ = open_index(target, store.options, whole=True)  # ObjectNotFound: none
+    if whole is not None and models is None:  # its shards there, before a writer marks them
+        from .index_whole import model_segments
+
+        models = [m for m in map(whole.model_of, model_segments(whole)) if m]
     sharded, migrated, stats = open_for_writing(store, version=version)
     if sharded is None:
         wanted = None if models is None else set(models)
@@ -372,13 +367,17 @@ def update_index(
 
 
 def index_entries(
-    job: Job, pairs: Iterable[tuple[str, str]], skipped: list[str] | None = None
+    job: Job,
+    pairs: Iterable[tuple[str, str]],
+    skipped: list[str] | None = None,
+    pins: dict[tuple[str, str], list[ArtifactPin]] | None = None,
 ) -> list[dict[str, Any]]:
     """The entries of ``job``'s ``(model, device)`` pairs (read from their trailers,
     a few at once). An artifact whose trailer names another device, or other options
     for it, than its pair's (another pair's artifact copied there, another job's) is
     never indexed as the pair's: its reason is appended to ``skipped``, or, without a
-    list, raised as a :class:`FormatError`."""
+    list, raised as a :class:`FormatError`. ``pins`` gets, per pair, the versions of
+    the artifacts read (:func:`entry_for`)."""
     import concurrent.futures as cf
 
     wanted = set(pairs)
@@ -388,13 +387,17 @@ def index_entries(
 
     def one(p: Any) -> dict[str, Any] | FormatError:
         root = shared_root(job.destination) if p.ptd_destination is not None else None
+        read: list[ArtifactPin] = []
         e = entry_for(
             p.destination,
             p.ptd_destination,
             job.storage_options,
             root,
             xnnpack=p.xnnpack_cpu is not None,
+            pins=read,
         )
+        if pins is not None:
+            pins[(p.model.name, p.device.name)] = read
         e["model"] = p.model.name
         digest = p.device.digest()
         if e["device"] != p.device.name or e["device_digest"] != digest:
@@ -433,12 +436,13 @@ def publish_pairs(
         return None, None, None
     url = index_url(job)
     skipped: list[str] = []
+    pins: dict[tuple[str, str], list[ArtifactPin]] = {}
     try:
-        entries = index_entries(job, pairs, skipped)
+        entries = index_entries(job, pairs, skipped, pins)
         if not entries:
             return None, "; ".join(skipped), None
         report = publish_entries(
-            url, entries, dict(job.storage_options), version=job.index_version
+            url, entries, dict(job.storage_options), version=job.index_version, pins=pins
         )
     except PteStoreError as exc:
         return None, str(exc), None

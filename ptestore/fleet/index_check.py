@@ -15,7 +15,10 @@ check finds them without one, and ``repair`` rebuilds each from its leaves
 problem, ``damaged catalog: ...``, and ``repair`` replaces it by compare-and-swap on
 the version read. A leaf no reader reads (not JSON, past its bound, or read from another
 place than it says it belongs: :mod:`.index_place`) is ``damaged leaf: ...``, left by
-``repair`` (a catalog is rebuilt from the leaves): restore or remove it by hand.
+``repair`` (a catalog is rebuilt from the leaves): restore or remove it by hand. So is a
+leaf missing below a split node (:func:`~.index_whole.check_splits`: read as an empty
+one, ``missing leaf: ...``): a catalog rebuilt without its entries would hide the loss
+from ``gc``, which removes the files of entries it does not see; restore it.
 
 Read while runs publish, a catalog can be behind its leaves for the moment between a
 run's leaf writes and its placement: check again before repairing a fleet that is busy.
@@ -33,7 +36,14 @@ from ..errors import FormatError
 if TYPE_CHECKING:
     from .index_v3 import ShardedIndex
 
-__all__ = ["ABSENT", "DAMAGED_LEAF", "IndexCheck", "catalog_problems", "check_index"]
+__all__ = [
+    "ABSENT",
+    "DAMAGED_LEAF",
+    "MISSING_LEAF",
+    "IndexCheck",
+    "catalog_problems",
+    "check_index",
+]
 
 #: The problem of a model named to :func:`check_index` that has neither a catalog nor a
 #: live entry in the index (nothing to repair).
@@ -43,6 +53,9 @@ ABSENT = "not in this index (no catalog, no live entry)"
 #: be checked or rebuilt until the leaf is restored or removed.
 DAMAGED_LEAF = "damaged leaf"
 UNREPAIRED_LEAF = "a catalog is rebuilt from its leaves: restore or remove the damaged one"
+#: The problem of a model with a leaf missing below a split node: restored, not repaired.
+MISSING_LEAF = "missing leaf"
+UNREPAIRED_MISSING = "a catalog is rebuilt from its leaves: restore the missing one"
 
 
 @dataclass
@@ -88,16 +101,23 @@ def catalog_problems(sharded: ShardedIndex, model: str) -> tuple[list[str], bool
     members the leaves hold (all of them unless ``more``), and no class without
     members; and whether it carries a rebuild's mark."""
     from .index_catalog import REBUILDING, class_key, live_stamps
+    from .index_whole import check_splits
 
     members: dict[str, list[str]] = {}
+    trie = sharded.trie(model)
     try:
-        for node in sharded.trie(model).walk():
-            for device, entry in node.entries.items():
-                stamps = live_stamps(entry)
-                if stamps is not None:
-                    members.setdefault(class_key(stamps), []).append(device)
+        nodes = list(trie.walk(empty=True))
     except FormatError as exc:  # the leaves are what a catalog is checked against
         return [f"{DAMAGED_LEAF}: {exc}"], False
+    try:
+        check_splits(trie, nodes)
+    except FormatError as exc:
+        return [f"{MISSING_LEAF}: {exc}"], False
+    for node in nodes:
+        for device, entry in node.entries.items():
+            stamps = live_stamps(entry)
+            if stamps is not None:
+                members.setdefault(class_key(stamps), []).append(device)
     try:
         catalog, _ = sharded.read_catalog(model)
     except FormatError as exc:
@@ -159,6 +179,8 @@ def check_index(
             return model, problems, mark, None, False
         if problems and problems[0].startswith(DAMAGED_LEAF):  # nothing to rebuild from
             return model, problems, mark, [f"not repaired: {UNREPAIRED_LEAF}"], False
+        if problems and problems[0].startswith(MISSING_LEAF):  # its entries unknown
+            return model, problems, mark, [f"not repaired: {UNREPAIRED_MISSING}"], False
         try:
             index.repair(model, force=True)
         except FormatError as exc:  # a rebuilt catalog too large to read: not written

@@ -1,7 +1,8 @@
 """What the operations on a fleet index did: each object a run updated
 (:class:`ObjectStats`: attempts, conflicts, writes, splits), what a reader read
 (:class:`ReadCount`), and the one-line summary of a run's index objects
-(:func:`shards_line`). Kept by :mod:`.index_store`, which re-exports them."""
+(:func:`shards_line`). Kept by :mod:`.index_store`, which re-exports them; a publish or
+an update reports them all in an :class:`IndexReport` (:mod:`.index` re-exports it)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 from .._dataclass import dataclass, field
 
-__all__ = ["ObjectStats", "ReadCount", "shards_line"]
+__all__ = ["IndexReport", "ObjectStats", "ReadCount", "shards_line"]
 
 
 @dataclass
@@ -70,6 +71,41 @@ class ReadCount:
 
     def to_dict(self) -> dict[str, int]:
         return {"objects": self.objects, "bytes": self.bytes, "requests": self.requests}
+
+
+@dataclass
+class IndexReport:
+    """What publishing or updating an index did: its version, and every object it
+    touched with its compare-and-swap attempts and conflicts."""
+
+    url: str
+    version: int
+    stats: list[ObjectStats] = field(default_factory=list)
+    #: What a migration from version 1/2 did (None: no migration).
+    migrated: dict[str, Any] | None = None
+    #: The entries an update changed (as published), and how many it examined.
+    changed: list[dict[str, Any]] = field(default_factory=list)
+    examined: int = 0
+    retired: int = 0
+    #: ``{"model", "device", "url"}`` of each entry a publish left out: the artifact at
+    #: ``url`` was replaced by another run since the entry was made (:mod:`.index_pins`).
+    superseded: list[dict[str, str]] = field(default_factory=list)
+
+    @property
+    def conflicts(self) -> int:
+        return sum(s.conflicts for s in self.stats)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``index_shards`` of ``fleet run --json``: per object, and the totals."""
+        return {
+            "version": self.version,
+            "migrated": self.migrated,
+            "objects": len(self.stats),
+            "written": sum(1 for s in self.stats if s.written),
+            "conflicts": self.conflicts,
+            "shards": [s.to_dict() for s in self.stats],
+            "superseded": [dict(s) for s in self.superseded],
+        }
 
 
 def shards_line(shards: dict[str, Any]) -> str:

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import datetime as _dt
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import FormatError, ObjectNotFound
 from .index_bounds import MAX_INDEX_DEPTH, MAX_ROOT_BYTES, MAX_V2_BYTES, check_root_size, oversize
 from .index_store import IndexStore, ObjectStats
+
+if TYPE_CHECKING:
+    from .index_pins import EntryGuard
 
 __all__ = [
     "INDEX_FORMAT",
@@ -90,23 +93,35 @@ def _v2(value: dict[str, Any], url: str) -> dict[str, Any]:
     return old
 
 
-def publish_v2(store: IndexStore, entries: list[dict[str, Any]]) -> list[ObjectStats]:
+def publish_v2(
+    store: IndexStore, entries: list[dict[str, Any]], guard: EntryGuard | None = None
+) -> list[ObjectStats]:
     """Merge ``entries`` into the version 1/2 index at ``store.root`` (conditionally on
-    a store with compare-and-swap, else last writer wins)."""
+    a store with compare-and-swap, else last writer wins); with ``guard``, not one whose
+    artifact another run replaced since (:mod:`.index_pins`)."""
     stats = ObjectStats(store.root, "index", entries=len(entries))
+
+    def merged(old: dict[str, Any] | None) -> dict[str, Any] | None:
+        kept = entries
+        if guard is not None:
+            there = {(e.get("model"), e.get("device")): e for e in (old or {}).get("entries", [])
+                     if isinstance(e, dict)}  # fmt: skip
+            kept = [e for e in entries if guard.admits(there.get((e["model"], e["device"])), e)]
+        return merge_entries(old, kept) if kept or old is None else None
+
     if store.cas:
 
-        def transform(value: dict[str, Any] | None, _version: str | None) -> dict[str, Any]:
-            old = None if value is None else _v2(value, store.root)
-            return merge_entries(old, entries)
+        def transform(value: dict[str, Any] | None, _version: str | None) -> dict[str, Any] | None:
+            return merged(None if value is None else _v2(value, store.root))
 
         store.update(store.root, transform, stats)
         return [stats]
     data, version = read_plain(store)
-    old = None if version is None else _v2(parse_index(data, store.root), store.root)
+    new = merged(None if version is None else _v2(parse_index(data, store.root), store.root))
     stats.attempts = 1
-    store.write(store.root, merge_entries(old, entries), "overwrite")
-    stats.written = True
+    if new is not None:
+        store.write(store.root, new, "overwrite")
+        stats.written = True
     return [stats]
 
 

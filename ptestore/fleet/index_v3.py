@@ -44,11 +44,13 @@ from .index_catalog import (
     needs_rebuild,
     rebuild,
 )
+from .index_pins import EntryGuard, replacing
 from .index_place import model_segment
 from .index_root import SHARDS
 from .index_store import IndexStore, ObjectStats, dumps
-from .index_trie import Change, ModelTrie, Node
+from .index_trie import EMPTY, Change, ModelTrie, Node
 from .index_v2 import INDEX_FORMAT, now
+from .index_whole import model_nodes, model_segments
 
 __all__ = [
     "DEFAULT_LEAF_BYTES",
@@ -168,12 +170,13 @@ class ShardedIndex:
         return self.trie(model).lookup(device, lo, hi)
 
     def iter_entries(self) -> Iterator[dict[str, Any]]:
-        """Every entry, model by model (each model's in device order)."""
-        segments = self.segments()
+        """Every entry, model by model (each model's in device order); a missing part of
+        the index is a :class:`FormatError`, never "no entries" (:mod:`.index_whole`)."""
+        segments = model_segments(self)
 
         def one(segment: str) -> list[dict[str, Any]]:
             trie = ModelTrie(self.store, f"{self.directory}/m/{segment}", "", self.leaf_bytes)
-            found = [e for node in trie.walk() for e in node.entries.values()]
+            found = [e for node in model_nodes(self, trie) for e in node.entries.values()]
             return sorted(found, key=lambda e: str(e.get("device")))
 
         with cf.ThreadPoolExecutor(max_workers=4) as pool:
@@ -182,17 +185,21 @@ class ShardedIndex:
                     yield from entries
 
     # -- writing ----------------------------------------------------------------------
-    def publish(self, entries: list[dict[str, Any]], *, workers: int = 8) -> list[ObjectStats]:
+    def publish(
+        self, entries: list[dict[str, Any]], *, workers: int = 8, guard: EntryGuard | None = None
+    ) -> list[ObjectStats]:
         """Merge ``entries`` (keyed by model and device; each replaces the entry of its
-        pair) into their leaves, then their models' catalogs."""
+        pair) into their leaves, then their models' catalogs; with ``guard``, not one
+        whose artifact another run replaced since (:mod:`.index_pins`)."""
         by_model: dict[str, dict[str, dict[str, Any]]] = {}
         for e in entries:
             by_model.setdefault(str(e["model"]), {})[str(e["device"])] = e
 
         def one(model: str) -> list[ObjectStats]:
             wanted = by_model[model]
-            changes: dict[str, Change] = {d: _replace_with(e) for d, e in wanted.items()}
-            return self._update_model(model, changes, placements=wanted)
+            changes: dict[str, Change] = {d: replacing(e, guard) for d, e in wanted.items()}
+            left = set() if guard is None else guard.left_out(model)
+            return self._update_model(model, changes, placements=wanted, left=left)
 
         return self._each(list(by_model), one, workers)
 
@@ -200,17 +207,22 @@ class ShardedIndex:
         self, change: EntryChange, *, models: list[str] | None = None, workers: int = 8
     ) -> UpdateReport:
         """Apply ``change`` to every entry (of ``models``), each inside the
-        compare-and-swap of its leaf (so it sees the entry as it is then)."""
+        compare-and-swap of its leaf (so it sees the entry as it is then), once the
+        model's leaves are read whole (a missing part: :mod:`.index_whole`)."""
         report = UpdateReport()
         names = (
-            models if models is not None else [m for m in map(self.model_of, self.segments()) if m]
+            models
+            if models is not None
+            else [m for m in map(self.model_of, model_segments(self)) if m]
         )
 
         def one(model: str) -> list[ObjectStats]:
             trie = self.trie(model)
             located: dict[str, tuple[Node, list[str]]] = {}
             leaving: set[str] = set()  # live entries the change, as they are, retires
-            for node in trie.walk():
+            for node in model_nodes(self, trie):
+                if node.kind == EMPTY:
+                    continue
                 located[node.prefix] = (node, list(node.entries))
                 seen = list(node.entries.values())
                 with _LOCK:
@@ -257,12 +269,14 @@ class ShardedIndex:
         located: dict[str, tuple[Node, list[str]]] | None = None,
         made: list[dict[str, Any]] | None = None,
         leaving: set[str] | None = None,
+        left: set[str] | frozenset[str] = frozenset(),
     ) -> list[ObjectStats]:
         """Leaves first, then the catalog; ``placements`` are entries known to be the
         pairs' own (a publish: placed in the catalog even when unchanged, which repairs a
-        catalog a crashed run left behind). ``leaving``: devices whose live entry the
-        change is expected to retire (an update's walk), taken out of the catalog before
-        any leaf is written, with those ``placements`` retire (see below)."""
+        catalog a crashed run left behind), but those ``left`` out of their leaves (filled
+        as they are written: another run's entry is there). ``leaving``: devices whose
+        live entry the change is expected to retire (an update's walk), taken out of the
+        catalog before any leaf is written, with those ``placements`` retire (see below)."""
         trie = self.trie(model)
         catalog, version = self.read_catalog(model)
         if placements:  # a catalog it would make too large to read: before any leaf
@@ -291,7 +305,7 @@ class ShardedIndex:
         outcome = trie.update(changes, lo, hi, located=located)
         if made is not None:
             made.extend(new for _, new in outcome.changes.values())
-        placed = {d: live_stamps(e) for d, e in (placements or {}).items()}
+        placed = {d: live_stamps(e) for d, e in (placements or {}).items() if d not in left}
         placed.update({d: live_stamps(new) for d, (_, new) in outcome.changes.items()})
         unsettled = leaving - set(placed)  # expected to retire, left as they were
         if unsettled and catalog is not None:
@@ -428,12 +442,3 @@ class ShardedIndex:
         with cf.ThreadPoolExecutor(max_workers=16) as pool:
             list(pool.map(lambda o: self.store.write(o[0], o[1], "overwrite"), objects))
         return len(objects)
-
-
-def _replace_with(entry: dict[str, Any]) -> Change:
-    """The change that makes an entry ``entry`` (whatever it was)."""
-
-    def change(_old: dict[str, Any] | None) -> dict[str, Any]:
-        return entry
-
-    return change

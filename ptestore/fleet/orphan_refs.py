@@ -12,37 +12,33 @@ skipped an entry it could not make sense of, made gc remove the files of those e
   locally its path as written, so a device directory that is a symbolic link is):
   an index whose artifacts are elsewhere was moved, copied or mounted from another place
   and does not describe the files beside it, which it would leave unnamed, every one;
-- **a version 3 index** (:mod:`.index_v3`): its shard directory holds ``root.json``
-  (the copy of the root every writer leaves there: without it, the directory is gone or
-  was never this root's); each model's catalog, read before its leaves, agrees with
-  them: a catalog that lists live builds has a live entry in its leaves, and every
-  device it lists has an entry in one (a writer updates the leaves first, and entries
-  are never removed); every split node has below it at least the two entries it split,
-  and a half of it that does not exist has a sibling that is split (a split creates each
-  half that gets an entry; a half that got none left all of them to the other, which
-  was split in turn). A leaf that does not exist reads as an empty one: these are what
-  tell a lost one. They cannot tell a model's lost directory from a model never
-  published, nor a lost leaf beside a split node, whose devices the catalog does not
-  list, from an empty half: ``gc --job`` checks that every pair of the job has an entry
-  (``pairs``, :func:`index_references`).
+- **a version 3 index** (:mod:`.index_v3`), read as :mod:`.index_whole` reads one whole,
+  strictly: its shard directory holds ``root.json`` (the copy of the root every writer
+  leaves there: without it, the directory is gone or was never this root's); each
+  model's catalog, read before its leaves, agrees with them (a catalog that lists live
+  builds has a live entry in its leaves, and every device it lists has an entry in
+  one); every split node has below it at least the two entries it split, and a half of
+  it that does not exist has a split sibling. A leaf that does not exist reads as an
+  empty one: these are what tell a lost one. They cannot tell a model's lost directory
+  from a model never published, nor a lost leaf beside a split node, whose devices the
+  catalog does not list, from an empty half: ``gc --job`` checks that every pair of the
+  job has an entry (``pairs``, :func:`index_references`).
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
 import os
-from collections import Counter
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..coordinator.targets import target_identity
-from ..errors import FormatError, ObjectNotFound, PteStoreError
+from ..errors import FormatError, ObjectNotFound
 from ..storage.types import StorageURL, is_relative_local
 from .index import INDEX_NAME, open_index
 from .index_bounds import ENTRY_FILES, check_files
-from .index_catalog import check_catalog
-from .index_root import NAMED
-from .index_trie import EMPTY, LEAF, SPLIT, ModelTrie, Node
+from .index_trie import ModelTrie
+from .index_whole import model_nodes, model_segments
 from .packed import record_url
 
 if TYPE_CHECKING:
@@ -163,116 +159,17 @@ def _noting(entries: Iterable[Any], pairs: set[tuple[str, str]]) -> Iterator[Any
 
 
 def _sharded_entries(index: ShardedIndex, url: str) -> Iterator[dict[str, Any]]:
-    """Every entry of the version 3 ``index`` (at ``url``), model by model, checked."""
-    if index.store.read(f"{index.directory}/{NAMED}")[1] is None:
-        raise FormatError(
-            url,
-            "index layout.shards",
-            index.layout["shards"],
-            f"a directory holding {NAMED}, the copy of this root its writers leave there",
-            f"there is none at {index.directory}/{NAMED}: its shards were removed or moved, "
-            "and the entries they held are unknown. Restore them; an index an earlier "
-            "ptestore made without the copy gets it from its next fleet run",
-        )
-    try:
-        segments = index.segments()
-    except PteStoreError:
-        raise
-    except Exception as exc:  # a listing that failed (S3: the network): one line
-        from .._retry import to_storage_error
-
-        raise to_storage_error(exc, f"{index.directory}/m/", "listing the models") from exc
+    """Every entry of the version 3 ``index`` (at ``url``), model by model, checked
+    (:mod:`.index_whole`, strictly: gc removes what no entry it read names)."""
+    segments = model_segments(index, strict=True)
 
     def one(segment: str) -> list[dict[str, Any]]:
-        return _model_entries(index, segment)
+        trie = ModelTrie(index.store, f"{index.directory}/m/{segment}", "", index.leaf_bytes)
+        nodes = model_nodes(index, trie, strict=True)
+        held = {d: e for node in nodes for d, e in node.entries.items()}
+        return [held[d] for d in sorted(held)]
 
     with cf.ThreadPoolExecutor(max_workers=4) as pool:
         for start in range(0, len(segments), 16):
             for entries in pool.map(one, segments[start : start + 16]):
                 yield from entries
-
-
-def _model_entries(index: ShardedIndex, segment: str) -> list[dict[str, Any]]:
-    """The entries of one model's directory, its catalog read first, then checked
-    against its leaves."""
-    directory = f"{index.directory}/m/{segment}"
-    where = f"{directory}/catalog.json"
-    value, _ = index.store.read_json(where)
-    catalog = None if value is None else check_catalog(value, where, index.listed)
-    trie = ModelTrie(index.store, directory, "", index.leaf_bytes)
-    leaves = list(trie.walk(empty=True))
-    _check_splits(trie, leaves)
-    held = {d: e for node in leaves for d, e in node.entries.items()}
-    if catalog is not None:
-        _check_catalog(catalog, where, held)
-    return [held[d] for d in sorted(held)]
-
-
-def _check_splits(trie: ModelTrie, leaves: list[Node]) -> None:
-    """Every split node above ``leaves`` (the walk's, empty ones included) has at least
-    two entries below it (the deepest that has not is named), and a half of one that
-    does not exist has a split (or splitting) sibling: a split creates each half that
-    gets an entry, and a node is never removed, so a half found missing got none of the
-    entries, its sibling all of them (more than a leaf holds: it was split in turn)."""
-    below: Counter[str] = Counter()
-    for node in leaves:
-        for depth in range(len(node.prefix)):  # each node above a leaf is split
-            below[node.prefix[:depth]] += len(node.entries)
-    for prefix in sorted(below, key=len, reverse=True):  # the split nearest the loss
-        if below[prefix] < 2:
-            lost = [
-                trie.url(n.prefix)
-                for n in leaves
-                if n.kind == EMPTY and n.prefix.startswith(prefix)
-            ]
-            raise FormatError(
-                trie.url(prefix),
-                "index shard state",
-                SPLIT,
-                "a node whose halves hold the entries it split (at least 2)",
-                f"they hold {below[prefix]}: a leaf is missing ({', '.join(lost)} not found)",
-            )
-    kinds = {n.prefix: n.kind for n in leaves}  # a split node is not among them
-    for node in leaves:
-        if node.kind != EMPTY or not node.prefix:
-            continue
-        sibling = node.prefix[:-1] + "10"[int(node.prefix[-1])]
-        if kinds.get(sibling) in (LEAF, EMPTY):
-            state = "not found either" if kinds[sibling] == EMPTY else "a leaf"
-            raise FormatError(
-                trie.url(node.prefix[:-1]),
-                "index shard state",
-                SPLIT,
-                "a node whose halves both exist, unless one got none of the entries it "
-                "split (the other got them all, and was split in turn)",
-                f"{trie.url(node.prefix)} is not found and {trie.url(sibling)} is {state}: "
-                "a leaf is missing",
-            )
-
-
-def _check_catalog(catalog: dict[str, Any], where: str, held: dict[str, Any]) -> None:
-    """The catalog at ``where`` agrees with the entries ``held`` in its model's leaves
-    (read after it)."""
-    classes = catalog["classes"]
-    if classes and not any(not e.get("retired") for e in held.values()):
-        raise FormatError(
-            where,
-            "index catalog classes (live builds)",
-            len(classes),
-            "none while the model's leaves hold no live entry",
-            f"they hold {len(held)} entries, none live: a leaf is missing, or the catalog "
-            "is behind its leaves (a run retired them meanwhile: run gc again). `ptestore "
-            "fleet check-index` says which; restore any missing leaf before a --repair, "
-            "which rebuilds the catalog from the leaves as they are",
-        )
-    for i, c in enumerate(classes):
-        for j, device in enumerate(c["devices"]):
-            if device not in held:
-                raise FormatError(
-                    where,
-                    f"index catalog classes[{i}].devices[{j}]",
-                    device,
-                    "a device whose entry is in one of the model's leaves",
-                    "none holds it: a leaf is missing (a writer updates the leaves before "
-                    "the catalog, and never removes an entry)",
-                )

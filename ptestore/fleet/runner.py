@@ -134,6 +134,10 @@ class FleetResult:
         if self.index_error is not None:
             what = "index not published" if self.index is None else "not indexed"
             lines.append(f"{what}: {self.index_error}")
+        if self.index_shards is not None and self.index_shards.get("superseded"):
+            from .index_pins import superseded_line
+
+            lines += [f"superseded: {superseded_line(s)}" for s in self.index_shards["superseded"]]
         lines += [f"lost: {why}" for why in self.lost_workers.values()]
         return "\n".join(lines)
 

@@ -107,6 +107,9 @@ class FsspecLoader(LoaderBase):
         self.etag: str | None = info.get("ETag") or info.get("etag")
         #: Version id of the object read (S3 versioned buckets), else None.
         self.version_id: str | None = info.get("VersionId") or None
+        #: When the object was made, where the store says so (``memory://``: each publish
+        #: installs a new object), else None.
+        self.created: object = info.get("created")
         #: Bytes asked of the store so far (whole-object reads included).
         self.bytes_fetched = 0
         self._reads = 0

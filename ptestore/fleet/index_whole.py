@@ -1,0 +1,230 @@
+"""Reading every entry of a version 3 index (:mod:`.index_v3`) so that a part of it that
+is missing is an error, never "no entries".
+
+A node that does not exist reads as an empty leaf: the leaf of a pair never published,
+the half of a split that got no entry. A reader of one device's entry (``select``,
+``find_entry``, ``fetch INDEX``, ``ensure INDEX``) rightly answers "no entry" there. A
+reader of every entry cannot take a lost leaf or shard directory for an empty one:
+``gc`` would remove the files of the entries it held (:mod:`.orphan_refs`), ``fleet
+retire`` would retire nothing there, ``load_index`` and ``iter_entries`` would return
+fewer entries. What tells a lost part from an empty one, model by model, its catalog
+read before its leaves (:func:`model_nodes`):
+
+- every split node has below it at least the two entries it split, and a half of it that
+  does not exist has a split (or splitting) sibling: a split creates each half that gets
+  an entry, and a node is never removed, so a half that got none left all of them to
+  the other, more than a leaf holds, which was split in turn (:func:`check_splits`);
+- every device the catalog lists has an entry in one of the leaves: a writer updates the
+  leaves before the catalog, and never removes an entry (:func:`check_listed`).
+
+Both hold whatever writers do meanwhile (each is about objects written before the first
+one read), so a reader never refuses a sound index that runs are changing. gc
+(``strict``) also stops on a catalog that lists live builds while the leaves hold no
+live entry (a retire can take an entry out of the catalog, then retire its leaf, between
+the two reads: gc says so and is run again) and on a catalog it cannot read; the other
+readers leave those to ``fleet check-index``.
+
+The shard directory (:func:`model_segments`): gc requires the copy of the root its
+writers leave there (``root.json``); the other readers refuse a directory that holds
+neither that copy nor any model's objects (removed or moved; a store may still list the
+emptied model directories), and read one without the copy but with a model's objects as
+the index an earlier ptestore made (its next publish writes the copy).
+
+What none of this tells: a model's lost directory from a model never published, and a
+lost leaf beside a split node whose devices the catalog does not list from an empty half
+(``gc --job`` checks that every pair of its job has an entry).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Protocol
+
+from ..errors import FormatError, PteStoreError
+from .index_catalog import check_catalog
+from .index_root import NAMED
+from .index_store import IndexStore
+from .index_trie import EMPTY, LEAF, SPLIT, ModelTrie, Node
+
+__all__ = [
+    "ShardDirectory",
+    "check_listed",
+    "check_splits",
+    "incomplete",
+    "model_nodes",
+    "model_segments",
+]
+
+
+class ShardDirectory(Protocol):
+    """What is read here of a version 3 index (:class:`~.index_v3.ShardedIndex`)."""
+
+    store: IndexStore
+    layout: dict[str, Any]
+    directory: str
+    listed: int
+
+    def segments(self) -> list[str]: ...
+
+
+def model_segments(index: ShardDirectory, *, strict: bool = False) -> list[str]:
+    """The model directories of ``index`` (one listing), once its shard directory is
+    known to be there (module docstring); :class:`FormatError` naming the index's URL
+    when it is not. ``strict`` (gc): its copy of the root is read first and required."""
+    url = index.store.root
+    shards = index.layout["shards"]
+    if strict and index.store.read(f"{index.directory}/{NAMED}")[1] is None:
+        raise FormatError(
+            url,
+            "index layout.shards",
+            shards,
+            f"a directory holding {NAMED}, the copy of this root its writers leave there",
+            f"there is none at {index.directory}/{NAMED}: its shards were removed or moved, "
+            "and the entries they held are unknown. Restore them; an index an earlier "
+            "ptestore made without the copy gets it from its next fleet run",
+        )
+    try:
+        segments = index.segments()
+    except PteStoreError:
+        raise
+    except Exception as exc:  # a listing that failed (S3: the network): one line
+        from .._retry import to_storage_error
+
+        raise to_storage_error(exc, f"{index.directory}/m/", "listing the models") from exc
+    if not strict and not _named_or_held(index, segments):
+        raise FormatError(
+            url,
+            "index layout.shards",
+            shards,
+            f"a directory holding {NAMED} (the copy of this root its writers leave there) "
+            "or a model's shards",
+            f"there is neither in {index.directory}: its shards were removed or moved, and "
+            "the entries they held are unknown; restore them",
+        )
+    return segments
+
+
+def _named_or_held(index: ShardDirectory, segments: list[str]) -> bool:
+    """Whether the shard directory holds its copy of the root, or else (an index an
+    earlier ptestore made) a model directory holding its catalog or its top node (a
+    store may list a directory whose objects were all removed: SeaweedFS keeps it)."""
+    if index.store.read(f"{index.directory}/{NAMED}")[1] is not None:
+        return True
+    for segment in segments:  # the first one holds them, unless they are gone
+        for name in ("catalog.json", "t.json"):
+            if index.store.read(f"{index.directory}/m/{segment}/{name}", oversize_ok=True)[1]:
+                return True
+    return False
+
+
+def model_nodes(index: ShardDirectory, trie: ModelTrie, *, strict: bool = False) -> list[Node]:
+    """Every leaf of ``trie``, a model of ``index``, the empty ones included (a node
+    that does not exist where a split leads), its catalog read first and both checked
+    (module docstring). A missing part is a :class:`FormatError` naming the index's URL
+    (with ``strict``, gc's, the node's)."""
+    where = f"{trie.directory}/catalog.json"
+    catalog: dict[str, Any] | None = None
+    try:
+        value, _ = index.store.read_json(where)
+        catalog = None if value is None else check_catalog(value, where, index.listed)
+    except FormatError:
+        if strict:
+            raise
+        catalog = None  # damaged: check-index reports it; the leaves are read as they are
+    nodes = list(trie.walk(empty=True))
+    held = {d: e for node in nodes for d, e in node.entries.items()}
+    try:
+        check_splits(trie, nodes)
+        if catalog is not None:
+            check_listed(catalog, where, held, strict=strict)
+    except FormatError as exc:
+        if strict:
+            raise
+        raise incomplete(index, exc) from None
+    return nodes
+
+
+def incomplete(index: ShardDirectory, problem: FormatError) -> FormatError:
+    """The error of a reader of every entry of ``index`` that found a part of it
+    missing (``problem``, naming the node that tells and the object missing)."""
+    return FormatError(
+        index.store.root,
+        "index shards",
+        index.layout["shards"],
+        "every node its catalogs and split nodes name",
+        f"{problem}; the index cannot be read whole: restore what is missing (read as "
+        "empty, the entries it held would be left out)",
+    )
+
+
+def check_splits(trie: ModelTrie, leaves: list[Node]) -> None:
+    """Every split node above ``leaves`` (the walk's, empty ones included) has at least
+    two entries below it (the deepest that has not is named), and a half of one that
+    does not exist has a split (or splitting) sibling: a split creates each half that
+    gets an entry, and a node is never removed, so a half found missing got none of the
+    entries, its sibling all of them (more than a leaf holds: it was split in turn)."""
+    below: Counter[str] = Counter()
+    for node in leaves:
+        for depth in range(len(node.prefix)):  # each node above a leaf is split
+            below[node.prefix[:depth]] += len(node.entries)
+    for prefix in sorted(below, key=len, reverse=True):  # the split nearest the loss
+        if below[prefix] < 2:
+            lost = [
+                trie.url(n.prefix)
+                for n in leaves
+                if n.kind == EMPTY and n.prefix.startswith(prefix)
+            ]
+            raise FormatError(
+                trie.url(prefix),
+                "index shard state",
+                SPLIT,
+                "a node whose halves hold the entries it split (at least 2)",
+                f"they hold {below[prefix]}: a leaf is missing ({', '.join(lost)} not found)",
+            )
+    kinds = {n.prefix: n.kind for n in leaves}  # a split node is not among them
+    for node in leaves:
+        if node.kind != EMPTY or not node.prefix:
+            continue
+        sibling = node.prefix[:-1] + "10"[int(node.prefix[-1])]
+        if kinds.get(sibling) in (LEAF, EMPTY):
+            state = "not found either" if kinds[sibling] == EMPTY else "a leaf"
+            raise FormatError(
+                trie.url(node.prefix[:-1]),
+                "index shard state",
+                SPLIT,
+                "a node whose halves both exist, unless one got none of the entries it "
+                "split (the other got them all, and was split in turn)",
+                f"{trie.url(node.prefix)} is not found and {trie.url(sibling)} is {state}: "
+                "a leaf is missing",
+            )
+
+
+def check_listed(
+    catalog: dict[str, Any], where: str, held: dict[str, Any], *, strict: bool = False
+) -> None:
+    """The catalog at ``where`` agrees with the entries ``held`` in its model's leaves
+    (read after it): every device it lists has an entry there; with ``strict`` (gc), a
+    catalog listing live builds has a live entry there."""
+    classes = catalog["classes"]
+    if strict and classes and not any(not e.get("retired") for e in held.values()):
+        raise FormatError(
+            where,
+            "index catalog classes (live builds)",
+            len(classes),
+            "none while the model's leaves hold no live entry",
+            f"they hold {len(held)} entries, none live: a leaf is missing, or the catalog "
+            "is behind its leaves (a run retired them meanwhile: run gc again). `ptestore "
+            "fleet check-index` says which; restore any missing leaf before a --repair, "
+            "which rebuilds the catalog from the leaves as they are",
+        )
+    for i, c in enumerate(classes):
+        for j, device in enumerate(c["devices"]):
+            if device not in held:
+                raise FormatError(
+                    where,
+                    f"index catalog classes[{i}].devices[{j}]",
+                    device,
+                    "a device whose entry is in one of the model's leaves",
+                    "none holds it: a leaf is missing (a writer updates the leaves before "
+                    "the catalog, and never removes an entry)",
+                )
