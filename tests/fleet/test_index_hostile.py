@@ -6,13 +6,17 @@ past the bottom of the trie."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import ptestore
 from ptestore.backends.compat import DeviceProfile
 from ptestore.errors import ConfigurationError, FormatError
 from ptestore.fleet.index import create_index, find_entry, publish_entries
@@ -317,6 +321,62 @@ def test_a_version_2_index_past_the_version_3_bounds_is_read(tmp_path: Path) -> 
     Path(url).write_text(json.dumps({"format": "ptestore.index", "version": 2, "entries": entries}))
     assert Path(url).stat().st_size > 64 << 10
     assert select(url, "m", "d0007").kind == "artifact"
+
+
+#: ``ptestore ARGV`` in a fresh interpreter whose address space is limited to 1 GiB.
+_LIMITED = """\
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+from ptestore.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _limited(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(Path(ptestore.__file__).resolve().parents[1])
+    return subprocess.run(
+        [sys.executable, "-c", _LIMITED, *argv],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_a_version_2_index_is_read_in_the_memory_its_size_needs(tmp_path: Path) -> None:
+    """A version 2 index was read into a buffer of its bound (1 GiB), whatever its size:
+    a 140 KB index made ``select`` fail with a MemoryError traceback under a 1 GiB
+    address-space limit (a sandbox, ``ulimit -v``, a 32-bit device)."""
+    url = tmp_path / "ptestore-index.json"
+    entries = [synthetic_entry(f"m{i % 2}", f"d{i:03d}") for i in range(100)]
+    url.write_text(json.dumps({"format": "ptestore.index", "version": 2, "entries": entries}))
+    assert 100_000 < url.stat().st_size < 200_000
+    done = _limited(["select", str(url), "--model", "m0", "--device", "d000"], tmp_path)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.startswith("artifact: s3://fleet/models/d000/m0.pte + ")
+
+
+def test_a_version_2_index_larger_than_memory_allows_is_one_error_line(tmp_path: Path) -> None:
+    """An index within its bound (1 GiB) that the process cannot hold is a one-line
+    error, exit 1 (rerunning with more memory may succeed), never a traceback. The file
+    is sparse: it takes no disk."""
+    url = tmp_path / "ptestore-index.json"
+    with url.open("wb") as f:
+        f.write(b'{"format": "ptestore.index", "version": 2, "entries": [')
+        f.truncate((1 << 30) - 1)
+    done = _limited(["select", str(url), "--model", "m", "--device", "d"], tmp_path)
+    assert done.returncode == 1
+    assert done.stderr == (
+        "ptestore select: error: out of memory: an allocation failed (the process's "
+        "address-space limit, ulimit -v, or the machine's memory); rerun with more memory\n"
+    )
+    done = _limited(["select", str(url), "--model", "m", "--device", "d", "--json"], tmp_path)
+    assert done.returncode == 1
+    error = json.loads(done.stdout)["error"]
+    assert (error["type"], error["exit_code"]) == ("MemoryError", 1)
+    assert error["message"].startswith("out of memory: an allocation failed")
 
 
 def test_an_entry_too_large_to_publish_is_refused(tmp_path: Path) -> None:
