@@ -58,6 +58,8 @@ class ModelView:
     stand_ins: set[int] = field(default_factory=set)
     #: The URL of the leaf each device's whole entry was read from (a sharded index).
     leaves: dict[str, str] = field(default_factory=dict)
+    #: The model's catalog as read (a sharded index; None: none).
+    catalog: dict[str, Any] | None = None
 
     def source(self, entry: dict[str, Any], index: str) -> str:
         """Where ``entry`` was read: its leaf, else ``index`` (the index's URL, or how
@@ -67,10 +69,16 @@ class ModelView:
     def resolve(self, entry: dict[str, Any]) -> dict[str, Any] | None:
         """The whole entry ``entry`` stands for: itself, or, for a stand-in, the entry
         read from its leaf when it is still live with the same stamps (None: it changed
-        since the catalog was read)."""
+        since the catalog was read). A stand-in's leaf lost is a :class:`FormatError`
+        (:func:`~.index_whole.device_entry`: the catalog lists its device)."""
         if id(entry) not in self.stand_ins or self.sharded is None:
             return entry
-        found, leaf = self.sharded.trie(self.model).find(str(entry["device"]), *self.depths)
+        from .index_whole import device_entry  # a lost leaf: a FormatError, never None
+
+        trie = self.sharded.trie(self.model)
+        found, leaf = device_entry(
+            self.sharded, trie, self.catalog, str(entry["device"]), self.depths
+        )
         self.leaves[str(entry["device"])] = leaf
         stamps = live_stamps(found)
         if (
@@ -125,13 +133,17 @@ def model_view(
         view = _from_entries(model, list(root["entries"]))
         view.reads = store.reads
         return view
+    from .index_whole import device_entry
+
     catalog, _ = sharded.read_catalog(model)
     depths = depth_range(catalog)
-    own, leaf = sharded.trie(model).find(device, *depths)
+    # a lost part of the index where its entry would be: a FormatError, never "none"
+    own, leaf = device_entry(sharded, sharded.trie(model), catalog, device, depths)
     entries: list[dict[str, Any]] = []
     if own is not None and not own.get("retired"):
         entries.append(own)
     view = ModelView(model, entries, reads=store.reads, sharded=sharded, depths=depths)
+    view.catalog = catalog
     view.leaves[device] = leaf
     for cls in (catalog or {}).get("classes", []):
         for name in cls["devices"]:

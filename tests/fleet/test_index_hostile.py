@@ -436,9 +436,27 @@ def test_a_leaf_past_its_bound_on_s3_is_refused_unread(s3_server: S3TestServer) 
 
 def test_a_catalog_whose_stand_ins_all_fail_points_to_the_repair(tmp_path: Path) -> None:
     """Every listed name missing from the leaves said "changed while it was read; run
-    again", which a catalog that disagrees with its leaves never stops doing."""
+    again", which a catalog that disagrees with its leaves never stops doing. A listed
+    device its leaf does not hold is refused (the leaf may have lost it), pointing to
+    check-index; stand-ins still there that changed since the catalog was read (all
+    retired) still say "run again"."""
     url, mdir = _index(tmp_path)
+    catalog = (mdir / "catalog.json").read_text()
     _edit(mdir / "catalog.json", lambda v: [c.update(devices=["x", "y"]) for c in v["classes"]])
+    with pytest.raises(FormatError) as caught:
+        select(url, "m", "zz")
+    assert str(caught.value) == (
+        f"{url}: index shards = '{mdir.parents[1].name}': must be every node its catalogs "
+        f"and split nodes name ({mdir}/catalog.json: index catalog classes[0].devices[0] = "
+        f"'x': must be a device whose entry is in one of the model's leaves (its leaf is "
+        f"{mdir}/t.json: it does not hold it: the catalog disagrees with its leaves, or the "
+        "leaf lost it (a writer updates the leaves before the catalog, and never removes an "
+        "entry)); the entry of model 'm' for device 'x' may be lost with it, so it is not "
+        f"answered as none (the portable source): `ptestore fleet check-index {url}` says "
+        "what is missing and what --repair can rebuild)"
+    )
+    (mdir / "catalog.json").write_text(catalog)
+    _edit(mdir / "t.json", _each_entry("retired", {"reason": "gone"}))
     with pytest.raises(ConfigurationError) as caught:
         select(url, "m", "zz")
     assert str(caught.value) == (
