@@ -107,8 +107,13 @@ class ModelView:
         return sorted(names), max(0, len(segments) - MODELS_NAMED)
 
 
-def _from_entries(model: str, all_entries: list[Any]) -> ModelView:
-    entries = [e for e in all_entries if isinstance(e, dict)]
+def _from_entries(model: str, all_entries: list[Any], source: str) -> ModelView:
+    """The view of a version 1/2 index (or one given as a dict, ``source`` naming it):
+    an entry that is not one (:func:`~.index_bounds.v2_entry_problems`) is refused, never
+    skipped (it hid a model's entry: the portable source was handed out)."""
+    from .index_bounds import check_v2_entries
+
+    entries: list[dict[str, Any]] = check_v2_entries(all_entries, source)
     live = [e for e in entries if not e.get("retired")]  # fleet/retire.py
     mine = [e for e in live if e.get("model") == model]
     gone = not mine and any(e.get("model") == model for e in entries)
@@ -125,12 +130,12 @@ def model_view(
     """What ``select`` rates for ``model`` on the device named ``device`` (see the
     module docstring)."""
     if isinstance(index, dict):
-        return _from_entries(model, list(index.get("entries", [])))
+        return _from_entries(model, list(index.get("entries", [])), "<index>")
     from .index import open_index
 
     root, sharded, store = open_index(index, storage_options)
     if sharded is None:
-        view = _from_entries(model, list(root["entries"]))
+        view = _from_entries(model, list(root["entries"]), os.fspath(index))
         view.reads = store.reads
         return view
     from .index_whole import device_entry

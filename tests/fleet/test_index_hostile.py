@@ -19,7 +19,7 @@ import pytest
 import ptestore
 from ptestore.backends.compat import DeviceProfile
 from ptestore.errors import ConfigurationError, FormatError
-from ptestore.fleet.index import create_index, find_entry, publish_entries
+from ptestore.fleet.index import create_index, find_entry, iter_entries, publish_entries
 from ptestore.fleet.index_trie import device_bits
 from ptestore.fleet.index_v3 import model_segment
 from ptestore.fleet.select import select
@@ -107,6 +107,66 @@ def test_an_entry_of_a_version_2_index_is_checked(tmp_path: Path) -> None:
     with pytest.raises(FormatError) as caught:
         select({"entries": [e]}, "m", "a")
     assert str(caught.value) == "<index>: entry m/a pte = None: must be an object"
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ("garbage", "index entries[1] = 'garbage': must be an object with a model and a device"),
+        (
+            {**synthetic_entry("m", "b"), "model": ["m"]},
+            "index entries[1].model = ['m']: must be a string",
+        ),
+        (
+            {**synthetic_entry("m", "b"), "device": 5},
+            "index entries[1].device = 5: must be a string",
+        ),
+        (
+            {**synthetic_entry("m", "b"), "device": "b\ud800"},
+            "index entries[1].device = 'b\\ud800': must be UTF-8 text (a lone surrogate at "
+            "index 1)",
+        ),
+    ],
+)
+def test_a_version_2_entry_that_is_not_one_is_refused_not_skipped(
+    tmp_path: Path, bad: Any, message: str
+) -> None:
+    """An entry that is not an object, or whose model or device is not a string, was
+    skipped: select answered from the others (the portable source, exit 0), or "index
+    has no model". Every reader refuses it, naming the index, its position and field, as
+    a version 3 leaf's reader refuses a malformed entry; a publish into it too (it
+    raised a TypeError)."""
+    url = str(tmp_path / "ptestore-index.json")
+    entries = [synthetic_entry("m", "a"), bad, synthetic_entry("n", "c")]
+    index = {"format": "ptestore.index", "version": 2, "entries": entries}
+    Path(url).write_text(json.dumps(index))
+    calls: list[Callable[[], Any]] = [
+        lambda: select(url, "m", "b"),
+        lambda: select(url, "n", "c"),
+        lambda: find_entry(url, "m", "b"),
+        lambda: list(iter_entries(url)),
+        lambda: publish_entries(url, [synthetic_entry("m", "z")], {}, version=2),
+    ]
+    for call in calls:
+        with pytest.raises(FormatError) as caught:
+            call()
+        assert str(caught.value) == f"{url}: {message}"
+    with pytest.raises(FormatError) as caught:
+        select(index, "m", "b")
+    assert str(caught.value) == f"<index>: {message}"
+    assert json.loads(Path(url).read_text()) == index  # nothing written
+
+
+def test_a_model_a_version_2_index_lacks_is_named_with_the_index(tmp_path: Path) -> None:
+    url = str(tmp_path / "ptestore-index.json")
+    entries = [synthetic_entry("m", "a")]
+    Path(url).write_text(json.dumps({"format": "ptestore.index", "version": 2, "entries": entries}))
+    with pytest.raises(ConfigurationError) as caught:
+        select(url, "nope", "a")
+    assert str(caught.value) == f"{url}: index has no model 'nope' (models: m)"
+    with pytest.raises(ConfigurationError) as caught:
+        select({"entries": entries}, "nope", "a")
+    assert str(caught.value) == "<index>: index has no model 'nope' (models: m)"
 
 
 @pytest.mark.parametrize(
