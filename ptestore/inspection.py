@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ._text import printable
+from .errors import FormatError
 from .format.model import Container, inferred_alignment
 from .format.summary import NamedRow, header_json, key_rows, size_warnings, waste
 from .format.users import segment_users as segment_records
@@ -74,7 +75,15 @@ def read_files(
         for loader in loaders:
             # A damaged trailer: the container all the same, provenance says what is wrong.
             hidden = without_any_trailer(loader)
-            parsed = read_container(hidden)
+            try:
+                parsed = read_container(hidden)
+            except FormatError:
+                if hidden is loader or getattr(hidden, "trailer", None) is not None:
+                    raise
+                # The damaged footer's content_size is no container end (it may be the
+                # damage): the container is the whole file's, as without a trailer.
+                hidden = loader
+                parsed = read_container(hidden)
             parts.append(
                 {
                     "loader": hidden,
