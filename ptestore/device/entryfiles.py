@@ -108,7 +108,7 @@ def read_manifest(path: str, *, private: bool = False) -> dict[str, Any] | None:
     if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
         got = data.get("format") if isinstance(data, dict) else type(data).__name__
         raise FormatError(path, "manifest format", got, repr(MANIFEST_FORMAT))
-    if data.get("version") != MANIFEST_VERSION:
+    if isinstance(data.get("version"), bool) or data.get("version") != MANIFEST_VERSION:
         raise FormatError(path, "manifest version", data.get("version"), str(MANIFEST_VERSION))
     return data
 

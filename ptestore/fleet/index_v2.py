@@ -69,7 +69,8 @@ def check_index(value: object, url: str) -> dict[str, Any]:
         raise FormatError(url, "index", type(value).__name__, "a JSON object")
     if value.get("format") != INDEX_FORMAT:
         raise FormatError(url, "index format", value.get("format"), repr(INDEX_FORMAT))
-    if value.get("version") not in READABLE_VERSIONS:
+    version = value.get("version")  # True == 1 in Python: a bool is no version
+    if isinstance(version, bool) or version not in READABLE_VERSIONS:
         raise FormatError(
             url,
             "index version",

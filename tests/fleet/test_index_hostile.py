@@ -157,6 +157,20 @@ def test_a_version_2_entry_that_is_not_one_is_refused_not_skipped(
     assert json.loads(Path(url).read_text()) == index  # nothing written
 
 
+@pytest.mark.parametrize("padding", [0, 70_000])
+def test_an_index_version_true_is_refused(tmp_path: Path, padding: int) -> None:
+    """``True in (1, 2, 3)`` in Python: an index whose version was ``true`` was read as
+    version 1 (past 64 KiB too, from its first bytes)."""
+    url = str(tmp_path / "ptestore-index.json")
+    entries = [synthetic_entry("m", "a")]
+    doc = {"format": "ptestore.index", "version": True, "entries": entries, "pad": "x" * padding}
+    Path(url).write_text(json.dumps(doc))
+    for call in (lambda: select(url, "m", "a"), lambda: find_entry(url, "m", "a")):
+        with pytest.raises(FormatError) as caught:
+            call()
+        assert str(caught.value) == f"{url}: index version = True: must be 1, 2 or 3"
+
+
 def test_a_model_a_version_2_index_lacks_is_named_with_the_index(tmp_path: Path) -> None:
     url = str(tmp_path / "ptestore-index.json")
     entries = [synthetic_entry("m", "a")]

@@ -488,6 +488,18 @@ def test_a_huge_record_string_is_cut_in_findings_and_reports(
     assert BIG in capsys.readouterr().out  # whole
 
 
+def test_a_record_version_true_is_refused(specialized: bytes) -> None:
+    """``True == 1`` in Python: a record whose version was ``true`` was read as
+    version 1."""
+    record = record_of(specialized)
+    record["version"] = True
+    with pytest.raises(FormatError) as err:
+        read_provenance(BytesLoader(with_record(specialized, record), "h.pte"))
+    assert str(err.value) == (
+        "h.pte: provenance version = True: must be 1, 2 or 3 (this ptestore's)"
+    )
+
+
 # -- control characters in a verify verdict ------------------------------------------------
 
 
