@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import threading
     from collections.abc import Iterator
+    from typing import BinaryIO
 
     from .storage.types import DataLoader
 
@@ -18,6 +19,7 @@ __all__ = [
     "pread_all",
     "preadinto_all",
     "pwrite_all",
+    "read_bounded",
     "read_pieces",
 ]
 
@@ -86,6 +88,31 @@ def free_bytes(path: str) -> int | None:
     except OSError:
         return None
     return st.f_bavail * st.f_frsize
+
+
+def read_bounded(f: BinaryIO, limit: int) -> bytes:
+    """What the open file ``f`` holds from its position, but at most ``limit + 1``
+    bytes (one past the bound: the caller tells a file larger than ``limit`` from
+    one that fits), asked for as the file's size says (``fstat``), never as the bound
+    says: a buffered ``read(n)`` allocates its ``n`` bytes before it reads any, so a
+    150 KB file read with a bound of 1 GiB allocated 1 GiB (a process under an
+    address-space limit failed). A file that grew since is read on in pieces of
+    :data:`HASH_PIECE`, still to ``limit + 1`` at most."""
+    want = limit + 1
+    try:
+        ask = min(os.fstat(f.fileno()).st_size + 1, want)
+    except (OSError, ValueError, AttributeError):  # no descriptor to ask: in pieces
+        ask = min(HASH_PIECE, want)
+    parts: list[bytes] = []
+    got = 0
+    while got < want:
+        piece = f.read(min(ask, want - got))
+        if not piece:
+            break
+        parts.append(piece)
+        got += len(piece)
+        ask = HASH_PIECE
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def read_pieces(

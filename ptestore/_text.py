@@ -3,17 +3,29 @@
 A hostile file's fields are data, never layout: :func:`shown` cuts a value to about
 80 characters (a 1 MB field makes a one-line error message, not a 1 MB one), and
 :func:`printable` escapes the control characters of a key or name a text report prints
-(a newline cannot forge a report line, an escape sequence cannot drive the terminal);
+(a newline cannot forge a report line, an escape sequence cannot drive the terminal), and
+:func:`clipped` cuts one to :data:`REPORT_CHARS` first (a 1 MB record field printed whole
+made a 1 MB report line);
 :func:`for_terminal` does the same for a whole message, its own line breaks kept.
 :func:`head_bytes` cuts a file name to a number of bytes, at a character.
 """
 
 from __future__ import annotations
 
-__all__ = ["SHOWN_CHARS", "for_terminal", "head_bytes", "printable", "shown"]
+__all__ = [
+    "REPORT_CHARS",
+    "SHOWN_CHARS",
+    "clipped",
+    "for_terminal",
+    "head_bytes",
+    "printable",
+    "shown",
+]
 
 #: How many characters of a value a message shows (:func:`shown`).
 SHOWN_CHARS = 80
+#: How many characters of a string from a file a text report prints (:func:`clipped`).
+REPORT_CHARS = 300
 
 
 def shown(value: object, limit: int = SHOWN_CHARS) -> str:
@@ -45,6 +57,18 @@ def printable(text: str) -> str:
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() and c != "\\" else repr(c)[1:-1] for c in text)
+
+
+def clipped(text: str, limit: int = REPORT_CHARS) -> str:
+    """``text``, a string from a file (a record's device name, URL, spec, compatibility
+    string), as a text report prints it, before :func:`printable` escapes its line: when
+    it is longer than ``limit`` characters, its first ``limit`` followed by ``... (N
+    characters)``; a 1 MB field makes a readable line, not a 1 MB one (``--json`` keeps
+    it whole). Quoted, as ``repr`` writes it, the same string is :func:`shown` with
+    this ``limit``."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text)} characters)"
 
 
 def for_terminal(message: str) -> str:

@@ -7,7 +7,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from ._text import printable
+from ._text import REPORT_CHARS, clipped, printable, shown
+from .errors import FormatError
 from .format.model import Container, inferred_alignment
 from .format.summary import NamedRow, header_json, key_rows, size_warnings, waste
 from .format.users import segment_users as segment_records
@@ -74,7 +75,15 @@ def read_files(
         for loader in loaders:
             # A damaged trailer: the container all the same, provenance says what is wrong.
             hidden = without_any_trailer(loader)
-            parsed = read_container(hidden)
+            try:
+                parsed = read_container(hidden)
+            except FormatError:
+                if hidden is loader or getattr(hidden, "trailer", None) is not None:
+                    raise
+                # The damaged footer's content_size is no container end (it may be the
+                # damage): the container is the whole file's, as without a trailer.
+                hidden = loader
+                parsed = read_container(hidden)
             parts.append(
                 {
                     "loader": hidden,
@@ -300,15 +309,24 @@ def _render_provenance(p: dict[str, Any] | None) -> str:
         return "provenance: none"
     if "error" in p:
         return f"provenance: unreadable: {printable(str(p['error']))}"
-    lines = [f"provenance: made by ptestore {p.get('ptestore_version')} at {p.get('created')}"]
+    # Every string here is the record's (the file's): cut to a few hundred characters (a
+    # 1 MB device name made a 1 MB line; --json keeps them whole), one printable line each.
+    def f(value: object) -> str:
+        return clipped(str(value))
+
+    made = f"{f(p.get('ptestore_version'))} at {f(p.get('created'))}"
+    lines = [f"provenance: made by ptestore {made}"]
     src = p.get("source") or {}
-    lines.append(f"  source: {src.get('url')} ({src.get('sha256')})")
+    lines.append(f"  source: {f(src.get('url'))} ({f(src.get('sha256'))})")
     for b in p.get("backends") or []:
-        compat = f", compatibility {b['compatibility']!r}" if b.get("compatibility") else ""
-        lines.append(f"  backend {b.get('id')}: {b.get('spec')} {b.get('version')}{compat}")
+        c = b.get("compatibility")
+        compat = f", compatibility {shown(c, REPORT_CHARS)}" if c else ""
+        spec = f"{f(b.get('spec'))} {f(b.get('version'))}"
+        lines.append(f"  backend {f(b.get('id'))}: {spec}{compat}")
     dev = p.get("device")
-    lines.append("  device: none" if dev is None else f"  device: {dev['name']} ({dev['digest']})")
-    # Every string here is the record's (the file's): one printable line each.
+    lines.append(
+        "  device: none" if dev is None else f"  device: {f(dev['name'])} ({f(dev['digest'])})"
+    )
     return "\n".join(printable(line) for line in lines)
 
 

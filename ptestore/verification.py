@@ -27,11 +27,12 @@ being verified"; the command exits 1).
 from __future__ import annotations
 
 import os
+import string
 from collections.abc import Sequence
 from typing import Any
 
 from ._dataclass import dataclass, field
-from ._text import printable
+from ._text import REPORT_CHARS, clipped, printable, shown
 from .backends.compat import Compatibility, DeviceProfile, version_of
 from .backends.registry import BackendLike, load_backend
 from .errors import (
@@ -57,10 +58,13 @@ EXIT_INVALID = 2
 
 @dataclass(frozen=True)
 class Finding:
-    """One reason an artifact is not current: the field and what is wrong with it."""
+    """One reason an artifact is not current: the field and what is wrong with it
+    (``message``, whole: ``--json``); ``text``, when set, the same with each string the
+    record gave cut to :data:`~ptestore._text.REPORT_CHARS` (the text report's line)."""
 
     field: str
     message: str
+    text: str | None = None
 
     def to_dict(self) -> dict[str, str]:
         return {"field": self.field, "message": self.message}
@@ -105,8 +109,8 @@ class VerifyReport:
     def ok(self) -> bool:
         return self.status in ("current", "intact")
 
-    def stale(self, field_name: str, message: str) -> None:
-        self.findings.append(Finding(field_name, message))
+    def stale(self, field_name: str, message: str, text: str | None = None) -> None:
+        self.findings.append(Finding(field_name, message, text))
         if self.status in ("current", "intact"):
             self.status = "stale"
 
@@ -136,9 +140,11 @@ class VerifyReport:
                     "--backend, --device or --job to tell current from stale)"
                 )
             return f"{url}: current{quick}"
-        # A finding quotes the record (specs, versions, names): one printable line each.
+        # A finding quotes the record (specs, versions, names): one printable line each,
+        # each string cut (``text``), the line too (a finding that quotes one whole).
         return "\n".join(
-            f"{url}: stale: {f.field}: {printable(f.message)}" for f in self.findings
+            f"{url}: stale: {f.field}: {printable(clipped(f.text or f.message, 8 * REPORT_CHARS))}"
+            for f in self.findings
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -275,15 +281,18 @@ def _check(
         name = device.name if isinstance(device, DeviceProfile) else device
         have = prov.device
         if have is None or have.name != name:
-            report.stale(
-                "device.name",
-                f"made for {'no device' if have is None else repr(have.name)}, expected {name!r}",
-            )
+            was = "no device" if have is None else "{was!r}"
+            template = f"made for {was}, expected {{name!r}}"
+            _stale(report, "device.name", template, was=have and have.name, name=name)
         elif isinstance(device, DeviceProfile) and have.digest != device.digest():
-            report.stale(
+            _stale(
+                report,
                 "device.digest",
-                f"device {name!r} options digest is {have.digest}, expected "
-                f"{device.digest()} ({option_changes(have.options, dict(device.options))})",
+                "device {name!r} options digest is {have}, expected {want} ({changes})",
+                name=name,
+                have=have.digest,
+                want=device.digest(),
+                changes=option_changes(have.options, dict(device.options)),
             )
 
 
@@ -307,11 +316,17 @@ def _compare_source(
     finally:
         src_loader.close()
     if made is None or info.sha256 != made.sha256 or info.size != made.size:
-        was = "nothing" if made is None else f"{made.url} ({made.size} bytes, {made.sha256})"
-        report.stale(
+        was = "nothing" if made is None else "{url} ({size} bytes, {sha256})"
+        _stale(
+            report,
             field_name,
-            f"the artifact was made from {was}, not from {src} ({info.size} bytes, "
-            f"{info.sha256})",
+            f"the artifact was made from {was}, not from {{src}} ({{got_size}} bytes, {{got}})",
+            url=None if made is None else made.url,
+            size=None if made is None else made.size,
+            sha256=None if made is None else made.sha256,
+            src=src,
+            got_size=info.size,
+            got=info.sha256,
         )
 
 
@@ -355,17 +370,23 @@ def _check_backends(
     want = [(s, version_of(i, s)) for s, i in loaded]
     have = [(b.spec, b.version) for b in prov.requested]
     if [s for s, _ in want] != [s for s, _ in have]:
-        report.stale(
+        _stale(
+            report,
             "backends.spec",
-            f"made with [{', '.join(s for s, _ in have) or 'none'}], expected "
-            f"[{', '.join(s for s, _ in want) or 'none'}]",
+            "made with [{have}], expected [{want}]",
+            have=", ".join(s for s, _ in have) or "none",
+            want=", ".join(s for s, _ in want) or "none",
         )
         return
     for (spec, version), (_, recorded) in zip(want, have, strict=True):
         if version != recorded:
-            report.stale(
+            _stale(
+                report,
                 "backends.version",
-                f"{spec} made it at version {recorded}; the installed version is {version}",
+                "{spec} made it at version {recorded}; the installed version is {version}",
+                spec=spec,
+                recorded=recorded,
+                version=version,
             )
     impls = dict(loaded)
     for stamp in prov.backends:
@@ -387,9 +408,37 @@ def _check_backends(
             )
         report.compatibility[stamp.id] = rating
         if rating is not Compatibility.OPTIMAL:
-            report.stale(
+            _stale(
+                report,
                 "backends.compatibility",
-                f"{stamp.spec} rates the {stamp.id} data {rating.value} for "
-                f"{'no device' if device is None else repr(device.name)} "
-                f"(stamped {stamp.compatibility!r}){hint}",
+                "{spec} rates the {id} data {rating} for "
+                + ("no device" if device is None else "{device!r}")
+                + " (stamped {stamped!r}){hint}",
+                spec=stamp.spec,
+                id=stamp.id,
+                rating=rating.value,
+                device=None if device is None else device.name,
+                stamped=stamp.compatibility,
+                hint=hint,
             )
+
+
+class _Cut(string.Formatter):
+    """A finding's template formatted for the text report: each string value cut to
+    :data:`~ptestore._text.REPORT_CHARS` (``!r``: quoted, then cut)."""
+
+    def convert_field(self, value: Any, conversion: str | None) -> Any:
+        if conversion == "r":
+            return shown(value, REPORT_CHARS)
+        if isinstance(value, str):
+            return clipped(value)
+        return super().convert_field(value, conversion)
+
+
+def _stale(report: VerifyReport, field_name: str, template: str, **values: Any) -> None:
+    """A finding: ``template`` formatted with ``values`` whole (its message: ``--json``)
+    and with each string cut (its text line: a record's 1 MB device name, spec or URL
+    made a 1 MB line)."""
+    whole = template.format(**values)
+    cut = _Cut().format(template, **values)
+    report.stale(field_name, whole, None if cut == whole else cut)

@@ -207,6 +207,8 @@ def _read_private(path: str) -> bytes | None:
     import os
     import stat
 
+    from .._io import read_bounded
+
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
@@ -222,7 +224,7 @@ def _read_private(path: str) -> bytes | None:
         ):
             return None
         with open(fd, "rb", closefd=False) as f:
-            raw = f.read(MAX_BYTES + 1)
+            raw = read_bounded(f, MAX_BYTES)
         return raw if len(raw) <= MAX_BYTES else None
     except OSError:
         return None

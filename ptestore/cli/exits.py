@@ -3,8 +3,8 @@
 =====  ================================================================================
 0      success
 1      failure at run time: a backend failed, storage I/O failed (after retries), a publish
-       was uncertain or partial, a published object failed its integrity check. Rerunning
-       may succeed.
+       was uncertain or partial, a published object failed its integrity check, the
+       process ran out of memory (``MemoryError``). Rerunning may succeed.
 2      bad input or usage: a malformed container (:class:`FormatError`), bad arguments or
        options (:class:`ConfigurationError`, argparse usage errors), a missing source
        (:class:`ObjectNotFound`), an existing destination under ``--create``
@@ -84,9 +84,21 @@ def exit_code(exc: BaseException) -> int | None:
         return EXIT_FAILURE
     if isinstance(exc, BAD_INPUT_ERRORS):
         return EXIT_BAD_INPUT
-    if isinstance(exc, (PteStoreError, OSError)):
+    if isinstance(exc, (PteStoreError, OSError, MemoryError)):
         return EXIT_FAILURE
     return None
+
+
+def _text(exc: BaseException) -> str:
+    """What an error says: its message; for a ``MemoryError`` (mostly without one) that
+    the process ran out of memory, and where a limit may come from."""
+    if isinstance(exc, MemoryError):
+        said = f" ({exc})" if str(exc) else ""
+        return (
+            f"out of memory{said}: an allocation failed (the process's address-space "
+            "limit, ulimit -v, or the machine's memory); rerun with more memory"
+        )
+    return str(exc)
 
 
 def _signal_of(exc: BaseException) -> str:
@@ -117,12 +129,12 @@ def error_message(command: str, exc: BaseException, *, publishes: bool = False) 
     if isinstance(exc, PartialPublish):
         return f"{prog}: failed after a partial publish: {exc}"
     if not publishes or isinstance(exc, BAD_INPUT_ERRORS):
-        return f"{prog}: error: {exc}"
+        return f"{prog}: error: {_text(exc)}"
     if isinstance(exc, PublishUncertain):
         return f"{prog}: publish uncertain (it may or may not have taken effect): {exc}"
     if isinstance(exc, IntegrityError) and exc.published:
         return f"{prog}: failed after publishing: {exc}"
-    return f"{prog}: failed, nothing published: {exc}"
+    return f"{prog}: failed, nothing published: {_text(exc)}"
 
 
 def _publish_state(exc: BaseException) -> str:
@@ -161,7 +173,7 @@ def error_json(
     ``source``/``field``/``value``/``limit`` of a :class:`FormatError`, ...), the
     chained cause (``cause``: ``"Type: message"``) and, for commands that publish,
     ``published``: ``"nothing"``, ``"partial"``, ``"uncertain"`` or ``"published"``."""
-    message = str(exc) or type(exc).__name__
+    message = _text(exc) or type(exc).__name__
     if isinstance(exc, KeyboardInterrupt):  # what stderr says: "interrupted by SIGTERM; ..."
         message = error_message(command, exc, publishes=publishes).partition(": ")[2]
     err: dict[str, Any] = {
@@ -257,7 +269,7 @@ def guarded(command: str, *, publishes: bool = False) -> Callable[[Command], Com
                     with termination_as_interrupt():
                         return run(args)
                 return run(args)
-            except (KeyboardInterrupt, PteStoreError, OSError) as exc:
+            except (KeyboardInterrupt, PteStoreError, OSError, MemoryError) as exc:
                 code = exit_code(exc)
                 assert code is not None  # every type caught here is mapped
                 if isinstance(exc, BrokenPipeError):

@@ -201,9 +201,12 @@ def run_check_index(args: argparse.Namespace) -> int:
         json.dump(found.to_dict(), sys.stdout, indent=2)
         sys.stdout.write("\n")
         return EXIT_OK if found.ok else EXIT_FAILURE
-    if found.version != 3:
+    if found.version != 3:  # its entries checked: one that is not an entry is a problem
+        for problems in found.problems.values():
+            for problem in problems:
+                print(f"{found.index}: {problem}")
         print(f"{found.index}: index version {found.version}: one object, no catalogs to check")
-        return EXIT_OK
+        return EXIT_OK if found.ok else EXIT_FAILURE
     for model, problems in found.problems.items():
         for problem in problems:
             print(f"{model}: {problem}")

@@ -17,6 +17,7 @@ import stat
 from collections.abc import Iterator
 from typing import Any
 
+from .._io import read_bounded
 from ..errors import FormatError, PermissionDenied, StorageError
 from ..storage.regular import NotRegular, open_regular
 from .private import SHARED_WRITE, check_private
@@ -73,7 +74,7 @@ def read_regular(path: str, limit: int, what: str, *, private: bool = False) -> 
         if private:
             check_private(path, f"{what}", st)
         with os.fdopen(fd, "rb", closefd=False) as f:
-            return f.read(limit + 1)
+            return read_bounded(f, limit)
     except (PermissionDenied, StorageError):
         raise
     except OSError as exc:
@@ -107,7 +108,7 @@ def read_manifest(path: str, *, private: bool = False) -> dict[str, Any] | None:
     if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
         got = data.get("format") if isinstance(data, dict) else type(data).__name__
         raise FormatError(path, "manifest format", got, repr(MANIFEST_FORMAT))
-    if data.get("version") != MANIFEST_VERSION:
+    if isinstance(data.get("version"), bool) or data.get("version") != MANIFEST_VERSION:
         raise FormatError(path, "manifest version", data.get("version"), str(MANIFEST_VERSION))
     return data
 

@@ -73,6 +73,7 @@ from .fetch_checks import (
     check_entry,
     check_options,
     check_paths,
+    check_pinned,
     check_room_for,
     dest_lock,
     named,
@@ -312,6 +313,7 @@ def fetch(
     if choice is not None:  # a local index is read: the files it names
         packed = choice.xnnpack if xnnpack_cache else None
         check_chosen_options(src, [choice.pte, choice.ptd, packed], opts)
+        check_pinned(src, choice.kind, f"{choice.model}/{choice.made_for}", choice.pte, choice.ptd)
     for again in (False, True):
         result = FetchResult(choice)
         try:

@@ -10,7 +10,8 @@ entry says.
 - the bases (:func:`base_paths`, :func:`check_bases`): local files, each a regular file
   that exists, opened without waiting (a FIFO is refused, never read), before the
   index or the artifact is read;
-- an index entry's fields (:func:`check_entry`), and its size against the object's
+- an artifact's entries in an index pin its trailer (:func:`check_pinned`), and an
+  index entry's fields (:func:`check_entry`), and its size against the object's
   when the destination has no room for what it names (:func:`check_room_for`): an
   entry naming the wrong size is an :class:`EntryMismatch`, not a full disk;
 - the destination's directory made and ``DEST.part.lock`` taken (:func:`dest_lock`):
@@ -53,6 +54,7 @@ __all__ = [
     "check_entry",
     "check_options",
     "check_paths",
+    "check_pinned",
     "check_room_for",
     "dest_lock",
     "named",
@@ -180,6 +182,28 @@ def check_chosen_options(src: str, files: Sequence[object], options: Mapping[str
 
     urls = [str(f["url"]) for f in files if isinstance(f, dict) and f.get("url")]
     check_named_options(options, src, urls)
+
+
+def check_pinned(index: str, kind: str, entry: str, pte: object, ptd: object) -> None:
+    """The files ``pte`` and ``ptd`` of the ``entry`` (``model/device``) of ``index``
+    that ``select`` chose (``kind``: ``"artifact"``; the portable source pins no
+    trailer) name their trailer's checksum (``trailer_sha256``; null: a file without a
+    trailer, a shared ``.ptd``), else :class:`~ptestore.errors.FormatError` naming the
+    index, the entry and the field: an entry without the field was downloaded as a file
+    without a trailer, whose whole bytes never have the content's digest ("downloaded
+    bytes have ..."), exit 1, and fetching it again never helped."""
+    if kind != "artifact":
+        return
+    for role, rec in (("pte", pte), ("ptd", ptd)):
+        if isinstance(rec, dict) and "trailer_sha256" not in rec:
+            raise FormatError(
+                index,
+                f"entry {entry} {role}.trailer_sha256",
+                None,
+                "present: null (a file without a trailer) or 'sha256:' and 64 lowercase hex",
+                "the entry has none: its download was checked as a file without a trailer "
+                "and said to be damaged",
+            )
 
 
 def check_entry(want: dict[str, Any]) -> None:

@@ -48,7 +48,7 @@ from ..provenance import Provenance, read_trailer
 from ..storage.loaders import open_loader
 from ..storage.routing import options_for_loader
 from ..storage.types import absolute_local
-from .index_bounds import check_entry_size, check_name
+from .index_bounds import check_entry_size, check_name, check_v2_entries
 from .index_migrate import create_index, migrate_index, named_beside
 from .index_pins import ArtifactPin, EntryGuard, pin_of, superseded_line
 from .index_root import overwritten
@@ -239,8 +239,8 @@ def load_index(url: str | os.PathLike[str], **storage_options: Any) -> dict[str,
 def iter_entries(url: str | os.PathLike[str], **storage_options: Any) -> Iterator[dict[str, Any]]:
     """Every entry of the index at ``url``, a shard at a time (model by model)."""
     root, sharded, _ = open_index(url, storage_options, whole=True)
-    if sharded is None:
-        yield from (e for e in root["entries"] if isinstance(e, dict))
+    if sharded is None:  # an entry that is not one refused, never skipped
+        yield from check_v2_entries(root["entries"], os.fspath(url))
     else:
         yield from sharded.iter_entries()
 
@@ -257,8 +257,8 @@ def find_entry(
     root, sharded, _ = open_index(url, storage_options)
     if sharded is not None:
         return sharded.find(model, device)
-    for e in root["entries"]:
-        if isinstance(e, dict) and e.get("model") == model and e.get("device") == device:
+    for e in check_v2_entries(root["entries"], os.fspath(url)):  # none skipped
+        if e.get("model") == model and e.get("device") == device:
             return e
     return None
 

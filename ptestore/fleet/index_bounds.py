@@ -21,8 +21,10 @@ __all__ = [
     "check_files",
     "check_name",
     "check_root_size",
+    "check_v2_entries",
     "oversize",
     "parse_object",
+    "v2_entry_problems",
 ]
 
 #: Levels of JSON arrays and objects an index object may nest: a leaf is level 1, its
@@ -148,6 +150,39 @@ def check_files(entry: dict[str, Any], source: str, name: str, roles: Iterable[s
             raise FormatError(source, f"{name} {role}", rec, "an object")
         if not isinstance(rec.get("url"), str) or not rec["url"]:
             raise FormatError(source, f"{name} {role}.url", rec.get("url"), "a URL or path")
+
+
+def v2_entry_problems(entries: list[Any], url: str) -> list[FormatError]:
+    """What is wrong with each entry of a version 1/2 index (read from ``url``) that no
+    reader can take as an entry: not an object, or its ``model`` or ``device`` not a
+    string (UTF-8 text), each as a :class:`FormatError` naming the index, the entry's
+    position and the field (as a version 3 leaf's reader refuses a malformed entry).
+    Skipped, it hid a model's entry: ``select`` handed out the portable source."""
+    out: list[FormatError] = []
+    for i, e in enumerate(entries):
+        if not isinstance(e, dict):
+            out.append(
+                FormatError(url, f"index entries[{i}]", e, "an object with a model and a device")
+            )
+            continue
+        for name in ("model", "device"):
+            if not isinstance(e.get(name), str):
+                out.append(FormatError(url, f"index entries[{i}].{name}", e.get(name), "a string"))
+                break
+            try:
+                check_name(e[name], url, f"index entries[{i}].{name}")
+            except FormatError as exc:
+                out.append(exc)
+                break
+    return out
+
+
+def check_v2_entries(entries: list[Any], url: str) -> list[dict[str, Any]]:
+    """``entries`` (a version 1/2 index's, read from ``url``) when every one is an entry
+    (:func:`v2_entry_problems`), else the first problem, raised."""
+    for problem in v2_entry_problems(entries, url):
+        raise problem
+    return entries
 
 
 def parse_object(data: bytes, url: str) -> dict[str, Any]:

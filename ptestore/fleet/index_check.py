@@ -38,8 +38,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ABSENT",
+    "DAMAGED_ENTRY",
     "DAMAGED_LEAF",
     "MISSING_LEAF",
+    "V2_ENTRIES",
     "IndexCheck",
     "catalog_problems",
     "check_index",
@@ -53,6 +55,11 @@ ABSENT = "not in this index (no catalog, no live entry)"
 #: be checked or rebuilt until the leaf is restored or removed.
 DAMAGED_LEAF = "damaged leaf"
 UNREPAIRED_LEAF = "a catalog is rebuilt from its leaves: restore or remove the damaged one"
+#: The problems of a version 1/2 index: an entry no reader takes as one (not an object,
+#: its model or device not a string), under :data:`V2_ENTRIES`; restored or removed by
+#: hand (nothing to rebuild it from).
+DAMAGED_ENTRY = "damaged entry"
+V2_ENTRIES = "entries"
 #: The problem of a model with a leaf missing below a split node: restored, not repaired.
 MISSING_LEAF = "missing leaf"
 UNREPAIRED_MISSING = "a catalog is rebuilt from its leaves: restore the missing one"
@@ -162,7 +169,12 @@ def check_index(
     check_index_options(options, target, write=repair)
     root, sharded, _ = open_index(target, options, whole=True)
     out = IndexCheck(target, int(root["version"]))
-    if sharded is None:
+    if sharded is None:  # no catalogs: its entries that no reader takes as entries
+        from .index_bounds import v2_entry_problems
+
+        damaged = v2_entry_problems(root["entries"], target)
+        if damaged:
+            out.problems[V2_ENTRIES] = [f"{DAMAGED_ENTRY}: {exc}" for exc in damaged]
         return out
     index = sharded
 

@@ -48,7 +48,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..errors import AlreadyExists, ConfigurationError, FormatError, PreconditionFailed
-from .index_bounds import check_entry_size, check_name
+from .index_bounds import check_entry_size, check_v2_entries
 from .index_root import NAMED, SHARDS, SHARDS_PREFIX, overwritten
 from .index_store import IndexStore, ObjectStats
 from .index_v2 import check_index, now
@@ -156,13 +156,7 @@ def check_entries(index: dict[str, Any], url: str) -> None:
     leaf can hold (an object with a string model and device, as
     :meth:`~.index_trie.ModelTrie.parse` requires), else :class:`FormatError` naming the
     index and the entry: checked before a migration writes anything."""
-    for i, e in enumerate(index["entries"]):
-        if not isinstance(e, dict):
-            raise FormatError(url, f"index entries[{i}]", e, "an object with a model and a device")
-        for name in ("model", "device"):
-            if not isinstance(e.get(name), str):
-                raise FormatError(url, f"index entries[{i}].{name}", e.get(name), "a string")
-            check_name(e[name], url, f"index entries[{i}].{name}")
+    for i, e in enumerate(check_v2_entries(index["entries"], url)):
         check_entry_size(e, url, f"index entries[{i}]")
 
 

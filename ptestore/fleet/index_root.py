@@ -143,7 +143,7 @@ def check_root_head(head: bytes, size: int, url: str) -> None:
     text = head[:HEAD_BYTES].decode("utf-8", errors="replace").removeprefix("\ufeff")
     for name, value in top_members(text):
         if name == "version":
-            if value in (1, 2):  # as check_index takes it
+            if value in (1, 2) and not isinstance(value, bool):  # as check_index takes it
                 return
             if value == 3:
                 raise FormatError(

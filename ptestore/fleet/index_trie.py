@@ -233,13 +233,10 @@ class ModelTrie:
             j -= 1
         return known[""]
 
-    def lookup(self, device: str, lo: int, hi: int) -> dict[str, Any] | None:
-        """The entry of ``device`` (None when there is none)."""
-        return self.find(device, lo, hi)[0]
-
     def find(self, device: str, lo: int, hi: int) -> tuple[dict[str, Any] | None, str]:
         """The entry of ``device`` (None when there is none) and the URL of the leaf
-        that holds it (or would)."""
+        that holds it (or would), as the nodes are: a lost leaf reads as empty here.
+        Readers use :func:`~.index_whole.device_entry`, which tells them apart."""
         for node, _ in self.locate([device], lo, hi).values():
             return node.entries.get(device), self.url(node.prefix)
         return None, self.url("")

@@ -14,7 +14,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import FormatError, ObjectNotFound
-from .index_bounds import MAX_INDEX_DEPTH, MAX_ROOT_BYTES, MAX_V2_BYTES, check_root_size, oversize
+from .index_bounds import (
+    MAX_INDEX_DEPTH,
+    MAX_ROOT_BYTES,
+    MAX_V2_BYTES,
+    check_root_size,
+    check_v2_entries,
+    oversize,
+)
 from .index_store import IndexStore, ObjectStats
 
 if TYPE_CHECKING:
@@ -62,7 +69,8 @@ def check_index(value: object, url: str) -> dict[str, Any]:
         raise FormatError(url, "index", type(value).__name__, "a JSON object")
     if value.get("format") != INDEX_FORMAT:
         raise FormatError(url, "index format", value.get("format"), repr(INDEX_FORMAT))
-    if value.get("version") not in READABLE_VERSIONS:
+    version = value.get("version")  # True == 1 in Python: a bool is no version
+    if isinstance(version, bool) or version not in READABLE_VERSIONS:
         raise FormatError(
             url,
             "index version",
@@ -90,6 +98,7 @@ def _v2(value: dict[str, Any], url: str) -> dict[str, Any]:
         raise FormatError(
             url, "index version", 3, "1 or 2 here (another writer made it a sharded index)"
         )
+    check_v2_entries(old["entries"], url)  # merged by (model, device): each one an entry
     return old
 
 

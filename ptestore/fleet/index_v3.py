@@ -50,7 +50,7 @@ from .index_root import SHARDS
 from .index_store import IndexStore, ObjectStats, dumps
 from .index_trie import EMPTY, Change, ModelTrie, Node
 from .index_v2 import INDEX_FORMAT, now
-from .index_whole import model_nodes, model_segments
+from .index_whole import device_entry, model_nodes, model_segments
 
 __all__ = [
     "DEFAULT_LEAF_BYTES",
@@ -164,10 +164,10 @@ class ShardedIndex:
 
     # -- reading ----------------------------------------------------------------------
     def find(self, model: str, device: str) -> dict[str, Any] | None:
-        """The entry of ``(model, device)`` (None: none), from its leaf."""
+        """The entry of ``(model, device)`` (None: none), from its leaf; a lost part of
+        the index where it would be is a :class:`FormatError` (:func:`device_entry`)."""
         catalog, _ = self.read_catalog(model)
-        lo, hi = depth_range(catalog)
-        return self.trie(model).lookup(device, lo, hi)
+        return device_entry(self, self.trie(model), catalog, device, depth_range(catalog))[0]
 
     def iter_entries(self) -> Iterator[dict[str, Any]]:
         """Every entry, model by model (each model's in device order); a missing part of

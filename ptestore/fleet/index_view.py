@@ -58,6 +58,8 @@ class ModelView:
     stand_ins: set[int] = field(default_factory=set)
     #: The URL of the leaf each device's whole entry was read from (a sharded index).
     leaves: dict[str, str] = field(default_factory=dict)
+    #: The model's catalog as read (a sharded index; None: none).
+    catalog: dict[str, Any] | None = None
 
     def source(self, entry: dict[str, Any], index: str) -> str:
         """Where ``entry`` was read: its leaf, else ``index`` (the index's URL, or how
@@ -67,10 +69,16 @@ class ModelView:
     def resolve(self, entry: dict[str, Any]) -> dict[str, Any] | None:
         """The whole entry ``entry`` stands for: itself, or, for a stand-in, the entry
         read from its leaf when it is still live with the same stamps (None: it changed
-        since the catalog was read)."""
+        since the catalog was read). A stand-in's leaf lost is a :class:`FormatError`
+        (:func:`~.index_whole.device_entry`: the catalog lists its device)."""
         if id(entry) not in self.stand_ins or self.sharded is None:
             return entry
-        found, leaf = self.sharded.trie(self.model).find(str(entry["device"]), *self.depths)
+        from .index_whole import device_entry  # a lost leaf: a FormatError, never None
+
+        trie = self.sharded.trie(self.model)
+        found, leaf = device_entry(
+            self.sharded, trie, self.catalog, str(entry["device"]), self.depths
+        )
         self.leaves[str(entry["device"])] = leaf
         stamps = live_stamps(found)
         if (
@@ -99,8 +107,13 @@ class ModelView:
         return sorted(names), max(0, len(segments) - MODELS_NAMED)
 
 
-def _from_entries(model: str, all_entries: list[Any]) -> ModelView:
-    entries = [e for e in all_entries if isinstance(e, dict)]
+def _from_entries(model: str, all_entries: list[Any], source: str) -> ModelView:
+    """The view of a version 1/2 index (or one given as a dict, ``source`` naming it):
+    an entry that is not one (:func:`~.index_bounds.v2_entry_problems`) is refused, never
+    skipped (it hid a model's entry: the portable source was handed out)."""
+    from .index_bounds import check_v2_entries
+
+    entries: list[dict[str, Any]] = check_v2_entries(all_entries, source)
     live = [e for e in entries if not e.get("retired")]  # fleet/retire.py
     mine = [e for e in live if e.get("model") == model]
     gone = not mine and any(e.get("model") == model for e in entries)
@@ -117,21 +130,25 @@ def model_view(
     """What ``select`` rates for ``model`` on the device named ``device`` (see the
     module docstring)."""
     if isinstance(index, dict):
-        return _from_entries(model, list(index.get("entries", [])))
+        return _from_entries(model, list(index.get("entries", [])), "<index>")
     from .index import open_index
 
     root, sharded, store = open_index(index, storage_options)
     if sharded is None:
-        view = _from_entries(model, list(root["entries"]))
+        view = _from_entries(model, list(root["entries"]), os.fspath(index))
         view.reads = store.reads
         return view
+    from .index_whole import device_entry
+
     catalog, _ = sharded.read_catalog(model)
     depths = depth_range(catalog)
-    own, leaf = sharded.trie(model).find(device, *depths)
+    # a lost part of the index where its entry would be: a FormatError, never "none"
+    own, leaf = device_entry(sharded, sharded.trie(model), catalog, device, depths)
     entries: list[dict[str, Any]] = []
     if own is not None and not own.get("retired"):
         entries.append(own)
     view = ModelView(model, entries, reads=store.reads, sharded=sharded, depths=depths)
+    view.catalog = catalog
     view.leaves[device] = leaf
     for cls in (catalog or {}).get("classes", []):
         for name in cls["devices"]:

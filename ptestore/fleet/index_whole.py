@@ -3,8 +3,10 @@ is missing is an error, never "no entries".
 
 A node that does not exist reads as an empty leaf: the leaf of a pair never published,
 the half of a split that got no entry. A reader of one device's entry (``select``,
-``find_entry``, ``fetch INDEX``, ``ensure INDEX``) rightly answers "no entry" there. A
-reader of every entry cannot take a lost leaf or shard directory for an empty one:
+``find_entry``, ``fetch INDEX``, ``ensure INDEX``) rightly answers "no entry" there,
+unless the objects it read show the node lost (:func:`device_entry`: its split parent's
+other half a leaf, the model's top node gone under its catalog, a device the catalog
+lists). A reader of every entry cannot take a lost leaf or shard directory for an empty one:
 ``gc`` would remove the files of the entries it held (:mod:`.orphan_refs`), ``fleet
 retire`` would retire nothing there, ``load_index`` and ``iter_entries`` would return
 fewer entries. What tells a lost part from an empty one, model by model, its catalog
@@ -32,7 +34,8 @@ the index an earlier ptestore made (its next publish writes the copy).
 
 What none of this tells: a model's lost directory from a model never published, and a
 lost leaf beside a split node whose devices the catalog does not list from an empty half
-(``gc --job`` checks that every pair of its job has an entry).
+(``gc --job`` checks that every pair of its job has an entry); one device's look-up does
+not check the entries below a split node either (it reads one path of the trie).
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ __all__ = [
     "ShardDirectory",
     "check_listed",
     "check_splits",
+    "device_entry",
     "incomplete",
     "model_nodes",
     "model_segments",
@@ -185,18 +189,29 @@ def check_splits(trie: ModelTrie, leaves: list[Node]) -> None:
     for node in leaves:
         if node.kind != EMPTY or not node.prefix:
             continue
-        sibling = node.prefix[:-1] + "10"[int(node.prefix[-1])]
+        sibling = _sibling(node.prefix)
         if kinds.get(sibling) in (LEAF, EMPTY):
-            state = "not found either" if kinds[sibling] == EMPTY else "a leaf"
-            raise FormatError(
-                trie.url(node.prefix[:-1]),
-                "index shard state",
-                SPLIT,
-                "a node whose halves both exist, unless one got none of the entries it "
-                "split (the other got them all, and was split in turn)",
-                f"{trie.url(node.prefix)} is not found and {trie.url(sibling)} is {state}: "
-                "a leaf is missing",
-            )
+            raise _lost_half(trie, node.prefix, kinds[sibling])
+
+
+def _sibling(prefix: str) -> str:
+    """The other half of the split node above the node ``prefix``."""
+    return prefix[:-1] + "10"[int(prefix[-1])]
+
+
+def _lost_half(trie: ModelTrie, prefix: str, sibling_kind: str) -> FormatError:
+    """The error of the node ``prefix``, not found below a split node whose other half
+    is of ``sibling_kind`` (a leaf, or not found either): a leaf is missing."""
+    state = "not found either" if sibling_kind == EMPTY else "a leaf"
+    return FormatError(
+        trie.url(prefix[:-1]),
+        "index shard state",
+        SPLIT,
+        "a node whose halves both exist, unless one got none of the entries it "
+        "split (the other got them all, and was split in turn)",
+        f"{trie.url(prefix)} is not found and {trie.url(_sibling(prefix))} is {state}: "
+        "a leaf is missing",
+    )
 
 
 def check_listed(
@@ -220,11 +235,86 @@ def check_listed(
     for i, c in enumerate(classes):
         for j, device in enumerate(c["devices"]):
             if device not in held:
-                raise FormatError(
+                raise _unheld(where, i, j, device, "none holds it")
+
+
+def _unheld(
+    where: str, i: int, j: int, device: str, found: str, why: str = "a leaf is missing"
+) -> FormatError:
+    """The error of the catalog at ``where`` listing ``device`` (its class ``i``, place
+    ``j``) that no leaf holds (``found``: what was found instead)."""
+    return FormatError(
+        where,
+        f"index catalog classes[{i}].devices[{j}]",
+        device,
+        "a device whose entry is in one of the model's leaves",
+        f"{found}: {why} (a writer updates the leaves before the catalog, and never "
+        "removes an entry)",
+    )
+
+
+def device_entry(
+    index: ShardDirectory,
+    trie: ModelTrie,
+    catalog: dict[str, Any] | None,
+    device: str,
+    depths: tuple[int, int],
+) -> tuple[dict[str, Any] | None, str]:
+    """The entry of ``device`` in ``trie`` (None: none) and the URL of the leaf that
+    holds it (or would), for a reader of one device's entry (``select``, ``find_entry``,
+    ``fetch``, ``ensure``): ``depths`` where its model's ``catalog`` (read first, None:
+    none) says the leaves are. An entry absent because a part of the index is missing
+    is a :class:`FormatError` naming the index, the model, the device and the part,
+    never "no entry" (which hands out the portable source): its node not found below a
+    split node whose other half is a leaf or not found either (the other half then read
+    once more: one read, only where a half is absent), the model's top node not found
+    while its catalog is there (a writer writes the leaves first), or a device the
+    catalog lists that its leaf does not hold. A device the catalog does not list whose
+    node is a half a split left empty (its other half split in turn) has no entry."""
+    [(node, _)] = trie.locate([device], *depths).values()
+    leaf = trie.url(node.prefix)
+    entry = node.entries.get(device)
+    if entry is not None:
+        return entry, leaf
+    problem: FormatError | None = None
+    if node.kind == EMPTY and node.prefix:  # its split parent seen (ModelTrie.locate)
+        other = trie.read(_sibling(node.prefix)).kind
+        if other in (LEAF, EMPTY):
+            problem = _lost_half(trie, node.prefix, other)
+    where = f"{trie.directory}/catalog.json"
+    if problem is None and catalog is not None and node.kind == EMPTY and not node.prefix:
+        problem = FormatError(
+            leaf,
+            "index shard",
+            "not found",
+            "there while its model's catalog is",
+            f"{where} is there: a leaf is missing (a writer writes the leaves before the "
+            "catalog, and never removes one)",
+        )
+    for i, c in enumerate((catalog or {}).get("classes", []) if problem is None else []):
+        if device in c["devices"]:
+            j = c["devices"].index(device)
+            if node.kind == EMPTY:
+                problem = _unheld(where, i, j, device, f"its leaf is {leaf}: not found")
+            else:
+                problem = _unheld(
                     where,
-                    f"index catalog classes[{i}].devices[{j}]",
+                    i,
+                    j,
                     device,
-                    "a device whose entry is in one of the model's leaves",
-                    "none holds it: a leaf is missing (a writer updates the leaves before "
-                    "the catalog, and never removes an entry)",
+                    f"its leaf is {leaf}: it does not hold it",
+                    "the catalog disagrees with its leaves, or the leaf lost it",
                 )
+            break
+    if problem is not None:
+        root = index.store.root
+        raise FormatError(
+            root,
+            "index shards",
+            index.layout["shards"],
+            "every node its catalogs and split nodes name",
+            f"{problem}; the entry of model {trie.model!r} for device {device!r} may be lost "
+            "with it, so it is not answered as none (the portable source): `ptestore fleet "
+            f"check-index {root}` says what is missing and what --repair can rebuild",
+        )
+    return None, leaf

@@ -142,7 +142,7 @@ def read_record_at(url: str, options: dict[str, Any]) -> dict[str, Any] | None:
     if not isinstance(record, dict) or record.get("format") != RECORD_FORMAT:
         got = record.get("format") if isinstance(record, dict) else type(record).__name__
         raise FormatError(url, "record format", got, repr(RECORD_FORMAT))
-    if record.get("version") != RECORD_VERSION:
+    if isinstance(record.get("version"), bool) or record.get("version") != RECORD_VERSION:
         raise FormatError(url, "record version", record.get("version"), str(RECORD_VERSION))
     field = record.get("xnnpack")
     if not isinstance(field, dict):

@@ -289,11 +289,12 @@ def select_from(
     check_asked("device", name)
     view = model_view(index, model, name, storage_options)
     entries = view.entries
+    where = "<index>" if isinstance(index, dict) else os.fspath(index)
     if not entries:
         models, more = view.models()
         listed = ", ".join(models) + (f" and {more} more" if more else "")
         raise ConfigurationError(
-            f"index has no model {model!r}"
+            f"{where}: index has no model {model!r}"
             + (
                 " (its entries are retired: the job no longer names it)"
                 if view.retired_only
@@ -302,7 +303,6 @@ def select_from(
             + f" (models: {listed or 'none'})"
         )
     by_name = isinstance(device, str)
-    where = "<index>" if isinstance(index, dict) else os.fspath(index)
     if isinstance(device, str):
         own = next((e for e in entries if e.get("device") == device), None)
         mine = None if own is None else _checked(own, view.source(own, where))

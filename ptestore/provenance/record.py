@@ -372,7 +372,8 @@ class Provenance:
         """Parse and check a payload; :class:`FormatError` names the bad field."""
         if d.get("format") != FORMAT:
             raise FormatError(source, "provenance format", d.get("format"), repr(FORMAT))
-        if d.get("version") not in READ_VERSIONS:
+        version = d.get("version")  # True == 1 in Python: a bool is no version
+        if isinstance(version, bool) or version not in READ_VERSIONS:
             raise FormatError(
                 source, "provenance version", d.get("version"), "1, 2 or 3 (this ptestore's)"
             )

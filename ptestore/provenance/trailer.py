@@ -378,7 +378,9 @@ def without_any_trailer(loader: DataLoader) -> DataLoader:
     (``inspect``): a damaged trailer (wrong checksum, unknown footer version, an invalid
     record) hides what its footer says precedes it when that is within the file, else
     nothing (the whole file); what is wrong with it is for the caller to say
-    (:func:`~ptestore.provenance.provenance_json` reports it)."""
+    (:func:`~ptestore.provenance.provenance_json` reports it). The footer's
+    ``content_size`` may be the damage: ``inspect`` reads the whole file's container
+    when the container does not parse where it says."""
     try:
         return without_trailer(loader)
     except FormatError:

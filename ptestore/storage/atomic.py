@@ -31,6 +31,7 @@ import stat
 import sys
 from typing import TYPE_CHECKING, Any, Literal
 
+from .._io import read_bounded
 from ..errors import AlreadyExists, ConfigurationError, ObjectNotFound, StorageError, local_error
 from .types import Buffer, StorageURL, URLLike, absolute_path, strerror
 
@@ -291,7 +292,7 @@ def get_bytes(
             )
         try:
             with open(url.path, "rb") as f:
-                raw = f.read(limit + 1)
+                raw = read_bounded(f, limit)
         except FileNotFoundError as exc:
             raise ObjectNotFound(f"{url.path}: no such file") from exc
         except OSError as exc:

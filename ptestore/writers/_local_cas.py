@@ -29,6 +29,7 @@ import os
 import stat
 from collections.abc import Callable, Iterator
 
+from .._io import read_bounded
 from ..errors import ConfigurationError, local_error
 from ..storage.flock import locked
 from ..storage.regular import file_kind
@@ -77,15 +78,16 @@ def file_version(path: str) -> str | None:
 def read_file_versioned(path: str, max_bytes: int | None = None) -> Versioned:
     """The bytes of the file at ``path`` and their version token, from one open file;
     a file larger than ``max_bytes`` is hashed a piece at a time, never held (its
-    ``oversize``). Anything but a regular file (a FIFO, a device, a directory) is a
-    :class:`~ptestore.errors.ConfigurationError`, never waited on nor read: opened
-    without blocking, then looked at."""
+    ``oversize``); what is read takes the file's size, not ``max_bytes``
+    (:func:`~ptestore._io.read_bounded`). Anything but a regular file (a FIFO, a
+    device, a directory) is a :class:`~ptestore.errors.ConfigurationError`, never
+    waited on nor read: opened without blocking, then looked at."""
     try:
         with os.fdopen(_open_regular(path), "rb") as f:
             if max_bytes is None:
                 data = f.read()
             else:
-                data = f.read(max_bytes + 1)
+                data = read_bounded(f, max_bytes)  # as large as the file, not the bound
                 if len(data) > max_bytes:
                     digest = hashlib.sha256(data)
                     size = len(data)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .._dataclass import dataclass
+from .._io import read_bounded
 from ..errors import FormatError, IntegrityError, PteStoreError
 from ..storage.regular import NotRegular, open_regular
 from .identity import Identity, file_sha256
@@ -204,7 +205,7 @@ def read_small(path: Path, limit: int, what: str) -> bytes:
         raise FormatError(str(path), what, exc.strerror, "a regular file") from None
     try:
         with os.fdopen(fd, "rb", closefd=False) as f:
-            data = f.read(limit + 1)
+            data = read_bounded(f, limit)
     except OSError as exc:
         raise FormatError(str(path), what, exc.strerror, "a readable file") from None
     finally:

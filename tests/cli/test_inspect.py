@@ -370,9 +370,15 @@ def test_a_hostile_backend_id_is_escaped_in_the_specialize_messages(
     assert "Backend ids in the program: Evil\\x1b[2J\\nBackend." in err
 
 
-def _with_footer(data: bytes, *, version: int | None = None, flip_payload: bool = False) -> bytes:
-    """``data`` (a file with a trailer) with its footer's version replaced, or a byte
-    of its payload flipped (the checksum then wrong)."""
+def _with_footer(
+    data: bytes,
+    *,
+    version: int | None = None,
+    flip_payload: bool = False,
+    content_size: int | None = None,
+) -> bytes:
+    """``data`` (a file with a trailer) with its footer's version or content size
+    replaced, or a byte of its payload flipped (the checksum then wrong)."""
     import struct
 
     from ptestore.provenance.trailer import FOOTER_SIZE
@@ -380,6 +386,8 @@ def _with_footer(data: bytes, *, version: int | None = None, flip_payload: bool 
     out = bytearray(data)
     if version is not None:
         struct.pack_into("<I", out, len(out) - FOOTER_SIZE + 48, version)
+    if content_size is not None:
+        struct.pack_into("<Q", out, len(out) - FOOTER_SIZE, content_size)
     if flip_payload:
         out[len(out) - FOOTER_SIZE - 2] ^= 0x01
     return bytes(out)
@@ -422,3 +430,40 @@ def test_a_damaged_trailer_still_shows_the_container(
     assert "provenance trailer: " in text  # the bytes after the container, not waste
     assert main(["inspect", str(path), "--html", str(tmp_path / "map.html")]) == 0
     assert said in (tmp_path / "map.html").read_text()
+
+
+@pytest.mark.parametrize("content_size", [1, 100, 2000])
+def test_a_damaged_content_size_still_shows_the_container(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content_size: int
+) -> None:
+    """The footer's content_size damaged: the container was read up to it, and inspect
+    blamed the container with a file size the file does not have ("file size = 1: must
+    be >= 8 bytes", exit 2). Where the container does not parse, it is the whole
+    file's; the provenance line says what is wrong with the footer."""
+    made = tmp_path / "made.pte"
+    ptestore.specialize(
+        MLP.pte_path,
+        made,
+        backends=["ptestore.backends.passthrough:PassthroughBackend@XnnpackBackend"],
+        device=DeviceProfile("npu", {"soc": "x"}),
+        allow_unchanged=True,
+    )
+    path = tmp_path / "a.pte"
+    path.write_bytes(_with_footer(made.read_bytes(), content_size=content_size))
+    size = path.stat().st_size
+    said = f"{path}: provenance trailer content_size = {content_size}: must be "
+    capsys.readouterr()
+    assert main(["inspect", str(path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    whole = json.loads(json.dumps(ptestore.describe(made)))
+    assert set(out["provenance"]) == {"error"} and out["provenance"]["error"].startswith(said)
+    assert out["segments"] == whole["segments"] and out["named_data"] == whole["named_data"]
+    assert out["file_size"] == size
+    assert main(["inspect", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert f"\nprovenance: unreadable: {said}" in text
+    assert main(["inspect", str(path), "--html", str(tmp_path / "map.html")]) == 0
+    assert said.removeprefix(f"{path}: ") in (tmp_path / "map.html").read_text()
+    capsys.readouterr()
+    assert main(["inspect", str(path), "--compare", str(MLP.pte_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["file"] == str(path)

@@ -169,6 +169,21 @@ def test_a_deeply_nested_manifest_is_a_format_error_not_a_crash(tmp_path: Path) 
     assert again.created  # the broken entry was made again
 
 
+def test_a_manifest_version_true_is_refused(tmp_path: Path) -> None:
+    """``True == 1`` in Python: a manifest whose version was ``true`` was read as
+    version 1."""
+    src = copy_pte(tmp_path / "m.pte")
+    a = _ensure(src, tmp_path / "cache")
+    man = Path(a.pte).parent / "manifest.json"
+    data = json.loads(man.read_text())
+    data["version"] = True
+    man.write_text(json.dumps(data))
+    with pytest.raises(FormatError) as err:
+        read_manifest(str(man))
+    assert str(err.value) == f"{man}: manifest version = True: must be 1"
+    assert [e.state for e in list_entries(tmp_path / "cache")] == ["broken"]
+
+
 @pytest.mark.parametrize("damage", ["garbage", {}])
 def test_a_damaged_provenance_field_is_a_miss_and_broken(
     tmp_path: Path, damage: object

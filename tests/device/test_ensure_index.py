@@ -277,7 +277,7 @@ def test_index_arguments_are_checked(tmp_path: Path, capsys: pytest.CaptureFixtu
         (index, {"model": "m", "device": A, "provenance": False},
          f"{index}: provenance=False does not apply to an index: its artifacts carry the "
          "trailers the index names (and the download is checked against them)"),
-        (index, {"model": "nope", "device": A}, "index has no model 'nope' (models: m)"),
+        (index, {"model": "nope", "device": A}, f"{index}: index has no model 'nope' (models: m)"),
         (str(EXT.pte_path), {"storage_options": {"anon": True}},
          f"{EXT.pte_path}: storage_options apply to a job index (with model=), not to a .pte"),
     ]  # fmt: skip

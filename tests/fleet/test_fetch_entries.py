@@ -135,6 +135,12 @@ HEX = "0" * 64
         ({"size": "12"}, "{url}: index entry size = '12': must be a byte count >= 0"),
         ({"size": True}, "{url}: index entry size = True: must be a byte count >= 0"),
         ({"url": ...}, "{index}: entry m/a pte.url = None: must be a URL or path"),
+        (
+            {"trailer_sha256": ...},
+            "{index}: entry m/a pte.trailer_sha256 = None: must be present: null (a file "
+            "without a trailer) or 'sha256:' and 64 lowercase hex (the entry has none: its "
+            "download was checked as a file without a trailer and said to be damaged)",
+        ),
         ({"url": 3}, "{index}: entry m/a pte.url = 3: must be a URL or path"),
     ],
 )
@@ -151,6 +157,34 @@ def test_a_malformed_entry_is_refused_before_the_first_request(
         ptestore.fetch(index, dest, model="m", device="a")
     assert str(err.value) == message.format(url=b, index=index)
     assert not dest.parent.exists() or list(dest.parent.iterdir()) == []
+
+
+def test_an_entry_without_its_trailer_digest_is_bad_input_not_damage(
+    versions: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A .pte entry without ``trailer_sha256`` was checked as a file without a trailer:
+    its whole bytes against the content's digest, "downloaded bytes have ..., the index
+    names ...", exit 1 (rerunning never helps). Refused before the first request, exit 2,
+    by fetch and ensure (select, which downloads nothing, still answers)."""
+    from ptestore.cli import main
+
+    _, b = versions
+    index = _index(tmp_path, b, trailer_sha256=...)
+    dest = tmp_path / "out" / "m.pte"
+    said = (
+        f"{index}: entry m/a pte.trailer_sha256 = None: must be present: null (a file "
+        "without a trailer) or 'sha256:' and 64 lowercase hex (the entry has none: its "
+        "download was checked as a file without a trailer and said to be damaged)"
+    )
+    asked = ["--model", "m", "--device", "a"]
+    capsys.readouterr()
+    assert main(["fetch", str(index), str(dest), *asked]) == 2
+    assert capsys.readouterr().err == f"ptestore fetch: error: {said}\n"
+    assert not dest.parent.exists() or list(dest.parent.iterdir()) == []
+    cache = tmp_path / "cache"
+    assert main(["ensure", str(index), *asked, "--cache-dir", str(cache)]) == 2
+    assert capsys.readouterr().err == f"ptestore ensure: error: {said}\n"
+    assert main(["select", str(index), *asked]) == 0
 
 
 def test_a_whole_checked_file_of_another_size_is_refused_before_a_byte(

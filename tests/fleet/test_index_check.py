@@ -96,6 +96,30 @@ def test_a_version_2_index_has_nothing_to_check(
     )
 
 
+def test_a_version_2_entry_that_is_not_one_is_reported(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """check-index said nothing of a version 2 index (exit 0) while select skipped its
+    damaged entries: each is reported, exit 1 (--repair has nothing to rebuild it from)."""
+    url = str(tmp_path / "ptestore-index.json")
+    good = synthetic_entry("m", "a")
+    entries = [good, "garbage", {**synthetic_entry("m", "b"), "model": ["m"]}]
+    Path(url).write_text(json.dumps({"format": "ptestore.index", "version": 2, "entries": entries}))
+    for repair in ([], ["--repair"]):
+        assert main(["fleet", "check-index", url, *repair]) == 1
+        assert capsys.readouterr().out == (
+            f"{url}: damaged entry: {url}: index entries[1] = 'garbage': must be an object "
+            "with a model and a device\n"
+            f"{url}: damaged entry: {url}: index entries[2].model = ['m']: must be a string\n"
+            f"{url}: index version 2: one object, no catalogs to check\n"
+        )
+    assert main(["fleet", "check-index", url, "--json"]) == 1
+    found = json.loads(capsys.readouterr().out)
+    assert (found["ok"], list(found["problems"])) == (False, ["entries"])
+    Path(url).write_text(json.dumps({"format": "ptestore.index", "version": 2, "entries": [good]}))
+    assert main(["fleet", "check-index", url]) == 0
+
+
 def test_no_index_is_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     url = str(tmp_path / "nope.json")
     assert main(["fleet", "check-index", url]) == 2

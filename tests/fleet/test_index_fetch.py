@@ -110,7 +110,9 @@ def test_index_select_and_fetch_locally(tmp_path: Path, capsys: pytest.CaptureFi
     assert none.reason.endswith("falling back to the portable source")
     unregister_backend("scaler")
     assert main(["select", first["index"], "--model", "nope", "--device", "a"]) == 2
-    assert "index has no model 'nope' (models: m)" in capsys.readouterr().err
+    assert capsys.readouterr().err == (
+        f"ptestore select: error: {first['index']}: index has no model 'nope' (models: m)\n"
+    )
 
     # fetch: verified, published atomically, the shared .ptd beside the .pte.
     dest = tmp_path / "device" / "model.pte"

@@ -6,16 +6,20 @@ past the bottom of the trie."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import ptestore
 from ptestore.backends.compat import DeviceProfile
 from ptestore.errors import ConfigurationError, FormatError
-from ptestore.fleet.index import create_index, find_entry, publish_entries
+from ptestore.fleet.index import create_index, find_entry, iter_entries, publish_entries
 from ptestore.fleet.index_trie import device_bits
 from ptestore.fleet.index_v3 import model_segment
 from ptestore.fleet.select import select
@@ -103,6 +107,80 @@ def test_an_entry_of_a_version_2_index_is_checked(tmp_path: Path) -> None:
     with pytest.raises(FormatError) as caught:
         select({"entries": [e]}, "m", "a")
     assert str(caught.value) == "<index>: entry m/a pte = None: must be an object"
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ("garbage", "index entries[1] = 'garbage': must be an object with a model and a device"),
+        (
+            {**synthetic_entry("m", "b"), "model": ["m"]},
+            "index entries[1].model = ['m']: must be a string",
+        ),
+        (
+            {**synthetic_entry("m", "b"), "device": 5},
+            "index entries[1].device = 5: must be a string",
+        ),
+        (
+            {**synthetic_entry("m", "b"), "device": "b\ud800"},
+            "index entries[1].device = 'b\\ud800': must be UTF-8 text (a lone surrogate at "
+            "index 1)",
+        ),
+    ],
+)
+def test_a_version_2_entry_that_is_not_one_is_refused_not_skipped(
+    tmp_path: Path, bad: Any, message: str
+) -> None:
+    """An entry that is not an object, or whose model or device is not a string, was
+    skipped: select answered from the others (the portable source, exit 0), or "index
+    has no model". Every reader refuses it, naming the index, its position and field, as
+    a version 3 leaf's reader refuses a malformed entry; a publish into it too (it
+    raised a TypeError)."""
+    url = str(tmp_path / "ptestore-index.json")
+    entries = [synthetic_entry("m", "a"), bad, synthetic_entry("n", "c")]
+    index = {"format": "ptestore.index", "version": 2, "entries": entries}
+    Path(url).write_text(json.dumps(index))
+    calls: list[Callable[[], Any]] = [
+        lambda: select(url, "m", "b"),
+        lambda: select(url, "n", "c"),
+        lambda: find_entry(url, "m", "b"),
+        lambda: list(iter_entries(url)),
+        lambda: publish_entries(url, [synthetic_entry("m", "z")], {}, version=2),
+    ]
+    for call in calls:
+        with pytest.raises(FormatError) as caught:
+            call()
+        assert str(caught.value) == f"{url}: {message}"
+    with pytest.raises(FormatError) as caught:
+        select(index, "m", "b")
+    assert str(caught.value) == f"<index>: {message}"
+    assert json.loads(Path(url).read_text()) == index  # nothing written
+
+
+@pytest.mark.parametrize("padding", [0, 70_000])
+def test_an_index_version_true_is_refused(tmp_path: Path, padding: int) -> None:
+    """``True in (1, 2, 3)`` in Python: an index whose version was ``true`` was read as
+    version 1 (past 64 KiB too, from its first bytes)."""
+    url = str(tmp_path / "ptestore-index.json")
+    entries = [synthetic_entry("m", "a")]
+    doc = {"format": "ptestore.index", "version": True, "entries": entries, "pad": "x" * padding}
+    Path(url).write_text(json.dumps(doc))
+    for call in (lambda: select(url, "m", "a"), lambda: find_entry(url, "m", "a")):
+        with pytest.raises(FormatError) as caught:
+            call()
+        assert str(caught.value) == f"{url}: index version = True: must be 1, 2 or 3"
+
+
+def test_a_model_a_version_2_index_lacks_is_named_with_the_index(tmp_path: Path) -> None:
+    url = str(tmp_path / "ptestore-index.json")
+    entries = [synthetic_entry("m", "a")]
+    Path(url).write_text(json.dumps({"format": "ptestore.index", "version": 2, "entries": entries}))
+    with pytest.raises(ConfigurationError) as caught:
+        select(url, "nope", "a")
+    assert str(caught.value) == f"{url}: index has no model 'nope' (models: m)"
+    with pytest.raises(ConfigurationError) as caught:
+        select({"entries": entries}, "nope", "a")
+    assert str(caught.value) == "<index>: index has no model 'nope' (models: m)"
 
 
 @pytest.mark.parametrize(
@@ -319,6 +397,62 @@ def test_a_version_2_index_past_the_version_3_bounds_is_read(tmp_path: Path) -> 
     assert select(url, "m", "d0007").kind == "artifact"
 
 
+#: ``ptestore ARGV`` in a fresh interpreter whose address space is limited to 1 GiB.
+_LIMITED = """\
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+from ptestore.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _limited(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(Path(ptestore.__file__).resolve().parents[1])
+    return subprocess.run(
+        [sys.executable, "-c", _LIMITED, *argv],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_a_version_2_index_is_read_in_the_memory_its_size_needs(tmp_path: Path) -> None:
+    """A version 2 index was read into a buffer of its bound (1 GiB), whatever its size:
+    a 140 KB index made ``select`` fail with a MemoryError traceback under a 1 GiB
+    address-space limit (a sandbox, ``ulimit -v``, a 32-bit device)."""
+    url = tmp_path / "ptestore-index.json"
+    entries = [synthetic_entry(f"m{i % 2}", f"d{i:03d}") for i in range(100)]
+    url.write_text(json.dumps({"format": "ptestore.index", "version": 2, "entries": entries}))
+    assert 100_000 < url.stat().st_size < 200_000
+    done = _limited(["select", str(url), "--model", "m0", "--device", "d000"], tmp_path)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.startswith("artifact: s3://fleet/models/d000/m0.pte + ")
+
+
+def test_a_version_2_index_larger_than_memory_allows_is_one_error_line(tmp_path: Path) -> None:
+    """An index within its bound (1 GiB) that the process cannot hold is a one-line
+    error, exit 1 (rerunning with more memory may succeed), never a traceback. The file
+    is sparse: it takes no disk."""
+    url = tmp_path / "ptestore-index.json"
+    with url.open("wb") as f:
+        f.write(b'{"format": "ptestore.index", "version": 2, "entries": [')
+        f.truncate((1 << 30) - 1)
+    done = _limited(["select", str(url), "--model", "m", "--device", "d"], tmp_path)
+    assert done.returncode == 1
+    assert done.stderr == (
+        "ptestore select: error: out of memory: an allocation failed (the process's "
+        "address-space limit, ulimit -v, or the machine's memory); rerun with more memory\n"
+    )
+    done = _limited(["select", str(url), "--model", "m", "--device", "d", "--json"], tmp_path)
+    assert done.returncode == 1
+    error = json.loads(done.stdout)["error"]
+    assert (error["type"], error["exit_code"]) == ("MemoryError", 1)
+    assert error["message"].startswith("out of memory: an allocation failed")
+
+
 def test_an_entry_too_large_to_publish_is_refused(tmp_path: Path) -> None:
     url = str(tmp_path / "ptestore-index.json")
     big = synthetic_entry("m", "a")
@@ -376,9 +510,27 @@ def test_a_leaf_past_its_bound_on_s3_is_refused_unread(s3_server: S3TestServer) 
 
 def test_a_catalog_whose_stand_ins_all_fail_points_to_the_repair(tmp_path: Path) -> None:
     """Every listed name missing from the leaves said "changed while it was read; run
-    again", which a catalog that disagrees with its leaves never stops doing."""
+    again", which a catalog that disagrees with its leaves never stops doing. A listed
+    device its leaf does not hold is refused (the leaf may have lost it), pointing to
+    check-index; stand-ins still there that changed since the catalog was read (all
+    retired) still say "run again"."""
     url, mdir = _index(tmp_path)
+    catalog = (mdir / "catalog.json").read_text()
     _edit(mdir / "catalog.json", lambda v: [c.update(devices=["x", "y"]) for c in v["classes"]])
+    with pytest.raises(FormatError) as caught:
+        select(url, "m", "zz")
+    assert str(caught.value) == (
+        f"{url}: index shards = '{mdir.parents[1].name}': must be every node its catalogs "
+        f"and split nodes name ({mdir}/catalog.json: index catalog classes[0].devices[0] = "
+        f"'x': must be a device whose entry is in one of the model's leaves (its leaf is "
+        f"{mdir}/t.json: it does not hold it: the catalog disagrees with its leaves, or the "
+        "leaf lost it (a writer updates the leaves before the catalog, and never removes an "
+        "entry)); the entry of model 'm' for device 'x' may be lost with it, so it is not "
+        f"answered as none (the portable source): `ptestore fleet check-index {url}` says "
+        "what is missing and what --repair can rebuild)"
+    )
+    (mdir / "catalog.json").write_text(catalog)
+    _edit(mdir / "t.json", _each_entry("retired", {"reason": "gone"}))
     with pytest.raises(ConfigurationError) as caught:
         select(url, "m", "zz")
     assert str(caught.value) == (

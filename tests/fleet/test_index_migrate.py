@@ -90,8 +90,9 @@ def test_a_damaged_version_2_index_is_refused_before_anything_is_written(
     assert json.loads(Path(url).read_text())["version"] == 2
     kept = [p.name for p in tmp_path.iterdir() if not p.name.startswith(".")]
     assert [k for k in kept if k != "ptestore-index.json.lock"] == ["ptestore-index.json"]
-    found = find_entry(url, "m", "a")
-    assert found is not None and found["device"] == "a"
+    with pytest.raises(FormatError) as caught:  # a reader refuses it too, never skips it
+        find_entry(url, "m", "a")
+    assert str(caught.value) == f"{url}: {message}"
 
 
 def test_an_entry_damaged_during_the_migration_is_refused_and_the_copy_removed(

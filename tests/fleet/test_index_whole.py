@@ -3,8 +3,9 @@
 missing (a leaf a split node or the catalog names, the shard directory), where they read
 it as fewer entries and retire retired nothing there; a node legitimately absent (the
 half of a split that got no entry, a device never published) is still read as empty,
-and one device's look-up (``find_entry``, ``select``) still answers "no entry". Locally
-and on moto and SeaweedFS; each message pinned."""
+and one device's look-up (``find_entry``, ``select``, ``fetch``, ``ensure``) still answers
+"no entry" there; where the shape or the catalog shows its entry's leaf lost, it refuses
+the index too. Locally and on moto and SeaweedFS; each message pinned."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from ptestore.fleet.index import (
 )
 from ptestore.fleet.index_check import check_index
 from ptestore.fleet.index_place import device_bits
+from ptestore.fleet.select import select
 from ptestore.testing.fleet_index import synthetic_entry
 from ptestore.testing.s3server import S3TestServer
 
@@ -38,6 +40,12 @@ DEVICES = [n for n in (f"dev-{i}" for i in range(200)) if device_bits(n).startsw
 #: A device whose hash begins with 1: never published.
 ELSEWHERE = next(n for n in (f"dev-{i}" for i in range(200)) if device_bits(n).startswith("1"))
 MUST = "must be every node its catalogs and split nodes name"
+#: One device's look-up (select, find_entry, fetch, ensure) refusing a lost part.
+LOOKUP = (
+    "; the entry of model {model!r} for device {device!r} may be lost with it, so it is "
+    "not answered as none (the portable source): `ptestore fleet check-index {url}` says "
+    "what is missing and what --repair can rebuild)"
+)
 AFTER = (
     "; the index cannot be read whole: restore what is missing (read as empty, the "
     "entries it held would be left out))"
@@ -118,7 +126,9 @@ def test_a_leaf_missing_below_a_split_is_refused(tmp_path: Path) -> None:
         f"hold 1: a leaf is missing ({model}/t{leaf}.json not found)){AFTER}",
     )
     lost = next(d for d in DEVICES if _leaf_of(d) == leaf)
-    assert find_entry(url, "m", lost) is None  # one device's look-up: no entry, as before
+    with pytest.raises(FormatError) as caught:  # one device's look-up too (test below)
+        find_entry(url, "m", lost)
+    assert str(caught.value) == _lost_half(url, shards, model, leaf, lost)
     check = check_index(url, repair=True)
     assert check.problems == {
         "m": [
@@ -130,6 +140,131 @@ def test_a_leaf_missing_below_a_split_is_refused(tmp_path: Path) -> None:
     assert check.repaired == [] and check.left == {
         "m": ["not repaired: a catalog is rebuilt from its leaves: restore the missing one"]
     }
+
+
+def _lost_half(url: str, shards: str, model: str, leaf: str, device: str, m: str = "m") -> str:
+    """What one device's look-up says of ``leaf`` lost beside a sibling leaf."""
+    sibling = leaf[:-1] + "10"[int(leaf[-1])]
+    return (
+        f"{url}: index shards = '{shards}': {MUST} ({model}/t{leaf[:-1]}.json: index shard "
+        "state = 'split': must be a node whose halves both exist, unless one got none of the "
+        "entries it split (the other got them all, and was split in turn) ("
+        f"{model}/t{leaf}.json is not found and {model}/t{sibling}.json is a leaf: a leaf "
+        "is missing)" + LOOKUP.format(model=m, device=device, url=url)
+    )
+
+
+def _hashed_below(prefix: str) -> str:
+    """A device name, never published, whose hash begins with ``prefix``."""
+    names = (f"new-{i}" for i in range(100_000))
+    return next(n for n in names if device_bits(n).startswith(prefix))
+
+
+def _lookups_refuse(url: str, options: dict[str, Any], device: str, expected: str) -> None:
+    """``find_entry`` and ``select`` of ``device`` refuse the index with ``expected``."""
+    with pytest.raises(FormatError) as caught:
+        find_entry(url, "m", device, **options)
+    assert str(caught.value) == expected
+    with pytest.raises(FormatError) as caught:
+        select(url, "m", device, storage_options=options)
+    assert str(caught.value) == expected
+
+
+def test_one_devices_look_up_refuses_a_leaf_lost_beside_a_leaf(tmp_path: Path) -> None:
+    """Its node not found below a split node whose other half is a leaf: lost, whether
+    the device was published there (listed in the catalog or not) or not. select
+    answered "no artifact fits" and handed out the portable source; find_entry None.
+    A device whose node is the half a split left empty still has no entry."""
+    url = str(tmp_path / "ptestore-index.json")
+    shards, model = _index(url)
+    leaf, _ = _splits_lost()
+    lost = next(d for d in DEVICES if _leaf_of(d) == leaf)
+    Path(f"{model}/t{leaf}.json").unlink()
+    for device in (lost, _hashed_below(leaf)):
+        _lookups_refuse(url, {}, device, _lost_half(url, shards, model, leaf, device))
+    assert find_entry(url, "m", ELSEWHERE) is None  # t1: the top's half left empty
+    assert select(url, "m", ELSEWHERE).kind == "source"
+
+
+def test_one_devices_look_up_refuses_a_listed_device_its_leaf_lacks(tmp_path: Path) -> None:
+    """A leaf lost beside a split node (its empty half legitimate by the shape): the
+    catalog lists its device, so its entry is lost, for its own look-up and as another
+    device's candidate (a stand-in resolved); a device not listed there has none."""
+    from ptestore.fleet.index_view import model_view
+
+    url = str(tmp_path / "ptestore-index.json")
+    shards, model = _index(url)
+    leaf = min((_leaf_of(d) for d in DEVICES), key=len)
+    [lost] = [d for d in DEVICES if _leaf_of(d) == leaf]
+    catalog = json.loads(Path(f"{model}/catalog.json").read_text())
+    [(i, j)] = [
+        (i, j)
+        for i, c in enumerate(catalog["classes"])
+        for j, d in enumerate(c["devices"])
+        if d == lost
+    ]
+    Path(f"{model}/t{leaf}.json").unlink()
+    expected = (
+        f"{url}: index shards = '{shards}': {MUST} ({model}/catalog.json: index catalog "
+        f"classes[{i}].devices[{j}] = '{lost}': must be a device whose entry is in one of "
+        f"the model's leaves (its leaf is {model}/t{leaf}.json: not found: a leaf is missing "
+        "(a writer updates the leaves before the catalog, and never removes an entry))"
+    )
+    _lookups_refuse(url, {}, lost, expected + LOOKUP.format(model="m", device=lost, url=url))
+    view = model_view(url, "m", ELSEWHERE)
+    [stand_in] = [e for e in view.entries if e["device"] == lost]
+    with pytest.raises(FormatError) as caught:
+        view.resolve(stand_in)
+    assert str(caught.value) == expected + LOOKUP.format(model="m", device=lost, url=url)
+    assert find_entry(url, "m", _hashed_below(leaf)) is None  # not listed: none
+
+
+def test_one_devices_look_up_refuses_a_lost_top_node(tmp_path: Path) -> None:
+    """The model's catalog is there, its top node not: a device's look-up that walks up
+    to it refuses the index (one whose leaf is found deeper still gets its entry)."""
+    url = str(tmp_path / "ptestore-index.json")
+    shards, model = _index(url)
+    Path(f"{model}/t.json").unlink()
+    expected = (
+        f"{url}: index shards = '{shards}': {MUST} ({model}/t.json: index shard = 'not "
+        f"found': must be there while its model's catalog is ({model}/catalog.json is there: "
+        "a leaf is missing (a writer writes the leaves before the catalog, and never removes "
+        "one))" + LOOKUP.format(model="m", device=ELSEWHERE, url=url)
+    )
+    _lookups_refuse(url, {}, ELSEWHERE, expected)
+
+
+def test_select_fetch_and_ensure_refuse_a_lost_leaf(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A real run; one leaf lost beside a leaf: select, fetch and ensure of its device
+    (and of a new device hashed there) exit 2 naming the index, the model, the device
+    and the lost leaf, where they served the portable source (exit 0); nothing fetched
+    or cached."""
+    out = tmp_path / "out"
+    index = out / "ptestore-index.json"
+    create_index(index, leaf_bytes=1024)
+    job = _job(tmp_path / "job.toml", out, DEVICES)
+    assert main(["fleet", "run", str(job), "--workers", "1", "-q"]) == 0
+    _, sharded, _ = open_index(index)
+    assert sharded is not None
+    model, shards = sharded.model_dir("mlp"), sharded.layout["shards"]
+    leaf, _ = _splits_lost()
+    Path(f"{model}/t{leaf}.json").unlink()
+    capsys.readouterr()
+    for device in (next(d for d in DEVICES if _leaf_of(d) == leaf), _hashed_below(leaf)):
+        message = _lost_half(str(index), shards, model, leaf, device, "mlp")
+        asked = [str(index), "--model", "mlp", "--device", device]
+        dest, cache = tmp_path / "dl" / "m.pte", tmp_path / "cache"
+        for command, argv in (
+            ("select", ["select", *asked]),
+            ("fetch", ["fetch", *asked, str(dest)]),
+            ("ensure", ["ensure", *asked, "--cache-dir", str(cache)]),
+        ):
+            assert main(argv) == 2, command
+            assert capsys.readouterr().err == f"ptestore {command}: error: {message}\n"
+        assert not dest.exists() and not dest.parent.exists()
+        assert not cache.exists() or not any(p.name == "manifest.json" for p in cache.rglob("*"))
 
 
 def test_a_leaf_of_a_device_the_catalog_lists_is_refused(tmp_path: Path) -> None:
@@ -195,8 +330,12 @@ def test_missing_parts_on_s3(s3_server: S3TestServer) -> None:
         "= 'split': must be a node whose halves hold the entries it split (at least 2) (they "
         f"hold 1: a leaf is missing ({model}/t{leaf}.json not found)){AFTER}",
     )
+    lost = next(d for d in DEVICES if _leaf_of(d) == leaf)
+    _lookups_refuse(url, options, lost, _lost_half(url, shards, model, leaf, lost))
+    assert find_entry(url, "m", ELSEWHERE, **options) is None
     client.put_object(Bucket=bucket, Key=key, Body=kept)
     _sound(url, options)
+    assert find_entry(url, "m", lost, **options) is not None
     listed = client.list_objects_v2(Bucket=bucket, Prefix=f"fleet/{shards}/")["Contents"]
     for o in listed:
         client.delete_object(Bucket=bucket, Key=o["Key"])

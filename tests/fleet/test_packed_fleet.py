@@ -256,6 +256,12 @@ def test_a_malformed_record_is_refused_naming_its_field(
     assert main(["fleet", "run", str(job), "--workers", "1", "--quiet"]) == 0
     record = Path(record_url(str(tmp_path / "out" / "phone" / "m.pte")))
     data = json.loads(record.read_text())
+    record.write_text(json.dumps({**data, "version": True}))  # True == 1 in Python
+    report = ptestore.verify(str(record)[: -len(".xpwc.json")] + ".pte")
+    assert (report.status, report.error) == (
+        "invalid",
+        f"{record}: record version = True: must be 1",
+    )
     data["xnnpack"]["cpu"] = 3
     record.write_text(json.dumps(data))
     problem = f"{record}: record xnnpack.cpu = 3: must be a string"

@@ -413,6 +413,93 @@ def test_record_strings_are_escaped_in_verify_findings(
     assert "  backend XnnpackBackend: y\\x1b[2J\\nsource: forged 0.1.0\n" in out
 
 
+# A record string well formed but huge (1 MB) was printed whole by verify's findings and
+# inspect's provenance lines (a 1,000,067-character line): cut to 300 characters and its
+# length there; --json keeps it whole.
+BIG = "x" * 1_000_000
+CUT = f"{'x' * 300}... (1000000 characters)"
+QUOTED_CUT = f"'{'x' * 300}'... (1000000 characters)"
+
+
+def _set(record: dict[str, Any], where: str, value: str) -> None:
+    *path, last = where.split(".")
+    target: Any = record
+    for part in path:
+        target = target[int(part)] if part.isdigit() else target[part]
+    target[last] = value
+
+
+@pytest.mark.parametrize(
+    ("where", "argv", "finding", "provenance_line"),
+    [
+        (
+            "requested.0.spec",
+            ["--backend", "passthrough"],
+            f"backends.spec: made with [{CUT}], expected [passthrough]",
+            None,
+        ),
+        (
+            "device.name",
+            ["--device", "dev"],
+            f"device.name: made for {QUOTED_CUT}, expected 'dev'",
+            f"  device: {CUT} (sha256:",
+        ),
+        (
+            "source.url",
+            ["--source", str(get_fixture("conv_portable").pte_path)],
+            f"source.sha256: the artifact was made from {CUT} (6048 bytes, sha256-tree:",
+            f"  source: {CUT} (sha256-tree:",
+        ),
+        (
+            "backends.0.compatibility",
+            None,
+            None,
+            f"  backend XnnpackBackend: passthrough 0.1.0, compatibility {QUOTED_CUT}\n",
+        ),
+    ],
+)
+def test_a_huge_record_string_is_cut_in_findings_and_reports(
+    specialized: bytes,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    where: str,
+    argv: list[str] | None,
+    finding: str | None,
+    provenance_line: str | None,
+) -> None:
+    record = record_of(specialized)
+    _set(record, where, BIG)
+    path = tmp_path / "h.pte"
+    path.write_bytes(with_record(specialized, record))
+    capsys.readouterr()
+    if argv is not None:
+        assert main(["verify", str(path), *argv]) == 1
+        out, err = capsys.readouterr()
+        assert f"{path}: stale: {finding}" in err and len(out + err) < 4000
+        assert main(["verify", str(path), *argv, "--json"]) == 1
+        findings = json.loads(capsys.readouterr().out)["findings"]
+        assert [f for f in findings if BIG in f["message"]]  # whole
+    assert main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert len(out) < 6000
+    if provenance_line is not None:
+        assert provenance_line in out
+    assert main(["inspect", str(path), "--json"]) == 0
+    assert BIG in capsys.readouterr().out  # whole
+
+
+def test_a_record_version_true_is_refused(specialized: bytes) -> None:
+    """``True == 1`` in Python: a record whose version was ``true`` was read as
+    version 1."""
+    record = record_of(specialized)
+    record["version"] = True
+    with pytest.raises(FormatError) as err:
+        read_provenance(BytesLoader(with_record(specialized, record), "h.pte"))
+    assert str(err.value) == (
+        "h.pte: provenance version = True: must be 1, 2 or 3 (this ptestore's)"
+    )
+
+
 # -- control characters in a verify verdict ------------------------------------------------
 
 

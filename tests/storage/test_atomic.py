@@ -360,6 +360,36 @@ def test_get_bytes_refuses_what_is_missing_or_too_large(tmp_path: Path) -> None:
     assert get_bytes(target, limit=5) == b"12345"
 
 
+def test_a_small_file_is_read_in_the_memory_its_size_needs(tmp_path: Path) -> None:
+    """A bounded read asked for a buffer of its bound (a buffered ``read(limit + 1)``
+    allocates it whole): a 20 KB index read within 1 GiB allocated 1 GiB. Each bounded
+    reader of a local file, measured by ``tracemalloc``."""
+    import tracemalloc
+
+    from ptestore._io import read_bounded
+    from ptestore.writers.versions import read_versioned
+
+    target = tmp_path / "m.json"
+    target.write_bytes(b"x" * 20_000)
+    reads: list[Callable[[], Any]] = [
+        lambda: get_bytes(target, limit=1 << 30),
+        lambda: read_versioned(target, max_bytes=1 << 30),
+    ]
+    for read in reads:
+        tracemalloc.start()
+        try:
+            read()
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 1 << 20
+    with target.open("rb") as f:  # one past the bound, to tell a larger file
+        assert read_bounded(f, 19_999) == b"x" * 20_000
+    with target.open("rb") as f:
+        assert read_bounded(f, 20_000) == b"x" * 20_000
+    assert read_versioned(target, max_bytes=19_999).oversize == 20_000
+
+
 def test_rename_moves_a_file_durably(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "a").write_bytes(b"a")
     (tmp_path / "b").write_bytes(b"b")

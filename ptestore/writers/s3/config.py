@@ -227,7 +227,7 @@ class S3Connection:
         """One attempt of ``client.<operation>(**params)`` whose answer has a streaming
         ``Body`` (``get_object``): the answer and the body, read on s3fs's loop (with
         ``max_bytes``: not read when its ``ContentLength`` is larger, else at most
-        ``max_bytes + 1`` bytes of it)."""
+        ``ContentLength + 1`` bytes of it)."""
         method = getattr(self.client, operation)
 
         async def run() -> tuple[dict[str, Any], bytes]:
@@ -239,9 +239,13 @@ class S3Connection:
                 elif int(resp.get("ContentLength", 0)) > max_bytes:
                     data = b""
                 else:  # read(n) may answer with less than n before the end
+                    # asked for as its length says, never as the bound (one past it: a
+                    # body longer than announced shows)
+                    length = int(resp.get("ContentLength", max_bytes))
+                    want = min(length, max_bytes) + 1
                     parts: list[bytes] = []
                     got = 0
-                    while got <= max_bytes and (part := await body.read(max_bytes + 1 - got)):
+                    while got < want and (part := await body.read(want - got)):
                         parts.append(part)
                         got += len(part)
                     data = b"".join(parts)
