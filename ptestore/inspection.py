@@ -309,6 +309,7 @@ def _render_provenance(p: dict[str, Any] | None) -> str:
         return "provenance: none"
     if "error" in p:
         return f"provenance: unreadable: {printable(str(p['error']))}"
+
     # Every string here is the record's (the file's): cut to a few hundred characters (a
     # 1 MB device name made a 1 MB line; --json keeps them whole), one printable line each.
     def f(value: object) -> str:

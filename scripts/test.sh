@@ -51,6 +51,7 @@ echo "== CPU-only torch, no nvidia-* packages"
 
 echo "== ruff"
 .venv/bin/ruff check ptestore tests scripts benchmarks examples
+.venv/bin/ruff format --check ptestore tests scripts benchmarks examples
 echo "== mypy"
 .venv/bin/mypy
 echo "== pytest"

@@ -239,7 +239,7 @@ def _strict_json(value: str) -> Any:
             unfit.append(
                 f"an integer of {len(text.lstrip('-'))} digits is more than Python converts "
                 f"({_int_digits_limit()} digits, sys.get_int_max_str_digits()): give it as "
-                'a JSON string (KEY=\'"..."\') to keep it as text'
+                "a JSON string (KEY='\"...\"') to keep it as text"
             )
             return 0
 

@@ -147,9 +147,7 @@ class Manifest:
             put_bytes(layout.manifest(self.key), data, permissions=0o644)
         except OSError as exc:  # StorageError is one
             if is_disk_full(exc):
-                raise disk_full_error(
-                    layout.root, src, len(data), exc, replaced=replaced
-                ) from exc
+                raise disk_full_error(layout.root, src, len(data), exc, replaced=replaced) from exc
             raise
 
 

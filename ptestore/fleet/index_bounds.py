@@ -57,7 +57,6 @@ MAX_ENTRY_BYTES = 2 << 20
 ENTRY_ROOM = 2 * MAX_ENTRY_BYTES + 4096
 
 
-
 def oversize(url: str, what: str, size: int, cap: int) -> FormatError:
     """The error of an index object larger than its bound."""
     return FormatError(url, f"{what} size", size, f"at most {cap} bytes", "not read")

@@ -124,9 +124,7 @@ class LocalFileWriter(DataWriter):
         self.durable = durable
         self.directory, name = os.path.split(self.path)
         if not name:
-            raise ConfigurationError(
-                f"{self.path}: names a directory (it ends in '/'), not a file"
-            )
+            raise ConfigurationError(f"{self.path}: names a directory (it ends in '/'), not a file")
         if os.path.isdir(self.path):
             raise ConfigurationError(f"{self.path}: is a directory, not a file name")
         check_name_lengths(self.path)  # not at publish, after all the work

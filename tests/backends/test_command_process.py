@@ -166,8 +166,16 @@ def test_sigterm_to_ptestore_stops_the_program_s_children(
     os.mkfifo(fifo)
     spec = f"command@XnnpackBackend=timeout={BOUND:g} {sys.executable} {program} {marker} hang"
     cli = subprocess.Popen(
-        [sys.executable, "-m", "ptestore", "specialize", str(SRC), str(tmp_path / "o.pte"),
-         "--backend", spec],
+        [
+            sys.executable,
+            "-m",
+            "ptestore",
+            "specialize",
+            str(SRC),
+            str(tmp_path / "o.pte"),
+            "--backend",
+            spec,
+        ],
         env={**os.environ, "READY_FIFO": str(fifo)},
         stderr=subprocess.PIPE,
         text=True,
@@ -200,9 +208,7 @@ def test_a_background_process_holding_stdout_does_not_hold_the_run_up(
 
     thread = threading.Thread(target=release_after_bound, daemon=True)
     thread.start()
-    backend = CommandBackend(
-        [sys.executable, str(program), marker, "exit"], named_data=False
-    )
+    backend = CommandBackend([sys.executable, str(program), marker, "exit"], named_data=False)
     report = ptestore.specialize(SRC, tmp_path / "o.pte", backends=[backend])
     returned.set()
     thread.join(BOUND)

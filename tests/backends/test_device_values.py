@@ -104,7 +104,7 @@ def test_parse_device_options_refuses_what_json_cannot_hold(pair: str, message: 
 
 
 def test_parse_device_options_keeps_what_it_kept() -> None:
-    assert parse_device_options(["soc=sm8650", "n=4", "f=1.5", "s=NaNa", "q=\"NaN\""]) == {
+    assert parse_device_options(["soc=sm8650", "n=4", "f=1.5", "s=NaNa", 'q="NaN"']) == {
         "soc": "sm8650",
         "n": 4,
         "f": 1.5,

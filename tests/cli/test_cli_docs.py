@@ -164,9 +164,7 @@ def test_the_check_finds_a_missing_option() -> None:
     """The first test can fail: an option added to a command is found undocumented."""
     parser = build_parser()
     parser.commands["gc"].add_argument("--brand-new-flag", help="x")
-    found = [
-        o for path, a in _options(parser) for o in a.option_strings if o == "--brand-new-flag"
-    ]
+    found = [o for path, a in _options(parser) for o in a.option_strings if o == "--brand-new-flag"]
     assert found == ["--brand-new-flag"]
     assert not _documented("--brand-new-flag", _text("cli.md"))
     assert _documented("--dry-run", _text("cli.md"))

@@ -540,9 +540,7 @@ def test_why_nothing_was_specialized_imports_no_installed_backend(
     assert vendor not in sys.modules  # never imported
     assert f"vendor-npu ({vendor}:Npu)" in report.installed_backends
     assert f"vendor-exits ({exits}:Npu)" in report.installed_backends
-    assert f"vendor-registered ({LABEL}, serves 'VendorNpuBackend')" in (
-        report.installed_backends
-    )
+    assert f"vendor-registered ({LABEL}, serves 'VendorNpuBackend')" in (report.installed_backends)
     message = nothing_specialized_message(report) or ""
     assert f"Installed backends: {'; '.join(report.installed_backends)}." in message
 

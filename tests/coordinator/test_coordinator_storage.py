@@ -210,6 +210,7 @@ def test_a_failure_after_the_ptd_publish_is_a_partial_publish(
     assert info.value.__cause__ is error
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.ptd"]
 
+
 def test_source_modified_while_reading_is_refused(tmp_path: Path) -> None:
     assert MLP.pte_path is not None
     src = tmp_path / "in.pte"

@@ -63,8 +63,11 @@ def test_a_fifo_at_a_manifest_is_refused_without_blocking(tmp_path: Path) -> Non
     man = tmp_path / "cache" / "entries" / a.key / "manifest.json"
     man.unlink()
     os.mkfifo(man, 0o644)
-    with pytest.raises(StorageError, match=r"manifest.json: the cache entry's manifest is "
-                       r"not a regular file \(prw-r--r--\)"):
+    with pytest.raises(
+        StorageError,
+        match=r"manifest.json: the cache entry's manifest is "
+        r"not a regular file \(prw-r--r--\)",
+    ):
         _in_thread(lambda: read_manifest(str(man)))
     (entry,) = _in_thread(lambda: list_entries(tmp_path / "cache"))
     assert entry.state == "broken"
@@ -80,8 +83,9 @@ def test_a_link_or_a_directory_at_a_manifest_is_broken_and_pruned(tmp_path: Path
     elsewhere.write_bytes(man_a.read_bytes())
     man_a.unlink()
     man_a.symlink_to(elsewhere)
-    with pytest.raises(StorageError, match="cannot read the cache entry's manifest: it is a "
-                       "symbolic link"):
+    with pytest.raises(
+        StorageError, match="cannot read the cache entry's manifest: it is a symbolic link"
+    ):
         read_manifest(str(man_a))
     man_b = Path(b.pte).parent / "manifest.json"
     man_b.unlink()
@@ -185,9 +189,7 @@ def test_a_manifest_version_true_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("damage", ["garbage", {}])
-def test_a_damaged_provenance_field_is_a_miss_and_broken(
-    tmp_path: Path, damage: object
-) -> None:
+def test_a_damaged_provenance_field_is_a_miss_and_broken(tmp_path: Path, damage: object) -> None:
     src = copy_pte(tmp_path / "m.pte")
     cache_dir = tmp_path / "cache"
     a = _ensure(src, cache_dir)

@@ -417,9 +417,7 @@ def test_an_entry_that_cannot_be_evicted_is_kept_and_the_new_one_returned(
     lock = cache / "locks" / f"{old.key}.lock"
     lock.unlink(missing_ok=True)
     lock.symlink_to(tmp_path / "elsewhere")
-    new = ptestore.ensure(
-        second, cache_dir=cache, backends=[SPEC], device=DEVICE, max_bytes=1
-    )
+    new = ptestore.ensure(second, cache_dir=cache, backends=[SPEC], device=DEVICE, max_bytes=1)
     assert new.created and Path(new.pte).is_file() and Path(old.pte).is_file()
     [warning] = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert warning.startswith(f"{cache / 'entries' / old.key}: not evicted: ")

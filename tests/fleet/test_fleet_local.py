@@ -273,8 +273,7 @@ def test_a_dead_pool_worker_fails_only_its_own_pair(tmp_path: Path) -> None:
     status = {p.device: (p.status, p.error) for p in result.pairs}
     assert status["dies"][0] == "failed"
     assert str(status["dies"][1]).startswith(
-        "its worker process died while it ran, and again when it ran alone: "
-        "BrokenProcessPool: "
+        "its worker process died while it ran, and again when it ran alone: BrokenProcessPool: "
     )
     assert {d: s for d, (s, _e) in status.items() if d != "dies"} == {
         "blocked": "done",

@@ -301,8 +301,7 @@ def test_json_nested_past_the_bound_but_readable_is_refused(tmp_path: Path) -> N
     with pytest.raises(FormatError) as caught:
         select(url, "m", "a")
     assert str(caught.value) == (
-        f"{mdir / 't.json'}: index (nesting depth) = 73: must be <= 64 levels of arrays and "
-        "objects"
+        f"{mdir / 't.json'}: index (nesting depth) = 73: must be <= 64 levels of arrays and objects"
     )
 
 
@@ -503,8 +502,7 @@ def test_a_leaf_past_its_bound_on_s3_is_refused_unread(s3_server: S3TestServer) 
     with pytest.raises(FormatError) as caught:
         select(url, "m", "a", storage_options=opts)
     assert str(caught.value) == (
-        f"s3://{bucket}/{key}: index shard size = 4214785: must be at most 4214784 bytes "
-        "(not read)"
+        f"s3://{bucket}/{key}: index shard size = 4214785: must be at most 4214784 bytes (not read)"
     )
 
 
@@ -541,7 +539,7 @@ def test_a_catalog_whose_stand_ins_all_fail_points_to_the_repair(tmp_path: Path)
 
 
 def test_a_leaf_entry_named_with_a_lone_surrogate_is_refused(tmp_path: Path) -> None:
-    """"\\ud800" is valid JSON but no UTF-8: hashing it escaped as UnicodeEncodeError."""
+    """ "\\ud800" is valid JSON but no UTF-8: hashing it escaped as UnicodeEncodeError."""
     url, mdir = _index(tmp_path)
     _edit(mdir / "t.json", lambda v: v["entries"][1].update(device="b\ud800"))
     with pytest.raises(FormatError) as caught:

@@ -36,9 +36,7 @@ HERE = cpu_fingerprint()
 NOTHING_TO_PACK = "it has no XNNPACK delegate with named weights (nothing to pack)"
 
 
-def _job(
-    tmp: Path, source: Path, cpu: str, *, name: str = "job.toml", scale: float = 2.0
-) -> Path:
+def _job(tmp: Path, source: Path, cpu: str, *, name: str = "job.toml", scale: float = 2.0) -> Path:
     job = tmp / name
     job.write_text(
         f'destination = "{tmp}/out/{{device}}/{{model}}.pte"\nbackends = ["{SPEC}"]\n'
@@ -417,8 +415,9 @@ def test_an_artifact_replaced_while_its_file_is_made_gets_no_record_of_the_other
         "XNNPACK packed-weight file not recorded (tried again next run): the artifact at "
         f"{pte} was replaced while it was made"
     )
-    assert artifact_entry(str(pte), {})[0]["trailer_sha256"] == (
-        artifact_entry(str(other), {})[0]["trailer_sha256"]
+    assert (
+        artifact_entry(str(pte), {})[0]["trailer_sha256"]
+        == (artifact_entry(str(other), {})[0]["trailer_sha256"])
     )
     assert packed_state(str(pte), HERE, executorch_build().to_json(), {}) == (
         False,

@@ -244,8 +244,7 @@ def test_many_descriptions_of_one_key_are_capped() -> None:
     # can) lists the first MAX_OTHER_USES of them and counts the rest: the merge used to
     # compare each with every earlier one and list them all in every report.
     descs = [
-        ("k", TensorInfo("float32", (i,), 4 * i, "xnnpack", f"g xvalues[{i}]"))
-        for i in range(3000)
+        ("k", TensorInfo("float32", (i,), 4 * i, "xnnpack", f"g xvalues[{i}]")) for i in range(3000)
     ]
     index = TensorIndex(descs + descs)
     info = index["k"]

@@ -385,8 +385,7 @@ def test_a_huge_object_is_shown_cut_in_messages(specialized: bytes) -> None:
         read_provenance(BytesLoader(with_record(specialized, record), "h.pte"))
     shown = repr(["z" * 10] * 50_000)
     assert str(err.value) == (
-        f"h.pte: provenance source = {shown[:80]}... ({len(shown)} characters): must be an "
-        "object"
+        f"h.pte: provenance source = {shown[:80]}... ({len(shown)} characters): must be an object"
     )
 
 

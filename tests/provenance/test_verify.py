@@ -310,8 +310,7 @@ def test_cli_with_a_job_reports_a_storage_failure_per_pair(
     out, err = capsys.readouterr()
     assert err == f"{failing}: not verified: {error}\n"
     assert out == (
-        f"{tmp_path}/out/a/m.pte: current\n2 pairs: 1 current, 0 stale, 0 invalid, "
-        "1 not verified\n"
+        f"{tmp_path}/out/a/m.pte: current\n2 pairs: 1 current, 0 stale, 0 invalid, 1 not verified\n"
     )
     assert main(["verify", "--job", str(job), "--json"]) == 1
     out, err = capsys.readouterr()

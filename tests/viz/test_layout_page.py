@@ -456,8 +456,7 @@ def test_only_the_pages_own_script_runs(browser: Browser, tmp_path: Path) -> Non
 
     text = page(
         "t",
-        '<p id="p">body</p><script>document.getElementById("p").dataset.injected = "1"'
-        "</script>",
+        '<p id="p">body</p><script>document.getElementById("p").dataset.injected = "1"</script>',
         script='document.getElementById("p").dataset.own = "1"; document.body.dataset.ready = "1";',
     )
     assert "script-src 'unsafe-inline'" not in text and "script-src 'sha256-" in text

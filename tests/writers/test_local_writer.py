@@ -416,9 +416,10 @@ def test_a_discard_removes_the_directories_it_made_while_empty(tmp_path: Path) -
     second.discard()
     assert (tmp_path / "kept" / "d" / "2.pte").read_bytes() == b"y"
     # An exception in the with block (the writer abandoned) removes them too.
-    with pytest.raises(RuntimeError), LocalFileWriter(
-        tmp_path / "kept" / "e" / "m.pte", auto_mkdir=True
-    ) as w:
+    with (
+        pytest.raises(RuntimeError),
+        LocalFileWriter(tmp_path / "kept" / "e" / "m.pte", auto_mkdir=True) as w,
+    ):
         raise RuntimeError("a backend failed")
     assert sorted(os.listdir(tmp_path / "kept")) == ["d"]
 

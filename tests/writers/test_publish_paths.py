@@ -144,9 +144,7 @@ def test_a_name_over_the_file_systems_limit_is_refused_when_the_writer_opens(
 
 
 @pytest.mark.parametrize("char", ["\u00e9", "\u20ac", "\U0001f600"])
-def test_a_name_of_wide_characters_under_the_limit_is_published(
-    tmp_path: Path, char: str
-) -> None:
+def test_a_name_of_wide_characters_under_the_limit_is_published(tmp_path: Path, char: str) -> None:
     """A destination name under NAME_MAX in bytes but of 2-, 3- or 4-byte characters:
     its staging name is cut to 200 bytes, at a character (it was cut to 200 characters,
     up to 800 bytes, and the staging file could not be made: ``File name too long``)."""

@@ -87,9 +87,7 @@ class FirstAttempt:
     decides, after ``meanwhile`` (another writer's move) ran; later attempts are
     answered ``retry`` (a key of ``s3_faults.ERRORS``), or by the server when None."""
 
-    def __init__(
-        self, first: str, meanwhile: Callable[[], None], retry: str | None = None
-    ) -> None:
+    def __init__(self, first: str, meanwhile: Callable[[], None], retry: str | None = None) -> None:
         self.first, self.meanwhile, self.retry = first, meanwhile, retry
         self.calls = 0
         self._http = urllib3.PoolManager()

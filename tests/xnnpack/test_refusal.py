@@ -46,7 +46,7 @@ BEHAVIOUR = {
     "SIGABRT": 'exec "$PY" "$ABORTS" "ptestore xnnpack shim: an ExecuTorch runtime check failed"',
     "bad_alloc": (
         'exec "$PY" "$ABORTS" "terminate called after throwing an instance of '
-        "'std::bad_alloc'\" \"  what():  std::bad_alloc\""
+        '\'std::bad_alloc\'" "  what():  std::bad_alloc"'
     ),
 }
 #: The first run half-makes the file and aborts; the next ones fail (exit 9) if they find
@@ -54,7 +54,7 @@ BEHAVIOUR = {
 BEHAVIOUR["abort_once"] = (
     f'[ "$(wc -l < "$RUNS")" -gt 1 ] || {{ : > "$(dirname "$3")/packed.xpwc"; '
     f'{BEHAVIOUR["SIGABRT"]}; }}\n[ -e "$(dirname "$3")/packed.xpwc" ] && exit 9\n'
-    f'{BEHAVIOUR["refuses"]}'
+    f"{BEHAVIOUR['refuses']}"
 )
 #: The child of the aborting runs: its arguments to stderr, then os.abort() (SIGABRT).
 ABORTS = "import os, sys\nfor line in sys.argv[1:]:\n    print(line, file=sys.stderr)\nos.abort()\n"

@@ -170,9 +170,7 @@ def _work_on_names(entries: int, keys: int) -> int:
     """What ``check_names`` does with the names of ``entries`` weight+bias entries of an
     artifact with ``keys`` named-data keys (64 hex digits each, as the runtime's)."""
     names = [f"{i:064x}" for i in range(keys)]
-    index = [
-        Entry(_Name(names[2 * i] + names[2 * i + 1]), i * PAGE, 1, 0) for i in range(entries)
-    ]
+    index = [Entry(_Name(names[2 * i] + names[2 * i + 1]), i * PAGE, 1, 0) for i in range(entries)]
     _Name.ops = 0
     check_names(index, set(names), "f")
     return _Name.ops

@@ -73,6 +73,7 @@ class S3Staging:
             "ChecksumType": "FULL_OBJECT",
             **self.conn.create_extras,
         }
+
         def create() -> dict[str, Any]:
             future = self.conn.submit("create_multipart_upload", **params)
             try:
