@@ -197,6 +197,19 @@ def files_intact(directory: str, manifest: dict[str, Any]) -> bool:
     return True
 
 
+def _regular_files(directory: str) -> Iterator[os.stat_result]:
+    """The ``lstat`` of each regular file under ``directory`` (subdirectories included,
+    links not followed), a file with several names once per name."""
+    for root, _dirs, files in os.walk(directory, followlinks=False):
+        for name in files:
+            try:
+                st = os.lstat(os.path.join(root, name))
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                yield st
+
+
 def dir_bytes(directory: str) -> int:
     """The bytes of the regular files under ``directory`` (subdirectories included, links
     not followed): what an entry holds against ``max_bytes``."""
@@ -205,16 +218,7 @@ def dir_bytes(directory: str) -> int:
             return 0
     except OSError:
         return 0
-    total = 0
-    for root, _dirs, files in os.walk(directory, followlinks=False):
-        for name in files:
-            try:
-                st = os.lstat(os.path.join(root, name))
-            except OSError:
-                continue
-            if stat.S_ISREG(st.st_mode):
-                total += st.st_size
-    return total
+    return sum(st.st_size for st in _regular_files(directory))
 
 
 #: A file as :func:`entry_files` finds it: ``(st_dev, st_ino)``.
@@ -226,16 +230,10 @@ def entry_files(directory: str) -> dict[Inode, tuple[int, int, int]]:
     ``(st_dev, st_ino) -> (size, its links (st_nlink), its paths under directory)``;
     what :func:`freed_since` compares after a removal."""
     out: dict[Inode, tuple[int, int, int]] = {}
-    for root, _dirs, files in os.walk(directory, followlinks=False):
-        for name in files:
-            try:
-                st = os.lstat(os.path.join(root, name))
-            except OSError:
-                continue
-            if stat.S_ISREG(st.st_mode):
-                known = out.get((st.st_dev, st.st_ino))
-                paths = 1 if known is None else known[2] + 1
-                out[(st.st_dev, st.st_ino)] = (st.st_size, st.st_nlink, paths)
+    for st in _regular_files(directory):
+        known = out.get((st.st_dev, st.st_ino))
+        paths = 1 if known is None else known[2] + 1
+        out[(st.st_dev, st.st_ino)] = (st.st_size, st.st_nlink, paths)
     return out
 
 
