@@ -10,6 +10,7 @@ import os
 import sys
 from typing import Any
 
+from .._text import for_terminal, printable
 from ..errors import ConfigurationError, ObjectNotFound
 from ..storage.types import file_path
 from .ensure import parse_size
@@ -118,7 +119,7 @@ def run_cache(args: argparse.Namespace) -> int:
                 where += f" + {os.path.basename(e.xnnpack_cache)}"
             print(
                 f"{e.key}  {e.state:<10} {human_bytes(e.bytes):>10}  {_when(e.last_used)}  "
-                f"{e.source or '-'}{where}"
+                f"{printable(e.source or '-')}{printable(where)}"
             )
         total = sum(e.bytes for e in entries)
         print(f"{len(entries)} entries, {human_bytes(total)}")
@@ -163,7 +164,7 @@ def _prune_stale(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
         return EXIT_OK
     for e in stale.entries:
-        print(f"{e.action:<18} {e.key}  {human_bytes(e.bytes):>10}  {e.reason}")
+        print(for_terminal(f"{e.action:<18} {e.key}  {human_bytes(e.bytes):>10}  {e.reason}"))
     if rest is None:
         n = sum(e.action == "would remove" for e in stale.entries)
         print(f"would remove {n} stale entries; {stale.current} current")

@@ -14,7 +14,7 @@ import json
 import sys
 from typing import Any
 
-from .._text import printable
+from .._text import for_terminal, printable
 from .exits import EXIT_OK, guarded
 from .options import add_device_flags, add_storage_options, device_or_name, storage_options
 from .parser import add_common_flags
@@ -94,8 +94,8 @@ def _print(args: argparse.Namespace, value: dict[str, Any], text: str) -> None:
     if args.json:
         json.dump(value, sys.stdout, indent=2)
         sys.stdout.write("\n")
-    else:
-        print(text)
+    else:  # a reason quotes the index and names given: what would act on a terminal escaped
+        print(for_terminal(text))
 
 
 @guarded("select")

@@ -664,3 +664,25 @@ def test_a_malformed_manifest_of_another_entry_is_not_a_base(
     assert other.created and other.choice is not None
     assert other.choice["fetched"]["bases"] == []
     assert Path(other.pte).read_bytes() == (tmp_path / "two" / "a" / "m.pte").read_bytes()
+
+
+def test_select_s_reasons_cannot_drive_the_terminal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An index whose device names hold an escape sequence (a version 2 index written
+    by another tool: a job refuses such names): ``select``'s reason quotes them
+    escaped, as the error line would (it printed them raw)."""
+    from ptestore.fleet.index import load_index
+
+    index = fleet_run(_job(tmp_path, str(tmp_path / "out")), capsys)
+    entries = load_index(index)["entries"]
+    for e in entries:
+        e["device"] += "\x1b[2J"
+    v2 = tmp_path / "v2.json"
+    v2.write_text(
+        json.dumps({"format": "ptestore.index", "version": 2, "updated": "x", "entries": entries})
+    )
+    argv = ["select", str(v2), "--model", "m", "--device", "z", "--device-option", "soc=x"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "(a\\x1b[2J: XnnpackBackend: " in out and "\x1b" not in out

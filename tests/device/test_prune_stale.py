@@ -369,3 +369,21 @@ def test_cli_prune_stale_refuses_an_option_for_none_of_the_indexes(
     with pytest.raises(ConfigurationError, match=rf"^storage options \['{name}'\] apply to"):
         prune_stale(cache, dry_run=True, storage_options=dict([option.split("=")]))
     assert [e.key for e in list_entries(cache)] == [made.key]
+
+
+def test_cache_lines_cannot_drive_the_terminal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A source whose name holds an escape sequence: ``cache ls`` and ``cache prune
+    --stale`` print it escaped, as the error line does (they printed it raw: the
+    listing of a cache cleared the screen)."""
+    cache = tmp_path / "cache"
+    source = _model(tmp_path, "s\x1b[2J.pte")
+    ptestore.ensure(source, cache_dir=cache, backends=[SPEC])
+    assert main(["cache", "ls", "--cache-dir", str(cache)]) == 0
+    listed = capsys.readouterr().out
+    assert f"{tmp_path}/s\\x1b[2J.pte" in listed and "\x1b" not in listed
+    source.unlink()
+    assert main(["cache", "prune", "--cache-dir", str(cache), "--stale", "--dry-run"]) == 0
+    judged = capsys.readouterr().out
+    assert "s\\x1b[2J.pte is gone" in judged and "\x1b" not in judged
