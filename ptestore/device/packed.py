@@ -187,6 +187,13 @@ def check_packed_args(
         raise ConfigurationError(
             f"xnnpack_timeout must be a number of seconds > 0 or None, got {timeout!r}"
         )
+    given = [n for n, v in (("xnnpack_retry=True", retry), ("xnnpack_timeout", timeout)) if v]
+    if given and not cache:
+        raise ConfigurationError(
+            f"{' and '.join(given)} {'apply' if len(given) > 1 else 'applies'} to the "
+            "XNNPACK packed-weight file xnnpack_cache=True makes: add xnnpack_cache=True "
+            "(CLI: --xnnpack-cache)"
+        )
     if cache and in_place:
         raise ConfigurationError(
             f"{os.fspath(source)}: xnnpack_cache=True applies to a copy in the cache, not to "

@@ -93,3 +93,28 @@ def test_the_timeout_and_retry_reach_the_maker(
     argv = ["ensure", str(MLP), "--cache-dir", str(cache_dir), "--xnnpack-cache"]
     assert main([*argv, "--xnnpack-retry", "--xnnpack-timeout", "7.5"]) == 0
     assert calls[-1]["timeout"] == 7.5 and calls[-1]["retry_refused"] is True
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        ({"xnnpack_retry": True}, "xnnpack_retry=True applies"),
+        ({"xnnpack_timeout": 60.0}, "xnnpack_timeout applies"),
+        (
+            {"xnnpack_retry": True, "xnnpack_timeout": 60},
+            "xnnpack_retry=True and xnnpack_timeout apply",
+        ),
+    ],
+)
+def test_the_api_refuses_retry_and_timeout_without_the_cache(
+    tmp_path: Path, kwargs: dict[str, Any], named: str
+) -> None:
+    """From Python as from the CLI: without ``xnnpack_cache=True`` they were accepted and
+    ignored; refused before anything is done."""
+    with pytest.raises(ConfigurationError) as info:
+        ensure(MLP, cache_dir=tmp_path / "c", **kwargs)
+    assert str(info.value) == (
+        f"{named} to the XNNPACK packed-weight file xnnpack_cache=True makes: add "
+        "xnnpack_cache=True (CLI: --xnnpack-cache)"
+    )
+    assert not (tmp_path / "c").exists()
