@@ -408,17 +408,18 @@ def _template_fields(dest: str, fail: Any) -> set[str]:
 
 
 def check_destinations(job: Job) -> str | None:
-    """Why the job's destinations are unsafe, or None (:mod:`.job_check`): two
-    destinations that are one stored object (compared as the store will address them:
-    local paths resolved, URLs normalized), a destination that is one of the job's
-    sources, one outside the template's root, or one with a name the job keeps for its
-    own objects (``_shared/``, the index, the preflight's marker, XNNPACK's files)."""
+    """Why the job's destinations are unsafe, or None (:mod:`.job_check`): two that are
+    one stored object (as the store addresses them), one that is a source or outside the
+    template's root, one named as the job's own objects are (``_shared/``, the index,
+    XNNPACK's files, ...), or one too long for its store."""
+    from .job_check import names_problem
+
     sources = [s for m in job.models for s in (m.source, m.ptd) if s is not None]
-    pairs = (
-        (f"({p.model.name}, {p.device.name})", (p.destination, p.ptd_destination))
+    pairs = [
+        (f"({p.model.name}, {p.device.name})", (p.destination, p.ptd_destination), p.xnnpack_cpu)
         for p in job.pairs()
-    )
-    return destinations_problem(job.destination, sources, pairs)
+    ]
+    return destinations_problem(job.destination, sources, pairs) or names_problem(pairs)
 
 
 def _non_finite(value: Any, where: str = "") -> tuple[str, float] | None:

@@ -30,6 +30,7 @@ __all__ = [
     "XNNPACK_SUFFIXES",
     "destinations_problem",
     "fingerprint_problem",
+    "names_problem",
     "template_root",
 ]
 
@@ -118,10 +119,11 @@ def _reserved(where: str, dst: str, root: str, segments: list[str]) -> str | Non
 def destinations_problem(
     template: str,
     sources: Iterable[str],
-    pairs: Iterable[tuple[str, tuple[str | None, ...]]],
+    pairs: Iterable[tuple[str, tuple[str | None, ...], object]],
 ) -> str | None:
-    """Why the destinations are unsafe, or None. ``pairs`` are ``(label, destinations)``
-    (the label such as ``(model, device)``, a destination None when there is none)."""
+    """Why the destinations are unsafe, or None. ``pairs`` are ``(label, destinations,
+    ...)`` (the label such as ``(model, device)``, a destination None when there is
+    none; what follows is :func:`names_problem`'s)."""
     root = template_root(template)
     base = _base(root)
     by_identity: dict[tuple[str, str], str] = {}
@@ -132,7 +134,7 @@ def destinations_problem(
         if inode is not None:
             by_inode.setdefault(inode, src)
     seen: dict[tuple[str, str], tuple[str, str]] = {}
-    for where, dsts in pairs:
+    for where, dsts, _ in pairs:
         for dst in dsts:
             if dst is None:
                 continue
@@ -160,6 +162,63 @@ def destinations_problem(
                 shown = dst if dst == other_dst else f"{other_dst} and {dst}"
                 return f"pairs {other} and {where} share the destination {shown}"
             seen[ident] = (where, dst)
+    return None
+
+
+def name_problem(where: str, dsts: Iterable[str | None], xnnpack: bool) -> str | None:
+    """Why a name the pair ``where`` writes is too long for its store, or None: a local
+    file name over NAME_MAX (255 bytes), an S3 key over 1,024 bytes: its destinations
+    and, when its device asks for XNNPACK's packed-weight file (``xnnpack``), that
+    file's name beside its ``.pte`` (``<stem>.xnnpack-<32 hex>.xpwc``), which a run
+    would otherwise fail to write after the pair's artifact was made."""
+    from .holds import NAME_MAX, S3_KEY_MAX
+
+    for i, dst in enumerate(dsts):
+        if dst is None:
+            continue
+        names = [(dst, f"destination {dst}")]
+        if xnnpack and i == 0:
+            stem = dst[:-4] if dst.endswith(".pte") else dst
+            names.append(
+                (
+                    f"{stem}.xnnpack-{'0' * 32}.xpwc",
+                    f"XNNPACK packed-weight file (xnnpack_cpu) beside {dst}, "
+                    f"{os.path.basename(stem)}.xnnpack-<32 hex>.xpwc,",
+                )
+            )
+        for name, what in names:
+            url = StorageURL.of(name)
+            if url.local:
+                size, limit, unit = (
+                    len(os.fsencode(os.path.basename(url.path))),
+                    NAME_MAX,
+                    "a file name",
+                )
+            elif url.protocol == "s3":
+                key = url.path.partition("/")[2]
+                size, limit, unit = (
+                    len(key.encode("utf-8", "surrogateescape")),
+                    S3_KEY_MAX,
+                    "an S3 key",
+                )
+            else:
+                continue
+            if size > limit:
+                return (
+                    f"pair {where}'s {what} would take {size} bytes, over the {limit} "
+                    f"{unit} may take: a shorter model or device name, or template, makes it fit"
+                )
+    return None
+
+
+def names_problem(pairs: Iterable[tuple[str, tuple[str | None, ...], object]]) -> str | None:
+    """The first :func:`name_problem` of ``pairs``: ``(label, destinations, its
+    device's CPU fingerprint when it asks for XNNPACK's packed-weight file, else None)``;
+    None when every name fits."""
+    for where, dsts, cpu in pairs:
+        problem = name_problem(where, dsts, cpu is not None)
+        if problem:
+            return problem
     return None
 
 

@@ -261,3 +261,43 @@ def test_a_job_loads_in_time_linear_in_its_pairs(monkeypatch: pytest.MonkeyPatch
 
     parse_job(text(40, 10))
     assert calls[0] <= 40 + 40 * 10 + 2
+
+
+@pytest.mark.parametrize("store", ["local", "s3"])
+def test_names_too_long_for_their_store_are_refused(tmp_path: Path, store: str) -> None:
+    """A name a pair would write that its store cannot take: its destination, or, when
+    its device asks for XNNPACK's packed-weight file, that file's name beside it
+    (``<stem>.xnnpack-<32 hex>.xpwc``, 46 bytes more than the stem): refused when the
+    job is read, not by a run that made the artifact first (local: 255 bytes a name,
+    S3: 1,024 a key)."""
+    base = root(store, tmp_path)
+    stem = "m" * (210 if store == "local" else 979 - len("d/"))
+    cpu = 'xnnpack_cpu = "aarch64/page=4096:asimd"\n'
+    text = job(f"{base}{{device}}/{{model}}.pte", model("a.pte", stem), device("d") + cpu)
+    dst = f"{base}d/{stem}.pte"
+    name, limit, unit = (
+        (f"{stem}.xnnpack-<32 hex>.xpwc", 255, "a file name")
+        if store == "local"
+        else (f"{stem}.xnnpack-<32 hex>.xpwc", 1024, "an S3 key")
+    )
+    size = len(stem) + 46 + (0 if store == "local" else len("d/"))
+    with pytest.raises(JobError) as info:
+        parse_job(text, "j.toml")
+    assert str(info.value) == (
+        f"j.toml:1: destination: pair ({stem}, d)'s XNNPACK packed-weight file "
+        f"(xnnpack_cpu) beside {dst}, {name}, would take {size} bytes, over the {limit} "
+        f"{unit} may take: a shorter model or device name, or template, makes it fit"
+    )
+    # Without the packed-weight file, the destination itself fits.
+    parse_job(job(f"{base}{{device}}/{{model}}.pte", model("a.pte", stem), device("d")), "j.toml")
+    # A destination too long for its store.
+    longer = "m" * (252 if store == "local" else 1020)
+    text = job(f"{base}{{device}}/{{model}}.pte", model("a.pte", longer), device("d"))
+    with pytest.raises(JobError) as info:
+        parse_job(text, "j.toml")
+    size = len(longer) + 4 + (0 if store == "local" else len("d/"))
+    assert str(info.value) == (
+        f"j.toml:1: destination: pair ({longer}, d)'s destination {base}d/{longer}.pte "
+        f"would take {size} bytes, over the {limit} {unit} may take: a shorter model or "
+        "device name, or template, makes it fit"
+    )
