@@ -255,9 +255,8 @@ def list_entries(cache_dir: str | os.PathLike[str]) -> list[CacheEntry]:
 
 def remove_entry_locked(layout: CacheLayout, key: str) -> int:
     """Remove entry ``key`` (its lock held exclusively by the caller): the manifest first,
-    so that the entry stops being valid before any of its files goes. Returns the bytes
-    freed on the file system (:func:`.freed_since`: a file linked elsewhere, or left,
-    frees nothing). A link or a file at its path is not an entry: left alone (0)."""
+    so the entry stops being valid before any file goes. Returns the bytes freed on the
+    file system (:func:`.freed_since`); a link or a file at its path is left alone (0)."""
     directory = layout.entry_dir(key)
     with entry_dir_fd(directory) as fd:
         if fd is None:
@@ -270,9 +269,10 @@ def remove_entry_locked(layout: CacheLayout, key: str) -> int:
         except OSError as exc:
             raise StorageError(f"{layout.manifest(key)}: cannot remove: {exc.strerror}") from exc
     shutil.rmtree(directory, ignore_errors=True)  # never through a link (rmtree refuses one)
-    if left := dir_bytes(directory):  # a prune removes the rest once it can
-        log.warning("%s: removed, but %d bytes of its files could not be", directory, left)
-    return freed_since(files, directory)
+    if left := entry_files(directory):  # a prune removes the rest once it can
+        kept = sum(size * paths for size, _, paths in left.values())
+        log.warning("%s: removed, but %d bytes of its files could not be", directory, kept)
+    return freed_since(files, left)
 
 
 def clean_entry_locked(

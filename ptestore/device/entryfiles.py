@@ -237,12 +237,14 @@ def entry_files(directory: str) -> dict[Inode, tuple[int, int, int]]:
     return out
 
 
-def freed_since(before: dict[Inode, tuple[int, int, int]], directory: str) -> int:
-    """The bytes the removal of ``directory``'s files freed on the file system, of the
-    files ``before`` (:func:`entry_files`) found there: each file once, and only one
-    whose every link was under ``directory`` and is gone now (a file also linked
-    elsewhere frees nothing; one that could not be removed neither)."""
-    left = set(entry_files(directory))
+def freed_since(
+    before: dict[Inode, tuple[int, int, int]], after: dict[Inode, tuple[int, int, int]]
+) -> int:
+    """The bytes a removal freed on the file system, of the files ``before`` found in a
+    directory (:func:`entry_files`), ``after`` what is left there: each file once, and
+    only one whose every link was under the directory and is gone now (a file also
+    linked elsewhere frees nothing; one that could not be removed neither)."""
+    left = set(after)
     return sum(
         size
         for inode, (size, links, paths) in before.items()

@@ -49,6 +49,7 @@ __all__ = [
     "hold_url",
     "held_kind",
     "is_hold",
+    "name_size",
 ]
 
 #: What a hold's name adds to its object's.
@@ -118,17 +119,23 @@ def _size(text: str) -> int:
     return len(text.encode("utf-8", "surrogateescape"))
 
 
+def name_size(url: str) -> tuple[int, int] | None:
+    """``(bytes, limit)`` of the name ``url`` gives its store: a local file's name
+    against :data:`NAME_MAX`, an S3 key against :data:`S3_KEY_MAX`; None for a store
+    without such a limit."""
+    u = StorageURL.of(url)
+    if u.local:
+        return _size(os.path.basename(u.path)), NAME_MAX
+    if u.protocol == "s3":
+        return _size(u.path.partition("/")[2]), S3_KEY_MAX
+    return None
+
+
 def _room(url: str) -> int | None:
     """How many bytes the plain hold name of the object at ``url`` has to spare under
     its store's limit (negative: over it by that much); None for a store without one."""
-    u = StorageURL.of(url)
-    if u.local:
-        name = os.path.basename(u.path)
-        return NAME_MAX - _size(name + HOLD_SUFFIX)
-    if u.protocol == "s3":
-        key = u.path.partition("/")[2]
-        return S3_KEY_MAX - _size(key + HOLD_SUFFIX)
-    return None
+    sized = name_size(url + HOLD_SUFFIX)
+    return None if sized is None else sized[1] - sized[0]
 
 
 def _check_length(target: str, url: str) -> None:

@@ -113,8 +113,7 @@ def publish_v2(
     def merged(old: dict[str, Any] | None) -> dict[str, Any] | None:
         kept = entries
         if guard is not None:
-            there = {(e.get("model"), e.get("device")): e for e in (old or {}).get("entries", [])
-                     if isinstance(e, dict)}  # fmt: skip
+            there = {(e["model"], e["device"]): e for e in (old or {}).get("entries", [])}
             kept = [e for e in entries if guard.admits(there.get((e["model"], e["device"])), e)]
         return merge_entries(old, kept) if kept or old is None else None
 

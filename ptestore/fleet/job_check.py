@@ -171,41 +171,24 @@ def name_problem(where: str, dsts: Iterable[str | None], xnnpack: bool) -> str |
     and, when its device asks for XNNPACK's packed-weight file (``xnnpack``), that
     file's name beside its ``.pte`` (``<stem>.xnnpack-<32 hex>.xpwc``), which a run
     would otherwise fail to write after the pair's artifact was made."""
-    from .holds import NAME_MAX, S3_KEY_MAX
+    from .holds import name_size
 
     for i, dst in enumerate(dsts):
         if dst is None:
             continue
         names = [(dst, f"destination {dst}")]
-        if xnnpack and i == 0:
-            stem = dst[:-4] if dst.endswith(".pte") else dst
+        if xnnpack and i == 0:  # as .packed.file_url names it (packed imports the job)
+            packed = (dst[:-4] if dst.endswith(".pte") else dst) + f".xnnpack-{'0' * 32}.xpwc"
+            shown = os.path.basename(packed).replace("0" * 32, "<32 hex>")
             names.append(
-                (
-                    f"{stem}.xnnpack-{'0' * 32}.xpwc",
-                    f"XNNPACK packed-weight file (xnnpack_cpu) beside {dst}, "
-                    f"{os.path.basename(stem)}.xnnpack-<32 hex>.xpwc,",
-                )
+                (packed, f"XNNPACK packed-weight file (xnnpack_cpu) beside {dst}, {shown},")
             )
         for name, what in names:
-            url = StorageURL.of(name)
-            if url.local:
-                size, limit, unit = (
-                    len(os.fsencode(os.path.basename(url.path))),
-                    NAME_MAX,
-                    "a file name",
-                )
-            elif url.protocol == "s3":
-                key = url.path.partition("/")[2]
-                size, limit, unit = (
-                    len(key.encode("utf-8", "surrogateescape")),
-                    S3_KEY_MAX,
-                    "an S3 key",
-                )
-            else:
-                continue
-            if size > limit:
+            sized = name_size(name)
+            if sized is not None and sized[0] > sized[1]:
+                unit = "a file name" if StorageURL.of(name).local else "an S3 key"
                 return (
-                    f"pair {where}'s {what} would take {size} bytes, over the {limit} "
+                    f"pair {where}'s {what} would take {sized[0]} bytes, over the {sized[1]} "
                     f"{unit} may take: a shorter model or device name, or template, makes it fit"
                 )
     return None

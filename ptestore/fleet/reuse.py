@@ -137,8 +137,7 @@ def _give_unnamed_shared(
     try:
         stored = {target_identity(u) for root in roots for u in _shared_objects(root, job)}
     except Exception as exc:  # any listing failure: every find holds what it finds
-        log.warning("%s: cannot list the shared objects, each one found is held: %s",
-                    job.path, exc)  # fmt: skip
+        log.warning("%s: cannot list the shared objects, each one found is held: %s", job.path, exc)
         return
     named: set[Identity] = set()
     for e in entries.values():

@@ -247,9 +247,16 @@ def run_plan(
         client = connect(scheduler, connect_timeout)
     try:
         return _run(
-            plan, started, client, scheduler, workers, progress, fail_fast,
-            missed_heartbeats, pair_timeout,
-        )  # fmt: skip
+            plan,
+            started,
+            client,
+            scheduler,
+            workers,
+            progress,
+            fail_fast,
+            missed_heartbeats,
+            pair_timeout,
+        )
     finally:
         if client is not None:
             client.close()

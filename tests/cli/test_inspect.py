@@ -393,6 +393,19 @@ def _with_footer(
     return bytes(out)
 
 
+def _stamped(made: Path) -> Path:
+    """A pass-through of the MLP fixture with a provenance record (a device named),
+    written to ``made``."""
+    ptestore.specialize(
+        MLP.pte_path,
+        made,
+        backends=["ptestore.backends.passthrough:PassthroughBackend@XnnpackBackend"],
+        device=DeviceProfile("npu", {"soc": "x"}),
+        allow_unchanged=True,
+    )
+    return made
+
+
 @pytest.mark.parametrize(
     ("damage", "said"),
     [
@@ -406,14 +419,7 @@ def test_a_damaged_trailer_still_shows_the_container(
     """A damaged trailer (wrong checksum, unknown footer version) is the provenance
     line's ``unreadable: ...`` (``{"error": ...}`` in --json); the container is shown
     all the same, up to where the footer says it ends (inspect failed with exit 2)."""
-    made = tmp_path / "made.pte"
-    ptestore.specialize(
-        MLP.pte_path,
-        made,
-        backends=["ptestore.backends.passthrough:PassthroughBackend@XnnpackBackend"],
-        device=DeviceProfile("npu", {"soc": "x"}),
-        allow_unchanged=True,
-    )
+    made = _stamped(tmp_path / "made.pte")
     path = tmp_path / "a.pte"
     path.write_bytes(_with_footer(made.read_bytes(), **damage))
     capsys.readouterr()
@@ -440,14 +446,7 @@ def test_a_damaged_content_size_still_shows_the_container(
     blamed the container with a file size the file does not have ("file size = 1: must
     be >= 8 bytes", exit 2). Where the container does not parse, it is the whole
     file's; the provenance line says what is wrong with the footer."""
-    made = tmp_path / "made.pte"
-    ptestore.specialize(
-        MLP.pte_path,
-        made,
-        backends=["ptestore.backends.passthrough:PassthroughBackend@XnnpackBackend"],
-        device=DeviceProfile("npu", {"soc": "x"}),
-        allow_unchanged=True,
-    )
+    made = _stamped(tmp_path / "made.pte")
     path = tmp_path / "a.pte"
     path.write_bytes(_with_footer(made.read_bytes(), content_size=content_size))
     size = path.stat().st_size

@@ -51,6 +51,15 @@ def _run(job: Path, capsys: pytest.CaptureFixture[str]) -> None:
     capsys.readouterr()
 
 
+def _run_then_drop_d2(job: Path, out: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``job`` run for d0, d1, d2 into ``out``, then for d0 and d1 only, and retired:
+    d2's artifact and its scaled .ptd are named by no live entry."""
+    _run(job, capsys)
+    _run(_job(job, out, TWO), capsys)
+    assert main(["fleet", "retire", str(job)]) == 0
+    capsys.readouterr()
+
+
 def _made(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], options: str = "", leaf_bytes: int = 0
 ) -> Path:
@@ -385,10 +394,7 @@ def test_a_device_directory_that_is_a_link_is_under_the_index(
     out.mkdir()
     (out / "d1").symlink_to(tmp_path / "disk2" / "d1")
     job = _job(tmp_path / "job.toml", out)
-    _run(job, capsys)
-    _run(_job(job, out, TWO), capsys)
-    assert main(["fleet", "retire", str(job)]) == 0
-    capsys.readouterr()
+    _run_then_drop_d2(job, out, capsys)
     _backdate(out)
     _backdate(tmp_path / "disk2")
     assert (tmp_path / "disk2" / "d1" / "mlp.pte").exists()
@@ -424,10 +430,7 @@ def test_a_target_through_a_link_and_dot_dot_is_the_kernels_directory(
     looks; orphan collection read ``lnk``'s parent instead (no index there: nothing)."""
     out = tmp_path / "out"
     job = _job(tmp_path / "job.toml", out)
-    _run(job, capsys)
-    _run(_job(job, out, TWO), capsys)
-    assert main(["fleet", "retire", str(job)]) == 0
-    capsys.readouterr()
+    _run_then_drop_d2(job, out, capsys)
     _backdate(out)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

@@ -72,6 +72,23 @@ def _leaf_of(device: str) -> str:
     return bits[: depth + 1]
 
 
+def _lose_a_listed_leaf(model: str) -> tuple[str, str, int, int]:
+    """Remove the shallowest leaf of :func:`_index`'s ``model`` (one device's, beside a
+    split node): its device, the leaf's prefix, and where the catalog lists the device
+    (class ``i``, place ``j``)."""
+    leaf = min((_leaf_of(d) for d in DEVICES), key=len)
+    [lost] = [d for d in DEVICES if _leaf_of(d) == leaf]
+    catalog = json.loads(Path(f"{model}/catalog.json").read_text())
+    [(i, j)] = [
+        (i, j)
+        for i, c in enumerate(catalog["classes"])
+        for j, d in enumerate(c["devices"])
+        if d == lost
+    ]
+    Path(f"{model}/t{leaf}.json").unlink()
+    return lost, leaf, i, j
+
+
 def _splits_lost() -> tuple[str, str]:
     """A leaf whose loss leaves its split node with fewer than 2 entries below, and its
     split node."""
@@ -194,16 +211,7 @@ def test_one_devices_look_up_refuses_a_listed_device_its_leaf_lacks(tmp_path: Pa
 
     url = str(tmp_path / "ptestore-index.json")
     shards, model = _index(url)
-    leaf = min((_leaf_of(d) for d in DEVICES), key=len)
-    [lost] = [d for d in DEVICES if _leaf_of(d) == leaf]
-    catalog = json.loads(Path(f"{model}/catalog.json").read_text())
-    [(i, j)] = [
-        (i, j)
-        for i, c in enumerate(catalog["classes"])
-        for j, d in enumerate(c["devices"])
-        if d == lost
-    ]
-    Path(f"{model}/t{leaf}.json").unlink()
+    lost, leaf, i, j = _lose_a_listed_leaf(model)
     expected = (
         f"{url}: index shards = '{shards}': {MUST} ({model}/catalog.json: index catalog "
         f"classes[{i}].devices[{j}] = '{lost}': must be a device whose entry is in one of "
@@ -272,16 +280,7 @@ def test_a_leaf_of_a_device_the_catalog_lists_is_refused(tmp_path: Path) -> None
     sibling): the catalog, read first, lists its device."""
     url = str(tmp_path / "ptestore-index.json")
     shards, model = _index(url)
-    leaf = min((_leaf_of(d) for d in DEVICES), key=len)
-    [lost] = [d for d in DEVICES if _leaf_of(d) == leaf]
-    catalog = json.loads(Path(f"{model}/catalog.json").read_text())
-    [(i, j)] = [
-        (i, j)
-        for i, c in enumerate(catalog["classes"])
-        for j, d in enumerate(c["devices"])
-        if d == lost
-    ]
-    Path(f"{model}/t{leaf}.json").unlink()
+    lost, _, i, j = _lose_a_listed_leaf(model)
     _refusals(
         url,
         {},
