@@ -117,7 +117,16 @@ def matrix_data(
         cell.setdefault("pte_size", None)
         cell.setdefault("ptd_size", None)
         cell.setdefault("compatibility", [])
+        cell["not_indexed"] = None
         rows.append(cell)
+    if result is not None and result.index_shards:
+        from ..fleet.index_pins import superseded_line
+
+        where = {(c["model"], c["device"]): c for c in rows}
+        for left in result.index_shards.get("superseded", ()):
+            cell = where.get((left["model"], left["device"]))
+            if cell is not None:
+                cell["not_indexed"] = superseded_line(left)
     if artifacts:
 
         def look(cell: dict[str, Any]) -> dict[str, Any]:
@@ -197,6 +206,8 @@ def _cell_title(c: dict[str, Any]) -> str:
         parts.append(f"error: {c['error']}")
     elif c.get("reason"):
         parts.append(c["reason"])
+    if c.get("not_indexed"):
+        parts.append(c["not_indexed"])
     if c.get("size") is not None:
         parts.append(f"artifact {human(c['size'])}")
     if c.get("estimated_client_bytes") is not None:
@@ -300,6 +311,19 @@ def matrix_html(data: dict[str, Any]) -> str:
             f'<tr class="job"><td colspan=2>the job (index)</td>'
             f"<td class=mono>{esc(data['index_error'])}</td></tr>" + failures
         )
+    left = [c for c in data["pairs"] if c.get("not_indexed")]
+    not_indexed = (
+        f'<h2>Done, not indexed ({len(left)})</h2><table id="not-indexed">'
+        "<tr><th>model</th><th>device</th><th>why</th></tr>"
+        + "".join(
+            f"<tr><td>{esc(c['model'])}</td><td>{esc(c['device'])}</td>"
+            f"<td class=mono>{esc(c['not_indexed'])}</td></tr>"
+            for c in left
+        )
+        + "</table>"
+        if left
+        else ""
+    )
     html = (
         f"<h1>ptestore fleet {what}: {esc(os.path.basename(data['job']))}</h1>"
         f'<div class="muted"><span class="mono">{esc(data["job"])}</span> · '
@@ -332,6 +356,7 @@ def matrix_html(data: dict[str, Any]) -> str:
             if failures
             else "<p class=muted>none</p>"
         )
+        + not_indexed
     )
     return page(
         f"ptestore fleet {what}: {os.path.basename(data['job'])}",

@@ -25,9 +25,12 @@ from ptestore.fleet.fetch import fetch
 from ptestore.fleet.index import artifact_entry, find_entry
 from ptestore.fleet.index_pins import ArtifactPin
 from ptestore.fleet.index_store import IndexStore
+from ptestore.fleet.plan import plan_job
 from ptestore.fleet.runner import FleetResult
 from ptestore.storage.loaders import open_loader
 from ptestore.testing.s3server import S3TestServer
+from ptestore.viz.html import esc
+from ptestore.viz.matrix import matrix_data, matrix_html
 
 EXT = get_fixture("mlp_xnnpack_ext")
 SPEC = "support.fleet_backend:Scaler"
@@ -119,10 +122,18 @@ def _superseded(fleet: Fleet, result: FleetResult) -> None:
     assert result.index_shards["superseded"] == [
         {"model": "mlp", "device": "d0", "url": fleet.dest}
     ]
-    assert result.summary().splitlines()[-1] == (
-        f"superseded: mlp on d0: not indexed: {fleet.dest} was replaced by another run after "
+    line = (
+        f"mlp on d0: not indexed: {fleet.dest} was replaced by another run after "
         "this run read it (that run indexes what it published)"
     )
+    assert result.summary().splitlines()[-1] == f"superseded: {line}"
+    # The run's --report says so too: in the pair's cell and a table of its own.
+    plan = plan_job(load_job(fleet.tmp_path / "job-1.0.toml"))
+    data = matrix_data(plan, result, artifacts=False)
+    [cell] = data["pairs"]
+    assert (cell["status"], cell["not_indexed"]) == ("done", line)
+    page = matrix_html(data)
+    assert "<h2>Done, not indexed (1)</h2>" in page and esc(line) in page
 
 
 def _replaced_before_the_index(
