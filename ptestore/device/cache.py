@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import stat
 import time
 from typing import Any
 
@@ -48,6 +47,7 @@ from .entryfiles import (
     MANIFEST_VERSION,
     MAX_MANIFEST_BYTES,
     check_entry_dir,
+    clean_entry_locked,
     dir_bytes,
     entry_dir_fd,
     entry_files,
@@ -275,42 +275,6 @@ def remove_entry_locked(layout: CacheLayout, key: str) -> int:
     return freed_since(files, left)
 
 
-def clean_entry_locked(
-    layout: CacheLayout,
-    key: str,
-    manifest: dict[str, Any] | None,
-    *,
-    keep_packed: bool = False,
-) -> None:
-    """Remove files of entry ``key`` that its manifest does not name (staging files of a
-    run that died, the work directory of an XNNPACK maker that was killed; the caller
-    holds the key exclusively, so no run is writing them); ``keep_packed``: not the
-    entry's XNNPACK packed-weight files (an entry made again loses them: they were bound
-    to the files it replaces). Only within the entry's real directory (never through a
-    link)."""
-    keep = {MANIFEST}
-    if manifest is not None and isinstance(manifest.get("files"), dict):
-        keep |= {
-            r["name"]
-            for r in manifest["files"].values()
-            if isinstance(r, dict) and isinstance(r.get("name"), str)
-        }
-    with entry_dir_fd(layout.entry_dir(key)) as fd:
-        if fd is None:
-            return
-        for name in os.listdir(fd):
-            if name in keep or (keep_packed and packed_weights_file(name)):
-                continue
-            try:
-                if stat.S_ISDIR(os.lstat(name, dir_fd=fd).st_mode):
-                    if name.startswith(".xnnpack-"):  # a killed maker's work directory
-                        shutil.rmtree(os.path.join(layout.entry_dir(key), name), ignore_errors=True)
-                    continue
-                os.unlink(name, dir_fd=fd)
-            except OSError:
-                pass
-
-
 @dataclass
 class Removed:
     """What :func:`evict`, :func:`prune` and :func:`clear` did."""
@@ -410,7 +374,8 @@ def prune(cache_dir: str | os.PathLike[str], max_bytes: int | None = None) -> Re
         lock = layout.lock(key, blocking=False)
         if lock.acquire():
             try:  # read again under the lock: the files the entry names now
-                clean_entry_locked(layout, key, load_entry(layout, key).manifest, keep_packed=True)
+                manifest = load_entry(layout, key).manifest
+                out.freed += clean_entry_locked(layout.entry_dir(key), manifest, keep_packed=True)
             finally:
                 lock.release()
     remove_orphan_locks(layout.entries, layout.locks)

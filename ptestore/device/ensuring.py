@@ -27,7 +27,8 @@ from ..errors import (
 )
 from ..storage.types import file_path
 from .artifact import Artifact, artifact_of, hit_or_make, lookup
-from .cache import CacheLayout, clean_entry_locked, read_manifest
+from .cache import CacheLayout, read_manifest
+from .entryfiles import clean_entry_locked
 from .keys import (
     backend_fingerprint,
     device_fingerprint,
@@ -360,7 +361,7 @@ def _make(
         old = read_manifest(layout.manifest(key))
     except Exception:
         old = None
-    clean_entry_locked(layout, key, old)  # leftovers of a run that died here
+    clean_entry_locked(layout.entry_dir(key), old)  # leftovers of a run that died here
     pte = os.path.join(directory, PTE_NAME)
     ptd_dst = None if ptd_src is None else os.path.join(directory, PTD_NAME)
     try:

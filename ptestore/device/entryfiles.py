@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import stat
 from collections.abc import Iterator
 from typing import Any
@@ -28,6 +29,7 @@ __all__ = [
     "MANIFEST_VERSION",
     "MAX_MANIFEST_BYTES",
     "check_entry_dir",
+    "clean_entry_locked",
     "dir_bytes",
     "entry_dir_fd",
     "entry_files",
@@ -259,3 +261,40 @@ def packed_weights_file(name: str) -> bool:
         name.startswith("xnnpack-")
         and name.endswith((".xpwc", ".xpwc.json", ".xpwc.lock", ".refused.json"))
     )
+
+
+def clean_entry_locked(
+    directory: str,
+    manifest: dict[str, Any] | None,
+    *,
+    keep_packed: bool = False,
+) -> int:
+    """Remove files of the entry in ``directory`` that its manifest does not name
+    (staging files of a run that died, the work directory of an XNNPACK maker that was
+    killed; the caller holds the key exclusively, so no run is writing them);
+    ``keep_packed``: not the entry's XNNPACK packed-weight files (an entry made again
+    loses them: they were bound to the files it replaces). Only within the entry's real
+    directory (never through a link). Returns the bytes freed (:func:`freed_since`)."""
+    keep = {MANIFEST}
+    if manifest is not None and isinstance(manifest.get("files"), dict):
+        keep |= {
+            r["name"]
+            for r in manifest["files"].values()
+            if isinstance(r, dict) and isinstance(r.get("name"), str)
+        }
+    with entry_dir_fd(directory) as fd:
+        if fd is None:
+            return 0
+        before = entry_files(directory)
+        for name in os.listdir(fd):
+            if name in keep or (keep_packed and packed_weights_file(name)):
+                continue
+            try:
+                if stat.S_ISDIR(os.lstat(name, dir_fd=fd).st_mode):
+                    if name.startswith(".xnnpack-"):  # a killed maker's work directory
+                        shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
+                    continue
+                os.unlink(name, dir_fd=fd)
+            except OSError:
+                pass
+    return freed_since(before, entry_files(directory))

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 from .._dataclass import replace
 from ..errors import IntegrityError, PermissionDenied, StorageError
 from .artifact import Artifact, artifact_of, hit_or_make, lookup
-from .cache import CacheLayout, clean_entry_locked
+from .cache import CacheLayout
+from .entryfiles import clean_entry_locked
 from .manifest import PTD_NAME, PTE_NAME, unpublish
 
 if TYPE_CHECKING:
@@ -116,7 +117,7 @@ def ensure_from_index(
         # The previous files' leftovers; their packed-weight files stay until the new
         # artifact's is delivered (with_packed_weights): the chunks it shares with them
         # are taken from them, not downloaded.
-        clean_entry_locked(layout, key, manifest.to_dict(), keep_packed=True)
+        clean_entry_locked(layout.entry_dir(key), manifest.to_dict(), keep_packed=True)
         return artifact_of(layout, manifest, True)
 
     try:

@@ -124,9 +124,9 @@ def matrix_data(
 
         where = {(c["model"], c["device"]): c for c in rows}
         for left in result.index_shards.get("superseded", ()):
-            cell = where.get((left["model"], left["device"]))
-            if cell is not None:
-                cell["not_indexed"] = superseded_line(left)
+            found = where.get((left["model"], left["device"]))
+            if found is not None:
+                found["not_indexed"] = superseded_line(left)
     if artifacts:
 
         def look(cell: dict[str, Any]) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from ptestore.backends.compat import DeviceProfile
 from ptestore.cli import main
 from ptestore.device import cache, list_entries, prune
 from ptestore.device.cache import CacheLayout, read_manifest
+from ptestore.device.entryfiles import clean_entry_locked
 from ptestore.device.keys import entry_key
 from ptestore.errors import FormatError, PermissionDenied, StorageError
 
@@ -137,7 +138,7 @@ def test_a_symlinked_entry_is_refused_and_nothing_outside_the_cache_goes(
     prune(cache_dir, max_bytes=0)
     ptestore.device.clear(cache_dir)
     assert cache.remove_entry_locked(CacheLayout(cache_dir), key) == 0
-    cache.clean_entry_locked(CacheLayout(cache_dir), key, None)
+    assert clean_entry_locked(CacheLayout(cache_dir).entry_dir(key), None) == 0
     assert sorted(os.listdir(victim)) == ["manifest.json", "model.pte", "thesis.tex"]
     assert link.is_symlink()
 

@@ -224,6 +224,8 @@ def test_prune_removes_incomplete_entries_and_leftovers(tmp_path: Path, calls: P
     (half / "model.pte").write_bytes(b"partial")
     done = prune(cache)
     assert done.removed == ["0" * 32] and not half.exists() and not leftover.exists()
+    # Freed: the incomplete entry's 7 bytes and the ready entry's 100-byte leftover.
+    assert done.freed == 7 + 100
     assert [e.state for e in list_entries(cache)] == ["ready"]
     assert clear(cache).removed == [a.key] and list_entries(cache) == []
 
