@@ -345,17 +345,19 @@ def render_table(c: Container, named: Sequence[NamedRow] | None = None) -> str:
     out.append(f"metadata: {c.metadata_size} bytes")
     if c.kind == "pte":
         out.append("")
-        out.append(f"methods ({len(c.methods)}): " + ", ".join(map(printable, c.methods)))
+        names = (printable(clipped(m)) for m in c.methods)
+        out.append(f"methods ({len(c.methods)}): " + ", ".join(names))
         out.append("")
         out.append(f"delegates ({len(c.delegates)}):")
         if c.delegates:
             rows = []
             for d in c.delegates:
                 specs = "; ".join(
-                    f"{cs.key}={_short(cs.value.hex(), 24)}" for cs in d.compile_specs
+                    f"{_short(cs.key, 40)}={_short(cs.value.hex(), 24)}" for cs in d.compile_specs
                 )
+                method, backend = _short(d.method, 66), _short(d.id, 66)
                 rows.append(
-                    [d.method, str(d.position), d.id, d.location, str(d.index), specs or "-"]
+                    [method, str(d.position), backend, d.location, str(d.index), specs or "-"]
                 )
             out.extend(
                 "  " + line

@@ -466,3 +466,37 @@ def test_a_damaged_content_size_still_shows_the_container(
     capsys.readouterr()
     assert main(["inspect", str(path), "--compare", str(MLP.pte_path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["file"] == str(path)
+
+
+def test_long_names_from_the_file_make_short_lines(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A method name, a backend id and a compile spec's key of 100,000 characters (a
+    hostile file) are cut in the text report (whole in --json)."""
+    method, backend, spec = "m" * 100_000, "B" * 100_000, "k" * 100_000
+    b = flatbuffers.Builder(0)
+    value = b.CreateByteVector(b"\x01")
+    key = b.CreateString(spec)
+    b.StartObject(2)  # CompileSpec
+    b.PrependUOffsetTRelativeSlot(0, key, 0)
+    b.PrependUOffsetTRelativeSlot(1, value, 0)
+    specs = synth.offsets_vector(b, [b.EndObject()])
+    d = synth.delegate(b, backend, segment=False, specs=specs)
+    plans = synth.offsets_vector(b, [synth.plan(b, method, synth.offsets_vector(b, [d]))])
+    blob = b.CreateByteVector(b"inline-blob")
+    b.StartObject(1)  # BackendDelegateInlineData
+    b.PrependUOffsetTRelativeSlot(0, blob, 0)
+    inline = b.EndObject()
+    path = tmp_path / "long.pte"
+    path.write_bytes(synth.finish_program(b, plans, inline=synth.offsets_vector(b, [inline])))
+    assert main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert max(map(len, out.splitlines())) < 400
+    assert f"methods (1): {'m' * 300}... (100000 characters)\n" in out
+    (row,) = [line for line in out.splitlines() if line.startswith("  " + "m" * 63 + "...")]
+    assert f"{'B' * 63}... " in row and f"{'k' * 37}...=01" in row
+    assert main(["inspect", str(path), "--json"]) == 0
+    whole = json.loads(capsys.readouterr().out)
+    assert whole["methods"] == [method]
+    [delegate] = whole["delegates"]
+    assert (delegate["id"], delegate["compile_specs"][0]["key"]) == (backend, spec)
