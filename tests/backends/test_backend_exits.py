@@ -12,6 +12,7 @@ and a ``compatibility_info`` that called ``sys.exit(3)`` was reported as
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -151,3 +152,28 @@ def test_select_rates_a_check_that_exits_unsupported_and_says_why(
     said = json.loads(capsys.readouterr().out)
     assert said["kind"] == "source"
     assert "check_compatibility failed: SystemExit: 0" in said["reason"]
+
+
+class NameExits(Exit):
+    """Its ``name`` property exits (an instance registered by a plugin)."""
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        sys.exit(0)
+
+
+def test_the_listing_survives_a_name_that_exits(capsys: pytest.CaptureFixture[str]) -> None:
+    """``installed_backends()`` (``ptestore backends``) lists it as generic, as it lists a
+    name property that raises; a ``sys.exit()`` there ended the listing, status 0."""
+    from ptestore.backends import installed_backends
+
+    register_backend(NameExits(), "exits-by-name")
+    try:
+        (found,) = [b for b in installed_backends() if b.name == "exits-by-name"]
+        assert found.serves == "*"
+        capsys.readouterr()
+        assert main(["backends"]) == 0
+        (line,) = [x for x in capsys.readouterr().out.splitlines() if "exits-by-name" in x]
+        assert line.split()[:2] == ["exits-by-name", "*"]
+    finally:
+        unregister_backend("exits-by-name")
