@@ -34,13 +34,14 @@ from typing import Any
 from ._dataclass import dataclass, field
 from ._text import REPORT_CHARS, clipped, printable, shown
 from .backends.compat import Compatibility, DeviceProfile, version_of
+from .backends.rating import rate_stamps
 from .backends.registry import BackendLike, load_backend
 from .errors import (
+    BackendError,
     ConfigurationError,
     FormatError,
     ObjectNotFound,
     PreconditionFailed,
-    PteStoreError,
     StorageError,
 )
 from .integrity import check_content_address, check_ptd, is_plain, read_checked
@@ -388,37 +389,24 @@ def _check_backends(
                 recorded=recorded,
                 version=version,
             )
-    impls = dict(loaded)
-    for stamp in prov.backends:
-        impl = impls.get(stamp.spec)
-        if impl is None:
-            continue
-        try:
-            rating = impl.check_compatibility(stamp.compatibility, device)
-        except PteStoreError:
-            raise
-        except Exception as exc:
-            raise ConfigurationError(
-                f"backend {stamp.spec!r}: check_compatibility failed: {type(exc).__name__}: {exc}"
-            ) from exc
-        if not isinstance(rating, Compatibility):
-            raise ConfigurationError(
-                f"backend {stamp.spec!r}: check_compatibility returned {rating!r}, "
-                "not a Compatibility"
-            )
-        report.compatibility[stamp.id] = rating
-        if rating is not Compatibility.OPTIMAL:
+    try:  # the rating a fleet plan asks too (a failure, a sys.exit() included, named)
+        ratings = rate_stamps(prov.backends, dict(loaded), device)
+    except BackendError as exc:  # a verdict cannot be given: bad input, as before
+        raise ConfigurationError(str(exc)) from exc
+    for r in ratings:
+        report.compatibility[r.id] = r.rating
+        if r.rating is not Compatibility.OPTIMAL:
             _stale(
                 report,
                 "backends.compatibility",
                 "{spec} rates the {id} data {rating} for "
                 + ("no device" if device is None else "{device!r}")
                 + " (stamped {stamped!r}){hint}",
-                spec=stamp.spec,
-                id=stamp.id,
-                rating=rating.value,
+                spec=r.spec,
+                id=r.id,
+                rating=r.rating.value,
                 device=None if device is None else device.name,
-                stamped=stamp.compatibility,
+                stamped=r.stamped,
                 hint=hint,
             )
 

@@ -242,7 +242,9 @@ class BackendDataWriter:
         No new, removed or renamed keys; each key may be written once. Keys that share
         a segment must all be written, with identical bytes.
         """
-        if isinstance(key, str):
+        plain = (str, bytes, bytearray, memoryview)
+        many = isinstance(key, (Mapping, Iterable)) and not isinstance(key, plain)
+        if not many:  # one key: the session refuses one that is not a string, naming it
             if data is None:
                 raise TypeError("write_named_data(key, data): data is required")
             self._session.replace_named(key, data)
@@ -250,8 +252,14 @@ class BackendDataWriter:
         if data is not None:
             raise TypeError("write_named_data(items): pass a mapping or pairs, not data")
         items = key.items() if isinstance(key, Mapping) else key
-        for k, d in items:
-            self._session.replace_named(k, d)
+        for item in items:
+            pair = None if isinstance(item, plain) else _pair(item)
+            if pair is None:
+                raise TypeError(
+                    "write_named_data(items): each item must be a (key, BackendData) pair, "
+                    f"got {_shown(item)}"
+                )
+            self._session.replace_named(*pair)
 
     def write_processed_data(self, data: BackendData) -> None:
         """Replace the processed blob of the current delegate input (the one last
@@ -277,6 +285,25 @@ class BackendDataWriter:
             b"", alignment=alignment, layout=layout, allow_size_change=allow_size_change
         )
         self._session.replace_named_chunks(key, size, chunks, template)
+
+
+def _pair(item: object) -> tuple[object, Any] | None:
+    """``item`` as a ``(key, data)`` pair, or None when it is not one."""
+    pair: Any = item
+    try:
+        k, d = pair
+    except (TypeError, ValueError):
+        return None
+    return k, d
+
+
+def _shown(value: object) -> str:
+    """A wrong argument in a message: its type and its repr, cut to 60 characters."""
+    try:
+        text = repr(value)
+    except Exception:  # a hostile __repr__: the type says enough
+        text = "(unprintable)"
+    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
 
 
 class BackendInterface(abc.ABC):

@@ -12,6 +12,9 @@ model, the program runs once with the bytes on stdin and these environment varia
 ``PTESTORE_COMPILE_SPECS``   JSON object ``{key: hex value}`` of the delegate's specs
 ``PTESTORE_TENSOR_LAYOUT``   JSON layout of the key, or ``null``
 ``PTESTORE_TENSOR_INFO``     JSON ``TensorInfo.to_json()`` of the key, or ``null``
+``PTESTORE_SHARED_KEYS``     JSON object ``{key: tensor info or null}`` of the other keys
+                             stored in the same bytes (``{}`` normally, and for a blob):
+                             they must all be given the same bytes, or all kept
 ``PTESTORE_SIZE``            number of input bytes
 ``PTESTORE_DEVICE``          the device profile's name (empty when the run names none)
 ``PTESTORE_DEVICE_OPTIONS``  JSON object of the device profile's options (``{}`` if none)
@@ -44,10 +47,13 @@ import signal
 import subprocess
 import tempfile
 from collections.abc import Sequence
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from ..errors import BackendError, ConfigurationError
 from .api import BackendData, BackendDataInitContext, BackendDataWriter, BackendInterface
+
+if TYPE_CHECKING:
+    from ..format.tensorinfo import TensorInfo
 
 __all__ = ["CommandBackend"]
 
@@ -209,6 +215,7 @@ class CommandBackend(BackendInterface):
                 ),
                 "PTESTORE_TENSOR_LAYOUT": "null",
                 "PTESTORE_TENSOR_INFO": "null",
+                "PTESTORE_SHARED_KEYS": "{}",
                 "PTESTORE_SIZE": str(len(item.processed)),
                 **device_env,
             }
@@ -233,7 +240,12 @@ class CommandBackend(BackendInterface):
                 "PTESTORE_KEY": key,
                 "PTESTORE_COMPILE_SPECS": "{}",
                 "PTESTORE_TENSOR_LAYOUT": json.dumps(None if layout is None else layout.to_json()),
-                "PTESTORE_TENSOR_INFO": json.dumps(None if info is None else info.to_json()),
+                "PTESTORE_TENSOR_INFO": json.dumps(_info_json(info)),
+                # The program runs once per key: what it must know to give every key of
+                # a shared segment the same bytes (or keep them all).
+                "PTESTORE_SHARED_KEYS": json.dumps(
+                    {k: _info_json(named.get_tensor_info(k)) for k in named.get_shared_keys(key)}
+                ),
                 "PTESTORE_SIZE": str(len(data)),
                 **device_env,
             }
@@ -243,6 +255,10 @@ class CommandBackend(BackendInterface):
                 output.write_named_data(
                     key, BackendData(out, alignment=self.alignment, allow_size_change=True)
                 )
+
+
+def _info_json(info: TensorInfo | None) -> object:
+    return None if info is None else info.to_json()
 
 
 def _seconds(text: str, command: str) -> float:

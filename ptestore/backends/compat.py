@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._dataclass import dataclass, field
 from ..errors import ConfigurationError
+from .frozen import freeze, thaw
 from .snapshot import active as active_snapshot
 from .versions import version_of  # re-exported: where callers have always found it
 
@@ -141,7 +142,8 @@ class DeviceProfile:
     """A device type to specialize for: ``name`` and free-form ``options``.
 
     Options are JSON values (strings, numbers, booleans, lists, tables); they are
-    copied, so a profile never changes after it is made.
+    copied, deeply read-only (:mod:`.frozen`: a change raises ``TypeError``), so a profile
+    never changes after it is made: not by its caller, not by a backend it is given to.
     """
 
     name: str
@@ -186,10 +188,16 @@ class DeviceProfile:
                 ) from None
         import json  # here, not at import time: start-up is measured on devices
 
-        object.__setattr__(self, "options", json.loads(text))
+        object.__setattr__(self, "options", freeze(json.loads(text)))
 
     def __hash__(self) -> int:
         return hash((self.name, canonical_json(dict(self.options))))
+
+    def __copy__(self) -> DeviceProfile:
+        return self  # it never changes (a deep copy of its options would be mutable)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> DeviceProfile:
+        return self
 
     def digest(self) -> str:
         """``sha256:<hex>`` of the canonical JSON of the options (not of the name)."""
@@ -209,7 +217,7 @@ class DeviceProfile:
         }
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "options": dict(self.options), "digest": self.digest()}
+        return {"name": self.name, "options": thaw(self.options), "digest": self.digest()}
 
 
 def _strict_json(value: str) -> Any:

@@ -195,7 +195,9 @@ def _served(obj: object) -> str:
     (a class attribute for a class; a factory may carry one too), else ``"*"``."""
     try:
         name = getattr(obj, "name", None)
-    except Exception:  # a hostile property: treat as generic
+    except KeyboardInterrupt:
+        raise
+    except BaseException:  # a hostile property (a sys.exit() too): treat as generic
         name = None
     return name if isinstance(name, str) and name and name != "*" else "*"
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import BackendError, describe_exception
+from ..errors import BackendError
+from .guard import guarded
 
 __all__ = ["MAX_SPEC", "MAX_VERSION", "unrecordable", "version_of", "version_text"]
 
@@ -53,12 +54,7 @@ def version_text(value: object, backend: str) -> str:
     a tuple or a ``packaging`` Version as it prints); a ``__str__`` that raises, text
     that is not valid UTF-8 or longer than :data:`MAX_VERSION` is a
     :class:`~ptestore.errors.BackendError` naming ``backend``."""
-    try:
-        text = str(value)
-    except Exception as exc:  # backend code: its failure is the backend's
-        raise BackendError(
-            f"reading its version failed: {describe_exception(exc)}", backend=backend
-        ) from exc
+    text = guarded(backend, "reading its version", str, value)  # backend code
     problem = unrecordable(text, "its version is", MAX_VERSION, _VERSION_LIMIT)
     if problem is not None:
         raise BackendError(problem, backend=backend)
@@ -67,14 +63,10 @@ def version_text(value: object, backend: str) -> str:
 
 def version_of(impl: Any, backend: str) -> str:
     """:func:`version_text` of a backend implementation's ``version``; a ``version``
-    property that raises is a :class:`~ptestore.errors.BackendError` naming ``backend``
+    property that raises (or exits: :func:`~.guard.guarded`) is a
+    :class:`~ptestore.errors.BackendError` naming ``backend``
     (its id or SPEC), wherever a version is read (provenance, a fleet plan, a worker's
     check, ``verify --job``, the device cache's key). A run reads it once per
     implementation (:class:`~ptestore.provenance.stamp.Stamper`)."""
-    try:
-        value = impl.version
-    except Exception as exc:  # a property of backend code: its failure is the backend's
-        raise BackendError(
-            f"reading its version failed: {describe_exception(exc)}", backend=backend
-        ) from exc
+    value = guarded(backend, "reading its version", getattr, impl, "version")
     return version_text(value, backend)

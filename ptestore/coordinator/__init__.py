@@ -6,8 +6,9 @@ One module per step of the pipeline (:mod:`.pipeline` lists them in order):
 - :mod:`.run`: the state of one run, and :func:`~.run.read_sources`, its first step;
 - :mod:`.named`: the files of a run and the merged named data map;
 - :mod:`.calls`: :func:`~.calls.run_backends`, every backend id called once;
-- :mod:`.session`: one backend's session, validating replacements as they arrive;
-  :mod:`.session_map`: the named data map it hands out;
+- :mod:`.session`: one backend's session, validating replacements as they arrive
+  (:mod:`.buffers`: what it takes as bytes); :mod:`.session_map`: the named data map it
+  hands out;
 - :mod:`.spool`: the temporary file holding replacement bytes;
 - :mod:`.selection`: which implementation serves which backend id, and why nothing did;
 - :mod:`.aliases`: shared segments replaced consistently (users from

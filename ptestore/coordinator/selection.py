@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from .._dataclass import dataclass, field
 from .._log import get_logger
+from ..backends.guard import guarded
 from ..backends.passthrough import PassthroughBackend
 from ..backends.registry import (
     BackendLike,
@@ -16,7 +17,7 @@ from ..backends.registry import (
     load_backend,
     serving,
 )
-from ..errors import BackendError, ConfigurationError, describe_exception
+from ..errors import ConfigurationError
 from .report import BackendReport
 
 if TYPE_CHECKING:
@@ -91,12 +92,8 @@ def resolve_backends(backends: Iterable[BackendLike] | None, ids: list[str]) -> 
     for spec in backends:
         impl = load_backend(spec)
         label = backend_label(spec)
-        try:
-            name = getattr(impl, "name", None)
-        except Exception as exc:  # a property of backend code: its failure is the backend's
-            raise BackendError(
-                f"reading its name failed: {describe_exception(exc)}", backend=label
-            ) from exc
+        # a property of backend code: its failure (a sys.exit() too) is the backend's
+        name = guarded(label, "reading its name", getattr, impl, "name", None)
         if name is None:
             raise ConfigurationError(
                 f"backend {label!r} has no name: set the class attribute name to the "

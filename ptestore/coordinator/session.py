@@ -14,6 +14,7 @@ from ..backends.api import BackendData, DelegateInput, NamedDataMap
 from ..errors import InvalidReplacement, WriterStateError
 from ..format.header import is_power_of_two
 from ..format.model import Delegate
+from .buffers import byte_view, declared_dtype, holds_pointers, pointers_refused
 from .named import SourceFile, read_view
 from .report import BackendReport, Event
 from .run import Replacement, Run, SegmentKey
@@ -31,13 +32,6 @@ MAX_REQUESTED_ALIGNMENT = 1 << 20
 #: at ``n == 0``) yields empty chunks for ever, before or after the declared size; a
 #: non-empty chunk adds at least one byte of at most ``size``, so the write always ends.
 MAX_EMPTY_CHUNKS = 16
-
-
-def _as_bytes_view(data: object) -> memoryview | None:
-    try:
-        return memoryview(data).cast("B")  # type: ignore[arg-type]
-    except TypeError:
-        return None
 
 
 class Session:
@@ -175,7 +169,9 @@ class Session:
                 f"got {type(data).__name__}",
                 key,
             )
-        view = _as_bytes_view(data.data)
+        view, fmt = byte_view(data.data)
+        if holds_pointers(fmt):
+            raise self._error(pointers_refused(what, "BackendData.data", fmt), key)
         if view is None:
             flags = getattr(data.data, "flags", None)
             if type(data.data).__module__ == "numpy" and flags is not None:
@@ -250,8 +246,9 @@ class Session:
         view, alignment = self._check_data(data, "write_named_data", key)
         f, index = self._check_layout(key, data)
         self._check_size(key, view.nbytes, data.allow_size_change)
+        fmt = memoryview(data.data).format  # a buffer: _check_data took it
         self._check_dtype(
-            key, data.data, data.allow_size_change, "write_named_data: the replacement"
+            key, data.data, data.allow_size_change, "write_named_data: the replacement", fmt
         )
         rep = self._spool(view, alignment, f"key {key!r}")
         self.pending.setdefault((f.role, index), []).append(rep)
@@ -338,8 +335,10 @@ class Session:
         """Spool one chunk (after ``done`` bytes of ``size``) at spool offset ``at``;
         its size."""
         what = "write_named_data_chunks"
-        self._check_dtype(key, chunk, allowed, f"{what}: a chunk")
-        view = _as_bytes_view(chunk)
+        view, fmt = byte_view(chunk)
+        if holds_pointers(fmt):
+            raise self._error(pointers_refused(what, "a chunk", fmt), key)
+        self._check_dtype(key, chunk, allowed, f"{what}: a chunk", fmt)
         if view is None:
             raise self._error(
                 f"{what}: a chunk must be bytes-like, got {type(chunk).__name__}", key
@@ -353,22 +352,22 @@ class Session:
             raise self._error(f"{what}: spool not contiguous", key)
         return view.nbytes
 
-    def _check_dtype(self, key: str, value: object, allowed: object, what: str) -> None:
-        """A numpy array (``value``: a replacement, or a chunk of one) of another dtype
-        than the key's tensor info is a mistake (a float64 array for float32 weights has
-        the wrong bytes even at the same size), unless the size change is declared
-        (``allowed``: the backend's own format)."""
-        dtype = getattr(value, "dtype", None)
-        if type(value).__module__ != "numpy" or dtype is None or allowed:
-            return
-        info = self.run.named.get_tensor_info(key)
-        if info is None or info.array_dtype == "uint8" or str(dtype) == "uint8":
+    def _check_dtype(
+        self, key: str, value: object, allowed: object, what: str, fmt: str | None
+    ) -> None:
+        """A numpy array or a typed buffer (``value``: a replacement, or a chunk of one;
+        ``fmt``: its buffer format) of another dtype than the key's tensor info is a
+        mistake (float64 values for float32 weights are the wrong bytes even at the same
+        size), unless the size change is declared (``allowed``: the runtime's own format)."""
+        found = None if allowed else declared_dtype(value, fmt)
+        info = None if found is None else self.run.named.get_tensor_info(key)
+        if found is None or info is None or "uint8" in (info.array_dtype, found[0]):
             return  # no description, or raw bytes: nothing to compare
-        if str(dtype) != info.array_dtype:
+        if found[0] != info.array_dtype:
+            how = "array.astype" if found[1].startswith("a numpy") else "numpy.asarray(...).astype"
             raise self._error(
-                f"{what} is a numpy array of dtype {dtype}, the key holds "
-                f"{self.run.named.describe(key)}: convert it "
-                f"(array.astype(numpy.{info.array_dtype})), or pass "
+                f"{what} is {found[1]}, the key holds {self.run.named.describe(key)}: convert "
+                f"it ({how}(numpy.{info.array_dtype})), or pass "
                 "BackendData(..., allow_size_change=True) if it is your runtime's own format",
                 key,
             )

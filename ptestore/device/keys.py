@@ -16,14 +16,8 @@ import stat
 from typing import TYPE_CHECKING, Any
 
 from ..backends.compat import DeviceProfile, canonical_json, version_of
-from ..errors import (
-    BackendError,
-    ConfigurationError,
-    ObjectNotFound,
-    PteStoreError,
-    StorageError,
-    describe_exception,
-)
+from ..backends.guard import guarded
+from ..errors import ConfigurationError, ObjectNotFound, PteStoreError, StorageError
 from ..storage.types import StorageURL
 
 if TYPE_CHECKING:
@@ -136,14 +130,8 @@ def spec_text(backend: BackendLike) -> str:
     text = f"{cls.__module__}:{cls.__qualname__}"
     if backend is cls or cls.__repr__ is object.__repr__:  # no settings it can say
         return text
-    try:
-        settings = repr(backend)
-    except Exception as exc:  # backend code: its failure is the backend's
-        raise BackendError(
-            f"its repr (what the device cache keys its settings by) failed: "
-            f"{describe_exception(exc)}",
-            backend=text,
-        ) from exc
+    what = "its repr (what the device cache keys its settings by)"
+    settings = guarded(text, what, repr, backend)  # backend code: a sys.exit() too
     if len(settings) > _MAX_SETTINGS:
         digest = hashlib.sha256(settings.encode("utf-8", "backslashreplace")).hexdigest()
         settings = f"sha256:{digest}"

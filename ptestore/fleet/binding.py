@@ -184,6 +184,7 @@ def check_artifact(
     want: ProvenanceKey,
     ptd_check: Callable[[str, Provenance], tuple[bool, str]] | None = None,
     published: Mapping[str, str] | None = None,
+    records: list[Provenance] | None = None,
 ) -> tuple[bool, str]:
     """``(current, reason)`` for the artifact at ``urls`` (the .pte, then its .ptd):
     each file has a valid trailer whose key is ``want`` and whose bytes are the ones it
@@ -193,9 +194,11 @@ def check_artifact(
     content digest this process just published at a URL (``{url: "sha256-tree:..."}``):
     a file there whose record names that digest is taken as the bytes the run wrote,
     not read again (a run that publishes a 1 GiB local file would otherwise read and
-    hash all of it a second time; another run's file has another record)."""
+    hash all of it a second time; another run's file has another record). ``records``:
+    each file's record read is appended to it (the .pte's first)."""
     contents: list[ContentDigest | None] = []
-    records: list[Provenance] = []
+    if records is None:
+        records = []
     for url in urls:
         try:
             loader = open_(url)

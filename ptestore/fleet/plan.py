@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._dataclass import dataclass, field
 from ..backends.compat import version_of
 from ..backends.registry import load_backend
-from ..errors import ConfigurationError, ObjectNotFound, PteStoreError
+from ..errors import BackendError, ConfigurationError, ObjectNotFound, PteStoreError
 from ..provenance import ProvenanceKey, SourceInfo, describe_source
 from .estimate import Estimate, estimate_pair, human_bytes
 from .job import Job, Pair
@@ -19,6 +19,9 @@ from .packing import packed_state
 from .retry import transient
 from .shared import shared_root
 from .work import PairResult, PairTask, check_destination, open_counted
+
+if TYPE_CHECKING:
+    from ..backends.api import BackendInterface
 
 __all__ = ["Plan", "PlannedPair", "backend_versions", "plan_job"]
 
@@ -127,11 +130,16 @@ class Plan:
 
 def backend_versions(specs: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
     """``(spec, version)`` of each backend, as the provenance records them."""
-    out = []
-    for spec in specs:
-        impl = load_backend(spec)
-        out.append((spec.strip(), version_of(impl, spec.strip())))
-    return tuple(out)
+    return _versions(_loaded(specs))
+
+
+def _loaded(specs: tuple[str, ...]) -> list[tuple[str, BackendInterface]]:
+    """Each backend loaded, with its SPEC as the provenance records it."""
+    return [(spec.strip(), load_backend(spec)) for spec in specs]
+
+
+def _versions(loaded: list[tuple[str, BackendInterface]]) -> tuple[tuple[str, str], ...]:
+    return tuple((spec, version_of(impl, spec)) for spec, impl in loaded)
 
 
 def plan_job(job: Job) -> Plan:
@@ -140,9 +148,11 @@ def plan_job(job: Job) -> Plan:
     Raises :class:`~ptestore.errors.ConfigurationError` when a backend cannot be
     loaded; a model whose source cannot be read makes its pairs ``"fail"``."""
     try:
-        versions = backend_versions(job.backends)
+        loaded = _loaded(job.backends)
     except ConfigurationError as exc:
         raise ConfigurationError(f"{job.path}: backends: {exc}") from exc
+    versions = _versions(loaded)
+    impls = dict(loaded)  # what rates a current artifact for its pair's device
     described: dict[str, dict[str, SourceInfo] | str] = {}
     read: dict[str, int] = {}
     for model in job.models:
@@ -194,8 +204,17 @@ def plan_job(job: Job) -> Plan:
         urls = [pair.destination] + ([pair.ptd_destination] if pair.ptd_destination else [])
         try:
             current, reason = check_destination(
-                urls, job.storage_options, key, counter, task.shared_root, opened=opened
+                urls,
+                job.storage_options,
+                key,
+                counter,
+                task.shared_root,
+                opened=opened,
+                rate=(impls, pair.device),
             )
+        except BackendError as exc:  # a backend that cannot rate it: a run would fail too
+            reason = f"cannot rate the destination: {exc}"
+            return PlannedPair(pair, "fail", reason, task, share + counter[0])
         except PteStoreError as exc:
             reason = f"cannot read the destination: {exc}"
             if not (isinstance(exc, ObjectNotFound) or transient(exc)):

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._dataclass import dataclass, field
 from ..backends.compat import Compatibility, DeviceProfile
-from ..errors import ConfigurationError, FormatError, ObjectNotFound, PteStoreError
+from ..errors import BackendError, ConfigurationError, FormatError, ObjectNotFound, PteStoreError
 
 if TYPE_CHECKING:
     from ..backends.api import BackendInterface
@@ -162,16 +162,13 @@ def _rate_stamp(stamp: dict[str, Any], device: DeviceProfile, raters: _Raters) -
         return NO_OPINION, f"{backend_id}: {how} (no opinion)"
     if not _has_check(impl):
         return NO_OPINION, f"{backend_id}: {how} has no compatibility check (no opinion)"
-    try:
-        rating = impl.check_compatibility(str(stamp.get("compatibility", "")), device)
-    except PteStoreError as exc:
-        return Compatibility.UNSUPPORTED.value, f"{backend_id}: {how} cannot rate it: {exc}"
-    except Exception as exc:  # backend code is user code
-        return Compatibility.UNSUPPORTED.value, (
-            f"{backend_id}: {how}: check_compatibility failed: {type(exc).__name__}: {exc}"
-        )
-    if not isinstance(rating, Compatibility):  # a backend that breaks its contract
-        return Compatibility.UNSUPPORTED.value, f"{backend_id}: {how} returned {rating!r}"  # type: ignore[unreachable]
+    from ..backends.rating import rate
+
+    try:  # backend code: a failure (a sys.exit() too) or a wrong answer is no vouching
+        rating = rate(impl, str(stamp.get("compatibility", "")), device, backend_id)
+    except PteStoreError as exc:  # a BackendError (named here), or a file it read
+        said = exc.message if isinstance(exc, BackendError) else str(exc)
+        return Compatibility.UNSUPPORTED.value, f"{backend_id}: {how} cannot rate it: {said}"
     return rating.value, f"{backend_id}: {how} rates it {rating.value}"
 
 

@@ -33,7 +33,9 @@ from .job import pair_options
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from ..backends.api import BackendInterface
     from ..backends.compat import DeviceProfile
+    from ..provenance import Provenance
     from ..writers.base import PublishMode
 
 __all__ = [
@@ -192,13 +194,20 @@ def check_destination(
     shared_root: str | None = None,
     published: Mapping[str, str] | None = None,
     opened: list[str] | None = None,
+    rate: tuple[Mapping[str, BackendInterface], DeviceProfile] | None = None,
 ) -> tuple[bool, str]:
     """``(current, reason)`` for the artifact at ``urls`` (the .pte, then a .ptd): its
     provenance key is ``want`` and its bytes are the ones the record names (see
     :mod:`.binding`). With ``shared_root`` the .ptd is the one stored under it by the
     content address the .pte's record names (:mod:`.shared`), not ``urls[1]``.
     ``published``: what this run just published (:func:`~.binding.check_artifact`).
-    ``opened``: each object found is appended to it (what a current artifact is)."""
+    ``opened``: each object found is appended to it (what a current artifact is).
+    ``rate``: ``(SPEC -> implementation, the pair's device)``: a current artifact that
+    any of its backends rates below ``OPTIMAL`` for that device is not current (its
+    reason names the backend and the rating, as ``verify --job`` does:
+    :func:`~ptestore.backends.rating.below_optimal`); a failure to rate raises the
+    backend's :class:`~ptestore.errors.BackendError`. Not after a publish: an artifact
+    just made is what the backends make now, whatever they rate it."""
     from .binding import check_artifact
 
     def open_(url: str) -> DataLoader:
@@ -211,17 +220,27 @@ def check_destination(
             opened.append(url)
         return loader
 
+    records: list[Provenance] = []
     if shared_root is None:
-        return check_artifact(urls, open_, want, published=published)
-    from .shared import check_shared_ptd
+        current, reason = check_artifact(urls, open_, want, published=published, records=records)
+    else:
+        from .shared import check_shared_ptd
 
-    return check_artifact(
-        urls[:1],
-        open_,
-        want,
-        ptd_check=lambda pte, prov: check_shared_ptd(pte, prov, open_, shared_root),
-        published=published,
-    )
+        current, reason = check_artifact(
+            urls[:1],
+            open_,
+            want,
+            ptd_check=lambda pte, prov: check_shared_ptd(pte, prov, open_, shared_root),
+            published=published,
+            records=records,
+        )
+    if current and rate is not None:
+        from ..backends.rating import below_optimal
+
+        why = below_optimal(records[0].backends, *rate)
+        if why is not None:
+            return False, why
+    return current, reason
 
 
 def run_pair(task: PairTask) -> PairResult:
@@ -271,8 +290,12 @@ def _run(task: PairTask, counter: list[int], unchanged: list[str]) -> tuple[str,
 
     urls = [task.destination] + ([task.ptd_destination] if task.ptd_destination else [])
     found: list[str] = []
+    impls = [load_backend(spec) for spec in task.backends]
+    # An artifact its backends rate below optimal for this device is made again (as
+    # the plan said): rated here too, by the backends installed on this worker.
+    rate = ({s.strip(): i for s, i in zip(task.backends, impls, strict=True)}, task.device)
     current, reason = check_destination(
-        urls, task.storage_options, task.key, counter, task.shared_root, opened=found
+        urls, task.storage_options, task.key, counter, task.shared_root, opened=found, rate=rate
     )
     if current:  # e.g. a retry after the first attempt had published
         from .holds import hold
@@ -282,7 +305,6 @@ def _run(task: PairTask, counter: list[int], unchanged: list[str]) -> tuple[str,
         if not gone:
             return "skipped", reason
         reason = f"current, but {gone[0]} is gone since: made again"
-    impls = [load_backend(spec) for spec in task.backends]
     versions = tuple(
         (spec.strip(), version_of(i, spec.strip()))
         for spec, i in zip(task.backends, impls, strict=True)

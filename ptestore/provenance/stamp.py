@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING, Literal
 
 from .._background import Background
 from .._dataclass import dataclass, field
+from ..backends.guard import guarded
 from ..backends.registry import SPEC_ATTRIBUTE, BackendLike, load_backend
 from ..backends.versions import MAX_SPEC, unrecordable, version_of
-from ..errors import BackendError, ConfigurationError, StorageError, describe_exception
+from ..errors import BackendError, ConfigurationError, StorageError
 from ..storage.types import DataLoader
 from .record import (
     BackendStamp,
@@ -292,12 +293,9 @@ class Stamper:
     ) -> None:
         """Record that ``impl`` served ``backend_id`` and its compatibility string (the
         errors name the backend by its id: the run adds its spec)."""
-        try:
-            info = impl.compatibility_info(context)
-        except Exception as exc:
-            raise BackendError(
-                f"compatibility_info failed: {describe_exception(exc)}", backend=backend_id
-            ) from exc
+        # Backend code: a sys.exit() in it is its failure, named as such (the run's own
+        # guard would call it initialize_backend_data's).
+        info = guarded(backend_id, "compatibility_info", impl.compatibility_info, context)
         version = self.version(impl, backend_id)
         if not isinstance(info, str):
             raise BackendError(

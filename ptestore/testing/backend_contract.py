@@ -24,7 +24,8 @@ delegates, two methods, weights in a ``.ptd``):
   bytes (unless :meth:`~BackendContract.rerun_changes` says why it must not);
 - ``test_replacements_match_tensor_info``: a replaced value keeps the byte size its
   tensor info records (unless the class sets ``changes_sizes = True``) and a float value
-  stays finite;
+  stays finite (a ``bfloat16`` one by its exponent bits: ``get_array`` gives its bit
+  patterns);
 - ``test_loads_in_runtime``: the output loads in the ExecuTorch runtime and every method
   gives the reference outputs within tolerance (skipped, with the reason, when
   ExecuTorch is not installed);
@@ -37,6 +38,11 @@ delegates, two methods, weights in a ``.ptd``):
   provenance, and ``check_compatibility`` on it returns a :class:`Compatibility`
   (``OPTIMAL`` for the device the artifact was made for), with and without a device.
 
+The key, tensor-info and runtime checks and the compatibility check each run twice
+(``[device]``, ``[no-device]``): on what the backend made for the kit's device and on
+what it made for no device (``context.device`` None), so a backend that does something
+else without a device (zeroes the weights, say) is checked as well.
+
 Hooks (override what you need): :meth:`make_device` (the device profile of the runs),
 :meth:`contract_programs` (which programs; add your own :class:`Program`),
 :meth:`reference_outputs` and :meth:`tolerance` (what the runtime must return),
@@ -45,9 +51,10 @@ serve one id, as ``SPEC@ID`` does), ``changes_sizes`` and ``declines_on_purpose`
 
 ``tests/backends/test_backend_kit_meta.py`` runs the kit over wrong backends (one that
 does nothing, a typo that declines everywhere, nondeterministic, not idempotent, one
-that changes what the model computes, an output that lost a key, a version that changes
-between reads or during the call) and checks that each is failed by the check meant to
-catch it, and that disabling any check is noticed.
+that changes what the model computes, one that zeroes the weights only without a device,
+an output that lost a key, a version that changes between reads or during the call)
+and checks that each is failed by the check meant to catch it, and that disabling any
+check is noticed.
 
 A failed run's message shows the backend's own traceback (its file and line).
 Each program is specialized a few times per class (first run, second run, a determinism
@@ -59,19 +66,22 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import pytest
 
 from ..backends.api import BackendInterface
 from ..backends.compat import Compatibility, DeviceProfile
+from ..backends.rating import rate
 from ..backends.registry import object_label, serving
 from ..backends.versions import version_of
 from ..errors import PteStoreError
 from ..provenance import read_provenance
 from ..storage.loaders import BytesLoader
 from .contract_outcomes import (
+    FLOAT_DTYPES,
     Outcome,
+    all_finite,
     allow_unchanged,
     describe_failure,
     named_outputs,
@@ -89,8 +99,12 @@ __all__ = ["BackendContract", "Outcome"]  # Outcome: from .contract_outcomes
 
 #: (contract class, program, run) -> outcome, shared by the checks of one class.
 _OUTCOMES: dict[tuple[type, str, str], Outcome] = {}
-#: (contract class, program) -> runtime outputs of the first run's output.
-_RUNTIME: dict[tuple[type, str], dict[str, list[np.ndarray]] | BaseException] = {}
+#: (contract class, program, with a device) -> runtime outputs of that run's output.
+_RUNTIME: dict[tuple[type, str, bool], dict[str, list[np.ndarray]] | BaseException] = {}
+
+#: The checks of what a run made, run on the run with the kit's device and on the one
+#: without a device (a backend that zeroes weights when it gets no device passed).
+_BOTH_RUNS = pytest.mark.parametrize("with_device", [True, False], ids=["device", "no-device"])
 
 
 class BackendContract:
@@ -204,14 +218,20 @@ class BackendContract:
         _OUTCOMES[cache_key] = outcome
         return outcome
 
-    def _first(self, program: Program) -> Outcome:
-        outcome = self._run(program, "first")
+    def _first(self, program: Program, with_device: bool = True) -> Outcome:
+        """The first run with the kit's device (or, ``with_device`` False, the run
+        without a device); a failed run fails the check."""
+        outcome = self._run(program, "first") if with_device else self._nodev(program)
         if outcome.error is not None:
+            run = "specializing" if with_device else "specializing without a device"
             pytest.fail(
-                f"{program.name}: specializing failed: {describe_failure(outcome.error)}",
+                f"{program.name}: {run} failed: {describe_failure(outcome.error)}",
                 pytrace=False,
             )
         return outcome
+
+    def _nodev(self, program: Program) -> Outcome:
+        return self._run(program, "nodev", device=False)
 
     # -- checks ----------------------------------------------------------------------
     def test_runs_or_declines(self, program: Program) -> None:
@@ -253,8 +273,9 @@ class BackendContract:
             pytrace=False,
         )
 
-    def test_keeps_keys_and_shared_bytes(self, program: Program) -> None:
-        outcome = self._first(program)
+    @_BOTH_RUNS
+    def test_keeps_keys_and_shared_bytes(self, program: Program, with_device: bool) -> None:
+        outcome = self._first(program, with_device)
         with (
             named_outputs(program.pte.read_bytes(), read_optional(program.ptd)) as src,
             named_outputs(outcome.pte, outcome.ptd) as out,
@@ -285,10 +306,9 @@ class BackendContract:
                 "backend idempotent, or say why it must change in rerun_changes()"
             )
 
-    def test_replacements_match_tensor_info(self, program: Program) -> None:
-        import numpy as np
-
-        outcome = self._first(program)
+    @_BOTH_RUNS
+    def test_replacements_match_tensor_info(self, program: Program, with_device: bool) -> None:
+        outcome = self._first(program, with_device)
         assert outcome.report is not None
         replaced = {k for b in outcome.report.backends for k in b.keys_replaced}
         with (
@@ -307,21 +327,20 @@ class BackendContract:
                         "changes_sizes = True if the backend changes sizes on purpose"
                     )
                     continue
-                if info.dtype in ("float32", "float16", "float64", "bfloat16"):
-                    before = np.asarray(src.get_array(key))
-                    after = np.asarray(out.get_array(key))
-                    if bool(np.isfinite(before).all()):
-                        assert bool(np.isfinite(after).all()), (
-                            f"{program.name}: key {key!r} ({info.dtype}) holds non-finite "
-                            "values after specialization: wrong dtype or layout?"
-                        )
+                if info.dtype in FLOAT_DTYPES and all_finite(src.get_array(key), info.dtype):
+                    assert all_finite(out.get_array(key), info.dtype), (
+                        f"{program.name}: key {key!r} ({info.dtype}) holds non-finite values "
+                        f"after specialization{'' if with_device else ' without a device'}: "
+                        "wrong dtype or layout?"
+                    )
 
-    def test_loads_in_runtime(self, program: Program) -> None:
+    @_BOTH_RUNS
+    def test_loads_in_runtime(self, program: Program, with_device: bool) -> None:
         reason = runtime_unavailable()
         if reason is not None:
             pytest.skip(reason)
-        outcome = self._first(program)
-        key = (type(self), program.name)
+        outcome = self._first(program, with_device)
+        key = (type(self), program.name, with_device)
         if key not in _RUNTIME:
             try:
                 _RUNTIME[key] = run_in_runtime(outcome.pte, outcome.ptd, inputs=program.inputs)
@@ -336,7 +355,8 @@ class BackendContract:
         else:
             atol, rtol = self.tolerance(program)
             problems = compare_outputs(outputs, reference, atol=atol, rtol=rtol)
-        assert not problems, f"{program.name}: " + "; ".join(problems)
+        run = "" if with_device else " (made without a device)"
+        assert not problems, f"{program.name}{run}: " + "; ".join(problems)
 
     def test_deterministic(self, program: Program) -> None:
         first = self._first(program)
@@ -376,10 +396,9 @@ class BackendContract:
             "initialize_backend_data"
         )
 
-    @pytest.mark.parametrize("with_device", [True, False], ids=["device", "no-device"])
+    @_BOTH_RUNS
     def test_compatibility_round_trip(self, program: Program, with_device: bool) -> None:
-        outcome = self._first(program) if with_device else self._run(program, "nodev", device=False)
-        assert outcome.error is None, f"{program.name}: {describe_failure(outcome.error)}"
+        outcome = self._first(program, with_device)
         assert outcome.report is not None
         device = self.make_device() if with_device else None
         record = read_provenance(BytesLoader(outcome.pte))
@@ -391,10 +410,12 @@ class BackendContract:
             stamp = stamps[b.backend_id]
             assert isinstance(stamp.compatibility, str)
             for target in (device, self.make_device()):
-                rating: Any = self._backend().check_compatibility(stamp.compatibility, target)
-                assert isinstance(rating, Compatibility), (
-                    f"check_compatibility returned {rating!r}, not a Compatibility"
-                )
+                # as verify, select and a fleet plan ask it: a failure (sys.exit()
+                # included) or an answer that is not a Compatibility fails, named
+                try:
+                    rating = rate(self._backend(), stamp.compatibility, target, b.backend_id)
+                except PteStoreError as exc:
+                    pytest.fail(f"{program.name}: {describe_failure(exc)}", pytrace=False)
                 if target == device and b.status == "specialized":
                     assert rating is Compatibility.OPTIMAL, (
                         f"{program.name}: an artifact rates {rating.value} for the device it "

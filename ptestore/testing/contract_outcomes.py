@@ -18,7 +18,9 @@ if TYPE_CHECKING:
     from ..coordinator.report import SpecializationReport
 
 __all__ = [
+    "FLOAT_DTYPES",
     "Outcome",
+    "all_finite",
     "allow_unchanged",
     "content",
     "describe_failure",
@@ -58,6 +60,21 @@ def named_outputs(pte: bytes, ptd: bytes | None) -> NamedData:
     if ptd is not None:
         loaders.append(BytesLoader(ptd, "<output .ptd>"))
     return NamedData(list(loaders))
+
+
+#: The dtypes whose values the kit requires to stay finite.
+FLOAT_DTYPES = ("float32", "float16", "float64", "bfloat16")
+
+
+def all_finite(values: Any, dtype: str) -> bool:
+    """Whether every value of a named-data array (``get_array``) is finite. A
+    ``bfloat16`` value comes as its ``uint16`` bit pattern, which ``numpy.isfinite``
+    always calls finite: its exponent bits (all ones: an infinity or a nan) decide."""
+    import numpy as np
+
+    if dtype == "bfloat16":
+        return not bool(((np.asarray(values, dtype=np.uint16) & 0x7F80) == 0x7F80).any())
+    return bool(np.isfinite(values).all())
 
 
 def read_optional(path: os.PathLike[str] | None) -> bytes | None:

@@ -4,6 +4,7 @@ contract kit (``ptestore.testing.BackendContract``), plus the kit's helpers."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -52,6 +53,31 @@ class TestCommandContract(BackendContract):
 
     def tolerance(self, program: Program) -> tuple[float, float]:
         return max(program.atol, 3e-2), max(program.rtol, 3e-2)
+
+
+#: BF16_COMMAND for plain float32 tensors only, as examples/bf16_round.py rounds them: a
+#: quantization scale is kept, and so is every key that shares its bytes with one
+#: (PTESTORE_SHARED_KEYS: the program runs once per key, and keys sharing a segment must
+#: all get the same bytes; scale_alias_xnnpack's float32 tensor shares a scale's bytes).
+#: NAIVE_BF16_COMMAND is the same program without that knowledge.
+PLAIN_BF16_COMMAND = r"""
+import array, json, os, sys
+def plain(i):
+    return (i is not None and i["dtype"] == "float32" and i["role"] == "tensor"
+            and i["quantization"] is None and not i["other_uses"])
+info = json.loads(os.environ["PTESTORE_TENSOR_INFO"])
+shared = json.loads(os.environ["PTESTORE_SHARED_KEYS"])
+data = sys.stdin.buffer.read()
+if not plain(info) or not all(plain(i) for i in shared.values()) or len(data) % 4:
+    sys.exit(0)
+words = array.array("I", data)
+for i, x in enumerate(words):
+    words[i] = ((x + 0x7FFF + ((x >> 16) & 1)) & 0xFFFF0000) & 0xFFFFFFFF
+sys.stdout.buffer.write(words.tobytes())
+"""
+NAIVE_BF16_COMMAND = PLAIN_BF16_COMMAND.replace(
+    'json.loads(os.environ["PTESTORE_SHARED_KEYS"])', "{}"
+)
 
 
 class TestBf16RoundContract(BackendContract):
@@ -136,3 +162,64 @@ def test_compare_outputs_names_every_difference() -> None:
     ]
     assert compare_outputs({}, ref) == ["method 'forward': no outputs"]
     assert compare_outputs(got, ref, values=False) == []
+
+
+#: Records, per run of the program, its kind, key and PTESTORE_SHARED_KEYS (one JSON
+#: line appended to the file argv[1]); keeps the input.
+RECORD_COMMAND = r"""
+import json, os, sys
+sys.stdin.buffer.read()
+seen = {k: os.environ[f"PTESTORE_{k}"] for k in ("KIND", "KEY", "SHARED_KEYS")}
+with open(sys.argv[1], "a") as f:
+    f.write(json.dumps(seen) + "\n")
+"""
+
+
+def test_a_command_program_is_told_which_keys_share_its_bytes(tmp_path: Path) -> None:
+    """PTESTORE_SHARED_KEYS: the other keys stored in the same bytes, with their tensor
+    info; ``{}`` for a key that shares nothing and for a blob. Before, nothing told the
+    program, so one run per key could not give every alias the same bytes."""
+    import json
+
+    import ptestore
+
+    log = tmp_path / "runs.jsonl"
+    program = shipped_program("scale_alias_xnnpack")
+    backend = CommandBackend([sys.executable, "-c", RECORD_COMMAND, str(log)])
+    ptestore.specialize(program.pte, tmp_path / "o.pte", backends=[backend], allow_unchanged=True)
+    runs = [json.loads(line) for line in log.read_text().splitlines()]
+    with open_named_data(program.pte) as named:
+        want = {
+            key: {k: named.get_tensor_info(k).to_json() for k in named.get_shared_keys(key)}
+            for key in named
+        }
+    assert sum(1 for shared in want.values() if shared) == 2  # the fixture's alias pair
+    blobs = [r for r in runs if r["KIND"] == "processed"]
+    assert blobs and all(r["SHARED_KEYS"] == "{}" for r in blobs)
+    told = {r["KEY"]: json.loads(r["SHARED_KEYS"]) for r in runs if r["KIND"] == "named_data"}
+    assert told == want
+    scale = next(k for k in want if k.startswith("scale_"))
+    (alias,) = want[scale]
+    assert told[alias][scale]["role"] == "scale"  # what the program needs to keep it
+
+
+def test_a_command_program_can_keep_every_alias_of_a_scale(tmp_path: Path) -> None:
+    """Rounding plain float32 tensors only: without PTESTORE_SHARED_KEYS the program
+    rounds the tensor whose bytes a scale shares and keeps the scale, and the run is
+    refused; told, it keeps both (and still rounds a model's plain weights)."""
+    import ptestore
+    from ptestore.errors import InvalidReplacement
+
+    aliased = shipped_program("scale_alias_xnnpack")
+    naive = CommandBackend([sys.executable, "-c", NAIVE_BF16_COMMAND], processed=False)
+    assert NAIVE_BF16_COMMAND != PLAIN_BF16_COMMAND
+    with pytest.raises(InvalidReplacement, match="replace every alias with identical bytes"):
+        ptestore.specialize(aliased.pte, tmp_path / "o.pte", backends=[naive])
+    told = CommandBackend([sys.executable, "-c", PLAIN_BF16_COMMAND], processed=False)
+    report = ptestore.specialize(
+        aliased.pte, tmp_path / "o.pte", backends=[told], allow_unchanged=True
+    )
+    assert report.backends[0].keys_replaced == []  # the scale and its alias kept alike
+    mlp = shipped_program("mlp_xnnpack")
+    report = ptestore.specialize(mlp.pte, tmp_path / "m.pte", backends=[told])
+    assert len(report.backends[0].keys_replaced) == 4

@@ -5,9 +5,11 @@ the kit's checks makes a test here fail.
 The wrong backends: one that does nothing, a one-word typo that makes it decline
 everywhere, one that declines everywhere saying why (passes only with
 ``declines_on_purpose``), nondeterministic, not idempotent, one that changes what the
-model computes, one that writes non-finite weights, one that rates its own build
-unsupported, an output that lost a key (what a broken writer would give: a backend
-cannot drop keys through the API, so the kit's key check guards ptestore itself), a
+model computes, one that writes non-finite weights, one that zeroes the weights or
+writes nan only when it gets no device (the kit looked at that run only to rate it), one
+that rates its own build unsupported, an output that lost a key (what a broken writer
+would give: a backend cannot drop keys through the API, so the kit's key check guards
+ptestore itself), a
 version that differs on each read and one that changes during the call (the SDK it
 names loaded by ``initialize_backend_data``): both made artifacts stale at once and
 passed the kit.
@@ -18,6 +20,7 @@ hid (``pytest.fail(..., pytrace=False)`` with ptestore's message alone)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -128,6 +131,32 @@ class NonFinite(_Rewrite):
         return np.full_like(values, np.nan)
 
 
+class ZeroesWithoutDevice(_Rewrite):
+    """Correct for a device; given none (``context.device`` None) it zeroes every float32
+    weight: finite, the same sizes and keys, a stable rating. The kit looked at the run
+    without a device only to rate it, and passed this backend."""
+
+    def initialize_backend_data(
+        self, context: BackendDataInitContext, output: BackendDataWriter
+    ) -> None:
+        for key, values in _floats(context):
+            if context.device is None:
+                values = np.zeros_like(values)
+            output.write_named_data(key, BackendData(values.tobytes()))
+
+
+class NonFiniteWithoutDevice(_Rewrite):
+    """Writes nan weights when it gets no device."""
+
+    def initialize_backend_data(
+        self, context: BackendDataInitContext, output: BackendDataWriter
+    ) -> None:
+        for key, values in _floats(context):
+            if context.device is None:
+                values = np.full_like(values, np.nan)
+            output.write_named_data(key, BackendData(values.tobytes()))
+
+
 class RatesItsOwnBuildUnsupported(_Rewrite):
     def check_compatibility(self, info: str, device: DeviceProfile | None) -> Compatibility:
         return Compatibility.UNSUPPORTED
@@ -234,6 +263,11 @@ WRONG: dict[str, tuple[type[BackendContract], set[str]]] = {
         _kit(NonFinite),
         {"test_replacements_match_tensor_info", "test_loads_in_runtime"},
     ),
+    "zeroes-without-device": (_kit(ZeroesWithoutDevice), {"test_loads_in_runtime"}),
+    "non-finite-without-device": (
+        _kit(NonFiniteWithoutDevice),
+        {"test_replacements_match_tensor_info", "test_loads_in_runtime"},
+    ),
     "rates-own-build-unsupported": (
         _kit(RatesItsOwnBuildUnsupported),
         {"test_compatibility_round_trip"},
@@ -254,10 +288,19 @@ WRONG: dict[str, tuple[type[BackendContract], set[str]]] = {
 }
 
 
+#: The checks run on the run with the kit's device and on the one without.
+BOTH_RUNS = {
+    "test_compatibility_round_trip",
+    "test_keeps_keys_and_shared_bytes",
+    "test_loads_in_runtime",
+    "test_replacements_match_tensor_info",
+}
+
+
 def _calls(check: str) -> list[dict[str, Any]]:
     if check == "test_specializes_something":
         return [{}]
-    if check == "test_compatibility_round_trip":
+    if check in BOTH_RUNS:
         return [{"program": p, "with_device": d} for p in PROGRAMS for d in (True, False)]
     return [{"program": p} for p in PROGRAMS]
 
@@ -390,3 +433,60 @@ def test_a_failed_run_shows_the_backends_own_traceback(
     else:
         assert "InvalidReplacement: backend 'XnnpackBackend'" in first
         assert "Where the backend made the call:\n" in first
+
+
+def test_what_the_kit_says_of_the_run_without_a_device() -> None:
+    zeroes = failures(WRONG["zeroes-without-device"][0], "test_loads_in_runtime")
+    assert [m.split(": method ")[0] for m in zeroes] == [
+        f"{p.name} (made without a device)" for p in PROGRAMS
+    ], zeroes
+    assert all("max abs difference" in m for m in zeroes), zeroes
+    nan = failures(WRONG["non-finite-without-device"][0], "test_replacements_match_tensor_info")
+    assert len(nan) == len(PROGRAMS) and all(
+        m.split("\n")[0].endswith(
+            "(float32) holds non-finite values after specialization without a device: wrong "
+            "dtype or layout?"
+        )
+        for m in nan
+    ), nan
+
+
+def test_a_bfloat16_value_is_finite_by_its_exponent_bits(tmp_path: Path) -> None:
+    """``get_array`` gives bfloat16 as uint16 bit patterns, which ``numpy.isfinite``
+    always calls finite: the kit passed a backend writing nan or inf there. A source
+    ``.ptd`` whose layout says bfloat16 (none of the shipped programs has one), and an
+    output where the backend wrote a nan, an infinity and a negative infinity."""
+    import struct
+
+    import flatbuffers
+    from support.synth import finish_program, flat_tensor, offsets_vector
+
+    from ptestore.coordinator.report import BackendReport, SpecializationReport
+    from ptestore.testing.contract_outcomes import all_finite
+
+    b = flatbuffers.Builder(0)
+    pte = finish_program(b, offsets_vector(b, []))  # no method: the key is the .ptd's
+    bf16 = (15, [4], [0])  # ScalarType BFloat16, shape [4]
+
+    def ptd(*bits: int) -> bytes:
+        return flat_tensor([("w", bf16)], struct.pack("<4H", *bits))
+
+    (tmp_path / "m.pte").write_bytes(pte)
+    (tmp_path / "m.ptd").write_bytes(ptd(0x3F80, 0x4000, 0xBF80, 0x0000))  # 1, 2, -1, 0
+    program = Program("bf16", "", tmp_path / "m.pte", tmp_path / "m.ptd", (), (), {}, {}, 0.0, 0.0)
+    wrote = ptd(0x3F80, 0x7FC0, 0x7F80, 0xFF80)  # 1, nan, inf, -inf
+    assert bool(np.isfinite(np.frombuffer(wrote[-8:], np.uint16)).all())  # what it asked
+
+    class Bf16Kit(_Kit):
+        def _run(self, program: Program, run: str, *args: Any, **kwargs: Any) -> Outcome:
+            report = BackendReport("XnnpackBackend", "x", "specialized", keys_replaced=["w"])
+            return Outcome(SpecializationReport([report], [], 0.0), pte=pte, ptd=wrote)
+
+    with pytest.raises(AssertionError) as err:
+        Bf16Kit().test_replacements_match_tensor_info(program, True)
+    assert str(err.value).startswith(
+        "bf16: key 'w' (bfloat16) holds non-finite values after specialization: wrong "
+        "dtype or layout?"
+    )
+    for bits, finite in ((0x7FC0, False), (0x7F80, False), (0xFF81, False), (0x7F7F, True)):
+        assert all_finite(np.array([0x3F80, bits], np.uint16), "bfloat16") is finite

@@ -242,6 +242,18 @@ def test_the_compatibility_example_in_the_docs_runs_with_and_without_a_device() 
     )
     assert backend.check_compatibility("compiler=7.3;soc=", sm) is Compatibility.UNSUPPORTED
     assert backend.version == "2.1.0"
+    # Fields compared exactly: the example tested substrings, and rated a build for
+    # sm8650 optimal for a device whose soc is a prefix of it, or missing, and compiler
+    # 7.31 as 7.3.
+    made = "compiler=7.3;soc=sm8650"
+    for soc in ("sm86", "sm8", ""):
+        other = DeviceProfile("phone", {"soc": soc})
+        assert backend.check_compatibility(made, other) is Compatibility.UNSUPPORTED, soc
+    assert backend.check_compatibility(made, DeviceProfile("phone")) is Compatibility.UNSUPPORTED
+    assert backend.check_compatibility(made, None) is Compatibility.UNSUPPORTED
+    assert backend.check_compatibility("compiler=7.31;soc=sm8650", sm) is (
+        Compatibility.PREFER_RESPECIALIZATION
+    )
 
 
 # -- typo suggestions -------------------------------------------------------------------
