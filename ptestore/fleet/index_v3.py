@@ -358,8 +358,14 @@ class ShardedIndex:
     ) -> tuple[dict[str, Any] | None, set[str]]:
         url = self.catalog_url(model)
         changed: set[str] = set()
+        # Changed by a write that may have landed (PublishUncertain): checked as changed.
+        maybe: set[str] = set()
+        uncertain = [stats.uncertain]
 
         def transform(value: dict[str, Any] | None, _v: str | None) -> dict[str, Any] | None:
+            if stats.uncertain > uncertain[0]:  # the last attempt's write may have landed
+                uncertain[0] = stats.uncertain
+                maybe.update(changed)
             current = None if value is None else check_catalog(value, url, self.listed)
             new, ch = apply_placements(current, model, placed, splits, self.listed)
             changed.clear()
@@ -372,7 +378,7 @@ class ShardedIndex:
         value, _, _ = self.store.update(
             url, transform, stats, first=first, confirm_unchanged=confirm
         )
-        return value, set(changed)
+        return value, changed | maybe
 
     def repair(self, model: str, stats: ObjectStats | None = None, *, force: bool = False) -> None:
         """Rebuild ``model``'s catalog from its leaves when it is missing or a class lists
