@@ -31,7 +31,9 @@ a catalog made from leaves read before such a writer's leaf write. A rebuild the
 first marks the catalog (``"rebuilding": <token>``, by compare-and-swap), then reads the
 leaves, then replaces the marked version by compare-and-swap; a writer that finds the
 mark always writes (a new token), which fails the rebuild's commit and makes it read the
-leaves again. Readers ignore the mark.
+leaves again. A rebuild that finds the catalog marked already takes it as it is (a new
+mark would fail the commit of the rebuild in flight: rebuilds marking again in turn
+failed each other's). Readers ignore the mark.
 """
 
 from __future__ import annotations

@@ -311,15 +311,13 @@ class ShardedIndex:
         if unsettled and catalog is not None:
             for node, devs in trie.locate(sorted(unsettled), lo, hi).values():
                 placed.update({d: live_stamps(node.entries.get(d)) for d in devs})
-        stats = list(outcome.stats)
-        value = catalog
-        stats.append(cat_stats)
+        stats, value = [*outcome.stats, cat_stats], catalog
         splits = list(outcome.splits)
-        if catalog is None and not outcome.fresh:  # a trie without its catalog (a crash)
-            # Forced: another run may have made the catalog since, from leaves read
-            # before this run's (it is marked, then rebuilt from the leaves as they are).
-            self.repair(model, cat_stats, force=True)
-            return stats
+        if catalog is None and not outcome.fresh:  # the trie's maker makes it (raced)
+            first = self.read_catalog(model)  # or crashed: rebuilt then (forced: another
+            if first[0] is None:  # run may make it from leaves read before this one's)
+                self.repair(model, cat_stats, force=True)
+                return stats
         from .._retry import CONFLICT_RETRY
 
         # The placements, then a re-check of those they changed: placed again while
@@ -334,8 +332,7 @@ class ShardedIndex:
             lo, hi = depth_range(value)
             now_entries: dict[str, dict[str, Any] | None] = dict.fromkeys(changed)
             for node, devs in trie.locate(sorted(changed), lo, hi).values():
-                for d in devs:
-                    now_entries[d] = node.entries.get(d)
+                now_entries.update({d: node.entries.get(d) for d in devs})
             placed = {
                 d: live_stamps(e) for d, e in now_entries.items() if live_stamps(e) != placed[d]
             }
@@ -358,8 +355,14 @@ class ShardedIndex:
     ) -> tuple[dict[str, Any] | None, set[str]]:
         url = self.catalog_url(model)
         changed: set[str] = set()
+        # Changed by a write that may have landed (PublishUncertain): checked as changed.
+        maybe: set[str] = set()
+        uncertain = [stats.uncertain]
 
         def transform(value: dict[str, Any] | None, _v: str | None) -> dict[str, Any] | None:
+            if stats.uncertain > uncertain[0]:  # the last attempt's write may have landed
+                uncertain[0] = stats.uncertain
+                maybe.update(changed)
             current = None if value is None else check_catalog(value, url, self.listed)
             new, ch = apply_placements(current, model, placed, splits, self.listed)
             changed.clear()
@@ -372,17 +375,17 @@ class ShardedIndex:
         value, _, _ = self.store.update(
             url, transform, stats, first=first, confirm_unchanged=confirm
         )
-        return value, set(changed)
+        return value, changed | maybe
 
     def repair(self, model: str, stats: ObjectStats | None = None, *, force: bool = False) -> None:
         """Rebuild ``model``'s catalog from its leaves when it is missing or a class lists
         no device although it has members (left alone when another run has rebuilt it
         since this one saw that), or a rebuild left its mark; with ``force``, whatever it
-        holds. An existing catalog is marked first, then the leaves read, then the
-        marked version replaced, each by compare-and-swap (:mod:`.index_catalog`: a
-        writer meanwhile fails the commit, and the leaves are read again). A damaged
-        catalog (not JSON, a malformed field: no writer can commit over it) is replaced
-        by compare-and-swap on the version read."""
+        holds. An existing catalog is marked first (unless marked already), then the
+        leaves read, then the marked version replaced, each by compare-and-swap
+        (:mod:`.index_catalog`: a writer meanwhile fails the commit, and the leaves are
+        read again). A damaged catalog (not JSON, a malformed field: no writer can
+        commit over it) is replaced by compare-and-swap on the version read."""
         from .._retry import CONFLICT_RETRY
 
         url = self.catalog_url(model)
@@ -392,9 +395,9 @@ class ShardedIndex:
                 value, version = self.read_catalog(model)
             except FormatError:  # damaged (not JSON, a malformed field): rebuilt over it
                 value, version = None, self.store.read(url, oversize_ok=True)[1]
-            if value is not None:
-                if not (force or needs_rebuild(value) or REBUILDING in value):
-                    return
+            if value is not None and not (force or needs_rebuild(value) or REBUILDING in value):
+                return
+            if value is not None and REBUILDING not in value:
                 stats.attempts += 1
                 mark = marked(value)
                 try:
@@ -407,6 +410,8 @@ class ShardedIndex:
                 if value is None or value.get(REBUILDING) != mark[REBUILDING]:
                     stats.conflicts += 1  # a writer meanwhile: mark again
                     continue
+            # Found marked: taken as is (marking again failed the rebuild in flight, and
+            # in turn, all). ``force`` stays: that rebuild may have read the leaves before.
             nodes = list(self.trie(model).walk(empty=True))
             leaves = Counter(len(n.prefix) for n in nodes)
             new = rebuild(

@@ -15,7 +15,7 @@ import pytest
 from support.together import run_together
 
 from ptestore.fleet.index import create_index, load_index
-from ptestore.testing.fleet_index import synthetic_entry
+from ptestore.testing.fleet_index import catalog_disagreements, synthetic_entry
 from ptestore.testing.s3server import S3TestServer
 
 from .indexkit import assert_catalogs_match_leaves, leaf_sizes
@@ -47,7 +47,7 @@ for batch in range(batches):
             synthetic_entry(m, f"shared-{j}", socs=3 + i, generation=i) for j in range(shared)
         ]
     report = publish_entries(url, entries, options)
-    stats += [s.to_dict() for s in report.stats]
+    stats += [{**s.to_dict(), "uncertain": s.uncertain} for s in report.stats]
 Path(out).write_text(json.dumps(stats))
 """
 
@@ -80,9 +80,17 @@ def _soak(
                 synthetic_entry(m, f"shared-{j}", socs=3 + i, generation=i) for i in range(writers)
             ]
     assert entries == {}
+    stats = [s for out in outs for s in json.loads(out.read_text())]
+    # What tells a failure's causes apart: writes whose outcome was unknown (an answer
+    # lost), and what the writers logged (retries).
+    context = {
+        "uncertain writes": [(s["kind"], s["shard"]) for s in stats if s["uncertain"]],
+        "stderr": [err.decode(errors="replace")[-2000:] for _, err in results if err],
+    }
+    assert catalog_disagreements(url, options) == {}, context
     assert assert_catalogs_match_leaves(url, options) == len(models)
     assert all(size <= 4096 for size, _ in leaf_sizes(url, options))
-    return [s for out in outs for s in json.loads(out.read_text())]
+    return stats
 
 
 def test_four_processes_on_overlapping_shards_lose_no_entry(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from ptestore.fleet.index import (
     publish_entries,
     update_index,
 )
+from ptestore.fleet.index_catalog import live_stamps
 from ptestore.fleet.index_store import IndexStore, dumps
 from ptestore.fleet.index_trie import SPLITTING, LeafOutcome
 from ptestore.fleet.index_v3 import ShardedIndex
@@ -192,3 +193,51 @@ def test_a_retire_of_a_version_2_index_whose_write_landed_is_reported(
     )
     assert done.version == 2 and [e["device"] for e in done.changed] == [gone]
     assert [e["device"] for e in load_index(url)["entries"] if e.get("retired")] == [gone]
+
+
+def test_a_placement_whose_uncertain_write_landed_is_checked_against_its_leaf(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run P writes its entry of a pair into the leaf; run W writes its own there after
+    it and places it in the catalog. P's placement, which puts the pair back in P's
+    class, lands with its answer lost, and a run R writes the catalog (another pair)
+    before P reads it again: P finds its placement there. It is still P's to check
+    against the leaf, which holds W's entry, and to place that (before, nothing was
+    left to change, so P checked nothing: the catalog listed the pair in P's class,
+    its leaf held W's entry, and W's class was not listed)."""
+    url = str(tmp_path / "ptestore-index.json")
+    create_index(url)
+    pair = device_name(0)
+    mine = synthetic_entry("m", pair, socs=3)
+    theirs = synthetic_entry("m", pair, socs=4, generation=1)
+    assert live_stamps(mine) != live_stamps(theirs)
+    publish_entries(url, [synthetic_entry("m", device_name(1))], {})
+    real = IndexStore.write
+    catalog_writes: list[str] = []
+    nested: list[bool] = []
+
+    def write(
+        self: IndexStore, where: str, value: dict[str, Any], mode: str, expected: Any = None
+    ) -> None:
+        if nested or not where.endswith("/catalog.json"):
+            real(self, where, value, mode, expected)
+            return
+        catalog_writes.append(where)
+        nested.append(True)
+        try:
+            if len(catalog_writes) == 1:  # after P's leaf write: W writes and places
+                publish_entries(url, [theirs], {})
+            elif len(catalog_writes) == 2:  # P's placement lands, then R writes
+                real(self, where, value, mode, expected)
+                publish_entries(url, [synthetic_entry("m", device_name(2))], {})
+                raise PublishUncertain(f"{where}: a retry of PutObject was refused (stand-in)")
+        finally:
+            nested.clear()
+        real(self, where, value, mode, expected)  # the first: stale (W placed since)
+
+    monkeypatch.setattr(IndexStore, "write", write)
+    report = publish_entries(url, [mine], {})
+    assert len(catalog_writes) >= 2
+    assert [s.uncertain for s in report.stats if s.kind == "catalog"] == [1]
+    assert _sharded(url).find("m", pair) == theirs
+    assert assert_catalogs_match_leaves(url, {}) == 1
