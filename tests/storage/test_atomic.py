@@ -429,3 +429,57 @@ def test_s3_put_and_get(s3_server: S3TestServer) -> None:
     put_bytes(url, b"[]", storage_options=opts)
     assert get_bytes(url, storage_options=opts) == b"[]"
     assert s3_server.client().list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to own files as another user")
+@pytest.mark.usefixtures("umask_022")
+@pytest.mark.parametrize("permissions", [None, 0o644])
+def test_root_overwriting_a_users_file_keeps_its_owner(
+    tmp_path: Path, permissions: int | None
+) -> None:
+    """As the local writer: the replaced file's owner and group (given permissions or
+    not), its permission bits without setuid or setgid (when none are given)."""
+    target = tmp_path / "m.json"
+    target.write_bytes(b"old")
+    os.chown(target, 1000, 1001)
+    target.chmod(0o6640)
+    put_bytes(target, b"new", permissions=permissions)
+    st = os.stat(target)
+    assert target.read_bytes() == b"new"
+    assert (st.st_uid, st.st_gid) == (1000, 1001)
+    assert stat.S_IMODE(st.st_mode) == (0o640 if permissions is None else 0o644)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
+def test_a_refused_chown_as_root_keeps_roots_owner_with_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Root whose chown is refused (an NFS export squashing root): published, its own
+    owner, a warning naming both."""
+    target = tmp_path / "m.json"
+    target.write_bytes(b"old")
+    os.chown(target, 1000, 1001)
+    monkeypatch.setattr(os, "fchown", _failing(errno.EPERM, os.fchown))
+    put_bytes(target, b"new")
+    assert target.read_bytes() == b"new"
+    assert (os.stat(target).st_uid, os.stat(target).st_gid) == (0, 0)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{target}: the new file keeps the owner 0:0, not the replaced file's 1000:1001 "
+        "(Operation not permitted)"
+    ]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to own files as another user")
+def test_a_failing_chown_publishes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "m.json"
+    target.write_bytes(b"old")
+    os.chown(target, 1000, 1001)
+    monkeypatch.setattr(os, "fchown", _failing(errno.EIO, os.fchown))
+    with pytest.raises(
+        StorageError,
+        match=rf"^{target}: cannot give the new file the owner 1000:1001 of the file it "
+        r"replaces: Input/output error$",
+    ):
+        put_bytes(target, b"new")
+    assert target.read_bytes() == b"old"
+    assert _listing(tmp_path) == ["m.json"]
