@@ -347,12 +347,14 @@ def get_bytes(
         try:
             with open(url.path, "rb") as f:
                 raw = read_bounded(f, limit)
+                # over the bound: its size as the file says (it was read to limit + 1)
+                size = max(os.fstat(f.fileno()).st_size, len(raw)) if len(raw) > limit else 0
         except FileNotFoundError as exc:
             raise ObjectNotFound(f"{url.path}: no such file") from exc
         except OSError as exc:
             raise local_error(exc, f"{url.path}: cannot read: {strerror(exc)}") from exc
         if len(raw) > limit:
-            raise StorageError(f"{url.path}: larger than the limit of {limit} bytes")
+            raise StorageError(_too_large(url.path, size, limit))
         return raw
     from .loaders import open_loader
 
@@ -360,7 +362,12 @@ def get_bytes(
     try:
         size = loader.size()
         if size > limit:
-            raise StorageError(f"{url.text}: {size} bytes, larger than the limit of {limit}")
+            raise StorageError(_too_large(url.text, size, limit))
         return bytes(loader.load(0, size))
     finally:
         loader.close()
+
+
+def _too_large(where: str, size: int, limit: int) -> str:
+    """What :func:`get_bytes` says of an object over its limit, local or remote."""
+    return f"{where}: {size} bytes, larger than the limit of {limit} bytes"
