@@ -14,8 +14,10 @@ marker, a page) so that a reader sees the old content or the new, never a prefix
   temporary file is removed and nothing is published. The file's mode: the caller's
   ``permissions`` when given (less the umask, as for ``open``); else, replacing a
   regular file, that file's permission bits (as the local writer keeps them; never its
-  setuid, setgid or sticky bit); else ``0o666`` less the umask. A file that replaces
-  another takes its owner and group as far as the process may (:func:`keep_owner`).
+  setuid, setgid or sticky bit) and its owner and group as far as the process may
+  (:func:`keep_owner`); else ``0o666`` less the umask. With ``permissions`` the file is
+  the process's own (ptestore's records and manifests, which their readers trust only
+  when this user or root owns them).
 - **any other scheme**: the writer the scheme table names (:mod:`.schemes`, imported on
   first use), one ``write`` and one ``publish(mode)``: the store's atomic put.
 
@@ -158,11 +160,12 @@ def put_bytes(
             :class:`~ptestore.errors.AlreadyExists` if something is.
         durable: fsync the file before and its directory after the rename (local).
         permissions: the local file's mode bits, less the umask (as for ``open``),
-            whether it is new or replaces one: XNNPACK's records are made 0444 so.
-            ``None`` (the default): a file that replaces an existing regular file
-            (``mode="overwrite"``, the target or what a link there names) keeps that
-            file's mode, as :class:`~ptestore.writers.LocalFileWriter` does; a new file
-            gets ``0o666`` less the umask.
+            whether it is new or replaces one: XNNPACK's records are made 0444 so; the
+            file is the process's own. ``None`` (the default): a file that replaces an
+            existing regular file (``mode="overwrite"``, the target or what a link
+            there names) keeps that file's permission bits and, as far as the process
+            may, its owner and group, as :class:`~ptestore.writers.LocalFileWriter`
+            does; a new file gets ``0o666`` less the umask.
         storage_options: for a remote target, the writer's options.
 
     Raises:
@@ -187,8 +190,10 @@ def put_bytes(
         raise ConfigurationError(
             f"{path}: put_bytes needs a bytes-like object, got {type(data).__name__}"
         ) from None
-    replaced = _replaced(path) if mode == "overwrite" else None
-    kept = replaced_mode(replaced) if replaced is not None and permissions is None else None
+    # without permissions the new file is "like the one it replaces": its mode and owner;
+    # with them, ptestore's own file of that mode (a record, a manifest), the process's
+    replaced = _replaced(path) if permissions is None and mode == "overwrite" else None
+    kept = replaced_mode(replaced) if replaced is not None else None
     # a replaced file's mode is set exactly by fchmod below (the umask would take bits off)
     created = 0o600 if kept is not None else 0o666 if permissions is None else permissions
     tmp = temp_name(path)

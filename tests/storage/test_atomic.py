@@ -443,11 +443,12 @@ def test_s3_put_and_get(s3_server: S3TestServer) -> None:
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to own files as another user")
 @pytest.mark.usefixtures("umask_022")
 @pytest.mark.parametrize("permissions", [None, 0o644])
-def test_root_overwriting_a_users_file_keeps_its_owner(
+def test_root_overwriting_a_users_file_keeps_its_owner_unless_permissions_are_given(
     tmp_path: Path, permissions: int | None
 ) -> None:
-    """As the local writer: the replaced file's owner and group (given permissions or
-    not), its permission bits without setuid or setgid (when none are given)."""
+    """Without permissions, as the local writer: the replaced file's owner and group, its
+    permission bits without setuid or setgid. With them, ptestore's own file (a record, a
+    manifest, the backends snapshot: trusted only when this user or root owns it)."""
     target = tmp_path / "m.json"
     target.write_bytes(b"old")
     os.chown(target, 1000, 1001)
@@ -455,8 +456,10 @@ def test_root_overwriting_a_users_file_keeps_its_owner(
     put_bytes(target, b"new", permissions=permissions)
     st = os.stat(target)
     assert target.read_bytes() == b"new"
-    assert (st.st_uid, st.st_gid) == (1000, 1001)
-    assert stat.S_IMODE(st.st_mode) == (0o640 if permissions is None else 0o644)
+    if permissions is None:
+        assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (1000, 1001, 0o640)
+    else:
+        assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, 0, 0o644)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
