@@ -28,7 +28,7 @@ from ..errors import (
 from ..storage.types import file_path
 from .artifact import Artifact, artifact_of, hit_or_make, lookup
 from .cache import CacheLayout, read_manifest
-from .entryfiles import clean_entry_locked
+from .entryfiles import clean_entry_locked, remove_foreign
 from .keys import (
     backend_fingerprint,
     device_fingerprint,
@@ -362,6 +362,7 @@ def _make(
     except Exception:
         old = None
     clean_entry_locked(layout.entry_dir(key), old)  # leftovers of a run that died here
+    remove_foreign(layout.entry_dir(key), (PTE_NAME, PTD_NAME))  # made ours, not replaced
     pte = os.path.join(directory, PTE_NAME)
     ptd_dst = None if ptd_src is None else os.path.join(directory, PTD_NAME)
     try:

@@ -15,7 +15,7 @@ import json
 import os
 import shutil
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from .._io import read_bounded
@@ -40,6 +40,7 @@ __all__ = [
     "packed_weights_file",
     "read_manifest",
     "read_regular",
+    "remove_foreign",
 ]
 
 MANIFEST = "manifest.json"
@@ -298,3 +299,21 @@ def clean_entry_locked(
             except OSError:
                 pass
     return freed_since(before, entry_files(directory))
+
+
+def remove_foreign(directory: str, names: Iterable[str]) -> None:
+    """Remove the entry's files ``names`` that are neither this user's nor root's (an
+    entry :func:`files_intact` refuses), before the entry is made again: its new files
+    must be new ones of this user's, not the old ones replaced in place, which keeps the
+    replaced file's owner where the process may (root's does). The caller holds the key
+    exclusively; only within the entry's real directory."""
+    me = os.geteuid()
+    with entry_dir_fd(directory) as fd:
+        if fd is None:
+            return
+        for name in names:
+            try:
+                if os.lstat(name, dir_fd=fd).st_uid not in (me, 0):
+                    os.unlink(name, dir_fd=fd)
+            except OSError:  # missing, or left: the make says what fails
+                continue

@@ -13,8 +13,11 @@ marker, a page) so that a reader sees the old content or the new, never a prefix
   still never seen half-written). An fsync error is fatal and never retried: the
   temporary file is removed and nothing is published. The file's mode: the caller's
   ``permissions`` when given (less the umask, as for ``open``); else, replacing a
-  regular file, that file's mode (as the local writer keeps it); else ``0o666`` less
-  the umask.
+  regular file, that file's permission bits (as the local writer keeps them; never its
+  setuid, setgid or sticky bit) and its owner and group as far as the process may
+  (:func:`keep_owner`); else ``0o666`` less the umask. With ``permissions`` the file is
+  the process's own (ptestore's records and manifests, which their readers trust only
+  when this user or root owns them).
 - **any other scheme**: the writer the scheme table names (:mod:`.schemes`, imported on
   first use), one ``write`` and one ``publish(mode)``: the store's atomic put.
 
@@ -39,9 +42,12 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
 __all__ = [
+    "KEPT_BITS",
     "get_bytes",
+    "keep_owner",
     "put_bytes",
     "rename",
+    "replaced_mode",
     "rename_synced",
     "sync_directory",
     "sync_file",
@@ -50,6 +56,10 @@ __all__ = [
 
 #: A small object: what :func:`get_bytes` reads at most unless told otherwise.
 DEFAULT_LIMIT = 1 << 20
+#: The mode bits a local file that replaces another keeps from it: its permissions only;
+#: never setuid, setgid or sticky (a model or a record is not a program, and the new file
+#: may belong to someone else than the one it replaces).
+KEPT_BITS = 0o777
 
 
 def temp_name(path: str) -> str:
@@ -150,11 +160,12 @@ def put_bytes(
             :class:`~ptestore.errors.AlreadyExists` if something is.
         durable: fsync the file before and its directory after the rename (local).
         permissions: the local file's mode bits, less the umask (as for ``open``),
-            whether it is new or replaces one: XNNPACK's records are made 0444 so.
-            ``None`` (the default): a file that replaces an existing regular file
-            (``mode="overwrite"``, the target or what a link there names) keeps that
-            file's mode, as :class:`~ptestore.writers.LocalFileWriter` does; a new file
-            gets ``0o666`` less the umask.
+            whether it is new or replaces one: XNNPACK's records are made 0444 so; the
+            file is the process's own. ``None`` (the default): a file that replaces an
+            existing regular file (``mode="overwrite"``, the target or what a link
+            there names) keeps that file's permission bits and, as far as the process
+            may, its owner and group, as :class:`~ptestore.writers.LocalFileWriter`
+            does; a new file gets ``0o666`` less the umask.
         storage_options: for a remote target, the writer's options.
 
     Raises:
@@ -179,7 +190,10 @@ def put_bytes(
         raise ConfigurationError(
             f"{path}: put_bytes needs a bytes-like object, got {type(data).__name__}"
         ) from None
-    kept = _replaced_mode(path) if permissions is None and mode == "overwrite" else None
+    # without permissions the new file is "like the one it replaces": its mode and owner;
+    # with them, ptestore's own file of that mode (a record, a manifest), the process's
+    replaced = _replaced(path) if permissions is None and mode == "overwrite" else None
+    kept = replaced_mode(replaced) if replaced is not None else None
     # a replaced file's mode is set exactly by fchmod below (the umask would take bits off)
     created = 0o600 if kept is not None else 0o666 if permissions is None else permissions
     tmp = temp_name(path)
@@ -190,6 +204,8 @@ def put_bytes(
     published = False
     try:
         try:
+            if replaced is not None:
+                keep_owner(fd, replaced, path)
             if kept is not None:
                 try:
                     os.fchmod(fd, kept)
@@ -243,14 +259,57 @@ def put_bytes(
             ) from exc
 
 
-def _replaced_mode(path: str) -> int | None:
-    """The mode of the regular file at ``path`` (a link followed), None when there is
-    none or it cannot be seen (the put reports what fails then)."""
+def _replaced(path: str) -> os.stat_result | None:
+    """What the regular file at ``path`` is (a link followed), None when there is none
+    or it cannot be seen (the put reports what fails then)."""
     try:
         st = os.stat(path)
     except OSError:
         return None
-    return stat.S_IMODE(st.st_mode) if stat.S_ISREG(st.st_mode) else None
+    return st if stat.S_ISREG(st.st_mode) else None
+
+
+def replaced_mode(st: os.stat_result) -> int:
+    """The mode a file that replaces the one ``st`` describes takes: its permission bits
+    (:data:`KEPT_BITS`), never its setuid, setgid or sticky bit."""
+    return stat.S_IMODE(st.st_mode) & KEPT_BITS
+
+
+def keep_owner(fd: int, st: os.stat_result, path: str) -> None:
+    """Give the new file open at ``fd`` the owner and group of the file it replaces at
+    ``path`` (``st``), as far as this process may: as root both (else a root process
+    replacing a user's ``0640`` file would lock its owner out); otherwise the group, when
+    the process is in it (its uid stays its own, as for any file it makes). A change the
+    system refuses (``EPERM``; ``EINVAL``: an id the filesystem cannot map) leaves the
+    process's own ids: silently for a user, with a warning for root (an NFS export that
+    squashes root)."""
+    mine = os.fstat(fd)
+    root = os.geteuid() == 0
+    uid = st.st_uid if root and st.st_uid != mine.st_uid else -1
+    gid = st.st_gid if st.st_gid != mine.st_gid else -1
+    if uid == -1 and gid == -1:
+        return
+    try:
+        os.fchown(fd, uid, gid)
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.EINVAL):
+            raise local_error(
+                exc,
+                f"{path}: cannot give the new file the owner {st.st_uid}:{st.st_gid} of the "
+                f"file it replaces: {strerror(exc)}",
+            ) from exc
+        if root:
+            from .._log import get_logger
+
+            get_logger("ptestore.storage").warning(
+                "%s: the new file keeps the owner %d:%d, not the replaced file's %d:%d (%s)",
+                path,
+                mine.st_uid,
+                mine.st_gid,
+                st.st_uid,
+                st.st_gid,
+                strerror(exc),
+            )
 
 
 def _put_remote(url: StorageURL, data: Buffer, mode: str, options: dict[str, Any]) -> None:
@@ -293,12 +352,14 @@ def get_bytes(
         try:
             with open(url.path, "rb") as f:
                 raw = read_bounded(f, limit)
+                # over the bound: its size as the file says (it was read to limit + 1)
+                size = max(os.fstat(f.fileno()).st_size, len(raw)) if len(raw) > limit else 0
         except FileNotFoundError as exc:
             raise ObjectNotFound(f"{url.path}: no such file") from exc
         except OSError as exc:
             raise local_error(exc, f"{url.path}: cannot read: {strerror(exc)}") from exc
         if len(raw) > limit:
-            raise StorageError(f"{url.path}: larger than the limit of {limit} bytes")
+            raise StorageError(_too_large(url.path, size, limit))
         return raw
     from .loaders import open_loader
 
@@ -306,7 +367,12 @@ def get_bytes(
     try:
         size = loader.size()
         if size > limit:
-            raise StorageError(f"{url.text}: {size} bytes, larger than the limit of {limit}")
+            raise StorageError(_too_large(url.text, size, limit))
         return bytes(loader.load(0, size))
     finally:
         loader.close()
+
+
+def _too_large(where: str, size: int, limit: int) -> str:
+    """What :func:`get_bytes` says of an object over its limit, local or remote."""
+    return f"{where}: {size} bytes, larger than the limit of {limit} bytes"

@@ -48,12 +48,19 @@ __all__ = [
 #: The lock file of ``DIR/NAME`` is ``DIR/.NAME.ptestore.lock``.
 LOCK_SUFFIX = ".ptestore.lock"
 _PIECE = 1 << 20
+#: The bytes of the destination's name a lock file's name keeps (255 - 1 - 14).
+_LOCK_NAME_BYTES = 255 - 1 - len(LOCK_SUFFIX)
 
 
 def lock_path(path: str) -> str:
-    """The lock file beside ``path``."""
+    """The lock file beside ``path``: ``.NAME.ptestore.lock``, NAME cut to 200 characters
+    and then to the 240 bytes that fit NAME_MAX (255) with the dot and the suffix, at a
+    character (a name's characters say nothing of its bytes: ``é`` takes two). Every name
+    short enough for the cut by characters alone keeps the lock file it had."""
+    from .._text import head_bytes
+
     directory, name = os.path.split(path)
-    return os.path.join(directory, f".{name[:200]}{LOCK_SUFFIX}")
+    return os.path.join(directory, f".{head_bytes(name[:200], _LOCK_NAME_BYTES)}{LOCK_SUFFIX}")
 
 
 def _token(hexdigest: str) -> str:

@@ -192,7 +192,8 @@ class DataWriter(abc.ABC):
         #: The version ``publish(mode="if-match")`` expects (set for ``_publish``).
         self._expected: str | None = None
         #: Test hook: called with the writer right before its commit step (the rename or
-        #: link, the store assignment, the PutObject or CompleteMultipartUpload), after
+        #: link, the store assignment, the PutObject or CompleteMultipartUpload, the
+        #: generic writer's upload or fs.copy), after
         #: every check the writer makes. Race tests pause one writer here to force an
         #: interleaving (see docs/testing.md).
         self.commit_hook: Callable[[DataWriter], None] | None = None

@@ -21,7 +21,11 @@ source object unchanged (every byte referenced at its own offset, or written wit
 source's own bytes: at most :data:`VERIFY_LIMIT` of them, compared), the filesystem
 copies it itself with ``fs.copy`` (server-side on object stores whose fsspec
 implementation has one, e.g. GCS rewrite, Azure copy; in the kernel for local files);
-the source is checked unchanged (size, ETag) just before and after. Otherwise, or when
+the source is checked unchanged (size, ETag) just before and after. The copy is the commit
+step (the commit hook runs before it): a source found changed after it, an interrupt
+during it, or its attempts failing on a lost answer are
+:class:`~ptestore.errors.PublishUncertain` (the destination may hold the changed source's
+bytes), never "nothing was published". Otherwise, or when
 the filesystem cannot copy (``NotImplementedError``), the referenced ranges are read into
 the staging file, the source is checked unchanged, and the file is uploaded as usual.
 
@@ -42,6 +46,7 @@ from .._retry import RETRY_OPTIONS, Category, RetryPolicy, classify, to_storage_
 from ..errors import (
     AlreadyExists,
     ConfigurationError,
+    PreconditionFailed,
     PublishUncertain,
     StorageError,
     describe_exception,
@@ -211,57 +216,84 @@ class FsspecWriter(DataWriter):
         self._refs = []
         src.check_unchanged()
 
-    def _copy_whole(self, src: FsspecLoader, mode: PublishMode) -> bool:
-        """``fs.copy`` of the source; False if the filesystem cannot copy."""
+    def _copy_whole(self, src: FsspecLoader, mode: PublishMode, sent: list[int]) -> bool:
+        """``fs.copy`` of the source, the commit step: the source checked unchanged and the
+        commit point taken before it (``sent[0]`` counts its attempts); False, nothing
+        copied and the commit point taken back, if the filesystem cannot copy. Once the
+        copy ran, the source found changed is :class:`PublishUncertain`: the destination
+        may hold the changed source's bytes."""
         fs, path = self.fs, self.path
         src.check_unchanged()
         if mode == "create" and fs.exists(path):
             raise already_exists(self.url)
+        self._commit_point()
+
+        def copy() -> None:
+            sent[0] += 1
+            fs.copy(src.path, path)
+
         try:
-            self.retry.call(lambda: fs.copy(src.path, path), what=f"{self.url}: copy of {src.name}")
+            self.retry.call(copy, what=f"{self.url}: copy of {src.name}")
         except NotImplementedError:
+            self._committing = False  # nothing copied: the upload is the commit step
+            sent[0] = 0
             return False
-        src.check_unchanged()
+        try:
+            src.check_unchanged()
+        except Exception as exc:
+            found = (
+                f"changed while the filesystem copied it ({exc})"
+                if isinstance(exc, PreconditionFailed)
+                else f"could not be checked after the copy ({describe_exception(exc)})"
+            )
+            raise PublishUncertain(
+                f"{self.url}: the source {src.name} {found}: the copy is done, so the "
+                "destination may hold the changed source's bytes rather than this output; "
+                "check it before relying on it"
+            ) from exc
         return True
 
     def _publish(self, mode: PublishMode, size: int) -> PublishResult:
         fs, path, tmp = self.fs, self.path, self._st.path
         kwargs = {"mode": mode} if "mode" in inspect.signature(fs.put_file).parameters else {}
         src = self._src
-        sent = 0  # uploads at publish attempted
+        sent = [0]  # copies or uploads at publish attempted
+        what = "upload at publish"
         try:
-            whole = src is not None and self._is_whole_source(src, size)
-            if whole and src is not None and self._copy_whole(src, mode):
-                self.copied_whole = True
-                self._st.cleanup()
-                return PublishResult(url=self.url, size=size)
+            hooked = False  # the commit hook ran before a copy the filesystem refused
+            if src is not None and self._is_whole_source(src, size):
+                what = f"copy of {src.name} at publish"
+                if self._copy_whole(src, mode, sent):
+                    self.copied_whole = True
+                    self._st.cleanup()
+                    return PublishResult(url=self.url, size=size)
+                what, hooked = "upload at publish", True
             if src is not None:
                 self._materialize(src)
             if mode == "create" and fs.exists(path):
                 raise already_exists(self.url)
-            self._commit_point()
+            self._commit_point(hook=not hooked)
 
             def upload() -> None:
-                nonlocal sent
-                sent += 1
+                sent[0] += 1
                 fs.put_file(tmp, path, **kwargs)
 
             self.retry.call(upload, what=f"{self.url}: upload at publish")
-        except AlreadyExists:
+        except (AlreadyExists, PublishUncertain):
             raise
         except Exception as exc:
             category = classify(exc)
-            if category is Category.ALREADY_EXISTS and sent <= 1:
+            if category is Category.ALREADY_EXISTS and sent[0] <= 1:
                 raise already_exists(self.url) from exc
-            if sent and category in (Category.TRANSIENT, Category.ALREADY_EXISTS):
+            if sent[0] and category in (Category.TRANSIENT, Category.ALREADY_EXISTS):
                 # an attempt whose answer was lost may have stored the upload (a retried
                 # create then meets this writer's own object)
                 raise PublishUncertain(
-                    f"{self.url}: the upload at publish failed after {sent} attempt(s) "
+                    f"{self.url}: the {what} failed after {sent[0]} attempt(s) "
                     f"({describe_exception(exc)}): the destination holds either its "
                     "previous content or the complete new output; check it before relying "
                     "on either"
                 ) from exc
-            raise to_storage_error(exc, self.url, "upload at publish") from exc
+            raise to_storage_error(exc, self.url, what) from exc
         self._st.cleanup()
         return PublishResult(url=self.url, size=size)

@@ -307,14 +307,20 @@ class LocalFileWriter(DataWriter):
                     f"{self.path}: fsync of the staging file failed: {strerror(exc)}; nothing "
                     "was published (fsync is never retried)",
                 ) from exc
+        from ..storage.atomic import keep_owner, replaced_mode
+
         try:
-            perm = stat.S_IMODE(os.stat(self.path).st_mode)
+            st = os.stat(self.path)
         except FileNotFoundError:
             perm = 0o666 & ~current_umask()
         except OSError as exc:
             raise local_error(
                 exc, f"{self.path}: cannot stat destination: {strerror(exc)}"
             ) from exc
+        else:  # what it replaces: its permission bits, its owner and group where we may
+            perm = replaced_mode(st)
+            if stat.S_ISREG(st.st_mode):
+                keep_owner(fd, st, self.path)
         try:
             os.fchmod(fd, perm)
         except OSError as exc:

@@ -4,7 +4,7 @@ drops to that uid and gid, its outcome reported back through a pipe."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 __all__ = ["NOBODY", "as_user"]
 
@@ -12,16 +12,16 @@ __all__ = ["NOBODY", "as_user"]
 NOBODY = 65534
 
 
-def as_user(uid: int, work: Callable[[], object]) -> str:
-    """``work()`` in a forked child running as ``uid`` (and gid): ``"ok: <result>"`` or
-    ``"<exception class>: <message>"``."""
+def as_user(uid: int, work: Callable[[], object], *, groups: Sequence[int] = ()) -> str:
+    """``work()`` in a forked child running as ``uid`` (and gid), in the supplementary
+    ``groups``: ``"ok: <result>"`` or ``"<exception class>: <message>"``."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - child
         os.close(r)
         out = "child did not report"
         try:
-            os.setgroups([])
+            os.setgroups(list(groups))
             os.setresgid(uid, uid, uid)
             os.setresuid(uid, uid, uid)
             out = f"ok: {work()}"

@@ -14,9 +14,9 @@ from fsspec.implementations.memory import MemoryFileSystem
 from support.fixtures import get_fixture
 
 import ptestore
-from ptestore.errors import AlreadyExists, StorageError
+from ptestore.errors import AlreadyExists, PublishUncertain, StorageError
 from ptestore.storage.loaders import BytesLoader, FsspecLoader
-from ptestore.writers import FsspecWriter
+from ptestore.writers import FsspecWriter, WriterState
 
 N = 50_000
 GAP = (1000, 1100)  # zeros in the source, written as zeros (like padding)
@@ -176,3 +176,137 @@ def test_an_upload_whose_answer_was_lost_is_uncertain_not_failed(mode: str, lose
     )
     stored = [bytes(f.getvalue()) for key, f in fs.store.items() if key.endswith(name)]
     assert _AnswerLost.calls >= 2 and stored == [b"NEW"]
+
+
+def _copy_that(fs: Any, monkeypatch: pytest.MonkeyPatch, before: Any) -> None:
+    """``fs.copy`` runs ``before(path1)`` first (the source replaced, an interrupt...)."""
+    original = fs.copy
+
+    def copy(path1: str, path2: str, **kw: Any) -> Any:
+        before(path1)
+        return original(path1, path2, **kw)
+
+    monkeypatch.setattr(fs, "copy", copy)
+
+
+@pytest.mark.parametrize("mode", ["create", "overwrite"])
+def test_source_replaced_during_the_copy_is_uncertain(
+    fs: Any, root: str, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """The filesystem's copy is the commit step: the source replaced while it runs (its
+    re-check after the copy fails) leaves the destination holding the changed source's
+    bytes, so the publish is uncertain, never "nothing was published"; the commit hook
+    ran before the copy."""
+    data, loader = source(fs, root)
+    changed = data + b"more"
+    _copy_that(fs, monkeypatch, lambda path: fs.pipe(path, changed))
+    dst = f"{root}/dst.pte"
+    w = FsspecWriter(f"memory://{dst}", fs=fs)
+    seen: list[bool] = []
+    w.commit_hook = lambda _: seen.append(fs.exists(dst))
+    like_the_coordinator(w, loader, data[:200])
+    with pytest.raises(PublishUncertain) as info:
+        w.publish(mode)  # type: ignore[arg-type]
+    assert str(info.value) == (
+        f"memory://{dst}: the source memory://{root}/src.pte changed while the filesystem "
+        f"copied it (memory://{root}/src.pte: replaced while being read (size 50000 -> 50004, "
+        "etag None -> None); its content may be a mix of two versions): the copy is done, so "
+        "the destination may hold the changed source's bytes rather than this output; check "
+        "it before relying on it"
+    )
+    assert seen == [False]
+    assert fs.cat_file(dst) == changed
+    assert w.state is WriterState.DISCARDED
+
+
+def test_an_interrupt_during_the_copy_is_uncertain(
+    fs: Any, root: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data, loader = source(fs, root)
+
+    def interrupt(_path: str) -> None:
+        raise KeyboardInterrupt
+
+    _copy_that(fs, monkeypatch, interrupt)
+    w = FsspecWriter(f"memory://{root}/dst.pte", fs=fs)
+    hooked: list[str] = []
+    w.commit_hook = lambda _: hooked.append("hook")
+    like_the_coordinator(w, loader, data[:200])
+    with pytest.raises(PublishUncertain) as info:
+        w.publish("create")
+    assert str(info.value) == (
+        f"memory://{root}/dst.pte: publishing was interrupted after its commit step began "
+        "(KeyboardInterrupt): the destination holds either its previous content or the "
+        "complete new output; check it before relying on either"
+    )
+    assert isinstance(info.value.__cause__, KeyboardInterrupt)
+    assert hooked == ["hook"]
+
+
+def test_a_filesystem_that_cannot_copy_runs_the_commit_hook_once(
+    fs: Any, root: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The copy refused (``NotImplementedError``: nothing copied), the upload is the
+    commit step: the hook ran once, before the copy was tried."""
+    data, loader = source(fs, root)
+    spy = Spy(fs, monkeypatch, fail=True)
+    w = FsspecWriter(f"memory://{root}/dst.pte", fs=fs)
+    hooked: list[int] = []
+    w.commit_hook = lambda _: hooked.append(len(spy.calls))
+    like_the_coordinator(w, loader, data[:200])
+    w.publish("create")
+    assert hooked == [0] and len(spy.calls) == 1
+    assert fs.cat_file(f"{root}/dst.pte") == data
+
+
+class _CopyLost(MemoryFileSystem):  # type: ignore[misc]
+    """Copies, then loses the answer of every copy."""
+
+    protocol = "copylost"
+    root_marker = "/"
+
+    def cp_file(self, path1: str, path2: str, **kw: Any) -> None:
+        super().cp_file(path1, path2, **kw)
+        raise ConnectionResetError("connection reset after the copy was done")
+
+
+def test_a_copy_whose_answers_were_lost_is_uncertain() -> None:
+    fs = _CopyLost(skip_instance_cache=True)
+    root = f"/gen-{uuid.uuid4().hex}"
+    data, loader = source(fs, root)
+    w = FsspecWriter(f"copylost://{root}/dst.pte", fs=fs, retry_attempts=2, retry_initial=0.0)
+    like_the_coordinator(w, loader, data[:200])
+    with pytest.raises(PublishUncertain) as info:
+        w.publish()
+    assert str(info.value) == (
+        f"copylost://{root}/dst.pte: the copy of memory://{root}/src.pte at publish failed "
+        "after 2 attempt(s) (ConnectionResetError: connection reset after the copy was done): "
+        "the destination holds either its previous content or the complete new output; check "
+        "it before relying on either"
+    )
+    assert fs.cat_file(w.path) == data  # copied, by both attempts
+
+
+def test_a_source_that_cannot_be_checked_after_the_copy_is_uncertain(
+    fs: Any, root: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data, loader = source(fs, root)
+    checks: list[int] = []
+
+    def check_unchanged() -> None:
+        checks.append(1)
+        if len(checks) > 1:  # the one after the copy
+            raise ConnectionResetError("reset while checking")
+
+    monkeypatch.setattr(loader, "check_unchanged", check_unchanged)
+    w = FsspecWriter(f"memory://{root}/dst.pte", fs=fs)
+    like_the_coordinator(w, loader, data[:200])
+    with pytest.raises(PublishUncertain) as info:
+        w.publish("create")
+    assert str(info.value) == (
+        f"memory://{root}/dst.pte: the source memory://{root}/src.pte could not be checked "
+        "after the copy (ConnectionResetError: reset while checking): the copy is done, so the "
+        "destination may hold the changed source's bytes rather than this output; check it "
+        "before relying on it"
+    )
+    assert fs.cat_file(f"{root}/dst.pte") == data

@@ -181,3 +181,35 @@ def test_the_version_of_a_fifo_is_refused_at_once_and_a_publish_over_it_too(
         w.publish("if-match", expected="sha256:" + "0" * 64)
     assert str(info.value) == message
     assert fifo.is_fifo()
+
+
+def test_a_long_name_in_two_byte_characters_gets_a_lock_that_fits(tmp_path: Path) -> None:
+    """A legal name of 244 bytes in 124 characters: the lock file's name is cut by bytes
+    (at a character), so the compare-and-swap works instead of "File name too long"."""
+    dest = tmp_path / ("é" * 120 + ".pte")
+    assert len(os.fsencode(dest.name)) == 244
+    dest.write_bytes(b"v0")
+    read = read_versioned(str(dest))
+    w = LocalFileWriter(dest)
+    w.write(b"v1", 0)
+    w.publish("if-match", expected=read.version)
+    assert dest.read_bytes() == b"v1"
+    lock = Path(lock_path(str(dest)))
+    assert lock.exists() and lock.parent == tmp_path
+    assert lock.name == "." + "é" * 120 + ".ptestore.lock"  # 240 bytes of the name kept
+    assert len(os.fsencode(lock.name)) == 255
+
+
+@pytest.mark.parametrize(
+    ("name", "kept"),
+    [
+        ("a" * 230, "a" * 200),  # 200 characters, as before
+        ("é" * 110, "é" * 110),  # 220 bytes: whole, as before
+        ("é" * 121, "é" * 120),  # 242 bytes: cut to 240, at a character
+        ("a" + "é" * 121, "a" + "é" * 119),  # 243 bytes: 239, not inside the last é
+    ],
+)
+def test_lock_names_keep_what_fits(name: str, kept: str) -> None:
+    """Every name the cut by characters served keeps its lock file (a publisher of an
+    older version takes the same one); longer ones are cut to the bytes that fit."""
+    assert lock_path(f"/d/{name}") == f"/d/.{kept}.ptestore.lock"

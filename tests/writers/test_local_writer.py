@@ -446,3 +446,82 @@ def test_a_directory_removed_under_a_new_writer_is_made_again(
     assert len(calls) == 2 and os.path.isdir(tmp_path / "d")
     w.discard()
     assert os.listdir(tmp_path) == []
+
+
+def _owner(path: Path) -> tuple[int, int, int]:
+    st = os.stat(path)
+    return st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to own files as another user")
+@pytest.mark.parametrize("mode", ["overwrite", "if-match"])
+def test_root_replacing_a_users_file_keeps_its_owner(tmp_path: Path, mode: str) -> None:
+    """As root, the new file takes the replaced file's owner and group with its mode: a
+    user's 0640 file stays the user's (root:root 0640 would lock its owner out)."""
+    from ptestore.writers.versions import current_version
+
+    dest = tmp_path / "m.pte"
+    dest.write_bytes(b"old")
+    os.chown(dest, 1000, 1001)
+    dest.chmod(0o640)
+    w = LocalFileWriter(dest)
+    w.write(b"new", 0)
+    if mode == "if-match":
+        w.publish("if-match", expected=current_version(str(dest)))
+    else:
+        w.publish()
+    assert dest.read_bytes() == b"new"
+    assert _owner(dest) == (1000, 1001, 0o640)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to own files as another user")
+@pytest.mark.parametrize(
+    ("uid", "bits"),
+    [(1000, 0o6755), (0, 0o4755), (0, 0o1644)],
+    ids=["user-6755", "root-4755", "root-1644"],
+)
+def test_a_replacement_never_carries_setuid_setgid_or_sticky(
+    tmp_path: Path, uid: int, bits: int
+) -> None:
+    """The permission bits only: a model is not a program (and a root-owned new file
+    must not become setuid because the file it replaced was)."""
+    dest = tmp_path / "m.pte"
+    dest.write_bytes(b"old")
+    os.chown(dest, uid, uid)
+    dest.chmod(bits)
+    w = LocalFileWriter(dest)
+    w.write(b"new", 0)
+    w.publish()
+    assert _owner(dest) == (uid, uid, bits & 0o777)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as other users")
+@pytest.mark.parametrize("member", [True, False], ids=["in-its-group", "not-in-its-group"])
+def test_a_user_replacing_anothers_file_keeps_its_group_where_it_may(
+    member: bool,
+) -> None:
+    """A user cannot give a file away: the new file is its own, with the replaced file's
+    group when the user is in it, else its own group; never a failure."""
+    import shutil
+    import tempfile
+
+    from support.as_user import as_user
+
+    d = Path(tempfile.mkdtemp(prefix="ptestore-owner-"))  # pytest's are 0700: not theirs
+    try:
+        os.chmod(d, 0o777)
+        dest = d / "m.pte"
+        dest.write_bytes(b"old")
+        os.chown(dest, 2000, 3000)
+        dest.chmod(0o664)
+
+        def replace() -> None:
+            w = LocalFileWriter(dest)
+            w.write(b"new", 0)
+            w.publish()
+
+        assert as_user(1000, replace, groups=[3000] if member else []) == "ok: None"
+        assert dest.read_bytes() == b"new"
+        assert _owner(dest) == (1000, 3000 if member else 1000, 0o664)
+    finally:
+        shutil.rmtree(d)

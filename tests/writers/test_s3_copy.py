@@ -444,3 +444,50 @@ def test_a_small_source_read_whole_is_copied_from_memory(server: Server, bucket:
     w.publish()
     assert read(server, w.url) == b"NEW!" + data[4:]
     assert sorted(traffic.params) == ["HeadObject", "PutObject"]
+
+
+def test_a_part_copied_from_another_version_stops_before_complete(
+    server: Server, bucket: str
+) -> None:
+    """The service says a part was copied from another version than the one read (made
+    up here by an ``after-call`` hook): the writer aborts the upload before Complete, so
+    nothing was published (``published=False``: the CLI says "nothing", not "failed
+    after publishing")."""
+    from ptestore.cli.exits import error_json
+    from ptestore.errors import IntegrityError
+
+    client = server.s3.client()
+    client.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+    data = random.randbytes(2 * P)
+    src_url = put_source(server, bucket, data)
+    src = open_loader(src_url, **server.s3.storage_options)
+    assert isinstance(src, FsspecLoader)
+    source = src.s3_source()
+    assert source is not None and source.version_id
+    w = new_writer(server, bucket)
+    traffic = Traffic().attach(w.client.meta.events)
+
+    def another_version(parsed: dict[str, Any], **_: Any) -> None:
+        parsed["CopySourceVersionId"] = "another-version"
+
+    w.client.meta.events.register("after-call.s3.UploadPartCopy", another_version)
+    w.copy_from(src, 0, 2 * P, 0)  # the part copies run in the background
+    with pytest.raises(IntegrityError) as info:
+        w.publish()
+    assert re.fullmatch(
+        re.escape(f"{w.url}: part ")
+        + r"\d"
+        + re.escape(
+            f" was copied from version another-version of {src_url}, not from the version "
+            f"read at the start ({source.version_id})"
+        ),
+        str(info.value),
+    )
+    assert info.value.published is False
+    assert error_json("specialize", info.value, 1, publishes=True)["error"]["published"] == (
+        "nothing"
+    )
+    assert "CompleteMultipartUpload" not in traffic.params
+    assert w.state is WriterState.DISCARDED
+    assert not client.list_multipart_uploads(Bucket=bucket).get("Uploads")
+    assert not client.list_objects_v2(Bucket=bucket, Prefix=w.key).get("Contents")

@@ -231,11 +231,21 @@ def test_complete_200_with_error_body_is_retried(env: Env) -> None:
 
 
 def test_complete_200_with_error_body_persistent(env: Env) -> None:
+    """An InternalError may come after the work was done: with no object of ours there,
+    uncertain (never "nothing was published")."""
     w = env.writer(retry_attempts=2)
     Fault("CompleteMultipartUpload", "200-error", times=-1).install(w.client)
     w.write(data_of(3 * env.part), 0)
-    with pytest.raises(StorageError, match=r"CompleteMultipartUpload failed: InternalError"):
+    with pytest.raises(PublishUncertain) as info:
         w.publish()
+    assert str(info.value) == (
+        f"{env.url}: CompleteMultipartUpload failed (InternalError (HTTP 500): injected "
+        "200-error), but an earlier attempt's answer was lost (InternalError (HTTP 500): "
+        "injected 200-error) and that attempt may have published this writer's output; there "
+        "is no object there now: this writer's output may have been published and replaced "
+        "or deleted since, or never published. Read the object before redoing the change (a "
+        "blind retry could apply it twice)"
+    )
     assert env.get() is None
     assert env.uploads() == []
 
@@ -497,3 +507,53 @@ def test_a_retried_create_leaves_another_tools_empty_upload_alone(env: Env) -> N
     w.publish()
     assert env.uploads() == [theirs]
     _abort_all(env, env.key, [theirs])
+
+
+def _client_closed(w: S3Writer) -> bool:
+    """Whether the writer's client closed its connection pool (aiobotocore's HTTP session
+    is left unusable, ``_sessions`` None, once closed)."""
+    return w.client._endpoint.http_session._sessions is None
+
+
+@pytest.mark.parametrize("multipart", [False, True], ids=["put", "complete"])
+def test_a_failed_publish_closes_the_client(env: Env, multipart: bool) -> None:
+    """A publish that fails discards the writer and closes its client at once (not left
+    to garbage collection, which closes it from whatever thread collects it); a discard
+    afterwards closes nothing twice and fails nothing."""
+    w = env.writer()
+    op = "CompleteMultipartUpload" if multipart else "PutObject"
+    Fault(op, "403", times=-1).install(w.client)
+    w.write(data_of(3 * env.part) if multipart else b"abc", 0)
+    assert not _client_closed(w)
+    with pytest.raises(PermissionDenied):
+        w.publish()
+    assert w.state is WriterState.DISCARDED
+    assert _client_closed(w)
+    w.discard()
+    w.discard()
+    assert _client_closed(w)
+    assert env.uploads() == []
+
+
+def test_a_failed_write_closes_the_client(env: Env) -> None:
+    """A part upload refused while writing discards the writer: its client is closed."""
+    w = env.writer()
+    Fault("UploadPart", "403", times=-1).install(w.client)
+    w.write(data_of(env.part), 0)  # one complete part: uploaded in the background
+    with pytest.raises(PermissionDenied):
+        w.wait_uploads()
+    assert w.state is WriterState.DISCARDED
+    assert _client_closed(w)
+    w.discard()
+    assert env.uploads() == []
+
+
+@pytest.mark.parametrize("end", ["publish", "discard"])
+def test_the_client_is_closed_when_the_writer_ends(env: Env, end: str) -> None:
+    w = env.writer()
+    w.write(b"abc", 0)
+    if end == "publish":
+        w.publish()
+    else:
+        w.discard()
+    assert _client_closed(w)

@@ -158,6 +158,8 @@ class S3Connection:
         #: Whether the filesystem is this connection's own: one from fsspec's instance
         #: cache (``skip_instance_cache=False``) is shared, and :meth:`close` leaves it open.
         self.owned = bool(options["skip_instance_cache"])
+        #: Whether :meth:`close` ran (closing once is enough).
+        self.closed = False
         self.url = url
         self.retry = RetryPolicy.from_options(url, options)
         config = dict(options.pop("config_kwargs", None) or {})
@@ -189,10 +191,11 @@ class S3Connection:
         collection, s3fs closes them from whichever thread collects the filesystem (an
         fsspec filesystem is always in a reference cycle), and in a thread that runs an
         event loop of its own (a Dask worker's) that fails with "attached to a different
-        loop"; closing twice is harmless. A shared filesystem (:attr:`owned` False) is
+        loop"; a second call does nothing. A shared filesystem (:attr:`owned` False) is
         left open for its other users."""
-        if not self.owned:
+        if not self.owned or self.closed:
             return
+        self.closed = True
         creator = getattr(self.fs, "_s3creator", None)
         if creator is None:
             return

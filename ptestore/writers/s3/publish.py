@@ -11,9 +11,11 @@ reconciliation of lost answers, and the verifying HEAD.
   writer's token (``x-amz-meta-ptestore-writer``).
 - Each attempt that failed in a way that may have taken effect (:func:`may_have_applied`:
   its answer lost to a timeout or a connection closed after sending, a 5xx other than
-  503) is remembered. Once one did, a later refusal (412, 409, 404) whose ``HEAD`` does
-  not show this writer's token is :class:`~ptestore.errors.PublishUncertain`, never
-  "nothing was published": our object may have landed and been replaced since.
+  503) is remembered. Once one did, however the call ends (a refusal: 412, 409, 404; a
+  last attempt failing: 503, 500, the endpoint unreachable; one attempt answered 500) a
+  ``HEAD`` looks for this writer's token: there, the publish succeeded; not there (or
+  the ``HEAD`` failing), :class:`~ptestore.errors.PublishUncertain`, never "nothing was
+  published": our object may have landed and been replaced since.
 - Afterwards a ``HEAD`` with ``ChecksumMode=ENABLED`` checks size, checksum (the
   writer's algorithm, :mod:`.checksum`) and token.
 """
@@ -210,7 +212,9 @@ class S3Publisher:
             ) from exc
         conflict = mode == "if-match" and code in (*_RECONCILABLE, *NOT_FOUND_CODES)
         if code not in _RECONCILABLE and not conflict:
-            raise to_storage_error(exc, where, operation) from exc
+            if attempts.lost is None:  # every attempt turned away before doing anything
+                raise to_storage_error(exc, where, operation) from exc
+            return self._after_failure(exc, operation, size, attempts.lost)
         try:
             head = self.head()
         except Exception as head_exc:
@@ -230,7 +234,8 @@ class S3Publisher:
                 + (" after a retried Complete" if attempts.retried else "")
             ) from exc
         if attempts.lost is not None:  # a refusal of our retry, maybe of our own object
-            message = _lost_message(where, operation, exc, attempts.lost, head)
+            lead = f"a retry of {operation} was refused ({_describe(exc)})"
+            message = _lost_message(where, lead, exc, attempts.lost, _found(head))
             raise PublishUncertain(message) from exc
         if (
             code in ("PreconditionFailed", "ConditionalRequestConflict")
@@ -246,6 +251,28 @@ class S3Publisher:
             )
             raise version_conflict(where, expected, found, "storage", reason) from exc
         raise to_storage_error(exc, where, operation) from exc
+
+    def _after_failure(
+        self, exc: BaseException, operation: str, size: int, lost: BaseException
+    ) -> dict[str, Any]:
+        """The last attempt failed (``exc``: a 503, a 500, the endpoint unreachable...)
+        after an attempt that may have published (``lost``, maybe ``exc`` itself): the
+        last failure says nothing of that one, so ask. This writer's token there: the
+        publish succeeded; else uncertain, never "nothing was published"."""
+        try:
+            head = self.head()
+        except Exception as head_exc:
+            found = f"the follow-up HEAD failed ({_describe(head_exc)})"
+        else:
+            if self._ours(head, size):
+                log.info(
+                    "%s: %s failed (%s), but our object is in place", self.where, operation, exc
+                )
+                assert head is not None
+                return head
+            found = _found(head)
+        lead = f"{operation} failed ({_describe(exc)})"
+        raise PublishUncertain(_lost_message(self.where, lead, exc, lost, found)) from exc
 
     def verify_published(
         self, resp: dict[str, Any], size: int, crc: int | None, mode: PublishMode = "overwrite"
@@ -332,25 +359,32 @@ def _describe(exc: BaseException) -> str:
     return info.describe() if info is not None else f"{type(exc).__name__}: {exc}"
 
 
+def _found(head: dict[str, Any] | None) -> str:
+    """What a ``HEAD`` that did not show this writer's token found, in words."""
+    if head is None:
+        return "there is no object there now"
+    return f"the object there now (ETag {head.get('ETag')}) is not this writer's"
+
+
 def _lost_message(
-    where: str,
-    operation: str,
-    exc: BaseException,
-    lost: BaseException,
-    head: dict[str, Any] | None,
+    where: str, lead: str, exc: BaseException, lost: BaseException, found: str
 ) -> str:
-    """The :class:`PublishUncertain` of a refusal (``exc``) met by a retry after an
-    attempt that may have published (``lost``): what the service answered, what was
-    lost, what is there now."""
-    found = (
-        "there is no object there now"
-        if head is None
-        else f"the object there now (ETag {head.get('ETag')}) is not this writer's"
-    )
+    """The :class:`PublishUncertain` of a publish call whose last attempt failed
+    (``lead``: ``exc`` in words) after an attempt that may have published (``lost``,
+    ``exc`` itself when its answer may come after the work was done): what the service
+    answered, what was lost, what is there now (``found``)."""
+    if lost is exc:
+        cause = (
+            "an answer the service may give after doing the write, so that attempt may have "
+            "published this writer's output"
+        )
+    else:
+        cause = (
+            f"but an earlier attempt's answer was lost ({_describe(lost)}) and that attempt "
+            "may have published this writer's output"
+        )
     return (
-        f"{where}: a retry of {operation} was refused ({_describe(exc)}), but an earlier "
-        f"attempt's answer was lost ({_describe(lost)}) and that attempt may have published "
-        f"this writer's output; {found}: this writer's output may have been published and "
+        f"{where}: {lead}, {cause}; {found}: this writer's output may have been published and "
         "replaced or deleted since, or never published. Read the object before redoing "
         "the change (a blind retry could apply it twice)"
     )

@@ -132,9 +132,10 @@ class PartTransfer:
             raise self._source_error(exc, source, what) from exc
         version = resp.get("CopySourceVersionId")
         if source.version_id and version and version != source.version_id:
-            raise IntegrityError(
+            raise IntegrityError(  # before Complete: the upload is aborted, nothing published
                 f"{self.where}: part {index + 1} was copied from version {version} of "
-                f"{source.url}, not from the version read at the start ({source.version_id})"
+                f"{source.url}, not from the version read at the start ({source.version_id})",
+                published=False,
             )
         result = resp.get("CopyPartResult") or {}
         etag = result.get("ETag")

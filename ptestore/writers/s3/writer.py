@@ -24,7 +24,7 @@ from ..._retry import RETRY_OPTIONS
 from ...errors import ConfigurationError, StorageError, WriterStateError
 from ...storage._s3source import S3Source, matching_source, s3_identity
 from ...storage.types import DataLoader, split_url
-from ..base import DataWriter, PublishMode, PublishResult, WriterGuarantees, WriterState
+from ..base import DataWriter, PublishMode, PublishResult, WriterGuarantees
 from . import config
 from .checksum import full_object, param, writer_algorithm
 from .config import DEFAULT_PART_SIZE, S3Connection, check_part_size, largest_object
@@ -170,17 +170,26 @@ class S3Writer(DataWriter):
     def publish(
         self, mode: PublishMode = "overwrite", *, expected: str | None = None
     ) -> PublishResult:
-        # docstring inherited; a published writer needs its client no more: close it
-        # (a failed one keeps it, to abort its upload on discard)
+        # docstring inherited; a published writer needs its client no more: close it (a
+        # failed one closed it when the failure discarded it, its upload aborted)
         result = super().publish(mode, expected=expected)
         self.conn.close()
         return result
 
     def discard(self) -> None:
-        # docstring inherited; the client is closed once the upload is aborted
-        open_before = self.state is WriterState.OPEN
-        super().discard()
-        if open_before:
+        # docstring inherited; the client is closed once the upload is aborted, on every
+        # call (closing is idempotent), the abort failing too
+        try:
+            super().discard()
+        finally:
+            self.conn.close()
+
+    def _abandon(self, why: str) -> None:
+        # a failure discarded the writer (its upload aborted): nothing uses the client
+        # again, so it is closed now rather than by whichever thread collects it
+        try:
+            super()._abandon(why)
+        finally:
             self.conn.close()
 
     @property
