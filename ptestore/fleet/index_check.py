@@ -10,7 +10,8 @@ between taking its entries out of the catalog and its leaf writes), a catalog ob
 removed by hand or a lifecycle rule, a rebuild interrupted (or starved by writers)
 after it marked the catalog. The next run that touches the model repairs it; this
 check finds them without one, and ``repair`` rebuilds each from its leaves
-(:meth:`.index_v3.ShardedIndex.repair`, safe beside running writers). A damaged catalog
+(:meth:`.index_v3.ShardedIndex.repair`, safe beside running writers; one that other runs
+keep writing under every attempt is ``not repaired: ...``). A damaged catalog
 (not JSON, a field of the wrong type: every publish of its model fails on it) is one
 problem, ``damaged catalog: ...``, and ``repair`` replaces it by compare-and-swap on
 the version read. A leaf no reader reads (not JSON, past its bound, or read from another
@@ -31,7 +32,7 @@ from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from .._dataclass import dataclass, field
-from ..errors import FormatError
+from ..errors import FormatError, PreconditionFailed
 
 if TYPE_CHECKING:
     from .index_v3 import ShardedIndex
@@ -195,7 +196,8 @@ def check_index(
             return model, problems, mark, [f"not repaired: {UNREPAIRED_MISSING}"], False
         try:
             index.repair(model, force=True)
-        except FormatError as exc:  # a rebuilt catalog too large to read: not written
+        except (FormatError, PreconditionFailed) as exc:  # a rebuilt catalog too large to
+            # read, or other runs writing the catalog under every attempt: not written
             return model, problems, mark, [f"not repaired: {exc}"], False
         return model, problems, mark, catalog_problems(index, model)[0], True
 
