@@ -10,6 +10,15 @@ rebuild gives up with a :class:`~ptestore.errors.PreconditionFailed` naming the 
 the model, the index and the attempts (a publish reports it as its ``index_error``,
 ``check-index --repair`` as ``not repaired: ...``), never silently: the catalog stays as
 it was, behind its leaves, until a rebuild commits.
+
+A rebuild reads the leaves as they are, so a leaf that is lost would drop out of the
+catalog with its devices, and with it what tells ``gc`` that entries are missing (it
+checks the catalog against the leaves, and removes the files of entries it does not
+see). Before it writes, a rebuild therefore checks what its reads show lost
+(:func:`~.index_whole.missing_leaf`: a split node's half, or a device the catalog it
+replaces lists, whose node does not exist) and refuses with a :class:`FormatError`
+naming the index, the node and the model, leaving the catalog as it was (its own mark
+taken off again).
 """
 
 from __future__ import annotations
@@ -21,7 +30,7 @@ from ..errors import AlreadyExists, FormatError, PreconditionFailed
 from .index_catalog import REBUILDING, marked, needs_rebuild, rebuild
 from .index_store import ObjectStats
 from .index_trie import ModelTrie
-from .index_whole import ShardDirectory
+from .index_whole import ShardDirectory, missing_leaf
 
 __all__ = ["CatalogOwner", "repair_catalog"]
 
@@ -50,6 +59,7 @@ def repair_catalog(
     url = index.catalog_url(model)
     stats = stats or ObjectStats(url, "catalog")
     tries = CONFLICT_RETRY.attempts
+    mine: str | None = None  # the mark this call set
     for _ in range(tries):
         try:
             value, version = index.read_catalog(model)
@@ -65,14 +75,20 @@ def repair_catalog(
             except PreconditionFailed:
                 stats.conflicts += 1
                 continue
-            force = False  # marked by this call: a rebuild committed since is enough
+            force, mine = False, mark[REBUILDING]  # a rebuild committed since is enough
             value, version = index.read_catalog(model)  # the marked version's token
             if value is None or value.get(REBUILDING) != mark[REBUILDING]:
                 stats.conflicts += 1  # a writer meanwhile: mark again
                 continue
         # Found marked: taken as is (marking again failed the rebuild in flight, and
         # in turn, all). ``force`` stays: that rebuild may have read the leaves before.
-        nodes = list(index.trie(model).walk(empty=True))
+        trie = index.trie(model)
+        nodes = list(trie.walk(empty=True))
+        lost = missing_leaf(trie, nodes, value, url)
+        if lost is not None:
+            if value is not None and mine is not None and value.get(REBUILDING) == mine:
+                _unmark(index, url, value, version)
+            raise _not_rebuilt(index, model, lost)
         leaves = Counter(len(n.prefix) for n in nodes)
         new = rebuild(model, (e for n in nodes for e in n.entries.values()), leaves, index.listed)
         stats.attempts += 1
@@ -89,4 +105,31 @@ def repair_catalog(
         f"stays behind its leaves until `ptestore fleet check-index {root} --repair` (or a "
         "later run of the model) rebuilds it",
         url=url,
+    )
+
+
+def _unmark(index: CatalogOwner, url: str, value: dict[str, Any], version: str | None) -> None:
+    """The catalog at ``url`` as it was before this rebuild marked it (``value`` at
+    ``version``), unless a writer has changed it since (then left as that writer made it)."""
+    try:
+        index.store.write(
+            url, {k: v for k, v in value.items() if k != REBUILDING}, "if-match", version
+        )
+    except PreconditionFailed:
+        pass
+
+
+def _not_rebuilt(index: CatalogOwner, model: str, problem: FormatError) -> FormatError:
+    """The error of a rebuild of ``model``'s catalog that found a leaf missing
+    (``problem``, naming the node that tells and the one missing)."""
+    root = index.store.root
+    return FormatError(
+        root,
+        "index shards",
+        index.layout["shards"],
+        "every node its catalogs and split nodes name",
+        f"{problem}; the catalog of model {model!r} is not rebuilt: rebuilt from the leaves "
+        "as they are, it would leave out the entries the missing leaf held and hide its loss "
+        "from gc, which removes the files of entries it does not see. Restore the leaf "
+        f"(`ptestore fleet check-index {root}` says what is missing)",
     )

@@ -45,6 +45,7 @@ from typing import Any, Protocol
 
 from ..errors import FormatError, PteStoreError
 from .index_catalog import check_catalog
+from .index_place import device_bits
 from .index_root import NAMED
 from .index_store import IndexStore
 from .index_trie import EMPTY, LEAF, SPLIT, ModelTrie, Node
@@ -55,6 +56,7 @@ __all__ = [
     "check_splits",
     "device_entry",
     "incomplete",
+    "missing_leaf",
     "model_nodes",
     "model_segments",
 ]
@@ -236,6 +238,31 @@ def check_listed(
         for j, device in enumerate(c["devices"]):
             if device not in held:
                 raise _unheld(where, i, j, device, "none holds it")
+
+
+def missing_leaf(
+    trie: ModelTrie, leaves: list[Node], catalog: dict[str, Any] | None, where: str
+) -> FormatError | None:
+    """What shows a leaf of ``trie`` missing, for a rebuild of its catalog at ``where``
+    (``catalog``, None: none or damaged, read before ``leaves``, the walk's, empty ones
+    included), or None: a split node's (:func:`check_splits`), or a device the catalog
+    lists whose node does not exist (its entry was in a leaf before the catalog listed
+    it, and a leaf is never removed; a listed device its existing leaf lacks is the
+    catalog's fault, which a rebuild repairs). Rebuilt without that leaf's entries, the
+    catalog would hide its loss (gc checks the catalog against the leaves)."""
+    try:
+        check_splits(trie, leaves)
+    except FormatError as exc:
+        return exc
+    held = {d for n in leaves for d in n.entries}
+    absent = [n.prefix for n in leaves if n.kind == EMPTY]
+    for i, c in enumerate((catalog or {}).get("classes", [])):
+        for j, device in enumerate(c["devices"]):
+            bits = device_bits(device)
+            lost = next((p for p in absent if bits.startswith(p)), None)
+            if device not in held and lost is not None:
+                return _unheld(where, i, j, device, f"its leaf is {trie.url(lost)}: not found")
+    return None
 
 
 def _unheld(

@@ -127,6 +127,37 @@ def test_a_model_whose_top_leaf_is_missing_stops_gc(
     )
 
 
+def test_check_index_repair_does_not_hide_a_lost_top_leaf_from_gc(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The top leaf lost under a catalog listing live builds: ``check-index --repair``
+    reports a missing leaf and leaves the catalog as it is (exit 1), so gc still refuses.
+    Before, it took "listed without a live entry" for a catalog to rebuild: the rebuilt
+    catalog listed nothing, and gc then removed every file of the model."""
+    out = _made(tmp_path, capsys)
+    [model] = (_shards(out) / "m").iterdir()
+    catalog = model / "catalog.json"
+    first = json.loads(catalog.read_text())["classes"][0]["devices"][0]
+    (model / "t.json").unlink()
+    kept = catalog.read_bytes()
+    index = out / "ptestore-index.json"
+    left = "mlp: not repaired: a catalog is rebuilt from its leaves: restore the missing one"
+    for repair in ([], ["--repair"]):
+        assert main(["fleet", "check-index", str(index), *repair]) == 1
+        assert capsys.readouterr().out.splitlines() == [
+            f"mlp: missing leaf: {catalog}: index catalog classes[0].devices[0] = '{first}': "
+            "must be a device whose entry is in one of the model's leaves (its leaf is "
+            f"{model}/t.json: not found: a leaf is missing (a writer updates the leaves "
+            "before the catalog, and never removes an entry))",
+            *([left] if repair else []),
+            f"{index}: 1 models, 1 catalogs wrong" + (", 0 repaired" if repair else ""),
+        ]
+    assert catalog.read_bytes() == kept
+    assert _refused(out, capsys).startswith(
+        f"failed: {index}: {REST}: {catalog}: index catalog classes (live builds) = "
+    )
+
+
 @pytest.mark.parametrize("lost", ["the directory", "root.json"])
 def test_a_root_whose_shards_are_missing_stops_gc(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], lost: str

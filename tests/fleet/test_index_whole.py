@@ -291,6 +291,81 @@ def test_a_leaf_of_a_device_the_catalog_lists_is_refused(tmp_path: Path) -> None
     )
 
 
+def _not_rebuilt(url: str, shards: str, problem: str, m: str = "m") -> str:
+    """What a rebuild of ``m``'s catalog says of a leaf ``problem`` shows missing."""
+    return (
+        f"{url}: index shards = '{shards}': {MUST} ({problem}; the catalog of model {m!r} is "
+        "not rebuilt: rebuilt from the leaves as they are, it would leave out the entries the "
+        "missing leaf held and hide its loss from gc, which removes the files of entries it "
+        f"does not see. Restore the leaf (`ptestore fleet check-index {url}` says what is "
+        "missing))"
+    )
+
+
+def test_a_rebuild_refuses_a_lost_leaf_and_leaves_the_catalog(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A catalog rebuild reads the leaves as they are: a lost leaf's devices dropped out
+    of the catalog silently, and with them what tells gc. It refuses instead, the
+    catalog left as it is: a listed device's leaf lost beside a split node (a forced
+    repair), a leaf lost below a split while a run finds no catalog (rebuilt after a
+    crash), and a leaf lost between check-index's check and its rebuild."""
+    url = str(tmp_path / "ptestore-index.json")
+    shards, model = _index(url)
+    _, sharded, _ = open_index(url)
+    assert sharded is not None
+    catalog = Path(f"{model}/catalog.json")
+    lost, leaf, i, j = _lose_a_listed_leaf(model)
+    kept = json.loads(catalog.read_text())
+    with pytest.raises(FormatError) as caught:
+        sharded.repair("m", force=True)
+    assert str(caught.value) == _not_rebuilt(
+        url,
+        shards,
+        f"{catalog}: index catalog classes[{i}].devices[{j}] = '{lost}': must be a device "
+        f"whose entry is in one of the model's leaves (its leaf is {model}/t{leaf}.json: not "
+        "found: a leaf is missing (a writer updates the leaves before the catalog, and "
+        "never removes an entry))",
+    )
+    assert json.loads(catalog.read_text()) == kept  # marked, then the mark taken off
+
+    url = str(tmp_path / "two" / "ptestore-index.json")
+    shards, model = _index(url)
+    gone, split = _splits_lost()
+    Path(f"{model}/t{gone}.json").unlink()
+    Path(f"{model}/catalog.json").unlink()  # a run crashed before it
+    with pytest.raises(FormatError) as caught:
+        publish_entries(url, [synthetic_entry("m", ELSEWHERE)], {})
+    assert str(caught.value) == _not_rebuilt(
+        url,
+        shards,
+        f"{model}/t{split}.json: index shard state = 'split': must be a node whose halves "
+        f"hold the entries it split (at least 2) (they hold 1: a leaf is missing ({model}/"
+        f"t{gone}.json not found))",
+    )
+    assert not Path(f"{model}/catalog.json").exists()
+
+    url = str(tmp_path / "three" / "ptestore-index.json")
+    shards, model = _index(url)
+    _, sharded, _ = open_index(url)
+    assert sharded is not None
+    listed = json.loads(Path(f"{model}/catalog.json").read_text())
+    Path(f"{model}/catalog.json").write_text(json.dumps({**listed, "rebuilding": "0" * 16}))
+    real = type(sharded).repair
+
+    def repair(self: Any, m: str, *args: Any, **kwargs: Any) -> None:
+        _lose_a_listed_leaf(model)  # after the check, before the rebuild
+        real(self, m, *args, **kwargs)
+
+    monkeypatch.setattr(type(sharded), "repair", repair)
+    check = check_index(url, repair=True)
+    monkeypatch.undo()
+    assert check.marked == ["m"] and check.repaired == [] and not check.ok
+    [left] = check.left["m"]
+    assert left.startswith(f"not repaired: {url}: index shards = '{shards}': {MUST} (")
+    assert left.endswith(_not_rebuilt(url, shards, "").split("; ", 1)[1])
+
+
 def test_a_missing_shard_directory_is_refused(tmp_path: Path) -> None:
     """Without its models and root.json: gone. Without root.json alone (an index an
     earlier ptestore made): read as it is."""
@@ -346,6 +421,46 @@ def test_missing_parts_on_s3(s3_server: S3TestServer) -> None:
         f"neither in s3://{bucket}/fleet/{shards}: its shards were removed or moved, and the "
         "entries they held are unknown; restore them)",
     )
+
+
+@pytest.mark.s3
+def test_a_rebuild_refuses_a_lost_listed_leaf_on_s3(s3_server: S3TestServer) -> None:
+    """A listed device's leaf deleted beside a split node on moto and SeaweedFS:
+    check-index reports a missing leaf and --repair leaves the catalog; a forced
+    rebuild refuses, the catalog as it was."""
+    bucket = s3_server.new_bucket()
+    url = f"s3://{bucket}/fleet/ptestore-index.json"
+    options = s3_server.storage_options
+    shards, model = _index(url, options)
+    client = s3_server.client()
+    key = f"{model}/catalog.json".removeprefix(f"s3://{bucket}/")
+    kept = json.loads(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+    leaf = min((_leaf_of(d) for d in DEVICES), key=len)
+    [lost] = [d for d in DEVICES if _leaf_of(d) == leaf]
+    [(i, j)] = [
+        (i, j)
+        for i, c in enumerate(kept["classes"])
+        for j, d in enumerate(c["devices"])
+        if d == lost
+    ]
+    client.delete_object(Bucket=bucket, Key=key.replace("catalog.json", f"t{leaf}.json"))
+    problem = (
+        f"{model}/catalog.json: index catalog classes[{i}].devices[{j}] = '{lost}': must be a "
+        f"device whose entry is in one of the model's leaves (its leaf is {model}/t{leaf}.json:"
+        " not found: a leaf is missing (a writer updates the leaves before the catalog, and "
+        "never removes an entry))"
+    )
+    check = check_index(url, options, repair=True)
+    assert check.problems == {"m": [f"missing leaf: {problem}"]} and check.repaired == []
+    assert check.left == {
+        "m": ["not repaired: a catalog is rebuilt from its leaves: restore the missing one"]
+    }
+    _, sharded, _ = open_index(url, options)
+    assert sharded is not None
+    with pytest.raises(FormatError) as caught:
+        sharded.repair("m", force=True)
+    assert str(caught.value) == _not_rebuilt(url, shards, problem)
+    assert json.loads(client.get_object(Bucket=bucket, Key=key)["Body"].read()) == kept
 
 
 EXT = get_fixture("mlp_xnnpack_ext")
