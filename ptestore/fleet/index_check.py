@@ -125,8 +125,9 @@ def catalog_problems(sharded: ShardedIndex, model: str) -> tuple[list[str], bool
         nodes = list(trie.walk(empty=True))
     except FormatError as exc:  # the leaves are what a catalog is checked against
         return [f"{DAMAGED_LEAF}: {exc}"], False
-    lost = missing_leaf(trie, nodes, catalog, sharded.catalog_url(model))
-    if lost is not None:  # a split node's half, or a listed device's leaf
+    there = catalog is not None or damaged is not None
+    lost = missing_leaf(trie, nodes, catalog, sharded.catalog_url(model), there=there)
+    if lost is not None:  # the top node, a split node's half, or a listed device's leaf
         return [f"{MISSING_LEAF}: {lost}"], False
     for node in nodes:
         for device, entry in node.entries.items():

@@ -15,10 +15,10 @@ A rebuild reads the leaves as they are, so a leaf that is lost would drop out of
 catalog with its devices, and with it what tells ``gc`` that entries are missing (it
 checks the catalog against the leaves, and removes the files of entries it does not
 see). Before it writes, a rebuild therefore checks what its reads show lost
-(:func:`~.index_whole.missing_leaf`: a split node's half, or a device the catalog it
-replaces lists, whose node does not exist) and refuses with a :class:`FormatError`
-naming the index, the node and the model, leaving the catalog as it was (its own mark
-taken off again).
+(:func:`~.index_whole.missing_leaf`: the top node while a catalog is there, a split
+node's half, or a device the catalog it replaces lists, whose node does not exist) and
+refuses with a :class:`FormatError` naming the index, the node and the model, leaving
+the catalog as it was (its own mark taken off again).
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def repair_catalog(
         # in turn, all). ``force`` stays: that rebuild may have read the leaves before.
         trie = index.trie(model)
         nodes = list(trie.walk(empty=True))
-        lost = missing_leaf(trie, nodes, value, url)
+        lost = missing_leaf(trie, nodes, value, url, there=version is not None)
         if lost is not None:
             if value is not None and mine is not None and value.get(REBUILDING) == mine:
                 _unmark(index, url, value, version)

@@ -281,15 +281,24 @@ def check_listed(
 
 
 def missing_leaf(
-    trie: ModelTrie, leaves: list[Node], catalog: dict[str, Any] | None, where: str
+    trie: ModelTrie,
+    leaves: list[Node],
+    catalog: dict[str, Any] | None,
+    where: str,
+    *,
+    there: bool,
 ) -> FormatError | None:
     """What shows a leaf of ``trie`` missing, for a rebuild of its catalog at ``where``
-    (``catalog``, None: none or damaged, read before ``leaves``, the walk's, empty ones
-    included), or None: a split node's (:func:`check_splits`, :func:`check_halves`), or
-    a device the catalog lists whose node does not exist (its entry was in a leaf before
-    the catalog listed it, and a leaf is never removed; a listed device its existing leaf
-    lacks is the catalog's fault, which a rebuild repairs). Rebuilt without that leaf's
-    entries, the catalog would hide its loss (gc checks the catalog against the leaves)."""
+    (``catalog``, None: none or damaged; ``there``: an object at ``where``, damaged or
+    not; read before ``leaves``, the walk's, empty ones included), or None: the top node
+    not found while a catalog is there (a writer writes the leaves before the catalog), a
+    split node's (:func:`check_splits`, :func:`check_halves`), or a device the catalog
+    lists whose node does not exist (its entry was in a leaf before the catalog listed
+    it, and a leaf is never removed; a listed device its existing leaf lacks is the
+    catalog's fault, which a rebuild repairs). Rebuilt without that leaf's entries, the
+    catalog would hide its loss (gc checks the catalog against the leaves)."""
+    if there and [(n.prefix, n.kind) for n in leaves] == [("", EMPTY)]:
+        return _lost_top(trie, where)
     try:
         check_splits(trie, leaves)
     except FormatError as exc:
@@ -307,6 +316,18 @@ def missing_leaf(
     except FormatError as exc:
         return exc
     return None
+
+
+def _lost_top(trie: ModelTrie, where: str) -> FormatError:
+    """The error of ``trie``'s top node, not found while its catalog (``where``) is."""
+    return FormatError(
+        trie.url(""),
+        "index shard",
+        "not found",
+        "there while its model's catalog is",
+        f"{where} is there: a leaf is missing (a writer writes the leaves before the "
+        "catalog, and never removes one)",
+    )
 
 
 def _unheld(
@@ -357,14 +378,7 @@ def device_entry(
             problem = _lost_half(trie, node.prefix, other)
     where = f"{trie.directory}/catalog.json"
     if problem is None and catalog is not None and node.kind == EMPTY and not node.prefix:
-        problem = FormatError(
-            leaf,
-            "index shard",
-            "not found",
-            "there while its model's catalog is",
-            f"{where} is there: a leaf is missing (a writer writes the leaves before the "
-            "catalog, and never removes one)",
-        )
+        problem = _lost_top(trie, where)
     for i, c in enumerate((catalog or {}).get("classes", []) if problem is None else []):
         if device in c["devices"]:
             j = c["devices"].index(device)

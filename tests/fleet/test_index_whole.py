@@ -542,6 +542,38 @@ def test_missing_parts_on_s3(s3_server: S3TestServer) -> None:
     )
 
 
+def test_a_rebuild_refuses_a_lost_top_node_under_a_catalog_listing_none(tmp_path: Path) -> None:
+    """The top node lost under a catalog whose classes list no device (their lists
+    emptied by removals, members left: a rebuild's case), or a damaged one: no listed
+    device tells, but a catalog is there, so the top node was (a writer writes the
+    leaves first). Rebuilt, the catalog listed nothing and hid the loss from gc."""
+    url = str(tmp_path / "ptestore-index.json")
+    shards, model = _index(url)
+    _, sharded, _ = open_index(url)
+    assert sharded is not None
+    catalog = Path(f"{model}/catalog.json")
+    value = json.loads(catalog.read_text())
+    value["classes"] = [{**c, "devices": [], "more": True} for c in value["classes"]]
+    Path(f"{model}/t.json").unlink()
+    problem = (
+        f"{model}/t.json: index shard = 'not found': must be there while its model's catalog "
+        f"is ({catalog} is there: a leaf is missing (a writer writes the leaves before the "
+        "catalog, and never removes one))"
+    )
+    for damaged in (False, True):
+        catalog.write_text("{damaged" if damaged else json.dumps(value))
+
+        def kept(damaged: bool = damaged) -> bool:  # (a rebuild's mark taken off again)
+            text = catalog.read_text()
+            return text == "{damaged" if damaged else json.loads(text) == value
+
+        with pytest.raises(FormatError) as caught:
+            sharded.repair("m", force=damaged)
+        assert str(caught.value) == _not_rebuilt(url, shards, problem) and kept()
+        assert check_index(url, repair=True).problems == {"m": [f"missing leaf: {problem}"]}
+        assert kept()
+
+
 @pytest.mark.s3
 def test_a_rebuild_refuses_a_lost_listed_leaf_on_s3(s3_server: S3TestServer) -> None:
     """A listed device's leaf deleted beside a split node on moto and SeaweedFS:
