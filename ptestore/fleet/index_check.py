@@ -10,15 +10,18 @@ between taking its entries out of the catalog and its leaf writes), a catalog ob
 removed by hand or a lifecycle rule, a rebuild interrupted (or starved by writers)
 after it marked the catalog. The next run that touches the model repairs it; this
 check finds them without one, and ``repair`` rebuilds each from its leaves
-(:meth:`.index_v3.ShardedIndex.repair`, safe beside running writers). A damaged catalog
+(:meth:`.index_v3.ShardedIndex.repair`, safe beside running writers; one that other runs
+keep writing under every attempt is ``not repaired: ...``). A damaged catalog
 (not JSON, a field of the wrong type: every publish of its model fails on it) is one
 problem, ``damaged catalog: ...``, and ``repair`` replaces it by compare-and-swap on
 the version read. A leaf no reader reads (not JSON, past its bound, or read from another
 place than it says it belongs: :mod:`.index_place`) is ``damaged leaf: ...``, left by
 ``repair`` (a catalog is rebuilt from the leaves): restore or remove it by hand. So is a
-leaf missing below a split node (:func:`~.index_whole.check_splits`: read as an empty
-one, ``missing leaf: ...``): a catalog rebuilt without its entries would hide the loss
-from ``gc``, which removes the files of entries it does not see; restore it.
+leaf missing (:func:`~.index_whole.missing_leaf`: below a split node, or the leaf of a
+device the catalog lists, read as an empty one: ``missing leaf: ...``): a catalog rebuilt
+without its entries would hide the loss from ``gc``, which removes the files of entries
+it does not see; restore it (the rebuild itself refuses too, should a leaf go missing
+between this check and the rebuild).
 
 Read while runs publish, a catalog can be behind its leaves for the moment between a
 run's leaf writes and its placement: check again before repairing a fleet that is busy.
@@ -31,7 +34,7 @@ from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from .._dataclass import dataclass, field
-from ..errors import FormatError
+from ..errors import FormatError, PreconditionFailed
 
 if TYPE_CHECKING:
     from .index_v3 import ShardedIndex
@@ -106,29 +109,33 @@ def catalog_problems(sharded: ShardedIndex, model: str) -> tuple[list[str], bool
     """What ``model``'s catalog says that its leaves do not (empty when it agrees): per
     distinct stamps, the listed devices must be a non-empty prefix of the sorted live
     members the leaves hold (all of them unless ``more``), and no class without
-    members; and whether it carries a rebuild's mark."""
+    members; and whether it carries a rebuild's mark. The catalog is read before the
+    leaves: a device it lists has an entry in them then, unless a leaf is missing."""
     from .index_catalog import REBUILDING, class_key, live_stamps
-    from .index_whole import check_splits
+    from .index_whole import missing_leaf
 
     members: dict[str, list[str]] = {}
     trie = sharded.trie(model)
+    damaged: FormatError | None = None
+    try:
+        catalog, _ = sharded.read_catalog(model)
+    except FormatError as exc:
+        catalog, damaged = None, exc
     try:
         nodes = list(trie.walk(empty=True))
     except FormatError as exc:  # the leaves are what a catalog is checked against
         return [f"{DAMAGED_LEAF}: {exc}"], False
-    try:
-        check_splits(trie, nodes)
-    except FormatError as exc:
-        return [f"{MISSING_LEAF}: {exc}"], False
+    there = catalog is not None or damaged is not None
+    lost = missing_leaf(trie, nodes, catalog, sharded.catalog_url(model), there=there)
+    if lost is not None:  # the top node, a split node's half, or a listed device's leaf
+        return [f"{MISSING_LEAF}: {lost}"], False
     for node in nodes:
         for device, entry in node.entries.items():
             stamps = live_stamps(entry)
             if stamps is not None:
                 members.setdefault(class_key(stamps), []).append(device)
-    try:
-        catalog, _ = sharded.read_catalog(model)
-    except FormatError as exc:
-        return [f"damaged catalog: {exc}"], False
+    if damaged is not None:
+        return [f"damaged catalog: {damaged}"], False
     if catalog is None:
         return (["no catalog"] if members else [ABSENT]), False
     problems = []
@@ -195,7 +202,8 @@ def check_index(
             return model, problems, mark, [f"not repaired: {UNREPAIRED_MISSING}"], False
         try:
             index.repair(model, force=True)
-        except FormatError as exc:  # a rebuilt catalog too large to read: not written
+        except (FormatError, PreconditionFailed) as exc:  # a rebuilt catalog too large to
+            # read, or other runs writing the catalog under every attempt: not written
             return model, problems, mark, [f"not repaired: {exc}"], False
         return model, problems, mark, catalog_problems(index, model)[0], True
 

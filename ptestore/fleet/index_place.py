@@ -9,6 +9,12 @@ leaf copied or moved by hand, a sync tool that renamed it) would be listed by ev
 reader that walks the trie (``load_index``, ``gc``, ``fleet retire``) but never found by
 ``select``, which looks a device up where its hash leads: :func:`check_place` refuses it
 for every reader (docs/fleet.md, "Bounds").
+
+A split marker also names the halves its split made (``"halves": ["0", "1"]``,
+:func:`halves_of`): the halves that got entries, each created before the marker is
+committed, and a node is never removed. A half it names that is not found is lost
+(:mod:`.index_whole`), where a half it does not name may be one the split left empty. A
+marker an earlier ptestore wrote names none (the field absent: unknown).
 """
 
 from __future__ import annotations
@@ -21,8 +27,10 @@ from typing import Any
 from ..errors import FormatError
 from .index_bounds import check_name
 
-__all__ = ["check_place", "device_bits", "model_segment"]
+__all__ = ["HALVES", "check_place", "device_bits", "halves_of", "model_segment"]
 
+#: The field of a split marker naming the halves its split made.
+HALVES = "halves"
 _PLAIN = re.compile(r"[A-Za-z0-9._-]{1,100}")
 
 
@@ -42,14 +50,26 @@ def device_bits(device: str) -> str:
     return format(int.from_bytes(digest, "big"), "0256b")
 
 
+def halves_of(prefix: str, entries: dict[str, Any]) -> list[str]:
+    """The halves a split of the node ``prefix`` holding ``entries`` (by device) makes:
+    the bits below it of their devices' hashes (sorted)."""
+    return sorted({device_bits(d)[len(prefix)] for d in entries})
+
+
 def check_place(
     value: dict[str, Any], url: str, prefix: str, segment: str, entries: dict[str, Any]
 ) -> None:
     """The node ``value``, read from ``url`` (node ``prefix`` of the model directory
     ``segment``) with ``entries`` (by device, names checked), says it is that node: its
     ``prefix`` is its name's, its ``model`` the one the directory is named for, and every
-    entry is of that model and of a device whose hash starts with the prefix; else
-    :class:`FormatError` naming the field, the value found and the one its place gives."""
+    entry is of that model and of a device whose hash starts with the prefix (a split
+    marker's :data:`HALVES`, when there, halves); else :class:`FormatError` naming the
+    field, the value found and the one its place gives."""
+    halves = value.get(HALVES, ["0"])
+    if value.get("state") == "split" and halves not in (["0"], ["1"], ["0", "1"]):
+        raise FormatError(
+            url, f"index shard {HALVES}", halves, "['0'], ['1'] or ['0', '1'] (its split's)"
+        )
     found = value.get("prefix")
     if found != prefix:
         raise FormatError(

@@ -30,8 +30,9 @@ class ObjectStats:
     entries: int = 0
     #: Splits this run committed (a leaf that grew past the bound).
     splits: int = 0
-    #: Attempts whose write may or may not have landed (``PublishUncertain``; counted
-    #: in ``conflicts`` too, not reported on its own).
+    #: Attempts whose write may or may not have landed (``PublishUncertain``: an answer
+    #: lost, and the retry refused by a version that is not ours); counted in
+    #: ``conflicts`` too, each read again like one.
     uncertain: int = 0
 
     def to_dict(self) -> dict[str, Any]:
@@ -41,6 +42,7 @@ class ObjectStats:
             "entries": self.entries,
             "attempts": self.attempts,
             "conflicts": self.conflicts,
+            "uncertain": self.uncertain,
             "written": self.written,
             "splits": self.splits,
         }
@@ -95,6 +97,10 @@ class IndexReport:
     def conflicts(self) -> int:
         return sum(s.conflicts for s in self.stats)
 
+    @property
+    def uncertain(self) -> int:
+        return sum(s.uncertain for s in self.stats)
+
     def to_dict(self) -> dict[str, Any]:
         """The ``index_shards`` of ``fleet run --json``: per object, and the totals."""
         return {
@@ -103,6 +109,7 @@ class IndexReport:
             "objects": len(self.stats),
             "written": sum(1 for s in self.stats if s.written),
             "conflicts": self.conflicts,
+            "uncertain": self.uncertain,
             "shards": [s.to_dict() for s in self.stats],
             "superseded": [dict(s) for s in self.superseded],
         }
@@ -110,12 +117,15 @@ class IndexReport:
 
 def shards_line(shards: dict[str, Any]) -> str:
     """The ``index shards`` line of a run's summary, from ``IndexReport.to_dict()``:
-    version, objects, writes, conflicts (and the kinds of object they were in)."""
+    version, objects, writes, conflicts (those of them whose write's outcome was unknown,
+    and the kinds of object they were in)."""
     hot = [s for s in shards["shards"] if s["conflicts"]]
     text = (
         f"v{shards['version']}: {shards['objects']} objects, {shards['written']} written, "
         f"{shards['conflicts']} conflicts"
     )
+    if shards.get("uncertain"):  # absent from a report an earlier ptestore wrote
+        text += f" ({shards['uncertain']} uncertain)"
     if hot:
         text += f" retried in {len(hot)} ({', '.join(sorted({s['kind'] for s in hot}))})"
     if shards.get("migrated"):

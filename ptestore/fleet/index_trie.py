@@ -5,7 +5,8 @@ A node is ``<model dir>/t<bits>.json`` where ``<bits>`` is the node's prefix of 
 device hash in binary (``t.json`` is the top). Each node is one of::
 
     {"format": "ptestore.index-shard", "version": 3, "model": "mlp", "prefix": "01",
-     "state": "leaf" | "splitting" | "split", "entries": [...]}   # no entries when split
+     "state": "leaf" | "splitting" | "split", "entries": [...]}   # no entries when split,
+                                         # "halves": ["0", "1"] instead (index_place)
 
 - a **leaf** holds the entries whose device hash starts with its prefix; a node that does
   not exist below a split node is an empty leaf;
@@ -34,9 +35,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .._dataclass import dataclass, field
-from ..errors import FormatError
+from ..errors import FormatError, PreconditionFailed
 from .index_bounds import check_name
-from .index_place import check_place, device_bits
+from .index_place import HALVES, check_place, device_bits, halves_of
 from .index_store import IndexStore, ObjectStats, dumps
 
 __all__ = [
@@ -72,10 +73,8 @@ class Node:
     entries: dict[str, dict[str, Any]] = field(default_factory=dict)
     version: str | None = None
     value: dict[str, Any] | None = None
-
-    @property
-    def holds_entries(self) -> bool:
-        return self.kind in (LEAF, SPLITTING, EMPTY)
+    #: Found by :meth:`ModelTrie.locate` missing below a split node: that node's value.
+    above: dict[str, Any] | None = None
 
 
 class _Moved(Exception):
@@ -121,6 +120,8 @@ class ModelTrie:
         }
         if state != SPLIT:
             out["entries"] = [entries[d] for d in sorted(entries)]
+        else:  # the halves a split of ``entries`` made (a node never removed: index_place)
+            out[HALVES] = halves_of(prefix, entries)
         return out
 
     def shape(self, prefix: str, entries: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -185,6 +186,8 @@ class ModelTrie:
                 if node is None:
                     still.append(d)
                 else:
+                    if node.kind == EMPTY and node.prefix:  # its split node (its halves)
+                        node.above = getattr(known.get(node.prefix[:-1]), "value", None)
                     out.setdefault(node.prefix, (node, []))[1].append(d)
             pending = still
             depth, last = last + 1, last + 1
@@ -391,11 +394,12 @@ class ModelTrie:
             if value["state"] == SPLITTING:
                 deeper.append(child)
         committed = 0
-        from ..errors import PreconditionFailed
-
         try:
             self.store.write(
-                self.url(node.prefix), self.value(node.prefix, {}, SPLIT), "if-match", node.version
+                self.url(node.prefix),
+                self.value(node.prefix, node.entries, SPLIT),
+                "if-match",
+                node.version,
             )
             committed = 1
             with _LOCK:
@@ -425,7 +429,7 @@ class ModelTrie:
                 nodes.append((prefix, self.value(prefix, group, LEAF)))
                 leaves[len(prefix)] += 1
                 return
-            nodes.append((prefix, self.value(prefix, {}, SPLIT)))
+            nodes.append((prefix, self.value(prefix, group, SPLIT)))
             for bit in "01":
                 half = {d: e for d, e in group.items() if device_bits(d)[len(prefix)] == bit}
                 if half:

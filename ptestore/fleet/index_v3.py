@@ -27,25 +27,23 @@ from __future__ import annotations
 import concurrent.futures as cf
 import secrets
 import threading
-from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from .._dataclass import dataclass, field
-from ..errors import AlreadyExists, FormatError, PreconditionFailed
+from ..errors import FormatError
 from .index_bounds import ENTRY_ROOM
 from .index_catalog import (
-    REBUILDING,
     apply_placements,
     check_catalog,
     depth_range,
     live_stamps,
-    marked,
     needs_rebuild,
     rebuild,
 )
 from .index_pins import EntryGuard, replacing
 from .index_place import model_segment
+from .index_repair import repair_catalog
 from .index_root import SHARDS
 from .index_store import IndexStore, ObjectStats, dumps
 from .index_trie import EMPTY, Change, ModelTrie, Node
@@ -379,51 +377,11 @@ class ShardedIndex:
 
     def repair(self, model: str, stats: ObjectStats | None = None, *, force: bool = False) -> None:
         """Rebuild ``model``'s catalog from its leaves when it is missing or a class lists
-        no device although it has members (left alone when another run has rebuilt it
-        since this one saw that), or a rebuild left its mark; with ``force``, whatever it
-        holds. An existing catalog is marked first (unless marked already), then the
-        leaves read, then the marked version replaced, each by compare-and-swap
-        (:mod:`.index_catalog`: a writer meanwhile fails the commit, and the leaves are
-        read again). A damaged catalog (not JSON, a malformed field: no writer can
-        commit over it) is replaced by compare-and-swap on the version read."""
-        from .._retry import CONFLICT_RETRY
-
-        url = self.catalog_url(model)
-        stats = stats or ObjectStats(url, "catalog")
-        for _ in range(CONFLICT_RETRY.attempts):
-            try:
-                value, version = self.read_catalog(model)
-            except FormatError:  # damaged (not JSON, a malformed field): rebuilt over it
-                value, version = None, self.store.read(url, oversize_ok=True)[1]
-            if value is not None and not (force or needs_rebuild(value) or REBUILDING in value):
-                return
-            if value is not None and REBUILDING not in value:
-                stats.attempts += 1
-                mark = marked(value)
-                try:
-                    self.store.write(url, mark, "if-match", version)
-                except PreconditionFailed:
-                    stats.conflicts += 1
-                    continue
-                force = False  # marked by this call: a rebuild committed since is enough
-                value, version = self.read_catalog(model)  # the marked version's token
-                if value is None or value.get(REBUILDING) != mark[REBUILDING]:
-                    stats.conflicts += 1  # a writer meanwhile: mark again
-                    continue
-            # Found marked: taken as is (marking again failed the rebuild in flight, and
-            # in turn, all). ``force`` stays: that rebuild may have read the leaves before.
-            nodes = list(self.trie(model).walk(empty=True))
-            leaves = Counter(len(n.prefix) for n in nodes)
-            new = rebuild(
-                model, (e for n in nodes for e in n.entries.values()), leaves, self.listed
-            )
-            stats.attempts += 1
-            try:
-                self.store.write(url, new, "create" if version is None else "if-match", version)
-                stats.written = True
-                return
-            except (PreconditionFailed, AlreadyExists):
-                stats.conflicts += 1
+        no device although it has members, or a rebuild left its mark; with ``force``,
+        whatever it holds (:func:`~.index_repair.repair_catalog`: marked, the leaves
+        read, the marked version replaced, each by compare-and-swap). Other runs changing
+        the catalog under every attempt: :class:`~ptestore.errors.PreconditionFailed`."""
+        repair_catalog(self, model, stats, force=force)
 
     def write_static(self, entries: list[dict[str, Any]], models: set[str] | None = None) -> int:
         """Write the tries and catalogs of ``entries`` (of ``models`` only, when given)

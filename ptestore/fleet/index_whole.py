@@ -5,21 +5,25 @@ A node that does not exist reads as an empty leaf: the leaf of a pair never publ
 the half of a split that got no entry. A reader of one device's entry (``select``,
 ``find_entry``, ``fetch INDEX``, ``ensure INDEX``) rightly answers "no entry" there,
 unless the objects it read show the node lost (:func:`device_entry`: its split parent's
-other half a leaf, the model's top node gone under its catalog, a device the catalog
-lists). A reader of every entry cannot take a lost leaf or shard directory for an empty one:
-``gc`` would remove the files of the entries it held (:mod:`.orphan_refs`), ``fleet
-retire`` would retire nothing there, ``load_index`` and ``iter_entries`` would return
-fewer entries. What tells a lost part from an empty one, model by model, its catalog
-read before its leaves (:func:`model_nodes`):
+other half a leaf, or its split parent naming it among the halves it made, the model's
+top node gone under its catalog, a device the catalog lists). A reader of every entry
+cannot take a lost leaf or shard directory for an empty one: ``gc`` would remove the
+files of the entries it held (:mod:`.orphan_refs`), ``fleet retire`` would retire
+nothing there, ``load_index`` and ``iter_entries`` would return fewer entries. What
+tells a lost part from an empty one, model by model, its catalog read before its leaves
+(:func:`model_nodes`):
 
 - every split node has below it at least the two entries it split, and a half of it that
   does not exist has a split (or splitting) sibling: a split creates each half that gets
   an entry, and a node is never removed, so a half that got none left all of them to
   the other, more than a leaf holds, which was split in turn (:func:`check_splits`);
 - every device the catalog lists has an entry in one of the leaves: a writer updates the
-  leaves before the catalog, and never removes an entry (:func:`check_listed`).
+  leaves before the catalog, and never removes an entry (:func:`check_listed`);
+- every half a split node names (``halves``, :mod:`.index_place`: the halves its split
+  made, created before it committed) exists (:func:`check_halves`: the split nodes
+  above the halves found missing read again, none in a trie without one).
 
-Both hold whatever writers do meanwhile (each is about objects written before the first
+All hold whatever writers do meanwhile (each is about objects written before the first
 one read), so a reader never refuses a sound index that runs are changing. gc
 (``strict``) also stops on a catalog that lists live builds while the leaves hold no
 live entry (a retire can take an entry out of the catalog, then retire its leaf, between
@@ -33,9 +37,13 @@ emptied model directories), and read one without the copy but with a model's obj
 the index an earlier ptestore made (its next publish writes the copy).
 
 What none of this tells: a model's lost directory from a model never published, and a
-lost leaf beside a split node whose devices the catalog does not list from an empty half
-(``gc --job`` checks that every pair of its job has an entry); one device's look-up does
-not check the entries below a split node either (it reads one path of the trie).
+lost leaf whose devices the catalog does not list beside a split node, where its split
+node does not name it: a half its split left empty that got its first entry later (the
+split was committed before it existed), or any half below a split marker an earlier
+ptestore wrote (no ``halves``). Neither the shape nor any object on the device's path
+says such a node was ever made (``gc --job`` checks that every pair of its job has an
+entry). One device's look-up does not check the entries below a split node either (it
+reads one path of the trie).
 """
 
 from __future__ import annotations
@@ -45,16 +53,19 @@ from typing import Any, Protocol
 
 from ..errors import FormatError, PteStoreError
 from .index_catalog import check_catalog
+from .index_place import HALVES, device_bits
 from .index_root import NAMED
 from .index_store import IndexStore
 from .index_trie import EMPTY, LEAF, SPLIT, ModelTrie, Node
 
 __all__ = [
     "ShardDirectory",
+    "check_halves",
     "check_listed",
     "check_splits",
     "device_entry",
     "incomplete",
+    "missing_leaf",
     "model_nodes",
     "model_segments",
 ]
@@ -141,6 +152,7 @@ def model_nodes(index: ShardDirectory, trie: ModelTrie, *, strict: bool = False)
         check_splits(trie, nodes)
         if catalog is not None:
             check_listed(catalog, where, held, strict=strict)
+        check_halves(trie, nodes)
     except FormatError as exc:
         if strict:
             raise
@@ -194,6 +206,36 @@ def check_splits(trie: ModelTrie, leaves: list[Node]) -> None:
             raise _lost_half(trie, node.prefix, kinds[sibling])
 
 
+def check_halves(trie: ModelTrie, leaves: list[Node]) -> None:
+    """Every half a split node above ``leaves`` (the walk's, empty ones included) names
+    exists (:mod:`.index_place`: created before the split committed, never removed): the
+    split nodes above the halves found missing read again, at once (none for a trie
+    without one), the first that names one it lacks a :class:`FormatError`."""
+    absent = [n.prefix for n in leaves if n.kind == EMPTY and n.prefix]
+    got = trie.store.read_many([trie.url(p[:-1]) for p in absent])
+    for prefix in absent:
+        problem = _named_half(trie, prefix, got[trie.url(prefix[:-1])][0])
+        if problem is not None:
+            raise problem
+
+
+def _named_half(trie: ModelTrie, prefix: str, above: dict[str, Any] | None) -> FormatError | None:
+    """The error of the node ``prefix``, not found, when its split node (``above``, as
+    read) names it among the halves its split made; None when it does not (or names
+    none: a marker an earlier ptestore wrote)."""
+    halves = (above or {}).get(HALVES) if (above or {}).get("state") == SPLIT else None
+    if not isinstance(halves, list) or prefix[-1] not in halves:
+        return None
+    return FormatError(
+        trie.url(prefix[:-1]),
+        f"index shard {HALVES}",
+        halves,
+        "halves that exist (a split creates the halves it names before it commits, and a "
+        "node is never removed)",
+        f"{trie.url(prefix)} is not found: a leaf is missing",
+    )
+
+
 def _sibling(prefix: str) -> str:
     """The other half of the split node above the node ``prefix``."""
     return prefix[:-1] + "10"[int(prefix[-1])]
@@ -238,6 +280,56 @@ def check_listed(
                 raise _unheld(where, i, j, device, "none holds it")
 
 
+def missing_leaf(
+    trie: ModelTrie,
+    leaves: list[Node],
+    catalog: dict[str, Any] | None,
+    where: str,
+    *,
+    there: bool,
+) -> FormatError | None:
+    """What shows a leaf of ``trie`` missing, for a rebuild of its catalog at ``where``
+    (``catalog``, None: none or damaged; ``there``: an object at ``where``, damaged or
+    not; read before ``leaves``, the walk's, empty ones included), or None: the top node
+    not found while a catalog is there (a writer writes the leaves before the catalog), a
+    split node's (:func:`check_splits`, :func:`check_halves`), or a device the catalog
+    lists whose node does not exist (its entry was in a leaf before the catalog listed
+    it, and a leaf is never removed; a listed device its existing leaf lacks is the
+    catalog's fault, which a rebuild repairs). Rebuilt without that leaf's entries, the
+    catalog would hide its loss (gc checks the catalog against the leaves)."""
+    if there and [(n.prefix, n.kind) for n in leaves] == [("", EMPTY)]:
+        return _lost_top(trie, where)
+    try:
+        check_splits(trie, leaves)
+    except FormatError as exc:
+        return exc
+    held = {d for n in leaves for d in n.entries}
+    absent = [n.prefix for n in leaves if n.kind == EMPTY]
+    for i, c in enumerate((catalog or {}).get("classes", [])):
+        for j, device in enumerate(c["devices"]):
+            bits = device_bits(device)
+            lost = next((p for p in absent if bits.startswith(p)), None)
+            if device not in held and lost is not None:
+                return _unheld(where, i, j, device, f"its leaf is {trie.url(lost)}: not found")
+    try:
+        check_halves(trie, leaves)
+    except FormatError as exc:
+        return exc
+    return None
+
+
+def _lost_top(trie: ModelTrie, where: str) -> FormatError:
+    """The error of ``trie``'s top node, not found while its catalog (``where``) is."""
+    return FormatError(
+        trie.url(""),
+        "index shard",
+        "not found",
+        "there while its model's catalog is",
+        f"{where} is there: a leaf is missing (a writer writes the leaves before the "
+        "catalog, and never removes one)",
+    )
+
+
 def _unheld(
     where: str, i: int, j: int, device: str, found: str, why: str = "a leaf is missing"
 ) -> FormatError:
@@ -268,9 +360,12 @@ def device_entry(
     never "no entry" (which hands out the portable source): its node not found below a
     split node whose other half is a leaf or not found either (the other half then read
     once more: one read, only where a half is absent), the model's top node not found
-    while its catalog is there (a writer writes the leaves first), or a device the
-    catalog lists that its leaf does not hold. A device the catalog does not list whose
-    node is a half a split left empty (its other half split in turn) has no entry."""
+    while its catalog is there (a writer writes the leaves first), a device the catalog
+    lists that its leaf does not hold, or its node not found below a split node that
+    names it among the halves it made (as :meth:`~.index_trie.ModelTrie.locate` read
+    it: no read more). A device the catalog does not list whose
+    node is a half a split left empty (its other half split in turn) has no entry (as
+    below a split node that names no halves, module docstring)."""
     [(node, _)] = trie.locate([device], *depths).values()
     leaf = trie.url(node.prefix)
     entry = node.entries.get(device)
@@ -283,14 +378,7 @@ def device_entry(
             problem = _lost_half(trie, node.prefix, other)
     where = f"{trie.directory}/catalog.json"
     if problem is None and catalog is not None and node.kind == EMPTY and not node.prefix:
-        problem = FormatError(
-            leaf,
-            "index shard",
-            "not found",
-            "there while its model's catalog is",
-            f"{where} is there: a leaf is missing (a writer writes the leaves before the "
-            "catalog, and never removes one)",
-        )
+        problem = _lost_top(trie, where)
     for i, c in enumerate((catalog or {}).get("classes", []) if problem is None else []):
         if device in c["devices"]:
             j = c["devices"].index(device)
@@ -306,6 +394,8 @@ def device_entry(
                     "the catalog disagrees with its leaves, or the leaf lost it",
                 )
             break
+    if problem is None and node.kind == EMPTY and node.prefix:  # its split node as read
+        problem = _named_half(trie, node.prefix, node.above)
     if problem is not None:
         root = index.store.root
         raise FormatError(

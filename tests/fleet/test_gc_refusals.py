@@ -127,6 +127,35 @@ def test_a_model_whose_top_leaf_is_missing_stops_gc(
     )
 
 
+def test_check_index_repair_does_not_hide_a_lost_top_leaf_from_gc(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The top leaf lost under a catalog listing live builds: ``check-index --repair``
+    reports a missing leaf and leaves the catalog as it is (exit 1), so gc still refuses.
+    Before, it took "listed without a live entry" for a catalog to rebuild: the rebuilt
+    catalog listed nothing, and gc then removed every file of the model."""
+    out = _made(tmp_path, capsys)
+    [model] = (_shards(out) / "m").iterdir()
+    catalog = model / "catalog.json"
+    (model / "t.json").unlink()
+    kept = catalog.read_bytes()
+    index = out / "ptestore-index.json"
+    left = "mlp: not repaired: a catalog is rebuilt from its leaves: restore the missing one"
+    for repair in ([], ["--repair"]):
+        assert main(["fleet", "check-index", str(index), *repair]) == 1
+        assert capsys.readouterr().out.splitlines() == [
+            f"mlp: missing leaf: {model}/t.json: index shard = 'not found': must be there "
+            f"while its model's catalog is ({catalog} is there: a leaf is missing (a writer "
+            "writes the leaves before the catalog, and never removes one))",
+            *([left] if repair else []),
+            f"{index}: 1 models, 1 catalogs wrong" + (", 0 repaired" if repair else ""),
+        ]
+    assert catalog.read_bytes() == kept
+    assert _refused(out, capsys).startswith(
+        f"failed: {index}: {REST}: {catalog}: index catalog classes (live builds) = "
+    )
+
+
 @pytest.mark.parametrize("lost", ["the directory", "root.json"])
 def test_a_root_whose_shards_are_missing_stops_gc(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], lost: str
@@ -255,11 +284,12 @@ def test_a_leaf_missing_beside_a_leaf_stops_gc(
 def test_gc_job_stops_at_a_pair_the_index_has_no_entry_for(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A leaf of one device the catalog does not list, beside a split node: the index
-    reads as a whole one without that device (a split's half that got no entry is never
-    created). A model's whole shard directory: the index reads as one without the
-    model. gc removed their files; with the job, every pair it names has an entry (live
-    or retired), or gc stops."""
+    """A leaf of one device the catalog does not list, beside a split node: its split
+    node names it among the halves it made, and gc stops. Below a split marker an
+    earlier ptestore wrote (no halves), the index reads as a whole one without that
+    device (a split's half that got no entry is never created); so does one without a
+    model's whole shard directory. gc removed their files; with the job, every pair it
+    names has an entry (live or retired), or gc stops."""
     other = f'[[models]]\nname = "other"\nsource = "{EXT.pte_path}"\n'
     out = _twenty(tmp_path, capsys, other)
     job = tmp_path / "job.toml"
@@ -277,6 +307,18 @@ def test_gc_job_stops_at_a_pair_the_index_has_no_entry_for(
     [device] = leaves[lost]
     before = _artifacts(out)
     (model / f"t{lost}.json").unlink()
+    split = model / f"t{lost[:-1]}.json"
+    halves = json.loads(split.read_text())["halves"]
+    assert main(["gc", str(out), "--grace", "0s", "--dry-run", "--json"]) == 1
+    [failed] = json.loads(capsys.readouterr().out)["entries"]
+    assert failed["action"] == (
+        f"failed: {index}: {REST}: {split}: index shard halves = {halves}: must be halves "
+        "that exist (a split creates the halves it names before it commits, and a node is "
+        f"never removed) ({model}/t{lost}.json is not found: a leaf is missing)"
+    )
+    for node in model.glob("t*.json"):  # as an earlier ptestore wrote them
+        value = json.loads(node.read_text())
+        node.write_text(json.dumps({k: v for k, v in value.items() if k != "halves"}))
     assert main(["gc", str(out), "--grace", "0s", "--dry-run", "--json"]) == 0
     shown = {e["location"] for e in json.loads(capsys.readouterr().out)["entries"]}
     assert shown == {str(out / device / "mlp.pte")}  # what gc INDEX_PREFIX cannot tell

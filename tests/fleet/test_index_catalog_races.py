@@ -4,10 +4,14 @@ moto (``test_index_soak.py``): four runs publishing a new model at once, three o
 found no catalog while the fourth had made the trie, each rebuilt the catalog instead of
 placing their pairs; each rebuild marked the catalog again and so failed the others'
 commits, until all gave up: their pairs were left out of the catalog (``not listed``,
-``lists [...] and no more``), nothing lost from the leaves."""
+``lists [...] and no more``), nothing lost from the leaves. And a rebuild that runs
+placing pairs fail at every attempt gives up with an error its callers report
+(``repair``, ``check-index --repair``, a run's ``index_error``; also on moto and
+SeaweedFS), where it gave up silently."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,12 +20,17 @@ from typing import Any
 import pytest
 
 from ptestore import _retry
+from ptestore.cli import main
+from ptestore.errors import PreconditionFailed
+from ptestore.fleet import index_repair
 from ptestore.fleet.index import create_index, open_index, publish_entries
 from ptestore.fleet.index_catalog import REBUILDING
+from ptestore.fleet.index_check import check_index
 from ptestore.fleet.index_stats import ObjectStats
 from ptestore.fleet.index_trie import ModelTrie, Node
 from ptestore.fleet.index_v3 import ShardedIndex
 from ptestore.testing.fleet_index import device_name, synthetic_entry
+from ptestore.testing.s3server import S3TestServer
 
 from .indexkit import assert_catalogs_match_leaves
 
@@ -30,8 +39,8 @@ from .indexkit import assert_catalogs_match_leaves
 CEILING = 120.0
 
 
-def _sharded(url: str) -> ShardedIndex:
-    _, sharded, _ = open_index(url, {})
+def _sharded(url: str, options: dict[str, Any] | None = None) -> ShardedIndex:
+    _, sharded, _ = open_index(url, options or {})
     assert sharded is not None
     return sharded
 
@@ -151,3 +160,130 @@ def test_a_rebuild_in_flight_is_not_failed_by_another_that_starts_meanwhile(
     assert assert_catalogs_match_leaves(url, {}) == 1
     catalog, _ = sharded.read_catalog("m")
     assert catalog is not None and REBUILDING not in catalog
+
+
+def _rebuilds_failed_by_placements(
+    monkeypatch: pytest.MonkeyPatch, url: str, model: str, options: dict[str, Any] | None = None
+) -> list[str]:
+    """Every time a rebuild has read the leaves (attempts cut to 3), another run places
+    a new pair of ``model`` (a publish, whole): it renews the rebuild's mark, so the
+    rebuild's commit fails, every attempt. Returns the devices those runs published."""
+    monkeypatch.setattr(_retry, "CONFLICT_RETRY", _retry.RetryPolicy(attempts=3, initial=0))
+    real_rebuild = index_repair.rebuild
+    busy: list[bool] = []
+    others: list[str] = []
+
+    def rebuild(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        if not busy:
+            busy.append(True)
+            try:
+                others.append(device_name(100 + len(others)))
+                publish_entries(url, [synthetic_entry(model, others[-1])], options or {})
+            finally:
+                busy.clear()
+        return real_rebuild(*args, **kwargs)
+
+    monkeypatch.setattr(index_repair, "rebuild", rebuild)
+    return others
+
+
+def _gave_up(url: str, model: str, options: dict[str, Any] | None = None) -> str:
+    catalog = _sharded(url, options).catalog_url(model)
+    return (
+        f"{catalog}: the catalog of model {model!r} changed under every one of 3 attempts to "
+        "rebuild it from its leaves (other runs writing it meanwhile): not rebuilt, it stays "
+        f"behind its leaves until `ptestore fleet check-index {url} --repair` (or a later run "
+        "of the model) rebuilds it"
+    )
+
+
+def test_a_rebuild_other_runs_keep_failing_gives_up_with_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Runs placing pairs while a rebuild reads the leaves, every attempt: the rebuild
+    gives up with an error naming the catalog, the model, the index and the attempts
+    (before, it returned as if it had rebuilt the catalog, which stayed as it was)."""
+    url = str(tmp_path / "ptestore-index.json")
+    publish_entries(url, [synthetic_entry("m", device_name(i), socs=2) for i in range(4)], {})
+    others = _rebuilds_failed_by_placements(monkeypatch, url, "m")
+    stats = ObjectStats(_sharded(url).catalog_url("m"), "catalog")
+    with pytest.raises(PreconditionFailed) as caught:
+        _sharded(url).repair("m", stats, force=True)
+    monkeypatch.undo()
+    assert str(caught.value) == _gave_up(url, "m")
+    assert caught.value.url == _sharded(url).catalog_url("m")
+    assert len(others) == 3 and not stats.written and stats.conflicts >= 3
+    assert set(others) <= _listed(url, "m")  # their placements are there
+
+
+def test_check_index_reports_a_rebuild_given_up_as_not_repaired(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``check-index --repair`` of a catalog an interrupted rebuild left marked, while
+    runs keep placing pairs: ``not repaired: ...``, exit 1 (before: the model counted as
+    rebuilt, exit 0, its catalog still marked)."""
+    url = str(tmp_path / "ptestore-index.json")
+    publish_entries(url, [synthetic_entry("m", device_name(i), socs=2) for i in range(4)], {})
+    catalog = Path(_sharded(url).catalog_url("m"))
+    catalog.write_text(json.dumps({**json.loads(catalog.read_text()), REBUILDING: "0" * 16}))
+    _rebuilds_failed_by_placements(monkeypatch, url, "m")
+    capsys.readouterr()
+    assert main(["fleet", "check-index", url, "--repair"]) == 1
+    monkeypatch.undo()
+    assert capsys.readouterr().out.splitlines() == [
+        "m: its catalog carries a rebuild's mark (an interrupted rebuild)",
+        f"m: not repaired: {_gave_up(url, 'm')}",
+        f"{url}: 1 models, 1 catalogs wrong, 0 repaired",
+    ]
+    assert REBUILDING in json.loads(catalog.read_text())
+    assert main(["fleet", "check-index", url, "--repair"]) == 0  # once they are done
+    assert assert_catalogs_match_leaves(url, {}) == 1
+
+
+def test_a_run_whose_rebuild_is_given_up_reports_an_index_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A real run's catalog lost (a crash between the trie and the catalog); the next
+    run (its pairs skipped, indexed again) finds no catalog and rebuilds it while runs
+    keep placing pairs: its index_error names the rebuild given up, exit 1 (before: exit
+    0, no catalog left)."""
+    from support.fixtures import get_fixture
+
+    ext = get_fixture("mlp_xnnpack_ext")
+    out = tmp_path / "out"
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'destination = "{out}/{{device}}/{{model}}.pte"\n'
+        'backends = ["support.fleet_backend:Scaler=1.0"]\n'
+        f'[[models]]\nname = "mlp"\nsource = "{ext.pte_path}"\nptd = "{ext.ptd_path}"\n'
+        '[devices.a]\nsoc = "s0"\n[devices.b]\nsoc = "s1"\n'
+    )
+    assert main(["fleet", "run", str(job), "--workers", "1", "-q"]) == 0
+    url = str(out / "ptestore-index.json")
+    Path(_sharded(url).catalog_url("mlp")).unlink()
+    _rebuilds_failed_by_placements(monkeypatch, url, "mlp")
+    capsys.readouterr()
+    assert main(["fleet", "run", str(job), "--workers", "1", "--json"]) == 1
+    monkeypatch.undo()
+    got = json.loads(capsys.readouterr().out)
+    assert (got["skipped"], got["failed"], got["index"]) == (2, 0, None)
+    assert got["index_error"] == _gave_up(url, "mlp")
+
+
+@pytest.mark.s3
+def test_a_rebuild_given_up_on_s3(s3_server: S3TestServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same on moto and SeaweedFS, the commits refused by the server (412): the
+    rebuild's error, and check-index's ``not repaired``."""
+    options = dict(s3_server.storage_options)
+    url = f"s3://{s3_server.new_bucket()}/fleet/ptestore-index.json"
+    publish_entries(url, [synthetic_entry("m", device_name(i), socs=2) for i in range(4)], options)
+    others = _rebuilds_failed_by_placements(monkeypatch, url, "m", options)
+    with pytest.raises(PreconditionFailed) as caught:
+        _sharded(url, options).repair("m", force=True)
+    assert str(caught.value) == _gave_up(url, "m", options) and len(others) == 3
+    found = check_index(url, options, repair=True, models=["m"])
+    monkeypatch.undo()
+    assert found.left == {"m": [f"not repaired: {_gave_up(url, 'm', options)}"]}
+    assert not found.ok and found.repaired == []
+    assert check_index(url, options, repair=True).ok
+    assert assert_catalogs_match_leaves(url, options) == 1

@@ -47,7 +47,7 @@ for batch in range(batches):
             synthetic_entry(m, f"shared-{j}", socs=3 + i, generation=i) for j in range(shared)
         ]
     report = publish_entries(url, entries, options)
-    stats += [{**s.to_dict(), "uncertain": s.uncertain} for s in report.stats]
+    stats += [s.to_dict() for s in report.stats]
 Path(out).write_text(json.dumps(stats))
 """
 

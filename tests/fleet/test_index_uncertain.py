@@ -22,7 +22,7 @@ from ptestore.fleet.index import (
     update_index,
 )
 from ptestore.fleet.index_catalog import live_stamps
-from ptestore.fleet.index_store import IndexStore, dumps
+from ptestore.fleet.index_store import IndexStore, dumps, shards_line
 from ptestore.fleet.index_trie import SPLITTING, LeafOutcome
 from ptestore.fleet.index_v3 import ShardedIndex
 from ptestore.testing.fleet_index import device_name, synthetic_entry
@@ -73,6 +73,17 @@ def test_a_publish_whose_write_is_uncertain_is_read_again(
     got = sorted(load_index(url)["entries"], key=lambda e: e["device"])
     assert got == sorted(entries, key=lambda e: e["device"])
     assert assert_catalogs_match_leaves(url, {}) == 1
+    # Reported (``fleet run --json``'s index_shards, the summary's line): per object and
+    # in all; before, only as conflicts.
+    shards = report.to_dict()
+    assert [s["uncertain"] for s in shards["shards"]] == [s.uncertain for s in report.stats]
+    assert shards["uncertain"] == sum(s["uncertain"] for s in shards["shards"]) == len(hit)
+    hot = sorted({s["kind"] for s in shards["shards"] if s["conflicts"]})
+    assert shards_line(shards) == (
+        f"v3: {shards['objects']} objects, {shards['written']} written, {len(hit)} conflicts "
+        f"({len(hit)} uncertain) retried in {len([s for s in report.stats if s.conflicts])} "
+        f"({', '.join(hot)})"
+    )
 
 
 def test_a_retire_whose_write_is_uncertain_is_read_again(

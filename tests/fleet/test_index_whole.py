@@ -30,6 +30,8 @@ from ptestore.fleet.index import (
 )
 from ptestore.fleet.index_check import check_index
 from ptestore.fleet.index_place import device_bits
+from ptestore.fleet.index_store import IndexStore
+from ptestore.fleet.index_v3 import ShardedIndex, new_layout
 from ptestore.fleet.select import select
 from ptestore.testing.fleet_index import synthetic_entry
 from ptestore.testing.s3server import S3TestServer
@@ -125,6 +127,8 @@ def test_a_sound_index_with_absent_halves_is_read_whole(tmp_path: Path) -> None:
     url = str(tmp_path / "ptestore-index.json")
     _, model = _index(url)
     assert not Path(f"{model}/t1.json").exists()  # the top's half that got no entry
+    top = json.loads(Path(f"{model}/t.json").read_text())
+    assert (top["state"], top["halves"]) == ("split", ["0"])  # not named by its split
     _sound(url, {})
     report = update_index(url, lambda e: None)
     assert report.examined == len(DEVICES) and report.changed == []
@@ -203,10 +207,22 @@ def test_one_devices_look_up_refuses_a_leaf_lost_beside_a_leaf(tmp_path: Path) -
     assert select(url, "m", ELSEWHERE).kind == "source"
 
 
+def _named_half(url: str, shards: str, model: str, leaf: str, device: str) -> str:
+    """What one device's look-up says of ``leaf`` lost, its split node naming it."""
+    return (
+        f"{url}: index shards = '{shards}': {MUST} ({model}/t{leaf[:-1]}.json: index shard "
+        "halves = ['0', '1']: must be halves that exist (a split creates the halves it names "
+        f"before it commits, and a node is never removed) ({model}/t{leaf}.json is not "
+        "found: a leaf is missing)" + LOOKUP.format(model="m", device=device, url=url)
+    )
+
+
 def test_one_devices_look_up_refuses_a_listed_device_its_leaf_lacks(tmp_path: Path) -> None:
     """A leaf lost beside a split node (its empty half legitimate by the shape): the
     catalog lists its device, so its entry is lost, for its own look-up and as another
-    device's candidate (a stand-in resolved); a device not listed there has none."""
+    device's candidate (a stand-in resolved); a device not listed there is refused too:
+    the split node names the lost leaf among the halves it made (before, "no entry", and
+    select handed out the portable source)."""
     from ptestore.fleet.index_view import model_view
 
     url = str(tmp_path / "ptestore-index.json")
@@ -224,7 +240,110 @@ def test_one_devices_look_up_refuses_a_listed_device_its_leaf_lacks(tmp_path: Pa
     with pytest.raises(FormatError) as caught:
         view.resolve(stand_in)
     assert str(caught.value) == expected + LOOKUP.format(model="m", device=lost, url=url)
-    assert find_entry(url, "m", _hashed_below(leaf)) is None  # not listed: none
+    other = _hashed_below(leaf)  # not listed
+    _lookups_refuse(url, {}, other, _named_half(url, shards, model, leaf, other))
+
+
+@pytest.mark.parametrize("halves", ["01", ["1", "0"], [], ["0", "0"]])
+def test_a_split_marker_naming_other_halves_is_refused(tmp_path: Path, halves: Any) -> None:
+    """A split node's ``halves`` that no split writes: every reader refuses the node."""
+    url = str(tmp_path / "ptestore-index.json")
+    _, model = _index(url)
+    top = Path(f"{model}/t.json")
+    top.write_text(json.dumps({**json.loads(top.read_text()), "halves": halves}))
+    expected = (
+        f"{top}: index shard halves = {halves!r}: must be ['0'], ['1'] or ['0', '1'] (its split's)"
+    )
+    for call in (
+        lambda: find_entry(url, "m", ELSEWHERE),
+        lambda: load_index(url),
+        lambda: publish_entries(url, [synthetic_entry("m", ELSEWHERE)], {}),
+    ):
+        with pytest.raises(FormatError) as caught:
+            call()
+        assert str(caught.value) == expected
+
+
+def test_a_migrated_trie_names_the_halves_of_its_splits(tmp_path: Path) -> None:
+    """A migration writes its trie whole (``write_static``, not by splits): its split
+    nodes name the halves they hold too, each one there."""
+    sharded = ShardedIndex(IndexStore(str(tmp_path / "ptestore-index.json")), new_layout(1024))
+    sharded.write_static([synthetic_entry("m", d) for d in DEVICES])
+    model = Path(sharded.model_dir("m"))
+    markers = [json.loads(p.read_text()) for p in model.glob("t*.json")]
+    splits = {v["prefix"]: v["halves"] for v in markers if v["state"] == "split"}
+    assert splits[""] == ["0"] and len(splits) >= 2
+    for prefix, halves in splits.items():
+        assert all((model / f"t{prefix}{h}.json").exists() for h in halves), prefix
+        assert not any((model / f"t{prefix}{h}.json").exists() for h in {"0", "1"} - set(halves))
+
+
+def test_a_lost_half_its_split_names_is_refused_whole_and_not_repaired(tmp_path: Path) -> None:
+    """A leaf lost beside a split node, of a device the catalog does not list (a class
+    listing one name): the readers of every entry and check-index read the model as one
+    without it, and gc removed its files (only ``gc --job`` told). Its split node names
+    it among its halves: refused, reported as a missing leaf, not rebuilt over."""
+    url = str(tmp_path / "ptestore-index.json")
+    create_index(url, leaf_bytes=1024, listed=1)
+    publish_entries(url, [synthetic_entry("m", d, socs=1) for d in DEVICES], {})
+    _, sharded, _ = open_index(url)
+    assert sharded is not None
+    shards, model = sharded.layout["shards"], sharded.model_dir("m")
+    leaves = {_leaf_of(d): d for d in DEVICES}
+    leaf = next(
+        p
+        for p, d in sorted(leaves.items())
+        if d != min(DEVICES) and p[:-1] + "10"[int(p[-1])] not in leaves
+    )
+    Path(f"{model}/t{leaf}.json").unlink()
+    problem = (
+        f"{model}/t{leaf[:-1]}.json: index shard halves = ['0', '1']: must be halves that "
+        "exist (a split creates the halves it names before it commits, and a node is never "
+        f"removed) ({model}/t{leaf}.json is not found: a leaf is missing)"
+    )
+    _refusals(url, {}, f"{url}: index shards = '{shards}': {MUST} ({problem}{AFTER}")
+    check = check_index(url, repair=True)
+    assert check.problems == {"m": [f"missing leaf: {problem}"]} and check.repaired == []
+    assert check.left == {
+        "m": ["not repaired: a catalog is rebuilt from its leaves: restore the missing one"]
+    }
+    with pytest.raises(FormatError) as caught:
+        sharded.repair("m", force=True)
+    assert str(caught.value) == _not_rebuilt(url, shards, problem)
+
+
+def _strip_halves(model: str) -> None:
+    """The split markers of ``model`` as an earlier ptestore wrote them: no halves."""
+    for node in Path(model).glob("t*.json"):
+        value = json.loads(node.read_text())
+        if value["state"] == "split":
+            node.write_text(json.dumps({k: v for k, v in value.items() if k != "halves"}))
+
+
+def test_what_one_devices_look_up_cannot_tell(tmp_path: Path) -> None:
+    """Where a lost leaf still reads as "no entry" to a device not listed: below a split
+    marker an earlier ptestore wrote (it names no halves), and in a half its split left
+    empty that got its first entry later (a split names the halves it made; the node
+    that tells is in another half). gc --job checks every pair of its job instead."""
+    url = str(tmp_path / "ptestore-index.json")
+    _, model = _index(url)
+    _strip_halves(model)
+    _, leaf, _, _ = _lose_a_listed_leaf(model)
+    assert find_entry(url, "m", _hashed_below(leaf)) is None  # (select: its candidate lost)
+
+    url = str(tmp_path / "later" / "ptestore-index.json")
+    create_index(url, leaf_bytes=1024, listed=1)
+    publish_entries(url, [synthetic_entry("m", d, socs=1) for d in sorted(DEVICES)[:3]], {})
+    late = next(n for n in (f"zz-{i}" for i in range(100)) if device_bits(n).startswith("1"))
+    publish_entries(url, [synthetic_entry("m", late, socs=1)], {})  # creates t1
+    _, sharded, _ = open_index(url)
+    assert sharded is not None
+    model = sharded.model_dir("m")
+    top = json.loads(Path(f"{model}/t.json").read_text())
+    assert (top["state"], top["halves"]) == ("split", ["0"])  # t1 made after the split
+    Path(f"{model}/t1.json").unlink()
+    assert find_entry(url, "m", late) is None  # its own look-up: not listed, no entry
+    assert [e["device"] for e in load_index(url)["entries"]] == sorted(DEVICES)[:3]
 
 
 def test_one_devices_look_up_refuses_a_lost_top_node(tmp_path: Path) -> None:
@@ -291,6 +410,81 @@ def test_a_leaf_of_a_device_the_catalog_lists_is_refused(tmp_path: Path) -> None
     )
 
 
+def _not_rebuilt(url: str, shards: str, problem: str, m: str = "m") -> str:
+    """What a rebuild of ``m``'s catalog says of a leaf ``problem`` shows missing."""
+    return (
+        f"{url}: index shards = '{shards}': {MUST} ({problem}; the catalog of model {m!r} is "
+        "not rebuilt: rebuilt from the leaves as they are, it would leave out the entries the "
+        "missing leaf held and hide its loss from gc, which removes the files of entries it "
+        f"does not see. Restore the leaf (`ptestore fleet check-index {url}` says what is "
+        "missing))"
+    )
+
+
+def test_a_rebuild_refuses_a_lost_leaf_and_leaves_the_catalog(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A catalog rebuild reads the leaves as they are: a lost leaf's devices dropped out
+    of the catalog silently, and with them what tells gc. It refuses instead, the
+    catalog left as it is: a listed device's leaf lost beside a split node (a forced
+    repair), a leaf lost below a split while a run finds no catalog (rebuilt after a
+    crash), and a leaf lost between check-index's check and its rebuild."""
+    url = str(tmp_path / "ptestore-index.json")
+    shards, model = _index(url)
+    _, sharded, _ = open_index(url)
+    assert sharded is not None
+    catalog = Path(f"{model}/catalog.json")
+    lost, leaf, i, j = _lose_a_listed_leaf(model)
+    kept = json.loads(catalog.read_text())
+    with pytest.raises(FormatError) as caught:
+        sharded.repair("m", force=True)
+    assert str(caught.value) == _not_rebuilt(
+        url,
+        shards,
+        f"{catalog}: index catalog classes[{i}].devices[{j}] = '{lost}': must be a device "
+        f"whose entry is in one of the model's leaves (its leaf is {model}/t{leaf}.json: not "
+        "found: a leaf is missing (a writer updates the leaves before the catalog, and "
+        "never removes an entry))",
+    )
+    assert json.loads(catalog.read_text()) == kept  # marked, then the mark taken off
+
+    url = str(tmp_path / "two" / "ptestore-index.json")
+    shards, model = _index(url)
+    gone, split = _splits_lost()
+    Path(f"{model}/t{gone}.json").unlink()
+    Path(f"{model}/catalog.json").unlink()  # a run crashed before it
+    with pytest.raises(FormatError) as caught:
+        publish_entries(url, [synthetic_entry("m", ELSEWHERE)], {})
+    assert str(caught.value) == _not_rebuilt(
+        url,
+        shards,
+        f"{model}/t{split}.json: index shard state = 'split': must be a node whose halves "
+        f"hold the entries it split (at least 2) (they hold 1: a leaf is missing ({model}/"
+        f"t{gone}.json not found))",
+    )
+    assert not Path(f"{model}/catalog.json").exists()
+
+    url = str(tmp_path / "three" / "ptestore-index.json")
+    shards, model = _index(url)
+    _, sharded, _ = open_index(url)
+    assert sharded is not None
+    listed = json.loads(Path(f"{model}/catalog.json").read_text())
+    Path(f"{model}/catalog.json").write_text(json.dumps({**listed, "rebuilding": "0" * 16}))
+    real = type(sharded).repair
+
+    def repair(self: Any, m: str, *args: Any, **kwargs: Any) -> None:
+        _lose_a_listed_leaf(model)  # after the check, before the rebuild
+        real(self, m, *args, **kwargs)
+
+    monkeypatch.setattr(type(sharded), "repair", repair)
+    check = check_index(url, repair=True)
+    monkeypatch.undo()
+    assert check.marked == ["m"] and check.repaired == [] and not check.ok
+    [left] = check.left["m"]
+    assert left.startswith(f"not repaired: {url}: index shards = '{shards}': {MUST} (")
+    assert left.endswith(_not_rebuilt(url, shards, "").split("; ", 1)[1])
+
+
 def test_a_missing_shard_directory_is_refused(tmp_path: Path) -> None:
     """Without its models and root.json: gone. Without root.json alone (an index an
     earlier ptestore made): read as it is."""
@@ -346,6 +540,80 @@ def test_missing_parts_on_s3(s3_server: S3TestServer) -> None:
         f"neither in s3://{bucket}/fleet/{shards}: its shards were removed or moved, and the "
         "entries they held are unknown; restore them)",
     )
+
+
+def test_a_rebuild_refuses_a_lost_top_node_under_a_catalog_listing_none(tmp_path: Path) -> None:
+    """The top node lost under a catalog whose classes list no device (their lists
+    emptied by removals, members left: a rebuild's case), or a damaged one: no listed
+    device tells, but a catalog is there, so the top node was (a writer writes the
+    leaves first). Rebuilt, the catalog listed nothing and hid the loss from gc."""
+    url = str(tmp_path / "ptestore-index.json")
+    shards, model = _index(url)
+    _, sharded, _ = open_index(url)
+    assert sharded is not None
+    catalog = Path(f"{model}/catalog.json")
+    value = json.loads(catalog.read_text())
+    value["classes"] = [{**c, "devices": [], "more": True} for c in value["classes"]]
+    Path(f"{model}/t.json").unlink()
+    problem = (
+        f"{model}/t.json: index shard = 'not found': must be there while its model's catalog "
+        f"is ({catalog} is there: a leaf is missing (a writer writes the leaves before the "
+        "catalog, and never removes one))"
+    )
+    for damaged in (False, True):
+        catalog.write_text("{damaged" if damaged else json.dumps(value))
+
+        def kept(damaged: bool = damaged) -> bool:  # (a rebuild's mark taken off again)
+            text = catalog.read_text()
+            return text == "{damaged" if damaged else json.loads(text) == value
+
+        with pytest.raises(FormatError) as caught:
+            sharded.repair("m", force=damaged)
+        assert str(caught.value) == _not_rebuilt(url, shards, problem) and kept()
+        assert check_index(url, repair=True).problems == {"m": [f"missing leaf: {problem}"]}
+        assert kept()
+
+
+@pytest.mark.s3
+def test_a_rebuild_refuses_a_lost_listed_leaf_on_s3(s3_server: S3TestServer) -> None:
+    """A listed device's leaf deleted beside a split node on moto and SeaweedFS:
+    check-index reports a missing leaf and --repair leaves the catalog; a forced
+    rebuild refuses, the catalog as it was."""
+    bucket = s3_server.new_bucket()
+    url = f"s3://{bucket}/fleet/ptestore-index.json"
+    options = s3_server.storage_options
+    shards, model = _index(url, options)
+    client = s3_server.client()
+    key = f"{model}/catalog.json".removeprefix(f"s3://{bucket}/")
+    kept = json.loads(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+    leaf = min((_leaf_of(d) for d in DEVICES), key=len)
+    [lost] = [d for d in DEVICES if _leaf_of(d) == leaf]
+    [(i, j)] = [
+        (i, j)
+        for i, c in enumerate(kept["classes"])
+        for j, d in enumerate(c["devices"])
+        if d == lost
+    ]
+    client.delete_object(Bucket=bucket, Key=key.replace("catalog.json", f"t{leaf}.json"))
+    problem = (
+        f"{model}/catalog.json: index catalog classes[{i}].devices[{j}] = '{lost}': must be a "
+        f"device whose entry is in one of the model's leaves (its leaf is {model}/t{leaf}.json:"
+        " not found: a leaf is missing (a writer updates the leaves before the catalog, and "
+        "never removes an entry))"
+    )
+    check = check_index(url, options, repair=True)
+    assert check.problems == {"m": [f"missing leaf: {problem}"]} and check.repaired == []
+    assert check.left == {
+        "m": ["not repaired: a catalog is rebuilt from its leaves: restore the missing one"]
+    }
+    _, sharded, _ = open_index(url, options)
+    assert sharded is not None
+    with pytest.raises(FormatError) as caught:
+        sharded.repair("m", force=True)
+    assert str(caught.value) == _not_rebuilt(url, shards, problem)
+    assert json.loads(client.get_object(Bucket=bucket, Key=key)["Body"].read()) == kept
+    other = _hashed_below(leaf)  # not listed: its split node names the lost leaf
+    _lookups_refuse(url, options, other, _named_half(url, shards, model, leaf, other))
 
 
 EXT = get_fixture("mlp_xnnpack_ext")
