@@ -315,17 +315,22 @@ def test_copy_of_a_replaced_source_is_refused_by_the_server(server: Server, buck
         assert "checked after the last part copy" in str(info.value)
 
 
-def test_versioned_source_is_pinned_to_the_version_read(server: Server, bucket: str) -> None:
+def _versioned_copy(server: Server, bucket: str, data: bytes) -> tuple[Any, Any, Any, Traffic]:
+    """In a bucket made versioned, ``data`` stored as the source: its loader, its
+    ``s3_source()`` (with a version id), a new writer and the writer's traffic."""
     client = server.s3.client()
     client.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
-    data = source_bytes()
-    src_url = put_source(server, bucket, data)
-    src = open_loader(src_url, **server.s3.storage_options)
+    src = open_loader(put_source(server, bucket, data), **server.s3.storage_options)
     assert isinstance(src, FsspecLoader)
     source = src.s3_source()
     assert source is not None and source.version_id
     w = new_writer(server, bucket)
-    traffic = Traffic().attach(w.client.meta.events)
+    return src, source, w, Traffic().attach(w.client.meta.events)
+
+
+def test_versioned_source_is_pinned_to_the_version_read(server: Server, bucket: str) -> None:
+    data = source_bytes()
+    src, source, w, traffic = _versioned_copy(server, bucket, data)
     w.copy_from(src, 0, SIZE, 0)
     w.publish()
     assert read(server, w.url) == data
@@ -456,16 +461,9 @@ def test_a_part_copied_from_another_version_stops_before_complete(
     from ptestore.cli.exits import error_json
     from ptestore.errors import IntegrityError
 
-    client = server.s3.client()
-    client.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
     data = random.randbytes(2 * P)
-    src_url = put_source(server, bucket, data)
-    src = open_loader(src_url, **server.s3.storage_options)
-    assert isinstance(src, FsspecLoader)
-    source = src.s3_source()
-    assert source is not None and source.version_id
-    w = new_writer(server, bucket)
-    traffic = Traffic().attach(w.client.meta.events)
+    src, source, w, traffic = _versioned_copy(server, bucket, data)
+    client, src_url = server.s3.client(), source.url
 
     def another_version(parsed: dict[str, Any], **_: Any) -> None:
         parsed["CopySourceVersionId"] = "another-version"
