@@ -15,7 +15,7 @@ A rebuild reads the leaves as they are, so a leaf that is lost would drop out of
 catalog with its devices, and with it what tells ``gc`` that entries are missing (it
 checks the catalog against the leaves, and removes the files of entries it does not
 see). Before it writes, a rebuild therefore checks what its reads show lost
-(:func:`~.index_whole.missing_leaf`: the top node while a catalog is there, a split
+(:func:`~.index_lost.missing_leaf`: the top node while a catalog is there, a split
 node's half, or a device the catalog it replaces lists, whose node does not exist) and
 refuses with a :class:`FormatError` naming the index, the node and the model, leaving
 the catalog as it was (its own mark taken off again).
@@ -28,9 +28,10 @@ from typing import Any, Protocol
 
 from ..errors import AlreadyExists, FormatError, PreconditionFailed
 from .index_catalog import REBUILDING, marked, needs_rebuild, rebuild
+from .index_lost import missing_leaf
 from .index_store import ObjectStats
 from .index_trie import ModelTrie
-from .index_whole import ShardDirectory, missing_leaf
+from .index_whole import ShardDirectory
 
 __all__ = ["CatalogOwner", "repair_catalog"]
 
