@@ -17,7 +17,7 @@ problem, ``damaged catalog: ...``, and ``repair`` replaces it by compare-and-swa
 the version read. A leaf no reader reads (not JSON, past its bound, or read from another
 place than it says it belongs: :mod:`.index_place`) is ``damaged leaf: ...``, left by
 ``repair`` (a catalog is rebuilt from the leaves): restore or remove it by hand. So is a
-leaf missing (:func:`~.index_whole.missing_leaf`: below a split node, or the leaf of a
+leaf missing (:func:`~.index_lost.missing_leaf`: below a split node, or the leaf of a
 device the catalog lists, read as an empty one: ``missing leaf: ...``): a catalog rebuilt
 without its entries would hide the loss from ``gc``, which removes the files of entries
 it does not see; restore it (the rebuild itself refuses too, should a leaf go missing
@@ -112,7 +112,7 @@ def catalog_problems(sharded: ShardedIndex, model: str) -> tuple[list[str], bool
     members; and whether it carries a rebuild's mark. The catalog is read before the
     leaves: a device it lists has an entry in them then, unless a leaf is missing."""
     from .index_catalog import REBUILDING, class_key, live_stamps
-    from .index_whole import missing_leaf
+    from .index_lost import missing_leaf
 
     members: dict[str, list[str]] = {}
     trie = sharded.trie(model)

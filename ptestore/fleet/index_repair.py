@@ -4,9 +4,11 @@ members remain, and what ``fleet check-index --repair`` does to a catalog that d
 
 An existing catalog is marked first (unless marked already), then the leaves read, then
 the marked version replaced, each by compare-and-swap (:mod:`.index_catalog`: a writer
-meanwhile renews the mark, which fails the commit, and the leaves are read again). While
-other runs keep writing the catalog, every attempt can fail so: after its attempts the
-rebuild gives up with a :class:`~ptestore.errors.PreconditionFailed` naming the catalog,
+meanwhile renews the mark, which fails the commit, and the leaves are read again), its
+attempts spaced as the conflicts of every index write are (a back-off that doubles,
+with jitter, up to half a second: :data:`~ptestore._retry.CONFLICT_RETRY`). While other
+runs keep writing the catalog, every attempt can fail so: after its attempts the rebuild
+gives up with a :class:`~ptestore.errors.PreconditionFailed` naming the catalog,
 the model, the index and the attempts (a publish reports it as its ``index_error``,
 ``check-index --repair`` as ``not repaired: ...``), never silently: the catalog stays as
 it was, behind its leaves, until a rebuild commits.
@@ -15,7 +17,7 @@ A rebuild reads the leaves as they are, so a leaf that is lost would drop out of
 catalog with its devices, and with it what tells ``gc`` that entries are missing (it
 checks the catalog against the leaves, and removes the files of entries it does not
 see). Before it writes, a rebuild therefore checks what its reads show lost
-(:func:`~.index_whole.missing_leaf`: the top node while a catalog is there, a split
+(:func:`~.index_lost.missing_leaf`: the top node while a catalog is there, a split
 node's half, or a device the catalog it replaces lists, whose node does not exist) and
 refuses with a :class:`FormatError` naming the index, the node and the model, leaving
 the catalog as it was (its own mark taken off again).
@@ -28,9 +30,10 @@ from typing import Any, Protocol
 
 from ..errors import AlreadyExists, FormatError, PreconditionFailed
 from .index_catalog import REBUILDING, marked, needs_rebuild, rebuild
+from .index_lost import missing_leaf
 from .index_store import ObjectStats
 from .index_trie import ModelTrie
-from .index_whole import ShardDirectory, missing_leaf
+from .index_whole import ShardDirectory
 
 __all__ = ["CatalogOwner", "repair_catalog"]
 
@@ -54,13 +57,18 @@ def repair_catalog(
     holds (module docstring). A damaged catalog (not JSON, a malformed field: no writer
     can commit over it) is replaced by compare-and-swap on the version read. Other runs
     changing the catalog under every attempt: :class:`PreconditionFailed`."""
+    import logging
+
     from .._retry import CONFLICT_RETRY
 
     url = index.catalog_url(model)
     stats = stats or ObjectStats(url, "catalog")
-    tries = CONFLICT_RETRY.attempts
     mine: str | None = None  # the mark this call set
-    for _ in range(tries):
+
+    def attempt() -> None:
+        """One attempt; :class:`_Again` when another writer changed the catalog under
+        it (the next attempt, after the conflict policy's back-off, reads it again)."""
+        nonlocal force, mine
         try:
             value, version = index.read_catalog(model)
         except FormatError:  # damaged (not JSON, a malformed field): rebuilt over it
@@ -73,13 +81,11 @@ def repair_catalog(
             try:
                 index.store.write(url, mark, "if-match", version)
             except PreconditionFailed:
-                stats.conflicts += 1
-                continue
+                raise _Again("another run wrote the catalog") from None
             force, mine = False, mark[REBUILDING]  # a rebuild committed since is enough
             value, version = index.read_catalog(model)  # the marked version's token
             if value is None or value.get(REBUILDING) != mark[REBUILDING]:
-                stats.conflicts += 1  # a writer meanwhile: mark again
-                continue
+                raise _Again("another run wrote the catalog")  # mark again
         # Found marked: taken as is (marking again failed the rebuild in flight, and
         # in turn, all). ``force`` stays: that rebuild may have read the leaves before.
         trie = index.trie(model)
@@ -94,18 +100,33 @@ def repair_catalog(
         stats.attempts += 1
         try:
             index.store.write(url, new, "create" if version is None else "if-match", version)
-            stats.written = True
-            return
         except (PreconditionFailed, AlreadyExists):
+            raise _Again("another run wrote the catalog") from None
+        stats.written = True
+
+    def again(exc: BaseException) -> bool:
+        if isinstance(exc, _Again):
             stats.conflicts += 1
-    root = index.store.root
-    raise PreconditionFailed(
-        f"{url}: the catalog of model {model!r} changed under every one of {tries} attempts "
-        "to rebuild it from its leaves (other runs writing it meanwhile): not rebuilt, it "
-        f"stays behind its leaves until `ptestore fleet check-index {root} --repair` (or a "
-        "later run of the model) rebuilds it",
-        url=url,
-    )
+            return True
+        return False
+
+    try:  # retried as IndexStore.update retries its conflicts: backing off between them
+        CONFLICT_RETRY.call(
+            attempt, what=f"{url}: catalog rebuild", retry_on=again, level=logging.DEBUG
+        )
+    except _Again:
+        root = index.store.root
+        raise PreconditionFailed(
+            f"{url}: the catalog of model {model!r} changed under every one of "
+            f"{CONFLICT_RETRY.attempts} attempts to rebuild it from its leaves (other runs "
+            "writing it meanwhile): not rebuilt, it stays behind its leaves until `ptestore "
+            f"fleet check-index {root} --repair` (or a later run of the model) rebuilds it",
+            url=url,
+        ) from None
+
+
+class _Again(Exception):
+    """An attempt of a rebuild that another writer of the catalog failed."""
 
 
 def _unmark(index: CatalogOwner, url: str, value: dict[str, Any], version: str | None) -> None:

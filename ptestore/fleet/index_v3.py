@@ -41,6 +41,7 @@ from .index_catalog import (
     needs_rebuild,
     rebuild,
 )
+from .index_lost import check_creates
 from .index_pins import EntryGuard, replacing
 from .index_place import model_segment
 from .index_repair import repair_catalog
@@ -284,6 +285,9 @@ class ShardedIndex:
             if grown is not None:
                 self.store.check_size(self.catalog_url(model), dumps(grown))
         lo, hi = depth_range(catalog)
+        if located is None:  # a publish: it creates no node its reads show lost
+            located = trie.locate(list(changes), lo, hi)
+            check_creates(self, trie, located, catalog)
         cat_stats = ObjectStats(self.catalog_url(model), "catalog")
         first: tuple[dict[str, Any] | None, str | None] | None = (catalog, version)
         leaving = set(leaving or ()) | {

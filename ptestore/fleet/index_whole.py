@@ -43,7 +43,8 @@ split was committed before it existed), or any half below a split marker an earl
 ptestore wrote (no ``halves``). Neither the shape nor any object on the device's path
 says such a node was ever made (``gc --job`` checks that every pair of its job has an
 entry). One device's look-up does not check the entries below a split node either (it
-reads one path of the trie).
+reads one path of the trie). The writers refuse to hide what these rules show lost
+(:mod:`.index_lost`: a catalog rebuild, a publish that would create the node again).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ from typing import Any, Protocol
 
 from ..errors import FormatError, PteStoreError
 from .index_catalog import check_catalog
-from .index_place import HALVES, device_bits
+from .index_place import HALVES
 from .index_root import NAMED
 from .index_store import IndexStore
 from .index_trie import EMPTY, LEAF, SPLIT, ModelTrie, Node
@@ -65,9 +66,13 @@ __all__ = [
     "check_splits",
     "device_entry",
     "incomplete",
-    "missing_leaf",
+    "lost_half",
+    "lost_top",
     "model_nodes",
     "model_segments",
+    "named_half",
+    "sibling",
+    "unheld",
 ]
 
 
@@ -201,9 +206,9 @@ def check_splits(trie: ModelTrie, leaves: list[Node]) -> None:
     for node in leaves:
         if node.kind != EMPTY or not node.prefix:
             continue
-        sibling = _sibling(node.prefix)
-        if kinds.get(sibling) in (LEAF, EMPTY):
-            raise _lost_half(trie, node.prefix, kinds[sibling])
+        other = sibling(node.prefix)
+        if kinds.get(other) in (LEAF, EMPTY):
+            raise lost_half(trie, node.prefix, kinds[other])
 
 
 def check_halves(trie: ModelTrie, leaves: list[Node]) -> None:
@@ -214,12 +219,12 @@ def check_halves(trie: ModelTrie, leaves: list[Node]) -> None:
     absent = [n.prefix for n in leaves if n.kind == EMPTY and n.prefix]
     got = trie.store.read_many([trie.url(p[:-1]) for p in absent])
     for prefix in absent:
-        problem = _named_half(trie, prefix, got[trie.url(prefix[:-1])][0])
+        problem = named_half(trie, prefix, got[trie.url(prefix[:-1])][0])
         if problem is not None:
             raise problem
 
 
-def _named_half(trie: ModelTrie, prefix: str, above: dict[str, Any] | None) -> FormatError | None:
+def named_half(trie: ModelTrie, prefix: str, above: dict[str, Any] | None) -> FormatError | None:
     """The error of the node ``prefix``, not found, when its split node (``above``, as
     read) names it among the halves its split made; None when it does not (or names
     none: a marker an earlier ptestore wrote)."""
@@ -236,12 +241,12 @@ def _named_half(trie: ModelTrie, prefix: str, above: dict[str, Any] | None) -> F
     )
 
 
-def _sibling(prefix: str) -> str:
+def sibling(prefix: str) -> str:
     """The other half of the split node above the node ``prefix``."""
     return prefix[:-1] + "10"[int(prefix[-1])]
 
 
-def _lost_half(trie: ModelTrie, prefix: str, sibling_kind: str) -> FormatError:
+def lost_half(trie: ModelTrie, prefix: str, sibling_kind: str) -> FormatError:
     """The error of the node ``prefix``, not found below a split node whose other half
     is of ``sibling_kind`` (a leaf, or not found either): a leaf is missing."""
     state = "not found either" if sibling_kind == EMPTY else "a leaf"
@@ -251,7 +256,7 @@ def _lost_half(trie: ModelTrie, prefix: str, sibling_kind: str) -> FormatError:
         SPLIT,
         "a node whose halves both exist, unless one got none of the entries it "
         "split (the other got them all, and was split in turn)",
-        f"{trie.url(prefix)} is not found and {trie.url(_sibling(prefix))} is {state}: "
+        f"{trie.url(prefix)} is not found and {trie.url(sibling(prefix))} is {state}: "
         "a leaf is missing",
     )
 
@@ -277,48 +282,10 @@ def check_listed(
     for i, c in enumerate(classes):
         for j, device in enumerate(c["devices"]):
             if device not in held:
-                raise _unheld(where, i, j, device, "none holds it")
+                raise unheld(where, i, j, device, "none holds it")
 
 
-def missing_leaf(
-    trie: ModelTrie,
-    leaves: list[Node],
-    catalog: dict[str, Any] | None,
-    where: str,
-    *,
-    there: bool,
-) -> FormatError | None:
-    """What shows a leaf of ``trie`` missing, for a rebuild of its catalog at ``where``
-    (``catalog``, None: none or damaged; ``there``: an object at ``where``, damaged or
-    not; read before ``leaves``, the walk's, empty ones included), or None: the top node
-    not found while a catalog is there (a writer writes the leaves before the catalog), a
-    split node's (:func:`check_splits`, :func:`check_halves`), or a device the catalog
-    lists whose node does not exist (its entry was in a leaf before the catalog listed
-    it, and a leaf is never removed; a listed device its existing leaf lacks is the
-    catalog's fault, which a rebuild repairs). Rebuilt without that leaf's entries, the
-    catalog would hide its loss (gc checks the catalog against the leaves)."""
-    if there and [(n.prefix, n.kind) for n in leaves] == [("", EMPTY)]:
-        return _lost_top(trie, where)
-    try:
-        check_splits(trie, leaves)
-    except FormatError as exc:
-        return exc
-    held = {d for n in leaves for d in n.entries}
-    absent = [n.prefix for n in leaves if n.kind == EMPTY]
-    for i, c in enumerate((catalog or {}).get("classes", [])):
-        for j, device in enumerate(c["devices"]):
-            bits = device_bits(device)
-            lost = next((p for p in absent if bits.startswith(p)), None)
-            if device not in held and lost is not None:
-                return _unheld(where, i, j, device, f"its leaf is {trie.url(lost)}: not found")
-    try:
-        check_halves(trie, leaves)
-    except FormatError as exc:
-        return exc
-    return None
-
-
-def _lost_top(trie: ModelTrie, where: str) -> FormatError:
+def lost_top(trie: ModelTrie, where: str) -> FormatError:
     """The error of ``trie``'s top node, not found while its catalog (``where``) is."""
     return FormatError(
         trie.url(""),
@@ -330,7 +297,7 @@ def _lost_top(trie: ModelTrie, where: str) -> FormatError:
     )
 
 
-def _unheld(
+def unheld(
     where: str, i: int, j: int, device: str, found: str, why: str = "a leaf is missing"
 ) -> FormatError:
     """The error of the catalog at ``where`` listing ``device`` (its class ``i``, place
@@ -373,19 +340,19 @@ def device_entry(
         return entry, leaf
     problem: FormatError | None = None
     if node.kind == EMPTY and node.prefix:  # its split parent seen (ModelTrie.locate)
-        other = trie.read(_sibling(node.prefix)).kind
+        other = trie.read(sibling(node.prefix)).kind
         if other in (LEAF, EMPTY):
-            problem = _lost_half(trie, node.prefix, other)
+            problem = lost_half(trie, node.prefix, other)
     where = f"{trie.directory}/catalog.json"
     if problem is None and catalog is not None and node.kind == EMPTY and not node.prefix:
-        problem = _lost_top(trie, where)
+        problem = lost_top(trie, where)
     for i, c in enumerate((catalog or {}).get("classes", []) if problem is None else []):
         if device in c["devices"]:
             j = c["devices"].index(device)
             if node.kind == EMPTY:
-                problem = _unheld(where, i, j, device, f"its leaf is {leaf}: not found")
+                problem = unheld(where, i, j, device, f"its leaf is {leaf}: not found")
             else:
-                problem = _unheld(
+                problem = unheld(
                     where,
                     i,
                     j,
@@ -395,7 +362,7 @@ def device_entry(
                 )
             break
     if problem is None and node.kind == EMPTY and node.prefix:  # its split node as read
-        problem = _named_half(trie, node.prefix, node.above)
+        problem = named_half(trie, node.prefix, node.above)
     if problem is not None:
         root = index.store.root
         raise FormatError(

@@ -12,6 +12,7 @@ SeaweedFS), where it gave up silently."""
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -214,6 +215,27 @@ def test_a_rebuild_other_runs_keep_failing_gives_up_with_an_error(
     assert caught.value.url == _sharded(url).catalog_url("m")
     assert len(others) == 3 and not stats.written and stats.conflicts >= 3
     assert set(others) <= _listed(url, "m")  # their placements are there
+
+
+def test_a_rebuilds_attempts_back_off_as_conflicts_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each attempt of a rebuild another run failed is retried by the conflict policy
+    (its back-off, set to 0 here: the waits are the policy's, never the test's), as
+    every conflict of an index write is, and logged as such at DEBUG. Before, the next
+    attempt followed at once, however many runs were writing the catalog."""
+    url = str(tmp_path / "ptestore-index.json")
+    publish_entries(url, [synthetic_entry("m", device_name(i), socs=2) for i in range(4)], {})
+    _rebuilds_failed_by_placements(monkeypatch, url, "m")
+    catalog = _sharded(url).catalog_url("m")
+    with caplog.at_level(logging.DEBUG, "ptestore.retry"), pytest.raises(PreconditionFailed):
+        _sharded(url).repair("m", force=True)
+    monkeypatch.undo()
+    assert [r.getMessage() for r in caplog.records if r.name == "ptestore.retry"] == [
+        f"{catalog}: catalog rebuild: attempt {n} of 3 failed (_Again: another run wrote the "
+        "catalog); retrying in 0.00s"
+        for n in (1, 2)
+    ]
 
 
 def test_check_index_reports_a_rebuild_given_up_as_not_repaired(
