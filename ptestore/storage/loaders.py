@@ -11,8 +11,9 @@ round trip to save) is always read by ranges.
 
 Local files are read with ``os.pread`` (thread-safe, no shared file position). Remote
 reads retry transient failures under :class:`ptestore._retry.RetryPolicy` (options
-``retry_attempts``, ``retry_initial``, ``retry_max``); permanent failures are raised at
-once, mapped by :func:`ptestore._retry.to_storage_error` (missing object ->
+``retry_attempts``, ``retry_initial``, ``retry_max``), the one retry layer (on S3,
+s3fs's and botocore's own retries are off: :func:`.remote.one_retry_layer`); permanent
+failures are raised at once, mapped by :func:`ptestore._retry.to_storage_error` (missing object ->
 :class:`~ptestore.errors.ObjectNotFound`, 401/403/EACCES ->
 :class:`~ptestore.errors.PermissionDenied`, ...).
 
@@ -268,14 +269,15 @@ def open_loader(url: str | os.PathLike[str] | StorageURL, **storage_options: Any
         local: DataLoader = cls(u.path)
         return local
     from .._retry import RetryPolicy
-    from .remote import fs_class
+    from .remote import fs_class, one_retry_layer, s3_options
 
     fs_cls = fs_class(u)
     check_options(u.text, storage_options, cls.accepted_options(u), row.applies_to)
     options = dict(storage_options)
     retry = RetryPolicy.from_options(u.text, options)
+    options = s3_options(fs_cls, options)  # the policy is the one retry layer
     try:
-        fs = fs_cls(**options)
+        fs = one_retry_layer(fs_cls(**options))
     except (TypeError, ValueError) as exc:
         raise ConfigurationError(f"{u.text}: bad storage options: {exc}") from exc
     fs_path = u.path if u.protocol in ("s3", "memory") else fs._strip_protocol(u.text)

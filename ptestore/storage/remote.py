@@ -9,6 +9,13 @@ bucket), and the ETag (and version) of each answer is compared with the pinned o
 object replaced while it is read, even by one put back before the end (A, B, A: same
 ETag), fails the read with :class:`~ptestore.errors.PreconditionFailed` ("replaced
 while being read"), never bytes of two versions. That is not retried.
+
+One retry layer: the loader's :class:`~ptestore._retry.RetryPolicy`. On S3
+(:func:`one_retry_layer`) s3fs's own retry loop around each request (``_call_s3``, 5
+attempts with its own backoff) is cut to one attempt, and botocore's retries are off
+(``total_max_attempts=1``) unless ``config_kwargs`` sets ``retries``, as for the S3
+writer: nested, the three multiplied (3 x 5 x 5 = 75 requests for a read on a dropped
+connection with ``retry_attempts=3``).
 """
 
 from __future__ import annotations
@@ -29,7 +36,15 @@ from ._s3source import S3Source, s3_source_of
 from .base import LoaderBase, check_range
 from .types import StorageURL
 
-__all__ = ["WHOLE_READ_LIMIT", "FsspecLoader", "S3Source", "fresh_info", "fs_class"]
+__all__ = [
+    "WHOLE_READ_LIMIT",
+    "FsspecLoader",
+    "S3Source",
+    "fresh_info",
+    "fs_class",
+    "one_retry_layer",
+    "s3_options",
+]
 
 #: A remote object no larger than this is read whole at its second read (one request).
 WHOLE_READ_LIMIT = 1 << 20
@@ -57,6 +72,36 @@ def fresh_info(fs: Any, path: str) -> dict[str, Any]:
 
 def _is_s3fs(fs: Any) -> bool:
     return type(fs).__module__.split(".")[0] == "s3fs"
+
+
+def _is_s3fs_class(cls: type) -> bool:
+    return cls.__module__.split(".")[0] == "s3fs"
+
+
+#: botocore's retries off: :class:`~ptestore._retry.RetryPolicy` is the one layer.
+NO_BOTOCORE_RETRIES = {"total_max_attempts": 1, "mode": "standard"}
+
+
+def s3_options(fs_cls: type, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` for an s3fs filesystem class with botocore's retries off (unless
+    ``config_kwargs`` sets ``retries``); other classes' options as they are."""
+    if not _is_s3fs_class(fs_cls):
+        return options
+    config = dict(options.get("config_kwargs") or {})
+    config.setdefault("retries", dict(NO_BOTOCORE_RETRIES))
+    return {**options, "config_kwargs": config}
+
+
+def one_retry_layer(fs: Any) -> Any:
+    """``fs`` with s3fs's own retry loop cut to one attempt (an s3fs filesystem; any
+    other is returned as it is): every request of the loader (``GetObject``, the
+    ``HEAD`` of ``info``) is then retried by its :class:`RetryPolicy` only. s3fs reads
+    ``retries`` per call from the instance; fsspec may share the instance with other
+    users of the same options (botocore's retries, :func:`s3_options`, make those
+    options ptestore's own unless ``config_kwargs`` sets ``retries``)."""
+    if _is_s3fs(fs):
+        fs.retries = 1
+    return fs
 
 
 class FsspecLoader(LoaderBase):

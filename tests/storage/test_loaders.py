@@ -337,3 +337,68 @@ def test_memory_objects_are_read_by_ranges() -> None:
     loader = open_loader("memory://ranges/m.pte")
     assert loader.load(4, 4) == DATA[4:8]
     assert isinstance(loader, FsspecLoader) and not loader.in_memory
+
+
+#: Fast retries: what the user configures is the one layer (no wall-clock waits).
+FAST_RETRY = {"retry_attempts": 3, "retry_initial": 0.0, "retry_max": 0.0}
+
+
+def _s3_loader(s3_server: S3TestServer, **options: Any) -> tuple[FsspecLoader, str]:
+    bucket = s3_server.new_bucket()
+    s3_server.client().put_object(Bucket=bucket, Key="m.pte", Body=DATA)
+    url = f"s3://{bucket}/m.pte"
+    loader = open_loader(
+        url, **s3_server.storage_options, skip_instance_cache=True, **FAST_RETRY, **options
+    )
+    assert isinstance(loader, FsspecLoader)
+    return loader, url
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("kind", ["reset", "500", "503"])
+def test_a_failing_s3_read_makes_as_many_requests_as_the_retry_policy_says(
+    s3_server: S3TestServer, kind: str
+) -> None:
+    """One retry layer: ``retry_attempts=3`` is 3 GetObject requests, not 3 x s3fs's 5 x
+    botocore's 5 (75 for a dropped connection before s3fs's and botocore's retries
+    were turned off)."""
+    from writers.s3_faults import Fault
+
+    loader, url = _s3_loader(s3_server)
+    fault = Fault("GetObject", kind, times=-1).install(loader.fs.s3)
+    with pytest.raises(StorageError, match=rf"^{re.escape(url)}: read of 10 bytes at offset 0 "):
+        loader.load(0, 10)
+    assert fault.calls == 3
+    head = Fault("HeadObject", kind, times=-1).install(loader.fs.s3)
+    with pytest.raises(StorageError, match=rf"^{re.escape(url)}: stat failed: "):
+        loader.check_unchanged()
+    assert head.calls == 3
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("kind", ["reset", "500"])
+def test_an_s3_read_that_fails_once_makes_two_requests(s3_server: S3TestServer, kind: str) -> None:
+    from writers.s3_faults import Fault
+
+    loader, _ = _s3_loader(s3_server)
+    fault = Fault("GetObject", kind, times=1).install(loader.fs.s3)
+    assert loader.load(len(DATA) - 8, 8) == DATA[-8:]
+    assert (fault.calls, fault.injected) == (2, 1)
+    head = Fault("HeadObject", kind, times=1).install(loader.fs.s3)
+    loader.check_unchanged()
+    assert (head.calls, head.injected) == (2, 1)
+
+
+@pytest.mark.s3
+def test_botocore_retries_given_in_config_kwargs_are_kept(s3_server: S3TestServer) -> None:
+    """``config_kwargs`` with ``retries`` is the user's choice: botocore's attempts then
+    multiply the policy's (2 x 3), and nothing else does."""
+    from writers.s3_faults import Fault
+
+    retries = {"total_max_attempts": 2, "mode": "standard"}
+    loader, _ = _s3_loader(s3_server, config_kwargs={"retries": retries})
+    assert loader.fs.s3.meta.config.retries == retries
+    fault = Fault("GetObject", "500", times=-1).install(loader.fs.s3)
+    with pytest.raises(StorageError, match=r"InternalError \(HTTP 500\)"):
+        loader.load(0, 10)
+    assert fault.calls == 6
