@@ -20,6 +20,7 @@ from ptestore.cli import main
 from ptestore.errors import ConfigurationError, PreconditionFailed, StorageError
 from ptestore.provenance import check_bytes
 from ptestore.storage.loaders import open_loader
+from ptestore.storage.remote import s3_options
 from ptestore.testing.s3server import S3TestServer
 
 MLP = get_fixture("mlp_xnnpack")
@@ -75,7 +76,9 @@ def test_an_artifact_republished_while_verified_is_changed_not_damaged(
     etag = client.put_object(Bucket=bucket, Key="out.pte", Body=a)["ETag"]
     opts = s3_server.storage_options
     assert verify(url, storage_options=opts).exit_code == 0
-    events = fsspec.filesystem("s3", **opts).s3.meta.events  # the one verify's loader uses
+    # The filesystem verify's loader uses (fsspec's instance for the loader's options).
+    loader_opts = s3_options(fsspec.get_filesystem_class("s3"), opts)
+    events = fsspec.filesystem("s3", **loader_opts).s3.meta.events
     gets: list[dict[str, Any]] = []
     new: list[str] = []
 
