@@ -24,6 +24,7 @@ from .index_whole import (
     check_halves,
     check_splits,
     lost_half,
+    lost_part,
     lost_top,
     named_half,
     sibling,
@@ -101,14 +102,12 @@ def check_creates(
         if problem is None and p:
             problem = named_half(trie, p, node.above)
         if problem is not None:
-            root = index.store.root
-            raise FormatError(
-                root,
-                "index shards",
-                index.layout["shards"],
-                "every node its catalogs and split nodes name",
-                f"{problem}; the entries of model {trie.model!r} are not published: created "
-                "with them alone, the missing leaf would hide its loss (read as holding only "
-                "them, its other devices as having no entry, by every reader, check-index and "
-                f"gc). Restore it (`ptestore fleet check-index {root}` says what is missing)",
+            raise lost_part(
+                index,
+                problem,
+                f"the entries of model {trie.model!r} are not published: created with them "
+                "alone, the missing leaf would hide its loss (read as holding only them, its "
+                "other devices as having no entry, by every reader, check-index and gc). "
+                f"Restore it (`ptestore fleet check-index {index.store.root}` says what is "
+                "missing)",
             )

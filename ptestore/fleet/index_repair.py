@@ -33,7 +33,7 @@ from .index_catalog import REBUILDING, marked, needs_rebuild, rebuild
 from .index_lost import missing_leaf
 from .index_store import ObjectStats
 from .index_trie import ModelTrie
-from .index_whole import ShardDirectory
+from .index_whole import ShardDirectory, lost_part
 
 __all__ = ["CatalogOwner", "repair_catalog"]
 
@@ -143,14 +143,11 @@ def _unmark(index: CatalogOwner, url: str, value: dict[str, Any], version: str |
 def _not_rebuilt(index: CatalogOwner, model: str, problem: FormatError) -> FormatError:
     """The error of a rebuild of ``model``'s catalog that found a leaf missing
     (``problem``, naming the node that tells and the one missing)."""
-    root = index.store.root
-    return FormatError(
-        root,
-        "index shards",
-        index.layout["shards"],
-        "every node its catalogs and split nodes name",
-        f"{problem}; the catalog of model {model!r} is not rebuilt: rebuilt from the leaves "
-        "as they are, it would leave out the entries the missing leaf held and hide its loss "
-        "from gc, which removes the files of entries it does not see. Restore the leaf "
-        f"(`ptestore fleet check-index {root}` says what is missing)",
+    return lost_part(
+        index,
+        problem,
+        f"the catalog of model {model!r} is not rebuilt: rebuilt from the leaves as they "
+        "are, it would leave out the entries the missing leaf held and hide its loss from "
+        "gc, which removes the files of entries it does not see. Restore the leaf (`ptestore "
+        f"fleet check-index {index.store.root}` says what is missing)",
     )

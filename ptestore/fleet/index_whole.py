@@ -165,16 +165,27 @@ def model_nodes(index: ShardDirectory, trie: ModelTrie, *, strict: bool = False)
     return nodes
 
 
-def incomplete(index: ShardDirectory, problem: FormatError) -> FormatError:
-    """The error of a reader of every entry of ``index`` that found a part of it
-    missing (``problem``, naming the node that tells and the object missing)."""
+def lost_part(index: ShardDirectory, problem: FormatError, refused: str) -> FormatError:
+    """The error of a reader or writer of ``index`` that found a part of it missing
+    (``problem``, naming the node that tells and the object missing): ``refused``, what
+    it does not do and why, follows the problem."""
     return FormatError(
         index.store.root,
         "index shards",
         index.layout["shards"],
         "every node its catalogs and split nodes name",
-        f"{problem}; the index cannot be read whole: restore what is missing (read as "
-        "empty, the entries it held would be left out)",
+        f"{problem}; {refused}",
+    )
+
+
+def incomplete(index: ShardDirectory, problem: FormatError) -> FormatError:
+    """The error of a reader of every entry of ``index`` that found a part of it
+    missing (``problem``, naming the node that tells and the object missing)."""
+    return lost_part(
+        index,
+        problem,
+        "the index cannot be read whole: restore what is missing (read as empty, the "
+        "entries it held would be left out)",
     )
 
 
@@ -364,14 +375,12 @@ def device_entry(
     if problem is None and node.kind == EMPTY and node.prefix:  # its split node as read
         problem = named_half(trie, node.prefix, node.above)
     if problem is not None:
-        root = index.store.root
-        raise FormatError(
-            root,
-            "index shards",
-            index.layout["shards"],
-            "every node its catalogs and split nodes name",
-            f"{problem}; the entry of model {trie.model!r} for device {device!r} may be lost "
-            "with it, so it is not answered as none (the portable source): `ptestore fleet "
-            f"check-index {root}` says what is missing and what --repair can rebuild",
+        raise lost_part(
+            index,
+            problem,
+            f"the entry of model {trie.model!r} for device {device!r} may be lost with it, "
+            "so it is not answered as none (the portable source): `ptestore fleet "
+            f"check-index {index.store.root}` says what is missing and what --repair can "
+            "rebuild",
         )
     return None, leaf

@@ -462,7 +462,7 @@ def test_root_overwriting_a_users_file_keeps_its_owner_unless_permissions_are_gi
         assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, 0, 0o644)
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the case is root whose chown is refused")
 def test_a_refused_chown_as_root_keeps_roots_owner_with_a_warning(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
