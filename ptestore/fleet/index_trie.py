@@ -44,6 +44,7 @@ __all__ = [
     "EMPTY",
     "LEAF",
     "Change",
+    "Check",
     "SHARD_FORMAT",
     "SPLIT",
     "SPLITTING",
@@ -59,6 +60,9 @@ _LOCK = threading.Lock()
 Change = Callable[[dict[str, Any] | None], dict[str, Any] | None]
 #: device -> (entry before, entry published) of the changes an update made.
 Made = dict[str, tuple[dict[str, Any] | None, dict[str, Any]]]
+#: ``check(located)``: a look-up of an update's devices (prefix -> (node, devices)),
+#: before any leaf it found is written; raises to refuse it.
+Check = Callable[[dict[str, tuple[Node, list[str]]]], None]
 
 
 class _Moved(Exception):
@@ -94,16 +98,22 @@ class ModelTrie(TrieNodes):
         *,
         located: dict[str, tuple[Node, list[str]]] | None = None,
         workers: int = 8,
+        check: Check | None = None,
     ) -> LeafOutcome:
         """Apply ``changes`` (device -> change of its entry) leaf by leaf, each by
         compare-and-swap; leaves that grow past the bound are split. A leaf takes the
         changes that keep it within what readers read of a node (``leaf_bytes`` plus
         :data:`~.index_bounds.ENTRY_ROOM`), the others after its split: a publish of
         thousands of entries at once into one leaf froze them all in one node readers
-        refused. ``located`` is where the devices were found already (a walk)."""
+        refused. ``located`` is where the devices were found already (a walk).
+        ``check`` sees every look-up this call makes before a leaf it found is written:
+        its first (without ``located``) and each below a node found split since (a
+        publish refuses there a node its reads show lost, :func:`.index_lost.check_creates`)."""
         out = LeafOutcome()
         if located is None:
             located = self.locate(list(changes), lo, hi)
+            if check is not None:
+                check(located)
         out.fresh = all(n.prefix == "" and n.kind == EMPTY for n, _ in located.values())
         carried: Made = {}  # what an uncertain write may have made above a split since
         while located:
@@ -126,10 +136,12 @@ class ModelTrie(TrieNodes):
                     if later:
                         moved.append((futures[fut][0], later))
             located = {}
-            for prefix, devs in moved:  # split since, or by this change: below it
-                depth = len(prefix) + 1
-                for p, (node, ds) in self.locate(devs, depth, depth).items():
+            for prefix, devs in moved:  # split since, or by this change: below it, the
+                depth = len(prefix)  # split node read again (the halves it names)
+                for p, (node, ds) in self.locate(devs, depth, depth + 1).items():
                     located.setdefault(p, (node, []))[1].extend(ds)
+            if check is not None and located:
+                check(located)
         return out
 
     def _update_leaf(

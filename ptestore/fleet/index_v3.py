@@ -47,7 +47,7 @@ from .index_place import model_segment
 from .index_repair import repair_catalog
 from .index_root import SHARDS
 from .index_store import IndexStore, ObjectStats, dumps
-from .index_trie import EMPTY, Change, ModelTrie, Node
+from .index_trie import EMPTY, Change, Check, ModelTrie, Node
 from .index_v2 import INDEX_FORMAT, now
 from .index_whole import device_entry, model_nodes, model_segments
 
@@ -285,9 +285,14 @@ class ShardedIndex:
             if grown is not None:
                 self.store.check_size(self.catalog_url(model), dumps(grown))
         lo, hi = depth_range(catalog)
-        if located is None:  # a publish: it creates no node its reads show lost
-            located = trie.locate(list(changes), lo, hi)
-            check_creates(self, trie, located, catalog)
+        check: Check | None = None
+        if located is None:  # a publish: it creates no node its reads show lost, found
+            located = trie.locate(list(changes), lo, hi)  # now or below a node split since
+
+            def check(found: dict[str, tuple[Node, list[str]]]) -> None:
+                check_creates(self, trie, found, catalog)
+
+            check(located)
         cat_stats = ObjectStats(self.catalog_url(model), "catalog")
         first: tuple[dict[str, Any] | None, str | None] | None = (catalog, version)
         leaving = set(leaving or ()) | {
@@ -304,7 +309,7 @@ class ShardedIndex:
             self._place(model, dict.fromkeys(leaving), [], cat_stats, first, False)
             if cat_stats.written:
                 first = None  # the placement below reads the version this wrote
-        outcome = trie.update(changes, lo, hi, located=located)
+        outcome = trie.update(changes, lo, hi, located=located, check=check)
         if made is not None:
             made.extend(new for _, new in outcome.changes.values())
         placed = {d: live_stamps(e) for d, e in (placements or {}).items() if d not in left}
