@@ -222,8 +222,9 @@ def test_a_rebuilds_attempts_back_off_as_conflicts_do(
 ) -> None:
     """Each attempt of a rebuild another run failed is retried by the conflict policy
     (its back-off, set to 0 here: the waits are the policy's, never the test's), as
-    every conflict of an index write is, and logged as such at DEBUG. Before, the next
-    attempt followed at once, however many runs were writing the catalog."""
+    every conflict of an index write is, and logged as such at DEBUG, in words: what was
+    retried and why (before, the log named the private class ``_Again``). Before that,
+    the next attempt followed at once, however many runs were writing the catalog."""
     url = str(tmp_path / "ptestore-index.json")
     publish_entries(url, [synthetic_entry("m", device_name(i), socs=2) for i in range(4)], {})
     _rebuilds_failed_by_placements(monkeypatch, url, "m")
@@ -232,10 +233,13 @@ def test_a_rebuilds_attempts_back_off_as_conflicts_do(
         _sharded(url).repair("m", force=True)
     monkeypatch.undo()
     assert [r.getMessage() for r in caplog.records if r.name == "ptestore.retry"] == [
-        f"{catalog}: catalog rebuild: attempt {n} of 3 failed (_Again: another run wrote the "
-        "catalog); retrying in 0.00s"
+        f"{catalog}: rebuilding the catalog of model 'm' from its leaves: attempt {n} of 3 "
+        "failed (another run wrote the catalog while this one read the leaves, so the catalog "
+        "rebuilt from them was not written: the catalog and the leaves are read again); "
+        "retrying in 0.00s"
         for n in (1, 2)
     ]
+    assert not any("_Again" in r.getMessage() for r in caplog.records)
 
 
 def test_check_index_reports_a_rebuild_given_up_as_not_repaired(
