@@ -217,7 +217,8 @@ def open_index(
 
             get_logger(__name__).warning("%s", problem)
         return root, None, store
-    from .index_v3 import ShardedIndex, check_layout
+    from .index_root import check_layout
+    from .index_v3 import ShardedIndex
 
     return root, ShardedIndex(store, check_layout(root, target)), store
 
