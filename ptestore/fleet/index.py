@@ -43,7 +43,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from ..errors import FormatError
+from ..errors import FormatError, PteStoreError
 from .index_bounds import check_entry_size, check_name, check_v2_entries
 from .index_entry import artifact_entry, entry_for, shared_entry
 from .index_migrate import create_index, migrate_index, named_beside
@@ -179,13 +179,17 @@ def publish_entries(
     *,
     version: int | None = None,
     pins: dict[tuple[str, str], list[ArtifactPin]] | None = None,
+    errors: dict[str, PteStoreError] | None = None,
 ) -> IndexReport:
     """Merge ``entries`` into the index at ``url`` (created when there is none; a
     version 1/2 index on a store with compare-and-swap is migrated to version 3 first,
     unless ``version=2``). ``pins``: per ``(model, device)``, the versions of the
     artifacts its entry was made from (:func:`entry_for`); an entry that would replace
     one naming other bytes while an artifact of it was replaced since is left out,
-    and named in the report's ``superseded`` (:mod:`.index_pins`)."""
+    and named in the report's ``superseded`` (:mod:`.index_pins`). A model of a version
+    3 index whose entries cannot be published (a lost leaf, a catalog rebuild given up,
+    a storage failure on its objects) leaves the others published: its error is put in
+    ``errors`` (model -> error), or without it the first is raised (by model name)."""
     from .index_migrate import open_for_writing
 
     new = list(entries)
@@ -202,7 +206,8 @@ def publish_entries(
     if sharded is None:
         report = IndexReport(url, 2, stats + publish_v2(store, new, guard))
     else:
-        report = IndexReport(url, 3, stats + sharded.publish(new, guard=guard), migrated)
+        made = sharded.publish(new, guard=guard, errors=errors)
+        report = IndexReport(url, 3, stats + made, migrated)
     if guard is not None:
         report.superseded = guard.superseded()
         for s in report.superseded:
@@ -287,6 +292,21 @@ def index_entries(
     never indexed as the pair's: its reason is appended to ``skipped``, or, without a
     list, raised as a :class:`FormatError`. ``pins`` gets, per pair, the versions of
     the artifacts read (:func:`entry_for`)."""
+    entries, refused = _pair_entries(job, pairs, pins)
+    if refused and skipped is None:
+        raise refused[0][2]
+    if skipped is not None:
+        skipped += [str(exc) for _, _, exc in refused]
+    return entries
+
+
+def _pair_entries(
+    job: Job,
+    pairs: Iterable[tuple[str, str]],
+    pins: dict[tuple[str, str], list[ArtifactPin]] | None,
+) -> tuple[list[dict[str, Any]], list[tuple[str, str, FormatError]]]:
+    """:func:`index_entries`'s entries, and ``(model, device, why)`` of each pair whose
+    artifact's trailer names another device."""
     import concurrent.futures as cf
 
     wanted = set(pairs)
@@ -322,37 +342,57 @@ def index_entries(
 
     with cf.ThreadPoolExecutor(max_workers=8) as pool:
         got = list(pool.map(one, todo))
-    problems = [x for x in got if isinstance(x, FormatError)]
-    if problems and skipped is None:
-        raise problems[0]
-    if skipped is not None:
-        skipped += [str(x) for x in problems]
-    return [x for x in got if not isinstance(x, FormatError)]
+    refused = [
+        (p.model.name, p.device.name, x)
+        for p, x in zip(todo, got, strict=True)
+        if isinstance(x, FormatError)
+    ]
+    return [x for x in got if not isinstance(x, FormatError)], refused
 
 
 def publish_pairs(
-    job: Job, pairs: list[tuple[str, str]]
+    job: Job, pairs: list[tuple[str, str]], problems: list[dict[str, Any]] | None = None
 ) -> tuple[str | None, str | None, IndexReport | None]:
-    """Index ``job``'s ``(model, device)`` pairs that are done or skipped: ``(url, None,
-    report)`` once published (``why`` instead of None: the pairs that were not indexed
-    because their artifact's trailer names another device, :func:`index_entries`),
-    ``(None, why, None)`` when the index could not be (the run's artifacts are
-    unaffected), ``(None, None, None)`` when there is nothing to
-    index."""
-    from ..errors import PteStoreError
-
+    """Index ``job``'s ``(model, device)`` pairs that are done or skipped: ``(url, why,
+    report)`` once any is published, ``(None, why, None)`` when none could be (the run's
+    artifacts are unaffected), ``(None, None, None)`` when there is nothing to index.
+    ``why`` (None: every pair indexed) joins the messages of what left pairs out, each
+    also appended to ``problems`` as ``{"model", "device", "index", "error"}``: a pair
+    whose artifact's trailer names another device (:func:`index_entries`), a model whose
+    entries could not be published (``device`` null: :func:`publish_entries`' errors;
+    the other models' are published), or the index itself (``model`` null too: no
+    entry published)."""
     if not pairs:
         return None, None, None
     url = index_url(job)
-    skipped: list[str] = []
+    left: list[dict[str, Any]] = []
+
+    def record(model: str | None, device: str | None, exc: PteStoreError) -> None:
+        left.append({"model": model, "device": device, "index": url, "error": str(exc)})
+
     pins: dict[tuple[str, str], list[ArtifactPin]] = {}
+    report = None
     try:
-        entries = index_entries(job, pairs, skipped, pins)
-        if not entries:
-            return None, "; ".join(skipped), None
-        report = publish_entries(
-            url, entries, dict(job.storage_options), version=job.index_version, pins=pins
-        )
+        entries, refused = _pair_entries(job, pairs, pins)
+        for model, device, exc in refused:
+            record(model, device, exc)
+        if entries:
+            failed: dict[str, PteStoreError] = {}
+            report = publish_entries(
+                url,
+                entries,
+                dict(job.storage_options),
+                version=job.index_version,
+                pins=pins,
+                errors=failed,
+            )
+            for model in sorted(failed):
+                record(model, None, failed[model])
+            if not {e["model"] for e in entries} - set(failed):
+                report = None  # no model's entries published
     except PteStoreError as exc:
-        return None, str(exc), None
-    return url, "; ".join(skipped) or None, report
+        record(None, None, exc)
+    if problems is not None:
+        problems += left
+    why = "; ".join(p["error"] for p in left) or None
+    return (None if report is None else url), why, report

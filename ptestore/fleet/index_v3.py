@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .._dataclass import dataclass, field
+from ..errors import PteStoreError
 from .index_bounds import ENTRY_ROOM
 from .index_catalog import (
     apply_placements,
@@ -154,11 +155,19 @@ class ShardedIndex:
 
     # -- writing ----------------------------------------------------------------------
     def publish(
-        self, entries: list[dict[str, Any]], *, workers: int = 8, guard: EntryGuard | None = None
+        self,
+        entries: list[dict[str, Any]],
+        *,
+        workers: int = 8,
+        guard: EntryGuard | None = None,
+        errors: dict[str, PteStoreError] | None = None,
     ) -> list[ObjectStats]:
         """Merge ``entries`` (keyed by model and device; each replaces the entry of its
         pair) into their leaves, then their models' catalogs; with ``guard``, not one
-        whose artifact another run replaced since (:mod:`.index_pins`)."""
+        whose artifact another run replaced since (:mod:`.index_pins`). A model whose
+        entries cannot be published does not stop the others: its error is put in
+        ``errors`` (model -> error), or without it the first (by model) is raised once
+        every model is done."""
         by_model: dict[str, dict[str, dict[str, Any]]] = {}
         for e in entries:
             by_model.setdefault(str(e["model"]), {})[str(e["device"])] = e
@@ -167,7 +176,14 @@ class ShardedIndex:
             wanted = by_model[model]
             changes: dict[str, Change] = {d: replacing(e, guard) for d, e in wanted.items()}
             left = set() if guard is None else guard.left_out(model)
-            return self._update_model(model, changes, placements=wanted, left=left)
+            try:
+                return self._update_model(model, changes, placements=wanted, left=left)
+            except PteStoreError as exc:
+                if errors is None:
+                    raise
+                with _LOCK:
+                    errors[model] = exc
+                return []
 
         return self._each(list(by_model), one, workers)
 

@@ -26,6 +26,7 @@ from ptestore.fleet.index_place import device_bits
 from ptestore.fleet.index_trie import ModelTrie, Node
 from ptestore.testing.fleet_index import synthetic_entry
 from ptestore.testing.s3server import S3TestServer
+from ptestore.viz.html import esc
 
 #: Devices whose hashes all begin with 0 (leaves of 1 KiB: one entry each): the top node
 #: splits, all of them into t0 (t1 never exists: a half left empty), and so on down.
@@ -192,11 +193,14 @@ def test_a_publish_still_creates_a_half_its_split_left_empty(tmp_path: Path, hal
 EXT = get_fixture("mlp_xnnpack_ext")
 
 
-def _job(path: Path, dest: Path, devices: list[str]) -> Path:
+def _job(path: Path, dest: Path, devices: list[str], models: tuple[str, ...] = ("mlp",)) -> Path:
     path.write_text(
         f'destination = "{dest}/{{device}}/{{model}}.pte"\n'
         'backends = ["support.fleet_backend:Scaler=1.0"]\n'
-        f'[[models]]\nname = "mlp"\nsource = "{EXT.pte_path}"\nptd = "{EXT.ptd_path}"\n'
+        + "".join(
+            f'[[models]]\nname = "{m}"\nsource = "{EXT.pte_path}"\nptd = "{EXT.ptd_path}"\n'
+            for m in models
+        )
         + "".join(f'[devices.{d}]\nsoc = "s{i}"\n' for i, d in enumerate(devices))
     )
     return path
@@ -225,6 +229,76 @@ def test_a_run_into_a_model_whose_top_node_is_lost_reports_an_index_error(
     shards = sharded.layout["shards"]
     assert got["index_error"] == _refused(url, shards, _top(model)[1], "mlp")
     assert not Path(f"{model}/t.json").exists()
+
+
+def _two_models_run(tmp_path: Path, lose: tuple[str, ...]) -> tuple[str, Any, Path]:
+    """A real run of models mlp and other on devices a and b, then the top node (the
+    only leaf) of each of ``lose`` lost; the index's URL, its shards and a job of
+    device c of both models into the same index."""
+    out = tmp_path / "out"
+    both = ("mlp", "other")
+    ab = _job(tmp_path / "ab.toml", out, ["a", "b"], both)
+    assert main(["fleet", "run", str(ab), "--workers", "1", "-q"]) == 0
+    url = str(out / "ptestore-index.json")
+    _, sharded, _ = open_index(url)
+    assert sharded is not None
+    for model in lose:
+        Path(f"{sharded.model_dir(model)}/t.json").unlink()
+    return url, sharded, _job(tmp_path / "c.toml", out, ["c"], both)
+
+
+def _model_error(url: str, sharded: Any, model: str) -> dict[str, Any]:
+    problem = _top(sharded.model_dir(model))[1]
+    error = _refused(url, sharded.layout["shards"], problem, model)
+    return {"model": model, "device": None, "index": url, "error": error}
+
+
+def test_a_run_names_the_index_error_of_each_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Both models' top nodes lost: the run's result names each model's index error
+    (``index_errors``: model, index URL, message; ``index_error`` joins the messages),
+    in ``--json``, the ``--report`` JSON and page and one summary line each, exit 1.
+    Before, only the first model's error was reported."""
+    url, sharded, job = _two_models_run(tmp_path, ("mlp", "other"))
+    capsys.readouterr()
+    report = tmp_path / "report.json"
+    assert (
+        main(["fleet", "run", str(job), "--workers", "1", "--json", "--report", str(report)]) == 1
+    )
+    got = json.loads(capsys.readouterr().out)
+    errors = [_model_error(url, sharded, m) for m in ("mlp", "other")]
+    assert (got["done"], got["failed"], got["index"], got["index_shards"]) == (2, 0, None, None)
+    assert got["index_errors"] == errors
+    assert got["index_error"] == "; ".join(e["error"] for e in errors)
+    shown = json.loads(report.read_text())
+    assert (shown["index_errors"], shown["index_error"]) == (errors, got["index_error"])
+    page = tmp_path / "report.html"  # skipped, refused again
+    assert main(["fleet", "run", str(job), "--workers", "1", "--report", str(page)]) == 1
+    assert capsys.readouterr().out.splitlines()[-2:] == [
+        f"index not published for model {e['model']}: {e['error']}" for e in errors
+    ]
+    html = page.read_text()
+    for e in errors:
+        row = f'<tr class="job"><td>{e["model"]}</td><td>its index</td><td class=mono>'
+        assert row + esc(e["error"]) + "</td></tr>" in html
+
+
+def test_a_run_whose_one_model_fails_its_index_names_the_index_it_published(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """mlp's top node lost, other's sound: other's entries published (the run's
+    ``index`` its URL, ``index_shards`` what it wrote), mlp's index error named, exit 1.
+    Before, the run reported no index, as if nothing had been indexed."""
+    url, sharded, job = _two_models_run(tmp_path, ("mlp",))
+    capsys.readouterr()
+    assert main(["fleet", "run", str(job), "--workers", "1", "--json"]) == 1
+    got = json.loads(capsys.readouterr().out)
+    assert (got["done"], got["index"]) == (2, url) and got["index_shards"]["written"] > 0
+    assert got["index_errors"] == [_model_error(url, sharded, "mlp")]
+    assert got["index_error"] == got["index_errors"][0]["error"]
+    assert find_entry(url, "other", "c") is not None
+    assert not Path(f"{sharded.model_dir('mlp')}/t.json").exists()
 
 
 @pytest.mark.s3
