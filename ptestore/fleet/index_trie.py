@@ -136,9 +136,9 @@ class ModelTrie(TrieNodes):
                     if later:
                         moved.append((futures[fut][0], later))
             located = {}
-            for prefix, devs in moved:  # split since, or by this change: below it, the
-                depth = len(prefix)  # split node read again (the halves it names)
-                for p, (node, ds) in self.locate(devs, depth, depth + 1).items():
+            for prefix, devs in moved:  # split since, or by this change: below it
+                depth = len(prefix) + 1
+                for p, (node, ds) in self.locate(devs, depth, depth).items():
                     located.setdefault(p, (node, []))[1].extend(ds)
             if check is not None and located:
                 check(located)
