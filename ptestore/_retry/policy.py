@@ -75,12 +75,16 @@ class RetryPolicy:
         on_retry: Callable[[], None] | None = None,
         retry_on: Callable[[BaseException], bool] = is_transient,
         level: int = logging.WARNING,
+        reason: Callable[[BaseException], str] | None = None,
     ) -> T:
         """Run ``fn``; retry the failures ``retry_on`` accepts (default: transient
         ones); re-raise the last failure as it is.
 
         ``what`` names the call in the retry log (at ``level``: a caller that reports
-        its retries itself logs them at DEBUG); ``on_retry`` runs before each retry.
+        its retries itself logs them at DEBUG) and ``reason`` says there in words why an
+        attempt failed (default: the service's error, else the exception's class and
+        message; a caller whose own exception marks an attempt to make again gives its
+        sentence); ``on_retry`` runs before each retry.
         """
         from tenacity import (
             Retrying,
@@ -93,7 +97,10 @@ class RetryPolicy:
         def before_sleep(state: RetryCallState) -> None:
             exc = state.outcome.exception() if state.outcome is not None else None
             info = find_error_info(exc) if exc is not None else None
-            reason = info.describe() if info is not None else f"{type(exc).__name__}: {exc}"
+            if reason is not None and exc is not None:
+                why = reason(exc)
+            else:
+                why = info.describe() if info is not None else f"{type(exc).__name__}: {exc}"
             wait = state.next_action.sleep if state.next_action is not None else 0.0
             log.log(
                 level,
@@ -101,7 +108,7 @@ class RetryPolicy:
                 what,
                 state.attempt_number,
                 self.attempts,
-                reason,
+                why,
                 wait,
             )
             if on_retry is not None:

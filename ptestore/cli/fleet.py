@@ -4,8 +4,9 @@
 ``ptestore fleet check-index INDEX [--repair] [--models NAMES]``.
 
 Exit status of ``run``: 0 when every pair is done or skipped and indexed, 1 when any
-failed or was left out of the index (``index_error``), 2 for a bad job file (the message
-names the line and key) or an unreachable scheduler.
+failed or was left out of the index (``index_error``; each reason, a model whose entries
+could not be published among them, in ``index_errors``), 2 for a bad job file (the
+message names the line and key) or an unreachable scheduler.
 """
 
 from __future__ import annotations

@@ -443,6 +443,6 @@ def _publish_all(files: list[dict[str, Any]]) -> None:
 
 def _describe(url: str, options: dict[str, Any]) -> dict[str, Any]:
     """What a direct artifact URL must be: its trailer names its bytes."""
-    from .index import artifact_entry
+    from .index_entry import artifact_entry
 
     return artifact_entry(url, options)[0]

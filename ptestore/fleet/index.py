@@ -43,14 +43,11 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from ..errors import FormatError
-from ..provenance import Provenance, read_trailer
-from ..storage.loaders import open_loader
-from ..storage.routing import options_for_loader
-from ..storage.types import absolute_local
+from ..errors import FormatError, PteStoreError
 from .index_bounds import check_entry_size, check_name, check_v2_entries
+from .index_entry import artifact_entry, entry_for, shared_entry
 from .index_migrate import create_index, migrate_index, named_beside
-from .index_pins import ArtifactPin, EntryGuard, pin_of, superseded_line
+from .index_pins import ArtifactPin, EntryGuard, superseded_line
 from .index_root import overwritten
 from .index_stats import IndexReport
 from .index_store import IndexStore
@@ -58,7 +55,6 @@ from .index_v2 import INDEX_FORMAT, check_index, now, parse_index, publish_v2, u
 from .job import Job
 
 if TYPE_CHECKING:
-    from ..provenance.record import ContentDigest
     from .index_v3 import ShardedIndex
 
 __all__ = [
@@ -66,6 +62,7 @@ __all__ = [
     "INDEX_NAME",
     "INDEX_VERSION",
     "IndexReport",
+    "artifact_entry",
     "check_index",
     "create_index",
     "entry_for",
@@ -79,6 +76,7 @@ __all__ = [
     "publish_entries",
     "publish_index",
     "publish_pairs",
+    "shared_entry",
     "update_index",
 ]
 
@@ -93,96 +91,6 @@ def index_url(job: Job) -> str:
     head = job.destination.split("{", 1)[0]
     cut = head.rfind("/")
     return (head[: cut + 1] if cut >= 0 else "") + INDEX_NAME
-
-
-def artifact_entry(
-    url: str, options: dict[str, Any], pins: list[ArtifactPin] | None = None
-) -> tuple[dict[str, Any], Provenance]:
-    """An artifact's entry (URL, size, SHA-256 of its content and of its trailer) and
-    its record; a file without a trailer naming its bytes (or whose record claims other
-    bytes than precede its trailer) is a :class:`FormatError`. The version read is
-    appended to ``pins``, when given and the store gives one (:mod:`.index_pins`)."""
-    loader_options = options_for_loader(url, options, "dst")
-    loader = open_loader(url, **loader_options)
-    try:
-        trailer = read_trailer(loader)
-        if trailer is None:
-            raise FormatError(
-                url, "provenance trailer", None, "present (an artifact that names its bytes)"
-            )
-        prov = Provenance.of_trailer(trailer, url)
-        if prov.content is None:
-            raise FormatError(url, "provenance content", None, "a digest of the bytes")
-        if pins is not None and (pin := pin_of(loader, url, loader_options)) is not None:
-            pins.append(pin)
-        return {
-            "url": absolute_local(url),
-            "size": loader.size(),
-            "sha256": prov.content.sha256,
-            "trailer_sha256": "sha256:" + trailer.sha256,
-        }, prov
-    finally:
-        loader.close()
-
-
-def shared_entry(url: str, content: ContentDigest) -> dict[str, Any]:
-    """The entry of a .ptd stored once at its content address ``url`` (no trailer: the
-    .pte's record names its size and SHA-256)."""
-    return {
-        "url": absolute_local(url),
-        "size": content.size,
-        "sha256": content.sha256,
-        "trailer_sha256": None,
-        "shared": True,
-    }
-
-
-def entry_for(
-    pte_url: str,
-    ptd_url: str | None,
-    options: dict[str, Any],
-    shared_root: str | None = None,
-    *,
-    xnnpack: bool = False,
-    pins: list[ArtifactPin] | None = None,
-) -> dict[str, Any]:
-    """The index entry of the artifact at ``pte_url`` (and its ``ptd_url``, or with
-    ``shared_root`` the .ptd stored there by content, :mod:`.shared`), from its
-    trailers (ranged reads only); with ``xnnpack`` (its device declares a CPU
-    fingerprint) also its ``"xnnpack"`` field (:func:`.packed.xnnpack_entry`: the
-    packed-weight file beside it, or null). ``pins`` gets the versions of the files
-    read that a run replaces at their URL (not a shared .ptd: :mod:`.index_pins`)."""
-    pte, prov = artifact_entry(pte_url, options, pins)
-    ptd = None
-    if shared_root is not None and prov.ptd_output is not None:
-        from .shared import shared_url
-
-        ptd = shared_entry(shared_url(shared_root, prov.ptd_output.sha256), prov.ptd_output)
-    elif ptd_url is not None:
-        ptd = artifact_entry(ptd_url, options, pins)[0]
-    dev = prov.device
-    entry: dict[str, Any] = {
-        "model": None,
-        "device": None if dev is None else dev.name,
-        "device_options": None if dev is None else dev.options,
-        "device_digest": None if dev is None else dev.digest,
-        "key": prov.key().digest(),
-        "job": None if prov.job is None else prov.job.to_dict(),
-        "source": {k: prov.source.to_dict()[k] for k in ("url", "size", "sha256")},
-        "ptd_source": None
-        if prov.ptd_source is None
-        else {k: prov.ptd_source.to_dict()[k] for k in ("url", "size", "sha256")},
-        "pte": pte,
-        "ptd": ptd,
-        "compatibility": [b.to_dict() for b in prov.backends],
-        "created": prov.created,
-    }
-    if xnnpack:
-        from .packed import xnnpack_entry
-
-        ptd_sha256 = None if prov.ptd_output is None else prov.ptd_output.sha256
-        entry["xnnpack"] = xnnpack_entry(pte_url, pte, ptd_sha256, options)
-    return entry
 
 
 def open_index(
@@ -217,7 +125,8 @@ def open_index(
 
             get_logger(__name__).warning("%s", problem)
         return root, None, store
-    from .index_v3 import ShardedIndex, check_layout
+    from .index_root import check_layout
+    from .index_v3 import ShardedIndex
 
     return root, ShardedIndex(store, check_layout(root, target)), store
 
@@ -270,13 +179,17 @@ def publish_entries(
     *,
     version: int | None = None,
     pins: dict[tuple[str, str], list[ArtifactPin]] | None = None,
+    errors: dict[str, PteStoreError] | None = None,
 ) -> IndexReport:
     """Merge ``entries`` into the index at ``url`` (created when there is none; a
     version 1/2 index on a store with compare-and-swap is migrated to version 3 first,
     unless ``version=2``). ``pins``: per ``(model, device)``, the versions of the
     artifacts its entry was made from (:func:`entry_for`); an entry that would replace
     one naming other bytes while an artifact of it was replaced since is left out,
-    and named in the report's ``superseded`` (:mod:`.index_pins`)."""
+    and named in the report's ``superseded`` (:mod:`.index_pins`). A model of a version
+    3 index whose entries cannot be published (a lost leaf, a catalog rebuild given up,
+    a storage failure on its objects) leaves the others published: its error is put in
+    ``errors`` (model -> error), or without it the first is raised (by model name)."""
     from .index_migrate import open_for_writing
 
     new = list(entries)
@@ -293,7 +206,8 @@ def publish_entries(
     if sharded is None:
         report = IndexReport(url, 2, stats + publish_v2(store, new, guard))
     else:
-        report = IndexReport(url, 3, stats + sharded.publish(new, guard=guard), migrated)
+        made = sharded.publish(new, guard=guard, errors=errors)
+        report = IndexReport(url, 3, stats + made, migrated)
     if guard is not None:
         report.superseded = guard.superseded()
         for s in report.superseded:
@@ -378,6 +292,21 @@ def index_entries(
     never indexed as the pair's: its reason is appended to ``skipped``, or, without a
     list, raised as a :class:`FormatError`. ``pins`` gets, per pair, the versions of
     the artifacts read (:func:`entry_for`)."""
+    entries, refused = _pair_entries(job, pairs, pins)
+    if refused and skipped is None:
+        raise refused[0][2]
+    if skipped is not None:
+        skipped += [str(exc) for _, _, exc in refused]
+    return entries
+
+
+def _pair_entries(
+    job: Job,
+    pairs: Iterable[tuple[str, str]],
+    pins: dict[tuple[str, str], list[ArtifactPin]] | None,
+) -> tuple[list[dict[str, Any]], list[tuple[str, str, FormatError]]]:
+    """:func:`index_entries`'s entries, and ``(model, device, why)`` of each pair whose
+    artifact's trailer names another device."""
     import concurrent.futures as cf
 
     wanted = set(pairs)
@@ -413,37 +342,57 @@ def index_entries(
 
     with cf.ThreadPoolExecutor(max_workers=8) as pool:
         got = list(pool.map(one, todo))
-    problems = [x for x in got if isinstance(x, FormatError)]
-    if problems and skipped is None:
-        raise problems[0]
-    if skipped is not None:
-        skipped += [str(x) for x in problems]
-    return [x for x in got if not isinstance(x, FormatError)]
+    refused = [
+        (p.model.name, p.device.name, x)
+        for p, x in zip(todo, got, strict=True)
+        if isinstance(x, FormatError)
+    ]
+    return [x for x in got if not isinstance(x, FormatError)], refused
 
 
 def publish_pairs(
-    job: Job, pairs: list[tuple[str, str]]
+    job: Job, pairs: list[tuple[str, str]], problems: list[dict[str, Any]] | None = None
 ) -> tuple[str | None, str | None, IndexReport | None]:
-    """Index ``job``'s ``(model, device)`` pairs that are done or skipped: ``(url, None,
-    report)`` once published (``why`` instead of None: the pairs that were not indexed
-    because their artifact's trailer names another device, :func:`index_entries`),
-    ``(None, why, None)`` when the index could not be (the run's artifacts are
-    unaffected), ``(None, None, None)`` when there is nothing to
-    index."""
-    from ..errors import PteStoreError
-
+    """Index ``job``'s ``(model, device)`` pairs that are done or skipped: ``(url, why,
+    report)`` once any is published, ``(None, why, None)`` when none could be (the run's
+    artifacts are unaffected), ``(None, None, None)`` when there is nothing to index.
+    ``why`` (None: every pair indexed) joins the messages of what left pairs out, each
+    also appended to ``problems`` as ``{"model", "device", "index", "error"}``: a pair
+    whose artifact's trailer names another device (:func:`index_entries`), a model whose
+    entries could not be published (``device`` null: :func:`publish_entries`' errors;
+    the other models' are published), or the index itself (``model`` null too: no
+    entry published)."""
     if not pairs:
         return None, None, None
     url = index_url(job)
-    skipped: list[str] = []
+    left: list[dict[str, Any]] = []
+
+    def record(model: str | None, device: str | None, exc: PteStoreError) -> None:
+        left.append({"model": model, "device": device, "index": url, "error": str(exc)})
+
     pins: dict[tuple[str, str], list[ArtifactPin]] = {}
+    report = None
     try:
-        entries = index_entries(job, pairs, skipped, pins)
-        if not entries:
-            return None, "; ".join(skipped), None
-        report = publish_entries(
-            url, entries, dict(job.storage_options), version=job.index_version, pins=pins
-        )
+        entries, refused = _pair_entries(job, pairs, pins)
+        for model, device, exc in refused:
+            record(model, device, exc)
+        if entries:
+            failed: dict[str, PteStoreError] = {}
+            report = publish_entries(
+                url,
+                entries,
+                dict(job.storage_options),
+                version=job.index_version,
+                pins=pins,
+                errors=failed,
+            )
+            for model in sorted(failed):
+                record(model, None, failed[model])
+            if not {e["model"] for e in entries} - set(failed):
+                report = None  # no model's entries published
     except PteStoreError as exc:
-        return None, str(exc), None
-    return url, "; ".join(skipped) or None, report
+        record(None, None, exc)
+    if problems is not None:
+        problems += left
+    why = "; ".join(p["error"] for p in left) or None
+    return (None if report is None else url), why, report

@@ -7,9 +7,11 @@ node (:mod:`.index_whole` tells a lost node from an empty one; a node is never r
 - A publish creates the node of a pair that has none (``If-None-Match``): created again
   with the run's entries alone, a lost leaf reads as holding only them, its other
   devices as having no entry, and no reader, ``check-index`` or ``gc`` can tell any
-  more (:func:`check_creates`). A node the trie does not say existed is created as
-  before: a model's first leaf, a half its split left empty (it names the halves it
-  made), and the halves a split creates itself (:mod:`.index_trie`).
+  more (:func:`check_creates`, on the publish's look-up and on each look-up again below
+  a node another writer split since, :meth:`.index_trie.ModelTrie.update`). A node the
+  trie does not say existed is created as before: a model's first leaf, a half its split
+  left empty (it names the halves it made), and the halves a split creates itself
+  (:mod:`.index_trie`).
 """
 
 from __future__ import annotations

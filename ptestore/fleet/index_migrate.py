@@ -49,17 +49,19 @@ from typing import Any
 
 from ..errors import AlreadyExists, ConfigurationError, FormatError, PreconditionFailed
 from .index_bounds import check_entry_size, check_v2_entries
-from .index_root import NAMED, SHARDS, SHARDS_PREFIX, overwritten
-from .index_store import IndexStore, ObjectStats
-from .index_v2 import check_index, now
-from .index_v3 import (
+from .index_root import (
     DEFAULT_LEAF_BYTES,
     DEFAULT_LISTED,
-    ShardedIndex,
+    NAMED,
+    SHARDS,
+    SHARDS_PREFIX,
     check_layout,
     new_layout,
-    root_value,
+    overwritten,
 )
+from .index_store import IndexStore, ObjectStats
+from .index_v2 import check_index, now
+from .index_v3 import ShardedIndex, root_value
 
 __all__ = [
     "LEGACY_LOCK_WAITS",

@@ -81,11 +81,11 @@ def repair_catalog(
             try:
                 index.store.write(url, mark, "if-match", version)
             except PreconditionFailed:
-                raise _Again("another run wrote the catalog") from None
+                raise _Again("another run wrote the catalog before this one marked it") from None
             force, mine = False, mark[REBUILDING]  # a rebuild committed since is enough
             value, version = index.read_catalog(model)  # the marked version's token
-            if value is None or value.get(REBUILDING) != mark[REBUILDING]:
-                raise _Again("another run wrote the catalog")  # mark again
+            if value is None or value.get(REBUILDING) != mark[REBUILDING]:  # mark again
+                raise _Again("another run wrote the catalog just after this one marked it")
         # Found marked: taken as is (marking again failed the rebuild in flight, and
         # in turn, all). ``force`` stays: that rebuild may have read the leaves before.
         trie = index.trie(model)
@@ -101,7 +101,10 @@ def repair_catalog(
         try:
             index.store.write(url, new, "create" if version is None else "if-match", version)
         except (PreconditionFailed, AlreadyExists):
-            raise _Again("another run wrote the catalog") from None
+            raise _Again(
+                "another run wrote the catalog while this one read the leaves, so the "
+                "catalog rebuilt from them was not written"
+            ) from None
         stats.written = True
 
     def again(exc: BaseException) -> bool:
@@ -112,7 +115,11 @@ def repair_catalog(
 
     try:  # retried as IndexStore.update retries its conflicts: backing off between them
         CONFLICT_RETRY.call(
-            attempt, what=f"{url}: catalog rebuild", retry_on=again, level=logging.DEBUG
+            attempt,
+            what=f"{url}: rebuilding the catalog of model {model!r} from its leaves",
+            retry_on=again,
+            level=logging.DEBUG,
+            reason=lambda exc: f"{exc}: the catalog and the leaves are read again",
         )
     except _Again:
         root = index.store.root
@@ -126,7 +133,8 @@ def repair_catalog(
 
 
 class _Again(Exception):
-    """An attempt of a rebuild that another writer of the catalog failed."""
+    """An attempt of a rebuild that another writer of the catalog failed; its message
+    says how, in the retry log (never shown as this class)."""
 
 
 def _unmark(index: CatalogOwner, url: str, value: dict[str, Any], version: str | None) -> None:

@@ -1,6 +1,7 @@
 """The object at an index's root URL, read no further than what its first bytes say it
-is (docs/fleet.md, "Bounds"); and the version 3 shard directories beside a version 1/2
-root that a root once named (docs/fleet.md, "Versions 1 and 2").
+is (docs/fleet.md, "Bounds"); the layout a version 3 root names (:func:`new_layout`,
+:func:`check_layout`); and the version 3 shard directories beside a version 1/2 root that
+a root once named (docs/fleet.md, "Versions 1 and 2").
 
 The root URL holds a version 3 root (a few hundred bytes, at most
 :data:`~.index_bounds.MAX_ROOT_BYTES`) or a version 1/2 index, one object holding every
@@ -32,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 from collections.abc import Iterator
 from typing import Any
 
@@ -39,12 +41,16 @@ from ..errors import FormatError
 from .index_bounds import MAX_ROOT_BYTES
 
 __all__ = [
+    "DEFAULT_LEAF_BYTES",
+    "DEFAULT_LISTED",
     "HEAD_BYTES",
     "NAMED",
     "SHARDS",
     "SHARDS_PREFIX",
+    "check_layout",
     "check_root_head",
     "local_size",
+    "new_layout",
     "overwritten",
     "read_head",
     "top_members",
@@ -58,6 +64,11 @@ SHARDS_PREFIX = "ptestore-index.v3-"
 SHARDS = re.compile(r"ptestore-index\.v3-[0-9a-f]{8,32}")
 #: The copy of the version 3 root that named a directory of shards, in that directory.
 NAMED = "root.json"
+#: A version 3 layout's bounds unless asked otherwise: a leaf's bytes, the devices a
+#: catalog lists per class.
+DEFAULT_LEAF_BYTES = 16 * 1024
+DEFAULT_LISTED = 8
+
 
 _WS = re.compile(r"[ \t\n\r]*")
 _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
@@ -211,3 +222,30 @@ def overwritten(url: str, version: object, named: list[str]) -> FormatError:
         "one, and what was published into version 3 since is only there; see "
         "docs/fleet.md, Versions 1 and 2",
     )
+
+
+def new_layout(
+    leaf_bytes: int = DEFAULT_LEAF_BYTES, listed: int = DEFAULT_LISTED
+) -> dict[str, Any]:
+    """A layout with a directory of its own (never one an earlier index left)."""
+    return {
+        "shards": f"ptestore-index.v3-{secrets.token_hex(4)}",
+        "leaf_bytes": leaf_bytes,
+        "listed": listed,
+    }
+
+
+def check_layout(root: dict[str, Any], url: str) -> dict[str, Any]:
+    """The layout of the version 3 root ``root``, checked (a directory name ptestore
+    made, bounds it can honour), else :class:`FormatError` naming the field."""
+    layout = root.get("layout")
+    if not isinstance(layout, dict):
+        raise FormatError(url, "index layout", layout, "an object")
+    shards = layout.get("shards")
+    if not isinstance(shards, str) or not SHARDS.fullmatch(shards):
+        raise FormatError(url, "index layout.shards", shards, "ptestore-index.v3-<hex>")
+    for name, low, high in (("leaf_bytes", 1024, 1 << 24), ("listed", 1, 1000)):
+        value = layout.get(name)
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise FormatError(url, f"index layout.{name}", value, f"an int in [{low}, {high}]")
+    return layout

@@ -1,15 +1,9 @@
-"""The entries of one model in an index v3: a binary trie over the SHA-256 of the device
-name, one object per node, no object larger than a bound.
+"""The entries of one model in an index v3 as writers change them: a binary trie over
+the SHA-256 of the device name, one object per node, no object larger than a bound (the
+nodes, and how readers find them: :mod:`.index_nodes`).
 
-A node is ``<model dir>/t<bits>.json`` where ``<bits>`` is the node's prefix of the
-device hash in binary (``t.json`` is the top). Each node is one of::
+Every leaf is updated by compare-and-swap (:meth:`ModelTrie.update`), and:
 
-    {"format": "ptestore.index-shard", "version": 3, "model": "mlp", "prefix": "01",
-     "state": "leaf" | "splitting" | "split", "entries": [...]}   # no entries when split,
-                                         # "halves": ["0", "1"] instead (index_place)
-
-- a **leaf** holds the entries whose device hash starts with its prefix; a node that does
-  not exist below a split node is an empty leaf;
 - a leaf whose update would make it larger than the bound (``leaf_bytes`` of the root's
   layout) is published as **splitting**: its entries are frozen (no writer changes them
   any more, readers still read them);
@@ -20,10 +14,8 @@ device hash in binary (``t.json`` is the top). Each node is one of::
   frozen entries, so every helper creates the same objects, and ``create`` never replaces
   a half a writer has updated since); exactly one compare-and-swap commits it.
 
-Readers walk from the shallowest depth a leaf can be at (the model's catalog counts the
-leaves per depth, :mod:`.index_catalog`) and follow split markers down. No node grows
-with the fleet: a node is at most ``leaf_bytes`` (plus the last entry that crossed it,
-until it splits), or one entry.
+No node grows with the fleet: a node is at most ``leaf_bytes`` (plus the last entry that
+crossed it, until it splits), or one entry.
 """
 
 from __future__ import annotations
@@ -31,19 +23,28 @@ from __future__ import annotations
 import concurrent.futures as cf
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from .._dataclass import dataclass, field
-from ..errors import FormatError, PreconditionFailed
-from .index_bounds import check_name
-from .index_place import HALVES, check_place, device_bits, halves_of
-from .index_store import IndexStore, ObjectStats, dumps
+from ..errors import PreconditionFailed
+from .index_nodes import (
+    EMPTY,
+    LEAF,
+    SHARD_FORMAT,
+    SPLIT,
+    SPLITTING,
+    Node,
+    TrieNodes,
+    device_bits,
+)
+from .index_store import ObjectStats, dumps
 
 __all__ = [
     "EMPTY",
     "LEAF",
     "Change",
+    "Check",
     "SHARD_FORMAT",
     "SPLIT",
     "SPLITTING",
@@ -52,29 +53,16 @@ __all__ = [
     "device_bits",
 ]
 
-SHARD_FORMAT = "ptestore.index-shard"
 #: Guards the outcome records the threads of an update fill.
 _LOCK = threading.Lock()
-LEAF, SPLITTING, SPLIT, EMPTY = "leaf", "splitting", "split", "empty"
-_STATES = (LEAF, SPLITTING, SPLIT)
 
 #: ``change(old entry or None) -> new entry`` (None: leave it as it is).
 Change = Callable[[dict[str, Any] | None], dict[str, Any] | None]
 #: device -> (entry before, entry published) of the changes an update made.
 Made = dict[str, tuple[dict[str, Any] | None, dict[str, Any]]]
-
-
-@dataclass
-class Node:
-    """One node as read: its state, entries (device -> entry) and version token."""
-
-    prefix: str
-    kind: str
-    entries: dict[str, dict[str, Any]] = field(default_factory=dict)
-    version: str | None = None
-    value: dict[str, Any] | None = None
-    #: Found by :meth:`ModelTrie.locate` missing below a split node: that node's value.
-    above: dict[str, Any] | None = None
+#: ``check(located)``: a look-up of an update's devices (prefix -> (node, devices)),
+#: before any leaf it found is written; raises to refuse it.
+Check = Callable[[dict[str, tuple[Node, list[str]]]], None]
 
 
 class _Moved(Exception):
@@ -97,167 +85,9 @@ class LeafOutcome:
     fresh: bool = False
 
 
-class ModelTrie:
-    """The trie of ``model`` under ``directory`` (a URL ending without ``/``)."""
-
-    def __init__(self, store: IndexStore, directory: str, model: str, leaf_bytes: int) -> None:
-        self.store = store
-        self.directory = directory
-        self.model = model
-        self.leaf_bytes = leaf_bytes
-
-    # -- nodes ------------------------------------------------------------------------
-    def url(self, prefix: str) -> str:
-        return f"{self.directory}/t{prefix}.json"
-
-    def value(self, prefix: str, entries: dict[str, dict[str, Any]], state: str) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "format": SHARD_FORMAT,
-            "version": 3,
-            "model": self.model,
-            "prefix": prefix,
-            "state": state,
-        }
-        if state != SPLIT:
-            out["entries"] = [entries[d] for d in sorted(entries)]
-        else:  # the halves a split of ``entries`` made (a node never removed: index_place)
-            out[HALVES] = halves_of(prefix, entries)
-        return out
-
-    def shape(self, prefix: str, entries: dict[str, dict[str, Any]]) -> dict[str, Any]:
-        """A leaf of ``entries``, or a splitting node when it would exceed the bound."""
-        leaf = self.value(prefix, entries, LEAF)
-        if len(entries) > 1 and len(dumps(leaf)) > self.leaf_bytes and len(prefix) < 256:
-            leaf["state"] = SPLITTING
-        return leaf
-
-    def parse(self, prefix: str, value: dict[str, Any] | None, version: str | None) -> Node:
-        url = self.url(prefix)
-        if value is None:
-            return Node(prefix, EMPTY, {}, None, None)
-        if value.get("format") != SHARD_FORMAT:
-            raise FormatError(url, "index shard format", value.get("format"), repr(SHARD_FORMAT))
-        state = value.get("state")
-        if state not in _STATES:
-            raise FormatError(url, "index shard state", state, " or ".join(map(repr, _STATES)))
-        entries: dict[str, dict[str, Any]] = {}
-        if state != SPLIT:
-            raw = value.get("entries")
-            if not isinstance(raw, list):
-                raise FormatError(url, "index shard entries", raw, "a list")
-            for e in raw:
-                if not isinstance(e, dict) or not isinstance(e.get("device"), str):
-                    raise FormatError(url, "index shard entry", e, "an object with a device")
-                check_name(e["device"], url, "index shard entry device")
-                entries[e["device"]] = e
-        check_place(value, url, prefix, self.directory.rsplit("/", 1)[-1], entries)
-        return Node(prefix, str(state), entries, version, value)
-
-    def read(self, prefix: str) -> Node:
-        value, version = self.store.read_json(self.url(prefix))
-        return self.parse(prefix, value, version)
-
-    def _read_many(self, prefixes: set[str]) -> dict[str, Node]:
-        got = self.store.read_many([self.url(p) for p in sorted(prefixes)])
-        return {p: self.parse(p, *got[self.url(p)]) for p in prefixes}
-
-    # -- finding ----------------------------------------------------------------------
-    def locate(self, devices: list[str], lo: int, hi: int) -> dict[str, tuple[Node, list[str]]]:
-        """The node holding each of ``devices``: ``{prefix: (node, devices)}``. Depths
-        ``lo``..``hi`` are read at once (where the catalog says leaves are), then one
-        depth at a time below a split node. A node found missing below a split is read
-        again unless it was read after its parent was seen split: a split creates its
-        halves before it commits, so a half read before its parent may be one made since
-        (taken for an empty leaf, its entries would read as absent)."""
-        out: dict[str, tuple[Node, list[str]]] = {}
-        pending = list(dict.fromkeys(devices))
-        depth, last = lo, max(lo, hi)
-        known: dict[str, Node] = {}
-        after_split: set[str] = set()  # read after their parent was seen split
-        while pending:
-            want = {device_bits(d)[:k] for d in pending for k in range(depth, last + 1)}
-            split_before = {p for p, n in known.items() if n.kind == SPLIT}
-            got = self._read_many(want - set(known))
-            after_split.update(p for p in got if p and p[:-1] in split_before)
-            known.update(got)
-            still = []
-            for d in pending:
-                node = self._resolve(device_bits(d), depth, known, after_split)
-                if node is None:
-                    still.append(d)
-                else:
-                    if node.kind == EMPTY and node.prefix:  # its split node (its halves)
-                        node.above = getattr(known.get(node.prefix[:-1]), "value", None)
-                    out.setdefault(node.prefix, (node, []))[1].append(d)
-            pending = still
-            depth, last = last + 1, last + 1
-        return out
-
-    def _resolve(
-        self, bits: str, depth: int, known: dict[str, Node], after_split: set[str]
-    ) -> Node | None:
-        """The node holding the device of ``bits`` from the nodes ``known`` (None: read
-        deeper first). An empty half of a split read with its parent is read again, and
-        below it, when it turns out split, each node of the path after its parent."""
-        for k in range(depth, 257):
-            node = known.get(bits[:k])
-            if node is None:
-                return None
-            if node.kind == SPLIT:
-                continue
-            if node.kind == EMPTY and k > 0:
-                node = self._holder(bits, k, known)
-            break
-        else:  # a device hash has 256 bits: no node below that depth
-            url = self.url(bits[:256])
-            raise FormatError(url, "index shard state", SPLIT, "a leaf at depth 256")
-        while node.kind == EMPTY and node.prefix and node.prefix not in after_split:
-            node = known[node.prefix] = self.read(node.prefix)
-            after_split.add(node.prefix)
-            while node.kind == SPLIT and len(node.prefix) < 256:
-                child = bits[: len(node.prefix) + 1]
-                node = known[child] = self.read(child)
-                after_split.add(child)
-        return node
-
-    def _holder(self, bits: str, k: int, known: dict[str, Node]) -> Node:
-        """The node that holds a device whose node at depth ``k`` does not exist: that
-        empty leaf when its parent is split, else the first node above it that is not
-        empty (a catalog that started the walk too deep is never trusted blindly)."""
-        j = k - 1
-        while j >= 0:
-            parent = known.get(bits[:j])
-            if parent is None:
-                parent = known[bits[:j]] = self.read(bits[:j])
-            if parent.kind == SPLIT:
-                return known[bits[: j + 1]]
-            if parent.kind != EMPTY:
-                return parent
-            j -= 1
-        return known[""]
-
-    def find(self, device: str, lo: int, hi: int) -> tuple[dict[str, Any] | None, str]:
-        """The entry of ``device`` (None when there is none) and the URL of the leaf
-        that holds it (or would), as the nodes are: a lost leaf reads as empty here.
-        Readers use :func:`~.index_whole.device_entry`, which tells them apart."""
-        for node, _ in self.locate([device], lo, hi).values():
-            return node.entries.get(device), self.url(node.prefix)
-        return None, self.url("")
-
-    def walk(self, *, empty: bool = False) -> Iterator[Node]:
-        """Every leaf from the top (split markers followed; nodes left unreachable by an
-        unfinished split are never read); with ``empty``, the empty leaves too."""
-        level = {""}
-        while level:
-            nodes = self._read_many(level)
-            level = set()
-            for prefix in sorted(nodes):
-                node = nodes[prefix]
-                if node.kind == SPLIT:
-                    if len(prefix) < 256:
-                        level |= {prefix + "0", prefix + "1"}
-                elif empty or node.kind != EMPTY:
-                    yield node
+class ModelTrie(TrieNodes):
+    """The trie of ``model`` under ``directory`` (a URL ending without ``/``): its
+    nodes as :class:`~.index_nodes.TrieNodes` reads them, updated and split here."""
 
     # -- writing ----------------------------------------------------------------------
     def update(
@@ -268,16 +98,22 @@ class ModelTrie:
         *,
         located: dict[str, tuple[Node, list[str]]] | None = None,
         workers: int = 8,
+        check: Check | None = None,
     ) -> LeafOutcome:
         """Apply ``changes`` (device -> change of its entry) leaf by leaf, each by
         compare-and-swap; leaves that grow past the bound are split. A leaf takes the
         changes that keep it within what readers read of a node (``leaf_bytes`` plus
         :data:`~.index_bounds.ENTRY_ROOM`), the others after its split: a publish of
         thousands of entries at once into one leaf froze them all in one node readers
-        refused. ``located`` is where the devices were found already (a walk)."""
+        refused. ``located`` is where the devices were found already (a walk).
+        ``check`` sees every look-up this call makes before a leaf it found is written:
+        its first (without ``located``) and each below a node found split since (a
+        publish refuses there a node its reads show lost, :func:`.index_lost.check_creates`)."""
         out = LeafOutcome()
         if located is None:
             located = self.locate(list(changes), lo, hi)
+            if check is not None:
+                check(located)
         out.fresh = all(n.prefix == "" and n.kind == EMPTY for n, _ in located.values())
         carried: Made = {}  # what an uncertain write may have made above a split since
         while located:
@@ -304,6 +140,8 @@ class ModelTrie:
                 depth = len(prefix) + 1
                 for p, (node, ds) in self.locate(devs, depth, depth).items():
                     located.setdefault(p, (node, []))[1].extend(ds)
+            if check is not None and located:
+                check(located)
         return out
 
     def _update_leaf(

@@ -25,13 +25,12 @@ build wins, that build's leaf (:mod:`.index_view`).
 from __future__ import annotations
 
 import concurrent.futures as cf
-import secrets
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from .._dataclass import dataclass, field
-from ..errors import FormatError
+from ..errors import PteStoreError
 from .index_bounds import ENTRY_ROOM
 from .index_catalog import (
     apply_placements,
@@ -45,9 +44,9 @@ from .index_lost import check_creates
 from .index_pins import EntryGuard, replacing
 from .index_place import model_segment
 from .index_repair import repair_catalog
-from .index_root import SHARDS
+from .index_root import DEFAULT_LEAF_BYTES, DEFAULT_LISTED, check_layout, new_layout
 from .index_store import IndexStore, ObjectStats, dumps
-from .index_trie import EMPTY, Change, ModelTrie, Node
+from .index_trie import EMPTY, Change, Check, ModelTrie, Node
 from .index_v2 import INDEX_FORMAT, now
 from .index_whole import device_entry, model_nodes, model_segments
 
@@ -62,24 +61,11 @@ __all__ = [
     "root_value",
 ]
 
-DEFAULT_LEAF_BYTES = 16 * 1024
-DEFAULT_LISTED = 8
 #: Guards the reports the threads of an update fill.
 _LOCK = threading.Lock()
 
 #: ``change(entry) -> new entry`` (None: keep it).
 EntryChange = Callable[[dict[str, Any]], dict[str, Any] | None]
-
-
-def new_layout(
-    leaf_bytes: int = DEFAULT_LEAF_BYTES, listed: int = DEFAULT_LISTED
-) -> dict[str, Any]:
-    """A layout with a directory of its own (never one an earlier index left)."""
-    return {
-        "shards": f"ptestore-index.v3-{secrets.token_hex(4)}",
-        "leaf_bytes": leaf_bytes,
-        "listed": listed,
-    }
 
 
 def root_value(layout: dict[str, Any], migrated: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -92,22 +78,6 @@ def root_value(layout: dict[str, Any], migrated: dict[str, Any] | None = None) -
     if migrated is not None:
         out["migrated"] = migrated
     return out
-
-
-def check_layout(root: dict[str, Any], url: str) -> dict[str, Any]:
-    """The layout of the version 3 root ``root``, checked (a directory name ptestore
-    made, bounds it can honour), else :class:`FormatError` naming the field."""
-    layout = root.get("layout")
-    if not isinstance(layout, dict):
-        raise FormatError(url, "index layout", layout, "an object")
-    shards = layout.get("shards")
-    if not isinstance(shards, str) or not SHARDS.fullmatch(shards):
-        raise FormatError(url, "index layout.shards", shards, "ptestore-index.v3-<hex>")
-    for name, low, high in (("leaf_bytes", 1024, 1 << 24), ("listed", 1, 1000)):
-        value = layout.get(name)
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            raise FormatError(url, f"index layout.{name}", value, f"an int in [{low}, {high}]")
-    return layout
 
 
 @dataclass
@@ -185,11 +155,19 @@ class ShardedIndex:
 
     # -- writing ----------------------------------------------------------------------
     def publish(
-        self, entries: list[dict[str, Any]], *, workers: int = 8, guard: EntryGuard | None = None
+        self,
+        entries: list[dict[str, Any]],
+        *,
+        workers: int = 8,
+        guard: EntryGuard | None = None,
+        errors: dict[str, PteStoreError] | None = None,
     ) -> list[ObjectStats]:
         """Merge ``entries`` (keyed by model and device; each replaces the entry of its
         pair) into their leaves, then their models' catalogs; with ``guard``, not one
-        whose artifact another run replaced since (:mod:`.index_pins`)."""
+        whose artifact another run replaced since (:mod:`.index_pins`). A model whose
+        entries cannot be published does not stop the others: its error is put in
+        ``errors`` (model -> error), or without it the first (by model) is raised once
+        every model is done."""
         by_model: dict[str, dict[str, dict[str, Any]]] = {}
         for e in entries:
             by_model.setdefault(str(e["model"]), {})[str(e["device"])] = e
@@ -198,7 +176,14 @@ class ShardedIndex:
             wanted = by_model[model]
             changes: dict[str, Change] = {d: replacing(e, guard) for d, e in wanted.items()}
             left = set() if guard is None else guard.left_out(model)
-            return self._update_model(model, changes, placements=wanted, left=left)
+            try:
+                return self._update_model(model, changes, placements=wanted, left=left)
+            except PteStoreError as exc:
+                if errors is None:
+                    raise
+                with _LOCK:
+                    errors[model] = exc
+                return []
 
         return self._each(list(by_model), one, workers)
 
@@ -285,9 +270,14 @@ class ShardedIndex:
             if grown is not None:
                 self.store.check_size(self.catalog_url(model), dumps(grown))
         lo, hi = depth_range(catalog)
-        if located is None:  # a publish: it creates no node its reads show lost
-            located = trie.locate(list(changes), lo, hi)
-            check_creates(self, trie, located, catalog)
+        check: Check | None = None
+        if located is None:  # a publish: it creates no node its reads show lost, found
+            located = trie.locate(list(changes), lo, hi)  # now or below a node split since
+
+            def check(found: dict[str, tuple[Node, list[str]]]) -> None:
+                check_creates(self, trie, found, catalog)
+
+            check(located)
         cat_stats = ObjectStats(self.catalog_url(model), "catalog")
         first: tuple[dict[str, Any] | None, str | None] | None = (catalog, version)
         leaving = set(leaving or ()) | {
@@ -304,7 +294,7 @@ class ShardedIndex:
             self._place(model, dict.fromkeys(leaving), [], cat_stats, first, False)
             if cat_stats.written:
                 first = None  # the placement below reads the version this wrote
-        outcome = trie.update(changes, lo, hi, located=located)
+        outcome = trie.update(changes, lo, hi, located=located, check=check)
         if made is not None:
             made.extend(new for _, new in outcome.changes.values())
         placed = {d: live_stamps(e) for d, e in (placements or {}).items() if d not in left}
@@ -320,31 +310,65 @@ class ShardedIndex:
             if first[0] is None:  # run may make it from leaves read before this one's)
                 self.repair(model, cat_stats, force=True)
                 return stats
-        from .._retry import CONFLICT_RETRY
-
-        # The placements, then a re-check of those they changed: placed again while
-        # another run keeps changing those leaves (each round, someone else made progress).
-        for _ in range(CONFLICT_RETRY.attempts):
-            value, changed = self._place(
-                model, placed, splits, cat_stats, first, bool(outcome.changes or splits)
-            )
-            first, splits = None, []
-            if not changed:
-                break
-            lo, hi = depth_range(value)
-            now_entries: dict[str, dict[str, Any] | None] = dict.fromkeys(changed)
-            for node, devs in trie.locate(sorted(changed), lo, hi).values():
-                now_entries.update({d: node.entries.get(d) for d in devs})
-            placed = {
-                d: live_stamps(e) for d, e in now_entries.items() if live_stamps(e) != placed[d]
-            }
-            if not placed:
-                break
+        confirm = bool(outcome.changes or splits)
+        value = self._place_settled(trie, placed, splits, cat_stats, first, confirm)
         if needs_rebuild(value):
             # Not forced: this run's placements are in the catalog, and a rebuild
             # committed since read the leaves after they were.
             self.repair(model, cat_stats)
         return stats
+
+    def _place_settled(
+        self,
+        trie: ModelTrie,
+        placed: dict[str, list[Any] | None],
+        splits: list[int],
+        stats: ObjectStats,
+        first: tuple[dict[str, Any] | None, str | None] | None,
+        confirm: bool,
+    ) -> dict[str, Any] | None:
+        """Place ``placed`` in the catalog of ``trie``'s model, then read again the
+        leaves of those the placement changed and place again those another run wrote
+        since (as they are now): a round at a time, spaced and bounded as the conflicts
+        of every index write are (:data:`~ptestore._retry.CONFLICT_RETRY`; each round,
+        someone else made progress; past its attempts, left to those runs' own
+        placements). Returns the catalog as the last round left it."""
+        import logging
+
+        from .._retry import CONFLICT_RETRY
+
+        model, value = trie.model, None
+
+        def round_() -> None:
+            nonlocal placed, splits, first, value
+            value, changed = self._place(model, placed, splits, stats, first, confirm)
+            splits, first = [], None
+            if not changed:
+                return
+            lo, hi = depth_range(value)
+            found: dict[str, dict[str, Any] | None] = dict.fromkeys(changed)
+            for node, devs in trie.locate(sorted(changed), lo, hi).values():
+                found.update({d: node.entries.get(d) for d in devs})
+            placed = {d: live_stamps(e) for d, e in found.items() if live_stamps(e) != placed[d]}
+            if placed:
+                names = ", ".join(map(repr, sorted(placed)[:3])) + (", ..." * (len(placed) > 3))
+                raise _Again(
+                    f"another run wrote the leaves of {len(placed)} of them after they were "
+                    f"placed ({names}): placed again as the leaves are now"
+                )
+
+        try:
+            CONFLICT_RETRY.call(
+                round_,
+                what=f"{self.catalog_url(model)}: placing the pairs of model {model!r} in its "
+                "catalog",
+                retry_on=lambda exc: isinstance(exc, _Again),
+                level=logging.DEBUG,
+                reason=str,
+            )
+        except _Again:
+            pass  # those runs place them as they wrote them
+        return value
 
     def _place(
         self,
@@ -409,3 +433,8 @@ class ShardedIndex:
         with cf.ThreadPoolExecutor(max_workers=16) as pool:
             list(pool.map(lambda o: self.store.write(o[0], o[1], "overwrite"), objects))
         return len(objects)
+
+
+class _Again(Exception):
+    """A round of placements to make again (another run wrote their leaves since); its
+    message says so in the retry log."""

@@ -120,7 +120,7 @@ def check_packers(
 
 def _artifact(destination: str, options: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     """The index file entry of the artifact at ``destination`` and its .ptd's SHA-256."""
-    from .index import artifact_entry
+    from .index_entry import artifact_entry
 
     pte, prov = artifact_entry(destination, options)
     return pte, None if prov.ptd_output is None else prov.ptd_output.sha256

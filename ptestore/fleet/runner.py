@@ -70,8 +70,14 @@ class FleetResult:
     #: URL of the index the run published (None when nothing is indexed).
     index: str | None = None
     #: Why the index could not be published (the run's artifacts are unaffected), or,
-    #: with ``index`` set, why some pairs were not indexed (:func:`.index.index_entries`).
+    #: with ``index`` set, why some pairs were not indexed (:func:`.index.index_entries`),
+    #: or some models' entries not published: the messages of ``index_errors``, joined.
     index_error: str | None = None
+    #: Each reason pairs were left out of the index, ``{"model", "device", "index",
+    #: "error"}``: a pair whose artifact names another device, a model whose entries
+    #: could not be published (``device`` null; the other models' were), or the index
+    #: itself (``model`` null too) (:func:`.index.publish_pairs`).
+    index_errors: list[dict[str, Any]] = field(default_factory=list)
     #: What publishing the index did: its version, each shard touched with its
     #: compare-and-swap attempts and conflicts (``IndexReport.to_dict``).
     index_shards: dict[str, Any] | None = None
@@ -101,6 +107,7 @@ class FleetResult:
             "failed": self.count("failed"),
             "index": self.index,
             "index_error": self.index_error,
+            "index_errors": [dict(e) for e in self.index_errors],
             "index_shards": self.index_shards,
             "lost_workers": dict(self.lost_workers),
             "pairs": [p.to_dict() for p in self.pairs],
@@ -131,15 +138,31 @@ class FleetResult:
                     f"unspecialized: {p.model} on {p.device} -> {p.destination}: published "
                     f"as the portable source, {p.unspecialized}"
                 )
-        if self.index_error is not None:
-            what = "index not published" if self.index is None else "not indexed"
-            lines.append(f"{what}: {self.index_error}")
+        lines += index_lines(self.index, self.index_error, self.index_errors)
         if self.index_shards is not None and self.index_shards.get("superseded"):
             from .index_pins import superseded_line
 
             lines += [f"superseded: {superseded_line(s)}" for s in self.index_shards["superseded"]]
         lines += [f"lost: {why}" for why in self.lost_workers.values()]
         return "\n".join(lines)
+
+
+def index_lines(index: str | None, error: str | None, errors: list[dict[str, Any]]) -> list[str]:
+    """The summary's lines of what was left out of the index (``FleetResult``'s
+    ``index``, ``index_error`` and ``index_errors``): one per reason."""
+    if not errors:  # a result made without them: its one message
+        if error is None:
+            return []
+        return [f"{'index not published' if index is None else 'not indexed'}: {error}"]
+    out = []
+    for e in errors:
+        if e["model"] is None:
+            out.append(f"index not published: {e['error']}")
+        elif e["device"] is None:
+            out.append(f"index not published for model {e['model']}: {e['error']}")
+        else:
+            out.append(f"not indexed: {e['error']}")
+    return out
 
 
 class FleetInterrupted(KeyboardInterrupt):
@@ -359,7 +382,7 @@ def _run(
     from .index import publish_pairs
 
     ok = [(p.model, p.device) for p in result.pairs if p.status in ("done", "skipped")]
-    result.index, result.index_error, report = publish_pairs(plan.job, ok)
+    result.index, result.index_error, report = publish_pairs(plan.job, ok, result.index_errors)
     result.index_shards = None if report is None else report.to_dict()
     if interrupted:
         raise FleetInterrupted(result)

@@ -389,7 +389,7 @@ def ptd_entry_of(url: str, options: dict[str, Any]) -> dict[str, Any] | None:
     from ..provenance import read_provenance
     from ..storage.loaders import open_loader
     from ..storage.routing import options_for_loader
-    from .index import artifact_entry, shared_entry
+    from .index_entry import artifact_entry, shared_entry
     from .job import ptd_beside
     from .shared import SHARED_DIR, locate_shared
 

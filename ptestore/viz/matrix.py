@@ -162,6 +162,7 @@ def matrix_data(
         "seconds": None if result is None else round(result.seconds, 6),
         "index": None if result is None else result.index,
         "index_error": None if result is None else result.index_error,
+        "index_errors": None if result is None else [dict(e) for e in result.index_errors],
         "index_shards": None if result is None else result.index_shards,
         "backends": list(job.backends),
         "models": [m.name for m in job.models],
@@ -215,6 +216,24 @@ def _cell_title(c: dict[str, Any]) -> str:
     if c.get("seconds"):
         parts.append(f"{c['seconds']:.3f} s")
     return "\n".join(parts)
+
+
+def _index_rows(data: dict[str, Any]) -> str:
+    """The failures table's rows of what was left out of the index: one per reason
+    (``index_errors``; a report without them, its ``index_error``)."""
+    errors = data.get("index_errors") or (
+        [{"model": None, "device": None, "error": data["index_error"]}]
+        if data.get("index_error")
+        else []
+    )
+    rows = []
+    for e in errors:
+        if e["model"] is None:
+            who = "<td colspan=2>the job (index)</td>"
+        else:
+            who = f"<td>{esc(e['model'])}</td><td>{esc(e['device'] or 'its index')}</td>"
+        rows.append(f'<tr class="job">{who}<td class=mono>{esc(e["error"])}</td></tr>')
+    return "".join(rows)
 
 
 def _failure_rows(pairs: list[dict[str, Any]], failed: list[dict[str, Any]]) -> tuple[str, str]:
@@ -306,11 +325,7 @@ def matrix_html(data: dict[str, Any]) -> str:
         summary.append(f"index {shards_line(data['index_shards'])}")
     failed = [c for c in data["pairs"] if c["status"] == "failed"]
     failures, more = _failure_rows(data["pairs"], failed)
-    if data.get("index_error"):
-        failures = (
-            f'<tr class="job"><td colspan=2>the job (index)</td>'
-            f"<td class=mono>{esc(data['index_error'])}</td></tr>" + failures
-        )
+    failures = _index_rows(data) + failures
     left = [c for c in data["pairs"] if c.get("not_indexed")]
     not_indexed = (
         f'<h2>Done, not indexed ({len(left)})</h2><table id="not-indexed">'

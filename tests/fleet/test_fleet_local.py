@@ -352,6 +352,10 @@ def test_a_pair_left_out_of_the_index_fails_the_run(
     assert result.index is not None and result.index_error is not None
     assert result.index_error.startswith(f"{out}/a/m.pte: provenance device = ('b', ")
     assert result.index_error.endswith("(not indexed)")
+    index = str(out / "ptestore-index.json")
+    assert result.index_errors == [
+        {"model": "m", "device": "a", "index": index, "error": result.index_error}
+    ]
     assert result.exit_code == 1
     # No index at all (something else holds its name): every pair is left out.
     shutil.rmtree(out)
@@ -363,6 +367,9 @@ def test_a_pair_left_out_of_the_index_fails_the_run(
     assert main(["fleet", "run", str(job), "--workers", "1", "--json"]) == 1
     shown = json.loads(capsys.readouterr().out)
     assert (shown["skipped"], shown["index"]) == (2, None) and shown["index_error"]
+    assert shown["index_errors"] == [
+        {"model": None, "device": None, "index": index, "error": shown["index_error"]}
+    ]
 
 
 def test_a_dangling_link_at_a_destination_is_named_and_refused(

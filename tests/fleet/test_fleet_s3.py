@@ -44,12 +44,14 @@ def test_fleet_with_faults_reruns_and_changes(
             "failed",
             "index",
             "index_error",
+            "index_errors",
             "index_shards",
             "lost_workers",
             "pairs",
         }
         assert first["lost_workers"] == {}
         assert first["index"] is not None and first["index_error"] is None
+        assert first["index_errors"] == []
         # A sharded index: the root made, then each model's leaves and catalog, each
         # with its compare-and-swap attempts (the faults above are retried underneath).
         shards = first["index_shards"]

@@ -222,8 +222,9 @@ def test_a_rebuilds_attempts_back_off_as_conflicts_do(
 ) -> None:
     """Each attempt of a rebuild another run failed is retried by the conflict policy
     (its back-off, set to 0 here: the waits are the policy's, never the test's), as
-    every conflict of an index write is, and logged as such at DEBUG. Before, the next
-    attempt followed at once, however many runs were writing the catalog."""
+    every conflict of an index write is, and logged as such at DEBUG, in words: what was
+    retried and why (before, the log named the private class ``_Again``). Before that,
+    the next attempt followed at once, however many runs were writing the catalog."""
     url = str(tmp_path / "ptestore-index.json")
     publish_entries(url, [synthetic_entry("m", device_name(i), socs=2) for i in range(4)], {})
     _rebuilds_failed_by_placements(monkeypatch, url, "m")
@@ -232,10 +233,61 @@ def test_a_rebuilds_attempts_back_off_as_conflicts_do(
         _sharded(url).repair("m", force=True)
     monkeypatch.undo()
     assert [r.getMessage() for r in caplog.records if r.name == "ptestore.retry"] == [
-        f"{catalog}: catalog rebuild: attempt {n} of 3 failed (_Again: another run wrote the "
-        "catalog); retrying in 0.00s"
+        f"{catalog}: rebuilding the catalog of model 'm' from its leaves: attempt {n} of 3 "
+        "failed (another run wrote the catalog while this one read the leaves, so the catalog "
+        "rebuilt from them was not written: the catalog and the leaves are read again); "
+        "retrying in 0.00s"
         for n in (1, 2)
     ]
+    assert not any("_Again" in r.getMessage() for r in caplog.records)
+
+
+def _stamped(device: str, stamp: str) -> dict[str, Any]:
+    """An entry of model "m" whose compatibility stamps are ``stamp`` alone."""
+    return {**synthetic_entry("m", device), "compatibility": [{"id": "X", "v": stamp}]}
+
+
+def test_a_placement_placed_again_backs_off_as_conflicts_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run places its pair (stamp B) in the catalog; before it reads the pair's leaf
+    again, another run writes that leaf (stamp C, then D: its own placement still to
+    come), twice. Each round of placing the pair again as its leaf is now is retried by
+    the conflict policy (its back-off set to 0 here: the waits are the policy's, never
+    the test's), logged at DEBUG saying what and why; the catalog ends agreeing with the
+    leaves. Before, the rounds followed one another at once, unlogged."""
+    monkeypatch.setattr(_retry, "CONFLICT_RETRY", _retry.RetryPolicy(attempts=3, initial=0))
+    url = str(tmp_path / "ptestore-index.json")
+    create_index(url)
+    publish_entries(url, [_stamped(device_name(i), "A") for i in range(3)], {})
+    mine = device_name(0)
+    real_place = ShardedIndex._place
+    others = iter(["C", "D"])
+
+    def place(self: ShardedIndex, model: str, *args: Any) -> Any:
+        got = real_place(self, model, *args)
+        stamp = next(others, None)
+        if stamp is not None:  # another run's leaf write, its placement still to come
+            self.trie(model).update({mine: lambda _: _stamped(mine, stamp)}, 0, 0)
+        return got
+
+    monkeypatch.setattr(ShardedIndex, "_place", place)
+    with caplog.at_level(logging.DEBUG, "ptestore.retry"):
+        publish_entries(url, [_stamped(mine, "B")], {})
+    monkeypatch.undo()
+    catalog = _sharded(url).catalog_url("m")
+    assert [r.getMessage() for r in caplog.records if r.name == "ptestore.retry"] == [
+        f"{catalog}: placing the pairs of model 'm' in its catalog: attempt {n} of 3 failed "
+        f"(another run wrote the leaves of 1 of them after they were placed ('{mine}'): "
+        "placed again as the leaves are now); retrying in 0.00s"
+        for n in (1, 2)
+    ]
+    assert assert_catalogs_match_leaves(url, {}) == 1
+    stamps = {
+        c["compatibility"][0]["v"]: c["devices"]
+        for c in json.loads(Path(catalog).read_text())["classes"]
+    }
+    assert stamps == {"A": [device_name(1), device_name(2)], "D": [mine]}
 
 
 def test_check_index_reports_a_rebuild_given_up_as_not_repaired(

@@ -23,8 +23,10 @@ from ptestore.errors import FormatError
 from ptestore.fleet.index import create_index, find_entry, load_index, open_index, publish_entries
 from ptestore.fleet.index_check import check_index
 from ptestore.fleet.index_place import device_bits
+from ptestore.fleet.index_trie import ModelTrie, Node
 from ptestore.testing.fleet_index import synthetic_entry
 from ptestore.testing.s3server import S3TestServer
+from ptestore.viz.html import esc
 
 #: Devices whose hashes all begin with 0 (leaves of 1 KiB: one entry each): the top node
 #: splits, all of them into t0 (t1 never exists: a half left empty), and so on down.
@@ -191,11 +193,14 @@ def test_a_publish_still_creates_a_half_its_split_left_empty(tmp_path: Path, hal
 EXT = get_fixture("mlp_xnnpack_ext")
 
 
-def _job(path: Path, dest: Path, devices: list[str]) -> Path:
+def _job(path: Path, dest: Path, devices: list[str], models: tuple[str, ...] = ("mlp",)) -> Path:
     path.write_text(
         f'destination = "{dest}/{{device}}/{{model}}.pte"\n'
         'backends = ["support.fleet_backend:Scaler=1.0"]\n'
-        f'[[models]]\nname = "mlp"\nsource = "{EXT.pte_path}"\nptd = "{EXT.ptd_path}"\n'
+        + "".join(
+            f'[[models]]\nname = "{m}"\nsource = "{EXT.pte_path}"\nptd = "{EXT.ptd_path}"\n'
+            for m in models
+        )
         + "".join(f'[devices.{d}]\nsoc = "s{i}"\n' for i, d in enumerate(devices))
     )
     return path
@@ -226,6 +231,76 @@ def test_a_run_into_a_model_whose_top_node_is_lost_reports_an_index_error(
     assert not Path(f"{model}/t.json").exists()
 
 
+def _two_models_run(tmp_path: Path, lose: tuple[str, ...]) -> tuple[str, Any, Path]:
+    """A real run of models mlp and other on devices a and b, then the top node (the
+    only leaf) of each of ``lose`` lost; the index's URL, its shards and a job of
+    device c of both models into the same index."""
+    out = tmp_path / "out"
+    both = ("mlp", "other")
+    ab = _job(tmp_path / "ab.toml", out, ["a", "b"], both)
+    assert main(["fleet", "run", str(ab), "--workers", "1", "-q"]) == 0
+    url = str(out / "ptestore-index.json")
+    _, sharded, _ = open_index(url)
+    assert sharded is not None
+    for model in lose:
+        Path(f"{sharded.model_dir(model)}/t.json").unlink()
+    return url, sharded, _job(tmp_path / "c.toml", out, ["c"], both)
+
+
+def _model_error(url: str, sharded: Any, model: str) -> dict[str, Any]:
+    problem = _top(sharded.model_dir(model))[1]
+    error = _refused(url, sharded.layout["shards"], problem, model)
+    return {"model": model, "device": None, "index": url, "error": error}
+
+
+def test_a_run_names_the_index_error_of_each_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Both models' top nodes lost: the run's result names each model's index error
+    (``index_errors``: model, index URL, message; ``index_error`` joins the messages),
+    in ``--json``, the ``--report`` JSON and page and one summary line each, exit 1.
+    Before, only the first model's error was reported."""
+    url, sharded, job = _two_models_run(tmp_path, ("mlp", "other"))
+    capsys.readouterr()
+    report = tmp_path / "report.json"
+    assert (
+        main(["fleet", "run", str(job), "--workers", "1", "--json", "--report", str(report)]) == 1
+    )
+    got = json.loads(capsys.readouterr().out)
+    errors = [_model_error(url, sharded, m) for m in ("mlp", "other")]
+    assert (got["done"], got["failed"], got["index"], got["index_shards"]) == (2, 0, None, None)
+    assert got["index_errors"] == errors
+    assert got["index_error"] == "; ".join(e["error"] for e in errors)
+    shown = json.loads(report.read_text())
+    assert (shown["index_errors"], shown["index_error"]) == (errors, got["index_error"])
+    page = tmp_path / "report.html"  # skipped, refused again
+    assert main(["fleet", "run", str(job), "--workers", "1", "--report", str(page)]) == 1
+    assert capsys.readouterr().out.splitlines()[-2:] == [
+        f"index not published for model {e['model']}: {e['error']}" for e in errors
+    ]
+    html = page.read_text()
+    for e in errors:
+        row = f'<tr class="job"><td>{e["model"]}</td><td>its index</td><td class=mono>'
+        assert row + esc(e["error"]) + "</td></tr>" in html
+
+
+def test_a_run_whose_one_model_fails_its_index_names_the_index_it_published(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """mlp's top node lost, other's sound: other's entries published (the run's
+    ``index`` its URL, ``index_shards`` what it wrote), mlp's index error named, exit 1.
+    Before, the run reported no index, as if nothing had been indexed."""
+    url, sharded, job = _two_models_run(tmp_path, ("mlp",))
+    capsys.readouterr()
+    assert main(["fleet", "run", str(job), "--workers", "1", "--json"]) == 1
+    got = json.loads(capsys.readouterr().out)
+    assert (got["done"], got["index"]) == (2, url) and got["index_shards"]["written"] > 0
+    assert got["index_errors"] == [_model_error(url, sharded, "mlp")]
+    assert got["index_error"] == got["index_errors"][0]["error"]
+    assert find_entry(url, "other", "c") is not None
+    assert not Path(f"{sharded.model_dir('mlp')}/t.json").exists()
+
+
 @pytest.mark.s3
 def test_a_publish_refuses_a_lost_named_half_on_s3(s3_server: S3TestServer) -> None:
     """On moto and SeaweedFS: a half its split node names deleted, a publish into it
@@ -243,3 +318,106 @@ def test_a_publish_refuses_a_lost_named_half_on_s3(s3_server: S3TestServer) -> N
     assert str(caught.value) == _refused(url, shards, problem)
     listed = client.list_objects_v2(Bucket=bucket, Prefix=key)
     assert listed.get("KeyCount", 0) == 0
+
+
+def _split_since(url: str, options: dict[str, Any], lost_beside: str) -> tuple[str, str, str]:
+    """Model m's top node holding one device, A, in leaves of 1 KiB (listed: 1); the
+    devices B, whose hash begins with the other bit than A's (a publish of B splits the
+    top node into two halves, both named), and N, a device never published whose hash
+    begins as ``lost_beside``'s ("A" or "B") does."""
+    names = [f"dev-{i}" for i in range(200)]
+    a = names[0]
+    b = next(n for n in names if device_bits(n)[0] != device_bits(a)[0])
+    beside = {"A": a, "B": b}[lost_beside]
+    new = next(n for n in names if n not in (a, b) and device_bits(n)[0] == device_bits(beside)[0])
+    create_index(url, leaf_bytes=1024, listed=1, storage_options=options)
+    publish_entries(url, [synthetic_entry("m", a, socs=1)], options)
+    return a, b, new
+
+
+def _lost_after_the_look_up(
+    monkeypatch: pytest.MonkeyPatch,
+    url: str,
+    options: dict[str, Any],
+    other: str,
+    lose: Callable[[str], None],
+) -> list[str]:
+    """Between a publish's look-up of its devices (the top node, a leaf) and its leaf
+    write, another run publishes ``other`` (the top node split, both halves named), and
+    then the half the publish's device is below is lost (``lose(its URL)``): the write
+    finds the top node split and looks its device up again below it. Returns the URLs
+    lost."""
+    real = ModelTrie._update_leaf
+    lost: list[str] = []
+
+    def update_leaf(self: ModelTrie, node: Node, changes: Any, *rest: Any) -> Any:
+        if not lost:
+            [device] = changes
+            lost.append(self.url(device_bits(device)[0]))
+            publish_entries(url, [synthetic_entry("m", other, socs=1)], options)
+            lose(lost[0])
+        return real(self, node, changes, *rest)
+
+    monkeypatch.setattr(ModelTrie, "_update_leaf", update_leaf)
+    return lost
+
+
+@pytest.mark.parametrize("beside", ["A", "B"], ids=["listed-device", "named-half"])
+def test_a_publish_refuses_a_leaf_lost_below_a_node_split_since_its_look_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, beside: str
+) -> None:
+    """The half lost is A's (the device the catalog the publish read lists) or B's (named
+    by the top node's split, B not listed in that catalog): the publish, looking its
+    device up again below the top node another run split meanwhile, refuses it as its
+    first look-up would have, and does not create the half (before: created holding N
+    alone, A or B then "no entry")."""
+    url = str(tmp_path / "ptestore-index.json")
+    a, b, new = _split_since(url, {}, beside)
+    lost = _lost_after_the_look_up(monkeypatch, url, {}, b, lambda u: Path(u).unlink())
+    with pytest.raises(FormatError) as caught:
+        publish_entries(url, [synthetic_entry("m", new, socs=1)], {})
+    monkeypatch.undo()
+    _, sharded, _ = open_index(url)
+    assert sharded is not None
+    model, half = sharded.model_dir("m"), device_bits(new)[0]
+    assert lost == [f"{model}/t{half}.json"] and not Path(lost[0]).exists()
+    if beside == "A":
+        problem = (
+            f"{model}/catalog.json: index catalog classes[0].devices[0] = '{a}': must be a "
+            "device whose entry is in one of the model's leaves (its leaf is "
+            f"{model}/t{half}.json: not found: a leaf is missing (a writer updates the "
+            "leaves before the catalog, and never removes an entry))"
+        )
+    else:
+        problem = (
+            f"{model}/t.json: index shard halves = ['0', '1']: must be halves that exist (a "
+            "split creates the halves it names before it commits, and a node is never "
+            f"removed) ({model}/t{half}.json is not found: a leaf is missing)"
+        )
+    assert str(caught.value) == _refused(url, sharded.layout["shards"], problem)
+    with pytest.raises(FormatError):
+        load_index(url)
+
+
+@pytest.mark.s3
+def test_a_publish_refuses_a_half_lost_since_its_look_up_on_s3(
+    s3_server: S3TestServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On moto and SeaweedFS: the half named by a split made after the publish's look-up
+    deleted, refused when the publish looks its device up again, not created."""
+    bucket = s3_server.new_bucket()
+    url = f"s3://{bucket}/fleet/ptestore-index.json"
+    options = s3_server.storage_options
+    client = s3_server.client()
+
+    def delete(u: str) -> None:
+        client.delete_object(Bucket=bucket, Key=u.removeprefix(f"s3://{bucket}/"))
+
+    _, b, new = _split_since(url, options, "B")
+    lost = _lost_after_the_look_up(monkeypatch, url, options, b, delete)
+    with pytest.raises(FormatError) as caught:
+        publish_entries(url, [synthetic_entry("m", new, socs=1)], options)
+    monkeypatch.undo()
+    assert "index shard halves = ['0', '1']: must be halves that exist" in str(caught.value)
+    key = lost[0].removeprefix(f"s3://{bucket}/")
+    assert client.list_objects_v2(Bucket=bucket, Prefix=key).get("KeyCount", 0) == 0

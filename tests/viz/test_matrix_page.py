@@ -142,6 +142,7 @@ def test_plan_and_run_reports_in_a_browser(browser: Browser, tmp_path: Path) -> 
         "engine": data["engine"],
         "seconds": data["seconds"],
         "index": str(tmp_path / "out/ptestore-index.json"),
+        "index_errors": [],
         "index_shards": data["index_shards"],
         "totals": data["totals"],
         "pairs": data["pairs"],

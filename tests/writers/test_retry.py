@@ -174,6 +174,37 @@ def test_retries_only_transient_and_logs_each_retry(caplog: pytest.LogCaptureFix
     assert messages[1].startswith("s3://b/k: X: attempt 2 of 3 failed (ConnectionResetError: rst)")
 
 
+def test_a_caller_says_in_words_why_an_attempt_is_made_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``reason``: the retry log says the caller's sentence, never the class of the
+    exception it marks an attempt to make again with (a private one)."""
+
+    class _Again(Exception):
+        pass
+
+    failures = [_Again("another run wrote it")]
+
+    def fn() -> str:
+        if failures:
+            raise failures.pop(0)
+        return "ok"
+
+    with caplog.at_level(logging.DEBUG, logger="ptestore.retry"):
+        got = RetryPolicy(attempts=2, initial=0).call(
+            fn,
+            what="memory://x: merge",
+            retry_on=lambda exc: isinstance(exc, _Again),
+            level=logging.DEBUG,
+            reason=lambda exc: f"{exc}: read again",
+        )
+    assert got == "ok"
+    assert [r.getMessage() for r in caplog.records if r.name == "ptestore.retry"] == [
+        "memory://x: merge: attempt 1 of 2 failed (another run wrote it: read again); "
+        "retrying in 0.00s"
+    ]
+
+
 def test_permanent_failures_are_raised_at_once() -> None:
     calls = []
 
