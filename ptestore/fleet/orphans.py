@@ -58,11 +58,11 @@ import os
 import posixpath
 import stat
 import time
-from collections.abc import Collection, Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Collection, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..coordinator.targets import target_identity
-from ..errors import PteStoreError
+from ..errors import PreconditionFailed, PteStoreError
 from ..gc import GcEntry
 from ..storage.types import StorageURL
 from .holds import hold_url, is_hold
@@ -70,6 +70,9 @@ from .index import INDEX_NAME
 from .orphan_refs import index_references, referenced
 from .packed import is_packed_url, read_record
 from .shared import is_shared_url
+
+if TYPE_CHECKING:
+    from .._retry import RetryPolicy
 
 __all__ = ["DEFAULT_GRACE", "collect_orphans", "referenced"]
 
@@ -81,27 +84,39 @@ Pair = tuple[str, str]
 
 #: What tells an object from another stored at its URL since (:meth:`_Store.stamp`).
 Stamp = tuple[Any, ...]
+T = TypeVar("T")
 
 
 class _Store:
-    """The files under a local directory or an S3 prefix: list, age, remove."""
+    """The files under a local directory or an S3 prefix: list, age, remove. On S3 each
+    request (the listing, a ``HEAD``, the server's clock, a delete) goes through the
+    :class:`~ptestore._retry.RetryPolicy` of the ``retry_*`` options, the one retry
+    layer (:func:`~ptestore.storage.remote.open_filesystem`)."""
 
     def __init__(self, target: str, options: dict[str, Any]) -> None:
         self.url = StorageURL.of(target)
         self.options = options
         self.fs: Any = None
+        self.retry: RetryPolicy | None = None
         if not self.url.local:
-            import fsspec
-
-            from .._retry import RETRY_OPTIONS
+            from ..storage.remote import open_filesystem
             from ..storage.routing import options_for_loader
 
-            opts = {
-                k: v
-                for k, v in options_for_loader(target, options).items()
-                if k not in RETRY_OPTIONS
-            }
-            self.fs = fsspec.filesystem(self.url.protocol, skip_instance_cache=True, **opts)
+            opts = options_for_loader(target, options)
+            self.fs, _, self.retry = open_filesystem(self.url, opts, fresh=True)
+
+    def _request(self, where: str, request: str, call: Callable[[], T]) -> T:
+        """``call`` (one S3 request) retried by the policy when its failure is transient;
+        a failure raised as :func:`~ptestore._retry.to_storage_error` maps it, naming
+        ``where`` and ``request`` (``ObjectNotFound``, ``PreconditionFailed``: what the
+        callers answer, as before)."""
+        from .._retry import to_storage_error
+
+        assert self.retry is not None
+        try:
+            return self.retry.call(call, what=f"{where}: {request}")
+        except Exception as exc:
+            raise to_storage_error(exc, where, request) from exc
 
     def root(self) -> str:
         """The prefix as a directory URL without its trailing separator."""
@@ -142,14 +157,13 @@ class _Store:
                         yield full, st.st_mtime, st.st_size, _local_stamp(st)
             return
         scheme = self.url.protocol
-        try:
-            found = self.fs.find(root.partition("://")[2], detail=True)
-        except FileNotFoundError:
+        prefix = root.partition("://")[2]
+        try:  # the network, the credentials: one StorageError, exit 1
+            found = self._request(
+                root + "/", "ListObjectsV2", lambda: self.fs.find(prefix, detail=True)
+            )
+        except FileNotFoundError:  # ObjectNotFound: no bucket
             return
-        except Exception as exc:  # the network, the credentials: one line, exit 1
-            from .._retry import to_storage_error
-
-            raise to_storage_error(exc, root + "/", "ListObjectsV2") from exc
         for path, info in sorted(found.items()):
             if info.get("type") == "directory":
                 continue
@@ -169,15 +183,13 @@ class _Store:
             except FileNotFoundError:
                 return None
             return _local_stamp(st) if stat.S_ISREG(st.st_mode) else ("not a file",)
-        from .._retry import Category, classify
-
         bucket, _, key = url.partition("://")[2].partition("/")
         try:
-            head = self.fs.call_s3("head_object", Bucket=bucket, Key=key)
-        except Exception as exc:
-            if classify(exc) is Category.NOT_FOUND:
-                return None
-            raise
+            head = self._request(
+                url, "HeadObject", lambda: self.fs.call_s3("head_object", Bucket=bucket, Key=key)
+            )
+        except FileNotFoundError:  # ObjectNotFound
+            return None
         when = head["LastModified"]
         return (head.get("ETag"), int(when.timestamp()), int(head.get("ContentLength") or 0))
 
@@ -190,14 +202,14 @@ class _Store:
             return client
         from datetime import datetime, timezone
 
-        from .._retry import to_storage_error
         from ..gc import server_now
 
         bucket, _, prefix = root.partition("://")[2].partition("/")
-        try:
-            page = self.fs.call_s3("list_objects_v2", Bucket=bucket, Prefix=prefix, MaxKeys=1)
-        except Exception as exc:
-            raise to_storage_error(exc, root + "/", "ListObjectsV2") from exc
+        page = self._request(
+            root + "/",
+            "ListObjectsV2",
+            lambda: self.fs.call_s3("list_objects_v2", Bucket=bucket, Prefix=prefix, MaxKeys=1),
+        )
         return server_now(page, datetime.fromtimestamp(client, timezone.utc)).timestamp()
 
     def remove(self, url: str, listed: Stamp) -> str:
@@ -217,19 +229,18 @@ class _Store:
             except FileNotFoundError:
                 return "skipped: already gone"
             return "removed"
-        from .._retry import Category, classify
-
         bucket, _, key = url.partition("://")[2].partition("/")
         cond = {} if listed[0] is None else {"IfMatch": listed[0]}
         try:
-            self.fs.call_s3("delete_object", Bucket=bucket, Key=key, **cond)
-        except Exception as exc:
-            category = classify(exc)
-            if category is Category.PRECONDITION:  # SeaweedFS: also for a key now gone
-                return "skipped: changed since listed"
-            if category is Category.NOT_FOUND:
-                return "skipped: already gone"
-            raise
+            self._request(
+                url,
+                "DeleteObject",
+                lambda: self.fs.call_s3("delete_object", Bucket=bucket, Key=key, **cond),
+            )
+        except PreconditionFailed:  # SeaweedFS: also for a key now gone
+            return "skipped: changed since listed"
+        except FileNotFoundError:  # ObjectNotFound
+            return "skipped: already gone"
         return "removed"
 
 

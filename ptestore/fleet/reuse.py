@@ -164,23 +164,39 @@ def _shared_objects(root: str, job: Job) -> list[str]:
             except FileNotFoundError:
                 pass
             continue
-        import fsspec
-
-        from .._retry import RETRY_OPTIONS
-        from ..storage.routing import options_for_loader
-
-        opts = options_for_loader(directory, job.storage_options, "dst")
-        fs, path = fsspec.core.url_to_fs(
-            directory, **{k: v for k, v in opts.items() if k not in RETRY_OPTIONS}
-        )
-        fs.invalidate_cache(path)
-        try:
-            found = fs.ls(path, detail=False, refresh=True)
-        except FileNotFoundError:
-            continue
         scheme = directory.partition("://")[0]
+        found = _listed(directory, job)
         out += [f"{scheme}://{str(p).lstrip('/')}" for p in found if str(p).endswith(".ptd")]
     return out
+
+
+def _listed(directory: str, job: Job) -> list[Any]:
+    """The paths under the remote ``directory`` now (none when there is none), listed
+    through a filesystem whose one retry layer is the policy of the job's ``retry_*``
+    options (s3fs's and botocore's retries off): a transient failure retried by it
+    alone, then a :class:`~ptestore.errors.StorageError` naming the directory and the
+    request."""
+    from .._retry import to_storage_error
+    from ..storage.remote import open_filesystem
+    from ..storage.routing import options_for_loader
+
+    u = StorageURL.of(directory)
+    opts = options_for_loader(u, job.storage_options, "dst")
+    fs, path, retry = open_filesystem(u, opts)
+    request = "ListObjectsV2" if u.protocol == "s3" else "list"
+
+    def listing() -> list[Any]:
+        fs.invalidate_cache(path)
+        found: list[Any] = fs.ls(path, detail=False, refresh=True)
+        return found
+
+    try:
+        return retry.call(listing, what=f"{directory}/: {request}")
+    except Exception as exc:
+        error = to_storage_error(exc, f"{directory}/", request)
+        if isinstance(error, ObjectNotFound):
+            return []
+        raise error from exc
 
 
 def _key(p: PlannedPair) -> Identity:

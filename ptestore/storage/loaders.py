@@ -268,19 +268,10 @@ def open_loader(url: str | os.PathLike[str] | StorageURL, **storage_options: Any
         check_options(u.text, storage_options, (), row.applies_to)
         local: DataLoader = cls(u.path)
         return local
-    from .._retry import RetryPolicy
-    from .remote import fs_class, one_retry_layer, s3_options
+    from .remote import open_filesystem
 
-    fs_cls = fs_class(u)
     check_options(u.text, storage_options, cls.accepted_options(u), row.applies_to)
-    options = dict(storage_options)
-    retry = RetryPolicy.from_options(u.text, options)
-    options = s3_options(fs_cls, options)  # the policy is the one retry layer
-    try:
-        fs = one_retry_layer(fs_cls(**options))
-    except (TypeError, ValueError) as exc:
-        raise ConfigurationError(f"{u.text}: bad storage options: {exc}") from exc
-    fs_path = u.path if u.protocol in ("s3", "memory") else fs._strip_protocol(u.text)
+    fs, fs_path, retry = open_filesystem(u, storage_options)  # the policy: one retry layer
     loader: FsspecLoader = cls(fs, fs_path, u.text, retry=retry)
     return loader
 

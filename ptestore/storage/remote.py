@@ -15,12 +15,15 @@ One retry layer: the loader's :class:`~ptestore._retry.RetryPolicy`. On S3
 attempts with its own backoff) is cut to one attempt, and botocore's retries are off
 (``total_max_attempts=1``) unless ``config_kwargs`` sets ``retries``, as for the S3
 writer: nested, the three multiplied (3 x 5 x 5 = 75 requests for a read on a dropped
-connection with ``retry_attempts=3``).
+connection with ``retry_attempts=3``). :func:`open_filesystem` makes such a filesystem
+and its policy from a URL's storage options, for the loader and for what calls fsspec
+itself (the fleet's orphan sweep and re-use listing).
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from .._retry import DEFAULT_RETRY, RETRY_OPTIONS, Category, RetryPolicy, classify, to_storage_error
@@ -43,6 +46,7 @@ __all__ = [
     "fresh_info",
     "fs_class",
     "one_retry_layer",
+    "open_filesystem",
     "s3_options",
 ]
 
@@ -102,6 +106,31 @@ def one_retry_layer(fs: Any) -> Any:
     if _is_s3fs(fs):
         fs.retries = 1
     return fs
+
+
+def open_filesystem(
+    url: StorageURL, options: Mapping[str, Any], *, fresh: bool = False
+) -> tuple[Any, str, RetryPolicy]:
+    """``(filesystem, path, policy)`` for the remote ``url``: the fsspec filesystem of
+    its protocol made from ``options`` (a loader's: the filesystem's own and the
+    ``retry_*`` ones), the path it gives ``url``, and the :class:`RetryPolicy` the
+    ``retry_*`` options make, the one retry layer of every request made through that
+    filesystem (:func:`s3_options`, :func:`one_retry_layer`: s3fs's and botocore's
+    retries off). ``fresh``: a filesystem of its own, never an instance fsspec shares
+    (nor its cached listings). :class:`~ptestore.errors.ConfigurationError` for a
+    bad retry option or options the filesystem class refuses."""
+    fs_cls = fs_class(url)
+    opts = dict(options)
+    retry = RetryPolicy.from_options(url.text, opts)
+    opts = s3_options(fs_cls, opts)
+    if fresh:
+        opts["skip_instance_cache"] = True
+    try:
+        fs = one_retry_layer(fs_cls(**opts))
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError(f"{url.text}: bad storage options: {exc}") from exc
+    path = url.path if url.protocol in ("s3", "memory") else fs._strip_protocol(url.text)
+    return fs, path, retry
 
 
 class FsspecLoader(LoaderBase):
