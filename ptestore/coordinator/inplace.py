@@ -317,8 +317,10 @@ def _run(
         # What the payload must be (recover checks it): the chunks the writes touch, as
         # the record has them where there is one, and the trailer's SHA-256.
         plan["check"] = _payload_check(loader, spool, plan, content, digest)
-        loader.check_unchanged()
+        # Opened for writing first: a file made read-only meanwhile is refused as such (a
+        # chmod moves its change time too, which the check would call a rewrite).
         reservation = Reservation(target, loader.fileno())
+        loader.check_unchanged()  # size and times (change time included), up to here
         old = plan["size_before"]
         allocated = reservation.reserve(writer.ops, old, size, loader.check_unchanged)
         # What the apply checks the file against before marking it (a rewrite since,

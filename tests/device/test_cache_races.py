@@ -9,11 +9,13 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.doubling_backend import Doubling
 from support.fixtures import copy_pte
 
 import ptestore
@@ -25,9 +27,13 @@ from ptestore.device.cache import CacheLayout
 from ptestore.device.keys import entry_key
 from ptestore.device.lock import KeyLock
 from ptestore.device.stale import prune_stale
-from ptestore.errors import StorageError
+from ptestore.errors import PreconditionFailed, StorageError
+from ptestore.journal import journal_path
+from ptestore.provenance.stamp import describe_source
+from ptestore.storage.loaders import open_loader
 
 SPEC = "support.counting_backend:Counting=1.0"
+SPEC_DOUBLING = "support.doubling_backend:Doubling=mlp_xnnpack"
 DEVICE = DeviceProfile("phone", {"scale": 2.0, "soc": "sm8650"})
 
 
@@ -174,6 +180,68 @@ def test_a_same_size_update_keeping_its_timestamps_is_made_again(tmp_path: Path)
     assert stale.reason == f"its source {src} changed (ctime_ns)"
     b = _ensure(src, cache_dir)
     assert b.created and b.provenance.source.sha256 != a.provenance.source.sha256
+
+
+class _UpdatedDuringTheRun(Doubling):
+    """Doubles the fixture's weight, then an update lands on the source under the run:
+    ``v2`` (the same size, another byte elsewhere) copied over it, the same inode, and
+    its times copied from ``v2`` (the same ``mtime``): ``cp -p``, an archive's fixed
+    timestamps."""
+
+    def __init__(self, src: Path, v2: Path) -> None:
+        super().__init__("mlp_xnnpack")
+        self.src, self.v2 = src, v2
+
+    def initialize_backend_data(self, context: Any, output: Any) -> None:
+        super().initialize_backend_data(context, output)
+        before = os.stat(self.src)
+        shutil.copyfile(self.v2, self.src)
+        shutil.copystat(self.v2, self.src)
+        after = os.stat(self.src)
+        assert (after.st_ino, after.st_size, after.st_mtime_ns) == (
+            before.st_ino,
+            before.st_size,
+            before.st_mtime_ns,
+        )
+        # A clock without fine-grained change times may give the copy the tick the
+        # source was made in (a real update comes long after): touched until it moves.
+        while os.stat(self.src).st_ctime_ns == before.st_ctime_ns:
+            os.chmod(self.src, after.st_mode)
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+def test_a_same_size_update_keeping_its_mtime_during_the_run_is_refused(
+    tmp_path: Path, in_place: bool
+) -> None:
+    """The update lands while the backend runs: the run is refused (the loader's stamp
+    has the change time), never a model mixed of the two versions recorded as the
+    entry; the next call makes it from the update."""
+    src = copy_pte(tmp_path / "model.pte")
+    data = bytearray(src.read_bytes())
+    data[5000] ^= 1  # v2: a byte of a weight the backend does not replace
+    v2 = tmp_path / "v2.pte"
+    v2.write_bytes(bytes(data))
+    t = 315532800 * 10**9  # 1980-01-01, as an archive restores it
+    os.utime(src, ns=(t, t))
+    os.utime(v2, ns=(t, t))
+    was = os.stat(src)
+    cache_dir = tmp_path / "cache"
+    backend = _UpdatedDuringTheRun(src, v2)
+    with pytest.raises(PreconditionFailed) as err:
+        ptestore.ensure(src, cache_dir=cache_dir, backends=[backend], in_place=in_place)
+    now = os.stat(src)
+    assert str(err.value) == (
+        f"{src}: modified while being read (size {was.st_size} -> {now.st_size}, modified "
+        f"{t} -> {t} ns, changed {was.st_ctime_ns} -> {now.st_ctime_ns} ns); its content "
+        "may be a mix of two versions"
+    )
+    assert src.read_bytes() == bytes(data)  # the update as it landed, nothing mixed in
+    assert not Path(journal_path(str(src))).exists()
+    assert [e.state for e in list_entries(cache_dir)] in ([], ["incomplete"])
+    again = ptestore.ensure(src, cache_dir=cache_dir, backends=[SPEC_DOUBLING], in_place=in_place)
+    assert again.created and again.specialized
+    with open_loader(v2) as loader:
+        assert again.provenance.source.sha256 == describe_source(loader).sha256
 
 
 def test_a_manifest_recorded_without_ctime_is_compared_as_before(tmp_path: Path) -> None:

@@ -250,7 +250,8 @@ def test_a_rewrite_while_the_run_reserves_is_refused(
         ptestore.specialize(model, model, backends=[backend], in_place=True, provenance=False)
     assert re.fullmatch(
         re.escape(f"{model}: modified while being read (size ")
-        + r"\d+ -> \d+\); its content may be a mix of two versions",
+        + r"\d+ -> \d+, modified \d+ -> \d+ ns, changed \d+ -> \d+ ns\); its content "
+        r"may be a mix of two versions",
         str(err.value),
     ), str(err.value)
     assert model.read_bytes() == seen[0] and model.stat().st_size == len(seen[0])
