@@ -354,7 +354,7 @@ def _make(
         raise
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise disk_full_error(layout.root, src, 0, exc) from exc
+            raise disk_full_error(layout.root, src, 0, exc, stage="entry") from exc
         where = layout.entry_dir(key)  # (make_entry_dir raised: no ``directory``)
         raise StorageError(f"{where}: cannot create: {exc.strerror or exc}") from exc
     try:
