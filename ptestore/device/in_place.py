@@ -8,7 +8,7 @@ import contextlib
 import os
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigurationError, PteStoreError, StorageError
+from ..errors import AlreadySpecialized, ConfigurationError, PteStoreError, StorageError
 from ..storage.types import StorageURL
 from .artifact import Artifact, artifact_of, hit_or_make, lookup
 from .cache import CacheLayout
@@ -99,8 +99,6 @@ def _make(
     portable: str | None = None,
     progress: Callable[[Event], None] | None = None,
 ) -> Artifact:
-    from ..errors import AlreadySpecialized
-
     path = StorageURL.of(src).location
     if portable is not None:
         return _from_portable(
@@ -109,19 +107,24 @@ def _make(
     from ..coordinator.respecialize import refuse_specialized_output
     from ..storage.loaders import LocalFileLoader
 
+    def ours(exc: AlreadySpecialized) -> bool:
+        """The refusal's record is what this call would make, the content intact."""
+        record = exc.provenance
+        return record is not None and _adoptable(path, record, current(), device)
+
     # The file this call rewrites (or adopts), held open: its manifest records the
     # identity of this very file (fstat), never of whatever the path names afterwards.
     try:
         held = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as exc:
         raise StorageError(f"{path}: cannot open: {exc.strerror}") from exc
+
     try:
         loader = LocalFileLoader(path)
         try:
             refuse_specialized_output(loader, path)  # what its trailer says, first
         except AlreadySpecialized as exc:
-            record = exc.provenance
-            if record is None or not _adoptable(path, record, current(), device):
+            if not ours(exc):
                 raise
             return _publish(layout, key, src, path, current, True, held)  # not yet recorded
         finally:
@@ -131,10 +134,13 @@ def _make(
 
         # A Ctrl-C (SIGTERM, SIGHUP) held from the journal's commit is delivered once
         # the rewritten file is recorded: without a trailer, the manifest is what tells
-        # the next call that the file is an output already.
+        # the next call that the file is an output already. A file another call (with
+        # another cache) rewrote while this one waited for its lock is adopted under
+        # that lock, as a later call adopts it.
         with deferred_signals():
-            report = _specialize_in_place(path, backends, device, provenance, progress)
-            return _publish(layout, key, src, path, current, report.specialized, held)
+            report = _specialize_in_place(path, backends, device, provenance, progress, ours)
+            specialized = True if report is None else report.specialized
+            return _publish(layout, key, src, path, current, specialized, held)
     finally:
         os.close(held)
 
@@ -144,14 +150,17 @@ def _specialize_in_place(
     backends: list[BackendLike] | None,
     device: DeviceProfile | None,
     provenance: bool,
-    progress: Callable[[Event], None] | None = None,
+    progress: Callable[[Event], None] | None,
+    adoptable: Callable[[AlreadySpecialized], bool],
 ) -> Any:
-    from ..coordinator.inplace import specialize_in_place
+    """The in-place run (None: the file adopted under its lock, nothing run)."""
+    from ..coordinator.inplace import specialize_or_adopt
     from ..provenance.stamp import ProvenanceRequest
 
     try:
-        return specialize_in_place(
+        return specialize_or_adopt(
             path,
+            adoptable,
             backends=backends,
             device=device,
             provenance=ProvenanceRequest() if provenance else False,

@@ -100,10 +100,10 @@ def test_an_in_place_file_replaced_after_its_rewrite_is_not_recorded(
     src = copy_pte(tmp_path / "m.pte")
     cache_dir = tmp_path / "cache"
     portable = src.read_bytes()
-    orig = inplace.specialize_in_place
+    orig = inplace.specialize_or_adopt  # what ensure(in_place=True) calls
 
-    def then_updated(path: Any, **kw: Any) -> Any:
-        report = orig(path, **kw)
+    def then_updated(path: Any, *args: Any, **kw: Any) -> Any:
+        report = orig(path, *args, **kw)
         rewritten = os.stat(path).st_ino
         tmp = Path(str(path) + ".download")
         tmp.write_bytes(portable)
@@ -111,7 +111,7 @@ def test_an_in_place_file_replaced_after_its_rewrite_is_not_recorded(
         then_updated.inodes = (rewritten, os.stat(path).st_ino)  # type: ignore[attr-defined]
         return report
 
-    monkeypatch.setattr(inplace, "specialize_in_place", then_updated)
+    monkeypatch.setattr(inplace, "specialize_or_adopt", then_updated)
     with pytest.raises(StorageError) as err:
         _ensure(src, cache_dir, in_place=True)
     rewritten, now = then_updated.inodes  # type: ignore[attr-defined]
@@ -120,9 +120,87 @@ def test_an_in_place_file_replaced_after_its_rewrite_is_not_recorded(
         f"file is inode {rewritten}, the path now names inode {now}); the new file is not "
         "specialized and nothing was recorded: call ensure again"
     )
-    monkeypatch.setattr(inplace, "specialize_in_place", orig)
+    monkeypatch.setattr(inplace, "specialize_or_adopt", orig)
     again = _ensure(src, cache_dir, in_place=True)
     assert again.created and again.specialized and src.read_bytes() != portable
+
+
+def test_two_in_place_ensures_with_other_caches_at_once_the_second_adopts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two ``ensure(in_place=True)`` of one file with different caches at once: the
+    second looked at the file before the first rewrote it, and reaches the file's lock
+    once the first is done (a hook runs the first whole when the second asks for the
+    lock). It adopts the rewritten file under the lock, as a later call would
+    (``created=True``): never AlreadySpecialized, never the backend over its output."""
+    calls = tmp_path / "calls"
+    monkeypatch.setenv("PTESTORE_TEST_CALLS", str(calls))
+    src = copy_pte(tmp_path / "m.pte")
+    cache_a, cache_b = tmp_path / "cache-a", tmp_path / "cache-b"
+    real = inplace.FileLock
+    first: list[Any] = []
+
+    def the_other_call_first(path: str, *args: Any, **kw: Any) -> Any:
+        if not first:
+            first.append(None)  # the other call's own lock is taken as it is
+            first[0] = ptestore.ensure(
+                src, cache_dir=cache_a, backends=[SPEC_DOUBLING], in_place=True
+            )
+        return real(path, *args, **kw)
+
+    monkeypatch.setattr(inplace, "FileLock", the_other_call_first)
+    b = ptestore.ensure(src, cache_dir=cache_b, backends=[SPEC_DOUBLING], in_place=True)
+    a = first[0]
+    assert a.created and a.specialized and a.pte == str(src)
+    assert b.created and b.specialized and b.in_place and b.pte == str(src)
+    assert b.provenance == a.provenance and calls.read_text().count("\n") == 1
+    rewritten = src.read_bytes()
+    monkeypatch.setattr(inplace, "FileLock", real)
+    for cache_dir in (cache_a, cache_b):
+        hit = ptestore.ensure(src, cache_dir=cache_dir, backends=[SPEC_DOUBLING], in_place=True)
+        assert not hit.created and hit.provenance == a.provenance
+    assert src.read_bytes() == rewritten and calls.read_text().count("\n") == 1
+
+
+def test_an_in_place_ensure_that_waited_for_another_version_is_still_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above, the other call with another version of the backend: what it made is
+    not this call's, so this one is refused under the lock (AlreadySpecialized), the
+    file left as the other call made it."""
+    from ptestore.errors import AlreadySpecialized
+
+    src = copy_pte(tmp_path / "m.pte")
+    other = Doubling("mlp_xnnpack")
+    other.version = "2.0"
+    real = inplace.FileLock
+    first: list[Any] = []
+
+    def the_other_call_first(path: str, *args: Any, **kw: Any) -> Any:
+        if not first:
+            first.append(None)
+            first[0] = ptestore.ensure(
+                src, cache_dir=tmp_path / "cache-a", backends=[other], in_place=True
+            )
+            first.append(src.read_bytes())
+        return real(path, *args, **kw)
+
+    monkeypatch.setattr(inplace, "FileLock", the_other_call_first)
+    with pytest.raises(AlreadySpecialized) as err:
+        ptestore.ensure(
+            src, cache_dir=tmp_path / "cache-b", backends=[SPEC_DOUBLING], in_place=True
+        )
+    record = first[0].provenance
+    assert str(err.value) == (
+        f"{src}: already specialized (its provenance trailer records backends "
+        f"[{record.requested[0].spec} 2.0] for no device, made from {src} "
+        f"({record.source.sha256})); specializing it in place again would apply the "
+        "backends to their own output. Give the portable source (the original .pte): "
+        "ensure(..., in_place=True, portable=PATH) or `ptestore ensure SRC --in-place "
+        "--portable PATH`; or specialize the portable source to this file "
+        "(ptestore.specialize(PORTABLE, SRC))"
+    )
+    assert src.read_bytes() == first[1] and list_entries(tmp_path / "cache-b") == []
 
 
 def test_an_in_place_file_made_from_the_portable_source_then_replaced_is_not_recorded(
