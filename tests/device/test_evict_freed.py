@@ -108,3 +108,45 @@ def test_a_file_that_cannot_be_removed_is_not_freed_and_still_in_the_cache() -> 
         assert (stuck / "x").exists() and not Path(a.pte).exists()
     finally:
         shutil.rmtree(root)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+def test_an_evicted_entry_whose_lock_file_stays_is_still_evicted() -> None:
+    """Eviction by the cache's owner whose ``locks/`` it cannot write (mode 0555): each
+    entry goes and is counted as removed and freed; its lock file stays, said in a
+    warning (it is not "not evicted")."""
+    root = Path(tempfile.mkdtemp(prefix="ptestore-freed-"))
+    try:
+        os.chmod(root, 0o755)
+        cache, a, _ = _two_entries(root)
+        for d, dirs, files in os.walk(cache):
+            for name in [d, *(os.path.join(d, n) for n in dirs + files)]:
+                os.chown(name, NOBODY, NOBODY)
+        os.chmod(cache / "locks", 0o555)
+        listed = {e.key: e.bytes for e in list_entries(cache)}
+
+        def work() -> str:
+            seen: list[str] = []
+
+            class Keep(logging.Handler):
+                def emit(self, record: logging.LogRecord) -> None:
+                    seen.append(record.getMessage())
+
+            logging.getLogger("ptestore.device.cache").addHandler(Keep())
+            return json.dumps({"done": evict(cache, 0).to_dict(), "warnings": seen})
+
+        got = as_user(NOBODY, work)
+        assert got.startswith("ok: "), got
+        out = json.loads(got[len("ok: ") :])
+        done = out["done"]
+        assert sorted(done.pop("removed")) == sorted(listed)
+        assert done == {"freed": sum(listed.values()), "busy": [], "remaining": 0}
+        assert sorted(out["warnings"]) == sorted(
+            f"{cache}/entries/{k}: evicted, but {cache}/locks/{k}.lock: cannot remove the "
+            "cache lock file: Permission denied"
+            for k in listed
+        )
+        assert list_entries(cache) == [] and (cache / "locks" / f"{a.key}.lock").exists()
+    finally:
+        os.chmod(root / "cache" / "locks", 0o755)
+        shutil.rmtree(root)
