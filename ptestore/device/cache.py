@@ -276,7 +276,7 @@ def remove_entry_locked(layout: CacheLayout, key: str) -> int:
             raise StorageError(f"{layout.manifest(key)}: cannot remove: {exc.strerror}") from exc
     shutil.rmtree(directory, ignore_errors=True)  # never through a link (rmtree refuses one)
     if left := entry_files(directory):  # a prune removes the rest once it can
-        kept = sum(size * paths for size, _, paths in left.values())
+        kept = sum(size * paths for size, _, _, paths in left.values())  # as counted
         log.warning("%s: removed, but %d bytes of its files could not be", directory, kept)
     return freed_since(files, left)
 

@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from support.blocks import allocated_under
 from support.fixtures import copy_pte
 from support.smallfs import tmpfs
 
@@ -274,13 +275,13 @@ def test_clear_that_cannot_remove_a_lock_file_says_what_it_did() -> None:
                 os.chown(name, NOBODY, NOBODY)
         os.chmod(cache_dir / "locks", 0o555)
         first = min(a.key, b.key)
-        listed = {e.key: e.bytes for e in list_entries(cache_dir)}
+        held = allocated_under(cache_dir / "entries" / first)
         got = as_user(NOBODY, lambda: clear(cache_dir))
         lock = cache_dir / "locks" / f"{first}.lock"
         assert got == (
             f"StorageError: {cache_dir}: cache clear stopped: {lock}: cannot remove the "
-            f"cache lock file: Permission denied; it had removed 1 entry ({listed[first]} "
-            "bytes freed), 1 entry kept"
+            f"cache lock file: Permission denied; it had removed 1 entry ({held} bytes "
+            "freed), 1 entry kept"
         )
         assert [e.key for e in list_entries(cache_dir)] == [max(a.key, b.key)]
         assert lock.exists()
