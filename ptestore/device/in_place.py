@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from ..backends.registry import BackendLike
     from ..coordinator.report import Event
 
-__all__ = ["ensure_in_place"]
+__all__ = ["ensure_in_place", "is_own_output"]
 
 
 def ensure_in_place(
@@ -110,7 +110,7 @@ def _make(
     def ours(exc: AlreadySpecialized) -> bool:
         """The refusal's record is what this call would make, the content intact."""
         record = exc.provenance
-        return record is not None and _adoptable(path, record, current(), device)
+        return record is not None and is_own_output(path, record, current()["backends"], device)
 
     # The file this call rewrites (or adopts), held open: its manifest records the
     # identity of this very file (fstat), never of whatever the path names afterwards.
@@ -215,13 +215,27 @@ def _refuse_recorded_output(layout: CacheLayout, key: str, path: str, now: dict[
     )
 
 
-def _adoptable(path: str, record: Any, now: dict[str, Any], device: DeviceProfile | None) -> bool:
-    """Whether the file's own record is what this call would make (the backends
-    requested and their versions, the device) and its content is intact: then it is
-    this entry's artifact, made by a run that did not get to record it."""
+def is_own_output(
+    path: str,
+    record: Any,
+    backends: list[list[str]],
+    device: DeviceProfile | None,
+    *,
+    made_from: str | None = None,
+) -> bool:
+    """Whether the file's own provenance ``record`` is exactly what this request would
+    make, its content intact: the backends requested and their versions (``backends``:
+    ``[spec, version]`` of each, as :func:`.keys.backend_versions` gives them; for the
+    registry's backends, every one that ran installed at its version), the same device
+    (name and option digest), and with ``made_from``, the source the record names (an
+    in-place rerun: the file itself). ``ensure(in_place=True)`` adopts such a file as
+    its entry, made by a run that did not get to record it; ``ptestore specialize M M
+    --in-place`` has nothing to do."""
     from ..verification import verify
 
-    want_backends = [list(b) for b in now["backends"]]
+    if made_from is not None and record.source.url != made_from:
+        return False
+    want_backends = [list(b) for b in backends]
     if record.requested:
         have = [[b.spec, b.version] for b in record.requested]
         if have != want_backends:
