@@ -37,6 +37,7 @@ import shutil
 import time
 from typing import Any
 
+from .._args import path_argument
 from .._dataclass import dataclass, field
 from .._log import get_logger
 from ..errors import ConfigurationError, FormatError, PteStoreError, StorageError
@@ -91,8 +92,8 @@ class CacheLayout:
     """Paths of a cache directory."""
 
     def __init__(self, cache_dir: str | os.PathLike[str]) -> None:
-        text = os.fspath(cache_dir)
-        if not isinstance(text, str) or not text:
+        text = path_argument(cache_dir, "cache_dir")
+        if not text:
             raise ConfigurationError(f"cache_dir must be a directory path, got {cache_dir!r}")
         url = StorageURL.of(text)
         if not url.local:

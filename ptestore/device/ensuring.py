@@ -18,6 +18,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from .._args import backends_argument, path_argument
 from ..backends.compat import DeviceProfile
 from ..errors import (
     ConfigurationError,
@@ -188,7 +189,11 @@ def ensure(
         ConfigurationError, ObjectNotFound, FormatError, BackendError: as for
             :func:`ptestore.specialize`.
     """
-    src = os.fspath(source)
+    src = path_argument(source, "source")
+    path_argument(cache_dir, "cache_dir")
+    ptd = None if ptd is None else path_argument(ptd, "ptd")
+    portable = None if portable is None else path_argument(portable, "portable")
+    backends_argument(backends)
     from_index = model is not None or src.endswith(".json")
     _check_args(max_bytes, device, from_index)
     if not isinstance(provenance, bool):

@@ -256,6 +256,49 @@ def test_bad_arguments_are_refused_before_any_work(
     assert ncalls(calls) == 0
 
 
+_PATHS = "must be a path or URL (a str or os.PathLike), got "
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"backends": "my-npu"},
+            "backends must be a list of backend SPECs or objects, got the str 'my-npu' "
+            "(iterated, it would be read an item at a time, each character a backend): "
+            "pass backends=['my-npu']",
+        ),
+        ({"source": None}, "source " + _PATHS + "None"),
+        ({"source": 3}, "source " + _PATHS + "int 3"),
+        ({"source": b"m.pte"}, "source " + _PATHS + "bytes b'm.pte'"),
+        ({"cache_dir": None}, "cache_dir " + _PATHS + "None"),
+        ({"cache_dir": 7}, "cache_dir " + _PATHS + "int 7"),
+        ({"ptd": b"m.ptd"}, "ptd " + _PATHS + "bytes b'm.ptd'"),
+        ({"portable": 1, "in_place": True}, "portable " + _PATHS + "int 1"),
+    ],
+)
+def test_misused_arguments_are_named_not_a_bare_type_error(
+    tmp_path: Path, calls: Path, kwargs: dict[str, object], message: str
+) -> None:
+    """A backend list given as one string (it used to be read one character a backend:
+    "backend 'm': unknown name"), a path given as None, an int or bytes (a bare
+    TypeError from inside): a ConfigurationError naming the argument, before any work."""
+    args: dict[str, object] = {
+        "source": model(tmp_path),
+        "cache_dir": tmp_path / "cache",
+        "backends": [SPEC],
+        **kwargs,
+    }
+    with pytest.raises(ConfigurationError) as err:
+        ptestore.ensure(**args)  # type: ignore[arg-type]
+    assert str(err.value) == message
+    assert ncalls(calls) == 0 and not (tmp_path / "cache").exists()
+    if "cache_dir" in kwargs:
+        with pytest.raises(ConfigurationError) as err:
+            list_entries(kwargs["cache_dir"])  # type: ignore[arg-type]
+        assert str(err.value) == message
+
+
 def test_a_missing_source_names_it(tmp_path: Path) -> None:
     with pytest.raises(ObjectNotFound, match=r"nope\.pte: no such file"):
         ptestore.ensure(tmp_path / "nope.pte", cache_dir=tmp_path / "cache")
