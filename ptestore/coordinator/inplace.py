@@ -373,7 +373,6 @@ def _run(
             reservation.close()
             spool.close()
             writer.mark_published()
-            run.emit(Event("write", nbytes=sum(w[2] for w in writer.ops), url=target))
             try:
                 apply_uninterrupted(target, spool.path, plan)
             except OtherFile as exc:  # renamed over or rewritten: nothing applied
@@ -391,6 +390,8 @@ def _run(
         from ..provenance.known import forget
 
         forget(loader)  # its bytes changed (within one tick of its modification time, maybe)
+        # Once applied: a progress callback that raises cannot stop the change half-way
+        run.emit(Event("write", nbytes=sum(w[2] for w in writer.ops), url=target))
         run.emit(Event("publish", url=target, seconds=time.perf_counter() - started))
         summary.files = [
             FileReport(

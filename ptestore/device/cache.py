@@ -426,19 +426,18 @@ def _stopped(layout: CacheLayout, what: str, out: Removed, exc: StorageError) ->
     it, a file or lock file it could not remove), with what it had removed and what the
     cache keeps."""
     try:
-        kept = len(layout.entry_keys())
+        kept = f", {_entries(len(layout.entry_keys()))} kept"
     except PteStoreError:
-        kept = -1
-
-    def entries(n: int) -> str:
-        return f"{n} entr{'y' if n == 1 else 'ies'}"
-
+        kept = ""
+    removed = f"{_entries(len(out.removed))} ({out.freed} bytes freed)"
     return StorageError(
-        f"{layout.root}: cache {what} stopped: {exc}; it had removed "
-        f"{entries(len(out.removed))} ({out.freed} bytes freed)"
-        + (f", {entries(kept)} kept" if kept >= 0 else ""),
+        f"{layout.root}: cache {what} stopped: {exc}; it had removed {removed}{kept}",
         errno=exc.errno,
     )
+
+
+def _entries(n: int) -> str:
+    return f"{n} entr{'y' if n == 1 else 'ies'}"
 
 
 def touch(path: str) -> None:

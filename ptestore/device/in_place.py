@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import AlreadySpecialized, ConfigurationError, PteStoreError, StorageError
 from ..storage.types import StorageURL
-from .artifact import Artifact, artifact_of, hit_or_make, lookup
+from .artifact import Artifact, HeldProgress, artifact_of, hit_or_make, lookup
 from .cache import CacheLayout
 from .keys import (
     backend_fingerprint,
@@ -69,14 +69,22 @@ def ensure_in_place(
     def current() -> dict[str, Any]:
         return {"source": source_identity(src), "ptd": None, "backends": versions, "device": dev}
 
-    return hit_or_make(
+    # The callback's exception once the file is rewritten ("write", "publish"; from the
+    # portable source, "publish" of the copy renamed over it) waits until it is recorded:
+    # never a rewritten file the cache does not know of.
+    after = frozenset({"publish"} if portable is not None else {"write", "publish"})
+    relay = None if progress is None else HeldProgress(progress, after)
+    made = hit_or_make(
         layout,
         key,
         max_bytes,
         lambda: lookup(layout, key, current(), in_place=True),
-        lambda: _make(layout, key, src, backends, device, current, provenance, portable, progress),
+        lambda: _make(layout, key, src, backends, device, current, provenance, portable, relay),
         before_make=lambda: recover_if_local(src),
     )
+    if relay is not None:
+        relay.raise_held()
+    return made
 
 
 def _check_portable(src: str, portable: str) -> None:
