@@ -25,6 +25,7 @@ from .progress import Progress, progress_wanted
 
 if TYPE_CHECKING:
     from ..coordinator import FileReport, SpecializationReport
+    from ..errors import AlreadySpecialized
 
 __all__ = ["add_specialize_parser", "format_summary", "run_specialize"]
 
@@ -39,7 +40,11 @@ examples:
 Exit status: 0 success; 1 backend or storage failure (the message says what was
 published); 2 bad input: malformed or missing source, unknown backend, bad arguments or
 options, an existing DST with --create, refused access, or nothing specialized (no
-backend serves an id of the program, every backend declined) without --allow-unchanged."""
+backend serves an id of the program, every backend declined) without --allow-unchanged.
+With --in-place, a SRC that is already specialized is refused (exit 2), unless its own
+provenance trailer records exactly this request (the same backends and versions, the
+same device, made in place from SRC: a rerun after a crash that recovery rolled
+forward): then there is nothing to do (exit 0)."""
 
 
 def add_specialize_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -161,7 +166,7 @@ def format_summary(report: SpecializationReport) -> str:
 def run_specialize(args: argparse.Namespace) -> int:
     """Run ``ptestore specialize`` with parsed arguments; returns the exit status."""
     from ..coordinator import nothing_specialized_message, specialize
-    from ..errors import NothingSpecialized
+    from ..errors import AlreadySpecialized, NothingSpecialized
 
     quiet = args.quiet or args.json
     progress = None if not progress_wanted(disabled=quiet or args.no_progress) else Progress()
@@ -183,6 +188,11 @@ def run_specialize(args: argparse.Namespace) -> int:
             provenance=bool(args.provenance),
             in_place=args.in_place,
         )
+    except AlreadySpecialized as exc:
+        if not args.in_place or not _asked_before(args, exc, device):
+            raise
+        _nothing_to_do(args, exc)
+        return EXIT_OK
     except NothingSpecialized as exc:
         raise NothingSpecialized(
             f"{exc} Nothing was published; --allow-unchanged publishes an unchanged copy.",
@@ -203,6 +213,44 @@ def run_specialize(args: argparse.Namespace) -> int:
         )
         raise KeyboardInterrupt(f"after {published or args.dst} was published") from None
     return EXIT_OK
+
+
+def _asked_before(args: argparse.Namespace, exc: AlreadySpecialized, device: Any) -> bool:
+    """Whether the in-place file's own record is exactly this request, made in place
+    from the file itself, its content intact (what ``ensure(in_place=True)`` adopts:
+    :func:`~ptestore.device.in_place.is_own_output`)."""
+    import os
+
+    from ..device.in_place import is_own_output
+    from ..device.keys import backend_versions
+    from ..errors import PteStoreError
+
+    record: Any = exc.provenance
+    if record is None or not exc.path:
+        return False
+    path = os.path.realpath(exc.path)
+    try:
+        versions = backend_versions(args.backend)
+    except PteStoreError:  # a backend that cannot be loaded: not this request's
+        return False
+    return is_own_output(path, record, versions, device, made_from=path)
+
+
+def _nothing_to_do(args: argparse.Namespace, exc: AlreadySpecialized) -> None:
+    from ..coordinator.respecialize import describe_record
+
+    record: Any = exc.provenance
+    if args.json:
+        import json
+
+        out = {"nothing_to_do": True, "path": exc.path, "provenance": record.to_dict()}
+        json.dump(out, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    elif not args.quiet:
+        print(
+            f"{printable(exc.path)}: already specialized by "
+            f"{printable(describe_record(record))}: nothing to do"
+        )
 
 
 def _report(args: argparse.Namespace, report: SpecializationReport, message: str | None) -> None:

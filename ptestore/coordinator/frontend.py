@@ -7,6 +7,7 @@ import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from .._args import backends_argument, path_argument
 from ..errors import AlreadyExists, ObjectNotFound
 from ..storage.loaders import open_loader
 from ..storage.routing import StorageOptions
@@ -117,6 +118,9 @@ def specialize(
     Nothing is published unless the whole run succeeds (``PartialPublish`` aside).
     """
     strict = refuse_unchanged(strict, allow_unchanged)
+    src_url = path_argument(src_url, "src_url")
+    dst_url = path_argument(dst_url, "dst_url")
+    backends_argument(backends)
     from ..journal import recover_if_local
 
     recover_if_local(os.fspath(src_url))  # an interrupted in-place run: finish it first

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from .._io import pread_all
 from ..errors import (
+    AlreadySpecialized,
     ConfigurationError,
     NotSupported,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "apply_uninterrupted",
     "check_in_place_args",
     "specialize_in_place",
+    "specialize_or_adopt",
 ]
 
 
@@ -166,12 +168,46 @@ def specialize_in_place(
     A file that is already a specialized output (its provenance trailer records a run
     that changed it) is refused with :class:`~ptestore.errors.AlreadySpecialized`,
     unchanged: specializing it again would apply the backends to their own output."""
+    report = specialize_or_adopt(
+        path,
+        None,
+        backends=backends,
+        device=device,
+        provenance=provenance,
+        event_tracer=event_tracer,
+        strict=strict,
+    )
+    assert report is not None  # nothing is adopted without ``adoptable``
+    return report
+
+
+def specialize_or_adopt(
+    path: PathLike,
+    adoptable: Callable[[AlreadySpecialized], bool] | None,
+    *,
+    backends: Iterable[Any] | None = None,
+    device: DeviceProfile | None = None,
+    provenance: Any = True,
+    event_tracer: Any = None,
+    strict: bool = True,
+) -> SpecializationReport | None:
+    """:func:`specialize_in_place`, except that a file found already specialized once
+    its lock is held (another call rewrote it while this one waited for the lock) is
+    passed to ``adoptable`` (the refusal, its record in ``provenance``), asked while the
+    lock is held: True, and None is returned (the file is adopted as it is, nothing
+    run); False (or no ``adoptable``), and the refusal is raised. ``ensure(in_place=True)``
+    adopts what a concurrent call with another cache made."""
     target = local_path(path, "in-place specialization")
     lock = FileLock(target)
     try:
         recover_locked(target)
         check_rewritable(target, os.fstat(lock.fd))
-        return _run(target, backends, device, provenance, event_tracer, strict)
+        try:
+            return _run(target, backends, device, provenance, event_tracer, strict)
+        except AlreadySpecialized as exc:  # raised before any work: the file unchanged
+            if adoptable is None or not adoptable(exc):
+                raise
+            return None
     finally:
         lock.close()
 
@@ -317,8 +353,10 @@ def _run(
         # What the payload must be (recover checks it): the chunks the writes touch, as
         # the record has them where there is one, and the trailer's SHA-256.
         plan["check"] = _payload_check(loader, spool, plan, content, digest)
-        loader.check_unchanged()
+        # Opened for writing first: a file made read-only meanwhile is refused as such (a
+        # chmod moves its change time too, which the check would call a rewrite).
         reservation = Reservation(target, loader.fileno())
+        loader.check_unchanged()  # size and times (change time included), up to here
         old = plan["size_before"]
         allocated = reservation.reserve(writer.ops, old, size, loader.check_unchanged)
         # What the apply checks the file against before marking it (a rewrite since,
@@ -335,7 +373,6 @@ def _run(
             reservation.close()
             spool.close()
             writer.mark_published()
-            run.emit(Event("write", nbytes=sum(w[2] for w in writer.ops), url=target))
             try:
                 apply_uninterrupted(target, spool.path, plan)
             except OtherFile as exc:  # renamed over or rewritten: nothing applied
@@ -353,6 +390,8 @@ def _run(
         from ..provenance.known import forget
 
         forget(loader)  # its bytes changed (within one tick of its modification time, maybe)
+        # Once applied: a progress callback that raises cannot stop the change half-way
+        run.emit(Event("write", nbytes=sum(w[2] for w in writer.ops), url=target))
         run.emit(Event("publish", url=target, seconds=time.perf_counter() - started))
         summary.files = [
             FileReport(

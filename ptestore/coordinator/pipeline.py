@@ -177,6 +177,9 @@ class RunOptions:
         if self.mode not in ("overwrite", "create"):
             raise ConfigurationError(f"mode must be 'overwrite' or 'create', got {self.mode!r}")
         refuse_unchanged(self.strict, self.allow_unchanged)
+        from .._args import backends_argument
+
+        backends_argument(self.backends)
 
     @property
     def refuses_unchanged(self) -> bool:

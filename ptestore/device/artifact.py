@@ -17,9 +17,10 @@ from .manifest import Manifest, as_json
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from ..coordinator.report import Event
     from ..provenance.record import Provenance
 
-__all__ = ["Artifact", "artifact_of", "hit_or_make", "lookup"]
+__all__ = ["Artifact", "HeldProgress", "artifact_of", "hit_or_make", "lookup"]
 
 
 @dataclass(frozen=True)
@@ -162,3 +163,32 @@ def hit_or_make(
     if max_bytes is not None:
         evict(layout.root, max_bytes, keep=key)
     return hit
+
+
+class HeldProgress:
+    """The caller's ``progress`` callback as a make hands it to the run. An exception
+    it raises at an event that comes once the change is made (``after``: ``publish``; in
+    place ``write`` too, emitted once the file is rewritten) is held, so that the entry
+    is recorded first (the cache keeps no half entry, and a rewritten file is never left
+    unrecorded), and raised by :meth:`raise_held` once it is; raised at an earlier event
+    it stops the run as it is, nothing published."""
+
+    def __init__(self, progress: Callable[[Event], None], after: frozenset[str]) -> None:
+        self.progress = progress
+        self.after = after
+        self.held: Exception | None = None
+
+    def __call__(self, event: Event) -> None:
+        try:
+            self.progress(event)
+        except Exception as exc:
+            if event.kind not in self.after:
+                raise
+            if self.held is None:
+                self.held = exc
+
+    def raise_held(self) -> None:
+        """Raise the exception held (once the entry is recorded), if any."""
+        if self.held is not None:
+            held, self.held = self.held, None
+            raise held

@@ -37,9 +37,10 @@ import shutil
 import time
 from typing import Any
 
+from .._args import path_argument
 from .._dataclass import dataclass, field
 from .._log import get_logger
-from ..errors import ConfigurationError, FormatError, StorageError
+from ..errors import ConfigurationError, FormatError, PteStoreError, StorageError
 from ..storage.types import StorageURL
 from .entryfiles import (
     MANIFEST,
@@ -91,8 +92,8 @@ class CacheLayout:
     """Paths of a cache directory."""
 
     def __init__(self, cache_dir: str | os.PathLike[str]) -> None:
-        text = os.fspath(cache_dir)
-        if not isinstance(text, str) or not text:
+        text = path_argument(cache_dir, "cache_dir")
+        if not text:
             raise ConfigurationError(f"cache_dir must be a directory path, got {cache_dir!r}")
         url = StorageURL.of(text)
         if not url.local:
@@ -153,6 +154,12 @@ class CacheLayout:
                 )
         except FileNotFoundError:
             return []
+        except NotADirectoryError as exc:  # cache_dir (or its entries/) a file
+            culprit = self.entries if os.path.isdir(self.root) else self.root
+            raise ConfigurationError(
+                f"{culprit}: not a directory; a cache directory (cache_dir) and its "
+                "entries/ are directories"
+            ) from exc
 
 
 @dataclass
@@ -270,7 +277,7 @@ def remove_entry_locked(layout: CacheLayout, key: str) -> int:
             raise StorageError(f"{layout.manifest(key)}: cannot remove: {exc.strerror}") from exc
     shutil.rmtree(directory, ignore_errors=True)  # never through a link (rmtree refuses one)
     if left := entry_files(directory):  # a prune removes the rest once it can
-        kept = sum(size * paths for size, _, paths in left.values())
+        kept = sum(size * paths for size, _, _, paths in left.values())  # as counted
         log.warning("%s: removed, but %d bytes of its files could not be", directory, kept)
     return freed_since(files, left)
 
@@ -312,19 +319,17 @@ def _try_remove(layout: CacheLayout, judged: CacheEntry, out: Removed) -> int | 
     if not lock.acquire():
         out.busy.append(judged.key)
         return None
-    removed = False
     try:
         if not _same(judged, load_entry(layout, judged.key)):
+            lock.release()
             return None  # an ensure made or used it meanwhile: judged again next time
         freed = remove_entry_locked(layout, judged.key)
-        removed = True
-    finally:
-        if removed:
-            lock.remove()
-        else:
-            lock.release()
+    except BaseException:
+        lock.release()
+        raise
     out.freed += freed
     out.removed.append(judged.key)
+    lock.remove()  # a StorageError when it cannot be: the entry is gone, counted above
     return freed
 
 
@@ -351,8 +356,11 @@ def evict(cache_dir: str | os.PathLike[str], max_bytes: int, *, keep: str | None
             freed = _try_remove(layout, e, out)
         except StorageError as exc:  # its lock or files cannot be handled: kept, said
             # (after a make, the entry made is returned all the same)
-            log.warning("%s: not evicted: %s", layout.entry_dir(e.key), exc)
-            continue
+            if e.key not in out.removed:
+                log.warning("%s: not evicted: %s", layout.entry_dir(e.key), exc)
+                continue
+            log.warning("%s: evicted, but %s", layout.entry_dir(e.key), exc)  # its lock file
+            freed = 0
         if freed is not None:  # what left the cache (a file not removed is still there)
             total -= e.bytes - dir_bytes(layout.entry_dir(e.key))
     out.remaining = total
@@ -366,19 +374,23 @@ def prune(cache_dir: str | os.PathLike[str], max_bytes: int | None = None) -> Re
     layout = CacheLayout(cache_dir)
     layout.check()
     out = Removed()
-    for key in layout.entry_keys():
-        e = load_entry(layout, key)
-        if e.state != "ready":
-            _try_remove(layout, e, out)
-            continue
-        lock = layout.lock(key, blocking=False)
-        if lock.acquire():
-            try:  # read again under the lock: the files the entry names now
-                manifest = load_entry(layout, key).manifest
-                out.freed += clean_entry_locked(layout.entry_dir(key), manifest, keep_packed=True)
-            finally:
-                lock.release()
-    remove_orphan_locks(layout.entries, layout.locks)
+    try:
+        for key in layout.entry_keys():
+            e = load_entry(layout, key)
+            if e.state != "ready":
+                _try_remove(layout, e, out)
+                continue
+            lock = layout.lock(key, blocking=False)
+            if lock.acquire():
+                try:  # read again under the lock: the files the entry names now
+                    manifest = load_entry(layout, key).manifest
+                    directory = layout.entry_dir(key)
+                    out.freed += clean_entry_locked(directory, manifest, keep_packed=True)
+                finally:
+                    lock.release()
+        remove_orphan_locks(layout.entries, layout.locks)
+    except StorageError as exc:
+        raise _stopped(layout, "prune", out, exc) from exc
     if max_bytes is not None:
         more = evict(cache_dir, max_bytes)
         out.removed += more.removed
@@ -396,14 +408,36 @@ def clear(cache_dir: str | os.PathLike[str]) -> Removed:
     layout = CacheLayout(cache_dir)
     layout.check()
     out = Removed()
-    for key in layout.entry_keys():
-        e = load_entry(layout, key)
-        if _try_remove(layout, e, out) is None and key not in out.busy:
-            # used or remade since it was read: still removed (clear removes every entry)
-            _try_remove(layout, load_entry(layout, key), out)
-    remove_orphan_locks(layout.entries, layout.locks)
+    try:
+        for key in layout.entry_keys():
+            e = load_entry(layout, key)
+            if _try_remove(layout, e, out) is None and key not in out.busy:
+                # used or remade since it was read: still removed (clear removes every entry)
+                _try_remove(layout, load_entry(layout, key), out)
+        remove_orphan_locks(layout.entries, layout.locks)
+    except StorageError as exc:
+        raise _stopped(layout, "clear", out, exc) from exc
     out.remaining = sum(dir_bytes(layout.entry_dir(k)) for k in layout.entry_keys())
     return out
+
+
+def _stopped(layout: CacheLayout, what: str, out: Removed, exc: StorageError) -> StorageError:
+    """The error of a ``cache prune``/``clear`` stopped part-way (``exc``: what stopped
+    it, a file or lock file it could not remove), with what it had removed and what the
+    cache keeps."""
+    try:
+        kept = f", {_entries(len(layout.entry_keys()))} kept"
+    except PteStoreError:
+        kept = ""
+    removed = f"{_entries(len(out.removed))} ({out.freed} bytes freed)"
+    return StorageError(
+        f"{layout.root}: cache {what} stopped: {exc}; it had removed {removed}{kept}",
+        errno=exc.errno,
+    )
+
+
+def _entries(n: int) -> str:
+    return f"{n} entr{'y' if n == 1 else 'ies'}"
 
 
 def touch(path: str) -> None:

@@ -18,6 +18,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from .._args import backends_argument, path_argument
 from ..backends.compat import DeviceProfile
 from ..errors import (
     ConfigurationError,
@@ -26,7 +27,7 @@ from ..errors import (
     StorageError,
 )
 from ..storage.types import file_path
-from .artifact import Artifact, artifact_of, hit_or_make, lookup
+from .artifact import Artifact, HeldProgress, artifact_of, hit_or_make, lookup
 from .cache import CacheLayout, read_manifest
 from .entryfiles import clean_entry_locked, remove_foreign
 from .keys import (
@@ -131,7 +132,9 @@ def ensure(
             (see docs/device.md).
         cache_dir: a local directory for the cache (created if missing).
         backends: as for :func:`ptestore.specialize` (None: every installed backend
-            whose name is a backend id of the program).
+            whose name is a backend id of the program); a list, never one string. With
+            an index, only for the portable source when no artifact fits (the index's
+            artifacts are rated by the installed backends).
         device: the device profile handed to the backends; with an index, also a
             device's name alone: then, as :func:`ptestore.select` takes it, with the
             options the index records for that name.
@@ -167,7 +170,10 @@ def ensure(
             pid when the system tells it (CLI: ``--lock-timeout``).
         progress: called with each :class:`~ptestore.coordinator.report.Event` of the
             specialization when this call makes the entry (the events
-            :func:`ptestore.specialize` reports); a hit calls nothing.
+            :func:`ptestore.specialize` reports); a hit calls nothing. An exception it
+            raises propagates: before the change is made it stops the run (nothing
+            recorded); at ``publish`` (in place also ``write``) once the entry is
+            recorded; inside a backend's call as that backend's ``BackendError``.
         xnnpack_cache: also make (once, under the entry's lock) XNNPACK's packed-weight
             file beside the entry and return its path as ``Artifact.xnnpack_cache``
             (needs the ``[xnnpack]`` extra; see docs/device.md). Refused by the runtime:
@@ -183,12 +189,27 @@ def ensure(
     Raises:
         StorageError: the cache's file system is full (the cache and the source are left
             as they were) or another I/O failure.
+        LockTimeout: the entry's locks were not free within ``lock_timeout`` (a
+            ``StorageError``; nothing was changed).
+        PermissionDenied: the cache directory, an entry or its manifest is not this
+            user's alone (owned by another user, or writable by group or others), or the
+            storage refused the access.
+        AlreadySpecialized: with ``in_place=True``, ``source`` is already a specialized
+            output that is not this call's (another backend version or device) and no
+            ``portable`` was given (a ``ConfigurationError``; the file is unchanged).
+        PreconditionFailed: the source was modified or replaced while it was read (a
+            ``StorageError``; nothing was recorded).
         IntegrityError: with an index, a download that does not match it (the cache
             is left as it was).
         ConfigurationError, ObjectNotFound, FormatError, BackendError: as for
-            :func:`ptestore.specialize`.
+            :func:`ptestore.specialize` (a ``BackendError`` also for a backend's own
+            full disk: only ptestore's own writes make the cache's full disk).
     """
-    src = os.fspath(source)
+    src = path_argument(source, "source")
+    path_argument(cache_dir, "cache_dir")
+    ptd = None if ptd is None else path_argument(ptd, "ptd")
+    portable = None if portable is None else path_argument(portable, "portable")
+    backends_argument(backends)
     from_index = model is not None or src.endswith(".json")
     _check_args(max_bytes, device, from_index)
     if not isinstance(provenance, bool):
@@ -322,15 +343,20 @@ def _ensure_copy(
     # The options of the remote sources, as common ones: the run routes them to those
     # (never to a local file, nor to the cache's local destinations).
     common = {k: v for opts in routed.values() for k, v in opts.items()}
-    return hit_or_make(
+    # The callback's exception at "publish" waits for the manifest: no half entry.
+    relay = None if progress is None else HeldProgress(progress, frozenset({"publish"}))
+    made = hit_or_make(
         layout,
         key,
         max_bytes,
         lambda: lookup(layout, key, fingerprint),
         lambda: _make(
-            layout, key, fingerprint, src, ptd, backends, device, provenance, progress, common
+            layout, key, fingerprint, src, ptd, backends, device, provenance, relay, common
         ),
     )
+    if relay is not None:
+        relay.raise_held()
+    return made
 
 
 def _make(
@@ -354,7 +380,7 @@ def _make(
         raise
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise disk_full_error(layout.root, src, 0, exc) from exc
+            raise disk_full_error(layout.root, src, 0, exc, stage="entry") from exc
         where = layout.entry_dir(key)  # (make_entry_dir raised: no ``directory``)
         raise StorageError(f"{where}: cannot create: {exc.strerror or exc}") from exc
     try:

@@ -215,7 +215,10 @@ def _regular_files(directory: str) -> Iterator[os.stat_result]:
 
 def dir_bytes(directory: str) -> int:
     """The bytes of the regular files under ``directory`` (subdirectories included, links
-    not followed): what an entry holds against ``max_bytes``."""
+    not followed): what an entry holds against ``max_bytes``, what ``cache ls`` and
+    ``remaining`` count. Their apparent sizes (``st_size``, as ``ls -l`` shows them): a
+    budget on what the models weigh, the same on every file system; a sparse file (an
+    interrupted download's ``.part``) counts its whole size, what it may come to hold."""
     try:
         if not stat.S_ISDIR(os.lstat(directory).st_mode):
             return 0
@@ -228,29 +231,34 @@ def dir_bytes(directory: str) -> int:
 Inode = tuple[int, int]
 
 
-def entry_files(directory: str) -> dict[Inode, tuple[int, int, int]]:
+#: What :func:`entry_files` knows of a file: its apparent size, the bytes it has
+#: allocated (``st_blocks * 512``), its links (``st_nlink``), its paths under the
+#: directory.
+FileInfo = tuple[int, int, int, int]
+
+
+def entry_files(directory: str) -> dict[Inode, FileInfo]:
     """The regular files under ``directory`` (links not followed), each file once:
-    ``(st_dev, st_ino) -> (size, its links (st_nlink), its paths under directory)``;
-    what :func:`freed_since` compares after a removal."""
-    out: dict[Inode, tuple[int, int, int]] = {}
+    ``(st_dev, st_ino) -> (size, allocated, links, paths under directory)``; what
+    :func:`freed_since` compares after a removal."""
+    out: dict[Inode, FileInfo] = {}
     for st in _regular_files(directory):
         known = out.get((st.st_dev, st.st_ino))
-        paths = 1 if known is None else known[2] + 1
-        out[(st.st_dev, st.st_ino)] = (st.st_size, st.st_nlink, paths)
+        paths = 1 if known is None else known[3] + 1
+        out[(st.st_dev, st.st_ino)] = (st.st_size, st.st_blocks * 512, st.st_nlink, paths)
     return out
 
 
-def freed_since(
-    before: dict[Inode, tuple[int, int, int]], after: dict[Inode, tuple[int, int, int]]
-) -> int:
+def freed_since(before: dict[Inode, FileInfo], after: dict[Inode, FileInfo]) -> int:
     """The bytes a removal freed on the file system, of the files ``before`` found in a
-    directory (:func:`entry_files`), ``after`` what is left there: each file once, and
-    only one whose every link was under the directory and is gone now (a file also
-    linked elsewhere frees nothing; one that could not be removed neither)."""
+    directory (:func:`entry_files`), ``after`` what is left there: the blocks each file
+    held (``st_blocks * 512``: a sparse file frees what it held, not its size), each file
+    once, and only one whose every link was under the directory and is gone now (a file
+    also linked elsewhere frees nothing; one that could not be removed neither)."""
     left = set(after)
     return sum(
-        size
-        for inode, (size, links, paths) in before.items()
+        allocated
+        for inode, (_, allocated, links, paths) in before.items()
         if inode not in left and links <= paths
     )
 

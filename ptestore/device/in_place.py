@@ -8,9 +8,9 @@ import contextlib
 import os
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigurationError, PteStoreError, StorageError
+from ..errors import AlreadySpecialized, ConfigurationError, PteStoreError, StorageError
 from ..storage.types import StorageURL
-from .artifact import Artifact, artifact_of, hit_or_make, lookup
+from .artifact import Artifact, HeldProgress, artifact_of, hit_or_make, lookup
 from .cache import CacheLayout
 from .keys import (
     backend_fingerprint,
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from ..backends.registry import BackendLike
     from ..coordinator.report import Event
 
-__all__ = ["ensure_in_place"]
+__all__ = ["ensure_in_place", "is_own_output"]
 
 
 def ensure_in_place(
@@ -69,14 +69,22 @@ def ensure_in_place(
     def current() -> dict[str, Any]:
         return {"source": source_identity(src), "ptd": None, "backends": versions, "device": dev}
 
-    return hit_or_make(
+    # The callback's exception once the file is rewritten ("write", "publish"; from the
+    # portable source, "publish" of the copy renamed over it) waits until it is recorded:
+    # never a rewritten file the cache does not know of.
+    after = frozenset({"publish"} if portable is not None else {"write", "publish"})
+    relay = None if progress is None else HeldProgress(progress, after)
+    made = hit_or_make(
         layout,
         key,
         max_bytes,
         lambda: lookup(layout, key, current(), in_place=True),
-        lambda: _make(layout, key, src, backends, device, current, provenance, portable, progress),
+        lambda: _make(layout, key, src, backends, device, current, provenance, portable, relay),
         before_make=lambda: recover_if_local(src),
     )
+    if relay is not None:
+        relay.raise_held()
+    return made
 
 
 def _check_portable(src: str, portable: str) -> None:
@@ -99,8 +107,6 @@ def _make(
     portable: str | None = None,
     progress: Callable[[Event], None] | None = None,
 ) -> Artifact:
-    from ..errors import AlreadySpecialized
-
     path = StorageURL.of(src).location
     if portable is not None:
         return _from_portable(
@@ -109,19 +115,24 @@ def _make(
     from ..coordinator.respecialize import refuse_specialized_output
     from ..storage.loaders import LocalFileLoader
 
+    def ours(exc: AlreadySpecialized) -> bool:
+        """The refusal's record is what this call would make, the content intact."""
+        record = exc.provenance
+        return record is not None and is_own_output(path, record, current()["backends"], device)
+
     # The file this call rewrites (or adopts), held open: its manifest records the
     # identity of this very file (fstat), never of whatever the path names afterwards.
     try:
         held = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as exc:
         raise StorageError(f"{path}: cannot open: {exc.strerror}") from exc
+
     try:
         loader = LocalFileLoader(path)
         try:
             refuse_specialized_output(loader, path)  # what its trailer says, first
         except AlreadySpecialized as exc:
-            record = exc.provenance
-            if record is None or not _adoptable(path, record, current(), device):
+            if not ours(exc):
                 raise
             return _publish(layout, key, src, path, current, True, held)  # not yet recorded
         finally:
@@ -131,10 +142,13 @@ def _make(
 
         # A Ctrl-C (SIGTERM, SIGHUP) held from the journal's commit is delivered once
         # the rewritten file is recorded: without a trailer, the manifest is what tells
-        # the next call that the file is an output already.
+        # the next call that the file is an output already. A file another call (with
+        # another cache) rewrote while this one waited for its lock is adopted under
+        # that lock, as a later call adopts it.
         with deferred_signals():
-            report = _specialize_in_place(path, backends, device, provenance, progress)
-            return _publish(layout, key, src, path, current, report.specialized, held)
+            report = _specialize_in_place(path, backends, device, provenance, progress, ours)
+            specialized = True if report is None else report.specialized
+            return _publish(layout, key, src, path, current, specialized, held)
     finally:
         os.close(held)
 
@@ -144,14 +158,17 @@ def _specialize_in_place(
     backends: list[BackendLike] | None,
     device: DeviceProfile | None,
     provenance: bool,
-    progress: Callable[[Event], None] | None = None,
+    progress: Callable[[Event], None] | None,
+    adoptable: Callable[[AlreadySpecialized], bool],
 ) -> Any:
-    from ..coordinator.inplace import specialize_in_place
+    """The in-place run (None: the file adopted under its lock, nothing run)."""
+    from ..coordinator.inplace import specialize_or_adopt
     from ..provenance.stamp import ProvenanceRequest
 
     try:
-        return specialize_in_place(
+        return specialize_or_adopt(
             path,
+            adoptable,
             backends=backends,
             device=device,
             provenance=ProvenanceRequest() if provenance else False,
@@ -206,13 +223,27 @@ def _refuse_recorded_output(layout: CacheLayout, key: str, path: str, now: dict[
     )
 
 
-def _adoptable(path: str, record: Any, now: dict[str, Any], device: DeviceProfile | None) -> bool:
-    """Whether the file's own record is what this call would make (the backends
-    requested and their versions, the device) and its content is intact: then it is
-    this entry's artifact, made by a run that did not get to record it."""
+def is_own_output(
+    path: str,
+    record: Any,
+    backends: list[list[str]],
+    device: DeviceProfile | None,
+    *,
+    made_from: str | None = None,
+) -> bool:
+    """Whether the file's own provenance ``record`` is exactly what this request would
+    make, its content intact: the backends requested and their versions (``backends``:
+    ``[spec, version]`` of each, as :func:`.keys.backend_versions` gives them; for the
+    registry's backends, every one that ran installed at its version), the same device
+    (name and option digest), and with ``made_from``, the source the record names (an
+    in-place rerun: the file itself). ``ensure(in_place=True)`` adopts such a file as
+    its entry, made by a run that did not get to record it; ``ptestore specialize M M
+    --in-place`` has nothing to do."""
     from ..verification import verify
 
-    want_backends = [list(b) for b in now["backends"]]
+    if made_from is not None and record.source.url != made_from:
+        return False
+    want_backends = [list(b) for b in backends]
     if record.requested:
         have = [[b.spec, b.version] for b in record.requested]
         if have != want_backends:

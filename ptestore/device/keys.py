@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "backend_fingerprint",
+    "backend_versions",
     "device_fingerprint",
     "as_recorded",
     "entry_key",
@@ -161,15 +162,17 @@ def backend_fingerprint(backends: list[BackendLike] | None, layout: CacheLayout)
     unchanged does not read it again."""
     global _SNAPSHOT_USED
     if _SNAPSHOT_USED:  # later calls: this process's own caches (below and in compat)
-        return _backend_versions(backends)
+        return backend_versions(backends)
     _SNAPSHOT_USED = True
     from ..backends.snapshot import using
 
     with using(layout.snapshot):
-        return _backend_versions(backends)
+        return backend_versions(backends)
 
 
-def _backend_versions(backends: list[BackendLike] | None) -> list[list[str]]:
+def backend_versions(backends: list[BackendLike] | None) -> list[list[str]]:
+    """``[spec, version]`` of every backend (None: the installed ones), read from the
+    installation (:func:`backend_fingerprint` reads it through a cache's snapshot)."""
     global _INSTALLED
     from ..backends.registry import installed_backends, load_backend
 

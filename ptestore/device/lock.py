@@ -191,13 +191,23 @@ class KeyLock:
                 os.close(fd)  # closing the only descriptor releases the flock
 
     def remove(self) -> None:
-        """Remove the lock file (only while holding it exclusively), then release."""
+        """Remove the lock file (only while holding it exclusively), then release; a
+        lock file that cannot be removed (its directory not writable) is a
+        :class:`~ptestore.errors.StorageError` naming it, raised once released."""
+        error = None
         if self._fd is not None and self._fd >= 0 and not self.shared:
             try:
                 os.unlink(self.path)
             except FileNotFoundError:
                 pass
+            except OSError as exc:
+                error = exc
         self.release()
+        if error is not None:
+            raise StorageError(
+                f"{self.path}: cannot remove the cache lock file: {error.strerror}",
+                errno=error.errno,
+            ) from error
 
     def __enter__(self) -> KeyLock:
         if not self.acquire():

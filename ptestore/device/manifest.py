@@ -14,7 +14,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from .._dataclass import dataclass
-from ..errors import StorageError
+from ..errors import BackendError, StorageError
 from ..storage.types import StorageURL
 from .cache import MANIFEST_FORMAT, MANIFEST_VERSION, CacheLayout, file_stamp
 from .private import make_private
@@ -147,7 +147,9 @@ class Manifest:
             put_bytes(layout.manifest(self.key), data, permissions=0o644)
         except OSError as exc:  # StorageError is one
             if is_disk_full(exc):
-                raise disk_full_error(layout.root, src, len(data), exc, replaced=replaced) from exc
+                raise disk_full_error(
+                    layout.root, src, len(data), exc, replaced=replaced, stage="manifest"
+                ) from exc
             raise
 
 
@@ -163,11 +165,18 @@ def _device_of(index: str) -> int | None:
 
 
 def is_disk_full(exc: BaseException) -> bool:
-    """Whether ``exc`` or an exception it was raised from is ENOSPC or EDQUOT."""
+    """Whether ``exc`` or an exception it was raised from is ENOSPC or EDQUOT, raised by
+    ptestore's own writes (the cache's, the spool's, the journal's). The walk stops at a
+    :class:`~ptestore.errors.BackendError`: what a backend's own code raised (about its
+    own scratch files, maybe on another file system) is the backend's failure, never
+    the cache's full disk (a spool write that fails inside the backend's call is a
+    ``StorageError`` the run passes on unwrapped, still found)."""
     seen: set[int] = set()
     cur: BaseException | None = exc
     while cur is not None and id(cur) not in seen:
         seen.add(id(cur))
+        if isinstance(cur, BackendError):
+            return False
         if isinstance(cur, OSError) and cur.errno in (errno.ENOSPC, errno.EDQUOT):
             return True
         cur = cur.__cause__ or cur.__context__
@@ -175,17 +184,40 @@ def is_disk_full(exc: BaseException) -> bool:
 
 
 def disk_full_error(
-    where: str, src: str, need: int, exc: BaseException, *, replaced: bool = False
+    where: str,
+    src: str,
+    need: int,
+    exc: BaseException,
+    *,
+    replaced: bool = False,
+    stage: str = "copy",
 ) -> StorageError:
     """The error for a cache whose file system is full, with what to do about it
-    (``replaced``: an earlier entry's files were replaced, and that entry was removed)."""
+    (``replaced``: an earlier entry's files were replaced, and that entry was removed).
+    ``stage`` says what failed, so that the bytes it names are true together: ``"copy"``,
+    the run (``need``: about the source's size; the free space is measured once the run
+    removed its partial copy, so it may exceed ``need``: the copy and the spooled
+    replacements filled the disk); ``"manifest"``, the entry's manifest (``need`` its
+    size); ``"entry"``, the entry's directory (no size)."""
     from .._io import free_bytes
 
     left = free_bytes(where)
-    free = "free space unknown" if left is None else f"{left} bytes free"
+    if stage == "copy":
+        free = "free space unknown" if left is None else f"{left} bytes are free now"
+        what = (
+            f"the specialized copy of {src} (it needs about {need} bytes, the source's "
+            f"size, and room for the replaced bytes while they are spooled; {free}, the "
+            "partial copy removed)"
+        )
+    else:
+        free = "free space unknown" if left is None else f"{left} bytes were free when it failed"
+        what = (
+            f"the manifest of the entry of {src} ({need} bytes; {free})"
+            if stage == "manifest"
+            else f"the entry directory of {src} ({free})"
+        )
     return StorageError(
-        f"{where}: no space left on the file system for the specialized copy of {src} "
-        f"(about {need} bytes needed, {free}); "
+        f"{where}: no space left on the file system for {what}; "
         + (
             "the source is unchanged; the entry's earlier version, whose files this run "
             "had replaced, was removed (made again by the next call). "

@@ -57,6 +57,8 @@ class StaleEntry:
     #: it), ``"kept: unknown"`` (its source could not be checked), ``"kept: current"``
     #: (remade while it was judged) or ``"kept: already gone"``.
     action: str
+    #: Removed: the bytes it freed on the file system (the blocks its files held);
+    #: otherwise its size, as ``cache ls`` counts it.
     bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:

@@ -126,7 +126,10 @@ class LocalFileLoader(LoaderBase):
             raise _not_regular(self.path, file_kind(st.st_mode))
         os.set_blocking(self._fd, True)
         self._size = st.st_size
-        self._stamp = (st.st_size, st.st_mtime_ns)
+        # The size and both times: a same-size rewrite that keeps its modification time
+        # (``cp -p``, an archive's fixed timestamps) still moves the change time. (The
+        # device and inode need no place: the reads go to this descriptor's file.)
+        self._stamp = (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         self._lock = threading.Lock()
         self._no_map = False
 
@@ -140,13 +143,18 @@ class LocalFileLoader(LoaderBase):
 
     def check_unchanged(self) -> None:
         """Raise :class:`~ptestore.errors.PreconditionFailed` if the file was modified in
-        place since it was opened (a file renamed over the path does not matter: reads
-        go to the opened one)."""
+        place since it was opened: its size, modification or change time differ (a
+        ``chmod`` counts too: nothing tells it from a rewrite that restored the
+        modification time). A file renamed over the path does not matter: reads go to
+        the opened one."""
         st = os.fstat(self.fileno())
-        if (st.st_size, st.st_mtime_ns) != self._stamp:
+        now = (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        if now != self._stamp:
+            size, mtime, ctime = self._stamp
             raise PreconditionFailed(
-                f"{self.name}: modified while being read (size {self._stamp[0]} -> "
-                f"{st.st_size}); its content may be a mix of two versions",
+                f"{self.name}: modified while being read (size {size} -> {st.st_size}, "
+                f"modified {mtime} -> {st.st_mtime_ns} ns, changed {ctime} -> "
+                f"{st.st_ctime_ns} ns); its content may be a mix of two versions",
                 url=self.name,
                 refused_by="ptestore",
             )

@@ -387,6 +387,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "ptestore._lazy",
             "ptestore._jsondepth",
             "ptestore._text",
+            "ptestore._args",
             "ptestore._retry",
             "ptestore.checksums",
             "=ptestore.storage",  # its __init__ imports nothing

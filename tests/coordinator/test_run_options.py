@@ -123,3 +123,32 @@ def test_every_keyword_still_reaches_its_step(tmp_path: Path) -> None:
         initialize_and_save_backend_data(
             pte, pte_w, backends=["passthrough"], mode="create", provenance=False
         )
+
+
+def test_a_backend_list_given_as_one_string_is_refused(tmp_path: Path) -> None:
+    """``backends="passthrough"`` used to be read one character a backend ("backend
+    'p': unknown name"): refused naming the argument, by ``specialize`` and by the
+    pipeline's options alike; a path given as None or bytes is named too."""
+    import ptestore
+
+    message = (
+        "backends must be a list of backend SPECs or objects, got the str 'passthrough' "
+        "(iterated, it would be read an item at a time, each character a backend): pass "
+        "backends=['passthrough']"
+    )
+    out = tmp_path / "out.pte"
+    with pytest.raises(ConfigurationError) as err:
+        ptestore.specialize(MLP.pte_path, out, backends="passthrough")  # type: ignore[arg-type]
+    assert str(err.value) == message
+    with pytest.raises(ConfigurationError) as err:
+        RunOptions(backends="passthrough")  # type: ignore[arg-type]
+    assert str(err.value) == message
+    with pytest.raises(ConfigurationError) as err:
+        ptestore.specialize(None, out)  # type: ignore[arg-type]
+    assert str(err.value) == "src_url must be a path or URL (a str or os.PathLike), got None"
+    with pytest.raises(ConfigurationError) as err:
+        ptestore.specialize(MLP.pte_path, bytes(out))  # type: ignore[arg-type]
+    assert str(err.value) == (
+        f"dst_url must be a path or URL (a str or os.PathLike), got bytes {bytes(out)!r}"
+    )
+    assert not out.exists()

@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from support.blocks import allocated_under
 from support.fixtures import copy_pte
 from support.smallfs import tmpfs
 
@@ -249,3 +250,64 @@ def test_a_read_only_cache_serves_hits(tmp_path: Path) -> None:
         three = copy_pte(tmp_path / "three.pte")
         with pytest.raises(StorageError, match="cannot open the cache lock file: Read-only"):
             _ensure(three, cache_dir)  # a miss needs a writable cache
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+def test_clear_that_cannot_remove_a_lock_file_says_what_it_did() -> None:
+    """``clear`` by the cache's owner whose ``locks/`` it cannot write (mode 0555): the
+    first entry goes, its lock file cannot: a StorageError naming the lock file, what
+    was removed and what is kept (it used to be a bare PermissionError)."""
+    import shutil
+    import tempfile
+
+    from support.as_user import NOBODY, as_user
+
+    from ptestore.device import clear
+
+    root = Path(tempfile.mkdtemp(prefix="ptestore-clear-"))
+    try:
+        os.chmod(root, 0o755)
+        cache_dir = root / "cache"
+        a = _ensure(copy_pte(root / "a.pte"), cache_dir)
+        b = _ensure(copy_pte(root / "b.pte"), cache_dir)
+        for d, dirs, files in os.walk(cache_dir):
+            for name in [d, *(os.path.join(d, n) for n in dirs + files)]:
+                os.chown(name, NOBODY, NOBODY)
+        os.chmod(cache_dir / "locks", 0o555)
+        first = min(a.key, b.key)
+        held = allocated_under(cache_dir / "entries" / first)
+        got = as_user(NOBODY, lambda: clear(cache_dir))
+        lock = cache_dir / "locks" / f"{first}.lock"
+        assert got == (
+            f"StorageError: {cache_dir}: cache clear stopped: {lock}: cannot remove the "
+            f"cache lock file: Permission denied; it had removed 1 entry ({held} bytes "
+            "freed), 1 entry kept"
+        )
+        assert [e.key for e in list_entries(cache_dir)] == [max(a.key, b.key)]
+        assert lock.exists()
+    finally:
+        os.chmod(root / "cache" / "locks", 0o755)
+        shutil.rmtree(root)
+
+
+def test_list_entries_of_a_file_names_it(tmp_path: Path) -> None:
+    """A regular file given as the cache directory (or as its ``entries/``): a
+    ConfigurationError naming it, as prune and the CLI refuse it, not NotADirectoryError."""
+    from ptestore.errors import ConfigurationError
+
+    f = tmp_path / "notes.txt"
+    f.write_text("not a cache")
+    with pytest.raises(ConfigurationError) as err:
+        list_entries(f)
+    assert str(err.value) == (
+        f"{f}: not a directory; a cache directory (cache_dir) and its entries/ are directories"
+    )
+    cache_dir = tmp_path / "cache"
+    cache_dir.mkdir()
+    (cache_dir / "entries").write_text("")
+    with pytest.raises(ConfigurationError) as err:
+        list_entries(cache_dir)
+    assert str(err.value) == (
+        f"{cache_dir}/entries: not a directory; a cache directory (cache_dir) and its "
+        "entries/ are directories"
+    )

@@ -9,11 +9,13 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.doubling_backend import Doubling
 from support.fixtures import copy_pte
 
 import ptestore
@@ -25,9 +27,13 @@ from ptestore.device.cache import CacheLayout
 from ptestore.device.keys import entry_key
 from ptestore.device.lock import KeyLock
 from ptestore.device.stale import prune_stale
-from ptestore.errors import StorageError
+from ptestore.errors import PreconditionFailed, StorageError
+from ptestore.journal import journal_path
+from ptestore.provenance.stamp import describe_source
+from ptestore.storage.loaders import open_loader
 
 SPEC = "support.counting_backend:Counting=1.0"
+SPEC_DOUBLING = "support.doubling_backend:Doubling=mlp_xnnpack"
 DEVICE = DeviceProfile("phone", {"scale": 2.0, "soc": "sm8650"})
 
 
@@ -94,10 +100,10 @@ def test_an_in_place_file_replaced_after_its_rewrite_is_not_recorded(
     src = copy_pte(tmp_path / "m.pte")
     cache_dir = tmp_path / "cache"
     portable = src.read_bytes()
-    orig = inplace.specialize_in_place
+    orig = inplace.specialize_or_adopt  # what ensure(in_place=True) calls
 
-    def then_updated(path: Any, **kw: Any) -> Any:
-        report = orig(path, **kw)
+    def then_updated(path: Any, *args: Any, **kw: Any) -> Any:
+        report = orig(path, *args, **kw)
         rewritten = os.stat(path).st_ino
         tmp = Path(str(path) + ".download")
         tmp.write_bytes(portable)
@@ -105,7 +111,7 @@ def test_an_in_place_file_replaced_after_its_rewrite_is_not_recorded(
         then_updated.inodes = (rewritten, os.stat(path).st_ino)  # type: ignore[attr-defined]
         return report
 
-    monkeypatch.setattr(inplace, "specialize_in_place", then_updated)
+    monkeypatch.setattr(inplace, "specialize_or_adopt", then_updated)
     with pytest.raises(StorageError) as err:
         _ensure(src, cache_dir, in_place=True)
     rewritten, now = then_updated.inodes  # type: ignore[attr-defined]
@@ -114,9 +120,87 @@ def test_an_in_place_file_replaced_after_its_rewrite_is_not_recorded(
         f"file is inode {rewritten}, the path now names inode {now}); the new file is not "
         "specialized and nothing was recorded: call ensure again"
     )
-    monkeypatch.setattr(inplace, "specialize_in_place", orig)
+    monkeypatch.setattr(inplace, "specialize_or_adopt", orig)
     again = _ensure(src, cache_dir, in_place=True)
     assert again.created and again.specialized and src.read_bytes() != portable
+
+
+def test_two_in_place_ensures_with_other_caches_at_once_the_second_adopts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two ``ensure(in_place=True)`` of one file with different caches at once: the
+    second looked at the file before the first rewrote it, and reaches the file's lock
+    once the first is done (a hook runs the first whole when the second asks for the
+    lock). It adopts the rewritten file under the lock, as a later call would
+    (``created=True``): never AlreadySpecialized, never the backend over its output."""
+    calls = tmp_path / "calls"
+    monkeypatch.setenv("PTESTORE_TEST_CALLS", str(calls))
+    src = copy_pte(tmp_path / "m.pte")
+    cache_a, cache_b = tmp_path / "cache-a", tmp_path / "cache-b"
+    real = inplace.FileLock
+    first: list[Any] = []
+
+    def the_other_call_first(path: str, *args: Any, **kw: Any) -> Any:
+        if not first:
+            first.append(None)  # the other call's own lock is taken as it is
+            first[0] = ptestore.ensure(
+                src, cache_dir=cache_a, backends=[SPEC_DOUBLING], in_place=True
+            )
+        return real(path, *args, **kw)
+
+    monkeypatch.setattr(inplace, "FileLock", the_other_call_first)
+    b = ptestore.ensure(src, cache_dir=cache_b, backends=[SPEC_DOUBLING], in_place=True)
+    a = first[0]
+    assert a.created and a.specialized and a.pte == str(src)
+    assert b.created and b.specialized and b.in_place and b.pte == str(src)
+    assert b.provenance == a.provenance and calls.read_text().count("\n") == 1
+    rewritten = src.read_bytes()
+    monkeypatch.setattr(inplace, "FileLock", real)
+    for cache_dir in (cache_a, cache_b):
+        hit = ptestore.ensure(src, cache_dir=cache_dir, backends=[SPEC_DOUBLING], in_place=True)
+        assert not hit.created and hit.provenance == a.provenance
+    assert src.read_bytes() == rewritten and calls.read_text().count("\n") == 1
+
+
+def test_an_in_place_ensure_that_waited_for_another_version_is_still_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above, the other call with another version of the backend: what it made is
+    not this call's, so this one is refused under the lock (AlreadySpecialized), the
+    file left as the other call made it."""
+    from ptestore.errors import AlreadySpecialized
+
+    src = copy_pte(tmp_path / "m.pte")
+    other = Doubling("mlp_xnnpack")
+    other.version = "2.0"
+    real = inplace.FileLock
+    first: list[Any] = []
+
+    def the_other_call_first(path: str, *args: Any, **kw: Any) -> Any:
+        if not first:
+            first.append(None)
+            first[0] = ptestore.ensure(
+                src, cache_dir=tmp_path / "cache-a", backends=[other], in_place=True
+            )
+            first.append(src.read_bytes())
+        return real(path, *args, **kw)
+
+    monkeypatch.setattr(inplace, "FileLock", the_other_call_first)
+    with pytest.raises(AlreadySpecialized) as err:
+        ptestore.ensure(
+            src, cache_dir=tmp_path / "cache-b", backends=[SPEC_DOUBLING], in_place=True
+        )
+    record = first[0].provenance
+    assert str(err.value) == (
+        f"{src}: already specialized (its provenance trailer records backends "
+        f"[{record.requested[0].spec} 2.0] for no device, made from {src} "
+        f"({record.source.sha256})); specializing it in place again would apply the "
+        "backends to their own output. Give the portable source (the original .pte): "
+        "ensure(..., in_place=True, portable=PATH) or `ptestore ensure SRC --in-place "
+        "--portable PATH`; or specialize the portable source to this file "
+        "(ptestore.specialize(PORTABLE, SRC))"
+    )
+    assert src.read_bytes() == first[1] and list_entries(tmp_path / "cache-b") == []
 
 
 def test_an_in_place_file_made_from_the_portable_source_then_replaced_is_not_recorded(
@@ -174,6 +258,68 @@ def test_a_same_size_update_keeping_its_timestamps_is_made_again(tmp_path: Path)
     assert stale.reason == f"its source {src} changed (ctime_ns)"
     b = _ensure(src, cache_dir)
     assert b.created and b.provenance.source.sha256 != a.provenance.source.sha256
+
+
+class _UpdatedDuringTheRun(Doubling):
+    """Doubles the fixture's weight, then an update lands on the source under the run:
+    ``v2`` (the same size, another byte elsewhere) copied over it, the same inode, and
+    its times copied from ``v2`` (the same ``mtime``): ``cp -p``, an archive's fixed
+    timestamps."""
+
+    def __init__(self, src: Path, v2: Path) -> None:
+        super().__init__("mlp_xnnpack")
+        self.src, self.v2 = src, v2
+
+    def initialize_backend_data(self, context: Any, output: Any) -> None:
+        super().initialize_backend_data(context, output)
+        before = os.stat(self.src)
+        shutil.copyfile(self.v2, self.src)
+        shutil.copystat(self.v2, self.src)
+        after = os.stat(self.src)
+        assert (after.st_ino, after.st_size, after.st_mtime_ns) == (
+            before.st_ino,
+            before.st_size,
+            before.st_mtime_ns,
+        )
+        # A clock without fine-grained change times may give the copy the tick the
+        # source was made in (a real update comes long after): touched until it moves.
+        while os.stat(self.src).st_ctime_ns == before.st_ctime_ns:
+            os.chmod(self.src, after.st_mode)
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+def test_a_same_size_update_keeping_its_mtime_during_the_run_is_refused(
+    tmp_path: Path, in_place: bool
+) -> None:
+    """The update lands while the backend runs: the run is refused (the loader's stamp
+    has the change time), never a model mixed of the two versions recorded as the
+    entry; the next call makes it from the update."""
+    src = copy_pte(tmp_path / "model.pte")
+    data = bytearray(src.read_bytes())
+    data[5000] ^= 1  # v2: a byte of a weight the backend does not replace
+    v2 = tmp_path / "v2.pte"
+    v2.write_bytes(bytes(data))
+    t = 315532800 * 10**9  # 1980-01-01, as an archive restores it
+    os.utime(src, ns=(t, t))
+    os.utime(v2, ns=(t, t))
+    was = os.stat(src)
+    cache_dir = tmp_path / "cache"
+    backend = _UpdatedDuringTheRun(src, v2)
+    with pytest.raises(PreconditionFailed) as err:
+        ptestore.ensure(src, cache_dir=cache_dir, backends=[backend], in_place=in_place)
+    now = os.stat(src)
+    assert str(err.value) == (
+        f"{src}: modified while being read (size {was.st_size} -> {now.st_size}, modified "
+        f"{t} -> {t} ns, changed {was.st_ctime_ns} -> {now.st_ctime_ns} ns); its content "
+        "may be a mix of two versions"
+    )
+    assert src.read_bytes() == bytes(data)  # the update as it landed, nothing mixed in
+    assert not Path(journal_path(str(src))).exists()
+    assert [e.state for e in list_entries(cache_dir)] in ([], ["incomplete"])
+    again = ptestore.ensure(src, cache_dir=cache_dir, backends=[SPEC_DOUBLING], in_place=in_place)
+    assert again.created and again.specialized
+    with open_loader(v2) as loader:
+        assert again.provenance.source.sha256 == describe_source(loader).sha256
 
 
 def test_a_manifest_recorded_without_ctime_is_compared_as_before(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@ the source; stale entries, racing processes, a killed holder, eviction, a full d
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -13,22 +14,27 @@ import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from support.blocks import allocated
 from support.digests import tree
 from support.fixtures import copy_pte, get_fixture
-from support.large import inflate
+from support.large import ReplaceKey, inflate
 from support.smallfs import tmpfs
 
 import ptestore
+from ptestore.backends import BackendInterface
 from ptestore.backends.compat import DeviceProfile
 from ptestore.device import clear, evict, list_entries, prune
-from ptestore.errors import ConfigurationError, ObjectNotFound, StorageError
+from ptestore.device.keys import entry_key
+from ptestore.errors import BackendError, ConfigurationError, ObjectNotFound, StorageError
 
 SPEC = "support.counting_backend:Counting=1.0"
 DEVICE = DeviceProfile("phone", {"scale": 2.0, "soc": "sm8650"})
 TESTS = Path(__file__).resolve().parents[1]
 FX_PTE = get_fixture("mlp_xnnpack").pte_path
+KEY = get_fixture("mlp_xnnpack").doubled.key  # type: ignore[union-attr]
 
 
 @pytest.fixture
@@ -222,10 +228,12 @@ def test_prune_removes_incomplete_entries_and_leftovers(tmp_path: Path, calls: P
     half = cache / "entries" / ("0" * 32)
     half.mkdir()
     (half / "model.pte").write_bytes(b"partial")
+    held = allocated(half / "model.pte") + allocated(leftover)
     done = prune(cache)
     assert done.removed == ["0" * 32] and not half.exists() and not leftover.exists()
-    # Freed: the incomplete entry's 7 bytes and the ready entry's 100-byte leftover.
-    assert done.freed == 7 + 100
+    # Freed: what the incomplete entry's 7 bytes and the ready entry's 100-byte leftover
+    # held on the file system (a block each).
+    assert done.freed == held > 0
     assert [e.state for e in list_entries(cache)] == ["ready"]
     assert clear(cache).removed == [a.key] and list_entries(cache) == []
 
@@ -246,6 +254,49 @@ def test_bad_arguments_are_refused_before_any_work(
     with pytest.raises(ConfigurationError, match=message.replace("(", r"\(").replace(")", r"\)")):
         ptestore.ensure(model(tmp_path), **args)  # type: ignore[arg-type]
     assert ncalls(calls) == 0
+
+
+_PATHS = "must be a path or URL (a str or os.PathLike), got "
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"backends": "my-npu"},
+            "backends must be a list of backend SPECs or objects, got the str 'my-npu' "
+            "(iterated, it would be read an item at a time, each character a backend): "
+            "pass backends=['my-npu']",
+        ),
+        ({"source": None}, "source " + _PATHS + "None"),
+        ({"source": 3}, "source " + _PATHS + "int 3"),
+        ({"source": b"m.pte"}, "source " + _PATHS + "bytes b'm.pte'"),
+        ({"cache_dir": None}, "cache_dir " + _PATHS + "None"),
+        ({"cache_dir": 7}, "cache_dir " + _PATHS + "int 7"),
+        ({"ptd": b"m.ptd"}, "ptd " + _PATHS + "bytes b'm.ptd'"),
+        ({"portable": 1, "in_place": True}, "portable " + _PATHS + "int 1"),
+    ],
+)
+def test_misused_arguments_are_named_not_a_bare_type_error(
+    tmp_path: Path, calls: Path, kwargs: dict[str, object], message: str
+) -> None:
+    """A backend list given as one string (it used to be read one character a backend:
+    "backend 'm': unknown name"), a path given as None, an int or bytes (a bare
+    TypeError from inside): a ConfigurationError naming the argument, before any work."""
+    args: dict[str, object] = {
+        "source": model(tmp_path),
+        "cache_dir": tmp_path / "cache",
+        "backends": [SPEC],
+        **kwargs,
+    }
+    with pytest.raises(ConfigurationError) as err:
+        ptestore.ensure(**args)  # type: ignore[arg-type]
+    assert str(err.value) == message
+    assert ncalls(calls) == 0 and not (tmp_path / "cache").exists()
+    if "cache_dir" in kwargs:
+        with pytest.raises(ConfigurationError) as err:
+            list_entries(kwargs["cache_dir"])  # type: ignore[arg-type]
+        assert str(err.value) == message
 
 
 def test_a_missing_source_names_it(tmp_path: Path) -> None:
@@ -274,9 +325,17 @@ def test_a_full_disk_is_a_clear_error_with_cache_and_source_intact(
     with pytest.raises(StorageError) as err:
         ptestore.ensure(big, cache_dir=cache, backends=[SPEC], device=DEVICE)
     msg = str(err.value)
-    assert msg.startswith(f"{small_fs}/cache: no space left on the file system for the ")
-    assert f"specialized copy of {big} (about {big.stat().st_size} bytes needed, " in msg
-    assert "the cache and the source are unchanged" in msg and "--in-place" in msg
+    # The bytes named are true together: the free space is what is left once the run
+    # removed its partial copy (more than the source's size, maybe: the copy and the
+    # spooled replacements filled the disk), and it says so.
+    free = os.statvfs(cache).f_bavail * os.statvfs(cache).f_frsize
+    assert msg.startswith(
+        f"{small_fs}/cache: no space left on the file system for the specialized copy of "
+        f"{big} (it needs about {big.stat().st_size} bytes, the source's size, and room "
+        f"for the replaced bytes while they are spooled; {free} bytes are free now, the "
+        "partial copy removed); the cache and the source are unchanged. Free space "
+        "(`ptestore cache prune --max-bytes N`) or specialize in place (--in-place): "
+    ), msg
     assert sha(big) == before
     # Only the first entry (and the new key's empty directory) remain, nothing staged.
     entries = list_entries(cache)
@@ -284,6 +343,90 @@ def test_a_full_disk_is_a_clear_error_with_cache_and_source_intact(
     assert all(e.bytes == 0 for e in entries if e.key != small.key)
     again = ptestore.ensure(src, cache_dir=cache, backends=[SPEC], device=DEVICE)
     assert not again.created and sha(again.pte) == sha(small.pte)
+
+
+def test_a_file_system_without_room_for_the_entry_directory_says_so(tmp_path: Path) -> None:
+    """Out of inodes: the key's lock file is made, the entry's directory is not (a real
+    ENOSPC of ``mkdir``). The message names no bytes needed (none are known)."""
+    src = model(tmp_path)
+    with tmpfs(tmp_path / "small", "1m,nr_inodes=64") as mnt:
+        cache = mnt / "cache"
+        ptestore.ensure(model(tmp_path, "other.pte"), cache_dir=cache, backends=[SPEC])
+        filler = mnt / "filler"
+        filler.mkdir()
+        made = []
+        try:
+            while True:
+                made.append(filler / str(len(made)))
+                made[-1].touch()
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC
+        made.pop()
+        made.pop().unlink()  # one inode: the new key's lock file
+        with pytest.raises(StorageError) as err:
+            ptestore.ensure(src, cache_dir=cache, backends=[SPEC])
+        free = os.statvfs(cache).f_bavail * os.statvfs(cache).f_frsize
+        key = entry_key(str(src), None, [SPEC], None, False, True)
+        assert str(err.value) == (
+            f"{cache}: no space left on the file system for the entry directory of {src} "
+            f"({free} bytes were free when it failed); the cache and the source are "
+            "unchanged. Free space (`ptestore cache prune --max-bytes N`) or specialize in "
+            f"place (--in-place): [Errno 28] No space left on device: '{cache}/entries/{key}'"
+        )
+        assert not (cache / "entries" / key).exists()
+
+
+class ScratchFull(BackendInterface):
+    """A backend whose own scratch file system (not the cache's) fills up: the real
+    ``OSError(ENOSPC)`` of its own write, not caught."""
+
+    name = "XnnpackBackend"
+
+    def __init__(self, scratch: Path) -> None:
+        self.scratch = scratch
+
+    def initialize_backend_data(self, context: Any, output: Any) -> None:
+        with open(self.scratch / "work.bin", "wb") as f:
+            while True:
+                f.write(bytes(1 << 16))
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_a_backends_own_full_disk_is_its_failure_not_the_caches(
+    tmp_path: Path, small_fs: Path, in_place: bool
+) -> None:
+    """ENOSPC raised inside the backend's call by its own code, about its own scratch
+    path on another file system: a BackendError the app catches as the backend's, never
+    the cache's full disk (whose advice, prune the cache, would be wrong)."""
+    src = model(tmp_path)
+    before = sha(src)
+    cache = tmp_path / "cache"
+    with pytest.raises(BackendError) as err:
+        ptestore.ensure(src, cache_dir=cache, backends=[ScratchFull(small_fs)], in_place=in_place)
+    assert str(err.value) == (
+        f"backend 'XnnpackBackend' ({ScratchFull.__module__}:ScratchFull): "
+        "initialize_backend_data failed: OSError: [Errno 28] No space left on device"
+    )
+    assert sha(src) == before and all(e.state != "ready" for e in list_entries(cache))
+
+
+def test_the_in_place_journal_filling_the_disk_inside_the_call_is_still_a_full_disk(
+    tmp_path: Path, small_fs: Path
+) -> None:
+    """The cache's side of the same walk: the in-place journal (beside the model, on a
+    1 MiB file system) filled by a replacement the backend submits inside its call is
+    the full disk it is, not the backend's failure."""
+    src = copy_pte(small_fs / "model.pte")
+    before = sha(src)
+    backend = ReplaceKey("XnnpackBackend", KEY, extra=2 << 20, alignment=64)
+    with pytest.raises(StorageError) as err:
+        ptestore.ensure(src, cache_dir=tmp_path / "cache", backends=[backend], in_place=True)
+    assert not isinstance(err.value, BackendError)
+    assert str(err.value).startswith(
+        f"{src}: no space left on the file system for the in-place journal (the replaced "
+        "bytes and the new metadata) or the space its writes need; the file is unchanged: "
+    ), str(err.value)
+    assert sha(src) == before and sorted(os.listdir(small_fs)) == ["model.pte"]
 
 
 def test_a_remote_source_is_keyed_on_what_the_store_reports(tmp_path: Path, calls: Path) -> None:

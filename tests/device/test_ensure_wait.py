@@ -232,3 +232,73 @@ def test_progress_reports_an_index_download(
     assert sum(e.nbytes for e in fetched) == sum(sizes.values())
     assert sizes[next(u for u in sizes if str(u).endswith(".pte"))] == os.path.getsize(made.pte)
     assert all(e.done <= e.total for e in fetched)
+
+
+class _Stop(Exception):
+    """What an app's progress callback raises (to cancel, or by a bug of its own)."""
+
+
+@pytest.mark.parametrize("in_place", [False, True], ids=["copy", "in place"])
+@pytest.mark.parametrize("kind", ["parsed", "write", "publish", "replacement"])
+def test_a_progress_callback_that_raises(tmp_path: Path, kind: str, in_place: bool) -> None:
+    """The callback's exception propagates. Before the change is made it stops the run:
+    nothing recorded, the source as it was, no journal left. Once it is made (``publish``;
+    in place also ``write``, reported once the file is rewritten: it used to come between
+    the journal's commit and its apply, and left the file unchanged with a committed
+    journal) the entry is recorded first: the next call is a hit, the backend ran once.
+    Raised while a backend runs (``replacement``), it is that backend's BackendError,
+    the callback's exception its cause."""
+    from ptestore.device import list_entries
+    from ptestore.errors import BackendError
+    from ptestore.journal import journal_path
+
+    src, cache = _model(tmp_path), tmp_path / "cache"
+    calls = tmp_path / "calls"
+    before = src.read_bytes()
+
+    def progress(event: Event) -> None:
+        if event.kind == kind:
+            raise _Stop(kind)
+
+    kw = {"cache_dir": cache, "backends": [SPEC], "device": DEVICE, "in_place": in_place}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PTESTORE_TEST_CALLS", str(calls))
+        mp.delenv("PTESTORE_TEST_HOLD", raising=False)
+        with pytest.raises((_Stop, BackendError)) as err:
+            ptestore.ensure(src, progress=progress, **kw)  # type: ignore[arg-type]
+        again = ptestore.ensure(src, **kw)  # type: ignore[arg-type]
+    assert not Path(journal_path(str(src))).exists()
+    if kind == "replacement":
+        assert isinstance(err.value, BackendError)
+        assert isinstance(err.value.__cause__, _Stop)
+    else:
+        assert type(err.value) is _Stop
+    made_first = kind == "publish" or (in_place and kind == "write")
+    if made_first:  # recorded before the exception: a hit
+        assert not again.created and calls.read_text().count("\n") == 1
+    else:  # stopped: the source as it was, nothing recorded, made by the next call
+        assert again.created and calls.read_text().count("\n") == (kind != "parsed") + 1
+        assert [e.state for e in list_entries(cache)] == ["ready"]
+    if in_place:
+        assert src.read_bytes() != before and ptestore.verify(src).status == "intact"
+
+
+def test_specialize_in_place_with_a_tracer_that_raises_at_write_completes(
+    tmp_path: Path,
+) -> None:
+    """``specialize(in_place=True)``: the tracer's exception at ``write`` propagates once
+    the file is rewritten, never between the journal's commit and its apply."""
+    from ptestore.journal import journal_path
+
+    src = _model(tmp_path)
+
+    def tracer(event: Event) -> None:
+        if event.kind == "write":
+            raise _Stop("write")
+
+    with pytest.raises(_Stop):
+        ptestore.specialize(
+            src, src, backends=[SPEC], device=DEVICE, in_place=True, event_tracer=tracer
+        )
+    assert not Path(journal_path(str(src))).exists()
+    assert ptestore.verify(src).status == "intact" and ptestore.recover(src) is None

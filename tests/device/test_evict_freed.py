@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from support.as_user import NOBODY, as_user
+from support.blocks import allocated, allocated_under
 from support.fixtures import copy_pte
 
 import ptestore
@@ -42,12 +43,12 @@ def test_a_file_linked_elsewhere_or_twice_is_not_freed_twice(tmp_path: Path) -> 
     os.link(a.pte, kept)
     os.link(b.pte, Path(b.pte).parent / "again.pte")
     listed = {e.key: e.bytes for e in list_entries(cache)}
-    a_pte, b_pte = Path(a.pte).stat().st_size, Path(b.pte).stat().st_size
     assert listed[b.key] == dir_bytes(str(Path(b.pte).parent))  # b.pte counted twice
+    held = {k: allocated_under(cache / "entries" / k) for k in listed}  # b.pte once
     kept_bytes = kept.read_bytes()
     done = evict(cache, 0)
     assert sorted(done.removed) == sorted([a.key, b.key])
-    assert done.freed == listed[a.key] - a_pte + listed[b.key] - b_pte
+    assert done.freed == held[a.key] - allocated(kept) + held[b.key]
     assert done.remaining == 0 and list_entries(cache) == []
     assert kept.read_bytes() == kept_bytes and kept.stat().st_nlink == 1
 
@@ -60,10 +61,11 @@ def test_cache_prune_reports_what_it_freed(
     cache, a, _ = _two_entries(tmp_path)
     os.link(a.pte, tmp_path / "kept.pte")
     listed = {e.key: e.bytes for e in list_entries(cache)}
+    held = sum(allocated_under(cache / "entries" / k) for k in listed)
     argv = ["cache", "prune", "--cache-dir", str(cache), "--max-bytes", "0", "--json"]
     assert main(argv) == 0
     done = json.loads(capsys.readouterr().out)
-    assert done["freed"] == sum(listed.values()) - (tmp_path / "kept.pte").stat().st_size
+    assert done["freed"] == held - allocated(tmp_path / "kept.pte")
     assert done["remaining"] == 0 and sorted(done["removed"]) == sorted(listed)
 
 
@@ -84,6 +86,7 @@ def test_a_file_that_cannot_be_removed_is_not_freed_and_still_in_the_cache() -> 
         (stuck / "x").write_bytes(b"x" * 1000)
         listed = {e.key: e.bytes for e in list_entries(cache)}
         assert listed[a.key] == dir_bytes(str(Path(a.pte).parent))
+        held = sum(allocated_under(cache / "entries" / k) for k in listed)
 
         def work() -> str:
             seen: list[str] = []
@@ -100,11 +103,75 @@ def test_a_file_that_cannot_be_removed_is_not_freed_and_still_in_the_cache() -> 
         out = json.loads(got[len("ok: ") :])
         done = out["done"]
         assert sorted(done["removed"]) == sorted([a.key, b.key])
-        assert done["freed"] == sum(listed.values()) - 1000
-        assert done["remaining"] == 1000
+        assert done["freed"] == held - allocated(stuck / "x")  # what the rest held
+        assert done["remaining"] == 1000  # counted as cache ls counts: its size
         assert out["warnings"] == [
             f"{Path(a.pte).parent}: removed, but 1000 bytes of its files could not be"
         ]
         assert (stuck / "x").exists() and not Path(a.pte).exists()
     finally:
         shutil.rmtree(root)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+def test_an_evicted_entry_whose_lock_file_stays_is_still_evicted() -> None:
+    """Eviction by the cache's owner whose ``locks/`` it cannot write (mode 0555): each
+    entry goes and is counted as removed and freed; its lock file stays, said in a
+    warning (it is not "not evicted")."""
+    root = Path(tempfile.mkdtemp(prefix="ptestore-freed-"))
+    try:
+        os.chmod(root, 0o755)
+        cache, a, _ = _two_entries(root)
+        for d, dirs, files in os.walk(cache):
+            for name in [d, *(os.path.join(d, n) for n in dirs + files)]:
+                os.chown(name, NOBODY, NOBODY)
+        os.chmod(cache / "locks", 0o555)
+        listed = {e.key: e.bytes for e in list_entries(cache)}
+        held = sum(allocated_under(cache / "entries" / k) for k in listed)
+
+        def work() -> str:
+            seen: list[str] = []
+
+            class Keep(logging.Handler):
+                def emit(self, record: logging.LogRecord) -> None:
+                    seen.append(record.getMessage())
+
+            logging.getLogger("ptestore.device.cache").addHandler(Keep())
+            return json.dumps({"done": evict(cache, 0).to_dict(), "warnings": seen})
+
+        got = as_user(NOBODY, work)
+        assert got.startswith("ok: "), got
+        out = json.loads(got[len("ok: ") :])
+        done = out["done"]
+        assert sorted(done.pop("removed")) == sorted(listed)
+        assert done == {"freed": held, "busy": [], "remaining": 0}
+        assert sorted(out["warnings"]) == sorted(
+            f"{cache}/entries/{k}: evicted, but {cache}/locks/{k}.lock: cannot remove the "
+            "cache lock file: Permission denied"
+            for k in listed
+        )
+        assert list_entries(cache) == [] and (cache / "locks" / f"{a.key}.lock").exists()
+    finally:
+        os.chmod(root / "cache" / "locks", 0o755)
+        shutil.rmtree(root)
+
+
+def test_a_sparse_leftover_frees_what_it_held_and_counts_its_size(tmp_path: Path) -> None:
+    """A sparse leftover in an entry (a run's staging file or a download's ``.part``:
+    25 MiB long, 1 MiB of it written): ``cache ls`` counts its size (what ``max_bytes``
+    budgets), ``prune`` reports as freed what it held on the file system
+    (``st_blocks * 512``), not its size (it used to say 25 MiB)."""
+    from ptestore.device import prune
+
+    cache, a, _ = _two_entries(tmp_path)
+    part = Path(a.pte).parent / ".model.pte.ptestore-0123456789abcdef.tmp"
+    with open(part, "wb") as f:
+        f.write(b"\1" * (1 << 20))
+        f.truncate(25 << 20)
+    held = allocated(part)
+    assert (1 << 20) <= held < (2 << 20)  # sparse
+    (entry,) = [e for e in list_entries(cache) if e.key == a.key]
+    assert entry.bytes == dir_bytes(str(Path(a.pte).parent)) > 25 << 20
+    done = prune(cache)
+    assert done.removed == [] and done.freed == held and not part.exists()
+    assert done.remaining == sum(e.bytes for e in list_entries(cache))

@@ -7,6 +7,7 @@ complete it."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -250,7 +251,8 @@ def test_a_rewrite_while_the_run_reserves_is_refused(
         ptestore.specialize(model, model, backends=[backend], in_place=True, provenance=False)
     assert re.fullmatch(
         re.escape(f"{model}: modified while being read (size ")
-        + r"\d+ -> \d+\); its content may be a mix of two versions",
+        + r"\d+ -> \d+, modified \d+ -> \d+ ns, changed \d+ -> \d+ ns\); its content "
+        r"may be a mix of two versions",
         str(err.value),
     ), str(err.value)
     assert model.read_bytes() == seen[0] and model.stat().st_size == len(seen[0])
@@ -412,3 +414,87 @@ def test_an_apply_that_fails_before_marking_says_the_journal_is_kept(
     )
     assert model.read_bytes() == before and Path(journal).exists()
     assert ptestore.recover(model) == "rolled forward" and model.read_bytes() != before
+
+
+# ------------------------------------------- a rerun of what the file already records
+def _killed_after_the_commit(model: Path, device: list[str]) -> None:
+    """``ptestore specialize MODEL MODEL --in-place`` killed (SIGKILL) right after its
+    journal's commit, before the file was changed: what a crash there leaves."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        try:
+            import ptestore.coordinator.inplace as inplace
+            from ptestore.cli import main
+
+            def killed(*args: Any) -> None:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+            inplace.apply_uninterrupted = killed  # type: ignore[assignment]
+            main(["specialize", str(model), str(model), "--in-place", "--backend", SPEC, *device])
+        finally:
+            os._exit(99)
+    os.waitpid(pid, 0)
+    assert Path(journal_path(str(model))).exists()
+
+
+@pytest.mark.parametrize("json_out", [False, True])
+def test_a_rerun_after_a_crash_rolled_forward_has_nothing_to_do(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], json_out: bool
+) -> None:
+    """The rerun of ``ptestore specialize M M --in-place`` after a crash: its recovery
+    rolls the journal forward, and the file's own record is exactly this request (the
+    same backends and versions, no device, made in place from M), its content intact:
+    exit 0, nothing to do (it used to exit 2, AlreadySpecialized)."""
+    from ptestore.cli import main
+    from ptestore.provenance import read_provenance
+    from ptestore.storage.loaders import open_loader
+
+    model = _copy(tmp_path)
+    once = _copy(tmp_path, "once.pte")
+    assert main(["specialize", str(once), str(once), "--in-place", "--backend", SPEC]) == 0
+    _killed_after_the_commit(model, [])
+    capsys.readouterr()
+    argv = ["specialize", str(model), str(model), "--in-place", "--backend", SPEC]
+    assert main(argv + (["--json"] if json_out else [])) == 0
+    out, err = capsys.readouterr()
+    with open_loader(model) as loader:
+        record = read_provenance(loader)
+    assert record is not None and err == ""
+    if json_out:
+        assert json.loads(out) == {
+            "nothing_to_do": True,
+            "path": str(model),
+            "provenance": record.to_dict(),
+        }
+    else:
+        assert out == (
+            f"{model}: already specialized by backends [{SPEC} 1.0] for no device, made from "
+            f"{model} ({record.source.sha256}): nothing to do\n"
+        )
+    assert not Path(journal_path(str(model))).exists()
+    size = record.content.size  # type: ignore[union-attr]
+    assert model.read_bytes()[:size] == once.read_bytes()[:size]  # doubled once
+    assert ptestore.verify(model).status == "intact"
+
+
+def test_a_rerun_of_another_request_is_still_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What the file records is not this request: another device, or made from another
+    source (``specialize(PORTABLE, M)``): AlreadySpecialized, exit 2, the file unchanged."""
+    from ptestore.cli import main
+
+    model = _copy(tmp_path)
+    _killed_after_the_commit(model, [])
+    assert ptestore.recover(model) == "rolled forward"
+    before = model.read_bytes()
+    capsys.readouterr()
+    argv = ["specialize", str(model), str(model), "--in-place", "--backend", SPEC]
+    assert main([*argv, "--device", "phone"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"ptestore specialize: error: {model}: already specialized (its ")
+    assert model.read_bytes() == before
+    made = _copy(tmp_path, "made.pte")
+    ptestore.specialize(FX.pte_path, made, backends=[SPEC])  # made from the portable source
+    assert main(["specialize", str(made), str(made), "--in-place", "--backend", SPEC]) == 2
+    assert f"made from {FX.pte_path}" in capsys.readouterr().err

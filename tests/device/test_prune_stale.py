@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.blocks import allocated_under
 from support.fixtures import copy_pte, get_fixture
 from support.smallfs import tmpfs
 
@@ -65,9 +66,11 @@ def test_stale_copies_are_removed_current_ones_kept_and_a_dry_run_removes_nothin
     assert by_key[gone].bytes > 0
     assert len(list_entries(cache)) == 3  # nothing removed
 
+    held = {k: allocated_under(cache / "entries" / k) for k in (gone, changed)}
     done = prune_stale(cache)
     assert sorted(done.removed) == sorted([gone, changed]) and done.current == 1
-    assert done.freed == sum(e.bytes for e in dry.entries)
+    assert done.freed == sum(held.values())  # the blocks the files held
+    assert {e.key: e.bytes for e in done.entries} == held
     assert [e.key for e in list_entries(cache)] == [current]
     assert not (cache / "locks" / f"{gone}.lock").exists()
     # The current entry is still a hit.

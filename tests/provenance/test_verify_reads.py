@@ -116,13 +116,16 @@ def test_a_local_file_modified_in_place_is_a_precondition_failure(tmp_path: Path
     out = _made(MLP.pte_path, tmp_path / "out.pte", KEYS[0])
     loader = open_loader(out)
     size = loader.size()
+    was = out.stat()
     with out.open("r+b") as f:  # the same size, another modification time
         f.write(b"\0")
+    now = out.stat()
     with pytest.raises(PreconditionFailed) as info:
         loader.check_unchanged()
     assert str(info.value) == (
-        f"{out}: modified while being read (size {size} -> {size}); its content may be a "
-        "mix of two versions"
+        f"{out}: modified while being read (size {size} -> {size}, modified "
+        f"{was.st_mtime_ns} -> {now.st_mtime_ns} ns, changed {was.st_ctime_ns} -> "
+        f"{now.st_ctime_ns} ns); its content may be a mix of two versions"
     )
     loader.close()
 
