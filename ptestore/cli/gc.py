@@ -164,13 +164,17 @@ def run_gc(args: argparse.Namespace) -> int:
     pairs = None
     if args.job is not None:
         from ..fleet import load_job
-        from ..fleet.preflight import destination_prefix
+        from ..fleet.preflight import check_job_options, destination_prefix
         from ..storage.routing import options_for_loader
 
         if args.target is not None:
             raise ConfigurationError("gc takes PATH_OR_S3_PREFIX or --job JOB, not both")
         job = load_job(args.job)
         args.target = destination_prefix(job) or "."
+        # Checked as fleet run, plan, retire and verify --job check them: an option that
+        # applies to no URL of the job is refused, never dropped (a misspelt endpoint_url
+        # sent gc's requests to AWS).
+        check_job_options(job, args.target)
         pairs = {(p.model.name, p.device.name): p.destination for p in job.pairs()}
         options = {**options_for_loader(args.target, job.storage_options), **options}
     elif args.target is None:

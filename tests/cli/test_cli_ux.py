@@ -344,6 +344,31 @@ def test_fleet_misspelt_option_is_named_once_with_a_suggestion(
     )
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [["fleet", "plan"], ["fleet", "retire"], ["verify", "--job"], ["gc", "--job"]],
+    ids=["plan", "retire", "verify", "gc"],
+)
+def test_every_job_command_refuses_a_misspelt_job_option(
+    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``gc --job`` filtered the job's ``[storage_options]`` to those its target's loader
+    takes, silently dropping a misspelt ``endpoint_ulr``: gc then sent its requests to
+    AWS. It refuses them now, as ``fleet plan``, ``retire`` and ``verify --job`` do."""
+    job = _fleet_job(tmp_path, 'endpoint_ulr = "http://127.0.0.1:1"')
+    assert main([*argv, str(job)]) == EXIT_BAD_INPUT
+    first = capsys.readouterr().err.splitlines()[0]
+    assert first.startswith(f"ptestore {argv[0]}: error: "), first
+    assert "storage options ['endpoint_ulr'] apply to none of s3://bkt/src/m0.pte, " in first
+    assert first.endswith("URL(s) of the run (did you mean 'endpoint_url'?)"), first
+    if argv[0] == "gc":
+        assert first == (
+            f"ptestore gc: error: {job}: storage_options: storage options ['endpoint_ulr'] "
+            "apply to none of s3://bkt/src/m0.pte, s3://bkt/src/m1.pte, s3://bkt/src/m2.pte "
+            "and 121 more URL(s) of the run (did you mean 'endpoint_url'?)"
+        )
+
+
 def test_fleet_options_without_a_near_name_list_the_accepted_ones(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
