@@ -226,6 +226,10 @@ def run_gc(args: argparse.Namespace) -> int:
 
 
 def _print_table(entries: list[GcEntry]) -> None:
+    from .._text import printable
+
     for e in entries:
         size = "-" if e.size is None else human_bytes(e.size)
-        print(f"{e.action:<34} {e.kind:<17} {human_duration(e.age):>8} {size:>10}  {e.location}")
+        # names from the store or the disk (and errors quoting them): escaped
+        action, where = printable(e.action), printable(e.location)
+        print(f"{action:<34} {e.kind:<17} {human_duration(e.age):>8} {size:>10}  {where}")
