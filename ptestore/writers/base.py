@@ -404,6 +404,8 @@ class DataWriter(abc.ABC):
                         "previous content or the complete new output; check it before "
                         "relying on either"
                     ) from exc
+                if isinstance(exc, ConfigurationError) and not self._committing:
+                    raise  # bad input found before the commit step: the writer stays open
                 self._abandon(f"publish failed: {exc}")
                 raise
             self._state = WriterState.PUBLISHED
