@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["check_name_lengths", "make_parents", "remove_made"]
+__all__ = ["check_name_lengths", "make_parents", "remove_empty_tree", "remove_made"]
 
 #: NAME_MAX where the file system does not say (``pathconf`` fails): Linux's and macOS's.
 _NAME_MAX = 255
@@ -82,3 +82,21 @@ def remove_made(made: list[str]) -> None:
             os.rmdir(path)
         except OSError:
             return
+
+
+def remove_empty_tree(made: list[str]) -> None:
+    """Remove every empty directory under the deepest of ``made`` (as
+    :func:`make_parents` returns them), deepest first, then the directories of ``made``
+    while they are empty: for the owner of a tree it made, a fleet run and its
+    destination root (:func:`ptestore.fleet.preflight.make_root`), so everything under it
+    was made since. A directory holding anything (a file, another's staging file, a
+    symbolic link) stays, and so do those above it. Empties ``made``."""
+    if not made:
+        return
+    for here, dirs, _files in os.walk(made[0], topdown=False):  # links are not followed
+        for name in dirs:
+            try:
+                os.rmdir(os.path.join(here, name))
+            except OSError:
+                pass  # not empty (or a link: ENOTDIR), or gone: left as it is
+    remove_made(made)
