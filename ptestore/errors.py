@@ -407,8 +407,8 @@ def local_error(exc: OSError, message: str) -> StorageError | ConfigurationError
     :class:`PermissionDenied`, a component of the path that is not a directory (ENOTDIR,
     ``m.pte/x.pte``) :class:`ObjectNotFound` as a missing one (ENOENT) is, a name or path
     longer than the file system takes (ENAMETOOLONG) :class:`ConfigurationError`, its
-    message saying which and the limit (:func:`too_long`); anything else
-    :class:`StorageError`."""
+    message saying which and the limit (:func:`ptestore._names.too_long`); anything
+    else :class:`StorageError`."""
     import errno
 
     if isinstance(exc, PermissionError) or exc.errno in (errno.EACCES, errno.EPERM):
@@ -416,52 +416,11 @@ def local_error(exc: OSError, message: str) -> StorageError | ConfigurationError
     if exc.errno == errno.ENOTDIR:
         return ObjectNotFound(message, errno=exc.errno)
     if exc.errno == errno.ENAMETOOLONG:
+        from ._names import too_long
+
         why = too_long(exc.filename) if isinstance(exc.filename, str) else None
         return ConfigurationError(message if why is None else f"{message} ({why})")
     return StorageError(message, errno=exc.errno)
-
-
-#: NAME_MAX and PATH_MAX where the file system does not say (``pathconf`` fails).
-_LIMITS = {"PC_NAME_MAX": 255, "PC_PATH_MAX": 4096}
-
-
-def too_long(path: str) -> str | None:
-    """What of ``path`` is over the file system's limit, with the limit: its longest
-    name against NAME_MAX (asked of the nearest existing directory, else 255), else its
-    whole length against PATH_MAX (else 4096); None when neither is over (a limit the
-    system does not tell)."""
-    import os
-
-    from ._text import shown
-
-    directory = os.path.dirname(os.path.abspath(path))
-    while not os.path.isdir(directory) and os.path.dirname(directory) != directory:
-        directory = os.path.dirname(directory)
-
-    def limit(name: str) -> int:
-        try:
-            value = os.pathconf(directory, name)
-        except (OSError, ValueError):
-            value = -1
-        return value if value > 0 else _LIMITS[name]
-
-    names = [n for n in path.split("/") if n]
-    longest = max(names, key=lambda n: len(os.fsencode(n)), default="")
-    size = len(os.fsencode(longest))
-    name_max = limit("PC_NAME_MAX")
-    if size > name_max:
-        return (
-            f"the name {shown(longest, 40)} is {size} bytes long, over the file system's "
-            f"limit of {name_max} bytes per name (NAME_MAX)"
-        )
-    total = len(os.fsencode(path))
-    path_max = limit("PC_PATH_MAX")
-    if total >= path_max:  # PATH_MAX counts the terminating NUL
-        return (
-            f"the path is {total} bytes long, over the system's limit of {path_max} bytes "
-            "per path (PATH_MAX, its terminating NUL included)"
-        )
-    return None
 
 
 class PackedWeightsRefused(PteStoreError):
