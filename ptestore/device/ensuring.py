@@ -26,7 +26,14 @@ from ..errors import (
     StorageError,
 )
 from ..storage.types import file_path
-from .artifact import Artifact, artifact_of, hit_or_make, lookup
+from .artifact import (
+    Artifact,
+    artifact_of,
+    hit_or_make,
+    lookup,
+    said_unchanged,
+    warn_unchanged,
+)
 from .cache import CacheLayout, read_manifest
 from .entryfiles import clean_entry_locked, remove_foreign
 from .keys import (
@@ -261,7 +268,7 @@ def ensure(
     if in_place:
         from .in_place import ensure_in_place
 
-        return ensure_in_place(
+        artifact = ensure_in_place(
             CacheLayout(cache_dir),
             src,
             ptd_src,
@@ -272,6 +279,9 @@ def ensure(
             None if portable is None else os.fspath(portable),
             progress,
         )
+        if not artifact.created and not artifact.specialized:
+            said_unchanged(src, artifact.key)
+        return artifact
     return _ensure_copy(
         src,
         cache_dir=cache_dir,
@@ -322,7 +332,7 @@ def _ensure_copy(
     # The options of the remote sources, as common ones: the run routes them to those
     # (never to a local file, nor to the cache's local destinations).
     common = {k: v for opts in routed.values() for k, v in opts.items()}
-    return hit_or_make(
+    artifact = hit_or_make(
         layout,
         key,
         max_bytes,
@@ -331,6 +341,9 @@ def _ensure_copy(
             layout, key, fingerprint, src, ptd, backends, device, provenance, progress, common
         ),
     )
+    if not artifact.created and not artifact.specialized:
+        said_unchanged(src, artifact.key)
+    return artifact
 
 
 def _make(
@@ -384,6 +397,7 @@ def _make(
             )
             raise disk_full_error(layout.root, src, need, exc) from exc
         raise
+    warn_unchanged(report, key)
     from ..provenance import read_provenance
     from ..storage.loaders import LocalFileLoader
 

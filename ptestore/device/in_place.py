@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigurationError, PteStoreError, StorageError
 from ..storage.types import StorageURL
-from .artifact import Artifact, artifact_of, hit_or_make, lookup
+from .artifact import Artifact, artifact_of, hit_or_make, lookup, warn_unchanged
 from .cache import CacheLayout
 from .keys import (
     backend_fingerprint,
@@ -134,6 +134,7 @@ def _make(
         # the next call that the file is an output already.
         with deferred_signals():
             report = _specialize_in_place(path, backends, device, provenance, progress)
+            warn_unchanged(report, key)  # served as it is: said, never silent
             return _publish(layout, key, src, path, current, report.specialized, held)
     finally:
         os.close(held)
@@ -276,6 +277,7 @@ def _from_portable(
                 f"over it); {path} is unchanged: {exc}"
             ) from exc
         raise
+    warn_unchanged(report, key)  # served as it is: said, never silent
     try:
         held = os.open(staged, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
