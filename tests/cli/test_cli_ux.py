@@ -391,6 +391,41 @@ def test_fleet_options_without_a_near_name_list_the_accepted_ones(
     assert "'endpoint_url'" in first and "'part_size'" in first and first.endswith("])")
 
 
+def test_dst_option_gives_a_local_destination_its_writers_own_options(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--dst-option`` passes the local writer's own options (``durable``,
+    ``auto_mkdir``) to a local destination, as docs/cli.md says (it said local paths
+    take none): ``durable=false`` publishes without an fsync. ``-o`` (options for every
+    remote URL) and ``--src-option`` still refuse them for local files. With ``--create``
+    the destination's probe refused ``durable`` (a read takes no writer option)."""
+    synced: list[int] = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real(fd))[1])
+    base = ["specialize", SRC, "--backend", "passthrough", "--no-provenance", "-q"]
+    assert main([*base[:2], str(tmp_path / "d.pte"), *base[2:]]) == EXIT_OK
+    assert synced  # durable by default: the file and its directory
+    synced.clear()
+    fast = [*base[:2], str(tmp_path / "f.pte"), *base[2:], "--dst-option", "durable=false"]
+    assert main(fast) == EXIT_OK and synced == []
+    deep = tmp_path / "new" / "dir" / "c.pte"
+    argv = [*base[:2], str(deep), *base[2:], "--create", "--dst-option", "auto_mkdir=true"]
+    assert main([*argv, "--dst-option", "durable=false"]) == EXIT_OK and deep.exists()
+    assert synced == []
+    capsys.readouterr()
+    assert main(argv) == EXIT_BAD_INPUT  # --create: it exists now
+    assert "already exists (create mode refuses to replace it)" in capsys.readouterr().err
+    refused = [
+        (["-o", "durable=false"], "storage options ['durable'] do not apply to local files"),
+        (["--src-option", "durable=false"], f"{SRC}: options ['durable'] do not apply"),
+        (["--dst-option", "part_size=5"], "options ['part_size'] do not apply to local files"),
+    ]
+    for flags, message in refused:
+        assert main([*base[:2], str(tmp_path / "r.pte"), *base[2:], *flags]) == EXIT_BAD_INPUT
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "r.pte").exists()
+
+
 @pytest.mark.s3
 def test_dst_options_reach_the_destination_only(
     moto_s3: MotoS3, tmp_path: Path, capsys: pytest.CaptureFixture[str]
