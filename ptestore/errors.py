@@ -401,13 +401,25 @@ def describe_exception(exc: BaseException) -> str:
     return f"{name}: {text}" if text else name
 
 
-def local_error(exc: OSError, message: str) -> StorageError:
-    """The error for a local file-system failure ``exc``: access refused (EACCES, EPERM)
-    is :class:`PermissionDenied` (bad input, exit 2), anything else :class:`StorageError`."""
+def local_error(exc: OSError, message: str) -> StorageError | ConfigurationError:
+    """The error for a local file-system failure ``exc`` with ``message``: what rerunning
+    cannot change is bad input (exit 2): access refused (EACCES, EPERM) is
+    :class:`PermissionDenied`, a component of the path that is not a directory (ENOTDIR,
+    ``m.pte/x.pte``) :class:`ObjectNotFound` as a missing one (ENOENT) is, a name or path
+    longer than the file system takes (ENAMETOOLONG) :class:`ConfigurationError`, its
+    message saying which and the limit (:func:`ptestore._names.too_long`); anything
+    else :class:`StorageError`."""
     import errno
 
     if isinstance(exc, PermissionError) or exc.errno in (errno.EACCES, errno.EPERM):
         return PermissionDenied(message, errno=exc.errno)
+    if exc.errno == errno.ENOTDIR:
+        return ObjectNotFound(message, errno=exc.errno)
+    if exc.errno == errno.ENAMETOOLONG:
+        from ._names import too_long
+
+        why = too_long(exc.filename) if isinstance(exc.filename, str) else None
+        return ConfigurationError(message if why is None else f"{message} ({why})")
     return StorageError(message, errno=exc.errno)
 
 

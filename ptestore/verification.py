@@ -18,10 +18,13 @@ Checks, in order, each adding findings to a :class:`VerifyReport`:
 
 ``status``: ``"intact"`` when nothing was given to compare with (only integrity was
 checked), ``"current"``, ``"stale"`` or ``"invalid"``. ``exit_code``: 0 intact or current,
-1 stale or mismatched (each finding names its field), 2 bad input or a corrupt artifact.
-An object replaced while it is read (S3 reads are pinned to the version first read) is
-neither: :func:`verify` raises :class:`~ptestore.errors.StorageError` ("changed while
-being verified"; the command exits 1).
+1 stale or mismatched (each finding names its field), 2 a corrupt artifact. A missing
+artifact or source and bad arguments are no verdict: :func:`verify` raises them
+(:class:`~ptestore.errors.ObjectNotFound`, :class:`~ptestore.errors.ConfigurationError`),
+as every other call does. An object replaced while it is read (S3 reads are pinned to
+the version first read) is neither: :func:`verify` raises
+:class:`~ptestore.errors.StorageError` ("changed while being verified"; the command
+exits 1).
 """
 
 from __future__ import annotations
@@ -38,9 +41,7 @@ from .backends.rating import rate_stamps
 from .backends.registry import BackendLike, load_backend
 from .errors import (
     BackendError,
-    ConfigurationError,
     FormatError,
-    ObjectNotFound,
     PreconditionFailed,
     StorageError,
 )
@@ -55,6 +56,11 @@ __all__ = ["Finding", "VerifyReport", "verify"]
 EXIT_CURRENT = 0
 EXIT_STALE = 1
 EXIT_INVALID = 2
+
+
+class _Unrated(Exception):
+    """A backend's ``check_compatibility`` failed on the artifact's stamp: the
+    artifact is reported invalid, the failure as its error (docs/fleet.md)."""
 
 
 @dataclass(frozen=True)
@@ -207,15 +213,20 @@ def verify(
 
     Returns:
         A :class:`VerifyReport`: ``status`` ``"intact"``, ``"current"``, ``"stale"`` (each finding
-        names its field) or ``"invalid"`` (corrupt, missing or bad input, with
-        ``error``), and ``exit_code`` 0, 1 or 2 to match.
+        names its field) or ``"invalid"`` (an artifact that is there and fails its
+        checks: corrupt, or a backend that cannot rate it, with ``error``), and
+        ``exit_code`` 0, 1 or 2 to match.
 
     Raises:
-        Nothing for a stale, corrupt or missing artifact or bad input (the report says
-        so); storage failures other than a missing object (``StorageError``,
-        ``PermissionDenied``) propagate, among them a ``StorageError`` "changed while
-        being verified" when an object read (the artifact, its .ptd, the source) was
-        replaced during the check: nothing is said of its bytes, verify it again.
+        ObjectNotFound: the artifact, or the ``source`` given, does not exist (a .ptd the
+            artifact's record names that is missing is a finding: stale).
+        ConfigurationError: bad arguments (an unknown backend, a storage option that
+            applies to nothing, an artifact that is not a regular file): as every
+            other call, not a verdict on the artifact.
+        StorageError: a storage failure (``PermissionDenied`` included), among them "changed
+            while being verified" when an object read (the artifact, its .ptd, the
+            source) was replaced during the check: nothing is said of its bytes, verify
+            it again.
     """
     target = os.fspath(url)
     report = VerifyReport(target)
@@ -238,7 +249,7 @@ def verify(
         nothing_given = source is None and backends is None and device is None
         if report.status == "current" and (nothing_given or report.shared):
             report.status = "intact"
-    except (FormatError, ObjectNotFound, ConfigurationError) as exc:
+    except (FormatError, _Unrated) as exc:  # there, and fails its checks: the verdict
         report.status = "invalid"
         report.error = str(exc)
     except PreconditionFailed as exc:  # a read found another version than it started with
@@ -391,8 +402,8 @@ def _check_backends(
             )
     try:  # the rating a fleet plan asks too (a failure, a sys.exit() included, named)
         ratings = rate_stamps(prov.backends, dict(loaded), device)
-    except BackendError as exc:  # a verdict cannot be given: bad input, as before
-        raise ConfigurationError(str(exc)) from exc
+    except BackendError as exc:  # no verdict but invalid (the backend's failure named)
+        raise _Unrated(str(exc)) from exc
     for r in ratings:
         report.compatibility[r.id] = r.rating
         if r.rating is not Compatibility.OPTIMAL:

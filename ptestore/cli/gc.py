@@ -164,13 +164,17 @@ def run_gc(args: argparse.Namespace) -> int:
     pairs = None
     if args.job is not None:
         from ..fleet import load_job
-        from ..fleet.preflight import destination_prefix
+        from ..fleet.preflight import check_job_options, destination_prefix
         from ..storage.routing import options_for_loader
 
         if args.target is not None:
             raise ConfigurationError("gc takes PATH_OR_S3_PREFIX or --job JOB, not both")
         job = load_job(args.job)
         args.target = destination_prefix(job) or "."
+        # Checked as fleet run, plan, retire and verify --job check them: an option that
+        # applies to no URL of the job is refused, never dropped (a misspelt endpoint_url
+        # sent gc's requests to AWS).
+        check_job_options(job, args.target)
         pairs = {(p.model.name, p.device.name): p.destination for p in job.pairs()}
         options = {**options_for_loader(args.target, job.storage_options), **options}
     elif args.target is None:
@@ -222,6 +226,10 @@ def run_gc(args: argparse.Namespace) -> int:
 
 
 def _print_table(entries: list[GcEntry]) -> None:
+    from .._text import printable
+
     for e in entries:
         size = "-" if e.size is None else human_bytes(e.size)
-        print(f"{e.action:<34} {e.kind:<17} {human_duration(e.age):>8} {size:>10}  {e.location}")
+        # names from the store or the disk (and errors quoting them): escaped
+        action, where = printable(e.action), printable(e.location)
+        print(f"{action:<34} {e.kind:<17} {human_duration(e.age):>8} {size:>10}  {where}")

@@ -124,10 +124,18 @@ def run_select(args: argparse.Namespace) -> int:
 
 
 def _file_line(f: dict[str, Any]) -> str:
-    how = "chunk by chunk" if f.get("verified") == "chunks" else "whole"
+    chunks = f.get("verified") == "chunks"
+    how = "chunk by chunk" if chunks else "whole"
+    # What "received" counts: every byte the store sent, in how many requests, the read
+    # of the trailer (the file's last bytes, read first) included: with a base, received
+    # and taken from it may add up to more than the file.
     moved = f"{f.get('received', 0)} received from the store"
+    if "requests" in f:
+        moved += f" in {f['requests']} request{'' if f['requests'] == 1 else 's'}"
+    if chunks:
+        moved += ", the read of its trailer included"
     if f.get("from_base"):
-        moved += f", {f['from_base']} taken from {', '.join(map(printable, f.get('bases', {})))}"
+        moved += f"; {f['from_base']} taken from {', '.join(map(printable, f.get('bases', {})))}"
     resumed = f", resumed at {f['resumed_from']}" if f.get("resumed_from") else ""
     where = f"{printable(f['url'])} -> {printable(f['path'])}"
     return f"{where}: {f['size']} bytes verified {how} ({moved}{resumed})"

@@ -118,23 +118,27 @@ def _published(f: FileReport) -> str:
     if f.published_size is not None:
         parts.append(human_bytes(f.published_size))
     if f.etag is not None:
-        parts.append(f"etag {f.etag}")
+        parts.append(f"etag {printable(f.etag)}")  # the storage's words: escaped too
     if f.version_id is not None:
-        parts.append(f"version {f.version_id}")
+        parts.append(f"version {printable(f.version_id)}")
     if f.checksum is not None:
-        parts.append(f"checksum {f.checksum}")
+        parts.append(f"checksum {printable(f.checksum)}")
     return ", ".join(parts) or "nothing reported by the storage"
 
 
 def format_summary(report: SpecializationReport) -> str:
-    """The summary printed on stdout after a successful run."""
+    """The summary printed on stdout after a successful run: one line per file, the
+    paths, and what a backend or the storage said, escaped (:func:`printable`: an escape
+    sequence or a carriage return in a name cannot drive the terminal, a line break
+    cannot forge a line)."""
     lines = []
     for f in report.files:
+        source, destination = printable(f.source), printable(f.destination)
         if f.status == "unchanged":
-            lines.append(f"{f.role}: {f.source}: unchanged (nothing replaced, nothing written)")
+            lines.append(f"{f.role}: {source}: unchanged (nothing replaced, nothing written)")
             continue
         line = (
-            f"{f.role}: {f.source} -> {f.destination}: {human_bytes(f.size_before)} -> "
+            f"{f.role}: {source} -> {destination}: {human_bytes(f.size_before)} -> "
             f"{human_bytes(f.size_after)}; {f.segments_replaced}/{f.segments} segments replaced, "
             f"{f.segments_moved} moved, {f.redirected_tables} tables redirected"
         )
@@ -143,7 +147,7 @@ def format_summary(report: SpecializationReport) -> str:
         lines.append(line)
         lines.append(f"  published: {_published(f)}")
     for b in report.backends:
-        impl = f" ({b.implementation})" if b.implementation else ""
+        impl = f" ({printable(b.implementation)})" if b.implementation else ""
         bid = printable(b.backend_id)  # the file's delegate id
         if b.status == "specialized":
             lines.append(
@@ -152,12 +156,12 @@ def format_summary(report: SpecializationReport) -> str:
                 f"{human_bytes(b.bytes_out)} out, {b.seconds:.3f} s"
             )
         elif b.status == "not_supported":
-            why = f": {b.reason}" if b.reason else ""
+            why = f": {printable(b.reason)}" if b.reason else ""
             lines.append(f"backend {bid}{impl}: declined{why} (data kept as is)")
         else:
             lines.append(f"backend {bid}: no implementation (data kept as is)")
     if not report.specialized:
-        lines.append(f"unchanged: {report.unchanged_reason}")
+        lines.append(f"unchanged: {printable(report.unchanged_reason or '')}")
     lines.append(f"published in {report.seconds:.3f} s")
     return "\n".join(lines)
 
@@ -259,7 +263,8 @@ def _report(args: argparse.Namespace, report: SpecializationReport, message: str
     ids = [b.backend_id for b in report.backends]
     for name in report.unused_backends:
         print(
-            f"ptestore specialize: warning: no delegate in {args.src} has backend id {name!r}"
+            f"ptestore specialize: warning: no delegate in {printable(args.src)} has backend "
+            f"id {name!r}"
             f"{did_you_mean(name, ids)}; that backend was not used",
             file=sys.stderr,
         )

@@ -13,7 +13,7 @@ import json
 import sys
 from typing import Any
 
-from ..errors import ConfigurationError, PreconditionFailed, StorageError
+from ..errors import ConfigurationError, ObjectNotFound, PreconditionFailed, StorageError
 from .exits import guarded, with_verdict
 from .options import (
     add_backend_flag,
@@ -101,32 +101,28 @@ def add_verify_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run_verify(args: argparse.Namespace) -> int:
     """Run ``ptestore verify``: exit 0 current, 1 stale or mismatched, 2 bad input or a
     corrupt artifact."""
-    from ..verification import VerifyReport, verify
+    from ..verification import verify
 
     if args.url is None:
         return _verify_job(args)
     from ..provenance.check import parse_range
 
-    options: dict[str, Any] = {}
-    byte_range = None
-    try:
-        if args.range is not None:  # refused before anything is read
-            byte_range = parse_range(args.range)
-        source, backends, device, options, cpu, ptd_source = _inputs(args)
-    except ConfigurationError as exc:
-        report = VerifyReport(args.url, status="invalid", error=str(exc))
-    else:
-        report = verify(
-            args.url,
-            source=source,
-            backends=backends,
-            device=device,
-            storage_options=options,
-            ptd=args.ptd,
-            quick=args.quick or args.range is not None,
-            xnnpack_cpu=cpu,
-            ptd_source=ptd_source,
-        )
+    # Bad arguments and a missing file are errors, as for every command (the error
+    # object, exit 2), raised before anything is read; "invalid" is the verdict on a
+    # file that is there and fails its checks.
+    byte_range = None if args.range is None else parse_range(args.range)
+    source, backends, device, options, cpu, ptd_source = _inputs(args)
+    report = verify(
+        args.url,
+        source=source,
+        backends=backends,
+        device=device,
+        storage_options=options,
+        ptd=args.ptd,
+        quick=args.quick or args.range is not None,
+        xnnpack_cpu=cpu,
+        ptd_source=ptd_source,
+    )
     if byte_range is not None and report.exit_code == 0:
         return _verify_range(args, report, options, byte_range)
 
@@ -284,6 +280,8 @@ def _verify_job(args: argparse.Namespace) -> int:
     def one(pair: Any) -> Any:
         try:
             return checked(pair)
+        except (ObjectNotFound, ConfigurationError) as exc:  # this pair's: not made yet,
+            return VerifyReport(str(pair.destination), status="invalid", error=str(exc))
         except StorageError as exc:  # this pair's storage, not the others': said per pair
             return VerifyReport(str(pair.destination), status="unverified", error=str(exc))
 

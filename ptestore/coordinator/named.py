@@ -133,10 +133,11 @@ class MergedNamedDataMap:
         if any(f.role == "ptd" for f in self._files):
             hint = "neither file holds it"
         elif key in self._expected_from_ptd():
+            from .report import pass_ptd
+
             hint = (
                 "no .ptd was given, and a key the .pte does not hold is in the model's .ptd "
-                "(its external weights): pass it (CLI: --ptd SRC_PTD DST_PTD; Python: "
-                "ptd=(src, dst))"
+                f"(its external weights): {pass_ptd()}"
             )
         else:  # not a key of the model at all: a .ptd would not help
             expected = len(self._expected_from_ptd())

@@ -14,8 +14,33 @@ __all__ = [
     "EventTracer",
     "FileReport",
     "SpecializationReport",
+    "no_named_data_hint",
     "nothing_specialized_message",
+    "pass_ptd",
+    "served_unchanged_message",
 ]
+
+#: How ``specialize`` is given a model's .ptd (CLI, Python): the spelling of
+#: :func:`pass_ptd` unless a caller names its own (``ensure``: :data:`ENSURE_PTD`).
+SPECIALIZE_PTD = ("--ptd SRC_PTD DST_PTD", "ptd=(src, dst)")
+#: How ``ensure`` is given a model's .ptd.
+ENSURE_PTD = ("--ptd PTD", "ptd=PATH")
+
+
+def pass_ptd(spelling: tuple[str, str] = SPECIALIZE_PTD) -> str:
+    """The one text of the hint that a run needs the model's .ptd: ``"pass it (CLI:
+    ...; Python: ...)"``, in the spelling of the command that ran (``(cli, python)``)."""
+    cli, python = spelling
+    return f"pass it (CLI: {cli}; Python: {python})"
+
+
+def no_named_data_hint(spelling: tuple[str, str] = SPECIALIZE_PTD) -> str:
+    """The hint of a run that specialized nothing in a .pte holding no named data of
+    its own, given without a .ptd (:func:`pass_ptd`)."""
+    return (
+        "The .pte holds no named data of its own: if this program keeps its weights in "
+        f"a .ptd, {pass_ptd(spelling)}."
+    )
 
 
 @dataclass(frozen=True)
@@ -148,9 +173,12 @@ class SpecializationReport:
         return out
 
 
-def nothing_specialized_message(report: SpecializationReport) -> str | None:
+def nothing_specialized_message(
+    report: SpecializationReport, spelling: tuple[str, str] = SPECIALIZE_PTD
+) -> str | None:
     """The message for a run that specialized nothing (None if it did): why, the
-    backend ids in the program, the installed backends and the hint. The text of
+    backend ids in the program, the installed backends and the hint (a .ptd to pass
+    named in ``spelling``, the caller's: :func:`pass_ptd`). The text of
     :class:`~ptestore.errors.NothingSpecialized` under ``strict=True``."""
     if report.unchanged_reason is None:
         return None
@@ -162,5 +190,22 @@ def nothing_specialized_message(report: SpecializationReport) -> str | None:
         f"Backend ids in the program: {ids}. Installed backends: {installed}."
     )
     if report.hint:
-        msg += f" {report.hint}"
+        hint = report.hint
+        if spelling != SPECIALIZE_PTD:  # the run's hint, in the caller's words
+            hint = hint.replace(pass_ptd(), pass_ptd(spelling))
+        msg += f" {hint}"
     return msg
+
+
+def served_unchanged_message(report: SpecializationReport, key: str) -> str | None:
+    """What ``ensure`` logs (a warning) when its run specialized nothing and it caches
+    and serves the model unchanged all the same (None if the run specialized): the
+    message :class:`~ptestore.errors.NothingSpecialized` would have, in ``ensure``'s
+    words (:data:`ENSURE_PTD`), and what was done instead."""
+    message = nothing_specialized_message(report, ENSURE_PTD)
+    if message is None:
+        return None
+    return (
+        f"{message} ensure serves the model unchanged all the same (cache entry {key}, "
+        "specialized: false)."
+    )

@@ -18,7 +18,7 @@ from ..backends.registry import (
     serving,
 )
 from ..errors import ConfigurationError
-from .report import BackendReport
+from .report import BackendReport, no_named_data_hint
 
 if TYPE_CHECKING:
     from ..backends.api import BackendInterface
@@ -186,8 +186,5 @@ def why_unchanged(
         )
         reason = f"{lead} ({'; '.join(parts)})"
     if reports and not has_ptd and not pte_has_named_data:
-        hints.append(
-            "The .pte holds no named data of its own: if this program keeps its weights "
-            "in a .ptd, pass it (CLI: --ptd SRC_PTD DST_PTD; Python: ptd=(src, dst))."
-        )
+        hints.append(no_named_data_hint())
     return reason, " ".join(hints) or None

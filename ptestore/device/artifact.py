@@ -20,7 +20,15 @@ if TYPE_CHECKING:
     from ..coordinator.report import Event
     from ..provenance.record import Provenance
 
-__all__ = ["Artifact", "HeldProgress", "artifact_of", "hit_or_make", "lookup"]
+__all__ = [
+    "Artifact",
+    "HeldProgress",
+    "artifact_of",
+    "hit_or_make",
+    "lookup",
+    "said_unchanged",
+    "warn_unchanged",
+]
 
 
 @dataclass(frozen=True)
@@ -192,3 +200,29 @@ class HeldProgress:
         if self.held is not None:
             held, self.held = self.held, None
             raise held
+
+
+def warn_unchanged(report: Any, key: str) -> None:
+    """A run of ``ensure`` that specialized nothing (``strict=False``: the model is
+    served unchanged, as a device app wants one) says so and why, a warning (on stderr
+    in the CLI): never silent (docs/concepts.md, "No silent no-op")."""
+    from ..coordinator.report import served_unchanged_message
+
+    said = served_unchanged_message(report, key)
+    if said is not None:
+        from .._log import get_logger
+
+        get_logger("ptestore.device").warning("%s", said)
+
+
+def said_unchanged(src: str, key: str) -> None:
+    """The warning of a hit on an entry whose run specialized nothing (that run's
+    warning said why): served unchanged, never silently (docs/concepts.md)."""
+    from .._log import get_logger
+
+    get_logger("ptestore.device").warning(
+        "%s: served unchanged from the cache (entry %s, specialized: false): nothing was "
+        "specialized when it was made (its warning said why)",
+        src,
+        key,
+    )

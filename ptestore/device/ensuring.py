@@ -20,23 +20,20 @@ from typing import TYPE_CHECKING, Any
 
 from .._args import backends_argument, path_argument
 from ..backends.compat import DeviceProfile
-from ..errors import (
-    ConfigurationError,
-    PermissionDenied,
-    PteStoreError,
-    StorageError,
-)
+from ..errors import ConfigurationError, PermissionDenied, PteStoreError, StorageError
 from ..storage.types import file_path
-from .artifact import Artifact, HeldProgress, artifact_of, hit_or_make, lookup
+from .artifact import (
+    Artifact,
+    HeldProgress,
+    artifact_of,
+    hit_or_make,
+    lookup,
+    said_unchanged,
+    warn_unchanged,
+)
 from .cache import CacheLayout, read_manifest
 from .entryfiles import clean_entry_locked, remove_foreign
-from .keys import (
-    backend_fingerprint,
-    device_fingerprint,
-    entry_key,
-    location,
-    source_identity,
-)
+from .keys import backend_fingerprint, device_fingerprint, entry_key, location, source_identity
 
 # spec_text, PTE_NAME, PTD_NAME, disk_full_error and write_manifest (below) are still
 # found here, where they were before the split.
@@ -282,7 +279,7 @@ def ensure(
     if in_place:
         from .in_place import ensure_in_place
 
-        return ensure_in_place(
+        artifact = ensure_in_place(
             CacheLayout(cache_dir),
             src,
             ptd_src,
@@ -293,6 +290,9 @@ def ensure(
             None if portable is None else os.fspath(portable),
             progress,
         )
+        if not artifact.created and not artifact.specialized:
+            said_unchanged(src, artifact.key)
+        return artifact
     return _ensure_copy(
         src,
         cache_dir=cache_dir,
@@ -345,7 +345,7 @@ def _ensure_copy(
     common = {k: v for opts in routed.values() for k, v in opts.items()}
     # The callback's exception at "publish" waits for the manifest: no half entry.
     relay = None if progress is None else HeldProgress(progress, frozenset({"publish"}))
-    made = hit_or_make(
+    artifact = hit_or_make(
         layout,
         key,
         max_bytes,
@@ -356,7 +356,9 @@ def _ensure_copy(
     )
     if relay is not None:
         relay.raise_held()
-    return made
+    if not artifact.created and not artifact.specialized:
+        said_unchanged(src, artifact.key)
+    return artifact
 
 
 def _make(
@@ -410,6 +412,7 @@ def _make(
             )
             raise disk_full_error(layout.root, src, need, exc) from exc
         raise
+    warn_unchanged(report, key)
     from ..provenance import read_provenance
     from ..storage.loaders import LocalFileLoader
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import AlreadySpecialized, ConfigurationError, PteStoreError, StorageError
 from ..storage.types import StorageURL
-from .artifact import Artifact, HeldProgress, artifact_of, hit_or_make, lookup
+from .artifact import Artifact, HeldProgress, artifact_of, hit_or_make, lookup, warn_unchanged
 from .cache import CacheLayout
 from .keys import (
     backend_fingerprint,
@@ -147,6 +147,8 @@ def _make(
         # that lock, as a later call adopts it.
         with deferred_signals():
             report = _specialize_in_place(path, backends, device, provenance, progress, ours)
+            if report is not None:  # served as it is: said, never silent
+                warn_unchanged(report, key)
             specialized = True if report is None else report.specialized
             return _publish(layout, key, src, path, current, specialized, held)
     finally:
@@ -307,6 +309,7 @@ def _from_portable(
                 f"over it); {path} is unchanged: {exc}"
             ) from exc
         raise
+    warn_unchanged(report, key)  # served as it is: said, never silent
     try:
         held = os.open(staged, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:

@@ -15,7 +15,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from ..errors import PermissionDenied, PteStoreError, StorageError, local_error
+from ..errors import (
+    ConfigurationError,
+    PermissionDenied,
+    PteStoreError,
+    StorageError,
+    local_error,
+)
 from ..storage.loaders import DataLoader, LocalFileLoader
 from ..storage.types import absolute_path
 
@@ -256,12 +262,15 @@ def _refuse_short(what: str, directory: str, needed: int, kind: str, after: str)
         )
 
 
-def download_error(exc: OSError, dest: str, url: str, failed: str) -> StorageError:
+def download_error(
+    exc: OSError, dest: str, url: str, failed: str
+) -> StorageError | ConfigurationError:
     """A failure of the local file system while the download of ``url`` to ``dest``
     writes ``failed`` (its ``.part`` or ``.part.json``: a full disk, an I/O error, a
     clone the kernel refuses) as a :class:`~ptestore.errors.StorageError` naming the
     destination first, then the ``errno`` and the file that failed
-    (:class:`~ptestore.errors.PermissionDenied` for access), never a raw ``OSError``:
+    (:class:`~ptestore.errors.PermissionDenied` for access, as
+    :func:`~ptestore.errors.local_error` maps it), never a raw ``OSError``:
     the CLI's exit codes and ``ensure``'s offline fallback see it as what it is, and the
     message does not depend on which of the download's threads hit it first."""
     number = exc.errno or 0

@@ -19,7 +19,13 @@ from ..storage.routing import StorageOptions, options_for_loader
 from ..storage.types import StorageURL, strerror
 from .job import Job, JobError, pair_options
 
-__all__ = ["check_job_options", "destination_prefix", "filter_job", "preflight"]
+__all__ = [
+    "check_job_options",
+    "destination_prefix",
+    "filter_job",
+    "make_root",
+    "preflight",
+]
 
 MARKER_PREFIX = ".ptestore-preflight-"
 
@@ -98,11 +104,33 @@ def preflight(job: Job, *, write: bool) -> None:
         _writable(job, _prefix(job.destination))
 
 
+def make_root(job: Job) -> list[str]:
+    """Create the local directory of the job's destination prefix (the destination
+    root) and its missing parents: the ones made here, deepest first (none for a remote
+    prefix, or one that exists). The run that asked owns them: it removes them again,
+    and every empty directory under them, once its pairs have ended
+    (:func:`~ptestore.writers._dirs.remove_empty_tree`), so that its pairs' writers,
+    however many run at once, never make the root, and a run that fails or is
+    interrupted after its preflight leaves no empty root."""
+    from ..writers._dirs import make_parents
+
+    u = StorageURL.of(f"{destination_prefix(job)}{MARKER_PREFIX}")
+    if not u.local:
+        return []
+    directory = os.path.dirname(u.path)
+    try:
+        return make_parents(directory)
+    except OSError as exc:
+        raise local_error(
+            exc, f"{directory}: cannot create the destination directory: {strerror(exc)}"
+        ) from exc
+
+
 def _writable(job: Job, prefix: str) -> None:
     """Create and delete a marker under ``prefix``. The local directories made for it
     are removed again (while empty, :mod:`ptestore.writers._dirs`): a run that fails
-    after its preflight leaves no empty destination root; its pairs' writers make the
-    directories they need."""
+    after its preflight leaves no empty destination root; the run makes the root again
+    for its pairs (:func:`make_root`), their writers the directories below it."""
     from ..writers import open_writer
     from ..writers._dirs import make_parents, remove_made
 

@@ -263,12 +263,19 @@ def run_plan(
         raise ConfigurationError(f"missed_heartbeats must be >= 1, got {missed_heartbeats}")
     scheduler = scheduler or os.environ.get(SCHEDULER_ENV) or None
     started = time.perf_counter()
-    client = None
-    if scheduler:
-        from .cluster import connect
+    from ..writers._dirs import remove_empty_tree
+    from .preflight import make_root
 
-        client = connect(scheduler, connect_timeout)
+    # The run makes a local destination root and removes it (and the empty directories
+    # its pairs left under it) once they have ended: pair writers running at once, each
+    # removing only what it made, left it empty when interrupted.
+    made = make_root(plan.job)
+    client = None
     try:
+        if scheduler:
+            from .cluster import connect
+
+            client = connect(scheduler, connect_timeout)
         return _run(
             plan,
             started,
@@ -281,6 +288,7 @@ def run_plan(
             pair_timeout,
         )
     finally:
+        remove_empty_tree(made)
         if client is not None:
             client.close()
 

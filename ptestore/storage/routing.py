@@ -13,7 +13,9 @@ routes one set of options, given for a whole run, to the loaders and writers of 
   writer-only option such as ``part_size`` reaches writers, not loaders; the
   ``retry_*`` options, which both take, reach both. Local paths get none of them.
 - **side** options (``src``: the sources; ``dst``: the destinations, as read and as
-  written) go to their side as given, over the common ones, and are checked there.
+  written) go to their side as given, over the common ones, local files included, and
+  are checked there (a local destination takes its writer's ``durable`` and
+  ``auto_mkdir``); those only a destination's writer takes are not given to its reads.
 - A common option that no loader and no writer of any URL of the run accepts is refused
   (:meth:`StorageOptions.check`), before anything is opened.
 
@@ -103,10 +105,17 @@ class StorageOptions:
 
     def for_loader(self, url: URLLike, side: Literal["src", "dst"] = "src") -> dict[str, Any]:
         """The options for reading ``url``, a source (``side="src"``) or a destination
-        (``"dst"``: the create-mode probe, the fleet's provenance check, verify)."""
+        (``"dst"``: the create-mode probe, the fleet's provenance check, verify). A
+        destination's own options that only its writer takes (a local writer's
+        ``durable``, an S3 writer's ``part_size``) are the writer's: not given to the
+        read (any other is, and refused there if the loader takes none such)."""
         u = StorageURL.of(url)
         own = self.src if side == "src" else self.dst
-        return self._pick(u, frozenset() if u.local else loader_options(u), own)
+        accepted = frozenset() if u.local else loader_options(u)
+        if side == "dst" and own:
+            writer_only = writer_options(u) - accepted
+            own = {k: v for k, v in own.items() if k not in writer_only}
+        return self._pick(u, accepted, own)
 
     def for_writer(self, url: URLLike) -> dict[str, Any]:
         """The options for writing the destination ``url``."""

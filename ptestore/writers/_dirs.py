@@ -14,39 +14,23 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["check_name_lengths", "make_parents", "remove_made"]
-
-#: NAME_MAX where the file system does not say (``pathconf`` fails): Linux's and macOS's.
-_NAME_MAX = 255
+__all__ = ["check_name_lengths", "make_parents", "remove_empty_tree", "remove_made"]
 
 
 def check_name_lengths(path: str) -> None:
     """Refuse (:class:`~ptestore.errors.ConfigurationError` naming the name's length and
     the limit) an absolute ``path`` whose file name, or the name of a directory
     ``auto_mkdir`` would make, is longer in bytes than the file system of the nearest
-    existing directory takes (``PC_NAME_MAX``, else 255): the staging name is cut to fit,
-    so only the publish, after all the work, would find out."""
-    directory, names = os.path.dirname(path), [os.path.basename(path)]
-    while not os.path.isdir(directory) and os.path.dirname(directory) != directory:
-        directory, name = os.path.split(directory)
-        names.append(name)
-    longest = max(names, key=lambda n: len(os.fsencode(n)))
-    size = len(os.fsencode(longest))
-    if size <= 14:  # POSIX's smallest NAME_MAX: no file system refuses it
-        return
-    try:
-        limit = os.pathconf(directory, "PC_NAME_MAX")
-    except (OSError, ValueError):
-        limit = _NAME_MAX
-    limit = limit if limit > 0 else _NAME_MAX
-    if size > limit:
-        from .._text import shown
+    existing directory takes (``PC_NAME_MAX``, else 255: :func:`ptestore._names.too_long`):
+    the staging name is cut to fit, so only the publish, after all the work, would find
+    out."""
+    from .._names import too_long
+
+    why = too_long(path, whole=False)
+    if why is not None:
         from ..errors import ConfigurationError
 
-        raise ConfigurationError(
-            f"{path}: the name {shown(longest, 40)} is {size} bytes long, over the file "
-            f"system's limit of {limit} bytes per name (NAME_MAX)"
-        )
+        raise ConfigurationError(f"{path}: {why}")
 
 
 def make_parents(directory: str) -> list[str]:
@@ -82,3 +66,21 @@ def remove_made(made: list[str]) -> None:
             os.rmdir(path)
         except OSError:
             return
+
+
+def remove_empty_tree(made: list[str]) -> None:
+    """Remove every empty directory under the deepest of ``made`` (as
+    :func:`make_parents` returns them), deepest first, then the directories of ``made``
+    while they are empty: for the owner of a tree it made, a fleet run and its
+    destination root (:func:`ptestore.fleet.preflight.make_root`), so everything under it
+    was made since. A directory holding anything (a file, another's staging file, a
+    symbolic link) stays, and so do those above it. Empties ``made``."""
+    if not made:
+        return
+    for here, dirs, _files in os.walk(made[0], topdown=False):  # links are not followed
+        for name in dirs:
+            try:
+                os.rmdir(os.path.join(here, name))
+            except OSError:
+                pass  # not empty (or a link: ENOTDIR), or gone: left as it is
+    remove_made(made)

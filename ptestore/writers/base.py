@@ -107,9 +107,11 @@ def _finalize(staging: _OwnedStaging, url: str, dirty: list[bool]) -> None:
 
 def discard_all(writers: Iterable[DataWriter]) -> None:
     """Discard every writer after a failure (a no-op for a published one; it never
-    publishes). A failing discard is logged (debug), not raised: the original error matters
-    more."""
-    for w in writers:
+    publishes), the last opened first: a directory an earlier writer made for its
+    destination (``auto_mkdir``) may hold a later one's staging file, and is removed by
+    its maker only once empty. A failing discard is logged (debug), not raised: the
+    original error matters more."""
+    for w in reversed(list(writers)):
         try:
             w.discard()
         except Exception as exc:
@@ -404,6 +406,8 @@ class DataWriter(abc.ABC):
                         "previous content or the complete new output; check it before "
                         "relying on either"
                     ) from exc
+                if isinstance(exc, ConfigurationError) and not self._committing:
+                    raise  # bad input found before the commit step: the writer stays open
                 self._abandon(f"publish failed: {exc}")
                 raise
             self._state = WriterState.PUBLISHED

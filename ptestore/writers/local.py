@@ -149,6 +149,12 @@ class LocalFileWriter(DataWriter):
                 if retries:  # another writer's discard removed it meanwhile: make it again
                     retries -= 1
                     continue
+                if os.path.isdir(self.directory):  # there: a file system that takes no
+                    raise ConfigurationError(  # new file (/proc, /sys): rerunning won't help
+                        f"{self.path}: cannot create a staging file in {self.directory}: "
+                        f"{strerror(exc)} (the directory exists; its file system takes no "
+                        "new files there)"
+                    ) from exc
                 raise ObjectNotFound(
                     f"{self.path}: destination directory {self.directory} does not exist"
                 ) from exc

@@ -517,6 +517,36 @@ def test_a_name_in_a_report_line_cannot_drive_the_terminal(
     assert not [text for text in printed if "\x1b" in text], printed
 
 
+def test_specialize_and_gc_report_lines_cannot_drive_the_terminal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``specialize``'s summary (``pte: SRC -> DST``) and ``gc``'s listing printed the
+    names raw: an escape sequence in a file name cleared the screen, a carriage return
+    overwrote the line. They are escaped now, as verify's and inspect's lines are."""
+    import os
+
+    from ptestore.cli import main
+
+    src = tmp_path / "s\x1b[2J\r.pte"
+    src.write_bytes(MLP.pte_path.read_bytes())
+    dst = tmp_path / "o\x1b[2J\r.pte"
+    argv = ["specialize", str(src), str(dst), "--backend", "passthrough@XnnpackBackend"]
+    assert main([*argv, "--no-progress"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith(f"pte: {tmp_path}/s\\x1b[2J\\r.pte -> {tmp_path}/o\\x1b[2J\\r.pte: "), out
+    assert "\x1b" not in out + err and "\r" not in out + err
+    staging = tmp_path / ".o\x1b[2J\r.pte.ptestore-0123456789abcdef.tmp"
+    staging.write_bytes(b"x")
+    old = staging.stat().st_mtime - 86400
+    os.utime(staging, (old, old))
+    assert main(["gc", str(tmp_path), "--older-than", "1h", "--dry-run"]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines()[0].endswith(
+        f"  {tmp_path}/.o\\x1b[2J\\r.pte.ptestore-0123456789abcdef.tmp"
+    ), out
+    assert "\x1b" not in out + err and "\r" not in out + err
+
+
 def test_warnings_of_a_command_cannot_drive_the_terminal(
     capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -175,9 +175,11 @@ def test_no_import_loop_lazy_ones_included() -> None:
 def test_types_come_from_the_types_module_not_from_implementations() -> None:
     graph = import_graph()
     # The storage types need nothing of ptestore's but its errors and how a value is
-    # shown (to refuse a NUL in a name), both the standard library only themselves.
+    # shown (to refuse a NUL in a name), both the standard library only themselves (the
+    # errors also with the file-name limits an ENAMETOOLONG names, likewise).
     assert graph["ptestore.storage.types"] == {"ptestore.errors", "ptestore._text"}
-    assert graph["ptestore.errors"] <= {"ptestore._text"} and graph["ptestore._text"] == set()
+    assert graph["ptestore.errors"] <= {"ptestore._text", "ptestore._names"}
+    assert graph["ptestore._names"] <= {"ptestore._text"} and graph["ptestore._text"] == set()
     # format/, the writer contract and provenance take DataLoader from there, never from
     # the loader implementations (fsspec) at import time.
     for module, path in MODULES.items():
@@ -388,6 +390,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "ptestore._jsondepth",
             "ptestore._text",
             "ptestore._args",
+            "ptestore._names",
             "ptestore._retry",
             "ptestore.checksums",
             "=ptestore.storage",  # its __init__ imports nothing

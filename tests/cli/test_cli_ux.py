@@ -344,6 +344,31 @@ def test_fleet_misspelt_option_is_named_once_with_a_suggestion(
     )
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [["fleet", "plan"], ["fleet", "retire"], ["verify", "--job"], ["gc", "--job"]],
+    ids=["plan", "retire", "verify", "gc"],
+)
+def test_every_job_command_refuses_a_misspelt_job_option(
+    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``gc --job`` filtered the job's ``[storage_options]`` to those its target's loader
+    takes, silently dropping a misspelt ``endpoint_ulr``: gc then sent its requests to
+    AWS. It refuses them now, as ``fleet plan``, ``retire`` and ``verify --job`` do."""
+    job = _fleet_job(tmp_path, 'endpoint_ulr = "http://127.0.0.1:1"')
+    assert main([*argv, str(job)]) == EXIT_BAD_INPUT
+    first = capsys.readouterr().err.splitlines()[0]
+    assert first.startswith(f"ptestore {argv[0]}: error: "), first
+    assert "storage options ['endpoint_ulr'] apply to none of s3://bkt/src/m0.pte, " in first
+    assert first.endswith("URL(s) of the run (did you mean 'endpoint_url'?)"), first
+    if argv[0] == "gc":
+        assert first == (
+            f"ptestore gc: error: {job}: storage_options: storage options ['endpoint_ulr'] "
+            "apply to none of s3://bkt/src/m0.pte, s3://bkt/src/m1.pte, s3://bkt/src/m2.pte "
+            "and 121 more URL(s) of the run (did you mean 'endpoint_url'?)"
+        )
+
+
 def test_fleet_options_without_a_near_name_list_the_accepted_ones(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -364,6 +389,41 @@ def test_fleet_options_without_a_near_name_list_the_accepted_ones(
         f"none of {where} (accepted: ["
     ), first
     assert "'endpoint_url'" in first and "'part_size'" in first and first.endswith("])")
+
+
+def test_dst_option_gives_a_local_destination_its_writers_own_options(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--dst-option`` passes the local writer's own options (``durable``,
+    ``auto_mkdir``) to a local destination, as docs/cli.md says (it said local paths
+    take none): ``durable=false`` publishes without an fsync. ``-o`` (options for every
+    remote URL) and ``--src-option`` still refuse them for local files. With ``--create``
+    the destination's probe refused ``durable`` (a read takes no writer option)."""
+    synced: list[int] = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real(fd))[1])
+    base = ["specialize", SRC, "--backend", "passthrough", "--no-provenance", "-q"]
+    assert main([*base[:2], str(tmp_path / "d.pte"), *base[2:]]) == EXIT_OK
+    assert synced  # durable by default: the file and its directory
+    synced.clear()
+    fast = [*base[:2], str(tmp_path / "f.pte"), *base[2:], "--dst-option", "durable=false"]
+    assert main(fast) == EXIT_OK and synced == []
+    deep = tmp_path / "new" / "dir" / "c.pte"
+    argv = [*base[:2], str(deep), *base[2:], "--create", "--dst-option", "auto_mkdir=true"]
+    assert main([*argv, "--dst-option", "durable=false"]) == EXIT_OK and deep.exists()
+    assert synced == []
+    capsys.readouterr()
+    assert main(argv) == EXIT_BAD_INPUT  # --create: it exists now
+    assert "already exists (create mode refuses to replace it)" in capsys.readouterr().err
+    refused = [
+        (["-o", "durable=false"], "storage options ['durable'] do not apply to local files"),
+        (["--src-option", "durable=false"], f"{SRC}: options ['durable'] do not apply"),
+        (["--dst-option", "part_size=5"], "options ['part_size'] do not apply to local files"),
+    ]
+    for flags, message in refused:
+        assert main([*base[:2], str(tmp_path / "r.pte"), *base[2:], *flags]) == EXIT_BAD_INPUT
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "r.pte").exists()
 
 
 @pytest.mark.s3

@@ -566,3 +566,95 @@ def test_an_entry_that_cannot_be_evicted_is_kept_and_the_new_one_returned(
     assert new.created and Path(new.pte).is_file() and Path(old.pte).is_file()
     [warning] = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert warning.startswith(f"{cache / 'entries' / old.key}: not evicted: ")
+
+
+DECLINING = "examples.bf16_round:Bf16Round"  # declines a .pte whose weights are in its .ptd
+EXT = get_fixture("mlp_xnnpack_ext")
+
+
+def _unchanged(src: Path, key: str, reason: str) -> tuple[str, str]:
+    """The start and the end of the warning of an ``ensure`` run that specialized
+    nothing (the installed backends between them depend on the environment)."""
+    return (
+        f"nothing was specialized in {src}: {reason}. Backend ids in the program: "
+        "XnnpackBackend. Installed backends: ",
+        "The .pte holds no named data of its own: if this program keeps its weights in a "
+        ".ptd, pass it (CLI: --ptd PTD; Python: ptd=PATH). ensure serves the model "
+        f"unchanged all the same (cache entry {key}, specialized: false).",
+    )
+
+
+def test_a_run_that_specializes_nothing_is_served_but_said(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """docs/concepts.md, "No silent no-op": ensure keeps serving the unchanged model (a
+    device app wants one) but no longer silently: a warning says nothing was specialized
+    and why, with specialize's hint in ensure's words (the .ptd forgotten here), and a
+    hit on that entry says it is served unchanged. It was exit 0 and silent."""
+    src = tmp_path / "ext.pte"
+    src.write_bytes(EXT.pte_path.read_bytes())
+    caplog.set_level("WARNING", logger="ptestore.device")
+    a = ptestore.ensure(src, cache_dir=tmp_path / "c", backends=[DECLINING])
+    assert a.created and not a.specialized
+    said = [r.getMessage() for r in caplog.records if r.name == "ptestore.device"]
+    assert len(said) == 1, said
+    head, tail = _unchanged(
+        src,
+        a.key,
+        f"every backend declined ('XnnpackBackend': {DECLINING} declined: no plain float32 "
+        "weights in this model)",
+    )
+    assert said[0].startswith(head) and said[0].endswith(tail), said[0]
+    caplog.clear()
+    again = ptestore.ensure(src, cache_dir=tmp_path / "c", backends=[DECLINING])
+    assert not again.created and not again.specialized and again.pte == a.pte
+    assert [r.getMessage() for r in caplog.records if r.name == "ptestore.device"] == [
+        f"{src}: served unchanged from the cache (entry {a.key}, specialized: false): "
+        "nothing was specialized when it was made (its warning said why)"
+    ]
+    # With the .ptd it specializes, and says nothing.
+    caplog.clear()
+    made = ptestore.ensure(src, cache_dir=tmp_path / "c", backends=[DECLINING], ptd=EXT.ptd_path)
+    assert made.created and made.specialized
+    assert [r for r in caplog.records if r.name == "ptestore.device"] == []
+
+
+def test_in_place_that_specializes_nothing_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    src = tmp_path / "ext.pte"
+    src.write_bytes(EXT.pte_path.read_bytes())
+    caplog.set_level("WARNING", logger="ptestore.device")
+    a = ptestore.ensure(src, cache_dir=tmp_path / "c", backends=[DECLINING], in_place=True)
+    assert a.created and a.in_place and not a.specialized
+    said = [r.getMessage() for r in caplog.records if r.name == "ptestore.device"]
+    assert len(said) == 1 and said[0].endswith(_unchanged(src, a.key, "")[1]), said
+
+
+def test_the_cli_says_on_stderr_that_nothing_was_specialized(tmp_path: Path) -> None:
+    """``ptestore ensure`` of a model whose .ptd was forgotten: exit 0 and the path (the
+    model is served), and a line on stderr saying why nothing was specialized, the hint
+    in ensure's flags (``specialize`` exits 2 with the same reason)."""
+    src = tmp_path / "ext.pte"
+    src.write_bytes(EXT.pte_path.read_bytes())
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS.parent), str(TESTS)]))
+    argv = [sys.executable, "-m", "ptestore", "ensure", str(src), "--cache-dir"]
+    argv += [str(tmp_path / "c"), "--backend", DECLINING, "--no-progress"]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    pte = done.stdout.strip()
+    key = Path(pte).parent.name
+    head, tail = _unchanged(
+        src,
+        key,
+        f"every backend declined ('XnnpackBackend': {DECLINING} declined: no plain float32 "
+        "weights in this model)",
+    )
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(head) and lines[0].endswith(tail), lines
+    again = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+    assert (again.returncode, again.stdout.strip()) == (0, pte)
+    assert again.stderr == (
+        f"{src}: served unchanged from the cache (entry {key}, specialized: false): nothing "
+        "was specialized when it was made (its warning said why)\n"
+    )

@@ -246,12 +246,14 @@ def test_fetch_base_on_the_command_line(
     assert shown["from_base"] == _base_bytes(b)
     assert shown["received"] == CHUNK_SIZE + 4096
     assert shown["files"][0]["bases"] == {str(a): _base_bytes(b)}
+    requests = shown["files"][0]["requests"]
     dest.unlink()
     assert main(["fetch", str(b), str(dest), "--base", str(a)]) == 0
     line = capsys.readouterr().out.strip()
     assert line == (
         f"{b} -> {dest}: {b.stat().st_size} bytes verified chunk by chunk "
-        f"({CHUNK_SIZE + 4096} received from the store, {_base_bytes(b)} taken from {a})"
+        f"({CHUNK_SIZE + 4096} received from the store in {requests} requests, the "
+        f"read of its trailer included; {_base_bytes(b)} taken from {a})"
     )
     assert main(["fetch", str(b), str(dest), "--base", str(tmp_path / "nope")]) == 2
     assert "no such base file (--base)" in capsys.readouterr().err

@@ -284,3 +284,72 @@ def test_gc_job_cleans_the_job_prefix(tmp_path: Path, capsys: pytest.CaptureFixt
     assert not stale.exists() and (out / "a" / "mlp.pte").exists()
     assert main(["gc", str(out), "--job", str(job)]) == 2
     assert "gc takes PATH_OR_S3_PREFIX or --job JOB, not both" in capsys.readouterr().err
+
+
+EXT = get_fixture("mlp_xnnpack_ext")
+
+
+def test_failed_pairs_leave_no_empty_destination_root(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every pair of a run into a new root fails: nothing is left, not the root nor a
+    device's directory. The .pte writer made ``out/a`` and was discarded before the
+    .ptd writer whose staging file was in it: ``out/a`` and ``out`` were left (writers
+    are discarded last opened first now, and the run owns the root)."""
+    out = tmp_path / "out"
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'destination = "{out}/{{device}}/{{model}}.pte"\n'
+        'backends = ["support.dying_backend:Dying"]\n'
+        f'[[models]]\nname = "mlp"\nsource = "{EXT.pte_path}"\nptd = "{EXT.ptd_path}"\n'
+        "[devices.a]\nfail = true\n[devices.b]\nfail = true\n"
+    )
+    assert main(["fleet", "run", str(job), "--workers", "1", "-q"]) == 1
+    capsys.readouterr()
+    assert not out.exists(), sorted(str(p) for p in out.rglob("*"))
+
+
+def test_pair_writers_at_once_leave_no_empty_destination_root(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two pairs' writers open at once in a new root (``fleet run --workers 2``), each
+    removing only the directories it made: the one that made the root was discarded
+    first, while the other's directory was in it; the other, discarded last, had not
+    made the root: an interrupted or failed run left it empty. The run makes the root
+    itself now and removes what is empty under it once its pairs have ended. The other
+    worker's writer is opened and discarded by the test's backend, in this order, in
+    one process (``support.sibling_backend``)."""
+    out = tmp_path / "out"
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'destination = "{out}/{{device}}/{{model}}.pte"\n'
+        'backends = ["support.sibling_backend:Sibling"]\n'
+        f'[[models]]\nname = "mlp"\nsource = "{MLP.pte_path}"\n'
+        f'[devices.a]\nroot = "{out}"\n[devices.b]\nroot = "{out}"\n'
+    )
+    assert main(["fleet", "run", str(job), "--workers", "1", "-q", "--json"]) == 1
+    result = json.loads(capsys.readouterr().out)
+    assert [p["status"] for p in result["pairs"]] == ["failed", "failed"]
+    assert "the other worker's writer was discarded" in result["pairs"][1]["error"]
+    assert not out.exists(), sorted(str(p) for p in out.rglob("*"))
+
+
+def test_a_run_removes_only_what_it_made(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A root that was there before the run, an empty directory in it included, is left
+    as it was by a run whose pairs all fail; the device directory a pair's .pte writer
+    made is gone (it was left: discarded before the .ptd writer whose staging file was
+    in it; writers are discarded last opened first)."""
+    out = tmp_path / "out"
+    (out / "mine").mkdir(parents=True)
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'destination = "{out}/{{device}}/{{model}}.pte"\n'
+        'backends = ["support.dying_backend:Dying"]\n'
+        f'[[models]]\nname = "mlp"\nsource = "{EXT.pte_path}"\nptd = "{EXT.ptd_path}"\n'
+        "[devices.a]\nfail = true\n"
+    )
+    assert main(["fleet", "run", str(job), "--workers", "1", "-q"]) == 1
+    capsys.readouterr()
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == ["mine"]

@@ -13,6 +13,7 @@ import ptestore
 from ptestore import verify
 from ptestore.backends.compat import Compatibility, DeviceProfile
 from ptestore.cli import main
+from ptestore.errors import ConfigurationError, ObjectNotFound
 
 MLP = get_fixture("mlp_xnnpack")
 CONV = get_fixture("conv_xnnpack")
@@ -100,9 +101,13 @@ def test_device_name(artifact: Path) -> None:
 
 
 def test_invalid_inputs(artifact: Path, tmp_path: Path) -> None:
-    missing = verify(tmp_path / "nope.pte")
-    assert missing.exit_code == 2 and missing.status == "invalid"
-    assert missing.error == f"{tmp_path / 'nope.pte'}: no such file"
+    # A missing file and bad arguments are errors, not a verdict on an artifact.
+    with pytest.raises(ObjectNotFound) as missing:
+        verify(tmp_path / "nope.pte")
+    assert str(missing.value) == f"{tmp_path / 'nope.pte'}: no such file"
+    with pytest.raises(ObjectNotFound) as missing:
+        verify(artifact, source=tmp_path / "no-source.pte")
+    assert str(missing.value) == f"{tmp_path / 'no-source.pte'}: no such file"
     assert MLP.pte_path is not None
     plain = verify(MLP.pte_path)
     assert plain.exit_code == 2
@@ -119,7 +124,47 @@ def test_invalid_inputs(artifact: Path, tmp_path: Path) -> None:
     broken.write_bytes(bytes(data))
     report = verify(broken)
     assert report.exit_code == 2 and "file identifier" in str(report.error)
-    assert verify(artifact, backends=["no_such_backend"]).exit_code == 2
+    with pytest.raises(ConfigurationError):
+        verify(artifact, backends=["no_such_backend"])
+
+
+def test_bad_input_is_an_error_not_a_verdict(
+    artifact: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A missing file, a malformed ``--range`` and ``--device-option`` with ``--job``
+    printed a report, ``"status": "invalid"``, as if an artifact had been judged: they
+    are errors, as every command's (the ``{"error": ...}`` object, exit 2); "invalid"
+    is left for a file that is there and fails its checks."""
+    missing = tmp_path / "nope.pte"
+    job = tmp_path / "job.toml"
+    job.write_text(f'destination = "{tmp_path}/{{device}}.pte"\n[devices.d]\n')
+    cases = [
+        (["verify", str(missing)], "ObjectNotFound", f"{missing}: no such file"),
+        (
+            ["verify", str(artifact), "--range", "x"],
+            "ConfigurationError",
+            "byte range 'x': expected START:END (bytes, END exclusive), e.g. 0:4194304",
+        ),
+        (
+            ["verify", str(artifact), "--job", str(job), "--device-option", "k=v"],
+            "ConfigurationError",
+            "--device-option cannot be given with --job (the job file has the options)",
+        ),
+        (
+            ["verify", str(artifact), "--source", str(missing)],
+            "ObjectNotFound",
+            f"{missing}: no such file",
+        ),
+    ]
+    for argv, kind, message in cases:
+        assert main([*argv, "--json"]) == 2, argv
+        out, err = capsys.readouterr()
+        error = json.loads(out)["error"]
+        assert (error["type"], error["message"], error["exit_code"]) == (kind, message, 2)
+        assert err.splitlines()[0] == f"ptestore verify: error: {message}"
+        assert main(argv) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err.splitlines()[0] == f"ptestore verify: error: {message}"
 
 
 def test_cli_exit_codes_and_json(
@@ -132,8 +177,8 @@ def test_cli_exit_codes_and_json(
     err = capsys.readouterr().err
     assert err.startswith(f"{artifact}: stale: source.sha256: the artifact was made from")
     assert main(["verify", str(tmp_path / "none.pte"), "--json"]) == 2
-    shown = json.loads(capsys.readouterr().out)
-    assert shown["status"] == "invalid" and shown["exit_code"] == 2
+    shown = json.loads(capsys.readouterr().out)  # an error, as every command's
+    assert (shown["error"]["type"], shown["error"]["exit_code"]) == ("ObjectNotFound", 2)
     # Without a device profile (only --job gives its options) this backend cannot
     # confirm the SoC, and says so.
     assert main(["verify", str(artifact), "--backend", SPEC, "--json"]) == 1
@@ -370,13 +415,16 @@ def test_json_says_the_reason_of_a_failed_verdict_on_stderr_too(
     """``verify --json`` printed a failed verdict's report on stdout and nothing on
     stderr, unlike the text output and every other command's ``--json`` (whose one-line
     message stays on stderr): its lines are on stderr now, as without ``--json``."""
-    missing = tmp_path / "none.pte"
-    assert main(["verify", str(missing), "--json"]) == 2
+    damaged = tmp_path / "damaged.pte"
+    data = bytearray(artifact.read_bytes())
+    data[4:8] = b"XXXX"  # the container's file identifier
+    damaged.write_bytes(bytes(data))
+    assert main(["verify", str(damaged), "--json"]) == 2
     out, err = capsys.readouterr()
     shown = json.loads(out)
-    assert (shown["status"], shown["error"]) == ("invalid", f"{missing}: no such file")
-    assert err == f"{missing}: invalid: {missing}: no such file\n"
-    assert main(["verify", str(missing)]) == 2
+    assert shown["status"] == "invalid" and "file identifier" in shown["error"]
+    assert err == f"{damaged}: invalid: {shown['error']}\n"
+    assert main(["verify", str(damaged)]) == 2
     assert capsys.readouterr() == ("", err)  # the same line as the text output's
     # stale: one line per finding, as the text output
     assert CONV.pte_path is not None

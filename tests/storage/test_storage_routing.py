@@ -150,9 +150,9 @@ def test_an_option_no_side_takes_is_refused_alike_by_all_three() -> None:
     assert str(info.value).startswith(
         f"<job>: storage_options: {expected}{src}, {fleet_dst} (accepted: ["
     )
-    verdict = ptestore.verify(dst, source=src, storage_options=options)
-    assert verdict.status == "invalid"
-    assert (verdict.error or "").startswith(f"{expected}{src}, {dst} (accepted: [")
+    with pytest.raises(ptestore.ConfigurationError) as info:  # raised, as the others do
+        ptestore.verify(dst, source=src, storage_options=options)
+    assert str(info.value).startswith(f"{expected}{src}, {dst} (accepted: [")
     fs = fsspec.filesystem("memory")
     assert not fs.exists("/routing-bad/front/mlp.pte")
     assert not fs.exists("/routing-bad/fleet/d/mlp.pte")
@@ -180,8 +180,9 @@ def test_options_for_a_run_on_local_files_only_are_refused(
     assert main(argv) == 2 and not Path(dst).exists()
     assert f"storage options ['endpoint_url'] {why} ({src}, {dst})" in capsys.readouterr().err
     ptestore.specialize(src, dst, backends=[SPEC])
-    verdict = ptestore.verify(dst, storage_options={"anon": True})
-    assert verdict.status == "invalid" and why in (verdict.error or "")
+    with pytest.raises(ptestore.ConfigurationError) as info:
+        ptestore.verify(dst, storage_options={"anon": True})
+    assert why in str(info.value)
     assert main(["verify", dst, "-o", "anon=true"]) == 2
     assert f"storage options ['anon'] {why} ({dst})" in capsys.readouterr().err
     # a job with a local pair and a remote one: checked as a whole, then pair by pair

@@ -40,13 +40,33 @@ def test_if_match_through_a_symbolic_link_is_refused(tmp_path: Path) -> None:
         f"{link}: is a symbolic link (to {target}); publish(mode='if-match') compares and "
         "replaces the file at the path it is given: publish to the file's own path instead"
     )
-    assert a.state is WriterState.DISCARDED
+    # A ConfigurationError at publish, as at write: the writer stays open (it discarded
+    # itself, against docs/storage.md), its staging file there until it is discarded.
+    assert a.state is WriterState.OPEN
     assert link.is_symlink() and target.read_bytes() == b"v0"
+    assert len(staging_files(tmp_path)) == 1
+    a.discard()
     assert staging_files(tmp_path) == []
     b = LocalFileWriter(target)  # through the file's own path: the compare-and-swap
     b.write(b"v1 from b", 0)
     b.publish("if-match", expected=read.version)
     assert link.is_symlink() and link.read_bytes() == b"v1 from b"
+
+
+def test_a_writer_refused_as_bad_input_at_publish_can_publish_otherwise(tmp_path: Path) -> None:
+    """Kept open after the refusal, the writer publishes what it staged with a mode that
+    applies (``overwrite`` replaces the link itself, as ``mv`` does)."""
+    target, link = tmp_path / "target.json", tmp_path / "link.json"
+    target.write_bytes(b"v0")
+    link.symlink_to(target)
+    w = LocalFileWriter(link)
+    w.write(b"staged once", 0)
+    with pytest.raises(ConfigurationError, match="is a symbolic link"):
+        w.publish("if-match", expected=read_versioned(str(link)).version)
+    w.publish("overwrite")
+    assert w.state is WriterState.PUBLISHED
+    assert not link.is_symlink() and link.read_bytes() == b"staged once"
+    assert target.read_bytes() == b"v0" and staging_files(tmp_path) == []
 
 
 def test_the_lock_file_is_never_opened_through_a_symbolic_link(tmp_path: Path) -> None:
