@@ -37,12 +37,12 @@ from typing import TYPE_CHECKING, Any
 
 from .._dataclass import dataclass, field
 from ..backends.compat import Compatibility, DeviceProfile
-from ..errors import BackendError, ConfigurationError, FormatError, ObjectNotFound, PteStoreError
+from ..errors import BackendError, ConfigurationError, FormatError, PteStoreError
 
 if TYPE_CHECKING:
     from ..backends.api import BackendInterface
 
-__all__ = ["NO_OPINION", "Choice", "combine", "ptd_entry_of", "select", "select_from"]
+__all__ = ["NO_OPINION", "Choice", "combine", "select", "select_from"]
 
 #: The rating of a backend that has no compatibility check (or is not installed here).
 NO_OPINION = "no_opinion"
@@ -379,52 +379,3 @@ def _packed_for(packed: object, cpu: str | None) -> dict[str, Any] | None:
 
         cpu = cpu_fingerprint()
     return packed if packed.get("cpu") == cpu else None
-
-
-def ptd_entry_of(url: str, options: dict[str, Any]) -> dict[str, Any] | None:
-    """What the .ptd of the artifact at ``url`` must be (an index entry), when its
-    record names one: the one beside it, else the one stored by content above it. One
-    beside it that is not the record's (one an earlier version wrote per device beside
-    a fleet's .pte) does not hide the copy stored by content."""
-    from ..provenance import read_provenance
-    from ..storage.loaders import open_loader
-    from ..storage.routing import options_for_loader
-    from .index_entry import artifact_entry, shared_entry
-    from .job import ptd_beside
-    from .shared import SHARED_DIR, locate_shared
-
-    loader = open_loader(url, **options_for_loader(url, options))
-    try:
-        prov = read_provenance(loader)
-    finally:
-        loader.close()
-    if prov is None or prov.ptd_output is None:
-        return None
-    beside = ptd_beside(url)
-    found = locate_shared(url, prov.ptd_output.sha256, lambda u: _exists(u, options))
-    if _exists(beside, options):
-        try:
-            entry = artifact_entry(beside, options)[0]
-        except FormatError:  # no trailer: only the copy stored by content can say
-            if found is None:
-                raise
-        else:
-            if entry["sha256"] == prov.ptd_output.sha256 or found is None:
-                return entry
-    if found is None:
-        raise ObjectNotFound(
-            f"{url}: its record names a .ptd ({prov.ptd_output.sha256}); there is none at "
-            f"{beside}, nor in a {SHARED_DIR}/ directory above it"
-        )
-    return shared_entry(found, prov.ptd_output)
-
-
-def _exists(url: str, options: dict[str, Any]) -> bool:
-    from ..storage.loaders import open_loader
-    from ..storage.routing import options_for_loader
-
-    try:
-        open_loader(url, **options_for_loader(url, options)).close()
-    except ObjectNotFound:
-        return False
-    return True
