@@ -42,10 +42,21 @@ from ..errors import BackendError, ConfigurationError, FormatError, PteStoreErro
 if TYPE_CHECKING:
     from ..backends.api import BackendInterface
 
-__all__ = ["NO_OPINION", "Choice", "combine", "select", "select_from"]
+__all__ = [
+    "MAX_REASONS",
+    "NO_OPINION",
+    "Choice",
+    "combine",
+    "select",
+    "select_from",
+]
 
 #: The rating of a backend that has no compatibility check (or is not installed here).
 NO_OPINION = "no_opinion"
+#: How many candidates the reason of a fallback to the portable source explains at most,
+#: each cut to :data:`~ptestore._text.REPORT_CHARS` characters (``candidates`` has them
+#: all, whole).
+MAX_REASONS = 8
 
 _RANK = {
     Compatibility.OPTIMAL.value: 3,
@@ -94,6 +105,9 @@ class Choice:
     #: device given by name, those the index records for that name (not in
     #: :meth:`to_dict`; ``ensure`` keys and specializes with them).
     device_options: dict[str, Any] = field(default_factory=dict)
+    #: Kinds of build past the first :data:`~.index_view.MAX_CLASSES` of a sharded
+    #: index's catalog: not rated.
+    unrated: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -109,6 +123,7 @@ class Choice:
             "xnnpack": self.xnnpack,
             "index_read": self.index_read,
             "unlisted_candidates": self.unlisted,
+            "unrated_builds": self.unrated,
         }
 
 
@@ -306,9 +321,14 @@ def select_from(
         options = None if mine is None else mine.get("device_options")
         device = DeviceProfile(device, options or {})
     raters = _Raters()
-    rated = [
-        (e, *_rate(_checked(e, view.source(e, where)), device, raters, by_name)) for e in entries
-    ]
+    # The stand-ins of a class share its stamps (one list): rated once (index_view)
+    once: dict[int, tuple[str, str, bool]] = {}
+    rated = []
+    for e in entries:
+        key = id(e["compatibility"]) if id(e) in view.stand_ins else id(e)
+        if key not in once:
+            once[key] = _rate(_checked(e, view.source(e, where)), device, raters, by_name)
+        rated.append((e, *once[key]))
     candidates = [
         {"made_for": e.get("device"), "rating": r, "eligible": ok, "reason": why}
         for e, r, why, ok in rated
@@ -339,6 +359,7 @@ def select_from(
             None if read is None else read.to_dict(),
             view.unlisted,
             dict(device.options),
+            view.unrated,
         )
     first = next((f for f in map(view.resolve, entries) if f is not None), None)
     if first is None:
@@ -349,7 +370,6 @@ def select_from(
             "--repair"
         )
     _checked(first, view.source(first, where), "source", "ptd_source")
-    why_not = "; ".join(f"{c['made_for']}: {c['reason']}" for c in candidates)
     return Choice(
         model,
         device.name,
@@ -358,7 +378,7 @@ def select_from(
         None if first.get("ptd_source") is None else dict(first["ptd_source"]),
         None,
         f"no artifact of {model!r} fits {device.name!r} "
-        f"({why_not}): "
+        f"({_why_not(candidates, view.unrated)}): "
         "falling back to the portable source",
         None,
         candidates,
@@ -366,7 +386,23 @@ def select_from(
         None if read is None else read.to_dict(),
         view.unlisted,
         dict(device.options),
+        view.unrated,
     )
+
+
+def _why_not(candidates: list[dict[str, Any]], unrated: int) -> str:
+    """Why each candidate was refused, for the reason of a fallback: the first
+    :data:`MAX_REASONS`, each cut to :data:`~ptestore._text.REPORT_CHARS` characters
+    (whatever the index's catalog holds, the reason is a line)."""
+    from .._text import clipped
+    from .index_view import MAX_CLASSES
+
+    said = [clipped(f"{c['made_for']}: {c['reason']}") for c in candidates[:MAX_REASONS]]
+    if len(candidates) > MAX_REASONS:
+        said.append(f"and {len(candidates) - MAX_REASONS} more")
+    if unrated:
+        said.append(f"{unrated} kinds of build past the first {MAX_CLASSES} not rated")
+    return "; ".join(said)
 
 
 def _packed_for(packed: object, cpu: str | None) -> dict[str, Any] | None:
