@@ -310,8 +310,10 @@ def dest_lock(target: str, others: Iterable[str] = ()) -> Iterator[None]:
 
 def check_pair(files: list[dict[str, Any]], target: str) -> None:
     """The .pte's record names its .ptd by SHA-256: the .ptd downloaded beside it must
-    be that one (checked before either is published). The .pte is the file at
-    ``target``, the .ptd the other (by role, not by how the names end)."""
+    be that one, and a .pte whose record names none takes none (checked before either
+    is published). The .pte is the file at ``target``, the .ptd the other (by role, not
+    by how the names end). A .pte without a record (the portable source) is taken with
+    the .ptd the index names."""
     from ..provenance import read_provenance
 
     pte = next(f for f in files if f["path"] == target)
@@ -325,6 +327,12 @@ def check_pair(files: list[dict[str, Any]], target: str) -> None:
         loader.close()
     named = None if prov is None or prov.ptd_output is None else prov.ptd_output
     if named is None:
+        if prov is not None and ptd is not None:
+            raise IntegrityError(
+                f"{ptd['url']}: is not a .ptd {pte['url']} was made with: the .pte's record "
+                "names no .ptd (it was made without one); not published",
+                published=False,
+            )
         return
     if ptd is None:
         raise IntegrityError(
