@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from ..coordinator.report import Event
     from ..fleet.chunked import FetchEvent
     from ..fleet.select import Choice
+    from ..provenance import Provenance
     from ..xnnpack import CacheFile
     from .artifact import Artifact
 
@@ -316,11 +317,11 @@ def offline_entry(
     return replace(made, choice={**(made.choice or {}), "offline": reason})
 
 
-def check_source(index: str, choice: Choice, made: Artifact) -> None:
+def check_source(index: str, choice: Choice, prov: Provenance | None) -> None:
     """The portable source specialized for ``choice`` is the one the index records: its
-    SHA-256 (and its .ptd's) as the artifact's provenance names it (no extra read: the
-    run hashed the source for its record, and a hit keeps that record)."""
-    prov = made.provenance
+    SHA-256 (and its .ptd's) as the artifact's provenance ``prov`` names it (no extra
+    read: the run hashed the source for its record, and a hit keeps that record).
+    Checked before a make publishes its entry (:mod:`.from_index`), and on a hit."""
     pairs = [("source", choice.pte, None if prov is None else prov.source)]
     if choice.ptd is not None:
         pairs.append((".ptd source", choice.ptd, None if prov is None else prov.ptd_source))
