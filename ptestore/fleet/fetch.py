@@ -309,6 +309,7 @@ def fetch(
             indexed=choice is not None,
             base_dirs=[os.path.dirname(absolute_path(b)) for b in pte_bases],
             events=events,
+            malformed=None if choice is None else choice.xnnpack_error,
         )
     return result
 

@@ -108,6 +108,10 @@ class Choice:
     #: Kinds of build past the first :data:`~.index_view.MAX_CLASSES` of a sharded
     #: index's catalog: not rated.
     unrated: int = 0
+    #: Why the artifact's packed-weight field for this CPU is not reported: malformed
+    #: (:func:`.packed_field.check_field`; ``fetch`` and ``ensure`` treat it as a
+    #: delivery that failed).
+    xnnpack_error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -124,6 +128,7 @@ class Choice:
             "index_read": self.index_read,
             "unlisted_candidates": self.unlisted,
             "unrated_builds": self.unrated,
+            "xnnpack_error": self.xnnpack_error,
         }
 
 
@@ -200,7 +205,7 @@ def _checked(entry: dict[str, Any], source: str, *roles: str) -> dict[str, Any]:
     """``entry`` (read from ``source``) when the fields ``select`` uses are sound: its
     stamps a list of objects and each of ``roles`` an object with a ``url`` (the ``ptd``
     ones may be null), else :class:`FormatError` naming the entry and field."""
-    name = f"entry {entry.get('model')}/{entry.get('device')}"
+    name = _name(entry)
     stamps = entry.get("compatibility")
     if stamps is not None and (
         not isinstance(stamps, list) or not all(isinstance(x, dict) for x in stamps)
@@ -345,6 +350,7 @@ def select_from(
             c["eligible"] = False
             c["reason"] = f"{c['reason']}; changed in the index while it was read (not used)"
             continue
+        packed, packed_error = _packed_for(full, cpu, view.source(full, where))
         return Choice(
             model,
             device.name,
@@ -355,11 +361,12 @@ def select_from(
             f"made for {full.get('device')!r}: {why}",
             full.get("device"),
             candidates,
-            _packed_for(full.get("xnnpack"), cpu),
+            packed,
             None if read is None else read.to_dict(),
             view.unlisted,
             dict(device.options),
             view.unrated,
+            packed_error,
         )
     first = next((f for f in map(view.resolve, entries) if f is not None), None)
     if first is None:
@@ -405,13 +412,30 @@ def _why_not(candidates: list[dict[str, Any]], unrated: int) -> str:
     return "; ".join(said)
 
 
-def _packed_for(packed: object, cpu: str | None) -> dict[str, Any] | None:
+def _packed_for(
+    entry: dict[str, Any], cpu: str | None, source: str
+) -> tuple[dict[str, Any] | None, str | None]:
     """An entry's packed-weight field when it was made for ``cpu`` (None: this
-    machine's CPU fingerprint)."""
-    if not isinstance(packed, dict):
-        return None
-    if cpu is None:
-        from ..xnnpack.identity import cpu_fingerprint
+    machine's CPU fingerprint), checked (read from ``source``); a malformed one is
+    not reported: ``(None, why)``."""
+    packed = entry.get("xnnpack")
+    if packed is None:
+        return None, None
+    if isinstance(packed, dict):  # (not an object: malformed, whatever CPU it is for)
+        if cpu is None:
+            from ..xnnpack.identity import cpu_fingerprint
 
-        cpu = cpu_fingerprint()
-    return packed if packed.get("cpu") == cpu else None
+            cpu = cpu_fingerprint()
+        if packed.get("cpu") != cpu:
+            return None, None
+    from .packed_field import check_field
+
+    try:
+        return check_field(packed, source, _name(entry)), None
+    except FormatError as exc:
+        return None, str(exc)
+
+
+def _name(entry: dict[str, Any]) -> str:
+    """How a message names ``entry``: ``entry MODEL/DEVICE``."""
+    return f"entry {entry.get('model')}/{entry.get('device')}"
