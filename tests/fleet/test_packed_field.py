@@ -3,8 +3,8 @@ where it is read (``select``), a malformed one for this CPU never reported, and 
 by ``fetch --xnnpack-cache`` and ``ensure --xnnpack-cache`` as a delivery that failed
 (``fetch``: an error saying the pair was published; ``ensure``: the file made here, as
 docs/device.md says, on the first call and found on the next). Also a url naming a
-directory. A version 2 index written here around a real specialized pair; the real
-runtime makes the files."""
+directory, and the fleet's refusal printed by ``ensure`` escaped. A version 2 index
+written here around a real specialized pair; the real runtime makes the files."""
 
 from __future__ import annotations
 
@@ -207,3 +207,23 @@ def test_ensure_makes_the_file_here_when_the_index_s_cannot_be_delivered(
     assert main(argv) == 0  # and a hit: found
     again = json.loads(capsys.readouterr().out)
     assert (again["xnnpack_from"], again["xnnpack_cache"]) == ("found", made["xnnpack_cache"])
+
+
+@pytest.mark.interop
+@needs_runtime
+def test_ensure_prints_the_fleet_s_refusal_escaped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The index's ``refused`` is its words: printed as one printable line (an escape
+    sequence or a carriage return reached the terminal raw)."""
+    index, _, _ = _index(
+        tmp_path, url=None, size=None, sha256=None, refused="crashed\x1b[2J\rall is well"
+    )
+    argv = ["ensure", str(index), "--cache-dir", str(tmp_path / "cache"), "--model", "m"]
+    assert main([*argv, "--device", "a", "--xnnpack-cache"]) == 0
+    err = capsys.readouterr().err
+    assert (
+        "no XNNPACK packed-weight file: crashed\\x1b[2J\\rall is well (refused by the "
+        "fleet's runtime)\n"
+    ) in err
+    assert "\x1b" not in err and "\r" not in err
