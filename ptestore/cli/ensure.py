@@ -14,6 +14,7 @@ import re
 import sys
 from typing import Any
 
+from .._text import printable
 from ..errors import ConfigurationError
 from .exits import EXIT_OK, guarded
 from .options import (
@@ -215,8 +216,9 @@ def run_ensure(args: argparse.Namespace) -> int:
             print(artifact.ptd)
         if artifact.xnnpack_cache is not None:
             print(artifact.xnnpack_cache)
-        elif artifact.xnnpack_refused is not None:
-            print(f"no XNNPACK packed-weight file: {artifact.xnnpack_refused}", file=sys.stderr)
+        elif artifact.xnnpack_refused is not None:  # the index's words: one printable line
+            refused = printable(artifact.xnnpack_refused)
+            print(f"no XNNPACK packed-weight file: {refused}", file=sys.stderr)
     return EXIT_OK
 
 

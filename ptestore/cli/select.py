@@ -119,6 +119,8 @@ def run_select(args: argparse.Namespace) -> int:
             if packed.get("url")
             else f"refused by the fleet's runtime: {packed.get('refused')}"
         )
+    elif choice.xnnpack_error is not None:  # for this CPU, malformed: not reported
+        text += f"\nxnnpack: not used: {choice.xnnpack_error}"
     _print(args, choice.to_dict(), text)
     return EXIT_OK
 

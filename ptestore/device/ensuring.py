@@ -31,7 +31,7 @@ from .artifact import (
     said_unchanged,
     warn_unchanged,
 )
-from .cache import CacheLayout, read_manifest
+from .cache import CacheLayout, read_manifest, remove_entry_locked
 from .entryfiles import clean_entry_locked, remove_foreign
 from .keys import backend_fingerprint, device_fingerprint, entry_key, location, source_identity
 
@@ -53,6 +53,7 @@ from .packed import check_packed_args
 if TYPE_CHECKING:
     from ..backends.registry import BackendLike
     from ..coordinator.report import Event
+    from ..provenance import Provenance
 
 __all__ = ["Artifact", "ensure", "entry_key", "source_identity"]
 
@@ -72,29 +73,6 @@ def _check_args(
         raise ConfigurationError(
             f"device must be a DeviceProfile or None, got {type(device).__name__}"
             + (" (a name alone only with an index, model=)" if isinstance(device, str) else "")
-        )
-
-
-def _check_index_args(
-    src: str, model: str | None, ptd: str | None, in_place: bool, provenance: bool
-) -> None:
-    if model is None:
-        raise ConfigurationError(
-            f"{src}: a job index needs model= (CLI: --model NAME) and device= (--device NAME)"
-        )
-    if not src.endswith(".json"):
-        raise ConfigurationError(
-            f"{src}: model={model!r} names a model of a job index (a .json such as "
-            "ptestore-index.json); this source is not one"
-        )
-    if ptd is not None:
-        raise ConfigurationError(f"{src}: ptd= does not apply to an index (it names the .ptd)")
-    if in_place:
-        raise ConfigurationError(f"{src}: in_place=True does not apply to an index")
-    if not provenance:
-        raise ConfigurationError(
-            f"{src}: provenance=False does not apply to an index: its artifacts carry the "
-            "trailers the index names (and the download is checked against them)"
         )
 
 
@@ -244,7 +222,9 @@ def ensure(
             "(model=): a local copy of the model's portable source to fetch from"
         )
     if from_index:
-        _check_index_args(src, model, ptd_src, in_place, provenance)
+        from .from_index import check_index_args, ensure_from_index
+
+        check_index_args(src, model, ptd_src, in_place, provenance)
         assert model is not None
         local = None if portable is None else file_path(portable)
         if portable is not None and (local is None or not os.path.isfile(local)):
@@ -253,7 +233,6 @@ def ensure(
                 "copy of the model's portable source for the download to take chunks from)"
             )
         from ..fleet.index_store import check_index_options
-        from .from_index import ensure_from_index
 
         # Before the index is read; a local one's options reach the files it names
         # (checked once it is read: ensure_from_index).
@@ -316,13 +295,16 @@ def _ensure_copy(
     provenance: bool = True,
     progress: Callable[[Event], None] | None = None,
     storage_options: Mapping[str, Any] | None = None,
+    accept: Callable[[Provenance | None], None] | None = None,
 ) -> Artifact:
     """``ensure(src)`` once its arguments are checked: the copy of ``src`` (and ``ptd``)
     specialized into the cache, or the entry made before. ``storage_options`` are those
     of ``ensure(index, ...)`` whose portable source this is (:mod:`.from_index`): they
     reach the source and its .ptd wherever they are read (their identity, the run), as
     routed to each (:func:`~ptestore.storage.routing.options_for_loader`: none to a
-    local file); the public ``ensure`` of a source takes none."""
+    local file); the public ``ensure`` of a source takes none. ``accept(provenance)``
+    raises to refuse what a make made, before its entry is published (the entry is
+    removed, no other evicted)."""
     from ..journal import recover_if_local
 
     recover_if_local(src)  # an interrupted in-place run of the source: finish it first
@@ -351,7 +333,7 @@ def _ensure_copy(
         max_bytes,
         lambda: lookup(layout, key, fingerprint),
         lambda: _make(
-            layout, key, fingerprint, src, ptd, backends, device, provenance, relay, common
+            layout, key, fingerprint, src, ptd, backends, device, provenance, relay, common, accept
         ),
     )
     if relay is not None:
@@ -372,6 +354,7 @@ def _make(
     provenance: bool = True,
     progress: Callable[[Event], None] | None = None,
     storage_options: dict[str, Any] | None = None,
+    accept: Callable[[Provenance | None], None] | None = None,
 ) -> Artifact:
     from ..coordinator import specialize
     from ..provenance.stamp import ProvenanceRequest
@@ -421,6 +404,12 @@ def _make(
         prov = read_provenance(loader)
     finally:
         loader.close()
+    if accept is not None:
+        try:
+            accept(prov)
+        except BaseException:  # refused: no entry of it (nor the stale one it replaced)
+            remove_entry_locked(layout, key)
+            raise
     names = {"pte": PTE_NAME} if ptd_dst is None else {"pte": PTE_NAME, "ptd": PTD_NAME}
     manifest = Manifest.of(
         key=key,

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .._dataclass import replace
-from ..errors import IntegrityError, PermissionDenied, StorageError
+from ..errors import ConfigurationError, IntegrityError, PermissionDenied, StorageError
 from .artifact import Artifact, artifact_of, hit_or_make, lookup
 from .cache import CacheLayout
 from .entryfiles import clean_entry_locked
@@ -23,9 +23,35 @@ if TYPE_CHECKING:
     from ..backends.registry import BackendLike
     from ..coordinator.report import Event
 
-__all__ = ["ensure_from_index"]
+__all__ = ["check_index_args", "ensure_from_index"]
 
 PathOrUrl = str | os.PathLike[str]
+
+
+def check_index_args(
+    src: str, model: str | None, ptd: str | None, in_place: bool, provenance: bool
+) -> None:
+    """The arguments of ``ensure(index, ...)`` that apply to an index: ``model``, and
+    none of ``ptd``, ``in_place``, ``provenance=False``; else a
+    :class:`~ptestore.errors.ConfigurationError`."""
+    if model is None:
+        raise ConfigurationError(
+            f"{src}: a job index needs model= (CLI: --model NAME) and device= (--device NAME)"
+        )
+    if not src.endswith(".json"):
+        raise ConfigurationError(
+            f"{src}: model={model!r} names a model of a job index (a .json such as "
+            "ptestore-index.json); this source is not one"
+        )
+    if ptd is not None:
+        raise ConfigurationError(f"{src}: ptd= does not apply to an index (it names the .ptd)")
+    if in_place:
+        raise ConfigurationError(f"{src}: in_place=True does not apply to an index")
+    if not provenance:
+        raise ConfigurationError(
+            f"{src}: provenance=False does not apply to an index: its artifacts carry the "
+            "trailers the index names (and the download is checked against them)"
+        )
 
 
 def ensure_from_index(
@@ -86,6 +112,8 @@ def ensure_from_index(
     if choice.kind == "source":
         # Read with the index's options, as routed to each of its URLs (its store's
         # endpoint and credentials; none to a local file): its identity, the hit, the run.
+        # A source that is not the index's is refused before its entry is published
+        # (nothing kept, nothing evicted for it), and on a hit.
         made = ensure(
             str(choice.pte["url"]),
             cache_dir=cache_dir,
@@ -95,8 +123,9 @@ def ensure_from_index(
             max_bytes=max_bytes,
             progress=progress,
             storage_options=opts,
+            accept=lambda prov: check_source(index, choice, prov),
         )
-        check_source(index, choice, made)
+        check_source(index, choice, made.provenance)
         return replace(made, choice=choice.to_dict())
     layout = CacheLayout(cache_dir)
     layout.create()

@@ -39,10 +39,11 @@ from ..errors import (
     FormatError,
     IntegrityError,
     PartialPublish,
+    PteStoreError,
     StorageError,
 )
 from ..storage.types import StorageURL
-from .cache import CacheLayout, files_intact, read_manifest, touch
+from .cache import MANIFEST, CacheLayout, files_intact, read_manifest, touch
 from .entryfiles import check_entry_dir
 from .manifest import PTE_NAME, Manifest, as_json, file_records
 
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
     from ..coordinator.report import Event
     from ..fleet.chunked import FetchEvent
     from ..fleet.select import Choice
+    from ..provenance import Provenance
     from ..xnnpack import CacheFile
     from .artifact import Artifact
 
@@ -316,11 +318,11 @@ def offline_entry(
     return replace(made, choice={**(made.choice or {}), "offline": reason})
 
 
-def check_source(index: str, choice: Choice, made: Artifact) -> None:
+def check_source(index: str, choice: Choice, prov: Provenance | None) -> None:
     """The portable source specialized for ``choice`` is the one the index records: its
-    SHA-256 (and its .ptd's) as the artifact's provenance names it (no extra read: the
-    run hashed the source for its record, and a hit keeps that record)."""
-    prov = made.provenance
+    SHA-256 (and its .ptd's) as the artifact's provenance ``prov`` names it (no extra
+    read: the run hashed the source for its record, and a hit keeps that record).
+    Checked before a make publishes its entry (:mod:`.from_index`), and on a hit."""
     pairs = [("source", choice.pte, None if prov is None else prov.source)]
     if choice.ptd is not None:
         pairs.append((".ptd source", choice.ptd, None if prov is None else prov.ptd_source))
@@ -358,15 +360,28 @@ def packed_from_index(
     one here. The entry's packed-weight files of the artifact it held before (kept when
     it was fetched again) are the delivery's bases: only the chunks they do not hold are
     downloaded (:mod:`ptestore.fleet.packed_chunks`); ``moved`` counts the bytes by
-    where they came from (``store``, ``base``, ``part``)."""
-    from .._log import get_logger
-    from ..fleet.packed import deliver, identity_claimed, runtime_build
+    where they came from (``store``, ``base``, ``part``). A field ``select`` found
+    malformed (``choice["xnnpack_error"]``), or one an entry's manifest recorded before
+    its form was checked (:func:`~ptestore.fleet.packed_field.check_field`), is a
+    delivery that failed: logged, and made here."""
+    from ..fleet.packed import deliver
     from ..fleet.packed_chunks import packed_bases
+    from ..fleet.packed_field import check_field, identity_claimed, runtime_build
     from ..xnnpack.identity import cpu_fingerprint
     from ..xnnpack.refusal import transient_reason
 
-    field = (artifact.choice or {}).get("xnnpack")
-    if not isinstance(field, dict):
+    choice = artifact.choice or {}
+    field, problem = choice.get("xnnpack"), choice.get("xnnpack_error")
+    if problem is None and field is not None:  # a manifest's, recorded unchecked
+        entry = f"entry {choice.get('model')}/{choice.get('made_for')}"
+        try:
+            field = check_field(field, os.path.join(directory, MANIFEST), entry)
+        except FormatError as exc:
+            problem = str(exc)
+    if problem is not None:
+        _not_used(artifact, str(problem))
+        return None, None
+    if field is None:
         return None, None
     build = runtime_build()
     if field.get("cpu") != cpu_fingerprint() or build is None or field.get("executorch") != build:
@@ -391,10 +406,18 @@ def packed_from_index(
             bases=packed_bases([directory]),
             events=None if moved is None else lambda e: _count(moved, e.origin, e.nbytes),
         ), None
-    except (IntegrityError, StorageError) as exc:
-        get_logger("ptestore.device").warning(
-            "%s: the fleet's XNNPACK packed-weight file was not used (%s); making one here",
-            artifact.pte,
-            exc,
-        )
+    except PteStoreError as exc:  # checks, the store, a url naming a directory
+        _not_used(artifact, str(exc))
         return None, None
+
+
+def _not_used(artifact: Artifact, why: str) -> None:
+    """Log that the fleet's packed-weight file of ``artifact`` is not used (``why``):
+    one is made here."""
+    from .._log import get_logger
+
+    get_logger("ptestore.device").warning(
+        "%s: the fleet's XNNPACK packed-weight file was not used (%s); making one here",
+        artifact.pte,
+        why,
+    )

@@ -72,15 +72,17 @@ from .fetch_checks import (
     check_dest,
     check_entry,
     check_options,
+    check_pair,
     check_paths,
     check_pinned,
     check_room_for,
     dest_lock,
     named,
 )
+from .index_entry import ptd_entry_of
 from .job import ptd_beside
 from .ranged import PinnedReader, pinned_attempts
-from .select import Choice, ptd_entry_of, select_from
+from .select import Choice, select_from
 from .whole import download_whole
 
 if TYPE_CHECKING:
@@ -227,37 +229,6 @@ def _publish(got: dict[str, Any]) -> None:
         pass
 
 
-def _check_pair(files: list[dict[str, Any]], target: str) -> None:
-    """The .pte's record names its .ptd by SHA-256: the .ptd downloaded beside it must
-    be that one (checked before either is published). The .pte is the file at
-    ``target``, the .ptd the other (by role, not by how the names end)."""
-    from ..provenance import read_provenance
-
-    pte = next(f for f in files if f["path"] == target)
-    ptd = next((f for f in files if f["path"] != target), None)
-    loader = LocalFileLoader(pte["path"] + ".part")
-    try:
-        prov = read_provenance(loader)
-    except FormatError as exc:
-        raise IntegrityError(f"{pte['url']}: {exc}", published=False) from exc
-    finally:
-        loader.close()
-    named = None if prov is None or prov.ptd_output is None else prov.ptd_output
-    if named is None:
-        return
-    if ptd is None:
-        raise IntegrityError(
-            f"{pte['url']}: its record names a .ptd ({named.sha256}) and none was given",
-            published=False,
-        )
-    if ptd["sha256"] != named.sha256:
-        raise IntegrityError(
-            f"{ptd['url']}: is not the .ptd {pte['url']} was made with: its bytes have "
-            f"{ptd['sha256']}, the .pte's record names {named.sha256}",
-            published=False,
-        )
-
-
 def _discard_parts(files: list[dict[str, Any]]) -> None:
     for f in files:
         discard_part(str(f["path"]))
@@ -338,6 +309,7 @@ def fetch(
             indexed=choice is not None,
             base_dirs=[os.path.dirname(absolute_path(b)) for b in pte_bases],
             events=events,
+            malformed=None if choice is None else choice.xnnpack_error,
         )
     return result
 
@@ -414,7 +386,7 @@ def _download_all(
             for b in bases:
                 b.close()
     try:
-        _check_pair(result.files, target)
+        check_pair(result.files, target)
     except IntegrityError:
         _discard_parts(result.files)
         raise

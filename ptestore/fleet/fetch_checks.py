@@ -17,6 +17,9 @@ entry says.
 - the destination's directory made and ``DEST.part.lock`` taken (:func:`dest_lock`):
   a failure there a :class:`~ptestore.errors.StorageError` naming the path.
 
+Once every file is downloaded, before any is published: the pair's binding
+(:func:`check_pair`).
+
 An entry comes from an index, or, for a URL fetched directly, from what fetch read of
 the object's trailer first (``want["named_by"]``: ``"trailer"``; ``"record"`` for a
 ``.ptd`` stored by content, which the ``.pte``'s record names): :func:`named` says which
@@ -53,6 +56,7 @@ __all__ = [
     "check_dest",
     "check_entry",
     "check_options",
+    "check_pair",
     "check_paths",
     "check_pinned",
     "check_room_for",
@@ -302,3 +306,42 @@ def dest_lock(target: str, others: Iterable[str] = ()) -> Iterator[None]:
                     exc, f"{lock}: cannot lock the fetch into {target}: {strerror(exc)}"
                 ) from exc
         yield
+
+
+def check_pair(files: list[dict[str, Any]], target: str) -> None:
+    """The .pte's record names its .ptd by SHA-256: the .ptd downloaded beside it must
+    be that one, and a .pte whose record names none takes none (checked before either
+    is published). The .pte is the file at ``target``, the .ptd the other (by role, not
+    by how the names end). A .pte without a record (the portable source) is taken with
+    the .ptd the index names."""
+    from ..provenance import read_provenance
+
+    pte = next(f for f in files if f["path"] == target)
+    ptd = next((f for f in files if f["path"] != target), None)
+    loader = LocalFileLoader(pte["path"] + ".part")
+    try:
+        prov = read_provenance(loader)
+    except FormatError as exc:
+        raise IntegrityError(f"{pte['url']}: {exc}", published=False) from exc
+    finally:
+        loader.close()
+    named = None if prov is None or prov.ptd_output is None else prov.ptd_output
+    if named is None:
+        if prov is not None and ptd is not None:
+            raise IntegrityError(
+                f"{ptd['url']}: is not a .ptd {pte['url']} was made with: the .pte's record "
+                "names no .ptd (it was made without one); not published",
+                published=False,
+            )
+        return
+    if ptd is None:
+        raise IntegrityError(
+            f"{pte['url']}: its record names a .ptd ({named.sha256}) and none was given",
+            published=False,
+        )
+    if ptd["sha256"] != named.sha256:
+        raise IntegrityError(
+            f"{ptd['url']}: is not the .ptd {pte['url']} was made with: its bytes have "
+            f"{ptd['sha256']}, the .pte's record names {named.sha256}",
+            published=False,
+        )

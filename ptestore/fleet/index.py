@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import FormatError, PteStoreError
 from .index_bounds import check_entry_size, check_name, check_v2_entries
 from .index_entry import artifact_entry, entry_for, shared_entry
-from .index_migrate import create_index, migrate_index, named_beside
+from .index_migrate import NAMED_CHECKED, create_index, migrate_index, named_beside
 from .index_pins import ArtifactPin, EntryGuard, superseded_line
 from .index_root import overwritten
 from .index_stats import IndexReport
@@ -103,8 +103,9 @@ def open_index(
     A version 1/2 index beside a shard directory a version 3 root named (an older
     ptestore wrote it over a migrated index: :mod:`.index_root`) is not the whole index:
     with ``whole`` (a reader of every entry: ``load_index``, ``iter_entries``, so gc and
-    ``fleet retire``) a :class:`FormatError`, else (a device looking its entry up) a
-    warning, and its answer is this index's."""
+    ``fleet retire``) a :class:`FormatError`, else (a device looking its entry up, which
+    reads the copies of the root in at most :data:`~.index_migrate.NAMED_CHECKED` of
+    those directories) a warning, and its answer is this index's."""
     target = os.fspath(url)
     store = IndexStore(target, dict(options or {}))
     if store.cas:
@@ -117,7 +118,8 @@ def open_index(
         raise store.missing()
     root = parse_index(data, target)
     if root["version"] != 3:
-        if store.cas and (named := named_beside(store)):
+        limit = None if whole else NAMED_CHECKED  # a device's look-up: a few at most
+        if store.cas and (named := named_beside(store, limit)):
             problem = overwritten(target, root["version"], named)
             if whole:
                 raise problem

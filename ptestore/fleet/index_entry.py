@@ -1,12 +1,13 @@
 """An index entry made from an artifact's trailers (:mod:`.index` describes the entry):
 the URL, size and digests of each file, and the provenance record's device, key, job,
-sources and backends; ranged reads only."""
+sources and backends; ranged reads only. :func:`ptd_entry_of`: what the .ptd of an
+artifact fetched by URL must be."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..errors import FormatError
+from ..errors import FormatError, ObjectNotFound
 from ..provenance import Provenance, read_trailer
 from ..storage.loaders import open_loader
 from ..storage.routing import options_for_loader
@@ -16,7 +17,7 @@ from .index_pins import ArtifactPin, pin_of
 if TYPE_CHECKING:
     from ..provenance.record import ContentDigest
 
-__all__ = ["artifact_entry", "entry_for", "shared_entry"]
+__all__ = ["artifact_entry", "entry_for", "ptd_entry_of", "shared_entry"]
 
 
 def artifact_entry(
@@ -107,3 +108,46 @@ def entry_for(
         ptd_sha256 = None if prov.ptd_output is None else prov.ptd_output.sha256
         entry["xnnpack"] = xnnpack_entry(pte_url, pte, ptd_sha256, options)
     return entry
+
+
+def ptd_entry_of(url: str, options: dict[str, Any]) -> dict[str, Any] | None:
+    """What the .ptd of the artifact at ``url`` must be (an index entry), when its
+    record names one: the one beside it, else the one stored by content above it. One
+    beside it that is not the record's (one an earlier version wrote per device beside
+    a fleet's .pte) does not hide the copy stored by content."""
+    from ..provenance import read_provenance
+    from .job import ptd_beside
+    from .shared import SHARED_DIR, locate_shared
+
+    loader = open_loader(url, **options_for_loader(url, options))
+    try:
+        prov = read_provenance(loader)
+    finally:
+        loader.close()
+    if prov is None or prov.ptd_output is None:
+        return None
+    beside = ptd_beside(url)
+    found = locate_shared(url, prov.ptd_output.sha256, lambda u: _exists(u, options))
+    if _exists(beside, options):
+        try:
+            entry = artifact_entry(beside, options)[0]
+        except FormatError:  # no trailer: only the copy stored by content can say
+            if found is None:
+                raise
+        else:
+            if entry["sha256"] == prov.ptd_output.sha256 or found is None:
+                return entry
+    if found is None:
+        raise ObjectNotFound(
+            f"{url}: its record names a .ptd ({prov.ptd_output.sha256}); there is none at "
+            f"{beside}, nor in a {SHARED_DIR}/ directory above it"
+        )
+    return shared_entry(found, prov.ptd_output)
+
+
+def _exists(url: str, options: dict[str, Any]) -> bool:
+    try:
+        open_loader(url, **options_for_loader(url, options)).close()
+    except ObjectNotFound:
+        return False
+    return True

@@ -34,7 +34,8 @@ leaves a copy of itself there (:func:`mark_named`, before anything is published 
 it), so a version 1/2 root beside a directory that holds one is found where the index
 is opened (:func:`named_beside`): a writer refuses to migrate it (the entries published
 into that directory would be left out for good), as do the readers of every entry; a
-device's look-up warns (:func:`~.index.open_index`).
+device's look-up warns (:func:`~.index.open_index`), having read the copies of at most
+:data:`NAMED_CHECKED` directories (an index it does not control may list thousands).
 
 A writer of an older ptestore that writes unconditionally (a store without
 compare-and-swap) cannot be detected; such stores are never migrated.
@@ -65,6 +66,7 @@ from .index_v3 import ShardedIndex, root_value
 
 __all__ = [
     "LEGACY_LOCK_WAITS",
+    "NAMED_CHECKED",
     "check_entries",
     "create_index",
     "legacy_lock",
@@ -128,20 +130,50 @@ def mark_named(store: IndexStore, root: dict[str, Any]) -> None:
         get_logger(__name__).debug("%s: not written: %s", url, exc)
 
 
-def named_beside(store: IndexStore) -> list[str]:
+#: The shard directories beside a version 1/2 root whose copy of the root one device's
+#: look-up reads at most (:func:`named_beside`): an honest store has none, or the few a
+#: migration left; 2,000 empty ones cost a select 2,003 requests on S3, one at a time.
+NAMED_CHECKED = 4
+
+
+def named_beside(store: IndexStore, limit: int | None = None) -> list[str]:
     """The shard directories beside the root URL (a version 1/2 index) that a version 3
-    root named: one listing, and a read of each directory's copy of its root. None where
-    the store does not let them be listed or read (a device's credentials may allow
-    reads only): it is a check, not a read of the index."""
+    root named: one listing, and a read of each directory's copy of its root, at once.
+    None where the store does not let them be listed or read (a device's credentials may
+    allow reads only): it is a check, not a read of the index. With ``limit`` (one
+    device's look-up), more directories than that are not read: a warning names them,
+    and what reads every one (a writer, ``fleet check-index``, gc)."""
     from .._log import get_logger
     from ..errors import PteStoreError
 
+    log = get_logger(__name__)
     try:
         found = store.list_names(store.base() or ".", SHARDS_PREFIX)
         dirs = [n for n in found if SHARDS.fullmatch(n)]
-        return [n for n in dirs if store.read(f"{store.url(n)}/{NAMED}")[1] is not None]
+        if limit is not None and len(dirs) > limit:
+            log.warning(
+                "%s: %d directories named %s* beside it, more than a device's look-up "
+                "checks (%d): not read; `ptestore fleet check-index %s` says whether a "
+                "version 3 root named one",
+                store.root,
+                len(dirs),
+                SHARDS_PREFIX,
+                limit,
+                store.root,
+            )
+            return []
+
+        def named(name: str) -> bool:
+            return store.read(f"{store.url(name)}/{NAMED}")[1] is not None
+
+        if len(dirs) <= 1:  # (the common case: none)
+            return [n for n in dirs if named(n)]
+        import concurrent.futures as cf
+
+        with cf.ThreadPoolExecutor(max_workers=min(16, len(dirs))) as pool:
+            return [n for n, held in zip(dirs, pool.map(named, dirs), strict=True) if held]
     except (PteStoreError, OSError) as exc:
-        get_logger(__name__).debug("%s: the directories beside it not checked: %s", store.root, exc)
+        log.debug("%s: the directories beside it not checked: %s", store.root, exc)
         return []
 
 

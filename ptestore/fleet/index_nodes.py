@@ -69,6 +69,17 @@ class TrieNodes:
         self.directory = directory
         self.model = model
         self.leaf_bytes = leaf_bytes
+        #: The nodes read so far, by prefix, when a reader keeps them (:meth:`keep`).
+        self.kept: dict[str, Node] | None = None
+
+    def keep(self) -> TrieNodes:
+        """Keep every node found (not a missing one) once read, for this object's life:
+        one device's look-up that resolves several entries reads each node once (a
+        snapshot: a node split since is read as it was, its entries still there). A
+        node found missing is read again each time (:meth:`locate` reads such a half
+        again after its split node)."""
+        self.kept = {}
+        return self
 
     # -- nodes ------------------------------------------------------------------------
     def url(self, prefix: str) -> str:
@@ -118,12 +129,18 @@ class TrieNodes:
         return Node(prefix, str(state), entries, version, value)
 
     def read(self, prefix: str) -> Node:
-        value, version = self.store.read_json(self.url(prefix))
-        return self.parse(prefix, value, version)
+        return self._read_many({prefix})[prefix]
 
     def _read_many(self, prefixes: set[str]) -> dict[str, Node]:
-        got = self.store.read_many([self.url(p) for p in sorted(prefixes)])
-        return {p: self.parse(p, *got[self.url(p)]) for p in prefixes}
+        kept = {} if self.kept is None else self.kept
+        out = {p: kept[p] for p in prefixes if p in kept}
+        wanted = sorted(prefixes - set(out))
+        got = self.store.read_many([self.url(p) for p in wanted])
+        for p in wanted:
+            out[p] = node = self.parse(p, *got[self.url(p)])
+            if self.kept is not None and node.kind != EMPTY:
+                self.kept[p] = node
+        return out
 
     # -- finding ----------------------------------------------------------------------
     def locate(self, devices: list[str], lo: int, hi: int) -> dict[str, tuple[Node, list[str]]]:

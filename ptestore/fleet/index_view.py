@@ -20,6 +20,18 @@ reads at most 8 and 64 KiB). A retire takes an entry out of the catalog before i
 retires it (:mod:`.index_v3`), so a stand-in is not a retired entry unless the catalog was
 damaged or restored by hand, or a retire was killed after retiring a pair a run published
 again while it ran (``fleet check-index`` reports each).
+
+What an index the device does not control can make a look-up cost is bounded, whatever
+its catalog holds: each node is read at most once per look-up (the trie keeps what it
+read, :meth:`~.index_nodes.TrieNodes.keep`: stand-ins of one leaf read it once, not once
+each); at most :data:`MAX_RESOLVED` stand-ins are resolved before the catalog is refused
+(a :class:`FormatError` pointing to ``fleet check-index``); and only the first
+:data:`MAX_CLASSES` classes (by their first device name), with the first
+:data:`NAMES_PER_CLASS` names of each, become stand-ins (``layout.listed`` allows 1,000
+names per class: 1,000 classes of 1,000 names rated a million stand-ins, 2.4 GB). A class
+past the bound is not rated (``unrated`` counts them: the device's own entry is always
+rated); one whose names are cut counts as ``unlisted``, as one with more members than its
+catalog lists.
 """
 
 from __future__ import annotations
@@ -28,16 +40,33 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from .._dataclass import dataclass, field
+from ..errors import FormatError
 from .index_catalog import class_key, depth_range, live_stamps
 from .index_store import ReadCount
 
 if TYPE_CHECKING:
+    from .index_trie import ModelTrie
     from .index_v3 import ShardedIndex
 
-__all__ = ["MODELS_NAMED", "ModelView", "model_view"]
+__all__ = [
+    "MAX_CLASSES",
+    "MAX_RESOLVED",
+    "MODELS_NAMED",
+    "NAMES_PER_CLASS",
+    "ModelView",
+    "model_view",
+]
 
 #: How many model names an error about a missing model reads and names at most.
 MODELS_NAMED = 20
+#: The stand-ins one look-up resolves (reads from their leaves) at most: past them, the
+#: catalog disagrees with its leaves more than runs changing them meanwhile explain.
+MAX_RESOLVED = 16
+#: The classes of a catalog (kinds of build) a look-up rates at most, the first by their
+#: first device name.
+MAX_CLASSES = 1024
+#: The names of a class that become stand-ins (candidates) at most.
+NAMES_PER_CLASS = 8
 
 
 @dataclass
@@ -50,6 +79,8 @@ class ModelView:
     retired_only: bool = False
     #: Classes of builds whose members beyond the listed ones are not stand-ins here.
     unlisted: int = 0
+    #: Classes past :data:`MAX_CLASSES`: not rated.
+    unrated: int = 0
     reads: ReadCount | None = None
     #: The models with live entries (a version 1/2 index or a dict; else read on demand).
     known_models: list[str] | None = None
@@ -60,6 +91,10 @@ class ModelView:
     leaves: dict[str, str] = field(default_factory=dict)
     #: The model's catalog as read (a sharded index; None: none).
     catalog: dict[str, Any] | None = None
+    #: The model's trie, keeping the nodes it read (a sharded index).
+    trie: ModelTrie | None = None
+    #: The stand-ins resolved so far.
+    resolved: int = 0
 
     def source(self, entry: dict[str, Any], index: str) -> str:
         """Where ``entry`` was read: its leaf, else ``index`` (the index's URL, or how
@@ -71,13 +106,15 @@ class ModelView:
         read from its leaf when it is still live with the same stamps (None: it changed
         since the catalog was read). A stand-in's leaf lost is a :class:`FormatError`
         (:func:`~.index_whole.device_entry`: the catalog lists its device)."""
-        if id(entry) not in self.stand_ins or self.sharded is None:
+        if id(entry) not in self.stand_ins or self.sharded is None or self.trie is None:
             return entry
         from .index_whole import device_entry  # a lost leaf: a FormatError, never None
 
-        trie = self.sharded.trie(self.model)
+        if self.resolved >= MAX_RESOLVED:
+            raise self._too_many()
+        self.resolved += 1
         found, leaf = device_entry(
-            self.sharded, trie, self.catalog, str(entry["device"]), self.depths
+            self.sharded, self.trie, self.catalog, str(entry["device"]), self.depths
         )
         self.leaves[str(entry["device"])] = leaf
         stamps = live_stamps(found)
@@ -88,6 +125,21 @@ class ModelView:
         ):
             return None
         return found
+
+    def _too_many(self) -> FormatError:
+        """The error of a look-up that resolved :data:`MAX_RESOLVED` stand-ins, none of
+        them as its catalog lists it."""
+        assert self.sharded is not None
+        return FormatError(
+            self.sharded.catalog_url(self.model),
+            "index catalog devices tried",
+            MAX_RESOLVED,
+            "fewer listed devices whose leaves do not hold them live with their class's stamps",
+            f"the first {MAX_RESOLVED} tried for model {self.model!r} are not: changed while "
+            "they were read, or the catalog disagrees with its leaves; run again, and if it "
+            f"persists: ptestore fleet check-index {self.sharded.store.root} says which, "
+            "--repair rebuilds the catalog from the leaves",
+        )
 
     def models(self) -> tuple[list[str], int]:
         """The models of the index that have live entries (at most
@@ -142,23 +194,26 @@ def model_view(
 
     catalog, _ = sharded.read_catalog(model)
     depths = depth_range(catalog)
+    trie = sharded.trie(model)
+    trie.keep()  # each node read once, however many stand-ins resolve (module docstring)
     # a lost part of the index where its entry would be: a FormatError, never "none"
-    own, leaf = device_entry(sharded, sharded.trie(model), catalog, device, depths)
+    own, leaf = device_entry(sharded, trie, catalog, device, depths)
     entries: list[dict[str, Any]] = []
     if own is not None and not own.get("retired"):
         entries.append(own)
     view = ModelView(model, entries, reads=store.reads, sharded=sharded, depths=depths)
-    view.catalog = catalog
+    view.catalog, view.trie = catalog, trie
     view.leaves[device] = leaf
-    for cls in (catalog or {}).get("classes", []):
-        for name in cls["devices"]:
-            if name == device:
-                continue  # its own leaf was read: that entry is the truth about it
+    classes = (catalog or {}).get("classes", [])
+    for cls in classes[:MAX_CLASSES]:
+        names = [n for n in cls["devices"] if n != device]  # its own: read from its leaf
+        for name in names[:NAMES_PER_CLASS]:
             stand_in = {"model": model, "device": name, "compatibility": cls["compatibility"]}
             entries.append(stand_in)
             view.stand_ins.add(id(stand_in))
-        if cls.get("more"):
+        if cls.get("more") or len(names) > NAMES_PER_CLASS:
             view.unlisted += 1
+    view.unrated = max(0, len(classes) - MAX_CLASSES)
     entries.sort(key=lambda e: str(e["device"]))
     view.retired_only = not entries and (catalog is not None or own is not None)
     return view

@@ -25,11 +25,13 @@ artifact (its ``.pte``'s SHA-256 and trailer checksum, its ``.ptd``'s SHA-256)::
 ``artifact_sha256`` are the SHA-256 of the whole ``.pte`` and ``.ptd`` files (trailers
 included), as :mod:`ptestore.xnnpack.identity` binds a file. A device takes the file
 only when ``cpu`` is its own fingerprint and ``executorch`` its own build
-(:func:`why_not`); :func:`deliver` downloads it, checks its size and SHA-256 against the
-index and (:func:`ptestore.xnnpack.adopt_cache`) against the artifact it is bound to,
-and publishes it read-only where :func:`ptestore.xnnpack.find_cache` finds it. Where
-the device holds packed-weight files of earlier versions and the field names
-``chunks_root``, only the chunks they do not hold are downloaded (:mod:`.packed_chunks`).
+(:func:`.packed_field.why_not`; the field's form checked first,
+:func:`.packed_field.check_field`); :func:`deliver` downloads it, checks its size and
+SHA-256 against the index and (:func:`ptestore.xnnpack.adopt_cache`) against the
+artifact it is bound to, and publishes it read-only where
+:func:`ptestore.xnnpack.find_cache` finds it. Where the device holds packed-weight files
+of earlier versions and the field names ``chunks_root``, only the chunks they do not
+hold are downloaded (:mod:`.packed_chunks`).
 """
 
 from __future__ import annotations
@@ -41,10 +43,11 @@ import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..errors import FormatError, IntegrityError, ObjectNotFound, StorageError
+from ..errors import FormatError, IntegrityError, ObjectNotFound, PteStoreError, StorageError
 from ..storage.loaders import open_loader
 from ..storage.routing import options_for_loader
 from ..storage.types import absolute_path
+from .packed_field import FIELD_TYPES, KIND_NAMES, identity_claimed, runtime_build, why_not
 
 if TYPE_CHECKING:
     from ..xnnpack import CacheFile
@@ -55,13 +58,10 @@ __all__ = [
     "deliver",
     "fetch_packed",
     "file_url",
-    "identity_claimed",
     "is_packed_url",
     "read_record",
     "read_record_at",
     "record_url",
-    "runtime_build",
-    "why_not",
     "xnnpack_entry",
 ]
 
@@ -71,26 +71,6 @@ RECORD_VERSION = 1
 _CHUNK = 8 << 20
 #: A record is a small JSON object: anything larger is not one.
 _RECORD_LIMIT = 1 << 20
-_OPTIONAL_STR = (str, type(None))
-_OPTIONAL_INT = (int, type(None))
-#: The types of the fields of a record's ``xnnpack`` object (the index's field).
-_FIELD_TYPES: dict[str, tuple[type, ...]] = {
-    "url": _OPTIONAL_STR,
-    "size": _OPTIONAL_INT,
-    "sha256": _OPTIONAL_STR,
-    "entries": _OPTIONAL_INT,
-    "cpu": (str,),
-    "executorch": (dict,),
-    "artifact_sha256": (dict,),
-    "refused": _OPTIONAL_STR,
-    "chunks_root": _OPTIONAL_STR,
-}
-_KIND_NAMES = {
-    _OPTIONAL_STR: "a string or null",
-    _OPTIONAL_INT: "an integer or null",
-    (str,): "a string",
-    (dict,): "an object",
-}
 
 
 def _stem(pte_url: str) -> str:
@@ -147,9 +127,9 @@ def read_record_at(url: str, options: dict[str, Any]) -> dict[str, Any] | None:
     field = record.get("xnnpack")
     if not isinstance(field, dict):
         raise FormatError(url, "record xnnpack", type(field).__name__, "an object")
-    for name, kinds in _FIELD_TYPES.items():
+    for name, kinds in FIELD_TYPES.items():
         if not isinstance(field.get(name), kinds):
-            raise FormatError(url, f"record xnnpack.{name}", field.get(name), _KIND_NAMES[kinds])
+            raise FormatError(url, f"record xnnpack.{name}", field.get(name), KIND_NAMES[kinds])
     return record
 
 
@@ -193,60 +173,6 @@ def xnnpack_entry(
         return None
     field: dict[str, Any] = record["xnnpack"]
     return field
-
-
-def identity_claimed(field: dict[str, Any]) -> dict[str, Any]:
-    """The identity (:meth:`ptestore.xnnpack.Identity.to_json`) an index field says its
-    file was made for."""
-
-    def hex_of(value: object) -> object:
-        return value[len("sha256:") :] if isinstance(value, str) else value
-
-    artifact = field.get("artifact_sha256") or {}
-    build = field.get("executorch") or {}
-    return {
-        "pte_sha256": hex_of(artifact.get("pte")),
-        "ptd_sha256": hex_of(artifact.get("ptd")),
-        "executorch_version": build.get("version"),
-        "executorch_git": build.get("git_version"),
-        "cpu": field.get("cpu"),
-    }
-
-
-def runtime_build() -> dict[str, str] | None:
-    """This machine's ExecuTorch build (``{"version", "git_version"}``), None without
-    one."""
-    from ..errors import ConfigurationError
-    from ..xnnpack.native import executorch_build
-
-    try:
-        return executorch_build().to_json()
-    except ConfigurationError:
-        return None
-
-
-def why_not(field: dict[str, Any] | None, cpu: str, build: dict[str, str] | None) -> str | None:
-    """Why the index's ``field`` is no file for a device of fingerprint ``cpu`` and
-    ExecuTorch ``build`` (``{"version", "git_version"}``; None: not compared), or None
-    when it is one."""
-    if field is None:
-        return "the index lists no XNNPACK packed-weight file of this artifact for this CPU"
-    if field.get("cpu") != cpu:
-        return (
-            f"the index's packed-weight file was made for the CPU {field.get('cpu')!r}, not {cpu!r}"
-        )
-    if build is not None and field.get("executorch") != build:
-        have = field.get("executorch") or {}
-        return (
-            f"the index's packed-weight file was made with ExecuTorch {have.get('version')} "
-            f"({have.get('git_version')}), this device runs {build['version']} "
-            f"({build['git_version']})"
-        )
-    if field.get("refused"):
-        return f"the fleet's runtime refused one: {field['refused']}"
-    if not field.get("url"):
-        return "the index's packed-weight entry names no file"
-    return None
 
 
 Progress = Callable[[str, int, int], None]
@@ -346,6 +272,7 @@ def fetch_packed(
     indexed: bool,
     base_dirs: Sequence[str] = (),
     events: Callable[[FetchEvent], None] | None = None,
+    malformed: str | None = None,
 ) -> dict[str, Any]:
     """``fetch(..., xnnpack_cache=True)``, once the pair is published: the packed-weight
     file of this artifact, runtime and CPU delivered beside the .pte (:func:`deliver`):
@@ -357,7 +284,11 @@ def fetch_packed(
     when there is none for this device (another CPU or ExecuTorch build, none made, a
     refusal by the runtime); ``received`` the bytes downloaded, ``from_base`` those
     taken from earlier files, ``removed`` the earlier files installed for this .pte and
-    for no other, removed once this one is installed (:mod:`ptestore.xnnpack.users`)."""
+    for no other, removed once this one is installed (:mod:`ptestore.xnnpack.users`).
+    A delivery that fails, or a field for this CPU the selection found ``malformed``
+    (why), is an error saying that the pair was published
+    (:class:`~ptestore.errors.PartialPublish`; :class:`IntegrityError` with
+    ``published=True`` for a check that failed)."""
     from ..xnnpack.identity import cpu_fingerprint
     from .job import ptd_beside
     from .packed_chunks import packed_bases
@@ -366,6 +297,15 @@ def fetch_packed(
         f for f in files if all(g is f or g["path"] == ptd_beside(f["path"]) for g in files)
     )
     ptd = next((g for g in files if g is not pte), None)
+    published = tuple(str(f["path"]) for f in files)
+    if indexed and malformed is not None:
+        from ..errors import PartialPublish
+
+        raise PartialPublish(
+            f"{malformed}; {pte['path']} was published, its XNNPACK packed-weight file was "
+            "not (the index's entry for it is malformed)",
+            published=published,
+        )
     cpu = cpu_fingerprint()
     field = offered
     record = None
@@ -416,17 +356,17 @@ def fetch_packed(
             f"{exc}; {pte['path']} was published, no XNNPACK packed-weight file was",
             published=True,
         ) from exc
-    except (StorageError, FormatError) as exc:
+    except PteStoreError as exc:  # a failed delivery (a url naming a directory too)
         from ..errors import PartialPublish
 
         again = (
-            ""
-            if isinstance(exc, FormatError)
-            else " (fetch --xnnpack-cache again resumes its download)"
+            " (fetch --xnnpack-cache again resumes its download)"
+            if isinstance(exc, StorageError)
+            else ""
         )
         raise PartialPublish(
             f"{exc}; {pte['path']} was published, its XNNPACK packed-weight file was not{again}",
-            published=tuple(str(f["path"]) for f in files),
+            published=published,
         ) from exc
     except KeyboardInterrupt as exc:
         raise KeyboardInterrupt(

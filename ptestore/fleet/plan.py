@@ -14,7 +14,7 @@ from ..errors import BackendError, ConfigurationError, ObjectNotFound, PteStoreE
 from ..provenance import ProvenanceKey, SourceInfo, describe_source
 from .estimate import Estimate, estimate_pair, human_bytes
 from .job import Job, Pair
-from .packed import runtime_build
+from .packed_field import runtime_build
 from .packing import packed_state
 from .retry import transient
 from .shared import shared_root

@@ -37,15 +37,26 @@ from typing import TYPE_CHECKING, Any
 
 from .._dataclass import dataclass, field
 from ..backends.compat import Compatibility, DeviceProfile
-from ..errors import BackendError, ConfigurationError, FormatError, ObjectNotFound, PteStoreError
+from ..errors import BackendError, ConfigurationError, FormatError, PteStoreError
 
 if TYPE_CHECKING:
     from ..backends.api import BackendInterface
 
-__all__ = ["NO_OPINION", "Choice", "combine", "ptd_entry_of", "select", "select_from"]
+__all__ = [
+    "MAX_REASONS",
+    "NO_OPINION",
+    "Choice",
+    "combine",
+    "select",
+    "select_from",
+]
 
 #: The rating of a backend that has no compatibility check (or is not installed here).
 NO_OPINION = "no_opinion"
+#: How many candidates the reason of a fallback to the portable source explains at most,
+#: each cut to :data:`~ptestore._text.REPORT_CHARS` characters (``candidates`` has them
+#: all, whole).
+MAX_REASONS = 8
 
 _RANK = {
     Compatibility.OPTIMAL.value: 3,
@@ -94,6 +105,13 @@ class Choice:
     #: device given by name, those the index records for that name (not in
     #: :meth:`to_dict`; ``ensure`` keys and specializes with them).
     device_options: dict[str, Any] = field(default_factory=dict)
+    #: Kinds of build past the first :data:`~.index_view.MAX_CLASSES` of a sharded
+    #: index's catalog: not rated.
+    unrated: int = 0
+    #: Why the artifact's packed-weight field for this CPU is not reported: malformed
+    #: (:func:`.packed_field.check_field`; ``fetch`` and ``ensure`` treat it as a
+    #: delivery that failed).
+    xnnpack_error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -109,6 +127,8 @@ class Choice:
             "xnnpack": self.xnnpack,
             "index_read": self.index_read,
             "unlisted_candidates": self.unlisted,
+            "unrated_builds": self.unrated,
+            "xnnpack_error": self.xnnpack_error,
         }
 
 
@@ -185,7 +205,7 @@ def _checked(entry: dict[str, Any], source: str, *roles: str) -> dict[str, Any]:
     """``entry`` (read from ``source``) when the fields ``select`` uses are sound: its
     stamps a list of objects and each of ``roles`` an object with a ``url`` (the ``ptd``
     ones may be null), else :class:`FormatError` naming the entry and field."""
-    name = f"entry {entry.get('model')}/{entry.get('device')}"
+    name = _name(entry)
     stamps = entry.get("compatibility")
     if stamps is not None and (
         not isinstance(stamps, list) or not all(isinstance(x, dict) for x in stamps)
@@ -306,9 +326,14 @@ def select_from(
         options = None if mine is None else mine.get("device_options")
         device = DeviceProfile(device, options or {})
     raters = _Raters()
-    rated = [
-        (e, *_rate(_checked(e, view.source(e, where)), device, raters, by_name)) for e in entries
-    ]
+    # The stand-ins of a class share its stamps (one list): rated once (index_view)
+    once: dict[int, tuple[str, str, bool]] = {}
+    rated = []
+    for e in entries:
+        key = id(e["compatibility"]) if id(e) in view.stand_ins else id(e)
+        if key not in once:
+            once[key] = _rate(_checked(e, view.source(e, where)), device, raters, by_name)
+        rated.append((e, *once[key]))
     candidates = [
         {"made_for": e.get("device"), "rating": r, "eligible": ok, "reason": why}
         for e, r, why, ok in rated
@@ -325,6 +350,7 @@ def select_from(
             c["eligible"] = False
             c["reason"] = f"{c['reason']}; changed in the index while it was read (not used)"
             continue
+        packed, packed_error = _packed_for(full, cpu, view.source(full, where))
         return Choice(
             model,
             device.name,
@@ -335,10 +361,12 @@ def select_from(
             f"made for {full.get('device')!r}: {why}",
             full.get("device"),
             candidates,
-            _packed_for(full.get("xnnpack"), cpu),
+            packed,
             None if read is None else read.to_dict(),
             view.unlisted,
             dict(device.options),
+            view.unrated,
+            packed_error,
         )
     first = next((f for f in map(view.resolve, entries) if f is not None), None)
     if first is None:
@@ -349,7 +377,6 @@ def select_from(
             "--repair"
         )
     _checked(first, view.source(first, where), "source", "ptd_source")
-    why_not = "; ".join(f"{c['made_for']}: {c['reason']}" for c in candidates)
     return Choice(
         model,
         device.name,
@@ -358,7 +385,7 @@ def select_from(
         None if first.get("ptd_source") is None else dict(first["ptd_source"]),
         None,
         f"no artifact of {model!r} fits {device.name!r} "
-        f"({why_not}): "
+        f"({_why_not(candidates, view.unrated)}): "
         "falling back to the portable source",
         None,
         candidates,
@@ -366,65 +393,49 @@ def select_from(
         None if read is None else read.to_dict(),
         view.unlisted,
         dict(device.options),
+        view.unrated,
     )
 
 
-def _packed_for(packed: object, cpu: str | None) -> dict[str, Any] | None:
+def _why_not(candidates: list[dict[str, Any]], unrated: int) -> str:
+    """Why each candidate was refused, for the reason of a fallback: the first
+    :data:`MAX_REASONS`, each cut to :data:`~ptestore._text.REPORT_CHARS` characters
+    (whatever the index's catalog holds, the reason is a line)."""
+    from .._text import clipped
+    from .index_view import MAX_CLASSES
+
+    said = [clipped(f"{c['made_for']}: {c['reason']}") for c in candidates[:MAX_REASONS]]
+    if len(candidates) > MAX_REASONS:
+        said.append(f"and {len(candidates) - MAX_REASONS} more")
+    if unrated:
+        said.append(f"{unrated} kinds of build past the first {MAX_CLASSES} not rated")
+    return "; ".join(said)
+
+
+def _packed_for(
+    entry: dict[str, Any], cpu: str | None, source: str
+) -> tuple[dict[str, Any] | None, str | None]:
     """An entry's packed-weight field when it was made for ``cpu`` (None: this
-    machine's CPU fingerprint)."""
-    if not isinstance(packed, dict):
-        return None
-    if cpu is None:
-        from ..xnnpack.identity import cpu_fingerprint
+    machine's CPU fingerprint), checked (read from ``source``); a malformed one is
+    not reported: ``(None, why)``."""
+    packed = entry.get("xnnpack")
+    if packed is None:
+        return None, None
+    if isinstance(packed, dict):  # (not an object: malformed, whatever CPU it is for)
+        if cpu is None:
+            from ..xnnpack.identity import cpu_fingerprint
 
-        cpu = cpu_fingerprint()
-    return packed if packed.get("cpu") == cpu else None
-
-
-def ptd_entry_of(url: str, options: dict[str, Any]) -> dict[str, Any] | None:
-    """What the .ptd of the artifact at ``url`` must be (an index entry), when its
-    record names one: the one beside it, else the one stored by content above it. One
-    beside it that is not the record's (one an earlier version wrote per device beside
-    a fleet's .pte) does not hide the copy stored by content."""
-    from ..provenance import read_provenance
-    from ..storage.loaders import open_loader
-    from ..storage.routing import options_for_loader
-    from .index_entry import artifact_entry, shared_entry
-    from .job import ptd_beside
-    from .shared import SHARED_DIR, locate_shared
-
-    loader = open_loader(url, **options_for_loader(url, options))
-    try:
-        prov = read_provenance(loader)
-    finally:
-        loader.close()
-    if prov is None or prov.ptd_output is None:
-        return None
-    beside = ptd_beside(url)
-    found = locate_shared(url, prov.ptd_output.sha256, lambda u: _exists(u, options))
-    if _exists(beside, options):
-        try:
-            entry = artifact_entry(beside, options)[0]
-        except FormatError:  # no trailer: only the copy stored by content can say
-            if found is None:
-                raise
-        else:
-            if entry["sha256"] == prov.ptd_output.sha256 or found is None:
-                return entry
-    if found is None:
-        raise ObjectNotFound(
-            f"{url}: its record names a .ptd ({prov.ptd_output.sha256}); there is none at "
-            f"{beside}, nor in a {SHARED_DIR}/ directory above it"
-        )
-    return shared_entry(found, prov.ptd_output)
-
-
-def _exists(url: str, options: dict[str, Any]) -> bool:
-    from ..storage.loaders import open_loader
-    from ..storage.routing import options_for_loader
+            cpu = cpu_fingerprint()
+        if packed.get("cpu") != cpu:
+            return None, None
+    from .packed_field import check_field
 
     try:
-        open_loader(url, **options_for_loader(url, options)).close()
-    except ObjectNotFound:
-        return False
-    return True
+        return check_field(packed, source, _name(entry)), None
+    except FormatError as exc:
+        return None, str(exc)
+
+
+def _name(entry: dict[str, Any]) -> str:
+    """How a message names ``entry``: ``entry MODEL/DEVICE``."""
+    return f"entry {entry.get('model')}/{entry.get('device')}"

@@ -686,3 +686,41 @@ def test_select_s_reasons_cannot_drive_the_terminal(
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "(a\\x1b[2J: XnnpackBackend: " in out and "\x1b" not in out
+
+
+def test_a_portable_source_the_index_does_not_record_leaves_the_cache_as_it_was(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The index records another SHA-256 for the portable source than the one at its
+    URL: ``ensure`` refuses it before its entry is published, so nothing is kept and no
+    other entry is evicted for it (it published the entry, evicted down to max_bytes,
+    then raised: the new entry stayed, the valid one was gone)."""
+    from ptestore.fleet.index import load_index
+
+    index = fleet_run(_job(tmp_path, str(tmp_path / "out")), capsys)
+    cache = tmp_path / "cache"
+    kept = ptestore.ensure(index, cache_dir=cache, model="m", device=A)
+    before = _tree(cache / "entries")
+    entries = load_index(index)["entries"]
+    claimed = "sha256-tree:" + "0" * 64
+    for e in entries:
+        e["source"]["sha256"] = claimed
+    v2 = tmp_path / "v2" / "ptestore-index.json"
+    v2.parent.mkdir()
+    v2.write_text(json.dumps({"format": "ptestore.index", "version": 2, "entries": entries}))
+    z = DeviceProfile("z", {"soc": "q", "scale": 5.0})
+    assert EXT.pte_path is not None
+    have = tree(EXT.pte_path.read_bytes())
+    want = (
+        f"{entries[0]['source']['url']}: the portable source has {have}, "
+        f"the index {v2} records {claimed} for model 'm'; it is not used (the index names "
+        "another version of it: run the fleet job again, or restore the source)"
+    )
+    for _ in range(2):  # and again: nothing was left to be a hit
+        with pytest.raises(IntegrityError) as info:
+            ptestore.ensure(
+                str(v2), cache_dir=cache, model="m", device=z, backends=[SPEC], max_bytes=1
+            )
+        assert str(info.value) == want
+        assert [e.key for e in list_entries(cache)] == [kept.key]  # none kept, none evicted
+        assert _tree(cache / "entries") == before

@@ -417,3 +417,60 @@ def test_a_destination_named_like_a_ptd_is_refused_before_anything(
     assert not dest.parent.exists()  # nothing made, nothing downloaded
     assert main(["fetch", str(pte), str(dest)]) == 2
     assert message in capsys.readouterr().err
+
+
+def _pte_without_ptd_beside_a_ptd(tmp: Path) -> tuple[Path, Path, Path]:
+    """A version 2 index whose entry of model ``m`` for device ``a`` names a ``.pte``
+    made without a ``.ptd`` (its record names none) and a ``.ptd`` of another pair
+    (with its own trailer): the index, the .pte, the .ptd."""
+    from ptestore.backends.compat import DeviceProfile
+    from ptestore.fleet.index_entry import entry_for
+
+    src = get_fixture("mlp_xnnpack")
+    assert src.pte_path is not None
+    pte = tmp / "fleet" / "a" / "m.pte"
+    pte.parent.mkdir(parents=True)
+    ptestore.specialize(
+        src.pte_path, pte, backends=["passthrough"], device=DeviceProfile("a", {"soc": "x"})
+    )
+    prov = read_provenance(open_loader(str(pte)))
+    assert prov is not None and prov.ptd_output is None  # made without a .ptd
+    _, ptd = specialized_pair(tmp, "b", 3.0)
+    entry = {**entry_for(str(pte), str(ptd), {}, None), "model": "m"}
+    assert entry["ptd"] is not None and entry["ptd"]["url"] == str(ptd)
+    index = tmp / "ptestore-index.json"
+    index.write_text(json.dumps({"format": "ptestore.index", "version": 2, "entries": [entry]}))
+    return index, pte, ptd
+
+
+def test_a_ptd_the_pte_s_record_does_not_name_is_never_published(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A .pte whose record names no .ptd, beside the .ptd the index names: refused before
+    either is published, by fetch and by ensure (it was published and cached: only an
+    index naming a .ptd the record does not was taken at its word)."""
+    index, pte, ptd = _pte_without_ptd_beside_a_ptd(tmp_path)
+    want = (
+        f"{ptd}: is not a .ptd {pte} was made with: the .pte's record names no .ptd (it was "
+        "made without one); not published"
+    )
+    dest = tmp_path / "dev" / "m.pte"
+    with pytest.raises(IntegrityError) as info:
+        ptestore.fetch(index, dest, model="m", device="a")
+    assert str(info.value) == want and info.value.published is False
+    assert _leftovers(dest.parent) == []
+    cache = tmp_path / "cache"
+    with pytest.raises(IntegrityError) as info:
+        ptestore.ensure(index, cache_dir=cache, model="m", device="a")
+    assert str(info.value) == want
+    entries = ptestore.device.list_entries(cache)  # nothing cached: no manifest, no file
+    assert [(e.state, e.bytes) for e in entries] == [("incomplete", 0)], entries
+    argv = ["fetch", str(index), str(dest), "--model", "m", "--device", "a"]
+    assert main(argv) == 1
+    assert capsys.readouterr().err == f"ptestore fetch: failed, nothing published: {want}\n"
+    # The .pte alone is what its record says it is: fetched.
+    entries = json.loads(index.read_text())["entries"]
+    entries[0]["ptd"] = None
+    index.write_text(json.dumps({"format": "ptestore.index", "version": 2, "entries": entries}))
+    ptestore.fetch(index, dest, model="m", device="a")
+    assert dest.read_bytes() == pte.read_bytes() and _leftovers(dest.parent) == ["m.pte"]

@@ -547,3 +547,52 @@ def test_a_migrations_private_copy_beside_a_version_2_root_is_no_finding(
     named.unlink()  # as a ptestore before the copy left it
     publish_entries(str(url), [synthetic_entry("m", "c")], {})
     assert json.loads(named.read_text()) == json.loads(url.read_text())
+
+
+def test_a_device_reads_a_bounded_number_of_directories_beside_a_version_2_root(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hundreds of ``ptestore-index.v3-*`` directories beside a version 2 root (2,000
+    empty prefixes on S3 made one select 2,003 requests, 103 s): a device's look-up
+    reads none of them past :data:`NAMED_CHECKED` (a warning says so), the readers of
+    every entry and the writers still read each one's copy of the root and refuse the
+    index overwritten, and a few directories are still checked by the device."""
+    from ptestore.fleet.index_migrate import NAMED_CHECKED
+    from ptestore.fleet.select import select
+    from ptestore.writers import versions
+
+    url = str(tmp_path / "ptestore-index.json")
+    shards, _ = _overwritten(url)
+    many = 300
+    for i in range(many):
+        (tmp_path / f"ptestore-index.v3-{i:08x}").mkdir()
+    read: list[str] = []
+    real = versions.read_versioned
+
+    def counting(where: Any, **kw: Any) -> Any:
+        read.append(str(where))
+        return real(where, **kw)
+
+    monkeypatch.setattr(versions, "read_versioned", counting)
+    caplog.set_level("WARNING", logger="ptestore.fleet")
+    assert select(url, "m", "a").made_for == "a"
+    assert read == [url]  # the index alone: was one read per directory beside it
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{url}: {many + 1} directories named ptestore-index.v3-* beside it, more than a "
+        f"device's look-up checks ({NAMED_CHECKED}): not read; `ptestore fleet check-index "
+        f"{url}` says whether a version 3 root named one"
+    ]
+    with pytest.raises(FormatError) as caught:  # read whole: each one read
+        load_index(url)
+    assert str(caught.value) == _overwritten_message(url, shards)
+    with pytest.raises(FormatError) as caught:
+        check_index(url)
+    assert str(caught.value) == _overwritten_message(url, shards)
+    # A few: each read (the one a root named found), the device warned as before.
+    for i in range(many - (NAMED_CHECKED - 1)):
+        (tmp_path / f"ptestore-index.v3-{i:08x}").rmdir()
+    read.clear()
+    caplog.clear()
+    assert select(url, "m", "a").made_for == "a"
+    assert len(read) == 1 + NAMED_CHECKED
+    assert [r.getMessage() for r in caplog.records] == [_overwritten_message(url, shards)]

@@ -27,7 +27,8 @@ import ptestore
 from ptestore.cli import main
 from ptestore.errors import IntegrityError
 from ptestore.fleet.index import load_index
-from ptestore.fleet.packed import identity_claimed, record_url
+from ptestore.fleet.packed import record_url
+from ptestore.fleet.packed_field import identity_claimed
 from ptestore.testing.runtime import runtime_unavailable
 from ptestore.testing.s3server import S3TestServer
 
