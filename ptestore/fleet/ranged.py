@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 from .._retry import DEFAULT_RETRY, Category, classify, to_storage_error
 from ..errors import IntegrityError, StorageError
-from ..storage.pinned import answered_range, get_params, other_range_message
+from ..storage.pinned import answered_range, get_params, other_range_message, read_at_most
 from ..storage.types import DataLoader
 
 __all__ = ["ObjectChanged", "PinnedReader", "pinned_attempts"]
@@ -109,13 +109,7 @@ class PinnedReader:
             return resp["Body"], answered_range(resp, first, end)
 
         async def read_piece(b: Any, n: int) -> bytes:
-            out = bytearray()
-            while len(out) < n:
-                got = await b.read(n - len(out))
-                if not got:
-                    break
-                out += got
-            return bytes(out)
+            return await read_at_most(b, n)  # never past the range: the rest is not read
 
         async def close(b: Any) -> None:
             await b.aclose()
