@@ -193,9 +193,10 @@ def _checked(entry: dict[str, Any], source: str, *roles: str) -> dict[str, Any]:
         raise FormatError(source, f"{name} compatibility", stamps, "a list of objects")
     if "device_options" in entry:  # a whole entry (a catalog's stand-in has none)
         _check_options(entry, source, name)
-    from .index_bounds import check_files
+    from .index_bounds import check_files, check_origin
 
     check_files(entry, source, name, roles)
+    check_origin(entry, source, name, roles)  # a remote index names its own store only
     return entry
 
 
@@ -325,6 +326,12 @@ def select_from(
             c["eligible"] = False
             c["reason"] = f"{c['reason']}; changed in the index while it was read (not used)"
             continue
+        packed = _packed_for(full.get("xnnpack"), cpu)
+        if packed is not None:  # reported: its URL held to the artifact's rule
+            from .index_bounds import check_origin
+
+            name = f"entry {full.get('model')}/{full.get('device')}"
+            check_origin(full, view.source(full, where), name, ("xnnpack",))
         return Choice(
             model,
             device.name,
@@ -335,7 +342,7 @@ def select_from(
             f"made for {full.get('device')!r}: {why}",
             full.get("device"),
             candidates,
-            _packed_for(full.get("xnnpack"), cpu),
+            packed,
             None if read is None else read.to_dict(),
             view.unlisted,
             dict(device.options),
