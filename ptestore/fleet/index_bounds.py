@@ -3,10 +3,11 @@ publish writes that keep every object within them (docs/fleet.md, "Bounds")."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+from collections.abc import Iterable, Iterator
 from typing import Any
 
-from ..errors import ConfigurationError, FormatError
+from ..errors import ConfigurationError, FormatError, PteStoreError
 
 __all__ = [
     "ENTRY_FILES",
@@ -24,6 +25,7 @@ __all__ = [
     "check_origin",
     "check_root_size",
     "check_v2_entries",
+    "names_shown",
     "oversize",
     "parse_object",
     "v2_entry_problems",
@@ -195,6 +197,28 @@ def check_origin(entry: dict[str, Any], source: str, name: str, roles: Iterable[
         rec = entry.get(role)
         if isinstance(rec, dict):
             check_named_url(rec.get("url"), source, f"{name} {role}.url")
+
+
+@contextlib.contextmanager
+def names_shown(urls: Iterable[object]) -> Iterator[None]:
+    """A ptestore error raised inside (a fetch of the files an index names, the
+    specialization of the portable source it names) shows each of ``urls`` it embeds
+    as a report prints a string from a file (:func:`ptestore._text.names_cut`: cut to
+    300 characters, its line breaks and control characters escaped), its type,
+    attributes and cause kept: an index naming a 3 MB URL, or one holding a line
+    break, makes a one-line error of a few hundred characters, here and in what embeds
+    it (``ensure``'s offline reason)."""
+    names = [u for u in urls if isinstance(u, str)]
+    try:
+        yield
+    except PteStoreError as exc:
+        from .._text import names_cut
+
+        if exc.args and isinstance(exc.args[0], str):
+            cut = names_cut(exc.args[0], names)
+            if cut is not exc.args[0]:
+                exc.args = (cut, *exc.args[1:])
+        raise
 
 
 def v2_entry_problems(entries: list[Any], url: str) -> list[FormatError]:

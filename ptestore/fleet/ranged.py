@@ -199,7 +199,21 @@ def pinned_attempts(
     its version, ``state`` what pins ``DEST.part.json`` to it (``url``, ``size`` and
     :func:`.download.pinned_version`). When the object changes meanwhile
     (:class:`ObjectChanged`, or the loader sees another version afterwards), ``DEST.part``
-    is discarded and it starts again, at most 3 times in all."""
+    is discarded and it starts again, at most 3 times in all. An error names ``url`` as
+    a report prints a string from a file (:func:`.index_bounds.names_shown`: an index
+    names it)."""
+    from .index_bounds import names_shown
+
+    with names_shown([url]):
+        return _pinned_attempts(url, options, dest, run)
+
+
+def _pinned_attempts(
+    url: str,
+    options: dict[str, Any],
+    dest: str,
+    run: Callable[[DataLoader, PinnedReader, dict[str, Any]], T],
+) -> T:
     from ..storage.loaders import open_loader
     from ..storage.routing import options_for_loader
     from .download import discard_part, pinned_version

@@ -7,13 +7,16 @@
   KeyError), so ``ensure`` serves the entry it fetched before;
 - an entry of a remote (``s3://``) index names only ``s3://`` URLs: a local path, an
   ``http://`` metadata URL, a local portable source, a ``file://`` packed-weight file are
-  refused before any request.
+  refused before any request;
+- the URLs an index names are cut and escaped in error messages: a 3 MB URL makes a line
+  of a few hundred characters, a line break in one no forged line.
 
 On moto and SeaweedFS where S3 is what the check depends on."""
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,7 +32,7 @@ import ptestore
 from ptestore.backends.compat import DeviceProfile
 from ptestore.cli import main
 from ptestore.device import list_entries
-from ptestore.errors import FormatError, IntegrityError, StorageError
+from ptestore.errors import FormatError, IntegrityError, ObjectNotFound, StorageError
 from ptestore.fleet.index import create_index, publish_entries
 from ptestore.fleet.index_place import model_segment
 from ptestore.testing.fleet_index import synthetic_entry
@@ -325,3 +328,81 @@ def test_a_local_index_names_what_it_names() -> None:
     for named in ("/etc/m.pte", "file:///m.pte", "https://h/m.pte", "memory://m", "gs://b/m"):
         with pytest.raises(FormatError, match=r"^s3://b/i\.json: entry m/a pte\.url = "):
             check_named_url(named, "s3://b/i.json", "entry m/a pte.url")
+
+
+# --- 4. an index's URLs in error messages -------------------------------------------
+
+
+def _local_index(tmp: Path, pte_url: str) -> str:
+    """A local index whose entry m/a names ``pte_url`` (and no .ptd)."""
+    url = str(tmp / "idx" / "ptestore-index.json")
+    root = create_index(url)
+    publish_entries(url, [synthetic_entry("m", "a", root=str(tmp / "idx"))], {})
+    leaf = tmp / "idx" / root["layout"]["shards"] / "m" / model_segment("m") / "t.json"
+    value = json.loads(leaf.read_text())
+    entry = value["entries"][0]
+    entry["ptd"] = None
+    entry["pte"]["url"] = pte_url
+    entry.pop("device_digest")  # synthetic: the profile recorded is the device's own
+    leaf.write_text(json.dumps(value))
+    return url
+
+
+def test_a_long_url_from_an_index_makes_a_short_error_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``pte.url = "/tmp/" + "a" * 3_000_000``: fetch's error (and the CLI's line) was
+    3 MB. Now the URL is cut to 300 characters with its length, in the exception too."""
+    long = "/tmp/" + "a" * 3_000_000
+    index = _local_index(tmp_path, long)
+    dest = tmp_path / "dev" / "m.pte"
+    with pytest.raises(StorageError) as info:
+        ptestore.fetch(index, dest, model="m", device="a")
+    cut = f"{long[:300]}... (3000005 characters)"
+    assert str(info.value) == f"{cut}: cannot open for reading: File name too long"
+    assert main(["fetch", index, str(dest), "--model", "m", "--device", "a"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == f"ptestore fetch: failed, nothing published: {info.value!s}"
+    assert len(err) == 2 and err[1].startswith("ptestore fetch: (--debug prints")
+
+
+def test_a_line_break_in_a_url_from_an_index_starts_no_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A URL holding a line break split fetch's error line: the second half read as a
+    line of its own ("ptestore fetch: error: forged.pte: no such file"). Now escaped,
+    in the exception and on the terminal; ``ensure`` too."""
+    forged = str(tmp_path / "x\nptestore fetch: error: forged.pte")
+    index = _local_index(tmp_path, forged)
+    shown = forged.replace("\n", "\\n")
+    dest = tmp_path / "dev" / "m.pte"
+    with pytest.raises(ObjectNotFound) as info:
+        ptestore.fetch(index, dest, model="m", device="a")
+    assert str(info.value) == f"{shown}: no such file"
+    with pytest.raises(ObjectNotFound) as ensured:
+        ptestore.ensure(index, cache_dir=tmp_path / "cache", model="m", device="a")
+    assert str(ensured.value) == f"{shown}: no such file"
+    assert main(["fetch", index, str(dest), "--model", "m", "--device", "a"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == f"ptestore fetch: error: {shown}: no such file"
+    assert not any(line.startswith("ptestore fetch: error: forged") for line in err)
+
+
+def test_a_warning_s_names_are_one_line_during_a_command(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The names a warning embeds (``ensure``'s offline reason names the index and why)
+    are one line of a bounded length while a command runs, as the error line is."""
+    import argparse
+
+    from ptestore._log import get_logger
+    from ptestore.cli.exits import guarded
+
+    def run(args: argparse.Namespace) -> int:
+        get_logger("ptestore.test").warning("%s: %s", "s3://b/x\nforged", "a" * 5000)
+        return 0
+
+    assert guarded("x")(run)(argparse.Namespace(verbose=1)) == 0
+    err = capsys.readouterr().err
+    assert err == f"ptestore.test: WARNING: s3://b/x\\nforged: {'a' * 300}... (5000 characters)\n"
+    assert os.linesep not in err[:-1]
