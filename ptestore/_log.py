@@ -15,8 +15,8 @@ until it must:
 
 Records name the caller's line, as with a plain logger (``stacklevel``). While the
 command line runs a command (:data:`TERMINAL`), a record's string and exception
-arguments are escaped for a terminal (:func:`ptestore._text.for_terminal`): a path or a
-name from a file cannot drive the terminal from a warning either.
+arguments are made one line for a terminal (:func:`ptestore._text.one_line`): a path or a
+name from a file cannot drive the terminal, nor start a line, from a warning either.
 """
 
 from __future__ import annotations
@@ -36,14 +36,16 @@ TERMINAL = False
 
 def _shown(args: tuple[Any, ...]) -> tuple[Any, ...]:
     """``args`` as a record on a terminal takes them (:data:`TERMINAL`): strings and
-    exceptions (``%s``) with what would act on the terminal escaped."""
+    exceptions (``%s``) as one line, a long name cut and what would act on the terminal
+    escaped, line breaks too (:func:`ptestore._text.one_line`): the names a record
+    embeds cannot start a line of their own."""
     if not TERMINAL:
         return args
-    from ._text import for_terminal
+    from ._text import one_line
 
     def one(a: Any) -> Any:
         if isinstance(a, (str, BaseException)):
-            return for_terminal(str(a))
+            return one_line(str(a))
         return a
 
     return tuple(one(a) for a in args)

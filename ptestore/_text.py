@@ -6,18 +6,26 @@ A hostile file's fields are data, never layout: :func:`shown` cuts a value to ab
 (a newline cannot forge a report line, an escape sequence cannot drive the terminal), and
 :func:`clipped` cuts one to :data:`REPORT_CHARS` first (a 1 MB record field printed whole
 made a 1 MB report line);
-:func:`for_terminal` does the same for a whole message, its own line breaks kept.
+:func:`for_terminal` does the same for a whole message, its own line breaks kept;
+:func:`one_line` makes a message one line of bounded length, for the CLI's error line and
+the names a log record embeds (a line break in a URL from an index cannot start a
+forged line, a 3 MB URL makes a line of a few hundred characters), and
+:func:`names_cut` shows the names a message embeds as they are (an index's URLs) as a
+report prints them, before the message leaves the library.
 :func:`head_bytes` cuts a file name to a number of bytes, at a character.
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "LINE_CHARS",
     "REPORT_CHARS",
     "SHOWN_CHARS",
     "clipped",
     "for_terminal",
     "head_bytes",
+    "names_cut",
+    "one_line",
     "printable",
     "shown",
 ]
@@ -26,6 +34,11 @@ __all__ = [
 SHOWN_CHARS = 80
 #: How many characters of a string from a file a text report prints (:func:`clipped`).
 REPORT_CHARS = 300
+#: The longest line :func:`one_line` makes (the CLI's error line).
+LINE_CHARS = 4096
+#: The longest run without a space :func:`one_line` leaves whole: one cut by
+#: :func:`clipped` already (its first :data:`REPORT_CHARS` and ``...``) stays as it is.
+_RUN_CHARS = REPORT_CHARS + len("...")
 
 
 def shown(value: object, limit: int = SHOWN_CHARS) -> str:
@@ -80,6 +93,44 @@ def for_terminal(message: str) -> str:
     if message.isprintable():
         return message
     return "".join(c if c.isprintable() or c == "\n" else repr(c)[1:-1] for c in message)
+
+
+def one_line(message: str) -> str:
+    """``message`` as one line of a terminal, the CLI's error line and what a log record
+    embeds (its string and exception arguments): each run of characters without a
+    space longer than :data:`REPORT_CHARS` (a name: a path, a URL, a value from a file;
+    one cut already is left as it is) cut by :func:`clipped`, every character that is
+    not printable escaped as ``repr`` writes it (a line break too: ``\\n``; backslashes
+    kept, as :func:`for_terminal` keeps them), and the whole cut to :data:`LINE_CHARS`.
+    A URL from an index holding a line break cannot make a second, forged line; one of
+    3 MB makes a line of a few hundred characters. ``--json`` keeps the message
+    whole."""
+    if len(message) > _RUN_CHARS:
+        message = " ".join(_run_cut(w) for w in message.split(" "))
+    if not message.isprintable():
+        message = "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
+    return clipped(message, LINE_CHARS)
+
+
+def _run_cut(run: str) -> str:
+    """A run of :func:`one_line` cut by :func:`clipped` when it is longer than
+    :data:`_RUN_CHARS`, the punctuation that ends it (``name:``) kept."""
+    if len(run) <= _RUN_CHARS:
+        return run
+    if run[-1] in ":;,)":
+        return clipped(run[:-1]) + run[-1]
+    return clipped(run)
+
+
+def names_cut(message: str, names: list[str]) -> str:
+    """``message`` with each of ``names`` it embeds as it is (strings from a file: the
+    URLs an index names) shown as a text report prints it, when it is longer than
+    :data:`REPORT_CHARS` or holds a character that is not printable:
+    ``printable(clipped(name))``; ``message`` itself when none is."""
+    for name in names:
+        if name and (len(name) > REPORT_CHARS or not name.isprintable()) and name in message:
+            message = message.replace(name, printable(clipped(name)))
+    return message
 
 
 def head_bytes(name: str, limit: int) -> str:

@@ -280,10 +280,10 @@ def guarded(command: str, *, publishes: bool = False) -> Callable[[Command], Com
                     import traceback
 
                     traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
-                from .._text import for_terminal
+                from .._text import one_line
 
                 line = error_message(command, exc, publishes=publishes)
-                print(for_terminal(line), file=sys.stderr)
+                print(one_line(line), file=sys.stderr)
                 if (
                     not debug
                     and exc.__cause__ is not None

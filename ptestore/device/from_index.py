@@ -110,22 +110,25 @@ def ensure_from_index(
     named = [str(f["url"]) for f in (choice.pte, choice.ptd) if f is not None]
     check_named_options(opts, index, named)
     if choice.kind == "source":
+        from ..fleet.index_bounds import names_shown
+
         # Read with the index's options, as routed to each of its URLs (its store's
         # endpoint and credentials; none to a local file): its identity, the hit, the run.
         # A source that is not the index's is refused before its entry is published
         # (nothing kept, nothing evicted for it), and on a hit.
-        made = ensure(
-            str(choice.pte["url"]),
-            cache_dir=cache_dir,
-            backends=backends,
-            device=device,
-            ptd=None if choice.ptd is None else str(choice.ptd["url"]),
-            max_bytes=max_bytes,
-            progress=progress,
-            storage_options=opts,
-            accept=lambda prov: check_source(index, choice, prov),
-        )
-        check_source(index, choice, made.provenance)
+        with names_shown(named):  # an error names the index's URLs as a report does
+            made = ensure(
+                str(choice.pte["url"]),
+                cache_dir=cache_dir,
+                backends=backends,
+                device=device,
+                ptd=None if choice.ptd is None else str(choice.ptd["url"]),
+                max_bytes=max_bytes,
+                progress=progress,
+                storage_options=opts,
+                accept=lambda prov: check_source(index, choice, prov),
+            )
+            check_source(index, choice, made.provenance)
         return replace(made, choice=choice.to_dict())
     layout = CacheLayout(cache_dir)
     layout.create()

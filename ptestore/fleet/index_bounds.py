@@ -3,10 +3,11 @@ publish writes that keep every object within them (docs/fleet.md, "Bounds")."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+from collections.abc import Iterable, Iterator
 from typing import Any
 
-from ..errors import ConfigurationError, FormatError
+from ..errors import ConfigurationError, FormatError, PteStoreError
 
 __all__ = [
     "ENTRY_FILES",
@@ -20,8 +21,11 @@ __all__ = [
     "check_entry_size",
     "check_files",
     "check_name",
+    "check_named_url",
+    "check_origin",
     "check_root_size",
     "check_v2_entries",
+    "names_shown",
     "oversize",
     "parse_object",
     "v2_entry_problems",
@@ -149,6 +153,72 @@ def check_files(entry: dict[str, Any], source: str, name: str, roles: Iterable[s
             raise FormatError(source, f"{name} {role}", rec, "an object")
         if not isinstance(rec.get("url"), str) or not rec["url"]:
             raise FormatError(source, f"{name} {role}.url", rec.get("url"), "a URL or path")
+
+
+#: The protocols of an index on this machine: whatever it names, the device opens (its
+#: own index); an index from any other store names only objects of that store's protocol.
+_OWN_INDEXES = frozenset({"file", "memory"})
+
+
+def check_named_url(url: object, source: str, field: str) -> None:
+    """The URL ``url`` that ``field`` of the index object ``source`` names is one a
+    device may open: from an index of this machine (a local file, ``memory://`` of this
+    process, or one given as an object, ``"<index>"``) any, as the index is the
+    device's own; from a remote one (``s3://``) only a URL of the index's own protocol,
+    never a local path, ``file://``, ``memory://``, another service's URL
+    (``http(s)://`` from an ``s3://`` index: a metadata service) nor another scheme;
+    else :class:`FormatError` naming the index, the field and the URL, raised before
+    anything is requested (docs/fleet.md, "What an index may name"). URLs are taken as
+    the index writes them (absolute: a relative one is a local path). Not a URL (not a
+    string) is :func:`check_files`' to say."""
+    from ..storage.types import split_url
+
+    if not isinstance(url, str):
+        return
+    home = split_url(source)[0]
+    if home in _OWN_INDEXES or split_url(url)[0] == home:
+        return
+    raise FormatError(
+        source,
+        field,
+        url,
+        f"a URL on the index's own store ({home}://)",
+        "an index read from a store names only objects of its protocol: a local path, "
+        "file://, or a URL of another protocol or service is never opened nor requested",
+    )
+
+
+def check_origin(entry: dict[str, Any], source: str, name: str, roles: Iterable[str]) -> None:
+    """The URL of each of ``roles`` (of :data:`ENTRY_FILES`, or ``xnnpack``) of
+    ``entry`` (``name`` in messages, read from ``source``) passes
+    :func:`check_named_url`: what ``select`` holds the files it hands out to, for
+    ``select``, ``fetch`` and ``ensure`` alike (gc, which opens none of them, does not)."""
+    for role in roles:
+        rec = entry.get(role)
+        if isinstance(rec, dict):
+            check_named_url(rec.get("url"), source, f"{name} {role}.url")
+
+
+@contextlib.contextmanager
+def names_shown(urls: Iterable[object]) -> Iterator[None]:
+    """A ptestore error raised inside (a fetch of the files an index names, the
+    specialization of the portable source it names) shows each of ``urls`` it embeds
+    as a report prints a string from a file (:func:`ptestore._text.names_cut`: cut to
+    300 characters, its line breaks and control characters escaped), its type,
+    attributes and cause kept: an index naming a 3 MB URL, or one holding a line
+    break, makes a one-line error of a few hundred characters, here and in what embeds
+    it (``ensure``'s offline reason)."""
+    names = [u for u in urls if isinstance(u, str)]
+    try:
+        yield
+    except PteStoreError as exc:
+        from .._text import names_cut
+
+        if exc.args and isinstance(exc.args[0], str):
+            cut = names_cut(exc.args[0], names)
+            if cut is not exc.args[0]:
+                exc.args = (cut, *exc.args[1:])
+        raise
 
 
 def v2_entry_problems(entries: list[Any], url: str) -> list[FormatError]:

@@ -202,7 +202,23 @@ def download_whole(
 ) -> str:
     """``field``'s file downloaded whole into ``part`` (opened without following links,
     made durable; a file with no chunk record); its SHA-256 (hex), hashed as it arrived
-    and checked with its size against the index."""
+    and checked with its size against the index. Every read holds the bytes it asks for
+    (the loader's, :mod:`ptestore.storage.remote`: never a longer answer); an error names
+    the URL as a report prints it (:func:`.index_bounds.names_shown`)."""
+    from .index_bounds import names_shown
+
+    with names_shown([field.get("url")]):
+        return _download_whole(field, part, options, progress, chunk, events)
+
+
+def _download_whole(
+    field: dict[str, Any],
+    part: str,
+    options: dict[str, Any],
+    progress: Callable[[str, int, int], None] | None,
+    chunk: int,
+    events: Callable[[Any], None] | None,
+) -> str:
     import hashlib
 
     from .._io import pwrite_all

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 from .._retry import DEFAULT_RETRY, Category, classify, to_storage_error
 from ..errors import IntegrityError, StorageError
-from ..storage.pinned import answered_range, get_params, other_range_message
+from ..storage.pinned import answered_range, get_params, other_range_message, read_at_most
 from ..storage.types import DataLoader
 
 __all__ = ["ObjectChanged", "PinnedReader", "pinned_attempts"]
@@ -109,13 +109,7 @@ class PinnedReader:
             return resp["Body"], answered_range(resp, first, end)
 
         async def read_piece(b: Any, n: int) -> bytes:
-            out = bytearray()
-            while len(out) < n:
-                got = await b.read(n - len(out))
-                if not got:
-                    break
-                out += got
-            return bytes(out)
+            return await read_at_most(b, n)  # never past the range: the rest is not read
 
         async def close(b: Any) -> None:
             await b.aclose()
@@ -205,7 +199,21 @@ def pinned_attempts(
     its version, ``state`` what pins ``DEST.part.json`` to it (``url``, ``size`` and
     :func:`.download.pinned_version`). When the object changes meanwhile
     (:class:`ObjectChanged`, or the loader sees another version afterwards), ``DEST.part``
-    is discarded and it starts again, at most 3 times in all."""
+    is discarded and it starts again, at most 3 times in all. An error names ``url`` as
+    a report prints a string from a file (:func:`.index_bounds.names_shown`: an index
+    names it)."""
+    from .index_bounds import names_shown
+
+    with names_shown([url]):
+        return _pinned_attempts(url, options, dest, run)
+
+
+def _pinned_attempts(
+    url: str,
+    options: dict[str, Any],
+    dest: str,
+    run: Callable[[DataLoader, PinnedReader, dict[str, Any]], T],
+) -> T:
     from ..storage.loaders import open_loader
     from ..storage.routing import options_for_loader
     from .download import discard_part, pinned_version

@@ -213,9 +213,10 @@ def _checked(entry: dict[str, Any], source: str, *roles: str) -> dict[str, Any]:
         raise FormatError(source, f"{name} compatibility", stamps, "a list of objects")
     if "device_options" in entry:  # a whole entry (a catalog's stand-in has none)
         _check_options(entry, source, name)
-    from .index_bounds import check_files
+    from .index_bounds import check_files, check_origin
 
     check_files(entry, source, name, roles)
+    check_origin(entry, source, name, roles)  # a remote index names its own store only
     return entry
 
 
@@ -351,6 +352,10 @@ def select_from(
             c["reason"] = f"{c['reason']}; changed in the index while it was read (not used)"
             continue
         packed, packed_error = _packed_for(full, cpu, view.source(full, where))
+        if packed is not None:  # reported: its URL held to the artifact's rule
+            from .index_bounds import check_origin
+
+            check_origin(full, view.source(full, where), _name(full), ("xnnpack",))
         return Choice(
             model,
             device.name,

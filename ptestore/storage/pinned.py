@@ -8,7 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["answered_range", "get_params", "other_range_message"]
+__all__ = [
+    "answered_range",
+    "get_params",
+    "longer_body_message",
+    "other_range_message",
+    "read_at_most",
+]
 
 
 def get_params(
@@ -44,4 +50,31 @@ def other_range_message(name: str, first: int, end: int, other: str) -> str:
     return (
         f"{name}: asked the server for Range: bytes={first}-{end - 1}, it answered {other}: "
         "another range than the one asked for; its bytes are refused"
+    )
+
+
+async def read_at_most(body: Any, limit: int) -> bytes:
+    """At most ``limit`` bytes of the streaming ``body`` (anything with an async
+    ``read(n)``: aiobotocore's ``StreamingBody``, aiohttp's ``StreamReader``), fewer
+    only where it ends (``read(n)`` may answer with less than ``n`` before the end: it
+    is asked again). What follows is never read: a reader that must know whether a body
+    is longer than the ``n`` bytes it wants asks for ``n + 1``."""
+    parts: list[bytes] = []
+    got = 0
+    while got < limit:
+        part = await body.read(limit - got)
+        if not part:
+            break
+        parts.append(bytes(part))
+        got += len(part)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def longer_body_message(name: str, first: int, end: int) -> str:
+    """The error for an answer to ``Range: bytes=first-(end-1)`` whose body goes on past
+    the ``end - first`` bytes asked for (read no further than one byte more)."""
+    return (
+        f"{name}: asked the server for Range: bytes={first}-{end - 1} ({end - first} "
+        f"bytes), its answer is longer: read no further than {end - first + 1} bytes, "
+        "the rest left unread; its bytes are refused"
     )

@@ -10,6 +10,13 @@ object replaced while it is read, even by one put back before the end (A, B, A: 
 ETag), fails the read with :class:`~ptestore.errors.PreconditionFailed` ("replaced
 while being read"), never bytes of two versions. That is not retried.
 
+Every read holds at most one byte more than it asked for: on S3 the ``GetObject`` body,
+on ``http(s)://`` the ranged GET's body, are read as streams, no further
+(:func:`.pinned.read_at_most`); any other protocol through its file API. An answer that
+goes on past the range asked for (a proxy sending an endless body) is an
+:class:`~ptestore.errors.IntegrityError` naming the object, the range and the bytes read
+(:func:`.pinned.longer_body_message`), never held in memory; nor is it retried.
+
 One retry layer: the loader's :class:`~ptestore._retry.RetryPolicy`. On S3
 (:func:`one_retry_layer`) s3fs's own retry loop around each request (``_call_s3``, 5
 attempts with its own backoff) is cut to one attempt, and botocore's retries are off
@@ -76,6 +83,15 @@ def fresh_info(fs: Any, path: str) -> dict[str, Any]:
 
 def _is_s3fs(fs: Any) -> bool:
     return type(fs).__module__.split(".")[0] == "s3fs"
+
+
+def _is_http(fs: Any) -> bool:
+    """Whether ``fs`` is fsspec's HTTP filesystem (``http://``, ``https://``), or made
+    from it (known by its class, without importing aiohttp)."""
+    return any(
+        c.__name__ == "HTTPFileSystem" and c.__module__ == "fsspec.implementations.http"
+        for c in type(fs).__mro__
+    )
 
 
 def _is_s3fs_class(cls: type) -> bool:
@@ -260,8 +276,7 @@ class FsspecLoader(LoaderBase):
         def read() -> tuple[bytes, str | None, str | None, str | None]:
             if self._s3 is not None:
                 return self._get(offset, size)
-            data = self.fs.cat_file(self.path, start=offset, end=offset + size)
-            return (bytes(data) if not isinstance(data, bytes) else data), None, None, None
+            return self._get_other(offset, size)
 
         what = f"read of {size} bytes at offset {offset}"
         self.bytes_fetched += size
@@ -279,10 +294,14 @@ class FsspecLoader(LoaderBase):
             raise self._replaced(what, "answered another ETag", etag)
         if self.version_id is not None and version is not None and version != self.version_id:
             raise self._replaced(what, f"answered version {version}", etag)
-        if other is not None:  # not the bytes asked for: refused, never read as them
-            from .pinned import other_range_message
+        if other is not None or len(data) > size:  # not the bytes asked for: refused
+            from .pinned import longer_body_message, other_range_message
 
-            message = other_range_message(self.name, offset, offset + size, other)
+            end = offset + size
+            if other is not None:
+                message = other_range_message(self.name, offset, end, other)
+            else:
+                message = longer_body_message(self.name, offset, end)
             raise IntegrityError(message, published=False)
         if len(data) != size:
             raise StorageError(
@@ -292,12 +311,14 @@ class FsspecLoader(LoaderBase):
         return data
 
     def _get(self, offset: int, size: int) -> tuple[bytes, str | None, str | None, str | None]:
-        """One ranged ``GetObject`` pinned to the version opened: the bytes, the ETag and
-        version id the answer names, and what it holds when that is another range than
-        the one asked for (:func:`.pinned.answered_range`; None when it is the range)."""
+        """One ranged ``GetObject`` pinned to the version opened: the bytes (at most one
+        more than asked for, :func:`.pinned.read_at_most`: a longer body is never held),
+        the ETag and version id the answer names, and what it holds when that is another
+        range than the one asked for (:func:`.pinned.answered_range`; None when it is
+        the range)."""
         import fsspec.asyn
 
-        from .pinned import answered_range, get_params
+        from .pinned import answered_range, get_params, read_at_most
 
         assert self._s3 is not None
         bucket, key = self._s3
@@ -308,11 +329,67 @@ class FsspecLoader(LoaderBase):
             resp = await fs._call_s3("get_object", **params)
             body = resp["Body"]
             try:
-                data: bytes = await body.read()
+                data = await read_at_most(body, size + 1)
             finally:
                 body.close()
             other = answered_range(resp, offset, offset + size)
             return data, resp.get("ETag"), resp.get("VersionId"), other
+
+        got: tuple[bytes, str | None, str | None, str | None] = fsspec.asyn.sync(fs.loop, get)
+        return got
+
+    def _get_other(
+        self, offset: int, size: int
+    ) -> tuple[bytes, str | None, str | None, str | None]:
+        """A read through any other fsspec filesystem, of at most one byte more than
+        asked for: ``memory://`` a slice of the object (held in this process already);
+        ``http(s)://`` one ranged GET whose body is read as a stream
+        (:meth:`_get_http`); any other protocol through its file API (``fs.open``
+        without read-ahead, a seek, a read of ``size`` bytes: as far as that protocol's
+        file reads are bounded, so is this one). Returns what :meth:`_get` does (no
+        ETag, no version)."""
+        from fsspec.implementations.memory import MemoryFileSystem
+
+        fs = self.fs
+        if isinstance(fs, MemoryFileSystem):
+            data = fs.cat_file(self.path, start=offset, end=offset + size)
+            return bytes(data), None, None, None
+        if _is_http(fs):
+            return self._get_http(offset, size)
+        with fs.open(self.path, "rb", cache_type="none") as f:
+            f.seek(offset)
+            return bytes(f.read(size)), None, None, None
+
+    def _get_http(self, offset: int, size: int) -> tuple[bytes, str | None, str | None, str | None]:
+        """One GET with ``Range`` through fsspec's HTTP session, its body read as a
+        stream, at most ``size + 1`` bytes of it (fsspec's own ``cat_file`` and file
+        reads hold the whole body of an answer, whatever range was asked for)."""
+        import fsspec.asyn
+
+        from .pinned import answered_range, read_at_most
+
+        fs = self.fs
+        end = offset + size
+
+        async def get() -> tuple[bytes, str | None, str | None, str | None]:
+            session = await fs.set_session()
+            kw = dict(fs.kwargs)
+            headers = dict(kw.pop("headers", None) or {})
+            headers["Range"] = f"bytes={offset}-{end - 1}"
+            async with session.get(fs.encode_url(self.path), headers=headers, **kw) as r:
+                if r.status == 404:
+                    raise FileNotFoundError(self.name)
+                r.raise_for_status()
+                data = await read_at_most(r.content, size + 1)
+                if len(data) > size:
+                    r.close()  # the rest is never read, nor the connection used again
+                length = r.headers.get("Content-Length")
+                if r.status == 200:  # the whole object, whatever its length says
+                    whole: int | None = self._size
+                else:
+                    whole = int(length) if length and length.isdigit() else None
+                answer = {"ContentRange": r.headers.get("Content-Range"), "ContentLength": whole}
+            return data, None, None, answered_range(answer, offset, end)
 
         got: tuple[bytes, str | None, str | None, str | None] = fsspec.asyn.sync(fs.loop, get)
         return got

@@ -463,7 +463,8 @@ def test_an_error_line_cannot_drive_the_terminal(
 ) -> None:
     """A name with an escape sequence or a carriage return (a file's, or a path given)
     is printed escaped in the error line: it cannot clear the screen or overwrite the
-    line; the message's own line breaks stay."""
+    line. The error is one line: a line break in it is escaped too (one in a name, an
+    index's URL, started a forged line), and a name longer than 300 characters cut."""
     from ptestore.cli import main
 
     name = tmp_path / "m\x1b[2J\r.pte"
@@ -474,7 +475,13 @@ def test_an_error_line_cannot_drive_the_terminal(
     assert "\x1b" not in err and "\r" not in err
     run = guarded("x")(_raising(PteStoreError("first line\nsecond \x07line")))
     assert run(argparse.Namespace()) == EXIT_FAILURE
-    assert capsys.readouterr().err == "ptestore x: error: first line\nsecond \\x07line\n"
+    assert capsys.readouterr().err == "ptestore x: error: first line\\nsecond \\x07line\n"
+    long = "/tmp/" + "a" * 3_000_000
+    run = guarded("x")(_raising(PteStoreError(f"{long}: no such file")))
+    assert run(argparse.Namespace()) == EXIT_FAILURE
+    assert capsys.readouterr().err == (
+        f"ptestore x: error: {long[:300]}... (3000005 characters): no such file\n"
+    )
 
 
 def test_a_name_in_a_report_line_cannot_drive_the_terminal(

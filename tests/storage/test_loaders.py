@@ -339,6 +339,61 @@ def test_memory_objects_are_read_by_ranges() -> None:
     assert isinstance(loader, FsspecLoader) and not loader.in_memory
 
 
+def test_other_protocols_are_read_through_their_file_api(tmp_path: Path) -> None:
+    """A protocol that is neither memory, S3 nor HTTP: each read opens the object and
+    reads the range asked for, no more (fsspec's local file system as the stand-in)."""
+    p = tmp_path / "m.pte"
+    p.write_bytes(DATA)
+    fs = fsspec.filesystem("file", skip_instance_cache=True)
+    loader = FsspecLoader(fs, str(p), f"other://{p}")
+    assert loader.load(100, 50) == DATA[100:150]
+    assert loader.load(len(DATA) - 4, 4) == DATA[-4:]
+    assert loader.load(8, 4) == DATA[8:12] and loader.in_memory
+
+
+def test_http_objects_are_read_by_ranges() -> None:
+    """An ``http://`` object (what an index may name): one ranged GET per read, through
+    its streamed body; the second read of a small object takes it whole."""
+    from support.http_store import http_store
+
+    with http_store({"/m.pte": DATA}) as (base, state):
+        loader = open_loader(f"{base}/m.pte", skip_instance_cache=True)
+        assert isinstance(loader, FsspecLoader) and loader.size() == len(DATA)
+        assert loader.load(100, 50) == DATA[100:150]
+        assert loader.load(8, 4) == DATA[8:12] and loader.in_memory
+        gets = [r for m, _, r in state.requests if m == "GET"]
+        assert gets == ["bytes=100-149", f"bytes=0-{len(DATA) - 1}"]
+        loader.close()
+        missing = open_loader(f"{base}/m.pte", skip_instance_cache=True)
+        del state.objects["/m.pte"]
+        with pytest.raises(ObjectNotFound, match=r"/m\.pte: object disappeared while reading$"):
+            missing.load(0, 8)
+
+
+def test_an_http_range_answered_with_an_endless_body_is_refused() -> None:
+    """An ``http://`` server that answers a ranged GET with the range and then an
+    endless body: the read stops one byte past the range and refuses it, naming the
+    URL, the range and the bytes read (fsspec's HTTP ``cat_file`` held the whole body:
+    a MemoryError); the server wrote what the socket buffers took, not the whole."""
+    from support.http_store import ENDLESS, http_store
+
+    from ptestore.errors import IntegrityError
+
+    with http_store({"/m.pte": DATA}) as (base, state):
+        loader = open_loader(f"{base}/m.pte", skip_instance_cache=True)
+        state.endless = True
+        with pytest.raises(IntegrityError) as info:
+            loader.load(100, 50)
+        written = state.streamed.get(timeout=60)  # the server's stream ended
+    assert str(info.value) == (
+        f"{base}/m.pte: asked the server for Range: bytes=100-149 (50 bytes), its answer "
+        "is longer: read no further than 51 bytes, the rest left unread; its bytes are "
+        "refused"
+    )
+    assert info.value.published is False
+    assert written < ENDLESS * (1 << 20) // 4, written
+
+
 #: Fast retries: what the user configures is the one layer (no wall-clock waits).
 FAST_RETRY = {"retry_attempts": 3, "retry_initial": 0.0, "retry_max": 0.0}
 

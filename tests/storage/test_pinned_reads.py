@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -160,6 +161,54 @@ def test_an_answer_holding_another_range_is_refused_as_such(s3_server: S3TestSer
         "bytes are refused"
     )
     assert info.value.published is False and len(sent) == 1  # not asked again
+
+
+#: What a proxy streams for a ranged GET: more than any read asks for, in 1 MiB pieces.
+ENDLESS_PIECES = 128
+
+
+def _endless(
+    method: str, path: str, asks: dict[str, str], headers: dict[str, str], body: bytes
+) -> tuple[dict[str, str], bytes | Iterator[bytes]]:
+    """A ranged GET answered with its own headers (206, its Content-Range) and a body
+    that goes on and on (128 MiB: the client must hang up long before)."""
+    if method != "GET" or not asks.get("Range", asks.get("range")):
+        return headers, body
+    out = {k: v for k, v in headers.items() if k.lower() != "content-length"}
+    return out, (body + bytes(1 << 20) for _ in range(ENDLESS_PIECES))
+
+
+def test_a_ranged_read_holds_no_more_than_it_asked_for(s3_server: S3TestServer) -> None:
+    """A ranged GET answered with an endless body (a proxy, a compromised store): the
+    loader reads the range and one byte more, then hangs up; an IntegrityError names the
+    object, the range and the bytes read, never a body held whole in memory (it was:
+    ``body.read()``, 0.9 GB until a MemoryError). Not asked again."""
+    from support.faulty_proxy import faulty_proxy
+
+    from ptestore.errors import IntegrityError
+
+    client = s3_server.client()
+    bucket = s3_server.new_bucket()
+    client.put_object(Bucket=bucket, Key="m.pte", Body=A)
+    with faulty_proxy(s3_server.endpoint_url, every=0) as (endpoint, proxy):
+        loader = open_loader(
+            f"s3://{bucket}/m.pte", **{**s3_server.storage_options, "endpoint_url": endpoint}, **OWN
+        )
+        assert isinstance(loader, FsspecLoader)
+        sent = _sends(loader)
+        proxy.answer = _endless
+        with pytest.raises(IntegrityError) as info:
+            loader.load(100, 4096)
+        written = proxy.streamed.get(timeout=60)  # the proxy's stream ended
+    assert str(info.value) == (
+        f"s3://{bucket}/m.pte: asked the server for Range: bytes=100-4195 (4096 bytes), its "
+        "answer is longer: read no further than 4097 bytes, the rest left unread; its bytes "
+        "are refused"
+    )
+    assert info.value.published is False and len(sent) == 1  # not asked again
+    # The client hung up: what left the proxy is what the socket buffers took, far
+    # short of the 128 MiB it would have sent.
+    assert written < ENDLESS_PIECES * (1 << 20) // 4, written
 
 
 def test_a_versioned_source_is_read_at_its_version(s3_server: S3TestServer) -> None:

@@ -11,13 +11,19 @@ server's side of "bytes moved") and can change what it forwards: ``tamper(method
 headers, body)`` returns the body the client gets (a byte flipped in transit); or
 ``answer(method, path, request headers, response headers, body)`` returns the response
 headers and body it gets (another range than it asked for, its ``Content-Range`` too).
+A body ``answer`` gives as an iterable of pieces instead of bytes is streamed, without a
+``Content-Length`` unless the headers it returns claim one, the connection closed after
+it: piece by piece until the iterable ends or the client hangs up (an endless body);
+``streamed`` then gets the bytes the proxy wrote of it (a queue: a test takes each
+stream's count once the proxy is done with it, not while it still writes).
 """
 
 from __future__ import annotations
 
 import http.client
+import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -36,14 +42,20 @@ class FaultState:
     injected: int = 0
     by_method: dict[str, int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: The bytes written of each streamed body, once its stream ended.
+    streamed: queue.Queue[int] = field(default_factory=queue.Queue)
     #: Response body bytes forwarded to the client, per method.
     sent: dict[str, int] = field(default_factory=dict)
     #: ``(method, path, request headers, body) -> body``: what the client gets.
     tamper: Callable[[str, str, dict[str, str], bytes], bytes] | None = None
     #: ``(method, path, request headers, response headers, body) -> (response headers,
-    #: body)``: the response the client gets (the request is signed: not rewritten).
+    #: body)``: the response the client gets (the request is signed: not rewritten); a
+    #: body given as an iterable of pieces is streamed (see the module docstring).
     answer: (
-        Callable[[str, str, dict[str, str], dict[str, str], bytes], tuple[dict[str, str], bytes]]
+        Callable[
+            [str, str, dict[str, str], dict[str, str], bytes],
+            tuple[dict[str, str], bytes | Iterable[bytes]],
+        ]
         | None
     ) = None
 
@@ -101,7 +113,13 @@ def _handler(target: str, state: FaultState) -> type[BaseHTTPRequestHandler]:
                     data = state.tamper(self.command, self.path, dict(self.headers), data)
                 out = dict(resp.getheaders())
                 if state.answer is not None:
-                    out, data = state.answer(self.command, self.path, dict(self.headers), out, data)
+                    out, answered = state.answer(
+                        self.command, self.path, dict(self.headers), out, data
+                    )
+                    if not isinstance(answered, bytes | bytearray):
+                        self._stream(resp.status, resp.reason, out, answered)
+                        return
+                    data = bytes(answered)
                 if self.command != "HEAD":
                     state.count(self.command, len(data))
                 self.send_response(resp.status, resp.reason)
@@ -117,6 +135,28 @@ def _handler(target: str, state: FaultState) -> type[BaseHTTPRequestHandler]:
                     self.wfile.write(data)
             finally:
                 conn.close()
+
+        def _stream(
+            self, status: int, reason: str, out: dict[str, str], pieces: Iterable[bytes]
+        ) -> None:
+            """Send ``pieces`` as they come, until they end or the client hangs up."""
+            self.close_connection = True
+            self.send_response(status, reason)
+            for k, v in out.items():
+                if k.lower() not in _HOP:  # a Content-Length the answer claims is sent
+                    self.send_header(k, v)
+            self.send_header("Connection", "close")
+            self.end_headers()
+            written = 0
+            try:
+                for piece in pieces:
+                    self.wfile.write(piece)
+                    written += len(piece)
+            except OSError:  # the client read what it wanted and hung up
+                pass
+            finally:
+                state.count(self.command, written)
+                state.streamed.put(written)
 
         do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward
 

@@ -231,6 +231,8 @@ class S3Connection:
         ``Body`` (``get_object``): the answer and the body, read on s3fs's loop (with
         ``max_bytes``: not read when its ``ContentLength`` is larger, else at most
         ``ContentLength + 1`` bytes of it)."""
+        from ...storage.pinned import read_at_most
+
         method = getattr(self.client, operation)
 
         async def run() -> tuple[dict[str, Any], bytes]:
@@ -241,17 +243,10 @@ class S3Connection:
                     data: bytes = await body.read()
                 elif int(resp.get("ContentLength", 0)) > max_bytes:
                     data = b""
-                else:  # read(n) may answer with less than n before the end
-                    # asked for as its length says, never as the bound (one past it: a
-                    # body longer than announced shows)
+                else:  # asked for as its length says, never as the bound (one past
+                    # it: a body longer than announced shows)
                     length = int(resp.get("ContentLength", max_bytes))
-                    want = min(length, max_bytes) + 1
-                    parts: list[bytes] = []
-                    got = 0
-                    while got < want and (part := await body.read(want - got)):
-                        parts.append(part)
-                        got += len(part)
-                    data = b"".join(parts)
+                    data = await read_at_most(body, min(length, max_bytes) + 1)
             return resp, data
 
         result: tuple[dict[str, Any], bytes] = self._sync(self.fs.loop, run)
