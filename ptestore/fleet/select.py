@@ -352,10 +352,6 @@ def select_from(
             c["reason"] = f"{c['reason']}; changed in the index while it was read (not used)"
             continue
         packed, packed_error = _packed_for(full, cpu, view.source(full, where))
-        if packed is not None:  # reported: its URL held to the artifact's rule
-            from .index_bounds import check_origin
-
-            check_origin(full, view.source(full, where), _name(full), ("xnnpack",))
         return Choice(
             model,
             device.name,
@@ -433,10 +429,13 @@ def _packed_for(
             cpu = cpu_fingerprint()
         if packed.get("cpu") != cpu:
             return None, None
+    from .index_bounds import check_origin
     from .packed_field import check_field
 
     try:
-        return check_field(packed, source, _name(entry)), None
+        checked = check_field(packed, source, _name(entry))
+        check_origin(entry, source, _name(entry), ("xnnpack",))  # the artifact's rule
+        return checked, None
     except FormatError as exc:
         return None, str(exc)
 
