@@ -34,11 +34,13 @@ __all__ = [
 SHOWN_CHARS = 80
 #: How many characters of a string from a file a text report prints (:func:`clipped`).
 REPORT_CHARS = 300
-#: The longest line :func:`one_line` makes (the CLI's error line).
-LINE_CHARS = 4096
-#: The longest run without a space :func:`one_line` leaves whole: one cut by
-#: :func:`clipped` already (its first :data:`REPORT_CHARS` and ``...``) stays as it is.
-_RUN_CHARS = REPORT_CHARS + len("...")
+#: The longest run without a space :func:`one_line` leaves whole: a local path (Linux's
+#: PATH_MAX, so the file name at its end is never cut off), a URL; the names an index
+#: gives are cut to :data:`REPORT_CHARS` where they are embedded (:func:`names_cut`).
+_RUN_CHARS = 4096
+#: The longest line :func:`one_line` makes (the CLI's error line): room for two whole
+#: paths (``SRC -> DST``) and their words.
+LINE_CHARS = 3 * _RUN_CHARS
 
 
 def shown(value: object, limit: int = SHOWN_CHARS) -> str:
@@ -98,12 +100,13 @@ def for_terminal(message: str) -> str:
 def one_line(message: str) -> str:
     """``message`` as one line of a terminal, the CLI's error line and what a log record
     embeds (its string and exception arguments): each run of characters without a
-    space longer than :data:`REPORT_CHARS` (a name: a path, a URL, a value from a file;
-    one cut already is left as it is) cut by :func:`clipped`, every character that is
+    space longer than :data:`_RUN_CHARS` (longer than any local path: a value from a
+    file) cut by :func:`clipped`, every character that is
     not printable escaped as ``repr`` writes it (a line break too: ``\\n``; backslashes
     kept, as :func:`for_terminal` keeps them), and the whole cut to :data:`LINE_CHARS`.
     A URL from an index holding a line break cannot make a second, forged line; one of
-    3 MB makes a line of a few hundred characters. ``--json`` keeps the message
+    3 MB makes a bounded line (and a few hundred characters where the message embeds
+    it through :func:`names_cut`). ``--json`` keeps the message
     whole."""
     if len(message) > _RUN_CHARS:
         message = " ".join(_run_cut(w) for w in message.split(" "))
@@ -118,8 +121,8 @@ def _run_cut(run: str) -> str:
     if len(run) <= _RUN_CHARS:
         return run
     if run[-1] in ":;,)":
-        return clipped(run[:-1]) + run[-1]
-    return clipped(run)
+        return clipped(run[:-1], _RUN_CHARS) + run[-1]
+    return clipped(run, _RUN_CHARS)
 
 
 def names_cut(message: str, names: list[str]) -> str:

@@ -877,3 +877,19 @@ def test_a_json_error_piped_away_keeps_its_exit_status(tmp_path: Path) -> None:
         assert done.returncode == EXIT_BAD_INPUT, done.stderr
         assert "Traceback" not in done.stderr, done.stderr
         assert done.stderr.startswith(line), done.stderr
+
+
+def test_a_long_local_path_is_shown_whole_on_the_error_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The error line is one line, yet a path given (up to PATH_MAX) is not cut: a
+    345-character path lost its end, the file name that says which file failed, when
+    every run over 300 characters was cut."""
+    deep = tmp_path.joinpath(*["d" * 60] * 5)
+    deep.mkdir(parents=True)
+    missing = deep / "important-model-v2.pte"
+    assert len(str(missing)) > 303
+    assert main(["inspect", str(missing)]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("ptestore inspect: error: ")
+    assert f"{missing}: " in err[0]

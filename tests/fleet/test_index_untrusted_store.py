@@ -410,10 +410,12 @@ def test_a_warning_s_names_are_one_line_during_a_command(
     from ptestore.cli.exits import guarded
 
     def run(args: argparse.Namespace) -> int:
-        get_logger("ptestore.test").warning("%s: %s", "s3://b/x\nforged", "a" * 5000)
+        get_logger("ptestore.test").warning("%s: %s", "s3://b/x\nforged", "a" * 50_000)
         return 0
 
     assert guarded("x")(run)(argparse.Namespace(verbose=1)) == 0
     err = capsys.readouterr().err
-    assert err == f"ptestore.test: WARNING: s3://b/x\\nforged: {'a' * 300}... (5000 characters)\n"
+    # A run longer than any local path (4096) is cut, one as long shown whole.
+    cut = f"{'a' * 4096}... (50000 characters)"
+    assert err == f"ptestore.test: WARNING: s3://b/x\\nforged: {cut}\n"
     assert os.linesep not in err[:-1]
