@@ -52,7 +52,7 @@ def _staging(root: Path) -> list[str]:
 
 @pytest.mark.slow  # waits out its limit: 12 s, mostly idle
 def test_a_hung_pair_fails_past_the_limit_and_the_others_are_published(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Two workers: ``hang`` never returns; ``a`` waits for it to have started, then
     for a third of the limit, so that ``b``, which starts after ``a`` on the same
@@ -61,6 +61,12 @@ def test_a_hung_pair_fails_past_the_limit_and_the_others_are_published(
     ``c`` never started on the broken pool: it runs on a new one. ``hang`` fails with
     the limit and the time it ran, is not run again, and leaves nothing (SIGTERM: its
     writer discarded its staging file)."""
+    # Both hangs end on SIGTERM; the grace before SIGKILL is only an upper bound, so a
+    # long one costs nothing here and lets a busy machine's worker clean up in time (it
+    # took more than 5 s once, under two CI runs: SIGKILL, its staging file left).
+    import ptestore.fleet.pool
+
+    monkeypatch.setattr(ptestore.fleet.pool, "STOP_GRACE", 60.0)
     started = tmp_path / "hang.started"
     marker = tmp_path / "b.first"
     job = _job(
