@@ -12,6 +12,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.as_user import NOBODY, as_user
@@ -33,6 +34,25 @@ def _two_entries(root: Path) -> tuple[Path, ptestore.device.Artifact, ptestore.d
     a = ptestore.ensure(copy_pte(root / "a.pte"), cache_dir=cache, backends=[SPEC], device=DEVICE)
     b = ptestore.ensure(copy_pte(root / "b.pte"), cache_dir=cache, backends=[SPEC], device=DEVICE)
     return cache, a, b
+
+
+def _evict_as_nobody(cache: Path) -> dict[str, Any]:
+    """``evict(cache, 0)`` run as ``nobody``: its result and the warnings it logged."""
+
+    def work() -> str:
+        seen: list[str] = []
+
+        class Keep(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                seen.append(record.getMessage())
+
+        logging.getLogger("ptestore.device.cache").addHandler(Keep())
+        return json.dumps({"done": evict(cache, 0).to_dict(), "warnings": seen})
+
+    got = as_user(NOBODY, work)
+    assert got.startswith("ok: "), got
+    out: dict[str, Any] = json.loads(got[len("ok: ") :])
+    return out
 
 
 def test_a_file_linked_elsewhere_or_twice_is_not_freed_twice(tmp_path: Path) -> None:
@@ -88,19 +108,7 @@ def test_a_file_that_cannot_be_removed_is_not_freed_and_still_in_the_cache() -> 
         assert listed[a.key] == dir_bytes(str(Path(a.pte).parent))
         held = sum(allocated_under(cache / "entries" / k) for k in listed)
 
-        def work() -> str:
-            seen: list[str] = []
-
-            class Keep(logging.Handler):
-                def emit(self, record: logging.LogRecord) -> None:
-                    seen.append(record.getMessage())
-
-            logging.getLogger("ptestore.device.cache").addHandler(Keep())
-            return json.dumps({"done": evict(cache, 0).to_dict(), "warnings": seen})
-
-        got = as_user(NOBODY, work)
-        assert got.startswith("ok: "), got
-        out = json.loads(got[len("ok: ") :])
+        out = _evict_as_nobody(cache)
         done = out["done"]
         assert sorted(done["removed"]) == sorted([a.key, b.key])
         assert done["freed"] == held - allocated(stuck / "x")  # what the rest held
@@ -129,19 +137,7 @@ def test_an_evicted_entry_whose_lock_file_stays_is_still_evicted() -> None:
         listed = {e.key: e.bytes for e in list_entries(cache)}
         held = sum(allocated_under(cache / "entries" / k) for k in listed)
 
-        def work() -> str:
-            seen: list[str] = []
-
-            class Keep(logging.Handler):
-                def emit(self, record: logging.LogRecord) -> None:
-                    seen.append(record.getMessage())
-
-            logging.getLogger("ptestore.device.cache").addHandler(Keep())
-            return json.dumps({"done": evict(cache, 0).to_dict(), "warnings": seen})
-
-        got = as_user(NOBODY, work)
-        assert got.startswith("ok: "), got
-        out = json.loads(got[len("ok: ") :])
+        out = _evict_as_nobody(cache)
         done = out["done"]
         assert sorted(done.pop("removed")) == sorted(listed)
         assert done == {"freed": held, "busy": [], "remaining": 0}

@@ -170,12 +170,20 @@ def faulty_proxy(
     """Run the proxy on 127.0.0.1 (a free port); yields ``(endpoint_url, state)``.
     ``methods``: fail only requests of these HTTP methods (counted among themselves)."""
     state = FaultState(every, methods=methods)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(target, state))
+    with local_http_server(_handler(target, state)) as url:
+        yield url, state
+
+
+@contextmanager
+def local_http_server(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """Serve ``handler`` on 127.0.0.1 (a free port) from a thread; yields its base URL
+    (``http://127.0.0.1:PORT``) and stops the server on exit."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", state
+        yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
         server.shutdown()
         server.server_close()

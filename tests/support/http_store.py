@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import queue
 import re
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+
+from support.faulty_proxy import local_http_server
 
 #: MiB an endless body sends at most (a client that reads them all was not bounded).
 ENDLESS = 128
@@ -93,12 +94,5 @@ def _handler(state: StoreState) -> type[BaseHTTPRequestHandler]:
 def http_store(objects: dict[str, bytes]) -> Iterator[tuple[str, StoreState]]:
     """Serve ``objects`` (by path: ``"/m.pte"``); yields ``(base URL, state)``."""
     state = StoreState(dict(objects))
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", state
-    finally:
-        server.shutdown()
-        server.server_close()
+    with local_http_server(_handler(state)) as url:
+        yield url, state
