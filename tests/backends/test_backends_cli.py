@@ -464,7 +464,8 @@ def test_an_error_line_cannot_drive_the_terminal(
     """A name with an escape sequence or a carriage return (a file's, or a path given)
     is printed escaped in the error line: it cannot clear the screen or overwrite the
     line. The error is one line: a line break in it is escaped too (one in a name, an
-    index's URL, started a forged line), and a name longer than 300 characters cut."""
+    index's URL, started a forged line), and a run longer than any local path (4096
+    characters) cut."""
     from ptestore.cli import main
 
     name = tmp_path / "m\x1b[2J\r.pte"
@@ -480,7 +481,7 @@ def test_an_error_line_cannot_drive_the_terminal(
     run = guarded("x")(_raising(PteStoreError(f"{long}: no such file")))
     assert run(argparse.Namespace()) == EXIT_FAILURE
     assert capsys.readouterr().err == (
-        f"ptestore x: error: {long[:300]}... (3000005 characters): no such file\n"
+        f"ptestore x: error: {long[:4096]}... (3000005 characters): no such file\n"
     )
 
 
