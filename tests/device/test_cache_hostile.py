@@ -260,7 +260,7 @@ def test_clear_that_cannot_remove_a_lock_file_says_what_it_did() -> None:
     import shutil
     import tempfile
 
-    from support.as_user import NOBODY, as_user
+    from support.as_user import NOBODY, as_user, give_tree
 
     from ptestore.device import clear
 
@@ -270,9 +270,7 @@ def test_clear_that_cannot_remove_a_lock_file_says_what_it_did() -> None:
         cache_dir = root / "cache"
         a = _ensure(copy_pte(root / "a.pte"), cache_dir)
         b = _ensure(copy_pte(root / "b.pte"), cache_dir)
-        for d, dirs, files in os.walk(cache_dir):
-            for name in [d, *(os.path.join(d, n) for n in dirs + files)]:
-                os.chown(name, NOBODY, NOBODY)
+        give_tree(cache_dir, NOBODY)
         os.chmod(cache_dir / "locks", 0o555)
         first = min(a.key, b.key)
         held = allocated_under(cache_dir / "entries" / first)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.as_user import NOBODY, as_user
+from support.as_user import NOBODY, as_user, give_tree
 from support.blocks import allocated, allocated_under
 from support.fixtures import copy_pte
 
@@ -98,9 +98,7 @@ def test_a_file_that_cannot_be_removed_is_not_freed_and_still_in_the_cache() -> 
     try:
         os.chmod(root, 0o755)
         cache, a, b = _two_entries(root)
-        for d, dirs, files in os.walk(cache):
-            for name in [d, *(os.path.join(d, n) for n in dirs + files)]:
-                os.chown(name, NOBODY, NOBODY)
+        give_tree(cache, NOBODY)
         stuck = Path(a.pte).parent / "stuck"
         stuck.mkdir(mode=0o755)  # root's: nobody cannot remove what is in it
         (stuck / "x").write_bytes(b"x" * 1000)
@@ -130,9 +128,7 @@ def test_an_evicted_entry_whose_lock_file_stays_is_still_evicted() -> None:
     try:
         os.chmod(root, 0o755)
         cache, a, _ = _two_entries(root)
-        for d, dirs, files in os.walk(cache):
-            for name in [d, *(os.path.join(d, n) for n in dirs + files)]:
-                os.chown(name, NOBODY, NOBODY)
+        give_tree(cache, NOBODY)
         os.chmod(cache / "locks", 0o555)
         listed = {e.key: e.bytes for e in list_entries(cache)}
         held = sum(allocated_under(cache / "entries" / k) for k in listed)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 
-__all__ = ["NOBODY", "as_user"]
+__all__ = ["NOBODY", "as_user", "give_tree"]
 
 #: The uid (and gid) of ``nobody`` on Linux.
 NOBODY = 65534
@@ -37,3 +37,11 @@ def as_user(uid: int, work: Callable[[], object], *, groups: Sequence[int] = ())
         got += chunk
     os.close(r)
     return got.decode()
+
+
+def give_tree(root: str | os.PathLike[str], uid: int) -> None:
+    """Make ``uid`` (and the group of that number) the owner of ``root`` and of
+    everything under it (as root: what a test run as another user then acts on)."""
+    for d, dirs, files in os.walk(root):
+        for name in [d, *(os.path.join(d, n) for n in dirs + files)]:
+            os.chown(name, uid, uid)
