@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 from .._dataclass import dataclass
 from ..errors import PermissionDenied
-from .cache import CacheLayout, evict, files_intact, read_manifest, touch
 from .entryfiles import check_entry_dir
 from .keys import as_recorded
+from .layout import CacheLayout, files_intact, read_manifest, touch
 from .manifest import Manifest, as_json
 
 if TYPE_CHECKING:
@@ -169,6 +169,8 @@ def hit_or_make(
         if hit is None:
             hit = make()
     if max_bytes is not None:
+        from .cache import evict
+
         evict(layout.root, max_bytes, keep=key)
     return hit
 

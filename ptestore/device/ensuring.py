@@ -31,13 +31,13 @@ from .artifact import (
     said_unchanged,
     warn_unchanged,
 )
-from .cache import CacheLayout, read_manifest, remove_entry_locked
 from .entryfiles import clean_entry_locked, remove_foreign
 from .keys import backend_fingerprint, device_fingerprint, entry_key, location, source_identity
 
 # spec_text, PTE_NAME, PTD_NAME, disk_full_error and write_manifest (below) are still
 # found here, where they were before the split.
 from .keys import spec_text as spec_text
+from .layout import CacheLayout, read_manifest
 from .lock import with_lock_timeout
 from .manifest import (
     PTD_NAME,
@@ -408,6 +408,8 @@ def _make(
         try:
             accept(prov)
         except BaseException:  # refused: no entry of it (nor the stale one it replaced)
+            from .cache import remove_entry_locked
+
             remove_entry_locked(layout, key)
             raise
     names = {"pte": PTE_NAME} if ptd_dst is None else {"pte": PTE_NAME, "ptd": PTD_NAME}

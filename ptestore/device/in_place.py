@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 from ..errors import AlreadySpecialized, ConfigurationError, PteStoreError, StorageError
 from ..storage.types import StorageURL
 from .artifact import Artifact, HeldProgress, artifact_of, hit_or_make, lookup, warn_unchanged
-from .cache import CacheLayout
 from .keys import (
     backend_fingerprint,
     device_fingerprint,
@@ -19,6 +18,7 @@ from .keys import (
     identity_of,
     source_identity,
 )
+from .layout import CacheLayout
 from .manifest import Manifest, is_disk_full
 
 if TYPE_CHECKING:
@@ -195,8 +195,8 @@ def _refuse_recorded_output(layout: CacheLayout, key: str, path: str, now: dict[
     place, for other backends or another device (an upgrade): it is an output, with or
     without a trailer; refuse to specialize it again."""
     from ..errors import AlreadySpecialized
-    from .cache import read_manifest
     from .keys import as_recorded
+    from .layout import read_manifest
     from .manifest import as_json
 
     try:
