@@ -60,6 +60,7 @@ __all__ = [
     "prune",
     "read_manifest",
     "remove_entry_locked",
+    "stopped",
     "touch",
 ]
 
@@ -194,7 +195,7 @@ def prune(cache_dir: str | os.PathLike[str], max_bytes: int | None = None) -> Re
                     lock.release()
         remove_orphan_locks(layout.entries, layout.locks)
     except StorageError as exc:
-        raise _stopped(layout, "prune", out, exc) from exc
+        raise stopped(layout, "prune", len(out.removed), out.freed, exc) from exc
     if max_bytes is not None:
         more = evict(cache_dir, max_bytes)
         out.removed += more.removed
@@ -220,22 +221,24 @@ def clear(cache_dir: str | os.PathLike[str]) -> Removed:
                 _try_remove(layout, load_entry(layout, key), out)
         remove_orphan_locks(layout.entries, layout.locks)
     except StorageError as exc:
-        raise _stopped(layout, "clear", out, exc) from exc
+        raise stopped(layout, "clear", len(out.removed), out.freed, exc) from exc
     out.remaining = sum(dir_bytes(layout.entry_dir(k)) for k in layout.entry_keys())
     return out
 
 
-def _stopped(layout: CacheLayout, what: str, out: Removed, exc: StorageError) -> StorageError:
-    """The error of a ``cache prune``/``clear`` stopped part-way (``exc``: what stopped
-    it, a file or lock file it could not remove), with what it had removed and what the
-    cache keeps."""
+def stopped(
+    layout: CacheLayout, what: str, removed: int, freed: int, exc: StorageError
+) -> StorageError:
+    """The error of a ``cache prune``, ``prune --stale`` or ``clear`` (``what``) stopped
+    part-way (``exc``: what stopped it, a file or lock file it could not remove), with
+    what it had removed (``removed`` entries, ``freed`` bytes) and what the cache keeps."""
     try:
         kept = f", {_entries(len(layout.entry_keys()))} kept"
     except PteStoreError:
         kept = ""
-    removed = f"{_entries(len(out.removed))} ({out.freed} bytes freed)"
+    done = f"{_entries(removed)} ({freed} bytes freed)"
     return StorageError(
-        f"{layout.root}: cache {what} stopped: {exc}; it had removed {removed}{kept}",
+        f"{layout.root}: cache {what} stopped: {exc}; it had removed {done}{kept}",
         errno=exc.errno,
     )
 
