@@ -157,7 +157,9 @@ def hit_or_make(
 ) -> Artifact:
     """The entry ``key``: ``lookup()`` under the key's shared lock (a hit), else under its
     exclusive lock ``lookup()`` again (another process may have made it) and ``make()``;
-    a made entry then evicts others down to ``max_bytes``."""
+    a made entry then evicts others down to ``max_bytes``. A ``make()`` that fails
+    removes the entry directory it created, when nothing is left in it (what is, a
+    download to resume, stays; a directory there before it is never removed)."""
     with layout.lock(key, shared=True):
         hit = lookup()
     if hit is not None:
@@ -167,7 +169,13 @@ def hit_or_make(
             before_make()
         hit = lookup()
         if hit is None:
-            hit = make()
+            created = not os.path.lexists(layout.entry_dir(key))
+            try:
+                hit = make()
+            except BaseException:
+                if created:  # else not this make's to remove: an "incomplete" entry
+                    layout.remove_empty_entry_dir(key)
+                raise
     if max_bytes is not None:
         from .cache import evict
 

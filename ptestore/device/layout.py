@@ -128,6 +128,15 @@ class CacheLayout:
         check_entry_dir(directory)
         return directory
 
+    def remove_empty_entry_dir(self, key: str) -> None:
+        """Entry ``key``'s directory removed when it is empty (``rmdir``: one holding
+        anything, a link or a file at its path, are left alone): what a failed make
+        leaves of a directory it created (:func:`.artifact.hit_or_make`)."""
+        try:
+            os.rmdir(self.entry_dir(key))
+        except OSError:  # not empty (a download to resume), not there, not a directory
+            pass
+
     def entry_dir(self, key: str) -> str:
         return os.path.join(self.entries, key)
 

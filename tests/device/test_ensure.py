@@ -337,10 +337,9 @@ def test_a_full_disk_is_a_clear_error_with_cache_and_source_intact(
         "(`ptestore cache prune --max-bytes N`) or specialize in place (--in-place): "
     ), msg
     assert sha(big) == before
-    # Only the first entry (and the new key's empty directory) remain, nothing staged.
-    entries = list_entries(cache)
-    assert [e.state for e in entries if e.key == small.key] == ["ready"]
-    assert all(e.bytes == 0 for e in entries if e.key != small.key)
+    # Only the first entry remains: nothing staged, no empty directory of the new key
+    # (it was left, an "incomplete" entry).
+    assert [(e.key, e.state) for e in list_entries(cache)] == [(small.key, "ready")]
     again = ptestore.ensure(src, cache_dir=cache, backends=[SPEC], device=DEVICE)
     assert not again.created and sha(again.pte) == sha(small.pte)
 
@@ -658,3 +657,24 @@ def test_the_cli_says_on_stderr_that_nothing_was_specialized(tmp_path: Path) -> 
         f"{src}: served unchanged from the cache (entry {key}, specialized: false): nothing "
         "was specialized when it was made (its warning said why)\n"
     )
+
+
+#: A backend that reads a weight of the .ptd: without the .ptd, its run fails.
+READS_PTD = "support.doubling_backend:Doubling=mlp_xnnpack_ext"
+
+
+def test_a_failed_make_leaves_no_entry_directory(tmp_path: Path) -> None:
+    """A run that fails (a backend error here) removes the entry directory it created,
+    which ``cache ls`` listed as an incomplete entry; an entry directory that was there
+    before the run is left as it was."""
+    src = tmp_path / "ext.pte"
+    src.write_bytes(EXT.pte_path.read_bytes())
+    cache = tmp_path / "cache"
+    with pytest.raises(BackendError):
+        ptestore.ensure(src, cache_dir=cache, backends=[READS_PTD])
+    assert list_entries(cache) == [] and os.listdir(cache / "entries") == []
+    key = entry_key(str(src), None, [READS_PTD], None, False, True)
+    (cache / "entries" / key).mkdir()  # there before the run: not the run's to remove
+    with pytest.raises(BackendError):
+        ptestore.ensure(src, cache_dir=cache, backends=[READS_PTD])
+    assert [(e.key, e.state) for e in list_entries(cache)] == [(key, "incomplete")]
