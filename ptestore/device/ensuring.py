@@ -27,6 +27,7 @@ from .artifact import (
     HeldProgress,
     artifact_of,
     hit_or_make,
+    in_ensure_words,
     lookup,
     said_unchanged,
     warn_unchanged,
@@ -394,6 +395,7 @@ def _make(
                 fingerprint["ptd"].get("size", 0) if fingerprint["ptd"] else 0
             )
             raise disk_full_error(layout.root, src, need, exc) from exc
+        in_ensure_words(exc)  # the .ptd hint in ensure's flags
         raise
     warn_unchanged(report, key)
     from ..provenance import read_provenance

@@ -10,7 +10,15 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import AlreadySpecialized, ConfigurationError, PteStoreError, StorageError
 from ..storage.types import StorageURL
-from .artifact import Artifact, HeldProgress, artifact_of, hit_or_make, lookup, warn_unchanged
+from .artifact import (
+    Artifact,
+    HeldProgress,
+    artifact_of,
+    hit_or_make,
+    in_ensure_words,
+    lookup,
+    warn_unchanged,
+)
 from .keys import (
     backend_fingerprint,
     device_fingerprint,
@@ -187,6 +195,7 @@ def _specialize_in_place(
                 f"need; the file is unchanged: {exc}",
                 errno=exc.errno if isinstance(exc, OSError) else None,
             ) from exc
+        in_ensure_words(exc)  # the .ptd hint in ensure's flags
         raise  # an apply that failed says that its journal is committed, and what to do
 
 
@@ -308,6 +317,7 @@ def _from_portable(
                 f"the portable source {portable} (it is written beside {path}, then renamed "
                 f"over it); {path} is unchanged: {exc}"
             ) from exc
+        in_ensure_words(exc)  # the .ptd hint in ensure's flags
         raise
     warn_unchanged(report, key)  # served as it is: said, never silent
     try:

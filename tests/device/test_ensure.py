@@ -678,3 +678,38 @@ def test_a_failed_make_leaves_no_entry_directory(tmp_path: Path) -> None:
     with pytest.raises(BackendError):
         ptestore.ensure(src, cache_dir=cache, backends=[READS_PTD])
     assert [(e.key, e.state) for e in list_entries(cache)] == [(key, "incomplete")]
+
+
+def test_a_key_of_the_missing_ptd_is_hinted_in_ensure_s_flags(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A backend reads a weight of the .ptd that was not given: the MissingNamedData it
+    gets (and the BackendError quoting it) tells how to pass the .ptd to ``ensure``, not
+    to ``specialize`` (it said ``--ptd SRC_PTD DST_PTD``, which ensure refuses), in
+    Python and in the CLI, as a copy and in place."""
+    from ptestore.cli import main
+    from ptestore.errors import MissingNamedData
+
+    src = tmp_path / "ext.pte"
+    src.write_bytes(EXT.pte_path.read_bytes())
+    assert EXT.doubled is not None
+    key = EXT.doubled.key
+    missing = (
+        f"named data key {key!r} is not in {src}: no .ptd was given, and a key the .pte "
+        "does not hold is in the model's .ptd (its external weights): pass it (CLI: --ptd "
+        "PTD; Python: ptd=PATH)"
+    )
+    said = (
+        f"backend 'XnnpackBackend' ({READS_PTD}), key {key!r}: initialize_backend_data "
+        f"failed: MissingNamedData: {missing}"
+    )
+    for in_place in (False, True):
+        with pytest.raises(BackendError) as info:
+            ptestore.ensure(src, cache_dir=tmp_path / "c", backends=[READS_PTD], in_place=in_place)
+        assert str(info.value) == said
+        cause = info.value.__cause__
+        assert isinstance(cause, MissingNamedData) and str(cause) == missing
+    argv = ["ensure", str(src), "--cache-dir", str(tmp_path / "c"), "--backend", READS_PTD]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"ptestore ensure: failed, nothing published: {said}\n"), err
