@@ -216,14 +216,13 @@ class HeldProgress:
 def warn_unchanged(report: Any, key: str) -> None:
     """A run of ``ensure`` that specialized nothing (``strict=False``: the model is
     served unchanged, as a device app wants one) says so and why, a warning (on stderr
-    in the CLI): never silent (docs/concepts.md, "No silent no-op")."""
+    in the CLI): never silent (docs/concepts.md, "No silent no-op"). Said once the
+    entry is kept: never for one refused (``accept``) or not published."""
     from ..coordinator.report import served_unchanged_message
 
     said = served_unchanged_message(report, key)
     if said is not None:
-        from .._log import get_logger
-
-        get_logger("ptestore.device").warning("%s", said)
+        _warn(said)
 
 
 def in_ensure_words(exc: BaseException) -> None:
@@ -256,11 +255,23 @@ def in_ensure_words(exc: BaseException) -> None:
 def said_unchanged(src: str, key: str) -> None:
     """The warning of a hit on an entry whose run specialized nothing (that run's
     warning said why): served unchanged, never silently (docs/concepts.md)."""
+    _warn(
+        f"{src}: served unchanged from the cache (entry {key}, specialized: false): nothing "
+        "was specialized when it was made (its warning said why)"
+    )
+
+
+#: Who says that a model is served unchanged (:func:`warn_unchanged`,
+#: :func:`said_unchanged`): None, the ``ptestore.device`` logger (a warning, as a
+#: library caller gets any); ``ptestore ensure`` sets a function that prints the line
+#: in the command line's own form while it runs.
+say_unchanged: Callable[[str], None] | None = None
+
+
+def _warn(message: str) -> None:
+    if say_unchanged is not None:
+        say_unchanged(message)
+        return
     from .._log import get_logger
 
-    get_logger("ptestore.device").warning(
-        "%s: served unchanged from the cache (entry %s, specialized: false): nothing was "
-        "specialized when it was made (its warning said why)",
-        src,
-        key,
-    )
+    get_logger("ptestore.device").warning("%s", message)

@@ -397,7 +397,6 @@ def _make(
             raise disk_full_error(layout.root, src, need, exc) from exc
         in_ensure_words(exc)  # the .ptd hint in ensure's flags
         raise
-    warn_unchanged(report, key)
     from ..provenance import read_provenance
     from ..storage.loaders import LocalFileLoader
 
@@ -429,6 +428,7 @@ def _make(
     except BaseException:
         unpublish(layout, key, names.values(), old is not None)
         raise
+    warn_unchanged(report, key)  # once it is kept: served unchanged, said
     return artifact_of(layout, manifest, True)
 
 

@@ -155,10 +155,11 @@ def _make(
         # that lock, as a later call adopts it.
         with deferred_signals():
             report = _specialize_in_place(path, backends, device, provenance, progress, ours)
-            if report is not None:  # served as it is: said, never silent
-                warn_unchanged(report, key)
             specialized = True if report is None else report.specialized
-            return _publish(layout, key, src, path, current, specialized, held)
+            made = _publish(layout, key, src, path, current, specialized, held)
+            if report is not None:  # served as it is, once recorded: said, never silent
+                warn_unchanged(report, key)
+            return made
     finally:
         os.close(held)
 
@@ -319,7 +320,6 @@ def _from_portable(
             ) from exc
         in_ensure_words(exc)  # the .ptd hint in ensure's flags
         raise
-    warn_unchanged(report, key)  # served as it is: said, never silent
     try:
         held = os.open(staged, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
@@ -334,7 +334,9 @@ def _from_portable(
         except FileNotFoundError:
             pass
         rename(staged, path)
-        return _publish(layout, key, path, path, current, report.specialized, held)
+        made = _publish(layout, key, path, path, current, report.specialized, held)
+        warn_unchanged(report, key)  # served as it is, once recorded: said, never silent
+        return made
     finally:
         os.close(held)
         with contextlib.suppress(FileNotFoundError):

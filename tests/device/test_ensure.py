@@ -633,7 +633,9 @@ def test_in_place_that_specializes_nothing_says_so(
 def test_the_cli_says_on_stderr_that_nothing_was_specialized(tmp_path: Path) -> None:
     """``ptestore ensure`` of a model whose .ptd was forgotten: exit 0 and the path (the
     model is served), and a line on stderr saying why nothing was specialized, the hint
-    in ensure's flags (``specialize`` exits 2 with the same reason)."""
+    in ensure's flags (``specialize`` exits 2 with the same reason), in the command
+    line's form (``ptestore ensure: warning: ``; logging's handler printed it bare),
+    once with ``-v`` too (not also as a log record)."""
     src = tmp_path / "ext.pte"
     src.write_bytes(EXT.pte_path.read_bytes())
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS.parent), str(TESTS)]))
@@ -650,13 +652,19 @@ def test_the_cli_says_on_stderr_that_nothing_was_specialized(tmp_path: Path) -> 
         "weights in this model)",
     )
     lines = done.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith(head) and lines[0].endswith(tail), lines
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"ptestore ensure: warning: {head}"), lines
+    assert lines[0].endswith(tail), lines
     again = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
     assert (again.returncode, again.stdout.strip()) == (0, pte)
-    assert again.stderr == (
-        f"{src}: served unchanged from the cache (entry {key}, specialized: false): nothing "
-        "was specialized when it was made (its warning said why)\n"
+    hit = (
+        f"ptestore ensure: warning: {src}: served unchanged from the cache (entry {key}, "
+        "specialized: false): nothing was specialized when it was made (its warning said why)"
     )
+    assert again.stderr == f"{hit}\n"
+    loud = subprocess.run([*argv, "-v"], env=env, capture_output=True, text=True, check=False)
+    assert loud.returncode == 0
+    assert [s for s in loud.stderr.splitlines() if "served unchanged" in s] == [hit]
 
 
 #: A backend that reads a weight of the .ptd: without the .ptd, its run fails.

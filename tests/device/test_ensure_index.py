@@ -748,3 +748,27 @@ def test_a_failed_fetch_leaves_no_entry_directory(
     assert list_entries(cache) == [] and os.listdir(cache / "entries") == []
     (tmp_path / "away").rename(shared)
     assert ptestore.ensure(index, cache_dir=cache, model="m", device=A).created
+
+
+def test_a_refused_portable_source_that_specializes_nothing_is_not_said_served(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A portable source the index does not record, whose run specialized nothing: the
+    refusal alone is raised; no warning says it is served unchanged from a cache entry
+    (one was logged before the refusal, for an entry that was never kept)."""
+    from ptestore.fleet.index import load_index
+
+    index = fleet_run(_job(tmp_path, str(tmp_path / "out")), capsys)
+    entries = load_index(index)["entries"]
+    for e in entries:
+        e["source"]["sha256"] = "sha256-tree:" + "0" * 64
+    v2 = tmp_path / "v2" / "ptestore-index.json"
+    v2.parent.mkdir()
+    v2.write_text(json.dumps({"format": "ptestore.index", "version": 2, "entries": entries}))
+    z = DeviceProfile("z", {"soc": "q", "scale": 5.0})
+    quiet = "support.quiet_backend:Quiet"  # declines: the run specializes nothing
+    caplog.set_level("WARNING", logger="ptestore.device")
+    with pytest.raises(IntegrityError, match=r"the index .* records sha256-tree:0+ for model"):
+        ptestore.ensure(str(v2), cache_dir=tmp_path / "c", model="m", device=z, backends=[quiet])
+    assert [r.getMessage() for r in caplog.records if r.name == "ptestore.device"] == []
+    assert list_entries(tmp_path / "c") == []
