@@ -2,8 +2,9 @@
 (:func:`list_entries`, :func:`prune`, :func:`prune_stale`, :func:`clear`), specialize in place and
 :func:`recover`. See docs/device.md.
 
-The in-place machinery (which needs the coordinator) is imported on first use, so that
-an ``ensure`` hit does not load it.
+The in-place machinery (which needs the coordinator) and the removal of entries
+(:mod:`.cache`: ``clear``, ``evict``, ``prune``) are imported on first use, so that an
+``ensure`` hit does not load them.
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..journal import recover
-from .cache import CacheEntry, clear, evict, list_entries, prune
 from .ensuring import Artifact, ensure
+from .layout import CacheEntry, list_entries
 
 if TYPE_CHECKING:
     from ..coordinator.inplace import specialize_in_place
+    from .cache import clear, evict, prune
     from .stale import prune_stale
 
 __all__ = [
@@ -33,6 +35,12 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
+    if name in ("clear", "evict", "prune"):
+        from . import cache
+
+        found = getattr(cache, name)
+        globals()[name] = found
+        return found
     if name == "prune_stale":
         from .stale import prune_stale
 

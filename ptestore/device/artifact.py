@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 from .._dataclass import dataclass
 from ..errors import PermissionDenied
-from .cache import CacheLayout, evict, files_intact, read_manifest, touch
 from .entryfiles import check_entry_dir
 from .keys import as_recorded
+from .layout import CacheLayout, files_intact, read_manifest, touch
 from .manifest import Manifest, as_json
 
 if TYPE_CHECKING:
@@ -25,6 +25,7 @@ __all__ = [
     "HeldProgress",
     "artifact_of",
     "hit_or_make",
+    "in_ensure_words",
     "lookup",
     "said_unchanged",
     "warn_unchanged",
@@ -157,7 +158,9 @@ def hit_or_make(
 ) -> Artifact:
     """The entry ``key``: ``lookup()`` under the key's shared lock (a hit), else under its
     exclusive lock ``lookup()`` again (another process may have made it) and ``make()``;
-    a made entry then evicts others down to ``max_bytes``."""
+    a made entry then evicts others down to ``max_bytes``. A ``make()`` that fails
+    removes the entry directory it created, when nothing is left in it (what is, a
+    download to resume, stays; a directory there before it is never removed)."""
     with layout.lock(key, shared=True):
         hit = lookup()
     if hit is not None:
@@ -167,8 +170,16 @@ def hit_or_make(
             before_make()
         hit = lookup()
         if hit is None:
-            hit = make()
+            created = not os.path.lexists(layout.entry_dir(key))
+            try:
+                hit = make()
+            except BaseException:
+                if created:  # else not this make's to remove: an "incomplete" entry
+                    layout.remove_empty_entry_dir(key)
+                raise
     if max_bytes is not None:
+        from .cache import evict
+
         evict(layout.root, max_bytes, keep=key)
     return hit
 
@@ -205,24 +216,62 @@ class HeldProgress:
 def warn_unchanged(report: Any, key: str) -> None:
     """A run of ``ensure`` that specialized nothing (``strict=False``: the model is
     served unchanged, as a device app wants one) says so and why, a warning (on stderr
-    in the CLI): never silent (docs/concepts.md, "No silent no-op")."""
+    in the CLI): never silent (docs/concepts.md, "No silent no-op"). Said once the
+    entry is kept: never for one refused (``accept``) or not published."""
     from ..coordinator.report import served_unchanged_message
 
     said = served_unchanged_message(report, key)
     if said is not None:
-        from .._log import get_logger
+        _warn(said)
 
-        get_logger("ptestore.device").warning("%s", said)
+
+def in_ensure_words(exc: BaseException) -> None:
+    """A run's error as ``ensure`` raises it: the hint to pass the model's .ptd
+    (:func:`~ptestore.coordinator.report.pass_ptd`, in a
+    :class:`~ptestore.errors.MissingNamedData` and the ``BackendError`` that quotes one a
+    backend got) rewritten in ``ensure``'s spelling, as its warnings give it
+    (:data:`~ptestore.coordinator.report.ENSURE_PTD`), not ``specialize``'s."""
+    from ..errors import BackendError, MissingNamedData
+
+    seen: set[int] = set()
+    err: BaseException | None = exc
+    while err is not None and id(err) not in seen:  # the error and its causes
+        seen.add(id(err))
+        if isinstance(err, (BackendError, MissingNamedData)):
+            from ..coordinator.report import ENSURE_PTD, pass_ptd
+
+            theirs, ours = pass_ptd(), pass_ptd(ENSURE_PTD)
+            if isinstance(err, BackendError) and theirs in err.message:
+                b = err
+                message = b.message.replace(theirs, ours)
+                BackendError.__init__(
+                    b, message, backend=b.backend, method=b.method, key=b.key, spec=b.spec
+                )
+            elif isinstance(err, MissingNamedData) and theirs in str(err):
+                err.args = (str(err).replace(theirs, ours),)
+        err = err.__cause__
 
 
 def said_unchanged(src: str, key: str) -> None:
     """The warning of a hit on an entry whose run specialized nothing (that run's
     warning said why): served unchanged, never silently (docs/concepts.md)."""
+    _warn(
+        f"{src}: served unchanged from the cache (entry {key}, specialized: false): nothing "
+        "was specialized when it was made (its warning said why)"
+    )
+
+
+#: Who says that a model is served unchanged (:func:`warn_unchanged`,
+#: :func:`said_unchanged`): None, the ``ptestore.device`` logger (a warning, as a
+#: library caller gets any); ``ptestore ensure`` sets a function that prints the line
+#: in the command line's own form while it runs.
+say_unchanged: Callable[[str], None] | None = None
+
+
+def _warn(message: str) -> None:
+    if say_unchanged is not None:
+        say_unchanged(message)
+        return
     from .._log import get_logger
 
-    get_logger("ptestore.device").warning(
-        "%s: served unchanged from the cache (entry %s, specialized: false): nothing was "
-        "specialized when it was made (its warning said why)",
-        src,
-        key,
-    )
+    get_logger("ptestore.device").warning("%s", message)

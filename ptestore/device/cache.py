@@ -1,67 +1,43 @@
-"""The on-device cache directory: entries, their manifests, last use and eviction.
+"""Removing cache entries: one under its key's exclusive lock (:func:`remove_entry_locked`),
+least-recently-used eviction (:func:`evict`), and the two sweeps of ``ptestore cache``
+(:func:`prune`, :func:`clear`), with the error of a sweep stopped part-way: what it had
+removed and what the cache keeps. The cache directory's layout and its entries as
+listed are :mod:`.layout`'s; their names are found here too (this module's import path
+is the one they have always had: ``ptestore.device.cache``).
 
-Layout (everything below ``cache_dir``)::
-
-    entries/<key>/manifest.json   what the entry is (written last, atomically)
-    entries/<key>/model.pte       the specialized program (published atomically)
-    entries/<key>/model.ptd       its external weights, when the source has a .ptd
-    locks/<key>.lock              the advisory lock of the key (see :mod:`.lock`)
-    backends.json                 what the installed distributions said about the
-                                  backends, and the stamp of the installation it
-                                  holds for (:mod:`ptestore.backends.snapshot`)
-
-An entry is valid only when its manifest exists and every file it names has the size,
-inode, modification time and status-change time (``ctime``) the manifest records: a crash
-between publishing the files and the manifest, or a file changed behind the cache's back
-(even one rewritten at the same size with its ``mtime`` set back: no call sets ``ctime``
-back), reads as a miss, never as a hit on a partial or foreign file. That check is by
-``stat`` and trusts what ``stat`` cannot see: a change within the same tick of the file
-system's clock as the entry's last change, or one made by a process that can set the
-clock back or write the disk directly (this user's or root's; see :func:`check_private`).
-
-The cache is this user's alone, as ssh wants its files (:func:`check_private`): the cache
-directory, ``entries/``, ``locks/``, each entry's directory and manifest must be owned by
-this user (or root) and not writable by group or others, else
-:class:`~ptestore.errors.PermissionDenied` names the path, its owner and mode and the fix;
-an entry's file writable by group or others, or owned by someone else, is not a hit
-(made again). The cache creates its directories ``0o755`` and its files without group or
-others' write (whatever the umask). The last use of an entry is the modification time of
-its manifest, set by :func:`~ptestore.device.ensure` on every hit (``os.utime``:
-no data written, independent of ``atime`` and of mount options such as ``noatime``).
+Each entry is judged from a listing, then read again under its lock, taken without
+waiting: one another process holds is busy (kept), one made, remade or used since it was
+judged is kept (judged again next time). The cache's directories are checked to be this
+user's alone (:meth:`.layout.CacheLayout.check`) before anything in them is removed.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import time
 from typing import Any
 
-from .._args import path_argument
 from .._dataclass import dataclass, field
 from .._log import get_logger
-from ..errors import ConfigurationError, FormatError, PteStoreError, StorageError
-from ..storage.types import StorageURL
-from .entryfiles import (
+from ..errors import ConfigurationError, PteStoreError, StorageError
+from .entryfiles import clean_entry_locked, dir_bytes, entry_dir_fd, entry_files, freed_since
+from .layout import (
     MANIFEST,
     MANIFEST_FORMAT,
     MANIFEST_VERSION,
     MAX_MANIFEST_BYTES,
-    check_entry_dir,
-    clean_entry_locked,
-    dir_bytes,
-    entry_dir_fd,
-    entry_files,
+    CacheEntry,
+    CacheLayout,
+    check_private,
     file_stamp,
     files_intact,
-    freed_since,
-    is_key,
+    list_entries,
+    load_entry,
     packed_weights_file,
     read_manifest,
+    touch,
 )
-from .lock import KeyLock
 from .orphans import remove_orphan_locks
-from .private import check_private
 
 log = get_logger(__name__)
 
@@ -72,192 +48,21 @@ __all__ = [
     "MAX_MANIFEST_BYTES",
     "CacheEntry",
     "CacheLayout",
+    "Removed",
     "check_private",
     "clear",
     "evict",
     "file_stamp",
     "files_intact",
     "list_entries",
+    "load_entry",
     "packed_weights_file",
     "prune",
     "read_manifest",
+    "remove_entry_locked",
+    "stopped",
+    "touch",
 ]
-
-
-#: The mode the cache creates its directories with (the umask may only remove bits).
-PRIVATE_DIR_MODE = 0o755
-
-
-class CacheLayout:
-    """Paths of a cache directory."""
-
-    def __init__(self, cache_dir: str | os.PathLike[str]) -> None:
-        text = path_argument(cache_dir, "cache_dir")
-        if not text:
-            raise ConfigurationError(f"cache_dir must be a directory path, got {cache_dir!r}")
-        url = StorageURL.of(text)
-        if not url.local:
-            raise ConfigurationError(
-                f"cache_dir {text!r}: the cache is a local directory, not a URL"
-            )
-        self.root = url.path
-        self.entries = os.path.join(self.root, "entries")
-        self.locks = os.path.join(self.root, "locks")
-        self.snapshot = os.path.join(self.root, "backends.json")
-
-    def create(self) -> None:
-        """Create the cache's directories (``0o755``) where missing, and check that they
-        are this user's alone (:func:`check_private`)."""
-        for d in (self.root, self.entries, self.locks):
-            try:
-                os.makedirs(d, mode=PRIVATE_DIR_MODE, exist_ok=True)
-            except FileExistsError as exc:
-                raise ConfigurationError(f"{d}: exists and is not a directory") from exc
-            except OSError as exc:
-                raise StorageError(
-                    f"{d}: cannot create the cache directory: {exc.strerror}"
-                ) from exc
-            check_private(d, "cache directory" if d == self.root else "cache directory's")
-
-    def check(self) -> None:
-        """The cache's directories that exist are this user's alone
-        (:func:`check_private`), before anything in them is removed: a ``cache
-        prune``/``clear`` (or an eviction) of a cache others can write to would follow
-        what they planted there (``entries`` a link to another directory)."""
-        for d in (self.root, self.entries, self.locks):
-            check_private(d, "cache directory" if d == self.root else "cache directory's")
-
-    def make_entry_dir(self, key: str) -> str:
-        """Entry ``key``'s directory, created ``0o755`` where missing and checked."""
-        directory = self.entry_dir(key)
-        check_entry_dir(directory)  # a link to elsewhere is refused before makedirs
-        os.makedirs(directory, mode=PRIVATE_DIR_MODE, exist_ok=True)
-        check_entry_dir(directory)
-        return directory
-
-    def entry_dir(self, key: str) -> str:
-        return os.path.join(self.entries, key)
-
-    def manifest(self, key: str) -> str:
-        return os.path.join(self.entries, key, MANIFEST)
-
-    def lock(self, key: str, *, shared: bool = False, blocking: bool = True) -> KeyLock:
-        return KeyLock(os.path.join(self.locks, key + ".lock"), shared=shared, blocking=blocking)
-
-    def entry_keys(self) -> list[str]:
-        """The keys of the entries: the real directories under ``entries/`` named as a
-        key is (anything else there is not an entry, and left alone)."""
-        try:
-            with os.scandir(self.entries) as it:
-                return sorted(
-                    e.name for e in it if is_key(e.name) and e.is_dir(follow_symlinks=False)
-                )
-        except FileNotFoundError:
-            return []
-        except NotADirectoryError as exc:  # cache_dir (or its entries/) a file
-            culprit = self.entries if os.path.isdir(self.root) else self.root
-            raise ConfigurationError(
-                f"{culprit}: not a directory; a cache directory (cache_dir) and its "
-                "entries/ are directories"
-            ) from exc
-
-
-@dataclass
-class CacheEntry:
-    """One entry of a cache directory, as ``ptestore cache ls`` shows it."""
-
-    key: str
-    path: str
-    #: ``"ready"``, ``"incomplete"`` (no manifest: an interrupted run) or ``"broken"``
-    #: (a manifest whose files are missing or changed, or one that cannot be read).
-    state: str
-    bytes: int
-    #: Last use (seconds since the epoch): the manifest's modification time.
-    last_used: float | None
-    source: str | None = None
-    in_place: bool = False
-    manifest: dict[str, Any] = field(default_factory=dict, repr=False)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "key": self.key,
-            "path": self.path,
-            "state": self.state,
-            "bytes": self.bytes,
-            "last_used": self.last_used,
-            "source": self.source,
-            "in_place": self.in_place,
-            "xnnpack_cache": self.xnnpack_cache,
-        }
-
-    @property
-    def xnnpack_cache(self) -> str | None:
-        """The entry's XNNPACK packed-weight file (``ensure(..., xnnpack_cache=True)``):
-        the path of one with its record beside it, else None (not checked here)."""
-        try:
-            names = os.listdir(self.path)
-        except OSError:
-            return None
-        for name in sorted(names):
-            if name.endswith(".xpwc") and name + ".json" in names:
-                return os.path.join(self.path, name)
-        return None
-
-
-def _usable(manifest: dict[str, Any], path: str) -> bool:
-    """Whether an artifact can be built from ``manifest`` (what a hit returns): its
-    source named, its provenance record readable. A manifest whose provenance field is
-    damaged is broken: a hit on it is a miss, and prune removes it."""
-    if manifest.get("in_place") and not isinstance(manifest.get("source"), str):
-        return False
-    record = manifest.get("provenance")
-    if record is None:
-        return True
-    from ..provenance.record import Provenance
-
-    try:
-        Provenance.from_dict(record, path)
-    except Exception:  # any damage: not an artifact
-        return False
-    return True
-
-
-def load_entry(layout: CacheLayout, key: str) -> CacheEntry:
-    directory = layout.entry_dir(key)
-    size = dir_bytes(directory)
-    path = layout.manifest(key)
-    try:
-        manifest = read_manifest(path)
-    except (FormatError, StorageError):
-        return CacheEntry(key, directory, "broken", size, None)
-    if manifest is None:
-        return CacheEntry(key, directory, "incomplete", size, None)
-    try:
-        used = os.stat(path).st_mtime
-    except OSError:
-        used = None
-    in_place = bool(manifest.get("in_place"))
-    intact = in_place or files_intact(directory, manifest)
-    state = "ready" if intact and _usable(manifest, path) else "broken"
-    src = manifest.get("source")
-    return CacheEntry(
-        key,
-        directory,
-        state,
-        size,
-        used,
-        src if isinstance(src, str) else None,
-        in_place,
-        manifest,
-    )
-
-
-def list_entries(cache_dir: str | os.PathLike[str]) -> list[CacheEntry]:
-    """Every entry of the cache, most recently used first."""
-    layout = CacheLayout(cache_dir)
-    entries = [load_entry(layout, k) for k in layout.entry_keys()]
-    entries.sort(key=lambda e: -(e.last_used or 0.0))
-    return entries
 
 
 def remove_entry_locked(layout: CacheLayout, key: str) -> int:
@@ -390,7 +195,7 @@ def prune(cache_dir: str | os.PathLike[str], max_bytes: int | None = None) -> Re
                     lock.release()
         remove_orphan_locks(layout.entries, layout.locks)
     except StorageError as exc:
-        raise _stopped(layout, "prune", out, exc) from exc
+        raise stopped(layout, "prune", len(out.removed), out.freed, exc) from exc
     if max_bytes is not None:
         more = evict(cache_dir, max_bytes)
         out.removed += more.removed
@@ -416,34 +221,27 @@ def clear(cache_dir: str | os.PathLike[str]) -> Removed:
                 _try_remove(layout, load_entry(layout, key), out)
         remove_orphan_locks(layout.entries, layout.locks)
     except StorageError as exc:
-        raise _stopped(layout, "clear", out, exc) from exc
+        raise stopped(layout, "clear", len(out.removed), out.freed, exc) from exc
     out.remaining = sum(dir_bytes(layout.entry_dir(k)) for k in layout.entry_keys())
     return out
 
 
-def _stopped(layout: CacheLayout, what: str, out: Removed, exc: StorageError) -> StorageError:
-    """The error of a ``cache prune``/``clear`` stopped part-way (``exc``: what stopped
-    it, a file or lock file it could not remove), with what it had removed and what the
-    cache keeps."""
+def stopped(
+    layout: CacheLayout, what: str, removed: int, freed: int, exc: StorageError
+) -> StorageError:
+    """The error of a ``cache prune``, ``prune --stale`` or ``clear`` (``what``) stopped
+    part-way (``exc``: what stopped it, a file or lock file it could not remove), with
+    what it had removed (``removed`` entries, ``freed`` bytes) and what the cache keeps."""
     try:
         kept = f", {_entries(len(layout.entry_keys()))} kept"
     except PteStoreError:
         kept = ""
-    removed = f"{_entries(len(out.removed))} ({out.freed} bytes freed)"
+    done = f"{_entries(removed)} ({freed} bytes freed)"
     return StorageError(
-        f"{layout.root}: cache {what} stopped: {exc}; it had removed {removed}{kept}",
+        f"{layout.root}: cache {what} stopped: {exc}; it had removed {done}{kept}",
         errno=exc.errno,
     )
 
 
 def _entries(n: int) -> str:
     return f"{n} entr{'y' if n == 1 else 'ies'}"
-
-
-def touch(path: str) -> None:
-    """Record a use of the entry whose manifest is ``path``."""
-    now = time.time_ns()
-    try:
-        os.utime(path, ns=(now, now))
-    except OSError:  # a read-only cache still serves hits; only LRU order suffers
-        pass

@@ -27,17 +27,18 @@ from .artifact import (
     HeldProgress,
     artifact_of,
     hit_or_make,
+    in_ensure_words,
     lookup,
     said_unchanged,
     warn_unchanged,
 )
-from .cache import CacheLayout, read_manifest, remove_entry_locked
 from .entryfiles import clean_entry_locked, remove_foreign
 from .keys import backend_fingerprint, device_fingerprint, entry_key, location, source_identity
 
 # spec_text, PTE_NAME, PTD_NAME, disk_full_error and write_manifest (below) are still
 # found here, where they were before the split.
 from .keys import spec_text as spec_text
+from .layout import CacheLayout, read_manifest
 from .lock import with_lock_timeout
 from .manifest import (
     PTD_NAME,
@@ -394,8 +395,8 @@ def _make(
                 fingerprint["ptd"].get("size", 0) if fingerprint["ptd"] else 0
             )
             raise disk_full_error(layout.root, src, need, exc) from exc
+        in_ensure_words(exc)  # the .ptd hint in ensure's flags
         raise
-    warn_unchanged(report, key)
     from ..provenance import read_provenance
     from ..storage.loaders import LocalFileLoader
 
@@ -408,6 +409,8 @@ def _make(
         try:
             accept(prov)
         except BaseException:  # refused: no entry of it (nor the stale one it replaced)
+            from .cache import remove_entry_locked
+
             remove_entry_locked(layout, key)
             raise
     names = {"pte": PTE_NAME} if ptd_dst is None else {"pte": PTE_NAME, "ptd": PTD_NAME}
@@ -425,6 +428,7 @@ def _make(
     except BaseException:
         unpublish(layout, key, names.values(), old is not None)
         raise
+    warn_unchanged(report, key)  # once it is kept: served unchanged, said
     return artifact_of(layout, manifest, True)
 
 

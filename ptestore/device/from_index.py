@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 from .._dataclass import replace
 from ..errors import ConfigurationError, IntegrityError, PermissionDenied, StorageError
 from .artifact import Artifact, artifact_of, hit_or_make, lookup
-from .cache import CacheLayout
 from .entryfiles import clean_entry_locked
+from .layout import CacheLayout
 from .manifest import PTD_NAME, PTE_NAME, unpublish
 
 if TYPE_CHECKING:

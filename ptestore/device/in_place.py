@@ -10,8 +10,15 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import AlreadySpecialized, ConfigurationError, PteStoreError, StorageError
 from ..storage.types import StorageURL
-from .artifact import Artifact, HeldProgress, artifact_of, hit_or_make, lookup, warn_unchanged
-from .cache import CacheLayout
+from .artifact import (
+    Artifact,
+    HeldProgress,
+    artifact_of,
+    hit_or_make,
+    in_ensure_words,
+    lookup,
+    warn_unchanged,
+)
 from .keys import (
     backend_fingerprint,
     device_fingerprint,
@@ -19,6 +26,7 @@ from .keys import (
     identity_of,
     source_identity,
 )
+from .layout import CacheLayout
 from .manifest import Manifest, is_disk_full
 
 if TYPE_CHECKING:
@@ -147,10 +155,11 @@ def _make(
         # that lock, as a later call adopts it.
         with deferred_signals():
             report = _specialize_in_place(path, backends, device, provenance, progress, ours)
-            if report is not None:  # served as it is: said, never silent
-                warn_unchanged(report, key)
             specialized = True if report is None else report.specialized
-            return _publish(layout, key, src, path, current, specialized, held)
+            made = _publish(layout, key, src, path, current, specialized, held)
+            if report is not None:  # served as it is, once recorded: said, never silent
+                warn_unchanged(report, key)
+            return made
     finally:
         os.close(held)
 
@@ -187,6 +196,7 @@ def _specialize_in_place(
                 f"need; the file is unchanged: {exc}",
                 errno=exc.errno if isinstance(exc, OSError) else None,
             ) from exc
+        in_ensure_words(exc)  # the .ptd hint in ensure's flags
         raise  # an apply that failed says that its journal is committed, and what to do
 
 
@@ -195,8 +205,8 @@ def _refuse_recorded_output(layout: CacheLayout, key: str, path: str, now: dict[
     place, for other backends or another device (an upgrade): it is an output, with or
     without a trailer; refuse to specialize it again."""
     from ..errors import AlreadySpecialized
-    from .cache import read_manifest
     from .keys import as_recorded
+    from .layout import read_manifest
     from .manifest import as_json
 
     try:
@@ -308,8 +318,8 @@ def _from_portable(
                 f"the portable source {portable} (it is written beside {path}, then renamed "
                 f"over it); {path} is unchanged: {exc}"
             ) from exc
+        in_ensure_words(exc)  # the .ptd hint in ensure's flags
         raise
-    warn_unchanged(report, key)  # served as it is: said, never silent
     try:
         held = os.open(staged, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
@@ -324,7 +334,9 @@ def _from_portable(
         except FileNotFoundError:
             pass
         rename(staged, path)
-        return _publish(layout, key, path, path, current, report.specialized, held)
+        made = _publish(layout, key, path, path, current, report.specialized, held)
+        warn_unchanged(report, key)  # served as it is, once recorded: said, never silent
+        return made
     finally:
         os.close(held)
         with contextlib.suppress(FileNotFoundError):

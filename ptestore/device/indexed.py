@@ -43,8 +43,8 @@ from ..errors import (
     StorageError,
 )
 from ..storage.types import StorageURL
-from .cache import MANIFEST, CacheLayout, files_intact, read_manifest, touch
 from .entryfiles import check_entry_dir
+from .layout import MANIFEST, CacheLayout, files_intact, read_manifest, touch
 from .manifest import PTE_NAME, Manifest, as_json, file_records
 
 if TYPE_CHECKING:

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from ..backends.registry import BackendLike
-    from .cache import CacheLayout
+    from .layout import CacheLayout
 
 __all__ = [
     "backend_fingerprint",

@@ -3,7 +3,7 @@ published atomically, last, after the files it names.
 
 Every way an entry is made (a specialized copy, an in-place run, a download from a job
 index) fills the same record; :meth:`Manifest.to_dict` is what ``manifest.json`` holds
-and what :func:`~ptestore.device.cache.read_manifest` gives back.
+and what :func:`~ptestore.device.entryfiles.read_manifest` gives back.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from .._dataclass import dataclass
 from ..errors import BackendError, StorageError
 from ..storage.types import StorageURL
-from .cache import MANIFEST_FORMAT, MANIFEST_VERSION, CacheLayout, file_stamp
+from .layout import MANIFEST_FORMAT, MANIFEST_VERSION, CacheLayout, file_stamp
 from .private import make_private
 
 if TYPE_CHECKING:

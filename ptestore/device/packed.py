@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 from .._dataclass import replace
 from ..errors import ConfigurationError, StorageError
 from .artifact import Artifact
-from .cache import CacheLayout, file_stamp, packed_weights_file
 from .entryfiles import MAX_MANIFEST_BYTES, read_regular
+from .layout import CacheLayout, file_stamp, packed_weights_file
 
 if TYPE_CHECKING:
     from ..xnnpack import CacheFile

@@ -34,9 +34,9 @@ import os
 from typing import Any
 
 from .._dataclass import dataclass, field
-from ..errors import ConfigurationError, ObjectNotFound, PteStoreError
+from ..errors import ConfigurationError, ObjectNotFound, PteStoreError, StorageError
 from ..storage.types import StorageURL
-from .cache import CacheLayout, load_entry, read_manifest, remove_entry_locked
+from .cache import CacheLayout, load_entry, read_manifest, remove_entry_locked, stopped
 from .keys import as_recorded, source_identity
 from .manifest import as_json
 
@@ -241,7 +241,11 @@ def prune_stale(
     before any index is read (none is refused when every index is local).
 
     Broken and incomplete entries are :func:`~ptestore.device.prune`'s (``ptestore cache
-    prune`` without ``--stale`` removes them too)."""
+    prune`` without ``--stale`` removes them too).
+
+    A file or lock file it cannot remove stops it with a
+    :class:`~ptestore.errors.StorageError` naming that file, what it had removed and
+    what the cache keeps (as ``prune`` and ``clear`` say it)."""
     if not isinstance(dry_run, bool):
         raise ConfigurationError(f"dry_run must be True or False, got {dry_run!r}")
     layout = CacheLayout(cache_dir)
@@ -252,21 +256,22 @@ def prune_stale(
     if options:
         _check_options(options, [e.manifest.get("index") for e in ready])
     out = StaleResult(dry_run)
-    for entry in ready:
-        key = entry.key
-        manifest = entry.manifest
-        source = manifest.get("index") or entry.source
-        reason, known = why_stale(manifest, options)
-        if reason is None:
-            out.current += 1
-            continue
-        if not known:
-            out.entries.append(StaleEntry(key, source, reason, "kept: unknown", entry.bytes))
-            continue
-        if dry_run:
-            out.entries.append(StaleEntry(key, source, reason, "would remove", entry.bytes))
-            continue
-        out.entries.append(_remove(layout, key, manifest, source, reason, entry.bytes, options))
+    try:
+        for entry in ready:
+            key = entry.key
+            manifest = entry.manifest
+            source = manifest.get("index") or entry.source
+            reason, known = why_stale(manifest, options)
+            if reason is None:
+                out.current += 1
+            elif not known:
+                out.entries.append(StaleEntry(key, source, reason, "kept: unknown", entry.bytes))
+            elif dry_run:
+                out.entries.append(StaleEntry(key, source, reason, "would remove", entry.bytes))
+            else:
+                _remove(layout, key, manifest, source, reason, entry.bytes, options, out)
+    except StorageError as exc:  # a file or lock file it cannot remove: what it did, said
+        raise stopped(layout, "prune --stale", len(out.removed), out.freed, exc) from exc
     return out
 
 
@@ -298,13 +303,18 @@ def _remove(
     reason: str,
     size: int,
     options: dict[str, Any],
-) -> StaleEntry:
+    out: StaleResult,
+) -> None:
     """Remove entry ``key`` under its exclusive lock, taken without waiting: a running
     ``ensure`` holds it (busy). The manifest is read again under the lock: one that
-    changed since it was judged (an ``ensure`` remade the entry) is judged again."""
+    changed since it was judged (an ``ensure`` remade the entry) is judged again. What
+    was done goes to ``out``; a removed entry before its lock file goes (a
+    :class:`~ptestore.errors.StorageError` when that cannot: the entry is gone all the
+    same, counted)."""
     lock = layout.lock(key, blocking=False)
     if not lock.acquire():
-        return StaleEntry(key, source, reason, "busy", size)
+        out.entries.append(StaleEntry(key, source, reason, "busy", size))
+        return
     removed = False
     try:
         try:
@@ -312,18 +322,20 @@ def _remove(
         except PteStoreError:
             now = None
         if now is None:
-            return StaleEntry(key, source, reason, "kept: already gone")
+            out.entries.append(StaleEntry(key, source, reason, "kept: already gone"))
+            return
         if now != judged:
             again, known = why_stale(now, options)
             if again is None or not known:
                 why = "remade while it was judged" if again is None else again
-                return StaleEntry(key, source, why, "kept: current" if known else "kept: unknown")
+                kept = "kept: current" if known else "kept: unknown"
+                out.entries.append(StaleEntry(key, source, why, kept))
+                return
             reason = again
         freed = remove_entry_locked(layout, key)
+        out.entries.append(StaleEntry(key, source, reason, "removed", freed))
         removed = True
     finally:
-        if removed:
-            lock.remove()  # the entry is gone: its lock file goes with it, as eviction does
-        else:
+        if not removed:
             lock.release()
-    return StaleEntry(key, source, reason, "removed", freed)
+    lock.remove()  # the entry is gone: its lock file goes with it, as eviction does

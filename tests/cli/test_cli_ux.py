@@ -424,6 +424,17 @@ def test_dst_option_gives_a_local_destination_its_writers_own_options(
         assert main([*base[:2], str(tmp_path / "r.pte"), *base[2:], *flags]) == EXIT_BAD_INPUT
         assert message in capsys.readouterr().err
     assert not (tmp_path / "r.pte").exists()
+    # A misspelt one is refused naming what the writer accepts, with --create too (the
+    # create probe, a read, refused it naming the reader's: "accepted: []").
+    r = tmp_path / "r.pte"
+    for create in ([], ["--create"]):
+        argv = [*base[:2], str(r), *base[2:], *create, "--dst-option", "auto_mkdri=true"]
+        assert main(argv) == EXIT_BAD_INPUT
+        assert capsys.readouterr().err == (
+            f"ptestore specialize: error: {r}: options ['auto_mkdri'] do not apply to local "
+            "files (accepted: ['auto_mkdir', 'durable'])\n"
+        )
+    assert not r.exists()
 
 
 @pytest.mark.s3

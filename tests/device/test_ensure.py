@@ -337,10 +337,9 @@ def test_a_full_disk_is_a_clear_error_with_cache_and_source_intact(
         "(`ptestore cache prune --max-bytes N`) or specialize in place (--in-place): "
     ), msg
     assert sha(big) == before
-    # Only the first entry (and the new key's empty directory) remain, nothing staged.
-    entries = list_entries(cache)
-    assert [e.state for e in entries if e.key == small.key] == ["ready"]
-    assert all(e.bytes == 0 for e in entries if e.key != small.key)
+    # Only the first entry remains: nothing staged, no empty directory of the new key
+    # (it was left, an "incomplete" entry).
+    assert [(e.key, e.state) for e in list_entries(cache)] == [(small.key, "ready")]
     again = ptestore.ensure(src, cache_dir=cache, backends=[SPEC], device=DEVICE)
     assert not again.created and sha(again.pte) == sha(small.pte)
 
@@ -634,7 +633,9 @@ def test_in_place_that_specializes_nothing_says_so(
 def test_the_cli_says_on_stderr_that_nothing_was_specialized(tmp_path: Path) -> None:
     """``ptestore ensure`` of a model whose .ptd was forgotten: exit 0 and the path (the
     model is served), and a line on stderr saying why nothing was specialized, the hint
-    in ensure's flags (``specialize`` exits 2 with the same reason)."""
+    in ensure's flags (``specialize`` exits 2 with the same reason), in the command
+    line's form (``ptestore ensure: warning: ``; logging's handler printed it bare),
+    once with ``-v`` too (not also as a log record)."""
     src = tmp_path / "ext.pte"
     src.write_bytes(EXT.pte_path.read_bytes())
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS.parent), str(TESTS)]))
@@ -651,10 +652,72 @@ def test_the_cli_says_on_stderr_that_nothing_was_specialized(tmp_path: Path) -> 
         "weights in this model)",
     )
     lines = done.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith(head) and lines[0].endswith(tail), lines
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"ptestore ensure: warning: {head}"), lines
+    assert lines[0].endswith(tail), lines
     again = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
     assert (again.returncode, again.stdout.strip()) == (0, pte)
-    assert again.stderr == (
-        f"{src}: served unchanged from the cache (entry {key}, specialized: false): nothing "
-        "was specialized when it was made (its warning said why)\n"
+    hit = (
+        f"ptestore ensure: warning: {src}: served unchanged from the cache (entry {key}, "
+        "specialized: false): nothing was specialized when it was made (its warning said why)"
     )
+    assert again.stderr == f"{hit}\n"
+    loud = subprocess.run([*argv, "-v"], env=env, capture_output=True, text=True, check=False)
+    assert loud.returncode == 0
+    assert [s for s in loud.stderr.splitlines() if "served unchanged" in s] == [hit]
+
+
+#: A backend that reads a weight of the .ptd: without the .ptd, its run fails.
+READS_PTD = "support.doubling_backend:Doubling=mlp_xnnpack_ext"
+
+
+def test_a_failed_make_leaves_no_entry_directory(tmp_path: Path) -> None:
+    """A run that fails (a backend error here) removes the entry directory it created,
+    which ``cache ls`` listed as an incomplete entry; an entry directory that was there
+    before the run is left as it was."""
+    src = tmp_path / "ext.pte"
+    src.write_bytes(EXT.pte_path.read_bytes())
+    cache = tmp_path / "cache"
+    with pytest.raises(BackendError):
+        ptestore.ensure(src, cache_dir=cache, backends=[READS_PTD])
+    assert list_entries(cache) == [] and os.listdir(cache / "entries") == []
+    key = entry_key(str(src), None, [READS_PTD], None, False, True)
+    (cache / "entries" / key).mkdir()  # there before the run: not the run's to remove
+    with pytest.raises(BackendError):
+        ptestore.ensure(src, cache_dir=cache, backends=[READS_PTD])
+    assert [(e.key, e.state) for e in list_entries(cache)] == [(key, "incomplete")]
+
+
+def test_a_key_of_the_missing_ptd_is_hinted_in_ensure_s_flags(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A backend reads a weight of the .ptd that was not given: the MissingNamedData it
+    gets (and the BackendError quoting it) tells how to pass the .ptd to ``ensure``, not
+    to ``specialize`` (it said ``--ptd SRC_PTD DST_PTD``, which ensure refuses), in
+    Python and in the CLI, as a copy and in place."""
+    from ptestore.cli import main
+    from ptestore.errors import MissingNamedData
+
+    src = tmp_path / "ext.pte"
+    src.write_bytes(EXT.pte_path.read_bytes())
+    assert EXT.doubled is not None
+    key = EXT.doubled.key
+    missing = (
+        f"named data key {key!r} is not in {src}: no .ptd was given, and a key the .pte "
+        "does not hold is in the model's .ptd (its external weights): pass it (CLI: --ptd "
+        "PTD; Python: ptd=PATH)"
+    )
+    said = (
+        f"backend 'XnnpackBackend' ({READS_PTD}), key {key!r}: initialize_backend_data "
+        f"failed: MissingNamedData: {missing}"
+    )
+    for in_place in (False, True):
+        with pytest.raises(BackendError) as info:
+            ptestore.ensure(src, cache_dir=tmp_path / "c", backends=[READS_PTD], in_place=in_place)
+        assert str(info.value) == said
+        cause = info.value.__cause__
+        assert isinstance(cause, MissingNamedData) and str(cause) == missing
+    argv = ["ensure", str(src), "--cache-dir", str(tmp_path / "c"), "--backend", READS_PTD]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"ptestore ensure: failed, nothing published: {said}\n"), err

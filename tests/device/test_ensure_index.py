@@ -612,7 +612,10 @@ def test_a_full_disk_at_the_manifest_of_a_fetched_entry_leaves_no_half_entry(
     assert str(info.value).startswith(f"{cache}: no space left on the file system")
     assert said in str(info.value)
     entry = cache / "entries" / index_key(index, "m", A)
-    assert sorted(os.listdir(entry)) == []
+    if earlier:  # its emptied directory stays (not this run's to remove)
+        assert sorted(os.listdir(entry)) == []
+    else:  # the directory the run created went with its files
+        assert not entry.exists()
     monkeypatch.undo()
     assert ptestore.ensure(index, cache_dir=cache, model="m", device=A).created
 
@@ -724,3 +727,48 @@ def test_a_portable_source_the_index_does_not_record_leaves_the_cache_as_it_was(
         assert str(info.value) == want
         assert [e.key for e in list_entries(cache)] == [kept.key]  # none kept, none evicted
         assert _tree(cache / "entries") == before
+
+
+def test_a_failed_fetch_leaves_no_entry_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A fetch that fails before anything was downloaded (the .ptd the index names is
+    gone) removes the entry directory it created, which ``cache ls`` listed as an
+    incomplete entry; the next fetch makes the entry."""
+    from ptestore.errors import ObjectNotFound
+
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    index = fleet_run(_job(tmp_path, str(out)), capsys)
+    shared = out / "_shared"
+    shared.rename(tmp_path / "away")
+    with pytest.raises(
+        ObjectNotFound, match=rf"^{shared}/sha256-tree/[0-9a-f]+\.ptd: no such file"
+    ):
+        ptestore.ensure(index, cache_dir=cache, model="m", device=A)
+    assert list_entries(cache) == [] and os.listdir(cache / "entries") == []
+    (tmp_path / "away").rename(shared)
+    assert ptestore.ensure(index, cache_dir=cache, model="m", device=A).created
+
+
+def test_a_refused_portable_source_that_specializes_nothing_is_not_said_served(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A portable source the index does not record, whose run specialized nothing: the
+    refusal alone is raised; no warning says it is served unchanged from a cache entry
+    (one was logged before the refusal, for an entry that was never kept)."""
+    from ptestore.fleet.index import load_index
+
+    index = fleet_run(_job(tmp_path, str(tmp_path / "out")), capsys)
+    entries = load_index(index)["entries"]
+    for e in entries:
+        e["source"]["sha256"] = "sha256-tree:" + "0" * 64
+    v2 = tmp_path / "v2" / "ptestore-index.json"
+    v2.parent.mkdir()
+    v2.write_text(json.dumps({"format": "ptestore.index", "version": 2, "entries": entries}))
+    z = DeviceProfile("z", {"soc": "q", "scale": 5.0})
+    quiet = "support.quiet_backend:Quiet"  # declines: the run specializes nothing
+    caplog.set_level("WARNING", logger="ptestore.device")
+    with pytest.raises(IntegrityError, match=r"the index .* records sha256-tree:0+ for model"):
+        ptestore.ensure(str(v2), cache_dir=tmp_path / "c", model="m", device=z, backends=[quiet])
+    assert [r.getMessage() for r in caplog.records if r.name == "ptestore.device"] == []
+    assert list_entries(tmp_path / "c") == []

@@ -390,3 +390,42 @@ def test_cache_lines_cannot_drive_the_terminal(
     assert main(["cache", "prune", "--cache-dir", str(cache), "--stale", "--dry-run"]) == 0
     judged = capsys.readouterr().out
     assert "s\\x1b[2J.pte is gone" in judged and "\x1b" not in judged
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+def test_prune_stale_that_cannot_remove_a_lock_file_says_what_it_did() -> None:
+    """``prune_stale`` by the cache's owner whose ``locks/`` it cannot write (mode
+    0555): the first stale entry goes, its lock file cannot: a StorageError naming the
+    lock file, what was removed and what is kept, as ``clear`` and ``prune`` say it (it
+    named the lock file alone)."""
+    import shutil
+    import tempfile
+
+    from support.as_user import NOBODY, as_user, give_tree
+
+    root = Path(tempfile.mkdtemp(prefix="ptestore-stale-"))
+    try:
+        (root / "warm").mkdir()
+        warm, _ = _three(root / "warm")  # what a run imports, imported before the fork
+        prune_stale(warm)
+        shutil.rmtree(root / "warm")
+        give_tree(root, NOBODY)  # the cache made as nobody (a chown would change ctimes)
+        made = as_user(NOBODY, lambda: json.dumps({k: a.key for k, a in _three(root)[1].items()}))
+        assert made.startswith("ok: "), made
+        keys = json.loads(made[len("ok: ") :])
+        cache = root / "cache"
+        os.chmod(cache / "locks", 0o555)
+        first = min(keys["gone"], keys["changed"])
+        held = allocated_under(cache / "entries" / first)
+        got = as_user(NOBODY, lambda: prune_stale(cache))
+        lock = cache / "locks" / f"{first}.lock"
+        assert got == (
+            f"StorageError: {cache}: cache prune --stale stopped: {lock}: cannot remove the "
+            f"cache lock file: Permission denied; it had removed 1 entry ({held} bytes "
+            "freed), 2 entries kept"
+        )
+        assert first not in [e.key for e in list_entries(cache)]
+        assert lock.exists()
+    finally:
+        os.chmod(root / "cache" / "locks", 0o755)
+        shutil.rmtree(root)
