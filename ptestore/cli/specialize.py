@@ -176,8 +176,6 @@ def run_specialize(args: argparse.Namespace) -> int:
     progress = None if not progress_wanted(disabled=quiet or args.no_progress) else Progress()
     try:
         device = device_profile(args)
-        if not args.in_place:  # (in place refuses every option, in its own words)
-            _check_dst_options(args)
         report = specialize(
             args.src,
             args.dst,
@@ -219,27 +217,6 @@ def run_specialize(args: argparse.Namespace) -> int:
         )
         raise KeyboardInterrupt(f"after {published or args.dst} was published") from None
     return EXIT_OK
-
-
-def _check_dst_options(args: argparse.Namespace) -> None:
-    """Refuse a ``--dst-option`` that neither a destination's writer nor its reader
-    takes, naming what the writer accepts (as the writer refuses it), before the run:
-    with ``--create`` the destination is read first, and that read refused it naming
-    the reader's options (``accepted: []`` for a local file)."""
-    own = side_storage_options(args, "dst")
-    if not own:
-        return
-    from ..storage._options import check_options
-    from ..storage.schemes import loader_options, scheme_of, writer_options
-    from ..storage.types import StorageURL
-
-    pair = ptd_pair(args)
-    for dst in (args.dst, *(() if pair is None else (pair[1],))):
-        url = StorageURL.of(dst)
-        row = scheme_of(url)
-        for_writer = {k: v for k, v in own.items() if k not in loader_options(url)}
-        what = row.writer_applies_to or row.applies_to
-        check_options(row.target(url), for_writer, writer_options(url), what)
 
 
 def _asked_before(args: argparse.Namespace, exc: AlreadySpecialized, device: Any) -> bool:

@@ -147,6 +147,7 @@ def specialize(
     # source or the other destination.
     check_targets(pairs[0], pairs[1] if ptd is not None else None)
     options.check([s for s, _ in pairs], [d for _, d in pairs])
+    _check_dst_options(options, [d for _, d in pairs])
     if mode == "create":
         # Fail before any work (and before a .ptd is published) when a destination
         # exists; the writers' no-clobber publish still guards against races.
@@ -170,3 +171,20 @@ def specialize(
         device=device,
         provenance=provenance,
     )
+
+
+def _check_dst_options(options: StorageOptions, dsts: Iterable[Any]) -> None:
+    """Refuse a destination's own option that neither its writer nor its reader takes,
+    naming what the writer accepts (as the writer refuses it), before any work: with
+    ``mode="create"`` the destination is read first, and that read refused it naming
+    the reader's options (``accepted: []`` for a local file)."""
+    if not options.dst:
+        return
+    from ..storage._options import check_options
+    from ..storage.schemes import loader_options, scheme_of, writer_options
+
+    for url in dsts:
+        row = scheme_of(url)
+        own = {k: v for k, v in options.dst.items() if k not in loader_options(url)}
+        what = row.writer_applies_to or row.applies_to
+        check_options(row.target(url), own, writer_options(url), what)

@@ -13,7 +13,13 @@ from support.fixtures import get_fixture
 import ptestore
 from ptestore.backends import BackendData, BackendInterface
 from ptestore.cli import main
-from ptestore.errors import AlreadyExists, BackendError, PartialPublish, StorageError
+from ptestore.errors import (
+    AlreadyExists,
+    BackendError,
+    ConfigurationError,
+    PartialPublish,
+    StorageError,
+)
 from ptestore.format import parse
 from ptestore.storage.loaders import open_loader
 from ptestore.testing.moto import small_s3_parts
@@ -131,6 +137,29 @@ def test_create_mode_checks_every_destination_first(tmp_path: Path) -> None:
             mode="create",
         )
     assert not (tmp_path / "o.ptd").exists()  # nothing of the pair was published
+
+
+@pytest.mark.parametrize("mode", ["create", "overwrite"])
+def test_a_misspelt_destination_option_names_the_writers_options(tmp_path: Path, mode: Any) -> None:
+    """Refused before any work, naming what the local writer takes; in create mode the
+    probe (a read) refused it first, naming the reader's options: ``accepted: []``."""
+    assert EXT.pte_path is not None and EXT.ptd_path is not None
+    out = tmp_path / "o.pte"
+    with pytest.raises(ConfigurationError) as info:
+        ptestore.specialize(
+            EXT.pte_path,
+            out,
+            ptd=(EXT.ptd_path, tmp_path / "o.ptd"),
+            backends=["passthrough"],
+            mode=mode,
+            allow_unchanged=True,
+            dst_storage_options={"auto_mkdri": True},
+        )
+    assert str(info.value) == (
+        f"{out}: options ['auto_mkdri'] do not apply to local files "
+        "(accepted: ['auto_mkdir', 'durable'])"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
 def test_partial_publish_is_reported(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
