@@ -1,20 +1,62 @@
 """A ranged read of one version of an S3 object: the ``GetObject`` parameters that pin it
 (``If-Match: <ETag>``, the version id on a versioned bucket: a replaced object answers
-412, never a mix of two versions) and the check that the answer holds the range asked
-for (its ``Content-Range``). Used by the loader's reads (:mod:`.remote`) and by fetch's
-streamed downloads (:mod:`ptestore.fleet.ranged`)."""
+412, never a mix of two versions), the ETag an answer must name (:func:`answer_etag`)
+and the check that the answer holds the range asked for (its ``Content-Range``; a
+server that ignored the range said so). Used by the loader's reads (:mod:`.remote`), by
+fetch's streamed downloads (:mod:`ptestore.fleet.ranged`) and by the S3 writer's reads
+of its copy sources and of index objects (:mod:`ptestore.writers.s3`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from .._text import shown
+from ..errors import StorageError
+
 __all__ = [
+    "MAX_ETAG",
+    "NOT_USED",
+    "answer_etag",
     "answered_range",
     "get_params",
     "longer_body_message",
     "other_range_message",
     "read_at_most",
 ]
+
+#: The longest ETag an answer may name (S3's are a quoted MD5, with ``-N`` for a
+#: multipart object: under 50 characters). A longer one is malformed: the writer sends
+#: every part's back in ``CompleteMultipartUpload``, a read sends it in ``If-Match``.
+MAX_ETAG = 1024
+
+#: What follows from an answer about an object without a usable ETag.
+NOT_USED = "the object's version cannot be known, its bytes are not used"
+
+
+def answer_etag(
+    resp: dict[str, Any],
+    url: str,
+    request: str,
+    consequence: str = NOT_USED,
+    field: str = "ETag header",
+) -> str:
+    """The ETag ``request``'s answer names (what pins bytes to one version of ``url``,
+    what names an uploaded part; ``field``: where the answer holds it), else
+    :class:`~ptestore.errors.StorageError` naming the object, the request and the
+    field, and ``consequence``: every S3 answer about an object or a part has one, so
+    one without it (or with one that is empty, longer than :data:`MAX_ETAG` or not
+    printable ASCII) was changed on its way (a proxy) or comes from a store that cannot
+    be read with a version token. A StorageError, as an unreachable store's, never
+    retried."""
+    etag = resp.get("ETag")
+    if not isinstance(etag, str) or not etag:
+        raise StorageError(f"{url}: the {request} answer has no {field}: {consequence}")
+    if len(etag) > MAX_ETAG or not all(" " <= c <= "~" for c in etag):
+        raise StorageError(
+            f"{url}: the {request} answer's {field} is malformed: {shown(etag)}: an "
+            f"ETag is at most {MAX_ETAG} printable ASCII characters; {consequence}"
+        )
+    return etag
 
 
 def get_params(
@@ -33,23 +75,30 @@ def get_params(
 def answered_range(resp: dict[str, Any], first: int, end: int) -> str | None:
     """None when the response to ``Range: bytes=first-(end-1)`` holds that range (its
     ``Content-Range``; without one, the whole object, which must then be that range);
-    else what it holds, as the server said it."""
+    else what it holds, as the server said it: another range, or the whole object (a
+    200 without ``Content-Range``: the server ignored the range), or a partial answer
+    that does not say which part (its status in ``ResponseMetadata.HTTPStatusCode``, as
+    botocore gives it)."""
     got = resp.get("ContentRange")
     if got is None:
         length = resp.get("ContentLength")
         if first == 0 and length == end:
             return None
-        return f"with no Content-Range ({length} bytes: the whole object)"
+        status = (resp.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+        if status not in (None, 200):
+            return f"HTTP {status} with no Content-Range ({length} bytes): not the range asked for"
+        return f"the whole object ({length} bytes, no Content-Range): the server ignored the range"
     if not isinstance(got, str) or not got.startswith(f"bytes {first}-{end - 1}/"):
-        return f"Content-Range: {got}"
+        return f"Content-Range: {got}: another range than the one asked for"
     return None
 
 
 def other_range_message(name: str, first: int, end: int, other: str) -> str:
-    """The error for an answer that holds another range than ``[first, end)``."""
+    """The error for an answer that holds another range than ``[first, end)`` (``other``:
+    what :func:`answered_range` says it holds)."""
     return (
-        f"{name}: asked the server for Range: bytes={first}-{end - 1}, it answered {other}: "
-        "another range than the one asked for; its bytes are refused"
+        f"{name}: asked the server for Range: bytes={first}-{end - 1}, it answered {other}; "
+        "its bytes are refused"
     )
 
 

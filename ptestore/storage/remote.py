@@ -8,7 +8,8 @@ version the loader opened (``If-Match: <ETag>``, and ``VersionId`` on a versione
 bucket), and the ETag (and version) of each answer is compared with the pinned one: an
 object replaced while it is read, even by one put back before the end (A, B, A: same
 ETag), fails the read with :class:`~ptestore.errors.PreconditionFailed` ("replaced
-while being read"), never bytes of two versions. That is not retried.
+while being read"), never bytes of two versions. That is not retried; nor is a ``HEAD``
+or ``GetObject`` answer without an ETag, a StorageError (:func:`.pinned.answer_etag`).
 
 Every read holds at most one byte more than it asked for: on S3 the ``GetObject`` body,
 on ``http(s)://`` the ranged GET's body, are read as streams, no further
@@ -193,8 +194,9 @@ class FsspecLoader(LoaderBase):
         if info.get("type") == "directory":
             raise StorageError(f"{url}: is a directory, not an object")
         self._size = int(info["size"])
-        #: Entity tag / version of the object when the storage reports one.
-        self.etag: str | None = info.get("ETag") or info.get("etag")
+        #: Entity tag / version of the object when the storage reports one (an S3
+        #: object's HEAD must: every read is pinned to it).
+        self.etag: str | None = self._etag_of(info, "HeadObject")
         #: Version id of the object read (S3 versioned buckets), else None.
         self.version_id: str | None = info.get("VersionId") or None
         #: When the object was made, where the store says so (``memory://``: each publish
@@ -233,7 +235,7 @@ class FsspecLoader(LoaderBase):
         """Raise :class:`~ptestore.errors.PreconditionFailed` if the object's size, entity
         tag or version id changed since it was opened."""
         info = self._info("object disappeared while reading")
-        etag = info.get("ETag") or info.get("etag")
+        etag = self._etag_of(info, "HeadObject")
         version = info.get("VersionId") or None
         if (
             int(info["size"]) != self._size
@@ -252,6 +254,17 @@ class FsspecLoader(LoaderBase):
                 found=etag,
                 refused_by="ptestore",
             )
+
+    def _etag_of(self, answer: dict[str, Any], request: str) -> str | None:
+        """The ETag of ``request``'s answer (a HEAD's ``info``, a GetObject's): on S3
+        one it must name (:func:`.pinned.answer_etag`: never read unpinned), elsewhere
+        one the store may report, else None."""
+        if self._s3 is not None:
+            from .pinned import answer_etag
+
+            return answer_etag(answer, self.name, request)
+        etag = answer.get("ETag") or answer.get("etag")
+        return etag if isinstance(etag, str) else None
 
     def s3_source(self) -> S3Source | None:
         """The S3 object this loader reads (bucket, key, the version and ETag read when it
@@ -333,7 +346,7 @@ class FsspecLoader(LoaderBase):
             finally:
                 body.close()
             other = answered_range(resp, offset, offset + size)
-            return data, resp.get("ETag"), resp.get("VersionId"), other
+            return data, self._etag_of(resp, "GetObject"), resp.get("VersionId"), other
 
         got: tuple[bytes, str | None, str | None, str | None] = fsspec.asyn.sync(fs.loop, get)
         return got
@@ -388,7 +401,11 @@ class FsspecLoader(LoaderBase):
                     whole: int | None = self._size
                 else:
                     whole = int(length) if length and length.isdigit() else None
-                answer = {"ContentRange": r.headers.get("Content-Range"), "ContentLength": whole}
+                answer = {
+                    "ContentRange": r.headers.get("Content-Range"),
+                    "ContentLength": whole,
+                    "ResponseMetadata": {"HTTPStatusCode": r.status},
+                }
             return data, None, None, answered_range(answer, offset, end)
 
         got: tuple[bytes, str | None, str | None, str | None] = fsspec.asyn.sync(fs.loop, get)

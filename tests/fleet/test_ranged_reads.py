@@ -98,9 +98,9 @@ def test_a_whole_object_for_a_part_asked_for_is_refused_as_such() -> None:
     with pytest.raises(IntegrityError) as info:
         b"".join(reader.stream(512, 1024, 512))
     assert str(info.value) == (
-        "s3://bucket/key: asked the server for Range: bytes=512-1023, it answered with no "
-        f"Content-Range ({len(DATA)} bytes: the whole object): another range than the one "
-        "asked for; its bytes are refused"
+        "s3://bucket/key: asked the server for Range: bytes=512-1023, it answered the whole "
+        f"object ({len(DATA)} bytes, no Content-Range): the server ignored the range; its "
+        "bytes are refused"
     )
     assert info.value.published is False and fs.opened == 1 and reader.received == 0
     assert b"".join(reader.stream(0, len(DATA), 4096)) == DATA

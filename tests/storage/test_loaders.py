@@ -394,6 +394,32 @@ def test_an_http_range_answered_with_an_endless_body_is_refused() -> None:
     assert written < ENDLESS * (1 << 20) // 4, written
 
 
+def test_an_http_range_the_server_ignored_is_refused_as_such() -> None:
+    """An ``http://`` server that answers a ranged GET 200 with the whole object (it
+    does not do ranges): refused in the words an S3 answer gets, read no further than
+    the range and one byte; the whole object asked for is what it is."""
+    from support.http_store import http_store
+
+    from ptestore.errors import IntegrityError
+
+    with http_store({"/m.pte": DATA}) as (base, state):
+        loader = open_loader(f"{base}/m.pte", skip_instance_cache=True)
+        state.ignore_range = True
+        with pytest.raises(IntegrityError) as info:
+            loader.load(100, 50)
+        assert loader.load(0, len(DATA)) == DATA
+    assert str(info.value) == (
+        f"{base}/m.pte: asked the server for Range: bytes=100-149, it answered the whole "
+        f"object ({len(DATA)} bytes, no Content-Range): the server ignored the range; its "
+        "bytes are refused"
+    )
+    assert info.value.published is False
+    assert [r for m, _, r in state.requests if m == "GET"] == [
+        "bytes=100-149",
+        f"bytes=0-{len(DATA) - 1}",
+    ]
+
+
 #: Fast retries: what the user configures is the one layer (no wall-clock waits).
 FAST_RETRY = {"retry_attempts": 3, "retry_initial": 0.0, "retry_max": 0.0}
 
@@ -412,12 +438,15 @@ def _s3_loader(s3_server: S3TestServer, **options: Any) -> tuple[FsspecLoader, s
 @pytest.mark.s3
 @pytest.mark.parametrize("kind", ["reset", "500", "503"])
 def test_a_failing_s3_read_makes_as_many_requests_as_the_retry_policy_says(
-    s3_server: S3TestServer, kind: str
+    s3_server: S3TestServer, kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One retry layer: ``retry_attempts=3`` is 3 GetObject requests, not 3 x s3fs's 5 x
     botocore's 5 (75 for a dropped connection before s3fs's and botocore's retries
-    were turned off)."""
+    were turned off), whatever the environment asks of botocore."""
     from writers.s3_faults import Fault
+
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "5")
+    monkeypatch.setenv("AWS_RETRY_MODE", "standard")
 
     loader, url = _s3_loader(s3_server)
     fault = Fault("GetObject", kind, times=-1).install(loader.fs.s3)

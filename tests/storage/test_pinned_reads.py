@@ -339,3 +339,155 @@ def test_specialize_of_a_source_replaced_and_put_back_publishes_nothing(
         str(info.value),
     )
     assert not out.exists()
+
+
+def _via_proxy(s3_server: S3TestServer, endpoint: str, bucket: str) -> FsspecLoader:
+    options = {**s3_server.storage_options, "endpoint_url": endpoint}
+    loader = open_loader(f"s3://{bucket}/m.pte", **options, **OWN)
+    assert isinstance(loader, FsspecLoader)
+    return loader
+
+
+def _without_etag(
+    methods: set[str], seen: list[str]
+) -> Any:  # the proxy's ``answer``: the ETag header dropped from answers of ``methods``
+    def answer(
+        method: str, path: str, asks: dict[str, str], headers: dict[str, str], body: bytes
+    ) -> tuple[dict[str, str], bytes]:
+        seen.append(method)
+        if method in methods:
+            return {k: v for k, v in headers.items() if k.lower() != "etag"}, body
+        return headers, body
+
+    return answer
+
+
+def test_an_object_whose_head_has_no_etag_is_not_read(s3_server: S3TestServer) -> None:
+    """A ``HEAD`` answered without an ETag (a proxy that drops it, a store that cannot
+    name versions): the loader read the object unpinned (no If-Match, and
+    ``check_unchanged`` compared sizes only). Now a StorageError naming the object and
+    the header, before any GET; the same for ``check_unchanged``'s HEAD."""
+    from support.faulty_proxy import faulty_proxy
+
+    from ptestore.errors import StorageError
+
+    client = s3_server.client()
+    bucket = s3_server.new_bucket()
+    client.put_object(Bucket=bucket, Key="m.pte", Body=A)
+    message = (
+        f"s3://{bucket}/m.pte: the HeadObject answer has no ETag header: the object's "
+        "version cannot be known, its bytes are not used"
+    )
+    seen: list[str] = []
+    with faulty_proxy(s3_server.endpoint_url, every=0) as (endpoint, proxy):
+        proxy.answer = _without_etag({"HEAD"}, seen)
+        with pytest.raises(StorageError) as info:
+            _via_proxy(s3_server, endpoint, bucket)
+        assert str(info.value) == message
+        assert seen == ["HEAD"]  # no GET, nor a HEAD asked again
+        proxy.answer = None
+        loader = _via_proxy(s3_server, endpoint, bucket)
+        assert loader.load(0, 8) == A[:8]
+        proxy.answer = _without_etag({"HEAD"}, seen)
+        with pytest.raises(StorageError) as info:
+            loader.check_unchanged()
+        assert str(info.value) == message
+    assert not isinstance(info.value, PreconditionFailed)
+
+
+def test_a_read_answered_without_an_etag_is_refused(s3_server: S3TestServer) -> None:
+    """A GetObject answered without its ETag: the version it holds cannot be compared
+    with the one opened (a server that ignores If-Match would go unseen). A StorageError
+    naming the object and the header, as an index read's; not asked again."""
+    from support.faulty_proxy import faulty_proxy
+
+    from ptestore.errors import StorageError
+
+    client = s3_server.client()
+    bucket = s3_server.new_bucket()
+    client.put_object(Bucket=bucket, Key="m.pte", Body=A)
+    seen: list[str] = []
+    with faulty_proxy(s3_server.endpoint_url, every=0) as (endpoint, proxy):
+        loader = _via_proxy(s3_server, endpoint, bucket)
+        proxy.answer = _without_etag({"GET"}, seen)
+        with pytest.raises(StorageError) as info:
+            loader.load(100, 4096)
+    assert str(info.value) == (
+        f"s3://{bucket}/m.pte: the GetObject answer has no ETag header: the object's "
+        "version cannot be known, its bytes are not used"
+    )
+    assert seen == ["GET"]
+
+
+def _whole_object(data: bytes) -> Any:
+    """The proxy's ``answer`` and ``status`` of a server that ignores ``Range``: every
+    GET answered 200 with ``data`` whole, no Content-Range."""
+
+    def answer(
+        method: str, path: str, asks: dict[str, str], headers: dict[str, str], body: bytes
+    ) -> tuple[dict[str, str], bytes]:
+        if method != "GET":
+            return headers, body
+        return {k: v for k, v in headers.items() if k.lower() != "content-range"}, data
+
+    def status(method: str, path: str, asks: dict[str, str]) -> int | None:
+        return 200 if method == "GET" else None
+
+    return answer, status
+
+
+def test_a_range_the_server_ignored_is_refused_as_such(s3_server: S3TestServer) -> None:
+    """A ranged GET answered 200 with the whole object: refused, saying so (it said
+    "with no Content-Range ...: another range"), read no further than the range and one
+    byte, not asked again."""
+    from support.faulty_proxy import faulty_proxy
+
+    from ptestore.errors import IntegrityError
+
+    client = s3_server.client()
+    bucket = s3_server.new_bucket()
+    client.put_object(Bucket=bucket, Key="m.pte", Body=A)
+    with faulty_proxy(s3_server.endpoint_url, every=0) as (endpoint, proxy):
+        loader = _via_proxy(s3_server, endpoint, bucket)
+        sent = _sends(loader)
+        proxy.answer, proxy.status = _whole_object(A)
+        with pytest.raises(IntegrityError) as info:
+            loader.load(100, 4096)
+    assert str(info.value) == (
+        f"s3://{bucket}/m.pte: asked the server for Range: bytes=100-4195, it answered the "
+        f"whole object ({SIZE} bytes, no Content-Range): the server ignored the range; its "
+        "bytes are refused"
+    )
+    assert info.value.published is False and len(sent) == 1
+
+
+def test_a_partial_answer_that_does_not_say_which_part_is_refused(
+    s3_server: S3TestServer,
+) -> None:
+    """A 206 without its Content-Range (something between that drops the header): which
+    bytes it holds is not said, so they are refused; it was called "the whole object"."""
+    from support.faulty_proxy import faulty_proxy
+
+    from ptestore.errors import IntegrityError
+
+    client = s3_server.client()
+    bucket = s3_server.new_bucket()
+    client.put_object(Bucket=bucket, Key="m.pte", Body=A)
+
+    def answer(
+        method: str, path: str, asks: dict[str, str], headers: dict[str, str], body: bytes
+    ) -> tuple[dict[str, str], bytes]:
+        return {k: v for k, v in headers.items() if k.lower() != "content-range"}, body
+
+    with faulty_proxy(s3_server.endpoint_url, every=0) as (endpoint, proxy):
+        loader = _via_proxy(s3_server, endpoint, bucket)
+        sent = _sends(loader)
+        proxy.answer = answer
+        with pytest.raises(IntegrityError) as info:
+            loader.load(100, 4096)
+    assert str(info.value) == (
+        f"s3://{bucket}/m.pte: asked the server for Range: bytes=100-4195, it answered HTTP "
+        "206 with no Content-Range (4096 bytes): not the range asked for; its bytes are "
+        "refused"
+    )
+    assert info.value.published is False and len(sent) == 1

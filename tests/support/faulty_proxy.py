@@ -15,7 +15,9 @@ A body ``answer`` gives as an iterable of pieces instead of bytes is streamed, w
 ``Content-Length`` unless the headers it returns claim one, the connection closed after
 it: piece by piece until the iterable ends or the client hangs up (an endless body);
 ``streamed`` then gets the bytes the proxy wrote of it (a queue: a test takes each
-stream's count once the proxy is done with it, not while it still writes).
+stream's count once the proxy is done with it, not while it still writes). ``status``
+changes the HTTP status of an answer (200 for a ranged GET: a server that ignored the
+range).
 """
 
 from __future__ import annotations
@@ -58,6 +60,9 @@ class FaultState:
         ]
         | None
     ) = None
+    #: ``(method, path, request headers) -> status``: the HTTP status the client gets
+    #: instead of the store's (None: the store's).
+    status: Callable[[str, str, dict[str, str]], int | None] | None = None
 
     def count(self, method: str, nbytes: int) -> None:
         with self.lock:
@@ -112,17 +117,22 @@ def _handler(target: str, state: FaultState) -> type[BaseHTTPRequestHandler]:
                 if state.tamper is not None:
                     data = state.tamper(self.command, self.path, dict(self.headers), data)
                 out = dict(resp.getheaders())
+                code, reason = resp.status, resp.reason
+                if state.status is not None:
+                    changed = state.status(self.command, self.path, dict(self.headers))
+                    if changed is not None:
+                        code, reason = changed, http.client.responses.get(changed, "")
                 if state.answer is not None:
                     out, answered = state.answer(
                         self.command, self.path, dict(self.headers), out, data
                     )
                     if not isinstance(answered, bytes | bytearray):
-                        self._stream(resp.status, resp.reason, out, answered)
+                        self._stream(code, reason, out, answered)
                         return
                     data = bytes(answered)
                 if self.command != "HEAD":
                     state.count(self.command, len(data))
-                self.send_response(resp.status, resp.reason)
+                self.send_response(code, reason)
                 for k, v in out.items():
                     if k.lower() not in _HOP and k.lower() != "content-length":
                         self.send_header(k, v)

@@ -4,10 +4,12 @@ bytes=A-B`` (206 and its ``Content-Range``). For the ``http://`` URLs ptestore r
 through fsspec: an index may name one, and a server (or something between) may answer
 with more than was asked for.
 
-``state.endless`` makes every ranged GET answer with the range asked for and then more
-and more bytes (up to ``ENDLESS`` MiB, without a ``Content-Length``, the connection
-closed after it); ``state.streamed`` gets the bytes written of each such body once it
-ends (the client hung up, or all of it was sent).
+``state.ignore_range`` makes every GET answer 200 with the whole object, whatever
+range it asked for (a server that does not do ranges). ``state.endless`` makes every
+ranged GET answer with the range asked for and then more and more bytes (up to
+``ENDLESS`` MiB, without a ``Content-Length``, the connection closed after it);
+``state.streamed`` gets the bytes written of each such body once it ends (the client
+hung up, or all of it was sent).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class StoreState:
     #: ``(method, path, Range header or None)`` of every request, in order.
     requests: list[tuple[str, str, str | None]] = field(default_factory=list)
     endless: bool = False
+    ignore_range: bool = False
     streamed: queue.Queue[int] = field(default_factory=queue.Queue)
 
 
@@ -52,7 +55,7 @@ def _handler(state: StoreState) -> type[BaseHTTPRequestHandler]:
                 self.send_header("Content-Length", "0")
                 self.end_headers()
                 return
-            m = None if asked is None else _RANGE.fullmatch(asked)
+            m = None if asked is None or state.ignore_range else _RANGE.fullmatch(asked)
             if m is None:
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(data)))

@@ -228,9 +228,14 @@ class S3Connection:
         self, operation: str, max_bytes: int | None = None, **params: Any
     ) -> tuple[dict[str, Any], bytes]:
         """One attempt of ``client.<operation>(**params)`` whose answer has a streaming
-        ``Body`` (``get_object``): the answer and the body, read on s3fs's loop (with
-        ``max_bytes``: not read when its ``ContentLength`` is larger, else at most
-        ``ContentLength + 1`` bytes of it)."""
+        ``Body`` (``get_object``): the answer and its body, read on s3fs's loop no
+        further than one byte past what it announces (its ``ContentLength``) and past
+        ``max_bytes``: a body longer than either shows, an endless one is never held
+        (:func:`~ptestore.storage.pinned.read_at_most`). With ``max_bytes``, a body
+        whose ``ContentLength`` is larger is not read; an answer without a
+        ``ContentLength`` when no ``max_bytes`` is given is a
+        :class:`~ptestore.errors.StorageError` (nothing bounds its body)."""
+        from ...errors import StorageError
         from ...storage.pinned import read_at_most
 
         method = getattr(self.client, operation)
@@ -239,14 +244,19 @@ class S3Connection:
             resp: dict[str, Any] = await method(**params)
             body = resp.pop("Body")
             async with body:
-                if max_bytes is None:
-                    data: bytes = await body.read()
-                elif int(resp.get("ContentLength", 0)) > max_bytes:
+                announced = resp.get("ContentLength")
+                length = int(announced) if announced is not None else max_bytes
+                if length is None:
+                    name = "".join(w.capitalize() for w in operation.split("_"))
+                    raise StorageError(
+                        f"{self.url}: the {name} answer has no Content-Length header and "
+                        "no bound was asked for: its body is not read"
+                    )
+                if max_bytes is not None and length > max_bytes:
                     data = b""
-                else:  # asked for as its length says, never as the bound (one past
-                    # it: a body longer than announced shows)
-                    length = int(resp.get("ContentLength", max_bytes))
-                    data = await read_at_most(body, min(length, max_bytes) + 1)
+                else:  # asked for as its length says, never as a bound (one past it:
+                    # a body longer than announced shows)
+                    data = await read_at_most(body, length + 1)
             return resp, data
 
         result: tuple[dict[str, Any], bytes] = self._sync(self.fs.loop, run)

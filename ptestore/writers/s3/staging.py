@@ -90,7 +90,14 @@ class S3Staging:
             where = f"s3://{self.bucket}/{self.key}"
             raise to_storage_error(exc, where, "CreateMultipartUpload") from exc
         took = time.monotonic() - started
-        upload_id: str = resp["UploadId"]
+        upload_id = resp.get("UploadId")
+        if not isinstance(upload_id, str) or not upload_id:
+            raise StorageError(
+                f"s3://{self.bucket}/{self.key}: the CreateMultipartUpload answer has no "
+                "UploadId: the upload cannot be used, nothing is published; an upload the "
+                "service made stays pending (it has no gc marker part) until an "
+                "AbortIncompleteMultipartUpload lifecycle rule removes it"
+            )
         self.upload_id = upload_id
         body = marker_bytes(self.key)
         self._request(

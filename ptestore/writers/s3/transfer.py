@@ -13,6 +13,14 @@ those source bytes back (pinned) and is copied when they are equal. Every other 
 travels through the client: its referenced ranges are read with pinned ranged GETs
 (``IfMatch``, ``VersionId``) and the assembled bytes uploaded with their CRC-32.
 
+Answers are checked as the loader checks its own (:mod:`ptestore.storage.pinned`): an
+``UploadPart`` answer names the part's ETag (:data:`PART_NOT_NAMED`, else a
+:class:`~ptestore.errors.StorageError` naming the object, the part and the header); a
+source's ranged GET is read no further than the range and one byte, holds the range
+asked for, and names the ETag the source was opened with (else
+:class:`~ptestore.errors.IntegrityError`, a StorageError, or
+:class:`~ptestore.errors.PreconditionFailed`), none of them retried.
+
 Checksums (of the writer's algorithm, :mod:`.checksum`): an uploaded part's is computed
 here. A copied part's is the ``CopyPartResult.Checksum<algorithm>`` of the answer, which
 S3 returns because the upload was created with that ``ChecksumAlgorithm``; a server that
@@ -27,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..._retry import to_storage_error
 from ...errors import IntegrityError, PreconditionFailed, StorageError
+from ...storage.pinned import answer_etag, answered_range, longer_body_message, other_range_message
 from . import config
 from .checksum import answer_checksum, param, part_checksum
 from .config import S3Connection
@@ -35,12 +44,14 @@ from .parts import PartContent, Ref, UploadedPart
 if TYPE_CHECKING:
     from ...storage._s3source import S3Source
 
-__all__ = ["VERIFY_LIMIT", "VERIFY_RUNS", "PartTransfer"]
+__all__ = ["PART_NOT_NAMED", "VERIFY_LIMIT", "VERIFY_RUNS", "PartTransfer"]
 
 #: Written bytes of a part that are compared with the source to let it be copied.
 VERIFY_LIMIT = 64 << 10
 #: Written runs of a part that are compared with the source (one ranged GET each).
 VERIFY_RUNS = 16
+#: What follows from a part's answer without a usable ETag.
+PART_NOT_NAMED = "the part cannot be named in CompleteMultipartUpload, nothing is published"
 
 
 class PartTransfer:
@@ -97,8 +108,9 @@ class PartTransfer:
             done = 0
             while done < length:
                 done += os.pwrite(spool_fd, view[done:], index * self.part_size + done)
+        what = f"UploadPart {index + 1}"
         resp = self._request(
-            f"UploadPart {index + 1}",
+            what,
             "upload_part",
             Bucket=self.bucket,
             Key=self.key,
@@ -108,7 +120,7 @@ class PartTransfer:
             **param(self.algorithm, crc),
             **self.conn.extras,
         )
-        return UploadedPart(str(resp["ETag"]), crc, length)
+        return UploadedPart(answer_etag(resp, self.where, what, PART_NOT_NAMED), crc, length)
 
     def copy(
         self, upload_id: str, index: int, source: S3Source, first: int, length: int
@@ -138,27 +150,41 @@ class PartTransfer:
                 published=False,
             )
         result = resp.get("CopyPartResult") or {}
-        etag = result.get("ETag")
-        if not etag:
-            raise StorageError(f"{self.where}: {what} returned no ETag")
+        etag = answer_etag(
+            result, self.where, f"UploadPartCopy {index + 1}", PART_NOT_NAMED, "CopyPartResult.ETag"
+        )
         crc = answer_checksum(self.algorithm, result)
-        return UploadedPart(str(etag), crc, length, Ref(0, length, source, first))
+        return UploadedPart(etag, crc, length, Ref(0, length, source, first))
 
     def read(self, source: S3Source, offset: int, size: int) -> bytes:
         """Ranged GET of the source version read at the start (``IfMatch``,
-        ``VersionId``)."""
+        ``VersionId``), its body read no further than ``size`` bytes and one; the answer
+        must hold that range and name the source's ETag."""
         what = f"read of {size} bytes at offset {offset} of {source.url}"
+        end = offset + size
         params = {
             "Bucket": source.bucket,
             "Key": source.key,
-            "Range": f"bytes={offset}-{offset + size - 1}",
+            "Range": f"bytes={offset}-{end - 1}",
             **source.pin(),
             **self.read_extras,
         }
         try:
-            _, data = self.conn.call(what, lambda: self.conn.invoke_read("get_object", **params))
+            resp, data = self.conn.call(
+                what, lambda: self.conn.invoke_read("get_object", max_bytes=size, **params)
+            )
         except Exception as exc:
             raise self._source_error(exc, source, what) from exc
+        etag = answer_etag(resp, source.url, "GetObject")
+        if etag != source.etag:  # a server that ignored If-Match
+            raise _replaced(source, what, f"answered ETag {etag}", etag)
+        other = answered_range(resp, offset, end)
+        if other is not None:
+            raise IntegrityError(
+                other_range_message(source.url, offset, end, other), published=False
+            )
+        if len(data) > size:
+            raise IntegrityError(longer_body_message(source.url, offset, end), published=False)
         if len(data) != size:
             raise StorageError(
                 f"{source.url}: short read: wanted {size} bytes at offset {offset}, got {len(data)}"
@@ -181,14 +207,21 @@ class PartTransfer:
     def _source_error(self, exc: BaseException, source: S3Source, what: str) -> StorageError:
         error = to_storage_error(exc, self.where, what)
         if isinstance(error, PreconditionFailed):
-            return PreconditionFailed(
-                f"{source.url}: replaced since it was opened (ETag {source.etag} no longer "
-                f"matches; {what} answered 412): the run stops instead of mixing two versions",
-                url=source.url,
-                expected=source.etag,
-                refused_by="storage",
-            )
+            return _replaced(source, what, "answered 412", None)
         return error
+
+
+def _replaced(source: S3Source, what: str, answer: str, found: str | None) -> PreconditionFailed:
+    """``source`` replaced since it was opened: the storage refused ``what`` (412), or
+    its answer named another ETag (``found``: a server that ignored the pin)."""
+    return PreconditionFailed(
+        f"{source.url}: replaced since it was opened (ETag {source.etag} no longer matches; "
+        f"{what} {answer}): the run stops instead of mixing two versions",
+        url=source.url,
+        expected=source.etag,
+        found=found,
+        refused_by="storage" if found is None else "ptestore",
+    )
 
 
 def _merged(refs: tuple[Ref, ...]) -> list[Ref]:

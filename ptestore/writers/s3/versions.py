@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..._retry import Category, classify, error_code, to_storage_error
-from ...errors import ConfigurationError, StorageError
+from ...errors import ConfigurationError
+from ...storage.pinned import answer_etag
 from ...storage.types import split_url
 from ..base import Versioned
 from .config import S3Connection
@@ -23,7 +24,11 @@ def _connect(url: str, options: dict[str, Any]) -> tuple[S3Connection, str, str]
 
 def s3_read_versioned(url: str, max_bytes: int | None = None, **storage_options: Any) -> Versioned:
     """The object's bytes and the ETag they came with (one GetObject); the body of an
-    object larger than ``max_bytes`` (its ``Content-Length``) is never read."""
+    object larger than ``max_bytes`` (its ``Content-Length``) is never read, nor more of
+    any body than its ``Content-Length`` says (:meth:`.S3Connection.invoke_read`). An
+    answer without a usable ETag is a StorageError naming the object and the header
+    (:func:`~ptestore.storage.pinned.answer_etag`): ``ensure`` then serves the entry it
+    fetched before, as when the store is unreachable."""
     conn, bucket, key = _connect(url, storage_options)
     try:
         resp, data = conn.call(
@@ -38,26 +43,11 @@ def s3_read_versioned(url: str, max_bytes: int | None = None, **storage_options:
         raise to_storage_error(exc, f"s3://{bucket}/{key}", "GetObject") from exc
     finally:
         conn.close()
-    etag = _etag(resp, f"s3://{bucket}/{key}", "GetObject")
+    etag = answer_etag(resp, f"s3://{bucket}/{key}", "GetObject")
     size = int(resp.get("ContentLength", len(data)))
     if max_bytes is not None and max(size, len(data)) > max_bytes:
         return Versioned(b"", etag, max(size, len(data)))
     return Versioned(bytes(data), etag)
-
-
-def _etag(resp: dict[str, Any], url: str, request: str) -> str:
-    """The ETag an answer names (what pins the bytes to a version), else
-    :class:`StorageError` naming the object and the missing header: every S3 answer
-    about an object has one, so one without it was changed on its way (a proxy) or comes
-    from a store that cannot be read with a version token. A StorageError, as an
-    unreachable store's: ``ensure`` serves the entry it fetched before."""
-    etag = resp.get("ETag")
-    if not isinstance(etag, str) or not etag:
-        raise StorageError(
-            f"{url}: the {request} answer has no ETag header: the object's version cannot "
-            "be known, its bytes are not used"
-        )
-    return etag
 
 
 def s3_current_version(url: str, **storage_options: Any) -> str | None:
@@ -71,4 +61,4 @@ def s3_current_version(url: str, **storage_options: Any) -> str | None:
         raise to_storage_error(exc, f"s3://{bucket}/{key}", "HeadObject") from exc
     finally:
         conn.close()
-    return _etag(head, f"s3://{bucket}/{key}", "HeadObject")
+    return answer_etag(head, f"s3://{bucket}/{key}", "HeadObject")
