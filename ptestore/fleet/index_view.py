@@ -21,6 +21,20 @@ retires it (:mod:`.index_v3`), so a stand-in is not a retired entry unless the c
 damaged or restored by hand, or a retire was killed after retiring a pair a run published
 again while it ran (``fleet check-index`` reports each).
 
+A retire that takes every listed device out of a class with more members leaves it
+listing none (``"devices": [], "more": true``) until it rebuilds the catalog from the
+leaves, after its leaf writes (for good when it is killed between the two). Such a class
+still has live builds: its members are looked up in the leaves (:func:`_members`: the
+nodes the device's own look-up read first, then depth first from the top, at most
+:data:`MAX_SCANNED` more read, none once each such class has a member), the first
+:data:`NAMES_PER_CLASS` found by name rated as whole entries (one rating per class), not
+necessarily the first of the class by name (the catalog no longer says which). A class
+none of whose members the nodes read hold, the leaves not all read, counts as
+``unfound``: not rated; with no other build to rate, ``select`` says so
+(:meth:`ModelView.unfound_error`), never that the model is retired, which the leaves,
+all read, say: then the live entries they hold of kinds the catalog lacks (a run killed
+before its catalog write) are rated too, and only none is "retired".
+
 What an index the device does not control can make a look-up cost is bounded, whatever
 its catalog holds: each node is read at most once per look-up (the trie keeps what it
 read, :meth:`~.index_nodes.TrieNodes.keep`: stand-ins of one leaf read it once, not once
@@ -40,17 +54,19 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from .._dataclass import dataclass, field
-from ..errors import FormatError
+from ..errors import ConfigurationError, FormatError
 from .index_catalog import class_key, depth_range, live_stamps
 from .index_store import ReadCount
 
 if TYPE_CHECKING:
+    from .index_nodes import Node
     from .index_trie import ModelTrie
     from .index_v3 import ShardedIndex
 
 __all__ = [
     "MAX_CLASSES",
     "MAX_RESOLVED",
+    "MAX_SCANNED",
     "MODELS_NAMED",
     "NAMES_PER_CLASS",
     "ModelView",
@@ -67,6 +83,9 @@ MAX_RESOLVED = 16
 MAX_CLASSES = 1024
 #: The names of a class that become stand-ins (candidates) at most.
 NAMES_PER_CLASS = 8
+#: The nodes of a model's trie one look-up reads at most (besides those its own entry's
+#: look-up read) to find members of classes its catalog lists no device of.
+MAX_SCANNED = 16
 
 
 @dataclass
@@ -95,6 +114,17 @@ class ModelView:
     trie: ModelTrie | None = None
     #: The stand-ins resolved so far.
     resolved: int = 0
+    #: The kind of build each entry is rated as, by ``id``: a stand-in's and a member
+    #: found in the leaves (:func:`_members`) that of its class (one rating per class);
+    #: an entry not here is its own kind.
+    kinds: dict[int, int] = field(default_factory=dict)
+    #: Classes listing no device, with members, none of which the nodes read hold (the
+    #: leaves not all read): not rated.
+    unfound: int = 0
+
+    def kind(self, entry: dict[str, Any]) -> int:
+        """The key ``entry`` is rated under: entries of one kind rate the same."""
+        return self.kinds.get(id(entry), id(entry))
 
     def source(self, entry: dict[str, Any], index: str) -> str:
         """Where ``entry`` was read: its leaf, else ``index`` (the index's URL, or how
@@ -139,6 +169,19 @@ class ModelView:
             "they were read, or the catalog disagrees with its leaves; run again, and if it "
             f"persists: ptestore fleet check-index {self.sharded.store.root} says which, "
             "--repair rebuilds the catalog from the leaves",
+        )
+
+    def unfound_error(self, where: str) -> ConfigurationError:
+        """The error of a look-up that found no entry to rate: the catalog lists no
+        device of :attr:`unfound` classes with members, and the nodes read hold none
+        (``where``: the index as the caller names it)."""
+        return ConfigurationError(
+            f"{where}: the catalog of model {self.model!r} lists no device of "
+            f"{self.unfound} kind(s) of build that have live members (a retire is taking "
+            "them out of it, or was stopped before it rebuilt it from the leaves), and the "
+            f"first {MAX_SCANNED} nodes of its leaves read hold none of them: run again, and "
+            f"if it persists: ptestore fleet check-index {where} --repair rebuilds the "
+            "catalog from the leaves"
         )
 
     def models(self) -> tuple[list[str], int]:
@@ -205,15 +248,87 @@ def model_view(
     view.catalog, view.trie = catalog, trie
     view.leaves[device] = leaf
     classes = (catalog or {}).get("classes", [])
+    mine = live_stamps(own)
+    unlisted: dict[str, dict[str, Any]] = {}  # classes to look up in the leaves
     for cls in classes[:MAX_CLASSES]:
         names = [n for n in cls["devices"] if n != device]  # its own: read from its leaf
         for name in names[:NAMES_PER_CLASS]:
             stand_in = {"model": model, "device": name, "compatibility": cls["compatibility"]}
             entries.append(stand_in)
             view.stand_ins.add(id(stand_in))
+            view.kinds[id(stand_in)] = id(cls["compatibility"])
         if cls.get("more") or len(names) > NAMES_PER_CLASS:
             view.unlisted += 1
+        key = class_key(cls["compatibility"])
+        if not names and cls.get("more") and (mine is None or class_key(mine) != key):
+            unlisted[key] = cls  # a retire emptied its list (module docstring)
+    if unlisted:
+        found, whole = _members(trie, set(unlisted), device)
+        for key, cls in unlisted.items():
+            members = found.pop(key, [])
+            _add(view, members, id(cls["compatibility"]))
+            view.unfound += not members and not whole
+        if whole and not entries:  # the leaves, all read, hold builds the catalog lacks
+            for members in found.values():
+                _add(view, members, id(members[0][0]["compatibility"]))
     view.unrated = max(0, len(classes) - MAX_CLASSES)
     entries.sort(key=lambda e: str(e["device"]))
-    view.retired_only = not entries and (catalog is not None or own is not None)
+    view.retired_only = (
+        not entries and not view.unfound and (catalog is not None or own is not None)
+    )
     return view
+
+
+def _add(view: ModelView, members: list[tuple[dict[str, Any], str]], kind: int) -> None:
+    """The first :data:`NAMES_PER_CLASS` of ``members`` (found in the leaves, with
+    their leaf) by name among ``view``'s entries, rated as one ``kind``."""
+    for entry, leaf in sorted(members, key=lambda m: str(m[0]["device"]))[:NAMES_PER_CLASS]:
+        view.entries.append(entry)
+        view.kinds[id(entry)] = kind
+        view.leaves[str(entry["device"])] = leaf
+
+
+def _members(
+    trie: ModelTrie, wanted: set[str], device: str
+) -> tuple[dict[str, list[tuple[dict[str, Any], str]]], bool]:
+    """The live entries that ``trie``'s leaves hold, but ``device``'s, by class (by
+    :func:`class_key`), each with the URL of its leaf, looking for members of the classes
+    ``wanted``; and whether every leaf was read. The nodes read already (kept: the
+    device's own look-up) first, then depth first from the top, split markers followed,
+    toward those nodes first; at most :data:`MAX_SCANNED` nodes read (a node found
+    missing counts), none once every class wanted has a member."""
+    from .index_trie import SPLIT
+
+    found: dict[str, list[tuple[dict[str, Any], str]]] = {}
+    kept = dict(trie.kept or {})
+    toward = {p[:k] for p in kept for k in range(len(p) + 1)}
+    seen: set[str] = {device}
+
+    def take(node: Node) -> None:
+        for name, entry in node.entries.items():
+            stamps = live_stamps(entry)
+            if stamps is None or name in seen:
+                continue
+            seen.add(name)
+            found.setdefault(class_key(stamps), []).append((entry, trie.url(node.prefix)))
+
+    for node in kept.values():
+        if node.kind != SPLIT:
+            take(node)
+    stack, reads = [""], 0
+    while stack:
+        prefix = stack.pop()
+        if wanted <= found.keys():
+            return found, False
+        if prefix not in kept:
+            if reads >= MAX_SCANNED:
+                return found, False
+            reads += 1
+            node = trie.read(prefix)
+            if node.kind != SPLIT:
+                take(node)
+        else:
+            node = kept[prefix]
+        if node.kind == SPLIT and len(prefix) < 256:  # toward the kept ones: popped first
+            stack += sorted((prefix + "1", prefix + "0"), key=lambda p: p in toward)
+    return found, True

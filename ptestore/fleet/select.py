@@ -308,6 +308,8 @@ def select_from(
     view = model_view(index, model, name, storage_options)
     entries = view.entries
     where = "<index>" if isinstance(index, dict) else os.fspath(index)
+    if not entries and view.unfound:
+        raise view.unfound_error(where)
     if not entries:
         models, more = view.models()
         listed = ", ".join(models) + (f" and {more} more" if more else "")
@@ -327,11 +329,11 @@ def select_from(
         options = None if mine is None else mine.get("device_options")
         device = DeviceProfile(device, options or {})
     raters = _Raters()
-    # The stand-ins of a class share its stamps (one list): rated once (index_view)
+    # The stand-ins and members of a class are one kind of build: rated once (index_view)
     once: dict[int, tuple[str, str, bool]] = {}
     rated = []
     for e in entries:
-        key = id(e["compatibility"]) if id(e) in view.stand_ins else id(e)
+        key = view.kind(e)
         if key not in once:
             once[key] = _rate(_checked(e, view.source(e, where)), device, raters, by_name)
         rated.append((e, *once[key]))
