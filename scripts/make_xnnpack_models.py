@@ -8,7 +8,8 @@
 (fp32, or int8 dynamic-quant with per-channel weights); 64 x 2048 is the 1 GiB fp32
 program, 16 x 4096 int8 the 256 MiB one. ``conv-prelu``: Conv2d-PReLU-Conv2d, the graph
 whose load crashes ExecuTorch 1.4.1 whenever the packed-weight cache is on.
-``--ptd`` puts the weights in a .ptd beside the .pte. Needs torch and executorch.
+``--ptd`` puts every weight in a .ptd beside the .pte (OUT with the suffix .ptd), or
+writes nothing when the export would not. Needs torch and executorch.
 Weights come from a fixed seed, so one command always writes the same bytes.
 """
 
@@ -22,35 +23,86 @@ from typing import Any
 __all__ = ["export_conv_prelu", "export_linear_stack"]
 
 
+def _held(module: Any) -> Any:
+    """``module`` as the attribute ``model`` of a plain module. torch.export keeps the
+    delegate-constant tag of a weight with a dotted name (``model.0.weight``) but drops
+    it from a top-level one whose name is a number (an ``nn.Sequential``'s
+    ``0.weight``): those weights stayed in the .pte and no .ptd was written."""
+    from torch import nn
+
+    class Held(nn.Module):
+        def __init__(self, inner: Any) -> None:
+            super().__init__()
+            self.model = inner
+
+        def forward(self, *args: Any) -> Any:
+            return self.model(*args)
+
+    held = Held(module)
+    held.training = False  # the holder's own flag: a quantized inner refuses .eval()
+    return held
+
+
+def _external(module: Any, inputs: tuple[Any, ...], out: Path) -> Any:
+    """The exported program of ``module`` with every weight tagged for the .ptd
+    (``out`` names the file in the error when one is not: nothing is written then)."""
+    import torch
+    from executorch.exir.passes.external_constants_pass import (
+        delegate_external_constants_pass_unlifted,
+    )
+
+    gm = torch.export.export(module, inputs).module()
+    delegate_external_constants_pass_unlifted(gm, gen_tag_fn=lambda node: "weights")
+    ep = torch.export.export(gm, inputs)
+    signature = ep.graph_signature
+    untagged = [
+        name
+        for name in (*signature.inputs_to_parameters, *signature.inputs_to_buffers)
+        if _node(ep, name).meta.get("custom", {}).get("delegate_constant_tag") != "weights"
+    ]
+    if untagged:
+        raise RuntimeError(
+            f"{out}: not written: the weights {untagged} lost their external tag on export "
+            "and would stay in the .pte (--ptd puts every weight in the .ptd)"
+        )
+    return ep
+
+
 def _lower(module: Any, inputs: tuple[Any, ...], out: Path, ptd: bool) -> list[Path]:
+    """Export, lower to XNNPACK and write ``out`` (and with ``ptd`` the weights to
+    ``out`` with the suffix ``.ptd``); the files written. With ``ptd``, nothing is
+    written unless every weight went to exactly one .ptd."""
     import torch
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
-    ep = torch.export.export(module, inputs)
-    if ptd:
-        from executorch.exir.passes.external_constants_pass import (
-            delegate_external_constants_pass_unlifted,
-        )
-
-        gm = ep.module()
-        delegate_external_constants_pass_unlifted(gm, gen_tag_fn=lambda node: "weights")
-        ep = torch.export.export(gm, inputs)
+    ep = _external(_held(module), inputs, out) if ptd else torch.export.export(module, inputs)
     prog = to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()]).to_executorch()
+    data = None
+    if ptd:
+        with tempfile.TemporaryDirectory() as d:
+            prog.write_tensor_data_to_file(d)
+            files = sorted(p.name for p in Path(d).glob("*.ptd"))
+            if len(files) != 1:
+                raise RuntimeError(
+                    f"{out}: not written: the export made {len(files)} .ptd files {files}; "
+                    "--ptd writes exactly one"
+                )
+            data = (Path(d) / files[0]).read_bytes()
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "wb") as f:
         prog.write_to_file(f)
     written = [out]
-    if ptd:
-        with tempfile.TemporaryDirectory() as d:
-            prog.write_tensor_data_to_file(d)
-            files = sorted(Path(d).glob("*.ptd"))
-            if len(files) != 1:
-                raise RuntimeError(f"expected one .ptd, got {[p.name for p in files]}")
-            target = out.with_suffix(".ptd")
-            target.write_bytes(files[0].read_bytes())
-            written.append(target)
+    if data is not None:
+        target = out.with_suffix(".ptd")
+        target.write_bytes(data)
+        written.append(target)
     return written
+
+
+def _node(ep: Any, name: str) -> Any:
+    """The placeholder ``name`` of the exported program ``ep``."""
+    return next(n for n in ep.graph.nodes if n.op == "placeholder" and n.name == name)
 
 
 def export_linear_stack(

@@ -255,12 +255,11 @@ def make_cache(
     runtime crashes or fails with the cache on, an output differs, or the graph cannot be
     cached; the refusal is remembered beside the file and raised again without running
     anything (``retry_refused=True`` tries again), unless it may pass (``transient``: a
-    timeout, a kill from outside, an exit without the child's reason; see
+    timeout, a kill from outside, a SIGBUS, an exit without the child's reason; see
     :mod:`.refusal`). ``timeout``: seconds for each child (None: no limit);
     ``full``: as for :func:`verify_cache`, for a file found. An artifact written in
-    place while it was made, or whose bytes are not the ``pte_sha256``/``ptd_sha256``
-    given (checked before a file is made under them), is :class:`IntegrityError`
-    (nothing published)."""
+    place while it was made (or before a child failed), or not of the digests given, is
+    :class:`IntegrityError` (nothing published, nothing remembered as a refusal)."""
     started = time.perf_counter()
     shim = build_shim()
     directory = Path(directory).absolute()
@@ -312,6 +311,8 @@ def _found_or_made(
         try:
             made = _make(pinned, shim, identity, directory, artifact, timeout, digests.learned)
         except PackedWeightsRefused as exc:
+            # a child's failure on bytes written meanwhile: IntegrityError, no refusal
+            pinned.check_unchanged(identity.pte_sha256, identity.ptd_sha256, cause=exc)
             if not exc.transient:  # one that may pass is tried again next time
                 write_refusal(refused_path, identity, exc)
             raise

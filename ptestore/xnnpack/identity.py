@@ -18,6 +18,12 @@ and the ISA features that pick XNNPACK's kernels, read from ``/proc/cpuinfo`` (x
 
 A fingerprint is compared as a string only: one written by an earlier version (fewer
 features, no ``midr``) is another CPU's, so its file is made again, never misread.
+
+Not in it: the x86 microarchitecture, by which XNNPACK also picks the fp32 GEMM kernels
+of an FMA3 CPU without AVX-512F (AMD Zen/Zen+ and Hygon get ones with another packing).
+Two such CPUs with the same features share a fingerprint; a file made on one is of no
+use on the other (the runtime repacks at every load, outputs unchanged). Why it is left
+out: docs/xnnpack.md, "What the file is bound to".
 """
 
 from __future__ import annotations

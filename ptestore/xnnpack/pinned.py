@@ -102,12 +102,18 @@ class PinnedArtifact:
                 out.append(path)
         return out
 
-    def check_unchanged(self, pte_sha256: str, ptd_sha256: str | None) -> None:
+    def check_unchanged(
+        self, pte_sha256: str, ptd_sha256: str | None, cause: BaseException | None = None
+    ) -> None:
         """What was run is still the artifact of these digests (after the runtime ran
         it in children that opened :attr:`pte_path`/:attr:`ptd_path`): a file whose
         inode :meth:`changed` (written in place, or only its name removed or renamed
         over) is hashed again and must have its digest; without ``/proc`` (the children
-        opened the paths) it is refused at once. :class:`IntegrityError` otherwise."""
+        opened the paths) it is refused at once. :class:`IntegrityError` otherwise.
+
+        ``cause``: a child's failure, checked before it is judged (one on an artifact
+        written meanwhile says nothing of the artifact the file is for: never a
+        refusal); the :class:`IntegrityError` is raised from it."""
         wanted = dict(zip(self.paths, (pte_sha256, ptd_sha256), strict=False))
         for path in self.changed():
             now = file_sha256(self.read_path(path)) if self._proc else None
@@ -117,7 +123,7 @@ class PinnedArtifact:
                     f"{now or 'of another file'} != {wanted[path]}, the digest it was made "
                     "for); nothing published",
                     published=False,
-                )
+                ) from cause
 
     def close(self) -> None:
         loaders, self._loaders = self._loaders, []

@@ -4,11 +4,20 @@ A refusal of the runtime is remembered beside the file (``xnnpack-<id>.refused.j
 only when making the file again would fail the same way: the child's own refusal (exit
 3: a method the probe cannot run, the runtime's error), outputs that differ, a graph
 the runtime does not persist, a file ptestore rejects, or a crash by a signal the
-program raises itself (:data:`DETERMINISTIC_SIGNALS`: SIGSEGV, SIGBUS, SIGILL,
-SIGABRT...). A failure that may pass is never remembered
+program raises itself (:data:`DETERMINISTIC_SIGNALS`: SIGSEGV, SIGILL, SIGABRT...). A
+failure that may pass is never remembered
 (:attr:`~ptestore.errors.PackedWeightsRefused.transient`): the child did not finish in
-time, was killed from outside (SIGKILL by the OOM killer, SIGTERM...), or exited with
-another status (an import error, a full disk in the child).
+time, was killed from outside (SIGKILL by the OOM killer, SIGTERM...), exited with
+another status (an import error, a full disk in the child), or died of SIGBUS.
+
+SIGBUS is the kernel's answer to a page of a mapped file it cannot provide: the runtime
+writes the packed file through a shared mapping of a sparse file, so on a full disk (or
+quota) the first page that needs a block kills the child with SIGBUS; so does an I/O
+error under a mapping, or a mapped file cut short meanwhile. Each is the state of a
+disk, not a property of the program (the runtime's own bad accesses are SIGSEGV on
+x86-64 and arm64 Linux; a rare misaligned atomic access on arm64 is run again at each
+call rather than remembered), so it is transient whatever the free space says
+(:data:`MAPPED_FILE`: a quota or an I/O error shows in no free-space count).
 
 SIGABRT is also how the C++ runtime ends when an allocation fails (an uncaught
 ``std::bad_alloc``), which may pass. So an abort is remembered only when it happens
@@ -17,8 +26,9 @@ removed) and neither run's messages name an allocation failure (:func:`out_of_me
 ``std::bad_alloc``, ``out of memory``, ``Cannot allocate memory``); an abort that names
 one is transient, whichever run it is.
 
-A record written before this distinction has no ``"kind"``: its reason tells
-(:func:`transient_reason`), and one of a failure that may pass is not a refusal (the
+A record whose reason is of a failure that may pass by these rules
+(:func:`transient_reason`) is not a refusal, whatever its ``"kind"``: one written before
+kinds were recorded, or a SIGBUS an earlier version remembered as deterministic (the
 next call makes the file and replaces it). A record that is not a regular file, too
 large, not JSON or without a reason is not a refusal either.
 """
@@ -38,6 +48,7 @@ from .record import publish_read_only, read_small
 __all__ = [
     "DEFAULT_TIMEOUT",
     "DETERMINISTIC_SIGNALS",
+    "MAPPED_FILE",
     "out_of_memory",
     "read_refusal",
     "signal_name",
@@ -49,10 +60,16 @@ __all__ = [
 #: (:func:`~ptestore.xnnpack.make_cache` itself waits as long as it takes unless told).
 DEFAULT_TIMEOUT = 3600.0
 #: The signals a crash of the runtime raises itself: making the file again crashes again.
+#: Not SIGBUS: a page of a mapped file the kernel cannot provide (see the module).
 DETERMINISTIC_SIGNALS = frozenset(
     int(getattr(signal, name))
-    for name in ("SIGSEGV", "SIGBUS", "SIGILL", "SIGABRT", "SIGFPE", "SIGTRAP", "SIGSYS")
+    for name in ("SIGSEGV", "SIGILL", "SIGABRT", "SIGFPE", "SIGTRAP", "SIGSYS")
     if hasattr(signal, name)
+)
+#: What the reason of a crash by SIGBUS adds (:mod:`.runs`): why it may pass.
+MAPPED_FILE = (
+    "SIGBUS: a page of a file the runtime mapped could not be read or written, "
+    "e.g. a full disk or quota, an I/O error"
 )
 #: What the child's messages say when an allocation failed (libstdc++'s terminate handler
 #: names the ``std::bad_alloc``; C and Python runtimes say "out of memory" or ENOMEM's text).
@@ -82,15 +99,17 @@ def out_of_memory(messages: str) -> bool:
 
 def transient_reason(reason: str) -> bool:
     """Whether ``reason`` (a refusal's, as recorded by an earlier version or in a fleet's
-    index) is one of a failure that may pass: a timeout, a kill from outside, an exit
-    without the child's own reason."""
+    index) is one of a failure that may pass: a timeout, a kill from outside, a crash by
+    a signal not in :data:`DETERMINISTIC_SIGNALS` (SIGBUS among them), an exit without
+    the child's own reason."""
     return _TRANSIENT.match(reason) is not None
 
 
 def read_refusal(path: Path) -> str | None:
     """The reason remembered at ``path`` for refusing again without running anything;
     None when there is none, or what is there is no refusal to keep (a failure that may
-    pass recorded by an earlier version, or a damaged record)."""
+    pass by today's rules, recorded by an earlier version whatever its ``"kind"``, or a
+    damaged record)."""
     try:
         data: Any = json.loads(read_small(path, MAX_REFUSAL_BYTES, "refusal record"))
     except FileNotFoundError:
@@ -100,7 +119,7 @@ def read_refusal(path: Path) -> str | None:
     if not isinstance(data, dict) or not isinstance(data.get("reason"), str):
         return None
     reason: str = data["reason"]
-    if data.get("kind") != "deterministic" and transient_reason(reason):
+    if transient_reason(reason):
         return None
     return reason
 

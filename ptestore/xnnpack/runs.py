@@ -10,7 +10,8 @@ installed copy could put another one). Its failures become
 sorts them: its own refusal (exit 3, with its reason) and a crash by a signal the
 runtime raises itself are deterministic, except an abort that names an allocation
 failure, or that does not happen again when the child runs once more; a timeout, a kill
-from outside and any other exit may pass.
+from outside, a SIGBUS (a mapped file's page the kernel could not provide: a full disk)
+and any other exit may pass.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PackedWeightsRefused
-from .refusal import DETERMINISTIC_SIGNALS, out_of_memory, signal_name
+from .refusal import DETERMINISTIC_SIGNALS, MAPPED_FILE, out_of_memory, signal_name
 
 __all__ = ["PACKAGE", "ChildRun", "child_command"]
 
@@ -100,6 +101,8 @@ class ChildRun:
                 transient=True,
             )
         if rc < 0:
+            if rc == -signal.SIGBUS:
+                what += f" ({MAPPED_FILE})"
             raise PackedWeightsRefused(
                 artifact,
                 f"the ExecuTorch runtime crashed ({signal_name(-rc)}, exit {128 - rc}) "

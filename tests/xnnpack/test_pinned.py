@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from support.xnnpack_probe import REPO, env, fresh_load, rewrite_weights
 
-from ptestore.errors import ConfigurationError, IntegrityError
+from ptestore.errors import ConfigurationError, IntegrityError, PackedWeightsRefused
 from ptestore.testing.runtime import runtime_unavailable
 from ptestore.xnnpack import CacheFile, find_cache, make_cache, verify_cache
 from ptestore.xnnpack.runs import ChildRun
@@ -97,6 +97,32 @@ def test_a_ptd_written_in_place_while_made_publishes_nothing(
     )
     assert find_cache(pte, ptd=kept, directory=directory) is None
     assert [p.suffix for p in directory.iterdir()] == [".lock"]  # no file, no refusal
+
+
+def test_an_artifact_cut_short_while_made_is_no_refusal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ``.pte`` truncated in place just before the first child: the real child fails
+    on the bytes it now reads, a failure of the artifact as it was meanwhile, never of
+    the artifact the file is for. ``IntegrityError``, nothing published and nothing
+    remembered: the same bytes written back make the file."""
+    pte = tmp_path / "m.pte"
+    shutil.copyfile(FIXTURES / "mlp_xnnpack.pte", pte)
+    kept = pte.read_bytes()
+    at_first_child(monkeypatch, lambda: os.truncate(pte, 0))
+    directory = tmp_path / "cache"
+    with pytest.raises(IntegrityError) as err:
+        make_cache(pte, directory=directory)
+    assert str(err.value) == (
+        f"{pte}: changed while its packed-weight file was made (SHA-256 "
+        f"{hashlib.sha256(b'').hexdigest()} != {hashlib.sha256(kept).hexdigest()}, the "
+        "digest it was made for); nothing published"
+    )
+    assert isinstance(err.value.__cause__, PackedWeightsRefused)  # what the child did
+    assert [p.suffix for p in directory.iterdir()] == [".lock"]  # no file, no refusal
+    pte.write_bytes(kept)
+    made = make_cache(pte, directory=directory)
+    assert made.made and made.entries == 2
 
 
 LOAD = textwrap.dedent(

@@ -7,8 +7,10 @@ not remembered: the next call runs the child again; a deterministic one (the chi
 refusal, SIGSEGV) is remembered and raised again without a run until
 ``retry_refused=True``. A real Python child that aborts (SIGABRT): after the message of
 a ``std::bad_alloc`` it may pass, else it is run once more and only a second abort is
-remembered. A refusal record of an earlier version (no ``"kind"``) of a failure that may
-pass, or a damaged one, is no refusal. The child imports the maker's ``ptestore``."""
+remembered. The real runtime on a full tmpfs dies of SIGBUS under its mapping of the
+file: that may pass. A refusal record of an earlier version (no ``"kind"``, or a SIGBUS
+recorded as deterministic) of a failure that may pass, or a damaged one, is no refusal.
+The child imports the maker's ``ptestore``."""
 
 from __future__ import annotations
 
@@ -33,7 +35,13 @@ pytestmark = [
 ]
 
 MLP = Path(__file__).parents[1] / "fixtures" / "mlp_xnnpack.pte"
+CONV = Path(__file__).parents[1] / "fixtures" / "conv_xnnpack.pte"
 MAKING = "while making the packed-weight file"
+#: What a crash by SIGBUS adds to its reason (a failure that may pass).
+MAPPED = (
+    "SIGBUS: a page of a file the runtime mapped could not be read or written, "
+    "e.g. a full disk or quota, an I/O error"
+)
 
 BEHAVIOUR = {
     "timeout": 'read line < "$FIFO"',  # blocks: no one writes the FIFO
@@ -147,6 +155,37 @@ def test_a_deterministic_refusal_is_remembered_until_retried(
     assert child.runs() == 2
 
 
+@pytest.mark.skipif(
+    os.sysconf("SC_PAGE_SIZE") != 4096, reason="the space left is counted in 4 KiB pages"
+)
+def test_a_full_disk_under_the_runtimes_mapping_may_pass(tmp_path: Path) -> None:
+    """The real runtime writes the packed file through a shared mapping of a sparse
+    file: on a file system with room for the reference run (about 16 KiB here) but not
+    for the file (20,956 bytes, 6 pages) the page it touches cannot be allocated and the
+    child dies of SIGBUS. That is the disk's state, not the program's: transient, not
+    remembered, and the same call makes the file once space is freed."""
+    from support.smallfs import tmpfs
+
+    with tmpfs(tmp_path / "S", "1m") as small:
+        filler = small / "filler"
+        st = os.statvfs(small)
+        filler.write_bytes(bytes(st.f_bavail * st.f_frsize - 24 * 1024))
+        directory = small / "c"
+        with pytest.raises(PackedWeightsRefused) as info:
+            make_cache(CONV, directory=directory)
+        got = info.value
+        assert got.transient and got.reason.startswith(
+            f"the ExecuTorch runtime crashed (SIGBUS, exit 135) {MAKING} ({MAPPED}); its "
+            "last messages: "
+        ), got.reason
+        identity = Identity.of(file_sha256(CONV), None, executorch_build())
+        # no refusal, no work directory left
+        assert [p.name for p in directory.iterdir()] == [f"{identity.name}.xpwc.lock"]
+        filler.unlink()
+        made = make_cache(CONV, directory=directory)
+        assert made.made and made.size == 20956
+
+
 def test_an_abort_that_names_an_allocation_failure_may_pass(child, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """A real child that aborts (SIGABRT) after the C++ runtime's message of an uncaught
     ``std::bad_alloc``: out of memory, which may pass; not remembered, not run again."""
@@ -224,16 +263,25 @@ def test_the_child_imports_the_makers_ptestore(
         (f"the runtime exited with 1 {MAKING}", False),
         (f"the ExecuTorch runtime crashed (SIGSEGV, exit 139) {MAKING}", True),
         (f"{MAKING}: probe says no", True),
+        # remembered as deterministic before a SIGBUS was known to be the disk's
+        (f"the ExecuTorch runtime crashed (SIGBUS, exit 135) {MAKING}", False),
     ],
 )
+@pytest.mark.parametrize("kind", [None, "deterministic"])
 def test_an_earlier_versions_refusal_is_read_by_its_kind(
-    child, tmp_path: Path, old: str, read: bool
+    child, tmp_path: Path, old: str, read: bool, kind: str | None
 ) -> None:  # type: ignore[no-untyped-def]
+    """A record without a ``"kind"`` (before kinds were recorded), or one an earlier
+    version recorded as deterministic, is a refusal only when its reason is not of a
+    failure that may pass by today's rules."""
     child.set("refuses")
     directory = tmp_path / "d"
     directory.mkdir()
     identity = Identity.of(file_sha256(MLP), None, executorch_build())
-    _refused_path(directory).write_text(json.dumps({"identity": identity.to_json(), "reason": old}))
+    record = {"identity": identity.to_json(), "reason": old}
+    if kind is not None:
+        record["kind"] = kind
+    _refused_path(directory).write_text(json.dumps(record))
     got = _make(directory)
     if read:
         assert got.reason == f"{old} (refused before)" and child.runs() == 0

@@ -250,6 +250,65 @@ def test_an_artifact_with_a_ptd_is_bound_to_both(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_the_models_script_writes_the_ptd_it_promises(tmp_path: Path) -> None:
+    """``make_xnnpack_models.py linear OUT.pte --ptd`` (an ``nn.Sequential``, whose
+    top-level weights lost their external tag on export) writes the .pte without its
+    weights and the .ptd with every one, and the pair makes a file."""
+    from ptestore.format.reader import read_container
+    from ptestore.storage.loaders import LocalFileLoader
+    from ptestore.xnnpack import artifact_keys
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        from make_xnnpack_models import export_linear_stack
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    pte, ptd = export_linear_stack(tmp_path / "lin.pte", layers=2, dim=16, ptd=True)
+    assert ptd == tmp_path / "lin.ptd"
+
+    def named(path: Path) -> set[str]:
+        loader = LocalFileLoader(str(path))
+        try:
+            return {n.key for n in read_container(loader).container.named_data or []}
+        finally:
+            loader.close()
+
+    assert named(pte) == set()  # no weight left in the .pte
+    assert named(ptd) == artifact_keys(pte) and len(named(ptd)) == 4  # 2 x (weight, bias)
+    made = make_cache(pte, ptd=ptd, directory=tmp_path / "cache")
+    assert made.made and made.entries == 2
+
+
+@pytest.mark.slow
+def test_the_models_script_refuses_a_ptd_it_cannot_write_before_writing(tmp_path: Path) -> None:
+    """What ``--ptd`` would get wrong is refused before any file is written: weights
+    whose tag the export dropped (a bare ``nn.Sequential``, as the script exported it
+    before), a program with no weight to put in a .ptd."""
+    import torch
+    from torch import nn
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        from make_xnnpack_models import _external, _lower
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    x = (torch.randn(1, 16),)
+    out = tmp_path / "m.pte"
+    with pytest.raises(RuntimeError) as err:
+        _external(nn.Sequential(nn.Linear(16, 16)).eval(), x, out)
+    assert str(err.value) == (
+        f"{out}: not written: the weights ['p_0_weight', 'p_0_bias'] lost their external "
+        "tag on export and would stay in the .pte (--ptd puts every weight in the .ptd)"
+    )
+    with pytest.raises(RuntimeError) as err:
+        _lower(nn.ReLU(), x, out, True)
+    assert str(err.value) == (
+        f"{out}: not written: the export made 0 .ptd files []; --ptd writes exactly one"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
 def test_the_conv_prelu_crash_is_refused_cleanly(tmp_path: Path) -> None:
     sys.path.insert(0, str(REPO / "scripts"))
     try:
