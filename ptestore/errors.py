@@ -427,8 +427,9 @@ class PackedWeightsRefused(PteStoreError):
     """ptestore.xnnpack refused to make an XNNPACK packed-weight file for an artifact: the
     runtime crashed or failed with the cache on, outputs differed from a load without it,
     or the graph cannot be cached. The artifact itself is still usable without one.
-    ``transient``: a failure that may pass (the runtime timed out, was killed, or exited
-    without saying why): not remembered, the next call tries again."""
+    ``transient``: a failure that may pass (the runtime timed out, was killed, died of
+    SIGBUS under a mapped file such as on a full disk, or exited without saying why): not
+    remembered, the next call tries again."""
 
     def __init__(self, artifact: str, reason: str, *, transient: bool = False) -> None:
         super().__init__(
