@@ -36,7 +36,8 @@ that cannot be reached is kept and reported. clear removes every entry. An entry
 using right now is never removed (it is reported as busy).
 
 Exit status: 0 success; 1 storage failure; 2 bad input (no such cache directory, an -o
-option that applies to none of the entries' remote indexes)."""
+option that applies to none of the entries' remote indexes, nor to the portable sources
+they named)."""
 
 
 def add_cache_parser(subparsers: Any) -> argparse.ArgumentParser:

@@ -133,6 +133,8 @@ def lookup(
         return None
     if manifest is None:
         return None
+    if manifest.get("superseded") is not None:  # the index names no artifact of it now
+        return None  # (.superseded): fetched again when it does
     recorded = manifest.get("fingerprint")
     if recorded != as_recorded(as_json(fingerprint), recorded):
         return None

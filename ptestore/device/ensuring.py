@@ -297,6 +297,7 @@ def _ensure_copy(
     progress: Callable[[Event], None] | None = None,
     storage_options: Mapping[str, Any] | None = None,
     accept: Callable[[Provenance | None], None] | None = None,
+    named_by: str | None = None,
 ) -> Artifact:
     """``ensure(src)`` once its arguments are checked: the copy of ``src`` (and ``ptd``)
     specialized into the cache, or the entry made before. ``storage_options`` are those
@@ -305,7 +306,9 @@ def _ensure_copy(
     routed to each (:func:`~ptestore.storage.routing.options_for_loader`: none to a
     local file); the public ``ensure`` of a source takes none. ``accept(provenance)``
     raises to refuse what a make made, before its entry is published (the entry is
-    removed, no other evicted)."""
+    removed, no other evicted). ``named_by``: the location of the index that named the
+    source, recorded in the manifest of an entry made (``cache prune --stale``'s
+    options reach such a source)."""
     from ..journal import recover_if_local
 
     recover_if_local(src)  # an interrupted in-place run of the source: finish it first
@@ -328,14 +331,13 @@ def _ensure_copy(
     common = {k: v for opts in routed.values() for k, v in opts.items()}
     # The callback's exception at "publish" waits for the manifest: no half entry.
     relay = None if progress is None else HeldProgress(progress, frozenset({"publish"}))
+    made = (src, ptd, backends, device, provenance, relay, common, accept, named_by)
     artifact = hit_or_make(
         layout,
         key,
         max_bytes,
         lambda: lookup(layout, key, fingerprint),
-        lambda: _make(
-            layout, key, fingerprint, src, ptd, backends, device, provenance, relay, common, accept
-        ),
+        lambda: _make(layout, key, fingerprint, *made),
     )
     if relay is not None:
         relay.raise_held()
@@ -356,6 +358,7 @@ def _make(
     progress: Callable[[Event], None] | None = None,
     storage_options: dict[str, Any] | None = None,
     accept: Callable[[Provenance | None], None] | None = None,
+    named_by: str | None = None,
 ) -> Artifact:
     from ..coordinator import specialize
     from ..provenance.stamp import ProvenanceRequest
@@ -422,6 +425,7 @@ def _make(
         files=file_records(directory, names),
         specialized=report.specialized,
         provenance=prov,
+        named_by=named_by,
     )
     try:
         manifest.publish(layout, src, replaced=old is not None)

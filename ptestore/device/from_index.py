@@ -1,7 +1,9 @@
 """``ensure(index, model=..., device=...)``'s steps (:mod:`.indexed` holds the pieces):
 select, then serve the entry while it is current, else fetch it (taking the chunks the
-cache holds of the model), else specialize the portable source the index names; the
-entry fetched before is served offline when the index or the download cannot be had.
+cache holds of the model), else specialize the portable source the index names (first
+recording that answer in the entry fetched for the device: :mod:`.superseded`); the
+index's last answer is served offline when the index or the download cannot be had (the
+entry fetched before, or the portable source the index answered since).
 The fetched files are the entry's only once its manifest is published: a manifest that
 cannot be (a full disk) takes them with it (:func:`.manifest.unpublish`)."""
 
@@ -12,7 +14,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .._dataclass import replace
-from ..errors import ConfigurationError, IntegrityError, PermissionDenied, StorageError
+from ..errors import (
+    ConfigurationError,
+    IntegrityError,
+    LockTimeout,
+    PermissionDenied,
+    StorageError,
+)
+from ..storage.types import StorageURL
 from .artifact import Artifact, artifact_of, hit_or_make, lookup
 from .entryfiles import clean_entry_locked
 from .layout import CacheLayout
@@ -22,6 +31,7 @@ if TYPE_CHECKING:
     from ..backends.compat import DeviceProfile
     from ..backends.registry import BackendLike
     from ..coordinator.report import Event
+    from ..fleet.select import Choice
 
 __all__ = ["check_index_args", "ensure_from_index"]
 
@@ -74,27 +84,22 @@ def ensure_from_index(
     here by ``ensure`` (the copy path of :func:`.ensuring.ensure`, passed in: no import
     loop), read with ``opts`` (the storage options given for the index)."""
     from ..backends.snapshot import using
-    from .indexed import (
-        check_source,
-        choose,
-        fetch_entry,
-        index_fingerprint,
-        index_key,
-        offline_entry,
-    )
+    from .indexed import choose, fetch_entry, index_fingerprint, index_key
 
+    def source(choice: Choice, profile: DeviceProfile) -> Artifact:
+        return _from_source(
+            index, choice, profile, cache_dir, backends, max_bytes, opts, progress, ensure
+        )
+
+    layout = CacheLayout(cache_dir)
     try:
         # The backends installed here (select asks them to rate builds made for other
         # profiles) through the cache's snapshot of the installed metadata: a hit from a
         # fresh process whose installation is unchanged does not read it again.
-        with using(CacheLayout(cache_dir).snapshot):
+        with using(layout.snapshot):
             choice = choose(index, model, device, opts)
     except StorageError as exc:  # unreachable, gone, refused: the entry fetched before
-        served = (
-            None
-            if device is None
-            else offline_entry(CacheLayout(cache_dir), index, model, device, exc)
-        )
+        served = None if device is None else _offline(layout, index, model, device, exc, source)
         if served is None:
             raise
         return served
@@ -107,32 +112,19 @@ def ensure_from_index(
     # before any of them is read.
     from ..fleet.index_store import check_named_options
 
-    named = [str(f["url"]) for f in (choice.pte, choice.ptd) if f is not None]
-    check_named_options(opts, index, named)
-    if choice.kind == "source":
-        from ..fleet.index_bounds import names_shown
-
-        # Read with the index's options, as routed to each of its URLs (its store's
-        # endpoint and credentials; none to a local file): its identity, the hit, the run.
-        # A source that is not the index's is refused before its entry is published
-        # (nothing kept, nothing evicted for it), and on a hit.
-        with names_shown(named):  # an error names the index's URLs as a report does
-            made = ensure(
-                str(choice.pte["url"]),
-                cache_dir=cache_dir,
-                backends=backends,
-                device=device,
-                ptd=None if choice.ptd is None else str(choice.ptd["url"]),
-                max_bytes=max_bytes,
-                progress=progress,
-                storage_options=opts,
-                accept=lambda prov: check_source(index, choice, prov),
-            )
-            check_source(index, choice, made.provenance)
-        return replace(made, choice=choice.to_dict())
-    layout = CacheLayout(cache_dir)
-    layout.create()
+    check_named_options(opts, index, _named(choice))
     key = index_key(index, model, device)
+    if choice.kind == "source":
+        from .superseded import answer_of, supersede
+
+        # The entry fetched for this device before is not what the index selects now:
+        # its answer is recorded there first, so that offline it is this answer that is
+        # served, never that entry (.superseded).
+        if os.path.isdir(layout.entry_dir(key)):
+            layout.create()
+            supersede(layout, key, index, answer_of(choice, device))
+        return source(choice, device)
+    layout.create()
     fingerprint = index_fingerprint(index, model, device, choice)
 
     def fetched() -> Artifact:
@@ -161,7 +153,96 @@ def ensure_from_index(
     except (IntegrityError, PermissionDenied):
         raise
     except StorageError as exc:  # the newer artifact cannot be downloaded now
-        served = offline_entry(layout, index, model, device, exc)
+        served = _offline(layout, index, model, device, exc, source)
         if served is None:
             raise
         return served
+
+
+def _named(choice: Choice) -> list[str]:
+    """The URLs of the files ``choice`` names (the artifact, or the portable source)."""
+    return [str(f["url"]) for f in (choice.pte, choice.ptd) if f is not None]
+
+
+def _from_source(
+    index: str,
+    choice: Choice,
+    device: DeviceProfile,
+    cache_dir: PathOrUrl,
+    backends: list[BackendLike] | None,
+    max_bytes: int | None,
+    opts: dict[str, Any],
+    progress: Callable[[Event], None] | None,
+    ensure: Callable[..., Artifact],
+) -> Artifact:
+    """The portable source ``choice`` names, specialized for ``device`` by ``ensure``
+    (an entry of its own, keyed on the source) and checked against what the index
+    records (:func:`.indexed.check_source`)."""
+    from ..fleet.index_bounds import names_shown
+    from .indexed import check_source
+
+    named = _named(choice)
+    # Read with the index's options, as routed to each of its URLs (its store's
+    # endpoint and credentials; none to a local file): its identity, the hit, the run.
+    # A source that is not the index's is refused before its entry is published
+    # (nothing kept, nothing evicted for it), and on a hit.
+    with names_shown(named):  # an error names the index's URLs as a report does
+        made = ensure(
+            named[0],
+            cache_dir=cache_dir,
+            backends=backends,
+            device=device,
+            ptd=None if choice.ptd is None else named[1],
+            max_bytes=max_bytes,
+            progress=progress,
+            storage_options=opts,
+            accept=lambda prov: check_source(index, choice, prov),
+            named_by=StorageURL.of(index).location,
+        )
+        check_source(index, choice, made.provenance)
+    return replace(made, choice=choice.to_dict())
+
+
+def _offline(
+    layout: CacheLayout,
+    index: str,
+    model: str,
+    device: DeviceProfile | str,
+    exc: StorageError,
+    source: Callable[[Choice, DeviceProfile], Artifact],
+) -> Artifact | None:
+    """What is served while ``index`` (or the artifact it names now) cannot be read
+    (``exc``): the index's last answer for ``device``. The entry fetched for it before
+    (:func:`.indexed.offline_entry`), unless the index answered since that no artifact
+    fits the device (:mod:`.superseded`): then the portable source it named, by
+    ``source`` (a hit on its entry while it is unchanged; a source that cannot be read
+    either serves nothing, its error logged). None: nothing to serve (the caller raises
+    ``exc``)."""
+    from .._log import get_logger
+    from .indexed import index_key, offline_entry
+    from .superseded import last_answer
+
+    recorded, choice, profile = last_answer(layout, index_key(index, model, device), device)
+    if not recorded:
+        return offline_entry(layout, index, model, device, exc)
+    if choice is None or profile is None:  # a record not of the form it is written in
+        return None
+    log = get_logger(__name__)
+    try:
+        made = source(choice, profile if isinstance(device, str) else device)
+    except (IntegrityError, PermissionDenied, LockTimeout):
+        raise
+    except StorageError as err:  # unreachable too: the index's error, as without entry
+        log.warning(
+            "%s: cannot be read, and the portable source its last answer named cannot either: %s",
+            index,
+            err,
+        )
+        return None
+    reason = (
+        f"served offline: {exc}; the index's last answer for {profile.name!r} was the "
+        "model's portable source, not the artifact fetched before: the source is served, "
+        "as then"
+    )
+    log.warning("%s: %s", index, reason)
+    return replace(made, choice={**(made.choice or {}), "offline": reason})

@@ -21,7 +21,9 @@ access refused), or it names a newer artifact that cannot be downloaded, the ent
 fetched from that index for this model and device before is served
 (:func:`offline_entry`), when its files are there as recorded and it was made for this
 device's profile; ``choice["offline"]`` says why, and a warning is logged. Without such
-an entry, the error is raised.
+an entry, the error is raised. Once the index answered that no artifact fits that
+profile any more, the entry is not served: that answer, the portable source, is
+(:mod:`.superseded`).
 
 The fleet modules (select, fetch) are imported here, on first use: a local ``ensure``
 never loads them.
@@ -235,6 +237,9 @@ def fetch_entry(
     assert choice is not None  # fetched from an index
     if choice.kind != "artifact":  # the index changed since it was read: nothing fits now
         _discard(incoming)
+        from .superseded import answer_of, supersede_locked
+
+        supersede_locked(layout, key, index, answer_of(choice, device))  # its answer now
         raise StorageError(
             f"{index}: the index changed while {model!r} was fetched for {device.name!r} "
             "(no artifact fits any more); run again"
@@ -279,11 +284,14 @@ def offline_entry(
 ) -> Artifact | None:
     """The entry fetched from ``index`` for ``model`` on ``device`` before, served while
     the index (or the artifact it now names) cannot be read (``exc`` says why); None when
-    there is none, its files changed, or it was made for another profile of the device
-    (a device given by name alone: the profile the index recorded for that name then)."""
+    there is none, its files changed, it was made for another profile of the device
+    (a device given by name alone: the profile the index recorded for that name then),
+    or the index answered since that no artifact fits the device (:mod:`.superseded`:
+    that answer is what is served offline, for the profile it was given for)."""
     from .._dataclass import replace
     from .._log import get_logger
     from .artifact import artifact_of
+    from .superseded import SUPERSEDED
 
     key = index_key(index, model, device)
     if not os.path.isdir(layout.entry_dir(key)):
@@ -299,6 +307,8 @@ def offline_entry(
             return None
         fp = manifest.get("fingerprint")
         if not isinstance(fp, dict) or fp.get("model") != model:
+            return None
+        if manifest.get(SUPERSEDED) is not None:  # the index named no artifact since
             return None
         recorded = fp.get("device")
         if isinstance(device, str):

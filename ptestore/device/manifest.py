@@ -32,6 +32,7 @@ __all__ = [
     "disk_full_error",
     "file_records",
     "is_disk_full",
+    "publish_manifest",
     "unpublish",
 ]
 
@@ -82,6 +83,13 @@ class Manifest:
     #: an index found missing later on another one is on a file system not mounted now
     #: (``cache prune --stale`` keeps the entry), not gone.
     index_device: int | None = None
+    #: An entry fetched from an index whose answer since names no artifact for the
+    #: device: what it answered (:mod:`.superseded`); never a hit, never served offline.
+    superseded: dict[str, Any] | None = None
+    #: A copy of the portable source an index named (``ensure(index, ...)`` fell back
+    #: to it): that index's location (``cache prune --stale``'s options reach the
+    #: source, as they reached it when it was read).
+    named_by: str | None = None
 
     @classmethod
     def of(
@@ -97,6 +105,7 @@ class Manifest:
         in_place: bool = False,
         index: str | None = None,
         choice: Mapping[str, Any] | None = None,
+        named_by: str | None = None,
     ) -> Manifest:
         """The one place a manifest is built: the fingerprint and the choice as stored,
         the provenance as its record."""
@@ -112,6 +121,7 @@ class Manifest:
             index=index,
             choice=None if choice is None else as_json(dict(choice)),
             index_device=None if index is None else _device_of(index),
+            named_by=named_by,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -133,6 +143,10 @@ class Manifest:
             out["choice"] = self.choice
         if self.index_device is not None:
             out["index_device"] = self.index_device
+        if self.superseded is not None:
+            out["superseded"] = self.superseded
+        if self.named_by is not None:
+            out["named_by"] = self.named_by
         return out
 
     def publish(self, layout: CacheLayout, src: str, *, replaced: bool = False) -> None:
@@ -140,17 +154,26 @@ class Manifest:
         (:func:`~ptestore.storage.atomic.put_bytes`); a full file system raises the
         cache's disk-full error naming ``src`` (``replaced``: the files of an earlier
         entry of the key were replaced, and the caller removes that entry)."""
-        from ..storage.atomic import put_bytes
+        publish_manifest(layout, self.key, self.to_dict(), src, replaced=replaced)
 
-        data = json.dumps(self.to_dict(), indent=1, sort_keys=True).encode()
-        try:
-            put_bytes(layout.manifest(self.key), data, permissions=0o644)
-        except OSError as exc:  # StorageError is one
-            if is_disk_full(exc):
-                raise disk_full_error(
-                    layout.root, src, len(data), exc, replaced=replaced, stage="manifest"
-                ) from exc
-            raise
+
+def publish_manifest(
+    layout: CacheLayout, key: str, manifest: dict[str, Any], src: str, *, replaced: bool = False
+) -> None:
+    """Publish ``manifest`` (a manifest as :meth:`Manifest.to_dict` makes it, or as
+    :func:`~ptestore.device.entryfiles.read_manifest` read it, changed) as entry
+    ``key``'s, as :meth:`Manifest.publish` does."""
+    from ..storage.atomic import put_bytes
+
+    data = json.dumps(manifest, indent=1, sort_keys=True).encode()
+    try:
+        put_bytes(layout.manifest(key), data, permissions=0o644)
+    except OSError as exc:  # StorageError is one
+        if is_disk_full(exc):
+            raise disk_full_error(
+                layout.root, src, len(data), exc, replaced=replaced, stage="manifest"
+            ) from exc
+        raise
 
 
 def _device_of(index: str) -> int | None:

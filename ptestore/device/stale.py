@@ -6,9 +6,11 @@ entry is judged against what it recorded, without reading any artifact:
 
 - a **copy** (``ensure(source)``) and an **in-place** entry: the source's identity now
   (:func:`~ptestore.device.keys.source_identity`: one ``stat`` locally, one metadata
-  request for a URL), and the ``.ptd``'s, against the fingerprint's. A source that is
-  gone, is no longer a regular file, or has another identity makes the entry stale. An
-  in-place entry holds only its manifest: removing it never touches the rewritten file;
+  request for a URL, with the storage options given when the source is the portable
+  one an index named: the manifest's ``named_by``), and the ``.ptd``'s, against the
+  fingerprint's. A source that is gone, is no longer a regular file, or has another
+  identity makes the entry stale. An in-place entry holds only its manifest: removing
+  it never touches the rewritten file;
 - an entry **fetched from a job index** (``ensure(index, model=...)``): the index is gone,
   or no live entry of it names the files the entry holds (the same URL, size, SHA-256 and
   trailer checksum of the ``.pte``, and the same ``.ptd``): the model or the device was
@@ -137,9 +139,11 @@ def _not_mounted(role: str, where: str, device: Any) -> _Unknown | None:
         )
 
 
-def _identity_changed(role: str, where: str, recorded: Any) -> str | None:
+def _identity_changed(
+    role: str, where: str, recorded: Any, options: dict[str, Any] | None = None
+) -> str | None:
     try:
-        now = source_identity(where)
+        now = source_identity(where, _routed(where, options))
     except ObjectNotFound as exc:
         device = recorded.get("dev") if isinstance(recorded, dict) else None
         unmounted = _not_mounted(role, where, device)
@@ -161,6 +165,15 @@ def _identity_changed(role: str, where: str, recorded: Any) -> str | None:
         )
         return f"its {role} {where} changed ({', '.join(changed)})"
     return None
+
+
+def _routed(where: str, options: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The ``options`` that apply to reading ``where`` (none to a local file)."""
+    if not options or StorageURL.of(where).local:
+        return None
+    from ..storage.routing import options_for_loader
+
+    return options_for_loader(where, options)
 
 
 def _index_stale(manifest: dict[str, Any], options: dict[str, Any]) -> str | None:
@@ -210,9 +223,12 @@ def _why_stale(manifest: dict[str, Any], options: dict[str, Any]) -> str | None:
     source = manifest.get("source")
     if not isinstance(fp, dict) or not isinstance(source, str):
         return "its manifest records no source identity"
-    why = _identity_changed("source", source, fp.get("source"))
+    # The portable source an index named (ensure fell back to it) was read with the
+    # index's options: so is it here. Any other source was read without.
+    opts = options if manifest.get("named_by") is not None else None
+    why = _identity_changed("source", source, fp.get("source"), opts)
     if why is None and manifest.get("ptd_source") is not None:
-        why = _identity_changed(".ptd", str(manifest["ptd_source"]), fp.get("ptd"))
+        why = _identity_changed(".ptd", str(manifest["ptd_source"]), fp.get("ptd"), opts)
     return why
 
 
@@ -236,9 +252,11 @@ def prune_stale(
 ) -> StaleResult:
     """Remove the entries of ``cache_dir`` whose source is gone or changed (see the
     module docstring); with ``dry_run`` only list them. ``storage_options`` reach the
-    job indexes of entries fetched from one (as ``ensure(storage_options=...)``); one
-    that applies to none of the remote ones is a :class:`ConfigurationError`, raised
-    before any index is read (none is refused when every index is local).
+    job indexes of entries fetched from one, and the portable sources (and ``.ptd``)
+    an index named, specialized when no artifact fit (as ``ensure(storage_options=...)``
+    gave them to those); one that applies to none of the remote ones is a
+    :class:`ConfigurationError`, raised before any is read (none is refused when every
+    one is local).
 
     Broken and incomplete entries are :func:`~ptestore.device.prune`'s (``ptestore cache
     prune`` without ``--stale`` removes them too).
@@ -254,7 +272,7 @@ def prune_stale(
     options = dict(storage_options or {})
     ready = [e for e in (load_entry(layout, k) for k in layout.entry_keys()) if e.state == "ready"]
     if options:
-        _check_options(options, [e.manifest.get("index") for e in ready])
+        _check_options(options, [url for e in ready for url in _reached(e.manifest)])
     out = StaleResult(dry_run)
     try:
         for entry in ready:
@@ -275,13 +293,23 @@ def prune_stale(
     return out
 
 
+def _reached(manifest: dict[str, Any]) -> list[Any]:
+    """The URLs of an entry that the storage options reach: the job index it was
+    fetched from, or the portable source (and its ``.ptd``) an index named."""
+    if manifest.get("index") is not None:
+        return [manifest["index"]]
+    if manifest.get("named_by") is not None:
+        return [manifest.get("source"), manifest.get("ptd_source")]
+    return []
+
+
 def _check_options(options: dict[str, Any], indexes: list[Any]) -> None:
-    """Refuse a storage option that applies to none of the job indexes the entries were
-    fetched from (:meth:`~ptestore.storage.routing.StorageOptions.check`: "did you mean
-    'endpoint_url'?"), before any is read. Options are used for no other URL here, and
-    are left unused when every index is local (a cache may hold only local ones today).
-    An index whose protocol cannot be read is left out: its entry is judged unknown,
-    with the reason."""
+    """Refuse a storage option that applies to none of the URLs they reach (the job
+    indexes the entries were fetched from, the portable sources an index named:
+    :func:`_reached`; :meth:`~ptestore.storage.routing.StorageOptions.check`: "did you
+    mean 'endpoint_url'?"), before any is read. Options are used for no other URL here,
+    and are left unused when every one of those is local. A URL whose protocol cannot be
+    read is left out: its entry is judged unknown, with the reason."""
     from ..storage.routing import StorageOptions
     from ..storage.schemes import loader_options
 
