@@ -50,6 +50,7 @@ GC_REQUESTS: dict[str, tuple[str, Callable[[str], bool]]] = {
 }
 #: How a failure of each of gc's requests is reported: raised, or the orphan's action.
 RAISED = {"listing", "clock"}
+CHANGED = "skipped: changed since listed"
 
 
 def _session(operation: str, fault: Fault, only: Callable[[str], bool]) -> Any:
@@ -264,3 +265,78 @@ def test_the_reuse_listing_of_a_dead_endpoint_stops_after_the_policys_attempts(
         f'Could not connect to the endpoint URL: "{endpoint}/{bucket}?list-type=2&{SHARED_LISTING}'
     ), detail
     assert counted.calls == 3
+
+
+# ------------------------------------------------- a delete whose answer was lost
+
+
+def _fault_on_delete(s3_server: S3TestServer, fault: Any) -> dict[str, Any]:
+    """The storage options of a gc whose orphan's deletes go through ``fault``."""
+    only = GC_REQUESTS["delete"][1]
+    return {**s3_server.storage_options, **FAST, "session": _session("DeleteObject", fault, only)}
+
+
+def test_a_delete_whose_answer_was_lost_is_counted_removed(s3_server: S3TestServer) -> None:
+    """The first delete reaches the service and its answer is lost (a read timeout):
+    the retry finds the object gone (404, or SeaweedFS's 412 for a key that is not
+    there), gone by gc's own attempt: ``removed``. Before, ``skipped: already gone``
+    (moto) or ``skipped: changed since listed`` (SeaweedFS), and a summary that counted
+    nothing removed."""
+    bucket, root = _store(s3_server)
+    fault = Fault("DeleteObject", "lost", times=1)
+    [entry] = collect_orphans(root, grace=0, **_fault_on_delete(s3_server, fault))
+    assert (entry.location, entry.action) == (f"s3://{bucket}/{ORPHAN}", "removed")
+    assert (fault.calls, fault.injected) == (2, 1)
+    assert not _stored(s3_server, bucket, ORPHAN)
+
+
+def test_a_lost_answer_then_an_object_stored_since_is_kept(s3_server: S3TestServer) -> None:
+    """The first delete's answer is lost (a closed connection: it may or may not have
+    reached the service, here it did not) and a run stores other bytes at the key
+    before the retry, which is refused (``If-Match``: 412): the object there is not
+    the one listed, ``skipped: changed since listed``, kept; a lost answer alone never
+    makes a refusal a removal."""
+    bucket, root = _store(s3_server)
+    client = s3_server.client()
+    reset = Fault("DeleteObject", "reset", times=1)
+
+    def store_then_reset(request: Any, **kwargs: Any) -> Any:
+        if reset.remaining:
+            client.put_object(Bucket=bucket, Key=ORPHAN, Body=b"a run's new bytes")
+        return reset(request, **kwargs)
+
+    [entry] = collect_orphans(root, grace=0, **_fault_on_delete(s3_server, store_then_reset))
+    assert (entry.location, entry.action) == (f"s3://{bucket}/{ORPHAN}", CHANGED)
+    assert (reset.calls, reset.injected) == (2, 1)
+    body = client.get_object(Bucket=bucket, Key=ORPHAN)["Body"].read()
+    assert body == b"a run's new bytes"
+
+
+@pytest.mark.parametrize("kind", ["503", "403"])
+def test_an_object_removed_by_another_after_a_refused_delete_is_already_gone(
+    s3_server: S3TestServer, kind: str
+) -> None:
+    """The first delete is turned away before anything is done (a 503 is retried, a 403
+    ends the call) and another gc removes the object meanwhile: gc's own attempt
+    removed nothing. After the 503 the retry finds it gone: ``skipped: already gone``
+    (was ``skipped: changed since listed`` on SeaweedFS, which answers 412 for a key
+    that is not there: the object is looked at again after a 412)."""
+    bucket, root = _store(s3_server)
+    client = s3_server.client()
+    refused = Fault("DeleteObject", kind, times=1)
+
+    def remove_then_refuse(request: Any, **kwargs: Any) -> Any:
+        if refused.remaining:
+            client.delete_object(Bucket=bucket, Key=ORPHAN)
+        return refused(request, **kwargs)
+
+    [entry] = collect_orphans(root, grace=0, **_fault_on_delete(s3_server, remove_then_refuse))
+    if kind == "503":
+        assert entry.action == "skipped: already gone"
+        assert refused.calls == 2
+    else:
+        where = f"s3://{bucket}/{ORPHAN}"
+        assert entry.action == (
+            f"failed: {where}: DeleteObject failed: AccessDenied (HTTP 403): injected 403"
+        )
+        assert refused.calls == 1
