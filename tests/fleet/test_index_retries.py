@@ -103,11 +103,11 @@ def test_the_model_listing_of_a_dead_endpoint_stops_after_the_policys_attempts(
 ) -> None:
     _, url = _index(s3_server)
     where = _models_dir(url, s3_server)
-    store = IndexStore(url, s3_server.storage_options)
     endpoint = dead_endpoint()
     counted = Fault("ListObjectsV2", "500", times=0)  # counts, injects nothing
-    options = {**s3_server.storage_options, **FAST, "endpoint_url": endpoint}
-    store = IndexStore(url, {**options, "session": faulty_session("ListObjectsV2", counted, bool)})
+    session = faulty_session("ListObjectsV2", counted, lambda u: True)
+    options = {**s3_server.storage_options, **FAST, "endpoint_url": endpoint, "session": session}
+    store = IndexStore(url, options)
     with pytest.raises(StorageError) as info:
         store.list_names(where)
     assert str(info.value).startswith(
