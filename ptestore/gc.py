@@ -242,21 +242,43 @@ def collect_s3(
             if dry_run:
                 found.append(GcEntry(where, "multipart-upload", age, "would remove", size))
                 continue
-            try:
-                conn.request(
-                    "AbortMultipartUpload",
-                    "abort_multipart_upload",
-                    Bucket=bucket,
-                    Key=key,
-                    UploadId=upload_id,
-                    **conn.plain_extras,
-                )
-                action = "removed"
-            except Exception as exc:
-                gone = error_code(exc) == "NoSuchUpload"
-                action = "skipped: already gone" if gone else f"failed: {exc}"
+            action = _abort(conn, bucket, key, upload_id)
             found.append(GcEntry(where, "multipart-upload", age, action, size))
     return found
+
+
+def _abort(conn: S3Connection, bucket: str, key: str, upload_id: str) -> str:
+    """Abort the upload; the action: ``"removed"``, ``"skipped: already gone"``
+    (``NoSuchUpload``: completed or aborted by another since the listing) or ``"failed:
+    ..."``. ``NoSuchUpload`` answering a retry after an attempt whose answer was lost once
+    sent (a read timeout, a closed connection, a 500: it may have aborted the upload,
+    :func:`~ptestore.writers.s3.publish.may_have_applied`) is ``"removed"``."""
+    from ._retry import error_code
+    from .writers.s3.publish import may_have_applied
+
+    lost: list[BaseException] = []
+
+    def attempt() -> dict[str, Any]:
+        try:
+            return conn.invoke(
+                "abort_multipart_upload",
+                Bucket=bucket,
+                Key=key,
+                UploadId=upload_id,
+                **conn.plain_extras,
+            )
+        except Exception as exc:
+            if may_have_applied(exc):
+                lost.append(exc)
+            raise
+
+    try:
+        conn.call("AbortMultipartUpload", attempt)
+    except Exception as exc:
+        if error_code(exc) != "NoSuchUpload":
+            return f"failed: {exc}"
+        return "removed" if lost else "skipped: already gone"  # by our lost answer, or another
+    return "removed"
 
 
 def server_now(page: dict[str, Any], client_now: datetime) -> datetime:

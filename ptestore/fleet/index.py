@@ -290,9 +290,10 @@ def index_entries(
 ) -> list[dict[str, Any]]:
     """The entries of ``job``'s ``(model, device)`` pairs (read from their trailers,
     a few at once). An artifact whose trailer names another device, or other options
-    for it, than its pair's (another pair's artifact copied there, another job's) is
-    never indexed as the pair's: its reason is appended to ``skipped``, or, without a
-    list, raised as a :class:`FormatError`. ``pins`` gets, per pair, the versions of
+    for it, than its pair's (another pair's artifact copied there, another job's), or
+    whose trailer cannot be read (gone, damaged, a storage failure), is never indexed
+    as the pair's: its reason is appended to ``skipped``, or, without a list, raised
+    (:class:`FormatError`, or the read's error). ``pins`` gets, per pair, the versions of
     the artifacts read (:func:`entry_for`)."""
     entries, refused = _pair_entries(job, pairs, pins)
     if refused and skipped is None:
@@ -306,9 +307,9 @@ def _pair_entries(
     job: Job,
     pairs: Iterable[tuple[str, str]],
     pins: dict[tuple[str, str], list[ArtifactPin]] | None,
-) -> tuple[list[dict[str, Any]], list[tuple[str, str, FormatError]]]:
+) -> tuple[list[dict[str, Any]], list[tuple[str, str, PteStoreError]]]:
     """:func:`index_entries`'s entries, and ``(model, device, why)`` of each pair whose
-    artifact's trailer names another device."""
+    artifact's trailer names another device or cannot be read."""
     import concurrent.futures as cf
 
     wanted = set(pairs)
@@ -316,17 +317,20 @@ def _pair_entries(
 
     from .shared import shared_root
 
-    def one(p: Any) -> dict[str, Any] | FormatError:
+    def one(p: Any) -> dict[str, Any] | PteStoreError:
         root = shared_root(job.destination) if p.ptd_destination is not None else None
         read: list[ArtifactPin] = []
-        e = entry_for(
-            p.destination,
-            p.ptd_destination,
-            job.storage_options,
-            root,
-            xnnpack=p.xnnpack_cpu is not None,
-            pins=read,
-        )
+        try:  # an artifact gone, damaged or unreadable since: its pair alone left out
+            e = entry_for(
+                p.destination,
+                p.ptd_destination,
+                job.storage_options,
+                root,
+                xnnpack=p.xnnpack_cpu is not None,
+                pins=read,
+            )
+        except PteStoreError as exc:
+            return exc
         if pins is not None:
             pins[(p.model.name, p.device.name)] = read
         e["model"] = p.model.name
@@ -347,9 +351,9 @@ def _pair_entries(
     refused = [
         (p.model.name, p.device.name, x)
         for p, x in zip(todo, got, strict=True)
-        if isinstance(x, FormatError)
+        if isinstance(x, PteStoreError)
     ]
-    return [x for x in got if not isinstance(x, FormatError)], refused
+    return [x for x in got if not isinstance(x, PteStoreError)], refused
 
 
 def publish_pairs(
@@ -360,7 +364,8 @@ def publish_pairs(
     artifacts are unaffected), ``(None, None, None)`` when there is nothing to index.
     ``why`` (None: every pair indexed) joins the messages of what left pairs out, each
     also appended to ``problems`` as ``{"model", "device", "index", "error"}``: a pair
-    whose artifact's trailer names another device (:func:`index_entries`), a model whose
+    whose artifact's trailer names another device or cannot be read (the other pairs
+    indexed: :func:`index_entries`), a model whose
     entries could not be published (``device`` null: :func:`publish_entries`' errors;
     the other models' are published), or the index itself (``model`` null too: no
     entry published)."""

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .._dataclass import dataclass, field
-from ..errors import PteStoreError
+from ..errors import PreconditionFailed, PteStoreError
 from .index_bounds import ENTRY_ROOM
 from .index_catalog import (
     apply_placements,
@@ -332,15 +332,16 @@ class ShardedIndex:
         since (as they are now): a round at a time, spaced and bounded as the conflicts
         of every index write are (:data:`~ptestore._retry.CONFLICT_RETRY`; each round,
         someone else made progress; past its attempts, left to those runs' own
-        placements). Returns the catalog as the last round left it."""
+        placements and said: :class:`~ptestore.errors.PreconditionFailed`, the model's
+        index error). Returns the catalog as the last round left it."""
         import logging
 
         from .._retry import CONFLICT_RETRY
 
-        model, value = trie.model, None
+        model, value, url, names = trie.model, None, self.catalog_url(trie.model), ""
 
         def round_() -> None:
-            nonlocal placed, splits, first, value
+            nonlocal placed, splits, first, value, names
             value, changed = self._place(model, placed, splits, stats, first, confirm)
             splits, first = [], None
             if not changed:
@@ -360,14 +361,21 @@ class ShardedIndex:
         try:
             CONFLICT_RETRY.call(
                 round_,
-                what=f"{self.catalog_url(model)}: placing the pairs of model {model!r} in its "
-                "catalog",
+                what=f"{url}: placing the pairs of model {model!r} in its catalog",
                 retry_on=lambda exc: isinstance(exc, _Again),
                 level=logging.DEBUG,
                 reason=str,
             )
-        except _Again:
-            pass  # those runs place them as they wrote them
+        except _Again:  # never silent: the model's index error (a run's index_errors)
+            raise PreconditionFailed(
+                f"{url}: the pairs of model {model!r} were placed in its catalog in every one "
+                f"of {CONFLICT_RETRY.attempts} rounds, and other runs wrote the leaves of "
+                f"{len(placed)} of them after each ({names}): not placed as their leaves are "
+                "now (left to those runs' own placements), the catalog may stay behind its "
+                f"leaves until `ptestore fleet check-index {self.store.root} --repair` (or a "
+                "later run of the model) rebuilds it",
+                url=url,
+            ) from None
         return value
 
     def _place(

@@ -38,7 +38,9 @@ objects that no index names. :func:`collect_orphans` removes them, and only them
   listed``. On S3 the delete is also conditional (``If-Match`` on the listed ETag), so
   an object of other bytes stored after that look is refused by the service; what is
   left is a same-bytes rewrite (locally: any rewrite) landing between the look and the
-  delete.
+  delete. A delete retried after an attempt whose answer was lost (it may have landed)
+  that finds the object gone counts it ``removed``; found gone otherwise, it is
+  ``skipped: already gone``, and a refused one looks at the object again.
 
 A run that *reuses* an old orphan (a retired pair named again and found current, a
 shared ``.ptd`` found stored) names it only when it publishes its index: before it
@@ -217,7 +219,10 @@ class _Store:
         ``listed``; the action: ``"removed"``, ``"skipped: changed since listed"`` (a run
         stored a new object there meanwhile: never removed) or ``"skipped: already
         gone"``. On S3 the delete carries ``If-Match: <ETag>``: an object of other bytes
-        stored between the check and the delete is refused by the service (412)."""
+        stored between the check and the delete is refused by the service (412), and
+        the object looked at again (SeaweedFS's 412 is also for a key not there). Found
+        gone by a retry after an attempt whose answer was lost (it may have deleted it:
+        :func:`~ptestore.writers.s3.publish.may_have_applied`): ``"removed"``."""
         now = self.stamp(url)
         if now is None:
             return "skipped: already gone"
@@ -229,19 +234,33 @@ class _Store:
             except FileNotFoundError:
                 return "skipped: already gone"
             return "removed"
+        from ..writers.s3.publish import may_have_applied
+
         bucket, _, key = url.partition("://")[2].partition("/")
         cond = {} if listed[0] is None else {"IfMatch": listed[0]}
+        lost: list[BaseException] = []  # attempts that may have deleted it, answer lost
+
+        def delete() -> Any:
+            try:
+                return self.fs.call_s3("delete_object", Bucket=bucket, Key=key, **cond)
+            except Exception as exc:
+                if may_have_applied(exc):
+                    lost.append(exc)
+                raise
+
         try:
-            self._request(
-                url,
-                "DeleteObject",
-                lambda: self.fs.call_s3("delete_object", Bucket=bucket, Key=key, **cond),
-            )
-        except PreconditionFailed:  # SeaweedFS: also for a key now gone
-            return "skipped: changed since listed"
+            self._request(url, "DeleteObject", delete)
+        except PreconditionFailed:  # another object there, or (SeaweedFS) none at all
+            try:
+                if self.stamp(url) is not None:
+                    return "skipped: changed since listed"
+            except PteStoreError:  # cannot look: kept, as a refused delete leaves it
+                return "skipped: changed since listed"
         except FileNotFoundError:  # ObjectNotFound
-            return "skipped: already gone"
-        return "removed"
+            pass
+        else:
+            return "removed"
+        return "removed" if lost else "skipped: already gone"  # by our lost answer, or another
 
 
 def _local_stamp(st: os.stat_result) -> Stamp:

@@ -164,18 +164,21 @@ def _writable(job: Job, prefix: str) -> None:
 
 
 def _remove(url: str, options: dict[str, Any]) -> None:
+    """Delete the marker at ``url``: a remote one through the filesystem
+    :func:`~ptestore.storage.remote.open_filesystem` makes from the job's options, its
+    request retried by the policy of the ``retry_*`` options alone (s3fs's and
+    botocore's retries off); a failure after its attempts is a
+    :class:`~ptestore.errors.StorageError` naming the marker and the request."""
     u = StorageURL.of(url)
     if u.local:
         os.unlink(u.path)
         return
-    import fsspec
+    from .._retry import to_storage_error
+    from ..storage.remote import open_filesystem
 
-    from .._retry import RETRY_OPTIONS
-
-    # The filesystem's own options: ptestore's retry_* options are not fsspec's.
-    opts = {k: v for k, v in options_for_loader(url, options).items() if k not in RETRY_OPTIONS}
-    fs, p = fsspec.core.url_to_fs(url, **opts)
+    fs, path, retry = open_filesystem(u, options_for_loader(url, options))
+    request = "DeleteObject" if u.protocol == "s3" else "delete"
     try:
-        fs.rm_file(p)
+        retry.call(lambda: fs.rm_file(path), what=f"{url}: {request}")
     except Exception as exc:
-        raise ConfigurationError(f"{url}: cannot delete the preflight marker: {exc}") from exc
+        raise to_storage_error(exc, url, request) from exc

@@ -74,9 +74,9 @@ class FleetResult:
     #: or some models' entries not published: the messages of ``index_errors``, joined.
     index_error: str | None = None
     #: Each reason pairs were left out of the index, ``{"model", "device", "index",
-    #: "error"}``: a pair whose artifact names another device, a model whose entries
-    #: could not be published (``device`` null; the other models' were), or the index
-    #: itself (``model`` null too) (:func:`.index.publish_pairs`).
+    #: "error"}``: a pair whose artifact names another device or whose trailer cannot be
+    #: read, a model whose entries could not be published (``device`` null; the other
+    #: models' were), or the index itself (``model`` null too) (:func:`.index.publish_pairs`).
     index_errors: list[dict[str, Any]] = field(default_factory=list)
     #: What publishing the index did: its version, each shard touched with its
     #: compare-and-swap attempts and conflicts (``IndexReport.to_dict``).

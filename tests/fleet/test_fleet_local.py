@@ -372,6 +372,42 @@ def test_a_pair_left_out_of_the_index_fails_the_run(
     ]
 
 
+@pytest.mark.parametrize("damage", ["removed", "no trailer"])
+def test_a_trailer_that_cannot_be_read_leaves_out_its_pair_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: str
+) -> None:
+    """Every pair done; by the time the index is written one pair's artifact is gone,
+    or holds no trailer: that pair is left out of the index, named with its model and
+    device, and every other pair (its model's too) is indexed; exit 1. Before, the
+    failed read stopped the whole publish: no index, the error given with model null."""
+    job = _job(tmp_path)
+    out = tmp_path / "out"
+    broken = out / "a" / "mlp.pte"
+
+    def break_a(result: Any) -> None:  # after the last pair, before the index
+        if (result.model, result.device) == ("ext", "b"):
+            if damage == "removed":
+                broken.unlink()
+            else:
+                assert MLP.pte_path is not None
+                broken.write_bytes(MLP.pte_path.read_bytes())  # the portable source
+
+    result = run_job(load_job(job), workers=1, progress=break_a)
+    assert [p.status for p in result.pairs] == ["done"] * 4
+    index = str(out / "ptestore-index.json")
+    assert result.index == index and result.exit_code == 1
+    [error] = result.index_errors
+    assert (error["model"], error["device"], error["index"]) == ("mlp", "a", index)
+    assert error["error"] == result.index_error
+    assert result.index_error.startswith(f"{broken}: "), result.index_error
+    from ptestore.fleet.index import find_entry
+
+    for model, device in [("mlp", "b"), ("ext", "a"), ("ext", "b")]:
+        assert find_entry(index, model, device) is not None, (model, device)
+    assert find_entry(index, "mlp", "a") is None
+    assert result.summary().splitlines()[-1] == f"not indexed: {result.index_error}"
+
+
 def test_a_dangling_link_at_a_destination_is_named_and_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

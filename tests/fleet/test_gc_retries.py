@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
-import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,10 +32,10 @@ from ptestore.fleet.reuse import hold_reused
 from ptestore.testing.fleet_index import synthetic_entry
 from ptestore.testing.s3server import S3TestServer
 
+from .retrykit import FAST, dead_endpoint, faulty_session, retried
+
 pytestmark = pytest.mark.s3
 
-#: The policy the tests configure: three attempts, no backoff (no wall-clock waits).
-FAST = {"retry_attempts": 3, "retry_initial": 0.0, "retry_max": 0.0}
 #: An orphan gc removes: a shared object by its content address that no index names.
 ORPHAN = "fleet/_shared/sha256-tree/" + "ab" * 32 + ".ptd"
 
@@ -50,19 +49,7 @@ GC_REQUESTS: dict[str, tuple[str, Callable[[str], bool]]] = {
 }
 #: How a failure of each of gc's requests is reported: raised, or the orphan's action.
 RAISED = {"listing", "clock"}
-
-
-def _session(operation: str, fault: Fault, only: Callable[[str], bool]) -> Any:
-    """An aiobotocore session whose clients apply ``fault`` to the ``operation``
-    requests whose URL ``only`` accepts (counted in ``fault.calls``)."""
-    import aiobotocore.session
-
-    def hook(request: Any, **kwargs: Any) -> Any:
-        return fault(request, **kwargs) if only(request.url) else None
-
-    session = aiobotocore.session.AioSession()
-    session.register(f"before-send.s3.{operation}", hook)
-    return session
+CHANGED = "skipped: changed since listed"
 
 
 def _store(s3_server: S3TestServer) -> tuple[str, str]:
@@ -80,21 +67,6 @@ def _stored(s3_server: S3TestServer, bucket: str, key: str) -> bool:
     return any(o["Key"] == key for o in listed.get("Contents", []))
 
 
-def _dead_endpoint() -> str:
-    with socket.socket() as s:  # a port nothing listens on: connections are refused
-        s.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{s.getsockname()[1]}"
-
-
-def _retried(caplog: pytest.LogCaptureFixture, what: str) -> list[str]:
-    """The policy's retry records of ``what`` (``"<url>: <request>"``)."""
-    return [
-        r.getMessage()
-        for r in caplog.records
-        if r.name == "ptestore.retry" and r.getMessage().startswith(f"{what}: attempt ")
-    ]
-
-
 @pytest.mark.parametrize("kind", ["reset", "503"])
 @pytest.mark.parametrize("request_", sorted(GC_REQUESTS))
 def test_a_gc_request_that_keeps_failing_is_made_as_often_as_the_policy_says(
@@ -107,7 +79,11 @@ def test_a_gc_request_that_keeps_failing_is_made_as_often_as_the_policy_says(
     bucket, root = _store(s3_server)
     operation, only = GC_REQUESTS[request_]
     fault = Fault(operation, kind, times=-1)
-    options = {**s3_server.storage_options, **FAST, "session": _session(operation, fault, only)}
+    options = {
+        **s3_server.storage_options,
+        **FAST,
+        "session": faulty_session(operation, fault, only),
+    }
     where = f"{root}/" if request_ in RAISED else f"s3://{bucket}/{ORPHAN}"
     failed = rf"{re.escape(where)}: {operation} failed: "
     if kind == "503":
@@ -133,13 +109,17 @@ def test_a_gc_request_that_fails_twice_is_retried_by_the_policy(
     bucket, root = _store(s3_server)
     operation, only = GC_REQUESTS[request_]
     fault = Fault(operation, "500", times=2)
-    options = {**s3_server.storage_options, **FAST, "session": _session(operation, fault, only)}
+    options = {
+        **s3_server.storage_options,
+        **FAST,
+        "session": faulty_session(operation, fault, only),
+    }
     with caplog.at_level(logging.WARNING, logger="ptestore.retry"):
         [entry] = collect_orphans(root, grace=0, **options)
     assert (entry.location, entry.action) == (f"s3://{bucket}/{ORPHAN}", "removed")
     assert (fault.calls, fault.injected) == (3, 2)
     where = f"{root}/" if request_ in RAISED else f"s3://{bucket}/{ORPHAN}"
-    assert _retried(caplog, f"{where}: {operation}") == [
+    assert retried(caplog, f"{where}: {operation}") == [
         f"{where}: {operation}: attempt {n} of 3 failed (InternalError (HTTP 500): injected "
         "500); retrying in 0.00s"
         for n in (1, 2)
@@ -151,9 +131,9 @@ def test_a_gc_whose_endpoint_is_dead_stops_after_the_policys_attempts(
     s3_server: S3TestServer,
 ) -> None:
     bucket, root = _store(s3_server)
-    endpoint = _dead_endpoint()
+    endpoint = dead_endpoint()
     counted = Fault("ListObjectsV2", "500", times=0)  # counts, injects nothing
-    session = _session("ListObjectsV2", counted, lambda url: True)
+    session = faulty_session("ListObjectsV2", counted, lambda url: True)
     options = {**s3_server.storage_options, **FAST, "endpoint_url": endpoint, "session": session}
     with pytest.raises(StorageError) as info:
         collect_orphans(root, grace=0, **options)
@@ -226,7 +206,7 @@ def test_the_reuse_listing_that_keeps_failing_is_made_as_often_as_the_policy_say
 ) -> None:
     plan, bucket, _ = _planned(s3_server, tmp_path)
     fault = Fault("ListObjectsV2", kind, times=-1)
-    only = _session("ListObjectsV2", fault, lambda url: SHARED_LISTING in url)
+    only = faulty_session("ListObjectsV2", fault, lambda url: SHARED_LISTING in url)
     _with_options(plan, **FAST, session=only)
     detail = _unlisted(plan, bucket, caplog)
     if kind == "503":
@@ -240,7 +220,9 @@ def test_the_reuse_listing_that_fails_twice_is_retried_by_the_policy(
     plan, bucket, stored = _planned(s3_server, tmp_path)
     fault = Fault("ListObjectsV2", "500", times=2)
     _with_options(
-        plan, **FAST, session=_session("ListObjectsV2", fault, lambda url: SHARED_LISTING in url)
+        plan,
+        **FAST,
+        session=faulty_session("ListObjectsV2", fault, lambda url: SHARED_LISTING in url),
     )
     with caplog.at_level(logging.WARNING):
         assert hold_reused(plan) == 0
@@ -248,19 +230,98 @@ def test_the_reuse_listing_that_fails_twice_is_retried_by_the_policy(
     assert [p.task.hold_shared for p in plan.pairs] == [unnamed, unnamed]
     assert (fault.calls, fault.injected) == (3, 2)
     what = f"s3://{bucket}/out/_shared/sha256-tree/: ListObjectsV2"
-    assert len(_retried(caplog, what)) == 2
+    assert len(retried(caplog, what)) == 2
 
 
 def test_the_reuse_listing_of_a_dead_endpoint_stops_after_the_policys_attempts(
     s3_server: S3TestServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     plan, bucket, _ = _planned(s3_server, tmp_path)
-    endpoint = _dead_endpoint()
+    endpoint = dead_endpoint()
     counted = Fault("ListObjectsV2", "500", times=0)  # counts, injects nothing
-    session = _session("ListObjectsV2", counted, lambda url: SHARED_LISTING in url)
+    session = faulty_session("ListObjectsV2", counted, lambda url: SHARED_LISTING in url)
     _with_options(plan, **FAST, endpoint_url=endpoint, session=session)
     detail = _unlisted(plan, bucket, caplog)
     assert detail.startswith(
         f'Could not connect to the endpoint URL: "{endpoint}/{bucket}?list-type=2&{SHARED_LISTING}'
     ), detail
     assert counted.calls == 3
+
+
+# ------------------------------------------------- a delete whose answer was lost
+
+
+def _fault_on_delete(s3_server: S3TestServer, fault: Any) -> dict[str, Any]:
+    """The storage options of a gc whose orphan's deletes go through ``fault``."""
+    only = GC_REQUESTS["delete"][1]
+    return {
+        **s3_server.storage_options,
+        **FAST,
+        "session": faulty_session("DeleteObject", fault, only),
+    }
+
+
+def test_a_delete_whose_answer_was_lost_is_counted_removed(s3_server: S3TestServer) -> None:
+    """The first delete reaches the service and its answer is lost (a read timeout):
+    the retry finds the object gone (404, or SeaweedFS's 412 for a key that is not
+    there), gone by gc's own attempt: ``removed``. Before, ``skipped: already gone``
+    (moto) or ``skipped: changed since listed`` (SeaweedFS), and a summary that counted
+    nothing removed."""
+    bucket, root = _store(s3_server)
+    fault = Fault("DeleteObject", "lost", times=1)
+    [entry] = collect_orphans(root, grace=0, **_fault_on_delete(s3_server, fault))
+    assert (entry.location, entry.action) == (f"s3://{bucket}/{ORPHAN}", "removed")
+    assert (fault.calls, fault.injected) == (2, 1)
+    assert not _stored(s3_server, bucket, ORPHAN)
+
+
+def test_a_lost_answer_then_an_object_stored_since_is_kept(s3_server: S3TestServer) -> None:
+    """The first delete's answer is lost (a closed connection: it may or may not have
+    reached the service, here it did not) and a run stores other bytes at the key
+    before the retry, which is refused (``If-Match``: 412): the object there is not
+    the one listed, ``skipped: changed since listed``, kept; a lost answer alone never
+    makes a refusal a removal."""
+    bucket, root = _store(s3_server)
+    client = s3_server.client()
+    reset = Fault("DeleteObject", "reset", times=1)
+
+    def store_then_reset(request: Any, **kwargs: Any) -> Any:
+        if reset.remaining:
+            client.put_object(Bucket=bucket, Key=ORPHAN, Body=b"a run's new bytes")
+        return reset(request, **kwargs)
+
+    [entry] = collect_orphans(root, grace=0, **_fault_on_delete(s3_server, store_then_reset))
+    assert (entry.location, entry.action) == (f"s3://{bucket}/{ORPHAN}", CHANGED)
+    assert (reset.calls, reset.injected) == (2, 1)
+    body = client.get_object(Bucket=bucket, Key=ORPHAN)["Body"].read()
+    assert body == b"a run's new bytes"
+
+
+@pytest.mark.parametrize("kind", ["503", "403"])
+def test_an_object_removed_by_another_after_a_refused_delete_is_already_gone(
+    s3_server: S3TestServer, kind: str
+) -> None:
+    """The first delete is turned away before anything is done (a 503 is retried, a 403
+    ends the call) and another gc removes the object meanwhile: gc's own attempt
+    removed nothing. After the 503 the retry finds it gone: ``skipped: already gone``
+    (was ``skipped: changed since listed`` on SeaweedFS, which answers 412 for a key
+    that is not there: the object is looked at again after a 412)."""
+    bucket, root = _store(s3_server)
+    client = s3_server.client()
+    refused = Fault("DeleteObject", kind, times=1)
+
+    def remove_then_refuse(request: Any, **kwargs: Any) -> Any:
+        if refused.remaining:
+            client.delete_object(Bucket=bucket, Key=ORPHAN)
+        return refused(request, **kwargs)
+
+    [entry] = collect_orphans(root, grace=0, **_fault_on_delete(s3_server, remove_then_refuse))
+    if kind == "503":
+        assert entry.action == "skipped: already gone"
+        assert refused.calls == 2
+    else:
+        where = f"s3://{bucket}/{ORPHAN}"
+        assert entry.action == (
+            f"failed: {where}: DeleteObject failed: AccessDenied (HTTP 403): injected 403"
+        )
+        assert refused.calls == 1

@@ -11,6 +11,7 @@ SeaweedFS), where it gave up silently."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import threading
@@ -24,7 +25,7 @@ from ptestore import _retry
 from ptestore.cli import main
 from ptestore.errors import PreconditionFailed
 from ptestore.fleet import index_repair
-from ptestore.fleet.index import create_index, open_index, publish_entries
+from ptestore.fleet.index import create_index, find_entry, open_index, publish_entries
 from ptestore.fleet.index_catalog import REBUILDING
 from ptestore.fleet.index_check import check_index
 from ptestore.fleet.index_stats import ObjectStats
@@ -361,3 +362,92 @@ def test_a_rebuild_given_up_on_s3(s3_server: S3TestServer, monkeypatch: pytest.M
     assert not found.ok and found.repaired == []
     assert check_index(url, options, repair=True).ok
     assert assert_catalogs_match_leaves(url, options) == 1
+
+
+def _placements_rewritten(monkeypatch: pytest.MonkeyPatch, model: str, device: str) -> None:
+    """After every placement of ``model``'s pairs in its catalog (attempts cut to 3),
+    another run writes ``device``'s leaf with new stamps (its own placement still to
+    come): every round finds that pair to place again."""
+    monkeypatch.setattr(_retry, "CONFLICT_RETRY", _retry.RetryPolicy(attempts=3, initial=0))
+    real_place = ShardedIndex._place
+    others = itertools.count(1)
+
+    def place(self: ShardedIndex, placed_model: str, *args: Any) -> Any:
+        got = real_place(self, placed_model, *args)
+        if placed_model == model:
+            stamp = f"C{next(others)}"
+            entry = {**synthetic_entry(model, device), "compatibility": [{"id": "X", "v": stamp}]}
+            self.trie(model).update({device: lambda _: entry}, 0, 0)
+        return got
+
+    monkeypatch.setattr(ShardedIndex, "_place", place)
+
+
+def _placement_given_up(url: str, model: str, device: str) -> str:
+    catalog = _sharded(url).catalog_url(model)
+    return (
+        f"{catalog}: the pairs of model {model!r} were placed in its catalog in every one of "
+        f"3 rounds, and other runs wrote the leaves of 1 of them after each ('{device}'): not "
+        "placed as their leaves are now (left to those runs' own placements), the catalog "
+        f"may stay behind its leaves until `ptestore fleet check-index {url} --repair` (or a "
+        "later run of the model) rebuilds it"
+    )
+
+
+def test_placements_other_runs_rewrite_every_round_are_given_up_with_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Other runs write the leaf of a run's pair after each of its 3 rounds of placing
+    it: the publish gives up with an error naming the catalog, the model, the rounds and
+    the pairs, that model's alone (the other model's entries published). Before, the
+    rounds ran out silently."""
+    url = str(tmp_path / "ptestore-index.json")
+    create_index(url)
+    publish_entries(url, [_stamped(device_name(i), "A") for i in range(3)], {})
+    mine = device_name(0)
+    _placements_rewritten(monkeypatch, "m", mine)
+    errors: dict[str, Any] = {}
+    other = synthetic_entry("n", mine)
+    publish_entries(url, [_stamped(mine, "B"), other], {}, errors=errors)
+    with pytest.raises(PreconditionFailed) as caught:
+        publish_entries(url, [_stamped(mine, "B")], {})
+    monkeypatch.undo()
+    assert list(errors) == ["m"] and isinstance(errors["m"], PreconditionFailed)
+    assert str(errors["m"]) == str(caught.value) == _placement_given_up(url, "m", mine)
+    assert caught.value.url == _sharded(url).catalog_url("m")
+    assert find_entry(url, "n", mine) == other
+
+
+def test_a_run_whose_placement_is_given_up_reports_an_index_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A real run whose placement of its pair in the catalog other runs keep undoing
+    (they write its leaf after every round): its ``index_errors`` names the model and
+    the placement given up, and the summary says so, exit 1 (before: exit 0, nothing
+    said)."""
+    from support.fixtures import get_fixture
+
+    ext = get_fixture("mlp_xnnpack_ext")
+    out = tmp_path / "out"
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'destination = "{out}/{{device}}/{{model}}.pte"\n'
+        'backends = ["support.fleet_backend:Scaler=1.0"]\n'
+        f'[[models]]\nname = "mlp"\nsource = "{ext.pte_path}"\nptd = "{ext.ptd_path}"\n'
+        '[devices.a]\nsoc = "s0"\n[devices.b]\nsoc = "s1"\n'
+    )
+    assert main(["fleet", "run", str(job), "--workers", "1", "-q"]) == 0
+    url = str(out / "ptestore-index.json")
+    # Another run's entry of (mlp, a) there: the run places its own, a change.
+    other = {**synthetic_entry("mlp", "a"), "compatibility": [{"id": "X", "v": "Z"}]}
+    publish_entries(url, [other], {})
+    _placements_rewritten(monkeypatch, "mlp", "a")
+    capsys.readouterr()
+    assert main(["fleet", "run", str(job), "--workers", "1", "--json"]) == 1
+    got = json.loads(capsys.readouterr().out)
+    error = _placement_given_up(url, "mlp", "a")
+    assert got["index_errors"] == [{"model": "mlp", "device": None, "index": url, "error": error}]
+    assert main(["fleet", "run", str(job), "--workers", "1"]) == 1
+    monkeypatch.undo()
+    summary = capsys.readouterr().out.splitlines()
+    assert summary[-1] == f"index not published for model mlp: {error}"

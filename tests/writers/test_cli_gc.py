@@ -205,3 +205,30 @@ def test_an_unreadable_directory_is_a_failure_not_silence(
     assert entry["location"] == str(locked)
     assert entry["kind"] == "directory"
     assert entry["action"] == "failed: cannot list: Permission denied"
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize(("kind", "action"), [("lost", "removed"), ("503", "removed")])
+def test_an_abort_whose_answer_was_lost_is_counted_removed(
+    s3_server: S3TestServer, s3_bucket: str, s3_client: Any, kind: str, action: str
+) -> None:
+    """The first abort of a stale upload reaches the service and its answer is lost (a
+    read timeout): the retry's ``NoSuchUpload`` is gc's own abort, ``removed`` (was
+    ``skipped: already gone``). A 503 turned the first away: the retry aborts it."""
+    import aiobotocore.session
+
+    from ptestore.gc import collect_s3
+    from writers.s3_faults import Fault
+
+    w = open_writer(f"s3://{s3_bucket}/p/m.pte", **s3_server.storage_options)
+    w.write(bytes(9 << 20), 0)  # one complete 8 MiB part uploads
+    w.wait_uploads()  # type: ignore[attr-defined]
+    w._finalizer.detach()  # type: ignore[attr-defined]
+    fault = Fault("AbortMultipartUpload", kind, times=1)
+    session = aiobotocore.session.AioSession()
+    session.register("before-send.s3.AbortMultipartUpload", fault)
+    opts = {**s3_server.storage_options, "retry_initial": 0.0, "session": session}
+    [entry] = collect_s3(f"s3://{s3_bucket}/p/", older_than=0, **opts)
+    assert entry.action == action
+    assert (fault.calls, fault.injected) == (2, 1)
+    assert s3_client.list_multipart_uploads(Bucket=s3_bucket).get("Uploads", []) == []
