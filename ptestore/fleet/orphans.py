@@ -100,6 +100,7 @@ class _Store:
         self.options = options
         self.fs: Any = None
         self.retry: RetryPolicy | None = None
+        self.odd: list[str] = []  # index names here not regular files (:meth:`files`)
         if not self.url.local:
             from ..storage.remote import open_filesystem
             from ..storage.routing import options_for_loader
@@ -157,6 +158,8 @@ class _Store:
                         continue
                     if stat.S_ISREG(st.st_mode):  # a symlink is never one of ours
                         yield full, st.st_mtime, st.st_size, _local_stamp(st)
+                    elif name == INDEX_NAME:  # an index all the same: read, or refused
+                        self.odd.append(full)
             return
         scheme = self.url.protocol
         prefix = root.partition("://")[2]
@@ -269,9 +272,8 @@ def _local_stamp(st: os.stat_result) -> Stamp:
 
 def _indexes(store: _Store, root: str, listed: list[str]) -> list[str]:
     """The index URLs that govern ``root``: those under it, then those above it."""
-    out = [
-        u for u in listed if u.rsplit("/" if not store.url.local else os.sep, 1)[-1] == INDEX_NAME
-    ]
+    sep = "/" if not store.url.local else os.sep
+    out = [u for u in listed if u.rsplit(sep, 1)[-1] == INDEX_NAME] + store.odd
     up = store.parent(root)
     while up is not None:
         out.append(store.join(up, INDEX_NAME))
@@ -294,6 +296,8 @@ def _references(
         except PteStoreError as exc:
             return refs, dirs, f"{url}: cannot read the index: {exc}"
         if found is None:
+            if os.path.islink(url):  # an index under a local prefix linked to nothing
+                return refs, dirs, f"{url}: cannot read the index: a symbolic link to nothing"
             continue
         if job is not None and entries is not None:
             missing = [p for p in job[1] if p not in entries and _made(job[1], p)]
