@@ -1,7 +1,7 @@
 """The local file system's limits on names, for messages: NAME_MAX (bytes per name) and
 PATH_MAX (bytes per path), as the file system of the nearest existing directory tells
 them (``pathconf``), and which of them a path is over (:func:`too_long`): what
-:func:`ptestore.errors.local_error` adds to an ENAMETOOLONG, and what a local writer
+:func:`ptestore._oserror.local_error` adds to an ENAMETOOLONG, and what a local writer
 refuses before any work (:func:`ptestore.writers._dirs.check_name_lengths`).
 Standard library only, with :mod:`ptestore._text`."""
 

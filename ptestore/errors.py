@@ -20,6 +20,7 @@ __all__ = [
     "InvalidReplacement",
     "LockTimeout",
     "MissingNamedData",
+    "ModelRetired",
     "NothingSpecialized",
     "PackedWeightsRefused",
     "NotSupported",
@@ -145,6 +146,13 @@ class NothingSpecialized(ConfigurationError):
             _rebuild_nothing,
             (str(self), self.backend_ids, self.installed, self.hint),
         )
+
+
+class ModelRetired(ConfigurationError):
+    """A job index's entries of the model asked for are all retired (the job no longer
+    names it: ``fleet retire``): nothing is selected for any device, not even the
+    portable source. ``ensure(index, ...)`` records this answer in the entry it fetched
+    before, which is then never served offline either."""
 
 
 class AlreadySpecialized(ConfigurationError):
@@ -399,28 +407,6 @@ def describe_exception(exc: BaseException) -> str:
             raise
         return f"{name} (its message could not be read: {type(inner).__name__})"
     return f"{name}: {text}" if text else name
-
-
-def local_error(exc: OSError, message: str) -> StorageError | ConfigurationError:
-    """The error for a local file-system failure ``exc`` with ``message``: what rerunning
-    cannot change is bad input (exit 2): access refused (EACCES, EPERM) is
-    :class:`PermissionDenied`, a component of the path that is not a directory (ENOTDIR,
-    ``m.pte/x.pte``) :class:`ObjectNotFound` as a missing one (ENOENT) is, a name or path
-    longer than the file system takes (ENAMETOOLONG) :class:`ConfigurationError`, its
-    message saying which and the limit (:func:`ptestore._names.too_long`); anything
-    else :class:`StorageError`."""
-    import errno
-
-    if isinstance(exc, PermissionError) or exc.errno in (errno.EACCES, errno.EPERM):
-        return PermissionDenied(message, errno=exc.errno)
-    if exc.errno == errno.ENOTDIR:
-        return ObjectNotFound(message, errno=exc.errno)
-    if exc.errno == errno.ENAMETOOLONG:
-        from ._names import too_long
-
-        why = too_long(exc.filename) if isinstance(exc.filename, str) else None
-        return ConfigurationError(message if why is None else f"{message} ({why})")
-    return StorageError(message, errno=exc.errno)
 
 
 class PackedWeightsRefused(PteStoreError):

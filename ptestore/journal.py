@@ -223,7 +223,7 @@ def remove_journal(journal: str, target: str, applied: bool) -> None:
     """Remove ``journal`` and ``fsync`` its directory; a removal refused (another
     user's directory) is an error saying what became of the file (``applied``: it is
     complete; else it was never touched) and to remove the journal by hand."""
-    from .errors import local_error
+    from ._oserror import local_error
 
     try:
         os.unlink(journal)

@@ -11,7 +11,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import ConfigurationError, StorageError, local_error
+from .._oserror import local_error
+from ..errors import ConfigurationError, StorageError
 from ..journal import apply_journal, punch_hole, reserve_tail
 
 __all__ = [

@@ -18,6 +18,7 @@ from ..errors import (
     ConfigurationError,
     IntegrityError,
     LockTimeout,
+    ModelRetired,
     PermissionDenied,
     StorageError,
 )
@@ -103,6 +104,15 @@ def ensure_from_index(
         if served is None:
             raise
         return served
+    except ModelRetired:  # for every device: the entry fetched before is never served
+        if device is not None and os.path.isdir(
+            layout.entry_dir(key := index_key(index, model, device))
+        ):
+            from .superseded import retired_answer, supersede
+
+            layout.create()
+            supersede(layout, key, index, retired_answer(model, device))
+        raise
     assert device is not None  # choose refuses None
     if isinstance(device, str):  # a name: the options select rated the builds for
         from ..backends.compat import DeviceProfile

@@ -15,7 +15,9 @@ device name; offline, nothing tells whether it still would for another profile):
 the last answer is what is served, the portable source, to the profile it was given for
 (or a device named alone: :func:`last_answer`, :mod:`.from_index`); to another profile,
 nothing. A later answer naming an artifact again fetches it into the entry, which drops
-the record.
+the record. When the index selects nothing at all for the model (its entries all retired:
+:class:`~ptestore.errors.ModelRetired`), that answer is recorded (:func:`retired_answer`)
+for every profile of the device's name, and offline nothing is served.
 """
 
 from __future__ import annotations
@@ -34,7 +36,16 @@ if TYPE_CHECKING:
     from ..fleet.select import Choice
     from .layout import CacheLayout
 
-__all__ = ["SUPERSEDED", "answer_of", "applies", "last_answer", "supersede", "supersede_locked"]
+__all__ = [
+    "RETIRED",
+    "SUPERSEDED",
+    "answer_of",
+    "applies",
+    "last_answer",
+    "retired_answer",
+    "supersede",
+    "supersede_locked",
+]
 
 #: The manifest field that records the index's answer.
 SUPERSEDED = "superseded"
@@ -56,6 +67,21 @@ def answer_of(choice: Choice, device: DeviceProfile) -> dict[str, Any]:
     return out
 
 
+def retired_answer(model: str, device: DeviceProfile | str) -> dict[str, Any]:
+    """The record of the index's answer that every entry of ``model`` is retired
+    (:class:`~ptestore.errors.ModelRetired`): it applies to every profile of the
+    device's name, and serves nothing offline."""
+    name = device if isinstance(device, str) else device.name
+    return {
+        "device": [name, None],
+        "device_options": {},
+        "choice": {"model": model, "kind": RETIRED},
+    }
+
+
+#: The kind of a recorded answer that selected nothing: the model's entries retired.
+RETIRED = "retired"
+
 #: What a record keeps of the choice.
 _KEPT = ("model", "device", "kind", "made_for", "rating", "reason", "pte", "ptd")
 
@@ -66,7 +92,7 @@ def applies(record: Any, device: DeviceProfile | str) -> bool:
     for its name (the key's), as the offline entry of a name is the one fetched for it."""
     if not isinstance(record, dict):
         return False
-    if isinstance(device, str):
+    if isinstance(device, str) or _kind(record) == RETIRED:  # retired: for every profile
         return True
     return bool(record.get("device") == [device.name, device.digest()])
 
@@ -131,6 +157,11 @@ def last_answer(
         return False, None, None
     assert isinstance(record, dict)
     return (True, *_source_of(record))
+
+
+def _kind(record: dict[str, Any]) -> Any:
+    choice = record.get("choice")
+    return choice.get("kind") if isinstance(choice, dict) else None
 
 
 def _source_of(record: dict[str, Any]) -> tuple[Choice | None, DeviceProfile | None]:

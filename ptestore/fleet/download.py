@@ -15,12 +15,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from .._oserror import local_error
 from ..errors import (
     ConfigurationError,
     PermissionDenied,
     PteStoreError,
     StorageError,
-    local_error,
 )
 from ..storage.loaders import DataLoader, LocalFileLoader
 from ..storage.types import absolute_path
@@ -270,7 +270,7 @@ def download_error(
     clone the kernel refuses) as a :class:`~ptestore.errors.StorageError` naming the
     destination first, then the ``errno`` and the file that failed
     (:class:`~ptestore.errors.PermissionDenied` for access, as
-    :func:`~ptestore.errors.local_error` maps it), never a raw ``OSError``:
+    :func:`~ptestore._oserror.local_error` maps it), never a raw ``OSError``:
     the CLI's exit codes and ``ensure``'s offline fallback see it as what it is, and the
     message does not depend on which of the download's threads hit it first."""
     number = exc.errno or 0

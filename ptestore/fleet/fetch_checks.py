@@ -35,13 +35,13 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
+from .._oserror import local_error
 from ..errors import (
     ConfigurationError,
     FormatError,
     IntegrityError,
     PteStoreError,
     StorageError,
-    local_error,
 )
 from ..provenance.chunks import well_formed
 from ..storage.loaders import LocalFileLoader

@@ -93,7 +93,7 @@ def legacy_lock(store: IndexStore) -> Iterator[None]:
         return
     import fcntl
 
-    from ..errors import local_error
+    from .._oserror import local_error
     from ..storage.types import strerror
 
     where = u.path + ".lock"

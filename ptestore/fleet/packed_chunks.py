@@ -275,7 +275,8 @@ def _local_writes(part: str, url: str) -> Iterator[None]:
     not resume)."""
     import errno
 
-    from ..errors import PteStoreError, local_error
+    from .._oserror import local_error
+    from ..errors import PteStoreError
 
     try:
         yield

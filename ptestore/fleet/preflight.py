@@ -12,8 +12,9 @@ import uuid
 from typing import Any
 
 from .._dataclass import replace
+from .._oserror import local_error
 from ..backends.registry import load_backend
-from ..errors import ConfigurationError, PteStoreError, local_error
+from ..errors import ConfigurationError, PteStoreError
 from ..storage.loaders import open_loader
 from ..storage.routing import StorageOptions, options_for_loader
 from ..storage.types import StorageURL, strerror

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._dataclass import dataclass, field
 from ..backends.compat import Compatibility, DeviceProfile
-from ..errors import BackendError, ConfigurationError, FormatError, PteStoreError
+from ..errors import BackendError, ConfigurationError, FormatError, ModelRetired, PteStoreError
 
 if TYPE_CHECKING:
     from ..backends.api import BackendInterface
@@ -313,13 +313,10 @@ def select_from(
     if not entries:
         models, more = view.models()
         listed = ", ".join(models) + (f" and {more} more" if more else "")
-        raise ConfigurationError(
+        retired = " (its entries are retired: the job no longer names it)"
+        raise (ModelRetired if view.retired_only else ConfigurationError)(
             f"{where}: index has no model {model!r}"
-            + (
-                " (its entries are retired: the job no longer names it)"
-                if view.retired_only
-                else ""
-            )
+            + (retired if view.retired_only else "")
             + f" (models: {listed or 'none'})"
         )
     by_name = isinstance(device, str)

@@ -35,7 +35,8 @@ import sys
 from typing import TYPE_CHECKING, Any, Literal
 
 from .._io import read_bounded
-from ..errors import AlreadyExists, ConfigurationError, ObjectNotFound, StorageError, local_error
+from .._oserror import local_error
+from ..errors import AlreadyExists, ConfigurationError, ObjectNotFound, StorageError
 from .types import Buffer, StorageURL, URLLike, absolute_path, strerror
 
 if TYPE_CHECKING:

@@ -31,12 +31,12 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from .._io import pread_all, preadinto_all
+from .._oserror import local_error
 from ..errors import (
     ConfigurationError,
     ObjectNotFound,
     PreconditionFailed,
     StorageError,
-    local_error,
 )
 from ._options import check_options
 from .base import LoaderBase, check_range

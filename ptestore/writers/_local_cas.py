@@ -30,7 +30,8 @@ import stat
 from collections.abc import Callable, Iterator
 
 from .._io import read_bounded
-from ..errors import ConfigurationError, local_error
+from .._oserror import local_error
+from ..errors import ConfigurationError
 from ..storage.flock import locked
 from ..storage.regular import file_kind
 from ..storage.types import strerror

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import threading
 
-from ..errors import StorageError, local_error
+from .._oserror import local_error
+from ..errors import StorageError
 from ..storage.types import strerror
 
 __all__ = ["FileStaging", "current_umask"]

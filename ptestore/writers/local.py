@@ -45,12 +45,12 @@ import sys
 from typing import ClassVar
 
 from .._io import free_bytes, pwrite_all
+from .._oserror import local_error
 from ..errors import (
     ConfigurationError,
     ObjectNotFound,
     PublishUncertain,
     StorageError,
-    local_error,
 )
 from ..storage.types import DataLoader, absolute_path, strerror
 from ._clone import HasFileno, clone_range, probe_clone_block_size

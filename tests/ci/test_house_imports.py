@@ -377,6 +377,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
         "base",
         (
             "ptestore.errors",
+            "ptestore._oserror",
             "ptestore._version",
             "ptestore._align",
             "ptestore._io",

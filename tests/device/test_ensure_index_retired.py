@@ -22,7 +22,7 @@ from ptestore.cli import main
 from ptestore.device import list_entries, prune_stale
 from ptestore.device.cache import CacheLayout, read_manifest
 from ptestore.device.indexed import index_key
-from ptestore.errors import ObjectNotFound, StorageError
+from ptestore.errors import ModelRetired, ObjectNotFound, StorageError
 from ptestore.testing.s3server import S3TestServer
 
 EXT = get_fixture("mlp_xnnpack_ext")
@@ -169,6 +169,39 @@ def test_offline_the_last_answer_is_served_never_the_retired_artifact(
     served = _ensure_json(argv, capsys)
     assert (served["key"], served["pte"]) == (key, back["pte"])
     assert served["choice"]["offline"].startswith("served from the cache offline: ")
+
+
+def test_a_model_retired_whole_is_never_served_offline(tmp_path: Path) -> None:
+    """The model dropped from the job and retired: online ``ModelRetired`` (select picks
+    nothing, not even the source), recorded in the entry fetched before for every
+    profile of the device; offline that entry is not served (the index's error)."""
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    pte, ptd = _local_source(tmp_path)
+    job = _job(tmp_path, str(out), (pte, ptd), "ab")
+    text = job.read_text()
+    other = f'[[models]]\nname = "n"\nsource = "{pte}"\nptd = "{ptd}"\n'
+    job.write_text(text.replace("[devices.a]", other + "[devices.a]"))
+    assert main(["fleet", "run", str(job), "--workers", "1", "-q"]) == 0
+    index = str(out / "ptestore-index.json")
+    fetched = ptestore.ensure(index, cache_dir=cache, model="m", device=B, backends=[SPEC])
+    assert fetched.choice is not None and fetched.choice["kind"] == "artifact"
+    key = index_key(index, "m", "b")
+    job.write_text(text.replace('name = "m"', 'name = "n"'))  # m dropped, n kept
+    assert main(["fleet", "retire", str(job)]) == 0
+    retired = f"^{index}: index has no model 'm' \\(its entries are retired: "
+    with pytest.raises(ModelRetired, match=retired):
+        ptestore.ensure(index, cache_dir=cache, model="m", device=B, backends=[SPEC])
+    record = _manifest(cache, key)["superseded"]
+    assert record == {
+        "device": ["b", None],
+        "device_options": {},
+        "choice": {"model": "m", "kind": "retired"},
+    }
+    assert Path(fetched.pte).is_file()  # its files left as they were
+    os.rename(index, tmp_path / "away.json")
+    for device in (B, "b", DeviceProfile("b", {"soc": "z"})):
+        with pytest.raises(ObjectNotFound, match=f"^{index}: no such file$"):
+            ptestore.ensure(index, cache_dir=cache, model="m", device=device, backends=[SPEC])
 
 
 def test_an_index_that_stops_fitting_while_the_artifact_is_fetched(

@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 from support.privileges import unprivileged
 
+from ptestore._oserror import local_error
 from ptestore.cli import main
-from ptestore.errors import ConfigurationError, ObjectNotFound, StorageError, local_error
+from ptestore.errors import ConfigurationError, ObjectNotFound, StorageError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 from support.smallfs import tmpfs
 
+from ptestore._oserror import local_error
 from ptestore.errors import (
     ConfigurationError,
     PreconditionFailed,
     StorageError,
     WriterStateError,
-    local_error,
 )
 from ptestore.writers import open_writer
 from ptestore.writers._local_cas import lock_path
