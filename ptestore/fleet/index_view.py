@@ -172,9 +172,10 @@ class ModelView:
         )
 
     def unfound_error(self, where: str) -> ConfigurationError:
-        """The error of a look-up that found no entry to rate: the catalog lists no
-        device of :attr:`unfound` classes with members, and the nodes read hold none
-        (``where``: the index as the caller names it)."""
+        """The error of a look-up that found no entry to rate, or none that fits, while
+        the catalog lists no device of :attr:`unfound` classes with members and the nodes
+        read hold none (``where``: the index as the caller names it): never the portable
+        source, which a build of those kinds might have beaten."""
         return ConfigurationError(
             f"{where}: the catalog of model {self.model!r} lists no device of "
             f"{self.unfound} kind(s) of build that have live members (a retire is taking "
@@ -297,7 +298,8 @@ def _members(
     device's own look-up) first, then depth first from the top, split markers followed,
     toward those nodes first; at most :data:`MAX_SCANNED` nodes read (a node found
     missing counts), none once every class wanted has a member."""
-    from .index_trie import SPLIT
+    from .index_trie import EMPTY, SPLIT
+    from .index_whole import named_half
 
     found: dict[str, list[tuple[dict[str, Any], str]]] = {}
     kept = dict(trie.kept or {})
@@ -316,6 +318,7 @@ def _members(
         if node.kind != SPLIT:
             take(node)
     stack, reads = [""], 0
+    above: dict[str, dict[str, Any] | None] = {}  # a half's split node, as read
     while stack:
         prefix = stack.pop()
         if wanted <= found.keys():
@@ -325,10 +328,14 @@ def _members(
                 return found, False
             reads += 1
             node = trie.read(prefix)
+            lost = node.kind == EMPTY and named_half(trie, prefix, above.get(prefix))
+            if lost:  # a half its split made is missing: never read as no entries
+                raise lost
             if node.kind != SPLIT:
                 take(node)
         else:
             node = kept[prefix]
         if node.kind == SPLIT and len(prefix) < 256:  # toward the kept ones: popped first
+            above[prefix + "0"] = above[prefix + "1"] = node.value
             stack += sorted((prefix + "1", prefix + "0"), key=lambda p: p in toward)
     return found, True

@@ -368,6 +368,8 @@ def select_from(
             view.unrated,
             packed_error,
         )
+    if view.unfound:  # kinds not found in the leaves were not rated: no answer yet
+        raise view.unfound_error(where)
     first = next((f for f in map(view.resolve, entries) if f is not None), None)
     if first is None:
         raise ConfigurationError(

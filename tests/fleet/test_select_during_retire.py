@@ -22,7 +22,7 @@ import pytest
 from support.fixtures import get_fixture
 
 from ptestore.cli import main
-from ptestore.errors import ConfigurationError
+from ptestore.errors import ConfigurationError, FormatError
 from ptestore.fleet.index import create_index, open_index, publish_entries, update_index
 from ptestore.fleet.index_nodes import device_bits
 from ptestore.fleet.index_store import IndexStore
@@ -312,3 +312,94 @@ def test_members_not_found_within_the_bound_are_said_so_not_retired(
     near = next(f"n{i}" for i in range(100_000) if device_bits(f"n{i}").startswith(prefix))
     choice = select(url, "m", near)
     assert (choice.kind, [c["made_for"] for c in choice.candidates]) == ("source", [last])
+
+
+def test_a_lost_half_is_never_read_as_retired(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The leaves searched for an emptied class's members: a half its split node names,
+    found missing, is a FormatError (a lost leaf), as every other reader says; it was
+    read as empty, and with no other live entry the model was said retired (and
+    ``ensure INDEX`` would record that for every profile of the device)."""
+    url = str(tmp_path / "ptestore-index.json")
+    create_index(url, leaf_bytes=4096)
+    names = [device_name(i) for i in range(9)]
+    publish_entries(url, [synthetic_entry("m", d, socs=1) for d in names], {})
+    last = names[8]  # not listed in the catalog (8 names a class)
+    _, sharded, _ = open_index(url)
+    assert sharded is not None
+    written: list[str] = []
+    write = IndexStore.write
+
+    class Killed(BaseException):
+        """The process ends here: nothing after it runs."""
+
+    def dying(self: IndexStore, target: str, *args: Any, **kw: Any) -> None:
+        if _before_the_rebuild(target, written):
+            raise Killed
+        write(self, target, *args, **kw)
+        written.append(target)
+
+    monkeypatch.setattr(IndexStore, "write", dying)
+    with pytest.raises(Killed):
+        update_index(
+            url, lambda e: None if e["device"] == last else {**e, "retired": {"reason": "x"}}
+        )
+    monkeypatch.undo()
+    _, leaf = sharded.trie("m").find(last, 0, 0)
+    prefix = leaf.rsplit("/t", 1)[-1].removesuffix(".json")
+    assert prefix  # a half below a split
+    os.unlink(leaf)
+    strangers = [f"s{i}" for i in range(40)]
+    for stranger in strangers:
+        with pytest.raises(FormatError) as err:
+            select(url, "m", stranger)
+        assert "a leaf is missing" in str(err.value), (stranger, str(err.value))
+
+
+def test_kinds_not_found_are_no_answer_even_beside_rated_builds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An emptied class whose members lie beyond the bound, beside builds of another
+    kind that do not fit the device: the look-up says it found no member (the error of
+    the test above), never the portable source (which ``ensure INDEX`` would record as
+    the index's answer): the build it did not rate might fit."""
+    from ptestore.backends import register_backend, unregister_backend
+    from ptestore.backends.compat import DeviceProfile
+    from ptestore.testing.fleet_index import SocBackend, soc_of
+
+    url = str(tmp_path / "ptestore-index.json")
+    create_index(url, leaf_bytes=1024)
+    names = [n for n in (device_name(i) for i in range(200)) if soc_of(n, 2) == "soc0"][:64]
+    others = [n for n in (f"yy{i}" for i in range(100)) if soc_of(n, 2) == "soc1"][:2]
+    entries = [synthetic_entry("m", d, socs=2) for d in names + others]
+    publish_entries(url, entries, {})
+    last = max(names[8:], key=device_bits)
+    stranger = next(f"s{i}" for i in range(1000) if device_bits(f"s{i}")[:2] == "00")
+    written: list[str] = []
+    write = IndexStore.write
+
+    class Killed(BaseException):
+        """The process ends here: nothing after it runs."""
+
+    def dying(self: IndexStore, target: str, *args: Any, **kw: Any) -> None:
+        if _before_the_rebuild(target, written):
+            raise Killed
+        write(self, target, *args, **kw)
+        written.append(target)
+
+    monkeypatch.setattr(IndexStore, "write", dying)
+    with pytest.raises(Killed):
+        update_index(
+            url,
+            lambda e: None if e["device"] in (last, *others) else {**e, "retired": {"reason": "x"}},
+        )
+    monkeypatch.undo()
+    monkeypatch.setattr("ptestore.fleet.index_view.MAX_SCANNED", 0)  # a fleet past the bound
+    register_backend(SocBackend, "synthetic-npu")
+    try:
+        device = DeviceProfile(stranger, {"soc": "soc0", "sdk": "2.31", "memory_mb": 8192})
+        with pytest.raises(ConfigurationError, match="lists no device of 1 kind"):
+            select(url, "m", device)
+    finally:
+        unregister_backend("synthetic-npu")
