@@ -149,8 +149,8 @@ class _Store:
         """``(url, modification time, size, stamp)`` of every file under ``root``; the
         stamp (:meth:`stamp`) tells a file replaced since from the one listed."""
         if self.url.local:
-            for dirpath, _dirs, names in os.walk(root):
-                for name in names:
+            for dirpath, dirs, names in os.walk(root):  # (an index name may be a directory)
+                for name in names + [d for d in dirs if d == INDEX_NAME]:
                     full = os.path.join(dirpath, name)
                     try:
                         st = os.lstat(full)

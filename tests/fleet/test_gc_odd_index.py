@@ -64,3 +64,26 @@ def test_an_index_linked_to_nothing_or_a_fifo_stops_gc(
         "regular file; refusing to read it",
     )
     assert artifact.is_file()
+
+
+@pytest.mark.parametrize("odd", ["directory", "link to a directory"])
+def test_an_index_name_that_is_a_directory_stops_gc(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], odd: str
+) -> None:
+    out, b, artifact = _nested(tmp_path, capsys)
+    index = out / "b" / "ptestore-index.json"
+    index.unlink()
+    if odd == "directory":
+        index.mkdir()
+    else:
+        (tmp_path / "elsewhere").mkdir()
+        index.symlink_to(tmp_path / "elsewhere")
+    for argv in (["--job", str(b)], [str(out)]):
+        report = _gc([*argv, "--grace", "0s"], capsys, code=1)
+        [entry] = report["entries"]
+        assert (entry["kind"], entry["action"]) == (
+            "index",
+            f"failed: {index}: cannot read the index: {index}: is a directory, not a regular "
+            "file; refusing to read it",
+        )
+    assert artifact.is_file()
