@@ -96,9 +96,8 @@ def test_ensure_refuses_it_and_caches_nothing(tmp_path: Path) -> None:
         ptestore.ensure(src, cache_dir=tmp_path / "cache", backends=[backend])
     assert str(info.value) == _message(src, W1, 0)
     assert backend.calls == 0
-    # what any failed run leaves: its entry's empty directory, for `cache prune`
-    entries = list_entries(tmp_path / "cache")
-    assert [(e.state, e.bytes) for e in entries] == [("incomplete", 0)]
+    # a failed run removes the entry directory it made (nothing left for `cache prune`)
+    assert list_entries(tmp_path / "cache") == []
 
 
 def test_the_command_line_exits_2_naming_the_value(

@@ -463,8 +463,8 @@ def test_a_ptd_the_pte_s_record_does_not_name_is_never_published(
     with pytest.raises(IntegrityError) as info:
         ptestore.ensure(index, cache_dir=cache, model="m", device="a")
     assert str(info.value) == want
-    entries = ptestore.device.list_entries(cache)  # nothing cached: no manifest, no file
-    assert [(e.state, e.bytes) for e in entries] == [("incomplete", 0)], entries
+    entries = ptestore.device.list_entries(cache)  # nothing cached, no entry directory
+    assert entries == [], entries
     argv = ["fetch", str(index), str(dest), "--model", "m", "--device", "a"]
     assert main(argv) == 1
     assert capsys.readouterr().err == f"ptestore fetch: failed, nothing published: {want}\n"
