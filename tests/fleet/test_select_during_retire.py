@@ -253,6 +253,31 @@ def _count_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return seen
 
 
+def _retire_killed_before_rebuild(
+    monkeypatch: pytest.MonkeyPatch, url: str, kept: tuple[str, ...]
+) -> None:
+    """``update_index`` (retire's path) retiring every entry of ``url`` but those of the
+    devices ``kept``, the process ending just before its catalog rebuild."""
+    written: list[str] = []
+    write = IndexStore.write
+
+    class Killed(BaseException):
+        """The process ends here: nothing after it runs."""
+
+    def dying(self: IndexStore, target: str, *args: Any, **kw: Any) -> None:
+        if _before_the_rebuild(target, written):
+            raise Killed
+        write(self, target, *args, **kw)
+        written.append(target)
+
+    monkeypatch.setattr(IndexStore, "write", dying)
+    with pytest.raises(Killed):
+        update_index(
+            url, lambda e: None if e["device"] in kept else {**e, "retired": {"reason": "x"}}
+        )
+    monkeypatch.undo()
+
+
 def test_members_not_found_within_the_bound_are_said_so_not_retired(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -270,24 +295,7 @@ def test_members_not_found_within_the_bound_are_said_so_not_retired(
     _, sharded, _ = open_index(url)
     assert sharded is not None
     catalog = sharded.catalog_url("m")
-    written: list[str] = []
-    write = IndexStore.write
-
-    class Killed(BaseException):
-        """The process ends here: nothing after it runs."""
-
-    def dying(self: IndexStore, target: str, *args: Any, **kw: Any) -> None:
-        if _before_the_rebuild(target, written):
-            raise Killed
-        write(self, target, *args, **kw)
-        written.append(target)
-
-    monkeypatch.setattr(IndexStore, "write", dying)
-    with pytest.raises(Killed):
-        update_index(
-            url, lambda e: None if e["device"] == last else {**e, "retired": {"reason": "x"}}
-        )
-    monkeypatch.undo()
+    _retire_killed_before_rebuild(monkeypatch, url, (last,))
     [cls] = json.loads(Path(catalog).read_text())["classes"]
     assert (cls["devices"], cls["more"]) == ([], True)
     _, leaf = sharded.trie("m").find(last, 0, 0)  # as the retire's splits left it
@@ -328,24 +336,7 @@ def test_a_lost_half_is_never_read_as_retired(
     last = names[8]  # not listed in the catalog (8 names a class)
     _, sharded, _ = open_index(url)
     assert sharded is not None
-    written: list[str] = []
-    write = IndexStore.write
-
-    class Killed(BaseException):
-        """The process ends here: nothing after it runs."""
-
-    def dying(self: IndexStore, target: str, *args: Any, **kw: Any) -> None:
-        if _before_the_rebuild(target, written):
-            raise Killed
-        write(self, target, *args, **kw)
-        written.append(target)
-
-    monkeypatch.setattr(IndexStore, "write", dying)
-    with pytest.raises(Killed):
-        update_index(
-            url, lambda e: None if e["device"] == last else {**e, "retired": {"reason": "x"}}
-        )
-    monkeypatch.undo()
+    _retire_killed_before_rebuild(monkeypatch, url, (last,))
     _, leaf = sharded.trie("m").find(last, 0, 0)
     prefix = leaf.rsplit("/t", 1)[-1].removesuffix(".json")
     assert prefix  # a half below a split
@@ -376,25 +367,7 @@ def test_kinds_not_found_are_no_answer_even_beside_rated_builds(
     publish_entries(url, entries, {})
     last = max(names[8:], key=device_bits)
     stranger = next(f"s{i}" for i in range(1000) if device_bits(f"s{i}")[:2] == "00")
-    written: list[str] = []
-    write = IndexStore.write
-
-    class Killed(BaseException):
-        """The process ends here: nothing after it runs."""
-
-    def dying(self: IndexStore, target: str, *args: Any, **kw: Any) -> None:
-        if _before_the_rebuild(target, written):
-            raise Killed
-        write(self, target, *args, **kw)
-        written.append(target)
-
-    monkeypatch.setattr(IndexStore, "write", dying)
-    with pytest.raises(Killed):
-        update_index(
-            url,
-            lambda e: None if e["device"] in (last, *others) else {**e, "retired": {"reason": "x"}},
-        )
-    monkeypatch.undo()
+    _retire_killed_before_rebuild(monkeypatch, url, (last, *others))
     monkeypatch.setattr("ptestore.fleet.index_view.MAX_SCANNED", 0)  # a fleet past the bound
     register_backend(SocBackend, "synthetic-npu")
     try:
