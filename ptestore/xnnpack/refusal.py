@@ -19,6 +19,12 @@ x86-64 and arm64 Linux; a rare misaligned atomic access on arm64 is run again at
 call rather than remembered), so it is transient whatever the free space says
 (:data:`MAPPED_FILE`: a quota or an I/O error shows in no free-space count).
 
+The child's own refusal whose reason or messages name an allocation failure
+(:func:`out_of_memory`: the runtime's load error of a failed allocation, XNNPACK's
+``xnn_status_out_of_memory`` in its log) is not remembered either: a runtime that could
+not allocate refuses the way a program it cannot run does, and the next call may have
+the memory.
+
 SIGABRT is also how the C++ runtime ends when an allocation fails (an uncaught
 ``std::bad_alloc``), which may pass. So an abort is remembered only when it happens
 twice in a row (:mod:`.runs` runs the child once more at once, its half-made files
@@ -72,8 +78,15 @@ MAPPED_FILE = (
     "e.g. a full disk or quota, an I/O error"
 )
 #: What the child's messages say when an allocation failed (libstdc++'s terminate handler
-#: names the ``std::bad_alloc``; C and Python runtimes say "out of memory" or ENOMEM's text).
-_OUT_OF_MEMORY = re.compile(r"std::bad_alloc|out of memory|cannot allocate memory", re.IGNORECASE)
+#: names the ``std::bad_alloc``; C and Python runtimes say "out of memory" or ENOMEM's text;
+#: XNNPACK's status ``xnn_status_out_of_memory``, which ExecuTorch's delegate logs before it
+#: returns its own error; the bindings' load error 0x21, 0x25 or 0x31: ExecuTorch's
+#: ``MemoryAllocationFailed``, ``OutOfResources``, ``DelegateMemoryAllocationFailed``).
+_OUT_OF_MEMORY = re.compile(
+    r"std::bad_alloc|out of memory|cannot allocate memory|xnn_status_out_of_memory"
+    r"|\berror:? 0x:?(?:21|25|31)\b",
+    re.IGNORECASE,
+)
 #: A refusal record is at most this many bytes.
 MAX_REFUSAL_BYTES = 64 << 10
 #: How the reasons of failures that may pass begin (records without a ``"kind"``).

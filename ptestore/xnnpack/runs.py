@@ -8,8 +8,8 @@ looked up on the child's ``sys.path``, where ``PYTHONPATH``, the working directo
 installed copy could put another one). Its failures become
 :class:`~ptestore.errors.PackedWeightsRefused`, transient or not as :mod:`.refusal`
 sorts them: its own refusal (exit 3, with its reason) and a crash by a signal the
-runtime raises itself are deterministic, except an abort that names an allocation
-failure, or that does not happen again when the child runs once more; a timeout, a kill
+runtime raises itself are deterministic, except a refusal or an abort that names an
+allocation failure, or that does not happen again when the child runs once more; a timeout, a kill
 from outside, a SIGBUS (a mapped file's page the kernel could not provide: a full disk)
 and any other exit may pass.
 """
@@ -91,6 +91,12 @@ class ChildRun:
         if rc == 0:
             return
         reason = self.own_reason() if rc == 3 else None
+        if reason is not None and out_of_memory(f"{reason}\n{self.stderr()}"):
+            raise PackedWeightsRefused(  # its own refusal, of an allocation: may pass
+                artifact,
+                f"the runtime ran out of memory (exit 3) {what}: {reason}{self.tail()}",
+                transient=True,
+            )
         if reason is not None:
             raise PackedWeightsRefused(artifact, f"{what}: {reason}")
         if rc == -signal.SIGABRT and out_of_memory(self.stderr()):

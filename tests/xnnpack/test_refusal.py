@@ -50,6 +50,17 @@ BEHAVIOUR = {
     "exit1": "echo 'ModuleNotFoundError: no torch' >&2; exit 1",
     "SIGSEGV": "kill -SEGV $$",
     "refuses": 'echo \'{"reason": "probe says no"}\' > "$(dirname "$3")/error.json"; exit 3',
+    # the runtime's own refusals of an allocation: XNNPACK's status in the delegate's log
+    # (ExecuTorch returns Internal, 0x1), and the bindings' MemoryAllocationFailed (0x21)
+    "refuses_xnn_oom": (
+        "echo 'E 00:00:00.100 executorch:XNNCompiler.cpp:1 XNN Runtime creation failed with "
+        'code: xnn_status_out_of_memory\' >&2; echo \'{"reason": "the runtime failed: '
+        'Failed to load method forward, error: 0x:1"}\' > "$(dirname "$3")/error.json"; exit 3'
+    ),
+    "refuses_0x21": (
+        'echo \'{"reason": "the runtime failed: Failed to load method forward, error: 0x:21"}\' '
+        '> "$(dirname "$3")/error.json"; exit 3'
+    ),
     # a real Python child that prints what it is told and calls os.abort()
     "SIGABRT": 'exec "$PY" "$ABORTS" "ptestore xnnpack shim: an ExecuTorch runtime check failed"',
     "bad_alloc": (
@@ -198,6 +209,36 @@ def test_an_abort_that_names_an_allocation_failure_may_pass(child, tmp_path: Pat
     )
     assert child.runs() == 1 and not _refused_path(tmp_path / "d").exists()
     assert _make(tmp_path / "d").reason == first.reason and child.runs() == 2
+
+
+@pytest.mark.parametrize(
+    ("kind", "reason"),
+    [
+        (
+            "refuses_xnn_oom",
+            f"the runtime ran out of memory (exit 3) {MAKING}: the runtime failed: Failed to "
+            "load method forward, error: 0x:1; its last messages: E 00:00:00.100 "
+            "executorch:XNNCompiler.cpp:1 XNN Runtime creation failed with code: "
+            "xnn_status_out_of_memory",
+        ),
+        (
+            "refuses_0x21",
+            f"the runtime ran out of memory (exit 3) {MAKING}: the runtime failed: Failed to "
+            "load method forward, error: 0x:21",
+        ),
+    ],
+)
+def test_the_runtimes_own_refusal_of_an_allocation_may_pass(
+    child, tmp_path: Path, kind: str, reason: str
+) -> None:  # type: ignore[no-untyped-def]
+    """The child's own refusal (exit 3) whose reason or messages name a failed
+    allocation (the bindings' 0x21, XNNPACK's ``xnn_status_out_of_memory``) is the
+    memory of the moment, not the program: raised ``transient``, not remembered."""
+    child.set(kind)
+    first = _make(tmp_path / "d")
+    assert first.transient and first.reason == reason and child.runs() == 1
+    assert not _refused_path(tmp_path / "d").exists()
+    assert _make(tmp_path / "d").reason == reason and child.runs() == 2
 
 
 def test_an_abort_is_remembered_only_when_it_happens_twice_in_a_row(child, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
