@@ -80,9 +80,11 @@ def with_lock_timeout(func: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
-def holder_pid(path: str) -> int | None:
+def holder_pid(path: str, *, others: bool = True) -> int | None:
     """The pid of a process holding a ``flock`` on the file ``path``, from
-    ``/proc/locks`` (Linux); None when unknown (not Linux, no such line, gone)."""
+    ``/proc/locks`` (Linux); None when unknown (not Linux, no such line, gone).
+    ``others=False``: this process too (another of its threads, or a call of it that
+    holds the key)."""
     try:
         st = os.stat(path)
         with open("/proc/locks", encoding="ascii", errors="replace") as f:
@@ -101,7 +103,7 @@ def holder_pid(path: str) -> int | None:
             pid = int(fields[4])
         except ValueError:
             continue
-        if found == want and pid != os.getpid():
+        if found == want and (pid != os.getpid() or not others):
             return pid
     return None
 
@@ -135,6 +137,9 @@ class KeyLock:
                 return True
             try:
                 fcntl.flock(fd, op)
+                if still_at(fd, self.path):
+                    self._fd = fd
+                    return True
             except OSError as exc:
                 os.close(fd)
                 if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
@@ -148,9 +153,10 @@ class KeyLock:
                 raise StorageError(
                     f"{self.path}: cannot lock the cache lock file: {exc.strerror}"
                 ) from exc
-            if still_at(fd, self.path):
-                self._fd = fd
-                return True
+            except BaseException:  # Ctrl-C while waiting, or once held: nothing kept
+                self._fd = None
+                os.close(fd)
+                raise
             os.close(fd)  # removed by its holder while we waited: lock the new one
 
     def _open(self) -> int | None:
@@ -176,7 +182,14 @@ class KeyLock:
 
     def _timed_out(self, limit: float | None) -> None:
         pid = holder_pid(self.path)
-        who = f"process {pid}" if pid is not None else "another process (pid unknown)"
+        if pid is not None:
+            who = f"process {pid}"
+        elif holder_pid(self.path, others=False) is not None:
+            pid = os.getpid()
+            who = f"this process ({pid}: another of its threads, or a call of it that holds "
+            who += "the key)"
+        else:
+            who = "another process (pid unknown)"
         raise LockTimeout(
             f"{self.path}: the cache lock was not free after {limit:g} s "
             f"(lock_timeout, --lock-timeout): held by {who}",
