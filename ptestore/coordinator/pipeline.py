@@ -254,10 +254,16 @@ class _Pipeline:
             discard_all(self.writers)
             raise
         finally:
-            for pending in self.digests.values():  # a run that failed: stop its digests
-                pending.cancel()
+            # A run that failed: its digests told to stop first (none starts hashing once
+            # its sources are described), then the source descriptions stopped (a digest
+            # waits for them: joined first, it waited for the whole source to be read),
+            # then the digests joined.
+            for pending in self.digests.values():
+                pending.cancelled.set()
             if self.stamper is not None:
                 self.stamper.close()  # a source description still running (a failed run)
+            for pending in self.digests.values():
+                pending.cancel()
             if self.spool is not None:
                 self.spool.close()
 
