@@ -263,17 +263,9 @@ def said_unchanged(src: str, key: str) -> None:
     )
 
 
-#: Who says that a model is served unchanged (:func:`warn_unchanged`,
-#: :func:`said_unchanged`): None, the ``ptestore.device`` logger (a warning, as a
-#: library caller gets any); ``ptestore ensure`` sets a function that prints the line
-#: in the command line's own form while it runs.
-say_unchanged: Callable[[str], None] | None = None
-
-
 def _warn(message: str) -> None:
-    if say_unchanged is not None:
-        say_unchanged(message)
-        return
+    """A warning of ``ensure`` on the ``ptestore.device`` logger, as a library caller
+    gets any (in the CLI a line ``ptestore ensure: warning: ...``: :mod:`ptestore._log`)."""
     from .._log import get_logger
 
     get_logger("ptestore.device").warning("%s", message)
