@@ -81,11 +81,13 @@ def command_ended(outer: str | None) -> None:
 
 
 def _take_last_resort() -> None:
-    """Put the command line's handler in place of :mod:`logging`'s last resort (once)."""
+    """Put the command line's handler in place of :mod:`logging`'s last resort (once;
+    never where an application removed it, ``logging.lastResort = None``: it asked for
+    silence)."""
     import logging
 
     cls = _command_line_class()
-    if not isinstance(logging.lastResort, cls):
+    if logging.lastResort is not None and not isinstance(logging.lastResort, cls):
         logging.lastResort = cls(logging.lastResort)
 
 
@@ -104,18 +106,15 @@ def _command_line_class() -> Any:
             ``ptestore COMMAND: warning: MESSAGE`` on stderr, any other as the last
             resort it replaced took it."""
 
-            def __init__(self, previous: logging.Handler | None) -> None:
-                level = logging.WARNING if previous is None else previous.level
-                super().__init__(level)
+            def __init__(self, previous: logging.Handler) -> None:
+                super().__init__(previous.level)
                 self.previous = previous
 
             def handle(self, record: logging.LogRecord) -> bool:
                 ours = record.name == "ptestore" or record.name.startswith("ptestore.")
                 if COMMAND is not None and ours:
                     return bool(super().handle(record))
-                if self.previous is not None and record.levelno >= self.previous.level:
-                    return bool(self.previous.handle(record))
-                return False
+                return bool(self.previous.handle(record))
 
             def emit(self, record: logging.LogRecord) -> None:
                 try:

@@ -182,6 +182,23 @@ def test_in_a_command_other_loggers_keep_the_last_resort_and_handlers_their_reco
     assert [r.getMessage() for r in caplog.records] == ["the app's"]
 
 
+def test_a_last_resort_an_application_removed_stays_removed(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``logging.lastResort = None`` asks for silence: a command prints no line either
+    (logging's own one-off notice that no handler was found, as without a command)."""
+    monkeypatch.setattr(logging, "lastResort", None)
+
+    def run(args: argparse.Namespace) -> int:
+        get_logger("ptestore.test").warning("%s", "silenced")
+        return 0
+
+    with _unconfigured():
+        assert guarded("gc")(run)(argparse.Namespace()) == 0
+    err = capsys.readouterr().err
+    assert "silenced" not in err and "ptestore gc" not in err, err
+
+
 def test_a_command_under_configured_logging_prints_no_line(
     capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
