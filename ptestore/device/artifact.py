@@ -25,7 +25,6 @@ __all__ = [
     "HeldProgress",
     "artifact_of",
     "hit_or_make",
-    "in_ensure_words",
     "lookup",
     "said_unchanged",
     "warn_unchanged",
@@ -225,33 +224,6 @@ def warn_unchanged(report: Any, key: str) -> None:
     said = served_unchanged_message(report, key)
     if said is not None:
         _warn(said)
-
-
-def in_ensure_words(exc: BaseException) -> None:
-    """A run's error as ``ensure`` raises it: the hint to pass the model's .ptd
-    (:func:`~ptestore.coordinator.report.pass_ptd`, in a
-    :class:`~ptestore.errors.MissingNamedData` and the ``BackendError`` that quotes one a
-    backend got) rewritten in ``ensure``'s spelling, as its warnings give it
-    (:data:`~ptestore.coordinator.report.ENSURE_PTD`), not ``specialize``'s."""
-    from ..errors import BackendError, MissingNamedData
-
-    seen: set[int] = set()
-    err: BaseException | None = exc
-    while err is not None and id(err) not in seen:  # the error and its causes
-        seen.add(id(err))
-        if isinstance(err, (BackendError, MissingNamedData)):
-            from ..coordinator.report import ENSURE_PTD, pass_ptd
-
-            theirs, ours = pass_ptd(), pass_ptd(ENSURE_PTD)
-            if isinstance(err, BackendError) and theirs in err.message:
-                b = err
-                message = b.message.replace(theirs, ours)
-                BackendError.__init__(
-                    b, message, backend=b.backend, method=b.method, key=b.key, spec=b.spec
-                )
-            elif isinstance(err, MissingNamedData) and theirs in str(err):
-                err.args = (str(err).replace(theirs, ours),)
-        err = err.__cause__
 
 
 def said_unchanged(src: str, key: str) -> None:
