@@ -54,6 +54,10 @@ __all__ = ["COMMAND", "Logger", "command_ended", "command_started", "get_logger"
 #: library itself.
 COMMAND: str | None = None
 
+#: The class of the last resort a command puts in place, once made
+#: (:func:`_command_line_class`).
+_CLASS: Any = None
+
 
 def command_started(command: str) -> str | None:
     """``ptestore COMMAND`` runs from now on: its records are escaped, and those no
@@ -72,11 +76,11 @@ def command_ended(outer: str | None) -> None:
     last resort is the one it was before."""
     global COMMAND
     COMMAND = outer
-    if outer is None and "logging" in sys.modules:
+    if outer is None and _CLASS is not None:  # (made: logging is imported)
         import logging
 
         ours = logging.lastResort
-        if isinstance(ours, _command_line_class()):
+        if isinstance(ours, _CLASS):
             logging.lastResort = ours.previous
 
 
@@ -89,9 +93,6 @@ def _take_last_resort() -> None:
     cls = _command_line_class()
     if logging.lastResort is not None and not isinstance(logging.lastResort, cls):
         logging.lastResort = cls(logging.lastResort)
-
-
-_CLASS: Any = None
 
 
 def _command_line_class() -> Any:
