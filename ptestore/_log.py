@@ -1,4 +1,5 @@
-"""Loggers that cost nothing until :mod:`logging` is in use.
+"""Loggers that cost nothing until :mod:`logging` is in use, and the command line's form
+of the records nobody else takes.
 
 Importing :mod:`logging` costs a few milliseconds (it brings ``traceback``, ``string``,
 ``textwrap`` and ``threading`` locks), paid by every run that merely *might* log. A
@@ -13,10 +14,29 @@ until it must:
 - ``warning`` and above always reach the real logger (unconfigured, its last-resort
   handler prints them on stderr), so nothing a user should see is lost.
 
-Records name the caller's line, as with a plain logger (``stacklevel``). While the
-command line runs a command (:data:`TERMINAL`), a record's string and exception
-arguments are made one line for a terminal (:func:`ptestore._text.one_line`): a path or a
-name from a file cannot drive the terminal, nor start a line, from a warning either.
+Records name the caller's line, as with a plain logger (``stacklevel``).
+
+While the command line runs a command (:func:`command_started` ...
+:func:`command_ended`, called by :func:`ptestore.cli.exits.guarded`; :data:`COMMAND`
+names it), two things change:
+
+- a record's string and exception arguments are made one line for a terminal
+  (:func:`ptestore._text.one_line`): a path or a name from a file cannot drive the
+  terminal, nor start a line, from a warning either;
+- a ``ptestore.*`` record that no handler takes, the one :mod:`logging` gives its last
+  resort (``logging.lastResort``: unconfigured, it prints the bare message), is printed
+  as the command line prints its own lines: ``ptestore COMMAND: warning: MESSAGE``, one
+  line. Records that reach a handler (an application's, pytest's, the one ``-v`` or
+  ``--debug`` installs) go there as before, and only there; other loggers' records go to
+  the last resort as before. The last resort is replaced for the command only when
+  :mod:`logging` is in use (imported before the command, or for its first record): a
+  command that logs nothing imports nothing for it.
+
+The command is the process's, not a thread's: the command's own threads (a fleet's
+pools, an S3 writer's uploads, :mod:`ptestore._background`) log for it, and none of them
+would see a :mod:`contextvars` value set by the thread that runs it. A library caller in
+another thread of that process meanwhile sees the same form for a record no handler of
+its own takes; one whose logging is configured sees no difference.
 """
 
 from __future__ import annotations
@@ -27,19 +47,105 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import logging
 
-__all__ = ["TERMINAL", "Logger", "get_logger"]
+__all__ = ["COMMAND", "Logger", "command_ended", "command_started", "get_logger"]
 
-#: Whether records reach a terminal: set by the command line while a command runs
-#: (:func:`ptestore.cli.exits.guarded`), never by the library itself.
-TERMINAL = False
+#: The command the command line runs (``"ensure"``, ``"fleet"``, ...), None outside one:
+#: set by :func:`command_started` (:func:`ptestore.cli.exits.guarded`), never by the
+#: library itself.
+COMMAND: str | None = None
+
+#: The class of the last resort a command puts in place, once made
+#: (:func:`_command_line_class`).
+_CLASS: Any = None
+
+
+def command_started(command: str) -> str | None:
+    """``ptestore COMMAND`` runs from now on: its records are escaped, and those no
+    handler takes printed in its form (see the module's docstring). Returns what
+    :func:`command_ended` restores (the command this one runs inside, if any)."""
+    global COMMAND
+    outer, COMMAND = COMMAND, command
+    if "logging" in sys.modules:  # in use already (-v, an application, pytest)
+        _take_last_resort()
+    return outer
+
+
+def command_ended(outer: str | None) -> None:
+    """The command of :func:`command_started` ended (``outer`` is what it returned):
+    the command it ran inside is the current one again; outside any, :mod:`logging`'s
+    last resort is the one it was before."""
+    global COMMAND
+    COMMAND = outer
+    if outer is None and _CLASS is not None:  # (made: logging is imported)
+        import logging
+
+        ours = logging.lastResort
+        if isinstance(ours, _CLASS):
+            logging.lastResort = ours.previous
+
+
+def _take_last_resort() -> None:
+    """Put the command line's handler in place of :mod:`logging`'s last resort (once;
+    never where an application removed it, ``logging.lastResort = None``: it asked for
+    silence)."""
+    import logging
+
+    cls = _command_line_class()
+    if logging.lastResort is not None and not isinstance(logging.lastResort, cls):
+        logging.lastResort = cls(logging.lastResort)
+
+
+def _command_line_class() -> Any:
+    """The class of the last resort a command puts in place (made on first use: it
+    subclasses ``logging.Handler``, and :mod:`logging` is imported only when in use)."""
+    global _CLASS
+    if _CLASS is None:
+        import logging
+
+        class CommandLine(logging.Handler):
+            """``logging.lastResort`` while a command runs: a ``ptestore.*`` record as
+            ``ptestore COMMAND: warning: MESSAGE`` on stderr, any other as the last
+            resort it replaced took it."""
+
+            def __init__(self, previous: logging.Handler) -> None:
+                super().__init__(previous.level)
+                self.previous = previous
+
+            def handle(self, record: logging.LogRecord) -> bool:
+                ours = record.name == "ptestore" or record.name.startswith("ptestore.")
+                if COMMAND is not None and ours:
+                    return bool(super().handle(record))
+                return bool(self.previous.handle(record))
+
+            def emit(self, record: logging.LogRecord) -> None:
+                try:
+                    text = _one_line(record.getMessage())
+                    sys.stderr.write(f"ptestore {COMMAND}: warning: {text}\n")
+                    sys.stderr.flush()
+                except Exception:
+                    self.handleError(record)
+
+        _CLASS = CommandLine
+    return _CLASS
+
+
+def _one_line(message: str) -> str:
+    """A record's message as one line: every character that is not printable escaped as
+    ``repr`` writes it (a line break too), the whole cut to the CLI's line bound. Its
+    arguments were cut already (:func:`_shown`): not cut again."""
+    from ._text import LINE_CHARS, clipped
+
+    if not message.isprintable():
+        message = "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
+    return clipped(message, LINE_CHARS)
 
 
 def _shown(args: tuple[Any, ...]) -> tuple[Any, ...]:
-    """``args`` as a record on a terminal takes them (:data:`TERMINAL`): strings and
+    """``args`` as a record during a command takes them (:data:`COMMAND`): strings and
     exceptions (``%s``) as one line, a long name cut and what would act on the terminal
     escaped, line breaks too (:func:`ptestore._text.one_line`): the names a record
     embeds cannot start a line of their own."""
-    if not TERMINAL:
+    if COMMAND is None:
         return args
     from ._text import one_line
 
@@ -93,6 +199,8 @@ class Logger:
         # the arguments are escaped (a str() each) only for a record the logger keeps
         logger = self.logger
         if logger.isEnabledFor(level):
+            if COMMAND is not None:  # logging is in use now: the command's last resort
+                _take_last_resort()
             logger.log(level, msg, *_shown(args), stacklevel=3)
 
 

@@ -187,7 +187,6 @@ _PACKED_FLAGS = {"--xnnpack-retry": "xnnpack_retry", "--xnnpack-timeout": "xnnpa
 @guarded("ensure", publishes=True)
 def run_ensure(args: argparse.Namespace) -> int:
     """Run ``ptestore ensure``; returns the exit status."""
-    from ..device import artifact as artifact_module
     from ..device import ensure
     from .progress import Progress, progress_wanted
 
@@ -200,14 +199,12 @@ def run_ensure(args: argparse.Namespace) -> int:
 
     show = args.progress or (args.progress is None and progress_wanted(disabled=args.json))
     progress = Progress() if show else None
-    said, artifact_module.say_unchanged = artifact_module.say_unchanged, _warning
     try:
         # From an index, a name alone takes the options the index records for it, as
         # select does; for a model file, the profile of the name and options given.
         device = device_or_name(args) if args.model is not None else device_profile(args)
         artifact = _ensure(args, ensure, device, progress)
     finally:
-        artifact_module.say_unchanged = said
         if progress is not None:
             progress.close()
     if args.json:
@@ -223,12 +220,6 @@ def run_ensure(args: argparse.Namespace) -> int:
             refused = printable(artifact.xnnpack_refused)
             print(f"no XNNPACK packed-weight file: {refused}", file=sys.stderr)
     return EXIT_OK
-
-
-def _warning(message: str) -> None:
-    """A warning of the run (a model served unchanged) as the command line prints its
-    lines: ``ptestore ensure: warning: MESSAGE``, escaped for the terminal."""
-    print(f"ptestore ensure: warning: {printable(message)}", file=sys.stderr)
 
 
 def _ensure(args: argparse.Namespace, ensure: Any, device: Any, progress: Any = None) -> Any:

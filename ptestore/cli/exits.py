@@ -205,7 +205,8 @@ def error_json(
 def configure_logging(args: argparse.Namespace) -> logging.Handler | None:
     """Send the ``ptestore.*`` loggers to stderr at the level ``-v`` (INFO), ``-vv`` or
     ``--debug`` (DEBUG) ask for; the handler to remove afterwards, or None when neither
-    was given (warnings then reach stderr through :mod:`logging`'s last resort)."""
+    was given (a warning no handler takes then reaches stderr as
+    ``ptestore COMMAND: warning: ...``: :mod:`ptestore._log`)."""
     verbose = int(getattr(args, "verbose", 0) or 0)
     debug = bool(getattr(args, "debug", False))
     if not verbose and not debug:
@@ -253,15 +254,20 @@ def guarded(command: str, *, publishes: bool = False) -> Callable[[Command], Com
     with ``--json`` an :func:`error_json` object on stdout) and the exit status of
     :func:`exit_code`; anything else propagates. ``-v``/``--debug`` turn on the
     ``ptestore.*`` logs for the run; ``--debug`` also prints the full traceback of a
-    mapped error, chained causes (the backend's own exception) included."""
+    mapped error, chained causes (the backend's own exception) included. Without them,
+    a warning of the library that no handler takes is a line
+    ``ptestore COMMAND: warning: MESSAGE`` (:func:`ptestore._log.command_started`);
+    the state is restored when the command ends, however it ends."""
 
     def wrap(run: Command) -> Command:
         @functools.wraps(run)
         def guarded_run(args: argparse.Namespace) -> int:
             handler = configure_logging(args)
-            from .. import _log
+            from .._log import command_ended, command_started
 
-            terminal, _log.TERMINAL = _log.TERMINAL, True  # records escaped (ptestore._log)
+            # records escaped, and those no handler takes printed in this command's
+            # form, ``ptestore COMMAND: warning: ...`` (ptestore._log)
+            outer = command_started(command)
             try:
                 if publishes:  # SIGTERM/SIGHUP take Ctrl-C's path (ptestore._signals)
                     from .._signals import termination_as_interrupt
@@ -306,7 +312,7 @@ def guarded(command: str, *, publishes: bool = False) -> Callable[[Command], Com
                     return with_verdict(code, write)
                 return code
             finally:
-                _log.TERMINAL = terminal
+                command_ended(outer)
                 if handler is not None:
                     import logging
 

@@ -47,7 +47,11 @@ def run_backends(
         if impl is not None:
             _run_backend(run, impl, bid, report, device, stamper)
     reason, hint = why_unchanged(
-        sel, reports, has_ptd=len(run.files) > 1, pte_has_named_data=bool(c.named_data)
+        sel,
+        reports,
+        has_ptd=len(run.files) > 1,
+        pte_has_named_data=bool(c.named_data),
+        ptd_spelling=run.ptd_spelling,
     )
     summary = SpecializationReport(
         reports, [], 0.0, unused_backends=sel.unused, source=run.pte.loader.name

@@ -11,6 +11,7 @@ from ..format.model import Container, TensorLayout
 from ..provenance.trailer import ContentView
 from ..storage.loaders import DataLoader, LocalFileLoader
 from ..storage.types import load_into
+from .report import SPECIALIZE_PTD, pass_ptd
 from .spool import Buffer
 
 if TYPE_CHECKING:
@@ -98,8 +99,13 @@ class SourceFile:
 class MergedNamedDataMap:
     """The model-wide named data map; .ptd entries win, as in the runtime."""
 
-    def __init__(self, files: Sequence[SourceFile]) -> None:
+    def __init__(
+        self, files: Sequence[SourceFile], ptd_spelling: tuple[str, str] = SPECIALIZE_PTD
+    ) -> None:
+        """``ptd_spelling``: how the caller is given the model's .ptd, as a missing
+        key's hint names it (:func:`~.report.pass_ptd`; the run's)."""
         self._files = list(files)
+        self._spelling = ptd_spelling
         self._index: TensorIndex | None = None
         self._entries: dict[str, tuple[SourceFile, int, TensorLayout | None]] = {}
         # The runtime merges (first = .ptd, second = .pte) and the .ptd wins.
@@ -133,11 +139,9 @@ class MergedNamedDataMap:
         if any(f.role == "ptd" for f in self._files):
             hint = "neither file holds it"
         elif key in self._expected_from_ptd():
-            from .report import pass_ptd
-
             hint = (
                 "no .ptd was given, and a key the .pte does not hold is in the model's .ptd "
-                f"(its external weights): {pass_ptd()}"
+                f"(its external weights): {pass_ptd(self._spelling)}"
             )
         else:  # not a key of the model at all: a .ptd would not help
             expected = len(self._expected_from_ptd())

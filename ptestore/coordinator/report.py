@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from typing import Any
 
 from .._dataclass import dataclass, field
@@ -14,9 +16,11 @@ __all__ = [
     "EventTracer",
     "FileReport",
     "SpecializationReport",
+    "current_ptd_spelling",
     "no_named_data_hint",
     "nothing_specialized_message",
     "pass_ptd",
+    "ptd_spelling",
     "served_unchanged_message",
 ]
 
@@ -25,6 +29,38 @@ __all__ = [
 SPECIALIZE_PTD = ("--ptd SRC_PTD DST_PTD", "ptd=(src, dst)")
 #: How ``ensure`` is given a model's .ptd.
 ENSURE_PTD = ("--ptd PTD", "ptd=PATH")
+
+#: The spelling of the .ptd hint of a run made in this context (:func:`ptd_spelling`).
+_SPELLING: ContextVar[tuple[str, str]] = ContextVar("ptestore_ptd_spelling", default=SPECIALIZE_PTD)
+
+
+@contextlib.contextmanager
+def ptd_spelling(spelling: tuple[str, str]) -> Iterator[None]:
+    """``with ptd_spelling(ENSURE_PTD): specialize(...)``: a run made inside the block
+    hints at the model's .ptd in these words (:func:`pass_ptd`), the caller's, not
+    ``specialize``'s: its :class:`~ptestore.errors.MissingNamedData` (and so the
+    ``BackendError`` that quotes the one a backend got) and the hint of its report when
+    nothing was specialized.
+
+    The run takes the spelling once, when it is made
+    (:class:`~ptestore.coordinator.run.Run`), and keeps it: the errors it raises later,
+    in a backend's own threads too, and whoever catches them see the words it was made
+    with. A context variable rather than a keyword argument: ``ensure`` reaches its runs
+    through the public entry points (``specialize``, then ``specialize_pair`` and
+    ``initialize_and_save_backend_data``; the in-place run), which need no argument for
+    the wording of one hint; and rather than a module global: a run that another
+    thread makes meanwhile keeps ``specialize``'s words."""
+    token = _SPELLING.set(spelling)
+    try:
+        yield
+    finally:
+        _SPELLING.reset(token)
+
+
+def current_ptd_spelling() -> tuple[str, str]:
+    """The spelling a run made now takes for its .ptd hint (:func:`ptd_spelling`;
+    ``specialize``'s outside any)."""
+    return _SPELLING.get()
 
 
 def pass_ptd(spelling: tuple[str, str] = SPECIALIZE_PTD) -> str:
@@ -178,7 +214,8 @@ def nothing_specialized_message(
 ) -> str | None:
     """The message for a run that specialized nothing (None if it did): why, the
     backend ids in the program, the installed backends and the hint (a .ptd to pass
-    named in ``spelling``, the caller's: :func:`pass_ptd`). The text of
+    named in ``spelling``, the caller's: :func:`pass_ptd`; a hint the run made in other
+    words than ``specialize``'s, :func:`ptd_spelling`, is left as it is). The text of
     :class:`~ptestore.errors.NothingSpecialized` under ``strict=True``."""
     if report.unchanged_reason is None:
         return None
@@ -200,9 +237,10 @@ def nothing_specialized_message(
 def served_unchanged_message(report: SpecializationReport, key: str) -> str | None:
     """What ``ensure`` logs (a warning) when its run specialized nothing and it caches
     and serves the model unchanged all the same (None if the run specialized): the
-    message :class:`~ptestore.errors.NothingSpecialized` would have, in ``ensure``'s
-    words (:data:`ENSURE_PTD`), and what was done instead."""
-    message = nothing_specialized_message(report, ENSURE_PTD)
+    message :class:`~ptestore.errors.NothingSpecialized` would have (its hint in
+    ``ensure``'s words, :data:`ENSURE_PTD`: the run was made in them,
+    :func:`ptd_spelling`), and what was done instead."""
+    message = nothing_specialized_message(report)
     if message is None:
         return None
     return (

@@ -11,7 +11,7 @@ from ..format.reader import read_container
 from ..format.xnnheader import check_xnnpack_blobs
 from ..provenance.trailer import without_trailer
 from .named import MergedNamedDataMap, SourceFile
-from .report import Event, EventTracer
+from .report import Event, EventTracer, current_ptd_spelling
 from .spool import Spool
 
 if TYPE_CHECKING:
@@ -58,7 +58,10 @@ class Run:
         self.pte = files[0]
         self.spool = spool
         self.tracer = tracer
-        self.named = MergedNamedDataMap(files)
+        #: How the caller is given the model's .ptd, as the run's hints name it: taken
+        #: once, now (:func:`~.report.ptd_spelling`), whichever thread reads a key later
+        self.ptd_spelling = current_ptd_spelling()
+        self.named = MergedNamedDataMap(files, self.ptd_spelling)
         #: segment -> replacements (one per user that replaced it)
         self.replacements: dict[SegmentKey, list[Replacement]] = {}
         self.written_keys: dict[str, str] = {}  # key -> backend

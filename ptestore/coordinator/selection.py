@@ -18,7 +18,7 @@ from ..backends.registry import (
     serving,
 )
 from ..errors import ConfigurationError
-from .report import BackendReport, no_named_data_hint
+from .report import SPECIALIZE_PTD, BackendReport, no_named_data_hint
 
 if TYPE_CHECKING:
     from ..backends.api import BackendInterface
@@ -142,9 +142,11 @@ def why_unchanged(
     *,
     has_ptd: bool,
     pte_has_named_data: bool,
+    ptd_spelling: tuple[str, str] = SPECIALIZE_PTD,
 ) -> tuple[str | None, str | None]:
     """``(reason, hint)`` when no backend specialized anything, ``(None, None)`` when
-    one did or when ``passthrough`` was named explicitly (a deliberate copy)."""
+    one did or when ``passthrough`` was named explicitly (a deliberate copy); a .ptd to
+    pass is named in ``ptd_spelling``, the run's (:func:`~.report.pass_ptd`)."""
     if sel.passthrough_requested or any(r.status == "specialized" for r in reports):
         return None, None
     hints: list[str] = []
@@ -186,5 +188,5 @@ def why_unchanged(
         )
         reason = f"{lead} ({'; '.join(parts)})"
     if reports and not has_ptd and not pte_has_named_data:
-        hints.append(no_named_data_hint())
+        hints.append(no_named_data_hint(ptd_spelling))
     return reason, " ".join(hints) or None

@@ -25,7 +25,6 @@ __all__ = [
     "HeldProgress",
     "artifact_of",
     "hit_or_make",
-    "in_ensure_words",
     "lookup",
     "said_unchanged",
     "warn_unchanged",
@@ -227,33 +226,6 @@ def warn_unchanged(report: Any, key: str) -> None:
         _warn(said)
 
 
-def in_ensure_words(exc: BaseException) -> None:
-    """A run's error as ``ensure`` raises it: the hint to pass the model's .ptd
-    (:func:`~ptestore.coordinator.report.pass_ptd`, in a
-    :class:`~ptestore.errors.MissingNamedData` and the ``BackendError`` that quotes one a
-    backend got) rewritten in ``ensure``'s spelling, as its warnings give it
-    (:data:`~ptestore.coordinator.report.ENSURE_PTD`), not ``specialize``'s."""
-    from ..errors import BackendError, MissingNamedData
-
-    seen: set[int] = set()
-    err: BaseException | None = exc
-    while err is not None and id(err) not in seen:  # the error and its causes
-        seen.add(id(err))
-        if isinstance(err, (BackendError, MissingNamedData)):
-            from ..coordinator.report import ENSURE_PTD, pass_ptd
-
-            theirs, ours = pass_ptd(), pass_ptd(ENSURE_PTD)
-            if isinstance(err, BackendError) and theirs in err.message:
-                b = err
-                message = b.message.replace(theirs, ours)
-                BackendError.__init__(
-                    b, message, backend=b.backend, method=b.method, key=b.key, spec=b.spec
-                )
-            elif isinstance(err, MissingNamedData) and theirs in str(err):
-                err.args = (str(err).replace(theirs, ours),)
-        err = err.__cause__
-
-
 def said_unchanged(src: str, key: str) -> None:
     """The warning of a hit on an entry whose run specialized nothing (that run's
     warning said why): served unchanged, never silently (docs/concepts.md)."""
@@ -263,17 +235,9 @@ def said_unchanged(src: str, key: str) -> None:
     )
 
 
-#: Who says that a model is served unchanged (:func:`warn_unchanged`,
-#: :func:`said_unchanged`): None, the ``ptestore.device`` logger (a warning, as a
-#: library caller gets any); ``ptestore ensure`` sets a function that prints the line
-#: in the command line's own form while it runs.
-say_unchanged: Callable[[str], None] | None = None
-
-
 def _warn(message: str) -> None:
-    if say_unchanged is not None:
-        say_unchanged(message)
-        return
+    """A warning of ``ensure`` on the ``ptestore.device`` logger, as a library caller
+    gets any (in the CLI a line ``ptestore ensure: warning: ...``: :mod:`ptestore._log`)."""
     from .._log import get_logger
 
     get_logger("ptestore.device").warning("%s", message)

@@ -27,7 +27,6 @@ from .artifact import (
     HeldProgress,
     artifact_of,
     hit_or_make,
-    in_ensure_words,
     lookup,
     said_unchanged,
     warn_unchanged,
@@ -361,6 +360,7 @@ def _make(
     named_by: str | None = None,
 ) -> Artifact:
     from ..coordinator import specialize
+    from ..coordinator.report import ENSURE_PTD, ptd_spelling
     from ..provenance.stamp import ProvenanceRequest
 
     try:
@@ -381,24 +381,24 @@ def _make(
     pte = os.path.join(directory, PTE_NAME)
     ptd_dst = None if ptd_src is None else os.path.join(directory, PTD_NAME)
     try:
-        report = specialize(
-            src,
-            pte,
-            ptd=None if ptd_src is None or ptd_dst is None else (ptd_src, ptd_dst),
-            backends=backends,
-            device=device,
-            provenance=ProvenanceRequest() if provenance else False,
-            strict=False,
-            event_tracer=progress,
-            storage_options=storage_options or None,
-        )
+        with ptd_spelling(ENSURE_PTD):  # the run's .ptd hint in ensure's flags
+            report = specialize(
+                src,
+                pte,
+                ptd=None if ptd_src is None or ptd_dst is None else (ptd_src, ptd_dst),
+                backends=backends,
+                device=device,
+                provenance=ProvenanceRequest() if provenance else False,
+                strict=False,
+                event_tracer=progress,
+                storage_options=storage_options or None,
+            )
     except (PteStoreError, OSError) as exc:  # a backend's spool write too
         if is_disk_full(exc):
             need = fingerprint["source"].get("size", 0) + (
                 fingerprint["ptd"].get("size", 0) if fingerprint["ptd"] else 0
             )
             raise disk_full_error(layout.root, src, need, exc) from exc
-        in_ensure_words(exc)  # the .ptd hint in ensure's flags
         raise
     from ..provenance import read_provenance
     from ..storage.loaders import LocalFileLoader

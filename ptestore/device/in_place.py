@@ -15,7 +15,6 @@ from .artifact import (
     HeldProgress,
     artifact_of,
     hit_or_make,
-    in_ensure_words,
     lookup,
     warn_unchanged,
 )
@@ -174,18 +173,20 @@ def _specialize_in_place(
 ) -> Any:
     """The in-place run (None: the file adopted under its lock, nothing run)."""
     from ..coordinator.inplace import specialize_or_adopt
+    from ..coordinator.report import ENSURE_PTD, ptd_spelling
     from ..provenance.stamp import ProvenanceRequest
 
     try:
-        return specialize_or_adopt(
-            path,
-            adoptable,
-            backends=backends,
-            device=device,
-            provenance=ProvenanceRequest() if provenance else False,
-            event_tracer=progress,
-            strict=False,  # an app's cache keeps what it was given when nothing applies
-        )
+        with ptd_spelling(ENSURE_PTD):  # the run's .ptd hint in ensure's flags
+            return specialize_or_adopt(
+                path,
+                adoptable,
+                backends=backends,
+                device=device,
+                provenance=ProvenanceRequest() if provenance else False,
+                event_tracer=progress,
+                strict=False,  # an app's cache keeps what it was given when nothing applies
+            )
     except (PteStoreError, OSError) as exc:
         from ..journal import ApplyFailed
 
@@ -196,7 +197,6 @@ def _specialize_in_place(
                 f"need; the file is unchanged: {exc}",
                 errno=exc.errno if isinstance(exc, OSError) else None,
             ) from exc
-        in_ensure_words(exc)  # the .ptd hint in ensure's flags
         raise  # an apply that failed says that its journal is committed, and what to do
 
 
@@ -297,20 +297,22 @@ def _from_portable(
     import fcntl
 
     from .. import coordinator
+    from ..coordinator.report import ENSURE_PTD, ptd_spelling
     from ..provenance.stamp import ProvenanceRequest
     from ..storage.atomic import rename, temp_name
 
     staged = temp_name(path)
     try:
-        report = coordinator.specialize(
-            portable,
-            staged,
-            backends=backends,
-            device=device,
-            provenance=ProvenanceRequest() if provenance else False,
-            event_tracer=progress,
-            strict=False,
-        )
+        with ptd_spelling(ENSURE_PTD):  # the run's .ptd hint in ensure's flags
+            report = coordinator.specialize(
+                portable,
+                staged,
+                backends=backends,
+                device=device,
+                provenance=ProvenanceRequest() if provenance else False,
+                event_tracer=progress,
+                strict=False,
+            )
     except (PteStoreError, OSError) as exc:
         if is_disk_full(exc):
             raise StorageError(
@@ -318,7 +320,6 @@ def _from_portable(
                 f"the portable source {portable} (it is written beside {path}, then renamed "
                 f"over it); {path} is unchanged: {exc}"
             ) from exc
-        in_ensure_words(exc)  # the .ptd hint in ensure's flags
         raise
     try:
         held = os.open(staged, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)

@@ -28,13 +28,13 @@ bytes do not check (damaged) is stored again over it.
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from .._log import get_logger
 from ..coordinator.targets import target_identity
 from ..errors import FormatError, ObjectNotFound
 from ..provenance.chunks import well_formed
@@ -63,7 +63,7 @@ __all__ = [
 
 _NAME = re.compile(r"(^|/)" + SHARED_DIR + r"/(sha256|sha256-tree)/([0-9a-f]{64})\.ptd$")
 
-log = logging.getLogger("ptestore.fleet")
+log = get_logger("ptestore.fleet")
 
 #: ``(object, version) -> sha256`` of objects this process read in full and checked.
 _CHECKED: dict[tuple[str, Any], str] = {}

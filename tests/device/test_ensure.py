@@ -634,8 +634,8 @@ def test_the_cli_says_on_stderr_that_nothing_was_specialized(tmp_path: Path) -> 
     """``ptestore ensure`` of a model whose .ptd was forgotten: exit 0 and the path (the
     model is served), and a line on stderr saying why nothing was specialized, the hint
     in ensure's flags (``specialize`` exits 2 with the same reason), in the command
-    line's form (``ptestore ensure: warning: ``; logging's handler printed it bare),
-    once with ``-v`` too (not also as a log record)."""
+    line's form (``ptestore ensure: warning: ``; logging's handler printed it bare);
+    with ``-v`` once, as the record the CLI's handler prints (not also as a line)."""
     src = tmp_path / "ext.pte"
     src.write_bytes(EXT.pte_path.read_bytes())
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS.parent), str(TESTS)]))
@@ -664,7 +664,8 @@ def test_the_cli_says_on_stderr_that_nothing_was_specialized(tmp_path: Path) -> 
     assert again.stderr == f"{hit}\n"
     loud = subprocess.run([*argv, "-v"], env=env, capture_output=True, text=True, check=False)
     assert loud.returncode == 0
-    assert [s for s in loud.stderr.splitlines() if "served unchanged" in s] == [hit]
+    record = hit.replace("ptestore ensure: warning: ", "ptestore.device: WARNING: ")
+    assert [s for s in loud.stderr.splitlines() if "served unchanged" in s] == [record]
 
 
 #: A backend that reads a weight of the .ptd: without the .ptd, its run fails.
@@ -721,3 +722,72 @@ def test_a_key_of_the_missing_ptd_is_hinted_in_ensure_s_flags(
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"ptestore ensure: failed, nothing published: {said}\n"), err
+
+
+class CatchesMissing(BackendInterface):
+    """Reads a key of the .ptd, catches the ``MissingNamedData`` (on its own thread
+    too) and declines: it keeps what the error said when the backend got it."""
+
+    name = "XnnpackBackend"
+    version = "1.0"
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.said: list[str] = []
+
+    def _read(self, context: Any) -> None:
+        from ptestore.errors import MissingNamedData
+
+        try:
+            context.get_named_data_map().get_data(self.key)
+        except MissingNamedData as exc:
+            self.said.append(str(exc))
+
+    def initialize_backend_data(self, context: Any, output: Any) -> None:
+        import threading
+
+        self._read(context)
+        worker = threading.Thread(target=self._read, args=(context,))  # its own thread
+        worker.start()
+        worker.join()
+
+    def __repr__(self) -> str:
+        return "CatchesMissing()"
+
+
+def test_a_backend_catching_missing_named_data_sees_ensure_s_flags(tmp_path: Path) -> None:
+    """The hint is made in ensure's words when the error is raised (the run carries
+    them): a backend that catches the ``MissingNamedData`` itself, on the run's thread
+    or its own, read ``specialize``'s (``--ptd SRC_PTD DST_PTD``) while ensure rewrote
+    only the error that left the run. ``specialize`` keeps its own words."""
+    from ptestore.coordinator.report import current_ptd_spelling, ptd_spelling
+
+    src = tmp_path / "ext.pte"
+    src.write_bytes(EXT.pte_path.read_bytes())
+    assert EXT.doubled is not None
+    key = EXT.doubled.key
+    head = (
+        f"named data key {key!r} is not in {src}: no .ptd was given, and a key the .pte "
+        "does not hold is in the model's .ptd (its external weights): "
+    )
+    for in_place in (False, True):
+        backend = CatchesMissing(key)
+        a = ptestore.ensure(src, cache_dir=tmp_path / "c", backends=[backend], in_place=in_place)
+        assert not a.specialized  # it declined
+        assert backend.said == [head + "pass it (CLI: --ptd PTD; Python: ptd=PATH)"] * 2
+    backend = CatchesMissing(key)
+    dst = tmp_path / "out.pte"
+    ptestore.specialize(src, dst, backends=[backend], allow_unchanged=True)
+    said = head + "pass it (CLI: --ptd SRC_PTD DST_PTD; Python: ptd=(src, dst))"
+    assert backend.said == [said] * 2
+    # the words are the context's: a run another thread makes meanwhile keeps its own
+    import threading
+
+    other: list[tuple[str, str]] = []
+    with ptd_spelling(("--x", "x=")):
+        worker = threading.Thread(target=lambda: other.append(current_ptd_spelling()))
+        worker.start()
+        worker.join()
+        assert current_ptd_spelling() == ("--x", "x=")
+    assert other == [("--ptd SRC_PTD DST_PTD", "ptd=(src, dst)")]
+    assert current_ptd_spelling() == other[0]
