@@ -79,14 +79,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     only = given[0] if given and given[0] in COMMANDS else None
     args: argparse.Namespace = build_parser(only).parse_args(given)
     # Like `python -m`, let `--backend package.module:attr` find modules in the current
-    # directory when run through the console script.
-    if "" not in sys.path and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    # directory when run through the console script; for the command only (a caller of
+    # main() in a process that goes on does not keep it first on its path).
+    here = os.getcwd()
+    added = "" not in sys.path and here not in sys.path
+    if added:
+        sys.path.insert(0, here)
     from .._signals import termination_as_interrupt
 
-    # SIGTERM and SIGHUP are handled as Ctrl-C (cleanup, message, exit 130).
-    with termination_as_interrupt():
-        return int(args.func(args))
+    try:
+        # SIGTERM and SIGHUP are handled as Ctrl-C (cleanup, message, exit 130).
+        with termination_as_interrupt():
+            return int(args.func(args))
+    finally:
+        if added and here in sys.path:
+            sys.path.remove(here)
 
 
 def program() -> int:

@@ -221,9 +221,15 @@ def configure_logging(args: argparse.Namespace) -> logging.Handler | None:
         def format(self, record: logging.LogRecord) -> str:
             return for_terminal(super().format(record))
 
-    handler = logging.StreamHandler(sys.stderr)
+    class Verbose(logging.StreamHandler):  # type: ignore[type-arg]
+        """The run's handler; ``previous``: the level it set the logger's from."""
+
+        previous = logging.NOTSET
+
+    handler = Verbose(sys.stderr)
     handler.setFormatter(Escaped("%(name)s: %(levelname)s: %(message)s"))
     logger = logging.getLogger("ptestore")
+    handler.previous = logger.level  # put back afterwards (a caller of main() may set one)
     logger.addHandler(handler)
     logger.setLevel(logging.DEBUG if debug or verbose > 1 else logging.INFO)
     return handler
@@ -318,7 +324,7 @@ def guarded(command: str, *, publishes: bool = False) -> Callable[[Command], Com
 
                     logger = logging.getLogger("ptestore")
                     logger.removeHandler(handler)
-                    logger.setLevel(logging.NOTSET)
+                    logger.setLevel(getattr(handler, "previous", logging.NOTSET))
 
         return guarded_run
 

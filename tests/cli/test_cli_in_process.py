@@ -1,0 +1,45 @@
+"""``ptestore.cli.main`` called by a process that goes on (an application, a test
+harness) leaves its state as it found it: the ``ptestore`` logger's level after ``-v``
+(it was reset to NOTSET), and ``sys.path`` (the working directory was put first on it
+for good: a later ``import`` found a module of that directory before the standard
+library's)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import pytest
+from support.fixtures import get_fixture
+
+from ptestore.cli import main
+
+MLP = get_fixture("mlp_xnnpack")
+assert MLP.pte_path is not None
+
+
+def test_the_loggers_level_is_put_back_after_verbose(capsys: pytest.CaptureFixture[str]) -> None:
+    logger = logging.getLogger("ptestore")
+    before = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        assert main(["inspect", str(MLP.pte_path), "--json", "-v"]) == 0
+        assert logger.level == logging.ERROR
+        assert main(["inspect", str(MLP.pte_path), "--json", "--debug"]) == 0
+        assert logger.level == logging.ERROR
+        assert not [h for h in logger.handlers if type(h).__name__ == "Verbose"]
+    finally:
+        logger.setLevel(before)
+    capsys.readouterr()
+
+
+def test_the_working_directory_is_on_sys_path_for_the_command_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    path = [p for p in sys.path if p not in ("", str(tmp_path))]
+    monkeypatch.setattr(sys, "path", list(path))
+    assert main(["inspect", str(MLP.pte_path), "--json"]) == 0
+    assert sys.path == path
+    capsys.readouterr()
