@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import AlreadyExists, FormatError, PreconditionFailed, PublishUncertain
 from ..storage.routing import StorageOptions, options_for_loader, options_for_writer
@@ -32,10 +32,8 @@ from .index_bounds import (
     oversize,
     parse_object,
 )
+from .index_listing import StoreListing
 from .index_stats import ObjectStats, ReadCount, shards_line
-
-if TYPE_CHECKING:
-    from .._retry import RetryPolicy
 
 __all__ = [
     "CAS_PROTOCOLS",
@@ -125,6 +123,8 @@ class IndexStore:
         self.write_options: dict[str, Any] = (
             {"auto_mkdir": True} if local else options_for_writer(root, self.options)
         )
+        #: Listings and removals, through one filesystem of the read side's options.
+        self.listing = StoreListing(self.protocol, self.read_options)
         if self.protocol == "s3":  # served as JSON
             extra = dict(self.write_options.get("s3_additional_kwargs") or {})
             extra.setdefault("ContentType", "application/json")
@@ -376,74 +376,12 @@ class IndexStore:
 
     # -- listing ----------------------------------------------------------------------
     def list_names(self, url: str, prefix: str = "") -> list[str]:
-        """The names of the entries (files and directories) directly under the
-        directory ``url`` that begin with ``prefix`` (none when it does not exist; on S3
-        the listing asks for that prefix alone). A remote listing is retried by the
-        policy of the ``retry_*`` options alone (:meth:`_filesystem`); its failure is a
-        :class:`~ptestore.errors.StorageError` naming the directory and the request."""
-        u = StorageURL.of(url)
-        if u.local:
-            import os
-
-            try:
-                return sorted(n for n in os.listdir(u.path or ".") if n.startswith(prefix))
-            except FileNotFoundError:
-                return []
-        from .._retry import to_storage_error
-        from ..errors import ObjectNotFound
-
-        fs, path, retry = self._filesystem(url)
-        path = path.rstrip("/")
-        request = "ListObjectsV2" if self.protocol == "s3" else "list"
-
-        def listing() -> list[Any]:
-            if prefix and self.protocol == "s3":
-                return list(fs.find(path, maxdepth=1, withdirs=True, prefix=prefix))
-            return list(fs.ls(path, detail=False))
-
-        where = f"{url.rstrip('/')}/"
-        try:
-            found = retry.call(listing, what=f"{where}: {request}")
-        except Exception as exc:
-            error = to_storage_error(exc, where, request)
-            if isinstance(error, ObjectNotFound):
-                return []
-            raise error from exc
-        names = {str(p).rstrip("/").rsplit("/", 1)[-1] for p in found}
-        return sorted(n for n in names if n.startswith(prefix))
-
-    def _filesystem(self, url: str) -> tuple[Any, str, RetryPolicy]:
-        """``(filesystem, path of url, RetryPolicy)`` of listings and removals here, by
-        :func:`~ptestore.storage.remote.open_filesystem` from the read side's options
-        (memory://: its ``retry_*`` alone): one of its own (a listing sees what is stored
-        now), s3fs's and botocore's retries off, each request retried by the policy."""
-        from .._retry import RETRY_OPTIONS
-        from ..storage.remote import open_filesystem
-
-        opts = self.read_options
-        if self.protocol == "memory":
-            opts = {k: v for k, v in opts.items() if k in RETRY_OPTIONS}
-        return open_filesystem(StorageURL.of(url), opts, fresh=True)
+        """The names of the entries directly under the directory ``url`` that begin
+        with ``prefix`` (:meth:`.index_listing.StoreListing.names`: a remote store's
+        listed through its one filesystem, retried by the ``retry_*`` options' policy)."""
+        return self.listing.names(url, prefix)
 
     def remove_tree(self, url: str) -> None:
-        """Remove everything under the directory ``url`` (best effort, after the policy's
-        attempts: a migration that lost leaves its private copy behind when this fails)."""
-        u = StorageURL.of(url)
-        try:
-            if u.local:
-                import shutil
-
-                shutil.rmtree(u.path, ignore_errors=True)
-                return
-            fs, path, retry = self._filesystem(url)
-
-            def remove() -> None:
-                try:
-                    fs.rm(path.rstrip("/"), recursive=True)
-                except FileNotFoundError:  # nothing (left) there: a retry's lost answer
-                    pass
-
-            request = "DeleteObjects" if self.protocol == "s3" else "remove"
-            retry.call(remove, what=f"{url.rstrip('/')}/: {request}")
-        except Exception:  # best effort: what is left is never read
-            return
+        """Remove everything under the directory ``url``, best effort
+        (:meth:`.index_listing.StoreListing.remove_tree`)."""
+        self.listing.remove_tree(url)

@@ -7,8 +7,9 @@ versions. :meth:`PinnedReader.stream` reads ``[start, end)`` with **one** such r
 and hands its body over in pieces as it arrives (a run of many chunks costs one request
 and one piece of memory); a connection lost in the middle of a body, or a transient
 answer (5xx, throttling), is retried from the first byte not yet received, under the
-house retry policy (:mod:`ptestore._retry`: its attempts count failures in a row, so a
-long download with an occasional fault goes on). A response that holds another range
+caller's retry policy (the ``retry_*`` storage options the download's loader was opened
+with, :attr:`~ptestore.storage.remote.FsspecLoader.retry`; its attempts count failures
+in a row, so a long download with an occasional fault goes on). A response that holds another range
 than the one asked for (its ``Content-Range``; a whole object where a part was asked
 for) is refused at once, as such: an :class:`~ptestore.errors.IntegrityError` naming
 both ranges, never bytes hashed against the wrong chunks. Other stores (a local file, ``memory://``,
@@ -24,12 +25,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from .._retry import DEFAULT_RETRY, Category, classify, to_storage_error
+from .._retry import DEFAULT_RETRY, Category, RetryPolicy, classify, to_storage_error
 from ..errors import IntegrityError, StorageError
 from ..storage.pinned import answered_range, get_params, other_range_message, read_at_most
 from ..storage.types import DataLoader
 
-__all__ = ["ObjectChanged", "PinnedReader", "pinned_attempts"]
+__all__ = ["ObjectChanged", "PinnedReader", "pinned_attempts", "retry_of"]
 
 
 class ObjectChanged(Exception):
@@ -44,11 +45,15 @@ def _changed(exc: BaseException) -> bool:
 
 
 class PinnedReader:
-    """Reads of the object behind ``loader``, pinned to ``etag`` on S3."""
+    """Reads of the object behind ``loader``, pinned to ``etag`` on S3, each request
+    retried under ``retry`` (:func:`retry_of`: the loader's)."""
 
-    def __init__(self, loader: DataLoader, etag: str | None) -> None:
+    def __init__(
+        self, loader: DataLoader, etag: str | None, retry: RetryPolicy = DEFAULT_RETRY
+    ) -> None:
         self.loader = loader
         self.name = loader.name
+        self.retry = retry
         #: Requests asked of the store, and the object bytes they returned.
         self.requests = 0
         self.received = 0
@@ -142,10 +147,10 @@ class PinnedReader:
                     if body is not None:
                         _quietly(run, close, body)
                         body = None
-                    if not transient or failures >= DEFAULT_RETRY.attempts:
+                    if not transient or failures >= self.retry.attempts:
                         what = f"read of bytes {offset}:{end}"
                         raise to_storage_error(exc, self.name, what) from exc
-                    _backoff(failures, self.name, offset, exc)
+                    _backoff(self.retry, failures, self.name, offset, exc)
                     continue
                 self.received += n
                 offset += n
@@ -167,14 +172,21 @@ def _quietly(run: Callable[..., Any], fn: Callable[..., Any], *args: Any) -> Non
         pass
 
 
-def _backoff(failures: int, name: str, offset: int, exc: BaseException) -> None:
+def retry_of(loader: DataLoader) -> RetryPolicy:
+    """The retry policy ``loader``'s storage options made (a remote loader's
+    :attr:`~ptestore.storage.remote.FsspecLoader.retry`), else the default one."""
+    retry = getattr(loader, "retry", None)
+    return retry if isinstance(retry, RetryPolicy) else DEFAULT_RETRY
+
+
+def _backoff(retry: RetryPolicy, failures: int, name: str, offset: int, exc: BaseException) -> None:
     import random
     import time
 
     from .._log import get_logger
 
-    wait = min(DEFAULT_RETRY.maximum, DEFAULT_RETRY.initial * 2 ** (failures - 1))
-    wait += random.uniform(0, DEFAULT_RETRY.initial)
+    wait = min(retry.maximum, retry.initial * 2 ** (failures - 1))
+    wait += random.uniform(0, retry.initial)
     get_logger("ptestore.retry").warning(
         "%s: read at offset %d failed (%s: %s); retrying from there in %.2fs",
         name,
@@ -196,8 +208,9 @@ def pinned_attempts(
     run: Callable[[DataLoader, PinnedReader, dict[str, Any]], T],
 ) -> T:
     """``run(loader, reader, state)`` for the object at ``url``: ``reader`` pinned to
-    its version, ``state`` what pins ``DEST.part.json`` to it (``url``, ``size`` and
-    :func:`.download.pinned_version`). When the object changes meanwhile
+    its version, its requests retried under the policy of the ``retry_*`` in ``options``
+    (the loader's: :func:`retry_of`), ``state`` what pins ``DEST.part.json`` to it
+    (``url``, ``size`` and :func:`.download.pinned_version`). When the object changes meanwhile
     (:class:`ObjectChanged`, or the loader sees another version afterwards), ``DEST.part``
     is discarded and it starts again, at most 3 times in all. An error names ``url`` as
     a report prints a string from a file (:func:`.index_bounds.names_shown`: an index
@@ -223,7 +236,8 @@ def _pinned_attempts(
         try:
             etag = getattr(loader, "etag", None)
             state = {"url": url, "size": loader.size(), **pinned_version(url, loader)}
-            reader = PinnedReader(loader, etag if isinstance(etag, str) else None)
+            pinned = etag if isinstance(etag, str) else None
+            reader = PinnedReader(loader, pinned, retry_of(loader))  # the caller's policy
             try:
                 got = run(loader, reader, state)
             except ObjectChanged:

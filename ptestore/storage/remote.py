@@ -172,7 +172,8 @@ class FsspecLoader(LoaderBase):
         self.fs = fs
         self.path = path
         self.name = url
-        self._retry = retry
+        #: The policy of every request for the object (its ``retry_*`` options).
+        self.retry = retry
         #: ``(bucket, key)`` of an S3 object (read by GetObject, pinned), else None.
         self._s3: tuple[str, str] | None = None
         if _is_s3fs(fs):
@@ -222,7 +223,7 @@ class FsspecLoader(LoaderBase):
 
     def _info(self, missing: str) -> dict[str, Any]:
         try:
-            info: dict[str, Any] = self._retry.call(
+            info: dict[str, Any] = self.retry.call(
                 lambda: fresh_info(self.fs, self.path), what=f"{self.name}: stat"
             )
         except Exception as exc:
@@ -294,7 +295,7 @@ class FsspecLoader(LoaderBase):
         what = f"read of {size} bytes at offset {offset}"
         self.bytes_fetched += size
         try:
-            data, etag, version, other = self._retry.call(read, what=f"{self.name}: {what}")
+            data, etag, version, other = self.retry.call(read, what=f"{self.name}: {what}")
         except Exception as exc:
             category = classify(exc)
             if category is Category.PRECONDITION:  # 412: If-Match no longer holds

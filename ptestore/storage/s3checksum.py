@@ -5,9 +5,13 @@ Used to trust an object by its checksum (:mod:`ptestore.fleet.binding`). Every r
 asks for the version the loader opened (``VersionId``: the one the loader's ``HEAD``
 reported, on a versioned bucket), and a checksum or part list
 whose ETag is not the one the loader read means the object was replaced: nothing is
-reported then, so the caller reads the bytes instead. Any failure (no permission for
-``GetObjectAttributes``, a server without it) also reports nothing: a checksum that
-cannot be had costs a read, never a wrong trust.
+reported then, so the caller reads the bytes instead. Each request is retried as every
+other request for the object is: under the loader's :class:`~ptestore._retry.RetryPolicy`
+(its ``retry_*`` options), transient failures (a dropped connection, 5xx, throttling)
+asked again, permanent ones (403, 404, a 501 ``NotImplemented``) not. A failure that
+remains (no permission for ``GetObjectAttributes``, a server without it, a transient one
+after the policy's attempts) reports nothing: a checksum that cannot be had costs a
+read, never a wrong trust.
 
 The part sizes come from ``GetObjectAttributes`` (``ObjectParts``: AWS and SeaweedFS
 list them, 1,000 per page; AWS also gives each part's checksum) or, where it lists
@@ -22,10 +26,13 @@ and nothing is built per claimed part.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._dataclass import dataclass
 from ..checksums import ALGORITHMS
+
+if TYPE_CHECKING:
+    from .._retry import RetryPolicy
 
 __all__ = ["MAX_PARTS", "ObjectParts", "S3Object", "StoredChecksum", "s3_object", "stored_checksum"]
 
@@ -99,28 +106,53 @@ class ObjectParts:
     assumed: bool
 
 
-class S3Object:
-    """One version of an S3 object as a loader opened it (s3fs filesystem and path)."""
+#: The S3 name of each request :class:`S3Object` makes (what a retry's record names).
+_REQUESTS = {"head_object": "HeadObject", "get_object_attributes": "GetObjectAttributes"}
 
-    def __init__(self, fs: Any, path: str, etag: str | None, version: str | None = None) -> None:
+
+class S3Object:
+    """One version of an S3 object as a loader opened it (s3fs filesystem and path),
+    each request retried under ``retry`` (the loader's policy; the default one when
+    None) and counted in :attr:`requests`, every attempt included."""
+
+    def __init__(
+        self,
+        fs: Any,
+        path: str,
+        etag: str | None,
+        version: str | None = None,
+        *,
+        retry: RetryPolicy | None = None,
+        name: str | None = None,
+    ) -> None:
         self.fs = fs
         self.bucket, self.key, in_path = fs.split_path(path)
         self.version = version or in_path
         self.etag = etag
         self.size: int | None = None
         self.requests = 0
+        self.retry = retry
+        self.name = name or f"s3://{self.bucket}/{self.key}"
 
     def _call(self, operation: str, **params: Any) -> dict[str, Any]:
         import fsspec.asyn
 
+        from .._retry import DEFAULT_RETRY
+
         params = {"Bucket": self.bucket, "Key": self.key, **params}
         if self.version:
             params["VersionId"] = self.version
-        self.requests += 1
-        answer: dict[str, Any] = fsspec.asyn.sync(
-            self.fs.loop, self.fs._call_s3, operation, **params
-        )
-        return answer
+
+        def attempt() -> dict[str, Any]:
+            self.requests += 1
+            answer: dict[str, Any] = fsspec.asyn.sync(
+                self.fs.loop, self.fs._call_s3, operation, **params
+            )
+            return answer
+
+        retry = self.retry or DEFAULT_RETRY
+        what = f"{self.name}: {_REQUESTS.get(operation, operation)}"
+        return retry.call(attempt, what=what, retry_on=_worth_asking_again)
 
     def _same(self, answer: dict[str, Any]) -> bool:
         return self.etag is None or answer.get("ETag") == self.etag
@@ -197,17 +229,33 @@ class S3Object:
         return ObjectParts(sizes, (None,) * count, assumed=True)
 
 
+def _worth_asking_again(exc: BaseException) -> bool:
+    """A transient failure (:func:`~ptestore._retry.is_transient`), unless it is a
+    ``NotImplemented`` (HTTP 501): a server without ``GetObjectAttributes`` answers so
+    every time, and its part sizes are asked of part 1's ``HEAD`` at once."""
+    from .._retry import error_code, is_transient
+
+    return is_transient(exc) and error_code(exc) != "NotImplemented"
+
+
 def s3_object(loader: object) -> S3Object | None:
-    """The :class:`S3Object` behind a loader of an S3 object (s3fs), else None."""
+    """The :class:`S3Object` behind a loader of an S3 object (s3fs), else None; its
+    requests retried under the loader's policy (``retry``: its ``retry_*`` options)."""
+    from .._retry import RetryPolicy
+
     fs: Any = getattr(loader, "fs", None)
     path = getattr(loader, "path", None)
     if fs is None or not isinstance(path, str) or type(fs).__name__ != "S3FileSystem":
         return None
     etag = getattr(loader, "etag", None)
     version = getattr(loader, "version_id", None)  # the one it opened (versioned buckets)
+    retry = getattr(loader, "retry", None)
+    name = getattr(loader, "name", None)
     return S3Object(
         fs,
         path,
         etag if isinstance(etag, str) else None,
         version if isinstance(version, str) else None,
+        retry=retry if isinstance(retry, RetryPolicy) else None,
+        name=name if isinstance(name, str) else None,
     )

@@ -6,15 +6,19 @@ connection lost mid-body does); the back-off is not waited."""
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
 from typing import Any
 
 import fsspec.asyn
 import pytest
+from writers.s3_faults import Fault
 
 from ptestore._retry import DEFAULT_RETRY
-from ptestore.errors import IntegrityError, StorageError
+from ptestore.errors import IntegrityError, PermissionDenied, StorageError
 from ptestore.fleet import ranged
 from ptestore.fleet.ranged import PinnedReader
+from ptestore.testing.s3server import S3TestServer
 
 DATA = bytes(range(256)) * 64  # 16 KiB
 
@@ -104,3 +108,73 @@ def test_a_whole_object_for_a_part_asked_for_is_refused_as_such() -> None:
     )
     assert info.value.published is False and fs.opened == 1 and reader.received == 0
     assert b"".join(reader.stream(0, len(DATA), 4096)) == DATA
+
+
+# -- the caller's retry policy, on moto and SeaweedFS ------------------------------------------
+
+#: The policy a caller gives: three attempts, no back-off (no wall-clock waits); a client of
+#: its own (s3fs shares filesystems per option set): the hooks stay in the test.
+THREE = {"retry_attempts": 3, "retry_initial": 0.0, "retry_max": 0.0, "skip_instance_cache": True}
+
+
+def _object(s3_server: S3TestServer) -> str:
+    """The URL of a new object holding :data:`DATA`."""
+    bucket = s3_server.new_bucket()
+    s3_server.client().put_object(Bucket=bucket, Key="a.pte", Body=DATA)
+    return f"s3://{bucket}/a.pte"
+
+
+def _pinned_read(
+    s3_server: S3TestServer, url: str, tmp_path: Path, fault: Fault, **options: Any
+) -> bytes:
+    """4 KiB of ``url`` read by the :class:`PinnedReader` :func:`ranged.pinned_attempts`
+    builds from ``options`` (over the server's and :data:`THREE`), ``fault`` on its
+    ``GetObject`` requests (the loader's own ``HEAD`` is made before it)."""
+
+    def run(loader: Any, reader: PinnedReader, state: dict[str, Any]) -> bytes:
+        fault.install(loader.fs.s3)
+        return reader.read(1024, 4096)
+
+    opts = {**s3_server.storage_options, **THREE, **options}
+    return ranged.pinned_attempts(url, opts, str(tmp_path / "a.pte"), run)
+
+
+@pytest.mark.parametrize(("attempts", "kind"), [(3, "reset"), (3, "503"), (1, "503"), (3, "403")])
+def test_a_pinned_read_that_keeps_failing_is_made_as_often_as_the_callers_policy_says(
+    s3_server: S3TestServer, tmp_path: Path, attempts: int, kind: str
+) -> None:
+    """``retry_attempts=3`` is 3 ranged ``GetObject`` requests of a download's reader,
+    ``retry_attempts=1`` one (was the default policy's 6, with its back-off, whatever the
+    caller gave); a permanent answer (403) is not asked again. Then a StorageError
+    naming the object and the range."""
+    url = _object(s3_server)
+    fault = Fault("GetObject", kind, times=-1)
+    with pytest.raises(StorageError) as info:
+        _pinned_read(s3_server, url, tmp_path, fault, retry_attempts=attempts)
+    assert fault.calls == (1 if kind == "403" else attempts)
+    what = f"{url}: read of bytes 1024:5120 failed: "
+    if kind == "503":
+        assert str(info.value) == f"{what}SlowDown (HTTP 503): injected 503"
+    elif kind == "403":
+        assert isinstance(info.value, PermissionDenied)
+        assert str(info.value) == f"{what}AccessDenied (HTTP 403): injected 403"
+    else:
+        assert str(info.value).startswith(what), str(info.value)
+
+
+def test_a_pinned_read_that_fails_twice_is_retried_under_the_callers_policy(
+    s3_server: S3TestServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two dropped connections, then the range: 3 requests, the bytes asked for, each
+    retry logged as the caller's policy waits (0.00 s)."""
+    url = _object(s3_server)
+    fault = Fault("GetObject", "reset", times=2)
+    with caplog.at_level(logging.WARNING, logger="ptestore.retry"):
+        got = _pinned_read(s3_server, url, tmp_path, fault)
+    assert got == DATA[1024:5120]
+    assert (fault.calls, fault.injected) == (3, 2)
+    waits = [r.getMessage() for r in caplog.records if r.name == "ptestore.retry"]
+    assert len(waits) == 2 and all(
+        w.startswith(f"{url}: read at offset 1024 failed (") and w.endswith("from there in 0.00s")
+        for w in waits
+    ), waits

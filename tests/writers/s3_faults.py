@@ -28,6 +28,7 @@ ERRORS: dict[str, tuple[int, str]] = {
     "409": (409, "ConditionalRequestConflict"),
     "412": (412, "PreconditionFailed"),
     "200-error": (200, "InternalError"),
+    "501": (501, "NotImplemented"),
 }
 
 
