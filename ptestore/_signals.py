@@ -19,13 +19,26 @@ every publishing sub-command (``guarded(..., publishes=True)``: ``specialize``,
         ptestore.specialize(src, dst)
 
 Only the process and thread that entered it are affected: a forked worker or another
-thread gets the previous behaviour (the handler re-delivers the signal with the
-default action in any other process).
+thread gets the previous behaviour (in any other process, the handler puts the previous
+handlers back and the signal is taken by them).
+
+The previous handlers are the process's real ones: :func:`signal.signal` knows only
+those Python installed (it reports None for a handler native code installed before
+Python started, an app hosting Python, and a stale ``SIG_DFL`` for one installed since,
+a native library's), so each scope saves the real action with ``sigaction`` (ctypes,
+:mod:`ptestore._libc`; not needed, and not imported, where ``/proc/self/status``
+confirms what Python says: the command line's SIGTERM and SIGHUP) and puts it back on
+the way out, with the signals blocked in this thread while it does. Python's own table
+is put back too; where it said None it says ``SIG_DFL`` afterwards (it takes no None),
+as it does for a handler native code installed after it started. Where ``struct
+sigaction`` cannot be read (not Linux nor macOS, or an unusual layout), a signal whose
+handler Python did not install is left alone.
 
 :func:`signals_held` is the opposite, for a step that must not stop half-way (an
 in-place run from its journal's commit to the end of its apply): Ctrl-C, SIGTERM and
 SIGHUP are held while inside and delivered on the way out, as they would have been,
-with a message saying what was completed; inside :func:`deferred_signals` (``ensure``
+with a message saying what was completed (a native handler's sent again, to it: the
+call then goes on, as it would have); inside :func:`deferred_signals` (``ensure``
 recording the file it rewrote), they are delivered when that scope ends instead.
 """
 
@@ -65,6 +78,157 @@ class Terminated(KeyboardInterrupt):
         return signal.Signals(self.signum).name
 
 
+class _Before:
+    """What took a signal before ptestore took it over: ``python``, what
+    :func:`signal.getsignal` said (None: a handler Python did not install); ``action``,
+    the process's real action (:func:`ptestore._libc.get_sigaction`) where Python's table
+    does not tell it, else None; ``kind``, how the signal was taken: ``"python"`` (by
+    ``python``, a callable), ``"default"`` (its default action), ``"ignore"`` or
+    ``"native"`` (a handler native code installed: an app hosting Python, a native
+    library)."""
+
+    __slots__ = ("action", "kind", "python")
+
+    def __init__(self, python: Any, action: bytes | None, kind: str) -> None:
+        self.python = python
+        self.action = action
+        self.kind = kind
+
+    def put_back(self, signum: int) -> None:
+        """Python's table as it was (``SIG_DFL`` where it said None, which
+        :func:`signal.signal` does not take), then the real action where it differs."""
+        signal.signal(signum, signal.SIG_DFL if self.python is None else self.python)
+        if self.action is not None:
+            from . import _libc
+
+            _libc.set_sigaction(signum, self.action)
+
+    def take(self, signum: int, frame: FrameType | None) -> None:
+        """``signum`` taken as it would have been (the previous handlers put back)."""
+        if self.kind == "ignore":
+            return
+        if self.kind == "python" and callable(self.python):
+            self.python(signum, frame)
+            return
+        os.kill(os.getpid(), signum)  # its default action, or the native handler
+
+
+def _python_tells(signum: int, python: Any, masks: tuple[int, int] | None) -> bool:
+    """Whether Python's table is known to say what the process does with ``signum``:
+    its default action or ignored, as ``/proc/self/status`` confirms (no ctypes)."""
+    if masks is None:
+        return False
+    ignored, caught = (bool(m >> (signum - 1) & 1) for m in masks)
+    if python is signal.SIG_DFL:
+        return not ignored and not caught
+    return python is signal.SIG_IGN and ignored
+
+
+def _take(signals: tuple[int, ...], handler: Any) -> dict[int, _Before]:
+    """``handler`` installed for ``signals``; what took each before. A signal whose
+    handler native code installed is left alone where its action cannot be read (not
+    Linux nor macOS): Python could not put it back."""
+    from . import _libc
+
+    masks = _libc.signal_masks()
+    taken: dict[int, _Before] = {}
+    try:
+        for s in signals:
+            python = signal.getsignal(s)
+            action = None if _python_tells(s, python, masks) else _libc.get_sigaction(s)
+            if action is None and python is None:
+                continue
+            signal.signal(s, handler)
+            kind = _kind(python, action, s)
+            if action is not None and _agrees(python, kind):
+                action = None  # Python's table puts it back
+            taken[s] = _Before(python, action, kind)
+    except BaseException:
+        _put_back(taken)
+        raise
+    return taken
+
+
+def _kind(python: Any, action: bytes | None, signum: int) -> str:
+    from . import _libc
+
+    if action is None:  # Python's table tells
+        if python is signal.SIG_IGN:
+            return "ignore"
+        return "default" if python is signal.SIG_DFL else "python"
+    handler = _libc.action_handler(action)
+    if handler in (0, 1):
+        return "ignore" if handler else "default"
+    ours = _libc.get_sigaction(signum)  # Python's own C handler, installed just now
+    return "python" if ours is not None and _libc.action_handler(ours) == handler else "native"
+
+
+def _agrees(python: Any, kind: str) -> bool:
+    """Whether Python's table, put back, also puts back the process's action."""
+    if kind == "python":
+        return callable(python)
+    if kind == "native":
+        return False
+    return python is (signal.SIG_IGN if kind == "ignore" else signal.SIG_DFL)
+
+
+def _put_back(taken: dict[int, _Before]) -> None:
+    """Every signal's previous handler put back, even when one cannot be (the first
+    error raised after)."""
+    error: BaseException | None = None
+    for s, before in taken.items():
+        try:
+            before.put_back(s)
+        except BaseException as exc:  # raised below, once all are back
+            error = error or exc
+    if error is not None:
+        raise error
+
+
+def _blocked(signals: tuple[int, ...]) -> frozenset[int]:
+    """Which of ``signals`` this thread blocks."""
+    if not hasattr(signal, "pthread_sigmask"):
+        return frozenset()
+    return frozenset(signals) & frozenset(signal.pthread_sigmask(signal.SIG_BLOCK, []))
+
+
+def _give_back(
+    taken: dict[int, _Before], blocked: frozenset[int], held: list[int] | None = None
+) -> None:
+    """Put back what took ``taken``'s signals before, with those signals blocked in this
+    thread meanwhile (no default action installed for an instant over a native handler,
+    and none lost between two handlers); with ``held``, one that arrived meanwhile is
+    appended to it (taken by this scope: it came before the scope's end)."""
+    signals = frozenset(taken)
+    if not signals:
+        return
+    mask = hasattr(signal, "pthread_sigmask")
+    try:
+        if mask:  # also runs the Python handlers of the signals caught so far
+            signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    finally:  # even when one of them raised
+        try:
+            _put_back(taken)
+            if held is not None and hasattr(signal, "sigtimedwait"):  # not on macOS
+                for s in sorted((signals - blocked) & signal.sigpending()):
+                    if signal.sigtimedwait([s], 0) is not None:
+                        held.append(s)
+        finally:
+            if mask:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, signals - blocked)
+
+
+def _as_before(taken: dict[int, _Before], signum: int, frame: FrameType | None) -> None:
+    """In a forked child (the handlers are the parent's scope's): every handler put
+    back, and ``signum`` taken as it would have been."""
+    _put_back(taken)
+    before = taken.get(signum)
+    if before is None:  # caught while the scope was being entered
+        signal.signal(signum, signal.SIG_DFL)
+        before = _Before(signal.SIG_DFL, None, "default")
+    before.take(signum, frame)
+
+
 _depth = 0
 _lock = threading.Lock()
 
@@ -73,33 +237,34 @@ _lock = threading.Lock()
 def termination_as_interrupt() -> Iterator[None]:
     """While inside, SIGTERM and SIGHUP raise :class:`Terminated` in this thread (the
     main thread; elsewhere this does nothing). Re-entrant; the previous handlers are
-    restored on exit."""
+    restored on exit, native ones too (a handler the app hosting Python installed)."""
     global _depth
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     pid = os.getpid()
+    taken: dict[int, _Before] = {}
 
     def handler(signum: int, frame: FrameType | None) -> None:
         if os.getpid() != pid:  # a forked child: behave as if we were not installed
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
+            _as_before(taken, signum, frame)
             return
         raise Terminated(signum)
 
     with _lock:
         _depth += 1
         outer = _depth == 1
-    previous: dict[signal.Signals, Any] = {}
-    if outer:
-        for s in SIGNALS:
-            previous[s] = signal.signal(s, handler)
     try:
-        yield
-    finally:
+        blocked: frozenset[int] = frozenset()
         if outer:
-            for s, h in previous.items():
-                signal.signal(s, h)
+            blocked = _blocked(SIGNALS)
+            taken.update(_take(SIGNALS, handler))
+        try:
+            yield
+        finally:
+            if outer:
+                _give_back(taken, blocked)
+    finally:
         with _lock:
             _depth -= 1
 
@@ -110,14 +275,20 @@ class _Hold:
     def __init__(self, message: str) -> None:
         self.held: list[int] = []
         self.message = message
-        self.previous = {s: signal.signal(s, self._catch) for s in (signal.SIGINT, *SIGNALS)}
+        self.pid = os.getpid()
+        signals = (signal.SIGINT, *SIGNALS)
+        self.blocked = _blocked(signals)
+        self.previous: dict[int, _Before] = {}
+        self.previous.update(_take(signals, self._catch))
 
     def _catch(self, signum: int, frame: FrameType | None) -> None:
+        if os.getpid() != self.pid:  # forked (from another thread) during the hold
+            _as_before(self.previous, signum, frame)
+            return
         self.held.append(signum)
 
     def restore(self) -> None:
-        for s, h in self.previous.items():
-            signal.signal(s, h)
+        _give_back(self.previous, self.blocked, self.held)
 
     def deliver(self) -> None:
         """The first signal held, delivered as its previous handler would have taken it
@@ -125,18 +296,15 @@ class _Hold:
         if not self.held:
             return
         signum = self.held[0]
-        handler = self.previous[signal.Signals(signum)]
-        if handler is signal.SIG_IGN:
-            return
-        if not callable(handler):  # the default action (SIGTERM without our handler)
-            os.kill(os.getpid(), signum)
-            raise KeyboardInterrupt(self.message)  # SIGINT's default, should the kill return
+        before = self.previous[signum]
         try:
-            handler(signum, None)
+            before.take(signum, None)
         except KeyboardInterrupt as exc:
             if not exc.args:
                 exc.args = (self.message,)
             raise
+        if before.kind == "default":  # SIGINT's default, should the kill return
+            raise KeyboardInterrupt(self.message)
 
 
 _hold: _Hold | None = None
