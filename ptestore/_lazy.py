@@ -12,8 +12,9 @@ __all__ = ["lazy_names"]
 
 def lazy_names(package: str, homes: Mapping[str, str]) -> Callable[[str], Any]:
     """The module ``__getattr__`` of ``package``: each name of ``homes`` imported from
-    its submodule (``{name: submodule}``) when first asked for, then kept in the
-    package's namespace; any other name an ``AttributeError``."""
+    its submodule (``{name: submodule}``; a name starting with a dot is relative to the
+    package, ``"..journal"``) when first asked for, then kept in the package's
+    namespace; any other name an ``AttributeError``."""
 
     def __getattr__(name: str) -> Any:
         home = homes.get(name)
@@ -22,7 +23,8 @@ def lazy_names(package: str, homes: Mapping[str, str]) -> Callable[[str], Any]:
         import importlib
         import sys
 
-        value = getattr(importlib.import_module(f"{package}.{home}"), name)
+        module = home if home.startswith(".") else f"{package}.{home}"
+        value = getattr(importlib.import_module(module, package), name)
         setattr(sys.modules[package], name, value)
         return value
 

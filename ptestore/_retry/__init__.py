@@ -15,23 +15,29 @@ Every loader and writer asks this module three questions about a failure:
   :class:`~ptestore.errors.PermissionDenied`, 412 ->
   :class:`~ptestore.errors.PreconditionFailed`, ...).
 
-Modules: :mod:`.classify` (the code, status, type and errno tables, :func:`classify`,
+Modules: :mod:`.categories` (the code, status, type and errno tables, :func:`classify`,
 :func:`to_storage_error`) and :mod:`.policy` (:class:`RetryPolicy`).
 """
 
 from __future__ import annotations
 
-from .classify import (
-    Category,
-    ErrorInfo,
-    classify,
-    error_code,
-    error_info,
-    is_conflict,
-    is_transient,
-    to_storage_error,
-)
-from .policy import CONFLICT_RETRY, DEFAULT_RETRY, RETRY_OPTIONS, RetryPolicy
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_names
+
+if TYPE_CHECKING:
+    from .categories import (
+        Category,
+        ErrorInfo,
+        classify,
+        error_code,
+        error_info,
+        is_conflict,
+        is_transient,
+        to_storage_error,
+    )
+    from .policy import CONFLICT_RETRY, DEFAULT_RETRY, RETRY_OPTIONS, RetryPolicy
+
 
 __all__ = [
     "CONFLICT_RETRY",
@@ -47,3 +53,23 @@ __all__ = [
     "is_transient",
     "to_storage_error",
 ]
+
+#: Every public name imported on first use (PEP 562): importing the package takes
+#: none of its submodules' import locks, so two threads' first imports of the
+#: package and of one of its submodules cannot deadlock (:mod:`ptestore._lazy`).
+_LAZY = {
+    "Category": "categories",
+    "ErrorInfo": "categories",
+    "classify": "categories",
+    "error_code": "categories",
+    "error_info": "categories",
+    "is_conflict": "categories",
+    "is_transient": "categories",
+    "to_storage_error": "categories",
+    "CONFLICT_RETRY": "policy",
+    "DEFAULT_RETRY": "policy",
+    "RETRY_OPTIONS": "policy",
+    "RetryPolicy": "policy",
+}
+
+__getattr__ = lazy_names(__name__, _LAZY)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from .._dataclass import dataclass
 from .._log import get_logger
 from ..errors import ConfigurationError
-from .classify import find_error_info, is_transient
+from .categories import find_error_info, is_transient
 
 if TYPE_CHECKING:
     from tenacity import RetryCallState

@@ -8,30 +8,31 @@ ptestore calls it once per model with a :class:`BackendDataInitContext` and a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from ..errors import NotSupported
-from .api import (
-    BackendData,
-    BackendDataInitContext,
-    BackendDataWriter,
-    BackendInterface,
-    DelegateInput,
-    NamedDataMap,
-)
-from .compat import Compatibility, DeviceProfile
-from .registry import (
-    ENTRY_POINT_GROUP,
-    InstalledBackend,
-    installed_backends,
-    load_backend,
-    register_backend,
-    registered_backends,
-    unregister_backend,
-)
+from .._lazy import lazy_names
 
 if TYPE_CHECKING:
+    from ..errors import NotSupported
     from ..format.tensorinfo import QuantParams, TensorInfo
+    from .api import (
+        BackendData,
+        BackendDataInitContext,
+        BackendDataWriter,
+        BackendInterface,
+        DelegateInput,
+        NamedDataMap,
+    )
+    from .compat import Compatibility, DeviceProfile
+    from .registry import (
+        ENTRY_POINT_GROUP,
+        InstalledBackend,
+        installed_backends,
+        load_backend,
+        register_backend,
+        registered_backends,
+        unregister_backend,
+    )
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -55,12 +56,39 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    # The tensor descriptions come from the format package, imported on first use.
-    if name in ("QuantParams", "TensorInfo"):
-        from . import api
+#: Every public name imported on first use (PEP 562): importing the package takes none
+#: of its submodules' import locks, so two threads' first imports of the package and of
+#: one of its submodules cannot deadlock (:mod:`ptestore._lazy`). The tensor
+#: descriptions are the backend API's own re-export of the format package's.
+_LAZY = {
+    "NotSupported": "..errors",
+    **dict.fromkeys(
+        (
+            "BackendData",
+            "BackendDataInitContext",
+            "BackendDataWriter",
+            "BackendInterface",
+            "DelegateInput",
+            "NamedDataMap",
+            "QuantParams",
+            "TensorInfo",
+        ),
+        "api",
+    ),
+    "Compatibility": "compat",
+    "DeviceProfile": "compat",
+    **dict.fromkeys(
+        (
+            "ENTRY_POINT_GROUP",
+            "InstalledBackend",
+            "installed_backends",
+            "load_backend",
+            "register_backend",
+            "registered_backends",
+            "unregister_backend",
+        ),
+        "registry",
+    ),
+}
 
-        value = getattr(api, name)  # api's own lazy re-export
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY)

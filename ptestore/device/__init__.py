@@ -9,15 +9,16 @@ The in-place machinery (which needs the coordinator) and the removal of entries
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from ..journal import recover
-from .ensuring import Artifact, ensure
-from .layout import CacheEntry, list_entries
+from .._lazy import lazy_names
 
 if TYPE_CHECKING:
     from ..coordinator.inplace import specialize_in_place
+    from ..journal import recover
     from .cache import clear, evict, prune
+    from .ensuring import Artifact, ensure
+    from .layout import CacheEntry, list_entries
     from .stale import prune_stale
 
 __all__ = [
@@ -34,21 +35,20 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name in ("clear", "evict", "prune"):
-        from . import cache
+#: Every public name imported on first use (PEP 562): importing the package takes none
+#: of its submodules' import locks, so two threads' first imports of the package and of
+#: one of its submodules cannot deadlock (:mod:`ptestore._lazy`).
+_LAZY = {
+    "Artifact": "ensuring",
+    "ensure": "ensuring",
+    "CacheEntry": "layout",
+    "list_entries": "layout",
+    "clear": "cache",
+    "evict": "cache",
+    "prune": "cache",
+    "prune_stale": "stale",
+    "recover": "..journal",
+    "specialize_in_place": "..coordinator.inplace",
+}
 
-        found = getattr(cache, name)
-        globals()[name] = found
-        return found
-    if name == "prune_stale":
-        from .stale import prune_stale
-
-        globals()[name] = prune_stale
-        return prune_stale
-    if name == "specialize_in_place":
-        from ..coordinator.inplace import specialize_in_place
-
-        globals()[name] = specialize_in_place
-        return specialize_in_place
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY)

@@ -80,7 +80,7 @@ def target_layout(
     the same offsets before the store); None when it is not a container ptestore
     reads."""
     from ..format.header import HEAD_BYTES, FileHead
-    from ..format.parse import parse_metadata
+    from ..format.parsing import parse_metadata
 
     try:
         if 0 not in done:

@@ -29,7 +29,7 @@ def transient(exc: BaseException) -> bool:
         return True
     if isinstance(exc, PteStoreError):
         return False
-    from .._retry.classify import Category, classify
+    from .._retry.categories import Category, classify
 
     return classify(exc) is Category.TRANSIENT
 

@@ -4,7 +4,7 @@ Parsing is pure (no I/O) and paranoid: every offset is validated before use and 
 malformed input raises :class:`~ptestore.errors.FormatError`.
 
 Modules: :mod:`.header` (header layouts, constants, alignment helpers), :mod:`.flatbuf`
-(bounds-checked FlatBuffer reads), :mod:`.parse` (metadata -> :class:`Container`),
+(bounds-checked FlatBuffer reads), :mod:`.parsing` (metadata -> :class:`Container`),
 :mod:`.model` (the container model), :mod:`.patch` (new segment placements -> new
 metadata), :mod:`.reader` (ranged reads through a loader).
 """
@@ -14,36 +14,68 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .._lazy import lazy_names
-from .header import (
-    HEAD_BYTES,
-    SEGMENT_BASE_ALIGNMENT,
-    FileHead,
-    PtdHeader,
-    PteHeader,
-    align_up,
-    detect_kind,
-    is_power_of_two,
-)
-from .model import (
-    MAX_INFERRED_ALIGNMENT,
-    CompileSpec,
-    Container,
-    Delegate,
-    NamedDataEntry,
-    Segment,
-    SubsegmentOffsets,
-    TensorLayout,
-    inferred_alignment,
-)
-from .parse import metadata_size, parse, parse_metadata, parse_ptd, parse_pte
 
 if TYPE_CHECKING:
+    from .header import (
+        HEAD_BYTES,
+        SEGMENT_BASE_ALIGNMENT,
+        FileHead,
+        PtdHeader,
+        PteHeader,
+        align_up,
+        detect_kind,
+        is_power_of_two,
+    )
+    from .model import (
+        MAX_INFERRED_ALIGNMENT,
+        CompileSpec,
+        Container,
+        Delegate,
+        NamedDataEntry,
+        Segment,
+        SubsegmentOffsets,
+        TensorLayout,
+        inferred_alignment,
+    )
+    from .parsing import metadata_size, parse, parse_metadata, parse_ptd, parse_pte
     from .patch import PatchResult, metadata_growth_bound, patch_metadata
     from .reader import ParsedFile, read_container
 
 #: Names imported on first use (PEP 562): the patcher and the reader are not needed by
-#: what only uses the model (the backend API, an ``ensure`` cache hit).
+#: what only uses the model (the backend API, an ``ensure`` cache hit); and importing the
+#: package takes none of its submodules' import locks, so two threads' first imports of
+#: the package and of one of its submodules cannot deadlock (:mod:`ptestore._lazy`).
 _LAZY = {
+    **dict.fromkeys(
+        (
+            "HEAD_BYTES",
+            "SEGMENT_BASE_ALIGNMENT",
+            "FileHead",
+            "PtdHeader",
+            "PteHeader",
+            "align_up",
+            "detect_kind",
+            "is_power_of_two",
+        ),
+        "header",
+    ),
+    **dict.fromkeys(
+        (
+            "MAX_INFERRED_ALIGNMENT",
+            "CompileSpec",
+            "Container",
+            "Delegate",
+            "NamedDataEntry",
+            "Segment",
+            "SubsegmentOffsets",
+            "TensorLayout",
+            "inferred_alignment",
+        ),
+        "model",
+    ),
+    **dict.fromkeys(
+        ("metadata_size", "parse", "parse_metadata", "parse_ptd", "parse_pte"), "parsing"
+    ),
     "PatchResult": "patch",
     "metadata_growth_bound": "patch",
     "patch_metadata": "patch",

@@ -6,7 +6,7 @@ from .._dataclass import dataclass
 from ..storage.types import DataLoader
 from .header import HEAD_BYTES, FileHead
 from .model import Container
-from .parse import parse_metadata
+from .parsing import parse_metadata
 
 __all__ = ["ParsedFile", "read_container"]
 

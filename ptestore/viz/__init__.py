@@ -6,7 +6,26 @@ the page."""
 
 from __future__ import annotations
 
-from .layout import layout_html, write_layout_html
-from .matrix import matrix_data, matrix_html, write_report
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_names
+
+if TYPE_CHECKING:
+    from .layout import layout_html, write_layout_html
+    from .matrix import matrix_data, matrix_html, write_report
+
 
 __all__ = ["layout_html", "matrix_data", "matrix_html", "write_layout_html", "write_report"]
+
+#: Every public name imported on first use (PEP 562): importing the package takes
+#: none of its submodules' import locks, so two threads' first imports of the
+#: package and of one of its submodules cannot deadlock (:mod:`ptestore._lazy`).
+_LAZY = {
+    "layout_html": "layout",
+    "write_layout_html": "layout",
+    "matrix_data": "matrix",
+    "matrix_html": "matrix",
+    "write_report": "matrix",
+}
+
+__getattr__ = lazy_names(__name__, _LAZY)

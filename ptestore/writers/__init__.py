@@ -22,13 +22,13 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from ..storage._options import check_options
-from ..storage.types import StorageURL
-from .base import DataWriter, PublishMode, PublishResult, WriterGuarantees, WriterState
-from .local import LocalFileWriter
+from .._lazy import lazy_names
 
 if TYPE_CHECKING:
+    from ..storage.types import StorageURL
+    from .base import DataWriter, PublishMode, PublishResult, WriterGuarantees, WriterState
     from .generic import FsspecWriter
+    from .local import LocalFileWriter
     from .memory import MemoryWriter
     from .s3 import S3Writer
 
@@ -47,22 +47,22 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    # Imported on first use: fsspec (with asyncio) for these two, and s3fs, an optional
-    # dependency, for the third; a local run needs none of them.
-    if name == "FsspecWriter":
-        from .generic import FsspecWriter
+#: Every public name imported on first use (PEP 562): importing the package takes none
+#: of its submodules' import locks, so two threads' first imports of the package and of
+#: one of its submodules cannot deadlock (:mod:`ptestore._lazy`); and fsspec (with
+#: asyncio) for the generic and memory writers, s3fs (an optional dependency) for the
+#: S3 one: a local run needs none of them.
+_LAZY = {
+    **dict.fromkeys(
+        ("DataWriter", "PublishMode", "PublishResult", "WriterGuarantees", "WriterState"), "base"
+    ),
+    "LocalFileWriter": "local",
+    "FsspecWriter": "generic",
+    "MemoryWriter": "memory",
+    "S3Writer": "s3",
+}
 
-        return FsspecWriter
-    if name == "MemoryWriter":
-        from .memory import MemoryWriter
-
-        return MemoryWriter
-    if name == "S3Writer":
-        from .s3 import S3Writer
-
-        return S3Writer
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY)
 
 
 def _writer_class(url: StorageURL) -> tuple[type[DataWriter], str, str]:
@@ -104,6 +104,9 @@ def open_writer(url: str | os.PathLike[str] | StorageURL, **storage_options: Any
         PermissionDenied: access refused.
         StorageError: the staging area cannot be created.
     """
+    from ..storage._options import check_options
+    from ..storage.types import StorageURL
+
     cls, target, applies_to = _writer_class(StorageURL.of(url))
     check_options(target, storage_options, cls.accepted_options(target), applies_to)
     return cls(target, **storage_options)

@@ -379,7 +379,7 @@ def test_small_aliasing_is_fine() -> None:
 
 
 def test_headerless_program_with_segment_bytes_is_refused() -> None:
-    from ptestore.format.parse import parse_pte
+    from ptestore.format.parsing import parse_pte
 
     # A well-formed file whose header we drop: segments claim bytes but there is no base.
     data = pte()

@@ -39,12 +39,18 @@ Retries: one layer, :class:`ptestore._retry.RetryPolicy`; botocore's own retries
 
 from __future__ import annotations
 
-from .checksum import crc32_combine
-from .config import DEFAULT_PART_SIZE, MAX_PART_SIZE, MIN_PART_SIZE, S3Connection
-from .marker import MARKER_PART_NUMBER, MAX_DATA_PARTS, is_marker_part, marker_bytes
-from .parts import Part, PartContent, PartState, Ref, UploadedPart
-from .publish import TOKEN_METADATA_KEY
-from .writer import S3Writer
+from typing import TYPE_CHECKING
+
+from ..._lazy import lazy_names
+
+if TYPE_CHECKING:
+    from .checksum import crc32_combine
+    from .config import DEFAULT_PART_SIZE, MAX_PART_SIZE, MIN_PART_SIZE, S3Connection
+    from .marker import MARKER_PART_NUMBER, MAX_DATA_PARTS, is_marker_part, marker_bytes
+    from .parts import Part, PartContent, PartState, Ref, UploadedPart
+    from .publish import TOKEN_METADATA_KEY
+    from .writer import S3Writer
+
 
 __all__ = [
     "DEFAULT_PART_SIZE",
@@ -64,3 +70,27 @@ __all__ = [
     "is_marker_part",
     "marker_bytes",
 ]
+
+#: Every public name imported on first use (PEP 562): importing the package takes
+#: none of its submodules' import locks, so two threads' first imports of the
+#: package and of one of its submodules cannot deadlock (:mod:`ptestore._lazy`).
+_LAZY = {
+    "crc32_combine": "checksum",
+    "DEFAULT_PART_SIZE": "config",
+    "MAX_PART_SIZE": "config",
+    "MIN_PART_SIZE": "config",
+    "S3Connection": "config",
+    "MARKER_PART_NUMBER": "marker",
+    "MAX_DATA_PARTS": "marker",
+    "is_marker_part": "marker",
+    "marker_bytes": "marker",
+    "Part": "parts",
+    "PartContent": "parts",
+    "PartState": "parts",
+    "Ref": "parts",
+    "UploadedPart": "parts",
+    "TOKEN_METADATA_KEY": "publish",
+    "S3Writer": "writer",
+}
+
+__getattr__ = lazy_names(__name__, _LAZY)

@@ -28,7 +28,7 @@ from typing import Any
 
 from ..._log import get_logger
 from ..._retry import Category, classify, error_code, to_storage_error
-from ..._retry.classify import NOT_FOUND_CODES, TRANSIENT_CODES, find_error_info
+from ..._retry.categories import NOT_FOUND_CODES, TRANSIENT_CODES, find_error_info
 from ...errors import ConfigurationError, IntegrityError, PublishUncertain, StorageError
 from ..base import PublishMode, PublishResult, already_exists, version_conflict
 from .checksum import encode, param, part_checksum, published_checksum
