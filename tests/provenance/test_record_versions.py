@@ -134,3 +134,55 @@ def test_the_cache_stores_the_version_read_and_serves_what_an_earlier_ptestore_s
     again = _json(argv, capsys)  # a miss: fetched again, stored as read
     assert (again["created"], again["provenance"]["version"]) == (True, 1)
     assert json.loads(manifest.read_text())["provenance"]["version"] == 1
+
+
+def test_verify_as_planned_calls_a_record_from_before_version_3_stale_as_a_plan_does(
+    tmp_path: Path,
+) -> None:
+    """A fleet plan compares a pair's sources by the digest ptestore names them by now
+    (``sha256-tree:``), so it makes an artifact of a version 1 or 2 record again, once;
+    ``verify`` by the digest the record names (its sources unchanged: current), unless
+    ``as_planned`` (``verify --job``), which judges as the plan does (it said current)."""
+    from support.fixtures import get_fixture
+
+    from ptestore import verify
+    from ptestore.backends.compat import DeviceProfile
+    from ptestore.fleet import load_job
+    from ptestore.fleet.plan import plan_job
+    from ptestore.provenance.chunks import tree_digest
+
+    ext = get_fixture("mlp_xnnpack_ext")
+    assert ext.pte_path is not None and ext.ptd_path is not None
+    out = tmp_path / "out" / "a"
+    out.mkdir(parents=True)
+    for suffix in (".pte", ".ptd"):  # the committed pair: this job's pair, made before v2
+        shutil.copyfile(DATA / f"v1_trailer{suffix}", out / f"m{suffix}")
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'destination = "{tmp_path}/out/{{device}}/{{model}}.pte"\n'
+        'backends = ["support.fleet_backend:Scaler=1.0"]\n'
+        f'[[models]]\nname = "m"\nsource = "{ext.pte_path}"\nptd = "{ext.ptd_path}"\n'
+        '[devices.a]\nsoc = "x"\nscale = 2.0\n'
+    )
+    (planned,) = plan_job(load_job(job)).pairs
+    record = _record(out / "m.pte")
+    assert planned.action == "run"
+    assert planned.reason.startswith(f"stale: source.sha256 is {record['source']['sha256']}, ")
+    given: dict[str, Any] = {
+        "source": ext.pte_path,
+        "backends": ["support.fleet_backend:Scaler=1.0"],
+        "device": DeviceProfile("a", {"soc": "x", "scale": 2.0}),
+        "ptd_source": ext.ptd_path,
+    }
+    assert verify(out / "m.pte", **given).status == "current"
+    report = verify(out / "m.pte", **given, as_planned=True)
+    assert report.status == "stale" and report.exit_code == 1
+    messages = {f.field: f.message for f in report.findings}
+    for role, src in (("source", ext.pte_path), ("ptd_source", ext.ptd_path)):
+        made = record[role]
+        assert messages.pop(f"{role}.sha256") == (
+            f"the record names {made['url']} by its whole SHA-256 ({made['sha256']}: a record "
+            f"from before version 3), a fleet plan compares {src} by "
+            f"{tree_digest(src.read_bytes())}: it makes the pair again"
+        )
+    assert messages == {}
