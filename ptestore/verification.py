@@ -47,6 +47,7 @@ from .errors import (
 )
 from .integrity import check_content_address, check_ptd, is_plain, read_checked
 from .provenance import Provenance, spec_text
+from .provenance.profile import named_profile, option_changes
 from .provenance.stamp import describe_source
 from .storage.loaders import open_loader
 from .storage.routing import StorageOptions
@@ -181,6 +182,7 @@ def verify(
     quick: bool = False,
     xnnpack_cpu: str | None = None,
     ptd_source: str | os.PathLike[str] | None = None,
+    as_planned: bool = False,
 ) -> VerifyReport:
     """Check the artifact at ``url`` (see the module docstring).
 
@@ -210,6 +212,10 @@ def verify(
         ptd_source: for a ``.pte``, the .ptd source its .ptd should have been made from
             (compared with the record's ``ptd_source``, as ``source`` is with
             ``source``): a fleet job's model's ``ptd``.
+        as_planned: compare the sources as ``fleet plan`` does (``verify --job``): by
+            the digest ptestore names sources by now (``sha256-tree:``), not by the one
+            the record names; a record from before version 3 (``sha256:``) is then
+            stale, as the plan makes its pair again.
 
     Returns:
         A :class:`VerifyReport`: ``status`` ``"intact"``, ``"current"``, ``"stale"`` (each finding
@@ -236,10 +242,11 @@ def verify(
     opts = StorageOptions(storage_options)
     try:
         opts.check([x for x in (source, ptd_source) if x is not None], [target])
-        _check(report, target, source, backends, device, opts, ptd, quick)
+        _check(report, target, source, backends, device, opts, ptd, quick, as_planned)
         prov = report.provenance
         if ptd_source is not None and prov is not None and prov.role == "pte":
-            _compare_source(report, prov.ptd_source, ptd_source, "ptd_source.sha256", opts)
+            made = prov.ptd_source
+            _compare_source(report, made, ptd_source, "ptd_source.sha256", opts, as_planned)
         if report.provenance is not None and report.provenance.role == "pte":
             from .fleet.packing import check_beside
 
@@ -268,6 +275,7 @@ def _check(
     opts: StorageOptions,
     ptd: str | os.PathLike[str] | None,
     quick: bool,
+    planned: bool,
 ) -> None:
     from .fleet.shared import is_shared_url
 
@@ -282,12 +290,12 @@ def _check(
     if source is not None:
         made = prov.ptd_source if prov.role == "ptd" else prov.source
         field_name = "ptd_source.sha256" if prov.role == "ptd" else "source.sha256"
-        _compare_source(report, made, source, field_name, opts)
+        _compare_source(report, made, source, field_name, opts, planned)
     profile = device if isinstance(device, DeviceProfile) else None
     hint = ""
     if backends is not None:
         if profile is None and isinstance(device, str):
-            profile, hint = _named_profile(device, prov)
+            profile, hint = named_profile(device, prov)
         _check_backends(report, prov, backends, profile, hint)
     if device is not None:
         name = device.name if isinstance(device, DeviceProfile) else device
@@ -314,25 +322,35 @@ def _compare_source(
     source: str | os.PathLike[str],
     field_name: str,
     opts: StorageOptions,
+    planned: bool = False,
 ) -> None:
     """Stale under ``field_name`` unless ``source`` is the source the record names
-    (``made``: its ``source`` or ``ptd_source``, or None) by size and SHA-256."""
+    (``made``: its ``source`` or ``ptd_source``, or None) by size and SHA-256: the
+    digest the record names, or with ``planned`` the one a fleet plan compares
+    (``sha256-tree:``, whatever the record's version)."""
     src = os.fspath(source)
     src_loader = open_loader(src, **opts.for_loader(src, "src"))
     try:
         # The digest of these bytes, read now: not what the source's own trailer says
         # of them (a damaged byte would not be seen), nor what this process knew before.
-        info = describe_source(
-            src_loader, like=None if made is None else made.sha256, trust_trailer=False
-        )
+        like = None if made is None or planned else made.sha256
+        info = describe_source(src_loader, like=like, trust_trailer=False)
     finally:
         src_loader.close()
     if made is None or info.sha256 != made.sha256 or info.size != made.size:
         was = "nothing" if made is None else "{url} ({size} bytes, {sha256})"
+        template = (
+            f"the artifact was made from {was}, not from {{src}} ({{got_size}} bytes, {{got}})"
+        )
+        if made is not None and made.sha256[:7] != info.sha256[:7]:  # sha256: / sha256-tree:
+            template = (
+                "the record names {url} by its whole SHA-256 ({sha256}: a record from before "
+                "version 3), a fleet plan compares {src} by {got}: it makes the pair again"
+            )
         _stale(
             report,
             field_name,
-            f"the artifact was made from {was}, not from {{src}} ({{got_size}} bytes, {{got}})",
+            template,
             url=None if made is None else made.url,
             size=None if made is None else made.size,
             sha256=None if made is None else made.sha256,
@@ -340,35 +358,6 @@ def _compare_source(
             got_size=info.size,
             got=info.sha256,
         )
-
-
-def _named_profile(name: str, prov: Provenance) -> tuple[DeviceProfile, str]:
-    """The profile a device given by name only is rated with: the options the record
-    keeps for that name; else none, and a hint for the finding that may follow."""
-    have = prov.device
-    if have is not None and have.name == name and have.options is not None:
-        return DeviceProfile(name, have.options), ""
-    why = (
-        "the record keeps no options of the device it was made for"
-        if have is not None and have.name == name
-        else "no options were given"
-    )
-    return DeviceProfile(name), f"; {why}: give the profile's options (--device-option K=V)"
-
-
-def option_changes(was: dict[str, Any] | None, now: dict[str, Any]) -> str:
-    """Which device options changed, in words (``was`` None: the record kept none)."""
-    if was is None:
-        return "the profile's options changed; the record keeps only their digest"
-    parts = []
-    for k in sorted(set(was) | set(now)):
-        if k not in now:
-            parts.append(f"{k} removed (was {was[k]!r})")
-        elif k not in was:
-            parts.append(f"{k} added ({now[k]!r})")
-        elif was[k] != now[k]:
-            parts.append(f"{k} {was[k]!r} -> {now[k]!r}")
-    return "options changed: " + ", ".join(parts) if parts else "the options changed"
 
 
 def _check_backends(

@@ -57,7 +57,13 @@ def check_field(field: object, source: str, entry: str) -> dict[str, Any]:
     and ``artifact_sha256``'s ``pte`` and ``ptd`` SHA-256 digests, ``chunks_root`` a
     ``sha256-tree`` one, ``executorch`` a build (``version`` and ``git_version``
     strings), and a ``url`` with its ``size`` and ``sha256``. Else a
-    :class:`FormatError` naming ``source``, the entry, the field and its value."""
+    :class:`FormatError` naming ``source``, the entry, the field and its value.
+
+    A field of :data:`FIELD_TYPES` that may be null and is missing reads as null: a
+    fleet from before chunk records (0550530) wrote no ``chunks_root``, and an index
+    migrated to version 3, or a cache manifest written then, keeps its field as it was
+    (its file is downloaded whole). The field returned then has it, as null (a copy;
+    else ``field`` itself)."""
     from ..provenance.chunks import well_formed
 
     def refuse(name: str, value: object, limit: str) -> FormatError:
@@ -71,6 +77,8 @@ def check_field(field: object, source: str, entry: str) -> dict[str, Any]:
             raise refuse(f".{name}", value, KIND_NAMES[kinds])
         if isinstance(value, int) and value < 0:
             raise refuse(f".{name}", value, "an integer >= 0 or null")
+    if any(name not in field for name in FIELD_TYPES):  # null, as the loop read it
+        field = {**field, **{name: None for name in FIELD_TYPES if name not in field}}
     build = field["executorch"]
     for name in ("version", "git_version"):
         if not isinstance(build.get(name), str):

@@ -20,7 +20,10 @@ Every ``sha256`` that names bytes (``source``, ``ptd_source``, ``content``,
 ``sha256-tree:<hex>`` (:mod:`.chunks`): a run derives it from the chunks it keeps and
 the ones it writes instead of reading every byte. Versions 1 and 2 name the whole-file
 SHA-256 (``sha256:<hex>``); a check computes whichever a record names. In version 3
-``content.sha256`` must be the root of ``content.chunks`` (checked on reading).
+``content.sha256`` (and ``ptd_output.sha256``) must be the root of its ``chunks``
+(checked on reading). A record keeps the version it was read with
+(:attr:`Provenance.version`): one read from a version-1 trailer is written out (a
+cache's manifest, ``--json``) as version 1.
 
 ``content``, ``ptd_output``, ``job`` and ``device.options`` are absent from records
 written before ptestore bound artifacts to their bytes; such an artifact can be read
@@ -227,7 +230,8 @@ class ContentDigest:
         return out
 
     @classmethod
-    def from_dict(cls, d: object, source: str, where: str) -> ContentDigest:
+    def from_dict(cls, d: object, source: str, where: str, tree: bool = False) -> ContentDigest:
+        """``tree``: of a version-3 record, whose digest must be its chunks' root."""
         if not isinstance(d, dict):
             raise FormatError(source, f"provenance {where}", d, "an object")
         size = _size(d, "size", source, where)
@@ -242,15 +246,11 @@ class ContentDigest:
 
             crcs = ContentCRCs.from_dict(d["crcs"], size, source, where)
         digest = _digest(d, "sha256", source, where)
-        if digest.startswith("sha256-tree:") and (chunks is None or chunks.digest != digest):
-            raise FormatError(
-                source,
-                _field(where, "sha256"),
-                digest,
-                "the root of its chunks (content.chunks.root)"
-                if chunks is None
-                else f"{chunks.digest}, the root of its chunks",
-            )
+        root = None if chunks is None else chunks.digest
+        if (tree or digest.startswith("sha256-tree:")) and root != digest:
+            said = "the root of its chunks" + ("" if root else f" ({where}.chunks.root)")
+            said = f"{root}, {said}" if root else said
+            raise FormatError(source, _field(where, "sha256"), digest, said)
         return cls(size, digest, _crc32(d, source, where), chunks, crcs)
 
 
@@ -324,6 +324,8 @@ class Provenance:
     #: For a .pte of a pair: its .ptd's bytes before the .ptd's trailer.
     ptd_output: ContentDigest | None = None
     job: JobStamp | None = None
+    #: The record format version: the one it was read with, else this ptestore's.
+    version: int = FORMAT_VERSION
 
     def key(self) -> ProvenanceKey:
         return ProvenanceKey(
@@ -336,7 +338,7 @@ class Provenance:
     def to_dict(self) -> dict[str, Any]:
         return {
             "format": FORMAT,
-            "version": FORMAT_VERSION,
+            "version": self.version,
             "role": self.role,
             "source": self.source.to_dict(),
             "ptd_source": None if self.ptd_source is None else self.ptd_source.to_dict(),
@@ -417,9 +419,8 @@ class Provenance:
                 _digest(dev, "digest", source, "device", ("sha256",)),
                 opts,
             )
-        content = d.get("content")
-        ptd_output = d.get("ptd_output")
-        job = d.get("job")
+        content, ptd_output, job = d.get("content"), d.get("ptd_output"), d.get("job")
+        tree = version >= 3  # bytes named by their chunk root (docs/concepts.md)
         if job is not None and not isinstance(job, dict):
             raise FormatError(source, "provenance job", job, "an object or null")
         return cls(
@@ -433,14 +434,15 @@ class Provenance:
             created=_get(d, "created", str, source, ""),
             content=None
             if content is None
-            else ContentDigest.from_dict(content, source, "content"),
+            else ContentDigest.from_dict(content, source, "content", tree),
             ptd_output=None
             if ptd_output is None
-            else ContentDigest.from_dict(ptd_output, source, "ptd_output"),
+            else ContentDigest.from_dict(ptd_output, source, "ptd_output", tree),
             job=None
             if job is None
             else JobStamp(
                 _get(job, "path", str, source, "job"),
                 _digest(job, "sha256", source, "job", ("sha256",)),
             ),
+            version=version,
         )

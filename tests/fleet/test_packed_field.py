@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.fixtures import get_fixture
 from support.fleet_backend import specialized_pair
 
 import ptestore
@@ -227,3 +228,92 @@ def test_ensure_prints_the_fleet_s_refusal_escaped(
         "fleet's runtime)\n"
     ) in err
     assert "\x1b" not in err and "\r" not in err
+
+
+#: The field a fleet from 4d7a150 to 0550530 wrote (before chunk records): every key but
+#: ``chunks_root``; an index migrated to version 3 and a cache manifest keep it so.
+BEFORE_CHUNKS: dict[str, Any] = {
+    "url": None,
+    "size": None,
+    "sha256": None,
+    "entries": None,
+    "cpu": "x",
+    "executorch": {"version": "1", "git_version": "g"},
+    "artifact_sha256": {"pte": "sha256:" + "0" * 64, "ptd": None},
+    "refused": None,
+}
+
+
+def test_a_field_without_chunks_root_reads_it_as_null() -> None:
+    """(A ``KeyError: 'chunks_root'`` traceback, from ``select`` and from ``ensure
+    --xnnpack-cache`` reading its manifest.) So does any other field that may be null:
+    the returned field names each, as null; the one given is not changed."""
+    given = dict(BEFORE_CHUNKS)
+    checked = check_field(given, "idx", "entry m/a")
+    assert checked == {**BEFORE_CHUNKS, "chunks_root": None} and given == BEFORE_CHUNKS
+    for name in ("url", "size", "sha256", "entries", "refused"):
+        less = {k: v for k, v in BEFORE_CHUNKS.items() if k != name}
+        assert check_field(less, "idx", "entry m/a") == {**less, name: None, "chunks_root": None}
+    less = {k: v for k, v in BEFORE_CHUNKS.items() if k != "cpu"}  # not optional: refused
+    with pytest.raises(FormatError) as info:
+        check_field(less, "idx", "entry m/a")
+    assert str(info.value) == "idx: entry m/a xnnpack.cpu = None: must be a string"
+
+
+def test_select_reports_a_field_written_before_chunk_records(tmp_path: Path) -> None:
+    index, _, _ = _index(tmp_path)
+    data = json.loads(index.read_text())
+    del data["entries"][0]["xnnpack"]["chunks_root"]
+    index.write_text(json.dumps(data))
+    choice = ptestore.select(index, "m", "a")
+    assert choice.xnnpack_error is None and choice.xnnpack is not None
+    assert choice.xnnpack["chunks_root"] is None and choice.xnnpack["size"] == 3968
+
+
+@pytest.mark.interop
+@needs_runtime
+def test_ensure_delivers_a_file_made_before_chunk_records_whole_online_and_offline(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A real fleet run's index whose field is as a runner from before chunk records
+    wrote it (no ``chunks_root``): ``ensure --xnnpack-cache`` downloads the file whole
+    and checks it; so does an entry fetched before, served offline, whose manifest
+    records the field so (as ``ensure`` of that time did). Both were a ``KeyError``
+    traceback."""
+    from support.delta import packed_job, packed_run
+
+    from ptestore.fleet.index import load_index
+
+    mlp = get_fixture("mlp_xnnpack")
+    assert mlp.pte_path is not None
+    job = packed_job(tmp_path, mlp.pte_path, str(tmp_path / "out"), extra="index_version = 2\n")
+    index = Path(packed_run(job, capsys))
+    data = json.loads(index.read_text())
+    field = data["entries"][0]["xnnpack"]
+    del field["chunks_root"]
+    index.write_text(json.dumps(data))
+    assert load_index(str(index))["entries"][0]["xnnpack"] == field
+
+    def ensure(cache: str, *flags: str) -> dict[str, Any]:
+        argv = ["ensure", str(index), "--cache-dir", str(tmp_path / cache), "--model", "m"]
+        assert main([*argv, "--device", "phone", "--json", *flags]) == 0
+        got: dict[str, Any] = json.loads(capsys.readouterr().out)
+        return got
+
+    online = ensure("online", "--xnnpack-cache")
+    assert online["xnnpack_from"] == "index"
+    assert online["choice"]["xnnpack"] == {**field, "chunks_root": None}
+    assert online["choice"]["xnnpack_fetched"] == {"received": field["size"], "from_base": 0}
+    assert Path(online["xnnpack_cache"]).read_bytes() == Path(field["url"]).read_bytes()
+
+    before = ensure("offline")  # fetched without the packed-weight file, then
+    manifest = Path(before["pte"]).with_name("manifest.json")
+    recorded = json.loads(manifest.read_text())
+    del recorded["choice"]["xnnpack"]["chunks_root"]  # as that ensure recorded it
+    manifest.write_text(json.dumps(recorded))
+    index.rename(tmp_path / "moved.json")  # the index cannot be read: served offline
+    offline = ensure("offline", "--xnnpack-cache")
+    assert offline["choice"]["offline"].startswith("served from the cache offline: ")
+    assert offline["xnnpack_from"] == "index"
+    assert offline["choice"]["xnnpack_fetched"] == {"received": field["size"], "from_base": 0}
+    assert Path(offline["xnnpack_cache"]).read_bytes() == Path(field["url"]).read_bytes()

@@ -263,16 +263,16 @@ def test_the_compatibility_example_in_the_docs_works_without_a_device() -> None:
 
 
 def test_a_record_without_device_options_says_to_give_them(pair: tuple[Path, Path]) -> None:
+    from ptestore.provenance.profile import named_profile
     from ptestore.provenance.record import Provenance
-    from ptestore.verification import _named_profile
 
     pte, _ = pair
     trailer = read_trailer(open_loader(pte))
     assert trailer is not None
     record = trailer.record()
-    assert _named_profile("a", Provenance.from_dict(record, str(pte))) == (A, "")
+    assert named_profile("a", Provenance.from_dict(record, str(pte))) == (A, "")
     del record["device"]["options"]  # as records of older versions, which kept only the digest
-    profile, hint = _named_profile("a", Provenance.from_dict(record, str(pte)))
+    profile, hint = named_profile("a", Provenance.from_dict(record, str(pte)))
     assert profile == DeviceProfile("a")
     assert hint == (
         "; the record keeps no options of the device it was made for: give the profile's "
