@@ -122,6 +122,7 @@ def run_verify(args: argparse.Namespace) -> int:
         quick=args.quick or args.range is not None,
         xnnpack_cpu=cpu,
         ptd_source=ptd_source,
+        as_planned=args.job is not None,  # sources judged as fleet plan judges them
     )
     if byte_range is not None and report.exit_code == 0:
         return _verify_range(args, report, options, byte_range)
@@ -295,6 +296,7 @@ def _verify_job(args: argparse.Namespace) -> int:
             quick=args.quick,
             xnnpack_cpu=pair.xnnpack_cpu,
             ptd_source=pair.model.ptd,
+            as_planned=True,
         )
 
     with cf.ThreadPoolExecutor(max_workers=8) as pool:

@@ -18,9 +18,9 @@
 for that CPU beside each of the device's artifacts (:mod:`.packing`), and is not handed
 to backends nor part of the device's digest.
 
-``index_version = 2`` (a top-level key, before the tables; optional) keeps writing a
-version 2 index, for devices whose ptestore cannot read version 3 yet; by default the
-index is version 3 wherever the store has compare-and-swap (:mod:`.index`).
+``index_version = 2`` (top-level, optional) keeps a version 2 index, one JSON object
+(no help to a device that cannot read version 3: a run's records are version 3 too);
+by default the index is version 3 wherever the store has compare-and-swap.
 
 Every error is a :class:`JobError` naming the file, the line and the key.
 """

@@ -137,7 +137,7 @@ def test_the_cache_stores_the_version_read_and_serves_what_an_earlier_ptestore_s
 
 
 def test_verify_as_planned_calls_a_record_from_before_version_3_stale_as_a_plan_does(
-    tmp_path: Path,
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A fleet plan compares a pair's sources by the digest ptestore names them by now
     (``sha256-tree:``), so it makes an artifact of a version 1 or 2 record again, once;
@@ -186,3 +186,9 @@ def test_verify_as_planned_calls_a_record_from_before_version_3_stale_as_a_plan_
             f"{tree_digest(src.read_bytes())}: it makes the pair again"
         )
     assert messages == {}
+    # the command line's verify --job judges so (it said current)
+    from ptestore.cli import main
+
+    assert main(["verify", "--job", str(job), "--json"]) == 1
+    (pair,) = json.loads(capsys.readouterr().out)["pairs"]
+    assert pair["status"] == "stale", pair
