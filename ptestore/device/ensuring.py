@@ -297,6 +297,7 @@ def _ensure_copy(
     storage_options: Mapping[str, Any] | None = None,
     accept: Callable[[Provenance | None], None] | None = None,
     named_by: str | None = None,
+    fresh: Callable[[Provenance | None], bool] | None = None,
 ) -> Artifact:
     """``ensure(src)`` once its arguments are checked: the copy of ``src`` (and ``ptd``)
     specialized into the cache, or the entry made before. ``storage_options`` are those
@@ -307,7 +308,7 @@ def _ensure_copy(
     raises to refuse what a make made, before its entry is published (the entry is
     removed, no other evicted). ``named_by``: the location of the index that named the
     source, recorded in the manifest of an entry made (``cache prune --stale``'s
-    options reach such a source)."""
+    options reach such a source). A hit whose record ``fresh`` refuses is made again."""
     from ..journal import recover_if_local
 
     recover_if_local(src)  # an interrupted in-place run of the source: finish it first
@@ -331,12 +332,13 @@ def _ensure_copy(
     # The callback's exception at "publish" waits for the manifest: no half entry.
     relay = None if progress is None else HeldProgress(progress, frozenset({"publish"}))
     made = (src, ptd, backends, device, provenance, relay, common, accept, named_by)
+
+    def hit() -> Artifact | None:
+        found = lookup(layout, key, fingerprint)
+        return found if found is None or fresh is None or fresh(found.provenance) else None
+
     artifact = hit_or_make(
-        layout,
-        key,
-        max_bytes,
-        lambda: lookup(layout, key, fingerprint),
-        lambda: _make(layout, key, fingerprint, *made),
+        layout, key, max_bytes, hit, lambda: _make(layout, key, fingerprint, *made)
     )
     if relay is not None:
         relay.raise_held()

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from ..backends.registry import BackendLike
     from ..coordinator.report import Event
     from ..fleet.select import Choice
+    from ..provenance.record import Provenance, SourceInfo
 
 __all__ = ["check_index_args", "ensure_from_index"]
 
@@ -208,9 +209,29 @@ def _from_source(
             storage_options=opts,
             accept=lambda prov: check_source(index, choice, prov),
             named_by=StorageURL.of(index).location,
+            fresh=lambda prov: named_alike(choice, prov),
         )
         check_source(index, choice, made.provenance)
     return replace(made, choice=choice.to_dict())
+
+
+def named_alike(choice: Choice, prov: Provenance | None) -> bool:
+    """Whether the record ``prov`` names ``choice``'s sources by the kind of digest the
+    index records for them: an entry made before record version 3 names a source by its
+    whole SHA-256 (``sha256:``), which the chunks' root a current index records
+    (``sha256-tree:``) cannot be compared with without reading the source; such a hit is
+    made again, once (it was refused, every time, as another version of the source)."""
+    if prov is None:
+        return True
+    pairs: list[tuple[dict[str, Any], SourceInfo | None]] = [(choice.pte, prov.source)]
+    if choice.ptd is not None:
+        pairs.append((choice.ptd, prov.ptd_source))
+    for want, got in pairs:
+        wanted, have = want.get("sha256"), None if got is None else got.sha256
+        kinds = {d.partition(":")[0] for d in (wanted, have) if d is not None}
+        if len(kinds) > 1:
+            return False
+    return True
 
 
 def _offline(
