@@ -113,6 +113,12 @@ class _Before:
         os.kill(os.getpid(), signum)  # its default action, or the native handler
 
 
+def _plain(python: Any) -> bool:
+    """``python`` is the default action or ignored, as Python's table says: native code
+    may have installed a handler since (Python's table does not see it)."""
+    return python is signal.SIG_DFL or python is signal.SIG_IGN
+
+
 def _python_tells(signum: int, python: Any, masks: tuple[int, int] | None) -> bool:
     """Whether Python's table is known to say what the process does with ``signum``:
     its default action or ignored, as ``/proc/self/status`` confirms (no ctypes)."""
@@ -135,14 +141,15 @@ def _take(signals: tuple[int, ...], handler: Any) -> dict[int, _Before]:
     try:
         for s in signals:
             python = signal.getsignal(s)
-            action = None if _python_tells(s, python, masks) else _libc.get_sigaction(s)
-            if action is None and python is None:
-                continue
-            signal.signal(s, handler)
+            tells = _python_tells(s, python, masks)
+            action = None if tells else _libc.get_sigaction(s)
+            if action is None and (python is None or (_plain(python) and not tells)):
+                continue  # native or unknown, and its action unreadable: left alone
             kind = _kind(python, action, s)
             if action is not None and _agrees(python, kind):
                 action = None  # Python's table puts it back
-            taken[s] = _Before(python, action, kind)
+            taken[s] = _Before(python, action, kind)  # first: a signal at once puts it back
+            signal.signal(s, handler)
     except BaseException:
         _put_back(taken)
         raise
@@ -196,9 +203,13 @@ def _give_back(
     taken: dict[int, _Before], blocked: frozenset[int], held: list[int] | None = None
 ) -> None:
     """Put back what took ``taken``'s signals before, with those signals blocked in this
-    thread meanwhile (no default action installed for an instant over a native handler,
-    and none lost between two handlers); with ``held``, one that arrived meanwhile is
-    appended to it (taken by this scope: it came before the scope's end)."""
+    thread meanwhile (none lost between two handlers); with ``held``, one that arrived
+    meanwhile is appended to it (taken by this scope: it came before the scope's end).
+    A native handler is put back in two steps, Python's table (its default action,
+    which :func:`signal.signal` installs) then the real action: a signal sent to the
+    process in the microseconds between them and taken by another thread, which this
+    one cannot block, gets the default action (Python offers no way to set its table
+    without the action)."""
     signals = frozenset(taken)
     if not signals:
         return

@@ -239,6 +239,9 @@ import ptestore
 from ptestore._signals import termination_as_interrupt
 
 src, cache, backend = sys.argv[1:4]
+if sys.argv[4:] == ["unreadable"]:  # a platform whose struct sigaction is not read
+    import ptestore._libc
+    ptestore._libc._sigaction_known = lambda: False
 fired = []
 HANDLER = ctypes.CFUNCTYPE(None, ctypes.c_int)
 native = HANDLER(fired.append)
@@ -260,11 +263,14 @@ print("the native handler took", fired, flush=True)
 """
 
 
-def test_a_handler_installed_after_python_started_is_kept(tmp_path: Path) -> None:
+@pytest.mark.parametrize("platform", ["readable", "unreadable"])
+def test_a_handler_installed_after_python_started_is_kept(tmp_path: Path, platform: str) -> None:
     """``libc.signal(SIGHUP, handler)`` through ctypes: Python still says SIG_DFL; the
-    next SIGHUP used to kill the process (exit 129)."""
+    next SIGHUP used to kill the process (exit 129). Where ``struct sigaction`` cannot
+    be read, the signal ``/proc`` says is caught is left alone (it was taken over and
+    put back as SIG_DFL: the next SIGTERM killed the process, exit 143)."""
     src, cache = copy_pte(tmp_path / "model.pte"), tmp_path / "cache"
-    argv = [sys.executable, "-c", LATER, str(src), str(cache), BACKEND]
+    argv = [sys.executable, "-c", LATER, str(src), str(cache), BACKEND, platform]
     done = subprocess.run(
         argv, env=_child_env(), capture_output=True, text=True, timeout=240, cwd=tmp_path
     )
@@ -354,3 +360,33 @@ def test_sigaction_errors_name_the_signal(monkeypatch: pytest.MonkeyPatch) -> No
     with pytest.raises(OSError) as info:
         _libc.set_sigaction(signal.SIGTERM, action)
     assert str(info.value) == "[Errno 38] sigaction of signal 15: not available here"
+
+
+def test_a_signal_while_the_scope_takes_over_puts_back_what_was(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SIGTERM arriving just after the scope installed its handler, before it recorded
+    what it replaced: the previous handler is put back all the same (the scope's stayed
+    installed for good, raising Terminated outside any scope)."""
+    from ptestore._signals import Terminated, termination_as_interrupt
+
+    def before(signum: int, frame: object) -> None:
+        raise AssertionError("not the scope's time")
+
+    real = signal.signal
+    previous = real(signal.SIGTERM, before)
+
+    def installing(signum: int, handler: object) -> object:
+        old = real(signum, handler)  # type: ignore[arg-type]
+        if signum == signal.SIGTERM and handler not in (before, signal.SIG_DFL):
+            signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGTERM)
+        return old
+
+    monkeypatch.setattr(signal, "signal", installing)
+    try:
+        with pytest.raises(Terminated), termination_as_interrupt():
+            pass
+        assert signal.getsignal(signal.SIGTERM) is before
+    finally:
+        monkeypatch.undo()
+        real(signal.SIGTERM, previous)
