@@ -57,26 +57,33 @@ COMMAND: str | None = None
 #: The class of the last resort a command puts in place, once made
 #: (:func:`_command_line_class`).
 _CLASS: Any = None
+#: The commands running (a token each, the last started last): nested ones, or the
+#: command lines of several threads of one process, which may end in any order.
+_RUNNING: list[tuple[object, str]] = []
 
 
-def command_started(command: str) -> str | None:
+def command_started(command: str) -> object:
     """``ptestore COMMAND`` runs from now on: its records are escaped, and those no
-    handler takes printed in its form (see the module's docstring). Returns what
-    :func:`command_ended` restores (the command this one runs inside, if any)."""
+    handler takes printed in its form (see the module's docstring). Returns the token
+    :func:`command_ended` takes."""
     global COMMAND
-    outer, COMMAND = COMMAND, command
+    token = object()
+    _RUNNING.append((token, command))
+    COMMAND = command
     if "logging" in sys.modules:  # in use already (-v, an application, pytest)
         _take_last_resort()
-    return outer
+    return token
 
 
-def command_ended(outer: str | None) -> None:
-    """The command of :func:`command_started` ended (``outer`` is what it returned):
-    the command it ran inside is the current one again; outside any, :mod:`logging`'s
-    last resort is the one it was before."""
+def command_ended(token: object) -> None:
+    """The command of :func:`command_started` (its ``token``) ended: the last one
+    started of those still running is the current one; with none, :mod:`logging`'s
+    last resort is the one it was before (commands of several threads may end in any
+    order: each takes out its own)."""
     global COMMAND
-    COMMAND = outer
-    if outer is None and _CLASS is not None:  # (made: logging is imported)
+    _RUNNING[:] = [r for r in _RUNNING if r[0] is not token]
+    COMMAND = _RUNNING[-1][1] if _RUNNING else None
+    if COMMAND is None and _CLASS is not None:  # (made: logging is imported)
         import logging
 
         ours = logging.lastResort

@@ -19,6 +19,7 @@ import argparse
 import importlib
 import os
 import sys
+import threading
 from collections.abc import Sequence
 
 from .parser import Parser, VersionAction
@@ -79,12 +80,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     only = given[0] if given and given[0] in COMMANDS else None
     args: argparse.Namespace = build_parser(only).parse_args(given)
     # Like `python -m`, let `--backend package.module:attr` find modules in the current
-    # directory when run through the console script; for the command only (a caller of
-    # main() in a process that goes on does not keep it first on its path).
-    here = os.getcwd()
-    added = "" not in sys.path and here not in sys.path
-    if added:
-        sys.path.insert(0, here)
+    # directory when run through the console script; while a command runs only (a
+    # caller of main() in a process that goes on does not keep it first on its path).
+    here = _path_taken(os.getcwd())
     from .._signals import termination_as_interrupt
 
     try:
@@ -92,8 +90,40 @@ def main(argv: Sequence[str] | None = None) -> int:
         with termination_as_interrupt():
             return int(args.func(args))
     finally:
-        if added and here in sys.path:
-            sys.path.remove(here)
+        _path_given_back(here)
+
+
+#: The directories main() put first on ``sys.path``, and how many of the commands
+#: running (several threads of one process may each run one) need each there.
+_ON_PATH: dict[str, int] = {}
+_PATH_LOCK = threading.Lock()
+
+
+def _path_taken(here: str) -> str | None:
+    """``here`` first on ``sys.path`` for a command (unless the path has it, or ``""``,
+    already); what :func:`_path_given_back` takes."""
+    with _PATH_LOCK:
+        if here in _ON_PATH:
+            _ON_PATH[here] += 1
+            return here
+        if "" in sys.path or here in sys.path:
+            return None
+        sys.path.insert(0, here)
+        _ON_PATH[here] = 1
+        return here
+
+
+def _path_given_back(here: str | None) -> None:
+    """The command that took ``here`` ended: off ``sys.path`` once no running command
+    needs it."""
+    if here is None:
+        return
+    with _PATH_LOCK:
+        _ON_PATH[here] -= 1
+        if _ON_PATH[here] == 0:
+            del _ON_PATH[here]
+            if here in sys.path:
+                sys.path.remove(here)
 
 
 def program() -> int:

@@ -273,7 +273,7 @@ def guarded(command: str, *, publishes: bool = False) -> Callable[[Command], Com
 
             # records escaped, and those no handler takes printed in this command's
             # form, ``ptestore COMMAND: warning: ...`` (ptestore._log)
-            outer = command_started(command)
+            token = command_started(command)
             try:
                 if publishes:  # SIGTERM/SIGHUP take Ctrl-C's path (ptestore._signals)
                     from .._signals import termination_as_interrupt
@@ -318,7 +318,7 @@ def guarded(command: str, *, publishes: bool = False) -> Callable[[Command], Com
                     return with_verdict(code, write)
                 return code
             finally:
-                command_ended(outer)
+                command_ended(token)
                 if handler is not None:
                     import logging
 

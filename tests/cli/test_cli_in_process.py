@@ -43,3 +43,27 @@ def test_the_working_directory_is_on_sys_path_for_the_command_only(
     assert main(["inspect", str(MLP.pte_path), "--json"]) == 0
     assert sys.path == path
     capsys.readouterr()
+
+
+def test_commands_of_two_threads_ending_out_of_order_leave_nothing_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two threads' commands (A started first, ended first): while B runs alone its
+    name is the current command, and once both ended none is (the first to start put
+    back what it found when it ended: B's end restored A's name for good), with the
+    working directory off ``sys.path`` only then (A's end took it from B)."""
+    from ptestore import _log
+    from ptestore.cli import _path_given_back, _path_taken
+
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    a = _log.command_started("ensure")
+    path_a = _path_taken(str(tmp_path))
+    b = _log.command_started("select")
+    path_b = _path_taken(str(tmp_path))
+    assert _log.COMMAND == "select" and sys.path[0] == str(tmp_path)
+    _log.command_ended(a)
+    _path_given_back(path_a)
+    assert _log.COMMAND == "select" and sys.path[0] == str(tmp_path)  # B still runs
+    _log.command_ended(b)
+    _path_given_back(path_b)
+    assert _log.COMMAND is None and str(tmp_path) not in sys.path
