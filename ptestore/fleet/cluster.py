@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigurationError
-from .worker import WorkerUnfit, run_pair_on_worker
+from .worker import WorkerUnfit, run_pair_as
 
 if TYPE_CHECKING:
     from .plan import PlannedPair
@@ -72,6 +72,9 @@ def run_dask(
     pair whose device asks for XNNPACK's packed-weight file runs only on the ``hosts``
     of workers with its CPU (:func:`packer_hosts`, asked before the run: every
     fingerprint of ``todo`` is there)."""
+    from .. import _log
+
+    command = _log.COMMAND  # the workers' records in the command's form
     run_id = uuid.uuid4().hex[:8]
     futures: dict[Any, tuple[int, PlannedPair]] = {}
     restricted: dict[Any, tuple[str, list[str]]] = {}
@@ -81,7 +84,7 @@ def run_dask(
             where: dict[str, Any] = {}
             if task.xnnpack_cpu is not None:
                 where = {"workers": hosts[task.xnnpack_cpu], "allow_other_workers": False}
-            fut = client.submit(run_pair_on_worker, task, key=key, pure=False, **where)
+            fut = client.submit(run_pair_as, command, task, key=key, pure=False, **where)
             futures[fut] = (i, p)
             if task.xnnpack_cpu is not None:
                 restricted[fut] = (task.xnnpack_cpu, hosts[task.xnnpack_cpu])

@@ -81,12 +81,16 @@ def _pool_round(
     """``items`` on a new pool until it ends or breaks: ``(started, not started, why,
     began)``: the pairs left unfinished by a break, why it broke (None: no break), and
     whether any pair started on it."""
+    from .. import _log
     from .worker import note_starts
 
     ctx = multiprocessing.get_context("spawn")
     began = ctx.SimpleQueue()
     pool = cf.ProcessPoolExecutor(
-        max_workers=workers, mp_context=ctx, initializer=note_starts, initargs=(began,)
+        max_workers=workers,
+        mp_context=ctx,
+        initializer=note_starts,
+        initargs=(began, _log.COMMAND),  # the workers' records in the command's form
     )
     watch = _Watch(pool, began, limit)
     try:

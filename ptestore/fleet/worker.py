@@ -13,7 +13,7 @@ from .._signals import Terminated
 from ..errors import PteStoreError
 from .work import PairResult, PairTask, run_pair
 
-__all__ = ["WorkerUnfit", "note_starts", "run_noted_pair", "run_pair_on_worker"]
+__all__ = ["WorkerUnfit", "note_starts", "run_noted_pair", "run_pair_as", "run_pair_on_worker"]
 
 
 class WorkerUnfit(Exception):
@@ -30,7 +30,7 @@ _started: Any = None
 _on_term = "idle"
 
 
-def note_starts(queue: Any) -> None:
+def note_starts(queue: Any, command: str | None = None) -> None:
     """A pool worker's initializer: :func:`run_noted_pair` puts ``(number, pid, start)``
     of each pair it starts on ``queue`` (a ``SimpleQueue``: written at once, so a worker
     that dies right after has still said it; ``start`` is ``time.monotonic()``, one clock
@@ -41,12 +41,20 @@ def note_starts(queue: Any) -> None:
     workers) raises :class:`~ptestore._signals.Terminated` in a running pair, as Ctrl-C
     would: its writers discard (a staging file removed, a multipart upload aborted) and
     a command backend stops its program's process group; then the process ends. Outside
-    a pair it ends the process at once, as by default."""
+    a pair it ends the process at once, as by default.
+
+    ``command``: the command line's command the pool runs for (``"fleet"``), None for a
+    library caller: the worker's records are then escaped and printed in its form, as
+    the command's own process prints them (:mod:`ptestore._log`)."""
     import signal
 
     global _started
     _started = queue
     signal.signal(signal.SIGTERM, _sigterm)
+    if command is not None:
+        from .._log import command_started
+
+        command_started(command)  # for the life of the worker
 
 
 def _sigterm(signum: int, frame: FrameType | None) -> None:
@@ -74,6 +82,20 @@ def run_noted_pair(number: int, task: PairTask) -> PairResult:
         os._exit(128 + stop.signum)  # as a shell reports a signal's end; the pool breaks
     finally:
         _on_term = "idle"
+
+
+def run_pair_as(command: str | None, task: PairTask) -> PairResult:
+    """:func:`run_pair_on_worker` on a Dask worker for the command line's ``command``
+    (None: a library caller): its records printed in that command's form meanwhile."""
+    if command is None:
+        return run_pair_on_worker(task)
+    from .._log import command_ended, command_started
+
+    token = command_started(command)
+    try:
+        return run_pair_on_worker(task)
+    finally:
+        command_ended(token)
 
 
 def run_pair_on_worker(task: PairTask) -> PairResult:
