@@ -21,8 +21,9 @@ filesystem here (:func:`s3_filesystem`) is made with ``skip_instance_cache=True`
 is either
 
 - *shared* (what :func:`open_filesystem` gives by default: the loaders, whose hooks are
-  not part of their API, and the fleet index's many small objects): one per option set
-  and per state of what a session resolves (:func:`session_key`'s, but its arguments),
+  not part of their API, the index listings; and an S3 writer's with
+  ``skip_instance_cache=False``: the fleet index's many small objects): one per option
+  set and per state of what a session resolves (:func:`session_key` but its arguments),
   at most :data:`FILESYSTEM_CACHE_SIZE` kept, least recently used dropped first, and
   every one made under another state dropped as soon as one is made under the current
   one: a credentials file rewritten by a sidecar gives the next user a client that
