@@ -1,16 +1,21 @@
 """The listings and removals of a fleet index's store (:class:`~.index_store.IndexStore`
 asks them): the entries directly under a directory, and a directory's tree removed.
 
-A remote store's are made through **one** filesystem per store, made on the first
-listing by :func:`~ptestore.storage.remote.open_filesystem` from the read side's options
-(memory://: its ``retry_*`` alone), of its own (never an instance fsspec shares),
-s3fs's and botocore's retries off, each request retried by the policy of the
-``retry_*`` options. Before, each listing made a filesystem of its own: an S3 client
-(about 0.1 s, most of a listing's time), an aiohttp session and, where the server keeps
-connections alive, a socket, none closed until the garbage collector's next pass found
-the filesystem. Its cached listings are dropped before each listing: a listing sees
-what is stored now. The filesystem and its client go with the store (s3fs closes the
-client when the filesystem is collected); a process forked since makes its own.
+A remote store's are made through a filesystem made by
+:func:`~ptestore.storage.filesystems.open_filesystem` from the read side's options
+(memory://: its ``retry_*`` alone), s3fs's and botocore's retries off, each request
+retried by the policy of the ``retry_*`` options. On S3 it is the process's shared one
+for those options and the credentials' current state
+(:func:`~ptestore.storage.filesystems.s3_filesystem`: at most 8 kept, never fsspec's
+unbounded instance cache), held for each listing or removal: a credentials file
+rewritten by a sidecar, or an ``AWS_*`` variable changed, gives the next listing a
+client that reads them (one made once per store kept the key it first read for the
+store's life), and stores with equal options share one client. Before that, each listing made a
+filesystem of its own: an S3 client (about 0.1 s, most of a listing's time), an aiohttp
+session and, where the server keeps connections alive, a socket, none closed until the
+garbage collector's next pass found the filesystem. Its cached listings are dropped
+before each listing: a listing sees what is stored now. memory://'s filesystem is the
+store's own, made on its first listing (in this process).
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ class StoreListing:
                 return []
         from .._retry import to_storage_error
         from ..errors import ObjectNotFound
+        from ..storage.filesystems import close_filesystem
 
         fs, path, retry = self.filesystem(url)
         path = path.rstrip("/")
@@ -71,6 +77,8 @@ class StoreListing:
             if isinstance(error, ObjectNotFound):
                 return []
             raise error from exc
+        finally:
+            close_filesystem(fs)  # S3: the shared one released (memory://: kept)
         names = {str(p).rstrip("/").rsplit("/", 1)[-1] for p in found}
         return sorted(n for n in names if n.startswith(prefix))
 
@@ -84,6 +92,8 @@ class StoreListing:
 
                 shutil.rmtree(u.path, ignore_errors=True)
                 return
+            from ..storage.filesystems import close_filesystem
+
             fs, path, retry = self.filesystem(url)
 
             def remove() -> None:
@@ -93,13 +103,24 @@ class StoreListing:
                     pass
 
             request = "DeleteObjects" if self.protocol == "s3" else "remove"
-            retry.call(remove, what=f"{url.rstrip('/')}/: {request}")
+            try:
+                retry.call(remove, what=f"{url.rstrip('/')}/: {request}")
+            finally:
+                close_filesystem(fs)
         except Exception:  # best effort: what is left is never read
             return
 
     def filesystem(self, url: str) -> tuple[Any, str, RetryPolicy]:
-        """``(filesystem, path of url, RetryPolicy)`` of the remote ``url``: the store's
-        one filesystem, made by the first call (in this process)."""
+        """``(filesystem, path of url, RetryPolicy)`` of the remote ``url``: on S3 the
+        process's shared filesystem for the store's options and the credentials' state
+        now, held until :func:`~ptestore.storage.filesystems.close_filesystem`;
+        memory://'s the store's own, made by the first call (in this process)."""
+        from ..storage.filesystems import open_filesystem
+
+        u = StorageURL.of(url)
+        if self.protocol == "s3":
+            opts = {**self.options, "skip_instance_cache": False}
+            return open_filesystem(u, opts)
         made = self._made
         if made is None or made[0] != os.getpid():
             with self._lock:
@@ -108,14 +129,13 @@ class StoreListing:
                     made = self._make(url)
                     self._made = made
         _, fs, retry = made
-        u = StorageURL.of(url)
         # As open_filesystem names a URL's path on the filesystem it makes.
         path = u.path if u.protocol in ("s3", "memory") else fs._strip_protocol(u.text)
         return fs, path, retry
 
     def _make(self, url: str) -> tuple[int, Any, RetryPolicy]:
         from .._retry import RETRY_OPTIONS
-        from ..storage.remote import open_filesystem
+        from ..storage.filesystems import open_filesystem
 
         opts = self.options
         if self.protocol == "memory":

@@ -129,8 +129,10 @@ class IndexStore:
             extra = dict(self.write_options.get("s3_additional_kwargs") or {})
             extra.setdefault("ContentType", "application/json")
             self.write_options["s3_additional_kwargs"] = extra
-            # One client for the many small objects of an index (fsspec's instance
-            # cache), not one per object: a client costs far more than a small request.
+            # One client for the many small objects of an index, not one per object (a
+            # client costs far more than a small request): the process's shared one for
+            # these options and the credentials' current state (bounded; never fsspec's
+            # instance cache, which kept one per option set and its first credentials).
             for opts in (self.read_options, self.write_options):
                 opts.setdefault("skip_instance_cache", False)
 

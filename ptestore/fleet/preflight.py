@@ -166,16 +166,17 @@ def _writable(job: Job, prefix: str) -> None:
 
 def _remove(url: str, options: dict[str, Any]) -> None:
     """Delete the marker at ``url``: a remote one through the filesystem
-    :func:`~ptestore.storage.remote.open_filesystem` makes from the job's options, its
-    request retried by the policy of the ``retry_*`` options alone (s3fs's and
-    botocore's retries off); a failure after its attempts is a
-    :class:`~ptestore.errors.StorageError` naming the marker and the request."""
+    :func:`~ptestore.storage.filesystems.open_filesystem` makes from the job's options
+    (on S3 a client of its own, closed when done), its request retried by the policy of
+    the ``retry_*`` options alone (s3fs's and botocore's retries off); a failure after
+    its attempts is a :class:`~ptestore.errors.StorageError` naming the marker and the
+    request."""
     u = StorageURL.of(url)
     if u.local:
         os.unlink(u.path)
         return
     from .._retry import to_storage_error
-    from ..storage.remote import open_filesystem
+    from ..storage.filesystems import close_filesystem, open_filesystem
 
     fs, path, retry = open_filesystem(u, options_for_loader(url, options))
     request = "DeleteObject" if u.protocol == "s3" else "delete"
@@ -183,3 +184,5 @@ def _remove(url: str, options: dict[str, Any]) -> None:
         retry.call(lambda: fs.rm_file(path), what=f"{url}: {request}")
     except Exception as exc:
         raise to_storage_error(exc, url, request) from exc
+    finally:
+        close_filesystem(fs)

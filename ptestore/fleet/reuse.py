@@ -177,12 +177,12 @@ def _listed(directory: str, job: Job) -> list[Any]:
     alone, then a :class:`~ptestore.errors.StorageError` naming the directory and the
     request."""
     from .._retry import to_storage_error
-    from ..storage.remote import open_filesystem
+    from ..storage.filesystems import close_filesystem, open_filesystem
     from ..storage.routing import options_for_loader
 
     u = StorageURL.of(directory)
     opts = options_for_loader(u, job.storage_options, "dst")
-    fs, path, retry = open_filesystem(u, opts)
+    fs, path, retry = open_filesystem(u, opts)  # on S3 its own client, closed below
     request = "ListObjectsV2" if u.protocol == "s3" else "list"
 
     def listing() -> list[Any]:
@@ -197,6 +197,8 @@ def _listed(directory: str, job: Job) -> list[Any]:
         if isinstance(error, ObjectNotFound):
             return []
         raise error from exc
+    finally:
+        close_filesystem(fs)
 
 
 def _key(p: PlannedPair) -> Identity:

@@ -12,10 +12,13 @@ round trip to save) is always read by ranges.
 Local files are read with ``os.pread`` (thread-safe, no shared file position). Remote
 reads retry transient failures under :class:`ptestore._retry.RetryPolicy` (options
 ``retry_attempts``, ``retry_initial``, ``retry_max``), the one retry layer (on S3,
-s3fs's and botocore's own retries are off: :func:`.remote.one_retry_layer`); permanent
+s3fs's and botocore's own retries are off: :func:`.filesystems.one_retry_layer`); permanent
 failures are raised at once, mapped by :func:`ptestore._retry.to_storage_error` (missing object ->
 :class:`~ptestore.errors.ObjectNotFound`, 401/403/EACCES ->
-:class:`~ptestore.errors.PermissionDenied`, ...).
+:class:`~ptestore.errors.PermissionDenied`, ...). An S3 loader reads through the
+process's shared filesystem for its options and the credentials' current state (at most
+8 kept, never fsspec's unbounded instance cache; ``skip_instance_cache=True``: one of its
+own), which its ``close`` lets go (:mod:`.filesystems`).
 
 Every loader implements :meth:`DataLoader.check_unchanged`, which the pipeline calls
 before publishing anything derived from the source.
@@ -257,7 +260,8 @@ def open_loader(url: str | os.PathLike[str] | StorageURL, **storage_options: Any
 
     Returns:
         A :class:`DataLoader` (ranged reads, ``size``, ``check_unchanged``); close it
-        when done.
+        when done (an S3 loader's filesystem is then released, or closed when it is
+        its own: :mod:`.filesystems`).
 
     Raises:
         ConfigurationError: an unknown protocol, or options that do not apply (the
@@ -276,11 +280,15 @@ def open_loader(url: str | os.PathLike[str] | StorageURL, **storage_options: Any
         check_options(u.text, storage_options, (), row.applies_to)
         local: DataLoader = cls(u.path)
         return local
-    from .remote import open_filesystem
+    from .filesystems import close_filesystem, open_filesystem
 
     check_options(u.text, storage_options, cls.accepted_options(u), row.applies_to)
     fs, fs_path, retry = open_filesystem(u, storage_options)  # the policy: one retry layer
-    loader: FsspecLoader = cls(fs, fs_path, u.text, retry=retry)
+    try:
+        loader: FsspecLoader = cls(fs, fs_path, u.text, retry=retry, owns_fs=True)
+    except BaseException:
+        close_filesystem(fs)  # the object is missing, a directory, refused: no loader
+        raise
     return loader
 
 

@@ -18,20 +18,18 @@ goes on past the range asked for (a proxy sending an endless body) is an
 :class:`~ptestore.errors.IntegrityError` naming the object, the range and the bytes read
 (:func:`.pinned.longer_body_message`), never held in memory; nor is it retried.
 
-One retry layer: the loader's :class:`~ptestore._retry.RetryPolicy`. On S3
-(:func:`one_retry_layer`) s3fs's own retry loop around each request (``_call_s3``, 5
-attempts with its own backoff) is cut to one attempt, and botocore's retries are off
-(``total_max_attempts=1``) unless ``config_kwargs`` sets ``retries``, as for the S3
-writer: nested, the three multiplied (3 x 5 x 5 = 75 requests for a read on a dropped
-connection with ``retry_attempts=3``). :func:`open_filesystem` makes such a filesystem
-and its policy from a URL's storage options, for the loader and for what calls fsspec
-itself (the fleet's orphan sweep and re-use listing).
+One retry layer: the loader's :class:`~ptestore._retry.RetryPolicy` (s3fs's and
+botocore's retries off: :func:`.filesystems.one_retry_layer`, :func:`.filesystems.s3_options`).
+:func:`~.filesystems.open_filesystem` makes the filesystem and its policy from a URL's
+storage options; on S3 the process's shared one for those options and the credentials'
+current state (bounded, never fsspec's instance cache, which kept one per option set
+and the credentials it first read), or with ``skip_instance_cache=True`` one of the
+loader's own; :meth:`FsspecLoader.close` lets it go (:mod:`.filesystems`).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from .._retry import DEFAULT_RETRY, RETRY_OPTIONS, Category, RetryPolicy, classify, to_storage_error
@@ -45,6 +43,15 @@ from ..errors import (
 from ._options import fsspec_options
 from ._s3source import S3Source, s3_source_of
 from .base import LoaderBase, check_range
+from .filesystems import (
+    close_filesystem,
+    fresh_info,
+    fs_class,
+    is_s3fs,
+    one_retry_layer,
+    open_filesystem,
+    s3_options,
+)
 from .types import StorageURL
 
 __all__ = [
@@ -65,27 +72,6 @@ WHOLE_READ_LIMIT = 1 << 20
 _VERSION_IN_KEY = "?versionId="
 
 
-def fresh_info(fs: Any, path: str) -> dict[str, Any]:
-    """``fs.info(path)`` asked of the store itself, never of a listing cached earlier.
-
-    fsspec filesystems cache directory listings per instance and fsspec shares
-    instances per option set, so an application's own ``ls`` would otherwise answer a
-    later "is the source unchanged" question with what it saw before. The cached entry
-    is invalidated and s3fs is asked with ``refresh=True`` (a HEAD every time)."""
-    invalidate = getattr(fs, "invalidate_cache", None)
-    if callable(invalidate):
-        invalidate(path)
-    if _is_s3fs(fs):
-        info: dict[str, Any] = fs.info(path, refresh=True)
-        return info
-    out: dict[str, Any] = fs.info(path)
-    return out
-
-
-def _is_s3fs(fs: Any) -> bool:
-    return type(fs).__module__.split(".")[0] == "s3fs"
-
-
 def _is_http(fs: Any) -> bool:
     """Whether ``fs`` is fsspec's HTTP filesystem (``http://``, ``https://``), or made
     from it (known by its class, without importing aiohttp)."""
@@ -95,63 +81,12 @@ def _is_http(fs: Any) -> bool:
     )
 
 
-def _is_s3fs_class(cls: type) -> bool:
-    return cls.__module__.split(".")[0] == "s3fs"
-
-
-#: botocore's retries off: :class:`~ptestore._retry.RetryPolicy` is the one layer.
-NO_BOTOCORE_RETRIES = {"total_max_attempts": 1, "mode": "standard"}
-
-
-def s3_options(fs_cls: type, options: dict[str, Any]) -> dict[str, Any]:
-    """``options`` for an s3fs filesystem class with botocore's retries off (unless
-    ``config_kwargs`` sets ``retries``); other classes' options as they are."""
-    if not _is_s3fs_class(fs_cls):
-        return options
-    config = dict(options.get("config_kwargs") or {})
-    config.setdefault("retries", dict(NO_BOTOCORE_RETRIES))
-    return {**options, "config_kwargs": config}
-
-
-def one_retry_layer(fs: Any) -> Any:
-    """``fs`` with s3fs's own retry loop cut to one attempt (an s3fs filesystem; any
-    other is returned as it is): every request of the loader (``GetObject``, the
-    ``HEAD`` of ``info``) is then retried by its :class:`RetryPolicy` only. s3fs reads
-    ``retries`` per call from the instance; fsspec may share the instance with other
-    users of the same options (botocore's retries, :func:`s3_options`, make those
-    options ptestore's own unless ``config_kwargs`` sets ``retries``)."""
-    if _is_s3fs(fs):
-        fs.retries = 1
-    return fs
-
-
-def open_filesystem(
-    url: StorageURL, options: Mapping[str, Any], *, fresh: bool = False
-) -> tuple[Any, str, RetryPolicy]:
-    """``(filesystem, path, policy)`` for the remote ``url``: the fsspec filesystem of
-    its protocol made from ``options`` (a loader's: the filesystem's own and the
-    ``retry_*`` ones), the path it gives ``url``, and the :class:`RetryPolicy` the
-    ``retry_*`` options make, the one retry layer of every request made through that
-    filesystem (:func:`s3_options`, :func:`one_retry_layer`: s3fs's and botocore's
-    retries off). ``fresh``: a filesystem of its own, never an instance fsspec shares
-    (nor its cached listings). :class:`~ptestore.errors.ConfigurationError` for a
-    bad retry option or options the filesystem class refuses."""
-    fs_cls = fs_class(url)
-    opts = dict(options)
-    retry = RetryPolicy.from_options(url.text, opts)
-    opts = s3_options(fs_cls, opts)
-    if fresh:
-        opts["skip_instance_cache"] = True
-    try:
-        fs = one_retry_layer(fs_cls(**opts))
-    except (TypeError, ValueError) as exc:
-        raise ConfigurationError(f"{url.text}: bad storage options: {exc}") from exc
-    path = url.path if url.protocol in ("s3", "memory") else fs._strip_protocol(url.text)
-    return fs, path, retry
-
-
 class FsspecLoader(LoaderBase):
-    """Ranged reads through any fsspec filesystem (``memory://``, ``s3://``, ...)."""
+    """Ranged reads through any fsspec filesystem (``memory://``, ``s3://``, ...).
+    ``owns_fs``: the loader holds ``fs`` from :func:`.filesystems.open_filesystem`
+    (:func:`~ptestore.storage.loaders.open_loader`'s), and :meth:`close` lets it go
+    (:func:`.filesystems.close_filesystem`: a shared S3 one released, one of its own
+    closed); a filesystem the caller hands over otherwise stays the caller's."""
 
     #: The retry options; the filesystem's own are added per URL.
     options: ClassVar[frozenset[str]] = frozenset(RETRY_OPTIONS)
@@ -168,15 +103,17 @@ class FsspecLoader(LoaderBase):
         url: str,
         *,
         retry: RetryPolicy = DEFAULT_RETRY,
+        owns_fs: bool = False,
     ) -> None:
         self.fs = fs
+        self._owns_fs = owns_fs
         self.path = path
         self.name = url
         #: The policy of every request for the object (its ``retry_*`` options).
         self.retry = retry
         #: ``(bucket, key)`` of an S3 object (read by GetObject, pinned), else None.
         self._s3: tuple[str, str] | None = None
-        if _is_s3fs(fs):
+        if is_s3fs(fs):
             if _VERSION_IN_KEY in path:
                 raise ConfigurationError(
                     f"{url}: an S3 key containing {_VERSION_IN_KEY!r} cannot be read: s3fs "
@@ -220,6 +157,15 @@ class FsspecLoader(LoaderBase):
 
     def size(self) -> int:
         return self._size
+
+    def close(self) -> None:
+        """Let the filesystem go when the loader holds it (``owns_fs``): a shared S3
+        one released (closed by its last user once the bounded cache dropped it), one of
+        its own closed now, never left to a garbage collection; a second call does
+        nothing."""
+        if self._owns_fs:
+            self._owns_fs = False
+            close_filesystem(self.fs)
 
     def _info(self, missing: str) -> dict[str, Any]:
         try:
@@ -435,15 +381,3 @@ class FsspecLoader(LoaderBase):
             found=found,
             refused_by="storage" if answer == "answered 412" else "ptestore",
         )
-
-
-def fs_class(url: StorageURL) -> type:
-    import fsspec  # imported by the first remote URL: local files never need it
-
-    try:
-        cls: type = fsspec.get_filesystem_class(url.protocol)
-    except (ImportError, ValueError) as exc:
-        raise ConfigurationError(
-            f"{url.text}: cannot read protocol {url.protocol!r}: {exc}"
-        ) from exc
-    return cls

@@ -352,7 +352,7 @@ def test_orphan_ages_on_s3_use_the_servers_clock(
     an object a running job just stored is still younger than a grace of one hour."""
     import types
 
-    from ptestore.fleet import orphans
+    from ptestore.fleet import orphan_store
     from ptestore.fleet.index import publish_entries
     from ptestore.testing.fleet_index import synthetic_entry
     from ptestore.writers import open_writer
@@ -365,7 +365,7 @@ def test_orphan_ages_on_s3_use_the_servers_clock(
     w.write(b"x" * 100, 0)
     w.publish("overwrite")
     real = time.time
-    monkeypatch.setattr(orphans, "time", types.SimpleNamespace(time=lambda: real() + 7200))
+    monkeypatch.setattr(orphan_store, "time", types.SimpleNamespace(time=lambda: real() + 7200))
     [entry] = collect_orphans(root, grace=3600, **opts)
     assert (entry.location, entry.action) == (fresh, "skipped: younger than the grace of 3600s")
     assert entry.age < 600

@@ -94,14 +94,14 @@ def test_an_artifact_a_run_rewrites_while_gc_works_is_kept(
             stored.set()
 
     runner = threading.Thread(target=run)
-    real_now = orphans._Store.now
+    real_now = orphans.OrphanStore.now
 
     def run_once_listed(self: Any, root: str) -> float:  # gc has listed the files
         runner.start()
         assert stored.wait(120)
         return real_now(self, root)
 
-    monkeypatch.setattr(orphans._Store, "now", run_once_listed)
+    monkeypatch.setattr(orphans.OrphanStore, "now", run_once_listed)
     try:
         entries = collect_orphans(out)
     finally:
@@ -131,7 +131,7 @@ def test_a_file_replaced_after_the_listing_is_kept_and_an_unchanged_one_goes(
     for p in (out / "_shared" / "sha256-tree").iterdir():
         _backdate(p, WEEK + 60)
     _backdate(d2, WEEK + 60)
-    real_now = orphans._Store.now
+    real_now = orphans.OrphanStore.now
 
     def replace_d2(self: Any, root: str) -> float:
         st = d2.stat()
@@ -141,7 +141,7 @@ def test_a_file_replaced_after_the_listing_is_kept_and_an_unchanged_one_goes(
         staged.rename(d2)
         return real_now(self, root)
 
-    monkeypatch.setattr(orphans._Store, "now", replace_d2)
+    monkeypatch.setattr(orphans.OrphanStore, "now", replace_d2)
     entries = collect_orphans(out, grace=3600)
     acts = _actions(entries, str(out))
     assert acts.pop("/d2/mlp.pte") == CHANGED
@@ -189,14 +189,14 @@ def test_an_index_gone_between_the_two_reads_governs_nothing(
     index = out / "ptestore-index.json"
     for p in [out / "d2" / "mlp.pte", *(out / "_shared" / "sha256-tree").iterdir()]:
         _backdate(p, WEEK + 60)
-    real_now = orphans._Store.now
+    real_now = orphans.OrphanStore.now
     moved = tmp_path / "moved.json"
 
     def move_index(self: Any, root: str) -> float:
         index.rename(moved)
         return real_now(self, root)
 
-    monkeypatch.setattr(orphans._Store, "now", move_index)
+    monkeypatch.setattr(orphans.OrphanStore, "now", move_index)
     entries = collect_orphans(out)
     acts = _actions(entries, str(out))
     assert acts["/d2/mlp.pte"] == "skipped: no index governs it now"
@@ -218,14 +218,14 @@ def test_on_s3_an_object_stored_after_the_listing_is_kept(
     _retired_d2(tmp_path, dest, s3_options_toml(opts))
     other = client.get_object(Bucket=bucket, Key="out/d0/mlp.pte")["Body"].read()
     head_before = client.head_object(Bucket=bucket, Key="out/d2/mlp.pte")
-    real_now = orphans._Store.now
+    real_now = orphans.OrphanStore.now
 
     def replace_d2(self: Any, root: str) -> float:
         client.put_object(Bucket=bucket, Key="out/d2/mlp.pte", Body=other)
         return real_now(self, root)
 
     with monkeypatch.context() as m:
-        m.setattr(orphans._Store, "now", replace_d2)
+        m.setattr(orphans.OrphanStore, "now", replace_d2)
         entries = collect_orphans(dest, grace=0, **opts)
     acts = _actions(entries, f"{dest}/")
     assert acts.pop("d2/mlp.pte") == CHANGED
@@ -235,7 +235,7 @@ def test_on_s3_an_object_stored_after_the_listing_is_kept(
 
     # The object changes after gc's last look (the HEAD matched): the delete is refused.
     client.put_object(Bucket=bucket, Key="out/d1/extra/mlp.pte", Body=other)  # an orphan
-    real_stamp = orphans._Store.stamp
+    real_stamp = orphans.OrphanStore.stamp
     mine = f"s3://{bucket}/out/d1/extra/mlp.pte"
 
     def replace_after_look(self: Any, url: str) -> Any:
@@ -244,7 +244,7 @@ def test_on_s3_an_object_stored_after_the_listing_is_kept(
             client.put_object(Bucket=bucket, Key="out/d1/extra/mlp.pte", Body=other + b"\0")
         return found
 
-    monkeypatch.setattr(orphans._Store, "stamp", replace_after_look)
+    monkeypatch.setattr(orphans.OrphanStore, "stamp", replace_after_look)
     entries = collect_orphans(dest, grace=0, **opts)
     # (d2/mlp.pte, d0's bytes now and unchanged since this listing, is an orphan still)
     assert _actions(entries, f"{dest}/") == {"d1/extra/mlp.pte": CHANGED, "d2/mlp.pte": "removed"}

@@ -341,7 +341,7 @@ def _held_after_listing(
     from ptestore.fleet import orphans
     from ptestore.fleet.reuse import hold_reused
 
-    real_now = orphans._Store.now
+    real_now = orphans.OrphanStore.now
     plans: list[Any] = []
 
     def run_starts(self: Any, root: str) -> float:  # gc has listed the files
@@ -351,7 +351,7 @@ def _held_after_listing(
         return real_now(self, root)
 
     with monkeypatch.context() as m:
-        m.setattr(orphans._Store, "now", run_starts)
+        m.setattr(orphans.OrphanStore, "now", run_starts)
         entries = orphans.collect_orphans(dest, grace=0, **opts)
     return {e.location[len(dest) :]: e.action for e in entries}, plans[0]
 

@@ -1,11 +1,12 @@
 """The index store's listings and removals (:mod:`ptestore.fleet.index_listing`) go
-through one filesystem per store, made on the first listing: before, each listing made
-an s3fs filesystem of its own, with an S3 client, an aiohttp session and, on a server
-that keeps connections alive (SeaweedFS), an open socket, none of them closed until the
-garbage collector's next pass found the filesystem (about 0.1 s more per listing, most
-of it the client). A listing still sees what is stored now, never a listing cached
-earlier. On moto and SeaweedFS; the clients counted by the aiobotocore session the
-storage options pass (``creating-client-class``), the open sessions by the collector."""
+through one filesystem per option set (the process's shared one, bounded: made on the
+first listing): before, each listing made an s3fs filesystem of its own, with an S3
+client, an aiohttp session and, on a server that keeps connections alive (SeaweedFS),
+an open socket, none of them closed until the garbage collector's next pass found the
+filesystem (about 0.1 s more per listing, most of it the client). A listing still
+sees what is stored now, never a listing cached earlier. On moto and SeaweedFS; the
+clients counted by the aiobotocore session the storage options pass
+(``creating-client-class``), the open sessions by the collector."""
 
 from __future__ import annotations
 
@@ -53,7 +54,8 @@ def _store(s3_server: S3TestServer, session: Any) -> tuple[IndexStore, str, str]
 def test_listings_of_one_store_make_one_client(s3_server: S3TestServer) -> None:
     """10 listings of one store: one S3 client made (was 10), and no aiohttp session
     more left open than that one (was 10 until a collection, with the collector off as
-    a busy process may leave it between passes)."""
+    a busy process may leave it between passes; fewer when making it dropped, and
+    closed, another test's from the bounded cache)."""
     session, made = _counting_session()
     store, _, directory = _store(s3_server, session)
     gc.collect()
@@ -62,7 +64,7 @@ def test_listings_of_one_store_make_one_client(s3_server: S3TestServer) -> None:
         open_before = _open_sessions()
         for _ in range(LISTINGS):
             assert store.list_names(directory) == ["a.json", "b.json"]
-        assert (len(made), _open_sessions() - open_before) == (1, 1)
+        assert len(made) == 1 and _open_sessions() - open_before <= 1
     finally:
         gc.enable()
 

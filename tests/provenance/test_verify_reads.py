@@ -19,8 +19,8 @@ from ptestore import verify
 from ptestore.cli import main
 from ptestore.errors import ConfigurationError, PreconditionFailed, StorageError
 from ptestore.provenance import check_bytes
+from ptestore.storage.filesystems import close_filesystem, s3_filesystem, s3_options
 from ptestore.storage.loaders import open_loader
-from ptestore.storage.remote import s3_options
 from ptestore.testing.s3server import S3TestServer
 
 MLP = get_fixture("mlp_xnnpack")
@@ -76,9 +76,10 @@ def test_an_artifact_republished_while_verified_is_changed_not_damaged(
     etag = client.put_object(Bucket=bucket, Key="out.pte", Body=a)["ETag"]
     opts = s3_server.storage_options
     assert verify(url, storage_options=opts).exit_code == 0
-    # The filesystem verify's loader uses (fsspec's instance for the loader's options).
-    loader_opts = s3_options(fsspec.get_filesystem_class("s3"), opts)
-    events = fsspec.filesystem("s3", **loader_opts).s3.meta.events
+    # The filesystem verify's loader uses (the process's shared one for its options).
+    s3fs_class = fsspec.get_filesystem_class("s3")
+    shared = s3_filesystem(s3fs_class, s3_options(s3fs_class, opts), shared=True)
+    events = shared.s3.meta.events
     gets: list[dict[str, Any]] = []
     new: list[str] = []
 
@@ -97,6 +98,7 @@ def test_an_artifact_republished_while_verified_is_changed_not_damaged(
         code = main(["verify", url, *(x for kv in argv for x in ("-o", kv))])
     finally:
         events.unregister("before-parameter-build.s3.GetObject", republish_after_the_first_read)
+        close_filesystem(shared)
     assert isinstance(info.value.__cause__, PreconditionFailed)
     assert str(info.value) == (
         f"{url}: changed while being verified (verify it again): {url}: replaced while being "

@@ -1,8 +1,9 @@
 """Every "is the source unchanged" check asks the store, never a listing cached earlier
-in the same process (fsspec shares filesystem instances per option set, and s3fs
-answers ``info`` from a listing an application made with ``ls``). The loader's options
-turn botocore's retries off (one retry layer), so it shares the instance of an
-application that passes the same ``config_kwargs`` (:func:`_options`)."""
+in the same process (s3fs answers ``info`` from a listing an application made with
+``ls`` on the same filesystem instance). An S3 loader ``open_loader`` makes shares
+ptestore's own filesystem for its options (:mod:`ptestore.storage.filesystems`), never
+the application's from fsspec's instance cache; a loader handed the application's
+filesystem asks the store all the same."""
 
 from __future__ import annotations
 
@@ -37,19 +38,18 @@ def test_a_listed_source_replaced_before_the_check_is_caught(s3_server: S3TestSe
     bucket, url, etag = _listed(s3_server)
     loader = open_loader(url, **_options(s3_server))
     assert isinstance(loader, FsspecLoader) and loader.etag == etag
-    assert loader.fs is fsspec.filesystem("s3", **_options(s3_server))  # shared
-    # an application's filesystem without them is its own (s3fs's retries kept): the
-    # loader opened with the plain options still builds the one above
-    assert open_loader(url, **s3_server.storage_options).fs is loader.fs
-    plain = fsspec.filesystem("s3", **s3_server.storage_options)
-    assert plain is not loader.fs and (plain.retries, loader.fs.retries) == (5, 1)
+    app = fsspec.filesystem("s3", **_options(s3_server))  # the one that listed
+    assert loader.fs is not app and open_loader(url, **_options(s3_server)).fs is loader.fs
+    assert (app.retries, loader.fs.retries) == (5, 1)  # the application's retries its own
+    handed = FsspecLoader(app, f"{bucket}/m.pte", url)  # a loader on the listed filesystem
     new = s3_server.client().put_object(Bucket=bucket, Key="m.pte", Body=b"b" * 100)["ETag"]
-    with pytest.raises(StorageError) as info:
-        loader.check_unchanged()
-    assert str(info.value) == (
-        f"{url}: replaced while being read (size 100 -> 100, etag {etag} -> {new}); its "
-        "content may be a mix of two versions"
-    )
+    for each in (loader, handed):
+        with pytest.raises(StorageError) as info:
+            each.check_unchanged()
+        assert str(info.value) == (
+            f"{url}: replaced while being read (size 100 -> 100, etag {etag} -> {new}); its "
+            "content may be a mix of two versions"
+        )
 
 
 def test_a_listed_source_replaced_before_opening_is_read_as_it_is_now(

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from ptestore.errors import PteStoreError
+from ptestore.storage import filesystems
 from ptestore.testing.s3server import S3TestServer
 from ptestore.writers import S3Writer, open_writer
 from ptestore.writers.s3 import config
@@ -130,11 +131,11 @@ def test_a_forked_worker_makes_its_own_session_and_publishes(
 
 
 def test_the_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(config, "_sessions", type(config._sessions)())
+    monkeypatch.setattr(filesystems, "_sessions", type(filesystems._sessions)())
     made = [
         config.shared_session({"profile": f"p{i}"}) for i in range(config.SESSION_CACHE_SIZE + 2)
     ]
-    assert len(config._sessions) == config.SESSION_CACHE_SIZE
+    assert len(filesystems._sessions) == config.SESSION_CACHE_SIZE
     assert config.shared_session({"profile": "p0"}) is not made[0]  # dropped, made again
     last = f"p{config.SESSION_CACHE_SIZE + 1}"
     assert config.shared_session({"profile": last}) is made[-1]

@@ -8,40 +8,48 @@ and for ptestore's own S3 loader. ptestore adds two defaults: botocore's retries
 a connection pool large enough for ``max_concurrency`` uploads. Each connection has a
 filesystem and client of its own (``skip_instance_cache=True`` unless the options say
 otherwise): hooks on one writer's client stay on that writer, and the environment is
-read when the writer is opened.
+read when the writer is opened. With ``skip_instance_cache=False`` (the fleet index's
+many small objects) the filesystem is shared within bounds, per option set and state of
+the credentials, never from fsspec's unbounded instance cache
+(:func:`~ptestore.storage.filesystems.s3_filesystem`).
 
 What is shared is the expensive part underneath: the aiobotocore session a client is
 made from (botocore's parsed service models and endpoint rules, resolved default
 credentials), one per process and per everything that decides what the session
-resolves (:func:`session_key`: the process id, s3fs's session arguments such as
-``profile``, every ``AWS_*`` environment variable, the size and modification time of
-the AWS config and credentials files). A client from a fresh session costs about 75 ms
-of CPU, one from a shared session a few ms. botocore gives every client a copy of its
-session's event emitter, so hooks registered on one client's ``meta.events`` never
-reach another; options that reach the client (``key``, ``secret``, ``endpoint_url``,
-``client_kwargs``, ``config_kwargs``, ``anon``) are the writer's own. A ``session``
-given in the options is used as it is.
+resolves (:func:`~ptestore.storage.filesystems.session_key`: the process id, s3fs's
+session arguments such as ``profile``, every ``AWS_*`` environment variable, the size
+and modification time of the AWS config and credentials files), the same cache the S3
+loader's sessions come from (:mod:`ptestore.storage.filesystems`). A client from a fresh
+session costs about 75 ms of CPU, one from a shared session a few ms. botocore gives
+every client a copy of its session's event emitter, so hooks registered on one client's
+``meta.events`` never reach another; options that reach the client (``key``,
+``secret``, ``endpoint_url``, ``client_kwargs``, ``config_kwargs``, ``anon``) are the
+writer's own. A ``session`` given in the options is used as it is.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
-import os
-import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ..._log import get_logger
 from ..._retry import RETRY_OPTIONS, RetryPolicy
 from ...errors import ConfigurationError
 from ...storage._options import fsspec_options
+from ...storage.filesystems import (
+    SESSION_CACHE_SIZE,
+    close_filesystem,
+    s3_filesystem,
+    session_key,
+    shared_session,
+)
 from .marker import MAX_DATA_PARTS
 
 __all__ = [
     "DEFAULT_PART_SIZE",
     "MAX_PART_SIZE",
     "MIN_PART_SIZE",
+    "SESSION_CACHE_SIZE",
     "S3Connection",
     "check_part_size",
     "connection_options",
@@ -51,7 +59,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-log = get_logger("ptestore.writers.s3")
 
 #: S3's smallest part (every part but the last), 5 MiB.
 MIN_PART_SIZE = 5 << 20
@@ -59,10 +66,6 @@ MIN_PART_SIZE = 5 << 20
 MAX_PART_SIZE = 5 << 30
 DEFAULT_PART_SIZE = 8 << 20
 _SSE_C_KEYS = ("SSECustomerAlgorithm", "SSECustomerKey", "SSECustomerKeyMD5")
-#: Sessions kept per process (least recently used dropped first).
-SESSION_CACHE_SIZE = 8
-_sessions: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
-_sessions_lock = threading.Lock()
 
 
 def check_part_size(url: str, part_size: object, minimum: int = MIN_PART_SIZE) -> int:
@@ -92,49 +95,6 @@ def connection_options() -> frozenset[str]:
     return fsspec_options(S3FileSystem) | set(RETRY_OPTIONS)
 
 
-def _file_state(path: str) -> tuple[int, int] | None:
-    try:
-        st = os.stat(os.path.expanduser(path))
-    except OSError:
-        return None
-    return st.st_mtime_ns, st.st_size
-
-
-def session_key(session_kwargs: dict[str, Any]) -> tuple[Any, ...]:
-    """What decides what an aiobotocore session resolves, in this process: the pid, the
-    session's arguments (s3fs passes ``profile`` and other unknown options), every
-    ``AWS_*`` environment variable and the state of the AWS config/credentials files."""
-    env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
-    files = (
-        os.environ.get("AWS_CONFIG_FILE", "~/.aws/config"),
-        os.environ.get("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials"),
-    )
-    return (
-        os.getpid(),
-        repr(sorted(session_kwargs.items())),
-        env,
-        tuple(_file_state(f) for f in files),
-    )
-
-
-def shared_session(session_kwargs: dict[str, Any]) -> Any:
-    """The process's ``aiobotocore.session.AioSession(**session_kwargs)`` for the current
-    :func:`session_key` (made on first use; clients made from it are each their own)."""
-    import aiobotocore.session
-
-    key = session_key(session_kwargs)
-    with _sessions_lock:
-        session = _sessions.get(key)
-        if session is not None:
-            _sessions.move_to_end(key)
-            return session
-        session = aiobotocore.session.AioSession(**session_kwargs)
-        _sessions[key] = session
-        while len(_sessions) > SESSION_CACHE_SIZE:
-            _sessions.popitem(last=False)
-        return session
-
-
 class S3Connection:
     """One s3fs filesystem and its client; every S3 call goes through :meth:`call`.
 
@@ -149,14 +109,14 @@ class S3Connection:
         except ImportError as exc:  # pragma: no cover - depends on the environment
             raise ConfigurationError(f"{url}: S3 needs s3fs: install ptestore[s3] ({exc})") from exc
         options = dict(options)
-        # A filesystem (hence a botocore client) of the writer's own: fsspec's instance
-        # cache would hand every writer with equal options the same client, so event
-        # hooks registered on one writer's ``client.meta.events`` would fire for every
-        # other writer and loader in the process, and credentials and endpoint taken
-        # from the environment would be the ones of the first such writer.
+        # A filesystem (hence a botocore client) of the writer's own: a shared one would
+        # hand every writer with equal options the same client, so event hooks
+        # registered on one writer's ``client.meta.events`` would fire for every other
+        # writer in the process.
         options.setdefault("skip_instance_cache", True)
-        #: Whether the filesystem is this connection's own: one from fsspec's instance
-        #: cache (``skip_instance_cache=False``) is shared, and :meth:`close` leaves it open.
+        #: Whether the filesystem is this connection's own: a shared one
+        #: (``skip_instance_cache=False``, bounded: not fsspec's instance cache) is
+        #: released by :meth:`close`, left open for its other users.
         self.owned = bool(options["skip_instance_cache"])
         #: Whether :meth:`close` ran (closing once is enough).
         self.closed = False
@@ -165,13 +125,17 @@ class S3Connection:
         config = dict(options.pop("config_kwargs", None) or {})
         config.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})
         config.setdefault("max_pool_connections", pool_size)
+        fs: Any = None
         try:
-            self.fs = S3FileSystem(config_kwargs=config, **options)
-            if self.fs.session is None:  # no session given: the process's shared one
-                self.fs.session = shared_session(self.fs.kwargs)
-            self.client: Any = self.fs.s3  # connects: credentials and endpoint resolved
+            # its session the process's shared one (unless the options give one)
+            options["config_kwargs"] = config
+            fs = s3_filesystem(S3FileSystem, options, shared=not self.owned)
+            self.client: Any = fs.s3  # connects: credentials and endpoint resolved
         except Exception as exc:
+            if fs is not None:
+                close_filesystem(fs)
             raise ConfigurationError(f"{url}: cannot create an S3 client: {exc}") from exc
+        self.fs = fs
         self._sync = fsspec.asyn.sync
         additional = dict(self.fs.s3_additional_kwargs)
         #: Parameters every request on the object needs (requester pays, SSE-C keys).
@@ -192,17 +156,12 @@ class S3Connection:
         fsspec filesystem is always in a reference cycle), and in a thread that runs an
         event loop of its own (a Dask worker's) that fails with "attached to a different
         loop"; a second call does nothing. A shared filesystem (:attr:`owned` False) is
-        left open for its other users."""
-        if not self.owned or self.closed:
+        released: left open for its other users, closed with the last one once dropped
+        from the bounded cache (:func:`~ptestore.storage.filesystems.close_filesystem`)."""
+        if self.closed:
             return
         self.closed = True
-        creator = getattr(self.fs, "_s3creator", None)
-        if creator is None:
-            return
-        try:
-            self._sync(self.fs.loop, creator.__aexit__, None, None, None)
-        except Exception as exc:  # the connections go with the process at worst
-            log.debug("%s: closing the S3 client failed: %s", self.url, exc)
+        close_filesystem(self.fs)  # a failure logged: the connections go with the process
 
     def invoke(self, operation: str, **params: Any) -> dict[str, Any]:
         """One attempt of ``client.<operation>(**params)``, synchronously."""
