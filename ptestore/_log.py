@@ -41,6 +41,7 @@ its own takes; one whose logging is configured sees no difference.
 
 from __future__ import annotations
 
+import _thread
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -60,6 +61,9 @@ _CLASS: Any = None
 #: The commands running (a token each, the last started last): nested ones, or the
 #: command lines of several threads of one process, which may end in any order.
 _RUNNING: list[tuple[object, str]] = []
+#: Held while the commands running, :data:`COMMAND` and the last resort change together
+#: (a lock of the interpreter's own module: ``threading`` is not imported for it).
+_LOCK = _thread.allocate_lock()
 
 
 def command_started(command: str) -> object:
@@ -68,10 +72,11 @@ def command_started(command: str) -> object:
     :func:`command_ended` takes."""
     global COMMAND
     token = object()
-    _RUNNING.append((token, command))
-    COMMAND = command
-    if "logging" in sys.modules:  # in use already (-v, an application, pytest)
-        _take_last_resort()
+    with _LOCK:
+        _RUNNING.append((token, command))
+        COMMAND = command
+        if "logging" in sys.modules:  # in use already (-v, an application, pytest)
+            _take_last_resort()
     return token
 
 
@@ -81,14 +86,15 @@ def command_ended(token: object) -> None:
     last resort is the one it was before (commands of several threads may end in any
     order: each takes out its own)."""
     global COMMAND
-    _RUNNING[:] = [r for r in _RUNNING if r[0] is not token]
-    COMMAND = _RUNNING[-1][1] if _RUNNING else None
-    if COMMAND is None and _CLASS is not None:  # (made: logging is imported)
-        import logging
+    with _LOCK:
+        _RUNNING[:] = [r for r in _RUNNING if r[0] is not token]
+        COMMAND = _RUNNING[-1][1] if _RUNNING else None
+        if COMMAND is None and _CLASS is not None:  # (made: logging is imported)
+            import logging
 
-        ours = logging.lastResort
-        if isinstance(ours, _CLASS):
-            logging.lastResort = ours.previous
+            ours = logging.lastResort
+            if isinstance(ours, _CLASS):
+                logging.lastResort = ours.previous
 
 
 def _take_last_resort() -> None:

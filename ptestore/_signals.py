@@ -145,11 +145,14 @@ def _take(signals: tuple[int, ...], handler: Any) -> dict[int, _Before]:
             action = None if tells else _libc.get_sigaction(s)
             if action is None and (python is None or (_plain(python) and not tells)):
                 continue  # native or unknown, and its action unreadable: left alone
-            kind = _kind(python, action, s)
-            if action is not None and _agrees(python, kind):
-                action = None  # Python's table puts it back
-            taken[s] = _Before(python, action, kind)  # first: a signal at once puts it back
+            # Recorded first, with the real action where read: a signal arriving as the
+            # handler goes in puts back exactly what was. Its kind once Python's own C
+            # handler is installed (what tells a Python handler from a native one).
+            before = taken[s] = _Before(python, action, "native")
             signal.signal(s, handler)
+            before.kind = _kind(python, action, s)
+            if action is not None and _agrees(python, before.kind):
+                before.action = None  # Python's table puts it back
     except BaseException:
         _put_back(taken)
         raise

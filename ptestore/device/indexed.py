@@ -46,7 +46,7 @@ from ..errors import (
 )
 from ..storage.types import StorageURL
 from .entryfiles import check_entry_dir
-from .layout import MANIFEST, CacheLayout, files_intact, read_manifest, touch
+from .layout import MANIFEST, CacheLayout, as_read, files_intact, read_manifest, touch
 from .manifest import PTE_NAME, Manifest, as_json, file_records
 
 if TYPE_CHECKING:
@@ -319,7 +319,7 @@ def offline_entry(
         if not files_intact(layout.entry_dir(key), manifest):
             return None
         touch(layout.manifest(key))
-    record = _as_read(manifest.get("provenance"))
+    record = as_read(manifest.get("provenance"))
     made = artifact_of(layout, {**manifest, "key": key, "provenance": record}, False)
     reason = (
         f"served from the cache offline: {exc}; this is the artifact the index named "
@@ -327,20 +327,6 @@ def offline_entry(
     )
     get_logger(__name__).warning("%s: %s", index, reason)
     return replace(made, choice={**(made.choice or {}), "offline": reason})
-
-
-def _as_read(record: Any) -> Any:
-    """A manifest's provenance ``record`` as the trailer it was read from said it: before
-    records kept their version (this ptestore), one read from a version 1 or 2 trailer
-    was stored saying 3, its content named by its whole SHA-256 (``sha256:``), which a
-    version-3 record refuses. Offline such an entry is served (the files it fetched are
-    unchanged); online it is a miss, fetched again once."""
-    content = record.get("content") if isinstance(record, dict) else None
-    if not isinstance(content, dict) or record.get("version") != 3:
-        return record
-    if not str(content.get("sha256")).startswith("sha256:"):
-        return record
-    return {**record, "version": 1 if content.get("chunks") is None else 2}
 
 
 def check_source(index: str, choice: Choice, prov: Provenance | None) -> None:

@@ -206,6 +206,21 @@ class CacheEntry:
         return None
 
 
+def as_read(record: Any) -> Any:
+    """A manifest's provenance ``record`` as the trailer it was read from said it: before
+    records kept their version (this ptestore), one read from a version 1 or 2 trailer
+    was stored saying 3, its content named by its whole SHA-256 (``sha256:``), which a
+    version-3 record refuses. Offline such an entry is served (the files it fetched are
+    unchanged), and listed, kept by prune and evicted as any ready entry; online it is a
+    miss, fetched again once (:func:`.artifact.lookup` reads the manifest as it says)."""
+    content = record.get("content") if isinstance(record, dict) else None
+    if not isinstance(content, dict) or record.get("version") != 3:
+        return record
+    if not str(content.get("sha256")).startswith("sha256:"):
+        return record
+    return {**record, "version": 1 if content.get("chunks") is None else 2}
+
+
 def _usable(manifest: dict[str, Any], path: str) -> bool:
     """Whether an artifact can be built from ``manifest`` (what a hit returns): its
     source named, its provenance record readable. A manifest whose provenance field is
@@ -218,7 +233,7 @@ def _usable(manifest: dict[str, Any], path: str) -> bool:
     from ..provenance.record import Provenance
 
     try:
-        Provenance.from_dict(record, path)
+        Provenance.from_dict(as_read(record), path)
     except Exception:  # any damage: not an artifact
         return False
     return True

@@ -19,6 +19,7 @@ from support.fleetrun import fleet_run
 
 import ptestore
 from ptestore.backends.compat import DeviceProfile
+from ptestore.errors import IntegrityError
 
 EXT = get_fixture("mlp_xnnpack_ext")
 SPEC = "support.fleet_backend:Scaler=1.0"
@@ -64,3 +65,40 @@ def test_an_entry_made_before_version_3_is_made_again_once(
     assert old.provenance.source.sha256.startswith("sha256-tree:")
     hit = ptestore.ensure(index, cache_dir=cache, model="m", device=Z, backends=[SPEC])
     assert not hit.created and hit.pte == old.pte  # once
+
+
+def _as_written_before_version_3(index: Path, tmp: Path) -> Path:
+    """A copy of the version 2 ``index`` naming the sources as a runner before record
+    version 3 wrote them (their whole SHA-256)."""
+    data = json.loads(index.read_text())
+    for entry in data["entries"]:
+        for role in ("source", "ptd_source"):
+            named = entry.get(role)
+            if isinstance(named, dict) and named.get("url"):
+                whole = hashlib.sha256(Path(named["url"]).read_bytes()).hexdigest()
+                named["sha256"] = f"sha256:{whole}"
+    other = tmp / "other" / "ptestore-index.json"
+    other.parent.mkdir()
+    other.write_text(json.dumps(data))
+    return other
+
+
+def test_an_entry_made_now_against_an_older_runners_index_is_refused_and_kept(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The other way round (the entry made now names ``sha256-tree:``, an index an
+    older runner wrote ``sha256:``): refused, as before, without making the entry again
+    and without removing it (made again, refused and removed on every call, the two
+    indexes undid each other's entry)."""
+    job = _job(tmp_path)
+    job.write_text("index_version = 2\n" + job.read_text())
+    index = fleet_run(job, capsys)
+    cache = tmp_path / "cache"
+    made = ptestore.ensure(index, cache_dir=cache, model="m", device=Z, backends=[SPEC])
+    assert made.created
+    older = _as_written_before_version_3(Path(index), tmp_path)
+    for _ in range(2):
+        with pytest.raises(IntegrityError, match=r"the portable source has sha256-tree:"):
+            ptestore.ensure(older, cache_dir=cache, model="m", device=Z, backends=[SPEC])
+    hit = ptestore.ensure(index, cache_dir=cache, model="m", device=Z, backends=[SPEC])
+    assert not hit.created and hit.pte == made.pte  # kept, never made again

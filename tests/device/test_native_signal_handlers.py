@@ -390,3 +390,36 @@ def test_a_signal_while_the_scope_takes_over_puts_back_what_was(
     finally:
         monkeypatch.undo()
         real(signal.SIGTERM, previous)
+
+
+OVER_PYTHON = r"""
+import ctypes, os, signal
+from ptestore._signals import termination_as_interrupt
+
+fired = []
+signal.signal(signal.SIGTERM, lambda s, f: fired.append("python handler"))
+HANDLER = ctypes.CFUNCTYPE(None, ctypes.c_int)
+native = HANDLER(lambda s: fired.append("native handler"))
+libc = ctypes.CDLL(None)
+libc.signal.argtypes = [ctypes.c_int, HANDLER]
+libc.signal.restype = ctypes.c_void_p
+libc.signal(signal.SIGTERM, native)  # over Python's: its table still names the lambda
+with termination_as_interrupt():
+    pass
+os.kill(os.getpid(), signal.SIGTERM)
+print(fired, flush=True)
+"""
+
+
+def test_a_native_handler_installed_over_a_python_one_is_put_back() -> None:
+    """Python's table names a Python handler, native code installed its own since: the
+    scope tells the native one from Python's own C handler (once that is installed) and
+    puts it back (taken for Python's, the signal went to the Python handler)."""
+    done = subprocess.run(
+        [sys.executable, "-c", OVER_PYTHON],
+        env=_child_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (done.stdout, done.returncode) == ("['native handler']\n", 0), done.stderr

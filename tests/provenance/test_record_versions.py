@@ -127,6 +127,12 @@ def test_the_cache_stores_the_version_read_and_serves_what_an_earlier_ptestore_s
     stored["provenance"]["version"] = 3  # as ptestore from a2e86c8 stored it
     manifest.write_text(json.dumps(stored))
     index.rename(tmp_path / "moved.json")
+    # listed ready, kept by prune (it was "broken", and removed: nothing left offline)
+    from ptestore.device import list_entries, prune
+
+    assert [e.state for e in list_entries(tmp_path / "cache")] == ["ready"]
+    prune(tmp_path / "cache")
+    assert manifest.exists()
     offline = _json(argv, capsys)
     assert offline["choice"]["offline"].startswith("served from the cache offline: ")
     assert offline["provenance"]["version"] == 1
