@@ -93,6 +93,17 @@ _filesystems_lock = threading.Lock()
 _LEASE = "_ptestore_lease"
 
 
+def _locks_anew() -> None:
+    """A forked child's locks: one another thread of the parent held at the fork (making
+    a filesystem, its first import of aiobotocore) would never be released there."""
+    global _sessions_lock, _filesystems_lock
+    _sessions_lock, _filesystems_lock = threading.Lock(), threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_locks_anew)
+
+
 class _Lease:
     """How many users hold a shared filesystem now, the state it was made under, and
     whether the cache dropped it (then the last user to let it go closes it)."""

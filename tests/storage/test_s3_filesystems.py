@@ -171,3 +171,35 @@ def test_a_loader_opened_after_a_credentials_rotation_signs_with_the_new_key(
         assert isinstance(loader, FsspecLoader)
         assert _access_key(loader) == good["key"]
         assert loader.load(0, len(DATA)) == DATA
+
+
+def test_a_child_forked_while_another_thread_makes_a_filesystem_can_make_one() -> None:
+    """The cache's locks are made anew in a forked child: one a thread of the parent
+    held at the fork (making a filesystem) would never be released there, and the
+    child's first S3 open would wait for ever."""
+    import os
+    import threading
+
+    from ptestore.storage import filesystems
+
+    held, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with filesystems._filesystems_lock, filesystems._sessions_lock:
+            held.set()
+            release.wait(120)
+
+    t = threading.Thread(target=holder)
+    t.start()
+    try:
+        assert held.wait(120)
+        pid = os.fork()
+        if pid == 0:  # the child: both locks free (a ceiling, only for the failure)
+            got = filesystems._filesystems_lock.acquire(timeout=30)
+            got = got and filesystems._sessions_lock.acquire(timeout=30)
+            os._exit(0 if got else 1)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        release.set()
+        t.join()
+    assert os.waitstatus_to_exitcode(status) == 0
