@@ -242,6 +242,8 @@ src, cache, backend = sys.argv[1:4]
 if sys.argv[4:] == ["unreadable"]:  # a platform whose struct sigaction is not read
     import ptestore._libc
     ptestore._libc._sigaction_known = lambda: False
+for s in (signal.SIGHUP, signal.SIGTERM):  # as a shell starts it (not nohup's SIG_IGN)
+    signal.signal(s, signal.SIG_DFL)
 fired = []
 HANDLER = ctypes.CFUNCTYPE(None, ctypes.c_int)
 native = HANDLER(fired.append)
