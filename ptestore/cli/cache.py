@@ -83,6 +83,7 @@ def _when(ts: float | None) -> str:
 def run_cache(args: argparse.Namespace) -> int:
     """Run ``ptestore cache ACTION``; returns the exit status."""
     from ..device import cache
+    from ..device.layout import list_entries
 
     local = file_path(args.cache_dir)  # file:///x is /x; a remote URL is no directory
     if local is None or not os.path.isdir(local):
@@ -105,7 +106,7 @@ def run_cache(args: argparse.Namespace) -> int:
             "--storage-option reaches the job indexes of `cache prune --stale` only"
         )
     if args.action == "ls":
-        entries = cache.list_entries(args.cache_dir)
+        entries = list_entries(args.cache_dir)
         if args.json:
             out: Any = {
                 "entries": [e.to_dict() for e in entries],

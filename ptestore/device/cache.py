@@ -21,48 +21,12 @@ from .._dataclass import dataclass, field
 from .._log import get_logger
 from ..errors import ConfigurationError, PteStoreError, StorageError
 from .entryfiles import clean_entry_locked, dir_bytes, entry_dir_fd, entry_files, freed_since
-from .layout import (
-    MANIFEST,
-    MANIFEST_FORMAT,
-    MANIFEST_VERSION,
-    MAX_MANIFEST_BYTES,
-    CacheEntry,
-    CacheLayout,
-    check_private,
-    file_stamp,
-    files_intact,
-    list_entries,
-    load_entry,
-    packed_weights_file,
-    read_manifest,
-    touch,
-)
+from .layout import MANIFEST, CacheEntry, CacheLayout, load_entry
 from .orphans import remove_orphan_locks
 
 log = get_logger(__name__)
 
-__all__ = [
-    "MANIFEST",
-    "MANIFEST_FORMAT",
-    "MANIFEST_VERSION",
-    "MAX_MANIFEST_BYTES",
-    "CacheEntry",
-    "CacheLayout",
-    "Removed",
-    "check_private",
-    "clear",
-    "evict",
-    "file_stamp",
-    "files_intact",
-    "list_entries",
-    "load_entry",
-    "packed_weights_file",
-    "prune",
-    "read_manifest",
-    "remove_entry_locked",
-    "stopped",
-    "touch",
-]
+__all__ = ["Removed", "clear", "evict", "prune", "remove_entry_locked", "stopped"]
 
 
 def remove_entry_locked(layout: CacheLayout, key: str) -> int:

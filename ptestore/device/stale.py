@@ -38,8 +38,9 @@ from typing import Any
 from .._dataclass import dataclass, field
 from ..errors import ConfigurationError, ObjectNotFound, PteStoreError, StorageError
 from ..storage.types import StorageURL
-from .cache import CacheLayout, load_entry, read_manifest, remove_entry_locked, stopped
+from .cache import remove_entry_locked, stopped
 from .keys import as_recorded, source_identity
+from .layout import CacheLayout, load_entry, read_manifest
 from .manifest import as_json
 
 __all__ = ["StaleEntry", "StaleResult", "prune_stale", "why_stale"]

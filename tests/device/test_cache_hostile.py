@@ -21,9 +21,9 @@ import ptestore
 from ptestore.backends.compat import DeviceProfile
 from ptestore.cli import main
 from ptestore.device import cache, list_entries, prune
-from ptestore.device.cache import CacheLayout, read_manifest
 from ptestore.device.entryfiles import clean_entry_locked
 from ptestore.device.keys import entry_key
+from ptestore.device.layout import CacheLayout, read_manifest
 from ptestore.errors import FormatError, PermissionDenied, StorageError
 
 SPEC = "support.counting_backend:Counting=1.0"

@@ -23,8 +23,8 @@ import ptestore.coordinator.inplace as inplace
 import ptestore.storage.atomic as atomic
 from ptestore.backends.compat import DeviceProfile
 from ptestore.device import cache, clear, evict, list_entries, prune
-from ptestore.device.cache import CacheLayout
 from ptestore.device.keys import entry_key
+from ptestore.device.layout import CacheEntry, CacheLayout
 from ptestore.device.lock import KeyLock
 from ptestore.device.stale import prune_stale
 from ptestore.errors import PreconditionFailed, StorageError
@@ -52,7 +52,7 @@ def _after_first_judgment(monkeypatch: pytest.MonkeyPatch, key: str, action: Any
     orig = cache.load_entry
     done = []
 
-    def judged(layout: CacheLayout, k: str) -> cache.CacheEntry:
+    def judged(layout: CacheLayout, k: str) -> CacheEntry:
         entry = orig(layout, k)
         if k == key and not done:
             done.append(entry.state)

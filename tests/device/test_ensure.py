@@ -212,7 +212,7 @@ def test_max_bytes_evicts_least_recently_used_never_the_one_returned(
 def test_an_entry_another_process_holds_is_not_evicted(tmp_path: Path, calls: Path) -> None:
     cache = tmp_path / "cache"
     a = ptestore.ensure(model(tmp_path, "a.pte"), cache_dir=cache, backends=[SPEC])
-    from ptestore.device.cache import CacheLayout
+    from ptestore.device.layout import CacheLayout
 
     with CacheLayout(cache).lock(a.key, shared=True):
         done = evict(cache, 0)
@@ -456,7 +456,7 @@ def test_a_remote_source_is_keyed_on_what_the_store_reports(tmp_path: Path, call
 def test_a_damaged_manifest_is_broken_a_miss_and_its_error_names_the_field(
     tmp_path: Path, calls: Path
 ) -> None:
-    from ptestore.device.cache import read_manifest
+    from ptestore.device.layout import read_manifest
     from ptestore.errors import FormatError
 
     src, cache = model(tmp_path), tmp_path / "cache"
@@ -534,7 +534,7 @@ def test_an_entry_directory_that_cannot_be_made_is_a_storage_error(
     """It was an ``UnboundLocalError`` (the message named a variable never set)."""
     import errno as errno_
 
-    from ptestore.device.cache import CacheLayout
+    from ptestore.device.layout import CacheLayout
 
     src = copy_pte(tmp_path / "m.pte")
     cache = tmp_path / "cache"

@@ -17,7 +17,7 @@ from support.digests import tree
 from support.fixtures import get_fixture
 from support.fleetrun import fleet_run
 from support.forged import content_of
-from support.s3job import s3_options_toml
+from support.s3job import s3_options_toml, source_on_s3
 
 import ptestore
 from ptestore.backends.compat import DeviceProfile
@@ -175,17 +175,6 @@ def test_nothing_fits_specializes_the_portable_source_here(
     assert not again.created and again.pte == made.pte and again.choice is not None
 
 
-def _source_on_s3(server: S3TestServer) -> tuple[str, tuple[str, str]]:
-    """A new bucket of ``server`` holding the fixture's .pte and .ptd: the bucket and
-    their URLs."""
-    assert EXT.pte_path is not None and EXT.ptd_path is not None
-    bucket = server.new_bucket()
-    client = server.client()
-    client.put_object(Bucket=bucket, Key="src/m.pte", Body=EXT.pte_path.read_bytes())
-    client.put_object(Bucket=bucket, Key="src/m.ptd", Body=EXT.ptd_path.read_bytes())
-    return bucket, (f"s3://{bucket}/src/m.pte", f"s3://{bucket}/src/m.ptd")
-
-
 def _flags(opts: dict[str, Any]) -> list[str]:
     """``opts`` as the CLI's ``-o KEY=VALUE`` flags."""
     return [
@@ -211,7 +200,7 @@ def test_nothing_fits_specializes_a_portable_source_on_the_index_s_store(
     """The portable source and its .ptd on the S3 server the index is on (its endpoint,
     its credentials): the options given for the index reach them, to fingerprint the
     source, to find the hit and to specialize it; ``ptestore ensure -o`` too."""
-    bucket, source = _source_on_s3(s3_server)
+    bucket, source = source_on_s3(s3_server)
     extra = s3_options_toml(s3_server.storage_options)
     index = fleet_run(_job(tmp_path, f"s3://{bucket}/fleet", extra=extra, source=source), capsys)
     assert index.startswith(f"s3://{bucket}/")
@@ -256,7 +245,7 @@ def test_a_local_index_s_options_reach_the_portable_source_it_names(
     """A local index naming a portable source on S3: the options reach the source; one
     that applies to none of the source's URLs is refused once the index is read, before
     the source is (as for the artifacts it names)."""
-    _, source = _source_on_s3(s3_server)
+    _, source = source_on_s3(s3_server)
     extra = s3_options_toml(s3_server.storage_options)
     index = fleet_run(_job(tmp_path, str(tmp_path / "out"), extra=extra, source=source), capsys)
     opts = s3_server.storage_options

@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 from support.fixtures import get_fixture
 from support.fleetrun import fleet_run
-from support.s3job import s3_options_toml
+from support.s3job import s3_options_toml, source_on_s3
 
 import ptestore
 from ptestore.backends.compat import DeviceProfile
 from ptestore.cli import main
 from ptestore.device import list_entries, prune_stale
-from ptestore.device.cache import CacheLayout, read_manifest
 from ptestore.device.indexed import index_key
+from ptestore.device.layout import CacheLayout, read_manifest
 from ptestore.errors import ModelRetired, ObjectNotFound, StorageError
 from ptestore.testing.s3server import S3TestServer
 
@@ -301,15 +301,6 @@ def test_a_damaged_record_serves_nothing_offline(
         ptestore.ensure(index, cache_dir=cache, model="m", device=B, backends=[SPEC])
 
 
-def _source_on_s3(server: S3TestServer) -> tuple[str, tuple[str, str]]:
-    assert EXT.pte_path is not None and EXT.ptd_path is not None
-    bucket = server.new_bucket()
-    client = server.client()
-    client.put_object(Bucket=bucket, Key="src/m.pte", Body=EXT.pte_path.read_bytes())
-    client.put_object(Bucket=bucket, Key="src/m.ptd", Body=EXT.ptd_path.read_bytes())
-    return bucket, (f"s3://{bucket}/src/m.pte", f"s3://{bucket}/src/m.ptd")
-
-
 @pytest.mark.s3
 def test_on_s3_the_retired_artifact_is_not_served_and_prune_reaches_the_source(
     s3_server: S3TestServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -319,7 +310,7 @@ def test_on_s3_the_retired_artifact_is_not_served_and_prune_reaches_the_source(
     nothing is. ``cache prune --stale -o`` reaches that source as ``ensure`` did (it
     was `kept: unknown` on every prune, read without the options), and finds it
     changed once it is."""
-    bucket, source = _source_on_s3(s3_server)
+    bucket, source = source_on_s3(s3_server)
     opts = s3_server.storage_options
     extra = s3_options_toml(opts)
     index = fleet_run(_job(tmp_path, f"s3://{bucket}/fleet", source, "ab", extra), capsys)
@@ -391,7 +382,7 @@ def test_prune_options_reach_the_s3_source_a_local_index_named(
     any is read. A copy of a source no index named is read without them."""
     from ptestore.errors import ConfigurationError
 
-    bucket, source = _source_on_s3(s3_server)
+    bucket, source = source_on_s3(s3_server)
     opts = s3_server.storage_options
     index = fleet_run(
         _job(tmp_path, str(tmp_path / "out"), source, "a", s3_options_toml(opts)), capsys

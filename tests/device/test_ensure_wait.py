@@ -18,7 +18,7 @@ import ptestore
 from ptestore.backends.compat import DeviceProfile
 from ptestore.cli import main
 from ptestore.coordinator.report import Event
-from ptestore.device.cache import CacheLayout
+from ptestore.device.layout import CacheLayout
 from ptestore.device.lock import holder_pid
 from ptestore.errors import ConfigurationError, LockTimeout
 

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 from support.xnnpack_probe import REPO, env, flip, fresh_load
 
-from ptestore.device import cache, ensure
-from ptestore.device.cache import CacheLayout, remove_entry_locked
+from ptestore.device import cache, ensure, list_entries
+from ptestore.device.cache import remove_entry_locked
+from ptestore.device.layout import CacheLayout
 from ptestore.device.packed import with_packed_weights
 from ptestore.errors import ConfigurationError, StorageError
 from ptestore.testing.runtime import runtime_unavailable
@@ -59,11 +60,11 @@ def test_made_once_found_on_a_hit_rebuilt_when_corrupt_and_loaded(tmp_path: Path
     assert ensure(MLP, cache_dir=cache_dir).xnnpack_cache is None  # not asked for: not given
 
     # listed with the entry, counted in its bytes, kept by prune
-    (entry,) = cache.list_entries(cache_dir)
+    (entry,) = list_entries(cache_dir)
     assert entry.xnnpack_cache == str(packed) and entry.to_dict()["xnnpack_cache"] == str(packed)
     assert entry.bytes >= packed.stat().st_size + Path(first.pte).stat().st_size
     cache.prune(cache_dir)
-    assert packed.is_file() and cache.list_entries(cache_dir)[0].xnnpack_cache == str(packed)
+    assert packed.is_file() and list_entries(cache_dir)[0].xnnpack_cache == str(packed)
 
     flip(packed)
     rebuilt = ensure(MLP, cache_dir=cache_dir, xnnpack_cache=True)
@@ -126,11 +127,11 @@ def test_wrong_arguments_are_refused(tmp_path: Path) -> None:
 def test_the_packed_file_counts_in_max_bytes(tmp_path: Path) -> None:
     other = ensure(FIXTURES / "mlp_portable.pte", cache_dir=tmp_path)
     plain = ensure(MLP, cache_dir=tmp_path)
-    sizes = {e.key: e.bytes for e in cache.list_entries(tmp_path)}
+    sizes = {e.key: e.bytes for e in list_entries(tmp_path)}
     fits = sizes[other.key] + sizes[plain.key]  # both fit before the packed file is made
     got = ensure(MLP, cache_dir=tmp_path, xnnpack_cache=True, max_bytes=fits)
     assert got.key == plain.key and got.xnnpack_cache is not None
-    (left,) = cache.list_entries(tmp_path)  # the least recently used entry went
+    (left,) = list_entries(tmp_path)  # the least recently used entry went
     assert left.key == plain.key and left.xnnpack_cache == got.xnnpack_cache
     assert left.bytes >= sizes[plain.key] + Path(got.xnnpack_cache).stat().st_size
 

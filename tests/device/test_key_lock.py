@@ -15,7 +15,7 @@ from support.fixtures import get_fixture
 
 import ptestore
 from ptestore.backends import BackendInterface
-from ptestore.device.cache import CacheLayout
+from ptestore.device.layout import CacheLayout
 from ptestore.device.lock import KeyLock
 
 FX = get_fixture("mlp_xnnpack")

@@ -17,7 +17,7 @@ from support.fixtures import get_fixture
 
 import ptestore
 from ptestore.backends.compat import DeviceProfile
-from ptestore.device.cache import CacheLayout, read_manifest
+from ptestore.device.layout import CacheLayout, read_manifest
 from ptestore.device.manifest import PTE_NAME, Manifest, file_records
 from ptestore.errors import StorageError
 

@@ -23,7 +23,7 @@ import ptestore
 from ptestore.backends.compat import DeviceProfile
 from ptestore.cli import main
 from ptestore.device import list_entries, prune_stale
-from ptestore.device.cache import CacheLayout
+from ptestore.device.layout import CacheLayout
 from ptestore.errors import ConfigurationError, ObjectNotFound
 
 SPEC = "support.counting_backend:Counting=1.0"

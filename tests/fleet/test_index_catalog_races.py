@@ -315,13 +315,9 @@ def test_check_index_reports_a_rebuild_given_up_as_not_repaired(
     assert assert_catalogs_match_leaves(url, {}) == 1
 
 
-def test_a_run_whose_rebuild_is_given_up_reports_an_index_error(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """A real run's catalog lost (a crash between the trie and the catalog); the next
-    run (its pairs skipped, indexed again) finds no catalog and rebuilds it while runs
-    keep placing pairs: its index_error names the rebuild given up, exit 1 (before: exit
-    0, no catalog left)."""
+def _real_run(tmp_path: Path) -> tuple[Path, str]:
+    """A real run of one model (``mlp_xnnpack_ext``) for devices ``a`` and ``b`` into
+    ``tmp_path/out``: its job file and the URL of the index it published."""
     from support.fixtures import get_fixture
 
     ext = get_fixture("mlp_xnnpack_ext")
@@ -334,7 +330,17 @@ def test_a_run_whose_rebuild_is_given_up_reports_an_index_error(
         '[devices.a]\nsoc = "s0"\n[devices.b]\nsoc = "s1"\n'
     )
     assert main(["fleet", "run", str(job), "--workers", "1", "-q"]) == 0
-    url = str(out / "ptestore-index.json")
+    return job, str(out / "ptestore-index.json")
+
+
+def test_a_run_whose_rebuild_is_given_up_reports_an_index_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A real run's catalog lost (a crash between the trie and the catalog); the next
+    run (its pairs skipped, indexed again) finds no catalog and rebuilds it while runs
+    keep placing pairs: its index_error names the rebuild given up, exit 1 (before: exit
+    0, no catalog left)."""
+    job, url = _real_run(tmp_path)
     Path(_sharded(url).catalog_url("mlp")).unlink()
     _rebuilds_failed_by_placements(monkeypatch, url, "mlp")
     capsys.readouterr()
@@ -425,19 +431,7 @@ def test_a_run_whose_placement_is_given_up_reports_an_index_error(
     (they write its leaf after every round): its ``index_errors`` names the model and
     the placement given up, and the summary says so, exit 1 (before: exit 0, nothing
     said)."""
-    from support.fixtures import get_fixture
-
-    ext = get_fixture("mlp_xnnpack_ext")
-    out = tmp_path / "out"
-    job = tmp_path / "job.toml"
-    job.write_text(
-        f'destination = "{out}/{{device}}/{{model}}.pte"\n'
-        'backends = ["support.fleet_backend:Scaler=1.0"]\n'
-        f'[[models]]\nname = "mlp"\nsource = "{ext.pte_path}"\nptd = "{ext.ptd_path}"\n'
-        '[devices.a]\nsoc = "s0"\n[devices.b]\nsoc = "s1"\n'
-    )
-    assert main(["fleet", "run", str(job), "--workers", "1", "-q"]) == 0
-    url = str(out / "ptestore-index.json")
+    job, url = _real_run(tmp_path)
     # Another run's entry of (mlp, a) there: the run places its own, a change.
     other = {**synthetic_entry("mlp", "a"), "compatibility": [{"id": "X", "v": "Z"}]}
     publish_entries(url, [other], {})

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from ptestore.coordinator.targets import target_identity
-from ptestore.device.cache import CacheLayout
 from ptestore.device.keys import entry_key
+from ptestore.device.layout import CacheLayout
 from ptestore.errors import ConfigurationError, ObjectNotFound, StorageError
 from ptestore.journal import local_path as journal_local_path
 from ptestore.storage.loaders import LocalFileLoader, loader_options, open_loader
