@@ -42,6 +42,7 @@ its own takes; one whose logging is configured sees no difference.
 from __future__ import annotations
 
 import _thread
+import os
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -64,6 +65,17 @@ _RUNNING: list[tuple[object, str]] = []
 #: Held while the commands running, :data:`COMMAND` and the last resort change together
 #: (a lock of the interpreter's own module: ``threading`` is not imported for it).
 _LOCK = _thread.allocate_lock()
+
+
+def _lock_anew() -> None:
+    """A forked child's lock: one another thread of the parent held at the fork (a
+    command starting or ending) would never be released there."""
+    global _LOCK
+    _LOCK = _thread.allocate_lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_lock_anew)
 
 
 def command_started(command: str) -> object:

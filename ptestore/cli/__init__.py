@@ -99,6 +99,16 @@ _ON_PATH: dict[str, int] = {}
 _PATH_LOCK = threading.Lock()
 
 
+def _path_lock_anew() -> None:
+    """A forked child's lock (another thread of the parent may have held it at the fork)."""
+    global _PATH_LOCK
+    _PATH_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_path_lock_anew)
+
+
 def _path_taken(here: str) -> str | None:
     """``here`` first on ``sys.path`` for a command (unless the path has it, or ``""``,
     already); what :func:`_path_given_back` takes."""
