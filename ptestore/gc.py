@@ -190,10 +190,7 @@ def collect_s3(
     **storage_options: Any,
 ) -> list[GcEntry]:
     """Abort ptestore's stale multipart uploads under ``s3://bucket/prefix``."""
-    from ._retry import error_code, to_storage_error
     from .writers.s3.config import S3Connection, connection_options
-    from .writers.s3.listing import upload_pages
-    from .writers.s3.marker import MARKER_PART_NUMBER, is_marker_part
 
     check_older_than(older_than)
     protocol, rest = split_url(url)
@@ -204,6 +201,20 @@ def collect_s3(
         raise ConfigurationError(f"{url}: no bucket name")
     check_options(url, storage_options, connection_options(), "gc of s3://")
     conn = S3Connection(url, storage_options)
+    try:
+        return _collect_uploads(conn, bucket, prefix, older_than, dry_run)
+    finally:
+        conn.close()  # its filesystem released (a long-running process calls gc again)
+
+
+def _collect_uploads(
+    conn: S3Connection, bucket: str, prefix: str, older_than: float, dry_run: bool
+) -> list[GcEntry]:
+    """:func:`collect_s3`'s listing and aborts through ``conn``."""
+    from ._retry import error_code, to_storage_error
+    from .writers.s3.listing import upload_pages
+    from .writers.s3.marker import MARKER_PART_NUMBER, is_marker_part
+
     now = datetime.now(timezone.utc)
     found: list[GcEntry] = []
     pages = upload_pages(conn, bucket, prefix)

@@ -99,6 +99,21 @@ def test_options_changing_per_call_keep_a_bounded_number_of_clients(
     assert _filesystems() - made <= FILESYSTEM_CACHE_SIZE
 
 
+def test_gc_of_uploads_with_options_changing_per_call_keeps_a_bounded_number_of_clients(
+    s3_server: S3TestServer, url: str, no_collector: None
+) -> None:
+    """``collect_s3`` releases its connection's filesystem: 3 x the bound of calls with
+    options of their own leave at most the bound of open aiohttp sessions (it never
+    closed its connection: each call's filesystem stayed open, one more per call)."""
+    from ptestore.gc import collect_s3
+
+    prefix = url.rpartition("/")[0] + "/"
+    sessions = _open_sessions()
+    for i in range(3 * FILESYSTEM_CACHE_SIZE):
+        assert collect_s3(prefix, older_than=0, **_per_call(s3_server, i)) == []
+    assert _open_sessions() - sessions <= FILESYSTEM_CACHE_SIZE
+
+
 def test_loaders_with_equal_options_share_one_client(s3_server: S3TestServer, url: str) -> None:
     """The common case keeps its one client (no client, nor TLS context, per loader);
     the application's own filesystem from fsspec is never it."""
