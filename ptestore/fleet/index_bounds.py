@@ -166,18 +166,34 @@ def check_named_url(url: object, source: str, field: str) -> None:
     process, or one given as an object, ``"<index>"``) any, as the index is the
     device's own; from a remote one (``s3://``) only a URL of the index's own protocol,
     never a local path, ``file://``, ``memory://``, another service's URL
-    (``http(s)://`` from an ``s3://`` index: a metadata service) nor another scheme;
+    (``http(s)://`` from an ``s3://`` index: a metadata service) nor another scheme; from
+    an index read from a server (``http(s)://``) only a URL of that server (the same
+    protocol, host and port: the storage options' headers go to it);
     else :class:`FormatError` naming the index, the field and the URL, raised before
     anything is requested (docs/fleet.md, "What an index may name"). URLs are taken as
     the index writes them (absolute: a relative one is a local path). Not a URL (not a
     string) is :func:`check_files`' to say."""
-    from ..storage.types import split_url
+    from ..storage.types import split_url, url_origin
 
     if not isinstance(url, str):
         return
     home = split_url(source)[0]
-    if home in _OWN_INDEXES or split_url(url)[0] == home:
+    if home in _OWN_INDEXES:
         return
+    if split_url(url)[0] == home:
+        if home in _BUCKET_PROTOCOLS:
+            return
+        own = url_origin(source)
+        if url_origin(url) == own:
+            return
+        raise FormatError(
+            source,
+            field,
+            url,
+            f"a URL on the index's own server ({own[0]}://{own[1]}:{own[2]})",
+            "an index read from a server names only objects of that server: the storage "
+            "options (headers, credentials) are never sent to another host or port",
+        )
     raise FormatError(
         source,
         field,
@@ -186,6 +202,12 @@ def check_named_url(url: object, source: str, field: str) -> None:
         "an index read from a store names only objects of its protocol: a local path, "
         "file://, or a URL of another protocol or service is never opened nor requested",
     )
+
+
+#: Protocols whose URLs name a bucket (or container) of the one service the storage
+#: options address (its endpoint and credentials are options, not in the URL): an
+#: index there may name any bucket of it.
+_BUCKET_PROTOCOLS = frozenset({"s3", "gs", "gcs", "az", "abfs", "abfss", "adl"})
 
 
 def check_origin(entry: dict[str, Any], source: str, name: str, roles: Iterable[str]) -> None:

@@ -26,6 +26,7 @@ __all__ = [
     "local_path",
     "split_url",
     "strerror",
+    "url_origin",
 ]
 
 #: Bytes as ptestore takes them: anything read by a loader or handed to a writer.
@@ -122,6 +123,28 @@ def split_url(url: str | os.PathLike[str]) -> tuple[str, str]:
     if protocol == "memory":
         return "memory", "/" + rest.lstrip("/")
     return protocol, text
+
+
+#: The port a URL without one means.
+_DEFAULT_PORTS = {"http": "80", "https": "443"}
+
+
+def url_origin(url: str) -> tuple[str, str, str]:
+    """``(protocol, host, port)`` of a URL naming its server (``https://user@Host/x``
+    -> ``("https", "host", "443")``): the user information left out, the host in lower
+    case without a final dot, the protocol's default port where none is given."""
+    protocol, rest = url.split("://", 1) if "://" in url else ("", url)
+    protocol = protocol.lower()
+    authority = rest
+    for end in "/?#":
+        authority = authority.partition(end)[0]
+    authority = authority.rpartition("@")[2]
+    if authority.startswith("["):  # an IPv6 address: [::1]:8080
+        host, _, after = authority[1:].partition("]")
+        port = after[1:] if after.startswith(":") else ""
+    else:
+        host, _, port = authority.partition(":")
+    return protocol, host.lower().rstrip("."), port or _DEFAULT_PORTS.get(protocol, "")
 
 
 class StorageURL(NamedTuple):

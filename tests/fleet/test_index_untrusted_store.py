@@ -279,6 +279,65 @@ def test_a_remote_index_naming_an_http_url_is_refused_before_it_is_requested(
     assert str(caught.value) == _refusal(leaf, "ptd.url", named)
 
 
+def _served_index(base: str, objects: dict[str, bytes], name: str, pte_url: str) -> str:
+    """A version 2 index (one object, as a static server holds it) with one synthetic
+    entry m/a whose ``pte.url`` is ``pte_url``, put into ``objects`` as ``name``; its
+    URL at ``base``."""
+    entry = synthetic_entry("m", "a", root=f"{base}/fleet")
+    entry["pte"]["url"] = pte_url
+    doc = {"format": "ptestore.index", "version": 2, "updated": "x", "entries": [entry]}
+    objects[f"/fleet/{name}"] = json.dumps(doc).encode()
+    return f"{base}/fleet/{name}"
+
+
+def test_an_index_read_from_a_server_names_only_that_server(tmp_path: Path) -> None:
+    """An index read over ``http://`` naming a file on another host or port: the device's
+    storage options (an ``Authorization`` header) went with the requests to it. Now
+    refused before anything there is requested; one of the index's own server is
+    handed out as before."""
+    header = {"client_kwargs": {"headers": {"Authorization": "Bearer DEVICE-TOKEN"}}}
+    with http_store({}) as (base, state), http_store({}) as (elsewhere, other):
+        named = f"{elsewhere}/m.pte"
+        index = _served_index(base, state.objects, "a.json", named)
+        with pytest.raises(FormatError) as caught:
+            ptestore.fetch(
+                index, tmp_path / "dev" / "m.pte", model="m", device="a",
+                storage_options=header,
+            )  # fmt: skip
+        assert other.requests == []
+        own = f"{base}/fleet/m/a.pte"
+        same = _served_index(base, state.objects, "b.json", own.replace("://", "://u@"))
+        chosen = ptestore.select(same, "m", "a", storage_options=header)
+    host, port = base.removeprefix("http://").split(":")
+    assert str(caught.value) == (
+        f"{index}: entry m/a pte.url = {named!r}: must be a URL on the index's own server "
+        f"(http://{host}:{port}) (an index read from a server names only objects of that "
+        "server: the storage options (headers, credentials) are never sent to another "
+        "host or port)"
+    )
+    assert chosen.kind == "artifact" and chosen.pte["url"] == own.replace("://", "://u@")
+
+
+def test_origins_compare_host_and_port_as_a_client_reaches_them() -> None:
+    """The same server however the URL spells it (letter case, the default port, user
+    information); another port, host or protocol is another server."""
+    from ptestore.fleet.index_bounds import check_named_url
+
+    index = "https://Store.example/fleet/ptestore-index.json"
+    for named in ("https://store.example/m.pte", "https://u:p@STORE.example.:443/m.pte"):
+        check_named_url(named, index, "entry m/a pte.url")
+    for named in (
+        "https://store.example:8443/m.pte",
+        "https://store.example.evil/m.pte",
+        "https://evil@host/m.pte",
+        "http://store.example/m.pte",
+        "https://[::1]/m.pte",
+    ):
+        with pytest.raises(FormatError, match="must be a URL on the index's own"):
+            check_named_url(named, index, "entry m/a pte.url")
+    check_named_url("https://[::1]:443/m.pte", "https://[::1]/i.json", "entry m/a pte.url")
+
+
 @pytest.mark.s3
 def test_a_remote_index_naming_a_local_portable_source_is_not_specialized(
     s3_server: S3TestServer, tmp_path: Path
