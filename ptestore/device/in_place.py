@@ -300,6 +300,7 @@ def _from_portable(
     from ..coordinator.report import ENSURE_PTD, ptd_spelling
     from ..provenance.stamp import ProvenanceRequest
     from ..storage.atomic import rename, temp_name
+    from ..writers._staging import take_over
 
     staged = temp_name(path)
     try:
@@ -330,10 +331,8 @@ def _from_portable(
     except OSError:
         pass  # a file system without flock: gc's age limit still protects a fresh copy
     try:
-        try:
-            os.fchmod(held, os.stat(path).st_mode & 0o7777)  # the mode the file had
-        except FileNotFoundError:
-            pass
+        # what a file replacing ``path`` keeps of it, as the local writer's publish
+        take_over(held, path, None)  # its owner, its permission bits (docs/storage.md)
         rename(staged, path)
         made = _publish(layout, key, path, path, current, report.specialized, held)
         warn_unchanged(report, key)  # served as it is, once recorded: said, never silent

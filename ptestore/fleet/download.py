@@ -73,7 +73,9 @@ def own_file(fd: int, path: str) -> None:
 
 def open_part(part: str, resume: bool) -> int:
     """The ``.part``'s descriptor: the existing one to resume (``O_NOFOLLOW``, checked
-    to be ours), else a new file (``O_EXCL``: never through a name someone planted)."""
+    to be ours), else a new file (``O_EXCL``: never through a name someone planted),
+    ``0600`` while it is downloaded: it takes its mode when it is published (fetch's
+    ``_publish``: the replaced file's, as a writer's staging file does)."""
     flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
         if resume:
@@ -88,7 +90,7 @@ def open_part(part: str, resume: bool) -> int:
             os.unlink(part)
         except FileNotFoundError:
             pass
-        return os.open(part, flags | os.O_CREAT | os.O_EXCL, 0o666)
+        return os.open(part, flags | os.O_CREAT | os.O_EXCL, 0o600)
     except PermissionDenied:
         raise
     except OSError as exc:

@@ -63,7 +63,7 @@ from ..storage.loaders import DataLoader, LocalFileLoader
 from ..storage.types import absolute_path
 from .chunked import FetchEvent, Sink, download_chunks, pinned_record
 from .delta import Base, open_bases
-from .download import discard_part, local_writes, refuse_link
+from .download import discard_part, local_writes, open_part, refuse_link
 from .fetch_checks import (
     EntryMismatch,
     base_paths,
@@ -219,9 +219,19 @@ def _download(
 
 
 def _publish(got: dict[str, Any]) -> None:
-    """Publish a checked download: ``DEST.part`` (already durable) renamed over
-    ``DEST``, the directory synced; then its resume marker removed."""
+    """Publish a checked download: ``DEST.part`` (already durable) given what it keeps
+    of the file it replaces, as the local writer's publish (its permission bits, never
+    setuid, setgid or sticky; its owner and group as far as the process may: as root
+    both), or ``0666`` less the umask as a new file, then renamed over ``DEST``, the
+    directory synced; then its resume marker removed."""
+    from ..writers._staging import current_umask, take_over
+
     dest = str(got["path"])
+    fd = open_part(dest + ".part", True)  # the download's own (O_NOFOLLOW, one name)
+    try:
+        take_over(fd, dest, 0o666 & ~current_umask())
+    finally:
+        os.close(fd)
     rename(dest + ".part", dest)
     try:
         os.unlink(dest + ".part.json")

@@ -40,7 +40,6 @@ import errno
 import fcntl
 import os
 import re
-import stat
 import sys
 from typing import ClassVar
 
@@ -55,7 +54,7 @@ from ..errors import (
 from ..storage.types import DataLoader, absolute_path, strerror
 from ._clone import HasFileno, clone_range, probe_clone_block_size
 from ._dirs import check_name_lengths, make_parents, remove_made
-from ._staging import FileStaging, current_umask
+from ._staging import FileStaging, current_umask, take_over
 from .base import (
     DataWriter,
     PublishMode,
@@ -313,26 +312,8 @@ class LocalFileWriter(DataWriter):
                     f"{self.path}: fsync of the staging file failed: {strerror(exc)}; nothing "
                     "was published (fsync is never retried)",
                 ) from exc
-        from ..storage.atomic import keep_owner, replaced_mode
-
-        try:
-            st = os.stat(self.path)
-        except FileNotFoundError:
-            perm = 0o666 & ~current_umask()
-        except OSError as exc:
-            raise local_error(
-                exc, f"{self.path}: cannot stat destination: {strerror(exc)}"
-            ) from exc
-        else:  # what it replaces: its permission bits, its owner and group where we may
-            perm = replaced_mode(st)
-            if stat.S_ISREG(st.st_mode):
-                keep_owner(fd, st, self.path)
-        try:
-            os.fchmod(fd, perm)
-        except OSError as exc:
-            raise local_error(
-                exc, f"{self.path}: cannot set mode {perm:o} on the staging file: {strerror(exc)}"
-            ) from exc
+        # what it replaces: its permission bits, its owner and group where we may
+        take_over(fd, self.path, 0o666 & ~current_umask())
         if mode == "if-match":
             self._publish_if_match(tmp)
         else:
