@@ -149,7 +149,16 @@ def program() -> int:
 
     The collector is imported here, under another name: a module-level ``import gc``
     is replaced by the ``gc`` sub-command (:mod:`ptestore.cli.gc`) once that is
-    imported (importing a sub-module sets the package's attribute of that name)."""
+    imported (importing a sub-module sets the package's attribute of that name).
+
+    A standard descriptor closed when the process started (``>&-``, ``2>&-``) gets
+    ``/dev/null`` first, so that no file the command opens takes its number; a closed
+    stdout refuses the command's output (an error line), a closed stderr takes the
+    error lines and warnings without a word, never sending them to stdout
+    (:func:`ptestore.cli.output.standard_streams`)."""
+    from .output import standard_streams
+
+    standard_streams()
     status = main()
     import gc as collector  # the standard library's: imports are absolute
 

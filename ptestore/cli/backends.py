@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from typing import Any
 
 from .exits import EXIT_FAILURE, EXIT_OK, guarded
+from .output import out, out_json
 from .parser import add_common_flags
 
 __all__ = ["add_backends_parser", "run_backends"]
@@ -44,16 +43,19 @@ def run_backends(args: argparse.Namespace) -> int:
     from ..backends import installed_backends
 
     found = installed_backends()
+    code = EXIT_FAILURE if any(b.error is not None for b in found) else EXIT_OK
     if args.json:
         fields = ("name", "serves", "spec", "origin", "version", "error")
-        json.dump([{f: getattr(b, f) for f in fields} for b in found], sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        rows = [
-            [b.name, b.serves, b.spec, b.origin, b.version or "-", b.error or "ok"] for b in found
-        ]
-        heads = ["name", "serves", "spec", "origin", "version", "status"]
-        widths = [max(len(r[i]) for r in [heads, *rows]) for i in range(len(heads))]
-        for r in [heads, ["-" * w for w in widths], *rows]:
-            print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
-    return EXIT_FAILURE if any(b.error is not None for b in found) else EXIT_OK
+        out_json([{f: getattr(b, f) for f in fields} for b in found])
+        return code
+    rows = [[b.name, b.serves, b.spec, b.origin, b.version or "-", b.error or "ok"] for b in found]
+    heads = ["name", "serves", "spec", "origin", "version", "status"]
+    widths = [max(len(r[i]) for r in [heads, *rows]) for i in range(len(heads))]
+    # the listing whole, then the status: its reader gone (| head), still 1 for a broken one
+    out(
+        "\n".join(
+            "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+            for r in [heads, ["-" * w for w in widths], *rows]
+        )
+    )
+    return code

@@ -9,9 +9,7 @@ downloaded once (see docs/device.md); prints its path."""
 from __future__ import annotations
 
 import argparse
-import json
 import re
-import sys
 from typing import Any
 
 from .._text import printable
@@ -26,6 +24,7 @@ from .options import (
     device_profile,
     storage_options,
 )
+from .output import out, out_json, published, say
 from .parser import add_common_flags
 
 __all__ = ["add_ensure_parser", "parse_size", "run_ensure"]
@@ -207,18 +206,23 @@ def run_ensure(args: argparse.Namespace) -> int:
     finally:
         if progress is not None:
             progress.close()
+    # The entry is in the cache: an error or interrupt while saying so must not read as
+    # "nothing was published" (exits.error_message says what was).
+    paths = [p for p in (artifact.ptd, artifact.pte) if p is not None]
+    published(" and ".join(paths))
     if args.json:
-        json.dump(artifact.to_dict(), sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        out_json(artifact.to_dict())
     else:
-        print(artifact.pte)
+        # One path a line, escaped as `cache ls` escapes it (ptestore._text.printable): a
+        # line break in a name is \n, a backslash \\, so no name forges a line.
+        out(printable(artifact.pte))
         if artifact.ptd is not None:
-            print(artifact.ptd)
+            out(printable(artifact.ptd))
         if artifact.xnnpack_cache is not None:
-            print(artifact.xnnpack_cache)
+            out(printable(artifact.xnnpack_cache))
         elif artifact.xnnpack_refused is not None:  # the index's words: one printable line
             refused = printable(artifact.xnnpack_refused)
-            print(f"no XNNPACK packed-weight file: {refused}", file=sys.stderr)
+            say(f"no XNNPACK packed-weight file: {refused}")
     return EXIT_OK
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -34,11 +33,14 @@ from ..errors import (
     PermissionDenied,
     PteStoreError,
     PublishUncertain,
+    StorageError,
 )
 from .parser import Parser
 
 if TYPE_CHECKING:
     import logging
+
+    from .output import Output
 
 __all__ = [
     "BAD_INPUT_ERRORS",
@@ -47,6 +49,7 @@ __all__ = [
     "EXIT_INTERRUPTED",
     "EXIT_OK",
     "Command",
+    "OutputError",
     "Parser",
     "configure_logging",
     "error_json",
@@ -78,8 +81,6 @@ def exit_code(exc: BaseException) -> int | None:
     let it propagate with its traceback)."""
     if isinstance(exc, KeyboardInterrupt):
         return EXIT_INTERRUPTED
-    if isinstance(exc, BrokenPipeError):
-        return EXIT_OK
     if isinstance(exc, PartialPublish):
         return EXIT_FAILURE
     if isinstance(exc, BAD_INPUT_ERRORS):
@@ -116,16 +117,30 @@ def _signal_of(exc: BaseException) -> str:
     return ""
 
 
-def error_message(command: str, exc: BaseException, *, publishes: bool = False) -> str:
+def _after(exc: BaseException, published: str | None) -> bool:
+    """Whether ``exc`` came once ``published`` was (an error or Ctrl-C while the command
+    reported it: :func:`ptestore.cli.output.published`), not in a publish."""
+    return published is not None and not isinstance(exc, (PartialPublish, PublishUncertain))
+
+
+def error_message(
+    command: str, exc: BaseException, *, publishes: bool = False, published: str | None = None
+) -> str:
     """The one line printed on stderr for an error of ``ptestore COMMAND``.
 
-    ``publishes``: the command publishes objects, so a failure says what was published."""
+    ``publishes``: the command publishes objects, so a failure says what was published;
+    ``published``: what it had published when ``exc`` came (while reporting it)."""
     prog = f"ptestore {command}"
+    after = _after(exc, published)
     if isinstance(exc, KeyboardInterrupt):
         by = _signal_of(exc)
         if exc.args:  # raised again by ptestore with what had been published
             return f"{prog}: interrupted{by} {exc.args[0]}"
+        if after:
+            return f"{prog}: interrupted{by} after {published} was published"
         return f"{prog}: interrupted{by}" + ("; nothing was published" if publishes else "")
+    if after:
+        return f"{prog}: failed after publishing {published}: {_text(exc)}"
     if isinstance(exc, PartialPublish):
         return f"{prog}: failed after a partial publish: {exc}"
     if not publishes or isinstance(exc, BAD_INPUT_ERRORS):
@@ -137,7 +152,9 @@ def error_message(command: str, exc: BaseException, *, publishes: bool = False) 
     return f"{prog}: failed, nothing published: {_text(exc)}"
 
 
-def _publish_state(exc: BaseException) -> str:
+def _publish_state(exc: BaseException, published: str | None = None) -> str:
+    if _after(exc, published):
+        return "published"
     if isinstance(exc, PartialPublish):
         return "partial"
     if isinstance(exc, PublishUncertain):
@@ -164,7 +181,12 @@ _ERROR_FIELDS = (
 
 
 def error_json(
-    command: str, exc: BaseException, code: int, *, publishes: bool = False
+    command: str,
+    exc: BaseException,
+    code: int,
+    *,
+    publishes: bool = False,
+    published: str | None = None,
 ) -> dict[str, Any]:
     """The object ``--json`` prints on stdout when ``ptestore COMMAND`` fails:
     ``{"error": {"type", "message", "exit_code", "command", ...}}`` (``message`` as stderr
@@ -172,10 +194,12 @@ def error_json(
     attributes (``backend``/``method``/``key`` of a :class:`BackendError`,
     ``source``/``field``/``value``/``limit`` of a :class:`FormatError`, ...), the
     chained cause (``cause``: ``"Type: message"``) and, for commands that publish,
-    ``published``: ``"nothing"``, ``"partial"``, ``"uncertain"`` or ``"published"``."""
+    ``published``: ``"nothing"``, ``"partial"``, ``"uncertain"`` or ``"published"`` (an
+    error once ``published``, the argument, was: while the command reported it)."""
     message = _text(exc) or type(exc).__name__
     if isinstance(exc, KeyboardInterrupt):  # what stderr says: "interrupted by SIGTERM; ..."
-        message = error_message(command, exc, publishes=publishes).partition(": ")[2]
+        said = error_message(command, exc, publishes=publishes, published=published)
+        message = said.partition(": ")[2]
     err: dict[str, Any] = {
         "type": type(exc).__name__,
         "message": message,
@@ -198,7 +222,7 @@ def error_json(
     if cause is not None:
         err["cause"] = f"{type(cause).__name__}: {cause}"
     if publishes:
-        err["published"] = _publish_state(exc)
+        err["published"] = _publish_state(exc, published)
     return {"error": err}
 
 
@@ -238,21 +262,73 @@ def configure_logging(args: argparse.Namespace) -> logging.Handler | None:
 def with_verdict(code: int, write: Callable[[], None]) -> int:
     """``write()`` a verdict's output and return its exit status ``code``, also when the
     reader of stdout went away (``| head``, ``| true``): a verdict's status is the
-    answer, not the printing of it, so a failed check never turns into a success."""
+    answer, not the printing of it, so a failed check never turns into a success. (What
+    :func:`~ptestore.cli.output.out` writes never stops a command: every command ends
+    with its own status; a stdout that cannot be written is said by :func:`guarded`.)"""
+    from .output import silence
+
     try:
         write()
-        sys.stdout.flush()
     except BrokenPipeError:
-        _silence_stdout()
+        silence(sys.stdout, 1)
     return code
 
 
-def _silence_stdout() -> None:
-    # Output piped into `head` and the like: not an error of ours. Point stdout at
-    # /dev/null so that the interpreter's final flush is quiet.
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    os.close(devnull)
+class OutputError(StorageError):
+    """stdout could not be written (a full disk, an I/O error, closed): the output of a
+    command that did its work otherwise."""
+
+
+def _output_failed(command: str, code: int, state: Output, publishes: bool) -> int:
+    """The command ran, but stdout could not be written: one error line, the status
+    ``code`` when it is a failure's, else :data:`EXIT_FAILURE`."""
+    from .._text import one_line
+    from .output import say
+
+    failed = state.failed
+    assert failed is not None
+    why = failed.strerror or str(failed)
+    exc = OutputError(f"cannot write the output on stdout: {why}")
+    say(one_line(error_message(command, exc, publishes=publishes, published=state.published)))
+    return code if code != EXIT_OK else EXIT_FAILURE
+
+
+def _failed(
+    command: str, exc: BaseException, args: argparse.Namespace, state: Output, publishes: bool
+) -> int:
+    """``exc`` ended the command: its line on stderr, its ``--json`` object on stdout
+    when none of the output was written, its exit status."""
+    from .._text import one_line
+    from .output import flush_stdout, out_json, say, silence, stdout_reader_gone
+
+    if state.writing:  # stopped in a write: what stdout's buffer holds is dropped
+        silence(sys.stdout, 1)
+    if isinstance(exc, BrokenPipeError) and not state.written and stdout_reader_gone():
+        silence(sys.stdout, 1)  # a write to stdout outside out(): its reader went away
+        return EXIT_OK
+    flush_stdout(state)
+    code = exit_code(exc)
+    assert code is not None  # every type caught here is mapped
+    debug = bool(getattr(args, "debug", False))
+    if debug and sys.stderr is not None:
+        import traceback
+
+        try:
+            traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+        except OSError:
+            pass
+    line = error_message(command, exc, publishes=publishes, published=state.published)
+    say(one_line(line))
+    if not debug and exc.__cause__ is not None and not isinstance(exc, KeyboardInterrupt):
+        say(
+            f"ptestore {command}: (--debug prints the full traceback, "
+            f"{type(exc.__cause__).__name__} included)"
+        )
+    # The error object, unless stdout holds (a part of) the command's own document or
+    # cannot be written: never a document followed by another.
+    if getattr(args, "json", False) and not state.written and not state.dropped:
+        out_json(error_json(command, exc, code, publishes=publishes, published=state.published))
+    return code
 
 
 def guarded(command: str, *, publishes: bool = False) -> Callable[[Command], Command]:
@@ -263,61 +339,38 @@ def guarded(command: str, *, publishes: bool = False) -> Callable[[Command], Com
     mapped error, chained causes (the backend's own exception) included. Without them,
     a warning of the library that no handler takes is a line
     ``ptestore COMMAND: warning: MESSAGE`` (:func:`ptestore._log.command_started`);
-    the state is restored when the command ends, however it ends."""
+    the state is restored when the command ends, however it ends. The command's output
+    goes through :mod:`ptestore.cli.output`: a stdout that cannot be written is an
+    error line (:class:`OutputError`), its reader gone leaves the status as it is."""
 
     def wrap(run: Command) -> Command:
         @functools.wraps(run)
         def guarded_run(args: argparse.Namespace) -> int:
             handler = configure_logging(args)
             from .._log import command_ended, command_started
+            from .output import command_output, end_output, flush_stdout
 
             # records escaped, and those no handler takes printed in this command's
             # form, ``ptestore COMMAND: warning: ...`` (ptestore._log)
             token = command_started(command)
+            state, output = command_output()
             try:
-                if publishes:  # SIGTERM/SIGHUP take Ctrl-C's path (ptestore._signals)
-                    from .._signals import termination_as_interrupt
+                try:
+                    if publishes:  # SIGTERM/SIGHUP take Ctrl-C's path (ptestore._signals)
+                        from .._signals import termination_as_interrupt
 
-                    with termination_as_interrupt():
-                        return run(args)
-                return run(args)
-            except (KeyboardInterrupt, PteStoreError, OSError, MemoryError) as exc:
-                code = exit_code(exc)
-                assert code is not None  # every type caught here is mapped
-                if isinstance(exc, BrokenPipeError):
-                    _silence_stdout()
-                    return code
-                debug = bool(getattr(args, "debug", False))
-                if debug:
-                    import traceback
-
-                    traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
-                from .._text import one_line
-
-                line = error_message(command, exc, publishes=publishes)
-                print(one_line(line), file=sys.stderr)
-                if (
-                    not debug
-                    and exc.__cause__ is not None
-                    and not isinstance(exc, KeyboardInterrupt)
-                ):
-                    print(
-                        f"ptestore {command}: (--debug prints the full traceback, "
-                        f"{type(exc.__cause__).__name__} included)",
-                        file=sys.stderr,
-                    )
-                if getattr(args, "json", False):
-                    obj = error_json(command, exc, code, publishes=publishes)
-                    import json
-
-                    def write() -> None:
-                        json.dump(obj, sys.stdout, indent=2)
-                        sys.stdout.write("\n")
-
-                    # the reader of stdout gone (``| true``): still the error's status
-                    return with_verdict(code, write)
+                        with termination_as_interrupt():
+                            code = run(args)
+                    else:
+                        code = run(args)
+                    flush_stdout(state)
+                except (KeyboardInterrupt, PteStoreError, OSError, MemoryError) as exc:
+                    return _failed(command, exc, args, state, publishes)
+                if state.failed is not None:
+                    return _output_failed(command, code, state, publishes)
                 return code
             finally:
+                end_output(output)
                 command_ended(token)
                 if handler is not None:
                     import logging

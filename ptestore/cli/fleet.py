@@ -12,12 +12,13 @@ message names the line and key) or an unreachable scheduler.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
+from ..errors import ConfigurationError
 from .exits import EXIT_FAILURE, EXIT_OK, guarded
 from .options import add_storage_options, storage_options
+from .output import out, out_json, published, say, write_stdout
 from .parser import add_common_flags
 from .progress import progress_wanted
 
@@ -198,34 +199,37 @@ def run_check_index(args: argparse.Namespace) -> int:
 
     models = _names(args.models)
     found = check_index(args.index, storage_options(args), repair=args.repair, models=models)
+    code = EXIT_OK if found.ok else EXIT_FAILURE
     if args.json:
-        json.dump(found.to_dict(), sys.stdout, indent=2)
-        sys.stdout.write("\n")
-        return EXIT_OK if found.ok else EXIT_FAILURE
+        out_json(found.to_dict())
+        return code
+    lines = []
     if found.version != 3:  # its entries checked: one that is not an entry is a problem
         for problems in found.problems.values():
-            for problem in problems:
-                print(f"{found.index}: {problem}")
-        print(f"{found.index}: index version {found.version}: one object, no catalogs to check")
-        return EXIT_OK if found.ok else EXIT_FAILURE
+            lines += [f"{found.index}: {problem}" for problem in problems]
+        lines.append(
+            f"{found.index}: index version {found.version}: one object, no catalogs to check"
+        )
+        out("\n".join(lines))
+        return code
     for model, problems in found.problems.items():
-        for problem in problems:
-            print(f"{model}: {problem}")
+        lines += [f"{model}: {problem}" for problem in problems]
     for model in found.marked:
-        print(f"{model}: its catalog carries a rebuild's mark (an interrupted rebuild)")
+        lines.append(f"{model}: its catalog carries a rebuild's mark (an interrupted rebuild)")
     for model in found.repaired:
         left = found.left.get(model)
-        print(f"{model}: rebuilt" + (f", still: {'; '.join(left)}" if left else ""))
+        lines.append(f"{model}: rebuilt" + (f", still: {'; '.join(left)}" if left else ""))
     for model, left in found.left.items():
         if model not in found.repaired:  # a rebuild that could not be written
-            print(f"{model}: {'; '.join(left)}")
+            lines.append(f"{model}: {'; '.join(left)}")
     wrong = len(set(found.problems) | set(found.marked))
     fixed = [m for m in found.repaired if m not in found.left]
-    print(
+    lines.append(
         f"{found.index}: {found.models} models, {wrong} catalogs wrong"
         + (f", {len(fixed)} repaired" if args.repair and (found.problems or found.marked) else "")
     )
-    return EXIT_OK if found.ok else EXIT_FAILURE
+    out("\n".join(lines))
+    return code
 
 
 @guarded("fleet")
@@ -236,20 +240,19 @@ def run_retire(args: argparse.Namespace) -> int:
 
     done = retire_dropped(load_job(args.job), dry_run=args.dry_run, all_jobs=args.all_jobs)
     if args.json:
-        json.dump(done.to_dict(), sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        out_json(done.to_dict())
         return EXIT_OK
     if not done.found:
-        print(f"no index at {done.index}: nothing to retire")
+        out(f"no index at {done.index}: nothing to retire")
         return EXIT_OK
     verb = "would retire" if args.dry_run else "retired"
-    for e in done.retired:
-        print(f"{verb} {e['model']}/{e['device']}: {e['reason']}")
+    lines = [f"{verb} {e['model']}/{e['device']}: {e['reason']}" for e in done.retired]
     others = f", {done.others} of other jobs left" if done.others else ""
-    print(
+    lines.append(
         f"{verb} {len(done.retired)} entries of {done.index} ({done.already} retired before"
         f"{others})"
     )
+    out("\n".join(lines))
     return EXIT_OK
 
 
@@ -283,10 +286,17 @@ def run_fleet(args: argparse.Namespace) -> int:
     from ..fleet import load_job, plan_job, run_plan
     from ..fleet.preflight import filter_job, preflight
 
+    report_out = False  # --report - (or /dev/stdout): the report is the output
     if args.report:
-        from ..viz.html import check_output_path
+        from ..viz.html import check_output_path, is_stdout
 
         check_output_path(args.report, "--report")
+        report_out = is_stdout(args.report)
+        if report_out and args.json:
+            raise ConfigurationError(
+                f"--report {args.report} writes the report on stdout, where --json writes "
+                "its object: give --report a FILE, or leave out --json"
+            )
 
     if args.fleet_command == "run":  # before the job is read and planned
         from ..fleet.runner import check_pair_timeout
@@ -298,7 +308,10 @@ def run_fleet(args: argparse.Namespace) -> int:
     preflight(job, write=args.fleet_command == "run")
     plan = plan_job(job)
     if args.fleet_command == "plan":
-        if args.report:
+        code = EXIT_FAILURE if plan.count("fail") else EXIT_OK
+        if report_out:
+            write_stdout(_report_text(args.report, plan))
+        elif args.report:
             from ..viz.matrix import write_report
 
             write_report(args.report, plan)
@@ -307,11 +320,10 @@ def run_fleet(args: argparse.Namespace) -> int:
                 "pairs": [p.to_dict() for p in plan.pairs],
                 "estimate": plan.estimate.to_dict(),
             }
-            json.dump(shown, sys.stdout, indent=2)
-            sys.stdout.write("\n")
-        else:
-            print(plan.render())
-        return EXIT_FAILURE if plan.count("fail") else EXIT_OK
+            out_json(shown)
+        elif not report_out:
+            out(plan.render())
+        return code
     show = progress_wanted(disabled=args.quiet or args.json or args.no_progress)
     bar: Any = None
     if show:
@@ -345,31 +357,47 @@ def run_fleet(args: argparse.Namespace) -> int:
             # "published" could not say which pairs were), the message on stderr.
             from .exits import EXIT_INTERRUPTED, error_message
 
-            json.dump({**stop.result.to_json(), "interrupted": True}, sys.stdout, indent=2)
-            sys.stdout.write("\n")
-            sys.stdout.flush()
-            print(error_message("fleet", stop, publishes=True), file=sys.stderr)
+            out_json({**stop.result.to_json(), "interrupted": True})
+            say(error_message("fleet", stop, publishes=True))
             return EXIT_INTERRUPTED
         if not args.quiet:
-            print(stop.result.summary())
-        sys.stdout.flush()
+            out(stop.result.summary())
         raise
     finally:
         if bar is not None:
             bar.close()
-    report_failed = False
-    if args.report:
+    # The pairs and the index are published: an error or interrupt while reporting them
+    # must not read as "nothing was published" (exits.error_message says what was).
+    done = result.count("done")
+    published(
+        f"{done} pair{'' if done == 1 else 's'}"
+        + (f" and the index {result.index}" if result.index else "")
+    )
+    code = result.exit_code
+    if report_out:
+        write_stdout(_report_text(args.report, plan, result))
+    elif args.report:
         from ..errors import PteStoreError
         from ..viz.matrix import write_report
 
         try:
             write_report(args.report, plan, result)
         except PteStoreError as exc:  # the pairs are published: say so, exit 1
-            print(f"ptestore fleet: the report was not written: {exc}", file=sys.stderr)
-            report_failed = True
+            say(f"ptestore fleet: the report was not written: {exc}")
+            code = max(code, EXIT_FAILURE)
     if args.json:
-        json.dump(result.to_json(), sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    elif not args.quiet:
-        print(result.summary())
-    return max(result.exit_code, EXIT_FAILURE if report_failed else EXIT_OK)
+        out_json(result.to_json())
+    elif not args.quiet and not report_out:
+        out(result.summary())
+    return code
+
+
+def _report_text(path: str, plan: Any, result: Any = None) -> str:
+    """The ``--report`` written on stdout: JSON when ``path`` ends with ``.json``, else
+    the HTML page (as :func:`ptestore.viz.matrix.write_report` writes a file)."""
+    import json
+
+    from ..viz.matrix import matrix_data, matrix_html
+
+    data = matrix_data(plan, result)
+    return json.dumps(data, indent=2) + "\n" if path.endswith(".json") else matrix_html(data)

@@ -13,15 +13,14 @@ Exit status: 0 when everything found was handled, 1 if a removal failed, 2 on ba
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import re
-import sys
 from typing import TYPE_CHECKING, Any
 
 from .exits import EXIT_FAILURE, EXIT_OK, guarded
 from .options import add_storage_options, human_bytes, storage_options
+from .output import out, out_json
 from .parser import add_common_flags
 
 if TYPE_CHECKING:
@@ -210,10 +209,8 @@ def run_gc(args: argparse.Namespace) -> int:
             "would_remove": len(done) if args.dry_run else 0,
             "failed": len(failed),
         }
-        json.dump(report, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        out_json(report)
     else:
-        _print_table(entries)
         verb = "would remove" if args.dry_run else "removed"
         line = (
             f"{verb} {len(done)} of {len(entries)} leftover(s) older than "
@@ -221,15 +218,18 @@ def run_gc(args: argparse.Namespace) -> int:
         )
         if orphans:
             line += f" (orphans: older than {human_duration(args.grace)})"
-        print(f"{line}; {len(failed)} failed")
+        # the listing whole, then the status: its reader gone (| head), still 1 for a failure
+        out("\n".join([*_table(entries), f"{line}; {len(failed)} failed"]))
     return EXIT_FAILURE if failed else EXIT_OK
 
 
-def _print_table(entries: list[GcEntry]) -> None:
+def _table(entries: list[GcEntry]) -> list[str]:
     from .._text import printable
 
+    lines = []
     for e in entries:
         size = "-" if e.size is None else human_bytes(e.size)
         # names from the store or the disk (and errors quoting them): escaped
         action, where = printable(e.action), printable(e.location)
-        print(f"{action:<34} {e.kind:<17} {human_duration(e.age):>8} {size:>10}  {where}")
+        lines.append(f"{action:<34} {e.kind:<17} {human_duration(e.age):>8} {size:>10}  {where}")
+    return lines

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from typing import Any
 
+from .._text import printable
 from ..errors import ConfigurationError
 from .exits import EXIT_OK, guarded
 from .options import add_ptd_flag, add_storage_options, storage_options
+from .output import out, out_json, write_stdout
 from .parser import add_common_flags
 
 __all__ = ["add_inspect_parser", "run_inspect"]
@@ -77,8 +77,7 @@ def _print_json(obj: object) -> None:
     """``obj`` as JSON on stdout, the whole text made before any of it is written (an
     error while making it leaves stdout empty for the error's own object) and strict
     JSON (a NaN or infinity is refused, not written as ``NaN``)."""
-    text = json.dumps(obj, indent=2, allow_nan=False)
-    sys.stdout.write(text + "\n")
+    out_json(obj, strict=True)
 
 
 @guarded("inspect")
@@ -87,20 +86,27 @@ def run_inspect(args: argparse.Namespace) -> int:
     from ..inspection import describe_files, read_files, render_files
 
     if args.html is not None:
-        from ..viz.html import check_output_path
-        from ..viz.layout import write_layout_html
+        from ..viz.html import check_output_path, is_stdout
+        from ..viz.layout import layout_html, write_layout_html
 
         check_output_path(args.html, "--html")
-        write_layout_html(
-            args.html,
-            args.url,
-            ptd=args.ptd,
-            compare=args.compare,
-            compare_ptd=args.compare_ptd,
+        drawn: dict[str, Any] = {
+            "ptd": args.ptd,
+            "compare": args.compare,
+            "compare_ptd": args.compare_ptd,
             **storage_options(args),
-        )
+        }
+        if is_stdout(args.html):  # `-`, /dev/stdout: the page is the output
+            if args.json:
+                raise ConfigurationError(
+                    f"--html {args.html} writes the page on stdout, where --json writes its "
+                    "object: give --html a FILE, or leave out --json"
+                )
+            write_stdout(layout_html(args.url, **drawn))
+            return EXIT_OK
+        write_layout_html(args.html, args.url, **drawn)
         if not args.json:
-            print(f"wrote {args.html}")
+            out(f"wrote {printable(args.html)}")
             return EXIT_OK
     elif args.compare_ptd and not args.compare:
         raise ConfigurationError("--compare-ptd SRC_PTD needs --compare SRC (or --html FILE)")
@@ -122,11 +128,11 @@ def run_inspect(args: argparse.Namespace) -> int:
         if "ptd" in changes:
             d = changes["ptd"]
             texts.append(render_changes(d, file=d["file"], source=d["source"]))
-        print("\n\n".join(texts))
+        out("\n\n".join(texts))
         return EXIT_OK
     files = read_files(args.url, args.ptd, **storage_options(args))
     if args.json:
         _print_json(describe_files(files))
     else:
-        print(render_files(files))
+        out(render_files(files))
     return EXIT_OK

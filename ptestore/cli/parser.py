@@ -13,6 +13,7 @@ import os
 import re
 import sys
 from collections.abc import Iterable, Sequence
+from contextvars import ContextVar
 from typing import Any, NoReturn
 
 __all__ = [
@@ -175,6 +176,15 @@ class Parser(argparse.ArgumentParser):
     def parse_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> argparse.Namespace:
+        given = _GIVEN.set(list(sys.argv[1:] if args is None else args))
+        try:
+            return self._parse_args(args, namespace)
+        finally:
+            _GIVEN.reset(given)
+
+    def _parse_args(
+        self, args: Sequence[str] | None, namespace: argparse.Namespace | None
+    ) -> argparse.Namespace:
         ns, extras = self.parse_known_args(args, namespace)
         if extras:
             command = getattr(ns, "command", None)
@@ -201,7 +211,46 @@ class Parser(argparse.ArgumentParser):
             if guess is not None:
                 message += f" (did you mean {guess!r}?)"
         self.print_usage(sys.stderr)
+        if _json_wanted(_GIVEN.get()):
+            _usage_error_json(self.prog, message)
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+#: The arguments the command line being parsed was given (for a usage error's
+#: ``--json`` object).
+_GIVEN: ContextVar[list[str] | None] = ContextVar("ptestore_cli_argv", default=None)
+
+
+def _json_wanted(given: list[str] | None) -> bool:
+    """Whether ``--json`` is among the flags ``given`` (before a ``--``)."""
+    for arg in given or ():
+        if arg == "--":
+            return False
+        if arg == "--json":
+            return True
+    return False
+
+
+def _usage_error_json(prog: str, message: str) -> None:
+    """A usage error's object on stdout, as a failing command's with ``--json``:
+    ``{"error": {"type": "UsageError", "message", "exit_code": 2, "command"}}``
+    (``command`` the sub-command, null for an error before one was named)."""
+    import json
+
+    words = prog.split()
+    command = words[1] if len(words) > 1 else None
+    error = {"type": "UsageError", "message": message, "exit_code": EXIT_USAGE}
+    text = json.dumps({"error": {**error, "command": command}}, indent=2) + "\n"
+    stream = sys.stdout
+    if stream is None:
+        return
+    try:
+        stream.write(text)
+        stream.flush()
+    except OSError:  # the reader gone, a full disk: the status says it
+        from .output import silence
+
+        silence(stream, 1)
 
 
 def _chosen(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> argparse.ArgumentParser:

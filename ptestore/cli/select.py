@@ -10,13 +10,12 @@ for ``fetch``, published verified; 1 a download failed or did not verify; 2 bad 
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from typing import Any
 
 from .._text import for_terminal, printable
 from .exits import EXIT_OK, guarded
 from .options import add_device_flags, add_storage_options, device_or_name, storage_options
+from .output import out, out_json, published
 from .parser import add_common_flags
 
 __all__ = ["add_fetch_parser", "add_select_parser", "run_fetch", "run_select"]
@@ -92,10 +91,9 @@ def add_fetch_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def _print(args: argparse.Namespace, value: dict[str, Any], text: str) -> None:
     if args.json:
-        json.dump(value, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        out_json(value)
     else:  # a reason quotes the index and names given: what would act on a terminal escaped
-        print(for_terminal(text))
+        out(for_terminal(text))
 
 
 @guarded("select")
@@ -157,6 +155,9 @@ def run_fetch(args: argparse.Namespace) -> int:
         base=args.base,
         xnnpack_cache=args.xnnpack_cache,
     )
+    # Published: an error or interrupt while saying so must not read as "nothing was
+    # published" (exits.error_message says what was).
+    published(" and ".join(str(f["path"]) for f in result.files) or args.dest)
     lines = [_file_line(f) for f in result.files]
     if result.choice is not None:
         lines.insert(0, f"{result.choice.kind}: {result.choice.reason}")

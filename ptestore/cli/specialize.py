@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import TYPE_CHECKING, Any
 
 from .._text import printable
@@ -20,6 +19,7 @@ from .options import (
     side_storage_options,
     storage_options,
 )
+from .output import out, out_json, published, say
 from .parser import add_common_flags
 from .progress import Progress, progress_wanted
 
@@ -207,15 +207,11 @@ def run_specialize(args: argparse.Namespace) -> int:
     finally:
         if progress is not None:
             progress.close()
-    try:
-        _report(args, report, nothing_specialized_message(report))
-    except KeyboardInterrupt:
-        # Everything was published already: an interrupt now must not read as "nothing
-        # was published" (exits.error_message prints this detail).
-        published = " and ".join(
-            f.destination for f in sorted(report.files, key=lambda f: f.role != "ptd")
-        )
-        raise KeyboardInterrupt(f"after {published or args.dst} was published") from None
+    # Everything was published already: an error or interrupt while reporting it must
+    # not read as "nothing was published" (exits.error_message says what was).
+    written = [f.destination for f in sorted(report.files, key=lambda f: f.role != "ptd")]
+    published(" and ".join(written) or args.dst)
+    _report(args, report, nothing_specialized_message(report))
     return EXIT_OK
 
 
@@ -245,13 +241,9 @@ def _nothing_to_do(args: argparse.Namespace, exc: AlreadySpecialized) -> None:
 
     record: Any = exc.provenance
     if args.json:
-        import json
-
-        out = {"nothing_to_do": True, "path": exc.path, "provenance": record.to_dict()}
-        json.dump(out, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        out_json({"nothing_to_do": True, "path": exc.path, "provenance": record.to_dict()})
     elif not args.quiet:
-        print(
+        out(
             f"{printable(exc.path)}: already specialized by "
             f"{printable(describe_record(record))}: nothing to do"
         )
@@ -262,18 +254,14 @@ def _report(args: argparse.Namespace, report: SpecializationReport, message: str
 
     ids = [b.backend_id for b in report.backends]
     for name in report.unused_backends:
-        print(
+        say(
             f"ptestore specialize: warning: no delegate in {printable(args.src)} has backend "
             f"id {name!r}"
-            f"{did_you_mean(name, ids)}; that backend was not used",
-            file=sys.stderr,
+            f"{did_you_mean(name, ids)}; that backend was not used"
         )
     if message is not None:  # only with --allow-unchanged: strict runs raise instead
-        print(f"ptestore specialize: warning: {printable(message)}", file=sys.stderr)
+        say(f"ptestore specialize: warning: {printable(message)}")
     if args.json:
-        import json
-
-        json.dump(report.to_dict(), sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        out_json(report.to_dict())
     elif not args.quiet:
-        print(format_summary(report))
+        out(format_summary(report))

@@ -9,8 +9,6 @@ or a corrupt artifact.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from typing import Any
 
 from ..errors import ConfigurationError, ObjectNotFound, PreconditionFailed, StorageError
@@ -23,6 +21,7 @@ from .options import (
     device_or_name,
     storage_options,
 )
+from .output import out, out_json, say
 from .parser import add_common_flags
 
 __all__ = ["add_verify_parser", "run_verify"]
@@ -129,13 +128,13 @@ def run_verify(args: argparse.Namespace) -> int:
 
     def write() -> None:
         if args.json:  # the report on stdout; the reason of a failed verdict on stderr too
-            json.dump(report.to_dict(), sys.stdout, indent=2)
-            sys.stdout.write("\n")
+            out_json(report.to_dict())
             if report.exit_code != 0:
-                print(report.message(), file=sys.stderr)
+                say(report.message())
+        elif report.exit_code == 0:
+            out(report.message())
         else:
-            out = sys.stdout if report.exit_code == 0 else sys.stderr
-            print(report.message(), file=out)
+            say(report.message())
 
     return with_verdict(report.exit_code, write)
 
@@ -171,15 +170,14 @@ def _verify_range(
     n = checked.chunks
     what = f"{n} chunk{'s' if n != 1 else ''} of the record" if n else "the whole content"
     if args.json:
-        out = report.to_dict()
-        out["range"] = {"start": checked.start, "end": checked.end, "chunks": n}
-        json.dump(out, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        shown = report.to_dict()
+        shown["range"] = {"start": checked.start, "end": checked.end, "chunks": n}
+        out_json(shown)
     else:
         from .._text import printable
 
         url = printable(args.url)
-        print(f"{url}: bytes {checked.start}:{checked.end} intact ({what} checked)")
+        out(f"{url}: bytes {checked.start}:{checked.end} intact ({what} checked)")
     return 0
 
 
@@ -305,20 +303,21 @@ def _verify_job(args: argparse.Namespace) -> int:
 
     def write() -> None:
         if args.json:  # the reports on stdout; each failed pair's reason on stderr too
-            obj = {"exit_code": code, "pairs": [r.to_dict() for r in reports]}
-            json.dump(obj, sys.stdout, indent=2)
-            sys.stdout.write("\n")
+            out_json({"exit_code": code, "pairs": [r.to_dict() for r in reports]})
             for r in reports:
                 if r.exit_code != 0:
-                    print(r.message(), file=sys.stderr)
+                    say(r.message())
             return
         for r in reports:
-            print(r.message(), file=sys.stdout if r.exit_code == 0 else sys.stderr)
+            if r.exit_code == 0:
+                out(r.message())
+            else:
+                say(r.message())
         counts = {
             s: sum(1 for r in reports if r.status == s)
             for s in ("current", "stale", "invalid", "unverified")
         }
-        print(
+        out(
             f"{len(reports)} pairs: {counts['current']} current, {counts['stale']} stale, "
             f"{counts['invalid']} invalid"
             + (f", {counts['unverified']} not verified" if counts["unverified"] else "")
