@@ -40,12 +40,16 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_OLDER_THAN",
+    "FUTURE_SLACK",
+    "PLAUSIBLE_SINCE",
     "GcEntry",
     "check_older_than",
     "collect_local",
     "collect_s3",
     "collect_stale",
+    "implausible",
     "server_now",
+    "utc",
 ]
 
 log = get_logger("ptestore.gc")
@@ -56,6 +60,16 @@ CLOCK_SKEW_TOLERANCE = 5.0
 
 #: Default minimum age (seconds) of a leftover before gc touches it: one day.
 DEFAULT_OLDER_THAN = 86400.0
+
+#: The earliest plausible time of a leftover, an orphan or a hold (2000-01-01 UTC): one
+#: before it was stamped by a clock that read 1970 (a host without a real-time clock
+#: before its time was set), and says nothing of when it was made (:func:`implausible`).
+PLAUSIBLE_SINCE = 946_684_800.0
+
+#: How far after gc's now (the server's, on S3) a time may be and still be taken as
+#: now: a writer's clock a little ahead. Beyond it the time was stamped by a clock
+#: ahead, and says nothing of when it was made (:func:`implausible`).
+FUTURE_SLACK = 86400.0
 
 
 @dataclass(frozen=True)
@@ -96,6 +110,36 @@ def check_older_than(older_than: object, name: str = "older_than") -> None:
         raise ConfigurationError(
             f"{name} must be a finite number of seconds >= 0, got {older_than!r}"
         )
+
+
+def utc(when: datetime) -> datetime:
+    """``when`` with its zone; one without (an S3 time written without ``Z``, which
+    botocore makes a naive datetime) is UTC, as S3 times are: never the local zone."""
+    return when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)
+
+
+def _shown_time(when: float) -> str:
+    """``when`` (seconds since the epoch) as UTC, ``2026-12-06T04:00:00Z``."""
+    try:
+        return datetime.fromtimestamp(when, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    except (OverflowError, OSError, ValueError):  # beyond what datetime holds
+        return f"{when!r} s since the epoch"
+
+
+def implausible(when: float, now: float, what: str = "modification time") -> str | None:
+    """Why ``when`` (seconds since the epoch: ``what``, a file's or an object's time) is
+    not a time an age can be measured from, against ``now`` (gc's clock; on S3 the
+    server's): before :data:`PLAUSIBLE_SINCE`, or more than :data:`FUTURE_SLACK` after
+    ``now``; None when it is plausible. Such a time was stamped by a clock that was
+    wrong (the writer's, or ours): the age is unknown, and gc never takes an unknown
+    age for an old one."""
+    if not math.isfinite(when) or when < PLAUSIBLE_SINCE:
+        limit = f"before {_shown_time(PLAUSIBLE_SINCE)}"
+    elif when > now + FUTURE_SLACK:
+        limit = f"more than {FUTURE_SLACK:g}s after now, {_shown_time(now)}"
+    else:
+        return None
+    return f"its {what} {_shown_time(when)} is not plausible ({limit})"
 
 
 def _try_remove_local(path: str, dry_run: bool) -> str:
@@ -173,11 +217,16 @@ def collect_local(
                 continue
             if not stat.S_ISREG(st.st_mode):
                 continue
-            age = max(0.0, now - st.st_mtime)
-            if age < older_than:
+            why = implausible(st.st_mtime, now)
+            age = 0.0 if why is not None else max(0.0, now - st.st_mtime)
+            if why is None and age < older_than:
                 action = f"skipped: younger than {older_than:g}s"
-            else:
+            else:  # old, or of unknown age: its lock decides (free: no writer is alive)
                 action = _try_remove_local(full, dry_run)
+                if why is not None and action in ("removed", "would remove"):
+                    log.warning(
+                        "%s: %s: its age is unknown; no writer holds it: %s", full, why, action
+                    )
             found.append(GcEntry(full, "staging-file", age, action, st.st_size))
     return found
 
@@ -229,9 +278,7 @@ def _collect_uploads(
         for up in uploads:
             key, upload_id = up["Key"], up["UploadId"]
             where = f"s3://{bucket}/{key}?uploadId={upload_id}"
-            initiated = up.get("Initiated")
-            age = (now - initiated).total_seconds() if initiated is not None else 0.0
-            age = max(0.0, age)
+            age, why = _upload_age(up.get("Initiated"), now)
             # Ownership first: another tool's upload is never touched nor reported,
             # whatever its age.
             try:
@@ -246,6 +293,10 @@ def _collect_uploads(
             if not marker or not is_marker_part(key, marker[0]):
                 continue  # not ours: never touched, not even reported
             size = sum(int(p.get("Size", 0)) for p in parts)
+            if why is not None:  # no lock tells a live writer here: an unknown age is kept
+                action = f"skipped: {why}: its age is unknown"
+                found.append(GcEntry(where, "multipart-upload", age, action, size))
+                continue
             if age < older_than:
                 action = f"skipped: younger than {older_than:g}s"
                 found.append(GcEntry(where, "multipart-upload", age, action, size))
@@ -256,6 +307,17 @@ def _collect_uploads(
             action = _abort(conn, bucket, key, upload_id)
             found.append(GcEntry(where, "multipart-upload", age, action, size))
     return found
+
+
+def _upload_age(initiated: datetime | None, now: datetime) -> tuple[float, str | None]:
+    """An upload's age at ``now`` (the server's clock) from its ``Initiated`` (one
+    without a zone is UTC, :func:`utc`), and why it is unknown (:func:`implausible`:
+    the age is then 0.0), or None. No ``Initiated``: 0.0, as young."""
+    if initiated is None:
+        return 0.0, None
+    when = utc(initiated).timestamp()
+    why = implausible(when, now.timestamp(), "initiation time")
+    return (0.0, why) if why is not None else (max(0.0, now.timestamp() - when), None)
 
 
 def _abort(conn: S3Connection, bucket: str, key: str, upload_id: str) -> str:
@@ -301,8 +363,7 @@ def server_now(page: dict[str, Any], client_now: datetime) -> datetime:
         server_now = parsedate_to_datetime(str(headers["date"]))
     except (KeyError, TypeError, ValueError, IndexError):
         return client_now
-    if server_now.tzinfo is None:
-        server_now = server_now.replace(tzinfo=timezone.utc)
+    server_now = utc(server_now)
     skew = (server_now - client_now).total_seconds()
     if abs(skew) <= CLOCK_SKEW_TOLERANCE:
         return client_now

@@ -29,7 +29,9 @@ an entry's file writable by group or others, or owned by someone else, is not a 
 (made again). The cache creates its directories ``0o755`` and its files without group or
 others' write (whatever the umask). The last use of an entry is the modification time of
 its manifest, set by :func:`~ptestore.device.ensure` on every hit (``os.utime``:
-no data written, independent of ``atime`` and of mount options such as ``noatime``).
+no data written, independent of ``atime`` and of mount options such as ``noatime``),
+never set back (:func:`touch`: a hit under a clock behind does not put the model in
+use first in line for eviction).
 """
 
 from __future__ import annotations
@@ -278,9 +280,15 @@ def list_entries(cache_dir: str | os.PathLike[str]) -> list[CacheEntry]:
 
 
 def touch(path: str) -> None:
-    """Record a use of the entry whose manifest is ``path``."""
+    """Record a use of the entry whose manifest is ``path``: its modification time set
+    to now, never back (at least its current one and a nanosecond). A hit while the
+    clock is behind (a device that booted with 1970, or its build date, before its time
+    was set) leaves the entry where its last use put it, never first in line for
+    eviction; the price: one used while the clock was ahead stays ahead of the entries
+    used after it until the clock passes its time (no clock can tell which was wrong)."""
     now = time.time_ns()
     try:
-        os.utime(path, ns=(now, now))
+        stamp = max(now, os.stat(path).st_mtime_ns + 1)
+        os.utime(path, ns=(stamp, stamp))
     except OSError:  # a read-only cache still serves hits; only LRU order suffers
         pass

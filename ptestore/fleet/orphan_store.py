@@ -17,9 +17,11 @@ import posixpath
 import stat
 import time
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import PreconditionFailed, PteStoreError
+from ..gc import utc
 from ..storage.types import StorageURL
 from .index import INDEX_NAME
 
@@ -133,6 +135,8 @@ class OrphanStore:
             if info.get("type") == "directory":
                 continue
             when = info.get("LastModified") or info.get("mtime")
+            if isinstance(when, datetime):  # one without a zone is UTC, never local time
+                when = utc(when)
             ts = when.timestamp() if hasattr(when, "timestamp") else float(when or 0.0)
             size = int(info.get("size") or 0)
             yield f"{scheme}://{path}", ts, size, (info.get("ETag"), int(ts), size)
@@ -155,7 +159,7 @@ class OrphanStore:
             )
         except FileNotFoundError:  # ObjectNotFound
             return None
-        when = head["LastModified"]
+        when = utc(head["LastModified"])
         return (head.get("ETag"), int(when.timestamp()), int(head.get("ContentLength") or 0))
 
     def now(self, root: str) -> float:
@@ -165,7 +169,7 @@ class OrphanStore:
         client = time.time()
         if self.url.local:
             return client
-        from datetime import datetime, timezone
+        from datetime import timezone
 
         from ..gc import server_now
 

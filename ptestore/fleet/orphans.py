@@ -31,6 +31,11 @@ objects that no index names. :func:`collect_orphans` removes them, and only them
   indexes are read again just before the first removal: an object named meanwhile is
   kept, and so is one whose index is gone since (a directory without an index governs
   nothing);
+- **a time no age can be measured from** (before 2000-01-01, or more than a day after
+  gc's now: :func:`~ptestore.gc.implausible`, stamped by a clock that was wrong): the
+  age is unknown, never taken for an old one: the orphan is kept and reported with its
+  time, and a hold of unknown time still holds (both kept, reported). A
+  ``LastModified`` without a zone is UTC (:mod:`.orphan_store`);
 - **which object**: only the one listed. Just before its removal the object is looked at
   again (locally ``lstat``: device, inode, size, ``mtime_ns``; on S3 ``HEAD``: ETag,
   ``LastModified``, size): one a run stored since the listing (a retired pair made
@@ -62,7 +67,7 @@ from typing import Any
 
 from ..coordinator.targets import target_identity
 from ..errors import PteStoreError
-from ..gc import GcEntry
+from ..gc import GcEntry, implausible
 from ..storage.types import StorageURL
 from .holds import hold_url, is_hold
 from .index import INDEX_NAME
@@ -224,7 +229,7 @@ def _collect(
     if not dirs:
         return []
     now = store.now(root)
-    found: list[tuple[str, str, float, int, Stamp]] = []
+    found: list[tuple[str, str, float, int, Stamp, str | None]] = []
     for url, mtime, size, stamp_ in listed:
         name = url.rsplit("/", 1)[-1].rsplit(os.sep, 1)[-1]
         held = is_hold(name)  # a run's hold (:mod:`.holds`)
@@ -235,22 +240,29 @@ def _collect(
         if not any(url.startswith(d) for d in dirs) or target_identity(url) in refs:
             continue
         kind = "hold" if held else _ours(url, storage_options)
-        if kind is not None:
-            found.append((url, kind, max(0.0, now - mtime), size, stamp_))
+        if kind is not None:  # a time no age can be measured from: unknown, kept
+            why = implausible(mtime, now)
+            age = 0.0 if why is not None else max(0.0, now - mtime)
+            found.append((url, kind, age, size, stamp_, why))
     # Objects before holds: a hold this gc removes is looked at again with its object,
     # which would then be kept "held since listed" (a local listing's order is the
     # directory's).
     found.sort(key=lambda f: f[1] == "hold")
     out: list[GcEntry] = []
-    due = [f for f in found if f[2] >= grace]
+    due = [f for f in found if f[5] is None and f[2] >= grace]
     if due and not dry_run:  # named since the first read (a run that just published)?
         refs, dirs, error = _references(_indexes(store, root, urls), storage_options, job)
         if error is not None:
             return [GcEntry(error.split(": ", 1)[0], "index", 0.0, f"failed: {error}")]
-    for url, kind, age, size, stamp_ in found:
+    for url, kind, age, size, stamp_, why in found:
         held_at, held_stamp = holds.get(hold_url(url), (None, None))
-        if age < grace:
+        held_why = None if held_at is None else implausible(held_at, now, "hold's time")
+        if why is not None:  # stamped by a clock that was wrong: never taken for old
+            action = f"skipped: {why}: its age is unknown"
+        elif age < grace:
             action = f"skipped: younger than the grace of {grace:g}s"
+        elif held_why is not None:  # a hold of unknown time still holds
+            action = f"skipped: {held_why}: a hold of unknown time still holds"
         elif held_at is not None and now - held_at < grace:  # a run relies on it
             action = f"skipped: a run held it within the grace of {grace:g}s"
         elif target_identity(url) in refs:

@@ -20,7 +20,8 @@ A name is never trusted alone: an object found at a content address is used only
 when its size is the recorded one and its bytes are the recorded ones, checked like
 every destination (:mod:`.binding`): the checksum S3 keeps, else a full read
 and the digest (remembered per object version in this process, so a plan of many
-pairs reads it once). Publishing is ``mode="create"`` (S3 ``If-None-Match: *``, an
+pairs reads it once; a local object's version is its size, mtime, ctime, inode and
+device). Publishing is ``mode="create"`` (S3 ``If-None-Match: *``, an
 exclusive link on local disks): two workers storing one address at once both succeed,
 the second accepting what the first stored once its bytes check. An object whose
 bytes do not check (damaged) is stored again over it.
@@ -103,7 +104,9 @@ def shared_digest(url: str) -> str | None:
 
 
 def _version(loader: DataLoader) -> Any:
-    """What pins the object's bytes: its ETag, or (local files) size, mtime and inode."""
+    """What pins the object's bytes: its ETag, or (local files) size, mtime, ctime,
+    inode and device (the ctime too: a byte changed in place with the mtime set back
+    changes it; no call sets it back)."""
     etag = getattr(loader, "etag", None)
     if isinstance(etag, str):
         return etag
@@ -113,7 +116,7 @@ def _version(loader: DataLoader) -> Any:
             st = os.stat(path)
         except OSError:
             return None
-        return (st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev)
+        return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
     return None
 
 

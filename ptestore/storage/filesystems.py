@@ -35,8 +35,10 @@ is either
 
 Either way its aiobotocore session (the costly part of a client) is the process's
 :func:`shared_session` for the current :func:`session_key`: the process id, s3fs's
-session arguments (``profile``), every ``AWS_*`` environment variable, the size and
-modification time of the AWS config and credentials files; at most
+session arguments (``profile``), every ``AWS_*`` environment variable, the size,
+modification and status-change times, inode and device of the AWS config and
+credentials files (a same-size file renamed over one with its ``mtime`` restored, as
+``cp -p`` and ``rsync -t`` do, is a rotation too); at most
 :data:`SESSION_CACHE_SIZE` kept. A client made from a warm session costs a few ms, one
 from a fresh session about 75 ms of CPU; a credentials file rewritten (a sidecar's
 rotation) is a new key, hence a new session that reads it. botocore gives every client a
@@ -292,12 +294,16 @@ def _close(fs: Any) -> None:
         log.debug("closing an S3 client failed: %s", exc)
 
 
-def _file_state(path: str) -> tuple[int, int] | None:
+def _file_state(path: str) -> tuple[int, ...] | None:
+    """What tells a config or credentials file from the one read before: its size,
+    ``mtime``, ``ctime``, inode and device. ``mtime`` and size alone miss a rotation
+    that keeps both (a new file of the same length renamed over the old one with its
+    time restored, as ``cp -p`` or ``rsync -t`` do); no call sets ``ctime`` back."""
     try:
         st = os.stat(os.path.expanduser(path))
     except OSError:
         return None
-    return st.st_mtime_ns, st.st_size
+    return st.st_mtime_ns, st.st_size, st.st_ctime_ns, st.st_ino, st.st_dev
 
 
 def _state() -> tuple[Any, ...]:

@@ -167,3 +167,36 @@ def test_a_sparse_leftover_frees_what_it_held_and_counts_its_size(tmp_path: Path
     done = prune(cache)
     assert done.removed == [] and done.freed == held and not part.exists()
     assert done.remaining == sum(e.bytes for e in list_entries(cache))
+
+
+def test_a_hit_under_a_clock_set_back_never_moves_its_entry_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last use of an entry is never set back: a hit while the clock reads 1970 (a
+    device before its time was set) leaves the model in use where its last use put it,
+    and eviction removes the entry used before it (was: stamped 1970, the model in use
+    first in line, evicted). Under a clock that is right the hit is now, as before."""
+    import time
+    import types
+
+    from ptestore.device import layout
+
+    cache, a, b = _two_entries(tmp_path)
+    now = time.time_ns()
+    hour = 3600 * 10**9
+    stamps = {a.key: now - hour, b.key: now - 2 * hour}  # a used after b
+    for key, stamp in stamps.items():
+        os.utime(cache / "entries" / key / "manifest.json", ns=(stamp, stamp))
+    monkeypatch.setattr(layout, "time", types.SimpleNamespace(time_ns=lambda: 5 * 10**9))
+    again = ptestore.ensure(tmp_path / "a.pte", cache_dir=cache, backends=[SPEC], device=DEVICE)
+    assert (again.key, again.created) == (a.key, False)  # a hit, touched under 1970
+    manifest = cache / "entries" / a.key / "manifest.json"
+    assert manifest.stat().st_mtime_ns == now - hour + 1  # its last use and a nanosecond
+    assert [e.key for e in list_entries(cache)] == [a.key, b.key]
+    ready = {e.key: e.bytes for e in list_entries(cache)}
+    done = evict(cache, ready[a.key])
+    assert done.removed == [b.key]
+    assert [e.key for e in list_entries(cache)] == [a.key]
+    monkeypatch.setattr(layout, "time", types.SimpleNamespace(time_ns=lambda: now + hour))
+    ptestore.ensure(tmp_path / "a.pte", cache_dir=cache, backends=[SPEC], device=DEVICE)
+    assert manifest.stat().st_mtime_ns == now + hour  # a right clock: now

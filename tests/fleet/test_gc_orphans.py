@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -415,3 +416,149 @@ def test_retire_leaves_the_entries_other_jobs_wrote(
         "retired beta/phone: the job no longer names model 'beta'\n"
         f"retired 1 entries of {index} (0 retired before, 1 of other jobs left)\n"
     )
+
+
+def test_orphans_and_holds_of_implausible_time_are_of_unknown_age(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A time before 2000-01-01 or more than a day after gc's now was stamped by a clock
+    that was wrong (a host's whose clock read 1970, one 10 years ahead): the age is
+    unknown, never old nor young. An orphan of unknown age is kept and reported with its
+    time (was, 1970: removed at once, though it may be a running job's object not yet
+    indexed; 10 years ahead: kept 10 years as young, silently); a hold of unknown time
+    still holds, and is kept and reported likewise (was, 1970: the hold and its object
+    removed). An old orphan without a hold goes, as before."""
+    from ptestore.fleet import orphan_store
+    from ptestore.fleet.holds import hold_url
+    from ptestore.fleet.index import publish_entries
+    from ptestore.testing.fleet_index import synthetic_entry
+
+    now = float(int(time.time()))
+    monkeypatch.setattr(orphan_store, "time", types.SimpleNamespace(time=lambda: now))
+    root = tmp_path / "fleet"
+    publish_entries(
+        str(root / "ptestore-index.json"), [synthetic_entry("m", "d", root=str(root))], {}
+    )
+    shared = root / "_shared" / "sha256-tree"
+    shared.mkdir(parents=True)
+    ahead, month = now + 3653 * 86400, now - 30 * 86400
+
+    def stored(name: str, when: float, held: float | None = None) -> Path:
+        path = shared / f"{name * 32}.ptd"
+        path.write_bytes(b"x" * 100)
+        os.utime(path, (when, when))
+        if held is not None:
+            hold = Path(hold_url(str(path)))
+            hold.write_text("{}")
+            os.utime(hold, (held, held))
+        return path
+
+    def shown(when: float) -> str:
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(when))
+
+    epoch = stored("a1", 5.0)
+    future = stored("b2", ahead)
+    held_1970 = stored("c3", month, held=5.0)
+    held_ahead = stored("d4", month, held=ahead)
+    plain = stored("e5", month)
+    before = f"before {shown(946684800)}"
+    after = f"more than 86400s after now, {shown(now)}"
+
+    def unknown(what: str, when: float, limit: str) -> str:
+        return f"skipped: its {what} {shown(when)} is not plausible ({limit})"
+
+    got = {Path(e.location).name: (e.age, e.action) for e in collect_orphans(root, grace=WEEK)}
+    hold = Path(hold_url(str(held_1970))).name
+    hold_ahead = Path(hold_url(str(held_ahead))).name
+    assert got == {
+        epoch.name: (0.0, unknown("modification time", 5.0, before) + ": its age is unknown"),
+        future.name: (0.0, unknown("modification time", ahead, after) + ": its age is unknown"),
+        held_1970.name: (
+            30 * 86400,
+            unknown("hold's time", 5.0, before) + ": a hold of unknown time still holds",
+        ),
+        held_ahead.name: (
+            30 * 86400,
+            unknown("hold's time", ahead, after) + ": a hold of unknown time still holds",
+        ),
+        hold: (0.0, unknown("modification time", 5.0, before) + ": its age is unknown"),
+        hold_ahead: (0.0, unknown("modification time", ahead, after) + ": its age is unknown"),
+        plain.name: (30 * 86400, "removed"),
+    }
+    assert sorted(p.name for p in shared.iterdir()) == sorted(
+        [epoch.name, future.name, held_1970.name, held_ahead.name, hold, hold_ahead]
+    )
+
+
+def test_a_last_modified_without_a_zone_is_utc_and_one_in_1970_unknown(
+    s3_server: S3TestServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A listing whose ``LastModified`` carries no zone (through
+    ``tests/support/faulty_proxy.py``: botocore makes it a naive datetime) is read as
+    UTC, as the ``HEAD`` is, whatever the local zone: under ``TZ=Asia/Tokyo`` an object
+    stored just now is young with a grace of an hour and removed with a grace of 0 (was 9
+    hours old, and ``skipped: changed since listed`` with either grace: the listing's
+    stamp never the ``HEAD``'s, nothing ever collected). One the listing says was
+    modified in 1970 has no age the server's clock can measure: kept, reported."""
+    import re
+
+    from support.faulty_proxy import faulty_proxy
+
+    from ptestore.fleet.index import publish_entries
+    from ptestore.testing.fleet_index import synthetic_entry
+    from ptestore.writers import open_writer
+
+    bucket, opts = s3_server.new_bucket(), s3_server.storage_options
+    root = f"s3://{bucket}/fleet"
+    publish_entries(f"{root}/ptestore-index.json", [synthetic_entry("m", "d", root=root)], opts)
+    fresh, epoch = (f"{root}/_shared/sha256-tree/{c * 64}.ptd" for c in "ab")
+    for url in (fresh, epoch):
+        w = open_writer(url, **opts)
+        w.write(b"x" * 100, 0)
+        w.publish("overwrite")
+
+    def answer(
+        method: str, path: str, request: dict[str, str], headers: dict[str, str], body: bytes
+    ) -> tuple[dict[str, str], bytes]:
+        if method != "GET" or "list-type=2" not in path.partition("?")[2]:
+            return headers, body
+
+        def zoneless(listed: re.Match[str]) -> str:
+            block = listed[0]
+            if f"<Key>{epoch.split('/', 3)[3]}</Key>" in block:
+                when = "1970-01-01T00:00:05.000"
+            else:  # its own time, without the zone
+                m = re.search(r"<LastModified>([^<.Z]*)(\.\d+)?Z</LastModified>", block)
+                assert m is not None, block
+                when = m[1] + ".000"
+            return re.sub(
+                r"<LastModified>[^<]*</LastModified>", f"<LastModified>{when}</LastModified>", block
+            )
+
+        text = re.sub(r"<Contents>.*?</Contents>", zoneless, body.decode(), flags=re.S)
+        assert "Z</LastModified>" not in text, text
+        return headers, text.encode()
+
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    time.tzset()
+    try:
+        with faulty_proxy(s3_server.endpoint_url, every=0) as (endpoint, proxy):
+            proxy.answer = answer
+            through = {**opts, "endpoint_url": endpoint}
+            young = {
+                e.location: (e.age, e.action) for e in collect_orphans(root, grace=3600, **through)
+            }
+            gone = {e.location: e.action for e in collect_orphans(root, grace=0, **through)}
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+    unknown = (
+        "skipped: its modification time 1970-01-01T00:00:05Z is not plausible (before "
+        "2000-01-01T00:00:00Z): its age is unknown"
+    )
+    assert young[fresh][1] == "skipped: younger than the grace of 3600s", young
+    assert young[fresh][0] < 600
+    assert young[epoch] == (0.0, unknown)
+    assert gone == {fresh: "removed", epoch: unknown}
+    listed = s3_server.client().list_objects_v2(Bucket=bucket, Prefix="fleet/_shared/")
+    assert [o["Key"] for o in listed["Contents"]] == [epoch.split("/", 3)[3]]

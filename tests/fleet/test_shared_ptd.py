@@ -315,3 +315,41 @@ def test_an_old_ptd_beside_a_fleet_pte_does_not_hide_the_shared_one(
     assert [f.field for f in report.findings] == ["ptd_output.sha256", "ptd_output.key"]
     with pytest.raises(IntegrityError, match=r"is not the \.ptd .* was made with"):
         ptestore.fetch(out / "mlp.pte", tmp_path / "dl3" / "mlp.pte")
+
+
+def test_a_byte_flipped_in_place_with_its_mtime_restored_is_read_again(tmp_path: Path) -> None:
+    """What this process remembers of a checked shared object is keyed by its size,
+    mtime, ctime, inode and device: a byte flipped in place with the mtime set back
+    changes the ctime, so the object is read again and found damaged (was: keyed
+    without the ctime, the remembered digest reused, the damaged object taken as the
+    content and indexed)."""
+    import os
+
+    from support.delta import flip
+
+    from ptestore.fleet.shared import check_shared
+    from ptestore.provenance.digest import content_digest
+    from ptestore.storage.loaders import open_loader
+
+    path = tmp_path / "_shared" / "sha256-tree" / "x.ptd"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(bytes(range(256)) * 64)
+    with open_loader(path) as loader:
+        content = content_digest(loader, loader.size())
+        assert check_shared(loader, content) is None
+    was = path.stat()
+    flip(path, 1000)
+    os.utime(path, ns=(was.st_atime_ns, was.st_mtime_ns))
+    # A clock without fine-grained change times may give the flip the tick the file was
+    # made in (a real damage comes long after): touched until it moves.
+    while path.stat().st_ctime_ns == was.st_ctime_ns:
+        os.chmod(path, was.st_mode)
+    now = path.stat()
+    assert (now.st_size, now.st_mtime_ns, now.st_ino) == (was.st_size, was.st_mtime_ns, was.st_ino)
+    with open_loader(path) as loader:
+        reason = check_shared(loader, content)
+    assert reason is not None
+    assert reason.startswith(f"{path}: the bytes have sha256-tree:")
+    assert reason.endswith(
+        f"the record names {content.sha256}: damaged or changed after they were stored"
+    )

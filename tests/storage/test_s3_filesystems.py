@@ -13,6 +13,7 @@ then a read)."""
 from __future__ import annotations
 
 import gc
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -218,3 +219,36 @@ def test_a_child_forked_while_another_thread_makes_a_filesystem_can_make_one() -
         release.set()
         t.join()
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_rotation_that_keeps_the_files_size_and_mtime_is_seen(
+    s3_server: S3TestServer, url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rotation as ``cp -p`` or ``rsync -t`` make it: a new credentials file of the
+    same length renamed over the old one, the old file's modification time given to it.
+    A loader opened after it signs with the new key (was: the session cached for the old
+    file's ``(mtime, size)``, the old key; on SeaweedFS a 403)."""
+    good = s3_server.storage_options
+    creds = tmp_path / "credentials"
+    use_credentials_file(monkeypatch, creds)
+    old_key = ("R" * len(good["key"]))[: len(good["key"])]
+    old_secret = "s" * len(good["secret"])
+    write_credentials(creds, old_key, old_secret)
+    endpoint = {"endpoint_url": good["endpoint_url"], "client_kwargs": good["client_kwargs"]}
+    if s3_server.name == "seaweedfs":  # a key it does not know
+        with pytest.raises(PermissionDenied):
+            open_loader(url, **endpoint, retry_attempts=1)
+    else:
+        with open_loader(url, **endpoint, retry_attempts=1) as before:
+            assert isinstance(before, FsspecLoader) and _access_key(before) == old_key
+    old = creds.stat()
+    new = tmp_path / "credentials.new"
+    write_credentials(new, good["key"], good["secret"])
+    os.utime(new, ns=(old.st_atime_ns, old.st_mtime_ns))  # cp -p, rsync -t
+    os.replace(new, creds)
+    st = creds.stat()
+    assert (st.st_size, st.st_mtime_ns) == (old.st_size, old.st_mtime_ns)
+    with open_loader(url, **endpoint, retry_attempts=1) as loader:
+        assert isinstance(loader, FsspecLoader)
+        assert _access_key(loader) == good["key"]
+        assert loader.load(0, len(DATA)) == DATA

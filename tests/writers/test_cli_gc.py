@@ -232,3 +232,124 @@ def test_an_abort_whose_answer_was_lost_is_counted_removed(
     assert entry.action == action
     assert (fault.calls, fault.injected) == (2, 1)
     assert s3_client.list_multipart_uploads(Bucket=s3_bucket).get("Uploads", []) == []
+
+
+@pytest.mark.s3
+def test_an_upload_initiated_without_a_zone_is_read_as_utc(
+    s3_server: S3TestServer,
+    s3_bucket: str,
+    s3_client: Any,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A ``ListMultipartUploads`` answer whose ``Initiated`` carries no zone
+    (``2026-12-06T04:00:00.000``: botocore makes it a naive datetime) is read as UTC, as
+    a ``Date`` without one is, whatever the local zone: one two days old is aborted, one
+    an hour old is kept (was a ``TypeError`` traceback: offset-naive minus offset-aware).
+    One initiated 10 years ahead (a server's clock ahead then) has no age gc can measure:
+    kept, and the action names the time (S3 has no lock to ask, as a staging file's)."""
+    import time
+    from datetime import datetime, timedelta, timezone
+
+    from support.faulty_proxy import faulty_proxy
+
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    time.tzset()
+
+    def stale(key: str) -> None:
+        w = open_writer(f"s3://{s3_bucket}/{key}", **s3_server.storage_options)
+        w.write(bytes(9 << 20), 0)  # one complete 8 MiB part uploads
+        w.wait_uploads()  # type: ignore[attr-defined]
+        w._finalizer.detach()  # type: ignore[attr-defined]
+
+    stale("p/old.pte")
+    stale("p/new.pte")
+    stale("p/ahead.pte")
+    now = datetime.now(timezone.utc)
+    initiated = {
+        "p/old.pte": now - timedelta(days=2),
+        "p/new.pte": now - timedelta(hours=1),
+        "p/ahead.pte": now + timedelta(days=3653),
+    }
+
+    def answer(
+        method: str, path: str, request: dict[str, str], headers: dict[str, str], body: bytes
+    ) -> tuple[dict[str, str], bytes]:
+        if method != "GET" or "uploads" not in path.partition("?")[2]:
+            return headers, body
+
+        def zoneless(upload: re.Match[str]) -> str:
+            key = re.search(r"<Key>([^<]*)</Key>", upload[0])
+            assert key is not None
+            naive = initiated[key[1]].strftime("%Y-%m-%dT%H:%M:%S.000")
+            return re.sub(
+                r"<Initiated>[^<]*</Initiated>", f"<Initiated>{naive}</Initiated>", upload[0]
+            )
+
+        text = re.sub(r"<Upload>.*?</Upload>", zoneless, body.decode(), flags=re.S)
+        assert text.count("<Initiated>") == 3 and "Z</Initiated>" not in text, text
+        return headers, text.encode()
+
+    try:
+        with faulty_proxy(s3_server.endpoint_url, every=0) as (endpoint, proxy):
+            proxy.answer = answer
+            options = {**s3_server.storage_options, "endpoint_url": endpoint}
+            opts = [f"-o{k}={json.dumps(v)}" for k, v in options.items()]
+            assert run(["gc", f"s3://{s3_bucket}/p/", "--json", *opts]) == 0
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+    report = json.loads(capsys.readouterr().out)
+    got = {e["location"].split("?")[0]: (e["age"], e["action"]) for e in report["entries"]}
+    old, new = got[f"s3://{s3_bucket}/p/old.pte"], got[f"s3://{s3_bucket}/p/new.pte"]
+    assert old[1] == "removed" and abs(old[0] - 2 * 86400) < 600
+    assert new[1] == "skipped: younger than 86400s" and abs(new[0] - 3600) < 600
+    age, action = got[f"s3://{s3_bucket}/p/ahead.pte"]
+    shown = initiated["p/ahead.pte"].strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert age == 0.0 and action.startswith(
+        f"skipped: its initiation time {shown} is not plausible (more than 86400s after now, "
+    ), action
+    assert action.endswith("Z): its age is unknown"), action
+    uploads = s3_client.list_multipart_uploads(Bucket=s3_bucket).get("Uploads", [])
+    assert sorted(u["Key"] for u in uploads) == ["p/ahead.pte", "p/new.pte"]
+
+
+@pytest.mark.parametrize("ahead", [True, False], ids=["3-years-ahead", "1970"])
+def test_a_staging_file_of_implausible_time_is_judged_by_its_lock(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+    ahead: bool,
+) -> None:
+    """A staging file whose mtime is 3 years ahead (stamped by a clock ahead) or in
+    1970 has no age gc can measure: its lock decides. Free (a dead writer's): removed,
+    with a warning saying why (was, 3 years ahead: ``skipped: younger than 86400s`` for
+    3 years, the free lock notwithstanding); held by a live writer: kept."""
+    import os
+    import time
+
+    dead = crashed_writer(tmp_path / "dead.pte")
+    live = LocalFileWriter(tmp_path / "live.pte")
+    live.write(b"partial", 0)
+    when = time.time() + 3 * 365 * 86400 if ahead else 5.0
+    for w in (dead, live):
+        os.utime(w.staging_path, (when, when))
+    try:
+        with caplog.at_level("WARNING", logger="ptestore.gc"):
+            assert run(["gc", str(tmp_path), "--json"]) == 0
+        report = json.loads(capsys.readouterr().out)
+        got = {e["location"]: (e["age"], e["action"]) for e in report["entries"]}
+        assert got == {
+            dead.staging_path: (0.0, "removed"),
+            live.staging_path: (0.0, "skipped: in use by a live writer"),
+        }
+        shown = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(when)))
+        limit = "more than 86400s after now, 20" if ahead else "before 2000-01-01T00:00:00Z)"
+        [warning] = [r.getMessage() for r in caplog.records]
+        assert warning.startswith(
+            f"{dead.staging_path}: its modification time {shown} is not plausible ({limit}"
+        ), warning
+        assert warning.endswith(": its age is unknown; no writer holds it: removed"), warning
+        assert not os.path.exists(dead.staging_path) and os.path.exists(live.staging_path)
+    finally:
+        live.discard()
