@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 from ..errors import ConfigurationError, ObjectNotFound, PreconditionFailed, StorageError
-from .exits import guarded, with_verdict
+from .exits import guarded, redacted, with_verdict
 from .options import (
     add_backend_flag,
     add_device_flags,
@@ -129,13 +129,13 @@ def run_verify(args: argparse.Namespace) -> int:
 
     def write() -> None:
         if args.json:  # the report on stdout; the reason of a failed verdict on stderr too
-            json.dump(report.to_dict(), sys.stdout, indent=2)
+            json.dump(redacted(report.to_dict()), sys.stdout, indent=2)
             sys.stdout.write("\n")
             if report.exit_code != 0:
-                print(report.message(), file=sys.stderr)
+                print(redacted(report.message()), file=sys.stderr)
         else:
             out = sys.stdout if report.exit_code == 0 else sys.stderr
-            print(report.message(), file=out)
+            print(redacted(report.message()), file=out)
 
     return with_verdict(report.exit_code, write)
 
@@ -173,12 +173,12 @@ def _verify_range(
     if args.json:
         out = report.to_dict()
         out["range"] = {"start": checked.start, "end": checked.end, "chunks": n}
-        json.dump(out, sys.stdout, indent=2)
+        json.dump(redacted(out), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         from .._text import printable
 
-        url = printable(args.url)
+        url = printable(redacted(args.url))
         print(f"{url}: bytes {checked.start}:{checked.end} intact ({what} checked)")
     return 0
 
@@ -306,14 +306,14 @@ def _verify_job(args: argparse.Namespace) -> int:
     def write() -> None:
         if args.json:  # the reports on stdout; each failed pair's reason on stderr too
             obj = {"exit_code": code, "pairs": [r.to_dict() for r in reports]}
-            json.dump(obj, sys.stdout, indent=2)
+            json.dump(redacted(obj), sys.stdout, indent=2)
             sys.stdout.write("\n")
             for r in reports:
                 if r.exit_code != 0:
-                    print(r.message(), file=sys.stderr)
+                    print(redacted(r.message()), file=sys.stderr)
             return
         for r in reports:
-            print(r.message(), file=sys.stdout if r.exit_code == 0 else sys.stderr)
+            print(redacted(r.message()), file=sys.stdout if r.exit_code == 0 else sys.stderr)
         counts = {
             s: sum(1 for r in reports if r.status == s)
             for s in ("current", "stale", "invalid", "unverified")
