@@ -19,6 +19,7 @@ from ..errors import (
     PreconditionFailed,
     StorageError,
 )
+from ..storage.types import redact_urls
 
 __all__ = [
     "NOT_FOUND_CODES",
@@ -336,7 +337,10 @@ def to_storage_error(exc: BaseException, where: str, action: str) -> StorageErro
     """The :mod:`ptestore.errors` exception for ``exc``, raised while ``action`` ran on
     ``where``: ``"<where>: <action> failed: <code> (HTTP <status>): <message>"``.
 
-    A :class:`~ptestore.errors.StorageError` is returned unchanged.
+    A :class:`~ptestore.errors.StorageError` is returned unchanged. The URLs in the
+    message (``where``, and a client library's own text, which may name the URL with
+    its credentials) are shown as :func:`~ptestore.storage.types.redacted_url` shows
+    them.
     """
     if isinstance(exc, StorageError):
         return exc
@@ -347,7 +351,7 @@ def to_storage_error(exc: BaseException, where: str, action: str) -> StorageErro
         detail = exc.strerror
     else:
         detail = str(exc) or type(exc).__name__
-    text = f"{where}: {action} failed: {detail}"
+    text = redact_urls(f"{where}: {action} failed: {detail}")
     category = classify(exc)
     if category is Category.NOT_FOUND:
         return ObjectNotFound(text)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from .._dataclass import dataclass
 from .._log import get_logger
 from ..errors import ConfigurationError
+from ..storage.types import redact_urls, redacted_url
 from .categories import find_error_info, is_transient
 
 if TYPE_CHECKING:
@@ -65,7 +66,7 @@ class RetryPolicy:
                 maximum=given.get("retry_max", cls.maximum),
             )
         except ConfigurationError as exc:
-            raise ConfigurationError(f"{url}: {exc}") from None
+            raise ConfigurationError(f"{redacted_url(url)}: {exc}") from None
 
     def call(
         self,
@@ -105,10 +106,10 @@ class RetryPolicy:
             log.log(
                 level,
                 "%s: attempt %d of %d failed (%s); retrying in %.2fs",
-                what,
+                redact_urls(what),
                 state.attempt_number,
                 self.attempts,
-                why,
+                redact_urls(why),
                 wait,
             )
             if on_retry is not None:

@@ -12,7 +12,7 @@ from typing import Any
 
 from .._text import for_terminal, printable
 from ..errors import ConfigurationError, ObjectNotFound
-from ..storage.types import file_path
+from ..storage.types import file_path, redact_urls, redacted_url
 from .ensure import parse_size
 from .exits import EXIT_OK, guarded
 from .options import add_storage_options, human_bytes, storage_options
@@ -109,7 +109,7 @@ def run_cache(args: argparse.Namespace) -> int:
         entries = list_entries(args.cache_dir)
         if args.json:
             out: Any = {
-                "entries": [e.to_dict() for e in entries],
+                "entries": [_shown(e.to_dict()) for e in entries],
                 "bytes": sum(e.bytes for e in entries),
             }
             json.dump(out, sys.stdout, indent=2)
@@ -121,7 +121,7 @@ def run_cache(args: argparse.Namespace) -> int:
                 where += f" + {os.path.basename(e.xnnpack_cache)}"
             print(
                 f"{e.key}  {e.state:<10} {human_bytes(e.bytes):>10}  {_when(e.last_used)}  "
-                f"{printable(e.source or '-')}{printable(where)}"
+                f"{printable(redacted_url(e.source or '-'))}{printable(where)}"
             )
         total = sum(e.bytes for e in entries)
         print(f"{len(entries)} entries, {human_bytes(total)}")
@@ -156,7 +156,9 @@ def _prune_stale(args: argparse.Namespace) -> int:
     stale = prune_stale(args.cache_dir, dry_run=args.dry_run, storage_options=storage_options(args))
     rest = None if args.dry_run else cache.prune(args.cache_dir, args.max_bytes)
     if args.json:
-        out: dict[str, Any] = {"stale": stale.to_dict()}
+        shown = stale.to_dict()
+        shown["entries"] = [_shown(e) for e in shown["entries"]]
+        out: dict[str, Any] = {"stale": shown}
         if rest is not None:
             out.update(rest.to_dict())
             out["removed"] = stale.removed + rest.removed
@@ -166,7 +168,8 @@ def _prune_stale(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
         return EXIT_OK
     for e in stale.entries:
-        print(for_terminal(f"{e.action:<18} {e.key}  {human_bytes(e.bytes):>10}  {e.reason}"))
+        line = f"{e.action:<18} {e.key}  {human_bytes(e.bytes):>10}  {e.reason}"
+        print(for_terminal(redact_urls(line)))
     if rest is None:
         n = sum(e.action == "would remove" for e in stale.entries)
         print(f"would remove {n} stale entries; {stale.current} current")
@@ -179,3 +182,15 @@ def _prune_stale(args: argparse.Namespace) -> int:
         + (f"; {len(busy)} busy (in use): {', '.join(busy)}" if busy else "")
     )
     return EXIT_OK
+
+
+def _shown(entry: dict[str, Any]) -> dict[str, Any]:
+    """An entry's ``--json`` object with its source (and the reason naming it) as
+    :func:`~ptestore.storage.types.redacted_url` shows it: a manifest an earlier
+    ptestore wrote may record a URL with its password or signature."""
+    out = dict(entry)
+    if isinstance(out.get("source"), str):
+        out["source"] = redacted_url(out["source"])
+    if isinstance(out.get("reason"), str):
+        out["reason"] = redact_urls(out["reason"])
+    return out

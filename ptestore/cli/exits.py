@@ -56,6 +56,7 @@ __all__ = [
     "error_message",
     "exit_code",
     "guarded",
+    "redacted",
     "with_verdict",
 ]
 
@@ -126,10 +127,18 @@ def _after(exc: BaseException, published: str | None) -> bool:
 def error_message(
     command: str, exc: BaseException, *, publishes: bool = False, published: str | None = None
 ) -> str:
-    """The one line printed on stderr for an error of ``ptestore COMMAND``.
+    """The one line printed on stderr for an error of ``ptestore COMMAND``, every URL in
+    it as :func:`~ptestore.storage.types.redacted_url` shows it (a message a library
+    made, or one built from a URL as given, holds no password nor signature).
 
     ``publishes``: the command publishes objects, so a failure says what was published;
     ``published``: what it had published when ``exc`` came (while reporting it)."""
+    from ..storage.types import redact_urls
+
+    return redact_urls(_message(command, exc, publishes, published))
+
+
+def _message(command: str, exc: BaseException, publishes: bool, published: str | None) -> str:
     prog = f"ptestore {command}"
     after = _after(exc, published)
     if isinstance(exc, KeyboardInterrupt):
@@ -195,7 +204,8 @@ def error_json(
     ``source``/``field``/``value``/``limit`` of a :class:`FormatError`, ...), the
     chained cause (``cause``: ``"Type: message"``) and, for commands that publish,
     ``published``: ``"nothing"``, ``"partial"``, ``"uncertain"`` or ``"published"`` (an
-    error once ``published``, the argument, was: while the command reported it)."""
+    error once ``published``, the argument, was: while the command reported it). Every
+    URL in its strings is shown as :func:`error_message` shows it."""
     message = _text(exc) or type(exc).__name__
     if isinstance(exc, KeyboardInterrupt):  # what stderr says: "interrupted by SIGTERM; ..."
         said = error_message(command, exc, publishes=publishes, published=published)
@@ -223,7 +233,23 @@ def error_json(
         err["cause"] = f"{type(cause).__name__}: {cause}"
     if publishes:
         err["published"] = _publish_state(exc, published)
-    return {"error": err}
+    return {"error": redacted(err)}
+
+
+def redacted(value: Any) -> Any:
+    """``value`` (what a command prints: a string, or JSON's dicts and lists of them)
+    with every URL in its strings as :func:`~ptestore.storage.types.redacted_url` shows
+    it: a URL as the user gave it (``verify URL``), a record an earlier ptestore wrote,
+    a library's message may hold a password or a presigned query's signature."""
+    from ..storage.types import redact_urls
+
+    if isinstance(value, str):
+        return redact_urls(value)
+    if isinstance(value, dict):
+        return {k: redacted(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [redacted(v) for v in value]
+    return value
 
 
 def configure_logging(args: argparse.Namespace) -> logging.Handler | None:
@@ -238,12 +264,14 @@ def configure_logging(args: argparse.Namespace) -> logging.Handler | None:
     import logging  # here: ``ptestore --help`` does not pay for it
 
     from .._text import for_terminal
+    from ..storage.types import redact_urls
 
     class Escaped(logging.Formatter):
-        """A record as a terminal shows it: what would act on it escaped."""
+        """A record as a terminal shows it: what would act on it escaped, its URLs
+        redacted (a client library's debug line may name one with its credentials)."""
 
         def format(self, record: logging.LogRecord) -> str:
-            return for_terminal(super().format(record))
+            return for_terminal(redact_urls(super().format(record)))
 
     class Verbose(logging.StreamHandler):  # type: ignore[type-arg]
         """The run's handler; ``previous``: the level it set the logger's from."""

@@ -12,7 +12,7 @@ import argparse
 from typing import Any
 
 from ..errors import ConfigurationError, ObjectNotFound, PreconditionFailed, StorageError
-from .exits import guarded, with_verdict
+from .exits import guarded, redacted, with_verdict
 from .options import (
     add_backend_flag,
     add_device_flags,
@@ -128,13 +128,13 @@ def run_verify(args: argparse.Namespace) -> int:
 
     def write() -> None:
         if args.json:  # the report on stdout; the reason of a failed verdict on stderr too
-            out_json(report.to_dict())
+            out_json(redacted(report.to_dict()))
             if report.exit_code != 0:
-                say(report.message())
+                say(redacted(report.message()))
         elif report.exit_code == 0:
-            out(report.message())
+            out(redacted(report.message()))
         else:
-            say(report.message())
+            say(redacted(report.message()))
 
     return with_verdict(report.exit_code, write)
 
@@ -172,11 +172,11 @@ def _verify_range(
     if args.json:
         shown = report.to_dict()
         shown["range"] = {"start": checked.start, "end": checked.end, "chunks": n}
-        out_json(shown)
+        out_json(redacted(shown))
     else:
         from .._text import printable
 
-        url = printable(args.url)
+        url = printable(redacted(args.url))
         out(f"{url}: bytes {checked.start}:{checked.end} intact ({what} checked)")
     return 0
 
@@ -303,16 +303,16 @@ def _verify_job(args: argparse.Namespace) -> int:
 
     def write() -> None:
         if args.json:  # the reports on stdout; each failed pair's reason on stderr too
-            out_json({"exit_code": code, "pairs": [r.to_dict() for r in reports]})
+            out_json(redacted({"exit_code": code, "pairs": [r.to_dict() for r in reports]}))
             for r in reports:
                 if r.exit_code != 0:
-                    say(r.message())
+                    say(redacted(r.message()))
             return
         for r in reports:
             if r.exit_code == 0:
-                out(r.message())
+                out(redacted(r.message()))
             else:
-                say(r.message())
+                say(redacted(r.message()))
         counts = {
             s: sum(1 for r in reports if r.status == s)
             for s in ("current", "stale", "invalid", "unverified")

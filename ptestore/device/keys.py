@@ -1,11 +1,18 @@
 """What names a cache entry and what it was made for: the key and the fingerprint.
 
-The **key** of an entry (its directory name) is the SHA-256 of the source's location
-(the local path with symlinks resolved, or the URL), the ``.ptd``'s, the backend specs
-as given, the device name and whether the run is in place. The **fingerprint** an
-entry's manifest records is the source's identity (:func:`source_identity`), the backend
-specs with the versions of their implementations (:func:`backend_fingerprint`) and the
-device name and digest. A call whose fingerprint differs finds the entry stale.
+The **key** of an entry (its directory name) is the SHA-256 of the source's identity
+(:func:`identity`: the local path with symlinks resolved, or the URL without its
+credentials: no user information, no presigned query's signature, credential, token,
+date or expiry; :func:`~ptestore.storage.types.url_identity`), the ``.ptd``'s, the
+backend specs as given, the device name and whether the run is in place: one object
+reached through presigned URLs whose signature rotates is one entry. The
+**fingerprint** an entry's manifest records is the source's identity
+(:func:`source_identity`: what tells a changed object, its size, ETag and version),
+the backend specs with the versions of their implementations
+(:func:`backend_fingerprint`) and the device name and digest. A call whose fingerprint
+differs finds the entry stale. What a manifest records of a URL
+(:func:`location`) is the URL as shown
+(:func:`~ptestore.storage.types.redacted_url`): no password, no signature.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from ..backends.compat import DeviceProfile, canonical_json, version_of
 from ..backends.guard import guarded
 from ..errors import ConfigurationError, ObjectNotFound, PteStoreError, StorageError
-from ..storage.types import StorageURL
+from ..storage.types import StorageURL, redacted_url, url_identity
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -32,6 +39,7 @@ __all__ = [
     "device_fingerprint",
     "as_recorded",
     "entry_key",
+    "identity",
     "identity_of",
     "location",
     "source_identity",
@@ -40,9 +48,20 @@ __all__ = [
 
 
 def location(url: str) -> str:
-    """The spelling of ``url`` keys and manifests record: a local file's real path, else
-    the URL (:attr:`~ptestore.storage.types.StorageURL.location`)."""
-    return StorageURL.of(url).location
+    """The spelling of ``url`` manifests record and ``cache ls`` shows: a local file's
+    real path (:attr:`~ptestore.storage.types.StorageURL.location`), else the URL as
+    :func:`~ptestore.storage.types.redacted_url` shows it (its credentials replaced by
+    ``REDACTED``)."""
+    u = StorageURL.of(url)
+    return u.location if u.local else redacted_url(u.text)
+
+
+def identity(url: str) -> str:
+    """What names the object at ``url`` in a key: a local file's real path, else the URL
+    without its credentials (:func:`~ptestore.storage.types.url_identity`): the same
+    for every presigned URL of one object, and for :func:`location`'s spelling of it."""
+    u = StorageURL.of(url)
+    return u.location if u.local else url_identity(u.text)
 
 
 def source_identity(url: str, options: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -69,7 +88,8 @@ def source_identity(url: str, options: Mapping[str, Any] | None = None) -> dict[
     try:
         etag = getattr(loader, "etag", None)
         version = getattr(loader, "version_id", None)
-        ident: dict[str, Any] = {"url": url, "size": loader.size(), "etag": etag}
+        # the URL without its credentials: a rotated signature is the same object
+        ident: dict[str, Any] = {"url": identity(url), "size": loader.size(), "etag": etag}
         ident["version_id"] = version
         if etag is None and version is None:
             from ..provenance.stamp import describe_source
@@ -210,13 +230,16 @@ def entry_key(
     in_place: bool,
     provenance: bool = True,
 ) -> str:
-    """The cache key: the entry's directory name (32 hex digits). An entry made without
-    provenance has a key of its own (its bytes differ: no trailer)."""
+    """The cache key: the entry's directory name (32 hex digits), from the sources'
+    :func:`identity` (a presigned URL's signature, credential, token and expiry, and a
+    URL's user information, left out: a rotated signature finds the same entry). An
+    entry made without provenance has a key of its own (its bytes differ: no
+    trailer)."""
 
     material: list[Any] = [
         "ptestore.ensure/1",
-        location(source),
-        None if ptd is None else location(ptd),
+        identity(source),
+        None if ptd is None else identity(ptd),
         None if backends is None else [spec_text(b) for b in backends],
         None if device is None else device.name,
         bool(in_place),

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._dataclass import dataclass
 from ..errors import BackendError, StorageError
-from ..storage.types import StorageURL
+from ..storage.types import StorageURL, redacted_url
 from .layout import MANIFEST_FORMAT, MANIFEST_VERSION, CacheLayout, file_stamp
 from .private import make_private
 
@@ -63,7 +63,8 @@ class Manifest:
     """What ``entries/<key>/manifest.json`` says about the entry."""
 
     key: str
-    #: The source's location (a local real path or a URL).
+    #: The source's location (a local real path, or a URL as
+    #: :func:`~ptestore.storage.types.redacted_url` shows it: no password, no signature).
     source: str
     #: What the entry was made for, as stored (:func:`as_json`).
     fingerprint: Any
@@ -108,20 +109,21 @@ class Manifest:
         named_by: str | None = None,
     ) -> Manifest:
         """The one place a manifest is built: the fingerprint and the choice as stored,
-        the provenance as its record."""
+        the provenance as its record, the sources' URLs as shown (a manifest is
+        readable by others: mode 0644)."""
         return cls(
             key=key,
-            source=source,
+            source=redacted_url(source),
             fingerprint=as_json(fingerprint),
             files=files,
             specialized=bool(specialized),
             provenance=None if provenance is None else provenance.to_dict(),
-            ptd_source=ptd_source,
+            ptd_source=None if ptd_source is None else redacted_url(ptd_source),
             in_place=in_place,
             index=index,
             choice=None if choice is None else as_json(dict(choice)),
             index_device=None if index is None else _device_of(index),
-            named_by=named_by,
+            named_by=None if named_by is None else redacted_url(named_by),
         )
 
     def to_dict(self) -> dict[str, Any]:

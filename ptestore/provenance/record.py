@@ -23,7 +23,8 @@ SHA-256 (``sha256:<hex>``); a check computes whichever a record names. In versio
 ``content.sha256`` (and ``ptd_output.sha256``) must be the root of its ``chunks``
 (checked on reading). A record keeps the version it was read with
 (:attr:`Provenance.version`): one read from a version-1 trailer is written out (a
-cache's manifest, ``--json``) as version 1.
+cache's manifest, ``--json``) as version 1. A ``url`` is recorded, and read back (an
+earlier trailer's too), without credentials (:func:`~ptestore.storage.types.redacted_url`).
 
 ``content``, ``ptd_output``, ``job`` and ``device.options`` are absent from records
 written before ptestore bound artifacts to their bytes; such an artifact can be read
@@ -41,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from .._dataclass import dataclass, field
 from ..backends.compat import canonical_json
 from ..errors import FormatError
+from ..storage.types import redacted_url
 
 if TYPE_CHECKING:
     from .chunks import ChunkDigests, Known
@@ -123,8 +125,8 @@ def _opt_str(d: dict[str, Any], key: str, source: str, where: str) -> str | None
 
 @dataclass(frozen=True)
 class SourceInfo:
-    """The object a file was made from: URL, size, SHA-256 and, where the store has
-    them, entity tag and version id."""
+    """The object a file was made from: URL (no credentials), size, SHA-256 and, where
+    the store has them, entity tag and version id."""
 
     url: str
     size: int
@@ -150,7 +152,7 @@ class SourceInfo:
         if not isinstance(d, dict):
             raise FormatError(source, f"provenance {where}", d, "an object")
         return cls(
-            url=_get(d, "url", str, source, where),
+            url=redacted_url(_get(d, "url", str, source, where)),
             size=_size(d, "size", source, where),
             sha256=_digest(d, "sha256", source, where),
             etag=_opt_str(d, "etag", source, where),

@@ -19,7 +19,7 @@ from ..backends.guard import guarded
 from ..backends.registry import SPEC_ATTRIBUTE, BackendLike, load_backend
 from ..backends.versions import MAX_SPEC, unrecordable, version_of
 from ..errors import BackendError, ConfigurationError, StorageError
-from ..storage.types import DataLoader
+from ..storage.types import DataLoader, redacted_url
 from .record import (
     BackendStamp,
     ContentDigest,
@@ -82,7 +82,9 @@ def describe_source(
     the loader reads into memory it is given). ``cancelled``: stop early (raising
     :class:`~ptestore._background.Cancelled`) once it is set. ``trust_trailer=False``:
     the digest of every byte as read now, never taken from the object's own trailer nor
-    from what this process described before (``verify --source``)."""
+    from what this process described before (``verify --source``). The URL recorded is
+    ``url`` (default: the loader's name) as :func:`~ptestore.storage.types.redacted_url`
+    shows it: a password or a presigned query's signature is never recorded."""
     size = loader.size()
     if like is not None and like.startswith("sha256:"):
         import hashlib
@@ -104,7 +106,7 @@ def describe_source(
     etag = getattr(loader, "etag", None)
     version = getattr(loader, "version_id", None)
     return SourceInfo(
-        url=recordable(url or loader.name),
+        url=recordable(redacted_url(url or loader.name)),
         size=size,
         sha256=digest,
         etag=etag if isinstance(etag, str) else None,

@@ -44,7 +44,7 @@ from ..errors import (
 from ._options import check_options
 from .base import LoaderBase, check_range
 from .regular import file_kind
-from .types import Buffer, DataLoader, StorageURL, split_url, strerror
+from .types import Buffer, DataLoader, StorageURL, redacted_url, split_url, strerror
 
 if TYPE_CHECKING:
     from .remote import FsspecLoader, S3Source
@@ -282,7 +282,7 @@ def open_loader(url: str | os.PathLike[str] | StorageURL, **storage_options: Any
         return local
     from .filesystems import close_filesystem, open_filesystem
 
-    check_options(u.text, storage_options, cls.accepted_options(u), row.applies_to)
+    check_options(redacted_url(u.text), storage_options, cls.accepted_options(u), row.applies_to)
     fs, fs_path, retry = open_filesystem(u, storage_options)  # the policy: one retry layer
     try:
         loader: FsspecLoader = cls(fs, fs_path, u.text, retry=retry, owns_fs=True)

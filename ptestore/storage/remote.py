@@ -52,7 +52,7 @@ from .filesystems import (
     open_filesystem,
     s3_options,
 )
-from .types import StorageURL
+from .types import StorageURL, redacted_url
 
 __all__ = [
     "WHOLE_READ_LIMIT",
@@ -107,8 +107,11 @@ class FsspecLoader(LoaderBase):
     ) -> None:
         self.fs = fs
         self._owns_fs = owns_fs
+        #: What the filesystem is asked for: a remote URL's credentials included (its
+        #: user information, a presigned query), never shown nor recorded.
         self.path = path
-        self.name = url
+        #: The URL as shown (:func:`~.types.redacted_url`): in messages and records.
+        self.name = redacted_url(url)
         #: The policy of every request for the object (its ``retry_*`` options).
         self.retry = retry
         #: ``(bucket, key)`` of an S3 object (read by GetObject, pinned), else None.
@@ -116,21 +119,21 @@ class FsspecLoader(LoaderBase):
         if is_s3fs(fs):
             if _VERSION_IN_KEY in path:
                 raise ConfigurationError(
-                    f"{url}: an S3 key containing {_VERSION_IN_KEY!r} cannot be read: s3fs "
+                    f"{self.name}: an S3 key containing {_VERSION_IN_KEY!r} cannot be read: s3fs "
                     "takes what follows it for a version id of the key before it, and "
                     "would read another object; rename the object"
                 )
             bucket, _, key = path.lstrip("/").partition("/")
             if key.endswith("/"):  # as S3Writer refuses such a destination
                 raise ConfigurationError(
-                    f"{url}: an S3 key ending in '/' cannot be read: s3fs asks for the "
+                    f"{self.name}: an S3 key ending in '/' cannot be read: s3fs asks for the "
                     "key without its '/' (another object, or none) where a read asks "
                     "for the key itself; rename the object"
                 )
             self._s3 = (bucket, key)
         info = self._info("no such object")
         if info.get("type") == "directory":
-            raise StorageError(f"{url}: is a directory, not an object")
+            raise StorageError(f"{self.name}: is a directory, not an object")
         self._size = int(info["size"])
         #: Entity tag / version of the object when the storage reports one (an S3
         #: object's HEAD must: every read is pinned to it).

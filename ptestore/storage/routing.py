@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 from ..errors import ConfigurationError
 from .schemes import loader_options, writer_options
-from .types import StorageURL, URLLike
+from .types import StorageURL, URLLike, redacted_url
 
 __all__ = ["StorageOptions", "options_for_loader", "options_for_writer"]
 
@@ -76,7 +76,7 @@ class StorageOptions:
         if not remote:
             if local_ok:
                 return
-            urls = list(dict.fromkeys(u.text for u in (*srcs, *dsts)))
+            urls = list(dict.fromkeys(redacted_url(u.text) for u in (*srcs, *dsts)))
             named = ", ".join(urls[:_URLS_NAMED]) + (
                 f" and {len(urls) - _URLS_NAMED} more" if len(urls) > _URLS_NAMED else ""
             )
@@ -147,7 +147,7 @@ def _refusal(unknown: list[str], remote: list[str], accepted: set[str]) -> str:
     one, else the accepted names."""
     import difflib  # only for the error
 
-    urls = list(dict.fromkeys(remote))
+    urls = list(dict.fromkeys(redacted_url(u) for u in remote))
     where = ", ".join(urls[:_URLS_NAMED])
     if len(urls) > _URLS_NAMED:
         where += f" and {len(urls) - _URLS_NAMED} more URL(s) of the run"

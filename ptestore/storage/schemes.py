@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._dataclass import dataclass
 from ..errors import ConfigurationError
-from .types import StorageURL, URLLike
+from .types import StorageURL, URLLike, redacted_url
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -72,8 +72,8 @@ class Scheme:
                 found = False
             if not found:
                 raise ConfigurationError(
-                    f"{url.text}: {self.protocol}:// needs the {module} package, which is "
-                    f"not installed: {self.install_hint()}"
+                    f"{redacted_url(url.text)}: {self.protocol}:// needs the {module} package, "
+                    f"which is not installed: {self.install_hint()}"
                 )
 
     def target(self, url: StorageURL) -> str:

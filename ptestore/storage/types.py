@@ -14,6 +14,7 @@ from typing import NamedTuple, Protocol, runtime_checkable
 
 __all__ = [
     "LOCAL_SCHEMES",
+    "REDACTED",
     "Buffer",
     "DataLoader",
     "StorageURL",
@@ -24,8 +25,11 @@ __all__ = [
     "is_relative_local",
     "load_into",
     "local_path",
+    "redact_urls",
+    "redacted_url",
     "split_url",
     "strerror",
+    "url_identity",
     "url_origin",
 ]
 
@@ -37,7 +41,9 @@ Buffer = bytes | bytearray | memoryview
 class DataLoader(Protocol):
     """Read-only, random-access view of one stored object."""
 
-    #: The path or URL the bytes come from; used in every error message.
+    #: The path or URL the bytes come from, as it is shown (:func:`redacted_url`: the
+    #: credentials a remote URL carries replaced by :data:`REDACTED`); used in every
+    #: error message and recorded by provenance, never opened again.
     name: str
 
     def size(self) -> int:
@@ -238,3 +244,152 @@ URLLike = str | os.PathLike[str] | StorageURL
 def strerror(exc: OSError) -> str:
     """The system's text for an ``OSError`` (its ``strerror``, else its ``str``)."""
     return exc.strerror or str(exc)
+
+
+# --- what a URL shows and what it names --------------------------------------------
+#
+# A URL may carry credentials: a user and password (``http://alice:PASSWORD@host/m.pte``)
+# or a presigned query (S3's ``X-Amz-Signature``, ``X-Amz-Credential`` and
+# ``X-Amz-Security-Token``, GCS's ``X-Goog-Signature``, Azure's SAS ``sig``, ...). Those
+# are for the request only: what ptestore shows or records of a URL (error messages,
+# provenance trailers, reports, index entries, cache manifests) is
+# :func:`redacted_url`'s form, and what it keys by (the device cache's entry) is
+# :func:`url_identity`'s. Standard library only, and no ``urllib``: a local command
+# pays for neither (a local path is returned at once).
+
+#: What a credential in a shown URL is replaced with.
+REDACTED = "REDACTED"
+
+#: Query parameters (lower case, ``-`` as ``_``) whose value is a credential, by name:
+#: SigV2's access key, GCS V2's account, Azure SAS's signature, passwords.
+_SECRET_PARAMS = frozenset(
+    {"awsaccesskeyid", "googleaccessid", "sig", "passwd", "pwd", "auth", "authorization"}
+)
+#: ... and by how their name ends: SigV4's ``X-Amz-Signature``, ``X-Amz-Credential``,
+#: ``X-Amz-Security-Token``, SigV2's ``Signature``, GCS's ``X-Goog-Signature`` and
+#: ``X-Goog-Credential``, ``token``, ``access_token``, ``api_key``, ``client_secret``...
+_SECRET_ENDINGS = (
+    "signature",
+    "credential",
+    "credentials",
+    "token",
+    "secret",
+    "password",
+    "api_key",
+    "apikey",
+    "access_key",
+    "accesskey",
+    "private_key",
+)
+#: What else a presigned URL's query holds that does not name the object (its date,
+#: expiry, signed headers; Azure SAS's fields): left out of :func:`url_identity` when
+#: the query holds a credential. ``x_amz_*`` and ``x_goog_*`` are left out always.
+_PRESIGN_PARAMS = frozenset(
+    {"expires", "x_id", "sv", "ss", "srt", "sp", "se", "st", "spr", "sr", "si", "sip"}
+    | {"skoid", "sktid", "skt", "ske", "sks", "skv", "sdd", "saoid", "suoid", "scid", "ses"}
+    | {"rscc", "rscd", "rsce", "rscl", "rsct"}
+)
+_PERCENT = re.compile(r"%([0-9A-Fa-f]{2})")
+#: A URL inside a message: a scheme, ``://`` and what follows up to a space, a quote or
+#: a bracket (:func:`redact_urls`).
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s'\"<>()\[\]{}]+")
+
+
+def _param_name(part: str) -> str:
+    name = part.partition("=")[0]
+    if "%" in name:
+        name = _PERCENT.sub(lambda m: chr(int(m.group(1), 16)), name)
+    return name.strip().lower().replace("-", "_")
+
+
+def _is_secret(name: str) -> bool:
+    return name in _SECRET_PARAMS or name.endswith(_SECRET_ENDINGS)
+
+
+def _split_remote(url: str) -> tuple[str, str, str, str, str, str] | None:
+    """``(scheme and '://', userinfo, host and path, '?' or '', query, '#' and
+    fragment)`` of a remote URL (the user information ends at the authority's last
+    ``@``, the authority at the first ``/``, as RFC 3986 splits it), or None for a local
+    path or ``file://`` URL."""
+    match = _SCHEME.match(url)
+    if match is None or match.group(1).lower() in LOCAL_SCHEMES:
+        return None
+    head, rest = url[: match.end()], url[match.end() :]
+    rest, hashmark, fragment = rest.partition("#")
+    rest, mark, query = rest.partition("?")
+    authority, slash, path = rest.partition("/")
+    userinfo, _, host = authority.rpartition("@")
+    return head, userinfo, host + slash + path, mark, query, hashmark + fragment
+
+
+def redacted_url(url: str) -> str:
+    """``url`` as ptestore shows and records it: its user information (``user:password@``)
+    and the value of every query parameter that carries a credential (S3 SigV4's
+    ``X-Amz-Signature``, ``X-Amz-Credential``, ``X-Amz-Security-Token``; SigV2's
+    ``Signature``, ``AWSAccessKeyId``; GCS's ``X-Goog-Signature``,
+    ``X-Goog-Credential``; Azure SAS's ``sig``; any ``token``, ``access_token``,
+    ``password``, ``api_key``, ``secret``; names compared in any case) replaced by
+    :data:`REDACTED`. Every other part (scheme, host, path, ``versionId`` and the other
+    parameters, in their order) as given; a local path or ``file://`` URL, and a URL
+    with nothing to hide, returned as it is. Applied again it changes nothing."""
+    if "://" not in url:
+        return url
+    parts = _split_remote(url)
+    if parts is None:
+        return url
+    head, userinfo, rest, mark, query, fragment = parts
+    if userinfo:
+        head += REDACTED + "@"
+    if query:
+        query = "&".join(
+            f"{p.partition('=')[0]}={REDACTED}" if "=" in p and _is_secret(_param_name(p)) else p
+            for p in query.split("&")
+        )
+    out = f"{head}{rest}{mark}{query}{fragment}"
+    return url if out == url else out
+
+
+def url_identity(url: str) -> str:
+    """What ``url`` names, for keys (the device cache's entry): :func:`redacted_url`'s
+    object without its credentials at all: no user information, and none of the query
+    parameters that sign or authorize a request (those :func:`redacted_url` redacts,
+    every ``X-Amz-*`` and ``X-Goog-*``, and with a credential in the query SigV2's
+    ``Expires``, ``x-id`` and Azure SAS's fields), so one object reached through
+    rotated presigned URLs has one identity. Other parameters (``versionId``) stay, in
+    their order. A local path or ``file://`` URL is returned as it is, and so is a URL
+    of either form (``url_identity(redacted_url(u)) == url_identity(u)``)."""
+    if "://" not in url:
+        return url
+    parts = _split_remote(url)
+    if parts is None:
+        return url
+    head, _, rest, mark, query, fragment = parts
+    if query:
+        pairs = [(p, _param_name(p)) for p in query.split("&")]
+        signed = any("=" in p and _is_secret(n) for p, n in pairs)
+        query = "&".join(
+            p
+            for p, n in pairs
+            if not (
+                _is_secret(n)
+                or n.startswith(("x_amz_", "x_goog_"))
+                or (signed and n in _PRESIGN_PARAMS)
+            )
+        )
+        mark = mark if query else ""
+    out = f"{head}{rest}{mark}{query}{fragment}"
+    return url if out == url else out
+
+
+def _redact_match(match: re.Match[str]) -> str:
+    text = match.group(0)
+    stripped = text.rstrip(".,:;!")
+    return redacted_url(stripped) + text[len(stripped) :]
+
+
+def redact_urls(text: str) -> str:
+    """``text`` (a message: ptestore's, or a library's it passes on) with every URL in
+    it as :func:`redacted_url` shows it; the rest as it is."""
+    if "://" not in text:
+        return text
+    return _URL_IN_TEXT.sub(_redact_match, text)
