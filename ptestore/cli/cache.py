@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import json
 import os
-import sys
 from typing import Any
 
 from .._text import for_terminal, printable
@@ -16,6 +14,7 @@ from ..storage.types import file_path, redact_urls, redacted_url
 from .ensure import parse_size
 from .exits import EXIT_OK, guarded
 from .options import add_storage_options, human_bytes, storage_options
+from .output import out, out_json
 from .parser import add_common_flags
 
 __all__ = ["add_cache_parser", "run_cache"]
@@ -108,33 +107,32 @@ def run_cache(args: argparse.Namespace) -> int:
     if args.action == "ls":
         entries = list_entries(args.cache_dir)
         if args.json:
-            out: Any = {
+            shown: Any = {
                 "entries": [_shown(e.to_dict()) for e in entries],
                 "bytes": sum(e.bytes for e in entries),
             }
-            json.dump(out, sys.stdout, indent=2)
-            sys.stdout.write("\n")
+            out_json(shown)
             return EXIT_OK
+        lines = []
         for e in entries:
             where = " (in place)" if e.in_place else ""
             if e.xnnpack_cache is not None:
                 where += f" + {os.path.basename(e.xnnpack_cache)}"
-            print(
+            lines.append(
                 f"{e.key}  {e.state:<10} {human_bytes(e.bytes):>10}  {_when(e.last_used)}  "
                 f"{printable(redacted_url(e.source or '-'))}{printable(where)}"
             )
         total = sum(e.bytes for e in entries)
-        print(f"{len(entries)} entries, {human_bytes(total)}")
+        out("\n".join([*lines, f"{len(entries)} entries, {human_bytes(total)}"]))
         return EXIT_OK
     if args.action == "prune":
         done = cache.prune(args.cache_dir, args.max_bytes)
     else:
         done = cache.clear(args.cache_dir)
     if args.json:
-        json.dump(done.to_dict(), sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        out_json(done.to_dict())
     else:
-        print(
+        out(
             f"removed {len(done.removed)} entries ({human_bytes(done.freed)}); "
             f"{human_bytes(done.remaining)} left"
             + (f"; {len(done.busy)} busy (in use): {', '.join(done.busy)}" if done.busy else "")
@@ -158,29 +156,30 @@ def _prune_stale(args: argparse.Namespace) -> int:
     if args.json:
         shown = stale.to_dict()
         shown["entries"] = [_shown(e) for e in shown["entries"]]
-        out: dict[str, Any] = {"stale": shown}
+        doc: dict[str, Any] = {"stale": shown}
         if rest is not None:
-            out.update(rest.to_dict())
-            out["removed"] = stale.removed + rest.removed
-            out["freed"] = stale.freed + rest.freed
-            out["busy"] = stale.busy + [k for k in rest.busy if k not in stale.busy]
-        json.dump(out, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+            doc.update(rest.to_dict())
+            doc["removed"] = stale.removed + rest.removed
+            doc["freed"] = stale.freed + rest.freed
+            doc["busy"] = stale.busy + [k for k in rest.busy if k not in stale.busy]
+        out_json(doc)
         return EXIT_OK
-    for e in stale.entries:
-        line = f"{e.action:<18} {e.key}  {human_bytes(e.bytes):>10}  {e.reason}"
-        print(for_terminal(redact_urls(line)))
+    lines = [
+        for_terminal(redact_urls(f"{e.action:<18} {e.key}  {human_bytes(e.bytes):>10}  {e.reason}"))
+        for e in stale.entries
+    ]
     if rest is None:
         n = sum(e.action == "would remove" for e in stale.entries)
-        print(f"would remove {n} stale entries; {stale.current} current")
+        out("\n".join([*lines, f"would remove {n} stale entries; {stale.current} current"]))
         return EXIT_OK
     removed = len(stale.removed) + len(rest.removed)
     busy = stale.busy + [k for k in rest.busy if k not in stale.busy]
-    print(
+    summary = (
         f"removed {removed} entries ({len(stale.removed)} stale, "
         f"{human_bytes(stale.freed + rest.freed)}); {human_bytes(rest.remaining)} left"
         + (f"; {len(busy)} busy (in use): {', '.join(busy)}" if busy else "")
     )
+    out("\n".join([*lines, summary]))
     return EXIT_OK
 
 

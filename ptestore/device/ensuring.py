@@ -31,13 +31,13 @@ from .artifact import (
     said_unchanged,
     warn_unchanged,
 )
-from .entryfiles import clean_entry_locked, remove_foreign
+from .entryfiles import free_stale_locked, remove_foreign
 from .keys import backend_fingerprint, device_fingerprint, entry_key, location, source_identity
 
 # spec_text, PTE_NAME, PTD_NAME, disk_full_error and write_manifest (below) are still
 # found here, where they were before the split.
 from .keys import spec_text as spec_text
-from .layout import CacheLayout, read_manifest
+from .layout import CacheLayout
 from .lock import with_lock_timeout
 from .manifest import (
     PTD_NAME,
@@ -374,11 +374,9 @@ def _make(
             raise disk_full_error(layout.root, src, 0, exc, stage="entry") from exc
         where = layout.entry_dir(key)  # (make_entry_dir raised: no ``directory``)
         raise StorageError(f"{where}: cannot create: {exc.strerror or exc}") from exc
-    try:
-        old = read_manifest(layout.manifest(key))
-    except Exception:
-        old = None
-    clean_entry_locked(layout.entry_dir(key), old)  # leftovers of a run that died here
+    # The earlier entry (its lookup missed: never served again) freed before the new copy
+    # is made: room for one copy, not two (a process that opened the old files keeps them).
+    had = free_stale_locked(layout.entry_dir(key))
     remove_foreign(layout.entry_dir(key), (PTE_NAME, PTD_NAME))  # made ours, not replaced
     pte = os.path.join(directory, PTE_NAME)
     ptd_dst = None if ptd_src is None else os.path.join(directory, PTD_NAME)
@@ -400,7 +398,7 @@ def _make(
             need = fingerprint["source"].get("size", 0) + (
                 fingerprint["ptd"].get("size", 0) if fingerprint["ptd"] else 0
             )
-            raise disk_full_error(layout.root, src, need, exc) from exc
+            raise disk_full_error(layout.root, src, need, exc, freed=had) from exc
         raise
     from ..provenance import read_provenance
     from ..storage.loaders import LocalFileLoader
@@ -430,9 +428,9 @@ def _make(
         named_by=named_by,
     )
     try:
-        manifest.publish(layout, src, replaced=old is not None)
+        manifest.publish(layout, src, freed=had)
     except BaseException:
-        unpublish(layout, key, names.values(), old is not None)
+        unpublish(layout, key, names.values(), had)
         raise
     warn_unchanged(report, key)  # once it is kept: served unchanged, said
     return artifact_of(layout, manifest, True)

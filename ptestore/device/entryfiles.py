@@ -35,6 +35,7 @@ __all__ = [
     "entry_files",
     "file_stamp",
     "files_intact",
+    "free_stale_locked",
     "freed_since",
     "is_key",
     "packed_weights_file",
@@ -307,6 +308,28 @@ def clean_entry_locked(
             except OSError:
                 pass
     return freed_since(before, entry_files(directory))
+
+
+def free_stale_locked(directory: str) -> bool:
+    """Free the entry in ``directory`` before it is made again (the caller holds its key
+    exclusively, and its lookup missed: stale, broken or incomplete): its manifest first
+    (a crash meanwhile leaves an incomplete entry, never one naming files that are gone),
+    then every file in it (the model and its ``.ptd``, which no call can be served again
+    once the entry is made again, its packed-weight files, the leftovers of a run that
+    died here: :func:`clean_entry_locked`), so that an update needs room for the new
+    copy alone, not for the old and the new side by side. A process handed the old
+    paths earlier keeps the file it opened or mapped (an unlink removes a name, not an
+    open file). Returns whether there was a manifest to remove (an earlier entry)."""
+    with entry_dir_fd(directory) as fd:
+        if fd is None:
+            return False
+        try:
+            os.unlink(MANIFEST, dir_fd=fd)
+            had = True
+        except OSError:  # none, or a directory there: the publish says what fails
+            had = False
+    clean_entry_locked(directory, None)
+    return had
 
 
 def remove_foreign(directory: str, names: Iterable[str]) -> None:

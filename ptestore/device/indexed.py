@@ -31,11 +31,9 @@ never loads them.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from typing import TYPE_CHECKING, Any
 
-from ..backends.compat import DeviceProfile, canonical_json
 from ..errors import (
     ConfigurationError,
     FormatError,
@@ -46,12 +44,14 @@ from ..errors import (
 )
 from ..storage.types import StorageURL
 from .entryfiles import check_entry_dir
+from .keys import key_digest
 from .layout import MANIFEST, CacheLayout, as_read, files_intact, read_manifest, touch
 from .manifest import PTE_NAME, Manifest, as_json, file_records
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from ..backends.compat import DeviceProfile
     from ..coordinator.report import Event
     from ..fleet.chunked import FetchEvent
     from ..fleet.select import Choice
@@ -83,7 +83,7 @@ def index_key(index: str, model: str, device: DeviceProfile | str) -> str:
     counts) from the index at ``index``."""
     name = device if isinstance(device, str) else device.name
     material = ["ptestore.ensure-index/1", _location(index), model, name]
-    return hashlib.sha256(canonical_json(material).encode()).hexdigest()[:32]
+    return key_digest(material)  # a name's bytes that are not UTF-8 as they are
 
 
 def choose(

@@ -40,6 +40,7 @@ __all__ = [
     "as_recorded",
     "entry_key",
     "identity",
+    "key_digest",
     "identity_of",
     "location",
     "source_identity",
@@ -246,4 +247,20 @@ def entry_key(
     ]
     if not provenance:  # appended only when off: the keys of existing entries stay
         material.append("no-provenance")
-    return hashlib.sha256(canonical_json(material).encode()).hexdigest()[:32]
+    return key_digest(material)
+
+
+def key_digest(material: list[Any]) -> str:
+    """32 hex digits of the SHA-256 of ``material``'s canonical JSON as UTF-8, a name's
+    bytes that are not UTF-8 (a path Python decoded with ``surrogateescape``: Linux
+    allows any byte but NUL and ``/`` in a name) as those bytes, as ``os.fsencode``
+    gives them: the key of every UTF-8 name is what it always was, and two names of
+    different bytes have different keys. Another lone surrogate (one no file name
+    decodes to: a URL given to the API) is encoded as ``surrogatepass`` does, which no
+    UTF-8 text is."""
+    text = canonical_json(material)
+    try:
+        data = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        data = text.encode("utf-8", "surrogatepass")
+    return hashlib.sha256(data).hexdigest()[:32]

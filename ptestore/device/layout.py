@@ -83,6 +83,32 @@ __all__ = [
 PRIVATE_DIR_MODE = 0o755
 
 
+def make_directory(path: str, what: str) -> None:
+    """Create directory ``path`` (``0o755``, its parents too) where missing; a failure
+    classified as the writers classify theirs (:func:`ptestore._oserror.local_error`):
+    access refused, a component that is a file (ENOTDIR) or a name longer than the file
+    system takes (its limit named) is bad input (exit 2), as is a directory whose file
+    system takes no new one (``/proc``, ``/sys``: ENOENT under a directory that is
+    there); a full disk or an I/O error a :class:`~ptestore.errors.StorageError`."""
+    try:
+        os.makedirs(path, mode=PRIVATE_DIR_MODE, exist_ok=True)
+    except FileExistsError as exc:
+        raise ConfigurationError(f"{path}: exists and is not a directory") from exc
+    except OSError as exc:
+        from .._oserror import local_error
+        from ..storage.types import strerror
+
+        message = f"{path}: cannot create the {what}: {strerror(exc)}"
+        made = exc.filename if isinstance(exc.filename, str) else path  # a parent's mkdir
+        parent = os.path.dirname(os.path.normpath(made))
+        if isinstance(exc, FileNotFoundError) and os.path.isdir(parent):
+            raise ConfigurationError(  # rerunning won't help
+                f"{message} (the directory {parent} exists; its file system takes no new "
+                "directory there)"
+            ) from exc
+        raise local_error(exc, message) from exc
+
+
 class CacheLayout:
     """Paths of a cache directory."""
 
@@ -104,14 +130,7 @@ class CacheLayout:
         """Create the cache's directories (``0o755``) where missing, and check that they
         are this user's alone (:func:`check_private`)."""
         for d in (self.root, self.entries, self.locks):
-            try:
-                os.makedirs(d, mode=PRIVATE_DIR_MODE, exist_ok=True)
-            except FileExistsError as exc:
-                raise ConfigurationError(f"{d}: exists and is not a directory") from exc
-            except OSError as exc:
-                raise StorageError(
-                    f"{d}: cannot create the cache directory: {exc.strerror}"
-                ) from exc
+            make_directory(d, "cache directory")
             check_private(d, "cache directory" if d == self.root else "cache directory's")
 
     def check(self) -> None:

@@ -151,16 +151,25 @@ class Manifest:
             out["named_by"] = self.named_by
         return out
 
-    def publish(self, layout: CacheLayout, src: str, *, replaced: bool = False) -> None:
+    def publish(
+        self, layout: CacheLayout, src: str, *, replaced: bool = False, freed: bool = False
+    ) -> None:
         """Publish as entry ``self.key``'s manifest, atomically and durably
         (:func:`~ptestore.storage.atomic.put_bytes`); a full file system raises the
         cache's disk-full error naming ``src`` (``replaced``: the files of an earlier
-        entry of the key were replaced, and the caller removes that entry)."""
-        publish_manifest(layout, self.key, self.to_dict(), src, replaced=replaced)
+        entry of the key were replaced, and the caller removes that entry; ``freed``:
+        the earlier entry was removed before this one was made)."""
+        publish_manifest(layout, self.key, self.to_dict(), src, replaced=replaced, freed=freed)
 
 
 def publish_manifest(
-    layout: CacheLayout, key: str, manifest: dict[str, Any], src: str, *, replaced: bool = False
+    layout: CacheLayout,
+    key: str,
+    manifest: dict[str, Any],
+    src: str,
+    *,
+    replaced: bool = False,
+    freed: bool = False,
 ) -> None:
     """Publish ``manifest`` (a manifest as :meth:`Manifest.to_dict` makes it, or as
     :func:`~ptestore.device.entryfiles.read_manifest` read it, changed) as entry
@@ -173,7 +182,13 @@ def publish_manifest(
     except OSError as exc:  # StorageError is one
         if is_disk_full(exc):
             raise disk_full_error(
-                layout.root, src, len(data), exc, replaced=replaced, stage="manifest"
+                layout.root,
+                src,
+                len(data),
+                exc,
+                replaced=replaced,
+                freed=freed,
+                stage="manifest",
             ) from exc
         raise
 
@@ -215,10 +230,13 @@ def disk_full_error(
     exc: BaseException,
     *,
     replaced: bool = False,
+    freed: bool = False,
     stage: str = "copy",
 ) -> StorageError:
     """The error for a cache whose file system is full, with what to do about it
-    (``replaced``: an earlier entry's files were replaced, and that entry was removed).
+    (``replaced``: an earlier entry's files were replaced, and that entry was removed;
+    ``freed``: the earlier entry, stale, was removed before this one was made, so the
+    room asked for is the new copy's alone).
     ``stage`` says what failed, so that the bytes it names are true together: ``"copy"``,
     the run (``need``: about the source's size; the free space is measured once the run
     removed its partial copy, so it may exceed ``need``: the copy and the spooled
@@ -247,6 +265,10 @@ def disk_full_error(
             "the source is unchanged; the entry's earlier version, whose files this run "
             "had replaced, was removed (made again by the next call). "
             if replaced
+            else "the source is unchanged; the entry's earlier version (stale: never "
+            "served again) was removed before it was made again, its room freed (the next "
+            "call makes it). "
+            if freed
             else "the cache and the source are unchanged. "
         )
         + "Free space (`ptestore cache prune --max-bytes N`) or specialize in place "

@@ -357,8 +357,8 @@ def test_a_full_disk_at_the_manifest_leaves_nothing_behind(
     with pytest.raises(StorageError) as err:
         _ensure(src, cache_dir)
     said = (
-        "the source is unchanged; the entry's earlier version, whose files this run had "
-        "replaced, was removed (made again by the next call)."
+        "the source is unchanged; the entry's earlier version (stale: never served again) "
+        "was removed before it was made again, its room freed (the next call makes it)."
         if earlier
         else "the cache and the source are unchanged."
     )

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.fixtures import get_fixture
@@ -147,3 +151,43 @@ def test_ensure_no_provenance(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert bare["provenance"] is None and bare["created"] is True and bare["key"] != made["key"]
     assert Path(bare["pte"]).read_bytes().count(b"PTSTPROV") == 0
     assert Path(made["pte"]).read_bytes().count(b"PTSTPROV") == 1
+
+
+def _cache_cli(cache: Path, *argv: str, shell: str = "", stdout: Any = subprocess.PIPE) -> Any:
+    """``ptestore cache ARGV --cache-dir CACHE`` in a fresh process, stdout redirected by
+    ``sh`` (``shell``: ``>/dev/full``, ``>&-``) or given."""
+    command = [sys.executable, "-m", "ptestore", "cache", *argv, "--cache-dir", str(cache)]
+    if shell:
+        command = ["sh", "-c", f'exec "$@" {shell}', "sh", *command]
+    return subprocess.run(
+        command, stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=300, check=False
+    )
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["ls"], ["ls", "--json"], ["prune"], ["prune", "--stale"], ["prune", "--stale", "--json"],
+     ["prune", "--stale", "--dry-run"], ["clear", "--json"]],
+)  # fmt: skip
+def test_cache_output_to_a_full_closed_or_gone_stdout(tmp_path: Path, argv: list[str]) -> None:
+    """Through cli/output.py as every command (was print/json.dump: a traceback)."""
+    cache = tmp_path / "cache"
+    assert main(["ensure", str(_src(tmp_path)), "--cache-dir", str(cache)]) == 0
+    if os.path.exists("/dev/full"):
+        done = _cache_cli(cache, *argv, shell=">/dev/full")
+        assert (done.returncode, done.stderr) == (
+            1,
+            "ptestore cache: error: cannot write the output on stdout: No space left on device\n",
+        )
+    done = _cache_cli(cache, *argv, shell=">&-")
+    assert (done.returncode, done.stderr) == (
+        1,
+        "ptestore cache: error: cannot write the output on stdout: stdout is closed\n",
+    )
+    read, write = os.pipe()
+    os.close(read)  # the reader gone: the command's own status, nothing said
+    try:
+        done = _cache_cli(cache, *argv, stdout=write)
+    finally:
+        os.close(write)
+    assert (done.returncode, done.stderr) == (0, "")
