@@ -117,12 +117,8 @@ def write_stdout(text: str) -> None:
             raise OSError(errno.EBADF, "stdout is closed")
         stream.write(text)
         stream.flush()
-    except BrokenPipeError:
-        state.gone = True
-        silence(stream, 1)
     except OSError as exc:
-        state.failed = exc
-        silence(stream, 1)
+        _write_failed(state, stream, exc)
     finally:
         state.writing = False
 
@@ -135,12 +131,18 @@ def flush_stdout(state: Output) -> None:
         return
     try:
         stream.flush()
-    except BrokenPipeError:
-        state.gone = True
-        silence(stream, 1)
     except OSError as exc:
+        _write_failed(state, stream, exc)
+
+
+def _write_failed(state: Output, stream: TextIO | Any, exc: OSError) -> None:
+    """A write or flush of stdout failed: its reader gone (a broken pipe: the rest
+    dropped quietly) or the failure recorded; stdout silenced either way."""
+    if isinstance(exc, BrokenPipeError):
+        state.gone = True
+    else:
         state.failed = exc
-        silence(stream, 1)
+    silence(stream, 1)
 
 
 def say(line: str) -> None:

@@ -9,25 +9,19 @@ from __future__ import annotations
 
 import os
 import shutil
-import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.as_user import NOBODY, as_user, give_tree
+from support.as_user import NOBODY, ROOT_ONLY, as_user, give_tree
+from support.as_user import owner_and_mode as _owner
 from support.fixtures import get_fixture
 
 import ptestore
 
 FX = get_fixture("mlp_portable")
 assert FX.pte_path is not None
-ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as other users")
-
-
-def _owner(path: Path) -> tuple[int, int, int]:
-    st = os.stat(path)
-    return st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)
 
 
 @pytest.fixture

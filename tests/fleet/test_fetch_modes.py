@@ -17,7 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.as_user import NOBODY, as_user, give_tree
+from support.as_user import NOBODY, ROOT_ONLY, as_user, give_tree
+from support.as_user import owner_and_mode as _owner
 from support.fixtures import get_fixture
 from support.fleet_backend import specialized_pair
 
@@ -28,12 +29,6 @@ from ptestore.fleet.fetch import FetchEvent, FetchResult
 FX = get_fixture("mlp_portable")
 DATA = Path(__file__).parents[1] / "provenance" / "data"
 assert FX.pte_path is not None
-ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as other users")
-
-
-def _owner(path: Path) -> tuple[int, int, int]:
-    st = os.stat(path)
-    return st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)
 
 
 @pytest.fixture

@@ -4,12 +4,25 @@ drops to that uid and gid, its outcome reported back through a pipe."""
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
-__all__ = ["NOBODY", "as_user", "give_tree"]
+import pytest
+
+__all__ = ["NOBODY", "ROOT_ONLY", "as_user", "give_tree", "owner_and_mode"]
 
 #: The uid (and gid) of ``nobody`` on Linux.
 NOBODY = 65534
+
+#: A test that acts as other users (CI runs as root).
+ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as other users")
+
+
+def owner_and_mode(path: Path) -> tuple[int, int, int]:
+    """``(uid, gid, permission bits)`` of ``path``."""
+    st = os.stat(path)
+    return st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)
 
 
 def as_user(uid: int, work: Callable[[], object], *, groups: Sequence[int] = ()) -> str:
