@@ -219,14 +219,15 @@ def collect_local(
                 continue
             why = implausible(st.st_mtime, now)
             age = 0.0 if why is not None else max(0.0, now - st.st_mtime)
-            if why is None and age < older_than:
+            if why is not None and older_than > 0:
+                # Unknown age: kept. Its lock alone cannot vouch (an earlier ptestore's
+                # put_bytes never locked its temporary file; on NFS a lock may be seen by
+                # this client only): --older-than 0 asks for any age, and then it decides.
+                action = f"skipped: {why}: its age is unknown (--older-than 0: its lock decides)"
+            elif age < older_than:
                 action = f"skipped: younger than {older_than:g}s"
-            else:  # old, or of unknown age: its lock decides (free: no writer is alive)
+            else:  # old (or any age asked for): its lock decides (free: no writer is alive)
                 action = _try_remove_local(full, dry_run)
-                if why is not None and action in ("removed", "would remove"):
-                    log.warning(
-                        "%s: %s: its age is unknown; no writer holds it: %s", full, why, action
-                    )
             found.append(GcEntry(full, "staging-file", age, action, st.st_size))
     return found
 

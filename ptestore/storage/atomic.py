@@ -205,6 +205,7 @@ def put_bytes(
     published = False
     try:
         try:
+            _lock_temporary(fd)  # gc leaves a locked staging file alone, whatever its age
             if replaced is not None:
                 keep_owner(fd, replaced, path)
             if kept is not None:
@@ -227,18 +228,18 @@ def put_bytes(
                         f"{path}: fsync of the temporary file failed: {strerror(exc)}; "
                         "nothing was published (fsync is never retried)",
                     ) from exc
+            try:
+                if mode == "create":
+                    os.link(tmp, path)
+                else:
+                    os.replace(tmp, path)
+                published = True
+            except FileExistsError as exc:
+                raise AlreadyExists(f"{path}: exists already (mode 'create')") from exc
+            except OSError as exc:
+                raise local_error(exc, f"{path}: cannot publish: {strerror(exc)}") from exc
         finally:
-            os.close(fd)
-        try:
-            if mode == "create":
-                os.link(tmp, path)
-            else:
-                os.replace(tmp, path)
-            published = True
-        except FileExistsError as exc:
-            raise AlreadyExists(f"{path}: exists already (mode 'create')") from exc
-        except OSError as exc:
-            raise local_error(exc, f"{path}: cannot publish: {strerror(exc)}") from exc
+            os.close(fd)  # (its lock with it: held until the file was published)
     except OSError as exc:
         if isinstance(exc, StorageError):
             raise
@@ -377,3 +378,16 @@ def get_bytes(
 def _too_large(where: str, size: int, limit: int) -> str:
     """What :func:`get_bytes` says of an object over its limit, local or remote."""
     return f"{where}: {size} bytes, larger than the limit of {limit} bytes"
+
+
+def _lock_temporary(fd: int) -> None:
+    """An exclusive lock on a temporary file while it is written and published, as the
+    writers hold one on their staging files: ``ptestore gc`` removes a staging-named
+    file only when no process holds its lock. Where the file system takes no lock
+    (``ENOLCK``, ``EOPNOTSUPP``) the file goes without: its age protects it, as before."""
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        pass
