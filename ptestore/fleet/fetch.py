@@ -218,12 +218,12 @@ def _download(
         return pinned_attempts(url, options, dest, run)
 
 
-def _publish(got: dict[str, Any]) -> None:
-    """Publish a checked download: ``DEST.part`` (already durable) given what it keeps
-    of the file it replaces, as the local writer's publish (its permission bits, never
-    setuid, setgid or sticky; its owner and group as far as the process may: as root
-    both), or ``0666`` less the umask as a new file, then renamed over ``DEST``, the
-    directory synced; then its resume marker removed."""
+def _take_over(got: dict[str, Any]) -> None:
+    """A checked download's ``DEST.part`` (already durable) given what it keeps of the
+    file it replaces, as the local writer's publish (its permission bits, never setuid,
+    setgid or sticky; its owner and group as far as the process may: as root both), or
+    ``0666`` less the umask as a new file. Done for every file of a pair before the
+    first is renamed (a DEST this refuses, a loop of links, leaves the pair as it was)."""
     from ..writers._staging import current_umask, take_over
 
     dest = str(got["path"])
@@ -232,6 +232,12 @@ def _publish(got: dict[str, Any]) -> None:
         take_over(fd, dest, 0o666 & ~current_umask())
     finally:
         os.close(fd)
+
+
+def _publish(got: dict[str, Any]) -> None:
+    """Publish a checked download, already taken over (:func:`_take_over`): ``DEST.part``
+    renamed over ``DEST``, the directory synced; then its resume marker removed."""
+    dest = str(got["path"])
     rename(dest + ".part", dest)
     try:
         os.unlink(dest + ".part.json")
@@ -405,6 +411,8 @@ def _download_all(
 
 def _publish_all(files: list[dict[str, Any]]) -> None:
     """Publish the checked downloads, .ptd first; a failure after the .ptd says so."""
+    for got in files:
+        _take_over(got)
     done: list[str] = []
     for got in files:
         try:

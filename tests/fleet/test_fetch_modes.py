@@ -173,3 +173,26 @@ def test_a_destination_that_cannot_be_looked_at_publishes_nothing(
     result = ptestore.fetch(artifact, dest)
     assert result.files[0]["received"] < artifact.stat().st_size  # resumed
     assert dest.read_bytes() == artifact.read_bytes()
+
+
+def test_a_pair_whose_pte_destination_cannot_be_looked_at_publishes_neither(
+    tmp_path: Path,
+) -> None:
+    """A link loop at the ``.pte``'s ``DEST`` of a pair: every file is taken over before
+    the first is renamed, so the ``.ptd`` is not published either (it was: "failed after
+    a partial publish: m.ptd was published, m.pte was not")."""
+    pte, ptd = specialized_pair(tmp_path, "a", 2.0)
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    dest = dev / "m.pte"
+    dest.symlink_to("loop")
+    (dev / "loop").symlink_to("m.pte")
+    with pytest.raises(StorageError) as err:
+        ptestore.fetch(pte, dest)
+    assert str(err.value) == f"{dest}: cannot stat destination: Too many levels of symbolic links"
+    assert not (dev / "m.ptd").exists() and dest.is_symlink()
+    dest.unlink()
+    ptestore.fetch(pte, dest)
+    assert (
+        dest.read_bytes() == pte.read_bytes() and (dev / "m.ptd").read_bytes() == ptd.read_bytes()
+    )
