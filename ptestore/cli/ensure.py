@@ -14,7 +14,7 @@ from typing import Any
 
 from .._text import printable
 from ..errors import ConfigurationError
-from .exits import EXIT_OK, guarded
+from .exits import EXIT_OK, guarded, redacted
 from .options import (
     add_backend_flag,
     add_device_flags,
@@ -211,7 +211,7 @@ def run_ensure(args: argparse.Namespace) -> int:
     paths = [p for p in (artifact.ptd, artifact.pte) if p is not None]
     published(" and ".join(paths))
     if args.json:
-        out_json(artifact.to_dict())
+        out_json(redacted(artifact.to_dict()))  # an index's URLs: credentials redacted
     else:
         # One path a line, escaped as `cache ls` escapes it (ptestore._text.printable): a
         # line break in a name is \n, a backslash \\, so no name forges a line.

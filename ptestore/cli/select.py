@@ -13,7 +13,7 @@ import argparse
 from typing import Any
 
 from .._text import for_terminal, printable
-from .exits import EXIT_OK, guarded
+from .exits import EXIT_OK, guarded, redacted
 from .options import add_device_flags, add_storage_options, device_or_name, storage_options
 from .output import out, out_json, published
 from .parser import add_common_flags
@@ -90,10 +90,12 @@ def add_fetch_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _print(args: argparse.Namespace, value: dict[str, Any], text: str) -> None:
+    # The URLs an index names (resolved against the index's URL, with its credentials)
+    # and the index's own, shown as every URL is: credentials redacted.
     if args.json:
-        out_json(value)
+        out_json(redacted(value))
     else:  # a reason quotes the index and names given: what would act on a terminal escaped
-        out(for_terminal(text))
+        out(for_terminal(redacted(text)))
 
 
 @guarded("select")

@@ -7,7 +7,8 @@ import argparse
 from typing import TYPE_CHECKING, Any
 
 from .._text import printable
-from .exits import EXIT_OK, guarded
+from ..storage.types import redacted_url
+from .exits import EXIT_OK, guarded, redacted
 from .options import (
     add_backend_flag,
     add_device_flags,
@@ -133,7 +134,8 @@ def format_summary(report: SpecializationReport) -> str:
     cannot forge a line)."""
     lines = []
     for f in report.files:
-        source, destination = printable(f.source), printable(f.destination)
+        # a destination URL is shown as a source is: its credentials redacted
+        source, destination = printable(f.source), printable(redacted_url(f.destination))
         if f.status == "unchanged":
             lines.append(f"{f.role}: {source}: unchanged (nothing replaced, nothing written)")
             continue
@@ -209,7 +211,8 @@ def run_specialize(args: argparse.Namespace) -> int:
             progress.close()
     # Everything was published already: an error or interrupt while reporting it must
     # not read as "nothing was published" (exits.error_message says what was).
-    written = [f.destination for f in sorted(report.files, key=lambda f: f.role != "ptd")]
+    files = sorted(report.files, key=lambda f: f.role != "ptd")
+    written = [redacted_url(f.destination) for f in files]
     published(" and ".join(written) or args.dst)
     _report(args, report, nothing_specialized_message(report))
     return EXIT_OK
@@ -262,6 +265,6 @@ def _report(args: argparse.Namespace, report: SpecializationReport, message: str
     if message is not None:  # only with --allow-unchanged: strict runs raise instead
         say(f"ptestore specialize: warning: {printable(message)}")
     if args.json:
-        out_json(report.to_dict())
+        out_json(redacted(report.to_dict()))  # every URL in it as shown: no credential
     elif not args.quiet:
         out(format_summary(report))

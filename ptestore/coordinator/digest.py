@@ -8,6 +8,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from ..provenance.digest import ContentHasher
+from ..storage.types import loader_url, url_identity
 from .output import FileLayout, planned_copies
 
 if TYPE_CHECKING:
@@ -45,7 +46,10 @@ def planned_digest(
         and is_identity(f, layout)
         and not any(role == f.role for role, _ in run.replacements)
     ):
-        key = (f.loader.name, etag, f.container.file_size, bool(f.writer.stored_checksum))
+        # the object read (without credentials), not its shown name: two objects whose
+        # URLs differ only in what is redacted are two entries
+        where = url_identity(loader_url(f.loader))
+        key = (where, etag, f.container.file_size, bool(f.writer.stored_checksum))
         with _LOCK:
             got = _IDENTITY.get(key)
             if got is None:

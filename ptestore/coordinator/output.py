@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Protocol
 from .._dataclass import dataclass
 from ..errors import AlreadyExists, IntegrityError, PartialPublish
 from ..format.layout import layout_file
-from ..storage.types import DataLoader
+from ..storage.types import DataLoader, loader_url
 from ..writers.base import DataWriter, PublishMode, PublishResult
 from .named import SourceFile
 from .report import Event, FileReport
@@ -118,7 +118,7 @@ def is_unchanged(run: Run, f: SourceFile, layout: FileLayout, mode: PublishMode)
     return (
         mode == "overwrite"
         and not any(role == f.role for role, _ in run.replacements)
-        and same_target(f.loader.name, f.writer.url)
+        and same_target(loader_url(f.loader), f.writer.url)  # the real URL, not the shown
         and is_identity(f, layout)
     )
 

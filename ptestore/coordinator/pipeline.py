@@ -11,7 +11,7 @@ from .._background import Background
 from .._dataclass import dataclass
 from .._log import get_logger
 from ..errors import ConfigurationError
-from ..storage.types import DataLoader
+from ..storage.types import DataLoader, loader_url
 from ..writers.base import DataWriter, PublishMode, discard_all
 from ..writers.local import LocalFileWriter
 from .aliases import check_aliases
@@ -271,7 +271,9 @@ class _Pipeline:
         """No destination is a source or the other destination."""
         if len(self.sources) > 1:
             (_, pte_loader, pte_writer), (_, ptd_loader, ptd_writer) = self.sources
-            check_pair_targets(pte_loader.name, pte_writer, ptd_loader.name, ptd_writer)
+            # compared by the URLs read, not the names shown (credentials redacted)
+            pte_url, ptd_url = loader_url(pte_loader), loader_url(ptd_loader)
+            check_pair_targets(pte_url, pte_writer, ptd_url, ptd_writer)
 
     def start_provenance(self) -> None:
         sources = [(role, loader) for role, loader, _ in self.sources]

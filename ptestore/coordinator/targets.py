@@ -15,7 +15,7 @@ import re
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigurationError
-from ..storage.types import StorageURL, URLLike
+from ..storage.types import StorageURL, URLLike, redacted_url
 
 if TYPE_CHECKING:
     from ..writers.base import DataWriter
@@ -86,7 +86,9 @@ def check_targets(pte: tuple[URLLike, URLLike], ptd: tuple[URLLike, URLLike] | N
     (src, dst), (src_ptd, dst_ptd) = [(StorageURL.of(s), StorageURL.of(d)) for s, d in (pte, ptd)]
     for s, d in ((src, dst), (src_ptd, dst_ptd)):
         if _named(s.text) and same_target(s, d):
-            raise ConfigurationError(_IN_PLACE.format(s=s.text, d=d.text))
+            raise ConfigurationError(
+                _IN_PLACE.format(s=redacted_url(s.text), d=redacted_url(d.text))
+            )
     pairs = [
         ("the destination .pte", dst, "the source .ptd", src_ptd, "would replace the .ptd"),
         ("the destination .ptd", dst_ptd, "the source .pte", src, "would replace the .pte"),
@@ -101,7 +103,8 @@ def check_targets(pte: tuple[URLLike, URLLike], ptd: tuple[URLLike, URLLike] | N
     ]
     for what_a, a, what_b, b, why in pairs:
         if _named(a.text) and _named(b.text) and same_target(a, b):
-            shown = a.text if a.text == b.text else f"{a.text} ({b.text})"
+            ta, tb = redacted_url(a.text), redacted_url(b.text)  # compared whole, shown redacted
+            shown = ta if ta == tb else f"{ta} ({tb})"
             raise ConfigurationError(
                 f"{what_a} and {what_b} are the same file, {shown}: {why}; every "
                 "destination must differ from both sources and from the other destination"
@@ -119,7 +122,7 @@ def check_pair_targets(
     """:func:`check_targets` for loaders and writers given directly."""
     if pte_writer is ptd_writer:
         raise ConfigurationError(
-            f"pte_writer and ptd_writer are one writer ({pte_writer.url}): the .pte "
+            f"pte_writer and ptd_writer are one writer ({redacted_url(pte_writer.url)}): the .pte "
             "would be published over the new .ptd; give each file its own writer"
         )
     check_targets((pte_source, pte_writer.url), (ptd_source, ptd_writer.url))

@@ -44,7 +44,7 @@ from ..errors import (
 )
 from ..storage.types import StorageURL
 from .entryfiles import check_entry_dir
-from .keys import key_digest
+from .keys import file_fp, index_identity, key_digest
 from .layout import MANIFEST, CacheLayout, as_read, files_intact, read_manifest, touch
 from .manifest import PTE_NAME, Manifest, as_json, file_records
 
@@ -82,7 +82,7 @@ def index_key(index: str, model: str, device: DeviceProfile | str) -> str:
     """The cache key of ``model`` for ``device`` (a profile or a name: only the name
     counts) from the index at ``index``."""
     name = device if isinstance(device, str) else device.name
-    material = ["ptestore.ensure-index/1", _location(index), model, name]
+    material = ["ptestore.ensure-index/1", index_identity(index), model, name]
     return key_digest(material)  # a name's bytes that are not UTF-8 as they are
 
 
@@ -106,12 +106,12 @@ def index_fingerprint(
     """What an entry fetched from an index is current for: the index entry's files (URL,
     size, SHA-256, trailer checksum), the device it was made for, this device's digest."""
     value = {
-        "index": _location(index),
+        "index": index_identity(index),
         "model": model,
         "device": [device.name, device.digest()],
         "made_for": choice.made_for,
-        "pte": choice.pte,
-        "ptd": choice.ptd,
+        "pte": file_fp(choice.pte),
+        "ptd": file_fp(choice.ptd),
     }
     out: dict[str, Any] = as_json(value)  # as the manifest stores it
     return out
@@ -259,7 +259,7 @@ def fetch_entry(
         key=key,
         source=choice.pte["url"],
         ptd_source=None if choice.ptd is None else choice.ptd["url"],
-        index=_location(index),
+        index=_location(index),  # recorded redacted (Manifest.of)
         fingerprint=index_fingerprint(index, model, device, choice),
         files=file_records(directory, published),
         specialized=True,
@@ -303,7 +303,12 @@ def offline_entry(
             manifest = read_manifest(layout.manifest(key), private=True)
         except FormatError:
             return None
-        if manifest is None or manifest.get("index") != _location(index):
+        recorded_index = None if manifest is None else manifest.get("index")
+        if (
+            manifest is None
+            or not isinstance(recorded_index, str)
+            or index_identity(recorded_index) != index_identity(index)
+        ):
             return None
         fp = manifest.get("fingerprint")
         if not isinstance(fp, dict) or fp.get("model") != model:

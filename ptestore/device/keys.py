@@ -42,6 +42,8 @@ __all__ = [
     "identity",
     "key_digest",
     "identity_of",
+    "file_fp",
+    "index_identity",
     "location",
     "source_identity",
     "spec_text",
@@ -63,6 +65,23 @@ def identity(url: str) -> str:
     for every presigned URL of one object, and for :func:`location`'s spelling of it."""
     u = StorageURL.of(url)
     return u.location if u.local else url_identity(u.text)
+
+
+def index_identity(url: str) -> str:
+    """What names the index at ``url`` (a local real path, or the URL read or as a
+    manifest records it) in a key and a comparison: without its credentials
+    (:func:`~ptestore.storage.types.url_identity`), so a rotated credential in the
+    index URL is the same index, and the redacted ``manifest["index"]`` compares equal
+    to the URL as given. A URL without credentials is itself: the key it had before."""
+    return identity(url)
+
+
+def file_fp(named: Any) -> Any:
+    """An index entry's file record (``pte``, ``ptd``: URL, size, digests) as a
+    fingerprint holds it: its URL's identity (no credentials: a manifest is 0644)."""
+    if isinstance(named, dict) and isinstance(named.get("url"), str):
+        return {**named, "url": url_identity(named["url"])}
+    return named
 
 
 def source_identity(url: str, options: Mapping[str, Any] | None = None) -> dict[str, Any]:

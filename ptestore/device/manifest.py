@@ -109,8 +109,9 @@ class Manifest:
         named_by: str | None = None,
     ) -> Manifest:
         """The one place a manifest is built: the fingerprint and the choice as stored,
-        the provenance as its record, the sources' URLs as shown (a manifest is
-        readable by others: mode 0644)."""
+        the provenance as its record, the sources' and the index's URLs as shown, and
+        so every URL of the choice (a manifest is readable by others: mode 0644); the
+        fingerprint holds none (its URLs are identities: :func:`~.indexed.file_fp`)."""
         return cls(
             key=key,
             source=redacted_url(source),
@@ -120,8 +121,8 @@ class Manifest:
             provenance=None if provenance is None else provenance.to_dict(),
             ptd_source=None if ptd_source is None else redacted_url(ptd_source),
             in_place=in_place,
-            index=index,
-            choice=None if choice is None else as_json(dict(choice)),
+            index=None if index is None else redacted_url(index),
+            choice=None if choice is None else shown_urls(as_json(dict(choice))),
             index_device=None if index is None else _device_of(index),
             named_by=None if named_by is None else redacted_url(named_by),
         )
@@ -191,6 +192,20 @@ def publish_manifest(
                 stage="manifest",
             ) from exc
         raise
+
+
+def shown_urls(value: Any) -> Any:
+    """``value`` (JSON as stored) with every string that holds a URL as
+    :func:`~ptestore.storage.types.redacted_url` shows it: an index's choice names the
+    files by the URLs it read them from (resolved against the index's URL, with its
+    credentials)."""
+    if isinstance(value, str):
+        return redacted_url(value) if "://" in value else value
+    if isinstance(value, list):
+        return [shown_urls(v) for v in value]
+    if isinstance(value, dict):
+        return {k: shown_urls(v) for k, v in value.items()}
+    return value
 
 
 def _device_of(index: str) -> int | None:

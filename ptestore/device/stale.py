@@ -17,7 +17,8 @@ entry is judged against what it recorded, without reading any artifact:
   dropped from the job and retired (:mod:`ptestore.fleet.retire`), or a newer run
   replaced the artifact.
 
-A source that cannot be reached (a network error, refused credentials) is *unknown*,
+A source that cannot be reached (a network error, refused credentials), or whose recorded
+URL holds REDACTED (its credentials were not recorded: never re-opened), is *unknown*,
 never stale: the entry is kept and the reason reported. So is a local source, ``.ptd``
 or index that is missing while the nearest directory above it that exists is on another
 file system than the one it was recorded on (the source's identity records its device;
@@ -37,9 +38,9 @@ from typing import Any
 
 from .._dataclass import dataclass, field
 from ..errors import ConfigurationError, ObjectNotFound, PteStoreError, StorageError
-from ..storage.types import StorageURL
+from ..storage.types import StorageURL, is_redacted
 from .cache import remove_entry_locked, stopped
-from .keys import as_recorded, source_identity
+from .keys import as_recorded, file_fp, source_identity
 from .layout import CacheLayout, load_entry, read_manifest
 from .manifest import as_json
 
@@ -140,9 +141,26 @@ def _not_mounted(role: str, where: str, device: Any) -> _Unknown | None:
         )
 
 
+def _not_reopened(role: str, where: str) -> _Unknown | None:
+    """Why the recorded ``where`` is not opened to judge the entry: its credentials
+    were not recorded (:func:`~ptestore.storage.types.is_redacted`), and a private
+    store answers a request without them with a refusal or a 404, which says nothing
+    of the object."""
+    if not is_redacted(where):
+        return None
+    return _Unknown(
+        f"its {role} {where} was recorded without its URL's credentials (REDACTED): it "
+        "is not opened again to judge the entry (give the URL with its credentials to "
+        "ensure, which checks it, or remove the entry)"
+    )
+
+
 def _identity_changed(
     role: str, where: str, recorded: Any, options: dict[str, Any] | None = None
 ) -> str | None:
+    unknown = _not_reopened(role, where)
+    if unknown is not None:
+        raise unknown
     try:
         now = source_identity(where, _routed(where, options))
     except ObjectNotFound as exc:
@@ -181,6 +199,9 @@ def _index_stale(manifest: dict[str, Any], options: dict[str, Any]) -> str | Non
     from ..fleet.index import find_entry
 
     index = str(manifest["index"])
+    unknown = _not_reopened("index", index)
+    if unknown is not None:
+        raise unknown
     fp = manifest.get("fingerprint")
     if not isinstance(fp, dict):
         return f"its manifest records no fingerprint of the index entry ({index})"
@@ -203,8 +224,8 @@ def _index_stale(manifest: dict[str, Any], options: dict[str, Any]) -> str | Non
     if (
         entry is not None
         and not entry.get("retired")
-        and as_json(entry.get("pte")) == fp.get("pte")
-        and as_json(entry.get("ptd")) == fp.get("ptd")
+        and as_json(file_fp(entry.get("pte"))) == fp.get("pte")  # URLs as identities
+        and as_json(file_fp(entry.get("ptd"))) == fp.get("ptd")
     ):
         return None
     pte = fp.get("pte")

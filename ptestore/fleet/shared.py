@@ -40,7 +40,7 @@ from ..coordinator.targets import target_identity
 from ..errors import FormatError, ObjectNotFound
 from ..provenance.chunks import well_formed
 from ..provenance.digest import content_digest
-from ..storage.types import StorageURL
+from ..storage.types import StorageURL, loader_url, url_identity
 from ..writers import open_writer
 from .binding import content_verdict
 from .job import SHARED_DIR, pair_options, template_root
@@ -130,7 +130,7 @@ def check_shared(loader: DataLoader, content: ContentDigest) -> str | None:
     if verdict.trusted is not None:
         return None if verdict.trusted else verdict.reason
     version = _version(loader)
-    key = (loader.name, version)
+    key = (url_identity(loader_url(loader)), version)  # the object, not its shown name
     with _LOCK:  # one full read per object version, however many pairs ask at once
         got = _CHECKED.get(key) if version is not None else None
         if got is None:

@@ -29,6 +29,7 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from ..errors import FormatError
+from ..storage.types import loader_url, url_identity
 from .chunks import Known
 
 if TYPE_CHECKING:
@@ -65,13 +66,15 @@ def _innermost(loader: DataLoader) -> DataLoader:
 
 
 def version_key(loader: DataLoader) -> tuple[Any, ...] | None:
-    """What pins the bytes of the object behind ``loader``: its name, size and ETag, or
+    """What pins the bytes of the object behind ``loader``: its URL (without credentials:
+    :func:`~ptestore.storage.types.url_identity` of the URL read, never the name shown,
+    which two objects may share), size and ETag, or
     (a local file) its size, modification and change times, inode and device; None when
     nothing does."""
     obj = _innermost(loader)
     etag = getattr(obj, "etag", None)
     if isinstance(etag, str):
-        return (obj.name, obj.size(), "etag", etag)
+        return (url_identity(loader_url(obj)), obj.size(), "etag", etag)
     from ..storage.loaders import LocalFileLoader
 
     path = getattr(obj, "path", None)
@@ -81,7 +84,15 @@ def version_key(loader: DataLoader) -> tuple[Any, ...] | None:
         except OSError:
             return None
         # ctime too: a rewrite that keeps the size and sets the mtime back changes it
-        return (obj.name, st.st_size, "stat", st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+        return (
+            loader_url(obj),
+            st.st_size,
+            "stat",
+            st.st_mtime_ns,
+            st.st_ctime_ns,
+            st.st_ino,
+            st.st_dev,
+        )
     return None
 
 

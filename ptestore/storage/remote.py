@@ -112,6 +112,9 @@ class FsspecLoader(LoaderBase):
         self.path = path
         #: The URL as shown (:func:`~.types.redacted_url`): in messages and records.
         self.name = redacted_url(url)
+        #: The URL as given, credentials included: what the loader is compared and keyed
+        #: by (:func:`~.types.loader_url`), never shown nor recorded.
+        self.url = url
         #: The policy of every request for the object (its ``retry_*`` options).
         self.retry = retry
         #: ``(bucket, key)`` of an S3 object (read by GetObject, pinned), else None.

@@ -22,8 +22,10 @@ __all__ = [
     "absolute_local",
     "absolute_path",
     "file_path",
+    "is_redacted",
     "is_relative_local",
     "load_into",
+    "loader_url",
     "local_path",
     "redact_urls",
     "redacted_url",
@@ -43,7 +45,9 @@ class DataLoader(Protocol):
 
     #: The path or URL the bytes come from, as it is shown (:func:`redacted_url`: the
     #: credentials a remote URL carries replaced by :data:`REDACTED`); used in every
-    #: error message and recorded by provenance, never opened again.
+    #: error message and recorded by provenance, never opened again, never compared
+    #: (two URLs with their credentials redacted may name two objects: a loader's
+    #: identity is :func:`loader_url`'s).
     name: str
 
     def size(self) -> int:
@@ -295,6 +299,17 @@ _PERCENT = re.compile(r"%([0-9A-Fa-f]{2})")
 _URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s'\"<>()\[\]{}]+")
 
 
+#: Protocols whose URL's user information (``user:password@``, ``token@``) is a
+#: credential, so stripped and redacted. Elsewhere it is part of what the URL names and
+#: stays: adlfs's ``abfs://CONTAINER@ACCOUNT.dfs.core.windows.net/path`` names the
+#: container there, fsspec's ``github://ORG:REPO@REF/path`` the repository, and a
+#: ``memory://`` or unknown protocol's authority is its own.
+_USERINFO_SCHEMES = frozenset(
+    {"http", "https", "ftp", "ftps", "sftp", "ssh", "scp", "smb", "cifs"}
+    | {"webdav", "webdavs", "dav", "davs"}
+)
+
+
 def _param_name(part: str) -> str:
     name = part.partition("=")[0]
     if "%" in name:
@@ -309,8 +324,9 @@ def _is_secret(name: str) -> bool:
 def _split_remote(url: str) -> tuple[str, str, str, str, str, str] | None:
     """``(scheme and '://', userinfo, host and path, '?' or '', query, '#' and
     fragment)`` of a remote URL (the user information ends at the authority's last
-    ``@``, the authority at the first ``/``, as RFC 3986 splits it), or None for a local
-    path or ``file://`` URL."""
+    ``@``, the authority at the first ``/``, as RFC 3986 splits it; only for the
+    protocols whose user information is a credential, :data:`_USERINFO_SCHEMES`: empty
+    for every other), or None for a local path or ``file://`` URL."""
     match = _SCHEME.match(url)
     if match is None or match.group(1).lower() in LOCAL_SCHEMES:
         return None
@@ -318,7 +334,10 @@ def _split_remote(url: str) -> tuple[str, str, str, str, str, str] | None:
     rest, hashmark, fragment = rest.partition("#")
     rest, mark, query = rest.partition("?")
     authority, slash, path = rest.partition("/")
-    userinfo, _, host = authority.rpartition("@")
+    if match.group(1).lower() in _USERINFO_SCHEMES:
+        userinfo, _, host = authority.rpartition("@")
+    else:  # no credential there: the authority names the object (module comment)
+        userinfo, host = "", authority
     return head, userinfo, host + slash + path, mark, query, hashmark + fragment
 
 
@@ -379,6 +398,39 @@ def url_identity(url: str) -> str:
         mark = mark if query else ""
     out = f"{head}{rest}{mark}{query}{fragment}"
     return url if out == url else out
+
+
+def is_redacted(url: str) -> bool:
+    """Whether ``url`` holds :data:`REDACTED` where :func:`redacted_url` puts it (its
+    user information, a credential parameter's value): a URL as ptestore recorded it,
+    whose credentials are not recorded, so it cannot reach a private object again (a
+    store may answer 404 to a request without them). A local path never is."""
+    if REDACTED not in url or "://" not in url:
+        return False
+    parts = _split_remote(url)
+    if parts is None:
+        return False
+    _, userinfo, _, _, query, _ = parts
+    return userinfo == REDACTED or any(
+        p.partition("=")[2] == REDACTED and _is_secret(_param_name(p)) for p in query.split("&")
+    )
+
+
+def loader_url(loader: DataLoader) -> str:
+    """The URL or path ``loader`` reads, credentials included (a remote loader's
+    ``url``; a wrapper's ``inner`` loader's; else its ``name``): what a loader is
+    compared by (is a destination its source?) and, through :func:`url_identity`, keyed
+    by, where its ``name`` (redacted) would make two objects one. Never shown."""
+    seen = 0
+    while seen < 16:  # wrappers of wrappers, never a cycle
+        url = getattr(loader, "url", None)
+        if isinstance(url, str):
+            return url
+        inner = getattr(loader, "inner", None)
+        if inner is None or not hasattr(inner, "load"):
+            break
+        loader, seen = inner, seen + 1
+    return loader.name
 
 
 def _redact_match(match: re.Match[str]) -> str:

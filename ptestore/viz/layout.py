@@ -15,7 +15,7 @@ import os
 from typing import Any
 
 from ..errors import ConfigurationError
-from ..storage.types import local_path
+from ..storage.types import local_path, redacted_url
 from .compare import compare_regions, segment_hashes, shared_ranges
 from .draw import render_layout
 from .html import write_text
@@ -61,6 +61,7 @@ def _file_map(
         notes.append(f"provenance trailer: {prov['error']}")
         prov = None
     kind = ".pte" if desc.get("format") == "pte" else ".ptd"
+    url = redacted_url(url)  # what the page and the comparison show: no credential
     title = f"{role + ': ' if role else ''}{kind} {os.path.basename(url.rstrip('/')) or url}"
     return FileMap(title, url, int(desc["file_size"]), layout_regions(desc, prov), role, notes)
 
@@ -88,7 +89,8 @@ def _maps(
         want = "ptd" if i else "pte"
         if ptd is not None and desc["format"] != want:  # as inspect --ptd refuses it
             raise ConfigurationError(
-                f"inspect {url} with --ptd {os.fspath(ptd)}: expected a .pte and a .ptd, "
+                f"inspect {redacted_url(url)} with --ptd {redacted_url(os.fspath(ptd))}: "
+                "expected a .pte and a .ptd, "
                 f"found a .{desc['format']} as the {'.ptd' if i else '.pte'}"
             )
         if source is None:
@@ -167,7 +169,8 @@ def layout_html(
     Raises the errors of :func:`ptestore.describe`."""
     url = os.fspath(url)
     maps = _maps(url, ptd, compare, compare_ptd, storage_options)
-    title = f"ptestore layout map: {os.path.basename(url.rstrip('/')) or url}"
+    shown = redacted_url(url)
+    title = f"ptestore layout map: {os.path.basename(shown.rstrip('/')) or shown}"
     return render_layout(maps, title=title)
 
 

@@ -17,6 +17,7 @@ import pytest
 from support.fixtures import get_fixture
 from support.presigned import SECRETS, SIGNATURES, PresignedStore, presigned_store
 
+from ptestore.backends.compat import DeviceProfile
 from ptestore.cli import main
 from ptestore.provenance import read_trailer, replace_trailer
 from ptestore.storage.loaders import BytesLoader
@@ -174,3 +175,81 @@ def test_a_trailer_recorded_with_the_whole_url_still_reads_and_shows_it_redacted
     report = json.loads(capsys.readouterr().out)
     assert report["status"] == "intact"
     assert report["provenance"]["source"]["url"] == redacted_url(url)
+
+
+def test_prune_stale_keeps_an_entry_whose_recorded_url_lost_its_credentials(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A private store answers 404 to a request without credentials: the manifest's
+    source (recorded redacted) re-opened was "gone", and a current entry removed. A
+    recorded URL holding REDACTED is never re-opened: the entry is kept, unknown."""
+    cache = tmp_path / "cache"
+    with presigned_store({"/models/mlp.pte": DATA}, hide=True) as store:
+        url = store.url("/models/mlp.pte")
+        argv = ["ensure", url, "--cache-dir", str(cache), "--backend", "passthrough", "--json"]
+        assert main(argv) == 0
+        made = json.loads(capsys.readouterr().out)
+        requests = len(store.seen)
+        assert main(["cache", "prune", "--stale", "--cache-dir", str(cache), "--json"]) == 0
+        said = capsys.readouterr()
+        assert len(store.seen) == requests  # nothing asked of the store
+    (entry,) = json.loads(said.out)["stale"]["entries"]
+    assert entry["action"] == "kept: unknown"
+    assert entry["reason"] == (
+        f"its source {redacted_url(url)} was recorded without its URL's credentials "
+        "(REDACTED): it is not opened again to judge the entry (give the URL with its "
+        "credentials to ensure, which checks it, or remove the entry)"
+    )
+    assert Path(made["pte"]).is_file() and _secrets_in(said.out + said.err) == []
+
+
+def test_inspect_html_and_a_destination_with_credentials_are_shown_redacted(
+    tmp_path: Path, store: PresignedStore, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = store.url("/models/mlp.pte")
+    page = tmp_path / "map.html"
+    assert main(["inspect", url, "--html", str(page)]) == 0
+    capsys.readouterr()
+    text = page.read_text()
+    assert _secrets_in(text) == [] and redacted_url(url).replace("&", "&amp;") in text
+    dst = "memory://secrets2-out/out.pte?token=TOKENsecret4"
+    for extra in ([], ["--json"]):
+        assert main(["specialize", url, dst, "--backend", "passthrough", *extra]) == 0
+        said = capsys.readouterr()
+        assert "TOKENsecret4" not in said.out + said.err and _secrets_in(said.out) == []
+        assert "memory://secrets2-out/out.pte?token=REDACTED" in said.out
+
+
+def test_an_index_url_s_credentials_are_neither_printed_recorded_nor_keyed(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from ptestore.device.indexed import index_fingerprint, index_key
+    from ptestore.device.manifest import Manifest
+    from ptestore.fleet.select import select_from
+    from ptestore.testing.fleet_index import synthetic_entry
+
+    with presigned_store({}) as s:
+        index = s.url("/fleet/index.json")
+        named = index.partition("?")[0].replace("/fleet/index.json", "/fleet/m/a.pte")
+        entry = synthetic_entry("m", "a", root=named.rpartition("/fleet/")[0] + "/fleet")
+        entry["pte"]["url"] = named  # the index's own server, its user and password
+        doc = {"format": "ptestore.index", "version": 2, "updated": "x", "entries": [entry]}
+        s.state.objects["/fleet/index.json"] = json.dumps(doc).encode()
+        base = ["select", index, "--model", "m", "--device", "a"]
+        for argv in (base, [*base, "--json"]):
+            assert main(argv) == 0, capsys.readouterr()
+            said = capsys.readouterr()
+            assert _secrets_in(said.out + said.err) == [] and redacted_url(named) in said.out
+        choice = select_from(index, "m", "a")
+    rotated = index.replace(SIGNATURES[0], SIGNATURES[1])
+    profile = DeviceProfile("a", {"soc": "x"})
+    assert index_key(index, "m", "a") == index_key(rotated, "m", "a")
+    assert index_key(redacted_url(index), "m", "a") == index_key(index, "m", "a")
+    fp = index_fingerprint(index, "m", profile, choice)
+    manifest = Manifest.of(
+        key="k", source=choice.pte["url"], fingerprint=fp, files={}, specialized=False,
+        provenance=None, index=index, choice=choice.to_dict(),
+    ).to_dict()  # fmt: skip
+    assert _secrets_in(json.dumps(manifest)) == []
+    assert manifest["index"] == redacted_url(index)
+    assert fp == index_fingerprint(rotated, "m", profile, choice)

@@ -7,6 +7,8 @@ that refuses a request without them)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from support.fixtures import get_fixture
 from support.presigned import SECRETS, SIGNATURES, presigned_store
@@ -14,7 +16,14 @@ from support.presigned import SECRETS, SIGNATURES, presigned_store
 from ptestore._retry import to_storage_error
 from ptestore.errors import ObjectNotFound
 from ptestore.storage.loaders import open_loader
-from ptestore.storage.types import REDACTED, redact_urls, redacted_url, url_identity
+from ptestore.storage.types import (
+    REDACTED,
+    is_redacted,
+    loader_url,
+    redact_urls,
+    redacted_url,
+    url_identity,
+)
 
 SIGV4 = (
     "https://bucket.s3.amazonaws.com/models/m.pte?versionId=3HL4kqtJ&X-Amz-Algorithm="
@@ -155,3 +164,101 @@ def test_the_loader_shows_the_redacted_url_and_reads_with_the_real_one() -> None
         with pytest.raises(ObjectNotFound) as gone:
             open_loader(missing)
         assert str(gone.value) == f"{redacted_url(missing)}: no such object"
+
+
+# ------------------------------------------- what is a credential, and what compares
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "abfs://models-prod@acct.dfs.core.windows.net/m.pte",  # adlfs: the container
+        "abfss://models-test@acct.dfs.core.windows.net/m.pte",
+        "az://c@acct.blob.core.windows.net/m.pte",
+        "github://org:repo@main/models/m.pte",  # fsspec: the repository and its ref
+        "memory://u:pw@h/m.pte",
+        "mystery://a@b/c",
+    ],
+)
+def test_user_information_is_kept_where_it_is_not_a_credential(url: str) -> None:
+    """Before, any ``@`` in the authority was a password: an abfs container was lost
+    (two containers one identity, one cache entry for two objects)."""
+    assert redacted_url(url) == url and url_identity(url) == url
+
+
+@pytest.mark.parametrize("scheme", ["http", "HTTPS", "ftp", "ftps", "sftp", "ssh", "smb", "webdav"])
+def test_user_information_is_a_credential_on_the_protocols_that_send_it(scheme: str) -> None:
+    assert redacted_url(f"{scheme}://u:pw@h/m.pte") == f"{scheme}://REDACTED@h/m.pte"
+    assert url_identity(f"{scheme}://u:pw@h/m.pte") == f"{scheme}://h/m.pte"
+
+
+def test_two_abfs_containers_are_two_cache_entries_with_the_keys_they_had() -> None:
+    from ptestore.device.keys import entry_key, key_digest
+
+    prod, test = (f"abfs://models-{c}@acct.dfs.core.windows.net/m.pte" for c in ("prod", "test"))
+    keys = [entry_key(u, None, None, None, False) for u in (prod, test)]
+    assert keys[0] != keys[1]
+    # "A URL without credentials has the key it had before" (its location as given)
+    before = [key_digest(["ptestore.ensure/1", u, None, None, None, False]) for u in (prod, test)]
+    assert keys == before
+
+
+def test_is_redacted_tells_a_recorded_url_from_one_that_names_redacted() -> None:
+    assert is_redacted(redacted_url(SIGV4)) and is_redacted("http://REDACTED@h/m.pte")
+    assert not is_redacted(SIGV4)
+    assert not is_redacted("/data/REDACTED.pte") and not is_redacted("s3://b/REDACTED?x=REDACTED")
+    assert not is_redacted("memory://REDACTED@h/m.pte")  # not a credential there
+
+
+def _memory_url(fs: Any, name: str, data: bytes) -> str:
+    url = f"memory://secrets2/{name}?token=TOKENsecret3"  # the query is the object's name here
+    fs.pipe(url, data)
+    return url
+
+
+def test_a_source_given_as_its_destination_is_compared_by_the_url_read() -> None:
+    """The loader's name is redacted: compared with the writer's URL it named another
+    object, and an unchanged in-place run rewrote the file (5408 -> 6249 bytes)."""
+    import fsspec
+
+    import ptestore
+
+    fs = fsspec.filesystem("memory")
+    data = get_fixture("mlp_portable").pte_path.read_bytes()  # type: ignore[union-attr]
+    url = _memory_url(fs, "m.pte", data)
+    loader = open_loader(url)
+    assert loader.name == "memory://secrets2/m.pte?token=REDACTED"
+    assert loader_url(loader) == url
+    loader.close()
+    report = ptestore.specialize(url, url, backends=["passthrough"], allow_unchanged=True)
+    assert [f.status for f in report.files] == ["unchanged"]
+    assert fs.cat(url) == data
+
+
+def test_an_in_place_pair_through_loaders_is_refused_and_shown_redacted() -> None:
+    import fsspec
+
+    from ptestore.coordinator.pipeline import initialize_and_save_backend_data
+    from ptestore.errors import ConfigurationError
+    from ptestore.writers import open_writer
+
+    fs = fsspec.filesystem("memory")
+    fx = get_fixture("mlp_portable_ext")
+    assert fx.pte_path is not None and fx.ptd_path is not None
+    pte = _memory_url(fs, "p.pte", fx.pte_path.read_bytes())
+    ptd = _memory_url(fs, "p.ptd", fx.ptd_path.read_bytes())
+    before = fs.cat(ptd)
+    with pytest.raises(ConfigurationError) as caught:
+        initialize_and_save_backend_data(
+            open_loader(pte),
+            open_writer("memory://secrets2/out.pte"),
+            ptd_loader=open_loader(ptd),
+            ptd_writer=open_writer(ptd),
+            backends=["passthrough"],
+        )
+    shown = redacted_url(ptd)
+    assert str(caught.value) == (
+        f"in-place specialization of a .pte/.ptd pair is refused ({shown} -> {shown}): the "
+        "two files cannot be published in one atomic step; write the pair to new names"
+    )
+    assert fs.cat(ptd) == before and not fs.exists("memory://secrets2/out.pte")

@@ -55,9 +55,13 @@ def _expected_auth() -> str:
 
 
 @contextmanager
-def presigned_store(objects: dict[str, bytes], *, user: bool = True) -> Iterator[PresignedStore]:
+def presigned_store(
+    objects: dict[str, bytes], *, user: bool = True, hide: bool = False
+) -> Iterator[PresignedStore]:
     """Serve ``objects`` (by path); ``user``: refuse requests without the user and
-    password (401). Every request must carry one of :data:`SIGNATURES` (403)."""
+    password (401). Every request must carry one of :data:`SIGNATURES` (403).
+    ``hide``: answer a request without them 404 instead, as a private store does (S3
+    without ``s3:ListBucket``, GitHub's private repositories): no such object."""
     state = StoreState(dict(objects))
     seen: list[tuple[str, str | None]] = []
     base = store_handler(state)
@@ -73,6 +77,8 @@ def presigned_store(objects: dict[str, bytes], *, user: bool = True) -> Iterator
                 refusal = 401
             elif not signed:
                 refusal = 403
+            if refusal is not None and hide:
+                refusal = 404
             if refusal is not None:
                 self.send_response(refusal)
                 self.send_header("Content-Length", "0")
