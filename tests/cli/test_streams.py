@@ -240,7 +240,8 @@ def test_backends_with_a_broken_one_piped_away_exits_1(tmp_path: Path) -> None:
     info.mkdir(parents=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: npu-vendor\nVersion: 1.0\n")
     (info / "entry_points.txt").write_text("[ptestore.backends]\nnpu = npu_missing:Npu\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ["PYTHONPATH"]])}
+    paths = [str(site), *filter(None, [os.environ.get("PYTHONPATH")])]  # (CI: none set)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     assert _run("backends", env=env).returncode == 1
     for json_flag in ([], ["--json"]):
         write = _no_reader()
