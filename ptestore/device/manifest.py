@@ -200,7 +200,7 @@ def shown_urls(value: Any) -> Any:
     files by the URLs it read them from (resolved against the index's URL, with its
     credentials)."""
     if isinstance(value, str):
-        return redacted_url(value) if "://" in value else value
+        return redacted_url(value)  # (a string without a URL: as it is)
     if isinstance(value, list):
         return [shown_urls(v) for v in value]
     if isinstance(value, dict):
