@@ -15,7 +15,7 @@ import itertools
 import threading
 from collections.abc import Sequence
 
-from .._background import Cancelled
+from .._background import Cancelled, started
 from .._background import check as check_cancelled
 from .._io import HASH_PIECE
 from ..storage.types import DataLoader, load_into
@@ -91,7 +91,9 @@ def describe_chunks(
     thread and ``workers - 1`` others, each taking the next chunk and reading the
     pieces of it that come from a loader into a buffer of its own (plain threads:
     ``concurrent.futures`` imports ``logging``, 9 ms of a run that hashes 20 MiB). The
-    first error is raised here once every thread has stopped; so is a cancellation."""
+    first error is raised here once every thread has stopped; so is a cancellation.
+    Where a thread cannot start (out of memory or of threads), the chunks are shared by
+    those that did and this one."""
     from ..checksums import crc
 
     results: dict[int, tuple[bytes | None, dict[str, int]]] = {}
@@ -146,12 +148,12 @@ def describe_chunks(
                 errors.append(exc)
             stop.set()
 
-    threads = [
-        threading.Thread(target=work, name="ptestore-chunks", daemon=True)
-        for _ in range(min(workers, len(spans)) - 1)
-    ]
-    for t in threads:
-        t.start()
+    threads: list[threading.Thread] = []
+    for _ in range(min(workers, len(spans)) - 1):
+        t = threading.Thread(target=work, name="ptestore-chunks", daemon=True)
+        if not started(t):  # out of memory or threads: those that started, and this one
+            break
+        threads.append(t)
     work()
     for t in threads:
         t.join()
