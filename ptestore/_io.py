@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 __all__ = [
     "HASH_PIECE",
     "REQUEST_PIECE",
+    "file_size_limit",
     "free_bytes",
     "pread_all",
     "preadinto_all",
@@ -88,6 +89,18 @@ def free_bytes(path: str) -> int | None:
     except OSError:
         return None
     return st.f_bavail * st.f_frsize
+
+
+def file_size_limit() -> int | None:
+    """The largest file this process may write (the soft ``RLIMIT_FSIZE``, ``ulimit -f``),
+    in bytes; None when it has none. A write past it fails with ``EFBIG`` ("File too
+    large"); ``fallocate`` ignores it, so space reserved that way does not say so."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not a POSIX system
+        return None
+    soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    return None if soft == resource.RLIM_INFINITY or soft < 0 else soft
 
 
 def read_bounded(f: BinaryIO, limit: int) -> bytes:

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from ..format.layout import Placement
     from ..format.patch import PatchResult
     from ..provenance.record import ContentDigest
+    from ..provenance.stamp import Stamper
 
 __all__ = [
     "ContentStore",
@@ -32,6 +33,7 @@ __all__ = [
     "publish_in_order",
     "publish_shared",
     "stored_report",
+    "trailer_bound",
     "unchanged_report",
     "write_file",
     "write_outputs",
@@ -168,10 +170,13 @@ def write_file(
     f: SourceFile,
     layout: FileLayout,
     note: Callable[[str, int], None],
+    trailer: int = 0,
 ) -> FileReport:
     """Write ``f``'s new container through its writer; ``note(url, nbytes)`` is called
     as bytes are written. Unchanged segments are copied from the source, replaced ones
-    from the spool, padding is zeros, and the patched metadata goes last."""
+    from the spool, padding is zeros, and the patched metadata goes last. ``trailer``:
+    the bytes of the provenance trailer written after it (:func:`trailer_bound`), which
+    the room asked for before the first byte counts."""
     c = f.container
     placements, patched = layout.placements, layout.patched
     url = f.writer.url
@@ -180,7 +185,7 @@ def write_file(
     # Fail before the first byte when the storage says the output cannot fit (local:
     # statvfs); bytes a copy-on-write clone will share take no new space.
     cloned = sum(x.size for x in copies) if layout.clone_block_size else 0
-    f.writer.ensure_space(patched.file_size - cloned)
+    f.writer.ensure_space(patched.file_size + trailer - cloned)
 
     # Padding is written as zeros too, so every byte of the output is written exactly
     # once (a writer that uploads fixed parts can then ship each part as soon as it is
@@ -245,6 +250,20 @@ def unchanged_report(f: SourceFile) -> FileReport:
     )
 
 
+def trailer_bound(stamper: Stamper | None, role: str) -> int:
+    """The bytes of ``role``'s provenance trailer, asked for before the output's first
+    byte: none without provenance, its size where it is sealed already (a writer that
+    keeps object metadata), else its bound (:data:`MAX_PAYLOAD_SIZE` and the footer: the
+    record names digests the writes are still making)."""
+    if stamper is None:
+        return 0
+    if role in stamper.contents:
+        return len(stamper.trailer(role))
+    from ..provenance.trailer import FOOTER_SIZE, MAX_PAYLOAD_SIZE
+
+    return MAX_PAYLOAD_SIZE + FOOTER_SIZE
+
+
 def write_shared(
     run: Run, f: SourceFile, layout: FileLayout, note: Callable[[str, int], None]
 ) -> FileReport:
@@ -260,7 +279,7 @@ def write_shared(
         report.destination = f.writer.url
         report.bytes_copied = size
     else:
-        report = write_file(run, f, layout, note)
+        report = write_file(run, f, layout, note)  # a content address: no trailer
     report.status = "shared"
     return report
 
@@ -352,6 +371,7 @@ def write_outputs(
     layouts: list[FileLayout],
     unchanged: list[bool],
     shared: tuple[ContentDigest, FileReport | None] | None,
+    stamper: Stamper | None = None,
 ) -> list[FileReport]:
     """Write every output. With ``shared``, the .ptd goes to its content address:
     ``(content, report)`` of one already stored there (nothing to write), or
@@ -376,5 +396,5 @@ def write_outputs(
         elif f.role == "ptd" and shared is not None:
             out.append(write_shared(run, f, lay, note))
         else:
-            out.append(write_file(run, f, lay, note))
+            out.append(write_file(run, f, lay, note, trailer_bound(stamper, f.role)))
     return out

@@ -1,0 +1,149 @@
+"""Limits met before the first byte, never part-way: a file-size limit (``RLIMIT_FSIZE``,
+``ulimit -f``, which the in-place reservation's ``fallocate`` does not meet) refuses an
+in-place run before its journal is committed (the file unchanged, never left marked
+``PTJ~``) and a new file's staged copy before its first byte; the free-space check of a
+staged copy counts the provenance trailer."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support.fixtures import copy_pte, get_fixture
+from support.smallfs import tmpfs
+
+import ptestore
+from ptestore.errors import StorageError
+from ptestore.journal import journal_path
+
+ROOT = Path(__file__).resolve().parents[2]
+# No bytecode written under the limit (a .pyc cut short there would break later imports).
+_ENV = {
+    "PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}",
+    "PATH": "/usr/bin:/bin",
+    "PYTHONDONTWRITEBYTECODE": "1",
+}
+FX = get_fixture("mlp_xnnpack")
+assert FX.doubled is not None and FX.doubled.key is not None
+KEY = FX.doubled.key
+
+# A child under a file-size limit of the model's size plus argv[3] bytes runs the model
+# with its key grown by 4 KiB (ReplaceKey), in place or to another file.
+_CHILD = r"""
+import os, resource, sys
+from support.large import ReplaceKey
+import ptestore
+src, dst, extra = sys.argv[1], sys.argv[2], int(sys.argv[3])
+limit = os.path.getsize(src) + extra
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+grow = ReplaceKey("XnnpackBackend", sys.argv[4], extra=4096)
+try:
+    ptestore.specialize(src, dst, backends=[grow], in_place=src == dst)
+except ptestore.StorageError as exc:
+    print(exc)
+else:
+    print("ok")
+"""
+
+
+def _child(src: Path, dst: Path, extra: int) -> str:
+    r = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(src), str(dst), str(extra), KEY],
+        capture_output=True,
+        text=True,
+        env=_ENV,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+def _grown_size(tmp_path: Path) -> int:
+    """The size the grown run gives the model (with its trailer), without a limit."""
+    src = copy_pte(tmp_path / "probe.pte")
+    assert _child(src, src, 1 << 30) == "ok"
+    return src.stat().st_size
+
+
+def test_in_place_past_the_file_size_limit_is_refused_before_the_commit(tmp_path: Path) -> None:
+    grown = _grown_size(tmp_path)
+    src = copy_pte(tmp_path / "model.pte")
+    before = src.read_bytes()
+    limit = grown - 1
+    msg = _child(src, src, limit - len(before))
+    assert msg == (
+        f"{src}: in place, {src} would reach {grown} bytes, past this process's file-size "
+        f"limit of {limit} bytes (RLIMIT_FSIZE, ulimit -f); the file is unchanged: raise the "
+        "limit and run again"
+    )
+    assert src.read_bytes() == before  # not marked PTJ~, nothing written
+    assert not Path(journal_path(str(src))).exists()
+    assert _child(src, src, grown - len(before)) == "ok"  # at the limit: done
+    assert src.stat().st_size == grown
+
+
+def test_a_journal_past_the_file_size_limit_is_refused_before_the_commit() -> None:
+    """The journal is a file too: its planned size (the bytes moved, the plan) checked
+    against the limit as the file's is (a child: the limit is the process's)."""
+    code = (
+        "import resource; resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))\n"
+        "from ptestore.coordinator.inplace_commit import check_size_limit\n"
+        "check_size_limit('m.pte', '.m.pte.ptestore-journal', 4096, 4096)\n"
+        "try:\n"
+        "    check_size_limit('m.pte', '.m.pte.ptestore-journal', 4096, 4097)\n"
+        "except Exception as exc:\n"
+        "    print(exc)\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=_ENV, check=False
+    )
+    assert r.stdout.strip() == (
+        "m.pte: in place, its journal .m.pte.ptestore-journal would reach 4097 bytes, past "
+        "this process's file-size limit of 4096 bytes (RLIMIT_FSIZE, ulimit -f); the file "
+        "is unchanged: raise the limit and run again"
+    ), r.stderr
+
+
+def test_a_new_file_past_the_file_size_limit_is_refused_before_its_first_byte(
+    tmp_path: Path,
+) -> None:
+    src = copy_pte(tmp_path / "model.pte")
+    dst = tmp_path / "out.pte"
+    msg = _child(src, dst, 4096)  # the spool fits, the grown output does not
+    assert msg.startswith(f"{dst}: an output of up to ")
+    assert msg.endswith(
+        f"bytes is past this process's file-size limit of {src.stat().st_size + 4096} bytes "
+        "(RLIMIT_FSIZE, ulimit -f); nothing was written: raise the limit and run again"
+    )
+    assert sorted(os.listdir(tmp_path)) == ["model.pte"]  # no staging file left
+
+
+def test_a_staged_copy_s_room_counts_its_provenance_trailer(tmp_path: Path) -> None:
+    """Room for the content, not for the trailer after it: refused before the first
+    byte (it was written whole, then failed on the trailer)."""
+    src = copy_pte(tmp_path / "model.pte")
+    probe = tmp_path / "probe.pte"
+    ptestore.specialize(src, probe, backends=["passthrough"], allow_unchanged=True)
+    content = src.stat().st_size  # a pass-through: the content is the source's bytes
+    assert probe.stat().st_size > content
+    with tmpfs(tmp_path / "mnt", "4m") as mnt:
+        st = os.statvfs(mnt)
+        filler = mnt / "filler"
+        with open(filler, "wb") as f:  # leaves the content's pages, and one more
+            room = -(-content // st.f_frsize) * st.f_frsize + st.f_frsize
+            os.posix_fallocate(f.fileno(), 0, st.f_bavail * st.f_frsize - room)
+        free = os.statvfs(mnt).f_bavail * st.f_frsize
+        assert content < free < content + (1 << 20)
+        dst = mnt / "out.pte"
+        with pytest.raises(StorageError) as err:
+            ptestore.specialize(src, dst, backends=["passthrough"], allow_unchanged=True)
+        assert str(err.value).startswith(
+            f"{dst}: not enough free space for an output of {content + (1 << 20) + 64} bytes: "
+        )
+        assert sorted(os.listdir(mnt)) == ["filler"]
+        filler.unlink()
+        ptestore.specialize(src, dst, backends=["passthrough"], allow_unchanged=True)
+        assert dst.read_bytes() == probe.read_bytes()
