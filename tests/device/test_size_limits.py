@@ -18,6 +18,7 @@ from support.smallfs import tmpfs
 import ptestore
 from ptestore.errors import StorageError
 from ptestore.journal import journal_path
+from ptestore.provenance import ProvenanceRequest
 
 ROOT = Path(__file__).resolve().parents[2]
 # No bytecode written under the limit (a .pyc cut short there would break later imports).
@@ -26,6 +27,7 @@ _ENV = {
     "PATH": "/usr/bin:/bin",
     "PYTHONDONTWRITEBYTECODE": "1",
 }
+SAME = ProvenanceRequest(created="2026-01-02T03:04:05Z")  # the same record each run
 FX = get_fixture("mlp_xnnpack")
 assert FX.doubled is not None and FX.doubled.key is not None
 KEY = FX.doubled.key
@@ -126,7 +128,7 @@ def test_a_staged_copy_s_room_counts_its_provenance_trailer(tmp_path: Path) -> N
     byte (it was written whole, then failed on the trailer)."""
     src = copy_pte(tmp_path / "model.pte")
     probe = tmp_path / "probe.pte"
-    ptestore.specialize(src, probe, backends=["passthrough"], allow_unchanged=True)
+    ptestore.specialize(src, probe, backends=["passthrough"], allow_unchanged=True, provenance=SAME)
     content = src.stat().st_size  # a pass-through: the content is the source's bytes
     assert probe.stat().st_size > content
     with tmpfs(tmp_path / "mnt", "4m") as mnt:
@@ -139,11 +141,15 @@ def test_a_staged_copy_s_room_counts_its_provenance_trailer(tmp_path: Path) -> N
         assert content < free < content + (1 << 20)
         dst = mnt / "out.pte"
         with pytest.raises(StorageError) as err:
-            ptestore.specialize(src, dst, backends=["passthrough"], allow_unchanged=True)
+            ptestore.specialize(
+                src, dst, backends=["passthrough"], allow_unchanged=True, provenance=SAME
+            )
         assert str(err.value).startswith(
             f"{dst}: not enough free space for an output of {content + (1 << 20) + 64} bytes: "
         )
         assert sorted(os.listdir(mnt)) == ["filler"]
         filler.unlink()
-        ptestore.specialize(src, dst, backends=["passthrough"], allow_unchanged=True)
+        ptestore.specialize(
+            src, dst, backends=["passthrough"], allow_unchanged=True, provenance=SAME
+        )
         assert dst.read_bytes() == probe.read_bytes()

@@ -19,12 +19,13 @@ from support.large import inflate
 import ptestore
 from ptestore._background import Background, Worker
 from ptestore.backends import BackendData, BackendInterface
-from ptestore.provenance import read_provenance
+from ptestore.provenance import ProvenanceRequest, read_provenance
 from ptestore.provenance import stamp as stamp_module
 from ptestore.provenance.pieces import describe_chunks
 from ptestore.storage.loaders import open_loader
 
 MiB = 1 << 20
+CREATED = "2026-01-02T03:04:05Z"
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -138,7 +139,13 @@ def test_a_run_without_threads_makes_the_same_record(
         dst = src if in_place else tmp_path / "out.pte"
         with monkeypatch.context() as m:
             refused = _refuse_threads(m) if refuse else []
-            ptestore.specialize(src, dst, backends=[Reverse()], in_place=in_place)
+            ptestore.specialize(
+                src,
+                dst,
+                backends=[Reverse()],
+                in_place=in_place,
+                provenance=ProvenanceRequest(created=CREATED),  # the same second each run
+            )
         if refuse:
             assert "ptestore-describe-source" in refused
             assert "ptestore-digest-output" in refused or in_place
@@ -170,9 +177,11 @@ limit = (vm << 10) + (160 << 20)
 resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 out = ptestore.ensure(model, cache_dir=cache, backends=["passthrough"]).pte
 print(sorted(set(failed)))
-print(open(out, "rb").read() == open(
-    ptestore.ensure(model, cache_dir=cache + "-warm", backends=["passthrough"]).pte, "rb"
-).read())
+warm = ptestore.ensure(model, cache_dir=cache + "-warm", backends=["passthrough"]).pte
+from ptestore.provenance import read_provenance
+from ptestore.storage.loaders import open_loader
+records = [read_provenance(open_loader(p)) for p in (out, warm)]
+print(records[0].content == records[1].content)  # the same bytes before the trailer
 """
 
 
