@@ -47,11 +47,20 @@ def pwrite_all(fd: int, data: memoryview, offset: int) -> None:
 
 def pread_all(fd: int, size: int, offset: int) -> bytes:
     """Read ``size`` bytes at ``offset`` (``os.pread`` may read less); shorter only at
-    end of file. Raises ``OSError`` as the system reports it."""
+    end of file. Raises ``OSError`` as the system reports it. Past 1 GiB (what one
+    ``pread`` may return), the bytes are read into one buffer of ``size`` (a
+    ``bytearray``, never a join of pieces: the peak is the size, not twice it)."""
+    if size > _PREAD_MAX:
+        buffer = bytearray(size)
+        with memoryview(buffer) as view:
+            got = preadinto_all(fd, view, offset)
+        if got < size:
+            del buffer[got:]
+        return buffer  # type: ignore[return-value]  # bytes-like; a copy would double it
     chunks: list[bytes] = []
     done = 0
     while done < size:
-        chunk = os.pread(fd, min(size - done, 1 << 30), offset + done)
+        chunk = os.pread(fd, size - done, offset + done)
         if not chunk:
             break
         chunks.append(chunk)
@@ -78,6 +87,8 @@ def preadinto_all(fd: int, view: memoryview, offset: int) -> int:
 
 
 _PREADV = getattr(os, "preadv", None)
+#: The most one ``pread`` is asked for (Linux returns at most about 2 GiB per call).
+_PREAD_MAX = 1 << 30
 
 
 def free_bytes(path: str) -> int | None:
