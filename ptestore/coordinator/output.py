@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from .._dataclass import dataclass
 from ..errors import AlreadyExists, IntegrityError, PartialPublish
@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     from ..format.patch import PatchResult
     from ..provenance.record import ContentDigest
     from ..provenance.stamp import Stamper
+
+    Role = Literal["pte", "ptd"]
 
 __all__ = [
     "ContentStore",
@@ -250,18 +252,45 @@ def unchanged_report(f: SourceFile) -> FileReport:
     )
 
 
-def trailer_bound(stamper: Stamper | None, role: str) -> int:
-    """The bytes of ``role``'s provenance trailer, asked for before the output's first
-    byte: none without provenance, its size where it is sealed already (a writer that
-    keeps object metadata), else its bound (:data:`MAX_PAYLOAD_SIZE` and the footer: the
-    record names digests the writes are still making)."""
+def trailer_bound(stamper: Stamper | None, role: Role, sizes: dict[str, int]) -> int:
+    """The bytes of ``role``'s provenance trailer at most, asked for before the output's
+    first byte (``sizes``: each output's content size, by role): none without
+    provenance; its size where it is sealed already (a writer that keeps object
+    metadata); else, once the sources are described (a source under 32 MiB is described
+    before the backends run), the record as it stands and a bound of the digests the
+    writes are still making (:func:`_digest_bound`); else the payload's limit
+    (:data:`MAX_PAYLOAD_SIZE`, 1 MiB) and the footer."""
     if stamper is None:
         return 0
     if role in stamper.contents:
         return len(stamper.trailer(role))
+    import json
+
     from ..provenance.trailer import FOOTER_SIZE, MAX_PAYLOAD_SIZE
 
-    return MAX_PAYLOAD_SIZE + FOOTER_SIZE
+    if not all(r in stamper.sources for r in sizes):  # a large source still described
+        return MAX_PAYLOAD_SIZE + FOOTER_SIZE
+    record = stamper.provenance(role).to_dict()  # no wait: every source is described
+    try:
+        text = json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        known = len(text.encode())
+    except UnicodeEncodeError:  # refused when the trailer is encoded
+        return MAX_PAYLOAD_SIZE + FOOTER_SIZE
+    to_come = [sizes[role]]
+    if role == "pte" and "ptd" in sizes and "ptd" not in stamper.contents:
+        to_come.append(sizes["ptd"])  # the .pte's record names the .ptd's digest too
+    return min(MAX_PAYLOAD_SIZE, known + sum(map(_digest_bound, to_come))) + FOOTER_SIZE
+
+
+def _digest_bound(length: int) -> int:
+    """The JSON of a content digest of ``length`` bytes at most (``content``,
+    ``ptd_output``): its SHA-256, CRCs and sizes in 1 KiB with their keys, and the
+    base64 of each chunk's SHA-256 (32 bytes) and CRCs (CRC-32, CRC-32C: 4 bytes;
+    CRC64NVME: 8)."""
+    from ..provenance.chunks import chunk_size_for
+
+    n = -(-length // chunk_size_for(length)) if length else 0
+    return 1024 + sum(4 * -(-k * n // 3) for k in (32, 4, 4, 8))
 
 
 def write_shared(
@@ -387,6 +416,9 @@ def write_outputs(
         done += nbytes
         run.emit(Event("write", nbytes=nbytes, done=done, total=total, url=url))
 
+    sizes: dict[str, int] = {
+        f.role: lay.patched.file_size for f, lay in zip(run.files, layouts, strict=True)
+    }
     out = []
     for f, lay, same in zip(run.files, layouts, unchanged, strict=True):
         if same:
@@ -396,5 +428,5 @@ def write_outputs(
         elif f.role == "ptd" and shared is not None:
             out.append(write_shared(run, f, lay, note))
         else:
-            out.append(write_file(run, f, lay, note, trailer_bound(stamper, f.role)))
+            out.append(write_file(run, f, lay, note, trailer_bound(stamper, f.role, sizes)))
     return out

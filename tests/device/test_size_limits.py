@@ -123,33 +123,50 @@ def test_a_new_file_past_the_file_size_limit_is_refused_before_its_first_byte(
     assert sorted(os.listdir(tmp_path)) == ["model.pte"]  # no staging file left
 
 
+def _grown(src: Path, dst: Path, extra: int) -> tuple[int, int]:
+    """``src`` with its key grown by ``extra`` bytes to ``dst``: (content, trailer) sizes."""
+    from support.large import ReplaceKey
+
+    from ptestore.provenance.trailer import read_trailer
+    from ptestore.storage.loaders import open_loader
+
+    grow = ReplaceKey("XnnpackBackend", KEY, extra=extra)
+    ptestore.specialize(src, dst, backends=[grow], provenance=SAME)
+    with open_loader(str(dst)) as loader:
+        found = read_trailer(loader)
+    assert found is not None
+    return found.content_size, dst.stat().st_size - found.content_size
+
+
 def test_a_staged_copy_s_room_counts_its_provenance_trailer(tmp_path: Path) -> None:
-    """Room for the content, not for the trailer after it: refused before the first
-    byte (it was written whole, then failed on the trailer)."""
+    """Room for the content and less than its trailer after it (the content 512 bytes
+    short of a whole page, the trailer over 1 KB): refused before the first byte, with
+    the trailer counted (it was written whole, then failed on the trailer)."""
     src = copy_pte(tmp_path / "model.pte")
     probe = tmp_path / "probe.pte"
-    ptestore.specialize(src, probe, backends=["passthrough"], allow_unchanged=True, provenance=SAME)
-    content = src.stat().st_size  # a pass-through: the content is the source's bytes
-    assert probe.stat().st_size > content
+    extra, (content, trailer) = 0, _grown(src, probe, 0)
+    for _ in range(4):  # the output's content less than its trailer short of a page
+        if 0 < -content % 4096 < trailer - 128:
+            break
+        extra += (4096 - trailer // 2 - content) % 4096  # segment alignment: again
+        content, trailer = _grown(src, probe, extra)
+    pages = -(-content // 4096) * 4096
+    assert 0 < pages - content < trailer - 128, (content, trailer)
     with tmpfs(tmp_path / "mnt", "4m") as mnt:
         st = os.statvfs(mnt)
         filler = mnt / "filler"
-        with open(filler, "wb") as f:  # leaves the content's pages, and one more
-            room = -(-content // st.f_frsize) * st.f_frsize + st.f_frsize
-            os.posix_fallocate(f.fileno(), 0, st.f_bavail * st.f_frsize - room)
+        with open(filler, "wb") as f:  # leaves the content's pages
+            os.posix_fallocate(f.fileno(), 0, st.f_bavail * st.f_frsize - pages)
         free = os.statvfs(mnt).f_bavail * st.f_frsize
-        assert content < free < content + (1 << 20)
+        assert content < free == pages < content + trailer
         dst = mnt / "out.pte"
         with pytest.raises(StorageError) as err:
-            ptestore.specialize(
-                src, dst, backends=["passthrough"], allow_unchanged=True, provenance=SAME
-            )
-        assert str(err.value).startswith(
-            f"{dst}: not enough free space for an output of {content + (1 << 20) + 64} bytes: "
-        )
+            _grown(src, dst, extra)
+        msg = str(err.value)
+        assert msg.startswith(f"{dst}: not enough free space for an output of "), msg
+        asked = int(msg.split("an output of ")[1].split(" ")[0])
+        assert content + trailer <= asked < content + 4 * trailer  # a bound, and close
         assert sorted(os.listdir(mnt)) == ["filler"]
         filler.unlink()
-        ptestore.specialize(
-            src, dst, backends=["passthrough"], allow_unchanged=True, provenance=SAME
-        )
+        _grown(src, dst, extra)
         assert dst.read_bytes() == probe.read_bytes()
