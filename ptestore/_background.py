@@ -16,9 +16,20 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 if TYPE_CHECKING:
     from queue import SimpleQueue
 
-__all__ = ["Background", "Cancelled", "Pending", "Worker"]
+__all__ = ["Background", "Cancelled", "Pending", "Worker", "started"]
 
 T = TypeVar("T")
+
+
+def started(thread: threading.Thread) -> bool:
+    """Start ``thread``; False where it cannot start (``RuntimeError: can't start new
+    thread``: out of memory or of threads, a process under ``ulimit -v`` or ``-u``), and
+    the caller does its work in its own thread instead."""
+    try:
+        thread.start()
+    except RuntimeError:
+        return False
+    return True
 
 
 class Cancelled(Exception):
@@ -31,14 +42,21 @@ class Background(Generic[T]):
     once it is set.
 
     :meth:`result` waits and returns what ``work`` returned, or raises what it raised
-    (in the caller's thread); :meth:`cancel` sets the event and waits for the thread."""
+    (in the caller's thread); :meth:`cancel` sets the event and waits for the thread.
+
+    Where the thread cannot start (:func:`started`), ``work`` runs in the caller's
+    thread when :meth:`result` is first called (never, once cancelled): the same result,
+    without the overlap."""
 
     def __init__(self, name: str, work: Callable[[threading.Event], T]) -> None:
         self.cancelled = threading.Event()
         self._value: T | None = None
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(work,), name=name, daemon=True)
-        self._thread.start()
+        thread = threading.Thread(target=self._run, args=(work,), name=name, daemon=True)
+        self._thread: threading.Thread | None = thread if started(thread) else None
+        self._deferred: Callable[[threading.Event], T] | None = (
+            None if self._thread is not None else work
+        )
 
     def _run(self, work: Callable[[threading.Event], T]) -> None:
         try:
@@ -47,14 +65,22 @@ class Background(Generic[T]):
             self._error = exc
 
     def result(self) -> T:
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join()
+        elif (work := self._deferred) is not None:
+            self._deferred = None
+            if self.cancelled.is_set():
+                self._error = Cancelled()
+            else:
+                self._run(work)
         if self._error is not None:
             raise self._error
         return self._value  # type: ignore[return-value]
 
     def cancel(self) -> None:
         self.cancelled.set()
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join()
 
 
 class Pending(threading.Event):
@@ -76,7 +102,9 @@ class Worker:
 
     :meth:`submit` returns a pending call whose ``result()`` waits and returns or raises
     what the call did; :meth:`close` ends the thread once the calls handed to it are
-    done (also when the worker is garbage-collected, without waiting)."""
+    done (also when the worker is garbage-collected, without waiting). Where its thread
+    cannot start (:func:`started`), each call runs in :meth:`submit`, in the caller's
+    thread: the same results, in the same order, without the overlap."""
 
     def __init__(self, name: str) -> None:
         import weakref
@@ -85,8 +113,8 @@ class Worker:
         todo: SimpleQueue[tuple[Callable[..., object], tuple[object, ...], Pending] | None]
         todo = SimpleQueue()
         self._todo = todo
-        self._thread = threading.Thread(target=self._loop, args=(todo,), name=name, daemon=True)
-        self._thread.start()
+        thread = threading.Thread(target=self._loop, args=(todo,), name=name, daemon=True)
+        self._thread: threading.Thread | None = thread if started(thread) else None
         self._finalizer = weakref.finalize(self, todo.put, None)
 
     @staticmethod
@@ -104,11 +132,15 @@ class Worker:
     def submit(self, fn: Callable[..., object], *args: object) -> Pending:
         pending = Pending()
         self._todo.put((fn, args, pending))
+        if self._thread is None:  # no thread to run it: run it here, now
+            self._todo.put(None)
+            self._loop(self._todo)
         return pending
 
     def close(self) -> None:
         self._finalizer()  # puts the end marker once
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join()
 
 
 def check(cancelled: threading.Event | None) -> None:

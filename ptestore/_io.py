@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 __all__ = [
     "HASH_PIECE",
     "REQUEST_PIECE",
+    "file_size_limit",
     "free_bytes",
     "pread_all",
     "preadinto_all",
@@ -46,11 +47,20 @@ def pwrite_all(fd: int, data: memoryview, offset: int) -> None:
 
 def pread_all(fd: int, size: int, offset: int) -> bytes:
     """Read ``size`` bytes at ``offset`` (``os.pread`` may read less); shorter only at
-    end of file. Raises ``OSError`` as the system reports it."""
+    end of file. Raises ``OSError`` as the system reports it. Past 1 GiB (what one
+    ``pread`` may return), the bytes are read into one buffer of ``size`` (a
+    ``bytearray``, never a join of pieces: the peak is the size, not twice it)."""
+    if size > _PREAD_MAX:
+        buffer = bytearray(size)
+        with memoryview(buffer) as view:
+            got = preadinto_all(fd, view, offset)
+        if got < size:
+            del buffer[got:]
+        return buffer  # type: ignore[return-value]  # bytes-like; a copy would double it
     chunks: list[bytes] = []
     done = 0
     while done < size:
-        chunk = os.pread(fd, min(size - done, 1 << 30), offset + done)
+        chunk = os.pread(fd, size - done, offset + done)
         if not chunk:
             break
         chunks.append(chunk)
@@ -77,6 +87,8 @@ def preadinto_all(fd: int, view: memoryview, offset: int) -> int:
 
 
 _PREADV = getattr(os, "preadv", None)
+#: The most one ``pread`` is asked for (Linux returns at most about 2 GiB per call).
+_PREAD_MAX = 1 << 30
 
 
 def free_bytes(path: str) -> int | None:
@@ -88,6 +100,18 @@ def free_bytes(path: str) -> int | None:
     except OSError:
         return None
     return st.f_bavail * st.f_frsize
+
+
+def file_size_limit() -> int | None:
+    """The largest file this process may write (the soft ``RLIMIT_FSIZE``, ``ulimit -f``),
+    in bytes; None when it has none. A write past it fails with ``EFBIG`` ("File too
+    large"); ``fallocate`` ignores it, so space reserved that way does not say so."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not a POSIX system
+        return None
+    soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    return None if soft == resource.RLIM_INFINITY or soft < 0 else soft
 
 
 def read_bounded(f: BinaryIO, limit: int) -> bytes:

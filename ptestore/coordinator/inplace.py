@@ -11,6 +11,7 @@ before its first segment cannot be changed in place (:class:`NotSupported`).
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -36,6 +37,7 @@ from .inplace_commit import (
     Reservation,
     apply_uninterrupted,
     check_rewritable,
+    check_size_limit,
     interrupted_message,
     modified_error,
     replaced_error,
@@ -353,6 +355,9 @@ def _run(
         # What the payload must be (recover checks it): the chunks the writes touch, as
         # the record has them where there is one, and the trailer's SHA-256.
         plan["check"] = _payload_check(loader, spool, plan, content, digest)
+        end = max([size, *(dst + n for dst, _, n in writer.ops)])
+        text = len(json.dumps(plan, sort_keys=True)) + 512  # the stamps, footer, commit
+        check_size_limit(target, spool.path, end, spool.size() + text)
         # Opened for writing first: a file made read-only meanwhile is refused as such (a
         # chmod moves its change time too, which the check would call a rewrite).
         reservation = Reservation(target, loader.fileno())

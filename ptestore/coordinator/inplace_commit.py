@@ -19,6 +19,7 @@ __all__ = [
     "Reservation",
     "apply_uninterrupted",
     "check_rewritable",
+    "check_size_limit",
     "interrupted_message",
     "modified_error",
     "replaced_error",
@@ -47,6 +48,23 @@ def check_rewritable(target: str, st: os.stat_result) -> None:
             "rewrites the file itself; make it writable, or specialize it to another file",
         ) from exc
     os.close(fd)
+
+
+def check_size_limit(target: str, journal: str, end: int, journal_size: int) -> None:
+    """Before the commit: the file's planned size (``end``: its highest offset written)
+    and the journal's (``journal_size``, an upper bound) within this process's file-size
+    limit (``RLIMIT_FSIZE``), which the reservation's ``fallocate`` does not meet: past
+    it, the apply would fail after the commit with the file marked."""
+    from .._io import file_size_limit
+
+    limit = file_size_limit()
+    for what, size in ((target, end), (f"its journal {journal}", journal_size)):
+        if limit is not None and size > limit:
+            raise StorageError(
+                f"{target}: in place, {what} would reach {size} bytes, past this process's "
+                f"file-size limit of {limit} bytes (RLIMIT_FSIZE, ulimit -f); the file is "
+                "unchanged: raise the limit and run again"
+            )
 
 
 def replaced_error(target: str, ran_on: os.stat_result, now: str, done: str) -> StorageError:

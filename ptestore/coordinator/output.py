@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from .._dataclass import dataclass
 from ..errors import AlreadyExists, IntegrityError, PartialPublish
@@ -20,6 +20,9 @@ if TYPE_CHECKING:
     from ..format.layout import Placement
     from ..format.patch import PatchResult
     from ..provenance.record import ContentDigest
+    from ..provenance.stamp import Stamper
+
+    Role = Literal["pte", "ptd"]
 
 __all__ = [
     "ContentStore",
@@ -32,6 +35,7 @@ __all__ = [
     "publish_in_order",
     "publish_shared",
     "stored_report",
+    "trailer_bound",
     "unchanged_report",
     "write_file",
     "write_outputs",
@@ -168,10 +172,13 @@ def write_file(
     f: SourceFile,
     layout: FileLayout,
     note: Callable[[str, int], None],
+    trailer: int = 0,
 ) -> FileReport:
     """Write ``f``'s new container through its writer; ``note(url, nbytes)`` is called
     as bytes are written. Unchanged segments are copied from the source, replaced ones
-    from the spool, padding is zeros, and the patched metadata goes last."""
+    from the spool, padding is zeros, and the patched metadata goes last. ``trailer``:
+    the bytes of the provenance trailer written after it (:func:`trailer_bound`), which
+    the room asked for before the first byte counts."""
     c = f.container
     placements, patched = layout.placements, layout.patched
     url = f.writer.url
@@ -180,7 +187,7 @@ def write_file(
     # Fail before the first byte when the storage says the output cannot fit (local:
     # statvfs); bytes a copy-on-write clone will share take no new space.
     cloned = sum(x.size for x in copies) if layout.clone_block_size else 0
-    f.writer.ensure_space(patched.file_size - cloned)
+    f.writer.ensure_space(patched.file_size + trailer - cloned)
 
     # Padding is written as zeros too, so every byte of the output is written exactly
     # once (a writer that uploads fixed parts can then ship each part as soon as it is
@@ -245,6 +252,47 @@ def unchanged_report(f: SourceFile) -> FileReport:
     )
 
 
+def trailer_bound(stamper: Stamper | None, role: Role, sizes: dict[str, int]) -> int:
+    """The bytes of ``role``'s provenance trailer at most, asked for before the output's
+    first byte (``sizes``: each output's content size, by role): none without
+    provenance; its size where it is sealed already (a writer that keeps object
+    metadata); else, once the sources are described (a source under 32 MiB is described
+    before the backends run), the record as it stands and a bound of the digests the
+    writes are still making (:func:`_digest_bound`); else the payload's limit
+    (:data:`MAX_PAYLOAD_SIZE`, 1 MiB) and the footer."""
+    if stamper is None:
+        return 0
+    if role in stamper.contents:
+        return len(stamper.trailer(role))
+    import json
+
+    from ..provenance.trailer import FOOTER_SIZE, MAX_PAYLOAD_SIZE
+
+    if not all(r in stamper.sources for r in sizes):  # a large source still described
+        return MAX_PAYLOAD_SIZE + FOOTER_SIZE
+    record = stamper.provenance(role).to_dict()  # no wait: every source is described
+    try:
+        text = json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        known = len(text.encode())
+    except UnicodeEncodeError:  # refused when the trailer is encoded
+        return MAX_PAYLOAD_SIZE + FOOTER_SIZE
+    to_come = [sizes[role]]
+    if role == "pte" and "ptd" in sizes and "ptd" not in stamper.contents:
+        to_come.append(sizes["ptd"])  # the .pte's record names the .ptd's digest too
+    return min(MAX_PAYLOAD_SIZE, known + sum(map(_digest_bound, to_come))) + FOOTER_SIZE
+
+
+def _digest_bound(length: int) -> int:
+    """The JSON of a content digest of ``length`` bytes at most (``content``,
+    ``ptd_output``): its SHA-256, CRCs and sizes in 1 KiB with their keys, and the
+    base64 of each chunk's SHA-256 (32 bytes) and CRCs (CRC-32, CRC-32C: 4 bytes;
+    CRC64NVME: 8)."""
+    from ..provenance.chunks import chunk_size_for
+
+    n = -(-length // chunk_size_for(length)) if length else 0
+    return 1024 + sum(4 * -(-k * n // 3) for k in (32, 4, 4, 8))
+
+
 def write_shared(
     run: Run, f: SourceFile, layout: FileLayout, note: Callable[[str, int], None]
 ) -> FileReport:
@@ -260,7 +308,7 @@ def write_shared(
         report.destination = f.writer.url
         report.bytes_copied = size
     else:
-        report = write_file(run, f, layout, note)
+        report = write_file(run, f, layout, note)  # a content address: no trailer
     report.status = "shared"
     return report
 
@@ -352,6 +400,7 @@ def write_outputs(
     layouts: list[FileLayout],
     unchanged: list[bool],
     shared: tuple[ContentDigest, FileReport | None] | None,
+    stamper: Stamper | None = None,
 ) -> list[FileReport]:
     """Write every output. With ``shared``, the .ptd goes to its content address:
     ``(content, report)`` of one already stored there (nothing to write), or
@@ -367,6 +416,9 @@ def write_outputs(
         done += nbytes
         run.emit(Event("write", nbytes=nbytes, done=done, total=total, url=url))
 
+    sizes: dict[str, int] = {
+        f.role: lay.patched.file_size for f, lay in zip(run.files, layouts, strict=True)
+    }
     out = []
     for f, lay, same in zip(run.files, layouts, unchanged, strict=True):
         if same:
@@ -376,5 +428,5 @@ def write_outputs(
         elif f.role == "ptd" and shared is not None:
             out.append(write_shared(run, f, lay, note))
         else:
-            out.append(write_file(run, f, lay, note))
+            out.append(write_file(run, f, lay, note, trailer_bound(stamper, f.role, sizes)))
     return out

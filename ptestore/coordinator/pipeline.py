@@ -364,7 +364,7 @@ class _Pipeline:
 
     def write(self, run: Run, layouts: list[FileLayout], unchanged: list[bool]) -> list[FileReport]:
         t_write = time.perf_counter()
-        reports = write_outputs(run, layouts, unchanged, self.shared)
+        reports = write_outputs(run, layouts, unchanged, self.shared, self.stamper)
         log.info(
             "wrote %d bytes in %.3f s",
             sum(r.size_after for r in reports),

@@ -20,17 +20,18 @@ class Spool:
 
     #: :meth:`readinto` may be called from several threads at once (``preadv``).
     parallel_reads = True
+    #: The directory the spool is in, named by a failed write (None: a journal, whose
+    #: own messages name it).
+    directory: str | None = None
 
     def __init__(self, directory: str | None) -> None:
         try:
             self._file = _unnamed_file(directory)
         except OSError as exc:
-            import tempfile
-
-            where = directory or tempfile.gettempdir()
             raise StorageError(
-                f"cannot create the replacement spool in {where}: {strerror(exc)}"
+                f"cannot create the replacement spool in {_where(directory)}: {strerror(exc)}"
             ) from exc
+        self.directory = _where(directory)
         self._size = 0
         self.name = f"<replacement spool {self._file.name}>"
         self._lock = threading.Lock()
@@ -43,8 +44,9 @@ class Spool:
             try:
                 pwrite_all(self._file.fileno(), view, offset)
             except OSError as exc:
+                where = "" if self.directory is None else f" in {self.directory}{_MOVE}"
                 raise StorageError(
-                    f"cannot spool {view.nbytes} replacement bytes: {strerror(exc)}"
+                    f"cannot spool {view.nbytes} replacement bytes{where}: {strerror(exc)}"
                 ) from exc
             self._size += view.nbytes
             return offset
@@ -84,6 +86,22 @@ class Spool:
     def close(self) -> None:
         self._file.close()
 
+
+def _where(directory: str | None) -> str:
+    """The spool's directory: ``directory``, else the system's temporary directory
+    (where ``None`` puts it; :mod:`tempfile` is imported then anyway)."""
+    if directory is not None:
+        return directory
+    import tempfile
+
+    return tempfile.gettempdir()
+
+
+#: How to put the spool elsewhere, said when a write to it fails.
+_MOVE = (
+    " (the replacement spool, where replaced bytes wait until the layout is known; "
+    "spool_dir=, --spool-dir DIR, or TMPDIR put it on another file system)"
+)
 
 #: ``O_TMPFILE`` refused for these reasons: the file system cannot make unnamed files.
 _NO_TMPFILE = frozenset({errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL})

@@ -31,6 +31,7 @@ __all__ = [
     "HEAD_BYTES",
     "Buffer",
     "I32",
+    "MAX_FLATBUFFER",
     "PTD_FILE_IDENTIFIER",
     "PTD_FLATBUFFER_OFFSET_POS",
     "PTD_FLATBUFFER_SIZE_POS",
@@ -70,6 +71,9 @@ U64 = struct.Struct("<Q")
 
 #: Bytes enough for either header (the C++ runtime also reads 64).
 HEAD_BYTES = 64
+#: The largest FlatBuffer (its offsets are 32-bit, and signed where they point back: 2 GiB
+#: less a byte): a header claiming a larger one is refused before the FlatBuffer is read.
+MAX_FLATBUFFER = (1 << 31) - 1
 #: Where the header starts: after the root offset and the file identifier.
 HEADER_OFFSET = 8
 #: Segment data starts at a multiple of this (the exporter's ``segment_alignment``).
@@ -144,6 +148,16 @@ def _check_data_size(source: str, name: str, base: int, data_size: int, file_siz
         )
 
 
+def _check_flatbuffer(source: str, field: str, size: int) -> None:
+    if size > MAX_FLATBUFFER:
+        raise FormatError(
+            source,
+            field,
+            size,
+            f"<= {MAX_FLATBUFFER} (a FlatBuffer's offsets are 32-bit: it is under 2 GiB)",
+        )
+
+
 @dataclass(frozen=True)
 class PteHeader:
     """The .pte extended header (``eh00``) spliced in after the FlatBuffer identifier."""
@@ -203,6 +217,7 @@ class PteHeader:
             )
         if self.segment_data_size is not None:
             _check_data_size(source, self.NAME, base, self.segment_data_size, file_size)
+        _check_flatbuffer(source, f"{self.NAME} program_size", self.program_size)
 
     def to_bytes(self) -> bytes:
         """The header fields as they stand at ``[8, 8 + n)``: magic, length, program_size,
@@ -291,6 +306,7 @@ class PtdHeader:
                 f"in [{self.metadata_end}, {file_size}] (after the FlatBuffer, inside the file)",
             )
         _check_data_size(source, self.NAME, base, self.segment_data_size, file_size)
+        _check_flatbuffer(source, f"{self.NAME} flatbuffer_size", self.flatbuffer_size)
 
     def to_bytes(self) -> bytes:
         """The 40 header bytes at ``[8, 48)``."""
@@ -354,6 +370,10 @@ class FileHead:
             header = PteHeader.from_bytes(buf, file_size, source)
         else:
             header = PtdHeader.from_bytes(buf, file_size, source)
+        if header is None:  # a .pte without an extended header is one FlatBuffer
+            _check_flatbuffer(
+                source, "file size (a .pte without an extended header is one FlatBuffer)", file_size
+            )
         return cls(source, file_size, kind, header)
 
     @property

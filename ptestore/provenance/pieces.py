@@ -15,9 +15,9 @@ import itertools
 import threading
 from collections.abc import Sequence
 
-from .._background import Cancelled
+from .._background import Cancelled, started
 from .._background import check as check_cancelled
-from .._io import HASH_PIECE
+from .._io import HASH_PIECE, REQUEST_PIECE
 from ..storage.types import DataLoader, load_into
 
 __all__ = [
@@ -89,9 +89,13 @@ def describe_chunks(
     """``{index: (SHA-256, {algorithm: CRC})}`` of each chunk ``(index, pieces, whether
     its SHA-256 is wanted)`` (None where it is not), ``workers`` chunks at once: this
     thread and ``workers - 1`` others, each taking the next chunk and reading the
-    pieces of it that come from a loader into a buffer of its own (plain threads:
+    pieces of it that come from a loader into a buffer of its own (:data:`HASH_PIECE`,
+    or :data:`REQUEST_PIECE` where a loader reads from one thread only, a remote one: a
+    request per 8 MiB, not per 128 KiB; plain threads:
     ``concurrent.futures`` imports ``logging``, 9 ms of a run that hashes 20 MiB). The
-    first error is raised here once every thread has stopped; so is a cancellation."""
+    first error is raised here once every thread has stopped; so is a cancellation.
+    Where a thread cannot start (out of memory or of threads), the chunks are shared by
+    those that did and this one."""
     from ..checksums import crc
 
     results: dict[int, tuple[bytes | None, dict[str, int]]] = {}
@@ -99,8 +103,12 @@ def describe_chunks(
     todo = iter(spans)
     lock = threading.Lock()
     stop = threading.Event()  # set on the first error: the others stop between pieces
-    largest = max((n for _, ps, _ in spans for src, _, n in ps if is_loader(src)), default=0)
-    size = min(HASH_PIECE, largest)  # each thread's buffer
+    loaded = [(src, n) for _, ps, _ in spans for src, _, n in ps if is_loader(src)]
+    largest = max((n for _, n in loaded), default=0)
+    # Each thread's buffer: a local file's pieces stay in the core's cache (HASH_PIECE);
+    # a remote loader's (one worker) is a request each, so they are several MiB.
+    remote = any(not getattr(src, "parallel_reads", False) for src, _ in loaded)
+    size = min(REQUEST_PIECE if remote else HASH_PIECE, largest)
 
     def one(buffer: memoryview | None, span: Span) -> None:
         index, pieces, sha = span
@@ -146,12 +154,12 @@ def describe_chunks(
                 errors.append(exc)
             stop.set()
 
-    threads = [
-        threading.Thread(target=work, name="ptestore-chunks", daemon=True)
-        for _ in range(min(workers, len(spans)) - 1)
-    ]
-    for t in threads:
-        t.start()
+    threads: list[threading.Thread] = []
+    for _ in range(min(workers, len(spans)) - 1):
+        t = threading.Thread(target=work, name="ptestore-chunks", daemon=True)
+        if not started(t):  # out of memory or threads: those that started, and this one
+            break
+        threads.append(t)
     work()
     for t in threads:
         t.join()

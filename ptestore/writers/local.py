@@ -43,7 +43,7 @@ import re
 import sys
 from typing import ClassVar
 
-from .._io import free_bytes, pwrite_all
+from .._io import file_size_limit, free_bytes, pwrite_all
 from .._oserror import local_error
 from ..errors import (
     ConfigurationError,
@@ -376,7 +376,17 @@ class LocalFileWriter(DataWriter):
         """Refuse, before writing, an output of ``size`` bytes that the destination's
         file system has no room for (``statvfs``: the blocks available to this user),
         with :class:`~ptestore.errors.StorageError` ``errno`` ENOSPC naming the bytes
-        needed, the bytes free and the directory. Bytes staged already count as room."""
+        needed, the bytes free and the directory. Bytes staged already count as room.
+        An output past this process's file-size limit (``RLIMIT_FSIZE``, ``ulimit -f``)
+        is refused too: its copy would fail with EFBIG part-way."""
+        limit = file_size_limit()
+        if limit is not None and size > limit:
+            raise StorageError(
+                f"{self.path}: an output of up to {size} bytes is past this process's "
+                f"file-size limit of {limit} bytes (RLIMIT_FSIZE, ulimit -f); nothing was "
+                "written: raise the limit and run again",
+                errno=errno.EFBIG,
+            )
         free = free_bytes(self.directory)
         needed = size - os.fstat(self._fd()).st_blocks * 512
         if free is not None and needed > free:
