@@ -236,7 +236,12 @@ def test_a_failed_digest_fails_the_run_and_publishes_nothing(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pte"]
 
 
-def test_a_failed_write_stops_the_digest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_write_stops_the_digest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, described_in_threads: list[str]
+) -> None:
+    """The source's digest held in its thread while the write fails: the run's failure
+    cancels it (the fixture's 6 KiB source was described in the caller's thread, so the
+    hold waited out its 120 s ceiling in every run and nothing was cancelled)."""
     from ptestore.provenance.digest import ContentHasher
     from ptestore.writers import LocalFileWriter
 
@@ -258,7 +263,7 @@ def test_a_failed_write_stops_the_digest(tmp_path: Path, monkeypatch: pytest.Mon
     src, dst = _model(tmp_path), tmp_path / "out.pte"
     with pytest.raises(StorageError, match="the disk is full"):
         ptestore.specialize(src, dst, backends=[Reverse()])
-    assert go_on.is_set()
+    assert go_on.is_set() and described_in_threads == [str(src)]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pte"]
     assert [t.name for t in threading.enumerate() if t.name.startswith("ptestore-")] == []
 
