@@ -75,27 +75,8 @@ def test_a_child_forked_while_another_thread_starts_a_command_can_run_one() -> N
     """A process forked while another of its threads held the commands' locks (a command
     starting or ending there: ``_log``'s and the working directory's) runs a command of
     its own: the child's locks are new (they were the parent's, held for ever)."""
-    import threading
+    from support.locks import child_forked_under_them_takes
 
     from ptestore import _log, cli
 
-    held, release = threading.Event(), threading.Event()
-
-    def holder() -> None:
-        with _log._LOCK, cli._PATH_LOCK:
-            held.set()
-            release.wait(120)
-
-    t = threading.Thread(target=holder)
-    t.start()
-    try:
-        assert held.wait(120)
-        pid = os.fork()
-        if pid == 0:  # the child: both locks free (a ceiling, only for the failure)
-            got = _log._LOCK.acquire(timeout=30) and cli._PATH_LOCK.acquire(timeout=30)
-            os._exit(0 if got else 1)
-        _, status = os.waitpid(pid, 0)
-    finally:
-        release.set()
-        t.join()
-    assert os.waitstatus_to_exitcode(status) == 0
+    assert child_forked_under_them_takes(lambda: [_log._LOCK, cli._PATH_LOCK])

@@ -193,32 +193,13 @@ def test_a_child_forked_while_another_thread_makes_a_filesystem_can_make_one() -
     """The cache's locks are made anew in a forked child: one a thread of the parent
     held at the fork (making a filesystem) would never be released there, and the
     child's first S3 open would wait for ever."""
-    import os
-    import threading
+    from support.locks import child_forked_under_them_takes
 
     from ptestore.storage import filesystems
 
-    held, release = threading.Event(), threading.Event()
-
-    def holder() -> None:
-        with filesystems._filesystems_lock, filesystems._sessions_lock:
-            held.set()
-            release.wait(120)
-
-    t = threading.Thread(target=holder)
-    t.start()
-    try:
-        assert held.wait(120)
-        pid = os.fork()
-        if pid == 0:  # the child: both locks free (a ceiling, only for the failure)
-            got = filesystems._filesystems_lock.acquire(timeout=30)
-            got = got and filesystems._sessions_lock.acquire(timeout=30)
-            os._exit(0 if got else 1)
-        _, status = os.waitpid(pid, 0)
-    finally:
-        release.set()
-        t.join()
-    assert os.waitstatus_to_exitcode(status) == 0
+    assert child_forked_under_them_takes(
+        lambda: [filesystems._filesystems_lock, filesystems._sessions_lock]
+    )
 
 
 def test_a_rotation_that_keeps_the_files_size_and_mtime_is_seen(
