@@ -86,15 +86,31 @@ def exit_code(exc: BaseException) -> int | None:
         return EXIT_FAILURE
     if isinstance(exc, BAD_INPUT_ERRORS):
         return EXIT_BAD_INPUT
-    if isinstance(exc, (PteStoreError, OSError, MemoryError)):
+    if isinstance(exc, (PteStoreError, OSError)) or out_of_memory(exc):
         return EXIT_FAILURE
     return None
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` says the process ran out of memory: a ``MemoryError``; a thread
+    that could not start (``RuntimeError: can't start new thread``: a pool's worker, the
+    S3 writer's parts); a module's shared object that could not be mapped (an
+    ``ImportError`` "failed to map segment from shared object", "Cannot allocate
+    memory": a lazy import under ``ulimit -v``)."""
+    if isinstance(exc, MemoryError):
+        return True
+    text = str(exc)
+    if type(exc) is RuntimeError:  # (its subclasses: RecursionError, NotImplementedError)
+        return "can't start new thread" in text or "can't create new thread" in text
+    if isinstance(exc, ImportError):
+        return "failed to map segment" in text or "Cannot allocate memory" in text
+    return False
 
 
 def _text(exc: BaseException) -> str:
     """What an error says: its message; for a ``MemoryError`` (mostly without one) that
     the process ran out of memory, and where a limit may come from."""
-    if isinstance(exc, MemoryError):
+    if out_of_memory(exc):
         said = f" ({exc})" if str(exc) else ""
         return (
             f"out of memory{said}: an allocation failed (the process's address-space "
@@ -393,6 +409,10 @@ def guarded(command: str, *, publishes: bool = False) -> Callable[[Command], Com
                         code = run(args)
                     flush_stdout(state)
                 except (KeyboardInterrupt, PteStoreError, OSError, MemoryError) as exc:
+                    return _failed(command, exc, args, state, publishes)
+                except (RuntimeError, ImportError) as exc:
+                    if not out_of_memory(exc):
+                        raise  # a bug: its traceback
                     return _failed(command, exc, args, state, publishes)
                 if state.failed is not None:
                     return _output_failed(command, code, state, publishes)

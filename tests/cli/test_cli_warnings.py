@@ -232,3 +232,40 @@ def test_a_command_that_logs_nothing_imports_no_logging(tmp_path: Path) -> None:
         check=True,
     )
     assert json.loads(done.stdout.splitlines()[-1]) == [0, False], done.stderr
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        RuntimeError("can't start new thread"),
+        ImportError(
+            "/usr/lib/python3.11/lib-dynload/_ssl.so: failed to map segment from shared object"
+        ),
+    ],
+    ids=["thread", "shared-object"],
+)
+def test_running_out_of_memory_outside_an_allocation_is_one_line(
+    exc: BaseException, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A pool's thread that cannot start, a lazy import whose shared object cannot be
+    mapped (both under ``ulimit -v``): the out-of-memory line and exit 1, as a
+    ``MemoryError`` (they were tracebacks); another ``RuntimeError`` or ``ImportError``
+    is a bug and keeps its traceback."""
+    from ptestore.cli.exits import guarded
+
+    def run(args: argparse.Namespace) -> int:
+        raise exc
+
+    assert guarded("fetch", publishes=True)(run)(argparse.Namespace()) == 1
+    err = capsys.readouterr().err
+    assert err == (
+        f"ptestore fetch: failed, nothing published: out of memory ({exc}): an allocation "
+        "failed (the process's address-space limit, ulimit -v, or the machine's memory); "
+        "rerun with more memory\n"
+    )
+
+    def bug(args: argparse.Namespace) -> int:
+        raise type(exc)("a bug")
+
+    with pytest.raises(type(exc), match="a bug"):
+        guarded("fetch")(bug)(argparse.Namespace())
