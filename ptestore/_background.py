@@ -57,6 +57,9 @@ class Background(Generic[T]):
         self._deferred: Callable[[threading.Event], T] | None = (
             None if self._thread is not None else work
         )
+        #: Held while the deferred work runs in a caller: callers of other threads wait
+        #: for its result (they got None while it ran), and so does :meth:`cancel`.
+        self._running = threading.Lock()
 
     def _run(self, work: Callable[[threading.Event], T]) -> None:
         try:
@@ -67,20 +70,32 @@ class Background(Generic[T]):
     def result(self) -> T:
         if self._thread is not None:
             self._thread.join()
-        elif (work := self._deferred) is not None:
-            self._deferred = None
-            if self.cancelled.is_set():
-                self._error = Cancelled()
-            else:
-                self._run(work)
+        else:
+            with self._running:  # the first caller runs it; the others wait for it
+                if (work := self._deferred) is not None:
+                    self._deferred = None
+                    if self.cancelled.is_set():
+                        self._error = Cancelled()
+                    else:
+                        self._run(work)
         if self._error is not None:
             raise self._error
         return self._value  # type: ignore[return-value]
+
+    def done(self) -> bool:
+        """Whether :meth:`result` would return at once (the thread ended; deferred work
+        that ran)."""
+        if self._thread is not None:
+            return not self._thread.is_alive()
+        return self._deferred is None and not self._running.locked()
 
     def cancel(self) -> None:
         self.cancelled.set()
         if self._thread is not None:
             self._thread.join()
+        else:
+            with self._running:  # a deferred run in progress sees the event and ends
+                pass
 
 
 class Pending(threading.Event):

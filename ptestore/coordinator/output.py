@@ -187,7 +187,8 @@ def write_file(
     # Fail before the first byte when the storage says the output cannot fit (local:
     # statvfs); bytes a copy-on-write clone will share take no new space.
     cloned = sum(x.size for x in copies) if layout.clone_block_size else 0
-    f.writer.ensure_space(patched.file_size + trailer - cloned)
+    end = patched.file_size + trailer  # (a file-size limit counts the cloned bytes too)
+    f.writer.ensure_space(end - cloned, end=end)
 
     # Padding is written as zeros too, so every byte of the output is written exactly
     # once (a writer that uploads fixed parts can then ship each part as soon as it is
@@ -268,7 +269,7 @@ def trailer_bound(stamper: Stamper | None, role: Role, sizes: dict[str, int]) ->
 
     from ..provenance.trailer import FOOTER_SIZE, MAX_PAYLOAD_SIZE
 
-    if not all(r in stamper.sources for r in sizes):  # a large source still described
+    if not stamper.described():  # a large source still described: the payload's limit
         return MAX_PAYLOAD_SIZE + FOOTER_SIZE
     record = stamper.provenance(role).to_dict()  # no wait: every source is described
     try:

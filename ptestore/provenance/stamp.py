@@ -257,6 +257,18 @@ class Stamper:
             )
         self.sources[role] = info
 
+    def described(self) -> bool:
+        """Whether every source is described by now, without waiting: a description that
+        ended is taken in (one that failed is left for where the run asks for it)."""
+        for role, (pending, _) in list(self._describing.items()):
+            if not pending.done():
+                return False
+            try:
+                self._source(role)
+            except Exception:
+                return False
+        return not self._describing
+
     def _source(self, role: str) -> SourceInfo | None:
         """The description of ``role``'s source (waiting for it where it is being made)."""
         pending = self._describing.get(role)

@@ -299,15 +299,13 @@ _PERCENT = re.compile(r"%([0-9A-Fa-f]{2})")
 _URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s'\"<>()\[\]{}]+")
 
 
-#: Protocols whose URL's user information (``user:password@``, ``token@``) is a
-#: credential, so stripped and redacted. Elsewhere it is part of what the URL names and
-#: stays: adlfs's ``abfs://CONTAINER@ACCOUNT.dfs.core.windows.net/path`` names the
-#: container there, fsspec's ``github://ORG:REPO@REF/path`` the repository, and a
-#: ``memory://`` or unknown protocol's authority is its own.
-_USERINFO_SCHEMES = frozenset(
-    {"http", "https", "ftp", "ftps", "sftp", "ssh", "scp", "smb", "cifs"}
-    | {"webdav", "webdavs", "dav", "davs"}
-)
+#: Protocols whose URL's user information is part of what the URL names, not a
+#: credential: adlfs's ``abfs://CONTAINER@ACCOUNT.dfs.core.windows.net/path`` (the
+#: container), fsspec's ``github://ORG:REPO@REF/path`` (the repository), a
+#: ``memory://`` path. On every other protocol (``http(s)``, ``ftp``, ``sftp``,
+#: ``webhdfs``, fsspec's ``gist://:TOKEN@id``, an unknown one) it is taken for a
+#: credential: stripped and redacted.
+_NAMING_USERINFO = frozenset({"abfs", "abfss", "az", "adl", "github", "memory"})
 
 
 def _param_name(part: str) -> str:
@@ -324,9 +322,9 @@ def _is_secret(name: str) -> bool:
 def _split_remote(url: str) -> tuple[str, str, str, str, str, str] | None:
     """``(scheme and '://', userinfo, host and path, '?' or '', query, '#' and
     fragment)`` of a remote URL (the user information ends at the authority's last
-    ``@``, the authority at the first ``/``, as RFC 3986 splits it; only for the
-    protocols whose user information is a credential, :data:`_USERINFO_SCHEMES`: empty
-    for every other), or None for a local path or ``file://`` URL."""
+    ``@``, the authority at the first ``/``, as RFC 3986 splits it; empty for the
+    protocols whose user information names the object, :data:`_NAMING_USERINFO`), or
+    None for a local path or ``file://`` URL."""
     match = _SCHEME.match(url)
     if match is None or match.group(1).lower() in LOCAL_SCHEMES:
         return None
@@ -334,9 +332,9 @@ def _split_remote(url: str) -> tuple[str, str, str, str, str, str] | None:
     rest, hashmark, fragment = rest.partition("#")
     rest, mark, query = rest.partition("?")
     authority, slash, path = rest.partition("/")
-    if match.group(1).lower() in _USERINFO_SCHEMES:
+    if match.group(1).lower() not in _NAMING_USERINFO:
         userinfo, _, host = authority.rpartition("@")
-    else:  # no credential there: the authority names the object (module comment)
+    else:  # no credential there: the authority names the object (its comment)
         userinfo, host = "", authority
     return head, userinfo, host + slash + path, mark, query, hashmark + fragment
 
@@ -404,13 +402,17 @@ def is_redacted(url: str) -> bool:
     """Whether ``url`` holds :data:`REDACTED` where :func:`redacted_url` puts it (its
     user information, a credential parameter's value): a URL as ptestore recorded it,
     whose credentials are not recorded, so it cannot reach a private object again (a
-    store may answer 404 to a request without them). A local path never is."""
+    store may answer 404 to a request without them). A local path never is. A
+    ``REDACTED@`` authority is, on every protocol (an earlier ptestore redacted the user
+    information of all of them: ``abfs://REDACTED@ACCOUNT`` names no container)."""
     if REDACTED not in url or "://" not in url:
         return False
     parts = _split_remote(url)
     if parts is None:
         return False
-    _, userinfo, _, _, query, _ = parts
+    _, userinfo, rest, _, query, _ = parts
+    if not userinfo and rest.partition("/")[0].startswith(REDACTED + "@"):
+        return True  # (a protocol whose user information names the object)
     return userinfo == REDACTED or any(
         p.partition("=")[2] == REDACTED and _is_secret(_param_name(p)) for p in query.split("&")
     )

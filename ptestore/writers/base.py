@@ -244,19 +244,21 @@ class DataWriter(abc.ABC):
         it has nowhere to keep it (the default). Call before the first write."""
         return False
 
-    def ensure_space(self, size: int) -> None:
+    def ensure_space(self, size: int, *, end: int | None = None) -> None:
         """Fail now, before anything more is written, if the storage says an output of
-        ``size`` bytes cannot fit: :class:`~ptestore.errors.StorageError` with ``errno``
-        ``ENOSPC`` naming the bytes needed, the bytes free and where. A no-op where the
-        storage tells nothing (the default; local files check ``statvfs``). The writer
-        stays open either way: the caller decides (discard, or free space and go on)."""
+        ``size`` new bytes (``end``: its size, where clones share the rest; ``size`` if
+        None) cannot fit: :class:`~ptestore.errors.StorageError` with ``errno`` ``ENOSPC``
+        naming the bytes needed, the bytes free and where. A no-op where the storage
+        tells nothing (the default; local files check ``statvfs``). The writer stays
+        open either way: the caller decides (discard, or free space and go on)."""
         _check_offset(self.url, "size", size)
         with self._lock:
             self._check_open("check free space")
-            self._ensure_space(size)
+            self._ensure_space(size, size if end is None else max(end, size))
 
-    def _ensure_space(self, size: int) -> None:
-        """Override: raise if ``size`` bytes cannot fit (arguments checked, lock held)."""
+    def _ensure_space(self, size: int, end: int) -> None:
+        """Override: raise if ``size`` new bytes of an output of ``end`` bytes cannot
+        fit (arguments checked, lock held)."""
         return None
 
     @property

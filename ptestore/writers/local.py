@@ -372,17 +372,18 @@ class LocalFileWriter(DataWriter):
             except OSError:  # the published file is fine; gc removes the extra name
                 pass
 
-    def _ensure_space(self, size: int) -> None:
-        """Refuse, before writing, an output of ``size`` bytes that the destination's
+    def _ensure_space(self, size: int, end: int) -> None:
+        """Refuse, before writing, an output of ``size`` new bytes that the destination's
         file system has no room for (``statvfs``: the blocks available to this user),
         with :class:`~ptestore.errors.StorageError` ``errno`` ENOSPC naming the bytes
         needed, the bytes free and the directory. Bytes staged already count as room.
-        An output past this process's file-size limit (``RLIMIT_FSIZE``, ``ulimit -f``)
-        is refused too: its copy would fail with EFBIG part-way."""
+        An output of ``end`` bytes past this process's file-size limit
+        (``RLIMIT_FSIZE``, ``ulimit -f``; cloned bytes count) is refused too: its copy
+        would fail with EFBIG part-way."""
         limit = file_size_limit()
-        if limit is not None and size > limit:
+        if limit is not None and end > limit:
             raise StorageError(
-                f"{self.path}: an output of up to {size} bytes is past this process's "
+                f"{self.path}: an output of up to {end} bytes is past this process's "
                 f"file-size limit of {limit} bytes (RLIMIT_FSIZE, ulimit -f); nothing was "
                 "written: raise the limit and run again",
                 errno=errno.EFBIG,

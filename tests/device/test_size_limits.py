@@ -170,3 +170,55 @@ def test_a_staged_copy_s_room_counts_its_provenance_trailer(tmp_path: Path) -> N
         filler.unlink()
         _grown(src, dst, extra)
         assert dst.read_bytes() == probe.read_bytes()
+
+
+# A child whose source is described in a thread of its own (as a local source of 32 MiB
+# or more is), the backend going on once that description has ended.
+_DESCRIBED_CHILD = r"""
+import resource, sys, threading, time
+from support.large import ReplaceKey
+import ptestore
+from ptestore.provenance import ProvenanceRequest, stamp
+stamp.CONCURRENT_MIN = 0
+src, dst, limit = sys.argv[1], sys.argv[2], int(sys.argv[3])
+
+class AfterDescribed(ReplaceKey):
+    def initialize_backend_data(self, context, output):
+        ceiling = time.monotonic() + 120  # (only a failure waits for it)
+        while any(t.name == "ptestore-describe-source" for t in threading.enumerate()):
+            assert time.monotonic() < ceiling
+            time.sleep(0.01)
+        super().initialize_backend_data(context, output)
+
+if limit:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+grow = AfterDescribed("XnnpackBackend", sys.argv[4], extra=4096)
+same = ProvenanceRequest(created="2026-01-02T03:04:05Z")
+try:
+    ptestore.specialize(src, dst, backends=[grow], provenance=same)
+except ptestore.StorageError as exc:
+    print(exc)
+else:
+    print("ok")
+"""
+
+
+def test_a_source_described_in_the_background_counts_once_its_description_ended(
+    tmp_path: Path,
+) -> None:
+    """The trailer's bound of a run whose source was described in a thread of its own
+    is the record's once that description ended (it stayed the 1 MiB payload limit for
+    the whole run: an output that fits under a file-size limit, 4 KiB to spare, was
+    refused)."""
+    src = copy_pte(tmp_path / "model.pte")
+
+    def run(dst: Path, limit: int) -> str:
+        argv = [sys.executable, "-c", _DESCRIBED_CHILD, str(src), str(dst), str(limit), KEY]
+        r = subprocess.run(argv, capture_output=True, text=True, env=_ENV, check=False)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.strip()
+
+    assert run(tmp_path / "probe.pte", 0) == "ok"
+    size = (tmp_path / "probe.pte").stat().st_size
+    assert run(tmp_path / "out.pte", size + 4096) == "ok"
+    assert (tmp_path / "out.pte").read_bytes() == (tmp_path / "probe.pte").read_bytes()

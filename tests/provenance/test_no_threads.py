@@ -94,6 +94,42 @@ def test_a_background_work_runs_when_its_result_is_asked(monkeypatch: pytest.Mon
         Background("ptestore-test", fail).result()
 
 
+def test_a_deferred_work_asked_for_by_two_threads_runs_once_and_both_get_its_result(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A caller asking while another thread runs the deferred work waits for it (it got
+    None: a source's description missing from the record); a cancel waits for it too."""
+    _refuse_threads(monkeypatch)
+    running, go_on = threading.Event(), threading.Event()
+    ran: list[str] = []
+
+    def work(cancelled: threading.Event) -> str:
+        ran.append(threading.current_thread().name)
+        running.set()
+        assert go_on.wait(120)
+        return "described"
+
+    bg = Background("ptestore-describe-source", work)
+    got: dict[str, str] = {}
+    first = threading.Thread(target=lambda: got.update(first=bg.result()))
+    first.start()
+    second = threading.Thread(target=lambda: got.update(second=bg.result()))
+    try:
+        assert running.wait(120)
+        assert not bg.done()
+        second.start()
+        # a chance for the second to ask while the work runs (it then got None at once;
+        # on a slow machine it may ask later: the test still holds, it tells less)
+        second.join(timeout=0.2)
+    finally:
+        go_on.set()
+        first.join()
+        if second.ident is not None:
+            second.join()
+    assert got == {"first": "described", "second": "described"} and len(ran) == 1
+    assert bg.done()
+
+
 def test_a_worker_runs_each_call_in_submit(monkeypatch: pytest.MonkeyPatch) -> None:
     refused = _refuse_threads(monkeypatch)
     worker = Worker("ptestore-test-worker")

@@ -280,3 +280,41 @@ def test_passthrough_is_one_copy_of_the_segment_data(tmp_path: Path) -> None:
     assert len(w.copies) == 3  # before the replaced segment, the replacement, after it
     assert w.copies[1][1] == c.segments[index].size
     assert (tmp_path / "out.pte").read_bytes() == src.read_bytes()
+
+
+_LIMITED = r"""
+import resource, sys
+from support.large import ReplaceKey
+import ptestore
+src, dst, key, limit = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+try:
+    ptestore.specialize(src, dst, backends=[ReplaceKey("XnnpackBackend", key)])
+except ptestore.StorageError as exc:
+    print(exc)
+else:
+    print("ok")
+"""
+
+
+@pytest.mark.reflink
+def test_a_file_size_limit_counts_the_cloned_bytes(xfs: XfsMount) -> None:
+    """Under a file-size limit of half the source, an output that clones all but one
+    weight (its new bytes well under the limit, its size over it) is refused before its
+    first byte: the limit bounds the file's size, clones included (they were taken off,
+    and the copy met the limit part-way)."""
+    import subprocess
+    import sys
+
+    src = _big(xfs.path)
+    dst = xfs.path / "limited.pte"
+    limit = src.stat().st_size // 2
+    root = Path(__file__).resolve().parents[2]
+    env = {"PYTHONPATH": f"{root}:{root / 'tests'}", "PATH": "/usr/bin:/bin"}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"  # (no .pyc cut short under the limit)
+    argv = [sys.executable, "-c", _LIMITED, str(src), str(dst), _keys(src)[1], str(limit)]
+    r = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"{dst}: an output of up to "), r.stdout
+    assert f"past this process's file-size limit of {limit} bytes" in r.stdout
+    assert not dst.exists() and not list(xfs.path.glob(".limited.pte.*"))
