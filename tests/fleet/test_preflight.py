@@ -277,7 +277,8 @@ def test_gc_job_cleans_the_job_prefix(tmp_path: Path, capsys: pytest.CaptureFixt
     assert main(["fleet", "run", str(job), "--workers", "1", "--quiet"]) == 0
     stale = out / "a" / f".mlp.pte.ptestore-{'0' * 16}.tmp"  # a crashed writer's staging
     stale.write_bytes(b"partial")
-    os.utime(stale, (1, 1))
+    old = stale.stat().st_mtime - 2 * 86400  # two days (an mtime of 1970 is no age)
+    os.utime(stale, (old, old))
     assert main(["gc", "--job", str(job), "--older-than", "1h", "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["target"] == f"{out}/" and shown["removed"] == 1
