@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.as_user import NOBODY, ROOT_ONLY, as_user, give_tree
+from support.as_user import NOBODY, ROOT_ONLY, as_user, give_tree, reachable_dir
 from support.as_user import owner_and_mode as _owner
 from support.fixtures import get_fixture
 
@@ -26,13 +25,9 @@ assert FX.pte_path is not None
 
 @pytest.fixture
 def shared_dir() -> Iterator[Path]:
-    """A directory another user can reach (pytest's are 0700, root's)."""
-    d = Path(tempfile.mkdtemp(prefix="ptestore-inplace-modes-"))
-    os.chmod(d, 0o755)
-    try:
+    """A directory another user can reach."""
+    with reachable_dir("ptestore-inplace-modes-") as d:
         yield d
-    finally:
-        shutil.rmtree(d)
 
 
 def _model(directory: Path, name: str, uid: int, bits: int) -> Path:

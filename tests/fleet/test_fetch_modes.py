@@ -12,12 +12,11 @@ from __future__ import annotations
 import os
 import shutil
 import stat
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.as_user import NOBODY, ROOT_ONLY, as_user, give_tree
+from support.as_user import NOBODY, ROOT_ONLY, as_user, give_tree, reachable_dir
 from support.as_user import owner_and_mode as _owner
 from support.fixtures import get_fixture
 from support.fleet_backend import specialized_pair
@@ -35,23 +34,17 @@ assert FX.pte_path is not None
 def artifact() -> Iterator[Path]:
     """A small artifact with a chunk record (what ``fetch`` checks chunk by chunk),
     readable by every user."""
-    d = Path(tempfile.mkdtemp(prefix="ptestore-fetch-modes-src-"))
-    os.chmod(d, 0o755)
-    out = d / "art.pte"
-    ptestore.specialize(FX.pte_path, out, backends=["passthrough"], allow_unchanged=True)
-    yield out
-    shutil.rmtree(d)
+    with reachable_dir("ptestore-fetch-modes-src-") as d:
+        out = d / "art.pte"
+        ptestore.specialize(FX.pte_path, out, backends=["passthrough"], allow_unchanged=True)
+        yield out
 
 
 @pytest.fixture
 def shared_dir() -> Iterator[Path]:
-    """A directory another user can reach (pytest's are 0700, root's)."""
-    d = Path(tempfile.mkdtemp(prefix="ptestore-fetch-modes-"))
-    os.chmod(d, 0o755)
-    try:
+    """A directory another user can reach."""
+    with reachable_dir("ptestore-fetch-modes-") as d:
         yield d
-    finally:
-        shutil.rmtree(d)
 
 
 def _old_file(path: Path, uid: int, bits: int) -> Path:

@@ -4,19 +4,33 @@ drops to that uid and gid, its outcome reported back through a pipe."""
 from __future__ import annotations
 
 import os
+import shutil
 import stat
-from collections.abc import Callable, Sequence
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-__all__ = ["NOBODY", "ROOT_ONLY", "as_user", "give_tree", "owner_and_mode"]
+__all__ = ["NOBODY", "ROOT_ONLY", "as_user", "give_tree", "owner_and_mode", "reachable_dir"]
 
 #: The uid (and gid) of ``nobody`` on Linux.
 NOBODY = 65534
 
 #: A test that acts as other users (CI runs as root).
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as other users")
+
+
+@contextmanager
+def reachable_dir(prefix: str) -> Iterator[Path]:
+    """A new directory another user can reach (pytest's are 0700, root's), removed after."""
+    d = Path(tempfile.mkdtemp(prefix=prefix))
+    os.chmod(d, 0o755)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d)
 
 
 def owner_and_mode(path: Path) -> tuple[int, int, int]:
