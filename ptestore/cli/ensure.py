@@ -20,9 +20,11 @@ from .options import (
     add_device_flags,
     add_ptd_flag,
     add_storage_options,
+    add_trust_origin_flag,
     device_or_name,
     device_profile,
     storage_options,
+    trusted_origins,
 )
 from .output import out, out_json, published, say
 from .parser import add_common_flags
@@ -155,6 +157,7 @@ def add_ensure_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="print the artifact (or error) as JSON")
     add_storage_options(p)
+    add_trust_origin_flag(p)
     add_common_flags(p)
     p.set_defaults(func=run_ensure)
     return p
@@ -241,6 +244,7 @@ def _ensure(args: argparse.Namespace, ensure: Any, device: Any, progress: Any = 
         portable=args.portable,
         lock_timeout=args.lock_timeout,
         progress=progress,
+        trusted_origins=trusted_origins(args),
         **({"xnnpack_cache": True} if args.xnnpack_cache else {}),
         **({"xnnpack_retry": True} if args.xnnpack_retry else {}),
         **({} if args.xnnpack_timeout is None else {"xnnpack_timeout": args.xnnpack_timeout}),

@@ -12,7 +12,10 @@ everywhere, and byte counts for people.
 - ``-o/--storage-option KEY=VALUE``, and ``--src-option``/``--dst-option`` where a
   command has both sides (:func:`add_storage_options`, read back by
   :func:`storage_options` and :func:`side_storage_options`): every command that opens a
-  URL.
+  URL;
+- ``--trust-origin ORIGIN`` (repeatable; :func:`add_trust_origin_flag`, read back by
+  :func:`trusted_origins`): ``select``, ``fetch``, ``ensure``, the commands that open
+  what an index names.
 
 A command's help may say what a flag is for there (``verify``'s backends are those the
 file should have been made with); its syntax, its default and how its value is read are
@@ -32,6 +35,7 @@ __all__ = [
     "add_device_flags",
     "add_ptd_flag",
     "add_storage_options",
+    "add_trust_origin_flag",
     "device_or_name",
     "device_profile",
     "human_bytes",
@@ -39,6 +43,7 @@ __all__ = [
     "ptd_pair",
     "side_storage_options",
     "storage_options",
+    "trusted_origins",
 ]
 
 #: The help of ``--backend`` unless a command says what its backends are for.
@@ -175,6 +180,26 @@ def side_storage_options(args: argparse.Namespace, side: str) -> dict[str, objec
     """The options given with ``--src-option`` (``side="src"``) or ``--dst-option``."""
     pairs: list[tuple[str, object]] = getattr(args, f"{side}_option", None) or []
     return dict(pairs)
+
+
+def add_trust_origin_flag(parser: argparse.ArgumentParser) -> None:
+    """Add the repeatable ``--trust-origin ORIGIN`` (``args.trust_origin``, the texts as
+    given: the library checks each, a malformed one a ConfigurationError, exit 2)."""
+    parser.add_argument(
+        "--trust-origin",
+        metavar="ORIGIN",
+        action="append",
+        default=[],
+        help="an origin (https://HOST[:PORT]) whose files an index read over http(s) may "
+        "name besides its own server's; the storage options (headers) are sent to it too "
+        "(repeatable)",
+    )
+
+
+def trusted_origins(args: argparse.Namespace) -> list[str] | None:
+    """The origins given with ``--trust-origin`` (None: none)."""
+    given: list[str] = getattr(args, "trust_origin", None) or []
+    return given or None
 
 
 def human_bytes(n: float) -> str:

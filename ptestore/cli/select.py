@@ -14,7 +14,14 @@ from typing import Any
 
 from .._text import for_terminal, printable
 from .exits import EXIT_OK, guarded, redacted
-from .options import add_device_flags, add_storage_options, device_or_name, storage_options
+from .options import (
+    add_device_flags,
+    add_storage_options,
+    add_trust_origin_flag,
+    device_or_name,
+    storage_options,
+    trusted_origins,
+)
 from .output import out, out_json, published
 from .parser import add_common_flags
 
@@ -30,6 +37,7 @@ def _index_flags(p: argparse.ArgumentParser, *, required: bool) -> None:
     )
     p.add_argument("--json", action="store_true", help="print the answer as JSON")
     add_storage_options(p)
+    add_trust_origin_flag(p)
     add_common_flags(p)
 
 
@@ -105,7 +113,13 @@ def run_select(args: argparse.Namespace) -> int:
 
     device = device_or_name(args)
     assert device is not None  # --device is required
-    choice = select(args.index, args.model, device, storage_options=storage_options(args))
+    choice = select(
+        args.index,
+        args.model,
+        device,
+        storage_options=storage_options(args),
+        trusted_origins=trusted_origins(args),
+    )
     # URLs from the index, paths given: one printable line each (ptestore._text)
     files = printable(choice.pte["url"]) + (
         f" + {printable(choice.ptd['url'])}" if choice.ptd else ""
@@ -156,6 +170,7 @@ def run_fetch(args: argparse.Namespace) -> int:
         storage_options=storage_options(args),
         base=args.base,
         xnnpack_cache=args.xnnpack_cache,
+        trusted_origins=trusted_origins(args),
     )
     # Published: an error or interrupt while saying so must not read as "nothing was
     # published" (exits.error_message says what was).

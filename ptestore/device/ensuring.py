@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._args import backends_argument, path_argument
@@ -95,6 +95,7 @@ def ensure(
     xnnpack_cache: bool = False,
     xnnpack_retry: bool = False,
     xnnpack_timeout: float | None = None,
+    trusted_origins: Sequence[str] | None = None,
 ) -> Artifact:
     """The specialized model for ``source`` on this device, made once and cached.
 
@@ -129,6 +130,8 @@ def ensure(
             ``.ptd``) specialized when nothing fits; one that applies to none of them is a
             :class:`~ptestore.errors.ConfigurationError`, before the index is read (a
             local index's once it is read, against the files it names).
+        trusted_origins: with an index read over http(s), as for :func:`ptestore.select`
+            (CLI: ``--trust-origin``): hosts it may name files on, sent these options too.
         portable: with ``in_place=True``, the portable source (the original ``.pte``)
             to specialize into ``source`` when ``source`` is already a specialized
             output that is not current (a backend upgraded, another device; CLI:
@@ -207,6 +210,7 @@ def ensure(
             storage_options=storage_options,
             portable=portable,
             progress=progress,
+            trusted_origins=trusted_origins,
         )
         layout = CacheLayout(cache_dir)
         served = with_packed_weights(layout, plain, storage_options, xnnpack_retry, xnnpack_timeout)
@@ -249,6 +253,7 @@ def ensure(
             progress,
             local,
             ensure=_ensure_copy,
+            trusted_origins=trusted_origins,
         )
     if storage_options:
         raise ConfigurationError(

@@ -10,7 +10,7 @@ cannot be (a full disk) takes them with it (:func:`.manifest.unpublish`)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._dataclass import replace
@@ -78,6 +78,7 @@ def ensure_from_index(
     portable: str | None = None,
     *,
     ensure: Callable[..., Artifact],
+    trusted_origins: Sequence[str] | None = None,
 ) -> Artifact:
     """``ensure(index, model=...)`` (see :mod:`ptestore.device.indexed`): the artifact the
     index selects, fetched into the entry keyed on the index, the model and the device,
@@ -99,7 +100,7 @@ def ensure_from_index(
         # profiles) through the cache's snapshot of the installed metadata: a hit from a
         # fresh process whose installation is unchanged does not read it again.
         with using(layout.snapshot):
-            choice = choose(index, model, device, opts)
+            choice = choose(index, model, device, opts, trusted_origins)
     except StorageError as exc:  # unreachable, gone, refused: the entry fetched before
         served = None if device is None else _offline(layout, index, model, device, exc, source)
         if served is None:
@@ -142,7 +143,16 @@ def ensure_from_index(
         layout.make_entry_dir(key)
         had = os.path.lexists(layout.manifest(key))  # an earlier entry, its files replaced
         manifest = fetch_entry(
-            layout, key, index, model, device, opts, (PTE_NAME, PTD_NAME), progress, portable
+            layout,
+            key,
+            index,
+            model,
+            device,
+            opts,
+            (PTE_NAME, PTD_NAME),
+            progress,
+            portable,
+            trusted_origins,
         )
         try:
             manifest.publish(layout, index, replaced=had)

@@ -49,7 +49,7 @@ from .layout import MANIFEST, CacheLayout, as_read, files_intact, read_manifest,
 from .manifest import PTE_NAME, Manifest, as_json, file_records
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     from ..backends.compat import DeviceProfile
     from ..coordinator.report import Event
@@ -87,7 +87,11 @@ def index_key(index: str, model: str, device: DeviceProfile | str) -> str:
 
 
 def choose(
-    index: str, model: str, device: DeviceProfile | str | None, opts: dict[str, Any]
+    index: str,
+    model: str,
+    device: DeviceProfile | str | None,
+    opts: dict[str, Any],
+    trusted: Sequence[str] | None = None,
 ) -> Choice:
     """What :func:`~ptestore.select` picks for ``model`` on ``device`` in ``index``
     (``opts`` checked by ``ensure`` before)."""
@@ -97,7 +101,7 @@ def choose(
         raise ConfigurationError(f"{index}: model must be a model name of the index, got {model!r}")
     if device is None:
         raise ConfigurationError(f"{index}: ensure from an index needs device= (CLI: --device)")
-    return select_from(index, model, device, storage_options=opts)
+    return select_from(index, model, device, storage_options=opts, trusted_origins=trusted)
 
 
 def index_fingerprint(
@@ -190,6 +194,7 @@ def fetch_entry(
     names: tuple[str, str],
     progress: Callable[[Event], None] | None = None,
     portable: str | None = None,
+    trusted: Sequence[str] | None = None,
 ) -> Manifest:
     """Fetch what ``index`` selects into entry ``key`` (its lock held exclusively), under
     the ``names`` of its ``.pte`` and ``.ptd``, taking what the cache already holds of
@@ -220,6 +225,7 @@ def fetch_entry(
             base=bases,
             require_base=False,  # another process may evict an entry meanwhile
             events=None if progress is None else _fetch_events(progress),
+            trusted_origins=trusted,
         )
     except PartialPublish as exc:
         # Published under the incoming names only, and removed: the entry is untouched.

@@ -263,6 +263,7 @@ def fetch(
     events: Callable[[FetchEvent], None] | None = None,
     xnnpack_cache: bool = False,
     require_base: bool = True,
+    trusted_origins: Sequence[str] | None = None,
 ) -> FetchResult:
     """Download what ``index_or_url`` selects for ``model`` on ``device`` (an index),
     or the artifact at ``index_or_url`` itself (a .pte: its .ptd beside it is fetched
@@ -279,7 +280,8 @@ def fetch(
     CPU and ExecuTorch build, when the fleet made one (:func:`.packed.fetch_packed`:
     verified, beside ``dest``). ``storage_options``: for the index and the files it
     names, or the URL fetched; one that applies to none of them is refused before they
-    are read (:func:`.fetch_checks.check_options`). See the module docstring."""
+    are read (:func:`.fetch_checks.check_options`). ``trusted_origins``: as for
+    :func:`~.select.select` (an index read over http(s) only). See the module docstring."""
     src = os.fspath(index_or_url)
     target = check_dest(os.fspath(dest))
     if chunk_size < 1:
@@ -296,7 +298,7 @@ def fetch(
     def sink(url: str, path: str, total: int) -> Sink:
         return Sink(url, path, total, progress, events)
 
-    choice, files = _files(src, target, model, device, opts)
+    choice, files = _files(src, target, model, device, opts, trusted_origins)
     if choice is not None:  # a local index is read: the files it names
         packed = choice.xnnpack if xnnpack_cache else None
         check_chosen_options(src, [choice.pte, choice.ptd, packed], opts)
@@ -310,7 +312,7 @@ def fetch(
             if choice is not None or again:
                 raise
             log.warning("%s; reading its trailer again and fetching it from the start", exc)
-            choice, files = _files(src, target, model, device, opts)
+            choice, files = _files(src, target, model, device, opts, trusted_origins)
     if xnnpack_cache:
         from .packed import fetch_packed
 
@@ -336,13 +338,14 @@ def _files(
     model: str | None,
     device: DeviceProfile | str | None,
     opts: dict[str, Any],
+    trusted: Sequence[str] | None = None,
 ) -> tuple[Choice | None, list[tuple[dict[str, Any], str]]]:
     """What to fetch: the choice of the index ``src`` and its files, or the artifact at
     the URL ``src`` (its entry what its trailer says now: ``named_by``) and the .ptd its
     record names; each with the path it is published at."""
     if src.endswith(".json"):
         assert model is not None and device is not None  # checked by fetch
-        choice = select_from(src, model, device, storage_options=opts)  # checked
+        choice = select_from(src, model, device, storage_options=opts, trusted_origins=trusted)
         files = [(choice.pte, target)]
         if choice.ptd is not None:
             files.append((choice.ptd, ptd_beside(target)))

@@ -43,7 +43,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from ..errors import FormatError, PteStoreError
+from ..errors import ConfigurationError, FormatError, PteStoreError
 from .index_bounds import check_entry_size, check_name, check_v2_entries
 from .index_entry import artifact_entry, entry_for, shared_entry
 from .index_migrate import NAMED_CHECKED, create_index, migrate_index, named_beside
@@ -127,10 +127,22 @@ def open_index(
 
             get_logger(__name__).warning("%s", problem)
         return root, None, store
+    if not store.cas:  # its nodes are read with version tokens: refused before any
+        raise _no_tokens(target, store.protocol)
     from .index_root import check_layout
     from .index_v3 import ShardedIndex
 
     return root, ShardedIndex(store, check_layout(root, target)), store
+
+
+def _no_tokens(url: str, protocol: str) -> ConfigurationError:
+    """The error of a version 3 root read from a store without version tokens."""
+    return ConfigurationError(
+        f"{url}: a version 3 (sharded) index is read with version tokens, which "
+        f"{protocol}:// objects do not have: serve a version 2 index there (a job's "
+        "index_version = 2, or this index as ptestore.fleet.index.load_index returns it, "
+        "written as one object), or read this one from its store (s3://, a local file)"
+    )
 
 
 def load_index(url: str | os.PathLike[str], **storage_options: Any) -> dict[str, Any]:
@@ -240,7 +252,6 @@ def update_index(
     version, or None to keep it. It must keep the entry's model and device. A version
     1/2 index on a store with compare-and-swap is migrated to version 3 first (unless
     ``version=2``). :class:`~ptestore.errors.ObjectNotFound` when there is no index."""
-    from ..errors import ConfigurationError
     from .index_migrate import open_for_writing
 
     target = os.fspath(url)

@@ -4,7 +4,7 @@ publish writes that keep every object within them (docs/fleet.md, "Bounds")."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from ..errors import ConfigurationError, FormatError, PteStoreError
@@ -26,6 +26,7 @@ __all__ = [
     "check_root_size",
     "check_v2_entries",
     "names_shown",
+    "trusted_origins",
     "oversize",
     "parse_object",
     "v2_entry_problems",
@@ -160,7 +161,69 @@ def check_files(entry: dict[str, Any], source: str, name: str, roles: Iterable[s
 _OWN_INDEXES = frozenset({"file", "memory"})
 
 
-def check_named_url(url: object, source: str, field: str) -> None:
+#: Origins (``(protocol, host, port)`` as :func:`~ptestore.storage.types.url_origin`
+#: gives them) an index read from a server may name objects of besides its own.
+Origins = frozenset[tuple[str, str, str]]
+_WEB = ("http", "https")
+
+
+def trusted_origins(given: Sequence[str] | None) -> Origins:
+    """The origins ``given`` (``trusted_origins=``, CLI ``--trust-origin``), each
+    ``http(s)://HOST[:PORT]`` (a final ``/`` allowed), as compared (the default port
+    given, the host in lower case); one that is not (another scheme, user information,
+    a path, a query or a fragment, no host, a port that is not a number) is a
+    :class:`ConfigurationError` naming it, before anything is read."""
+    from .._text import shown
+
+    if given is None:
+        return frozenset()
+    if isinstance(given, str | bytes):
+        raise ConfigurationError(
+            f"trusted_origins must be a list of origins, not one string: got {shown(given)}"
+        )
+    from ..storage.types import url_origin
+
+    out = set()
+    for value in given:
+        problem = _not_an_origin(value)
+        if problem is not None:
+            raise ConfigurationError(
+                f"trusted origin {shown(value)} (trusted_origins=, CLI --trust-origin): must be "
+                f"an origin, http(s)://HOST[:PORT] (e.g. https://cdn.example.com): {problem}"
+            )
+        out.add(url_origin(value))
+    return frozenset(out)
+
+
+def _not_an_origin(value: object) -> str | None:
+    """Why ``value`` is not an origin :func:`trusted_origins` takes, or None."""
+    from urllib.parse import urlsplit
+
+    if not isinstance(value, str):
+        return f"a string, got {type(value).__name__}"
+    if any(c.isspace() or not c.isprintable() for c in value):
+        return "it holds a space or a control character"
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 (a port that is not a number raises)
+    except ValueError as exc:
+        return str(exc)
+    if parts.scheme.lower() not in _WEB:
+        return "not an http:// or https:// URL"
+    if "@" in parts.netloc:
+        return "it holds user information"
+    if not parts.hostname:
+        return "it names no host"
+    if parts.path not in ("", "/"):
+        return f"it has a path ({parts.path!r})"
+    if parts.query or "?" in value:
+        return "it has a query"
+    if parts.fragment or "#" in value:
+        return "it has a fragment"
+    return None
+
+
+def check_named_url(url: object, source: str, field: str, trusted: Origins = frozenset()) -> None:
     """The URL ``url`` that ``field`` of the index object ``source`` names is one a
     device may open: from an index of this machine (a local file, ``memory://`` of this
     process, or one given as an object, ``"<index>"``) any, as the index is the
@@ -168,7 +231,9 @@ def check_named_url(url: object, source: str, field: str) -> None:
     never a local path, ``file://``, ``memory://``, another service's URL
     (``http(s)://`` from an ``s3://`` index: a metadata service) nor another scheme; from
     an index read from a server (``http(s)://``) only a URL of that server (the same
-    protocol, host and port: the storage options' headers go to it);
+    protocol, host and port: the storage options' headers go to it) or of one of the
+    ``trusted`` origins (:func:`trusted_origins`: the caller sends them its headers too),
+    never a URL of another scheme;
     else :class:`FormatError` naming the index, the field and the URL, raised before
     anything is requested (docs/fleet.md, "What an index may name"). URLs are taken as
     the index writes them (absolute: a relative one is a local path). Not a URL (not a
@@ -180,7 +245,10 @@ def check_named_url(url: object, source: str, field: str) -> None:
     home = split_url(source)[0]
     if home in _OWN_INDEXES:
         return
-    if split_url(url)[0] == home:
+    protocol = split_url(url)[0]
+    if home in _WEB and protocol in _WEB and url_origin(url) in trusted:
+        return
+    if protocol == home:
         if home in _BUCKET_PROTOCOLS:
             return
         own = url_origin(source)
@@ -190,9 +258,13 @@ def check_named_url(url: object, source: str, field: str) -> None:
             source,
             field,
             url,
-            f"a URL on the index's own server ({own[0]}://{own[1]}:{own[2]})",
-            "an index read from a server names only objects of that server: the storage "
-            "options (headers, credentials) are never sent to another host or port",
+            f"a URL on the index's own server ({own[0]}://{own[1]}:{own[2]})"
+            + (" or of a trusted origin" if trusted else ""),
+            "an index read from a server names only objects of that server"
+            + (" and of the origins trusted" if trusted else "")
+            + ": the storage options (headers, credentials) are never sent to another "
+            "host or port"
+            + ("" if trusted else " unless trusted (trusted_origins=, CLI --trust-origin)"),
         )
     raise FormatError(
         source,
@@ -210,7 +282,13 @@ def check_named_url(url: object, source: str, field: str) -> None:
 _BUCKET_PROTOCOLS = frozenset({"s3", "gs", "gcs", "az", "abfs", "abfss", "adl"})
 
 
-def check_origin(entry: dict[str, Any], source: str, name: str, roles: Iterable[str]) -> None:
+def check_origin(
+    entry: dict[str, Any],
+    source: str,
+    name: str,
+    roles: Iterable[str],
+    trusted: Origins = frozenset(),
+) -> None:
     """The URL of each of ``roles`` (of :data:`ENTRY_FILES`, or ``xnnpack``) of
     ``entry`` (``name`` in messages, read from ``source``) passes
     :func:`check_named_url`: what ``select`` holds the files it hands out to, for
@@ -218,7 +296,7 @@ def check_origin(entry: dict[str, Any], source: str, name: str, roles: Iterable[
     for role in roles:
         rec = entry.get(role)
         if isinstance(rec, dict):
-            check_named_url(rec.get("url"), source, f"{name} {role}.url")
+            check_named_url(rec.get("url"), source, f"{name} {role}.url", trusted)
 
 
 @contextlib.contextmanager

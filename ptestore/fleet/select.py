@@ -33,14 +33,16 @@ selecting machine's CPU (or the ``cpu`` given): a file for another CPU is of no 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._dataclass import dataclass, field
-from ..backends.compat import Compatibility, DeviceProfile
-from ..errors import BackendError, ConfigurationError, FormatError, ModelRetired, PteStoreError
+from ..backends.compat import DeviceProfile
+from ..errors import ConfigurationError, FormatError, ModelRetired
+from .select_rating import NO_OPINION, RANK, Raters, combine, own_entry, rate_entry
 
 if TYPE_CHECKING:
-    from ..backends.api import BackendInterface
+    from .index_bounds import Origins
 
 __all__ = [
     "MAX_REASONS",
@@ -51,30 +53,10 @@ __all__ = [
     "select_from",
 ]
 
-#: The rating of a backend that has no compatibility check (or is not installed here).
-NO_OPINION = "no_opinion"
 #: How many candidates the reason of a fallback to the portable source explains at most,
 #: each cut to :data:`~ptestore._text.REPORT_CHARS` characters (``candidates`` has them
 #: all, whole).
 MAX_REASONS = 8
-
-_RANK = {
-    Compatibility.OPTIMAL.value: 3,
-    Compatibility.PREFER_RESPECIALIZATION.value: 2,
-    NO_OPINION: 1,
-    Compatibility.UNSUPPORTED.value: 0,
-}
-_POSITIVE = (Compatibility.OPTIMAL.value, Compatibility.PREFER_RESPECIALIZATION.value)
-
-
-def combine(ratings: list[str]) -> str:
-    """The rating of an artifact from its backends' ratings: the worst wins
-    (``optimal`` > ``prefer_respecialization`` > ``no_opinion`` > ``unsupported``);
-    no ratings at all is ``no_opinion``."""
-    for r in ratings:
-        if r not in _RANK:
-            raise ValueError(f"unknown rating {r!r} (known: {', '.join(_RANK)})")
-    return min(ratings, key=_RANK.__getitem__) if ratings else NO_OPINION
 
 
 @dataclass
@@ -132,79 +114,11 @@ class Choice:
         }
 
 
-class _Raters:
-    """The backends installed here, looked up by the id (or installed name) a stamp
-    records; each loaded at most once per :func:`select`."""
-
-    def __init__(self) -> None:
-        from ..backends.registry import installed_backends
-
-        self._installed = [i for i in installed_backends() if i.error is None]
-        self._serves = {i.name: i.serves for i in self._installed}
-        self._loaded: dict[str, BackendInterface | str] = {}
-
-    def find(self, backend_id: str, spec: str) -> tuple[BackendInterface | None, str]:
-        """The implementation installed here for a stamp, and how it was found (or, with
-        None, why there is none)."""
-        ref = spec.partition("=")[0].partition("@")[0].strip()
-        name = None
-        if self._serves.get(ref) in (backend_id, "*"):  # an installed name for this id
-            name = ref
-        else:
-            name = next((i.name for i in self._installed if i.serves == backend_id), None)
-        if name is None:
-            return None, f"no backend installed here serves {backend_id!r}"
-        if name not in self._loaded:
-            from ..backends.registry import load_backend
-
-            try:
-                self._loaded[name] = load_backend(name)  # a name, never the index's text
-            except PteStoreError as exc:
-                self._loaded[name] = str(exc)
-        impl = self._loaded[name]
-        if isinstance(impl, str):
-            return None, f"the backend installed here as {name!r} cannot be loaded: {impl}"
-        return impl, f"installed {name!r}"
-
-
-def _has_check(impl: BackendInterface) -> bool:
-    from ..backends.api import BackendInterface
-
-    own = "check_compatibility" in getattr(impl, "__dict__", {})
-    return own or type(impl).check_compatibility is not BackendInterface.check_compatibility
-
-
-def _rate_stamp(stamp: dict[str, Any], device: DeviceProfile, raters: _Raters) -> tuple[str, str]:
-    """One backend's rating of its stamp for ``device``, and why."""
-    backend_id, spec = str(stamp.get("id", "")), str(stamp.get("spec", ""))
-    impl, how = raters.find(backend_id, spec)
-    if impl is None:
-        return NO_OPINION, f"{backend_id}: {how} (no opinion)"
-    if not _has_check(impl):
-        return NO_OPINION, f"{backend_id}: {how} has no compatibility check (no opinion)"
-    from ..backends.rating import rate
-
-    try:  # backend code: a failure (a sys.exit() too) or a wrong answer is no vouching
-        rating = rate(impl, str(stamp.get("compatibility", "")), device, backend_id)
-    except PteStoreError as exc:  # a BackendError (named here), or a file it read
-        said = exc.message if isinstance(exc, BackendError) else str(exc)
-        return Compatibility.UNSUPPORTED.value, f"{backend_id}: {how} cannot rate it: {said}"
-    return rating.value, f"{backend_id}: {how} rates it {rating.value}"
-
-
-def _own(entry: dict[str, Any], device: DeviceProfile, by_name: bool = False) -> bool:
-    """Whether ``entry`` was made for ``device``: its name and, when recorded (and the
-    device was not given by name only), its options digest."""
-    if entry.get("device") != device.name:
-        return False
-    digest = entry.get("device_digest")
-    return by_name or digest is None or digest == device.digest()
-
-
-def _checked(entry: dict[str, Any], source: str, *roles: str) -> dict[str, Any]:
+def _checked(entry: dict[str, Any], source: str, trusted: Origins, *roles: str) -> dict[str, Any]:
     """``entry`` (read from ``source``) when the fields ``select`` uses are sound: its
     stamps a list of objects and each of ``roles`` an object with a ``url`` (the ``ptd``
-    ones may be null), else :class:`FormatError` naming the entry and field."""
+    ones may be null) that the index may name (``trusted``: the origins besides its
+    own), else :class:`FormatError` naming the entry and field."""
     name = _name(entry)
     stamps = entry.get("compatibility")
     if stamps is not None and (
@@ -216,7 +130,7 @@ def _checked(entry: dict[str, Any], source: str, *roles: str) -> dict[str, Any]:
     from .index_bounds import check_files, check_origin
 
     check_files(entry, source, name, roles)
-    check_origin(entry, source, name, roles)  # a remote index names its own store only
+    check_origin(entry, source, name, roles, trusted)  # a remote index: its own store
     return entry
 
 
@@ -238,28 +152,6 @@ def _check_options(entry: dict[str, Any], source: str, name: str) -> None:
         ) from None
 
 
-def _rate(
-    entry: dict[str, Any], device: DeviceProfile, raters: _Raters, by_name: bool
-) -> tuple[str, str, bool]:
-    """An entry's rating for ``device``, why, and whether the device may get it."""
-    stamps = entry.get("compatibility") or []
-    rated = [_rate_stamp(s, device, raters) for s in stamps]
-    rating = combine([r for r, _ in rated])
-    why = "; ".join(w for _, w in rated) or "no backend made any of its data (generic)"
-    if rating == Compatibility.UNSUPPORTED.value:
-        return rating, why, False
-    if _own(entry, device, by_name) or not stamps or rating in _POSITIVE:
-        return rating, why, True
-    return (
-        rating,
-        (
-            f"{why}: made for another device, and not every backend installed here rates it "
-            "for this one"
-        ),
-        False,
-    )
-
-
 def select(
     index: dict[str, Any] | str | os.PathLike[str],
     model: str,
@@ -267,6 +159,7 @@ def select(
     *,
     storage_options: dict[str, Any] | None = None,
     cpu: str | None = None,
+    trusted_origins: Sequence[str] | None = None,
 ) -> Choice:
     """The best artifact of ``model`` in ``index`` (an index object, or its URL) for
     ``device`` (a profile, or a name: then the options recorded for that name in the
@@ -275,7 +168,10 @@ def select(
     made for to be reported (default: this machine's). From a sharded index (version 3)
     it reads a few small objects (:mod:`.index_view`), whatever the size of the fleet.
     ``storage_options`` are for the index: one that applies to none of it (any, for a
-    local index) is a :class:`ConfigurationError` before it is read."""
+    local index) is a :class:`ConfigurationError` before it is read.
+    ``trusted_origins``: origins (``https://cdn.example.com[:PORT]``) whose objects an
+    index read over http(s) may name besides its own server's; the storage options go
+    to them too (docs/fleet.md, "What an index may name")."""
     if isinstance(index, dict):
         if storage_options:
             raise ConfigurationError(
@@ -286,7 +182,14 @@ def select(
         from .index_store import check_index_options
 
         check_index_options(storage_options, os.fspath(index))
-    return select_from(index, model, device, storage_options=storage_options, cpu=cpu)
+    return select_from(
+        index,
+        model,
+        device,
+        storage_options=storage_options,
+        cpu=cpu,
+        trusted_origins=trusted_origins,
+    )
 
 
 def select_from(
@@ -296,12 +199,15 @@ def select_from(
     *,
     storage_options: dict[str, Any] | None = None,
     cpu: str | None = None,
+    trusted_origins: Sequence[str] | None = None,
 ) -> Choice:
     """:func:`select`, its ``storage_options`` already checked by the caller (``fetch``
     and ``ensure`` check them against their own URLs too)."""
     from .index_bounds import check_asked
+    from .index_bounds import trusted_origins as origins_of
     from .index_view import model_view
 
+    trusted = origins_of(trusted_origins)  # before anything is read
     name = device if isinstance(device, str) else device.name
     check_asked("model", model)
     check_asked("device", name)
@@ -322,17 +228,19 @@ def select_from(
     by_name = isinstance(device, str)
     if isinstance(device, str):
         own = next((e for e in entries if e.get("device") == device), None)
-        mine = None if own is None else _checked(own, view.source(own, where))
+        mine = None if own is None else _checked(own, view.source(own, where), trusted)
         options = None if mine is None else mine.get("device_options")
         device = DeviceProfile(device, options or {})
-    raters = _Raters()
+    raters = Raters()
     # The stand-ins and members of a class are one kind of build: rated once (index_view)
     once: dict[int, tuple[str, str, bool]] = {}
     rated = []
     for e in entries:
         key = view.kind(e)
         if key not in once:
-            once[key] = _rate(_checked(e, view.source(e, where)), device, raters, by_name)
+            once[key] = rate_entry(
+                _checked(e, view.source(e, where), trusted), device, raters, by_name
+            )
         rated.append((e, *once[key]))
     candidates = [
         {"made_for": e.get("device"), "rating": r, "eligible": ok, "reason": why}
@@ -341,16 +249,20 @@ def select_from(
     position = {id(e): i for i, (e, *_) in enumerate(rated)}
     read = None if view.reads is None else view.reads
     fits = [x for x in rated if x[3]]
-    fits.sort(key=lambda x: (-_RANK[x[1]], not _own(x[0], device, by_name)))
+    fits.sort(key=lambda x: (-RANK[x[1]], not own_entry(x[0], device, by_name)))
     for e, rating, why, _ in fits:
         full = view.resolve(e)
-        full = None if full is None else _checked(full, view.source(full, where), "pte", "ptd")
+        full = (
+            None
+            if full is None
+            else _checked(full, view.source(full, where), trusted, "pte", "ptd")
+        )
         if full is None:  # changed since the catalog was read: the next best
             c = candidates[position[id(e)]]
             c["eligible"] = False
             c["reason"] = f"{c['reason']}; changed in the index while it was read (not used)"
             continue
-        packed, packed_error = _packed_for(full, cpu, view.source(full, where))
+        packed, packed_error = _packed_for(full, cpu, view.source(full, where), trusted)
         return Choice(
             model,
             device.name,
@@ -378,7 +290,7 @@ def select_from(
             f"run again, and if it persists, repair it: ptestore fleet check-index {where} "
             "--repair"
         )
-    _checked(first, view.source(first, where), "source", "ptd_source")
+    _checked(first, view.source(first, where), trusted, "source", "ptd_source")
     return Choice(
         model,
         device.name,
@@ -415,7 +327,7 @@ def _why_not(candidates: list[dict[str, Any]], unrated: int) -> str:
 
 
 def _packed_for(
-    entry: dict[str, Any], cpu: str | None, source: str
+    entry: dict[str, Any], cpu: str | None, source: str, trusted: Origins
 ) -> tuple[dict[str, Any] | None, str | None]:
     """An entry's packed-weight field when it was made for ``cpu`` (None: this
     machine's CPU fingerprint), checked (read from ``source``); a malformed one is
@@ -435,7 +347,7 @@ def _packed_for(
 
     try:
         checked = check_field(packed, source, _name(entry))
-        check_origin(entry, source, _name(entry), ("xnnpack",))  # the artifact's rule
+        check_origin(entry, source, _name(entry), ("xnnpack",), trusted)  # the artifact's
         return checked, None
     except FormatError as exc:
         return None, str(exc)

@@ -313,7 +313,7 @@ def test_an_index_read_from_a_server_names_only_that_server(tmp_path: Path) -> N
         f"{index}: entry m/a pte.url = {named!r}: must be a URL on the index's own server "
         f"(http://{host}:{port}) (an index read from a server names only objects of that "
         "server: the storage options (headers, credentials) are never sent to another "
-        "host or port)"
+        "host or port unless trusted (trusted_origins=, CLI --trust-origin))"
     )
     assert chosen.kind == "artifact" and chosen.pte["url"] == own.replace("://", "://u@")
 
