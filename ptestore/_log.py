@@ -14,6 +14,10 @@ until it must:
 - ``warning`` and above always reach the real logger (unconfigured, its last-resort
   handler prints them on stderr), so nothing a user should see is lost.
 
+A record's message and its string and exception arguments show every URL redacted
+(:func:`ptestore._redact.redact_urls`: no password nor presigned signature), whoever
+handles it.
+
 Records name the caller's line, as with a plain logger (``stacklevel``).
 
 While the command line runs a command (:func:`command_started` ...
@@ -182,6 +186,26 @@ def _shown(args: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(one(a) for a in args)
 
 
+def _redacted(msg: str, args: tuple[Any, ...]) -> tuple[str, tuple[Any, ...]]:
+    """``msg`` and ``args`` with every URL in a string, or in an exception's message,
+    shown as :func:`ptestore._redact.redact_urls` shows it (a user's password, a
+    presigned query's signature ``REDACTED``): for every handler, the command line's,
+    ``-v``'s and an application's alike. An exception whose message holds none is
+    passed on as it is."""
+    from ._redact import redact_urls
+
+    def one(a: Any) -> Any:
+        if isinstance(a, str):
+            return redact_urls(a)
+        if isinstance(a, BaseException):
+            text = str(a)
+            shown = redact_urls(text)
+            return a if shown == text else shown
+        return a
+
+    return redact_urls(msg), tuple(one(a) for a in args)
+
+
 class Logger:
     """A lazily created ``logging.Logger`` (see the module's docstring)."""
 
@@ -221,11 +245,13 @@ class Logger:
             self._emit(level, msg, args)
 
     def _emit(self, level: int, msg: str, args: tuple[Any, ...]) -> None:
-        # the arguments are escaped (a str() each) only for a record the logger keeps
+        # the arguments are redacted and escaped (a str() each) only for a record the
+        # logger keeps
         logger = self.logger
         if logger.isEnabledFor(level):
             if COMMAND is not None:  # logging is in use now: the command's last resort
                 _take_last_resort()
+            msg, args = _redacted(msg, args)
             logger.log(level, msg, *_shown(args), stacklevel=3)
 
 

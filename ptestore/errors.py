@@ -37,7 +37,19 @@ __all__ = [
 
 
 class PteStoreError(Exception):
-    """Base class of every error ptestore raises deliberately."""
+    """Base class of every error ptestore raises deliberately. Its ``str()`` shows every
+    URL in it redacted (:func:`~ptestore.storage.types.redact_urls`: no password nor
+    presigned signature, a library's error quoted too); ``args`` and attributes as given."""
+
+    def __str__(self) -> str:
+        from ._redact import redact_urls  # here: ``import ptestore`` loads errors.py alone
+
+        return redact_urls(super().__str__())
+
+
+def _given(exc: BaseException) -> str:
+    """The message ``exc`` was made with (a pickled error's: its ``str()`` is redacted)."""
+    return str(exc.args[0]) if exc.args else ""
 
 
 class FormatError(PteStoreError, ValueError):
@@ -103,10 +115,12 @@ class MissingNamedData(ConfigurationError, KeyError):
         self.files = files
 
     def __str__(self) -> str:  # not KeyError's repr of its argument
-        return str(self.args[0]) if self.args else ""
+        from ._redact import redact_urls
+
+        return redact_urls(str(self.args[0])) if self.args else ""
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (_rebuild_missing, (str(self), self.key, self.files))
+        return (_rebuild_missing, (_given(self), self.key, self.files))
 
 
 def _rebuild_missing(message: str, key: str, files: tuple[str, ...]) -> MissingNamedData:
@@ -144,7 +158,7 @@ class NothingSpecialized(ConfigurationError):
     def __reduce__(self) -> tuple[object, ...]:
         return (
             _rebuild_nothing,
-            (str(self), self.backend_ids, self.installed, self.hint),
+            (_given(self), self.backend_ids, self.installed, self.hint),
         )
 
 
@@ -176,7 +190,7 @@ class AlreadySpecialized(ConfigurationError):
         self.provenance = provenance
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (_rebuild_already, (str(self), self.path, self.provenance))
+        return (_rebuild_already, (_given(self), self.path, self.provenance))
 
 
 def _rebuild_already(message: str, path: str, provenance: object) -> AlreadySpecialized:
@@ -389,7 +403,7 @@ class PartialPublish(StorageError):
         self.published = published
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (_rebuild_partial, (str(self), self.published))
+        return (_rebuild_partial, (_given(self), self.published))
 
 
 def _rebuild_partial(message: str, published: tuple[str, ...]) -> PartialPublish:

@@ -51,6 +51,7 @@ from .provenance.profile import named_profile, option_changes
 from .provenance.stamp import describe_source
 from .storage.loaders import open_loader
 from .storage.routing import StorageOptions
+from .storage.types import redact_urls, redacted_url
 
 __all__ = ["Finding", "VerifyReport", "verify"]
 
@@ -118,24 +119,29 @@ class VerifyReport:
         return self.status in ("current", "intact")
 
     def stale(self, field_name: str, message: str, text: str | None = None) -> None:
-        self.findings.append(Finding(field_name, message, text))
+        # a finding may quote a URL (the artifact's, its .ptd's, a source's): redacted
+        text = None if text is None else redact_urls(text)
+        self.findings.append(Finding(field_name, redact_urls(message), text))
         if self.status in ("current", "intact"):
             self.status = "stale"
 
     def message(self) -> str:
         """One line per finding, or the verdict."""
-        url = printable(self.url)  # as given: a name cannot drive the terminal either
+        # As given, its credentials redacted: a name cannot drive the terminal either.
+        url = printable(redacted_url(self.url))
         # An error may quote the file (a record's key in a field name): printable, one line.
         if self.status == "invalid":
-            return f"{url}: invalid: {printable(str(self.error))}"
+            return f"{url}: invalid: {printable(redact_urls(str(self.error)))}"
         if self.status == "unverified":
-            return f"{url}: not verified: {printable(str(self.error))}"
+            return f"{url}: not verified: {printable(redact_urls(str(self.error)))}"
         if not self.findings:
             quick = "" if self.content_checked else " (--quick: content SHA-256 not checked)"
             if self.ptd_size_only:
-                quick += f"; {printable(str(self.ptd))} has no trailer: compared by size only"
+                ptd = printable(redact_urls(str(self.ptd)))
+                quick += f"; {ptd} has no trailer: compared by size only"
             if self.xnnpack is not None:
-                quick += f"; its XNNPACK packed-weight file {printable(self.xnnpack)} checked"
+                packed = printable(redact_urls(self.xnnpack))
+                quick += f"; its XNNPACK packed-weight file {packed} checked"
             if self.status == "intact" and self.shared:
                 return (
                     f"{url}: intact{quick}; a shared content-addressed .ptd has no "
@@ -156,14 +162,15 @@ class VerifyReport:
         )
 
     def to_dict(self) -> dict[str, Any]:
+        shown = _redacted_or_none
         return {
-            "url": self.url,
+            "url": redacted_url(self.url),
             "status": self.status,
             "exit_code": self.exit_code,
-            "error": self.error,
+            "error": shown(self.error),
             "content_checked": self.content_checked,
-            "ptd": self.ptd,
-            "xnnpack": self.xnnpack,
+            "ptd": shown(self.ptd),
+            "xnnpack": shown(self.xnnpack),
             "shared": self.shared,
             "findings": [f.to_dict() for f in self.findings],
             "compatibility": {k: v.value for k, v in self.compatibility.items()},
@@ -427,6 +434,12 @@ def _stale(report: VerifyReport, field_name: str, template: str, **values: Any) 
     """A finding: ``template`` formatted with ``values`` whole (its message: ``--json``)
     and with each string cut (its text line: a record's 1 MB device name, spec or URL
     made a 1 MB line)."""
+    # a URL redacted before its string is cut (a cut one may not show its '@' any more)
+    values = {k: redact_urls(v) if isinstance(v, str) else v for k, v in values.items()}
     whole = template.format(**values)
     cut = _Cut().format(template, **values)
     report.stale(field_name, whole, None if cut == whole else cut)
+
+
+def _redacted_or_none(text: str | None) -> str | None:
+    return None if text is None else redact_urls(text)

@@ -357,8 +357,14 @@ def _failed(
     if debug and sys.stderr is not None:
         import traceback
 
+        from ..storage.types import redact_urls
+
+        # its URLs redacted: a library's exception in the chain (an HTTP client's names
+        # the URL it requested, presigned query included) and a frame's line alike
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         try:
-            traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+            sys.stderr.write(redact_urls(text))
+            sys.stderr.flush()
         except OSError:
             pass
     line = error_message(command, exc, publishes=publishes, published=state.published)

@@ -12,9 +12,11 @@ scaling, where it shows, uses ``unit_divisor=1024``:
 - publishing: a line when the last byte is written (an S3 completion can take seconds)
   and one per published file.
 
-Progress is shown only on a terminal, never with ``--no-progress``, ``--quiet`` or
-``--json``, and never when ``TQDM_DISABLE`` is set to anything but ``0``/``false``/empty.
-tqdm is imported only when a bar is drawn.
+A URL is shown as :func:`~ptestore.storage.types.redacted_url` shows it (an event
+carries it as given: a presigned URL's signature, a password); a fetched file is named
+by its path's last part. Progress is shown only on a terminal, never with
+``--no-progress``, ``--quiet`` or ``--json``, and never when ``TQDM_DISABLE`` is set to
+anything but ``0``/``false``/empty. tqdm is imported only when a bar is drawn.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import sys
 from typing import TYPE_CHECKING, Any, TextIO
 
 from .._text import printable
+from ..storage.types import redacted_url
 from .options import human_bytes
 
 if TYPE_CHECKING:
@@ -124,7 +127,8 @@ class Progress:
                 self._publishing = True
                 self._say("publishing...")
         elif kind == "fetch":  # ensure of a job index: one bar per downloaded file
-            name = (event.url or "").rsplit("/", 1)[-1]
+            # the file's name, not the request's query (a presigned URL's signature)
+            name = printable(redacted_url(event.url or "").partition("?")[0].rsplit("/", 1)[-1])
             bar = self._open(f"fetch:{event.url}", f"fetching {name}", event.total or None)
             self._from[event.status or "store"] = (
                 self._from.get(event.status or "store", 0) + event.nbytes
@@ -133,7 +137,8 @@ class Progress:
             self._label = f"{human_bytes(local)} local" if local else ""
             self._advance(bar, event.nbytes)
         elif kind == "publish":
-            self._say(f"published {event.url} ({event.seconds:.2f} s)")
+            url = printable(redacted_url(event.url or ""))
+            self._say(f"published {url} ({event.seconds:.2f} s)")
 
     def close(self) -> None:
         """Close the bar in progress, if any."""

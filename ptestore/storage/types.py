@@ -1,16 +1,26 @@
 """The storage types every layer shares: what a loader is, what a buffer is, how a URL splits.
 
 This module imports only the standard library (and, to refuse a name, ptestore's errors
-and how a value is shown, both standard library only themselves), so ``format/``,
-``writers/``, ``provenance/`` and the coordinator take their types from here, never from
-an implementation module (:mod:`ptestore.storage.loaders` imports fsspec).
+and how a value is shown; what a URL shows, :mod:`ptestore._redact`: all three standard
+library only themselves), so ``format/``, ``writers/``, ``provenance/`` and the
+coordinator take their types from here, never from an implementation module
+(:mod:`ptestore.storage.loaders` imports fsspec).
 """
 
 from __future__ import annotations
 
 import os
-import re
 from typing import NamedTuple, Protocol, runtime_checkable
+
+from .._redact import (
+    LOCAL_SCHEMES,
+    REDACTED,
+    is_redacted,
+    redact_urls,
+    redacted_url,
+    url_identity,
+)
+from .._redact import SCHEME as _SCHEME
 
 __all__ = [
     "LOCAL_SCHEMES",
@@ -84,13 +94,6 @@ def load_into(loader: DataLoader, offset: int, buffer: memoryview) -> None:
     buffer[:] = memoryview(loader.load(offset, buffer.nbytes)).cast("B")
 
 
-#: An RFC 3986 scheme followed by ``://``: what makes a string a URL rather than a path
-#: (``dir/a://b`` is a path: ``dir/a`` is not a scheme).
-_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*)://")
-
-#: Schemes that name a local file (case-insensitive, as every scheme): fsspec registers
-#: ``local`` as an alias of ``file``.
-LOCAL_SCHEMES = frozenset({"file", "local"})
 #: Schemes that are one protocol under another name.
 _ALIASES = {"local": "file", "s3a": "s3"}
 
@@ -252,170 +255,11 @@ def strerror(exc: OSError) -> str:
 
 # --- what a URL shows and what it names --------------------------------------------
 #
-# A URL may carry credentials: a user and password (``http://alice:PASSWORD@host/m.pte``)
-# or a presigned query (S3's ``X-Amz-Signature``, ``X-Amz-Credential`` and
-# ``X-Amz-Security-Token``, GCS's ``X-Goog-Signature``, Azure's SAS ``sig``, ...). Those
-# are for the request only: what ptestore shows or records of a URL (error messages,
-# provenance trailers, reports, index entries, cache manifests) is
-# :func:`redacted_url`'s form, and what it keys by (the device cache's entry) is
-# :func:`url_identity`'s. Standard library only, and no ``urllib``: a local command
-# pays for neither (a local path is returned at once).
-
-#: What a credential in a shown URL is replaced with.
-REDACTED = "REDACTED"
-
-#: Query parameters (lower case, ``-`` as ``_``) whose value is a credential, by name:
-#: SigV2's access key, GCS V2's account, Azure SAS's signature, passwords.
-_SECRET_PARAMS = frozenset(
-    {"awsaccesskeyid", "googleaccessid", "sig", "passwd", "pwd", "auth", "authorization"}
-)
-#: ... and by how their name ends: SigV4's ``X-Amz-Signature``, ``X-Amz-Credential``,
-#: ``X-Amz-Security-Token``, SigV2's ``Signature``, GCS's ``X-Goog-Signature`` and
-#: ``X-Goog-Credential``, ``token``, ``access_token``, ``api_key``, ``client_secret``...
-_SECRET_ENDINGS = (
-    "signature",
-    "credential",
-    "credentials",
-    "token",
-    "secret",
-    "password",
-    "api_key",
-    "apikey",
-    "access_key",
-    "accesskey",
-    "private_key",
-)
-#: What else a presigned URL's query holds that does not name the object (its date,
-#: expiry, signed headers; Azure SAS's fields): left out of :func:`url_identity` when
-#: the query holds a credential. ``x_amz_*`` and ``x_goog_*`` are left out always.
-_PRESIGN_PARAMS = frozenset(
-    {"expires", "x_id", "sv", "ss", "srt", "sp", "se", "st", "spr", "sr", "si", "sip"}
-    | {"skoid", "sktid", "skt", "ske", "sks", "skv", "sdd", "saoid", "suoid", "scid", "ses"}
-    | {"rscc", "rscd", "rsce", "rscl", "rsct"}
-)
-_PERCENT = re.compile(r"%([0-9A-Fa-f]{2})")
-#: A URL inside a message: a scheme, ``://`` and what follows up to a space, a quote or
-#: a bracket (:func:`redact_urls`).
-_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s'\"<>()\[\]{}]+")
-
-
-#: Protocols whose URL's user information is part of what the URL names, not a
-#: credential: adlfs's ``abfs://CONTAINER@ACCOUNT.dfs.core.windows.net/path`` (the
-#: container), fsspec's ``github://ORG:REPO@REF/path`` (the repository), a
-#: ``memory://`` path. On every other protocol (``http(s)``, ``ftp``, ``sftp``,
-#: ``webhdfs``, fsspec's ``gist://:TOKEN@id``, an unknown one) it is taken for a
-#: credential: stripped and redacted.
-_NAMING_USERINFO = frozenset({"abfs", "abfss", "az", "adl", "github", "memory"})
-
-
-def _param_name(part: str) -> str:
-    name = part.partition("=")[0]
-    if "%" in name:
-        name = _PERCENT.sub(lambda m: chr(int(m.group(1), 16)), name)
-    return name.strip().lower().replace("-", "_")
-
-
-def _is_secret(name: str) -> bool:
-    return name in _SECRET_PARAMS or name.endswith(_SECRET_ENDINGS)
-
-
-def _split_remote(url: str) -> tuple[str, str, str, str, str, str] | None:
-    """``(scheme and '://', userinfo, host and path, '?' or '', query, '#' and
-    fragment)`` of a remote URL (the user information ends at the authority's last
-    ``@``, the authority at the first ``/``, as RFC 3986 splits it; empty for the
-    protocols whose user information names the object, :data:`_NAMING_USERINFO`), or
-    None for a local path or ``file://`` URL."""
-    match = _SCHEME.match(url)
-    if match is None or match.group(1).lower() in LOCAL_SCHEMES:
-        return None
-    head, rest = url[: match.end()], url[match.end() :]
-    rest, hashmark, fragment = rest.partition("#")
-    rest, mark, query = rest.partition("?")
-    authority, slash, path = rest.partition("/")
-    if match.group(1).lower() not in _NAMING_USERINFO:
-        userinfo, _, host = authority.rpartition("@")
-    else:  # no credential there: the authority names the object (its comment)
-        userinfo, host = "", authority
-    return head, userinfo, host + slash + path, mark, query, hashmark + fragment
-
-
-def redacted_url(url: str) -> str:
-    """``url`` as ptestore shows and records it: its user information (``user:password@``)
-    and the value of every query parameter that carries a credential (S3 SigV4's
-    ``X-Amz-Signature``, ``X-Amz-Credential``, ``X-Amz-Security-Token``; SigV2's
-    ``Signature``, ``AWSAccessKeyId``; GCS's ``X-Goog-Signature``,
-    ``X-Goog-Credential``; Azure SAS's ``sig``; any ``token``, ``access_token``,
-    ``password``, ``api_key``, ``secret``; names compared in any case) replaced by
-    :data:`REDACTED`. Every other part (scheme, host, path, ``versionId`` and the other
-    parameters, in their order) as given; a local path or ``file://`` URL, and a URL
-    with nothing to hide, returned as it is. Applied again it changes nothing."""
-    if "://" not in url:
-        return url
-    parts = _split_remote(url)
-    if parts is None:
-        return url
-    head, userinfo, rest, mark, query, fragment = parts
-    if userinfo:
-        head += REDACTED + "@"
-    if query:
-        query = "&".join(
-            f"{p.partition('=')[0]}={REDACTED}" if "=" in p and _is_secret(_param_name(p)) else p
-            for p in query.split("&")
-        )
-    out = f"{head}{rest}{mark}{query}{fragment}"
-    return url if out == url else out
-
-
-def url_identity(url: str) -> str:
-    """What ``url`` names, for keys (the device cache's entry): :func:`redacted_url`'s
-    object without its credentials at all: no user information, and none of the query
-    parameters that sign or authorize a request (those :func:`redacted_url` redacts,
-    every ``X-Amz-*`` and ``X-Goog-*``, and with a credential in the query SigV2's
-    ``Expires``, ``x-id`` and Azure SAS's fields), so one object reached through
-    rotated presigned URLs has one identity. Other parameters (``versionId``) stay, in
-    their order. A local path or ``file://`` URL is returned as it is, and so is a URL
-    of either form (``url_identity(redacted_url(u)) == url_identity(u)``)."""
-    if "://" not in url:
-        return url
-    parts = _split_remote(url)
-    if parts is None:
-        return url
-    head, _, rest, mark, query, fragment = parts
-    if query:
-        pairs = [(p, _param_name(p)) for p in query.split("&")]
-        signed = any("=" in p and _is_secret(n) for p, n in pairs)
-        query = "&".join(
-            p
-            for p, n in pairs
-            if not (
-                _is_secret(n)
-                or n.startswith(("x_amz_", "x_goog_"))
-                or (signed and n in _PRESIGN_PARAMS)
-            )
-        )
-        mark = mark if query else ""
-    out = f"{head}{rest}{mark}{query}{fragment}"
-    return url if out == url else out
-
-
-def is_redacted(url: str) -> bool:
-    """Whether ``url`` holds :data:`REDACTED` where :func:`redacted_url` puts it (its
-    user information, a credential parameter's value): a URL as ptestore recorded it,
-    whose credentials are not recorded, so it cannot reach a private object again (a
-    store may answer 404 to a request without them). A local path never is. A
-    ``REDACTED@`` authority is, on every protocol (an earlier ptestore redacted the user
-    information of all of them: ``abfs://REDACTED@ACCOUNT`` names no container)."""
-    if REDACTED not in url or "://" not in url:
-        return False
-    parts = _split_remote(url)
-    if parts is None:
-        return False
-    _, userinfo, rest, _, query, _ = parts
-    if not userinfo and rest.partition("/")[0].startswith(REDACTED + "@"):
-        return True  # (a protocol whose user information names the object)
-    return userinfo == REDACTED or any(
-        p.partition("=")[2] == REDACTED and _is_secret(_param_name(p)) for p in query.split("&")
-    )
+# A URL may carry credentials (a user and password, a presigned query's signature):
+# what ptestore shows or records of one is :func:`redacted_url`'s form, what it keys by
+# :func:`url_identity`'s. Both live in :mod:`ptestore._redact` (the standard library
+# only: the logger and the errors below the storage layer redact with them too) and are
+# the storage layer's API from here.
 
 
 def loader_url(loader: DataLoader) -> str:
@@ -433,17 +277,3 @@ def loader_url(loader: DataLoader) -> str:
             break
         loader, seen = inner, seen + 1
     return loader.name
-
-
-def _redact_match(match: re.Match[str]) -> str:
-    text = match.group(0)
-    stripped = text.rstrip(".,:;!")
-    return redacted_url(stripped) + text[len(stripped) :]
-
-
-def redact_urls(text: str) -> str:
-    """``text`` (a message: ptestore's, or a library's it passes on) with every URL in
-    it as :func:`redacted_url` shows it; the rest as it is."""
-    if "://" not in text:
-        return text
-    return _URL_IN_TEXT.sub(_redact_match, text)

@@ -175,10 +175,16 @@ def test_no_import_loop_lazy_ones_included() -> None:
 def test_types_come_from_the_types_module_not_from_implementations() -> None:
     graph = import_graph()
     # The storage types need nothing of ptestore's but its errors and how a value is
-    # shown (to refuse a NUL in a name), both the standard library only themselves (the
-    # errors also with the file-name limits an ENAMETOOLONG names, likewise).
-    assert graph["ptestore.storage.types"] == {"ptestore.errors", "ptestore._text"}
-    assert graph["ptestore.errors"] <= {"ptestore._text", "ptestore._names"}
+    # shown (to refuse a NUL in a name) and what a URL shows (its credentials redacted),
+    # all the standard library only themselves (the errors also with the file-name
+    # limits an ENAMETOOLONG names, likewise).
+    assert graph["ptestore.storage.types"] == {
+        "ptestore.errors",
+        "ptestore._text",
+        "ptestore._redact",
+    }
+    assert graph["ptestore.errors"] <= {"ptestore._text", "ptestore._names", "ptestore._redact"}
+    assert graph["ptestore._redact"] == set()
     assert graph["ptestore._names"] <= {"ptestore._text"} and graph["ptestore._text"] == set()
     # format/, the writer contract and provenance take DataLoader from there, never from
     # the loader implementations (fsspec) at import time.
@@ -390,6 +396,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "ptestore._lazy",
             "ptestore._jsondepth",
             "ptestore._text",
+            "ptestore._redact",
             "ptestore._args",
             "ptestore._names",
             "ptestore._retry",
