@@ -45,7 +45,7 @@ def dest_base(path: str) -> Base | None:
     process can read (not a link to one: ``lstat``, then the opened file must be the same
     one); None otherwise (nothing there, a link, a FIFO, a directory, unreadable)."""
     from ..storage.loaders import LocalFileLoader
-    from .delta import _recorded
+    from .delta import recorded
 
     try:
         st = os.lstat(path)
@@ -62,7 +62,7 @@ def dest_base(path: str) -> Base | None:
         loader.close()  # replaced (by a link?) between the look and the open
         return None
     try:
-        return Base(path, loader, loader.size(), _recorded(loader))
+        return Base(path, loader, loader.size(), recorded(loader))
     except (PteStoreError, OSError, ValueError):
         loader.close()
         return None

@@ -56,7 +56,6 @@ from ..errors import (
     PartialPublish,
 )
 from ..storage.atomic import rename
-from ..storage.loaders import DataLoader
 from ..storage.types import absolute_path
 from .chunked import FetchEvent, Sink, download_chunks, pinned_record
 from .current import current_file, dest_base, may_be_current
@@ -84,6 +83,7 @@ from .whole import check_whole, download_whole
 
 if TYPE_CHECKING:
     from ..backends.compat import DeviceProfile
+    from ..storage.loaders import DataLoader
 
 __all__ = ["FetchEvent", "FetchResult", "fetch"]
 
