@@ -68,8 +68,10 @@ def add_fetch_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="Download what the index selects for --model on --device (or the "
         "artifact at URL) to DEST (a .ptd goes beside it): resumable, each 4 MiB chunk "
         "checked as it arrives against the record in the artifact's trailer (the one the "
-        "index names), published atomically only when every byte checks. With --base, "
-        "only the chunks the local file does not hold are downloaded.",
+        "index names), published atomically only when every byte checks. A DEST that "
+        "already is what the index names (every chunk read and hashed) is left as it is, "
+        "nothing downloaded; one that holds some of it (an earlier version) gives the "
+        "chunks it holds, as --base does: only the others are downloaded.",
         epilog="examples:\n  ptestore fetch s3://models/fleet/ptestore-index.json "
         "/data/mlp.pte --model mlp --device pixel9\n"
         "  ptestore fetch s3://models/fleet/ptestore-index.json /data/mlp.new.pte "
@@ -142,6 +144,11 @@ def run_select(args: argparse.Namespace) -> int:
 def _file_line(f: dict[str, Any]) -> str:
     chunks = f.get("verified") == "chunks"
     how = "chunk by chunk" if chunks else "whole"
+    if f.get("current"):  # DEST already held it: read and hashed, left as it was
+        return (
+            f"{printable(f['path'])}: already {printable(f['url'])} ({f['size']} bytes "
+            f"verified {how} from its own bytes; nothing downloaded, the file left as it was)"
+        )
     # What "received" counts: every byte the store sent, in how many requests, the read
     # of the trailer (the file's last bytes, read first) included: with a base, received
     # and taken from it may add up to more than the file.

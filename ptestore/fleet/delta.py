@@ -52,6 +52,7 @@ __all__ = [
     "fill_each",
     "match_chunks",
     "open_bases",
+    "recorded",
     "workers",
 ]
 
@@ -100,7 +101,7 @@ class Base:
         self.loader.close()
 
 
-def _recorded(loader: LocalFileLoader) -> ChunkDigests | None:
+def recorded(loader: LocalFileLoader) -> ChunkDigests | None:
     from ..provenance.record import Provenance
     from ..provenance.trailer import read_trailer
 
@@ -132,7 +133,7 @@ def open_bases(paths: Sequence[str], *, required: bool) -> list[Base]:
             for b in out:
                 b.close()
             raise
-        out.append(Base(path, loader, loader.size(), _recorded(loader)))
+        out.append(Base(path, loader, loader.size(), recorded(loader)))
     return out
 
 

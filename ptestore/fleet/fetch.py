@@ -52,16 +52,13 @@ from .._dataclass import dataclass, field
 from .._log import get_logger
 from ..errors import (
     ConfigurationError,
-    FormatError,
     IntegrityError,
     PartialPublish,
 )
-from ..provenance.digest import content_digest
-from ..provenance.trailer import read_trailer
 from ..storage.atomic import rename
-from ..storage.loaders import DataLoader, LocalFileLoader
 from ..storage.types import absolute_path
 from .chunked import FetchEvent, Sink, download_chunks, pinned_record
+from .current import current_file, dest_base, may_be_current
 from .delta import Base, open_bases
 from .download import discard_part, local_writes, open_part, refuse_link
 from .fetch_checks import (
@@ -77,16 +74,16 @@ from .fetch_checks import (
     check_pinned,
     check_room_for,
     dest_lock,
-    named,
 )
 from .index_entry import ptd_entry_of
 from .job import ptd_beside
 from .ranged import PinnedReader, pinned_attempts
 from .select import Choice, select_from
-from .whole import download_whole
+from .whole import check_whole, download_whole
 
 if TYPE_CHECKING:
     from ..backends.compat import DeviceProfile
+    from ..storage.loaders import DataLoader
 
 __all__ = ["FetchEvent", "FetchResult", "fetch"]
 
@@ -123,51 +120,23 @@ class FetchResult:
         """Bytes taken from the bases instead of the store."""
         return sum(int(f.get("from_base", 0)) for f in self.files)
 
+    @property
+    def current(self) -> bool:
+        """Every file was already at its path, as the index names it (:mod:`.current`):
+        nothing was downloaded, nothing rewritten."""
+        return bool(self.files) and all(f.get("current") for f in self.files)
+
     def to_dict(self) -> dict[str, Any]:
         out = {
             "choice": None if self.choice is None else self.choice.to_dict(),
             "files": self.files,
             "received": self.received,
             "from_base": self.from_base,
+            "current": self.current,
         }
         if self.xnnpack is not None:
             out["xnnpack"] = self.xnnpack
         return out
-
-
-def _check(path: str, want: dict[str, Any]) -> str:
-    """The downloaded ``path`` is what ``want`` (an index file entry) names; returns the
-    SHA-256 of its content (before its trailer, when it has one)."""
-    loader = LocalFileLoader(path)
-    try:
-        size = loader.size()
-        if "size" in want and size != want["size"]:
-            raise IntegrityError(
-                f"{want['url']}: downloaded {size} bytes, {named(want, want['size'])}",
-                published=False,
-            )
-        if want.get("trailer_sha256") is not None:
-            trailer = read_trailer(loader)
-            if trailer is None or "sha256:" + trailer.sha256 != want["trailer_sha256"]:
-                have = None if trailer is None else "sha256:" + trailer.sha256
-                raise EntryMismatch(
-                    f"{want['url']}: provenance trailer checksum {have}, "
-                    f"{named(want, want['trailer_sha256'])}",
-                    published=False,
-                )
-            got = content_digest(loader, trailer.content_size, like=want["sha256"]).sha256
-        else:
-            got = content_digest(loader, size, like=want["sha256"]).sha256
-        if got != want["sha256"]:
-            raise IntegrityError(
-                f"{want['url']}: downloaded bytes have {got}, {named(want, want['sha256'])}",
-                published=False,
-            )
-        return got
-    except FormatError as exc:
-        raise IntegrityError(f"{want['url']}: {exc}", published=False) from exc
-    finally:
-        loader.close()
 
 
 def _download(
@@ -189,7 +158,7 @@ def _download(
         if record is None:  # its .part also pinned to the bytes the index names
             pins = {"sha256": want["sha256"], "trailer_sha256": want.get("trailer_sha256")}
             return download_whole(
-                want, dest, {**state, **pins}, reader, bases, chunk_size, sink, _check
+                want, dest, {**state, **pins}, reader, bases, chunk_size, sink, check_whole
             )
         chunks = record.chunks  # verified chunk by chunk (.chunked)
         got = download_chunks(
@@ -375,15 +344,28 @@ def _fetch_files(
         check_entry(want)
     check_paths([p for _, p in files], target)
     ptd_bases = [ptd_beside(b) for b in pte_bases]
-    check_room_for(files, {p: pte_bases if p == target else ptd_bases for _, p in files}, opts)
+    room = {p: [*(pte_bases if p == target else ptd_bases), p] for _, p in files}
+    # A DEST of the entry's size may be it already: its room is checked (under the lock)
+    # once it is known not to be, so that a full disk never refuses a current DEST.
+    later = {p for want, p in files if may_be_current(p, want)}
+    check_room_for([f for f in files if f[1] not in later], room, opts)
     # One fetch into a destination at a time: another would take over (or remove) this
     # one's live .part, and this one would then publish bytes it never checked.
     with dest_lock(target, [p for _, p in files]):
-        _download_all(files, target, pte_bases, opts, chunk_size, sink, result, require_base)
+        own = {p: dest_base(p) for _, p in files}  # DEST itself: current, or a base
+        try:
+            done = {p: current_file(b, w) for w, p in files if (b := own[p]) is not None}
+            check_room_for([f for f in files if f[1] in later and not done.get(f[1])], room, opts)
+            got = [(w, p, done.get(p), own[p]) for w, p in files]
+            _download_all(got, target, pte_bases, opts, chunk_size, sink, result, require_base)
+        finally:
+            for b in own.values():
+                if b is not None:
+                    b.close()
 
 
 def _download_all(
-    files: list[tuple[dict[str, Any], str]],
+    files: list[tuple[dict[str, Any], str, dict[str, Any] | None, Base | None]],
     target: str,
     pte_bases: list[str],
     opts: dict[str, Any],
@@ -394,22 +376,30 @@ def _download_all(
 ) -> None:
     """Every file downloaded and checked before any is published (a mismatch is an
     IntegrityError with nothing published), the pair's binding too; then the .ptd, then
-    the .pte (:func:`_publish_all`)."""
-    for want, path in sorted(files, key=lambda f: f[1] == target):  # the .ptd first
+    the .pte (:func:`_publish_all`). A file already ``current`` (its result given) is
+    neither downloaded nor published; ``DEST``'s own file (a :class:`Base`) is the
+    last base of its download."""
+    for want, path, current, own in sorted(files, key=lambda f: f[1] == target):  # .ptd first
+        if current is not None:
+            result.files.append(current)
+            continue
         is_ptd = path != target
         paths = [ptd_beside(b) for b in pte_bases] if is_ptd else pte_bases
         bases = open_bases(paths, required=require_base and not is_ptd)
         try:
-            result.files.append(_download(want, path, opts, chunk_size, bases, sink))
+            mine = [] if own is None else [own]
+            got = _download(want, path, opts, chunk_size, bases + mine, sink)
+            result.files.append({**got, "current": False})
         finally:
             for b in bases:
                 b.close()
+    fresh = [f for f in result.files if not f["current"]]
     try:
         check_pair(result.files, target)
     except IntegrityError:
-        _discard_parts(result.files)
+        _discard_parts(fresh)
         raise
-    _publish_all(result.files)
+    _publish_all(fresh)
 
 
 def _publish_all(files: list[dict[str, Any]]) -> None:

@@ -318,7 +318,8 @@ def check_pair(files: list[dict[str, Any]], target: str) -> None:
 
     pte = next(f for f in files if f["path"] == target)
     ptd = next((f for f in files if f["path"] != target), None)
-    loader = LocalFileLoader(pte["path"] + ".part")
+    # A file already current (:mod:`.current`) is read where it is, not downloaded.
+    loader = LocalFileLoader(pte["path"] + ("" if pte.get("current") else ".part"))
     try:
         prov = read_provenance(loader)
     except FormatError as exc:

@@ -19,8 +19,11 @@ from typing import Any
 
 from .._io import pwrite_all
 from .._log import get_logger
-from ..errors import IntegrityError
+from ..errors import FormatError, IntegrityError
+from ..provenance.digest import content_digest
+from ..provenance.trailer import read_trailer
 from ..storage.atomic import sync_file
+from ..storage.loaders import LocalFileLoader
 from ..storage.types import absolute_path
 from .chunked import Sink
 from .delta import Base, copy_whole
@@ -28,7 +31,7 @@ from .download import check_room, clones_from, discard_part, open_part, read_sta
 from .fetch_checks import EntryMismatch, named
 from .ranged import ObjectChanged, PinnedReader
 
-__all__ = ["download_whole", "resume_point"]
+__all__ = ["check_whole", "download_whole", "resume_point"]
 
 log = get_logger(__name__)
 
@@ -67,7 +70,7 @@ def download_whole(
 ) -> dict[str, Any]:
     """A file without a chunk record (a version-1 trailer, a shared .ptd, the portable
     source): downloaded (or resumed, or taken whole from a base of the same bytes), then
-    checked whole (:func:`~.fetch._check`)."""
+    checked whole (:func:`check_whole`)."""
     url, size = str(want["url"]), int(state["size"])
     if "size" in want and size != want["size"]:  # before a byte is downloaded
         raise EntryMismatch(
@@ -148,10 +151,7 @@ def _whole_from_base(
 ) -> str | None:
     """Copy the first base that could be these very bytes (the same size, and the
     trailer checksum the entry names when it names one) into the empty ``.part``
-    (``fd``); its path, or None. :func:`~.fetch._check` decides after."""
-    from ..errors import FormatError
-    from ..provenance.trailer import read_trailer
-
+    (``fd``); its path, or None. :func:`check_whole` decides after."""
     directory = os.path.dirname(absolute_path(dest))
     pinned = want.get("trailer_sha256")
     for base in bases:
@@ -167,3 +167,38 @@ def _whole_from_base(
         copy_whole(base, fd, directory)
         return base.path
     return None
+
+
+def check_whole(path: str, want: dict[str, Any]) -> str:
+    """The downloaded ``path`` is what ``want`` (an index file entry) names; returns the
+    SHA-256 of its content (before its trailer, when it has one)."""
+    loader = LocalFileLoader(path)
+    try:
+        size = loader.size()
+        if "size" in want and size != want["size"]:
+            raise IntegrityError(
+                f"{want['url']}: downloaded {size} bytes, {named(want, want['size'])}",
+                published=False,
+            )
+        if want.get("trailer_sha256") is not None:
+            trailer = read_trailer(loader)
+            if trailer is None or "sha256:" + trailer.sha256 != want["trailer_sha256"]:
+                have = None if trailer is None else "sha256:" + trailer.sha256
+                raise EntryMismatch(
+                    f"{want['url']}: provenance trailer checksum {have}, "
+                    f"{named(want, want['trailer_sha256'])}",
+                    published=False,
+                )
+            got = content_digest(loader, trailer.content_size, like=want["sha256"]).sha256
+        else:
+            got = content_digest(loader, size, like=want["sha256"]).sha256
+        if got != want["sha256"]:
+            raise IntegrityError(
+                f"{want['url']}: downloaded bytes have {got}, {named(want, want['sha256'])}",
+                published=False,
+            )
+        return got
+    except FormatError as exc:
+        raise IntegrityError(f"{want['url']}: {exc}", published=False) from exc
+    finally:
+        loader.close()

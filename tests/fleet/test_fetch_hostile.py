@@ -131,13 +131,23 @@ def test_a_failure_between_the_ptd_and_the_pte_says_what_was_published(
         "or nothing): the pair is torn until the fetch is run again: "
     )
     assert ptd_dest.read_bytes() == ptd.read_bytes()
+    # Run again, the .ptd already current is left as it is (not published again): the
+    # .pte's failure then publishes nothing.
     shutil.rmtree(dest)
+    ino = ptd_dest.stat().st_ino
+    assert main(["fetch", str(pte), str(dest), "--json"]) == 1
+    err = json.loads(capsys.readouterr().out)["error"]
+    assert (err["type"], err["published"]) == ("StorageError", "nothing")
+    assert ptd_dest.stat().st_ino == ino
+    shutil.rmtree(dest)
+    ptd_dest.unlink()  # the .ptd published again, then the .pte's failure
     assert main(["fetch", str(pte), str(dest), "--json"]) == 1
     err = json.loads(capsys.readouterr().out)["error"]
     assert (err["type"], err["published"]) == ("PartialPublish", "partial")
     assert err["published_files"] == [str(ptd_dest)]
     assert err["message"].startswith(f"{ptd_dest} was published, {dest} was not")
     shutil.rmtree(dest)
+    ptd_dest.unlink()
     assert main(["fetch", str(pte), str(dest)]) == 1
     line = capsys.readouterr().err
     assert line.startswith(f"ptestore fetch: failed after a partial publish: {ptd_dest} was ")
