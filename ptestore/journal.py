@@ -148,7 +148,8 @@ def _copy_range(src_fd: int, src: int, dst_fd: int, dst: int, n: int, journal: s
 class ApplyFailed(StorageError):
     """Applying a committed journal failed part-way (a full disk, an I/O error): the
     journal is kept, and :func:`recover` completes the file once the cause is gone.
-    ``marked``: whether the file was marked :data:`CHANGING` already."""
+    ``target`` and ``journal``: the file and its journal; ``marked``: whether the file was
+    marked :data:`CHANGING` already; ``errno``: the cause's."""
 
     def __init__(self, target: str, journal: str, exc: OSError, marked: bool) -> None:
         full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
@@ -165,7 +166,28 @@ class ApplyFailed(StorageError):
             "inspect` it, or the next ensure) to complete the change",
             errno=exc.errno,
         )
+        self.target = target
+        self.journal = journal
         self.marked = marked
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Errors cross processes (a pool pickles a worker's): rebuilt from the message.
+        return (
+            _rebuild_apply_failed,
+            (str(self), self.errno, self.target, self.journal, self.marked),
+        )
+
+
+def _rebuild_apply_failed(
+    message: str, code: int | None, target: str, journal: str, marked: bool
+) -> ApplyFailed:
+    """Unpickle an :class:`ApplyFailed` (its constructor takes the cause, not a message)."""
+    failed = ApplyFailed.__new__(ApplyFailed)
+    StorageError.__init__(failed, message, errno=code)
+    failed.target = target
+    failed.journal = journal
+    failed.marked = marked
+    return failed
 
 
 def apply_journal(target: str, journal: str, plan: dict[str, Any]) -> None:
