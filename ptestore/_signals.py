@@ -73,6 +73,10 @@ class Terminated(KeyboardInterrupt):
         super().__init__()
         self.signum = signum
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # Errors cross processes (a pool pickles a worker's): the signal rebuilds it.
+        return (type(self), (self.signum,))
+
     @property
     def signal_name(self) -> str:
         return signal.Signals(self.signum).name

@@ -1,7 +1,9 @@
 """The in-place journal: what an in-place specialization will change, made durable
 before any byte of the file changes, and applied from the journal alone.
 
-The journal is ``.<name>.ptestore-journal`` beside the file. Its layout::
+The journal is ``.<name>.ptestore-jrnl2`` beside the file (the versions before named it
+``.<name>.ptestore-journal``: still found, :func:`~ptestore.journal_read.find_journal`).
+Its layout::
 
     [payload: replacement bytes, new metadata, new trailer]   (the run's spool)
     [plan: JSON]                                              (what to do)
@@ -59,7 +61,9 @@ from .journal_read import (
     FOOTER,
     MAGIC,
     check_journal,
+    find_journal,
     journal_path,
+    journal_paths,
     read_plan,
     target_of,
 )
@@ -77,7 +81,9 @@ __all__ = [
     "ApplyFailed",
     "apply_journal",
     "check_journal",
+    "find_journal",
     "journal_path",
+    "journal_paths",
     "punch_hole",
     "read_plan",
     "recover",
@@ -148,7 +154,8 @@ def _copy_range(src_fd: int, src: int, dst_fd: int, dst: int, n: int, journal: s
 class ApplyFailed(StorageError):
     """Applying a committed journal failed part-way (a full disk, an I/O error): the
     journal is kept, and :func:`recover` completes the file once the cause is gone.
-    ``marked``: whether the file was marked :data:`CHANGING` already."""
+    ``target`` and ``journal``: the file and its journal; ``marked``: whether the file was
+    marked :data:`CHANGING` already; ``errno``: the cause's."""
 
     def __init__(self, target: str, journal: str, exc: OSError, marked: bool) -> None:
         full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
@@ -165,7 +172,28 @@ class ApplyFailed(StorageError):
             "inspect` it, or the next ensure) to complete the change",
             errno=exc.errno,
         )
+        self.target = target
+        self.journal = journal
         self.marked = marked
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Errors cross processes (a pool pickles a worker's): rebuilt from the message.
+        return (
+            _rebuild_apply_failed,
+            (str(self), self.errno, self.target, self.journal, self.marked),
+        )
+
+
+def _rebuild_apply_failed(
+    message: str, code: int | None, target: str, journal: str, marked: bool
+) -> ApplyFailed:
+    """Unpickle an :class:`ApplyFailed` (its constructor takes the cause, not a message)."""
+    failed = ApplyFailed.__new__(ApplyFailed)
+    StorageError.__init__(failed, message, errno=code)
+    failed.target = target
+    failed.journal = journal
+    failed.marked = marked
+    return failed
 
 
 def apply_journal(target: str, journal: str, plan: dict[str, Any]) -> None:
@@ -245,12 +273,12 @@ def remove_journal(journal: str, target: str, applied: bool) -> None:
 
 def recover_if_local(url: str | os.PathLike[str]) -> None:
     """:func:`ptestore.recover` for a local path with a journal beside it; nothing for a
-    URL of another scheme or a file without one (one ``lstat``)."""
+    URL of another scheme or a file without one (two ``lstat``: either name)."""
     u = StorageURL.of(url)
     if not u.local:
         return
     target = os.path.realpath(u.path)
-    if os.path.lexists(journal_path(target)):
+    if any(os.path.lexists(j) for j in journal_paths(target)):
         recover(target)
 
 
@@ -317,8 +345,8 @@ def _is_marked(path: str) -> bool:
 
 
 def recover_locked(path: str) -> str | None:
-    journal = journal_path(path)
-    if not os.path.lexists(journal):
+    journal = find_journal(path)
+    if journal is None:
         return None
     plan, why = check_journal(journal)
     applied = False
@@ -351,12 +379,12 @@ def recover(path: PathLike) -> str | None:
 
     A committed journal is applied (rolled forward: the file gets the new content); an
     uncommitted one is removed (the file was never touched). Returns ``"rolled forward"``,
-    ``"discarded"``, or None when there was no journal. One ``stat`` when there is none,
+    ``"discarded"``, or None when there was no journal. Two ``lstat`` when there is none,
     which is what :func:`ptestore.specialize`, ``describe``, ``verify`` and ``ensure``
     pay for calling it on every local path."""
     target = local_path(path, "recover")
-    journal = journal_path(target)
-    if not os.path.lexists(journal):
+    journal = find_journal(target)
+    if journal is None:
         return None
     try:
         lock = FileLock(target, journal)

@@ -1,8 +1,9 @@
-"""The in-place journal as a file (:mod:`ptestore.journal`): its name beside the file
-(:func:`journal_path`, :func:`target_of`), its format's constants, and reading it:
-:func:`check_journal` (its commit record and its plan, through one descriptor of a
-regular file, never a link or a FIFO) after :func:`check_owner` (the journal is this
-user's or the file owner's, writable by its owner only)."""
+"""The in-place journal as a file (:mod:`ptestore.journal`): its names beside the file
+(:func:`journal_path`, :func:`find_journal`, :func:`target_of`), its format's
+constants, and reading it: :func:`check_journal` (its commit record and its plan,
+through one descriptor of a regular file, never a link or a FIFO) after
+:func:`check_owner` (the journal is this user's or the file owner's, writable by its
+owner only)."""
 
 from __future__ import annotations
 
@@ -21,9 +22,13 @@ __all__ = [
     "COMMIT_V2",
     "FOOTER",
     "MAGIC",
+    "OLD_SUFFIX",
+    "SUFFIX",
     "check_journal",
     "check_owner",
+    "find_journal",
     "journal_path",
+    "journal_paths",
     "read_plan",
     "target_of",
 ]
@@ -36,21 +41,55 @@ COMMIT_V2 = b"PTESTORE-COMMIT2"
 FOOTER = struct.Struct("<16sQQ")
 COMMIT_RECORD = struct.Struct("<16s32s")
 _CHUNK = 8 << 20
-_SUFFIX = ".ptestore-journal"
+#: The journal's name: ``.<name>.ptestore-jrnl2`` beside the file. A journal ending in
+#: :data:`COMMIT_V2` has a name of its own: a ptestore older than that record looks for
+#: ``.<name>.ptestore-journal`` only, so it refuses the file an interrupted run left
+#: marked instead of taking the record for no commit and deleting the journal. (Two
+#: bytes shorter than the older name: a model name of up to 239 bytes has its journal.)
+SUFFIX = ".ptestore-jrnl2"
+#: The name the journals of the versions before had (``COMMIT``, and ``COMMIT_V2`` for a
+#: while): still found, recovered and verified.
+OLD_SUFFIX = ".ptestore-journal"
 
 
 def journal_path(path: str) -> str:
-    """The journal of the file at ``path``: ``.<name>.ptestore-journal`` beside it."""
+    """Where a run writes the journal of the file at ``path``:
+    ``.<name>.ptestore-jrnl2`` beside it."""
     d, name = os.path.split(os.path.abspath(path))
-    return os.path.join(d, f".{name}{_SUFFIX}")
+    return os.path.join(d, f".{name}{SUFFIX}")
+
+
+def journal_paths(path: str) -> tuple[str, str]:
+    """Both names a journal of the file at ``path`` may have: today's
+    (:func:`journal_path`) and the one of the versions before."""
+    d, name = os.path.split(os.path.abspath(path))
+    return os.path.join(d, f".{name}{SUFFIX}"), os.path.join(d, f".{name}{OLD_SUFFIX}")
+
+
+def find_journal(path: str) -> str | None:
+    """The journal beside the file at ``path`` under either name, None when there is
+    none (two ``lstat``). Both there: a :class:`StorageError` (neither is applied nor
+    removed: which one is the file's cannot be told from their names)."""
+    found = [j for j in journal_paths(path) if os.path.lexists(j)]
+    if len(found) == 2:
+        raise StorageError(
+            f"{path}: two in-place journals are beside it, {found[0]} and {found[1]} (the "
+            "latter of an older ptestore); neither is applied nor removed, and the file is "
+            "left as it is. Keep the one of the run that was interrupted last, remove the "
+            "other, and recover again; if the file's identifier is PTJ~ and neither "
+            "completes it, restore the model from its portable source",
+            errno=errno.EEXIST,
+        )
+    return found[0] if found else None
 
 
 def target_of(journal: str) -> str | None:
     """The file a journal at ``journal`` is beside (None: not a journal's name)."""
     d, name = os.path.split(os.path.abspath(journal))
-    if not (name.startswith(".") and name.endswith(_SUFFIX)) or len(name) <= len(_SUFFIX) + 1:
-        return None
-    return os.path.join(d, name[1 : -len(_SUFFIX)])
+    for suffix in (SUFFIX, OLD_SUFFIX):
+        if name.startswith(".") and name.endswith(suffix) and len(name) > len(suffix) + 1:
+            return os.path.join(d, name[1 : -len(suffix)])
+    return None
 
 
 def read_plan(path: str) -> dict[str, Any] | None:

@@ -179,6 +179,10 @@ class FleetInterrupted(KeyboardInterrupt):
         )
         self.result = result
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # Errors cross processes: the result rebuilds it (and its message).
+        return (type(self), (self.result,))
+
 
 def run_job(
     job: Job,

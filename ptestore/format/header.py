@@ -346,8 +346,11 @@ def detect_kind(buf: Buffer, file_size: int, source: str) -> Kind:
 CHANGING_IDENTIFIER = b"PTJ~"
 _CHANGING_HINT = (
     "marked as being changed in place: an in-place run was interrupted while it rewrote "
-    "the file; ptestore.recover() on the name the run used (its journal, "
-    ".NAME.ptestore-journal, is beside that name) completes it"
+    "the file, and no journal beside this name completes it (.NAME.ptestore-jrnl2, or "
+    ".NAME.ptestore-journal of an older ptestore: ptestore completes the file from it "
+    "before reading). If the run used another name of this file (a hard link), reading "
+    "that name completes it; otherwise the journal is gone: restore the model from its "
+    "portable source (a new copy of the original .pte)"
 )
 
 

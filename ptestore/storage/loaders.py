@@ -105,11 +105,13 @@ class LocalFileLoader(LoaderBase):
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
         self.name = self.path
+        # Set before the open: an interrupt anywhere below leaves close() able to run.
+        self._lock = threading.Lock()
+        self._no_map = False
+        self._fd: int | None = None
         # O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below).
         try:
-            self._fd: int | None = os.open(
-                self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
-            )
+            self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
         except FileNotFoundError as exc:
             raise ObjectNotFound(f"{self.path}: no such file") from exc
         except IsADirectoryError as exc:
@@ -122,19 +124,19 @@ class LocalFileLoader(LoaderBase):
             raise local_error(
                 exc, f"{self.path}: cannot open for reading: {strerror(exc)}"
             ) from exc
-        st = os.fstat(self._fd)
-        if not stat.S_ISREG(st.st_mode):
-            os.close(self._fd)
-            self._fd = None
-            raise _not_regular(self.path, file_kind(st.st_mode))
-        os.set_blocking(self._fd, True)
+        try:
+            st = os.fstat(self._fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise _not_regular(self.path, file_kind(st.st_mode))
+            os.set_blocking(self._fd, True)
+        except BaseException:  # Ctrl-C too: the descriptor would stay open for good
+            self.close()
+            raise
         self._size = st.st_size
         # The size and both times: a same-size rewrite that keeps its modification time
         # (``cp -p``, an archive's fixed timestamps) still moves the change time. (The
         # device and inode need no place: the reads go to this descriptor's file.)
         self._stamp = (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-        self._lock = threading.Lock()
-        self._no_map = False
 
     def fileno(self) -> int:
         if self._fd is None:

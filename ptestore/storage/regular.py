@@ -23,6 +23,10 @@ class NotRegular(OSError):
         self.kind = kind
         self.link = link
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # OSError's own reduce passes (errno, strerror, filename) to this constructor.
+        return (type(self), (self.filename, self.kind, self.link))
+
 
 def file_kind(mode: int) -> str:
     """What a file of ``mode`` (``st_mode``) that is not a regular one is, in words:

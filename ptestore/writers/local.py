@@ -163,15 +163,24 @@ class LocalFileWriter(DataWriter):
                     f"{self.path}: cannot create a staging file in {self.directory}: "
                     f"{strerror(exc)}",
                 ) from exc
-        # Mark the staging file as live for `ptestore gc` (released when fd closes or on crash).
-        # Filesystems without flock (some NFS mounts: ENOLCK) only lose that marker; gc
-        # then relies on the file's age alone.
+        staging = FileStaging(tmp, fd)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            pass
-        self._st = FileStaging(tmp, fd)
-        self._track_staging(self._st)
+            # Mark the staging file as live for `ptestore gc` (released when fd closes or
+            # on crash). Filesystems without flock (some NFS mounts: ENOLCK) only lose
+            # that marker; gc then relies on the file's age alone.
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                pass
+            self._st = staging
+            self._track_staging(staging)
+        except BaseException:  # Ctrl-C before the writer owns it: no live-looking leftover
+            try:
+                staging.cleanup()
+            except OSError:  # pragma: no cover - the interrupt is what the caller sees
+                pass
+            remove_made(self._made)
+            raise
         #: ``[start, end)``: bytes written in a row whose writeback was not started yet.
         self._unsent = (0, 0)
 

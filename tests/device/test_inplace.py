@@ -667,18 +667,24 @@ def _flip_payload_byte(journal: Path, at: int = 10) -> None:
     journal.write_bytes(bytes(data))
 
 
-def _as_older_ptestore(journal: Path) -> None:
+def _as_older_ptestore(journal: Path) -> Path:
     """The journal as an older ptestore committed it: the SHA-256 of all before
-    its commit record (the plan's ``check`` is then ignored)."""
+    its commit record (the plan's ``check`` is then ignored), under the older name
+    ``.NAME.ptestore-journal``; returns that path."""
     body = journal.read_bytes()[: -COMMIT_RECORD.size]
-    journal.write_bytes(body + COMMIT_RECORD.pack(COMMIT, hashlib.sha256(body).digest()))
+    older = journal.with_name(journal.name.replace(".ptestore-jrnl2", ".ptestore-journal"))
+    assert older != journal
+    older.write_bytes(body + COMMIT_RECORD.pack(COMMIT, hashlib.sha256(body).digest()))
+    older.chmod(0o600)
+    journal.unlink()
+    return older
 
 
 def assert_corrupt_journal_refused(tmp_path: Path, old: bool = False) -> None:
     src = _torn(tmp_path, "flipped.pte")
     journal = Path(journal_path(str(src)))
     if old:
-        _as_older_ptestore(journal)
+        journal = _as_older_ptestore(journal)
     _flip_payload_byte(journal)
     before = src.read_bytes()
     with pytest.raises(StorageError) as err:
@@ -712,8 +718,9 @@ def test_a_journal_of_an_older_ptestore_is_checked_by_its_commit_record(
     assert_corrupt_journal_refused(tmp_path / "a", old=True)
     new = staged(tmp_path, [SPEC])
     src = _torn(tmp_path, "old.pte")
-    _as_older_ptestore(Path(journal_path(str(src))))
+    older = _as_older_ptestore(Path(journal_path(str(src))))
     assert ptestore.recover(src) == "rolled forward" and src.read_bytes() == new
+    assert not older.exists()
 
 
 def test_the_payload_check_is_what_refuses_a_flipped_byte(
