@@ -125,8 +125,12 @@ def check_entry_dir(directory: str) -> None:
         st = os.lstat(directory)
     except FileNotFoundError:
         return
-    except OSError as exc:
-        raise StorageError(f"{directory}: cannot stat the cache entry: {exc.strerror}") from exc
+    except OSError as exc:  # classified as make_entry_dir's (a name too long: exit 2)
+        from .._oserror import local_error
+        from ..storage.types import strerror
+
+        message = f"{directory}: cannot stat the cache entry: {strerror(exc)}"
+        raise local_error(exc, message) from exc
     if not stat.S_ISDIR(st.st_mode):
         kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else stat.filemode(st.st_mode)
         raise PermissionDenied(

@@ -142,10 +142,14 @@ class CacheLayout:
             check_private(d, "cache directory" if d == self.root else "cache directory's")
 
     def make_entry_dir(self, key: str) -> str:
-        """Entry ``key``'s directory, created ``0o755`` where missing and checked."""
+        """Entry ``key``'s directory, created ``0o755`` where missing and checked; a
+        failure classified as the cache directory's (:func:`make_directory`: access
+        refused, a file in the way, a name too long are bad input, exit 2; a full disk
+        a :class:`~ptestore.errors.StorageError` whose ``errno`` is ENOSPC or EDQUOT),
+        never a bare ``OSError``."""
         directory = self.entry_dir(key)
         check_entry_dir(directory)  # a link to elsewhere is refused before makedirs
-        os.makedirs(directory, mode=PRIVATE_DIR_MODE, exist_ok=True)
+        make_directory(directory, "cache entry's directory")  # as the cache's own
         check_entry_dir(directory)
         return directory
 
