@@ -31,7 +31,7 @@ from .artifact import (
     said_unchanged,
     warn_unchanged,
 )
-from .entryfiles import free_stale_locked, remove_foreign
+from .entryfiles import free_stale_locked, freed_remake_failed, remove_foreign
 from .keys import backend_fingerprint, device_fingerprint, entry_key, location, source_identity
 
 # spec_text, PTE_NAME, PTD_NAME, disk_full_error and write_manifest (below) are still
@@ -390,8 +390,10 @@ def _make(
                 event_tracer=progress,
                 storage_options=storage_options or None,
             )
-    except (PteStoreError, OSError) as exc:  # a backend's spool write too
-        if is_disk_full(exc):
+    except BaseException as exc:
+        if had:  # the earlier entry is gone: no empty entry of it stays
+            freed_remake_failed(directory)
+        if isinstance(exc, (PteStoreError, OSError)) and is_disk_full(exc):  # a spool too
             need = fingerprint["source"].get("size", 0) + (
                 fingerprint["ptd"].get("size", 0) if fingerprint["ptd"] else 0
             )

@@ -36,6 +36,7 @@ __all__ = [
     "file_stamp",
     "files_intact",
     "free_stale_locked",
+    "freed_remake_failed",
     "freed_since",
     "is_key",
     "packed_weights_file",
@@ -334,6 +335,17 @@ def free_stale_locked(directory: str) -> bool:
             had = False
     clean_entry_locked(directory, None)
     return had
+
+
+def freed_remake_failed(directory: str) -> None:
+    """What a remake that failed left of the entry in ``directory`` whose earlier version
+    it freed (:func:`free_stale_locked`: no manifest, no files of it left) removed: the
+    leftovers of its run (:func:`clean_entry_locked`), then the directory itself when
+    nothing else is in it (``rmdir``). It stayed as an empty "incomplete" entry that
+    ``cache ls`` listed until a prune. The caller holds the key exclusively."""
+    clean_entry_locked(directory, None)
+    with contextlib.suppress(OSError):  # not empty, not there: left
+        os.rmdir(directory)
 
 
 def remove_foreign(directory: str, names: Iterable[str]) -> None:
