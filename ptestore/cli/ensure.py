@@ -209,10 +209,14 @@ def run_ensure(args: argparse.Namespace) -> int:
     finally:
         if progress is not None:
             progress.close()
-    # The entry is in the cache: an error or interrupt while saying so must not read as
-    # "nothing was published" (exits.error_message says what was).
-    paths = [p for p in (artifact.ptd, artifact.pte) if p is not None]
-    published(" and ".join(paths))
+    # What this call published (an entry made, a packed-weight file made or delivered):
+    # an error or interrupt while saying so must not read as "nothing was published"
+    # (exits.error_message says what was). A hit published nothing: said so then.
+    made = [p for p in (artifact.ptd, artifact.pte) if p is not None and artifact.created]
+    if artifact.xnnpack_from in ("made", "index"):
+        made.append(artifact.xnnpack_cache)
+    if made:
+        published(" and ".join(made))
     if args.json:
         out_json(redacted(artifact.to_dict()))  # an index's URLs: credentials redacted
     else:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._args import backends_argument, path_argument
 from ..backends.compat import DeviceProfile
-from ..errors import ConfigurationError, PermissionDenied, PteStoreError, StorageError
+from ..errors import ConfigurationError, PteStoreError, StorageError
 from ..storage.types import file_path
 from .artifact import (
     Artifact,
@@ -31,7 +31,7 @@ from .artifact import (
     said_unchanged,
     warn_unchanged,
 )
-from .entryfiles import free_stale_locked, remove_foreign
+from .entryfiles import free_stale_locked, freed_remake_failed, remove_foreign
 from .keys import backend_fingerprint, device_fingerprint, entry_key, location, source_identity
 
 # spec_text, PTE_NAME, PTD_NAME, disk_full_error and write_manifest (below) are still
@@ -371,14 +371,11 @@ def _make(
     from ..provenance.stamp import ProvenanceRequest
 
     try:
-        directory = layout.make_entry_dir(key)
-    except PermissionDenied:
-        raise
-    except OSError as exc:
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        directory = layout.make_entry_dir(key)  # its failures classified (exit 2 or 1)
+    except StorageError as exc:
+        if getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT):
             raise disk_full_error(layout.root, src, 0, exc, stage="entry") from exc
-        where = layout.entry_dir(key)  # (make_entry_dir raised: no ``directory``)
-        raise StorageError(f"{where}: cannot create: {exc.strerror or exc}") from exc
+        raise
     # The earlier entry (its lookup missed: never served again) freed before the new copy
     # is made: room for one copy, not two (a process that opened the old files keeps them).
     had = free_stale_locked(layout.entry_dir(key))
@@ -398,8 +395,10 @@ def _make(
                 event_tracer=progress,
                 storage_options=storage_options or None,
             )
-    except (PteStoreError, OSError) as exc:  # a backend's spool write too
-        if is_disk_full(exc):
+    except BaseException as exc:
+        if had:  # the earlier entry is gone: no empty entry of it stays
+            freed_remake_failed(directory)
+        if isinstance(exc, (PteStoreError, OSError)) and is_disk_full(exc):  # a spool too
             need = fingerprint["source"].get("size", 0) + (
                 fingerprint["ptd"].get("size", 0) if fingerprint["ptd"] else 0
             )

@@ -36,6 +36,7 @@ __all__ = [
     "file_stamp",
     "files_intact",
     "free_stale_locked",
+    "freed_remake_failed",
     "freed_since",
     "is_key",
     "packed_weights_file",
@@ -125,8 +126,12 @@ def check_entry_dir(directory: str) -> None:
         st = os.lstat(directory)
     except FileNotFoundError:
         return
-    except OSError as exc:
-        raise StorageError(f"{directory}: cannot stat the cache entry: {exc.strerror}") from exc
+    except OSError as exc:  # classified as make_entry_dir's (a name too long: exit 2)
+        from .._oserror import local_error
+        from ..storage.types import strerror
+
+        message = f"{directory}: cannot stat the cache entry: {strerror(exc)}"
+        raise local_error(exc, message) from exc
     if not stat.S_ISDIR(st.st_mode):
         kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else stat.filemode(st.st_mode)
         raise PermissionDenied(
@@ -330,6 +335,17 @@ def free_stale_locked(directory: str) -> bool:
             had = False
     clean_entry_locked(directory, None)
     return had
+
+
+def freed_remake_failed(directory: str) -> None:
+    """What a remake that failed left of the entry in ``directory`` whose earlier version
+    it freed (:func:`free_stale_locked`: no manifest, no files of it left) removed: the
+    leftovers of its run (:func:`clean_entry_locked`), then the directory itself when
+    nothing else is in it (``rmdir``). It stayed as an empty "incomplete" entry that
+    ``cache ls`` listed until a prune. The caller holds the key exclusively."""
+    clean_entry_locked(directory, None)
+    with contextlib.suppress(OSError):  # not empty, not there: left
+        os.rmdir(directory)
 
 
 def remove_foreign(directory: str, names: Iterable[str]) -> None:

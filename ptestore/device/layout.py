@@ -142,10 +142,14 @@ class CacheLayout:
             check_private(d, "cache directory" if d == self.root else "cache directory's")
 
     def make_entry_dir(self, key: str) -> str:
-        """Entry ``key``'s directory, created ``0o755`` where missing and checked."""
+        """Entry ``key``'s directory, created ``0o755`` where missing and checked; a
+        failure classified as the cache directory's (:func:`make_directory`: access
+        refused, a file in the way, a name too long are bad input, exit 2; a full disk
+        a :class:`~ptestore.errors.StorageError` whose ``errno`` is ENOSPC or EDQUOT),
+        never a bare ``OSError``."""
         directory = self.entry_dir(key)
         check_entry_dir(directory)  # a link to elsewhere is refused before makedirs
-        os.makedirs(directory, mode=PRIVATE_DIR_MODE, exist_ok=True)
+        make_directory(directory, "cache entry's directory")  # as the cache's own
         check_entry_dir(directory)
         return directory
 
@@ -298,16 +302,28 @@ def list_entries(cache_dir: str | os.PathLike[str]) -> list[CacheEntry]:
     return entries
 
 
+#: :data:`ptestore.gc.PLAUSIBLE_SINCE` in nanoseconds (a hit does not import gc): a clock
+#: that reads earlier has not been set.
+_PLAUSIBLE_SINCE_NS = 946_684_800 * 10**9
+
+
 def touch(path: str) -> None:
     """Record a use of the entry whose manifest is ``path``: its modification time set
     to now, never back (at least its current one and a nanosecond). A hit while the
     clock is behind (a device that booted with 1970, or its build date, before its time
     was set) leaves the entry where its last use put it, never first in line for
-    eviction; the price: one used while the clock was ahead stays ahead of the entries
-    used after it until the clock passes its time (no clock can tell which was wrong)."""
+    eviction. Never a time that :func:`ptestore.gc.implausible` refuses against the
+    clock (before 2000, or more than a day ahead of it: a last use stamped while the
+    clock was ahead, which its next hit bumped a nanosecond on and on): the time is then
+    left as it is, neither set back nor carried further ahead."""
     now = time.time_ns()
     try:
         stamp = max(now, os.stat(path).st_mtime_ns + 1)
+        if stamp != now or now < _PLAUSIBLE_SINCE_NS:  # rare: gc's rule, imported then
+            from ..gc import implausible
+
+            if implausible(stamp / 1e9, now / 1e9) is not None:
+                return
         os.utime(path, ns=(stamp, stamp))
     except OSError:  # a read-only cache still serves hits; only LRU order suffers
         pass

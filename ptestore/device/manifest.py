@@ -287,17 +287,35 @@ def disk_full_error(
             else "the cache and the source are unchanged. "
         )
         + "Free space (`ptestore cache prune --max-bytes N`) or specialize in place "
-        f"(--in-place): {exc}"
+        f"(--in-place): {exc}",
+        errno=_full_errno(exc),
     )
+
+
+def _full_errno(exc: BaseException) -> int:
+    """ENOSPC or EDQUOT, as the cause of a full disk said it (ENOSPC when none did): the
+    ``errno`` of :func:`disk_full_error`'s error, as :class:`StorageError` promises."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, OSError) and cur.errno in (errno.ENOSPC, errno.EDQUOT):
+            return cur.errno
+        cur = cur.__cause__ or cur.__context__
+    return errno.ENOSPC
 
 
 def unpublish(layout: CacheLayout, key: str, names: Iterable[str], had_entry: bool) -> None:
     """The files a run published in entry ``key``, removed when its manifest could not
     be (a full disk): the cache keeps no half entry. An earlier entry's files were
-    replaced by them, so its manifest (naming those) goes too (``had_entry``): the entry
-    is made again by the next call."""
+    replaced by them, so its manifest (naming those) goes too (``had_entry``), and its
+    directory when nothing else is left in it: the entry is made again by the next call,
+    never listed as an empty incomplete one meanwhile."""
     import contextlib
 
     for name in (*names, *(("manifest.json",) if had_entry else ())):
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(layout.entry_dir(key), name))
+    if had_entry:  # nothing of the earlier entry is left: its directory, once empty
+        with contextlib.suppress(OSError):
+            os.rmdir(layout.entry_dir(key))

@@ -370,7 +370,8 @@ def test_a_file_system_without_room_for_the_entry_directory_says_so(tmp_path: Pa
             f"{cache}: no space left on the file system for the entry directory of {src} "
             f"({free} bytes were free when it failed); the cache and the source are "
             "unchanged. Free space (`ptestore cache prune --max-bytes N`) or specialize in "
-            f"place (--in-place): [Errno 28] No space left on device: '{cache}/entries/{key}'"
+            f"place (--in-place): {cache}/entries/{key}: cannot create the cache entry's "
+            "directory: No space left on device"
         )
         assert not (cache / "entries" / key).exists()
 
@@ -531,22 +532,32 @@ def test_backend_instances_set_up_differently_make_two_entries(tmp_path: Path) -
 def test_an_entry_directory_that_cannot_be_made_is_a_storage_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """It was an ``UnboundLocalError`` (the message named a variable never set)."""
+    """It was an ``UnboundLocalError`` (the message named a variable never set); the
+    access refused is classified as the cache directory's (test_entry_dir_errors)."""
     import errno as errno_
 
+    from ptestore.device import layout
     from ptestore.device.layout import CacheLayout
+    from ptestore.errors import PermissionDenied
 
     src = copy_pte(tmp_path / "m.pte")
     cache = tmp_path / "cache"
+    CacheLayout(cache).create()
+    made = os.makedirs
 
-    def refused(self: CacheLayout, key: str) -> str:
-        raise PermissionError(errno_.EACCES, "Permission denied")
+    def refused(path: str, *args: Any, **kwargs: Any) -> None:
+        if os.path.dirname(path) == str(cache / "entries"):
+            raise PermissionError(errno_.EACCES, "Permission denied", path)
+        made(path, *args, **kwargs)
 
-    monkeypatch.setattr(CacheLayout, "make_entry_dir", refused)
-    with pytest.raises(StorageError) as info:
+    monkeypatch.setattr(layout.os, "makedirs", refused)
+    with pytest.raises(PermissionDenied) as info:
         ptestore.ensure(src, cache_dir=cache, backends=[SPEC], device=DEVICE)
     [key] = [p.name[: -len(".lock")] for p in (cache / "locks").iterdir()]
-    assert str(info.value) == f"{cache / 'entries' / key}: cannot create: Permission denied"
+    where = cache / "entries" / key
+    assert (
+        str(info.value) == f"{where}: cannot create the cache entry's directory: Permission denied"
+    )
 
 
 def test_an_entry_that_cannot_be_evicted_is_kept_and_the_new_one_returned(

@@ -173,9 +173,10 @@ def test_a_hit_under_a_clock_set_back_never_moves_its_entry_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The last use of an entry is never set back: a hit while the clock reads 1970 (a
-    device before its time was set) leaves the model in use where its last use put it,
-    and eviction removes the entry used before it (was: stamped 1970, the model in use
-    first in line, evicted). Under a clock that is right the hit is now, as before."""
+    device before its time was set) leaves the model in use where its last use put it
+    (its time as it was: test_touch_clock), and eviction removes the entry used before
+    it (was: stamped 1970, the model in use first in line, evicted). Under a clock that
+    is right the hit is now, as before."""
     import time
     import types
 
@@ -191,7 +192,7 @@ def test_a_hit_under_a_clock_set_back_never_moves_its_entry_back(
     again = ptestore.ensure(tmp_path / "a.pte", cache_dir=cache, backends=[SPEC], device=DEVICE)
     assert (again.key, again.created) == (a.key, False)  # a hit, touched under 1970
     manifest = cache / "entries" / a.key / "manifest.json"
-    assert manifest.stat().st_mtime_ns == now - hour + 1  # its last use and a nanosecond
+    assert manifest.stat().st_mtime_ns == now - hour  # left as it was: 1970 is implausible
     assert [e.key for e in list_entries(cache)] == [a.key, b.key]
     ready = {e.key: e.bytes for e in list_entries(cache)}
     done = evict(cache, ready[a.key])
