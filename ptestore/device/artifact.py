@@ -12,7 +12,7 @@ from ..errors import PermissionDenied
 from .entryfiles import check_entry_dir
 from .keys import as_recorded
 from .layout import CacheLayout, files_intact, read_manifest, touch
-from .manifest import Manifest, as_json
+from .manifest import Manifest, as_json, recorded_fingerprint
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -134,7 +134,7 @@ def lookup(
         return None
     if manifest.get("superseded") is not None:  # the index names no artifact of it now
         return None  # (.superseded): fetched again when it does
-    recorded = manifest.get("fingerprint")
+    recorded = recorded_fingerprint(manifest)  # ctime_ns where it was recorded
     if recorded != as_recorded(as_json(fingerprint), recorded):
         return None
     if bool(manifest.get("in_place")) != in_place:

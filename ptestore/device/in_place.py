@@ -207,7 +207,7 @@ def _refuse_recorded_output(layout: CacheLayout, key: str, path: str, now: dict[
     from ..errors import AlreadySpecialized
     from .keys import as_recorded
     from .layout import read_manifest
-    from .manifest import as_json
+    from .manifest import as_json, recorded_fingerprint
 
     try:
         old = read_manifest(layout.manifest(key))
@@ -215,7 +215,7 @@ def _refuse_recorded_output(layout: CacheLayout, key: str, path: str, now: dict[
         return
     if not old or not old.get("in_place") or not old.get("specialized", True):
         return  # not an in-place entry, or one whose run changed nothing
-    was = old.get("fingerprint") or {}
+    was = recorded_fingerprint(old) or {}  # ctime_ns where it was recorded
     want = as_recorded(as_json(now), was)  # an older manifest: compared without ctime
     if was.get("source") != want["source"]:
         return  # another file now (a new download): a portable model again

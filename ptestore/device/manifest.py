@@ -4,6 +4,12 @@ published atomically, last, after the files it names.
 Every way an entry is made (a specialized copy, an in-place run, a download from a job
 index) fills the same record; :meth:`Manifest.to_dict` is what ``manifest.json`` holds
 and what :func:`~ptestore.device.entryfiles.read_manifest` gives back.
+
+A local source's identity has a ``ctime_ns`` (:func:`~.keys.identity_of`); the manifest
+records it beside the fingerprint (its ``ctime_ns`` field, by role), never inside
+``fingerprint.source`` or ``fingerprint.ptd``: those stay what every version of
+ptestore wrote (device, inode, size, ``mtime_ns``), since an older one compares them,
+and the whole fingerprint, as they are (:func:`split_ctime`, :func:`recorded_fingerprint`).
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ __all__ = [
     "file_records",
     "is_disk_full",
     "publish_manifest",
+    "recorded_fingerprint",
+    "split_ctime",
     "unpublish",
 ]
 
@@ -44,6 +52,48 @@ PTD_NAME = "model.ptd"
 def as_json(value: Any) -> Any:
     """``value`` as the manifest stores it (and as a fingerprint compares to it)."""
     return json.loads(json.dumps(value))
+
+
+#: The roles of a fingerprint that hold a source's identity.
+_ROLES = ("source", "ptd")
+
+
+def split_ctime(fingerprint: Any) -> tuple[Any, dict[str, int]]:
+    """``fingerprint`` (as stored: :func:`as_json`) as a manifest records it, and the
+    ``ctime_ns`` of each local identity in it, by role (``{"source": N, "ptd": N}``):
+    the identities without their ``ctime_ns``, as ptestore wrote them before it was
+    taken (an older version compares ``fingerprint`` and ``fingerprint.source`` whole:
+    one more key there made it remake every entry and ``cache prune --stale`` remove
+    them)."""
+    ctimes: dict[str, int] = {}
+    if not isinstance(fingerprint, dict):
+        return fingerprint, ctimes
+    out = dict(fingerprint)
+    for role in _ROLES:
+        ident = fingerprint.get(role)
+        if isinstance(ident, dict) and "ino" in ident and "ctime_ns" in ident:
+            out[role] = {k: v for k, v in ident.items() if k != "ctime_ns"}
+            ctimes[role] = ident["ctime_ns"]
+    return out, ctimes
+
+
+def recorded_fingerprint(manifest: Mapping[str, Any]) -> Any:
+    """The fingerprint ``manifest`` records, each local identity with the ``ctime_ns``
+    recorded for it: beside the fingerprint (the manifest's ``ctime_ns`` field), or in
+    the identity itself (as ptestore wrote it for a while). An identity recorded with
+    none has none (compared as before: :func:`~.keys.as_recorded`)."""
+    fp = manifest.get("fingerprint")
+    ctimes = manifest.get("ctime_ns")
+    if not isinstance(fp, dict) or not isinstance(ctimes, dict):
+        return fp
+    out = dict(fp)
+    for role in _ROLES:
+        ident, ns = fp.get(role), ctimes.get(role)
+        if not isinstance(ident, dict) or "ino" not in ident or "ctime_ns" in ident:
+            continue  # remote, none, or recorded with its ctime_ns inside
+        if isinstance(ns, int) and not isinstance(ns, bool):
+            out[role] = {**ident, "ctime_ns": ns}
+    return out
 
 
 def file_records(directory: str, names: Mapping[str, str]) -> dict[str, dict[str, Any]]:
@@ -66,7 +116,8 @@ class Manifest:
     #: The source's location (a local real path, or a URL as
     #: :func:`~ptestore.storage.types.redacted_url` shows it: no password, no signature).
     source: str
-    #: What the entry was made for, as stored (:func:`as_json`).
+    #: What the entry was made for, as stored (:func:`as_json`), its local identities
+    #: without their ``ctime_ns`` (:func:`split_ctime`).
     fingerprint: Any
     #: role (``"pte"``, ``"ptd"``) -> ``{"name", "size", "ino", "mtime_ns"}``; empty in place.
     files: dict[str, dict[str, Any]]
@@ -91,6 +142,9 @@ class Manifest:
     #: to it): that index's location (``cache prune --stale``'s options reach the
     #: source, as they reached it when it was read).
     named_by: str | None = None
+    #: role (``"source"``, ``"ptd"``) -> the ``ctime_ns`` of that local identity
+    #: (:func:`split_ctime`); None when neither is local.
+    ctime_ns: dict[str, int] | None = None
 
     @classmethod
     def of(
@@ -111,11 +165,13 @@ class Manifest:
         """The one place a manifest is built: the fingerprint and the choice as stored,
         the provenance as its record, the sources' and the index's URLs as shown, and
         so every URL of the choice (a manifest is readable by others: mode 0644); the
-        fingerprint holds none (its URLs are identities: :func:`~.indexed.file_fp`)."""
+        fingerprint holds none (its URLs are identities: :func:`~.indexed.file_fp`); its
+        local identities' ``ctime_ns`` beside it (:func:`split_ctime`)."""
+        recorded, ctimes = split_ctime(as_json(fingerprint))
         return cls(
             key=key,
             source=redacted_url(source),
-            fingerprint=as_json(fingerprint),
+            fingerprint=recorded,
             files=files,
             specialized=bool(specialized),
             provenance=None if provenance is None else provenance.to_dict(),
@@ -125,6 +181,7 @@ class Manifest:
             choice=None if choice is None else shown_urls(as_json(dict(choice))),
             index_device=None if index is None else _device_of(index),
             named_by=None if named_by is None else redacted_url(named_by),
+            ctime_ns=ctimes or None,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -150,6 +207,8 @@ class Manifest:
             out["superseded"] = self.superseded
         if self.named_by is not None:
             out["named_by"] = self.named_by
+        if self.ctime_ns is not None:
+            out["ctime_ns"] = self.ctime_ns
         return out
 
     def publish(

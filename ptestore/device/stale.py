@@ -42,7 +42,7 @@ from ..storage.types import StorageURL, is_redacted
 from .cache import remove_entry_locked, stopped
 from .keys import as_recorded, file_fp, source_identity
 from .layout import CacheLayout, load_entry, read_manifest
-from .manifest import as_json
+from .manifest import as_json, recorded_fingerprint
 
 __all__ = ["StaleEntry", "StaleResult", "prune_stale", "why_stale"]
 
@@ -241,7 +241,7 @@ def _why_stale(manifest: dict[str, Any], options: dict[str, Any]) -> str | None:
     source cannot be checked."""
     if manifest.get("index") is not None:
         return _index_stale(manifest, options)
-    fp = manifest.get("fingerprint")
+    fp = recorded_fingerprint(manifest)  # ctime_ns where it was recorded
     source = manifest.get("source")
     if not isinstance(fp, dict) or not isinstance(source, str):
         return "its manifest records no source identity"

@@ -58,7 +58,8 @@ def test_a_copy_and_an_in_place_entry_fill_the_same_record(tmp_path: Path, src: 
     cache = tmp_path / "cache"
     copy = ptestore.ensure(src, cache_dir=cache, backends=[SPEC], device=DEVICE)
     m = _manifest(cache, copy.key)
-    assert set(m) == COMMON
+    assert set(m) == COMMON | {"ctime_ns"}  # a local source's, beside the fingerprint
+    assert m["ctime_ns"] == {"source": os.stat(src).st_ctime_ns}
     assert (m["key"], m["source"], m["in_place"]) == (copy.key, str(src), False)
     st = os.stat(copy.pte)
     assert m["files"] == {
@@ -77,7 +78,8 @@ def test_a_copy_and_an_in_place_entry_fill_the_same_record(tmp_path: Path, src: 
     shutil.copyfile(src, own)
     rewritten = ptestore.ensure(own, cache_dir=cache, backends=[SPEC], device=DEVICE, in_place=True)
     m = _manifest(cache, rewritten.key)
-    assert set(m) == COMMON
+    assert set(m) == COMMON | {"ctime_ns"}
+    assert m["ctime_ns"] == {"source": os.stat(own).st_ctime_ns}
     assert (m["source"], m["in_place"], m["files"], m["ptd_source"]) == (
         str(own),
         True,
