@@ -271,7 +271,7 @@ def remove_journal(journal: str, target: str, applied: bool) -> None:
     fsync_dir(os.path.dirname(os.path.abspath(journal)))
 
 
-def recover_if_local(url: str | os.PathLike[str]) -> None:
+def recover_if_local(url: str | os.PathLike[str] | StorageURL) -> None:
     """:func:`ptestore.recover` for a local path with a journal beside it; nothing for a
     URL of another scheme or a file without one (two ``lstat``: either name)."""
     u = StorageURL.of(url)
