@@ -177,10 +177,12 @@ class ApplyFailed(StorageError):
         self.marked = marked
 
     def __reduce__(self) -> tuple[object, ...]:
-        # Errors cross processes (a pool pickles a worker's): rebuilt from the message.
+        # Errors cross processes (a pool pickles a worker's): rebuilt from the message
+        # it was made with (``str(self)`` is redacted: rebuilt from it, ``args`` would
+        # change, and a second round trip would redact a redaction).
         return (
             _rebuild_apply_failed,
-            (str(self), self.errno, self.target, self.journal, self.marked),
+            (str(self.args[0]), self.errno, self.target, self.journal, self.marked),
         )
 
 
