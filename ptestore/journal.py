@@ -177,10 +177,12 @@ class ApplyFailed(StorageError):
         self.marked = marked
 
     def __reduce__(self) -> tuple[object, ...]:
-        # Errors cross processes (a pool pickles a worker's): rebuilt from the message.
+        # Errors cross processes (a pool pickles a worker's): rebuilt from the message
+        # it was made with (``str(self)`` is redacted: rebuilt from it, ``args`` would
+        # change, and a second round trip would redact a redaction).
         return (
             _rebuild_apply_failed,
-            (str(self), self.errno, self.target, self.journal, self.marked),
+            (str(self.args[0]), self.errno, self.target, self.journal, self.marked),
         )
 
 
@@ -271,7 +273,7 @@ def remove_journal(journal: str, target: str, applied: bool) -> None:
     fsync_dir(os.path.dirname(os.path.abspath(journal)))
 
 
-def recover_if_local(url: str | os.PathLike[str]) -> None:
+def recover_if_local(url: str | os.PathLike[str] | StorageURL) -> None:
     """:func:`ptestore.recover` for a local path with a journal beside it; nothing for a
     URL of another scheme or a file without one (two ``lstat``: either name)."""
     u = StorageURL.of(url)

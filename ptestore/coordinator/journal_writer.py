@@ -8,10 +8,12 @@ import os
 import threading
 from typing import Any
 
-from ..errors import StorageError, WriterStateError
+from .._oserror import local_error
+from ..errors import ConfigurationError, StorageError, WriterStateError
 from ..journal import COMMIT_RECORD, COMMIT_V2, FOOTER, MAGIC
+from ..journal_read import SUFFIX
 from ..storage.atomic import sync_directory, sync_file
-from ..storage.types import Buffer
+from ..storage.types import Buffer, strerror
 from ..writers.base import DataWriter, PublishMode, PublishResult, WriterState
 from .spool import Spool
 
@@ -62,7 +64,7 @@ class JournalSpool(Spool):
                 "recover: ptestore.recover)"
             ) from exc
         except OSError as exc:
-            raise StorageError(f"{path}: cannot create the journal: {exc.strerror}") from exc
+            raise _create_error(path, exc) from exc
         self._file = os.fdopen(fd, "r+b")  # read and written with pread/pwrite only
         self._size = 0
         self.name = f"<journal {path}>"
@@ -89,6 +91,30 @@ class JournalSpool(Spool):
             os.unlink(self.path)
         except FileNotFoundError:
             pass
+
+
+def _create_error(path: str, exc: OSError) -> StorageError | ConfigurationError:
+    """The error for a journal that cannot be created: as any local file's
+    (:func:`~ptestore._oserror.local_error`: a name too long is bad input, exit 2), and
+    when the journal's name is over NAME_MAX, the model's own limit in place."""
+    import errno
+
+    error = local_error(exc, f"{path}: cannot create the journal: {strerror(exc)}")
+    if exc.errno != errno.ENAMETOOLONG:
+        return error
+    directory, name = os.path.split(path)
+    extra = len(os.fsencode(name)) - len(os.fsencode(name[1 : -len(SUFFIX)]))
+    try:
+        name_max = os.pathconf(directory, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return error
+    if len(os.fsencode(name)) > name_max > extra:  # the name, not the whole path
+        return ConfigurationError(
+            f"{error}; in place, the model's name is at most {name_max - extra} bytes (its "
+            f"journal's, .NAME{SUFFIX}, is {extra} bytes longer): rename it, or specialize "
+            "it to another file"
+        )
+    return error
 
 
 def commit_journal(spool: JournalSpool, plan: dict[str, Any]) -> None:

@@ -85,6 +85,11 @@ def specialize_pair(
     opts = options if options is not None else StorageOptions()
     # a fleet's pair: the job's options are for its remote pairs (the job was checked)
     opts.check([s for s, _ in pairs], [d for _, d in pairs], local_ok=True)
+    from ..journal import recover_if_local
+
+    # As the front end does: a local source an in-place run was interrupted on is
+    # completed from its journal before it is read (a fleet's job calls this directly).
+    recover_if_local(pairs[0][0])
     loaders: list[DataLoader] = []
     writers: list[DataWriter] = []
     try:

@@ -153,11 +153,16 @@ def plan_job(job: Job) -> Plan:
         raise ConfigurationError(f"{job.path}: backends: {exc}") from exc
     versions = _versions(loaded)
     impls = dict(loaded)  # what rates a current artifact for its pair's device
+    from ..journal import recover_if_local
+
     described: dict[str, dict[str, SourceInfo] | str] = {}
     read: dict[str, int] = {}
     for model in job.models:
         counter = [0]
         try:
+            # a local source an in-place run was interrupted on: completed from its
+            # journal before it is described (the key is of the bytes the run reads)
+            recover_if_local(model.source)
             infos = {"pte": _describe(model.source, job, counter)}
             if model.ptd is not None:
                 infos["ptd"] = _describe(model.ptd, job, counter)

@@ -346,11 +346,11 @@ def detect_kind(buf: Buffer, file_size: int, source: str) -> Kind:
 CHANGING_IDENTIFIER = b"PTJ~"
 _CHANGING_HINT = (
     "marked as being changed in place: an in-place run was interrupted while it rewrote "
-    "the file, and no journal beside this name completes it (.NAME.ptestore-jrnl2, or "
-    ".NAME.ptestore-journal of an older ptestore: ptestore completes the file from it "
-    "before reading). If the run used another name of this file (a hard link), reading "
-    "that name completes it; otherwise the journal is gone: restore the model from its "
-    "portable source (a new copy of the original .pte)"
+    "the file. If a journal is beside this name (.NAME.ptestore-jrnl2, or "
+    ".NAME.ptestore-journal of an older ptestore), `ptestore inspect` of this name "
+    "completes the file from it; if the run used another name of this file (a hard "
+    "link), `ptestore inspect` of that name does; if no journal is beside either name, "
+    "restore the model from its portable source (a new copy of the original .pte)"
 )
 
 

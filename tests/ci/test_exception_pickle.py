@@ -94,7 +94,7 @@ def _fleet_result() -> object:
 
 def _apply_failed() -> BaseException:
     cause = OSError(errno.ENOSPC, "No space left on device")
-    return ApplyFailed("/m/model.pte", "/m/.model.pte.ptestore-journal", cause, True)
+    return ApplyFailed("/m/model.pte", "/m/.model.pte.ptestore-jrnl2", cause, True)
 
 
 def _node() -> object:
@@ -197,7 +197,7 @@ def test_round_trip_keeps_what_each_fix_is_about() -> None:
     failed = pickle.loads(pickle.dumps(_apply_failed()))
     assert isinstance(failed, ApplyFailed) and isinstance(failed, StorageError)
     assert (failed.errno, failed.marked) == (errno.ENOSPC, True)
-    assert failed.journal == "/m/.model.pte.ptestore-journal"
+    assert failed.journal == "/m/.model.pte.ptestore-jrnl2"
     assert "free space on its file system" in str(failed)
 
     from ptestore.storage.regular import NotRegular
@@ -210,6 +210,18 @@ def test_round_trip_keeps_what_each_fix_is_about() -> None:
     from ptestore._signals import Terminated
 
     assert pickle.loads(pickle.dumps(Terminated(signal.SIGHUP))).signal_name == "SIGHUP"
+
+
+def test_apply_failed_is_rebuilt_from_its_own_message_not_the_redacted_one() -> None:
+    """As every class of errors.py: ``args`` (what a handler or a log reads unredacted)
+    survive; only ``str()`` redacts (a local directory named like a URL with a password)."""
+    target = "/m/https://user:secret@host/model.pte"
+    cause = OSError(errno.EIO, "Input/output error")
+    exc = ApplyFailed(target, "/m/https://user:secret@host/.model.pte.ptestore-jrnl2", cause, False)
+    assert "secret" in exc.args[0] and "secret" not in str(exc)
+    back = pickle.loads(pickle.dumps(exc))
+    _same(exc, back)
+    assert back.args[0] == exc.args[0] and back.target == target
 
 
 def _fail_to_apply() -> None:

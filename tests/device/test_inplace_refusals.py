@@ -113,12 +113,12 @@ def test_a_marked_file_without_its_journal_says_how_to_complete_it(tmp_path: Pat
     assert str(err.value) == (
         f"{other}: file identifier (bytes 4..8) = b'PTJ~': must be b'ET12' (.pte Program) "
         "or b'FT01' (.ptd FlatTensor) (marked as being changed in place: an in-place run "
-        "was interrupted while it rewrote the file, and no journal beside this name "
-        "completes it (.NAME.ptestore-jrnl2, or .NAME.ptestore-journal of an older "
-        "ptestore: ptestore completes the file from it before reading). If the run used "
-        "another name of this file (a hard link), reading that name completes it; "
-        "otherwise the journal is gone: restore the model from its portable source (a new "
-        "copy of the original .pte))"
+        "was interrupted while it rewrote the file. If a journal is beside this name "
+        "(.NAME.ptestore-jrnl2, or .NAME.ptestore-journal of an older ptestore), `ptestore "
+        "inspect` of this name completes the file from it; if the run used another name of "
+        "this file (a hard link), `ptestore inspect` of that name does; if no journal is "
+        "beside either name, restore the model from its portable source (a new copy of the "
+        "original .pte))"
     )
     ptestore.describe(torn)  # reading the name the run used completes it, as it says
     assert other.read_bytes()[4:8] == FX.pte_path.read_bytes()[4:8]  # type: ignore[union-attr]

@@ -93,9 +93,9 @@ def test_a_journal_past_the_file_size_limit_is_refused_before_the_commit() -> No
     code = (
         "import resource; resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))\n"
         "from ptestore.coordinator.inplace_commit import check_size_limit\n"
-        "check_size_limit('m.pte', '.m.pte.ptestore-journal', 4096, 4096)\n"
+        "check_size_limit('m.pte', '.m.pte.ptestore-jrnl2', 4096, 4096)\n"
         "try:\n"
-        "    check_size_limit('m.pte', '.m.pte.ptestore-journal', 4096, 4097)\n"
+        "    check_size_limit('m.pte', '.m.pte.ptestore-jrnl2', 4096, 4097)\n"
         "except Exception as exc:\n"
         "    print(exc)\n"
     )
@@ -103,7 +103,7 @@ def test_a_journal_past_the_file_size_limit_is_refused_before_the_commit() -> No
         [sys.executable, "-c", code], capture_output=True, text=True, env=_ENV, check=False
     )
     assert r.stdout.strip() == (
-        "m.pte: in place, its journal .m.pte.ptestore-journal would reach 4097 bytes, past "
+        "m.pte: in place, its journal .m.pte.ptestore-jrnl2 would reach 4097 bytes, past "
         "this process's file-size limit of 4096 bytes (RLIMIT_FSIZE, ulimit -f); the file "
         "is unchanged: raise the limit and run again"
     ), r.stderr
