@@ -335,7 +335,10 @@ def _compare_source(
     (``made``: its ``source`` or ``ptd_source``, or None) by size and SHA-256: the
     digest the record names, or with ``planned`` the one a fleet plan compares
     (``sha256-tree:``, whatever the record's version)."""
+    from .journal import recover_if_local
+
     src = os.fspath(source)
+    recover_if_local(src)  # a source an in-place run left torn: completed, as inspect would
     src_loader = open_loader(src, **opts.for_loader(src, "src"))
     try:
         # The digest of these bytes, read now: not what the source's own trailer says

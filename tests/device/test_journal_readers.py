@@ -61,6 +61,22 @@ def test_the_pair_runner_completes_a_torn_source(tmp_path: Path) -> None:
     assert out.exists()
 
 
+def test_verify_against_a_torn_source_completes_it_first(tmp_path: Path) -> None:
+    """``verify --source``: the source an in-place run left torn is completed before its
+    bytes are compared (it was hashed as it lay, marked, and called a different source)."""
+    out = tmp_path / "out.pte"
+    staged = _staged(tmp_path)
+    (tmp_path / "copy").mkdir()
+    made = tmp_path / "copy" / "torn.pte"
+    made.write_bytes(staged)
+    ptestore.specialize(made, out, backends=[FLEET_SPEC])
+    torn = _torn(tmp_path)
+    report = ptestore.verify(out, source=torn)
+    assert report.status == "current", report
+    assert torn.read_bytes() == staged
+    assert not any(os.path.lexists(j) for j in journal_paths(torn))
+
+
 @pytest.mark.parametrize("size", [240, 255])
 def test_a_model_name_past_239_bytes_is_refused_in_place(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], size: int
