@@ -20,6 +20,7 @@ __all__ = [
     "SCHEME",
     "is_redacted",
     "redact_urls",
+    "redacted_repr",
     "redacted_url",
     "url_identity",
 ]
@@ -212,9 +213,58 @@ def _redact_match(match: re.Match[str]) -> str:
     return redacted_url(stripped) + text[len(stripped) :]
 
 
+# A URL in a message may hold what also ends a quoted word: RFC 3986 allows ``'()*``
+# (and people put ``[]``) unencoded in user information, and a credential parameter's
+# value may hold a quote or a bracket. :data:`_URL_IN_TEXT` ends a URL there, so two
+# passes that do not come first: user information up to the authority's last ``@``
+# (what may not stand unencoded in a URL ends it: a space, ``/?#"<>{}\^`|``), and
+# every credential parameter's value up to the next ``&``, ``#`` or space (less, at the
+# URL's end, the closing quotes, brackets and stops of the text around it).
+_USERINFO_IN_TEXT = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*)://([^/?#\s\"<>{}\\^`|]+)@")
+_URL_RUN = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*)://(\S+)")
+_PARAM_IN_RUN = re.compile(r"([?&])([^=&#?\s]+)=([^&#\s]*)")
+_TEXT_AFTER = "'\")]}>.,:;!"
+
+
+def _redact_userinfo(match: re.Match[str]) -> str:
+    scheme = match.group(1).lower()
+    if scheme in LOCAL_SCHEMES or scheme in _NAMING_USERINFO or match.group(2) == REDACTED:
+        return match.group(0)
+    return f"{match.group(1)}://{REDACTED}@"
+
+
+def _redact_param(match: re.Match[str]) -> str:
+    mark, name, value = match.groups()
+    if not _is_secret(_param_name(name)):
+        return match.group(0)
+    # the text's closing quotes and stops follow the run's last value, not one before '&'
+    kept = value.rstrip(_TEXT_AFTER) if match.end() == len(match.string) else value
+    return f"{mark}{name}={REDACTED}{value[len(kept) :]}" if kept else match.group(0)
+
+
+def _redact_run(match: re.Match[str]) -> str:
+    head, rest = match.group(0)[: match.start(2) - match.start()], match.group(2)
+    if match.group(1).lower() in LOCAL_SCHEMES:  # a local path: another URL after it only
+        return head + _URL_RUN.sub(_redact_run, rest)
+    return head + _PARAM_IN_RUN.sub(_redact_param, rest)
+
+
 def redact_urls(text: str) -> str:
     """``text`` (a message: ptestore's, or a library's it passes on) with every URL in
-    it as :func:`redacted_url` shows it; the rest as it is."""
+    it as :func:`redacted_url` shows it; the rest as it is. User information and a
+    credential parameter's value are redacted whole even where they hold quotes or
+    brackets (a value up to the next ``&``, ``#`` or space: text glued to it after a
+    quote may go with it; closing quotes, brackets and stops at its end are kept)."""
     if not _holds_url(text):
         return text
+    text = _USERINFO_IN_TEXT.sub(_redact_userinfo, text)
+    text = _URL_RUN.sub(_redact_run, text)
     return _URL_IN_TEXT.sub(_redact_match, text)
+
+
+def redacted_repr(exc: BaseException) -> str:
+    """``repr(exc)`` (what Dask and ``%r`` log) with every URL in its arguments as
+    :func:`redact_urls` shows it: each string argument redacted before it is quoted (an
+    escaped quote hides nothing); ``exc.args`` as they are."""
+    shown = (repr(redact_urls(a)) if isinstance(a, str) else redact_urls(repr(a)) for a in exc.args)
+    return f"{type(exc).__name__}({', '.join(shown)})"

@@ -37,14 +37,19 @@ __all__ = [
 
 
 class PteStoreError(Exception):
-    """Base class of every error ptestore raises deliberately. Its ``str()`` shows every
-    URL in it redacted (:func:`~ptestore.storage.types.redact_urls`: no password nor
-    presigned signature, a library's error quoted too); ``args`` and attributes as given."""
+    """Base class of every error ptestore raises deliberately. Its ``str()`` and ``repr()``
+    show every URL in it redacted (:func:`~ptestore.storage.types.redact_urls`: no password
+    nor presigned signature, a library's error quoted too); ``args`` and attributes as given."""
 
     def __str__(self) -> str:
         from ._redact import redact_urls  # here: ``import ptestore`` loads errors.py alone
 
         return redact_urls(super().__str__())
+
+    def __repr__(self) -> str:  # Dask logs ``repr(e)``, a worker ``%r``
+        from ._redact import redacted_repr
+
+        return redacted_repr(self)
 
 
 def _given(exc: BaseException) -> str:
@@ -156,10 +161,7 @@ class NothingSpecialized(ConfigurationError):
         self.hint = hint
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (
-            _rebuild_nothing,
-            (_given(self), self.backend_ids, self.installed, self.hint),
-        )
+        return (_rebuild_nothing, (_given(self), self.backend_ids, self.installed, self.hint))
 
 
 class ModelRetired(ConfigurationError):
@@ -445,5 +447,4 @@ class PackedWeightsRefused(PteStoreError):
 
 
 def _refused(artifact: str, reason: str, transient: bool) -> PackedWeightsRefused:
-    """Unpickle a :class:`PackedWeightsRefused` (its ``transient`` is a keyword)."""
     return PackedWeightsRefused(artifact, reason, transient=transient)

@@ -180,8 +180,13 @@ def run_fetch(args: argparse.Namespace) -> int:
         trusted_origins=trusted_origins(args),
     )
     # Published: an error or interrupt while saying so must not read as "nothing was
-    # published" (exits.error_message says what was).
-    published(" and ".join(str(f["path"]) for f in result.files) or args.dest)
+    # published" (exits.error_message says what was). A file already current was not:
+    # with none published, a failure says "nothing published".
+    made = [str(f["path"]) for f in result.files if not f.get("current")]
+    if result.xnnpack is not None and result.xnnpack.get("path") is not None:
+        made.append(str(result.xnnpack["path"]))  # delivered, installed beside the .pte
+    if made:
+        published(" and ".join(made))
     lines = [_file_line(f) for f in result.files]
     if result.choice is not None:
         lines.insert(0, f"{result.choice.kind}: {result.choice.reason}")
