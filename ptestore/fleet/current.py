@@ -8,7 +8,8 @@ is not a base, and the fetch is the plain one it was) and then:
 
 - **current** (:func:`current_file`): every byte is what the index entry names, read and
   hashed from ``DEST`` itself: its size, the checksum of its trailer (the index pins it:
-  its record is then the index's), every chunk's SHA-256 against that record and the
+  its record is then the index's) and its footer's format version (the one written
+  today: no digest covers it), every chunk's SHA-256 against that record and the
   content's digest (the record's root, or the whole SHA-256 of a file checked whole)
   against the entry's ``sha256``. Its size, modification time or trailer alone are never
   taken for it; a size or a trailer that differs is enough to say it is not, and so is a
@@ -86,7 +87,7 @@ def _current(base: Base, want: dict[str, Any]) -> dict[str, Any] | None:
     from ..provenance.chunks import hash_chunks
     from ..provenance.digest import content_digest
     from ..provenance.record import Provenance
-    from ..provenance.trailer import read_trailer
+    from ..provenance.trailer import TRAILER_VERSION, read_trailer
 
     loader, size = base.loader, base.loader.size()
     if "size" in want and size != want["size"]:
@@ -113,6 +114,10 @@ def _current(base: Base, want: dict[str, Any]) -> dict[str, Any] | None:
     except FormatError:
         return None
     if trailer is None or "sha256:" + trailer.sha256 != pinned:
+        return None
+    if trailer.version != TRAILER_VERSION:
+        # The footer's format version is the one field no digest covers: a file is
+        # current only in the format written today (else its trailer is downloaded).
         return None
     try:
         content = Provenance.of_trailer(trailer, base.path).content

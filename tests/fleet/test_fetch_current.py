@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -104,7 +105,7 @@ def test_a_dest_one_chunk_off_moves_only_that_chunk(
     assert got["received"] == 4096
 
 
-@pytest.mark.parametrize("damage", ["truncated", "longer", "garbage", "trailer"])
+@pytest.mark.parametrize("damage", ["truncated", "longer", "garbage", "trailer", "footer"])
 def test_a_dest_that_differs_otherwise_gets_the_right_bytes(
     versions: tuple[Path, Path], tmp_path: Path, damage: str
 ) -> None:
@@ -120,9 +121,14 @@ def test_a_dest_that_differs_otherwise_gets_the_right_bytes(
     elif damage == "garbage":  # the size the index names, no byte of it
         dest.write_bytes(os.urandom(len(data)))
         want = -1
-    else:  # the right trailer over a flipped content byte: its bytes are hashed
+    elif damage == "trailer":  # the right trailer over a flipped content byte: hashed
         dest.write_bytes(data[:100] + bytes([data[100] ^ 1]) + data[101:])
         want = CHUNK_SIZE + 4096
+    else:  # the footer's format version, which no digest covers, says 1 (not 2)
+        changed = bytearray(data)
+        struct.pack_into("<I", changed, len(changed) - 16, 1)
+        dest.write_bytes(bytes(changed))
+        want = 4096  # every chunk from DEST, the trailer from the store
     (got,) = ptestore.fetch(b, dest).files
     assert got["current"] is False
     assert dest.read_bytes() == data
