@@ -86,8 +86,9 @@ def add_verify_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--job",
         metavar="JOB",
-        help="a fleet job file: device options, storage options, and (for a "
-        "destination of the job) the source and backends",
+        help="a fleet job file: its storage options, and for URL, a destination of the "
+        "job, its pair's source, device and backends (with --device NAME any URL: that "
+        "device's options and the job's backends; another URL is refused)",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     add_storage_options(p)
@@ -124,7 +125,10 @@ def run_verify(args: argparse.Namespace) -> int:
         as_planned=args.job is not None,  # sources judged as fleet plan judges them
     )
     if byte_range is not None and report.exit_code == 0:
-        return _verify_range(args, report, options, byte_range)
+        checked = _check_range(args, report, options, byte_range)
+        if checked is not None:
+            return _range_intact(args, report, checked)
+        # else a damaged chunk in the range: report is invalid, said as the full check's
 
     def write() -> None:
         if args.json:  # the report on stdout; the reason of a failed verdict on stderr too
@@ -139,13 +143,16 @@ def run_verify(args: argparse.Namespace) -> int:
     return with_verdict(report.exit_code, write)
 
 
-def _verify_range(
+def _check_range(
     args: argparse.Namespace, report: Any, options: dict[str, Any], byte_range: tuple[int, int]
-) -> int:
+) -> Any:
     """``verify URL --range START:END`` once the artifact is intact or current
-    (structure and record, ``--quick``): the chunks covering the range. ``options``: the
-    storage options verify was given (a ``--job`` file's too), routed to URL as verify
-    routes them."""
+    (structure and record, ``--quick``): the chunks covering the range, checked. The
+    ``BytesChecked``, or None when a chunk in it is damaged: ``report`` is then the
+    ``invalid`` verdict naming that chunk and its bytes (damage is a verdict, as the full
+    check says it; bad input stays an error). ``options``: the storage options verify
+    was given (a ``--job`` file's too), routed to URL as verify routes them."""
+    from ..errors import FormatError
     from ..provenance.check import check_bytes
     from ..storage.loaders import open_loader
     from ..storage.routing import options_for_loader
@@ -160,13 +167,21 @@ def _verify_range(
         )
     loader = open_loader(args.url, **options_for_loader(args.url, options, "dst"))
     try:
-        checked = check_bytes(loader, byte_range)
+        return check_bytes(loader, byte_range)
     except PreconditionFailed as exc:  # as verify() says it: not damage, verify it again
         raise StorageError(
             f"{args.url}: changed while being verified (verify it again): {exc}"
         ) from exc
+    except FormatError as exc:  # a damaged chunk (its bytes named): the verdict
+        report.status = "invalid"
+        report.error = str(exc)
+        return None
     finally:
         loader.close()
+
+
+def _range_intact(args: argparse.Namespace, report: Any, checked: Any) -> int:
+    """The verdict of a range whose chunks all check: ``URL: bytes A:B intact``."""
     n = checked.chunks
     what = f"{n} chunk{'s' if n != 1 else ''} of the record" if n else "the whole content"
     if args.json:
@@ -209,7 +224,8 @@ def _inputs(
 
     # Any spelling of a destination (relative or absolute, repeated slashes, file://,
     # a link to it) is that destination: compared as the store will address it.
-    for pair in job.pairs():
+    pairs = job.pairs()
+    for pair in pairs:
         is_ptd = pair.ptd_destination is not None and same_target(args.url, pair.ptd_destination)
         if is_ptd or same_target(args.url, pair.destination):
             if source is None:
@@ -221,6 +237,8 @@ def _inputs(
             if not is_ptd:
                 cpu = pair.xnnpack_cpu
             break
+    else:
+        _check_not_a_destination(args, job, pairs)
     if args.device is not None:
         device = job.device(args.device)
         cpu = job.xnnpack_cpu.get(args.device)
@@ -232,6 +250,47 @@ def _inputs(
     if any(not StorageURL.of(u).local for u in urls):
         options = {**job.storage_options, **given}
     return source, backends, device, options, cpu, ptd_source
+
+
+#: How many of a job's destinations the refusal of another URL names.
+_NEAREST = 3
+
+
+def _check_not_a_destination(args: argparse.Namespace, job: Any, pairs: list[Any]) -> None:
+    """``verify URL --job JOB`` of a URL no pair of the job writes: it gets none of a
+    pair's source, device or backends to compare with, so without ``--device NAME``
+    (that device of the job: its profile and the job's backends) it would say "current"
+    having compared nothing (a copy under another name, a mistyped path): refused,
+    naming the job's nearest destinations. A fleet's shared content-addressed ``.ptd``
+    is taken (the job's storage options; at most intact, as without ``--job``)."""
+    from ..fleet.shared import is_shared_url
+
+    if args.device is not None or is_shared_url(args.url):
+        return
+    from .._text import printable
+    from ..coordinator.targets import target_identity
+    from ..storage.types import redacted_url
+    from .parser import nearest
+
+    dsts = [d for p in pairs for d in (p.destination, p.ptd_destination) if d is not None]
+    # Compared as the store addresses them: a relative path as its absolute one.
+    by_key = {":".join(target_identity(d)): d for d in dsts}
+    want = ":".join(target_identity(args.url))
+    near: list[str] = []
+    while len(near) < _NEAREST and (key := nearest(want, by_key)) is not None:
+        near.append(by_key.pop(key))
+    named = near or dsts[:_NEAREST]
+    listed = ", ".join(printable(redacted_url(d)) for d in named)
+    if not near and len(dsts) > len(named):
+        listed += f" and {len(dsts) - len(named)} more"
+    raise ConfigurationError(
+        f"{args.url}: not a destination of the job {job.path} "
+        f"({'nearest' if near else 'its destinations'}: {listed}): --job compares a "
+        "destination with its pair's source, device and backends, and this URL is none "
+        "(a copy under another name, a mistyped path); give a destination of the job, "
+        "or --device NAME to compare it with that device of the job and its backends "
+        "(--source SRC for what it was made from)"
+    )
 
 
 def _any_remote(pair: Any) -> bool:

@@ -117,11 +117,25 @@ def rate_entry(
         return rating, why, False
     if own_entry(entry, device, by_name) or not stamps or rating in _POSITIVE:
         return rating, why, True
+    return rating, f"{why}: {_made_for_another(entry, device)}", False
+
+
+def _made_for_another(entry: dict[str, Any], device: DeviceProfile) -> str:
+    """Why a device may not get ``entry``, made for another device or, under its own
+    name, for another profile of it (the options that differ named)."""
+    tail = "and not every backend installed here rates it for this one"
+    if entry.get("device") != device.name:
+        return f"made for another device, {tail}"
+    options = entry.get("device_options")
+    if isinstance(options, dict):
+        from ..provenance.profile import option_changes
+
+        changes = option_changes(options, dict(device.options))
+        changes = changes.removeprefix("options changed: ")
+        differ = f"from the index's options to this device's: {changes}"
+    else:  # a catalog's stand-in: no options, only their digest
+        differ = "its options' digest is not this device's"
     return (
-        rating,
-        (
-            f"{why}: made for another device, and not every backend installed here rates it "
-            "for this one"
-        ),
-        False,
+        f"made for another profile of {device.name!r}, {tail} ({differ}; options given "
+        "must be the index's exactly, a name alone takes them)"
     )

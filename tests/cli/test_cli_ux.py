@@ -880,8 +880,8 @@ def test_a_json_error_piped_away_keeps_its_exit_status(tmp_path: Path) -> None:
         ),
         (["inspect", missing], f"ptestore inspect: error: {missing}: no such file"),
         (
-            ["verify", str(bad), "--range", "0:100"],
-            f"ptestore verify: error: {bad}: content.chunks[0] = ",
+            ["verify", str(bad), "--range", "0:100"],  # a verdict, its status kept too
+            f"{bad}: invalid: {bad}: content.chunks[0] = ",
         ),
     ]:
         done = _piped_away(*argv, "--json")
