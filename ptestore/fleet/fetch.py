@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 from .._dataclass import dataclass, field
@@ -272,32 +273,36 @@ def fetch(
         packed = choice.xnnpack if xnnpack_cache else None
         check_chosen_options(src, [choice.pte, choice.ptd, packed], opts)
         check_pinned(src, choice.kind, f"{choice.model}/{choice.made_for}", choice.pte, choice.ptd)
-    for again in (False, True):
-        result = FetchResult(choice)
-        try:
-            _fetch_files(files, target, pte_bases, opts, chunk_size, sink, result, require_base)
-            break
-        except EntryMismatch as exc:
-            if choice is not None or again:
-                raise
-            log.warning("%s; reading its trailer again and fetching it from the start", exc)
-            choice, files = _files(src, target, model, device, opts, trusted_origins)
-    if xnnpack_cache:
-        from .packed import fetch_packed
+    from ..storage.redirects import index_redirects
 
-        offered = None if choice is None or choice.kind != "artifact" else choice.xnnpack
-        result.xnnpack = fetch_packed(
-            src,
-            offered,
-            result.files,
-            opts,
-            chunk_size,
-            progress,
-            indexed=choice is not None,
-            base_dirs=[os.path.dirname(absolute_path(b)) for b in pte_bases],
-            events=events,
-            malformed=None if choice is None else choice.xnnpack_error,
-        )
+    # The files an index read over http(s) names: a redirect only to its origins
+    with index_redirects(src, trusted_origins) if choice is not None else nullcontext():
+        for again in (False, True):
+            result = FetchResult(choice)
+            try:
+                _fetch_files(files, target, pte_bases, opts, chunk_size, sink, result, require_base)
+                break
+            except EntryMismatch as exc:
+                if choice is not None or again:
+                    raise
+                log.warning("%s; reading its trailer again and fetching it from the start", exc)
+                choice, files = _files(src, target, model, device, opts, trusted_origins)
+        if xnnpack_cache:
+            from .packed import fetch_packed
+
+            offered = None if choice is None or choice.kind != "artifact" else choice.xnnpack
+            result.xnnpack = fetch_packed(
+                src,
+                offered,
+                result.files,
+                opts,
+                chunk_size,
+                progress,
+                indexed=choice is not None,
+                base_dirs=[os.path.dirname(absolute_path(b)) for b in pte_bases],
+                events=events,
+                malformed=None if choice is None else choice.xnnpack_error,
+            )
     return result
 
 

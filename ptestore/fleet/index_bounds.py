@@ -233,7 +233,8 @@ def check_named_url(url: object, source: str, field: str, trusted: Origins = fro
     an index read from a server (``http(s)://``) only a URL of that server (the same
     protocol, host and port: the storage options' headers go to it) or of one of the
     ``trusted`` origins (:func:`trusted_origins`: the caller sends them its headers too),
-    never a URL of another scheme;
+    never a URL of another scheme (a redirect to another origin is held to the same
+    rule when the files are fetched: :func:`ptestore.storage.redirects.index_redirects`);
     else :class:`FormatError` naming the index, the field and the URL, raised before
     anything is requested (docs/fleet.md, "What an index may name"). URLs are taken as
     the index writes them (absolute: a relative one is a local path). Not a URL (not a

@@ -44,7 +44,9 @@ from a fresh session about 75 ms of CPU; a credentials file rewritten (a sidecar
 rotation) is a new key, hence a new session that reads it. botocore gives every client a
 copy of its session's event emitter, so hooks registered on one client's
 ``meta.events`` never reach another; a ``session`` given in the options is used as it
-is. Other protocols are made as fsspec makes them (``fresh``: a filesystem of its own).
+is. Other protocols are made as fsspec makes them (``fresh``: a filesystem of its own),
+an ``http(s)://`` one with the guard of its redirects (:mod:`.redirects`: a ``get_client``
+whose text is its rule, so fsspec's instance cache keeps one per option set and rule).
 """
 
 from __future__ import annotations
@@ -200,6 +202,10 @@ def open_filesystem(
     opts = s3_options(fs_cls, opts)
     if fresh:
         opts["skip_instance_cache"] = True
+    from .redirects import guarded_options, is_http_class
+
+    if is_http_class(fs_cls):  # where its redirects may go, and with what (.redirects)
+        opts = guarded_options(url, opts)
     try:
         if _is_s3fs_class(fs_cls):
             own = bool(opts.pop("skip_instance_cache", False))

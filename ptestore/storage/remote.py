@@ -52,6 +52,7 @@ from .filesystems import (
     open_filesystem,
     s3_options,
 )
+from .redirects import is_http_class, refused_redirect
 from .types import StorageURL, redacted_url
 
 __all__ = [
@@ -75,10 +76,7 @@ _VERSION_IN_KEY = "?versionId="
 def _is_http(fs: Any) -> bool:
     """Whether ``fs`` is fsspec's HTTP filesystem (``http://``, ``https://``), or made
     from it (known by its class, without importing aiohttp)."""
-    return any(
-        c.__name__ == "HTTPFileSystem" and c.__module__ == "fsspec.implementations.http"
-        for c in type(fs).__mro__
-    )
+    return is_http_class(type(fs))
 
 
 class FsspecLoader(LoaderBase):
@@ -179,6 +177,9 @@ class FsspecLoader(LoaderBase):
                 lambda: fresh_info(self.fs, self.path), what=f"{self.name}: stat"
             )
         except Exception as exc:
+            refused = refused_redirect(exc)  # fsspec's info: as a missing object
+            if refused is not None:
+                raise StorageError(f"{self.name}: {refused}") from refused
             if classify(exc) is Category.NOT_FOUND:
                 raise ObjectNotFound(f"{self.name}: {missing}") from exc
             raise to_storage_error(exc, self.name, "stat") from exc
@@ -249,6 +250,9 @@ class FsspecLoader(LoaderBase):
         try:
             data, etag, version, other = self.retry.call(read, what=f"{self.name}: {what}")
         except Exception as exc:
+            refused = refused_redirect(exc)  # fsspec's info: as a missing object
+            if refused is not None:
+                raise StorageError(f"{self.name}: {refused}") from refused
             category = classify(exc)
             if category is Category.PRECONDITION:  # 412: If-Match no longer holds
                 raise self._replaced(what, "answered 412", self._etag_now()) from exc
