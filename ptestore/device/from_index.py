@@ -90,9 +90,13 @@ def ensure_from_index(
     from .indexed import choose, fetch_entry, index_fingerprint, index_key
 
     def source(choice: Choice, profile: DeviceProfile) -> Artifact:
-        return _from_source(
-            index, choice, profile, cache_dir, backends, max_bytes, opts, progress, ensure
-        )
+        from ..storage.redirects import index_redirects
+
+        # the portable source is named by the index: its redirects held to its rule
+        with index_redirects(index, trusted_origins):
+            return _from_source(
+                index, choice, profile, cache_dir, backends, max_bytes, opts, progress, ensure
+            )
 
     layout = CacheLayout(cache_dir)
     try:

@@ -116,3 +116,34 @@ def test_ensure_and_the_cli_refuse_it_too(
     )
     assert b_state.seen == []
     assert main([*fetch, "--trust-origin", b]) == 0 and dest.read_bytes() == data
+
+
+def test_ensure_s_portable_source_is_held_to_the_index_s_rule(
+    served: Served, tmp_path: Path
+) -> None:
+    """A device the index has no artifact for: ``ensure`` specializes the portable source
+    the index names (``A/src/m.pte``), which A redirects to B: refused as the artifact's
+    redirect is (it had the rule of a URL given: its headers stripped, B reached)."""
+    index, a_state, b, b_state, _ = served
+    doc = json.loads(a_state.objects["/fleet/i.json"])
+    # made by a backend not installed here: no build for another device, the source is
+    doc["entries"][0]["compatibility"] = synthetic_entry("m", "a")["compatibility"]
+    doc["entries"][0]["ptd_source"] = None
+    art = tmp_path / "art2.pte"  # the source as the index records it
+    ptestore.specialize(FX.pte_path, art, backends=["passthrough"], allow_unchanged=True)
+    made = artifact_entry(str(art), {})[1].source
+    assert made is not None
+    doc["entries"][0]["source"].update(sha256=made.sha256, size=made.size)
+    a_state.objects["/fleet/i.json"] = json.dumps(doc).encode()
+    b_state.objects["/src/m.pte"] = FX.pte_path.read_bytes()
+    a_state.redirects["/src/m.pte"] = f"{b}/src/m.pte"
+    cache = tmp_path / "cache"
+    kw = {"cache_dir": cache, "model": "m", "device": "other", "storage_options": OPTIONS}
+    with pytest.raises(StorageError) as caught:
+        ptestore.ensure(index, backends=["passthrough"], **kw)
+    assert str(caught.value) == _refused(index, b).replace("/m/a.pte", "/src/m.pte")
+    assert b_state.seen == []
+    got = ptestore.ensure(index, backends=["passthrough"], trusted_origins=[b], **kw)
+    assert got.created and got.choice is not None and got.choice["kind"] == "source"
+    assert Path(got.pte).exists()
+    assert b_state.header_values("x-api-key") == {"sekret"}
