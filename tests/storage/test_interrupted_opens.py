@@ -20,8 +20,19 @@ from ptestore.writers import local
 from ptestore.writers.local import TEMP_NAME_RE, LocalFileWriter
 
 
-def _open_fds() -> set[str]:
-    return set(os.listdir("/proc/self/fd"))
+def _open_fds(under: Path) -> list[str]:
+    """The files under ``under`` this process has open (a descriptor another thread of
+    the test process opens or closes meanwhile is not this test's: the whole table
+    compared failed in a full run)."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue  # closed meanwhile (the listing's own descriptor, too)
+        if target.startswith(f"{under}/") or target == str(under):
+            out.append(target)
+    return sorted(out)
 
 
 def _leftovers(d: Path) -> list[str]:
@@ -38,7 +49,7 @@ def test_writer_interrupted_after_locking_its_staging_file(
         real(fd, op)
         raise interrupt
 
-    before = _open_fds()
+    before = _open_fds(tmp_path)
     monkeypatch.setattr(local.fcntl, "flock", lock_then_interrupt)
     with pytest.raises(type(interrupt)):
         LocalFileWriter(tmp_path / "out.pte")
@@ -46,7 +57,7 @@ def test_writer_interrupted_after_locking_its_staging_file(
     gc.collect()
     assert _leftovers(tmp_path) == []
     assert os.listdir(tmp_path) == []
-    assert _open_fds() == before
+    assert _open_fds(tmp_path) == before
 
 
 def test_writer_interrupted_while_tracking_its_staging_file(
@@ -57,14 +68,14 @@ def test_writer_interrupted_while_tracking_its_staging_file(
     def interrupt(self: Any, staging: Any) -> None:
         raise KeyboardInterrupt
 
-    before = _open_fds()
+    before = _open_fds(tmp_path)
     monkeypatch.setattr(LocalFileWriter, "_track_staging", interrupt)
     with pytest.raises(KeyboardInterrupt):
         LocalFileWriter(tmp_path / "a" / "b" / "out.pte", auto_mkdir=True)
     monkeypatch.undo()
     gc.collect()
     assert os.listdir(tmp_path) == []
-    assert _open_fds() == before
+    assert _open_fds(tmp_path) == before
     with LocalFileWriter(tmp_path / "out.pte") as writer:  # the writer still works
         writer.write(b"x", 0)
         writer.publish()
@@ -84,7 +95,7 @@ def test_loader_interrupted_after_its_open(
         seen.append(fd)
         raise KeyboardInterrupt
 
-    before = _open_fds()
+    before = _open_fds(tmp_path)
     monkeypatch.setattr(loaders.os, step, interrupt)
     with pytest.raises(KeyboardInterrupt):
         LocalFileLoader(model)
@@ -92,6 +103,6 @@ def test_loader_interrupted_after_its_open(
     monkeypatch.undo()
     gc.collect()
     assert len(seen) == 1
-    assert _open_fds() == before
+    assert _open_fds(tmp_path) == before
     with LocalFileLoader(model) as loader:  # and the file reads as before
         assert loader.load(0, 4) == b"mmmm"
