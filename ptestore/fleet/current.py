@@ -8,9 +8,9 @@ is not a base, and the fetch is the plain one it was) and then:
 
 - **current** (:func:`current_file`): every byte is what the index entry names, read and
   hashed from ``DEST`` itself: its size, the checksum of its trailer (the index pins it:
-  its record is then the index's) and its footer's format version (the one written
-  today: no digest covers it), every chunk's SHA-256 against that record and the
-  content's digest (the record's root, or the whole SHA-256 of a file checked whole)
+  its record is then the index's) and its footer's format version (the one the
+  writer of its record wrote: no digest covers it), every chunk's SHA-256 against that
+  record and the content's digest (the record's root, or the whole SHA-256 of a file checked whole)
   against the entry's ``sha256``. Its size, modification time or trailer alone are never
   taken for it; a size or a trailer that differs is enough to say it is not, and so is a
   file another user owns (who could rewrite it later: it is replaced, as before). Nothing
@@ -115,14 +115,16 @@ def _current(base: Base, want: dict[str, Any]) -> dict[str, Any] | None:
         return None
     if trailer is None or "sha256:" + trailer.sha256 != pinned:
         return None
-    if trailer.version != TRAILER_VERSION:
-        # The footer's format version is the one field no digest covers: a file is
-        # current only in the format written today (else its trailer is downloaded).
-        return None
     try:
-        content = Provenance.of_trailer(trailer, base.path).content
+        prov = Provenance.of_trailer(trailer, base.path)
     except FormatError:
         return None  # the index pins a trailer whose record is invalid: the download says
+    if trailer.version != (1 if prov.version == 1 else TRAILER_VERSION):
+        # The footer's format version is the one field no digest covers: current only
+        # as the writer of this record wrote it (version 1 before chunk digests, when
+        # the record was version 1 too), else its trailer is downloaded.
+        return None
+    content = prov.content
     chunks = None if content is None else content.chunks
     if content is None or chunks is None:  # a version-1 record: the content whole
         got = content_digest(loader, trailer.content_size, like=want["sha256"]).sha256

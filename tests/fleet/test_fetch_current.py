@@ -240,3 +240,20 @@ def test_s3_current_dest_costs_no_content_byte(
         assert got["received"] == CHUNK_SIZE + 4096
         assert proxy.sent["GET"] - sent <= CHUNK_SIZE + 64 * 1024
     assert dest.read_bytes() == b.read_bytes()
+
+
+def test_an_artifact_of_footer_version_1_is_current_once_fetched(tmp_path: Path) -> None:
+    """An artifact an older ptestore wrote (record and footer of version 1, checked whole):
+    fetched once, the next fetch finds it current (the footer's version compared with
+    the one its record's writer wrote, not with today's: it was fetched again each time)."""
+    old = Path(__file__).parents[1] / "provenance" / "data" / "v1_trailer.pte"
+    store = tmp_path / "store" / "m.pte"
+    store.parent.mkdir()
+    shutil.copyfile(old, store)
+    shutil.copyfile(old.with_suffix(".ptd"), store.with_suffix(".ptd"))  # its pair
+    dest = tmp_path / "dev" / "m.pte"
+    assert not ptestore.fetch(store, dest).current
+    before = _stamp(dest)
+    again = ptestore.fetch(store, dest)
+    assert again.current and {f["verified"] for f in again.files} == {"whole"}
+    assert _stamp(dest) == before and dest.read_bytes() == old.read_bytes()
