@@ -2,14 +2,16 @@
 (docs/storage.md, "HTTP(S) and redirects").
 
 fsspec's HTTP filesystem follows a server's redirects (3xx) by default, and aiohttp
-drops only ``Authorization``, ``Cookie`` and ``Proxy-Authorization`` on a redirect to
-another origin: every other header of the storage options (``client_kwargs={"headers":
-...}``, ``headers=``: an ``X-Api-Key``, a ``Private-Token``) went to whatever host the
-server named. One aiohttp client middleware on the filesystem's session
-(:class:`RedirectGuard`, installed by :func:`guarded_options` when
-:func:`~.filesystems.open_filesystem` makes an HTTP filesystem) sees every request the
-session sends, each hop of a redirect included, before it is sent: the ``HEAD`` and
-``GET`` of ``info``/``size``, every ranged ``GET`` of a read. Two rules:
+drops only ``Authorization``, ``Cookie`` and ``Proxy-Authorization`` given as headers on
+a redirect to another origin: every other header of the storage options
+(``client_kwargs={"headers": ...}``, ``headers=``: an ``X-Api-Key``, a
+``Private-Token``), and the cookies given (``client_kwargs={"cookies": ...}``, sent from
+its jar on every hop), went to whatever host the server named. One aiohttp client
+middleware on the filesystem's session (:class:`RedirectGuard`, installed by
+:func:`guarded_options` when :func:`~.filesystems.open_filesystem` makes an HTTP
+filesystem) sees every request the session sends, each hop of a redirect included,
+before it is sent: the ``HEAD`` and ``GET`` of ``info``/``size``, every ranged ``GET``
+of a read. Two rules:
 
 - **A URL the caller gives** (``ptestore fetch https://api/x.pte``, a source of
   ``specialize``, an index's own URL): a request to another origin than the URL's is
@@ -240,6 +242,10 @@ def guarded_options(url: StorageURL, options: Mapping[str, Any]) -> dict[str, An
         allowed += [_origin_of(u) for u in scope]
     client = dict(opts.get("client_kwargs") or {})
     strip = {"authorization"}
+    if client.get("cookies") or client.get("cookie_jar") is not None:
+        # cookies given are the session jar's, domain-less: aiohttp sends them on every
+        # hop of a redirect, to any host (it drops only a Cookie given as a header)
+        strip.add("cookie")
     strip.update(_header_names(client.get("headers") or {}))
     strip.update(_header_names(opts.get("headers") or {}))
     guard = RedirectGuard(allowed, sorted(strip - _PROTOCOL_HEADERS), refuse=scope is not None)

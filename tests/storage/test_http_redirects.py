@@ -64,6 +64,22 @@ def test_a_given_url_s_headers_do_not_follow_a_redirect_to_another_origin(
     }
 
 
+def test_a_given_url_s_cookies_do_not_follow_a_redirect_to_another_origin(
+    servers: Servers,
+) -> None:
+    """Cookies given in the options live in the session's jar, without a domain: aiohttp
+    sent them on every hop, to B too (only a ``Cookie`` header is dropped)."""
+    a, a_state, b, b_state = servers
+    a_state.redirects["/x"] = b + "/x"
+    loader = open_loader(a + "/x", client_kwargs={"cookies": {"session": "SEKRET"}})
+    try:
+        assert bytes(loader.load(0, 10)) == DATA[:10]
+    finally:
+        loader.close()
+    assert a_state.header_values("cookie") == {"session=SEKRET"}
+    assert b_state.seen and b_state.header_values("cookie") == {None}
+
+
 def test_a_redirect_within_the_origin_keeps_the_headers(servers: Servers) -> None:
     a, a_state, _, _ = servers
     a_state.objects["/y"] = DATA
