@@ -13,6 +13,8 @@ so what is a URL and what is local is one rule for splitting and for showing.
 from __future__ import annotations
 
 import re
+import string
+from collections.abc import Callable
 
 __all__ = [
     "LOCAL_SCHEMES",
@@ -245,8 +247,36 @@ def _redact_param(match: re.Match[str]) -> str:
 def _redact_run(match: re.Match[str]) -> str:
     head, rest = match.group(0)[: match.start(2) - match.start()], match.group(2)
     if match.group(1).lower() in LOCAL_SCHEMES:  # a local path: another URL after it only
-        return head + _URL_RUN.sub(_redact_run, rest)
+        return head + _sub_urls(_URL_RUN, _redact_run, rest)
     return head + _PARAM_IN_RUN.sub(_redact_param, rest)
+
+
+_LETTERS = frozenset(string.ascii_letters)
+_SCHEME_CHARS = _LETTERS | frozenset(string.digits + "+.-")
+
+
+def _sub_urls(pattern: re.Pattern[str], fn: Callable[[re.Match[str]], str], text: str) -> str:
+    """``pattern.sub(fn, text)`` for a pattern that starts with a scheme and ``://``,
+    tried only where such a match can start: at the first letter of the scheme-like run
+    before each ``://``. Letting ``re`` try every position scanned each run of letters
+    and digits to its end from each of its characters: quadratic (a 40,000-character
+    hex dump in a server's message took 6.5 s to redact)."""
+    out: list[str] = []
+    done = 0
+    colon = text.find("://")
+    while colon >= 0:
+        start = colon
+        while start > done and text[start - 1] in _SCHEME_CHARS:
+            start -= 1
+        while start < colon and text[start] not in _LETTERS:
+            start += 1  # a scheme starts with a letter: re's leftmost match did too
+        match = pattern.match(text, start) if start < colon else None
+        if match is not None:
+            out += (text[done:start], fn(match))
+            done = match.end()
+        colon = text.find("://", max(colon + 3, done))
+    out.append(text[done:])
+    return "".join(out)
 
 
 def redact_urls(text: str) -> str:
@@ -257,9 +287,9 @@ def redact_urls(text: str) -> str:
     quote may go with it; closing quotes, brackets and stops at its end are kept)."""
     if not _holds_url(text):
         return text
-    text = _USERINFO_IN_TEXT.sub(_redact_userinfo, text)
-    text = _URL_RUN.sub(_redact_run, text)
-    return _URL_IN_TEXT.sub(_redact_match, text)
+    text = _sub_urls(_USERINFO_IN_TEXT, _redact_userinfo, text)
+    text = _sub_urls(_URL_RUN, _redact_run, text)
+    return _sub_urls(_URL_IN_TEXT, _redact_match, text)
 
 
 def redacted_repr(exc: BaseException) -> str:

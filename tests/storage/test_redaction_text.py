@@ -6,12 +6,14 @@ Property-based (hypothesis), with the reported cases pinned."""
 
 from __future__ import annotations
 
+import re
 import string
 
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from ptestore import _redact
 from ptestore.errors import (
     BackendError,
     MissingNamedData,
@@ -148,3 +150,30 @@ def test_an_errors_repr_shows_no_credential_and_its_args_stay(exc: PteStoreError
     assert "PASSWORD" in exc.args[0] or "SIG" in exc.args[0] or "p'ss" in exc.args[0]
     # what Dask's ``error_message`` and a worker's ``%r`` log
     assert "PASSWORD" not in f"{exc!r}" and "PASSWORD" not in repr([exc])
+
+
+_PATTERNS = [_redact._USERINFO_IN_TEXT, _redact._URL_RUN, _redact._URL_IN_TEXT]
+
+
+@settings(max_examples=600, deadline=None)
+@given(
+    text=st.lists(
+        st.tuples(
+            st.text(alphabet=" '(/:@?=&", max_size=3),  # text before a run
+            st.text(alphabet="aZ0-+.", max_size=5),  # a scheme-like run, or none
+            st.sampled_from(["://", "://u:p@h", "://h/?sig=x&", "://'", ":", ""]),
+        ).map("".join),
+        max_size=4,
+    ).map("".join),
+    which=st.sampled_from(range(len(_PATTERNS))),
+)
+def test_urls_are_found_where_re_finds_them(text: str, which: int) -> None:
+    """``_sub_urls`` tries each pattern only at the first letter of the scheme-like run
+    before each ``://`` (re tried every position: quadratic in a long run of letters
+    and digits, a 40,000-character hex dump took 6.5 s); it finds what ``re.sub`` finds."""
+    pattern = _PATTERNS[which]
+
+    def mark(m: re.Match[str]) -> str:
+        return f"<{m.group(0)}>"
+
+    assert _redact._sub_urls(pattern, mark, text) == pattern.sub(mark, text)
