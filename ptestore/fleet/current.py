@@ -13,7 +13,8 @@ is not a base, and the fetch is the plain one it was) and then:
   record and the content's digest (the record's root, or the whole SHA-256 of a file checked whole)
   against the entry's ``sha256``. Its size, modification time or trailer alone are never
   taken for it; a size or a trailer that differs is enough to say it is not, and so is a
-  file another user owns (who could rewrite it later: it is replaced, as before). Nothing
+  file another user owns, unless this is root (who could rewrite it later: it is
+  replaced by one of this user's, as before; root's replacement keeps the owner). Nothing
   is downloaded and the file is not touched (mode, owner, inode and times as they were);
 - otherwise it is one more base of the delta fetch (:mod:`.delta`), after the ones the
   user gave (``--base``): the chunks it holds are taken from it, verified, and only the
@@ -92,8 +93,12 @@ def _current(base: Base, want: dict[str, Any]) -> dict[str, Any] | None:
     loader, size = base.loader, base.loader.size()
     if "size" in want and size != want["size"]:
         return None
-    if os.fstat(loader.fileno()).st_uid != os.geteuid():
-        return None  # another user's (a shared sticky directory): they may rewrite it later
+    euid = os.geteuid()
+    if euid != 0 and os.fstat(loader.fileno()).st_uid != euid:
+        # another user's (a shared sticky directory), who may rewrite it later: replaced
+        # by one of this user's, as before. Root's replacement would keep that owner
+        # (writers' take-over): nothing gained, so as root such a file may be current.
+        return None
     pinned = want.get("trailer_sha256")
     out: dict[str, Any] = {
         "url": str(want["url"]),

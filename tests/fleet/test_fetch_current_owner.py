@@ -1,8 +1,8 @@
 """``fetch`` into a ``DEST`` that holds the artifact's very bytes but is owned by another
-user (a shared sticky directory): not current (its owner could rewrite it later), so the
-download-and-replace path it took before: as root replaced (its owner kept, as the
-writers' take-over does); as another user in a sticky directory refused (EPERM), never
-accepted as it is."""
+user (a shared sticky directory): for another user not current (its owner could rewrite
+it later), so the download-and-replace path it took before, which in a sticky directory
+is refused (EPERM), never accepted as it is; for root current (root's replacement keeps
+the owner, as the writers' take-over does: nothing to gain, republished at every run)."""
 
 from __future__ import annotations
 
@@ -32,10 +32,10 @@ def test_a_dest_another_user_owns_is_not_current(tmp_path: Path) -> None:
             os.chown(f, NOBODY, NOBODY)
             os.chmod(f, 0o644)
         ino = dest.stat().st_ino
-        # as root: replaced, the owner kept
+        # as root: current (a replacement would keep the owner: nothing gained)
         result = ptestore.fetch(src / "m.pte", dest)
-        assert not result.current and [f["current"] for f in result.files] == [False, False]
-        assert dest.stat().st_ino != ino and dest.stat().st_uid == NOBODY
+        assert result.current and [f["current"] for f in result.files] == [True, True]
+        assert dest.stat().st_ino == ino and dest.stat().st_uid == NOBODY
         assert dest.read_bytes() == pte.read_bytes()
         # as another user in the sticky directory: not accepted; replacing it is refused
         other = NOBODY - 1
