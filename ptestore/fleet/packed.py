@@ -297,14 +297,14 @@ def fetch_packed(
         f for f in files if all(g is f or g["path"] == ptd_beside(f["path"]) for g in files)
     )
     ptd = next((g for g in files if g is not pte), None)
-    published = tuple(str(f["path"]) for f in files)
+    # a file already current (fetch left it as it was) is not one this call published
+    published = tuple(str(f["path"]) for f in files if not f.get("current"))
+    done = f"{pte['path']} was " + ("already current" if pte.get("current") else "published")
     if indexed and malformed is not None:
-        from ..errors import PartialPublish
-
-        raise PartialPublish(
-            f"{malformed}; {pte['path']} was published, its XNNPACK packed-weight file was "
-            "not (the index's entry for it is malformed)",
-            published=published,
+        raise _partial(
+            f"{malformed}; {done}, its XNNPACK packed-weight file was not (the index's entry "
+            "for it is malformed)",
+            published,
         )
     cpu = cpu_fingerprint()
     field = offered
@@ -353,24 +353,21 @@ def fetch_packed(
         )
     except IntegrityError as exc:
         raise IntegrityError(
-            f"{exc}; {pte['path']} was published, no XNNPACK packed-weight file was",
-            published=True,
+            f"{exc}; {done}, no XNNPACK packed-weight file was", published=bool(published)
         ) from exc
     except PteStoreError as exc:  # a failed delivery (a url naming a directory too)
-        from ..errors import PartialPublish
-
         again = (
             " (fetch --xnnpack-cache again resumes its download)"
             if isinstance(exc, StorageError)
             else ""
         )
-        raise PartialPublish(
-            f"{exc}; {pte['path']} was published, its XNNPACK packed-weight file was not{again}",
-            published=published,
+        raise _partial(
+            f"{exc}; {done}, its XNNPACK packed-weight file was not{again}", published
         ) from exc
     except KeyboardInterrupt as exc:
+        after = f"after publishing {pte['path']}" if published else f"{pte['path']} already current"
         raise KeyboardInterrupt(
-            f"after publishing {pte['path']}; its XNNPACK packed-weight file was not "
+            f"{after}; its XNNPACK packed-weight file was not "
             "installed (fetch --xnnpack-cache again resumes its download)"
         ) from exc
     from pathlib import Path
@@ -388,3 +385,12 @@ def fetch_packed(
         "from_base": moved["base"],
         "removed": [str(p) for p in gone],
     }
+
+
+def _partial(message: str, published: tuple[str, ...]) -> StorageError:
+    """The error of a packed-weight file not delivered after the pair was fetched: a
+    :class:`~ptestore.errors.PartialPublish` naming what this call published, or, when
+    every file was already current (nothing published), a plain :class:`StorageError`."""
+    from ..errors import PartialPublish
+
+    return PartialPublish(message, published=published) if published else StorageError(message)

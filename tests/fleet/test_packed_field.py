@@ -150,6 +150,16 @@ def test_fetch_reports_the_published_pair_when_the_field_is_malformed(
     )
     assert dest.read_bytes() == pte.read_bytes()  # the pair is published, verified
     assert dest.with_suffix(".ptd").is_file()
+    # Again: the pair is already current, left as it was; nothing published this time
+    # (it said "failed after a partial publish ... was published").
+    ino = dest.stat().st_ino
+    assert main(argv) == 1
+    assert capsys.readouterr().err == (
+        f"ptestore fetch: failed, nothing published: {index}: entry m/a {said}; {dest} "
+        "was already current, its XNNPACK packed-weight file was not (the index's entry for "
+        "it is malformed)\n"
+    )
+    assert dest.stat().st_ino == ino
 
 
 @pytest.mark.interop
