@@ -517,8 +517,9 @@ def test_a_damaged_stored_chunk_is_refused_and_one_the_base_holds_never_read(
         f", its chunk record (beside it, pinned by the index's chunks_root "
         f"{field['chunks_root']}) says sha256:{hashlib.sha256(good[a:b]).hexdigest()}; read "
         "twice: the object was damaged or changed after it was made; "
-        f"{dest} was published, no XNNPACK packed-weight file was"
+        f"{dest} was already current, no XNNPACK packed-weight file was"
     ) in text
+    assert not err.value.published  # the pair fetched before was current: left as it was
     assert sorted(p.name for p in dest.parent.glob("xnnpack-*")) == sorted(
         p.name for p in Path(old["path"]).parent.glob(Path(old["path"]).name + "*")
     )
