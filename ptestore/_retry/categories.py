@@ -193,7 +193,7 @@ def retry_after_seconds(value: str | None) -> float | None:
     if value is None:
         return None
     text = value.strip()
-    if text.isdigit():
+    if text.isascii() and text.isdigit():
         return float(text)
     from email.utils import parsedate_to_datetime
 

@@ -109,4 +109,6 @@ def test_retry_after_values() -> None:
     assert retry_after_seconds(" 7 ") == 7.0
     assert retry_after_seconds("-1") is None
     assert retry_after_seconds("1.5") is None
+    assert retry_after_seconds("\u00b2") is None  # a digit, not ASCII: float() refuses it
+    assert retry_after_seconds("9" * 5000) == float("inf")  # then held to retry_max
     assert retry_after_seconds("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0
