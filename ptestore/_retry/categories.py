@@ -1,7 +1,10 @@
 """Classification of storage failures and their mapping to :mod:`ptestore.errors`.
 
-Decided by the error code and HTTP status of a botocore ``ClientError`` (anywhere in
-the cause chain), by exception type and by ``errno``; never by the text of a message.
+Decided by the error code and HTTP status of a botocore ``ClientError`` or the status of
+an aiohttp ``ClientResponseError`` (an ``http(s)://`` answer; anywhere in the cause
+chain), by exception type and by ``errno``; never by the text of a message. fsspec's
+HTTP ``info`` raises ``FileNotFoundError`` *from* whatever failed (a 503, a refused
+connection, a redirect loop): that ``FileNotFoundError`` says nothing, its cause decides.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ __all__ = [
     "find_error_info",
     "is_conflict",
     "is_transient",
+    "retry_after_seconds",
     "to_storage_error",
 ]
 
@@ -117,24 +121,47 @@ class Category(enum.Enum):
 
 @dataclass(frozen=True)
 class ErrorInfo:
-    """Code, HTTP status and service message of a botocore ``ClientError``."""
+    """Code, HTTP status and service message of a botocore ``ClientError`` or an aiohttp
+    ``ClientResponseError`` (no code), and the seconds its ``Retry-After`` header asks
+    to wait (None: none, or not a number of seconds nor a date)."""
 
     code: str | None
     status: int | None
     message: str | None
+    retry_after: float | None = None
 
     def describe(self) -> str:
-        """``"SlowDown (HTTP 503): Please reduce..."``, the parts that are known."""
-        text = self.code or "error"
-        if self.status is not None:
-            text += f" (HTTP {self.status})"
+        """``"SlowDown (HTTP 503): Please reduce..."``, the parts that are known (an
+        answer without a code: ``"HTTP 503: Service Unavailable"``)."""
+        if self.code is None and self.status is not None:
+            text = f"HTTP {self.status}"
+        else:
+            text = self.code or "error"
+            if self.status is not None:
+                text += f" (HTTP {self.status})"
         if self.message:
             text += f": {self.message}"
         return text
 
 
+#: aiohttp's error of an answer (raise_for_status: its ``status``, ``message`` and
+#: ``headers``), known by name: aiohttp is not imported to classify.
+_AIOHTTP_RESPONSE = frozenset({"aiohttp.client_exceptions.ClientResponseError"})
+
+
 def error_info(exc: BaseException) -> ErrorInfo | None:
-    """The :class:`ErrorInfo` of an exception carrying a botocore ``response`` dict."""
+    """The :class:`ErrorInfo` of an exception carrying a botocore ``response`` dict, or
+    of an aiohttp ``ClientResponseError`` (a status of 0, as its ``TooManyRedirects``
+    has: None)."""
+    if _is_type(exc, _AIOHTTP_RESPONSE):
+        status = getattr(exc, "status", None)
+        message = getattr(exc, "message", None)
+        return ErrorInfo(
+            None,
+            status if isinstance(status, int) and status > 0 else None,
+            str(message) if message else None,
+            retry_after_seconds(_header(getattr(exc, "headers", None), "Retry-After")),
+        )
     response = getattr(exc, "response", None)
     if not isinstance(response, dict):
         return None
@@ -143,11 +170,44 @@ def error_info(exc: BaseException) -> ErrorInfo | None:
     code = error.get("Code") if isinstance(error, dict) else None
     message = error.get("Message") if isinstance(error, dict) else None
     status = meta.get("HTTPStatusCode") if isinstance(meta, dict) else None
+    headers = meta.get("HTTPHeaders") if isinstance(meta, dict) else None
     return ErrorInfo(
         str(code) if code is not None else None,
         status if isinstance(status, int) and not isinstance(status, bool) else None,
         str(message) if message else None,
+        retry_after_seconds(_header(headers, "retry-after")),
     )
+
+
+def _header(headers: object, name: str) -> str | None:
+    """Header ``name`` of ``headers`` (a mapping: aiohttp's is case-insensitive,
+    botocore's has lower-case names), or None."""
+    get = getattr(headers, "get", None)
+    value = get(name) if callable(get) else None
+    return value if isinstance(value, str) else None
+
+
+def retry_after_seconds(value: str | None) -> float | None:
+    """The seconds a ``Retry-After`` header value asks to wait: a number of seconds, or
+    an HTTP date (from now; 0 when past); None when absent or neither."""
+    if value is None:
+        return None
+    text = value.strip()
+    if text.isascii() and text.isdigit():
+        return float(text)
+    from email.utils import parsedate_to_datetime
+
+    try:
+        when = parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # an HTTP date is GMT
+        import datetime
+
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    import time
+
+    return max(0.0, when.timestamp() - time.time())
 
 
 @functools.cache
@@ -282,13 +342,26 @@ def _chain(exc: BaseException) -> list[BaseException]:
     return out
 
 
+def _wraps_http_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is a ``FileNotFoundError`` raised from an aiohttp error (fsspec's
+    HTTP ``info``, whatever failed): it does not mean the object is missing."""
+    cause = exc.__cause__
+    return (
+        isinstance(exc, FileNotFoundError)
+        and cause is not None
+        and any(c.__module__.startswith("aiohttp.") for c in type(cause).__mro__)
+    )
+
+
 def classify(exc: BaseException) -> Category:
     """The :class:`Category` of a failure.
 
     ptestore's own errors are final. Otherwise the service's answer decides when the
     cause chain holds one (s3fs raises ``OSError(EIO)`` or ``PermissionError`` *from*
-    the botocore ``ClientError``), else the first exception of the chain whose type or
-    errno says; :attr:`Category.PERMANENT` when nothing does.
+    the botocore ``ClientError``; fsspec's HTTP ``info`` ``FileNotFoundError`` *from*
+    aiohttp's ``ClientResponseError``), else the first exception of the chain whose type
+    or errno says (a ``FileNotFoundError`` raised from an aiohttp error says nothing);
+    :attr:`Category.PERMANENT` when nothing does.
     """
     ours = _classify_ours(exc)
     if ours is not None:
@@ -299,6 +372,8 @@ def classify(exc: BaseException) -> Category:
         if info is not None:
             return _classify_answer(info)
     for e in chain:
+        if _wraps_http_failure(e):
+            continue  # fsspec's "not found" for any failure: its cause decides
         category = _classify_local(e)
         if category is not None:
             return category

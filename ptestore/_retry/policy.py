@@ -36,8 +36,10 @@ class RetryPolicy:
     """Retry transient failures (:func:`is_transient`) with jittered exponential backoff.
 
     Retried: 5xx answers, 408/429, throttling codes (``SlowDown``, ``Throttling``...),
-    connection resets and timeouts. Never retried: missing objects, permission
-    problems, failed preconditions, other 4xx answers, anything of ptestore's own.
+    connection resets and timeouts, over S3 and http(s) alike. Never retried: missing
+    objects, permission problems, failed preconditions, other 4xx answers, anything of
+    ptestore's own. An answer's ``Retry-After`` lengthens the wait before the next
+    attempt to what it asks, never beyond :attr:`maximum` (:meth:`wait_for`).
 
     A read-modify-write retries its conflicts instead (``retry_on=is_conflict``, with
     :data:`CONFLICT_RETRY`): each attempt reads again, so a lost race is worth redoing.
@@ -67,6 +69,17 @@ class RetryPolicy:
             )
         except ConfigurationError as exc:
             raise ConfigurationError(f"{redacted_url(url)}: {exc}") from None
+
+    def wait_for(self, exc: BaseException | None, backoff: float) -> float:
+        """Seconds to wait after the failure ``exc``: ``backoff`` (the jittered
+        exponential one), or longer when the answer's ``Retry-After`` asks for more,
+        never more than :attr:`maximum` for it (a server asking for an hour, or for a
+        date far ahead, waits ``retry_max``)."""
+        info = find_error_info(exc) if exc is not None else None
+        asked = info.retry_after if info is not None else None
+        if asked is None:
+            return backoff
+        return max(backoff, min(asked, self.maximum))
 
     def call(
         self,
@@ -115,11 +128,18 @@ class RetryPolicy:
             if on_retry is not None:
                 on_retry()
 
+        backoff = wait_exponential(multiplier=self.initial, max=self.maximum) + wait_random(
+            0, self.initial
+        )
+
+        def wait(state: RetryCallState) -> float:
+            exc = state.outcome.exception() if state.outcome is not None else None
+            return self.wait_for(exc, backoff(state))
+
         retrying = Retrying(
             retry=retry_if_exception(retry_on),
             stop=stop_after_attempt(self.attempts),
-            wait=wait_exponential(multiplier=self.initial, max=self.maximum)
-            + wait_random(0, self.initial),
+            wait=wait,
             reraise=True,
             before_sleep=before_sleep,
         )

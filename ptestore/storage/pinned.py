@@ -4,22 +4,33 @@
 and the check that the answer holds the range asked for (its ``Content-Range``; a
 server that ignored the range said so). Used by the loader's reads (:mod:`.remote`), by
 fetch's streamed downloads (:mod:`ptestore.fleet.ranged`) and by the S3 writer's reads
-of its copy sources and of index objects (:mod:`ptestore.writers.s3`)."""
+of its copy sources and of index objects (:mod:`ptestore.writers.s3`).
+
+Also what the loader says of an answer about the object's size (:func:`other_size_message`:
+a GET naming another size than the HEAD's; :func:`no_size_message`: a server that names
+none) and of an ``http(s)://`` redirect aiohttp would not follow
+(:func:`http_redirect_problem`)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from .._text import shown
 from ..errors import StorageError
+from .types import redacted_url
 
 __all__ = [
     "MAX_ETAG",
     "NOT_USED",
     "answer_etag",
     "answered_range",
+    "answered_total",
     "get_params",
+    "http_redirect_problem",
     "longer_body_message",
+    "no_size_message",
+    "other_size_message",
     "other_range_message",
     "read_at_most",
 ]
@@ -127,3 +138,81 @@ def longer_body_message(name: str, first: int, end: int) -> str:
         f"bytes), its answer is longer: read no further than {end - first + 1} bytes, "
         "the rest left unread; its bytes are refused"
     )
+
+
+def _plain(value: str) -> str:
+    """A header's value in a message: as it is when short and printable, else
+    :func:`~ptestore._text.shown` (quoted, cut)."""
+    return value if len(value) <= 100 and value.isprintable() else shown(value)
+
+
+def answered_total(resp: dict[str, Any]) -> int | None:
+    """The object's size as an answer to a ranged read names it: after the ``/`` of its
+    ``Content-Range``, else (a 200: the whole object) its ``ContentLength``; None when
+    it names none (``*``, no header)."""
+    got = resp.get("ContentRange")
+    if isinstance(got, str):
+        total = got.rpartition("/")[2].strip()
+        return int(total) if total.isdigit() else None
+    status = (resp.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+    length = resp.get("ContentLength")
+    if status == 200 and isinstance(length, int) and not isinstance(length, bool):
+        return length
+    return None
+
+
+def other_size_message(name: str, size: int, resp: dict[str, Any]) -> str | None:
+    """None when the answer to a ranged read names no size or the object's ``size``
+    (what its HEAD said, when the loader opened it); else the error naming both: the
+    ranges asked for were cut to a size the object does not have."""
+    total = answered_total(resp)
+    if total is None or total == size:
+        return None
+    cr = resp.get("ContentRange")
+    said = f"Content-Range: {_plain(cr)}" if isinstance(cr, str) else "the whole object"
+    return (
+        f"{name}: the server's HEAD said {size} bytes, its GET says {total} ({said}): "
+        "the object's size is not known, its bytes are refused (an object replaced "
+        "meanwhile, or a server or proxy whose HEAD and GET disagree)"
+    )
+
+
+def no_size_message(name: str, headers: Mapping[str, str] | None) -> str:
+    """The error of an ``http(s)://`` object whose server names no size (fsspec's
+    ``info`` found none), saying why as the headers of a ``HEAD`` (``Accept-Encoding:
+    identity``) show it (None: that HEAD failed too)."""
+    why = []
+    if headers is None or not str(headers.get("Content-Length", "")).strip().isdigit():
+        why.append("no Content-Length")
+    encoding = (headers or {}).get("Content-Encoding", "")
+    if encoding.strip().lower() not in ("", "identity"):
+        why.append(f"Content-Encoding: {_plain(encoding)}")
+    return (
+        f"{name}: the server reports no size ({'; '.join(why) or 'no Content-Length'}): "
+        "ranged reads need an identity-encoded object of known size"
+    )
+
+
+#: aiohttp's redirect errors, known by name (aiohttp is not imported for them).
+_TOO_MANY = "aiohttp.client_exceptions.TooManyRedirects"
+_REDIRECT = "aiohttp.client_exceptions.RedirectClientError"
+
+
+def http_redirect_problem(exc: BaseException) -> str | None:
+    """What went wrong with a redirect in ``exc``'s cause chain (aiohttp's
+    ``TooManyRedirects``: a loop; its ``RedirectClientError``: a ``Location`` that is
+    no http(s) URL, ``file://``), or None."""
+    seen: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and all(current is not e for e in seen):
+        names = {f"{c.__module__}.{c.__qualname__}" for c in type(current).__mro__}
+        if _TOO_MANY in names:
+            hops = len(getattr(current, "history", ()) or ())
+            return f"redirected {hops} times without reaching the object (a redirect loop?)"
+        if _REDIRECT in names:
+            url = getattr(current, "url", None) or (current.args or (None,))[0]
+            target = redacted_url(str(url or "?"))
+            return f"redirected to {shown(target)}, not an http(s) URL: not followed"
+        seen.append(current)
+        current = current.__cause__ or current.__context__
+    return None

@@ -52,6 +52,7 @@ from .filesystems import (
     open_filesystem,
     s3_options,
 )
+from .pinned import http_redirect_problem, no_size_message, other_size_message
 from .redirects import is_http_class, refused_redirect
 from .types import StorageURL, redacted_url
 
@@ -135,7 +136,7 @@ class FsspecLoader(LoaderBase):
         info = self._info("no such object")
         if info.get("type") == "directory":
             raise StorageError(f"{self.name}: is a directory, not an object")
-        self._size = int(info["size"])
+        self._size = self._size_of(info)
         #: Entity tag / version of the object when the storage reports one (an S3
         #: object's HEAD must: every read is pinned to it).
         self.etag: str | None = self._etag_of(info, "HeadObject")
@@ -180,10 +181,40 @@ class FsspecLoader(LoaderBase):
             refused = refused_redirect(exc)  # fsspec's info: as a missing object
             if refused is not None:
                 raise StorageError(f"{self.name}: {refused}") from refused
-            if classify(exc) is Category.NOT_FOUND:
+            problem = http_redirect_problem(exc)  # a loop, a file:// Location
+            if problem is not None:
+                raise StorageError(f"{self.name}: {problem}") from exc
+            if classify(exc) is Category.NOT_FOUND:  # a 404, not fsspec's any failure
                 raise ObjectNotFound(f"{self.name}: {missing}") from exc
             raise to_storage_error(exc, self.name, "stat") from exc
         return info
+
+    def _size_of(self, info: dict[str, Any]) -> int:
+        """The object's size ``info`` names, else (a server that names none: a
+        ``Content-Encoding``, no ``Content-Length``) a StorageError saying why, as a
+        ``HEAD`` of its own shows it (:func:`.pinned.no_size_message`)."""
+        size = info.get("size")
+        if size is not None:
+            return int(size)
+        headers: dict[str, str] | None = None
+        if _is_http(self.fs):
+            import fsspec.asyn
+
+            fs = self.fs
+
+            async def head() -> dict[str, str]:
+                session = await fs.set_session()
+                kw = dict(fs.kwargs)
+                sent = {**(kw.pop("headers", None) or {}), "Accept-Encoding": "identity"}
+                kw.setdefault("allow_redirects", True)
+                async with session.head(fs.encode_url(self.path), headers=sent, **kw) as r:
+                    return dict(r.headers)
+
+            try:
+                headers = fsspec.asyn.sync(fs.loop, head)
+            except Exception:  # the message says what fsspec's info found: no size
+                headers = None
+        raise StorageError(no_size_message(self.name, headers))
 
     def check_unchanged(self) -> None:
         """Raise :class:`~ptestore.errors.PreconditionFailed` if the object's size, entity
@@ -192,7 +223,7 @@ class FsspecLoader(LoaderBase):
         etag = self._etag_of(info, "HeadObject")
         version = info.get("VersionId") or None
         if (
-            int(info["size"]) != self._size
+            self._size_of(info) != self._size
             or (self.etag is not None and etag != self.etag)
             or (self.version_id is not None and version != self.version_id)
         ):
@@ -253,6 +284,9 @@ class FsspecLoader(LoaderBase):
             refused = refused_redirect(exc)  # fsspec's info: as a missing object
             if refused is not None:
                 raise StorageError(f"{self.name}: {refused}") from refused
+            problem = http_redirect_problem(exc)
+            if problem is not None:
+                raise StorageError(f"{self.name}: {problem}") from exc
             category = classify(exc)
             if category is Category.PRECONDITION:  # 412: If-Match no longer holds
                 raise self._replaced(what, "answered 412", self._etag_now()) from exc
@@ -302,6 +336,9 @@ class FsspecLoader(LoaderBase):
                 data = await read_at_most(body, size + 1)
             finally:
                 body.close()
+            mismatch = other_size_message(self.name, self._size, resp)
+            if mismatch is not None:
+                raise StorageError(mismatch)
             other = answered_range(resp, offset, offset + size)
             return data, self._etag_of(resp, "GetObject"), resp.get("VersionId"), other
 
@@ -346,23 +383,36 @@ class FsspecLoader(LoaderBase):
             kw = dict(fs.kwargs)
             headers = dict(kw.pop("headers", None) or {})
             headers["Range"] = f"bytes={offset}-{end - 1}"
+            headers["Accept-Encoding"] = "identity"  # a range of the object's own bytes
             async with session.get(fs.encode_url(self.path), headers=headers, **kw) as r:
                 if r.status == 404:
                     raise FileNotFoundError(self.name)
-                r.raise_for_status()
+                if r.status == 416:  # a range past the end: of what size?
+                    answer = {"ContentRange": r.headers.get("Content-Range")}
+                    if (mismatch := other_size_message(self.name, self._size, answer)) is not None:
+                        raise StorageError(mismatch)
+                r.raise_for_status()  # 429/5xx retried, 401/403 PermissionDenied
+                encoding = r.headers.get("Content-Encoding", "").strip().lower()
+                if encoding not in ("", "identity"):  # aiohttp would decode a piece
+                    raise StorageError(
+                        f"{self.name}: the server answered a ranged GET with "
+                        f"Content-Encoding: {encoding[:40]}: ranged reads need an "
+                        "identity-encoded object of known size"
+                    )
                 data = await read_at_most(r.content, size + 1)
                 if len(data) > size:
                     r.close()  # the rest is never read, nor the connection used again
                 length = r.headers.get("Content-Length")
-                if r.status == 200:  # the whole object, whatever its length says
-                    whole: int | None = self._size
-                else:
-                    whole = int(length) if length and length.isdigit() else None
                 answer = {
                     "ContentRange": r.headers.get("Content-Range"),
-                    "ContentLength": whole,
+                    "ContentLength": int(length) if length and length.isdigit() else None,
                     "ResponseMetadata": {"HTTPStatusCode": r.status},
                 }
+            mismatch = other_size_message(self.name, self._size, answer)
+            if mismatch is not None:
+                raise StorageError(mismatch)
+            if r.status == 200:  # the whole object, whatever its length says
+                answer["ContentLength"] = self._size
             return data, None, None, answered_range(answer, offset, end)
 
         got: tuple[bytes, str | None, str | None, str | None] = fsspec.asyn.sync(fs.loop, get)

@@ -14,7 +14,7 @@ from support.fixtures import get_fixture
 from support.presigned import SECRETS, SIGNATURES, presigned_store
 
 from ptestore._retry import to_storage_error
-from ptestore.errors import ObjectNotFound
+from ptestore.errors import ObjectNotFound, PermissionDenied
 from ptestore.storage.loaders import open_loader
 from ptestore.storage.types import (
     REDACTED,
@@ -154,10 +154,11 @@ def test_the_loader_shows_the_redacted_url_and_reads_with_the_real_one() -> None
         # every request carried the credentials the store issued (else 401/403)
         assert store.seen and all(f"X-Amz-Signature={SIGNATURES[0]}" in p for p, _ in store.seen)
         assert all(a is not None for _, a in store.seen)
-        # the name it shows cannot be opened: the credentials are not in it (fsspec's
-        # HTTP filesystem says "not found" of an object its HEAD was refused)
-        with pytest.raises(ObjectNotFound) as refused:
+        # the name it shows cannot be opened: the credentials are not in it (the store's
+        # 401, a PermissionDenied: was "no such object", fsspec's word for any failure)
+        with pytest.raises(PermissionDenied) as refused:
             open_loader(loader.name)
+        assert str(refused.value) == f"{loader.name}: stat failed: HTTP 401: Unauthorized"
         assert not [s for s in SECRETS if s in str(refused.value)]
         assert [p for p, _ in store.seen][-1].endswith("X-Amz-Signature=REDACTED")
         missing = store.url("/missing.pte")
