@@ -37,6 +37,7 @@ __all__ = [
     "error_code",
     "error_info",
     "find_error_info",
+    "shown",
     "is_conflict",
     "is_transient",
     "retry_after_seconds",
@@ -353,6 +354,14 @@ def _wraps_http_failure(exc: BaseException) -> bool:
     )
 
 
+def shown(exc: BaseException) -> BaseException:
+    """What a message says of ``exc``: the aiohttp failure behind fsspec's ``not
+    found`` wrapper (:func:`_wraps_http_failure`: its text is the bare URL), else
+    ``exc``."""
+    cause = exc.__cause__
+    return cause if cause is not None and _wraps_http_failure(exc) else exc
+
+
 def classify(exc: BaseException) -> Category:
     """The :class:`Category` of a failure.
 
@@ -419,11 +428,14 @@ def to_storage_error(exc: BaseException, where: str, action: str) -> StorageErro
     """
     if isinstance(exc, StorageError):
         return exc
-    info = find_error_info(exc)
+    said = shown(exc)
+    info = find_error_info(said)
     if info is not None:
         detail = info.describe()
-    elif isinstance(exc, OSError) and exc.strerror:
-        detail = exc.strerror
+    elif isinstance(said, OSError) and said.strerror:
+        detail = said.strerror
+    elif said is not exc:  # aiohttp's own words: "Cannot connect to host ..."
+        detail = f"{type(said).__name__}: {said}"
     else:
         detail = str(exc) or type(exc).__name__
     text = redact_urls(f"{where}: {action} failed: {detail}")

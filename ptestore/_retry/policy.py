@@ -16,7 +16,7 @@ from .._dataclass import dataclass
 from .._log import get_logger
 from ..errors import ConfigurationError
 from ..storage.types import redact_urls, redacted_url
-from .categories import find_error_info, is_transient
+from .categories import find_error_info, is_transient, shown
 
 if TYPE_CHECKING:
     from tenacity import RetryCallState
@@ -110,11 +110,12 @@ class RetryPolicy:
 
         def before_sleep(state: RetryCallState) -> None:
             exc = state.outcome.exception() if state.outcome is not None else None
-            info = find_error_info(exc) if exc is not None else None
+            said = shown(exc) if exc is not None else None
+            info = find_error_info(said) if said is not None else None
             if reason is not None and exc is not None:
                 why = reason(exc)
             else:
-                why = info.describe() if info is not None else f"{type(exc).__name__}: {exc}"
+                why = info.describe() if info is not None else f"{type(said).__name__}: {said}"
             wait = state.next_action.sleep if state.next_action is not None else 0.0
             log.log(
                 level,

@@ -80,6 +80,32 @@ def test_the_storage_error_of_an_http_answer_names_its_status() -> None:
     assert type(busy) is StorageError
 
 
+def test_a_connection_failure_under_fsspec_s_wrapper_is_what_is_said(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A refused connection (or an unknown host) under fsspec's "not found" wrapper: the
+    error and each retry's log line say the connection failed, not the wrapper's bare
+    URL ("stat failed: http://...", "(FileNotFoundError: http://...)")."""
+    refused = aiohttp.ClientConnectionError("Cannot connect to host 127.0.0.1:1")
+    wrapped = _fsspec_info_failure(refused)
+    error = to_storage_error(wrapped, "http://h/m.pte", "stat")
+    assert type(error) is StorageError
+    assert str(error) == (
+        "http://h/m.pte: stat failed: ClientConnectionError: Cannot connect to host 127.0.0.1:1"
+    )
+    calls = []
+
+    def fail() -> None:
+        calls.append(1)
+        raise wrapped
+
+    policy = RetryPolicy(attempts=2, initial=0, maximum=0)
+    with caplog.at_level("WARNING"), pytest.raises(FileNotFoundError):
+        policy.call(fail, what="http://h/m.pte: stat")
+    assert len(calls) == 2
+    assert "(ClientConnectionError: Cannot connect to host 127.0.0.1:1)" in caplog.text
+
+
 def test_retry_after_is_honoured_up_to_the_maximum_wait() -> None:
     policy = RetryPolicy(attempts=3, initial=0.1, maximum=5.0)
     assert policy.wait_for(_answer(503), 0.2) == 0.2  # none: the backoff
