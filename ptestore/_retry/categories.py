@@ -355,9 +355,8 @@ def _wraps_http_failure(exc: BaseException) -> bool:
 
 
 def shown(exc: BaseException) -> BaseException:
-    """What a message says of ``exc``: the aiohttp failure behind fsspec's ``not
-    found`` wrapper (:func:`_wraps_http_failure`: its text is the bare URL), else
-    ``exc``."""
+    """What a message says of ``exc``: the aiohttp failure under fsspec's wrapper
+    (:func:`_wraps_http_failure`, whose text is the bare URL), else ``exc``."""
     cause = exc.__cause__
     return cause if cause is not None and _wraps_http_failure(exc) else exc
 
@@ -434,10 +433,10 @@ def to_storage_error(exc: BaseException, where: str, action: str) -> StorageErro
         detail = info.describe()
     elif isinstance(said, OSError) and said.strerror:
         detail = said.strerror
-    elif said is not exc:  # aiohttp's own words: "Cannot connect to host ..."
-        detail = f"{type(said).__name__}: {said}"
-    else:
-        detail = str(exc) or type(exc).__name__
+    else:  # aiohttp's own words for a wrapped one: "Cannot connect to host ..."
+        detail = (
+            f"{type(said).__name__}: {said}" if said is not exc else str(exc) or type(exc).__name__
+        )
     text = redact_urls(f"{where}: {action} failed: {detail}")
     category = classify(exc)
     if category is Category.NOT_FOUND:
