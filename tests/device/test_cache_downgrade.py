@@ -26,6 +26,8 @@ from ptestore.device.keys import backend_fingerprint, device_fingerprint
 from ptestore.device.layout import CacheLayout, read_manifest
 from ptestore.device.manifest import as_json
 
+from .test_cache_races import same_size_update
+
 SPEC = "support.counting_backend:Counting=1.0"
 FLEET_SPEC = "support.fleet_backend:Scaler=1.0"
 DEVICE = DeviceProfile("phone", {"scale": 2.0})
@@ -188,14 +190,7 @@ def test_an_in_place_entry_recorded_with_ctime_inside_is_still_a_hit(tmp_path: P
 
 
 def test_a_same_size_rewrite_keeping_mtime_is_seen_in_this_layout(tmp_path: Path) -> None:
-    src = copy_pte(tmp_path / "model.pte")
-    data = bytearray(src.read_bytes())
-    data[-1] ^= 1  # v2: another byte, the same size
-    v2 = tmp_path / "v2.pte"
-    v2.write_bytes(bytes(data))
-    t = 315532800 * 10**9  # 1980-01-01, as an archive restores it
-    os.utime(src, ns=(t, t))
-    os.utime(v2, ns=(t, t))
+    src, v2 = same_size_update(tmp_path)
     cache = tmp_path / "cache"
     a = ptestore.ensure(src, cache_dir=cache, backends=[SPEC], device=DEVICE)
     m = _manifest(cache, a.key)
@@ -203,8 +198,8 @@ def test_a_same_size_rewrite_keeping_mtime_is_seen_in_this_layout(tmp_path: Path
     subprocess.run(["cp", "--preserve=timestamps", str(v2), str(src)], check=True)
     st = os.stat(src)
     assert (st.st_mtime_ns, st.st_size, st.st_ino) == (
-        t,
-        len(data),
+        v2.stat().st_mtime_ns,
+        v2.stat().st_size,
         m["fingerprint"]["source"]["ino"],
     )
     (stale,) = prune_stale(cache, dry_run=True).entries

@@ -241,19 +241,29 @@ def test_an_in_place_file_made_from_the_portable_source_then_replaced_is_not_rec
     assert not _ensure(src, cache_dir, in_place=True).created
 
 
-def test_a_same_size_update_keeping_its_timestamps_is_made_again(tmp_path: Path) -> None:
+def same_size_update(tmp_path: Path) -> tuple[Path, Path]:
+    """``(model.pte, v2.pte)``: a source and its next version, one byte other, the same
+    size, both with the mtime an archive restores (1980-01-01)."""
     src = copy_pte(tmp_path / "model.pte")
     data = bytearray(src.read_bytes())
-    data[-1] ^= 1  # v2: another byte, the same size
+    data[-1] ^= 1
     v2 = tmp_path / "v2.pte"
     v2.write_bytes(bytes(data))
-    t = 315532800 * 10**9  # 1980-01-01, as an archive restores it
+    t = 315532800 * 10**9
     os.utime(src, ns=(t, t))
     os.utime(v2, ns=(t, t))
+    return src, v2
+
+
+def test_a_same_size_update_keeping_its_timestamps_is_made_again(tmp_path: Path) -> None:
+    src, v2 = same_size_update(tmp_path)
     cache_dir = tmp_path / "cache"
     a = _ensure(src, cache_dir)
     subprocess.run(["cp", "--preserve=timestamps", str(v2), str(src)], check=True)
-    assert (os.stat(src).st_mtime_ns, os.stat(src).st_size) == (t, len(data))
+    assert (os.stat(src).st_mtime_ns, os.stat(src).st_size) == (
+        v2.stat().st_mtime_ns,
+        v2.stat().st_size,
+    )
     (stale,) = prune_stale(cache_dir, dry_run=True).entries
     assert stale.reason == f"its source {src} changed (ctime_ns)"
     b = _ensure(src, cache_dir)

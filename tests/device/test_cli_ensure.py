@@ -6,11 +6,11 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.cli_process import ptestore_process
 from support.fixtures import get_fixture
 
 from ptestore.cli import main
@@ -156,12 +156,7 @@ def test_ensure_no_provenance(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 def _cache_cli(cache: Path, *argv: str, shell: str = "", stdout: Any = subprocess.PIPE) -> Any:
     """``ptestore cache ARGV --cache-dir CACHE`` in a fresh process, stdout redirected by
     ``sh`` (``shell``: ``>/dev/full``, ``>&-``) or given."""
-    command = [sys.executable, "-m", "ptestore", "cache", *argv, "--cache-dir", str(cache)]
-    if shell:
-        command = ["sh", "-c", f'exec "$@" {shell}', "sh", *command]
-    return subprocess.run(
-        command, stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=300, check=False
-    )
+    return ptestore_process("cache", *argv, "--cache-dir", str(cache), shell=shell, stdout=stdout)
 
 
 @pytest.mark.parametrize(

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support.cli_process import ptestore_process
 from support.fixtures import get_fixture
 
 from ptestore.cli import main
@@ -19,14 +19,7 @@ MLP = get_fixture("mlp_xnnpack")
 
 
 def _ensure(*argv: str, shell: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "ptestore", "ensure", *argv]
-    return subprocess.run(
-        ["sh", "-c", f'exec "$@" {shell}', "sh", *command],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    return ptestore_process("ensure", *argv, shell=shell)
 
 
 @pytest.mark.parametrize("json_flag", [[], ["--json"]])

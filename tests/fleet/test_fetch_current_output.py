@@ -7,24 +7,17 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support.cli_process import ptestore_process
 from support.fleet_backend import specialized_pair
 
 import ptestore
 
 
 def _fetch(*argv: str, shell: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "ptestore", "fetch", *argv]
-    return subprocess.run(
-        ["sh", "-c", f'exec "$@" {shell}', "sh", *command],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    return ptestore_process("fetch", *argv, shell=shell)
 
 
 def _shells() -> dict[str, str]:
