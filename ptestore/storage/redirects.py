@@ -45,6 +45,7 @@ from ..errors import ConfigurationError, StorageError
 from .types import StorageURL, redacted_url
 
 __all__ = [
+    "DEFAULT_TIMEOUT",
     "GuardedClient",
     "RedirectGuard",
     "guarded_options",
@@ -171,6 +172,13 @@ def refused_redirect(exc: BaseException) -> StorageError | None:
     return None
 
 
+#: The timeouts of an HTTP session the storage options name none for (seconds):
+#: aiohttp's own (a request 300, a connection 30), and 60 without a byte from the server
+#: (aiohttp waits for none: a server that stalls held each attempt its 300 s, six
+#: attempts half an hour).
+DEFAULT_TIMEOUT = {"total": 300.0, "sock_connect": 30.0, "sock_read": 60.0}
+
+
 class GuardedClient:
     """fsspec's ``get_client`` for an HTTP filesystem: the aiohttp session ``make``
     makes (the caller's ``get_client``; None: fsspec's, an ``aiohttp.ClientSession``)
@@ -194,10 +202,12 @@ class GuardedClient:
         return hash((self.guard, id(self.make)))
 
     async def __call__(self, **kwargs: Any) -> Any:
-        kwargs["middlewares"] = (*(kwargs.get("middlewares") or ()), self.guard)
-        if self.make is None:
-            import aiohttp
+        import aiohttp
 
+        kwargs["middlewares"] = (*(kwargs.get("middlewares") or ()), self.guard)
+        if kwargs.get("timeout") is None:  # none given (client_kwargs={"timeout": ...})
+            kwargs["timeout"] = aiohttp.ClientTimeout(**DEFAULT_TIMEOUT)
+        if self.make is None:
             return aiohttp.ClientSession(**kwargs)
         session = await self.make(**kwargs)
         if self.guard not in tuple(getattr(session, "_middlewares", None) or ()):
