@@ -244,10 +244,11 @@ def _redact_param(match: re.Match[str]) -> str:
     return f"{mark}{name}={REDACTED}{value[len(kept) :]}" if kept else match.group(0)
 
 
-def _redact_run(match: re.Match[str]) -> str:
+def _redact_run(match: re.Match[str]) -> str | tuple[str, int]:
     head, rest = match.group(0)[: match.start(2) - match.start()], match.group(2)
     if match.group(1).lower() in LOCAL_SCHEMES:  # a local path: another URL after it only
-        return head + _sub_urls(_URL_RUN, _redact_run, rest)
+        return head, match.start(2)  # looked for from there on (not by recursing: a
+        # thousand local URLs in a row were a RecursionError)
     return head + _PARAM_IN_RUN.sub(_redact_param, rest)
 
 
@@ -255,12 +256,16 @@ _LETTERS = frozenset(string.ascii_letters)
 _SCHEME_CHARS = _LETTERS | frozenset(string.digits + "+.-")
 
 
-def _sub_urls(pattern: re.Pattern[str], fn: Callable[[re.Match[str]], str], text: str) -> str:
+def _sub_urls(
+    pattern: re.Pattern[str], fn: Callable[[re.Match[str]], str | tuple[str, int]], text: str
+) -> str:
     """``pattern.sub(fn, text)`` for a pattern that starts with a scheme and ``://``,
     tried only where such a match can start: at the first letter of the scheme-like run
     before each ``://``. Letting ``re`` try every position scanned each run of letters
     and digits to its end from each of its characters: quadratic (a 40,000-character
-    hex dump in a server's message took 6.5 s to redact)."""
+    hex dump in a server's message took 6.5 s to redact). ``fn`` may answer ``(text,
+    end)``: ``text`` replaces the match's start up to ``end``, and the search goes on
+    from ``end``, inside the match."""
     out: list[str] = []
     done = 0
     colon = text.find("://")
@@ -272,8 +277,10 @@ def _sub_urls(pattern: re.Pattern[str], fn: Callable[[re.Match[str]], str], text
             start += 1  # a scheme starts with a letter: re's leftmost match did too
         match = pattern.match(text, start) if start < colon else None
         if match is not None:
-            out += (text[done:start], fn(match))
-            done = match.end()
+            said = fn(match)
+            shown, end = (said, match.end()) if isinstance(said, str) else said
+            out += (text[done:start], shown)
+            done = end
         colon = text.find("://", max(colon + 3, done))
     out.append(text[done:])
     return "".join(out)

@@ -177,3 +177,13 @@ def test_urls_are_found_where_re_finds_them(text: str, which: int) -> None:
         return f"<{m.group(0)}>"
 
     assert _redact._sub_urls(pattern, mark, text) == pattern.sub(mark, text)
+
+
+def test_urls_after_many_local_ones_are_found_without_recursing() -> None:
+    """Each local URL's run was searched for the next URL by a recursive call: a thousand
+    of them in a row were a RecursionError, hiding the message it was redacting."""
+    many = "file:///x/" * 3000
+    assert redact_urls(f"{many}https://u:PASSWORD@h/m.pte") == f"{many}https://{REDACTED}@h/m.pte"
+    assert redact_urls("file:///a/file:///b/s3://k:s@b/x?X-Amz-Signature=z") == (
+        f"file:///a/file:///b/s3://{REDACTED}@b/x?X-Amz-Signature={REDACTED}"
+    )
