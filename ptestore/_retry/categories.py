@@ -1,11 +1,8 @@
-"""Classification of storage failures and their mapping to :mod:`ptestore.errors`.
-
-Decided by the error code and HTTP status of a botocore ``ClientError`` or the status of
-an aiohttp ``ClientResponseError`` (an ``http(s)://`` answer; anywhere in the cause
-chain), by exception type and by ``errno``; never by the text of a message. fsspec's
-HTTP ``info`` raises ``FileNotFoundError`` *from* whatever failed (a 503, a refused
-connection, a redirect loop): that ``FileNotFoundError`` says nothing, its cause decides.
-"""
+"""Classification of storage failures and their mapping to :mod:`ptestore.errors`: by
+the code and status of a botocore ``ClientError`` or the status of an aiohttp
+``ClientResponseError`` anywhere in the cause chain, by type and ``errno``, never by a
+message's text. fsspec's HTTP ``info`` raises ``FileNotFoundError`` *from* whatever
+failed (a 503, a refused connection, a redirect loop): its cause decides."""
 
 from __future__ import annotations
 
@@ -28,6 +25,7 @@ __all__ = [
     "NOT_FOUND_CODES",
     "PERMISSION_CODES",
     "PRECONDITION_CODES",
+    "REDIRECT_REFUSED",
     "TRANSIENT_CODES",
     "TRANSIENT_ERRNOS",
     "TRANSIENT_STATUSES",
@@ -145,8 +143,7 @@ class ErrorInfo:
         return text
 
 
-#: aiohttp's error of an answer (raise_for_status: its ``status``, ``message`` and
-#: ``headers``), known by name: aiohttp is not imported to classify.
+#: aiohttp's error of an answer (its status, message, headers), known by name: not imported.
 _AIOHTTP_RESPONSE = frozenset({"aiohttp.client_exceptions.ClientResponseError"})
 
 
@@ -263,6 +260,8 @@ def _is_type(exc: BaseException, qualified_names: frozenset[str]) -> bool:
     return any(f"{c.__module__}.{c.__qualname__}" in qualified_names for c in type(exc).__mro__)
 
 
+#: The attribute marking ptestore's refusal of a redirect (``storage/redirects.py``).
+REDIRECT_REFUSED = "ptestore_redirect_target"
 #: ptestore's own errors are final: their class is their category.
 _OURS: tuple[tuple[type[BaseException], Category], ...] = (
     (ObjectNotFound, Category.NOT_FOUND),
@@ -355,8 +354,7 @@ def _wraps_http_failure(exc: BaseException) -> bool:
 
 
 def shown(exc: BaseException) -> BaseException:
-    """What a message says of ``exc``: the aiohttp failure under fsspec's wrapper
-    (:func:`_wraps_http_failure`, whose text is the bare URL), else ``exc``."""
+    """``exc``, or the aiohttp failure under fsspec's wrapper (its text the bare URL)."""
     cause = exc.__cause__
     return cause if cause is not None and _wraps_http_failure(exc) else exc
 
@@ -375,6 +373,8 @@ def classify(exc: BaseException) -> Category:
     if ours is not None:
         return ours
     chain = _chain(exc)
+    if any(hasattr(e, REDIRECT_REFUSED) for e in chain):  # under aiohttp's ClientOSError
+        return Category.PERMANENT
     for e in chain:
         info = error_info(e)
         if info is not None:

@@ -41,6 +41,7 @@ import contextvars
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from .._retry.categories import REDIRECT_REFUSED
 from ..errors import ConfigurationError, StorageError
 from .types import StorageURL, redacted_url
 
@@ -62,7 +63,7 @@ _SCOPE: contextvars.ContextVar[tuple[str, ...] | None] = contextvars.ContextVar(
 #: Headers ptestore and fsspec set on each request themselves: never the caller's to strip.
 _PROTOCOL_HEADERS = frozenset({"range", "accept-encoding"})
 #: The attribute that marks the error of a refused redirect (:func:`refused_redirect`).
-_MARK = "ptestore_redirect_target"
+_MARK = REDIRECT_REFUSED
 #: The aiohttp whose client sessions take middlewares.
 _AIOHTTP_MIDDLEWARES = (3, 12)
 
