@@ -102,7 +102,9 @@ def _pair(tmp_path: Path) -> tuple[Path, Path]:
     return pte, ptd
 
 
-def test_the_recorded_identities_hold_the_keys_older_versions_compare(tmp_path: Path) -> None:
+def _three_entries(tmp_path: Path) -> tuple[Path, Path, Path, Path, Path, Any, Any, Any]:
+    """``(cache, src, pte, ptd, own, copy, pair, rewritten)``: a copy's entry, a
+    ``.pte``/``.ptd`` pair's and an in-place one's, made now."""
     cache = tmp_path / "cache"
     src = copy_pte(tmp_path / "m.pte")
     copy = ptestore.ensure(src, cache_dir=cache, backends=[SPEC], device=DEVICE)
@@ -110,6 +112,11 @@ def test_the_recorded_identities_hold_the_keys_older_versions_compare(tmp_path: 
     pair = ptestore.ensure(pte, cache_dir=cache, backends=[FLEET_SPEC], ptd=ptd, device=DEVICE)
     own = copy_pte(tmp_path / "own.pte")
     rewritten = ptestore.ensure(own, cache_dir=cache, backends=[SPEC], device=DEVICE, in_place=True)
+    return cache, src, pte, ptd, own, copy, pair, rewritten
+
+
+def test_the_recorded_identities_hold_the_keys_older_versions_compare(tmp_path: Path) -> None:
+    cache, src, pte, ptd, own, copy, pair, rewritten = _three_entries(tmp_path)
     for art, roles in ((copy, {"source": src}), (pair, {"source": pte, "ptd": ptd})):
         m = _manifest(cache, art.key)
         assert set(m["fingerprint"]) == {"source", "ptd", "backends", "device"}
@@ -128,13 +135,7 @@ def test_an_older_prune_and_ensure_keep_and_hit_entries_made_now(tmp_path: Path)
     tree is not run here: CI's clone may have no history to export it from): nothing
     removed by ``cache prune --stale``, every entry a hit of ``ensure``; a source that
     did change is still stale to it."""
-    cache = tmp_path / "cache"
-    src = copy_pte(tmp_path / "m.pte")
-    copy = ptestore.ensure(src, cache_dir=cache, backends=[SPEC], device=DEVICE)
-    pte, ptd = _pair(tmp_path)
-    pair = ptestore.ensure(pte, cache_dir=cache, backends=[FLEET_SPEC], ptd=ptd, device=DEVICE)
-    own = copy_pte(tmp_path / "own.pte")
-    rewritten = ptestore.ensure(own, cache_dir=cache, backends=[SPEC], device=DEVICE, in_place=True)
+    cache, src, _, _, _, copy, pair, rewritten = _three_entries(tmp_path)
     made = [(copy.key, [SPEC]), (pair.key, [FLEET_SPEC])]
     for key, backends in made:
         m = _manifest(cache, key)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.delta import differing, flip, program, trailer_size, version
+from support.delta import flip, trailer_size, two_versions
 from writers.stepper import run_spawned
 
 import ptestore
@@ -59,11 +59,7 @@ ptestore.fetch(args["src"], args["dest"], base=args["base"], chunk_size=args["ch
 
 @pytest.fixture(scope="module")
 def versions(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    d = tmp_path_factory.mktemp("versions")
-    src = program(d)
-    a, b = version(src, d / "a" / "m.pte", "1"), version(src, d / "b" / "m.pte", "2")
-    assert differing(a, b) == [1]
-    return a, b
+    return two_versions(tmp_path_factory.mktemp("versions"))
 
 
 def _child(src: Path, dest: Path, base: Path | None, kill_at: int | None) -> Any:

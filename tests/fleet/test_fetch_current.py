@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.delta import big_job, differing, program, trailer_size, version
+from support.delta import big_job, trailer_size, two_versions
 from support.fleet_backend import specialized_pair
 from support.fleetrun import fleet_run
 
@@ -31,11 +31,7 @@ A = DeviceProfile("a", {"soc": "x"})
 
 @pytest.fixture(scope="module")
 def versions(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    d = tmp_path_factory.mktemp("versions")
-    src = program(d)
-    a, b = version(src, d / "a" / "m.pte", "1"), version(src, d / "b" / "m.pte", "2")
-    assert differing(a, b) == [1]
-    return a, b
+    return two_versions(tmp_path_factory.mktemp("versions"))
 
 
 def _stamp(path: Path) -> tuple[int, int, int, int, int]:

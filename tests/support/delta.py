@@ -219,3 +219,12 @@ def packed_run(job: Path, capsys: Any) -> str:
     run = fleet_run_json(job, capsys)
     assert run["pairs"][0]["xnnpack"].startswith("XNNPACK packed-weight file made: ")
     return str(run["index"])
+
+
+def two_versions(d: Path) -> tuple[Path, Path]:
+    """Two versions of one program under ``d`` (``a/m.pte``, ``b/m.pte``) that differ in
+    chunk 1 alone: last month's artifact and this month's."""
+    src = program(d)
+    a, b = version(src, d / "a" / "m.pte", "1"), version(src, d / "b" / "m.pte", "2")
+    assert differing(a, b) == [1]
+    return a, b
