@@ -270,9 +270,13 @@ def _read_string(view: FlatView, pos: int, field: str) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise FormatError(
-            view.source, field, raw[:32], "valid UTF-8", f"invalid byte at {exc.start}"
-        ) from None
+        # the bytes around the first invalid one (the value shown is cut to 32 bytes)
+        lo = max(0, exc.start - 16)
+        window = raw[lo : lo + 32]
+        where = f"invalid byte {raw[exc.start]:#04x} at {exc.start} of {len(raw)}"
+        if lo or len(raw) > 32:
+            where += f"; bytes {lo}..{lo + len(window)} shown"
+        raise FormatError(view.source, field, window, "valid UTF-8", where) from None
 
 
 class TableView:

@@ -32,16 +32,44 @@ def read_container(loader: DataLoader) -> ParsedFile:
     a corrupt header is a :class:`FormatError`, not a read of the whole file.
     """
     size = loader.size()
-    head_bytes = bytes(loader.load(0, min(HEAD_BYTES, size)))
-    head = FileHead.from_bytes(head_bytes, size, loader.name)
-    read = len(head_bytes)
-    if head.metadata_size <= len(head_bytes):
-        meta = head_bytes[: head.metadata_size]
-    else:
-        check_bounds(head, head_bytes)
-        meta = _read_metadata(loader, head)
-        read += head.metadata_size
-    return ParsedFile(parse_metadata(meta, head), meta, read)
+    try:
+        head_bytes = bytes(loader.load(0, min(HEAD_BYTES, size)))
+        head = FileHead.from_bytes(head_bytes, size, loader.name)
+        read = len(head_bytes)
+        if head.metadata_size <= len(head_bytes):
+            meta = head_bytes[: head.metadata_size]
+        else:
+            check_bounds(head, head_bytes)
+            meta = _read_metadata(loader, head)
+            read += head.metadata_size
+        return ParsedFile(parse_metadata(meta, head), meta, read)
+    except FormatError as exc:
+        hidden = _hidden_trailer(loader, size)
+        if not hidden:
+            raise
+        note = (
+            f"that is the container: the file is {size + hidden} bytes, the last {hidden} "
+            "its provenance trailer"
+        )
+        detail = note if exc.detail is None else f"{exc.detail}; {note}"
+        raise FormatError(exc.source, exc.field, exc.value, exc.limit, detail) from None
+
+
+def _hidden_trailer(loader: DataLoader, size: int) -> int:
+    """How many bytes past ``size`` the object behind ``loader`` has (a view hiding its
+    provenance trailer, :class:`~ptestore.provenance.trailer.ContentView`, possibly
+    under other wrappers), 0 when none."""
+    inner: object = loader
+    for _ in range(4):  # a view under a counting wrapper at most, in practice
+        inner = getattr(inner, "inner", None)
+        if inner is None:
+            return 0
+        whole = getattr(inner, "size", None)
+        if callable(whole):
+            extra = int(whole()) - size
+            if extra > 0:
+                return extra
+    return 0
 
 
 def check_bounds(head: FileHead, first: bytes) -> None:

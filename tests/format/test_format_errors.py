@@ -197,7 +197,7 @@ CASES: list[tuple[str, Callable[[], bytes | bytearray], str]] = [
             or b
         ),
         r"model\.pte: Program\.execution_plan\[0\]\.name = b'\\xfforward': must be valid "
-        r"UTF-8 \(invalid byte at 0\)",
+        r"UTF-8 \(invalid byte 0xff at 0 of 7\)",
     ),
     (
         "segment past end of file",
@@ -571,3 +571,40 @@ def test_a_string_without_its_nul_is_refused(
     assert main(["specialize", str(src), str(dst), "--backend", "passthrough", "-q"]) == 2
     assert "(string terminator at" in capsys.readouterr().err
     assert not dst.exists()
+
+
+def test_a_long_key_with_a_bad_byte_shows_the_bytes_around_it() -> None:
+    # a 64-character key, its byte 51 not UTF-8: the value shown is the 32 bytes around
+    # it (it was the key's first 32, which do not hold the byte the message names)
+    data = bytearray(MLP.read_bytes())
+    key = read_container(BytesLoader(bytes(data), name="m.pte")).container.named_data[0].key
+    at = bytes(data).index(key.encode()) + 51
+    data[at] = 0xFF
+    with pytest.raises(FormatError) as info:
+        read_container(BytesLoader(bytes(data), name="m.pte"))
+    window = key.encode()[35:51] + b"\xff" + key.encode()[52:67]
+    assert str(info.value) == (
+        f"m.pte: Program.named_data[0].key = {window!r}: must be valid UTF-8 "
+        "(invalid byte 0xff at 51 of 64; bytes 35..64 shown)"
+    )
+
+
+def test_a_bound_past_a_stamped_container_says_where_the_file_ends() -> None:
+    # the container a stamped file holds ends where its provenance trailer starts: a
+    # segment past it is measured against the container's size, which the message
+    # says is not the file's (the file is the trailer's bytes longer)
+    from ptestore.provenance.trailer import encode_trailer, without_trailer
+
+    content = u64(pte(), 528, 5000)
+    data = bytes(content) + encode_trailer({"k": "v"}, len(content))
+    with pytest.raises(FormatError) as info:
+        read_container(without_trailer(BytesLoader(data, name="model.pte")))
+    assert str(info.value) == (
+        "model.pte: Program.segments[4].offset + size = 6024: must be <= 4512 "
+        "(segment_base_offset 1536 + offset + size must not pass the end of the 6048-byte "
+        f"file) (that is the container: the file is {len(data)} bytes, the last "
+        f"{len(data) - 6048} its provenance trailer)"
+    )
+    # an unstamped file: no such note
+    with pytest.raises(FormatError, match=r"6048-byte file\)$"):
+        read_container(BytesLoader(bytes(content), name="model.pte"))
