@@ -171,7 +171,8 @@ def add_fleet_parser(subparsers: Any) -> argparse.ArgumentParser:
         "rates) agrees with the entries its leaves hold; with --repair, rebuild each one "
         "that does not, or that an interrupted rebuild left marked, from its leaves (safe "
         "beside running fleet runs). Exit status: 0 every catalog agrees (or was "
-        "repaired), 1 some do not, 2 no index there.",
+        "repaired), 1 some do not (while runs publish, a catalog may lag its leaves for a "
+        "moment: check again once they are done), 2 no index there.",
         epilog=_CHECK_INDEX_EPILOG,
     )
     ci.add_argument(
