@@ -17,6 +17,7 @@ __all__ = [
     "REQUEST_PIECE",
     "file_size_limit",
     "free_bytes",
+    "free_inodes",
     "pread_all",
     "preadinto_all",
     "pwrite_all",
@@ -100,6 +101,17 @@ def free_bytes(path: str) -> int | None:
     except OSError:
         return None
     return st.f_bavail * st.f_frsize
+
+
+def free_inodes(path: str) -> int | None:
+    """Inodes (files, directories) this user may still make on the file system of
+    ``path``: ``f_favail``. None when the system does not say (``statvfs`` failed, or a
+    file system that does not count them: ``f_files`` 0, as btrfs)."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_favail if st.f_files else None
 
 
 def file_size_limit() -> int | None:

@@ -316,18 +316,25 @@ def disk_full_error(
     removed its partial copy, so it may exceed ``need``: the copy and the spooled
     replacements filled the disk); ``"manifest"``, the entry's manifest (``need`` its
     size); ``"entry"``, the entry's directory (no size)."""
-    from .._io import free_bytes
+    from .._io import free_bytes, free_inodes
 
     left = free_bytes(where)
+    # (the copy's free space is measured once its partial copy is removed)
+    copy = stage == "copy"
+    verb, when = ("are", "now") if copy else ("were", "when it failed")
+    if left is None:
+        free = "free space unknown"
+    elif free_inodes(where) == 0:  # ENOSPC with bytes free: out of inodes
+        free = f"no inode {'is' if copy else 'was'} free {when}, {left} bytes {verb}"
+    else:
+        free = f"{left} bytes {verb} free {when}"
     if stage == "copy":
-        free = "free space unknown" if left is None else f"{left} bytes are free now"
         what = (
             f"the specialized copy of {src} (it needs about {need} bytes, the source's "
             f"size, and room for the replaced bytes while they are spooled; {free}, the "
             "partial copy removed)"
         )
     else:
-        free = "free space unknown" if left is None else f"{left} bytes were free when it failed"
         what = (
             f"the manifest of the entry of {src} ({need} bytes; {free})"
             if stage == "manifest"

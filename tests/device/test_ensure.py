@@ -368,7 +368,8 @@ def test_a_file_system_without_room_for_the_entry_directory_says_so(tmp_path: Pa
         key = entry_key(str(src), None, [SPEC], None, False, True)
         assert str(err.value) == (
             f"{cache}: no space left on the file system for the entry directory of {src} "
-            f"({free} bytes were free when it failed); the cache and the source are "
+            f"(no inode was free when it failed, {free} bytes were); the cache and the "
+            "source are "
             "unchanged. Free space (`ptestore cache prune --max-bytes N`) or specialize in "
             f"place (--in-place): {cache}/entries/{key}: cannot create the cache entry's "
             "directory: No space left on device"
