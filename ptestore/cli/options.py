@@ -61,7 +61,7 @@ DEVICE_OPTION_HELP = (
 def add_backend_flag(parser: argparse.ArgumentParser, *, help: str = BACKEND_HELP) -> None:
     """Add ``--backend SPEC``: repeatable, kept in order in ``args.backend`` (None when
     not given: the command's default backends). SPEC is
-    ``REF[@BACKEND_ID][=ARGUMENT]`` (:func:`ptestore.backends.load_backends` reads it)."""
+    ``REF[@BACKEND_ID][=ARGUMENT]`` (:func:`ptestore.backends.load_backend` reads each)."""
     parser.add_argument("--backend", metavar="SPEC", action="append", default=None, help=help)
 
 

@@ -39,6 +39,12 @@ class LoaderBase:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def __repr__(self) -> str:
+        from .._redact import redacted_url
+
+        name = getattr(self, "name", None)
+        return f"<{type(self).__name__} {redacted_url(str(name))}>" if name else super().__repr__()
+
 
 def check_range(name: str, offset: int, size: int, total: int) -> None:
     """Refuse a read of ``size`` bytes at ``offset`` outside an object of ``total``."""

@@ -486,3 +486,14 @@ def test_botocore_retries_given_in_config_kwargs_are_kept(s3_server: S3TestServe
     with pytest.raises(StorageError, match=r"InternalError \(HTTP 500\)"):
         loader.load(0, 10)
     assert fault.calls == 6
+
+
+def test_a_loader_s_repr_names_its_object_with_credentials_redacted(tmp_path: Path) -> None:
+    f = tmp_path / "m.pte"
+    f.write_bytes(b"x" * 10)
+    with LocalFileLoader(f) as local:
+        assert repr(local) == f"<LocalFileLoader {f}>"
+    assert repr(BytesLoader(b"abc", name="mem.pte")) == "<BytesLoader mem.pte>"
+    secret = BytesLoader(b"abc", name="https://h.example/m.pte?X-Amz-Signature=abcdef")
+    assert "abcdef" not in repr(secret)
+    assert repr(secret).startswith("<BytesLoader https://h.example/m.pte?X-Amz-Signature=")
