@@ -44,8 +44,8 @@ if TYPE_CHECKING:
         specialize_pair,
     )
     from .device import Artifact, ensure
-    from .fleet.fetch import fetch
-    from .fleet.select import select
+    from .fleet.fetch import FetchResult, fetch
+    from .fleet.select import Choice, select
     from .inspection import describe
     from .journal import recover
     from .storage.loaders import DataLoader, open_loader
@@ -59,10 +59,12 @@ __all__ = [
     "AlreadySpecialized",
     "Artifact",
     "BackendError",
+    "Choice",
     "ConfigurationError",
     "DataLoader",
     "DataWriter",
     "Event",
+    "FetchResult",
     "FormatError",
     "IntegrityError",
     "InvalidReplacement",
@@ -114,7 +116,9 @@ _LAZY = {
     "VerifyReport": ".verification",
     "verify": ".verification",
     "select": ".fleet.select",
+    "Choice": ".fleet.select",
     "fetch": ".fleet.fetch",
+    "FetchResult": ".fleet.fetch",
 }
 
 

@@ -138,3 +138,26 @@ def test_first_imports_from_two_threads_do_not_deadlock(package: str, submodule:
         env={"PYTHONPATH": str(ROOT.parent), "PATH": "/usr/bin:/bin"},
     )
     assert (run.returncode, run.stdout.strip()) == (0, "ok"), run.stderr
+
+
+def test_what_the_public_functions_return_is_public() -> None:
+    """A user annotating ``ptestore.fetch(...)``'s result imports its type from
+    ``ptestore`` (``Choice`` and ``FetchResult`` were reachable only by their modules)."""
+    import inspect
+    import re
+
+    import ptestore
+
+    missing = []
+    for name in ptestore.__all__:
+        fn = getattr(ptestore, name)
+        if not inspect.isfunction(fn):
+            continue
+        returned = str(fn.__annotations__.get("return", ""))
+        module = importlib.import_module(fn.__module__)
+        for ident in re.findall(r"[A-Za-z_]\w*", returned):
+            cls = getattr(module, ident, None)
+            public = ident in ptestore.__all__
+            if isinstance(cls, type) and cls.__module__.startswith("ptestore") and not public:
+                missing.append(f"{name} -> {ident}")
+    assert missing == []
