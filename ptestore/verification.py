@@ -34,17 +34,13 @@ import string
 from collections.abc import Sequence
 from typing import Any
 
+from ._args import backends_argument, device_argument, flag_argument, path_argument, path_arguments
 from ._dataclass import dataclass, field
 from ._text import REPORT_CHARS, clipped, printable, shown
 from .backends.compat import Compatibility, DeviceProfile, version_of
 from .backends.rating import rate_stamps
 from .backends.registry import BackendLike, load_backend
-from .errors import (
-    BackendError,
-    FormatError,
-    PreconditionFailed,
-    StorageError,
-)
+from .errors import BackendError, FormatError, PreconditionFailed, StorageError
 from .integrity import check_content_address, check_ptd, is_plain, read_checked
 from .provenance import Provenance, spec_text
 from .provenance.profile import named_profile, option_changes
@@ -241,7 +237,12 @@ def verify(
             source) was replaced during the check: nothing is said of its bytes, verify
             it again.
     """
-    target = os.fspath(url)
+    target = path_argument(url, "url")
+    path_arguments(source=source, ptd=ptd, ptd_source=ptd_source)
+    backends_argument(backends)
+    device_argument(device, (DeviceProfile, str), what="a DeviceProfile, a device's name or None")
+    flag_argument(quick, "quick")
+    flag_argument(as_planned, "as_planned")
     report = VerifyReport(target)
     from .journal import recover_if_local
 

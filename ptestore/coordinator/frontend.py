@@ -7,12 +7,12 @@ import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from .._args import backends_argument, path_argument
+from .._args import backends_argument, flag_argument, pair_argument, path_argument
 from ..errors import AlreadyExists, ObjectNotFound
 from ..storage.loaders import open_loader
 from ..storage.routing import StorageOptions
 from .report import EventTracer, SpecializationReport
-from .rules import refuse_unchanged
+from .rules import check_run_arguments, refuse_unchanged
 
 if TYPE_CHECKING:
     from ..backends.compat import DeviceProfile
@@ -121,6 +121,11 @@ def specialize(
     src_url = path_argument(src_url, "src_url")
     dst_url = path_argument(dst_url, "dst_url")
     backends_argument(backends)
+    if ptd is not None:
+        src_ptd, dst_ptd = pair_argument(ptd, "ptd", "(src_ptd, dst_ptd)")
+        ptd = (path_argument(src_ptd, "ptd[0]"), path_argument(dst_ptd, "ptd[1]"))
+    flag_argument(in_place, "in_place")
+    check_run_arguments(device, provenance, event_tracer)
     from ..journal import recover_if_local
 
     recover_if_local(os.fspath(src_url))  # an interrupted in-place run: finish it first

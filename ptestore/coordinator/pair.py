@@ -34,7 +34,10 @@ def split_pairs(
     """``[(source, destination)]``, then the ``ptd`` pair if given: every URL split once."""
     pairs = [(StorageURL.of(source), StorageURL.of(destination))]
     if ptd is not None:
-        pairs.append((StorageURL.of(ptd[0]), StorageURL.of(ptd[1])))
+        from .._args import pair_argument
+
+        src_ptd, dst_ptd = pair_argument(ptd, "ptd", "(src_ptd, dst_ptd)")
+        pairs.append((StorageURL.of(src_ptd, "ptd[0]"), StorageURL.of(dst_ptd, "ptd[1]")))  # type: ignore[arg-type]
     return pairs
 
 

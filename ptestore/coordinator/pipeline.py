@@ -32,7 +32,12 @@ from .report import (
     FileReport,
     SpecializationReport,
 )
-from .rules import refuse_nothing_specialized, refuse_unchanged, start_provenance
+from .rules import (
+    check_run_arguments,
+    refuse_nothing_specialized,
+    refuse_unchanged,
+    start_provenance,
+)
 from .run import Run, read_sources
 from .spool import Spool
 from .targets import check_pair_targets
@@ -180,6 +185,7 @@ class RunOptions:
         from .._args import backends_argument
 
         backends_argument(self.backends)
+        check_run_arguments(self.device, self.provenance, self.event_tracer)
 
     @property
     def refuses_unchanged(self) -> bool:

@@ -18,7 +18,35 @@ if TYPE_CHECKING:
     from ..backends.registry import BackendLike
     from ..provenance.stamp import ProvenanceRequest, Stamper
 
-__all__ = ["refuse_nothing_specialized", "refuse_unchanged", "start_provenance"]
+__all__ = [
+    "check_run_arguments",
+    "refuse_nothing_specialized",
+    "refuse_unchanged",
+    "start_provenance",
+]
+
+
+def check_run_arguments(device: object, provenance: object, event_tracer: object) -> None:
+    """Refuse, before any work, a ``device`` that is not a ``DeviceProfile`` (a backend
+    would get a name where it reads ``.name`` and ``.options``), a ``provenance`` that
+    is neither a flag nor a request (``"no"`` would write a trailer) and an
+    ``event_tracer`` that cannot be called: each a ``ConfigurationError`` naming it."""
+    from .._args import callable_argument, device_argument
+
+    if device is not None:
+        from ..backends.compat import DeviceProfile
+
+        device_argument(device, DeviceProfile)
+    if not isinstance(provenance, bool):
+        from ..provenance.stamp import ProvenanceRequest
+
+        if not isinstance(provenance, ProvenanceRequest):
+            from .._text import shown
+
+            raise ConfigurationError(
+                f"provenance must be True, False or a ProvenanceRequest, got {shown(provenance)}"
+            )
+    callable_argument(event_tracer, "event_tracer")
 
 
 def start_provenance(

@@ -18,7 +18,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .._args import backends_argument, path_argument
+from .._args import backends_argument, device_argument, path_argument
 from ..backends.compat import DeviceProfile
 from ..errors import ConfigurationError, PteStoreError, StorageError
 from ..storage.types import file_path
@@ -69,11 +69,7 @@ def _check_args(
         raise ConfigurationError(f"max_bytes must be an integer >= 0 or None, got {max_bytes!r}")
     if isinstance(device, str) and from_index:
         return  # a name: the options the index records for it, as select takes them
-    if device is not None and not isinstance(device, DeviceProfile):
-        raise ConfigurationError(
-            f"device must be a DeviceProfile or None, got {type(device).__name__}"
-            + (" (a name alone only with an index, model=)" if isinstance(device, str) else "")
-        )
+    device_argument(device, DeviceProfile, " (a name alone only with an index, model=)")
 
 
 @with_lock_timeout

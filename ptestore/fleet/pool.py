@@ -59,6 +59,7 @@ def run_pool(
         if idle >= POOL_IDLE_BREAKS:
             for i, p, _task in pending:
                 why = f"worker processes died {idle} times before any pair started: {death}"
+                why += _spawn_hint()
                 done(i, p, p.lost(why))
             return
         for item in suspects:
@@ -69,6 +70,22 @@ def run_pool(
                 i, p, _task = item
                 why = f"its worker process died while it ran, and again when it ran alone: {again}"
                 done(i, p, p.lost(why))
+
+
+def _spawn_hint() -> str:
+    """What a pool that broke before any pair started most often means when the main
+    module is a script: each spawned worker imports it again, and one without the
+    ``__main__`` guard runs the whole run again there (whether it has one cannot be
+    told from here: said whenever the main module is a file)."""
+    import sys
+
+    main = sys.modules.get("__main__")
+    if getattr(main, "__file__", None) is None:
+        return ""
+    return (
+        " (run_plan starts its workers with spawn: a script must guard its entry point "
+        "with `if __name__ == '__main__':`)"
+    )
 
 
 def _pool_round(

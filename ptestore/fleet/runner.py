@@ -196,7 +196,8 @@ def run_job(
     pair_timeout: float | None = None,
 ) -> FleetResult:
     """Preflight and plan ``job``, then run every pair that is not current (see
-    :func:`run_plan` and :func:`~.preflight.preflight`)."""
+    :func:`run_plan` and :func:`~.preflight.preflight`). As for :func:`run_plan`, a
+    script that calls it guards its entry point with ``if __name__ == "__main__":``."""
     from .preflight import preflight
 
     check_pair_timeout(pair_timeout, scheduler)
@@ -257,7 +258,12 @@ def run_plan(
     reported failed (``not started: ...``). With ``pair_timeout`` (seconds, None: no
     limit; not on Dask: :func:`check_pair_timeout`) the pairs run on the process pool,
     one worker process at least, and a pair that runs longer is failed, its worker
-    process stopped (:mod:`.pool`)."""
+    process stopped (:mod:`.pool`).
+
+    The local pool starts its worker processes with ``spawn``: each imports the main
+    module again, so a script that calls this must guard its entry point with
+    ``if __name__ == "__main__":`` (unguarded, every worker runs the script again and
+    the pool breaks before any pair starts)."""
     check_pair_timeout(pair_timeout, scheduler)
     if workers is not None and workers < 1:
         raise ConfigurationError(f"--workers must be >= 1, got {workers}")

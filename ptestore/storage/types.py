@@ -176,13 +176,20 @@ class StorageURL(NamedTuple):
     path: str
 
     @classmethod
-    def of(cls, url: str | os.PathLike[str] | StorageURL) -> StorageURL:
+    def of(cls, url: str | os.PathLike[str] | StorageURL, name: str = "url") -> StorageURL:
         """``url`` split (a :class:`StorageURL` is returned as it is). A NUL byte in it is
         a :class:`~ptestore.errors.ConfigurationError` naming the value (escaped), before
-        anything opens it (the OS would raise a bare ``ValueError``)."""
+        anything opens it (the OS would raise a bare ``ValueError``); so is a value that
+        is no path (None, bytes, a number: :func:`ptestore._args.path_argument`, naming
+        the argument ``name``)."""
         if isinstance(url, StorageURL):
             return url
-        text = os.fspath(url)
+        if isinstance(url, str):
+            text = url
+        else:
+            from .._args import path_argument
+
+            text = path_argument(url, name)
         if "\x00" in text:  # the kernel takes none, a store's key neither: refused here
             from .._text import shown
             from ..errors import ConfigurationError

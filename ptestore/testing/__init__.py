@@ -18,7 +18,19 @@ Exports load lazily (the contracts import pytest).
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what a type checker sees (``__getattr__`` below gives it Any)
+    from .backend_contract import BackendContract
+    from .named_data import NamedData, open_named_data
+    from .programs import Program, shipped_program, shipped_programs
+    from .runtime import (
+        assert_outputs_match,
+        compare_outputs,
+        run_in_runtime,
+        runtime_unavailable,
+    )
+    from .writer_contract import WriterContract
 
 __all__ = [
     "BackendContract",

@@ -177,12 +177,15 @@ def test_types_come_from_the_types_module_not_from_implementations() -> None:
     # The storage types need nothing of ptestore's but its errors and how a value is
     # shown (to refuse a NUL in a name) and what a URL shows (its credentials redacted),
     # all the standard library only themselves (the errors also with the file-name
-    # limits an ENAMETOOLONG names, likewise).
+    # limits an ENAMETOOLONG names, likewise), and the check of a path argument (a
+    # URL given as None or bytes, named).
     assert graph["ptestore.storage.types"] == {
         "ptestore.errors",
         "ptestore._text",
         "ptestore._redact",
+        "ptestore._args",
     }
+    assert graph["ptestore._args"] <= {"ptestore._text", "ptestore.errors"}
     assert graph["ptestore.errors"] <= {"ptestore._text", "ptestore._names", "ptestore._redact"}
     assert graph["ptestore._redact"] == set()
     assert graph["ptestore._names"] <= {"ptestore._text"} and graph["ptestore._text"] == set()
