@@ -288,7 +288,7 @@ PathLike = str | os.PathLike[str]
 
 
 def local_path(path: PathLike, what: str) -> str:
-    u = StorageURL.of(path)
+    u = StorageURL.of(path, "path")
     if not u.local:
         raise ConfigurationError(f"{u.text}: {what} works on local files only")
     return os.path.realpath(u.path)

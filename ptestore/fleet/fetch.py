@@ -252,8 +252,10 @@ def fetch(
     names, or the URL fetched; one that applies to none of them is refused before they
     are read (:func:`.fetch_checks.check_options`). ``trusted_origins``: as for
     :func:`~.select.select` (an index read over http(s) only). See the module docstring."""
-    src = os.fspath(index_or_url)
-    target = check_dest(os.fspath(dest))
+    from .._args import path_argument
+
+    src = path_argument(index_or_url, "index_or_url")
+    target = check_dest(path_argument(dest, "dest"))
     if chunk_size < 1:
         raise ConfigurationError(f"chunk_size must be >= 1, got {chunk_size}")
     if src.endswith(".json") and (model is None or device is None):

@@ -179,9 +179,10 @@ def select(
                 "was given as an object, not read"
             )
     else:  # select reads the index only: options apply to it, before it is read
+        from .._args import path_argument
         from .index_store import check_index_options
 
-        check_index_options(storage_options, os.fspath(index))
+        check_index_options(storage_options, path_argument(index, "index"))
     return select_from(
         index,
         model,

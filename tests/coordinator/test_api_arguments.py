@@ -108,7 +108,10 @@ def test_a_device_name_in_place_is_refused_too(tmp_path: Path) -> None:
         (lambda: ptestore.describe(b"m.pte"), f"url {PATHS}bytes b'm.pte'"),  # type: ignore[arg-type]
         (lambda: ptestore.open_loader(b"m.pte"), f"url {PATHS}bytes b'm.pte'"),  # type: ignore[arg-type]
         (lambda: ptestore.open_writer(None), f"url {PATHS}None"),  # type: ignore[arg-type]
-        (lambda: ptestore.recover(None), f"url {PATHS}None"),  # type: ignore[arg-type]
+        (lambda: ptestore.recover(None), f"path {PATHS}None"),  # type: ignore[arg-type]
+        (lambda: ptestore.fetch(None, "m.pte"), f"index_or_url {PATHS}None"),  # type: ignore[arg-type]
+        (lambda: ptestore.fetch("i.json", b"m.pte"), f"dest {PATHS}bytes b'm.pte'"),  # type: ignore[arg-type]
+        (lambda: ptestore.select(None, "m", "d"), f"index {PATHS}None"),  # type: ignore[arg-type]
         (lambda: ptestore.verify(None), f"url {PATHS}None"),  # type: ignore[arg-type]
     ],
 )
