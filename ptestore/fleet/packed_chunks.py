@@ -18,8 +18,10 @@ cache entry's, or those beside a fetched ``.pte``) gets the new one by
 copied from it and checked against the record, only the others are downloaded (ranged
 GETs pinned to the object's version, each chunk checked as it arrives,
 :func:`ptestore.fleet.chunked.download_chunks`). Every chunk is checked against the
-record the index pins, so the file is, byte for byte, the one the fleet hashed for its
-whole-file SHA-256: that digest is not computed again. With no old file every chunk
+record the index pins; the file assembled is then hashed whole (once, from local disk:
+its chunks come in no fixed order) and checked against the index's ``sha256``, the
+digest the file is installed under: nothing else ties ``chunks_root`` to it, and an
+index whose two disagree is refused. With no old file every chunk
 comes from the store, still checked as it arrives, and a download cut off resumes at
 its verified chunks. Without a chunk record (a file made by an older ptestore) the file
 is downloaded whole (:func:`download_whole`).
@@ -303,8 +305,9 @@ def download_delta(
 ) -> str:
     """Download the index's packed-weight file ``field`` into ``dest + ".part"``, each
     chunk checked against ``chunks`` (:func:`recorded_chunks`), those the ``bases``
-    hold at the same offsets taken from them; returns its whole-file SHA-256 (hex), the
-    index's, which the checked chunks prove."""
+    hold at the same offsets taken from them; returns its whole-file SHA-256 (hex),
+    hashed from the file assembled and checked against the index's (an
+    :class:`IntegrityError` naming both otherwise: the ``.part`` is not resumed from)."""
     from .chunked import Sink, download_chunks
     from .delta import open_bases
     from .ranged import pinned_attempts
@@ -348,4 +351,33 @@ def download_delta(
         got["from_base"],
         len(got["bases"]),
     )
-    return str(field["sha256"])[len("sha256:") :]
+    return _whole_digest(field, dest + ".part", chunks)
+
+
+def _whole_digest(field: dict[str, Any], part: str, chunks: ChunkDigests) -> str:
+    """The SHA-256 (hex) of the assembled ``part``, refused unless it is the index's
+    ``sha256`` of ``field`` (every chunk matched the record ``chunks_root`` pins, so a
+    mismatch is an index whose two digests name different files)."""
+    import errno
+
+    from .._oserror import local_error
+    from ..xnnpack.identity import file_sha256
+
+    url = str(field["url"])
+    try:
+        got = file_sha256(part)
+    except OSError as exc:
+        code = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+        raise local_error(
+            exc,
+            f"{part}: the download of {url} could not be read back to hash it: "
+            f"{exc.strerror or exc} ({code})",
+        ) from exc
+    if "sha256:" + got != field.get("sha256"):
+        raise IntegrityError(
+            f"{url}: the file assembled from its chunks has sha256:{got}, "
+            f"{named(field, field.get('sha256'))} (its chunks match the chunks_root "
+            f"{chunks.digest} pins: the two digests name different files)",
+            published=False,
+        )
+    return got

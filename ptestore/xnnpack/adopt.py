@@ -4,12 +4,13 @@ ExecuTorch build) installed as this machine's file for an artifact.
 :func:`adopt_cache` checks the file before anything could hand it out: the identity it
 was made for is this artifact's, this runtime's and this CPU's (a file for another one is
 refused, naming the fields that differ); its size and SHA-256 are the ones its maker
-recorded; its index parses (footer, bounds, no overlap), names only the artifact's
-XNNPACK keys and has an entry for every weight XNNPACK packs. Only then is it published
-in ``directory`` under the maker's lock exactly as :func:`~ptestore.xnnpack.make_cache`
-publishes a file it made (read-only, fsync, rename, then the record), so
-:func:`~ptestore.xnnpack.find_cache` and :func:`~ptestore.xnnpack.verify_cache` treat it
-as any other. A verified file already there is kept (the offered one is removed).
+recorded; its index parses (footer, bounds, alignment, no overlap), names only the
+artifact's XNNPACK keys and has an entry for every weight XNNPACK packs. Only then is it
+published in ``directory`` under the maker's lock exactly as
+:func:`~ptestore.xnnpack.make_cache` publishes a file it made (read-only, fsync, rename,
+then the record), so :func:`~ptestore.xnnpack.find_cache` and
+:func:`~ptestore.xnnpack.verify_cache` treat it as any other. A verified file already
+there is kept (the offered one is removed).
 
 What it does not check is what only the runtime can: a file made here is also loaded by
 the runtime in a child process and its outputs compared with a load without it; an
@@ -73,9 +74,11 @@ def adopt_cache(
     module's description; ``made_for`` is the identity its maker recorded
     (:meth:`~ptestore.xnnpack.Identity.to_json`), ``size`` and ``sha256`` (hex) its
     recorded size and digest. ``what`` names the file in errors (default: its path).
-    ``hashed``: ``sha256`` is the digest of these very bytes, checked by the caller as
-    they were written (a download hashed as it arrived, or verified chunk by chunk
-    against a record bound to that digest), so the file is not read again for it.
+    ``hashed``: ``sha256`` is the digest the caller computed of these very bytes (a
+    download hashed as it arrived, or assembled from verified chunks and hashed whole,
+    :func:`ptestore.fleet.packed_chunks.download_delta`) and checked against the one
+    recorded, so the file is not read again for it; never a recorded digest taken on
+    trust (nothing ties a chunk record's root to the whole file's digest).
     ``installed_for``: the ``.pte``'s absolute path, named in the file's record (see
     :mod:`.users`: a newer file installed for it later removes this one).
 

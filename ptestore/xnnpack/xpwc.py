@@ -8,7 +8,14 @@ An entry's name is the named-data key of the packed weight, followed by the key 
 bias when it has one.
 
 The runtime checks the footer and each entry's bounds, nothing else (no checksum): that
-is what ptestore adds, before the runtime is ever pointed at a file.
+is what ptestore adds, before the runtime is ever pointed at a file. It does not check an
+entry's alignment either: it maps the whole file (at a page boundary) and hands XNNPACK
+each region at the address its offset gives, and XNNPACK's kernels read a packed weight
+with aligned SIMD loads (ExecuTorch's ``kPackedAllocationAlignment``, XNNPACK's
+``XNN_ALLOCATION_ALIGNMENT``: 64 bytes on x86-64, less elsewhere). A region at an offset
+that is not a multiple of that crashes the process that loads the file (SIGSEGV), so
+:func:`parse_index` refuses it (:data:`ALIGNMENT`). The runtime itself writes every
+region at a page boundary, a multiple of any of these.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ if TYPE_CHECKING:
     from ..format.xnnpack import PackedWeight
 
 __all__ = [
+    "ALIGNMENT",
     "FOOTER_SIZE",
     "MAGIC",
     "VERSION",
@@ -37,6 +45,10 @@ __all__ = [
 MAGIC = 0x58505743
 VERSION = 2
 FOOTER_SIZE = 20
+#: What a region's offset must be a multiple of: the largest alignment XNNPACK expects of
+#: a packed weight (``XNN_ALLOCATION_ALIGNMENT``, 64 on x86-64; ExecuTorch's
+#: ``kPackedAllocationAlignment``). The runtime's own files place regions at page offsets.
+ALIGNMENT = 64
 _FOOTER = struct.Struct("<QIII")
 _ENTRY_TAIL = struct.Struct("<QQI")
 
@@ -50,8 +62,9 @@ class Entry:
 
 
 def parse_index(data: bytes | memoryview, source: str) -> list[Entry]:
-    """The entries of a whole packed-weight file, every bound checked; a
-    :class:`FormatError` naming the field, its value and the limit otherwise."""
+    """The entries of a whole packed-weight file, every bound and each region's alignment
+    (:data:`ALIGNMENT`) checked; a :class:`FormatError` naming the field, its value and the
+    limit otherwise."""
     size = len(data)
     if size < FOOTER_SIZE:
         raise FormatError(source, "file size", size, f">= {FOOTER_SIZE} (the footer)")
@@ -89,6 +102,14 @@ def parse_index(data: bytes | memoryview, source: str) -> list[Entry]:
                 f"index entry {i} ({name!r}) offset/size",
                 f"{offset}/{length}",
                 f"a non-empty region before the index at {index_start}",
+            )
+        if offset % ALIGNMENT:
+            raise FormatError(
+                source,
+                f"index entry {i} ({name!r}) offset",
+                offset,
+                f"a multiple of {ALIGNMENT} (XNNPACK reads a packed weight at that "
+                "alignment: the runtime would crash loading this file)",
             )
         entries.append(Entry(name, offset, length, seed))
     if pos != end:

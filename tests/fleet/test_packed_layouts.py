@@ -57,7 +57,11 @@ def deliver(
     hasher = ChunkHasher(len(new))
     hasher.update(new)
     chunks = hasher.result()
-    field = {"url": str(stored), "size": len(new), "sha256": "sha256:" + "0" * 64}
+    field = {
+        "url": str(stored),
+        "size": len(new),
+        "sha256": "sha256:" + hashlib.sha256(new).hexdigest(),
+    }
     moved: dict[str, int] = {}
 
     def count(e: Any) -> None:
@@ -137,14 +141,14 @@ def test_the_pairing_is_by_name_and_size_only() -> None:
 
 
 def test_an_index_longer_than_a_chunk_is_read_whole_before_the_layout(tmp_path: Path) -> None:
-    """50,000 small regions (not page-aligned, to keep the file small): the index
-    (4.4 MB) spans the last two chunks, so the layout needs both; the regions that
-    moved still come from the old file."""
+    """50,000 small regions (at 64-byte offsets, the alignment XNNPACK needs, not
+    page-aligned, to keep the file small): the index (4.4 MB) spans the last two chunks,
+    so the layout needs both; the regions that moved still come from the old file."""
     names = [f"{hashlib.sha256(str(i).encode()).hexdigest()}" for i in range(50_000)]
-    small = [(n, bytes([i % 251]) * 200) for i, n in enumerate(names)]
+    small = [(n, bytes([i % 251]) * 192) for i, n in enumerate(names)]
     first = ("w", noise(7, 4 * MiB))
-    old = xpwc([first, *small], align=1)
-    new = xpwc([("w", noise(8, 4 * MiB + 3 * PAGE)), *small], align=1)
+    old = xpwc([first, *small], align=64)
+    new = xpwc([("w", noise(8, 4 * MiB + 3 * PAGE)), *small], align=64)
     assert parse_index(new, "new")[1].offset != parse_index(old, "old")[1].offset
     (index_start,) = struct.unpack_from("<Q", new, len(new) - 20)
     assert index_start < (len(new) - 1) // CHUNK_SIZE * CHUNK_SIZE  # before the last chunk
