@@ -76,6 +76,7 @@ from .fetch_checks import (
     check_room_for,
     dest_lock,
 )
+from .index_bounds import trusted_origins as origins_of
 from .index_entry import ptd_entry_of
 from .job import ptd_beside
 from .ranged import PinnedReader, pinned_attempts
@@ -251,7 +252,9 @@ def fetch(
     verified, beside ``dest``). ``storage_options``: for the index and the files it
     names, or the URL fetched; one that applies to none of them is refused before they
     are read (:func:`.fetch_checks.check_options`). ``trusted_origins``: as for
-    :func:`~.select.select` (an index read over http(s) only). See the module docstring."""
+    :func:`~.select.select` (an index read over http(s), or the XNNPACK record beside an
+    artifact fetched by its http(s) URL), checked before anything is read. See the
+    module docstring."""
     from .._args import path_argument
 
     src = path_argument(index_or_url, "index_or_url")
@@ -264,6 +267,7 @@ def fetch(
     given = [] if base is None else [base] if isinstance(base, str | os.PathLike) else list(base)
     pte_bases = base_paths(given)
     check_options(src, target, pte_bases, opts)  # before the first read
+    origins_of(trusted_origins)  # also an artifact's by URL: what its XNNPACK record may name
     if require_base:  # before the first request
         check_bases(pte_bases)
 
@@ -304,6 +308,7 @@ def fetch(
                 base_dirs=[os.path.dirname(absolute_path(b)) for b in pte_bases],
                 events=events,
                 malformed=None if choice is None else choice.xnnpack_error,
+                trusted_origins=trusted_origins,
             )
     return result
 

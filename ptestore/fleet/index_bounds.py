@@ -223,7 +223,14 @@ def _not_an_origin(value: object) -> str | None:
     return None
 
 
-def check_named_url(url: object, source: str, field: str, trusted: Origins = frozenset()) -> None:
+def check_named_url(
+    url: object,
+    source: str,
+    field: str,
+    trusted: Origins = frozenset(),
+    *,
+    reader: str = "index",
+) -> None:
     """The URL ``url`` that ``field`` of the index object ``source`` names is one a
     device may open: from an index of this machine (a local file, ``memory://`` of this
     process, or one given as an object, ``"<index>"``) any, as the index is the
@@ -238,7 +245,9 @@ def check_named_url(url: object, source: str, field: str, trusted: Origins = fro
     else :class:`FormatError` naming the index, the field and the URL, raised before
     anything is requested (docs/fleet.md, "What an index may name"). URLs are taken as
     the index writes them (absolute: a relative one is a local path). Not a URL (not a
-    string) is :func:`check_files`' to say."""
+    string) is :func:`check_files`' to say. ``reader``: what ``source`` is, as messages
+    name it (``"record"``: the XNNPACK record beside an artifact fetched by URL, held to
+    the rule of an index at the artifact's URL)."""
     from ..storage.types import split_url, url_origin
 
     if not isinstance(url, str):
@@ -259,9 +268,9 @@ def check_named_url(url: object, source: str, field: str, trusted: Origins = fro
             source,
             field,
             url,
-            f"a URL on the index's own server ({own[0]}://{own[1]}:{own[2]})"
+            f"a URL on the {reader}'s own server ({own[0]}://{own[1]}:{own[2]})"
             + (" or of a trusted origin" if trusted else ""),
-            "an index read from a server names only objects of that server"
+            f"{_article(reader)} read from a server names only objects of that server"
             + (" and of the origins trusted" if trusted else "")
             + ": the storage options (headers, credentials) are never sent to another "
             "host or port"
@@ -271,10 +280,14 @@ def check_named_url(url: object, source: str, field: str, trusted: Origins = fro
         source,
         field,
         url,
-        f"a URL on the index's own store ({home}://)",
-        "an index read from a store names only objects of its protocol: a local path, "
+        f"a URL on the {reader}'s own store ({home}://)",
+        f"{_article(reader)} read from a store names only objects of its protocol: a local path, "
         "file://, or a URL of another protocol or service is never opened nor requested",
     )
+
+
+def _article(noun: str) -> str:
+    return ("an " if noun[:1] in "aeiou" else "a ") + noun
 
 
 #: Protocols whose URLs name a bucket (or container) of the one service the storage

@@ -273,6 +273,7 @@ def fetch_packed(
     base_dirs: Sequence[str] = (),
     events: Callable[[FetchEvent], None] | None = None,
     malformed: str | None = None,
+    trusted_origins: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """``fetch(..., xnnpack_cache=True)``, once the pair is published: the packed-weight
     file of this artifact, runtime and CPU delivered beside the .pte (:func:`deliver`):
@@ -288,10 +289,20 @@ def fetch_packed(
     A delivery that fails, or a field for this CPU the selection found ``malformed``
     (why), is an error saying that the pair was published
     (:class:`~ptestore.errors.PartialPublish`; :class:`IntegrityError` with
-    ``published=True`` for a check that failed)."""
+    ``published=True`` for a check that failed).
+
+    A record is read from the store as an index is, and held to the same rules
+    (docs/fleet.md, "What an index may name"): its field's form
+    (:func:`.packed_field.check_field`) and its ``url`` (:func:`.index_bounds.
+    check_named_url`, the artifact's URL standing for the index's, with the
+    ``trusted_origins``), checked before anything it names is requested; a record that
+    breaks them is a delivery that failed, as an index's malformed field. The file it
+    names is fetched under the redirect rule of an object an index names
+    (:func:`~ptestore.storage.redirects.index_redirects`)."""
     from ..xnnpack.identity import cpu_fingerprint
     from .job import ptd_beside
     from .packed_chunks import packed_bases
+    from .packed_source import kept_file, not_delivered, record_for
 
     pte = next(  # by role: the .ptd is where fetch puts it, beside the .pte
         f for f in files if all(g is f or g["path"] == ptd_beside(f["path"]) for g in files)
@@ -300,36 +311,37 @@ def fetch_packed(
     # a file already current (fetch left it as it was) is not one this call published
     published = tuple(str(f["path"]) for f in files if not f.get("current"))
     done = f"{pte['path']} was " + ("already current" if pte.get("current") else "published")
+    artifact = absolute_path(str(pte["path"]))
+    directory = os.path.dirname(artifact)
+
+    def failed(why: str, *, none: bool = False) -> str:
+        return not_delivered(done, why, kept_file(pte, ptd, directory), none=none)
+
     if indexed and malformed is not None:
         raise _partial(
-            f"{malformed}; {done}, its XNNPACK packed-weight file was not (the index's entry "
-            "for it is malformed)",
+            f"{malformed}; {failed(_MALFORMED)}",
             published,
         )
     cpu = cpu_fingerprint()
     field = offered
     record = None
     if not indexed:
-        # Bound to these bytes by the record (the file's own identity, the whole files'
-        # SHA-256, is checked again when it is installed).
-        record = read_record(src, options)
-        ptd_sha256 = None if ptd is None else ptd["sha256"]
-        if (
-            record is not None
-            and (record.get("pte") or {}).get("sha256") == pte["sha256"]
-            and record.get("ptd_sha256") == ptd_sha256
-            and record["xnnpack"].get("cpu") == cpu
-        ):
+        try:
+            where = record_url(src)
+            found = read_record_at(where, options)
+            record = record_for(found, where, pte, ptd, cpu, trusted_origins)
+        except FormatError as exc:
+            why = f"the XNNPACK record beside {src} is malformed"
+            raise _partial(f"{exc}; {failed(why)}", published) from exc
+        if record is not None:
             field = {**record["xnnpack"], "named_by": "xnnpack record", "named_in": src}
     build = runtime_build()
-    reason = why_not(field, cpu, build)
+    reason = why_not(field, cpu, build, source="index" if indexed else "record")
     if reason is None and build is None:
         reason = "no ExecuTorch runtime here to load it with (pip install 'ptestore[xnnpack]')"
     if reason is not None or field is None:
         none = {"path": None, "url": None, "size": None, "sha256": None, "reason": reason}
         return {**none, "received": 0, "from_base": 0, "removed": []}
-    artifact = absolute_path(str(pte["path"]))
-    directory = os.path.dirname(artifact)
     moved = {"store": 0, "base": 0}
 
     def count(event: FetchEvent) -> None:
@@ -337,32 +349,31 @@ def fetch_packed(
         if events is not None:
             events(event)
 
+    from ..storage.redirects import index_redirects
+
+    # what a record names is fetched as what an index names (fetch entered it for one)
+    guard = contextlib.nullcontext() if indexed else index_redirects(src, trusted_origins)
     try:
-        made = deliver(
-            field,
-            str(pte["path"]),
-            None if ptd is None else str(ptd["path"]),
-            directory,
-            options,
-            progress=progress,
-            chunk_size=chunk_size,
-            bases=packed_bases([directory, *base_dirs], artifact),
-            events=count,
-            record=record if field.get("named_by") == "xnnpack record" else None,
-            installed_for=artifact,
-        )
+        with guard:
+            made = deliver(
+                field,
+                str(pte["path"]),
+                None if ptd is None else str(ptd["path"]),
+                directory,
+                options,
+                progress=progress,
+                chunk_size=chunk_size,
+                bases=packed_bases([directory, *base_dirs], artifact),
+                events=count,
+                record=record,
+                installed_for=artifact,
+            )
     except IntegrityError as exc:
-        raise IntegrityError(
-            f"{exc}; {done}, no XNNPACK packed-weight file was", published=bool(published)
-        ) from exc
+        raise IntegrityError(f"{exc}; {failed('', none=True)}", published=bool(published)) from exc
     except PteStoreError as exc:  # a failed delivery (a url naming a directory too)
-        again = (
-            " (fetch --xnnpack-cache again resumes its download)"
-            if isinstance(exc, StorageError)
-            else ""
-        )
+        again = "fetch --xnnpack-cache again resumes its download"
         raise _partial(
-            f"{exc}; {done}, its XNNPACK packed-weight file was not{again}", published
+            f"{exc}; {failed(again if isinstance(exc, StorageError) else '')}", published
         ) from exc
     except KeyboardInterrupt as exc:
         after = f"after publishing {pte['path']}" if published else f"{pte['path']} already current"
@@ -385,6 +396,9 @@ def fetch_packed(
         "from_base": moved["base"],
         "removed": [str(p) for p in gone],
     }
+
+
+_MALFORMED = "the index's entry for it is malformed"
 
 
 def _partial(message: str, published: tuple[str, ...]) -> StorageError:

@@ -130,25 +130,38 @@ def runtime_build() -> dict[str, str] | None:
         return None
 
 
-def why_not(field: dict[str, Any] | None, cpu: str, build: dict[str, str] | None) -> str | None:
-    """Why the index's ``field`` is no file for a device of fingerprint ``cpu`` and
-    ExecuTorch ``build`` (``{"version", "git_version"}``; None: not compared), or None
-    when it is one."""
+def why_not(
+    field: dict[str, Any] | None,
+    cpu: str,
+    build: dict[str, str] | None,
+    *,
+    source: str = "index",
+) -> str | None:
+    """Why the ``source``'s ``field`` (``"index"``, or ``"record"``: the XNNPACK record
+    beside an artifact fetched by URL) is no file for a device of fingerprint ``cpu``
+    and ExecuTorch ``build`` (``{"version", "git_version"}``; None: not compared), or
+    None when it is one."""
     if field is None:
+        if source == "record":
+            return (
+                "no XNNPACK record beside the artifact names a packed-weight file of it "
+                "for this CPU"
+            )
         return "the index lists no XNNPACK packed-weight file of this artifact for this CPU"
     if field.get("cpu") != cpu:
         return (
-            f"the index's packed-weight file was made for the CPU {field.get('cpu')!r}, not {cpu!r}"
+            f"the {source}'s packed-weight file was made for the CPU {field.get('cpu')!r}, "
+            f"not {cpu!r}"
         )
     if build is not None and field.get("executorch") != build:
         have = field.get("executorch") or {}
         return (
-            f"the index's packed-weight file was made with ExecuTorch {have.get('version')} "
+            f"the {source}'s packed-weight file was made with ExecuTorch {have.get('version')} "
             f"({have.get('git_version')}), this device runs {build['version']} "
             f"({build['git_version']})"
         )
     if field.get("refused"):
         return f"the fleet's runtime refused one: {field['refused']}"
     if not field.get("url"):
-        return "the index's packed-weight entry names no file"
+        return f"the {source}'s packed-weight entry names no file"
     return None
