@@ -1,15 +1,20 @@
 """A local pool that breaks before any pair started, run from a script: the pairs'
 error says why that most often is (the workers are spawned and import the main module
-again, so an unguarded script runs itself once per worker) and what to do. The pool's
-rounds are stood in for: the message is what is pinned, not a real break."""
+again, so an unguarded script runs itself once per worker) and what to do. A real
+unguarded script run in a process of its own, and the hint's two cases pinned on the
+pool's rounds stood in for (a break needs a script: ``python -c`` code is not run
+again by a spawned worker)."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import types
+from pathlib import Path
 from typing import Any
 
 import pytest
+from support.fixtures import get_fixture
 
 from ptestore.fleet import pool
 
@@ -51,3 +56,31 @@ def test_no_hint_without_a_script(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "__main__", types.ModuleType("__main__"))
     why = f"worker processes died {pool.POOL_IDLE_BREAKS} times before any pair started: "
     assert _broken_run(monkeypatch) == [why + DEATH] * 2
+
+
+def test_an_unguarded_script_fails_its_pairs_with_the_hint(tmp_path: Path) -> None:
+    """The docs' example as a user first saves it, without the ``__main__`` guard: each
+    spawned worker runs the script again, which starts a pool while bootstrapping and
+    dies; every pair fails, naming the guard."""
+    mlp = get_fixture("mlp_xnnpack").pte_path
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'destination = "{tmp_path}/out/{{device}}/{{model}}.pte"\n'
+        'backends = ["passthrough"]\n'
+        f'[[models]]\nname = "m"\nsource = "{mlp}"\n'
+        '[devices.d]\nsoc = "s"\n'
+    )
+    script = tmp_path / "run_fleet.py"
+    script.write_text(
+        "from ptestore.fleet import load_job, plan_job, run_plan\n"
+        f"result = run_plan(plan_job(load_job({str(job)!r})), workers=2)\n"
+        "for p in result.pairs:\n"
+        "    print('PAIR', p.status, p.error)\n"
+    )
+    run = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, timeout=240
+    )
+    pairs = [line for line in run.stdout.splitlines() if line.startswith("PAIR ")]
+    assert pairs, run.stdout + run.stderr
+    assert all(line.startswith("PAIR failed ") and line.endswith(HINT) for line in pairs), pairs
+    assert not (tmp_path / "out").exists()
