@@ -124,6 +124,14 @@ class ChunkDigests:
     length: int
     digests: tuple[bytes, ...]
 
+    def __repr__(self) -> str:
+        # the digests summed up by their root (256 raw digests made a report's repr
+        # run to a thousand characters of bytes literals)
+        return (
+            f"ChunkDigests(chunk_size={self.chunk_size}, length={self.length}, "
+            f"{len(self.digests)} digests, root={self.root!r})"
+        )
+
     @property
     def root(self) -> str:
         """``sha256:<hex>`` over the chunk size, the length and the digests."""

@@ -879,3 +879,14 @@ def test_verify_range_of_a_file_modified_while_read_is_not_damage(
     monkeypatch.setattr(chunks_module, "iter_mismatches", hashed)
     assert main(["verify", str(out), "--range", span]) == 2  # now damaged: it was flipped
     assert "content.chunks[1]" in capsys.readouterr().err
+
+
+def test_a_repr_sums_the_digests_up_by_their_root() -> None:
+    # a report or an artifact holding a 1 GiB program's 256 digests printed a thousand
+    # characters of bytes literals
+    digests = tuple(hashlib.sha256(bytes([i])).digest() for i in range(256))
+    c = ChunkDigests(CHUNK_SIZE, 256 * CHUNK_SIZE, digests)
+    assert repr(c) == (
+        f"ChunkDigests(chunk_size={CHUNK_SIZE}, length={256 * CHUNK_SIZE}, 256 digests, "
+        f"root={c.root!r})"
+    )
