@@ -19,9 +19,11 @@ __all__ = [
     "callable_argument",
     "device_argument",
     "flag_argument",
+    "flag_arguments",
     "pair_argument",
     "path_argument",
     "path_arguments",
+    "text_arguments",
 ]
 
 
@@ -66,6 +68,22 @@ def flag_argument(value: object, name: str) -> None:
         raise ConfigurationError(f"{name} must be True or False, got {shown(value)}")
 
 
+def flag_arguments(**values: object) -> None:
+    """:func:`flag_argument` for each of ``values``."""
+    for name, value in values.items():
+        flag_argument(value, name)
+
+
+def text_arguments(**values: object) -> None:
+    """Refuse each of ``values`` that is neither a ``str`` nor None (a fingerprint given
+    as a number would be compared as one, and never match)."""
+    for name, value in values.items():
+        if value is not None and not isinstance(value, str):
+            raise ConfigurationError(
+                f"{name} must be a str or None, got {type(value).__name__} {shown(value)}"
+            )
+
+
 def callable_argument(value: object, name: str) -> None:
     """Refuse a callback that is neither callable nor None (called later, it would be a
     bare ``TypeError`` in the middle of the run)."""
@@ -79,11 +97,14 @@ def device_argument(
     device: object,
     profile: type | tuple[type, ...],
     hint: str | None = None,
-    what: str = "a DeviceProfile or None",
+    what: str | None = None,
 ) -> None:
     """Refuse a ``device`` that is not a ``profile`` (the caller's ``DeviceProfile``
-    class: this floor imports no backend) or None; a name alone gets ``hint`` (default:
-    make a profile of it)."""
+    class: this floor imports no backend; with ``str``, a device's name too) or None; a
+    name alone gets ``hint`` (default: make a profile of it)."""
+    if what is None:
+        named = isinstance(profile, tuple) and str in profile
+        what = "a DeviceProfile, a device's name or None" if named else "a DeviceProfile or None"
     if device is not None and not isinstance(device, profile):
         if hint is None:
             hint = f" {shown(device)}: pass DeviceProfile({shown(device)})"

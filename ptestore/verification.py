@@ -34,7 +34,7 @@ import string
 from collections.abc import Sequence
 from typing import Any
 
-from ._args import backends_argument, device_argument, flag_argument, path_argument, path_arguments
+from . import _args
 from ._dataclass import dataclass, field
 from ._text import REPORT_CHARS, clipped, printable, shown
 from .backends.compat import Compatibility, DeviceProfile, version_of
@@ -237,12 +237,12 @@ def verify(
             source) was replaced during the check: nothing is said of its bytes, verify
             it again.
     """
-    target = path_argument(url, "url")
-    path_arguments(source=source, ptd=ptd, ptd_source=ptd_source)
-    backends_argument(backends)
-    device_argument(device, (DeviceProfile, str), what="a DeviceProfile, a device's name or None")
-    flag_argument(quick, "quick")
-    flag_argument(as_planned, "as_planned")
+    target = _args.path_argument(url, "url")
+    _args.path_arguments(source=source, ptd=ptd, ptd_source=ptd_source)
+    _args.backends_argument(backends)
+    _args.device_argument(device, (DeviceProfile, str))  # or a device's name
+    _args.flag_arguments(quick=quick, as_planned=as_planned)
+    _args.text_arguments(xnnpack_cpu=xnnpack_cpu)
     report = VerifyReport(target)
     from .journal import recover_if_local
 

@@ -137,6 +137,7 @@ def test_a_path_that_is_no_path_is_named(call: Callable[[], object], message: st
         ),
         ({"quick": "no"}, "quick must be True or False, got 'no'"),
         ({"as_planned": 1}, "as_planned must be True or False, got 1"),
+        ({"xnnpack_cpu": 3}, "xnnpack_cpu must be a str or None, got int 3"),
     ],
 )
 def test_verify_refuses_a_wrong_type_rather_than_give_a_verdict(
