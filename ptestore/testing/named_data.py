@@ -51,6 +51,12 @@ class NamedData:
             files.append(SourceFile(role, hidden, cast(DataWriter, None), parsed))
         self._map = MergedNamedDataMap(files)
 
+    def __repr__(self) -> str:
+        from .._redact import redacted_url
+
+        names = " + ".join(redacted_url(str(loader.name)) for loader in self._loaders)
+        return f"<NamedData {names}: {len(self._map)} keys>"
+
     def keys(self) -> list[str]:
         return self._map.keys()
 

@@ -92,6 +92,7 @@ class XnnpackProgram:
         artifact: PinnedArtifact | None = None,
     ) -> None:
         self._loaded = _Loaded(module, held, artifact)
+        self._name = None if artifact is None else artifact.pte  # (for repr, once closed)
         self.cache = cache
         self._lib = lib
         self._checked = cache is None
@@ -99,6 +100,12 @@ class XnnpackProgram:
         self._stamp = None if held is None else stamp(os.fstat(held))
         # the methods the runtime has loaded (given the file, or not: see run)
         self._methods: set[str] = set()
+
+    def __repr__(self) -> str:
+        what = "" if self._name is None else f" {self._name}"
+        state = "closed" if self._loaded.module is None else f"methods={sorted(self._methods)}"
+        cache = None if self.cache is None else self.cache.path
+        return f"<XnnpackProgram{what} cache={cache} {state}>"
 
     @property
     def _module(self) -> Any:

@@ -319,3 +319,8 @@ def test_local_and_trailer_hiding_loaders_read_into_a_buffer(tmp_path: Path) -> 
             ),
         ):
             loader.readinto(100, memoryview(buffer))
+
+
+def test_a_named_data_map_s_repr_names_its_files_and_keys() -> None:
+    with open_named_data(EXT.pte_path, EXT.ptd_path) as named:
+        assert repr(named) == f"<NamedData {EXT.pte_path} + {EXT.ptd_path}: {len(named)} keys>"

@@ -338,3 +338,38 @@ def test_a_load_that_fails_after_the_check_releases_what_it_held(
         "`apt-get install g++`, or set CXX to one)"
     )
     assert report["held"] == []
+
+
+def test_a_program_s_repr_names_its_files_methods_and_state(
+    made: CacheFile, tmp_path: Path
+) -> None:
+    for p in (made.path, made.record_path):
+        shutil.copy2(p, tmp_path / p.name)
+    cache = tmp_path / made.path.name
+    script = textwrap.dedent(
+        """
+        import sys
+        import numpy as np
+        from ptestore.xnnpack import load
+        program = load(sys.argv[1], cache=sys.argv[2])
+        print(repr(program))
+        program.run("forward", [np.zeros((2, 16), dtype=np.float32)])
+        print(repr(program))
+        program.close()
+        print(repr(program))
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(MLP), str(cache)],
+        capture_output=True,
+        text=True,
+        env=env(),
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    head = f"<XnnpackProgram {MLP} cache={cache}"
+    assert out.stdout.splitlines()[-3:] == [
+        f"{head} methods=[]>",
+        f"{head} methods=['forward']>",
+        f"{head} closed>",
+    ]
