@@ -1,9 +1,9 @@
 """Worker loss on Dask, soaked: a worker killed (SIGKILL) or hung (SIGSTOP: alive, but
-silent) at random points of ten runs; each run ends, every pair done or failed with a
-clear error, a hung worker is removed after a bounded number of missed heartbeats (not
-the scheduler's 5-minute ``worker-ttl``), and a run whose every worker hangs fails its
-pairs instead of waiting. The seed of the random points is printed for a rerun
-(``PTESTORE_SOAK_SEED``)."""
+silent) at random points of six runs (a new seed each time); each run ends, every pair
+done or failed with a clear error, a hung worker is removed after a bounded number of
+missed heartbeats (not the scheduler's 5-minute ``worker-ttl``), and a run whose every
+worker hangs fails its pairs instead of waiting. The seed of the random points is
+printed for a rerun (``PTESTORE_SOAK_SEED``)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,9 @@ pytestmark = pytest.mark.slow
 EXT = get_fixture("mlp_xnnpack_ext")
 SPEC = "support.fleet_backend:Scaler=1.0"
 PAIRS = 8
-ROUNDS = 10
+#: Three kills and three hangs per run: a new seed each run covers other points (CI time
+#: is a budget: ten rounds took two minutes).
+ROUNDS = 6
 #: Heartbeats a worker may miss before the run removes it (3 s on a small cluster).
 MISSED = 6
 #: A ceiling for one run, far above what a healthy one takes and below the scheduler's
