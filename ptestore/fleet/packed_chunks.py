@@ -275,8 +275,6 @@ def _local_writes(part: str, url: str) -> Iterator[None]:
     disk, an I/O error) as a :class:`~ptestore.errors.StorageError` naming the ``.part``
     and its ``errno``, never a raw ``OSError`` (a whole download starts again: it does
     not resume)."""
-    import errno
-
     from .._oserror import local_error
     from ..errors import PteStoreError
 
@@ -285,12 +283,19 @@ def _local_writes(part: str, url: str) -> Iterator[None]:
     except PteStoreError:
         raise
     except OSError as exc:
-        code = errno.errorcode.get(exc.errno or 0, str(exc.errno))
         raise local_error(
             exc,
-            f"{part}: the download of {url} stopped: {exc.strerror or exc} ({code}); a "
-            "fetch run again downloads it again",
+            f"{part}: the download of {url} stopped: {_reason(exc)}; a fetch run again "
+            "downloads it again",
         ) from exc
+
+
+def _reason(exc: OSError) -> str:
+    """The system's text for ``exc`` and its ``errno``'s name: ``"No space left on
+    device (ENOSPC)"``."""
+    import errno
+
+    return f"{exc.strerror or exc} ({errno.errorcode.get(exc.errno or 0, str(exc.errno))})"
 
 
 def download_delta(
@@ -358,8 +363,6 @@ def _whole_digest(field: dict[str, Any], part: str, chunks: ChunkDigests) -> str
     """The SHA-256 (hex) of the assembled ``part``, refused unless it is the index's
     ``sha256`` of ``field`` (every chunk matched the record ``chunks_root`` pins, so a
     mismatch is an index whose two digests name different files)."""
-    import errno
-
     from .._oserror import local_error
     from ..xnnpack.identity import file_sha256
 
@@ -367,11 +370,8 @@ def _whole_digest(field: dict[str, Any], part: str, chunks: ChunkDigests) -> str
     try:
         got = file_sha256(part)
     except OSError as exc:
-        code = errno.errorcode.get(exc.errno or 0, str(exc.errno))
         raise local_error(
-            exc,
-            f"{part}: the download of {url} could not be read back to hash it: "
-            f"{exc.strerror or exc} ({code})",
+            exc, f"{part}: the download of {url} could not be read back to hash it: {_reason(exc)}"
         ) from exc
     if "sha256:" + got != field.get("sha256"):
         raise IntegrityError(

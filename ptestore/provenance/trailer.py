@@ -332,6 +332,11 @@ class ContentView:
     def size(self) -> int:
         return self._size
 
+    @property
+    def hidden_bytes(self) -> int:
+        """How many bytes of the object it hides (its trailer's, the last ones)."""
+        return int(self.inner.size()) - self._size
+
     def _check(self, offset: int, size: int) -> None:
         if offset < 0 or size < 0 or offset + size > self._size:
             raise StorageError(
